@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Compile every CUDA kernel variant in kernels/.
+
+    python build_kernels.py            # compile for the present GPU, fill the cache
+    python build_kernels.py --check    # NVRTC only, sm_80 and sm_90, no GPU needed
+
+``--check`` compiles the same flattened sources with the same options as the
+run time (``scipy_gpuqr._kernels``), so a kernel that fails here would fail
+for users; it exits non-zero on any error. Installed users have the same as
+``scipy-gpuqr build-kernels``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scipy_gpuqr import _kernels  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="compile with NVRTC for --arch (no GPU needed)")
+    parser.add_argument("--arch", action="append",
+                        help="target for --check (repeatable; default sm_80, sm_90)")
+    parser.add_argument("--cache-dir", help="kernel cache folder (CUPY_CACHE_DIR)")
+    parser.add_argument("files", nargs="*", help="only these files of kernels/")
+    args = parser.parse_args(argv)
+    return run(args)
+
+
+def run(args) -> int:
+    """Run the check or the cache warm-up described by parsed ``args``."""
+    if args.check:
+        archs = args.arch or ["sm_80", "sm_90"]
+        results = _kernels.check_compile(archs, args.files or None)
+        failed = [r for r in results if not r["ok"]]
+        for r in results:
+            status = "ok  " if r["ok"] else "FAIL"
+            print(f"{status} {r['file']:<28} {r['arch']:<6} "
+                  f"{r['variants']:>4} variants {r['cubin_bytes']:>9} bytes")
+            if not r["ok"]:
+                print(r["log"])
+        print(f"{len(results) - len(failed)} compiled, {len(failed)} failed "
+              f"({len({r['file'] for r in results})} files)")
+        return 1 if failed else 0
+    from scipy_gpuqr._gpu import gpu_info
+    info = gpu_info()
+    if not info["available"]:
+        print(f"no GPU: {info['reason']}; use --check to compile without one")
+        return 1
+    for r in _kernels.warm_cache(args.cache_dir):
+        print(f"{r['file']:<28} {r['variants']:>4} variants {r['seconds']:7.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m scipy_gpuqr``: the command-line interface."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""SuiteSparse (COLAMD, SuiteSparseQR) through cffi in ABI mode, loaded at run time."""

@@ -1,0 +1,1 @@
+"""Executors of the task lists: the GPU uberkernel loop and the NumPy reference executor."""

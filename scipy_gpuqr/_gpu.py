@@ -1,0 +1,102 @@
+"""Lazy access to CuPy and a description of the GPU, without ever raising.
+
+CuPy imports on machines without a GPU, but anything that touches the driver,
+cuBLAS or ``cupyx.scipy.sparse.linalg`` fails there. Every GPU code path in
+this package goes through :func:`import_cupy` and :func:`gpu_available`, so
+that the package imports and runs its CPU path everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["import_cupy", "gpu_available", "gpu_info", "is_cupy_array",
+           "is_cupy_sparse"]
+
+
+def import_cupy():
+    """Return the ``cupy`` module, or None when it cannot be imported.
+
+    Returns
+    -------
+    module or None
+        ``cupy`` when importable; None when it is not installed or its CUDA
+        libraries are missing.
+    """
+    try:
+        return importlib.import_module("cupy")
+    except Exception:  # ImportError, or CUDA library loading errors
+        return None
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and at least one CUDA device answers."""
+    return gpu_info()["available"]
+
+
+def gpu_info() -> dict:
+    """Describe the GPU this process would use, or why there is none.
+
+    Never raises. The result is a fresh dict on each call (nothing cached),
+    so a device that appears later is seen.
+
+    Returns
+    -------
+    dict
+        ``available`` (bool), ``reason`` (str: why not, or ``"ok"``),
+        ``cupy_version``, and for an available device ``device_count``,
+        ``name``, ``compute_capability`` (e.g. ``"90"``), ``total_memory``
+        (bytes), ``multiprocessors`` and ``shared_memory_per_block_optin``.
+    """
+    info = {"available": False, "reason": "", "cupy_version": None}
+    cp = import_cupy()
+    if cp is None:
+        info["reason"] = ("cupy is not installed (pip install "
+                          "'scipy_gpuqr[cuda13]' or '[cuda12]')")
+        return info
+    info["cupy_version"] = cp.__version__
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDARuntimeError without a driver
+        info["reason"] = f"no CUDA driver or device ({_short(exc)})"
+        return info
+    if count < 1:
+        info["reason"] = "no CUDA device visible"
+        return info
+    try:
+        device = cp.cuda.Device()
+        props = cp.cuda.runtime.getDeviceProperties(device.id)
+        info.update(
+            available=True,
+            reason="ok",
+            device_count=count,
+            device_id=device.id,
+            name=_decode(props.get("name", b"")),
+            compute_capability=device.compute_capability,
+            total_memory=int(props.get("totalGlobalMem", 0)),
+            multiprocessors=int(props.get("multiProcessorCount", 0)),
+            shared_memory_per_block_optin=int(
+                props.get("sharedMemPerBlockOptin", 0)),
+        )
+    except Exception as exc:
+        info["reason"] = f"CUDA device did not answer ({_short(exc)})"
+    return info
+
+
+def is_cupy_array(x) -> bool:
+    """True when ``x`` is a CuPy ndarray (checked without importing cupy)."""
+    return type(x).__module__.split(".")[0] == "cupy" and hasattr(x, "device")
+
+
+def is_cupy_sparse(x) -> bool:
+    """True when ``x`` is a ``cupyx.scipy.sparse`` matrix (no cupy import)."""
+    return type(x).__module__.startswith("cupyx.scipy.sparse")
+
+
+def _decode(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _short(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) < 160 else text[:157] + "..."

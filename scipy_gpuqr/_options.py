@@ -1,0 +1,157 @@
+"""Options and the backend precedence rule (DESIGN.md section 6).
+
+Precedence, highest first: the ``backend=`` keyword of a call, the
+``gpuqr_options=`` object, the environment variable ``SCIPY_GPUQR_BACKEND``,
+then ``"auto"``. There is no process-wide switch: every call resolves its own
+options from its arguments and the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from typing import Mapping, Optional
+
+__all__ = ["BACKENDS", "ORDERINGS", "GpuqrOptions", "resolve_backend",
+           "resolve_options", "logger", "log_decision"]
+
+#: Every backend name a caller may ask for.
+BACKENDS = ("auto", "gpu", "cpu", "reference", "simulate")
+
+#: Column orderings understood by the analysis.
+ORDERINGS = ("colamd", "natural", "amd", "metis", "given")
+
+#: Default arithmetic-intensity threshold (flops / byte) above which ``auto``
+#: picks the GPU, from the paper; ``scipy-gpuqr calibrate`` measures it anew.
+DEFAULT_INTENSITY_THRESHOLD = 10.0
+
+ENV_BACKEND = "SCIPY_GPUQR_BACKEND"
+ENV_VERBOSE = "SCIPY_GPUQR_VERBOSE"
+ENV_DEBUG = "SCIPY_GPUQR_DEBUG"
+
+logger = logging.getLogger("scipy_gpuqr")
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuqrOptions:
+    """Options of a factorization or solve; immutable, pass as ``gpuqr_options=``.
+
+    Parameters
+    ----------
+    backend : {None, 'auto', 'gpu', 'cpu', 'reference', 'simulate'}
+        Where to factorize. None defers to ``SCIPY_GPUQR_BACKEND`` and then
+        ``'auto'``. ``'cpu'`` is SuiteSparseQR (our reference path when
+        SuiteSparse is absent), ``'reference'`` our NumPy/LAPACK multifrontal
+        QR, ``'simulate'`` the GPU task lists run by the NumPy executor.
+    ordering : {'colamd', 'natural', 'amd', 'metis'}
+        Fill-reducing column ordering.
+    intensity_threshold : float or None
+        Flops per byte above which ``auto`` uses the GPU; None means the
+        calibrated value for this GPU model, or 10 when not calibrated.
+    max_gpu_memory : int or None
+        Byte budget for the GPU stages; None means what the device has free.
+    pipelining : bool
+        Use Apply+Factorize tasks in the GPU schedule.
+    keep_householder : bool
+        Keep the Householder vectors (needed by ``q_matmul``/``qt_matmul``).
+    debug : bool or None
+        Synchronize and check errors after every GPU launch; None reads
+        ``SCIPY_GPUQR_DEBUG``.
+    """
+
+    backend: Optional[str] = None
+    ordering: str = "colamd"
+    intensity_threshold: Optional[float] = None
+    max_gpu_memory: Optional[int] = None
+    pipelining: bool = True
+    keep_householder: bool = True
+    debug: Optional[bool] = None
+
+    def __post_init__(self):
+        if self.backend is not None:
+            _check_backend(self.backend, "GpuqrOptions.backend")
+        if self.ordering not in ORDERINGS:
+            raise ValueError(f"GpuqrOptions.ordering must be one of {ORDERINGS}, "
+                             f"got {self.ordering!r}")
+        if self.max_gpu_memory is not None and int(self.max_gpu_memory) <= 0:
+            raise ValueError("GpuqrOptions.max_gpu_memory must be a positive "
+                             f"number of bytes, got {self.max_gpu_memory!r}")
+
+    def replace(self, **changes) -> "GpuqrOptions":
+        """Return a copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def debug_enabled(self, environ: Mapping[str, str] = os.environ) -> bool:
+        """Whether launches are synchronized and checked one by one."""
+        if self.debug is not None:
+            return bool(self.debug)
+        return environ.get(ENV_DEBUG, "") not in ("", "0")
+
+
+def _check_backend(value, where: str) -> str:
+    if not isinstance(value, str) or value.lower() not in BACKENDS:
+        raise ValueError(f"{where} must be one of {BACKENDS}, got {value!r}")
+    return value.lower()
+
+
+def resolve_options(gpuqr_options) -> GpuqrOptions:
+    """Accept None, a :class:`GpuqrOptions` or a mapping of its fields."""
+    if gpuqr_options is None:
+        return GpuqrOptions()
+    if isinstance(gpuqr_options, GpuqrOptions):
+        return gpuqr_options
+    if isinstance(gpuqr_options, Mapping):
+        return GpuqrOptions(**gpuqr_options)
+    raise TypeError("gpuqr_options must be a GpuqrOptions, a dict or None, "
+                    f"got {type(gpuqr_options).__name__}")
+
+
+def resolve_backend(backend=None, gpuqr_options=None,
+                    environ: Mapping[str, str] = os.environ) -> tuple[str, str]:
+    """Apply the precedence rule and say where the answer came from.
+
+    Parameters
+    ----------
+    backend : str or None
+        The call's ``backend=`` keyword.
+    gpuqr_options : GpuqrOptions, dict or None
+        The call's options object.
+    environ : mapping
+        Environment to read ``SCIPY_GPUQR_BACKEND`` from.
+
+    Returns
+    -------
+    backend : str
+        One of :data:`BACKENDS`.
+    source : str
+        ``'keyword'``, ``'options'``, ``'environment'`` or ``'default'``.
+
+    Raises
+    ------
+    ValueError
+        For a name that is not a backend, wherever it came from.
+    """
+    if backend is not None:
+        return _check_backend(backend, "backend"), "keyword"
+    options = resolve_options(gpuqr_options)
+    if options.backend is not None:
+        return options.backend.lower(), "options"
+    env = environ.get(ENV_BACKEND, "").strip()
+    if env:
+        return _check_backend(env, f"environment variable {ENV_BACKEND}"), "environment"
+    return "auto", "default"
+
+
+def log_decision(message: str, *args,
+                 environ: Mapping[str, str] = os.environ) -> None:
+    """Log a dispatch decision at INFO; also to stderr when verbose.
+
+    ``SCIPY_GPUQR_VERBOSE=1`` prints the message to stderr without touching
+    the logging configuration of the host program.
+    """
+    logger.info(message, *args)
+    if environ.get(ENV_VERBOSE, "") not in ("", "0"):
+        text = message % args if args else message
+        print(f"scipy_gpuqr: {text}", file=sys.stderr)

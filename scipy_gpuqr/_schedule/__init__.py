@@ -1,0 +1,1 @@
+"""Per-front bucket schedulers, the sparse scheduler across fronts, and the task encoding."""

@@ -1,0 +1,1 @@
+"""Symbolic analysis: ordering, column etree, fronts, staircase, assembly maps, counts, staging."""

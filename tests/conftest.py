@@ -1,0 +1,46 @@
+"""Shared fixtures: the GPU marker's skip rule and the shared test matrices."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scipy_gpuqr._gpu import gpu_available
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_matrices_dir() -> Path | None:
+    """``$SHARED_MATRICES`` or ``../shared/matrices`` beside the checkout."""
+    env = os.environ.get("SHARED_MATRICES")
+    candidates = [Path(env)] if env else []
+    candidates += [REPO.parent / "shared" / "matrices", REPO / ".dev" / "matrices"]
+    for c in candidates:
+        if c.is_dir():
+            return c
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def matrices_dir() -> Path:
+    d = shared_matrices_dir()
+    if d is None:
+        pytest.skip("shared test matrices not found (set SHARED_MATRICES)")
+    return d
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20261122)

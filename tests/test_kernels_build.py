@@ -1,0 +1,83 @@
+"""The kernel pipeline: sources found, includes flattened, NVRTC check passes."""
+
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from scipy_gpuqr import _kernels
+from conftest import REPO
+
+
+def test_kernels_dir_found():
+    d = _kernels.kernels_dir()
+    assert (d / "common.cuh").is_file()
+
+
+def test_flatten_inlines_headers_once(tmp_path):
+    (tmp_path / "a.cuh").write_text('#pragma once\nint a_value;\n')
+    (tmp_path / "b.cuh").write_text('#pragma once\n#include "a.cuh"\nint b_value;\n')
+    (tmp_path / "k.cu").write_text('#include "a.cuh"\n#include "b.cuh"\nint k;\n')
+    text = _kernels.flatten_source("k.cu", tmp_path)
+    assert text.count("int a_value;") == 1
+    assert "int b_value;" in text and "#include" not in text.replace("already included", "")
+
+
+def test_flatten_reports_missing_header(tmp_path):
+    (tmp_path / "k.cu").write_text('#include "nope.cuh"\n')
+    with pytest.raises(FileNotFoundError, match="nope.cuh"):
+        _kernels.flatten_source("k.cu", tmp_path)
+
+
+def test_hash_changes_with_header(tmp_path, monkeypatch):
+    (tmp_path / "h.cuh").write_text("int x;\n")
+    (tmp_path / "k.cu").write_text('#include "h.cuh"\n')
+    before = _kernels.flatten_source("k.cu", tmp_path)
+    (tmp_path / "h.cuh").write_text("int y;\n")
+    assert _kernels.flatten_source("k.cu", tmp_path) != before
+
+
+def test_nvrtc_check_catches_errors(tmp_path, monkeypatch):
+    pytest.importorskip("cupy")
+    (tmp_path / "bad.cu").write_text('extern "C" __global__ void k(double* x) { x[0] = ; }\n')
+    (tmp_path / "good.cu").write_text('extern "C" __global__ void k(double* x) { x[0] = 1; }\n')
+    monkeypatch.setattr(_kernels, "kernels_dir", lambda: tmp_path)
+    try:
+        results = _kernels.check_compile(["sm_80"], ["bad.cu", "good.cu"])
+    except Exception as exc:  # NVRTC library absent
+        pytest.skip(f"NVRTC unavailable: {exc}")
+    ok = {r["file"]: r["ok"] for r in results}
+    assert ok == {"bad.cu": False, "good.cu": True}
+
+
+def test_all_kernels_compile_with_nvrtc():
+    pytest.importorskip("cupy")
+    try:
+        results = _kernels.check_compile(["sm_90"])
+    except Exception as exc:
+        pytest.skip(f"NVRTC unavailable: {exc}")
+    bad = [f"{r['file']}: {r['log']}" for r in results if not r["ok"]]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.slow
+def test_installed_wheel_finds_kernels(tmp_path):
+    """A wheel (not editable) ships kernels/ as package data and finds it."""
+    if shutil.which("pip") is None and False:
+        pytest.skip("pip unavailable")
+    wheel_dir = tmp_path / "wheel"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheel_dir), str(REPO)], check=True, capture_output=True)
+    wheel = next(wheel_dir.glob("scipy_gpuqr-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "scipy_gpuqr/kernels/common.cuh" in names
+    target = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(target)
+    code = ("import scipy_gpuqr._kernels as k; d = k.kernels_dir(); "
+            "print(d); assert 'site' in str(d), d")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True,
+                         capture_output=True, text=True, env={"PYTHONPATH": str(target)})
+    assert "site" in out.stdout
