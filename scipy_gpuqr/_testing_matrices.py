@@ -1,0 +1,163 @@
+"""Generators of the sparse test and benchmark families.
+
+* :func:`chessboard_boundary` -- boundary maps of chessboard complexes, the
+  SuiteSparse ``ch{m}-{n}-b{k}`` family (``ch7-8-b3`` is the paper's 58800×11760
+  problem with 235200 entries).
+* :func:`grid3d_least_squares` -- the 7-point Laplacian on a k×k×k grid stacked
+  over ``shift·I`` (a 2k³×k³ full-rank least-squares problem).
+* :func:`random_least_squares` -- random sparse matrices with optional dense
+  rows, empty columns and duplicated (rank-deficient) columns.
+
+Every generator is deterministic for a given seed and returns a
+``scipy.sparse.csc_array`` of float64.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["chessboard_boundary", "chessboard_shape", "grid3d_least_squares",
+           "random_least_squares"]
+
+
+def chessboard_shape(m: int, n: int, k: int) -> tuple[int, int]:
+    """Shape of :func:`chessboard_boundary` ``(m, n, k)`` without building it.
+
+    Rows count k-faces (k+1 non-attacking rooks), columns (k-1)-faces.
+    """
+    def faces(r):
+        if r > min(m, n) or r < 0:
+            return 0
+        return math.comb(m, r) * math.comb(n, r) * math.factorial(r)
+    return faces(k + 1), faces(k)
+
+
+def _faces(m: int, n: int, r: int) -> np.ndarray:
+    """All placements of r non-attacking rooks on an m×n board, as an array of
+    shape (count, r, 2) of (row, column) pairs, rooks sorted by board row, in
+    lexicographic order."""
+    rows = np.array(list(itertools.combinations(range(m), r)), dtype=np.int64).reshape(-1, r)
+    cols = np.array(list(itertools.permutations(range(n), r)), dtype=np.int64).reshape(-1, r)
+    nr, nc = len(rows), len(cols)
+    out = np.empty((nr * nc, r, 2), dtype=np.int64)
+    out[:, :, 0] = np.repeat(rows, nc, axis=0)
+    out[:, :, 1] = np.tile(cols, (nr, 1))
+    return out
+
+
+def _encode(faces: np.ndarray, m: int, n: int) -> np.ndarray:
+    """Injective integer key of each face (cells are rook positions row*n+col)."""
+    cells = faces[:, :, 0] * n + faces[:, :, 1]
+    base = m * n
+    key = np.zeros(len(faces), dtype=np.int64)
+    for j in range(cells.shape[1]):
+        key = key * base + cells[:, j]
+    return key
+
+
+def chessboard_boundary(m: int, n: int, k: int) -> sp.csc_array:
+    """Boundary map ∂_k of the m×n chessboard complex, transposed.
+
+    The k-faces of the chessboard complex are the sets of k+1 non-attacking
+    rooks on an m×n board. Row ``i`` of the result is a k-face σ = (v_0, …, v_k)
+    (rooks sorted by board row); its entries are ``(-1)^j`` in the columns of the
+    (k-1)-faces σ \\ v_j. ``chessboard_boundary(7, 8, 3)`` has the shape,
+    entry count and ±1 pattern of SuiteSparse's ``ch7-8-b3`` (58800×11760,
+    235200 entries).
+
+    Parameters
+    ----------
+    m, n : int
+        Board size.
+    k : int
+        Face dimension of the rows (k ≥ 1).
+
+    Returns
+    -------
+    scipy.sparse.csc_array of float64, shape ``chessboard_shape(m, n, k)``
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    hi = _faces(m, n, k + 1)
+    lo = _faces(m, n, k)
+    nrows, ncols = len(hi), len(lo)
+    if nrows == 0 or ncols == 0:
+        return sp.csc_array((nrows, ncols), dtype=np.float64)
+    lo_keys = _encode(lo, m, n)
+    order = np.argsort(lo_keys)
+    sorted_keys = lo_keys[order]
+    rows, cols, vals = [], [], []
+    for j in range(k + 1):
+        sub = np.delete(hi, j, axis=1)
+        key = _encode(sub, m, n)
+        pos = order[np.searchsorted(sorted_keys, key)]
+        rows.append(np.arange(nrows, dtype=np.int64))
+        cols.append(pos)
+        vals.append(np.full(nrows, (-1.0) ** j))
+    A = sp.coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                     shape=(nrows, ncols))
+    return sp.csc_array(A)
+
+
+def grid3d_least_squares(k: int, shift: float = 0.1) -> sp.csc_array:
+    """The 7-point Laplacian on a k×k×k grid stacked over ``shift·I``.
+
+    Returns a (2k³)×k³ matrix of full column rank (for shift ≠ 0).
+    """
+    one = sp.diags_array([-np.ones(k - 1), 2 * np.ones(k), -np.ones(k - 1)],
+                         offsets=[-1, 0, 1], shape=(k, k))
+    eye = sp.eye_array(k)
+    lap = (sp.kron(sp.kron(one, eye), eye) + sp.kron(sp.kron(eye, one), eye)
+           + sp.kron(sp.kron(eye, eye), one))
+    N = k ** 3
+    return sp.csc_array(sp.vstack([lap, shift * sp.eye_array(N)]))
+
+
+def random_least_squares(m: int, n: int, density: float = 0.05, *, dense_rows: int = 0,
+                         empty_cols: int = 0, duplicate_cols: int = 0,
+                         seed: int = 0) -> sp.csc_array:
+    """Random sparse matrix with optional dense rows and structural defects.
+
+    Parameters
+    ----------
+    m, n : int
+        Shape.
+    density : float
+        Fraction of entries of the random part.
+    dense_rows : int
+        Number of rows (chosen at random) made completely dense.
+    empty_cols : int
+        Number of columns (chosen at random) zeroed.
+    duplicate_cols : int
+        Number of columns replaced by copies of other columns (numerical rank
+        deficiency).
+    seed : int
+        Seed of ``numpy.random.default_rng``.
+    """
+    rng = np.random.default_rng(seed)
+    A = sp.random_array((m, n), density=density, rng=rng, format="lil",
+                        data_sampler=rng.standard_normal)
+    if m and n:
+        for i in rng.choice(m, size=min(dense_rows, m), replace=False):
+            A[int(i), :] = rng.standard_normal(n)
+    A = sp.csc_array(A)
+    if n and (empty_cols or duplicate_cols):
+        # column map M: A @ M zeroes some columns and copies others (scaled)
+        cols = rng.permutation(n)
+        diag = np.ones(n)
+        diag[cols[:empty_cols]] = 0.0
+        rows_m, cols_m, vals_m = [np.arange(n)], [np.arange(n)], [diag]
+        rest = cols[empty_cols:]
+        for t in range(min(duplicate_cols, len(rest) // 2)):
+            src, dst = rest[2 * t], rest[2 * t + 1]
+            diag[dst] = 0.0
+            rows_m.append([src]), cols_m.append([dst]), vals_m.append([2.0])
+        M = sp.csc_array((np.concatenate(vals_m), (np.concatenate(rows_m), np.concatenate(cols_m))),
+                         shape=(n, n))
+        A = sp.csc_array(A @ M)
+    A.eliminate_zeros()
+    return A
