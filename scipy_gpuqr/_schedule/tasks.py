@@ -1,0 +1,153 @@
+"""The task record: the only thing the CPU schedulers and the GPU kernel share.
+
+One task is a fixed-size, 96-byte record (:data:`TASK_DTYPE`); the same
+struct is declared in ``kernels/gpuqr_task.cuh`` and a test compiles
+``static_assert`` lines generated from this dtype with NVRTC, so the two
+layouts cannot drift. Every launch of the uberkernel runs one array of such
+records, one thread block per record, and no record depends on another of
+the same launch.
+
+Memory the records point into (all offsets are 64-bit *element* offsets):
+
+* the **front pool** ``F``: every front of a stage, row-major, ``fm × fn``
+  with leading dimension ``fn`` (contribution blocks carried over from an
+  earlier stage are stored in the same pool);
+* the **VT pool**: ``TILE × TILE`` tiles, row-major. After a Factorize, the
+  tile holds the compact-WY ``T`` (upper triangle, diagonal included) and the
+  strictly lower part of the top row tile's Householder vectors ``V1``
+  (unit diagonal, not stored). Only the first ``nref`` columns are used.
+* the **S entries** (int64 index relative to the front base, float value);
+* the **maps** Rimap and Rjmap (int64), and the right-hand-side pool of the
+  Householder-keeping solve.
+
+Row tiles are named by the element index of their first row (``rows[k]``,
+``-1`` for an empty slot), so nothing here assumes a tile size: ``TILE`` is
+a tunable shared by the schedule and the kernel build.
+
+Fields (by task type; unlisted fields are 0):
+
+==========  ===============================================================
+field       meaning
+==========  ===============================================================
+F           front base offset in the front pool (Pack-Assemble: the parent)
+vt          VT tile offset written by Factorize, read by Apply / ApplyQt;
+            S-Assemble: first S entry; Pack-Assemble: child CB base offset
+vt2         Apply+Factorize: the VT tile the factorize part writes;
+            S-Assemble: end of the S entries; Pack-Assemble: Rimap offset
+aux         Pack-Assemble: Rjmap offset; ApplyQt: rhs pool offset of the
+            front's gathered right-hand sides
+type        one of :class:`TaskType`
+fm, fn      rows and columns of the front (``fn`` = leading dimension);
+            Pack-Assemble: ``fn`` is the parent's leading dimension
+col         first column of the factorized / Householder column tile
+            (Pack-Assemble: the child CB's leading dimension)
+c0, c1      Apply: columns ``[c0, c1)`` receive the block reflector;
+            Pack-Assemble: child CB columns ``[c0, c1)``; ApplyQt: ``c1`` is
+            the number of right-hand sides
+nref        number of reflectors of the column tile (≤ TILE): the first
+            ``nref`` columns of the tile are eliminated, the rest only updated
+front      front index (diagnostics and statistics; unused by kernels)
+napply      Apply / Apply+Factorize / ApplyQt: row slots ``rows[0:napply]``
+            hold the bundle the reflector acts on (slot 0 = top tile whose
+            ``V1`` lives in the VT tile)
+nfrows      Factorize: row slots ``rows[fstart:fstart+nfrows]`` are the
+            bundle to factorize (its first slot is the top tile, which keeps
+            R); Pack-Assemble: ``rows[0], rows[1]`` = child CB rows
+            ``[r0, r1)`` and ``nfrows`` = 1 when only the upper trapezoid
+            (``cj ≥ ci`` relative to the CB) is copied
+fstart      first row slot of the factorize part (0 for Factorize, 1 for
+            Apply+Factorize: the old top tile stays behind)
+flags       bit k set: row slot k of the factorize part is upper triangular
+            in the factorize column tile (a hint; kernels may ignore it)
+rows        up to :data:`MAX_SLOTS` row-tile starts (element rows), -1 empty
+==========  ===============================================================
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+__all__ = ["TaskType", "TASK_DTYPE", "TASK_BYTES", "MAX_SLOTS",
+           "MAX_BUNDLE", "DEFAULT_TILE", "DEFAULT_BUNDLE",
+           "DEFAULT_APPLY_GRANULE", "empty_tasks", "c_struct_asserts"]
+
+#: Default tile edge (a tunable: nothing may assume 32).
+DEFAULT_TILE = 32
+#: Default number of row tiles per bundle.
+DEFAULT_BUNDLE = 3
+#: Column tiles updated by one Apply task (coarser tasks, fewer records).
+DEFAULT_APPLY_GRANULE = 16
+#: Largest bundle the record can describe.
+MAX_BUNDLE = 5
+#: Row slots per record: an Apply+Factorize holds the old top tile, the
+#: rest of its bundle and the delta tiles (at most ``BUNDLE + 1`` rows).
+MAX_SLOTS = 6
+
+
+class TaskType(enum.IntEnum):
+    """Task types (the kernel's ``switch``)."""
+
+    NONE = 0
+    FACTORIZE = 1
+    APPLY = 2
+    APPLY_FACTORIZE = 3
+    S_ASSEMBLE = 4
+    PACK_ASSEMBLE = 5
+    #: Apply the reflector of one Factorize to the front's gathered rhs
+    #: (the Householder-keeping solve, Qᵀb).
+    APPLY_QT = 6
+
+
+_FIELDS = [
+    ("F", np.int64), ("vt", np.int64), ("vt2", np.int64), ("aux", np.int64),
+    ("type", np.int32), ("fm", np.int32), ("fn", np.int32), ("col", np.int32),
+    ("c0", np.int32), ("c1", np.int32), ("nref", np.int32), ("front", np.int32),
+    ("napply", np.int16), ("nfrows", np.int16), ("fstart", np.int16),
+    ("flags", np.int16),
+    ("rows", np.int32, (MAX_SLOTS,)),
+]
+
+#: The task record (aligned, fixed size; see the module docstring).
+TASK_DTYPE = np.dtype(_FIELDS, align=True)
+#: Bytes per record.
+TASK_BYTES = TASK_DTYPE.itemsize
+
+assert TASK_BYTES == 96, TASK_BYTES  # the layout is part of the contract
+
+
+def empty_tasks(n: int) -> np.ndarray:
+    """``n`` zeroed records with every row slot empty (-1)."""
+    out = np.zeros(n, dtype=TASK_DTYPE)
+    out["rows"] = -1
+    return out
+
+
+_C_TYPES = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int",
+            np.dtype(np.int16): "short"}
+
+
+def c_struct_asserts(struct: str = "gpuqr::Task") -> str:
+    """C++ ``static_assert`` lines checking the kernel struct against the dtype.
+
+    Compiled with NVRTC by the tests, so a change on one side only fails.
+    """
+    lines = [f"static_assert(sizeof({struct}) == {TASK_BYTES}, \"Task size\");"]
+    for name in TASK_DTYPE.names:
+        sub, off = TASK_DTYPE.fields[name][:2]
+        base = sub.base if sub.shape else sub
+        ctype = _C_TYPES[np.dtype(base)]
+        lines.append(f"static_assert(__builtin_offsetof({struct}, {name}) == {off}, "
+                     f"\"offset of {name}\");")
+        lines.append(f"static_assert(sizeof((({struct}*)0)->{name}) == {sub.itemsize}, "
+                     f"\"size of {name}\");")
+        member = f"(({struct}*)0)->{name}" + ("[0]" if sub.shape else "")
+        lines.append(f"static_assert(sizeof({member}) == sizeof({ctype}), "
+                     f"\"type of {name}\");")
+    for t in TaskType:
+        lines.append(f"static_assert((int)gpuqr::TASK_{t.name} == {int(t)}, "
+                     f"\"TaskType {t.name}\");")
+    lines.append(f"static_assert(GPUQR_MAX_SLOTS == {MAX_SLOTS}, \"MAX_SLOTS\");")
+    lines.append(f"static_assert(GPUQR_MAX_BUNDLE == {MAX_BUNDLE}, \"MAX_BUNDLE\");")
+    return "\n".join(lines) + "\n"
