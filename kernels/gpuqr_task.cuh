@@ -45,7 +45,8 @@ struct __align__(8) Task {
     short napply;    // Apply: rows[0:napply]
     short nfrows;    // Factorize: rows[fstart:fstart+nfrows]
     short fstart;
-    short flags;     // bit k: factorize slot k upper triangular (hint)
+    signed char flags;  // bit k: slot k upper triangular in the factorize column (hint)
+    signed char ftop;   // slot of the factorize part's top tile (keeps R)
     int rows[GPUQR_MAX_SLOTS];  // first element row of each row tile, -1 = empty
 };
 

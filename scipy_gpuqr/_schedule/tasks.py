@@ -35,7 +35,8 @@ vt          VT tile offset written by Factorize, read by Apply / ApplyQt;
 vt2         Apply+Factorize: the VT tile the factorize part writes;
             S-Assemble: end of the S entries; Pack-Assemble: Rimap offset
 aux         Pack-Assemble: Rjmap offset; ApplyQt: rhs pool offset of the
-            front's gathered right-hand sides
+            front's gathered right-hand sides; Apply+Factorize: reflectors
+            of the factorize part (its column tile starts at ``c0``)
 type        one of :class:`TaskType`
 fm, fn      rows and columns of the front (``fn`` = leading dimension);
             Pack-Assemble: ``fn`` is the parent's leading dimension
@@ -51,14 +52,16 @@ napply      Apply / Apply+Factorize / ApplyQt: row slots ``rows[0:napply]``
             hold the bundle the reflector acts on (slot 0 = top tile whose
             ``V1`` lives in the VT tile)
 nfrows      Factorize: row slots ``rows[fstart:fstart+nfrows]`` are the
-            bundle to factorize (its first slot is the top tile, which keeps
-            R); Pack-Assemble: ``rows[0], rows[1]`` = child CB rows
+            bundle to factorize; Pack-Assemble: ``rows[0], rows[1]`` = child CB rows
             ``[r0, r1)`` and ``nfrows`` = 1 when only the upper trapezoid
             (``cj ≥ ci`` relative to the CB) is copied
 fstart      first row slot of the factorize part (0 for Factorize, 1 for
             Apply+Factorize: the old top tile stays behind)
-flags       bit k set: row slot k of the factorize part is upper triangular
-            in the factorize column tile (a hint; kernels may ignore it)
+flags       bit k set: row slot k (of ``rows``) is upper triangular in the
+            factorize column tile (a hint; kernels may ignore it)
+ftop        the slot of ``rows`` holding the factorize part's top tile (it
+            keeps R; its V1 goes to the VT tile); the other slots' V stays
+            in the front, in the factorize column tile
 rows        up to :data:`MAX_SLOTS` row-tile starts (element rows), -1 empty
 ==========  ===============================================================
 """
@@ -105,7 +108,7 @@ _FIELDS = [
     ("type", np.int32), ("fm", np.int32), ("fn", np.int32), ("col", np.int32),
     ("c0", np.int32), ("c1", np.int32), ("nref", np.int32), ("front", np.int32),
     ("napply", np.int16), ("nfrows", np.int16), ("fstart", np.int16),
-    ("flags", np.int16),
+    ("flags", np.int8), ("ftop", np.int8),
     ("rows", np.int32, (MAX_SLOTS,)),
 ]
 
@@ -125,7 +128,7 @@ def empty_tasks(n: int) -> np.ndarray:
 
 
 _C_TYPES = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int",
-            np.dtype(np.int16): "short"}
+            np.dtype(np.int16): "short", np.dtype(np.int8): "signed char"}
 
 
 def c_struct_asserts(struct: str = "gpuqr::Task") -> str:
