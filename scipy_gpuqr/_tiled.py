@@ -252,6 +252,10 @@ def execute_plan(a, plan, want_q: bool, cupy_in: bool):
     """Run the tiled QR of validated ``a`` with ``plan``; return ``(R, Q)``."""
     from ._tiled_runtime import Layout, run_tiled_qr
     layout = Layout(a.shape[0], a.shape[1], plan.tile_size, a.dtype)
+    if cupy_in:  # work queued on the caller's stream must finish first
+        cp = import_cupy()
+        with cp.cuda.Device(a.device.id):
+            cp.cuda.get_current_stream().synchronize()
     devices = [_make_device(name) for name in plan.devices]
     out_name = f"gpu:{a.device.id}" if cupy_in else "cpu"
     out = next((d for d in devices if d.name == out_name), None)

@@ -198,7 +198,10 @@ class GpuDevice:
                 order = "C" if x.flags.c_contiguous else "F"
                 out = cupyx.empty_pinned(x.shape, dtype=x.dtype, order=order)
                 if x.size:
-                    x.get(stream=self.copy, out=out)
+                    try:
+                        x.get(stream=self.copy, out=out, blocking=False)
+                    except TypeError:  # CuPy < 13: a blocking copy
+                        x.get(stream=self.copy, out=out)
                 self._keep.append(x)
                 return out
             out = self._map(value, d2h)

@@ -240,7 +240,8 @@ def larft_from_gram(xp, G, tau):
     Builds ``T`` bottom-up by merging neighbouring blocks,
     ``T = [[T1, -T1 G12 T2], [0, T2]]``, all merges of one level as one
     batched product (``log2 r`` levels), so a GPU does it in a few dozen
-    launches instead of ``r`` dependent ones. Exact for ``tau_i = 0``.
+    launches instead of ``r`` dependent ones, with no host transfer. Exact for
+    ``tau_i = 0``.
     """
     r = tau.shape[0]
     size = 1
@@ -251,17 +252,19 @@ def larft_from_gram(xp, G, tau):
     idx = xp.arange(r)
     T[idx, idx] = tau
     Gp[:r, :r] = G
+    Tf = T.reshape(-1)
+    Gf = Gp.reshape(-1)
     b = 1
     while b < size:
         n2 = size // (2 * b)
-        T4 = T.reshape(n2, 2 * b, n2, 2 * b)
-        G4 = Gp.reshape(n2, 2 * b, n2, 2 * b)
-        ar = xp.arange(n2)
-        T11 = T4[ar, :b, ar, :b]          # (n2, b, b)
-        T22 = T4[ar, b:, ar, b:]
-        G12 = G4[ar, :b, ar, b:]
-        T4[ar, :b, ar, b:] = -xp.matmul(xp.matmul(T11, G12), T22)
-        T = T4.reshape(size, size)
+        base = xp.arange(n2) * (2 * b) * (size + 1)      # top-left of block p
+        ij = xp.arange(b)
+        blk = (base[:, None, None] + ij[None, :, None] * size
+               + ij[None, None, :])                      # (n2, b, b)
+        T11 = Tf[blk]
+        T22 = Tf[blk + b * (size + 1)]
+        G12 = Gf[blk + b]
+        Tf[blk + b] = -xp.matmul(xp.matmul(T11, G12), T22)
         b *= 2
     return xp.ascontiguousarray(T[:r, :r])
 

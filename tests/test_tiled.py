@@ -220,3 +220,13 @@ def test_cache_dir_defaults(tmp_path):
     from scipy_gpuqr._tiled_calib import cache_dir
     assert cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "scipy_gpuqr"
     assert cache_dir({}).name == "scipy_gpuqr"
+
+
+def test_cli_plan_cpu(tmp_path, monkeypatch, capsys):
+    from scipy_gpuqr import _tiled_cli
+    monkeypatch.setenv("SCIPY_GPUQR_CACHE_DIR", str(tmp_path))
+    assert _tiled_cli.main(["--devices", "cpu", "--size", "300", "200",
+                            "--tile-size", "32"]) == 0
+    text = capsys.readouterr().out
+    assert "main cpu, p = 1" in text and "guide array [0]" in text
+    assert _tiled_cli.main(["--devices", "tpu"]) == 2
