@@ -1,0 +1,303 @@
+"""``QRFactorization``: analyze → factorize → solve, reusable for a new matrix.
+
+The object behind ``lsqr``, ``lsmr``, ``spsolve``, ``factorized`` and
+``qr``. The backend is chosen once (:mod:`scipy_gpuqr._dispatch`); every
+answer is computed through the :class:`~scipy_gpuqr._numeric.NumericQR`
+contract by :mod:`scipy_gpuqr._lstsq`, so all backends behave the same.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+from ._dispatch import plan_factorization
+from ._lstsq import MinNormSolver, lstsq_cutoff
+from ._options import resolve_options
+from ._validate import as_matrix, solve_rhs, to_output
+
+__all__ = ["QRFactorization"]
+
+
+def _check_tol(tol):
+    if tol is None or (isinstance(tol, str) and tol == "default"):
+        return tol
+    if isinstance(tol, str):
+        raise ValueError(f"tol must be 'default', None or a number >= 0, got {tol!r}")
+    value = float(tol)
+    if not (value >= 0 and np.isfinite(value)):
+        raise ValueError(f"tol must be 'default', None or a finite number >= 0, got {tol!r}")
+    return value
+
+
+class QRFactorization:
+    """Sparse QR factorization of A, reusable for solves and for a new A.
+
+    ``A[:, perm] = Q @ R`` for tall or square A. For wide A (m < n) the
+    object factorizes ``Aᵀ`` instead (``info['transposed']`` is True):
+    ``R``, ``perm``, ``qt_matmul`` and ``q_matmul`` then describe
+    ``Aᵀ[:, perm] = Q @ R`` with Q of order n, and :meth:`solve` returns the
+    minimum-norm solution ``x = Q [R⁻ᵀ b[perm]; 0]`` (full row rank) or its
+    rank-deficient generalisation.
+
+    Parameters
+    ----------
+    A : sparse matrix/array (any format), ndarray, or CuPy/cupyx equivalent
+        Real matrix, shape (m, n). Copied; never modified.
+    ordering : {'colamd', 'natural', 'amd', 'metis'}
+        Fill-reducing column ordering (None: ``gpuqr_options.ordering``).
+    tol : None, 'default' or float
+        Rank detection during the factorization. ``None`` (default): none;
+        :meth:`solve` then applies ``numpy.linalg.lstsq``'s rank rule
+        (singular values ``<= eps·max(m, n)·σ_max`` are zero; see
+        :mod:`scipy_gpuqr._lstsq`). ``'default'``: SuiteSparseQR's rule
+        ``20·(m+n)·eps·max column 2-norm``; a number sets the tolerance.
+        With rank detection, :attr:`rank` and :meth:`solve` follow the
+        backend's decision (the minimum-norm solution of the truncated
+        problem).
+    backend : {None, 'auto', 'gpu', 'cpu', 'reference', 'simulate'}
+        Where to factorize (precedence: this keyword > ``gpuqr_options`` >
+        ``SCIPY_GPUQR_BACKEND`` > 'auto').
+    gpuqr_options : GpuqrOptions, dict or None
+        Further options.
+
+    Attributes
+    ----------
+    shape : tuple
+        (m, n) of A.
+    info : dict
+        Backend that ran and why, flops, intensity, ordering, rank decision
+        and timings per phase (seconds).
+
+    Notes
+    -----
+    Picklable: the numeric factors are plain NumPy/SciPy arrays for every
+    CPU backend; a backend whose factors hold device or C handles is
+    pickled as its matrix and refactorized on load.
+    """
+
+    def __init__(self, A, *, ordering=None, tol=None, backend=None,
+                 gpuqr_options=None):
+        t0 = time.perf_counter()
+        self._options = resolve_options(gpuqr_options)
+        self._tol = _check_tol(tol)
+        self._backend_kw = backend
+        mi = as_matrix(A)
+        self._on_gpu = mi.on_gpu
+        self._dtype = mi.dtype
+        self.shape = mi.shape
+        m, n = mi.shape
+        self._transposed = m < n
+        M = sp.csc_array(mi.A.T) if self._transposed else mi.A
+        M.sort_indices()
+        self._pattern = (mi.A.indptr.copy(), mi.A.indices.copy())
+        self._plan = plan_factorization(M, backend=backend, gpuqr_options=self._options,
+                                        ordering=ordering, dtype=mi.dtype)
+        t1 = time.perf_counter()
+        self._timings = {"validate": t1 - t0 - self._plan.analyze_time,
+                         "analyze": self._plan.analyze_time}
+        self._M = M
+        self._num = None
+        self._solver = None
+        self._factorize(M)
+
+    # -- phases ----------------------------------------------------------------
+    def _factorize(self, M):
+        t0 = time.perf_counter()
+        self._num = self._plan.factorize(M, tol=self._tol)
+        self._timings["factorize"] = time.perf_counter() - t0
+        self._solver = None
+
+    def _min_norm_solver(self) -> MinNormSolver:
+        if self._solver is None:
+            t0 = time.perf_counter()
+            num = self._num
+            m, n = self.shape
+            if self._tol is None:
+                R = num.R
+                cutoff = lstsq_cutoff(m, n)
+            else:
+                r = int(num.rank)
+                R = sp.csc_array(num.R)[:r]
+                cutoff = 0.0  # rank already decided by the backend
+            self._solver = MinNormSolver(R, cutoff, transposed=self._transposed,
+                                         factorize=self._cod_factorize)
+            self._timings["rank_decision"] = time.perf_counter() - t0
+        return self._solver
+
+    def _cod_factorize(self, G, *, tol):
+        return self._plan.factorize_fn(sp.csc_array(G), ordering="colamd", colperm=None,
+                                       tol=tol, analysis=None)
+
+    def _require(self):
+        if self._num is None:
+            raise ValueError("this QRFactorization was freed")
+
+    # -- public API --------------------------------------------------------------
+    def solve(self, b):
+        """Minimum 2-norm least-squares solution of ``A x ≈ b``.
+
+        Parameters
+        ----------
+        b : array_like, shape (m,) or (m, k)
+            NumPy or CuPy.
+
+        Returns
+        -------
+        x : ndarray, shape (n,) or (n, k)
+            float64 (float32 when A was float32). CuPy in → CuPy out.
+        """
+        self._require()
+        m, n = self.shape
+        B, is_vector, on_gpu = solve_rhs(b, m)
+        X = self._solve_host(B)
+        X = X.astype(np.result_type(self._dtype, np.float32), copy=False)
+        if is_vector:
+            X = X[:, 0]
+        return to_output(X, on_gpu or self._on_gpu)
+
+    def _solve_host(self, B: np.ndarray) -> np.ndarray:
+        """Float64 (n, k) solution for float64 B of shape (m, k)."""
+        t0 = time.perf_counter()
+        num = self._num
+        solver = self._min_norm_solver()
+        m, n = self.shape
+        if not self._transposed:
+            k = num.R.shape[0]
+            C = num.qt_matmul(B)[:k] if B.shape[1] else np.zeros((k, 0))
+            if self._tol is not None:
+                C = C[:solver.R.shape[0]]
+            Y = solver.solve(C)
+            X = np.empty((n, B.shape[1]))
+            X[num.colperm] = Y
+        else:
+            Bp = B[num.colperm]
+            Z = solver.solve(Bp)
+            pad = np.zeros((n, B.shape[1]))
+            pad[:Z.shape[0]] = Z
+            X = num.q_matmul(pad) if B.shape[1] else pad
+        self._timings["solve"] = time.perf_counter() - t0
+        return X
+
+    def qt_matmul(self, B):
+        """``Qᵀ B`` (Q of the factored matrix: A, or Aᵀ when m < n)."""
+        self._require()
+        return self._num.qt_matmul(np.asarray(B, dtype=np.float64))
+
+    def q_matmul(self, Y):
+        """``Q Y`` (Q of the factored matrix: A, or Aᵀ when m < n)."""
+        self._require()
+        return self._num.q_matmul(np.asarray(Y, dtype=np.float64))
+
+    @property
+    def R(self) -> sp.csc_array:
+        """The upper trapezoidal factor (of A, or of Aᵀ when m < n)."""
+        self._require()
+        return self._num.R
+
+    @property
+    def perm(self) -> np.ndarray:
+        """Column permutation: ``M[:, perm] = Q @ R`` with M = A (or Aᵀ)."""
+        self._require()
+        return self._num.colperm
+
+    @property
+    def rank(self) -> int:
+        """Numerical rank: lstsq's rule (tol=None) or the backend's (tol given)."""
+        self._require()
+        if self._tol is not None:
+            return int(self._num.rank)
+        return int(self._min_norm_solver().rank)
+
+    @property
+    def transposed(self) -> bool:
+        """True when Aᵀ was factorized (m < n)."""
+        return self._transposed
+
+    @property
+    def numeric(self):
+        """The backend's :class:`~scipy_gpuqr._numeric.NumericQR`."""
+        self._require()
+        return self._num
+
+    @property
+    def info(self) -> dict:
+        """What ran where and why, flops, intensity and timings."""
+        out = self._plan.summary()
+        out.update(shape=tuple(self.shape), transposed=self._transposed,
+                   tol=self._tol, timings=dict(self._timings))
+        if self._num is not None:
+            out["flops_backend"] = float(self._num.flops)
+            out["backend_info"] = dict(self._num.info)
+            out["rank_backend"] = int(self._num.rank)
+            if self._solver is not None:
+                out["rank_decision"] = self._solver.summary()
+        return out
+
+    def refactor(self, A_new) -> "QRFactorization":
+        """Factorize a new matrix with the same sparsity pattern, reusing the analysis.
+
+        Raises
+        ------
+        ValueError
+            When A_new's shape or pattern (after summing duplicates) differs.
+        """
+        mi = as_matrix(A_new)
+        if mi.shape != tuple(self.shape):
+            raise ValueError(f"refactor needs a matrix of shape {tuple(self.shape)}, "
+                             f"got {mi.shape}")
+        indptr, indices = self._pattern
+        if not (np.array_equal(mi.A.indptr, indptr) and np.array_equal(mi.A.indices, indices)):
+            raise ValueError("refactor needs the same sparsity pattern as the "
+                             "original matrix (explicit zeros count as entries)")
+        M = sp.csc_array(mi.A.T) if self._transposed else mi.A
+        M.sort_indices()
+        self._M = M
+        self._dtype = mi.dtype
+        self._factorize(M)
+        return self
+
+    def free(self) -> None:
+        """Release the factors (device memory, C objects); idempotent."""
+        if self._num is not None:
+            self._num.free()
+        self._num = None
+        self._solver = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+        return False
+
+    # -- pickling: data, never handles ---------------------------------------------
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_solver"] = None
+        num = state.get("_num")
+        plan = state["_plan"]
+        state["_plan_fields"] = {k: getattr(plan, k) for k in
+                                 ("backend", "requested", "source", "reasons",
+                                  "ordering", "colperm", "analyze_time")}
+        state["_plan"] = None
+        if num is not None:
+            try:
+                pickle.dumps(num)
+            except Exception:  # device or C handles: refactorize on load
+                state["_num"] = None
+                state["_refactor_on_load"] = True
+        return state
+
+    def __setstate__(self, state):
+        fields = state.pop("_plan_fields")
+        refactor = state.pop("_refactor_on_load", False)
+        self.__dict__.update(state)
+        from ._dispatch import Plan, backend_factorizer
+        factorize_fn, ran, _ = backend_factorizer(fields["backend"])
+        self._plan = Plan(factorize_fn=factorize_fn, **fields)
+        if refactor:
+            self._factorize(self._M)

@@ -1,0 +1,319 @@
+"""The numerical solve rules, built only on the :class:`NumericQR` contract.
+
+Every backend returns ``M[:, colperm] = Q @ R``; the rules below turn that
+into answers, so they are the same on every backend.
+
+Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
+    The minimum 2-norm least-squares solution with ``numpy.linalg.lstsq``'s
+    rank rule: singular values ``<= eps·max(m, n)·σ_max`` count as zero.
+    Method: QR **without** rank detection (tol=None), then
+
+    1. ``R``'s diagonal and a condition estimate decide whether ``R`` is
+       safely of full rank: ``min|r_ii| > cutoff·max|r_ii|`` (necessary) and
+       ``rcond_1(R) >= 10·q·cutoff`` (LAPACK ``trcon`` for q ≤
+       :data:`DENSE_LIMIT`, Higham's ``onenormest`` of ``R⁻¹`` beyond). The
+       factor ``10·q`` covers the gap between 1-norm and 2-norm condition
+       numbers (at most q) and the estimator's underestimate. Then ``R⁻¹``
+       answers (sparse triangular solve).
+    2. Otherwise the rank is decided on ``R`` alone (it has A's singular
+       values): for q ≤ :data:`DENSE_LIMIT` a dense SVD of ``R`` gives
+       exactly lstsq's rank and the pseudo-inverse solution; beyond, σ_min
+       and σ_max of ``R`` are estimated by Lanczos (ARPACK) on ``R⁻¹R⁻ᵀ``
+       and ``RᵀR``; if σ_min is clearly above the cutoff the triangular
+       solve answers, else a complete orthogonal decomposition: a second,
+       rank-detecting QR of ``R`` with the absolute tolerance
+       ``cutoff·σ_max`` (columns whose remaining norm falls below it are
+       dropped: a backward perturbation of that size), then a QR of
+       ``[R11 R12]ᵀ`` for the minimum-norm part.
+
+    SuiteSparseQR's default tolerance (20·(m+n)·eps·max column norm) is
+    *not* this rule: it drops columns greedily and loses accuracy on
+    ill-conditioned square matrices.
+
+Exact solves (``spsolve``, ``factorized``)
+    No rank detection. :func:`exactly_singular` decides when SciPy's
+    ``MatrixRankWarning`` and a NaN result are due.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import scipy.linalg as la
+import scipy.sparse as sp
+from scipy.sparse.linalg import (ArpackError, ArpackNoConvergence,
+                                 LinearOperator, eigsh, onenormest,
+                                 spsolve_triangular)
+
+__all__ = ["DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver",
+           "exactly_singular", "solve_upper", "solve_upper_transposed"]
+
+EPS = float(np.finfo(np.float64).eps)
+
+#: Largest number of columns of R refined by a dense SVD (q² doubles and
+#: about 10·q³ flops: 2500 → 50 MB, a few seconds on two cores).
+DENSE_LIMIT = 2500
+
+#: spsolve's singularity rule: column i of R is "exactly" dependent when
+#: |r_ii| <= SINGULAR_RTOL · ‖R[:, i]‖₂ (= the 2-norm of A's column colperm[i]).
+#: See :func:`exactly_singular` for the evidence behind the value.
+SINGULAR_RTOL = 100 * EPS
+
+#: Margin above the cutoff at which Lanczos' σ_min estimate is trusted.
+_SIGMA_MARGIN = 4.0
+
+
+def lstsq_cutoff(m: int, n: int) -> float:
+    """numpy.linalg.lstsq's default relative cutoff ``eps·max(m, n)``."""
+    return EPS * max(m, n, 1)
+
+
+def _as_2d(C: np.ndarray) -> np.ndarray:
+    return C.reshape(C.shape[0], -1)
+
+
+def solve_upper(R: sp.csc_array, C: np.ndarray) -> np.ndarray:
+    """``R⁻¹ C`` for square upper triangular sparse R with a nonzero diagonal."""
+    q = R.shape[0]
+    if q == 0:
+        return np.zeros((0, _as_2d(C).shape[1]))
+    return spsolve_triangular(sp.csr_array(R), _as_2d(C), lower=False)
+
+
+def solve_upper_transposed(R: sp.csc_array, C: np.ndarray) -> np.ndarray:
+    """``R⁻ᵀ C`` for square upper triangular sparse R with a nonzero diagonal."""
+    q = R.shape[0]
+    if q == 0:
+        return np.zeros((0, _as_2d(C).shape[1]))
+    return spsolve_triangular(sp.csr_array(R.T), _as_2d(C), lower=True)
+
+
+def exactly_singular(R: sp.csc_array, n: int) -> bool:
+    """spsolve's rule: is the square factor R singular "exactly" (like SuperLU)?
+
+    SuperLU reports ``Matrix is exactly singular`` when it meets an exactly
+    zero pivot. Householder QR rarely produces an exact zero on a singular
+    matrix; the pivot of a dependent column is instead at rounding level
+    relative to that column. The rule: R has fewer than n rows, or a zero
+    or non-finite diagonal entry, or ``|r_ii| <= SINGULAR_RTOL·‖R[:, i]‖₂``
+    for some i (SINGULAR_RTOL = 100·eps; ``‖R[:, i]‖₂`` is the norm of the
+    pivot column of A, so the test is scale-invariant per column).
+
+    Evidence (SuiteSparseQR with COLAMD, b = ones; tests/test_lstsq_rules.py
+    checks it on every square matrix in shared/matrices): the matrices on
+    which SciPy's spsolve warns have exact zero pivots (GD01_b, gent113,
+    rajat01, Ragusa16, Tina_AskCal) or min |r_ii|/‖R[:, i]‖ = 3.3e-17
+    (dwt_878); the nonsingular ones are all >= 3.9e-11 (temp; nnc1374 4.4e-11,
+    reorientation_1 2.6e-9, bayer10 1.0e-6, west0479 1.1e-5). 100·eps = 2.2e-14
+    sits between with a margin of about 700 on each side. A global test
+    ``min|r_ii|/max|r_jj|`` cannot separate them (temp: 1.5e-31, not singular;
+    dwt_878: 3.3e-17, singular).
+    """
+    k, q = R.shape
+    if k < n or q < n:
+        return True
+    if n == 0:
+        return False
+    R = sp.csc_array(R)
+    d = np.abs(R.diagonal()[:n])
+    if not np.all(np.isfinite(d)) or np.any(d == 0):
+        return True
+    colnorm = np.sqrt(np.asarray(R.multiply(R).sum(axis=0)).ravel()[:n])
+    return bool(np.any(d <= SINGULAR_RTOL * colnorm))
+
+
+def _rcond_estimate(R: sp.csc_array) -> float:
+    """Reciprocal 1-norm condition number estimate of triangular R."""
+    q = R.shape[0]
+    if q <= DENSE_LIMIT:
+        Rd = R.toarray()
+        rcond, info = la.lapack.dtrcon(Rd, norm="1", uplo="U", diag="N")
+        return float(rcond) if info == 0 else 0.0
+    Rcsr = sp.csr_array(R)
+    RTcsr = sp.csr_array(R.T)
+    inv = LinearOperator(
+        (q, q), dtype=np.float64,
+        matvec=lambda v: spsolve_triangular(Rcsr, v.reshape(-1, 1), lower=False).ravel(),
+        rmatvec=lambda v: spsolve_triangular(RTcsr, v.reshape(-1, 1), lower=True).ravel())
+    norm_inv = onenormest(inv)
+    norm_r = float(abs(R).sum(axis=0).max())
+    if not np.isfinite(norm_inv) or norm_inv == 0 or norm_r == 0:
+        return 0.0
+    return 1.0 / (norm_r * norm_inv)
+
+
+def _sigma_estimates(R: sp.csc_array) -> tuple[float, float]:
+    """Lanczos estimates of (σ_min, σ_max) of square triangular R."""
+    q = R.shape[0]
+    Rcsr = sp.csr_array(R)
+    RTcsr = sp.csr_array(R.T)
+    normal = LinearOperator((q, q), dtype=np.float64,
+                            matvec=lambda v: RTcsr @ (Rcsr @ v.ravel()))
+    inv_normal = LinearOperator(
+        (q, q), dtype=np.float64,
+        matvec=lambda v: spsolve_triangular(
+            Rcsr, spsolve_triangular(RTcsr, v.reshape(-1, 1), lower=True),
+            lower=False).ravel())
+    v0 = np.ones(q)
+    lam_max = eigsh(normal, k=1, which="LM", tol=1e-3, v0=v0,
+                    return_eigenvectors=False)[0]
+    lam_inv = eigsh(inv_normal, k=1, which="LM", tol=1e-3, v0=v0,
+                    return_eigenvectors=False)[0]
+    return 1.0 / np.sqrt(lam_inv), float(np.sqrt(lam_max))
+
+
+Factorize = Callable[..., object]  # factorize(A, *, tol) -> NumericQR
+
+
+@dataclass
+class MinNormSolver:
+    """Minimum-norm least-squares solves with a fixed k×q matrix G = R or Rᵀ.
+
+    Built once per factorization (the rank decision and any refinement are
+    cached), then :meth:`solve` answers any number of right-hand sides.
+
+    Parameters
+    ----------
+    R : scipy.sparse.csc_array, shape (k, q)
+        Upper trapezoidal factor.
+    cutoff : float
+        Relative singular value cutoff (``eps·max(m, n)`` of the original A).
+    transposed : bool
+        Solve with ``Rᵀ`` instead of ``R`` (wide A, factored as Aᵀ).
+    factorize : callable or None
+        ``factorize(G, tol=...) -> NumericQR`` used for the sparse complete
+        orthogonal decomposition when R is too large for a dense SVD.
+    """
+
+    R: sp.csc_array
+    cutoff: float
+    transposed: bool = False
+    factorize: Optional[Factorize] = None
+    method: str = field(init=False, default="")
+    rank: int = field(init=False, default=0)
+    sigma_max: float = field(init=False, default=float("nan"))
+    sigma_min: float = field(init=False, default=float("nan"))
+    rcond: float = field(init=False, default=float("nan"))
+    _svd: tuple = field(init=False, default=None, repr=False)
+    _cod: tuple = field(init=False, default=None, repr=False)
+
+    def __post_init__(self):
+        R = sp.csc_array(self.R)
+        self.R = R
+        k, q = R.shape
+        if k == 0 or q == 0:
+            self.method, self.rank = "empty", 0
+            self.sigma_max = self.sigma_min = 0.0
+            return
+        d = np.abs(R.diagonal())
+        square_ok = (k == q and np.all(np.isfinite(d)) and np.all(d > 0))
+        if square_ok and d.min() > self.cutoff * d.max():
+            self.rcond = _rcond_estimate(R)
+            if self.rcond >= 10.0 * q * self.cutoff:
+                self.method, self.rank = "triangular", q
+                return
+        if max(k, q) <= DENSE_LIMIT or self.factorize is None:
+            self._prepare_svd()
+            return
+        if square_ok:
+            try:
+                smin, smax = _sigma_estimates(R)
+            except (ArpackNoConvergence, ArpackError):
+                smin, smax = 0.0, float(d.max())
+            self.sigma_min, self.sigma_max = smin, smax
+            if smin > _SIGMA_MARGIN * self.cutoff * smax:
+                self.method, self.rank = "triangular", q
+                return
+        else:
+            self.sigma_max = float(np.sqrt(abs(R).power(2).sum()))  # Frobenius bound
+        self._prepare_cod()
+
+    # -- dense refinement: exactly lstsq's rule -------------------------------
+    def _prepare_svd(self):
+        G = self.R.toarray()
+        if self.transposed:
+            G = G.T
+        U, s, Vt = la.svd(G, full_matrices=False, lapack_driver="gesdd",
+                          check_finite=False)
+        smax = s[0] if s.size else 0.0
+        r = int(np.count_nonzero(s > self.cutoff * smax)) if smax > 0 else 0
+        self.method, self.rank = "svd", r
+        self.sigma_max = float(smax)
+        self.sigma_min = float(s[r - 1]) if r else 0.0
+        self._svd = (U[:, :r], s[:r], Vt[:r])
+
+    # -- sparse refinement: complete orthogonal decomposition -----------------
+    def _prepare_cod(self):
+        G = sp.csc_array(self.R.T) if self.transposed else self.R
+        tol_abs = self.cutoff * self.sigma_max
+        first = self.factorize(G, tol=tol_abs)
+        r = int(first.rank)
+        R1 = sp.csc_array(first.R)[:r]
+        second = None
+        if r < G.shape[1]:
+            second = self.factorize(sp.csc_array(R1.T), tol=None)
+        self.method, self.rank = "cod", r
+        self._cod = (first, second, R1)
+
+    def solve(self, C: np.ndarray) -> np.ndarray:
+        """Minimum-norm least-squares ``Y`` with ``G Y ≈ C``; C of shape (rows of G, p)."""
+        C = _as_2d(np.asarray(C, dtype=np.float64))
+        k, q = self.R.shape
+        rows, cols = (q, k) if self.transposed else (k, q)
+        if self.method == "empty":
+            return np.zeros((cols, C.shape[1]))
+        if self.method == "triangular":
+            if self.transposed:
+                return solve_upper_transposed(self.R, C)
+            return solve_upper(self.R, C)
+        if self.method == "svd":
+            U, s, Vt = self._svd
+            return Vt.T @ ((U.T @ C) / s[:, None])
+        first, second, R1 = self._cod
+        r = self.rank
+        D = first.qt_matmul(C)[:r]
+        if second is None:
+            Y1 = solve_upper(sp.csc_array(first.R)[:r, :r], D)
+        else:
+            W = solve_upper_transposed(sp.csc_array(second.R)[:r, :r],
+                                       D[second.colperm])
+            pad = np.zeros((cols, C.shape[1]))
+            pad[:r] = W
+            Y1 = second.q_matmul(pad)
+        Y = np.empty((cols, C.shape[1]))
+        Y[first.colperm] = Y1
+        return Y
+
+    def summary(self) -> dict:
+        """JSON-ready description of the rank decision."""
+        return {"method": self.method, "rank": int(self.rank),
+                "cutoff": self.cutoff, "rcond_estimate": self.rcond,
+                "sigma_min": self.sigma_min, "sigma_max": self.sigma_max}
+
+    def inverse_gram_diagonal(self) -> np.ndarray:
+        """``diag(pinv(GᵀG))`` in G's column order (for lsqr's ``calc_var``).
+
+        Exact from the SVD or from ``R⁻¹`` computed by columns; NaN where
+        neither is affordable (rank-deficient and beyond DENSE_LIMIT).
+        """
+        k, q = self.R.shape
+        cols = k if self.transposed else q
+        if self.method == "empty":
+            return np.zeros(cols)
+        if self.method == "svd":
+            _, s, Vt = self._svd
+            return ((Vt / s[:, None]) ** 2).sum(axis=0)
+        if self.method == "triangular" and not self.transposed:
+            # (RᵀR)⁻¹ = R⁻¹R⁻ᵀ: squared row norms of R⁻¹ (tall case).
+            out = np.zeros(q)
+            step = max(1, min(q, 2_000_000 // max(q, 1)))
+            for j in range(0, q, step):
+                E = np.zeros((q, min(step, q - j)))
+                E[np.arange(j, j + E.shape[1]), np.arange(E.shape[1])] = 1.0
+                X = solve_upper_transposed(self.R, E)  # columns of R⁻ᵀ = rows of R⁻¹
+                out[j:j + E.shape[1]] = (X ** 2).sum(axis=0)
+            return out
+        return np.full(cols, np.nan)
+
