@@ -22,6 +22,8 @@ Numerical conventions (the GPU kernels follow them exactly):
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .._schedule.tasks import TaskType
@@ -65,6 +67,15 @@ def householder_tile(A: np.ndarray, nref: int) -> tuple[np.ndarray, np.ndarray]:
         if k and tau[k] != 0.0:
             T[:k, k] = -tau[k] * (T[:k, :k] @ (V[:, :k].T @ V[:, k]))
     return tau, T
+
+
+def _one_blas_thread():
+    """Small matrix products: one BLAS thread is much faster than many."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # optional
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
 
 
 def _gather_rows(fpool, F, fn, fm, rows, c0, c1, tile):
@@ -207,10 +218,11 @@ def execute_launches(tasks: np.ndarray, launch: np.ndarray, fpool: np.ndarray,
     bounds = np.flatnonzero(np.diff(launch)) + 1
     starts = np.concatenate(([0], bounds))
     ends = np.concatenate((bounds, [len(tasks)]))
-    for s, e in zip(starts, ends):
-        order = np.arange(s, e) if rng is None else s + rng.permutation(e - s)
-        for k in order:
-            execute_task(tasks[k], fpool, vtpool, tile, spool=spool, maps=maps)
+    with _one_blas_thread():
+        for s, e in zip(starts, ends):
+            order = np.arange(s, e) if rng is None else s + rng.permutation(e - s)
+            for k in order:
+                execute_task(tasks[k], fpool, vtpool, tile, spool=spool, maps=maps)
     return len(starts)
 
 
@@ -221,6 +233,11 @@ def apply_qt_front(tasks: np.ndarray, fpool: np.ndarray, vtpool: np.ndarray,
     Replays the reflectors of the front's Factorize and Apply+Factorize
     records in order (records of one launch act on disjoint rows).
     """
+    with _one_blas_thread():
+        _apply_qt(tasks, fpool, vtpool, tile, B)
+
+
+def _apply_qt(tasks, fpool, vtpool, tile, B):
     for rec in tasks:
         typ = int(rec["type"])
         if typ == TaskType.FACTORIZE:
