@@ -17,7 +17,7 @@ import scipy.sparse as sp
 from ._dispatch import plan_factorization
 from ._lstsq import MinNormSolver, lstsq_cutoff
 from ._options import resolve_options
-from ._validate import as_matrix, solve_rhs, to_output
+from ._validate import MatrixInput, as_matrix, solve_rhs, to_output
 
 __all__ = ["QRFactorization"]
 
@@ -85,7 +85,7 @@ class QRFactorization:
         self._options = resolve_options(gpuqr_options)
         self._tol = _check_tol(tol)
         self._backend_kw = backend
-        mi = as_matrix(A)
+        mi = A if isinstance(A, MatrixInput) else as_matrix(A)
         self._on_gpu = mi.on_gpu
         self._dtype = mi.dtype
         self.shape = mi.shape

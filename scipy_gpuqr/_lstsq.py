@@ -47,7 +47,7 @@ from scipy.sparse.linalg import (ArpackError, ArpackNoConvergence,
                                  LinearOperator, eigsh, onenormest,
                                  spsolve_triangular)
 
-__all__ = ["DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver",
+__all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver",
            "exactly_singular", "solve_upper", "solve_upper_transposed"]
 
 EPS = float(np.finfo(np.float64).eps)
@@ -317,3 +317,21 @@ class MinNormSolver:
             return out
         return np.full(cols, np.nan)
 
+
+
+def exact_solve(num, B: np.ndarray, *, trans: bool = False) -> np.ndarray:
+    """Solve ``A X = B`` (or ``Aᵀ X = B``) exactly for square A = Q R Pᵀ.
+
+    No rank detection: the caller has checked :func:`exactly_singular`.
+    ``A X = B``: ``X[colperm] = R⁻¹ Qᵀ B``; ``Aᵀ X = B``: ``X = Q R⁻ᵀ B[colperm]``.
+    """
+    B = _as_2d(np.asarray(B, dtype=np.float64))
+    n = num.shape[1]
+    if B.shape[1] == 0 or n == 0:
+        return np.zeros((n, B.shape[1]))
+    R = sp.csc_array(num.R)[:n, :n]
+    if trans:
+        return np.asarray(num.q_matmul(solve_upper_transposed(R, B[num.colperm])))
+    X = np.empty((n, B.shape[1]))
+    X[num.colperm] = solve_upper(R, np.asarray(num.qt_matmul(B))[:n])
+    return X

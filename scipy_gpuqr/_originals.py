@@ -14,11 +14,14 @@ mutable state).
 
 from __future__ import annotations
 
+import importlib
 import types
 
-from scipy.sparse.linalg._dsolve import linsolve as _linsolve
-from scipy.sparse.linalg._isolve import lsmr as _lsmr_module
-from scipy.sparse.linalg._isolve import lsqr as _lsqr_module
+# import_module returns the submodules themselves: the packages' attributes
+# of the same names are the functions.
+_linsolve = importlib.import_module("scipy.sparse.linalg._dsolve.linsolve")
+_lsmr_module = importlib.import_module("scipy.sparse.linalg._isolve.lsmr")
+_lsqr_module = importlib.import_module("scipy.sparse.linalg._isolve.lsqr")
 
 __all__ = ["ORIGINALS", "original", "MatrixRankWarning"]
 

@@ -294,7 +294,7 @@ def spsolve_rhs(b, n: int) -> SpsolveRhs:
     if arr.shape[0] != n:
         raise ValueError(f"matrix - rhs dimension mismatch (({n}, {n}) - {arr.shape[0]})")
     is_vector = arr.ndim == 1 or arr.shape[1] == 1
-    B = arr.reshape(n, -1).astype(np.float64)
+    B = arr.reshape(n, 1 if arr.ndim == 1 else arr.shape[1]).astype(np.float64)
     check_finite(B, "b")
     return SpsolveRhs(B=B, is_vector=is_vector, is_sparse=False,
                       dtype=arr.dtype, fmt=None, on_gpu=on_gpu)
@@ -329,7 +329,8 @@ def solve_rhs(b, n: int, *, name: str = "b") -> tuple[np.ndarray, bool, bool]:
         raise ValueError(f"{name} is of incompatible size: expected {n} rows, "
                          f"got shape {arr.shape}")
     check_finite(arr, name)
-    return arr.reshape(n, -1).astype(np.float64), arr.ndim == 1, on_gpu
+    B = arr.reshape(n, 1 if arr.ndim == 1 else arr.shape[1]).astype(np.float64)
+    return B, arr.ndim == 1, on_gpu
 
 
 def to_output(x, on_gpu: bool):
