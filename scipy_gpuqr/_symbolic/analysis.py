@@ -193,6 +193,18 @@ class SymbolicAnalysis:
         }
 
 
+def _relabel(parent, perm, B, post):
+    """Relabel columns by ``post`` (new label t = old column post[t])."""
+    n = len(parent)
+    inv = np.empty(n, dtype=np.int64)
+    inv[post] = np.arange(n, dtype=np.int64)
+    newparent = np.where(parent[post] >= 0, inv[np.maximum(parent[post], 0)], -1)
+    B = sp.csr_array((B.data, inv[B.indices], B.indptr), shape=B.shape)
+    B.has_sorted_indices = False
+    B.sort_indices()
+    return newparent, perm[post], B, inv
+
+
 def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | None = None,
             itemsize: int = 8, amalgamation: Amalgamation = Amalgamation()) -> SymbolicAnalysis:
     """Symbolic analysis of a sparse QR factorization of A.
@@ -238,14 +250,7 @@ def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | 
     left = leftmost_columns(B.indptr, B.indices, n)
     parent = column_etree(B.indptr, B.indices, n, left)
     post = postorder(parent)
-    inv = np.empty(n, dtype=np.int64)
-    inv[post] = np.arange(n, dtype=np.int64)
-    parent = np.where(parent[post] >= 0, inv[np.maximum(parent[post], 0)], -1)
-    perm = perm[post]
-    # relabel columns of B by the postorder (indices stay sorted after a sort)
-    B = sp.csr_array((B.data, inv[B.indices], B.indptr), shape=(m, n))
-    B.has_sorted_indices = False
-    B.sort_indices()
+    parent, perm, B, inv = _relabel(parent, perm, B, post)
     left = leftmost_columns(B.indptr, B.indices, n)
     t3 = time.perf_counter()
     timings["etree"] = t3 - t2

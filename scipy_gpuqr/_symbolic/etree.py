@@ -97,16 +97,23 @@ def column_etree(indptr: np.ndarray, indices: np.ndarray, n: int,
     return parent
 
 
-def postorder(parent: np.ndarray) -> np.ndarray:
-    """A postorder of a forest (children visited in increasing label order).
+def postorder(parent: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+    """A postorder of a forest.
 
-    Returns ``post`` with ``post[t]`` the node visited t-th.
+    Children are visited in increasing ``weight`` (ties: increasing label),
+    so with ``weight`` = column counts the heaviest child comes last, next to
+    its parent (CHOLMOD's weighted postorder: relaxed amalgamation then merges
+    the heaviest child). Returns ``post`` with ``post[t]`` the node visited
+    t-th.
     """
     n = len(parent)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     p = np.where(parent < 0, n, parent)
-    order = np.argsort(p, kind="stable")          # children grouped by parent
+    if weight is None:
+        order = np.argsort(p, kind="stable")          # children grouped by parent
+    else:
+        order = np.lexsort((np.arange(n), weight, p))
     counts = np.bincount(p, minlength=n + 1)
     start = np.concatenate(([0], np.cumsum(counts)))
     kids = order.tolist()

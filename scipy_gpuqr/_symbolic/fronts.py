@@ -125,14 +125,20 @@ def relaxed_amalgamation(parent: np.ndarray, counts: np.ndarray, super_ptr: np.n
         c0, c1 = nscol[j], nscol[p]
         ns = c0 + c1
         lnz0, lnz1 = snz[j], snz[p]
-        newzeros = c0 * (lnz1 + c0 - lnz0)
-        totzeros = zeros[j] + zeros[p] + newzeros
-        if newzeros == 0:
+        # zero count of the merged front: the parent group's, plus the zeros the
+        # child adds (CHOLMOD's bookkeeping; a tiny merge adds none)
+        totzeros = zeros[p]
+        if ns <= n0:
             merge = True
         else:
-            size = ns * (ns + 1) / 2 + ns * (lnz1 - c1)
-            z = totzeros / size
-            merge = (ns <= n0 or (ns <= n1 and z < z0) or (ns <= n2 and z < z1) or z < z2)
+            newzeros = c0 * (lnz1 + c0 - lnz0)
+            if newzeros == 0:
+                merge = True
+            else:
+                totzeros += newzeros
+                size = ns * (ns + 1) / 2 + ns * (lnz1 - c1)
+                z = totzeros / size
+                merge = ((ns <= n1 and z < z0) or (ns <= n2 and z < z1) or z < z2)
         if merge:
             nscol[j] = ns
             snz[j] = c0 + lnz1
