@@ -133,6 +133,21 @@ def test_runtime_layout_check_refuses_wrong_defaults(monkeypatch):
             pass
 
 
+def test_status_mapping():
+    libs = _libs()
+    with _cholmod.Common(libs.ffi, libs.cholmod) as cc:
+        cc.check("f_ok")
+        cc["status"] = -2
+        with pytest.raises(MemoryError, match="f_oom: SuiteSparse ran out of memory"):
+            cc.check("f_oom")
+        cc["status"] = -4
+        with pytest.raises(RuntimeError, match=r"f_bad failed with status -4 \(CHOLMOD_INVALID\)"):
+            cc.check("f_bad")
+        cc["status"] = 0
+        with pytest.raises(RuntimeError, match="status 0"):
+            cc.check("f_null", ok=False)
+
+
 def test_qmult_symbol_found():
     # the C++ SuiteSparseQR_qmult<double> is exported by SuiteSparse 5.x and 7.x
     assert _libs().qmult is not None
@@ -255,6 +270,9 @@ def test_given_colperm(rng):
     np.testing.assert_array_equal(f.colperm, p)
     check_qr(A, f)
     assert f.info["ordering_requested"] == "given"
+    np.testing.assert_array_equal(spqr_factorize(A, ordering="given", colperm=p).colperm, p)
+    with pytest.raises(ValueError, match="needs colperm"):
+        spqr_factorize(A, ordering="given")
     D = rank_deficient(rng, 30, 20, 8)
     f = spqr_factorize(D, colperm=p)
     assert f.rank == 8

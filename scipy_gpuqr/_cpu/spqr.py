@@ -93,9 +93,12 @@ def _libs() -> _Libs:
     ffi.cdef(_SPQR_CDEF)
     for name in _QMULT_SYMBOLS:
         ffi.cdef(_QMULT_SIGNATURE.format(name))
-    cholmod = open_library(ffi, "cholmod")
     spqr_path = find_library("spqr")
     spqr = open_library(ffi, "spqr")
+    # CHOLMOD's functions are looked up through libspqr's handle, so they come from
+    # the libcholmod that libspqr itself was linked against (dlsym searches a
+    # handle's dependencies), never from another installed version
+    cholmod = spqr
     qmult = None
     for name in _QMULT_SYMBOLS:
         try:
@@ -327,7 +330,8 @@ def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default") 
         ``info['ordering_used']`` says what ran). ``'natural'`` keeps the
         column order (no singleton reordering either): ``colperm`` is
         ``arange(n)`` unless rank detection drops columns, which are then
-        moved to the end. Ignored when ``colperm`` is given.
+        moved to the end. ``'given'`` requires ``colperm``; any ordering is
+        ignored when ``colperm`` is given.
     colperm : array of int, shape (n,), optional
         A fixed column order chosen by the caller: ``A[:, colperm]`` is
         factorized without further column permutation, except that with rank
@@ -360,8 +364,11 @@ def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default") 
     LibraryNotFound
         When SuiteSparseQR is not installed.
     """
-    if ordering not in ORDERINGS:
-        raise ValueError(f"ordering must be one of {sorted(ORDERINGS)}, got {ordering!r}")
+    if ordering not in ORDERINGS and ordering != "given":
+        raise ValueError(f"ordering must be one of {sorted(ORDERINGS)} or 'given', "
+                         f"got {ordering!r}")
+    if ordering == "given" and colperm is None:
+        raise ValueError("ordering='given' needs colperm")
     tol_code = _tol_code(tol)
     C = _as_csc(A)
     m, n = C.shape
