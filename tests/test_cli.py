@@ -1,0 +1,76 @@
+"""The command line: every command answers, errors are one line (no traceback)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "scipy_gpuqr", *args], cwd=REPO,
+                          capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_info_json():
+    out = _cli("info", "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert {"scipy_gpuqr", "gpu", "suitesparse", "kernels"} <= set(info)
+    assert isinstance(info["gpu"]["available"], bool)
+
+
+def test_no_command_prints_help():
+    out = _cli()
+    assert out.returncode == 2 and "COMMAND" in out.stdout
+
+
+@pytest.mark.parametrize("content", [
+    "", "%%MatrixMarket matrix coordinate real general\n3 3 2\n1 1 1.0\n",
+    "not a matrix market file\n", "%%MatrixMarket matrix coordinate real general\n2 2 1\n5 1 1.0\n",
+])
+@pytest.mark.parametrize("command", ["solve", "analyze"])
+def test_malformed_file_is_one_line_error(tmp_path, content, command):
+    path = tmp_path / "bad.mtx"
+    path.write_text(content)
+    out = _cli(command, str(path))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "bad.mtx" in out.stderr
+
+
+def test_missing_file_is_one_line_error(tmp_path):
+    out = _cli("solve", str(tmp_path / "nope.mtx"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+
+
+def test_solve_real_matrix(matrices_dir):
+    out = _cli("solve", str(matrices_dir / "lp_e226_transposed.mtx"), "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["shape"] == [472, 223]
+    assert report["ours"]["backward_error"] < 1e-10
+    assert report["ours"]["decisions"], "no decision was logged"
+
+
+def test_demo_runs_small_grid():
+    out = _cli("demo", "--grid", "6")
+    assert out.returncode == 0, out.stderr
+    assert "scipy_gpuqr.lsqr" in out.stdout and "backward error" in out.stdout
+
+
+def test_calibrate_without_engine_says_why():
+    out = _cli("calibrate")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+
+
+def test_build_kernels_without_gpu_says_why():
+    from scipy_gpuqr._gpu import gpu_available
+    if gpu_available():
+        pytest.skip("a GPU is present")
+    out = _cli("build-kernels")
+    assert out.returncode == 2 and "no GPU" in out.stderr
