@@ -1,0 +1,303 @@
+"""Symbolic analysis: etree, counts, fronts, maps, counts of work/memory, staging, CLI."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from scipy_gpuqr._symbolic import Amalgamation, analyze
+from scipy_gpuqr._symbolic.etree import column_counts, column_etree, leftmost_columns, postorder
+from scipy_gpuqr._testing_matrices import (chessboard_boundary, chessboard_shape,
+                                           grid3d_least_squares, random_least_squares)
+
+
+def _brute_etree_counts(A):
+    """Etree and column counts of chol(AᵀA) by explicit symbolic factorization."""
+    A = sp.csc_array(A)
+    n = A.shape[1]
+    M = (abs(A).T @ abs(A)).toarray() != 0
+    struct, parent = [None] * n, -np.ones(n, dtype=np.int64)
+    for j in range(n):
+        s = set((np.nonzero(M[j:, j])[0] + j).tolist()) | {j}
+        for c in range(j):
+            if parent[c] == j:
+                s |= struct[c] - {c}
+        struct[j] = s
+        above = [i for i in s if i > j]
+        parent[j] = min(above) if above else -1
+    return parent, np.array([len(s) for s in struct], dtype=np.int64)
+
+
+def _families():
+    yield "tall", random_least_squares(60, 25, 0.1, seed=1)
+    yield "wide", random_least_squares(20, 45, 0.12, seed=2)
+    yield "square", random_least_squares(40, 40, 0.08, seed=3)
+    yield "rankdef", random_least_squares(50, 30, 0.1, duplicate_cols=4, seed=4)
+    yield "dense_row", random_least_squares(40, 30, 0.05, dense_rows=2, seed=5)
+    yield "empty_cols", random_least_squares(40, 30, 0.1, empty_cols=5, seed=6)
+    yield "single_row", sp.csc_array(np.array([[0.0, 2.0, 0.0, -1.0, 3.0]]))
+    yield "grid", grid3d_least_squares(5)
+    yield "chess", chessboard_boundary(4, 5, 2)
+    yield "0x0", sp.csc_array((0, 0))
+    yield "5x0", sp.csc_array((5, 0))
+    yield "0x5", sp.csc_array((0, 5))
+
+
+FAMILIES = list(_families())
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_etree_and_counts_match_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    m, n = int(rng.integers(1, 30)), int(rng.integers(1, 30))
+    A = sp.random_array((m, n), density=rng.uniform(0.03, 0.3), rng=rng, format="csr")
+    A.sort_indices()
+    left = leftmost_columns(A.indptr, A.indices, n)
+    parent = column_etree(A.indptr, A.indices, n, left)
+    bp, _ = _brute_etree_counts(A)
+    np.testing.assert_array_equal(parent, bp)
+    post = postorder(parent)
+    np.testing.assert_array_equal(np.sort(post), np.arange(n))
+    B = sp.csr_array(A[:, post])
+    B.sort_indices()
+    l2 = leftmost_columns(B.indptr, B.indices, n)
+    p2 = column_etree(B.indptr, B.indices, n, l2)
+    assert np.all((p2 > np.arange(n)) | (p2 == -1))
+    _, bc = _brute_etree_counts(B)
+    np.testing.assert_array_equal(column_counts(B.indptr, B.indices, p2, l2), bc)
+
+
+@pytest.mark.parametrize("name,A", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_front_structure_invariants(name, A):
+    an = analyze(A)
+    fs = an.fronts
+    m, n = A.shape
+    assert (an.m, an.n) == (m, n)
+    np.testing.assert_array_equal(np.sort(an.colperm), np.arange(n))
+    np.testing.assert_array_equal(np.sort(an.rowperm), np.arange(m))
+    # pivot ranges partition the columns, fronts in postorder
+    assert fs.pivot_ptr[0] == 0 and fs.pivot_ptr[-1] == n
+    assert np.all(np.diff(fs.pivot_ptr) > 0)
+    assert np.all((fs.parent > np.arange(fs.nfronts)) | (fs.parent == -1))
+    S = sp.csr_array(sp.csc_array(A)[an.rowperm][:, an.colperm])
+    S.sort_indices()
+    Sd = S.toarray()
+    Acan = sp.csc_array(A, copy=True)
+    Acan.sum_duplicates()
+    Acan.sort_indices()
+    taken = np.zeros(A.nnz, dtype=bool)
+    for f in range(fs.nfronts):
+        cols = an.front_columns(f)
+        fm, fn, fp = int(fs.fm[f]), int(fs.fn[f]), int(fs.fp[f])
+        assert len(cols) == fn and np.all(np.diff(cols) > 0)
+        np.testing.assert_array_equal(cols[:fp], np.arange(fs.pivot_ptr[f], fs.pivot_ptr[f + 1]))
+        stair = fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]]
+        assert np.all(np.diff(stair) >= 0) and stair[-1] == fm
+        # rows: S rows + children's CB rows fill 0..fm-1 exactly once
+        rows = list(fs.arow_local[fs.arow_ptr[f]:fs.arow_ptr[f + 1]])
+        for c in an.front_children(f):
+            ri = fs.rimap[fs.rimap_ptr[c]:fs.rimap_ptr[c + 1]]
+            rj = fs.rjmap[fs.rjmap_ptr[c]:fs.rjmap_ptr[c + 1]]
+            ccols = an.front_columns(c)[fs.fp[c]:]
+            np.testing.assert_array_equal(cols[rj], ccols)
+            rows += list(ri)
+            # CB row i starts at child non-pivot column i: the staircase holds it
+            for i, r in enumerate(ri):
+                assert stair[rj[i]] > r
+        assert sorted(rows) == list(range(fm))
+        # the S map rebuilds the S rows of the front
+        F = np.zeros(fm * fn)
+        s0, s1 = fs.s_ptr[f], fs.s_ptr[f + 1]
+        F[fs.s_index[s0:s1]] = Acan.data[fs.s_nz[s0:s1]]
+        taken[fs.s_nz[s0:s1]] = True
+        F = F.reshape(fm, fn)
+        a0, a1 = fs.arow_ptr[f], fs.arow_ptr[f + 1]
+        np.testing.assert_array_equal(F[fs.arow_local[a0:a1]], Sd[a0:a1][:, cols])
+        # every nonzero of the S rows lies in the front's columns
+        assert np.count_nonzero(Sd[a0:a1]) == np.count_nonzero(Sd[a0:a1][:, cols])
+    assert taken.all()
+    # counts are consistent with the front dimensions
+    k = np.minimum(fs.fm, fs.fp)
+    assert an.nnz_R == int(np.sum(k * fs.fn - k * (k - 1) // 2))
+
+
+def test_fronts_without_amalgamation_are_fundamental_supernodes():
+    A = grid3d_least_squares(4)
+    relaxed = analyze(A)
+    fund = analyze(A, amalgamation=Amalgamation(enabled=False))
+    assert fund.nfronts >= relaxed.nfronts
+    # fundamental fronts add no explicit zeros: nnz(R) equals the column counts' sum
+    assert fund.nnz_R == int(fund.col_counts.sum())
+    assert relaxed.nnz_R >= fund.nnz_R
+
+
+@pytest.mark.parametrize("name,A", FAMILIES[:6], ids=[f[0] for f in FAMILIES[:6]])
+def test_flops_nnz_match_a_direct_count(name, A):
+    """Count flops and nnz(H) by running dense Householder QR of every front as
+    assembled (random values) and measuring the reflectors LAPACK produced."""
+    from scipy_gpuqr._engine.reference import reference_factorize
+    qr = reference_factorize(A)
+    an = qr.analysis
+    flops = 0.0
+    nnz_h = 0
+    for f, fr in enumerate(qr._fronts):
+        fn = int(an.fn[f])
+        V = fr.V
+        for r in range(V.shape[1]):
+            col = V[r:, r].copy()
+            col[0] = 1.0                          # implicit unit
+            nzr = np.flatnonzero(col)
+            h = int(nzr[-1]) + 1
+            flops += h * (3 + 4 * (fn - r - 1))
+            nnz_h += h
+    assert nnz_h <= an.nnz_H
+    assert flops <= an.flops
+    # random values: the staircase is reached (equality up to a few exact cancellations)
+    assert nnz_h >= 0.98 * an.nnz_H
+    assert flops >= 0.98 * an.flops
+    assert qr.R.nnz == an.nnz_R
+
+
+def _min_feasible_budget(an):
+    return int(max(an.front_gpu_additive[f]
+                   + sum(an.front_gpu_cb[c] for c in an.front_children(f))
+                   + 2 * an.front_gpu_staging[f] for f in range(an.nfronts)))
+
+
+def test_staging_small_budget_many_stages():
+    # a forest of independent grids plus a coupling grid: many subtrees
+    blocks = [grid3d_least_squares(3) for _ in range(8)] + [grid3d_least_squares(4)]
+    A = sp.csc_array(sp.block_diag(blocks))
+    an = analyze(A)
+    one = an.stage_plan(None)
+    assert one.nstages == 1 and one.stage_bytes[0] == an.gpu_bytes
+    budget = int(1.05 * _min_feasible_budget(an))
+    plan = an.stage_plan(budget)
+    assert plan.nstages >= 5
+    assert plan.stages[0][0] == 0 and plan.stages[-1][1] == an.nfronts - 1
+    for (a, b), (c, d) in zip(plan.stages, plan.stages[1:]):
+        assert c == b + 1 and d >= c
+    assert plan.feasible
+    assert max(plan.stage_bytes) <= budget
+    # a budget smaller than one front: reported, never silently accepted
+    tiny = an.stage_plan(1000)
+    assert not tiny.feasible and len(tiny.oversized) == an.nfronts
+    assert tiny.nstages == an.nfronts
+    # every buffer is counted: more than the fronts' entries alone
+    assert an.gpu_bytes > 8 * int(np.sum(an.fm * an.fn))
+
+
+def test_staging_via_analyze_and_summary_keys():
+    A = random_least_squares(200, 80, 0.05, seed=7)
+    an = analyze(A, max_gpu_memory=50_000)
+    s = an.summary()
+    for key in ("m", "n", "nnz", "fronts", "flops", "nnz_R", "intensity", "stages"):
+        assert key in s
+    json.dumps(s)
+    assert s["stages"] == an.stages.nstages > 1
+    assert s["intensity"] == pytest.approx(an.flops / an.factor_bytes)
+
+
+def test_factor_bytes_dense_front():
+    """A dense m×n matrix is one front: peak = front entries, flops = GvL count."""
+    m, n = 30, 12
+    A = np.random.default_rng(0).standard_normal((m, n))
+    an = analyze(A, ordering="natural")
+    assert an.nfronts == 1 and an.largest_front == (m, n)
+    assert an.factor_bytes == 8 * m * n
+    expect = sum((m - k) * (3 + 4 * (n - k - 1)) for k in range(n))
+    assert an.flops == expect
+    assert an.nnz_R == n * (n + 1) // 2
+
+
+def test_orderings_and_given_perm():
+    A = random_least_squares(80, 40, 0.06, seed=8)
+    for ordering in ("colamd", "natural", "amd", "metis"):
+        an = analyze(A, ordering=ordering)
+        np.testing.assert_array_equal(np.sort(an.colperm), np.arange(40))
+        assert an.ordering_used
+    perm = np.random.default_rng(1).permutation(40)
+    an = analyze(A, colperm=perm)
+    assert an.ordering_used == "given"
+    # postordering the etree of a given order keeps its fill
+    an_nat = analyze(sp.csc_array(A)[:, perm], ordering="natural")
+    assert an.nnz_R == an_nat.nnz_R
+    with pytest.raises(ValueError):
+        analyze(A, colperm=np.zeros(40, dtype=int))
+    with pytest.raises(ValueError):
+        analyze(A, ordering="bogus")
+
+
+def test_pickle_roundtrip():
+    an = analyze(grid3d_least_squares(3))
+    an2 = pickle.loads(pickle.dumps(an))
+    assert an2.summary() == an.summary()
+    np.testing.assert_array_equal(an2.rimap, an.rimap)
+
+
+def test_grid_matches_suitesparseqr_analysis():
+    spqr = pytest.importorskip("scipy_gpuqr._cpu.spqr")
+    ok, why = spqr.spqr_available()
+    if not ok:
+        pytest.skip(why)
+    A = grid3d_least_squares(8)
+    an = analyze(A)
+    res = spqr.spqr_factorize(A, colperm=an.colperm, tol=None)
+    ist = res.info.get("istat", {})
+    if "n_fronts" in ist:
+        assert ist["n_fronts"] == an.nfronts
+        assert ist["nnz_R_bound"] == an.nnz_R
+    assert res.flops == pytest.approx(an.flops, rel=1e-12)
+
+
+def test_chessboard_shape():
+    A = chessboard_boundary(4, 5, 2)
+    assert A.shape == chessboard_shape(4, 5, 2)
+    assert np.all(np.diff(sp.csr_array(A).indptr) == 3)
+    assert chessboard_shape(7, 8, 3) == (58800, 11760)
+
+
+def test_ch7_8_b3_analysis_time():
+    A = chessboard_boundary(7, 8, 3)
+    assert A.shape == (58800, 11760) and A.nnz == 235200
+    best = np.inf
+    for _ in range(2):
+        t = time.perf_counter()
+        an = analyze(A)
+        best = min(best, time.perf_counter() - t)
+        if best <= 2.0:
+            break
+    assert best <= 2.0, f"analysis took {best:.2f} s"
+    # SuiteSparseQR finds 1363 fronts with COLAMD; flops ≈ 4.4e12
+    assert 0.8 * 1363 <= an.nfronts <= 1.25 * 1363
+    assert 4.0e12 < an.flops < 5.0e12
+
+
+def test_cli_json_and_bad_file(tmp_path):
+    f = tmp_path / "a.mtx"
+    import scipy.io
+    scipy.io.mmwrite(str(f), sp.coo_matrix(random_least_squares(30, 10, 0.2, seed=1)))
+    env_cmd = [sys.executable, "-m", "scipy_gpuqr", "analyze"]
+    out = subprocess.run(env_cmd + [str(f), "--json"], capture_output=True, text=True)
+    if out.returncode != 0 and "invalid choice" in out.stderr:
+        pytest.skip("main CLI does not dispatch analyze yet")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    for key in ("m", "n", "nnz", "fronts", "flops", "nnz_R", "intensity", "stages"):
+        assert key in d
+    assert (d["m"], d["n"]) == (30, 10)
+    bad = tmp_path / "bad.mtx"
+    bad.write_text("%%MatrixMarket matrix coordinate real general\n3 3 2\n1 1 1.0\n")
+    out = subprocess.run(env_cmd + [str(bad)], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = subprocess.run(env_cmd + [str(f), "--max-gpu-memory", "20000"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "stages" in out.stdout and "predicted backend" in out.stdout
