@@ -23,6 +23,9 @@ __all__ = ["qr_tiled", "resolve_devices", "plan_tiled", "DEFAULT_GPU_TILE"]
 #: Default tile size when a GPU takes part (the CPU-only default is in
 #: :mod:`._tiled_cpu`).
 DEFAULT_GPU_TILE = 512
+#: From this min(m, n) on, GPUs use tiles of ``2 * DEFAULT_GPU_TILE``
+#: (measured on two H200: 1024 beats 512 from 4096 on; bench/RESULTS.md).
+LARGE_GPU_TILE_FROM = 4096
 
 _MODES = ("r", "economic")
 
@@ -101,9 +104,13 @@ def _parse_device(item, n_gpus: int) -> list[str]:
     return [f"gpu:{index}"]
 
 
-def _default_tile(names: Sequence[str]) -> int:
+def _default_tile(names: Sequence[str], shape=None) -> int:
     from ._tiled_cpu import DEFAULT_CPU_TILE
-    return DEFAULT_GPU_TILE if any(n != "cpu" for n in names) else DEFAULT_CPU_TILE
+    if not any(n != "cpu" for n in names):
+        return DEFAULT_CPU_TILE
+    if shape is not None and min(shape) >= LARGE_GPU_TILE_FROM:
+        return 2 * DEFAULT_GPU_TILE
+    return DEFAULT_GPU_TILE
 
 
 def plan_tiled(shape, dtype, devices="auto", tile_size=None, *,
@@ -121,7 +128,8 @@ def plan_tiled(shape, dtype, devices="auto", tile_size=None, *,
     from . import _tiled_model as model
     m, n = (int(s) for s in shape)
     names, auto = resolve_devices(devices)
-    tile = int(tile_size) if tile_size is not None else _default_tile(names)
+    tile = (int(tile_size) if tile_size is not None
+            else _default_tile(names, (m, n)))
     if tile < 1:
         raise ValueError(f"tile_size must be positive, got {tile_size!r}")
     itemsize = np.dtype(dtype).itemsize
@@ -185,8 +193,8 @@ def qr_tiled(a, mode: str = "economic", devices="auto", *,
         ``'cuda:N'``, ``N``) all take part; the model picks the main device
         and the distribution.
     tile_size : int, optional
-        Width of the column tiles; default 256 on the CPU alone, 512 when a
-        GPU takes part.
+        Width of the column tiles; default 256 on the CPU alone; with a GPU
+        512, or 1024 when min(M, N) >= 4096.
     check_finite : bool
         Raise ValueError for infs and NaNs (default True, like SciPy).
 

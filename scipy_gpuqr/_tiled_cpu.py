@@ -118,7 +118,8 @@ class HostDevice:
             return ops.factor_wy(np, np.asarray(c), k0)
         return self._submit(task)
 
-    def update(self, panel: Pending, k0: int, blocks: Sequence[int]) -> None:
+    def update(self, panel: Pending, k0: int, blocks: Sequence[int],
+               urgent: bool = False) -> None:
         s, e = self._span(list(blocks))
 
         def task():

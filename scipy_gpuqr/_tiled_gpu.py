@@ -43,9 +43,15 @@ class GpuDevice:
         self._keep = []
         with cp.cuda.Device(self.index):
             self.compute = cp.cuda.Stream(non_blocking=True)
-            self.panel_stream = cp.cuda.Stream(non_blocking=True)
+            # the critical path (T/E on the main device, the look-ahead column
+            # update) runs on high-priority streams so the big updates of the
+            # compute stream do not hold it back
+            self.panel_stream = _priority_stream(cp)
+            self.lookahead = _priority_stream(cp)
             self.copy = cp.cuda.Stream(non_blocking=True)
             self._enable_peers()
+        self._loaded = None
+        self._block_event = {}
         self.A = None
         self.offsets = {}
         self.layout = None
@@ -90,16 +96,16 @@ class GpuDevice:
         with self._ctx(self.compute):
             if not blocks:
                 self.A = cp.zeros((layout.m, 0), dtype=layout.dtype, order="F")
-                return
+                return self._mark_loaded()
             idx = np.concatenate(cols)
             if isinstance(a, np.ndarray):
                 self.A = cp.asfortranarray(cp.asarray(a[:, idx]))
-                return
+                return self._mark_loaded()
         src_dev = a.device.id
         if src_dev == self.index:
             with self._ctx(self.compute):
                 self.A = cp.asfortranarray(a[:, cp.asarray(idx)])
-            return
+            return self._mark_loaded()
         with cp.cuda.Device(src_dev):
             part = cp.asfortranarray(a[:, cp.asarray(idx)])
             cp.cuda.get_current_stream().synchronize()
@@ -109,16 +115,31 @@ class GpuDevice:
                                             part.data.ptr, src_dev,
                                             part.nbytes, self.compute.ptr)
             self._keep.append(part)
+        self._mark_loaded()
+
+    def _mark_loaded(self):
+        with self._ctx(self.compute):
+            self._loaded = self._event(self.compute)
 
     def _span(self, blocks):
         return self.offsets[blocks[0]][0], self.offsets[blocks[-1]][1]
 
     def column(self, j: int, k0: int) -> Pending:
-        return self.block_rows(j, k0, self.layout.m)
+        """Rows ``k0:`` of column tile ``j``, copied on the look-ahead stream."""
+        s, e = self.offsets[j]
+        with self._ctx(self.lookahead):
+            ev = self._block_event.get(j, self._loaded)
+            if ev is not None:
+                self.lookahead.wait_event(ev)
+            x = self.cp.ascontiguousarray(self.A[k0:, s:e])
+            self._keep.append(x)
+            return Pending(x, self._event(self.lookahead))
 
     def block_rows(self, j: int, r0: int, r1: int) -> Pending:
         s, e = self.offsets[j]
         with self._ctx(self.compute):
+            if j in self._block_event:   # last written on the look-ahead stream
+                self.compute.wait_event(self._block_event[j])
             x = self.cp.ascontiguousarray(self.A[r0:r1, s:e])
             self._keep.append(x)
             return Pending(x, self._event(self.compute))
@@ -134,11 +155,21 @@ class GpuDevice:
             self._keep.append(p)
             return Pending(p, self._event(self.panel_stream))
 
-    def update(self, panel: Pending, k0: int, blocks: Sequence[int]) -> None:
-        s, e = self._span(list(blocks))
-        with self._ctx(self.compute):
-            p = self._wait(panel, self.compute)
+    def update(self, panel: Pending, k0: int, blocks: Sequence[int],
+               urgent: bool = False) -> None:
+        """UT + UE of ``blocks`` with ``panel``; ``urgent``: the look-ahead column."""
+        blocks = list(blocks)
+        s, e = self._span(blocks)
+        stream = self.lookahead if urgent else self.compute
+        with self._ctx(stream):
+            if urgent:
+                ev = self._block_event.get(blocks[0], self._loaded)
+                if ev is not None:
+                    stream.wait_event(ev)
+            p = self._wait(panel, stream)
             ops.apply_panel(p, self.A[k0:, s:e], "T")
+            if len(blocks) == 1:
+                self._block_event[blocks[0]] = self._event(stream)
 
     def panel_r(self, panel: Pending) -> Pending:
         return Pending(panel.get().R, panel.event, None)
@@ -172,10 +203,11 @@ class GpuDevice:
                 out = self._map(value, h2d)
             else:
                 def peer(x):
-                    if not x.flags.c_contiguous:
+                    if not (x.flags.c_contiguous or x.flags.f_contiguous):
                         raise RuntimeError("internal error: a non-contiguous "
                                            "array crosses GPUs")
-                    y = cp.empty(x.shape, dtype=x.dtype)
+                    y = cp.empty(x.shape, dtype=x.dtype,
+                                 order="C" if x.flags.c_contiguous else "F")
                     if x.nbytes:
                         cp.cuda.runtime.memcpyPeerAsync(
                             y.data.ptr, self.index, x.data.ptr, src.index,
@@ -223,7 +255,7 @@ class GpuDevice:
 
     def finish(self) -> None:
         with self.cp.cuda.Device(self.index):
-            for s in (self.panel_stream, self.compute, self.copy):
+            for s in (self.panel_stream, self.lookahead, self.compute, self.copy):
                 s.synchronize()
 
     def close(self) -> None:
@@ -232,6 +264,14 @@ class GpuDevice:
         finally:
             self._keep.clear()
             self.A = None
+
+
+def _priority_stream(cp):
+    try:
+        _, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
+        return cp.cuda.Stream(non_blocking=True, priority=greatest)
+    except (AttributeError, TypeError):
+        return cp.cuda.Stream(non_blocking=True)
 
 
 class _DeviceStream:

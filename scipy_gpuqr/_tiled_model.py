@@ -15,7 +15,10 @@ section IV) written as pure functions over measured per-tile times:
 * :func:`integer_ratio`, :func:`guide_array`, :func:`column_owners` --
   Algorithm 4 and equation (12): the cyclic distribution guide array built from
   the integer ratio of tiles updated per unit time; column 0 goes to the main
-  device, column ``j >= 1`` to ``guide[j % len(guide)]``.
+  device, column ``j >= 1`` to ``guide[j % len(guide)]``. The main device's
+  tiles per unit time are counted in the time its T and E leave free
+  (:func:`update_shares`, from equation 10), a refinement of the paper's
+  GET_RATIO: with equal GPUs the main one gets fewer columns.
 
 Nothing here measures or touches a device; :mod:`._tiled_calib` measures the
 :class:`DeviceProfile` values and caches them.
@@ -30,6 +33,7 @@ from typing import Mapping, Sequence
 
 __all__ = ["DeviceProfile", "Plan", "select_main", "order_devices",
            "integer_ratio", "guide_array", "column_owners", "update_tiles",
+           "update_shares",
            "t_op", "t_comm", "predict", "select_count", "make_plan"]
 
 
@@ -279,16 +283,43 @@ def t_comm(names: Sequence[str], owners: Sequence[int], m_tiles: int,
     return total
 
 
-def _distribution(profiles, n_tiles, main_pos=0):
-    ratio = integer_ratio([q.update_speed for q in profiles])
+def update_shares(profiles: Sequence[DeviceProfile], m_tiles: int,
+                  n_tiles: int) -> list[float]:
+    """Update tiles per step for each device (main first) so all finish together.
+
+    GET_RATIO of Algorithm 4 counts the tiles each device updates in a unit
+    time. The main device also spends ``M (t_T + t_E)`` of every step on T and
+    E (equation 10), so its share is what it updates in the time left:
+    with ``U = M (N - 1)`` update tiles and ``u_i`` seconds per tile,
+    ``t = (U + M (t_T + t_E) / u_0) / sum(1 / u_i)``, ``x_0 = (t - M (t_T +
+    t_E)) / u_0`` (at least 0) and ``x_i = t / u_i``.
+    """
+    u = [q.update_time for q in profiles]
+    n_upd = m_tiles * max(n_tiles - 1, 1)
+    te = m_tiles * (profiles[0].t_T + profiles[0].t_E)
+    t = (n_upd + te / u[0]) / sum(1.0 / x for x in u)
+    x0 = (t - te) / u[0]
+    if x0 <= 0 and len(u) > 1:
+        t = n_upd / sum(1.0 / x for x in u[1:])
+        return [0.0] + [t / x for x in u[1:]]
+    return [max(x0, 0.0)] + [t / x for x in u[1:]]
+
+
+def _distribution(profiles, n_tiles, m_tiles=1):
+    shares = update_shares(profiles, m_tiles, n_tiles)
+    if len(shares) > 1 and shares[0] < 1e-3 * max(shares):
+        # the main device is busy with T and E: it keeps column 0 only
+        ratio = [0] + integer_ratio(shares[1:])
+    else:
+        ratio = integer_ratio(shares)
     guide = guide_array(ratio)
-    return guide, column_owners(n_tiles, guide, main_pos)
+    return guide, column_owners(n_tiles, guide, 0)
 
 
 def predict(profiles: Sequence[DeviceProfile], bandwidth: Mapping[tuple, float],
             m_tiles: int, n_tiles: int, tile_size: int, itemsize: int) -> float:
     """``T(p)`` for the devices given (main first) -- one term of Algorithm 3."""
-    guide, owners = _distribution(profiles, n_tiles)
+    guide, owners = _distribution(profiles, n_tiles, m_tiles)
     names = [q.name for q in profiles]
     return (t_op(profiles, owners, m_tiles)
             + t_comm(names, owners, m_tiles, tile_size, itemsize, bandwidth))
@@ -341,7 +372,7 @@ def make_plan(profiles: Sequence[DeviceProfile], bandwidth, m: int, n: int,
     if not choose_count:
         p = len(ordered)
     chosen = ordered[:p]
-    guide, owners = _distribution(chosen, n_tiles)
+    guide, owners = _distribution(chosen, n_tiles, m_tiles)
     return Plan(main=ordered[0].name,
                 devices=tuple(q.name for q in chosen),
                 guide=tuple(guide), owners=tuple(owners),

@@ -138,13 +138,17 @@ def run_tiled_qr(a, devices: Sequence[Any], owners: Sequence[int],
             nxt = k + 1
             if nxt < K:
                 o = owners[nxt]
-                devices[o].update(recv[o][k], k0, [nxt])
+                devices[o].update(recv[o][k], k0, [nxt], urgent=True)
                 col = _move(devices[o].column(nxt, nxt * layout.tile),
                             devices[o], main)
                 panels[nxt] = main.factor(col, nxt * layout.tile)
             first_rest = nxt + 1 if nxt < K else nxt
             for d, dev in enumerate(devices):
                 rest = [j for j in mine[d] if j >= first_rest]
+                # the column after next first: it is the next look-ahead
+                if rest and rest[0] == first_rest and len(rest) > 1:
+                    dev.update(recv[d][k], k0, rest[:1])
+                    rest = rest[1:]
                 if rest:
                     dev.update(recv[d][k], k0, rest)
         # assemble R: rows above the panel from the owner, the panel's R block

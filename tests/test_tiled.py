@@ -193,7 +193,7 @@ def test_runtime_three_devices_mixed_panels(kinds, shape, rng):
 
 def test_runtime_worker_failure_is_raised(rng):
     class Broken(HostDevice):
-        def update(self, panel, k0, blocks):
+        def update(self, panel, k0, blocks, urgent=False):
             def boom():
                 raise FloatingPointError("injected")
             self._submit(boom)

@@ -106,3 +106,17 @@ def test_make_plan_orders_main_first_and_distributes():
     kept = model.make_plan([cpu, g0, g1], bw, 1024, 1024, 512, 8,
                            choose_count=False)
     assert kept.p == 3
+
+
+def test_update_shares_finish_together():
+    main = _prof("m", 2.0, 2.0, 0.5, 0.5)
+    other = _prof("o", 9.0, 9.0, 0.5, 0.5)
+    M, N = 4, 9
+    x = model.update_shares([main, other], M, N)
+    assert sum(x) == pytest.approx(M * (N - 1))
+    # main: M (T + E) + x0 u0 == other: x1 u1
+    assert M * 4.0 + x[0] * 1.0 == pytest.approx(x[1] * 1.0)
+    # main too busy with T and E: it updates nothing
+    busy = _prof("b", 100.0, 100.0, 0.5, 0.5)
+    assert model.update_shares([busy, other], M, N)[0] == 0.0
+    assert model.update_shares([main], M, N) == [pytest.approx(M * (N - 1))]
