@@ -88,13 +88,16 @@ def main(argv=None):
                 configs += [("cpu+1gpu", ["cpu", "gpu:0"])]
             if max(m, n) <= args.cpu_tiled_max and tile == args.tiles[0]:
                 configs.insert(0, ("cpu", ["cpu"]))
+            if tile == args.tiles[0]:
+                configs.append(("auto", "auto"))   # the model's own choice
             for label, devs in configs:
-                key = f"tiled_{label}_t{tile}"
+                key = f"tiled_{label}" if devs == "auto" else f"tiled_{label}_t{tile}"
                 try:
                     dev_in = a if devs == ["cpu"] else ad
+                    ts = None if devs == "auto" else tile
                     t = timed(lambda: qr_tiled(dev_in, mode="r", devices=devs,
-                                               tile_size=tile), sync, args.reps if devs != ["cpu"] else 1)
-                    (r,) = qr_tiled(dev_in, mode="r", devices=devs, tile_size=tile)
+                                               tile_size=ts), sync, args.reps if devs != ["cpu"] else 1)
+                    (r,) = qr_tiled(dev_in, mode="r", devices=devs, tile_size=ts)
                     r = cp.asarray(r) if isinstance(r, np.ndarray) else r
                     with cp.cuda.Device(0):
                         err = float(cp.abs(cp.abs(cp.asarray(r)[:min(m, n)]) - r_ref[:min(m, n)]).max()
