@@ -1,0 +1,54 @@
+"""Template instantiations of the batched dense kernels (no cupy import).
+
+``KERNEL_VARIANTS`` is read by :mod:`scipy_gpuqr._kernels` (build check and
+cache warm-up) and by :mod:`scipy_gpuqr._batched_gpu` (run time), so both
+compile exactly the same module per file.
+"""
+
+from __future__ import annotations
+
+__all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "PANEL", "PADDED_SIZES",
+           "small_name", "blocked_name", "padded_size"]
+
+#: Largest n handled by the one-thread-per-row register kernels.
+SMALL_MAX = 32
+
+#: Column block of the blocked LU / Cholesky (template parameter NB).
+PANEL = 32
+
+#: Register sizes of the inverse and Cholesky kernels, which take a runtime
+#: n <= N and pad with the identity (LU has one variant for every n).
+PADDED_SIZES = (1, 2, 4, 8, 16, 24, 32)
+
+_CTYPES = {"float32": "float", "float64": "double"}
+
+
+def small_name(kernel: str, dtype: str, n: int) -> str:
+    """``getrf_small<double, 8>`` and friends."""
+    return f"{kernel}<{_CTYPES[dtype]}, {n}>"
+
+
+def blocked_name(kernel: str, dtype: str) -> str:
+    """``getrf_panel<double, 32>``, ``getrs_batched<float>``, ..."""
+    if kernel in ("getrf_panel", "potrf_panel"):
+        return f"{kernel}<{_CTYPES[dtype]}, {PANEL}>"
+    return f"{kernel}<{_CTYPES[dtype]}>"
+
+
+def padded_size(n: int) -> int:
+    """Smallest register size in :data:`PADDED_SIZES` holding n."""
+    return next(s for s in PADDED_SIZES if s >= n)
+
+
+KERNEL_VARIANTS = {
+    "batched_small.cu": tuple(
+        small_name("getrf_small", dt, n)
+        for dt in _CTYPES for n in range(1, SMALL_MAX + 1)) + tuple(
+        small_name(k, dt, n)
+        for k in ("getri_small", "potrf_small")
+        for dt in _CTYPES for n in PADDED_SIZES),
+    "batched_blocked.cu": tuple(
+        blocked_name(k, dt)
+        for k in ("getrf_panel", "potrf_panel", "getrs_batched", "potrs_batched")
+        for dt in _CTYPES),
+}

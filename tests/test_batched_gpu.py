@@ -1,0 +1,187 @@
+"""GPU kernels of the batched LU / inverse / Cholesky against SciPy per matrix.
+
+Outputs are poisoned (NaN) before the kernels run, inputs are fresh random
+batches, and results are compared with LAPACK (scipy.linalg) matrix by matrix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg as sl
+from scipy.linalg import LinAlgError, LinAlgWarning
+
+import scipy_gpuqr as g
+from test_batched_cases import (DTYPES, eps, ill_conditioned_batch, lapack_getrf,
+                                lu_backward_error, random_batch, singular_batch,
+                                spd_batch)
+
+pytestmark = pytest.mark.gpu
+
+GPU_SIZES = list(range(1, 41)) + [47, 64, 100, 128, 200]
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    import cupy as cp
+    from scipy_gpuqr import _batched_gpu
+
+    def alloc(shape, dtype):
+        out = cp.empty(shape, dtype=dtype)
+        out.fill(np.nan if np.dtype(dtype).kind == "f" else -12345)
+        return out
+    monkeypatch.setattr(_batched_gpu, "_alloc", alloc)
+
+
+def _cp(x):
+    import cupy as cp
+    return cp.asarray(x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", GPU_SIZES)
+def test_gpu_lu_matches_lapack(rng, n, dtype):
+    import cupy as cp
+    batch = 37                      # not a multiple of matrices per block
+    a = random_batch(rng, (batch,), n, dtype)
+    lu, piv = g.lu_factor_batched(_cp(a))
+    assert isinstance(lu, cp.ndarray) and lu.dtype == dtype and piv.dtype == np.int32
+    lu, piv = lu.get(), piv.get()
+    ref_lu, ref_piv, ref_info = lapack_getrf(a)
+    same = (piv == ref_piv).all(axis=1)
+    # pivots equal LAPACK's (a near tie can be decided by rounding: allow 1)
+    assert same.sum() >= batch - 1, np.flatnonzero(~same)
+    tol = 50 * n * eps(dtype) * max(1.0, np.abs(ref_lu).max())
+    np.testing.assert_allclose(lu[same], ref_lu[same], rtol=0, atol=tol)
+    assert lu_backward_error(a, lu, piv) < 20 * n * eps(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [4, 16, 32, 64, 150])
+def test_gpu_lu_ill_conditioned_and_singular(rng, n, dtype):
+    a = ill_conditioned_batch(rng, 8, n, dtype, cond=1e5 if dtype == np.float32 else 1e12)
+    lu, piv, info = g.lu_factor_batched(_cp(a), return_info=True)
+    assert (info.get() == 0).all()
+    assert lu_backward_error(a, lu.get(), piv.get()) < 20 * n * eps(dtype)
+    s = singular_batch(rng, 6, n, dtype)
+    with pytest.warns(LinAlgWarning, match=r"\[0, 2, 4\]"):
+        g.lu_factor_batched(_cp(s))
+    _, _, info = g.lu_factor_batched(_cp(s), return_info=True)
+    np.testing.assert_array_equal(info.get(), lapack_getrf(s)[2])
+
+
+@pytest.mark.parametrize("n", [3, 32, 70])
+def test_gpu_nonfinite_flagged_by_kernel(rng, n):
+    a = random_batch(rng, (5,), n, np.float64)
+    a[3, n - 1, 0] = np.inf
+    with pytest.raises(ValueError, match=r"infs or NaNs.*\[3\]"):
+        g.lu_factor_batched(_cp(a))
+    with pytest.raises(ValueError, match=r"infs or NaNs.*\[3\]"):
+        g.inv_batched(_cp(a))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 12, 16, 17, 24, 31, 32, 33, 64, 100])
+def test_gpu_inverse(rng, n, dtype):
+    a = random_batch(rng, (3, 11), n, dtype) + 3 * np.eye(n, dtype=dtype)
+    x = g.inv_batched(_cp(a)).get()
+    assert x.dtype == dtype and x.shape == a.shape
+    ref = np.linalg.inv(a.astype(np.float64))
+    cond = max(np.linalg.cond(m) for m in a.reshape(-1, n, n).astype(np.float64))
+    np.testing.assert_allclose(x, ref, rtol=0, atol=30 * n * eps(dtype) * cond * np.abs(ref).max())
+
+
+def test_gpu_inverse_singular(rng):
+    for n in (6, 40):
+        s = singular_batch(rng, 5, n, np.float64)
+        with pytest.raises(LinAlgError, match=r"\[0, 2, 4\]"):
+            g.inv_batched(_cp(s))
+        x, info = g.inv_batched(_cp(s), return_info=True)
+        assert (info.get()[[0, 2, 4]] > 0).all() and np.isnan(x.get()[0]).all()
+
+
+@pytest.mark.parametrize("trans", [0, 1])
+@pytest.mark.parametrize("n", [1, 7, 32, 45, 128])
+@pytest.mark.parametrize("k", [1, 5])
+def test_gpu_lu_solve_and_solve(rng, n, trans, k):
+    a = random_batch(rng, (9,), n, np.float64)
+    lu, piv = g.lu_factor_batched(_cp(a))
+    b = rng.standard_normal((9, n, k))
+    x = g.lu_solve_batched((lu, piv), _cp(b), trans=trans).get()
+    for i in range(9):
+        ref = sl.lu_solve(sl.lu_factor(a[i]), b[i], trans=trans)
+        np.testing.assert_allclose(x[i], ref, rtol=1e-8, atol=1e-8)
+    xs = g.solve_batched(_cp(a), _cp(b)).get()
+    np.testing.assert_allclose(xs, np.linalg.solve(a, b), rtol=1e-8, atol=1e-8)
+    v = g.solve_batched(_cp(a), _cp(b[0, :, 0]))
+    assert v.shape == (9, n)
+
+
+@pytest.mark.parametrize("lower", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 13, 16, 20, 32, 33, 64, 100])
+def test_gpu_cholesky(rng, n, dtype, lower):
+    s = spd_batch(rng, 21, n, dtype)
+    if n > 1:
+        s[:, 0, n - 1] += 3.0 if lower else 0.0
+        s[:, n - 1, 0] += 0.0 if lower else 3.0
+    c, low = g.cho_factor_batched(_cp(s), lower=lower)
+    c = c.get()
+    for i in range(0, 21, 4):
+        ref, _ = sl.cho_factor(s[i], lower=lower)
+        np.testing.assert_allclose(c[i], ref, rtol=0, atol=50 * n * eps(dtype) * np.abs(ref).max())
+    b = rng.standard_normal((21, n, 2)).astype(dtype)
+    x = g.cho_solve_batched((_cp(c), low), _cp(b)).get()
+    ref = np.array([sl.cho_solve((c[i], lower), b[i]) for i in range(21)])
+    np.testing.assert_allclose(x, ref, rtol=0, atol=1e3 * n * eps(dtype) * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("n", [5, 32, 80])
+def test_gpu_cholesky_not_pd(rng, n):
+    s = spd_batch(rng, 6, n, np.float64)
+    s[4, n // 2, n // 2] = -1e3
+    with pytest.raises(LinAlgError, match=r"\[4\]"):
+        g.cho_factor_batched(_cp(s))
+    _, _, info = g.cho_factor_batched(_cp(s), return_info=True)
+    np.testing.assert_array_equal(info.get(), [sl.lapack.dpotrf(m)[1] for m in s])
+
+
+def test_gpu_numpy_in_numpy_out_with_backend_gpu(rng):
+    a = random_batch(rng, (4,), 6, np.float64)
+    lu, piv = g.lu_factor_batched(a, backend="gpu")
+    assert isinstance(lu, np.ndarray)
+    np.testing.assert_array_equal(piv, lapack_getrf(a)[1])
+
+
+def test_gpu_large_batch_many_blocks(rng):
+    a = random_batch(rng, (70001,), 8, np.float32)
+    lu, piv = g.lu_factor_batched(_cp(a))
+    sel = rng.choice(70001, 50, replace=False)
+    rl, rp, _ = lapack_getrf(a[sel])
+    np.testing.assert_array_equal(piv.get()[sel], rp)
+    np.testing.assert_allclose(lu.get()[sel], rl, atol=1e-4)
+
+
+def test_gpu_block_jacobi_cg(matrices_dir):
+    import cupy as cp
+    import cupyx.scipy.sparse as xsp
+    import scipy.io
+    import scipy.sparse as sps
+    from cupyx.scipy.sparse.linalg import cg
+    A = sps.csr_matrix(scipy.io.mmread(matrices_dir / "494_bus.mtx")).astype(np.float64)
+    Ag = xsp.csr_matrix(A)
+    b = cp.ones(A.shape[0])
+    counts = []
+    for M in (None, g.block_jacobi(Ag, 8)):
+        it = [0]
+
+        def cb(_):
+            it[0] += 1
+        x, flag = cg(Ag, b, M=M, callback=cb, maxiter=10000)
+        counts.append(it[0])
+        assert float(cp.linalg.norm(Ag @ x - b)) <= 1e-4 * float(cp.linalg.norm(b))
+    assert counts[1] < counts[0]
+    Mc = g.block_jacobi(A, 8)
+    v = np.random.default_rng(0).standard_normal(A.shape[0])
+    np.testing.assert_allclose(g.block_jacobi(Ag, 8).matvec(cp.asarray(v)).get().ravel(),
+                               Mc.matvec(v).ravel(), rtol=1e-10)
