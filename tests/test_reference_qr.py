@@ -1,0 +1,255 @@
+"""Reference multifrontal QR: A P = Q R, Q orthogonal, R against dense QR and SuiteSparseQR."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from scipy_gpuqr._engine.reference import default_tol, reference_factorize
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import grid3d_least_squares, random_least_squares
+
+EPS = np.finfo(np.float64).eps
+
+#: reference factorizations above this many flops are left out of CI
+MAX_FLOPS = 6e7
+
+
+def _spqr():
+    try:
+        from scipy_gpuqr._cpu import spqr
+    except ImportError:
+        return None
+    ok, _ = spqr.spqr_available()
+    return spqr if ok else None
+
+
+def _families():
+    yield "tall", random_least_squares(60, 25, 0.1, seed=1)
+    yield "wide", random_least_squares(20, 45, 0.12, seed=2)
+    yield "square", random_least_squares(40, 40, 0.08, seed=3)
+    yield "rankdef", random_least_squares(50, 30, 0.1, duplicate_cols=4, seed=4)
+    yield "dense_row", random_least_squares(40, 30, 0.05, dense_rows=2, seed=5)
+    yield "empty_cols", random_least_squares(40, 30, 0.1, empty_cols=5, seed=6)
+    yield "single_row", sp.csc_array(np.array([[0.0, 2.0, 0.0, -1.0, 3.0]]))
+    yield "single_col", sp.csc_array(np.array([[0.0], [2.0], [1.0]]))
+    yield "grid", grid3d_least_squares(5)
+    yield "0x0", sp.csc_array((0, 0))
+    yield "5x0", sp.csc_array((5, 0))
+    yield "0x5", sp.csc_array((0, 5))
+    yield "zero_matrix", sp.csc_array((4, 3))
+
+
+FAMILIES = list(_families())
+
+
+def _check_factorization(A, qr, rtol=50):
+    """A P = Q R, QᵀQ = I, R upper trapezoidal, RᵀR = (AP)ᵀ(AP), through random probes."""
+    A = sp.csc_array(A)
+    m, n = A.shape
+    k = min(m, n)
+    rng = np.random.default_rng(0)
+    assert qr.R.shape == (k, n)
+    assert qr.colperm.shape == (n,)
+    np.testing.assert_array_equal(np.sort(qr.colperm), np.arange(n))
+    AP = A[:, qr.colperm]
+    anorm = max(sp.linalg.norm(A), 1.0) if A.nnz else 1.0
+    tol = rtol * EPS * anorm * max(m, n, 1)
+    R = qr.R.toarray()
+    assert np.allclose(np.tril(R[:, :k], -1), 0)
+    X = rng.standard_normal((n, 3))
+    RX = np.zeros((m, 3))
+    RX[:k] = R @ X
+    lhs = AP @ X
+    if qr.tol is None:
+        assert np.linalg.norm(qr.q_matmul(RX) - lhs) <= tol * np.linalg.norm(X)
+    else:
+        # dropped columns lose at most tol per column
+        assert np.linalg.norm(qr.q_matmul(RX) - lhs) <= (tol + qr.tol * n) * np.linalg.norm(X)
+    Y = rng.standard_normal((m, 2))
+    assert np.linalg.norm(qr.qt_matmul(qr.q_matmul(Y)) - Y) <= 1e-12 * max(1, np.linalg.norm(Y))
+    assert np.linalg.norm(qr.q_matmul(qr.qt_matmul(Y)) - Y) <= 1e-12 * max(1, np.linalg.norm(Y))
+    y1 = qr.qt_matmul(Y[:, 0])
+    assert y1.shape == (m,)
+    np.testing.assert_allclose(y1, qr.qt_matmul(Y)[:, 0], atol=1e-14)
+    if qr.tol is None:
+        G = AP.T @ (AP @ X)
+        np.testing.assert_allclose(R.T @ (R @ X), G, atol=tol * anorm * np.linalg.norm(X))
+
+
+@pytest.mark.parametrize("name,A", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_factorization_no_rank_detection(name, A):
+    qr = reference_factorize(A)
+    _check_factorization(A, qr)
+    assert qr.rank == min(A.shape)
+    assert qr.R.nnz == qr.analysis.nnz_R
+    # with rank detection too
+    qrt = reference_factorize(A, tol="default")
+    _check_factorization(A, qrt)
+    Ad = sp.csc_array(A).toarray()
+    if Ad.size:
+        s = np.linalg.svd(Ad, compute_uv=False)
+        gap_ok = not np.any((s > 1e-3 * qrt.tol) & (s < 1e3 * max(qrt.tol, 1e-300)))
+        if gap_ok:
+            assert qrt.rank == int(np.sum(s > qrt.tol))
+
+
+@pytest.mark.parametrize("name,A", FAMILIES[:3] + FAMILIES[7:9],
+                         ids=[f[0] for f in FAMILIES[:3] + FAMILIES[7:9]])
+def test_R_equals_dense_qr_up_to_row_signs(name, A):
+    """Full column rank and m >= n: R is unique up to the signs of its rows."""
+    A = sp.csc_array(A)
+    m, n = A.shape
+    if m < n:
+        A = sp.csc_array(A.T)
+        m, n = n, m
+    qr = reference_factorize(A)
+    Rd = np.linalg.qr(A.toarray()[:, qr.colperm], mode="r")
+    R = qr.R.toarray()
+    if np.min(np.abs(np.diag(Rd))) < 1e-8 * np.abs(Rd).max():
+        pytest.skip("not of full column rank")
+    s = np.sign(np.diag(R)) * np.sign(np.diag(Rd))
+    np.testing.assert_allclose(R * s[:, None], Rd, atol=100 * EPS * np.abs(Rd).max() * m)
+
+
+def test_staged_run_gives_the_same_R():
+    A = sp.csc_array(sp.block_diag([grid3d_least_squares(3)] * 4 + [grid3d_least_squares(4)]))
+    an = analyze(A)
+    r1 = reference_factorize(A, an)
+    r2 = reference_factorize(A, an, max_gpu_memory=1)      # every front its own stage
+    assert r2.info["stages"] == an.nfronts > 10
+    assert (r1.R != r2.R).nnz == 0
+    Y = np.random.default_rng(1).standard_normal((A.shape[0], 2))
+    np.testing.assert_array_equal(r1.qt_matmul(Y), r2.qt_matmul(Y))
+
+
+def test_analysis_reuse_and_pattern_check():
+    A = random_least_squares(50, 20, 0.1, seed=9)
+    an = analyze(A)
+    B = A.copy()
+    B.data = np.random.default_rng(2).standard_normal(B.nnz)
+    qr = reference_factorize(B, an)
+    _check_factorization(B, qr)
+    C = random_least_squares(50, 20, 0.1, seed=10)
+    with pytest.raises(ValueError):
+        reference_factorize(C, an)
+
+
+def test_inputs_not_modified_and_pickle():
+    A = random_least_squares(30, 12, 0.2, seed=3)
+    A0 = A.copy()
+    qr = reference_factorize(A)
+    assert (A != A0).nnz == 0
+    qr2 = pickle.loads(pickle.dumps(qr))
+    Y = np.ones((30, 1))
+    np.testing.assert_array_equal(qr.qt_matmul(Y), qr2.qt_matmul(Y))
+
+
+def test_float32_and_integer_inputs():
+    A = random_least_squares(30, 12, 0.2, seed=3)
+    q32 = reference_factorize(A.astype(np.float32))
+    assert q32.R.dtype == np.float32
+    Ai = sp.csc_array((np.round(A.data * 3).astype(np.int64), A.indices, A.indptr), shape=A.shape)
+    Ai.eliminate_zeros()
+    qi = reference_factorize(Ai)
+    assert qi.R.dtype == np.float64
+    _check_factorization(Ai.astype(np.float64), qi)
+
+
+def test_bad_inputs():
+    A = random_least_squares(10, 5, 0.3, seed=1).tolil()
+    A[0, 0] = np.nan
+    with pytest.raises(ValueError):
+        reference_factorize(sp.csc_array(A))
+    with pytest.raises(TypeError):
+        reference_factorize(sp.csc_array(np.eye(3) * 1j))
+    with pytest.raises(ValueError):
+        reference_factorize(sp.csc_array(np.eye(3)), tol="bogus")
+    qr = reference_factorize(sp.csc_array(np.eye(3)))
+    with pytest.raises(ValueError):
+        qr.qt_matmul(np.ones(4))
+
+
+# ---- against SuiteSparseQR ----------------------------------------------------------
+
+def _shared(matrices_dir):
+    try:
+        from scipy_gpuqr.io import mmread
+    except ImportError:
+        from scipy.io import mmread
+    out = []
+    for f in sorted(matrices_dir.glob("*.mtx")):
+        try:
+            A = sp.csc_array(mmread(str(f)))
+        except Exception:                       # noqa: BLE001 - a reader gap is not ours
+            continue
+        if np.iscomplexobj(A.data):
+            continue
+        out.append((f.name, A))
+    return out
+
+
+@pytest.mark.slow
+def test_shared_matrices_against_dense_and_suitesparseqr(matrices_dir):
+    spqr = _spqr()
+    checked = exact = 0
+    for name, A in _shared(matrices_dir):
+        A = A.astype(np.float64)
+        an = analyze(A)
+        if an.flops > MAX_FLOPS or min(A.shape) > 2000:
+            continue
+        qr = reference_factorize(A, an)
+        _check_factorization(A, qr)
+        checked += 1
+        if spqr is None:
+            continue
+        # same column order, no rank detection
+        s = spqr.spqr_factorize(A, colperm=qr.colperm, tol=None)
+        Rs = s.R.toarray()
+        R = qr.R.toarray()
+        np.testing.assert_allclose(R.T @ R, Rs.T @ Rs,
+                                   atol=1e3 * EPS * max(sp.linalg.norm(A), 1) ** 2 * max(A.shape),
+                                   err_msg=name)
+        d, ds = np.abs(np.diag(R[:, :min(A.shape)])), np.abs(np.diag(Rs[:, :min(A.shape)]))
+        if A.shape[0] >= A.shape[1] and d.size and d.min() > 1e-6 * d.max():
+            sg = np.sign(np.diag(R)) * np.sign(np.diag(Rs))
+            np.testing.assert_allclose(R * sg[:, None], Rs,
+                                       atol=1e3 * EPS * np.abs(R).max() * A.shape[0], err_msg=name)
+        # nnz(R) counts stored entries of R (SPQR's nnz_R_bound; SPQR's R.nnz drops
+        # exact zeros): equal with the same permutation, within 10% with COLAMD
+        # when SuiteSparseQR removes no column singletons (we do not remove them)
+        ist = s.info.get("istat", {})
+        if "nnz_R_bound" in ist:
+            # (equal unless SPQR finds singletons or structurally dead pivots)
+            assert an.nnz_R < 1000 or abs(ist["nnz_R_bound"] - an.nnz_R) <= 0.1 * an.nnz_R, \
+                (name, ist["nnz_R_bound"], an.nnz_R)
+            exact += ist["nnz_R_bound"] == an.nnz_R and ist["n_fronts"] == an.nfronts
+        sc = spqr.spqr_factorize(A, tol=None)
+        ist = sc.info.get("istat", {})
+        if ist.get("n_column_singletons", 1) == 0 and ist.get("nnz_R_bound", 0) > 100:
+            assert abs(an.nnz_R - ist["nnz_R_bound"]) <= 0.1 * ist["nnz_R_bound"], \
+                (name, an.nnz_R, ist["nnz_R_bound"])
+        # rank with the same permutation and tolerance
+        qt = reference_factorize(A, an, tol="default")
+        st = spqr.spqr_factorize(A, colperm=an.colperm, tol="default")
+        assert qt.rank == st.rank, (name, qt.rank, st.rank)
+        assert qt.tol == pytest.approx(default_tol(A))
+    assert checked >= 20
+    if spqr is not None:
+        assert exact >= 0.5 * checked, (exact, checked)
+
+
+def test_rank_matches_suitesparseqr_on_rank_deficient_families():
+    spqr = _spqr()
+    if spqr is None:
+        pytest.skip("SuiteSparseQR not available")
+    for seed in range(6):
+        A = random_least_squares(60, 35, 0.08, duplicate_cols=3, empty_cols=2, seed=seed)
+        an = analyze(A)
+        qt = reference_factorize(A, an, tol="default")
+        st = spqr.spqr_factorize(A, colperm=an.colperm, tol="default")
+        assert qt.rank == st.rank, (seed, qt.rank, st.rank)
+        _check_factorization(A, qt)
