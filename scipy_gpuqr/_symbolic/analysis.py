@@ -216,11 +216,11 @@ def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | 
     ordering : {'colamd', 'natural', 'given', 'amd', 'metis'}
         Fill-reducing column ordering (see :mod:`.ordering` for fallbacks).
     colperm : array_like of int, optional
-        A column order to use instead ('given'). The analysis postorders the
-        column elimination tree, so ``analysis.colperm`` is ``colperm``
-        refined by that postorder (same fill) unless ordering='given' is used
-        with ``postorder=False``... (postordering is always applied; R and the
-        fronts are defined in ``analysis.colperm`` order).
+        A column order to use instead ('given'). The analysis always
+        postorders the column elimination tree of ``A[:, colperm]`` (this
+        changes neither the fill nor the flops), so ``analysis.colperm`` is
+        ``colperm`` refined by that postorder; R and the fronts are defined in
+        ``analysis.colperm`` order.
     max_gpu_memory : int, optional
         GPU memory budget in bytes for the staging plan.
     itemsize : int
