@@ -169,8 +169,14 @@ def _validate(a, mode: str, check_finite: bool):
     elif kind != "c":
         raise TypeError(f"array of dtype {a.dtype} (shape {a.shape}) is not "
                         "numeric")
-    if check_finite and a.size and not bool(xp.isfinite(a).all()):
-        raise ValueError("array must not contain infs or NaNs")
+    if check_finite and a.size:
+        if cupy_in:
+            with xp.cuda.Device(a.device.id):   # on the input's own GPU
+                finite = bool(xp.isfinite(a).all())
+        else:
+            finite = bool(np.isfinite(a).all())
+        if not finite:
+            raise ValueError("array must not contain infs or NaNs")
     return a, cupy_in
 
 
