@@ -54,6 +54,7 @@ getrf_panel(T *__restrict__ a, int *__restrict__ piv, int *__restrict__ info,
     const int tid = threadIdx.x;
     const int nth = blockDim.x;
     if (tid == 0) { sinfo = info[mat]; sbad = 0; }
+#pragma unroll 8
     for (int e = tid; e < m * nb; e += nth) {
         int i = e / nb, j = e - i * nb;
         P[i * NB + j] = A[(long long)(k0 + i) * n + k0 + j];

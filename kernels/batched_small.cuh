@@ -12,6 +12,10 @@
 
 #include "common.cuh"
 
+#ifndef STAGE_UNROLL
+#define STAGE_UNROLL 8   // loads in flight per thread while staging (tunable)
+#endif
+
 namespace gpuqr_batched {
 
 template <int N>
@@ -82,7 +86,24 @@ template <typename T, int N>
 __device__ __forceinline__ void stage_in(T *sm, const T *__restrict__ src, int nmat) {
     constexpr int LD = Ld<N>::value;
     const int total = nmat * N * N;
-    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+    // STAGE_UNROLL independent loads in flight per thread (one at a time
+    // leaves the copy latency-bound at a fraction of the bandwidth)
+    int e = threadIdx.x;
+    for (; e + (STAGE_UNROLL - 1) * (int)blockDim.x < total; e += STAGE_UNROLL * blockDim.x) {
+        T v[STAGE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < STAGE_UNROLL; ++u) v[u] = src[e + u * blockDim.x];
+#pragma unroll
+        for (int u = 0; u < STAGE_UNROLL; ++u) {
+            int f = e + u * blockDim.x;
+            int m = f / (N * N);
+            int r = f - m * (N * N);
+            int i = r / N;
+            int j = r - i * N;
+            sm[(m * N + i) * LD + j] = v[u];
+        }
+    }
+    for (; e < total; e += blockDim.x) {
         int m = e / (N * N);
         int r = e - m * (N * N);
         int i = r / N;
@@ -109,7 +130,22 @@ template <typename T, int N>
 __device__ __forceinline__ void stage_in_n(T *sm, const T *__restrict__ src, int nmat, int n) {
     constexpr int LD = Ld<N>::value;
     const int total = nmat * n * n;
-    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+    int e = threadIdx.x;
+    for (; e + (STAGE_UNROLL - 1) * (int)blockDim.x < total; e += STAGE_UNROLL * blockDim.x) {
+        T v[STAGE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < STAGE_UNROLL; ++u) v[u] = src[e + u * blockDim.x];
+#pragma unroll
+        for (int u = 0; u < STAGE_UNROLL; ++u) {
+            int f = e + u * blockDim.x;
+            int m = f / (n * n);
+            int r = f - m * (n * n);
+            int i = r / n;
+            int j = r - i * n;
+            sm[(m * N + i) * LD + j] = v[u];
+        }
+    }
+    for (; e < total; e += blockDim.x) {
         int m = e / (n * n);
         int r = e - m * (n * n);
         int i = r / n;

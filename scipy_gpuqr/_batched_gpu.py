@@ -13,6 +13,8 @@ live in :mod:`scipy_gpuqr._batched`.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ._batched_variants import (KERNEL_VARIANTS, PANEL, SMALL_MAX,
@@ -44,7 +46,13 @@ def _dtname(dtype) -> str:
 
 def _small_function(kernel: str, dtype, n: int):
     """The compiled ``kernel<T, n>`` (one module per kernel family and dtype)."""
-    dt = _dtname(dtype)
+    return _small_function_cached(kernel, _dtname(dtype), n,
+                                  import_cupy().cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _small_function_cached(kernel: str, dt: str, n: int, device: int):
+    # keyed by device: a module loaded on one GPU is not usable on another
     prefix = small_name(kernel, dt, 0).split(",")[0] + ","
     exprs = tuple(e for e in KERNEL_VARIANTS["batched_small.cu"]
                   if e.startswith(prefix))
@@ -53,8 +61,14 @@ def _small_function(kernel: str, dtype, n: int):
 
 
 def _blocked_function(kernel: str, dtype):
+    return _blocked_function_cached(kernel, _dtname(dtype),
+                                    import_cupy().cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _blocked_function_cached(kernel: str, dt: str, device: int):
     module = load_module("batched_blocked.cu", KERNEL_VARIANTS["batched_blocked.cu"])
-    return module.get_function(blocked_name(kernel, _dtname(dtype)))
+    return module.get_function(blocked_name(kernel, dt))
 
 
 def _seg(n: int) -> int:
