@@ -1,0 +1,257 @@
+"""SciPy-signature entry points: signatures, dtypes, shapes, warnings, fallbacks."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+from scipy.sparse import SparseEfficiencyWarning
+
+import scipy_gpuqr
+from scipy_gpuqr import _adapters, factorized, lsmr, lsqr, qr, spsolve
+from scipy_gpuqr._originals import ORIGINALS
+
+EPS = np.finfo(np.float64).eps
+
+
+@pytest.mark.parametrize("name", ["lsqr", "lsmr", "spsolve", "factorized"])
+def test_signature_prefix_matches_scipy(name):
+    ours = inspect.signature(getattr(scipy_gpuqr, name)).parameters
+    theirs = inspect.signature(ORIGINALS[name]).parameters
+    ours_list = list(ours.values())
+    theirs_list = list(theirs.values())
+    assert [(p.name, p.default, p.kind) for p in ours_list[:len(theirs_list)]] == \
+        [(p.name, p.default, p.kind) for p in theirs_list]
+    for extra in ours_list[len(theirs_list):]:
+        assert extra.kind is inspect.Parameter.KEYWORD_ONLY
+    assert {"backend", "gpuqr_options"} <= set(ours)
+
+
+def test_originals_are_scipys_defining_functions():
+    from scipy.sparse.linalg._isolve import lsqr as _  # noqa: F401
+    import importlib
+    assert ORIGINALS["lsqr"] is vars(importlib.import_module(
+        "scipy.sparse.linalg._isolve.lsqr"))["lsqr"]
+    assert ORIGINALS["spsolve"].__module__.startswith("scipy.")
+
+
+def _well(rng, m, n):
+    return (sp.random_array((m, n), density=0.2, rng=rng, format="csc")
+            + sp.eye_array(m, n, format="csc"))
+
+
+def test_lsqr_tuple_and_istop(rng):
+    A = _well(rng, 30, 20)
+    x_true = rng.standard_normal(20)
+    out = lsqr(A, A @ x_true)
+    assert len(out) == 10 and out[2] == 0
+    x, istop, itn, r1, r2, anorm, acond, arnorm, xnorm, var = out
+    assert istop == 1  # consistent system
+    assert np.linalg.norm(x - x_true) <= 1e-10 * np.linalg.norm(x_true) * acond
+    assert np.isclose(xnorm, np.linalg.norm(x))
+    assert np.isclose(anorm, spla.norm(A, "fro"))
+    assert np.all(var == 0)
+    b = rng.standard_normal(30)
+    out = lsqr(A, b)
+    assert out[1] == 2  # least-squares solution good enough
+    assert np.isclose(out[3], np.linalg.norm(b - A @ out[0]))
+    sc = ORIGINALS["lsqr"](A, b, atol=1e-12, btol=1e-12, iter_lim=1000)
+    assert sc[1] == 2
+    assert np.linalg.norm(out[0] - sc[0]) <= 1e-6 * np.linalg.norm(sc[0])
+
+
+def test_lsqr_zero_rhs_and_x0(rng):
+    A = _well(rng, 20, 10)
+    out = lsqr(A, np.zeros(20))
+    assert out[1] == 0 and np.all(out[0] == 0) and out[0].dtype == np.float64
+    b = rng.standard_normal(20)
+    x0 = rng.standard_normal(10)
+    x = lsqr(A, b, x0=x0)[0]
+    assert np.allclose(x, lsqr(A, b)[0], rtol=1e-10, atol=1e-12)  # full rank: same LS solution
+    # rank-deficient: x0 + minimum-norm correction
+    Ad = np.hstack([A.toarray(), A.toarray()[:, :3]])
+    x = lsqr(sp.csc_array(Ad), b, x0=np.ones(13))[0]
+    dx = np.linalg.lstsq(Ad, b - Ad @ np.ones(13), rcond=None)[0]
+    assert np.allclose(x, 1 + dx, atol=1e-10)
+
+
+def test_lsqr_damp_and_calc_var(rng):
+    A = _well(rng, 25, 12)
+    b = rng.standard_normal(25)
+    damp = 0.3
+    out = lsqr(A, b, damp=damp, calc_var=True)
+    Ad = A.toarray()
+    G = Ad.T @ Ad + damp ** 2 * np.eye(12)
+    x_ref = np.linalg.solve(G, Ad.T @ b)
+    assert np.allclose(out[0], x_ref, rtol=1e-10)
+    assert np.allclose(out[9], np.diag(np.linalg.inv(G)), rtol=1e-8)
+    r = b - Ad @ out[0]
+    assert np.isclose(out[4], np.hypot(np.linalg.norm(r), damp * np.linalg.norm(out[0])))
+    assert np.isclose(out[7], np.linalg.norm(Ad.T @ r - damp ** 2 * out[0]))
+
+
+def test_lsqr_show_prints(rng, capsys):
+    lsqr(_well(rng, 10, 5), np.ones(10), show=True)
+    assert "istop" in capsys.readouterr().out
+
+
+def test_lsmr_tuple_and_dtype(rng):
+    A = _well(rng, 30, 20)
+    b = rng.standard_normal(30)
+    out = lsmr(A, b)
+    assert len(out) == 8 and out[2] == 0
+    x = out[0]
+    sc = ORIGINALS["lsmr"](A, b, atol=1e-12, btol=1e-12, maxiter=2000)
+    assert np.linalg.norm(x - sc[0]) <= 1e-6 * np.linalg.norm(sc[0])
+    assert np.isclose(out[7], np.linalg.norm(x))
+    x32 = lsmr(A.astype(np.float32), b.astype(np.float32))[0]
+    assert x32.dtype == np.float32
+    assert lsmr(A.astype(np.float32), b)[0].dtype == np.float64
+    assert lsqr(A.astype(np.float32), b.astype(np.float32))[0].dtype == np.float64
+
+
+@pytest.mark.parametrize("shape", [(40, 25), (25, 40), (30, 30)])
+def test_no_warnings_ever(rng, shape):
+    m, n = shape
+    A = sp.random_array(shape, density=0.3, rng=rng, format="csr")
+    A = sp.hstack([A, A[:, :2]], format="coo")  # rank deficient, non-CSC
+    cond = sp.diags_array(np.logspace(0, -11, A.shape[0])) @ A  # ill-conditioned
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for M in (A, cond, A.toarray()):
+            lsqr(M, np.ones(m))
+            lsmr(M, np.ones(m))
+            lsqr(M, np.ones(m), damp=0.1, calc_var=True)
+
+
+def test_spsolve_shapes_dtypes_and_sparse_b(rng):
+    A = _well(rng, 12, 12)
+    b = rng.standard_normal(12)
+    x = spsolve(A, b)
+    assert x.shape == (12,) and np.allclose(A @ x, b)
+    assert spsolve(A, b[:, None]).shape == (12,)
+    X = spsolve(A, np.ones((12, 3)))
+    assert X.shape == (12, 3) and np.allclose(A @ X, 1)
+    assert spsolve(A.astype(np.float32), b.astype(np.float32)).dtype == np.float32
+    assert spsolve(A.astype(np.float32), np.ones(12, dtype=np.int64)).dtype == np.float64
+    assert spsolve(A.astype(np.int64).astype(np.float64), b).dtype == np.float64
+    for cls in (sp.csc_matrix, sp.csr_matrix, sp.csc_array, sp.csr_array):
+        Bs = sp.csc_array(np.eye(12)[:, :3])
+        Xs = spsolve(cls(A), Bs)
+        assert type(Xs) is cls
+        assert np.allclose(A @ Xs.toarray(), np.eye(12)[:, :3])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SparseEfficiencyWarning)
+            ref = ORIGINALS["spsolve"](cls(A), Bs)
+        assert type(ref) is type(Xs)
+    with pytest.warns(SparseEfficiencyWarning, match="sparse b"):
+        spsolve(A, sp.csr_array(np.eye(12)[:, :2]))
+    with pytest.warns(SparseEfficiencyWarning, match="CSC or CSR"):
+        spsolve(sp.coo_array(A), b)
+    assert spsolve(A, sp.csc_array(b[:, None])).shape == (12,)
+
+
+@pytest.mark.parametrize("permc", [None, "COLAMD", "NATURAL", "MMD_ATA", "MMD_AT_PLUS_A"])
+def test_spsolve_permc_spec(rng, permc):
+    A = _well(rng, 15, 15)
+    b = rng.standard_normal(15)
+    assert np.allclose(A @ spsolve(A, b, permc_spec=permc), b)
+
+
+def test_spsolve_singular_like_scipy():
+    A = sp.csc_array(np.array([[1.0, 2.0], [2.0, 4.0]]))
+    with pytest.warns(spla.MatrixRankWarning, match="exactly singular"):
+        x = spsolve(A, np.ones(2))
+    assert np.all(np.isnan(x))
+
+
+def test_factorized_trans_and_2d(rng):
+    A = _well(rng, 10, 10)
+    solve = factorized(A)
+    b = rng.standard_normal(10)
+    assert np.allclose(A @ solve(b), b)
+    assert np.allclose(A.T @ solve(b, trans="T"), b)
+    assert np.allclose(A.T @ solve(b, "H"), b)
+    B = rng.standard_normal((10, 4))
+    assert np.allclose(A @ solve(B), B)
+    with pytest.raises(ValueError, match="trans"):
+        solve(b, trans="X")
+    with pytest.raises(RuntimeError, match="exactly singular"):
+        factorized(sp.csc_array(np.diag([1.0, 0.0])))
+    with pytest.warns(SparseEfficiencyWarning):
+        factorized(sp.csr_array(A))
+
+
+@pytest.mark.parametrize("shape", [(30, 20), (20, 30), (25, 25)])
+@pytest.mark.parametrize("tol", ["default", None, 1e-3])
+def test_qr_modes(rng, shape, tol):
+    A = sp.random_array(shape, density=0.25, rng=rng, format="csr")
+    Q, R, perm, rank = qr(A, tol=tol)
+    m, n = shape
+    assert sp.issparse(R) and R.shape[1] == n
+    Rd = R.toarray()
+    assert np.allclose(np.tril(Rd, -1), 0)
+    Ad = A.toarray()
+    err = np.linalg.norm(Ad[:, perm] - Q @ Rd)
+    normA = np.linalg.norm(Ad)
+    if tol is None:
+        assert err <= 100 * EPS * normA * max(shape)
+        assert rank == min(shape)
+    else:
+        assert err <= 1e-2 * normA  # the dropped part is at most ~tol·sqrt(n)
+        assert rank <= min(shape)
+    QtQ = (Q.T @ Q).toarray()
+    assert np.allclose(QtQ, np.eye(QtQ.shape[0]), atol=1e-12)
+    assert qr(A, mode="r", tol=tol).Q is None
+    H = qr(A, mode="householder", tol=tol).Q
+    y = rng.standard_normal(m)
+    assert np.allclose(H.T @ (H @ y), y)
+    assert np.allclose((H @ np.eye(m)[:, :R.shape[0]]), Q.toarray())
+    with pytest.raises(ValueError, match="mode"):
+        qr(A, mode="full")
+
+
+def test_qr_rank_is_spqr_default_rule(rng):
+    B = sp.random_array((40, 10), density=0.4, rng=rng, format="csc")
+    A = sp.hstack([B, B[:, :3] * 2.0], format="csc")
+    assert qr(A).rank == 10
+    assert qr(A, tol=None).rank == 13
+
+
+def test_fallbacks_call_scipy_originals(rng, monkeypatch):
+    A = _well(rng, 10, 10)
+    calls = []
+    real = dict(ORIGINALS)
+
+    def spy(name):
+        def f(*args, **kwargs):
+            calls.append(name)
+            return real[name](*args, **kwargs)
+        return f
+    monkeypatch.setattr(_adapters, "original", spy)
+    Ac = A.astype(np.complex128)
+    bc = np.ones(10) + 1j
+    x = lsqr(Ac, bc, atol=1e-12, btol=1e-12)[0]
+    assert x.dtype == np.complex128 and np.allclose(Ac @ x, bc, atol=1e-6)
+    assert lsmr(Ac, bc)[0].dtype == np.complex128
+    assert np.allclose(Ac @ spsolve(Ac, bc), bc)
+    lsqr(spla.aslinearoperator(A), np.ones(10))
+    factorized(Ac)
+    assert calls == ["lsqr", "lsmr", "spsolve", "lsqr", "factorized"]
+
+
+def test_complex_and_operators_answered_under_patch(rng):
+    """Even with SciPy patched by hand, fallbacks reach the saved originals."""
+    import scipy.sparse.linalg as mod
+    A = spla.aslinearoperator(_well(rng, 8, 8))
+    saved = mod.lsqr
+    mod.lsqr = lsqr
+    try:
+        out = mod.lsqr(A, np.ones(8))
+    finally:
+        mod.lsqr = saved
+    assert len(out) == 10
