@@ -27,15 +27,8 @@ def _blocks(rows, cols, vals, n, bs, xp, dtype):
     inf = rows < nfull * bs
     blk = rows[inf] // bs
     # duplicates (COO) are summed like SciPy does
-    if xp is np:
-        np.add.at(full, (blk, rows[inf] % bs, cols[inf] % bs), vals[inf])
-        np.add.at(last, (rows[~inf] - nfull * bs, cols[~inf] - nfull * bs),
-                  vals[~inf])
-    else:
-        import cupyx
-        cupyx.scatter_add(full, (blk, rows[inf] % bs, cols[inf] % bs), vals[inf])
-        cupyx.scatter_add(last, (rows[~inf] - nfull * bs, cols[~inf] - nfull * bs),
-                          vals[~inf])
+    xp.add.at(full, (blk, rows[inf] % bs, cols[inf] % bs), vals[inf])
+    xp.add.at(last, (rows[~inf] - nfull * bs, cols[~inf] - nfull * bs), vals[~inf])
     return full, last
 
 
