@@ -31,7 +31,8 @@ field       meaning
 ==========  ===============================================================
 F           front base offset in the front pool (Pack-Assemble: the parent)
 vt          VT tile offset written by Factorize, read by Apply / ApplyQt;
-            S-Assemble: first S entry; Pack-Assemble: child CB base offset
+            S-Assemble: first S entry (of the stage's S slice);
+            Pack-Assemble: child CB base offset
 vt2         Apply+Factorize: the VT tile the factorize part writes;
             S-Assemble: end of the S entries; Pack-Assemble: Rimap offset
 aux         Pack-Assemble: Rjmap offset; ApplyQt: rhs pool offset of the
