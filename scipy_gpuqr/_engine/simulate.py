@@ -23,13 +23,16 @@ Numerical conventions (the GPU kernels follow them exactly):
 from __future__ import annotations
 
 import contextlib
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._schedule.tasks import TaskType
+from .._numeric import NumericQR
+from .._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
 
 __all__ = ["householder_tile", "execute_task", "execute_launches",
-           "apply_qt_front", "launch_conflicts"]
+           "apply_qt_front", "launch_conflicts", "simulate_factorize", "SimulateQR"]
 
 
 def householder_tile(A: np.ndarray, nref: int) -> tuple[np.ndarray, np.ndarray]:
@@ -307,3 +310,256 @@ def launch_conflicts(tasks: np.ndarray, launch: np.ndarray, tile: int) -> list:
             if key in owner and any(k != owner[key] for k in ks):
                 bad.append((int(L), int(owner[key]), sorted(ks), key))
     return bad
+
+
+# ---------------------------------------------------------------- whole factorization
+
+@dataclass
+class SimulateQR(NumericQR):
+    """Result of :func:`simulate_factorize` (see :class:`~scipy_gpuqr._numeric.NumericQR`).
+
+    Every front keeps its factorized block (R, V and the updated rows), its
+    Factorize records and the shared VT pool, so ``Q`` is applied by replaying
+    the reflectors front by front (rows tracked by slots as in the reference:
+    row i of A lives in slot i; ``qorder`` puts R's rows first in ``Qᵀb``).
+    """
+
+    analysis: object = None
+    qorder: np.ndarray | None = None
+    schedule: object = None
+    _fronts: list = field(default_factory=list, repr=False)
+    _vt: np.ndarray | None = field(default=None, repr=False)
+
+    def _check(self, B, what):
+        B = np.asarray(B)
+        if B.ndim not in (1, 2) or B.shape[0] != self.shape[0]:
+            raise ValueError(f"{what}: expected shape ({self.shape[0]},) or "
+                             f"({self.shape[0]}, k), got {B.shape}")
+        if np.issubdtype(B.dtype, np.complexfloating):
+            raise TypeError(f"{what}: complex right-hand sides are not supported")
+        return B, np.array(B[:, None] if B.ndim == 1 else B, dtype=np.float64)
+
+    def qt_matmul(self, B):
+        B0, X = self._check(B, "qt_matmul")
+        tile = self.schedule.tile
+        with _one_blas_thread():
+            for slots, Ff, ftasks in self._fronts:
+                if len(ftasks):
+                    Y = X[slots]
+                    _apply_qt(ftasks, Ff, self._vt, tile, Y)
+                    X[slots] = Y
+        out = X[self.qorder].astype(self.R.dtype, copy=False)
+        return out.reshape(B0.shape)
+
+    def q_matmul(self, Y):
+        Y0, Yc = self._check(Y, "q_matmul")
+        X = np.zeros_like(Yc)
+        X[self.qorder] = Yc
+        tile = self.schedule.tile
+        with _one_blas_thread():
+            for slots, Ff, ftasks in reversed(self._fronts):
+                if len(ftasks):
+                    Z = X[slots]
+                    _apply_q(ftasks, Ff, self._vt, tile, Z)
+                    X[slots] = Z
+        return X.astype(self.R.dtype, copy=False).reshape(Y0.shape)
+
+    def free(self) -> None:
+        self._fronts = []
+        self._vt = None
+
+
+def _reflectors(tasks, fpool, vtpool, tile):
+    """(row indices, V, T) of every Factorize part of ``tasks``, in order."""
+    for rec in tasks:
+        typ = int(rec["type"])
+        if typ == TaskType.FACTORIZE:
+            col, nref, vt = int(rec["col"]), int(rec["nref"]), int(rec["vt"])
+        elif typ == TaskType.APPLY_FACTORIZE:
+            col, nref, vt = int(rec["c0"]), int(rec["aux"]), int(rec["vt2"])
+        else:
+            continue
+        rows = [int(r) for r in rec["rows"]]
+        fs, nf = int(rec["fstart"]), int(rec["nfrows"])
+        top = rows[int(rec["ftop"])]
+        stack = [top] + [r for r in rows[fs: fs + nf] if r != top]
+        V, T = _load_v(rec, fpool, vtpool, tile, stack, col, nref, vt)
+        idx = np.concatenate([np.arange(r, r + tile) for r in stack])
+        yield idx, idx < int(rec["fm"]), V, T
+
+
+def _apply_q(tasks, fpool, vtpool, tile, B):
+    """Q of one front applied to B in place (reflectors in reverse order)."""
+    for idx, ok, V, T in reversed(list(_reflectors(tasks, fpool, vtpool, tile))):
+        X = np.zeros((len(idx), B.shape[1]))
+        X[ok] = B[idx[ok]]
+        X -= V @ (T @ (V.T @ X))
+        B[idx[ok]] = X[ok]
+
+
+def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
+                       max_gpu_memory: int | None = None, tile: int = DEFAULT_TILE,
+                       bundle: int = DEFAULT_BUNDLE, max_tasks: int | None = None,
+                       rng: np.random.Generator | None = None):
+    """Sparse QR ``A[:, colperm] = Q @ R`` by running the GPU task lists in NumPy.
+
+    The sparse scheduler (:func:`scipy_gpuqr._schedule.sparse.build_schedule`)
+    builds every stage's launches; this executor runs them over the same
+    pools the GPU uses (front pool zeroed per stage, VT pool, S entries,
+    Rimap/Rjmap), carrying contribution blocks across stages through host
+    arrays.
+
+    Parameters
+    ----------
+    A : sparse matrix/array or 2-D array, shape (m, n)
+    analysis : SymbolicAnalysis, optional
+        From :func:`~scipy_gpuqr._symbolic.analyze` (computed when None).
+    tol : None, 'default' or float
+        Rank detection is not in the task lists yet: with a tolerance the
+        factorization is delegated to the reference backend, and ``info``
+        says so.
+    pipelining : bool
+        Apply+Factorize tasks and bundle growth.
+    max_gpu_memory : int, optional
+        GPU byte budget of the staging plan (forces many stages when small).
+    tile, bundle : int
+        Bucket-scheduler tunables.
+    max_tasks : int, optional
+        Launch-size limit.
+    rng : numpy.random.Generator, optional
+        Run each launch's tasks in a random order (tests).
+
+    Returns
+    -------
+    SimulateQR
+    """
+    import logging
+
+    import scipy.sparse as sp
+
+    from .._symbolic import analyze, canonical_csc
+    from .._schedule.sparse import build_schedule
+
+    t0 = time.perf_counter()
+    Ac = canonical_csc(A if (sp.issparse(A) or isinstance(A, np.ndarray)) else np.asarray(A))
+    if np.issubdtype(Ac.dtype, np.complexfloating):
+        raise TypeError("simulate_factorize: complex matrices are not supported")
+    if not (np.issubdtype(Ac.dtype, np.number) or Ac.dtype == np.bool_):
+        raise TypeError(f"simulate_factorize: non-numeric dtype {Ac.dtype}")
+    dtype = np.float32 if Ac.dtype == np.float32 else np.float64
+    if not np.all(np.isfinite(Ac.data)):
+        raise ValueError("simulate_factorize: A contains non-finite values")
+    if tol is not None and not (not isinstance(tol, str) and float(tol) < 0):
+        from .reference import reference_factorize
+        why = "the simulate backend has no rank detection yet: reference backend used"
+        logging.getLogger("scipy_gpuqr").info(why)
+        out = reference_factorize(Ac, analysis, tol=tol, max_gpu_memory=max_gpu_memory)
+        out.info["requested_backend"] = "simulate"
+        out.info["fallback"] = why
+        return out
+    m, n = Ac.shape
+    if analysis is None:
+        analysis = analyze(Ac)
+    elif not analysis.matches_pattern(Ac):
+        raise ValueError("simulate_factorize: the analysis was made for another pattern")
+    sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
+                           max_gpu_memory=max_gpu_memory, max_tasks=max_tasks)
+    t1 = time.perf_counter()
+    fs = analysis.fronts
+    nf = fs.nfronts
+    vals = Ac.data.astype(np.float64)[fs.s_nz]
+    maps = np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64)
+    vtpool = np.full(max(sched.vt_size, 1), np.nan)
+    host_cb = {}                 # CBs crossing stages: front -> packed cm × cn array
+    fronts = [None] * nf
+    ftasks_of = [[] for _ in range(nf)]
+    rowperm = analysis.rowperm
+    slots_of = [None] * nf
+    nlaunch = 0
+    with _one_blas_thread():
+        for st in sched.stages:
+            first, last = st.fronts
+            pool = np.zeros(st.pool_size)
+            for c, off in st.carried.items():
+                cbk = host_cb.pop(c)
+                pool[off: off + cbk.size] = cbk.ravel()
+            s0, s1 = st.s_range
+            spool = (fs.s_index[s0:s1], vals[s0:s1])
+            for L in range(st.nlaunch):
+                a, b = st.launch_ptr[L], st.launch_ptr[L + 1]
+                order = np.arange(a, b) if rng is None else a + rng.permutation(b - a)
+                for k in order:
+                    execute_task(st.tasks[k], pool, vtpool, tile, spool=spool, maps=maps)
+            nlaunch += st.nlaunch
+            t = st.tasks
+            fac = np.isin(t["type"], (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE))
+            for k in np.flatnonzero(fac):
+                ftasks_of[int(t["front"][k])].append(k)
+            for f in range(first, last + 1):
+                fm, fn = int(fs.fm[f]), int(fs.fn[f])
+                off = int(st.foff[f])
+                Ff = pool[off: off + fm * fn].copy()
+                ft = t[np.asarray(ftasks_of[f], dtype=np.int64)].copy()
+                ft["F"] = 0
+                ftasks_of[f] = None
+                fronts[f] = (Ff, ft)
+                slots = np.empty(fm, dtype=np.int64)
+                a0, a1 = fs.arow_ptr[f], fs.arow_ptr[f + 1]
+                slots[fs.arow_local[a0:a1]] = rowperm[a0:a1]
+                for c in fs.children[fs.child_ptr[f]:fs.child_ptr[f + 1]]:
+                    c = int(c)
+                    rk, cmc = int(fs.frank[c]), int(fs.cm[c])
+                    slots[fs.rimap[fs.rimap_ptr[c]:fs.rimap_ptr[c + 1]]] = slots_of[c][rk:rk + cmc]
+                slots_of[f] = slots
+                p = int(fs.parent[f])
+                if p >= 0 and p > last:
+                    rk, cmc, fp = int(fs.frank[f]), int(fs.cm[f]), int(fs.fp[f])
+                    blk = Ff.reshape(fm, fn)[rk:rk + cmc, fp:]
+                    host_cb[f] = np.triu(blk)
+    t2 = time.perf_counter()
+
+    # ---- R (rows keyed by pivot column, as the reference) -----------------------
+    rows_l, cols_l, vals_l, piv_l, slot_l = [], [], [], [], []
+    for f in range(nf):
+        Ff, _ = fronts[f]
+        fm, fn = int(fs.fm[f]), int(fs.fn[f])
+        rk = int(fs.frank[f])
+        if rk == 0:
+            continue
+        cols = fs.cols[fs.col_ptr[f]:fs.col_ptr[f + 1]]
+        Rf = Ff.reshape(fm, fn)[:rk]
+        rr, cc = np.nonzero(np.arange(fn)[None, :] >= np.arange(rk)[:, None])
+        rows_l.append(cols[rr])
+        cols_l.append(cols[cc])
+        vals_l.append(Rf[rr, cc])
+        piv_l.append(cols[:rk])
+        slot_l.append(slots_of[f][:rk])
+    piv = np.concatenate(piv_l) if piv_l else np.zeros(0, np.int64)
+    live = np.argsort(piv)
+    rowof = np.full(n, -1, dtype=np.int64)
+    rowof[piv[live]] = np.arange(len(piv))
+    slots_r = (np.concatenate(slot_l) if slot_l else np.zeros(0, np.int64))[live]
+    rest = np.ones(m, dtype=bool)
+    rest[slots_r] = False
+    qorder = np.concatenate([slots_r, np.flatnonzero(rest)]).astype(np.int64)
+    k = min(m, n)
+    if rows_l:
+        Rr = rowof[np.concatenate(rows_l)]
+        Rc = np.concatenate(cols_l)
+        Rv = np.concatenate(vals_l)
+    else:
+        Rr = Rc = np.zeros(0, np.int64)
+        Rv = np.zeros(0)
+    R = sp.csc_array(sp.coo_array((Rv.astype(dtype), (Rr, Rc)), shape=(k, n)))
+    R.sort_indices()
+    t3 = time.perf_counter()
+    info = {"backend": "simulate", "ordering": analysis.ordering_used,
+            "nfronts": int(nf), "stages": len(sched.stages), "launches": int(nlaunch),
+            "tasks": int(sched.ntasks), "tile": int(tile), "bundle": int(bundle),
+            "pipelining": bool(pipelining), "schedule_cpu_seconds": float(sched.seconds),
+            "seconds": {"schedule": t1 - t0, "execute": t2 - t1, "assemble_R": t3 - t2}}
+    return SimulateQR(shape=(m, n), R=R, colperm=analysis.colperm.astype(np.int64),
+                      rank=int(k), tol=None, flops=float(analysis.flops), info=info,
+                      analysis=analysis, qorder=qorder, schedule=sched,
+                      _fronts=[(slots_of[f], fronts[f][0], fronts[f][1]) for f in range(nf)],
+                      _vt=vtpool)
