@@ -226,6 +226,14 @@ def _analyze(A, ordering, reasons):
     return analyze(A, ordering=ordering)
 
 
+def _bytes(value) -> str:
+    value = float(value)
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} bytes"
+
+
 def _fits(analysis, avail) -> bool:
     need = getattr(analysis, "host_bytes", None)
     return need is None or avail is None or need <= _MEMORY_FRACTION * avail
@@ -273,9 +281,9 @@ def plan_factorization(A: sp.csc_array, *, backend=None, gpuqr_options=None,
         avail = available_host_memory()
         if not _fits(analysis, avail):
             need = analysis.host_bytes
-            msg = (f"ordering {ordering!r} needs about {need / 1e9:.1f} GB of host "
+            msg = (f"ordering {ordering!r} needs about {_bytes(need)} of host "
                    f"memory (nnz(R) = {getattr(analysis, 'nnz_R', float('nan')):.3g}), "
-                   f"{avail / 1e9:.1f} GB available")
+                   f"{_bytes(avail)} available")
             found = False
             for alt in _FALLBACK_ORDERINGS:
                 if alt == ordering:
@@ -287,7 +295,7 @@ def plan_factorization(A: sp.csc_array, *, backend=None, gpuqr_options=None,
                     continue
                 if other is not None and _fits(other, avail):
                     reasons.append(f"{msg}; switched to ordering {alt!r} "
-                                   f"({other.host_bytes / 1e9:.2f} GB)")
+                                   f"({_bytes(other.host_bytes)})")
                     analysis, ordering, found = other, alt, True
                     colperm = np.asarray(other.colperm, dtype=np.int64)
                     break
