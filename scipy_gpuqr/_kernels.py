@@ -145,13 +145,46 @@ def load_module(name: str, name_expressions: Sequence[str] = (),
                                source_hash(name))
 
 
+def _compile_one(fname: str, arch: str, exprs: tuple[str, ...]) -> dict:
+    """NVRTC-compile one flattened file for one architecture (no GPU)."""
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(flatten_source(fname), fname, [], [])
+    ok, log, size = True, "", 0
+    try:
+        for expr in exprs:
+            nvrtc.addNameExpression(prog, expr)
+        try:
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", *COMPILE_OPTIONS])
+            size = len(nvrtc.getCUBIN(prog))
+            for expr in exprs:
+                nvrtc.getLoweredName(prog, expr)
+            log = nvrtc.getProgramLog(prog)
+        except Exception as exc:  # NVRTCError
+            ok = False
+            log = f"{exc}\n{nvrtc.getProgramLog(prog)}"
+    finally:
+        nvrtc.destroyProgram(prog)
+    return {"file": fname, "arch": arch, "ok": ok, "variants": len(exprs),
+            "cubin_bytes": size, "log": log.strip()}
+
+
 def check_compile(archs: Iterable[str] = ("sm_80", "sm_90"),
-                  files: Iterable[str] | None = None) -> list[dict]:
+                  files: Iterable[str] | None = None, jobs: int | None = None) -> list[dict]:
     """Compile every kernel file and variant with NVRTC; needs no GPU.
 
     Uses ``cupy.cuda.nvrtc`` directly (the ``nvidia-cuda-nvrtc`` wheel
     provides the library), with the flattened source and
     :data:`COMPILE_OPTIONS`, i.e. exactly what :func:`load_module` compiles.
+
+    Parameters
+    ----------
+    archs : iterable of str
+        Targets, e.g. ``("sm_80", "sm_90")``.
+    files : iterable of str or None
+        File names in ``kernels/``; None means every ``.cu`` file.
+    jobs : int or None
+        Worker processes (None: one per CPU; 1: compile in this process).
 
     Returns
     -------
@@ -159,37 +192,17 @@ def check_compile(archs: Iterable[str] = ("sm_80", "sm_90"),
         One per (file, arch): ``file``, ``arch``, ``ok``, ``variants``,
         ``cubin_bytes``, ``log``.
     """
-    from cupy.cuda import nvrtc
+    import os
+    from concurrent.futures import ProcessPoolExecutor
 
     variants = registered_variants()
     names = [p.name for p in kernel_files()] if files is None else list(files)
-    results = []
-    for fname in names:
-        src = flatten_source(fname)
-        exprs = variants.get(fname, ())
-        for arch in archs:
-            prog = nvrtc.createProgram(src, fname, [], [])
-            try:
-                for expr in exprs:
-                    nvrtc.addNameExpression(prog, expr)
-                ok, log, size = True, "", 0
-                try:
-                    nvrtc.compileProgram(
-                        prog, [f"--gpu-architecture={arch}", *COMPILE_OPTIONS])
-                    size = len(nvrtc.getCUBIN(prog))
-                    for expr in exprs:
-                        nvrtc.getLoweredName(prog, expr)
-                except Exception as exc:  # NVRTCError
-                    ok = False
-                    log = f"{exc}\n{nvrtc.getProgramLog(prog)}"
-                else:
-                    log = nvrtc.getProgramLog(prog)
-            finally:
-                nvrtc.destroyProgram(prog)
-            results.append({"file": fname, "arch": arch, "ok": ok,
-                            "variants": len(exprs), "cubin_bytes": size,
-                            "log": log.strip()})
-    return results
+    work = [(f, a, variants.get(f, ())) for f in names for a in archs]
+    jobs = min(len(work), jobs or os.cpu_count() or 1)
+    if jobs <= 1:
+        return [_compile_one(*w) for w in work]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(_compile_one, *zip(*work)))
 
 
 def warm_cache(cache_dir: str | None = None) -> list[dict]:

@@ -45,7 +45,7 @@ def test_nvrtc_check_catches_errors(tmp_path, monkeypatch):
     (tmp_path / "good.cu").write_text('extern "C" __global__ void k(double* x) { x[0] = 1; }\n')
     monkeypatch.setattr(_kernels, "kernels_dir", lambda: tmp_path)
     try:
-        results = _kernels.check_compile(["sm_80"], ["bad.cu", "good.cu"])
+        results = _kernels.check_compile(["sm_80"], ["bad.cu", "good.cu"], jobs=1)
     except Exception as exc:  # NVRTC library absent
         pytest.skip(f"NVRTC unavailable: {exc}")
     ok = {r["file"]: r["ok"] for r in results}
