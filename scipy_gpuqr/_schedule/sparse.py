@@ -253,7 +253,7 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
                 else:
                     active.append([-tail[f], f, 0])
                     step_launch[f] = []
-            if not active and not ready_heap:
+            if done < nmem and not active and not ready_heap:
                 raise AssertionError("sparse scheduler stalled")  # pragma: no cover
             active.sort()
             used = 0

@@ -1,0 +1,192 @@
+"""backend='simulate': the sparse scheduler's task lists, run by the NumPy executor,
+reproduce the reference multifrontal QR (R up to row signs, Qᵀb, solutions)."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from scipy_gpuqr._engine.reference import reference_factorize
+from scipy_gpuqr._engine.simulate import launch_conflicts, simulate_factorize
+from scipy_gpuqr._schedule.sparse import build_schedule, schedule_stats
+from scipy_gpuqr._schedule.tasks import TaskType
+from scipy_gpuqr._symbolic import analyze
+
+EPS = np.finfo(float).eps
+
+
+def _families():
+    rng = np.random.default_rng(5)
+    out = []
+    A = sp.random(300, 120, density=0.03, random_state=1, format="csc") + sp.eye(300, 120)
+    out.append(("random_ls", sp.csc_array(A)))
+    A = sp.random(90, 200, density=0.05, random_state=2, format="csc") + sp.eye(90, 200)
+    out.append(("random_wide", sp.csc_array(A)))
+    k = 6                                              # 2-D grid Laplacian stacked on 0.1 I
+    T = sp.diags([-1, 2, -1], [-1, 0, 1], shape=(k, k))
+    L = sp.kronsum(T, T)
+    out.append(("grid", sp.csc_array(sp.vstack([L, 0.1 * sp.eye(k * k)]))))
+    dense = rng.standard_normal((70, 45))
+    out.append(("dense", sp.csc_array(dense)))
+    out.append(("single_row", sp.csc_array(rng.standard_normal((1, 7)))))
+    out.append(("single_col", sp.csc_array(rng.standard_normal((9, 1)))))
+    return out
+
+
+def _check_against_reference(A, s, r):
+    m, n = A.shape
+    k = min(m, n)
+    normA = max(sp.linalg.norm(A), 1.0)
+    tol = 100 * max(m, n) * EPS * normA
+    Rs, Rr = s.R.toarray(), r.R.toarray()
+    assert Rs.shape == Rr.shape == (k, n)
+    assert np.array_equal(s.colperm, r.colperm)
+    # row signs from each row's largest entry (rows of R are keyed by their pivot
+    # column, so the diagonal of a wide R is not the pivot entry)
+    big = np.argmax(np.abs(Rr), axis=1)
+    sg = np.sign(Rs[np.arange(k), big]) * np.sign(Rr[np.arange(k), big])
+    sg[sg == 0] = 1
+    sv = np.linalg.svd(Rr, compute_uv=False)
+    if m >= n and sv[-1] > 1e-8 * sv[0]:
+        assert np.abs(Rs - sg[:, None] * Rr).max() <= tol
+    else:   # R is unique only up to the numerical rank: compare RᵀR
+        assert np.abs(Rs.T @ Rs - Rr.T @ Rr).max() <= tol * normA
+    b = np.random.default_rng(3).standard_normal((m, 2))
+    qs, qr = s.qt_matmul(b), r.qt_matmul(b)
+    if m >= n and sv[-1] > 1e-8 * sv[0]:
+        assert np.abs(qs[:k] - sg[:, None] * qr[:k]).max() <= tol * np.abs(b).max()
+    assert np.allclose(np.linalg.norm(qs, axis=0), np.linalg.norm(b, axis=0))
+    assert np.abs(s.q_matmul(qs) - b).max() <= tol * np.abs(b).max()
+    # A[:, colperm] = Q R
+    X = np.random.default_rng(4).standard_normal((n, 3))
+    QR = s.q_matmul(np.vstack([Rs @ X, np.zeros((m - k, 3))]))
+    assert np.abs(A.toarray()[:, s.colperm] @ X - QR).max() <= tol * np.abs(X).max()
+    if m >= n:   # full column rank families: same least-squares solution
+        xs = np.linalg.solve(np.triu(Rs[:n]), qs[:n])
+        xr = np.linalg.solve(np.triu(Rr[:n]), qr[:n])
+        assert np.allclose(xs, xr, rtol=1e-9, atol=1e-9 * np.abs(xr).max())
+
+
+@pytest.mark.parametrize("name,A", _families(), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("pipelining", [True, False])
+def test_families_match_reference(name, A, pipelining):
+    an = analyze(A)
+    r = reference_factorize(A, an)
+    s = simulate_factorize(A, an, pipelining=pipelining)
+    assert s.info["backend"] == "simulate"
+    _check_against_reference(A, s, r)
+
+
+@pytest.mark.parametrize("name,A", _families()[:3], ids=lambda x: x if isinstance(x, str) else "")
+def test_many_stages_launch_limit_and_shuffled_launches(name, A):
+    an = analyze(A)
+    r = reference_factorize(A, an)
+    s = simulate_factorize(A, an, max_gpu_memory=1, max_tasks=7,
+                           rng=np.random.default_rng(11))
+    assert s.info["stages"] > 1
+    _check_against_reference(A, s, r)
+
+
+def test_tiles_and_bundles(rng):
+    A = sp.csc_array(sp.random(260, 150, density=0.04, random_state=7) + sp.eye(260, 150))
+    an = analyze(A)
+    r = reference_factorize(A, an)
+    for tile, bundle in [(8, 2), (16, 4), (64, 3)]:
+        s = simulate_factorize(A, an, tile=tile, bundle=bundle)
+        _check_against_reference(A, s, r)
+
+
+def _grid3d(k):
+    T = sp.diags([-1, 2, -1], [-1, 0, 1], shape=(k, k))
+    L = sp.kronsum(sp.kronsum(T, T), T)
+    return sp.csc_array(sp.vstack([L, 0.1 * sp.eye(k ** 3)]))
+
+
+def test_launches_independent_and_ordered():
+    an = analyze(_grid3d(6))
+    for pip in (True, False):
+        s = build_schedule(an, pipelining=pip, max_tasks=50)
+        for st in s.stages:
+            t = st.tasks
+            launch = np.repeat(np.arange(st.nlaunch), np.diff(st.launch_ptr))
+            assert launch_conflicts(t, launch, s.tile) == []
+            sizes = np.diff(st.launch_ptr)
+            # the limit is honoured except by a single front step larger than it
+            fac_launch = {}
+            for L, typ, f in zip(launch, t["type"], t["front"]):
+                if typ in (TaskType.FACTORIZE, TaskType.APPLY, TaskType.APPLY_FACTORIZE):
+                    fac_launch.setdefault(int(f), []).append(int(L))
+            for L, typ, f in zip(launch, t["type"], t["front"]):
+                if typ == TaskType.PACK_ASSEMBLE:
+                    # the child is done before, the parent starts after
+                    assert max(fac_launch.get(int(f), [-1])) < L
+                    p = int(an.fronts.parent[int(f)])
+                    assert min(fac_launch.get(p, [10**9])) > L
+            assert sizes.max() <= 50 or sizes.max() == max(
+                np.bincount(t["front"][launch == np.argmax(sizes)]))
+
+
+def test_pipelining_fewer_launches_on_large_sparse_problem():
+    an = analyze(_grid3d(12))
+    st = schedule_stats(an, pipelining=True)
+    assert st["launches"] < st["launches_no_pipeline"]
+    for key in ("launches", "launches_no_pipeline", "tasks", "tasks_by_type",
+                "tiles_touched_fraction", "critical_path", "build_seconds"):
+        assert key in st
+    assert st["tasks"] == sum(st["tasks_by_type"].values())
+    assert 0 < st["tiles_touched_fraction"]["mean"] <= 1
+
+
+def test_deterministic():
+    an = analyze(_grid3d(7))
+    a = build_schedule(an, max_gpu_memory=200_000)
+    from scipy_gpuqr._schedule import bucket
+    bucket._tile_schedule_cached.cache_clear()
+    b = build_schedule(an, max_gpu_memory=200_000)
+    assert len(a.stages) == len(b.stages) > 1
+    for x, y in zip(a.stages, b.stages):
+        assert x.tasks.tobytes() == y.tasks.tobytes()
+        assert np.array_equal(x.launch_ptr, y.launch_ptr)
+
+
+def test_rank_detection_is_delegated_and_said():
+    A = sp.csc_array(sp.random(40, 30, density=0.2, random_state=3) + sp.eye(40, 30))
+    s = simulate_factorize(A, tol="default")
+    assert "fallback" in s.info
+
+
+def _shared(matrices_dir):
+    try:
+        from scipy_gpuqr.io import mmread
+    except ImportError:
+        from scipy.io import mmread
+    for f in sorted(matrices_dir.glob("*.mtx")):
+        try:
+            A = sp.csc_array(mmread(str(f)))
+        except Exception:                       # noqa: BLE001 - a reader gap is not ours
+            continue
+        if np.iscomplexobj(A.data) or min(A.shape) == 0:
+            continue
+        yield f.name, A.astype(np.float64)
+
+
+@pytest.mark.slow
+def test_shared_matrices_match_reference(matrices_dir):
+    checked = []
+    for name, A in _shared(matrices_dir):
+        an = analyze(A)
+        if an.flops > 3e7 or max(A.shape) > 3000:
+            continue
+        s = simulate_factorize(A, an, max_gpu_memory=1 if len(checked) % 2 else None)
+        r = reference_factorize(A, an)
+        m, n = A.shape
+        k = min(m, n)
+        normA = max(sp.linalg.norm(A), 1.0)
+        tol = 200 * max(m, n) * EPS * normA
+        Rs, Rr = s.R.toarray(), r.R.toarray()
+        # Gram matrices agree (R is unique up to row signs only where A has full rank)
+        assert np.abs(Rs.T @ Rs - Rr.T @ Rr).max() <= tol * normA, name
+        X = np.random.default_rng(4).standard_normal((n, 2))
+        QR = s.q_matmul(np.vstack([Rs @ X, np.zeros((m - k, 2))]))
+        assert np.abs(A.toarray()[:, s.colperm] @ X - QR).max() <= tol * np.abs(X).max(), name
+        checked.append(name)
+    assert len(checked) >= 5, checked
