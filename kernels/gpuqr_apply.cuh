@@ -18,25 +18,25 @@ struct ApplySmem {
     static constexpr int TOTAL = V + T + A + C;
 };
 
-template <int TILE, int BUNDLE, int NT>
-__device__ void apply_bundle(const Task& t, double* __restrict__ F,
-                             const double* __restrict__ VTpool, double* smem) {
+template <typename T, int TILE, int BUNDLE, int NT>
+__device__ void apply_bundle(const Task& t, T* __restrict__ F,
+                             const T* __restrict__ VTpool, T* smem) {
     using S = ApplySmem<TILE, BUNDLE>;
     constexpr int LD = S::LD, W = S::W, LDW = S::LDW;
-    double* V = smem;
-    double* Tm = V + S::V;
-    double* A = Tm + S::T;
-    double* C = A + S::A;
+    T* V = smem;
+    T* Tm = V + S::V;
+    T* A = Tm + S::T;
+    T* C = A + S::A;
     const int tid = threadIdx.x;
     const int fm = t.fm, fn = t.fn, col = t.col, nref = t.nref, na = t.napply;
     const long long F0 = t.F, vt = t.vt;
     const int M = na * TILE;
     for (int idx = tid; idx < M * TILE; idx += NT) {
         const int i = idx / TILE, j = idx - i * TILE;
-        double v = 0.0;
+        T v = 0.0;
         if (j < nref) {
             if (i < TILE) {
-                v = (i > j) ? VTpool[vt + idx] : (i == j ? 1.0 : 0.0);
+                v = (i > j) ? VTpool[vt + idx] : (i == j ? T(1) : T(0));
             } else {
                 const int r = t.rows[i / TILE] + (i % TILE), c = col + j;
                 if (r < fm && c < fn) v = F[F0 + (long long)r * fn + c];
@@ -59,13 +59,13 @@ __device__ void apply_bundle(const Task& t, double* __restrict__ F,
         __syncthreads();
         for (int idx = tid; idx < nref * W; idx += NT) {          // C = V^T A
             const int i = idx / W, j = idx - i * W;
-            double s = 0.0;
+            T s = 0.0;
             for (int r = i; r < M; ++r) s += V[r * LD + i] * A[r * LDW + j];
             C[i * LDW + j] = s;
         }
         __syncthreads();
         constexpr int PER = (TILE * W + NT - 1) / NT;                // C = T^T C
-        double acc[PER];
+        T acc[PER];
 #pragma unroll
         for (int q = 0; q < PER; ++q) {
             const int idx = tid + q * NT;
@@ -86,7 +86,7 @@ __device__ void apply_bundle(const Task& t, double* __restrict__ F,
             const int i = idx / W, j = idx - i * W;
             const int r = t.rows[i / TILE] + (i % TILE), c = cc + j;
             if (r < fm && c < cend) {
-                double s = A[i * LDW + j];
+                T s = A[i * LDW + j];
                 const int lmax = (i < TILE ? (i + 1 < nref ? i + 1 : nref) : nref);
                 for (int l = 0; l < lmax; ++l) s -= V[i * LD + l] * C[l * LDW + j];
                 F[F0 + (long long)r * fn + c] = s;

@@ -10,7 +10,7 @@
 
 namespace gpuqr {
 
-// Shared-memory layout sizes (doubles); mirrored by scipy_gpuqr/_engine/variants.py.
+// Shared-memory layout sizes (elements of T); mirrored by scipy_gpuqr/_engine/variants.py.
 template <int TILE, int BUNDLE>
 struct FactorizeSmem {
     static constexpr int LD = TILE + 1;
@@ -21,14 +21,14 @@ struct FactorizeSmem {
     static constexpr int TOTAL = A + T + Y + SCRATCH;
 };
 
-template <int NT>
-__device__ __forceinline__ double block_sum(double v, double* red) {
+template <typename T, int NT>
+__device__ __forceinline__ T block_sum(T v, T* red) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __syncthreads();
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    double s = 0.0;
+    T s = 0;
     if (threadIdx.x == 0) {
         for (int w = 0; w < NT / 32; ++w) s += red[w];
     }
@@ -37,17 +37,17 @@ __device__ __forceinline__ double block_sum(double v, double* red) {
 
 // Factorize the column tile starting at column `col` (nref reflectors) of the row
 // tiles rows[fs .. fs+nf), the slot `ftop` being the top tile; VT written at vtoff.
-template <int TILE, int BUNDLE, int NT>
-__device__ void factorize_bundle(const Task& t, double* __restrict__ F,
-                                 double* __restrict__ VTpool, int col, int nref,
-                                 long long vtoff, double* smem) {
+template <typename T, int TILE, int BUNDLE, int NT>
+__device__ void factorize_bundle(const Task& t, T* __restrict__ F,
+                                 T* __restrict__ VTpool, int col, int nref,
+                                 long long vtoff, T* smem) {
     using S = FactorizeSmem<TILE, BUNDLE>;
     constexpr int LD = S::LD;
-    double* A = smem;
-    double* Tm = A + S::A;
-    double* Y = Tm + S::T;
-    double* scr = Y + S::Y;          // [0..31] reduction, [32..35] scalars, [64..] tau
-    double* tau = scr + 64;
+    T* A = smem;
+    T* Tm = A + S::A;
+    T* Y = Tm + S::T;
+    T* scr = Y + S::Y;          // [0..31] reduction, [32..35] scalars, [64..] tau
+    T* tau = scr + 64;
     const int tid = threadIdx.x;
     const int fm = t.fm, fn = t.fn;
     const long long F0 = t.F;
@@ -68,15 +68,15 @@ __device__ void factorize_bundle(const Task& t, double* __restrict__ F,
     for (int idx = tid; idx < TILE * LD; idx += NT) Tm[idx] = 0.0;
     __syncthreads();
     for (int k = 0; k < nref; ++k) {
-        double p = 0.0;
-        for (int i = k + 1 + tid; i < M; i += NT) { double x = A[i * LD + k]; p += x * x; }
-        double sig = block_sum<NT>(p, scr);
+        T p = 0.0;
+        for (int i = k + 1 + tid; i < M; i += NT) { T x = A[i * LD + k]; p += x * x; }
+        T sig = block_sum<T, NT>(p, scr);
         if (tid == 0) {
-            const double alpha = A[k * LD + k];
-            double tk = 0.0, scale = 0.0;
+            const T alpha = A[k * LD + k];
+            T tk = 0.0, scale = 0.0;
             if (sig > 0.0) {
-                const double nrm = sqrt(alpha * alpha + sig);
-                const double beta = alpha >= 0.0 ? -nrm : nrm;
+                const T nrm = sqrt(alpha * alpha + sig);
+                const T beta = alpha >= 0.0 ? -nrm : nrm;
                 tk = (beta - alpha) / beta;
                 scale = 1.0 / (alpha - beta);
                 A[k * LD + k] = beta;
@@ -86,14 +86,14 @@ __device__ void factorize_bundle(const Task& t, double* __restrict__ F,
             tau[k] = tk;
         }
         __syncthreads();
-        const double tk = scr[32], scale = scr[33];
+        const T tk = scr[32], scale = scr[33];
         if (tk != 0.0) {
             for (int i = k + 1 + tid; i < M; i += NT) A[i * LD + k] *= scale;
             __syncthreads();
             // w_j = A[k][j] + sum_{i>k} v_i A[i][j], one warp per column
             const int lane = tid & 31, warp = tid >> 5;
             for (int j = k + 1 + warp; j < TILE; j += NT / 32) {
-                double w = 0.0;
+                T w = 0.0;
                 for (int i = k + 1 + lane; i < M; i += 32) w += A[i * LD + k] * A[i * LD + j];
                 for (int o = 16; o > 0; o >>= 1) w += __shfl_down_sync(0xffffffffu, w, o);
                 if (lane == 0) Y[j] = tk * (w + A[k * LD + j]);   // Y row 0 as scratch
@@ -102,7 +102,7 @@ __device__ void factorize_bundle(const Task& t, double* __restrict__ F,
             const int ncol = TILE - k - 1;
             for (int idx = tid; idx < (M - k) * ncol; idx += NT) {
                 const int ii = idx / ncol, j = k + 1 + idx - ii * ncol, i = k + ii;
-                const double v = (i == k) ? 1.0 : A[i * LD + k];
+                const T v = (i == k) ? T(1) : A[i * LD + k];
                 A[i * LD + j] -= v * Y[j];
             }
         }
@@ -112,17 +112,17 @@ __device__ void factorize_bundle(const Task& t, double* __restrict__ F,
     for (int idx = tid; idx < nref * nref; idx += NT) {
         const int a = idx / nref, b = idx - a * nref;
         if (a < b) {
-            double s = A[b * LD + a];               // row b: v_b = 1
+            T s = A[b * LD + a];               // row b: v_b = 1
             for (int i = b + 1; i < M; ++i) s += A[i * LD + a] * A[i * LD + b];
             Y[a * LD + b] = s;
         }
     }
     __syncthreads();
     for (int k = 0; k < nref; ++k) {
-        const double tk = tau[k];
+        const T tk = tau[k];
         // T[i][k] = -tk * sum_{l=i}^{k-1} T[i][l] Y[l][k]
         if (tid < k) {
-            double s = 0.0;
+            T s = 0.0;
             if (tk != 0.0)
                 for (int l = tid; l < k; ++l) s += Tm[tid * LD + l] * Y[l * LD + k];
             Tm[tid * LD + k] = -tk * s;
@@ -133,7 +133,7 @@ __device__ void factorize_bundle(const Task& t, double* __restrict__ F,
     // store: VT tile, top tile's R, other tiles' V (and updated columns >= nref)
     for (int idx = tid; idx < TILE * TILE; idx += NT) {
         const int i = idx / TILE, j = idx - i * TILE;
-        double v = 0.0;
+        T v = 0.0;
         if (j < nref) v = (i <= j) ? Tm[i * LD + j] : A[i * LD + j];
         VTpool[vtoff + idx] = v;
     }
@@ -141,7 +141,7 @@ __device__ void factorize_bundle(const Task& t, double* __restrict__ F,
         const int i = idx / TILE, j = idx - i * TILE;
         const int r = stack[i / TILE] + (i % TILE), c = col + j;
         if (r < fm && c < fn) {
-            double v = A[i * LD + j];
+            T v = A[i * LD + j];
             if (i < TILE && j < nref && i > j) v = 0.0;
             F[F0 + (long long)r * fn + c] = v;
         }

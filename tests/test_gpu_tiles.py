@@ -28,11 +28,17 @@ EPS = np.finfo(float).eps
 
 def _kernel(tile, bund, threads):
     from scipy_gpuqr._kernels import load_module
-    mod = load_module("gpuqr_uberkernel.cu", variants.KERNEL_VARIANTS["gpuqr_uberkernel.cu"])
+    mod = load_module(variants.UBERKERNEL_FILE, variants.KERNEL_VARIANTS[variants.UBERKERNEL_FILE])
     k = mod.get_function(variants.tile_kernel_name(tile, bund, threads))
     smem = variants.tile_smem_bytes(tile, bund)
     k.max_dynamic_shared_size_bytes = smem
     return k, smem, mod
+
+
+def _none_args():
+    """S entries and maps are unused by the tile tasks: one-element stand-ins."""
+    import cupy as cp
+    return cp.zeros(1, cp.int64), cp.zeros(1, cp.float64), cp.zeros(1, cp.int64)
 
 
 def _launch(kern, smem, threads, tasks, F, VT):
@@ -40,13 +46,13 @@ def _launch(kern, smem, threads, tasks, F, VT):
     if len(tasks) == 0:
         return
     d = cp.asarray(np.ascontiguousarray(tasks).view(np.uint8))
-    kern((len(tasks),), (threads,), (d, F, VT), shared_mem=smem)
+    kern((len(tasks),), (threads,), (d, F, VT, *_none_args()), shared_mem=smem)
 
 
 def _check_smem_formula(mod, tile, bund):
     import cupy as cp
     out = cp.zeros(1, dtype=cp.int64)
-    mod.get_function(f"gpuqr::tile_smem_bytes<{tile}, {bund}>")((1,), (1,), (out,))
+    mod.get_function(variants.smem_kernel_name("double", tile, bund))((1,), (1,), (out,))
     assert int(out[0]) == variants.tile_smem_bytes(tile, bund)
 
 
@@ -137,15 +143,16 @@ def _throughput(tile, bund, threads, nfront=8, fm=4096, fn=1024, reps=10):
     fl_fac = len(fac) * 2.0 * tile * tile * (m - tile / 3.0)
     fl_app = float(sum(4.0 * m * tile * (int(r["c1"]) - int(r["c0"])) for r in app))
     out = {}
+    extra = _none_args()
     for name, tasks, flops in (("factorize", fac, fl_fac), ("apply", app, fl_app)):
         d = cp.asarray(tasks.view(np.uint8))
         for _ in range(2):
-            kern((len(tasks),), (threads,), (d, F, VT), shared_mem=smem)
+            kern((len(tasks),), (threads,), (d, F, VT, *extra), shared_mem=smem)
         times = []
         for _ in range(reps):
             e0, e1 = cp.cuda.Event(), cp.cuda.Event()
             e0.record()
-            kern((len(tasks),), (threads,), (d, F, VT), shared_mem=smem)
+            kern((len(tasks),), (threads,), (d, F, VT, *extra), shared_mem=smem)
             e1.record()
             e1.synchronize()
             times.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
