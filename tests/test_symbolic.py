@@ -82,8 +82,9 @@ def test_front_structure_invariants(name, A):
     assert (an.m, an.n) == (m, n)
     np.testing.assert_array_equal(np.sort(an.colperm), np.arange(n))
     np.testing.assert_array_equal(np.sort(an.rowperm), np.arange(m))
-    # pivot ranges partition the columns, fronts in postorder
-    assert fs.pivot_ptr[0] == 0 and fs.pivot_ptr[-1] == n
+    # pivot ranges partition the non-singleton columns, fronts in postorder
+    n1, r1 = an.n1cols, an.n1rows
+    assert fs.pivot_ptr[0] == n1 and fs.pivot_ptr[-1] == n
     assert np.all(np.diff(fs.pivot_ptr) > 0)
     assert np.all((fs.parent > np.arange(fs.nfronts)) | (fs.parent == -1))
     S = sp.csr_array(sp.csc_array(A)[an.rowperm][:, an.colperm])
@@ -93,6 +94,19 @@ def test_front_structure_invariants(name, A):
     Acan.sum_duplicates()
     Acan.sort_indices()
     taken = np.zeros(A.nnz, dtype=bool)
+    # the singleton block: R1 = the first n1rows rows of S, upper triangular on the
+    # first n1cols columns; no other row has an entry there
+    assert not Sd[r1:, :n1].any()
+    assert np.all(np.diff(an.r1_pivot) > 0) and np.all(an.r1_pivot < max(n1, 1))
+    R1 = np.zeros((r1, n))
+    for k in range(r1):
+        c = an.r1_cols[an.r1_ptr[k]:an.r1_ptr[k + 1]]
+        assert c[0] == an.r1_pivot[k]
+        R1[k, c] = Acan.data[an.r1_nz[an.r1_ptr[k]:an.r1_ptr[k + 1]]]
+        taken[an.r1_nz[an.r1_ptr[k]:an.r1_ptr[k + 1]]] = True
+    np.testing.assert_array_equal(R1, Sd[:r1])
+    np.testing.assert_array_equal(an.leftmost[:r1], an.r1_pivot)
+    assert np.all(an.arow_local[:r1] == -1)
     for f in range(fs.nfronts):
         cols = an.front_columns(f)
         fm, fn, fp = int(fs.fm[f]), int(fs.fn[f]), int(fs.fp[f])
@@ -116,6 +130,7 @@ def test_front_structure_invariants(name, A):
         F = np.zeros(fm * fn)
         s0, s1 = fs.s_ptr[f], fs.s_ptr[f + 1]
         F[fs.s_index[s0:s1]] = Acan.data[fs.s_nz[s0:s1]]
+        assert not taken[fs.s_nz[s0:s1]].any()
         taken[fs.s_nz[s0:s1]] = True
         F = F.reshape(fm, fn)
         a0, a1 = fs.arow_ptr[f], fs.arow_ptr[f + 1]
@@ -123,9 +138,9 @@ def test_front_structure_invariants(name, A):
         # every nonzero of the S rows lies in the front's columns
         assert np.count_nonzero(Sd[a0:a1]) == np.count_nonzero(Sd[a0:a1][:, cols])
     assert taken.all()
-    # counts are consistent with the front dimensions
+    # counts are consistent with the front dimensions and R1
     k = np.minimum(fs.fm, fs.fp)
-    assert an.nnz_R == int(np.sum(k * fs.fn - k * (k - 1) // 2))
+    assert an.nnz_R == int(np.sum(k * fs.fn - k * (k - 1) // 2)) + len(an.r1_nz)
 
 
 def test_fronts_without_amalgamation_are_fundamental_supernodes():
@@ -140,7 +155,7 @@ def test_fronts_without_amalgamation_are_fundamental_supernodes():
 
 @pytest.mark.parametrize("name,A", FAMILIES[:6], ids=[f[0] for f in FAMILIES[:6]])
 def test_flops_nnz_match_a_direct_count(name, A):
-    """Count flops and nnz(H) by running dense Householder QR of every front as
+    """Count flops and nnz(H) by running the Householder QR of every front as
     assembled (random values) and measuring the reflectors LAPACK produced."""
     from scipy_gpuqr._engine.reference import reference_factorize
     qr = reference_factorize(A)
@@ -149,14 +164,13 @@ def test_flops_nnz_match_a_direct_count(name, A):
     nnz_h = 0
     for f, fr in enumerate(qr._fronts):
         fn = int(an.fn[f])
-        V = fr.V
-        for r in range(V.shape[1]):
-            col = V[r:, r].copy()
-            col[0] = 1.0                          # implicit unit
-            nzr = np.flatnonzero(col)
-            h = int(nzr[-1]) + 1
-            flops += h * (3 + 4 * (fn - r - 1))
-            nnz_h += h
+        for r0, V, _ in fr.panels:
+            for c in range(V.shape[1]):
+                r = r0 + c                        # reflector r: pivot row = column r
+                nzr = np.flatnonzero(V[c:, c])
+                h = int(nzr[-1]) + 1
+                flops += h * (3 + 4 * (fn - r - 1))
+                nnz_h += h
     assert nnz_h <= an.nnz_H
     assert flops <= an.flops
     # random values: the staircase is reached (equality up to a few exact cancellations)

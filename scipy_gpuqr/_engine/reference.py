@@ -1,30 +1,43 @@
 """Reference multifrontal Householder QR on the CPU (NumPy + LAPACK): ``backend='reference'``.
 
-Fronts run in postorder, stage by stage (:meth:`SymbolicAnalysis.stage_plan`;
-contribution blocks of fronts whose parent is in a later stage are packed and
-set aside, as they would cross through host memory). Each front is assembled
-by concatenation (rows of A through the S-assembly map, children's
-contribution blocks through Rimap/Rjmap), then factorized densely by LAPACK
-``geqrf`` (with its workspace query). Every front keeps its Householder
-vectors and scalars, so ``Q`` (m×m, row permutation included) is applied by
-``ormqr`` front by front.
+The singleton rows of A (analysis ``R1``, see
+:mod:`scipy_gpuqr._symbolic.singletons`) are rows of R as they stand; Q is the
+identity on them. The rest runs as fronts in postorder, stage by stage
+(:meth:`SymbolicAnalysis.stage_plan`; contribution blocks of fronts whose
+parent is in a later stage are packed and set aside, as they would cross
+through host memory). Each front is assembled by concatenation (rows of A
+through the S-assembly map, children's contribution blocks through
+Rimap/Rjmap), rows sorted by leftmost column, then factorized by a blocked
+Householder QR that honours the staircase: a panel of ``NB`` columns is
+factorized by LAPACK ``geqrt`` (which returns the compact-WY ``T``) on the
+rows that reach it (``stair`` of its last column) only, and applied to the
+columns right of it on those rows with two matrix products (``C -= V Tᵀ Vᵀ
+C``). Dense ``geqrf`` on the whole front would do up to 4× the flops on the
+fronts of a 3-D grid. Every front keeps its panels ``(first row, V, T)`` and
+the global slot of each of its rows, so ``Qᵀ`` and ``Q`` are applied panel by
+panel with the same products.
 
 Rows of the vector Q is applied to are tracked by *slots*: row i of A lives in
 slot i; a front's rows keep their slots while its reflectors act on them, and
 a contribution-block row keeps its slot in the parent. After all fronts, the
 slots that hold rows of R, in R's row order, come first in ``Qᵀb``.
 
-Rank detection (``tol`` given) follows SuiteSparseQR's heuristic: a pivot
+Rank detection (``tol`` given) follows SuiteSparseQR's heuristic: a column
+singleton is accepted only if its entry exceeds tol (the analysis is redone
+with that value-aware search when a structural singleton fails it); a pivot
 column whose remaining 2-norm (below the rows already used) is ``<= tol`` is
 dropped: its remaining entries are zeroed, it gets no row of R, and it moves
-to the end of ``colperm``; non-pivot columns are never tested (they are
-tested in the parent). The test runs on LAPACK panels of ``PANEL`` columns:
-a panel is factorized, the reflectors before its first small pivot are kept
-and applied to the rest, and the panel restarts after the dropped column.
+to the end of ``colperm``; dead singleton columns too. Non-pivot columns are
+never tested (they are tested in the parent). The test runs on the panels: a
+panel is factorized on a copy, the reflectors before its first small pivot
+are kept and applied to the rest, and the next panel starts after the
+dropped column.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -35,10 +48,43 @@ from scipy.linalg import lapack
 from .._numeric import NumericQR
 from .._symbolic import SymbolicAnalysis, analyze, canonical_csc
 
-__all__ = ["reference_factorize", "ReferenceQR", "default_tol", "PANEL"]
+__all__ = ["reference_factorize", "ReferenceQR", "default_tol", "NB"]
 
-#: columns per LAPACK panel in the rank-detecting front factorization
-PANEL = 32
+#: columns per panel of the blocked front factorization
+NB = 32
+
+#: fronts with more flops than this run with all BLAS threads; the others with
+#: one: the panel products of a front are small (NB columns), and OpenBLAS
+#: threads on a busy machine made them up to 70x slower (16³ grid: 9.5 s with
+#: 2 threads from 5e7 flops on, 0.61 s on one thread; 2 cores, load 4.9)
+THREADED_FRONT_FLOPS = 1e9
+
+
+@functools.lru_cache(maxsize=1)
+def _blas_controller():
+    # a handle on the BLAS libraries already loaded (immutable once made)
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # optional
+        return None
+    return ThreadpoolController()
+
+
+def _blas_now() -> int | None:
+    """BLAS threads as set now (None when unknown)."""
+    ctl = _blas_controller()
+    if ctl is None:
+        return None
+    counts = [lib.num_threads for lib in ctl.lib_controllers if lib.user_api == "blas"]
+    return max(counts) if counts else None
+
+
+def _blas_threads(n: int | None):
+    """Context limiting BLAS to ``n`` threads (None: no change)."""
+    ctl = _blas_controller()
+    if ctl is None or n is None:
+        return contextlib.nullcontext()
+    return ctl.limit(limits=n, user_api="blas")
 
 
 def default_tol(A: sp.csc_array, eps: float = np.finfo(np.float64).eps) -> float:
@@ -50,117 +96,100 @@ def default_tol(A: sp.csc_array, eps: float = np.finfo(np.float64).eps) -> float
     return 20.0 * (m + n) * eps * float(colnorm.max())
 
 
-def _lapack(dtype):
-    prefix = {np.dtype(np.float64): "d", np.dtype(np.float32): "s"}[np.dtype(dtype)]
-    return (getattr(lapack, prefix + "geqrf"), getattr(lapack, prefix + "geqrf_lwork"),
-            getattr(lapack, prefix + "ormqr"))
-
-
-def _geqrf(F: np.ndarray):
-    """In-place-ish QR of a Fortran array: returns (qr, tau)."""
-    geqrf, geqrf_lwork, _ = _lapack(F.dtype)
-    mm, nn = F.shape
-    if mm == 0 or nn == 0:
-        return F, np.zeros(0, dtype=F.dtype)
-    work, info = geqrf_lwork(mm, nn)
-    lwork = max(1, int(work))
-    qr, tau, _, info = geqrf(F, lwork=lwork, overwrite_a=1)
+def _geqrt(P: np.ndarray, w: int):
+    """Compact-WY QR of a Fortran panel: (qr, T) with w reflectors."""
+    fn = lapack.dgeqrt if P.dtype == np.float64 else lapack.sgeqrt
+    qr, T, info = fn(w, P, overwrite_a=1)
     if info != 0:
-        raise RuntimeError(f"geqrf failed with info={info} on a {mm}x{nn} front")
-    return qr, tau
+        raise RuntimeError(f"geqrt failed with info={info} on a {P.shape} panel")
+    return qr, T
 
 
-def _ormqr(V: np.ndarray, tau: np.ndarray, C: np.ndarray, trans: str) -> np.ndarray:
-    """Apply the reflectors (V, tau) from the left: trans 'T' gives Qᵀ C, 'N' gives Q C."""
-    if len(tau) == 0 or C.shape[0] == 0 or C.shape[1] == 0:
-        return C
-    _, _, ormqr = _lapack(V.dtype)
-    C = np.asfortranarray(C)
-    _, work, info = ormqr("L", trans, V, tau, C, -1)
-    lwork = max(1, int(work[0].real))
-    out, _, info = ormqr("L", trans, V, tau, C, lwork, overwrite_c=1)
-    if info != 0:
-        raise RuntimeError(f"ormqr failed with info={info}")
-    return out
+def _unit_lower(qr: np.ndarray, w: int) -> np.ndarray:
+    """The Householder vectors (unit diagonal) stored below the diagonal of qr[:, :w]."""
+    V = np.tril(qr[:, :w], -1)
+    V[np.arange(w), np.arange(w)] = 1.0
+    return np.asfortranarray(V)
+
+
+def _apply_qt(V, T, C):
+    """C <- (I - V T Vᵀ)ᵀ C in place (C a view)."""
+    if C.shape[1]:
+        C -= V @ (T.T @ (V.T @ C))
 
 
 @dataclass
 class _Front:
     """Numeric result of one front."""
 
-    slots: np.ndarray      # global slot of each front row
-    V: np.ndarray          # (fm, nh) Fortran, reflector r stored below row r of column r
-    tau: np.ndarray        # (nh,)
+    slots: np.ndarray      # global slot of each front row (rows in factorization order)
+    panels: list           # (row0, V (h×w, unit lower), T (w×w)) in order
     r_cols: np.ndarray     # local pivot column of each R row (rank_f,)
-    R: np.ndarray          # (rank_f, fn) rows of R (dead-column entries below the pivot row zeroed)
+    R: np.ndarray          # (rank_f, fn) rows of R (entries left of each pivot zeroed)
     cb: np.ndarray         # (cm, fn - fp) contribution block (upper trapezoidal)
     dead: np.ndarray       # local pivot columns dropped by rank detection
 
 
-def _factor_front(F: np.ndarray, npiv: int, tol: float | None) -> _Front:
-    """Factorize one assembled front (Fortran array, overwritten)."""
+def _factor_front(F: np.ndarray, stair: np.ndarray, npiv: int, tol: float | None) -> _Front:
+    """Blocked staircase Householder QR of one assembled front (Fortran, overwritten).
+
+    Rows of F are sorted by leftmost column; ``stair[k]`` is the number of
+    rows whose leftmost column is <= k.
+    """
     fm, fn = F.shape
-    dtype = F.dtype
-    if tol is None:
-        qr, tau = _geqrf(F)
-        nh = len(tau)
-        rank = min(fm, npiv)
-        cm = min(fm - rank, fn - npiv)
-        R = np.triu(qr[:rank, :])
-        cb = np.triu(qr[rank:rank + cm, npiv:])
-        return _Front(slots=None, V=np.asfortranarray(qr[:, :nh]), tau=tau,
-                      r_cols=np.arange(rank, dtype=np.int64), R=R, cb=cb,
-                      dead=np.zeros(0, dtype=np.int64))
-    # rank-detecting path: panels over the pivot columns
-    g = 0
-    k = 0
-    vcols, taus, dead = [], [], []       # column holding reflector r, its tau
-    while k < npiv and g < fm:
-        kb = min(PANEL, npiv - k)
-        panel, ptau = _geqrf(np.array(F[g:, k:k + kb], order="F"))   # a copy: F's columns
-        # past the first small pivot must stay untouched
-        nref = len(ptau)
-        diag = np.abs(np.diagonal(panel)[:nref])
-        small = np.flatnonzero(diag <= tol)
-        j = int(small[0]) if len(small) else nref
+    g = k = 0
+    panels, r_cols, dead = [], [], []
+    while k < fn and g < fm:
+        test = tol is not None and k < npiv
+        end = npiv if test else fn
+        kb = min(NB, end - k)
+        t = min(fm, max(int(stair[k + kb - 1]), g + kb))
+        h = t - g
+        w = min(h, kb)
+        qr, T = _geqrt(np.array(F[g:t, k:k + kb], order="F"), w)
+        j = w
+        if test:
+            small = np.flatnonzero(np.abs(np.diagonal(qr)[:w]) <= tol)
+            if len(small):
+                j = int(small[0])
+        if j == w:
+            F[g:t, k:k + kb] = qr
+            if w:
+                V = _unit_lower(qr, w)
+                _apply_qt(V, T, F[g:t, k + kb:])
+                panels.append((g, V, T))
+            if test:
+                r_cols.extend(range(k, k + w))
+            g += w
+            k += kb if (w == kb or not test) else w   # rows ran out: the rest is dead
+            continue
+        # pivot k+j is small: keep the j reflectors before it, apply them to the rest
         if j:
-            F[g:, k:k + j] = panel[:, :j]
-            rest = F[g:, k + j:]
-            if rest.shape[1]:
-                F[g:, k + j:] = _ormqr(panel[:, :j], ptau[:j], rest, "T")
-            vcols.extend(range(k, k + j))
-            taus.extend(ptau[:j].tolist())
+            F[g:t, k:k + j] = qr[:, :j]
+            V = _unit_lower(qr, j)
+            Tj = np.array(T[:j, :j], order="F")
+            _apply_qt(V, Tj, F[g:t, k + j:])
+            panels.append((g, V, Tj))
+            r_cols.extend(range(k, k + j))
         g += j
         k += j
-        if j < kb and j < nref:
-            # column k is dead: its remaining entries are below tol
-            F[g:, k] = 0
-            dead.append(k)
-            k += 1
-        elif j == nref and nref < kb:
-            break   # rows ran out inside the panel
-    # pivot columns left without rows are dead too
-    dead.extend(range(k, npiv))
-    rank = g
-    # non-pivot columns: plain QR of the remaining rows
-    if g < fm and npiv < fn:
-        sub, stau = _geqrf(np.asfortranarray(F[g:, npiv:]))
-        F[g:, npiv:] = sub
-        vcols.extend(range(npiv, npiv + len(stau)))
-        taus.extend(stau.tolist())
-    nh = len(vcols)
-    V = np.zeros((fm, nh), dtype=dtype, order="F")
-    for r, c in enumerate(vcols):
-        V[r:, r] = F[r:, c]
-    R = F[:rank, :].copy()
-    r_cols = np.asarray(vcols[:rank], dtype=np.int64)
-    # zero what lies left of each row's pivot (reflector storage) in R
-    colidx = np.arange(fn)
-    R[colidx[None, :] < r_cols[:, None]] = 0
+        F[g:, k] = 0
+        dead.append(k)
+        k += 1
+    if tol is None:
+        rank = min(fm, npiv)
+        r_cols = np.arange(rank, dtype=np.int64)
+        R = np.triu(F[:rank, :])
+    else:
+        dead.extend(range(k, npiv))        # pivot columns left without rows
+        rank = len(r_cols)
+        r_cols = np.asarray(r_cols, dtype=np.int64)
+        R = F[:rank, :].copy()
+        R[np.arange(fn)[None, :] < r_cols[:, None]] = 0
     cm = min(fm - rank, fn - npiv)
     cb = np.triu(F[rank:rank + cm, npiv:])
-    return _Front(slots=None, V=V, tau=np.asarray(taus, dtype=dtype), r_cols=r_cols, R=R,
-                  cb=cb, dead=np.asarray(dead, dtype=np.int64))
+    return _Front(slots=None, panels=panels, r_cols=r_cols, R=R, cb=cb,
+                  dead=np.asarray(dead, dtype=np.int64))
 
 
 @dataclass
@@ -183,27 +212,58 @@ class ReferenceQR(NumericQR):
         dtype = np.result_type(B.dtype, self.R.dtype, np.float32)
         if np.issubdtype(dtype, np.complexfloating):
             raise TypeError(f"{what}: complex right-hand sides are not supported")
-        return B, np.array(B[:, None] if B.ndim == 1 else B, dtype=self.R.dtype, order="F")
+        return B, np.array(B[:, None] if B.ndim == 1 else B, dtype=self.R.dtype, order="C")
 
     def qt_matmul(self, B):
         B0, X = self._check(B, "qt_matmul")
-        for fr in self._fronts:
-            if len(fr.tau):
-                X[fr.slots] = _ormqr(fr.V, fr.tau, X[fr.slots], "T")
+        with _blas_threads(1):
+            for fr in self._fronts:
+                if fr.panels:
+                    Xf = X[fr.slots]
+                    for r0, V, T in fr.panels:
+                        _apply_qt(V, T, Xf[r0:r0 + V.shape[0]])
+                    X[fr.slots] = Xf
         out = X[self.qorder]
         return out.reshape(B0.shape)
 
     def q_matmul(self, Y):
         Y0, Yc = self._check(Y, "q_matmul")
-        X = np.zeros_like(Yc, order="F")
+        X = np.zeros_like(Yc)
         X[self.qorder] = Yc
-        for fr in reversed(self._fronts):
-            if len(fr.tau):
-                X[fr.slots] = _ormqr(fr.V, fr.tau, X[fr.slots], "N")
+        with _blas_threads(1):
+            for fr in reversed(self._fronts):
+                if fr.panels:
+                    Xf = X[fr.slots]
+                    for r0, V, T in reversed(fr.panels):
+                        C = Xf[r0:r0 + V.shape[0]]
+                        C -= V @ (T @ (V.T @ C))
+                    X[fr.slots] = Xf
         return X.reshape(Y0.shape)
 
     def free(self) -> None:
         self._fronts = []
+
+
+def _resolve_tol(tol, Ac, dtype):
+    if isinstance(tol, str):
+        if tol != "default":
+            raise ValueError(f"tol must be None, 'default' or a number, got {tol!r}")
+        return default_tol(Ac, np.finfo(dtype).eps)
+    if tol is None:
+        return None
+    out = float(tol)
+    if not np.isfinite(out):
+        raise ValueError(f"tol must be finite, got {tol!r}")
+    return None if out < 0 else out
+
+
+def _singletons_pass(analysis: SymbolicAnalysis, data: np.ndarray, tol: float) -> bool:
+    """Whether every singleton pivot of ``analysis`` exceeds ``tol`` (and so the
+    value-aware singleton search would find the same block)."""
+    if analysis.n1rows == 0:
+        return True
+    piv = data[analysis.r1_nz[analysis.r1_ptr[:-1]]]
+    return bool(np.all(np.abs(piv) > tol))
 
 
 def reference_factorize(A, analysis: SymbolicAnalysis | None = None, *, tol=None,
@@ -217,7 +277,10 @@ def reference_factorize(A, analysis: SymbolicAnalysis | None = None, *, tol=None
         Real (float64, float32; integers and bools are factorized in float64).
     analysis : SymbolicAnalysis, optional
         From :func:`~scipy_gpuqr._symbolic.analyze` on A's pattern (reused by
-        ``refactor``); computed with ``ordering``/``colperm`` when None.
+        ``refactor``); computed with ``ordering``/``colperm`` when None. With
+        rank detection, an analysis whose (structural) column singletons
+        include an entry ``<= tol`` is redone with ``colperm=analysis.colperm``
+        and the value-aware singleton search (``info['reanalyzed']``).
     tol : None, 'default' or float
         None: no rank detection (R has ``min(m, n)`` rows, ``R[:n, :n]`` upper
         triangular). 'default': SuiteSparseQR's rule 20·(m+n)·eps·max column
@@ -231,9 +294,7 @@ def reference_factorize(A, analysis: SymbolicAnalysis | None = None, *, tol=None
     ReferenceQR
     """
     t0 = time.perf_counter()
-    if sp.issparse(A) or isinstance(A, np.ndarray):
-        pass
-    else:
+    if not (sp.issparse(A) or isinstance(A, np.ndarray)):
         A = np.asarray(A)
     Ac = canonical_csc(A)
     if np.issubdtype(Ac.dtype, np.complexfloating):
@@ -245,118 +306,136 @@ def reference_factorize(A, analysis: SymbolicAnalysis | None = None, *, tol=None
     if not np.all(np.isfinite(Ac.data)):
         raise ValueError("reference_factorize: A contains non-finite values")
     m, n = Ac.shape
+    tol_used = _resolve_tol(tol, Ac, dtype)
+    itemsize = np.dtype(dtype).itemsize
+    reanalyzed = False
     if analysis is None:
-        analysis = analyze(Ac, ordering=ordering, colperm=colperm,
-                           itemsize=np.dtype(dtype).itemsize)
+        analysis = analyze(Ac, ordering=ordering, colperm=colperm, itemsize=itemsize,
+                           singleton_tol=tol_used)
     elif not analysis.matches_pattern(Ac):
         raise ValueError("reference_factorize: the analysis was made for another pattern")
-    if isinstance(tol, str):
-        if tol != "default":
-            raise ValueError(f"tol must be None, 'default' or a number, got {tol!r}")
-        tol_used = default_tol(Ac, np.finfo(dtype).eps)
-    elif tol is None:
-        tol_used = None
-    else:
-        tol_used = float(tol)
-        if not np.isfinite(tol_used):
-            raise ValueError(f"tol must be finite, got {tol!r}")
-        if tol_used < 0:
-            tol_used = None
+    elif tol_used is not None and not _singletons_pass(analysis, Ac.data, tol_used):
+        analysis = analyze(Ac, colperm=analysis.colperm, itemsize=itemsize,
+                           amalgamation=analysis.amalgamation, singleton_tol=tol_used)
+        reanalyzed = True
     t1 = time.perf_counter()
 
     fs = analysis.fronts
-    vals = Ac.data[fs.s_nz]
     rowperm = analysis.rowperm
-    plan = analysis.stage_plan(max_gpu_memory)
     nf = fs.nfronts
+    # S entries as Fortran linear indices col*fm + row of their front
+    s_owner = np.repeat(np.arange(nf, dtype=np.int64), np.diff(fs.s_ptr))
+    fn_e, fm_e = fs.fn[s_owner], fs.fm[s_owner]
+    srow, scol = np.divmod(fs.s_index, np.maximum(fn_e, 1))
+    s_fidx = scol * fm_e + srow
+    vals = Ac.data[fs.s_nz]
+    plan = analysis.stage_plan(max_gpu_memory)
     fronts: list = [None] * nf
     stage_of = np.zeros(nf, dtype=np.int64)
     for sid, (a, b) in enumerate(plan.stages):
         stage_of[a:b + 1] = sid
     parked = {}                                   # CBs crossing a stage boundary
     cbs = {}                                      # CBs inside a stage
-    flops_done = 0.0
-    for sid, (first, last) in enumerate(plan.stages):
-        for f in range(first, last + 1):
-            fm, fn, fp = int(fs.fm[f]), int(fs.fn[f]), int(fs.fp[f])
-            kids = fs.children[fs.child_ptr[f]:fs.child_ptr[f + 1]]
-            s0, s1 = fs.s_ptr[f], fs.s_ptr[f + 1]
-            a0, a1 = fs.arow_ptr[f], fs.arow_ptr[f + 1]
-            srows = rowperm[a0:a1]
-            if tol_used is None:
-                # static layout: S map, Rimap/Rjmap, fm rows
-                F = np.zeros((fm, fn), dtype=dtype, order="C")
-                F.ravel()[fs.s_index[s0:s1]] = vals[s0:s1]
-                slots = np.empty(fm, dtype=np.int64)
-                slots[fs.arow_local[a0:a1]] = srows
-                for c in kids:
-                    c = int(c)
-                    cb, cslots = (parked.pop(c) if stage_of[c] < sid else cbs.pop(c))
-                    ri = fs.rimap[fs.rimap_ptr[c]:fs.rimap_ptr[c + 1]]
-                    rj = fs.rjmap[fs.rjmap_ptr[c]:fs.rjmap_ptr[c + 1]]
-                    if cb.shape[0] != len(ri):
-                        raise AssertionError(f"front {c}: CB has {cb.shape[0]} rows, Rimap {len(ri)}")
-                    F[np.ix_(ri, rj)] = cb
-                    slots[ri] = cslots
-                F = np.asfortranarray(F)
-            else:
-                # dynamic layout: S rows first, then the children's actual CB rows
-                na = a1 - a0
-                order = np.argsort(fs.arow_local[a0:a1], kind="stable")
-                loc = fs.s_index[s0:s1]
-                srow_of_entry = np.searchsorted(np.sort(fs.arow_local[a0:a1]), loc // fn)
-                parts_slots = [srows[order]]
-                got = [(parked.pop(int(c)) if stage_of[c] < sid else cbs.pop(int(c))) for c in kids]
-                mtot = na + sum(g[0].shape[0] for g in got)
-                F = np.zeros((mtot, fn), dtype=dtype, order="F")
-                F[srow_of_entry, loc % fn] = vals[s0:s1]
-                r = na
-                for c, (cb, cslots) in zip(kids, got):
-                    c = int(c)
-                    rj = fs.rjmap[fs.rjmap_ptr[c]:fs.rjmap_ptr[c + 1]]
-                    F[r:r + cb.shape[0], rj] = cb
-                    parts_slots.append(cslots)
-                    r += cb.shape[0]
-                slots = np.concatenate(parts_slots) if parts_slots else np.zeros(0, np.int64)
-            fr = _factor_front(F, fp, tol_used)
-            fr.slots = slots
-            rank_f = fr.R.shape[0]
-            cm = fr.cb.shape[0]
-            cb_pack = (fr.cb, slots[rank_f:rank_f + cm])
-            p = int(fs.parent[f])
-            if p >= 0:
-                if stage_of[p] > sid:
-                    parked[f] = (fr.cb.copy(), cb_pack[1].copy())
+    fm_l, fn_l, fp_l = fs.fm.tolist(), fs.fn.tolist(), fs.fp.tolist()
+    sptr, aptr = fs.s_ptr.tolist(), fs.arow_ptr.tolist()
+    chp, ch = fs.child_ptr.tolist(), fs.children.tolist()
+    cptr, par = fs.col_ptr.tolist(), fs.parent.tolist()
+    big = (analysis.front_flops > THREADED_FRONT_FLOPS).tolist()
+    nthreads = _blas_now()
+    with _blas_threads(1):
+        for sid, (first, last) in enumerate(plan.stages):
+            for f in range(first, last + 1):
+                fm, fn, fp = fm_l[f], fn_l[f], fp_l[f]
+                kids = ch[chp[f]:chp[f + 1]]
+                s0, s1 = sptr[f], sptr[f + 1]
+                a0, a1 = aptr[f], aptr[f + 1]
+                got = [(parked.pop(c) if stage_of[c] < sid else cbs.pop(c)) for c in kids]
+                if tol_used is None:
+                    # static layout: S map, Rimap/Rjmap, fm rows sorted by leftmost column
+                    F = np.zeros((fm, fn), dtype=dtype, order="F")
+                    F.T.reshape(-1)[s_fidx[s0:s1]] = vals[s0:s1]
+                    slots = np.empty(fm, dtype=np.int64)
+                    slots[fs.arow_local[a0:a1]] = rowperm[a0:a1]
+                    for c, (cb, cslots) in zip(kids, got):
+                        ri = fs.rimap[fs.rimap_ptr[c]:fs.rimap_ptr[c + 1]]
+                        rj = fs.rjmap[fs.rjmap_ptr[c]:fs.rjmap_ptr[c + 1]]
+                        if cb.shape[0] != len(ri):
+                            raise AssertionError(f"front {c}: CB has {cb.shape[0]} rows, "
+                                                 f"Rimap {len(ri)}")
+                        F[np.ix_(ri, rj)] = cb
+                        slots[ri] = cslots
+                    stair = fs.stair[cptr[f]:cptr[f + 1]]
                 else:
-                    cbs[f] = cb_pack
-            fr.cb = None
-            fronts[f] = fr
-            flops_done += float(analysis.front_flops[f])
+                    # dynamic layout: children's CBs have the rows rank detection left
+                    na = a1 - a0
+                    ncb = [g[0].shape[0] for g in got]
+                    mtot = na + sum(ncb)
+                    lead = np.empty(mtot, dtype=np.int64)
+                    lead[:na] = analysis.leftmost[a0:a1] - fs.pivot_ptr[f]
+                    F = np.zeros((mtot, fn), dtype=dtype, order="F")
+                    srow_loc = np.searchsorted(np.sort(fs.arow_local[a0:a1]),
+                                               fs.s_index[s0:s1] // fn)
+                    order = np.argsort(fs.arow_local[a0:a1], kind="stable")
+                    F[srow_loc, fs.s_index[s0:s1] % fn] = vals[s0:s1]
+                    parts_slots = [rowperm[a0:a1][order]]
+                    lead[:na] = lead[:na][order]
+                    r = na
+                    for c, (cb, cslots) in zip(kids, got):
+                        rj = fs.rjmap[fs.rjmap_ptr[c]:fs.rjmap_ptr[c + 1]]
+                        F[r:r + cb.shape[0], rj] = cb
+                        lead[r:r + cb.shape[0]] = rj[:cb.shape[0]]
+                        parts_slots.append(cslots)
+                        r += cb.shape[0]
+                    slots = np.concatenate(parts_slots) if parts_slots else np.zeros(0, np.int64)
+                    perm = np.argsort(lead, kind="stable")
+                    F = np.asfortranarray(F[perm])
+                    slots = slots[perm]
+                    stair = np.cumsum(np.bincount(lead, minlength=fn)[:fn])
+                with _blas_threads(nthreads if big[f] else None):
+                    fr = _factor_front(F, stair, fp, tol_used)
+                fr.slots = slots
+                rank_f = fr.R.shape[0]
+                cm = fr.cb.shape[0]
+                cb_pack = (fr.cb, slots[rank_f:rank_f + cm])
+                p = par[f]
+                if p >= 0:
+                    if stage_of[p] > sid:
+                        parked[f] = (fr.cb.copy(), cb_pack[1].copy())
+                    else:
+                        cbs[f] = cb_pack
+                fr.cb = None
+                fronts[f] = fr
     t2 = time.perf_counter()
 
-    # ---- assemble R --------------------------------------------------------
-    colperm_a = analysis.colperm
-    rows_l, cols_l, vals_l, piv_l, slot_l, dead_l = [], [], [], [], [], []
+    # ---- assemble R: rows keyed by pivot column, R1 (singleton rows) first --------
+    n1, r1 = analysis.n1cols, analysis.n1rows
+    r1_rows = np.repeat(analysis.r1_pivot, np.diff(analysis.r1_ptr))
+    rows_l, cols_l, vals_l = [r1_rows], [analysis.r1_cols], [Ac.data[analysis.r1_nz]]
+    piv_l, slot_l, dead_l = [analysis.r1_pivot], [rowperm[:r1]], []
+    if n1 > r1:
+        live1 = np.zeros(n1, dtype=bool)
+        live1[analysis.r1_pivot] = True
+        dead_l.append(np.flatnonzero(~live1))
     for f, fr in enumerate(fronts):
-        cols = fs.cols[fs.col_ptr[f]:fs.col_ptr[f + 1]]
+        cols = fs.cols[cptr[f]:cptr[f + 1]]
         rk = fr.R.shape[0]
         if rk:
             piv = cols[fr.r_cols]
-            rr, cc = np.nonzero(np.ones_like(fr.R, dtype=bool) &
-                                (np.arange(fr.R.shape[1])[None, :] >= fr.r_cols[:, None]))
-            rows_l.append(piv[rr])                   # keyed by pivot column for now
+            mask = np.arange(fr.R.shape[1])[None, :] >= fr.r_cols[:, None]
+            rr, cc = np.nonzero(mask)
+            rows_l.append(piv[rr])
             cols_l.append(cols[cc])
-            vals_l.append(fr.R[rr, cc])
+            vals_l.append(fr.R[mask])
             piv_l.append(piv)
             slot_l.append(fr.slots[:rk])
         if len(fr.dead):
             dead_l.append(cols[fr.dead])
-    piv = np.concatenate(piv_l) if piv_l else np.zeros(0, np.int64)
-    live_order = np.argsort(piv)
+    piv = np.concatenate(piv_l)
+    live_order = np.argsort(piv, kind="stable")
     rank_live = len(piv)
     rowof = np.full(n, -1, dtype=np.int64)
     rowof[piv[live_order]] = np.arange(rank_live)
-    slots_r = (np.concatenate(slot_l) if slot_l else np.zeros(0, np.int64))[live_order]
+    slots_r = np.concatenate(slot_l)[live_order]
     rest = np.ones(m, dtype=bool)
     rest[slots_r] = False
     qorder = np.concatenate([slots_r, np.flatnonzero(rest)]).astype(np.int64)
@@ -371,21 +450,18 @@ def reference_factorize(A, analysis: SymbolicAnalysis | None = None, *, tol=None
     where = np.empty(n, dtype=np.int64)
     where[newcol] = np.arange(n)
     k = min(m, n)
-    if rows_l:
-        Rr = rowof[np.concatenate(rows_l)]
-        Rc = where[np.concatenate(cols_l)]
-        Rv = np.concatenate(vals_l)
-    else:
-        Rr = Rc = np.zeros(0, np.int64)
-        Rv = np.zeros(0, dtype)
+    Rr = rowof[np.concatenate(rows_l)]
+    Rc = where[np.concatenate(cols_l)]
+    Rv = np.concatenate(vals_l).astype(dtype, copy=False)
     R = sp.csc_array(sp.coo_array((Rv, (Rr, Rc)), shape=(k, n)))
     R.sort_indices()
     rank = rank_live if tol_used is not None else k
     t3 = time.perf_counter()
     info = {"backend": "reference", "ordering": analysis.ordering_used,
             "nfronts": int(nf), "stages": int(plan.nstages),
+            "n1cols": int(n1), "n1rows": int(r1), "reanalyzed": reanalyzed,
             "dead_columns": int(len(dead)),
             "seconds": {"setup": t1 - t0, "factorize": t2 - t1, "assemble_R": t3 - t2}}
-    return ReferenceQR(shape=(m, n), R=R, colperm=colperm_a[newcol].astype(np.int64),
+    return ReferenceQR(shape=(m, n), R=R, colperm=analysis.colperm[newcol].astype(np.int64),
                        rank=int(rank), tol=tol_used, flops=float(analysis.flops), info=info,
                        analysis=analysis, qorder=qorder, _fronts=fronts)

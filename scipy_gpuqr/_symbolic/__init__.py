@@ -1,4 +1,4 @@
-"""Symbolic analysis: ordering, column etree, fronts, staircase, assembly maps, counts, staging.
+"""Symbolic analysis: column singletons, ordering, column etree, fronts, staircase, assembly maps, counts, staging.
 
 ``analyze(A, ...)`` returns a :class:`SymbolicAnalysis`; nothing is computed
 at import.

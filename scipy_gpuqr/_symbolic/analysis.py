@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -12,7 +13,8 @@ from . import counts as _counts
 from .etree import column_counts, column_etree, leftmost_columns, postorder
 from .fronts import Amalgamation, FrontStructure, build_fronts, fundamental_supernodes, \
     relaxed_amalgamation
-from .ordering import column_ordering
+from .ordering import ORDERINGS, column_ordering
+from .singletons import find_singletons, leading_singletons, no_singletons
 from .staging import StagePlan, plan_stages
 
 __all__ = ["analyze", "SymbolicAnalysis", "canonical_csc"]
@@ -41,35 +43,62 @@ def canonical_csc(A) -> sp.csc_array:
 class SymbolicAnalysis:
     """Everything the numeric factorization needs to know before it starts.
 
-    Conventions: ``S = A[rowperm][:, colperm]``; fronts are numbered in
-    postorder (``front_parent[f] > f``); per-front arrays are flat and
-    CSR-like (see :class:`~scipy_gpuqr._symbolic.fronts.FrontStructure`,
-    reachable as ``analysis.fronts`` and, field by field, as attributes of the
-    analysis itself, e.g. ``analysis.fm``, ``analysis.rjmap``).
+    Conventions: ``S = A[rowperm][:, colperm]``; R's first ``n1cols`` columns
+    are the column singletons and its first ``n1rows`` rows the singleton
+    rows of A, as they stand (the block ``R1 = [R11 R12]``, see
+    :mod:`.singletons`); the fronts factorize the rest, ``A22 =
+    S[n1rows:, n1cols:]`` (rows of S past ``n1rows`` have no entry in the
+    first ``n1cols`` columns). Fronts are numbered in postorder
+    (``front_parent[f] > f``); per-front arrays are flat and CSR-like (see
+    :class:`~scipy_gpuqr._symbolic.fronts.FrontStructure`, reachable as
+    ``analysis.fronts`` and, field by field, as attributes of the analysis
+    itself, e.g. ``analysis.fm``, ``analysis.rjmap``). Front column labels
+    are global (permuted): pivots run from ``pivot_ptr[0] == n1cols`` to
+    ``n``; ``arow_ptr`` indexes rows of S, i.e. ``rowperm`` and
+    ``arow_local`` (from ``n1rows``; ``arow_local`` is -1 on the singleton
+    rows); ``s_ptr`` starts at 0 and ``s_index``, ``s_nz`` cover exactly the
+    entries of A outside R1.
 
     Attributes
     ----------
     m, n, nnz : int
         Shape and stored entries of A (duplicates summed).
     ordering_used : str
-        The column ordering that ran (with the reason of any fallback).
+        The column ordering that ran on the non-singleton columns (with the
+        reason of any fallback).
     colperm : ndarray of int64 (n,)
-        Column order (fill-reducing order, then postordered column etree).
+        Column order: singleton columns, then the fill-reducing order of the
+        others refined by their postordered column etree.
     rowperm : ndarray of int64 (m,)
-        Rows sorted by their leftmost column in ``colperm`` order (stable;
-        empty rows last).
+        Singleton rows (in the order of their pivot columns), then the other
+        rows sorted by their leftmost column in ``colperm`` order (stable;
+        empty rows last). All rows are thus sorted by leftmost column.
     leftmost : ndarray of int64 (m,)
         Leftmost column of row i of S (n for empty rows).
     etree : ndarray of int64 (n,)
-        Column elimination tree of S (``etree[j] > j`` or -1).
+        Column elimination tree of A22 in global labels (``etree[j] > j`` or
+        -1); -1 for the singleton columns.
     col_counts : ndarray of int64 (n,)
-        Structural nonzeros of each row of R (before amalgamation).
+        Structural nonzeros of each row of R (before amalgamation); for a
+        singleton column the entries of its row of A (0 for a dead one).
+    n1cols, n1rows : int
+        Column singletons (live and dead) and singleton rows.
+    r1_pivot : ndarray of int64 (n1rows,)
+        Pivot column of each singleton row (increasing; the singleton columns
+        missing from it are dead: no row of R).
+    r1_ptr, r1_cols, r1_nz : ndarray of int64
+        R1 by rows (CSR): columns in ``colperm`` labels (sorted, the pivot
+        first) and, for each entry, its position in the canonical A's data.
+    singleton_tol : float or None
+        The tolerance the singleton search used (None: structural).
     nfronts : int
     largest_front : tuple (rows, cols)
         Front with the most entries.
     flops : float
-        Householder flops honouring the staircase (see :mod:`.counts`).
+        Householder flops honouring the staircase (see :mod:`.counts`); R1
+        costs none.
     nnz_R, nnz_H : int
+        nnz_R includes R1 (as SuiteSparseQR's ``nnz_R_bound`` does).
     factor_bytes : int
         Peak bytes of fronts + contribution-block stack + R (H excluded).
     intensity : float
@@ -116,6 +145,13 @@ class SymbolicAnalysis:
     front_gpu_staging: np.ndarray
     a_indptr: np.ndarray
     a_indices: np.ndarray
+    n1cols: int = 0
+    n1rows: int = 0
+    r1_pivot: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    r1_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    r1_cols: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    r1_nz: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    singleton_tol: float | None = None
     itemsize: int = 8
     amalgamation: Amalgamation = Amalgamation()
     timings: dict = field(default_factory=dict)
@@ -187,6 +223,7 @@ class SymbolicAnalysis:
             "intensity": float(self.intensity),
             "gpu_bytes": int(self.gpu_bytes), "host_bytes": int(self.host_bytes),
             "stages": int(self.stages.nstages),
+            "n1cols": int(self.n1cols), "n1rows": int(self.n1rows),
             "stage_plan": self.stages.as_dict(),
             "itemsize": int(self.itemsize),
             "analysis_seconds": float(sum(self.timings.values())),
@@ -205,28 +242,85 @@ def _relabel(parent, perm, B, post):
     return newparent, perm[post], B, inv
 
 
+def _singletons_and_order(A, ordering, colperm, singletons, singleton_tol):
+    """Singleton block, then the order of the remaining columns (see :func:`analyze`)."""
+    m, n = A.shape
+    given = colperm is not None or ordering in ("given", "natural")
+    if given:
+        perm0, used = column_ordering(A, ordering, colperm)
+        single = (leading_singletons(A, perm0, singleton_tol) if singletons
+                  else no_singletons())
+        is1 = np.zeros(n, dtype=bool)
+        is1[single.cols] = True
+        rest = perm0[~is1[perm0]]
+        keep_rows = _rows_left(m, single)
+        return single, rest, keep_rows, used
+    if ordering not in ORDERINGS:
+        raise ValueError(f"unknown ordering {ordering!r}; expected one of {ORDERINGS}")
+    single = find_singletons(A, singleton_tol) if singletons else no_singletons()
+    is1 = np.zeros(n, dtype=bool)
+    is1[single.cols] = True
+    restcols = np.flatnonzero(~is1)
+    keep_rows = _rows_left(m, single)
+    if single.n1cols:
+        A2 = sp.csc_array(A[keep_rows][:, restcols])
+        A2.sort_indices()
+    else:
+        A2 = A
+    p2, used = column_ordering(A2, ordering)
+    return single, restcols[p2], keep_rows, used
+
+
+def _rows_left(m, single):
+    taken = np.zeros(m, dtype=bool)
+    taken[single.rows[single.rows >= 0]] = True
+    return np.flatnonzero(~taken).astype(np.int64)
+
+
 def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | None = None,
-            itemsize: int = 8, amalgamation: Amalgamation = Amalgamation()) -> SymbolicAnalysis:
+            itemsize: int = 8, amalgamation: Amalgamation = Amalgamation(),
+            singletons: bool = True, singleton_tol: float | None = None) -> SymbolicAnalysis:
     """Symbolic analysis of a sparse QR factorization of A.
+
+    Column singletons come first (SuiteSparseQR's rule, see
+    :mod:`.singletons`): their rows of A are rows of R as they stand (the
+    block ``R1 = [R11 R12]``, fields ``n1cols``, ``n1rows``, ``r1_*``); the
+    fronts factorize what is left, ``A22`` = the other rows of A on the other
+    columns. Fronts keep their meaning for that submatrix but are numbered in
+    the global permuted labels: pivot columns start at ``n1cols``
+    (``pivot_ptr[0] == n1cols``), and front S rows index ``rowperm`` from
+    ``n1rows`` on (``arow_ptr[0] == n1rows``); ``s_nz`` still indexes the
+    canonical A's data and covers exactly the entries outside R1.
 
     Parameters
     ----------
     A : sparse matrix/array or 2-D array, shape (m, n)
-        Only the pattern is used (explicit zeros count as entries).
+        Only the pattern is used (explicit zeros count as entries) unless
+        ``singleton_tol`` is given.
     ordering : {'colamd', 'natural', 'given', 'amd', 'metis'}
-        Fill-reducing column ordering (see :mod:`.ordering` for fallbacks).
+        Fill-reducing column ordering of the columns left after the
+        singletons (see :mod:`.ordering` for fallbacks). 'natural' and a
+        given ``colperm`` keep the column order: only the leading columns
+        that are singletons in that order are taken (SuiteSparseQR's fixed
+        ordering does the same).
     colperm : array_like of int, optional
         A column order to use instead ('given'). The analysis always
-        postorders the column elimination tree of ``A[:, colperm]`` (this
-        changes neither the fill nor the flops), so ``analysis.colperm`` is
-        ``colperm`` refined by that postorder; R and the fronts are defined in
-        ``analysis.colperm`` order.
+        postorders the column elimination tree of the non-singleton columns
+        (this changes neither the fill nor the flops), so
+        ``analysis.colperm`` is ``colperm`` refined by that postorder; R and
+        the fronts are defined in ``analysis.colperm`` order. Analysing again
+        with ``colperm=analysis.colperm`` gives the same analysis.
     max_gpu_memory : int, optional
         GPU memory budget in bytes for the staging plan.
     itemsize : int
         Bytes per value (8: float64, 4: float32, 16: complex128).
     amalgamation : Amalgamation
         Relaxed amalgamation parameters.
+    singletons : bool
+        False: no singleton block (every column goes to the fronts).
+    singleton_tol : float, optional
+        Accept a singleton only if its entry's magnitude exceeds this (A's
+        values are read); None: structural (any stored entry).
 
     Returns
     -------
@@ -239,41 +333,74 @@ def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | 
     nnz = int(A.nnz)
     t1 = time.perf_counter()
     timings["canonical"] = t1 - t0
-    perm, used = column_ordering(A, ordering, colperm)
+    single, perm, keep_rows, used = _singletons_and_order(A, ordering, colperm, singletons,
+                                                          singleton_tol)
+    n1, r1 = single.n1cols, single.n1rows
+    n2, m2 = n - n1, m - r1
     t2 = time.perf_counter()
     timings["ordering"] = t2 - t1
 
     # positions of A's entries travel as data (int64) through the permutations
     pos = sp.csc_array((np.arange(nnz, dtype=np.int64), A.indices, A.indptr), shape=(m, n))
-    B = sp.csr_array(pos[:, perm])
+    B = sp.csr_array((pos[keep_rows] if r1 else pos)[:, perm])
     B.sort_indices()
-    left = leftmost_columns(B.indptr, B.indices, n)
-    parent = column_etree(B.indptr, B.indices, n, left)
+    left = leftmost_columns(B.indptr, B.indices, n2)
+    parent = column_etree(B.indptr, B.indices, n2, left)
     post = postorder(parent)
     parent, perm, B, inv = _relabel(parent, perm, B, post)
-    left = leftmost_columns(B.indptr, B.indices, n)
+    left = leftmost_columns(B.indptr, B.indices, n2)
     t3 = time.perf_counter()
     timings["etree"] = t3 - t2
     ccount = column_counts(B.indptr, B.indices, parent, left)
     t4 = time.perf_counter()
     timings["counts"] = t4 - t3
 
-    rowperm = np.argsort(left, kind="stable").astype(np.int64)
-    S = B[rowperm]
+    rowperm2 = np.argsort(left, kind="stable").astype(np.int64)
+    S = B[rowperm2]
     S.sort_indices()
-    sleft = left[rowperm]
+    sleft = left[rowperm2]
     sup = fundamental_supernodes(parent, ccount)
     fptr = relaxed_amalgamation(parent, ccount, sup, amalgamation)
     fs = build_fronts(fptr, parent, ccount, S.indptr.astype(np.int64),
                       S.indices.astype(np.int64), S.data, sleft)
+    if n1 or r1:
+        # global labels; arow_local is indexed by rows of S: -1 for the singleton rows
+        fs = dataclasses.replace(
+            fs, pivot_ptr=fs.pivot_ptr + n1, cols=fs.cols + n1, arow_ptr=fs.arow_ptr + r1,
+            arow_local=np.concatenate([np.full(r1, -1, dtype=np.int64), fs.arow_local]))
+
+    # ---- global labels: singleton block first -----------------------------------
+    colperm = np.concatenate([single.cols, perm]).astype(np.int64)
+    live1 = single.rows >= 0
+    r1_rows = single.rows[live1]
+    r1_pivot = np.flatnonzero(live1).astype(np.int64)
+    rowperm = np.concatenate([r1_rows, keep_rows[rowperm2]]).astype(np.int64)
+    leftmost = np.concatenate([r1_pivot, np.where(sleft < n2, sleft + n1, n)]).astype(np.int64)
+    etree = np.concatenate([np.full(n1, -1, dtype=np.int64),
+                            np.where(parent >= 0, parent + n1, -1)]).astype(np.int64)
+    # R1 = the singleton rows of A, columns in colperm order
+    icol = np.empty(n, dtype=np.int64)
+    icol[colperm] = np.arange(n, dtype=np.int64)
+    Rr = sp.csr_array(pos)[r1_rows] if r1 else sp.csr_array((0, n), dtype=np.int64)
+    R1 = sp.csr_array((Rr.data, icol[Rr.indices], Rr.indptr), shape=(r1, n))
+    R1.has_sorted_indices = False
+    R1.sort_indices()
+    r1_ptr = R1.indptr.astype(np.int64)
+    r1_cols = R1.indices.astype(np.int64)
+    r1_nz = R1.data.astype(np.int64)
+    if r1 and not np.array_equal(r1_cols[r1_ptr[:-1]], r1_pivot):
+        raise AssertionError("a singleton row has an entry left of its pivot column")
+    r1nz = int(len(r1_nz))
+    ccount_all = np.concatenate([np.zeros(n1, dtype=np.int64), ccount]).astype(np.int64)
+    ccount_all[r1_pivot] = np.diff(r1_ptr)
     t5 = time.perf_counter()
     timings["fronts"] = t5 - t4
 
     work = _counts.front_work(fs)
-    peak = _counts.factor_peak_bytes(fs, work, itemsize)
+    peak = _counts.factor_peak_bytes(fs, work, itemsize) + r1nz * itemsize
     gpu = _counts.gpu_front_bytes(fs, work, itemsize)
     flops = float(work["flops"].sum())
-    nnz_R = int(work["nnz_R"].sum())
+    nnz_R = int(work["nnz_R"].sum()) + r1nz
     nnz_H = int(work["nnz_H"].sum())
     # host: the factorization peak, H (values), R's indices and A's copy
     host = int(peak + nnz_H * itemsize + nnz_R * 8 + nnz * (itemsize + 8) + (m + n) * 8 * 4)
@@ -283,12 +410,14 @@ def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | 
             plan_stages(fs.parent, fs.child_ptr, fs.children, gpu, int(max_gpu_memory)))
     timings["counts_staging"] = time.perf_counter() - t5
     return SymbolicAnalysis(
-        m=m, n=n, nnz=nnz, ordering_used=used, colperm=perm.astype(np.int64), rowperm=rowperm,
-        leftmost=sleft, etree=parent.astype(np.int64), col_counts=ccount, fronts=fs,
+        m=m, n=n, nnz=nnz, ordering_used=used, colperm=colperm, rowperm=rowperm,
+        leftmost=leftmost, etree=etree, col_counts=ccount_all, fronts=fs,
         flops=flops, nnz_R=nnz_R, nnz_H=nnz_H, factor_bytes=int(peak),
         intensity=(flops / peak) if peak else 0.0, gpu_bytes=int(gpu_bytes), host_bytes=host,
         stages=plan, front_flops=work["flops"], front_nnz_R=work["nnz_R"],
         front_nnz_H=work["nnz_H"], front_cb_entries=work["cb_entries"],
         front_gpu_additive=gpu["additive"], front_gpu_cb=gpu["cb"],
         front_gpu_staging=gpu["staging"], a_indptr=A.indptr, a_indices=A.indices,
+        n1cols=int(n1), n1rows=int(r1), r1_pivot=r1_pivot, r1_ptr=r1_ptr, r1_cols=r1_cols,
+        r1_nz=r1_nz, singleton_tol=singleton_tol,
         itemsize=int(itemsize), amalgamation=amalgamation, timings=timings)

@@ -167,7 +167,7 @@ class FrontStructure:
     frank: np.ndarray          # min(fm, fp): rows of R (no rank detection)
     cm: np.ndarray             # contribution-block rows
     arow_ptr: np.ndarray       # (nf+1) S rows of f: rows arow_ptr[f]:arow_ptr[f+1] of S
-    arow_local: np.ndarray     # (#S rows) local front row of each S row
+    arow_local: np.ndarray     # (#S rows) local front row of each S row (-1: singleton row)
     s_ptr: np.ndarray          # (nf+1) entries of S assembled into f
     s_index: np.ndarray        # local linear index row*fn + col (row-major)
     s_nz: np.ndarray           # position of the entry in the canonical A's data
