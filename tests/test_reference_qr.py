@@ -192,6 +192,72 @@ def _shared(matrices_dir):
     return out
 
 
+def _spqr_bound(spqr, A):
+    """SuiteSparseQR's istat with COLAMD, no rank detection, and whether it
+    comes from a full factorization (``SuiteSparseQR_C``, what we mirror) or,
+    for the costly matrices without column singletons, from its symbolic
+    analysis (``SuiteSparseQR_C_symbolic`` orders through another CHOLMOD path
+    and finds no singletons: nnz(R) a little different, e.g. 7184 against
+    7137 on 494_bus)."""
+    from scipy_gpuqr._cpu import _cholmod
+    from scipy_gpuqr._cpu._libs import open_library
+    import cffi
+    A = sp.csc_array(A, dtype=np.float64)
+    A.sum_duplicates()
+    A.sort_indices()
+    ours = analyze(A)
+    if ours.n1cols or ours.flops < 2e8:
+        return spqr.spqr_factorize(A, tol=None).info["istat"], ours, True
+    ffi = cffi.FFI()
+    ffi.cdef(_cholmod.CDEF)
+    ffi.cdef("""
+        typedef struct { int xtype; void *factors; } SuiteSparseQR_C_factorization;
+        SuiteSparseQR_C_factorization *SuiteSparseQR_C_symbolic(int ordering, int allow_tol,
+            cholmod_sparse *A, cholmod_common *cc);
+        int SuiteSparseQR_C_free(SuiteSparseQR_C_factorization **QR, cholmod_common *cc);""")
+    lib = open_library(ffi, "spqr")
+    keep: list = []
+    A.indptr = A.indptr.astype(np.int64)
+    A.indices = A.indices.astype(np.int64)
+    with _cholmod.Common(ffi, lib) as cc:
+        q = lib.SuiteSparseQR_C_symbolic(spqr.ORDERINGS["colamd"], 0,
+                                         _cholmod.sparse_view(ffi, A, keep), cc.ptr)
+        cc.check("SuiteSparseQR_C_symbolic", q != ffi.NULL)
+        ist = cc.istat()
+        qp = ffi.new("SuiteSparseQR_C_factorization **")
+        qp[0] = q
+        lib.SuiteSparseQR_C_free(qp, cc.ptr)
+    return ist, ours, False
+
+
+def test_nnz_R_matches_suitesparseqr_on_every_shared_matrix(matrices_dir):
+    """nnz(R) with COLAMD within 10% of SuiteSparseQR's (its structural bound,
+    which counts stored entries as ours does) on every real/integer matrix;
+    equal to a full SuiteSparseQR run's, with the same number of fronts and
+    column singletons."""
+    spqr = _spqr()
+    if spqr is None:
+        pytest.skip("SuiteSparseQR not available")
+    names = []
+    exact = 0
+    for name, A in _shared(matrices_dir):
+        if min(A.shape) == 0:
+            continue
+        ist, an, full = _spqr_bound(spqr, A)
+        assert abs(an.nnz_R - ist["nnz_R_bound"]) <= 0.1 * ist["nnz_R_bound"], \
+            (name, an.nnz_R, ist["nnz_R_bound"])
+        if full:
+            assert an.nnz_R == ist["nnz_R_bound"], (name, an.nnz_R, ist["nnz_R_bound"])
+            assert an.nfronts == ist["n_fronts"], (name, an.nfronts, ist["n_fronts"])
+            exact += 1
+        if an.n1cols:
+            assert an.n1cols == ist["n_column_singletons"], name
+            assert an.n1rows == ist["n_singleton_rows"], name
+        names.append(name)
+    assert len(names) >= 45 and "arrow.mtx" in names and "bp_1200.mtx" in names
+    assert exact >= 40
+
+
 @pytest.mark.slow
 def test_shared_matrices_against_dense_and_suitesparseqr(matrices_dir):
     spqr = _spqr()
@@ -219,19 +285,12 @@ def test_shared_matrices_against_dense_and_suitesparseqr(matrices_dir):
             np.testing.assert_allclose(R * sg[:, None], Rs,
                                        atol=1e3 * EPS * np.abs(R).max() * A.shape[0], err_msg=name)
         # nnz(R) counts stored entries of R (SPQR's nnz_R_bound; SPQR's R.nnz drops
-        # exact zeros): equal with the same permutation, within 10% with COLAMD
-        # when SuiteSparseQR removes no column singletons (we do not remove them)
+        # exact zeros): equal with the same permutation (SPQR's fixed ordering finds
+        # the same leading singletons)
         ist = s.info.get("istat", {})
         if "nnz_R_bound" in ist:
-            # (equal unless SPQR finds singletons or structurally dead pivots)
-            assert an.nnz_R < 1000 or abs(ist["nnz_R_bound"] - an.nnz_R) <= 0.1 * an.nnz_R, \
-                (name, ist["nnz_R_bound"], an.nnz_R)
-            exact += ist["nnz_R_bound"] == an.nnz_R and ist["n_fronts"] == an.nfronts
-        sc = spqr.spqr_factorize(A, tol=None)
-        ist = sc.info.get("istat", {})
-        if ist.get("n_column_singletons", 1) == 0 and ist.get("nnz_R_bound", 0) > 100:
-            assert abs(an.nnz_R - ist["nnz_R_bound"]) <= 0.1 * ist["nnz_R_bound"], \
-                (name, an.nnz_R, ist["nnz_R_bound"])
+            assert ist["nnz_R_bound"] == an.nnz_R, (name, ist["nnz_R_bound"], an.nnz_R)
+            exact += ist["n_fronts"] == an.nfronts
         # rank with the same permutation and tolerance
         qt = reference_factorize(A, an, tol="default")
         st = spqr.spqr_factorize(A, colperm=an.colperm, tol="default")
@@ -239,7 +298,7 @@ def test_shared_matrices_against_dense_and_suitesparseqr(matrices_dir):
         assert qt.tol == pytest.approx(default_tol(A))
     assert checked >= 20
     if spqr is not None:
-        assert exact >= 0.5 * checked, (exact, checked)
+        assert exact >= 0.9 * checked, (exact, checked)
 
 
 def test_rank_matches_suitesparseqr_on_rank_deficient_families():

@@ -315,3 +315,119 @@ def test_cli_json_and_bad_file(tmp_path):
     out = subprocess.run(env_cmd + [str(f), "--max-gpu-memory", "20000"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "stages" in out.stdout and "predicted backend" in out.stdout
+
+
+# ---- column singletons -----------------------------------------------------------
+
+def _queue_singletons(A, tol=None):
+    """Column singletons by a one-at-a-time queue (the textbook search): returns
+    the set of singleton columns, the set of their rows and the number of dead ones."""
+    A = sp.csc_array(A)
+    m, n = A.shape
+    Ad = A.toarray()
+    present = np.zeros((m, n), dtype=bool)
+    present[A.nonzero()] = True
+    live_rows = set(range(m))
+    done, rows, dead = set(), set(), 0
+    changed = True
+    while changed:
+        changed = False
+        for j in range(n):
+            if j in done:
+                continue
+            lr = [i for i in np.flatnonzero(present[:, j]) if i in live_rows]
+            if len(lr) == 0:
+                done.add(j)
+                dead += 1
+                changed = True
+            elif len(lr) == 1 and (tol is None or abs(Ad[lr[0], j]) > tol):
+                done.add(j)
+                rows.add(lr[0])
+                live_rows.discard(lr[0])
+                changed = True
+    return done, rows, dead
+
+
+def _singleton_rich(m, n, seed, density=0.08):
+    """A sparse matrix with chains of column singletons and empty columns."""
+    rng = np.random.default_rng(seed)
+    A = sp.random_array((m, n), density=density, rng=rng, format="lil")
+    k = min(m, n) // 2
+    for j in range(k):                       # an upper-triangular singleton chain
+        A[:, j] = 0
+        A[j, j] = rng.uniform(1, 2)
+        for i in rng.choice(j + 1, size=min(j, 2), replace=False):
+            A[i, j] = rng.standard_normal()
+    A[:, n - 1] = 0                          # an empty column: a dead singleton
+    return sp.csc_array(A)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_singletons_match_the_queue_search(seed):
+    from scipy_gpuqr._symbolic.singletons import find_singletons, leading_singletons
+    rng = np.random.default_rng(seed)
+    m, n = int(rng.integers(5, 40)), int(rng.integers(5, 40))
+    A = _singleton_rich(m, n, seed)
+    A.sort_indices()
+    cols, rows, dead = _queue_singletons(A)
+    s = find_singletons(A)
+    assert set(s.cols.tolist()) == cols and len(s.cols) == len(cols)
+    assert set(s.rows[s.rows >= 0].tolist()) == rows
+    assert int(np.sum(s.rows < 0)) == dead
+    # the fixed-order search over that order finds the same block
+    lead = leading_singletons(A, np.concatenate([s.cols, np.setdiff1d(np.arange(n), s.cols)]))
+    np.testing.assert_array_equal(lead.cols, s.cols)
+    np.testing.assert_array_equal(lead.rows, s.rows)
+    # with a tolerance, small entries are not accepted as singletons
+    tol = 1.5
+    cols_t, rows_t, dead_t = _queue_singletons(A, tol)
+    st = find_singletons(A, tol)
+    assert set(st.cols.tolist()) == cols_t and set(st.rows[st.rows >= 0].tolist()) == rows_t
+    assert int(np.sum(st.rows < 0)) == dead_t
+
+
+def test_singleton_analysis_is_idempotent_and_optional():
+    A = _singleton_rich(60, 40, 3)
+    an = analyze(A)
+    assert an.n1cols > 10 and an.n1rows < an.n1cols          # live and dead singletons
+    again = analyze(A, colperm=an.colperm)
+    np.testing.assert_array_equal(again.colperm, an.colperm)
+    np.testing.assert_array_equal(again.rowperm, an.rowperm)
+    assert (again.n1cols, again.n1rows, again.nnz_R, again.nfronts) == \
+        (an.n1cols, an.n1rows, an.nnz_R, an.nfronts)
+    off = analyze(A, singletons=False)
+    assert off.n1cols == off.n1rows == 0 and off.pivot_ptr[0] == 0
+    assert off.nnz_R >= an.nnz_R
+    # value-aware search: a singleton entry at or below tol is refused
+    B = A.tolil()
+    j = int(an.colperm[an.r1_pivot[0]])
+    i = int(an.rowperm[0])
+    B[i, j] = 1e-12
+    aw = analyze(sp.csc_array(B), singleton_tol=1e-6)
+    assert j not in aw.colperm[aw.r1_pivot].tolist()
+    assert aw.singleton_tol == 1e-6
+
+
+def test_all_singletons_and_no_fronts():
+    A = sp.csc_array(sp.triu(sp.random_array((30, 30), density=0.2, rng=1)) + sp.eye_array(30))
+    an = analyze(A)
+    assert an.n1cols == an.n1rows == 30 and an.nfronts == 0
+    assert an.nnz_R == A.nnz and an.flops == 0
+    assert an.summary()["n1cols"] == 30
+
+
+def test_arrow_estimate(matrices_dir):
+    """arrow.mtx: a dense row makes R dense whatever the order, so nnz(R) is
+    n(n+1)/2 = 1.08e9 (SuiteSparseQR's own bound says the same); the ≈ 26 GB
+    host estimate is R plus the single 46500×46500 front."""
+    f = matrices_dir / "arrow.mtx"
+    if not f.exists():
+        pytest.skip("arrow.mtx not in the shared matrices")
+    from scipy_gpuqr.io import mmread
+    A = sp.csc_array(mmread(str(f)))
+    an = analyze(A)
+    n = A.shape[1]
+    assert an.nnz_R == n * (n + 1) // 2
+    assert an.nfronts == 1 and an.largest_front == (n, n)
+    assert an.factor_bytes == 8 * n * n
+    assert 25e9 < an.host_bytes < 27e9
