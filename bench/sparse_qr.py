@@ -1,0 +1,202 @@
+"""Sparse QR on the GPU engine vs SuiteSparseQR on the host's CPU cores.
+
+Run on the GPU machine::
+
+    source .dev/remote-setup.sh
+    python3 bench/sparse_qr.py --json $OUT/sparse_qr.json [--spqr ch7-8-b3,grid40] [--only NAME,...]
+
+Per matrix: analysis time, schedule time (CPU), factorization time (warm:
+kernels compiled, one warm-up factorization first; wall time of the device
+part = uploads, every launch, the finite check and R rows copied back;
+kernel time from CUDA events), R assembly on the host, TF/s from the
+analysis flop count, launches, tasks; then a profiled run (an event pair
+around every launch) that splits the GPU time into launches by size and
+estimates bytes moved per task type. SuiteSparseQR (COLAMD, no rank
+detection, OpenBLAS threads = cores) runs once on the matrices named by
+``--spqr``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _matrices(only, shared_dir):
+    from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
+                                               random_least_squares)
+    gens = {
+        "ch7-8-b3": lambda: chessboard_boundary(7, 8, 3),
+        "grid40": lambda: grid3d_least_squares(40),
+        "grid24": lambda: grid3d_least_squares(24),
+        "randls-20k": lambda: random_least_squares(20000, 4000, density=0.0012, dense_rows=40,
+                                                   seed=1),
+    }
+    names = list(gens)
+    if shared_dir:
+        for fname in ("Franz6_id1959_aug.mtx", "Groebner_id2003_aug.mtx", "bayer10.mtx"):
+            if (Path(shared_dir) / fname).exists():
+                names.append(fname)
+    for name in names:
+        if only and name not in only:
+            continue
+        if name in gens:
+            yield name, gens[name]
+        else:
+            def load(f=Path(shared_dir) / name):
+                import scipy.sparse as sp
+
+                from scipy_gpuqr.io import mmread
+                return sp.csc_array(mmread(str(f))).astype(np.float64)
+            yield name, load
+
+
+def _bytes_estimate(sched, tile=32, itemsize=8):
+    """Bytes each task type reads and writes in global memory (tile granularity)."""
+    from scipy_gpuqr._schedule.tasks import TaskType
+    tt = tile * tile
+    out = {}
+    for st in sched.stages:
+        t = st.tasks
+        typ = t["type"]
+        cols = np.maximum(t["c1"].astype(np.int64) - t["c0"], 0)
+        for name, sel, b in (
+                ("factorize", typ == TaskType.FACTORIZE,
+                 2 * t["nfrows"].astype(np.int64) * tt + tt),
+                ("apply", typ == TaskType.APPLY,
+                 t["napply"].astype(np.int64) * (tt + 2 * tile * cols) + tt),
+                ("apply_factorize", typ == TaskType.APPLY_FACTORIZE,
+                 t["napply"].astype(np.int64) * (tt + 2 * tile * cols) + 2 * tt
+                 + 2 * t["nfrows"].astype(np.int64) * tt),
+                ("s_assemble", typ == TaskType.S_ASSEMBLE,
+                 (t["vt2"] - t["vt"]) * 3),
+                ("pack", typ == TaskType.PACK_ASSEMBLE,
+                 (t["rows"][:, 1].astype(np.int64) - t["rows"][:, 0]) * cols * 3)):
+            out[name] = out.get(name, 0) + int(np.sum(b[sel])) * itemsize
+    return out
+
+
+def _profile(A, an):
+    """Per-launch kernel times: where the GPU time goes."""
+    from scipy_gpuqr._engine.gpu import gpu_factorize
+    from scipy_gpuqr._engine.gpu_device import CupyDevice
+    dev = CupyDevice(32, 3, profile=True)
+    g = gpu_factorize(A, an, device=dev)
+    lt = dev.launch_times()
+    tasks = np.array([x[2] for x in lt])
+    secs = np.array([x[3] for x in lt])
+    import cupy as cp
+    sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    small = tasks < sms
+    out = {"launches": len(lt), "sum_launch_seconds": float(secs.sum()),
+           "wall_kernels_seconds": float(g.info["seconds"]["gpu_kernels"]),
+           "launches_below_sms": int(small.sum()),
+           "seconds_in_launches_below_sms": float(secs[small].sum()),
+           "top10_launch_seconds": sorted(secs.tolist())[-10:],
+           "median_launch_us": float(np.median(secs) * 1e6) if len(secs) else 0.0,
+           "bytes_estimate": _bytes_estimate(g.schedule)}
+    g.free()
+    return out
+
+
+def run_one(name, make, spqr_names, reps):
+    import cupy as cp
+
+    from scipy_gpuqr._engine.gpu import gpu_factorize
+    from scipy_gpuqr._symbolic import analyze
+    row = {"matrix": name}
+    t0 = time.perf_counter()
+    A = make()
+    row["shape"] = list(A.shape)
+    row["nnz"] = int(A.nnz)
+    t1 = time.perf_counter()
+    an = analyze(A)
+    row["analysis_seconds"] = time.perf_counter() - t1
+    row["make_seconds"] = t1 - t0
+    row["flops"] = float(an.flops)
+    row["nfronts"] = int(an.fronts.nfronts)
+    # warm-up (kernels compiled, tile patterns cached, pinned pools grown)
+    g = gpu_factorize(A, an)
+    g.free()
+    runs = []
+    for _ in range(reps):
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        g = gpu_factorize(A, an)
+        wall = time.perf_counter() - t
+        s = g.info["seconds"]
+        runs.append({"wall": wall, **{k: float(v) for k, v in s.items()}})
+        info = g.info
+        g.free()
+        del g
+    med = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+    row["seconds"] = med
+    row["launches"] = info["launches"]
+    row["tasks"] = info["tasks"]
+    row["stages"] = info["stages"]
+    row["device"] = info["device"]
+    row["tflops_factorize"] = an.flops / med["factorize"] / 1e12
+    row["tflops_kernels"] = an.flops / med["gpu_kernels"] / 1e12
+    row["profile"] = _profile(A, an)
+    if name in spqr_names:
+        from threadpoolctl import threadpool_info, threadpool_limits
+
+        from scipy_gpuqr._cpu.spqr import spqr_factorize
+        ncpu = os.cpu_count()
+        with threadpool_limits(ncpu, user_api="blas"):
+            t = time.perf_counter()
+            sq = spqr_factorize(A, ordering="colamd", tol=None)
+            row["spqr_seconds"] = time.perf_counter() - t
+        row["spqr_threads"] = [d.get("num_threads") for d in threadpool_info()
+                               if d.get("user_api") == "blas"]
+        row["spqr_flops"] = float(getattr(sq, "flops", float("nan")))
+        row["speedup_vs_spqr"] = row["spqr_seconds"] / med["factorize"]
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json")
+    p.add_argument("--only", default="")
+    p.add_argument("--spqr", default="ch7-8-b3,grid40")
+    p.add_argument("--reps", type=int, default=3)
+    args = p.parse_args(argv)
+    only = {x for x in args.only.split(",") if x}
+    spqr = {x for x in args.spqr.split(",") if x}
+    rows = []
+    for name, make in _matrices(only, os.environ.get("SHARED_MATRICES")):
+        try:
+            row = run_one(name, make, spqr, args.reps)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            import traceback
+            traceback.print_exc()
+            row = {"matrix": name, "error": repr(exc)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
+    print(f"\n{'matrix':24s} {'TFlop':>7s} {'anal s':>7s} {'sched s':>7s} {'fact s':>7s} "
+          f"{'kern s':>7s} {'R s':>6s} {'TF/s':>6s} {'launch':>6s} {'spqr s':>7s} {'x':>6s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['matrix']:24s} ERROR {r['error']}")
+            continue
+        s = r["seconds"]
+        print(f"{r['matrix']:24s} {r['flops'] / 1e12:7.3f} {r['analysis_seconds']:7.2f} "
+              f"{s['schedule']:7.2f} {s['factorize']:7.3f} {s['gpu_kernels']:7.3f} "
+              f"{s['assemble_R']:6.2f} {r['tflops_factorize']:6.2f} {r['launches']:6d} "
+              f"{r.get('spqr_seconds', float('nan')):7.2f} {r.get('speedup_vs_spqr', float('nan')):6.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""Device layers of the GPU engine: the CUDA one (CuPy) and a NumPy stand-in.
+
+The engine (:mod:`scipy_gpuqr._engine.gpu`) drives a factorization stage by
+stage through four calls, so its host-side logic (staging, carried
+contribution blocks, R assembly, Q bookkeeping) runs on a machine without a
+GPU against :class:`NumpyDevice`, which executes the very same records with
+the NumPy executor:
+
+``start(maps, vt_size)``
+    maps (Rimap then Rjmap, int64) uploaded once; the VT pool allocated.
+``run_stage(stage, s_index, s_value, carried) -> host pool``
+    zeroed front pool, carried contribution blocks and S entries uploaded,
+    the stage's task list uploaded once from pinned memory, one launch per
+    schedule launch (pointer offsets into the uploaded list), the pool
+    checked for non-finite values on the device and copied back into pinned
+    host memory.
+``vt_host()``
+    the VT pool on the host (fetched lazily, for ``Q``).
+``close()``
+    device memory released.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .._schedule.tasks import TASK_BYTES
+from . import variants
+
+__all__ = ["GpuEngineError", "DeviceOutOfMemory", "CupyDevice", "NumpyDevice"]
+
+#: Threads per block of the engine's uberkernel variants.
+ENGINE_THREADS = 256
+
+
+class GpuEngineError(RuntimeError):
+    """A kernel failed or produced non-finite values (never a silently wrong R)."""
+
+
+class DeviceOutOfMemory(MemoryError):
+    """A stage did not fit in device memory (the engine restages)."""
+
+
+class NumpyDevice:
+    """The device calls over NumPy arrays (CI and the host-logic tests).
+
+    Parameters
+    ----------
+    tile, bundle : int
+        Must match the schedule.
+    fail_after : int, optional
+        Raise :class:`DeviceOutOfMemory` for stages whose pool exceeds this
+        many elements (exercises the engine's restaging).
+    rng : numpy.random.Generator, optional
+        Run each launch's tasks in a random order.
+    """
+
+    name = "numpy (no GPU)"
+
+    def __init__(self, tile: int, bundle: int, *, dtype=np.float64,
+                 fail_after: int | None = None, rng=None, debug: bool = False):
+        self.tile, self.bundle, self.dtype = tile, bundle, np.dtype(dtype)
+        self.fail_after = fail_after
+        self.rng = rng
+        self.debug = debug
+        self.launches = 0
+        self.seconds = {"upload": 0.0, "kernels": 0.0, "download": 0.0}
+
+    def start(self, maps: np.ndarray, vt_size: int) -> None:
+        self.maps = maps
+        self.vt = np.full(max(vt_size, 1), np.nan, dtype=self.dtype)
+
+    def run_stage(self, st, s_index, s_value, carried) -> np.ndarray:
+        from .simulate import execute_task
+        if self.fail_after is not None and st.pool_size > self.fail_after:
+            raise DeviceOutOfMemory(f"stage pool of {st.pool_size} elements")
+        pool = np.zeros(st.pool_size, dtype=self.dtype)
+        for off, cb in carried:
+            pool[off: off + cb.size] = cb.ravel()
+        spool = (s_index, s_value.astype(self.dtype))
+        for L in range(st.nlaunch):
+            a, b = int(st.launch_ptr[L]), int(st.launch_ptr[L + 1])
+            order = range(a, b) if self.rng is None else a + self.rng.permutation(b - a)
+            for k in order:
+                execute_task(st.tasks[k], pool, self.vt, self.tile, spool=spool, maps=self.maps)
+            self.launches += b > a
+        if not np.isfinite(pool).all():
+            raise GpuEngineError("non-finite values in the front pool after the stage")
+        return pool
+
+    def fetch(self, pool, segments) -> np.ndarray:
+        parts = [pool[a: a + n] for a, n in segments]
+        return np.concatenate(parts) if parts else np.zeros(0, self.dtype)
+
+    def to_host(self, pool) -> np.ndarray:
+        return pool
+
+    def release(self, pool) -> None:
+        pass
+
+    def vt_host(self) -> np.ndarray:
+        return self.vt
+
+    def close(self) -> None:
+        pass
+
+
+class CupyDevice:
+    """The CUDA device layer (one stream, pinned host buffers, CuPy memory pools).
+
+    Parameters
+    ----------
+    tile, bundle : int
+        Variant of the uberkernel (must be one of ``variants.ENGINE_VARIANTS``).
+    dtype : float64 or float32
+    debug : bool
+        Synchronize and check after every launch.
+    """
+
+    def __init__(self, tile: int, bundle: int, *, dtype=np.float64, debug: bool = False,
+                 threads: int = ENGINE_THREADS, profile: bool = False):
+        from .._gpu import import_cupy
+        from .._kernels import load_module
+        cp = import_cupy()
+        self.cp = cp
+        self.tile, self.bundle, self.threads = tile, bundle, threads
+        self.dtype = np.dtype(dtype)
+        self.debug = bool(debug)
+        ctype = "double" if self.dtype == np.float64 else "float"
+        if (ctype, tile, bundle, threads) not in set(variants.ENGINE_VARIANTS) and not (
+                ctype == "double" and (tile, bundle, threads) in variants.TILE_VARIANTS):
+            raise ValueError(f"no uberkernel variant for {ctype}, TILE {tile}, "
+                             f"BUNDLE {bundle}, {threads} threads")
+        mod = load_module(variants.UBERKERNEL_FILE,
+                          variants.KERNEL_VARIANTS[variants.UBERKERNEL_FILE])
+        self.kernel = mod.get_function(variants.kernel_name(ctype, tile, bundle, threads))
+        self.smem = variants.tile_smem_bytes(tile, bundle, self.dtype.itemsize)
+        if self.smem > 48 * 1024:
+            self.kernel.max_dynamic_shared_size_bytes = self.smem
+        dev = cp.cuda.Device()
+        props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        self.name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.launches = 0
+        self.seconds = {"upload": 0.0, "kernels": 0.0, "download": 0.0}
+        self.kernel_events = []
+        self.profile = bool(profile)
+        #: with ``profile``: (stage, launch, tasks, start event, end event) per launch
+        self.launch_events = []
+        self._vt_host = None
+
+    # -- helpers ---------------------------------------------------------------------
+    def _pinned(self, n: int, dtype) -> np.ndarray:
+        import cupyx
+        return cupyx.empty_pinned((int(n),), dtype=dtype)
+
+    def _upload(self, host: np.ndarray):
+        cp = self.cp
+        if host.size == 0:
+            host = np.zeros(1, dtype=host.dtype)
+        buf = self._pinned(host.size, host.dtype)
+        buf[...] = host.ravel()
+        out = cp.empty(host.size, dtype=host.dtype)
+        out.set(buf, stream=self.stream)
+        return out, buf      # keep buf alive until the stream passed the copy
+
+    def _alloc(self, n: int, dtype, fill=None):
+        cp = self.cp
+        try:
+            with self.stream:
+                if fill is None:
+                    return cp.zeros(max(int(n), 1), dtype=dtype)
+                return cp.full(max(int(n), 1), fill, dtype=dtype)
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceOutOfMemory(str(exc)) from exc
+
+    def _check(self, what: str) -> None:
+        cp = self.cp
+        try:
+            self.stream.synchronize()
+        except cp.cuda.runtime.CUDARuntimeError as exc:
+            raise GpuEngineError(f"CUDA error {what}: {exc}") from exc
+
+    # -- the four calls -------------------------------------------------------------
+    def launch_times(self) -> list:
+        """(stage fronts, launch, tasks, seconds) of every profiled launch."""
+        cp = self.cp
+        return [(fr, L, n, cp.cuda.get_elapsed_time(a, b) / 1e3)
+                for fr, L, n, a, b in self.launch_events]
+
+    def start(self, maps: np.ndarray, vt_size: int) -> None:
+        t0 = time.perf_counter()
+        self._keep = []
+        try:
+            self.maps, buf = self._upload(np.ascontiguousarray(maps, dtype=np.int64))
+        except self.cp.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceOutOfMemory(str(exc)) from exc
+        self._keep.append(buf)
+        self.vt = self._alloc(vt_size, self.dtype, fill=np.nan if self.debug else None)
+        self.seconds["upload"] += time.perf_counter() - t0
+
+    def run_stage(self, st, s_index, s_value, carried) -> np.ndarray:
+        cp = self.cp
+        t0 = time.perf_counter()
+        stream = self.stream
+        pool = self._alloc(st.pool_size, self.dtype)
+        keep = []
+        try:
+            for off, cb in carried:
+                buf = self._pinned(cb.size, self.dtype)
+                buf[...] = cb.ravel()
+                pool[off: off + cb.size].set(buf, stream=stream)
+                keep.append(buf)
+            sidx, b1 = self._upload(np.ascontiguousarray(s_index, dtype=np.int64))
+            sval, b2 = self._upload(np.ascontiguousarray(s_value, dtype=self.dtype))
+            tasks = np.ascontiguousarray(st.tasks)
+            dt, b3 = self._upload(tasks.view(np.uint8))
+            keep += [b1, b2, b3]
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceOutOfMemory(str(exc)) from exc
+        e0 = cp.cuda.Event()
+        e0.record(stream)
+        t1 = time.perf_counter()
+        kern, nt, smem = self.kernel, self.threads, self.smem
+        lp = st.launch_ptr.tolist()
+        with stream:  # RawKernel launches on the current stream
+            for L in range(st.nlaunch):
+                a, b = lp[L], lp[L + 1]
+                if b <= a:
+                    continue
+                if self.profile:
+                    ea = cp.cuda.Event()
+                    ea.record(stream)
+                kern((b - a,), (nt,), (dt[a * TASK_BYTES:], pool, self.vt, sidx, sval, self.maps),
+                     shared_mem=smem)
+                if self.profile:
+                    eb = cp.cuda.Event()
+                    eb.record(stream)
+                    self.launch_events.append((st.fronts, L, b - a, ea, eb))
+                self.launches += 1
+                if self.debug:
+                    self._check(f"after launch {L} of stage {st.fronts}")
+                    if not bool(cp.isfinite(pool).all()):
+                        raise GpuEngineError(f"non-finite values after launch {L} of stage "
+                                             f"{st.fronts}")
+        e1 = cp.cuda.Event()
+        e1.record(stream)
+        with stream:
+            ok = cp.isfinite(pool).all()
+        self._check(f"in stage {st.fronts}")
+        del keep
+        if not bool(ok.get()):
+            raise GpuEngineError(f"non-finite values in the front pool of stage {st.fronts}")
+        self.kernel_events.append((e0, e1))
+        self.seconds["kernels"] += cp.cuda.get_elapsed_time(e0, e1) / 1e3
+        self.seconds["upload"] += t1 - t0
+        self.seconds["launch_loop"] = self.seconds.get("launch_loop", 0.0) + (
+            time.perf_counter() - t1)
+        return pool
+
+    def fetch(self, pool, segments) -> np.ndarray:
+        """Segments ``(start, length)`` of a device pool, gathered on the device and
+        copied with one transfer into pinned host memory (concatenated)."""
+        cp = self.cp
+        t0 = time.perf_counter()
+        total = int(sum(n for _, n in segments))
+        host = self._pinned(total, self.dtype)
+        if total:
+            with self.stream:
+                buf = cp.empty(total, dtype=self.dtype)
+                p = 0
+                for a, n in segments:
+                    if n:
+                        buf[p: p + n] = pool[a: a + n]
+                        p += n
+            buf.get(stream=self.stream, out=host)
+            self._check("copying R rows back")
+        self.seconds["download"] += time.perf_counter() - t0
+        return host
+
+    def to_host(self, pool) -> np.ndarray:
+        """The whole pool on the host (pageable)."""
+        t0 = time.perf_counter()
+        out = pool.get(stream=self.stream)
+        self._check("copying a front pool back")
+        self.seconds["download_pool"] = self.seconds.get("download_pool", 0.0) + (
+            time.perf_counter() - t0)
+        return out
+
+    def release(self, pool) -> None:
+        del pool
+
+    def vt_host(self) -> np.ndarray:
+        if self._vt_host is None:
+            if self.vt is None:
+                raise RuntimeError("the factorization was freed")
+            self._vt_host = self.vt.get(stream=self.stream)
+            self.stream.synchronize()
+        return self._vt_host
+
+    def close(self) -> None:
+        self.vt = None
+        self.maps = None
+        self._keep = []
