@@ -7,6 +7,8 @@
   over ``shift·I`` (a 2k³×k³ full-rank least-squares problem).
 * :func:`random_least_squares` -- random sparse matrices with optional dense
   rows, empty columns and duplicated (rank-deficient) columns.
+* :func:`singleton_rich` -- a random sparse matrix whose first columns form a
+  chain of column singletons, with an empty (dead) column.
 
 Every generator is deterministic for a given seed and returns a
 ``scipy.sparse.csc_array`` of float64.
@@ -21,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = ["chessboard_boundary", "chessboard_shape", "grid3d_least_squares",
-           "random_least_squares"]
+           "random_least_squares", "singleton_rich"]
 
 
 def chessboard_shape(m: int, n: int, k: int) -> tuple[int, int]:
@@ -161,3 +163,27 @@ def random_least_squares(m: int, n: int, density: float = 0.05, *, dense_rows: i
         A = sp.csc_array(A @ M)
     A.eliminate_zeros()
     return A
+
+
+def singleton_rich(m: int, n: int, density: float = 0.08, *, seed: int = 0) -> sp.csc_array:
+    """Random sparse m×n matrix with chains of column singletons.
+
+    Columns ``0 … min(m, n)//2 - 1`` are replaced by an upper-triangular chain
+    (column j: a diagonal entry in [1, 2) on row j and up to two entries in
+    rows < j), so they are found as column singletons one after another; the
+    last column is empty (a dead singleton). The rest is random.
+    """
+    rng = np.random.default_rng(seed)
+    A = sp.coo_array(sp.random_array((m, n), density=density, rng=rng, format="coo"))
+    k = min(m, n) // 2
+    keep = (A.col >= k) & (A.col < n - 1)
+    rows, cols, vals = [A.row[keep]], [A.col[keep]], [A.data[keep]]
+    for j in range(k):
+        above = rng.choice(j + 1, size=min(j, 2), replace=False)
+        above = above[above != j]
+        rows.append(np.concatenate(([j], above)))
+        cols.append(np.full(len(above) + 1, j))
+        vals.append(np.concatenate(([rng.uniform(1, 2)], rng.standard_normal(len(above)))))
+    return sp.csc_array(sp.coo_array((np.concatenate(vals),
+                                      (np.concatenate(rows), np.concatenate(cols))),
+                                     shape=(m, n)))

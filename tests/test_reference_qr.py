@@ -10,7 +10,8 @@ import scipy.sparse as sp
 
 from scipy_gpuqr._engine.reference import default_tol, reference_factorize
 from scipy_gpuqr._symbolic import analyze
-from scipy_gpuqr._testing_matrices import grid3d_least_squares, random_least_squares
+from scipy_gpuqr._testing_matrices import (grid3d_least_squares, random_least_squares,
+                                           singleton_rich)
 
 EPS = np.finfo(np.float64).eps
 
@@ -41,6 +42,8 @@ def _families():
     yield "5x0", sp.csc_array((5, 0))
     yield "0x5", sp.csc_array((0, 5))
     yield "zero_matrix", sp.csc_array((4, 3))
+    yield "singletons", singleton_rich(60, 40, seed=3)
+    yield "singletons_wide", singleton_rich(30, 50, seed=4)
 
 
 FAMILIES = list(_families())
@@ -312,3 +315,35 @@ def test_rank_matches_suitesparseqr_on_rank_deficient_families():
         st = spqr.spqr_factorize(A, colperm=an.colperm, tol="default")
         assert qt.rank == st.rank, (seed, qt.rank, st.rank)
         _check_factorization(A, qt)
+
+
+def test_singletons_tol_and_reanalysis():
+    """R1 rows come straight from A; with rank detection a singleton whose entry
+    is below tol is refused (the analysis is redone) as SuiteSparseQR does."""
+    A = singleton_rich(60, 40, seed=5)
+    an = analyze(A)
+    assert an.n1rows > 5
+    qr = reference_factorize(A, an)
+    R = qr.R.toarray()
+    Sd = A.toarray()[an.rowperm][:, an.colperm]
+    np.testing.assert_array_equal(R[:an.n1rows], Sd[:an.n1rows])
+    np.testing.assert_array_equal(qr.qorder[:an.n1rows], an.rowperm[:an.n1rows])
+    # a tiny singleton pivot
+    B = A.tolil()
+    j = int(an.colperm[an.r1_pivot[1]])
+    B[int(an.rowperm[1]), j] = 1e-14
+    B = sp.csc_array(B)
+    qb = reference_factorize(B, an, tol="default")
+    assert qb.info["reanalyzed"]
+    assert qb.analysis.n1rows < an.n1rows
+    _check_factorization(B, qb)
+    spqr = _spqr()
+    if spqr is not None:
+        st = spqr.spqr_factorize(B, colperm=an.colperm, tol="default")
+        assert qb.rank == st.rank
+        st2 = spqr.spqr_factorize(B, colperm=qb.analysis.colperm, tol="default")
+        assert st2.info["istat"]["n_column_singletons"] == qb.analysis.n1cols
+        assert st2.info["istat"]["nnz_R_bound"] == qb.analysis.nnz_R
+    # without rank detection the structural analysis stands
+    q0 = reference_factorize(B, an)
+    assert not q0.info["reanalyzed"] and q0.analysis is an

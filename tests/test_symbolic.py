@@ -15,7 +15,8 @@ import scipy.sparse as sp
 from scipy_gpuqr._symbolic import Amalgamation, analyze
 from scipy_gpuqr._symbolic.etree import column_counts, column_etree, leftmost_columns, postorder
 from scipy_gpuqr._testing_matrices import (chessboard_boundary, chessboard_shape,
-                                           grid3d_least_squares, random_least_squares)
+                                           grid3d_least_squares, random_least_squares,
+                                           singleton_rich)
 
 
 def _brute_etree_counts(A):
@@ -45,6 +46,8 @@ def _families():
     yield "single_row", sp.csc_array(np.array([[0.0, 2.0, 0.0, -1.0, 3.0]]))
     yield "grid", grid3d_least_squares(5)
     yield "chess", chessboard_boundary(4, 5, 2)
+    yield "singletons", singleton_rich(60, 40, seed=3)
+    yield "singletons_wide", singleton_rich(30, 50, seed=4)
     yield "0x0", sp.csc_array((0, 0))
     yield "5x0", sp.csc_array((5, 0))
     yield "0x5", sp.csc_array((0, 5))
@@ -348,18 +351,8 @@ def _queue_singletons(A, tol=None):
     return done, rows, dead
 
 
-def _singleton_rich(m, n, seed, density=0.08):
-    """A sparse matrix with chains of column singletons and empty columns."""
-    rng = np.random.default_rng(seed)
-    A = sp.random_array((m, n), density=density, rng=rng, format="lil")
-    k = min(m, n) // 2
-    for j in range(k):                       # an upper-triangular singleton chain
-        A[:, j] = 0
-        A[j, j] = rng.uniform(1, 2)
-        for i in rng.choice(j + 1, size=min(j, 2), replace=False):
-            A[i, j] = rng.standard_normal()
-    A[:, n - 1] = 0                          # an empty column: a dead singleton
-    return sp.csc_array(A)
+def _singleton_rich(m, n, seed):
+    return singleton_rich(m, n, seed=seed)
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -328,6 +328,7 @@ def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | 
     """
     timings = {}
     t0 = time.perf_counter()
+    fixed_order = colperm is not None or ordering in ("given", "natural")
     A = canonical_csc(A)
     m, n = A.shape
     nnz = int(A.nnz)
@@ -391,6 +392,15 @@ def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | 
     if r1 and not np.array_equal(r1_cols[r1_ptr[:-1]], r1_pivot):
         raise AssertionError("a singleton row has an entry left of its pivot column")
     r1nz = int(len(r1_nz))
+    if singletons and fixed_order and n2:
+        # the postorder may have brought more singletons to the front of a fixed
+        # order: analyse that order again (n1cols grows, so this ends), so that
+        # analysing with colperm=analysis.colperm reproduces the analysis
+        if leading_singletons(A, colperm, singleton_tol).n1cols > n1:
+            again = analyze(A, colperm=colperm, max_gpu_memory=max_gpu_memory,
+                            itemsize=itemsize, amalgamation=amalgamation,
+                            singleton_tol=singleton_tol)
+            return dataclasses.replace(again, ordering_used=used)
     ccount_all = np.concatenate([np.zeros(n1, dtype=np.int64), ccount]).astype(np.int64)
     ccount_all[r1_pivot] = np.diff(r1_ptr)
     t5 = time.perf_counter()
