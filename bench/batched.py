@@ -4,21 +4,31 @@
     python3 bench/batched.py [--quick] [--json out.json] [--warm]
 
 Per dtype and n (2..32 with 2**20 matrices; 64/128/256/512 with
-100000/20000/4000/2000): median time over repetitions (CUDA events, after a
-warm-up), GFLOP/s (LU 2n³/3, inverse 2n³), the bandwidth floor (bytes read
-and written once divided by the copy bandwidth measured in the same run) and
-the ratio to cuBLAS getrfBatched / getrf+getriBatched and torch
-lu_factor / inv measured in the same run. For n <= 32 the threads per block
-are autotuned per n (the best is reported and used).
+100000/20000/4000/2000):
+
+* ``dev ms``: device time, median of CUDA-event timings after warm-up, with
+  the GPU kept busy by a 1 GiB copy enqueued just before the start event, so
+  that the host's launch work overlaps the copy and the events bracket only
+  the kernels (the same for cuBLAS and torch; torch.linalg.inv synchronizes
+  to check errors, so its time still includes its host work);
+* ``host us``: host time of one call of our driver (no synchronization);
+* ``e2e ms``: events around one call on an idle GPU (host launch included);
+* GFLOP/s (LU 2n³/3, inverse 2n³), the bandwidth floor (bytes read and
+  written once divided by the copy bandwidth measured in the same run) and the
+  ratios to cuBLAS getrfBatched / getrf+getriBatched and torch lu_factor / inv
+  measured in the same run.
+
+For n <= 32 the warp kernels' (threads per block, stages) are tuned per n
+(the best is reported next to the library default).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -27,67 +37,105 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 SMALL = list(range(2, 33))
-QUICK_SMALL = [2, 4, 8, 16, 24, 32]
+QUICK_SMALL = [2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 28, 32]
 LARGE = [(64, 100000), (128, 20000), (256, 4000), (512, 2000)]
 SMALL_BATCH = 1 << 20
-THREAD_CHOICES = (64, 128, 256)
+TUNE = ((64, 1), (128, 1), (256, 1), (64, 2), (128, 2), (256, 2))
 
 
-def _warm_group(args):
+def _warm_one(args):
     from scipy_gpuqr import _batched_gpu
-    kernel, dtype = args
+    kernel, dt, n = args
     if kernel == "blocked":
-        _batched_gpu._blocked_function("getrf_panel", dtype)
-        return
-    _batched_gpu._small_function(kernel, dtype, 1)
+        _batched_gpu._blocked_function_cached("getrf_panel", dt, 0)
+    else:
+        _batched_gpu._small_function_cached(kernel, dt, n, 0)
+    return args
 
 
-def warm(parallel: int = 8) -> None:
-    """Compile every batched kernel module in parallel processes (fills the cache)."""
-    groups = [(k, d) for k in ("getrf_small", "getri_small", "potrf_small")
-              for d in ("float64", "float32")] + [("blocked", "float64")]
+def warm(parallel: int = 16) -> None:
+    """Compile every batched kernel variant in parallel processes (fills the disk cache)."""
+    from scipy_gpuqr._batched_variants import PADDED_SIZES, SMALL_MAX
+    jobs = [("blocked", "float64", 0)]
+    for dt in ("float64", "float32"):
+        jobs += [("getrf_warp", dt, n) for n in range(SMALL_MAX, 0, -1)]
+        jobs += [(k, dt, n) for k in ("getri_warp", "potrf_small") for n in PADDED_SIZES[::-1]]
+    t0 = time.perf_counter()
     with ProcessPoolExecutor(parallel) as ex:
-        list(ex.map(_warm_group, groups))
+        list(ex.map(_warm_one, jobs))
+    print(f"compiled {len(jobs)} variants in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
-def timeit(cp, fn, reps=7, warmup=2):
-    for _ in range(warmup):
-        fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(cp.cuda.get_elapsed_time(s, e))
-    return statistics.median(times)
+class Timer:
+    """Device time of a callable: CUDA events behind a blocking copy."""
 
+    def __init__(self, cp):
+        self.cp = cp
+        self.src = cp.ones(1 << 26, dtype=cp.float64)     # 512 MiB, copy ~0.25 ms
+        self.dst = cp.empty_like(self.src)
 
-def timeit_torch(torch, fn, reps=7, warmup=2):
-    for _ in range(warmup):
+    def device(self, fn, reps=5, warmup=2):
+        cp = self.cp
+        for _ in range(warmup):
+            fn()
+        cp.cuda.Device().synchronize()
+        times = []
+        for _ in range(reps):
+            s, e = cp.cuda.Event(), cp.cuda.Event()
+            self.dst[...] = self.src
+            self.dst[...] = self.src
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(cp.cuda.get_elapsed_time(s, e))
+        return statistics.median(times)
+
+    def e2e(self, fn, reps=5):
+        cp = self.cp
         fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
+        cp.cuda.Device().synchronize()
+        times = []
+        for _ in range(reps):
+            s, e = cp.cuda.Event(), cp.cuda.Event()
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(cp.cuda.get_elapsed_time(s, e))
+        return statistics.median(times)
+
+    def host_us(self, fn, reps=10):
+        cp = self.cp
         fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+        cp.cuda.Device().synchronize()
+        times = []
+        for _ in range(reps):
+            self.dst[...] = self.src          # keep the GPU busy: no back-pressure
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            cp.cuda.Device().synchronize()
+        return statistics.median(times) * 1e6
 
 
 def copy_bandwidth(cp) -> float:
     """Bytes read + written per second by a device-to-device copy of 4 GiB."""
     a = cp.ones(1 << 29, dtype=cp.float64)
     b = cp.empty_like(a)
-    ms = timeit(cp, lambda: b.__setitem__(Ellipsis, a), reps=9)
+    for _ in range(2):
+        b[...] = a
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(7):
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record()
+        b[...] = a
+        e.record()
+        e.synchronize()
+        times.append(cp.cuda.get_elapsed_time(s, e))
     del a, b
-    return 2 * (1 << 29) * 8 / (ms * 1e-3)
+    return 2 * (1 << 29) * 8 / (statistics.median(times) * 1e-3)
 
 
 def cublas_lu(cp, a, inverse: bool):
@@ -114,7 +162,10 @@ def cublas_lu(cp, a, inverse: bool):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="n = 2,4,8,16,24,32 only")
+    ap.add_argument("--quick", action="store_true", help=f"n = {QUICK_SMALL} only")
+    ap.add_argument("--sizes", help="comma-separated n <= 32 (overrides --quick)")
+    ap.add_argument("--no-large", action="store_true", help="skip n = 64..512")
+    ap.add_argument("--dtypes", default="float64,float32")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--warm", action="store_true", help="only compile the kernels")
     ap.add_argument("--no-tune", action="store_true")
@@ -124,6 +175,7 @@ def main(argv=None) -> int:
         return 0
     import cupy as cp
     from scipy_gpuqr import _batched_gpu as bg
+    from scipy_gpuqr._batched_variants import padded_size
     from scipy_gpuqr._gpu import gpu_info
     try:
         import torch
@@ -132,64 +184,78 @@ def main(argv=None) -> int:
 
     info = gpu_info()
     bw = copy_bandwidth(cp)
+    timer = Timer(cp)
     print(f"device: {info.get('name')}  copy bandwidth (read+write): {bw / 1e12:.2f} TB/s")
     print(f"cupy {cp.__version__}, torch {getattr(torch, '__version__', None)}")
     rows = []
-    sizes = [(n, SMALL_BATCH) for n in (QUICK_SMALL if args.quick else SMALL)] + LARGE
+    small = ([int(x) for x in args.sizes.split(",")] if args.sizes
+             else QUICK_SMALL if args.quick else SMALL)
+    sizes = [(n, SMALL_BATCH) for n in small] + ([] if args.no_large else LARGE)
     rng = cp.random.default_rng(7)
-    hdr = (f"{'dtype':7} {'n':>4} {'batch':>8} {'op':4} {'thr':>4} {'ms':>8} {'GF/s':>7} "
-           f"{'floor ms':>8} {'%bw':>5} {'cuBLAS ms':>9} {'x cuBLAS':>8} {'torch ms':>8} {'x torch':>7}")
-    print(hdr)
-    for dtype in (np.float64, np.float32):
+    hdr = (f"{'dtype':7} {'n':>4} {'batch':>8} {'op':4} {'cfg':>6} {'dev ms':>8} {'dflt ms':>8} "
+           f"{'host us':>7} {'e2e ms':>8} {'GF/s':>6} {'floor':>7} {'%fl':>4} "
+           f"{'cuBLAS':>8} {'x cuB':>6} {'torch':>8} {'x tor':>6}")
+    print(hdr, flush=True)
+    for dtype in [np.dtype(d) for d in args.dtypes.split(",")]:
         for n, bsz in sizes:
             a = rng.standard_normal((bsz, n, n), dtype=dtype)
             item = a.itemsize
             for op in ("lu", "inv"):
                 if op == "inv" and n > 64:
                     continue
-                best_thr, best = None, None
-                choices = THREAD_CHOICES if (n <= 32 and not args.no_tune) else (None,)
-                for thr in choices:
-                    if op == "lu":
-                        f = lambda thr=thr: bg.getrf(a, threads=thr)
-                    else:
-                        f = lambda thr=thr: bg.getri(a, threads=thr)
-                    ms = timeit(cp, f, reps=5 if n <= 32 else 3)
-                    if best is None or ms < best:
-                        best, best_thr = ms, thr
+                call = bg.getrf if op == "lu" else bg.getri
+                if n <= 32:
+                    size = n if op == "lu" else padded_size(n)
+                    default = bg.warp_defaults(size, dtype.name)
+                    choices = (default,) if args.no_tune else TUNE
+                else:
+                    default, choices = (None, None), ((None, None),)
+                res = {}
+                for thr, st in choices:
+                    res[(thr, st)] = timer.device(lambda thr=thr, st=st: call(a, thr, st) if thr else call(a))
+                best_cfg = min(res, key=res.get)
+                best = res[best_cfg]
+                dflt = res.get(default) or timer.device(lambda: call(a))
+                host = timer.host_us(lambda: call(a))
+                e2e = timer.e2e(lambda: call(a))
                 flops = (2 * n ** 3 / 3 if op == "lu" else 2 * n ** 3) * bsz
                 nbytes = (2 * n * n * item + (n * 4 if op == "lu" else 0) + 4) * bsz
                 floor = nbytes / bw * 1e3
                 work = a.copy()
                 cb = cublas_lu(cp, work, inverse=(op == "inv"))
                 try:
-                    cb_ms = timeit(cp, cb, reps=3)
+                    cb_ms = timer.device(cb, reps=3)
                 except Exception as exc:  # noqa: BLE001
                     print(f"  cuBLAS failed: {exc}")
                     cb_ms = float("nan")
-                del work
+                del work, cb
                 t_ms = float("nan")
                 if torch is not None:
                     ta = torch.from_dlpack(a)
                     tf = (lambda: torch.linalg.lu_factor(ta)) if op == "lu" else (lambda: torch.linalg.inv(ta))
                     try:
-                        t_ms = timeit_torch(torch, tf, reps=3)
+                        t_ms = timer.device(tf, reps=3)
                     except Exception as exc:  # noqa: BLE001
                         print(f"  torch failed: {exc}")
-                row = dict(dtype=np.dtype(dtype).name, n=n, batch=bsz, op=op, threads=best_thr,
-                           ms=best, gflops=flops / best / 1e6, floor_ms=floor,
+                    del ta
+                cfg = "-" if best_cfg[0] is None else f"{best_cfg[0]}/{best_cfg[1]}"
+                row = dict(dtype=dtype.name, n=n, batch=bsz, op=op, threads=best_cfg[0],
+                           stages=best_cfg[1], ms=best, default_ms=dflt,
+                           default_cfg=list(default), host_us=host, e2e_ms=e2e,
+                           gflops=flops / best / 1e6, floor_ms=floor,
                            bw_fraction=floor / best, cublas_ms=cb_ms, x_cublas=cb_ms / best,
                            torch_ms=t_ms, x_torch=t_ms / best, device=info.get("name"),
-                           copy_tbs=bw / 1e12)
+                           copy_tbs=bw / 1e12,
+                           tune={f"{k[0]}/{k[1]}": v for k, v in res.items() if k[0]})
                 rows.append(row)
-                print(f"{row['dtype']:7} {n:>4} {bsz:>8} {op:4} {str(best_thr):>4} {best:8.3f} "
-                      f"{row['gflops']:7.0f} {floor:8.3f} {100 * row['bw_fraction']:5.0f} "
-                      f"{cb_ms:9.3f} {row['x_cublas']:8.2f} {t_ms:8.3f} {row['x_torch']:7.2f}",
-                      flush=True)
+                print(f"{row['dtype']:7} {n:>4} {bsz:>8} {op:4} {cfg:>6} {best:8.3f} {dflt:8.3f} "
+                      f"{host:7.0f} {e2e:8.3f} {row['gflops']:6.0f} {floor:7.3f} "
+                      f"{100 * row['bw_fraction']:4.0f} {cb_ms:8.3f} {row['x_cublas']:6.2f} "
+                      f"{t_ms:8.3f} {row['x_torch']:6.2f}", flush=True)
+                if args.json:
+                    Path(args.json).write_text(json.dumps(rows, indent=1))
             del a
             cp.get_default_memory_pool().free_all_blocks()
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
 
 

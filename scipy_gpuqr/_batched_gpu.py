@@ -5,7 +5,9 @@ Every function takes and returns CuPy arrays: stacks ``(B, n, n)``
 stream. Validation and the mapping of ``info`` to warnings and exceptions
 live in :mod:`scipy_gpuqr._batched`.
 
-* n <= 32: ``batched_small.cu`` (one thread per row, register kernels).
+* n <= 32: ``batched_lu.cu`` (LU, inverse: a warp per tile of matrices, a
+  row per lane, persistent grid sized by the occupancy) and
+  ``batched_small.cu`` (Cholesky: one thread per row).
 * n > 32: ``getrf_panel`` / ``potrf_panel`` steps of ``batched_blocked.cu``
   with the trailing updates as cuBLAS strided-batched GEMMs.
 * Solves (any n): ``getrs_batched`` / ``potrs_batched``.
@@ -17,20 +19,24 @@ import functools
 
 import numpy as np
 
-from ._batched_variants import (KERNEL_VARIANTS, PANEL, SMALL_MAX,
-                                blocked_name, padded_size, small_name)
+from ._batched_variants import (KERNEL_VARIANTS, PANEL, SMALL_FILES,
+                                SMALL_MAX, blocked_name, padded_size,
+                                small_name)
 from ._gpu import import_cupy
 from ._kernels import load_module
 
 __all__ = ["getrf", "getri", "getrs", "potrf", "potrs", "DEFAULT_THREADS",
-           "small_launch"]
+           "small_launch", "warp_defaults", "warp_smem_bytes"]
 
-#: Threads per block of the n <= 32 kernels (matrices per block =
-#: threads / next_pow2(n)); bench/batched.py autotunes it per n.
+#: Threads per block of the Cholesky n <= 32 kernel (matrices per block =
+#: threads / next_pow2(n)).
 DEFAULT_THREADS = 128
 
 #: Threads per block of the blocked kernels (matches GPUQR_BLOCKED_THREADS).
 BLOCKED_THREADS = 256
+
+#: Largest block of the warp kernels (matches GPUQR_WARP_THREADS).
+WARP_THREADS_MAX = 256
 
 _SOLVE_THREADS = 128
 
@@ -44,25 +50,26 @@ def _dtname(dtype) -> str:
     return np.dtype(dtype).name
 
 
+def _device_id() -> int:
+    return import_cupy().cuda.runtime.getDevice()
+
+
 def _small_function(kernel: str, dtype, n: int):
-    """The compiled ``kernel<T, n>`` (one module per kernel family and dtype)."""
-    return _small_function_cached(kernel, _dtname(dtype), n,
-                                  import_cupy().cuda.Device().id)
+    """The compiled ``kernel<T, n>`` of the n <= 32 families."""
+    return _small_function_cached(kernel, _dtname(dtype), n, _device_id())
 
 
 @functools.lru_cache(maxsize=None)
 def _small_function_cached(kernel: str, dt: str, n: int, device: int):
-    # keyed by device: a module loaded on one GPU is not usable on another
-    prefix = small_name(kernel, dt, 0).split(",")[0] + ","
-    exprs = tuple(e for e in KERNEL_VARIANTS["batched_small.cu"]
-                  if e.startswith(prefix))
-    module = load_module("batched_small.cu", exprs)
-    return module.get_function(small_name(kernel, dt, n))
+    # one module per variant, compiled when first used; keyed by device: a
+    # module loaded on one GPU is not usable on another
+    name = small_name(kernel, dt, n)
+    module = load_module(SMALL_FILES[kernel], (name,))
+    return module.get_function(name)
 
 
 def _blocked_function(kernel: str, dtype):
-    return _blocked_function_cached(kernel, _dtname(dtype),
-                                    import_cupy().cuda.Device().id)
+    return _blocked_function_cached(kernel, _dtname(dtype), _device_id())
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,11 +87,11 @@ def _seg(n: int) -> int:
 
 def small_launch(kernel, size: int, batch: int, itemsize: int,
                  threads: int | None = None, extra_int_per_row: int = 0):
-    """Grid, block and shared memory of a batched_small.cu launch.
+    """Grid, block and shared memory of a ``potrf_small`` launch.
 
     Mirrors the kernel's layout: per matrix two broadcast buffers of
     ``NB`` elements and a staging area of ``size * (size | 1)`` elements
-    (plus ``extra_int_per_row`` ints per row, the inverse's column map).
+    (plus ``extra_int_per_row`` ints per row).
     """
     threads = DEFAULT_THREADS if threads is None else int(threads)
     seg = _seg(size)
@@ -101,13 +108,84 @@ def small_launch(kernel, size: int, batch: int, itemsize: int,
 
 
 # ----------------------------------------------------------------------------
+# warp kernels (batched_lu.cu): layout, defaults, launch
+# ----------------------------------------------------------------------------
+
+def warp_smem_bytes(size: int, itemsize: int, warps: int, stages: int) -> int:
+    """Dynamic shared memory of a ``getrf_warp``/``getri_warp`` block.
+
+    Mirrors ``Layout`` in kernels/batched_warp.cuh: per warp two broadcast
+    buffers per matrix of the tile and ``stages`` tiles.
+    """
+    vw = 16 // itemsize
+    seg = _seg(size)
+    mw = 32 // seg
+    if size % vw == 0:
+        units = size // vw
+        ld = (units if units % 2 else units + 1) * vw
+    else:
+        ld = size | 1
+    nbuf = -(-(size + 2) // vw) * vw
+    return warps * (2 * mw * nbuf + stages * mw * size * ld) * itemsize
+
+
+@functools.lru_cache(maxsize=None)
+def warp_defaults(size: int, dt: str) -> tuple[int, int]:
+    """(threads per block, stages) of the warp kernels for register size ``size``.
+
+    Two tiles in flight per warp while a tile takes at most 4.5 KiB (the
+    copy of the next tile then hides under the factorization); one for the
+    larger tiles, whose shared memory would otherwise cap the warps per SM.
+    """
+    tile = warp_smem_bytes(size, np.dtype(dt).itemsize, 1, 1)
+    return 128, (2 if tile <= 4608 else 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
+                 device: int):
+    """(function, resident blocks on the device, shared memory, matrices per warp)."""
+    cp = import_cupy()
+    from cupy_backends.cuda.api import driver
+
+    fn = _small_function_cached(kernel, dt, size, device)
+    smem = warp_smem_bytes(size, np.dtype(dt).itemsize, threads // 32, stages)
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, smem)
+    sms = cp.cuda.Device(device).attributes["MultiProcessorCount"]
+    return fn, max(1, int(per_sm)) * sms, smem, 32 // _seg(size)
+
+
+def _launch_warp(kernel: str, size: int, n: int, x, out, batch: int, args_head,
+                 args_tail, threads, stages) -> None:
+    """Launch ``kernel<T, size>`` over ``batch`` matrices of size n (persistent grid)."""
+    dt = _dtname(x.dtype)
+    if threads is None or stages is None:
+        d_threads, d_stages = warp_defaults(size, dt)
+        threads = d_threads if threads is None else threads
+        stages = d_stages if stages is None else stages
+    threads = max(32, min(WARP_THREADS_MAX, (int(threads) // 32) * 32))
+    fn, resident, smem, mw = _warp_config(kernel, dt, size, threads, int(stages),
+                                          _device_id())
+    warps = threads // 32
+    tasks = -(-batch // mw)
+    grid = max(1, min(resident, -(-tasks // warps)))
+    vw = 16 // x.itemsize
+    vec = int((x.data.ptr % 16 == 0) and (out.data.ptr % 16 == 0) and n % vw == 0)
+    fn((grid,), (threads,), args_head + (np.int64(batch),) + args_tail
+       + (np.int32(stages), np.int32(vec)), shared_mem=smem)
+
+
+# ----------------------------------------------------------------------------
 # LU
 # ----------------------------------------------------------------------------
 
-def getrf(a, threads: int | None = None):
+def getrf(a, threads: int | None = None, stages: int | None = None):
     """LU of a stack ``a`` (B, n, n); returns (lu, piv int32, info int32).
 
-    ``info`` is -1 for a matrix holding an inf or NaN.
+    ``info`` is -1 for a matrix holding an inf or NaN. ``threads`` and
+    ``stages`` tune the n <= 32 kernel (default: :func:`warp_defaults`).
     """
     cp = import_cupy()
     bsz, n = a.shape[0], a.shape[-1]
@@ -119,9 +197,8 @@ def getrf(a, threads: int | None = None):
         return a.copy(), piv, info
     if n <= SMALL_MAX:
         lu = _alloc(a.shape, a.dtype)
-        fn = _small_function("getrf_small", a.dtype, n)
-        grid, block, smem = small_launch(fn, n, bsz, a.itemsize, threads)
-        fn(grid, block, (a, lu, piv, info, np.int64(bsz)), shared_mem=smem)
+        _launch_warp("getrf_warp", n, n, a, lu, bsz, (a, lu, piv, info), (),
+                     threads, stages)
         return lu, piv, info
     lu = a.copy()
     info.fill(0)
@@ -203,7 +280,7 @@ def getrs(lu, piv, b, trans: int = 0):
     return x
 
 
-def getri(a, threads: int | None = None):
+def getri(a, threads: int | None = None, stages: int | None = None):
     """Inverse of every matrix of ``a`` (B, n, n); returns (inv, info)."""
     cp = import_cupy()
     bsz, n = a.shape[0], a.shape[-1]
@@ -211,13 +288,10 @@ def getri(a, threads: int | None = None):
     if bsz == 0 or n == 0:
         return a.copy(), cp.zeros((bsz,), dtype=np.int32)
     if n <= SMALL_MAX:
-        size = padded_size(n)
         out = _alloc(a.shape, a.dtype)
         info = _alloc((bsz,), np.int32)
-        fn = _small_function("getri_small", a.dtype, size)
-        grid, block, smem = small_launch(fn, size, bsz, a.itemsize, threads,
-                                         extra_int_per_row=1)
-        fn(grid, block, (a, out, info, np.int64(bsz), np.int32(n)), shared_mem=smem)
+        _launch_warp("getri_warp", padded_size(n), n, a, out, bsz, (a, out, info),
+                     (np.int32(n),), threads, stages)
         return out, info
     lu, piv, info = getrf(a)
     eye = cp.broadcast_to(cp.eye(n, dtype=a.dtype), (bsz, n, n))

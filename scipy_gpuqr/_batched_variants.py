@@ -8,7 +8,7 @@ compile exactly the same module per file.
 from __future__ import annotations
 
 __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "PANEL", "PADDED_SIZES",
-           "small_name", "blocked_name", "padded_size"]
+           "small_name", "blocked_name", "padded_size", "SMALL_FILES"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
 SMALL_MAX = 32
@@ -19,6 +19,11 @@ PANEL = 32
 #: Register sizes of the inverse and Cholesky kernels, which take a runtime
 #: n <= N and pad with the identity (LU has one variant for every n).
 PADDED_SIZES = (1, 2, 4, 8, 16, 24, 32)
+
+#: Source file of each n <= 32 kernel family (each variant is compiled on
+#: its own, when first used).
+SMALL_FILES = {"getrf_warp": "batched_lu.cu", "getri_warp": "batched_lu.cu",
+               "potrf_small": "batched_small.cu"}
 
 _CTYPES = {"float32": "float", "float64": "double"}
 
@@ -41,12 +46,12 @@ def padded_size(n: int) -> int:
 
 
 KERNEL_VARIANTS = {
-    "batched_small.cu": tuple(
-        small_name("getrf_small", dt, n)
+    "batched_lu.cu": tuple(
+        small_name("getrf_warp", dt, n)
         for dt in _CTYPES for n in range(1, SMALL_MAX + 1)) + tuple(
-        small_name(k, dt, n)
-        for k in ("getri_small", "potrf_small")
-        for dt in _CTYPES for n in PADDED_SIZES),
+        small_name("getri_warp", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
+    "batched_small.cu": tuple(
+        small_name("potrf_small", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
     "batched_blocked.cu": tuple(
         blocked_name(k, dt)
         for k in ("getrf_panel", "potrf_panel", "getrs_batched", "potrs_batched")
