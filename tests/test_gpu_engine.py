@@ -110,6 +110,7 @@ def _gpu_launch_by_launch(A, ctype, rng, budget):
     mod = load_module(variants.UBERKERNEL_FILE, variants.KERNEL_VARIANTS[variants.UBERKERNEL_FILE])
     kern = mod.get_function(variants.kernel_name(ctype, 32, 3, 256))
     smem = variants.tile_smem_bytes(32, 3, np.dtype(dt).itemsize)
+    kern.max_dynamic_shared_size_bytes = smem
     from scipy_gpuqr._symbolic import canonical_csc
     vals = canonical_csc(A).data.astype(np.float64)[fs.s_nz]
     maps = np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64)

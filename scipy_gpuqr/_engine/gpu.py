@@ -222,7 +222,6 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     fm_a, fn_a = fs.fm.astype(np.int64), fs.fn.astype(np.int64)
     host_cb = {}
     r_rows = [None] * nf            # front -> (rk, fn) rows of R
-    ftasks_of = [[] for _ in range(nf)]
     front_tasks = [None] * nf
     pending = {}                    # front -> (stage, offset, size) in a device pool
     stage_pools = {}
@@ -257,13 +256,13 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
         t = st.tasks
         fac = np.isin(t["type"], (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE))
         kf = np.flatnonzero(fac)
-        for k, f in zip(kf.tolist(), t["front"][kf].tolist()):
-            ftasks_of[f].append(k)
+        kf = kf[np.argsort(t["front"][kf], kind="stable")]
+        cnt = np.bincount(t["front"][kf] - first, minlength=last - first + 1)
+        ptr = np.concatenate(([0], np.cumsum(cnt)))
+        allf = t[kf]
+        allf["F"] = 0
         for i, f in enumerate(members.tolist()):
-            ft = t[np.asarray(ftasks_of[f], dtype=np.int64)].copy()
-            ft["F"] = 0
-            ftasks_of[f] = None
-            front_tasks[f] = ft
+            front_tasks[f] = allf[ptr[i]:ptr[i + 1]]
             pending[f] = (sid, int(foff[i]), int(fmm[i] * fnm[i]))
         if sid + 1 < nstage:
             host_pools[sid] = device.to_host(pool)
@@ -324,19 +323,24 @@ def _row_slots(analysis):
 
 
 def _assemble_R(Ac, analysis, r_rows, slots_of, dtype):
-    """R (rows keyed by pivot column, as the reference) and Qᵀb's row order."""
+    """R (rows keyed by pivot column, as the reference) and Qᵀb's row order.
+
+    Built as CSR in front order (each front's rows are an upper trapezoid of
+    its ``rk × fn`` block), rows permuted to pivot order, then one linear
+    CSR→CSC transpose (no COO sort).
+    """
     import scipy.sparse as sp
 
     fs = analysis.fronts
     m, n = Ac.shape
     rowperm = analysis.rowperm
-    rows_l, cols_l, vals_l, piv_l, slot_l = [], [], [], [], []
+    lens_l, idx_l, vals_l, piv_l, slot_l = [], [], [], [], []
     r1 = int(getattr(analysis, "n1rows", 0) or 0)
     if r1:   # singleton rows of A are rows of R as they stand
-        rows_l.append(np.repeat(analysis.r1_pivot, np.diff(analysis.r1_ptr)))
-        cols_l.append(analysis.r1_cols)
+        lens_l.append(np.diff(analysis.r1_ptr).astype(np.int64))
+        idx_l.append(np.asarray(analysis.r1_cols, dtype=np.int64))
         vals_l.append(Ac.data[analysis.r1_nz].astype(np.float64))
-        piv_l.append(analysis.r1_pivot)
+        piv_l.append(np.asarray(analysis.r1_pivot, dtype=np.int64))
         slot_l.append(rowperm[:r1])
     for f in range(fs.nfronts):
         rk = int(fs.frank[f])
@@ -344,29 +348,31 @@ def _assemble_R(Ac, analysis, r_rows, slots_of, dtype):
             continue
         fn = int(fs.fn[f])
         cols = fs.cols[fs.col_ptr[f]:fs.col_ptr[f + 1]]
-        Rf = r_rows[f]
-        rr, cc = np.nonzero(np.arange(fn)[None, :] >= np.arange(rk)[:, None])
-        rows_l.append(cols[rr])
-        cols_l.append(cols[cc])
-        vals_l.append(Rf[rr, cc])
+        mask = np.arange(fn)[None, :] >= np.arange(rk)[:, None]
+        lens_l.append(fn - np.arange(rk, dtype=np.int64))
+        idx_l.append(np.broadcast_to(cols, (rk, fn))[mask])
+        vals_l.append(r_rows[f][mask])
         piv_l.append(cols[:rk])
         slot_l.append(slots_of[f][:rk])
-    piv = np.concatenate(piv_l) if piv_l else np.zeros(0, np.int64)
-    live = np.argsort(piv)
-    rowof = np.full(n, -1, dtype=np.int64)
-    rowof[piv[live]] = np.arange(len(piv))
-    slots_r = (np.concatenate(slot_l) if slot_l else np.zeros(0, np.int64))[live]
+    k = min(m, n)
+    if not lens_l:
+        R = sp.csc_array((k, n), dtype=dtype)
+        return R, np.arange(m, dtype=np.int64)
+    piv = np.concatenate(piv_l).astype(np.int64)
+    live = np.argsort(piv, kind="stable")
+    lens = np.concatenate(lens_l)
+    indptr = np.concatenate(([0], np.cumsum(lens)))
+    itype = np.int32 if max(indptr[-1], n) < 2 ** 31 - 1 else np.int64
+    Rcsr = sp.csr_array((np.concatenate(vals_l).astype(dtype, copy=False),
+                         np.concatenate(idx_l).astype(itype), indptr.astype(itype)),
+                        shape=(len(piv), n))
+    Rcsr = Rcsr[live]                        # rows in pivot order
+    if len(piv) < k:                         # rows without a pivot: zero rows at the end
+        Rcsr = sp.vstack([Rcsr, sp.csr_array((k - len(piv), n), dtype=dtype)], format="csr")
+    R = Rcsr.tocsc()
+    R.sort_indices()
+    slots_r = np.concatenate(slot_l)[live]
     rest = np.ones(m, dtype=bool)
     rest[slots_r] = False
     qorder = np.concatenate([slots_r, np.flatnonzero(rest)]).astype(np.int64)
-    k = min(m, n)
-    if rows_l:
-        Rr = rowof[np.concatenate(rows_l)]
-        Rc = np.concatenate(cols_l)
-        Rv = np.concatenate(vals_l)
-    else:
-        Rr = Rc = np.zeros(0, np.int64)
-        Rv = np.zeros(0)
-    R = sp.csc_array(sp.coo_array((Rv.astype(dtype), (Rr, Rc)), shape=(k, n)))
-    R.sort_indices()
     return R, qorder
