@@ -39,11 +39,6 @@ def _families(rng):
                                          seed=int(rng.integers(1 << 30)))
 
 
-def _close_R(Rg, Rs, scale, m, n):
-    tol = 200 * max(m, n) * EPS * scale
-    return abs(Rg - Rs).max() <= tol if Rg.nnz or Rs.nnz else True
-
-
 # ---------------------------------------------------------------- CPU: host logic
 
 @pytest.mark.parametrize("budget", [None, 20000])
@@ -131,19 +126,30 @@ def _gpu_launch_by_launch(A, ctype, rng, budget):
         a, b = int(st.launch_ptr[L]), int(st.launch_ptr[L + 1])
         if b <= a:
             continue
-        seen.update(st.tasks["type"][a:b].tolist())
+        types = set(st.tasks["type"][a:b].tolist())
+        seen |= types
         kern((b - a,), (256,), (tasks_d[a * TASK_BYTES:], pool_d, vt_d, sidx_d, sval_d, maps_d),
              shared_mem=smem)
         for k in a + rng.permutation(b - a):
             execute_task(st.tasks[k], pool_h, vt_h, 32, spool=(sidx, sval), maps=maps)
-        got = cp.asnumpy(pool_d).astype(np.float64)
-        assert np.isfinite(got).all(), L
-        err = np.abs(got - pool_h).max(initial=0.0)
-        assert err <= tol, (L, err, tol)
-        gv = cp.asnumpy(vt_d).astype(np.float64)
-        both = np.isfinite(vt_h)
-        assert (np.isfinite(gv) == both).all(), L
-        assert np.abs(gv[both] - vt_h[both]).max(initial=0.0) <= tol, L
+        if L == 0:  # leaves' S-Assemble only, before any reflector: exact
+            got = cp.asnumpy(pool_d).astype(np.float64)
+            assert np.isfinite(got).all(), L
+            assert np.abs(got - pool_h).max(initial=0.0) <= tol, L
+    # Reflectors built from rounding noise (numerically rank-deficient trailing columns of a
+    # front, seen on 494_bus and the grid: diagonal 1e-14 relative) differ legitimately
+    # between summation orders, so fronts are compared through their Gram matrices
+    # triu(F)ᵀ triu(F), which every valid factorization of the same assembled front shares.
+    got = cp.asnumpy(pool_d).astype(np.float64)
+    assert np.isfinite(got).all()
+    first, last = st.fronts
+    for f in range(first, last + 1):
+        fm, fn, off = int(fs.fm[f]), int(fs.fn[f]), int(st.foff[f])
+        k = min(fm, fn)
+        Rg = np.triu(got[off: off + fm * fn].reshape(fm, fn)[:k])
+        Rh = np.triu(pool_h[off: off + fm * fn].reshape(fm, fn)[:k])
+        gs = max(np.abs(Rh).max(initial=0.0), 1.0)
+        assert np.abs(Rg.T @ Rg - Rh.T @ Rh).max(initial=0.0) <= tol * gs * max(k, 1), f
     return seen
 
 
@@ -160,18 +166,30 @@ def test_uberkernel_matches_numpy_launch_by_launch(ctype):
 
 
 def _check_against_simulate(A, budget, debug=False, name=""):
+    """R's Gram matrix equals simulate's, Q R = A P, and Q is orthogonal.
+
+    (R itself is not compared entrywise: rows past a numerically rank-deficient
+    pivot come from rounding noise and differ between summation orders.)
+    """
     an = analyze(A)
     s = simulate_factorize(A, an, max_gpu_memory=budget)
     g = gpu_factorize(A, an, max_gpu_memory=budget, debug=debug)
     m, n = A.shape
-    scale = max(float(sp.linalg.norm(A)), 1.0)
+    k = min(m, n)
+    normA = max(float(sp.linalg.norm(A)), 1.0)
+    tol = 200 * max(m, n) * EPS * normA
     assert g.info["stages"] == s.info["stages"], name
-    assert _close_R(g.R, s.R, scale, m, n), (name, abs(g.R - s.R).max())
+    assert g.R.shape == s.R.shape and np.isfinite(g.R.data).all(), name
+    Rg, Rs = g.R.toarray(), s.R.toarray()
+    assert np.abs(Rg.T @ Rg - Rs.T @ Rs).max() <= tol * normA, name
     rng = np.random.default_rng()
+    X = rng.standard_normal((n, 2))
+    QR = g.q_matmul(np.vstack([Rg @ X, np.zeros((m - k, 2))]))
+    assert np.abs(A.toarray()[:, g.colperm] @ X - QR).max() <= tol * np.abs(X).max(), name
     b = rng.standard_normal((m, 2))
-    tol = 200 * max(m, n) * EPS * np.abs(b).max() * 10
-    assert np.abs(g.qt_matmul(b) - s.qt_matmul(b)).max() <= tol, name
-    assert np.abs(g.q_matmul(b) - s.q_matmul(b)).max() <= tol, name
+    y = g.qt_matmul(b)
+    assert np.abs(np.linalg.norm(y, axis=0) - np.linalg.norm(b, axis=0)).max() <= tol, name
+    assert np.abs(g.q_matmul(y) - b).max() <= tol, name
     g.free()
     return g
 
