@@ -70,7 +70,7 @@ def test_schedule_shared_between_equal_patterns():
 
 def test_deterministic():
     a = bucket.dense_front_tasks(500, 300, pipelining=True)[0]
-    bucket._tile_schedule_cached.cache_clear()
+    bucket.clear_cache()
     b = bucket.dense_front_tasks(500, 300, pipelining=True)[0]
     assert a.tobytes() == b.tobytes()
 

@@ -140,7 +140,7 @@ def test_deterministic():
     an = analyze(_grid3d(7))
     a = build_schedule(an, max_gpu_memory=200_000)
     from scipy_gpuqr._schedule import bucket
-    bucket._tile_schedule_cached.cache_clear()
+    bucket.clear_cache()
     b = build_schedule(an, max_gpu_memory=200_000)
     assert len(a.stages) == len(b.stages) > 1
     for x, y in zip(a.stages, b.stages):
@@ -190,3 +190,30 @@ def test_shared_matrices_match_reference(matrices_dir):
         assert np.abs(A.toarray()[:, s.colperm] @ X - QR).max() <= tol * np.abs(X).max(), name
         checked.append(name)
     assert len(checked) >= 5, checked
+
+
+def test_lazy_launches_equal_materialized_stage():
+    an = analyze(_grid3d(7))
+    full = build_schedule(an, max_gpu_memory=200_000, max_tasks=40, cache=False)
+    lazy = build_schedule(an, max_gpu_memory=200_000, max_tasks=40, cache=False, lazy=True)
+    assert len(full.stages) > 1
+    assert not any(st.materialized for st in lazy.stages)
+    got = list(lazy.iter_launches(prefetch=True))
+    assert len(got) == full.nlaunch == lazy.nlaunch
+    for i, L, recs in got:
+        st = full.stages[i]
+        assert recs.tobytes() == st.tasks[st.launch_ptr[L]:st.launch_ptr[L + 1]].tobytes()
+    # a range of launches at once (factorization and assembly records interleaved)
+    for a, b in zip(full.stages, lazy.stages):
+        assert b._maker.records(1, b.nlaunch).tobytes() == a.tasks[a.launch_ptr[1]:].tobytes()
+
+
+def test_schedule_cached_per_analysis():
+    an = analyze(_grid3d(5))
+    a = build_schedule(an, tile=16)
+    assert build_schedule(an, tile=16) is a
+    assert build_schedule(an, tile=16, pipelining=False) is not a
+    b = build_schedule(an, tile=16, cache=False)
+    assert b is not a and b.stages[0].tasks.tobytes() == a.stages[0].tasks.tobytes()
+    an2 = analyze(_grid3d(5))
+    assert build_schedule(an2, tile=16) is not a

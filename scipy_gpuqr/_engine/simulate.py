@@ -519,7 +519,15 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
     t2 = time.perf_counter()
 
     # ---- R (rows keyed by pivot column, as the reference) -----------------------
+    # singleton rows of A (the analysis' R1 block, if any) are rows of R as they stand
+    r1 = int(getattr(analysis, "n1rows", 0))
     rows_l, cols_l, vals_l, piv_l, slot_l = [], [], [], [], []
+    if r1:
+        rows_l.append(np.repeat(analysis.r1_pivot, np.diff(analysis.r1_ptr)))
+        cols_l.append(analysis.r1_cols)
+        vals_l.append(Ac.data[analysis.r1_nz].astype(np.float64))
+        piv_l.append(analysis.r1_pivot)
+        slot_l.append(rowperm[:r1])
     for f in range(nf):
         Ff, _ = fronts[f]
         fm, fn = int(fs.fm[f]), int(fs.fn[f])

@@ -19,16 +19,31 @@ that applies their previous reflector (an Apply+Factorize task), together
 with idle tiles of the next bucket (the bundle's *delta*, bundle growth);
 that saves one launch per column tile on the critical path.
 
+The rules of one launch, for every bucket at once:
+
+1. the Apply+Factorize groups arriving (tiles advancing from the bucket to
+   the left, in the order their bundles were made) each take the lowest
+   idle tiles of the bucket as their delta, up to ``BUNDLE`` tiles in all;
+2. the other idle tiles are cut, in row order, into ``ceil(n / BUNDLE)``
+   bundles of near-equal size; a single idle tile is factorized alone only
+   when it is the bucket's diagonal tile and not yet upper triangular;
+3. a bundle's top tile (its first row tile) is idle again, upper
+   triangular, from the next launch; the others advance: with pipelining as
+   an Apply+Factorize group in the next launch, without it as idle tiles of
+   the next bucket two launches later (after their Apply).
+
 The schedule depends only on the tile pattern (row-tile buckets, numbers of
-column tiles, tunables): it is computed once per pattern in tile units
-(:func:`tile_schedule`, cached) and instantiated for each front with the
-front's sizes and offsets by vectorized NumPy (:func:`front_tasks`).
+column tiles, tunables). :func:`tile_schedules` runs these rules for many
+patterns at once, launch by launch, with NumPy over all buckets and tiles
+(no Python loop over tasks, bundles or buckets) and keeps each pattern's
+records column by column (:class:`TileSchedule`, cached per pattern).
 """
 
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
+import threading
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,32 +51,144 @@ import numpy as np
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE,
                     MAX_BUNDLE, MAX_SLOTS, TASK_DTYPE, TaskType, empty_tasks)
 
-__all__ = ["TileSchedule", "tile_buckets", "tile_schedule", "front_tasks",
-           "dense_front_tasks", "vt_slots_recycled"]
+__all__ = ["TileSchedule", "tile_buckets", "tile_schedule", "tile_schedules",
+           "front_tasks", "dense_front_tasks", "vt_slots_recycled", "clear_cache",
+           "many_tile_buckets", "check_tunables", "expand_rows"]
+
+#: the record fields a tile schedule keeps (tile units; see :class:`TileSchedule`)
+COLUMNS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop",
+           "vt", "vt2", "rows")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TileSchedule:
     """A front's schedule in tile units (shared by fronts of equal pattern).
 
+    Kept compact: one *row* per Factorize or Apply+Factorize record and one
+    row per *Apply run* (all Apply records of one bundle's reflector in one
+    launch: ``mult`` records whose column ranges follow one another,
+    ``granule`` column tiles each). :attr:`cols`, :attr:`launch` and
+    :attr:`tasks` give the records one by one (built on first use).
+
     Attributes
     ----------
-    tasks : ndarray of TASK_DTYPE
-        Records with ``rows`` holding row-tile indices, ``col``, ``c0``,
-        ``c1`` column-tile indices and ``vt``, ``vt2`` VT-tile numbers
-        local to the front (one per Factorize, in creation order).
-    launch : ndarray of int32
-        Local launch of each record (0-based, nondecreasing).
+    rcols : dict of ndarray
+        The rows column by column (read-only): ``type``, ``napply``,
+        ``nfrows``, ``fstart``, ``flags``, ``ftop`` as in the record; ``col``,
+        ``c0``, ``c1`` column-tile indices (an Apply run: its first record's
+        ``c0`` and ``c0 + granule``); ``vt``, ``vt2`` VT-tile numbers local to
+        the front (one per Factorize part, -1 none); ``rows`` (n, MAX_SLOTS)
+        row-tile indices (-1 empty); ``mult`` records per row.
+    row_ptr : ndarray of int64
+        Rows of local launch k are ``[row_ptr[k], row_ptr[k+1])``.
+    launch_ptr : ndarray of int64
+        Records of local launch k are ``[launch_ptr[k], launch_ptr[k+1])``.
     nlaunch : int
         Launches the front needs (0 when nothing is factorized).
     nvt : int
-        VT tiles the front produces (one per Factorize).
+        VT tiles the front produces (one per Factorize part).
+    granule : int
+        Column tiles per Apply record.
+    nct : int
+        Column tiles of the front.
     """
 
-    tasks: np.ndarray
-    launch: np.ndarray
+    rcols: dict
+    row_ptr: np.ndarray
+    launch_ptr: np.ndarray
     nlaunch: int
     nvt: int
+    granule: int
+    nct: int
+
+    def __len__(self) -> int:
+        return int(self.launch_ptr[-1])
+
+    @functools.cached_property
+    def _expanded(self):
+        idx, k = expand_rows(np.arange(len(self.rcols["type"]), dtype=np.int64),
+                             self.rcols["mult"])
+        return idx, k
+
+    @functools.cached_property
+    def launch(self) -> np.ndarray:
+        """Local launch of each record (int32, nondecreasing)."""
+        out = np.repeat(np.arange(self.nlaunch, dtype=np.int32), np.diff(self.launch_ptr))
+        out.flags.writeable = False
+        return out
+
+    @functools.cached_property
+    def cols(self) -> dict:
+        """The records column by column, tile units (as :attr:`rcols`, one per record)."""
+        idx, k = self._expanded
+        out = {name: self.rcols[name][idx] for name in COLUMNS}
+        run = self.rcols["type"][idx] == TaskType.APPLY
+        out["c0"] = out["c0"] + np.where(run, k * self.granule, 0).astype(np.int32)
+        out["c1"] = np.where(run, np.minimum(out["c0"] + self.granule, self.nct),
+                             out["c1"]).astype(np.int32)
+        for v in out.values():
+            v.flags.writeable = False
+        return out
+
+    @functools.cached_property
+    def tasks(self) -> np.ndarray:
+        """The records as TASK_DTYPE in tile units (read-only; built on first use)."""
+        t = empty_tasks(len(self))
+        for name in COLUMNS:
+            t[name] = self.cols[name]
+        t.flags.writeable = False
+        return t
+
+    def element_rows(self, tile: int) -> np.ndarray:
+        """The rows as records in element units, ``(nrows, 12)`` int64 words.
+
+        Front-independent fields only: ``F``, ``fm``, ``fn``, ``front``,
+        ``nref``, ``aux`` are 0, ``vt``/``vt2`` local (``v * tile²``, -1),
+        ``c1`` not clamped to the front (an Apply run: ``c0 + granule·tile``).
+        Cached per tile.
+        """
+        cache = self.__dict__.setdefault("_element_rows", {})
+        got = cache.get(tile)
+        if got is None:
+            got = _element_rows(self.rcols, tile)
+            got.flags.writeable = False
+            cache[tile] = got
+        return got
+
+
+def expand_rows(rows: np.ndarray, mult: np.ndarray):
+    """Records of rows ``rows`` (each ``mult[row]`` times, in order).
+
+    Returns
+    -------
+    idx : ndarray of int64
+        The row of every record.
+    k : ndarray of int64
+        Its number within its row (the granule of an Apply run).
+    """
+    m = mult[rows].astype(np.int64)
+    idx = np.repeat(rows, m)
+    start = np.zeros(len(m) + 1, dtype=np.int64)
+    np.cumsum(m, out=start[1:])
+    k = np.arange(len(idx), dtype=np.int64) - np.repeat(start[:-1], m)
+    return idx, k
+
+
+def _element_rows(rc: dict, tile: int) -> np.ndarray:
+    n = len(rc["type"])
+    t = np.zeros(n, dtype=TASK_DTYPE)
+    tt = tile * tile
+    t["type"] = rc["type"]
+    t["col"] = rc["col"] * tile
+    t["c0"] = rc["c0"] * tile
+    t["c1"] = rc["c1"] * tile
+    for name in ("napply", "nfrows", "fstart", "flags", "ftop"):
+        t[name] = rc[name]
+    r = rc["rows"]
+    t["rows"] = np.where(r >= 0, r * tile, -1)
+    t["vt"] = np.where(rc["vt"] >= 0, rc["vt"].astype(np.int64) * tt, -1)
+    t["vt2"] = np.where(rc["vt2"] >= 0, rc["vt2"].astype(np.int64) * tt, -1)
+    return t.view(np.int64).reshape(n, TASK_DTYPE.itemsize // 8)
 
 
 def tile_buckets(fm: int, fn: int, stair, nfact: int, tile: int) -> np.ndarray:
@@ -80,161 +207,117 @@ def tile_buckets(fm: int, fn: int, stair, nfact: int, tile: int) -> np.ndarray:
     tile : int
         Tile edge.
     """
-    nrt = -(-fm // tile)
-    nfct = -(-nfact // tile) if nfact > 0 else 0
-    first = np.arange(nrt, dtype=np.int64) * tile
-    if stair is None:
-        lead = np.zeros(nrt, dtype=np.int64)
-    else:
+    if stair is not None:
         stair = np.asarray(stair, dtype=np.int64)
         if stair.shape != (fn,):
             raise ValueError(f"stair has shape {stair.shape}, expected ({fn},)")
         if fn and np.any(np.diff(stair) < 0):
             raise ValueError("stair must be nondecreasing")
-        lead = np.searchsorted(stair, first, side="right") // tile
-        # rows beyond stair[-1] are all zero: they lead nowhere
-        lead[first >= (stair[-1] if fn else 0)] = np.iinfo(np.int64).max // 2
-    b = np.minimum(lead, np.arange(nrt))
-    b[b >= nfct] = -1
-    return b.astype(np.int32)
+    b, _ = many_tile_buckets(np.array([fm]), np.array([fn]), np.array([nfact]),
+                             None if stair is None else stair,
+                             np.array([0, fn if stair is not None else 0]), tile)
+    return b
 
 
-def _chunks(tiles: list, bundle: int) -> list:
-    """Split a sorted list into ceil(n/bundle) near-equal consecutive chunks."""
-    n = len(tiles)
-    k = -(-n // bundle)
-    base, extra = divmod(n, k)
-    out, p = [], 0
-    for q in range(k):
-        s = base + (1 if q < extra else 0)
-        out.append(tiles[p:p + s])
-        p += s
-    return out
+def many_tile_buckets(fm, fn, nfact, stair, stair_ptr, tile: int):
+    """:func:`tile_buckets` of many fronts at once (vectorized).
+
+    Parameters
+    ----------
+    fm, fn, nfact : ndarray of int (nf,)
+    stair : ndarray of int or None
+        The fronts' staircases one after the other (None: all dense).
+    stair_ptr : ndarray of int (nf+1,)
+        Front f's staircase is ``stair[stair_ptr[f]:stair_ptr[f+1]]`` (of
+        length ``fn[f]``).
+    tile : int
+
+    Returns
+    -------
+    buckets : ndarray of int32
+        Every front's row tiles one after the other.
+    tile_ptr : ndarray of int64 (nf+1,)
+        Front f's tiles are ``buckets[tile_ptr[f]:tile_ptr[f+1]]``.
+    """
+    fm = np.asarray(fm, dtype=np.int64)
+    fn = np.asarray(fn, dtype=np.int64)
+    nfact = np.asarray(nfact, dtype=np.int64)
+    nf = len(fm)
+    nrt = -(-fm // tile)
+    tile_ptr = np.zeros(nf + 1, dtype=np.int64)
+    np.cumsum(nrt, out=tile_ptr[1:])
+    owner = np.repeat(np.arange(nf), nrt)
+    idx = np.arange(tile_ptr[-1], dtype=np.int64) - tile_ptr[owner]
+    first = idx * tile
+    nfct = np.where(nfact > 0, -(-nfact // tile), 0)
+    if stair is None:
+        lead = np.zeros(len(idx), dtype=np.int64)
+    else:
+        stair = np.asarray(stair, dtype=np.int64)
+        sp = np.asarray(stair_ptr, dtype=np.int64)
+        # one nondecreasing key over all fronts: front f's values live in [f*big, (f+1)*big)
+        big = int(fm.max(initial=0)) + 2
+        sown = np.repeat(np.arange(nf, dtype=np.int64), np.diff(sp))
+        key = sown * big + stair
+        pos = np.searchsorted(key, owner * big + first, side="right") - sp[owner]
+        lead = pos // tile
+        last = np.zeros(nf, dtype=np.int64)
+        has = fn > 0
+        last[has] = stair[sp[1:][has] - 1]
+        # rows beyond the staircase's end are all zero: they lead nowhere
+        lead[first >= last[owner]] = np.iinfo(np.int64).max // 2
+    b = np.minimum(lead, idx)
+    b[b >= nfct[owner]] = -1
+    return b.astype(np.int32), tile_ptr
 
 
-@functools.lru_cache(maxsize=4096)
-def _tile_schedule_cached(buckets: tuple, nct: int, nfct: int, bundle: int,
-                          pipelining: bool, granule: int) -> TileSchedule:
-    # [launch, type, col, c0, c1, napply, nfrows, fstart, flags, rows, vt, vt2, ftop]
-    recs: list[list] = []
-    arrivals = [defaultdict(list) for _ in range(nfct)]
-    for i, b in enumerate(buckets):
-        if b >= 0:
-            arrivals[b][0].append(("idle", (i,), None))
-    nvt = 0
+# ----------------------------------------------------------------------------- cache
 
-    def emit_apply(t: int, b: int, rows: list, vt: int, af: bool) -> int | None:
-        """Apply of the reflector factorized at bucket b to column tiles > b."""
-        first = None
-        for c0 in range(b + 1, nct, granule):
-            c1 = min(c0 + granule, nct)
-            typ = TaskType.APPLY_FACTORIZE if (af and c0 == b + 1) else TaskType.APPLY
-            recs.append([t, int(typ), b, c0, c1, len(rows), 0, 0, 0, list(rows), vt, -1, 0])
-            if first is None:
-                first = len(recs) - 1
-        return first
+class _PatternCache:
+    """Tile schedules by pattern key, least recently used out (bounded by records)."""
 
-    for b in range(nfct):
-        events = arrivals[b]
-        if not events:
-            continue
-        idle: list[int] = []
-        triu: set[int] = set()
-        tops_next: list[int] = []
-        t = min(events)
-        while True:
-            idle.extend(tops_next)
-            triu.update(tops_next)
-            tops_next = []
-            afs = []
-            for kind, tiles, ref in events.pop(t, ()):
-                if kind == "idle":
-                    idle.extend(tiles)
-                else:
-                    afs.append((tiles, ref))
-            idle.sort()
-            bundles = []   # (sorted tiles, record index of A+F or None, rest)
-            for rest, ref in afs:
-                delta = idle[:bundle - len(rest)]
-                idle = idle[len(delta):]
-                bundles.append((sorted(rest + tuple(delta)), ref, rest))
-            if idle:
-                if len(idle) == 1:
-                    x = idle[0]
-                    if x == b and x not in triu:
-                        bundles.append(([x], None, ()))
-                        idle = []
-                else:
-                    for ch in _chunks(idle, bundle):
-                        bundles.append((ch, None, ()))
-                    idle = []
-            for tiles, ref, rest0 in bundles:
-                vt = nvt
-                nvt += 1
-                if ref is None:
-                    slots = list(tiles)
-                    recs.append([t, int(TaskType.FACTORIZE), b, 0, 0, 0, len(tiles), 0,
-                                 0, slots, vt, -1, 0])
-                    r = recs[-1]
-                else:
-                    r = recs[ref]
-                    delta = [x for x in tiles if x not in rest0]
-                    slots = r[9] + delta
-                    r[9] = slots
-                    r[6] = len(tiles)
-                    r[7] = 1
-                    r[11] = vt
-                top = tiles[0]
-                r[12] = slots.index(top, r[7])
-                flags = 0
-                for k in range(r[7], r[7] + r[6]):
-                    if slots[k] in triu:
-                        flags |= 1 << k
-                        triu.discard(slots[k])
-                r[8] = flags
-                rest = tiles[1:]
-                tops_next.append(top)
-                af = pipelining and bool(rest) and b + 1 < nfct
-                first = emit_apply(t + 1, b, [top] + rest, vt, af)
-                if rest and b + 1 < nfct:
-                    if af:
-                        arrivals[b + 1][t + 1].append(("af", tuple(rest), first))
-                    else:
-                        arrivals[b + 1][t + 2].append(("idle", tuple(rest), None))
-            if not events and not bundles:
-                break
-            t = t + 1 if bundles else min(events)
-        idle.extend(tops_next)
-        triu.update(tops_next)
-        if idle != [b] or b not in triu:  # pragma: no cover - invariant
-            raise AssertionError(f"bucket {b} ended with {idle} (triu {sorted(triu)})")
+    def __init__(self, max_records: int = 8_000_000):
+        self.max_records = max_records
+        self._d: OrderedDict = OrderedDict()
+        self._records = 0
+        self._lock = threading.Lock()
 
-    n = len(recs)
-    tasks = empty_tasks(n)
-    launch = np.zeros(n, dtype=np.int32)
-    if n:
-        order = sorted(range(n), key=lambda k: recs[k][0])
-        cols = list(zip(*[recs[k] for k in order]))
-        launch[:] = cols[0]
-        tasks["type"] = cols[1]
-        tasks["col"] = cols[2]
-        tasks["c0"] = cols[3]
-        tasks["c1"] = cols[4]
-        tasks["napply"] = cols[5]
-        tasks["nfrows"] = cols[6]
-        tasks["fstart"] = cols[7]
-        tasks["flags"] = cols[8]
-        rows = np.full((n, MAX_SLOTS), -1, dtype=np.int32)
-        for k, rr in enumerate(cols[9]):
-            rows[k, :len(rr)] = rr
-        tasks["rows"] = rows
-        tasks["vt"] = cols[10]
-        tasks["vt2"] = cols[11]
-        tasks["ftop"] = cols[12]
-    tasks.flags.writeable = False
-    launch.flags.writeable = False
-    nlaunch = int(launch[-1]) + 1 if n else 0
-    return TileSchedule(tasks=tasks, launch=launch, nlaunch=nlaunch, nvt=nvt)
+    def get(self, key):
+        with self._lock:
+            s = self._d.get(key)
+            if s is not None:
+                self._d.move_to_end(key)
+            return s
+
+    def put(self, key, s: TileSchedule) -> None:
+        with self._lock:
+            if key in self._d:
+                return
+            self._d[key] = s
+            self._records += len(s)
+            while self._records > self.max_records and len(self._d) > 1:
+                _, old = self._d.popitem(last=False)
+                self._records -= len(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self._records = 0
+
+
+_CACHE = _PatternCache()
+
+
+def clear_cache() -> None:
+    """Forget every cached tile schedule (tests, memory)."""
+    _CACHE.clear()
+
+
+def check_tunables(bundle: int, granule: int) -> None:
+    if not 2 <= bundle <= MAX_BUNDLE:
+        raise ValueError(f"bundle must be in [2, {MAX_BUNDLE}], got {bundle}")
+    if granule < 1:
+        raise ValueError(f"granule must be >= 1, got {granule}")
 
 
 def tile_schedule(buckets, nct: int, nfct: int, *, bundle: int = DEFAULT_BUNDLE,
@@ -258,13 +341,314 @@ def tile_schedule(buckets, nct: int, nfct: int, *, bundle: int = DEFAULT_BUNDLE,
     granule : int
         Most column tiles one Apply task updates.
     """
-    if not 2 <= bundle <= MAX_BUNDLE:
-        raise ValueError(f"bundle must be in [2, {MAX_BUNDLE}], got {bundle}")
-    if granule < 1:
-        raise ValueError(f"granule must be >= 1, got {granule}")
-    return _tile_schedule_cached(tuple(int(b) for b in buckets), int(nct), int(nfct),
-                                 int(bundle), bool(pipelining), int(granule))
+    return tile_schedules([(np.asarray(buckets, dtype=np.int32), int(nct), int(nfct))],
+                          bundle=bundle, pipelining=pipelining, granule=granule)[0]
 
+
+def tile_schedules(patterns, *, bundle: int = DEFAULT_BUNDLE, pipelining: bool = True,
+                   granule: int = DEFAULT_APPLY_GRANULE) -> list:
+    """Tile schedules of many patterns; the uncached ones are computed together.
+
+    Parameters
+    ----------
+    patterns : sequence of (buckets, nct, nfct)
+        As the arguments of :func:`tile_schedule`.
+    bundle, pipelining, granule
+        As for :func:`tile_schedule`.
+
+    Returns
+    -------
+    list of TileSchedule
+        One per pattern (equal patterns give the same object).
+    """
+    check_tunables(bundle, granule)
+    tun = (int(bundle), bool(pipelining), int(granule))
+    out = [None] * len(patterns)
+    todo: dict = {}
+    for k, (b, nct, nfct) in enumerate(patterns):
+        b = np.ascontiguousarray(b, dtype=np.int32)
+        key = (b.tobytes(), int(nct), int(nfct)) + tun
+        s = _CACHE.get(key)
+        if s is not None:
+            out[k] = s
+        else:
+            todo.setdefault(key, (b, int(nct), int(nfct), []))[3].append(k)
+    if todo:
+        keys = list(todo)
+        made = _simulate([todo[k][:3] for k in keys], *tun)
+        for key, s in zip(keys, made):
+            _CACHE.put(key, s)
+            for k in todo[key][3]:
+                out[k] = s
+    return out
+
+
+# ------------------------------------------------------------------- the simulation
+
+def _excl_cumsum(x):
+    out = np.zeros(len(x) + 1, dtype=np.int64)
+    np.cumsum(x, out=out[1:])
+    return out
+
+
+def _simulate(patterns, bundle: int, pipelining: bool, granule: int) -> list:
+    """Run the bucket rules for all patterns at once; one TileSchedule each."""
+    P = len(patterns)
+    nrt = np.array([len(p[0]) for p in patterns], dtype=np.int64)
+    nct = np.array([p[1] for p in patterns], dtype=np.int64)
+    nfct = np.array([p[2] for p in patterns], dtype=np.int64)
+    tptr = _excl_cumsum(nrt)
+    NT = int(tptr[-1])
+    bptr = _excl_cumsum(nfct)
+    NB = int(bptr[-1])
+    p_of_tile = np.repeat(np.arange(P), nrt)
+    p_of_b = np.repeat(np.arange(P), nfct)
+    bloc = np.arange(NB, dtype=np.int64) - bptr[p_of_b]
+    diag = tptr[p_of_b] + bloc                    # the diagonal tile of every bucket
+    last_b = bloc == nfct[p_of_b] - 1
+    b0 = np.concatenate([p[0] for p in patterns]).astype(np.int64) if P else np.zeros(0, np.int64)
+    gbk = np.where(b0 >= 0, bptr[p_of_tile] + b0, -1)   # current (global) bucket, -1 none
+    INF = np.iinfo(np.int64).max // 4
+    av = np.zeros(NT, dtype=np.int64)              # idle from this launch on
+    tri = np.zeros(NT, dtype=bool)                 # upper triangular in its bucket
+    # Apply+Factorize groups arriving next launch (sorted by bucket, then creation)
+    g_gb = np.zeros(0, np.int64)
+    g_rest = np.zeros((0, bundle), np.int64)
+    g_nrest = np.zeros(0, np.int64)
+    g_src = np.zeros(0, np.int64)
+    steps = []
+    nb_done = 0
+    prev_tiles = np.zeros((0, bundle), np.int64)
+    t = 0
+    W = MAX_SLOTS
+    while True:
+        idle = np.flatnonzero((gbk >= 0) & (av <= t))
+        idle = idle[np.argsort(gbk[idle], kind="stable")]
+        ib = gbk[idle]
+        nidle = np.bincount(ib, minlength=NB)
+        r = np.arange(len(idle)) - _excl_cumsum(nidle)[ib]
+        ng = len(g_gb)
+        cap = bundle - g_nrest
+        Cb = np.bincount(g_gb, weights=cap, minlength=NB).astype(np.int64)
+        ngr = np.bincount(g_gb, minlength=NB)
+        G0 = _excl_cumsum(Cb)[:-1]
+        gce = np.cumsum(cap)
+        to_g = r < Cb[ib]
+        d_tile = idle[to_g]
+        d_pos = G0[ib[to_g]] + r[to_g]
+        d_grp = np.searchsorted(gce, d_pos, side="right")
+        d_rank = d_pos - (gce - cap)[d_grp]
+        # the other idle tiles: near-equal chunks (or the lone diagonal tile)
+        rem = ~to_g
+        c_tile, c_b = idle[rem], ib[rem]
+        nrem = np.maximum(nidle - Cb, 0)
+        r2 = r[rem] - Cb[c_b]
+        lone = nrem[c_b] == 1
+        ok1 = np.zeros(NB, dtype=bool)
+        ok1[c_b[lone]] = (c_tile[lone] == diag[c_b[lone]]) & ~tri[c_tile[lone]]
+        kch = -(-nrem // bundle)
+        nck = np.where(nrem >= 2, kch, ok1.astype(np.int64))
+        keep = (nrem[c_b] >= 2) | ok1[c_b]
+        c_tile, c_b, r2 = c_tile[keep], c_b[keep], r2[keep]
+        kk = kch[c_b]
+        base = nrem[c_b] // kk
+        extra = nrem[c_b] - base * kk
+        thr = extra * (base + 1)
+        q = np.where(r2 < thr, r2 // (base + 1), extra + (r2 - thr) // np.maximum(base, 1))
+        # bundle numbers of this launch: per bucket its groups, then its chunks
+        nbb = ngr + nck
+        bb = _excl_cumsum(nbb)
+        nbs = int(bb[-1])
+        if nbs == 0:
+            pending = np.any((gbk >= 0) & (av > t) & (av < INF))
+            if not pending:
+                break
+            t += 1
+            continue
+        gstart = _excl_cumsum(ngr)[:-1]
+        g_id = bb[g_gb] + (np.arange(ng) - gstart[g_gb])
+        c_id = bb[c_b] + ngr[c_b] + q
+        B_gb = np.empty(nbs, dtype=np.int64)
+        B_gb[g_id] = g_gb
+        B_gb[c_id] = c_b
+        is_af = np.zeros(nbs, dtype=bool)
+        is_af[g_id] = True
+        # members of every bundle, sorted by (bundle, tile)
+        rm = g_rest >= 0
+        m_b = np.concatenate([np.broadcast_to(g_id[:, None], g_rest.shape)[rm],
+                              g_id[d_grp], c_id])
+        m_t = np.concatenate([g_rest[rm], d_tile, c_tile])
+        o = np.lexsort((m_t, m_b))
+        m_b, m_t = m_b[o], m_t[o]
+        nmem = np.bincount(m_b, minlength=nbs)
+        pos = np.arange(len(m_b)) - _excl_cumsum(nmem)[m_b]
+        tiles = np.full((nbs, bundle), -1, dtype=np.int64)
+        tiles[m_b, pos] = m_t
+        top = tiles[:, 0]
+        # the records' row slots: Factorize = its tiles; Apply+Factorize = the
+        # source bundle (Apply part), then the delta tiles
+        rows = np.full((nbs, W), -1, dtype=np.int64)
+        rows[:, :bundle] = np.where(is_af[:, None], -1, tiles)
+        napply = np.zeros(nbs, dtype=np.int64)
+        flags = np.zeros(nbs, dtype=np.int64)
+        ftop = np.zeros(nbs, dtype=np.int64)
+        src = np.full(nbs, -1, dtype=np.int64)
+        if ng:
+            s_loc = g_src - (nb_done - len(prev_tiles))
+            s_tiles = prev_tiles[s_loc]
+            s_n = g_nrest + 1
+            rows[g_id, :bundle] = s_tiles
+            rows[g_id[d_grp], s_n[d_grp] + d_rank] = d_tile
+            napply[g_id] = s_n
+            src[g_id] = g_src
+            ftop[g_id] = np.where(g_rest[:, 0] == top[g_id], 1, s_n)
+            dt = tri[d_tile]
+            np.add.at(flags, g_id[d_grp[dt]], 1 << (s_n[d_grp[dt]] + d_rank[dt]))
+        if len(c_tile):
+            # a Factorize bundle's members in (bundle, tile) order are its slots
+            c_sel = ~is_af[m_b]
+            trc = tri[m_t[c_sel]]
+            np.add.at(flags, m_b[c_sel][trc], 1 << pos[c_sel][trc])
+        # state
+        tri[m_t] = False
+        tri[top] = True
+        av[top] = t + 1
+        gbk[top] = B_gb
+        nt_mask = m_t != top[m_b]
+        mv_t = m_t[nt_mask]
+        mv_b = B_gb[m_b[nt_mask]]
+        fin = last_b[mv_b]
+        gbk[mv_t] = np.where(fin, -1, mv_b + 1)
+        av[mv_t] = INF if pipelining else t + 2
+        steps.append((t, B_gb, nmem, tiles, rows, is_af, napply, flags, ftop, src))
+        # groups of the next launch
+        if pipelining:
+            adv = (nmem >= 2) & ~last_b[B_gb]
+            ids = np.flatnonzero(adv)
+            g_gb = B_gb[ids] + 1
+            g_rest = np.full((len(ids), bundle), -1, dtype=np.int64)
+            g_rest[:, :bundle - 1] = tiles[ids, 1:]
+            g_nrest = nmem[ids] - 1
+            g_src = nb_done + ids
+        prev_tiles = tiles
+        nb_done += nbs
+        t += 1
+    _check_final(gbk, av, tri, diag, NB)
+    return _records(steps, P, tptr, p_of_b, bloc, nct, nfct, bundle, pipelining, granule)
+
+
+def _check_final(gbk, av, tri, diag, NB):
+    left = gbk >= 0
+    cnt = np.bincount(gbk[left], minlength=NB)
+    if np.any(cnt != 1) or np.any(gbk[diag] != np.arange(NB)) or not np.all(tri[diag]):
+        raise AssertionError("bucket scheduler: a bucket did not end with its "  # pragma: no cover
+                             "upper triangular diagonal tile")
+
+
+def _records(steps, P, tptr, p_of_b, bloc, nct, nfct, bundle, pipelining, granule):
+    """Rows of all bundles, per pattern, in launch order (no sort of rows)."""
+    if not steps:
+        return [_empty_schedule(granule, int(nct[j])) for j in range(P)]
+    tb = np.concatenate([np.full(len(s[1]), s[0], dtype=np.int64) for s in steps])
+    cat = [np.concatenate([s[k] for s in steps]) for k in range(1, 10)]
+    gb, n, tiles, rows, is_af, napply, flags, ftop, src = cat
+    nb = len(gb)
+    p = p_of_b[gb]
+    b = bloc[gb]
+    # tile numbers local to each pattern
+    tiles = np.where(tiles >= 0, tiles - tptr[p][:, None], -1)
+    rows = np.where(rows >= 0, rows - tptr[p][:, None], -1)
+    # bundles in (pattern, launch, creation) order; VT numbers per pattern
+    order = np.argsort(p, kind="stable")
+    inv = np.empty(nb, dtype=np.int64)
+    inv[order] = np.arange(nb)
+    p_cnt = np.bincount(p, minlength=P)
+    p_start = _excl_cumsum(p_cnt)
+    vt = inv - p_start[p]
+    ngran = np.maximum(-(-(nct[p] - b - 1) // granule), 0)
+    af_next = (n >= 2) & (b + 1 < nfct[p]) if pipelining else np.zeros(nb, dtype=bool)
+    napp = ngran - af_next
+    run = napp > 0
+    # launch slots (pattern, launch): Factorize / A+F rows of bundles made at
+    # that launch, then the Apply runs of bundles made one launch before
+    last = np.where(run, tb + 1, tb)
+    nl = np.zeros(P, dtype=np.int64)
+    np.maximum.at(nl, p, last + 1)
+    lptr = _excl_cumsum(nl)
+    nslot = int(lptr[-1])
+    slot = lptr[p] + tb
+    n_fa = np.bincount(slot, minlength=nslot)
+    n_run = np.bincount(slot[run] + 1, minlength=nslot + 1)[:nslot]
+    n_rec = n_fa + np.bincount(slot + 1, weights=napp, minlength=nslot + 1)[:nslot].astype(np.int64)
+    sptr = _excl_cumsum(n_fa + n_run)
+    NR = int(sptr[-1])
+    # rank of each bundle among the bundles of its (pattern, launch), and the
+    # runs before it, in (pattern, launch, creation) order
+    slot_o = slot[order]
+    first_o = _excl_cumsum(np.bincount(slot_o, minlength=nslot))[slot_o]
+    rank = np.empty(nb, dtype=np.int64)
+    rank[order] = np.arange(nb) - first_o
+    run_o = run[order].astype(np.int64)
+    cr = np.cumsum(run_o) - run_o
+    cum_run = np.empty(nb, dtype=np.int64)
+    cum_run[order] = cr - cr[first_o]
+    fa_pos = sptr[slot] + rank
+    c = {k: np.zeros(NR, dtype=np.int32) for k in COLUMNS if k != "rows"}
+    c["vt"][:] = -1
+    c["vt2"][:] = -1
+    c["mult"] = np.ones(NR, dtype=np.int32)
+    rws = np.full((NR, MAX_SLOTS), -1, dtype=np.int32)
+    # ---- Factorize and Apply+Factorize rows
+    c["type"][fa_pos] = np.where(is_af, int(TaskType.APPLY_FACTORIZE), int(TaskType.FACTORIZE))
+    c["col"][fa_pos] = np.where(is_af, b - 1, b)
+    c["c0"][fa_pos] = np.where(is_af, b, 0)
+    c["c1"][fa_pos] = np.where(is_af, np.minimum(b + granule, nct[p]), 0)
+    c["napply"][fa_pos] = napply
+    c["nfrows"][fa_pos] = n
+    c["fstart"][fa_pos] = is_af
+    c["flags"][fa_pos] = flags
+    c["ftop"][fa_pos] = ftop
+    c["vt"][fa_pos] = np.where(is_af, vt[np.maximum(src, 0)], vt)
+    c["vt2"][fa_pos] = np.where(is_af, vt, -1)
+    rws[fa_pos] = rows
+    # ---- Apply runs: bundle x, granules af_next[x] … ngran[x]-1
+    ax = np.flatnonzero(run)
+    ap_pos = sptr[slot[ax] + 1] + n_fa[slot[ax] + 1] + cum_run[ax]
+    c0 = b[ax] + 1 + af_next[ax] * granule
+    c["type"][ap_pos] = int(TaskType.APPLY)
+    c["col"][ap_pos] = b[ax]
+    c["c0"][ap_pos] = c0
+    c["c1"][ap_pos] = c0 + granule
+    c["napply"][ap_pos] = n[ax]
+    c["vt"][ap_pos] = vt[ax]
+    c["mult"][ap_pos] = napp[ax]
+    rws[ap_pos, :bundle] = tiles[ax]
+    c["rows"] = rws
+    rec_ptr = _excl_cumsum(n_rec)
+    out = []
+    for j in range(P):
+        a, e = int(sptr[lptr[j]]), int(sptr[lptr[j + 1]])
+        cj = {name: v[a:e] for name, v in c.items()}
+        for v in cj.values():
+            v.flags.writeable = False
+        rp = sptr[lptr[j]:lptr[j + 1] + 1] - a
+        lp = rec_ptr[lptr[j]:lptr[j + 1] + 1] - rec_ptr[lptr[j]]
+        rp.flags.writeable = False
+        lp.flags.writeable = False
+        out.append(TileSchedule(rcols=cj, row_ptr=rp, launch_ptr=lp, nlaunch=int(nl[j]),
+                                nvt=int(p_cnt[j]), granule=granule, nct=int(nct[j])))
+    return out
+
+
+def _empty_schedule(granule: int, nct: int) -> TileSchedule:
+    rc = {k: np.zeros((0, MAX_SLOTS) if k == "rows" else 0, dtype=np.int32)
+          for k in COLUMNS + ("mult",)}
+    z = np.zeros(1, np.int64)
+    return TileSchedule(rcols=rc, row_ptr=z, launch_ptr=z, nlaunch=0, nvt=0,
+                        granule=granule, nct=nct)
+
+
+# --------------------------------------------------------------- instantiation
 
 def front_tasks(sched: TileSchedule, fm: int, fn: int, nfact: int, *, tile: int,
                 F: int = 0, vt_base: int = 0, front: int = 0,
@@ -351,12 +735,13 @@ def vt_slots_recycled(sched: TileSchedule) -> tuple[np.ndarray, int]:
     nslots : int
         Tiles the front needs at once.
     """
-    t = sched.tasks
+    t = sched.rcols
+    launch = np.repeat(np.arange(sched.nlaunch), np.diff(sched.row_ptr))
     fac = np.where(t["type"] == TaskType.FACTORIZE)[0]
     born = np.full(sched.nvt, -1, dtype=np.int64)
-    born[t["vt"][fac]] = sched.launch[fac]
+    born[t["vt"][fac]] = launch[fac]
     af = np.where(t["type"] == TaskType.APPLY_FACTORIZE)[0]
-    born[t["vt2"][af]] = sched.launch[af]
+    born[t["vt2"][af]] = launch[af]
     ids = np.empty(sched.nvt, dtype=np.int64)
     free: list[int] = []
     busy: dict[int, list[int]] = defaultdict(list)

@@ -31,17 +31,20 @@ maps pool = all Rimap entries, then all Rjmap entries (int64).
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import bucket
-from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TASK_DTYPE,
-                    TaskType, empty_tasks)
+from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, MAX_SLOTS,
+                    TASK_DTYPE, TaskType, empty_tasks)
 
 __all__ = ["StageSchedule", "SparseSchedule", "build_schedule", "schedule_stats",
-           "S_CHUNK", "PACK_CHUNK"]
+           "clear_schedule_cache", "S_CHUNK", "PACK_CHUNK"]
 
 #: S entries per S-Assemble task.
 S_CHUNK = 8192
@@ -49,16 +52,22 @@ S_CHUNK = 8192
 PACK_CHUNK = 16384
 
 
-@dataclass
+#: Records built per NumPy pass when materializing (keeps the pass in cache).
+CHUNK = 8192
+
+
+@dataclass(eq=False)
 class StageSchedule:
     """The task list of one stage.
+
+    Records are materialized on demand: :attr:`tasks` builds (once) the whole
+    stage, :meth:`launch_tasks` one launch only (what an engine overlapping
+    the CPU with the GPU asks for). Both give the same records.
 
     Attributes
     ----------
     fronts : (int, int)
         First and last front (postorder, inclusive).
-    tasks : ndarray of TASK_DTYPE
-        All records, sorted by launch.
     launch_ptr : ndarray of int64
         Records of launch L are ``tasks[launch_ptr[L]:launch_ptr[L+1]]``.
     foff : ndarray of int64 (nfronts,)
@@ -75,20 +84,45 @@ class StageSchedule:
     """
 
     fronts: tuple
-    tasks: np.ndarray
     launch_ptr: np.ndarray
     foff: np.ndarray
     carried: dict
     pool_size: int
     s_range: tuple
     finish: dict = field(default_factory=dict)
+    _maker: object = field(default=None, repr=False)
+    _tasks: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def nlaunch(self) -> int:
         return len(self.launch_ptr) - 1
 
+    @property
+    def ntasks(self) -> int:
+        """Records of the stage (known without materializing them)."""
+        return int(self.launch_ptr[-1])
 
-@dataclass
+    @property
+    def tasks(self) -> np.ndarray:
+        """All records of the stage (TASK_DTYPE, sorted by launch; built once)."""
+        if self._tasks is None:
+            self._tasks = self._maker.records(0, self.nlaunch)
+        return self._tasks
+
+    @property
+    def materialized(self) -> bool:
+        return self._tasks is not None
+
+    def launch_tasks(self, L: int) -> np.ndarray:
+        """Records of launch ``L`` (a view when the stage is materialized)."""
+        if not 0 <= L < self.nlaunch:
+            raise IndexError(f"launch {L} out of range [0, {self.nlaunch})")
+        if self._tasks is not None:
+            return self._tasks[self.launch_ptr[L]:self.launch_ptr[L + 1]]
+        return self._maker.records(L, L + 1)
+
+
+@dataclass(eq=False)
 class SparseSchedule:
     """Task lists of a whole factorization (see :func:`build_schedule`).
 
@@ -108,7 +142,8 @@ class SparseSchedule:
         Launches of the longest leaf-to-root chain (assembly, factorization
         and packing launches; no launch limit, one stage).
     seconds : float
-        CPU time to build the schedule.
+        CPU time to build the schedule (with every record, unless it was
+        built ``lazy``: then the plan only).
     """
 
     stages: list
@@ -128,25 +163,85 @@ class SparseSchedule:
 
     @property
     def ntasks(self) -> int:
-        return sum(len(s.tasks) for s in self.stages)
+        return sum(s.ntasks for s in self.stages)
+
+    def materialize(self) -> "SparseSchedule":
+        """Build every stage's records now (idempotent); returns self."""
+        for st in self.stages:
+            st.tasks
+        return self
+
+    def iter_launches(self, prefetch: bool = True):
+        """Yield ``(stage index, launch, records)`` launch after launch.
+
+        Records of a launch are built only when asked for. With ``prefetch``
+        a worker thread builds launch k+1 while the caller works on launch k
+        (the caller may keep the records; they are never reused).
+        """
+        order = [(i, L) for i, st in enumerate(self.stages) for L in range(st.nlaunch)]
+        if not prefetch or len(order) < 2:
+            for i, L in order:
+                yield i, L, self.stages[i].launch_tasks(L)
+            return
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            nxt = pool.submit(self.stages[order[0][0]].launch_tasks, order[0][1])
+            for k, (i, L) in enumerate(order):
+                cur = nxt.result()
+                if k + 1 < len(order):
+                    i2, L2 = order[k + 1]
+                    nxt = pool.submit(self.stages[i2].launch_tasks, L2)
+                yield i, L, cur
 
 
-def _front_templates(fs, tile, bundle, pipelining, granule):
-    """Tile schedule of every front (shared between equal patterns)."""
+# ------------------------------------------------------------------ per-analysis cache
+
+_SCHEDULES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_SCHEDULES_LOCK = threading.Lock()
+
+
+def clear_schedule_cache(analysis=None) -> None:
+    """Forget the cached schedules of ``analysis`` (None: of every analysis)."""
+    with _SCHEDULES_LOCK:
+        if analysis is None:
+            _SCHEDULES.clear()
+        else:
+            _SCHEDULES.pop(analysis, None)
+
+
+def _cache_get(analysis, key):
+    with _SCHEDULES_LOCK:
+        try:
+            return _SCHEDULES.get(analysis, {}).get(key)
+        except TypeError:               # not weak-referenceable: no cache
+            return None
+
+
+def _cache_put(analysis, key, sched) -> None:
+    with _SCHEDULES_LOCK:
+        try:
+            _SCHEDULES.setdefault(analysis, {})[key] = sched
+        except TypeError:
+            pass
+
+
+# ------------------------------------------------------------------------ the builder
+
+def _front_patterns(fs, tile, bundle, pipelining, granule):
+    """Tile schedule of every front (shared between equal patterns); None: nothing
+    to factorize."""
     nf = fs.nfronts
-    fm, fn = fs.fm.tolist(), fs.fn.tolist()
-    nfact = np.minimum(fs.fm, fs.fn)
-    nfl = nfact.tolist()
-    cp = fs.col_ptr.tolist()
-    scheds = []
-    for f in range(nf):
-        m, n, k = fm[f], fn[f], nfl[f]
-        if k <= 0:
-            scheds.append(None)
-            continue
-        b = bucket.tile_buckets(m, n, fs.stair[cp[f]:cp[f + 1]], k, tile)
-        scheds.append(bucket.tile_schedule(b, -(-n // tile), -(-k // tile), bundle=bundle,
-                                           pipelining=pipelining, granule=granule))
+    nfact = np.minimum(fs.fm, fs.fn).astype(np.int64)
+    b, tptr = bucket.many_tile_buckets(fs.fm, fs.fn, nfact, fs.stair, fs.col_ptr, tile)
+    nct = -(-fs.fn // tile)
+    nfct = np.where(nfact > 0, -(-nfact // tile), 0)
+    fac = np.flatnonzero(nfact > 0).tolist()
+    tp = tptr.tolist()
+    nct_l, nfct_l = nct.tolist(), nfct.tolist()
+    pats = [(b[tp[f]:tp[f + 1]], nct_l[f], nfct_l[f]) for f in fac]
+    got = bucket.tile_schedules(pats, bundle=bundle, pipelining=pipelining, granule=granule)
+    scheds = [None] * nf
+    for f, s in zip(fac, got):
+        scheds[f] = s
     return scheds, nfact
 
 
@@ -164,7 +259,7 @@ def _tail_lengths(fs, nl):
 def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_BUNDLE,
                    pipelining: bool = True, granule: int = DEFAULT_APPLY_GRANULE,
                    max_gpu_memory: int | None = None, max_tasks: int | None = None,
-                   plan=None) -> SparseSchedule:
+                   plan=None, lazy: bool = False, cache: bool = True) -> SparseSchedule:
     """Build the task lists of every stage of a factorization.
 
     Parameters
@@ -181,26 +276,70 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
         than the limit still runs alone).
     plan : StagePlan, optional
         Use this staging plan instead of ``analysis.stage_plan(max_gpu_memory)``.
+    lazy : bool
+        Plan only (front state machines, launch sizes, assembly records);
+        the records of each launch are built when asked for
+        (:meth:`StageSchedule.launch_tasks`, :meth:`SparseSchedule.iter_launches`)
+        or all at once by :attr:`StageSchedule.tasks`.
+    cache : bool
+        Reuse the schedule built before for the same analysis object and
+        arguments (``refactor`` keeps its analysis, so it gets its schedule
+        for free); the cache lives as long as the analysis.
+
+    Returns
+    -------
+    SparseSchedule
+        With ``cache`` the very object built the first time (treat it as
+        read-only).
     """
-    t0 = time.process_time()
-    fs = analysis.fronts
-    nf = fs.nfronts
+    bucket.check_tunables(bundle, granule)
+    if tile < 1:
+        raise ValueError(f"tile must be >= 1, got {tile}")
     if plan is None:
         plan = analysis.stage_plan(max_gpu_memory)
-    scheds, nfact = _front_templates(fs, tile, bundle, pipelining, granule)
+    key = (int(tile), int(bundle), bool(pipelining), int(granule),
+           None if max_tasks is None else int(max_tasks),
+           tuple((int(a), int(b)) for a, b in plan.stages))
+    if cache:
+        hit = _cache_get(analysis, key)
+        if hit is not None:
+            return hit if lazy else hit.materialize()
+    t0 = time.process_time()
+    out = _build(analysis, plan, int(tile), int(bundle), bool(pipelining), int(granule),
+                 max_tasks)
+    if not lazy:
+        out.materialize()
+    out.seconds = time.process_time() - t0
+    if cache:
+        _cache_put(analysis, key, out)
+    return out
+
+
+def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks) -> SparseSchedule:
+    fs = analysis.fronts
+    nf = fs.nfronts
+    scheds, nfact = _front_patterns(fs, tile, bundle, pipelining, granule)
+    uniq = {}
+    for s in scheds:
+        if s is not None and id(s) not in uniq:
+            uniq[id(s)] = s
+    ctx = _Templates(list(uniq.values()), fs, nfact, tile)
+    pat_of = np.array([ctx.index[id(s)] if s is not None else -1 for s in scheds],
+                      dtype=np.int64)
     nl = [s.nlaunch if s is not None else 0 for s in scheds]
     nvt = np.array([s.nvt if s is not None else 0 for s in scheds], dtype=np.int64)
     tt = tile * tile
-    vt_base = np.concatenate(([0], np.cumsum(nvt)[:-1])) * tt if nf else np.zeros(0, np.int64)
+    vt_base = np.zeros(nf, dtype=np.int64)
+    if nf:
+        vt_base[1:] = np.cumsum(nvt)[:-1] * tt
+    ctx.vt_base = vt_base
     tail = _tail_lengths(fs, nl)
     crit = max(tail) + 1 if nf else 0
     # per-step task counts of every front (for the launch limit)
-    counts = [np.bincount(s.launch, minlength=s.nlaunch).tolist() if s is not None else []
-              for s in scheds]
+    counts = [np.diff(s.launch_ptr).tolist() if s is not None else [] for s in scheds]
     parent = fs.parent.tolist()
     chp, ch = fs.child_ptr.tolist(), fs.children.tolist()
-    fm_l, fn_l, fp_l = fs.fm.tolist(), fs.fn.tolist(), fs.fp.tolist()
-    frank = fs.frank.tolist()
+    fn_l, fp_l = fs.fn.tolist(), fs.fp.tolist()
     cm_l = fs.cm.tolist()
     stage_of = np.zeros(nf, dtype=np.int64)
     for sid, (a, b) in enumerate(plan.stages):
@@ -220,98 +359,107 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
                 if stage_of_l[c] < sid:
                     carried[c] = pool
                     pool += cm_l[c] * (fn_l[c] - fp_l[c])
-        # ---- the state machine, front-level, launch by launch -------------------
-        # ready[f]: first launch f may factorize; assemble launch of f
-        pending = {f: sum(1 for c in ch[chp[f]:chp[f + 1]] if stage_of_l[c] == sid)
-                   for f in members}
-        asm_launch = {}     # f -> launch of its S-Assemble (and carried packs)
-        pack_launch = {}    # child -> launch of its Pack-Assemble into the parent
-        step_launch = {}    # f -> list of global launches of its local steps
-        finish = {}
-        ready_at = {}       # front -> launch it may start factorizing
-        # leaves of the stage (no in-stage children) assemble at launch 0
-        for f in members:
-            if pending[f] == 0:
-                asm_launch[f] = 0
-                ready_at[f] = 1
-        active = []         # fronts factorizing: [tail, f, next local step]
-        L = 0
-        waiting_ready = sorted(ready_at.items(), key=lambda x: x[1])
-        ready_heap = {}
-        for f, r in waiting_ready:
-            ready_heap.setdefault(r, []).append(f)
-        done = 0
-        nmem = last - first + 1
-        while done < nmem:
-            for f in ready_heap.pop(L, ()):
-                if nl[f] == 0:
-                    finish[f] = L - 1
-                    step_launch[f] = []
-                    done += 1
-                    _release(f, L - 1, parent, stage_of_l, sid, pending, asm_launch,
-                             pack_launch, ready_heap)
-                else:
-                    active.append([-tail[f], f, 0])
-                    step_launch[f] = []
-            if done < nmem and not active and not ready_heap:
-                raise AssertionError("sparse scheduler stalled")  # pragma: no cover
-            active.sort()
-            used = 0
-            still = []
-            for item in active:
-                _, f, k = item
-                cnt = counts[f][k]
-                if max_tasks is not None and used and used + cnt > max_tasks:
-                    still.append(item)
-                    continue
-                used += cnt
-                step_launch[f].append(L)
-                item[2] = k + 1
-                if k + 1 == nl[f]:
-                    finish[f] = L
-                    done += 1
-                    _release(f, L, parent, stage_of_l, sid, pending, asm_launch,
-                             pack_launch, ready_heap)
-                else:
-                    still.append(item)
-            active = still
-            L += 1
-        nlaunch = max([L] + [v + 1 for v in pack_launch.values()] +
+        step_launch, finish, asm_launch, pack_launch = _state_machine(
+            members, first, last, sid, ch, chp, parent, stage_of_l, nl, tail, counts,
+            max_tasks)
+        nlaunch = max([0] + [v[-1] + 1 for v in step_launch.values() if v] +
+                      [v + 1 for v in pack_launch.values()] +
                       [v + 1 for v in asm_launch.values()])
-        # ---- records --------------------------------------------------------------
-        parts, plaunch = [], []
-        fac_fronts = [f for f in members if scheds[f] is not None]
-        if fac_fronts:
-            lens = np.array([len(scheds[f].tasks) for f in fac_fronts], dtype=np.int64)
-            big = np.concatenate([scheds[f].tasks for f in fac_fronts])
-            loc = np.concatenate([scheds[f].launch for f in fac_fronts]).astype(np.int64)
-            fr = np.repeat(np.array(fac_fronts, dtype=np.int64), lens)
-            gl_flat = np.concatenate([np.asarray(step_launch[f], dtype=np.int64)
-                                      for f in fac_fronts])
-            gl_ptr = np.concatenate(([0], np.cumsum([nl[f] for f in fac_fronts])[:-1]))
-            gl_ptr_t = np.repeat(gl_ptr, lens)
-            plaunch.append(gl_flat[gl_ptr_t + loc])
-            parts.append(_instantiate(big, fr, fs, nfact, foff, vt_base, tile))
-        parts_a, launch_a = _assembly_tasks(fs, members, sid, stage_of_l, foff, carried,
-                                            asm_launch, pack_launch, frank, cm_l)
-        parts.append(parts_a)
-        plaunch.append(launch_a)
-        tasks = np.concatenate(parts) if parts else empty_tasks(0)
-        gl = np.concatenate(plaunch) if plaunch else np.zeros(0, np.int64)
-        order = np.argsort(gl, kind="stable")
-        tasks = tasks[order]
-        gl = gl[order]
-        launch_ptr = np.searchsorted(gl, np.arange(nlaunch + 1)).astype(np.int64)
+        # ---- factorization blocks: (front, local step) -> global launch -------------
+        fac = [f for f in members if nl[f]]
+        if fac:
+            fa = np.array(fac, dtype=np.int64)
+            nlf = np.array([nl[f] for f in fac], dtype=np.int64)
+            blk_front = np.repeat(fa, nlf)
+            blk_L = np.concatenate([np.asarray(step_launch[f], dtype=np.int64) for f in fac])
+            rp = np.concatenate([scheds[f].row_ptr for f in fac])
+            lp = np.concatenate([scheds[f].launch_ptr for f in fac])
+            # local step k of front f: rows [rp[k], rp[k+1]) of its pattern
+            ptr = np.zeros(len(fac) + 1, dtype=np.int64)
+            np.cumsum(nlf + 1, out=ptr[1:])
+            k_of = np.arange(len(blk_front)) - np.repeat(np.cumsum(nlf) - nlf, nlf)
+            at = np.repeat(ptr[:-1], nlf) + k_of
+            blk_rstart = ctx.base[pat_of[blk_front]] + rp[at]
+            blk_rlen = rp[at + 1] - rp[at]
+            blk_len = lp[at + 1] - lp[at]
+            o = np.argsort(blk_L, kind="stable")
+            blk = (blk_L[o], blk_rstart[o], blk_rlen[o], blk_len[o], blk_front[o])
+        else:
+            z = np.zeros(0, dtype=np.int64)
+            blk = (z, z, z, z, z)
+        asm, asm_L = _assembly_tasks(fs, first, last, sid, stage_of, foff, carried,
+                                     asm_launch, pack_launch)
+        o = np.argsort(asm_L, kind="stable")
+        asm, asm_L = asm[o], asm_L[o]
+        maker = _StageMaker(ctx, foff, blk, asm, asm_L, nlaunch)
         s0 = int(fs.s_ptr[first])
         s1 = int(fs.s_ptr[last + 1])
-        stages.append(StageSchedule(fronts=(first, last), tasks=tasks, launch_ptr=launch_ptr,
+        stages.append(StageSchedule(fronts=(first, last), launch_ptr=maker.launch_ptr,
                                     foff=foff, carried=carried, pool_size=pool,
-                                    s_range=(s0, s1), finish=finish))
-    seconds = time.process_time() - t0
+                                    s_range=(s0, s1), finish=finish, _maker=maker))
     return SparseSchedule(stages=stages, tile=tile, bundle=bundle, granule=granule,
-                          pipelining=pipelining, vt_base=vt_base.astype(np.int64),
-                          vt_size=int(nvt.sum()) * tt, nfact=nfact.astype(np.int64),
-                          critical_path=crit, seconds=seconds)
+                          pipelining=pipelining, vt_base=vt_base,
+                          vt_size=int(nvt.sum()) * tt, nfact=nfact,
+                          critical_path=crit, seconds=0.0)
+
+
+def _state_machine(members, first, last, sid, ch, chp, parent, stage_of, nl, tail, counts,
+                   max_tasks):
+    """Front-level state machines of one stage, launch by launch.
+
+    Returns the global launch of every local step of every front, the last
+    factorization launch of each front, and the launches of each front's
+    S-Assemble and of each child's Pack-Assemble.
+    """
+    pending = {f: sum(1 for c in ch[chp[f]:chp[f + 1]] if stage_of[c] == sid)
+               for f in members}
+    asm_launch = {}     # f -> launch of its S-Assemble (and carried packs)
+    pack_launch = {}    # child -> launch of its Pack-Assemble into the parent
+    step_launch = {}    # f -> list of global launches of its local steps
+    finish = {}
+    ready_heap = {}     # launch -> fronts that may start factorizing then
+    for f in members:   # leaves of the stage (no in-stage children) assemble at launch 0
+        if pending[f] == 0:
+            asm_launch[f] = 0
+            ready_heap.setdefault(1, []).append(f)
+    active = []         # fronts factorizing: [-tail, f, next local step]
+    L = 0
+    done = 0
+    nmem = last - first + 1
+    while done < nmem:
+        for f in ready_heap.pop(L, ()):
+            step_launch[f] = []
+            if nl[f] == 0:
+                finish[f] = L - 1
+                done += 1
+                _release(f, L - 1, parent, stage_of, sid, pending, asm_launch,
+                         pack_launch, ready_heap)
+            else:
+                active.append([-tail[f], f, 0])
+        if done < nmem and not active and not ready_heap:
+            raise AssertionError("sparse scheduler stalled")  # pragma: no cover
+        active.sort()
+        used = 0
+        still = []
+        for item in active:
+            _, f, k = item
+            cnt = counts[f][k]
+            if max_tasks is not None and used and used + cnt > max_tasks:
+                still.append(item)
+                continue
+            used += cnt
+            step_launch[f].append(L)
+            item[2] = k + 1
+            if k + 1 == nl[f]:
+                finish[f] = L
+                done += 1
+                _release(f, L, parent, stage_of, sid, pending, asm_launch,
+                         pack_launch, ready_heap)
+            else:
+                still.append(item)
+        active = still
+        L += 1
+    return step_launch, finish, asm_launch, pack_launch
 
 
 def _release(f, L, parent, stage_of, sid, pending, asm_launch, pack_launch, ready_heap):
@@ -326,90 +474,177 @@ def _release(f, L, parent, stage_of, sid, pending, asm_launch, pack_launch, read
         ready_heap.setdefault(L + 2, []).append(p)
 
 
-def _instantiate(big, fr, fs, nfact, foff, vt_base, tile):
-    """Vectorized :func:`bucket.front_tasks` over the tasks of many fronts."""
-    t = big.copy()
-    fn = fs.fn[fr]
-    t["F"] = foff[fr]
-    t["fm"] = fs.fm[fr]
-    t["fn"] = fn
-    t["front"] = fr
-    rows = t["rows"]
-    t["rows"] = np.where(rows >= 0, rows * tile, -1)
-    col = t["col"].astype(np.int64) * tile
-    t["col"] = col
-    nfa = nfact[fr]
-    t["nref"] = np.minimum(tile, nfa - col)
-    c0 = t["c0"].astype(np.int64) * tile
-    af = t["type"] == TaskType.APPLY_FACTORIZE
-    t["aux"] = np.where(af, np.minimum(tile, nfa - c0), 0)
-    t["c0"] = c0
-    t["c1"] = np.minimum(t["c1"].astype(np.int64) * tile, fn)
-    tt = tile * tile
-    vb = vt_base[fr]
-    vt, vt2 = t["vt"], t["vt2"]
-    t["vt"] = np.where(vt >= 0, vb + vt * tt, -1)
-    t["vt2"] = np.where(vt2 >= 0, vb + vt2 * tt, -1)
-    return t
+class _Templates:
+    """The unique tile schedules' rows end to end (element units), per-front facts."""
+
+    def __init__(self, scheds, fs, nfact, tile):
+        self.index = {id(s): k for k, s in enumerate(scheds)}
+        nrow = np.array([len(s.rcols["type"]) for s in scheds], dtype=np.int64)
+        self.base = np.zeros(len(scheds) + 1, dtype=np.int64)
+        np.cumsum(nrow, out=self.base[1:])
+        words = TASK_DTYPE.itemsize // 8
+        if scheds:
+            self.rows = np.concatenate([s.element_rows(tile) for s in scheds])
+            self.mult = np.concatenate([s.rcols["mult"] for s in scheds])
+            self.granule = scheds[0].granule
+        else:
+            self.rows = np.zeros((0, words), dtype=np.int64)
+            self.mult = np.zeros(0, dtype=np.int32)
+            self.granule = 1
+        self.fm = fs.fm.astype(np.int32)
+        self.fn = fs.fn.astype(np.int32)
+        self.nfact = nfact.astype(np.int32)
+        self.tile = tile
+        self.vt_base = None
+
+    def fill(self, o, idx, k, front, foff) -> None:
+        """Records of rows ``idx`` (granule ``k`` of an Apply run), fronts ``front``,
+        into ``o`` (``(m, 12)`` int64 words, C-contiguous)."""
+        np.take(self.rows, idx, axis=0, out=o)
+        o32 = o.view(np.int32)
+        tile = self.tile
+        o[:, 0] = foff[front]
+        vb = self.vt_base[front]
+        o[:, 1] += vb
+        isaf = o32[:, 8] == TaskType.APPLY_FACTORIZE
+        o[:, 2] += vb * isaf
+        fn = self.fn[front]
+        nfa = self.nfact[front]
+        o32[:, 9] = self.fm[front]
+        o32[:, 10] = fn
+        kg = (k * (self.granule * tile)).astype(np.int32)
+        o32[:, 12] += kg
+        np.minimum(o32[:, 13] + kg, fn, out=o32[:, 13])
+        np.minimum(tile, nfa - o32[:, 11], out=o32[:, 14])
+        o32[:, 15] = front
+        o[:, 3] = isaf * np.minimum(tile, nfa - o32[:, 12])
 
 
-def _assembly_tasks(fs, members, sid, stage_of, foff, carried, asm_launch, pack_launch,
-                    frank, cm):
-    """S-Assemble and Pack-Assemble records of one stage."""
-    recs = []
-    launches = []
-    nrimap = int(fs.rimap_ptr[-1])
-    chp, ch = fs.child_ptr.tolist(), fs.children.tolist()
-    sp_l = fs.s_ptr.tolist()
-    fn_l, fp_l = fs.fn.tolist(), fs.fp.tolist()
-    parent = fs.parent.tolist()
-    sbase = sp_l[members[0]] if len(members) else 0
-    for f in members:
-        s0, s1 = sp_l[f] - sbase, sp_l[f + 1] - sbase
-        La = asm_launch.get(f, 0)
-        for a in range(s0, s1, S_CHUNK):
-            recs.append((int(TaskType.S_ASSEMBLE), int(foff[f]), a, min(a + S_CHUNK, s1), 0,
-                         0, 0, 0, 0, 0, 0, f))
-            launches.append(La)
-        for c in ch[chp[f]:chp[f + 1]]:
-            cmc = cm[c]
-            cn = fn_l[c] - fp_l[c]
-            if cmc == 0 or cn == 0:
-                continue
-            if stage_of[c] < sid:
-                base, ld, Lp = carried[c], cn, 0
+class _StageMaker:
+    """Builds any range of a stage's launches from the blocks and assembly records."""
+
+    def __init__(self, ctx, foff, blk, asm, asm_L, nlaunch):
+        self.ctx = ctx
+        self.foff = foff
+        self.blk_L, self.blk_rstart, self.blk_rlen, self.blk_len, self.blk_front = blk
+        self.asm = asm.view(np.int64).reshape(len(asm), TASK_DTYPE.itemsize // 8)
+        bounds = np.arange(nlaunch + 1)
+        self.blk_ptr = np.searchsorted(self.blk_L, bounds)
+        self.asm_ptr = np.searchsorted(asm_L, bounds)
+        cum = np.zeros(len(self.blk_len) + 1, dtype=np.int64)
+        np.cumsum(self.blk_len, out=cum[1:])
+        self.fac_ptr = cum[self.blk_ptr]           # fac records before launch L
+        self.nfac = np.diff(self.fac_ptr)
+        nasm = np.diff(self.asm_ptr)
+        self.launch_ptr = np.zeros(nlaunch + 1, dtype=np.int64)
+        np.cumsum(self.nfac + nasm, out=self.launch_ptr[1:])
+
+    def records(self, L0: int, L1: int) -> np.ndarray:
+        """Records of launches ``[L0, L1)`` in order (factorization, then assembly)."""
+        lp = self.launch_ptr
+        n = int(lp[L1] - lp[L0])
+        out = np.empty(n, dtype=TASK_DTYPE)
+        o64 = out.view(np.int64).reshape(n, TASK_DTYPE.itemsize // 8)
+        b0, b1 = int(self.blk_ptr[L0]), int(self.blk_ptr[L1])
+        if b1 > b0:
+            rlen = self.blk_rlen[b0:b1]
+            rstart = self.blk_rstart[b0:b1]
+            rows = np.repeat(rstart - (np.cumsum(rlen) - rlen), rlen) + np.arange(int(rlen.sum()))
+            idx, k = bucket.expand_rows(rows, self.ctx.mult)
+            front = np.repeat(self.blk_front[b0:b1], self.blk_len[b0:b1])
+            nfac = len(idx)
+            a0, a1 = int(self.asm_ptr[L0]), int(self.asm_ptr[L1])
+            if a1 == a0:            # the factorization records are contiguous
+                for a in range(0, nfac, CHUNK):
+                    e = min(a + CHUNK, nfac)
+                    self.ctx.fill(o64[a:e], idx[a:e], k[a:e], front[a:e], self.foff)
             else:
-                base = int(foff[c]) + frank[c] * fn_l[c] + fp_l[c]
-                ld, Lp = fn_l[c], pack_launch[c]
-            rows_per = max(1, PACK_CHUNK // cn)
-            for r0 in range(0, cmc, rows_per):
-                r1 = min(r0 + rows_per, cmc)
-                recs.append((int(TaskType.PACK_ASSEMBLE), int(foff[f]), base,
-                             int(fs.rimap_ptr[c]), nrimap + int(fs.rjmap_ptr[c]),
-                             fn_l[f], ld, 0, cn, r0, r1, c))
-                launches.append(Lp)
-    n = len(recs)
-    t = empty_tasks(n)
-    if n:
-        cols = list(zip(*recs))
-        t["type"] = cols[0]
-        t["F"] = cols[1]
-        t["vt"] = cols[2]
-        t["vt2"] = cols[3]
-        t["aux"] = cols[4]
-        t["fn"] = cols[5]
-        t["col"] = cols[6]
-        t["c0"] = cols[7]
-        t["c1"] = cols[8]
-        rows = np.full((n, t["rows"].shape[1]), -1, dtype=np.int32)
-        rows[:, 0] = cols[9]
-        rows[:, 1] = cols[10]
-        t["rows"] = rows
-        t["front"] = cols[11]
-        pack = t["type"] == TaskType.PACK_ASSEMBLE
-        t["nfrows"] = np.where(pack, 1, 0)
-        t["fm"] = np.where(pack, [cm[x] for x in cols[11]], 0)
-    return t, np.asarray(launches, dtype=np.int64)
+                # launch L's factorization records: fac order [src, src+len) -> out [dst, ...)
+                src = self.fac_ptr[L0:L1] - self.fac_ptr[L0]
+                dst = lp[L0:L1] - lp[L0]
+                ln = self.nfac[L0:L1]
+                keep = ln > 0
+                src, dst, ln = src[keep].tolist(), dst[keep].tolist(), ln[keep].tolist()
+                buf = np.empty((min(CHUNK, nfac), o64.shape[1]), dtype=np.int64)
+                j = 0
+                for a in range(0, nfac, CHUNK):
+                    e = min(a + CHUNK, nfac)
+                    self.ctx.fill(buf[:e - a], idx[a:e], k[a:e], front[a:e], self.foff)
+                    while j < len(src) and src[j] < e:
+                        s0, s1 = max(src[j], a), min(src[j] + ln[j], e)
+                        d0 = dst[j] + s0 - src[j]
+                        o64[d0:d0 + s1 - s0] = buf[s0 - a:s1 - a]
+                        if src[j] + ln[j] <= e:
+                            j += 1
+                        else:
+                            break
+        a0, a1 = int(self.asm_ptr[L0]), int(self.asm_ptr[L1])
+        if a1 > a0:
+            Ls = np.arange(L0, L1)
+            na = np.diff(self.asm_ptr[L0:L1 + 1])
+            dst = (np.repeat(lp[Ls] - lp[L0] + self.nfac[L0:L1] - (self.asm_ptr[Ls] - a0), na)
+                   + np.arange(a1 - a0))
+            o64[dst] = self.asm[a0:a1]
+        return out
+
+
+def _assembly_tasks(fs, first, last, sid, stage_of, foff, carried, asm_launch, pack_launch):
+    """S-Assemble and Pack-Assemble records of one stage (vectorized), and launches."""
+    members = np.arange(first, last + 1, dtype=np.int64)
+    asm_L = np.array([asm_launch.get(int(f), 0) for f in members], dtype=np.int64)
+    # ---- S-Assemble: chunks of S_CHUNK entries (stage-relative) per front
+    sbase = int(fs.s_ptr[first])
+    s0 = fs.s_ptr[first:last + 1] - sbase
+    s1 = fs.s_ptr[first + 1:last + 2] - sbase
+    nch = -(-(s1 - s0) // S_CHUNK)
+    sf = np.repeat(np.arange(len(members)), nch)
+    k = np.arange(len(sf)) - np.repeat(np.cumsum(nch) - nch, nch)
+    ts = empty_tasks(len(sf))
+    ts["type"] = TaskType.S_ASSEMBLE
+    ts["F"] = foff[members[sf]]
+    a = s0[sf] + k * S_CHUNK
+    ts["vt"] = a
+    ts["vt2"] = np.minimum(a + S_CHUNK, s1[sf])
+    ts["front"] = members[sf]
+    ls = asm_L[sf]
+    # ---- Pack-Assemble: children of the stage's fronts, PACK_CHUNK entries a task
+    c0, c1 = int(fs.child_ptr[first]), int(fs.child_ptr[last + 1])
+    kids = fs.children[c0:c1].astype(np.int64)
+    par = np.repeat(members, np.diff(fs.child_ptr[first:last + 2]))
+    cmc = fs.cm[kids]
+    cn = fs.fn[kids] - fs.fp[kids]
+    keep = (cmc > 0) & (cn > 0)
+    kids, par, cmc, cn = kids[keep], par[keep], cmc[keep], cn[keep]
+    carried_kid = stage_of[kids] < sid
+    base = foff[kids] + fs.frank[kids] * fs.fn[kids] + fs.fp[kids]
+    ld = fs.fn[kids].astype(np.int64)
+    Lp = np.zeros(len(kids), dtype=np.int64)
+    for j in np.flatnonzero(carried_kid).tolist():
+        base[j] = carried[int(kids[j])]
+        ld[j] = cn[j]
+    for j in np.flatnonzero(~carried_kid).tolist():
+        Lp[j] = pack_launch[int(kids[j])]
+    rows_per = np.maximum(1, PACK_CHUNK // cn)
+    npk = -(-cmc // rows_per)
+    pk = np.repeat(np.arange(len(kids)), npk)
+    q = np.arange(len(pk)) - np.repeat(np.cumsum(npk) - npk, npk)
+    r0 = q * rows_per[pk]
+    tp = empty_tasks(len(pk))
+    tp["type"] = TaskType.PACK_ASSEMBLE
+    tp["F"] = foff[par[pk]]
+    tp["vt"] = base[pk]
+    tp["vt2"] = fs.rimap_ptr[kids[pk]]
+    tp["aux"] = int(fs.rimap_ptr[-1]) + fs.rjmap_ptr[kids[pk]]
+    tp["fn"] = fs.fn[par[pk]]
+    tp["fm"] = cmc[pk]
+    tp["col"] = ld[pk]
+    tp["c0"] = 0
+    tp["c1"] = cn[pk]
+    tp["rows"][:, 0] = r0
+    tp["rows"][:, 1] = np.minimum(r0 + rows_per[pk], cmc[pk])
+    tp["front"] = kids[pk]
+    tp["nfrows"] = 1
+    return np.concatenate([ts, tp]), np.concatenate([ls, Lp[pk]])
 
 
 def schedule_stats(analysis, pipelining: bool = True, *, tile: int = DEFAULT_TILE,
