@@ -26,8 +26,9 @@ from scipy.sparse.linalg import LinearOperator
 
 from ._dispatch import plan_factorization
 from ._factor import QRFactorization
+from ._iterate_first import try_lsqr
 from ._lstsq import exact_solve, exactly_singular
-from ._options import log_decision, resolve_options
+from ._options import log_decision, resolve_backend, resolve_options
 from ._originals import MatrixRankWarning, original
 from ._validate import (MatrixInput, as_matrix, check_finite, lstsq_rhs,
                         solve_rhs, spsolve_rhs, to_output, unsupported_reason)
@@ -63,6 +64,7 @@ class _LstsqAnswer(NamedTuple):
     var: Optional[np.ndarray]
     early: bool
     factorization: Optional[QRFactorization]
+    itn: int = 0
 
 
 def _x0_vector(x0, n: int) -> Optional[np.ndarray]:
@@ -111,6 +113,10 @@ def _solve_lstsq(mi: MatrixInput, b: np.ndarray, damp: float, x0, *, calc_var: b
     if alfa * beta == 0:
         return _LstsqAnswer(x_start, np.zeros(n), beta, beta, 0.0, 0.0, 0.0, bnorm,
                             np.zeros(n), True, None)
+    if not calc_var:
+        answer = _iterate_first(A, r0, damp, x_start, bnorm, backend, gpuqr_options)
+        if answer is not None:
+            return answer
     if damp != 0:
         M = sp.vstack([A, damp * sp.eye_array(n, format="csc")], format="csc")
         rhs = np.concatenate([r0, np.zeros(n)])
@@ -132,6 +138,31 @@ def _solve_lstsq(mi: MatrixInput, b: np.ndarray, damp: float, x0, *, calc_var: b
         var = _variance(F, Mi.A)
     return _LstsqAnswer(x, dx, r1norm, r2norm, anorm, acond, arnorm, bnorm, var,
                         False, F)
+
+
+def _iterate_first(A, r0, damp, x_start, bnorm, backend,
+                   gpuqr_options) -> Optional[_LstsqAnswer]:
+    """LSQR on a budget under backend 'auto' (see :mod:`._iterate_first`)."""
+    chosen, source = resolve_backend(backend, gpuqr_options)
+    if chosen != "auto" or not resolve_options(gpuqr_options).iterate_first:
+        return None
+    A64 = A if A.dtype == np.float64 else A.astype(np.float64)
+    found, why = try_lsqr(A64, r0, damp)
+    m, n = A.shape
+    log_decision("least squares %dx%d nnz=%d: backend 'auto' from %s; %s; %s", m, n,
+                 A.nnz, source, why, "answered without factorizing" if found
+                 else "factorizing")
+    if found is None:
+        return None
+    dx = found.dx
+    x = x_start + dx
+    r = r0 - A64 @ dx
+    r1norm = float(np.linalg.norm(r))
+    r2norm = float(np.hypot(r1norm, damp * np.linalg.norm(dx)))
+    anorm = float(np.sqrt(sp.linalg.norm(A64, "fro") ** 2 + damp ** 2 * n))
+    arnorm = float(np.linalg.norm(A64.T @ r - damp ** 2 * dx))
+    return _LstsqAnswer(x, dx, r1norm, r2norm, anorm, found.acond, arnorm, bnorm,
+                        np.zeros(n), False, None, found.itn)
 
 
 def _variance(F: QRFactorization, M: sp.csc_array) -> np.ndarray:
@@ -192,14 +223,14 @@ _MSG = ('The exact solution is x = 0, or x = x0                   ',
 
 
 def _show(name, m, n, istop, ans, xnorm, F):
-    backend = F.info["backend"] if F is not None else "none"
+    how = (f"direct sparse QR on {F.info['backend']!r}" if F is not None
+           else f"LSQR iterations under backend 'auto', {ans.itn} iterations")
     print(" ")
-    print(f"{name} (scipy_gpuqr, direct sparse QR on {backend!r}): "
-          f"A has {m} rows and {n} columns")
+    print(f"{name} (scipy_gpuqr, {how}): A has {m} rows and {n} columns")
     print(_MSG[istop])
     print(f"istop ={istop:8g}   r1norm ={ans.r1norm:8.1e}   anorm ={ans.anorm:8.1e}   "
           f"arnorm ={ans.arnorm:8.1e}")
-    print(f"itn   ={0:8g}   r2norm ={ans.r2norm:8.1e}   acond ={ans.acond:8.1e}   "
+    print(f"itn   ={ans.itn:8g}   r2norm ={ans.r2norm:8.1e}   acond ={ans.acond:8.1e}   "
           f"xnorm  ={xnorm:8.1e}")
     if F is not None:
         print(f"rank  ={F.rank:8g}   ({F.info.get('rank_decision', {}).get('method', '')})")
@@ -211,11 +242,14 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
          backend=None, gpuqr_options=None):
     """Least-squares solution of ``A x = b`` with SciPy's ``lsqr`` interface.
 
-    A direct sparse QR replaces the LSQR iteration and returns the minimum
-    2-norm least-squares solution — what the iteration converges to from
-    x0 = 0, and what ``numpy.linalg.lstsq(A.toarray(), b, rcond=None)``
-    returns (rank rule: singular values ``<= eps·max(m, n)·σ_max`` are
-    zero). Rank-deficient, wide and tall A alike; no warnings.
+    Returns the minimum 2-norm least-squares solution — what the LSQR
+    iteration converges to from x0 = 0, and what
+    ``numpy.linalg.lstsq(A.toarray(), b, rcond=None)`` returns (rank rule:
+    singular values ``<= eps·max(m, n)·σ_max`` are zero), at working
+    precision. Rank-deficient, wide and tall A alike; no warnings. Under
+    backend 'auto' LSQR runs first on a small budget and answers when it
+    reaches working precision (well-conditioned problems); otherwise a
+    direct sparse QR answers (:mod:`scipy_gpuqr._iterate_first`).
 
     Parameters
     ----------
@@ -244,7 +278,9 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
     Returns
     -------
     x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var
-        SciPy's 10-tuple. ``x`` is float64. ``itn`` is 0. ``r1norm``,
+        SciPy's 10-tuple. ``x`` is float64. ``itn`` is the number of LSQR
+        iterations when the iterate-first pass answered (backend 'auto',
+        see :mod:`scipy_gpuqr._iterate_first`), else 0. ``r1norm``,
         ``r2norm``, ``arnorm`` and ``xnorm`` (of ``x − x0``, as SciPy's) are
         computed from the final x; ``anorm`` is ``‖[A; damp·I]‖_F``;
         ``acond`` is ``anorm / σ_min`` with σ_min of the retained part
@@ -271,7 +307,7 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         tests = _tests(ans.r2norm, ans.arnorm, ans.anorm, ans.acond, xnorm,
                        ans.bnorm, atol, btol, lsmr=False)
         istop = _istop(*tests, atol, ctol)
-        out = (ans.x, istop, 0, ans.r1norm, ans.r2norm, ans.anorm, ans.acond,
+        out = (ans.x, istop, ans.itn, ans.r1norm, ans.r2norm, ans.anorm, ans.acond,
                ans.arnorm, xnorm, ans.var)
     if show:
         _show("LSQR", m, n, istop, ans, xnorm, ans.factorization)
@@ -290,7 +326,7 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
     -------
     x, istop, itn, normr, normar, norma, conda, normx
         SciPy's 8-tuple; x has dtype ``result_type(A, b, x0, float)`` like
-        SciPy's lsmr (float32 in, float32 out). ``itn`` is 0; ``normx`` is
+        SciPy's lsmr (float32 in, float32 out). ``itn`` as lsqr's; ``normx`` is
         ``‖x‖``; ``conda`` as lsqr's ``acond``.
     """
     reason = unsupported_reason(A, b, x0)
@@ -324,7 +360,7 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         tests = _tests(normr, ans.arnorm, ans.anorm, ans.acond, normx, ans.bnorm,
                        atol, btol, lsmr=True)
         istop = _istop(*tests, atol, ctol)
-        out = (ans.x, istop, 0, normr, ans.arnorm, ans.anorm, ans.acond, normx)
+        out = (ans.x, istop, ans.itn, normr, ans.arnorm, ans.anorm, ans.acond, normx)
     if show and ans is not None:
         _show("LSMR", m, n, istop, ans, float(np.linalg.norm(out[0])), ans.factorization)
     elif show:

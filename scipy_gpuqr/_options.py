@@ -59,6 +59,10 @@ class GpuqrOptions:
     debug : bool or None
         Synchronize and check errors after every GPU launch; None reads
         ``SCIPY_GPUQR_DEBUG``.
+    iterate_first : bool
+        Under backend ``'auto'``, ``lsqr``/``lsmr`` first run LSQR on a small
+        budget and factorize only when it does not reach working precision
+        (see ``scipy_gpuqr._iterate_first``).
     """
 
     backend: Optional[str] = None
@@ -68,6 +72,7 @@ class GpuqrOptions:
     pipelining: bool = True
     keep_householder: bool = True
     debug: Optional[bool] = None
+    iterate_first: bool = True
 
     def __post_init__(self):
         if self.backend is not None:

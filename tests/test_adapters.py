@@ -47,8 +47,8 @@ def _well(rng, m, n):
 def test_lsqr_tuple_and_istop(rng):
     A = _well(rng, 30, 20)
     x_true = rng.standard_normal(20)
-    out = lsqr(A, A @ x_true)
-    assert len(out) == 10 and out[2] == 0
+    out = lsqr(A, A @ x_true, backend="cpu")
+    assert len(out) == 10 and out[2] == 0  # direct: no iterations
     x, istop, itn, r1, r2, anorm, acond, arnorm, xnorm, var = out
     assert istop == 1  # consistent system
     assert np.linalg.norm(x - x_true) <= 1e-10 * np.linalg.norm(x_true) * acond
@@ -56,7 +56,7 @@ def test_lsqr_tuple_and_istop(rng):
     assert np.isclose(anorm, spla.norm(A, "fro"))
     assert np.all(var == 0)
     b = rng.standard_normal(30)
-    out = lsqr(A, b)
+    out = lsqr(A, b, backend="cpu")
     assert out[1] == 2  # least-squares solution good enough
     assert np.isclose(out[3], np.linalg.norm(b - A @ out[0]))
     sc = ORIGINALS["lsqr"](A, b, atol=1e-12, btol=1e-12, iter_lim=1000)
@@ -102,7 +102,7 @@ def test_lsqr_show_prints(rng, capsys):
 def test_lsmr_tuple_and_dtype(rng):
     A = _well(rng, 30, 20)
     b = rng.standard_normal(30)
-    out = lsmr(A, b)
+    out = lsmr(A, b, backend="cpu")
     assert len(out) == 8 and out[2] == 0
     x = out[0]
     sc = ORIGINALS["lsmr"](A, b, atol=1e-12, btol=1e-12, maxiter=2000)
@@ -255,3 +255,55 @@ def test_complex_and_operators_answered_under_patch(rng):
     finally:
         mod.lsqr = saved
     assert len(out) == 10
+
+
+def _bwd(A, x, b):
+    r = b - A @ x
+    return np.linalg.norm(A.T @ r) / (spla.norm(A, "fro") * np.linalg.norm(r))
+
+
+def test_iterate_first_answers_well_conditioned_problems(rng):
+    """Under 'auto', LSQR answers at working precision; the direct QR agrees."""
+    A = _well(rng, 300, 120)
+    b = rng.standard_normal(300)
+    auto, direct = lsqr(A, b), lsqr(A, b, backend="cpu")
+    assert auto[2] > 0 and direct[2] == 0
+    assert _bwd(A, auto[0], b) <= 16 * EPS
+    assert np.linalg.norm(auto[0] - direct[0]) <= 1e-10 * np.linalg.norm(direct[0])
+    assert auto[1] in (1, 2, 4, 5)
+    m_auto = lsmr(A, b)
+    assert m_auto[2] > 0 and np.allclose(m_auto[0], direct[0], rtol=1e-10, atol=0)
+
+
+def test_iterate_first_respects_explicit_backends_and_options(rng, monkeypatch):
+    A = _well(rng, 200, 80)
+    b = rng.standard_normal(200)
+    assert lsqr(A, b, gpuqr_options={"iterate_first": False})[2] == 0
+    assert lsqr(A, b, gpuqr_options={"backend": "reference"})[2] == 0
+    assert lsqr(A, b, calc_var=True)[2] == 0  # exact variances need R
+    monkeypatch.setenv("SCIPY_GPUQR_BACKEND", "cpu")
+    assert lsqr(A, b)[2] == 0
+
+
+def test_iterate_first_falls_back_on_ill_conditioned_problems(rng):
+    """Singular values spread over 1e-13..1: LSQR cannot reach working precision."""
+    n = 60
+    U, _ = np.linalg.qr(rng.standard_normal((150, n)))
+    V, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    A = sp.csc_array((U * np.logspace(0, -13, n)) @ V.T)
+    b = rng.standard_normal(150)
+    out = lsqr(A, b)
+    assert out[2] == 0  # the factorization answered
+    x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    assert abs(np.linalg.norm(out[0]) - np.linalg.norm(x_ref)) <= 1e-2 * np.linalg.norm(x_ref)
+
+
+def test_iterate_first_damp_and_x0(rng):
+    A = _well(rng, 120, 50)
+    b = rng.standard_normal(120)
+    x0 = rng.standard_normal(50)
+    for kwargs in ({"damp": 0.3}, {"x0": x0}, {"damp": 0.1, "x0": x0}):
+        auto, direct = lsqr(A, b, **kwargs), lsqr(A, b, backend="cpu", **kwargs)
+        assert auto[2] > 0
+        np.testing.assert_allclose(auto[0], direct[0], rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(auto[3:5], direct[3:5], rtol=1e-8)

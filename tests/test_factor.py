@@ -149,7 +149,7 @@ def test_memory_guard_raises_clean_memory_error(rng, monkeypatch):
         pytest.skip("no symbolic analysis")
     monkeypatch.setattr(_dispatch, "available_host_memory", lambda: 1000)
     with pytest.raises(MemoryError, match="needs about"):
-        lsqr(A, np.ones(200))
+        lsqr(A, np.ones(200), backend="cpu")
 
 
 def test_verbose_logging(rng, monkeypatch, capsys):
@@ -166,4 +166,4 @@ def test_arrow_is_a_memory_error_not_a_crash(matrices_dir):
     if avail is not None and avail > 40e9:
         pytest.skip("enough memory here to try the factorization")
     with pytest.raises(MemoryError, match="GB"):
-        lsqr(A, np.ones(A.shape[0]))
+        lsqr(A, np.ones(A.shape[0]), backend="cpu")
