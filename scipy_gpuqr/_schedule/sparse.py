@@ -44,7 +44,7 @@ from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, MAX_SLO
                     TASK_DTYPE, TaskType, empty_tasks)
 
 __all__ = ["StageSchedule", "SparseSchedule", "build_schedule", "schedule_stats",
-           "clear_schedule_cache", "S_CHUNK", "PACK_CHUNK"]
+           "record_flops", "clear_schedule_cache", "S_CHUNK", "PACK_CHUNK"]
 
 #: S entries per S-Assemble task.
 S_CHUNK = 8192
@@ -647,55 +647,97 @@ def _assembly_tasks(fs, first, last, sid, stage_of, foff, carried, asm_launch, p
     return np.concatenate([ts, tp]), np.concatenate([ls, Lp[pk]])
 
 
+def record_flops(tasks: np.ndarray, tile: int) -> np.ndarray:
+    """Nominal flops of each record as the tile kernels run it (zero padding included).
+
+    Factorize part: ``2 n² (m - n/3)`` for ``m = nfrows·tile`` rows and ``n`` =
+    its reflectors; Apply part: ``4 m n c`` for ``m = napply·tile`` rows, ``n =
+    nref`` reflectors and ``c = c1 - c0`` columns; assembly records: 0.
+    """
+    typ = tasks["type"]
+    out = np.zeros(len(tasks))
+    app = (typ == TaskType.APPLY) | (typ == TaskType.APPLY_FACTORIZE)
+    m = tasks["napply"][app].astype(float) * tile
+    out[app] = 4.0 * m * tasks["nref"][app] * (tasks["c1"][app] - tasks["c0"][app])
+    for t_, nref_field in ((TaskType.FACTORIZE, "nref"), (TaskType.APPLY_FACTORIZE, "aux")):
+        sel = typ == t_
+        m = tasks["nfrows"][sel].astype(float) * tile
+        n = tasks[nref_field][sel].astype(float)
+        out[sel] += 2.0 * n * n * (m - n / 3.0)
+    return out
+
+
 def schedule_stats(analysis, pipelining: bool = True, *, tile: int = DEFAULT_TILE,
                    bundle: int = DEFAULT_BUNDLE, granule: int = DEFAULT_APPLY_GRANULE,
                    max_gpu_memory: int | None = None, max_tasks: int | None = None) -> dict:
     """Statistics of the schedule (JSON-serializable).
 
     Keys: ``launches`` (with the requested pipelining), ``launches_no_pipeline``,
-    ``tasks``, ``tasks_by_type``, ``tasks_per_launch`` (mean, max),
-    ``tiles_touched_fraction`` (per launch, of the tiles of the stage's
-    fronts: mean, max), ``critical_path``, ``stages``, ``build_seconds``
-    (CPU time of the requested schedule), ``tile``, ``bundle``.
+    ``tasks`` (and ``tasks_no_pipeline``), ``tasks_by_type``,
+    ``tasks_per_launch`` (mean, max), ``tasks_per_launch_by_type`` (type ->
+    mean, max), ``tiles_touched_fraction`` (per launch, of the tiles of the
+    stage's fronts: mean, max), ``critical_path`` (and
+    ``critical_path_no_pipeline``), ``stages``, ``tile_flops`` (nominal flops
+    of the tile kernels, :func:`record_flops`), ``build_seconds`` (CPU time
+    of the requested schedule when first built), ``tile``, ``bundle``,
+    ``granule``, ``pipelining``. The schedules come from the per-analysis
+    cache (:func:`build_schedule`).
     """
     kw = dict(tile=tile, bundle=bundle, granule=granule, max_gpu_memory=max_gpu_memory,
               max_tasks=max_tasks)
     s = build_schedule(analysis, pipelining=pipelining, **kw)
-    s_no = s if not pipelining else build_schedule(analysis, pipelining=False, **kw)
+    s_no = s if not pipelining else build_schedule(analysis, pipelining=False, lazy=True, **kw)
     by_type = {}
     per_launch = []
+    per_type = {t.name.lower(): [] for t in TaskType if t != TaskType.NONE}
     frac = []
+    flops = 0.0
     fs = analysis.fronts
+    ntype = max(TaskType) + 1
     for st in s.stages:
         t = st.tasks
-        for typ in TaskType:
-            c = int(np.count_nonzero(t["type"] == typ))
-            if c:
-                by_type[typ.name.lower()] = by_type.get(typ.name.lower(), 0) + c
+        typ = t["type"].astype(np.int64)
+        cnt = np.diff(st.launch_ptr)
+        launch = np.repeat(np.arange(st.nlaunch), cnt)
+        pt = np.bincount(launch * ntype + typ, minlength=st.nlaunch * ntype).reshape(-1, ntype)
+        for tt_ in TaskType:
+            if tt_ != TaskType.NONE:
+                per_type[tt_.name.lower()].append(pt[:, int(tt_)])
         a, b = st.fronts
         ntile = int(np.sum(-(-fs.fm[a:b + 1] // tile) * -(-fs.fn[a:b + 1] // tile)))
         touched = np.zeros(len(t), dtype=np.int64)
-        typ = t["type"]
         fac = (typ == TaskType.FACTORIZE) | (typ == TaskType.APPLY_FACTORIZE)
         touched[fac] += t["nfrows"][fac]
         app = (typ == TaskType.APPLY) | (typ == TaskType.APPLY_FACTORIZE)
         touched[app] += t["napply"][app] * (-(-(t["c1"][app] - t["c0"][app]) // tile))
-        cnt = np.diff(st.launch_ptr)
         per_launch.extend(cnt.tolist())
         if len(t) and ntile:
             sums = np.add.reduceat(touched, st.launch_ptr[:-1][cnt > 0]) / ntile
             frac.extend(sums.tolist())
+        flops += float(record_flops(t, tile).sum())
+    for name, v in list(per_type.items()):
+        v = np.concatenate(v) if v else np.zeros(0)
+        if v.sum():
+            by_type[name] = int(v.sum())
+            per_type[name] = {"mean": float(v.mean()), "max": int(v.max())}
+        else:
+            del per_type[name]
     pl = np.asarray(per_launch) if per_launch else np.zeros(1)
     fr = np.asarray(frac) if frac else np.zeros(1)
     return {
         "launches": int(s.nlaunch),
         "launches_no_pipeline": int(s_no.nlaunch),
         "tasks": int(s.ntasks),
+        "tasks_no_pipeline": int(s_no.ntasks),
         "tasks_by_type": by_type,
         "tasks_per_launch": {"mean": float(pl.mean()), "max": int(pl.max())},
+        "tasks_per_launch_by_type": per_type,
         "tiles_touched_fraction": {"mean": float(fr.mean()), "max": float(fr.max())},
         "critical_path": int(s.critical_path),
+        "critical_path_no_pipeline": int(s_no.critical_path),
         "stages": len(s.stages),
+        "tile_flops": flops,
         "build_seconds": float(s.seconds),
-        "tile": int(tile), "bundle": int(bundle), "pipelining": bool(pipelining),
+        "tile": int(tile), "bundle": int(bundle), "granule": int(granule),
+        "pipelining": bool(pipelining),
     }
