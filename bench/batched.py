@@ -7,7 +7,7 @@ Per dtype and n (2..32 with 2**20 matrices; 64/128/256/512 with
 100000/20000/4000/2000):
 
 * ``dev ms``: device time, median of CUDA-event timings after warm-up, with
-  the GPU kept busy by a 1 GiB copy enqueued just before the start event, so
+  the GPU kept busy by two 512 MiB copies enqueued before the start event, so
   that the host's launch work overlaps the copy and the events bracket only
   the kernels (the same for cuBLAS and torch; torch.linalg.inv synchronizes
   to check errors, so its time still includes its host work);

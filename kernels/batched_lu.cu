@@ -42,7 +42,8 @@ struct MinBlocks {
 template <typename T>
 __device__ __forceinline__ T pivot_scale(T x) {
     const T ax = fabs(x);
-    return ax < sfmin<T>() ? up_scale<T>() : (ax >= big_limit<T>() ? T(1) / up_scale<T>() : T(1));
+    T s = (ax >= big_limit<T>()) ? T(1) / up_scale<T>() : T(1);
+    return (ax < sfmin<T>()) ? up_scale<T>() : s;
 }
 
 // Rest of a rank-1 update: row[j] -= l * buf[j] for lo <= j < N, j not in
@@ -102,7 +103,7 @@ getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
         }
         bool fin = true;
 #pragma unroll
-        for (int j = 0; j < N; ++j) fin = fin && isfinite(row[j]);
+        for (int j = 0; j < N; ++j) fin = fin && finite_bits(row[j]);
         const bool bad = seg_bits<SEG>(__ballot_sync(0xffffffffu, !fin), lane) != 0u;
 
         bool cand = active;
@@ -186,7 +187,7 @@ getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info
 #pragma unroll
         for (int j = 0; j < N; ++j) {
             row[j] = (active && r < n && j < n) ? row[j] : T(r == j);
-            fin = fin && isfinite(row[j]);
+            fin = fin && finite_bits(row[j]);
         }
         const bool bad = seg_bits<SEG>(__ballot_sync(0xffffffffu, !fin), lane) != 0u;
 

@@ -71,10 +71,19 @@ __device__ __forceinline__ float fast_rcp(float x) {
 }
 
 // Order-preserving key of |x|: high and low 32 bits of its IEEE pattern.
-__device__ __forceinline__ unsigned key_hi(double x) { return (unsigned)__double2hiint(fabs(x)); }
-__device__ __forceinline__ unsigned key_lo(double x) { return (unsigned)__double2loint(fabs(x)); }
-__device__ __forceinline__ unsigned key_hi(float x) { return __float_as_uint(fabsf(x)); }
+// (integer pipe: the sign bit cleared, no floating-point fabs)
+__device__ __forceinline__ unsigned key_hi(double x) { return (unsigned)__double2hiint(x) & 0x7fffffffu; }
+__device__ __forceinline__ unsigned key_lo(double x) { return (unsigned)__double2loint(x); }
+__device__ __forceinline__ unsigned key_hi(float x) { return __float_as_uint(x) & 0x7fffffffu; }
 __device__ __forceinline__ unsigned key_lo(float) { return 0u; }
+
+// Finiteness on the integer pipe (exponent not all ones).
+__device__ __forceinline__ bool finite_bits(double x) {
+    return ((unsigned)__double2hiint(x) & 0x7ff00000u) != 0x7ff00000u;
+}
+__device__ __forceinline__ bool finite_bits(float x) {
+    return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u;
+}
 
 template <int SEG>
 __device__ __forceinline__ unsigned seg_mask(int lane) {
@@ -267,7 +276,10 @@ __device__ __forceinline__ unsigned pivot_start(bool cand, unsigned hi) {
 template <int SEG>
 __device__ __forceinline__ int pivot_finish(unsigned ballot, bool cand, unsigned lo, int pos, int lane) {
     unsigned b = seg_bits<SEG>(ballot, lane);
-    if (__any_sync(0xffffffffu, __popc(b) != 1)) {
+    bool ties;
+    if constexpr (SEG == 32) ties = __popc(b) != 1;          // uniform already
+    else ties = __any_sync(0xffffffffu, __popc(b) != 1);
+    if (ties) {
         const bool c1 = cand && ((ballot >> lane) & 1u);
         const unsigned ml = seg_max<SEG>(c1 ? lo : 0u);
         const bool c2 = c1 && lo == ml;
