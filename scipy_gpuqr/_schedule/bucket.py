@@ -409,135 +409,107 @@ def _simulate(patterns, bundle: int, pipelining: bool, granule: int) -> list:
     b0 = np.concatenate([p[0] for p in patterns]).astype(np.int64) if P else np.zeros(0, np.int64)
     gbk = np.where(b0 >= 0, bptr[p_of_tile] + b0, -1)   # current (global) bucket, -1 none
     INF = np.iinfo(np.int64).max // 4
-    av = np.zeros(NT, dtype=np.int64)              # idle from this launch on
+    av = np.where(gbk >= 0, 0, INF)                # idle from this launch on (INF: busy, done)
     tri = np.zeros(NT, dtype=bool)                 # upper triangular in its bucket
     # Apply+Factorize groups arriving next launch (sorted by bucket, then creation)
-    g_gb = np.zeros(0, np.int64)
-    g_rest = np.zeros((0, bundle), np.int64)
-    g_nrest = np.zeros(0, np.int64)
-    g_src = np.zeros(0, np.int64)
+    ng = 0
     steps = []
     nb_done = 0
-    prev_tiles = np.zeros((0, bundle), np.int64)
     t = 0
-    W = MAX_SLOTS
     while True:
-        idle = np.flatnonzero((gbk >= 0) & (av <= t))
-        idle = idle[np.argsort(gbk[idle], kind="stable")]
-        ib = gbk[idle]
+        idle = np.flatnonzero(av <= t)
+        gi = gbk[idle]
+        o = np.argsort(gi, kind="stable")
+        idle = idle[o]
+        ib = gi[o]
         nidle = np.bincount(ib, minlength=NB)
-        r = np.arange(len(idle)) - _excl_cumsum(nidle)[ib]
-        ng = len(g_gb)
-        cap = bundle - g_nrest
-        Cb = np.bincount(g_gb, weights=cap, minlength=NB).astype(np.int64)
-        ngr = np.bincount(g_gb, minlength=NB)
-        G0 = _excl_cumsum(Cb)[:-1]
-        gce = np.cumsum(cap)
-        to_g = r < Cb[ib]
-        d_tile = idle[to_g]
-        d_pos = G0[ib[to_g]] + r[to_g]
-        d_grp = np.searchsorted(gce, d_pos, side="right")
-        d_rank = d_pos - (gce - cap)[d_grp]
+        r = np.arange(len(idle)) - (np.cumsum(nidle) - nidle)[ib]
+        if ng:
+            cap = bundle - g_nrest
+            Cb = np.bincount(g_gb, weights=cap, minlength=NB).astype(np.int64)
+            ngr = np.bincount(g_gb, minlength=NB)
+            gce = np.cumsum(cap)
+            to_g = r < Cb[ib]
+            d_tile = idle[to_g]
+            d_grp = np.searchsorted(gce, (np.cumsum(Cb) - Cb)[ib[to_g]] + r[to_g], side="right")
+            rem = ~to_g
+            c_tile, c_b = idle[rem], ib[rem]
+            r2 = r[rem] - Cb[c_b]
+            nrem = np.maximum(nidle - Cb, 0)
+        else:
+            c_tile, c_b, r2, nrem = idle, ib, r, nidle
         # the other idle tiles: near-equal chunks (or the lone diagonal tile)
-        rem = ~to_g
-        c_tile, c_b = idle[rem], ib[rem]
-        nrem = np.maximum(nidle - Cb, 0)
-        r2 = r[rem] - Cb[c_b]
-        lone = nrem[c_b] == 1
-        ok1 = np.zeros(NB, dtype=bool)
-        ok1[c_b[lone]] = (c_tile[lone] == diag[c_b[lone]]) & ~tri[c_tile[lone]]
-        kch = -(-nrem // bundle)
-        nck = np.where(nrem >= 2, kch, ok1.astype(np.int64))
-        keep = (nrem[c_b] >= 2) | ok1[c_b]
-        c_tile, c_b, r2 = c_tile[keep], c_b[keep], r2[keep]
-        kk = kch[c_b]
-        base = nrem[c_b] // kk
-        extra = nrem[c_b] - base * kk
+        nr_c = nrem[c_b]
+        lone = nr_c == 1
+        lt, lb = c_tile[lone], c_b[lone]
+        ok = (lt == diag[lb]) & ~tri[lt]
+        nck = np.where(nrem >= 2, -(-nrem // bundle), 0)
+        nck[lb[ok]] = 1
+        keep = ~lone
+        keep[lone] = ok
+        c_tile, c_b, r2, nr_c = c_tile[keep], c_b[keep], r2[keep], nr_c[keep]
+        kk = -(-nr_c // bundle)
+        base = nr_c // kk
+        extra = nr_c - base * kk
         thr = extra * (base + 1)
-        q = np.where(r2 < thr, r2 // (base + 1), extra + (r2 - thr) // np.maximum(base, 1))
+        q = np.where(r2 < thr, r2 // (base + 1), extra + (r2 - thr) // base)
         # bundle numbers of this launch: per bucket its groups, then its chunks
-        nbb = ngr + nck
-        bb = _excl_cumsum(nbb)
-        nbs = int(bb[-1])
+        nbb = nck + ngr if ng else nck
+        cs = np.cumsum(nbb)
+        nbs = int(cs[-1]) if NB else 0
         if nbs == 0:
-            pending = np.any((gbk >= 0) & (av > t) & (av < INF))
-            if not pending:
+            if not np.any((av > t) & (av < INF)):
                 break
             t += 1
             continue
-        gstart = _excl_cumsum(ngr)[:-1]
-        g_id = bb[g_gb] + (np.arange(ng) - gstart[g_gb])
-        c_id = bb[c_b] + ngr[c_b] + q
+        bb = cs - nbb
         B_gb = np.empty(nbs, dtype=np.int64)
-        B_gb[g_id] = g_gb
+        if ng:
+            g_id = bb[g_gb] + (np.arange(ng) - (np.cumsum(ngr) - ngr)[g_gb])
+            c_id = bb[c_b] + ngr[c_b] + q
+            B_gb[g_id] = g_gb
+            rm = g_rest >= 0
+            m_b = np.concatenate([np.repeat(g_id, g_nrest), g_id[d_grp], c_id])
+            m_t = np.concatenate([g_rest[rm], d_tile, c_tile])
+            o = np.argsort(m_b * NT + m_t)
+            m_b, m_t = m_b[o], m_t[o]
+        else:
+            c_id = bb[c_b] + q
+            m_b, m_t = c_id, c_tile          # already in (bundle, tile) order
         B_gb[c_id] = c_b
-        is_af = np.zeros(nbs, dtype=bool)
-        is_af[g_id] = True
-        # members of every bundle, sorted by (bundle, tile)
-        rm = g_rest >= 0
-        m_b = np.concatenate([np.broadcast_to(g_id[:, None], g_rest.shape)[rm],
-                              g_id[d_grp], c_id])
-        m_t = np.concatenate([g_rest[rm], d_tile, c_tile])
-        o = np.lexsort((m_t, m_b))
-        m_b, m_t = m_b[o], m_t[o]
         nmem = np.bincount(m_b, minlength=nbs)
-        pos = np.arange(len(m_b)) - _excl_cumsum(nmem)[m_b]
+        pos = np.arange(len(m_b)) - (np.cumsum(nmem) - nmem)[m_b]
         tiles = np.full((nbs, bundle), -1, dtype=np.int64)
         tiles[m_b, pos] = m_t
+        trim = tri[tiles] & (tiles >= 0)
+        steps.append((t, B_gb, nmem, tiles, trim,
+                      (g_id + nb_done) if ng else None, g_src if ng else None))
+        # state: tops stay (upper triangular), the others advance
         top = tiles[:, 0]
-        # the records' row slots: Factorize = its tiles; Apply+Factorize = the
-        # source bundle (Apply part), then the delta tiles
-        rows = np.full((nbs, W), -1, dtype=np.int64)
-        rows[:, :bundle] = np.where(is_af[:, None], -1, tiles)
-        napply = np.zeros(nbs, dtype=np.int64)
-        flags = np.zeros(nbs, dtype=np.int64)
-        ftop = np.zeros(nbs, dtype=np.int64)
-        src = np.full(nbs, -1, dtype=np.int64)
-        if ng:
-            s_loc = g_src - (nb_done - len(prev_tiles))
-            s_tiles = prev_tiles[s_loc]
-            s_n = g_nrest + 1
-            rows[g_id, :bundle] = s_tiles
-            rows[g_id[d_grp], s_n[d_grp] + d_rank] = d_tile
-            napply[g_id] = s_n
-            src[g_id] = g_src
-            ftop[g_id] = np.where(g_rest[:, 0] == top[g_id], 1, s_n)
-            dt = tri[d_tile]
-            np.add.at(flags, g_id[d_grp[dt]], 1 << (s_n[d_grp[dt]] + d_rank[dt]))
-        if len(c_tile):
-            # a Factorize bundle's members in (bundle, tile) order are its slots
-            c_sel = ~is_af[m_b]
-            trc = tri[m_t[c_sel]]
-            np.add.at(flags, m_b[c_sel][trc], 1 << pos[c_sel][trc])
-        # state
         tri[m_t] = False
         tri[top] = True
         av[top] = t + 1
-        gbk[top] = B_gb
-        nt_mask = m_t != top[m_b]
-        mv_t = m_t[nt_mask]
-        mv_b = B_gb[m_b[nt_mask]]
-        fin = last_b[mv_b]
-        gbk[mv_t] = np.where(fin, -1, mv_b + 1)
-        av[mv_t] = INF if pipelining else t + 2
-        steps.append((t, B_gb, nmem, tiles, rows, is_af, napply, flags, ftop, src))
+        adv = pos > 0
+        mv_t = m_t[adv]
+        mv_b = B_gb[m_b[adv]] + 1
+        fin = last_b[mv_b - 1]
+        gbk[mv_t] = np.where(fin, -1, mv_b)
+        av[mv_t] = INF if pipelining else np.where(fin, INF, t + 2)
         # groups of the next launch
         if pipelining:
-            adv = (nmem >= 2) & ~last_b[B_gb]
-            ids = np.flatnonzero(adv)
+            ids = np.flatnonzero((nmem >= 2) & ~last_b[B_gb])
+            ng = len(ids)
             g_gb = B_gb[ids] + 1
-            g_rest = np.full((len(ids), bundle), -1, dtype=np.int64)
-            g_rest[:, :bundle - 1] = tiles[ids, 1:]
+            g_rest = tiles[ids, 1:]
             g_nrest = nmem[ids] - 1
             g_src = nb_done + ids
-        prev_tiles = tiles
         nb_done += nbs
         t += 1
-    _check_final(gbk, av, tri, diag, NB)
+    _check_final(gbk, tri, diag, NB)
     return _records(steps, P, tptr, p_of_b, bloc, nct, nfct, bundle, pipelining, granule)
 
 
-def _check_final(gbk, av, tri, diag, NB):
+def _check_final(gbk, tri, diag, NB):
     left = gbk >= 0
     cnt = np.bincount(gbk[left], minlength=NB)
     if np.any(cnt != 1) or np.any(gbk[diag] != np.arange(NB)) or not np.all(tri[diag]):
@@ -550,9 +522,45 @@ def _records(steps, P, tptr, p_of_b, bloc, nct, nfct, bundle, pipelining, granul
     if not steps:
         return [_empty_schedule(granule, int(nct[j])) for j in range(P)]
     tb = np.concatenate([np.full(len(s[1]), s[0], dtype=np.int64) for s in steps])
-    cat = [np.concatenate([s[k] for s in steps]) for k in range(1, 10)]
-    gb, n, tiles, rows, is_af, napply, flags, ftop, src = cat
+    gb, n, tiles, trim = (np.concatenate([s[k] for s in steps]) for k in range(1, 5))
     nb = len(gb)
+    is_af = np.zeros(nb, dtype=bool)
+    src = np.full(nb, -1, dtype=np.int64)
+    af = [s for s in steps if s[5] is not None]
+    if af:
+        ids = np.concatenate([s[5] for s in af])
+        is_af[ids] = True
+        src[ids] = np.concatenate([s[6] for s in af])
+    W = np.arange(bundle)
+    # Factorize: the bundle's tiles; Apply+Factorize: the source bundle (its Apply
+    # part), then the delta tiles taken in this bucket (upper triangular ones flagged)
+    rows = np.full((nb, MAX_SLOTS), -1, dtype=np.int64)
+    rows[:, :bundle] = tiles
+    flags = trim.astype(np.int64) @ (1 << W)
+    ftop = np.zeros(nb, dtype=np.int64)
+    napply = np.zeros(nb, dtype=np.int64)
+    x = np.flatnonzero(is_af)
+    if len(x):
+        st_ = np.take(tiles, src[x], axis=0)
+        s_n = n[src[x]]
+        tx = np.take(tiles, x, axis=0)
+        valid = tx >= 0
+        isrest = np.zeros(tx.shape, dtype=bool)
+        for c in range(1, bundle):          # the source's rest (its slots 1 …)
+            sc = st_[:, c:c + 1]
+            isrest |= (tx == sc) & (sc >= 0)
+        delta = valid & ~isrest
+        d_rank = np.cumsum(delta, axis=1) - 1
+        rx = np.full((len(x), MAX_SLOTS), -1, dtype=np.int64)
+        rx[:, :bundle] = st_
+        i, j = np.nonzero(delta)
+        slot = s_n[i] + d_rank[i, j]
+        rx[i, slot] = tx[i, j]
+        rows[x] = rx
+        tr = np.take(trim, x, axis=0)[i, j]
+        flags[x] = np.bincount(i[tr], weights=1 << slot[tr], minlength=len(x)).astype(np.int64)
+        ftop[x] = np.where(isrest[:, 0], 1, s_n)
+        napply[x] = s_n
     p = p_of_b[gb]
     b = bloc[gb]
     # tile numbers local to each pattern
