@@ -347,3 +347,19 @@ def test_singletons_tol_and_reanalysis():
     # without rank detection the structural analysis stands
     q0 = reference_factorize(B, an)
     assert not q0.info["reanalyzed"] and q0.analysis is an
+
+
+def test_rank_detection_with_many_dead_columns():
+    """A rank-deficient chessboard complex: dead columns inside panels; the rank
+    matches SuiteSparseQR's with the same order, and A P = Q R holds."""
+    from scipy_gpuqr._testing_matrices import chessboard_boundary
+    A = chessboard_boundary(5, 6, 3)
+    an = analyze(A)
+    qt = reference_factorize(A, an, tol="default")
+    assert qt.info["dead_columns"] > 100
+    assert qt.rank == A.shape[1] - qt.info["dead_columns"]
+    _check_factorization(A, qt)
+    spqr = _spqr()
+    if spqr is not None:
+        st = spqr.spqr_factorize(A, colperm=an.colperm, tol="default")
+        assert qt.rank == st.rank

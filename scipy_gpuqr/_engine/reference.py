@@ -53,11 +53,14 @@ __all__ = ["reference_factorize", "ReferenceQR", "default_tol", "NB"]
 #: columns per panel of the blocked front factorization
 NB = 32
 
-#: fronts with more flops than this run with all BLAS threads; the others with
-#: one: the panel products of a front are small (NB columns), and OpenBLAS
-#: threads on a busy machine made them up to 70x slower (16³ grid: 9.5 s with
-#: 2 threads from 5e7 flops on, 0.61 s on one thread; 2 cores, load 4.9)
-THREADED_FRONT_FLOPS = 1e9
+#: fronts with more flops than this run with all BLAS threads, the others with
+#: one. Default: never (one thread throughout). The panel products are small
+#: (NB columns) and OpenBLAS threads contending for busy cores made them up to
+#: 70x slower: on the 2-core CI machine under load 4-5, the 16³ grid took 9.5 s
+#: with threads from 5e7 flops on and 0.61 s on one thread; ch6-7-b3 took 34-47
+#: s with threads from 1e9 flops on and 10.6-13.6 s on one thread (SuiteSparseQR,
+#: threaded: 18-24 s in the same runs). Set it on a machine with idle cores.
+THREADED_FRONT_FLOPS = float("inf")
 
 
 @functools.lru_cache(maxsize=1)
@@ -130,6 +133,56 @@ class _Front:
     dead: np.ndarray       # local pivot columns dropped by rank detection
 
 
+def _rank_panel(F, g, t, k, kb, tol, r_cols, dead):
+    """Rank-detecting factorization of the panel ``F[g:t, k:k+kb]`` in place.
+
+    Columns are taken in order; a column whose norm below the rows already
+    used is <= tol is dead (zeroed there, appended to ``dead``). Reflectors
+    are kept in groups (one ``geqrt`` call up to the next dead column),
+    applied at once to the rest of the panel, and merged into one block
+    (V, T) for the columns right of the panel. Returns (rows used, columns
+    used, V, T); V is None when no reflector was kept.
+    """
+    P = np.array(F[g:t, k:k + kb], order="F")
+    h = t - g
+    gl = c = 0
+    groups = []
+    while c < kb and gl < h:
+        w = min(h - gl, kb - c)
+        qr, T = _geqrt(np.array(P[gl:, c:], order="F"), w)
+        small = np.flatnonzero(np.abs(np.diagonal(qr)[:w]) <= tol)
+        j = int(small[0]) if len(small) else w
+        if j == w:
+            P[gl:, c:] = qr
+            groups.append((gl, _unit_lower(qr, w), T))
+        elif j:
+            P[gl:, c:c + j] = qr[:, :j]
+            Vg, Tg = _unit_lower(qr, j), np.array(T[:j, :j], order="F")
+            _apply_qt(Vg, Tg, P[gl:, c + j:])
+            groups.append((gl, Vg, Tg))
+        r_cols.extend(range(k + c, k + c + j))
+        gl += j
+        c += j
+        if j < w:                      # column k+c is dead
+            P[gl:, c] = 0
+            dead.append(k + c)
+            c += 1
+    # rows ran out: the panel's other columns are zero below (staircase), dead
+    dead.extend(range(k + c, k + kb))
+    F[g:t, k:k + kb] = P
+    V = T = None
+    for gl_i, Vg, Tg in groups:
+        Vp = np.zeros((h, Vg.shape[1]), dtype=F.dtype, order="F")
+        Vp[gl_i:] = Vg
+        if V is None:
+            V, T = Vp, Tg
+        else:
+            T12 = -T @ (V.T @ Vp) @ Tg
+            T = np.block([[T, T12], [np.zeros((Tg.shape[0], T.shape[1]), dtype=F.dtype), Tg]])
+            V = np.asfortranarray(np.hstack([V, Vp]))
+    return gl, c, V, T
+
+
 def _factor_front(F: np.ndarray, stair: np.ndarray, npiv: int, tol: float | None) -> _Front:
     """Blocked staircase Householder QR of one assembled front (Fortran, overwritten).
 
@@ -145,37 +198,22 @@ def _factor_front(F: np.ndarray, stair: np.ndarray, npiv: int, tol: float | None
         kb = min(NB, end - k)
         t = min(fm, max(int(stair[k + kb - 1]), g + kb))
         h = t - g
-        w = min(h, kb)
-        qr, T = _geqrt(np.array(F[g:t, k:k + kb], order="F"), w)
-        j = w
-        if test:
-            small = np.flatnonzero(np.abs(np.diagonal(qr)[:w]) <= tol)
-            if len(small):
-                j = int(small[0])
-        if j == w:
+        if not test:
+            w = min(h, kb)
+            qr, T = _geqrt(np.array(F[g:t, k:k + kb], order="F"), w)
             F[g:t, k:k + kb] = qr
-            if w:
-                V = _unit_lower(qr, w)
-                _apply_qt(V, T, F[g:t, k + kb:])
-                panels.append((g, V, T))
-            if test:
-                r_cols.extend(range(k, k + w))
+            V = _unit_lower(qr, w)
+            _apply_qt(V, T, F[g:t, k + kb:])
+            panels.append((g, V, T))
             g += w
-            k += kb if (w == kb or not test) else w   # rows ran out: the rest is dead
+            k += kb
             continue
-        # pivot k+j is small: keep the j reflectors before it, apply them to the rest
-        if j:
-            F[g:t, k:k + j] = qr[:, :j]
-            V = _unit_lower(qr, j)
-            Tj = np.array(T[:j, :j], order="F")
-            _apply_qt(V, Tj, F[g:t, k + j:])
-            panels.append((g, V, Tj))
-            r_cols.extend(range(k, k + j))
-        g += j
-        k += j
-        F[g:, k] = 0
-        dead.append(k)
-        k += 1
+        gl, c, V, T = _rank_panel(F, g, t, k, kb, tol, r_cols, dead)
+        if V is not None:
+            _apply_qt(V, T, F[g:t, k + kb:])
+            panels.append((g, V, T))
+        g += gl
+        k += kb
     if tol is None:
         rank = min(fm, npiv)
         r_cols = np.arange(rank, dtype=np.int64)
