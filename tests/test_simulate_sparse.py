@@ -22,7 +22,7 @@ def _families():
     A = sp.random(90, 200, density=0.05, random_state=2, format="csc") + sp.eye(90, 200)
     out.append(("random_wide", sp.csc_array(A)))
     k = 6                                              # 2-D grid Laplacian stacked on 0.1 I
-    T = sp.diags([-1, 2, -1], [-1, 0, 1], shape=(k, k))
+    T = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(k, k))
     L = sp.kronsum(T, T)
     out.append(("grid", sp.csc_array(sp.vstack([L, 0.1 * sp.eye(k * k)]))))
     dense = rng.standard_normal((70, 45))
@@ -96,7 +96,7 @@ def test_tiles_and_bundles(rng):
 
 
 def _grid3d(k):
-    T = sp.diags([-1, 2, -1], [-1, 0, 1], shape=(k, k))
+    T = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(k, k))
     L = sp.kronsum(sp.kronsum(T, T), T)
     return sp.csc_array(sp.vstack([L, 0.1 * sp.eye(k ** 3)]))
 

@@ -18,9 +18,15 @@ parent sits in a later stage cross through host memory and are packed into
 the parent from a *carried* region at the start of the parent's stage.
 
 The per-front bucket schedules are shared between fronts of equal tile
-pattern (``bucket.tile_schedule`` is cached) and instantiated for all fronts
-of a stage at once by vectorized NumPy; only the front-level state machine
-is a Python loop (over fronts and launches, never over tasks).
+pattern (``bucket.tile_schedules`` computes all distinct patterns at once and
+caches them); only the front-level state machine is a Python loop (over
+fronts and launches, never over tasks or bundles). Records are written from
+the patterns' element templates by NumPy, either for a whole stage
+(:attr:`StageSchedule.tasks`) or launch by launch
+(:meth:`StageSchedule.launch_tasks`, :meth:`SparseSchedule.iter_launches`,
+which can build launch k+1 in a worker thread while the caller runs launch
+k); ``build_schedule(..., lazy=True)`` stops after the plan. Schedules are
+cached per analysis object, so ``refactor`` gets its schedule for free.
 
 Memory of a stage (what the GPU engine allocates; the executor uses the same):
 front pool = the stage's fronts row-major one after the other, then the
@@ -40,8 +46,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import bucket
-from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, MAX_SLOTS,
-                    TASK_DTYPE, TaskType, empty_tasks)
+from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TASK_DTYPE,
+                    TaskType, empty_tasks)
 
 __all__ = ["StageSchedule", "SparseSchedule", "build_schedule", "schedule_stats",
            "record_flops", "clear_schedule_cache", "S_CHUNK", "PACK_CHUNK"]
