@@ -5,6 +5,7 @@ Subcommands::
     info            versions, GPU, SuiteSparse, kernel cache
     solve A.mtx     solve a least-squares or square system, print what ran where
     analyze A.mtx   symbolic analysis: fronts, flops, nnz(R), intensity, stages
+    schedule A.mtx  GPU task lists: launches with/without pipelining, tasks, build time
     run script.py   run an unchanged script with SciPy's solvers patched
     build-kernels   compile every kernel for the present GPU into the cache
     calibrate       measure device speeds (``--tiled`` for the tiled dense QR)
@@ -26,6 +27,8 @@ __all__ = ["main", "build_parser"]
 _DELEGATED = {
     "analyze": ("scipy_gpuqr._symbolic.cli",
                 "symbolic analysis: fronts, flops, nnz(R), intensity, stages"),
+    "schedule": ("scipy_gpuqr._schedule.cli",
+                 "GPU task-list statistics: launches, tasks, critical path, build time"),
 }
 
 

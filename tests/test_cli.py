@@ -74,3 +74,11 @@ def test_build_kernels_without_gpu_says_why():
         pytest.skip("a GPU is present")
     out = _cli("build-kernels")
     assert out.returncode == 2 and "no GPU" in out.stderr
+
+
+def test_schedule_command_json(matrices_dir):
+    out = _cli("schedule", str(matrices_dir / "494_bus.mtx"), "--json")
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stdout)
+    assert stats["launches"] >= 1 and stats["launches"] <= stats["launches_no_pipeline"]
+    assert stats["tasks"] >= stats["launches"]
