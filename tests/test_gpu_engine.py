@@ -21,7 +21,7 @@ from scipy_gpuqr._engine.simulate import execute_task, simulate_factorize
 from scipy_gpuqr._schedule.sparse import build_schedule
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
-                                           random_least_squares)
+                                           random_least_squares, singleton_rich)
 
 EPS = np.finfo(np.float64).eps
 
@@ -56,6 +56,154 @@ def test_host_logic_matches_simulate(budget):
         g.free()
 
 
+def _odd_shapes(rng):
+    """Singleton rows (R1 block), a wide matrix (rows of R without pivot), empty lines."""
+    yield "singletons", sp.csc_array(singleton_rich(300, 120, seed=int(rng.integers(1 << 30))))
+    W = sp.random(40, 90, density=0.08, random_state=int(rng.integers(1 << 30)), format="csc")
+    yield "wide", sp.csc_array(W + sp.eye(40, 90, format="csc"))
+    E = sp.random(120, 60, density=0.06, random_state=int(rng.integers(1 << 30)),
+                  format="lil")
+    E[:, 7] = 0
+    E[11, :] = 0
+    yield "empty-lines", sp.csc_array(E)
+
+
+@pytest.mark.parametrize("budget", [None, 4000])
+def test_r_layout_matches_simulate_on_odd_shapes(budget):
+    rng = np.random.default_rng()
+    for name, A in _odd_shapes(rng):
+        an = analyze(A)
+        s = simulate_factorize(A, an, max_gpu_memory=budget)
+        g = gpu_factorize(A, an, device=NumpyDevice(32, 3), max_gpu_memory=budget)
+        assert g.R.shape == s.R.shape, name
+        assert g.R.has_sorted_indices and g.R.nnz == s.R.nnz, name
+        assert abs(g.R - s.R).toarray().max(initial=0.0) == 0.0, name
+        np.testing.assert_array_equal(g.qorder, s.qorder)
+        b = rng.standard_normal((A.shape[0], 2))
+        np.testing.assert_array_equal(g.qt_matmul(b), s.qt_matmul(b))
+        g.free()
+
+
+def test_r_layout_vectorized_matches_a_loop_per_front():
+    from scipy_gpuqr._engine.gpu_rlayout import r_layout
+    rng = np.random.default_rng()
+    A = _random_values(grid3d_least_squares(4), rng)
+    an = analyze(A)
+    lay = r_layout(an, cache=False)
+    fs = an.fronts
+    fbase = np.concatenate(([0], np.cumsum(fs.fm.astype(np.int64) * fs.fn)))
+    space = rng.standard_normal(int(fbase[-1]))
+    R = lay.csc(space[lay.src]).toarray()
+    want = np.zeros(lay.shape)
+    row = 0
+    for f in range(fs.nfronts):
+        cols = fs.cols[fs.col_ptr[f]:fs.col_ptr[f + 1]]
+        fm, fn, rk = int(fs.fm[f]), int(fs.fn[f]), int(fs.frank[f])
+        blk = np.triu(space[fbase[f]: fbase[f] + fm * fn].reshape(fm, fn)[:rk])
+        want[row: row + rk][:, cols] = blk
+        row += rk
+    np.testing.assert_array_equal(R, want)
+
+
+def test_r_layout_builders_agree():
+    """Column segments (rows in front order) and the general CSR->CSC path."""
+    from scipy_gpuqr._engine import gpu_rlayout
+    rng = np.random.default_rng()
+    for name, A in list(_odd_shapes(rng)) + list(_families(rng)):
+        an = analyze(A)
+        a, b = gpu_rlayout._build_segments(an), gpu_rlayout._build_general(an)
+        for x in ("indptr", "indices", "src", "r1_pos", "r1_nz", "qorder"):
+            np.testing.assert_array_equal(getattr(a, x), getattr(b, x), err_msg=name + x)
+        assert a.indices.dtype == b.indices.dtype
+
+
+def test_refactor_reuses_schedule_and_layout():
+    from scipy_gpuqr._engine.gpu_rlayout import r_layout
+    from scipy_gpuqr._schedule.sparse import clear_schedule_cache
+    rng = np.random.default_rng()
+    A = _random_values(grid3d_least_squares(5), rng)
+    an = analyze(A)
+    clear_schedule_cache(an)
+    g1 = gpu_factorize(A, an, device=NumpyDevice(32, 3))
+    assert g1.info["schedule_cold"]                 # built launch by launch
+    lay = r_layout(an)
+    assert all(st.materialized for st in g1.schedule.stages)
+    A2 = A.copy()
+    A2.data = rng.standard_normal(A2.nnz)
+    g2 = gpu_factorize(A2, an, device=NumpyDevice(32, 3))
+    assert not g2.info["schedule_cold"] and g2.schedule is g1.schedule
+    assert r_layout(an) is lay
+    s2 = simulate_factorize(A2, an)
+    assert abs(g2.R - s2.R).max() == 0.0
+    assert abs(g1.R - g2.R).max() > 0.0            # new values, not the old R
+    b = rng.standard_normal(A.shape[0])
+    np.testing.assert_array_equal(g2.qt_matmul(b), s2.qt_matmul(b))
+
+
+def test_float32_input_gives_float32_r():
+    rng = np.random.default_rng()
+    A = _random_values(grid3d_least_squares(4), rng)
+    an = analyze(A)
+    s = simulate_factorize(A, an)
+    g = gpu_factorize(A.astype(np.float32), an, device=NumpyDevice(32, 3, dtype=np.float32))
+    assert g.R.dtype == np.float32
+    Rg, Rs = g.R.toarray().astype(np.float64), s.R.toarray()
+    tol = 100 * max(A.shape) * np.finfo(np.float32).eps * float(sp.linalg.norm(A)) ** 2
+    assert np.abs(Rg.T @ Rg - Rs.T @ Rs).max() <= tol
+
+
+@pytest.fixture
+def numpy_gpu_engine(monkeypatch):
+    """backend='gpu' through the dispatch hook, executed by the NumPy device layer."""
+    from scipy_gpuqr import _dispatch
+
+    def factorize(A, analysis=None, **kw):
+        dt = np.float32 if getattr(A, "dtype", None) == np.float32 else np.float64
+        return gpu_factorize(A, analysis, device=NumpyDevice(32, 3, dtype=dt), **kw)
+    monkeypatch.setattr(_dispatch, "gpu_engine", lambda: (factorize, "ok"))
+
+
+def test_backend_gpu_end_to_end_through_the_adapters(numpy_gpu_engine):
+    import warnings
+
+    from scipy_gpuqr import QRFactorization, lsqr, spsolve
+    rng = np.random.default_rng()
+    A = _random_values(grid3d_least_squares(5), rng)
+    b = rng.standard_normal(A.shape[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        F = QRFactorization(A, backend="gpu")
+        x = F.solve(b)
+    xr = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    assert np.linalg.norm(x - xr) <= 1e-10 * max(np.linalg.norm(xr), 1.0)
+    assert F.info["backend"] == "gpu" and F.info["backend_info"]["backend"] == "gpu"
+    A2 = A.copy()
+    A2.data = rng.standard_normal(A2.nnz)
+    F.refactor(A2)
+    x2 = F.solve(b)
+    xr2 = np.linalg.lstsq(A2.toarray(), b, rcond=None)[0]
+    assert np.linalg.norm(x2 - xr2) <= 1e-10 * max(np.linalg.norm(xr2), 1.0)
+    F.free()
+    out = lsqr(A, b, backend="gpu")
+    assert np.linalg.norm(out[0] - xr) <= 1e-10 * max(np.linalg.norm(xr), 1.0)
+    S = sp.csc_array(_random_values(grid3d_least_squares(4), rng)[:64])
+    S = sp.csc_array(S + 10 * sp.eye(64, format="csc"))
+    bs = rng.standard_normal(64)
+    xs = spsolve(S, bs, backend="gpu")
+    assert np.linalg.norm(S @ xs - bs) <= 1e-12 * (sp.linalg.norm(S) * np.linalg.norm(xs)
+                                                   + np.linalg.norm(bs))
+
+
+def test_backend_gpu_without_a_gpu_warns_and_answers(monkeypatch):
+    from scipy_gpuqr import _gpu
+    from scipy_gpuqr._dispatch import GpuFallbackWarning
+    monkeypatch.setattr(_gpu, "gpu_info", lambda: {"available": False, "reason": "test"})
+    A = grid3d_least_squares(3)
+    with pytest.warns(GpuFallbackWarning, match="no usable GPU"):
+        out = gpu_factorize(A)
+    assert out.info["fallback"].startswith("no usable GPU")
+
+
 def test_restages_after_out_of_memory_and_falls_back():
     A = grid3d_least_squares(5)
     an = analyze(A)
@@ -74,12 +222,9 @@ def test_restages_after_out_of_memory_and_falls_back():
 
 def test_non_finite_pool_raises():
     class Bad(NumpyDevice):
-        def run_stage(self, st, s_index, s_value, carried):
-            pool = super().run_stage(st, s_index, s_value, carried)
-            pool[0] = np.nan
-            if not np.isfinite(pool).all():
-                raise GpuEngineError("non-finite values")
-            return pool
+        def end_stage(self, h):
+            h["pool"][0] = np.nan
+            return super().end_stage(h)
     with pytest.raises(GpuEngineError):
         gpu_factorize(grid3d_least_squares(3), device=Bad(32, 3))
 
@@ -253,3 +398,51 @@ def test_qrfactorization_backend_gpu_solves_least_squares():
     assert info["backend"] == "gpu", info
     assert info["backend_info"]["backend"] == "gpu", info["backend_info"]
     F.free()
+
+
+def _gram_close(R1, R2, A, eps, c=200):
+    m, n = A.shape
+    normA = max(float(sp.linalg.norm(A)), 1.0)
+    a, b = R1.toarray().astype(np.float64), R2.toarray().astype(np.float64)
+    return np.abs(a.T @ a - b.T @ b).max(initial=0.0) <= c * max(m, n) * eps * normA ** 2
+
+
+@pytest.mark.gpu
+def test_cold_and_warm_schedules_on_gpu():
+    """Cold: records built launch by launch and uploaded per launch (overlapping the
+    GPU); warm: the cached, materialized schedule uploaded whole."""
+    from scipy_gpuqr._schedule.sparse import clear_schedule_cache
+    rng = np.random.default_rng()
+    for name, A in list(_families(rng)) + list(_odd_shapes(rng)):
+        A = sp.csc_array(A, dtype=np.float64)
+        an = analyze(A)
+        for budget in (None, 20000):
+            clear_schedule_cache(an)
+            g1 = gpu_factorize(A, an, max_gpu_memory=budget)
+            assert g1.info["schedule_cold"] or not g1.schedule.stages, name
+            g2 = gpu_factorize(A, an, max_gpu_memory=budget)
+            assert not g2.info["schedule_cold"], name
+            s = simulate_factorize(A, an, max_gpu_memory=budget)
+            assert g1.R.shape == s.R.shape and g1.R.nnz == s.R.nnz, name
+            assert _gram_close(g1.R, s.R, A, EPS), (name, budget)
+            assert _gram_close(g2.R, s.R, A, EPS), (name, budget)
+            b = rng.standard_normal(A.shape[0])
+            y = g1.qt_matmul(b)
+            assert abs(np.linalg.norm(y) - np.linalg.norm(b)) <= 1e-10 * np.linalg.norm(b)
+            g1.free()
+            g2.free()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", [None, 20000, 1])
+def test_float32_whole_factorization_on_gpu(budget):
+    rng = np.random.default_rng()
+    for name, A in _families(rng):
+        A64 = sp.csc_array(A, dtype=np.float64)
+        an = analyze(A64)
+        s = simulate_factorize(A64, an, max_gpu_memory=budget)
+        g = gpu_factorize(A64.astype(np.float32), an, max_gpu_memory=budget)
+        assert g.R.dtype == np.float32, name
+        assert np.isfinite(g.R.data).all(), name
+        assert _gram_close(g.R, s.R, A64, np.finfo(np.float32).eps, c=50), (name, budget)
+        g.free()

@@ -161,8 +161,13 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     elif not analysis.matches_pattern(Ac):
         raise ValueError("gpu_factorize: the analysis was made for another pattern")
     debug = _debug_default() if debug is None else bool(debug)
+    dev_dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     if device is None:
-        device = CupyDevice(tile, bundle, debug=debug)
+        from .._gpu import gpu_info
+        gi = gpu_info()
+        if not gi.get("available"):
+            return _no_gpu(Ac, analysis, f"no usable GPU ({gi.get('reason', '?')})")
+        device = CupyDevice(tile, bundle, dtype=dev_dtype, debug=debug)
     budget = max_gpu_memory if max_gpu_memory is not None else _default_budget(device)
     t_an = time.perf_counter()
     last_exc = None
@@ -196,6 +201,18 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     return out
 
 
+def _no_gpu(Ac, analysis, why):
+    """The reference engine answers, with a GpuFallbackWarning (never silently)."""
+    from .._dispatch import GpuFallbackWarning
+    from .reference import reference_factorize
+    warnings.warn(f"backend 'gpu': {why}; the reference CPU engine answers",
+                  GpuFallbackWarning, stacklevel=3)
+    out = reference_factorize(Ac, analysis, tol=None)
+    out.info["requested_backend"] = "gpu"
+    out.info["fallback"] = why
+    return out
+
+
 def _free_device_pools(device) -> None:
     cp = getattr(device, "cp", None)
     if cp is not None:
@@ -203,14 +220,41 @@ def _free_device_pools(device) -> None:
 
 
 def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_tasks):
-    import scipy.sparse as sp
+    from concurrent.futures import ThreadPoolExecutor
 
     from .._schedule.sparse import build_schedule
+    from .gpu_rlayout import r_layout
 
     t0 = time.perf_counter()
+    # lazy: a schedule built before for this analysis (refactor, a warm call) comes from
+    # the scheduler's cache, materialized; a new one is built launch by launch by
+    # iter_launches' worker while the GPU runs the launches before.
     sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
-                           max_gpu_memory=budget, max_tasks=max_tasks)
+                           max_gpu_memory=budget, max_tasks=max_tasks, lazy=True)
+    cold = not all(st.materialized for st in sched.stages)
     t1 = time.perf_counter()
+    # R's layout (pattern, gather maps; cached with the analysis) is built on a worker
+    # thread while the launches run; a cold schedule is materialized there too, so the
+    # next factorization of this analysis finds it ready.
+    helper = ThreadPoolExecutor(max_workers=1)
+    plan_stages = [st.fronts for st in sched.stages]
+
+    def _host_side():
+        lay = r_layout(analysis)
+        maps_ = lay.stage_maps(plan_stages)
+        pattern = lay.pattern_copy()
+        if cold:
+            sched.materialize()
+        return lay, maps_, pattern
+    fut = helper.submit(_host_side)
+    try:
+        return _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle,
+                    pipelining)
+    finally:
+        helper.shutdown(wait=True)
+
+
+def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, pipelining):
     m, n = Ac.shape
     fs = analysis.fronts
     nf = fs.nfronts
@@ -218,63 +262,84 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     vals = Ac.data.astype(device.dtype)[fs.s_nz]
     maps = np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64)
     device.start(maps, sched.vt_size)
-    frank = fs.frank.astype(np.int64)
     fm_a, fn_a = fs.fm.astype(np.int64), fs.fn.astype(np.int64)
     host_cb = {}
-    r_rows = [None] * nf            # front -> (rk, fn) rows of R
     front_tasks = [None] * nf
     pending = {}                    # front -> (stage, offset, size) in a device pool
     stage_pools = {}
     host_pools = {}
     nstage = len(sched.stages)
+    launches = sched.iter_launches(prefetch=cold)
+    fac_types = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
+    layout = gmaps = None
+    t_wait_host = 0.0
+    r_parts = []
     for sid, st in enumerate(sched.stages):
         first, last = st.fronts
         carried = [(off, host_cb.pop(c)) for c, off in st.carried.items()]
         s0, s1 = st.s_range
-        pool = device.run_stage(st, fs.s_index[s0:s1], vals[s0:s1], carried)
+        h = device.begin_stage(st, fs.s_index[s0:s1], vals[s0:s1], carried)
+        fac_parts = []
+        for _ in range(st.nlaunch):
+            i, L, rec = next(launches)
+            if i != sid:
+                raise GpuEngineError(f"launch {L} of stage {i} yielded in stage {sid}")
+            device.launch(h, L, rec)
+            if cold and len(rec):
+                sel = np.isin(rec["type"], fac_types)
+                if sel.any():
+                    fac_parts.append(rec[sel])
+        if layout is None:          # the host side overlaps the launches just enqueued
+            tw = time.perf_counter()
+            layout, gmaps, pattern = fut.result()
+            t_wait_host += time.perf_counter() - tw
+        pos, gidx = gmaps[sid]
+        ghandle = device.prepare_gather(gidx)
+        pool = device.end_stage(h)
+        r_parts.append((pos, device.gather(pool, ghandle)))
+        del ghandle
         members = np.arange(first, last + 1)
         foff = st.foff[members]
-        rk, fnm, fmm = frank[members], fn_a[members], fm_a[members]
         par = fs.parent[members]
-        later = (par >= 0) & (par > last)
-        cmm = fs.cm[members].astype(np.int64)
-        segs = [(int(o), int(r * c)) for o, r, c in zip(foff, rk, fnm)]
-        cb_f = members[later]
-        segs += [(int(foff[i] + rk[i] * fnm[i]), int(cmm[i] * fnm[i]))
-                 for i in np.flatnonzero(later)]
-        host = device.fetch(pool, segs)
-        p = 0
-        for i, f in enumerate(members.tolist()):
-            size = segs[i][1]
-            r_rows[f] = host[p: p + size].reshape(int(rk[i]), int(fnm[i]))
-            p += size
-        for j, f in enumerate(cb_f.tolist()):
-            size = segs[len(members) + j][1]
-            blk = host[p: p + size].reshape(int(fs.cm[f]), int(fs.fn[f]))[:, int(fs.fp[f]):]
-            host_cb[f] = np.triu(blk)
-            p += size
-        t = st.tasks
-        fac = np.isin(t["type"], (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE))
-        kf = np.flatnonzero(fac)
-        kf = kf[np.argsort(t["front"][kf], kind="stable")]
-        cnt = np.bincount(t["front"][kf] - first, minlength=last - first + 1)
-        ptr = np.concatenate(([0], np.cumsum(cnt)))
-        allf = t[kf]
+        later = np.flatnonzero((par >= 0) & (par > last))
+        if len(later):
+            rk, fnm = fs.frank[members].astype(np.int64), fn_a[members]
+            cmm = fs.cm[members].astype(np.int64)
+            segs = [(int(foff[i] + rk[i] * fnm[i]), int(cmm[i] * fnm[i])) for i in later]
+            host = device.fetch(pool, segs)
+            p = 0
+            for j, i in enumerate(later.tolist()):
+                f = first + i
+                size = segs[j][1]
+                blk = host[p: p + size].reshape(int(fs.cm[f]), int(fs.fn[f]))[:, int(fs.fp[f]):]
+                host_cb[f] = np.triu(blk)
+                p += size
+        # Factorize / Apply+Factorize records of each front (Q's replay)
+        if cold:
+            allf = np.concatenate(fac_parts) if fac_parts else st.tasks[:0]
+        else:
+            t = st.tasks
+            allf = t[np.isin(t["type"], fac_types)]
+        order = np.argsort(allf["front"], kind="stable")
+        allf = allf[order]
         allf["F"] = 0
+        cnt = np.bincount(allf["front"] - first, minlength=last - first + 1)
+        ptr = np.concatenate(([0], np.cumsum(cnt)))
+        fmm = fm_a[members]
         for i, f in enumerate(members.tolist()):
             front_tasks[f] = allf[ptr[i]:ptr[i + 1]]
-            pending[f] = (sid, int(foff[i]), int(fmm[i] * fnm[i]))
+            pending[f] = (sid, int(foff[i]), int(fmm[i] * fn_a[f]))
         if sid + 1 < nstage:
             host_pools[sid] = device.to_host(pool)
             device.release(pool)
         else:
             stage_pools[sid] = pool
     t2 = time.perf_counter()
-    slots_of = _row_slots(analysis)
-    R, qorder = _assemble_R(Ac, analysis, r_rows, slots_of, dtype)
-    if R.nnz and not np.isfinite(R.data).all():
-        raise GpuEngineError("non-finite values in R")
+    if layout is None:              # no stage at all
+        layout, gmaps, pattern = fut.result()
+    R = _assemble_R(Ac, layout, r_parts, dtype, pattern)
     t3 = time.perf_counter()
+    slots_of = layout.slots_of
     # fronts of earlier stages are on the host already
     fronts = []
     for f in range(nf):
@@ -289,90 +354,40 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
             "ordering": analysis.ordering_used, "nfronts": int(nf),
             "stages": nstage, "launches": int(sched.nlaunch), "tasks": int(sched.ntasks),
             "tile": int(tile), "bundle": int(bundle), "pipelining": bool(pipelining),
-            "budget": budget, "schedule_cpu_seconds": float(sched.seconds),
+            "budget": budget, "schedule_cold": bool(cold),
             "seconds": {"schedule": t1 - t0, "factorize": t2 - t1, "assemble_R": t3 - t2,
+                        "wait_host_side": t_wait_host,
                         "gpu_kernels": dev_s.get("kernels", 0.0),
                         "upload": dev_s.get("upload", 0.0),
+                        "upload_gather": dev_s.get("upload_gather", 0.0),
                         "download": dev_s.get("download", 0.0),
-                        "launch_loop": dev_s.get("launch_loop", 0.0)}}
+                        "launch_loop": dev_s.get("launch_loop", 0.0),
+                        "wait_gpu": dev_s.get("wait", 0.0)}}
     out = GpuQR(shape=(m, n), R=R, colperm=analysis.colperm.astype(np.int64),
                 rank=int(min(m, n)), tol=None, flops=float(analysis.flops), info=info,
-                analysis=analysis, qorder=qorder, schedule=sched, _fronts=fronts,
-                _vt=None, _pending=pending, _device=device)
+                analysis=analysis, qorder=layout.qorder.copy(), schedule=sched,
+                _fronts=fronts, _vt=None, _pending=pending, _device=device)
     out._stage_pools = stage_pools
     return out
 
 
-def _row_slots(analysis):
-    """Global slot (row of A) of every row of every front (as the reference)."""
-    fs = analysis.fronts
-    rowperm = analysis.rowperm
-    nf = fs.nfronts
-    slots_of = [None] * nf
-    for f in range(nf):
-        fm = int(fs.fm[f])
-        slots = np.empty(fm, dtype=np.int64)
-        a0, a1 = fs.arow_ptr[f], fs.arow_ptr[f + 1]
-        slots[fs.arow_local[a0:a1]] = rowperm[a0:a1]
-        for c in fs.children[fs.child_ptr[f]:fs.child_ptr[f + 1]]:
-            c = int(c)
-            rk, cmc = int(fs.frank[c]), int(fs.cm[c])
-            slots[fs.rimap[fs.rimap_ptr[c]:fs.rimap_ptr[c + 1]]] = slots_of[c][rk:rk + cmc]
-        slots_of[f] = slots
-    return slots_of
+def _assemble_R(Ac, layout, r_parts, dtype, pattern):
+    """R (rows keyed by pivot column, as the reference) from the gathered values.
 
-
-def _assemble_R(Ac, analysis, r_rows, slots_of, dtype):
-    """R (rows keyed by pivot column, as the reference) and Qᵀb's row order.
-
-    Built as CSR in front order (each front's rows are an upper trapezoid of
-    its ``rk × fn`` block), rows permuted to pivot order, then one linear
-    CSR→CSC transpose (no COO sort).
+    ``r_parts``: per stage ``(pos, values)`` in R's CSC order (see
+    :mod:`.gpu_rlayout`); the singleton rows' values come from A.
     """
-    import scipy.sparse as sp
-
-    fs = analysis.fronts
-    m, n = Ac.shape
-    rowperm = analysis.rowperm
-    lens_l, idx_l, vals_l, piv_l, slot_l = [], [], [], [], []
-    r1 = int(getattr(analysis, "n1rows", 0) or 0)
-    if r1:   # singleton rows of A are rows of R as they stand
-        lens_l.append(np.diff(analysis.r1_ptr).astype(np.int64))
-        idx_l.append(np.asarray(analysis.r1_cols, dtype=np.int64))
-        vals_l.append(Ac.data[analysis.r1_nz].astype(np.float64))
-        piv_l.append(np.asarray(analysis.r1_pivot, dtype=np.int64))
-        slot_l.append(rowperm[:r1])
-    for f in range(fs.nfronts):
-        rk = int(fs.frank[f])
-        if rk == 0:
-            continue
-        fn = int(fs.fn[f])
-        cols = fs.cols[fs.col_ptr[f]:fs.col_ptr[f + 1]]
-        mask = np.arange(fn)[None, :] >= np.arange(rk)[:, None]
-        lens_l.append(fn - np.arange(rk, dtype=np.int64))
-        idx_l.append(np.broadcast_to(cols, (rk, fn))[mask])
-        vals_l.append(r_rows[f][mask])
-        piv_l.append(cols[:rk])
-        slot_l.append(slots_of[f][:rk])
-    k = min(m, n)
-    if not lens_l:
-        R = sp.csc_array((k, n), dtype=dtype)
-        return R, np.arange(m, dtype=np.int64)
-    piv = np.concatenate(piv_l).astype(np.int64)
-    live = np.argsort(piv, kind="stable")
-    lens = np.concatenate(lens_l)
-    indptr = np.concatenate(([0], np.cumsum(lens)))
-    itype = np.int32 if max(indptr[-1], n) < 2 ** 31 - 1 else np.int64
-    Rcsr = sp.csr_array((np.concatenate(vals_l).astype(dtype, copy=False),
-                         np.concatenate(idx_l).astype(itype), indptr.astype(itype)),
-                        shape=(len(piv), n))
-    Rcsr = Rcsr[live]                        # rows in pivot order
-    if len(piv) < k:                         # rows without a pivot: zero rows at the end
-        Rcsr = sp.vstack([Rcsr, sp.csr_array((k - len(piv), n), dtype=dtype)], format="csr")
-    R = Rcsr.tocsc()
-    R.sort_indices()
-    slots_r = np.concatenate(slot_l)[live]
-    rest = np.ones(m, dtype=bool)
-    rest[slots_r] = False
-    qorder = np.concatenate([slots_r, np.flatnonzero(rest)]).astype(np.int64)
-    return R, qorder
+    if len(r_parts) == 1 and r_parts[0][0] is None and not len(layout.r1_pos):
+        data = r_parts[0][1]
+        if data.dtype != dtype:
+            data = data.astype(dtype)
+    else:
+        data = np.zeros(layout.nnz, dtype=dtype)
+        for pos, v in r_parts:
+            if pos is None:
+                data[:len(v)] = v
+            else:
+                data[pos] = v
+        if len(layout.r1_pos):
+            data[layout.r1_pos] = Ac.data[layout.r1_nz]
+    return layout.csc(data, pattern)

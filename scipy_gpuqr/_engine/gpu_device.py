@@ -1,23 +1,32 @@
 """Device layers of the GPU engine: the CUDA one (CuPy) and a NumPy stand-in.
 
 The engine (:mod:`scipy_gpuqr._engine.gpu`) drives a factorization stage by
-stage through four calls, so its host-side logic (staging, carried
-contribution blocks, R assembly, Q bookkeeping) runs on a machine without a
-GPU against :class:`NumpyDevice`, which executes the very same records with
-the NumPy executor:
+stage, launch by launch, so its host-side logic (staging, carried
+contribution blocks, R's gather maps, Q bookkeeping) runs on a machine
+without a GPU against :class:`NumpyDevice`, which executes the very same
+records with the NumPy executor:
 
 ``start(maps, vt_size)``
     maps (Rimap then Rjmap, int64) uploaded once; the VT pool allocated.
-``run_stage(stage, s_index, s_value, carried) -> host pool``
-    zeroed front pool, carried contribution blocks and S entries uploaded,
-    the stage's task list uploaded once from pinned memory, one launch per
-    schedule launch (pointer offsets into the uploaded list), the pool
-    checked for non-finite values on the device and copied back into pinned
-    host memory.
-``vt_host()``
-    the VT pool on the host (fetched lazily, for ``Q``).
-``close()``
-    device memory released.
+``begin_stage(stage, s_index, s_value, carried) -> handle``
+    zeroed front pool, carried contribution blocks and S entries uploaded;
+    a materialized stage's task list uploaded at once from pinned memory,
+    otherwise launch by launch.
+``launch(handle, L, records)``
+    launch ``L`` of the stage (records uploaded asynchronously from pinned
+    memory when the stage was not uploaded whole).
+``prepare_gather(index) -> gather handle``
+    R's gather index of the stage uploaded (on a copy stream, overlapping
+    the kernels).
+``end_stage(handle) -> pool``
+    waits for the stage, checks every launch (CUDA error) and the pool for
+    non-finite values on the device.
+``gather(pool, gather handle) -> host values``
+    R's values of the stage in CSC order, one transfer into pinned memory.
+``fetch(pool, segments)``, ``to_host(pool)``, ``release(pool)``
+    contribution blocks and pools for later stages and for Q.
+``vt_host()``, ``close()``
+    the VT pool on the host (lazily, for Q); device memory released.
 """
 
 from __future__ import annotations
@@ -72,23 +81,34 @@ class NumpyDevice:
         self.maps = maps
         self.vt = np.full(max(vt_size, 1), np.nan, dtype=self.dtype)
 
-    def run_stage(self, st, s_index, s_value, carried) -> np.ndarray:
-        from .simulate import execute_task
+    def begin_stage(self, st, s_index, s_value, carried):
         if self.fail_after is not None and st.pool_size > self.fail_after:
             raise DeviceOutOfMemory(f"stage pool of {st.pool_size} elements")
         pool = np.zeros(st.pool_size, dtype=self.dtype)
         for off, cb in carried:
             pool[off: off + cb.size] = cb.ravel()
-        spool = (s_index, s_value.astype(self.dtype))
-        for L in range(st.nlaunch):
-            a, b = int(st.launch_ptr[L]), int(st.launch_ptr[L + 1])
-            order = range(a, b) if self.rng is None else a + self.rng.permutation(b - a)
-            for k in order:
-                execute_task(st.tasks[k], pool, self.vt, self.tile, spool=spool, maps=self.maps)
-            self.launches += b > a
+        return {"pool": pool, "spool": (s_index, s_value.astype(self.dtype)), "st": st}
+
+    def launch(self, h, L, records) -> None:
+        from .simulate import execute_task
+        n = len(records)
+        order = range(n) if self.rng is None else self.rng.permutation(n)
+        for k in order:
+            execute_task(records[k], h["pool"], self.vt, self.tile, spool=h["spool"],
+                         maps=self.maps)
+        self.launches += n > 0
+
+    def prepare_gather(self, index):
+        return index
+
+    def end_stage(self, h) -> np.ndarray:
+        pool = h["pool"]
         if not np.isfinite(pool).all():
             raise GpuEngineError("non-finite values in the front pool after the stage")
         return pool
+
+    def gather(self, pool, index) -> np.ndarray:
+        return pool[index]
 
     def fetch(self, pool, segments) -> np.ndarray:
         parts = [pool[a: a + n] for a, n in segments]
@@ -143,6 +163,7 @@ class CupyDevice:
         props = cp.cuda.runtime.getDeviceProperties(dev.id)
         self.name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         self.stream = cp.cuda.Stream(non_blocking=True)
+        self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self.launches = 0
         self.seconds = {"upload": 0.0, "kernels": 0.0, "download": 0.0}
         self.kernel_events = []
@@ -201,12 +222,13 @@ class CupyDevice:
         self.vt = self._alloc(vt_size, self.dtype, fill=np.nan if self.debug else None)
         self.seconds["upload"] += time.perf_counter() - t0
 
-    def run_stage(self, st, s_index, s_value, carried) -> np.ndarray:
+    def begin_stage(self, st, s_index, s_value, carried):
         cp = self.cp
         t0 = time.perf_counter()
         stream = self.stream
         pool = self._alloc(st.pool_size, self.dtype)
         keep = []
+        whole = bool(getattr(st, "materialized", True))
         try:
             for off, cb in carried:
                 buf = self._pinned(cb.size, self.dtype)
@@ -215,50 +237,112 @@ class CupyDevice:
                 keep.append(buf)
             sidx, b1 = self._upload(np.ascontiguousarray(s_index, dtype=np.int64))
             sval, b2 = self._upload(np.ascontiguousarray(s_value, dtype=self.dtype))
-            tasks = np.ascontiguousarray(st.tasks)
-            dt, b3 = self._upload(tasks.view(np.uint8))
-            keep += [b1, b2, b3]
+            keep += [b1, b2]
+            nbytes = max(int(st.ntasks), 1) * TASK_BYTES
+            if whole:
+                dt, b3 = self._upload(np.ascontiguousarray(st.tasks).view(np.uint8))
+                keep.append(b3)
+                host = None
+            else:
+                host = self._pinned(nbytes, np.uint8)
+                with stream:
+                    dt = cp.empty(nbytes, dtype=np.uint8)
         except cp.cuda.memory.OutOfMemoryError as exc:
             raise DeviceOutOfMemory(str(exc)) from exc
         e0 = cp.cuda.Event()
         e0.record(stream)
-        t1 = time.perf_counter()
-        kern, nt, smem = self.kernel, self.threads, self.smem
-        lp = st.launch_ptr.tolist()
+        self.seconds["upload"] += time.perf_counter() - t0
+        return {"st": st, "pool": pool, "dt": dt, "host": host, "keep": keep,
+                "sidx": sidx, "sval": sval, "e0": e0, "lp": st.launch_ptr.tolist(),
+                "t_loop": time.perf_counter()}
+
+    def launch(self, h, L, records) -> None:
+        cp = self.cp
+        stream = self.stream
+        a, b = h["lp"][L], h["lp"][L + 1]
+        if b <= a:
+            return
+        dt = h["dt"]
+        if h["host"] is not None:       # upload this launch's records (pinned, async)
+            raw = np.ascontiguousarray(records).view(np.uint8).ravel()
+            seg = h["host"][a * TASK_BYTES: b * TASK_BYTES]
+            seg[...] = raw
+            dt[a * TASK_BYTES: b * TASK_BYTES].set(seg, stream=stream)
         with stream:  # RawKernel launches on the current stream
-            for L in range(st.nlaunch):
-                a, b = lp[L], lp[L + 1]
-                if b <= a:
-                    continue
-                if self.profile:
-                    ea = cp.cuda.Event()
-                    ea.record(stream)
-                kern((b - a,), (nt,), (dt[a * TASK_BYTES:], pool, self.vt, sidx, sval, self.maps),
-                     shared_mem=smem)
-                if self.profile:
-                    eb = cp.cuda.Event()
-                    eb.record(stream)
-                    self.launch_events.append((st.fronts, L, b - a, ea, eb))
-                self.launches += 1
-                if self.debug:
-                    self._check(f"after launch {L} of stage {st.fronts}")
-                    if not bool(cp.isfinite(pool).all()):
-                        raise GpuEngineError(f"non-finite values after launch {L} of stage "
-                                             f"{st.fronts}")
+            if self.profile:
+                ea = cp.cuda.Event()
+                ea.record(stream)
+            self.kernel((b - a,), (self.threads,),
+                        (dt[a * TASK_BYTES:], h["pool"], self.vt, h["sidx"], h["sval"],
+                         self.maps), shared_mem=self.smem)
+            if self.profile:
+                eb = cp.cuda.Event()
+                eb.record(stream)
+                self.launch_events.append((h["st"].fronts, L, b - a, ea, eb))
+        self.launches += 1
+        if self.debug:
+            self._check(f"after launch {L} of stage {h['st'].fronts}")
+            with stream:
+                ok = bool(cp.isfinite(h["pool"]).all())
+            if not ok:
+                raise GpuEngineError(f"non-finite values after launch {L} of stage "
+                                     f"{h['st'].fronts}")
+
+    def prepare_gather(self, index):
+        """Upload a gather index on the copy stream (overlaps the kernels)."""
+        cp = self.cp
+        t0 = time.perf_counter()
+        index = np.ascontiguousarray(index)
+        try:
+            with self.copy_stream:
+                d = cp.empty(max(index.size, 1), dtype=index.dtype)
+            if index.size:
+                d[:index.size].set(index, stream=self.copy_stream)
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceOutOfMemory(str(exc)) from exc
+        ev = cp.cuda.Event()
+        ev.record(self.copy_stream)
+        self.stream.wait_event(ev)
+        self.seconds["upload_gather"] = self.seconds.get("upload_gather", 0.0) + (
+            time.perf_counter() - t0)
+        return d[:index.size]
+
+    def end_stage(self, h):
+        cp = self.cp
+        stream = self.stream
+        st, pool = h["st"], h["pool"]
+        t1 = time.perf_counter()
         e1 = cp.cuda.Event()
         e1.record(stream)
         with stream:
             ok = cp.isfinite(pool).all()
         self._check(f"in stage {st.fronts}")
-        del keep
+        h["keep"] = None
+        h["host"] = None
         if not bool(ok.get()):
             raise GpuEngineError(f"non-finite values in the front pool of stage {st.fronts}")
-        self.kernel_events.append((e0, e1))
-        self.seconds["kernels"] += cp.cuda.get_elapsed_time(e0, e1) / 1e3
-        self.seconds["upload"] += t1 - t0
+        self.kernel_events.append((h["e0"], e1))
+        self.seconds["kernels"] += cp.cuda.get_elapsed_time(h["e0"], e1) / 1e3
         self.seconds["launch_loop"] = self.seconds.get("launch_loop", 0.0) + (
-            time.perf_counter() - t1)
+            t1 - h["t_loop"])
+        self.seconds["wait"] = self.seconds.get("wait", 0.0) + (time.perf_counter() - t1)
         return pool
+
+    def gather(self, pool, index) -> np.ndarray:
+        """``pool[index]`` on the device, copied back into pinned host memory."""
+        cp = self.cp
+        t0 = time.perf_counter()
+        host = self._pinned(index.size, self.dtype)
+        if index.size:
+            try:
+                with self.stream:
+                    buf = cp.take(pool, index)
+            except cp.cuda.memory.OutOfMemoryError as exc:
+                raise DeviceOutOfMemory(str(exc)) from exc
+            buf.get(stream=self.stream, out=host)
+            self._check("copying R back")
+        self.seconds["download"] += time.perf_counter() - t0
+        return host
 
     def fetch(self, pool, segments) -> np.ndarray:
         """Segments ``(start, length)`` of a device pool, gathered on the device and

@@ -1,0 +1,342 @@
+"""Where every entry of R comes from: R's pattern and gather maps, once per analysis.
+
+Without rank detection R's pattern is fixed by the analysis: front ``f``
+contributes the upper trapezoid of the first ``frank[f]`` rows of its
+``fm × fn`` block (columns ``cols[col_ptr[f]:col_ptr[f+1]]``), the singleton
+rows of A come as they stand, rows are in pivot order. So R's CSC
+``indptr``/``indices`` and, for every stored entry, its *source* are computed
+once (vectorized NumPy, no loop per front or per entry) and cached with the
+analysis; a factorization then only gathers the values:
+
+* ``src[e] >= 0``: element ``src[e]`` of the *global front space*, the fronts
+  row-major one after the other (front ``f`` starts at ``fbase[f]``); the
+  pool of a stage covering fronts ``first..last`` is the slice
+  ``[fbase[first], fbase[last + 1])`` of that space (the scheduler lays it
+  out so), hence a stage's gather index is ``src - fbase[first]``;
+* ``src[e] < 0``: singleton-row entry ``-src[e] - 1`` (value
+  ``A.data[r1_nz[-src[e] - 1]]``).
+
+The GPU engine gathers a stage's R values on the device, in CSC order, and
+copies back exactly nnz(R) values (no host-side sort or transpose per
+factorization). The layout is built on a worker thread while the GPU runs
+the first factorization's launches, and reused by ``refactor``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["RLayout", "r_layout", "clear_r_layout_cache"]
+
+_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+@dataclass(eq=False)
+class RLayout:
+    """R's CSC pattern, the source of each entry and Q's row bookkeeping.
+
+    Attributes
+    ----------
+    shape : (int, int)
+        ``(min(m, n), n)``.
+    indptr, indices : ndarray (int32, or int64 past 2**31 entries)
+        R's CSC pattern, rows sorted in each column (treat as read-only;
+        :meth:`csc` copies them).
+    src : ndarray of int64 (nnz,)
+        Source of each stored entry (see the module notes).
+    fbase : ndarray of int64 (nfronts + 1,)
+        Start of each front in the global front space.
+    r1_pos, r1_nz : ndarray of int64
+        Positions of the singleton-row entries in ``data`` and their index
+        into the canonical A's ``data``.
+    qorder : ndarray of int64 (m,)
+        Row order of ``Qᵀb`` (rows of R by pivot, then the others).
+    slots_of : list of ndarray
+        Global slot (row of A) of every row of every front.
+    """
+
+    shape: tuple
+    indptr: np.ndarray
+    indices: np.ndarray
+    src: np.ndarray
+    fbase: np.ndarray
+    r1_pos: np.ndarray
+    r1_nz: np.ndarray
+    qorder: np.ndarray
+    slots_of: list
+    _stage_maps: dict = field(default_factory=dict, repr=False)
+    _lock: object = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indptr[-1])
+
+    def stage_maps(self, stages) -> list:
+        """Gather maps of a staging plan: per stage ``(pos, index)``.
+
+        ``index`` (int32 when the stage's front space fits, else int64) gives
+        the pool element of each of the stage's R entries, in CSC order;
+        ``pos`` their positions in R's ``data`` (None: all of ``data``, in
+        order). Cached for the last plan asked for.
+
+        Parameters
+        ----------
+        stages : sequence of (first, last)
+            The plan's stages (fronts, inclusive).
+        """
+        key = tuple((int(a), int(b)) for a, b in stages)
+        with self._lock:
+            hit = self._stage_maps.get(key)
+        if hit is not None:
+            return hit
+        out = []
+        fb = self.fbase
+        src = self.src
+        for first, last in key:
+            lo, hi = int(fb[first]), int(fb[last + 1])
+            itype = np.int32 if hi - lo < 2 ** 31 - 1 else np.int64
+            if len(key) == 1 and not len(self.r1_pos):
+                out.append((None, src.astype(itype)))
+                continue
+            pos = np.flatnonzero((src >= lo) & (src < hi))
+            out.append((pos, (src[pos] - lo).astype(itype)))
+        with self._lock:
+            self._stage_maps = {key: out}
+        return out
+
+    def pattern_copy(self) -> tuple:
+        """Fresh ``(indices, indptr)`` for one R (the cached ones stay read-only)."""
+        return self.indices.copy(), self.indptr.copy()
+
+    def csc(self, data: np.ndarray, pattern: tuple | None = None):
+        """R as a ``scipy.sparse.csc_array`` over ``data``.
+
+        ``pattern``: from :meth:`pattern_copy` (made now when None).
+        """
+        import scipy.sparse as sp
+        ind, ptr = self.pattern_copy() if pattern is None else pattern
+        R = sp.csc_array((data, ind, ptr), shape=self.shape)
+        R.has_sorted_indices = True
+        return R
+
+
+def clear_r_layout_cache(analysis=None) -> None:
+    """Forget cached layouts (of ``analysis``, or all)."""
+    with _LOCK:
+        if analysis is None:
+            _CACHE.clear()
+        else:
+            _CACHE.pop(analysis, None)
+
+
+def r_layout(analysis, cache: bool = True) -> RLayout:
+    """R's layout for ``analysis`` (built once, cached with the analysis)."""
+    if cache:
+        with _LOCK:
+            try:
+                hit = _CACHE.get(analysis)
+            except TypeError:
+                hit = None
+        if hit is not None:
+            return hit
+    out = _build(analysis)
+    if cache:
+        with _LOCK:
+            try:
+                _CACHE[analysis] = out
+            except TypeError:
+                pass
+    return out
+
+
+def row_slots(analysis) -> list:
+    """Global slot (row of A) of every row of every front (as the reference)."""
+    fs = analysis.fronts
+    rowperm = analysis.rowperm
+    nf = fs.nfronts
+    slots_of = [None] * nf
+    fm_l, rk_l, cm_l = fs.fm.tolist(), fs.frank.tolist(), fs.cm.tolist()
+    ap, chp, rp = fs.arow_ptr.tolist(), fs.child_ptr.tolist(), fs.rimap_ptr.tolist()
+    ch = fs.children.tolist()
+    for f in range(nf):
+        slots = np.empty(fm_l[f], dtype=np.int64)
+        a0, a1 = ap[f], ap[f + 1]
+        slots[fs.arow_local[a0:a1]] = rowperm[a0:a1]
+        for c in ch[chp[f]:chp[f + 1]]:
+            rk = rk_l[c]
+            slots[fs.rimap[rp[c]:rp[c + 1]]] = slots_of[c][rk:rk + cm_l[c]]
+        slots_of[f] = slots
+    return slots_of
+
+
+def _build(analysis) -> RLayout:
+    """Column segments when rows are in front order (the rule), else the general path."""
+    fs = analysis.fronts
+    r1 = int(getattr(analysis, "n1rows", 0) or 0)
+    rk = fs.frank.astype(np.int64)
+    row_f = np.repeat(np.arange(fs.nfronts, dtype=np.int64), rk)
+    row_i = np.arange(len(row_f), dtype=np.int64) - np.repeat(np.cumsum(rk) - rk, rk)
+    piv = np.concatenate([np.asarray(analysis.r1_pivot, dtype=np.int64)[:r1],
+                          np.asarray(fs.cols, dtype=np.int64)[fs.col_ptr[row_f] + row_i]])
+    if len(piv) < 2 or np.all(np.diff(piv) > 0):
+        return _build_segments(analysis)
+    return _build_general(analysis)
+
+
+def _build_segments(analysis) -> RLayout:
+    """R's CSC straight from column segments (rows of R in front order).
+
+    Local column ``j`` of front ``f`` holds rows ``0 .. min(j + 1, frank[f]) - 1``
+    of the front's R block: one contiguous run of rows of R, its sources a
+    stride-``fn`` run of the front. Sorting the (column, front) segments by
+    column (stable: fronts stay in order, hence rows ascend) and expanding
+    them gives CSC order directly: no entry-level sort, scatter or transpose.
+    """
+    fs = analysis.fronts
+    m, n = int(analysis.m), int(analysis.n)
+    k = min(m, n)
+    nf = fs.nfronts
+    fm = fs.fm.astype(np.int64)
+    fn = fs.fn.astype(np.int64)
+    rk = fs.frank.astype(np.int64)
+    col_ptr = fs.col_ptr.astype(np.int64)
+    cols = np.asarray(fs.cols, dtype=np.int64)
+    fbase = np.zeros(nf + 1, dtype=np.int64)
+    np.cumsum(fm * fn, out=fbase[1:])
+    rowperm = np.asarray(analysis.rowperm, dtype=np.int64)
+    slots_of = row_slots(analysis)
+    r1 = int(getattr(analysis, "n1rows", 0) or 0)
+    r1_ptr = np.asarray(analysis.r1_ptr, dtype=np.int64) if r1 else np.zeros(1, np.int64)
+    nnz1 = int(r1_ptr[-1])
+    # ---- segments: singleton-row entries (length 1), then (front, local column)
+    row0 = r1 + np.cumsum(rk) - rk                      # first row of R of each front
+    ncol = np.diff(col_ptr)
+    seg_f = np.repeat(np.arange(nf, dtype=np.int64), ncol)
+    seg_j = np.arange(len(seg_f), dtype=np.int64) - np.repeat(col_ptr[:-1], ncol)
+    seg_len = np.minimum(seg_j + 1, rk[seg_f])
+    live = seg_len > 0
+    seg_f, seg_j, seg_len = seg_f[live], seg_j[live], seg_len[live]
+    s_col = np.concatenate([np.asarray(analysis.r1_cols, dtype=np.int64)[:nnz1],
+                            cols[col_ptr[seg_f] + seg_j]])
+    s_len = np.concatenate([np.ones(nnz1, dtype=np.int64), seg_len])
+    s_row = np.concatenate([np.repeat(np.arange(r1, dtype=np.int64), np.diff(r1_ptr)),
+                            row0[seg_f]])
+    s_src = np.concatenate([-1 - np.arange(nnz1, dtype=np.int64), fbase[seg_f] + seg_j])
+    s_str = np.concatenate([np.zeros(nnz1, dtype=np.int64), fn[seg_f]])
+    o = np.argsort(s_col, kind="stable")
+    s_col, s_len, s_row, s_src, s_str = s_col[o], s_len[o], s_row[o], s_src[o], s_str[o]
+    counts = np.bincount(s_col, weights=s_len, minlength=n).astype(np.int64)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    nnz = int(indptr[-1])
+    itype = np.int32 if max(nnz, n, k) < 2 ** 31 - 1 else np.int64
+    # ---- expand: q = position inside the segment
+    sstart = np.cumsum(s_len) - s_len
+    q = np.arange(nnz, dtype=np.int64)
+    q -= np.repeat(sstart, s_len)
+    ind = np.repeat(s_row, s_len)
+    ind += q
+    ind = ind.astype(itype)
+    src = np.repeat(s_str, s_len)
+    src *= q
+    del q
+    src += np.repeat(s_src, s_len)
+    r1_pos = np.flatnonzero(src < 0) if nnz1 else np.zeros(0, dtype=np.int64)
+    r1_nz = np.asarray(analysis.r1_nz, dtype=np.int64)[-1 - src[r1_pos]] if nnz1 \
+        else np.zeros(0, dtype=np.int64)
+    slots_r = np.concatenate([rowperm[:r1]] + [slots_of[f][:int(rk[f])] for f in range(nf)
+                                                if rk[f]])
+    rest = np.ones(m, dtype=bool)
+    rest[slots_r] = False
+    qorder = np.concatenate([slots_r, np.flatnonzero(rest)]).astype(np.int64)
+    ptr = indptr.astype(itype)
+    for a in (ind, ptr, src, fbase, r1_pos, r1_nz, qorder):
+        a.flags.writeable = False
+    return RLayout(shape=(k, n), indptr=ptr, indices=ind, src=src, fbase=fbase,
+                   r1_pos=r1_pos, r1_nz=r1_nz, qorder=qorder, slots_of=slots_of)
+
+
+def _build_general(analysis) -> RLayout:
+    """Any row order: CSR of sources in front order, rows sorted by pivot, one
+    CSR→CSC transpose (linear, but a random scatter of nnz entries)."""
+    import scipy.sparse as sp
+
+    fs = analysis.fronts
+    m, n = int(analysis.m), int(analysis.n)
+    k = min(m, n)
+    nf = fs.nfronts
+    fm = fs.fm.astype(np.int64)
+    fn = fs.fn.astype(np.int64)
+    rk = fs.frank.astype(np.int64)
+    col_ptr = fs.col_ptr.astype(np.int64)
+    cols = np.asarray(fs.cols, dtype=np.int64)
+    fbase = np.zeros(nf + 1, dtype=np.int64)
+    np.cumsum(fm * fn, out=fbase[1:])
+    rowperm = np.asarray(analysis.rowperm, dtype=np.int64)
+    slots_of = row_slots(analysis)
+
+    # ---- rows: singleton rows of A, then the front rows (front order)
+    r1 = int(getattr(analysis, "n1rows", 0) or 0)
+    r1_ptr = np.asarray(analysis.r1_ptr, dtype=np.int64) if r1 else np.zeros(1, np.int64)
+    r1_len = np.diff(r1_ptr)
+    row_f = np.repeat(np.arange(nf, dtype=np.int64), rk)
+    first_row = np.cumsum(rk) - rk
+    row_i = np.arange(len(row_f), dtype=np.int64) - np.repeat(first_row, rk)
+    f_len = fn[row_f] - row_i
+    lens = np.concatenate([r1_len, f_len])
+    indptr = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=indptr[1:])
+    nnz = int(indptr[-1])
+    nnz1 = int(r1_ptr[-1])
+    # ---- entries, row by row (CSR): column and source
+    idx = np.empty(nnz, dtype=np.int64)
+    src = np.empty(nnz, dtype=np.int64)
+    if nnz1:
+        idx[:nnz1] = np.asarray(analysis.r1_cols, dtype=np.int64)
+        src[:nnz1] = -1 - np.arange(nnz1, dtype=np.int64)
+    if nnz > nnz1:
+        # offset of an entry inside its row, j = row_i + (0, 1, ...)
+        j = np.arange(nnz - nnz1, dtype=np.int64)
+        j -= np.repeat(indptr[r1:-1] - nnz1 - row_i, f_len)
+        base_c = np.repeat(col_ptr[row_f], f_len)
+        np.add(base_c, j, out=base_c)
+        np.take(cols, base_c, out=idx[nnz1:])
+        del base_c
+        base_s = np.repeat(fbase[row_f] + row_i * fn[row_f], f_len)
+        np.add(base_s, j, out=src[nnz1:])
+        del base_s, j
+    piv = np.concatenate([np.asarray(analysis.r1_pivot, dtype=np.int64)[:r1],
+                          cols[col_ptr[row_f] + row_i]])
+    slots_r = np.concatenate([rowperm[:r1]] + [slots_of[f][:int(rk[f])] for f in range(nf)
+                                                if rk[f]]) if len(piv) else \
+        np.zeros(0, dtype=np.int64)
+    itype = np.int32 if max(nnz, n, k) < 2 ** 31 - 1 else np.int64
+    Rcsr = sp.csr_array((src, idx.astype(itype), indptr.astype(itype)), shape=(len(piv), n))
+    del idx
+    if len(piv) > 1 and not np.all(np.diff(piv) > 0):
+        live = np.argsort(piv, kind="stable")
+        Rcsr = Rcsr[live]
+        slots_r = slots_r[live]
+    if len(piv) < k:
+        Rcsr = sp.vstack([Rcsr, sp.csr_array((k - len(piv), n), dtype=np.int64)], format="csr")
+    Rc = Rcsr.tocsc()
+    del Rcsr
+    Rc.sort_indices()
+    ind = Rc.indices.astype(itype, copy=False)
+    ptr = Rc.indptr.astype(itype, copy=False)
+    src_c = np.ascontiguousarray(Rc.data, dtype=np.int64)
+    r1_pos = np.flatnonzero(src_c < 0)
+    r1_nz = np.asarray(analysis.r1_nz, dtype=np.int64)[-1 - src_c[r1_pos]] if len(r1_pos) \
+        else np.zeros(0, dtype=np.int64)
+    rest = np.ones(m, dtype=bool)
+    rest[slots_r] = False
+    qorder = np.concatenate([slots_r, np.flatnonzero(rest)]).astype(np.int64)
+    for a in (ind, ptr, src_c, fbase, r1_pos, r1_nz, qorder):
+        a.flags.writeable = False
+    return RLayout(shape=(k, n), indptr=ptr, indices=ind, src=src_c, fbase=fbase,
+                   r1_pos=r1_pos, r1_nz=r1_nz, qorder=qorder, slots_of=slots_of)
