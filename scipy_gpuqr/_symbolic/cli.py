@@ -85,11 +85,13 @@ def run(args) -> int:
         f"matrix            {args.matrix}",
         f"shape             {out['m']} x {out['n']}, nnz {out['nnz']}",
         f"ordering          {out['ordering']}",
+        f"singletons        {out['n1cols']} columns, {out['n1rows']} rows of R straight from A",
         f"fronts            {out['fronts']} (largest {out['largest_front'][0]} x "
         f"{out['largest_front'][1]})",
         f"flops             {out['flops']:.4g}",
         f"nnz(R)            {out['nnz_R']}   nnz(H) {out['nnz_H']}",
-        f"factor memory     {_human(out['factor_bytes'])}",
+        f"factor memory     {_human(out['factor_bytes'])}   host estimate "
+        f"{_human(out['host_bytes'])}",
         f"intensity         {out['intensity']:.1f} flops/byte",
         f"GPU memory        {_human(out['gpu_bytes'])} (one stage)",
         f"stages            {plan['nstages']}"
