@@ -294,7 +294,7 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
             layout, gmaps, pattern = fut.result()
             t_wait_host += time.perf_counter() - tw
         pos, gidx = gmaps[sid]
-        ghandle = device.prepare_gather(gidx)
+        ghandle = device.prepare_gather(gidx, h)
         pool = device.end_stage(h)
         r_parts.append((pos, device.gather(pool, ghandle)))
         del ghandle
