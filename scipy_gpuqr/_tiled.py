@@ -18,7 +18,8 @@ import numpy as np
 from ._gpu import import_cupy, is_cupy_array
 from ._options import log_decision
 
-__all__ = ["qr_tiled", "resolve_devices", "plan_tiled", "DEFAULT_GPU_TILE"]
+__all__ = ["qr_tiled", "resolve_devices", "plan_tiled", "DEFAULT_GPU_TILE",
+           "DEFAULT_PANEL_LEAF"]
 
 #: Default tile size when a GPU takes part (the CPU-only default is in
 #: :mod:`._tiled_cpu`).
@@ -26,6 +27,9 @@ DEFAULT_GPU_TILE = 512
 #: From this min(m, n) on, GPUs use tiles of ``2 * DEFAULT_GPU_TILE``
 #: (measured on two H200: 1024 beats 512 from 4096 on; bench/RESULTS.md).
 LARGE_GPU_TILE_FROM = 4096
+#: Leaf width of the GPUs' recursive panel factorization (0: one geqrf per
+#: tile column).
+DEFAULT_PANEL_LEAF = 0
 
 _MODES = ("r", "economic")
 
@@ -181,7 +185,8 @@ def _validate(a, mode: str, check_finite: bool):
 
 
 def qr_tiled(a, mode: str = "economic", devices="auto", *,
-             tile_size: Optional[int] = None, check_finite: bool = True):
+             tile_size: Optional[int] = None, check_finite: bool = True,
+             panel_leaf: Optional[int] = None):
     """QR decomposition in tiles over the CPU and the GPUs.
 
     Parameters
@@ -203,6 +208,11 @@ def qr_tiled(a, mode: str = "economic", devices="auto", *,
         512, or 1024 when min(M, N) >= 4096.
     check_finite : bool
         Raise ValueError for infs and NaNs (default True, like SciPy).
+    panel_leaf : int, optional
+        On GPUs, the tile column is factorized recursively in halves down to
+        leaves of at most this many columns (one ``geqrf`` each; the rest is
+        matrix products); 0 factorizes it with one ``geqrf``. Default
+        :data:`DEFAULT_PANEL_LEAF`.
 
     Returns
     -------
@@ -256,13 +266,17 @@ def qr_tiled(a, mode: str = "economic", devices="auto", *,
     log_decision("qr_tiled %dx%d %s: main %s, p=%d %s, guide %s, tile %d",
                  m, n, a.dtype, plan.main, plan.p, list(plan.devices),
                  list(plan.guide), plan.tile_size)
-    R, Q = execute_plan(a, plan, want_q=(mode == "economic"), cupy_in=cupy_in)
+    leaf = DEFAULT_PANEL_LEAF if panel_leaf is None else int(panel_leaf)
+    if leaf < 0:
+        raise ValueError(f"panel_leaf must be >= 0, got {panel_leaf!r}")
+    R, Q = execute_plan(a, plan, want_q=(mode == "economic"), cupy_in=cupy_in,
+                        panel_leaf=leaf)
     if mode == "r":
         return (R,)
     return Q, R[:kq]
 
 
-def execute_plan(a, plan, want_q: bool, cupy_in: bool):
+def execute_plan(a, plan, want_q: bool, cupy_in: bool, panel_leaf: int = 0):
     """Run the tiled QR of validated ``a`` with ``plan``; return ``(R, Q)``."""
     from ._tiled_runtime import Layout, run_tiled_qr
     layout = Layout(a.shape[0], a.shape[1], plan.tile_size, a.dtype)
@@ -270,7 +284,7 @@ def execute_plan(a, plan, want_q: bool, cupy_in: bool):
         cp = import_cupy()
         with cp.cuda.Device(a.device.id):
             cp.cuda.get_current_stream().synchronize()
-    devices = [_make_device(name) for name in plan.devices]
+    devices = [_make_device(name, panel_leaf) for name in plan.devices]
     out_name = f"gpu:{a.device.id}" if cupy_in else "cpu"
     out = next((d for d in devices if d.name == out_name), None)
     own_out = out is None
@@ -283,12 +297,12 @@ def execute_plan(a, plan, want_q: bool, cupy_in: bool):
             out.close()
 
 
-def _make_device(name: str):
+def _make_device(name: str, panel_leaf: int = 0):
     if name == "cpu":
         from ._tiled_cpu import HostDevice
         return HostDevice("cpu")
     from ._tiled_gpu import GpuDevice
-    return GpuDevice(int(name.split(":")[1]))
+    return GpuDevice(int(name.split(":")[1]), panel_leaf=panel_leaf)
 
 
 def _complex_fallback(a, mode, cupy_in):

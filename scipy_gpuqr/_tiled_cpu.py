@@ -40,17 +40,22 @@ class HostDevice:
         Inner block size for GEQRT/TSQRT.
     threaded : bool
         Run tasks on a worker thread (True) or at once in the caller.
+    panel_leaf : int
+        Leaf width of the recursive compact-WY panel (``panel_kind='wy'``
+        only; 0: one Householder QR of the whole column).
     """
 
     is_gpu = False
 
     def __init__(self, name: str = "cpu", panel_kind: str = "tiles",
-                 ib: int = DEFAULT_IB, threaded: bool = True):
+                 ib: int = DEFAULT_IB, threaded: bool = True,
+                 panel_leaf: int = 0):
         if panel_kind not in ("tiles", "wy"):
             raise ValueError(f"panel_kind must be 'tiles' or 'wy', got {panel_kind!r}")
         self.name = name
         self.panel_kind = panel_kind
         self.ib = int(ib)
+        self.panel_leaf = int(panel_leaf)
         self._pool = (concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"scipy_gpuqr-{name}")
             if threaded else None)
@@ -115,7 +120,8 @@ class HostDevice:
             c = self._resolve(col)
             if self.panel_kind == "tiles":
                 return ops.factor_tiles(c, k0, tile, self.ib)
-            return ops.factor_wy(np, np.asarray(c), k0)
+            return ops.factor_wy(np, np.asarray(c), k0,
+                                 leaf=self.panel_leaf)
         return self._submit(task)
 
     def update(self, panel: Pending, k0: int, blocks: Sequence[int],
@@ -129,6 +135,18 @@ class HostDevice:
             if out is not C:
                 self.A[k0:, s:e] = out
         self._submit(task)
+
+    def update_column(self, panel: Pending, col: Pending) -> Pending:
+        """Apply ``panel`` to a copy of a received look-ahead column."""
+        def task():
+            p = self._resolve(panel)
+            C = np.array(self._resolve(col), order="F")   # received: read-only
+            return ops.apply_panel(p, C, "T")
+        return self._submit(task)
+
+    def rows_of(self, pending: Pending, r0: int, r1=None) -> Pending:
+        """Rows ``r0:r1`` of a value of this device."""
+        return self._submit(lambda: self._resolve(pending)[r0:r1])
 
     def panel_r(self, panel: Pending) -> Pending:
         return self._submit(lambda: self._resolve(panel).R)

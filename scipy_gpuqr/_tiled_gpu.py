@@ -1,8 +1,10 @@
 """A CUDA GPU as one device of the tiled QR (CuPy; imported only when used).
 
 Each GPU has its own stream set: ``panel`` (triangulation and elimination of
-a tile column on the main device: one cuSOLVER ``geqrf`` plus the compact-WY
-``T``), ``compute`` (updates: cuBLAS products) and ``copy`` (incoming
+a tile column on the main device: one cuSOLVER ``geqrf``, or the recursive
+panel whose leaves are ``geqrf`` and the rest matrix products, plus the
+compact-WY ``T``), ``lookahead`` (the main device's update of the next
+column), ``compute`` (updates: cuBLAS products) and ``copy`` (incoming
 transfers: peer-to-peer between GPUs where the pair allows it, pinned
 host memory to and from the CPU). Streams are ordered by CUDA events, so
 transfers overlap the updates of earlier columns.
@@ -28,17 +30,21 @@ class GpuDevice:
     ----------
     index : int
         CUDA device ordinal.
+    panel_leaf : int
+        Leaf width of the recursive panel factorization (0: one ``geqrf`` of
+        the whole tile column; see :func:`._tiled_ops.factor_wy`).
     """
 
     is_gpu = True
     panel_kind = "wy"
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, panel_leaf: int = 0):
         cp = import_cupy()
         if cp is None:
             raise RuntimeError("CuPy is not available")
         self.cp = cp
         self.index = int(index)
+        self.panel_leaf = int(panel_leaf)
         self.name = f"gpu:{self.index}"
         self._keep = []
         with cp.cuda.Device(self.index):
@@ -149,7 +155,8 @@ class GpuDevice:
         cp = self.cp
         with self._ctx(self.panel_stream):
             c = self._wait(col, self.panel_stream)
-            p = ops.factor_wy(cp, cp.asfortranarray(c), k0)
+            p = ops.factor_wy(cp, cp.asfortranarray(c), k0,
+                              leaf=self.panel_leaf)
             p = ops.rebuild_panel(p, [cp.ascontiguousarray(x)
                                       for x in ops.panel_arrays(p)])
             self._keep.append(p)
@@ -170,6 +177,20 @@ class GpuDevice:
             ops.apply_panel(p, self.A[k0:, s:e], "T")
             if len(blocks) == 1:
                 self._block_event[blocks[0]] = self._event(stream)
+
+    def update_column(self, panel: Pending, col: Pending) -> Pending:
+        """Apply ``panel`` to a received look-ahead column copy, in place."""
+        stream = self.lookahead
+        with self._ctx(stream):
+            p = self._wait(panel, stream)
+            x = self._wait(col, stream)
+            ops.apply_panel(p, x, "T")
+            self._keep.append(x)
+            return Pending(x, self._event(stream))
+
+    def rows_of(self, pending: Pending, r0: int, r1=None) -> Pending:
+        """Rows ``r0:r1`` of a value of this device (a view)."""
+        return Pending(pending.get()[r0:r1], pending.event, None)
 
     def panel_r(self, panel: Pending) -> Pending:
         return Pending(panel.get().R, panel.event, None)

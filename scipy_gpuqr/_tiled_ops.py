@@ -28,7 +28,7 @@ import numpy as np
 from scipy.linalg import lapack
 
 __all__ = ["TilePanel", "WYPanel", "factor_tiles", "apply_tiles",
-           "factor_wy", "apply_wy", "larft_from_gram", "apply_panel",
+           "factor_wy", "factor_wy_recursive", "apply_wy", "larft_from_gram", "apply_panel",
            "panel_arrays", "rebuild_panel", "lapack_funcs"]
 
 
@@ -269,7 +269,7 @@ def larft_from_gram(xp, G, tau):
     return xp.ascontiguousarray(T[:r, :r])
 
 
-def factor_wy(xp, col, k0: int) -> WYPanel:
+def factor_wy(xp, col, k0: int, leaf: int = 0) -> WYPanel:
     """T and E of a whole tile column fused into one Householder QR.
 
     Parameters
@@ -278,6 +278,9 @@ def factor_wy(xp, col, k0: int) -> WYPanel:
         numpy or cupy (cuSOLVER ``geqrf``).
     col : array, shape (m - k0, w)
         Rows ``k0:`` of the column tile; not modified.
+    leaf : int
+        0: one ``geqrf`` of the whole column. Otherwise the recursive panel
+        of :func:`factor_wy_recursive` with leaves at most ``leaf`` wide.
     """
     mk, w = col.shape
     r = min(mk, w)
@@ -285,6 +288,8 @@ def factor_wy(xp, col, k0: int) -> WYPanel:
         return WYPanel(k0, xp.zeros((0, w), col.dtype),
                        xp.zeros((mk, 0), col.dtype),
                        xp.zeros((0, 0), col.dtype))
+    if leaf and w > leaf and mk >= w:
+        return factor_wy_recursive(xp, col, k0, leaf)
     h, tau = xp.linalg.qr(col, mode="raw")
     a = h.T.astype(col.dtype, copy=False)     # (mk, w), Fortran order
     R = xp.triu(a[:r])
@@ -292,6 +297,50 @@ def factor_wy(xp, col, k0: int) -> WYPanel:
     G = V.T @ V
     T = larft_from_gram(xp, G, tau[:r].astype(col.dtype, copy=False))
     return WYPanel(k0, xp.ascontiguousarray(R), V, T)
+
+
+def factor_wy_recursive(xp, col, k0: int, leaf: int) -> WYPanel:
+    """Recursive compact-WY panel: halves down to ``leaf`` columns.
+
+    The left half is factorized (recursively), its block reflector is applied
+    to the right half with three matrix products, the right half's lower rows
+    are factorized, and the two reflectors are merged,
+    ``T = [[T1, -T1 (V1^T V2) T2], [0, T2]]``. Only the leaves (at most
+    ``leaf`` columns) go through ``geqrf``; the rest of the panel's work is
+    matrix products (Elmroth and Gustavson's recursive QR). Requires
+    ``col.shape[0] >= col.shape[1]`` (a tall tile column).
+    """
+    mk, w = col.shape
+    if mk < w:
+        raise ValueError("the recursive panel needs a tall column")
+    A = xp.array(col, order="F", copy=True)
+    V = xp.zeros((mk, w), dtype=col.dtype, order="F")
+    T = xp.zeros((w, w), dtype=col.dtype)
+    _rec_panel(xp, A, V, T, max(1, int(leaf)))
+    return WYPanel(k0, xp.ascontiguousarray(xp.triu(A[:w])), V, T)
+
+
+def _rec_panel(xp, A, V, T, leaf):
+    """Factorize ``A`` (tall, in place: R in its top) into ``V`` and ``T``."""
+    mk, w = A.shape
+    if w <= leaf:
+        h, tau = xp.linalg.qr(A, mode="raw")
+        a = h.T
+        A[...] = a
+        V[...] = _unit_lower(xp, a, w)
+        G = V.T @ V
+        T[...] = larft_from_gram(xp, G, tau[:w].astype(A.dtype, copy=False))
+        return
+    w1 = max(leaf, (w // 2) // leaf * leaf) if w > 2 * leaf else w // 2
+    V1, T1 = V[:, :w1], T[:w1, :w1]
+    _rec_panel(xp, A[:, :w1], V1, T1, leaf)
+    right = A[:, w1:]
+    W = T1.T @ (V1.T @ right)                  # Q1^T right = right - V1 W
+    right -= V1 @ W
+    V2, T2 = V[w1:, w1:], T[w1:, w1:]
+    _rec_panel(xp, A[w1:, w1:], V2, T2, leaf)
+    # V1^T [0; V2] = V1[w1:]^T V2
+    T[:w1, w1:] = -(T1 @ ((V1[w1:].T @ V2) @ T2))
 
 
 def apply_wy(panel: WYPanel, C, trans: str = "T"):

@@ -13,10 +13,15 @@ device its work in dependency order; devices run it asynchronously:
 Step ``k`` (a look-ahead of one tile column, as in the paper's DAG, Fig. 3):
 
 1. the main device's panel ``k`` (T and E of column ``k``) goes to every
-   device that owns a column to the right of ``k``;
-2. the owner of column ``k+1`` updates it first (UT, UE) and sends rows
-   ``k0+nb:`` of it to the main device, which factorizes panel ``k+1`` at once;
-3. every device updates the rest of its columns with panel ``k``.
+   device that owns a column right of ``k + 1``;
+2. the main device updates column ``k+1`` with panel ``k`` (UT, UE) on its
+   look-ahead stream and factorizes panel ``k+1`` at once: when another
+   device owns column ``k+1`` it sent rows ``k0:`` of it to the main device
+   one step earlier, so this chain (the critical path) never waits on a
+   transfer or on another device;
+3. every device updates the rest of its columns with panel ``k``, the owner
+   of column ``k+2`` that column first, which it then sends to the main
+   device (the next step's look-ahead copy).
 
 A :class:`Pending` is a value that another device may still be computing,
 with what it takes to wait for it.
@@ -117,49 +122,74 @@ def run_tiled_qr(a, devices: Sequence[Any], owners: Sequence[int],
     main = devices[0]
     K = layout.n_panels
     nb = layout.n_blocks
+    tile = layout.tile
     mine = [[j for j in range(nb) if owners[j] == d]
             for d in range(len(devices))]
     for d, dev in enumerate(devices):
         dev.load(a, layout, mine[d])
-    # last column each device owns: it needs panels k < that column
-    last = [max(js) if js else -1 for js in mine]
 
+    def first_rest(k):
+        """First column tile that step ``k``'s ordinary updates touch."""
+        return k + 2 if k + 1 < K else k + 1
+
+    # panel k goes to device d when d updates a column >= first_rest(k)
+    last = [max(js) if js else -1 for js in mine]
     panels = [None] * K          # Pending panels on the main device
     recv = [dict() for _ in devices]
+    # the main device keeps its own copy of the look-ahead column j (rows
+    # (j-1)*tile:), so panel j-1 -> update of column j -> panel j never
+    # leaves it; the owner sends the column one step early
+    ahead = {}
+    lookrows = {}
     if K:
         col0 = _move(devices[owners[0]].column(0, 0), devices[owners[0]], main)
         panels[0] = main.factor(col0, 0)
+        if K > 1 and owners[1] != 0:
+            o = devices[owners[1]]
+            ahead[1] = _move(o.column(1, 0), o, main)
     try:
         for k in range(K):
-            k0 = k * layout.tile
+            k0 = k * tile
             for d, dev in enumerate(devices):
-                if last[d] > k or (d == 0 and want_q):
+                if d == 0 or last[d] >= first_rest(k):
                     recv[d][k] = _move(panels[k], main, dev)
             nxt = k + 1
             if nxt < K:
                 o = owners[nxt]
-                devices[o].update(recv[o][k], k0, [nxt], urgent=True)
-                col = _move(devices[o].column(nxt, nxt * layout.tile),
-                            devices[o], main)
-                panels[nxt] = main.factor(col, nxt * layout.tile)
-            first_rest = nxt + 1 if nxt < K else nxt
+                if o == 0:
+                    main.update(recv[0][k], k0, [nxt], urgent=True)
+                    col = main.column(nxt, nxt * tile)
+                else:
+                    buf = main.update_column(recv[0][k], ahead.pop(nxt))
+                    lookrows[nxt] = buf
+                    col = main.rows_of(buf, tile, None)
+                panels[nxt] = main.factor(col, nxt * tile)
+            fr = first_rest(k)
             for d, dev in enumerate(devices):
-                rest = [j for j in mine[d] if j >= first_rest]
+                rest = [j for j in mine[d] if j >= fr]
                 # the column after next first: it is the next look-ahead
-                if rest and rest[0] == first_rest and len(rest) > 1:
-                    dev.update(recv[d][k], k0, rest[:1])
-                    rest = rest[1:]
+                if rest and rest[0] == fr and fr < K:
+                    if len(rest) > 1 or d != 0:
+                        dev.update(recv[d][k], k0, rest[:1])
+                        rest = rest[1:]
+                    if d != 0:
+                        ahead[fr] = _move(dev.column(fr, (k + 1) * tile),
+                                          dev, main)
                 if rest:
                     dev.update(recv[d][k], k0, rest)
-        # assemble R: rows above the panel from the owner, the panel's R block
+        # assemble R: rows above the panel from the owner (the row block just
+        # above it from the main device's look-ahead copy), the panel's R block
         pieces = []
         for j in range(nb):
             dev = devices[owners[j]]
-            j0 = j * layout.tile
-            top_rows = min(j0, layout.m)
-            if top_rows:
-                pieces.append((j, 0, _move(dev.block_rows(j, 0, top_rows),
+            j0 = j * tile
+            own_rows = min(j0 - tile if j in lookrows else j0, layout.m)
+            if own_rows > 0:
+                pieces.append((j, 0, _move(dev.block_rows(j, 0, own_rows),
                                            dev, out_device)))
+            if j in lookrows:
+                pieces.append((j, j0 - tile, _move(
+                    main.rows_of(lookrows[j], 0, tile), main, out_device)))
             if j < K:
                 pieces.append((j, j0, _move(main.panel_r(panels[j]), main,
                                             out_device)))

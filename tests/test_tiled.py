@@ -167,6 +167,24 @@ def test_wy_factor_and_gram_larft(rows, w, rng):
     np.testing.assert_allclose(p.T, T, atol=1e-13 * rows)
 
 
+@pytest.mark.parametrize("rows,w,leaf", [(300, 64, 8), (64, 64, 16), (200, 50, 7),
+                                         (129, 40, 64), (90, 33, 1)])
+def test_recursive_wy_panel_matches_one_geqrf(rows, w, leaf, rng):
+    col = rng.standard_normal((rows, w))
+    col[:, 5] = 0.0                    # a zero column: tau = 0
+    p = ops.factor_wy(np, col, 3, leaf=leaf)
+    p0 = ops.factor_wy(np, col, 3)
+    assert p.k0 == 3 and p.V.shape == p0.V.shape and p.T.shape == p0.T.shape
+    Q = np.eye(rows) - p.V @ p.T @ p.V.T
+    np.testing.assert_allclose(Q.T @ Q, np.eye(rows), atol=1e-13 * rows)
+    np.testing.assert_allclose(Q[:, :w] @ p.R, col, atol=1e-13 * rows)
+    # the same Householder QR (LAPACK's signs): same R, V and T
+    np.testing.assert_allclose(p.R, p0.R, atol=1e-13 * rows)
+    np.testing.assert_allclose(p.V, p0.V, atol=1e-12 * rows)
+    np.testing.assert_allclose(p.T, p0.T, atol=1e-12 * rows)
+    assert np.all(np.triu(p.T) == p.T)
+
+
 def _run(a, devices, owners, tile, want_q):
     layout = Layout(a.shape[0], a.shape[1], tile, a.dtype)
     out = HostDevice("out", threaded=False)
@@ -189,6 +207,20 @@ def test_runtime_three_devices_mixed_panels(kinds, shape, rng):
     R, Q = _run(a, devs, owners, 32, True)
     k = min(shape)
     check_qr(a, Q, R[:k], "economic")
+
+
+@pytest.mark.parametrize("owners", [[0, 1, 1, 0, 1, 1, 1], [0, 1, 2, 1, 2, 0, 2],
+                                    [0, 0, 0, 1, 1, 1, 1]])
+@pytest.mark.parametrize("shape", [(230, 220), (100, 220), (220, 100)])
+def test_runtime_lookahead_owned_elsewhere(owners, shape, rng):
+    # the look-ahead column owned by another device: the main device works
+    # on its own copy; R rows come from three places (owner, copy, panel)
+    a = rng.standard_normal(shape)
+    devs = [HostDevice("m", panel_kind="wy", panel_leaf=8),
+            HostDevice("b"), HostDevice("c", panel_kind="wy")]
+    nb = -(-shape[1] // 32)
+    R, Q = _run(a, devs, owners[:nb], 32, True)
+    check_qr(a, Q, R[:min(shape)], "economic")
 
 
 def test_runtime_worker_failure_is_raised(rng):
