@@ -1,4 +1,15 @@
-"""``analyze``: the symbolic analysis of a sparse QR, and its result ``SymbolicAnalysis``."""
+"""``analyze``: the symbolic analysis of a sparse QR, and its result ``SymbolicAnalysis``.
+
+Steps, as SuiteSparseQR takes them: (1) column singletons (:mod:`.singletons`)
+are found and ordered first; their rows of A are the first rows of R as they
+stand (``R1 = [R11 R12]``), computed before and outside the multifrontal part;
+(2) the rest, ``A22`` (the other rows on the other columns), is ordered
+(COLAMD with CHOLMOD's knobs by default, :mod:`.ordering`); (3) its column
+elimination tree is postordered, column counts and fronts (relaxed
+amalgamation) follow (:mod:`.etree`, :mod:`.fronts`). Fronts mean what they
+mean without singletons, for ``A22``, but carry global permuted labels:
+pivot columns start at ``n1cols``, front S rows at row ``n1rows`` of S.
+"""
 
 from __future__ import annotations
 

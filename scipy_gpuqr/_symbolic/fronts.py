@@ -1,7 +1,10 @@
 """Fronts of the multifrontal QR: supernodes, relaxed amalgamation, front structure and maps.
 
 Input: the pattern of S = A[rowperm, colperm] with postordered column labels,
-its column elimination tree and the column counts of R (:mod:`.etree`).
+its column elimination tree and the column counts of R (:mod:`.etree`). When
+the analysis removed column singletons, S here is ``A22`` (the rows and
+columns left after them) and :func:`~scipy_gpuqr._symbolic.analyze` shifts the
+labels afterwards (pivot columns by ``n1cols``, ``arow_ptr`` by ``n1rows``).
 
 Fronts are contiguous ranges of pivot columns (fundamental supernodes of the
 column elimination tree, merged by relaxed amalgamation). Because the column
