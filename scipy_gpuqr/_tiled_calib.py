@@ -6,13 +6,17 @@ elimination (the CPU: GEQRT and TPQRT of one tile; a GPU: its fused
 ``geqrf`` + compact-WY factorization of a column of ``CAL_TILES`` tiles, per
 tile), and the updates (GEMQRT, TPMQRT; a GPU: one compact-WY update of
 ``CAL_TILES x CAL_TILES`` tiles, per tile). Transfers are timed between every
-pair of devices with 64 MiB. Results live in ``tiled_calibration.json`` in
+pair of devices with 64 MiB. The synchronisation cost a device adds when it
+joins a run (per step and once) is measured by running the tiled QR itself on
+small matrices of ``SYNC_TILE`` tiles, where the work is negligible, with and
+without it (:func:`measure_sync`). Results live in ``tiled_calibration.json`` in
 the cache folder: ``$SCIPY_GPUQR_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/scipy_gpuqr``, else ``~/.cache/scipy_gpuqr``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -26,13 +30,17 @@ from . import _tiled_ops as ops
 from ._tiled_model import DeviceProfile
 
 __all__ = ["cache_dir", "cache_file", "get_profiles", "measure_device",
-           "measure_bandwidth", "device_key", "CAL_TILES"]
+           "measure_bandwidth", "measure_sync", "device_key", "CAL_TILES",
+           "SYNC_TILE"]
 
 ENV_CACHE_DIR = "SCIPY_GPUQR_CACHE_DIR"
 CACHE_NAME = "tiled_calibration.json"
 #: Tiles per side of the GPU calibration blocks.
 CAL_TILES = 8
 _BW_BYTES = 64 << 20
+#: Tile size and step counts of the synchronisation measurement.
+SYNC_TILE = 32
+_SYNC_STEPS = (2, 8)
 
 
 def cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -146,6 +154,54 @@ def measure_bandwidth(src: str, dst: str) -> float:
     return _BW_BYTES / t
 
 
+def measure_sync(base: str, other: str, dtype, make_device=None,
+                 reps: int = 5) -> tuple[float, float]:
+    """Seconds ``other`` adds to a tiled QR led by ``base``: ``(fixed, step)``.
+
+    Times the whole tiled QR (device set-up included) of square matrices of
+    2 and 8 tiles of ``SYNC_TILE`` columns on ``[base]`` and on ``[base,
+    other]`` (columns alternating); the work is negligible, so the extra time
+    is the synchronisation. Its growth per step is ``step``, the rest
+    ``fixed``. ``make_device(name)`` builds a device (default: the real
+    ones); a ``'gpu:N'`` base gets its input on that GPU.
+    """
+    from ._tiled_runtime import Layout, run_tiled_qr
+    if make_device is None:
+        from ._tiled import _make_device as make_device
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng(0)
+
+    def run_time(names, steps):
+        n = steps * SYNC_TILE
+        a = rng.standard_normal((n, n)).astype(dtype)
+        if base.startswith("gpu:"):
+            from ._gpu import import_cupy
+            cp = import_cupy()
+            with cp.cuda.Device(int(base.split(":")[1])):
+                a = cp.asarray(a)
+        owners = [0] + [j % len(names) for j in range(1, steps)]
+        layout = Layout(n, n, SYNC_TILE, dtype)
+
+        def once():
+            devs = [make_device(name) for name in names]
+            run_tiled_qr(a, devs, owners, layout, False, devs[0])
+        return _median_time(once, reps=reps)
+
+    lo, hi = _SYNC_STEPS
+    d_lo = run_time([base, other], lo) - run_time([base], lo)
+    d_hi = run_time([base, other], hi) - run_time([base], hi)
+    step = max(0.0, (d_hi - d_lo) / (hi - lo))
+    fixed = max(0.0, d_lo - lo * step)
+    return fixed, step
+
+
+def _sync_partner(name: str, names: Sequence[str]) -> str:
+    """The device ``name`` is measured joining: another GPU, else any other."""
+    others = [x for x in names if x != name]
+    gpus = [x for x in others if x.startswith("gpu:")]
+    return (gpus or others)[0]
+
+
 def _load(path: Path) -> dict:
     try:
         with open(path) as f:
@@ -192,6 +248,19 @@ def get_profiles(names: Sequence[str], tile: int, dtype, *,
         prof = DeviceProfile.from_json(prof_cache[key])
         profiles.append(DeviceProfile(name, prof.t_T, prof.t_E, prof.t_UT,
                                       prof.t_UE, prof.description))
+    if len(names) > 1:
+        sync_cache = data.setdefault("sync", {})
+        joined = []
+        for name, prof in zip(names, profiles):
+            base = _sync_partner(name, names)
+            key = f"{device_key(base)}+{device_key(name)}|{dt}"
+            if refresh or key not in sync_cache:
+                sync_cache[key] = list(measure_sync(base, name, dtype))
+                dirty = True
+            fixed, step = (float(x) for x in sync_cache[key])
+            joined.append(dataclasses.replace(prof, t_sync_fixed=fixed,
+                                              t_sync_step=step))
+        profiles = joined
     bandwidth = {}
     for src in names:
         for dst in names:

@@ -65,10 +65,11 @@ def run(args: argparse.Namespace) -> int:
     tile = plan.tile_size
     print(f"tiled QR device table (tile {tile}, {args.dtype}; cache {cache_file()})")
     print(f"{'device':8} {'T us':>9} {'E us':>9} {'UT us':>9} {'UE us':>9} "
-          f"{'upd tiles/s':>12}  hardware")
+          f"{'upd tiles/s':>12} {'sync us/step':>12} {'sync ms/run':>11}  hardware")
     for p in profiles:
         print(f"{p.name:8} {p.t_T*1e6:9.1f} {p.t_E*1e6:9.1f} {p.t_UT*1e6:9.1f} "
-              f"{p.t_UE*1e6:9.1f} {p.update_speed:12.0f}  {p.description}")
+              f"{p.t_UE*1e6:9.1f} {p.update_speed:12.0f} "
+              f"{p.t_sync_step*1e6:12.1f} {p.t_sync_fixed*1e3:11.2f}  {p.description}")
     if bandwidth:
         print("transfers (GB/s): " + ", ".join(
             f"{s}->{d} {v/1e9:.1f}" for (s, d), v in sorted(bandwidth.items())))

@@ -10,8 +10,10 @@ section IV) written as pure functions over measured per-tile times:
   updaters are worth more doing updates).
 * :func:`t_op`, :func:`t_comm`, :func:`select_count` -- Algorithm 3 with
   equations (10) and (11): devices ordered by update speed with the main device
-  first; ``p`` minimises ``T(p) = T_op(p) + T_comm(p)`` for the first
-  iteration (M row tiles, N column tiles).
+  first; ``p`` minimises ``T(p) = T_op(p) + T_comm(p) + T_sync(p)`` for the
+  first iteration (M row tiles, N column tiles); ``T_sync`` (:func:`t_sync`,
+  ours) is the calibrated cost of each extra device's per-step
+  synchronisation.
 * :func:`integer_ratio`, :func:`guide_array`, :func:`column_owners` --
   Algorithm 4 and equation (12): the cyclic distribution guide array built from
   the integer ratio of tiles updated per unit time; column 0 goes to the main
@@ -34,7 +36,7 @@ from typing import Mapping, Sequence
 __all__ = ["DeviceProfile", "Plan", "select_main", "order_devices",
            "integer_ratio", "guide_array", "column_owners", "update_tiles",
            "update_shares",
-           "t_op", "t_comm", "predict", "select_count", "make_plan"]
+           "t_op", "t_comm", "t_sync", "predict", "select_count", "make_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,11 @@ class DeviceProfile:
         elimination (TSMQR/TPMQRT).
     description : str
         Free text for the device table (model name, core count).
+    t_sync_step, t_sync_fixed : float
+        Seconds this device adds to a run it joins as a non-main device:
+        per step (cross-device events, transfers issued, its share of the
+        manager's work; an empty cross-device step) and once per run
+        (setting it up). 0 when not measured.
     """
 
     name: str
@@ -60,6 +67,8 @@ class DeviceProfile:
     t_UT: float
     t_UE: float
     description: str = ""
+    t_sync_step: float = 0.0
+    t_sync_fixed: float = 0.0
 
     @property
     def update_time(self) -> float:
@@ -316,13 +325,29 @@ def _distribution(profiles, n_tiles, m_tiles=1):
     return guide, column_owners(n_tiles, guide, 0)
 
 
+def t_sync(profiles: Sequence[DeviceProfile], m_tiles: int,
+           n_tiles: int) -> float:
+    """Per-step synchronisation cost of the devices after the main one.
+
+    Not in the paper's equations: every device besides the main one adds
+    ``t_sync_step`` to each step (the step's cross-device dependencies cost
+    this much even with no work) and ``t_sync_fixed`` once per run, shared
+    here over the ``min(M, N)`` steps so the sum stays a per-step time like
+    ``T_op`` and ``T_comm``. Without this term the model takes a second
+    device for small matrices where it only adds synchronisation.
+    """
+    steps = max(1, min(m_tiles, n_tiles))
+    return sum(q.t_sync_step + q.t_sync_fixed / steps for q in profiles[1:])
+
+
 def predict(profiles: Sequence[DeviceProfile], bandwidth: Mapping[tuple, float],
             m_tiles: int, n_tiles: int, tile_size: int, itemsize: int) -> float:
-    """``T(p)`` for the devices given (main first) -- one term of Algorithm 3."""
+    """``T(p) = T_op + T_comm + T_sync`` for the devices given (main first)."""
     guide, owners = _distribution(profiles, n_tiles, m_tiles)
     names = [q.name for q in profiles]
     return (t_op(profiles, owners, m_tiles)
-            + t_comm(names, owners, m_tiles, tile_size, itemsize, bandwidth))
+            + t_comm(names, owners, m_tiles, tile_size, itemsize, bandwidth)
+            + t_sync(profiles, m_tiles, n_tiles))
 
 
 def select_count(profiles: Sequence[DeviceProfile], bandwidth, m_tiles: int,

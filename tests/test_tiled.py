@@ -248,6 +248,41 @@ def test_calibration_cache_roundtrip(tmp_path, monkeypatch):
     assert calls == [] and again == profs
 
 
+def test_measure_sync_with_numpy_devices():
+    from scipy_gpuqr import _tiled_calib as calib
+    made = []
+
+    def make(name):
+        made.append(name)
+        return HostDevice(name, threaded=(name != "a"))
+    fixed, step = calib.measure_sync("a", "b", np.float64, make_device=make,
+                                     reps=1)
+    assert fixed >= 0.0 and step >= 0.0 and np.isfinite(fixed + step)
+    assert set(made) == {"a", "b"}
+    assert calib._sync_partner("gpu:0", ["cpu", "gpu:0", "gpu:1"]) == "gpu:1"
+    assert calib._sync_partner("cpu", ["cpu", "gpu:0", "gpu:1"]) == "gpu:0"
+    assert calib._sync_partner("gpu:1", ["cpu", "gpu:1"]) == "cpu"
+
+
+def test_calibration_sync_cached_and_attached(tmp_path, monkeypatch):
+    from scipy_gpuqr import _tiled_calib as calib
+    from scipy_gpuqr._tiled_model import DeviceProfile
+    calls = []
+    monkeypatch.setattr(calib, "device_key", lambda name: f"{name}[x]")
+    monkeypatch.setattr(calib, "measure_device", lambda name, tile, dt:
+                        DeviceProfile(name, 1.0, 1.0, 1.0, 1.0))
+    monkeypatch.setattr(calib, "measure_bandwidth", lambda s, d: 1e9)
+    monkeypatch.setattr(calib, "measure_sync", lambda base, other, dt:
+                        calls.append((base, other)) or (0.5, 0.25))
+    profs, bw = calib.get_profiles(["cpu", "gpu:0"], 64, np.float64,
+                                   cache_dir=tmp_path)
+    assert calls == [("gpu:0", "cpu"), ("cpu", "gpu:0")]
+    assert all(p.t_sync_fixed == 0.5 and p.t_sync_step == 0.25 for p in profs)
+    again, _ = calib.get_profiles(["cpu", "gpu:0"], 64, np.float64,
+                                  cache_dir=tmp_path)
+    assert len(calls) == 2 and again == profs
+
+
 def test_cache_dir_defaults(tmp_path):
     from scipy_gpuqr._tiled_calib import cache_dir
     assert cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "scipy_gpuqr"

@@ -120,3 +120,24 @@ def test_update_shares_finish_together():
     busy = _prof("b", 100.0, 100.0, 0.5, 0.5)
     assert model.update_shares([busy, other], M, N)[0] == 0.0
     assert model.update_shares([main], M, N) == [pytest.approx(M * (N - 1))]
+
+
+def test_sync_term_keeps_small_sizes_on_one_device():
+    import dataclasses
+    g0 = _prof("g0", 1e-3, 1e-3, 1e-4, 1e-4)
+    g1 = _prof("g1", 1e-3, 1e-3, 1e-4, 1e-4)
+    bw = {("g0", "g1"): 1e12, ("g1", "g0"): 1e12}
+    # without a sync cost a second GPU "helps" even a 4 x 4 tile matrix
+    p, pred = model.select_count([g0, g1], bw, 4, 4, 1024, 8)
+    assert p == 2
+    g1s = dataclasses.replace(g1, t_sync_step=2e-4, t_sync_fixed=1.2e-2)
+    assert model.t_sync([g0, g1s], 4, 4) == pytest.approx(2e-4 + 1.2e-2 / 4)
+    assert model.t_sync([g1s, g0], 4, 4) == 0.0     # the main device adds none
+    p, pred2 = model.select_count([g0, g1s], bw, 4, 4, 1024, 8)
+    assert p == 1 and pred2[0] == pred[0]
+    assert pred2[1] == pytest.approx(pred[1] + 2e-4 + 3e-3)
+    # large matrices still take both GPUs: the cost is shared over the steps
+    p, _ = model.select_count([g0, g1s], bw, 32, 32, 1024, 8)
+    assert p == 2
+    # a profile round-trips through JSON with its sync costs
+    assert model.DeviceProfile.from_json(g1s.to_json()) == g1s
