@@ -83,7 +83,12 @@ def test_lsqr_lsmr_match_lstsq(matrices_dir, name):
     ls_ref, cons_ref = _ls_backward_error(Ad, x_ref, b, normA)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        # auto (LSQR first, else the direct QR), and, where the SVD step of the
+        # direct rule stays cheap, the direct QR on both CPU backends
         results = {"lsqr": lsqr(A, b), "lsmr": lsmr(A, b)}
+        if max(m, n) <= 1000:
+            results["lsqr-cpu"] = lsqr(A, b, backend="cpu")
+            results["lsqr-reference"] = lsqr(A, b, backend="reference")
     for func, out in results.items():
         x = out[0]
         assert x.shape == (n,) and x.dtype == np.float64
@@ -125,19 +130,21 @@ def test_spsolve_warns_exactly_where_scipy_does(matrices_dir, name):
         except RuntimeError:  # SuperLU fails outright on some singular ones
             pytest.skip("SciPy's SuperLU raised")
     scipy_warns = any(issubclass(w.category, spla.MatrixRankWarning) for w in rec)
-    with warnings.catch_warnings(record=True) as rec:
-        warnings.simplefilter("always")
-        x = spsolve(A, b)
-    ours = [w for w in rec if issubclass(w.category, spla.MatrixRankWarning)]
-    assert bool(ours) == scipy_warns
-    assert len(rec) == len(ours)  # nothing else
-    if scipy_warns:
-        assert str(ours[0].message) == "Matrix is exactly singular"
-        assert np.all(np.isnan(x))
-    else:
-        normA = spla.norm(A, 1)
-        berr = np.linalg.norm(A @ x - b, 1) / (normA * np.linalg.norm(x, 1) + np.linalg.norm(b, 1))
-        assert berr <= 100 * EPS * n
+    for backend in ("auto", "reference"):  # SuiteSparseQR and our multifrontal QR
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            x = spsolve(A, b, backend=backend)
+        ours = [w for w in rec if issubclass(w.category, spla.MatrixRankWarning)]
+        assert bool(ours) == scipy_warns, backend
+        assert len(rec) == len(ours)  # nothing else
+        if scipy_warns:
+            assert str(ours[0].message) == "Matrix is exactly singular"
+            assert np.all(np.isnan(x))
+        else:
+            normA = spla.norm(A, 1)
+            berr = (np.linalg.norm(A @ x - b, 1)
+                    / (normA * np.linalg.norm(x, 1) + np.linalg.norm(b, 1)))
+            assert berr <= 100 * EPS * n, backend
 
 
 # -- the rule module on synthetic problems -------------------------------------
