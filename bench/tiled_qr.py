@@ -51,6 +51,13 @@ def main(argv=None):
     ap.add_argument("--cpu-tiled-max", type=int, default=4096,
                     help="largest n for qr_tiled on the CPU alone")
     ap.add_argument("--tiles", type=int, nargs="+", default=[512])
+    ap.add_argument("--shapes", nargs="*", default=[],
+                    help="extra MxN shapes, e.g. 32768x8192")
+    ap.add_argument("--leaves", type=int, nargs="*", default=[],
+                    help="also time 1 and 2 GPUs with these panel_leaf values "
+                         "(first tile only) and the panel alone")
+    ap.add_argument("--no-cpu", action="store_true",
+                    help="skip the configurations that use the CPU")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
@@ -66,38 +73,50 @@ def main(argv=None):
     shapes = [(n, n) for n in args.sizes]
     if args.tall:
         shapes += [(2 * n, n // 2) for n in args.sizes]
+    shapes += [tuple(int(x) for x in s.lower().split("x")) for s in args.shapes]
     rows = []
     rng = np.random.default_rng(0)
     for (m, n) in shapes:
-        a = rng.standard_normal((m, n))
         with cp.cuda.Device(0):
-            ad = cp.asarray(a)
+            ad = cp.random.default_rng(m + n).standard_normal((m, n))
+        need_host = not args.no_cpu and (max(m, n) <= args.cpu_max
+                                         or max(m, n) <= args.cpu_tiled_max)
+        a = cp.asnumpy(ad) if need_host else None
         f = flops(m, n)
         rec = {"m": m, "n": n, "flops": f}
         rec["cusolver"] = timed(lambda: cp.linalg.qr(ad, mode="r"), sync, args.reps)
         r_ref = cp.abs(cp.linalg.qr(ad, mode="r"))
-        if max(m, n) <= args.cpu_max:
+        if max(m, n) <= args.cpu_max and not args.no_cpu:
             rec["lapack"] = timed(lambda: scipy.linalg.qr(a, mode="r", check_finite=False),
                                   lambda: None, 1)
         for tile in args.tiles:
-            configs = [("1gpu", ["gpu:0"])]
+            configs = [("1gpu", ["gpu:0"], None)]
             if ngpu >= 2:
-                configs += [("2gpu", ["gpu:0", "gpu:1"]),
-                            ("cpu+2gpu", ["cpu", "gpu:0", "gpu:1"])]
-            else:
-                configs += [("cpu+1gpu", ["cpu", "gpu:0"])]
-            if max(m, n) <= args.cpu_tiled_max and tile == args.tiles[0]:
-                configs.insert(0, ("cpu", ["cpu"]))
+                configs += [("2gpu", ["gpu:0", "gpu:1"], None)]
+                if not args.no_cpu:
+                    configs += [("cpu+2gpu", ["cpu", "gpu:0", "gpu:1"], None)]
+            elif not args.no_cpu:
+                configs += [("cpu+1gpu", ["cpu", "gpu:0"], None)]
+            if (max(m, n) <= args.cpu_tiled_max and tile == args.tiles[0]
+                    and not args.no_cpu):
+                configs.insert(0, ("cpu", ["cpu"], None))
             if tile == args.tiles[0]:
-                configs.append(("auto", "auto"))   # the model's own choice
-            for label, devs in configs:
+                for leaf in args.leaves:
+                    configs += [(f"{lab}_leaf{leaf}", devs, leaf)
+                                for lab, devs, _ in configs[:2] if "gpu" in lab
+                                and "cpu" not in lab]
+                configs.append(("auto", "auto", None))   # the model's own choice
+                configs += [(f"auto_leaf{leaf}", "auto", leaf) for leaf in args.leaves]
+            for label, devs, leaf in configs:
                 key = f"tiled_{label}" if devs == "auto" else f"tiled_{label}_t{tile}"
                 try:
                     dev_in = a if devs == ["cpu"] else ad
                     ts = None if devs == "auto" else tile
+                    kw = {} if leaf is None else {"panel_leaf": leaf}
                     t = timed(lambda: qr_tiled(dev_in, mode="r", devices=devs,
-                                               tile_size=ts), sync, args.reps if devs != ["cpu"] else 1)
-                    (r,) = qr_tiled(dev_in, mode="r", devices=devs, tile_size=ts)
+                                               tile_size=ts, **kw), sync,
+                              args.reps if devs != ["cpu"] else 1)
+                    (r,) = qr_tiled(dev_in, mode="r", devices=devs, tile_size=ts, **kw)
                     r = cp.asarray(r) if isinstance(r, np.ndarray) else r
                     with cp.cuda.Device(0):
                         err = float(cp.abs(cp.abs(cp.asarray(r)[:min(m, n)]) - r_ref[:min(m, n)]).max()
@@ -108,8 +127,26 @@ def main(argv=None):
                     rec[key] = None
                     rec[key + "_error"] = f"{type(exc).__name__}: {exc}"
                     print(f"  {key}: {rec[key + '_error']}", file=sys.stderr)
+            if tile == args.tiles[0] and args.leaves:
+                # the main device's panel alone: the tallest tile column
+                from scipy_gpuqr import _tiled_ops as ops
+                with cp.cuda.Device(0):
+                    col = cp.asfortranarray(ad[:, :tile])
+                    for leaf in [0] + [x for x in args.leaves if x]:
+                        rec[f"panel_{m}x{tile}_leaf{leaf}"] = timed(
+                            lambda: ops.factor_wy(cp, col, 0, leaf=leaf), sync,
+                            max(args.reps, 5))
+                print("  panel " + ", ".join(
+                    f"{k}: {v*1e3:.2f} ms" for k, v in rec.items()
+                    if k.startswith("panel_")), flush=True)
             try:
                 plan, profiles, bw = plan_tiled((m, n), np.float64, "auto", tile)
+                if rec["m"] == shapes[0][0] and rec["n"] == shapes[0][1]:
+                    print("  profiles: " + "; ".join(
+                        f"{q.name} T+E {1e3*(q.t_T+q.t_E):.3f} ms, UT+UE "
+                        f"{1e3*q.update_time:.3f} ms, sync {1e6*q.t_sync_step:.0f}"
+                        f" us/step + {1e3*q.t_sync_fixed:.2f} ms" for q in profiles),
+                        flush=True)
                 rec[f"plan_t{tile}"] = {"main": plan.main, "devices": plan.devices,
                                         "guide": plan.guide, "candidates": plan.candidates,
                                         "predicted": plan.predicted}

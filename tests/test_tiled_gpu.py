@@ -87,6 +87,19 @@ def test_two_gpus(devices, shape, rng):
 
 
 @two_gpus
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_two_gpus_recursive_panel(dtype, rng):
+    cp = import_cupy()
+    a = rng.standard_normal((1500, 1100)).astype(dtype)
+    a[:, 7] = 0.0
+    with cp.cuda.Device(0):
+        ad = cp.asarray(a)
+    q, r = qr_tiled(ad, devices=["gpu:1", "gpu:0"], tile_size=256,
+                    panel_leaf=32)
+    check_qr(a, _host(q), _host(r), "economic")
+
+
+@two_gpus
 def test_two_gpus_float32_r(rng):
     a = rng.standard_normal((2048, 2048)).astype(np.float32)
     (r,) = qr_tiled(a, mode="r", devices="gpu", tile_size=512)
