@@ -82,3 +82,11 @@ def test_schedule_command_json(matrices_dir):
     stats = json.loads(out.stdout)
     assert stats["launches"] >= 1 and stats["launches"] <= stats["launches_no_pipeline"]
     assert stats["tasks"] >= stats["launches"]
+
+
+def test_analyze_with_schedule_json(matrices_dir):
+    out = _cli("analyze", str(matrices_dir / "494_bus.mtx"), "--schedule", "--json")
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stdout)
+    assert {"m", "n", "nnz", "fronts", "flops", "nnz_R", "intensity", "stages",
+            "launches", "launches_no_pipeline", "tasks"} <= set(stats)

@@ -4,8 +4,9 @@ Prints m, n, nnz, the ordering, the number of fronts, the largest front, the
 flops, nnz(R), the arithmetic intensity, the staging plan and the backend
 ``auto`` would pick (GPU when the intensity reaches the threshold and a GPU is
 present). ``--json`` prints the same as JSON with the stable keys m, n, nnz,
-fronts, flops, nnz_R, intensity, stages. A file that cannot be read gives a
-one-line error and exit status 2.
+fronts, flops, nnz_R, intensity, stages (with ``--schedule`` also the GPU task
+lists' statistics: launches, launches_no_pipeline, tasks, ...). A file that
+cannot be read gives a one-line error and exit status 2.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def add_arguments(parser) -> None:
                         help="column ordering (default colamd)")
     parser.add_argument("--itemsize", type=int, default=8, choices=(4, 8, 16),
                         help="bytes per value for memory counts (default 8)")
+    parser.add_argument("--schedule", action="store_true",
+                        help="also build the GPU task lists and print their statistics "
+                             "(JSON keys launches, launches_no_pipeline, tasks)")
+    from scipy_gpuqr._schedule.cli import add_arguments as add_schedule_arguments
+    add_schedule_arguments(parser, matrix=False)
 
 
 def _read(path):
@@ -77,6 +83,18 @@ def run(args) -> int:
         return 2
     out = an.summary()
     out.update(_predict(an.intensity))
+    schedule = None
+    if getattr(args, "schedule", False):
+        from scipy_gpuqr._schedule.cli import schedule_summary
+        try:
+            schedule = schedule_summary(an, tile=args.tile, bundle=args.bundle,
+                                        granule=args.granule,
+                                        max_gpu_memory=args.max_gpu_memory,
+                                        max_tasks=args.max_tasks)
+        except (ValueError, TypeError, MemoryError) as exc:
+            print(f"scipy-gpuqr analyze: {exc}", file=sys.stderr)
+            return 2
+        out.update(schedule)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -103,5 +121,8 @@ def run(args) -> int:
                      f"alone exceed the budget: {plan['oversized_fronts'][:10]}")
     lines.append(f"predicted backend {out['predicted_backend']} ({out['predicted_backend_reason']})")
     lines.append(f"analysis time     {out['analysis_seconds']:.3f} s")
+    if schedule is not None:
+        from scipy_gpuqr._schedule.cli import schedule_lines
+        lines += schedule_lines(schedule)
     print("\n".join(lines))
     return 0
