@@ -10,7 +10,17 @@ launches in proportion to their tile-kernel flops): the GPU waits only where
 building launch k+1 takes longer than running launch k. CPU times are
 ``time.process_time``, minimum over ``--repeat`` runs.
 
+With ``--first-launch`` it measures instead, cold (no tile pattern, no
+schedule cached) on ch7-8-b3 and the 3-D grid 40³ least squares problem, what
+the GPU would wait for: (1) the CPU time from the analysis to launch 0's
+records (plan + launch 0), (2) for every launch k the CPU time to build launch
+k+1 against launch k's GPU time at 10 TF/s on its *nominal tile-kernel flops*
+(``record_flops / 1e13``, zero padding included), the launches where the CPU
+would be late and the GPU wait they add up to. The analysis is timed apart
+(CPU work before any launch in every design).
+
 Usage: ``PYTHONPATH=. python3 bench/schedule_build.py [--tiles 32 64] [--repeat 3]``
+or ``PYTHONPATH=. python3 bench/schedule_build.py --first-launch [--repeat 3]``
 """
 
 import argparse
@@ -22,7 +32,7 @@ import numpy as np
 from scipy_gpuqr._schedule import bucket
 from scipy_gpuqr._schedule.sparse import build_schedule, clear_schedule_cache, record_flops
 from scipy_gpuqr._symbolic import analyze
-from scipy_gpuqr._testing_matrices import chessboard_boundary
+from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
 RATE = 1e13
 
@@ -69,12 +79,64 @@ def measure(an, tile, repeat):
             "gpu_s_at_10TF": float(gpu.sum())}
 
 
+def first_launch(an, tile=32, repeat=3):
+    """Cold CPU time to launch 0's records and the per-launch GPU wait (tile flops at
+    10 TF/s); minimum over ``repeat`` runs per quantity."""
+    first, plan = [], []
+    cpu = None
+    for _ in range(repeat):
+        clear_schedule_cache(an)
+        bucket.clear_cache()
+        t0 = time.process_time()
+        s = build_schedule(an, tile=tile, cache=False, lazy=True)
+        t1 = time.process_time()
+        s.stages[0].launch_tasks(0)
+        t2 = time.process_time()
+        plan.append(t1 - t0)
+        first.append(t2 - t0)
+        times = []
+        for st in s.stages:
+            for L in range(st.nlaunch):
+                t0 = time.process_time()
+                st.launch_tasks(L)
+                times.append(time.process_time() - t0)
+        cpu = np.asarray(times) if cpu is None else np.minimum(cpu, times)
+    gpu = np.concatenate([np.add.reduceat(record_flops(st.tasks, tile), st.launch_ptr[:-1])
+                          for st in s.stages if st.nlaunch]) / RATE
+    late = np.maximum(cpu[1:] - gpu[:-1], 0)
+    return {"tile": tile, "stages": len(s.stages), "launches": s.nlaunch, "tasks": s.ntasks,
+            "plan_cold_s": min(plan), "first_launch_cold_s": min(first),
+            "gpu_s_tile_flops_at_10TF": float(gpu.sum()),
+            "launches_cpu_late": int(np.sum(late > 0)),
+            "gpu_wait_in_launches_s": float(late.sum()),
+            "max_late_s": float(late.max(initial=0)),
+            "per_launch_build_total_s": float(cpu.sum())}
+
+
+def main_first_launch(repeat):
+    for name, make in (("ch7-8-b3", lambda: chessboard_boundary(7, 8, 3)),
+                       ("grid3d 40 (LS)", lambda: grid3d_least_squares(40))):
+        A = make()
+        t0 = time.process_time()
+        an = analyze(A)
+        ta = time.process_time() - t0
+        r = first_launch(an, 32, repeat)
+        r.update(problem=name, shape=list(A.shape), fronts=int(an.nfronts),
+                 tflop=an.flops / 1e12, analysis_s=ta)
+        print(json.dumps(r))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiles", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--first-launch", action="store_true",
+                    help="cold time to launch 0 and per-launch GPU wait (ch7-8-b3, grid 40^3)")
     a = ap.parse_args()
+    if a.first_launch:
+        main_first_launch(a.repeat)
+        return
     t0 = time.process_time()
     an = analyze(chessboard_boundary(7, 8, 3))
     print(f"ch7-8-b3: {an.m}x{an.n}, {an.nfronts} fronts, {an.flops / 1e12:.2f} TFlop, "

@@ -217,3 +217,26 @@ def test_schedule_cached_per_analysis():
     assert b is not a and b.stages[0].tasks.tobytes() == a.stages[0].tasks.tobytes()
     an2 = analyze(_grid3d(5))
     assert build_schedule(an2, tile=16) is not a
+
+
+@pytest.mark.parametrize("name,A", _families() + [("grid3d_6", None)],
+                         ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("kw", [{}, {"max_gpu_memory": 200_000}, {"max_tasks": 25}],
+                         ids=["one_stage", "stages", "limit"])
+def test_lazy_per_launch_equals_eager_on_families(name, A, kw):
+    """Records built launch by launch (cold, nothing materialized) are byte-for-byte
+    the eagerly built stage, on every family, with stages and a launch limit."""
+    from scipy_gpuqr._schedule import bucket
+    an = analyze(_grid3d(6) if A is None else A)
+    bucket.clear_cache()
+    lazy = build_schedule(an, cache=False, lazy=True, **kw)
+    bucket.clear_cache()
+    eager = build_schedule(an, cache=False, **kw)
+    assert lazy.nlaunch == eager.nlaunch and lazy.vt_size == eager.vt_size
+    assert np.array_equal(lazy.vt_base, eager.vt_base)
+    n = 0
+    for i, L, recs in lazy.iter_launches(prefetch=True):
+        st = eager.stages[i]
+        assert recs.tobytes() == st.tasks[st.launch_ptr[L]:st.launch_ptr[L + 1]].tobytes()
+        n += 1
+    assert n == eager.nlaunch
