@@ -26,7 +26,7 @@ from scipy.sparse.linalg import LinearOperator
 
 from ._dispatch import plan_factorization
 from ._factor import QRFactorization
-from ._iterate_first import try_lsqr
+from ._iterate_first import damped_norms, try_lsqr
 from ._lstsq import exact_solve, exactly_singular
 from ._options import log_decision, resolve_backend, resolve_options
 from ._originals import MatrixRankWarning, original
@@ -126,18 +126,13 @@ def _solve_lstsq(mi: MatrixInput, b: np.ndarray, damp: float, x0, *, calc_var: b
         Mi, rhs = mi, r0
     F = QRFactorization(Mi, tol=None, backend=backend, gpuqr_options=gpuqr_options)
     dx = F._solve_host(rhs[:, None])[:, 0]
-    x = x_start + dx
-    r = b - A @ x
-    r1norm = float(np.linalg.norm(r))
-    r2norm = float(np.hypot(r1norm, damp * np.linalg.norm(dx)))
-    anorm = float(np.sqrt(sp.linalg.norm(A, "fro") ** 2 + damp ** 2 * n))
-    arnorm = float(np.linalg.norm(A.T @ r - damp ** 2 * dx))
-    acond = _acond_estimate(F, anorm)
+    norms = damped_norms(A, r0, dx, damp)
+    acond = _acond_estimate(F, norms.anorm)
     var = np.zeros(n)
     if calc_var:
         var = _variance(F, Mi.A)
-    return _LstsqAnswer(x, dx, r1norm, r2norm, anorm, acond, arnorm, bnorm, var,
-                        False, F)
+    return _LstsqAnswer(x_start + dx, dx, norms.r1norm, norms.r2norm, norms.anorm, acond,
+                        norms.arnorm, bnorm, var, False, F)
 
 
 def _iterate_first(A, r0, damp, x_start, bnorm, backend,
@@ -154,15 +149,9 @@ def _iterate_first(A, r0, damp, x_start, bnorm, backend,
                  else "factorizing")
     if found is None:
         return None
-    dx = found.dx
-    x = x_start + dx
-    r = r0 - A64 @ dx
-    r1norm = float(np.linalg.norm(r))
-    r2norm = float(np.hypot(r1norm, damp * np.linalg.norm(dx)))
-    anorm = float(np.sqrt(sp.linalg.norm(A64, "fro") ** 2 + damp ** 2 * n))
-    arnorm = float(np.linalg.norm(A64.T @ r - damp ** 2 * dx))
-    return _LstsqAnswer(x, dx, r1norm, r2norm, anorm, found.acond, arnorm, bnorm,
-                        np.zeros(n), False, None, found.itn)
+    norms = damped_norms(A64, r0, found.dx, damp)
+    return _LstsqAnswer(x_start + found.dx, found.dx, norms.r1norm, norms.r2norm, norms.anorm,
+                        found.acond, norms.arnorm, bnorm, np.zeros(n), False, None, found.itn)
 
 
 def _variance(F: QRFactorization, M: sp.csc_array) -> np.ndarray:

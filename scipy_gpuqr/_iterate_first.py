@@ -35,7 +35,7 @@ import scipy.sparse as sp
 from ._originals import original
 
 __all__ = ["ITERATION_FLOPS", "MIN_ITERATIONS", "MAX_ITERATIONS", "iteration_budget",
-           "IterativeAnswer", "try_lsqr", "accept"]
+           "IterativeAnswer", "DampedNorms", "damped_norms", "try_lsqr", "accept"]
 
 _EPS = float(np.finfo(np.float64).eps)
 
@@ -63,18 +63,34 @@ def iteration_budget(A) -> int:
     return int(np.clip(budget, MIN_ITERATIONS, MAX_ITERATIONS))
 
 
+class DampedNorms(NamedTuple):
+    """Norms of the damped problem ``min ‖r0 − A dx‖² + damp²‖dx‖²`` at ``dx``."""
+
+    r1norm: float   # ‖r0 − A dx‖
+    r2norm: float   # sqrt(r1norm² + damp²‖dx‖²)
+    anorm: float    # ‖[A; damp·I]‖_F
+    arnorm: float   # ‖Aᵀr − damp²·dx‖
+
+
+def damped_norms(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> DampedNorms:
+    """The residual norms SciPy's lsqr/lsmr report, computed from ``dx``."""
+    r = r0 - A @ dx
+    r1norm = float(np.linalg.norm(r))
+    return DampedNorms(
+        r1norm, float(np.hypot(r1norm, damp * np.linalg.norm(dx))),
+        float(np.sqrt(sp.linalg.norm(A, "fro") ** 2 + damp ** 2 * A.shape[1])),
+        float(np.linalg.norm(A.T @ r - damp ** 2 * dx)))
+
+
 def accept(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> bool:
     """Whether ``dx`` solves ``min ‖r0 − A dx‖² + damp²‖dx‖²`` to working precision."""
-    r = r0 - A @ dx
-    rnorm = float(np.hypot(np.linalg.norm(r), damp * np.linalg.norm(dx)))
-    arnorm = float(np.linalg.norm(A.T @ r - damp ** 2 * dx))
-    anorm = float(np.sqrt(sp.linalg.norm(A, "fro") ** 2 + damp ** 2 * A.shape[1]))
-    bound = ACCEPT_FACTOR * _EPS * anorm
-    if not (np.isfinite(rnorm) and np.isfinite(arnorm)):
+    norms = damped_norms(A, r0, dx, damp)
+    if not (np.isfinite(norms.r2norm) and np.isfinite(norms.arnorm)):
         return False
-    least_squares = arnorm <= bound * rnorm
-    consistent = rnorm <= ACCEPT_FACTOR * _EPS * (anorm * np.linalg.norm(dx)
-                                                  + np.linalg.norm(r0))
+    bound = ACCEPT_FACTOR * _EPS * norms.anorm
+    least_squares = norms.arnorm <= bound * norms.r2norm
+    consistent = norms.r2norm <= ACCEPT_FACTOR * _EPS * (norms.anorm * np.linalg.norm(dx)
+                                                         + np.linalg.norm(r0))
     return bool(least_squares or consistent)
 
 
