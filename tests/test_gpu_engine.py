@@ -140,6 +140,43 @@ def test_refactor_reuses_schedule_and_layout():
     np.testing.assert_array_equal(g2.qt_matmul(b), s2.qt_matmul(b))
 
 
+def test_progressive_r_copy_takes_only_final_ranges(monkeypatch):
+    """Warm one-stage runs copy R's values after the launches that finish them
+    (the NumPy device copies at once, so a range taken too early would differ
+    from the simulate engine's R); a wrong map is caught."""
+    from scipy_gpuqr._engine import gpu_rcopy
+    from scipy_gpuqr._engine.gpu_rlayout import r_layout
+    rng = np.random.default_rng()
+    cases = list(_families(rng)) + [("singletons", sp.csc_array(
+        singleton_rich(300, 120, seed=int(rng.integers(1 << 30)))))]
+    for name, A in cases:
+        an = analyze(A)
+        gpu_factorize(A, an, device=NumpyDevice(32, 3)).free()      # cold: caches
+        A2 = _random_values(A, rng)
+        dev = NumpyDevice(32, 3, rng=rng)
+        g = gpu_factorize(A2, an, device=dev)
+        assert g.info["stages"] == 1 and g.info["r_copy_progressive"], name
+        lay = r_layout(an)
+        fin = gpu_rcopy.final_entries(an, lay, g.schedule.stages[0], 32)
+        assert np.all(np.diff(fin) >= 0) and fin[-1] == lay.nnz, name
+        assert len(dev.r_copies) >= 2 and dev.r_copies[0] < lay.nnz, (name, dev.r_copies)
+        s = simulate_factorize(A2, an)
+        assert abs(g.R - s.R).max() == 0.0, name
+        g.free()
+    # a map claiming everything final after the first launch must show
+    name, A = next(iter(_families(rng)))
+    an = analyze(A)
+    gpu_factorize(A, an, device=NumpyDevice(32, 3)).free()
+    monkeypatch.setattr(gpu_rcopy, "final_entries",
+                        lambda an_, lay, st, tile: np.full(st.nlaunch, lay.nnz))
+    from scipy_gpuqr._engine.gpu_rlayout import clear_r_layout_cache
+    clear_r_layout_cache(an)
+    gpu_factorize(A, an, device=NumpyDevice(32, 3)).free()      # layout rebuilt, cold map
+    g = gpu_factorize(A, an, device=NumpyDevice(32, 3))
+    assert g.info["r_copy_progressive"]
+    assert abs(g.R - simulate_factorize(A, an).R).max() > 0.0
+
+
 def test_float32_input_gives_float32_r():
     rng = np.random.default_rng()
     A = _random_values(grid3d_least_squares(4), rng)
@@ -422,6 +459,7 @@ def test_cold_and_warm_schedules_on_gpu():
             assert g1.info["schedule_cold"] or not g1.schedule.stages, name
             g2 = gpu_factorize(A, an, max_gpu_memory=budget)
             assert not g2.info["schedule_cold"], name
+            assert g2.info["r_copy_progressive"] == (g2.info["stages"] == 1), name
             s = simulate_factorize(A, an, max_gpu_memory=budget)
             assert g1.R.shape == s.R.shape and g1.R.nnz == s.R.nnz, name
             assert _gram_close(g1.R, s.R, A, EPS), (name, budget)
@@ -431,6 +469,29 @@ def test_cold_and_warm_schedules_on_gpu():
             assert abs(np.linalg.norm(y) - np.linalg.norm(b)) <= 1e-10 * np.linalg.norm(b)
             g1.free()
             g2.free()
+
+
+@pytest.mark.gpu
+def test_progressive_r_copy_on_gpu():
+    """Tiny staging slots and chunks: R's values come back in many ranges while the
+    launches run (side stream, pinned double buffer) and match simulate."""
+    from scipy_gpuqr._engine.gpu_device import CupyDevice
+    rng = np.random.default_rng()
+    for name, A in (("grid8", _random_values(grid3d_least_squares(8), rng)),
+                    ("singletons", sp.csc_array(singleton_rich(
+                        300, 120, seed=int(rng.integers(1 << 30))), dtype=np.float64))):
+        an = analyze(A)
+        gpu_factorize(A, an).free()
+        dev = CupyDevice(32, 3)
+        dev.r_copy_slot_bytes = 512
+        dev.r_copy_min_chunk_bytes = 64
+        g = gpu_factorize(A, an, device=dev)
+        assert g.info["r_copy_progressive"], name
+        assert dev.r_copies > 2, (name, dev.r_copies)
+        s = simulate_factorize(A, an)
+        assert g.R.nnz == s.R.nnz and np.isfinite(g.R.data).all(), name
+        assert _gram_close(g.R, s.R, A, EPS), name
+        g.free()
 
 
 @pytest.mark.gpu

@@ -255,6 +255,9 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
 
 
 def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, pipelining):
+    from .gpu_rcopy import final_entries_cached
+    from .gpu_rlayout import r_layout_cached
+
     m, n = Ac.shape
     fs = analysis.fronts
     nf = fs.nfronts
@@ -274,30 +277,57 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
     layout = gmaps = None
     t_wait_host = 0.0
     r_parts = []
+    # a warm one-stage run copies R's final columns while later launches run
+    # (R's layout and the schedule's records known before the first launch)
+    warm = r_layout_cached(analysis) if (nstage == 1 and not cold) else None
+    plan_stages = [st.fronts for st in sched.stages]
+    fkey = (tuple(plan_stages), int(tile), int(bundle), bool(pipelining), sched.ntasks)
+    progressive = 0
+    t_r_wait = 0.0
     for sid, st in enumerate(sched.stages):
         first, last = st.fronts
         carried = [(off, host_cb.pop(c)) for c, off in st.carried.items()]
         s0, s1 = st.s_range
         h = device.begin_stage(st, fs.s_index[s0:s1], vals[s0:s1], carried)
         fac_parts = []
-        for _ in range(st.nlaunch):
-            i, L, rec = next(launches)
-            if i != sid:
-                raise GpuEngineError(f"launch {L} of stage {i} yielded in stage {sid}")
-            device.launch(h, L, rec)
-            if cold and len(rec):
-                sel = np.isin(rec["type"], fac_types)
-                if sel.any():
-                    fac_parts.append(rec[sel])
-        if layout is None:          # the host side overlaps the launches just enqueued
-            tw = time.perf_counter()
-            layout, gmaps, pattern = fut.result()
-            t_wait_host += time.perf_counter() - tw
-        pos, gidx = gmaps[sid]
-        ghandle = device.prepare_gather(gidx, h)
-        pool = device.end_stage(h)
-        r_parts.append((pos, device.gather(pool, ghandle)))
-        del ghandle
+        copier = None
+        if warm is not None:
+            pos, gidx = warm.stage_maps(plan_stages)[sid]
+
+            def _final(st=st, lay=warm):
+                return final_entries_cached(analysis, lay, sched, st, tile, fkey)
+            copier = device.open_r_copy(h["pool"], gidx, warm, final=_final)
+            progressive += 1
+        try:
+            for _ in range(st.nlaunch):
+                i, L, rec = next(launches)
+                if i != sid:
+                    raise GpuEngineError(f"launch {L} of stage {i} yielded in stage {sid}")
+                device.launch(h, L, rec)
+                if copier is not None:
+                    copier.after_launch(L)
+                if cold and len(rec):
+                    sel = np.isin(rec["type"], fac_types)
+                    if sel.any():
+                        fac_parts.append(rec[sel])
+            device.mark_kernels_end(h)
+            if layout is None:      # the host side overlaps the launches just enqueued
+                tw = time.perf_counter()
+                layout, gmaps, pattern = fut.result()
+                t_wait_host += time.perf_counter() - tw
+            if copier is None:
+                pos, gidx = gmaps[sid]
+                copier = device.open_r_copy(h["pool"], gidx, layout)
+            copier.launches_done()
+            pool = device.end_stage(h)
+        except BaseException:
+            if copier is not None:
+                copier.abort()
+            raise
+        tw = time.perf_counter()
+        r_parts.append((pos, copier.result()))
+        t_r_wait += time.perf_counter() - tw
+        del copier
         members = np.arange(first, last + 1)
         foff = st.foff[members]
         par = fs.parent[members]
@@ -362,7 +392,9 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
                         "upload_gather": dev_s.get("upload_gather", 0.0),
                         "download": dev_s.get("download", 0.0),
                         "launch_loop": dev_s.get("launch_loop", 0.0),
-                        "wait_gpu": dev_s.get("wait", 0.0)}}
+                        "wait_gpu": dev_s.get("wait", 0.0),
+                        "wait_r_copy": t_r_wait},
+            "r_copy_progressive": bool(progressive)}
     out = GpuQR(shape=(m, n), R=R, colperm=analysis.colperm.astype(np.int64),
                 rank=int(min(m, n)), tol=None, flops=float(analysis.flops), info=info,
                 analysis=analysis, qorder=layout.qorder.copy(), schedule=sched,
@@ -377,10 +409,12 @@ def _assemble_R(Ac, layout, r_parts, dtype, pattern):
     ``r_parts``: per stage ``(pos, values)`` in R's CSC order (see
     :mod:`.gpu_rlayout`); the singleton rows' values come from A.
     """
-    if len(r_parts) == 1 and r_parts[0][0] is None and not len(layout.r1_pos):
-        data = r_parts[0][1]
+    if len(r_parts) == 1 and r_parts[0][0] is None:
+        data = r_parts[0][1]    # every entry, singleton rows' placeholders included
         if data.dtype != dtype:
             data = data.astype(dtype)
+        if len(layout.r1_pos):
+            data[layout.r1_pos] = Ac.data[layout.r1_nz]
     else:
         data = np.zeros(layout.nnz, dtype=dtype)
         for pos, v in r_parts:

@@ -15,14 +15,19 @@ records with the NumPy executor:
 ``launch(handle, L, records)``
     launch ``L`` of the stage (records uploaded asynchronously from pinned
     memory when the stage was not uploaded whole).
-``prepare_gather(index) -> gather handle``
-    R's gather index of the stage uploaded (on a copy stream, overlapping
-    the kernels).
+``open_r_copy(pool, index, layout, final=None) -> copier``
+    R's values ``pool[index]`` to the host (:mod:`.gpu_rcopy`): with
+    ``final`` (one-stage schedules) ranges already final are copied while
+    later launches run (``copier.after_launch(L)``); ``launches_done()``
+    then ``result()`` (an ordinary NumPy array; no pinned allocation per
+    factorization: a staging buffer cached with R's layout).
+``mark_kernels_end(handle)``
+    the end of the stage's kernels (for the kernel time).
 ``end_stage(handle) -> pool``
     waits for the stage, checks every launch (CUDA error) and the pool for
     non-finite values on the device.
-``gather(pool, gather handle) -> host values``
-    R's values of the stage in CSC order, one transfer into pinned memory.
+``prepare_gather(index)``, ``gather(pool, gather handle) -> host values``
+    R's values of a stage in CSC order (older two-call form of the copier).
 ``fetch(pool, segments)``, ``to_host(pool)``, ``release(pool)``
     contribution blocks and pools for later stages and for Q.
 ``vt_host()``, ``close()``
@@ -76,6 +81,8 @@ class NumpyDevice:
         self.debug = debug
         self.launches = 0
         self.seconds = {"upload": 0.0, "kernels": 0.0, "download": 0.0}
+        #: end of every range of R copied (the progressive copy's steps)
+        self.r_copies = []
 
     def start(self, maps: np.ndarray, vt_size: int) -> None:
         self.maps = maps
@@ -100,6 +107,13 @@ class NumpyDevice:
 
     def prepare_gather(self, index, h=None):
         return index
+
+    def open_r_copy(self, pool, index, layout=None, final=None):
+        from .gpu_rcopy import NumpyRCopy
+        return NumpyRCopy(pool, index, final, dtype=self.dtype, counter=self.r_copies)
+
+    def mark_kernels_end(self, h) -> None:
+        pass
 
     def end_stage(self, h) -> np.ndarray:
         pool = h["pool"]
@@ -160,6 +174,7 @@ class CupyDevice:
         if self.smem > 48 * 1024:
             self.kernel.max_dynamic_shared_size_bytes = self.smem
         dev = cp.cuda.Device()
+        self.device_id = dev.id
         props = cp.cuda.runtime.getDeviceProperties(dev.id)
         self.name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         self.stream = cp.cuda.Stream(non_blocking=True)
@@ -171,6 +186,12 @@ class CupyDevice:
         #: with ``profile``: (stage, launch, tasks, start event, end event) per launch
         self.launch_events = []
         self._vt_host = None
+        #: R copy-back tunables (bytes of a pinned slot; the smallest range
+        #: copied while launches still run) and the number of slot copies made
+        from .gpu_rcopy import MIN_CHUNK_BYTES, SLOT_BYTES
+        self.r_copy_slot_bytes = SLOT_BYTES
+        self.r_copy_min_chunk_bytes = MIN_CHUNK_BYTES
+        self.r_copies = 0
 
     # -- helpers ---------------------------------------------------------------------
     def _pinned(self, n: int, dtype) -> np.ndarray:
@@ -288,6 +309,29 @@ class CupyDevice:
                 raise GpuEngineError(f"non-finite values after launch {L} of stage "
                                      f"{h['st'].fronts}")
 
+    def mark_kernels_end(self, h) -> None:
+        """Record the end of the stage's kernels (kernel time excludes the copies)."""
+        if "e1" not in h:
+            h["e1"] = self.cp.cuda.Event()
+            h["e1"].record(self.stream)
+
+    def open_r_copy(self, pool, index, layout=None, final=None):
+        """Start copying ``pool[index]`` to the host (see :mod:`.gpu_rcopy`).
+
+        ``layout``: R's layout, whose cached pinned staging buffer is used
+        (a temporary one without it or when busy)."""
+        from .gpu_rcopy import SLOT_BYTES, CupyRCopy, PinnedStaging, staging_for
+        t0 = time.perf_counter()
+        if layout is not None:
+            staging = staging_for(layout)
+        else:
+            staging = PinnedStaging(int(min(SLOT_BYTES, max(len(index), 1) * 8)))
+            staging.lock.acquire()
+        c = CupyRCopy(self, pool, index, staging, final)
+        self.seconds["open_copy"] = self.seconds.get("open_copy", 0.0) + (
+            time.perf_counter() - t0)
+        return c
+
     def prepare_gather(self, index, h=None):
         """Upload a gather index on the copy stream (overlaps the kernels).
 
@@ -337,20 +381,15 @@ class CupyDevice:
         return pool
 
     def gather(self, pool, index) -> np.ndarray:
-        """``pool[index]`` on the device, copied back into pinned host memory."""
-        cp = self.cp
+        """``pool[index]`` on the device, copied back through a pinned staging
+        buffer into an ordinary NumPy array."""
         t0 = time.perf_counter()
-        host = self._pinned(index.size, self.dtype)
-        if index.size:
-            try:
-                with self.stream:
-                    buf = cp.take(pool, index)
-            except cp.cuda.memory.OutOfMemoryError as exc:
-                raise DeviceOutOfMemory(str(exc)) from exc
-            buf.get(stream=self.stream, out=host)
-            self._check("copying R back")
+        index = index.get() if hasattr(index, "get") else np.asarray(index)
+        c = self.open_r_copy(pool, index)
+        c.launches_done()
+        out = c.result()
         self.seconds["download"] += time.perf_counter() - t0
-        return host
+        return out
 
     def fetch(self, pool, segments) -> np.ndarray:
         """Segments ``(start, length)`` of a device pool, gathered on the device and

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["RLayout", "r_layout", "clear_r_layout_cache"]
+__all__ = ["RLayout", "r_layout", "r_layout_cached", "clear_r_layout_cache"]
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -70,6 +70,7 @@ class RLayout:
     qorder: np.ndarray
     slots_of: list
     _stage_maps: dict = field(default_factory=dict, repr=False)
+    _extras: dict = field(default_factory=dict, repr=False)
     _lock: object = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -82,7 +83,8 @@ class RLayout:
         ``index`` (int32 when the stage's front space fits, else int64) gives
         the pool element of each of the stage's R entries, in CSC order;
         ``pos`` their positions in R's ``data`` (None: all of ``data``, in
-        order). Cached for the last plan asked for.
+        order; singleton-row entries, filled from A afterwards, point at element
+        0). Cached for the last plan asked for.
 
         Parameters
         ----------
@@ -100,14 +102,22 @@ class RLayout:
         for first, last in key:
             lo, hi = int(fb[first]), int(fb[last + 1])
             itype = np.int32 if hi - lo < 2 ** 31 - 1 else np.int64
-            if len(key) == 1 and not len(self.r1_pos):
-                out.append((None, src.astype(itype)))
+            if len(key) == 1:
+                out.append((None, np.maximum(src, 0).astype(itype)))
                 continue
             pos = np.flatnonzero((src >= lo) & (src < hi))
             out.append((pos, (src[pos] - lo).astype(itype)))
         with self._lock:
             self._stage_maps = {key: out}
         return out
+
+    def extra(self, key, make):
+        """A per-layout cached object (``make()`` on first use; thread-safe)."""
+        with self._lock:
+            hit = self._extras.get(key)
+            if hit is None:
+                hit = self._extras[key] = make()
+        return hit
 
     def pattern_copy(self) -> tuple:
         """Fresh ``(indices, indptr)`` for one R (the cached ones stay read-only)."""
@@ -132,6 +142,15 @@ def clear_r_layout_cache(analysis=None) -> None:
             _CACHE.clear()
         else:
             _CACHE.pop(analysis, None)
+
+
+def r_layout_cached(analysis) -> RLayout | None:
+    """The cached layout of ``analysis``, or None (never builds)."""
+    with _LOCK:
+        try:
+            return _CACHE.get(analysis)
+        except TypeError:
+            return None
 
 
 def r_layout(analysis, cache: bool = True) -> RLayout:
