@@ -21,8 +21,11 @@ Backends
     :class:`GpuFallbackWarning` is issued and the CPU answers.
     ``'auto'``: the GPU only when a GPU engine exists, a GPU answers, the
     dtype is supported and the arithmetic intensity is at least the
-    threshold (``gpuqr_options.intensity_threshold``, default 10
-    flops/byte); otherwise the CPU.
+    threshold; otherwise the CPU. The threshold is
+    ``gpuqr_options.intensity_threshold`` when given, else the one
+    ``scipy-gpuqr calibrate`` stored for this GPU model
+    (:mod:`scipy_gpuqr._calibrate`), else the paper's 10 flops/byte;
+    ``info`` (``threshold``, ``threshold_source``) and the log say which.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from ._options import (DEFAULT_INTENSITY_THRESHOLD, log_decision,
                        resolve_backend, resolve_options)
 
 __all__ = ["GpuFallbackWarning", "Plan", "plan_factorization",
-           "backend_factorizer", "available_host_memory", "gpu_engine"]
+           "backend_factorizer", "available_host_memory", "gpu_engine",
+           "auto_threshold"]
 
 #: Orderings tried, in this order, when the requested one does not fit.
 _FALLBACK_ORDERINGS = ("amd", "natural")
@@ -180,6 +184,11 @@ class Plan:
         The symbolic analysis, when it ran.
     analyze_time : float
         Seconds spent in the analysis.
+    threshold : float or None
+        The intensity threshold ``auto`` compared with (None: not consulted).
+    threshold_source : str
+        Where it came from (options, the calibration of this GPU model with
+        its date, or the default).
     """
 
     backend: str
@@ -191,6 +200,8 @@ class Plan:
     analysis: object = None
     analyze_time: float = 0.0
     factorize_fn: Optional[Callable] = field(default=None, repr=False)
+    threshold: Optional[float] = None
+    threshold_source: str = ""
 
     def factorize(self, A: sp.csc_array, *, tol=None):
         """Run the chosen backend on A (same pattern as planned)."""
@@ -206,6 +217,9 @@ class Plan:
         out = {"backend": self.backend, "requested": self.requested,
                "source": self.source, "reasons": list(self.reasons),
                "ordering": self.ordering, "analyze_time": self.analyze_time}
+        if self.threshold is not None:
+            out["threshold"] = float(self.threshold)
+            out["threshold_source"] = self.threshold_source
         a = self.analysis
         if a is not None:
             for key in ("flops", "nnz_R", "factor_bytes", "intensity", "host_bytes",
@@ -307,8 +321,9 @@ def plan_factorization(A: sp.csc_array, *, backend=None, gpuqr_options=None,
 
     # -- backend choice --------------------------------------------------------
     chosen = requested
+    threshold = None
     if requested == "auto":
-        chosen = _auto_choice(analysis, options, dtype, reasons)
+        chosen, threshold = _auto_choice(analysis, options, dtype, reasons)
     factorize_fn, ran, note = backend_factorizer(chosen)
     if chosen == "gpu" and factorize_fn is None:
         why = note
@@ -322,31 +337,53 @@ def plan_factorization(A: sp.csc_array, *, backend=None, gpuqr_options=None,
     reasons.append(f"running {ran!r}")
     plan = Plan(backend=ran, requested=requested, source=source, reasons=reasons,
                 ordering=ordering, colperm=colperm, analysis=analysis,
-                analyze_time=analyze_time, factorize_fn=factorize_fn)
+                analyze_time=analyze_time, factorize_fn=factorize_fn,
+                threshold=None if threshold is None else threshold[0],
+                threshold_source="" if threshold is None else threshold[1])
     log_decision("%dx%d nnz=%d: %s", A.shape[0], A.shape[1], A.nnz, "; ".join(reasons))
     return plan
 
 
-def _auto_choice(analysis, options, dtype, reasons) -> str:
+def auto_threshold(options, gpu_name) -> tuple[float, str]:
+    """The intensity threshold ``auto`` uses, and where it came from.
+
+    ``options.intensity_threshold`` when set; else the calibrated threshold
+    stored for ``gpu_name`` by ``scipy-gpuqr calibrate``; else
+    :data:`~scipy_gpuqr._options.DEFAULT_INTENSITY_THRESHOLD`.
+    """
+    if options.intensity_threshold is not None:
+        return float(options.intensity_threshold), "from gpuqr_options"
+    try:
+        from ._calibrate import load_calibration
+        cal = load_calibration(gpu_name)
+    except ImportError:
+        cal = None
+    if cal is not None:
+        return cal.threshold, f"calibrated {cal.date} for {cal.gpu_name}"
+    return DEFAULT_INTENSITY_THRESHOLD, f"default, not calibrated for {gpu_name or 'this GPU'}"
+
+
+def _auto_choice(analysis, options, dtype, reasons) -> tuple[str, Optional[tuple]]:
     factorize, why = gpu_engine()
     if factorize is None:
         reasons.append(f"auto: CPU ({why})")
-        return "cpu"
+        return "cpu", None
     from ._gpu import gpu_info
     info = gpu_info()
     if not info["available"]:
         reasons.append(f"auto: CPU (no GPU: {info['reason']})")
-        return "cpu"
+        return "cpu", None
     if np.dtype(dtype) not in (np.float64, np.float32):
         reasons.append(f"auto: CPU (dtype {np.dtype(dtype)} not supported on the GPU)")
-        return "cpu"
-    threshold = options.intensity_threshold or DEFAULT_INTENSITY_THRESHOLD
+        return "cpu", None
+    threshold, source = auto_threshold(options, info.get("name"))
     intensity = getattr(analysis, "intensity", None)
     if intensity is None:
         reasons.append("auto: CPU (no analysis, intensity unknown)")
-        return "cpu"
-    if intensity < threshold:
-        reasons.append(f"auto: CPU (intensity {intensity:.3g} < threshold {threshold:g} flops/byte)")
-        return "cpu"
-    reasons.append(f"auto: GPU (intensity {intensity:.3g} >= threshold {threshold:g} flops/byte)")
-    return "gpu"
+        return "cpu", (threshold, source)
+    said = f"threshold {threshold:.3g} flops/byte, {source}"
+    if not intensity >= threshold:
+        reasons.append(f"auto: CPU (intensity {intensity:.3g} < {said})")
+        return "cpu", (threshold, source)
+    reasons.append(f"auto: GPU (intensity {intensity:.3g} >= {said})")
+    return "gpu", (threshold, source)
