@@ -4,9 +4,11 @@ The sparse scheduler (:func:`scipy_gpuqr._schedule.sparse.build_schedule`)
 turns the analysis into task lists, stage by stage; the device layer
 (:mod:`.gpu_device`) runs every launch of a stage on the GPU over one front
 pool (CuPy memory pool), with the stage's S entries, the maps (uploaded once)
-and the VT pool of the whole factorization. Per stage, the rows of R (and the
-contribution blocks of fronts whose parent sits in a later stage) come back
-in one gathered transfer into pinned memory; the stage's pool is then copied
+and the VT pool of the whole factorization. Per stage, R's values come back
+gathered in CSC order through a pinned staging buffer reused per R layout
+(:mod:`.gpu_rcopy`; warm one-stage runs copy each final column range while
+later launches run), contribution blocks of fronts whose parent sits in a
+later stage in one gathered transfer; the stage's pool is then copied
 to the host (earlier stages, to free device memory) or kept on the GPU (the
 last stage) for ``Q``. Contribution blocks cross stages through host memory.
 

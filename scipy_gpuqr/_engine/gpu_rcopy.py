@@ -289,20 +289,15 @@ class CupyRCopy:
                 issued = 0
                 k = 0
                 pending = []
+                # items in launch order; an issue only queues work behind the launch's
+                # event (never blocks); the worker blocks only to empty the older of
+                # two busy slots, so it follows the GPU one chunk behind. (Skipping
+                # to the newest item would wait for the last launch: the launch
+                # loop runs far ahead of the GPU.)
                 while True:
                     L, ev = self.q.get()
                     if L == "abort":
                         return
-                    while True:         # skip to the latest event already enqueued
-                        try:
-                            L2, ev2 = self.q.get_nowait()
-                        except queue.Empty:
-                            break
-                        if L2 == "abort":
-                            return
-                        L, ev = L2, ev2
-                        if L is None:
-                            break
                     cut = self.n if L is None else int(final[L])
                     if cut > issued and (L is None or cut - issued >= min_chunk):
                         cs.wait_event(ev)
@@ -320,9 +315,9 @@ class CupyRCopy:
                             pending.append((s, issued, m, e))
                             issued += m
                             k += 1
+                    if L is None:
                         while pending:
                             self._drain(pending.pop(0), hslots)
-                    if L is None:
                         break
                 cs.synchronize()
                 del didx, dslots
