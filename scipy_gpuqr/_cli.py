@@ -76,8 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="measure device speeds and cache them")
     p.add_argument("--tiled", action="store_true",
                    help="calibrate the tiled dense QR's device model and print its plan")
+    p.add_argument("--quick", action="store_true",
+                   help="sparse: a short ladder (intensities about 4 to 450)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="sparse: timed calls per backend and problem (median)")
     p.set_defaults(func=_cmd_calibrate, parser=p)
     _add_delegated_arguments("scipy_gpuqr._tiled_cli", p)
+    try:  # --tiled's options usually bring --json already
+        p.add_argument("--json", action="store_true", help="print JSON")
+    except argparse.ArgumentError:
+        pass
 
     p = sub.add_parser("demo", help="a real solve, timed, saying what ran where")
     p.add_argument("--matrix", help="Matrix Market file (default: a generated 3-D grid problem)")
@@ -258,9 +266,34 @@ def _cmd_calibrate(args) -> int:
         if mod is None:
             raise CommandError("the tiled QR calibration is not available in this build")
         return mod.run(args)
-    raise CommandError("sparse QR calibration needs the GPU engine, which is not built yet; "
-                       "the default threshold of 10 flops/byte is in use "
-                       "(use --tiled for the tiled dense QR)")
+    import json
+
+    from ._calibrate import calibrate_sparse, default_ladder, format_table
+    from ._dispatch import gpu_engine
+    from ._gpu import gpu_info
+
+    info = gpu_info()
+    if not info["available"]:
+        raise CommandError(f"sparse calibration needs a GPU ({info['reason']}); auto keeps "
+                           "the default threshold of 10 flops/byte (--tiled: tiled dense QR)")
+    engine, why = gpu_engine()
+    if engine is None:
+        raise CommandError(f"sparse calibration needs the GPU engine ({why})")
+
+    def progress(pt):
+        if not args.json:
+            print(f"  {pt.name:18} intensity {pt.intensity:8.1f}  CPU {pt.cpu_s:9.4f} s  "
+                  f"GPU {pt.gpu_s:9.4f} s  ratio {pt.ratio:7.3f}", file=sys.stderr, flush=True)
+
+    cal = calibrate_sparse(default_ladder(quick=args.quick), repeats=args.repeats,
+                           device=info, progress=progress)
+    if args.json:
+        out = cal.to_json()
+        out["path"] = cal.path
+        print(json.dumps(out, indent=1))
+    else:
+        print(format_table(cal))
+    return 0
 
 
 def _cmd_demo(args) -> int:
