@@ -11,10 +11,12 @@ So under ``backend='auto'`` the least-squares entry points first run
 SciPy's LSQR with machine-precision tolerances on a fixed budget of
 matrix-vector work (:data:`ITERATION_FLOPS`, at most :data:`MAX_ITERATIONS`
 iterations), and accept its answer only when the *true* backward error of
-the final x is at working precision (:func:`accept`): ‖Āᵀr̄‖ ≤
-16·eps·‖Ā‖_F·‖r̄‖ for the (damped) least-squares problem, or
+the final x is at working precision (:func:`accept`, :func:`backward_error`):
+‖Āᵀr̄‖ ≤ 16·eps·‖Ā‖_F·(‖Ā‖_F‖x‖ + ‖b‖) for the (damped) least-squares
+problem (the rounding floor of a computed residual), or
 ‖r̄‖ ≤ 16·eps·(‖Ā‖_F‖x‖ + ‖b‖) for a consistent one. Otherwise the direct
-QR answers, and at most that budget was spent first.
+QR answers; a problem whose first 2·:data:`FIRST_CHUNK` iterations project
+no convergence within the budget stops there.
 
 The answer is still the minimum 2-norm least-squares solution: LSQR's
 iterates from the starting point stay in range(Aᵀ), so the correction it
@@ -34,8 +36,9 @@ import scipy.sparse as sp
 
 from ._originals import original
 
-__all__ = ["ITERATION_FLOPS", "MIN_ITERATIONS", "MAX_ITERATIONS", "iteration_budget",
-           "IterativeAnswer", "DampedNorms", "damped_norms", "try_lsqr", "accept"]
+__all__ = ["ITERATION_FLOPS", "MIN_ITERATIONS", "MAX_ITERATIONS", "FIRST_CHUNK",
+           "iteration_budget", "IterativeAnswer", "DampedNorms", "damped_norms",
+           "backward_error", "try_lsqr", "accept"]
 
 _EPS = float(np.finfo(np.float64).eps)
 
@@ -43,8 +46,13 @@ _EPS = float(np.finfo(np.float64).eps)
 ITERATION_FLOPS = 2e9
 #: Bounds on the iteration budget.
 MIN_ITERATIONS, MAX_ITERATIONS = 20, 1000
-#: Backward errors up to this many eps·‖Ā‖_F are accepted.
+#: Backward errors up to this many eps are accepted (see :func:`backward_error`).
 ACCEPT_FACTOR = 16.0
+#: Iterations of each of the first two pieces, after which hopeless problems stop.
+FIRST_CHUNK = 50
+#: The linear projection is crude (restarts, superlinear phases): a problem goes on
+#: unless it projects more than this many budgets.
+PROJECTION_SLACK = 2.0
 
 
 class IterativeAnswer(NamedTuple):
@@ -82,20 +90,50 @@ def damped_norms(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> DampedNorms:
         float(np.linalg.norm(A.T @ r - damp ** 2 * dx)))
 
 
-def accept(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> bool:
-    """Whether ``dx`` solves ``min ‖r0 − A dx‖² + damp²‖dx‖²`` to working precision."""
+def backward_error(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> float:
+    """Normwise backward error of ``dx`` for ``min ‖r0 − A dx‖² + damp²‖dx‖²``, in units of eps.
+
+    The smaller of the consistent-system error ‖r̄‖ / (‖Ā‖_F‖dx‖ + ‖r0‖) and the
+    least-squares error ‖Āᵀr̄‖ / (‖Ā‖_F (‖Ā‖_F‖dx‖ + ‖r0‖)). The latter is
+    normalized by the rounding floor of the computed residual (an error of
+    order eps·(‖Ā‖‖dx‖ + ‖r0‖) in r̄ makes ‖Āᵀr̄‖ no smaller than eps·‖Ā‖ times
+    that), which is what any backward-stable solver, the direct QR included,
+    attains; the usual ‖Āᵀr̄‖/(‖Ā‖‖r̄‖) would ask for less than rounding allows
+    on problems with small residuals.
+    """
     norms = damped_norms(A, r0, dx, damp)
     if not (np.isfinite(norms.r2norm) and np.isfinite(norms.arnorm)):
-        return False
-    bound = ACCEPT_FACTOR * _EPS * norms.anorm
-    least_squares = norms.arnorm <= bound * norms.r2norm
-    consistent = norms.r2norm <= ACCEPT_FACTOR * _EPS * (norms.anorm * np.linalg.norm(dx)
-                                                         + np.linalg.norm(r0))
-    return bool(least_squares or consistent)
+        return np.inf
+    scale = norms.anorm * np.linalg.norm(dx) + np.linalg.norm(r0)
+    if scale == 0:
+        return 0.0
+    consistent = norms.r2norm / scale
+    least_squares = norms.arnorm / (norms.anorm * scale) if norms.anorm > 0 else 0.0
+    return float(min(consistent, least_squares) / _EPS)
+
+
+def accept(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> bool:
+    """Whether ``dx`` solves ``min ‖r0 − A dx‖² + damp²‖dx‖²`` to working precision."""
+    return backward_error(A, r0, dx, damp) <= ACCEPT_FACTOR
+
+
+def _lsqr(A, r0, damp, iter_lim, x0=None):
+    with np.errstate(all="ignore"):
+        out = original("lsqr")(A, r0, damp=damp, atol=_EPS, btol=_EPS,
+                               conlim=1.0 / _EPS, iter_lim=iter_lim, x0=x0)
+    return out[0], int(out[1]), int(out[2]), float(out[6])
 
 
 def try_lsqr(A, r0: np.ndarray, damp: float) -> tuple[Optional[IterativeAnswer], str]:
     """Run SciPy's LSQR on the budget; return the answer if accepted, and why.
+
+    Without damping the budget is spent in three pieces: two of
+    :data:`FIRST_CHUNK` iterations, then, only if the backward error's
+    decrease over the second piece projects convergence within the budget,
+    the rest (each piece restarts from the last iterate, which keeps it in
+    range(Aᵀ): the answer is still the minimum-norm one). Hopeless problems
+    thus cost two pieces, not the whole budget. With damping (where a restart
+    would change the problem) one run uses the whole budget.
 
     Parameters
     ----------
@@ -111,16 +149,28 @@ def try_lsqr(A, r0: np.ndarray, damp: float) -> tuple[Optional[IterativeAnswer],
     reason : str
         What happened, for the log.
     """
-    m, n = A.shape
     budget = iteration_budget(A)
-    with np.errstate(all="ignore"):
-        out = original("lsqr")(A, r0, damp=damp, atol=_EPS, btol=_EPS,
-                               conlim=1.0 / _EPS, iter_lim=budget)
-    dx, istop, itn, acond = out[0], int(out[1]), int(out[2]), float(out[6])
-    if istop in (3, 6, 7) or not np.all(np.isfinite(dx)):
-        return None, (f"LSQR stopped with istop {istop} after {itn} of {budget} "
-                      "iterations")
-    if not accept(A, r0, dx, damp):
-        return None, f"LSQR's answer after {itn} iterations is not at working precision"
-    return IterativeAnswer(dx, itn, acond), (f"LSQR reached working precision in {itn} "
-                                             f"iterations (budget {budget})")
+    pieces = ([budget] if damp != 0 or budget <= 2 * FIRST_CHUNK
+              else [FIRST_CHUNK, FIRST_CHUNK, budget - 2 * FIRST_CHUNK])
+    dx, itn, acond, etas = None, 0, 0.0, []
+    for k, piece in enumerate(pieces):
+        dx, istop, steps, acond = _lsqr(A, r0, damp, piece, x0=dx)
+        itn += steps
+        if istop in (3, 6) or not np.all(np.isfinite(dx)):
+            return None, f"LSQR stopped with istop {istop} after {itn} iterations"
+        etas.append(backward_error(A, r0, dx, damp))
+        if etas[-1] <= ACCEPT_FACTOR:
+            return IterativeAnswer(dx, itn, acond), (
+                f"LSQR reached working precision in {itn} iterations (budget {budget})")
+        if istop != 7:  # LSQR's own estimate says converged; the true error disagrees
+            break
+        if k == 1:
+            # linear convergence model from the second piece (the tail rate)
+            rate = np.log(etas[1] / etas[0]) / steps if 0 < etas[1] < etas[0] else 0.0
+            needed = np.log(ACCEPT_FACTOR / etas[1]) / rate if rate < 0 else np.inf
+            if itn + needed > PROJECTION_SLACK * budget:
+                return None, (f"LSQR too slow: backward error {etas[1]:.1e} eps after {itn} "
+                              f"iterations projects {itn + needed:.0f} iterations, over "
+                              f"{PROJECTION_SLACK:g} x the budget {budget}")
+    return None, (f"LSQR's answer after {itn} iterations is not at working precision "
+                  f"(backward error {etas[-1]:.1e} eps)")

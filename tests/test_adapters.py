@@ -307,3 +307,23 @@ def test_iterate_first_damp_and_x0(rng):
         assert auto[2] > 0
         np.testing.assert_allclose(auto[0], direct[0], rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(auto[3:5], direct[3:5], rtol=1e-8)
+
+
+def test_iterate_first_accepts_small_residual_least_squares(rng):
+    """Noisy right-hand side: backward error judged against the residual's rounding floor."""
+    A = _well(rng, 400, 150)
+    b = A @ rng.standard_normal(150) + 1e-3 * rng.standard_normal(400)
+    auto, direct = lsqr(A, b), lsqr(A, b, backend="cpu")
+    assert auto[2] > 0
+    np.testing.assert_allclose(auto[0], direct[0], rtol=1e-9, atol=0)
+
+
+def test_iterate_first_stops_early_when_hopeless(rng):
+    """A problem whose first chunk shows no useful progress does not use the whole budget."""
+    from scipy_gpuqr import _iterate_first
+    n = 300
+    U, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    A = sp.csc_array((U * np.logspace(0, -14, n)) @ U.T)
+    found, why = _iterate_first.try_lsqr(A, rng.standard_normal(n), 0.0)
+    assert found is None
+    assert "projects" in why or "istop" in why, why
