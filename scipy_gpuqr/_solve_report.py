@@ -14,19 +14,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["solve_and_report", "demo", "grid_least_squares"]
-
-
-def grid_least_squares(k: int, shift: float = 0.1) -> sp.csc_array:
-    """The 3-D grid least-squares family: a 7-point Laplacian on a k³ grid over shift·I.
-
-    Returns the (2k³ × k³) matrix ``[L; shift·I]``.
-    """
-    one_d = sp.diags_array([-np.ones(k - 1), 2 * np.ones(k), -np.ones(k - 1)], offsets=[-1, 0, 1])
-    eye = sp.eye_array(k)
-    lap = (sp.kron(sp.kron(one_d, eye), eye) + sp.kron(sp.kron(eye, one_d), eye)
-           + sp.kron(sp.kron(eye, eye), one_d))
-    return sp.vstack([lap, shift * sp.eye_array(k ** 3)]).tocsc()
+__all__ = ["solve_and_report", "demo"]
 
 
 @contextlib.contextmanager
@@ -125,15 +113,29 @@ def solve_and_report(A, b=None, *, method: str = "lsqr", backend=None) -> dict:
 
 
 def demo(matrix: str | None = None, grid: int = 16, backend=None) -> str:
-    """Run the README's demo and return its printable report."""
+    """Run the README's demo and return its printable report.
+
+    Solves with ``backend`` (default: ``auto``, which may answer with LSQR
+    iterations) and, when that is ``auto``, once more with the sparse QR
+    forced (``gpu`` where a GPU is present, else ``cpu``), each beside
+    SciPy's own solver.
+    """
     from ._gpu import gpu_info
 
     if matrix:
         from .io import mmread
         A, name = sp.csc_array(mmread(matrix)), matrix
     else:
-        A, name = grid_least_squares(grid), f"3-D grid least squares, k={grid}"
+        from ._testing_matrices import grid3d_least_squares
+        A, name = grid3d_least_squares(grid), f"3-D grid least squares, k={grid}"
     gpu = gpu_info()
     where = (f"GPU: {gpu['name']}" if gpu["available"] else f"GPU: none ({gpu['reason']})")
-    report = solve_and_report(A, method="lsqr", backend=backend)
-    return f"scipy_gpuqr demo: {name}\n{where}\n{report['text']}"
+    runs = [backend]
+    if backend in (None, "auto"):
+        runs.append("gpu" if gpu["available"] else "cpu")
+    parts = [f"scipy_gpuqr demo: {name}", where]
+    for run in runs:
+        label = run or "auto (default)"
+        report = solve_and_report(A, method="lsqr", backend=run)
+        parts += [f"-- backend {label}", report["text"]]
+    return "\n".join(parts)
