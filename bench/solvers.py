@@ -51,9 +51,7 @@ the plot. A markdown table (for bench/RESULTS.md) is printed last.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import logging
 import os
 import re
 import statistics
@@ -66,6 +64,8 @@ import numpy as np
 import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scipy_gpuqr._solve_report import captured_decisions  # noqa: E402
 
 _SHARED = ("Groebner_id2003_aug.mtx", "Franz6_id1959_aug.mtx", "bayer10.mtx", "rajat01.mtx",
            "adder_dcop_05.mtx", "watt_2.mtx", "hangGlider_2.mtx", "nnc1374.mtx",
@@ -204,24 +204,6 @@ def _sync():
     cp.cuda.Device().synchronize()
 
 
-@contextlib.contextmanager
-def captured_log():
-    """Messages of the ``scipy_gpuqr`` logger at INFO during the block."""
-    logger = logging.getLogger("scipy_gpuqr")
-    msgs = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            msgs.append(record.getMessage())
-
-    handler, level = Keep(level=logging.INFO), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield msgs
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 def auto_choice(msgs) -> str:
@@ -245,7 +227,7 @@ def time_solver(call, gpu, reps, budget):
         sync()
         return time.perf_counter() - t0, x
 
-    with captured_log() as msgs, np.errstate(all="ignore"):
+    with captured_decisions() as msgs, np.errstate(all="ignore"):
         first, x = once()
     if not gpu and first >= budget:
         return first, 1, x, msgs

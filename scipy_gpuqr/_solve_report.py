@@ -14,11 +14,11 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["solve_and_report", "demo"]
+__all__ = ["solve_and_report", "demo", "captured_decisions"]
 
 
 @contextlib.contextmanager
-def _captured_decisions():
+def captured_decisions():
     """Collect the INFO messages of logger ``scipy_gpuqr`` during the block."""
     records: list[str] = []
 
@@ -82,7 +82,7 @@ def solve_and_report(A, b=None, *, method: str = "lsqr", backend=None) -> dict:
         rng = np.random.default_rng(0)
         b = A @ np.ones(n) + 1e-3 * rng.standard_normal(m)
     b = np.asarray(b, dtype=np.result_type(b, np.float64))
-    with _captured_decisions() as decisions:
+    with captured_decisions() as decisions:
         if method == "lsqr":
             out, t_ours = _timed(_adapters.lsqr, A, b, backend=backend)
             x_ours = out[0]

@@ -138,18 +138,11 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     -------
     GpuQR
     """
-    import scipy.sparse as sp
-
-    from .._symbolic import analyze, canonical_csc
+    from .._symbolic import analyze
+    from .inputs import engine_csc
 
     t_start = time.perf_counter()
-    Ac = canonical_csc(A if (sp.issparse(A) or isinstance(A, np.ndarray)) else np.asarray(A))
-    if np.issubdtype(Ac.dtype, np.complexfloating):
-        raise TypeError("gpu_factorize: complex matrices are not supported")
-    if not (np.issubdtype(Ac.dtype, np.number) or Ac.dtype == np.bool_):
-        raise TypeError(f"gpu_factorize: non-numeric dtype {Ac.dtype}")
-    if not np.all(np.isfinite(Ac.data)):
-        raise ValueError("gpu_factorize: A contains non-finite values")
+    Ac = engine_csc(A, "gpu_factorize")
     if tol is not None and not (not isinstance(tol, str) and float(tol) < 0):
         from .reference import reference_factorize
         why = "the GPU engine has no rank detection yet: reference backend used"

@@ -46,7 +46,8 @@ import scipy.sparse as sp
 from scipy.linalg import lapack
 
 from .._numeric import NumericQR
-from .._symbolic import SymbolicAnalysis, analyze, canonical_csc
+from .._symbolic import SymbolicAnalysis, analyze
+from .inputs import engine_csc
 
 __all__ = ["reference_factorize", "ReferenceQR", "default_tol", "NB"]
 
@@ -332,17 +333,9 @@ def reference_factorize(A, analysis: SymbolicAnalysis | None = None, *, tol=None
     ReferenceQR
     """
     t0 = time.perf_counter()
-    if not (sp.issparse(A) or isinstance(A, np.ndarray)):
-        A = np.asarray(A)
-    Ac = canonical_csc(A)
-    if np.issubdtype(Ac.dtype, np.complexfloating):
-        raise TypeError("reference_factorize: complex matrices are not supported")
-    if not (np.issubdtype(Ac.dtype, np.number) or Ac.dtype == np.bool_):
-        raise TypeError(f"reference_factorize: non-numeric dtype {Ac.dtype}")
+    Ac = engine_csc(A, "reference_factorize")
     dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     Ac = Ac.astype(dtype)
-    if not np.all(np.isfinite(Ac.data)):
-        raise ValueError("reference_factorize: A contains non-finite values")
     m, n = Ac.shape
     tol_used = _resolve_tol(tol, Ac, dtype)
     itemsize = np.dtype(dtype).itemsize

@@ -437,18 +437,13 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
 
     import scipy.sparse as sp
 
-    from .._symbolic import analyze, canonical_csc
     from .._schedule.sparse import build_schedule
+    from .._symbolic import analyze
+    from .inputs import engine_csc
 
     t0 = time.perf_counter()
-    Ac = canonical_csc(A if (sp.issparse(A) or isinstance(A, np.ndarray)) else np.asarray(A))
-    if np.issubdtype(Ac.dtype, np.complexfloating):
-        raise TypeError("simulate_factorize: complex matrices are not supported")
-    if not (np.issubdtype(Ac.dtype, np.number) or Ac.dtype == np.bool_):
-        raise TypeError(f"simulate_factorize: non-numeric dtype {Ac.dtype}")
+    Ac = engine_csc(A, "simulate_factorize")
     dtype = np.float32 if Ac.dtype == np.float32 else np.float64
-    if not np.all(np.isfinite(Ac.data)):
-        raise ValueError("simulate_factorize: A contains non-finite values")
     if tol is not None and not (not isinstance(tol, str) and float(tol) < 0):
         from .reference import reference_factorize
         why = "the simulate backend has no rank detection yet: reference backend used"
