@@ -241,22 +241,8 @@ def apply_qt_front(tasks: np.ndarray, fpool: np.ndarray, vtpool: np.ndarray,
 
 
 def _apply_qt(tasks, fpool, vtpool, tile, B):
-    for rec in tasks:
-        typ = int(rec["type"])
-        if typ == TaskType.FACTORIZE:
-            col, nref, vt = int(rec["col"]), int(rec["nref"]), int(rec["vt"])
-        elif typ == TaskType.APPLY_FACTORIZE:
-            col, nref, vt = int(rec["c0"]), int(rec["aux"]), int(rec["vt2"])
-        else:
-            continue
-        rows = [int(r) for r in rec["rows"]]
-        fs, nf = int(rec["fstart"]), int(rec["nfrows"])
-        top = rows[int(rec["ftop"])]
-        stack = [top] + [r for r in rows[fs: fs + nf] if r != top]
-        V, T = _load_v(rec, fpool, vtpool, tile, stack, col, nref, vt)
-        fm = int(rec["fm"])
-        idx = np.concatenate([np.arange(r, r + tile) for r in stack])
-        ok = idx < fm
+    """B ← Qᵀ B for the reflectors of ``tasks``, in order (rows past the front skipped)."""
+    for idx, ok, V, T in _reflectors(tasks, fpool, vtpool, tile):
         X = np.zeros((len(idx), B.shape[1]))
         X[ok] = B[idx[ok]]
         X -= V @ (T.T @ (V.T @ X))
