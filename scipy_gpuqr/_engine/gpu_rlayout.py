@@ -207,6 +207,25 @@ def _build(analysis) -> RLayout:
     return _build_general(analysis)
 
 
+def _front_arrays(analysis) -> tuple:
+    """The per-front arrays both layout builders start from, as int64.
+
+    Returns ``(m, n, k, nfronts, fm, fn, frank, col_ptr, cols, fbase, rowperm,
+    slots_of, n1rows, r1_ptr)``; ``fbase`` holds each front's offset in the pool.
+    """
+    fs = analysis.fronts
+    m, n = int(analysis.m), int(analysis.n)
+    fm = fs.fm.astype(np.int64)
+    fn = fs.fn.astype(np.int64)
+    fbase = np.zeros(fs.nfronts + 1, dtype=np.int64)
+    np.cumsum(fm * fn, out=fbase[1:])
+    r1 = int(getattr(analysis, "n1rows", 0) or 0)
+    r1_ptr = np.asarray(analysis.r1_ptr, dtype=np.int64) if r1 else np.zeros(1, np.int64)
+    return (m, n, min(m, n), fs.nfronts, fm, fn, fs.frank.astype(np.int64),
+            fs.col_ptr.astype(np.int64), np.asarray(fs.cols, dtype=np.int64), fbase,
+            np.asarray(analysis.rowperm, dtype=np.int64), row_slots(analysis), r1, r1_ptr)
+
+
 def _build_segments(analysis) -> RLayout:
     """R's CSC straight from column segments (rows of R in front order).
 
@@ -216,21 +235,8 @@ def _build_segments(analysis) -> RLayout:
     column (stable: fronts stay in order, hence rows ascend) and expanding
     them gives CSC order directly: no entry-level sort, scatter or transpose.
     """
-    fs = analysis.fronts
-    m, n = int(analysis.m), int(analysis.n)
-    k = min(m, n)
-    nf = fs.nfronts
-    fm = fs.fm.astype(np.int64)
-    fn = fs.fn.astype(np.int64)
-    rk = fs.frank.astype(np.int64)
-    col_ptr = fs.col_ptr.astype(np.int64)
-    cols = np.asarray(fs.cols, dtype=np.int64)
-    fbase = np.zeros(nf + 1, dtype=np.int64)
-    np.cumsum(fm * fn, out=fbase[1:])
-    rowperm = np.asarray(analysis.rowperm, dtype=np.int64)
-    slots_of = row_slots(analysis)
-    r1 = int(getattr(analysis, "n1rows", 0) or 0)
-    r1_ptr = np.asarray(analysis.r1_ptr, dtype=np.int64) if r1 else np.zeros(1, np.int64)
+    (m, n, k, nf, fm, fn, rk, col_ptr, cols, fbase, rowperm, slots_of, r1,
+     r1_ptr) = _front_arrays(analysis)
     nnz1 = int(r1_ptr[-1])
     # ---- segments: singleton-row entries (length 1), then (front, local column)
     row0 = r1 + np.cumsum(rk) - rk                      # first row of R of each front
@@ -285,23 +291,10 @@ def _build_general(analysis) -> RLayout:
     CSR→CSC transpose (linear, but a random scatter of nnz entries)."""
     import scipy.sparse as sp
 
-    fs = analysis.fronts
-    m, n = int(analysis.m), int(analysis.n)
-    k = min(m, n)
-    nf = fs.nfronts
-    fm = fs.fm.astype(np.int64)
-    fn = fs.fn.astype(np.int64)
-    rk = fs.frank.astype(np.int64)
-    col_ptr = fs.col_ptr.astype(np.int64)
-    cols = np.asarray(fs.cols, dtype=np.int64)
-    fbase = np.zeros(nf + 1, dtype=np.int64)
-    np.cumsum(fm * fn, out=fbase[1:])
-    rowperm = np.asarray(analysis.rowperm, dtype=np.int64)
-    slots_of = row_slots(analysis)
+    (m, n, k, nf, fm, fn, rk, col_ptr, cols, fbase, rowperm, slots_of, r1,
+     r1_ptr) = _front_arrays(analysis)
 
     # ---- rows: singleton rows of A, then the front rows (front order)
-    r1 = int(getattr(analysis, "n1rows", 0) or 0)
-    r1_ptr = np.asarray(analysis.r1_ptr, dtype=np.int64) if r1 else np.zeros(1, np.int64)
     r1_len = np.diff(r1_ptr)
     row_f = np.repeat(np.arange(nf, dtype=np.int64), rk)
     first_row = np.cumsum(rk) - rk
