@@ -22,7 +22,7 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["chessboard_boundary", "chessboard_shape", "grid3d_least_squares",
+__all__ = ["small_families", "chessboard_boundary", "chessboard_shape", "grid3d_least_squares",
            "random_least_squares", "singleton_rich"]
 
 
@@ -187,3 +187,28 @@ def singleton_rich(m: int, n: int, density: float = 0.08, *, seed: int = 0) -> s
     return sp.csc_array(sp.coo_array((np.concatenate(vals),
                                       (np.concatenate(rows), np.concatenate(cols))),
                                      shape=(m, n)))
+
+
+def small_families():
+    """(name, matrix) of small shapes every sparse-QR test should pass.
+
+    Tall, wide, square, rank-deficient, a dense row, empty columns, a single
+    row and column, a grid, a chessboard boundary, degenerate shapes and
+    singleton-rich ones. The order is stable (tests slice it).
+    """
+    yield "tall", random_least_squares(60, 25, 0.1, seed=1)
+    yield "wide", random_least_squares(20, 45, 0.12, seed=2)
+    yield "square", random_least_squares(40, 40, 0.08, seed=3)
+    yield "rankdef", random_least_squares(50, 30, 0.1, duplicate_cols=4, seed=4)
+    yield "dense_row", random_least_squares(40, 30, 0.05, dense_rows=2, seed=5)
+    yield "empty_cols", random_least_squares(40, 30, 0.1, empty_cols=5, seed=6)
+    yield "single_row", sp.csc_array(np.array([[0.0, 2.0, 0.0, -1.0, 3.0]]))
+    yield "single_col", sp.csc_array(np.array([[0.0], [2.0], [1.0]]))
+    yield "grid", grid3d_least_squares(5)
+    yield "chess", chessboard_boundary(4, 5, 2)
+    yield "0x0", sp.csc_array((0, 0))
+    yield "5x0", sp.csc_array((5, 0))
+    yield "0x5", sp.csc_array((0, 5))
+    yield "zero_matrix", sp.csc_array((4, 3))
+    yield "singletons", singleton_rich(60, 40, seed=3)
+    yield "singletons_wide", singleton_rich(30, 50, seed=4)

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from scipy_gpuqr._engine.reference import default_tol, reference_factorize
 from scipy_gpuqr._symbolic import analyze
-from scipy_gpuqr._testing_matrices import (grid3d_least_squares, random_least_squares,
+from scipy_gpuqr._testing_matrices import (small_families, grid3d_least_squares, random_least_squares,
                                            singleton_rich)
 
 EPS = np.finfo(np.float64).eps
@@ -28,25 +28,7 @@ def _spqr():
     return spqr if ok else None
 
 
-def _families():
-    yield "tall", random_least_squares(60, 25, 0.1, seed=1)
-    yield "wide", random_least_squares(20, 45, 0.12, seed=2)
-    yield "square", random_least_squares(40, 40, 0.08, seed=3)
-    yield "rankdef", random_least_squares(50, 30, 0.1, duplicate_cols=4, seed=4)
-    yield "dense_row", random_least_squares(40, 30, 0.05, dense_rows=2, seed=5)
-    yield "empty_cols", random_least_squares(40, 30, 0.1, empty_cols=5, seed=6)
-    yield "single_row", sp.csc_array(np.array([[0.0, 2.0, 0.0, -1.0, 3.0]]))
-    yield "single_col", sp.csc_array(np.array([[0.0], [2.0], [1.0]]))
-    yield "grid", grid3d_least_squares(5)
-    yield "0x0", sp.csc_array((0, 0))
-    yield "5x0", sp.csc_array((5, 0))
-    yield "0x5", sp.csc_array((0, 5))
-    yield "zero_matrix", sp.csc_array((4, 3))
-    yield "singletons", singleton_rich(60, 40, seed=3)
-    yield "singletons_wide", singleton_rich(30, 50, seed=4)
-
-
-FAMILIES = list(_families())
+FAMILIES = list(small_families())
 
 
 def _check_factorization(A, qr, rtol=50):

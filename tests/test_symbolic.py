@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 from scipy_gpuqr._symbolic import Amalgamation, analyze
 from scipy_gpuqr._symbolic.etree import column_counts, column_etree, leftmost_columns, postorder
-from scipy_gpuqr._testing_matrices import (chessboard_boundary, chessboard_shape,
+from scipy_gpuqr._testing_matrices import (small_families, chessboard_boundary, chessboard_shape,
                                            grid3d_least_squares, random_least_squares,
                                            singleton_rich)
 
@@ -36,24 +36,7 @@ def _brute_etree_counts(A):
     return parent, np.array([len(s) for s in struct], dtype=np.int64)
 
 
-def _families():
-    yield "tall", random_least_squares(60, 25, 0.1, seed=1)
-    yield "wide", random_least_squares(20, 45, 0.12, seed=2)
-    yield "square", random_least_squares(40, 40, 0.08, seed=3)
-    yield "rankdef", random_least_squares(50, 30, 0.1, duplicate_cols=4, seed=4)
-    yield "dense_row", random_least_squares(40, 30, 0.05, dense_rows=2, seed=5)
-    yield "empty_cols", random_least_squares(40, 30, 0.1, empty_cols=5, seed=6)
-    yield "single_row", sp.csc_array(np.array([[0.0, 2.0, 0.0, -1.0, 3.0]]))
-    yield "grid", grid3d_least_squares(5)
-    yield "chess", chessboard_boundary(4, 5, 2)
-    yield "singletons", singleton_rich(60, 40, seed=3)
-    yield "singletons_wide", singleton_rich(30, 50, seed=4)
-    yield "0x0", sp.csc_array((0, 0))
-    yield "5x0", sp.csc_array((5, 0))
-    yield "0x5", sp.csc_array((0, 5))
-
-
-FAMILIES = list(_families())
+FAMILIES = list(small_families())
 
 
 @pytest.mark.parametrize("seed", range(40))
