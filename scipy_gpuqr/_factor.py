@@ -123,8 +123,10 @@ class QRFactorization:
                 r = int(num.rank)
                 R = sp.csc_array(num.R)[:r]
                 cutoff = 0.0  # rank already decided by the backend
+            # the rank refinement runs where the factorization ran (DESIGN.md §5)
+            device = "gpu" if num.info.get("backend") == "gpu" else "cpu"
             self._solver = MinNormSolver(R, cutoff, transposed=self._transposed,
-                                         factorize=self._cod_factorize)
+                                         factorize=self._cod_factorize, device=device)
             self._timings["rank_decision"] = time.perf_counter() - t0
         return self._solver
 

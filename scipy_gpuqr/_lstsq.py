@@ -61,6 +61,13 @@ DENSE_LIMIT = 2500
 #: See :func:`exactly_singular` for the evidence behind the value.
 SINGULAR_RTOL = 100 * EPS
 
+#: Largest dimension of R refined by a dense blocked COD on the host
+#: (:mod:`scipy_gpuqr._dense_cod`; 14000² doubles = 1.6 GB per copy).
+DENSE_COD_HOST_LIMIT = 14000
+
+#: Fraction of the free device memory a dense COD on the GPU may take.
+DENSE_COD_GPU_FRACTION = 0.5
+
 #: Margin above the cutoff at which Lanczos' σ_min estimate is trusted.
 _SIGMA_MARGIN = 4.0
 
@@ -122,6 +129,18 @@ def exactly_singular(R: sp.csc_array, n: int) -> bool:
         return True
     colnorm = np.sqrt(np.asarray(R.multiply(R).sum(axis=0)).ravel()[:n])
     return bool(np.any(d <= SINGULAR_RTOL * colnorm))
+
+
+def _dense_on_device(R: sp.csc_array, cp):
+    """Dense copy of sparse R built on the GPU from its CSC arrays (no host dense copy)."""
+    R = sp.csc_array(R)
+    k, q = R.shape
+    out = cp.zeros((k, q), dtype=cp.float64)
+    if R.nnz:
+        cols = np.repeat(np.arange(q, dtype=np.int64), np.diff(R.indptr))
+        out[cp.asarray(R.indices.astype(np.int64)), cp.asarray(cols)] = cp.asarray(
+            R.data.astype(np.float64))
+    return out
 
 
 def _rcond_estimate(R: sp.csc_array) -> float:
@@ -191,7 +210,9 @@ class MinNormSolver:
     cutoff: float
     transposed: bool = False
     factorize: Optional[Factorize] = None
+    device: str = "cpu"
     method: str = field(init=False, default="")
+    cod_device: str = field(init=False, default="cpu")
     rank: int = field(init=False, default=0)
     sigma_max: float = field(init=False, default=float("nan"))
     sigma_min: float = field(init=False, default=float("nan"))
@@ -225,6 +246,9 @@ class MinNormSolver:
                     return
             self._prepare_svd()
             return
+        if self._dense_cod_device() is not None:
+            self._prepare_dense_cod()
+            return
         if square_ok:
             try:
                 smin, smax = _sigma_estimates(R)
@@ -239,18 +263,67 @@ class MinNormSolver:
         self._prepare_cod()
 
     # -- dense refinement: exactly lstsq's rule -------------------------------
-    def _prepare_svd(self):
-        G = self.R.toarray()
-        if self.transposed:
-            G = G.T
-        U, s, Vt = la.svd(G, full_matrices=False, lapack_driver="gesdd",
-                          check_finite=False)
+    def _prepare_svd(self, G=None):
+        """SVD of G (dense, NumPy or CuPy; default R or Rᵀ on the host)."""
+        if G is None:
+            G = self.R.toarray()
+            if self.transposed:
+                G = G.T
+        if isinstance(G, np.ndarray):
+            U, s, Vt = la.svd(G, full_matrices=False, lapack_driver="gesdd",
+                              check_finite=False)
+        else:                       # CuPy: stays on the device until solve
+            import cupy
+            U, s, Vt = cupy.linalg.svd(G, full_matrices=False)
+            s = s.get()
         smax = s[0] if s.size else 0.0
         r = int(np.count_nonzero(s > self.cutoff * smax)) if smax > 0 else 0
         self.method, self.rank = "svd", r
         self.sigma_max = float(smax)
         self.sigma_min = float(s[r - 1]) if r else 0.0
         self._svd = (U[:, :r], s[:r], Vt[:r])
+
+    # -- dense refinement beyond the SVD: blocked Heath COD (host or GPU) -------
+    def _dense_cod_device(self) -> Optional[str]:
+        """Where a dense COD of G fits: 'gpu', 'cpu' or None (use the sparse COD)."""
+        k, q = self.R.shape
+        need = 8 * (3 * k * q + min(k, q) ** 2)      # G, its backup, Q₂ and R₂
+        if self.device == "gpu":
+            from ._gpu import gpu_available, import_cupy
+            if gpu_available():
+                free, _ = import_cupy().cuda.runtime.memGetInfo()
+                if need <= DENSE_COD_GPU_FRACTION * free:
+                    return "gpu"
+        if max(k, q) <= DENSE_COD_HOST_LIMIT:
+            return "cpu"
+        return None
+
+    def _prepare_dense_cod(self):
+        from ._dense_cod import DenseCOD, sigma_max_estimate
+        device = self._dense_cod_device()
+        if device == "gpu":
+            from ._gpu import import_cupy
+            cp = import_cupy()
+            Rd = _dense_on_device(self.R, cp)
+        else:
+            Rd = self.R.toarray()
+        G = Rd.T.copy() if self.transposed else Rd
+        del Rd
+        self.sigma_max = sigma_max_estimate(G)
+        tol = self.cutoff * self.sigma_max
+        backup = G.copy()
+        cod = DenseCOD(G, tol, upper=not self.transposed)
+        self.cod_device = device
+        self.sigma_min = cod.sigma_min_estimate()
+        if cod.rank and self.sigma_min <= tol:
+            # Heath's rule kept a column that lstsq's rule drops (no gap in
+            # the singular values): the SVD decides, on the same device.
+            del cod
+            self._prepare_svd(backup)
+            return
+        del backup
+        self.method, self.rank = "dense_cod", int(cod.rank)
+        self._cod = cod
 
     # -- sparse refinement: complete orthogonal decomposition -----------------
     def _prepare_cod(self):
@@ -278,7 +351,18 @@ class MinNormSolver:
             return solve_upper(self.R, C)
         if self.method == "svd":
             U, s, Vt = self._svd
+            if not isinstance(U, np.ndarray):       # computed on the GPU
+                import cupy
+                Cd = cupy.asarray(C)
+                return (Vt.T @ ((U.T @ Cd) / cupy.asarray(s)[:, None])).get()
             return Vt.T @ ((U.T @ C) / s[:, None])
+        if self.method == "dense_cod":
+            cod = self._cod
+            if self.cod_device == "gpu":
+                Y = cod.solve(cod.xp.asarray(C)).get()
+            else:
+                Y = cod.solve(C)
+            return Y
         first, second, R1 = self._cod
         r = self.rank
         D = first.qt_matmul(C)[:r]
@@ -296,7 +380,7 @@ class MinNormSolver:
 
     def summary(self) -> dict:
         """JSON-ready description of the rank decision."""
-        return {"method": self.method, "rank": int(self.rank),
+        return {"method": self.method, "rank": int(self.rank), "device": self.cod_device,
                 "cutoff": self.cutoff, "rcond_estimate": self.rcond,
                 "sigma_min": self.sigma_min, "sigma_max": self.sigma_max}
 
@@ -312,6 +396,8 @@ class MinNormSolver:
             return np.zeros(cols)
         if self.method == "svd":
             _, s, Vt = self._svd
+            if not isinstance(Vt, np.ndarray):
+                Vt = Vt.get()
             return ((Vt / s[:, None]) ** 2).sum(axis=0)
         if self.method == "triangular" and not self.transposed:
             # (RᵀR)⁻¹ = R⁻¹R⁻ᵀ: squared row norms of R⁻¹ (tall case).

@@ -167,17 +167,19 @@ def test_min_norm_through_contract(rng, m, n, r):
     assert np.linalg.norm(x - x_ref) <= 1e-8 * np.linalg.norm(x_ref)
 
 
-def test_cod_path_matches_svd_path(rng, monkeypatch):
-    """Beyond DENSE_LIMIT the complete orthogonal decomposition answers."""
+@pytest.mark.parametrize("host_limit,method", [(0, "cod"), (10**6, "dense_cod")])
+def test_cod_path_matches_svd_path(rng, monkeypatch, host_limit, method):
+    """Beyond DENSE_LIMIT a complete orthogonal decomposition answers (sparse or dense)."""
     from scipy_gpuqr import QRFactorization
     A = sp.random_array((80, 50), density=0.15, rng=rng, format="csc")
     A = sp.hstack([A, A[:, :5] + A[:, 5:10]], format="csc")  # rank deficient by 5
     b = rng.standard_normal(80)
     x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
     monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 10)
+    monkeypatch.setattr(_lstsq, "DENSE_COD_HOST_LIMIT", host_limit)
     F = QRFactorization(A)
     x = F.solve(b)
-    assert F.info["rank_decision"]["method"] == "cod"
+    assert F.info["rank_decision"]["method"] == method
     assert F.rank == np.linalg.matrix_rank(A.toarray())
     assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
 
