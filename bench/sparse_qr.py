@@ -17,6 +17,15 @@ profiled run (an event pair around every launch) that splits the GPU time
 into launches by size and estimates bytes moved per task type.
 SuiteSparseQR (COLAMD, no rank detection, OpenBLAS threads = cores) runs
 once on the matrices named by ``--spqr`` (``--spqr-only``: only that).
+
+``--dense-flops 'off,1e11,1e10'`` repeats the GPU part per dense-front
+threshold (``off``: every front through the uberkernel; see
+``scipy_gpuqr._schedule.dense``) in the same run, one row each;
+``--panels 64,128,256`` adds warm runs per dense panel width at the first
+threshold that has dense fronts. ``--once`` only factorizes each matrix once
+(first threshold; for a profiler wrapped around the script, e.g.
+``ncu -k regex:uberkernel --launch-skip 600 --launch-count 3 python3
+bench/sparse_qr.py --once --only ch7-8-b3 --dense-flops off``).
 """
 
 from __future__ import annotations
@@ -87,13 +96,14 @@ def _bytes_estimate(sched, tile=32, itemsize=8):
     return out
 
 
-def _profile(A, an):
+def _profile(A, an, dense_flops=None):
     """Per-launch kernel times: where the GPU time goes."""
     from scipy_gpuqr._engine.gpu import gpu_factorize
     from scipy_gpuqr._engine.gpu_device import CupyDevice
     dev = CupyDevice(32, 3, profile=True)
-    g = gpu_factorize(A, an, device=dev)
+    g = gpu_factorize(A, an, device=dev, dense_flops=dense_flops)
     lt = dev.launch_times()
+    dts = dev.dense_times()
     tasks = np.array([x[2] for x in lt])
     secs = np.array([x[3] for x in lt])
     import cupy as cp
@@ -105,7 +115,9 @@ def _profile(A, an):
            "seconds_in_launches_below_sms": float(secs[small].sum()),
            "top10_launch_seconds": sorted(secs.tolist())[-10:],
            "median_launch_us": float(np.median(secs) * 1e6) if len(secs) else 0.0,
-           "bytes_estimate": _bytes_estimate(g.schedule)}
+           "bytes_estimate": _bytes_estimate(g.schedule),
+           "dense_seconds": float(sum(t for _, _, t in dts)),
+           "dense_fronts": [(m, n, t) for m, n, t in sorted(dts, key=lambda x: -x[2])[:6]]}
     g.free()
     return out
 
@@ -125,9 +137,13 @@ def run_spqr(name, A, row):
     return row
 
 
-def run_one(name, make, spqr_names, reps, spqr_only=False):
+def _dense_arg(x):
+    return None if x in ("off", "none", "") else float(x)
 
-    from scipy_gpuqr._engine.gpu import gpu_factorize
+
+def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), panels=()):
+    """One matrix: analysis, then per dense threshold a row (see the module notes)."""
+    from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
     from scipy_gpuqr._symbolic import analyze
     row = {"matrix": name}
     t0 = time.perf_counter()
@@ -136,7 +152,6 @@ def run_one(name, make, spqr_names, reps, spqr_only=False):
     row["nnz"] = int(A.nnz)
     if spqr_only:
         return run_spqr(name, A, row)
-    import cupy as cp
     t1 = time.perf_counter()
     an = analyze(A)
     row["analysis_seconds"] = time.perf_counter() - t1
@@ -144,12 +159,57 @@ def run_one(name, make, spqr_names, reps, spqr_only=False):
     row["flops"] = float(an.flops)
     row["nfronts"] = int(an.fronts.nfronts)
     # compile the kernels outside the timings (a tiny problem)
+    from scipy_gpuqr._engine.gpu import gpu_factorize
     from scipy_gpuqr._testing_matrices import grid3d_least_squares
-    gpu_factorize(grid3d_least_squares(3)).free()
-    # first factorization of this analysis: cold schedule and R layout
+    gpu_factorize(grid3d_least_squares(3), dense_flops=1.0).free()
+    rows = []
+    for d in dense:
+        thr = DEFAULT_DENSE_FLOPS if d == "default" else _dense_arg(d)
+        r = dict(row, dense_flops=thr)
+        _gpu_runs(A, an, r, reps, thr)
+        rows.append(r)
+    if panels:
+        thr = next((r["dense_flops"] for r in rows if r.get("dense_fronts")), None)
+        if thr is not None:
+            rows[0]["panels"] = _panel_runs(A, an, thr, panels, reps)
+    if name in spqr_names:
+        run_spqr(name, A, rows[0])
+        for r in rows:
+            r["speedup_vs_spqr"] = rows[0]["spqr_seconds"] / r["seconds"]["wall"]
+    return rows
+
+
+def _panel_runs(A, an, thr, panels, reps):
+    """Warm kernel time per dense panel width (same schedule)."""
+    import cupy as cp
+
+    from scipy_gpuqr._engine.gpu import gpu_factorize
+    from scipy_gpuqr._engine.gpu_device import CupyDevice
+    out = {}
+    for nb in panels:
+        ks = []
+        for _ in range(reps):
+            dev = CupyDevice(32, 3)
+            dev.dense_panel = int(nb)
+            cp.cuda.Device().synchronize()
+            g = gpu_factorize(A, an, device=dev, dense_flops=thr)
+            ks.append(float(g.info["seconds"]["gpu_kernels"]))
+            g.free()
+        out[int(nb)] = float(np.median(ks))
+    return out
+
+
+def _gpu_runs(A, an, row, reps, thr):
+    import cupy as cp
+
+    from scipy_gpuqr._engine.gpu import gpu_factorize
+    from scipy_gpuqr._engine.gpu_rlayout import clear_r_layout_cache
+    # first factorization of this analysis: cold schedule and R layout (the layout
+    # does not depend on the threshold: forgotten so that every row's first call is cold)
+    clear_r_layout_cache(an)
     cp.cuda.Device().synchronize()
     t = time.perf_counter()
-    g = gpu_factorize(A, an)
+    g = gpu_factorize(A, an, dense_flops=thr)
     row["first_call_wall"] = time.perf_counter() - t
     row["first_call_seconds"] = {k: float(v) for k, v in g.info["seconds"].items()}
     g.free()
@@ -158,7 +218,7 @@ def run_one(name, make, spqr_names, reps, spqr_only=False):
     for _ in range(reps):
         cp.cuda.Device().synchronize()
         t = time.perf_counter()
-        g = gpu_factorize(A, an)
+        g = gpu_factorize(A, an, dense_flops=thr)
         wall = time.perf_counter() - t
         s = g.info["seconds"]
         runs.append({"wall": wall, **{k: float(v) for k, v in s.items()}})
@@ -171,13 +231,11 @@ def run_one(name, make, spqr_names, reps, spqr_only=False):
     row["tasks"] = info["tasks"]
     row["stages"] = info["stages"]
     row["device"] = info["device"]
+    row["dense_fronts"] = info.get("dense_fronts", 0)
     row["tflops_end_to_end"] = an.flops / med["wall"] / 1e12
     row["tflops_factorize"] = an.flops / med["factorize"] / 1e12
     row["tflops_kernels"] = an.flops / med["gpu_kernels"] / 1e12
-    row["profile"] = _profile(A, an)
-    if name in spqr_names:
-        run_spqr(name, A, row)
-        row["speedup_vs_spqr"] = row["spqr_seconds"] / med["wall"]
+    row["profile"] = _profile(A, an, thr)
     return row
 
 
@@ -188,25 +246,43 @@ def main(argv=None) -> int:
     p.add_argument("--spqr", default="ch7-8-b3,grid40")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--spqr-only", action="store_true")
+    p.add_argument("--dense-flops", default="default",
+                   help="comma list of dense-front thresholds ('off': none; 'default')")
+    p.add_argument("--panels", default="", help="comma list of dense panel widths")
+    p.add_argument("--once", action="store_true",
+                   help="one factorization per matrix, nothing timed (for profilers)")
     args = p.parse_args(argv)
+    dense = [x for x in args.dense_flops.split(",") if x]
+    panels = [int(x) for x in args.panels.split(",") if x]
     only = {x for x in args.only.split(",") if x}
     spqr = {x for x in args.spqr.split(",") if x}
     rows = []
+    if args.once:
+        from scipy_gpuqr._engine.gpu import gpu_factorize
+        from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
+        thr = DEFAULT_DENSE_FLOPS if dense[0] == "default" else _dense_arg(dense[0])
+        for name, make in _matrices(only, os.environ.get("SHARED_MATRICES")):
+            g = gpu_factorize(make(), dense_flops=thr)
+            print(name, g.info["launches"], "launches", g.info["seconds"]["gpu_kernels"], "s")
+            g.free()
+        return 0
     for name, make in _matrices(only, os.environ.get("SHARED_MATRICES")):
         try:
-            row = run_one(name, make, spqr, args.reps, args.spqr_only)
+            got = run_one(name, make, spqr, args.reps, args.spqr_only, dense, panels)
         except Exception as exc:  # noqa: BLE001 - report and go on
             import traceback
             traceback.print_exc()
-            row = {"matrix": name, "error": repr(exc)}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+            got = {"matrix": name, "error": repr(exc)}
+        got = got if isinstance(got, list) else [got]
+        rows.extend(got)
+        for row in got:
+            print(json.dumps(row), flush=True)
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(rows, fh, indent=1)
-    print(f"\n{'matrix':14s} {'TFlop':>6s} {'anal':>5s} {'1st':>6s} {'e2e':>6s} "
-          f"{'device':>6s} {'kern':>6s} {'R tail':>6s} {'TF/s':>5s} {'TF/s k':>6s} "
-          f"{'launch':>6s} {'spqr':>6s} {'x':>5s}")
+    print(f"\n{'matrix':14s} {'dense':>6s} {'nd':>3s} {'TFlop':>6s} {'anal':>5s} {'1st':>6s} "
+          f"{'e2e':>6s} {'device':>6s} {'kern':>6s} {'dns s':>6s} {'R tail':>6s} {'TF/s':>5s} "
+          f"{'TF/s k':>6s} {'launch':>6s} {'spqr':>6s} {'x':>5s}")
     for r in rows:
         if "error" in r:
             print(f"{r['matrix']:14s} ERROR {r['error']}")
@@ -215,12 +291,18 @@ def main(argv=None) -> int:
             print(f"{r['matrix']:14s} spqr {r.get('spqr_seconds', float('nan')):.2f} s")
             continue
         s = r["seconds"]
-        print(f"{r['matrix'][:14]:14s} {r['flops'] / 1e12:6.3f} {r['analysis_seconds']:5.2f} "
+        thr = r.get("dense_flops")
+        print(f"{r['matrix'][:14]:14s} {'off' if thr is None else f'{thr:.0e}':>6s} "
+              f"{r.get('dense_fronts', 0):3d} "
+              f"{r['flops'] / 1e12:6.3f} {r['analysis_seconds']:5.2f} "
               f"{r['first_call_wall']:6.3f} {s['wall']:6.3f} {s['factorize']:6.3f} "
-              f"{s['gpu_kernels']:6.3f} {s['assemble_R']:6.3f} {r['tflops_end_to_end']:5.2f} "
+              f"{s['gpu_kernels']:6.3f} {r['profile'].get('dense_seconds', 0.0):6.3f} "
+              f"{s['assemble_R']:6.3f} {r['tflops_end_to_end']:5.2f} "
               f"{r['tflops_kernels']:6.2f} {r['launches']:6d} "
               f"{r.get('spqr_seconds', float('nan')):6.2f} "
               f"{r.get('speedup_vs_spqr', float('nan')):5.1f}")
+        if r.get("panels"):
+            print(f"    dense panel width -> warm kernel s: {r['panels']}")
     return 0
 
 

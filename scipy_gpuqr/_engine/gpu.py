@@ -19,6 +19,12 @@ single-front stages) and then falls back to the reference engine with a
 warning. ``debug`` (``GpuqrOptions.debug`` / ``SCIPY_GPUQR_DEBUG=1``)
 synchronizes and checks after every launch.
 
+Dense fronts (:mod:`scipy_gpuqr._schedule.dense`: the largest fronts, chosen
+from the analysis) are assembled by the launches but factorized by a blocked
+Householder QR through cuSOLVER/cuBLAS (:mod:`.dense_front`) on the same
+stream, right after the launch that completes their assembly; their
+Householder data stay on the device (``GpuQR._dense``).
+
 ``Q`` is applied on the host by replaying the kept reflectors
 (:class:`~scipy_gpuqr._engine.simulate.SimulateQR`); the fronts and VT tiles
 are fetched from the GPU on the first ``qt_matmul``/``q_matmul``.
@@ -34,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._schedule.dense import DEFAULT_DENSE_FLOPS
 from .._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
 from .gpu_device import CupyDevice, DeviceOutOfMemory, GpuEngineError, NumpyDevice
 from .simulate import SimulateQR
@@ -71,6 +78,10 @@ class GpuQR(SimulateQR):
                     pools[sid] = self._device.to_host(self._stage_pools[sid])
                 slots, _, ft = fronts[f]
                 fronts[f] = (slots, pools[sid][off: off + size], ft)
+                d = self._dense.get(f)
+                if d is not None:       # the host copy of its front (V), fetched anyway
+                    d.set_front(fronts[f][1].reshape(d.shape))
+                    d.host()
             self._fronts = fronts
             self._pending = {}
             self._stage_pools = {}
@@ -87,6 +98,7 @@ class GpuQR(SimulateQR):
         super().free()
         self._pending = {}
         self._stage_pools = {}
+        self._dense = {}
         if self._device is not None:
             self._device.close()
         self._device = None
@@ -109,7 +121,8 @@ def _default_budget(device) -> int | None:
 def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = None,
                   tile: int = DEFAULT_TILE, bundle: int = DEFAULT_BUNDLE,
                   pipelining: bool = True, max_tasks: int | None = None,
-                  debug: bool | None = None, device=None, fallback: bool = True):
+                  debug: bool | None = None, device=None, fallback: bool = True,
+                  dense_flops: float | None = DEFAULT_DENSE_FLOPS):
     """Sparse QR ``A[:, colperm] = Q @ R`` on the GPU.
 
     Parameters
@@ -133,6 +146,10 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     fallback : bool
         After repeated device out-of-memory, fall back to the reference engine
         with a warning (False: raise MemoryError).
+    dense_flops : float or None
+        Fronts of at least this many Householder flops are dense fronts
+        (blocked QR through cuSOLVER/cuBLAS instead of tile tasks; see
+        :mod:`scipy_gpuqr._schedule.dense`); None: none.
 
     Returns
     -------
@@ -169,7 +186,8 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     for attempt in range(MAX_RESTAGE + 1):
         try:
             out = _factorize(Ac, analysis, device, budget=budget, tile=tile, bundle=bundle,
-                             pipelining=pipelining, max_tasks=max_tasks)
+                             pipelining=pipelining, max_tasks=max_tasks,
+                             dense_flops=dense_flops)
         except DeviceOutOfMemory as exc:
             last_exc = exc
             _free_device_pools(device)
@@ -214,7 +232,8 @@ def _free_device_pools(device) -> None:
         cp.get_default_memory_pool().free_all_blocks()
 
 
-def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_tasks):
+def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_tasks,
+               dense_flops=None):
     from concurrent.futures import ThreadPoolExecutor
 
     from .._schedule.sparse import build_schedule
@@ -225,7 +244,8 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     # the scheduler's cache, materialized; a new one is built launch by launch by
     # iter_launches' worker while the GPU runs the launches before.
     sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
-                           max_gpu_memory=budget, max_tasks=max_tasks, lazy=True)
+                           max_gpu_memory=budget, max_tasks=max_tasks, lazy=True,
+                           dense_flops=dense_flops)
     cold = not all(st.materialized for st in sched.stages)
     t1 = time.perf_counter()
     # R's layout (pattern, gather maps; cached with the analysis) is built on a worker
@@ -276,7 +296,10 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
     # (R's layout and the schedule's records known before the first launch)
     warm = r_layout_cached(analysis) if (nstage == 1 and not cold) else None
     plan_stages = [st.fronts for st in sched.stages]
-    fkey = (tuple(plan_stages), int(tile), int(bundle), bool(pipelining), sched.ntasks)
+    fkey = (tuple(plan_stages), int(tile), int(bundle), bool(pipelining), sched.ntasks,
+            sched.dense_flops)
+    stair_ptr = fs.col_ptr
+    dense_parts = {}                # front -> (stage, front view, panels, T)
     progressive = 0
     t_r_wait = 0.0
     for sid, st in enumerate(sched.stages):
@@ -286,6 +309,9 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
         h = device.begin_stage(st, fs.s_index[s0:s1], vals[s0:s1], carried)
         fac_parts = []
         copier = None
+        dense_at = {}
+        for f, Ld in st.dense.items():
+            dense_at.setdefault(Ld, []).append(f)
         if warm is not None:
             pos, gidx = warm.stage_maps(plan_stages)[sid]
 
@@ -299,6 +325,11 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
                 if i != sid:
                     raise GpuEngineError(f"launch {L} of stage {i} yielded in stage {sid}")
                 device.launch(h, L, rec)
+                for f in dense_at.get(L, ()):       # assembled by launch L: factorize now
+                    Fv, panels, T = device.dense_factorize(
+                        h, int(st.foff[f]), int(fs.fm[f]), int(fs.fn[f]),
+                        fs.stair[stair_ptr[f]:stair_ptr[f + 1]])
+                    dense_parts[f] = (sid, Fv, panels, T)
                 if copier is not None:
                     copier.after_launch(L)
                 if cold and len(rec):
@@ -356,6 +387,12 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
             pending[f] = (sid, int(foff[i]), int(fmm[i] * fn_a[f]))
         if sid + 1 < nstage:
             host_pools[sid] = device.to_host(pool)
+            for f, (s_, Fv, panels, T) in list(dense_parts.items()):
+                if s_ == sid:           # the stage's pool leaves the device
+                    off, size = int(st.foff[f]), int(fs.fm[f] * fs.fn[f])
+                    Th = T.get() if hasattr(T, "get") else T
+                    dense_parts[f] = (s_, host_pools[sid][off: off + size].reshape(Fv.shape),
+                                      panels, Th)
             device.release(pool)
         else:
             stage_pools[sid] = pool
@@ -365,6 +402,14 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
     R = _assemble_R(Ac, layout, r_parts, dtype, pattern)
     t3 = time.perf_counter()
     slots_of = layout.slots_of
+    from .dense_front import DenseFront
+    launch0 = np.concatenate(([0], np.cumsum([st.nlaunch for st in sched.stages])))
+    dense = {}
+    for f, (sid, Fv, panels, T) in dense_parts.items():
+        Ld = int(launch0[sid]) + sched.stages[sid].dense[f]
+        if Ld != sched.dense[f]:
+            raise GpuEngineError(f"dense front {f}: launch {Ld} != {sched.dense[f]}")
+        dense[f] = DenseFront(Fv, panels, T, slots=slots_of[f], after_launch=Ld)
     # fronts of earlier stages are on the host already
     fronts = []
     for f in range(nf):
@@ -380,6 +425,7 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
             "stages": nstage, "launches": int(sched.nlaunch), "tasks": int(sched.ntasks),
             "tile": int(tile), "bundle": int(bundle), "pipelining": bool(pipelining),
             "budget": budget, "schedule_cold": bool(cold),
+            "dense_fronts": len(dense), "dense_flops": sched.dense_flops,
             "seconds": {"schedule": t1 - t0, "factorize": t2 - t1, "assemble_R": t3 - t2,
                         "wait_host_side": t_wait_host,
                         "gpu_kernels": dev_s.get("kernels", 0.0),
@@ -393,7 +439,7 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
     out = GpuQR(shape=(m, n), R=R, colperm=analysis.colperm.astype(np.int64),
                 rank=int(min(m, n)), tol=None, flops=float(analysis.flops), info=info,
                 analysis=analysis, qorder=layout.qorder.copy(), schedule=sched,
-                _fronts=fronts, _vt=None, _pending=pending, _device=device)
+                _fronts=fronts, _vt=None, _pending=pending, _device=device, _dense=dense)
     out._stage_pools = stage_pools
     return out
 

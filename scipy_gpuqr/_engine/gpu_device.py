@@ -21,6 +21,10 @@ records with the NumPy executor:
     later launches run (``copier.after_launch(L)``); ``launches_done()``
     then ``result()`` (an ordinary NumPy array; no pinned allocation per
     factorization: a staging buffer cached with R's layout).
+``dense_factorize(handle, offset, fm, fn, stair) -> (front, panels, T)``
+    a dense front of the stage (see :mod:`.dense_front`) factorized in
+    place right after the launch that assembled it (same stream: the next
+    launch sees it done); returns the front's view and its panels' ``T``.
 ``mark_kernels_end(handle)``
     the end of the stage's kernels (for the kernel time).
 ``end_stage(handle) -> pool``
@@ -42,6 +46,7 @@ import numpy as np
 
 from .._schedule.tasks import TASK_BYTES
 from . import variants
+from .dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
 
 __all__ = ["GpuEngineError", "DeviceOutOfMemory", "CupyDevice", "NumpyDevice"]
 
@@ -83,6 +88,9 @@ class NumpyDevice:
         self.seconds = {"upload": 0.0, "kernels": 0.0, "download": 0.0}
         #: end of every range of R copied (the progressive copy's steps)
         self.r_copies = []
+        #: panel width of dense fronts, and the fronts factorized so
+        self.dense_panel = DEFAULT_PANEL
+        self.dense_done = []
 
     def start(self, maps: np.ndarray, vt_size: int) -> None:
         self.maps = maps
@@ -104,6 +112,15 @@ class NumpyDevice:
             execute_task(records[k], h["pool"], self.vt, self.tile, spool=h["spool"],
                          maps=self.maps)
         self.launches += n > 0
+
+    def dense_factorize(self, h, off, fm, fn, stair):
+        from .simulate import _one_blas_thread
+        F = h["pool"][off: off + fm * fn].reshape(fm, fn)
+        panels = panels_of(fm, fn, stair, self.dense_panel)
+        with _one_blas_thread():        # as the simulate engine: the same rounding
+            T = factorize_numpy(F, panels, self.dense_panel)
+        self.dense_done.append((int(off), int(fm), int(fn)))
+        return F, panels, T
 
     def prepare_gather(self, index, h=None):
         return index
@@ -185,6 +202,10 @@ class CupyDevice:
         self.profile = bool(profile)
         #: with ``profile``: (stage, launch, tasks, start event, end event) per launch
         self.launch_events = []
+        #: with ``profile``: (fm, fn, start event, end event) per dense front
+        self.dense_events = []
+        #: panel width of dense fronts (:mod:`.dense_front`)
+        self.dense_panel = DEFAULT_PANEL
         self._vt_host = None
         #: R copy-back tunables (bytes of a pinned slot; the smallest range
         #: copied while launches still run) and the number of slot copies made
@@ -308,6 +329,35 @@ class CupyDevice:
             if not ok:
                 raise GpuEngineError(f"non-finite values after launch {L} of stage "
                                      f"{h['st'].fronts}")
+
+    def dense_factorize(self, h, off, fm, fn, stair):
+        """Factorize a dense front of the stage in place on the stage's stream
+        (cuSOLVER panels, cuBLAS trailing updates; nothing synchronizes)."""
+        cp = self.cp
+        pool = h["pool"]
+        F = pool[off: off + fm * fn].reshape(fm, fn)
+        panels = panels_of(fm, fn, stair, self.dense_panel)
+        try:
+            with self.stream:
+                if self.profile:
+                    ea = cp.cuda.Event()
+                    ea.record(self.stream)
+                T = factorize_cupy(F, panels, self.dense_panel, stream=self.stream)
+                if self.profile:
+                    eb = cp.cuda.Event()
+                    eb.record(self.stream)
+                    self.dense_events.append((int(fm), int(fn), ea, eb))
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceOutOfMemory(str(exc)) from exc
+        if self.debug:
+            self._check(f"after the dense front at {off} ({fm}x{fn})")
+        return F, panels, T
+
+    def dense_times(self) -> list:
+        """(fm, fn, seconds) of every profiled dense front."""
+        cp = self.cp
+        return [(m, n, cp.cuda.get_elapsed_time(a, b) / 1e3)
+                for m, n, a, b in self.dense_events]
 
     def mark_kernels_end(self, h) -> None:
         """Record the end of the stage's kernels (kernel time excludes the copies)."""

@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._numeric import NumericQR
+from .._schedule.dense import DEFAULT_DENSE_FLOPS
 from .._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
+from .dense_front import DEFAULT_PANEL, DenseFront, factorize_numpy, panels_of
 
 __all__ = ["householder_tile", "execute_task", "execute_launches",
            "apply_qt_front", "launch_conflicts", "simulate_factorize", "SimulateQR"]
@@ -308,6 +310,11 @@ class SimulateQR(NumericQR):
     Factorize records and the shared VT pool, so ``Q`` is applied by replaying
     the reflectors front by front (rows tracked by slots as in the reference:
     row i of A lives in slot i; ``qorder`` puts R's rows first in ``Qᵀb``).
+    Dense fronts (factorized outside the task lists, see
+    :mod:`~scipy_gpuqr._schedule.dense`) have no records; ``_dense`` maps each
+    to a :class:`~scipy_gpuqr._engine.dense_front.DenseFront` (``slots``,
+    ``after_launch``, ``apply_qt(Y)``, ``apply_q(Y)``), applied in its
+    postorder position.
     """
 
     analysis: object = None
@@ -315,6 +322,7 @@ class SimulateQR(NumericQR):
     schedule: object = None
     _fronts: list = field(default_factory=list, repr=False)
     _vt: np.ndarray | None = field(default=None, repr=False)
+    _dense: dict = field(default_factory=dict, repr=False)
 
     def _check(self, B, what):
         B = np.asarray(B)
@@ -328,11 +336,16 @@ class SimulateQR(NumericQR):
     def qt_matmul(self, B):
         B0, X = self._check(B, "qt_matmul")
         tile = self.schedule.tile
+        dense = self._dense
         with _one_blas_thread():
-            for slots, Ff, ftasks in self._fronts:
+            for f, (slots, Ff, ftasks) in enumerate(self._fronts):
                 if len(ftasks):
                     Y = X[slots]
                     _apply_qt(ftasks, Ff, self._vt, tile, Y)
+                    X[slots] = Y
+                elif f in dense:
+                    Y = X[slots]
+                    dense[f].apply_qt(Y)
                     X[slots] = Y
         out = X[self.qorder].astype(self.R.dtype, copy=False)
         return out.reshape(B0.shape)
@@ -342,17 +355,24 @@ class SimulateQR(NumericQR):
         X = np.zeros_like(Yc)
         X[self.qorder] = Yc
         tile = self.schedule.tile
+        dense = self._dense
         with _one_blas_thread():
-            for slots, Ff, ftasks in reversed(self._fronts):
+            for f in range(len(self._fronts) - 1, -1, -1):
+                slots, Ff, ftasks = self._fronts[f]
                 if len(ftasks):
                     Z = X[slots]
                     _apply_q(ftasks, Ff, self._vt, tile, Z)
+                    X[slots] = Z
+                elif f in dense:
+                    Z = X[slots]
+                    dense[f].apply_q(Z)
                     X[slots] = Z
         return X.astype(self.R.dtype, copy=False).reshape(Y0.shape)
 
     def free(self) -> None:
         self._fronts = []
         self._vt = None
+        self._dense = {}
 
 
 def _reflectors(tasks, fpool, vtpool, tile):
@@ -386,7 +406,9 @@ def _apply_q(tasks, fpool, vtpool, tile, B):
 def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
                        max_gpu_memory: int | None = None, tile: int = DEFAULT_TILE,
                        bundle: int = DEFAULT_BUNDLE, max_tasks: int | None = None,
-                       rng: np.random.Generator | None = None):
+                       rng: np.random.Generator | None = None,
+                       dense_flops: float | None = DEFAULT_DENSE_FLOPS,
+                       dense_panel: int = DEFAULT_PANEL):
     """Sparse QR ``A[:, colperm] = Q @ R`` by running the GPU task lists in NumPy.
 
     The sparse scheduler (:func:`scipy_gpuqr._schedule.sparse.build_schedule`)
@@ -414,6 +436,13 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
         Launch-size limit.
     rng : numpy.random.Generator, optional
         Run each launch's tasks in a random order (tests).
+    dense_flops : float or None
+        Threshold of the dense fronts (:mod:`~scipy_gpuqr._schedule.dense`),
+        factorized here by the same blocked staircase QR as on the GPU, with
+        LAPACK (:func:`~scipy_gpuqr._engine.dense_front.factorize_numpy`);
+        None: none.
+    dense_panel : int
+        Panel width of the dense fronts.
 
     Returns
     -------
@@ -444,7 +473,8 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
     elif not analysis.matches_pattern(Ac):
         raise ValueError("simulate_factorize: the analysis was made for another pattern")
     sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
-                           max_gpu_memory=max_gpu_memory, max_tasks=max_tasks)
+                           max_gpu_memory=max_gpu_memory, max_tasks=max_tasks,
+                           dense_flops=dense_flops)
     t1 = time.perf_counter()
     fs = analysis.fronts
     nf = fs.nfronts
@@ -457,6 +487,7 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
     rowperm = analysis.rowperm
     slots_of = [None] * nf
     nlaunch = 0
+    dense = {}                   # front -> (panels, T)
     with _one_blas_thread():
         for st in sched.stages:
             first, last = st.fronts
@@ -466,11 +497,21 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
                 pool[off: off + cbk.size] = cbk.ravel()
             s0, s1 = st.s_range
             spool = (fs.s_index[s0:s1], vals[s0:s1])
+            dense_at = {}
+            for f, Ld in st.dense.items():
+                dense_at.setdefault(Ld, []).append(f)
             for L in range(st.nlaunch):
                 a, b = st.launch_ptr[L], st.launch_ptr[L + 1]
                 order = np.arange(a, b) if rng is None else a + rng.permutation(b - a)
                 for k in order:
                     execute_task(st.tasks[k], pool, vtpool, tile, spool=spool, maps=maps)
+                for f in dense_at.get(L, ()):       # assembled by launch L
+                    fm, fn, off = int(fs.fm[f]), int(fs.fn[f]), int(st.foff[f])
+                    panels = panels_of(fm, fn, fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]],
+                                       dense_panel)
+                    T = factorize_numpy(pool[off: off + fm * fn].reshape(fm, fn), panels,
+                                        dense_panel)
+                    dense[f] = (panels, T, nlaunch + L)
             nlaunch += st.nlaunch
             t = st.tasks
             fac = np.isin(t["type"], (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE))
@@ -546,9 +587,13 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
             "nfronts": int(nf), "stages": len(sched.stages), "launches": int(nlaunch),
             "tasks": int(sched.ntasks), "tile": int(tile), "bundle": int(bundle),
             "pipelining": bool(pipelining), "schedule_cpu_seconds": float(sched.seconds),
+            "dense_fronts": len(dense), "dense_flops": sched.dense_flops,
             "seconds": {"schedule": t1 - t0, "execute": t2 - t1, "assemble_R": t3 - t2}}
     return SimulateQR(shape=(m, n), R=R, colperm=analysis.colperm.astype(np.int64),
                       rank=int(k), tol=None, flops=float(analysis.flops), info=info,
                       analysis=analysis, qorder=qorder, schedule=sched,
                       _fronts=[(slots_of[f], fronts[f][0], fronts[f][1]) for f in range(nf)],
-                      _vt=vtpool)
+                      _vt=vtpool,
+                      _dense={f: DenseFront(fronts[f][0].reshape(int(fs.fm[f]), int(fs.fn[f])),
+                                            p, T, slots=slots_of[f], after_launch=Ld)
+                              for f, (p, T, Ld) in dense.items()})

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import bucket
+from .dense import DEFAULT_DENSE_FLOPS, dense_front_mask
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TASK_DTYPE,
                     TaskType, empty_tasks)
 
@@ -87,6 +88,10 @@ class StageSchedule:
         The stage's slice of the analysis' S entries (``s_index``/``s_nz``).
     finish : dict
         Last launch of each front's factorization (-1: nothing to factorize).
+    dense : dict
+        ``front -> launch`` of the stage's dense fronts (factorized outside
+        the task lists right after that launch, which completes their
+        assembly; see :mod:`.dense`).
     """
 
     fronts: tuple
@@ -96,6 +101,7 @@ class StageSchedule:
     pool_size: int
     s_range: tuple
     finish: dict = field(default_factory=dict)
+    dense: dict = field(default_factory=dict)
     _maker: object = field(default=None, repr=False)
     _tasks: np.ndarray | None = field(default=None, repr=False)
 
@@ -150,6 +156,11 @@ class SparseSchedule:
     seconds : float
         CPU time to build the schedule (with every record, unless it was
         built ``lazy``: then the plan only).
+    dense_flops : float or None
+        Threshold of the dense fronts (see :mod:`.dense`).
+    dense : dict
+        ``front -> global launch`` after which each dense front is factorized
+        (launches numbered across stages).
     """
 
     stages: list
@@ -162,6 +173,8 @@ class SparseSchedule:
     nfact: np.ndarray
     critical_path: int
     seconds: float
+    dense_flops: float | None = None
+    dense: dict = field(default_factory=dict)
 
     @property
     def nlaunch(self) -> int:
@@ -232,15 +245,18 @@ def _cache_put(analysis, key, sched) -> None:
 
 # ------------------------------------------------------------------------ the builder
 
-def _front_patterns(fs, tile, bundle, pipelining, granule):
+def _front_patterns(fs, tile, bundle, pipelining, granule, dense=None):
     """Tile schedule of every front (shared between equal patterns); None: nothing
-    to factorize."""
+    to factorize, or a dense front (``dense`` mask)."""
     nf = fs.nfronts
     nfact = np.minimum(fs.fm, fs.fn).astype(np.int64)
     b, tptr = bucket.many_tile_buckets(fs.fm, fs.fn, nfact, fs.stair, fs.col_ptr, tile)
     nct = -(-fs.fn // tile)
     nfct = np.where(nfact > 0, -(-nfact // tile), 0)
-    fac = np.flatnonzero(nfact > 0).tolist()
+    tiled = nfact > 0
+    if dense is not None:
+        tiled &= ~dense
+    fac = np.flatnonzero(tiled).tolist()
     tp = tptr.tolist()
     nct_l, nfct_l = nct.tolist(), nfct.tolist()
     pats = [(b[tp[f]:tp[f + 1]], nct_l[f], nfct_l[f]) for f in fac]
@@ -265,7 +281,8 @@ def _tail_lengths(fs, nl):
 def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_BUNDLE,
                    pipelining: bool = True, granule: int = DEFAULT_APPLY_GRANULE,
                    max_gpu_memory: int | None = None, max_tasks: int | None = None,
-                   plan=None, lazy: bool = False, cache: bool = True) -> SparseSchedule:
+                   plan=None, lazy: bool = False, cache: bool = True,
+                   dense_flops: float | None = None) -> SparseSchedule:
     """Build the task lists of every stage of a factorization.
 
     Parameters
@@ -291,6 +308,11 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
         Reuse the schedule built before for the same analysis object and
         arguments (``refactor`` keeps its analysis, so it gets its schedule
         for free); the cache lives as long as the analysis.
+    dense_flops : float or None
+        Fronts of at least this many Householder flops are *dense fronts*
+        (no tile tasks; factorized by the engine after the launch that
+        assembles them, see :mod:`.dense`). None: none (the default here;
+        the engines pass :data:`~.dense.DEFAULT_DENSE_FLOPS`).
 
     Returns
     -------
@@ -303,16 +325,19 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
         raise ValueError(f"tile must be >= 1, got {tile}")
     if plan is None:
         plan = analysis.stage_plan(max_gpu_memory)
+    if dense_flops is not None and not np.isfinite(dense_flops):
+        dense_flops = None
     key = (int(tile), int(bundle), bool(pipelining), int(granule),
            None if max_tasks is None else int(max_tasks),
-           tuple((int(a), int(b)) for a, b in plan.stages))
+           tuple((int(a), int(b)) for a, b in plan.stages),
+           None if dense_flops is None else float(dense_flops))
     if cache:
         hit = _cache_get(analysis, key)
         if hit is not None:
             return hit if lazy else hit.materialize()
     t0 = time.process_time()
     out = _build(analysis, plan, int(tile), int(bundle), bool(pipelining), int(granule),
-                 max_tasks)
+                 max_tasks, dense_flops)
     if not lazy:
         out.materialize()
     out.seconds = time.process_time() - t0
@@ -321,10 +346,12 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
     return out
 
 
-def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks) -> SparseSchedule:
+def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
+           dense_flops=None) -> SparseSchedule:
     fs = analysis.fronts
     nf = fs.nfronts
-    scheds, nfact = _front_patterns(fs, tile, bundle, pipelining, granule)
+    dense = dense_front_mask(analysis, dense_flops)
+    scheds, nfact = _front_patterns(fs, tile, bundle, pipelining, granule, dense)
     uniq = {}
     for s in scheds:
         if s is not None and id(s) not in uniq:
@@ -353,6 +380,8 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks) -> Spar
     stage_of_l = stage_of.tolist()
 
     stages = []
+    dense_global = {}
+    launch0 = 0             # global number of the stage's first launch
     for sid, (first, last) in enumerate(plan.stages):
         members = range(first, last + 1)
         foff = np.full(nf, -1, dtype=np.int64)
@@ -400,13 +429,23 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks) -> Spar
         maker = _StageMaker(ctx, foff, blk, asm, asm_L, nlaunch)
         s0 = int(fs.s_ptr[first])
         s1 = int(fs.s_ptr[last + 1])
+        # a dense front is "factorized externally" right after the launch that
+        # completes its assembly (the state machine's finish of a front without
+        # local launches); its parent packs it one launch later
+        dmap = {f: int(finish[f]) for f in np.flatnonzero(dense[first:last + 1]) + first}
+        for f, L in dmap.items():
+            dense_global[int(f)] = launch0 + L
         stages.append(StageSchedule(fronts=(first, last), launch_ptr=maker.launch_ptr,
                                     foff=foff, carried=carried, pool_size=pool,
-                                    s_range=(s0, s1), finish=finish, _maker=maker))
+                                    s_range=(s0, s1), finish=finish,
+                                    dense={int(f): L for f, L in dmap.items()},
+                                    _maker=maker))
+        launch0 += nlaunch
     return SparseSchedule(stages=stages, tile=tile, bundle=bundle, granule=granule,
                           pipelining=pipelining, vt_base=vt_base,
                           vt_size=int(nvt.sum()) * tt, nfact=nfact,
-                          critical_path=crit, seconds=0.0)
+                          critical_path=crit, seconds=0.0, dense_flops=dense_flops,
+                          dense=dense_global)
 
 
 def _state_machine(members, first, last, sid, ch, chp, parent, stage_of, nl, tail, counts,

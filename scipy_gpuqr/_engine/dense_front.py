@@ -1,0 +1,294 @@
+"""Dense fronts: a blocked Householder QR that follows the front's staircase.
+
+Fronts chosen by :mod:`scipy_gpuqr._schedule.dense` are assembled by the
+task lists but factorized here, in place in their front pool (row-major
+``fm × fn``, leading dimension ``fn``), right after the launch that
+completes their assembly:
+
+for each panel of ``nb`` columns ``[j, j+b)`` (``j < min(fm, fn)``), the
+*active rows* are ``[j, t)`` with ``t = min(max(stair[j+b-1], j+b), fm)``
+(rows past the staircase are still zero in these columns and stay untouched);
+
+1. the panel ``F[j:t, j:j+b]`` is factorized (cuSOLVER / LAPACK ``geqrf`` on
+   a column-major copy) and written back: R on and above the diagonal, the
+   unit-lower Householder vectors V strictly below it (LAPACK's ``dlarfg``
+   convention, like the tile kernels);
+2. the panel's compact-WY factor ``T`` (``H1…Hb = I - V T Vᵀ``) is formed
+   from ``G = VᵀV``: ``T (I + striu(G)·diag(tau)) = diag(tau)`` (one
+   triangular solve; the ``dlarft`` recurrence in matrix form);
+3. the trailing columns of the active rows get ``C ← C - V Tᵀ (Vᵀ C)``: on
+   the GPU two cuBLAS GEMMs (and a small one for ``T``) straight on the
+   row-major front, seen as the column-major ``Cᵀ``: ``W = Cᵀ V``,
+   ``W ← W T``, ``Cᵀ ← Cᵀ - W Vᵀ``.
+
+So R and the contribution block end where the rest of the engine expects
+them (R gathered from the front's first rows, the contribution block packed
+into the parent by the next launch). A :class:`DenseFront` keeps what ``Q``
+needs: the front (V below its diagonal), the panels and their ``T``
+factors, on the device or the host, and applies ``Qᵀ``/``Q`` to the front's
+rows of a block of vectors with the array module of the block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["DEFAULT_PANEL", "panels_of", "DenseFront", "factorize_numpy",
+           "factorize_cupy"]
+
+#: Columns per panel of the blocked factorization (a tunable).
+DEFAULT_PANEL = 128
+
+
+def panels_of(fm: int, fn: int, stair, nb: int = DEFAULT_PANEL) -> list:
+    """The panels ``(j, rows, b)`` of a staircase front.
+
+    Parameters
+    ----------
+    fm, fn : int
+        Front shape.
+    stair : array_like of int, shape (fn,), or None
+        ``stair[c]`` = rows whose leftmost nonzero column is ≤ c (None: dense).
+    nb : int
+        Panel width.
+
+    Returns
+    -------
+    list of (int, int, int)
+        First column ``j``, active rows ``rows`` (``F[j:j+rows]``) and width
+        ``b`` of each panel; ``rows ≥ b``.
+    """
+    if nb < 1:
+        raise ValueError(f"panel width must be >= 1, got {nb}")
+    nfact = min(int(fm), int(fn))
+    st = None if stair is None else np.asarray(stair, dtype=np.int64)
+    out = []
+    for j in range(0, nfact, nb):
+        b = min(nb, nfact - j)
+        t = fm if st is None else min(max(int(st[j + b - 1]), j + b), fm)
+        out.append((j, t - j, b))
+    return out
+
+
+def _xp_of(a):
+    """NumPy or CuPy, whichever owns ``a``."""
+    if isinstance(a, np.ndarray):
+        return np
+    import cupy
+    return cupy
+
+
+def _t_factor(xp, solve_triangular, V, tau):
+    """Compact-WY ``T`` of reflectors ``V`` (rows × b, unit lower) and ``tau``."""
+    b = V.shape[1]
+    G = V.T @ V
+    M = xp.triu(G, 1) * tau[None, :]
+    M += xp.eye(b, dtype=M.dtype)
+    D = xp.diag(tau)
+    # T M = D  <=>  Mᵀ Tᵀ = D (M unit upper triangular, always nonsingular)
+    return solve_triangular(M.T, D, lower=True, unit_diagonal=True).T
+
+
+class DenseFront:
+    """A dense front's Householder data and its ``Qᵀ``/``Q`` (the ``_dense`` interface).
+
+    Parameters
+    ----------
+    front : ndarray (NumPy or CuPy), shape (fm, fn)
+        The factorized front (V strictly below the diagonal of each panel).
+    panels : list of (j, rows, b)
+        From :func:`panels_of`.
+    T : ndarray, shape (npanels, nb, nb)
+        Each panel's compact-WY factor in ``T[p, :b, :b]``.
+    slots : ndarray of int64, optional
+        The front's global row slots (rows of A; set by the engine).
+    after_launch : int
+        Global launch after whose records the reflectors act (and before
+        launch ``after_launch + 1``).
+
+    Notes
+    -----
+    ``apply_qt(Y)`` / ``apply_q(Y)`` transform ``Y = X[slots]`` (``fm × k``)
+    in place with the array module of ``Y``; the front and ``T`` are copied
+    to that module once on first use (and kept).
+    """
+
+    def __init__(self, front, panels, T, slots=None, after_launch: int = -1):
+        self.panels = list(panels)
+        self.slots = slots
+        self.after_launch = int(after_launch)
+        self._front = {_xp_of(front).__name__: front}
+        self._T = {_xp_of(T).__name__: T}
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(next(iter(self._front.values())).shape)
+
+    def set_front(self, front) -> None:
+        """Another copy of the same front (e.g. fetched to the host with its pool)."""
+        self._front[_xp_of(front).__name__] = front
+
+    def _get(self, store, xp):
+        name = xp.__name__
+        hit = store.get(name)
+        if hit is None:
+            src = next(iter(store.values()))
+            hit = store[name] = (src.get() if hasattr(src, "get") and xp is np
+                                 else xp.asarray(src))
+        return hit
+
+    def host(self) -> "DenseFront":
+        """Make host copies now (``Qᵀ`` replayed on the host later); returns self."""
+        self._get(self._front, np)
+        self._get(self._T, np)
+        return self
+
+    def drop_device(self) -> None:
+        """Forget device copies (a host copy is made first)."""
+        self.host()
+        self._front = {"numpy": self._front["numpy"]}
+        self._T = {"numpy": self._T["numpy"]}
+
+    def _reflectors(self, xp):
+        F = self._get(self._front, xp)
+        T = self._get(self._T, xp)
+        for p, (j, rows, b) in enumerate(self.panels):
+            V = xp.tril(F[j:j + rows, j:j + b], -1)
+            V[xp.arange(b), xp.arange(b)] = 1
+            yield j, rows, V, T[p, :b, :b]
+
+    def apply_qt(self, Y) -> None:
+        """``Y ← Qᵀ Y`` in place (``Y``: the front's rows, ``fm × k``)."""
+        xp = _xp_of(Y)
+        for j, rows, V, T in self._reflectors(xp):
+            Z = Y[j:j + rows]
+            Z -= (V @ (T.T @ (V.T @ Z))).astype(Y.dtype, copy=False)
+
+    def apply_q(self, Y) -> None:
+        """``Y ← Q Y`` in place (reflectors in reverse order)."""
+        xp = _xp_of(Y)
+        for j, rows, V, T in reversed(list(self._reflectors(xp))):
+            Z = Y[j:j + rows]
+            Z -= (V @ (T @ (V.T @ Z))).astype(Y.dtype, copy=False)
+
+
+# ------------------------------------------------------------------------ NumPy / LAPACK
+
+def factorize_numpy(F: np.ndarray, panels: list, nb: int) -> np.ndarray:
+    """Blocked staircase QR of the front ``F`` (fm × fn, NumPy view) in place.
+
+    Returns ``T`` (npanels × nb × nb).
+    """
+    from scipy.linalg import get_lapack_funcs, solve_triangular
+    fn = F.shape[1]
+    T = np.zeros((len(panels), nb, nb), dtype=F.dtype)
+    geqrf, = get_lapack_funcs(("geqrf",), (F,))
+    for p, (j, rows, b) in enumerate(panels):
+        P = np.array(F[j:j + rows, j:j + b], order="F")
+        qr, tau, _, info = geqrf(P, overwrite_a=True)
+        if info != 0:           # pragma: no cover - illegal argument only
+            raise RuntimeError(f"geqrf failed (info {info})")
+        F[j:j + rows, j:j + b] = qr
+        V = np.tril(qr, -1)
+        V[np.arange(b), np.arange(b)] = 1.0
+        Tp = _t_factor(np, solve_triangular, V, tau.astype(F.dtype))
+        T[p, :b, :b] = Tp
+        if j + b < fn:
+            C = F[j:j + rows, j + b:]
+            C -= V @ (Tp.T @ (V.T @ C))
+    return T
+
+
+# ------------------------------------------------------------------------ CuPy / cuBLAS
+
+class _Cublas:
+    """Raw cuBLAS / cuSOLVER calls on the current stream (host pointer mode)."""
+
+    def __init__(self, cp, dtype):
+        from cupy_backends.cuda.libs import cublas, cusolver
+        self.cp, self.cb, self.cs = cp, cublas, cusolver
+        self.dtype = np.dtype(dtype)
+        single = self.dtype == np.float32
+        self.gemm = cublas.sgemm if single else cublas.dgemm
+        self.geqrf = cusolver.sgeqrf if single else cusolver.dgeqrf
+        self.geqrf_size = cusolver.sgeqrf_bufferSize if single else cusolver.dgeqrf_bufferSize
+        self.hb = cp.cuda.device.get_cublas_handle()
+        self.hs = cp.cuda.device.get_cusolver_handle()
+        self.one = np.ones(1, dtype=self.dtype)
+        self.zero = np.zeros(1, dtype=self.dtype)
+        self.mone = -np.ones(1, dtype=self.dtype)
+
+    def __enter__(self):
+        s = self.cp.cuda.get_current_stream().ptr
+        self.cb.setStream(self.hb, s)
+        self.cs.setStream(self.hs, s)
+        self.mode = self.cb.getPointerMode(self.hb)
+        self.cb.setPointerMode(self.hb, self.cb.CUBLAS_POINTER_MODE_HOST)
+        return self
+
+    def __exit__(self, *exc):
+        self.cb.setPointerMode(self.hb, self.mode)
+        return False
+
+    def mm(self, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
+        """Column-major ``C = alpha op(A) op(B) + beta C`` (pointers)."""
+        op = {"N": self.cb.CUBLAS_OP_N, "T": self.cb.CUBLAS_OP_T}
+        self.gemm(self.hb, op[ta], op[tb], m, n, k, alpha.ctypes.data, A, lda, B, ldb,
+                  beta.ctypes.data, C, ldc)
+
+
+def factorize_cupy(F, panels: list, nb: int, stream=None):
+    """Blocked staircase QR of the front ``F`` (fm × fn, C-contiguous CuPy view) in place.
+
+    Everything is enqueued on ``stream`` (default: the current one); nothing
+    synchronizes. Returns ``T`` (npanels × nb × nb, CuPy).
+    """
+    import cupy as cp
+    from cupyx.scipy.linalg import solve_triangular
+    if not F.flags.c_contiguous:
+        raise ValueError("the front must be a C-contiguous (row-major) view")
+    stream = stream if stream is not None else cp.cuda.get_current_stream()
+    dt = np.dtype(F.dtype)
+    isz = dt.itemsize
+    fm, fn = F.shape
+    with stream:
+        T = cp.zeros((len(panels), nb, nb), dtype=dt)
+        if not panels:
+            return T
+        blas = _Cublas(cp, dt)
+        rmax = max(r for _, r, _ in panels)
+        ncmax = max(fn - j - b for j, _, b in panels)
+        P = cp.empty(rmax * nb, dtype=dt)               # panel, column-major
+        W = cp.empty(max(ncmax, 1) * nb, dtype=dt)
+        W2 = cp.empty(max(ncmax, 1) * nb, dtype=dt)
+        tau = cp.empty(nb, dtype=dt)
+        info = cp.empty(1, dtype=np.int32)
+        with blas:
+            lwork = int(blas.geqrf_size(blas.hs, rmax, nb, P.data.ptr, rmax))
+            work = cp.empty(max(lwork, 1), dtype=dt)
+            base = F.data.ptr
+            for p, (j, rows, b) in enumerate(panels):
+                Pc = P[:b * rows].reshape(b, rows)          # = column-major rows × b
+                Pc[...] = F[j:j + rows, j:j + b].T
+                blas.geqrf(blas.hs, rows, b, Pc.data.ptr, rows, tau.data.ptr,
+                           work.data.ptr, lwork, info.data.ptr)
+                F[j:j + rows, j:j + b] = Pc.T
+                Vt = cp.triu(Pc, 1)                         # Vᵀ (b × rows), unit diagonal
+                Vt[cp.arange(b), cp.arange(b)] = 1
+                Tp = _t_factor(cp, solve_triangular, Vt.T, tau[:b])
+                T[p, :b, :b] = Tp
+                nc = fn - j - b
+                if nc <= 0:
+                    continue
+                Tc = cp.ascontiguousarray(Tp)               # row-major T = column-major Tᵀ
+                C = base + (j * fn + j + b) * isz           # Cᵀ: nc × rows, ld fn
+                # W = Cᵀ V   (V column-major rows × b = Vt's memory, ld rows)
+                blas.mm("N", "N", nc, b, rows, blas.one, C, fn, Vt.data.ptr, rows,
+                        blas.zero, W.data.ptr, nc)
+                # W2 = W T   (op(Tc) = (Tᵀ)ᵀ = T)
+                blas.mm("N", "T", nc, b, b, blas.one, W.data.ptr, nc, Tc.data.ptr, b,
+                        blas.zero, W2.data.ptr, nc)
+                # Cᵀ -= W2 Vᵀ
+                blas.mm("N", "T", nc, rows, b, blas.mone, W2.data.ptr, nc, Vt.data.ptr,
+                        rows, blas.one, C, fn)
+    return T

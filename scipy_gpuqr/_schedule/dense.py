@@ -1,0 +1,48 @@
+"""Which fronts leave the bucket scheduler: *dense fronts*, chosen from the analysis.
+
+The uberkernel's tile tasks run every front of a launch at once, but their
+Apply is scalar-FMA bound (~2.7 TF/s on an H200), while a blocked Householder
+QR whose trailing updates are cuBLAS GEMMs runs a large front at tens of
+TF/s. A front whose Householder work (staircase honoured, the analysis'
+count, :func:`scipy_gpuqr._symbolic.counts.front_work`) reaches
+:data:`DEFAULT_DENSE_FLOPS` is therefore not bucket-scheduled: the
+uberkernel still assembles it (S-Assemble, Pack-Assemble of its children),
+the engine factorizes it right after the launch that completes its
+assembly (:mod:`scipy_gpuqr._engine.dense_front`), and its parent packs its
+contribution block one launch later. In the front state machine such a
+front is *factorized externally*: it has no local launches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["DEFAULT_DENSE_FLOPS", "dense_front_mask"]
+
+#: Householder flops (analysis count) from which a front is factorized as a dense
+#: front. Chosen by measurement on an H200 (bench/RESULTS.md, issue 5, "dense
+#: fronts"); ``None`` or ``inf`` turns the path off.
+DEFAULT_DENSE_FLOPS = 1e10
+
+
+def dense_front_mask(analysis, min_flops) -> np.ndarray:
+    """Boolean mask over the fronts: those factorized as dense fronts.
+
+    Parameters
+    ----------
+    analysis : SymbolicAnalysis
+    min_flops : float or None
+        Threshold on a front's Householder flops (None: no dense front).
+
+    Returns
+    -------
+    ndarray of bool, shape (nfronts,)
+    """
+    fs = analysis.fronts
+    nf = fs.nfronts
+    if min_flops is None or not np.isfinite(min_flops) or nf == 0:
+        return np.zeros(nf, dtype=bool)
+    from .._symbolic.counts import front_work
+    flops = front_work(fs)["flops"]
+    nfact = np.minimum(fs.fm, fs.fn)
+    return (flops >= float(min_flops)) & (nfact > 0)
