@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["PANEL", "DenseCOD", "heath_qr", "sigma_max_estimate", "solve_triangular"]
+__all__ = ["PANEL", "DenseCOD", "heath_qr", "sigma_max_estimate", "solve_triangular",
+           "dense_from_sparse", "apply_blocks"]
 
 #: Columns per panel of the blocked Heath factorization.
 PANEL = 64
@@ -56,6 +57,30 @@ class _Block:
     row0: int
     V: object       # (rows, nlive) on the array's device, unit lower trapezoidal
     T: object       # (nlive, nlive) upper triangular (LAPACK larft, forward, columnwise)
+
+
+def dense_from_sparse(R, xp):
+    """Dense float64 copy of a SciPy sparse matrix on ``xp`` (CuPy: built on the device)."""
+    import scipy.sparse as sp
+    R = sp.csc_array(R)
+    if xp is np:
+        return R.toarray().astype(np.float64, copy=False)
+    k, q = R.shape
+    out = xp.zeros((k, q), dtype=xp.float64)
+    if R.nnz:
+        cols = np.repeat(np.arange(q, dtype=np.int64), np.diff(R.indptr))
+        out[xp.asarray(R.indices.astype(np.int64)), xp.asarray(cols)] = xp.asarray(
+            R.data.astype(np.float64))
+    return out
+
+
+def apply_blocks(blocks, C, *, transpose: bool = False) -> None:
+    """``C ← Z C`` (or ``Zᵀ C``) in place for the block reflectors of :func:`heath_qr`."""
+    seq = reversed(blocks) if transpose else blocks
+    for b in seq:
+        rows = slice(b.row0, b.row0 + b.V.shape[0])
+        T = b.T if transpose else b.T.T
+        C[rows] -= b.V @ (T @ (b.V.T @ C[rows]))
 
 
 def _householder(x: np.ndarray) -> tuple[np.ndarray, float, float]:
@@ -263,9 +288,7 @@ class DenseCOD:
         """``Z C`` (the blocks' product applied to C, k rows), in place on a copy."""
         xp = self.xp
         C = xp.array(C, dtype=xp.float64, copy=True)
-        for b in self._blocks:
-            rows = slice(b.row0, b.row0 + b.V.shape[0])
-            C[rows] -= b.V @ (b.T.T @ (b.V.T @ C[rows]))
+        apply_blocks(self._blocks, C)
         return C
 
     def solve(self, C):

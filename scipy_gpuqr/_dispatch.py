@@ -121,7 +121,7 @@ def backend_factorizer(name: str) -> tuple[Optional[Callable], str, str]:
         except ImportError:
             factorize = None
         if factorize is not None:
-            return _wrap_engine(factorize), "simulate", "ok"
+            return _wrap_refined(factorize, on_gpu=False), "simulate", "ok"
         f, ran, why = backend_factorizer("reference")
         return f, ran, "the simulate executor has no factorize entry point yet; " + why
     if name == "reference":
@@ -158,7 +158,43 @@ def _wrap_engine(engine_factorize):
 
 
 def _wrap_gpu(gpu_factorize):
-    return _wrap_engine(gpu_factorize)
+    return _wrap_refined(gpu_factorize, on_gpu=True)
+
+
+#: Largest min(m, n)·n for which the simulate backend refines R densely on the host.
+HOST_REFINE_LIMIT = 14000 ** 2
+
+
+def _wrap_refined(engine_factorize, *, on_gpu: bool):
+    """An engine without rank detection in its task lists, with ``tol`` served by
+    Heath's rule on its R (:mod:`scipy_gpuqr._rank_refine`), on the GPU for the
+    GPU engine; where R cannot be densified the engine's own fallback (the
+    reference engine's rank detection) answers."""
+    plain = _wrap_engine(engine_factorize)
+
+    def factorize(A, *, ordering="colamd", colperm=None, tol=None, analysis=None):
+        from ._engine.reference import resolve_tol
+        from ._rank_refine import fits_dense, heath_refine
+        kw = dict(ordering=ordering, colperm=colperm, analysis=analysis)
+        m, n = A.shape
+        tol_abs = resolve_tol(tol, A, np.float32 if A.dtype == np.float32 else np.float64)
+        if tol_abs is None:
+            return plain(A, tol=None, **kw)
+        shape = (min(m, n), n)
+        xp = np
+        if on_gpu:
+            from ._gpu import gpu_available, import_cupy
+            if gpu_available() and fits_dense(shape, import_cupy()):
+                xp = import_cupy()
+            else:
+                return plain(A, tol=tol, **kw)
+        elif shape[0] * shape[1] > HOST_REFINE_LIMIT:
+            return plain(A, tol=tol, **kw)
+        num = plain(A, tol=None, **kw)
+        if num.info.get("backend") == "reference":      # the GPU engine fell back
+            xp = np
+        return heath_refine(num, tol_abs, xp)
+    return factorize
 
 
 @dataclass

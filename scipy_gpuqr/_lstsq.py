@@ -131,18 +131,6 @@ def exactly_singular(R: sp.csc_array, n: int) -> bool:
     return bool(np.any(d <= SINGULAR_RTOL * colnorm))
 
 
-def _dense_on_device(R: sp.csc_array, cp):
-    """Dense copy of sparse R built on the GPU from its CSC arrays (no host dense copy)."""
-    R = sp.csc_array(R)
-    k, q = R.shape
-    out = cp.zeros((k, q), dtype=cp.float64)
-    if R.nnz:
-        cols = np.repeat(np.arange(q, dtype=np.int64), np.diff(R.indptr))
-        out[cp.asarray(R.indices.astype(np.int64)), cp.asarray(cols)] = cp.asarray(
-            R.data.astype(np.float64))
-    return out
-
-
 def _rcond_estimate(R: sp.csc_array) -> float:
     """Reciprocal 1-norm condition number estimate of triangular R."""
     q = R.shape[0]
@@ -302,9 +290,9 @@ class MinNormSolver:
         from ._dense_cod import DenseCOD, sigma_max_estimate
         device = self._dense_cod_device()
         if device == "gpu":
+            from ._dense_cod import dense_from_sparse
             from ._gpu import import_cupy
-            cp = import_cupy()
-            Rd = _dense_on_device(self.R, cp)
+            Rd = dense_from_sparse(self.R, import_cupy())
         else:
             Rd = self.R.toarray()
         G = Rd.T.copy() if self.transposed else Rd

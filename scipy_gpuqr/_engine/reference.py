@@ -49,7 +49,7 @@ from .._numeric import NumericQR
 from .._symbolic import SymbolicAnalysis, analyze
 from .inputs import engine_csc
 
-__all__ = ["reference_factorize", "ReferenceQR", "default_tol", "NB"]
+__all__ = ["reference_factorize", "ReferenceQR", "default_tol", "resolve_tol", "NB"]
 
 #: columns per panel of the blocked front factorization
 NB = 32
@@ -283,7 +283,8 @@ class ReferenceQR(NumericQR):
         self._fronts = []
 
 
-def _resolve_tol(tol, Ac, dtype):
+def resolve_tol(tol, Ac, dtype):
+    """Absolute dead-column tolerance for ``tol`` (None, 'default', a number; < 0: off)."""
     if isinstance(tol, str):
         if tol != "default":
             raise ValueError(f"tol must be None, 'default' or a number, got {tol!r}")
@@ -337,7 +338,7 @@ def reference_factorize(A, analysis: SymbolicAnalysis | None = None, *, tol=None
     dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     Ac = Ac.astype(dtype)
     m, n = Ac.shape
-    tol_used = _resolve_tol(tol, Ac, dtype)
+    tol_used = resolve_tol(tol, Ac, dtype)
     itemsize = np.dtype(dtype).itemsize
     reanalyzed = False
     if analysis is None:
