@@ -32,6 +32,7 @@ COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17",)
 VARIANT_MODULES: tuple[str, ...] = (
     "scipy_gpuqr._batched_variants",
     "scipy_gpuqr._engine.variants",
+    "scipy_gpuqr._engine.applyq_variants",
     "scipy_gpuqr._tiled_variants",
 )
 

@@ -1,0 +1,413 @@
+"""Q, Qᵀ and the solve on the device for GPU factorizations (scipy_gpuqr._engine.gpu_solve).
+
+CPU tests run the replay plan (records normalized from the factorization's
+Factorize / Apply+Factorize records, levels = launches, stage pools, dense
+fronts) with the NumPy executor, which does the kernel's arithmetic, and
+compare it with the host replay front by front. GPU tests (marker ``gpu``)
+compare ``kernels/gpuqr_applyq.cu`` with the host replay on fresh random
+data (VT pool poisoned with NaN by the debug factorization, so an entry read
+that the factorization never wrote shows up), check orthogonality, and solve
+least-squares and square systems against ``numpy.linalg.lstsq`` by backward
+error, CuPy in → CuPy out with no host copy of b or x, many right-hand sides,
+forced multi-stage factorizations, wide A and float32.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from scipy_gpuqr._engine import gpu_solve as gs
+from scipy_gpuqr._engine.gpu import gpu_factorize
+from scipy_gpuqr._engine.gpu_device import NumpyDevice
+from scipy_gpuqr._schedule.tasks import TaskType, empty_tasks
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
+                                           random_least_squares)
+
+EPS = np.finfo(np.float64).eps
+
+
+def _random_values(A, rng):
+    A = sp.csc_array(A, dtype=np.float64, copy=True)
+    A.data = rng.standard_normal(A.nnz)
+    return A
+
+
+def _families(rng):
+    yield "grid5", _random_values(grid3d_least_squares(5), rng)
+    yield "chess-4-5-2", chessboard_boundary(4, 5, 2).astype(np.float64)
+    yield "randls", random_least_squares(400, 150, density=0.03, dense_rows=3,
+                                         seed=int(rng.integers(1 << 30)))
+
+
+def _numpy_executor(g):
+    plan = gs.plan_of(g)
+
+    def pools(sid):
+        pool = g._stage_pools.get(sid)
+        return pool if pool is not None else g._host_pools[sid]
+    return gs.NumpyExecutor(plan, pools, g._device.vt)
+
+
+# ---------------------------------------------------------------- CPU: the plan
+
+@pytest.mark.parametrize("budget", [None, 20000])
+def test_plan_replay_matches_host_replay(budget):
+    rng = np.random.default_rng()
+    for name, A in _families(rng):
+        g = gpu_factorize(A, analyze(A), device=NumpyDevice(32, 3), max_gpu_memory=budget)
+        plan = gs.plan_of(g)
+        gs.check_levels(plan)
+        assert plan.nlevels <= g.info["launches"], name
+        assert len(plan.records) == sum(len(t) for _, _, t in g._fronts), name
+        assert np.all(np.diff(plan.level_stage) >= 0), name
+        ex = _numpy_executor(g)
+        B = rng.standard_normal((A.shape[0], 3))
+        for trans in (True, False):
+            got = gs.apply_plan(g, B, trans, ex)
+            ref = gs.host_matmul(g, B, trans=trans)
+            assert np.abs(got - ref).max() <= 50 * EPS * np.abs(B).max() * A.shape[0], name
+        g.free()
+
+
+def test_reflector_records_stack_the_top_tile_first():
+    t = empty_tasks(2)
+    t["type"] = [TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE]
+    t["fm"], t["fn"] = 200, 90
+    t["col"], t["nref"], t["vt"] = [32, 0], [20, 0], [1024, 0]
+    t["c0"], t["aux"], t["vt2"] = [0, 64], [0, 26], [0, 2048]
+    t["rows"][0, :3] = [96, 32, 64]
+    t["fstart"][0], t["nfrows"][0], t["ftop"][0] = 0, 3, 1
+    t["rows"][1, :4] = [0, 96, 128, 160]
+    t["fstart"][1], t["nfrows"][1], t["ftop"][1] = 1, 3, 2
+    r = gs.reflector_records(t, np.array([7, 9]), np.array([0, 200]))
+    assert list(r["type"]) == [TaskType.APPLY_QT] * 2
+    assert list(r["rows"][0, :4]) == [32, 96, 64, -1] and r["napply"][0] == 3
+    assert list(r["rows"][1, :4]) == [128, 96, 160, -1] and r["napply"][1] == 3
+    assert list(r["col"]) == [32, 64] and list(r["nref"]) == [20, 26]
+    assert list(r["vt"]) == [1024, 2048] and list(r["F"]) == [7, 9]
+    assert list(r["aux"]) == [0, 200]
+
+
+def test_reflector_records_reject_a_top_tile_outside_its_rows():
+    t = empty_tasks(1)
+    t["type"] = TaskType.FACTORIZE
+    t["rows"][0, :2] = [0, 32]
+    t["fstart"], t["nfrows"], t["ftop"] = 0, 1, 1
+    with pytest.raises(ValueError, match="top tile"):
+        gs.reflector_records(t, 0, 0)
+
+
+def test_check_levels_catches_shared_rows():
+    A = grid3d_least_squares(5)
+    g = gpu_factorize(A, analyze(A), device=NumpyDevice(32, 3))
+    plan = gs.plan_of(g)
+    gs.check_levels(plan)
+    lv = int(np.argmax(np.diff(plan.level_ptr)))
+    a = int(plan.level_ptr[lv])
+    assert plan.level_ptr[lv + 1] - a >= 2
+    plan.records[a + 1] = plan.records[a]           # two records on the same rows
+    with pytest.raises(ValueError, match="share global rows"):
+        gs.check_levels(plan)
+
+
+class _FakeDense:
+    """An orthogonal transform of some rows standing for a dense front."""
+
+    def __init__(self, slots, after_launch, rng):
+        self.slots = np.asarray(slots)
+        self.after_launch = after_launch
+        self.G = np.linalg.qr(rng.standard_normal((len(slots), len(slots))))[0]
+        self.calls = 0
+        self.shape = (len(slots), -1)
+
+    def set_front(self, F):             # the engine hands over the host copy of V
+        pass
+
+    def host(self):
+        pass
+
+    def apply_qt(self, Y):
+        Y[...] = self.G.T @ Y
+        self.calls += 1
+
+    def apply_q(self, Y):
+        Y[...] = self.G @ Y
+        self.calls += 1
+
+
+def test_dense_fronts_take_part_in_both_replays():
+    rng = np.random.default_rng()
+    A = _random_values(grid3d_least_squares(5), rng)
+    g = gpu_factorize(A, analyze(A), device=NumpyDevice(32, 3))
+    root = len(g._fronts) - 1
+    slots, Ff, _ = g._fronts[root]
+    g._fronts[root] = (slots, Ff, g._fronts[root][2][:0])   # the root becomes "dense"
+    g._front_launch[root] = g._front_launch[root][:0]
+    d = _FakeDense(slots, g.info["launches"] - 1, rng)
+    g._dense = {root: d}
+    plan = gs.plan_of(g)
+    assert sum(len(v) for v in plan.level_dense.values()) == 1
+    ex = _numpy_executor(g)
+    B = rng.standard_normal((A.shape[0], 2))
+    for trans in (True, False):
+        got = gs.apply_plan(g, B, trans, ex)
+        ref = gs.host_matmul(g, B, trans=trans)
+        np.testing.assert_allclose(got, ref, atol=1e-12 * np.abs(B).max() * A.shape[0])
+    assert d.calls == 4
+    # an orthogonal Q still: Qᵀ Q = I
+    Y = gs.apply_plan(g, gs.apply_plan(g, B, False, ex), True, ex)
+    np.testing.assert_allclose(Y, B, atol=1e-12 * A.shape[0])
+
+
+def test_smem_mirror_matches_the_kernel_layout():
+    from scipy_gpuqr._engine import applyq_variants as av
+    # ApplyQSmem<32, 3>: V + T + X + C doubles
+    ld, ldw = 33, 33
+    assert av.applyq_smem_bytes(32, 3) == 8 * (3 * 32 * ld + 32 * ld + 3 * 32 * ldw + 32 * ldw)
+    names = av.KERNEL_VARIANTS[av.APPLYQ_FILE]
+    assert len(names) == 5 and av.applyq_name("float64", 32, 3, True) in names
+
+
+# ---------------------------------------------------------------- GPU
+
+def _cp():
+    import cupy as cp
+    return cp
+
+
+def _factor_gpu(A, budget=None, debug=True):
+    return gpu_factorize(A, analyze(A), max_gpu_memory=budget, debug=debug)
+
+
+@pytest.mark.gpu
+def test_applyq_kernel_smem_matches_mirror():
+    cp = _cp()
+    from scipy_gpuqr._engine import applyq_variants as av
+    from scipy_gpuqr._kernels import load_module
+    mod = load_module(av.APPLYQ_FILE, av.KERNEL_VARIANTS[av.APPLYQ_FILE])
+    out = cp.zeros(1, dtype=cp.int64)
+    mod.get_function(av.applyq_smem_name(32, 3))((1,), (1,), (out,))
+    assert int(out.get()[0]) == av.applyq_smem_bytes(32, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", [None, 20000])
+def test_device_q_matches_host_replay(budget):
+    cp = _cp()
+    rng = np.random.default_rng()
+    for name, A in _families(rng):
+        g = _factor_gpu(A, budget)
+        assert g.on_device()
+        if budget is not None:
+            assert g.info["stages"] > 1, name
+        gs.check_levels(gs.plan_of(g))
+        m = A.shape[0]
+        for k in (1, 3, 40):
+            B = rng.standard_normal((m, k)) if k > 1 else rng.standard_normal(m)
+            qt_d = g.qt_matmul(cp.asarray(B))          # device pools where they are
+            q_d = g.q_matmul(cp.asarray(B))
+            assert isinstance(qt_d, cp.ndarray) and qt_d.shape == B.shape
+            assert bool(cp.isfinite(qt_d).all()) and bool(cp.isfinite(q_d).all())
+            qt_n = g.qt_matmul(B)                        # NumPy in -> NumPy out
+            assert isinstance(qt_n, np.ndarray)
+            np.testing.assert_array_equal(qt_n, qt_d.get())
+            st = dict(g._replay)
+            g._materialize()                             # host replay (fronts fetched)
+            qt_h = gs.host_matmul(g, B, trans=True)
+            q_h = gs.host_matmul(g, B, trans=False)
+            tol = 100 * EPS * np.abs(B).max() * m
+            assert np.abs(qt_d.get() - qt_h).max() <= tol, (name, k)
+            assert np.abs(q_d.get() - q_h).max() <= tol, (name, k)
+            # after the host fetch every stage's pool is uploaded for its levels
+            qt_u = g.qt_matmul(cp.asarray(B)).get()
+            assert np.abs(qt_u - qt_h).max() <= tol, (name, k)
+            assert st.get("plan") is g._replay.get("plan")
+        g.free()
+
+
+@pytest.mark.gpu
+def test_device_q_is_orthogonal_on_many_columns():
+    cp = _cp()
+    rng = np.random.default_rng()
+    A = _random_values(grid3d_least_squares(8), rng)
+    g = _factor_gpu(A)
+    m = A.shape[0]
+    B = cp.asarray(rng.standard_normal((m, 70)))
+    C = g.qt_matmul(B)
+    np.testing.assert_allclose(cp.linalg.norm(C, axis=0).get(), cp.linalg.norm(B, axis=0).get(),
+                               rtol=1e-12)
+    np.testing.assert_allclose(g.q_matmul(C).get(), B.get(), atol=1e-12 * m)
+    # Qᵀ A[:, perm] = [R; 0]
+    Ad = cp.asarray(A[:, g.colperm].toarray())
+    QtA = g.qt_matmul(Ad).get()
+    R = g.R.toarray()
+    k = R.shape[0]
+    scale = np.abs(R).max()
+    assert np.abs(QtA[:k] - R).max() <= 1e-12 * scale * m
+    assert np.abs(QtA[k:]).max() <= 1e-12 * scale * m
+    g.free()
+
+
+def _lstsq_ok(A, x, b):
+    Ad = A.toarray()
+    x_ref, _, rank, s = np.linalg.lstsq(Ad, b, rcond=None)
+    normA = s[0]
+    m, n = Ad.shape
+    for xx, ref in ((x, False), (x_ref, True)):
+        r = b - Ad @ xx
+        nr = np.linalg.norm(r)
+        ls = np.linalg.norm(Ad.T @ r) / (normA * nr) if nr > 0 else 0.0
+        cons = nr / (normA * np.linalg.norm(xx) + np.linalg.norm(b))
+        if ref:
+            ls_ref, cons_ref = ls, cons
+        else:
+            ls_x, cons_x = ls, cons
+    c = 100 * EPS * max(m, n)
+    assert ls_x <= max(10 * ls_ref, c) or cons_x <= max(10 * cons_ref, c), (ls_x, cons_x)
+    cond = s[0] / s[rank - 1]
+    tol = max(1e3 * EPS * cond * max(m, n), 1e-10)
+    assert np.linalg.norm(x - x_ref) <= tol * np.linalg.norm(x_ref)
+
+
+def _no_host_path(monkeypatch):
+    """Fail if a solve copies b to the host or replays Q there."""
+    from scipy_gpuqr import _factor
+
+    def boom(*a, **k):
+        raise AssertionError("host path taken")
+    monkeypatch.setattr(_factor, "solve_rhs", boom)
+    monkeypatch.setattr(gs, "host_matmul", boom)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", [None, 20000])
+def test_solve_on_device_matches_lstsq(monkeypatch, budget):
+    cp = _cp()
+    from scipy_gpuqr import QRFactorization, GpuqrOptions
+    rng = np.random.default_rng()
+    opts = GpuqrOptions(max_gpu_memory=budget) if budget else None
+    cases = [("grid6", _random_values(grid3d_least_squares(6), rng)),
+             ("randls", random_least_squares(500, 160, density=0.03, dense_rows=2,
+                                             seed=int(rng.integers(1 << 30)))),
+             ("wide", sp.csc_array(random_least_squares(300, 120, density=0.05,
+                                                        seed=int(rng.integers(1 << 30))).T))]
+    for name, A in cases:
+        m, n = A.shape
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            F = QRFactorization(A, backend="gpu", gpuqr_options=opts)
+        assert F.numeric.on_device(), name
+        assert F._device_lstsq_ok(), (name, F._min_norm_solver().method)
+        b = rng.standard_normal(m)
+        Bk = rng.standard_normal((m, 5))
+        with monkeypatch.context() as mp:
+            _no_host_path(mp)
+            x = F.solve(cp.asarray(b))
+            X = F.solve(cp.asarray(Bk))
+        assert isinstance(x, cp.ndarray) and x.shape == (n,) and x.dtype == np.float64
+        assert isinstance(X, cp.ndarray) and X.shape == (n, 5)
+        _lstsq_ok(A, x.get(), b)
+        for j in range(5):
+            _lstsq_ok(A, X[:, j].get(), Bk[:, j])
+        xn = F.solve(b)                                   # NumPy in -> NumPy out
+        assert isinstance(xn, np.ndarray)
+        np.testing.assert_allclose(xn, x.get(), rtol=1e-12, atol=1e-300)
+        F.free()
+
+
+@pytest.mark.gpu
+def test_solve_on_device_shared_matrices(matrices_dir):
+    cp = _cp()
+    from scipy_gpuqr import QRFactorization
+    from scipy_gpuqr.io import mmread
+    rng = np.random.default_rng()
+    on_device = []
+    for f in sorted(matrices_dir.glob("*.mtx")):
+        try:
+            A = sp.csc_array(mmread(str(f)))
+        except Exception:                       # noqa: BLE001 - a reader gap is not ours
+            continue
+        if np.iscomplexobj(A.data) or min(A.shape) == 0 or max(A.shape) > 2500:
+            continue
+        A = A.astype(np.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")     # a fallback warning is not this test's matter
+            F = QRFactorization(A, backend="gpu")
+        if not F._device_lstsq_ok():
+            F.free()
+            continue
+        b = rng.standard_normal(A.shape[0])
+        x = F.solve(cp.asarray(b))
+        assert isinstance(x, cp.ndarray)
+        _lstsq_ok(A, x.get(), b)
+        on_device.append(f.name)
+        F.free()
+    assert len(on_device) >= 5, on_device
+
+
+@pytest.mark.gpu
+def test_rank_deficient_solve_keeps_the_host_rule():
+    cp = _cp()
+    from scipy_gpuqr import QRFactorization
+    A = chessboard_boundary(4, 5, 2).astype(np.float64)      # rank-deficient
+    F = QRFactorization(A, backend="gpu")
+    assert not F._device_lstsq_ok()
+    b = np.random.default_rng().standard_normal(A.shape[0])
+    x = F.solve(cp.asarray(b))
+    assert isinstance(x, cp.ndarray)
+    x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    assert np.linalg.norm(x.get() - x_ref) <= 1e-8 * np.linalg.norm(x_ref)
+    F.free()
+
+
+@pytest.mark.gpu
+def test_spsolve_factorized_and_float32_on_device():
+    cp = _cp()
+    from scipy_gpuqr import QRFactorization, factorized, spsolve
+    rng = np.random.default_rng()
+    S = _random_values(grid3d_least_squares(6), rng)[:216]
+    S = sp.csc_array(S + 8 * sp.eye(216, format="csc"))
+    b = rng.standard_normal(216)
+    x = spsolve(S, b, backend="gpu")
+    nS = sp.linalg.norm(S)
+    assert np.linalg.norm(S @ x - b) <= 100 * EPS * (nS * np.linalg.norm(x) + np.linalg.norm(b))
+    solve = factorized(S, backend="gpu")
+    assert solve.factorization._on_device()
+    xt = solve(b, trans="T")
+    assert np.linalg.norm(S.T @ xt - b) <= 100 * EPS * (nS * np.linalg.norm(xt)
+                                                        + np.linalg.norm(b))
+    A = _random_values(grid3d_least_squares(6), rng).astype(np.float32)
+    F = QRFactorization(A, backend="gpu")
+    assert F._device_lstsq_ok()
+    bb = rng.standard_normal(A.shape[0]).astype(np.float32)
+    x32 = F.solve(cp.asarray(bb))
+    assert x32.dtype == np.float32
+    xr = np.linalg.lstsq(A.toarray().astype(np.float64), bb.astype(np.float64), rcond=None)[0]
+    assert np.linalg.norm(x32.get() - xr) <= 1e-3 * np.linalg.norm(xr)
+    F.free()
+
+
+@pytest.mark.gpu
+def test_qr_householder_operator_on_device():
+    cp = _cp()
+    import cupyx.scipy.sparse as csp
+
+    from scipy_gpuqr import qr
+    rng = np.random.default_rng()
+    A = _random_values(grid3d_least_squares(5), rng)
+    res = qr(csp.csr_matrix(sp.csr_matrix(A)), mode="householder", tol=None, backend="gpu")
+    Q = res.Q
+    y = cp.asarray(rng.standard_normal(A.shape[0]))
+    z = Q.matvec(y)
+    assert isinstance(z, cp.ndarray)
+    np.testing.assert_allclose(Q.rmatvec(z).get(), y.get(), atol=1e-12 * A.shape[0])
+    Rd = res.R.toarray().get() if hasattr(res.R, "get") else res.R.toarray()
+    perm = res.perm.get() if hasattr(res.perm, "get") else res.perm
+    E = cp.asarray(np.vstack([Rd, np.zeros((A.shape[0] - Rd.shape[0], Rd.shape[1]))]))
+    QR = Q.matmat(E).get()
+    assert np.abs(QR - A.toarray()[:, perm]).max() <= 1e-12 * A.shape[0] * np.abs(Rd).max()
