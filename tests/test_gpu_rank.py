@@ -1,0 +1,73 @@
+"""Rank decisions on the GPU (issue 6): Heath's rule on R and the dense COD, on the device.
+
+``qr(..., tol=, backend='gpu')`` factorizes without rank detection on the GPU
+and applies Heath's rule to R there; the rank must equal SuiteSparseQR's for
+the same column order and tolerance. ``lsqr(..., backend='gpu')`` on a
+rank-deficient matrix beyond DENSE_LIMIT decides the rank and builds the
+minimum-norm solution with the dense COD on the device, and must agree with
+the host path and with numpy.linalg.lstsq.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from scipy_gpuqr import QRFactorization, lsqr, qr
+from scipy_gpuqr import _lstsq
+from scipy_gpuqr._dispatch import backend_factorizer
+from scipy_gpuqr._engine.reference import default_tol
+from scipy_gpuqr._testing_matrices import chessboard_boundary
+
+pytestmark = pytest.mark.gpu
+
+EPS = np.finfo(np.float64).eps
+
+
+def _spqr():
+    f, ran, _ = backend_factorizer("cpu")
+    if ran != "cpu":
+        pytest.skip("SuiteSparseQR not available")
+    return f
+
+
+@pytest.mark.parametrize("case", [("chess", (5, 7, 3)), ("chess", (4, 6, 2)),
+                                  ("mtx", "GD01_b"), ("mtx", "Tina_AskCal"),
+                                  ("mtx", "gent113"), ("mtx", "n3c4-b4")])
+def test_qr_rank_on_gpu_equals_suitesparse(matrices_dir, case):
+    kind, what = case
+    if kind == "chess":
+        A = chessboard_boundary(*what)
+    else:
+        from scipy_gpuqr.io import mmread
+        A = sp.csc_array(mmread(str(matrices_dir / f"{what}.mtx"))).astype(np.float64)
+    f, ran, _ = backend_factorizer("gpu")
+    num = f(A, ordering="colamd", colperm=None, tol="default")
+    assert num.info.get("backend") == "gpu"
+    assert "GPU" in num.info["rank_detection"]
+    ref = _spqr()(A, ordering="colamd", colperm=num.base.colperm, tol="default")
+    assert num.rank == ref.rank
+    m, n = A.shape
+    k = num.R.shape[0]
+    Ap = A[:, num.colperm].toarray()
+    Q = num.q_matmul(np.eye(m)[:, :k])
+    tol = default_tol(A)
+    assert np.linalg.norm(Q @ num.R.toarray() - Ap) <= 10 * tol * np.sqrt(n) + 1e-12 * np.linalg.norm(Ap)
+    res = qr(A, mode="r", tol="default", backend="gpu")
+    assert res.rank == ref.rank
+
+
+def test_lsqr_min_norm_rank_decided_on_gpu(monkeypatch, rng):
+    A = chessboard_boundary(5, 7, 3)                      # 4200×2100, rank 1714
+    monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 500)       # force the COD path
+    b = rng.standard_normal(A.shape[0])
+    F = QRFactorization(A, backend="gpu")
+    x = F.solve(b)
+    dec = F.info["rank_decision"]
+    assert dec["method"] == "dense_cod" and dec["device"] == "gpu"
+    assert F.rank == 1714
+    x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+    x2 = lsqr(A, b, backend="gpu")[0]
+    assert np.linalg.norm(x2 - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
