@@ -96,12 +96,13 @@ def _bytes_estimate(sched, tile=32, itemsize=8):
     return out
 
 
-def _profile(A, an, dense_flops=None):
+def _profile(A, an, dense_flops=None, cpl=None):
     """Per-launch kernel times: where the GPU time goes."""
     from scipy_gpuqr._engine.gpu import gpu_factorize
     from scipy_gpuqr._engine.gpu_device import CupyDevice
     dev = CupyDevice(32, 3, profile=True)
-    g = gpu_factorize(A, an, device=dev, dense_flops=dense_flops)
+    kw = {} if cpl is None else {"dense_columns_per_launch": cpl}
+    g = gpu_factorize(A, an, device=dev, dense_flops=dense_flops, **kw)
     lt = dev.launch_times()
     dts = dev.dense_times()
     tasks = np.array([x[2] for x in lt])
@@ -138,7 +139,9 @@ def run_spqr(name, A, row):
 
 
 def _dense_arg(x):
-    return None if x in ("off", "none", "") else float(x)
+    """'off' | threshold | threshold:columns-per-launch -> (threshold, cpl or None)."""
+    thr, _, cpl = x.partition(":")
+    return (None if thr in ("off", "none", "") else float(thr)), (int(cpl) if cpl else None)
 
 
 def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), panels=()):
@@ -164,9 +167,9 @@ def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), p
     gpu_factorize(grid3d_least_squares(3), dense_flops=1.0).free()
     rows = []
     for d in dense:
-        thr = DEFAULT_DENSE_FLOPS if d == "default" else _dense_arg(d)
-        r = dict(row, dense_flops=thr)
-        _gpu_runs(A, an, r, reps, thr)
+        thr, cpl = (DEFAULT_DENSE_FLOPS, None) if d == "default" else _dense_arg(d)
+        r = dict(row, dense_flops=thr, dense_cpl=cpl)
+        _gpu_runs(A, an, r, reps, thr, cpl)
         rows.append(r)
     if panels:
         thr = next((r["dense_flops"] for r in rows if r.get("dense_fronts")), None)
@@ -180,7 +183,7 @@ def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), p
 
 
 def _panel_runs(A, an, thr, panels, reps):
-    """Warm kernel time per dense panel width (same schedule)."""
+    """Warm kernel time per dense panel width (same schedule, default overlap)."""
     import cupy as cp
 
     from scipy_gpuqr._engine.gpu import gpu_factorize
@@ -199,10 +202,14 @@ def _panel_runs(A, an, thr, panels, reps):
     return out
 
 
-def _gpu_runs(A, an, row, reps, thr):
+def _gpu_runs(A, an, row, reps, thr, cpl=None):
+    import functools
+
     import cupy as cp
 
-    from scipy_gpuqr._engine.gpu import gpu_factorize
+    from scipy_gpuqr._engine import gpu
+    gpu_factorize = gpu.gpu_factorize if cpl is None else functools.partial(
+        gpu.gpu_factorize, dense_columns_per_launch=cpl)
     from scipy_gpuqr._engine.gpu_rlayout import clear_r_layout_cache
     # first factorization of this analysis: cold schedule and R layout (the layout
     # does not depend on the threshold: forgotten so that every row's first call is cold)
@@ -235,7 +242,7 @@ def _gpu_runs(A, an, row, reps, thr):
     row["tflops_end_to_end"] = an.flops / med["wall"] / 1e12
     row["tflops_factorize"] = an.flops / med["factorize"] / 1e12
     row["tflops_kernels"] = an.flops / med["gpu_kernels"] / 1e12
-    row["profile"] = _profile(A, an, thr)
+    row["profile"] = _profile(A, an, thr, cpl)
     return row
 
 
@@ -260,7 +267,7 @@ def main(argv=None) -> int:
     if args.once:
         from scipy_gpuqr._engine.gpu import gpu_factorize
         from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
-        thr = DEFAULT_DENSE_FLOPS if dense[0] == "default" else _dense_arg(dense[0])
+        thr = DEFAULT_DENSE_FLOPS if dense[0] == "default" else _dense_arg(dense[0])[0]
         for name, make in _matrices(only, os.environ.get("SHARED_MATRICES")):
             g = gpu_factorize(make(), dense_flops=thr)
             print(name, g.info["launches"], "launches", g.info["seconds"]["gpu_kernels"], "s")
@@ -280,7 +287,7 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(rows, fh, indent=1)
-    print(f"\n{'matrix':14s} {'dense':>6s} {'nd':>3s} {'TFlop':>6s} {'anal':>5s} {'1st':>6s} "
+    print(f"\n{'matrix':14s} {'dense':>8s} {'nd':>3s} {'TFlop':>6s} {'anal':>5s} {'1st':>6s} "
           f"{'e2e':>6s} {'device':>6s} {'kern':>6s} {'dns s':>6s} {'R tail':>6s} {'TF/s':>5s} "
           f"{'TF/s k':>6s} {'launch':>6s} {'spqr':>6s} {'x':>5s}")
     for r in rows:
@@ -292,7 +299,10 @@ def main(argv=None) -> int:
             continue
         s = r["seconds"]
         thr = r.get("dense_flops")
-        print(f"{r['matrix'][:14]:14s} {'off' if thr is None else f'{thr:.0e}':>6s} "
+        tag = "off" if thr is None else f"{thr:.0e}"
+        if r.get("dense_cpl") is not None:
+            tag = f"{thr:.0e}:{r['dense_cpl']}"
+        print(f"{r['matrix'][:14]:14s} {tag:>8s} "
               f"{r.get('dense_fronts', 0):3d} "
               f"{r['flops'] / 1e12:6.3f} {r['analysis_seconds']:5.2f} "
               f"{r['first_call_wall']:6.3f} {s['wall']:6.3f} {s['factorize']:6.3f} "

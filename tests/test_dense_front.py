@@ -109,8 +109,9 @@ def test_schedule_treats_dense_fronts_as_factorized_externally():
         w = front_work(fs)["flops"]
         assert mask.any() and ((~mask).any() or fs.nfronts == 1), name
         assert np.array_equal(mask, (w >= TINY) & (np.minimum(fs.fm, fs.fn) > 0))
-        for budget in (None, 20000):
-            s = build_schedule(an, dense_flops=TINY, max_gpu_memory=budget, cache=False)
+        for budget, cpl in ((None, 16), (20000, 16), (None, 0), (20000, 1)):
+            s = build_schedule(an, dense_flops=TINY, max_gpu_memory=budget, cache=False,
+                               dense_columns_per_launch=cpl)
             s0 = build_schedule(an, max_gpu_memory=budget, cache=False)
             assert set(s.dense) == set(np.flatnonzero(mask).tolist()), name
             assert s0.dense == {} and s.vt_size < s0.vt_size
@@ -129,7 +130,12 @@ def test_schedule_treats_dense_fronts_as_factorized_externally():
                     packs = (t["type"] == TaskType.PACK_ASSEMBLE) & np.isin(t["front"], kids)
                     assert launch[mine | packs].max(initial=0) <= L
                     up = (t["type"] == TaskType.PACK_ASSEMBLE) & (t["front"] == f)
-                    assert np.all(launch[up] > L), (name, f)
+                    J = st.dense_join[f]
+                    assert np.all(launch[up] == J), (name, f)
+                    # the pack waits one launch per cpl columns (the side stream's work)
+                    nfact = min(int(fs.fm[f]), int(fs.fn[f]))
+                    assert J == L + 1 + (-(-nfact // cpl) if cpl else 0), (name, f, J, L)
+                    assert J <= st.nlaunch
                 base += st.nlaunch
 
 

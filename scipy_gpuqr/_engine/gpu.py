@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._schedule.dense import DEFAULT_DENSE_FLOPS
+from .._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
 from .._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
 from .gpu_device import CupyDevice, DeviceOutOfMemory, GpuEngineError, NumpyDevice
 from .simulate import SimulateQR
@@ -122,7 +122,8 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
                   tile: int = DEFAULT_TILE, bundle: int = DEFAULT_BUNDLE,
                   pipelining: bool = True, max_tasks: int | None = None,
                   debug: bool | None = None, device=None, fallback: bool = True,
-                  dense_flops: float | None = DEFAULT_DENSE_FLOPS):
+                  dense_flops: float | None = DEFAULT_DENSE_FLOPS,
+                  dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH):
     """Sparse QR ``A[:, colperm] = Q @ R`` on the GPU.
 
     Parameters
@@ -150,6 +151,10 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         Fronts of at least this many Householder flops are dense fronts
         (blocked QR through cuSOLVER/cuBLAS instead of tile tasks; see
         :mod:`scipy_gpuqr._schedule.dense`); None: none.
+    dense_columns_per_launch : int
+        A dense front runs on a side stream while the launches go on; its
+        parent's pack waits one launch per this many of its columns (0: the
+        next launch waits for it).
 
     Returns
     -------
@@ -187,7 +192,8 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         try:
             out = _factorize(Ac, analysis, device, budget=budget, tile=tile, bundle=bundle,
                              pipelining=pipelining, max_tasks=max_tasks,
-                             dense_flops=dense_flops)
+                             dense_flops=dense_flops,
+                             dense_cpl=dense_columns_per_launch)
         except DeviceOutOfMemory as exc:
             last_exc = exc
             _free_device_pools(device)
@@ -233,7 +239,7 @@ def _free_device_pools(device) -> None:
 
 
 def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_tasks,
-               dense_flops=None):
+               dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH):
     from concurrent.futures import ThreadPoolExecutor
 
     from .._schedule.sparse import build_schedule
@@ -245,7 +251,7 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     # iter_launches' worker while the GPU runs the launches before.
     sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
                            max_gpu_memory=budget, max_tasks=max_tasks, lazy=True,
-                           dense_flops=dense_flops)
+                           dense_flops=dense_flops, dense_columns_per_launch=dense_cpl)
     cold = not all(st.materialized for st in sched.stages)
     t1 = time.perf_counter()
     # R's layout (pattern, gather maps; cached with the analysis) is built on a worker
@@ -309,7 +315,7 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
         h = device.begin_stage(st, fs.s_index[s0:s1], vals[s0:s1], carried)
         fac_parts = []
         copier = None
-        dense_at = {}
+        dense_at, join_at = {}, {}
         for f, Ld in st.dense.items():
             dense_at.setdefault(Ld, []).append(f)
         if warm is not None:
@@ -324,12 +330,18 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
                 i, L, rec = next(launches)
                 if i != sid:
                     raise GpuEngineError(f"launch {L} of stage {i} yielded in stage {sid}")
+                for done in join_at.pop(L, ()):     # its parent packs it now
+                    device.dense_join(h, done)
                 device.launch(h, L, rec)
                 for f in dense_at.get(L, ()):       # assembled by launch L: factorize now
-                    Fv, panels, T = device.dense_factorize(
+                    Fv, panels, T, done = device.dense_factorize(
                         h, int(st.foff[f]), int(fs.fm[f]), int(fs.fn[f]),
                         fs.stair[stair_ptr[f]:stair_ptr[f + 1]])
                     dense_parts[f] = (sid, Fv, panels, T)
+                    join_at.setdefault(min(st.dense_join[f], st.nlaunch), []).append(done)
+                if L == st.nlaunch - 1:             # the stage ends with every dense front
+                    for done in join_at.pop(st.nlaunch, ()):
+                        device.dense_join(h, done)
                 if copier is not None:
                     copier.after_launch(L)
                 if cold and len(rec):

@@ -21,10 +21,13 @@ records with the NumPy executor:
     later launches run (``copier.after_launch(L)``); ``launches_done()``
     then ``result()`` (an ordinary NumPy array; no pinned allocation per
     factorization: a staging buffer cached with R's layout).
-``dense_factorize(handle, offset, fm, fn, stair) -> (front, panels, T)``
+``dense_factorize(handle, offset, fm, fn, stair) -> (front, panels, T, done)``
     a dense front of the stage (see :mod:`.dense_front`) factorized in
-    place right after the launch that assembled it (same stream: the next
-    launch sees it done); returns the front's view and its panels' ``T``.
+    place after the launch just enqueued (which completed its assembly), on
+    a side stream; returns the front's view, its panels' ``T`` and a token
+    for ``dense_join``.
+``dense_join(handle, done)``
+    later launches wait for that dense front (before its parent's pack).
 ``mark_kernels_end(handle)``
     the end of the stage's kernels (for the kernel time).
 ``end_stage(handle) -> pool``
@@ -52,6 +55,9 @@ __all__ = ["GpuEngineError", "DeviceOutOfMemory", "CupyDevice", "NumpyDevice"]
 
 #: Threads per block of the engine's uberkernel variants.
 ENGINE_THREADS = 256
+#: Side streams on which dense fronts run (concurrently with the launches and
+#: with each other).
+DENSE_STREAMS = 4
 
 
 class GpuEngineError(RuntimeError):
@@ -120,7 +126,10 @@ class NumpyDevice:
         with _one_blas_thread():        # as the simulate engine: the same rounding
             T = factorize_numpy(F, panels, self.dense_panel)
         self.dense_done.append((int(off), int(fm), int(fn)))
-        return F, panels, T
+        return F, panels, T, None
+
+    def dense_join(self, h, done) -> None:
+        pass
 
     def prepare_gather(self, index, h=None):
         return index
@@ -204,8 +213,10 @@ class CupyDevice:
         self.launch_events = []
         #: with ``profile``: (fm, fn, start event, end event) per dense front
         self.dense_events = []
-        #: panel width of dense fronts (:mod:`.dense_front`)
+        #: panel width of dense fronts (:mod:`.dense_front`) and their side streams
         self.dense_panel = DEFAULT_PANEL
+        self.dense_streams = [cp.cuda.Stream(non_blocking=True) for _ in range(DENSE_STREAMS)]
+        self._dense_k = 0
         self._vt_host = None
         #: R copy-back tunables (bytes of a pinned slot; the smallest range
         #: copied while launches still run) and the number of slot copies made
@@ -331,27 +342,41 @@ class CupyDevice:
                                      f"{h['st'].fronts}")
 
     def dense_factorize(self, h, off, fm, fn, stair):
-        """Factorize a dense front of the stage in place on the stage's stream
-        (cuSOLVER panels, cuBLAS trailing updates; nothing synchronizes)."""
+        """Factorize a dense front of the stage in place on a side stream, after
+        the launches enqueued so far (cuSOLVER panels, cuBLAS trailing updates;
+        nothing synchronizes). Returns ``(front, panels, T, done event)``."""
         cp = self.cp
         pool = h["pool"]
         F = pool[off: off + fm * fn].reshape(fm, fn)
         panels = panels_of(fm, fn, stair, self.dense_panel)
+        side = self.dense_streams[self._dense_k % len(self.dense_streams)]
+        self._dense_k += 1
+        ready = cp.cuda.Event(disable_timing=True)
+        ready.record(self.stream)
+        side.wait_event(ready)
         try:
-            with self.stream:
+            with side:
                 if self.profile:
                     ea = cp.cuda.Event()
-                    ea.record(self.stream)
-                T = factorize_cupy(F, panels, self.dense_panel, stream=self.stream)
+                    ea.record(side)
+                T = factorize_cupy(F, panels, self.dense_panel, stream=side)
+                done = cp.cuda.Event(disable_timing=not self.profile)
+                done.record(side)
                 if self.profile:
-                    eb = cp.cuda.Event()
-                    eb.record(self.stream)
-                    self.dense_events.append((int(fm), int(fn), ea, eb))
+                    self.dense_events.append((int(fm), int(fn), ea, done))
         except cp.cuda.memory.OutOfMemoryError as exc:
             raise DeviceOutOfMemory(str(exc)) from exc
         if self.debug:
-            self._check(f"after the dense front at {off} ({fm}x{fn})")
-        return F, panels, T
+            try:
+                side.synchronize()
+            except cp.cuda.runtime.CUDARuntimeError as exc:
+                raise GpuEngineError(f"CUDA error in the dense front at {off} "
+                                     f"({fm}x{fn}): {exc}") from exc
+        return F, panels, T, done
+
+    def dense_join(self, h, done) -> None:
+        """Later work on the stage's stream waits for a dense front."""
+        self.stream.wait_event(done)
 
     def dense_times(self) -> list:
         """(fm, fn, seconds) of every profiled dense front."""

@@ -10,9 +10,10 @@ Two parts:
   those fronts: Factorize writes its column tile (``col``), Apply and
   Apply+Factorize columns ``[c0, c1)`` (the factorize part's tile starts at
   ``c0``), S-Assemble the whole front, Pack-Assemble the whole parent (the
-  child too, to be safe), a dense front's factorization (run by the engine
-  right after its launch, before the launch's event) the whole front. At
-  tile granularity, per (front, column tile), the
+  child too, to be safe), a dense front's factorization the whole front
+  until the launch that joins it (the engine runs it on a side stream from
+  its assembly launch on, the main stream waits for it before its parent's
+  Pack-Assemble, or after the last launch). At tile granularity, per (front, column tile), the
   last writing launch; per column, the maximum over the fronts holding it;
   a running maximum over columns gives the final prefix of ``data``.
 * the copiers: :class:`CupyRCopy` gathers each final range on a side stream
@@ -90,8 +91,9 @@ def final_entries(analysis, layout, stage, tile: int) -> np.ndarray:
         par = np.asarray(fs.parent, dtype=np.int64)[front[sel]]
         ok = par >= 0
         np.maximum.at(whole, par[ok], launch_of[sel][ok])
+    joins = getattr(stage, "dense_join", {})
     for f, Ld in getattr(stage, "dense", {}).items():
-        whole[f] = max(whole[f], Ld)
+        whole[f] = max(whole[f], min(joins.get(f, Ld + 1), nl - 1))
     # column-tile writers
     fac = typ == TaskType.FACTORIZE
     app = (typ == TaskType.APPLY) | (typ == TaskType.APPLY_FACTORIZE)

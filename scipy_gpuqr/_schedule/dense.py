@@ -9,20 +9,46 @@ count, :func:`scipy_gpuqr._symbolic.counts.front_work`) reaches
 uberkernel still assembles it (S-Assemble, Pack-Assemble of its children),
 the engine factorizes it right after the launch that completes its
 assembly (:mod:`scipy_gpuqr._engine.dense_front`), and its parent packs its
-contribution block one launch later. In the front state machine such a
-front is *factorized externally*: it has no local launches.
+contribution block later. In the front state machine such a front is
+*factorized externally*: its local launches carry no task, they only defer
+the parent's Pack-Assemble (:func:`dense_defer` launches) so that the GPU
+engine can factorize it on a side stream while the launches of other
+subtrees run; the launch that packs it waits for it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["DEFAULT_DENSE_FLOPS", "dense_front_mask"]
+__all__ = ["DEFAULT_DENSE_FLOPS", "DENSE_COLUMNS_PER_LAUNCH", "dense_front_mask",
+           "dense_defer"]
 
 #: Householder flops (analysis count) from which a front is factorized as a dense
 #: front. Chosen by measurement on an H200 (bench/RESULTS.md, issue 5, "dense
 #: fronts"); ``None`` or ``inf`` turns the path off.
 DEFAULT_DENSE_FLOPS = 1e10
+
+
+#: A dense front defers its parent's Pack-Assemble by one launch per this many of its
+#: columns (the blocked QR's panels are latency bound, ~16 µs a column on an H200,
+#: against ~0.5 ms per launch); 0 turns the overlap off (packed at the next launch).
+DENSE_COLUMNS_PER_LAUNCH = 16
+
+
+def dense_defer(nfact, columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH):
+    """Launches between a dense front's assembly and its parent's Pack-Assemble, minus 1.
+
+    Parameters
+    ----------
+    nfact : int or ndarray of int
+        Columns the front eliminates.
+    columns_per_launch : int
+        See :data:`DENSE_COLUMNS_PER_LAUNCH` (0: no deferral).
+    """
+    nfact = np.asarray(nfact, dtype=np.int64)
+    if columns_per_launch <= 0:
+        return np.zeros_like(nfact)
+    return -(-nfact // int(columns_per_launch))
 
 
 def dense_front_mask(analysis, min_flops) -> np.ndarray:

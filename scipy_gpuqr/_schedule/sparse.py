@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import bucket
-from .dense import DEFAULT_DENSE_FLOPS, dense_front_mask
+from .dense import DENSE_COLUMNS_PER_LAUNCH, dense_defer, dense_front_mask
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TASK_DTYPE,
                     TaskType, empty_tasks)
 
@@ -92,6 +92,9 @@ class StageSchedule:
         ``front -> launch`` of the stage's dense fronts (factorized outside
         the task lists right after that launch, which completes their
         assembly; see :mod:`.dense`).
+    dense_join : dict
+        ``front -> launch`` before which each dense front must be done (its
+        parent's Pack-Assemble; ``nlaunch``: the end of the stage).
     """
 
     fronts: tuple
@@ -102,6 +105,7 @@ class StageSchedule:
     s_range: tuple
     finish: dict = field(default_factory=dict)
     dense: dict = field(default_factory=dict)
+    dense_join: dict = field(default_factory=dict)
     _maker: object = field(default=None, repr=False)
     _tasks: np.ndarray | None = field(default=None, repr=False)
 
@@ -282,7 +286,8 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
                    pipelining: bool = True, granule: int = DEFAULT_APPLY_GRANULE,
                    max_gpu_memory: int | None = None, max_tasks: int | None = None,
                    plan=None, lazy: bool = False, cache: bool = True,
-                   dense_flops: float | None = None) -> SparseSchedule:
+                   dense_flops: float | None = None,
+                   dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH) -> SparseSchedule:
     """Build the task lists of every stage of a factorization.
 
     Parameters
@@ -313,6 +318,10 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
         (no tile tasks; factorized by the engine after the launch that
         assembles them, see :mod:`.dense`). None: none (the default here;
         the engines pass :data:`~.dense.DEFAULT_DENSE_FLOPS`).
+    dense_columns_per_launch : int
+        A dense front defers its parent's Pack-Assemble by one launch per
+        this many columns (:func:`~.dense.dense_defer`; 0: packed at the
+        next launch).
 
     Returns
     -------
@@ -330,14 +339,15 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
     key = (int(tile), int(bundle), bool(pipelining), int(granule),
            None if max_tasks is None else int(max_tasks),
            tuple((int(a), int(b)) for a, b in plan.stages),
-           None if dense_flops is None else float(dense_flops))
+           None if dense_flops is None else float(dense_flops),
+           int(dense_columns_per_launch) if dense_flops is not None else 0)
     if cache:
         hit = _cache_get(analysis, key)
         if hit is not None:
             return hit if lazy else hit.materialize()
     t0 = time.process_time()
     out = _build(analysis, plan, int(tile), int(bundle), bool(pipelining), int(granule),
-                 max_tasks, dense_flops)
+                 max_tasks, dense_flops, int(dense_columns_per_launch))
     if not lazy:
         out.materialize()
     out.seconds = time.process_time() - t0
@@ -347,7 +357,7 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
 
 
 def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
-           dense_flops=None) -> SparseSchedule:
+           dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH) -> SparseSchedule:
     fs = analysis.fronts
     nf = fs.nfronts
     dense = dense_front_mask(analysis, dense_flops)
@@ -360,6 +370,10 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
     pat_of = np.array([ctx.index[id(s)] if s is not None else -1 for s in scheds],
                       dtype=np.int64)
     nl = [s.nlaunch if s is not None else 0 for s in scheds]
+    # a dense front's local launches are empty: they only defer its parent's pack
+    defer = dense_defer(nfact, dense_cpl)
+    for f in np.flatnonzero(dense).tolist():
+        nl[f] = int(defer[f])
     nvt = np.array([s.nvt if s is not None else 0 for s in scheds], dtype=np.int64)
     tt = tile * tile
     vt_base = np.zeros(nf, dtype=np.int64)
@@ -369,7 +383,8 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
     tail = _tail_lengths(fs, nl)
     crit = max(tail) + 1 if nf else 0
     # per-step task counts of every front (for the launch limit)
-    counts = [np.diff(s.launch_ptr).tolist() if s is not None else [] for s in scheds]
+    counts = [np.diff(s.launch_ptr).tolist() if s is not None else [0] * nl[f]
+              for f, s in enumerate(scheds)]
     parent = fs.parent.tolist()
     chp, ch = fs.child_ptr.tolist(), fs.children.tolist()
     fn_l, fp_l = fs.fn.tolist(), fs.fp.tolist()
@@ -401,7 +416,7 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
                       [v + 1 for v in pack_launch.values()] +
                       [v + 1 for v in asm_launch.values()])
         # ---- factorization blocks: (front, local step) -> global launch -------------
-        fac = [f for f in members if nl[f]]
+        fac = [f for f in members if nl[f] and scheds[f] is not None]
         if fac:
             fa = np.array(fac, dtype=np.int64)
             nlf = np.array([nl[f] for f in fac], dtype=np.int64)
@@ -432,13 +447,15 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
         # a dense front is "factorized externally" right after the launch that
         # completes its assembly (the state machine's finish of a front without
         # local launches); its parent packs it one launch later
-        dmap = {f: int(finish[f]) for f in np.flatnonzero(dense[first:last + 1]) + first}
+        dfr = (np.flatnonzero(dense[first:last + 1]) + first).tolist()
+        dmap = {f: int(asm_launch[f]) for f in dfr}
         for f, L in dmap.items():
             dense_global[int(f)] = launch0 + L
         stages.append(StageSchedule(fronts=(first, last), launch_ptr=maker.launch_ptr,
                                     foff=foff, carried=carried, pool_size=pool,
                                     s_range=(s0, s1), finish=finish,
                                     dense={int(f): L for f, L in dmap.items()},
+                                    dense_join={f: int(finish[f]) + 1 for f in dfr},
                                     _maker=maker))
         launch0 += nlaunch
     return SparseSchedule(stages=stages, tile=tile, bundle=bundle, granule=granule,
