@@ -17,7 +17,10 @@ records (plan + launch 0), (2) for every launch k the CPU time to build launch
 k+1 against launch k's GPU time at 10 TF/s on its *nominal tile-kernel flops*
 (``record_flops / 1e13``, zero padding included), the launches where the CPU
 would be late and the GPU wait they add up to. The analysis is timed apart
-(CPU work before any launch in every design).
+(CPU work before any launch in every design). ``--dense-flops off,1e11``
+repeats it per dense-front threshold (``scipy_gpuqr._schedule.dense``: those
+fronts get no tile schedule, so their bucket simulation disappears from the
+plan; their GPU time is not in the tile flops).
 
 Usage: ``PYTHONPATH=. python3 bench/schedule_build.py [--tiles 32 64] [--repeat 3]``
 or ``PYTHONPATH=. python3 bench/schedule_build.py --first-launch [--repeat 3]``
@@ -79,7 +82,13 @@ def measure(an, tile, repeat):
             "gpu_s_at_10TF": float(gpu.sum())}
 
 
-def first_launch(an, tile=32, repeat=3):
+def _launch_flops(st, tile):
+    """Tile-kernel flops of every launch of a stage (empty launches: 0)."""
+    launch = np.repeat(np.arange(st.nlaunch), np.diff(st.launch_ptr))
+    return np.bincount(launch, weights=record_flops(st.tasks, tile), minlength=st.nlaunch)
+
+
+def first_launch(an, tile=32, repeat=3, dense_flops=None):
     """Cold CPU time to launch 0's records and the per-launch GPU wait (tile flops at
     10 TF/s); minimum over ``repeat`` runs per quantity."""
     first, plan = [], []
@@ -88,7 +97,7 @@ def first_launch(an, tile=32, repeat=3):
         clear_schedule_cache(an)
         bucket.clear_cache()
         t0 = time.process_time()
-        s = build_schedule(an, tile=tile, cache=False, lazy=True)
+        s = build_schedule(an, tile=tile, cache=False, lazy=True, dense_flops=dense_flops)
         t1 = time.process_time()
         s.stages[0].launch_tasks(0)
         t2 = time.process_time()
@@ -101,10 +110,10 @@ def first_launch(an, tile=32, repeat=3):
                 st.launch_tasks(L)
                 times.append(time.process_time() - t0)
         cpu = np.asarray(times) if cpu is None else np.minimum(cpu, times)
-    gpu = np.concatenate([np.add.reduceat(record_flops(st.tasks, tile), st.launch_ptr[:-1])
-                          for st in s.stages if st.nlaunch]) / RATE
+    gpu = np.concatenate([_launch_flops(st, tile) for st in s.stages if st.nlaunch]) / RATE
     late = np.maximum(cpu[1:] - gpu[:-1], 0)
-    return {"tile": tile, "stages": len(s.stages), "launches": s.nlaunch, "tasks": s.ntasks,
+    return {"tile": tile, "dense_flops": dense_flops, "dense_fronts": len(s.dense),
+            "stages": len(s.stages), "launches": s.nlaunch, "tasks": s.ntasks,
             "plan_cold_s": min(plan), "first_launch_cold_s": min(first),
             "gpu_s_tile_flops_at_10TF": float(gpu.sum()),
             "launches_cpu_late": int(np.sum(late > 0)),
@@ -113,17 +122,18 @@ def first_launch(an, tile=32, repeat=3):
             "per_launch_build_total_s": float(cpu.sum())}
 
 
-def main_first_launch(repeat):
+def main_first_launch(repeat, dense=(None,)):
     for name, make in (("ch7-8-b3", lambda: chessboard_boundary(7, 8, 3)),
                        ("grid3d 40 (LS)", lambda: grid3d_least_squares(40))):
         A = make()
         t0 = time.process_time()
         an = analyze(A)
         ta = time.process_time() - t0
-        r = first_launch(an, 32, repeat)
-        r.update(problem=name, shape=list(A.shape), fronts=int(an.nfronts),
-                 tflop=an.flops / 1e12, analysis_s=ta)
-        print(json.dumps(r))
+        for d in dense:
+            r = first_launch(an, 32, repeat, d)
+            r.update(problem=name, shape=list(A.shape), fronts=int(an.nfronts),
+                     tflop=an.flops / 1e12, analysis_s=ta)
+            print(json.dumps(r))
 
 
 def main():
@@ -133,9 +143,12 @@ def main():
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--first-launch", action="store_true",
                     help="cold time to launch 0 and per-launch GPU wait (ch7-8-b3, grid 40^3)")
+    ap.add_argument("--dense-flops", default="off",
+                    help="--first-launch: comma list of dense-front thresholds ('off': none)")
     a = ap.parse_args()
     if a.first_launch:
-        main_first_launch(a.repeat)
+        dense = [None if x == "off" else float(x) for x in a.dense_flops.split(",") if x]
+        main_first_launch(a.repeat, dense)
         return
     t0 = time.process_time()
     an = analyze(chessboard_boundary(7, 8, 3))

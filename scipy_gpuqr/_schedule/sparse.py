@@ -370,10 +370,16 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
     pat_of = np.array([ctx.index[id(s)] if s is not None else -1 for s in scheds],
                       dtype=np.int64)
     nl = [s.nlaunch if s is not None else 0 for s in scheds]
+    stage_of = np.zeros(nf, dtype=np.int64)
+    for sid, (a, b) in enumerate(plan.stages):
+        stage_of[a:b + 1] = sid
     # a dense front's local launches are empty: they only defer its parent's pack
+    # (none when no parent packs it in this stage: the stage's end waits for it)
     defer = dense_defer(nfact, dense_cpl)
+    par_a = fs.parent
     for f in np.flatnonzero(dense).tolist():
-        nl[f] = int(defer[f])
+        p = int(par_a[f])
+        nl[f] = int(defer[f]) if p >= 0 and stage_of[p] == stage_of[f] else 0
     nvt = np.array([s.nvt if s is not None else 0 for s in scheds], dtype=np.int64)
     tt = tile * tile
     vt_base = np.zeros(nf, dtype=np.int64)
@@ -389,9 +395,6 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
     chp, ch = fs.child_ptr.tolist(), fs.children.tolist()
     fn_l, fp_l = fs.fn.tolist(), fs.fp.tolist()
     cm_l = fs.cm.tolist()
-    stage_of = np.zeros(nf, dtype=np.int64)
-    for sid, (a, b) in enumerate(plan.stages):
-        stage_of[a:b + 1] = sid
     stage_of_l = stage_of.tolist()
 
     stages = []
