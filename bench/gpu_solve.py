@@ -12,9 +12,13 @@ synchronized wall times after one warm-up call):
   (``kernels/gpuqr_applyq.cu``, one launch per factorization launch that
   kept reflectors), B a CuPy array with 1 / 32 columns; ``plan`` the first
   call's host work (replay plan built and uploaded);
-* ``trsv_dev``: cuSPARSE triangular solve with R (device CSR copy) for one
-  right-hand side; ``trsv_host``: SciPy's ``spsolve_triangular`` (the host
-  path's); ``Rcsr_upload``: the device copy of R, once per factorization;
+* ``trsv_dev`` / ``trsvT_dev``: ``R⁻¹c`` / ``R⁻ᵀc`` front by front from the
+  pools (:mod:`scipy_gpuqr._engine.gpu_trsolve`), one right-hand side;
+  ``trsv_cusparse`` (``--cusparse``): cuSPARSE on a CSR copy of R;
+  ``trsv_host``: SciPy's ``spsolve_triangular`` (the host path's);
+  ``Rcsr_upload``: setting the device solve up, once per factorization;
+* ``qt_dev_k1_nodense`` (``--split``): Qᵀb of a factorization without dense
+  fronts (every reflector in the task lists, so all of it in the kernel);
 * ``solve_dev``: ``QRFactorization.solve`` of a CuPy b end to end (Qᵀb,
   triangular solve, permutation; the rank decision made before);
   ``solve_dev_np``: the same from a NumPy b (upload, download);
@@ -71,7 +75,7 @@ def _median_events(cp, fn, repeats=5):
     return ev, wall
 
 
-def run(name, A, host_qt):
+def run(name, A, host_qt, cusparse=False, split=False):
     import cupy as cp
     import scipy.sparse as sp
     from scipy.sparse.linalg import spsolve_triangular
@@ -118,6 +122,11 @@ def run(name, A, host_qt):
         row["Rcsr_upload_s"] = time.perf_counter() - t0
         C = cp.ascontiguousarray(g.qt_matmul(b.reshape(-1, 1))[:ds.q].astype(cp.float64))
         row["trsv_dev_s"], _ = _median_events(cp, lambda: ds.upper(C), repeats=3)
+        row["trsvT_dev_s"], _ = _median_events(cp, lambda: ds.upper_transposed(C), repeats=3)
+        if cusparse:
+            dc = gs.device_solve_of(g, cusparse=True)
+            row["trsv_cusparse_s"], _ = _median_events(cp, lambda: dc.upper(C), repeats=1)
+            del dc
         Rh = sp.csr_array(F._min_norm_solver().R)
         Ch = C.get()
         t0 = time.perf_counter()
@@ -148,6 +157,16 @@ def run(name, A, host_qt):
             row["solve_host_after_qt_s"] = time.perf_counter() - t0 + row["qt_host_s"]
             del y
     F.free()
+    if split:       # Qᵀb with every front in the task lists (no dense fronts)
+        from scipy_gpuqr._engine.gpu import gpu_factorize
+        g2 = gpu_factorize(A, dense_flops=None)
+        gs.plan_of(g2)
+        row["records_nodense"] = int(len(gs.plan_of(g2).records))
+        row["levels_nodense"] = gs.plan_of(g2).nlevels
+        row["qt_dev_k1_nodense_s"], _ = _median_events(cp, lambda: g2.qt_matmul(b))
+        row["qt_dev_k32_nodense_s"], _ = _median_events(cp, lambda: g2.qt_matmul(B32),
+                                                        repeats=3)
+        g2.free()
     return row
 
 
@@ -156,12 +175,16 @@ def main(argv=None):
     ap.add_argument("--json")
     ap.add_argument("--only", default="")
     ap.add_argument("--host-qt", action="store_true")
+    ap.add_argument("--cusparse", action="store_true",
+                    help="also time cuSPARSE's triangular solve on a CSR copy of R")
+    ap.add_argument("--split", action="store_true",
+                    help="also time Qᵀb of a factorization without dense fronts")
     args = ap.parse_args(argv)
     only = {s for s in args.only.split(",") if s}
     rows = []
     for name, A in _problems(only):
         try:
-            row = run(name, A, args.host_qt)
+            row = run(name, A, args.host_qt, args.cusparse, args.split)
         except Exception as exc:  # noqa: BLE001 - one failing matrix keeps the table
             import traceback
             traceback.print_exc()
@@ -171,7 +194,8 @@ def main(argv=None):
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
     keys = ["factorize_s", "plan_s", "levels", "qt_dev_k1_s", "qt_dev_k32_s", "q_dev_k1_s",
-            "trsv_dev_s", "trsv_host_s", "solve_dev_s", "solve_dev_np_s", "fetch_s",
+            "qt_dev_k1_nodense_s", "qt_dev_k32_nodense_s", "trsv_dev_s", "trsvT_dev_s",
+            "trsv_cusparse_s", "trsv_host_s", "solve_dev_s", "solve_dev_np_s", "fetch_s",
             "qt_host_s", "solve_host_after_qt_s"]
     print("| matrix | " + " | ".join(keys) + " |")
     for r in rows:

@@ -27,7 +27,7 @@ from scipy.sparse.linalg import LinearOperator
 from ._dispatch import plan_factorization
 from ._factor import QRFactorization
 from ._iterate_first import damped_norms, try_lsqr
-from ._lstsq import exact_solve, exactly_singular
+from ._lstsq import exactly_singular
 from ._options import log_decision, resolve_backend, resolve_options
 from ._originals import MatrixRankWarning, original
 from ._validate import (MatrixInput, as_matrix, check_finite, lstsq_rhs,
@@ -432,7 +432,7 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
         warnings.warn("Matrix is exactly singular", MatrixRankWarning, stacklevel=2)
         X = np.full(rhs.B.shape, np.nan)
     else:
-        X = exact_solve(F.numeric, rhs.B)
+        X = F._exact_solve(rhs.B)
     X = X.astype(dtype, copy=False)
     if rhs.is_vector:
         return to_output(X[:, 0], on_gpu)
@@ -467,13 +467,13 @@ def factorized(A, *, backend=None, gpuqr_options=None):
     F = QRFactorization(mi, tol=None, backend=backend, gpuqr_options=gpuqr_options)
     if exactly_singular(F.R, N):
         raise RuntimeError("Factor is exactly singular")
-    num, dtype, on_gpu_a = F.numeric, mi.dtype, mi.on_gpu
+    dtype, on_gpu_a = mi.dtype, mi.on_gpu
 
     def solve(b, trans="N"):
         if trans not in ("N", "T", "H"):
             raise ValueError("trans must be N, T, or H")
         B, is_vector, on_gpu = solve_rhs(b, N)
-        X = exact_solve(num, B, trans=trans != "N").astype(dtype, copy=False)
+        X = F._exact_solve(B, trans=trans != "N").astype(dtype, copy=False)
         return to_output(X[:, 0] if is_vector else X, on_gpu or on_gpu_a)
 
     solve.factorization = F
@@ -547,10 +547,33 @@ def qr(A, *, mode="economic", ordering="colamd", tol="default", backend=None,
     elif mode == "r":
         Q = None
     else:
-        Q = LinearOperator((m, m), dtype=np.float64,
-                           matvec=lambda y: num.q_matmul(np.asarray(y, dtype=np.float64)),
-                           rmatvec=lambda y: num.qt_matmul(np.asarray(y, dtype=np.float64)),
-                           matmat=lambda Y: num.q_matmul(np.asarray(Y, dtype=np.float64)),
-                           rmatmat=lambda Y: num.qt_matmul(np.asarray(Y, dtype=np.float64)))
+        Q = _householder_operator(num, m, mi.on_gpu)
     perm = np.asarray(num.colperm, dtype=np.int64)
     return QRResult(Q, to_output(R, mi.on_gpu), to_output(perm, mi.on_gpu), int(num.rank))
+
+
+def _householder_operator(num, m: int, on_gpu: bool):
+    """Q of ``qr(mode='householder')`` as a LinearOperator applying the kept reflectors.
+
+    CuPy input gives a ``cupyx.scipy.sparse.linalg.LinearOperator`` (CuPy in →
+    CuPy out; on the device for GPU factorizations); otherwise SciPy's.
+    """
+    on_device = getattr(num, "on_device", None)
+    on_device = bool(on_device is not None and on_device())
+    if on_gpu:
+        import cupy as cp
+        from cupyx.scipy.sparse.linalg import LinearOperator as CupyOperator
+
+        def dev(fn):
+            if on_device:
+                return lambda y: fn(y)
+            return lambda y: cp.asarray(fn(cp.asnumpy(y).astype(np.float64)))
+        return CupyOperator((m, m), dtype=np.float64,
+                            matvec=dev(num.q_matmul), rmatvec=dev(num.qt_matmul),
+                            matmat=dev(num.q_matmul), rmatmat=dev(num.qt_matmul))
+
+    def host(fn):
+        return lambda y: fn(np.asarray(y, dtype=np.float64))
+    return LinearOperator((m, m), dtype=np.float64,
+                          matvec=host(num.q_matmul), rmatvec=host(num.qt_matmul),
+                          matmat=host(num.q_matmul), rmatmat=host(num.qt_matmul))

@@ -15,7 +15,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ._dispatch import plan_factorization
-from ._lstsq import MinNormSolver, lstsq_cutoff
+from ._gpu import is_cupy_array
+from ._lstsq import MinNormSolver, exact_solve, lstsq_cutoff
 from ._options import resolve_options
 from ._validate import MatrixInput, as_matrix, solve_rhs, to_output
 
@@ -74,6 +75,16 @@ class QRFactorization:
 
     Notes
     -----
+    On the GPU backend (a factorization whose Householder data lie on a CUDA
+    device) ``qt_matmul``, ``q_matmul``, :meth:`solve` of full-rank problems
+    and the exact solves of ``spsolve``/``factorized`` run on the device
+    (:mod:`scipy_gpuqr._engine.gpu_solve`: Qᵀb from the kept reflectors,
+    cuSPARSE triangular solve with R, the permutation); CuPy in → CuPy out
+    without copying b or x to the host, NumPy in → NumPy out. The rank
+    decision (:class:`~scipy_gpuqr._lstsq.MinNormSolver`) runs on the host
+    from R once per factorization; a rank-deficient least-squares problem
+    is then solved on the host path (Qᵀb still on the device).
+
     Picklable: the numeric factors are plain NumPy/SciPy arrays for every
     CPU backend; a backend whose factors hold device or C handles is
     pickled as its matrix and refactorized on load.
@@ -102,6 +113,7 @@ class QRFactorization:
         self._M = M
         self._num = None
         self._solver = None
+        self._dsolve = None
         self._factorize(M)
 
     # -- phases ----------------------------------------------------------------
@@ -110,6 +122,7 @@ class QRFactorization:
         self._num = self._plan.factorize(M, tol=self._tol)
         self._timings["factorize"] = time.perf_counter() - t0
         self._solver = None
+        self._dsolve = None
 
     def _min_norm_solver(self) -> MinNormSolver:
         if self._solver is None:
@@ -154,15 +167,73 @@ class QRFactorization:
         """
         self._require()
         m, n = self.shape
+        out_dtype = np.result_type(self._dtype, np.float32)
+        if is_cupy_array(b) and self._device_lstsq_ok():
+            B, is_vector = _device_rhs(b, m)
+            X = self._device_lstsq(B).astype(out_dtype, copy=False)
+            return X[:, 0] if is_vector else X
         B, is_vector, on_gpu = solve_rhs(b, m)
         X = self._solve_host(B)
-        X = X.astype(np.result_type(self._dtype, np.float32), copy=False)
+        X = X.astype(out_dtype, copy=False)
         if is_vector:
             X = X[:, 0]
         return to_output(X, on_gpu or self._on_gpu)
 
+    # -- the device path (GPU factorizations) ------------------------------------------
+    def _on_device(self) -> bool:
+        """The factorization's Householder data lie on a CUDA device."""
+        f = getattr(self._num, "on_device", None)
+        return bool(f is not None and f())
+
+    def _device_lstsq_ok(self) -> bool:
+        """Full-rank least squares on the device: GPU factors, lstsq's rule says full rank."""
+        return (self._on_device() and self._tol is None
+                and self._min_norm_solver().method == "triangular")
+
+    def _device_solve(self):
+        if self._dsolve is None:
+            from ._engine.gpu_solve import device_solve_of
+            self._dsolve = device_solve_of(self._num)
+        return self._dsolve
+
+    def _device_apply(self, B, trans: bool):
+        from ._engine.gpu_solve import device_matmul
+        return device_matmul(self._num, B, trans=trans, float64=True)
+
+    def _device_lstsq(self, B):
+        """Float64 CuPy (n, k) solution for float64 CuPy B of shape (m, k)."""
+        t0 = time.perf_counter()
+        ds = self._device_solve()
+        if not self._transposed:
+            X = ds.forward(lambda Y: self._device_apply(Y, True), B, self.shape[1])
+        else:
+            X = ds.backward(lambda Y: self._device_apply(Y, False), B, self._num.shape[0])
+        self._timings["solve"] = time.perf_counter() - t0
+        return X
+
+    def _exact_solve(self, B: np.ndarray, *, trans: bool = False) -> np.ndarray:
+        """``A X = B`` (or ``Aᵀ X = B``) for square A, no rank rule (see ``exact_solve``).
+
+        On the device for GPU factorizations (host B and X)."""
+        n = self.shape[1]
+        if not self._on_device() or B.shape[1] == 0 or n == 0:
+            return exact_solve(self._num, B, trans=trans)
+        import cupy as cp
+        ds = self._device_solve()
+        Bd = cp.asarray(B, dtype=np.float64)
+        if trans:
+            X = ds.backward(lambda Y: self._device_apply(Y, False), Bd, n)
+        else:
+            X = ds.forward(lambda Y: self._device_apply(Y, True), Bd, n)
+        return X.get()
+
     def _solve_host(self, B: np.ndarray) -> np.ndarray:
-        """Float64 (n, k) solution for float64 B of shape (m, k)."""
+        """Float64 (n, k) solution for float64 B of shape (m, k) (NumPy in and out).
+
+        A full-rank problem on GPU factors is solved on the device."""
+        if B.shape[1] and self._device_lstsq_ok():
+            import cupy as cp
+            return self._device_lstsq(cp.asarray(B, dtype=np.float64)).get()
         t0 = time.perf_counter()
         num = self._num
         solver = self._min_norm_solver()
@@ -185,14 +256,27 @@ class QRFactorization:
         return X
 
     def qt_matmul(self, B):
-        """``Qᵀ B`` (Q of the factored matrix: A, or Aᵀ when m < n)."""
-        self._require()
-        return self._num.qt_matmul(np.asarray(B, dtype=np.float64))
+        """``Qᵀ B`` (Q of the factored matrix: A, or Aᵀ when m < n).
+
+        NumPy or CuPy B, shape (rows,) or (rows, k); the result is of the
+        same kind (on the device for GPU factorizations)."""
+        return self._matmul(B, True)
 
     def q_matmul(self, Y):
-        """``Q Y`` (Q of the factored matrix: A, or Aᵀ when m < n)."""
+        """``Q Y`` (Q of the factored matrix: A, or Aᵀ when m < n); NumPy or CuPy."""
+        return self._matmul(Y, False)
+
+    def _matmul(self, B, trans: bool):
         self._require()
-        return self._num.q_matmul(np.asarray(Y, dtype=np.float64))
+        num = self._num
+        fn = num.qt_matmul if trans else num.q_matmul
+        if is_cupy_array(B):
+            if self._on_device():
+                return fn(B)
+            return to_output(np.asarray(fn(B.get().astype(np.float64))), True)
+        if self._on_device():
+            return fn(np.asarray(B))
+        return fn(np.asarray(B, dtype=np.float64))
 
     @property
     def R(self) -> sp.csc_array:
@@ -268,6 +352,7 @@ class QRFactorization:
             self._num.free()
         self._num = None
         self._solver = None
+        self._dsolve = None
 
     def __enter__(self):
         return self
@@ -280,6 +365,7 @@ class QRFactorization:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_solver"] = None
+        state["_dsolve"] = None
         num = state.get("_num")
         plan = state["_plan"]
         state["_plan_fields"] = {k: getattr(plan, k) for k in
@@ -303,3 +389,26 @@ class QRFactorization:
         self._plan = Plan(factorize_fn=factorize_fn, **fields)
         if refactor:
             self._factorize(self._M)
+
+
+def _device_rhs(b, m: int):
+    """A CuPy right-hand side checked on the device: float64 (m, k) and is-vector.
+
+    Same rules and exception types as :func:`~scipy_gpuqr._validate.solve_rhs`;
+    the finiteness check reads back one flag, never b.
+    """
+    import cupy as cp
+    if b.dtype.kind == "c":
+        raise TypeError("complex right-hand sides are not supported yet")
+    if b.dtype.kind not in "biuf":
+        raise ValueError(f"b must be numeric, got dtype {b.dtype}")
+    if b.ndim not in (1, 2):
+        raise ValueError(f"b must be 1-D or 2-D, got shape {b.shape}")
+    if b.shape[0] != m:
+        raise ValueError(f"b is of incompatible size: expected {m} rows, got shape {b.shape}")
+    if b.size and not bool(cp.isfinite(b).all()):
+        bad = int(cp.count_nonzero(~cp.isfinite(b)))
+        raise ValueError(f"b (shape {b.shape}) contains {bad} non-finite value(s) (inf or NaN)")
+    B = cp.ascontiguousarray(b.reshape(m, -1) if b.ndim == 2 else b.reshape(m, 1),
+                             dtype=np.float64)
+    return B, b.ndim == 1

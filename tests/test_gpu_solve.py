@@ -164,6 +164,42 @@ def test_dense_fronts_take_part_in_both_replays():
     np.testing.assert_allclose(Y, B, atol=1e-12 * A.shape[0])
 
 
+def _singletons_full_rank(rng):
+    """60 column singletons (rows of R taken from A) above a full-rank random block."""
+    D = sp.diags(rng.uniform(1, 2, 60))
+    B = sp.random(60, 60, density=0.05, random_state=int(rng.integers(1 << 30)))
+    C = sp.random(240, 60, density=0.1, random_state=int(rng.integers(1 << 30)))
+    return sp.csc_array(sp.bmat([[D, B], [None, C + sp.eye(240, 60)]]))
+
+
+@pytest.mark.parametrize("budget", [None, 20000])
+def test_front_triangular_matches_sparse_solve(budget):
+    from scipy.sparse.linalg import spsolve_triangular
+
+    from scipy_gpuqr._engine.gpu_trsolve import FrontTriangular
+    rng = np.random.default_rng()
+    cases = [("grid5", _random_values(grid3d_least_squares(5), rng)),
+             ("randls", random_least_squares(400, 150, density=0.03, dense_rows=3,
+                                             seed=int(rng.integers(1 << 30)))),
+             ("singletons", _singletons_full_rank(rng))]
+    for name, A in cases:
+        an = analyze(A)
+        g = gpu_factorize(A, an, device=NumpyDevice(32, 3), max_gpu_memory=budget)
+        if name == "singletons":
+            assert an.n1cols == 60
+        ft = FrontTriangular(g, lambda sid: g._stage_pools.get(sid, g._host_pools.get(sid)), np)
+        R = sp.csr_array(g.R)
+        C = rng.standard_normal((R.shape[1], 3))
+        C0 = C.copy()
+        y, z = ft.upper(C), ft.upper_transposed(C)
+        np.testing.assert_array_equal(C, C0)
+        yr = spsolve_triangular(R, C, lower=False)
+        zr = spsolve_triangular(sp.csr_array(R.T), C, lower=True)
+        assert np.abs(y - yr).max() <= 1e-10 * np.abs(yr).max(), name
+        assert np.abs(z - zr).max() <= 1e-10 * np.abs(zr).max(), name
+        g.free()
+
+
 def test_smem_mirror_matches_the_kernel_layout():
     from scipy_gpuqr._engine import applyq_variants as av
     # ApplyQSmem<32, 3>: V + T + X + C doubles
@@ -200,11 +236,11 @@ def test_applyq_kernel_smem_matches_mirror():
 def test_device_q_matches_host_replay(budget):
     cp = _cp()
     rng = np.random.default_rng()
+    stages = []
     for name, A in _families(rng):
         g = _factor_gpu(A, budget)
         assert g.on_device()
-        if budget is not None:
-            assert g.info["stages"] > 1, name
+        stages.append(g.info["stages"])
         gs.check_levels(gs.plan_of(g))
         m = A.shape[0]
         for k in (1, 3, 40):
@@ -228,6 +264,35 @@ def test_device_q_matches_host_replay(budget):
             assert np.abs(qt_u - qt_h).max() <= tol, (name, k)
             assert st.get("plan") is g._replay.get("plan")
         g.free()
+    if budget is not None:
+        assert max(stages) > 1, stages
+
+
+@pytest.mark.gpu
+def test_dense_fronts_on_device_q_and_triangular_solve():
+    cp = _cp()
+    from scipy.sparse.linalg import spsolve_triangular
+    rng = np.random.default_rng()
+    A = _random_values(grid3d_least_squares(9), rng)
+    g = gpu_factorize(A, analyze(A), dense_flops=2e6, debug=True)
+    assert g.info.get("dense_fronts", 0) > 0, g.info
+    m, n = A.shape
+    B = rng.standard_normal((m, 4))
+    qt_d, q_d = g.qt_matmul(cp.asarray(B)).get(), g.q_matmul(cp.asarray(B)).get()
+    ds = gs.device_solve_of(g)
+    C = rng.standard_normal((n, 2))
+    y = ds.upper(cp.asarray(C)).get()
+    z = ds.upper_transposed(cp.asarray(C)).get()
+    R = sp.csr_array(g.R)
+    yr = spsolve_triangular(R, C, lower=False)
+    zr = spsolve_triangular(sp.csr_array(R.T), C, lower=True)
+    assert np.abs(y - yr).max() <= 1e-9 * np.abs(yr).max()
+    assert np.abs(z - zr).max() <= 1e-9 * np.abs(zr).max()
+    g._materialize()
+    tol = 100 * EPS * np.abs(B).max() * m
+    assert np.abs(qt_d - gs.host_matmul(g, B, trans=True)).max() <= tol
+    assert np.abs(q_d - gs.host_matmul(g, B, trans=False)).max() <= tol
+    g.free()
 
 
 @pytest.mark.gpu
@@ -292,6 +357,7 @@ def test_solve_on_device_matches_lstsq(monkeypatch, budget):
     rng = np.random.default_rng()
     opts = GpuqrOptions(max_gpu_memory=budget) if budget else None
     cases = [("grid6", _random_values(grid3d_least_squares(6), rng)),
+             ("singletons", _singletons_full_rank(rng)),
              ("randls", random_least_squares(500, 160, density=0.03, dense_rows=2,
                                              seed=int(rng.integers(1 << 30)))),
              ("wide", sp.csc_array(random_least_squares(300, 120, density=0.05,

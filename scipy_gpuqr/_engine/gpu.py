@@ -25,9 +25,9 @@ Householder QR through cuSOLVER/cuBLAS (:mod:`.dense_front`) on the same
 stream, right after the launch that completes their assembly; their
 Householder data stay on the device (``GpuQR._dense``).
 
-``Q`` is applied on the host by replaying the kept reflectors
-(:class:`~scipy_gpuqr._engine.simulate.SimulateQR`); the fronts and VT tiles
-are fetched from the GPU on the first ``qt_matmul``/``q_matmul``.
+``Q`` is applied on the GPU from the kept reflectors (:mod:`.gpu_solve`);
+without a CUDA device it is replayed on the host
+(:class:`~scipy_gpuqr._engine.simulate.SimulateQR`).
 """
 
 from __future__ import annotations
@@ -58,12 +58,36 @@ class GpuQR(SimulateQR):
     """Result of :func:`gpu_factorize` (a :class:`~scipy_gpuqr._numeric.NumericQR`).
 
     ``R``, ``colperm`` and ``info`` are on the host. The Householder data
-    (front pools and VT tiles) stay where the factorization left them and are
-    fetched on the first use of ``qt_matmul``/``q_matmul``.
+    (front pools and VT tiles) stay where the factorization left them.
+
+    On a CUDA device ``qt_matmul``/``q_matmul`` run there
+    (:mod:`.gpu_solve`: the kept reflectors replayed by
+    ``kernels/gpuqr_applyq.cu``, level by level; NumPy in → NumPy out, CuPy
+    in → CuPy out); earlier stages' pools are uploaded for their levels.
+    Without one (the NumPy device layer), or when the device replay runs out
+    of memory, the reflectors are replayed on the host after fetching the
+    fronts (:class:`~scipy_gpuqr._engine.simulate.SimulateQR`).
+
+    Launch indices (``_front_launch``, ``_dense[f].after_launch``) are global:
+    the launches of earlier stages plus the launch index in the stage.
+    ``_dense`` (front → object with ``slots``, ``after_launch``,
+    ``apply_qt(Y)``, ``apply_q(Y)``) holds fronts factorized outside the task
+    lists; both replays honour it.
     """
 
     _pending: dict = field(default_factory=dict, repr=False)
     _device: object = field(default=None, repr=False)
+    _host_pools: dict = field(default_factory=dict, repr=False)
+    _front_loc: list = field(default_factory=list, repr=False)
+    _front_launch: list = field(default_factory=list, repr=False)
+    _launch_base: list = field(default_factory=list, repr=False)
+    _dense: dict = field(default_factory=dict, repr=False)
+    _replay: dict = field(default_factory=dict, repr=False)
+
+    def on_device(self) -> bool:
+        """True when Q is applied on a CUDA device (the factorization's)."""
+        return (getattr(self._device, "cp", None) is not None
+                and getattr(self._device, "vt", None) is not None)
 
     def _materialize(self) -> None:
         if self._device is None and self._vt is None:
@@ -83,21 +107,30 @@ class GpuQR(SimulateQR):
                     d.set_front(fronts[f][1].reshape(d.shape))
                     d.host()
             self._fronts = fronts
+            self._host_pools.update(pools)
             self._pending = {}
             self._stage_pools = {}
 
     def qt_matmul(self, B):
+        from . import gpu_solve
+        if self.on_device():
+            return gpu_solve.device_matmul(self, B, trans=True)
         self._materialize()
-        return super().qt_matmul(B)
+        return gpu_solve.host_matmul(self, B, trans=True)
 
     def q_matmul(self, Y):
+        from . import gpu_solve
+        if self.on_device():
+            return gpu_solve.device_matmul(self, Y, trans=False)
         self._materialize()
-        return super().q_matmul(Y)
+        return gpu_solve.host_matmul(self, Y, trans=False)
 
     def free(self) -> None:
         super().free()
         self._pending = {}
         self._stage_pools = {}
+        self._host_pools = {}
+        self._replay = {}
         self._dense = {}
         if self._device is not None:
             self._device.close()
@@ -289,6 +322,9 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
     fm_a, fn_a = fs.fm.astype(np.int64), fs.fn.astype(np.int64)
     host_cb = {}
     front_tasks = [None] * nf
+    front_launch = [None] * nf      # global launch index of each kept record (Q on the GPU)
+    front_loc = [None] * nf         # front -> (stage, offset) in its stage's pool
+    launch_base = []                # first global launch index of each stage
     pending = {}                    # front -> (stage, offset, size) in a device pool
     stage_pools = {}
     host_pools = {}
@@ -314,6 +350,8 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
         s0, s1 = st.s_range
         h = device.begin_stage(st, fs.s_index[s0:s1], vals[s0:s1], carried)
         fac_parts = []
+        fac_launch = []
+        launch_base.append(int(sum(s_.nlaunch for s_ in sched.stages[:sid])))
         copier = None
         dense_at, join_at = {}, {}
         for f, Ld in st.dense.items():
@@ -348,6 +386,7 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
                     sel = np.isin(rec["type"], fac_types)
                     if sel.any():
                         fac_parts.append(rec[sel])
+                        fac_launch.append(np.full(int(sel.sum()), launch_base[-1] + L))
             device.mark_kernels_end(h)
             if layout is None:      # the host side overlaps the launches just enqueued
                 tw = time.perf_counter()
@@ -385,17 +424,23 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
         # Factorize / Apply+Factorize records of each front (Q's replay)
         if cold:
             allf = np.concatenate(fac_parts) if fac_parts else st.tasks[:0]
+            alll = np.concatenate(fac_launch) if fac_launch else np.zeros(0, np.int64)
         else:
             t = st.tasks
-            allf = t[np.isin(t["type"], fac_types)]
+            kk = np.flatnonzero(np.isin(t["type"], fac_types))
+            allf = t[kk]
+            alll = launch_base[-1] + np.searchsorted(st.launch_ptr, kk, side="right") - 1
         order = np.argsort(allf["front"], kind="stable")
         allf = allf[order]
+        alll = np.asarray(alll, dtype=np.int64)[order]
         allf["F"] = 0
         cnt = np.bincount(allf["front"] - first, minlength=last - first + 1)
         ptr = np.concatenate(([0], np.cumsum(cnt)))
         fmm = fm_a[members]
         for i, f in enumerate(members.tolist()):
             front_tasks[f] = allf[ptr[i]:ptr[i + 1]]
+            front_launch[f] = alll[ptr[i]:ptr[i + 1]]
+            front_loc[f] = (sid, int(foff[i]))
             pending[f] = (sid, int(foff[i]), int(fmm[i] * fn_a[f]))
         if sid + 1 < nstage:
             host_pools[sid] = device.to_host(pool)
@@ -453,6 +498,10 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
                 analysis=analysis, qorder=layout.qorder.copy(), schedule=sched,
                 _fronts=fronts, _vt=None, _pending=pending, _device=device, _dense=dense)
     out._stage_pools = stage_pools
+    out._host_pools = host_pools
+    out._front_loc = front_loc
+    out._front_launch = front_launch
+    out._launch_base = launch_base
     return out
 
 
