@@ -19,7 +19,10 @@ Per dtype and n (2..32 with 2**20 matrices; 64/128/256/512 with
   measured in the same run.
 
 For n <= 32 the warp kernels' (threads per block, stages) are tuned per n
-(the best is reported next to the library default).
+(the best is reported next to the library default). For n > 32 the
+factorization methods of ``scipy_gpuqr._batched_blocked_gpu`` listed by
+``--methods`` are timed (``cfg`` names the best; ``dflt ms`` is the default
+method), and Cholesky (``chol``) is timed against torch.linalg.cholesky.
 """
 
 from __future__ import annotations
@@ -44,10 +47,12 @@ TUNE = ((64, 1), (128, 1), (256, 1), (64, 2), (128, 2), (256, 2))
 
 
 def _warm_one(args):
-    from scipy_gpuqr import _batched_gpu
+    from scipy_gpuqr import _batched_blocked_gpu, _batched_gpu
     kernel, dt, n = args
     if kernel == "blocked":
-        _batched_gpu._blocked_function_cached("getrf_panel", dt, 0)
+        _batched_blocked_gpu._legacy_function("getrf_panel", dt, 0)
+    elif kernel == "rows":
+        _batched_blocked_gpu._rows_function("getrf_rows", dt, 32, 512, 0)
     else:
         _batched_gpu._small_function_cached(kernel, dt, n, 0)
     return args
@@ -56,7 +61,7 @@ def _warm_one(args):
 def warm(parallel: int = 16) -> None:
     """Compile every batched kernel variant in parallel processes (fills the disk cache)."""
     from scipy_gpuqr._batched_variants import PADDED_SIZES, SMALL_MAX
-    jobs = [("blocked", "float64", 0)]
+    jobs = [("blocked", "float64", 0), ("rows", "float64", 0)]
     for dt in ("float64", "float32"):
         jobs += [("getrf_warp", dt, n) for n in range(SMALL_MAX, 0, -1)]
         jobs += [(k, dt, n) for k in ("getri_warp", "potrf_small") for n in PADDED_SIZES[::-1]]
@@ -165,6 +170,12 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help=f"n = {QUICK_SMALL} only")
     ap.add_argument("--sizes", help="comma-separated n <= 32 (overrides --quick)")
     ap.add_argument("--no-large", action="store_true", help="skip n = 64..512")
+    ap.add_argument("--large-only", action="store_true", help="only n = 64..512")
+    ap.add_argument("--large", help="comma-separated n:batch pairs for n > 32 "
+                    "(default 64:100000,128:20000,256:4000,512:2000)")
+    ap.add_argument("--methods", default="default",
+                    help="n > 32 methods to time: comma-separated of fused, rows, "
+                    "legacy, default")
     ap.add_argument("--dtypes", default="float64,float32")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--warm", action="store_true", help="only compile the kernels")
@@ -190,7 +201,33 @@ def main(argv=None) -> int:
     rows = []
     small = ([int(x) for x in args.sizes.split(",")] if args.sizes
              else QUICK_SMALL if args.quick else SMALL)
-    sizes = [(n, SMALL_BATCH) for n in small] + ([] if args.no_large else LARGE)
+    large = ([tuple(int(v) for v in p.split(":")) for p in args.large.split(",")]
+             if args.large else LARGE)
+    sizes = ([] if args.large_only else [(n, SMALL_BATCH) for n in small]) + \
+        ([] if args.no_large else large)
+    from scipy_gpuqr import _batched_blocked_gpu as bb
+
+    def large_call(op, method):
+        """Our n > 32 routine for ``op`` with ``method`` (None: default)."""
+        def lu(a):
+            bsz, n = a.shape[0], a.shape[-1]
+            piv = cp.empty((bsz, n), dtype=cp.int32)
+            info = cp.empty((bsz,), dtype=cp.int32)
+            return bb.getrf(a, piv, info, method)
+        if op == "lu":
+            return lu
+        if op == "inv":
+            return lambda a: bb.inverse(a, method)
+        return lambda a: bb.potrf(a, True, method)
+
+    def methods_for(n):
+        out = []
+        for m in args.methods.split(","):
+            m = None if m == "default" else m
+            if m == "fused" and n > bb.FUSED_MAX or m == "rows" and n > bb.ROWS_MAX:
+                continue
+            out.append(m)
+        return out or [None]
     rng = cp.random.default_rng(7)
     hdr = (f"{'dtype':7} {'n':>4} {'batch':>8} {'op':4} {'cfg':>6} {'dev ms':>8} {'dflt ms':>8} "
            f"{'host us':>7} {'e2e ms':>8} {'GF/s':>6} {'floor':>7} {'%fl':>4} "
@@ -199,11 +236,73 @@ def main(argv=None) -> int:
     for dtype in [np.dtype(d) for d in args.dtypes.split(",")]:
         for n, bsz in sizes:
             a = rng.standard_normal((bsz, n, n), dtype=dtype)
+            if n > 32:
+                spd = cp.matmul(a, a.transpose(0, 2, 1))
+                spd += n * cp.eye(n, dtype=dtype)
             item = a.itemsize
-            for op in ("lu", "inv"):
-                if op == "inv" and n > 64:
+            for op in ("lu", "inv", "chol"):
+                if op == "inv" and n > 64 or op == "chol" and n <= 32:
                     continue
                 call = bg.getrf if op == "lu" else bg.getri
+                if n > 32:
+                    default = (None, None)
+                    choices = [(m, "m") for m in methods_for(n)]
+                    if op == "chol":
+                        a_op, a = a, spd
+                    res = {}
+                    for m, _ in choices:
+                        fn = large_call(op, m)
+                        res[(m, "m")] = timer.device(lambda fn=fn: fn(a))
+                    best_cfg = min(res, key=res.get)
+                    best = res[best_cfg]
+                    fdef = large_call(op, None)
+                    dflt = res.get((None, "m")) or timer.device(lambda: fdef(a))
+                    host = timer.host_us(lambda: fdef(a))
+                    e2e = timer.e2e(lambda: fdef(a))
+                    flops = {"lu": 2 * n ** 3 / 3, "inv": 2 * n ** 3, "chol": n ** 3 / 3}[op] * bsz
+                    nbytes = (2 * n * n * item + (n * 4 if op == "lu" else 0) + 4) * bsz
+                    floor = nbytes / bw * 1e3
+                    cb_ms = float("nan")
+                    if op != "chol":
+                        work = a.copy()
+                        cb = cublas_lu(cp, work, inverse=(op == "inv"))
+                        try:
+                            cb_ms = timer.device(cb, reps=3)
+                        except Exception as exc:  # noqa: BLE001
+                            print(f"  cuBLAS failed: {exc}")
+                        del work, cb
+                    t_ms = float("nan")
+                    if torch is not None:
+                        ta = torch.from_dlpack(a)
+                        tf = {"lu": lambda: torch.linalg.lu_factor(ta),
+                              "inv": lambda: torch.linalg.inv(ta),
+                              "chol": lambda: torch.linalg.cholesky(ta)}[op]
+                        try:
+                            t_ms = timer.device(tf, reps=3)
+                        except Exception as exc:  # noqa: BLE001
+                            print(f"  torch failed: {exc}")
+                        del ta
+                    if op == "chol":
+                        a = a_op
+                    dmeth = bb.default_method(n, "chol" if op == "chol" else "lu")
+                    cfg = best_cfg[0] or dmeth
+                    row = dict(dtype=dtype.name, n=n, batch=bsz, op=op, method=cfg,
+                               ms=best, default_ms=dflt, default_method=dmeth,
+                               host_us=host, e2e_ms=e2e, gflops=flops / best / 1e6,
+                               floor_ms=floor, bw_fraction=floor / best, cublas_ms=cb_ms,
+                               x_cublas=cb_ms / best, torch_ms=t_ms, x_torch=t_ms / best,
+                               device=info.get("name"), copy_tbs=bw / 1e12,
+                               methods={str(k[0] or "default"): v for k, v in res.items()})
+                    rows.append(row)
+                    print(f"{row['dtype']:7} {n:>4} {bsz:>8} {op:4} {cfg[:6]:>6} {best:8.3f} "
+                          f"{dflt:8.3f} {host:7.0f} {e2e:8.3f} {row['gflops']:6.0f} "
+                          f"{floor:7.3f} {100 * row['bw_fraction']:4.0f} {cb_ms:8.3f} "
+                          f"{row['x_cublas']:6.2f} {t_ms:8.3f} {row['x_torch']:6.2f}  "
+                          + " ".join(f"{k}={v:.3f}" for k, v in row["methods"].items()),
+                          flush=True)
+                    if args.json:
+                        Path(args.json).write_text(json.dumps(rows, indent=1))
+                    continue
                 if n <= 32:
                     size = n if op == "lu" else padded_size(n)
                     default = bg.warp_defaults(size, dtype.name)

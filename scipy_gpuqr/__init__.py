@@ -17,7 +17,8 @@ patch, unpatch, patched
 Batched small dense matrices
 ----------------------------
 lu_factor_batched, lu_solve_batched, solve_batched, inv_batched,
-cho_factor_batched, cho_solve_batched, block_jacobi
+cho_factor_batched, cho_solve_batched, block_jacobi,
+lu_factor_vbatched, solve_vbatched, inv_vbatched, cho_factor_vbatched
 
 Tiled dense QR
 --------------
@@ -58,6 +59,10 @@ _PUBLIC = {
     "cho_factor_batched": "._batched",
     "cho_solve_batched": "._batched",
     "block_jacobi": "._batched",
+    "lu_factor_vbatched": "._batched",
+    "solve_vbatched": "._batched",
+    "inv_vbatched": "._batched",
+    "cho_factor_vbatched": "._batched",
     "qr_tiled": "._tiled",
 }
 

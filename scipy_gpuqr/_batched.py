@@ -14,6 +14,10 @@ Failure semantics follow SciPy per function: ``lu_factor_batched`` warns
 ``LinAlgError`` for a matrix that is not positive definite. Messages name the
 offending batch indices (up to 10). ``return_info=True`` returns LAPACK-style
 per-matrix ``info`` instead of warning or raising.
+
+The ``*_vbatched`` functions take matrices of different orders in one call
+(a list, or a padded stack with per-matrix sizes); they are implemented in
+:mod:`scipy_gpuqr._batched_vbatched` on top of the fixed-size functions.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from ._options import log_decision, resolve_backend
 
 __all__ = ["lu_factor_batched", "lu_solve_batched", "solve_batched",
            "inv_batched", "cho_factor_batched", "cho_solve_batched",
-           "block_jacobi"]
+           "block_jacobi", "lu_factor_vbatched", "solve_vbatched",
+           "inv_vbatched", "cho_factor_vbatched"]
 
 #: How many offending indices an error message names.
 MAX_NAMED = 10
@@ -654,3 +659,79 @@ def block_jacobi(A, block_size, *, check_finite=True, backend=None):
     """
     from ._batched_jacobi import build
     return build(A, block_size, check_finite=check_finite, backend=backend)
+
+
+# ----------------------------------------------------------------------------
+# variable-size batches
+# ----------------------------------------------------------------------------
+
+def lu_factor_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
+                       backend=None):
+    """LU with partial pivoting of matrices of different orders.
+
+    ``a`` is a list of square arrays (all NumPy or all CuPy) or a padded
+    stack (B, N, N) with ``sizes`` (B,); results take the same form and equal
+    ``scipy.linalg.lu_factor`` per matrix. Matrices are grouped into size
+    classes, one batched factorization per class. See
+    :func:`scipy_gpuqr._batched_vbatched.lu_factor_vbatched`.
+
+    Returns
+    -------
+    lu, piv : lists of arrays, or arrays (B, N, N) and (B, N)
+    info : ndarray of int32, shape (B,)
+        Only with ``return_info=True``.
+    """
+    from ._batched_vbatched import lu_factor_vbatched as impl
+    return impl(a, sizes, check_finite=check_finite, return_info=return_info,
+                backend=backend)
+
+
+def solve_vbatched(a, b, sizes=None, *, check_finite=True, return_info=False,
+                   backend=None):
+    """Solve ``a_k x_k = b_k`` for matrices of different orders.
+
+    ``b`` is a list of (n_k,) or (n_k, m_k) arrays for a list ``a``, or an
+    array (B, N) / (B, N, m) for a padded ``a``. See
+    :func:`scipy_gpuqr._batched_vbatched.solve_vbatched`.
+
+    Returns
+    -------
+    x : list of arrays, or an array shaped like ``b``
+    """
+    from ._batched_vbatched import solve_vbatched as impl
+    return impl(a, b, sizes, check_finite=check_finite, return_info=return_info,
+                backend=backend)
+
+
+def inv_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
+                 backend=None):
+    """Inverse of matrices of different orders (``scipy.linalg.inv`` each).
+
+    See :func:`scipy_gpuqr._batched_vbatched.inv_vbatched`.
+
+    Returns
+    -------
+    ainv : list of arrays, or array (B, N, N)
+    """
+    from ._batched_vbatched import inv_vbatched as impl
+    return impl(a, sizes, check_finite=check_finite, return_info=return_info,
+                backend=backend)
+
+
+def cho_factor_vbatched(a, sizes=None, lower=False, *, check_finite=True,
+                        return_info=False, backend=None):
+    """Cholesky factorization of matrices of different orders.
+
+    Per matrix as ``scipy.linalg.cho_factor``. See
+    :func:`scipy_gpuqr._batched_vbatched.cho_factor_vbatched`.
+
+    Returns
+    -------
+    c : list of arrays, or array (B, N, N)
+    lower : bool
+    info : ndarray of int32, shape (B,)
+        Only with ``return_info=True``.
+    """
+    from ._batched_vbatched import cho_factor_vbatched as impl
+    return impl(a, sizes, lower, check_finite=check_finite,
+                return_info=return_info, backend=backend)

@@ -8,9 +8,10 @@ live in :mod:`scipy_gpuqr._batched`.
 * n <= 32: ``batched_lu.cu`` (LU, inverse: a warp per tile of matrices, a
   row per lane, persistent grid sized by the occupancy) and
   ``batched_small.cu`` (Cholesky: one thread per row).
-* n > 32: ``getrf_panel`` / ``potrf_panel`` steps of ``batched_blocked.cu``
-  with the trailing updates as cuBLAS strided-batched GEMMs.
-* Solves (any n): ``getrs_batched`` / ``potrs_batched``.
+* n > 32: :mod:`scipy_gpuqr._batched_blocked_gpu` (one kernel per matrix for
+  n <= 64, panels with a row per thread and cuBLAS strided-batched GEMM
+  updates up to n = 512, the previous panel kernels beyond).
+* Solves (n <= 32): ``getrs_batched`` / ``potrs_batched``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import functools
 
 import numpy as np
 
-from ._batched_variants import (KERNEL_VARIANTS, PANEL, SMALL_FILES,
+from . import _batched_blocked_gpu as _blocked
+from ._batched_variants import (KERNEL_VARIANTS, SMALL_FILES,
                                 SMALL_MAX, blocked_name, padded_size,
                                 small_name)
 from ._gpu import import_cupy
@@ -31,9 +33,6 @@ __all__ = ["getrf", "getri", "getrs", "potrf", "potrs", "DEFAULT_THREADS",
 #: Threads per block of the Cholesky n <= 32 kernel (matrices per block =
 #: threads / next_pow2(n)).
 DEFAULT_THREADS = 128
-
-#: Threads per block of the blocked kernels (matches GPUQR_BLOCKED_THREADS).
-BLOCKED_THREADS = 256
 
 #: Largest block of the warp kernels (matches GPUQR_WARP_THREADS).
 WARP_THREADS_MAX = 256
@@ -200,61 +199,7 @@ def getrf(a, threads: int | None = None, stages: int | None = None):
         _launch_warp("getrf_warp", n, n, a, lu, bsz, (a, lu, piv, info), (),
                      threads, stages)
         return lu, piv, info
-    lu = a.copy()
-    info.fill(0)
-    _blocked_lu(lu, piv, info)
-    return lu, piv, info
-
-
-def _gemm_strided(a, m: int, nn: int, k: int, a_off: int, lda: int,
-                  b_off: int, ldb: int, c_off: int, ldc: int, trans_a: bool,
-                  batch: int, stride: int, alpha: float, beta: float):
-    """Column-major C = alpha op(A) B + beta C inside the stack ``a``."""
-    cp = import_cupy()
-    from cupy_backends.cuda.libs import cublas
-
-    handle = cp.cuda.device.get_cublas_handle()
-    item = a.itemsize
-    base = a.data.ptr
-    if a.dtype == np.float64:
-        gemm = cublas.dgemmStridedBatched
-        al, be = np.array(alpha, np.float64), np.array(beta, np.float64)
-    else:
-        gemm = cublas.sgemmStridedBatched
-        al, be = np.array(alpha, np.float32), np.array(beta, np.float32)
-    mode = cublas.getPointerMode(handle)
-    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-    try:
-        gemm(handle, cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N,
-             cublas.CUBLAS_OP_N, m, nn, k, al.ctypes.data,
-             base + a_off * item, lda, stride,
-             base + b_off * item, ldb, stride, be.ctypes.data,
-             base + c_off * item, ldc, stride, batch)
-    finally:
-        cublas.setPointerMode(handle, mode)
-
-
-def _panel_launch(fn, smem: int, bsz: int):
-    if smem > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = smem
-    return (bsz,), (BLOCKED_THREADS,), smem
-
-
-def _blocked_lu(a, piv, info) -> None:
-    """Right-looking blocked LU of the stack ``a`` in place."""
-    bsz, n = a.shape[0], a.shape[-1]
-    fn = _blocked_function("getrf_panel", a.dtype)
-    for k0 in range(0, n, PANEL):
-        m = n - k0
-        smem = m * PANEL * a.itemsize + 32 * (a.itemsize + 4)
-        grid, block, smem = _panel_launch(fn, smem, bsz)
-        fn(grid, block, (a, piv, info, np.int32(n), np.int32(k0)), shared_mem=smem)
-        k1 = k0 + PANEL
-        if k1 < n:
-            r = n - k1
-            # row-major A22 -= L21 @ U12  ==  column-major A22ᵀ -= U12ᵀ L21ᵀ
-            _gemm_strided(a, r, r, PANEL, k0 * n + k1, n, k1 * n + k0, n,
-                          k1 * n + k1, n, False, bsz, n * n, -1.0, 1.0)
+    return _blocked.getrf(a, piv, info), piv, info
 
 
 # ----------------------------------------------------------------------------
@@ -267,6 +212,8 @@ def getrs(lu, piv, b, trans: int = 0):
     ``trans`` 0: A x = b; 1 or 2 (real data): Aᵀ x = b.
     """
     cp = import_cupy()
+    if lu.shape[-1] > SMALL_MAX:
+        return _blocked.getrs(lu, piv, b, trans)
     x = cp.array(b, dtype=lu.dtype, order="C", copy=True)
     bsz, n, k = x.shape
     if x.size == 0:
@@ -293,9 +240,7 @@ def getri(a, threads: int | None = None, stages: int | None = None):
         _launch_warp("getri_warp", padded_size(n), n, a, out, bsz, (a, out, info),
                      (np.int32(n),), threads, stages)
         return out, info
-    lu, piv, info = getrf(a)
-    eye = cp.broadcast_to(cp.eye(n, dtype=a.dtype), (bsz, n, n))
-    return getrs(lu, piv, eye, 0), info
+    return _blocked.inverse(a)
 
 
 # ----------------------------------------------------------------------------
@@ -318,34 +263,14 @@ def potrf(a, lower: bool, threads: int | None = None):
         fn(grid, block, (a, out, info, np.int64(bsz), np.int32(n),
                          np.int32(1 if lower else 0)), shared_mem=smem)
         return out, info
-    # blocked, on the lower triangle of the Hermitian matrix potrf reads
-    finite = cp.isfinite(a).all(axis=(1, 2))
-    w = a if lower else a.transpose(0, 2, 1)
-    w = cp.ascontiguousarray(w)
-    info = cp.zeros((bsz,), dtype=np.int32)
-    fn = _blocked_function("potrf_panel", a.dtype)
-    for k0 in range(0, n, PANEL):
-        smem = PANEL * PANEL * a.itemsize
-        grid, block, smem = _panel_launch(fn, smem, bsz)
-        fn(grid, block, (w, info, np.int32(n), np.int32(k0)), shared_mem=smem)
-        k1 = k0 + PANEL
-        if k1 < n:
-            r = n - k1
-            # row-major A22 -= L21 L21ᵀ == column-major (L21ᵀ)ᵀ L21ᵀ
-            _gemm_strided(w, r, r, PANEL, k1 * n + k0, n, k1 * n + k0, n,
-                          k1 * n + k1, n, True, bsz, n * n, -1.0, 1.0)
-    tri = cp.tril(cp.ones((n, n), dtype=bool))
-    if lower:
-        c = cp.where(tri, w, a)
-    else:
-        c = cp.where(tri.T, w.transpose(0, 2, 1), a)
-    info = cp.where(finite, info, -1).astype(np.int32)
-    return cp.ascontiguousarray(c), info
+    return _blocked.potrf(a, lower)
 
 
 def potrs(c, lower: bool, b):
     """Solve with a Cholesky factor from :func:`potrf`; ``b`` (B, n, k)."""
     cp = import_cupy()
+    if c.shape[-1] > SMALL_MAX:
+        return _blocked.potrs(c, lower, b)
     x = cp.array(b, dtype=c.dtype, order="C", copy=True)
     bsz, n, k = x.shape
     if x.size == 0:

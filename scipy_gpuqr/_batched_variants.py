@@ -8,13 +8,30 @@ compile exactly the same module per file.
 from __future__ import annotations
 
 __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "PANEL", "PADDED_SIZES",
-           "small_name", "blocked_name", "padded_size", "SMALL_FILES"]
+           "small_name", "blocked_name", "padded_size", "SMALL_FILES",
+           "FUSED_MAX", "ROWS_MAX", "ROWS_PANEL", "ROWS_THREADS", "STAGE_COLS",
+           "rows_name"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
 SMALL_MAX = 32
 
 #: Column block of the blocked LU / Cholesky (template parameter NB).
 PANEL = 32
+
+#: Largest n factorized (and solved) by one kernel per matrix, a row per
+#: thread (``getrf_rows<T, FUSED_MAX, FUSED_MAX>``, ``solve_smem``).
+FUSED_MAX = 64
+
+#: Largest n of the blocked path with one thread per panel row.
+ROWS_MAX = 512
+
+#: Panel width of that path, and its largest block (rows of the first panel).
+ROWS_PANEL = 32
+ROWS_THREADS = ROWS_MAX
+
+#: Columns of the staging buffer of the parallel swap (kStageCols in
+#: kernels/batched_rows.cu).
+STAGE_COLS = 64
 
 #: Register sizes of the inverse and Cholesky kernels, which take a runtime
 #: n <= N and pad with the identity (LU has one variant for every n).
@@ -40,6 +57,13 @@ def blocked_name(kernel: str, dtype: str) -> str:
     return f"{kernel}<{_CTYPES[dtype]}>"
 
 
+def rows_name(kernel: str, dtype: str, nb: int, maxt: int) -> str:
+    """``getrf_rows<double, 32, 512>``, ``solve_smem<float, 64>``, ..."""
+    if kernel == "solve_smem":
+        return f"{kernel}<{_CTYPES[dtype]}, {nb}>"
+    return f"{kernel}<{_CTYPES[dtype]}, {nb}, {maxt}>"
+
+
 def padded_size(n: int) -> int:
     """Smallest register size in :data:`PADDED_SIZES` holding n."""
     return next(s for s in PADDED_SIZES if s >= n)
@@ -56,4 +80,10 @@ KERNEL_VARIANTS = {
         blocked_name(k, dt)
         for k in ("getrf_panel", "potrf_panel", "getrs_batched", "potrs_batched")
         for dt in _CTYPES),
+    "batched_rows.cu": tuple(
+        rows_name(k, dt, nb, maxt)
+        for dt in _CTYPES
+        for k in ("getrf_rows", "potrf_rows")
+        for nb, maxt in ((FUSED_MAX, FUSED_MAX), (ROWS_PANEL, ROWS_THREADS))) + tuple(
+        rows_name("solve_smem", dt, FUSED_MAX, FUSED_MAX) for dt in _CTYPES),
 }

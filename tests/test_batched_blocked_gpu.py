@@ -1,0 +1,146 @@
+"""GPU kernels for n > 32 (kernels/batched_rows.cu) against LAPACK per matrix.
+
+Each factorization method of :mod:`scipy_gpuqr._batched_blocked_gpu` is run
+explicitly (one kernel per matrix, panels with a row per thread, the legacy
+panels) on fresh random batches, with outputs poisoned (NaN) beforehand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg as sl
+
+from test_batched_cases import (DTYPES, eps, lapack_getrf, lu_backward_error,
+                                random_batch, singular_batch, spd_batch)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    import cupy as cp
+    from scipy_gpuqr import _batched_gpu
+
+    def alloc(shape, dtype):
+        out = cp.empty(shape, dtype=dtype)
+        out.fill(np.nan if np.dtype(dtype).kind == "f" else -12345)
+        return out
+    monkeypatch.setattr(_batched_gpu, "_alloc", alloc)
+
+
+def _lu(a, method):
+    import cupy as cp
+    from scipy_gpuqr import _batched_blocked_gpu as bb
+    ad = cp.asarray(a)
+    bsz, n = a.shape[0], a.shape[-1]
+    piv = cp.full((bsz, n), -7, dtype=cp.int32)
+    info = cp.full((bsz,), -7, dtype=cp.int32)
+    lu = bb.getrf(ad, piv, info, method)
+    cp.cuda.Device().synchronize()
+    np.testing.assert_array_equal(ad.get(), a)           # input untouched
+    return lu.get(), piv.get(), info.get()
+
+
+CASES = [("fused", 33), ("fused", 47), ("fused", 64), ("rows", 33), ("rows", 64),
+         ("rows", 65), ("rows", 100), ("rows", 128), ("rows", 200), ("rows", 256),
+         ("rows", 511), ("rows", 512), ("legacy", 100)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("method,n", CASES)
+def test_lu_methods_match_lapack(rng, method, n, dtype):
+    batch = 5 if n > 256 else 13
+    a = random_batch(rng, (batch,), n, dtype)
+    lu, piv, info = _lu(a, method)
+    ref_lu, ref_piv, ref_info = lapack_getrf(a)
+    np.testing.assert_array_equal(info, ref_info)
+    same = (piv == ref_piv).all(axis=1)
+    assert same.sum() >= batch - 1, np.flatnonzero(~same)
+    tol = 50 * n * eps(dtype) * max(1.0, np.abs(ref_lu).max())
+    np.testing.assert_allclose(lu[same], ref_lu[same], rtol=0, atol=tol)
+    assert lu_backward_error(a, lu, piv) < 20 * n * eps(dtype)
+
+
+@pytest.mark.parametrize("method,n", [("fused", 40), ("fused", 64), ("rows", 64),
+                                      ("rows", 150), ("rows", 300)])
+def test_lu_methods_singular_and_ties(rng, method, n):
+    a = singular_batch(rng, 6, n, np.float64)
+    a[1] = np.round(a[1])                     # many exact ties in |a_ij|
+    a[3, :, :] = np.eye(n)[::-1]              # a permutation: ties among zeros
+    a[5, :, 5:9] = 0                          # several zero columns
+    lu, piv, info = _lu(a, method)
+    ref_lu, ref_piv, ref_info = lapack_getrf(a)
+    np.testing.assert_array_equal(info, ref_info)
+    np.testing.assert_array_equal(piv[3], ref_piv[3])
+    assert lu_backward_error(a, lu, piv) < 20 * n * eps(np.float64)
+
+
+@pytest.mark.parametrize("method,n", [("fused", 50), ("rows", 64), ("rows", 300)])
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_lu_methods_flag_nonfinite(rng, method, n, where):
+    a = random_batch(rng, (4,), n, np.float64)
+    if where == "first":
+        a[2, 0, 0] = np.nan
+    else:
+        a[2, n - 1, n - 1] = np.inf
+    _, _, info = _lu(a, method)
+    assert info[2] == -1 and (info[[0, 1, 3]] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("method,n", [("fused", 33), ("fused", 64), ("rows", 64),
+                                      ("rows", 97), ("rows", 256), ("rows", 512)])
+@pytest.mark.parametrize("lower", [False, True])
+def test_cholesky_methods(rng, method, n, dtype, lower):
+    import cupy as cp
+    from scipy_gpuqr import _batched_blocked_gpu as bb
+    s = spd_batch(rng, 7, n, dtype)
+    s[2, n // 2, n // 2] = -1e4                           # not positive definite
+    sd = cp.asarray(s)
+    c, info = bb.potrf(sd, lower, method)
+    np.testing.assert_array_equal(sd.get(), s)           # input untouched
+    c, info = c.get(), info.get()
+    ref_info = [sl.lapack.get_lapack_funcs("potrf", (m,))(m, lower=lower)[1] for m in s]
+    np.testing.assert_array_equal(info, ref_info)
+    tri = np.tril if lower else np.triu
+    for i in (0, 3, 6):
+        ref, _ = sl.cho_factor(s[i], lower=lower)
+        np.testing.assert_allclose(tri(c[i]), tri(ref), rtol=0,
+                                   atol=50 * n * eps(dtype) * np.abs(ref).max())
+        other = np.triu(s[i], 1) if lower else np.tril(s[i], -1)
+        np.testing.assert_array_equal(c[i] - tri(c[i]), other)
+
+
+@pytest.mark.parametrize("n", [33, 48, 64])
+@pytest.mark.parametrize("trans", [0, 1])
+@pytest.mark.parametrize("k", [1, 3, 70])
+def test_smem_lu_solve(rng, n, trans, k):
+    import scipy_gpuqr as g
+    import cupy as cp
+    a = random_batch(rng, (6,), n, np.float64)
+    b = rng.standard_normal((6, n, k))
+    lu, piv = g.lu_factor_batched(cp.asarray(a))
+    x = g.lu_solve_batched((lu, piv), cp.asarray(b), trans=trans).get()
+    for i in range(6):
+        ref = sl.lu_solve(sl.lu_factor(a[i]), b[i], trans=trans)
+        np.testing.assert_allclose(x[i], ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [33, 64, 65, 128])
+def test_inverse_and_cholesky_solve(rng, n, dtype):
+    import scipy_gpuqr as g
+    import cupy as cp
+    a = random_batch(rng, (5,), n, dtype) + 4 * np.sqrt(n) * np.eye(n, dtype=dtype)
+    x = g.inv_batched(cp.asarray(a)).get()
+    ref = np.linalg.inv(a.astype(np.float64))
+    np.testing.assert_allclose(x, ref, rtol=0, atol=200 * n * eps(dtype) * np.abs(ref).max())
+    s = spd_batch(rng, 5, n, dtype)
+    b = rng.standard_normal((5, n, 2)).astype(dtype)
+    for lower in (False, True):
+        c = g.cho_factor_batched(cp.asarray(s), lower=lower)
+        xs = g.cho_solve_batched(c, cp.asarray(b)).get()
+        refs = np.linalg.solve(s.astype(np.float64), b.astype(np.float64))
+        np.testing.assert_allclose(xs, refs, rtol=0,
+                                   atol=1e3 * n * eps(dtype) * np.abs(refs).max())

@@ -1,0 +1,184 @@
+"""Variable-size batches (``*_vbatched``) against SciPy per matrix, CPU and GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg as sl
+from scipy.linalg import LinAlgError, LinAlgWarning
+
+import scipy_gpuqr as g
+from scipy_gpuqr import _batched_vbatched as vb
+from test_batched_cases import eps
+
+SIZES = [3, 17, 5, 64, 1, 0, 40, 17, 100, 33, 8, 130]
+
+
+def _mats(rng, sizes, dtype=np.float64):
+    return [rng.standard_normal((n, n)).astype(dtype) for n in sizes]
+
+
+def _padded(mats, fill=7.0):
+    big = max(len(m) for m in mats)
+    out = np.full((len(mats), big, big), fill, dtype=mats[0].dtype)
+    for k, m in enumerate(mats):
+        out[k, :len(m), :len(m)] = m
+    return out
+
+
+def _xp(on_gpu):
+    if on_gpu:
+        import cupy as cp
+        return cp
+    return np
+
+
+def _host(x):
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+GPU = pytest.param(True, marks=pytest.mark.gpu)
+
+
+def test_size_classes():
+    assert vb.size_class(5) == 5 and vb.size_class(9) == 12 and vb.size_class(33) == 40
+    assert vb.size_class(512) == 512 and vb.size_class(513) == 640
+    np.testing.assert_array_equal(vb.size_class(np.array([1, 30, 200])), [1, 32, 224])
+    assert all(vb.size_class(c) == c for c in vb.SIZE_CLASSES)
+
+
+@pytest.mark.parametrize("on_gpu", [False, GPU])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_lu_factor_list_and_padded(rng, on_gpu, dtype):
+    xp = _xp(on_gpu)
+    mats = _mats(rng, SIZES, dtype)
+    lu, piv = g.lu_factor_vbatched([xp.asarray(m) for m in mats])
+    assert len(lu) == len(mats) and all(isinstance(x, xp.ndarray) for x in lu)
+    for m, f, p in zip(mats, lu, piv):
+        f, p = _host(f), _host(p)
+        assert f.shape == m.shape and f.dtype == dtype and p.dtype == np.int32
+        if m.size:
+            ref, rpiv = sl.lu_factor(m)
+            np.testing.assert_array_equal(p, rpiv)
+            np.testing.assert_allclose(f, ref, rtol=0,
+                                       atol=50 * len(m) * eps(dtype) * np.abs(ref).max())
+    stack = _padded(mats)
+    lu2, piv2 = g.lu_factor_vbatched(xp.asarray(stack), sizes=SIZES)
+    lu2, piv2 = _host(lu2), _host(piv2)
+    big = stack.shape[-1]
+    for k, m in enumerate(mats):
+        n = len(m)
+        np.testing.assert_array_equal(lu2[k, :n, :n], _host(lu[k]))
+        np.testing.assert_array_equal(piv2[k], np.r_[_host(piv[k]), np.arange(n, big)])
+        np.testing.assert_array_equal(lu2[k, n:, n:], np.eye(big - n))
+        assert not lu2[k, :n, n:].any() and not lu2[k, n:, :n].any()
+
+
+@pytest.mark.parametrize("on_gpu", [False, GPU])
+def test_singular_named_by_index(rng, on_gpu):
+    xp = _xp(on_gpu)
+    mats = _mats(rng, SIZES)
+    mats[2][:, 1] = 0
+    mats[8][:, 50] = 0
+    dev = [xp.asarray(m) for m in mats]
+    with pytest.warns(LinAlgWarning, match=r"index \[2, 8\]"):
+        g.lu_factor_vbatched(dev)
+    _, _, info = g.lu_factor_vbatched(dev, return_info=True)
+    expect = np.zeros(len(mats), dtype=np.int32)
+    expect[2], expect[8] = 2, 51
+    np.testing.assert_array_equal(_host(info), expect)
+    with pytest.raises(LinAlgError, match=r"\[2, 8\]"):
+        g.inv_vbatched(dev)
+    with pytest.raises(LinAlgError, match=r"\[2, 8\]"):
+        g.solve_vbatched(dev, [xp.ones(len(m)) for m in mats])
+    x, info = g.solve_vbatched(dev, [xp.ones(len(m)) for m in mats], return_info=True)
+    assert np.isnan(_host(x[2])).all() and not np.isnan(_host(x[0])).any()
+    dev[6][3, 4] = np.inf
+    with pytest.raises(ValueError, match=r"infs or NaNs.*\[6\]"):
+        g.lu_factor_vbatched(dev)
+
+
+@pytest.mark.parametrize("on_gpu", [False, GPU])
+def test_solve_and_inverse(rng, on_gpu):
+    xp = _xp(on_gpu)
+    mats = _mats(rng, SIZES)
+    vecs = [rng.standard_normal(len(m)) for m in mats]
+    x = g.solve_vbatched([xp.asarray(m) for m in mats], [xp.asarray(v) for v in vecs])
+    for m, v, s in zip(mats, vecs, x):
+        assert _host(s).shape == v.shape
+        if len(m):
+            np.testing.assert_allclose(_host(s), np.linalg.solve(m, v), rtol=1e-8, atol=1e-8)
+    rhs = [rng.standard_normal((len(m), k)) for m, k in zip(mats, [1, 2, 3] * 4)]
+    x = g.solve_vbatched([xp.asarray(m) for m in mats], [xp.asarray(r) for r in rhs])
+    for m, r, s in zip(mats, rhs, x):
+        if len(m):
+            np.testing.assert_allclose(_host(s), np.linalg.solve(m, r), rtol=1e-8, atol=1e-8)
+    stack = _padded(mats)
+    big = stack.shape[-1]
+    bp = np.full((len(mats), big, 2), 5.0)
+    for k, m in enumerate(mats):
+        bp[k, :len(m)] = rng.standard_normal((len(m), 2))
+    xpad = _host(g.solve_vbatched(xp.asarray(stack), xp.asarray(bp), sizes=SIZES))
+    for k, m in enumerate(mats):
+        n = len(m)
+        if n:
+            np.testing.assert_allclose(xpad[k, :n], np.linalg.solve(m, bp[k, :n]),
+                                       rtol=1e-8, atol=1e-8)
+        assert not xpad[k, n:].any()
+    inv = g.inv_vbatched([xp.asarray(m) for m in mats])
+    for m, i in zip(mats, inv):
+        if len(m):
+            ref = np.linalg.inv(m)
+            np.testing.assert_allclose(_host(i), ref, rtol=0,
+                                       atol=1e-9 * np.abs(ref).max() * np.linalg.cond(m))
+
+
+@pytest.mark.parametrize("on_gpu", [False, GPU])
+@pytest.mark.parametrize("lower", [False, True])
+def test_cholesky(rng, on_gpu, lower):
+    xp = _xp(on_gpu)
+    spd = [m @ m.T + len(m) * np.eye(len(m)) for m in _mats(rng, SIZES)]
+    c, low = g.cho_factor_vbatched([xp.asarray(s) for s in spd], lower=lower)
+    assert low is lower
+    tri = np.tril if lower else np.triu
+    for s, f in zip(spd, c):
+        f = _host(f)
+        if len(s):
+            ref, _ = sl.cho_factor(s, lower=lower)
+            np.testing.assert_allclose(tri(f), tri(ref), rtol=0,
+                                       atol=1e-12 * len(s) * np.abs(ref).max())
+            np.testing.assert_array_equal(f - tri(f), s - tri(s))
+    spd[9][5, 5] = -1.0
+    with pytest.raises(LinAlgError, match=r"\[9\]"):
+        g.cho_factor_vbatched([xp.asarray(s) for s in spd], lower=lower)
+    _, _, info = g.cho_factor_vbatched(xp.asarray(_padded(spd)), sizes=SIZES,
+                                       lower=lower, return_info=True)
+    assert _host(info)[9] == 6 and (np.delete(_host(info), 9) == 0).all()
+
+
+def test_bad_input(rng):
+    with pytest.raises(ValueError, match="square"):
+        g.lu_factor_vbatched([np.ones((2, 3))])
+    with pytest.raises(ValueError, match="needs sizes"):
+        g.lu_factor_vbatched(np.ones((2, 3, 3)))
+    with pytest.raises(ValueError, match=r"lie in \[0, 3\]"):
+        g.lu_factor_vbatched(np.ones((2, 3, 3)), sizes=[1, 4])
+    with pytest.raises(ValueError, match="only for a padded stack"):
+        g.lu_factor_vbatched([np.ones((2, 2))], sizes=[2])
+    with pytest.raises(ValueError, match=r"b\[1\]"):
+        g.solve_vbatched([np.eye(2), np.eye(3)], [np.ones(2), np.ones(2)])
+    lu, piv = g.lu_factor_vbatched([])
+    assert lu == [] and piv == []
+
+
+def test_one_batched_call_per_size_class(rng, monkeypatch):
+    calls = []
+    real = g.lu_factor_batched
+
+    def spy(a, **kw):
+        calls.append(a.shape)
+        return real(a, **kw)
+    from scipy_gpuqr import _batched
+    monkeypatch.setattr(_batched, "lu_factor_batched", spy)
+    g.lu_factor_vbatched(_mats(rng, [3, 9, 10, 12, 3, 70, 65, 9]))
+    assert sorted(calls) == sorted([(2, 3, 3), (4, 12, 12), (2, 80, 80)])
