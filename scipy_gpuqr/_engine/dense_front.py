@@ -37,7 +37,7 @@ __all__ = ["DEFAULT_PANEL", "panels_of", "DenseFront", "factorize_numpy",
            "factorize_cupy"]
 
 #: Columns per panel of the blocked factorization (a tunable).
-DEFAULT_PANEL = 128
+DEFAULT_PANEL = 256
 
 
 def panels_of(fm: int, fn: int, stair, nb: int = DEFAULT_PANEL) -> list:
