@@ -288,6 +288,24 @@ def test_dense_fronts_on_device_q_and_triangular_solve():
     zr = spsolve_triangular(sp.csr_array(R.T), C, lower=True)
     assert np.abs(y - yr).max() <= 1e-9 * np.abs(yr).max()
     assert np.abs(z - zr).max() <= 1e-9 * np.abs(zr).max()
+    # the level kernel (one pool) against the front-by-front loop, 3 columns
+    assert ds.fronts._kernel is not None
+    C3 = cp.asarray(rng.standard_normal((n, 3)))
+    yk, zk = ds.fronts.upper(C3), ds.fronts.upper_transposed(C3)
+    from scipy_gpuqr._engine import gpu_trsolve
+    big = gpu_trsolve.BIG_FRONT_ROWS
+    try:                                   # levels with their big fronts through cuBLAS
+        gpu_trsolve.BIG_FRONT_ROWS = 16
+        dh = gs.device_solve_of(g)
+        assert any(any(b) for b in dh.fronts._kernel.levels[False][2])
+        yh, zh = dh.fronts.upper(C3), dh.fronts.upper_transposed(C3)
+    finally:
+        gpu_trsolve.BIG_FRONT_ROWS = big
+    ds.fronts._kernel = None
+    yl, zl = ds.fronts.upper(C3), ds.fronts.upper_transposed(C3)
+    for yy, zz in ((yk, zk), (yh, zh)):
+        assert float(cp.abs(yy - yl).max()) <= 1e-10 * float(cp.abs(yl).max())
+        assert float(cp.abs(zz - zl).max()) <= 1e-10 * float(cp.abs(zl).max())
     g._materialize()
     tol = 100 * EPS * np.abs(B).max() * m
     assert np.abs(qt_d - gs.host_matmul(g, B, trans=True)).max() <= tol

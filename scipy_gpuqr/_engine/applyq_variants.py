@@ -1,4 +1,5 @@
-"""Kernel variants of the device Q application (``kernels/gpuqr_applyq.cu``).
+"""Kernel variants of the GPU solve: Q application (``kernels/gpuqr_applyq.cu``) and
+the triangular solves with R's front blocks (``kernels/gpuqr_rsolve.cu``).
 
 ``build_kernels.py --check`` compiles them (listed in
 ``scipy_gpuqr._kernels.VARIANT_MODULES``); imports without cupy.
@@ -7,7 +8,8 @@
 from __future__ import annotations
 
 __all__ = ["APPLYQ_FILE", "APPLYQ_VARIANTS", "APPLYQ_THREADS", "APPLYQ_COLUMNS",
-           "KERNEL_VARIANTS", "applyq_name", "applyq_smem_name", "applyq_smem_bytes"]
+           "KERNEL_VARIANTS", "applyq_name", "applyq_smem_name", "applyq_smem_bytes",
+           "RSOLVE_FILE", "RSOLVE_THREADS", "rsolve_name"]
 
 #: The kernel's source file.
 APPLYQ_FILE = "gpuqr_applyq.cu"
@@ -48,4 +50,19 @@ def _all_names() -> tuple[str, ...]:
     return tuple(names)
 
 
-KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {APPLYQ_FILE: _all_names()}
+#: The triangular solve's source file.
+RSOLVE_FILE = "gpuqr_rsolve.cu"
+
+#: Threads per block of the triangular solve.
+RSOLVE_THREADS = 256
+
+
+def rsolve_name(ctype: str, trans: bool, threads: int = RSOLVE_THREADS) -> str:
+    """Name expression of a triangular-solve variant (``trans``: Rᵀ, else R)."""
+    return f"gpuqr::rsolve<{_CTYPE[str(ctype)]}, {threads}, {'true' if trans else 'false'}>"
+
+
+KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {
+    APPLYQ_FILE: _all_names(),
+    RSOLVE_FILE: tuple(rsolve_name(c, tr) for c in ("double", "float") for tr in (False, True)),
+}

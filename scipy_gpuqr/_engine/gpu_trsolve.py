@@ -13,9 +13,16 @@ solve reads them where they are instead of a sparse copy of R:
   ``c[cols_f[rk:]] -= Sᵀ y[piv]``;
 
 with the singleton block ``R1 = [R11 R12]`` (rows of A that are rows of R,
-taken from R's sparse copy) last (first for ``Rᵀ``). One dense triangular
-solve and one matrix product per front (cuBLAS through CuPy, float64);
-SciPy/NumPy run the same code on the host (CI).
+taken from R's sparse copy) last (first for ``Rᵀ``).
+
+On the device, when every front lies in one pool (one-stage factorizations,
+the usual case), ``kernels/gpuqr_rsolve.cu`` solves one tree level per
+launch, one thread block per front and right-hand-side column: ``R``'s
+levels by depth from the root (a front reads only its ancestors' values),
+``Rᵀ``'s by height from the leaves (a front pushes into its ancestors'
+columns with atomic adds). Otherwise (several stages, or NumPy on the host
+for CI) one dense triangular solve and one matrix product per front
+(cuBLAS through CuPy, or SciPy), float64.
 
 Measured on an H200 (bench/RESULTS.md, issue 6): cuSPARSE's
 ``spsolve_triangular`` on R's CSR copy takes 6.7 s on grid40 (nnz(R) 8.9e7,
@@ -59,6 +66,10 @@ class FrontTriangular:
             sid, off = qr._front_loc[f]
             self.fronts.append((sid, int(off), int(fs.fm[f]), int(fs.fn[f]), rk, a, b))
         self.cols = xp.asarray(np.asarray(fs.cols, dtype=np.int64))
+        self._kernel = None
+        sids = {fr[0] for fr in self.fronts}
+        if xp is not np and len(sids) == 1 and next(iter(sids)) in qr._stage_pools:
+            self._kernel = _LevelKernel(self, fs, qr._stage_pools[next(iter(sids))])
         n1 = int(getattr(an, "n1cols", 0))
         self.n1 = n1
         self.R11 = self.R11T = self.R12 = self.R12T = None
@@ -86,6 +97,8 @@ class FrontTriangular:
             from scipy.linalg import solve_triangular
         else:
             from cupyx.scipy.linalg import solve_triangular
+        if U.dtype != np.float64:
+            U = U.astype(np.float64)
         return solve_triangular(U, B, lower=False, trans=1 if trans else 0)
 
     def _sptri(self, M, B, *, lower: bool):
@@ -97,23 +110,42 @@ class FrontTriangular:
 
     def _blocks(self, sid, off, fm, fn, rk, pool):
         Fv = pool[off: off + fm * fn].reshape(fm, fn)
-        U = self.xp.triu(Fv[:rk, :rk]).astype(np.float64)
-        return U, Fv[:rk, rk:]
+        # the triangular solvers read U's upper triangle only (Householder data below)
+        return Fv[:rk, :rk], Fv[:rk, rk:].astype(np.float64, copy=False)
+
+    def step(self, i: int, Y, pool, *, trans: bool) -> None:
+        """Front ``self.fronts[i]`` of the solve, in place on Y (dense solvers)."""
+        sid, off, fm, fn, rk, a, b = self.fronts[i]
+        U, S = self._blocks(sid, off, fm, fn, rk, pool)
+        piv = self.cols[a: a + rk]
+        if not trans:
+            rhs = Y[piv]
+            if fn > rk:
+                rhs = rhs - S @ Y[self.cols[a + rk: b]]
+            Y[piv] = self._tri(U, rhs, trans=False)
+            return
+        y = self._tri(U, Y[piv], trans=True)
+        Y[piv] = y
+        if fn > rk:
+            o = self.cols[a + rk: b]
+            Y[o] -= S.T @ y
+
+    def _loop(self, Y, trans: bool) -> None:
+        sid_cur, pool = None, None
+        order = range(len(self.fronts)) if trans else range(len(self.fronts) - 1, -1, -1)
+        for i in order:
+            sid = self.fronts[i][0]
+            if sid != sid_cur:
+                pool, sid_cur = self.pools(sid), sid
+            self.step(i, Y, pool, trans=trans)
 
     def upper(self, C):
         """``R⁻¹ C``; C of shape (n, k), float64 (not modified)."""
-        xp = self.xp
-        Y = xp.array(C, dtype=np.float64, copy=True)
-        sid_cur, pool = None, None
-        for sid, off, fm, fn, rk, a, b in reversed(self.fronts):
-            if sid != sid_cur:
-                pool, sid_cur = self.pools(sid), sid
-            U, S = self._blocks(sid, off, fm, fn, rk, pool)
-            piv = self.cols[a: a + rk]
-            rhs = Y[piv]
-            if fn > rk:
-                rhs = rhs - S.astype(np.float64) @ Y[self.cols[a + rk: b]]
-            Y[piv] = self._tri(U, rhs, trans=False)
+        Y = self.xp.array(C, dtype=np.float64, order="C", copy=True)
+        if self._kernel is not None:
+            self._kernel.run(Y, trans=False)
+        else:
+            self._loop(Y, False)
         if self.n1:
             n1 = self.n1
             rhs = Y[:n1] - self.R12 @ Y[n1:]
@@ -122,21 +154,78 @@ class FrontTriangular:
 
     def upper_transposed(self, C):
         """``R⁻ᵀ C``; C of shape (n, k), float64 (not modified)."""
-        xp = self.xp
-        Y = xp.array(C, dtype=np.float64, copy=True)
+        Y = self.xp.array(C, dtype=np.float64, order="C", copy=True)
         if self.n1:
             n1 = self.n1
             Y[:n1] = self._sptri(self.R11T, Y[:n1], lower=True)
             Y[n1:] -= self.R12T @ Y[:n1]
-        sid_cur, pool = None, None
-        for sid, off, fm, fn, rk, a, b in self.fronts:
-            if sid != sid_cur:
-                pool, sid_cur = self.pools(sid), sid
-            U, S = self._blocks(sid, off, fm, fn, rk, pool)
-            piv = self.cols[a: a + rk]
-            y = self._tri(U, Y[piv], trans=True)
-            Y[piv] = y
-            if fn > rk:
-                o = self.cols[a + rk: b]
-                Y[o] -= S.astype(np.float64).T @ y
+        if self._kernel is not None:
+            self._kernel.run(Y, trans=True)
+        else:
+            self._loop(Y, True)
         return Y
+
+
+#: Fronts with at least this many rows of R are solved by cuBLAS (one thread block
+#: walking thousands of rows one by one is slower: measured 5.8 ms for one
+#: 3000-row front against 0.4 ms).
+BIG_FRONT_ROWS = 512
+
+
+class _LevelKernel:
+    """The fronts of a one-pool factorization as levels of ``kernels/gpuqr_rsolve.cu``.
+
+    Fronts of :data:`BIG_FRONT_ROWS` rows of R or more are solved in their level
+    by :meth:`FrontTriangular.step` (cuBLAS) instead.
+    """
+
+    def __init__(self, ft, fs, pool):
+        import cupy as cp
+
+        from .._kernels import load_module
+        from . import applyq_variants as av
+        self.cp, self.pool, self.cols, self.ft = cp, pool, ft.cols, ft
+        nf = fs.nfronts
+        parent = np.asarray(fs.parent, dtype=np.int64)
+        depth = np.zeros(nf, dtype=np.int64)
+        height = np.zeros(nf, dtype=np.int64)
+        for f in range(nf - 1, -1, -1):         # postorder: parents after children
+            if parent[f] >= 0:
+                depth[f] = depth[parent[f]] + 1
+        for f in range(nf):
+            if parent[f] >= 0:
+                height[parent[f]] = max(height[parent[f]], height[f] + 1)
+        idx = {}
+        for i, (sid, off, fm, fn, rk, a, b) in enumerate(ft.fronts):
+            idx[i] = (off, fn, rk, a)
+        fr = np.array([idx[i] for i in range(len(ft.fronts))], dtype=np.int64).reshape(-1, 4)
+        which = np.flatnonzero(np.asarray(fs.frank) > 0)     # ft.fronts' front indices
+        big = fr[:, 2] >= BIG_FRONT_ROWS
+        self.levels = {}
+        for trans, key in ((False, depth[which]), (True, height[which])):
+            nlev = int(key.max()) + 1 if len(key) else 0
+            small = np.flatnonzero(~big)
+            order = small[np.argsort(key[small], kind="stable")]
+            cnt = np.bincount(key[small], minlength=nlev)
+            ptr = np.concatenate(([0], np.cumsum(cnt))).astype(np.int64)
+            desc = cp.asarray(np.ascontiguousarray(fr[order]).reshape(-1, 4))
+            bigs = [[] for _ in range(nlev)]
+            for i in np.flatnonzero(big).tolist():
+                bigs[int(key[i])].append(i)
+            self.levels[trans] = (desc, ptr, bigs)
+        ctype = "double" if pool.dtype == np.float64 else "float"
+        mod = load_module(av.RSOLVE_FILE, av.KERNEL_VARIANTS[av.RSOLVE_FILE])
+        self.kern = {tr: mod.get_function(av.rsolve_name(ctype, tr)) for tr in (False, True)}
+        self.threads = av.RSOLVE_THREADS
+
+    def run(self, Y, *, trans: bool) -> None:
+        """One launch per level, in place on Y (n × k, C order, float64)."""
+        desc, ptr, bigs = self.levels[trans]
+        k = Y.shape[1]
+        for lv in range(len(ptr) - 1):
+            a, b = int(ptr[lv]), int(ptr[lv + 1])
+            if b > a and k:
+                self.kern[trans]((b - a, k), (self.threads,),
+                                 (desc[a:], self.pool, self.cols, Y, np.int32(k)))
+            for i in bigs[lv]:
+                self.ft.step(i, Y, self.pool, trans=trans)
