@@ -79,11 +79,14 @@ class QRFactorization:
     device) ``qt_matmul``, ``q_matmul``, :meth:`solve` of full-rank problems
     and the exact solves of ``spsolve``/``factorized`` run on the device
     (:mod:`scipy_gpuqr._engine.gpu_solve`: Qᵀb from the kept reflectors,
-    cuSPARSE triangular solve with R, the permutation); CuPy in → CuPy out
+    triangular solves with R's blocks where the factorization left them,
+    the permutation); CuPy in → CuPy out
     without copying b or x to the host, NumPy in → NumPy out. The rank
-    decision (:class:`~scipy_gpuqr._lstsq.MinNormSolver`) runs on the host
-    from R once per factorization; a rank-deficient least-squares problem
-    is then solved on the host path (Qᵀb still on the device).
+    decision (:class:`~scipy_gpuqr._lstsq.MinNormSolver`) is made once per
+    factorization from R; a rank-deficient least-squares problem then takes
+    that solver's path (Qᵀb still on the device, b and x through the host).
+    ``lsqr``, ``lsmr``, ``spsolve`` and ``factorized`` check b on the host
+    (one copy of b and x each way) and solve on the device.
 
     Picklable: the numeric factors are plain NumPy/SciPy arrays for every
     CPU backend; a backend whose factors hold device or C handles is

@@ -500,7 +500,8 @@ def plan_of(qr) -> ReplayPlan:
             fronts.append((slots, tasks, qr._front_launch[f], sid, off))
         plan = build_replay_plan(qr.shape[0], fronts, tile=qr.schedule.tile,
                                  bundle=qr.schedule.bundle, launch_base=qr._launch_base,
-                                 dense=getattr(qr, "_dense", {}))
+                                 dense=getattr(qr, "_dense", {}),
+                                 verify=bool(getattr(qr._device, "debug", False)))
         qr._replay["plan"] = plan
     return plan
 
