@@ -70,7 +70,8 @@ using namespace gpuqr_rows;
 
 // ---------------------------------------------------------------------------
 // input:  src (batch, n, n) row-major (the panel is read from here)
-// output: dst (batch, n, n): panel, moved rows, U12 (may equal src)
+// output: dst (batch, n, n): panel, moved rows, U12 in the columns
+//         k0+nb .. trsm_end-1 (may equal src)
 //         piv (batch, n) entries k0..k0+nb-1 (0-based, LAPACK order)
 //         info (batch): read when k0 > 0, written
 // block:  ceil((n - k0) / 32) * 32 threads <= MAXT
@@ -80,7 +81,7 @@ using namespace gpuqr_rows;
 template <typename T, int NB, int MAXT>
 __global__ void __launch_bounds__(MAXT)
 getrf_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ info,
-           int n, int k0)
+           int n, int k0, int trsm_end)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int MW = MAXT / 32;
@@ -228,7 +229,7 @@ getrf_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ info,
         // than threads), loads first; no loop, so that the L11 loads are not
         // hoisted out of one (they would not fit in registers)
         const int c = k0 + nb + tid;
-        if (c < n) {
+        if (c < trsm_end) {
             T y[NB];
 #pragma unroll
             for (int j = 0; j < NB; ++j)
@@ -252,6 +253,50 @@ getrf_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ info,
         const int prev = k0 > 0 ? info[mat] : 0;
         info[mat] = (prev < 0 || bad) ? -1 : (prev > 0 ? prev : zinfo);
     }
+}
+
+// ---------------------------------------------------------------------------
+// U12 = L11^{-1} A12 for the rows r0..r0+nb-1 and the columns c0..n-1, L11 the
+// unit lower triangle of A[r0:r0+nb, r0:r0+nb] (the second half of a 64-wide
+// panel, whose first half updated these rows first). One thread per column.
+// info (batch): set to -1 when a result is not finite.
+// block: ceil((n - c0) / 32) * 32 threads <= 512
+// ---------------------------------------------------------------------------
+template <typename T, int NB>
+__global__ void __launch_bounds__(512)
+trsm_lunit(T *__restrict__ a, int *__restrict__ info, int n, int r0, int nb, int c0)
+{
+    __shared__ T L[NB * NB];
+    const long long mat = blockIdx.x;
+    T *A = a + mat * (long long)n * n;
+    const int tid = threadIdx.x;
+    for (int e = tid; e < nb * nb; e += blockDim.x) {
+        const int r = e / nb, c = e - r * nb;
+        L[r * NB + c] = A[(long long)(r0 + r) * n + r0 + c];
+    }
+    __syncthreads();
+    bool bad = false;
+    const int c = c0 + tid;
+    if (c < n) {
+        T y[NB];
+#pragma unroll
+        for (int j = 0; j < NB; ++j)
+            y[j] = j < nb ? A[(long long)(r0 + j) * n + c] : T(0);
+#pragma unroll
+        for (int t = 0; t < NB; ++t) {
+#pragma unroll
+            for (int j = t + 1; j < NB; ++j) y[j] = fma(-L[j * NB + t], y[t], y[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+            if (j < nb) {
+                A[(long long)(r0 + j) * n + c] = y[j];
+                bad = bad || !isfinite(y[j]);
+            }
+        }
+    }
+    bad = __syncthreads_or(bad);
+    if (tid == 0 && bad) info[mat] = -1;
 }
 
 // ---------------------------------------------------------------------------

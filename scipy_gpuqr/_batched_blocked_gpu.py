@@ -10,10 +10,13 @@ operation, :func:`default_method`):
 * ``'fused'`` (n <= 64): the whole factorization in one kernel, one thread
   per row holding the row in registers (``getrf_rows<T, 64, 64>`` /
   ``potrf_rows<T, 64, 64>`` of ``kernels/batched_rows.cu``).
-* ``'rows'`` (n <= 512): blocked right-looking, panels of 32 columns with
-  one thread per panel row (one barrier per column, lazy row swaps, the
-  parallel swap and U12 = L11⁻¹ A12 in the same kernel) and the trailing
-  update as a cuBLAS strided-batched GEMM.
+* ``'rows'`` (n <= 512): blocked right-looking with panels of 64 columns,
+  each factorized as two halves of 32 (nested blocking: the left half, a
+  GEMM on the right half, the right half) by a kernel with one thread per
+  panel row (one barrier per column, lazy row swaps, the parallel swap and
+  U12 = L11⁻¹ A12 in the same kernel); the trailing update is a cuBLAS
+  strided-batched GEMM with k = 64.
+* ``'rows32'``: the same with panels of 32 (trailing GEMMs with k = 32).
 * ``'legacy'`` (any n): the previous panel kernels of
   ``kernels/batched_blocked.cu`` (block-wide barriers per column), kept for
   n > 512 and for comparison.
@@ -38,7 +41,7 @@ __all__ = ["getrf", "potrf", "getrs", "potrs", "inverse", "default_method",
            "METHODS"]
 
 #: Factorization methods, see the module docstring.
-METHODS = ("fused", "rows", "legacy")
+METHODS = ("fused", "rows", "rows32", "legacy")
 
 #: Threads per block of the legacy panel kernels (GPUQR_BLOCKED_THREADS).
 LEGACY_THREADS = 256
@@ -78,8 +81,8 @@ def _check_method(method, n: int, op: str = "lu") -> str:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "fused" and n > FUSED_MAX:
         raise ValueError(f"method 'fused' handles n <= {FUSED_MAX}, got n={n}")
-    if method == "rows" and n > ROWS_MAX:
-        raise ValueError(f"method 'rows' handles n <= {ROWS_MAX}, got n={n}")
+    if method in ("rows", "rows32") and n > ROWS_MAX:
+        raise ValueError(f"method {method!r} handles n <= {ROWS_MAX}, got n={n}")
     return method
 
 
@@ -136,6 +139,14 @@ def _gemm_strided(a, m: int, nn: int, k: int, a_off: int, lda: int,
         cublas.setPointerMode(handle, mode)
 
 
+def _gemm_rows(a, n: int, r0: int, nr: int, c0: int, nc: int, kk: int, k: int) -> None:
+    """Row-major A[r0:r0+nr, c0:c0+nc] -= A[r0:r0+nr, kk:kk+k] @ A[kk:kk+k, c0:c0+nc]."""
+    if nr > 0 and nc > 0 and k > 0:
+        # row-major C -= L U  ==  column-major Cᵀ -= Uᵀ Lᵀ
+        _gemm_strided(a, nc, nr, k, kk * n + c0, n, r0 * n + kk, n, r0 * n + c0, n,
+                      False, a.shape[0], n * n, -1.0, 1.0)
+
+
 def _lu_update(a, n: int, k0: int, nb: int) -> None:
     """Row-major A22 -= L21 @ U12 after the panel at k0 (width nb)."""
     k1 = k0 + nb
@@ -174,18 +185,11 @@ def getrf(a, piv, info, method: str | None = None):
         lu = _alloc(a.shape, a.dtype)
         fn = _rows_function("getrf_rows", dt, FUSED_MAX, FUSED_MAX, dev)
         fn((bsz,), (_rows_threads(n),),
-           (a, lu, piv, info, np.int32(n), np.int32(0)))
+           (a, lu, piv, info, np.int32(n), np.int32(0), np.int32(n)))
         return lu
     lu = a.copy()
-    if method == "rows":
-        fn = _rows_function("getrf_rows", dt, ROWS_PANEL, ROWS_THREADS, dev)
-        smem = _with_smem(fn, (ROWS_PANEL * ROWS_PANEL + 2 * ROWS_PANEL * STAGE_COLS)
-                          * a.itemsize)
-        for k0 in range(0, n, ROWS_PANEL):
-            nb = min(ROWS_PANEL, n - k0)
-            fn((bsz,), (_rows_threads(n - k0),),
-               (lu, lu, piv, info, np.int32(n), np.int32(k0)), shared_mem=smem)
-            _lu_update(lu, n, k0, nb)
+    if method in ("rows", "rows32"):
+        _rows_lu(lu, piv, info, 2 * ROWS_PANEL if method == "rows" else ROWS_PANEL)
         return lu
     info.fill(0)
     fn = _legacy_function("getrf_panel", dt, dev)
@@ -195,6 +199,45 @@ def getrf(a, piv, info, method: str | None = None):
            shared_mem=smem)
         _lu_update(lu, n, k0, min(PANEL, n - k0))
     return lu
+
+
+def _rows_lu(lu, piv, info, outer: int) -> None:
+    """Blocked LU of ``lu`` in place with panels of ``outer`` (32 or 64) columns.
+
+    A panel of 64 is factorized as two halves (LAPACK's recursive getrf2 one
+    level deep): the left half (its kernel also solves U12 for all columns to
+    the right), a GEMM on the right half's columns, the right half (row
+    swaps only), then for the columns right of the panel a GEMM on the right
+    half's rows and their solve with its L11; one GEMM with k = 64 updates
+    the trailing matrix.
+    """
+    bsz, n = lu.shape[0], lu.shape[-1]
+    dt = _dtname(lu.dtype)
+    dev = _device_id()
+    fn = _rows_function("getrf_rows", dt, ROWS_PANEL, ROWS_THREADS, dev)
+    smem = _with_smem(fn, (ROWS_PANEL * ROWS_PANEL + 2 * ROWS_PANEL * STAGE_COLS)
+                      * lu.itemsize)
+    tr = _rows_function("trsm_lunit", dt, ROWS_PANEL, ROWS_THREADS, dev)
+
+    def panel(k0: int, trsm_end: int) -> None:
+        fn((bsz,), (_rows_threads(n - k0),),
+           (lu, lu, piv, info, np.int32(n), np.int32(k0), np.int32(trsm_end)),
+           shared_mem=smem)
+
+    for k0 in range(0, n, outer):
+        w = min(outer, n - k0)
+        end = k0 + w
+        panel(k0, n)
+        if w > ROWS_PANEL:
+            k1 = k0 + ROWS_PANEL
+            _gemm_rows(lu, n, k1, n - k1, k1, end - k1, k0, ROWS_PANEL)
+            panel(k1, end)
+            if end < n:
+                _gemm_rows(lu, n, k1, end - k1, end, n - end, k0, ROWS_PANEL)
+                tr((bsz,), (_rows_threads(n - end),),
+                   (lu, info, np.int32(n), np.int32(k1), np.int32(end - k1),
+                    np.int32(end)))
+        _gemm_rows(lu, n, end, n - end, end, n - end, k0, w)
 
 
 # ----------------------------------------------------------------------------
@@ -217,7 +260,7 @@ def potrf(a, lower: bool, method: str | None = None):
     if method == "fused":
         fn = _rows_function("potrf_rows", dt, FUSED_MAX, FUSED_MAX, dev)
         fn((bsz,), (_rows_threads(n),), (w, info, np.int32(n), np.int32(0)))
-    elif method == "rows":
+    elif method in ("rows", "rows32"):                   # one panel width for Cholesky
         fn = _rows_function("potrf_rows", dt, ROWS_PANEL, ROWS_THREADS, dev)
         for k0 in range(0, n, ROWS_PANEL):
             fn((bsz,), (_rows_threads(n - k0),), (w, info, np.int32(n), np.int32(k0)))

@@ -25,7 +25,8 @@ FUSED_MAX = 64
 #: Largest n of the blocked path with one thread per panel row.
 ROWS_MAX = 512
 
-#: Panel width of that path, and its largest block (rows of the first panel).
+#: Panel width of that path (the kernel's; panels of 2 * ROWS_PANEL columns
+#: are factorized as two halves), and its largest block (rows of the first panel).
 ROWS_PANEL = 32
 ROWS_THREADS = ROWS_MAX
 
@@ -59,7 +60,7 @@ def blocked_name(kernel: str, dtype: str) -> str:
 
 def rows_name(kernel: str, dtype: str, nb: int, maxt: int) -> str:
     """``getrf_rows<double, 32, 512>``, ``solve_smem<float, 64>``, ..."""
-    if kernel == "solve_smem":
+    if kernel in ("solve_smem", "trsm_lunit"):
         return f"{kernel}<{_CTYPES[dtype]}, {nb}>"
     return f"{kernel}<{_CTYPES[dtype]}, {nb}, {maxt}>"
 
@@ -85,5 +86,6 @@ KERNEL_VARIANTS = {
         for dt in _CTYPES
         for k in ("getrf_rows", "potrf_rows")
         for nb, maxt in ((FUSED_MAX, FUSED_MAX), (ROWS_PANEL, ROWS_THREADS))) + tuple(
-        rows_name("solve_smem", dt, FUSED_MAX, FUSED_MAX) for dt in _CTYPES),
+        rows_name("solve_smem", dt, FUSED_MAX, FUSED_MAX) for dt in _CTYPES) + tuple(
+        rows_name("trsm_lunit", dt, ROWS_PANEL, ROWS_THREADS) for dt in _CTYPES),
 }

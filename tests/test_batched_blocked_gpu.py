@@ -44,7 +44,8 @@ def _lu(a, method):
 
 CASES = [("fused", 33), ("fused", 47), ("fused", 64), ("rows", 33), ("rows", 64),
          ("rows", 65), ("rows", 100), ("rows", 128), ("rows", 200), ("rows", 256),
-         ("rows", 511), ("rows", 512), ("legacy", 100)]
+         ("rows", 511), ("rows", 512), ("rows32", 100), ("rows32", 512),
+         ("legacy", 100)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -63,7 +64,7 @@ def test_lu_methods_match_lapack(rng, method, n, dtype):
 
 
 @pytest.mark.parametrize("method,n", [("fused", 40), ("fused", 64), ("rows", 64),
-                                      ("rows", 150), ("rows", 300)])
+                                      ("rows", 150), ("rows", 300), ("rows32", 150)])
 def test_lu_methods_singular_and_ties(rng, method, n):
     a = singular_batch(rng, 6, n, np.float64)
     a[1] = np.round(a[1])                     # many exact ties in |a_ij|
@@ -76,7 +77,8 @@ def test_lu_methods_singular_and_ties(rng, method, n):
     assert lu_backward_error(a, lu, piv) < 20 * n * eps(np.float64)
 
 
-@pytest.mark.parametrize("method,n", [("fused", 50), ("rows", 64), ("rows", 300)])
+@pytest.mark.parametrize("method,n", [("fused", 50), ("rows", 64), ("rows", 300),
+                                      ("rows", 97)])
 @pytest.mark.parametrize("where", ["first", "last"])
 def test_lu_methods_flag_nonfinite(rng, method, n, where):
     a = random_batch(rng, (4,), n, np.float64)
