@@ -389,8 +389,8 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
     tail = _tail_lengths(fs, nl)
     crit = max(tail) + 1 if nf else 0
     # per-step task counts of every front (for the launch limit)
-    counts = [np.diff(s.launch_ptr).tolist() if s is not None else [0] * nl[f]
-              for f, s in enumerate(scheds)]
+    per_pat = {k: np.diff(u.launch_ptr).tolist() for k, u in uniq.items()}
+    counts = [per_pat[id(s)] if s is not None else [0] * nl[f] for f, s in enumerate(scheds)]
     parent = fs.parent.tolist()
     chp, ch = fs.child_ptr.tolist(), fs.children.tolist()
     fn_l, fp_l = fs.fn.tolist(), fs.fp.tolist()
