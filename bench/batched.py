@@ -355,6 +355,8 @@ def main(argv=None) -> int:
                     Path(args.json).write_text(json.dumps(rows, indent=1))
             del a
             cp.get_default_memory_pool().free_all_blocks()
+            if torch is not None:          # torch's cache grows with every new size
+                torch.cuda.empty_cache()
     return 0
 
 

@@ -39,7 +39,9 @@ struct Layout {
     static constexpr int SEG = Seg<N>::value;
     static constexpr int MW = 32 / SEG;                 // matrices per warp tile
     static constexpr int TILE = MW * N * LD;            // elements per tile
-    static constexpr int NBUF = ((N + 2 + VW - 1) / VW) * VW;   // broadcast buffer
+    // broadcast buffer per matrix: the row and two scalars; one matrix per
+    // warp (N > 16) leaves room for the padded groups of batched_warp2d.cuh
+    static constexpr int NBUF = ((N + 2 + VW - 1) / VW) * VW + (MW == 1 ? 6 * VW : 0);
 };
 
 template <typename T> __device__ __forceinline__ T sfmin();
@@ -68,6 +70,14 @@ __device__ __forceinline__ float fast_rcp(float x) {
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     float e = fmaf(-x, y, 1.0f);
     return fmaf(y, e, y);
+}
+
+// Multiplier scale for the pivot x: makes x * scale and its reciprocal normal.
+template <typename T>
+__device__ __forceinline__ T pivot_scale(T x) {
+    const T ax = fabs(x);
+    T s = (ax >= big_limit<T>()) ? T(1) / up_scale<T>() : T(1);
+    return (ax < sfmin<T>()) ? up_scale<T>() : s;
 }
 
 // Order-preserving key of |x|: high and low 32 bits of its IEEE pattern.

@@ -22,8 +22,8 @@ import numpy as np
 
 from . import _batched_blocked_gpu as _blocked
 from ._batched_variants import (KERNEL_VARIANTS, SMALL_FILES,
-                                SMALL_MAX, blocked_name, padded_size,
-                                small_name)
+                                SMALL_MAX, TINY_MAX, blocked_name,
+                                padded_size, small_name)
 from ._gpu import import_cupy
 from ._kernels import load_module
 
@@ -38,6 +38,9 @@ DEFAULT_THREADS = 128
 WARP_THREADS_MAX = 256
 
 _SOLVE_THREADS = 128
+
+#: Shared memory an sm_90 SM gives its blocks (the stage rule of warp_defaults).
+_SMEM_PER_SM = 227 * 1024
 
 
 def _alloc(shape, dtype):
@@ -114,8 +117,11 @@ def warp_smem_bytes(size: int, itemsize: int, warps: int, stages: int) -> int:
     """Dynamic shared memory of a ``getrf_warp``/``getri_warp`` block.
 
     Mirrors ``Layout`` in kernels/batched_warp.cuh: per warp two broadcast
-    buffers per matrix of the tile and ``stages`` tiles.
+    buffers per matrix of the tile and ``stages`` tiles (none at all for
+    ``size <= TINY_MAX``: a thread per matrix).
     """
+    if size <= TINY_MAX:
+        return 0
     vw = 16 // itemsize
     seg = _seg(size)
     mw = 32 // seg
@@ -124,7 +130,7 @@ def warp_smem_bytes(size: int, itemsize: int, warps: int, stages: int) -> int:
         ld = (units if units % 2 else units + 1) * vw
     else:
         ld = size | 1
-    nbuf = -(-(size + 2) // vw) * vw
+    nbuf = -(-(size + 2) // vw) * vw + (6 * vw if mw == 1 else 0)
     return warps * (2 * mw * nbuf + stages * mw * size * ld) * itemsize
 
 
@@ -132,12 +138,16 @@ def warp_smem_bytes(size: int, itemsize: int, warps: int, stages: int) -> int:
 def warp_defaults(size: int, dt: str) -> tuple[int, int]:
     """(threads per block, stages) of the warp kernels for register size ``size``.
 
-    Two tiles in flight per warp while a tile takes at most 4.5 KiB (the
-    copy of the next tile then hides under the factorization); one for the
-    larger tiles, whose shared memory would otherwise cap the warps per SM.
+    256 threads; two tiles in flight per warp (the copy of the next tile
+    then hides under the factorization) while 16 warps -- the most that 128
+    registers per thread allow on an SM -- still fit in the shared memory of
+    an sm_90 SM with two tiles each, else one (n = 32 in double: two would
+    cap the warps per SM). The best of 64/128/256 x 1/2 on the H200 at
+    n = 8, 16, 24, 32 (within 1 %; bench/RESULTS.md, issue 7); 128 threads
+    was 2-4 % slower at n >= 24.
     """
-    tile = warp_smem_bytes(size, np.dtype(dt).itemsize, 1, 1)
-    return 128, (2 if tile <= 4608 else 1)
+    two = warp_smem_bytes(size, np.dtype(dt).itemsize, 16, 2) <= _SMEM_PER_SM
+    return 256, (2 if two else 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -153,7 +163,8 @@ def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
         fn.max_dynamic_shared_size_bytes = smem
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, smem)
     sms = cp.cuda.Device(device).attributes["MultiProcessorCount"]
-    return fn, max(1, int(per_sm)) * sms, smem, 32 // _seg(size)
+    mw = 32 if size <= TINY_MAX else 32 // _seg(size)
+    return fn, max(1, int(per_sm)) * sms, smem, mw
 
 
 def _launch_warp(kernel: str, size: int, n: int, x, out, batch: int, args_head,

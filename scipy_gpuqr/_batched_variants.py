@@ -7,13 +7,18 @@ compile exactly the same module per file.
 
 from __future__ import annotations
 
-__all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "PANEL", "PADDED_SIZES",
+__all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "small_name", "blocked_name", "padded_size", "SMALL_FILES",
            "FUSED_MAX", "ROWS_MAX", "ROWS_PANEL", "ROWS_THREADS", "STAGE_COLS",
            "rows_name"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
 SMALL_MAX = 32
+
+#: Largest n of the thread-per-matrix path of the LU / inverse kernels
+#: (``GPUQR_TINY_MAX`` in kernels/batched_lu.cu: no shared memory, a matrix
+#: per thread).
+TINY_MAX = 2
 
 #: Column block of the blocked LU / Cholesky (template parameter NB).
 PANEL = 32
