@@ -25,8 +25,10 @@ from scipy.sparse import SparseEfficiencyWarning
 from scipy.sparse.linalg import LinearOperator
 
 from ._dispatch import plan_factorization
-from ._factor import QRFactorization
-from ._iterate_first import damped_norms, try_lsqr
+from ._cost_model import predicted_seconds
+from ._factor import QRFactorization, plan_for
+from ._iterate_first import (ANALYSIS_FIRST_NNZ, FIRST_CHUNK, ITERATION_SHARE,
+                             LsqrProgress, damped_norms, try_lsqr)
 from ._lstsq import exactly_singular
 from ._options import log_decision, resolve_backend, resolve_options
 from ._originals import MatrixRankWarning, original
@@ -113,10 +115,6 @@ def _solve_lstsq(mi: MatrixInput, b: np.ndarray, damp: float, x0, *, calc_var: b
     if alfa * beta == 0:
         return _LstsqAnswer(x_start, np.zeros(n), beta, beta, 0.0, 0.0, 0.0, bnorm,
                             np.zeros(n), True, None)
-    if not calc_var:
-        answer = _iterate_first(A, r0, damp, x_start, bnorm, backend, gpuqr_options)
-        if answer is not None:
-            return answer
     if damp != 0:
         M = sp.vstack([A, damp * sp.eye_array(n, format="csc")], format="csc")
         rhs = np.concatenate([r0, np.zeros(n)])
@@ -124,7 +122,14 @@ def _solve_lstsq(mi: MatrixInput, b: np.ndarray, damp: float, x0, *, calc_var: b
                          was_sparse=True, fmt="csc", sparse_class=sp.csc_array)
     else:
         Mi, rhs = mi, r0
-    F = QRFactorization(Mi, tol=None, backend=backend, gpuqr_options=gpuqr_options)
+    planned = None
+    if not calc_var:
+        answer, planned = _iterate_first(A, Mi, r0, damp, x_start, bnorm, backend,
+                                         gpuqr_options)
+        if answer is not None:
+            return answer
+    F = QRFactorization(Mi, tol=None, backend=backend, gpuqr_options=gpuqr_options,
+                        _planned=planned)
     dx = F._solve_host(rhs[:, None])[:, 0]
     norms = damped_norms(A, r0, dx, damp)
     acond = _acond_estimate(F, norms.anorm)
@@ -135,23 +140,45 @@ def _solve_lstsq(mi: MatrixInput, b: np.ndarray, damp: float, x0, *, calc_var: b
                         norms.arnorm, bnorm, var, False, F)
 
 
-def _iterate_first(A, r0, damp, x_start, bnorm, backend,
-                   gpuqr_options) -> Optional[_LstsqAnswer]:
-    """LSQR on a budget under backend 'auto' (see :mod:`._iterate_first`)."""
+def _iterate_first(A, Mi, r0, damp, x_start, bnorm, backend, gpuqr_options):
+    """LSQR within a share of the factorization's predicted time, under backend 'auto'.
+
+    Returns ``(answer or None, (M, plan) or None)``: the plan, when it was
+    made to size LSQR's allowance, is handed to the factorization (see
+    :mod:`._iterate_first`).
+    """
     chosen, source = resolve_backend(backend, gpuqr_options)
     if chosen != "auto" or not resolve_options(gpuqr_options).iterate_first:
-        return None
+        return None, None
     A64 = A if A.dtype == np.float64 else A.astype(np.float64)
-    found, why = try_lsqr(A64, r0, damp)
     m, n = A.shape
+    progress, planned, found, why = None, None, None, ""
+    if A.nnz > ANALYSIS_FIRST_NNZ and damp == 0:
+        # a first piece before the analysis: well-conditioned large problems end here
+        first = FIRST_CHUNK * LsqrProgress().seconds_per_iteration(A64)
+        found, why, progress = try_lsqr(A64, r0, damp, seconds=first)
+    if found is None and not (progress is not None and progress.done):
+        planned = plan_for(Mi, backend=backend, gpuqr_options=gpuqr_options)
+        plan = planned[1]
+        flops = float(getattr(plan.analysis, "flops", float("nan")))
+        gpu = _gpu_name() if plan.backend == "gpu" else None
+        allowance = ITERATION_SHARE * predicted_seconds(plan.backend, flops, gpu)
+        found, why, progress = try_lsqr(A64, r0, damp, seconds=allowance, progress=progress)
+        why += f"; allowance {allowance:.3g} s = {ITERATION_SHARE:g} x predicted {plan.backend}"
     log_decision("least squares %dx%d nnz=%d: backend 'auto' from %s; %s; %s", m, n,
                  A.nnz, source, why, "answered without factorizing" if found
                  else "factorizing")
     if found is None:
-        return None
+        return None, planned
     norms = damped_norms(A64, r0, found.dx, damp)
     return _LstsqAnswer(x_start + found.dx, found.dx, norms.r1norm, norms.r2norm, norms.anorm,
-                        found.acond, norms.arnorm, bnorm, np.zeros(n), False, None, found.itn)
+                        found.acond, norms.arnorm, bnorm, np.zeros(n), False, None,
+                        found.itn), planned
+
+
+def _gpu_name():
+    from ._gpu import gpu_info
+    return gpu_info().get("name")
 
 
 def _variance(F: QRFactorization, M: sp.csc_array) -> np.ndarray:

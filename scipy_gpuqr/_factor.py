@@ -34,6 +34,21 @@ def _check_tol(tol):
     return value
 
 
+def plan_for(mi: MatrixInput, *, backend=None, gpuqr_options=None, ordering=None):
+    """The matrix a :class:`QRFactorization` of ``mi`` factorizes (A, or Aᵀ when
+    m < n) and its :class:`~scipy_gpuqr._dispatch.Plan` (analysis included).
+
+    Callers that need the plan first (``lsqr``'s iterate-first rule predicts
+    the factorization's time from it) pass the pair back as ``_planned``.
+    """
+    m, n = mi.shape
+    M = sp.csc_array(mi.A.T) if m < n else mi.A
+    M.sort_indices()
+    plan = plan_factorization(M, backend=backend, gpuqr_options=resolve_options(gpuqr_options),
+                              ordering=ordering, dtype=mi.dtype)
+    return M, plan
+
+
 class QRFactorization:
     """Sparse QR factorization of A, reusable for solves and for a new A.
 
@@ -94,7 +109,7 @@ class QRFactorization:
     """
 
     def __init__(self, A, *, ordering=None, tol=None, backend=None,
-                 gpuqr_options=None):
+                 gpuqr_options=None, _planned=None):
         t0 = time.perf_counter()
         self._options = resolve_options(gpuqr_options)
         self._tol = _check_tol(tol)
@@ -105,11 +120,11 @@ class QRFactorization:
         self.shape = mi.shape
         m, n = mi.shape
         self._transposed = m < n
-        M = sp.csc_array(mi.A.T) if self._transposed else mi.A
-        M.sort_indices()
         self._pattern = (mi.A.indptr.copy(), mi.A.indices.copy())
-        self._plan = plan_factorization(M, backend=backend, gpuqr_options=self._options,
-                                        ordering=ordering, dtype=mi.dtype)
+        if _planned is None:
+            _planned = plan_for(mi, backend=backend, gpuqr_options=self._options,
+                                ordering=ordering)
+        M, self._plan = _planned
         t1 = time.perf_counter()
         self._timings = {"validate": t1 - t0 - self._plan.analyze_time,
                          "analyze": self._plan.analyze_time}

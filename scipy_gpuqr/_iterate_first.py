@@ -8,14 +8,23 @@ while a sparse QR of the same matrix costs seconds (measured here on the
 iterations, 0.12 s; SuiteSparseQR 1.6 s; on ch5-6-b3: 12 iterations).
 
 So under ``backend='auto'`` the least-squares entry points first run
-SciPy's LSQR with machine-precision tolerances on a fixed budget of
-matrix-vector work (:data:`ITERATION_FLOPS`, at most :data:`MAX_ITERATIONS`
-iterations), and accept its answer only when the *true* backward error of
-the final x is at working precision (:func:`accept`, :func:`backward_error`):
-‖Āᵀr̄‖ ≤ 16·eps·‖Ā‖_F·‖r̄‖ for the (damped) least-squares problem, or
-‖r̄‖ ≤ 16·eps·(‖Ā‖_F‖x‖ + ‖b‖) for a consistent one. Otherwise the direct
-QR answers; a problem whose first 2·:data:`FIRST_CHUNK` iterations project
-no convergence within the budget stops there.
+SciPy's LSQR with machine-precision tolerances within an *allowance*:
+:data:`ITERATION_SHARE` of the factorization's predicted time
+(:mod:`scipy_gpuqr._cost_model`: the analysis' flops against the
+calibrated timings of the backend ``auto`` chose), capped by the
+matrix-vector work :data:`ITERATION_FLOPS` and :data:`MAX_ITERATIONS`. A
+matrix with up to :data:`ANALYSIS_FIRST_NNZ` entries is analysed first
+(milliseconds); a larger one runs one piece of :data:`FIRST_CHUNK`
+iterations before its analysis, so a well-conditioned large problem is
+answered without it (ch7-8-b3: 12 iterations). LSQR's answer is accepted
+only when the *true* backward error of the final x is at working precision
+(:func:`accept`, :func:`backward_error`): ‖Āᵀr̄‖ ≤ 16·eps·‖Ā‖_F·‖r̄‖ for
+the (damped) least-squares problem, or ‖r̄‖ ≤ 16·eps·(‖Ā‖_F‖x‖ + ‖b‖) for a
+consistent one. Otherwise the direct QR answers, with the plan already
+made; a problem whose first two pieces project no convergence within the
+allowance stops there. So a call that iterates in vain costs at most about
+``1 + ITERATION_SHARE`` times the factorization (plus the prediction's
+error), and one that converges costs less than that share of it.
 
 The answer is still the minimum 2-norm least-squares solution: LSQR's
 iterates from the starting point stay in range(Aᵀ), so the correction it
@@ -28,6 +37,8 @@ or environment) and ``GpuqrOptions(iterate_first=False)`` always factorize;
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -36,8 +47,9 @@ import scipy.sparse as sp
 from ._originals import original
 
 __all__ = ["ITERATION_FLOPS", "MIN_ITERATIONS", "MAX_ITERATIONS", "FIRST_CHUNK",
-           "iteration_budget", "IterativeAnswer", "DampedNorms", "damped_norms",
-           "backward_error", "try_lsqr", "accept"]
+           "ITERATION_SHARE", "ANALYSIS_FIRST_NNZ", "iteration_budget", "IterativeAnswer",
+           "DampedNorms", "damped_norms", "backward_error", "try_lsqr", "accept",
+           "LsqrProgress"]
 
 _EPS = float(np.finfo(np.float64).eps)
 
@@ -49,6 +61,14 @@ MIN_ITERATIONS, MAX_ITERATIONS = 20, 1000
 ACCEPT_FACTOR = 16.0
 #: Iterations of each of the first two pieces, after which hopeless problems stop.
 FIRST_CHUNK = 50
+#: Share of the factorization's predicted time (:mod:`scipy_gpuqr._cost_model`)
+#: LSQR may spend before the factorization answers.
+ITERATION_SHARE = 0.05
+#: Up to this many stored entries the symbolic analysis (milliseconds) runs first and
+#: sets LSQR's whole allowance; beyond, one piece of LSQR runs before it.
+ANALYSIS_FIRST_NNZ = 200_000
+#: Nominal cost of one LSQR iteration before any was timed: fixed seconds, matvec flop/s.
+NOMINAL_ITERATION_S, NOMINAL_MATVEC_RATE = 3e-5, 1e9
 #: The linear projection is crude (restarts, superlinear phases): a problem goes on
 #: unless it projects more than this many budgets.
 PROJECTION_SLACK = 2.0
@@ -125,16 +145,37 @@ def _lsqr(A, r0, damp, iter_lim, x0=None):
     return out[0], int(out[1]), int(out[2]), float(out[6])
 
 
-def try_lsqr(A, r0: np.ndarray, damp: float) -> tuple[Optional[IterativeAnswer], str]:
-    """Run SciPy's LSQR on the budget; return the answer if accepted, and why.
+@dataclass
+class LsqrProgress:
+    """Where an interrupted :func:`try_lsqr` stands (it can be resumed from here)."""
 
-    Without damping the budget is spent in three pieces: two of
-    :data:`FIRST_CHUNK` iterations, then, only if the backward error's
-    decrease over the second piece projects convergence within the budget,
-    the rest (each piece restarts from the last iterate, which keeps it in
+    dx: Optional[np.ndarray] = None
+    itn: int = 0
+    seconds: float = 0.0
+    acond: float = 0.0
+    etas: list = field(default_factory=list)
+    done: bool = False          # no point going on (stopped, or hopeless)
+
+    def seconds_per_iteration(self, A) -> float:
+        """Measured, or before any iteration a nominal two-matvec estimate."""
+        if self.itn > 0 and self.seconds > 0:
+            return self.seconds / self.itn
+        m, n = A.shape
+        return NOMINAL_ITERATION_S + (4.0 * A.nnz + 12.0 * (m + n)) / NOMINAL_MATVEC_RATE
+
+
+def try_lsqr(A, r0: np.ndarray, damp: float, *, seconds: Optional[float] = None,
+             progress: Optional[LsqrProgress] = None
+             ) -> tuple[Optional[IterativeAnswer], str, LsqrProgress]:
+    """Run SciPy's LSQR within an allowance; return the answer if accepted, and why.
+
+    Without damping the allowance is spent in pieces: two of at most
+    :data:`FIRST_CHUNK` iterations, then, only if the backward error's decrease
+    over the second piece projects convergence within the allowance, the
+    rest (each piece restarts from the last iterate, which keeps it in
     range(Aᵀ): the answer is still the minimum-norm one). Hopeless problems
-    thus cost two pieces, not the whole budget. With damping (where a restart
-    would change the problem) one run uses the whole budget.
+    thus cost two pieces, not the whole allowance. With damping (where a
+    restart would change the problem) one run uses the whole allowance.
 
     Parameters
     ----------
@@ -142,36 +183,66 @@ def try_lsqr(A, r0: np.ndarray, damp: float) -> tuple[Optional[IterativeAnswer],
     r0 : ndarray, shape (m,)
         Right-hand side of the correction problem (``b − A x0``).
     damp : float
+    seconds : float, optional
+        Time allowance, converted to iterations with the measured time per
+        iteration (default: the flop budget :func:`iteration_budget`).
+    progress : LsqrProgress, optional
+        Resume an earlier call (its iterations and time count against the
+        allowance).
 
     Returns
     -------
     answer : IterativeAnswer or None
-        None when LSQR did not reach working precision within the budget.
+        None when LSQR did not reach working precision within the allowance.
     reason : str
         What happened, for the log.
+    progress : LsqrProgress
+        The state to resume from.
     """
-    budget = iteration_budget(A)
-    pieces = ([budget] if damp != 0 or budget <= 2 * FIRST_CHUNK
-              else [FIRST_CHUNK, FIRST_CHUNK, budget - 2 * FIRST_CHUNK])
-    dx, itn, acond, etas = None, 0, 0.0, []
-    for k, piece in enumerate(pieces):
-        dx, istop, steps, acond = _lsqr(A, r0, damp, piece, x0=dx)
-        itn += steps
-        if istop in (3, 6) or not np.all(np.isfinite(dx)):
-            return None, f"LSQR stopped with istop {istop} after {itn} iterations"
-        etas.append(backward_error(A, r0, dx, damp))
-        if etas[-1] <= ACCEPT_FACTOR:
-            return IterativeAnswer(dx, itn, acond), (
-                f"LSQR reached working precision in {itn} iterations (budget {budget})")
-        if istop != 7:  # LSQR's own estimate says converged; the true error disagrees
+    st = progress if progress is not None else LsqrProgress()
+    cap = iteration_budget(A)
+
+    def allowed() -> int:
+        """Total iterations the allowance buys (at least what has run)."""
+        if seconds is None:
+            return cap
+        more = (seconds - st.seconds) / st.seconds_per_iteration(A)
+        return int(min(cap, st.itn + max(more, 0.0)))
+
+    if st.done:
+        return None, "LSQR stopped before", st
+    while True:
+        budget = allowed()
+        left = budget - st.itn
+        if left <= 0 or (damp != 0 and st.itn > 0):
             break
-        if k == 1:
+        piece = left if damp != 0 else min(left, FIRST_CHUNK) if len(st.etas) < 2 else left
+        t0 = time.perf_counter()
+        dx, istop, steps, st.acond = _lsqr(A, r0, damp, piece, x0=st.dx)
+        st.seconds += time.perf_counter() - t0
+        st.dx, st.itn = dx, st.itn + steps
+        if istop in (3, 6) or not np.all(np.isfinite(dx)):
+            st.done = True
+            return None, f"LSQR stopped with istop {istop} after {st.itn} iterations", st
+        st.etas.append(backward_error(A, r0, dx, damp))
+        if st.etas[-1] <= ACCEPT_FACTOR:
+            return IterativeAnswer(dx, st.itn, st.acond), (
+                f"LSQR reached working precision in {st.itn} iterations "
+                f"({st.seconds:.3g} s)"), st
+        if istop != 7:  # LSQR's own estimate says converged; the true error disagrees
+            st.done = True
+            break
+        if len(st.etas) == 2:
             # linear convergence model from the second piece (the tail rate)
-            rate = np.log(etas[1] / etas[0]) / steps if 0 < etas[1] < etas[0] else 0.0
-            needed = np.log(ACCEPT_FACTOR / etas[1]) / rate if rate < 0 else np.inf
-            if itn + needed > PROJECTION_SLACK * budget:
-                return None, (f"LSQR too slow: backward error {etas[1]:.1e} eps after {itn} "
-                              f"iterations projects {itn + needed:.0f} iterations, over "
-                              f"{PROJECTION_SLACK:g} x the budget {budget}")
-    return None, (f"LSQR's answer after {itn} iterations is not at working precision "
-                  f"(backward error {etas[-1]:.1e} eps)")
+            e0, e1 = st.etas
+            rate = np.log(e1 / e0) / steps if 0 < e1 < e0 else 0.0
+            needed = np.log(ACCEPT_FACTOR / e1) / rate if rate < 0 else np.inf
+            if st.itn + needed > PROJECTION_SLACK * max(allowed(), 1):
+                st.done = True
+                return None, (f"LSQR too slow: backward error {e1:.1e} eps after {st.itn} "
+                               f"iterations projects {st.itn + needed:.0f} iterations, over "
+                               f"{PROJECTION_SLACK:g} x the allowance"), st
+    if not st.etas:
+        return None, "no LSQR iteration fits the allowance", st
+    return None, (f"LSQR's answer after {st.itn} iterations ({st.seconds:.3g} s) is not at "
+                  f"working precision (backward error {st.etas[-1]:.1e} eps)"), st

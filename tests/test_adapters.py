@@ -263,9 +263,14 @@ def _bwd(A, x, b):
 
 
 def test_iterate_first_answers_well_conditioned_problems(rng):
-    """Under 'auto', LSQR answers at working precision; the direct QR agrees."""
-    A = _well(rng, 300, 120)
-    b = rng.standard_normal(300)
+    """Under 'auto', LSQR answers at working precision; the direct QR agrees.
+
+    ch5-6-b3 (1800×1200, 0.6 GFlop to factorize): LSQR needs about 12
+    iterations, well within 5 % of the factorization's predicted time.
+    """
+    from scipy_gpuqr._testing_matrices import chessboard_boundary
+    A = chessboard_boundary(5, 6, 3)
+    b = rng.standard_normal(A.shape[0])
     auto, direct = lsqr(A, b), lsqr(A, b, backend="cpu")
     assert auto[2] > 0 and direct[2] == 0
     assert _bwd(A, auto[0], b) <= 16 * EPS
@@ -299,9 +304,11 @@ def test_iterate_first_falls_back_on_ill_conditioned_problems(rng):
 
 
 def test_iterate_first_damp_and_x0(rng):
-    A = _well(rng, 120, 50)
-    b = rng.standard_normal(120)
-    x0 = rng.standard_normal(50)
+    from scipy_gpuqr._testing_matrices import chessboard_boundary
+    A = chessboard_boundary(5, 6, 3)
+    m, n = A.shape
+    b = rng.standard_normal(m)
+    x0 = rng.standard_normal(n)
     for kwargs in ({"damp": 0.3}, {"x0": x0}, {"damp": 0.1, "x0": x0}):
         auto, direct = lsqr(A, b, **kwargs), lsqr(A, b, backend="cpu", **kwargs)
         assert auto[2] > 0
@@ -334,6 +341,30 @@ def test_iterate_first_stops_early_when_hopeless(rng):
     n = 300
     U, _ = np.linalg.qr(rng.standard_normal((n, n)))
     A = sp.csc_array((U * np.logspace(0, -14, n)) @ U.T)
-    found, why = _iterate_first.try_lsqr(A, rng.standard_normal(n), 0.0)
-    assert found is None
+    found, why, progress = _iterate_first.try_lsqr(A, rng.standard_normal(n), 0.0)
+    assert found is None and progress.itn <= 2 * _iterate_first.FIRST_CHUNK
     assert "projects" in why or "istop" in why, why
+
+
+def test_iterate_first_allowance_follows_predicted_factorization_time(rng, monkeypatch):
+    """LSQR may spend ITERATION_SHARE of the predicted factorization time, no more."""
+    from scipy_gpuqr import _adapters
+    A = _well(rng, 300, 120)
+    b = rng.standard_normal(300)
+    monkeypatch.setattr(_adapters, "predicted_seconds", lambda *a, **k: 0.0)
+    assert lsqr(A, b)[2] == 0                       # no allowance: the QR answers
+    monkeypatch.setattr(_adapters, "predicted_seconds", lambda *a, **k: 1e3)
+    out = lsqr(A, b)
+    assert out[2] > 0 and _bwd(A, out[0], b) <= 16 * EPS
+
+
+def test_cost_model_interpolation():
+    from scipy_gpuqr._cost_model import interpolate_seconds, predicted_seconds
+    pts = [(1e6, 1e-3), (1e9, 1e-1), (1e10, 0.5)]
+    assert interpolate_seconds(pts, 1e3) == 1e-3              # fixed cost below
+    assert np.isclose(interpolate_seconds(pts, 1e9), 0.1)
+    assert np.isclose(interpolate_seconds(pts, 1e11), 5.0)    # the largest point's rate
+    mid = interpolate_seconds(pts, np.sqrt(1e6 * 1e9))        # log-log midpoint
+    assert np.isclose(mid, np.sqrt(1e-3 * 1e-1))
+    assert predicted_seconds("cpu", 1e12) > predicted_seconds("cpu", 1e9) > 0
+    assert predicted_seconds("gpu", 1e12) < predicted_seconds("cpu", 1e12)
