@@ -65,6 +65,11 @@ SINGULAR_RTOL = 100 * EPS
 #: (:mod:`scipy_gpuqr._dense_cod`; 14000² doubles = 1.6 GB per copy).
 DENSE_COD_HOST_LIMIT = 14000
 
+#: Largest dimension for which a dense SVD settles the rank when Heath's rule
+#: cannot (no gap in the singular values): host (gesdd on 2 cores: 5000² in about
+#: a minute; bayer10's 13436² took 25 minutes) and GPU (cuSOLVER gesvd).
+SVD_FALLBACK_LIMIT = {"cpu": 5000, "gpu": 20000}
+
 #: Fraction of the free device memory a dense COD on the GPU may take.
 DENSE_COD_GPU_FRACTION = 0.5
 
@@ -201,6 +206,7 @@ class MinNormSolver:
     device: str = "cpu"
     method: str = field(init=False, default="")
     cod_device: str = field(init=False, default="cpu")
+    revealed: bool = field(init=False, default=True)
     rank: int = field(init=False, default=0)
     sigma_max: float = field(init=False, default=float("nan"))
     sigma_min: float = field(init=False, default=float("nan"))
@@ -305,10 +311,13 @@ class MinNormSolver:
         self.sigma_min = cod.sigma_min_estimate()
         if cod.rank and self.sigma_min <= tol:
             # Heath's rule kept a column that lstsq's rule drops (no gap in
-            # the singular values): the SVD decides, on the same device.
-            del cod
-            self._prepare_svd(backup)
-            return
+            # the singular values): the SVD decides, on the same device,
+            # where affordable; beyond, Heath's rank stands (reported).
+            if max(G.shape) <= SVD_FALLBACK_LIMIT[device]:
+                del cod
+                self._prepare_svd(backup)
+                return
+            self.revealed = False
         del backup
         self.method, self.rank = "dense_cod", int(cod.rank)
         self._cod = cod
@@ -369,6 +378,7 @@ class MinNormSolver:
     def summary(self) -> dict:
         """JSON-ready description of the rank decision."""
         return {"method": self.method, "rank": int(self.rank), "device": self.cod_device,
+                "rank_revealed": bool(self.revealed),
                 "cutoff": self.cutoff, "rcond_estimate": self.rcond,
                 "sigma_min": self.sigma_min, "sigma_max": self.sigma_max}
 
