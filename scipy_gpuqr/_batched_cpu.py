@@ -193,8 +193,14 @@ def _hermitian_lower(a: np.ndarray, lower: bool) -> np.ndarray:
 def _potrf_vectorized(w: np.ndarray):
     """Lower Cholesky of the Hermitian matrices given by w's lower triangle.
 
-    Returns (L, info); failed matrices keep going on a dummy pivot of 1.
+    Returns (L, info); failed matrices keep going on a dummy pivot of 1 (their
+    later entries may overflow: no warning, as LAPACK gives none, info reports them).
     """
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _potrf_columns(w)
+
+
+def _potrf_columns(w: np.ndarray):
     bsz, n = w.shape[0], w.shape[-1]
     l = np.zeros_like(w)
     info = np.zeros(bsz, dtype=np.int32)
