@@ -9,6 +9,8 @@
   rows, empty columns and duplicated (rank-deficient) columns.
 * :func:`singleton_rich` -- a random sparse matrix whose first columns form a
   chain of column singletons, with an empty (dead) column.
+* :func:`random_values` -- a pattern with fresh random values;
+  :func:`engine_families` -- the small families of the engine tests.
 
 Every generator is deterministic for a given seed and returns a
 ``scipy.sparse.csc_array`` of float64.
@@ -22,8 +24,8 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["small_families", "chessboard_boundary", "chessboard_shape", "grid3d_least_squares",
-           "random_least_squares", "singleton_rich"]
+__all__ = ["small_families", "chessboard_boundary", "chessboard_shape", "engine_families",
+           "grid3d_least_squares", "random_least_squares", "random_values", "singleton_rich"]
 
 
 def chessboard_shape(m: int, n: int, k: int) -> tuple[int, int]:
@@ -212,3 +214,23 @@ def small_families():
     yield "zero_matrix", sp.csc_array((4, 3))
     yield "singletons", singleton_rich(60, 40, seed=3)
     yield "singletons_wide", singleton_rich(30, 50, seed=4)
+
+
+def random_values(A, rng) -> sp.csc_array:
+    """A float64 copy of ``A`` with standard normal values drawn from ``rng``."""
+    A = sp.csc_array(A, dtype=np.float64, copy=True)
+    A.data = rng.standard_normal(A.nnz)
+    return A
+
+
+def engine_families(rng, grid: int = 5):
+    """(name, matrix) of the engine tests: fresh values on every call.
+
+    A ``grid``³ grid with random values, the rank-deficient chessboard
+    boundary ``ch4-5-b2`` and random least squares with dense rows; the
+    values and the seed are drawn from ``rng`` in this order.
+    """
+    yield f"grid{grid}", random_values(grid3d_least_squares(grid), rng)
+    yield "chess-4-5-2", chessboard_boundary(4, 5, 2).astype(np.float64)
+    yield "randls", random_least_squares(400, 150, density=0.03, dense_rows=3,
+                                         seed=int(rng.integers(1 << 30)))

@@ -12,21 +12,14 @@ import pytest
 import scipy.linalg as sl
 
 from test_batched_cases import (DTYPES, eps, lapack_getrf, lu_backward_error,
-                                random_batch, singular_batch, spd_batch)
+                                poison_gpu_outputs, random_batch, singular_batch, spd_batch)
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    import cupy as cp
-    from scipy_gpuqr import _batched_gpu
-
-    def alloc(shape, dtype):
-        out = cp.empty(shape, dtype=dtype)
-        out.fill(np.nan if np.dtype(dtype).kind == "f" else -12345)
-        return out
-    monkeypatch.setattr(_batched_gpu, "_alloc", alloc)
+    poison_gpu_outputs(monkeypatch)
 
 
 def _lu(a, method):

@@ -67,3 +67,15 @@ def lu_backward_error(a, lu, piv):
         nrm = np.linalg.norm(m)
         worst = max(worst, np.linalg.norm(prod - m) / (nrm if nrm else 1))
     return worst
+
+
+def poison_gpu_outputs(monkeypatch) -> None:
+    """Make the GPU drivers allocate outputs filled with NaN (ints: -12345)."""
+    import cupy as cp
+    from scipy_gpuqr import _batched_gpu
+
+    def alloc(shape, dtype):
+        out = cp.empty(shape, dtype=dtype)
+        out.fill(np.nan if np.dtype(dtype).kind == "f" else -12345)
+        return out
+    monkeypatch.setattr(_batched_gpu, "_alloc", alloc)

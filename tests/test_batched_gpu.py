@@ -13,8 +13,8 @@ from scipy.linalg import LinAlgError, LinAlgWarning
 
 import scipy_gpuqr as g
 from test_batched_cases import (DTYPES, eps, ill_conditioned_batch, lapack_getrf,
-                                lu_backward_error, random_batch, singular_batch,
-                                spd_batch)
+                                lu_backward_error, poison_gpu_outputs, random_batch,
+                                singular_batch, spd_batch)
 
 pytestmark = pytest.mark.gpu
 
@@ -23,14 +23,7 @@ GPU_SIZES = list(range(1, 41)) + [47, 64, 100, 128, 200]
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    import cupy as cp
-    from scipy_gpuqr import _batched_gpu
-
-    def alloc(shape, dtype):
-        out = cp.empty(shape, dtype=dtype)
-        out.fill(np.nan if np.dtype(dtype).kind == "f" else -12345)
-        return out
-    monkeypatch.setattr(_batched_gpu, "_alloc", alloc)
+    poison_gpu_outputs(monkeypatch)
 
 
 def _cp(x):

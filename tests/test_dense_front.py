@@ -23,8 +23,7 @@ from scipy_gpuqr._schedule.sparse import build_schedule
 from scipy_gpuqr._schedule.tasks import TaskType
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._symbolic.counts import front_work
-from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
-                                           random_least_squares)
+from scipy_gpuqr._testing_matrices import engine_families, grid3d_least_squares, random_values
 
 EPS = np.finfo(np.float64).eps
 #: Small enough that the larger fronts of the small test problems are dense.
@@ -91,18 +90,9 @@ def test_zero_columns_give_zero_tau():
     _check_front(F0, F, panels, T, 1e-13)
 
 
-def _families(rng):
-    A = sp.csc_array(grid3d_least_squares(6), dtype=np.float64, copy=True)
-    A.data = rng.standard_normal(A.nnz)
-    yield "grid6", A
-    yield "chess-4-5-2", chessboard_boundary(4, 5, 2).astype(np.float64)
-    yield "randls", random_least_squares(400, 150, density=0.03, dense_rows=3,
-                                         seed=int(rng.integers(1 << 30)))
-
-
 def test_schedule_treats_dense_fronts_as_factorized_externally():
     rng = np.random.default_rng()
-    for name, A in _families(rng):
+    for name, A in engine_families(rng, grid=6):
         an = analyze(A)
         fs = an.fronts
         mask = dense_front_mask(an, TINY)
@@ -151,7 +141,7 @@ def _gram_tol(A):
 @pytest.mark.parametrize("budget", [None, 20000, 1])
 def test_simulate_with_dense_fronts(budget):
     rng = np.random.default_rng()
-    for name, A in _families(rng):
+    for name, A in engine_families(rng, grid=6):
         an = analyze(A)
         s0 = simulate_factorize(A, an, max_gpu_memory=budget, dense_flops=None)
         s = simulate_factorize(A, an, max_gpu_memory=budget, dense_flops=TINY, dense_panel=8)
@@ -178,7 +168,7 @@ def test_simulate_with_dense_fronts(budget):
 def test_engine_host_logic_with_dense_fronts(budget):
     """The NumPy device runs the same LAPACK path: R and Q bitwise as simulate."""
     rng = np.random.default_rng()
-    for name, A in _families(rng):
+    for name, A in engine_families(rng, grid=6):
         an = analyze(A)
         s = simulate_factorize(A, an, max_gpu_memory=budget, dense_flops=TINY, dense_panel=8)
         dev = NumpyDevice(32, 3)
@@ -200,11 +190,10 @@ def test_progressive_r_copy_with_dense_fronts():
     (a range taken before its dense front is factorized would differ)."""
     rng = np.random.default_rng()
     ncopies = []
-    for name, A in _families(rng):
+    for name, A in engine_families(rng, grid=6):
         an = analyze(A)
         gpu_factorize(A, an, device=NumpyDevice(32, 3), dense_flops=TINY).free()
-        A2 = sp.csc_array(A, dtype=np.float64, copy=True)
-        A2.data = rng.standard_normal(A2.nnz)
+        A2 = random_values(A, rng)
         dev = NumpyDevice(32, 3, rng=rng)
         g = gpu_factorize(A2, an, device=dev, dense_flops=TINY)
         assert g.info["r_copy_progressive"] and g.info["dense_fronts"] > 0, name
@@ -255,7 +244,7 @@ def test_cupy_blocked_qr_matches_lapack(dtype):
 @pytest.mark.parametrize("budget", [None, 20000, 1])
 def test_gpu_engine_with_dense_fronts_matches_simulate(budget):
     rng = np.random.default_rng()
-    for name, A in _families(rng):
+    for name, A in engine_families(rng, grid=6):
         an = analyze(A)
         s = simulate_factorize(A, an, max_gpu_memory=budget, dense_flops=None)
         g = gpu_factorize(A, an, max_gpu_memory=budget, dense_flops=TINY,
@@ -283,8 +272,7 @@ def test_gpu_engine_with_dense_fronts_matches_simulate(budget):
 @pytest.mark.gpu
 def test_gpu_engine_dense_warm_and_float32():
     rng = np.random.default_rng()
-    A = sp.csc_array(grid3d_least_squares(10), dtype=np.float64, copy=True)
-    A.data = rng.standard_normal(A.nnz)
+    A = random_values(grid3d_least_squares(10), rng)
     an = analyze(A)
     s = simulate_factorize(A, an, dense_flops=None)
     tg, _ = _gram_tol(A)

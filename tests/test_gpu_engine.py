@@ -20,23 +20,10 @@ from scipy_gpuqr._engine.gpu_device import NumpyDevice
 from scipy_gpuqr._engine.simulate import execute_task, simulate_factorize
 from scipy_gpuqr._schedule.sparse import build_schedule
 from scipy_gpuqr._symbolic import analyze
-from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
-                                           random_least_squares, singleton_rich)
+from scipy_gpuqr._testing_matrices import (chessboard_boundary, engine_families,
+                                           grid3d_least_squares, random_values, singleton_rich)
 
 EPS = np.finfo(np.float64).eps
-
-
-def _random_values(A, rng):
-    A = sp.csc_array(A, dtype=np.float64, copy=True)
-    A.data = rng.standard_normal(A.nnz)
-    return A
-
-
-def _families(rng):
-    yield "grid5", _random_values(grid3d_least_squares(5), rng)
-    yield "chess-4-5-2", chessboard_boundary(4, 5, 2).astype(np.float64)
-    yield "randls", random_least_squares(400, 150, density=0.03, dense_rows=3,
-                                         seed=int(rng.integers(1 << 30)))
 
 
 # ---------------------------------------------------------------- CPU: host logic
@@ -44,7 +31,7 @@ def _families(rng):
 @pytest.mark.parametrize("budget", [None, 20000])
 def test_host_logic_matches_simulate(budget):
     rng = np.random.default_rng()
-    for name, A in _families(rng):
+    for name, A in engine_families(rng):
         an = analyze(A)
         s = simulate_factorize(A, an, max_gpu_memory=budget)
         g = gpu_factorize(A, an, device=NumpyDevice(32, 3), max_gpu_memory=budget)
@@ -87,7 +74,7 @@ def test_r_layout_matches_simulate_on_odd_shapes(budget):
 def test_r_layout_vectorized_matches_a_loop_per_front():
     from scipy_gpuqr._engine.gpu_rlayout import r_layout
     rng = np.random.default_rng()
-    A = _random_values(grid3d_least_squares(4), rng)
+    A = random_values(grid3d_least_squares(4), rng)
     an = analyze(A)
     lay = r_layout(an, cache=False)
     fs = an.fronts
@@ -109,7 +96,7 @@ def test_r_layout_builders_agree():
     """Column segments (rows in front order) and the general CSR->CSC path."""
     from scipy_gpuqr._engine import gpu_rlayout
     rng = np.random.default_rng()
-    for name, A in list(_odd_shapes(rng)) + list(_families(rng)):
+    for name, A in list(_odd_shapes(rng)) + list(engine_families(rng)):
         an = analyze(A)
         a, b = gpu_rlayout._build_segments(an), gpu_rlayout._build_general(an)
         for x in ("indptr", "indices", "src", "r1_pos", "r1_nz", "qorder"):
@@ -121,7 +108,7 @@ def test_refactor_reuses_schedule_and_layout():
     from scipy_gpuqr._engine.gpu_rlayout import r_layout
     from scipy_gpuqr._schedule.sparse import clear_schedule_cache
     rng = np.random.default_rng()
-    A = _random_values(grid3d_least_squares(5), rng)
+    A = random_values(grid3d_least_squares(5), rng)
     an = analyze(A)
     clear_schedule_cache(an)
     g1 = gpu_factorize(A, an, device=NumpyDevice(32, 3))
@@ -147,12 +134,12 @@ def test_progressive_r_copy_takes_only_final_ranges(monkeypatch):
     from scipy_gpuqr._engine import gpu_rcopy
     from scipy_gpuqr._engine.gpu_rlayout import r_layout
     rng = np.random.default_rng()
-    cases = list(_families(rng)) + [("singletons", sp.csc_array(
+    cases = list(engine_families(rng)) + [("singletons", sp.csc_array(
         singleton_rich(300, 120, seed=int(rng.integers(1 << 30)))))]
     for name, A in cases:
         an = analyze(A)
         gpu_factorize(A, an, device=NumpyDevice(32, 3)).free()      # cold: caches
-        A2 = _random_values(A, rng)
+        A2 = random_values(A, rng)
         dev = NumpyDevice(32, 3, rng=rng)
         g = gpu_factorize(A2, an, device=dev)
         assert g.info["stages"] == 1 and g.info["r_copy_progressive"], name
@@ -164,7 +151,7 @@ def test_progressive_r_copy_takes_only_final_ranges(monkeypatch):
         assert abs(g.R - s.R).max() == 0.0, name
         g.free()
     # a map claiming everything final after the first launch must show
-    name, A = next(iter(_families(rng)))
+    name, A = next(iter(engine_families(rng)))
     an = analyze(A)
     gpu_factorize(A, an, device=NumpyDevice(32, 3)).free()
     monkeypatch.setattr(gpu_rcopy, "final_entries",
@@ -179,7 +166,7 @@ def test_progressive_r_copy_takes_only_final_ranges(monkeypatch):
 
 def test_float32_input_gives_float32_r():
     rng = np.random.default_rng()
-    A = _random_values(grid3d_least_squares(4), rng)
+    A = random_values(grid3d_least_squares(4), rng)
     an = analyze(A)
     s = simulate_factorize(A, an)
     g = gpu_factorize(A.astype(np.float32), an, device=NumpyDevice(32, 3, dtype=np.float32))
@@ -205,7 +192,7 @@ def test_backend_gpu_end_to_end_through_the_adapters(numpy_gpu_engine):
 
     from scipy_gpuqr import QRFactorization, lsqr, spsolve
     rng = np.random.default_rng()
-    A = _random_values(grid3d_least_squares(5), rng)
+    A = random_values(grid3d_least_squares(5), rng)
     b = rng.standard_normal(A.shape[0])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -223,7 +210,7 @@ def test_backend_gpu_end_to_end_through_the_adapters(numpy_gpu_engine):
     F.free()
     out = lsqr(A, b, backend="gpu")
     assert np.linalg.norm(out[0] - xr) <= 1e-10 * max(np.linalg.norm(xr), 1.0)
-    S = sp.csc_array(_random_values(grid3d_least_squares(4), rng)[:64])
+    S = sp.csc_array(random_values(grid3d_least_squares(4), rng)[:64])
     S = sp.csc_array(S + 10 * sp.eye(64, format="csc"))
     bs = rng.standard_normal(64)
     xs = spsolve(S, bs, backend="gpu")
@@ -355,7 +342,7 @@ def test_uberkernel_matches_numpy_launch_by_launch(ctype):
     from scipy_gpuqr._schedule.tasks import TaskType
     rng = np.random.default_rng()
     seen = set()
-    for name, A in _families(rng):
+    for name, A in engine_families(rng):
         seen |= _gpu_launch_by_launch(A, ctype, rng, None)
     assert {int(TaskType.S_ASSEMBLE), int(TaskType.PACK_ASSEMBLE), int(TaskType.FACTORIZE),
             int(TaskType.APPLY), int(TaskType.APPLY_FACTORIZE)} <= seen, seen
@@ -394,7 +381,7 @@ def _check_against_simulate(A, budget, debug=False, name=""):
 @pytest.mark.parametrize("budget", [None, 20000, 1])
 def test_whole_factorization_matches_simulate(budget):
     rng = np.random.default_rng()
-    for name, A in _families(rng):
+    for name, A in engine_families(rng):
         _check_against_simulate(A, budget, debug=budget == 20000, name=name)
 
 
@@ -402,7 +389,7 @@ def test_whole_factorization_matches_simulate(budget):
 def test_larger_families_match_reference():
     from scipy_gpuqr._engine.reference import reference_factorize
     rng = np.random.default_rng()
-    for A in (_random_values(grid3d_least_squares(12), rng), chessboard_boundary(5, 6, 2)):
+    for A in (random_values(grid3d_least_squares(12), rng), chessboard_boundary(5, 6, 2)):
         A = A.astype(np.float64)
         an = analyze(A)
         g = gpu_factorize(A, an)
@@ -439,7 +426,7 @@ def test_shared_matrices_match_simulate(matrices_dir):
 def test_qrfactorization_backend_gpu_solves_least_squares():
     from scipy_gpuqr import QRFactorization
     rng = np.random.default_rng()
-    A = _random_values(grid3d_least_squares(8), rng)
+    A = random_values(grid3d_least_squares(8), rng)
     b = rng.standard_normal(A.shape[0])
     F = QRFactorization(A, backend="gpu")
     x = F.solve(b)
@@ -464,7 +451,7 @@ def test_cold_and_warm_schedules_on_gpu():
     GPU); warm: the cached, materialized schedule uploaded whole."""
     from scipy_gpuqr._schedule.sparse import clear_schedule_cache
     rng = np.random.default_rng()
-    for name, A in list(_families(rng)) + list(_odd_shapes(rng)):
+    for name, A in list(engine_families(rng)) + list(_odd_shapes(rng)):
         A = sp.csc_array(A, dtype=np.float64)
         an = analyze(A)
         for budget in (None, 20000):
@@ -491,7 +478,7 @@ def test_progressive_r_copy_on_gpu():
     launches run (side stream, pinned double buffer) and match simulate."""
     from scipy_gpuqr._engine.gpu_device import CupyDevice
     rng = np.random.default_rng()
-    for name, A in (("grid8", _random_values(grid3d_least_squares(8), rng)),
+    for name, A in (("grid8", random_values(grid3d_least_squares(8), rng)),
                     ("singletons", sp.csc_array(singleton_rich(
                         300, 120, seed=int(rng.integers(1 << 30))), dtype=np.float64))):
         an = analyze(A)
@@ -512,7 +499,7 @@ def test_progressive_r_copy_on_gpu():
 @pytest.mark.parametrize("budget", [None, 20000, 1])
 def test_float32_whole_factorization_on_gpu(budget):
     rng = np.random.default_rng()
-    for name, A in _families(rng):
+    for name, A in engine_families(rng):
         A64 = sp.csc_array(A, dtype=np.float64)
         an = analyze(A64)
         s = simulate_factorize(A64, an, max_gpu_memory=budget)

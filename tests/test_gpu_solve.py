@@ -25,23 +25,11 @@ from scipy_gpuqr._engine.gpu import gpu_factorize
 from scipy_gpuqr._engine.gpu_device import NumpyDevice
 from scipy_gpuqr._schedule.tasks import TaskType, empty_tasks
 from scipy_gpuqr._symbolic import analyze
-from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
-                                           random_least_squares)
+from scipy_gpuqr._testing_matrices import (chessboard_boundary, engine_families,
+                                           grid3d_least_squares, random_least_squares,
+                                           random_values)
 
 EPS = np.finfo(np.float64).eps
-
-
-def _random_values(A, rng):
-    A = sp.csc_array(A, dtype=np.float64, copy=True)
-    A.data = rng.standard_normal(A.nnz)
-    return A
-
-
-def _families(rng):
-    yield "grid5", _random_values(grid3d_least_squares(5), rng)
-    yield "chess-4-5-2", chessboard_boundary(4, 5, 2).astype(np.float64)
-    yield "randls", random_least_squares(400, 150, density=0.03, dense_rows=3,
-                                         seed=int(rng.integers(1 << 30)))
 
 
 def _numpy_executor(g):
@@ -58,7 +46,7 @@ def _numpy_executor(g):
 @pytest.mark.parametrize("budget", [None, 20000])
 def test_plan_replay_matches_host_replay(budget):
     rng = np.random.default_rng()
-    for name, A in _families(rng):
+    for name, A in engine_families(rng):
         g = gpu_factorize(A, analyze(A), device=NumpyDevice(32, 3), max_gpu_memory=budget)
         plan = gs.plan_of(g)
         gs.check_levels(plan)
@@ -142,7 +130,7 @@ class _FakeDense:
 
 def test_dense_fronts_take_part_in_both_replays():
     rng = np.random.default_rng()
-    A = _random_values(grid3d_least_squares(5), rng)
+    A = random_values(grid3d_least_squares(5), rng)
     g = gpu_factorize(A, analyze(A), device=NumpyDevice(32, 3))
     root = len(g._fronts) - 1
     slots, Ff, _ = g._fronts[root]
@@ -178,7 +166,7 @@ def test_front_triangular_matches_sparse_solve(budget):
 
     from scipy_gpuqr._engine.gpu_trsolve import FrontTriangular
     rng = np.random.default_rng()
-    cases = [("grid5", _random_values(grid3d_least_squares(5), rng)),
+    cases = [("grid5", random_values(grid3d_least_squares(5), rng)),
              ("randls", random_least_squares(400, 150, density=0.03, dense_rows=3,
                                              seed=int(rng.integers(1 << 30)))),
              ("singletons", _singletons_full_rank(rng))]
@@ -237,7 +225,7 @@ def test_device_q_matches_host_replay(budget):
     cp = _cp()
     rng = np.random.default_rng()
     stages = []
-    for name, A in _families(rng):
+    for name, A in engine_families(rng):
         g = _factor_gpu(A, budget)
         assert g.on_device()
         stages.append(g.info["stages"])
@@ -273,7 +261,7 @@ def test_dense_fronts_on_device_q_and_triangular_solve():
     cp = _cp()
     from scipy.sparse.linalg import spsolve_triangular
     rng = np.random.default_rng()
-    A = _random_values(grid3d_least_squares(9), rng)
+    A = random_values(grid3d_least_squares(9), rng)
     g = gpu_factorize(A, analyze(A), dense_flops=2e6, debug=True)
     assert g.info.get("dense_fronts", 0) > 0, g.info
     m, n = A.shape
@@ -317,7 +305,7 @@ def test_dense_fronts_on_device_q_and_triangular_solve():
 def test_device_q_is_orthogonal_on_many_columns():
     cp = _cp()
     rng = np.random.default_rng()
-    A = _random_values(grid3d_least_squares(8), rng)
+    A = random_values(grid3d_least_squares(8), rng)
     g = _factor_gpu(A)
     m = A.shape[0]
     B = cp.asarray(rng.standard_normal((m, 70)))
@@ -374,7 +362,7 @@ def test_solve_on_device_matches_lstsq(monkeypatch, budget):
     from scipy_gpuqr import QRFactorization, GpuqrOptions
     rng = np.random.default_rng()
     opts = GpuqrOptions(max_gpu_memory=budget) if budget else None
-    cases = [("grid6", _random_values(grid3d_least_squares(6), rng)),
+    cases = [("grid6", random_values(grid3d_least_squares(6), rng)),
              ("singletons", _singletons_full_rank(rng)),
              ("randls", random_least_squares(500, 160, density=0.03, dense_rows=2,
                                              seed=int(rng.integers(1 << 30)))),
@@ -454,7 +442,7 @@ def test_spsolve_factorized_and_float32_on_device():
     cp = _cp()
     from scipy_gpuqr import QRFactorization, factorized, spsolve
     rng = np.random.default_rng()
-    S = _random_values(grid3d_least_squares(6), rng)[:216]
+    S = random_values(grid3d_least_squares(6), rng)[:216]
     S = sp.csc_array(S + 8 * sp.eye(216, format="csc"))
     b = rng.standard_normal(216)
     x = spsolve(S, b, backend="gpu")
@@ -465,7 +453,7 @@ def test_spsolve_factorized_and_float32_on_device():
     xt = solve(b, trans="T")
     assert np.linalg.norm(S.T @ xt - b) <= 100 * EPS * (nS * np.linalg.norm(xt)
                                                         + np.linalg.norm(b))
-    A = _random_values(grid3d_least_squares(6), rng).astype(np.float32)
+    A = random_values(grid3d_least_squares(6), rng).astype(np.float32)
     F = QRFactorization(A, backend="gpu")
     assert F._device_lstsq_ok()
     bb = rng.standard_normal(A.shape[0]).astype(np.float32)
@@ -483,7 +471,7 @@ def test_qr_householder_operator_on_device():
 
     from scipy_gpuqr import qr
     rng = np.random.default_rng()
-    A = _random_values(grid3d_least_squares(5), rng)
+    A = random_values(grid3d_least_squares(5), rng)
     res = qr(csp.csr_matrix(sp.csr_matrix(A)), mode="householder", tol=None, backend="gpu")
     Q = res.Q
     y = cp.asarray(rng.standard_normal(A.shape[0]))
