@@ -72,12 +72,17 @@ def warm(parallel: int = 16) -> None:
 
 
 class Timer:
-    """Device time of a callable: CUDA events behind a blocking copy."""
+    """Device time of a callable: CUDA events behind a blocking copy.
 
-    def __init__(self, cp):
+    ``busy_copies`` 512 MiB copies (~0.25 ms each) are enqueued before the
+    start event of each timed call.
+    """
+
+    def __init__(self, cp, busy_copies: int = 2):
         self.cp = cp
         self.src = cp.ones(1 << 26, dtype=cp.float64)     # 512 MiB, copy ~0.25 ms
         self.dst = cp.empty_like(self.src)
+        self.busy_copies = busy_copies
 
     def device(self, fn, reps=5, warmup=2):
         cp = self.cp
@@ -87,8 +92,8 @@ class Timer:
         times = []
         for _ in range(reps):
             s, e = cp.cuda.Event(), cp.cuda.Event()
-            self.dst[...] = self.src
-            self.dst[...] = self.src
+            for _ in range(self.busy_copies):
+                self.dst[...] = self.src
             s.record()
             fn()
             e.record()
@@ -122,6 +127,56 @@ class Timer:
             times.append(time.perf_counter() - t0)
             cp.cuda.Device().synchronize()
         return statistics.median(times) * 1e6
+
+    def summary(self, res, default, fn):
+        """(best key, best ms, default ms, host us, e2e ms) of the timings ``res``.
+
+        ``fn`` is the default configuration; its device time is measured
+        unless ``res`` holds it under ``default``.
+        """
+        best_cfg = min(res, key=res.get)
+        dflt = res.get(default) or self.device(fn)
+        return best_cfg, res[best_cfg], dflt, self.host_us(fn), self.e2e(fn)
+
+
+#: Flops of one matrix of order n (LU 2n³/3, inverse 2n³, Cholesky n³/3).
+FLOPS = {"lu": lambda n: 2 * n ** 3 / 3, "inv": lambda n: 2 * n ** 3,
+         "chol": lambda n: n ** 3 / 3}
+
+
+def floor_ms(op: str, n: int, itemsize: int, bsz: int, bw: float) -> float:
+    """Bandwidth floor: the matrices read and written once (plus LU's pivots and
+    ``info``) at ``bw`` bytes per second, in ms."""
+    nbytes = (2 * n * n * itemsize + (n * 4 if op == "lu" else 0) + 4) * bsz
+    return nbytes / bw * 1e3
+
+
+def cublas_ms(cp, timer, a, op: str) -> float:
+    """Device ms of cuBLAS getrfBatched (``op`` "inv": + getriBatched) on a
+    copy of ``a``; NaN where cuBLAS fails."""
+    work = a.copy()                     # alive while cb runs: cb holds only pointers
+    cb = cublas_lu(cp, work, inverse=(op == "inv"))
+    try:
+        return timer.device(cb, reps=3)
+    except Exception as exc:  # noqa: BLE001
+        print(f"  cuBLAS failed: {exc}")
+        return float("nan")
+
+
+def torch_ms(torch, timer, a, op: str) -> float:
+    """Device ms of torch.linalg's lu_factor / inv / cholesky on ``a``; NaN
+    without torch or where it fails."""
+    if torch is None:
+        return float("nan")
+    ta = torch.from_dlpack(a)
+    tf = {"lu": lambda: torch.linalg.lu_factor(ta),
+          "inv": lambda: torch.linalg.inv(ta),
+          "chol": lambda: torch.linalg.cholesky(ta)}[op]
+    try:
+        return timer.device(tf, reps=3)
+    except Exception as exc:  # noqa: BLE001
+        print(f"  torch failed: {exc}")
+        return float("nan")
 
 
 def copy_bandwidth(cp) -> float:
@@ -253,35 +308,13 @@ def main(argv=None) -> int:
                     for m, _ in choices:
                         fn = large_call(op, m)
                         res[(m, "m")] = timer.device(lambda fn=fn: fn(a))
-                    best_cfg = min(res, key=res.get)
-                    best = res[best_cfg]
                     fdef = large_call(op, None)
-                    dflt = res.get((None, "m")) or timer.device(lambda: fdef(a))
-                    host = timer.host_us(lambda: fdef(a))
-                    e2e = timer.e2e(lambda: fdef(a))
-                    flops = {"lu": 2 * n ** 3 / 3, "inv": 2 * n ** 3, "chol": n ** 3 / 3}[op] * bsz
-                    nbytes = (2 * n * n * item + (n * 4 if op == "lu" else 0) + 4) * bsz
-                    floor = nbytes / bw * 1e3
-                    cb_ms = float("nan")
-                    if op != "chol":
-                        work = a.copy()
-                        cb = cublas_lu(cp, work, inverse=(op == "inv"))
-                        try:
-                            cb_ms = timer.device(cb, reps=3)
-                        except Exception as exc:  # noqa: BLE001
-                            print(f"  cuBLAS failed: {exc}")
-                        del work, cb
-                    t_ms = float("nan")
-                    if torch is not None:
-                        ta = torch.from_dlpack(a)
-                        tf = {"lu": lambda: torch.linalg.lu_factor(ta),
-                              "inv": lambda: torch.linalg.inv(ta),
-                              "chol": lambda: torch.linalg.cholesky(ta)}[op]
-                        try:
-                            t_ms = timer.device(tf, reps=3)
-                        except Exception as exc:  # noqa: BLE001
-                            print(f"  torch failed: {exc}")
-                        del ta
+                    best_cfg, best, dflt, host, e2e = timer.summary(
+                        res, (None, "m"), lambda: fdef(a))
+                    flops = FLOPS[op](n) * bsz
+                    floor = floor_ms(op, n, item, bsz, bw)
+                    cb_ms = float("nan") if op == "chol" else cublas_ms(cp, timer, a, op)
+                    t_ms = torch_ms(torch, timer, a, op)
                     if op == "chol":
                         a = a_op
                     dmeth = bb.default_method(n, "chol" if op == "chol" else "lu")
@@ -312,31 +345,11 @@ def main(argv=None) -> int:
                 res = {}
                 for thr, st in choices:
                     res[(thr, st)] = timer.device(lambda thr=thr, st=st: call(a, thr, st) if thr else call(a))
-                best_cfg = min(res, key=res.get)
-                best = res[best_cfg]
-                dflt = res.get(default) or timer.device(lambda: call(a))
-                host = timer.host_us(lambda: call(a))
-                e2e = timer.e2e(lambda: call(a))
-                flops = (2 * n ** 3 / 3 if op == "lu" else 2 * n ** 3) * bsz
-                nbytes = (2 * n * n * item + (n * 4 if op == "lu" else 0) + 4) * bsz
-                floor = nbytes / bw * 1e3
-                work = a.copy()
-                cb = cublas_lu(cp, work, inverse=(op == "inv"))
-                try:
-                    cb_ms = timer.device(cb, reps=3)
-                except Exception as exc:  # noqa: BLE001
-                    print(f"  cuBLAS failed: {exc}")
-                    cb_ms = float("nan")
-                del work, cb
-                t_ms = float("nan")
-                if torch is not None:
-                    ta = torch.from_dlpack(a)
-                    tf = (lambda: torch.linalg.lu_factor(ta)) if op == "lu" else (lambda: torch.linalg.inv(ta))
-                    try:
-                        t_ms = timer.device(tf, reps=3)
-                    except Exception as exc:  # noqa: BLE001
-                        print(f"  torch failed: {exc}")
-                    del ta
+                best_cfg, best, dflt, host, e2e = timer.summary(res, default, lambda: call(a))
+                flops = FLOPS[op](n) * bsz
+                floor = floor_ms(op, n, item, bsz, bw)
+                cb_ms = cublas_ms(cp, timer, a, op)
+                t_ms = torch_ms(torch, timer, a, op)
                 cfg = "-" if best_cfg[0] is None else f"{best_cfg[0]}/{best_cfg[1]}"
                 row = dict(dtype=dtype.name, n=n, batch=bsz, op=op, threads=best_cfg[0],
                            stages=best_cfg[1], ms=best, default_ms=dflt,

@@ -11,14 +11,13 @@ thread per matrix). Each variant is compiled on its own, checked against
 LAPACK on fresh random and singular batches (outputs poisoned first), then
 timed on 2**20 matrices over (threads per block, stages): device time, CUDA
 events after warm-up, median of 5, the GPU kept busy by a copy enqueued just
-before (as bench/batched.py). The library default is the row without options.
+before (bench/batched.py's Timer, one copy instead of two). The library default is the row without options.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -27,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
+from batched import Timer  # noqa: E402  (bench/batched.py, beside this script)
 
 OPTIONS = {
     "default": (),
@@ -102,37 +102,20 @@ def _compile(job):
     return job
 
 
-def _seg(n):
-    s = 1
-    while s < n:
-        s *= 2
-    return s
-
-
-def _smem(size, item, warps, stages):
-    """Shared memory of the warp path (Layout in kernels/batched_warp.cuh)."""
-    vw = 16 // item
-    mw = 32 // _seg(size)
-    if size % vw == 0:
-        units = size // vw
-        ld = (units if units % 2 else units + 1) * vw
-    else:
-        ld = size | 1
-    nbuf = -(-(size + 2) // vw) * vw + (6 * vw if mw == 1 else 0)
-    return warps * (2 * mw * nbuf + stages * mw * size * ld) * item
-
-
 def _tiny(label, size):
     return size <= TINY.get(label, DEFAULT_TINY)
 
 
 def launch(cp, fn, op, size, n, a, outs, threads, stages, tiny):
     from cupy_backends.cuda.api import driver
+
+    from scipy_gpuqr._batched_gpu import _seg, warp_smem_bytes
     bsz = a.shape[0]
     if tiny:
         smem, mw = 0, 32
-    else:
-        smem, mw = _smem(size, a.itemsize, threads // 32, stages), 32 // _seg(size)
+    else:                   # the warp path, whatever the library's TINY_MAX
+        smem = warp_smem_bytes(size, a.itemsize, threads // 32, stages, tiny_max=0)
+        mw = 32 // _seg(size)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, smem)
@@ -212,29 +195,6 @@ def check(cp, fn, op, size, n, dtype, tiny, rng):
     return err, problems
 
 
-class Timer:
-    def __init__(self, cp):
-        self.cp = cp
-        self.src = cp.ones(1 << 26, dtype=cp.float64)
-        self.dst = cp.empty_like(self.src)
-
-    def device(self, fn, reps=5, warmup=2):
-        cp = self.cp
-        for _ in range(warmup):
-            fn()
-        cp.cuda.Device().synchronize()
-        times = []
-        for _ in range(reps):
-            s, e = cp.cuda.Event(), cp.cuda.Event()
-            self.dst[...] = self.src
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(cp.cuda.get_elapsed_time(s, e))
-        return statistics.median(times)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
@@ -254,7 +214,7 @@ def main(argv=None) -> int:
 
     import cupy as cp
     rng = np.random.default_rng(11)
-    timer = Timer(cp)
+    timer = Timer(cp, busy_copies=1)
     rows = []
     print(f"{'op':4} {'dtype':7} {'n':>3} {'variant':8} {'ok':3} {'err':>8} {'regs':>4} "
           f"{'blk/SM':>6} {'best ms':>8} {'cfg':>6}  all (threads/stages: ms)", flush=True)

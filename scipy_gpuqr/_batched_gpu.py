@@ -113,14 +113,16 @@ def small_launch(kernel, size: int, batch: int, itemsize: int,
 # warp kernels (batched_lu.cu): layout, defaults, launch
 # ----------------------------------------------------------------------------
 
-def warp_smem_bytes(size: int, itemsize: int, warps: int, stages: int) -> int:
+def warp_smem_bytes(size: int, itemsize: int, warps: int, stages: int,
+                    tiny_max: int = TINY_MAX) -> int:
     """Dynamic shared memory of a ``getrf_warp``/``getri_warp`` block.
 
     Mirrors ``Layout`` in kernels/batched_warp.cuh: per warp two broadcast
     buffers per matrix of the tile and ``stages`` tiles (none at all for
-    ``size <= TINY_MAX``: a thread per matrix).
+    ``size <= tiny_max``: a thread per matrix). ``tiny_max`` is the
+    kernels' ``GPUQR_TINY_MAX`` (a compile-time variant may change it).
     """
-    if size <= TINY_MAX:
+    if size <= tiny_max:
         return 0
     vw = 16 // itemsize
     seg = _seg(size)
