@@ -205,6 +205,28 @@ def _check_finite(stack, idx, where: str, name: str = "a") -> None:
                          f"({name} at index {_name(idx[~ok])})")
 
 
+def _square_stack(mats: _Ragged, idx, order: int, dt, check_finite: bool, where: str):
+    """The matrices ``idx`` of ``mats`` as an (len(idx), order, order) stack
+    (padded with the identity), checked for infs and NaNs if asked."""
+    stack = mats.gather(idx, order, order, dt, identity=True)
+    if check_finite:
+        _check_finite(stack, idx, where)
+    return stack
+
+
+def _raise_if_singular(info, where: str) -> None:
+    """LinAlgError naming the exactly singular matrices (``info > 0``), if any."""
+    bad = np.flatnonzero(info > 0)
+    if bad.size:
+        raise LinAlgError(f"{where}: singular matrix at index {_name(bad)} "
+                          "(U[k, k] exactly zero)")
+
+
+def _info_out(info, mats: _Ragged, on_gpu: bool):
+    """The host ``info`` as the caller's array type."""
+    return mats.xp.asarray(info) if on_gpu else info
+
+
 def _name(indices) -> str:
     """Matrix indices as the batched error messages name them."""
     indices = np.asarray(indices)
@@ -253,9 +275,7 @@ def lu_factor_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
         piv_out[...] = xp.tile(xp.arange(vecs.padded[1], dtype=np.int32), mats.count)
     info = np.zeros(mats.count, dtype=np.int32)
     for order, idx in _classes(mats.rows).items():
-        stack = mats.gather(idx, order, order, dt, identity=True)
-        if check_finite:
-            _check_finite(stack, idx, where)
+        stack = _square_stack(mats, idx, order, dt, check_finite, where)
         lu, piv, inf = _b.lu_factor_batched(stack, check_finite=False,
                                             return_info=True, backend=backend)
         mats.scatter(lu_out, idx, xp.asarray(lu))
@@ -263,7 +283,7 @@ def lu_factor_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
         info[idx] = _b._host(inf)
     lu_res, piv_res = mats.unpack(lu_out), vecs.unpack(piv_out, vector=True)
     if return_info:
-        return lu_res, piv_res, (xp.asarray(info) if on_gpu else info)
+        return lu_res, piv_res, _info_out(info, mats, on_gpu)
     bad = np.flatnonzero(info > 0)
     if bad.size:
         warnings.warn(f"{where}: exactly singular matrices at index {_name(bad)} "
@@ -342,25 +362,22 @@ def solve_vbatched(a, b, sizes=None, *, check_finite=True, return_info=False,
     x_out = rhs.empty_like(dt, identity=False)
     info = np.zeros(mats.count, dtype=np.int32)
     for order, idx in _classes(mats.rows).items():
-        stack = mats.gather(idx, order, order, dt, identity=True)
+        stack = _square_stack(mats, idx, order, dt, check_finite, where)
         width = int(rhs.cols[idx].max()) if len(idx) else 1
         bst = rhs.gather(idx, order, width, dt, identity=False)
         if check_finite:
-            _check_finite(stack, idx, where)
             _check_finite(bst, idx, where, "b")
         x, inf = _b.solve_batched(stack, bst, check_finite=False, return_info=True,
                                   backend=backend)
         rhs.scatter(x_out, idx, mats.xp.asarray(x))
         info[idx] = _b._host(inf)
-    bad = np.flatnonzero(info > 0)
-    if bad.size and not return_info:
-        raise LinAlgError(f"{where}: singular matrix at index {_name(bad)} "
-                          "(U[k, k] exactly zero)")
+    if not return_info:
+        _raise_if_singular(info, where)
     res = rhs.unpack(x_out)
     if vector:
         res = res[..., 0] if rhs.padded is not None else [v.reshape(-1) for v in res]
     if return_info:
-        return res, (mats.xp.asarray(info) if on_gpu else info)
+        return res, _info_out(info, mats, on_gpu)
     return res
 
 
@@ -389,20 +406,16 @@ def inv_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
     out = mats.empty_like(dt, identity=True)
     info = np.zeros(mats.count, dtype=np.int32)
     for order, idx in _classes(mats.rows).items():
-        stack = mats.gather(idx, order, order, dt, identity=True)
-        if check_finite:
-            _check_finite(stack, idx, where)
+        stack = _square_stack(mats, idx, order, dt, check_finite, where)
         x, inf = _b.inv_batched(stack, check_finite=False, return_info=True,
                                 backend=backend)
         mats.scatter(out, idx, mats.xp.asarray(x))
         info[idx] = _b._host(inf)
-    bad = np.flatnonzero(info > 0)
-    if bad.size and not return_info:
-        raise LinAlgError(f"{where}: singular matrix at index {_name(bad)} "
-                          "(U[k, k] exactly zero)")
+    if not return_info:
+        _raise_if_singular(info, where)
     res = mats.unpack(out)
     if return_info:
-        return res, (mats.xp.asarray(info) if on_gpu else info)
+        return res, _info_out(info, mats, on_gpu)
     return res
 
 
@@ -438,9 +451,7 @@ def cho_factor_vbatched(a, sizes=None, lower=False, *, check_finite=True,
     out = mats.empty_like(dt, identity=True)
     info = np.zeros(mats.count, dtype=np.int32)
     for order, idx in _classes(mats.rows).items():
-        stack = mats.gather(idx, order, order, dt, identity=True)
-        if check_finite:
-            _check_finite(stack, idx, where)
+        stack = _square_stack(mats, idx, order, dt, check_finite, where)
         c, _, inf = _b.cho_factor_batched(stack, lower=lower, check_finite=False,
                                           return_info=True, backend=backend)
         mats.scatter(out, idx, mats.xp.asarray(c))
@@ -452,5 +463,5 @@ def cho_factor_vbatched(a, sizes=None, lower=False, *, check_finite=True,
                           "first is not positive definite)")
     res = mats.unpack(out)
     if return_info:
-        return res, bool(lower), (mats.xp.asarray(info) if on_gpu else info)
+        return res, bool(lower), _info_out(info, mats, on_gpu)
     return res, bool(lower)
