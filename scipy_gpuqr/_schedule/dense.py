@@ -68,7 +68,9 @@ def dense_front_mask(analysis, min_flops) -> np.ndarray:
     nf = fs.nfronts
     if min_flops is None or not np.isfinite(min_flops) or nf == 0:
         return np.zeros(nf, dtype=bool)
-    from .._symbolic.counts import front_work
-    flops = front_work(fs)["flops"]
+    flops = getattr(analysis, "front_flops", None)     # the analysis' own count
+    if flops is None or len(flops) != nf:
+        from .._symbolic.counts import front_work
+        flops = front_work(fs)["flops"]
     nfact = np.minimum(fs.fm, fs.fn)
     return (flops >= float(min_flops)) & (nfact > 0)

@@ -389,8 +389,11 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
     tail = _tail_lengths(fs, nl)
     crit = max(tail) + 1 if nf else 0
     # per-step task counts of every front (for the launch limit)
-    per_pat = {k: np.diff(u.launch_ptr).tolist() for k, u in uniq.items()}
-    counts = [per_pat[id(s)] if s is not None else [0] * nl[f] for f, s in enumerate(scheds)]
+    counts = None
+    if max_tasks is not None:
+        per_pat = {k: np.diff(u.launch_ptr).tolist() for k, u in uniq.items()}
+        counts = [per_pat[id(s)] if s is not None else [0] * nl[f]
+                  for f, s in enumerate(scheds)]
     parent = fs.parent.tolist()
     chp, ch = fs.child_ptr.tolist(), fs.children.tolist()
     fn_l, fp_l = fs.fn.tolist(), fs.fp.tolist()
@@ -412,9 +415,13 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
                 if stage_of_l[c] < sid:
                     carried[c] = pool
                     pool += cm_l[c] * (fn_l[c] - fp_l[c])
-        step_launch, finish, asm_launch, pack_launch = _state_machine(
-            members, first, last, sid, ch, chp, parent, stage_of_l, nl, tail, counts,
-            max_tasks)
+        if max_tasks is None:
+            step_launch, finish, asm_launch, pack_launch = _state_machine_unlimited(
+                first, last, sid, ch, chp, stage_of_l, nl)
+        else:
+            step_launch, finish, asm_launch, pack_launch = _state_machine(
+                members, first, last, sid, ch, chp, parent, stage_of_l, nl, tail, counts,
+                max_tasks)
         nlaunch = max([0] + [v[-1] + 1 for v in step_launch.values() if v] +
                       [v + 1 for v in pack_launch.values()] +
                       [v + 1 for v in asm_launch.values()])
@@ -424,13 +431,18 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
             fa = np.array(fac, dtype=np.int64)
             nlf = np.array([nl[f] for f in fac], dtype=np.int64)
             blk_front = np.repeat(fa, nlf)
-            blk_L = np.concatenate([np.asarray(step_launch[f], dtype=np.int64) for f in fac])
             rp = np.concatenate([scheds[f].row_ptr for f in fac])
             lp = np.concatenate([scheds[f].launch_ptr for f in fac])
             # local step k of front f: rows [rp[k], rp[k+1]) of its pattern
             ptr = np.zeros(len(fac) + 1, dtype=np.int64)
             np.cumsum(nlf + 1, out=ptr[1:])
             k_of = np.arange(len(blk_front)) - np.repeat(np.cumsum(nlf) - nlf, nlf)
+            if max_tasks is None:       # a front's steps run in consecutive launches
+                s_of = np.array([step_launch[f].start for f in fac], dtype=np.int64)
+                blk_L = np.repeat(s_of, nlf) + k_of
+            else:
+                blk_L = np.concatenate([np.asarray(step_launch[f], dtype=np.int64)
+                                        for f in fac])
             at = np.repeat(ptr[:-1], nlf) + k_of
             blk_rstart = ctx.base[pat_of[blk_front]] + rp[at]
             blk_rlen = rp[at + 1] - rp[at]
@@ -466,6 +478,31 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
                           vt_size=int(nvt.sum()) * tt, nfact=nfact,
                           critical_path=crit, seconds=0.0, dense_flops=dense_flops,
                           dense=dense_global)
+
+
+def _state_machine_unlimited(first, last, sid, ch, chp, stage_of, nl):
+    """:func:`_state_machine` without a launch limit, in closed form (postorder).
+
+    Every front that can make progress does, so a front assembles in the
+    launch after its last in-stage child's last step (launch 0 for the
+    stage's leaves), runs its ``nl`` steps in the launches right after its
+    assembly, and is packed into its parent in the launch after its last
+    step. Returns the same as :func:`_state_machine`, the step launches of a
+    front as a ``range``.
+    """
+    step_launch, finish, asm_launch, pack_launch = {}, {}, {}, {}
+    for f in range(first, last + 1):
+        a = 0
+        for c in ch[chp[f]:chp[f + 1]]:
+            if stage_of[c] == sid:
+                e = finish[c] + 1
+                pack_launch[c] = e
+                if e > a:
+                    a = e
+        asm_launch[f] = a
+        step_launch[f] = range(a + 1, a + 1 + nl[f])
+        finish[f] = a + nl[f]
+    return step_launch, finish, asm_launch, pack_launch
 
 
 def _state_machine(members, first, last, sid, ch, chp, parent, stage_of, nl, tail, counts,
