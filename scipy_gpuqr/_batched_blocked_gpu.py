@@ -305,40 +305,40 @@ def _solve_smem(f, piv, b, mode: int, identity: bool):
     return x
 
 
-def getrs(lu, piv, b, trans: int = 0):
-    """Solve with LU factors (n > 32); ``b`` (B, n, k) is not modified."""
+def _legacy_solve(kernel: str, dtype, b, factors: tuple, flag: int):
+    """``kernel`` (``getrs_batched``/``potrs_batched``) on a copy of ``b`` (B, n, k).
+
+    The kernel's arguments: ``factors`` (contiguous), the solution, n, k, B
+    and ``flag`` (transposed / lower).
+    """
     cp = import_cupy()
-    n = lu.shape[-1]
-    if n <= FUSED_MAX:
-        return _solve_smem(lu, piv, b, 1 if trans else 0, False)
-    x = cp.array(b, dtype=lu.dtype, order="C", copy=True)
+    x = cp.array(b, dtype=dtype, order="C", copy=True)
     bsz, n, k = x.shape
     if x.size == 0:
         return x
-    fn = _legacy_function("getrs_batched", _dtname(lu.dtype), _device_id())
+    fn = _legacy_function(kernel, _dtname(dtype), _device_id())
     grid = -(-(bsz * k) // _SOLVE_THREADS)
     fn((grid,), (_SOLVE_THREADS,),
-       (cp.ascontiguousarray(lu), cp.ascontiguousarray(piv, dtype=cp.int32), x,
-        np.int32(n), np.int32(k), np.int64(bsz), np.int32(1 if trans else 0)))
+       factors + (x, np.int32(n), np.int32(k), np.int64(bsz), np.int32(flag)))
     return x
+
+
+def getrs(lu, piv, b, trans: int = 0):
+    """Solve with LU factors (n > 32); ``b`` (B, n, k) is not modified."""
+    cp = import_cupy()
+    if lu.shape[-1] <= FUSED_MAX:
+        return _solve_smem(lu, piv, b, 1 if trans else 0, False)
+    factors = (cp.ascontiguousarray(lu), cp.ascontiguousarray(piv, dtype=cp.int32))
+    return _legacy_solve("getrs_batched", lu.dtype, b, factors, 1 if trans else 0)
 
 
 def potrs(c, lower: bool, b):
     """Solve with a Cholesky factor from :func:`potrf` (n > 32); ``b`` (B, n, k)."""
     cp = import_cupy()
-    n = c.shape[-1]
-    if n <= FUSED_MAX:
+    if c.shape[-1] <= FUSED_MAX:
         return _solve_smem(c, None, b, 2 if lower else 3, False)
-    x = cp.array(b, dtype=c.dtype, order="C", copy=True)
-    bsz, n, k = x.shape
-    if x.size == 0:
-        return x
-    fn = _legacy_function("potrs_batched", _dtname(c.dtype), _device_id())
-    grid = -(-(bsz * k) // _SOLVE_THREADS)
-    fn((grid,), (_SOLVE_THREADS,),
-       (cp.ascontiguousarray(c), x, np.int32(n), np.int32(k), np.int64(bsz),
-        np.int32(1 if lower else 0)))
-    return x
+    return _legacy_solve("potrs_batched", c.dtype, b, (cp.ascontiguousarray(c),),
+                         1 if lower else 0)
 
 
 def inverse(a, method: str | None = None):
