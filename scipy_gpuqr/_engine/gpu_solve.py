@@ -454,21 +454,19 @@ class DeviceSolve:
 
     def upper(self, C):
         """``R⁻¹ C`` (C: cupy (q, k) float64)."""
-        if self.q == 0 or C.shape[1] == 0:
-            return self.cp.zeros((self.q, C.shape[1]))
-        if self.fronts is not None:
-            return self.fronts.upper(C)
-        from cupyx.scipy.sparse.linalg import spsolve_triangular
-        return spsolve_triangular(self.R, C, lower=False)
+        return self._triangular(C, transposed=False)
 
     def upper_transposed(self, C):
         """``R⁻ᵀ C``."""
+        return self._triangular(C, transposed=True)
+
+    def _triangular(self, C, transposed: bool):
         if self.q == 0 or C.shape[1] == 0:
             return self.cp.zeros((self.q, C.shape[1]))
         if self.fronts is not None:
-            return self.fronts.upper_transposed(C)
+            return self.fronts.upper_transposed(C) if transposed else self.fronts.upper(C)
         from cupyx.scipy.sparse.linalg import spsolve_triangular
-        return spsolve_triangular(self.RT, C, lower=True)
+        return spsolve_triangular(self.RT if transposed else self.R, C, lower=transposed)
 
     def forward(self, qt_matmul, B, n: int):
         """``X[perm] = R⁻¹ (Qᵀ B)[:q]``: least squares of tall A, or ``A X = B``."""
