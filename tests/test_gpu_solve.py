@@ -345,6 +345,16 @@ def _lstsq_ok(A, x, b):
     assert np.linalg.norm(x - x_ref) <= tol * np.linalg.norm(x_ref)
 
 
+def _device_solve_near_lstsq(F, A, b, rtol):
+    """``F.solve`` of a CuPy ``b``: CuPy, within ``rtol`` of float64 lstsq; returns x."""
+    cp = _cp()
+    x = F.solve(cp.asarray(b))
+    assert isinstance(x, cp.ndarray)
+    x_ref = np.linalg.lstsq(A.toarray().astype(np.float64), b.astype(np.float64), rcond=None)[0]
+    assert np.linalg.norm(x.get() - x_ref) <= rtol * np.linalg.norm(x_ref)
+    return x
+
+
 def _no_host_path(monkeypatch):
     """Fail if a solve copies b to the host or replays Q there."""
     from scipy_gpuqr import _factor
@@ -424,22 +434,17 @@ def test_solve_on_device_shared_matrices(matrices_dir):
 
 @pytest.mark.gpu
 def test_rank_deficient_solve_keeps_the_host_rule():
-    cp = _cp()
     from scipy_gpuqr import QRFactorization
     A = chessboard_boundary(4, 5, 2).astype(np.float64)      # rank-deficient
     F = QRFactorization(A, backend="gpu")
     assert not F._device_lstsq_ok()
     b = np.random.default_rng().standard_normal(A.shape[0])
-    x = F.solve(cp.asarray(b))
-    assert isinstance(x, cp.ndarray)
-    x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
-    assert np.linalg.norm(x.get() - x_ref) <= 1e-8 * np.linalg.norm(x_ref)
+    _device_solve_near_lstsq(F, A, b, 1e-8)
     F.free()
 
 
 @pytest.mark.gpu
 def test_spsolve_factorized_and_float32_on_device():
-    cp = _cp()
     from scipy_gpuqr import QRFactorization, factorized, spsolve
     rng = np.random.default_rng()
     S = random_values(grid3d_least_squares(6), rng)[:216]
@@ -457,10 +462,8 @@ def test_spsolve_factorized_and_float32_on_device():
     F = QRFactorization(A, backend="gpu")
     assert F._device_lstsq_ok()
     bb = rng.standard_normal(A.shape[0]).astype(np.float32)
-    x32 = F.solve(cp.asarray(bb))
+    x32 = _device_solve_near_lstsq(F, A, bb, 1e-3)
     assert x32.dtype == np.float32
-    xr = np.linalg.lstsq(A.toarray().astype(np.float64), bb.astype(np.float64), rcond=None)[0]
-    assert np.linalg.norm(x32.get() - xr) <= 1e-3 * np.linalg.norm(xr)
     F.free()
 
 
