@@ -138,6 +138,20 @@ def _gram_tol(A):
     return 200 * max(m, n) * EPS * normA ** 2, 200 * max(m, n) * EPS * normA
 
 
+def _check_q(F, A, R, rng, tq, name):
+    """Q [R; 0] X = A P X and Q Qᵀ b = b for the factorization ``F`` (dense ``R``);
+    returns (b, Qᵀ b)."""
+    m, n = A.shape
+    k = min(m, n)
+    X = rng.standard_normal((n, 2))
+    QR = F.q_matmul(np.vstack([R @ X, np.zeros((m - k, 2))]))
+    assert np.abs(A.toarray()[:, F.colperm] @ X - QR).max() <= tq * np.abs(X).max(), name
+    b = rng.standard_normal((m, 2))
+    y = F.qt_matmul(b)
+    assert np.abs(F.q_matmul(y) - b).max() <= tq, name
+    return b, y
+
+
 @pytest.mark.parametrize("budget", [None, 20000, 1])
 def test_simulate_with_dense_fronts(budget):
     rng = np.random.default_rng()
@@ -153,15 +167,8 @@ def test_simulate_with_dense_fronts(budget):
         tg, tq = _gram_tol(A)
         R, R0 = s.R.toarray(), s0.R.toarray()
         assert np.abs(R.T @ R - R0.T @ R0).max() <= tg, name
-        m, n = A.shape
-        k = min(m, n)
-        X = rng.standard_normal((n, 2))
-        QR = s.q_matmul(np.vstack([R @ X, np.zeros((m - k, 2))]))
-        assert np.abs(A.toarray()[:, s.colperm] @ X - QR).max() <= tq * np.abs(X).max(), name
-        b = rng.standard_normal((m, 2))
-        y = s.qt_matmul(b)
+        b, y = _check_q(s, A, R, rng, tq, name)
         np.testing.assert_allclose(np.linalg.norm(y, axis=0), np.linalg.norm(b, axis=0))
-        assert np.abs(s.q_matmul(y) - b).max() <= tq, name
 
 
 @pytest.mark.parametrize("budget", [None, 20000])
@@ -253,15 +260,8 @@ def test_gpu_engine_with_dense_fronts_matches_simulate(budget):
         tg, tq = _gram_tol(A)
         Rg, Rs = g.R.toarray(), s.R.toarray()
         assert np.isfinite(Rg).all() and np.abs(Rg.T @ Rg - Rs.T @ Rs).max() <= tg, name
-        m, n = A.shape
-        k = min(m, n)
-        X = rng.standard_normal((n, 2))
-        QR = g.q_matmul(np.vstack([Rg @ X, np.zeros((m - k, 2))]))
-        assert np.abs(A.toarray()[:, g.colperm] @ X - QR).max() <= tq * np.abs(X).max(), name
-        b = rng.standard_normal((m, 2))
-        y = g.qt_matmul(b)
+        b, y = _check_q(g, A, Rg, rng, tq, name)
         assert np.abs(np.linalg.norm(y, axis=0) - np.linalg.norm(b, axis=0)).max() <= tq
-        assert np.abs(g.q_matmul(y) - b).max() <= tq, name
         # the same through the host replay of the simulate engine's own dense fronts
         s2 = simulate_factorize(A, an, max_gpu_memory=budget, dense_flops=TINY)
         R2 = s2.R.toarray()
