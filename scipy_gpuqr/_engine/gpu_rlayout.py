@@ -48,7 +48,9 @@ class RLayout:
         R's CSC pattern, rows sorted in each column (treat as read-only;
         :meth:`csc` copies them).
     src : ndarray of int64 (nnz,)
-        Source of each stored entry (see the module notes).
+        Source of each stored entry (see the module notes; built on first
+        use when the layout keeps its column segments: a one-stage plan's
+        gather map is made straight from them).
     fbase : ndarray of int64 (nfronts + 1,)
         Start of each front in the global front space.
     r1_pos, r1_nz : ndarray of int64
@@ -63,19 +65,29 @@ class RLayout:
     shape: tuple
     indptr: np.ndarray
     indices: np.ndarray
-    src: np.ndarray
+    _src: np.ndarray | None
     fbase: np.ndarray
     r1_pos: np.ndarray
     r1_nz: np.ndarray
     qorder: np.ndarray
     slots_of: list
+    _segs: tuple | None = field(default=None, repr=False)
     _stage_maps: dict = field(default_factory=dict, repr=False)
     _extras: dict = field(default_factory=dict, repr=False)
-    _lock: object = field(default_factory=threading.Lock, repr=False)
+    _lock: object = field(default_factory=threading.RLock, repr=False)
 
     @property
     def nnz(self) -> int:
         return int(self.indptr[-1])
+
+    @property
+    def src(self) -> np.ndarray:
+        with self._lock:
+            if self._src is None:
+                first, step, length, start = self._segs
+                self._src = _arith_runs(first, step, length, start, self.nnz, np.int64)
+                self._src.flags.writeable = False
+            return self._src
 
     def stage_maps(self, stages) -> list:
         """Gather maps of a staging plan: per stage ``(pos, index)``.
@@ -98,13 +110,20 @@ class RLayout:
             return hit
         out = []
         fb = self.fbase
-        src = self.src
         for first, last in key:
             lo, hi = int(fb[first]), int(fb[last + 1])
             itype = np.int32 if hi - lo < 2 ** 31 - 1 else np.int64
             if len(key) == 1:
-                out.append((None, np.maximum(src, 0).astype(itype)))
+                if self._src is None:       # straight from the segments, no int64 pass
+                    s0, step, length, start = self._segs
+                    out.append((None, _arith_runs(np.maximum(s0, 0), step, length, start,
+                                                  self.nnz, itype)))
+                else:
+                    idx = np.empty(len(self._src), dtype=itype)
+                    np.maximum(self._src, 0, out=idx, casting="unsafe")
+                    out.append((None, idx))
                 continue
+            src = self.src
             pos = np.flatnonzero((src >= lo) & (src < hi))
             out.append((pos, (src[pos] - lo).astype(itype)))
         with self._lock:
@@ -260,19 +279,15 @@ def _build_segments(analysis) -> RLayout:
     np.cumsum(counts, out=indptr[1:])
     nnz = int(indptr[-1])
     itype = np.int32 if max(nnz, n, k) < 2 ** 31 - 1 else np.int64
-    # ---- expand: q = position inside the segment
+    # ---- expand: both runs are arithmetic (rows step 1, sources step s_str), so
+    # each is the running sum of its steps with a jump at every segment start
     sstart = np.cumsum(s_len) - s_len
-    q = np.arange(nnz, dtype=np.int64)
-    q -= np.repeat(sstart, s_len)
-    ind = np.repeat(s_row, s_len)
-    ind += q
-    ind = ind.astype(itype)
-    src = np.repeat(s_str, s_len)
-    src *= q
-    del q
-    src += np.repeat(s_src, s_len)
-    r1_pos = np.flatnonzero(src < 0) if nnz1 else np.zeros(0, dtype=np.int64)
-    r1_nz = np.asarray(analysis.r1_nz, dtype=np.int64)[-1 - src[r1_pos]] if nnz1 \
+    ind = _arith_runs(s_row, np.ones(len(s_len), dtype=np.int64), s_len, sstart, nnz, itype)
+    # sources: kept as segments, expanded when asked for (RLayout.src, stage_maps);
+    # the singleton-row entries are the segments with a negative source (length 1)
+    one = s_src < 0
+    r1_pos = sstart[one] if nnz1 else np.zeros(0, dtype=np.int64)
+    r1_nz = np.asarray(analysis.r1_nz, dtype=np.int64)[-1 - s_src[one]] if nnz1 \
         else np.zeros(0, dtype=np.int64)
     slots_r = np.concatenate([rowperm[:r1]] + [slots_of[f][:int(rk[f])] for f in range(nf)
                                                 if rk[f]])
@@ -280,10 +295,26 @@ def _build_segments(analysis) -> RLayout:
     rest[slots_r] = False
     qorder = np.concatenate([slots_r, np.flatnonzero(rest)]).astype(np.int64)
     ptr = indptr.astype(itype)
-    for a in (ind, ptr, src, fbase, r1_pos, r1_nz, qorder):
+    for a in (ind, ptr, fbase, r1_pos, r1_nz, qorder):
         a.flags.writeable = False
-    return RLayout(shape=(k, n), indptr=ptr, indices=ind, src=src, fbase=fbase,
-                   r1_pos=r1_pos, r1_nz=r1_nz, qorder=qorder, slots_of=slots_of)
+    return RLayout(shape=(k, n), indptr=ptr, indices=ind, _src=None, fbase=fbase,
+                   r1_pos=r1_pos, r1_nz=r1_nz, qorder=qorder, slots_of=slots_of,
+                   _segs=(s_src, s_str, s_len, sstart))
+
+
+def _arith_runs(first, step, length, start, total, dtype) -> np.ndarray:
+    """Runs ``first[i] + step[i] * (0 .. length[i]-1)`` end to end (lengths >= 1).
+
+    Two passes over the output (the steps, then their running sum in place),
+    in ``dtype`` (int32 wraps in the intermediate sums but every value fits).
+    """
+    out = np.repeat(step.astype(dtype), length) if len(length) else np.zeros(0, dtype)
+    if total:
+        jump = first.copy()
+        jump[1:] -= first[:-1] + step[:-1] * (length[:-1] - 1)
+        out[start] = jump.astype(dtype)
+        np.add.accumulate(out, out=out, dtype=dtype)
+    return out
 
 
 def _build_general(analysis) -> RLayout:
@@ -350,5 +381,5 @@ def _build_general(analysis) -> RLayout:
     qorder = np.concatenate([slots_r, np.flatnonzero(rest)]).astype(np.int64)
     for a in (ind, ptr, src_c, fbase, r1_pos, r1_nz, qorder):
         a.flags.writeable = False
-    return RLayout(shape=(k, n), indptr=ptr, indices=ind, src=src_c, fbase=fbase,
+    return RLayout(shape=(k, n), indptr=ptr, indices=ind, _src=src_c, fbase=fbase,
                    r1_pos=r1_pos, r1_nz=r1_nz, qorder=qorder, slots_of=slots_of)
