@@ -366,7 +366,7 @@ def main(argv=None) -> int:
                       f"{t_ms:8.3f} {row['x_torch']:6.2f}", flush=True)
                 if args.json:
                     Path(args.json).write_text(json.dumps(rows, indent=1))
-            del a
+            a = None            # frees the stack (del would leave pyflakes a name to flag)
             cp.get_default_memory_pool().free_all_blocks()
             if torch is not None:          # torch's cache grows with every new size
                 torch.cuda.empty_cache()
