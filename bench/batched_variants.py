@@ -11,7 +11,8 @@ thread per matrix). Each variant is compiled on its own, checked against
 LAPACK on fresh random and singular batches (outputs poisoned first), then
 timed on 2**20 matrices over (threads per block, stages): device time, CUDA
 events after warm-up, median of 5, the GPU kept busy by a copy enqueued just
-before (bench/batched.py's Timer, one copy instead of two). The library default is the row without options.
+before (bench/batched.py's Timer, one copy instead of two). The library
+default is the row without options.
 """
 
 from __future__ import annotations
