@@ -53,7 +53,7 @@ from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE,
 
 __all__ = ["TileSchedule", "tile_buckets", "tile_schedule", "tile_schedules",
            "front_tasks", "dense_front_tasks", "vt_slots_recycled", "clear_cache",
-           "many_tile_buckets", "check_tunables", "expand_rows"]
+           "many_tile_buckets", "check_tunables", "expand_rows", "element_rows_of"]
 
 #: the record fields a tile schedule keeps (tile units; see :class:`TileSchedule`)
 COLUMNS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop",
@@ -172,6 +172,12 @@ def expand_rows(rows: np.ndarray, mult: np.ndarray):
     np.cumsum(m, out=start[1:])
     k = np.arange(len(idx), dtype=np.int64) - np.repeat(start[:-1], m)
     return idx, k
+
+
+def element_rows_of(rc: dict, tile: int) -> np.ndarray:
+    """:meth:`TileSchedule.element_rows` of rows given column by column (``rcols``
+    layout; e.g. many patterns' rows end to end), not cached."""
+    return _element_rows(rc, tile)
 
 
 def _element_rows(rc: dict, tile: int) -> np.ndarray:

@@ -586,7 +586,15 @@ class _Templates:
         np.cumsum(nrow, out=self.base[1:])
         words = TASK_DTYPE.itemsize // 8
         if scheds:
-            self.rows = np.concatenate([s.element_rows(tile) for s in scheds])
+            # one pass over every pattern's rows (not one per pattern: hundreds of
+            # small patterns on a cold plan); patterns cached per tile reuse theirs
+            cached = [s.__dict__.get("_element_rows", {}).get(tile) for s in scheds]
+            if all(c is not None for c in cached):
+                self.rows = np.concatenate(cached)
+            else:
+                rc = {k: np.concatenate([s.rcols[k] for s in scheds])
+                      for k in bucket.COLUMNS}
+                self.rows = bucket.element_rows_of(rc, tile)
             self.mult = np.concatenate([s.rcols["mult"] for s in scheds])
             self.granule = scheds[0].granule
         else:
