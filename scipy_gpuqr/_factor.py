@@ -20,7 +20,14 @@ from ._lstsq import MinNormSolver, exact_solve, lstsq_cutoff
 from ._options import resolve_options
 from ._validate import MatrixInput, as_matrix, solve_rhs, to_output
 
-__all__ = ["QRFactorization"]
+__all__ = ["QRFactorization", "REFINE_ABOVE", "REFINE_STEPS"]
+
+_EPS = float(np.finfo(np.float64).eps)
+
+#: Host least-squares solves refine X (at most REFINE_STEPS steps, x += G⁺Qᵀ(b − A x))
+#: when eps times the condition estimate of the retained part of R exceeds this.
+REFINE_ABOVE = 1e-8
+REFINE_STEPS = 2
 
 
 def _check_tol(tol):
@@ -257,13 +264,15 @@ class QRFactorization:
         solver = self._min_norm_solver()
         m, n = self.shape
         if not self._transposed:
-            k = num.R.shape[0]
-            C = num.qt_matmul(B)[:k] if B.shape[1] else np.zeros((k, 0))
-            if self._tol is not None:
-                C = C[:solver.R.shape[0]]
-            Y = solver.solve(C)
-            X = np.empty((n, B.shape[1]))
-            X[num.colperm] = Y
+            X = self._tall_host(B, solver)
+            if B.shape[1] and solver.retained_condition() * _EPS > REFINE_ABOVE:
+                # ill-conditioned: refinement with residuals of A itself (not of
+                # Q R) takes the backward error down to the rank cutoff's level
+                for _ in range(REFINE_STEPS):
+                    D = self._tall_host(B - self._M @ X, solver)
+                    X += D
+                    if np.linalg.norm(D) <= _EPS * np.linalg.norm(X):
+                        break
         else:
             Bp = B[num.colperm]
             Z = solver.solve(Bp)
@@ -271,6 +280,17 @@ class QRFactorization:
             pad[:Z.shape[0]] = Z
             X = num.q_matmul(pad) if B.shape[1] else pad
         self._timings["solve"] = time.perf_counter() - t0
+        return X
+
+    def _tall_host(self, B: np.ndarray, solver: MinNormSolver) -> np.ndarray:
+        """``X[colperm] = G⁺ (Qᵀ B)[:rows of G]`` on the host (m >= n)."""
+        num = self._num
+        k = num.R.shape[0]
+        C = num.qt_matmul(B)[:k] if B.shape[1] else np.zeros((k, 0))
+        if self._tol is not None:
+            C = C[:solver.R.shape[0]]
+        X = np.empty((self.shape[1], B.shape[1]))
+        X[num.colperm] = solver.solve(C)
         return X
 
     def qt_matmul(self, B):

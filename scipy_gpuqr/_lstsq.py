@@ -375,6 +375,20 @@ class MinNormSolver:
         Y[first.colperm] = Y1
         return Y
 
+    def retained_condition(self) -> float:
+        """Estimated 2-norm condition number of the part of G the solutions use.
+
+        Exact for the SVD, estimates otherwise (1-norm for the triangular fast
+        path); ``inf`` where nothing is known (sparse COD).
+        """
+        if self.method == "empty":
+            return 1.0
+        if self.method == "triangular" and np.isfinite(self.rcond) and self.rcond > 0:
+            return 1.0 / self.rcond
+        if self.method in ("svd", "dense_cod", "triangular") and self.sigma_min > 0:
+            return float(self.sigma_max / self.sigma_min)
+        return float("inf")
+
     def summary(self) -> dict:
         """JSON-ready description of the rank decision."""
         return {"method": self.method, "rank": int(self.rank), "device": self.cod_device,

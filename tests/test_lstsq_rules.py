@@ -202,3 +202,31 @@ def test_exactly_singular_rule_is_column_relative():
     assert _lstsq.exactly_singular(R, 2)
     R = sp.csc_array(np.array([[1.0, 1.0], [0.0, 0.0]]))
     assert _lstsq.exactly_singular(R, 2)
+
+
+def test_refinement_brings_backward_error_to_lstsq_level(rng):
+    """No gap in the singular values (1 .. 1e-15, columns scaled over 2 decades): the
+    host solve refines with A's own residuals; the backward error is then no worse
+    than numpy.linalg.lstsq's, and without refinement it is not better."""
+    from scipy_gpuqr import QRFactorization
+    from scipy_gpuqr import _factor
+    m = n = 300
+    U, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    V, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    A = ((U * np.logspace(0, -15, n)) @ V.T) * 1e4 * np.logspace(0, 2, n)[rng.permutation(n)]
+    As = sp.csc_array(A)
+    b = np.ones(m)
+    x_ref = np.linalg.lstsq(A, b, rcond=None)[0]
+    norm2 = np.linalg.norm(A, 2)
+    ref = _ls_backward_error(A, x_ref, b, norm2)[0]
+    F = QRFactorization(As, backend="reference")
+    refined = _ls_backward_error(A, F.solve(b), b, norm2)[0]
+    assert F.info["rank_decision"]["method"] == "svd"
+    saved = _factor.REFINE_STEPS
+    try:
+        _factor.REFINE_STEPS = 0
+        plain = _ls_backward_error(A, QRFactorization(As, backend="reference").solve(b), b,
+                                   norm2)[0]
+    finally:
+        _factor.REFINE_STEPS = saved
+    assert refined <= ref and refined < 0.1 * plain, (refined, ref, plain)
