@@ -164,7 +164,8 @@ class QRFactorization:
             # the rank refinement runs where the factorization ran (DESIGN.md §5)
             device = "gpu" if num.info.get("backend") == "gpu" else "cpu"
             self._solver = MinNormSolver(R, cutoff, transposed=self._transposed,
-                                         factorize=self._cod_factorize, device=device)
+                                         factorize=self._cod_factorize, device=device,
+                                         solves=self._device_triangular())
             self._timings["rank_decision"] = time.perf_counter() - t0
         return self._solver
 
@@ -214,6 +215,21 @@ class QRFactorization:
         """Full-rank least squares on the device: GPU factors, lstsq's rule says full rank."""
         return (self._on_device() and self._tol is None
                 and self._min_norm_solver().method == "triangular")
+
+    def _device_triangular(self):
+        """Host-array wrappers of the device's ``R⁻¹·`` and ``R⁻ᵀ·`` (GPU factors,
+        no rank detection), for the rank decision's estimates; else None."""
+        if self._tol is not None or not self._on_device():
+            return None
+        import cupy as cp
+        ds = self._device_solve()
+
+        def up(C):
+            return ds.upper(cp.asarray(C, dtype=np.float64)).get()
+
+        def upt(C):
+            return ds.upper_transposed(cp.asarray(C, dtype=np.float64)).get()
+        return up, upt
 
     def _device_solve(self):
         if self._dsolve is None:

@@ -136,19 +136,30 @@ def exactly_singular(R: sp.csc_array, n: int) -> bool:
     return bool(np.any(d <= SINGULAR_RTOL * colnorm))
 
 
-def _rcond_estimate(R: sp.csc_array) -> float:
-    """Reciprocal 1-norm condition number estimate of triangular R."""
+def _host_triangular(R: sp.csc_array) -> tuple[Callable, Callable]:
+    """``(C ↦ R⁻¹C, C ↦ R⁻ᵀC)`` for square upper triangular sparse R, on the host."""
+    Rcsr = sp.csr_array(R)
+    RTcsr = sp.csr_array(R.T)
+    return (lambda C: spsolve_triangular(Rcsr, _as_2d(C), lower=False),
+            lambda C: spsolve_triangular(RTcsr, _as_2d(C), lower=True))
+
+
+def _rcond_estimate(R: sp.csc_array, solves: Optional[tuple] = None) -> float:
+    """Reciprocal 1-norm condition number estimate of triangular R.
+
+    ``solves``: ``(R⁻¹·, R⁻ᵀ·)`` on host arrays (e.g. through the GPU's
+    triangular solve); default SciPy's sparse triangular solves.
+    """
     q = R.shape[0]
     if q <= DENSE_LIMIT:
         Rd = R.toarray()
         rcond, info = la.lapack.dtrcon(Rd, norm="1", uplo="U", diag="N")
         return float(rcond) if info == 0 else 0.0
-    Rcsr = sp.csr_array(R)
-    RTcsr = sp.csr_array(R.T)
+    up, upt = solves or _host_triangular(R)
     inv = LinearOperator(
         (q, q), dtype=np.float64,
-        matvec=lambda v: spsolve_triangular(Rcsr, v.reshape(-1, 1), lower=False).ravel(),
-        rmatvec=lambda v: spsolve_triangular(RTcsr, v.reshape(-1, 1), lower=True).ravel())
+        matvec=lambda v: np.asarray(up(v.reshape(-1, 1))).ravel(),
+        rmatvec=lambda v: np.asarray(upt(v.reshape(-1, 1))).ravel())
     norm_inv = onenormest(inv)
     norm_r = float(abs(R).sum(axis=0).max())
     if not np.isfinite(norm_inv) or norm_inv == 0 or norm_r == 0:
@@ -156,18 +167,18 @@ def _rcond_estimate(R: sp.csc_array) -> float:
     return 1.0 / (norm_r * norm_inv)
 
 
-def _sigma_estimates(R: sp.csc_array) -> tuple[float, float]:
-    """Lanczos estimates of (σ_min, σ_max) of square triangular R."""
+def _sigma_estimates(R: sp.csc_array, solves: Optional[tuple] = None) -> tuple[float, float]:
+    """Lanczos estimates of (σ_min, σ_max) of square triangular R (``solves``: as
+    :func:`_rcond_estimate`)."""
     q = R.shape[0]
     Rcsr = sp.csr_array(R)
     RTcsr = sp.csr_array(R.T)
+    up, upt = solves or _host_triangular(R)
     normal = LinearOperator((q, q), dtype=np.float64,
                             matvec=lambda v: RTcsr @ (Rcsr @ v.ravel()))
     inv_normal = LinearOperator(
         (q, q), dtype=np.float64,
-        matvec=lambda v: spsolve_triangular(
-            Rcsr, spsolve_triangular(RTcsr, v.reshape(-1, 1), lower=True),
-            lower=False).ravel())
+        matvec=lambda v: np.asarray(up(upt(v.reshape(-1, 1)))).ravel())
     v0 = np.ones(q)
     lam_max = eigsh(normal, k=1, which="LM", tol=1e-3, v0=v0,
                     return_eigenvectors=False)[0]
@@ -197,6 +208,12 @@ class MinNormSolver:
     factorize : callable or None
         ``factorize(G, tol=...) -> NumericQR`` used for the sparse complete
         orthogonal decomposition when R is too large for a dense SVD.
+    device : {'cpu', 'gpu'}
+        Where the dense refinements run (the GPU when the factorization did).
+    solves : (callable, callable), optional
+        ``C ↦ R⁻¹C`` and ``C ↦ R⁻ᵀC`` on host arrays for the condition and
+        σ estimates of a square R (e.g. the GPU's front-structured solve);
+        default SciPy's sparse triangular solves.
     """
 
     R: sp.csc_array
@@ -204,6 +221,7 @@ class MinNormSolver:
     transposed: bool = False
     factorize: Optional[Factorize] = None
     device: str = "cpu"
+    solves: Optional[tuple] = field(default=None, repr=False)
     method: str = field(init=False, default="")
     cod_device: str = field(init=False, default="cpu")
     revealed: bool = field(init=False, default=True)
@@ -225,7 +243,7 @@ class MinNormSolver:
         d = np.abs(R.diagonal())
         square_ok = (k == q and np.all(np.isfinite(d)) and np.all(d > 0))
         if square_ok and d.min() > self.cutoff * d.max():
-            self.rcond = _rcond_estimate(R)
+            self.rcond = _rcond_estimate(R, self.solves)
             if self.rcond >= 10.0 * q * self.cutoff:
                 self.method, self.rank = "triangular", q
                 return
@@ -245,7 +263,7 @@ class MinNormSolver:
             return
         if square_ok:
             try:
-                smin, smax = _sigma_estimates(R)
+                smin, smax = _sigma_estimates(R, self.solves)
             except (ArpackNoConvergence, ArpackError):
                 smin, smax = 0.0, float(d.max())
             self.sigma_min, self.sigma_max = smin, smax

@@ -71,3 +71,20 @@ def test_lsqr_min_norm_rank_decided_on_gpu(monkeypatch, rng):
     assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
     x2 = lsqr(A, b, backend="gpu")[0]
     assert np.linalg.norm(x2 - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+
+
+def test_rank_decision_estimates_use_the_device_solves(monkeypatch, rng):
+    """Beyond DENSE_LIMIT the condition estimate of a GPU factorization's R runs through
+    the device's triangular solve (the host's sparse solves are not called)."""
+    from scipy_gpuqr._testing_matrices import grid3d_least_squares
+
+    def no_host(R):
+        raise AssertionError("host triangular solves used")
+    monkeypatch.setattr(_lstsq, "_host_triangular", no_host)
+    A = grid3d_least_squares(16)                          # n = 4096 > DENSE_LIMIT
+    b = rng.standard_normal(A.shape[0])
+    F = QRFactorization(A, backend="gpu")
+    x = F.solve(b)
+    assert F.info["rank_decision"]["method"] == "triangular"
+    x_ref = QRFactorization(A, backend="cpu").solve(b)
+    assert np.linalg.norm(x - x_ref) <= 1e-10 * np.linalg.norm(x_ref)
