@@ -80,11 +80,11 @@ def test_rank_decision_estimates_use_the_device_solves(monkeypatch, rng):
 
     def no_host(R):
         raise AssertionError("host triangular solves used")
-    monkeypatch.setattr(_lstsq, "_host_triangular", no_host)
     A = grid3d_least_squares(16)                          # n = 4096 > DENSE_LIMIT
     b = rng.standard_normal(A.shape[0])
+    x_ref = QRFactorization(A, backend="cpu").solve(b)    # (host solves: before the patch)
+    monkeypatch.setattr(_lstsq, "_host_triangular", no_host)
     F = QRFactorization(A, backend="gpu")
     x = F.solve(b)
     assert F.info["rank_decision"]["method"] == "triangular"
-    x_ref = QRFactorization(A, backend="cpu").solve(b)
     assert np.linalg.norm(x - x_ref) <= 1e-10 * np.linalg.norm(x_ref)
