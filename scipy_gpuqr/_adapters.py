@@ -161,8 +161,7 @@ def _iterate_first(A, Mi, r0, damp, x_start, bnorm, backend, gpuqr_options):
         planned = plan_for(Mi, backend=backend, gpuqr_options=gpuqr_options)
         plan = planned[1]
         flops = float(getattr(plan.analysis, "flops", float("nan")))
-        gpu = _gpu_name() if plan.backend == "gpu" else None
-        allowance = ITERATION_SHARE * predicted_seconds(plan.backend, flops, gpu)
+        allowance = ITERATION_SHARE * predicted_seconds(plan.backend, flops, plan.gpu_name)
         found, why, progress = try_lsqr(A64, r0, damp, seconds=allowance, progress=progress)
         why += f"; allowance {allowance:.3g} s = {ITERATION_SHARE:g} x predicted {plan.backend}"
     log_decision("least squares %dx%d nnz=%d: backend 'auto' from %s; %s; %s", m, n,
@@ -174,11 +173,6 @@ def _iterate_first(A, Mi, r0, damp, x_start, bnorm, backend, gpuqr_options):
     return _LstsqAnswer(x_start + found.dx, found.dx, norms.r1norm, norms.r2norm, norms.anorm,
                         found.acond, norms.arnorm, bnorm, np.zeros(n), False, None,
                         found.itn), planned
-
-
-def _gpu_name():
-    from ._gpu import gpu_info
-    return gpu_info().get("name")
 
 
 def _variance(F: QRFactorization, M: sp.csc_array) -> np.ndarray:

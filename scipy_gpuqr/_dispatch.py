@@ -225,6 +225,9 @@ class Plan:
     threshold_source : str
         Where it came from (options, the calibration of this GPU model with
         its date, or the default).
+    gpu_name : str or None
+        The GPU model ``auto`` looked at (None: not consulted); its stored
+        calibration also predicts the CPU backend's time on this host.
     """
 
     backend: str
@@ -238,6 +241,7 @@ class Plan:
     factorize_fn: Optional[Callable] = field(default=None, repr=False)
     threshold: Optional[float] = None
     threshold_source: str = ""
+    gpu_name: Optional[str] = None
 
     def factorize(self, A: sp.csc_array, *, tol=None):
         """Run the chosen backend on A (same pattern as planned)."""
@@ -375,7 +379,8 @@ def plan_factorization(A: sp.csc_array, *, backend=None, gpuqr_options=None,
                 ordering=ordering, colperm=colperm, analysis=analysis,
                 analyze_time=analyze_time, factorize_fn=factorize_fn,
                 threshold=None if threshold is None else threshold[0],
-                threshold_source="" if threshold is None else threshold[1])
+                threshold_source="" if threshold is None else threshold[1],
+                gpu_name=None if threshold is None else threshold[2])
     log_decision("%dx%d nnz=%d: %s", A.shape[0], A.shape[1], A.nnz, "; ".join(reasons))
     return plan
 
@@ -400,6 +405,7 @@ def auto_threshold(options, gpu_name) -> tuple[float, str]:
 
 
 def _auto_choice(analysis, options, dtype, reasons) -> tuple[str, Optional[tuple]]:
+    """``auto``'s backend and ``(threshold, its source, GPU model)`` when a GPU was consulted."""
     factorize, why = gpu_engine()
     if factorize is None:
         reasons.append(f"auto: CPU ({why})")
@@ -412,14 +418,15 @@ def _auto_choice(analysis, options, dtype, reasons) -> tuple[str, Optional[tuple
     if np.dtype(dtype) not in (np.float64, np.float32):
         reasons.append(f"auto: CPU (dtype {np.dtype(dtype)} not supported on the GPU)")
         return "cpu", None
-    threshold, source = auto_threshold(options, info.get("name"))
+    name = info.get("name")
+    threshold, source = auto_threshold(options, name)
     intensity = getattr(analysis, "intensity", None)
     if intensity is None:
         reasons.append("auto: CPU (no analysis, intensity unknown)")
-        return "cpu", (threshold, source)
+        return "cpu", (threshold, source, name)
     said = f"threshold {threshold:.3g} flops/byte, {source}"
     if not intensity >= threshold:
         reasons.append(f"auto: CPU (intensity {intensity:.3g} < {said})")
-        return "cpu", (threshold, source)
+        return "cpu", (threshold, source, name)
     reasons.append(f"auto: GPU (intensity {intensity:.3g} >= {said})")
-    return "gpu", (threshold, source)
+    return "gpu", (threshold, source, name)
