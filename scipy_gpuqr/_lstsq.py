@@ -323,7 +323,8 @@ class MinNormSolver:
         del Rd
         self.sigma_max = sigma_max_estimate(G)
         tol = self.cutoff * self.sigma_max
-        backup = G.copy()
+        svd_affordable = max(G.shape) <= SVD_FALLBACK_LIMIT[device]
+        backup = G.copy() if svd_affordable else None
         cod = DenseCOD(G, tol, upper=not self.transposed)
         self.cod_device = device
         self.sigma_min = cod.sigma_min_estimate()
@@ -331,7 +332,7 @@ class MinNormSolver:
             # Heath's rule kept a column that lstsq's rule drops (no gap in
             # the singular values): the SVD decides, on the same device,
             # where affordable; beyond, Heath's rank stands (reported).
-            if max(G.shape) <= SVD_FALLBACK_LIMIT[device]:
+            if svd_affordable:
                 del cod
                 self._prepare_svd(backup)
                 return
