@@ -9,9 +9,10 @@ validates its inputs (:mod:`._validate`), factorizes through
 pydata/sparse arrays — goes to SciPy's *original* function
 (:mod:`._originals`, saved before any patching), with the reason logged.
 
-CuPy in → CuPy out. For now the factorization runs on the host and the
-result is copied back to the current CuPy device; the GPU engine will
-remove that round trip.
+CuPy in → CuPy out. With a GPU factorization the solves run on the device
+(:mod:`scipy_gpuqr._engine.gpu_solve`); these entry points still validate
+b on the host, so b and x cross once each way (``QRFactorization.solve``
+keeps CuPy data on the device).
 """
 
 from __future__ import annotations
