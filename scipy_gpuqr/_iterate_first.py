@@ -67,6 +67,9 @@ ITERATION_SHARE = 0.05
 #: Up to this many stored entries the symbolic analysis (milliseconds) runs first and
 #: sets LSQR's whole allowance; beyond, one piece of LSQR runs before it.
 ANALYSIS_FIRST_NNZ = 200_000
+#: An allowance buying fewer iterations than this is not spent (a handful of
+#: iterations almost never reaches working precision).
+MIN_USEFUL_ITERATIONS = 10
 #: Nominal cost of one LSQR iteration before any was timed: fixed seconds, matvec flop/s.
 NOMINAL_ITERATION_S, NOMINAL_MATVEC_RATE = 3e-5, 1e9
 #: The linear projection is crude (restarts, superlinear phases): a problem goes on
@@ -211,6 +214,9 @@ def try_lsqr(A, r0: np.ndarray, damp: float, *, seconds: Optional[float] = None,
 
     if st.done:
         return None, "LSQR stopped before", st
+    if st.itn == 0 and seconds is not None and allowed() < MIN_USEFUL_ITERATIONS:
+        return None, (f"the allowance ({seconds:.2g} s) buys fewer than "
+                      f"{MIN_USEFUL_ITERATIONS} LSQR iterations"), st
     while True:
         budget = allowed()
         left = budget - st.itn
