@@ -414,26 +414,49 @@ def _simulate(patterns, bundle: int, pipelining: bool, granule: int) -> list:
     last_b = bloc == nfct[p_of_b] - 1
     b0 = np.concatenate([p[0] for p in patterns]).astype(np.int64) if P else np.zeros(0, np.int64)
     gbk = np.where(b0 >= 0, bptr[p_of_tile] + b0, -1)   # current (global) bucket, -1 none
-    INF = np.iinfo(np.int64).max // 4
-    av = np.where(gbk >= 0, 0, INF)                # idle from this launch on (INF: busy, done)
     tri = np.zeros(NT, dtype=bool)                 # upper triangular in its bucket
+    # A bucket's idle tiles are the tiles that became idle this launch (``due``:
+    # tops of the launch before, and without pipelining the tiles advanced two
+    # launches before) plus at most one tile left over from earlier launches
+    # (``park``: a lone tile that is not a diagonal tile still to factorize; it
+    # stays untouched until something else reaches its bucket). Each launch works
+    # only on the buckets reached (compact bucket numbers), not on all of them.
+    park = np.full(NB, -1, dtype=np.int64)
+    due = {0: [np.flatnonzero(gbk >= 0)]}
     # Apply+Factorize groups arriving next launch (sorted by bucket, then creation)
     ng = 0
     steps = []
     nb_done = 0
     t = 0
     while True:
-        idle = np.flatnonzero(av <= t)
-        gi = gbk[idle]
-        o = np.argsort(gi, kind="stable")
+        fresh = due.pop(t, None)
+        if fresh is None and not ng:
+            if not due:
+                break
+            t += 1
+            continue
+        fresh = np.concatenate(fresh) if fresh else np.zeros(0, np.int64)
+        fb = gbk[fresh]
+        A = np.unique(np.concatenate([fb, g_gb]) if ng else fb)   # buckets reached
+        pk = park[A]
+        park[A] = -1
+        pk = pk[pk >= 0]
+        if len(pk):
+            idle = np.concatenate([fresh, pk])
+            gi = gbk[idle]
+        else:
+            idle, gi = fresh, fb
+        o = np.argsort(gi * NT + idle)
         idle = idle[o]
-        ib = gi[o]
-        nidle = np.bincount(ib, minlength=NB)
+        ib = np.searchsorted(A, gi[o])             # compact bucket of each idle tile
+        nA = len(A)
+        nidle = np.bincount(ib, minlength=nA)
         r = np.arange(len(idle)) - (np.cumsum(nidle) - nidle)[ib]
         if ng:
+            gc = np.searchsorted(A, g_gb)
             cap = bundle - g_nrest
-            Cb = np.bincount(g_gb, weights=cap, minlength=NB).astype(np.int64)
-            ngr = np.bincount(g_gb, minlength=NB)
+            Cb = np.bincount(gc, weights=cap, minlength=nA).astype(np.int64)
+            ngr = np.bincount(gc, minlength=nA)
             gce = np.cumsum(cap)
             to_g = r < Cb[ib]
             d_tile = idle[to_g]
@@ -448,11 +471,13 @@ def _simulate(patterns, bundle: int, pipelining: bool, granule: int) -> list:
         nr_c = nrem[c_b]
         lone = nr_c == 1
         lt, lb = c_tile[lone], c_b[lone]
-        ok = (lt == diag[lb]) & ~tri[lt]
+        ok = (lt == diag[A[lb]]) & ~tri[lt]
         nck = np.where(nrem >= 2, -(-nrem // bundle), 0)
         nck[lb[ok]] = 1
         keep = ~lone
         keep[lone] = ok
+        left = lt[~ok]
+        park[gbk[left]] = left
         c_tile, c_b, r2, nr_c = c_tile[keep], c_b[keep], r2[keep], nr_c[keep]
         kk = -(-nr_c // bundle)
         base = nr_c // kk
@@ -462,16 +487,14 @@ def _simulate(patterns, bundle: int, pipelining: bool, granule: int) -> list:
         # bundle numbers of this launch: per bucket its groups, then its chunks
         nbb = nck + ngr if ng else nck
         cs = np.cumsum(nbb)
-        nbs = int(cs[-1]) if NB else 0
+        nbs = int(cs[-1]) if nA else 0
         if nbs == 0:
-            if not np.any((av > t) & (av < INF)):
-                break
             t += 1
             continue
         bb = cs - nbb
         B_gb = np.empty(nbs, dtype=np.int64)
         if ng:
-            g_id = bb[g_gb] + (np.arange(ng) - (np.cumsum(ngr) - ngr)[g_gb])
+            g_id = bb[gc] + (np.arange(ng) - (np.cumsum(ngr) - ngr)[gc])
             c_id = bb[c_b] + ngr[c_b] + q
             B_gb[g_id] = g_gb
             rm = g_rest >= 0
@@ -482,7 +505,7 @@ def _simulate(patterns, bundle: int, pipelining: bool, granule: int) -> list:
         else:
             c_id = bb[c_b] + q
             m_b, m_t = c_id, c_tile          # already in (bundle, tile) order
-        B_gb[c_id] = c_b
+        B_gb[c_id] = A[c_b]
         nmem = np.bincount(m_b, minlength=nbs)
         pos = np.arange(len(m_b)) - (np.cumsum(nmem) - nmem)[m_b]
         tiles = np.full((nbs, bundle), -1, dtype=np.int64)
@@ -494,13 +517,14 @@ def _simulate(patterns, bundle: int, pipelining: bool, granule: int) -> list:
         top = tiles[:, 0]
         tri[m_t] = False
         tri[top] = True
-        av[top] = t + 1
+        due.setdefault(t + 1, []).append(top)
         adv = pos > 0
         mv_t = m_t[adv]
         mv_b = B_gb[m_b[adv]] + 1
         fin = last_b[mv_b - 1]
         gbk[mv_t] = np.where(fin, -1, mv_b)
-        av[mv_t] = INF if pipelining else np.where(fin, INF, t + 2)
+        if not pipelining:
+            due.setdefault(t + 2, []).append(mv_t[~fin])
         # groups of the next launch
         if pipelining:
             ids = np.flatnonzero((nmem >= 2) & ~last_b[B_gb])
