@@ -663,18 +663,26 @@ def _records(steps, P, tptr, p_of_b, bloc, nct, nfct, bundle, pipelining, granul
     rws[ap_pos, :bundle] = tiles[ax]
     c["rows"] = rws
     rec_ptr = _excl_cumsum(n_rec)
+    # every pattern's row and record pointers end to end (nl[j] + 1 entries each);
+    # views of read-only arrays are read-only, so no per-pattern flag setting
+    eptr = _excl_cumsum(nl + 1)
+    rep = np.repeat(lptr[:-1], nl + 1)
+    at = np.arange(int(eptr[-1]), dtype=np.int64) - np.repeat(eptr[:-1], nl + 1) + rep
+    rp_all = sptr[at] - sptr[rep]
+    lp_all = rec_ptr[at] - rec_ptr[rep]
+    for v in (rp_all, lp_all, *c.values()):
+        v.flags.writeable = False
+    bounds = sptr[lptr].tolist()
+    ep = eptr.tolist()
+    nl_l, nvt_l, nct_l = nl.tolist(), p_cnt.tolist(), nct.tolist()
+    items = list(c.items())
     out = []
     for j in range(P):
-        a, e = int(sptr[lptr[j]]), int(sptr[lptr[j + 1]])
-        cj = {name: v[a:e] for name, v in c.items()}
-        for v in cj.values():
-            v.flags.writeable = False
-        rp = sptr[lptr[j]:lptr[j + 1] + 1] - a
-        lp = rec_ptr[lptr[j]:lptr[j + 1] + 1] - rec_ptr[lptr[j]]
-        rp.flags.writeable = False
-        lp.flags.writeable = False
-        out.append(TileSchedule(rcols=cj, row_ptr=rp, launch_ptr=lp, nlaunch=int(nl[j]),
-                                nvt=int(p_cnt[j]), granule=granule, nct=int(nct[j])))
+        a, e = bounds[j], bounds[j + 1]
+        cj = {name: v[a:e] for name, v in items}
+        out.append(TileSchedule(rcols=cj, row_ptr=rp_all[ep[j]:ep[j + 1]],
+                                launch_ptr=lp_all[ep[j]:ep[j + 1]], nlaunch=nl_l[j],
+                                nvt=nvt_l[j], granule=granule, nct=nct_l[j]))
     return out
 
 
