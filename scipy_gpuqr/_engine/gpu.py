@@ -165,8 +165,11 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     analysis : SymbolicAnalysis, optional
         From :func:`~scipy_gpuqr._symbolic.analyze` (computed when None).
     tol : None, 'default' or float
-        Rank detection is not in the task lists yet: with a tolerance the
-        factorization is delegated to the reference backend (``info`` says so).
+        The task lists have no rank detection: called directly with a
+        tolerance, the reference backend answers (``info`` says so). The
+        ``backend='gpu'`` entry points instead factorize without it here and
+        apply SuiteSparseQR's rule to R on the GPU
+        (:mod:`scipy_gpuqr._rank_refine`).
     max_gpu_memory : int, optional
         Byte budget of the staging plan (default: 85 % of the free device
         memory). Small values force many stages.

@@ -423,9 +423,11 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
     analysis : SymbolicAnalysis, optional
         From :func:`~scipy_gpuqr._symbolic.analyze` (computed when None).
     tol : None, 'default' or float
-        Rank detection is not in the task lists yet: with a tolerance the
-        factorization is delegated to the reference backend, and ``info``
-        says so.
+        The task lists have no rank detection: called directly with a
+        tolerance, the reference backend answers, and ``info`` says so. The
+        ``backend='simulate'`` entry points instead apply SuiteSparseQR's
+        rule to R afterwards (:mod:`scipy_gpuqr._rank_refine`), as the GPU
+        backend does on the device.
     pipelining : bool
         Apply+Factorize tasks and bundle growth.
     max_gpu_memory : int, optional
