@@ -10,7 +10,6 @@ folder (:mod:`._tiled_calib`).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional, Sequence
 
 import numpy as np

@@ -13,8 +13,6 @@ import argparse
 import json
 import sys
 
-import numpy as np
-
 __all__ = ["add_arguments", "run", "main"]
 
 
@@ -37,8 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the device table and plan; return the exit status."""
     from ._tiled import plan_tiled, resolve_devices
-    from ._tiled_calib import cache_file, device_key, get_profiles
-    from . import _tiled_model as model
+    from ._tiled_calib import cache_file, get_profiles
     devices = args.devices if args.devices == "auto" else args.devices.split(",")
     try:
         names, _ = resolve_devices(devices)

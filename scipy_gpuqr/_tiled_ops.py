@@ -214,7 +214,7 @@ def _apply_tiles_xp(xp, panel, C, trans):
             C[s:rows0] -= Vb @ W
 
     def tpm(i, block_order):
-        v, t = panel.vs[i], panel.ts[i]
+        v = panel.vs[i]
         s0, e0 = starts[i + 1], starts[i + 2]
         for s, e, tb in block_order:
             W = C[s:e] + v[:, s:e].T @ C[s0:e0]

@@ -30,7 +30,7 @@ with what it takes to wait for it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 __all__ = ["Pending", "Layout", "run_tiled_qr"]
 

@@ -425,6 +425,7 @@ def _simulate(patterns, bundle: int, pipelining: bool, granule: int) -> list:
     due = {0: [np.flatnonzero(gbk >= 0)]}
     # Apply+Factorize groups arriving next launch (sorted by bucket, then creation)
     ng = 0
+    g_gb = g_rest = g_nrest = g_src = None      # set at the end of a launch with groups
     steps = []
     nb_done = 0
     t = 0

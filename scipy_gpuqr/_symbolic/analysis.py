@@ -356,7 +356,7 @@ def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | 
     single, perm, keep_rows, used = _singletons_and_order(A, ordering, colperm, singletons,
                                                           singleton_tol)
     n1, r1 = single.n1cols, single.n1rows
-    n2, m2 = n - n1, m - r1
+    n2 = n - n1
     t2 = time.perf_counter()
     timings["ordering"] = t2 - t1
 
