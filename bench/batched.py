@@ -85,6 +85,14 @@ class Timer:
         self.busy_copies = busy_copies
 
     def device(self, fn, reps=5, warmup=2):
+        """Median ms between events, the host's launch work hidden behind busy copies."""
+        return self._events(fn, reps, warmup, self.busy_copies)
+
+    def e2e(self, fn, reps=5):
+        """Median ms between events around one call on an idle GPU (launch work included)."""
+        return self._events(fn, reps, 1, 0)
+
+    def _events(self, fn, reps, warmup, busy):
         cp = self.cp
         for _ in range(warmup):
             fn()
@@ -92,22 +100,8 @@ class Timer:
         times = []
         for _ in range(reps):
             s, e = cp.cuda.Event(), cp.cuda.Event()
-            for _ in range(self.busy_copies):
+            for _ in range(busy):
                 self.dst[...] = self.src
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(cp.cuda.get_elapsed_time(s, e))
-        return statistics.median(times)
-
-    def e2e(self, fn, reps=5):
-        cp = self.cp
-        fn()
-        cp.cuda.Device().synchronize()
-        times = []
-        for _ in range(reps):
-            s, e = cp.cuda.Event(), cp.cuda.Event()
             s.record()
             fn()
             e.record()

@@ -130,6 +130,15 @@ def _check_finite_np(arr, batch_shape, where: str, name: str = "a") -> None:
                          f"{_name(np.flatnonzero(~ok), batch_shape)})")
 
 
+def _require_finite(where: str, *named) -> None:
+    """ValueError naming the first ``(name, array)`` (NumPy or CuPy) holding inf/NaN."""
+    for name, x in named:
+        ok = bool(x.size == 0 or (import_cupy().isfinite(x).all().get()
+                                  if is_cupy_array(x) else np.isfinite(x).all()))
+        if not ok:
+            raise ValueError(f"{where}: {_NONFINITE} (in {name})")
+
+
 def _host(x):
     return x.get() if is_cupy_array(x) else np.asarray(x)
 
@@ -349,12 +358,7 @@ def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
                            gpu and _gpu_supported(dt))
     bsz = int(np.prod(batch_shape, dtype=np.int64))
     if check_finite:
-        for name, x in (("lu", arr), ("b", bmat)):
-            ok = bool(x.size == 0 or (import_cupy().isfinite(x).all().get()
-                                      if is_cupy_array(x) else
-                                      np.isfinite(x).all()))
-            if not ok:
-                raise ValueError(f"{where}: {_NONFINITE} (in {name})")
+        _require_finite(where, ("lu", arr), ("b", bmat))
     if gpu and _gpu_supported(dt):
         cp = import_cupy()
         lu3 = cp.ascontiguousarray(cp.asarray(arr, dtype=dt)).reshape(bsz, n, n)
@@ -422,9 +426,7 @@ def solve_batched(a, b, *, check_finite=True, return_info=False,
     bsz = bmat.shape[0]
     if gpu and _gpu_supported(dt):
         if check_finite:
-            cp = import_cupy()
-            if bmat.size and not bool(cp.isfinite(bmat).all().get()):
-                raise ValueError(f"{where}: {_NONFINITE} (in b)")
+            _require_finite(where, ("b", bmat))
         x = _gpu_module().getrs(lu, piv, bmat.astype(dt, copy=False), 0)
         if info.any():
             x[import_cupy().asarray(info.reshape(-1) > 0)] = np.nan
@@ -612,12 +614,7 @@ def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
     bmat, shape_out = _rhs(b, batch_shape, n, where, gpu and _gpu_supported(dt))
     bsz = bmat.shape[0]
     if check_finite:
-        for name, x in (("c", arr), ("b", bmat)):
-            ok = bool(x.size == 0 or (import_cupy().isfinite(x).all().get()
-                                      if is_cupy_array(x) else
-                                      np.isfinite(x).all()))
-            if not ok:
-                raise ValueError(f"{where}: {_NONFINITE} (in {name})")
+        _require_finite(where, ("c", arr), ("b", bmat))
     if gpu and _gpu_supported(dt):
         cp = import_cupy()
         c3 = cp.ascontiguousarray(cp.asarray(arr, dtype=dt)).reshape(bsz, n, n)

@@ -305,8 +305,9 @@ def _solve_smem(f, piv, b, mode: int, identity: bool):
     return x
 
 
-def _legacy_solve(kernel: str, dtype, b, factors: tuple, flag: int):
-    """``kernel`` (``getrs_batched``/``potrs_batched``) on a copy of ``b`` (B, n, k).
+def solve_by_columns(kernel: str, dtype, b, factors: tuple, flag: int):
+    """``kernel`` (``getrs_batched``/``potrs_batched``: a thread per matrix and
+    right-hand side column, any n) on a copy of ``b`` (B, n, k).
 
     The kernel's arguments: ``factors`` (contiguous), the solution, n, k, B
     and ``flag`` (transposed / lower).
@@ -329,7 +330,7 @@ def getrs(lu, piv, b, trans: int = 0):
     if lu.shape[-1] <= FUSED_MAX:
         return _solve_smem(lu, piv, b, 1 if trans else 0, False)
     factors = (cp.ascontiguousarray(lu), cp.ascontiguousarray(piv, dtype=cp.int32))
-    return _legacy_solve("getrs_batched", lu.dtype, b, factors, 1 if trans else 0)
+    return solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0)
 
 
 def potrs(c, lower: bool, b):
@@ -337,7 +338,7 @@ def potrs(c, lower: bool, b):
     cp = import_cupy()
     if c.shape[-1] <= FUSED_MAX:
         return _solve_smem(c, None, b, 2 if lower else 3, False)
-    return _legacy_solve("potrs_batched", c.dtype, b, (cp.ascontiguousarray(c),),
+    return solve_by_columns("potrs_batched", c.dtype, b, (cp.ascontiguousarray(c),),
                          1 if lower else 0)
 
 

@@ -21,8 +21,7 @@ import functools
 import numpy as np
 
 from . import _batched_blocked_gpu as _blocked
-from ._batched_variants import (KERNEL_VARIANTS, SMALL_FILES,
-                                SMALL_MAX, TINY_MAX, blocked_name,
+from ._batched_variants import (SMALL_FILES, SMALL_MAX, TINY_MAX,
                                 padded_size, small_name)
 from ._gpu import import_cupy
 from ._kernels import load_module
@@ -37,7 +36,6 @@ DEFAULT_THREADS = 128
 #: Largest block of the warp kernels (matches GPUQR_WARP_THREADS).
 WARP_THREADS_MAX = 256
 
-_SOLVE_THREADS = 128
 
 #: Shared memory an sm_90 SM gives its blocks (the stage rule of warp_defaults).
 _SMEM_PER_SM = 227 * 1024
@@ -68,16 +66,6 @@ def _small_function_cached(kernel: str, dt: str, n: int, device: int):
     name = small_name(kernel, dt, n)
     module = load_module(SMALL_FILES[kernel], (name,))
     return module.get_function(name)
-
-
-def _blocked_function(kernel: str, dtype):
-    return _blocked_function_cached(kernel, _dtname(dtype), _device_id())
-
-
-@functools.lru_cache(maxsize=None)
-def _blocked_function_cached(kernel: str, dt: str, device: int):
-    module = load_module("batched_blocked.cu", KERNEL_VARIANTS["batched_blocked.cu"])
-    return module.get_function(blocked_name(kernel, dt))
 
 
 def _seg(n: int) -> int:
@@ -227,17 +215,8 @@ def getrs(lu, piv, b, trans: int = 0):
     cp = import_cupy()
     if lu.shape[-1] > SMALL_MAX:
         return _blocked.getrs(lu, piv, b, trans)
-    x = cp.array(b, dtype=lu.dtype, order="C", copy=True)
-    bsz, n, k = x.shape
-    if x.size == 0:
-        return x
-    fn = _blocked_function("getrs_batched", lu.dtype)
-    total = bsz * k
-    grid = -(-total // _SOLVE_THREADS)
-    fn((grid,), (_SOLVE_THREADS,),
-       (cp.ascontiguousarray(lu), cp.ascontiguousarray(piv, dtype=cp.int32), x,
-        np.int32(n), np.int32(k), np.int64(bsz), np.int32(1 if trans else 0)))
-    return x
+    factors = (cp.ascontiguousarray(lu), cp.ascontiguousarray(piv, dtype=cp.int32))
+    return _blocked.solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0)
 
 
 def getri(a, threads: int | None = None, stages: int | None = None):
@@ -284,14 +263,5 @@ def potrs(c, lower: bool, b):
     cp = import_cupy()
     if c.shape[-1] > SMALL_MAX:
         return _blocked.potrs(c, lower, b)
-    x = cp.array(b, dtype=c.dtype, order="C", copy=True)
-    bsz, n, k = x.shape
-    if x.size == 0:
-        return x
-    fn = _blocked_function("potrs_batched", c.dtype)
-    total = bsz * k
-    grid = -(-total // _SOLVE_THREADS)
-    fn((grid,), (_SOLVE_THREADS,),
-       (cp.ascontiguousarray(c), x, np.int32(n), np.int32(k), np.int64(bsz),
-        np.int32(1 if lower else 0)))
-    return x
+    return _blocked.solve_by_columns("potrs_batched", c.dtype, b, (cp.ascontiguousarray(c),),
+                                     1 if lower else 0)
