@@ -201,13 +201,9 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
 
     t_start = time.perf_counter()
     Ac = engine_csc(A, "gpu_factorize")
-    if tol is not None and not (not isinstance(tol, str) and float(tol) < 0):
-        from .reference import reference_factorize
-        why = "the GPU engine has no rank detection yet: reference backend used"
-        _log.info(why)
-        out = reference_factorize(Ac, analysis, tol=tol, max_gpu_memory=max_gpu_memory)
-        out.info["requested_backend"] = "gpu"
-        out.info["fallback"] = why
+    from .reference import answer_with_rank_detection
+    out = answer_with_rank_detection(Ac, analysis, tol, max_gpu_memory, "gpu")
+    if out is not None:
         return out
     if analysis is None:
         analysis = analyze(Ac)

@@ -37,6 +37,7 @@ dropped column.
 from __future__ import annotations
 
 import contextlib
+import logging
 import functools
 import time
 from dataclasses import dataclass, field
@@ -49,7 +50,8 @@ from .._numeric import NumericQR
 from .._symbolic import SymbolicAnalysis, analyze
 from .inputs import engine_csc
 
-__all__ = ["reference_factorize", "ReferenceQR", "default_tol", "resolve_tol", "NB"]
+__all__ = ["reference_factorize", "ReferenceQR", "default_tol", "resolve_tol", "NB",
+           "answer_with_rank_detection"]
 
 #: columns per panel of the blocked front factorization
 NB = 32
@@ -281,6 +283,22 @@ class ReferenceQR(NumericQR):
 
     def free(self) -> None:
         self._fronts = []
+
+
+def answer_with_rank_detection(Ac, analysis, tol, max_gpu_memory, backend: str):
+    """The reference engine's factorization for an engine whose task lists have no
+    rank detection, called with a tolerance (``tol`` None or negative: None).
+
+    ``info`` names the requested backend and why the reference answered.
+    """
+    if tol is None or (not isinstance(tol, str) and float(tol) < 0):
+        return None
+    why = f"the {backend} task lists have no rank detection: reference backend used"
+    logging.getLogger("scipy_gpuqr").info(why)
+    out = reference_factorize(Ac, analysis, tol=tol, max_gpu_memory=max_gpu_memory)
+    out.info["requested_backend"] = backend
+    out.info["fallback"] = why
+    return out
 
 
 def resolve_tol(tol, Ac, dtype):

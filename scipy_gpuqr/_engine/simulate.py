@@ -336,17 +336,9 @@ class SimulateQR(NumericQR):
     def qt_matmul(self, B):
         B0, X = self._check(B, "qt_matmul")
         tile = self.schedule.tile
-        dense = self._dense
         with _one_blas_thread():
-            for f, (slots, Ff, ftasks) in enumerate(self._fronts):
-                if len(ftasks):
-                    Y = X[slots]
-                    _apply_qt(ftasks, Ff, self._vt, tile, Y)
-                    X[slots] = Y
-                elif f in dense:
-                    Y = X[slots]
-                    dense[f].apply_qt(Y)
-                    X[slots] = Y
+            for f in range(len(self._fronts)):
+                self._apply_front(f, X, tile, transpose=True)
         out = X[self.qorder].astype(self.R.dtype, copy=False)
         return out.reshape(B0.shape)
 
@@ -355,19 +347,23 @@ class SimulateQR(NumericQR):
         X = np.zeros_like(Yc)
         X[self.qorder] = Yc
         tile = self.schedule.tile
-        dense = self._dense
         with _one_blas_thread():
             for f in range(len(self._fronts) - 1, -1, -1):
-                slots, Ff, ftasks = self._fronts[f]
-                if len(ftasks):
-                    Z = X[slots]
-                    _apply_q(ftasks, Ff, self._vt, tile, Z)
-                    X[slots] = Z
-                elif f in dense:
-                    Z = X[slots]
-                    dense[f].apply_q(Z)
-                    X[slots] = Z
+                self._apply_front(f, X, tile, transpose=False)
         return X.astype(self.R.dtype, copy=False).reshape(Y0.shape)
+
+    def _apply_front(self, f: int, X: np.ndarray, tile: int, *, transpose: bool) -> None:
+        """Front f's reflectors (kept records, or its dense-front factor) on X's rows, in place."""
+        slots, Ff, ftasks = self._fronts[f]
+        if len(ftasks):
+            Y = X[slots]
+            (_apply_qt if transpose else _apply_q)(ftasks, Ff, self._vt, tile, Y)
+        elif f in self._dense:
+            Y = X[slots]
+            (self._dense[f].apply_qt if transpose else self._dense[f].apply_q)(Y)
+        else:
+            return
+        X[slots] = Y
 
     def free(self) -> None:
         self._fronts = []
@@ -450,8 +446,6 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
     -------
     SimulateQR
     """
-    import logging
-
     import scipy.sparse as sp
 
     from .._schedule.sparse import build_schedule
@@ -461,13 +455,9 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
     t0 = time.perf_counter()
     Ac = engine_csc(A, "simulate_factorize")
     dtype = np.float32 if Ac.dtype == np.float32 else np.float64
-    if tol is not None and not (not isinstance(tol, str) and float(tol) < 0):
-        from .reference import reference_factorize
-        why = "the simulate backend has no rank detection yet: reference backend used"
-        logging.getLogger("scipy_gpuqr").info(why)
-        out = reference_factorize(Ac, analysis, tol=tol, max_gpu_memory=max_gpu_memory)
-        out.info["requested_backend"] = "simulate"
-        out.info["fallback"] = why
+    from .reference import answer_with_rank_detection
+    out = answer_with_rank_detection(Ac, analysis, tol, max_gpu_memory, "simulate")
+    if out is not None:
         return out
     m, n = Ac.shape
     if analysis is None:
