@@ -404,21 +404,14 @@ def test_larger_families_match_reference():
 
 @pytest.mark.gpu
 def test_shared_matrices_match_simulate(matrices_dir):
-    from scipy_gpuqr.io import mmread
+    from conftest import real_shared_matrices
     checked = []
-    for f in sorted(matrices_dir.glob("*.mtx")):
-        try:
-            A = sp.csc_array(mmread(str(f)))
-        except Exception:                       # noqa: BLE001 - a reader gap is not ours
-            continue
-        if np.iscomplexobj(A.data) or min(A.shape) == 0:
-            continue
-        A = A.astype(np.float64)
+    for name, A in real_shared_matrices(matrices_dir):
         an = analyze(A)
         if an.flops > 3e7 or max(A.shape) > 5000:
             continue
-        _check_against_simulate(A, 1 if len(checked) % 3 == 2 else None, name=f.name)
-        checked.append(f.name)
+        _check_against_simulate(A, 1 if len(checked) % 3 == 2 else None, name=name)
+        checked.append(name)
     assert len(checked) >= 5, checked
 
 

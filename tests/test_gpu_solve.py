@@ -408,17 +408,12 @@ def test_solve_on_device_matches_lstsq(monkeypatch, budget):
 def test_solve_on_device_shared_matrices(matrices_dir):
     cp = _cp()
     from scipy_gpuqr import QRFactorization
-    from scipy_gpuqr.io import mmread
+    from conftest import real_shared_matrices
     rng = np.random.default_rng()
     on_device = []
-    for f in sorted(matrices_dir.glob("*.mtx")):
-        try:
-            A = sp.csc_array(mmread(str(f)))
-        except Exception:                       # noqa: BLE001 - a reader gap is not ours
+    for name, A in real_shared_matrices(matrices_dir):
+        if max(A.shape) > 2500:
             continue
-        if np.iscomplexobj(A.data) or min(A.shape) == 0 or max(A.shape) > 2500:
-            continue
-        A = A.astype(np.float64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")     # a fallback warning is not this test's matter
             F = QRFactorization(A, backend="gpu")
@@ -429,7 +424,7 @@ def test_solve_on_device_shared_matrices(matrices_dir):
         x = F.solve(cp.asarray(b))
         assert isinstance(x, cp.ndarray)
         _lstsq_ok(A, x.get(), b)
-        on_device.append(f.name)
+        on_device.append(name)
         F.free()
     assert len(on_device) >= 5, on_device
 

@@ -161,20 +161,8 @@ def test_bad_inputs():
 # ---- against SuiteSparseQR ----------------------------------------------------------
 
 def _shared(matrices_dir):
-    try:
-        from scipy_gpuqr.io import mmread
-    except ImportError:
-        from scipy.io import mmread
-    out = []
-    for f in sorted(matrices_dir.glob("*.mtx")):
-        try:
-            A = sp.csc_array(mmread(str(f)))
-        except Exception:                       # noqa: BLE001 - a reader gap is not ours
-            continue
-        if np.iscomplexobj(A.data):
-            continue
-        out.append((f.name, A))
-    return out
+    from conftest import real_shared_matrices
+    return real_shared_matrices(matrices_dir, nonempty=False)
 
 
 def _spqr_bound(spqr, A):

@@ -155,18 +155,8 @@ def test_rank_detection_is_delegated_and_said():
 
 
 def _shared(matrices_dir):
-    try:
-        from scipy_gpuqr.io import mmread
-    except ImportError:
-        from scipy.io import mmread
-    for f in sorted(matrices_dir.glob("*.mtx")):
-        try:
-            A = sp.csc_array(mmread(str(f)))
-        except Exception:                       # noqa: BLE001 - a reader gap is not ours
-            continue
-        if np.iscomplexobj(A.data) or min(A.shape) == 0:
-            continue
-        yield f.name, A.astype(np.float64)
+    from conftest import real_shared_matrices
+    return real_shared_matrices(matrices_dir)
 
 
 @pytest.mark.slow
