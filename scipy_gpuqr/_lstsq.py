@@ -258,8 +258,9 @@ class MinNormSolver:
                     return
             self._prepare_svd()
             return
-        if self._dense_cod_device() is not None:
-            self._prepare_dense_cod()
+        device = self._dense_cod_device()
+        if device is not None:
+            self._prepare_dense_cod(device)
             return
         if square_ok:
             try:
@@ -310,9 +311,8 @@ class MinNormSolver:
             return "cpu"
         return None
 
-    def _prepare_dense_cod(self):
+    def _prepare_dense_cod(self, device: str):
         from ._dense_cod import DenseCOD, sigma_max_estimate
-        device = self._dense_cod_device()
         if device == "gpu":
             from ._dense_cod import dense_from_sparse
             from ._gpu import import_cupy
