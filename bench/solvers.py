@@ -29,7 +29,10 @@ Solvers (per problem, the ones that apply):
     default ordering and rank tolerance).
 
 Timing: warm, median wall time. Each solver runs once untimed (kernels
-compiled, GPU context, BLAS threads started), then ``--reps`` timed calls,
+compiled, GPU context, BLAS threads started), then ``--reps`` timed calls
+(our auto/cpu/gpu of one entry point take turns, A B C A B C ..., so that the
+machine's drifts fall on all three; the garbage collector runs before each
+call, outside the clock),
 fewer when one call is long (about ``--budget`` seconds per solver and
 problem); a CPU-side solver whose first call already takes longer than the
 budget is timed by that call alone (no per-call caches on that side).
@@ -51,6 +54,7 @@ the plot. A markdown table (for bench/RESULTS.md) is printed last.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -216,28 +220,49 @@ def auto_choice(msgs) -> str:
     return ran[-1] if ran else "?"
 
 
-def time_solver(call, gpu, reps, budget):
-    """(median seconds, timed calls, x, log messages of the first call)."""
+def _once(call, gpu):
+    """(seconds, x) of one call; the collector runs first, outside the clock."""
     sync = _sync if gpu else (lambda: None)
+    gc.collect()
+    sync()
+    t0 = time.perf_counter()
+    x = call()
+    sync()
+    return time.perf_counter() - t0, x
 
-    def once():
-        sync()
-        t0 = time.perf_counter()
-        x = call()
-        sync()
-        return time.perf_counter() - t0, x
 
-    with captured_decisions() as msgs, np.errstate(all="ignore"):
-        first, x = once()
+def _count(first, gpu, reps, budget):
+    """Timed calls a solver gets after its untimed first call (0: the first one counts)."""
     if not gpu and first >= budget:
-        return first, 1, x, msgs
-    n = max(1, min(reps, int(budget // max(first, 1e-9))))
-    times = []
+        return 0
+    return max(1, min(reps, int(budget // max(first, 1e-9))))
+
+
+def time_solvers(entries, reps, budget):
+    """Time solvers of one problem in interleaved rounds.
+
+    ``entries`` is a list of ``(call, gpu)``. Each runs once untimed (its log
+    captured), then the solvers take turns (A B C A B C ...), each up to its
+    own count of timed calls, so that drifts of the machine (clocks, other
+    load, the memory pools' state) fall on all of them alike.
+
+    Returns
+    -------
+    list of (median seconds, timed calls, x, log messages of the first call)
+    """
+    out = []
+    for call, gpu in entries:
+        with captured_decisions() as msgs, np.errstate(all="ignore"):
+            first, x = _once(call, gpu)
+        out.append([first, _count(first, gpu, reps, budget), x, msgs, []])
     with np.errstate(all="ignore"):
-        for _ in range(n):
-            t, x = once()
-            times.append(t)
-    return float(statistics.median(times)), n, x, msgs
+        for r in range(max((o[1] for o in out), default=0)):
+            for (call, gpu), o in zip(entries, out):
+                if r < o[1]:
+                    t, o[2] = _once(call, gpu)
+                    o[4].append(t)
+    return [(float(statistics.median(o[4])) if o[4] else o[0], max(len(o[4]), 1), o[2], o[3])
+            for o in out]
 
 
 # -- the run -----------------------------------------------------------------------------
@@ -257,29 +282,56 @@ def run_problem(name, family, make, solver_list, args):
         print(f"  {name:24} skipped: {an.flops:.3g} flops > --max-flops", flush=True)
         return None
     afro = float(sp.linalg.norm(A))
+    todo = []
     for s in solver_list:
         if s.kind == "square" and m != n:
             continue
         if s.max_flops is not None and an.flops > s.max_flops:
             row["solvers"][s.name] = {"skipped": f"flops {an.flops:.2g} > {s.max_flops:.2g}"}
             continue
+        todo.append(s)
+    # our auto/cpu/gpu of one entry point are compared with each other: interleaved
+    groups = [[s for s in todo if s.name.startswith(f"ours {g} ")
+               and s.name.split()[-1] in ("auto", "cpu", "gpu")] for g in ("lsqr", "spsolve")]
+    grouped = {s.name for g in groups for s in g}
+    for batch in groups + [[s] for s in todo if s.name not in grouped]:
+        if batch:
+            _run_batch(batch, A, b, afro, row, args)
+    return row
+
+
+def _run_batch(batch, A, b, afro, row, args):
+    """Time a batch of solvers together (see :func:`time_solvers`) into ``row``."""
+    import warnings
+    calls, ok = [], []
+    for s in batch:
         try:
-            import warnings
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                call = s.make(A, b)
-                sec, calls, x, msgs = time_solver(call, s.gpu, args.reps, args.budget)
-            res = {"seconds": sec, "calls": calls,
+                calls.append((s.make(A, b), s.gpu))
+            ok.append(s)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            row["solvers"][s.name] = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            timed = time_solvers(calls, args.reps, args.budget)
+    except Exception as exc:  # noqa: BLE001 - report and go on
+        if args.verbose:
+            traceback.print_exc()
+        timed = [None] * len(ok)
+        for s in ok:
+            row["solvers"][s.name] = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
+    for s, t in zip(ok, timed):
+        if t is not None:
+            sec, ncalls, x, msgs = t
+            res = {"seconds": sec, "calls": ncalls,
                    "backward_error": backward_error(A, x, b, afro)}
             if s.name.endswith(" auto"):
                 res["auto_chose"] = auto_choice(msgs)
-        except Exception as exc:  # noqa: BLE001 - report and go on
-            res = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
-            if args.verbose:
-                traceback.print_exc()
-        row["solvers"][s.name] = res
-        print(f"  {name:24} {s.name:22} " + _cell(res, long=True), flush=True)
-    return row
+            row["solvers"][s.name] = res
+        print(f"  {row['problem']:24} {s.name:22} " + _cell(row["solvers"][s.name], long=True),
+              flush=True)
 
 
 def _cell(res, long=False):

@@ -6,10 +6,17 @@ random least squares with dense rows; intensities from about 2 to about 1000
 flops/byte) on the CPU backend and on the GPU backend, exactly as ``auto``
 would run them: the symbolic analysis is done once (``analyze``, timed and
 reported apart, never in the comparison: ``auto`` pays it whichever backend
-it picks), then each backend factorizes warm: one warm-up call (kernels
-compiled, the GPU schedule of that analysis cached), then the median of
-``repeats`` calls (fewer when one call is long, see
-:data:`POINT_BUDGET_S`).
+it picks), then each backend factorizes warm *and solves*: the timed work is
+the factorization plus the minimum-norm least-squares solve of one
+right-hand side that ``lsqr`` runs on it (rank decision included, on the
+device the factorization chose), because the backend ``auto`` picks decides
+where both run (measured on the H200: ch5-6-b2 factorizes faster on the CPU,
+7 against 9 ms, but its rank decision makes the whole ``lsqr`` 166 ms there
+against 45 ms on the GPU). One warm-up call (kernels compiled, the GPU
+schedule of that analysis cached), then the median of ``repeats`` calls
+(fewer when one call is long, see :data:`POINT_BUDGET_S`). The stored
+``cpu_s``/``gpu_s`` are these times; :mod:`scipy_gpuqr._cost_model` predicts
+a direct solve's time from them.
 
 The crossover rule (:func:`fit_threshold`)
     Sort the points by intensity and take the *smallest measured intensity
@@ -235,19 +242,24 @@ def _free(num) -> None:
 
 
 def warm_median(factorize: Callable, A, analysis, repeats: int, *,
-                sync: Callable = lambda: None, budget_s: float = POINT_BUDGET_S) -> float:
-    """Median wall time of ``factorize`` after one warm-up call.
+                sync: Callable = lambda: None, budget_s: float = POINT_BUDGET_S,
+                solve: Optional[Callable] = None) -> float:
+    """Median wall time of ``factorize`` (and ``solve``) after one warm-up call.
 
     ``factorize(A, ordering=..., colperm=None, tol=None, analysis=analysis)``
-    as returned by :func:`scipy_gpuqr._dispatch.backend_factorizer`; ``sync``
-    runs before each clock read (device synchronisation). The number of timed
-    calls is ``repeats``, reduced so that they take about ``budget_s``
-    (judged from the warm-up), never below one.
+    as returned by :func:`scipy_gpuqr._dispatch.backend_factorizer`;
+    ``solve(num)``, when given, runs on its result inside the timed region
+    (what the entry points do after factorizing); ``sync`` runs before each
+    clock read (device synchronisation). The number of timed calls is
+    ``repeats``, reduced so that they take about ``budget_s`` (judged from
+    the warm-up), never below one.
     """
     def once():
         sync()
         t0 = time.perf_counter()
         num = factorize(A, ordering="colamd", colperm=None, tol=None, analysis=analysis)
+        if solve is not None:
+            solve(num)
         sync()
         dt = time.perf_counter() - t0
         _free(num)
@@ -257,6 +269,26 @@ def warm_median(factorize: Callable, A, analysis, repeats: int, *,
     first = once()
     n = max(1, min(int(repeats), int(budget_s // max(first, 1e-9))))
     return float(statistics.median(once() for _ in range(n)))
+
+
+def _least_squares_solve(A, analysis, backend: str) -> Callable:
+    """``solve(num)``: the minimum-norm least-squares solve ``lsqr`` runs on a
+    factorization of A (the rank decision and the solve with one right-hand
+    side, on the device the factorization chose), for the calibration's timer.
+    """
+    from ._dispatch import Plan
+    from ._factor import QRFactorization
+
+    b = np.asarray(A @ np.ones(A.shape[1]), dtype=np.float64)
+    b += 1e-3 * np.linalg.norm(b) / max(np.sqrt(b.size), 1.0) * np.cos(np.arange(b.size))
+
+    def solve(num):
+        plan = Plan(backend=backend, requested=backend, source="calibration",
+                    analysis=analysis, factorize_fn=lambda *a, **k: num)
+        F = QRFactorization(A, backend=backend, _planned=(A, plan))
+        F._solve_host(b[:, None])
+
+    return solve
 
 
 def _default_timer(backends: Sequence[str], repeats: int):
@@ -271,7 +303,9 @@ def _default_timer(backends: Sequence[str], repeats: int):
 
     def timer(backend: str, problem: str, A, analysis) -> float:
         sync = _gpu_sync if ran[backend] == "gpu" else (lambda: None)
-        return warm_median(fns[backend], A, analysis, repeats, sync=sync)
+        solve = _least_squares_solve(A, analysis, ran[backend]) if A.shape[0] >= A.shape[1] \
+            else None
+        return warm_median(fns[backend], A, analysis, repeats, sync=sync, solve=solve)
 
     return timer, ran
 

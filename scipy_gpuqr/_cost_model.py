@@ -1,10 +1,11 @@
-"""Predicted time of a planned factorization, from the calibration's measurements.
+"""Predicted time of a planned direct solve, from the calibration's measurements.
 
 ``auto``'s iterate-first rule (:mod:`scipy_gpuqr._iterate_first`) lets LSQR
-spend a fixed share of the factorization's predicted time, so that a patched
-call is never much slower than the factorization alone. The prediction
-interpolates the warm factorization times that ``scipy-gpuqr calibrate``
-stored for this GPU model (both backends, against the analysis' flop count),
+spend a fixed share of the direct solve's predicted time, so that a patched
+call is never much slower than the direct solve alone. The prediction
+interpolates the warm times that ``scipy-gpuqr calibrate`` stored for this
+GPU model (the factorization plus one least-squares solve, both backends,
+against the analysis' flop count),
 log-log between measured points and proportionally to the flops beyond them.
 Without a calibration a deliberately simple model answers: a fixed overhead
 plus flops at a nominal rate (:data:`NOMINAL_RATES`, the CPU's scaled by the
@@ -55,7 +56,11 @@ def _nominal(backend: str, flops: float) -> float:
 
 
 def predicted_seconds(backend: str, flops: float, gpu_name: Optional[str] = None) -> float:
-    """Predicted warm factorization time (seconds) of ``flops`` on ``backend``.
+    """Predicted warm time (seconds) of factorizing ``flops`` on ``backend`` and solving.
+
+    Calibrations stored since the calibration timed the least-squares solve
+    with the factorization predict both; older ones (factorization only)
+    and the nominal model predict the factorization.
 
     Parameters
     ----------
