@@ -111,3 +111,30 @@ def test_records_pinned(kw, digest):
         h.update(st.tasks.tobytes())
     h.update(repr((s.vt_size, sorted(s.dense.items()))).encode())
     assert h.hexdigest()[:16] == digest
+
+
+@pytest.mark.parametrize("collide", [False, True])
+def test_front_schedules_group_equal_patterns_exactly(collide, monkeypatch):
+    # fronts grouped by a hash of their buckets: each front must get the schedule of
+    # its own pattern, also when every hash collides (then every front is keyed)
+    rng = np.random.default_rng(7)
+    pats = _random_patterns(rng, 30)
+    pats = [p for p in pats if p[2] > 0]
+    pick = rng.integers(0, len(pats), 120)
+    b = np.concatenate([pats[k][0] for k in pick]).astype(np.int32)
+    nrt = np.array([len(pats[k][0]) for k in pick])
+    tptr = np.concatenate(([0], np.cumsum(nrt)))
+    nct = np.array([pats[k][1] for k in pick])
+    nfct = np.array([pats[k][2] for k in pick])
+    if collide:
+        monkeypatch.setattr(bucket, "_mix64", lambda z: np.zeros_like(z))
+    bucket.clear_cache()
+    fronts = np.arange(0, len(pick), 2)
+    got = bucket.front_schedules(b, tptr, nct, nfct, fronts, bundle=3, granule=2)
+    for f, s in zip(fronts, got):
+        want = bucket.tile_schedule(pats[pick[f]][0], nct[f], nfct[f], bundle=3, granule=2)
+        assert _schedule_bytes(s) == _schedule_bytes(want)
+    same = {}
+    for f, s in zip(fronts.tolist(), got):
+        same.setdefault(int(pick[f]), set()).add(id(s))
+    assert all(len(v) == 1 for v in same.values())

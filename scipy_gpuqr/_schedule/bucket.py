@@ -51,13 +51,43 @@ import numpy as np
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE,
                     MAX_BUNDLE, MAX_SLOTS, TASK_DTYPE, TaskType, empty_tasks)
 
-__all__ = ["TileSchedule", "tile_buckets", "tile_schedule", "tile_schedules",
+__all__ = ["TileSchedule", "RowBlock", "tile_buckets", "tile_schedule", "tile_schedules",
            "front_tasks", "dense_front_tasks", "vt_slots_recycled", "clear_cache",
-           "many_tile_buckets", "check_tunables", "expand_rows", "element_rows_of"]
+           "many_tile_buckets", "front_schedules", "check_tunables", "expand_rows", "element_rows_of"]
 
 #: the record fields a tile schedule keeps (tile units; see :class:`TileSchedule`)
 COLUMNS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop",
            "vt", "vt2", "rows")
+
+
+class RowBlock:
+    """The rows of patterns simulated together, column by column (read-only arrays).
+
+    Every :class:`TileSchedule` of one simulation is a span of the same block
+    (no per-pattern copy); the block's element-unit rows are made once per
+    tile for all its patterns (:meth:`element_rows`).
+    """
+
+    __slots__ = ("cols", "_erows", "__weakref__")
+
+    def __init__(self, cols: dict):
+        self.cols = cols
+        self._erows = {}
+
+    def __len__(self) -> int:
+        return len(self.cols["type"])
+
+    def element_rows(self, tile: int) -> np.ndarray:
+        """All rows as element-unit records (see :meth:`TileSchedule.element_rows`)."""
+        got = self._erows.get(tile)
+        if got is None:
+            got = _element_rows(self.cols, tile)
+            got.flags.writeable = False
+            self._erows[tile] = got
+        return got
+
+    def has_element_rows(self, tile: int) -> bool:
+        return tile in self._erows
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,13 +102,18 @@ class TileSchedule:
 
     Attributes
     ----------
+    block : RowBlock
+        The rows of the patterns simulated with this one; this pattern's
+        rows are ``span``.
+    span : (int, int)
+        First and past-the-last row of the pattern in ``block``.
     rcols : dict of ndarray
-        The rows column by column (read-only): ``type``, ``napply``,
-        ``nfrows``, ``fstart``, ``flags``, ``ftop`` as in the record; ``col``,
-        ``c0``, ``c1`` column-tile indices (an Apply run: its first record's
-        ``c0`` and ``c0 + granule``); ``vt``, ``vt2`` VT-tile numbers local to
-        the front (one per Factorize part, -1 none); ``rows`` (n, MAX_SLOTS)
-        row-tile indices (-1 empty); ``mult`` records per row.
+        The rows column by column (read-only; views of the block): ``type``,
+        ``napply``, ``nfrows``, ``fstart``, ``flags``, ``ftop`` as in the
+        record; ``col``, ``c0``, ``c1`` column-tile indices (an Apply run: its
+        first record's ``c0`` and ``c0 + granule``); ``vt``, ``vt2`` VT-tile
+        numbers local to the front (one per Factorize part, -1 none); ``rows``
+        (n, MAX_SLOTS) row-tile indices (-1 empty); ``mult`` records per row.
     row_ptr : ndarray of int64
         Rows of local launch k are ``[row_ptr[k], row_ptr[k+1])``.
     launch_ptr : ndarray of int64
@@ -93,13 +128,23 @@ class TileSchedule:
         Column tiles of the front.
     """
 
-    rcols: dict
+    block: RowBlock
+    span: tuple
     row_ptr: np.ndarray
     launch_ptr: np.ndarray
     nlaunch: int
     nvt: int
     granule: int
     nct: int
+
+    @property
+    def nrows(self) -> int:
+        return self.span[1] - self.span[0]
+
+    @functools.cached_property
+    def rcols(self) -> dict:
+        a, e = self.span
+        return {k: v[a:e] for k, v in self.block.cols.items()}
 
     def __len__(self) -> int:
         return int(self.launch_ptr[-1])
@@ -147,6 +192,9 @@ class TileSchedule:
         ``c1`` not clamped to the front (an Apply run: ``c0 + granule·tile``).
         Cached per tile.
         """
+        if self.block.has_element_rows(tile):
+            a, e = self.span
+            return self.block.element_rows(tile)[a:e]
         cache = self.__dict__.setdefault("_element_rows", {})
         got = cache.get(tile)
         if got is None:
@@ -389,6 +437,73 @@ def tile_schedules(patterns, *, bundle: int = DEFAULT_BUNDLE, pipelining: bool =
     return out
 
 
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer, element-wise (uint64, wrapping)."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def front_schedules(buckets, tile_ptr, nct, nfct, fronts, *, bundle: int = DEFAULT_BUNDLE,
+                    pipelining: bool = True,
+                    granule: int = DEFAULT_APPLY_GRANULE) -> list:
+    """:func:`tile_schedules` of many fronts given as :func:`many_tile_buckets` makes them.
+
+    Fronts of equal pattern are grouped by NumPy (a 64-bit hash of each
+    front's buckets, every group then checked tile by tile against its first
+    front), so only one pattern per group is keyed and looked up.
+
+    Parameters
+    ----------
+    buckets, tile_ptr : ndarray
+        From :func:`many_tile_buckets`.
+    nct, nfct : ndarray of int (nf,)
+        Column tiles and column tiles to factorize of every front.
+    fronts : sequence of int
+        The fronts wanted.
+    bundle, pipelining, granule
+        As for :func:`tile_schedule`.
+
+    Returns
+    -------
+    list of TileSchedule
+        One per front of ``fronts`` (equal patterns give the same object).
+    """
+    fronts = np.asarray(fronts, dtype=np.int64)
+    n = len(fronts)
+    if n == 0:
+        return []
+    tile_ptr = np.asarray(tile_ptr, dtype=np.int64)
+    nrt = tile_ptr[fronts + 1] - tile_ptr[fronts]
+    seg = _excl_cumsum(nrt)
+    start = np.repeat(tile_ptr[fronts], nrt)
+    pos = np.arange(int(seg[-1]), dtype=np.int64) - np.repeat(seg[:-1], nrt)
+    val = buckets[start + pos].astype(np.int64)
+    u = _mix64((pos.astype(np.uint64) << np.uint64(32)) + (val + 2).astype(np.uint64))
+    cs = np.zeros(len(u) + 1, dtype=np.uint64)
+    np.cumsum(u, out=cs[1:])
+    h = cs[seg[1:]] - cs[seg[:-1]]
+    fnct = np.asarray(nct, dtype=np.int64)[fronts]
+    fnfct = np.asarray(nfct, dtype=np.int64)[fronts]
+    for x in (nrt, fnct, fnfct):
+        h = _mix64(h ^ x.astype(np.uint64))
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.ravel()
+    rep = first[inv]                              # first front of each one's group
+    same = ((nrt[rep] == nrt) & (fnct[rep] == fnct) & (fnfct[rep] == fnfct)).all()
+    if same:
+        same = np.array_equal(buckets[np.repeat(tile_ptr[fronts[rep]], nrt) + pos], val)
+    if not same:                                  # a hash collision: key every front
+        first, inv = np.arange(n), np.arange(n)
+    fr = fronts[first].tolist()
+    tp = tile_ptr.tolist()
+    got = tile_schedules([(buckets[tp[f]:tp[f + 1]], int(c), int(d))
+                          for f, c, d in zip(fr, fnct[first].tolist(), fnfct[first].tolist())],
+                         bundle=bundle, pipelining=pipelining, granule=granule)
+    return [got[i] for i in inv.tolist()]
+
+
 # ------------------------------------------------------------------- the simulation
 
 def _excl_cumsum(x):
@@ -422,6 +537,8 @@ def _simulate(patterns, bundle: int, pipelining: bool, granule: int) -> list:
     # stays untouched until something else reaches its bucket). Each launch works
     # only on the buckets reached (compact bucket numbers), not on all of them.
     park = np.full(NB, -1, dtype=np.int64)
+    reach = np.zeros(NB, dtype=bool)
+    cnum = np.zeros(NB, dtype=np.int64)
     due = {0: [np.flatnonzero(gbk >= 0)]}
     # Apply+Factorize groups arriving next launch (sorted by bucket, then creation)
     ng = 0
@@ -438,7 +555,15 @@ def _simulate(patterns, bundle: int, pipelining: bool, granule: int) -> list:
             continue
         fresh = np.concatenate(fresh) if fresh else np.zeros(0, np.int64)
         fb = gbk[fresh]
-        A = np.unique(np.concatenate([fb, g_gb]) if ng else fb)   # buckets reached
+        # buckets reached, sorted (a mark per bucket: cheaper than np.unique), and
+        # their compact numbers
+        reach[fb] = True
+        if ng:
+            reach[g_gb] = True
+        A = np.flatnonzero(reach)
+        reach[A] = False
+        nA = len(A)
+        cnum[A] = np.arange(nA)
         pk = park[A]
         park[A] = -1
         pk = pk[pk >= 0]
@@ -449,12 +574,11 @@ def _simulate(patterns, bundle: int, pipelining: bool, granule: int) -> list:
             idle, gi = fresh, fb
         o = np.argsort(gi * NT + idle)
         idle = idle[o]
-        ib = np.searchsorted(A, gi[o])             # compact bucket of each idle tile
-        nA = len(A)
+        ib = cnum[gi[o]]                           # compact bucket of each idle tile
         nidle = np.bincount(ib, minlength=nA)
         r = np.arange(len(idle)) - (np.cumsum(nidle) - nidle)[ib]
         if ng:
-            gc = np.searchsorted(A, g_gb)
+            gc = cnum[g_gb]
             cap = bundle - g_nrest
             Cb = np.bincount(gc, weights=cap, minlength=nA).astype(np.int64)
             ngr = np.bincount(gc, minlength=nA)
@@ -676,23 +800,20 @@ def _records(steps, P, tptr, p_of_b, bloc, nct, nfct, bundle, pipelining, granul
     bounds = sptr[lptr].tolist()
     ep = eptr.tolist()
     nl_l, nvt_l, nct_l = nl.tolist(), p_cnt.tolist(), nct.tolist()
-    items = list(c.items())
-    out = []
-    for j in range(P):
-        a, e = bounds[j], bounds[j + 1]
-        cj = {name: v[a:e] for name, v in items}
-        out.append(TileSchedule(rcols=cj, row_ptr=rp_all[ep[j]:ep[j + 1]],
-                                launch_ptr=lp_all[ep[j]:ep[j + 1]], nlaunch=nl_l[j],
-                                nvt=nvt_l[j], granule=granule, nct=nct_l[j]))
-    return out
+    block = RowBlock(c)
+    return [TileSchedule(block, (bounds[j], bounds[j + 1]), rp_all[ep[j]:ep[j + 1]],
+                         lp_all[ep[j]:ep[j + 1]], nl_l[j], nvt_l[j], granule, nct_l[j])
+            for j in range(P)]
 
 
 def _empty_schedule(granule: int, nct: int) -> TileSchedule:
     rc = {k: np.zeros((0, MAX_SLOTS) if k == "rows" else 0, dtype=np.int32)
           for k in COLUMNS + ("mult",)}
+    for v in rc.values():
+        v.flags.writeable = False
     z = np.zeros(1, np.int64)
-    return TileSchedule(rcols=rc, row_ptr=z, launch_ptr=z, nlaunch=0, nvt=0,
-                        granule=granule, nct=nct)
+    z.flags.writeable = False
+    return TileSchedule(RowBlock(rc), (0, 0), z, z, 0, 0, granule, nct)
 
 
 # --------------------------------------------------------------- instantiation

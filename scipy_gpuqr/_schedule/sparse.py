@@ -260,13 +260,11 @@ def _front_patterns(fs, tile, bundle, pipelining, granule, dense=None):
     tiled = nfact > 0
     if dense is not None:
         tiled &= ~dense
-    fac = np.flatnonzero(tiled).tolist()
-    tp = tptr.tolist()
-    nct_l, nfct_l = nct.tolist(), nfct.tolist()
-    pats = [(b[tp[f]:tp[f + 1]], nct_l[f], nfct_l[f]) for f in fac]
-    got = bucket.tile_schedules(pats, bundle=bundle, pipelining=pipelining, granule=granule)
+    fac = np.flatnonzero(tiled)
+    got = bucket.front_schedules(b, tptr, nct, nfct, fac, bundle=bundle,
+                                 pipelining=pipelining, granule=granule)
     scheds = [None] * nf
-    for f, s in zip(fac, got):
+    for f, s in zip(fac.tolist(), got):
         scheds[f] = s
     return scheds, nfact
 
@@ -416,15 +414,22 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
                     carried[c] = pool
                     pool += cm_l[c] * (fn_l[c] - fp_l[c])
         if max_tasks is None:
-            step_launch, finish, asm_launch, pack_launch = _state_machine_unlimited(
-                first, last, sid, ch, chp, stage_of_l, nl)
+            asm_a, fin_a = _state_machine_unlimited(first, last, sid, ch, chp, stage_of_l, nl)
+            step_launch = None
         else:
-            step_launch, finish, asm_launch, pack_launch = _state_machine(
+            step_launch, finish, asm_launch, _ = _state_machine(
                 members, first, last, sid, ch, chp, parent, stage_of_l, nl, tail, counts,
                 max_tasks)
-        nlaunch = max([0] + [v[-1] + 1 for v in step_launch.values() if v] +
-                      [v + 1 for v in pack_launch.values()] +
-                      [v + 1 for v in asm_launch.values()])
+            asm_a = np.array([asm_launch[f] for f in members], dtype=np.int64)
+            fin_a = np.array([finish[f] for f in members], dtype=np.int64)
+        # a front is packed into its parent (in the stage) the launch after its last step
+        par_st = par_a[first:last + 1]
+        in_st = (par_st >= 0) & (stage_of[np.maximum(par_st, 0)] == sid)
+        pack_a = np.where(in_st, fin_a + 1, -1)
+        has_steps = np.asarray(nl[first:last + 1]) > 0
+        nlaunch = int(max(np.max(fin_a + 1, where=has_steps, initial=0),
+                          np.max(pack_a + 1, initial=0), np.max(asm_a + 1, initial=0)))
+        finish = dict(zip(range(first, last + 1), fin_a.tolist()))
         # ---- factorization blocks: (front, local step) -> global launch -------------
         fac = [f for f in members if nl[f] and scheds[f] is not None]
         if fac:
@@ -437,9 +442,8 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
             ptr = np.zeros(len(fac) + 1, dtype=np.int64)
             np.cumsum(nlf + 1, out=ptr[1:])
             k_of = np.arange(len(blk_front)) - np.repeat(np.cumsum(nlf) - nlf, nlf)
-            if max_tasks is None:       # a front's steps run in consecutive launches
-                s_of = np.array([step_launch[f].start for f in fac], dtype=np.int64)
-                blk_L = np.repeat(s_of, nlf) + k_of
+            if step_launch is None:     # a front's steps run in consecutive launches
+                blk_L = np.repeat(asm_a[fa - first] + 1, nlf) + k_of
             else:
                 blk_L = np.concatenate([np.asarray(step_launch[f], dtype=np.int64)
                                         for f in fac])
@@ -453,9 +457,11 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
             z = np.zeros(0, dtype=np.int64)
             blk = (z, z, z, z, z)
         asm, asm_L = _assembly_tasks(fs, first, last, sid, stage_of, foff, carried,
-                                     asm_launch, pack_launch)
+                                     asm_a, pack_a)
         o = np.argsort(asm_L, kind="stable")
-        asm, asm_L = asm[o], asm_L[o]
+        words = TASK_DTYPE.itemsize // 8
+        asm = asm.view(np.int64).reshape(-1, words)[o].view(TASK_DTYPE).ravel()
+        asm_L = asm_L[o]
         maker = _StageMaker(ctx, foff, blk, asm, asm_L, nlaunch)
         s0 = int(fs.s_ptr[first])
         s1 = int(fs.s_ptr[last + 1])
@@ -463,7 +469,7 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
         # completes its assembly (the state machine's finish of a front without
         # local launches); its parent packs it one launch later
         dfr = (np.flatnonzero(dense[first:last + 1]) + first).tolist()
-        dmap = {f: int(asm_launch[f]) for f in dfr}
+        dmap = {f: int(asm_a[f - first]) for f in dfr}
         for f, L in dmap.items():
             dense_global[int(f)] = launch0 + L
         stages.append(StageSchedule(fronts=(first, last), launch_ptr=maker.launch_ptr,
@@ -487,22 +493,23 @@ def _state_machine_unlimited(first, last, sid, ch, chp, stage_of, nl):
     launch after its last in-stage child's last step (launch 0 for the
     stage's leaves), runs its ``nl`` steps in the launches right after its
     assembly, and is packed into its parent in the launch after its last
-    step. Returns the same as :func:`_state_machine`, the step launches of a
-    front as a ``range``.
+    step. Returns the assembly launch and the last step's launch of every
+    front of the stage (int64 arrays, stage order).
     """
-    step_launch, finish, asm_launch, pack_launch = {}, {}, {}, {}
-    for f in range(first, last + 1):
+    n = last - first + 1
+    asm = [0] * n
+    fin = [0] * n
+    for i in range(n):
+        f = first + i
         a = 0
         for c in ch[chp[f]:chp[f + 1]]:
             if stage_of[c] == sid:
-                e = finish[c] + 1
-                pack_launch[c] = e
+                e = fin[c - first] + 1
                 if e > a:
                     a = e
-        asm_launch[f] = a
-        step_launch[f] = range(a + 1, a + 1 + nl[f])
-        finish[f] = a + nl[f]
-    return step_launch, finish, asm_launch, pack_launch
+        asm[i] = a
+        fin[i] = a + nl[f]
+    return np.array(asm, dtype=np.int64), np.array(fin, dtype=np.int64)
 
 
 def _state_machine(members, first, last, sid, ch, chp, parent, stage_of, nl, tail, counts,
@@ -581,26 +588,48 @@ class _Templates:
 
     def __init__(self, scheds, fs, nfact, tile):
         self.index = {id(s): k for k, s in enumerate(scheds)}
-        nrow = np.array([len(s.rcols["type"]) for s in scheds], dtype=np.int64)
-        self.base = np.zeros(len(scheds) + 1, dtype=np.int64)
-        np.cumsum(nrow, out=self.base[1:])
         words = TASK_DTYPE.itemsize // 8
-        if scheds:
-            # one pass over every pattern's rows (not one per pattern: hundreds of
-            # small patterns on a cold plan); patterns cached per tile reuse theirs
-            cached = [s.__dict__.get("_element_rows", {}).get(tile) for s in scheds]
+        self.base = np.zeros(len(scheds), dtype=np.int64)
+        self.granule = scheds[0].granule if scheds else 1
+        # Patterns simulated together share one row block: a block mostly used here
+        # goes in whole (its element rows made once for all its patterns, no copy per
+        # pattern); the patterns of a block mostly unused (e.g. cached from another
+        # matrix) go in one by one.
+        used = {}
+        for s in scheds:
+            u = used.setdefault(id(s.block), [s.block, 0])
+            u[1] += s.nrows
+        rows, mult = [], []
+        at = 0
+        whole = {}
+        for key, (blk, n) in used.items():
+            if 2 * n >= len(blk):
+                whole[key] = at
+                rows.append(blk.element_rows(tile))
+                mult.append(blk.cols["mult"])
+                at += len(blk)
+        alone = [k for k, s in enumerate(scheds) if id(s.block) not in whole]
+        for k, s in enumerate(scheds):
+            off = whole.get(id(s.block))
+            if off is not None:
+                self.base[k] = off + s.span[0]
+        if alone:
+            part = [scheds[k] for k in alone]
+            cached = [s.element_rows(tile) if s.block.has_element_rows(tile)
+                      else s.__dict__.get("_element_rows", {}).get(tile) for s in part]
             if all(c is not None for c in cached):
-                self.rows = np.concatenate(cached)
+                rows.append(np.concatenate(cached))
             else:
-                rc = {k: np.concatenate([s.rcols[k] for s in scheds])
-                      for k in bucket.COLUMNS}
-                self.rows = bucket.element_rows_of(rc, tile)
-            self.mult = np.concatenate([s.rcols["mult"] for s in scheds])
-            self.granule = scheds[0].granule
+                rc = {k: np.concatenate([s.rcols[k] for s in part]) for k in bucket.COLUMNS}
+                rows.append(bucket.element_rows_of(rc, tile))
+            mult.append(np.concatenate([s.rcols["mult"] for s in part]))
+            nrow = np.array([s.nrows for s in part], dtype=np.int64)
+            self.base[alone] = at + np.cumsum(nrow) - nrow
+        if len(rows) == 1:          # one block (a cold plan): its arrays as they are
+            self.rows, self.mult = rows[0], mult[0]
         else:
-            self.rows = np.zeros((0, words), dtype=np.int64)
-            self.mult = np.zeros(0, dtype=np.int32)
-            self.granule = 1
+            self.rows = np.concatenate(rows) if rows else np.zeros((0, words), dtype=np.int64)
+            self.mult = np.concatenate(mult) if mult else np.zeros(0, dtype=np.int32)
         self.fm = fs.fm.astype(np.int32)
         self.fn = fs.fn.astype(np.int32)
         self.nfact = nfact.astype(np.int32)
@@ -698,10 +727,14 @@ class _StageMaker:
         return out
 
 
-def _assembly_tasks(fs, first, last, sid, stage_of, foff, carried, asm_launch, pack_launch):
-    """S-Assemble and Pack-Assemble records of one stage (vectorized), and launches."""
+def _assembly_tasks(fs, first, last, sid, stage_of, foff, carried, asm_a, pack_a):
+    """S-Assemble and Pack-Assemble records of one stage (vectorized), and launches.
+
+    ``asm_a``, ``pack_a``: each front's assembly launch and the launch that
+    packs it into its parent (-1: not in this stage), in stage order.
+    """
     members = np.arange(first, last + 1, dtype=np.int64)
-    asm_L = np.array([asm_launch.get(int(f), 0) for f in members], dtype=np.int64)
+    asm_L = asm_a
     # ---- S-Assemble: chunks of S_CHUNK entries (stage-relative) per front
     sbase = int(fs.s_ptr[first])
     s0 = fs.s_ptr[first:last + 1] - sbase
@@ -728,12 +761,10 @@ def _assembly_tasks(fs, first, last, sid, stage_of, foff, carried, asm_launch, p
     carried_kid = stage_of[kids] < sid
     base = foff[kids] + fs.frank[kids] * fs.fn[kids] + fs.fp[kids]
     ld = fs.fn[kids].astype(np.int64)
-    Lp = np.zeros(len(kids), dtype=np.int64)
+    Lp = np.where(carried_kid, 0, pack_a[np.clip(kids - first, 0, len(members) - 1)])
     for j in np.flatnonzero(carried_kid).tolist():
         base[j] = carried[int(kids[j])]
         ld[j] = cn[j]
-    for j in np.flatnonzero(~carried_kid).tolist():
-        Lp[j] = pack_launch[int(kids[j])]
     rows_per = np.maximum(1, PACK_CHUNK // cn)
     npk = -(-cmc // rows_per)
     pk = np.repeat(np.arange(len(kids)), npk)
@@ -754,7 +785,10 @@ def _assembly_tasks(fs, first, last, sid, stage_of, foff, carried, asm_launch, p
     tp["rows"][:, 1] = np.minimum(r0 + rows_per[pk], cmc[pk])
     tp["front"] = kids[pk]
     tp["nfrows"] = 1
-    return np.concatenate([ts, tp]), np.concatenate([ls, Lp[pk]])
+    words = TASK_DTYPE.itemsize // 8
+    both = np.concatenate([ts.view(np.int64).reshape(-1, words),
+                           tp.view(np.int64).reshape(-1, words)])
+    return both.view(TASK_DTYPE).ravel(), np.concatenate([ls, Lp[pk]])
 
 
 def record_flops(tasks: np.ndarray, tile: int) -> np.ndarray:
