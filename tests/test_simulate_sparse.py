@@ -230,3 +230,19 @@ def test_lazy_per_launch_equals_eager_on_families(name, A, kw):
         assert recs.tobytes() == st.tasks[st.launch_ptr[L]:st.launch_ptr[L + 1]].tobytes()
         n += 1
     assert n == eager.nlaunch
+
+
+def test_info_counts_launches_with_tasks_apart():
+    # a dense front's deferral launches are empty: "launches" keeps counting them
+    # (the global launch numbering), "launches_with_tasks" does not
+    from scipy_gpuqr._testing_matrices import grid3d_least_squares
+    A = grid3d_least_squares(6)
+    an = analyze(A)
+    s = simulate_factorize(A, an, dense_flops=1e5)
+    sched = build_schedule(an, dense_flops=1e5)
+    assert s.info["dense_fronts"] > 0
+    nonempty = sum(int(np.count_nonzero(np.diff(st.launch_ptr))) for st in sched.stages)
+    assert s.info["launches"] == sched.nlaunch
+    assert s.info["launches_with_tasks"] == nonempty < s.info["launches"]
+    st = schedule_stats(an)
+    assert st["launches_with_tasks"] == st["launches"]        # no dense front there

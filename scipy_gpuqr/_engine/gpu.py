@@ -195,6 +195,10 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     Returns
     -------
     GpuQR
+        ``info["launches"]`` counts every launch of the schedule (the global
+        launch numbering of ``Q``'s replay), the empty ones a dense front
+        defers its parent's pack by included; ``info["launches_with_tasks"]``
+        those that run the uberkernel.
     """
     from .._symbolic import analyze
     from .inputs import engine_csc
@@ -478,7 +482,8 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
     dev_s = dict(device.seconds)
     info = {"backend": "gpu", "device": getattr(device, "name", "?"),
             "ordering": analysis.ordering_used, "nfronts": int(nf),
-            "stages": nstage, "launches": int(sched.nlaunch), "tasks": int(sched.ntasks),
+            "stages": nstage, "launches": int(sched.nlaunch),
+            "launches_with_tasks": int(sched.nlaunch_with_tasks), "tasks": int(sched.ntasks),
             "tile": int(tile), "bundle": int(bundle), "pipelining": bool(pipelining),
             "budget": budget, "schedule_cold": bool(cold),
             "dense_fronts": len(dense), "dense_flops": sched.dense_flops,

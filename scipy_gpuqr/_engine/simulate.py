@@ -445,6 +445,9 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
     Returns
     -------
     SimulateQR
+        ``info["launches"]`` counts every launch of the schedule, the empty
+        ones a dense front defers its parent's pack by included;
+        ``info["launches_with_tasks"]`` those with at least one record.
     """
     import scipy.sparse as sp
 
@@ -577,6 +580,7 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
     t3 = time.perf_counter()
     info = {"backend": "simulate", "ordering": analysis.ordering_used,
             "nfronts": int(nf), "stages": len(sched.stages), "launches": int(nlaunch),
+            "launches_with_tasks": int(sched.nlaunch_with_tasks),
             "tasks": int(sched.ntasks), "tile": int(tile), "bundle": int(bundle),
             "pipelining": bool(pipelining), "schedule_cpu_seconds": float(sched.seconds),
             "dense_fronts": len(dense), "dense_flops": sched.dense_flops,

@@ -188,6 +188,12 @@ class SparseSchedule:
     def ntasks(self) -> int:
         return sum(s.ntasks for s in self.stages)
 
+    @property
+    def nlaunch_with_tasks(self) -> int:
+        """Launches with at least one record (a dense front's deferral launches
+        are empty: they only delay its parent's pack)."""
+        return sum(int(np.count_nonzero(np.diff(s.launch_ptr))) for s in self.stages)
+
     def materialize(self) -> "SparseSchedule":
         """Build every stage's records now (idempotent); returns self."""
         for st in self.stages:
@@ -816,7 +822,10 @@ def schedule_stats(analysis, pipelining: bool = True, *, tile: int = DEFAULT_TIL
                    max_gpu_memory: int | None = None, max_tasks: int | None = None) -> dict:
     """Statistics of the schedule (JSON-serializable).
 
-    Keys: ``launches`` (with the requested pipelining), ``launches_no_pipeline``,
+    Keys: ``launches`` (with the requested pipelining; every launch, the empty
+    ones a dense front defers its parent's pack by included, which the engines'
+    defaults have and this function's do not), ``launches_with_tasks``,
+    ``launches_no_pipeline``,
     ``tasks`` (and ``tasks_no_pipeline``), ``tasks_by_type``,
     ``tasks_per_launch`` (mean, max), ``tasks_per_launch_by_type`` (type ->
     mean, max), ``tiles_touched_fraction`` (per launch, of the tiles of the
@@ -870,6 +879,7 @@ def schedule_stats(analysis, pipelining: bool = True, *, tile: int = DEFAULT_TIL
     fr = np.asarray(frac) if frac else np.zeros(1)
     return {
         "launches": int(s.nlaunch),
+        "launches_with_tasks": int(s.nlaunch_with_tasks),
         "launches_no_pipeline": int(s_no.nlaunch),
         "tasks": int(s.ntasks),
         "tasks_no_pipeline": int(s_no.ntasks),

@@ -35,17 +35,18 @@ vt          VT tile offset written by Factorize, read by Apply / ApplyQt;
             Pack-Assemble: child CB base offset
 vt2         Apply+Factorize: the VT tile the factorize part writes;
             S-Assemble: end of the S entries; Pack-Assemble: Rimap offset
-aux         Pack-Assemble: Rjmap offset; ApplyQt: rhs pool offset of the
-            front's gathered right-hand sides; Apply+Factorize: reflectors
-            of the factorize part (its column tile starts at ``c0``)
+aux         Pack-Assemble: Rjmap offset; ApplyQt: offset of the front's row
+            map (the global row slot of each front row) in the replay plan's
+            ``rowmap``; Apply+Factorize: reflectors of the factorize part (its
+            column tile starts at ``c0``)
 type        one of :class:`TaskType`
 fm, fn      rows and columns of the front (``fn`` = leading dimension);
             Pack-Assemble: ``fn`` is the parent's leading dimension
 col         first column of the factorized / Householder column tile
             (Pack-Assemble: the child CB's leading dimension)
 c0, c1      Apply: columns ``[c0, c1)`` receive the block reflector;
-            Pack-Assemble: child CB columns ``[c0, c1)``; ApplyQt: ``c1`` is
-            the number of right-hand sides
+            Pack-Assemble: child CB columns ``[c0, c1)``; ApplyQt: unused
+            (the right-hand-side columns are the launch's)
 nref        number of reflectors of the column tile (≤ TILE): the first
             ``nref`` columns of the tile are eliminated, the rest only updated
 front      front index (diagnostics and statistics; unused by kernels)
