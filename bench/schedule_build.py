@@ -22,12 +22,35 @@ repeats it per dense-front threshold (``scipy_gpuqr._schedule.dense``: those
 fronts get no tile schedule, so their bucket simulation disappears from the
 plan; their GPU time is not in the tile flops).
 
+It also reports whether the CPU keeps ahead launch by launch: with the
+plan and each launch's records built one after the other (what the engine's
+worker does) and the GPU running launch k as soon as its records exist, the
+GPU idles ``max_k (cpu_cum(k) - gpu_cum(<k))`` in all, ``cpu_cum(k)`` the CPU
+time to launch k's records (plan included) and ``gpu_cum(<k)`` the GPU time
+of the launches before k at 10 TF/s (tile flops, plus the Householder flops
+of the dense fronts factorized after them).
+
+``--base DIR`` runs the same cold measure (plan + launch 0) interleaved in one
+process against an older tree unpacked as ``DIR/scipy_gpuqr_base`` (``git
+archive COMMIT scipy_gpuqr | tar -x -C DIR && mv DIR/scipy_gpuqr
+DIR/scipy_gpuqr_base``): the host's throughput drifts too much between
+processes to compare otherwise. ``--lazy-emulation`` replays, from the
+finished schedule's front start launches, a *lazy plan* that simulates a
+front's tile pattern only when the front is about to start (horizons 0, 2,
+4, 8, ... launches; a parent's start is known once its children are
+simulated), timing the real bucket simulation of each batch: its total CPU
+and the GPU idle it implies against the one-shot simulation.
+
 Usage: ``PYTHONPATH=. python3 bench/schedule_build.py [--tiles 32 64] [--repeat 3]``
-or ``PYTHONPATH=. python3 bench/schedule_build.py --first-launch [--repeat 3]``
+or ``PYTHONPATH=. python3 bench/schedule_build.py --first-launch [--repeat 3]
+[--dense-flops off,1e10] [--base DIR] [--lazy-emulation]``
 """
 
 import argparse
+import hashlib
+import importlib
 import json
+import sys
 import time
 
 import numpy as np
@@ -47,7 +70,7 @@ def measure(an, tile, repeat):
             clear_schedule_cache(an)
             bucket.clear_cache()
             t0 = time.process_time()
-            s = build_schedule(an, tile=tile, cache=False, lazy=lazy)
+            build_schedule(an, tile=tile, cache=False, lazy=lazy)
             out.append(time.process_time() - t0)
         t0 = time.process_time()
         full = build_schedule(an, tile=tile, cache=False)
@@ -99,19 +122,34 @@ def first_launch(an, tile=32, repeat=3, dense_flops=None):
         t0 = time.process_time()
         s = build_schedule(an, tile=tile, cache=False, lazy=True, dense_flops=dense_flops)
         t1 = time.process_time()
-        s.stages[0].launch_tasks(0)
-        t2 = time.process_time()
         plan.append(t1 - t0)
-        first.append(t2 - t0)
+        # the records as the engine's worker builds them (chunks of launches): the CPU
+        # time spent before each launch's records are handed out
         times = []
-        for st in s.stages:
-            for L in range(st.nlaunch):
-                t0 = time.process_time()
-                st.launch_tasks(L)
-                times.append(time.process_time() - t0)
+        prev = time.process_time()
+        for _ in s.iter_launches(prefetch=False):
+            now = time.process_time()
+            times.append(now - prev)
+            prev = now
+        first.append(t1 - t0 + times[0])
         cpu = np.asarray(times) if cpu is None else np.minimum(cpu, times)
     gpu = np.concatenate([_launch_flops(st, tile) for st in s.stages if st.nlaunch]) / RATE
     late = np.maximum(cpu[1:] - gpu[:-1], 0)
+    # keeping ahead: the GPU runs launch k once its records exist (plan + launches
+    # 0..k built one after the other) and after launch k-1; dense fronts count at
+    # the launch after which they are factorized
+    g_all = gpu.copy()
+    ff = getattr(an, "front_flops", None)
+    for f, L in s.dense.items():
+        g_all[L] += float(ff[f]) / RATE if ff is not None else 0.0
+    cpu_cum = min(plan) + np.cumsum(cpu)
+    gpu_before = np.concatenate(([0.0], np.cumsum(g_all)[:-1]))
+    behind = cpu_cum - gpu_before
+    k_max = int(np.argmax(behind))
+    marks = {}
+    for q in (10, 100, 200, 500, 1000):
+        if q < len(cpu_cum):
+            marks[str(q)] = [round(float(cpu_cum[q]) * 1e3, 2), round(float(gpu_before[q]) * 1e3, 2)]
     return {"tile": tile, "dense_flops": dense_flops, "dense_fronts": len(s.dense),
             "stages": len(s.stages), "launches": s.nlaunch, "tasks": s.ntasks,
             "plan_cold_s": min(plan), "first_launch_cold_s": min(first),
@@ -119,10 +157,123 @@ def first_launch(an, tile=32, repeat=3, dense_flops=None):
             "launches_cpu_late": int(np.sum(late > 0)),
             "gpu_wait_in_launches_s": float(late.sum()),
             "max_late_s": float(late.max(initial=0)),
-            "per_launch_build_total_s": float(cpu.sum())}
+            "per_launch_build_total_s": float(cpu.sum()),
+            "gpu_s_with_dense_at_10TF": float(g_all.sum()),
+            "gpu_idle_keeping_ahead_s": float(max(behind.max(initial=0), 0.0)),
+            "gpu_idle_worst_launch": k_max,
+            "launches_cpu_behind": int(np.sum(behind > 0)),
+            "cpu_vs_gpu_ms_at_launch": marks}
 
 
-def main_first_launch(repeat, dense=(None,)):
+def _digest(s):
+    h = hashlib.sha256()
+    for st in s.stages:
+        h.update(st.launch_ptr.tobytes())
+        h.update(st.tasks.tobytes())
+    h.update(repr((s.vt_size, sorted(s.dense.items()))).encode())
+    return h.hexdigest()[:16]
+
+
+def interleaved(an, base_dir, rounds, dense_flops=None, tile=32):
+    """Cold plan + launch 0, this tree against ``base_dir/scipy_gpuqr_base``, interleaved."""
+    sys.path.insert(0, base_dir)
+    trees = {"base": (importlib.import_module("scipy_gpuqr_base._schedule.sparse"),
+                      importlib.import_module("scipy_gpuqr_base._schedule.bucket")),
+             "new": (importlib.import_module("scipy_gpuqr._schedule.sparse"), bucket)}
+
+    def cold(name):
+        sp_, bk = trees[name]
+        sp_.clear_schedule_cache(an)
+        bk.clear_cache()
+        t0 = time.process_time()
+        s = sp_.build_schedule(an, tile=tile, cache=False, lazy=True, dense_flops=dense_flops)
+        s.stages[0].launch_tasks(0)
+        return time.process_time() - t0, s
+
+    got = {"base": [], "new": []}
+    for r in range(rounds):
+        for name in (("base", "new") if r % 2 == 0 else ("new", "base")):
+            got[name].append(cold(name)[0])
+    same = _digest(cold("base")[1]) == _digest(cold("new")[1])
+    return {"dense_flops": dense_flops, "records_identical": same, "rounds": rounds,
+            **{f"{k}_min_s": min(v) for k, v in got.items()},
+            **{f"{k}_median_s": float(np.median(v)) for k, v in got.items()}}
+
+
+def lazy_emulation(an, dense_flops=None, tile=32, bundle=3, granule=16, growth=2.0):
+    """Replay a lazy plan's bucket simulations (see the module doc); CPU seconds."""
+    from scipy_gpuqr._schedule.dense import dense_front_mask
+    s = build_schedule(an, tile=tile, cache=False, dense_flops=dense_flops)
+    if len(s.stages) != 1:
+        raise ValueError("lazy_emulation: one stage only")
+    st = s.stages[0]
+    fs = an.fronts
+    nf = fs.nfronts
+    g = _launch_flops(st, tile) / RATE
+    for f, L in st.dense.items():
+        g[L] += float(an.front_flops[f]) / RATE
+    gpu_before = np.concatenate(([0.0], np.cumsum(g)))
+    dense = dense_front_mask(an, dense_flops)
+    nfact = np.minimum(fs.fm, fs.fn)
+    b, tptr = bucket.many_tile_buckets(fs.fm, fs.fn, nfact, fs.stair, fs.col_ptr, tile)
+    nct = -(-fs.fn // tile)
+    nfct = np.where(nfact > 0, -(-nfact // tile), 0)
+    tiled = (nfact > 0) & ~dense
+    key = [(b[tptr[f]:tptr[f + 1]].tobytes(), int(nct[f]), int(nfct[f])) for f in range(nf)]
+    fin = np.array([st.finish[f] for f in range(nf)])
+    # a front's start (assembly) launch: the launch after its last child's last step
+    start = np.zeros(nf, dtype=np.int64)
+    par = fs.parent
+    for f in range(nf):
+        p = par[f]
+        if p >= 0:
+            start[p] = max(start[p], fin[f] + 1)
+    pats = {}
+    for f in np.flatnonzero(tiled):
+        pats.setdefault(key[f], (b[tptr[f]:tptr[f + 1]], int(nct[f]), int(nfct[f])))
+    one = np.inf
+    for _ in range(3):
+        t0 = time.process_time()
+        bucket._simulate(list(pats.values()), bundle, True, granule)
+        one = min(one, time.process_time() - t0)
+    pend = np.bincount(par[par >= 0], minlength=nf)
+    known = pend == 0
+    done = np.zeros(nf, dtype=bool)
+    have = set()
+    cpu, H, batches, idle = 0.0, 0, 0, 0.0
+    while True:
+        while True:
+            cand = np.flatnonzero(known & ~done & (start <= H))
+            if not len(cand):
+                break
+            todo = {}
+            for f in cand.tolist():
+                if tiled[f] and key[f] not in have:
+                    todo[key[f]] = pats[key[f]]
+            if todo:
+                t0 = time.process_time()
+                bucket._simulate(list(todo.values()), bundle, True, granule)
+                cpu += time.process_time() - t0
+                have |= set(todo)
+                batches += 1
+            done[cand] = True
+            for f in cand.tolist():
+                p = par[f]
+                if p >= 0:
+                    pend[p] -= 1
+                    known[p] = pend[p] == 0
+        # launch H + 1 needs the fronts started by H: the GPU has run launches <= H
+        idle = max(idle, cpu - gpu_before[min(H + 1, len(gpu_before) - 1)])
+        if H >= st.nlaunch:
+            break
+        H = max(int(H * growth), H + 2)
+    return {"dense_flops": dense_flops, "patterns": len(pats), "one_shot_simulation_s": one,
+            "lazy_simulation_s": cpu, "lazy_batches": batches,
+            "lazy_gpu_idle_s": idle, "one_shot_gpu_idle_s": one,
+            "gpu_s_to_launch_200": float(gpu_before[min(200, len(gpu_before) - 1)])}
+
+
+def main_first_launch(repeat, dense=(None,), base=None, rounds=9, emulate=False):
     for name, make in (("ch7-8-b3", lambda: chessboard_boundary(7, 8, 3)),
                        ("grid3d 40 (LS)", lambda: grid3d_least_squares(40))):
         A = make()
@@ -134,6 +285,10 @@ def main_first_launch(repeat, dense=(None,)):
             r.update(problem=name, shape=list(A.shape), fronts=int(an.nfronts),
                      tflop=an.flops / 1e12, analysis_s=ta)
             print(json.dumps(r))
+            if base:
+                print(json.dumps({"problem": name, "interleaved": interleaved(an, base, rounds, d)}))
+            if emulate:
+                print(json.dumps({"problem": name, "lazy_emulation": lazy_emulation(an, d)}))
 
 
 def main():
@@ -145,10 +300,15 @@ def main():
                     help="cold time to launch 0 and per-launch GPU wait (ch7-8-b3, grid 40^3)")
     ap.add_argument("--dense-flops", default="off",
                     help="--first-launch: comma list of dense-front thresholds ('off': none)")
+    ap.add_argument("--base", help="--first-launch: an older tree (DIR/scipy_gpuqr_base) "
+                    "timed interleaved with this one")
+    ap.add_argument("--rounds", type=int, default=9, help="--base: interleaved rounds")
+    ap.add_argument("--lazy-emulation", action="store_true",
+                    help="--first-launch: replay a lazy plan's bucket simulations")
     a = ap.parse_args()
     if a.first_launch:
         dense = [None if x == "off" else float(x) for x in a.dense_flops.split(",") if x]
-        main_first_launch(a.repeat, dense)
+        main_first_launch(a.repeat, dense, a.base, a.rounds, a.lazy_emulation)
         return
     t0 = time.process_time()
     an = analyze(chessboard_boundary(7, 8, 3))

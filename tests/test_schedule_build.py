@@ -138,3 +138,21 @@ def test_front_schedules_group_equal_patterns_exactly(collide, monkeypatch):
     for f, s in zip(fronts.tolist(), got):
         same.setdefault(int(pick[f]), set()).add(id(s))
     assert all(len(v) == 1 for v in same.values())
+
+
+def test_launch_chunks_cover_every_launch_once():
+    from scipy_gpuqr._schedule.sparse import CHUNK, CHUNK_LAUNCHES
+    an = analyze(grid3d_least_squares(10))
+    s = build_schedule(an, cache=False, lazy=True, dense_flops=1e6)
+    for st in s.stages:
+        ch = st.launch_chunks()
+        assert ch[0] == (0, 1)
+        assert [a for a, _ in ch[1:]] == [b for _, b in ch[:-1]] and ch[-1][1] == st.nlaunch
+        for a, b in ch:
+            assert b - a <= CHUNK_LAUNCHES
+            assert b - a == 1 or st.launch_ptr[b] - st.launch_ptr[a] <= CHUNK
+        assert len(ch) < st.nlaunch / 4
+        got = [r for a, b in ch for r in st.launch_range(a, b)]
+        want = [st.launch_tasks(L) for L in range(st.nlaunch)]
+        assert all(x.tobytes() == y.tobytes() for x, y in zip(got, want))
+        assert len(got) == st.nlaunch

@@ -59,8 +59,11 @@ S_CHUNK = 8192
 PACK_CHUNK = 16384
 
 
-#: Records built per NumPy pass when materializing (keeps the pass in cache).
+#: Records built per NumPy pass when materializing (keeps the pass in cache); also
+#: the most records of a chunk of launches built at once by ``iter_launches``.
 CHUNK = 8192
+#: Most launches built at once by ``iter_launches``.
+CHUNK_LAUNCHES = 32
 
 
 @dataclass(eq=False)
@@ -137,6 +140,35 @@ class StageSchedule:
             return self._tasks[self.launch_ptr[L]:self.launch_ptr[L + 1]]
         return self._maker.records(L, L + 1)
 
+    def launch_range(self, L0: int, L1: int) -> list:
+        """Records of launches ``L0 … L1-1``, one array per launch (views of one
+        array built in one pass; views of :attr:`tasks` when materialized)."""
+        if not 0 <= L0 <= L1 <= self.nlaunch:
+            raise IndexError(f"launches [{L0}, {L1}) out of range [0, {self.nlaunch})")
+        lp = self.launch_ptr
+        if self._tasks is not None:
+            t, base = self._tasks, 0
+        else:
+            t, base = self._maker.records(L0, L1), int(lp[L0])
+        b = (lp[L0:L1 + 1] - base).tolist()
+        return [t[b[k]:b[k + 1]] for k in range(L1 - L0)]
+
+    def launch_chunks(self):
+        """Launch ranges ``(L0, L1)`` :meth:`SparseSchedule.iter_launches` builds
+        at once: 1 launch, then twice as many each time, up to
+        :data:`CHUNK_LAUNCHES` launches or :data:`CHUNK` records (a launch
+        larger than that alone)."""
+        lp = self.launch_ptr.tolist()
+        out = []
+        L0, want = 0, 1
+        while L0 < self.nlaunch:
+            L1 = L0 + 1
+            while L1 < self.nlaunch and L1 - L0 < want and lp[L1 + 1] - lp[L0] <= CHUNK:
+                L1 += 1
+            out.append((L0, L1))
+            L0, want = L1, min(2 * want, CHUNK_LAUNCHES)
+        return out
+
 
 @dataclass(eq=False)
 class SparseSchedule:
@@ -203,23 +235,34 @@ class SparseSchedule:
     def iter_launches(self, prefetch: bool = True):
         """Yield ``(stage index, launch, records)`` launch after launch.
 
-        Records of a launch are built only when asked for. With ``prefetch``
-        a worker thread builds launch k+1 while the caller works on launch k
-        (the caller may keep the records; they are never reused).
+        Records are built only when asked for, a *chunk* of launches at a time
+        (:meth:`StageSchedule.launch_chunks`: one launch first, then twice as
+        many each time, up to :data:`CHUNK_LAUNCHES` launches or
+        :data:`CHUNK` records; one NumPy pass per chunk instead of one per
+        launch). With ``prefetch`` a worker thread builds the next chunk while
+        the caller works on the launches of this one (the caller may keep the
+        records; they are never reused).
         """
-        order = [(i, L) for i, st in enumerate(self.stages) for L in range(st.nlaunch)]
-        if not prefetch or len(order) < 2:
-            for i, L in order:
-                yield i, L, self.stages[i].launch_tasks(L)
+        jobs = [(i, L0, L1) for i, st in enumerate(self.stages)
+                for L0, L1 in st.launch_chunks()]
+
+        def build(job):
+            i, L0, L1 = job
+            return self.stages[i].launch_range(L0, L1)
+
+        if not prefetch or len(jobs) < 2:
+            for job in jobs:
+                for L, rec in zip(range(job[1], job[2]), build(job)):
+                    yield job[0], L, rec
             return
         with ThreadPoolExecutor(max_workers=1) as pool:
-            nxt = pool.submit(self.stages[order[0][0]].launch_tasks, order[0][1])
-            for k, (i, L) in enumerate(order):
+            nxt = pool.submit(build, jobs[0])
+            for k, job in enumerate(jobs):
                 cur = nxt.result()
-                if k + 1 < len(order):
-                    i2, L2 = order[k + 1]
-                    nxt = pool.submit(self.stages[i2].launch_tasks, L2)
-                yield i, L, cur
+                if k + 1 < len(jobs):
+                    nxt = pool.submit(build, jobs[k + 1])
+                for L, rec in zip(range(job[1], job[2]), cur):
+                    yield job[0], L, rec
 
 
 # ------------------------------------------------------------------ per-analysis cache
