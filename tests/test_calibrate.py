@@ -244,3 +244,25 @@ def test_cli_with_injected_timings(fake_gpu, monkeypatch, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["threshold"] == pytest.approx(20.0) and data["gpu_name"] == DEVICE["name"]
     assert len(data["points"]) == 6 and data["path"] == str(calibration_file(fake_gpu))
+
+
+def test_default_timer_times_factorization_and_least_squares_solve(monkeypatch):
+    """The real timer (CPU backends here) runs lsqr's solve on each factorization it times."""
+    from scipy_gpuqr._factor import QRFactorization
+    from scipy_gpuqr._symbolic import analyze
+
+    solved = []
+    original = QRFactorization._solve_host
+
+    def counting(self, B):
+        X = original(self, B)
+        solved.append((self._plan.backend, B.shape, X.shape))
+        return X
+
+    monkeypatch.setattr(QRFactorization, "_solve_host", counting)
+    timer, ran = _calibrate._default_timer(("cpu", "reference"), 2)
+    A = chessboard_boundary(5, 6, 2)          # rank-deficient: the rank decision is timed too
+    seconds = timer("reference", "ch5-6-b2", A, analyze(A))
+    assert seconds > 0 and ran["reference"] == "reference"
+    # one warm-up and two timed calls, each factorizing and solving one right-hand side
+    assert solved == [("reference", (A.shape[0], 1), (A.shape[1], 1))] * 3
