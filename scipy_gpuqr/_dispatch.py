@@ -142,8 +142,12 @@ def backend_factorizer(name: str) -> tuple[Optional[Callable], str, str]:
 
 
 def _wrap_spqr(spqr_factorize):
+    from ._cpu.blas_threads import threads_for
+
     def factorize(A, *, ordering="colamd", colperm=None, tol=None, analysis=None):
-        return spqr_factorize(A, ordering=ordering, colperm=colperm, tol=tol)
+        flops = getattr(analysis, "flops", None)
+        return spqr_factorize(A, ordering=ordering, colperm=colperm, tol=tol,
+                              blas_threads_hint=threads_for(flops))
     return factorize
 
 
@@ -248,9 +252,8 @@ class Plan:
         if self.factorize_fn is None:
             raise RuntimeError("no factorization backend is available: "
                                + "; ".join(self.reasons))
-        analysis = self.analysis if self.backend in ("reference", "simulate", "gpu") else None
         return self.factorize_fn(A, ordering=self.ordering, colperm=self.colperm,
-                                 tol=tol, analysis=analysis)
+                                 tol=tol, analysis=self.analysis)
 
     def summary(self) -> dict:
         """JSON-ready description for ``info``."""

@@ -28,7 +28,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._numeric import NumericQR
-from . import _cholmod
+from . import _cholmod, blas_threads
 from ._cholmod import Common, dense_to_numpy, dense_view, sparse_to_scipy, sparse_view
 from ._libs import INSTALL_HINT, LibraryNotFound, major_version, open_library
 
@@ -91,6 +91,7 @@ def _libs() -> _Libs:
     ffi = cffi.FFI()
     ffi.cdef(_cholmod.CDEF)
     ffi.cdef(_SPQR_CDEF)
+    ffi.cdef(blas_threads.CDEF)
     for name in _QMULT_SYMBOLS:
         ffi.cdef(_QMULT_SIGNATURE.format(name))
     spqr_path = find_library("spqr")
@@ -230,6 +231,7 @@ class SpqrQR(NumericQR):
     H: sp.csc_array = None
     HTau: np.ndarray = None
     HPinv: np.ndarray = None
+    blas_threads: int = None
 
     def qt_matmul(self, B) -> np.ndarray:
         """Return ``Q.T @ B`` for B of shape (m,) or (m, k) (float64, or complex if B is)."""
@@ -255,7 +257,8 @@ class SpqrQR(NumericQR):
         else:
             libs = _libs()
             if libs.qmult is not None:
-                Y = _apply_spqr(libs, method, self.H, self.HTau, self.HPinv, X2)
+                with blas_threads.limited(libs.spqr, self.blas_threads):
+                    Y = _apply_spqr(libs, method, self.H, self.HTau, self.HPinv, X2)
             else:
                 Y = _apply_numpy(method, self.H, self.HTau, self.HPinv, X2)
         return Y.reshape(X.shape)
@@ -316,7 +319,8 @@ def _apply_numpy(method: int, H, HTau, HPinv, X) -> np.ndarray:
 # factorization
 # --------------------------------------------------------------------------
 
-def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default") -> SpqrQR:
+def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default",
+                   blas_threads_hint: int = None) -> SpqrQR:
     """QR factorization ``A[:, colperm] = Q @ R`` by SuiteSparseQR.
 
     Parameters
@@ -342,6 +346,9 @@ def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default") 
         20·(m+n)·eps·(max column 2-norm); ``None`` turns rank detection off;
         a number ≥ 0 is used as given (columns whose remaining 2-norm is ≤ tol
         are dropped).
+    blas_threads_hint : int, optional
+        BLAS threads for this factorization and its ``qt_matmul``/``q_matmul``
+        (see :mod:`.blas_threads`; None keeps the BLAS library's setting).
 
     Returns
     -------
@@ -398,9 +405,10 @@ def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default") 
         HPinv_p = ffi.new("int64_t **")
         HTau_p = ffi.new("cholmod_dense **")
         try:
-            spqr_rank = libs.spqr.SuiteSparseQR_C(
-                order_code, tol_code, k, 0, Av, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL,
-                R_p, E_p, H_p, HPinv_p, HTau_p, cc.ptr)
+            with blas_threads.limited(libs.spqr, blas_threads_hint):
+                spqr_rank = libs.spqr.SuiteSparseQR_C(
+                    order_code, tol_code, k, 0, Av, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL,
+                    R_p, E_p, H_p, HPinv_p, HTau_p, cc.ptr)
             cc.check("SuiteSparseQR_C", spqr_rank >= 0)
             R = sparse_to_scipy(ffi, R_p[0])
             H = sparse_to_scipy(ffi, H_p[0])
@@ -455,7 +463,8 @@ def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default") 
                                        "norm_E_fro", "peak_memory_bytes", "istat")},
     }
     return SpqrQR(shape=(m, n), R=R, colperm=perm, rank=rank, tol=tol_used,
-                  flops=stats["flops"], info=info, H=H, HTau=HTau, HPinv=HPinv)
+                  flops=stats["flops"], info=info, H=H, HTau=HTau, HPinv=HPinv,
+                  blas_threads=blas_threads_hint)
 
 
 def _trapezoidal(R: sp.csc_array, rank: int):
