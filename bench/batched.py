@@ -60,11 +60,12 @@ def _warm_one(args):
 
 def warm(parallel: int = 16) -> None:
     """Compile every batched kernel variant in parallel processes (fills the disk cache)."""
-    from scipy_gpuqr._batched_variants import PADDED_SIZES, SMALL_MAX
+    from scipy_gpuqr._batched_variants import MMA_SIZES, PADDED_SIZES, SMALL_MAX
     jobs = [("blocked", "float64", 0), ("rows", "float64", 0)]
     for dt in ("float64", "float32"):
         jobs += [("getrf_warp", dt, n) for n in range(SMALL_MAX, 0, -1)]
         jobs += [(k, dt, n) for k in ("getri_warp", "potrf_small") for n in PADDED_SIZES[::-1]]
+    jobs += [("getrf_mma", "float64", n) for n in MMA_SIZES]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(parallel) as ex:
         list(ex.map(_warm_one, jobs))
@@ -332,7 +333,8 @@ def main(argv=None) -> int:
                     continue
                 if n <= 32:
                     size = n if op == "lu" else padded_size(n)
-                    default = bg.warp_defaults(size, dtype.name)
+                    default = (bg.getrf_defaults(n, dtype.name, bg.getrf_kernel(n, dtype))
+                               if op == "lu" else bg.warp_defaults(size, dtype.name))
                     choices = (default,) if args.no_tune else TUNE
                 else:
                     default, choices = (None, None), ((None, None),)
@@ -345,7 +347,9 @@ def main(argv=None) -> int:
                 cb_ms = cublas_ms(cp, timer, a, op)
                 t_ms = torch_ms(torch, timer, a, op)
                 cfg = "-" if best_cfg[0] is None else f"{best_cfg[0]}/{best_cfg[1]}"
-                row = dict(dtype=dtype.name, n=n, batch=bsz, op=op, threads=best_cfg[0],
+                kern = (bg.getrf_kernel(n, dtype) if op == "lu" else "getri_warp")
+                row = dict(dtype=dtype.name, n=n, batch=bsz, op=op, kernel=kern,
+                           threads=best_cfg[0],
                            stages=best_cfg[1], ms=best, default_ms=dflt,
                            default_cfg=list(default), host_us=host, e2e_ms=e2e,
                            gflops=flops / best / 1e6, floor_ms=floor,
@@ -357,7 +361,7 @@ def main(argv=None) -> int:
                 print(f"{row['dtype']:7} {n:>4} {bsz:>8} {op:4} {cfg:>6} {best:8.3f} {dflt:8.3f} "
                       f"{host:7.0f} {e2e:8.3f} {row['gflops']:6.0f} {floor:7.3f} "
                       f"{100 * row['bw_fraction']:4.0f} {cb_ms:8.3f} {row['x_cublas']:6.2f} "
-                      f"{t_ms:8.3f} {row['x_torch']:6.2f}", flush=True)
+                      f"{t_ms:8.3f} {row['x_torch']:6.2f}  {kern}", flush=True)
                 if args.json:
                     Path(args.json).write_text(json.dumps(rows, indent=1))
             a = None            # frees the stack (del would leave pyflakes a name to flag)

@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "small_name", "blocked_name", "padded_size", "SMALL_FILES",
            "FUSED_MAX", "ROWS_MAX", "ROWS_PANEL", "ROWS_THREADS", "STAGE_COLS",
-           "rows_name"]
+           "rows_name", "MMA_SIZES", "MMA_FILE"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
 SMALL_MAX = 32
@@ -43,10 +43,19 @@ STAGE_COLS = 64
 #: n <= N and pad with the identity (LU has one variant for every n).
 PADDED_SIZES = (1, 2, 4, 8, 16, 24, 32)
 
+#: Sizes whose float64 LU runs on the FP64 tensor cores on sm_80+
+#: (``getrf_mma<double, n>`` of kernels/batched_mma.cu: panels of 8 columns,
+#: trailing updates by DMMA); the other sizes, and older GPUs, use
+#: ``getrf_warp``.
+MMA_SIZES = (32,)
+
+#: Source file of the tensor-core LU.
+MMA_FILE = "batched_mma.cu"
+
 #: Source file of each n <= 32 kernel family (each variant is compiled on
 #: its own, when first used).
 SMALL_FILES = {"getrf_warp": "batched_lu.cu", "getri_warp": "batched_lu.cu",
-               "potrf_small": "batched_small.cu"}
+               "potrf_small": "batched_small.cu", "getrf_mma": MMA_FILE}
 
 _CTYPES = {"float32": "float", "float64": "double"}
 
@@ -80,6 +89,7 @@ KERNEL_VARIANTS = {
         small_name("getrf_warp", dt, n)
         for dt in _CTYPES for n in range(1, SMALL_MAX + 1)) + tuple(
         small_name("getri_warp", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
+    MMA_FILE: tuple(small_name("getrf_mma", "float64", n) for n in MMA_SIZES),
     "batched_small.cu": tuple(
         small_name("potrf_small", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
     "batched_blocked.cu": tuple(

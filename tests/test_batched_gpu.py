@@ -63,6 +63,40 @@ def test_gpu_lu_ill_conditioned_and_singular(rng, n, dtype):
     np.testing.assert_array_equal(info.get(), lapack_getrf(s)[2])
 
 
+@pytest.mark.parametrize("kernel", ["warp", "mma"])
+def test_gpu_lu_n32_both_kernels(rng, kernel):
+    """n = 32 float64 through each LU kernel (the tensor-core one is the default
+    on sm_80+): random, exact ties, zero columns, non-finite, and 8-byte
+    aligned (not 16) input and output, against LAPACK per matrix."""
+    import cupy as cp
+    from scipy_gpuqr import _batched_gpu as bg
+    if kernel == "mma" and bg.getrf_kernel(32, np.float64) != "getrf_mma":
+        pytest.skip("no FP64 tensor cores")
+    n, batch = 32, 301
+    a = random_batch(rng, (batch,), n, np.float64)
+    a[5:40:3, :, 7] = 0                          # singular: zero column
+    a[6:40:3, 9:, 9] = 0                         # a column zero below its row 9
+    a[7] = np.round(a[7] * 2)                     # exact ties
+    a[11, 4, 20] = np.inf
+    a[12, 30, 3] = np.nan
+    ref_lu, ref_piv, ref_info = lapack_getrf(a)
+    ref_info[[11, 12]] = -1
+    for offset in (0, 1):                        # 16-byte and 8-byte aligned
+        buf = cp.empty(a.size + 1)
+        ga = buf[offset:offset + a.size].reshape(a.shape)
+        ga[...] = cp.asarray(a)
+        lu, piv, info = bg.getrf(ga, kernel=kernel)
+        lu, piv, info = lu.get(), piv.get(), info.get()
+        np.testing.assert_array_equal(info, ref_info)
+        ok = info == 0
+        same = (piv == ref_piv).all(axis=1) & ok
+        assert same.sum() >= ok.sum() - 1
+        tol = 50 * n * eps(np.float64) * max(1.0, np.abs(ref_lu[same]).max())
+        np.testing.assert_allclose(lu[same], ref_lu[same], rtol=0, atol=tol)
+        sing = np.flatnonzero(info > 0)
+        assert lu_backward_error(a[sing], lu[sing], piv[sing]) < 20 * n * eps(np.float64)
+
+
 @pytest.mark.parametrize("n", [3, 32, 70])
 def test_gpu_nonfinite_flagged_by_kernel(rng, n):
     a = random_batch(rng, (5,), n, np.float64)

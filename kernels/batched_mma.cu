@@ -1,0 +1,341 @@
+// batched_mma.cu: LU (getrf) of many N x N float64 matrices, N in {16, 24,
+// 32}, a warp per matrix, blocked by panels of 8 columns with the trailing
+// updates on the FP64 tensor cores (mma.m8n8k4.f64, sm_80+).
+//
+// Why: the row-per-lane kernels of batched_lu.cu broadcast the whole pivot
+// row to every lane at every column (sum over k of (N - k) doubles per lane):
+// at N = 32 that traffic through the shared-memory / shuffle datapath (one
+// 32-bit register per lane per cycle per SM) is about twice the DRAM time.
+// Here a lane receives only the 7 other entries of the pivot row inside the
+// 8-column panel; the rest of the matrix is updated once per panel by DMMA.
+//
+// The matrix stays in shared memory (a swizzled tile, below) while it is
+// factorized; per panel p (columns 8p .. 8p + 7):
+//   1. lane r reads row r's 8 panel entries into registers (P);
+//   2. 8 pivot steps, a row per lane (pivot search as in batched_lu.cu:
+//      warp max-reduction of the high key, ballot, exact tie breaks; lazy
+//      row swaps: rows never move, each lane tracks its row's LAPACK
+//      position). A candidate row r at step t takes l = P[t] / pivot and
+//      does P[j] -= l * prow[j] for every j != t, P[t] = -l: the slots left
+//      of the diagonal then hold E[r], the coefficients that express row r's
+//      updated trailing part in the *original* (start-of-panel) trailing
+//      rows of the pivots: trailing[r] = A12[r] + sum_t E[r][t] A12[p_t]
+//      (E = -L L11^{-1}, the tracker of Gauss-Jordan restricted to the
+//      panel). The multipliers themselves are kept in L (the output);
+//   3. the trailing columns, all rows at once: C += E * B with B (8 x ...)
+//      the pivot rows' trailing parts read from the tile, on the tensor
+//      cores (2 k-steps of 4 per 8 x 8 tile). A pivot row p_t of this panel
+//      has E = its slots left of t (zero from t on), which turns its trailing
+//      part into U12[t]; rows pivoted in earlier panels have E = 0;
+//   4. the panel's final entries (L left of the row's pivot step, U from it)
+//      go back to the row's (physical) place in the tile.
+// At the end row r is written to its LAPACK position pos(r) by the copy out
+// (through a per-warp permutation), piv and info as LAPACK's getrf (0-based
+// pivots; info = k + 1 for the first exactly zero pivot, -1 for inf/NaN in
+// the input, detected on the values as they are first read).
+//
+// Tile: N rows of LDU 16-byte units; unit u of row i is stored at unit
+// u ^ swz(i) (swz = 3-bit reversal of i & 7), which makes the row-per-lane
+// 16-byte accesses, the C-fragment accesses (rows g, g+1, 4 consecutive
+// units) and the A-fragment 8-byte accesses free of bank conflicts.
+//
+// Launch: blockDim.x a multiple of 32, any grid (warps loop over matrices);
+// stages 1 or 2 (matrices in flight per warp); vec != 0 when both pointers
+// are 16-byte aligned. Dynamic shared memory per warp: stages * N * LDU * 16
+// bytes + 64 ints (mma_smem_bytes in scipy_gpuqr/_batched_gpu.py).
+#include "batched_warp.cuh"
+
+#ifndef GPUQR_MMA_THREADS
+#define GPUQR_MMA_THREADS 256
+#endif
+#ifndef GPUQR_MMA_MINB
+#define GPUQR_MMA_MINB 3
+#endif
+
+namespace gpuqr_mma {
+
+using namespace gpuqr_warp;
+
+template <int N>
+struct MmaTile {
+    static_assert(N % 8 == 0 && N >= 16 && N <= 32, "N in {16, 24, 32}");
+    static constexpr int NP = N / 8;                   // panels = row tiles
+    static constexpr int UNITS = N / 2;                // 16-byte units of a row
+    static constexpr int LDU = (UNITS + 7) / 8 * 8;    // units per stored row
+    static constexpr int TILE = N * LDU * 2;           // doubles per matrix
+};
+
+// 3-bit reversal of i & 7.
+__device__ __forceinline__ int swz(int i) {
+    return ((i & 1) << 2) | (i & 2) | ((i >> 2) & 1);
+}
+
+// Offset (in doubles) of element (i, j) of the tile.
+template <int N>
+__device__ __forceinline__ int at(int i, int j) {
+    return i * (MmaTile<N>::LDU * 2) + (((j >> 1) ^ swz(i)) << 1) + (j & 1);
+}
+
+// x, hidden from the optimizer: the copy loops' addresses (functions of the
+// lane only) are recomputed per matrix instead of being hoisted out of the
+// matrix loop and kept alive (spilled) through the factorization.
+__device__ __forceinline__ int opaque(int x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
+__device__ __forceinline__ void dmma(double &d0, double &d1, double a, double b) {
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+                 : "+d"(d0), "+d"(d1) : "d"(a), "d"(b));
+}
+
+// Copy matrix `src` (N x N, contiguous) into the tile (cp.async).
+template <int N>
+__device__ __forceinline__ void mma_load(double *t, const double *__restrict__ src, bool vec,
+                                         int lane) {
+    typedef MmaTile<N> M;
+    if (vec) {
+#pragma unroll
+        for (int c = lane; c < N * M::UNITS; c += 32) {
+            const int i = c / M::UNITS;
+            const int u = c - i * M::UNITS;
+            cp_async16(t + i * (M::LDU * 2) + ((u ^ swz(i)) << 1), src + 2 * c);
+        }
+    } else {
+#pragma unroll 4
+        for (int e = lane; e < N * N; e += 32) {
+            const int i = e / N;
+            cp_async_elem(t + at<N>(i, e - i * N), src + e);
+        }
+    }
+}
+
+// Copy the tile to dst, row perm[i] of the tile to row i (coalesced).
+template <int N>
+__device__ __forceinline__ void mma_store(double *__restrict__ dst, const double *t,
+                                          const int *perm, bool vec, int lane) {
+    typedef MmaTile<N> M;
+    if (vec) {
+#pragma unroll
+        for (int c = lane; c < N * M::UNITS; c += 32) {
+            const int i = c / M::UNITS;
+            const int u = c - i * M::UNITS;
+            const int s = perm[i];
+            reinterpret_cast<double2 *>(dst)[c] =
+                *reinterpret_cast<const double2 *>(t + s * (M::LDU * 2) + ((u ^ swz(s)) << 1));
+        }
+    } else {
+#pragma unroll 4
+        for (int e = lane; e < N * N; e += 32) {
+            const int i = e / N;
+            dst[e] = t[at<N>(perm[i], e - i * N)];
+        }
+    }
+}
+
+// Row i's 8 entries of panel p <-> registers (four 16-byte accesses).
+template <int N>
+__device__ __forceinline__ void panel_read(double (&v)[8], const double *t, int i, int p) {
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+        const double2 w = *reinterpret_cast<const double2 *>(t + at<N>(i, 8 * p + 2 * h));
+        v[2 * h] = w.x;
+        v[2 * h + 1] = w.y;
+    }
+}
+template <int N>
+__device__ __forceinline__ void panel_write(double *t, const double (&v)[8], int i, int p) {
+#pragma unroll
+    for (int h = 0; h < 4; ++h)
+        *reinterpret_cast<double2 *>(t + at<N>(i, 8 * p + 2 * h)) = make_double2(v[2 * h], v[2 * h + 1]);
+}
+
+// Factorize the matrix in tile t (see the header). Returns getrf's info
+// (before the non-finite check); writes perm (row of the tile that goes to
+// LAPACK row i), pivs (scratch) and piv[lane] for lane < N.
+template <int N>
+__device__ __forceinline__ int factor_mma(double *t, int *perm, int *pivs,
+                                          int *__restrict__ piv, bool &bad, int lane) {
+    typedef MmaTile<N> M;
+    constexpr int NP = M::NP;
+    const int g = lane >> 2;
+    const int q = lane & 3;
+    const bool active = lane < N;
+    const int row = active ? lane : 0;
+
+    double P[8], L[8];
+    if (active) {
+        panel_read<N>(P, t, row, 0);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) P[j] = 0.0;
+    }
+    bool fin = true;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) { fin = fin && finite_bits(P[j]); L[j] = 0.0; }
+
+    bool cand = active;
+    int pos = lane;
+    unsigned hi = key_hi(P[0]);
+    unsigned bal = pivot_start<32>(cand, hi);
+
+    // panels in a loop (not unrolled): unrolled, the scheduler hoists work
+    // across panels and the registers spill
+#pragma unroll 1
+    for (int p = 0; p < NP; ++p) {
+        int st = cand ? 8 : -1;            // step of this panel where the row became pivot
+        int pr0 = 0, pr1 = 0;              // physical rows of the pivots of steps q, 4 + q
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            const int k = 8 * p + s;
+            const double x = P[s];
+            const double sc = pivot_scale(x);
+            const double rinv = fast_rcp(cand ? x * sc : 1.0);      // speculative
+            const int pl = pivot_finish<32>(bal, cand, key_lo(x), pos, lane);
+            const bool is_piv = lane == pl;
+            // the pivot's position, scale code and zero flag in one shuffle
+            const int packed = pos | (sc > 1.0 ? 256 : 0) | (sc < 1.0 ? 512 : 0)
+                               | (x == 0.0 ? 1024 : 0);
+            const int pk = __shfl_sync(0xffffffffu, packed, pl & 31);
+            const double bri = __shfl_sync(0xffffffffu, rinv, pl & 31);
+            const int pp = pk & 255;
+            const bool zero = (pk & 1024) != 0;
+            const double bsc = (pk & 256) ? up_scale<double>()
+                               : ((pk & 512) ? 1.0 / up_scale<double>() : 1.0);
+            const bool upd = cand && !is_piv && !zero;
+            const double l = upd ? (x * bsc) * bri : 0.0;
+            if (s + 1 < 8) {
+                const int j1 = s + 1 < 8 ? s + 1 : 0;
+                const double b1 = __shfl_sync(0xffffffffu, P[j1], pl & 31);
+                P[j1] = fma(-l, b1, P[j1]);
+                hi = key_hi(P[j1]);
+            }
+            L[s] = upd ? l : x;
+            if (cand && !is_piv) P[s] = -l;
+            if (pos == k) pos = pp; else if (is_piv) pos = k;
+            // piv through shared memory: a register select per step lets the
+            // compiler sink all 32 of them to the end (and spill the values)
+            if (lane == 0) pivs[k] = pp;
+            if (is_piv) st = s;
+            if (s == q) pr0 = pl;
+            if (s == 4 + q) pr1 = pl;
+            cand = cand && !is_piv;
+            if (s + 1 < 8) bal = pivot_start<32>(cand, hi);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                if (j != s && j != s + 1) {
+                    const double b = __shfl_sync(0xffffffffu, P[j], pl & 31);
+                    P[j] = fma(-l, b, P[j]);
+                }
+            }
+        }
+        // the panel's final entries: L left of the pivot step, U from it
+        double O[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) O[j] = (j < st) ? L[j] : P[j];
+        if (p + 1 < NP) {
+            // E (the A operand): slots left of the row's pivot step; it goes
+            // through the panel's columns of the tile, which then take O
+            double E[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) E[j] = (j < st) ? P[j] : 0.0;
+            if (active) panel_write<N>(t, E, row, p);
+            __syncwarp();
+            // fragment coordinates recomputed per panel (opaque): shared
+            // across panels, the tile addresses would stay alive (spilled)
+            const int fg = opaque(lane) >> 2;
+            const int fq = opaque(lane) & 3;
+            double a[NP][2];
+#pragma unroll
+            for (int I = 0; I < NP; ++I)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) a[I][h] = t[at<N>(8 * I + fg, 8 * p + 4 * h + fq)];
+            __syncwarp();
+            if (active) panel_write<N>(t, O, row, p);
+#pragma unroll 1
+            for (int J = p + 1; J < NP; ++J) {
+                const double b0 = t[at<N>(pr0, 8 * J + fg)];
+                const double b1 = t[at<N>(pr1, 8 * J + fg)];
+                __syncwarp();
+#pragma unroll
+                for (int I = 0; I < NP; ++I) {
+                    double2 *c = reinterpret_cast<double2 *>(t + at<N>(8 * I + fg, 8 * J + 2 * fq));
+                    double2 v = *c;
+                    if (p == 0) fin = fin && finite_bits(v.x) && finite_bits(v.y);
+                    dmma(v.x, v.y, a[I][0], b0);
+                    dmma(v.x, v.y, a[I][1], b1);
+                    *c = v;
+                }
+            }
+            __syncwarp();
+            if (active) panel_read<N>(P, t, row, p + 1);
+            hi = key_hi(P[0]);
+            bal = pivot_start<32>(cand, hi);
+        } else if (active) {
+            panel_write<N>(t, O, row, p);
+        }
+    }
+    // info: the first exactly zero pivot (U's diagonal, row `lane` is U row pos)
+    const bool zd = active && t[at<N>(lane, pos)] == 0.0;
+    const unsigned zk = __reduce_min_sync(0xffffffffu, zd ? (unsigned)pos : 0xffffu);
+    if (active) perm[pos] = lane;
+    bad = __ballot_sync(0xffffffffu, !fin) != 0u;
+    __syncwarp();
+    if (active) piv[lane] = pivs[lane];
+    return zk == 0xffffu ? 0 : (int)zk + 1;
+}
+
+}  // namespace gpuqr_mma
+
+// ---------------------------------------------------------------------------
+// LU with partial pivoting, LAPACK getrf pivot order (0-based piv).
+// input, not modified:  a (batch, N, N) float64
+// output:               lu (batch, N, N), piv (batch, N), info (batch)
+// ---------------------------------------------------------------------------
+template <typename T, int N>
+__global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
+getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
+          int *__restrict__ info, long long batch, int stages, int vec)
+{
+    static_assert(sizeof(T) == 8, "float64 only (FP64 tensor cores)");
+    using namespace gpuqr_mma;
+    typedef MmaTile<N> M;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int lane = threadIdx.x & 31;
+    const int wib = threadIdx.x >> 5;
+    double *tiles = reinterpret_cast<double *>(smem_raw) + wib * (stages * M::TILE + 32);
+    int *perm = reinterpret_cast<int *>(tiles + stages * M::TILE);
+    int *pivs = perm + 32;
+    const bool v = vec != 0;
+    const long long stride = (long long)gridDim.x * (blockDim.x >> 5);
+    long long m = (long long)blockIdx.x * (blockDim.x >> 5) + wib;
+    int cur = 0;
+    if (m < batch && stages == 2) {
+        mma_load<N>(tiles, a + m * (N * N), v, opaque(lane));
+        cp_async_commit();
+    }
+    for (; m < batch; m += stride) {
+        double *t = tiles + cur * M::TILE;
+        if (stages == 2) {
+            const long long next = m + stride;
+            if (next < batch) {
+                mma_load<N>(tiles + (cur ^ 1) * M::TILE, a + next * (N * N), v, opaque(lane));
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+        } else {
+            mma_load<N>(t, a + m * (N * N), v, opaque(lane));
+            cp_async_commit();
+            cp_async_wait<0>();
+        }
+        __syncwarp();
+        bool bad;
+        const int z = factor_mma<N>(t, perm, pivs, piv + m * N, bad, lane);
+        if (lane == 0) info[m] = bad ? -1 : z;
+        mma_store<N>(lu + m * (N * N), t, perm, v, opaque(lane));
+        __syncwarp();
+        if (stages == 2) cur ^= 1;
+    }
+}
