@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import diskcache
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE,
                     MAX_BUNDLE, MAX_SLOTS, TASK_DTYPE, TaskType, empty_tasks)
 
@@ -363,8 +364,10 @@ _CACHE = _PatternCache()
 
 
 def clear_cache() -> None:
-    """Forget every cached tile schedule (tests, memory)."""
+    """Forget every cached tile schedule and what was read from the disk cache
+    (tests, memory; the files stay)."""
     _CACHE.clear()
+    diskcache.forget()
 
 
 def check_tunables(bundle: int, granule: int) -> None:
@@ -400,7 +403,7 @@ def tile_schedule(buckets, nct: int, nfct: int, *, bundle: int = DEFAULT_BUNDLE,
 
 
 def tile_schedules(patterns, *, bundle: int = DEFAULT_BUNDLE, pipelining: bool = True,
-                   granule: int = DEFAULT_APPLY_GRANULE) -> list:
+                   granule: int = DEFAULT_APPLY_GRANULE, use_disk: bool = True) -> list:
     """Tile schedules of many patterns; the uncached ones are computed together.
 
     Parameters
@@ -409,6 +412,10 @@ def tile_schedules(patterns, *, bundle: int = DEFAULT_BUNDLE, pipelining: bool =
         As the arguments of :func:`tile_schedule`.
     bundle, pipelining, granule
         As for :func:`tile_schedule`.
+    use_disk : bool
+        Look the patterns not cached in this process up in the disk cache
+        (:mod:`.diskcache`; off when ``$SCIPY_GPUQR_SCHEDULE_CACHE`` is
+        ``off``) and add the ones simulated here to it.
 
     Returns
     -------
@@ -427,13 +434,28 @@ def tile_schedules(patterns, *, bundle: int = DEFAULT_BUNDLE, pipelining: bool =
             out[k] = s
         else:
             todo.setdefault(key, (b, int(nct), int(nfct), []))[3].append(k)
-    if todo:
-        keys = list(todo)
+    if not todo:
+        return out
+    keys = list(todo)
+    disk = diskcache.store(tun) if use_disk else None
+    if disk is not None:                    # patterns simulated by an earlier process
+        got = disk.lookup([key[:3] for key in keys])
+        if got:
+            for key in keys:
+                s = got.get(key[:3])
+                if s is not None:
+                    _CACHE.put(key, s)
+                    for k in todo[key][3]:
+                        out[k] = s
+            keys = [key for key in keys if key[:3] not in got]
+    if keys:
         made = _simulate([todo[k][:3] for k in keys], *tun)
         for key, s in zip(keys, made):
             _CACHE.put(key, s)
             for k in todo[key][3]:
                 out[k] = s
+        if disk is not None:
+            disk.add([key[:3] for key in keys], made)
     return out
 
 

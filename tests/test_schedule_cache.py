@@ -1,0 +1,192 @@
+"""The tile schedules' disk cache (CPU only; temporary folders, never the user's)."""
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from scipy_gpuqr._schedule import bucket, diskcache
+from scipy_gpuqr._schedule.sparse import build_schedule
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
+
+
+def _digest(s):
+    h = hashlib.sha256()
+    for st in s.stages:
+        h.update(st.launch_ptr.tobytes())
+        h.update(st.tasks.tobytes())
+    h.update(repr((s.vt_size, sorted(s.dense.items()))).encode())
+    return h.hexdigest()[:16]
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(diskcache.ENV, str(tmp_path))
+    bucket.clear_cache()
+    yield tmp_path
+    bucket.clear_cache()
+
+
+@pytest.fixture
+def count_simulations(monkeypatch):
+    calls = []
+    real = bucket._simulate
+
+    def counted(patterns, *a, **k):
+        calls.append(len(patterns))
+        return real(patterns, *a, **k)
+
+    monkeypatch.setattr(bucket, "_simulate", counted)
+    return calls
+
+
+def _files(d):
+    return sorted(p.name for p in d.iterdir() if p.suffix == ".bin")
+
+
+def _cold(an, **kw):
+    """A schedule as a new process with this disk cache builds it."""
+    bucket.clear_cache()
+    return build_schedule(an, cache=False, **kw)
+
+
+# the pinned digests of tests/test_schedule_build.py::test_records_pinned
+@pytest.mark.parametrize("kw, digest", [
+    (dict(), "9f3f556ddd2b56d0"),
+    (dict(dense_flops=1e6, max_tasks=300), "f03300ccbbaed9ad"),
+    (dict(tile=16, pipelining=False), "a6995ba2362d96a8"),
+])
+def test_schedule_from_disk_is_the_simulated_one(cache_dir, count_simulations, kw, digest):
+    an = analyze(grid3d_least_squares(10))
+    assert _digest(_cold(an, **kw)) == digest           # simulated, written
+    assert len(count_simulations) == 1
+    assert len(_files(cache_dir)) == 1
+    assert _digest(_cold(an, **kw)) == digest           # read back, nothing simulated
+    assert len(count_simulations) == 1
+
+
+def test_off_writes_nothing(tmp_path, monkeypatch, count_simulations):
+    monkeypatch.setenv(diskcache.ENV, "off")
+    monkeypatch.setenv("SCIPY_GPUQR_CACHE_DIR", str(tmp_path))
+    assert diskcache.folder() is None
+    an = analyze(grid3d_least_squares(6))
+    _cold(an)
+    _cold(an)
+    assert len(count_simulations) == 2
+    assert not any(tmp_path.rglob("*"))
+
+
+def test_default_folder_follows_the_package_cache_dir(tmp_path):
+    env = {"SCIPY_GPUQR_CACHE_DIR": str(tmp_path)}
+    assert diskcache.folder(env) == tmp_path / "tile_schedules"
+    assert diskcache.folder({"XDG_CACHE_HOME": str(tmp_path)}) == \
+        tmp_path / "scipy_gpuqr" / "tile_schedules"
+    assert diskcache.folder({diskcache.ENV: str(tmp_path / "x"), **env}) == tmp_path / "x"
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty", "stamp"])
+def test_damaged_or_stale_file_is_ignored_and_replaced(cache_dir, count_simulations,
+                                                       monkeypatch, damage):
+    an = analyze(grid3d_least_squares(8))
+    want = _digest(_cold(an))
+    path, = cache_dir.glob("*.bin")
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[-100] ^= 0x10                           # a payload byte: the CRC fails
+    elif damage == "truncate":
+        data = data[:len(data) // 2]
+    elif damage == "garbage":
+        data = bytearray(b"\x00" * 64)
+    elif damage == "empty":
+        data = bytearray()
+    else:                                            # written by other bucket rules
+        monkeypatch.setattr(diskcache, "_STAMP", ["another-stamp"])
+    path.write_bytes(bytes(data))
+    n = len(count_simulations)
+    assert _digest(_cold(an)) == want
+    assert len(count_simulations) == n + 1          # simulated again
+    assert _digest(_cold(an)) == want
+    assert len(count_simulations) == n + 1          # the rewritten file is good
+
+
+def test_patterns_of_two_problems_merge_and_partial_hits_gather(cache_dir,
+                                                                count_simulations):
+    a = analyze(grid3d_least_squares(10))
+    b = analyze(chessboard_boundary(4, 5, 2))
+    da, db = _digest(_cold(a)), _digest(_cold(b))
+    assert len(count_simulations) == 2
+    assert _digest(_cold(b)) == db                   # a few of the file's rows: gathered
+    assert _digest(_cold(a)) == da
+    assert len(count_simulations) == 2               # both from one merged file
+    assert len(_files(cache_dir)) == 1
+
+
+def _random_patterns(seed, count, lo=0):
+    rng = np.random.default_rng(seed)
+    pats = []
+    for _ in range(count):
+        nrt = int(rng.integers(lo, 25))
+        nct = int(rng.integers(1, 20))
+        nfct = int(rng.integers(0, min(nct, nrt) + 1)) if nrt else 0
+        b = np.minimum(np.sort(rng.integers(0, nct + 2, nrt)), np.arange(nrt))
+        b[b >= nfct] = -1
+        pats.append((b.astype(np.int32), nct, nfct))
+    return pats
+
+
+def _keys(pats):
+    return [(b.tobytes(), nct, nfct) for b, nct, nfct in pats]
+
+
+def test_another_process_writing_meanwhile_is_merged(cache_dir):
+    tun = (3, True, 16)
+    pa, pb, pc = (_random_patterns(s, 8, lo=2) for s in (1, 2, 3))
+    path = diskcache.store(tun).path
+    mine = diskcache.PatternStore(path, tun)
+    other = diskcache.PatternStore(path, tun)        # "another process"
+    mine.add(_keys(pa), bucket._simulate(pa, 3, True, 16))
+    assert mine.lookup(_keys(pa[:1]))
+    other.lookup([])                                  # reads a's patterns
+    mine.add(_keys(pb), bucket._simulate(pb, 3, True, 16))
+    other.add(_keys(pc), bucket._simulate(pc, 3, True, 16))   # must not drop b's
+    fresh = diskcache.PatternStore(path, tun)
+    assert len(fresh.lookup(_keys(pa + pb + pc))) == len(set(_keys(pa + pb + pc)))
+
+
+def test_file_is_bounded_oldest_patterns_out(cache_dir):
+    pats = [p for p in _random_patterns(3, 40, lo=4) if p[2] > 0][:30]
+    st = diskcache.store((3, True, 16))
+    st.max_bytes = 20_000
+    for k in range(0, len(pats), 5):
+        bucket.tile_schedules(pats[k:k + 5], bundle=3, granule=16)
+    path, = cache_dir.glob("*.bin")
+    diskcache.forget()
+    again = diskcache.store((3, True, 16))
+    again.lookup([])
+    a = again._a
+    kept = len(a["nct"])
+    assert 0 < kept < len(pats)
+    assert int(np.diff(a["span"]).sum()) * 4 * 18 <= 20_000
+    # the newest patterns are the ones kept
+    last = pats[-1]
+    assert (last[0].tobytes(), last[1], last[2]) in again._index
+    first = pats[0]
+    assert (first[0].tobytes(), first[1], first[2]) not in again._index
+    assert path.stat().st_size < 20_000
+
+
+def test_random_patterns_round_trip(cache_dir):
+    pats = _random_patterns(11, 60)
+    want = bucket.tile_schedules(pats, bundle=2, pipelining=False, granule=3)
+    bucket.clear_cache()
+    got = bucket.tile_schedules(pats[::2], bundle=2, pipelining=False, granule=3)
+    for s, w in zip(got, want[::2]):
+        for k in w.rcols:
+            np.testing.assert_array_equal(s.rcols[k], w.rcols[k])
+            assert s.rcols[k].dtype == w.rcols[k].dtype
+        np.testing.assert_array_equal(s.row_ptr, w.row_ptr)
+        np.testing.assert_array_equal(s.launch_ptr, w.launch_ptr)
+        assert (s.nlaunch, s.nvt, s.nct, s.granule) == (w.nlaunch, w.nvt, w.nct, w.granule)
+        assert s.tasks.tobytes() == w.tasks.tobytes()
+        assert not s.rcols["rows"].flags.writeable and not s.row_ptr.flags.writeable
