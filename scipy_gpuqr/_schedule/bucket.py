@@ -54,7 +54,8 @@ from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE,
 
 __all__ = ["TileSchedule", "RowBlock", "tile_buckets", "tile_schedule", "tile_schedules",
            "front_tasks", "dense_front_tasks", "vt_slots_recycled", "clear_cache",
-           "many_tile_buckets", "front_schedules", "check_tunables", "expand_rows", "element_rows_of"]
+           "many_tile_buckets", "front_schedules", "check_tunables", "expand_rows", "element_rows_of",
+           "make_schedule", "front_patterns"]
 
 #: the record fields a tile schedule keeps (tile units; see :class:`TileSchedule`)
 COLUMNS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop",
@@ -205,6 +206,15 @@ class TileSchedule:
         return got
 
 
+def make_schedule(block, span, row_ptr, launch_ptr, nlaunch, nvt, granule, nct):
+    """A :class:`TileSchedule` without the dataclass' field-by-field ``__init__``
+    (hundreds are made per plan)."""
+    s = object.__new__(TileSchedule)
+    s.__dict__.update(block=block, span=span, row_ptr=row_ptr, launch_ptr=launch_ptr,
+                      nlaunch=nlaunch, nvt=nvt, granule=granule, nct=nct)
+    return s
+
+
 def expand_rows(rows: np.ndarray, mult: np.ndarray):
     """Records of rows ``rows`` (each ``mult[row]`` times, in order).
 
@@ -344,15 +354,30 @@ class _PatternCache:
                 self._d.move_to_end(key)
             return s
 
-    def put(self, key, s: TileSchedule) -> None:
+    def get_many(self, keys) -> list:
+        """:meth:`get` of every key (None where absent), under one lock."""
         with self._lock:
-            if key in self._d:
-                return
-            self._d[key] = s
-            self._records += len(s)
-            while self._records > self.max_records and len(self._d) > 1:
-                _, old = self._d.popitem(last=False)
-                self._records -= len(old)
+            d = self._d
+            out = [d.get(k) for k in keys]
+            for k, s in zip(keys, out):
+                if s is not None:
+                    d.move_to_end(k)
+            return out
+
+    def put(self, key, s: TileSchedule) -> None:
+        self.put_many([(key, s)])
+
+    def put_many(self, items) -> None:
+        """:meth:`put` of ``(key, schedule)`` pairs, under one lock."""
+        with self._lock:
+            d = self._d
+            for key, s in items:
+                if key not in d:
+                    d[key] = s
+                    self._records += int(s.launch_ptr[-1])
+            while self._records > self.max_records and len(d) > 1:
+                _, old = d.popitem(last=False)
+                self._records -= int(old.launch_ptr[-1])
 
     def clear(self) -> None:
         with self._lock:
@@ -424,38 +449,31 @@ def tile_schedules(patterns, *, bundle: int = DEFAULT_BUNDLE, pipelining: bool =
     """
     check_tunables(bundle, granule)
     tun = (int(bundle), bool(pipelining), int(granule))
-    out = [None] * len(patterns)
+    pats = [(np.ascontiguousarray(b, dtype=np.int32), int(nct), int(nfct))
+            for b, nct, nfct in patterns]
+    keys = [(b.tobytes(), nct, nfct) for b, nct, nfct in pats]
+    out = _CACHE.get_many([k + tun for k in keys])
     todo: dict = {}
-    for k, (b, nct, nfct) in enumerate(patterns):
-        b = np.ascontiguousarray(b, dtype=np.int32)
-        key = (b.tobytes(), int(nct), int(nfct)) + tun
-        s = _CACHE.get(key)
-        if s is not None:
-            out[k] = s
-        else:
-            todo.setdefault(key, (b, int(nct), int(nfct), []))[3].append(k)
+    for i, s in enumerate(out):
+        if s is None:
+            todo.setdefault(keys[i], []).append(i)
     if not todo:
         return out
-    keys = list(todo)
+    miss = list(todo)
     disk = diskcache.store(tun) if use_disk else None
+    found = {}
     if disk is not None:                    # patterns simulated by an earlier process
-        got = disk.lookup([key[:3] for key in keys])
-        if got:
-            for key in keys:
-                s = got.get(key[:3])
-                if s is not None:
-                    _CACHE.put(key, s)
-                    for k in todo[key][3]:
-                        out[k] = s
-            keys = [key for key in keys if key[:3] not in got]
-    if keys:
-        made = _simulate([todo[k][:3] for k in keys], *tun)
-        for key, s in zip(keys, made):
-            _CACHE.put(key, s)
-            for k in todo[key][3]:
-                out[k] = s
+        found = disk.lookup(miss)
+        miss = [k for k in miss if k not in found]
+    if miss:
+        made = _simulate([pats[todo[k][0]] for k in miss], *tun)
+        found.update(zip(miss, made))
         if disk is not None:
-            disk.add([key[:3] for key in keys], made)
+            disk.add(miss, made)
+    _CACHE.put_many([(k + tun, s) for k, s in found.items()])
+    for k, s in found.items():
+        for i in todo[k]:
+            out[i] = s
     return out
 
 
@@ -492,10 +510,27 @@ def front_schedules(buckets, tile_ptr, nct, nfct, fronts, *, bundle: int = DEFAU
     list of TileSchedule
         One per front of ``fronts`` (equal patterns give the same object).
     """
+    uniq, which = front_patterns(buckets, tile_ptr, nct, nfct, fronts, bundle=bundle,
+                                 pipelining=pipelining, granule=granule)
+    return [uniq[i] for i in which.tolist()]
+
+
+def front_patterns(buckets, tile_ptr, nct, nfct, fronts, *, bundle: int = DEFAULT_BUNDLE,
+                   pipelining: bool = True, granule: int = DEFAULT_APPLY_GRANULE):
+    """:func:`front_schedules` as distinct schedules and each front's number.
+
+    Returns
+    -------
+    uniq : list of TileSchedule
+        The distinct schedules (no two the same object), in the order of
+        their first front.
+    which : ndarray of int64
+        ``uniq[which[i]]`` is the schedule of ``fronts[i]``.
+    """
     fronts = np.asarray(fronts, dtype=np.int64)
     n = len(fronts)
     if n == 0:
-        return []
+        return [], np.zeros(0, dtype=np.int64)
     tile_ptr = np.asarray(tile_ptr, dtype=np.int64)
     nrt = tile_ptr[fronts + 1] - tile_ptr[fronts]
     seg = _excl_cumsum(nrt)
@@ -518,12 +553,20 @@ def front_schedules(buckets, tile_ptr, nct, nfct, fronts, *, bundle: int = DEFAU
         same = np.array_equal(buckets[np.repeat(tile_ptr[fronts[rep]], nrt) + pos], val)
     if not same:                                  # a hash collision: key every front
         first, inv = np.arange(n), np.arange(n)
+    # groups in the order of their first front
+    o = np.argsort(first, kind="stable")
+    rank = np.empty(len(o), dtype=np.int64)
+    rank[o] = np.arange(len(o))
+    first, inv = first[o], rank[inv]
     fr = fronts[first].tolist()
     tp = tile_ptr.tolist()
     got = tile_schedules([(buckets[tp[f]:tp[f + 1]], int(c), int(d))
                           for f, c, d in zip(fr, fnct[first].tolist(), fnfct[first].tolist())],
                          bundle=bundle, pipelining=pipelining, granule=granule)
-    return [got[i] for i in inv.tolist()]
+    num = {}
+    remap = np.array([num.setdefault(id(s), len(num)) for s in got], dtype=np.int64)
+    uniq = list({id(s): s for s in got}.values())
+    return uniq, remap[inv]
 
 
 # ------------------------------------------------------------------- the simulation
@@ -823,8 +866,8 @@ def _records(steps, P, tptr, p_of_b, bloc, nct, nfct, bundle, pipelining, granul
     ep = eptr.tolist()
     nl_l, nvt_l, nct_l = nl.tolist(), p_cnt.tolist(), nct.tolist()
     block = RowBlock(c)
-    return [TileSchedule(block, (bounds[j], bounds[j + 1]), rp_all[ep[j]:ep[j + 1]],
-                         lp_all[ep[j]:ep[j + 1]], nl_l[j], nvt_l[j], granule, nct_l[j])
+    return [make_schedule(block, (bounds[j], bounds[j + 1]), rp_all[ep[j]:ep[j + 1]],
+                          lp_all[ep[j]:ep[j + 1]], nl_l[j], nvt_l[j], granule, nct_l[j])
             for j in range(P)]
 
 

@@ -194,14 +194,14 @@ class PatternStore:
 
     def _schedules(self, block, spans, js):
         """TileSchedules of patterns ``js``, rows ``spans`` of ``block``."""
-        from .bucket import TileSchedule
+        from .bucket import make_schedule
         a = self._a
         pa = a["ptr_at"].tolist()
         rp, lp = a["row_ptr"], a["launch_ptr"]
         nl, nvt, nct = a["nlaunch"].tolist(), a["nvt"].tolist(), a["nct"].tolist()
         g = self.tunables[2]
-        return [TileSchedule(block, sp, rp[pa[j]:pa[j + 1]], lp[pa[j]:pa[j + 1]], nl[j],
-                             nvt[j], g, nct[j]) for sp, j in zip(spans, js)]
+        return [make_schedule(block, sp, rp[pa[j]:pa[j + 1]], lp[pa[j]:pa[j + 1]], nl[j],
+                              nvt[j], g, nct[j]) for sp, j in zip(spans, js)]
 
     def _whole(self, js):
         """Patterns ``js`` as spans of the file's whole row block (shared by all hits)."""

@@ -299,8 +299,8 @@ def _cache_put(analysis, key, sched) -> None:
 # ------------------------------------------------------------------------ the builder
 
 def _front_patterns(fs, tile, bundle, pipelining, granule, dense=None):
-    """Tile schedule of every front (shared between equal patterns); None: nothing
-    to factorize, or a dense front (``dense`` mask)."""
+    """The distinct tile schedules and each front's (-1: nothing to factorize, or a
+    dense front, ``dense`` mask)."""
     nf = fs.nfronts
     nfact = np.minimum(fs.fm, fs.fn).astype(np.int64)
     b, tptr = bucket.many_tile_buckets(fs.fm, fs.fn, nfact, fs.stair, fs.col_ptr, tile)
@@ -310,12 +310,11 @@ def _front_patterns(fs, tile, bundle, pipelining, granule, dense=None):
     if dense is not None:
         tiled &= ~dense
     fac = np.flatnonzero(tiled)
-    got = bucket.front_schedules(b, tptr, nct, nfct, fac, bundle=bundle,
-                                 pipelining=pipelining, granule=granule)
-    scheds = [None] * nf
-    for f, s in zip(fac.tolist(), got):
-        scheds[f] = s
-    return scheds, nfact
+    uniq, which = bucket.front_patterns(b, tptr, nct, nfct, fac, bundle=bundle,
+                                        pipelining=pipelining, granule=granule)
+    pat_of = np.full(nf, -1, dtype=np.int64)
+    pat_of[fac] = which
+    return uniq, pat_of, nfact
 
 
 def _tail_lengths(fs, nl):
@@ -327,6 +326,18 @@ def _tail_lengths(fs, nl):
         p = parent[f]
         tail[f] = nl[f] + 1 + (tail[p] if p >= 0 else 0)
     return tail
+
+
+def _path_sums(parent, w):
+    """``sum of w`` over the path from every front to its root (pointer jumping)."""
+    s = np.asarray(w, dtype=np.int64).copy()
+    up = np.asarray(parent, dtype=np.int64).copy()
+    while True:
+        has = up >= 0
+        if not has.any():
+            return s
+        s[has] += s[up[has]]
+        up[has] = up[up[has]]
 
 
 def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_BUNDLE,
@@ -408,15 +419,18 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
     fs = analysis.fronts
     nf = fs.nfronts
     dense = dense_front_mask(analysis, dense_flops)
-    scheds, nfact = _front_patterns(fs, tile, bundle, pipelining, granule, dense)
-    uniq = {}
-    for s in scheds:
-        if s is not None and id(s) not in uniq:
-            uniq[id(s)] = s
-    ctx = _Templates(list(uniq.values()), fs, nfact, tile)
-    pat_of = np.array([ctx.index[id(s)] if s is not None else -1 for s in scheds],
-                      dtype=np.int64)
-    nl = [s.nlaunch if s is not None else 0 for s in scheds]
+    uniq, pat_of, nfact = _front_patterns(fs, tile, bundle, pipelining, granule, dense)
+    ctx = _Templates(uniq, fs, nfact, tile)
+    has = pat_of >= 0
+    pat = np.maximum(pat_of, 0)
+    # every pattern's row and record pointers end to end (nlaunch + 1 entries each)
+    p_nl = np.array([u.nlaunch for u in uniq], dtype=np.int64)
+    p_nvt = np.array([u.nvt for u in uniq], dtype=np.int64)
+    p_ptr = np.zeros(len(uniq) + 1, dtype=np.int64)
+    np.cumsum(p_nl + 1, out=p_ptr[1:])
+    p_rp = np.concatenate([u.row_ptr for u in uniq]) if uniq else np.zeros(0, np.int64)
+    p_lp = np.concatenate([u.launch_ptr for u in uniq]) if uniq else np.zeros(0, np.int64)
+    nl_a = np.where(has, p_nl[pat] if uniq else 0, 0)
     stage_of = np.zeros(nf, dtype=np.int64)
     for sid, (a, b) in enumerate(plan.stages):
         stage_of[a:b + 1] = sid
@@ -424,23 +438,26 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
     # (none when no parent packs it in this stage: the stage's end waits for it)
     defer = dense_defer(nfact, dense_cpl)
     par_a = fs.parent
-    for f in np.flatnonzero(dense).tolist():
-        p = int(par_a[f])
-        nl[f] = int(defer[f]) if p >= 0 and stage_of[p] == stage_of[f] else 0
-    nvt = np.array([s.nvt if s is not None else 0 for s in scheds], dtype=np.int64)
+    dfr_all = np.flatnonzero(dense)
+    if len(dfr_all):
+        p = par_a[dfr_all]
+        own = (p >= 0) & (stage_of[np.maximum(p, 0)] == stage_of[dfr_all])
+        nl_a[dfr_all] = np.where(own, defer[dfr_all], 0)
+    nl = nl_a.tolist()
+    nvt = np.where(has, p_nvt[pat] if uniq else 0, 0)
     tt = tile * tile
     vt_base = np.zeros(nf, dtype=np.int64)
     if nf:
         vt_base[1:] = np.cumsum(nvt)[:-1] * tt
     ctx.vt_base = vt_base
-    tail = _tail_lengths(fs, nl)
-    crit = max(tail) + 1 if nf else 0
+    crit = int((_path_sums(par_a, nl_a + 1)).max()) + 1 if nf else 0
     # per-step task counts of every front (for the launch limit)
-    counts = None
+    counts = tail = None
     if max_tasks is not None:
-        per_pat = {k: np.diff(u.launch_ptr).tolist() for k, u in uniq.items()}
-        counts = [per_pat[id(s)] if s is not None else [0] * nl[f]
-                  for f, s in enumerate(scheds)]
+        tail = _tail_lengths(fs, nl)
+        per_pat = [np.diff(u.launch_ptr).tolist() for u in uniq]
+        counts = [per_pat[k] if k >= 0 else [0] * nl[f]
+                  for f, k in enumerate(pat_of.tolist())]
     parent = fs.parent.tolist()
     chp, ch = fs.child_ptr.tolist(), fs.children.tolist()
     fn_l, fp_l = fs.fn.tolist(), fs.fp.tolist()
@@ -457,7 +474,7 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
         foff[first:last + 1] = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         pool = int(sizes.sum())
         carried = {}
-        for f in members:
+        for f in (members if sid else ()):      # the first stage carries nothing
             for c in ch[chp[f]:chp[f + 1]]:
                 if stage_of_l[c] < sid:
                     carried[c] = pool
@@ -480,26 +497,23 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
                           np.max(pack_a + 1, initial=0), np.max(asm_a + 1, initial=0)))
         finish = dict(zip(range(first, last + 1), fin_a.tolist()))
         # ---- factorization blocks: (front, local step) -> global launch -------------
-        fac = [f for f in members if nl[f] and scheds[f] is not None]
-        if fac:
-            fa = np.array(fac, dtype=np.int64)
-            nlf = np.array([nl[f] for f in fac], dtype=np.int64)
+        fa = np.flatnonzero((nl_a[first:last + 1] > 0) & has[first:last + 1]) + first
+        if len(fa):
+            fac = fa.tolist()
+            nlf = nl_a[fa]
             blk_front = np.repeat(fa, nlf)
-            rp = np.concatenate([scheds[f].row_ptr for f in fac])
-            lp = np.concatenate([scheds[f].launch_ptr for f in fac])
             # local step k of front f: rows [rp[k], rp[k+1]) of its pattern
-            ptr = np.zeros(len(fac) + 1, dtype=np.int64)
-            np.cumsum(nlf + 1, out=ptr[1:])
             k_of = np.arange(len(blk_front)) - np.repeat(np.cumsum(nlf) - nlf, nlf)
             if step_launch is None:     # a front's steps run in consecutive launches
                 blk_L = np.repeat(asm_a[fa - first] + 1, nlf) + k_of
             else:
                 blk_L = np.concatenate([np.asarray(step_launch[f], dtype=np.int64)
                                         for f in fac])
-            at = np.repeat(ptr[:-1], nlf) + k_of
-            blk_rstart = ctx.base[pat_of[blk_front]] + rp[at]
-            blk_rlen = rp[at + 1] - rp[at]
-            blk_len = lp[at + 1] - lp[at]
+            bp = pat_of[blk_front]
+            at = p_ptr[bp] + k_of
+            blk_rstart = ctx.base[bp] + p_rp[at]
+            blk_rlen = p_rp[at + 1] - p_rp[at]
+            blk_len = p_lp[at + 1] - p_lp[at]
             o = np.argsort(blk_L, kind="stable")
             blk = (blk_L[o], blk_rstart[o], blk_rlen[o], blk_len[o], blk_front[o])
         else:
