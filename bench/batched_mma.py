@@ -2,16 +2,18 @@
 """Blocked LU on the FP64 tensor cores (kernels/batched_mma.cu) against the
 row-per-lane warp kernel (kernels/batched_lu.cu), n = 16/24/32, float64.
 
-    python3 bench/batched_mma.py [--json out.json] [--sizes 32,24,16] [--opt -DX=Y ...]
+    python3 bench/batched_mma.py [--json out.json] [--sizes 32,24,16] [--opt -DX=Y ...] [--tiny]
+    ncu ... python3 bench/batched_mma.py --profile
 
 Per n: the ``getrf_mma<double, n>`` kernel is compiled (with ``--opt``
 NVRTC options, e.g. a register cap), checked against LAPACK on fresh random,
-exactly singular and non-finite batches (outputs poisoned first, two launch
-configurations), then timed on 2**20 matrices over (threads per block,
-stages) next to the library's ``getrf`` (the warp kernel at its default
-configuration) in the same run: device time, CUDA events after warm-up,
-median of 5, the GPU kept busy by copies enqueued just before
-(bench/batched.py's Timer).
+exactly singular, tied and non-finite batches (outputs poisoned first, three
+launch configurations, one with 8-byte aligned pointers), then timed on 2**20
+matrices over (threads per block, stages) next to the row-per-lane kernel
+(``getrf(kernel='warp')``) and the library default in the same run: device
+time, CUDA events after warm-up, median of 5, the GPU kept busy by copies
+enqueued just before (bench/batched.py's Timer). ``--tiny``: the n = 2 LU
+with the persistent grid against one matrix per thread, and cuBLAS.
 """
 
 from __future__ import annotations
@@ -140,9 +142,18 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="32,24,16")
     ap.add_argument("--opt", action="append", default=[], help="NVRTC option for the kernel")
     ap.add_argument("--tiny", action="store_true", help="also n = 2: launch grids")
+    ap.add_argument("--profile", action="store_true",
+                    help="only one LU of 2**16 matrices of order 32 by each kernel "
+                    "(mma, then warp): the launches for ncu")
     args = ap.parse_args(argv)
     import cupy as cp
     from scipy_gpuqr import _batched_gpu as bg
+    if args.profile:
+        a = cp.random.default_rng(1).standard_normal((1 << 16, 32, 32))
+        for kernel in ("mma", "warp"):
+            bg.getrf(a, kernel=kernel)
+        cp.cuda.Device().synchronize()
+        return 0
     rng = np.random.default_rng(5)
     timer = Timer(cp)
     rows = []

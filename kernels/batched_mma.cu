@@ -3,11 +3,14 @@
 // updates on the FP64 tensor cores (mma.m8n8k4.f64, sm_80+).
 //
 // Why: the row-per-lane kernels of batched_lu.cu broadcast the whole pivot
-// row to every lane at every column (sum over k of (N - k) doubles per lane):
-// at N = 32 that traffic through the shared-memory / shuffle datapath (one
-// 32-bit register per lane per cycle per SM) is about twice the DRAM time.
+// row to every lane at every column (sum over k of (N - k) doubles per lane)
+// and, at 128 registers, run 16 warps per SM that mostly wait on that chain.
 // Here a lane receives only the 7 other entries of the pivot row inside the
-// 8-column panel; the rest of the matrix is updated once per panel by DMMA.
+// 8-column panel, the rest of the matrix is updated once per panel by DMMA,
+// and 80 registers give 24 warps per SM (H200, n = 32: 7.9 ms against 8.85;
+// issue-bound now, bench/RESULTS.md issue 7). Used for N = 32 only (MMA_SIZES
+// in scipy_gpuqr/_batched_variants.py): at 16 and 24 the row-per-lane kernels
+// are faster.
 //
 // The matrix stays in shared memory (a swizzled tile, below) while it is
 // factorized; per panel p (columns 8p .. 8p + 7):
