@@ -159,11 +159,12 @@ class StageSchedule:
         :data:`CHUNK_LAUNCHES` launches or :data:`CHUNK` records (a launch
         larger than that alone)."""
         lp = self.launch_ptr.tolist()
+        nlaunch = len(lp) - 1
         out = []
         L0, want = 0, 1
-        while L0 < self.nlaunch:
+        while L0 < nlaunch:
             L1 = L0 + 1
-            while L1 < self.nlaunch and L1 - L0 < want and lp[L1 + 1] - lp[L0] <= CHUNK:
+            while L1 < nlaunch and L1 - L0 < want and lp[L1 + 1] - lp[L0] <= CHUNK:
                 L1 += 1
             out.append((L0, L1))
             L0, want = L1, min(2 * want, CHUNK_LAUNCHES)
@@ -450,7 +451,9 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
     if nf:
         vt_base[1:] = np.cumsum(nvt)[:-1] * tt
     ctx.vt_base = vt_base
-    crit = int((_path_sums(par_a, nl_a + 1)).max()) + 1 if nf else 0
+    path = _path_sums(par_a, nl_a + 1)
+    crit = int(path.max()) + 1 if nf else 0
+    fd = _first_descendants(fs) if max_tasks is None else None
     # per-step task counts of every front (for the launch limit)
     counts = tail = None
     if max_tasks is not None:
@@ -480,7 +483,7 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
                     carried[c] = pool
                     pool += cm_l[c] * (fn_l[c] - fp_l[c])
         if max_tasks is None:
-            asm_a, fin_a = _state_machine_unlimited(first, last, sid, ch, chp, stage_of_l, nl)
+            asm_a, fin_a = _state_machine_unlimited(first, last, fd, path, nl_a)
             step_launch = None
         else:
             step_launch, finish, asm_launch, _ = _state_machine(
@@ -549,30 +552,47 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
                           dense=dense_global)
 
 
-def _state_machine_unlimited(first, last, sid, ch, chp, stage_of, nl):
+def _first_descendants(fs) -> np.ndarray:
+    """First front of every front's subtree (postorder: the subtree of f is
+    ``fd[f] … f``), by pointer jumping along first children."""
+    nf = fs.nfronts
+    chp = np.asarray(fs.child_ptr, dtype=np.int64)
+    nch = np.diff(chp)
+    jump = np.arange(nf, dtype=np.int64)
+    has = nch > 0
+    if has.any():
+        jump[has] = np.minimum.reduceat(np.asarray(fs.children, dtype=np.int64),
+                                        chp[:-1][has])
+    while True:
+        nxt = jump[jump]
+        if np.array_equal(nxt, jump):
+            return jump
+        jump = nxt
+
+
+def _state_machine_unlimited(first, last, fd, path, nl_a):
     """:func:`_state_machine` without a launch limit, in closed form (postorder).
 
     Every front that can make progress does, so a front assembles in the
     launch after its last in-stage child's last step (launch 0 for the
     stage's leaves), runs its ``nl`` steps in the launches right after its
     assembly, and is packed into its parent in the launch after its last
-    step. Returns the assembly launch and the last step's launch of every
+    step: its last step is ``max (path[d] - path[f]) + nl[f]`` over the
+    in-stage fronts d of its subtree (``path``: sums of ``nl + 1`` from every
+    front to its root; the subtree of f in the stage is ``max(fd[f], first) …
+    f``). Returns the assembly launch and the last step's launch of every
     front of the stage (int64 arrays, stage order).
     """
-    n = last - first + 1
-    asm = [0] * n
-    fin = [0] * n
-    for i in range(n):
-        f = first + i
-        a = 0
-        for c in ch[chp[f]:chp[f + 1]]:
-            if stage_of[c] == sid:
-                e = fin[c - first] + 1
-                if e > a:
-                    a = e
-        asm[i] = a
-        fin[i] = a + nl[f]
-    return np.array(asm, dtype=np.int64), np.array(fin, dtype=np.int64)
+    f = np.arange(first, last + 1, dtype=np.int64)
+    lo = np.maximum(fd[first:last + 1], first) - first
+    v = np.append(path[first:last + 1], 0)
+    # max over v[lo:f+1] of every front: reduceat over the pairs (lo, f+1)
+    idx = np.empty(2 * len(f), dtype=np.int64)
+    idx[0::2] = lo
+    idx[1::2] = f - first + 1
+    top = np.maximum.reduceat(v, idx)[0::2] if len(f) else np.zeros(0, np.int64)
+    fin = top - path[first:last + 1] + nl_a[first:last + 1]
+    return fin - nl_a[first:last + 1], fin
 
 
 def _state_machine(members, first, last, sid, ch, chp, parent, stage_of, nl, tail, counts,
