@@ -22,6 +22,10 @@ Method (two orthogonal factorizations, both backward stable):
 2. **Minimum norm** (:meth:`DenseCOD.solve`): the live rows ``S = [R11 R12]``
    (r×q, R11 upper triangular) are factored again, ``Sᵀ = Q₂ R₂``, and
    ``y = Q₂ R₂⁻ᵀ (Zᵀ c)[:r]`` is the minimum-norm solution of ``S y = (Zᵀc)[:r]``.
+   This QR is done on first use (:meth:`DenseCOD.sigma_min_estimate` or
+   :meth:`DenseCOD.solve`), so a caller that learns from step 1 alone
+   (:attr:`DenseCOD.dropped_max`: a dropped part near ``tol`` means no gap)
+   can go elsewhere without paying for it.
 """
 
 from __future__ import annotations
@@ -107,12 +111,14 @@ def _larft(V: np.ndarray, tau: np.ndarray) -> np.ndarray:
     return T
 
 
-def _factor_panel(P: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _factor_panel(P: np.ndarray, tol: float,
+                  dropped: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Heath's rule on one host panel, in place.
 
     Returns ``(live, V, tau)``: the panel's live columns (bool), the
     reflectors (rows × nlive) and their τ. On return ``P`` holds the R part
-    (live column i has its pivot at row i) and zeros below it.
+    (live column i has its pivot at row i) and zeros below it. ``dropped``
+    (optional) receives the 2-norm of each dead column's dropped part.
     """
     rows, w = P.shape
     live = np.zeros(w, dtype=bool)
@@ -123,8 +129,11 @@ def _factor_panel(P: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray, np
         if p >= rows:
             break                           # no row left: the rest is dead
         x = P[p:, j]
-        if np.linalg.norm(x) <= tol:
+        nx = float(np.linalg.norm(x))
+        if nx <= tol:
             P[p:, j] = 0.0
+            if dropped is not None:
+                dropped.append(nx)
             continue
         v, t, beta = _householder(x.copy())
         if j + 1 < w and t != 0.0:
@@ -139,7 +148,8 @@ def _factor_panel(P: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray, np
     return live, V[:, :p], tau[:p]
 
 
-def heath_qr(G, tol: float, *, upper: bool = False, panel: int = PANEL):
+def heath_qr(G, tol: float, *, upper: bool = False, panel: int = PANEL,
+             dropped: list | None = None):
     """Blocked QR of ``G`` (k×q, NumPy or CuPy) with Heath's dead-column rule, in place.
 
     Parameters
@@ -154,6 +164,10 @@ def heath_qr(G, tol: float, *, upper: bool = False, panel: int = PANEL):
         and are skipped).
     panel : int
         Columns per panel.
+    dropped : list, optional
+        Receives the 2-norm of each dead column's dropped part (columns that
+        meet no row left are not listed: their dropped part is the column
+        below the last row, zero for upper triangular G).
 
     Returns
     -------
@@ -176,7 +190,7 @@ def heath_qr(G, tol: float, *, upper: bool = False, panel: int = PANEL):
                 break
             continue                        # no remaining rows: dead columns
         P = _to_host(G[p:rend, c:c1]).astype(np.float64, copy=True)
-        lv, V, tau = _factor_panel(P, tol)
+        lv, V, tau = _factor_panel(P, tol, dropped)
         G[p:rend, c:c1] = xp.asarray(P)
         live[c:c1] = lv
         nlive = V.shape[1]
@@ -243,20 +257,30 @@ class DenseCOD:
     upper: bool = False
     rank: int = field(init=False, default=0)
     live: np.ndarray = field(init=False, default=None, repr=False)
+    dropped_max: float = field(init=False, default=0.0)
     _blocks: list = field(init=False, default_factory=list, repr=False)
-    _second: tuple = field(init=False, default=None, repr=False)
+    _second_qr: tuple = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
-        self.live, self._blocks, self.rank = heath_qr(self.G, self.tol, upper=self.upper)
-        xp = _xp_of(self.G)
-        r, q = self.rank, self.G.shape[1]
-        S = self.G[:r]
-        if r < q:
-            Q2, R2 = xp.linalg.qr(S.T, mode="reduced")
-            self._second = ("qr", Q2, R2)
-        else:
-            self._second = ("triangular", None, S)
-        self.G = None
+        dropped: list = []
+        self.live, self._blocks, self.rank = heath_qr(self.G, self.tol, upper=self.upper,
+                                                      dropped=dropped)
+        self.dropped_max = max(dropped, default=0.0)
+
+    @property
+    def _second(self) -> tuple:
+        """The live rows' factorization (step 2), computed on first use."""
+        if self._second_qr is None:
+            xp = _xp_of(self.G)
+            r, q = self.rank, self.G.shape[1]
+            S = self.G[:r]
+            if r < q:
+                Q2, R2 = xp.linalg.qr(S.T, mode="reduced")
+                self._second_qr = ("qr", Q2, R2)
+            else:
+                self._second_qr = ("triangular", None, S)
+            self.G = None
+        return self._second_qr
 
     def sigma_min_estimate(self, iterations: int = 30) -> float:
         """σ_min of the live rows S by inverse iteration with its triangular factor."""

@@ -119,3 +119,130 @@ def test_heath_failure_falls_back_to_svd(monkeypatch):
     U, sv, Vt = np.linalg.svd(K)
     x_ref = Vt[:-1].T @ ((U[:, :-1].T @ b) / sv[:-1, None])
     assert np.linalg.norm(solver.solve(b) - x_ref) <= 1e-8 * np.linalg.norm(x_ref)
+
+
+# -- no gap at the cutoff: the host's subspace rank decision (issue 2) ------------
+
+def _gapless(rng, m, n, lo, cluster=False):
+    """Singular values 1 .. 10^lo, geometric (no gap); ``cluster``: 30 of them
+    scattered within ±3 % of lstsq's cutoff."""
+    k = min(m, n)
+    U, _ = np.linalg.qr(rng.standard_normal((m, k)))
+    V, _ = np.linalg.qr(rng.standard_normal((n, k)))
+    s = np.logspace(0, lo, k)
+    if cluster:
+        cut = EPS * max(m, n)
+        k = int(np.searchsorted(-s, -cut))
+        s[k - 15:k + 15] = cut * (1 + 0.03 * rng.uniform(-1, 1, 30))
+        s = np.sort(s)[::-1]
+    return (U * s) @ V.T
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("cluster", [False, True])
+def test_subspace_cod_is_the_truncated_svd(rng, transposed, cluster):
+    """SubspaceCOD's rank, singular values and minimum-norm solution are the
+    truncated SVD's of the same G (R or Rᵀ); a small first block must grow."""
+    from scipy_gpuqr._subspace_cod import SubspaceCOD
+    m, n = 480, 400
+    R = np.linalg.qr(_gapless(rng, m, n, -13.5, cluster), mode="r")
+    G = R.T if transposed else R
+    U, s, Vt = np.linalg.svd(G)
+    tol = EPS * m * s[0]
+    r = int(np.count_nonzero(s > tol))
+    assert 0 < n - r < 40
+    cod = SubspaceCOD(R.copy(), tol, transposed=transposed, block=8)
+    assert cod.block_used > 8
+    # both are computed to about eps·σ_max absolute (0.2 % of this cutoff): only
+    # values that close to the cutoff may be counted differently
+    band = int(np.count_nonzero(np.abs(s - tol) <= 10 * EPS * s[0]))
+    assert abs(cod.rank - r) <= band and (cluster or band == 0)
+    np.testing.assert_allclose(cod.ritz[:n - r], s[r:][::-1], rtol=0, atol=10 * EPS * s[0])
+    C = rng.standard_normal((n, 2))
+    Y = cod.solve(C)
+    Y_ref = Vt[:r].T @ ((U[:, :r].T @ C) / s[:r, None])
+    if not cluster:
+        assert np.linalg.norm(Y - Y_ref) <= 1e-7 * np.linalg.norm(Y_ref)
+    else:
+        # singular vectors 0.1 % apart at the cutoff are determined only to about
+        # eps·σ_max / (their gap): SVDs of G and Gᵀ differ by 30 % here
+        for c in range(2):
+            assert _ls_berr(G, Y[:, c], C[:, c]) <= 10 * _ls_berr(G, Y_ref[:, c], C[:, c])
+
+
+def _ls_berr(A, x, b):
+    r = b - A @ x
+    return np.linalg.norm(A.T @ r) / (np.linalg.norm(A, 2) * np.linalg.norm(r))
+
+
+@pytest.mark.parametrize("m,n", [(520, 400), (400, 400), (300, 420)])
+def test_gapless_rank_is_lstsq_rank_on_the_host(rng, monkeypatch, m, n):
+    """Beyond the host's SVD limit, no gap at the cutoff: lsqr's rank is lstsq's,
+    ‖x‖ agrees, the backward error is lstsq's order and the rank is revealed."""
+    from scipy_gpuqr import QRFactorization
+    monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 10)
+    monkeypatch.setattr(_lstsq, "SVD_FALLBACK_LIMIT", {"cpu": 10, "gpu": 10})
+    A = _gapless(rng, m, n, -13.5)
+    b = rng.standard_normal(m)
+    x_ref, _, rank, s = np.linalg.lstsq(A, b, rcond=None)
+    cut = EPS * max(m, n) * s[0]
+    # no singular value within 0.5 % of the cutoff: the rank is not a rounding call
+    assert np.min(np.abs(s / cut - 1)) > 5e-3
+    F = QRFactorization(sp.csc_array(A))
+    x = F.solve(b)
+    dec = F.info["rank_decision"]
+    assert dec["method"] == "subspace_cod" and dec["rank_revealed"], dec
+    assert F.rank == rank < min(m, n)
+    nx, nref = np.linalg.norm(x), np.linalg.norm(x_ref)
+    assert abs(nx - nref) <= 1e-2 * nref
+    assert _ls_berr(A, x, b) <= 10 * _ls_berr(A, x_ref, b)
+
+
+def test_gapless_clustered_rank_within_the_rounding_band(rng, monkeypatch):
+    """Singular values clustered within ±3 % of the cutoff: the rank differs from
+    lstsq's at most by the number of singular values within 0.1 % of the cutoff
+    (where rounding of A vs. R decides), and equals the SVD count of R itself."""
+    monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 10)
+    monkeypatch.setattr(_lstsq, "SVD_FALLBACK_LIMIT", {"cpu": 10, "gpu": 10})
+    m, n = 480, 400
+    A = _gapless(rng, m, n, -13.5, cluster=True)
+    b = rng.standard_normal(m)
+    x_ref, _, rank, s = np.linalg.lstsq(A, b, rcond=None)
+    Q, R = np.linalg.qr(A)
+    solver = _lstsq.MinNormSolver(sp.csc_array(R), EPS * m, factorize=lambda *a, **k: None)
+    assert solver.method == "subspace_cod" and solver.revealed
+    band = int(np.count_nonzero(np.abs(s / (EPS * m * s[0]) - 1) <= 1e-3))
+    assert abs(solver.rank - rank) <= band
+    sR = np.linalg.svd(R, compute_uv=False)
+    assert solver.rank == int(np.count_nonzero(sR > EPS * m * sR[0]))
+    x = solver.solve(Q.T @ b)[:, 0]
+    assert _ls_berr(A, x, b) <= 10 * _ls_berr(A, x_ref, b)
+
+
+def test_kahan_rank_without_svd(monkeypatch):
+    """Kahan's matrix beyond the host's SVD limit: the subspace decides (n − 1)."""
+    n, c = 90, 0.285
+    s = np.sqrt(1 - c * c)
+    K = np.diag(s ** np.arange(n)) @ (np.eye(n) - c * np.triu(np.ones((n, n)), 1))
+    U, sv, Vt = np.linalg.svd(K)
+    cutoff = 2 * sv[-1] / sv[0]
+    monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 10)
+    monkeypatch.setattr(_lstsq, "SVD_FALLBACK_LIMIT", {"cpu": 10, "gpu": 10})
+    solver = _lstsq.MinNormSolver(sp.csc_array(K), cutoff, factorize=lambda *a, **k: None)
+    assert solver.method == "subspace_cod" and solver.rank == n - 1 and solver.revealed
+    b = np.ones((n, 1))
+    x_ref = Vt[:-1].T @ ((U[:, :-1].T @ b) / sv[:-1, None])
+    assert np.linalg.norm(solver.solve(b) - x_ref) <= 1e-8 * np.linalg.norm(x_ref)
+
+
+def test_subspace_too_large_keeps_heath_rank_unrevealed(rng, monkeypatch):
+    """A block cap below lstsq's nullity: Heath's rank stands and is reported so."""
+    monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 10)
+    monkeypatch.setattr(_lstsq, "SVD_FALLBACK_LIMIT", {"cpu": 10, "gpu": 10})
+    monkeypatch.setattr(_lstsq, "SUBSPACE_BLOCK", 4)
+    monkeypatch.setattr(_lstsq, "SUBSPACE_MAX_BLOCK", 8)
+    m, n = 480, 400
+    R = np.linalg.qr(_gapless(rng, m, n, -13.5), mode="r")
+    solver = _lstsq.MinNormSolver(sp.csc_array(R), EPS * m, factorize=lambda *a, **k: None)
+    assert solver.method == "dense_cod" and not solver.revealed
+    assert not solver.summary()["rank_revealed"]
