@@ -43,13 +43,24 @@ and the GPU idle it implies against the one-shot simulation.
 
 Usage: ``PYTHONPATH=. python3 bench/schedule_build.py [--tiles 32 64] [--repeat 3]``
 or ``PYTHONPATH=. python3 bench/schedule_build.py --first-launch [--repeat 3]
-[--dense-flops off,1e10] [--base DIR] [--lazy-emulation]``
+[--dense-flops off,1e10] [--base DIR [--warm-from CACHE_DIR]] [--lazy-emulation]``
+or ``PYTHONPATH=. python3 bench/schedule_build.py --disk-cache ROUNDS [--dense-flops 1e10]``.
+
+The tile schedules' disk cache (``scipy_gpuqr._schedule.diskcache``) is off in
+every in-process measure (they are cold), except this tree's *warm* variant
+of ``--base`` with ``--warm-from DIR`` (the file read again each round).
+``--disk-cache ROUNDS`` runs each measure in a **new process** (import and
+analysis timed apart), interleaved: disk cache off, fresh (an empty folder:
+every pattern simulated and written) and warm (the folder the fresh process
+wrote); CPU time of the plan, of launch 0's records, of the whole schedule
+(every launch's records in the engine's chunks) and the GPU idle it implies.
 """
 
 import argparse
 import hashlib
 import importlib
 import json
+import os
 import sys
 import time
 
@@ -113,7 +124,17 @@ def _launch_flops(st, tile):
 
 def first_launch(an, tile=32, repeat=3, dense_flops=None):
     """Cold CPU time to launch 0's records and the per-launch GPU wait (tile flops at
-    10 TF/s); minimum over ``repeat`` runs per quantity."""
+    10 TF/s); minimum over ``repeat`` runs per quantity (disk cache off)."""
+    from scipy_gpuqr._schedule import diskcache
+    folder = os.environ.get(diskcache.ENV)
+    os.environ[diskcache.ENV] = "off"
+    try:
+        return _first_launch(an, tile, repeat, dense_flops)
+    finally:
+        os.environ[diskcache.ENV] = folder
+
+
+def _first_launch(an, tile, repeat, dense_flops):
     first, plan = [], []
     cpu = None
     for _ in range(repeat):
@@ -175,29 +196,121 @@ def _digest(s):
 
 
 def interleaved(an, base_dir, rounds, dense_flops=None, tile=32):
-    """Cold plan + launch 0, this tree against ``base_dir/scipy_gpuqr_base``, interleaved."""
+    """Cold plan + launch 0 and the whole schedule (plan + every launch's records,
+    in the engine's chunks), this tree against ``base_dir/scipy_gpuqr_base``,
+    interleaved. This tree runs cold (disk cache off) and, when a disk-cache
+    folder is set, also *warm from disk* (what was read forgotten, the file
+    read again: a new process's path, minus its first-call costs)."""
     sys.path.insert(0, base_dir)
     trees = {"base": (importlib.import_module("scipy_gpuqr_base._schedule.sparse"),
                       importlib.import_module("scipy_gpuqr_base._schedule.bucket")),
              "new": (importlib.import_module("scipy_gpuqr._schedule.sparse"), bucket)}
+    from scipy_gpuqr._schedule import diskcache
+    folder = os.environ.get(diskcache.ENV, "")
+    warm = bool(folder) and folder.lower() not in ("0", "off", "no", "false", "none")
 
-    def cold(name):
+    def run(name, disk):
         sp_, bk = trees[name]
+        os.environ[diskcache.ENV] = folder if disk else "off"
         sp_.clear_schedule_cache(an)
         bk.clear_cache()
         t0 = time.process_time()
         s = sp_.build_schedule(an, tile=tile, cache=False, lazy=True, dense_flops=dense_flops)
         s.stages[0].launch_tasks(0)
-        return time.process_time() - t0, s
+        t1 = time.process_time()
+        if hasattr(s, "iter_launches"):
+            for _ in s.iter_launches(prefetch=False):
+                pass
+        else:
+            s.materialize()
+        return t1 - t0, time.process_time() - t0, s
 
-    got = {"base": [], "new": []}
+    modes = [("base", False), ("new", False)] + ([("new", True)] if warm else [])
+    if warm:
+        run("new", True)                # fill the disk cache
+    got = {m: ([], []) for m in modes}
     for r in range(rounds):
-        for name in (("base", "new") if r % 2 == 0 else ("new", "base")):
-            got[name].append(cold(name)[0])
-    same = _digest(cold("base")[1]) == _digest(cold("new")[1])
-    return {"dense_flops": dense_flops, "records_identical": same, "rounds": rounds,
-            **{f"{k}_min_s": min(v) for k, v in got.items()},
-            **{f"{k}_median_s": float(np.median(v)) for k, v in got.items()}}
+        for m in (modes if r % 2 == 0 else modes[::-1]):
+            a, b, _ = run(*m)
+            got[m][0].append(a)
+            got[m][1].append(b)
+    digests = {m: _digest(run(*m)[2]) for m in modes}
+    os.environ[diskcache.ENV] = folder or "off"
+    out = {"dense_flops": dense_flops, "rounds": rounds,
+           "records_identical": len(set(digests.values())) == 1}
+    for m, (first, whole) in got.items():
+        tag = m[0] + ("_disk" if m[1] else "")
+        out[f"{tag}_first_min_s"] = min(first)
+        out[f"{tag}_first_median_s"] = float(np.median(first))
+        out[f"{tag}_whole_min_s"] = min(whole)
+        out[f"{tag}_whole_median_s"] = float(np.median(whole))
+    return out
+
+
+def fresh_process(problem, dense_flops, tile=32):
+    """One new process's schedule (the ``--child`` mode): CPU seconds of the plan,
+    of launch 0's records and of every launch's records (the engine's chunks),
+    the analysis timed apart, and the GPU idle the CPU implies (keeping ahead)."""
+    import scipy_gpuqr._schedule.sparse as sp_
+    A = _PROBLEMS[problem]()
+    t0 = time.process_time()
+    an = analyze(A)
+    ta = time.process_time() - t0
+    t0 = time.process_time()
+    s = sp_.build_schedule(an, tile=tile, cache=False, lazy=True, dense_flops=dense_flops)
+    plan = time.process_time() - t0
+    times = []
+    prev = time.process_time()
+    for _ in s.iter_launches(prefetch=False):
+        now = time.process_time()
+        times.append(now - prev)
+        prev = now
+    cpu = np.asarray(times)
+    gpu = np.concatenate([_launch_flops(st, tile) for st in s.stages if st.nlaunch]) / RATE
+    for f, L in s.dense.items():
+        gpu[L] += float(an.front_flops[f]) / RATE
+    behind = plan + np.cumsum(cpu) - np.concatenate(([0.0], np.cumsum(gpu)[:-1]))
+    return {"problem": problem, "dense_flops": dense_flops, "analysis_s": ta, "plan_s": plan,
+            "first_launch_s": plan + float(cpu[0]), "whole_s": plan + float(cpu.sum()),
+            "gpu_s_at_10TF": float(gpu.sum()),
+            "gpu_idle_keeping_ahead_s": float(max(behind.max(initial=0), 0.0)),
+            "digest": _digest(s)}
+
+
+def disk_cache_processes(rounds, dense=(None,)):
+    """Fresh processes, interleaved: disk cache off (cold), fresh (empty folder:
+    simulated and written) and warm (the folder the fresh one wrote)."""
+    import subprocess
+    import tempfile
+    rows = []
+    for problem in _PROBLEMS:
+        for d in dense:
+            got = {"off": [], "fresh": [], "warm": []}
+            with tempfile.TemporaryDirectory() as tmp:
+                for r in range(rounds):
+                    folder = os.path.join(tmp, f"r{r}")
+                    order = ("off", "fresh", "warm") if r % 2 == 0 else ("fresh", "warm", "off")
+                    for mode in order:
+                        env = dict(os.environ)
+                        from scipy_gpuqr._schedule import diskcache
+                        env[diskcache.ENV] = "off" if mode == "off" else folder
+                        out = subprocess.run(
+                            [sys.executable, __file__, "--child", problem,
+                             "off" if d is None else repr(d)],
+                            env=env, capture_output=True, text=True, check=True).stdout
+                        got[mode].append(json.loads(out.strip().splitlines()[-1]))
+            row = {"problem": problem, "dense_flops": d, "rounds": rounds,
+                   "records_identical": len({x["digest"] for v in got.values()
+                                             for x in v}) == 1,
+                   "gpu_s_at_10TF": got["off"][0]["gpu_s_at_10TF"]}
+            for mode, v in got.items():
+                for q in ("plan_s", "first_launch_s", "whole_s", "gpu_idle_keeping_ahead_s"):
+                    x = [e[q] for e in v]
+                    row[f"{mode}_{q[:-2]}_min_s"] = min(x)
+                    row[f"{mode}_{q[:-2]}_median_s"] = float(np.median(x))
+            print(json.dumps(row))
+            rows.append(row)
+    return rows
 
 
 def lazy_emulation(an, dense_flops=None, tile=32, bundle=3, granule=16, growth=2.0):
@@ -273,9 +386,12 @@ def lazy_emulation(an, dense_flops=None, tile=32, bundle=3, granule=16, growth=2
             "gpu_s_to_launch_200": float(gpu_before[min(200, len(gpu_before) - 1)])}
 
 
+_PROBLEMS = {"ch7-8-b3": lambda: chessboard_boundary(7, 8, 3),
+             "grid3d 40 (LS)": lambda: grid3d_least_squares(40)}
+
+
 def main_first_launch(repeat, dense=(None,), base=None, rounds=9, emulate=False):
-    for name, make in (("ch7-8-b3", lambda: chessboard_boundary(7, 8, 3)),
-                       ("grid3d 40 (LS)", lambda: grid3d_least_squares(40))):
+    for name, make in _PROBLEMS.items():
         A = make()
         t0 = time.process_time()
         an = analyze(A)
@@ -305,9 +421,25 @@ def main():
     ap.add_argument("--rounds", type=int, default=9, help="--base: interleaved rounds")
     ap.add_argument("--lazy-emulation", action="store_true",
                     help="--first-launch: replay a lazy plan's bucket simulations")
+    ap.add_argument("--disk-cache", type=int, metavar="ROUNDS",
+                    help="fresh processes with the tile schedules' disk cache off, fresh "
+                    "and warm (ch7-8-b3, grid 40^3; --dense-flops), interleaved")
+    ap.add_argument("--child", nargs=2, metavar=("PROBLEM", "DENSE"), help=argparse.SUPPRESS)
+    ap.add_argument("--warm-from", metavar="DIR",
+                    help="--base: also time this tree warm from the disk cache in DIR")
     a = ap.parse_args()
+    dense = [None if x == "off" else float(x) for x in a.dense_flops.split(",") if x]
+    if a.child:                 # the disk cache as the parent set it
+        print(json.dumps(fresh_process(a.child[0], None if a.child[1] == "off"
+                                       else float(a.child[1]))))
+        return
+    from scipy_gpuqr._schedule import diskcache
+    # the in-process measures are cold: never the user's disk cache
+    os.environ[diskcache.ENV] = a.warm_from if (a.warm_from and a.base) else "off"
+    if a.disk_cache:
+        disk_cache_processes(a.disk_cache, dense)
+        return
     if a.first_launch:
-        dense = [None if x == "off" else float(x) for x in a.dense_flops.split(",") if x]
         main_first_launch(a.repeat, dense, a.base, a.rounds, a.lazy_emulation)
         return
     t0 = time.process_time()

@@ -448,10 +448,14 @@ def tile_schedules(patterns, *, bundle: int = DEFAULT_BUNDLE, pipelining: bool =
         One per pattern (equal patterns give the same object).
     """
     check_tunables(bundle, granule)
-    tun = (int(bundle), bool(pipelining), int(granule))
-    pats = [(np.ascontiguousarray(b, dtype=np.int32), int(nct), int(nfct))
+    keys = [(np.ascontiguousarray(b, dtype=np.int32).tobytes(), int(nct), int(nfct))
             for b, nct, nfct in patterns]
-    keys = [(b.tobytes(), nct, nfct) for b, nct, nfct in pats]
+    return _schedules_of_keys(keys, (int(bundle), bool(pipelining), int(granule)), use_disk)
+
+
+def _schedules_of_keys(keys, tun, use_disk: bool = True) -> list:
+    """:func:`tile_schedules` of patterns given as keys ``(buckets as int32 bytes,
+    nct, nfct)``; ``tun`` = ``(bundle, pipelining, granule)``."""
     out = _CACHE.get_many([k + tun for k in keys])
     todo: dict = {}
     for i, s in enumerate(out):
@@ -466,7 +470,8 @@ def tile_schedules(patterns, *, bundle: int = DEFAULT_BUNDLE, pipelining: bool =
         found = disk.lookup(miss)
         miss = [k for k in miss if k not in found]
     if miss:
-        made = _simulate([pats[todo[k][0]] for k in miss], *tun)
+        made = _simulate([(np.frombuffer(k[0], dtype=np.int32), k[1], k[2]) for k in miss],
+                         *tun)
         found.update(zip(miss, made))
         if disk is not None:
             disk.add(miss, made)
@@ -558,11 +563,14 @@ def front_patterns(buckets, tile_ptr, nct, nfct, fronts, *, bundle: int = DEFAUL
     rank = np.empty(len(o), dtype=np.int64)
     rank[o] = np.arange(len(o))
     first, inv = first[o], rank[inv]
-    fr = fronts[first].tolist()
-    tp = tile_ptr.tolist()
-    got = tile_schedules([(buckets[tp[f]:tp[f + 1]], int(c), int(d))
-                          for f, c, d in zip(fr, fnct[first].tolist(), fnfct[first].tolist())],
-                         bundle=bundle, pipelining=pipelining, granule=granule)
+    check_tunables(bundle, granule)
+    fr = fronts[first]
+    a = (tile_ptr[fr] * 4).tolist()
+    e = (tile_ptr[fr + 1] * 4).tolist()
+    raw = np.ascontiguousarray(buckets, dtype=np.int32).tobytes()
+    got = _schedules_of_keys([(raw[x:y], c, d) for x, y, c, d in
+                              zip(a, e, fnct[first].tolist(), fnfct[first].tolist())],
+                             (int(bundle), bool(pipelining), int(granule)))
     num = {}
     remap = np.array([num.setdefault(id(s), len(num)) for s in got], dtype=np.int64)
     uniq = list({id(s): s for s in got}.values())

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 import threading
@@ -405,10 +406,10 @@ def _decode(data: bytes, want: dict) -> dict:
         dt = np.dtype(dt)
         if dt.kind != "i":
             raise ValueError("bad dtype")
-        cnt = int(np.prod(shape, dtype=np.int64))
+        cnt = math.prod(shape)
         v = np.frombuffer(payload, dtype=dt, count=cnt, offset=off).reshape(shape)
         want_t = np.int32 if name in _INT32 else np.int64
-        v = v.astype(want_t)            # a copy, writeable: mark read-only
+        v = v.astype(want_t)            # always a copy: the payload is one buffer
         v.flags.writeable = False
         a[name] = v
     if set(a) != set(_NAMES):
