@@ -286,7 +286,15 @@ class PatternStore:
                 return False
             # keep the patterns known in memory; the schedules already handed out
             # stay valid (their blocks are their own)
-            self._set(merged)
+            if _bounded_same(merged, self._a, len(new)):
+                P0 = len(self._a["nct"]) if self._a is not None else 0
+                self._a = merged
+                self._block = None
+                self._made = {}
+                for i, (k, _) in enumerate(new):
+                    self._index[k] = P0 + i
+            else:
+                self._set(merged)
             return True
 
 
@@ -295,10 +303,10 @@ class PatternStore:
 def _arrays_of(keys, scheds) -> dict:
     """File arrays of new patterns (int32 rows, int64 pointers)."""
     P = len(keys)
-    kb = [np.frombuffer(k[0], dtype=np.int32) for k in keys]
     key_ptr = np.zeros(P + 1, dtype=np.int64)
-    np.cumsum([len(x) for x in kb], out=key_ptr[1:])
-    a = {"key_b": np.concatenate(kb) if P else np.zeros(0, np.int32), "key_ptr": key_ptr,
+    np.cumsum([len(k[0]) // 4 for k in keys], out=key_ptr[1:])
+    a = {"key_b": np.frombuffer(b"".join(k[0] for k in keys), dtype=np.int32),
+         "key_ptr": key_ptr,
          "nct": np.array([s.nct for s in scheds], dtype=np.int64),
          "nfct": np.array([k[2] for k in keys], dtype=np.int64),
          "nlaunch": np.array([s.nlaunch for s in scheds], dtype=np.int64),
@@ -338,6 +346,12 @@ def _merge(old, new) -> dict:
         else:
             out[k] = np.concatenate([old[k], add[k]])
     return out
+
+
+def _bounded_same(merged, old, nnew) -> bool:
+    """Whether ``merged`` is ``old`` plus ``nnew`` patterns (nothing dropped)."""
+    p0 = len(old["nct"]) if old is not None else 0
+    return len(merged["nct"]) == p0 + nnew
 
 
 def _row_bytes(a) -> np.ndarray:
