@@ -310,6 +310,13 @@ def disk_cache_processes(rounds, dense=(None,)):
                     row[f"{mode}_{q[:-2]}_median_s"] = float(np.median(x))
             print(json.dumps(row))
             rows.append(row)
+    print("problem | disk cache | plan | plan + launch 0 | whole schedule | GPU idle "
+          "(ms, min / median of new processes)")
+    for row in rows:
+        for mode in ("off", "fresh", "warm"):
+            print(row["problem"], "|", mode, "|", " | ".join(
+                f"{row[f'{mode}_{q}_min_s'] * 1e3:.1f} / {row[f'{mode}_{q}_median_s'] * 1e3:.1f}"
+                for q in ("plan", "first_launch", "whole", "gpu_idle_keeping_ahead")))
     return rows
 
 
