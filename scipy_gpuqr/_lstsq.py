@@ -100,9 +100,11 @@ SUBSPACE_BLOCK = 64
 SUBSPACE_MAX_BLOCK = 1024
 
 #: A column Heath's rule drops with a part above GAPLESS_HINT × its threshold
-#: shows singular values near the cutoff (with a gap the dropped parts are at
-#: rounding level): the host then goes to the subspace decision directly.
-GAPLESS_HINT = 1e-2
+#: shows singular values near the cutoff: the host then decides without the
+#: COD's second QR. With a gap the dropped parts are at rounding level
+#: (chessboard 1200×300: 0.018 × threshold); without one they fill the range
+#: up to it (synthetic 2000×1500: 0.999).
+GAPLESS_HINT = 0.25
 
 #: Fraction of the free device memory a dense COD on the GPU may take.
 DENSE_COD_GPU_FRACTION = 0.5
@@ -361,53 +363,68 @@ class MinNormSolver:
         backup = G.copy() if svd_affordable else None
         cod = DenseCOD(G, tol, upper=not self.transposed)
         self.cod_device = device
+        del G
         dead = int(cod.live.size - cod.rank)
-        subspace = device == "cpu" and not svd_affordable
-        if subspace and cod.dropped_max > GAPLESS_HINT * tol:
-            # a dropped part near the threshold: no gap at the cutoff (the
-            # subspace decides; the COD's second QR is never computed)
-            if self._prepare_subspace_cod(dead):
+        # host: R's small singular subspace is cheaper than the SVD (3000 columns:
+        # 4.6 s vs 8.3 s; bench/RESULTS.md, issue 2) where its block stays small;
+        # the SVD remains the fallback where affordable
+        subspace = device == "cpu" and self._subspace_block(dead) is not None
+        if device == "cpu" and cod.dropped_max > GAPLESS_HINT * tol:
+            # a dropped part near the threshold: no gap at the cutoff; decide
+            # without the COD's second QR
+            if subspace and self._prepare_subspace_cod(dead):
                 return
             subspace = False
-        self.sigma_min = cod.sigma_min_estimate()
-        if cod.rank and self.sigma_min <= tol:
-            # Heath's rule kept a column that lstsq's rule drops (no gap in
-            # the singular values): the SVD decides, on the same device,
-            # where affordable; beyond, on the host, the small singular
-            # subspace of R (block inverse iteration) decides; else Heath's
-            # rank stands (reported).
             if svd_affordable:
                 del cod
                 self._prepare_svd(backup)
                 return
-            del G
+        self.sigma_min = cod.sigma_min_estimate()
+        if cod.rank and self.sigma_min <= tol:
+            # Heath's rule kept a column that lstsq's rule drops (no gap in
+            # the singular values): R's small singular subspace (host) or the
+            # SVD (on the same device, where affordable) decides; else Heath's
+            # rank stands (reported).
             if subspace and self._prepare_subspace_cod(dead):
+                return
+            if svd_affordable:
+                del cod
+                self._prepare_svd(backup)
                 return
             self.revealed = False
         del backup
         self.method, self.rank = "dense_cod", int(cod.rank)
         self._cod = cod
 
-    def _prepare_subspace_cod(self, dead: int) -> bool:
-        """lstsq's rank from R's small singular subspace (:mod:`._subspace_cod`).
-
-        False when it does not apply (R not square with a nonzero diagonal)
-        or the subspace needs more than :data:`SUBSPACE_MAX_BLOCK` columns.
-        """
-        from ._subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
+    def _subspace_block(self, dead: int) -> Optional[tuple[int, int]]:
+        """(first block, largest block) of the subspace decision, or None where it
+        does not apply: R not square with a nonzero finite diagonal, or a first
+        block (twice Heath's dead columns and :data:`SUBSPACE_BLOCK`) over
+        ``min(SUBSPACE_MAX_BLOCK, q/3)``."""
         k, q = self.R.shape
         d = np.abs(self.R.diagonal())
         if k != q or not (np.all(np.isfinite(d)) and np.all(d > 0)):
-            return False
+            return None
         block = max(SUBSPACE_BLOCK, 2 * dead + SUBSPACE_BLOCK)
-        max_block = min(SUBSPACE_MAX_BLOCK, q)
-        if block > max_block:
+        max_block = min(SUBSPACE_MAX_BLOCK, q // 3)
+        return (block, max_block) if block <= max_block else None
+
+    def _prepare_subspace_cod(self, dead: int) -> bool:
+        """lstsq's rank from R's small singular subspace (:mod:`._subspace_cod`).
+
+        False where it does not apply (:meth:`_subspace_block`) or the
+        subspace turns out to need a larger block.
+        """
+        from ._subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
+        blocks = self._subspace_block(dead)
+        if blocks is None:
             return False
         # lstsq's cutoff needs σ_max far more accurately than Heath's rule does
         smax = sigma_max_lanczos(self.R)
         try:
             cod = SubspaceCOD(self.R.toarray(order="F"), self.cutoff * smax,
-                              transposed=self.transposed, block=block, max_block=max_block)
+                              transposed=self.transposed, block=blocks[0],
+                              max_block=blocks[1])
         except SubspaceTooLarge:
             return False
         self.sigma_max = smax

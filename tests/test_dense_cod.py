@@ -44,8 +44,11 @@ def test_heath_qr_invariants(rng, upper, m, n, r, panel):
     G0 = np.linalg.qr(A, mode="r") if upper else A
     G = G0.copy()
     tol = 1e-10
-    live, blocks, rank = heath_qr(G, tol, upper=upper, panel=panel)
+    dropped = []
+    live, blocks, rank = heath_qr(G, tol, upper=upper, panel=panel, dropped=dropped)
     assert rank == r == int(live.sum())
+    # the dropped parts are listed (at rounding level here: the values have a gap)
+    assert len(dropped) <= n - r and all(0 <= x <= 1e-3 * tol for x in dropped)
     # Z G0 = G with the dead parts removed: ‖Z G0 − G‖ ≤ tol·sqrt(dead)
     assert np.linalg.norm(_apply_blocks(blocks, G0) - G) <= tol * np.sqrt(n) + 1e3 * EPS
     assert np.all(G[rank:] == 0)
@@ -228,6 +231,7 @@ def test_kahan_rank_without_svd(monkeypatch):
     cutoff = 2 * sv[-1] / sv[0]
     monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 10)
     monkeypatch.setattr(_lstsq, "SVD_FALLBACK_LIMIT", {"cpu": 10, "gpu": 10})
+    monkeypatch.setattr(_lstsq, "SUBSPACE_BLOCK", 8)
     solver = _lstsq.MinNormSolver(sp.csc_array(K), cutoff, factorize=lambda *a, **k: None)
     assert solver.method == "subspace_cod" and solver.rank == n - 1 and solver.revealed
     b = np.ones((n, 1))

@@ -230,3 +230,28 @@ def test_refinement_brings_backward_error_to_lstsq_level(rng):
     finally:
         _factor.REFINE_STEPS = saved
     assert refined <= ref and refined < 0.1 * plain, (refined, ref, plain)
+
+
+# bayer10 (13436², no gap in its singular values at lstsq's cutoff): numpy.linalg.lstsq
+# (A.toarray(), b, rcond=None) with b = default_rng(7).standard_normal(13436), run once on
+# the 2-core host (1341 s): rank 13303, ‖x‖ = 1.01340288563e8, ‖A‖₂ = 14142.7989638,
+# ‖Aᵀr‖/(‖A‖₂‖r‖) = 9.6e-10. Heath's rule alone keeps 13362 columns.
+BAYER10_LSTSQ = {"rank": 13303, "norm_x": 1.01340288563e8, "norm_a": 14142.7989638,
+                 "berr": 9.6e-10}
+
+
+@pytest.mark.slow
+def test_bayer10_host_rank_is_lstsq_rank(matrices_dir):
+    """The host path beyond its SVD limit reveals lstsq's rank (a few minutes here)."""
+    from scipy_gpuqr import QRFactorization
+    A = _read(matrices_dir, "bayer10").astype(np.float64)
+    b = np.random.default_rng(7).standard_normal(A.shape[0])
+    F = QRFactorization(A, backend="cpu")
+    x = F.solve(b)
+    dec = F.info["rank_decision"]
+    assert dec["method"] == "subspace_cod" and dec["rank_revealed"], dec
+    assert F.rank == BAYER10_LSTSQ["rank"]
+    assert abs(np.linalg.norm(x) / BAYER10_LSTSQ["norm_x"] - 1) <= 1e-5
+    r = b - A @ x
+    berr = np.linalg.norm(A.T @ r) / (BAYER10_LSTSQ["norm_a"] * np.linalg.norm(r))
+    assert berr <= 10 * BAYER10_LSTSQ["berr"]
