@@ -73,8 +73,13 @@ def folder(environ: Mapping[str, str] = os.environ) -> Path | None:
     base = environ.get("SCIPY_GPUQR_CACHE_DIR", "").strip()
     if not base:
         xdg = environ.get("XDG_CACHE_HOME", "").strip()
-        base = str(Path(xdg) / "scipy_gpuqr") if xdg else str(Path.home() / ".cache" /
-                                                               "scipy_gpuqr")
+        if xdg:
+            base = str(Path(xdg) / "scipy_gpuqr")
+        else:
+            try:
+                base = str(Path.home() / ".cache" / "scipy_gpuqr")
+            except (RuntimeError, KeyError):         # no home folder: no disk cache
+                return None
     return Path(base) / "tile_schedules"
 
 
