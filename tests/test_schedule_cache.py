@@ -187,6 +187,7 @@ def test_random_patterns_round_trip(cache_dir):
             assert s.rcols[k].dtype == w.rcols[k].dtype
         np.testing.assert_array_equal(s.row_ptr, w.row_ptr)
         np.testing.assert_array_equal(s.launch_ptr, w.launch_ptr)
+        assert s.row_ptr.dtype == w.row_ptr.dtype and s.launch_ptr.dtype == w.launch_ptr.dtype
         assert (s.nlaunch, s.nvt, s.nct, s.granule) == (w.nlaunch, w.nvt, w.nct, w.granule)
         assert s.tasks.tobytes() == w.tasks.tobytes()
         assert not s.rcols["rows"].flags.writeable and not s.row_ptr.flags.writeable
