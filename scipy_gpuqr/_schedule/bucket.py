@@ -36,7 +36,8 @@ The schedule depends only on the tile pattern (row-tile buckets, numbers of
 column tiles, tunables). :func:`tile_schedules` runs these rules for many
 patterns at once, launch by launch, with NumPy over all buckets and tiles
 (no Python loop over tasks, bundles or buckets) and keeps each pattern's
-records column by column (:class:`TileSchedule`, cached per pattern).
+records column by column (:class:`TileSchedule`, cached per pattern in the
+process and, between processes, on disk: :mod:`.diskcache`).
 """
 
 from __future__ import annotations

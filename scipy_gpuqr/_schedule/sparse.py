@@ -18,9 +18,11 @@ parent sits in a later stage cross through host memory and are packed into
 the parent from a *carried* region at the start of the parent's stage.
 
 The per-front bucket schedules are shared between fronts of equal tile
-pattern (``bucket.tile_schedules`` computes all distinct patterns at once and
-caches them); only the front-level state machine is a Python loop (over
-fronts and launches, never over tasks or bundles). Records are written from
+pattern (``bucket.front_patterns`` computes all distinct patterns at once and
+caches them, in the process and on disk: :mod:`.diskcache`); without a
+launch limit the front-level state machine is in closed form (NumPy over the
+postorder), with one it is a Python loop (over fronts and launches, never
+over tasks or bundles). Records are written from
 the patterns' element templates by NumPy, either for a whole stage
 (:attr:`StageSchedule.tasks`) or launch by launch
 (:meth:`StageSchedule.launch_tasks`, :meth:`SparseSchedule.iter_launches`,
@@ -670,7 +672,6 @@ class _Templates:
     """The unique tile schedules' rows end to end (element units), per-front facts."""
 
     def __init__(self, scheds, fs, nfact, tile):
-        self.index = {id(s): k for k, s in enumerate(scheds)}
         words = TASK_DTYPE.itemsize // 8
         self.base = np.zeros(len(scheds), dtype=np.int64)
         self.granule = scheds[0].granule if scheds else 1
