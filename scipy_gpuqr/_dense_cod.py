@@ -23,9 +23,9 @@ Method (two orthogonal factorizations, both backward stable):
    (r×q, R11 upper triangular) are factored again, ``Sᵀ = Q₂ R₂``, and
    ``y = Q₂ R₂⁻ᵀ (Zᵀ c)[:r]`` is the minimum-norm solution of ``S y = (Zᵀc)[:r]``.
    This QR is done on first use (:meth:`DenseCOD.sigma_min_estimate` or
-   :meth:`DenseCOD.solve`), so a caller that learns from step 1 alone
-   (:attr:`DenseCOD.dropped_max`: a dropped part near ``tol`` means no gap)
-   can go elsewhere without paying for it.
+   :meth:`DenseCOD.solve`), so a caller that decides the rank elsewhere after
+   step 1 (the host's subspace decision, :mod:`scipy_gpuqr._subspace_cod`)
+   does not pay for it.
 """
 
 from __future__ import annotations
@@ -257,15 +257,11 @@ class DenseCOD:
     upper: bool = False
     rank: int = field(init=False, default=0)
     live: np.ndarray = field(init=False, default=None, repr=False)
-    dropped_max: float = field(init=False, default=0.0)
     _blocks: list = field(init=False, default_factory=list, repr=False)
     _second_qr: tuple = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
-        dropped: list = []
-        self.live, self._blocks, self.rank = heath_qr(self.G, self.tol, upper=self.upper,
-                                                      dropped=dropped)
-        self.dropped_max = max(dropped, default=0.0)
+        self.live, self._blocks, self.rank = heath_qr(self.G, self.tol, upper=self.upper)
 
     @property
     def _second(self) -> tuple:

@@ -26,18 +26,23 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
          QR of the live rows for the minimum-norm part. Where the singular
          values have a gap at the cutoff its rank is lstsq's (checked:
          σ_min of the live rows above the threshold). Where they do not
-         (Heath's rule keeps columns lstsq drops, e.g. bayer10), the rank is
-         decided on R itself (Heath's dropped parts, up to ``threshold`` per
-         column, move singular values near the cutoff): by a dense SVD up to
-         :data:`SVD_FALLBACK_LIMIT` columns, beyond on the host by R's small
-         singular subspace (:mod:`scipy_gpuqr._subspace_cod`: block inverse
+         (Heath's rule keeps columns lstsq drops, e.g. bayer10: 13362 vs
+         13303), the rank must be decided on R itself: Heath's dropped
+         parts, up to the threshold per column, move singular values near
+         the cutoff (synthetic tests: by up to 5 ranks). On the host, where
+         Heath's rule drops columns (or σ_min of the live rows is below the
+         threshold) and R has a nonzero diagonal, R's small singular
+         subspace decides (:mod:`scipy_gpuqr._subspace_cod`: block inverse
          subspace iteration with Rayleigh–Ritz, the Ritz vectors below the
          threshold moved out by one block Householder reflector, one dense
-         QR of the rest; σ_max by Lanczos to 1e-12). Its rank and solution
-         are the truncated SVD's of R (up to the singular vectors' own
-         conditioning). Where none applies (GPU beyond its SVD limit, a
-         subspace over :data:`SUBSPACE_MAX_BLOCK` columns), Heath's rank
-         stands and ``summary()['rank_revealed']`` is False.
+         QR of the rest; σ_max by Lanczos to 1e-12), gap or not: its rank
+         and solution are the truncated SVD's of R, and it costs less than
+         the COD's second QR (then never computed) or an SVD. Where its
+         first block (twice Heath's dead columns + 64) exceeds
+         ``min(SUBSPACE_MAX_BLOCK, q/3)`` or it does not settle, a dense SVD
+         decides up to :data:`SVD_FALLBACK_LIMIT` columns (also the GPU's
+         rule, on the device); beyond, Heath's rank stands and
+         ``summary()['rank_revealed']`` is False.
        * beyond: σ_min and σ_max of ``R`` are estimated by Lanczos (ARPACK)
          on ``R⁻¹R⁻ᵀ`` and ``RᵀR``; if σ_min is clearly above the cutoff the
          triangular solve answers, else a sparse complete orthogonal
@@ -89,8 +94,10 @@ SINGULAR_RTOL = 100 * EPS
 DENSE_COD_HOST_LIMIT = 14000
 
 #: Largest dimension for which a dense SVD settles the rank when Heath's rule
-#: cannot (no gap in the singular values): host (gesdd on 2 cores: 5000² in about
-#: a minute; bayer10's 13436² took 25 minutes) and GPU (cuSOLVER gesvd).
+#: cannot (no gap in the singular values): host (gesdd on 2 cores: 5000² in
+#: about 50 s; bayer10's 13436² took 25 minutes; on the host it is the fallback
+#: of the cheaper subspace decision, :mod:`scipy_gpuqr._subspace_cod`) and GPU
+#: (cuSOLVER gesvd).
 SVD_FALLBACK_LIMIT = {"cpu": 5000, "gpu": 20000}
 
 #: Initial block (and block increment per Heath-dead column × 2) of the host's
@@ -98,13 +105,6 @@ SVD_FALLBACK_LIMIT = {"cpu": 5000, "gpu": 20000}
 #: block: 2·p·q² flops per step (p = 1024, q = 14000: 4e11, about 10 s here).
 SUBSPACE_BLOCK = 64
 SUBSPACE_MAX_BLOCK = 1024
-
-#: A column Heath's rule drops with a part above GAPLESS_HINT × its threshold
-#: shows singular values near the cutoff: the host then decides without the
-#: COD's second QR. With a gap the dropped parts are at rounding level
-#: (chessboard 1200×300: 0.018 × threshold); without one they fill the range
-#: up to it (synthetic 2000×1500: 0.999).
-GAPLESS_HINT = 0.25
 
 #: Fraction of the free device memory a dense COD on the GPU may take.
 DENSE_COD_GPU_FRACTION = 0.5
@@ -365,20 +365,15 @@ class MinNormSolver:
         self.cod_device = device
         del G
         dead = int(cod.live.size - cod.rank)
-        # host: R's small singular subspace is cheaper than the SVD (3000 columns:
-        # 4.6 s vs 8.3 s; bench/RESULTS.md, issue 2) where its block stays small;
-        # the SVD remains the fallback where affordable
+        # host: where R's small singular subspace fits a small block it decides
+        # lstsq's rank exactly, gap or not, for less than the COD's second QR
+        # (which is then never computed) and than an SVD (3000 columns: 4.6 s
+        # vs 8.3 s; bench/RESULTS.md, issue 2); the SVD remains its fallback
         subspace = device == "cpu" and self._subspace_block(dead) is not None
-        if device == "cpu" and cod.dropped_max > GAPLESS_HINT * tol:
-            # a dropped part near the threshold: no gap at the cutoff; decide
-            # without the COD's second QR
-            if subspace and self._prepare_subspace_cod(dead):
+        if subspace and dead:
+            if self._prepare_subspace_cod(dead):
                 return
             subspace = False
-            if svd_affordable:
-                del cod
-                self._prepare_svd(backup)
-                return
         self.sigma_min = cod.sigma_min_estimate()
         if cod.rank and self.sigma_min <= tol:
             # Heath's rule kept a column that lstsq's rule drops (no gap in

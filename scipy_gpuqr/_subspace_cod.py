@@ -2,7 +2,7 @@
 
 Used by :class:`scipy_gpuqr._lstsq.MinNormSolver` on the host when Heath's
 rule cannot reveal ``numpy.linalg.lstsq``'s rank (no gap in the singular
-values around the cutoff) and a full SVD is too expensive. ``G`` is ``R`` or
+values around the cutoff), for less than a full SVD costs. ``G`` is ``R`` or
 ``Rᵀ`` for a square upper triangular R with a nonzero diagonal; only a
 block of its smallest singular triplets is computed.
 
@@ -13,7 +13,7 @@ Method (orthogonal transformations throughout):
    solves, BLAS-3). Rayleigh–Ritz on the inverse, ``R⁻ᵀ X = P Θ Wᵀ``, gives
    Ritz values ``1/θ`` (upper bounds of R's smallest singular values, exact
    at convergence) and right Ritz vectors ``X W``. Each solve is backward
-   stable, so the Ritz pairs are those of a matrix within rounding of G,
+   stable, so the Ritz pairs are those of a matrix within rounding of R,
    like an SVD's. The block grows (doubling, new random columns) until its
    largest Ritz value exceeds :data:`STRADDLE` × the cutoff, so that every
    singular value up to :data:`WINDOW` × the cutoff converges at a rate of
@@ -44,6 +44,11 @@ the QR, about a third of the ``geqrf + orgqr`` pair of the second QR of the
 dense COD it replaces (:mod:`scipy_gpuqr._dense_cod`). A block that would
 exceed ``max_block`` columns (many small singular values: Heath's rule
 settles those) raises :class:`SubspaceTooLarge`.
+
+Host only for now. The same steps map onto CuPy (``cupyx.scipy.linalg.
+solve_triangular``, a small SVD per step, cuSOLVER ``geqrf``/``ormqr``) and
+would lift the GPU's SVD limit (:data:`scipy_gpuqr._lstsq.SVD_FALLBACK_LIMIT`),
+but that path has not been run on a GPU.
 """
 
 from __future__ import annotations
