@@ -42,7 +42,7 @@ def count_simulations(monkeypatch):
 
 
 def _files(d):
-    return sorted(p.name for p in d.iterdir() if p.suffix == ".bin")
+    return sorted(p.name for p in d.rglob("seg-*.bin"))
 
 
 def _cold(an, **kw):
@@ -90,10 +90,10 @@ def test_damaged_or_stale_file_is_ignored_and_replaced(cache_dir, count_simulati
                                                        monkeypatch, damage):
     an = analyze(grid3d_least_squares(8))
     want = _digest(_cold(an))
-    path, = cache_dir.glob("*.bin")
+    path, = cache_dir.rglob("seg-*.bin")
     data = bytearray(path.read_bytes())
     if damage == "flip":
-        data[-100] ^= 0x10                           # a payload byte: the CRC fails
+        data[-100] ^= 0x10                           # a rows byte: the CRC fails
     elif damage == "truncate":
         data = data[:len(data) // 2]
     elif damage == "garbage":
@@ -107,7 +107,9 @@ def test_damaged_or_stale_file_is_ignored_and_replaced(cache_dir, count_simulati
     assert _digest(_cold(an)) == want
     assert len(count_simulations) == n + 1          # simulated again
     assert _digest(_cold(an)) == want
-    assert len(count_simulations) == n + 1          # the rewritten file is good
+    assert len(count_simulations) == n + 1          # the rewritten segment is good
+    if damage in ("flip", "truncate"):               # ours, damaged: deleted
+        assert not path.exists()
 
 
 def test_patterns_of_two_problems_merge_and_partial_hits_gather(cache_dir,
@@ -118,8 +120,8 @@ def test_patterns_of_two_problems_merge_and_partial_hits_gather(cache_dir,
     assert len(count_simulations) == 2
     assert _digest(_cold(b)) == db                   # a few of the file's rows: gathered
     assert _digest(_cold(a)) == da
-    assert len(count_simulations) == 2               # both from one merged file
-    assert len(_files(cache_dir)) == 1
+    assert len(count_simulations) == 2               # both from their segments
+    assert len(_files(cache_dir)) == 2
 
 
 def _random_patterns(seed, count, lo=0):
@@ -139,41 +141,37 @@ def _keys(pats):
     return [(b.tobytes(), nct, nfct) for b, nct, nfct in pats]
 
 
-def test_another_process_writing_meanwhile_is_merged(cache_dir):
+def test_processes_writing_at_once_lose_nothing(cache_dir):
     tun = (3, True, 16)
     pa, pb, pc = (_random_patterns(s, 8, lo=2) for s in (1, 2, 3))
     path = diskcache.store(tun).path
     mine = diskcache.PatternStore(path, tun)
     other = diskcache.PatternStore(path, tun)        # "another process"
-    mine.add(_keys(pa), bucket._simulate(pa, 3, True, 16))
+    assert mine.add(_keys(pa), bucket._simulate(pa, 3, True, 16))
     assert mine.lookup(_keys(pa[:1]))
-    other.lookup([])                                  # reads a's patterns
+    other.lookup([])                                  # scans a's segment
     mine.add(_keys(pb), bucket._simulate(pb, 3, True, 16))
-    other.add(_keys(pc), bucket._simulate(pc, 3, True, 16))   # must not drop b's
+    other.add(_keys(pc), bucket._simulate(pc, 3, True, 16))
     fresh = diskcache.PatternStore(path, tun)
     assert len(fresh.lookup(_keys(pa + pb + pc))) == len(set(_keys(pa + pb + pc)))
+    assert len(_files(cache_dir)) == 3
 
 
-def test_file_is_bounded_oldest_patterns_out(cache_dir):
-    pats = [p for p in _random_patterns(3, 40, lo=4) if p[2] > 0][:30]
+def test_folder_is_bounded_oldest_segments_out(cache_dir):
+    pats = [p for p in _random_patterns(3, 60, lo=4) if p[2] > 0][:30]
     st = diskcache.store((3, True, 16))
-    st.max_bytes = 20_000
+    st.max_bytes = 6_000
+    st.max_segments = 4
     for k in range(0, len(pats), 5):
         bucket.tile_schedules(pats[k:k + 5], bundle=3, granule=16)
-    path, = cache_dir.glob("*.bin")
-    diskcache.forget()
-    again = diskcache.store((3, True, 16))
-    again.lookup([])
-    a = again._a
-    kept = len(a["nct"])
-    assert 0 < kept < len(pats)
-    assert int(np.diff(a["span"]).sum()) * 4 * 18 <= 20_000
-    # the newest patterns are the ones kept
-    last = pats[-1]
-    assert (last[0].tobytes(), last[1], last[2]) in again._index
-    first = pats[0]
-    assert (first[0].tobytes(), first[1], first[2]) not in again._index
-    assert path.stat().st_size < 20_000
+    segs = list(st.path.glob("seg-*.bin"))
+    assert 0 < len(segs) <= 4
+    assert sum(p.stat().st_size for p in segs) <= 6_000 or len(segs) == 1
+    again = diskcache.PatternStore(st.path, (3, True, 16))
+    found = again.lookup(_keys(pats))
+    assert _keys(pats[-1:])[0] in found               # the newest segment is kept
+    assert _keys(pats[:1])[0] not in found            # the oldest went first
+    assert all(k in found for k in _keys(pats[-5:]))
 
 
 def test_random_patterns_round_trip(cache_dir):
@@ -191,3 +189,27 @@ def test_random_patterns_round_trip(cache_dir):
         assert (s.nlaunch, s.nvt, s.nct, s.granule) == (w.nlaunch, w.nvt, w.nct, w.granule)
         assert s.tasks.tobytes() == w.tasks.tobytes()
         assert not s.rcols["rows"].flags.writeable and not s.row_ptr.flags.writeable
+
+
+def test_lookup_reads_only_the_patterns_hit(cache_dir):
+    # rows are read per run of adjacent patterns hit, each pattern's CRC checked:
+    # damage in a pattern not asked for goes unseen, in one asked for drops the segment
+    pats = [p for p in _random_patterns(5, 40, lo=3) if p[2] > 0][:20]
+    bucket.tile_schedules(pats, bundle=3, granule=16)
+    st = diskcache.store((3, True, 16))
+    seg = st._segs[0]
+    span = seg.keys["span"]
+    j0 = next(j for j, k in enumerate(_keys(pats)) if st._index[k][1] == 0)
+    assert span[1] > span[0]
+    data = bytearray(seg.path.read_bytes())
+    data[seg.rows_at + int(span[0]) * seg.rec.itemsize] ^= 0x01   # pattern 0's first row
+    seg.path.write_bytes(bytes(data))
+    fresh = diskcache.PatternStore(st.path, (3, True, 16))
+    others = [k for j, k in enumerate(_keys(pats)) if j != j0]
+    got = fresh.lookup(others)
+    assert len(got) == len(set(others))
+    want = bucket._simulate([pats[j] for j, k in enumerate(_keys(pats)) if j != j0], 3, True, 16)
+    for k, w in zip(others, want):
+        assert got[k].tasks.tobytes() == w.tasks.tobytes()
+    assert fresh.lookup(_keys(pats[j0:j0 + 1])) == {}
+    assert not seg.path.exists()                       # damaged: deleted

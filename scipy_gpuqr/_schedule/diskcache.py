@@ -3,28 +3,37 @@
 The bucket simulation (:mod:`.bucket`) depends only on a front's tile pattern
 (row-tile buckets, column tiles, column tiles to factorize) and the tunables
 (bundle, pipelining, granule); a new process would simulate again every
-pattern the last one did. This module keeps the simulated patterns in one
-file per set of tunables, in the package's user cache folder:
+pattern the last one did. This module keeps the simulated patterns on disk,
+in the package's user cache folder:
 
 * folder: ``$SCIPY_GPUQR_SCHEDULE_CACHE`` when it names one (``off``, ``0``,
   ``no``, ``false``: no disk cache at all), else ``tile_schedules`` in
   ``$SCIPY_GPUQR_CACHE_DIR``, else in ``$XDG_CACHE_HOME/scipy_gpuqr``, else
   in ``~/.cache/scipy_gpuqr`` (the rule of
   ``scipy_gpuqr._tiled_calib.cache_dir``, not imported: that module pulls in
-  SciPy's linear algebra);
-* file: ``tile-schedules-b{bundle}-p{0|1}-g{granule}.bin``: a magic word, a
-  JSON header (:data:`FORMAT`, the *rules stamp* — a hash of the bucket
-  rules' and the record layout's source files, so any change of them
-  retires the old file —, the tunables, every array's dtype, shape and
-  offset, a CRC-32 of the payload) and the arrays, each column in the
-  narrowest integer type that holds it;
-* read once per process (at the first look-up with those tunables; again
-  after :func:`forget`), written atomically (a temporary file in the same
-  folder, then ``os.replace``) whenever a simulation adds patterns, merged
-  with what another process may have written since; a file that cannot be
-  read, fails its checks or carries another format or stamp is ignored (and
-  replaced at the next write); at most ``max_bytes`` (:data:`MAX_BYTES`) of
-  rows, the patterns written first dropped first.
+  SciPy's linear algebra); one subfolder per set of tunables
+  (``b{bundle}-p{0|1}-g{granule}``);
+* one *segment* file per simulation that added patterns (``seg-*.bin``):
+  a magic word, a JSON header (:data:`FORMAT`, the *rules stamp* — a hash of
+  the bucket rules' and the record layout's source files, so any change of
+  them retires the old segments —, the tunables, the *keys* part's arrays
+  (dtypes, shapes, offsets, size, CRC-32) and the *rows* part's record
+  layout), the keys part (the patterns' buckets, counts, row and record
+  pointers, where their rows lie, a CRC-32 of each pattern's rows) and the
+  rows part (every pattern's rows as packed records, one after the other,
+  each field in the narrowest integer type that holds it);
+* a process reads every segment's header and keys once (at the first
+  look-up with those tunables; again after :func:`forget`) and, on a hit,
+  only the byte ranges of the patterns hit (adjacent ones in one read), so a
+  look-up costs what it uses, not the whole cache; a segment is written
+  atomically (a temporary file in the same folder, then ``os.replace``) and
+  never changed, so processes writing at once lose nothing; a segment that
+  cannot be read, fails its checks or carries another format or stamp is
+  ignored (a damaged one of this stamp is deleted; its patterns are
+  simulated and written again); the folder keeps at most ``max_bytes``
+  (:data:`MAX_BYTES`) in at most ``max_segments`` (:data:`MAX_SEGMENTS`)
+  segments, those of other stamps and then the oldest (by modification
+  time) deleted first when a new one is written.
 
 Everything here is best effort: an unwritable folder only means no disk
 cache. Tests point ``SCIPY_GPUQR_SCHEDULE_CACHE`` at a temporary folder or
@@ -45,22 +54,27 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["ENV", "FORMAT", "MAX_BYTES", "folder", "store", "forget", "rules_stamp",
-           "PatternStore"]
+__all__ = ["ENV", "FORMAT", "MAX_BYTES", "MAX_SEGMENTS", "folder", "store", "forget",
+           "rules_stamp", "PatternStore"]
 
 #: Environment variable naming the folder (or ``off``).
 ENV = "SCIPY_GPUQR_SCHEDULE_CACHE"
 #: File format version (bump when the layout below changes).
-FORMAT = 1
-#: Most bytes of rows (int32 columns) one file keeps.
+FORMAT = 3
+#: Most bytes of segment files kept per set of tunables.
 MAX_BYTES = 64 << 20
+#: Most segment files kept per set of tunables.
+MAX_SEGMENTS = 64
 
-_MAGIC = b"SGQRTSC1"
+_MAGIC = b"SGQRTSC3"
 _OFF = ("0", "off", "no", "false", "none")
-#: the row columns of a pattern (``TileSchedule.rcols``), in file order
+#: the row columns of a pattern (``TileSchedule.rcols``)
 _ROWCOLS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop",
             "vt", "vt2", "rows", "mult")
 _PER_PATTERN = ("nct", "nfct", "nlaunch", "nvt")
+#: the keys part's arrays (the rows part: the _ROWCOLS fields, packed)
+_KEYS = ("key_b", "key_ptr") + _PER_PATTERN + ("span", "ptr_at", "row_ptr", "launch_ptr",
+                                               "crc")
 
 
 def folder(environ: Mapping[str, str] = os.environ) -> Path | None:
@@ -116,347 +130,401 @@ def _narrow(a: np.ndarray) -> np.ndarray:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+class _Segment:
+    """One segment file: its keys (read at the scan) and where its rows lie."""
+
+    __slots__ = ("path", "rows_at", "rec", "keys", "bad")
+
+    def __init__(self, path, rows_at, rec, keys):
+        self.path = path
+        self.rows_at = rows_at          # offset of the rows part in the file
+        self.rec = rec                  # the packed record dtype of the rows
+        self.keys = keys                # the keys part's arrays
+        self.bad = False                # rows found damaged
+
+
 class PatternStore:
-    """The patterns of one file (one set of tunables), loaded on first use.
+    """The segments of one set of tunables, scanned on first use.
 
     Parameters
     ----------
     path : Path
-        The file.
+        The folder of the segments.
     tunables : (int, bool, int)
         ``(bundle, pipelining, granule)``.
-    max_bytes : int
-        Most bytes of rows kept in the file.
+    max_bytes, max_segments : int
+        Bounds of the folder (see the module docstring).
     """
 
-    def __init__(self, path: Path, tunables: tuple, max_bytes: int = MAX_BYTES):
+    def __init__(self, path: Path, tunables: tuple, max_bytes: int = MAX_BYTES,
+                 max_segments: int = MAX_SEGMENTS):
         self.path = Path(path)
         self.tunables = (int(tunables[0]), bool(tunables[1]), int(tunables[2]))
         self.max_bytes = int(max_bytes)
+        self.max_segments = int(max_segments)
         self._lock = threading.Lock()
-        self._loaded = False
-        self._seen = None           # (mtime_ns, size) of the file as read
-        self._a = None              # the arrays (int32 rows, int64 pointers)
-        self._index = {}            # (buckets bytes, nct, nfct) -> pattern number
-        self._block = None          # RowBlock of the whole file, made on first use
-        self._made = {}             # pattern number -> TileSchedule of that block
+        self._scanned = False
+        self._segs: list = []
+        self._index: dict = {}          # (buckets bytes, nct, nfct) -> (segment, number)
 
-    # ------------------------------------------------------------------ reading
     def _header(self) -> dict:
         b, p, g = self.tunables
         return {"format": FORMAT, "stamp": rules_stamp(), "bundle": b, "pipelining": p,
                 "granule": g}
 
-    def _read(self):
-        """The file's arrays, or None (missing, unreadable, stale or corrupt)."""
+    # ------------------------------------------------------------------ reading
+    def _segment_files(self):
         try:
-            st = os.stat(self.path)
-            with open(self.path, "rb") as fh:
-                data = fh.read()
+            return sorted(p for p in self.path.iterdir()
+                          if p.name.startswith("seg-") and p.suffix == ".bin")
         except OSError:
-            return None, None
-        seen = (st.st_mtime_ns, st.st_size)
-        try:
-            return _decode(data, self._header()), seen
-        except Exception:                  # noqa: BLE001 - any damage: ignore the file
-            return None, seen
+            return []
 
-    def _load(self) -> None:
-        if self._loaded:
+    def _scan(self) -> None:
+        if self._scanned:
             return
-        self._loaded = True
-        a, self._seen = self._read()
-        self._set(a)
+        self._scanned = True
+        want = self._header()
+        for p in self._segment_files():
+            try:
+                seg = _read_keys(p, want)
+            except _Damaged:                # ours but damaged: nobody can use it
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
+                continue
+            except Exception:              # noqa: BLE001 - unreadable or foreign: ignore it
+                continue
+            self._register(seg)
 
-    def _set(self, a) -> None:
-        self._a = a
-        self._block = None
-        self._made = {}
-        self._index = {}
-        if a is None:
-            return
-        kb, kp = a["key_b"], a["key_ptr"].tolist()
-        nct, nfct = a["nct"].tolist(), a["nfct"].tolist()
+    def _register(self, seg: _Segment) -> None:
+        self._segs.append(seg)
+        k = seg.keys
+        kb, kp = k["key_b"], k["key_ptr"].tolist()
+        nct, nfct = k["nct"].tolist(), k["nfct"].tolist()
+        raw = kb.tobytes()
+        idx = self._index
         for j in range(len(nct)):
-            self._index[(kb[kp[j]:kp[j + 1]].tobytes(), nct[j], nfct[j])] = j
+            key = (raw[4 * kp[j]:4 * kp[j + 1]], nct[j], nfct[j])
+            if key not in idx:
+                idx[key] = (seg, j)
+
+    def _drop(self, seg: _Segment) -> None:
+        """Forget a damaged segment's patterns (written again when simulated) and
+        delete its file (it carries this stamp: nobody can use it)."""
+        seg.bad = True
+        for key in [k for k, v in self._index.items() if v[0] is seg]:
+            del self._index[key]
+        try:
+            seg.path.unlink()
+        except OSError:
+            pass
 
     def lookup(self, keys) -> dict:
-        """TileSchedules of the patterns ``keys`` found in the file.
+        """TileSchedules of the patterns ``keys`` found on disk.
 
         ``keys``: ``(buckets as int32 bytes, nct, nfct)`` each. Returns
-        ``key -> TileSchedule`` for the keys found.
+        ``key -> TileSchedule`` for the keys found (a segment that turns out
+        damaged when its rows are read gives none).
         """
         with self._lock:
-            self._load()
-            hit = {k: self._index[k] for k in keys if k in self._index}
-            if not hit:
-                return {}
-            span = self._a["span"]
-            js = list(hit.values())
-            ja = np.asarray(js, dtype=np.int64)
-            used = int((span[ja + 1] - span[ja]).sum())
-            made = self._whole(js) if 2 * used >= int(span[-1]) else self._gathered(js)
-            return dict(zip(hit, made))
-
-    def _schedules(self, block, spans, js):
-        """TileSchedules of patterns ``js``, rows ``spans`` of ``block``."""
-        from .bucket import make_schedule
-        a = self._a
-        pa = a["ptr_at"].tolist()
-        rp, lp = a["row_ptr"], a["launch_ptr"]
-        nl, nvt, nct = a["nlaunch"].tolist(), a["nvt"].tolist(), a["nct"].tolist()
-        g = self.tunables[2]
-        return [make_schedule(block, sp, rp[pa[j]:pa[j + 1]], lp[pa[j]:pa[j + 1]], nl[j],
-                              nvt[j], g, nct[j]) for sp, j in zip(spans, js)]
-
-    def _whole(self, js):
-        """Patterns ``js`` as spans of the file's whole row block (shared by all hits)."""
-        from .bucket import RowBlock
-        if self._block is None:
-            self._block = RowBlock({k: self._a[k] for k in _ROWCOLS})
-        todo = [j for j in js if j not in self._made]
-        if todo:
-            span = self._a["span"].tolist()
-            for j, s in zip(todo, self._schedules(self._block,
-                                                  [(span[j], span[j + 1]) for j in todo],
-                                                  todo)):
-                self._made[j] = s
-        return [self._made[j] for j in js]
-
-    def _gathered(self, js):
-        """Patterns ``js`` in one new row block of their rows only."""
-        from .bucket import RowBlock
-        a = self._a
-        span = a["span"]
-        ja = np.asarray(js, dtype=np.int64)
-        n = span[ja + 1] - span[ja]
-        start = np.zeros(len(ja) + 1, dtype=np.int64)
-        np.cumsum(n, out=start[1:])
-        idx = np.repeat(span[ja] - start[:-1], n) + np.arange(int(start[-1]))
-        cols = {}
-        for k in _ROWCOLS:
-            v = a[k][idx]
-            v.flags.writeable = False
-            cols[k] = v
-        st = start.tolist()
-        return self._schedules(RowBlock(cols), [(st[i], st[i + 1]) for i in range(len(js))],
-                               js)
+            self._scan()
+            by_seg: dict = {}
+            for k in keys:
+                hit = self._index.get(k)
+                if hit is not None:
+                    by_seg.setdefault(id(hit[0]), (hit[0], [], []))
+                    by_seg[id(hit[0])][1].append(k)
+                    by_seg[id(hit[0])][2].append(hit[1])
+            out = {}
+            for seg, ks, js in by_seg.values():
+                try:
+                    made = _load(seg, js, self.tunables[2])
+                except Exception:          # noqa: BLE001 - damaged rows: simulate again
+                    self._drop(seg)
+                    continue
+                out.update(zip(ks, made))
+            return out
 
     # ------------------------------------------------------------------ writing
     def add(self, keys, scheds) -> bool:
-        """Add simulated patterns and write the file (merged, atomically).
-
-        Returns whether the file was written.
+        """Write the simulated patterns not on disk yet as a new segment (atomically),
+        then keep the folder within its bounds. Returns whether a segment was written.
         """
-        if not keys:
-            return False
         with self._lock:
-            self._load()
+            self._scan()
             new = [(k, s) for k, s in zip(keys, scheds) if k not in self._index]
             if not new:
                 return False
+            keys_a, rows_a = _arrays_of([k for k, _ in new], [s for _, s in new])
             try:
-                st = os.stat(self.path)
-                now = (st.st_mtime_ns, st.st_size)
-            except OSError:
-                now = None
-            if now is not None and now != self._seen:     # another process wrote it
-                a, seen = self._read()
-                if a is not None:
-                    self._set(a)
-                    self._seen = seen
-                    new = [(k, s) for k, s in new if k not in self._index]
-                    if not new:
-                        return False
-            merged = _merge(self._a, new)
-            merged = _bound(merged, self.max_bytes)
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                data = _encode(merged, self._header())
-                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".",
-                                           suffix=".tmp")
+                self.path.mkdir(parents=True, exist_ok=True)
+                data, rows_at, rec, keys_a = _encode(keys_a, rows_a, self._header())
+                fd, tmp = tempfile.mkstemp(dir=self.path, prefix="tmp-", suffix=".part")
                 try:
                     with os.fdopen(fd, "wb") as fh:
                         fh.write(data)
-                    os.replace(tmp, self.path)
+                    name = self.path / f"seg-{rules_stamp()[:8]}-{os.path.basename(tmp)[4:-5]}.bin"
+                    os.replace(tmp, name)
                 except BaseException:
                     try:
                         os.unlink(tmp)
                     except OSError:
                         pass
                     raise
-                st = os.stat(self.path)
-                self._seen = (st.st_mtime_ns, st.st_size)
             except OSError:
                 return False
-            # keep the patterns known in memory; the schedules already handed out
-            # stay valid (their blocks are their own)
-            if _bounded_same(merged, self._a, len(new)):
-                P0 = len(self._a["nct"]) if self._a is not None else 0
-                self._a = merged
-                self._block = None
-                self._made = {}
-                for i, (k, _) in enumerate(new):
-                    self._index[k] = P0 + i
-            else:
-                self._set(merged)
+            seg = _Segment(name, rows_at, rec, _as_read(keys_a))
+            self._register(seg)
+            self._bound(name)
             return True
+
+    def _bound(self, keep: Path) -> None:
+        """Delete the oldest segments (not ``keep``) beyond the folder's bounds."""
+        mine = f"seg-{rules_stamp()[:8]}-"
+        files = []
+        for p in self._segment_files():
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            # segments of other bucket rules first, then the oldest
+            files.append((p.name.startswith(mine), st.st_mtime_ns, p.name, p, st.st_size))
+        files.sort()
+        total = sum(f[4] for f in files)
+        n = len(files)
+        for _, _, _, p, size in files:
+            if total <= self.max_bytes and n <= self.max_segments:
+                break
+            if p == keep:
+                continue
+            try:
+                p.unlink()
+            except OSError:
+                continue
+            total -= size
+            n -= 1
+
+
+def _load(seg, js, granule):
+    """TileSchedules of patterns ``js`` of a segment, their rows read (adjacent
+    patterns in one read, every pattern's CRC checked) into one row block."""
+    from .bucket import RowBlock, make_schedule
+    k = seg.keys
+    span = k["span"]
+    ja = np.asarray(js, dtype=np.int64)
+    order = np.argsort(span[ja], kind="stable")
+    ja = ja[order]
+    a, e = span[ja], span[ja + 1]
+    # runs of adjacent patterns: one read each
+    brk = np.flatnonzero(a[1:] != e[:-1]) + 1
+    starts = np.concatenate(([0], brk)).tolist()
+    ends = np.concatenate((brk, [len(ja)])).tolist()
+    isz = seg.rec.itemsize
+    parts = []
+    with open(seg.path, "rb") as fh:
+        for s0, s1 in zip(starts, ends):
+            lo, hi = int(a[s0]) * isz, int(e[s1 - 1]) * isz
+            fh.seek(seg.rows_at + lo)
+            b = fh.read(hi - lo)
+            if len(b) != hi - lo:
+                raise ValueError("segment truncated")
+            mv = memoryview(b)
+            crc = k["crc"]
+            for j in ja[s0:s1].tolist():
+                x, y = int(span[j]) * isz - lo, int(span[j + 1]) * isz - lo
+                if zlib.crc32(mv[x:y]) != int(crc[j]):
+                    raise ValueError("segment damaged")
+            parts.append(b)
+    rec = np.frombuffer(b"".join(parts), dtype=seg.rec)
+    cols = {}
+    for name in _ROWCOLS:
+        v = rec[name].astype(np.int32)
+        v.flags.writeable = False
+        cols[name] = v
+    block = RowBlock(cols)
+    n = (e - a).tolist()
+    pa = k["ptr_at"].tolist()
+    rp, lp = k["row_ptr"], k["launch_ptr"]
+    nl, nvt, nct = k["nlaunch"].tolist(), k["nvt"].tolist(), k["nct"].tolist()
+    made = [None] * len(js)
+    at = 0
+    for pos, (i, j) in enumerate(zip(order.tolist(), ja.tolist())):
+        made[i] = make_schedule(block, (at, at + n[pos]), rp[pa[j]:pa[j + 1]],
+                                lp[pa[j]:pa[j + 1]], nl[j], nvt[j], granule, nct[j])
+        at += n[pos]
+    return made
 
 
 # ------------------------------------------------------------------ arrays <-> bytes
 
-def _arrays_of(keys, scheds) -> dict:
-    """File arrays of new patterns (int32 rows, int64 pointers)."""
+def _arrays_of(keys, scheds):
+    """The keys part and the rows part of new patterns (int32 rows, int64 pointers)."""
     P = len(keys)
     key_ptr = np.zeros(P + 1, dtype=np.int64)
     np.cumsum([len(k[0]) // 4 for k in keys], out=key_ptr[1:])
-    a = {"key_b": np.frombuffer(b"".join(k[0] for k in keys), dtype=np.int32),
-         "key_ptr": key_ptr,
-         "nct": np.array([s.nct for s in scheds], dtype=np.int64),
-         "nfct": np.array([k[2] for k in keys], dtype=np.int64),
-         "nlaunch": np.array([s.nlaunch for s in scheds], dtype=np.int64),
-         "nvt": np.array([s.nvt for s in scheds], dtype=np.int64)}
-    # rows: one block used whole and in order (one simulation's patterns) goes in
-    # as it is, else pattern by pattern
     nrow = np.array([s.nrows for s in scheds], dtype=np.int64)
     span = np.zeros(P + 1, dtype=np.int64)
     np.cumsum(nrow, out=span[1:])
-    a["span"] = span
-    blk = scheds[0].block if P else None
-    if (P and all(s.block is blk and s.span[0] == b for s, b in zip(scheds, span.tolist()))
+    ptr_at = np.zeros(P + 1, dtype=np.int64)
+    np.cumsum([len(s.row_ptr) for s in scheds], out=ptr_at[1:])
+    ka = {"key_b": np.frombuffer(b"".join(k[0] for k in keys), dtype=np.int32),
+          "key_ptr": key_ptr,
+          "nct": np.array([s.nct for s in scheds], dtype=np.int64),
+          "nfct": np.array([k[2] for k in keys], dtype=np.int64),
+          "nlaunch": np.array([s.nlaunch for s in scheds], dtype=np.int64),
+          "nvt": np.array([s.nvt for s in scheds], dtype=np.int64),
+          "span": span, "ptr_at": ptr_at,
+          "row_ptr": np.concatenate([s.row_ptr for s in scheds]).astype(np.int64),
+          "launch_ptr": np.concatenate([s.launch_ptr for s in scheds]).astype(np.int64)}
+    ra = {}
+    # rows: one block used whole and in order (one simulation's patterns) goes in
+    # as it is, else pattern by pattern
+    blk = scheds[0].block
+    if (all(s.block is blk and s.span[0] == b for s, b in zip(scheds, span.tolist()))
             and int(span[-1]) == len(blk)):
         for k in _ROWCOLS:
-            a[k] = blk.cols[k]
+            ra[k] = blk.cols[k]
     else:
         for k in _ROWCOLS:
-            a[k] = np.concatenate([s.block.cols[k][s.span[0]:s.span[1]] for s in scheds])
-    pl = [len(s.row_ptr) for s in scheds]
-    ptr_at = np.zeros(P + 1, dtype=np.int64)
-    np.cumsum(pl, out=ptr_at[1:])
-    a["ptr_at"] = ptr_at
-    a["row_ptr"] = np.concatenate([s.row_ptr for s in scheds]).astype(np.int64)
-    a["launch_ptr"] = np.concatenate([s.launch_ptr for s in scheds]).astype(np.int64)
-    return a
+            ra[k] = np.concatenate([s.block.cols[k][s.span[0]:s.span[1]] for s in scheds])
+    return ka, ra
 
 
-def _merge(old, new) -> dict:
-    """The file's patterns, then the new ones."""
-    add = _arrays_of([k for k, _ in new], [s for _, s in new])
-    if old is None:
-        return add
-    out = {}
-    for k in add:
-        if k in ("key_ptr", "span", "ptr_at"):
-            out[k] = np.concatenate([old[k], add[k][1:] + old[k][-1]])
-        else:
-            out[k] = np.concatenate([old[k], add[k]])
-    return out
-
-
-def _bounded_same(merged, old, nnew) -> bool:
-    """Whether ``merged`` is ``old`` plus ``nnew`` patterns (nothing dropped)."""
-    p0 = len(old["nct"]) if old is not None else 0
-    return len(merged["nct"]) == p0 + nnew
-
-
-def _row_bytes(a) -> np.ndarray:
-    """Bytes of each pattern's rows (int32 columns)."""
-    per_row = 4 * (len(_ROWCOLS) - 1 + a["rows"].shape[1])
-    return np.diff(a["span"]) * per_row
-
-
-def _bound(a, max_bytes) -> dict:
-    """Drop the first patterns until the rows fit in ``max_bytes``."""
-    rb = _row_bytes(a)
-    total = int(rb.sum())
-    if total <= max_bytes:
-        return a
-    cut = int(np.searchsorted(np.cumsum(rb), total - max_bytes, side="left")) + 1
-    return _slice(a, cut, len(rb))
-
-
-def _slice(a, j0, j1) -> dict:
-    """Patterns ``j0 … j1-1`` of the arrays ``a``."""
-    out = {}
-    for ptr, members in (("key_ptr", ("key_b",)), ("span", _ROWCOLS),
-                         ("ptr_at", ("row_ptr", "launch_ptr"))):
-        p = a[ptr]
-        lo, hi = int(p[j0]), int(p[j1])
-        out[ptr] = p[j0:j1 + 1] - lo
-        for k in members:
-            out[k] = a[k][lo:hi]
-    for k in _PER_PATTERN:
-        out[k] = a[k][j0:j1]
-    return out
-
-
-_NAMES = ("key_b", "key_ptr") + _PER_PATTERN + ("span",) + _ROWCOLS + (
-    "ptr_at", "row_ptr", "launch_ptr")
-_INT32 = ("key_b",) + _ROWCOLS
-
-
-def _encode(a, header) -> bytes:
+def _part(a, names):
+    """Bytes and header entry of the keys part (arrays narrowed)."""
     parts, meta, at = [], [], 0
-    for k in _NAMES:
-        v = np.ascontiguousarray(_narrow(a[k]))
-        b = v.tobytes()
-        meta.append([k, v.dtype.str, list(v.shape), at])
-        parts.append(b)
-        at += len(b)
+    for k in names:
+        b = np.ascontiguousarray(_narrow(a[k]))
+        meta.append([k, b.dtype.str, list(b.shape), at])
+        parts.append(b.tobytes())
+        at += len(parts[-1])
     payload = b"".join(parts)
-    h = dict(header, arrays=meta, crc=zlib.crc32(payload), size=len(payload))
+    return payload, {"arrays": meta, "size": len(payload), "crc": zlib.crc32(payload)}
+
+
+def _packed(rows_a):
+    """The rows as packed records (each field narrowed) and their dtype."""
+    fields = []
+    for name in _ROWCOLS:
+        v = rows_a[name]
+        t = _narrow(v.ravel()[:0] if v.size == 0 else
+                    np.array([v.min(), v.max()], dtype=np.int64)).dtype
+        fields.append((name, t, v.shape[1:]) if v.ndim > 1 else (name, t))
+    rec = np.dtype(fields)                       # packed: no padding
+    out = np.empty(len(rows_a["type"]), dtype=rec)
+    for name in _ROWCOLS:
+        out[name] = rows_a[name]
+    return out, rec
+
+
+def _encode(keys_a, rows_a, header):
+    """A segment's bytes, the offset of its rows part, the record dtype and the keys
+    (with every pattern's CRC)."""
+    rec, dt = _packed(rows_a)
+    raw = memoryview(rec.tobytes())
+    isz = dt.itemsize
+    span = keys_a["span"].tolist()
+    keys_a = dict(keys_a, crc=np.array([zlib.crc32(raw[span[j] * isz:span[j + 1] * isz])
+                                        for j in range(len(span) - 1)], dtype=np.int64))
+    kp, km = _part(keys_a, _KEYS)
+    h = dict(header, keys=km, rows={"descr": _descr(dt), "count": len(rec)})
     hb = json.dumps(h, sort_keys=True).encode()
-    return _MAGIC + len(hb).to_bytes(8, "little") + hb + payload
+    head = _MAGIC + len(hb).to_bytes(8, "little") + hb
+    return head + kp + bytes(raw), len(head) + len(kp), dt, keys_a
 
 
-def _decode(data: bytes, want: dict) -> dict:
-    if data[:8] != _MAGIC:
-        raise ValueError("not a tile-schedule cache file")
-    n = int.from_bytes(data[8:16], "little")
-    h = json.loads(data[16:16 + n].decode())
-    for k, v in want.items():
-        if h.get(k) != v:
-            raise ValueError(f"cache file for another {k}")
-    payload = memoryview(data)[16 + n:]
-    if len(payload) != h["size"] or zlib.crc32(payload) != h["crc"]:
-        raise ValueError("cache file damaged")
+def _descr(dt: np.dtype) -> list:
+    return [[name, dt.fields[name][0].base.str, list(dt.fields[name][0].shape)]
+            for name in dt.names]
+
+
+def _record_dtype(descr) -> np.dtype:
+    names = [d[0] for d in descr]
+    if names != list(_ROWCOLS):
+        raise ValueError("bad record layout")
+    fields = []
+    for name, t, shape in descr:
+        t = np.dtype(t)
+        if t.kind != "i":
+            raise ValueError("bad dtype")
+        fields.append((name, t, tuple(shape)) if shape else (name, t))
+    return np.dtype(fields)
+
+
+def _decode(payload, meta, names) -> dict:
+    """The arrays of the keys part (CRC checked)."""
+    if len(payload) != meta["size"] or zlib.crc32(payload) != meta["crc"]:
+        raise ValueError("segment damaged")
     a = {}
-    for name, dt, shape, off in h["arrays"]:
+    for name, dt, shape, off in meta["arrays"]:
         dt = np.dtype(dt)
         if dt.kind != "i":
             raise ValueError("bad dtype")
-        cnt = math.prod(shape)
-        v = np.frombuffer(payload, dtype=dt, count=cnt, offset=off).reshape(shape)
-        want_t = np.int32 if name in _INT32 else np.int64
-        v = v.astype(want_t)            # always a copy: the payload is one buffer
+        a[name] = np.frombuffer(payload, dtype=dt, count=math.prod(shape),
+                                offset=off).reshape(shape)
+    if set(a) != set(names):
+        raise ValueError("segment lacks arrays")
+    return _as_read(a)
+
+
+def _as_read(a) -> dict:
+    """The keys as the reader uses them: int32 buckets, int64 else, read-only."""
+    out = {}
+    for name in _KEYS:
+        v = a[name].astype(np.int32 if name == "key_b" else np.int64)   # a copy
         v.flags.writeable = False
-        a[name] = v
-    if set(a) != set(_NAMES):
-        raise ValueError("cache file lacks arrays")
-    _check(a)
-    return a
+        out[name] = v
+    return out
 
 
-def _check(a) -> None:
-    """Structural checks (the CRC catches damage; these catch a writer's bug)."""
-    P = len(a["nct"])
-    for k in _PER_PATTERN:
-        if a[k].shape != (P,):
+class _Damaged(ValueError):
+    """A segment of this format and stamp whose contents fail their checks."""
+
+
+def _read_keys(path: Path, want: dict) -> _Segment:
+    size = os.stat(path).st_size
+    with open(path, "rb") as fh:
+        head = fh.read(16)
+        if head[:8] != _MAGIC:
+            raise ValueError("not a tile-schedule segment")
+        n = int.from_bytes(head[8:16], "little")
+        h = json.loads(fh.read(n).decode())
+        for k, v in want.items():
+            if h.get(k) != v:
+                raise ValueError(f"segment for another {k}")
+        try:
+            km = h["keys"]
+            keys = _decode(fh.read(km["size"]), km, _KEYS)
+            rec = _record_dtype(h["rows"]["descr"])
+            rows_at = 16 + n + km["size"]
+            _check_keys(keys)
+            if int(keys["span"][-1]) != h["rows"]["count"] or \
+                    size != rows_at + h["rows"]["count"] * rec.itemsize:
+                raise ValueError("segment truncated")
+        except Exception as exc:        # noqa: BLE001 - any failure past the header
+            raise _Damaged(str(exc)) from exc
+    return _Segment(path, rows_at, rec, keys)
+
+
+def _check_keys(k) -> None:
+    """Structural checks of a keys part (the CRCs catch damage; these a writer's bug)."""
+    P = len(k["nct"])
+    for name in _PER_PATTERN + ("crc",):
+        if k[name].shape != (P,):
             raise ValueError("bad per-pattern array")
-    for ptr, k in (("key_ptr", "key_b"), ("span", "type"), ("ptr_at", "row_ptr")):
-        p = a[ptr]
-        if p.shape != (P + 1,) or p[0] != 0 or p[-1] != len(a[k]) or np.any(np.diff(p) < 0):
+    for ptr, n in (("key_ptr", len(k["key_b"])), ("span", None),
+                   ("ptr_at", len(k["row_ptr"]))):
+        p = k[ptr]
+        if p.shape != (P + 1,) or p[0] != 0 or np.any(np.diff(p) < 0) or \
+                (n is not None and p[-1] != n):
             raise ValueError(f"bad {ptr}")
-    nr = len(a["type"])
-    for k in _ROWCOLS:
-        if len(a[k]) != nr:
-            raise ValueError(f"bad column {k}")
-    if len(a["launch_ptr"]) != len(a["row_ptr"]):
+    if len(k["launch_ptr"]) != len(k["row_ptr"]):
         raise ValueError("bad launch_ptr")
-    if np.any(np.diff(a["ptr_at"]) != a["nlaunch"] + 1):
+    if np.any(np.diff(k["ptr_at"]) != k["nlaunch"] + 1):
         raise ValueError("bad launch count")
-    ends = a["ptr_at"][1:] - 1
-    if np.any(a["row_ptr"][ends] != np.diff(a["span"])):
+    if P and np.any(k["row_ptr"][k["ptr_at"][1:] - 1] != np.diff(k["span"])):
         raise ValueError("bad row pointers")
 
 
@@ -472,7 +540,7 @@ def store(tunables, environ: Mapping[str, str] = os.environ) -> PatternStore | N
     if d is None or not rules_stamp():
         return None
     b, p, g = int(tunables[0]), bool(tunables[1]), int(tunables[2])
-    path = d / f"tile-schedules-b{b}-p{int(p)}-g{g}.bin"
+    path = d / f"b{b}-p{int(p)}-g{g}"
     key = str(path)
     with _STORES_LOCK:
         s = _STORES.get(key)
@@ -482,6 +550,6 @@ def store(tunables, environ: Mapping[str, str] = os.environ) -> PatternStore | N
 
 
 def forget() -> None:
-    """Forget what was read from disk (the next look-up reads the files again)."""
+    """Forget what was read from disk (the next look-up reads the folder again)."""
     with _STORES_LOCK:
         _STORES.clear()
