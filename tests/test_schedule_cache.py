@@ -213,3 +213,21 @@ def test_lookup_reads_only_the_patterns_hit(cache_dir):
         assert got[k].tasks.tobytes() == w.tasks.tobytes()
     assert fresh.lookup(_keys(pats[j0:j0 + 1])) == {}
     assert not seg.path.exists()                       # damaged: deleted
+
+
+def test_bound_deletes_the_least_recently_used_segment(cache_dir):
+    import os
+    tun = (3, True, 16)
+    groups = [[p for p in _random_patterns(20 + s, 12, lo=3) if p[2] > 0][:3] for s in range(4)]
+    st = diskcache.store(tun)
+    st.max_segments = 3
+    for t, g in enumerate(groups[:3]):
+        assert st.add(_keys(g), bucket._simulate(g, 3, True, 16))
+        seg = st._segs[-1]
+        os.utime(seg.path, ns=(10 ** 18 + t * 10 ** 9,) * 2)   # written in this order
+    first = st._segs[0].path
+    reader = diskcache.PatternStore(st.path, tun)
+    assert reader.lookup(_keys(groups[0][:1]))        # the oldest used now
+    assert st.add(_keys(groups[3]), bucket._simulate(groups[3], 3, True, 16))
+    left = set(st.path.glob("seg-*.bin"))
+    assert first in left and st._segs[1].path not in left and len(left) == 3

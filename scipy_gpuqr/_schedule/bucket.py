@@ -424,8 +424,10 @@ def tile_schedule(buckets, nct: int, nfct: int, *, bundle: int = DEFAULT_BUNDLE,
     granule : int
         Most column tiles one Apply task updates.
     """
+    # one pattern at a time (tests, experiments): the disk cache is left to plans
     return tile_schedules([(np.asarray(buckets, dtype=np.int32), int(nct), int(nfct))],
-                          bundle=bundle, pipelining=pipelining, granule=granule)[0]
+                          bundle=bundle, pipelining=pipelining, granule=granule,
+                          use_disk=False)[0]
 
 
 def tile_schedules(patterns, *, bundle: int = DEFAULT_BUNDLE, pipelining: bool = True,

@@ -32,8 +32,9 @@ in the package's user cache folder:
   ignored (a damaged one of this stamp is deleted; its patterns are
   simulated and written again); the folder keeps at most ``max_bytes``
   (:data:`MAX_BYTES`) in at most ``max_segments`` (:data:`MAX_SEGMENTS`)
-  segments, those of other stamps and then the oldest (by modification
-  time) deleted first when a new one is written.
+  segments, those of other stamps and then the least recently used (a hit
+  touches its segment's modification time) deleted first when a new one is
+  written.
 
 Everything here is best effort: an unwritable folder only means no disk
 cache. Tests point ``SCIPY_GPUQR_SCHEDULE_CACHE`` at a temporary folder or
@@ -246,6 +247,10 @@ class PatternStore:
                     self._drop(seg)
                     continue
                 out.update(zip(ks, made))
+                try:                        # used: the bound deletes it last
+                    os.utime(seg.path)
+                except OSError:
+                    pass
             return out
 
     # ------------------------------------------------------------------ writing
