@@ -65,7 +65,7 @@ def warm(parallel: int = 16) -> None:
     for dt in ("float64", "float32"):
         jobs += [("getrf_warp", dt, n) for n in range(SMALL_MAX, 0, -1)]
         jobs += [(k, dt, n) for k in ("getri_warp", "potrf_small") for n in PADDED_SIZES[::-1]]
-    jobs += [("getrf_mma", "float64", n) for n in MMA_SIZES]
+    jobs += [(k, "float64", n) for k in ("getrf_mma", "getri_mma") for n in MMA_SIZES]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(parallel) as ex:
         list(ex.map(_warm_one, jobs))
@@ -333,11 +333,12 @@ def main(argv=None) -> int:
                     continue
                 if n <= 32:
                     size = n if op == "lu" else padded_size(n)
-                    default = (bg.getrf_defaults(n, dtype.name, bg.getrf_kernel(n, dtype))
-                               if op == "lu" else bg.warp_defaults(size, dtype.name))
+                    kern = (bg.getrf_kernel(n, dtype) if op == "lu"
+                            else bg.getri_kernel(n, dtype))
+                    default = bg.getrf_defaults(size, dtype.name, kern)
                     choices = (default,) if args.no_tune else TUNE
                 else:
-                    default, choices = (None, None), ((None, None),)
+                    default, choices, kern = (None, None), ((None, None),), "-"
                 res = {}
                 for thr, st in choices:
                     res[(thr, st)] = timer.device(lambda thr=thr, st=st: call(a, thr, st) if thr else call(a))
@@ -347,7 +348,6 @@ def main(argv=None) -> int:
                 cb_ms = cublas_ms(cp, timer, a, op)
                 t_ms = torch_ms(torch, timer, a, op)
                 cfg = "-" if best_cfg[0] is None else f"{best_cfg[0]}/{best_cfg[1]}"
-                kern = (bg.getrf_kernel(n, dtype) if op == "lu" else "getri_warp")
                 row = dict(dtype=dtype.name, n=n, batch=bsz, op=op, kernel=kern,
                            threads=best_cfg[0],
                            stages=best_cfg[1], ms=best, default_ms=dflt,

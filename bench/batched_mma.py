@@ -3,7 +3,8 @@
 row-per-lane warp kernel (kernels/batched_lu.cu), n = 16/24/32, float64.
 
     python3 bench/batched_mma.py [--json out.json] [--sizes 32,24,16] [--opt -DX=Y ...] [--tiny]
-    ncu ... python3 bench/batched_mma.py --profile
+    python3 bench/batched_mma.py --inverse [--sizes 32] [--opt -DX=Y ...] [--json out.json]
+    ncu ... python3 bench/batched_mma.py --profile [--inverse]
 
 Per n: the ``getrf_mma<double, n>`` kernel is compiled (with ``--opt``
 NVRTC options, e.g. a register cap), checked against LAPACK on fresh random,
@@ -14,6 +15,11 @@ matrices over (threads per block, stages) next to the row-per-lane kernel
 time, CUDA events after warm-up, median of 5, the GPU kept busy by copies
 enqueued just before (bench/batched.py's Timer). ``--tiny``: the n = 2 LU
 with the persistent grid against one matrix per thread, and cuBLAS.
+``--inverse``: the same for the inverse ``getri_mma<double, 32>`` (n < 32
+padded with the identity) against SciPy/NumPy per matrix (info as LAPACK's
+getrf: first exactly zero pivot, -1 for inf/NaN), timed next to the
+Gauss-Jordan warp kernel (``getri(kernel='warp')``), the library default and
+cuBLAS getrfBatched + getriBatched in the same run.
 """
 
 from __future__ import annotations
@@ -38,10 +44,115 @@ def function(n: int, options=()):
     return _kernels.load_module("batched_mma.cu", (name,), tuple(options)).get_function(name)
 
 
-def smem_bytes(n: int, warps: int, stages: int) -> int:
-    units = n // 2
-    ldu = (units + 7) // 8 * 8
-    return warps * (stages * n * ldu * 2 + 32) * 8
+def inverse_function(options=()):
+    from scipy_gpuqr import _kernels
+    name = "getri_mma<double, 32>"
+    return _kernels.load_module("batched_mma.cu", (name,), tuple(options)).get_function(name)
+
+
+def smem_bytes(n: int, warps: int, stages: int, inverse: bool = False) -> int:
+    from scipy_gpuqr._batched_gpu import mma_smem_bytes
+    return mma_smem_bytes(n, warps, stages, inverse)
+
+
+def launch_inverse(cp, fn, a, out, info, threads: int, stages: int) -> int:
+    """One ``getri_mma<double, 32>`` launch over the stack ``a`` (B, n, n), n <= 32."""
+    from cupy_backends.cuda.api import driver
+    bsz, n = a.shape[0], a.shape[-1]
+    smem = smem_bytes(32, threads // 32, stages, inverse=True)
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, smem)
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    grid = max(1, min(max(1, per_sm) * sms, -(-bsz // (threads // 32))))
+    vec = int(a.data.ptr % 16 == 0 and out.data.ptr % 16 == 0 and n % 2 == 0)
+    fn((grid,), (threads,), (a, out, info, np.int64(bsz), np.int32(n),
+                             np.int32(stages), np.int32(vec)), shared_mem=smem)
+    return per_sm
+
+
+def check_inverse(cp, fn, n, rng):
+    """Problems found against NumPy's inverse and LAPACK's getrf info."""
+    import scipy.linalg as sl
+    eps = float(np.finfo(np.float64).eps)
+    bsz = 997
+    a = rng.standard_normal((bsz, n, n))
+    for i in range(0, 64, 2):
+        a[i, :, (i // 2) % n] = 0                  # exactly singular
+    a[1, n - 1, 0] = np.inf                         # non-finite
+    a[3, 5, n - 1] = np.nan
+    a[5] = np.triu(a[5]) + 3 * np.eye(n)            # ties of zeros below the diagonal
+    a[7, :, :] = np.round(a[7] * 2)                 # many exact ties
+    getrf, = sl.get_lapack_funcs(("getrf",), (a[0],))
+    ref_info = np.array([getrf(m)[2] for m in a])
+    ref_info[[1, 3]] = -1
+    ok = ref_info == 0
+    ref = np.linalg.inv(a[ok])
+    cond = np.linalg.cond(a[ok])
+    problems, err = [], 0.0
+    for threads, stages, misalign in ((128, 2, False), (64, 1, False), (96, 1, True)):
+        if misalign:        # 8-byte aligned pointers: the element-wise copies
+            buf = cp.empty(bsz * n * n + 1)
+            ga = buf[1:].reshape(bsz, n, n)
+            ga[...] = cp.asarray(a)
+            obuf = cp.full(bsz * n * n + 1, np.nan)
+            out = obuf[1:].reshape(bsz, n, n)
+        else:
+            ga = cp.asarray(a)
+            out = cp.full((bsz, n, n), np.nan)
+        info = cp.full((bsz,), -12345, dtype=np.int32)
+        launch_inverse(cp, fn, ga, out, info, threads, stages)
+        cp.cuda.Device().synchronize()
+        x, info = out.get(), info.get()
+        if (info != ref_info).any():
+            bad = np.flatnonzero(info != ref_info)[:4]
+            problems.append(f"info {bad}: {info[bad]} vs {ref_info[bad]} ({threads}/{stages})")
+        e = np.abs(x[ok] - ref).max(axis=(1, 2)) / (np.abs(ref).max(axis=(1, 2)) * cond)
+        e = float(e.max()) if np.isfinite(e).all() else np.inf
+        err = max(err, e)
+        if not e <= 30 * n * eps:
+            problems.append(f"inverse error {e:.2e} x cond ({threads}/{stages})")
+    return err, problems[:8]
+
+
+def inverse_rows(cp, timer, sizes, options, rng) -> list:
+    """The ``--inverse`` rows: check, launch configurations, warp kernel,
+    library default and cuBLAS getrf + getri, device ms on 2**20 matrices."""
+    from batched import cublas_lu
+    from scipy_gpuqr import _batched_gpu as bg
+    fn = inverse_function(options)
+    rows = []
+    for n in sizes:
+        err, problems = check_inverse(cp, fn, n, rng)
+        a = cp.asarray(rng.standard_normal((BATCH, n, n)))
+        out = cp.empty_like(a)
+        info = cp.empty((BATCH,), dtype=np.int32)
+        res, occ = {}, {}
+        for thr, st in CONFIGS:
+            occ[(thr, st)] = launch_inverse(cp, fn, a, out, info, thr, st)
+            res[(thr, st)] = timer.device(
+                lambda thr=thr, st=st: launch_inverse(cp, fn, a, out, info, thr, st))
+        warp_ms = timer.device(lambda: bg.getri(a, kernel="warp"))
+        lib_ms = timer.device(lambda: bg.getri(a))
+        work = a.copy()
+        cub_ms = timer.device(cublas_lu(cp, work, inverse=True), reps=3)
+        work = None
+        best = min(res, key=res.get)
+        row = dict(n=n, op="inv", options=list(options), ok=not problems, problems=problems,
+                   err=err, regs=fn.num_regs, spill_bytes=fn.local_size_bytes,
+                   blocks_per_sm=occ[best], ms=res[best], cfg=f"{best[0]}/{best[1]}",
+                   warp_ms=warp_ms, library_ms=lib_ms, library_kernel=bg.getri_kernel(n, a.dtype),
+                   cublas_ms=cub_ms, all={f"{k[0]}/{k[1]}": v for k, v in res.items()})
+        rows.append(row)
+        print(f"inv mma n={n} {'ok' if row['ok'] else 'BAD'} err={err:.1e} regs={fn.num_regs} "
+              f"spill={fn.local_size_bytes} best={res[best]:.3f} ms ({row['cfg']}, "
+              f"{occ[best]} blk/SM)  warp kernel {warp_ms:.3f} ms  library "
+              f"({row['library_kernel']}) {lib_ms:.3f} ms  cuBLAS getrf+getri {cub_ms:.3f} ms  "
+              + " ".join(f"{k}:{v:.3f}" for k, v in row["all"].items())
+              + ("" if row["ok"] else f"\n  {problems}"), flush=True)
+        a = out = info = None
+        cp.get_default_memory_pool().free_all_blocks()
+    return rows
 
 
 def launch(cp, fn, a, outs, threads: int, stages: int) -> int:
@@ -142,6 +253,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="32,24,16")
     ap.add_argument("--opt", action="append", default=[], help="NVRTC option for the kernel")
     ap.add_argument("--tiny", action="store_true", help="also n = 2: launch grids")
+    ap.add_argument("--inverse", action="store_true",
+                    help="the inverse kernel (getri_mma) instead of the LU")
     ap.add_argument("--profile", action="store_true",
                     help="only one LU of 2**16 matrices of order 32 by each kernel "
                     "(mma, then warp): the launches for ncu")
@@ -151,11 +264,16 @@ def main(argv=None) -> int:
     if args.profile:
         a = cp.random.default_rng(1).standard_normal((1 << 16, 32, 32))
         for kernel in ("mma", "warp"):
-            bg.getrf(a, kernel=kernel)
+            (bg.getri if args.inverse else bg.getrf)(a, kernel=kernel)
         cp.cuda.Device().synchronize()
         return 0
     rng = np.random.default_rng(5)
     timer = Timer(cp)
+    if args.inverse:
+        rows = inverse_rows(cp, timer, [int(s) for s in args.sizes.split(",")], args.opt, rng)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return 0
     rows = []
     if args.tiny:
         res = tiny_grids(cp, timer)

@@ -1,4 +1,5 @@
-// batched_mma.cu: LU (getrf) of many N x N float64 matrices, N in {16, 24,
+// batched_mma.cu: LU (getrf) and inverse (getri_mma, blocked Gauss-Jordan:
+// see its comment at the end) of many N x N float64 matrices, N in {16, 24,
 // 32}, a warp per matrix, blocked by panels of 8 columns with the trailing
 // updates on the FP64 tensor cores (mma.m8n8k4.f64, sm_80+).
 //
@@ -288,6 +289,163 @@ __device__ __forceinline__ int factor_mma(double *t, int *perm, int *pivs,
     return zk == 0xffffu ? 0 : (int)zk + 1;
 }
 
+
+// Copy matrix `src` (n x n, n <= N, contiguous) into the tile, padded with
+// the identity (rows and columns n .. N-1); n == N: mma_load.
+template <int N>
+__device__ __forceinline__ void inv_load(double *t, const double *__restrict__ src, int n,
+                                         bool vec, int lane) {
+    if (n == N) {
+        mma_load<N>(t, src, vec, lane);
+        return;
+    }
+#pragma unroll 4
+    for (int e = lane; e < N * N; e += 32) {
+        const int i = e / N;
+        const int j = e - i * N;
+        double *d = t + at<N>(i, j);
+        if (i < n && j < n) cp_async_elem(d, src + i * n + j);
+        else *d = (i == j) ? 1.0 : 0.0;
+    }
+}
+
+// Inverse by blocked Gauss-Jordan on the tile (see the inverse's comment at
+// getri_mma). Returns the first exactly zero pivot's step + 1 (0: none);
+// writes perm (row of the tile pivoting step i), fs (1 / that row's pivot),
+// mypos (the step where row `lane` pivoted) and bad (inf/NaN in the input).
+template <int N>
+__device__ __forceinline__ int invert_mma(double *t, int *perm, double *fs, int &mypos,
+                                          bool &bad, int lane) {
+    typedef MmaTile<N> M;
+    constexpr int NP = M::NP;
+    const int q = lane & 3;
+    const bool active = lane < N;
+    const int row = active ? lane : 0;
+
+    double P[8];
+    if (active) {
+        panel_read<N>(P, t, row, 0);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) P[j] = 0.0;
+    }
+    bool fin = true;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) fin = fin && finite_bits(P[j]);
+
+    bool cand = active;
+    int pos = lane;
+    int zk = 0;                            // first zero pivot step + 1 (warp-uniform)
+    double f = 0.0;                        // 1 / this row's pivot
+    unsigned hi = key_hi(P[0]);
+    unsigned bal = pivot_start<32>(cand, hi);
+
+#pragma unroll 1
+    for (int p = 0; p < NP; ++p) {
+        int st = 8;                        // step of this panel where the row became pivot
+        int pr0 = 0, pr1 = 0;              // rows pivoting steps q, 4 + q
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            const int k = 8 * p + s;
+            const double x = P[s];
+            const double sc = pivot_scale(x);
+            const double rinv = fast_rcp(cand ? x * sc : 1.0);      // speculative
+            const int pl = pivot_finish<32>(bal, cand, key_lo(x), pos, lane);
+            const bool is_piv = lane == pl;
+            const int packed = pos | (sc > 1.0 ? 256 : 0) | (sc < 1.0 ? 512 : 0)
+                               | (x == 0.0 ? 1024 : 0);
+            const int pk = __shfl_sync(0xffffffffu, packed, pl & 31);
+            const double bri = __shfl_sync(0xffffffffu, rinv, pl & 31);
+            const int pp = pk & 255;
+            const bool zero = (pk & 1024) != 0;
+            const double bsc = (pk & 256) ? up_scale<double>()
+                               : ((pk & 512) ? 1.0 / up_scale<double>() : 1.0);
+            // every row but the pivot's is eliminated (Gauss-Jordan)
+            const double l = (!is_piv && !zero) ? (x * bsc) * bri : 0.0;
+            if (s + 1 < 8) {
+                const int j1 = s + 1 < 8 ? s + 1 : 0;
+                const double b1 = __shfl_sync(0xffffffffu, P[j1], pl & 31);
+                P[j1] = fma(-l, b1, P[j1]);
+                hi = key_hi(P[j1]);
+            }
+            P[s] = -l;                     // the pivot row: its coefficient minus one
+            if (is_piv) f = bsc * bri;
+            if (zero && zk == 0) zk = k + 1;
+            if (pos == k) pos = pp; else if (is_piv) pos = k;
+            if (is_piv) st = s;
+            if (s == q) pr0 = pl;
+            if (s == 4 + q) pr1 = pl;
+            cand = cand && !is_piv;
+            if (s + 1 < 8) bal = pivot_start<32>(cand, hi);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                if (j != s && j != s + 1) {
+                    const double b = __shfl_sync(0xffffffffu, P[j], pl & 31);
+                    P[j] = fma(-l, b, P[j]);
+                }
+            }
+        }
+        // E (the A operand) = P through the panel's columns of the tile; the
+        // pivot rows then add their one back (the panel's final entries)
+        if (active) panel_write<N>(t, P, row, p);
+        __syncwarp();
+        const int fg = opaque(lane) >> 2;
+        const int fq = opaque(lane) & 3;
+        double a[NP][2];
+#pragma unroll
+        for (int I = 0; I < NP; ++I)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) a[I][h] = t[at<N>(8 * I + fg, 8 * p + 4 * h + fq)];
+        __syncwarp();
+        if (active && st < 8) t[at<N>(row, 8 * p + st)] += 1.0;
+        // every other column tile, all rows: C += E * B, B the pivot rows'
+        // entries at the start of the panel
+#pragma unroll 1
+        for (int J = 0; J < NP; ++J) {
+            if (J == p) continue;
+            const double b0 = t[at<N>(pr0, 8 * J + fg)];
+            const double b1 = t[at<N>(pr1, 8 * J + fg)];
+            __syncwarp();
+#pragma unroll
+            for (int I = 0; I < NP; ++I) {
+                double2 *c = reinterpret_cast<double2 *>(t + at<N>(8 * I + fg, 8 * J + 2 * fq));
+                double2 v = *c;
+                if (p == 0) fin = fin && finite_bits(v.x) && finite_bits(v.y);
+                dmma(v.x, v.y, a[I][0], b0);
+                dmma(v.x, v.y, a[I][1], b1);
+                *c = v;
+            }
+        }
+        __syncwarp();
+        if (p + 1 < NP) {
+            if (active) panel_read<N>(P, t, row, p + 1);
+            hi = key_hi(P[0]);
+            bal = pivot_start<32>(cand, hi);
+        }
+    }
+    if (active) {
+        perm[pos] = lane;
+        fs[pos] = f;
+    }
+    bad = __ballot_sync(0xffffffffu, !fin) != 0u;
+    mypos = pos;
+    __syncwarp();
+    return zk;
+}
+
+// Inverse out of the tile: out[i][c] = fs[i] * t[perm[i]][pos(c)] for
+// i, c < n (lane c holds pos(c)); a row of dst per iteration (coalesced).
+template <int N>
+__device__ __forceinline__ void inv_store(double *__restrict__ dst, const double *t,
+                                          const int *perm, const double *fs, int mypos,
+                                          int n, int lane) {
+#pragma unroll 4
+    for (int i = 0; i < n; ++i) {
+        const double v = fs[i] * t[at<N>(perm[i], mypos)];
+        if (lane < n) dst[i * n + lane] = v;
+    }
+}
+
 }  // namespace gpuqr_mma
 
 // ---------------------------------------------------------------------------
@@ -338,6 +496,79 @@ getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
         const int z = factor_mma<N>(t, perm, pivs, piv + m * N, bad, lane);
         if (lane == 0) info[m] = bad ? -1 : z;
         mma_store<N>(lu + m * (N * N), t, perm, v, opaque(lane));
+        __syncwarp();
+        if (stages == 2) cur ^= 1;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Inverse by blocked Gauss-Jordan with partial pivoting (the LU's pivots),
+// n <= N: rows and columns n .. N-1 are the identity.
+// Per panel of 8 columns the pivot chain of factor_mma, but every row is
+// eliminated (Gauss-Jordan on [A | I] in place: the panel's columns end up
+// holding the coefficients of the pivot rows' identity columns). Slot t of
+// row r holds the coefficient of pivot row p_t's start-of-panel values in
+// row r, minus one for r = p_t: E, the A operand of the update of every
+// other column tile, all rows, on the tensor cores (C += E * B, B the pivot
+// rows' entries at the start of the panel; 3 column tiles x 4 row tiles x 2
+// DMMA per panel). Lazy scaling: a pivot row is not divided by its pivot
+// (its coefficient of itself stays one); row r is scaled by fs = 1 / pivot
+// while copying out. Lazy swaps: row r pivoted at step pos(r), the final
+// tile holds (P A)^{-1} with rows and columns in pivot order, so
+// A^{-1}[pos(r)][perm[c]] = fs * t[r][c] and the copy out gathers the
+// columns (lane c reads t[perm[i]][pos(c)]).
+// info: k + 1 for the first exactly zero pivot (the output is then
+// meaningless), -1 for inf/NaN in the input (getri_warp's rules).
+// input, not modified:  a (batch, n, n) float64
+// output:               ainv (batch, n, n), info (batch)
+// Dynamic shared memory per warp: stages * N * LDU * 16 bytes + 48 doubles
+// (mma_smem_bytes(..., inverse=True) in scipy_gpuqr/_batched_gpu.py).
+// ---------------------------------------------------------------------------
+template <typename T, int N>
+__global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
+getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
+          long long batch, int n, int stages, int vec)
+{
+    static_assert(sizeof(T) == 8, "float64 only (FP64 tensor cores)");
+    using namespace gpuqr_mma;
+    typedef MmaTile<N> M;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int lane = threadIdx.x & 31;
+    const int wib = threadIdx.x >> 5;
+    double *tiles = reinterpret_cast<double *>(smem_raw) + wib * (stages * M::TILE + 48);
+    double *fs = tiles + stages * M::TILE;
+    int *perm = reinterpret_cast<int *>(fs + 32);
+    const bool v = vec != 0;
+    const long long nn = (long long)n * n;
+    const long long stride = (long long)gridDim.x * (blockDim.x >> 5);
+    long long m = (long long)blockIdx.x * (blockDim.x >> 5) + wib;
+    int cur = 0;
+    if (m < batch && stages == 2) {
+        inv_load<N>(tiles, a + m * nn, n, v, opaque(lane));
+        cp_async_commit();
+    }
+    for (; m < batch; m += stride) {
+        double *t = tiles + cur * M::TILE;
+        if (stages == 2) {
+            const long long next = m + stride;
+            if (next < batch) {
+                inv_load<N>(tiles + (cur ^ 1) * M::TILE, a + next * nn, n, v, opaque(lane));
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+        } else {
+            inv_load<N>(t, a + m * nn, n, v, opaque(lane));
+            cp_async_commit();
+            cp_async_wait<0>();
+        }
+        __syncwarp();
+        bool bad;
+        int mypos;
+        const int z = invert_mma<N>(t, perm, fs, mypos, bad, lane);
+        if (lane == 0) info[m] = bad ? -1 : z;
+        inv_store<N>(ainv + m * nn, t, perm, fs, mypos, n, opaque(lane));
         __syncwarp();
         if (stages == 2) cur ^= 1;
     }

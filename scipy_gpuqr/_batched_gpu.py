@@ -7,9 +7,10 @@ live in :mod:`scipy_gpuqr._batched`.
 
 * n <= 32: ``batched_lu.cu`` (LU, inverse: a warp per tile of matrices, a
   row per lane, persistent grid sized by the occupancy),
-  ``batched_mma.cu`` (float64 LU of the sizes in ``MMA_SIZES`` on sm_80+:
-  a warp per matrix, panels of 8 columns, trailing updates on the FP64
-  tensor cores) and ``batched_small.cu`` (Cholesky: one thread per row).
+  ``batched_mma.cu`` (float64 LU of the sizes in ``MMA_SIZES`` and inverse
+  of the sizes padded to them, on sm_80+: a warp per matrix, panels of 8
+  columns, the other columns updated on the FP64 tensor cores) and
+  ``batched_small.cu`` (Cholesky: one thread per row).
 * n > 32: :mod:`scipy_gpuqr._batched_blocked_gpu` (one kernel per matrix for
   n <= 64, panels with a row per thread and cuBLAS strided-batched GEMM
   updates up to n = 512, the previous panel kernels beyond).
@@ -30,7 +31,7 @@ from ._kernels import load_module
 
 __all__ = ["getrf", "getri", "getrs", "potrf", "potrs", "DEFAULT_THREADS",
            "small_launch", "warp_defaults", "warp_smem_bytes", "mma_smem_bytes",
-           "getrf_kernel", "getrf_defaults"]
+           "getrf_kernel", "getri_kernel", "getrf_defaults", "MMA_KERNELS"]
 
 #: Threads per block of the Cholesky n <= 32 kernel (matrices per block =
 #: threads / next_pow2(n)).
@@ -39,6 +40,9 @@ DEFAULT_THREADS = 128
 #: Largest block of the warp kernels (matches GPUQR_WARP_THREADS).
 WARP_THREADS_MAX = 256
 
+
+#: The tensor-core kernels of kernels/batched_mma.cu (a warp per matrix).
+MMA_KERNELS = ("getrf_mma", "getri_mma")
 
 #: Shared memory an sm_90 SM gives its blocks (the stage rule of warp_defaults).
 _SMEM_PER_SM = 227 * 1024
@@ -143,15 +147,17 @@ def warp_defaults(size: int, dt: str) -> tuple[int, int]:
     return 256, (2 if two else 1)
 
 
-def mma_smem_bytes(size: int, warps: int, stages: int) -> int:
-    """Dynamic shared memory of a ``getrf_mma`` block (kernels/batched_mma.cu).
+def mma_smem_bytes(size: int, warps: int, stages: int, inverse: bool = False) -> int:
+    """Dynamic shared memory of a ``getrf_mma`` / ``getri_mma`` block
+    (kernels/batched_mma.cu).
 
     Per warp ``stages`` tiles of ``size`` rows of whole 128-byte units (a
-    row of 16-byte units rounded up to a multiple of 8) and 64 ints.
+    row of 16-byte units rounded up to a multiple of 8) and 64 ints (LU) or
+    32 doubles and 32 ints (``inverse``).
     """
     units = -(-size // 2)
     ldu = -(-units // 8) * 8
-    return warps * (stages * size * ldu * 2 + 32) * 8
+    return warps * (stages * size * ldu * 2 + (48 if inverse else 32)) * 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -176,14 +182,31 @@ def getrf_kernel(n: int, dtype, kernel: str | None = None) -> str:
     return "getrf_mma" if (mma_ok and kernel != "warp") else "getrf_warp"
 
 
-def getrf_defaults(n: int, dt: str, kernel: str = "getrf_warp") -> tuple[int, int]:
-    """(threads per block, stages) that :func:`getrf` uses for ``kernel``.
+def getri_kernel(n: int, dtype, kernel: str | None = None) -> str:
+    """The n <= 32 inverse kernel for order n and ``dtype`` on the current device.
 
-    ``getrf_mma``: 256 threads and one matrix in flight per warp (80
-    registers: 24 warps per SM, 8.4 KiB of shared memory each; two stages
-    would leave room for 8 warps only).
+    ``'getri_mma'`` (blocked Gauss-Jordan on the FP64 tensor cores) for
+    float64 whose padded size is in ``MMA_SIZES`` (n = 25..32) on sm_80+,
+    else ``'getri_warp'``; ``kernel`` ('warp' or 'mma') forces one.
     """
-    if kernel == "getrf_mma":
+    if kernel not in (None, "warp", "mma"):
+        raise ValueError(f"kernel must be None, 'warp' or 'mma', got {kernel!r}")
+    mma_ok = (np.dtype(dtype) == np.float64 and 0 < n <= SMALL_MAX
+              and padded_size(n) in MMA_SIZES and _has_mma(_device_id()))
+    if kernel == "mma" and not mma_ok:
+        raise ValueError(f"no tensor-core inverse for n={n}, {np.dtype(dtype).name} on this device")
+    return "getri_mma" if (mma_ok and kernel != "warp") else "getri_warp"
+
+
+def getrf_defaults(n: int, dt: str, kernel: str = "getrf_warp") -> tuple[int, int]:
+    """(threads per block, stages) that :func:`getrf` / :func:`getri` use for
+    ``kernel`` (``n``: the kernel's register size).
+
+    ``getrf_mma`` / ``getri_mma``: 256 threads and one matrix in flight per
+    warp (80 registers: 24 warps per SM, 8.4 KiB of shared memory each; two
+    stages would leave room for 8 warps only).
+    """
+    if kernel in MMA_KERNELS:
         return 256, 1
     return warp_defaults(n, dt)
 
@@ -196,15 +219,15 @@ def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
     from cupy_backends.cuda.api import driver
 
     fn = _small_function_cached(kernel, dt, size, device)
-    if kernel == "getrf_mma":
-        smem = mma_smem_bytes(size, threads // 32, stages)
+    if kernel in MMA_KERNELS:
+        smem = mma_smem_bytes(size, threads // 32, stages, inverse=kernel == "getri_mma")
     else:
         smem = warp_smem_bytes(size, np.dtype(dt).itemsize, threads // 32, stages)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, smem)
     sms = cp.cuda.Device(device).attributes["MultiProcessorCount"]
-    mw = 1 if kernel == "getrf_mma" else 32 if size <= TINY_MAX else 32 // _seg(size)
+    mw = 1 if kernel in MMA_KERNELS else 32 if size <= TINY_MAX else 32 // _seg(size)
     return fn, max(1, int(per_sm)) * sms, smem, mw
 
 
@@ -277,8 +300,15 @@ def getrs(lu, piv, b, trans: int = 0):
     return _blocked.solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0)
 
 
-def getri(a, threads: int | None = None, stages: int | None = None):
-    """Inverse of every matrix of ``a`` (B, n, n); returns (inv, info)."""
+def getri(a, threads: int | None = None, stages: int | None = None,
+          kernel: str | None = None):
+    """Inverse of every matrix of ``a`` (B, n, n); returns (inv, info).
+
+    ``info`` is k + 1 for the first exactly zero pivot (that matrix's
+    inverse is then meaningless) and -1 for a matrix holding an inf or NaN.
+    ``threads`` and ``stages`` tune the n <= 32 kernel; ``kernel`` ('warp'
+    or 'mma') forces it (:func:`getri_kernel`).
+    """
     cp = import_cupy()
     bsz, n = a.shape[0], a.shape[-1]
     a = cp.ascontiguousarray(a)
@@ -287,8 +317,8 @@ def getri(a, threads: int | None = None, stages: int | None = None):
     if n <= SMALL_MAX:
         out = _alloc(a.shape, a.dtype)
         info = _alloc((bsz,), np.int32)
-        _launch_warp("getri_warp", padded_size(n), n, a, out, bsz, (a, out, info),
-                     (np.int32(n),), threads, stages)
+        _launch_warp(getri_kernel(n, a.dtype, kernel), padded_size(n), n, a, out, bsz,
+                     (a, out, info), (np.int32(n),), threads, stages)
         return out, info
     return _blocked.inverse(a)
 

@@ -46,7 +46,8 @@ PADDED_SIZES = (1, 2, 4, 8, 16, 24, 32)
 #: Sizes whose float64 LU runs on the FP64 tensor cores on sm_80+
 #: (``getrf_mma<double, n>`` of kernels/batched_mma.cu: panels of 8 columns,
 #: trailing updates by DMMA); the other sizes, and older GPUs, use
-#: ``getrf_warp``.
+#: ``getrf_warp``. The float64 inverse of every n whose padded size is here
+#: runs ``getri_mma<double, size>`` (blocked Gauss-Jordan, same file).
 MMA_SIZES = (32,)
 
 #: Source file of the tensor-core LU.
@@ -55,7 +56,8 @@ MMA_FILE = "batched_mma.cu"
 #: Source file of each n <= 32 kernel family (each variant is compiled on
 #: its own, when first used).
 SMALL_FILES = {"getrf_warp": "batched_lu.cu", "getri_warp": "batched_lu.cu",
-               "potrf_small": "batched_small.cu", "getrf_mma": MMA_FILE}
+               "potrf_small": "batched_small.cu", "getrf_mma": MMA_FILE,
+               "getri_mma": MMA_FILE}
 
 _CTYPES = {"float32": "float", "float64": "double"}
 
@@ -89,7 +91,8 @@ KERNEL_VARIANTS = {
         small_name("getrf_warp", dt, n)
         for dt in _CTYPES for n in range(1, SMALL_MAX + 1)) + tuple(
         small_name("getri_warp", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
-    MMA_FILE: tuple(small_name("getrf_mma", "float64", n) for n in MMA_SIZES),
+    MMA_FILE: tuple(small_name(k, "float64", n)
+                    for k in ("getrf_mma", "getri_mma") for n in MMA_SIZES),
     "batched_small.cu": tuple(
         small_name("potrf_small", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
     "batched_blocked.cu": tuple(

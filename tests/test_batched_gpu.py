@@ -118,6 +118,46 @@ def test_gpu_inverse(rng, n, dtype):
     np.testing.assert_allclose(x, ref, rtol=0, atol=30 * n * eps(dtype) * cond * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("n", [32, 27])
+@pytest.mark.parametrize("kernel", ["warp", "mma"])
+def test_gpu_inverse_n32_both_kernels(rng, kernel, n):
+    """float64 inverses of size 32 (n = 27: padded to 32) through each kernel
+    (the tensor-core Gauss-Jordan is the default on sm_80+): random, exact
+    ties, zero columns (info as LAPACK's getrf), non-finite (-1), and 8-byte
+    aligned (not 16) input, against SciPy per matrix."""
+    import cupy as cp
+    from scipy_gpuqr import _batched_gpu as bg
+    if kernel == "mma" and bg.getri_kernel(n, np.float64) != "getri_mma":
+        pytest.skip("no FP64 tensor cores")
+    batch = 301
+    a = random_batch(rng, (batch,), n, np.float64)
+    a[5:40:3, :, 7] = 0                          # singular: zero column
+    a[6:40:3, 9:, 9] = 0                         # a column zero below its row 9
+    a[7] = np.round(a[7] * 2)                     # exact ties
+    a[8] = np.round(a[8] * 2) + 3 * np.eye(n)
+    a[11, 4, 20] = np.inf
+    a[12, n - 2, 3] = np.nan
+    ref_info = lapack_getrf(a)[2]
+    ref_info[[11, 12]] = -1
+    ok = ref_info == 0
+    ref = np.zeros_like(a)
+    ref[ok] = np.linalg.inv(a[ok])
+    cond = np.linalg.cond(a[ok])
+    for offset in (0, 1):                        # 16-byte and 8-byte aligned
+        buf = cp.empty(a.size + 1)
+        ga = buf[offset:offset + a.size].reshape(a.shape)
+        ga[...] = cp.asarray(a)
+        x, info = bg.getri(ga, kernel=kernel)
+        x, info = x.get(), info.get()
+        np.testing.assert_array_equal(info, ref_info)
+        err = np.abs(x[ok] - ref[ok]).max(axis=(1, 2)) / np.abs(ref[ok]).max(axis=(1, 2))
+        assert (err <= 30 * n * eps(np.float64) * cond).all(), err.max()
+        for i in np.flatnonzero(ok)[:5]:
+            np.testing.assert_allclose(x[i], sl.inv(a[i]), rtol=0,
+                                       atol=30 * n * eps(np.float64) * cond.max()
+                                       * np.abs(ref[i]).max())
+
+
 def test_gpu_inverse_singular(rng):
     for n in (6, 40):
         s = singular_batch(rng, 5, n, np.float64)
