@@ -311,14 +311,23 @@ __device__ __forceinline__ void inv_load(double *t, const double *__restrict__ s
 
 // Inverse by blocked Gauss-Jordan on the tile (see the inverse's comment at
 // getri_mma). Returns the first exactly zero pivot's step + 1 (0: none);
-// writes perm (row of the tile pivoting step i), fs (1 / that row's pivot),
-// mypos (the step where row `lane` pivoted) and bad (inf/NaN in the input).
+// writes perm[i] = rowx(r) for the row r of the tile pivoting step i (perm
+// is scratch for the panels' pivot rows before), fs[i] (1 / that row's
+// pivot), mypos (the step where row `lane` pivoted) and bad (inf/NaN in the
+// input).
+// rowx(i) ^ j is the offset of element (i, j) of the tile, at<N>(i, j):
+// the row stride is a power of two above j and the swizzle.
+template <int N>
+__device__ __forceinline__ int rowx(int i) {
+    return i * (MmaTile<N>::LDU * 2) + (swz(i) << 1);
+}
+
 template <int N>
 __device__ __forceinline__ int invert_mma(double *t, int *perm, double *fs, int &mypos,
                                           bool &bad, int lane) {
     typedef MmaTile<N> M;
+    static_assert(M::LDU * 2 >= N && (M::LDU & (M::LDU - 1)) == 0, "rowx");
     constexpr int NP = M::NP;
-    const int q = lane & 3;
     const bool active = lane < N;
     const int row = active ? lane : 0;
 
@@ -343,7 +352,6 @@ __device__ __forceinline__ int invert_mma(double *t, int *perm, double *fs, int 
 #pragma unroll 1
     for (int p = 0; p < NP; ++p) {
         int st = 8;                        // step of this panel where the row became pivot
-        int pr0 = 0, pr1 = 0;              // rows pivoting steps q, 4 + q
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
             const int k = 8 * p + s;
@@ -373,8 +381,7 @@ __device__ __forceinline__ int invert_mma(double *t, int *perm, double *fs, int 
             if (zero && zk == 0) zk = k + 1;
             if (pos == k) pos = pp; else if (is_piv) pos = k;
             if (is_piv) st = s;
-            if (s == q) pr0 = pl;
-            if (s == 4 + q) pr1 = pl;
+            perm[s] = pl;                  // (warp-uniform) the step's pivot row
             cand = cand && !is_piv;
             if (s + 1 < 8) bal = pivot_start<32>(cand, hi);
 #pragma unroll
@@ -391,6 +398,8 @@ __device__ __forceinline__ int invert_mma(double *t, int *perm, double *fs, int 
         __syncwarp();
         const int fg = opaque(lane) >> 2;
         const int fq = opaque(lane) & 3;
+        const int pr0 = perm[fq];          // rows pivoting steps fq, 4 + fq
+        const int pr1 = perm[4 + fq];
         double a[NP][2];
 #pragma unroll
         for (int I = 0; I < NP; ++I)
@@ -401,8 +410,8 @@ __device__ __forceinline__ int invert_mma(double *t, int *perm, double *fs, int 
         // every other column tile, all rows: C += E * B, B the pivot rows'
         // entries at the start of the panel
 #pragma unroll 1
-        for (int J = 0; J < NP; ++J) {
-            if (J == p) continue;
+        for (int jj = 1; jj < NP; ++jj) {
+            const int J = p + jj < NP ? p + jj : p + jj - NP;
             const double b0 = t[at<N>(pr0, 8 * J + fg)];
             const double b1 = t[at<N>(pr1, 8 * J + fg)];
             __syncwarp();
@@ -424,7 +433,7 @@ __device__ __forceinline__ int invert_mma(double *t, int *perm, double *fs, int 
         }
     }
     if (active) {
-        perm[pos] = lane;
+        perm[pos] = rowx<N>(lane);
         fs[pos] = f;
     }
     bad = __ballot_sync(0xffffffffu, !fin) != 0u;
@@ -433,15 +442,21 @@ __device__ __forceinline__ int invert_mma(double *t, int *perm, double *fs, int 
     return zk;
 }
 
-// Inverse out of the tile: out[i][c] = fs[i] * t[perm[i]][pos(c)] for
-// i, c < n (lane c holds pos(c)); a row of dst per iteration (coalesced).
+// Inverse out of the tile: out[i][c] = fs[i] * t[r_i][pos(c)] for i, c < n,
+// r_i the row pivoting step i (perm[i] = rowx(r_i)), lane c holding pos(c);
+// a row of dst per iteration (coalesced).
 template <int N>
 __device__ __forceinline__ void inv_store(double *__restrict__ dst, const double *t,
                                           const int *perm, const double *fs, int mypos,
                                           int n, int lane) {
+    if (n == N && (N == 32 || lane < N)) {
+#pragma unroll 8
+        for (int i = 0; i < N; ++i) dst[i * N + lane] = fs[i] * t[perm[i] ^ mypos];
+        return;
+    }
 #pragma unroll 4
     for (int i = 0; i < n; ++i) {
-        const double v = fs[i] * t[at<N>(perm[i], mypos)];
+        const double v = fs[i] * t[perm[i] ^ mypos];
         if (lane < n) dst[i * n + lane] = v;
     }
 }
@@ -513,10 +528,10 @@ getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
 // rows' entries at the start of the panel; 3 column tiles x 4 row tiles x 2
 // DMMA per panel). Lazy scaling: a pivot row is not divided by its pivot
 // (its coefficient of itself stays one); row r is scaled by fs = 1 / pivot
-// while copying out. Lazy swaps: row r pivoted at step pos(r), the final
-// tile holds (P A)^{-1} with rows and columns in pivot order, so
-// A^{-1}[pos(r)][perm[c]] = fs * t[r][c] and the copy out gathers the
-// columns (lane c reads t[perm[i]][pos(c)]).
+// while copying out. Lazy swaps: row r pivoted at step pos(r), column c of
+// the final tile belongs to the row r_c pivoting step c, so
+// A^{-1}[pos(r)][r_c] = fs * t[r][c] and the copy out gathers the columns
+// (lane c reads t[r_i][pos(c)] for output row i).
 // info: k + 1 for the first exactly zero pivot (the output is then
 // meaningless), -1 for inf/NaN in the input (getri_warp's rules).
 // input, not modified:  a (batch, n, n) float64
