@@ -189,8 +189,10 @@ def test_gapless_rank_is_lstsq_rank_on_the_host(rng, monkeypatch, m, n):
     b = rng.standard_normal(m)
     x_ref, _, rank, s = np.linalg.lstsq(A, b, rcond=None)
     cut = EPS * max(m, n) * s[0]
-    # no singular value within 0.5 % of the cutoff: the rank is not a rounding call
-    assert np.min(np.abs(s / cut - 1)) > 5e-3
+    # no singular value within 4·eps·σ_max of the cutoff (here 4.7 to 17): the
+    # rank is not a call of rounding (lstsq's gelsd values err by up to ~30·eps·σ_max
+    # on larger problems; bench/RESULTS.md, issue 2)
+    assert np.min(np.abs(s - cut)) > 4 * EPS * s[0]
     F = QRFactorization(sp.csc_array(A))
     x = F.solve(b)
     dec = F.info["rank_decision"]
@@ -202,9 +204,10 @@ def test_gapless_rank_is_lstsq_rank_on_the_host(rng, monkeypatch, m, n):
 
 
 def test_gapless_clustered_rank_within_the_rounding_band(rng, monkeypatch):
-    """Singular values clustered within ±3 % of the cutoff: the rank differs from
-    lstsq's at most by the number of singular values within 0.1 % of the cutoff
-    (where rounding of A vs. R decides), and equals the SVD count of R itself."""
+    """Singular values clustered within ±3 % of the cutoff: the rank is the SVD
+    count of R itself, and differs from lstsq's at most by the number of values
+    within lstsq's own rounding of the cutoff (gelsd's singular values of A are
+    off by up to ~30·eps·σ_max: measured 1.8 % of the cutoff at n = 1500)."""
     monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 10)
     monkeypatch.setattr(_lstsq, "SVD_FALLBACK_LIMIT", {"cpu": 10, "gpu": 10})
     m, n = 480, 400
@@ -214,7 +217,7 @@ def test_gapless_clustered_rank_within_the_rounding_band(rng, monkeypatch):
     Q, R = np.linalg.qr(A)
     solver = _lstsq.MinNormSolver(sp.csc_array(R), EPS * m, factorize=lambda *a, **k: None)
     assert solver.method == "subspace_cod" and solver.revealed
-    band = int(np.count_nonzero(np.abs(s / (EPS * m * s[0]) - 1) <= 1e-3))
+    band = int(np.count_nonzero(np.abs(s - EPS * m * s[0]) <= np.sqrt(m) * EPS * s[0]))
     assert abs(solver.rank - rank) <= band
     sR = np.linalg.svd(R, compute_uv=False)
     assert solver.rank == int(np.count_nonzero(sR > EPS * m * sR[0]))
