@@ -2,6 +2,7 @@
 
     python bench/gapless_rank.py             # synthetic gapless problems (about 10 minutes)
     python bench/gapless_rank.py --bayer10   # bayer10 on the host (lstsq's answer cached)
+    python bench/gapless_rank.py --svd 3000 5000   # SVD fallback vs subspace decision on R
 
 Synthetic: singular values geometric from 1 down past the cutoff (a fraction
 ``below`` of them under it), random singular vectors; ``cluster``: 40 of them
@@ -76,6 +77,25 @@ def synthetic():
             t_lstsq=round(t_ref, 2))), flush=True)
 
 
+def svd_crossover(sizes):
+    """gesdd with vectors (the SVD fallback) vs σ_max + subspace decision on gapless R."""
+    import scipy.linalg as la
+    from scipy_gpuqr._subspace_cod import SubspaceCOD, sigma_max_lanczos
+    for q in sizes:
+        rng = np.random.default_rng(q)
+        R = np.linalg.qr(gapless(rng, q, q, 0.01), mode="r")
+        t = time.perf_counter()
+        _, sv, _ = la.svd(R, full_matrices=False, lapack_driver="gesdd", check_finite=False)
+        t_svd = time.perf_counter() - t
+        cut = EPS * q
+        t = time.perf_counter()
+        cod = SubspaceCOD(np.asfortranarray(R), cut * sigma_max_lanczos(R), block=128)
+        t_sub = time.perf_counter() - t
+        print(json.dumps(dict(q=q, svd_s=round(t_svd, 2), subspace_s=round(t_sub, 2),
+                              rank_svd=int(np.sum(sv > cut * sv[0])), rank_subspace=cod.rank,
+                              steps=cod.steps, block=cod.block_used)), flush=True)
+
+
 def bayer10(matrices: Path, cache: Path):
     from scipy_gpuqr.io import mmread
     A = sp.csc_array(mmread(str(matrices / "bayer10.mtx"))).astype(np.float64)
@@ -100,11 +120,14 @@ def bayer10(matrices: Path, cache: Path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bayer10", action="store_true")
+    ap.add_argument("--svd", type=int, nargs="+", metavar="Q")
     ap.add_argument("--matrices", default="../shared/matrices")
     ap.add_argument("--cache", default=".dev/tmp/bayer10_lstsq.npz")
     args = ap.parse_args()
     if args.bayer10:
         bayer10(Path(args.matrices), Path(args.cache))
+    elif args.svd:
+        svd_crossover(args.svd)
     else:
         synthetic()
 
