@@ -48,12 +48,14 @@ or ``PYTHONPATH=. python3 bench/schedule_build.py --disk-cache ROUNDS [--dense-f
 
 The tile schedules' disk cache (``scipy_gpuqr._schedule.diskcache``) is off in
 every in-process measure (they are cold), except this tree's *warm* variant
-of ``--base`` with ``--warm-from DIR`` (the file read again each round).
+of ``--base`` with ``--warm-from DIR`` (what was read forgotten and the folder read again each round: the plan file when there is one).
 ``--disk-cache ROUNDS`` runs each measure in a **new process** (import and
 analysis timed apart), interleaved: disk cache off, fresh (an empty folder:
-every pattern simulated and written) and warm (the folder the fresh process
-wrote); CPU time of the plan, of launch 0's records, of the whole schedule
-(every launch's records in the engine's chunks) and the GPU idle it implies.
+every pattern simulated, patterns and plan written), warm (the folder the
+fresh process wrote: the plan read back) and patterns (that folder without
+its plan files: the plan built from the tile patterns on disk); CPU time of
+the plan, of launch 0's records, of the whole schedule (every launch's
+records in the engine's chunks) and the GPU idle it implies.
 """
 
 import argparse
@@ -279,21 +281,28 @@ def fresh_process(problem, dense_flops, tile=32):
 
 def disk_cache_processes(rounds, dense=(None,)):
     """Fresh processes, interleaved: disk cache off (cold), fresh (empty folder:
-    simulated and written) and warm (the folder the fresh one wrote)."""
+    simulated, tile patterns and plan written), warm (the folder the fresh one
+    wrote: the plan read) and *patterns* (that folder without its plan files:
+    the plan built from the tile patterns on disk, as for a new matrix whose
+    patterns are known)."""
+    import shutil
     import subprocess
     import tempfile
     rows = []
     for problem in _PROBLEMS:
         for d in dense:
-            got = {"off": [], "fresh": [], "warm": []}
+            got = {"off": [], "fresh": [], "warm": [], "patterns": []}
             with tempfile.TemporaryDirectory() as tmp:
                 for r in range(rounds):
                     folder = os.path.join(tmp, f"r{r}")
-                    order = ("off", "fresh", "warm") if r % 2 == 0 else ("fresh", "warm", "off")
+                    order = (("off", "fresh", "warm", "patterns") if r % 2 == 0 else
+                             ("fresh", "patterns", "warm", "off"))
                     for mode in order:
                         env = dict(os.environ)
                         from scipy_gpuqr._schedule import diskcache
                         env[diskcache.ENV] = "off" if mode == "off" else folder
+                        if mode == "patterns":      # tile patterns on disk, no plan file
+                            shutil.rmtree(os.path.join(folder, "plans"), ignore_errors=True)
                         out = subprocess.run(
                             [sys.executable, __file__, "--child", problem,
                              "off" if d is None else repr(d)],
@@ -313,7 +322,7 @@ def disk_cache_processes(rounds, dense=(None,)):
     print("problem | disk cache | plan | plan + launch 0 | whole schedule | GPU idle "
           "(ms, min / median of new processes)")
     for row in rows:
-        for mode in ("off", "fresh", "warm"):
+        for mode in ("off", "fresh", "warm", "patterns"):
             print(row["problem"], "|", mode, "|", " | ".join(
                 f"{row[f'{mode}_{q}_min_s'] * 1e3:.1f} / {row[f'{mode}_{q}_median_s'] * 1e3:.1f}"
                 for q in ("plan", "first_launch", "whole", "gpu_idle_keeping_ahead")))

@@ -46,7 +46,12 @@ def _files(d):
 
 
 def _cold(an, **kw):
-    """A schedule as a new process with this disk cache builds it."""
+    """A schedule as a new process with this disk cache builds it, without the
+    whole-plan files (as for a new matrix of known tile patterns)."""
+    import shutil
+    folder = diskcache.folder()
+    if folder is not None:
+        shutil.rmtree(folder / "plans", ignore_errors=True)
     bucket.clear_cache()
     return build_schedule(an, cache=False, **kw)
 
@@ -101,7 +106,7 @@ def test_damaged_or_stale_file_is_ignored_and_replaced(cache_dir, count_simulati
     elif damage == "empty":
         data = bytearray()
     else:                                            # written by other bucket rules
-        monkeypatch.setattr(diskcache, "_STAMP", ["another-stamp"])
+        monkeypatch.setattr(diskcache, "rules_stamp", lambda: "another-stamp")
     path.write_bytes(bytes(data))
     n = len(count_simulations)
     assert _digest(_cold(an)) == want
@@ -231,3 +236,95 @@ def test_bound_deletes_the_least_recently_used_segment(cache_dir):
     assert st.add(_keys(groups[3]), bucket._simulate(groups[3], 3, True, 16))
     left = set(st.path.glob("seg-*.bin"))
     assert first in left and st._segs[1].path not in left and len(left) == 3
+
+
+# ------------------------------------------------------------------ whole plans
+
+def _same_schedule(a, b):
+    assert _digest(a) == _digest(b)
+    for name in ("tile", "bundle", "granule", "pipelining", "vt_size", "critical_path",
+                 "dense_flops", "dense", "nlaunch", "ntasks", "nlaunch_with_tasks"):
+        assert getattr(a, name) == getattr(b, name), name
+    np.testing.assert_array_equal(a.vt_base, b.vt_base)
+    np.testing.assert_array_equal(a.nfact, b.nfact)
+    assert len(a.stages) == len(b.stages)
+    for sa, sb in zip(a.stages, b.stages):
+        for name in ("fronts", "carried", "pool_size", "s_range", "finish", "dense",
+                     "dense_join", "nlaunch", "ntasks"):
+            assert getattr(sa, name) == getattr(sb, name), name
+        np.testing.assert_array_equal(sa.foff, sb.foff)
+        np.testing.assert_array_equal(sa.launch_ptr, sb.launch_ptr)
+        for L0, L1 in sa.launch_chunks():
+            assert all(x.tobytes() == y.tobytes()
+                       for x, y in zip(sa.launch_range(L0, L1), sb.launch_range(L0, L1)))
+
+
+@pytest.fixture
+def count_builds(monkeypatch):
+    from scipy_gpuqr._schedule import sparse
+    calls = []
+    real = sparse._build
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(sparse, "_build", counted)
+    return calls
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(dense_flops=1e6, max_tasks=300),
+                                dict(tile=16, pipelining=False), dict(budget_div=3),
+                                dict(budget_div=2, dense_flops=1e6)])
+def test_plan_from_disk_is_the_built_one(cache_dir, count_builds, kw):
+    an = analyze(grid3d_least_squares(10))
+    kw = dict(kw)
+    div = kw.pop("budget_div", None)
+    if div:
+        kw["max_gpu_memory"] = int(an.gpu_bytes // div)
+    built = build_schedule(an, cache=False, lazy=True, **kw)
+    assert len(count_builds) == 1
+    assert len(list(cache_dir.rglob("plan-*.bin"))) == 1
+    if div:
+        assert len(built.stages) > 1
+    again = build_schedule(analyze(grid3d_least_squares(10)), cache=False, lazy=True, **kw)
+    assert len(count_builds) == 1                     # from the file
+    _same_schedule(built, again)
+    other = dict(kw, granule=3)                        # other arguments: built
+    build_schedule(an, cache=False, lazy=True, **other)
+    assert len(count_builds) == 2
+
+
+def test_plan_of_another_structure_is_never_used(cache_dir, count_builds, monkeypatch):
+    from scipy_gpuqr._schedule import plancache
+    monkeypatch.setattr(plancache, "_key", lambda fp, args: "same")   # every key collides
+    a = analyze(grid3d_least_squares(8))
+    b = analyze(chessboard_boundary(4, 5, 2))
+    build_schedule(a, cache=False)
+    sb = build_schedule(b, cache=False)                # a's file, b's structure: built
+    assert len(count_builds) == 2
+    _same_schedule(sb, build_schedule(b, cache=False))
+    assert len(count_builds) == 2                      # b's file now
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "stamp"])
+def test_damaged_or_stale_plan_is_rebuilt(cache_dir, count_builds, monkeypatch, damage):
+    from scipy_gpuqr._schedule import diskcache as dc
+    an = analyze(grid3d_least_squares(8))
+    want = build_schedule(an, cache=False, lazy=True)
+    path, = cache_dir.rglob("plan-*.bin")
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[-50] ^= 0x04
+    elif damage == "truncate":
+        data = data[:len(data) - 100]
+    path.write_bytes(bytes(data))
+    if damage == "stamp":
+        real = dc.source_stamp
+        monkeypatch.setattr(dc, "source_stamp",
+                            lambda names: real(names) + ("x" if "sparse.py" in names else ""))
+    got = build_schedule(an, cache=False, lazy=True)
+    assert len(count_builds) == 2
+    _same_schedule(want, got)
+    build_schedule(an, cache=False, lazy=True)
+    assert len(count_builds) == 2                      # the rewritten file is good

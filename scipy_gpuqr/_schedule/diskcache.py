@@ -56,7 +56,7 @@ from typing import Mapping
 import numpy as np
 
 __all__ = ["ENV", "FORMAT", "MAX_BYTES", "MAX_SEGMENTS", "folder", "store", "forget",
-           "rules_stamp", "PatternStore"]
+           "rules_stamp", "source_stamp", "PatternStore"]
 
 #: Environment variable naming the folder (or ``off``).
 ENV = "SCIPY_GPUQR_SCHEDULE_CACHE"
@@ -98,25 +98,30 @@ def folder(environ: Mapping[str, str] = os.environ) -> Path | None:
     return Path(base) / "tile_schedules"
 
 
-_STAMP: list = []
+_STAMPS: dict = {}
 
 
-def rules_stamp() -> str:
-    """A hash of the sources that decide a tile schedule (bucket rules, records).
-
-    Computed once per process; empty when the sources cannot be read (then
-    no disk cache is used).
-    """
-    if not _STAMP:
+def source_stamp(names) -> str:
+    """A hash of this package's ``_schedule`` source files ``names`` (once per
+    process); empty when they cannot be read (then no disk cache is used)."""
+    names = tuple(names)
+    got = _STAMPS.get(names)
+    if got is None:
         here = Path(__file__).resolve().parent
         h = hashlib.sha1()
         try:
-            for name in ("bucket.py", "tasks.py"):
-                h.update((here / name).read_bytes())
-            _STAMP.append(h.hexdigest()[:20])
+            for name in names:
+                h.update(name.encode() + b"\0" + (here / name).read_bytes())
+            got = h.hexdigest()[:20]
         except OSError:
-            _STAMP.append("")
-    return _STAMP[0]
+            got = ""
+        _STAMPS[names] = got
+    return got
+
+
+def rules_stamp() -> str:
+    """A hash of the sources that decide a tile schedule (bucket rules, records)."""
+    return source_stamp(("bucket.py", "tasks.py"))
 
 
 def _narrow(a: np.ndarray) -> np.ndarray:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import bucket
+from . import bucket, plancache
 from .dense import DENSE_COLUMNS_PER_LAUNCH, dense_defer, dense_front_mask
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TASK_DTYPE,
                     TaskType, empty_tasks)
@@ -407,8 +407,17 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
         if hit is not None:
             return hit if lazy else hit.materialize()
     t0 = time.process_time()
-    out = _build(analysis, plan, int(tile), int(bundle), bool(pipelining), int(granule),
-                 max_tasks, dense_flops, int(dense_columns_per_launch))
+    # a plan built by an earlier process for the same structure and arguments
+    dense = dense_front_mask(analysis, dense_flops)
+    pargs = {"tile": int(tile), "bundle": int(bundle), "pipelining": bool(pipelining),
+             "granule": int(granule), "max_tasks": key[4], "dense_flops": key[6],
+             "dense_columns_per_launch": key[7]}
+    where = plancache.slot(analysis, plan, dense, pargs)
+    out = plancache.load(where, analysis.fronts)
+    if out is None:
+        out = _build(analysis, plan, int(tile), int(bundle), bool(pipelining), int(granule),
+                     max_tasks, dense_flops, int(dense_columns_per_launch))
+        plancache.save(where, out)
     if not lazy:
         out.materialize()
     out.seconds = time.process_time() - t0
