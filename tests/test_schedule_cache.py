@@ -328,3 +328,18 @@ def test_damaged_or_stale_plan_is_rebuilt(cache_dir, count_builds, monkeypatch, 
     _same_schedule(want, got)
     build_schedule(an, cache=False, lazy=True)
     assert len(count_builds) == 2                      # the rewritten file is good
+
+
+def test_small_families_from_disk_equal_built(cache_dir, monkeypatch):
+    # degenerate shapes (empty arrays, single rows, no fronts) through both disk caches
+    from scipy_gpuqr._testing_matrices import small_families
+    for name, A in small_families():
+        an = analyze(A)
+        for kw in (dict(), dict(dense_flops=1e3), dict(max_tasks=50)):
+            monkeypatch.setenv(diskcache.ENV, "off")
+            want = build_schedule(an, cache=False, lazy=True, **kw)
+            monkeypatch.setenv(diskcache.ENV, str(cache_dir))
+            build_schedule(an, cache=False, lazy=True, **kw)        # written
+            bucket.clear_cache()
+            got = build_schedule(analyze(A), cache=False, lazy=True, **kw)   # read
+            _same_schedule(want, got)

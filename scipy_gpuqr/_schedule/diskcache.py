@@ -203,7 +203,10 @@ class PatternStore:
                 continue
             except Exception:              # noqa: BLE001 - unreadable or foreign: ignore it
                 continue
-            self._register(seg)
+            try:
+                self._register(seg)
+            except Exception:              # noqa: BLE001 - inconsistent keys: ignore it
+                continue
 
     def _register(self, seg: _Segment) -> None:
         self._segs.append(seg)
@@ -261,8 +264,15 @@ class PatternStore:
     # ------------------------------------------------------------------ writing
     def add(self, keys, scheds) -> bool:
         """Write the simulated patterns not on disk yet as a new segment (atomically),
-        then keep the folder within its bounds. Returns whether a segment was written.
+        then keep the folder within its bounds. Returns whether a segment was written
+        (never raises: the disk cache is best effort).
         """
+        try:
+            return self._add(keys, scheds)
+        except Exception:                  # noqa: BLE001 - best effort: not written
+            return False
+
+    def _add(self, keys, scheds) -> bool:
         with self._lock:
             self._scan()
             new = [(k, s) for k, s in zip(keys, scheds) if k not in self._index]

@@ -78,7 +78,7 @@ def _key(fp: dict, args: dict) -> str:
         v = fp[k]
         c = zlib.crc32(f"{k}{v.dtype.str}{v.shape}".encode(), c)
         if v.nbytes <= 1 << 16:
-            c = zlib.crc32(memoryview(v).cast("B"), c)
+            c = zlib.crc32(v.tobytes(), c)
         else:                                  # a sample of the large ones
             c2 = zlib.crc32(np.ascontiguousarray(v.ravel()[::61]).tobytes(), c2)
     return f"{c:08x}{c2:08x}"
@@ -223,8 +223,11 @@ class Slot:
 
 def slot(analysis, plan, dense, args: dict) -> Slot | None:
     """The plan file of this analysis, stage plan, dense-front mask and arguments
-    (None: the disk cache is off)."""
-    d, fp, path = _where(analysis, plan, dense, args)
+    (None: the disk cache is off, or the structure cannot be keyed)."""
+    try:
+        d, fp, path = _where(analysis, plan, dense, args)
+    except Exception:                          # noqa: BLE001 - best effort: no cache
+        return None
     return None if path is None else Slot(d, fp, path, args)
 
 
@@ -269,6 +272,13 @@ def save(s: Slot | None, sched) -> bool:
     """Write the plan ``sched`` (built lazily, nothing materialized needed) in ``s``."""
     if s is None:
         return False
+    try:
+        return _save(s, sched)
+    except Exception:                          # noqa: BLE001 - best effort: not written
+        return False
+
+
+def _save(s: Slot, sched) -> bool:
     d, fp, path, args = s.folder, s.fingerprint, s.path, s.args
     try:
         a, facts = _arrays_of(sched)
