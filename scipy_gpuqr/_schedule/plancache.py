@@ -41,7 +41,7 @@ __all__ = ["FORMAT", "MAX_BYTES", "MAX_FILES", "Slot", "slot", "load", "save"]
 #: File format version.
 FORMAT = 1
 #: Most bytes of plan files kept.
-MAX_BYTES = 256 << 20
+MAX_BYTES = 128 << 20
 #: Most plan files kept.
 MAX_FILES = 64
 
