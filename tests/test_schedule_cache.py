@@ -343,3 +343,18 @@ def test_small_families_from_disk_equal_built(cache_dir, monkeypatch):
             bucket.clear_cache()
             got = build_schedule(analyze(A), cache=False, lazy=True, **kw)   # read
             _same_schedule(want, got)
+
+
+def test_plan_fingerprint_covers_every_front_array_the_builder_reads():
+    # a plan file is keyed by the front arrays listed in plancache: a builder that
+    # starts reading another one must list it there too
+    import re
+    from pathlib import Path
+
+    from scipy_gpuqr._schedule import plancache
+    here = Path(plancache.__file__).parent
+    read = set()
+    for name in ("sparse.py", "dense.py", "bucket.py"):
+        read |= set(re.findall(r"\bfs\.([a-z_]+)", (here / name).read_text()))
+    assert read - {"nfronts"} <= set(plancache._FRONT_ARRAYS), read - set(plancache._FRONT_ARRAYS)
+    assert "fronts" in set(re.findall(r"\banalysis\.([a-z_]+)", (here / "sparse.py").read_text()))
