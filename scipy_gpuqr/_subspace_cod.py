@@ -22,26 +22,34 @@ Method (orthogonal transformations throughout):
    below the cutoff is stable. ``d`` = that count: lstsq's nullity (Ritz
    values are upper bounds, so an unconverged block can only undercount).
 2. **Deflation**: the d Ritz vectors ``V_d`` are moved out with one block
-   Householder reflector ``H`` (``V_d = H [I; 0] T_v``, so H's first d
-   columns span ``V_d``): ``R H = [R V_d  R W]`` with ``‖R V_d‖ ≈ σ_{r+1} <=``
-   cutoff. Dropping ``R V_d`` is lstsq's truncation (up to the Ritz vectors'
-   accuracy); ``R W`` (q × (q−d)) has singular values ``σ_1..σ_r``.
-3. **Re-triangularization**: one dense Householder QR ``R W = Q₃ R₃``
-   (LAPACK ``geqrf``, BLAS-3, no Q formed), and the minimum-norm solution of
-   the rank-r problem ``y = H [0; R₃⁻¹ (Q₃ᵀ c)[:r]]`` (y ⟂ V_d); for
-   ``G = Rᵀ`` the transpose of that truncated pseudo-inverse,
-   ``y = Q₃ [R₃⁻ᵀ (Hᵀ c)[d:]; 0]``. R is deflated in both cases: R's rows
-   are graded like its singular values, so the products ``R H`` carry
-   errors relative to each row (measured: the Rᵀ-side deflation ``Rᵀ H``
-   loses about 1e-4 of the solution on a 400² test, this way 1e-9).
+   Householder reflector ``H = I − Ỹ T Ỹᵀ`` (the QR of ``V_d`` with its rows
+   reversed, so H's *last* d columns span ``V_d``): ``R H = [R W  R V_d]``
+   with ``‖R V_d‖ ≈ σ_{r+1} <=`` cutoff. Dropping ``R V_d`` is lstsq's
+   truncation (up to the Ritz vectors' accuracy); ``R W`` (q × (q−d)) has
+   singular values ``σ_1..σ_r``.
+3. **Re-triangularization** of ``R H = R − U Ỹᵀ`` (``U = R Ỹ T``, a rank-d
+   update of a triangle) in ``O(q²·d)`` flops by GEMMs on windows of rows
+   (:func:`_retriangularize`: a bottom-up sweep of QRs moves U into its top
+   d rows and fills at most 2d subdiagonals, the update goes into those
+   rows, a left-to-right sweep of QRs of 3d × d blocks restores the
+   triangle), so ``R H = Q R̃`` and ``R W = Q R̃[:, :r]`` with ``R₃ =
+   R̃[:r, :r]``. The minimum-norm solution of the rank-r problem is
+   ``y = H [R₃⁻¹ (Qᵀ c)[:r]; 0]`` (y ⟂ V_d); for ``G = Rᵀ`` the transpose
+   of that truncated pseudo-inverse, ``y = Q [R₃⁻ᵀ (Hᵀ c)[:r]; 0]``. R is
+   deflated in both cases: R's rows are graded like its singular values,
+   so the products ``R H`` carry errors relative to each row (measured: the
+   Rᵀ-side deflation ``Rᵀ H`` loses about 1e-4 of the solution on a 400²
+   test, this way 1e-9).
 
 Nothing is subtracted from ``G⁻¹c`` (no projection of a solution that the
 small singular values blow up): the only solves with small pivots are in
 the iteration, whose results are normalized.
 
-Cost: ``2·p·q²`` flops per step (p: block columns), then ``≈ 4/3·q³`` for
-the QR, about a third of the ``geqrf + orgqr`` pair of the second QR of the
-dense COD it replaces (:mod:`scipy_gpuqr._dense_cod`). A block that would
+Cost: ``2·p·q²`` flops per step (p: block columns), then about ``15·d·q²``
+for steps 2 and 3 (a dense ``geqrf`` of ``R W``, the first version, took
+``4/3·q³``: 75 s of bayer10's 97 s), against ``8/3·q³`` for the
+``geqrf + orgqr`` of the dense COD's second QR it replaces
+(:mod:`scipy_gpuqr._dense_cod`). A block that would
 exceed ``max_block`` columns (many small singular values: Heath's rule
 settles those) raises :class:`SubspaceTooLarge`.
 
@@ -106,6 +114,46 @@ def sigma_max_lanczos(R, rtol: float = 1e-12) -> float:
     return float(np.sqrt(max(lam, 0.0)))
 
 
+def _retriangularize(A: np.ndarray, U: np.ndarray, Yt: np.ndarray) -> list:
+    """``A ← Qᵀ (A − U Ytᵀ)`` upper triangular, in place, for upper triangular A.
+
+    O(q²·d) flops for a rank-d update, all in GEMMs on windows of rows:
+    (1) bottom-up, a full QR of U's rows ``[a, a+2d)`` moves U into its
+    top d rows (applied to A's rows, which fills in at most 2d subdiagonals);
+    (2) the top d rows take the update; (3) left to right, a QR of each d
+    columns' ``3d`` rows restores the triangle. Returns Q as the list of
+    windows ``(row0, Q_w)`` in application order (``Qᵀ = ∏ Q_wᵀ``).
+    """
+    q, d = U.shape
+    windows = []
+    b = q
+    while b > d or not windows:
+        a = max(0, b - 2 * d)
+        Qw = la.qr(U[a:b], mode="full", check_finite=False)[0]
+        U[a:b] = Qw.T @ U[a:b]
+        U[a + d:b] = 0.0
+        A[a:b, a:] = Qw.T @ A[a:b, a:]
+        windows.append((a, Qw))
+        b -= d
+    A[:d] -= U[:d] @ Yt.T
+    for j in range(0, q - 1, d):
+        rend = min(q, j + 3 * d)
+        Qw = la.qr(A[j:rend, j:j + d], mode="full", check_finite=False)[0]
+        A[j:rend, j:] = Qw.T @ A[j:rend, j:]
+        windows.append((j, Qw))
+    return windows
+
+
+def _apply_windows(windows: list, C: np.ndarray, *, transpose: bool) -> np.ndarray:
+    """``Qᵀ C`` (``transpose``) or ``Q C`` for the windows of :func:`_retriangularize`."""
+    C = np.array(C, dtype=np.float64, order="F", copy=True)
+    seq = windows if transpose else reversed(windows)
+    for row0, Qw in seq:
+        rows = slice(row0, row0 + Qw.shape[0])
+        C[rows] = (Qw.T if transpose else Qw) @ C[rows]
+    return C
+
+
 def _orth(X: np.ndarray) -> np.ndarray:
     return np.linalg.qr(X, mode="reduced")[0]
 
@@ -153,7 +201,8 @@ class SubspaceCOD:
     steps: int = field(init=False, default=0)
     block_used: int = field(init=False, default=0)
     _vd: tuple = field(init=False, default=None, repr=False)
-    _qr: tuple = field(init=False, default=None, repr=False)
+    _windows: list = field(init=False, default=None, repr=False)
+    _r3: np.ndarray = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
         R = np.asfortranarray(self.R, dtype=np.float64)
@@ -164,25 +213,21 @@ class SubspaceCOD:
         self.rank = q - d
         kept = self.ritz[d:]
         self.sigma_min = float(kept[0]) if kept.size else float("inf")
-        G = R                                  # deflated as R also for Rᵀ (see solve)
-        del R
         if d == 0:
-            self._vd = None
-        else:
-            Vd = np.asfortranarray(X[:, :d])
-            vqr, vtau, _, info = la.lapack.dgeqrf(Vd, lwork=_lwork(la.lapack.dgeqrf, Vd),
-                                                 overwrite_a=1)
-            if info != 0:
-                raise np.linalg.LinAlgError(f"dgeqrf of the Ritz vectors: info {info}")
-            self._vd = (vqr, vtau)
-            G = self._apply_h(G, side="R", trans="N")          # G ← G H
-        W = G[:, d:]                                           # F-contiguous view
-        qr, tau, _, info = la.lapack.dgeqrf(W, lwork=_lwork(la.lapack.dgeqrf, W),
-                                            overwrite_a=1)
+            self._vd, self._windows, self._r3 = None, [], R
+            return
+        # H = J Hq J (J: reversal) with J V_d = Hq [T_v; 0]: H's last d columns
+        # span V_d, its first q − d are W; H = I − Ỹ T Ỹᵀ with Ỹ = J Y.
+        vqr, T, info = la.lapack.dgeqrt(d, np.asfortranarray(X[::-1, :d]), overwrite_a=1)
         if info != 0:
-            raise np.linalg.LinAlgError(f"dgeqrf of the deflated factor: info {info}")
-        self._qr = (qr, tau)
-
+            raise np.linalg.LinAlgError(f"dgeqrt of the Ritz vectors: info {info}")
+        self._vd = (vqr, np.diag(T).copy())             # Hq = I − Y T Yᵀ, τ = diag(T)
+        Y = np.tril(vqr, -1)
+        Y[np.arange(d), np.arange(d)] = 1.0
+        Yt = Y[::-1]
+        U = (R @ Yt) @ T                                # R H = R − U Ỹᵀ
+        self._windows = _retriangularize(R, U, Yt)
+        self._r3 = R
     # -- step 1: block inverse subspace iteration ---------------------------------
     def _iterate(self, R: np.ndarray) -> np.ndarray:
         """Converged Ritz vectors (q × p, ascending Ritz values in ``self.ritz``)."""
@@ -231,47 +276,37 @@ class SubspaceCOD:
         raise SubspaceTooLarge(f"no convergence in {MAX_STEPS} steps (block {p})")
 
     # -- steps 2 and 3 ---------------------------------------------------------------
-    def _apply_h(self, C: np.ndarray, *, side: str, trans: str) -> np.ndarray:
-        """``C H``, ``H C`` or ``Hᵀ C`` for the reflector of the Ritz vectors."""
+    def _apply_h(self, C: np.ndarray, trans: str) -> np.ndarray:
+        """``H C`` or ``Hᵀ C`` (H = J Hq J, Hq the reflectors of J V_d)."""
         vqr, vtau = self._vd
-        lw = _lwork(la.lapack.dormqr, side, trans, vqr, vtau, C)
-        out, _, info = la.lapack.dormqr(side, trans, vqr, vtau, C, lw, overwrite_c=1)
+        C = np.asfortranarray(C[::-1])
+        lw = _lwork(la.lapack.dormqr, "L", trans, vqr, vtau, C)
+        out, _, info = la.lapack.dormqr("L", trans, vqr, vtau, C, lw, overwrite_c=1)
         if info != 0:
             raise np.linalg.LinAlgError(f"dormqr: info {info}")
-        return out
+        return out[::-1]
 
     def solve(self, C: np.ndarray) -> np.ndarray:
         """Minimum-norm ``Y`` with ``G Y ≈ C`` under the cutoff; C of shape (q, p).
 
-        With ``R H = [R V_d  Q₃R₃]``, the truncated pseudo-inverse of R is
-        ``R⁺ = H [0; R₃⁻¹ Q₃ᵀ]`` and that of Rᵀ its transpose,
-        ``Q₃ [R₃⁻ᵀ (Hᵀ ·)[d:]; 0]``: both from the one deflation of R.
+        With ``R H = Q [R₃ *; 0 *]`` (H's first r columns W ⟂ V_d), the
+        truncated pseudo-inverse of R is ``R⁺ = H [R₃⁻¹ (Qᵀ ·)[:r]; 0]`` and
+        that of Rᵀ its transpose, ``Q [R₃⁻ᵀ (Hᵀ ·)[:r]; 0]``: both from the
+        one deflation of R.
         """
-        C = np.asfortranarray(C, dtype=np.float64)
-        qr, tau = self._qr
-        q, r = qr.shape[0], self.rank
-        if C.shape[1] == 0:
-            return np.zeros((q, 0))
-        if r == 0:
-            return np.zeros((q, C.shape[1]))
-        if self.transposed:
-            D = C if self._vd is None else self._apply_h(C, side="L", trans="T")
-            Y = np.zeros((q, C.shape[1]), order="F")
-            Y[:r] = la.solve_triangular(qr[:r], D[q - r:], trans=1, lower=False,
-                                        check_finite=False)
-            return np.ascontiguousarray(self._apply_q3(Y, "N"))
-        D = self._apply_q3(C, "T")
+        C = np.asarray(C, dtype=np.float64)
+        q, r = self._r3.shape[0], self.rank
+        R3 = self._r3[:r, :r]
         Y = np.zeros((q, C.shape[1]), order="F")
-        Y[q - r:] = la.solve_triangular(qr[:r], D[:r], lower=False, check_finite=False)
-        if self._vd is None:
+        if C.shape[1] == 0 or r == 0:
             return np.ascontiguousarray(Y)
-        return np.ascontiguousarray(self._apply_h(Y, side="L", trans="N"))
-
-    def _apply_q3(self, C: np.ndarray, trans: str) -> np.ndarray:
-        """``Q₃ C`` or ``Q₃ᵀ C`` (Q₃: q × q, from the QR of the deflated R)."""
-        qr, tau = self._qr
-        lw = _lwork(la.lapack.dormqr, "L", trans, qr, tau, C)
-        out, _, info = la.lapack.dormqr("L", trans, qr, tau, C, lw, overwrite_c=1)
-        if info != 0:
-            raise np.linalg.LinAlgError(f"dormqr: info {info}")
-        return out
+        if self._vd is None:
+            return la.solve_triangular(R3, C, trans=1 if self.transposed else 0,
+                                       lower=False, check_finite=False)
+        if self.transposed:
+            D = self._apply_h(C, "T")
+            Y[:r] = la.solve_triangular(R3, D[:r], trans=1, lower=False, check_finite=False)
+            return np.ascontiguousarray(_apply_windows(self._windows, Y, transpose=False))
+        D = _apply_windows(self._windows, C, transpose=True)
+        Y[:r] = la.solve_triangular(R3, D[:r], lower=False, check_finite=False)
+        return np.ascontiguousarray(self._apply_h(Y, "N"))
