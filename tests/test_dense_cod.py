@@ -253,3 +253,19 @@ def test_subspace_too_large_keeps_heath_rank_unrevealed(rng, monkeypatch):
     solver = _lstsq.MinNormSolver(sp.csc_array(R), EPS * m, factorize=lambda *a, **k: None)
     assert solver.method == "dense_cod" and not solver.revealed
     assert not solver.summary()["rank_revealed"]
+
+
+@pytest.mark.parametrize("q,d", [(50, 7), (40, 13), (30, 1), (9, 3)])
+def test_retriangularize_triangle_plus_rank_d(rng, q, d):
+    """Q R̃ = A − U Ytᵀ with R̃ upper triangular and Q orthogonal (windowed QRs)."""
+    from scipy_gpuqr._subspace_cod import _apply_windows, _retriangularize
+    A = np.asfortranarray(np.triu(rng.standard_normal((q, q))))
+    U, Yt = rng.standard_normal((q, d)), rng.standard_normal((q, d))
+    M = A - U @ Yt.T
+    windows = _retriangularize(A, U.copy(), Yt)
+    Rt = np.triu(A)
+    assert np.linalg.norm(A - Rt) <= 1e-13 * np.linalg.norm(M)     # triangle restored
+    assert np.allclose(_apply_windows(windows, Rt, transpose=False), M, atol=1e-12)
+    X = rng.standard_normal((q, 2))
+    assert np.allclose(_apply_windows(windows, _apply_windows(windows, X, transpose=True),
+                                      transpose=False), X)
