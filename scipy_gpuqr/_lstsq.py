@@ -34,8 +34,9 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
          threshold) and R has a nonzero diagonal, R's small singular
          subspace decides (:mod:`scipy_gpuqr._subspace_cod`: block inverse
          subspace iteration with Rayleigh–Ritz, the Ritz vectors below the
-         threshold moved out by one block Householder reflector, one dense
-         QR of the rest; σ_max by Lanczos to 1e-12), gap or not: its rank
+         threshold moved out by one block Householder reflector, the
+         rest re-triangularized as a triangle plus a rank-d update in
+         O(q²d); σ_max by Lanczos to 1e-12), gap or not: its rank
          and solution are the truncated SVD's of R, and it costs less than
          the COD's second QR (then never computed) or an SVD. Where its
          first block (twice Heath's dead columns + 64) exceeds
@@ -367,8 +368,8 @@ class MinNormSolver:
         dead = int(cod.live.size - cod.rank)
         # host: where R's small singular subspace fits a small block it decides
         # lstsq's rank exactly, gap or not, for less than the COD's second QR
-        # (which is then never computed) and than an SVD (3000 columns: 4.6 s
-        # vs 8.3 s; bench/RESULTS.md, issue 2); the SVD remains its fallback
+        # (which is then never computed) and than an SVD (3000 columns: 3.6 s
+        # vs 6.7 s; bench/RESULTS.md, issue 2); the SVD remains its fallback
         subspace = device == "cpu" and self._subspace_block(dead) is not None
         if subspace and dead:
             if self._prepare_subspace_cod(dead):
