@@ -124,6 +124,11 @@ SVD_FALLBACK_LIMIT = {"cpu": 5000, "gpu": 20000}
 SUBSPACE_BLOCK = 64
 SUBSPACE_MAX_BLOCK = 1024
 
+#: Smallest min(k, q) of R whose dense SVD runs on the GPU when one may be
+#: used (H200 host, triangular q×q, U/s/Vt: host gesdd 49 / 236 / 486 ms
+#: at 500 / 1000 / 1374 columns, cuSOLVER 52 / 120 / 181 ms).
+SVD_GPU_MIN_ORDER = 600
+
 #: Fraction of the free device memory a dense COD on the GPU may take.
 DENSE_COD_GPU_FRACTION = 0.5
 
@@ -251,6 +256,12 @@ class MinNormSolver:
         orthogonal decomposition when R is too large for a dense SVD.
     device : {'cpu', 'gpu'}
         Where the dense refinements run (the GPU when the factorization did).
+    svd_device : {'cpu', 'gpu'}
+        Where a dense SVD of R runs (q ≤ DENSE_LIMIT): 'gpu' from
+        :data:`SVD_GPU_MIN_ORDER` columns on (cuSOLVER, 2.7–4× the host's
+        16-core gesdd at 1374–2500 columns on the H200 host) — the caller
+        says 'gpu' when the factorization ran there, or when ``auto``
+        factorized on the CPU with a GPU present.
     solves : (callable, callable), optional
         ``C ↦ R⁻¹C`` and ``C ↦ R⁻ᵀC`` on host arrays for the condition and
         σ estimates of a square R (e.g. the GPU's front-structured solve);
@@ -263,6 +274,7 @@ class MinNormSolver:
     factorize: Optional[Factorize] = None
     device: str = "cpu"
     solves: Optional[tuple] = field(default=None, repr=False)
+    svd_device: str = "cpu"
     method: str = field(init=False, default="")
     cod_device: str = field(init=False, default="cpu")
     revealed: bool = field(init=False, default=True)
@@ -292,7 +304,7 @@ class MinNormSolver:
         if self._sparse_cod_first() and self._prepare_gap_checked_cod():
             return
         if max(k, q) <= DENSE_LIMIT or self.factorize is None:
-            self._prepare_svd()
+            self._prepare_svd(self._dense_on_svd_device())
             return
         device = self._dense_cod_device()
         if device is not None:
@@ -393,6 +405,19 @@ class MinNormSolver:
         return True
 
     # -- dense refinement: exactly lstsq's rule -------------------------------
+    def _dense_on_svd_device(self):
+        """G (R or Rᵀ) dense on the GPU where :attr:`svd_device` says so and it
+        pays (``min(k, q) >= SVD_GPU_MIN_ORDER``), else None (the host's SVD)."""
+        k, q = self.R.shape
+        if self.svd_device != "gpu" or min(k, q) < SVD_GPU_MIN_ORDER:
+            return None
+        from ._gpu import gpu_available, import_cupy
+        if not gpu_available():
+            return None
+        from ._dense_cod import dense_from_sparse
+        G = dense_from_sparse(self.R, import_cupy())
+        return G.T.copy() if self.transposed else G
+
     def _prepare_svd(self, G=None):
         """SVD of G (dense, NumPy or CuPy; default R or Rᵀ on the host)."""
         if G is None:

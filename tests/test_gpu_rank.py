@@ -88,3 +88,35 @@ def test_rank_decision_estimates_use_the_device_solves(monkeypatch, rng):
     x = F.solve(b)
     assert F.info["rank_decision"]["method"] == "triangular"
     assert np.linalg.norm(x - x_ref) <= 1e-10 * np.linalg.norm(x_ref)
+
+
+def _graded_gpu_case(rng, n=700, m=800, decades=18):
+    """Singular values logspace(0, -18): no gap, Heath's rule drops nothing, the SVD decides."""
+    U, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    V, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    return sp.csc_array((U * np.logspace(0, -decades, n)) @ V.T)
+
+
+@pytest.mark.parametrize("backend,options", [("gpu", None),
+                                             ("auto", {"intensity_threshold": 1e30})])
+def test_dense_svd_of_r_runs_on_the_gpu(rng, backend, options):
+    """q ≥ SVD_GPU_MIN_ORDER: the SVD deciding the rank runs on the device, also when
+    ``auto`` factorized on the CPU with a GPU present; results equal lstsq's."""
+    import cupy
+    A = _graded_gpu_case(rng)
+    b = rng.standard_normal(A.shape[0])
+    F = QRFactorization(A, backend=backend, gpuqr_options=options)
+    x = F.solve(b)
+    solver = F._min_norm_solver()
+    assert solver.method == "svd"
+    assert isinstance(solver._svd[0], cupy.ndarray)
+    assert F.info["backend"] == ("gpu" if backend == "gpu" else "cpu")
+    Ad = A.toarray()
+    x_ref, _, rank, s = np.linalg.lstsq(Ad, b, rcond=None)
+    assert F.rank == rank
+
+    def backward(y):
+        r = b - Ad @ y
+        return np.linalg.norm(Ad.T @ r) / (s[0] * np.linalg.norm(r))
+    assert backward(x) <= max(10 * backward(x_ref), 100 * EPS * A.shape[0])
+    assert np.linalg.norm(x) == pytest.approx(np.linalg.norm(x_ref), rel=5e-2)
