@@ -164,12 +164,12 @@ class QRFactorization:
             # the rank refinement runs where the factorization ran (DESIGN.md §5)
             device = "gpu" if num.info.get("backend") == "gpu" else "cpu"
             # auto that factorized on the CPU with a GPU present (it consulted
-            # the GPU's threshold) runs a dense SVD there too, where it pays
+            # the GPU's threshold) runs the dense refinements there too
             gpu_seen = self._plan.requested == "auto" and self._plan.gpu_name is not None
             self._solver = MinNormSolver(R, cutoff, transposed=self._transposed,
                                          factorize=self._cod_factorize, device=device,
                                          solves=self._device_triangular(),
-                                         svd_device="gpu" if device == "gpu" or gpu_seen
+                                         dense_device="gpu" if device == "gpu" or gpu_seen
                                          else "cpu")
             self._timings["rank_decision"] = time.perf_counter() - t0
         return self._solver

@@ -38,9 +38,11 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
        rules below answer:
 
        * q ≤ :data:`DENSE_LIMIT`: a dense SVD of ``R`` gives exactly lstsq's
-         rank and the pseudo-inverse solution.
+         rank and the pseudo-inverse solution (on the GPU from
+         :data:`SVD_GPU_MIN_ORDER` columns when one is used, see
+         ``dense_device``).
        * q ≤ :data:`DENSE_COD_HOST_LIMIT` (or R fits on the GPU that
-         factored A): a dense blocked complete orthogonal decomposition
+         factored A, or that ``auto`` saw): a dense blocked complete orthogonal decomposition
          (:mod:`scipy_gpuqr._dense_cod`): Heath's dead-column rule, then a
          QR of the live rows for the minimum-norm part. Where the singular
          values have a gap at the cutoff its rank is lstsq's (checked:
@@ -255,13 +257,16 @@ class MinNormSolver:
         ``factorize(G, tol=...) -> NumericQR`` used for the sparse complete
         orthogonal decomposition when R is too large for a dense SVD.
     device : {'cpu', 'gpu'}
-        Where the dense refinements run (the GPU when the factorization did).
-    svd_device : {'cpu', 'gpu'}
-        Where a dense SVD of R runs (q ≤ DENSE_LIMIT): 'gpu' from
-        :data:`SVD_GPU_MIN_ORDER` columns on (cuSOLVER, 2.7–4× the host's
-        16-core gesdd at 1374–2500 columns on the H200 host) — the caller
-        says 'gpu' when the factorization ran there, or when ``auto``
-        factorized on the CPU with a GPU present.
+        Where the factorization ran. A GPU factorization tries the sparse
+        COD first only up to :data:`DENSE_LIMIT` columns (its factorizer is
+        the GPU's); beyond, its dense COD stays on the device.
+    dense_device : {'cpu', 'gpu'} or None
+        Where the dense refinements (SVD, dense COD) run; None: ``device``.
+        The caller says 'gpu' when the factorization ran there, or when
+        ``auto`` factorized on the CPU with a GPU present. A dense SVD goes
+        to the GPU from :data:`SVD_GPU_MIN_ORDER` columns on (cuSOLVER,
+        2.7–4× the host's 16-core gesdd at 1374–2500 columns on the H200
+        host); the host's subspace decision needs ``dense_device='cpu'``.
     solves : (callable, callable), optional
         ``C ↦ R⁻¹C`` and ``C ↦ R⁻ᵀC`` on host arrays for the condition and
         σ estimates of a square R (e.g. the GPU's front-structured solve);
@@ -274,7 +279,7 @@ class MinNormSolver:
     factorize: Optional[Factorize] = None
     device: str = "cpu"
     solves: Optional[tuple] = field(default=None, repr=False)
-    svd_device: str = "cpu"
+    dense_device: Optional[str] = None
     method: str = field(init=False, default="")
     cod_device: str = field(init=False, default="cpu")
     revealed: bool = field(init=False, default=True)
@@ -289,6 +294,8 @@ class MinNormSolver:
     def __post_init__(self):
         R = sp.csc_array(self.R)
         self.R = R
+        if self.dense_device is None:
+            self.dense_device = self.device
         k, q = R.shape
         if k == 0 or q == 0:
             self.method, self.rank = "empty", 0
@@ -304,7 +311,7 @@ class MinNormSolver:
         if self._sparse_cod_first() and self._prepare_gap_checked_cod():
             return
         if max(k, q) <= DENSE_LIMIT or self.factorize is None:
-            self._prepare_svd(self._dense_on_svd_device())
+            self._prepare_svd(self._dense_on_gpu())
             return
         device = self._dense_cod_device()
         if device is not None:
@@ -405,11 +412,11 @@ class MinNormSolver:
         return True
 
     # -- dense refinement: exactly lstsq's rule -------------------------------
-    def _dense_on_svd_device(self):
-        """G (R or Rᵀ) dense on the GPU where :attr:`svd_device` says so and it
+    def _dense_on_gpu(self):
+        """G (R or Rᵀ) dense on the GPU where :attr:`dense_device` says so and it
         pays (``min(k, q) >= SVD_GPU_MIN_ORDER``), else None (the host's SVD)."""
         k, q = self.R.shape
-        if self.svd_device != "gpu" or min(k, q) < SVD_GPU_MIN_ORDER:
+        if self.dense_device != "gpu" or min(k, q) < SVD_GPU_MIN_ORDER:
             return None
         from ._gpu import gpu_available, import_cupy
         if not gpu_available():
@@ -427,10 +434,12 @@ class MinNormSolver:
         if isinstance(G, np.ndarray):
             U, s, Vt = la.svd(G, full_matrices=False, lapack_driver="gesdd",
                               check_finite=False)
+            self.cod_device = "cpu"
         else:                       # CuPy: stays on the device until solve
             import cupy
             U, s, Vt = cupy.linalg.svd(G, full_matrices=False)
             s = s.get()
+            self.cod_device = "gpu"
         smax = s[0] if s.size else 0.0
         r = int(np.count_nonzero(s > self.cutoff * smax)) if smax > 0 else 0
         self.method, self.rank = "svd", r
@@ -443,7 +452,7 @@ class MinNormSolver:
         """Where a dense COD of G fits: 'gpu', 'cpu' or None (use the sparse COD)."""
         k, q = self.R.shape
         need = 8 * (3 * k * q + min(k, q) ** 2)      # G, its backup, Q₂ and R₂
-        if self.device == "gpu":
+        if self.dense_device == "gpu":
             from ._gpu import gpu_available, import_cupy
             if gpu_available():
                 free, _ = import_cupy().cuda.runtime.memGetInfo()

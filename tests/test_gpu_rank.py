@@ -120,3 +120,21 @@ def test_dense_svd_of_r_runs_on_the_gpu(rng, backend, options):
         return np.linalg.norm(Ad.T @ r) / (s[0] * np.linalg.norm(r))
     assert backward(x) <= max(10 * backward(x_ref), 100 * EPS * A.shape[0])
     assert np.linalg.norm(x) == pytest.approx(np.linalg.norm(x_ref), rel=5e-2)
+
+
+def test_auto_cpu_factorization_refines_densely_on_the_gpu(monkeypatch, rng):
+    """auto factorizes a low-intensity problem on the CPU; with a GPU present the
+    dense COD of R (beyond DENSE_LIMIT, sparse COD not applicable) runs there."""
+    monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 50)
+    monkeypatch.setattr(_lstsq, "SPARSE_COD_MAX_DENSITY", 0.0)
+    A = sp.random_array((300, 150), density=0.3, rng=rng, format="csc")
+    A = sp.hstack([A, A[:, :6] - 2.0 * A[:, 6:12]], format="csc")
+    b = rng.standard_normal(300)
+    F = QRFactorization(A, backend="auto", gpuqr_options={"intensity_threshold": 1e30})
+    x = F.solve(b)
+    assert F.info["backend"] == "cpu"
+    summary = F.info["rank_decision"]
+    assert summary["method"] in ("dense_cod", "svd") and summary["device"] == "gpu"
+    x_ref, _, rank, _ = np.linalg.lstsq(A.toarray(), b, rcond=None)
+    assert F.rank == rank == 150
+    assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
