@@ -242,9 +242,11 @@ def time_solvers(entries, reps, budget):
     """Time solvers of one problem in interleaved rounds.
 
     ``entries`` is a list of ``(call, gpu)``. Each runs once untimed (its log
-    captured), then the solvers take turns (A B C A B C ...), each up to its
-    own count of timed calls, so that drifts of the machine (clocks, other
-    load, the memory pools' state) fall on all of them alike.
+    captured), then the solvers take turns, each up to its own count of timed
+    calls, the order rotated every round (A B C, B C A, C A B, ...), so that
+    drifts of the machine (clocks, other load, the memory pools' state, the
+    BLAS threads still spinning after the previous call) fall on all of them
+    alike and no solver always follows the same one.
 
     Returns
     -------
@@ -256,8 +258,10 @@ def time_solvers(entries, reps, budget):
             first, x = _once(call, gpu)
         out.append([first, _count(first, gpu, reps, budget), x, msgs, []])
     with np.errstate(all="ignore"):
+        pairs = list(zip(entries, out))
         for r in range(max((o[1] for o in out), default=0)):
-            for (call, gpu), o in zip(entries, out):
+            k = r % max(len(pairs), 1)
+            for (call, gpu), o in pairs[k:] + pairs[:k]:
                 if r < o[1]:
                     t, o[2] = _once(call, gpu)
                     o[4].append(t)

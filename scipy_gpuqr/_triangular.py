@@ -26,8 +26,8 @@ from scipy.sparse.linalg import (ArpackError, ArpackNoConvergence, LinearOperato
 
 __all__ = ["UpperTriangular", "sigma_min_upper", "SigmaMin", "DENSE_SIGMA_LIMIT"]
 
-#: Largest order of T whose σ_min is decided densely (its inverse by LAPACK
-#: ``trtri``: q³/3 flops, q² doubles).
+#: Largest order of T whose σ_min is decided densely (its inverse by a
+#: triangular solve with the identity: q³/3 flops, q² doubles).
 DENSE_SIGMA_LIMIT = 2500
 
 
@@ -154,7 +154,8 @@ def sigma_min_upper(T, threshold: float, *, solves: tuple = None,
     Returns
     -------
     SigmaMin
-        For q ≤ :data:`DENSE_SIGMA_LIMIT`: ``1/‖T⁻¹‖_F`` (a lower bound, at
+        For q ≤ :data:`DENSE_SIGMA_LIMIT` (T⁻¹ formed, q³/3 flops):
+        ``1/‖T⁻¹‖_F`` (a lower bound, at
         most √q below σ_min) when it exceeds ``threshold``, else ``1/‖T⁻¹‖₂``
         by Lanczos on the dense inverse to 1e-12. Larger q: Lanczos on
         ``(TᵀT)⁻¹`` through triangular solves, to 1e-3.
@@ -164,8 +165,14 @@ def sigma_min_upper(T, threshold: float, *, solves: tuple = None,
         return SigmaMin(np.inf, True)
     if q <= DENSE_SIGMA_LIMIT:
         Td = T.toarray() if sp.issparse(T) else np.asarray(T, dtype=np.float64)
-        X, info = la.lapack.dtrtri(Td, lower=0, unitdiag=0)
-        if info != 0 or not np.all(np.isfinite(X)):
+        d = np.abs(np.diagonal(Td))
+        if not (np.all(np.isfinite(d)) and np.all(d > 0)):
+            return SigmaMin(0.0, True)
+        # T⁻¹ by a triangular solve with I (BLAS-3 trsm): LAPACK's trtri took
+        # 0.6-1.6 s at 1647 columns on two cores where trsm took 0.22 s
+        with np.errstate(all="ignore"):
+            X = la.solve_triangular(Td, np.eye(q), lower=False, check_finite=False)
+        if not np.all(np.isfinite(X)):
             return SigmaMin(0.0, True)
         fro = float(np.linalg.norm(X))
         if fro == 0:
