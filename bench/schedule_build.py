@@ -50,7 +50,9 @@ The tile schedules' disk cache (``scipy_gpuqr._schedule.diskcache``) is off in
 every in-process measure (they are cold), except this tree's *warm* variant
 of ``--base`` with ``--warm-from DIR`` (what was read forgotten and the folder read again each round: the plan file when there is one).
 ``--disk-cache ROUNDS`` runs each measure in a **new process** (import and
-analysis timed apart), interleaved: disk cache off, fresh (an empty folder:
+analysis timed apart), interleaved: disk cache off, disk cache off with the
+NumPy bucket simulation (``$SCIPY_GPUQR_SCHEDULE_SIM=numpy``; every other
+measure takes the compiled one, built once before anything is timed), fresh (an empty folder:
 every pattern simulated, patterns and plan written), warm (the folder the
 fresh process wrote: the plan read back) and patterns (that folder without
 its plan files: the plan built from the tile patterns on disk); CPU time of
@@ -59,7 +61,6 @@ records in the engine's chunks) and the GPU idle it implies.
 """
 
 import argparse
-import hashlib
 import importlib
 import json
 import os
@@ -68,8 +69,9 @@ import time
 
 import numpy as np
 
-from scipy_gpuqr._schedule import bucket
-from scipy_gpuqr._schedule.sparse import build_schedule, clear_schedule_cache, record_flops
+from scipy_gpuqr._schedule import bucket, native
+from scipy_gpuqr._schedule.sparse import (build_schedule, clear_schedule_cache, record_flops,
+                                         schedule_digest)
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
@@ -118,6 +120,18 @@ def measure(an, tile, repeat):
             "gpu_s_at_10TF": float(gpu.sum())}
 
 
+def _launch_times(s) -> np.ndarray:
+    """CPU seconds spent before each launch's records are handed out, the records
+    built as the engine's worker builds them (chunks of launches)."""
+    times = []
+    prev = time.process_time()
+    for _ in s.iter_launches(prefetch=False):
+        now = time.process_time()
+        times.append(now - prev)
+        prev = now
+    return np.asarray(times)
+
+
 def _launch_flops(st, tile):
     """Tile-kernel flops of every launch of a stage (empty launches: 0)."""
     launch = np.repeat(np.arange(st.nlaunch), np.diff(st.launch_ptr))
@@ -146,14 +160,7 @@ def _first_launch(an, tile, repeat, dense_flops):
         s = build_schedule(an, tile=tile, cache=False, lazy=True, dense_flops=dense_flops)
         t1 = time.process_time()
         plan.append(t1 - t0)
-        # the records as the engine's worker builds them (chunks of launches): the CPU
-        # time spent before each launch's records are handed out
-        times = []
-        prev = time.process_time()
-        for _ in s.iter_launches(prefetch=False):
-            now = time.process_time()
-            times.append(now - prev)
-            prev = now
+        times = _launch_times(s)
         first.append(t1 - t0 + times[0])
         cpu = np.asarray(times) if cpu is None else np.minimum(cpu, times)
     gpu = np.concatenate([_launch_flops(st, tile) for st in s.stages if st.nlaunch]) / RATE
@@ -186,15 +193,6 @@ def _first_launch(an, tile, repeat, dense_flops):
             "gpu_idle_worst_launch": k_max,
             "launches_cpu_behind": int(np.sum(behind > 0)),
             "cpu_vs_gpu_ms_at_launch": marks}
-
-
-def _digest(s):
-    h = hashlib.sha256()
-    for st in s.stages:
-        h.update(st.launch_ptr.tobytes())
-        h.update(st.tasks.tobytes())
-    h.update(repr((s.vt_size, sorted(s.dense.items()))).encode())
-    return h.hexdigest()[:16]
 
 
 def interleaved(an, base_dir, rounds, dense_flops=None, tile=32):
@@ -236,7 +234,7 @@ def interleaved(an, base_dir, rounds, dense_flops=None, tile=32):
             a, b, _ = run(*m)
             got[m][0].append(a)
             got[m][1].append(b)
-    digests = {m: _digest(run(*m)[2]) for m in modes}
+    digests = {m: schedule_digest(run(*m)[2]) for m in modes}
     os.environ[diskcache.ENV] = folder or "off"
     out = {"dense_flops": dense_flops, "rounds": rounds,
            "records_identical": len(set(digests.values())) == 1}
@@ -261,13 +259,7 @@ def fresh_process(problem, dense_flops, tile=32):
     t0 = time.process_time()
     s = sp_.build_schedule(an, tile=tile, cache=False, lazy=True, dense_flops=dense_flops)
     plan = time.process_time() - t0
-    times = []
-    prev = time.process_time()
-    for _ in s.iter_launches(prefetch=False):
-        now = time.process_time()
-        times.append(now - prev)
-        prev = now
-    cpu = np.asarray(times)
+    cpu = _launch_times(s)
     gpu = np.concatenate([_launch_flops(st, tile) for st in s.stages if st.nlaunch]) / RATE
     for f, L in s.dense.items():
         gpu[L] += float(an.front_flops[f]) / RATE
@@ -276,11 +268,18 @@ def fresh_process(problem, dense_flops, tile=32):
             "first_launch_s": plan + float(cpu[0]), "whole_s": plan + float(cpu.sum()),
             "gpu_s_at_10TF": float(gpu.sum()),
             "gpu_idle_keeping_ahead_s": float(max(behind.max(initial=0), 0.0)),
-            "digest": _digest(s)}
+            "digest": schedule_digest(s), "simulation": native.status()}
+
+
+#: ``--disk-cache`` measures: cold (compiled simulation), cold with the NumPy simulation,
+#: fresh, warm (plan file), tile patterns only
+MODES = ("off", "numpy", "fresh", "warm", "patterns")
 
 
 def disk_cache_processes(rounds, dense=(None,)):
-    """Fresh processes, interleaved: disk cache off (cold), fresh (empty folder:
+    """Fresh processes, interleaved: disk cache off (cold), the same with the NumPy
+    bucket simulation (``numpy``; the others take the compiled one when
+    :mod:`scipy_gpuqr._schedule.native` has it), fresh (empty folder:
     simulated, tile patterns and plan written), warm (the folder the fresh one
     wrote: the plan read) and *patterns* (that folder without its plan files:
     the plan built from the tile patterns on disk, as for a new matrix whose
@@ -291,16 +290,17 @@ def disk_cache_processes(rounds, dense=(None,)):
     rows = []
     for problem in _PROBLEMS:
         for d in dense:
-            got = {"off": [], "fresh": [], "warm": [], "patterns": []}
+            got = {m: [] for m in MODES}
             with tempfile.TemporaryDirectory() as tmp:
                 for r in range(rounds):
                     folder = os.path.join(tmp, f"r{r}")
-                    order = (("off", "fresh", "warm", "patterns") if r % 2 == 0 else
-                             ("fresh", "patterns", "warm", "off"))
+                    order = (("off", "numpy", "fresh", "warm", "patterns") if r % 2 == 0 else
+                             ("fresh", "patterns", "warm", "numpy", "off"))
                     for mode in order:
                         env = dict(os.environ)
                         from scipy_gpuqr._schedule import diskcache
-                        env[diskcache.ENV] = "off" if mode == "off" else folder
+                        env[diskcache.ENV] = "off" if mode in ("off", "numpy") else folder
+                        env[native.ENV] = "numpy" if mode == "numpy" else "auto"
                         if mode == "patterns":      # tile patterns on disk, no plan file
                             shutil.rmtree(os.path.join(folder, "plans"), ignore_errors=True)
                         out = subprocess.run(
@@ -311,7 +311,8 @@ def disk_cache_processes(rounds, dense=(None,)):
             row = {"problem": problem, "dense_flops": d, "rounds": rounds,
                    "records_identical": len({x["digest"] for v in got.values()
                                              for x in v}) == 1,
-                   "gpu_s_at_10TF": got["off"][0]["gpu_s_at_10TF"]}
+                   "gpu_s_at_10TF": got["off"][0]["gpu_s_at_10TF"],
+                   "simulation": {m: sorted({e["simulation"] for e in v}) for m, v in got.items()}}
             for mode, v in got.items():
                 for q in ("plan_s", "first_launch_s", "whole_s", "gpu_idle_keeping_ahead_s"):
                     x = [e[q] for e in v]
@@ -322,7 +323,7 @@ def disk_cache_processes(rounds, dense=(None,)):
     print("problem | disk cache | plan | plan + launch 0 | whole schedule | GPU idle "
           "(ms, min / median of new processes)")
     for row in rows:
-        for mode in ("off", "fresh", "warm", "patterns"):
+        for mode in MODES:
             print(row["problem"], "|", mode, "|", " | ".join(
                 f"{row[f'{mode}_{q}_min_s'] * 1e3:.1f} / {row[f'{mode}_{q}_median_s'] * 1e3:.1f}"
                 for q in ("plan", "first_launch", "whole", "gpu_idle_keeping_ahead")))
@@ -449,6 +450,13 @@ def main():
         print(json.dumps(fresh_process(a.child[0], None if a.child[1] == "off"
                                        else float(a.child[1]))))
         return
+    # the compiled bucket simulation built (once per machine) before anything is timed
+    t0 = time.perf_counter()
+    if native.mode() != "numpy":
+        native.library(wait=True)
+    print(json.dumps({"simulation": native.status(), "mode": native.mode(),
+                      "build_s": native._LOADER.build_s,
+                      "ready_s": time.perf_counter() - t0}))
     from scipy_gpuqr._schedule import diskcache
     # the in-process measures are cold: never the user's disk cache
     os.environ[diskcache.ENV] = a.warm_from if (a.warm_from and a.base) else "off"

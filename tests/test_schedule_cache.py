@@ -1,23 +1,12 @@
 """The tile schedules' disk cache (CPU only; temporary folders, never the user's)."""
 
-import hashlib
-
 import numpy as np
 import pytest
 
 from scipy_gpuqr._schedule import bucket, diskcache
-from scipy_gpuqr._schedule.sparse import build_schedule
+from scipy_gpuqr._schedule.sparse import build_schedule, schedule_digest
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
-
-
-def _digest(s):
-    h = hashlib.sha256()
-    for st in s.stages:
-        h.update(st.launch_ptr.tobytes())
-        h.update(st.tasks.tobytes())
-    h.update(repr((s.vt_size, sorted(s.dense.items()))).encode())
-    return h.hexdigest()[:16]
 
 
 @pytest.fixture
@@ -64,10 +53,10 @@ def _cold(an, **kw):
 ])
 def test_schedule_from_disk_is_the_simulated_one(cache_dir, count_simulations, kw, digest):
     an = analyze(grid3d_least_squares(10))
-    assert _digest(_cold(an, **kw)) == digest           # simulated, written
+    assert schedule_digest(_cold(an, **kw)) == digest           # simulated, written
     assert len(count_simulations) == 1
     assert len(_files(cache_dir)) == 1
-    assert _digest(_cold(an, **kw)) == digest           # read back, nothing simulated
+    assert schedule_digest(_cold(an, **kw)) == digest           # read back, nothing simulated
     assert len(count_simulations) == 1
 
 
@@ -94,7 +83,7 @@ def test_default_folder_follows_the_package_cache_dir(tmp_path):
 def test_damaged_or_stale_file_is_ignored_and_replaced(cache_dir, count_simulations,
                                                        monkeypatch, damage):
     an = analyze(grid3d_least_squares(8))
-    want = _digest(_cold(an))
+    want = schedule_digest(_cold(an))
     path, = cache_dir.rglob("seg-*.bin")
     data = bytearray(path.read_bytes())
     if damage == "flip":
@@ -109,9 +98,9 @@ def test_damaged_or_stale_file_is_ignored_and_replaced(cache_dir, count_simulati
         monkeypatch.setattr(diskcache, "rules_stamp", lambda: "another-stamp")
     path.write_bytes(bytes(data))
     n = len(count_simulations)
-    assert _digest(_cold(an)) == want
+    assert schedule_digest(_cold(an)) == want
     assert len(count_simulations) == n + 1          # simulated again
-    assert _digest(_cold(an)) == want
+    assert schedule_digest(_cold(an)) == want
     assert len(count_simulations) == n + 1          # the rewritten segment is good
     if damage in ("flip", "truncate"):               # ours, damaged: deleted
         assert not path.exists()
@@ -121,10 +110,10 @@ def test_patterns_of_two_problems_merge_and_partial_hits_gather(cache_dir,
                                                                 count_simulations):
     a = analyze(grid3d_least_squares(10))
     b = analyze(chessboard_boundary(4, 5, 2))
-    da, db = _digest(_cold(a)), _digest(_cold(b))
+    da, db = schedule_digest(_cold(a)), schedule_digest(_cold(b))
     assert len(count_simulations) == 2
-    assert _digest(_cold(b)) == db                   # a few of the file's rows: gathered
-    assert _digest(_cold(a)) == da
+    assert schedule_digest(_cold(b)) == db                   # a few of the file's rows: gathered
+    assert schedule_digest(_cold(a)) == da
     assert len(count_simulations) == 2               # both from their segments
     assert len(_files(cache_dir)) == 2
 
@@ -241,7 +230,7 @@ def test_bound_deletes_the_least_recently_used_segment(cache_dir):
 # ------------------------------------------------------------------ whole plans
 
 def _same_schedule(a, b):
-    assert _digest(a) == _digest(b)
+    assert schedule_digest(a) == schedule_digest(b)
     for name in ("tile", "bundle", "granule", "pipelining", "vt_size", "critical_path",
                  "dense_flops", "dense", "nlaunch", "ntasks", "nlaunch_with_tasks"):
         assert getattr(a, name) == getattr(b, name), name

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import diskcache
+from . import diskcache, native
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE,
                     MAX_BUNDLE, MAX_SLOTS, TASK_DTYPE, TaskType, empty_tasks)
 
@@ -589,7 +589,41 @@ def _excl_cumsum(x):
 
 
 def _simulate(patterns, bundle: int, pipelining: bool, granule: int) -> list:
-    """Run the bucket rules for all patterns at once; one TileSchedule each."""
+    """Run the bucket rules for all patterns; one TileSchedule each.
+
+    Compiled (:mod:`.native`, pattern by pattern) when it can be had and
+    ``$SCIPY_GPUQR_SCHEDULE_SIM`` allows it, else :func:`_simulate_numpy`; both
+    give the same rows byte for byte.
+    """
+    m = native.mode()
+    if m != "numpy":
+        h = native.library(wait=m == "c")
+        if h is None and m == "c":
+            raise native.NativeUnavailable(f"compiled bucket simulation: {native.status()}")
+        if h is not None:
+            got = native.simulate(h, patterns, bundle, pipelining, granule)
+            if got is not None:
+                return _schedules_of_native(got, [int(p[1]) for p in patterns], granule)
+    return _simulate_numpy(patterns, bundle, pipelining, granule)
+
+
+def _schedules_of_native(got, nct, granule: int) -> list:
+    """TileSchedules of :func:`.native.simulate`'s arrays (one RowBlock for all)."""
+    cols, rows, rp, lp, info = got
+    for v in (cols, rows, rp, lp):
+        v.flags.writeable = False
+    c = {k: cols[i] for i, k in enumerate(native.COLS)}
+    c["rows"] = rows
+    block = RowBlock(c)
+    nl, nvt, a, e = (info.T.tolist() if len(info) else ([], [], [], []))
+    ep = _excl_cumsum(info[:, 0] + 1).tolist()
+    return [make_schedule(block, (a[j], e[j]), rp[ep[j]:ep[j + 1]], lp[ep[j]:ep[j + 1]],
+                          nl[j], nvt[j], granule, nct[j]) for j in range(len(nct))]
+
+
+def _simulate_numpy(patterns, bundle: int, pipelining: bool, granule: int) -> list:
+    """Run the bucket rules for all patterns at once (lock step, NumPy); one
+    TileSchedule each."""
     P = len(patterns)
     nrt = np.array([len(p[0]) for p in patterns], dtype=np.int64)
     nct = np.array([p[1] for p in patterns], dtype=np.int64)

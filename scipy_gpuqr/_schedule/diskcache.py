@@ -9,10 +9,8 @@ in the package's user cache folder:
 * folder: ``$SCIPY_GPUQR_SCHEDULE_CACHE`` when it names one (``off``, ``0``,
   ``no``, ``false``: no disk cache at all), else ``tile_schedules`` in
   ``$SCIPY_GPUQR_CACHE_DIR``, else in ``$XDG_CACHE_HOME/scipy_gpuqr``, else
-  in ``~/.cache/scipy_gpuqr`` (the rule of
-  ``scipy_gpuqr._tiled_calib.cache_dir``, not imported: that module pulls in
-  SciPy's linear algebra); one subfolder per set of tunables
-  (``b{bundle}-p{0|1}-g{granule}``);
+  in ``~/.cache/scipy_gpuqr`` (:func:`scipy_gpuqr._cachedir.cache_dir`); one
+  subfolder per set of tunables (``b{bundle}-p{0|1}-g{granule}``);
 * one *segment* file per simulation that added patterns (``seg-*.bin``):
   a magic word, a JSON header (:data:`FORMAT`, the *rules stamp* — a hash of
   the bucket rules' and the record layout's source files, so any change of
@@ -55,6 +53,8 @@ from typing import Mapping
 
 import numpy as np
 
+from .._cachedir import cache_dir
+
 __all__ = ["ENV", "FORMAT", "MAX_BYTES", "MAX_SEGMENTS", "folder", "store", "forget",
            "rules_stamp", "source_stamp", "PatternStore"]
 
@@ -85,17 +85,8 @@ def folder(environ: Mapping[str, str] = os.environ) -> Path | None:
         return None
     if v:
         return Path(v)
-    base = environ.get("SCIPY_GPUQR_CACHE_DIR", "").strip()
-    if not base:
-        xdg = environ.get("XDG_CACHE_HOME", "").strip()
-        if xdg:
-            base = str(Path(xdg) / "scipy_gpuqr")
-        else:
-            try:
-                base = str(Path.home() / ".cache" / "scipy_gpuqr")
-            except (RuntimeError, KeyError):         # no home folder: no disk cache
-                return None
-    return Path(base) / "tile_schedules"
+    base = cache_dir(environ)
+    return None if base is None else base / "tile_schedules"
 
 
 _STAMPS: dict = {}
@@ -121,7 +112,7 @@ def source_stamp(names) -> str:
 
 def rules_stamp() -> str:
     """A hash of the sources that decide a tile schedule (bucket rules, records)."""
-    return source_stamp(("bucket.py", "tasks.py"))
+    return source_stamp(("bucket.py", "tasks.py", "_bucketsim.c"))
 
 
 def _narrow(a: np.ndarray) -> np.ndarray:

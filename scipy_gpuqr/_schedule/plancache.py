@@ -46,7 +46,7 @@ MAX_BYTES = 128 << 20
 MAX_FILES = 64
 
 _MAGIC = b"SGQRPLN1"
-_SOURCES = ("sparse.py", "dense.py", "bucket.py", "tasks.py", "plancache.py")
+_SOURCES = ("sparse.py", "dense.py", "bucket.py", "tasks.py", "_bucketsim.c", "plancache.py")
 #: the analysis' front arrays the builder reads
 _FRONT_ARRAYS = ("fm", "fn", "fp", "cm", "frank", "stair", "col_ptr", "parent", "child_ptr",
                  "children", "s_ptr", "rimap_ptr", "rjmap_ptr")

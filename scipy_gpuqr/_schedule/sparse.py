@@ -53,7 +53,7 @@ from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TASK_DT
                     TaskType, empty_tasks)
 
 __all__ = ["StageSchedule", "SparseSchedule", "build_schedule", "schedule_stats",
-           "record_flops", "clear_schedule_cache", "S_CHUNK", "PACK_CHUNK"]
+           "record_flops", "clear_schedule_cache", "schedule_digest", "S_CHUNK", "PACK_CHUNK"]
 
 #: S entries per S-Assemble task.
 S_CHUNK = 8192
@@ -882,6 +882,19 @@ def _assembly_tasks(fs, first, last, sid, stage_of, foff, carried, asm_a, pack_a
     both = np.concatenate([ts.view(np.int64).reshape(-1, words),
                            tp.view(np.int64).reshape(-1, words)])
     return both.view(TASK_DTYPE).ravel(), np.concatenate([ls, Lp[pk]])
+
+
+def schedule_digest(sched: SparseSchedule) -> str:
+    """A short hash of everything a schedule hands the engines: every stage's
+    launch pointers and records, the VT pool size and the dense fronts (tests,
+    benchmarks: equal digests mean byte-identical task lists)."""
+    import hashlib
+    h = hashlib.sha256()
+    for st in sched.stages:
+        h.update(st.launch_ptr.tobytes())
+        h.update(st.tasks.tobytes())
+    h.update(repr((sched.vt_size, sorted(sched.dense.items()))).encode())
+    return h.hexdigest()[:16]
 
 
 def record_flops(tasks: np.ndarray, tile: int) -> np.ndarray:

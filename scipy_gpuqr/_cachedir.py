@@ -1,0 +1,39 @@
+"""The package's user cache folder (light: no SciPy, nothing done at import).
+
+``$SCIPY_GPUQR_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/scipy_gpuqr``,
+else ``~/.cache/scipy_gpuqr``. Used by the schedule caches
+(:mod:`scipy_gpuqr._schedule.diskcache`, :mod:`~scipy_gpuqr._schedule.plancache`)
+and the compiled bucket simulation (:mod:`scipy_gpuqr._schedule.native`); the
+same rule as ``scipy_gpuqr._tiled_calib.cache_dir``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+__all__ = ["ENV_CACHE_DIR", "cache_dir"]
+
+#: Environment variable naming the cache folder.
+ENV_CACHE_DIR = "SCIPY_GPUQR_CACHE_DIR"
+
+
+def cache_dir(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The user cache folder of this package (not created here).
+
+    Returns
+    -------
+    Path or None
+        None when no variable names one and there is no home folder.
+    """
+    env = environ.get(ENV_CACHE_DIR, "").strip()
+    if env:
+        return Path(env)
+    xdg = environ.get("XDG_CACHE_HOME", "").strip()
+    if xdg:
+        return Path(xdg) / "scipy_gpuqr"
+    try:
+        return Path.home() / ".cache" / "scipy_gpuqr"
+    except (RuntimeError, KeyError):                 # no home folder
+        return None

@@ -1,0 +1,303 @@
+"""The bucket simulation in compiled code (``_bucketsim.c``), built on first use.
+
+:func:`.bucket._simulate` runs the bucket rules of many tile patterns; its
+NumPy form (lock step over all patterns, ~70 array calls per launch) costs
+call overhead, not arithmetic. ``_bucketsim.c`` runs the same rules pattern by
+pattern and writes the same rows (byte for byte: tests compare both). It is
+plain C99 without Python headers, so any system C compiler builds it:
+
+* when: on the first simulation of a process that finds no built library
+  (never at import); in mode ``auto`` the build runs on a worker thread and
+  the simulations meanwhile take the NumPy path (the first plan never waits
+  for the compiler), in mode ``c`` the caller waits;
+* where: ``native/`` in the package cache folder
+  (:func:`scipy_gpuqr._cachedir.cache_dir`), file
+  ``bucketsim-{key}.so``, the key a hash of the source, :data:`ABI`, the
+  platform and the compiler command; compiled into a temporary file of that
+  folder and moved into place (``os.replace``), so processes building at once
+  never load a partial file; at most :data:`MAX_BUILDS` builds are kept;
+* how: ``$CC`` (split like a shell command) or the first of ``cc``, ``gcc``,
+  ``clang`` found, with ``-O2 -shared -fPIC``; loaded with ``ctypes`` (four
+  functions; cffi's ABI mode would parse declarations first, 3 ms, 30 ms as
+  a process' first cffi use, on the path to launch 0) and checked by the
+  library's ``sgq_abi()``; the calls release the GIL.
+
+``$SCIPY_GPUQR_SCHEDULE_SIM`` (:data:`ENV`) picks the path: ``auto``
+(default: compiled when it can be had, else NumPy), ``c`` (compiled or
+:class:`NativeUnavailable`), ``numpy``. No compiler, no cache folder, a failed
+build or load: the NumPy path (``auto``), once per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from .._cachedir import cache_dir
+
+__all__ = ["ENV", "ABI", "MODES", "NativeUnavailable", "mode", "library", "simulate",
+           "status"]
+
+#: Environment variable choosing the simulation: ``auto``, ``c`` or ``numpy``.
+ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
+MODES = ("auto", "c", "numpy")
+#: Interface version of ``_bucketsim.c`` (``sgq_abi()``).
+ABI = 1
+#: Row columns the library writes, in its order (then ``rows``).
+COLS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop", "vt",
+        "vt2", "mult")
+_SOURCE = Path(__file__).resolve().with_name("_bucketsim.c")
+_FLAGS = ("-O2", "-shared", "-fPIC")
+_NOMEM, _FINAL, _INPUT = 1, 2, 3
+
+
+class NativeUnavailable(RuntimeError):
+    """The compiled simulation was asked for (mode ``c``) and cannot be had."""
+
+
+def mode(environ: Mapping[str, str] = os.environ) -> str:
+    """The simulation path asked for by :data:`ENV` (``auto`` when unset)."""
+    v = environ.get(ENV, "").strip().lower() or "auto"
+    if v not in MODES:
+        raise ValueError(f"{ENV} must be one of {', '.join(MODES)}, got {v!r}")
+    return v
+
+
+def _compiler(environ: Mapping[str, str]) -> list | None:
+    cc = environ.get("CC", "").strip()
+    if cc:
+        return shlex.split(cc)
+    for name in ("cc", "gcc", "clang"):
+        path = shutil.which(name)
+        if path:
+            return [path]
+    return None
+
+
+def _key(cmd: list, source: bytes) -> str:
+    h = hashlib.sha1()
+    for part in (source, str(ABI).encode(), sys.platform.encode(),
+                 platform.machine().encode(), "\0".join(cmd + list(_FLAGS)).encode()):
+        h.update(part + b"\0")
+    return h.hexdigest()[:16]
+
+
+class _Loader:
+    """The process' library: found on disk, or built once (thread-safe)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._lib = None
+        self._error: str | None = None
+        self._thread: threading.Thread | None = None
+        self.build_s: float | None = None        # seconds the build took here, if it ran
+
+    def status(self) -> str:
+        if self._lib is not None:
+            return "loaded"
+        if self._error is not None:
+            return f"unavailable: {self._error}"
+        return "building" if self._thread is not None else "not loaded"
+
+    def get(self, wait: bool, environ: Mapping[str, str] = os.environ):
+        """The library (``ctypes.CDLL``); None when it cannot be had, or (``wait``
+        False) while it is being built."""
+        with self._lock:
+            if self._lib is not None or self._error is not None:
+                return self._lib
+            th = self._thread
+            if th is None:
+                try:
+                    path, cmd = self._where(environ)
+                except _Fail as exc:
+                    self._error = str(exc)
+                    return None
+                if path.is_file():
+                    self._load(path)
+                    if self._lib is not None:
+                        return self._lib
+                    self._error = None             # damaged: build it again
+                    try:
+                        path.unlink()
+                    except OSError:
+                        pass
+                th = threading.Thread(target=self._build, args=(path, cmd),
+                                      name="scipy_gpuqr-bucketsim-build")
+                self._thread = th
+                th.start()
+        if not wait:
+            return None
+        th.join()
+        return self._lib
+
+    def _where(self, environ):
+        cmd = _compiler(environ)
+        if cmd is None:
+            raise _Fail("no C compiler (cc, gcc, clang; or $CC)")
+        base = cache_dir(environ)
+        if base is None:
+            raise _Fail("no cache folder")
+        try:
+            source = _SOURCE.read_bytes()
+        except OSError as exc:
+            raise _Fail(f"cannot read {_SOURCE.name}: {exc}") from None
+        return base / "native" / f"bucketsim-{_key(cmd, source)}.so", cmd
+
+    def _load(self, path: Path) -> None:
+        """Open ``path`` (under the lock); on failure remember why."""
+        try:
+            lib = _open(path)
+        except Exception as exc:                   # noqa: BLE001 - NumPy path instead
+            self._error = f"cannot load {path}: {exc}"
+            return
+        self._lib = lib
+
+    def _build(self, path: Path, cmd: list) -> None:
+        import time
+        t0 = time.perf_counter()
+        err = None
+        tmp = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".bucketsim-", suffix=".so", dir=path.parent)
+            os.close(fd)
+            r = subprocess.run(cmd + list(_FLAGS) + ["-o", tmp, str(_SOURCE)],
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+            if r.returncode != 0:
+                msg = (r.stderr or r.stdout).decode(errors="replace").strip()
+                err = f"compiler failed ({r.returncode}): {msg[-300:]}"
+            else:
+                os.replace(tmp, path)
+                tmp = None
+                _prune(path.parent, keep=path)
+        except (OSError, subprocess.SubprocessError) as exc:
+            err = f"build failed: {exc}"
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+        with self._lock:
+            if err is None:
+                self._load(path)
+            else:
+                self._error = err
+            self.build_s = time.perf_counter() - t0
+            self._thread = None
+
+
+class _Fail(Exception):
+    pass
+
+
+#: Most built libraries kept (other sources or compilers: other package versions).
+MAX_BUILDS = 8
+
+
+def _prune(folder: Path, keep: Path) -> None:
+    """Delete the oldest builds past :data:`MAX_BUILDS` and temporary files of
+    builds that died over an hour ago (best effort; a library in use stays
+    mapped where it is open)."""
+    import time
+    try:
+        builds = sorted(folder.glob("bucketsim-*.so"), key=lambda p: p.stat().st_mtime)
+        for p in [p for p in builds if p != keep][:max(len(builds) - MAX_BUILDS, 0)]:
+            p.unlink()
+        for p in folder.glob(".bucketsim-*.so"):
+            if p.stat().st_mtime < time.time() - 3600:
+                p.unlink()
+    except OSError:
+        pass
+
+
+def _open(path: Path):
+    """The library at ``path`` with its functions typed (ctypes: no declarations
+    to parse, 0.1 ms; cffi's ``cdef`` costs 3 ms, 30 ms when it is the
+    process' first)."""
+    import ctypes
+    lib = ctypes.CDLL(str(path))
+    i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
+    lib.sgq_abi.argtypes, lib.sgq_abi.restype = [], ctypes.c_int
+    lib.sgq_simulate.argtypes = [i64, ptr, ptr, ptr, ptr, i32, i32, i32, ptr]
+    lib.sgq_simulate.restype = ptr
+    lib.sgq_fetch.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i64]
+    lib.sgq_fetch.restype = None
+    lib.sgq_free.argtypes, lib.sgq_free.restype = [ptr], None
+    got = lib.sgq_abi()
+    if got != ABI:
+        raise OSError(f"ABI {got}, expected {ABI}")
+    return lib
+
+
+_LOADER = _Loader()
+
+
+def library(wait: bool = True, environ: Mapping[str, str] = os.environ):
+    """The compiled simulation (a ``ctypes.CDLL``), built if need be; None when it
+    cannot be had (or, ``wait`` False, while it is being built)."""
+    return _LOADER.get(wait, environ)
+
+
+def status() -> str:
+    """``loaded``, ``building``, ``not loaded`` or ``unavailable: why``."""
+    return _LOADER.status()
+
+
+def simulate(handle, patterns, bundle: int, pipelining: bool, granule: int):
+    """Run the compiled simulation on ``patterns`` (``(buckets, nct, nfct)``).
+
+    Returns
+    -------
+    tuple or None
+        ``(cols, rows, rp, lp, info)``: ``cols`` (len(COLS), nrow) int32,
+        ``rows`` (nrow, MAX_SLOTS) int32, every pattern's row and record
+        pointers end to end (int64), ``info`` (P, 4) int64 = launches, VT
+        tiles, first and past-the-last row; None when the library rejects the
+        patterns (the NumPy path then decides).
+
+    Raises
+    ------
+    AssertionError
+        A bucket did not end with its upper triangular diagonal tile.
+    """
+    from .tasks import MAX_SLOTS
+    lib = handle
+    P = len(patterns)
+    b = (np.ascontiguousarray(np.concatenate([np.asarray(p[0]) for p in patterns]),
+                              dtype=np.int32) if P else np.zeros(0, np.int32))
+    nrt = np.array([len(p[0]) for p in patterns], dtype=np.int64)
+    nct = np.array([p[1] for p in patterns], dtype=np.int64)
+    nfct = np.array([p[2] for p in patterns], dtype=np.int64)
+    sizes = np.zeros(3, dtype=np.int64)
+    h = lib.sgq_simulate(P, b.ctypes.data, nrt.ctypes.data, nct.ctypes.data,
+                         nfct.ctypes.data, int(bundle), int(bool(pipelining)), int(granule),
+                         sizes.ctypes.data)
+    if not h:
+        code = int(sizes[2])
+        if code == _NOMEM:
+            raise MemoryError("bucket simulation: out of memory")
+        if code == _FINAL:
+            raise AssertionError("bucket scheduler: a bucket did not end with its "
+                                 "upper triangular diagonal tile")
+        return None
+    nrow, nptr = int(sizes[0]), int(sizes[1])
+    cols = np.empty((len(COLS), nrow), dtype=np.int32)
+    rows = np.empty((nrow, MAX_SLOTS), dtype=np.int32)
+    rp = np.empty(nptr, dtype=np.int64)
+    lp = np.empty(nptr, dtype=np.int64)
+    info = np.empty((P, 4), dtype=np.int64)
+    lib.sgq_fetch(h, cols.ctypes.data, rows.ctypes.data, rp.ctypes.data, lp.ctypes.data,
+                  info.ctypes.data, P)
+    return cols, rows, rp, lp, info

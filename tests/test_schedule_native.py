@@ -1,0 +1,186 @@
+"""The compiled bucket simulation gives the NumPy one's rows byte for byte (CPU only).
+
+The library is built into temporary folders here (never the user's cache).
+Skipped only where no C compiler exists; a compiler that fails is a failure.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from scipy_gpuqr._schedule import bucket, native
+from scipy_gpuqr._schedule.sparse import build_schedule, schedule_digest
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
+
+from test_schedule_build import _random_patterns, _schedule_bytes
+
+pytestmark = pytest.mark.skipif(native._compiler(os.environ) is None,
+                                reason="no C compiler")
+
+
+def _env(folder, **kw):
+    env = dict(os.environ)
+    env["SCIPY_GPUQR_CACHE_DIR"] = str(folder)
+    env.update(kw)
+    return env
+
+
+@pytest.fixture(scope="module")
+def loader(tmp_path_factory):
+    ld = native._Loader()
+    env = _env(tmp_path_factory.mktemp("native"))
+    assert ld.get(True, env) is not None, ld.status()
+    return ld, env
+
+
+@pytest.fixture
+def compiled(loader, monkeypatch):
+    """``bucket._simulate`` forced onto the compiled path of ``loader``."""
+    monkeypatch.setattr(native, "_LOADER", loader[0])
+    monkeypatch.setenv(native.ENV, "c")
+    bucket.clear_cache()
+    yield loader[0].get(True)
+    bucket.clear_cache()
+
+
+def _both(handle, pats, bundle, pipelining, granule):
+    want = bucket._simulate_numpy(pats, bundle, pipelining, granule)
+    got = bucket._schedules_of_native(native.simulate(handle, pats, bundle, pipelining, granule),
+                                      [int(p[1]) for p in pats], granule)
+    assert len(got) == len(want)
+    for p, a, b in zip(pats, want, got):
+        assert _schedule_bytes(a) == _schedule_bytes(b), p
+        assert a.granule == b.granule and a.nct == b.nct
+        assert not b.row_ptr.flags.writeable and not b.rcols["rows"].flags.writeable
+    return got
+
+
+def _front_patterns(A, tile):
+    """Every front's tile pattern of ``A`` (as the plan makes them), distinct ones."""
+    fs = analyze(A).fronts
+    nfact = np.minimum(fs.fm, fs.fn)
+    b, tptr = bucket.many_tile_buckets(fs.fm, fs.fn, nfact, fs.stair, fs.col_ptr, tile)
+    nct = -(-fs.fn // tile)
+    nfct = np.where(nfact > 0, -(-nfact // tile), 0)
+    seen = {}
+    for f in range(fs.nfronts):
+        pb = b[tptr[f]:tptr[f + 1]]
+        seen.setdefault((pb.tobytes(), int(nct[f]), int(nfct[f])), (pb, int(nct[f]), int(nfct[f])))
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("bundle", [2, 3, 5])
+@pytest.mark.parametrize("pipelining", [True, False])
+@pytest.mark.parametrize("granule", [1, 16])
+def test_random_patterns_byte_identical(loader, bundle, pipelining, granule):
+    rng = np.random.default_rng(100 * bundle + 10 * pipelining + granule)
+    pats = _random_patterns(rng, 150)
+    # chessboards: every other row tile starting late, and dense and empty ones
+    for n in (1, 2, 7, 16):
+        lead = np.arange(2 * n) // 2
+        pats.append((np.minimum(lead, np.arange(2 * n)).astype(np.int32), n + 1, n))
+    pats += [(np.arange(6, dtype=np.int32) * 0, 9, 1), (np.full(4, -1, np.int32), 3, 0),
+             (np.zeros(0, np.int32), 2, 0), (np.zeros(1, np.int32), 1, 1)]
+    _both(loader[0].get(True), pats, bundle, pipelining, granule)
+
+
+@pytest.mark.parametrize("tile", [16, 32])
+@pytest.mark.parametrize("bundle, pipelining", [(3, True), (3, False), (2, True), (4, False)])
+def test_grid_and_chessboard_fronts_byte_identical(loader, tile, bundle, pipelining):
+    h = loader[0].get(True)
+    for A in (grid3d_least_squares(9), chessboard_boundary(4, 5, 2)):
+        _both(h, _front_patterns(A, tile), bundle, pipelining, 16)
+
+
+def test_nothing_simulated_is_empty_too(loader):
+    h = loader[0].get(True)
+    for pats in ([], [(np.full(3, -1, np.int32), 2, 0)]):
+        got = _both(h, pats, 3, True, 16)
+        assert all(s.nlaunch == 0 and s.nvt == 0 for s in got)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(dense_flops=1e6, max_tasks=300),
+                                dict(tile=16, pipelining=False), dict(bundle=4, granule=3)])
+def test_whole_schedules_identical(compiled, kw, monkeypatch):
+    an = analyze(grid3d_least_squares(10))
+    got = schedule_digest(build_schedule(an, cache=False, **kw))
+    monkeypatch.setenv(native.ENV, "numpy")
+    bucket.clear_cache()
+    assert schedule_digest(build_schedule(an, cache=False, **kw)) == got
+
+
+def test_pinned_records_through_the_compiled_path(compiled):
+    # tests/test_schedule_build.py::test_records_pinned's first digest
+    an = analyze(grid3d_least_squares(10))
+    assert schedule_digest(build_schedule(an, cache=False)) == "9f3f556ddd2b56d0"
+
+
+def test_mode_and_fallback(tmp_path, monkeypatch):
+    assert native.mode({}) == "auto"
+    assert native.mode({native.ENV: " NumPy "}) == "numpy"
+    with pytest.raises(ValueError):
+        native.mode({native.ENV: "fortran"})
+    # a compiler that fails: the NumPy path (auto), an error (c)
+    ld = native._Loader()
+    env = _env(tmp_path, CC=f"{sys.executable} -c 'raise SystemExit(3)'")
+    assert ld.get(True, env) is None
+    assert ld.status().startswith("unavailable: compiler failed")
+    assert list((tmp_path / "native").iterdir()) == []          # no temporary file left
+    monkeypatch.setattr(native, "_LOADER", ld)
+    pats = _random_patterns(np.random.default_rng(3), 20)
+    want = bucket._simulate_numpy(pats, 3, True, 16)
+    monkeypatch.setenv(native.ENV, "auto")
+    got = bucket._simulate(pats, 3, True, 16)
+    assert [_schedule_bytes(s) for s in got] == [_schedule_bytes(s) for s in want]
+    monkeypatch.setenv(native.ENV, "c")
+    with pytest.raises(native.NativeUnavailable):
+        bucket._simulate(pats, 3, True, 16)
+    # numpy: the library is not even looked for
+    monkeypatch.setenv(native.ENV, "numpy")
+    monkeypatch.setattr(native, "library", lambda *a, **k: pytest.fail("looked up"))
+    bucket._simulate(pats, 3, True, 16)
+
+
+def test_built_once_then_loaded_and_damage_rebuilt(tmp_path):
+    env = _env(tmp_path)
+    first = native._Loader()
+    assert first.get(False, env) is None or first.status() == "loaded"   # built on a thread
+    assert first.get(True, env) is not None and first.build_s is not None
+    so, = (tmp_path / "native").iterdir()
+    assert so.name.startswith("bucketsim-") and so.suffix == ".so"
+    second = native._Loader()
+    assert second.get(False, env) is not None and second.build_s is None  # loaded, not built
+    # a damaged file (another folder: the loader maps a path once per process)
+    other = tmp_path / "other"
+    (other / "native").mkdir(parents=True)
+    (other / "native" / so.name).write_bytes(b"not a library")
+    third = native._Loader()
+    assert third.get(True, _env(other)) is not None and third.build_s is not None
+    assert [p.name for p in (other / "native").iterdir()] == [so.name]
+
+
+def test_nothing_built_at_import(tmp_path):
+    code = ("import scipy_gpuqr, scipy_gpuqr._schedule.sparse, scipy_gpuqr._schedule.native")
+    subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), check=True, timeout=120)
+    assert not (tmp_path / "native").exists()
+
+
+def test_old_builds_pruned(tmp_path):
+    d = tmp_path / "native"
+    d.mkdir()
+    for k in range(native.MAX_BUILDS + 3):
+        p = d / f"bucketsim-old{k:02d}.so"
+        p.write_bytes(b"x")
+        os.utime(p, (1000 + k, 1000 + k))
+    dead = d / ".bucketsim-dead.so"
+    dead.write_bytes(b"x")
+    os.utime(dead, (1000, 1000))
+    ld = native._Loader()
+    assert ld.get(True, _env(tmp_path)) is not None
+    left = sorted(p.name for p in d.iterdir())
+    assert len(left) == native.MAX_BUILDS and not any(n.startswith(".") for n in left)
+    assert "bucketsim-old00.so" not in left and f"bucketsim-old{native.MAX_BUILDS + 2:02d}.so" in left
