@@ -120,16 +120,18 @@ def measure(an, tile, repeat):
             "gpu_s_at_10TF": float(gpu.sum())}
 
 
-def _launch_times(s) -> np.ndarray:
+def _launch_times(s, walls: bool = False):
     """CPU seconds spent before each launch's records are handed out, the records
-    built as the engine's worker builds them (chunks of launches)."""
-    times = []
-    prev = time.process_time()
+    built as the engine's worker builds them (chunks of launches); with ``walls``
+    also the wall-clock seconds."""
+    times, wall = [], []
+    prev, wprev = time.process_time(), time.perf_counter()
     for _ in s.iter_launches(prefetch=False):
-        now = time.process_time()
+        now, wnow = time.process_time(), time.perf_counter()
         times.append(now - prev)
-        prev = now
-    return np.asarray(times)
+        wall.append(wnow - wprev)
+        prev, wprev = now, wnow
+    return (np.asarray(times), np.asarray(wall)) if walls else np.asarray(times)
 
 
 def _launch_flops(st, tile):
@@ -256,16 +258,20 @@ def fresh_process(problem, dense_flops, tile=32):
     t0 = time.process_time()
     an = analyze(A)
     ta = time.process_time() - t0
+    w0 = time.perf_counter()
     t0 = time.process_time()
     s = sp_.build_schedule(an, tile=tile, cache=False, lazy=True, dense_flops=dense_flops)
     plan = time.process_time() - t0
-    cpu = _launch_times(s)
+    plan_wall = time.perf_counter() - w0
+    cpu, wall = _launch_times(s, walls=True)
     gpu = np.concatenate([_launch_flops(st, tile) for st in s.stages if st.nlaunch]) / RATE
     for f, L in s.dense.items():
         gpu[L] += float(an.front_flops[f]) / RATE
     behind = plan + np.cumsum(cpu) - np.concatenate(([0.0], np.cumsum(gpu)[:-1]))
     return {"problem": problem, "dense_flops": dense_flops, "analysis_s": ta, "plan_s": plan,
             "first_launch_s": plan + float(cpu[0]), "whole_s": plan + float(cpu.sum()),
+            "plan_wall_s": plan_wall, "first_launch_wall_s": plan_wall + float(wall[0]),
+            "whole_wall_s": plan_wall + float(wall.sum()),
             "gpu_s_at_10TF": float(gpu.sum()),
             "gpu_idle_keeping_ahead_s": float(max(behind.max(initial=0), 0.0)),
             "digest": schedule_digest(s), "simulation": native.status()}
@@ -314,19 +320,22 @@ def disk_cache_processes(rounds, dense=(None,)):
                    "gpu_s_at_10TF": got["off"][0]["gpu_s_at_10TF"],
                    "simulation": {m: sorted({e["simulation"] for e in v}) for m, v in got.items()}}
             for mode, v in got.items():
-                for q in ("plan_s", "first_launch_s", "whole_s", "gpu_idle_keeping_ahead_s"):
+                for q in ("plan_s", "first_launch_s", "whole_s", "gpu_idle_keeping_ahead_s",
+                          "plan_wall_s", "first_launch_wall_s", "whole_wall_s"):
                     x = [e[q] for e in v]
                     row[f"{mode}_{q[:-2]}_min_s"] = min(x)
                     row[f"{mode}_{q[:-2]}_median_s"] = float(np.median(x))
             print(json.dumps(row))
             rows.append(row)
-    print("problem | disk cache | plan | plan + launch 0 | whole schedule | GPU idle "
-          "(ms, min / median of new processes)")
+    print("problem | disk cache | plan | plan + launch 0 | whole schedule | GPU idle | "
+          "wall: plan + launch 0 | wall: whole (CPU ms, then wall ms; min / median of new "
+          "processes)")
     for row in rows:
         for mode in MODES:
             print(row["problem"], "|", mode, "|", " | ".join(
                 f"{row[f'{mode}_{q}_min_s'] * 1e3:.1f} / {row[f'{mode}_{q}_median_s'] * 1e3:.1f}"
-                for q in ("plan", "first_launch", "whole", "gpu_idle_keeping_ahead")))
+                for q in ("plan", "first_launch", "whole", "gpu_idle_keeping_ahead",
+                          "first_launch_wall", "whole_wall")))
     return rows
 
 

@@ -12,6 +12,8 @@ from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squa
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(diskcache.ENV, str(tmp_path))
+    # files written at once, so the tests see them (the writer thread: its own test)
+    monkeypatch.setattr(diskcache, "write_behind", lambda fn, *a: fn(*a))
     bucket.clear_cache()
     yield tmp_path
     bucket.clear_cache()
@@ -347,3 +349,29 @@ def test_plan_fingerprint_covers_every_front_array_the_builder_reads():
         read |= set(re.findall(r"\bfs\.([a-z_]+)", (here / name).read_text()))
     assert read - {"nfronts"} <= set(plancache._FRONT_ARRAYS), read - set(plancache._FRONT_ARRAYS)
     assert "fronts" in set(re.findall(r"\banalysis\.([a-z_]+)", (here / "sparse.py").read_text()))
+
+
+def test_cache_files_written_behind_the_caller(tmp_path, monkeypatch):
+    import threading
+    monkeypatch.setenv(diskcache.ENV, str(tmp_path))
+    bucket.clear_cache()
+    gate = threading.Event()
+    real = diskcache.PatternStore.add
+
+    def slow_add(self, keys, scheds):
+        assert gate.wait(30)
+        return real(self, keys, scheds)
+
+    monkeypatch.setattr(diskcache.PatternStore, "add", slow_add)
+    an = analyze(grid3d_least_squares(8))
+    want = schedule_digest(build_schedule(an, cache=False))   # returns with the write held
+    assert not list(tmp_path.rglob("seg-*.bin"))
+    gate.set()
+    diskcache.flush()
+    assert len(list(tmp_path.rglob("seg-*.bin"))) == 1
+    assert len(list(tmp_path.rglob("plan-*.bin"))) == 1
+    diskcache.write_behind(lambda: 1 / 0)                     # errors: not written, no raise
+    diskcache.flush()
+    bucket.clear_cache()
+    assert schedule_digest(build_schedule(analyze(grid3d_least_squares(8)), cache=False)) == want
+    bucket.clear_cache()

@@ -103,14 +103,41 @@ def test_nothing_simulated_is_empty_too(loader):
         assert all(s.nlaunch == 0 and s.nvt == 0 for s in got)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(dense_flops=1e6, max_tasks=300),
-                                dict(tile=16, pipelining=False), dict(bundle=4, granule=3)])
-def test_whole_schedules_identical(compiled, kw, monkeypatch):
-    an = analyze(grid3d_least_squares(10))
-    got = schedule_digest(build_schedule(an, cache=False, **kw))
+def test_element_rows_identical(loader):
+    h = loader[0].get(True)
+    pats = _random_patterns(np.random.default_rng(5), 80)
+    for s in bucket._simulate_numpy(pats, 3, True, 16)[:1]:
+        rc = s.block.cols                    # every pattern's rows, one block
+        for tile in (16, 32, 64):
+            want = bucket._element_rows_numpy(rc, tile)
+            got = native.element_rows(h, rc, tile)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("A, kw", [
+    ("grid", dict()), ("grid", dict(dense_flops=1e6, max_tasks=300)),
+    ("grid", dict(tile=16, pipelining=False)), ("grid", dict(bundle=4, granule=3)),
+    ("grid", dict(max_gpu_memory="third", dense_flops=1e7)),
+    ("chess", dict()), ("chess", dict(max_gpu_memory="third", max_tasks=500))])
+def test_whole_schedules_identical(compiled, A, kw, monkeypatch):
+    # simulation, element rows and records (whole stages and per-launch chunks)
+    an = analyze(grid3d_least_squares(10) if A == "grid" else chessboard_boundary(5, 6, 2))
+    if kw.get("max_gpu_memory") == "third":
+        kw = dict(kw, max_gpu_memory=int(an.gpu_bytes // 3))
+
+    def both():
+        bucket.clear_cache()
+        s = build_schedule(an, cache=False, **kw)
+        lazy = build_schedule(an, cache=False, lazy=True, **kw)
+        chunks = b"".join(t.tobytes() for _, _, t in lazy.iter_launches(prefetch=False))
+        return schedule_digest(s), chunks, len(s.stages)
+
+    got = both()
+    if "max_gpu_memory" in kw:
+        assert got[2] > 1
     monkeypatch.setenv(native.ENV, "numpy")
-    bucket.clear_cache()
-    assert schedule_digest(build_schedule(an, cache=False, **kw)) == got
+    assert both() == got
 
 
 def test_pinned_records_through_the_compiled_path(compiled):
@@ -151,7 +178,7 @@ def test_built_once_then_loaded_and_damage_rebuilt(tmp_path):
     assert first.get(False, env) is None or first.status() == "loaded"   # built on a thread
     assert first.get(True, env) is not None and first.build_s is not None
     so, = (tmp_path / "native").iterdir()
-    assert so.name.startswith("bucketsim-") and so.suffix == ".so"
+    assert so.name.startswith("native-") and so.suffix == ".so"
     second = native._Loader()
     assert second.get(False, env) is not None and second.build_s is None  # loaded, not built
     # a damaged file (another folder: the loader maps a path once per process)
@@ -173,14 +200,14 @@ def test_old_builds_pruned(tmp_path):
     d = tmp_path / "native"
     d.mkdir()
     for k in range(native.MAX_BUILDS + 3):
-        p = d / f"bucketsim-old{k:02d}.so"
+        p = d / f"native-old{k:02d}.so"
         p.write_bytes(b"x")
         os.utime(p, (1000 + k, 1000 + k))
-    dead = d / ".bucketsim-dead.so"
+    dead = d / ".native-dead.so"
     dead.write_bytes(b"x")
     os.utime(dead, (1000, 1000))
     ld = native._Loader()
     assert ld.get(True, _env(tmp_path)) is not None
     left = sorted(p.name for p in d.iterdir())
     assert len(left) == native.MAX_BUILDS and not any(n.startswith(".") for n in left)
-    assert "bucketsim-old00.so" not in left and f"bucketsim-old{native.MAX_BUILDS + 2:02d}.so" in left
+    assert "native-old00.so" not in left and f"native-old{native.MAX_BUILDS + 2:02d}.so" in left

@@ -241,6 +241,13 @@ def element_rows_of(rc: dict, tile: int) -> np.ndarray:
 
 
 def _element_rows(rc: dict, tile: int) -> np.ndarray:
+    h = native.handle()
+    if h is not None:
+        return native.element_rows(h, rc, tile)
+    return _element_rows_numpy(rc, tile)
+
+
+def _element_rows_numpy(rc: dict, tile: int) -> np.ndarray:
     n = len(rc["type"])
     t = np.zeros(n, dtype=TASK_DTYPE)
     tt = tile * tile
@@ -476,8 +483,8 @@ def _schedules_of_keys(keys, tun, use_disk: bool = True) -> list:
         made = _simulate([(np.frombuffer(k[0], dtype=np.int32), k[1], k[2]) for k in miss],
                          *tun)
         found.update(zip(miss, made))
-        if disk is not None:
-            disk.add(miss, made)
+        if disk is not None:                # written off the caller's path
+            diskcache.write_behind(disk.add, miss, made)
     _CACHE.put_many([(k + tun, s) for k, s in found.items()])
     for k, s in found.items():
         for i in todo[k]:
@@ -595,15 +602,11 @@ def _simulate(patterns, bundle: int, pipelining: bool, granule: int) -> list:
     ``$SCIPY_GPUQR_SCHEDULE_SIM`` allows it, else :func:`_simulate_numpy`; both
     give the same rows byte for byte.
     """
-    m = native.mode()
-    if m != "numpy":
-        h = native.library(wait=m == "c")
-        if h is None and m == "c":
-            raise native.NativeUnavailable(f"compiled bucket simulation: {native.status()}")
-        if h is not None:
-            got = native.simulate(h, patterns, bundle, pipelining, granule)
-            if got is not None:
-                return _schedules_of_native(got, [int(p[1]) for p in patterns], granule)
+    h = native.handle()
+    if h is not None:
+        got = native.simulate(h, patterns, bundle, pipelining, granule)
+        if got is not None:
+            return _schedules_of_native(got, [int(p[1]) for p in patterns], granule)
     return _simulate_numpy(patterns, bundle, pipelining, granule)
 
 

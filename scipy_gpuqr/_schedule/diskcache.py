@@ -23,8 +23,9 @@ in the package's user cache folder:
 * a process reads every segment's header and keys once (at the first
   look-up with those tunables; again after :func:`forget`) and, on a hit,
   only the byte ranges of the patterns hit (adjacent ones in one read), so a
-  look-up costs what it uses, not the whole cache; a segment is written
-  atomically (a temporary file in the same folder, then ``os.replace``) and
+  look-up costs what it uses, not the whole cache; a segment is written by a
+  worker thread (:func:`write_behind`, off the caller's path; :func:`flush`
+  waits for it), atomically (a temporary file in the same folder, then ``os.replace``) and
   never changed, so processes writing at once lose nothing; a segment that
   cannot be read, fails its checks or carries another format or stamp is
   ignored (a damaged one of this stamp is deleted; its patterns are
@@ -56,7 +57,7 @@ import numpy as np
 from .._cachedir import cache_dir
 
 __all__ = ["ENV", "FORMAT", "MAX_BYTES", "MAX_SEGMENTS", "folder", "store", "forget",
-           "rules_stamp", "source_stamp", "PatternStore"]
+           "rules_stamp", "source_stamp", "PatternStore", "write_behind", "flush"]
 
 #: Environment variable naming the folder (or ``off``).
 ENV = "SCIPY_GPUQR_SCHEDULE_CACHE"
@@ -112,7 +113,7 @@ def source_stamp(names) -> str:
 
 def rules_stamp() -> str:
     """A hash of the sources that decide a tile schedule (bucket rules, records)."""
-    return source_stamp(("bucket.py", "tasks.py", "_bucketsim.c"))
+    return source_stamp(("bucket.py", "tasks.py", "_native.c"))
 
 
 def _narrow(a: np.ndarray) -> np.ndarray:
@@ -567,6 +568,62 @@ def store(tunables, environ: Mapping[str, str] = os.environ) -> PatternStore | N
 
 
 def forget() -> None:
-    """Forget what was read from disk (the next look-up reads the folder again)."""
+    """Forget what was read from disk (the next look-up reads the folder again),
+    after the writes under way (:func:`flush`)."""
+    flush()
     with _STORES_LOCK:
         _STORES.clear()
+
+
+# ------------------------------------------------------------ writing behind
+
+class _WriteBehind:
+    """One worker thread writing cache files while the caller goes on (a write
+    is off the path to launch 0; the files are written atomically, so a reader
+    sees a whole file or none). The thread is joined at interpreter exit, so
+    writes under way complete; a forked child starts its own."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pool = None
+        self._pid = None
+        self._pending: list = []
+
+    def submit(self, fn, *args) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool = ThreadPoolExecutor(max_workers=1,
+                                                thread_name_prefix="scipy_gpuqr-cache-write")
+                self._pid = os.getpid()
+                self._pending = []
+            self._pending = [f for f in self._pending if not f.done()]
+            self._pending.append(self._pool.submit(_quiet, fn, *args))
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            if self._pid != os.getpid():
+                return
+        for f in pending:
+            f.result()
+
+
+def _quiet(fn, *args):
+    try:
+        fn(*args)
+    except Exception:                          # noqa: BLE001 - best effort: not written
+        pass
+
+
+_WRITER = _WriteBehind()
+
+
+def write_behind(fn, *args) -> None:
+    """Run ``fn(*args)`` (a cache write; errors ignored) on the writer thread."""
+    _WRITER.submit(fn, *args)
+
+
+def flush() -> None:
+    """Wait for the cache writes handed to :func:`write_behind` so far."""
+    _WRITER.flush()

@@ -1,8 +1,8 @@
-"""The bucket simulation in compiled code (``_bucketsim.c``), built on first use.
+"""The bucket simulation in compiled code (``_native.c``), built on first use.
 
 :func:`.bucket._simulate` runs the bucket rules of many tile patterns; its
 NumPy form (lock step over all patterns, ~70 array calls per launch) costs
-call overhead, not arithmetic. ``_bucketsim.c`` runs the same rules pattern by
+call overhead, not arithmetic. ``_native.c`` runs the same rules pattern by
 pattern and writes the same rows (byte for byte: tests compare both). It is
 plain C99 without Python headers, so any system C compiler builds it:
 
@@ -12,7 +12,7 @@ plain C99 without Python headers, so any system C compiler builds it:
   for the compiler), in mode ``c`` the caller waits;
 * where: ``native/`` in the package cache folder
   (:func:`scipy_gpuqr._cachedir.cache_dir`), file
-  ``bucketsim-{key}.so``, the key a hash of the source, :data:`ABI`, the
+  ``native-{key}.so``, the key a hash of the source, :data:`ABI`, the
   platform and the compiler command; compiled into a temporary file of that
   folder and moved into place (``os.replace``), so processes building at once
   never load a partial file; at most :data:`MAX_BUILDS` builds are kept;
@@ -52,12 +52,12 @@ __all__ = ["ENV", "ABI", "MODES", "NativeUnavailable", "mode", "library", "simul
 #: Environment variable choosing the simulation: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
 MODES = ("auto", "c", "numpy")
-#: Interface version of ``_bucketsim.c`` (``sgq_abi()``).
-ABI = 1
+#: Interface version of ``_native.c`` (``sgq_abi()``).
+ABI = 2
 #: Row columns the library writes, in its order (then ``rows``).
 COLS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop", "vt",
         "vt2", "mult")
-_SOURCE = Path(__file__).resolve().with_name("_bucketsim.c")
+_SOURCE = Path(__file__).resolve().with_name("_native.c")
 _FLAGS = ("-O2", "-shared", "-fPIC")
 _NOMEM, _FINAL, _INPUT = 1, 2, 3
 
@@ -133,7 +133,7 @@ class _Loader:
                     except OSError:
                         pass
                 th = threading.Thread(target=self._build, args=(path, cmd),
-                                      name="scipy_gpuqr-bucketsim-build")
+                                      name="scipy_gpuqr-native-build")
                 self._thread = th
                 th.start()
         if not wait:
@@ -152,7 +152,7 @@ class _Loader:
             source = _SOURCE.read_bytes()
         except OSError as exc:
             raise _Fail(f"cannot read {_SOURCE.name}: {exc}") from None
-        return base / "native" / f"bucketsim-{_key(cmd, source)}.so", cmd
+        return base / "native" / f"native-{_key(cmd, source)}.so", cmd
 
     def _load(self, path: Path) -> None:
         """Open ``path`` (under the lock); on failure remember why."""
@@ -170,7 +170,7 @@ class _Loader:
         tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".bucketsim-", suffix=".so", dir=path.parent)
+            fd, tmp = tempfile.mkstemp(prefix=".native-", suffix=".so", dir=path.parent)
             os.close(fd)
             r = subprocess.run(cmd + list(_FLAGS) + ["-o", tmp, str(_SOURCE)],
                                stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
@@ -212,10 +212,10 @@ def _prune(folder: Path, keep: Path) -> None:
     mapped where it is open)."""
     import time
     try:
-        builds = sorted(folder.glob("bucketsim-*.so"), key=lambda p: p.stat().st_mtime)
+        builds = sorted(folder.glob("native-*.so"), key=lambda p: p.stat().st_mtime)
         for p in [p for p in builds if p != keep][:max(len(builds) - MAX_BUILDS, 0)]:
             p.unlink()
-        for p in folder.glob(".bucketsim-*.so"):
+        for p in folder.glob(".native-*.so"):
             if p.stat().st_mtime < time.time() - 3600:
                 p.unlink()
     except OSError:
@@ -235,6 +235,10 @@ def _open(path: Path):
     lib.sgq_fetch.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i64]
     lib.sgq_fetch.restype = None
     lib.sgq_free.argtypes, lib.sgq_free.restype = [ptr], None
+    lib.sgq_element_rows.argtypes = [i64, ptr, ptr, i32, ptr]
+    lib.sgq_element_rows.restype = None
+    lib.sgq_fill.argtypes = [i64] + [ptr] * 11 + [i32, i32, ptr]
+    lib.sgq_fill.restype = None
     got = lib.sgq_abi()
     if got != ABI:
         raise OSError(f"ABI {got}, expected {ABI}")
@@ -248,6 +252,25 @@ def library(wait: bool = True, environ: Mapping[str, str] = os.environ):
     """The compiled simulation (a ``ctypes.CDLL``), built if need be; None when it
     cannot be had (or, ``wait`` False, while it is being built)."""
     return _LOADER.get(wait, environ)
+
+
+def handle(environ: Mapping[str, str] = os.environ):
+    """The library for the call at hand, as :data:`ENV` asks: None in mode
+    ``numpy``, or in mode ``auto`` while it is being built (the build started
+    here if need be) or when it cannot be had; mode ``c`` waits for it.
+
+    Raises
+    ------
+    NativeUnavailable
+        Mode ``c`` and no library.
+    """
+    m = mode(environ)
+    if m == "numpy":
+        return None
+    lib = _LOADER.get(m == "c", environ)
+    if lib is None and m == "c":
+        raise NativeUnavailable(f"compiled schedule loops: {status()}")
+    return lib
 
 
 def status() -> str:
@@ -301,3 +324,39 @@ def simulate(handle, patterns, bundle: int, pipelining: bool, granule: int):
     lib.sgq_fetch(h, cols.ctypes.data, rows.ctypes.data, rp.ctypes.data, lp.ctypes.data,
                   info.ctypes.data, P)
     return cols, rows, rp, lp, info
+
+
+def element_rows(lib, rc: dict, tile: int) -> np.ndarray:
+    """:func:`.bucket.element_rows_of` compiled: rows given column by column as
+    element-unit records, ``(n, 12)`` int64 words."""
+    n = len(rc["type"])
+    cols = [np.ascontiguousarray(rc[k], dtype=np.int32) for k in COLS[:11]]
+    slots = np.ascontiguousarray(rc["rows"], dtype=np.int32)
+    if slots.shape != (n, _slots()):
+        raise ValueError(f"rows has shape {slots.shape}")
+    ptrs = np.array([c.ctypes.data for c in cols], dtype=np.int64)
+    out = np.empty((n, 12), dtype=np.int64)
+    lib.sgq_element_rows(n, ptrs.ctypes.data, slots.ctypes.data, int(tile), out.ctypes.data)
+    return out
+
+
+def fill(lib, out: np.ndarray, rstart, rlen, front, dst, tmpl: np.ndarray, mult,
+         foff, vt_base, fm, fn, nfact, tile: int, granule: int) -> None:
+    """Factorization records of blocks (template rows ``[rstart, rstart + rlen)``,
+    each ``mult`` times, for ``front``) into ``out`` (``(m, 12)`` int64 words,
+    C-contiguous) from row ``dst`` of each block on (``sparse._Templates.fill``)."""
+    if out.dtype != np.int64 or out.ndim != 2 or out.shape[1] != 12 or \
+            not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous (m, 12) int64")
+    i64 = [np.ascontiguousarray(a, dtype=np.int64)
+           for a in (rstart, rlen, front, dst, foff, vt_base)]
+    tmpl = np.ascontiguousarray(tmpl, dtype=np.int64)
+    i32 = [np.ascontiguousarray(a, dtype=np.int32) for a in (mult, fm, fn, nfact)]
+    lib.sgq_fill(len(i64[0]), *(a.ctypes.data for a in i64[:4]), tmpl.ctypes.data,
+                 i32[0].ctypes.data, i64[4].ctypes.data, i64[5].ctypes.data,
+                 *(a.ctypes.data for a in i32[1:]), int(tile), int(granule), out.ctypes.data)
+
+
+def _slots() -> int:
+    from .tasks import MAX_SLOTS
+    return MAX_SLOTS

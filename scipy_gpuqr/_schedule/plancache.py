@@ -18,7 +18,8 @@ tile-pattern segments (``plans/`` in :func:`.diskcache.folder`; off with it).
   rows, the stages' factorization blocks, assembly records and launch
   data;
 * read on a miss of the per-analysis cache, written atomically after a
-  build that did not come from it; a file that fails any check is ignored
+  build that did not come from it (by the cache writer thread,
+  :func:`.diskcache.write_behind`: off the path to launch 0); a file that fails any check is ignored
   (and deleted); at most :data:`MAX_BYTES` in :data:`MAX_FILES` files, the
   least recently used (a hit touches its file) deleted first.
 """
@@ -46,7 +47,7 @@ MAX_BYTES = 128 << 20
 MAX_FILES = 64
 
 _MAGIC = b"SGQRPLN1"
-_SOURCES = ("sparse.py", "dense.py", "bucket.py", "tasks.py", "_bucketsim.c", "plancache.py")
+_SOURCES = ("sparse.py", "dense.py", "bucket.py", "tasks.py", "_native.c", "plancache.py")
 #: the analysis' front arrays the builder reads
 _FRONT_ARRAYS = ("fm", "fn", "fp", "cm", "frank", "stair", "col_ptr", "parent", "child_ptr",
                  "children", "s_ptr", "rimap_ptr", "rjmap_ptr")

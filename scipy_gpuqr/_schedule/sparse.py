@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import bucket, plancache
+from . import bucket, diskcache, native, plancache
 from .dense import DENSE_COLUMNS_PER_LAUNCH, dense_defer, dense_front_mask
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TASK_DTYPE,
                     TaskType, empty_tasks)
@@ -417,7 +417,8 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
     if out is None:
         out = _build(analysis, plan, int(tile), int(bundle), bool(pipelining), int(granule),
                      max_tasks, dense_flops, int(dense_columns_per_launch))
-        plancache.save(where, out)
+        if where is not None:               # written off the caller's path
+            diskcache.write_behind(plancache.save, where, out)
     if not lazy:
         out.materialize()
     out.seconds = time.process_time() - t0
@@ -765,6 +766,7 @@ class _StageMaker:
         self.asm_ptr = np.searchsorted(asm_L, bounds)
         cum = np.zeros(len(self.blk_len) + 1, dtype=np.int64)
         np.cumsum(self.blk_len, out=cum[1:])
+        self.blk_at = cum[:-1]                     # fac records before each block
         self.fac_ptr = cum[self.blk_ptr]           # fac records before launch L
         self.nfac = np.diff(self.fac_ptr)
         nasm = np.diff(self.asm_ptr)
@@ -778,7 +780,16 @@ class _StageMaker:
         out = np.empty(n, dtype=TASK_DTYPE)
         o64 = out.view(np.int64).reshape(n, TASK_DTYPE.itemsize // 8)
         b0, b1 = int(self.blk_ptr[L0]), int(self.blk_ptr[L1])
-        if b1 > b0:
+        lib = native.handle() if b1 > b0 else None
+        if lib is not None:
+            # each block's records go after its launch's earlier blocks' records
+            L = self.blk_L[b0:b1]
+            dst = lp[L] - lp[L0] + self.blk_at[b0:b1] - self.fac_ptr[L]
+            c = self.ctx
+            native.fill(lib, o64, self.blk_rstart[b0:b1], self.blk_rlen[b0:b1],
+                        self.blk_front[b0:b1], dst, c.rows, c.mult, self.foff, c.vt_base,
+                        c.fm, c.fn, c.nfact, c.tile, c.granule)
+        elif b1 > b0:
             rlen = self.blk_rlen[b0:b1]
             rstart = self.blk_rstart[b0:b1]
             rows = np.repeat(rstart - (np.cumsum(rlen) - rlen), rlen) + np.arange(int(rlen.sum()))

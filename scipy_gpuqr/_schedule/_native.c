@@ -1,4 +1,6 @@
-/* The bucket simulation of tile patterns, compiled (see bucket.py and native.py).
+/* The schedule plan's loops in C (see native.py): the bucket simulation of tile
+ * patterns with their rows, the rows in element units, and the records of a
+ * range of launches.
  *
  * The compiled twin of bucket._simulate_numpy + bucket._records: the same bucket
  * rules (bucket.py's module docstring) run pattern by pattern instead of in lock
@@ -18,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SGQ_ABI 1
+#define SGQ_ABI 2
 #define MAXB 5  /* MAX_BUNDLE (tasks.py) */
 #define MAXS 6  /* MAX_SLOTS (tasks.py) */
 #define NCOL 12
@@ -495,4 +497,84 @@ void sgq_fetch(void *h, int32_t *cols, int32_t *rows, int64_t *rp, int64_t *lp,
     }
     memcpy(pinfo, R->pinfo, (size_t)(4 * P) * sizeof(int64_t));
     sgq_free(R);
+}
+
+/* ------------------------------------------------------------------ records */
+
+/* The task record (tasks.py's TASK_DTYPE, 96 bytes, C layout). */
+typedef struct {
+    int64_t F, vt, vt2, aux;
+    int32_t type, fm, fn, col, c0, c1, nref, front;
+    int16_t napply, nfrows, fstart;
+    int8_t flags, ftop;
+    int32_t rows[MAXS];
+} task_t;
+
+typedef char task_size_check[sizeof(task_t) == 96 ? 1 : -1];
+
+/* bucket._element_rows: rows (column by column: type col c0 c1 napply nfrows
+ * fstart flags ftop vt vt2, int32; the slots (n, MAXS)) as element-unit records
+ * without the front's fields. */
+void sgq_element_rows(int64_t n, const int64_t *colp, const int32_t *slots, int32_t tile,
+                      task_t *out)
+{
+    const int32_t *c[11];
+    for (int k = 0; k < 11; k++)
+        c[k] = (const int32_t *)(intptr_t)colp[k];
+    int64_t tt = (int64_t)tile * tile;
+    for (int64_t r = 0; r < n; r++) {
+        task_t *o = &out[r];
+        memset(o, 0, sizeof *o);
+        o->type = c[0][r];
+        o->col = c[1][r] * tile;
+        o->c0 = c[2][r] * tile;
+        o->c1 = c[3][r] * tile;
+        o->napply = (int16_t)c[4][r];
+        o->nfrows = (int16_t)c[5][r];
+        o->fstart = (int16_t)c[6][r];
+        o->flags = (int8_t)c[7][r];
+        o->ftop = (int8_t)c[8][r];
+        o->vt = c[9][r] >= 0 ? c[9][r] * tt : -1;
+        o->vt2 = c[10][r] >= 0 ? c[10][r] * tt : -1;
+        for (int k = 0; k < MAXS; k++) {
+            int32_t x = slots[r * MAXS + k];
+            o->rows[k] = x >= 0 ? x * tile : -1;
+        }
+    }
+}
+
+/* sparse._StageMaker.records' factorization records: block j's template rows
+ * [rstart[j], rstart[j] + rlen[j]) (each mult[row] times, the k-th an Apply
+ * run's k-th granule) instantiated for front front[j] at out[dst[j]...]
+ * (_Templates.fill). */
+void sgq_fill(int64_t nblk, const int64_t *rstart, const int64_t *rlen, const int64_t *front,
+              const int64_t *dst, const task_t *tmpl, const int32_t *mult,
+              const int64_t *foff, const int64_t *vt_base, const int32_t *fm,
+              const int32_t *fn, const int32_t *nfact, int32_t tile, int32_t granule,
+              task_t *out)
+{
+    int32_t gt = granule * tile;
+    for (int64_t j = 0; j < nblk; j++) {
+        int64_t f = front[j], F = foff[f], vb = vt_base[f];
+        int32_t m = fm[f], n = fn[f], nf = nfact[f];
+        task_t *o = out + dst[j];
+        for (int64_t r = rstart[j]; r < rstart[j] + rlen[j]; r++) {
+            for (int32_t k = 0; k < mult[r]; k++, o++) {
+                *o = tmpl[r];
+                int af = o->type == T_APPLY_FACTORIZE;
+                int32_t kg = k * gt;
+                o->F = F;
+                o->vt += vb;
+                if (af)
+                    o->vt2 += vb;
+                o->fm = m;
+                o->fn = n;
+                o->c0 += kg;
+                o->c1 = o->c1 + kg < n ? o->c1 + kg : n;
+                o->nref = tile < nf - o->col ? tile : nf - o->col;
+                o->front = (int32_t)f;
+                o->aux = af ? (tile < nf - o->c0 ? tile : nf - o->c0) : 0;
+            }
+        }
+    }
 }
