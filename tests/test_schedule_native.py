@@ -103,6 +103,24 @@ def test_nothing_simulated_is_empty_too(loader):
         assert all(s.nlaunch == 0 and s.nvt == 0 for s in got)
 
 
+@pytest.mark.parametrize("tile", [16, 32, 64])
+def test_tile_buckets_identical(loader, tile):
+    h = loader[0].get(True)
+    for A in (grid3d_least_squares(9), chessboard_boundary(5, 6, 2)):
+        fs = analyze(A).fronts
+        for nfact in (np.minimum(fs.fm, fs.fn), fs.fp, np.zeros_like(fs.fm)):
+            nrt = -(-fs.fm // tile)
+            tptr = np.concatenate(([0], np.cumsum(nrt)))
+            for stair in (fs.stair, None):
+                want, _ = bucket._many_tile_buckets_numpy(fs.fm, fs.fn, nfact, stair, fs.col_ptr,
+                                                          tile, nrt, tptr)
+                got = native.tile_buckets(h, fs.fm, fs.fn, nfact, stair, fs.col_ptr, tile,
+                                          int(tptr[-1]))
+                assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    bad = np.array([3, 1])                       # a decreasing staircase: NumPy decides
+    assert native.tile_buckets(h, [40], [2], [2], bad, [0, 2], 16, 3) is None
+
+
 def test_element_rows_identical(loader):
     h = loader[0].get(True)
     pats = _random_patterns(np.random.default_rng(5), 80)

@@ -1,6 +1,6 @@
 /* The schedule plan's loops in C (see native.py): the bucket simulation of tile
- * patterns with their rows, the rows in element units, and the records of a
- * range of launches.
+ * patterns with their rows, the fronts' row-tile buckets, the rows in element
+ * units, and the records of a range of launches.
  *
  * The compiled twin of bucket._simulate_numpy + bucket._records: the same bucket
  * rules (bucket.py's module docstring) run pattern by pattern instead of in lock
@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SGQ_ABI 2
+#define SGQ_ABI 3
 #define MAXB 5  /* MAX_BUNDLE (tasks.py) */
 #define MAXS 6  /* MAX_SLOTS (tasks.py) */
 #define NCOL 12
@@ -31,7 +31,7 @@ enum { C_TYPE, C_COL, C_C0, C_C1, C_NAPPLY, C_NFROWS, C_FSTART, C_FLAGS, C_FTOP,
 enum { SGQ_OK = 0, SGQ_NOMEM = 1, SGQ_FINAL = 2, SGQ_INPUT = 3, SGQ_LOOP = 4 };
 
 typedef struct {
-    int32_t t, b, n, af, src, trim;
+    int32_t t, b, n, af, src, trim, napp, afn;
     int32_t tiles[MAXB];
 } bundle_t;
 
@@ -286,17 +286,19 @@ static int32_t apply_count(const bundle_t *B, int32_t nct, int32_t nfct, int32_t
 static int records(result_t *R, work_t *w, int64_t p, int32_t nct, int32_t nfct,
                    int32_t bundle, int32_t pip, int32_t granule)
 {
-    const bundle_t *bn = w->bnd;
-    int64_t nb = w->nbnd;
-    int32_t nl = 0, afn;
+    bundle_t *bn = w->bnd;
+    int64_t nb = w->nbnd, nrun = 0;
+    int32_t nl = 0;
     for (int64_t x = 0; x < nb; x++) {
-        int32_t napp = apply_count(&bn[x], nct, nfct, granule, pip, &afn);
-        int32_t last = napp > 0 ? bn[x].t + 1 : bn[x].t;
+        bn[x].napp = apply_count(&bn[x], nct, nfct, granule, pip, &bn[x].afn);
+        nrun += bn[x].napp > 0;
+        int32_t last = bn[x].napp > 0 ? bn[x].t + 1 : bn[x].t;
         if (last + 1 > nl)
             nl = last + 1;
     }
     if (grow((void **)&R->rp, &R->caprp, R->nptr + nl + 1, sizeof(int64_t))
-        || grow((void **)&R->lp, &R->caplp, R->nptr + nl + 1, sizeof(int64_t)))
+        || grow((void **)&R->lp, &R->caplp, R->nptr + nl + 1, sizeof(int64_t))
+        || grow((void **)&R->row, &R->caprow, R->nrow + nb + nrun, sizeof(row_t)))
         return SGQ_NOMEM;
     int64_t row0 = R->nrow;
     int64_t *rp = R->rp + R->nptr, *lp = R->lp + R->nptr;
@@ -306,8 +308,6 @@ static int records(result_t *R, work_t *w, int64_t p, int32_t nct, int32_t nfct,
     for (int32_t L = 0; L < nl; L++) {
         int64_t rows = 0, recs = 0;
         for (; s < nb && bn[s].t == L; s++) {
-            if (grow((void **)&R->row, &R->caprow, R->nrow + 1, sizeof(row_t)))
-                return SGQ_NOMEM;
             const bundle_t *B = &bn[s];
             row_t *o = &R->row[R->nrow++];
             memset(o, 0, sizeof(row_t));
@@ -359,11 +359,9 @@ static int records(result_t *R, work_t *w, int64_t p, int32_t nct, int32_t nfct,
         }
         for (; a < nb && bn[a].t <= L - 1; a++) {
             const bundle_t *B = &bn[a];
-            int32_t napp = apply_count(B, nct, nfct, granule, pip, &afn);
+            int32_t napp = B->napp, afn = B->afn;
             if (napp <= 0)
                 continue;
-            if (grow((void **)&R->row, &R->caprow, R->nrow + 1, sizeof(row_t)))
-                return SGQ_NOMEM;
             row_t *o = &R->row[R->nrow++];
             memset(o, 0, sizeof(row_t));
             for (int32_t k = 0; k < MAXS; k++)
@@ -577,4 +575,41 @@ void sgq_fill(int64_t nblk, const int64_t *rstart, const int64_t *rlen, const in
             }
         }
     }
+}
+
+/* bucket.many_tile_buckets: the initial bucket of every front's row tiles (-1:
+ * never factorized), out[] of sum(ceil(fm / tile)) entries; stair NULL: all
+ * fronts dense. Returns 0, or -1 when a staircase decreases or its length is not
+ * fn (nothing decided). */
+int sgq_tile_buckets(int64_t nf, const int64_t *fm, const int64_t *fn, const int64_t *nfact,
+                     const int64_t *stair, const int64_t *sp, int32_t tile, int32_t *out)
+{
+    int64_t at = 0;
+    for (int64_t f = 0; f < nf; f++) {
+        int64_t nrt = fm[f] > 0 ? (fm[f] + tile - 1) / tile : 0;
+        int64_t nfct = nfact[f] > 0 ? (nfact[f] + tile - 1) / tile : 0;
+        const int64_t *st = stair ? stair + sp[f] : NULL;
+        int64_t n = fn[f], j = 0, last = 0;
+        if (st && sp[f + 1] - sp[f] != n)
+            return -1;
+        if (st) {
+            for (int64_t q = 1; q < n; q++)
+                if (st[q] < st[q - 1])
+                    return -1;
+            last = n > 0 ? st[n - 1] : 0;
+        }
+        for (int64_t i = 0; i < nrt; i++) {
+            int64_t first = i * tile, lead = 0;
+            if (st) {
+                /* columns whose staircase holds the tile's first row: lead = first
+                 * column tile with a nonzero there; none past the staircase's end */
+                while (j < n && st[j] <= first)
+                    j++;
+                lead = first >= last ? INT64_MAX / 2 : j / tile;
+            }
+            int64_t b = lead < i ? lead : i;
+            out[at++] = b >= nfct ? -1 : (int32_t)b;
+        }
+    }
+    return 0;
 }

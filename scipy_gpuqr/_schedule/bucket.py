@@ -319,6 +319,16 @@ def many_tile_buckets(fm, fn, nfact, stair, stair_ptr, tile: int):
     nrt = -(-fm // tile)
     tile_ptr = np.zeros(nf + 1, dtype=np.int64)
     np.cumsum(nrt, out=tile_ptr[1:])
+    h = native.handle()
+    if h is not None:
+        b = native.tile_buckets(h, fm, fn, nfact, stair, stair_ptr, tile, int(tile_ptr[-1]))
+        if b is not None:
+            return b, tile_ptr
+    return _many_tile_buckets_numpy(fm, fn, nfact, stair, stair_ptr, tile, nrt, tile_ptr)
+
+
+def _many_tile_buckets_numpy(fm, fn, nfact, stair, stair_ptr, tile, nrt, tile_ptr):
+    nf = len(fm)
     owner = np.repeat(np.arange(nf), nrt)
     idx = np.arange(tile_ptr[-1], dtype=np.int64) - tile_ptr[owner]
     first = idx * tile

@@ -53,7 +53,7 @@ __all__ = ["ENV", "ABI", "MODES", "NativeUnavailable", "mode", "library", "simul
 ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
 MODES = ("auto", "c", "numpy")
 #: Interface version of ``_native.c`` (``sgq_abi()``).
-ABI = 2
+ABI = 3
 #: Row columns the library writes, in its order (then ``rows``).
 COLS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop", "vt",
         "vt2", "mult")
@@ -239,6 +239,8 @@ def _open(path: Path):
     lib.sgq_element_rows.restype = None
     lib.sgq_fill.argtypes = [i64] + [ptr] * 11 + [i32, i32, ptr]
     lib.sgq_fill.restype = None
+    lib.sgq_tile_buckets.argtypes = [i64] + [ptr] * 5 + [i32, ptr]
+    lib.sgq_tile_buckets.restype = ctypes.c_int
     got = lib.sgq_abi()
     if got != ABI:
         raise OSError(f"ABI {got}, expected {ABI}")
@@ -355,6 +357,20 @@ def fill(lib, out: np.ndarray, rstart, rlen, front, dst, tmpl: np.ndarray, mult,
     lib.sgq_fill(len(i64[0]), *(a.ctypes.data for a in i64[:4]), tmpl.ctypes.data,
                  i32[0].ctypes.data, i64[4].ctypes.data, i64[5].ctypes.data,
                  *(a.ctypes.data for a in i32[1:]), int(tile), int(granule), out.ctypes.data)
+
+
+def tile_buckets(lib, fm, fn, nfact, stair, stair_ptr, tile: int, ntiles: int):
+    """:func:`.bucket.many_tile_buckets`' buckets compiled (int32, ``ntiles``);
+    None when a staircase decreases (the NumPy path then decides)."""
+    a = [np.ascontiguousarray(x, dtype=np.int64) for x in (fm, fn, nfact)]
+    st = None if stair is None else np.ascontiguousarray(stair, dtype=np.int64)
+    sp = np.ascontiguousarray(stair_ptr if stair is not None else np.zeros(len(a[0]) + 1),
+                              dtype=np.int64)
+    out = np.empty(ntiles, dtype=np.int32)
+    rc = lib.sgq_tile_buckets(len(a[0]), *(x.ctypes.data for x in a),
+                              None if st is None else st.ctypes.data, sp.ctypes.data,
+                              int(tile), out.ctypes.data)
+    return out if rc == 0 else None
 
 
 def _slots() -> int:
