@@ -1,6 +1,6 @@
 /* The schedule plan's loops in C (see native.py): the bucket simulation of tile
  * patterns with their rows, the fronts' row-tile buckets, the rows in element
- * units, and the records of a range of launches.
+ * units, the records of a range of launches, and a stage's assembly records.
  *
  * The compiled twin of bucket._simulate_numpy + bucket._records: the same bucket
  * rules (bucket.py's module docstring) run pattern by pattern instead of in lock
@@ -20,12 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SGQ_ABI 3
+#define SGQ_ABI 4
 #define MAXB 5  /* MAX_BUNDLE (tasks.py) */
 #define MAXS 6  /* MAX_SLOTS (tasks.py) */
 #define NCOL 12
 
-enum { T_FACTORIZE = 1, T_APPLY = 2, T_APPLY_FACTORIZE = 3 };
+enum { T_FACTORIZE = 1, T_APPLY = 2, T_APPLY_FACTORIZE = 3, T_S_ASSEMBLE = 4, T_PACK_ASSEMBLE = 5 };
 enum { C_TYPE, C_COL, C_C0, C_C1, C_NAPPLY, C_NFROWS, C_FSTART, C_FLAGS, C_FTOP, C_VT,
        C_VT2, C_MULT };
 enum { SGQ_OK = 0, SGQ_NOMEM = 1, SGQ_FINAL = 2, SGQ_INPUT = 3, SGQ_LOOP = 4 };
@@ -612,4 +612,97 @@ int sgq_tile_buckets(int64_t nf, const int64_t *fm, const int64_t *fn, const int
         }
     }
     return 0;
+}
+
+/* sparse._assembly_tasks, sorted by launch (stable): the S-Assemble records of
+ * fronts first..last (schunk S entries each), then the Pack-Assemble records of
+ * their children (pchunk entries each), each at its launch (asm_a, pack_a: in
+ * stage order). out NULL: only count. Returns the number of records, or -1
+ * when a launch falls outside [0, nlaunch) (nothing decided). */
+int64_t sgq_assembly(int64_t first, int64_t last, int64_t sid, const int64_t *s_ptr,
+                     const int64_t *child_ptr, const int64_t *children, const int64_t *cm,
+                     const int64_t *fn, const int64_t *fp, const int64_t *frank,
+                     const int64_t *rimap_ptr, int64_t rimap_end, const int64_t *rjmap_ptr,
+                     const int64_t *stage_of, const int64_t *foff, const int64_t *carried,
+                     const int64_t *asm_a, const int64_t *pack_a, int64_t schunk,
+                     int64_t pchunk, int64_t nlaunch, int64_t *at, task_t *out,
+                     int64_t *out_L)
+{
+    int64_t nm = last - first + 1, sbase = s_ptr[first], n = 0;
+    /* pass 0 counts per launch (at[L + 1]), pass 1 writes at at[L]++ */
+    for (int pass = 0; pass < (out ? 2 : 1); pass++) {
+        if (pass == 0)
+            for (int64_t L = 0; L <= nlaunch; L++)
+                at[L] = 0;
+        else
+            for (int64_t L = 0; L < nlaunch; L++)
+                at[L + 1] += at[L];
+        for (int64_t i = 0; i < nm; i++) {
+            int64_t f = first + i, s0 = s_ptr[f] - sbase, s1 = s_ptr[f + 1] - sbase;
+            int64_t L = asm_a[i];
+            for (int64_t a = s0; a < s1; a += schunk) {
+                if (pass == 0) {
+                    if (L < 0 || L >= nlaunch)
+                        return -1;
+                    at[L + 1]++;
+                    n++;
+                    continue;
+                }
+                int64_t j = at[L]++;
+                task_t *o = &out[j];
+                memset(o, 0, sizeof *o);
+                for (int k = 0; k < MAXS; k++)
+                    o->rows[k] = -1;
+                o->type = T_S_ASSEMBLE;
+                o->F = foff[f];
+                o->vt = a;
+                o->vt2 = a + schunk < s1 ? a + schunk : s1;
+                o->front = (int32_t)f;
+                out_L[j] = L;
+            }
+        }
+        for (int64_t i = 0; i < nm; i++) {
+            int64_t p = first + i;
+            for (int64_t q = child_ptr[p]; q < child_ptr[p + 1]; q++) {
+                int64_t c = children[q], cmc = cm[c], cn = fn[c] - fp[c];
+                if (cmc <= 0 || cn <= 0)
+                    continue;
+                int car = stage_of[c] < sid;
+                int64_t base = car ? carried[c] : foff[c] + frank[c] * fn[c] + fp[c];
+                int64_t ld = car ? cn : fn[c];
+                int64_t ci = c - first < 0 ? 0 : (c - first > nm - 1 ? nm - 1 : c - first);
+                int64_t L = car ? 0 : pack_a[ci];
+                int64_t per = pchunk / cn > 1 ? pchunk / cn : 1;
+                for (int64_t r0 = 0; r0 < cmc; r0 += per) {
+                    if (pass == 0) {
+                        if (L < 0 || L >= nlaunch || (car && base < 0))
+                            return -1;
+                        at[L + 1]++;
+                        n++;
+                        continue;
+                    }
+                    int64_t j = at[L]++;
+                    task_t *o = &out[j];
+                    memset(o, 0, sizeof *o);
+                    for (int k = 2; k < MAXS; k++)
+                        o->rows[k] = -1;
+                    o->type = T_PACK_ASSEMBLE;
+                    o->F = foff[p];
+                    o->vt = base;
+                    o->vt2 = rimap_ptr[c];
+                    o->aux = rimap_end + rjmap_ptr[c];
+                    o->fn = (int32_t)fn[p];
+                    o->fm = (int32_t)cmc;
+                    o->col = (int32_t)ld;
+                    o->c1 = (int32_t)cn;
+                    o->rows[0] = (int32_t)r0;
+                    o->rows[1] = (int32_t)(r0 + per < cmc ? r0 + per : cmc);
+                    o->front = (int32_t)c;
+                    o->nfrows = 1;
+                    out_L[j] = L;
+                }
+            }
+        }
+    }
+    return n;
 }

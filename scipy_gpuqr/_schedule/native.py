@@ -53,7 +53,7 @@ __all__ = ["ENV", "ABI", "MODES", "NativeUnavailable", "mode", "library", "simul
 ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
 MODES = ("auto", "c", "numpy")
 #: Interface version of ``_native.c`` (``sgq_abi()``).
-ABI = 3
+ABI = 4
 #: Row columns the library writes, in its order (then ``rows``).
 COLS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop", "vt",
         "vt2", "mult")
@@ -241,6 +241,9 @@ def _open(path: Path):
     lib.sgq_fill.restype = None
     lib.sgq_tile_buckets.argtypes = [i64] + [ptr] * 5 + [i32, ptr]
     lib.sgq_tile_buckets.restype = ctypes.c_int
+    lib.sgq_assembly.argtypes = [i64, i64, i64] + [ptr] * 8 + [i64] + [ptr] * 6 + \
+        [i64, i64, i64, ptr, ptr, ptr]
+    lib.sgq_assembly.restype = i64
     got = lib.sgq_abi()
     if got != ABI:
         raise OSError(f"ABI {got}, expected {ABI}")
@@ -371,6 +374,34 @@ def tile_buckets(lib, fm, fn, nfact, stair, stair_ptr, tile: int, ntiles: int):
                               None if st is None else st.ctypes.data, sp.ctypes.data,
                               int(tile), out.ctypes.data)
     return out if rc == 0 else None
+
+
+def assembly(lib, fs, first: int, last: int, sid: int, stage_of, foff, carried: dict,
+             asm_a, pack_a, s_chunk: int, pack_chunk: int, nlaunch: int):
+    """``sparse._assembly_tasks`` compiled and sorted by launch (stable): the
+    records as ``(n, 12)`` int64 words and their launches; None when a launch
+    falls outside ``[0, nlaunch)`` (the NumPy path then decides)."""
+    def i64(x):
+        return np.ascontiguousarray(x, dtype=np.int64)
+
+    nf = fs.nfronts
+    car = np.full(nf, -1, dtype=np.int64)
+    if carried:
+        car[np.fromiter(carried.keys(), np.int64)] = np.fromiter(carried.values(), np.int64)
+    a = [i64(x) for x in (fs.s_ptr, fs.child_ptr, fs.children, fs.cm, fs.fn, fs.fp,
+                          fs.frank, fs.rimap_ptr)]
+    b = [i64(x) for x in (fs.rjmap_ptr, stage_of, foff, car, asm_a, pack_a)]
+    at = np.empty(nlaunch + 1, dtype=np.int64)
+    args = ([int(first), int(last), int(sid)] + [x.ctypes.data for x in a]
+            + [int(a[7][-1])] + [x.ctypes.data for x in b]
+            + [int(s_chunk), int(pack_chunk), int(nlaunch), at.ctypes.data])
+    n = lib.sgq_assembly(*args, None, None)
+    if n < 0:
+        return None
+    out = np.empty((n, 12), dtype=np.int64)
+    out_L = np.empty(n, dtype=np.int64)
+    lib.sgq_assembly(*args, out.ctypes.data, out_L.ctypes.data)
+    return out, out_L
 
 
 def _slots() -> int:

@@ -534,12 +534,8 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
         else:
             z = np.zeros(0, dtype=np.int64)
             blk = (z, z, z, z, z)
-        asm, asm_L = _assembly_tasks(fs, first, last, sid, stage_of, foff, carried,
-                                     asm_a, pack_a)
-        o = np.argsort(asm_L, kind="stable")
-        words = TASK_DTYPE.itemsize // 8
-        asm = asm.view(np.int64).reshape(-1, words)[o].view(TASK_DTYPE).ravel()
-        asm_L = asm_L[o]
+        asm, asm_L = _assembly_sorted(fs, first, last, sid, stage_of, foff, carried,
+                                      asm_a, pack_a, nlaunch)
         maker = _StageMaker(ctx, foff, blk, asm, asm_L, nlaunch)
         s0 = int(fs.s_ptr[first])
         s1 = int(fs.s_ptr[last + 1])
@@ -829,6 +825,20 @@ class _StageMaker:
                    + np.arange(a1 - a0))
             o64[dst] = self.asm[a0:a1]
         return out
+
+
+def _assembly_sorted(fs, first, last, sid, stage_of, foff, carried, asm_a, pack_a, nlaunch):
+    """:func:`_assembly_tasks` sorted by launch (stable; compiled when it can be)."""
+    lib = native.handle()
+    if lib is not None:
+        got = native.assembly(lib, fs, first, last, sid, stage_of, foff, carried, asm_a,
+                              pack_a, S_CHUNK, PACK_CHUNK, nlaunch)
+        if got is not None:
+            return got[0].view(TASK_DTYPE).ravel(), got[1]
+    asm, asm_L = _assembly_tasks(fs, first, last, sid, stage_of, foff, carried, asm_a, pack_a)
+    o = np.argsort(asm_L, kind="stable")
+    words = TASK_DTYPE.itemsize // 8
+    return asm.view(np.int64).reshape(-1, words)[o].view(TASK_DTYPE).ravel(), asm_L[o]
 
 
 def _assembly_tasks(fs, first, last, sid, stage_of, foff, carried, asm_a, pack_a):
