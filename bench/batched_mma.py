@@ -3,7 +3,8 @@
 row-per-lane warp kernel (kernels/batched_lu.cu), n = 16/24/32, float64.
 
     python3 bench/batched_mma.py [--json out.json] [--sizes 32,24,16] [--opt -DX=Y ...] [--tiny]
-    python3 bench/batched_mma.py --inverse [--sizes 32] [--opt -DX=Y ...] [--json out.json]
+                                 [--variants 0,2] [--configs 128/1,256/1]
+    python3 bench/batched_mma.py --inverse [--sizes 32] [--variants ...] [--json out.json]
     ncu ... python3 bench/batched_mma.py --profile [--inverse]
 
 Per n: the ``getrf_mma<double, n>`` kernel is compiled (with ``--opt``
@@ -19,7 +20,10 @@ with the persistent grid against one matrix per thread, and cuBLAS.
 padded with the identity) against SciPy/NumPy per matrix (info as LAPACK's
 getrf: first exactly zero pivot, -1 for inf/NaN), timed next to the
 Gauss-Jordan warp kernel (``getri(kernel='warp')``), the library default and
-cuBLAS getrfBatched + getriBatched in the same run.
+cuBLAS getrfBatched + getriBatched in the same run. ``--variants``: the
+kernels' compile-time variants (template argument V of ``getrf_mma`` /
+``getri_mma``, all compiled in one module), each checked and timed in the
+same process; cuBLAS getrfBatched is timed next to the LU.
 """
 
 from __future__ import annotations
@@ -33,21 +37,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 from batched import Timer  # noqa: E402  (bench/batched.py, beside this script)
+from lapack_check import compare_getrf  # noqa: E402
 
 CONFIGS = ((64, 1), (128, 1), (256, 1), (64, 2), (128, 2), (256, 2))
 BATCH = 1 << 20
 
 
-def function(n: int, options=()):
-    from scipy_gpuqr import _kernels
-    name = f"getrf_mma<double, {n}>"
-    return _kernels.load_module("batched_mma.cu", (name,), tuple(options)).get_function(name)
+def kernel_name(kernel: str, n: int, variant=None) -> str:
+    """``getrf_mma<double, 32>`` (the default variant) or ``getrf_mma<double, 32, 2>``."""
+    return f"{kernel}<double, {n}>" if variant is None else f"{kernel}<double, {n}, {variant}>"
 
 
-def inverse_function(options=()):
+def function(n: int, options=(), variant=None, names=()):
+    """The LU kernel; ``names``: every name expression of the module (one compile)."""
     from scipy_gpuqr import _kernels
-    name = "getri_mma<double, 32>"
-    return _kernels.load_module("batched_mma.cu", (name,), tuple(options)).get_function(name)
+    name = kernel_name("getrf_mma", n, variant)
+    names = tuple(dict.fromkeys(tuple(names) + (name,)))
+    return _kernels.load_module("batched_mma.cu", names, tuple(options)).get_function(name)
+
+
+def inverse_function(options=(), variant=None, names=()):
+    from scipy_gpuqr import _kernels
+    name = kernel_name("getri_mma", 32, variant)
+    names = tuple(dict.fromkeys(tuple(names) + (name,)))
+    return _kernels.load_module("batched_mma.cu", names, tuple(options)).get_function(name)
+
+
+def all_names(sizes, variants) -> tuple:
+    """Name expressions of every kernel a run uses (compiled together)."""
+    return tuple(kernel_name(k, n, v) for k, ns in (("getrf_mma", sizes), ("getri_mma", (32,)))
+                 for n in ns for v in variants)
+
+
+def extreme_pivots(a, rng, lu: bool):
+    """Matrices whose pivots take the kernels' rare path: huge pivots (above
+    2**1022), and for the LU a subnormal pivot and an all-subnormal matrix."""
+    n = a.shape[-1]
+    a[9] = (rng.standard_normal((n, n)) + 32 * np.eye(n)) * 2.0 ** 1017
+    if lu:
+        a[13, :, 0] = 0
+        a[13, 5, 0] = 1e-310
+        a[15] = rng.standard_normal((n, n)) * 2.0 ** -1060
 
 
 def smem_bytes(n: int, warps: int, stages: int, inverse: bool = False) -> int:
@@ -83,6 +113,7 @@ def check_inverse(cp, fn, n, rng):
     a[3, 5, n - 1] = np.nan
     a[5] = np.triu(a[5]) + 3 * np.eye(n)            # ties of zeros below the diagonal
     a[7, :, :] = np.round(a[7] * 2)                 # many exact ties
+    extreme_pivots(a, rng, lu=False)
     getrf, = sl.get_lapack_funcs(("getrf",), (a[0],))
     ref_info = np.array([getrf(m)[2] for m in a])
     ref_info[[1, 3]] = -1
@@ -115,41 +146,49 @@ def check_inverse(cp, fn, n, rng):
     return err, problems[:8]
 
 
-def inverse_rows(cp, timer, sizes, options, rng) -> list:
-    """The ``--inverse`` rows: check, launch configurations, warp kernel,
-    library default and cuBLAS getrf + getri, device ms on 2**20 matrices."""
+def inverse_rows(cp, timer, sizes, options, rng, variants=(None,), configs=CONFIGS,
+                 names=()) -> list:
+    """The ``--inverse`` rows: per variant check and launch configurations,
+    then the warp kernel, library default and cuBLAS getrf + getri, device ms
+    on 2**20 matrices."""
     from batched import cublas_lu
     from scipy_gpuqr import _batched_gpu as bg
-    fn = inverse_function(options)
     rows = []
     for n in sizes:
-        err, problems = check_inverse(cp, fn, n, rng)
-        a = cp.asarray(rng.standard_normal((BATCH, n, n)))
+        a = cp.random.default_rng(int(rng.integers(1 << 31))).standard_normal((BATCH, n, n))
         out = cp.empty_like(a)
         info = cp.empty((BATCH,), dtype=np.int32)
-        res, occ = {}, {}
-        for thr, st in CONFIGS:
-            occ[(thr, st)] = launch_inverse(cp, fn, a, out, info, thr, st)
-            res[(thr, st)] = timer.device(
-                lambda thr=thr, st=st: launch_inverse(cp, fn, a, out, info, thr, st))
+        for variant in variants:
+            fn = inverse_function(options, variant, names)
+            err, problems = check_inverse(cp, fn, n, rng)
+            res, occ = {}, {}
+            for thr, st in configs:
+                occ[(thr, st)] = launch_inverse(cp, fn, a, out, info, thr, st)
+                res[(thr, st)] = timer.device(
+                    lambda thr=thr, st=st: launch_inverse(cp, fn, a, out, info, thr, st))
+            best = min(res, key=res.get)
+            row = dict(n=n, op="inv", variant=variant, options=list(options), ok=not problems,
+                       problems=problems, err=err, regs=fn.num_regs,
+                       spill_bytes=fn.local_size_bytes, blocks_per_sm=occ[best], ms=res[best],
+                       cfg=f"{best[0]}/{best[1]}",
+                       all={f"{k[0]}/{k[1]}": v for k, v in res.items()})
+            rows.append(row)
+            print(f"inv mma n={n} V={variant} {'ok' if row['ok'] else 'BAD'} err={err:.1e} "
+                  f"regs={fn.num_regs} spill={fn.local_size_bytes} best={res[best]:.3f} ms "
+                  f"({row['cfg']}, {occ[best]} blk/SM)  "
+                  + " ".join(f"{k}:{v:.3f}" for k, v in row["all"].items())
+                  + ("" if row["ok"] else f"\n  {problems}"), flush=True)
         warp_ms = timer.device(lambda: bg.getri(a, kernel="warp"))
         lib_ms = timer.device(lambda: bg.getri(a))
         work = a.copy()
         cub_ms = timer.device(cublas_lu(cp, work, inverse=True), reps=3)
         work = None
-        best = min(res, key=res.get)
-        row = dict(n=n, op="inv", options=list(options), ok=not problems, problems=problems,
-                   err=err, regs=fn.num_regs, spill_bytes=fn.local_size_bytes,
-                   blocks_per_sm=occ[best], ms=res[best], cfg=f"{best[0]}/{best[1]}",
-                   warp_ms=warp_ms, library_ms=lib_ms, library_kernel=bg.getri_kernel(n, a.dtype),
-                   cublas_ms=cub_ms, all={f"{k[0]}/{k[1]}": v for k, v in res.items()})
-        rows.append(row)
-        print(f"inv mma n={n} {'ok' if row['ok'] else 'BAD'} err={err:.1e} regs={fn.num_regs} "
-              f"spill={fn.local_size_bytes} best={res[best]:.3f} ms ({row['cfg']}, "
-              f"{occ[best]} blk/SM)  warp kernel {warp_ms:.3f} ms  library "
-              f"({row['library_kernel']}) {lib_ms:.3f} ms  cuBLAS getrf+getri {cub_ms:.3f} ms  "
-              + " ".join(f"{k}:{v:.3f}" for k, v in row["all"].items())
-              + ("" if row["ok"] else f"\n  {problems}"), flush=True)
+        anchors = dict(n=n, op="inv", warp_ms=warp_ms, library_ms=lib_ms,
+                       library_kernel=bg.getri_kernel(n, a.dtype), cublas_ms=cub_ms)
+        rows.append(anchors)
+        print(f"inv n={n} anchors: warp kernel {warp_ms:.3f} ms  library "
+              f"({anchors['library_kernel']}) {lib_ms:.3f} ms  cuBLAS getrf+getri "
+              f"{cub_ms:.3f} ms", flush=True)
         a = out = info = None
         cp.get_default_memory_pool().free_all_blocks()
     return rows
@@ -177,7 +216,6 @@ def outputs(cp, bsz, n):
 
 def check(cp, fn, n, rng):
     """Problems found against LAPACK (pivots, info, factors; scaled like the tests)."""
-    import scipy.linalg as sl
     eps = float(np.finfo(np.float64).eps)
     bsz = 997
     a = rng.standard_normal((bsz, n, n))
@@ -187,8 +225,8 @@ def check(cp, fn, n, rng):
     a[3, 5, n - 1] = np.nan
     a[5] = np.triu(a[5])                            # ties of zeros below the diagonal
     a[7, :, :] = np.round(a[7] * 2)                 # many exact ties
+    extreme_pivots(a, rng, lu=True)
     problems = []
-    getrf, = sl.get_lapack_funcs(("getrf",), (a[0],))
     err = 0.0
     for threads, stages, misalign in ((128, 2, False), (64, 1, False), (96, 1, True)):
         if misalign:        # 8-byte aligned pointers: the element-wise copies
@@ -203,20 +241,9 @@ def check(cp, fn, n, rng):
         launch(cp, fn, ga, outs, threads, stages)
         cp.cuda.Device().synchronize()
         lu, piv, info = (o.get() for o in outs)
-        bad_piv = 0
-        for m in range(bsz):
-            if m in (1, 3):
-                if info[m] != -1:
-                    problems.append(f"non-finite {m} not flagged ({info[m]})")
-                continue
-            rl, rp, ri = getrf(a[m])
-            if ri != info[m]:
-                problems.append(f"info {m}: {info[m]} vs {ri}")
-            if (rp != piv[m]).any():
-                bad_piv += 1
-                continue
-            e = np.abs(lu[m] - rl).max() / max(1.0, np.abs(rl).max())
-            err = max(err, e if np.isfinite(e) else np.inf)
+        e, bad_piv, found = compare_getrf(a, lu, piv, info, nonfinite=(1, 3))
+        err = max(err, e)
+        problems += found
         if bad_piv > 2:
             problems.append(f"{bad_piv} pivot mismatches ({threads}/{stages})")
         if not err <= 50 * n * eps:
@@ -247,14 +274,80 @@ def tiny_grids(cp, timer, dtype=np.float64) -> dict:
     return out
 
 
+def parse_variants(text):
+    """``"0,2"`` -> (0, 2); None -> (None,) (the kernels' default variant)."""
+    return (None,) if not text else tuple(int(v) for v in text.split(","))
+
+
+def parse_configs(text):
+    """``"128/1,256/1"`` -> ((128, 1), (256, 1)); None -> CONFIGS."""
+    if not text:
+        return CONFIGS
+    return tuple(tuple(int(x) for x in c.split("/")) for c in text.split(","))
+
+
+def lu_rows(cp, timer, sizes, options, rng, variants=(None,), configs=CONFIGS, names=(),
+            json_path=None) -> list:
+    """The LU rows: per variant check and launch configurations, then the
+    warp kernel, library default and cuBLAS getrfBatched, device ms on 2**20
+    matrices."""
+    from batched import cublas_lu
+    from scipy_gpuqr import _batched_gpu as bg
+    rows = []
+    for n in sizes:
+        a = cp.random.default_rng(int(rng.integers(1 << 31))).standard_normal((BATCH, n, n))
+        outs = outputs(cp, BATCH, n)
+        for variant in variants:
+            fn = function(n, options, variant, names)
+            err, problems = check(cp, fn, n, rng)
+            res, occ = {}, {}
+            for thr, st in configs:
+                occ[(thr, st)] = launch(cp, fn, a, outs, thr, st)
+                res[(thr, st)] = timer.device(
+                    lambda thr=thr, st=st: launch(cp, fn, a, outs, thr, st))
+            best = min(res, key=res.get)
+            row = dict(n=n, op="lu", variant=variant, options=list(options), ok=not problems,
+                       problems=problems, err=err, regs=fn.num_regs,
+                       spill_bytes=fn.local_size_bytes, blocks_per_sm=occ[best], ms=res[best],
+                       cfg=f"{best[0]}/{best[1]}",
+                       all={f"{k[0]}/{k[1]}": v for k, v in res.items()})
+            rows.append(row)
+            print(f"mma n={n} V={variant} {'ok' if row['ok'] else 'BAD'} err={err:.1e} "
+                  f"regs={fn.num_regs} spill={fn.local_size_bytes} best={res[best]:.3f} ms "
+                  f"({row['cfg']}, {occ[best]} blk/SM)  "
+                  + " ".join(f"{k}:{v:.3f}" for k, v in row["all"].items())
+                  + ("" if row["ok"] else f"\n  {problems}"), flush=True)
+        warp_ms = timer.device(lambda: bg.getrf(a, kernel="warp"))
+        lib_ms = timer.device(lambda: bg.getrf(a))
+        work = a.copy()
+        cub_ms = timer.device(cublas_lu(cp, work, inverse=False))
+        work = None
+        anchors = dict(n=n, op="lu", warp_ms=warp_ms, library_ms=lib_ms,
+                       library_kernel=bg.getrf_kernel(n, a.dtype), cublas_ms=cub_ms)
+        rows.append(anchors)
+        print(f"lu n={n} anchors: warp kernel {warp_ms:.3f} ms  library "
+              f"({anchors['library_kernel']}) {lib_ms:.3f} ms  cuBLAS getrf {cub_ms:.3f} ms",
+              flush=True)
+        if json_path:
+            Path(json_path).write_text(json.dumps(rows, indent=1))
+        a = outs = None
+        cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--sizes", default="32,24,16")
     ap.add_argument("--opt", action="append", default=[], help="NVRTC option for the kernel")
+    ap.add_argument("--variants", help="comma-separated template variants V (default: the "
+                    "kernels' default)")
+    ap.add_argument("--configs", help="threads/stages pairs, e.g. 128/1,256/1 (default: "
+                    + ",".join(f"{t}/{s}" for t, s in CONFIGS) + ")")
     ap.add_argument("--tiny", action="store_true", help="also n = 2: launch grids")
     ap.add_argument("--inverse", action="store_true",
                     help="the inverse kernel (getri_mma) instead of the LU")
+    ap.add_argument("--both", action="store_true", help="the LU, then the inverse")
     ap.add_argument("--profile", action="store_true",
                     help="only one LU of 2**16 matrices of order 32 by each kernel "
                     "(mma, then warp): the launches for ncu")
@@ -269,42 +362,30 @@ def main(argv=None) -> int:
         return 0
     rng = np.random.default_rng(5)
     timer = Timer(cp)
-    if args.inverse:
-        rows = inverse_rows(cp, timer, [int(s) for s in args.sizes.split(",")], args.opt, rng)
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1))
-        return 0
+    sizes = [int(s) for s in args.sizes.split(",")]
+    variants = parse_variants(args.variants)
+    configs = parse_configs(args.configs)
+    names = all_names(sizes, variants)
     rows = []
     if args.tiny:
         res = tiny_grids(cp, timer)
         rows.append(dict(n=2, tiny=res))
         print("n=2 LU: " + "  ".join(f"{k} {v:.4f}" for k, v in res.items()), flush=True)
-    for n in [int(s) for s in args.sizes.split(",")]:
-        fn = function(n, args.opt)
-        err, problems = check(cp, fn, n, rng)
-        a = cp.asarray(rng.standard_normal((BATCH, n, n)))
-        outs = outputs(cp, BATCH, n)
-        res, occ = {}, {}
-        for thr, st in CONFIGS:
-            occ[(thr, st)] = launch(cp, fn, a, outs, thr, st)
-            res[(thr, st)] = timer.device(lambda thr=thr, st=st: launch(cp, fn, a, outs, thr, st))
-        warp_ms = timer.device(lambda: bg.getrf(a, kernel="warp"))
-        lib_ms = timer.device(lambda: bg.getrf(a))
-        best = min(res, key=res.get)
-        row = dict(n=n, options=args.opt, ok=not problems, problems=problems, err=err,
-                   regs=fn.num_regs, spill_bytes=fn.local_size_bytes,
-                   blocks_per_sm=occ[best], ms=res[best], cfg=f"{best[0]}/{best[1]}",
-                   warp_ms=warp_ms, library_ms=lib_ms, all={f"{k[0]}/{k[1]}": v for k, v in res.items()})
-        rows.append(row)
-        print(f"mma n={n} {'ok' if row['ok'] else 'BAD'} err={err:.1e} regs={fn.num_regs} "
-              f"spill={fn.local_size_bytes} best={res[best]:.3f} ms ({row['cfg']}, "
-              f"{occ[best]} blk/SM)  warp kernel {warp_ms:.3f} ms  library {lib_ms:.3f} ms  "
-              + " ".join(f"{k}:{v:.3f}" for k, v in row["all"].items())
-              + ("" if row["ok"] else f"\n  {problems}"), flush=True)
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1))
-        a = outs = None
-        cp.get_default_memory_pool().free_all_blocks()
+    if not args.inverse or args.both:
+        rows += lu_rows(cp, timer, sizes, args.opt, rng, variants, configs, names, args.json)
+    if args.inverse or args.both:
+        rows += inverse_rows(cp, timer, [n for n in sizes if n <= 32], args.opt, rng,
+                             variants, configs, names)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    print("\nop  n  variant  regs  cfg     ms      (anchors: warp / library / cuBLAS ms)")
+    for r in rows:
+        if "variant" in r:
+            print(f"{r['op']:<4}{r['n']:<3}{str(r['variant']):<9}{r['regs']:<6}{r['cfg']:<8}"
+                  f"{r['ms']:.3f}  {'ok' if r['ok'] else 'BAD'}")
+        elif "cublas_ms" in r:
+            print(f"{r['op']:<4}{r['n']:<3}anchors  warp {r['warp_ms']:.3f}  library "
+                  f"{r['library_ms']:.3f} ({r['library_kernel']})  cuBLAS {r['cublas_ms']:.3f}")
     return 0
 
 

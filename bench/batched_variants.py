@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 from batched import Timer  # noqa: E402  (bench/batched.py, beside this script)
+from lapack_check import compare_getrf  # noqa: E402
 
 OPTIONS = {
     "default": (),
@@ -143,7 +144,6 @@ def outputs(cp, op, bsz, n, dtype):
 
 def check(cp, fn, op, size, n, dtype, tiny, rng):
     """Max error against LAPACK (scaled like the tests) and pivot / info agreement."""
-    import scipy.linalg as sl
     eps = float(np.finfo(dtype).eps)
     bsz = 997
     a = rng.standard_normal((bsz, n, n)).astype(dtype)
@@ -158,21 +158,8 @@ def check(cp, fn, op, size, n, dtype, tiny, rng):
         cp.cuda.Device().synchronize()
         if op == "lu":
             lu, piv, info = (o.get() for o in outs)
-            getrf, = sl.get_lapack_funcs(("getrf",), (a[0],))
-            bad_piv = 0
-            err = 0.0
-            for m in range(bsz):
-                if m == 1:
-                    if info[m] != -1:
-                        problems.append("inf not flagged")
-                    continue
-                rl, rp, ri = getrf(a[m])
-                if ri != info[m]:
-                    problems.append(f"info {m}: {info[m]} vs {ri}")
-                if (rp != piv[m]).any():
-                    bad_piv += 1
-                    continue
-                err = max(err, np.abs(lu[m] - rl).max() / max(1.0, np.abs(rl).max()))
+            err, bad_piv, found = compare_getrf(a, lu, piv, info, nonfinite=(1,))
+            problems += found
             if bad_piv > 2:
                 problems.append(f"{bad_piv} pivot mismatches")
             if err > 50 * n * eps:

@@ -158,7 +158,7 @@ __device__ __forceinline__ void panel_write(double *t, const double (&v)[8], int
 // (before the non-finite check); writes perm (row of the tile that goes to
 // LAPACK row i), pivs (scratch) and piv[lane] for lane < N.
 template <int N>
-__device__ __forceinline__ int factor_mma(double *t, int *perm, int *pivs,
+__device__ __forceinline__ int factor_mma_v0(double *t, int *perm, int *pivs,
                                           int *__restrict__ piv, bool &bad, int lane) {
     typedef MmaTile<N> M;
     constexpr int NP = M::NP;
@@ -323,7 +323,7 @@ __device__ __forceinline__ int rowx(int i) {
 }
 
 template <int N>
-__device__ __forceinline__ int invert_mma(double *t, int *perm, double *fs, int &mypos,
+__device__ __forceinline__ int invert_mma_v0(double *t, int *perm, double *fs, int &mypos,
                                           bool &bad, int lane) {
     typedef MmaTile<N> M;
     static_assert(M::LDU * 2 >= N && (M::LDU & (M::LDU - 1)) == 0, "rowx");
@@ -461,6 +461,318 @@ __device__ __forceinline__ void inv_store(double *__restrict__ dst, const double
     }
 }
 
+
+// ---------------------------------------------------------------------------
+// The pivot chain of one panel, shared by the LU (GJ = false) and the
+// inverse (GJ = true). Per step s (column k = 8p + s of the matrix), lane r
+// holding row r's 8 panel entries P:
+//   * pivot search: REDUX max of the candidates' high keys (`mh`, from the
+//     previous step), ballot, exact tie breaks only when the ballot names
+//     more than one lane (chain_finish);
+//   * the pivot's reciprocal is computed speculatively by every lane on its
+//     own x (fast_rcp) and the pivot's taken. `mh` is the pivot's high key,
+//     so the warp knows without a shuffle whether the pivot is normal and
+//     below 2^1022 (then 1/pivot is representable, no scaling: the common
+//     path) or zero/subnormal/huge/non-finite: a warp-uniform branch that
+//     scales as pivot_scale does (rare);
+//   * the pivot row's other 7 entries reach every lane by shuffles (SB = 0),
+//     or through a per-warp buffer in shared memory (SB = 1: the pivot lane
+//     stores its 8 entries, the reciprocal in place of the pivot, and every
+//     lane reads them back with broadcast 16-byte loads; two buffers by step
+//     parity, one __syncwarp per step);
+//   * nl = -(multiplier), zero for rows that are not eliminated (LU: rows
+//     already pivoted; Gauss-Jordan: the pivot row only), and
+//     P[j] += nl * prow[j] for j != s; slot s takes nl (LU: candidates only;
+//     the multiplier itself is kept in L, negated);
+//   * the step's pivot lane and the pivot's position go to steps[k]
+//     (pl | pp << 8), and (GJ) 1/pivot to fs[k]: shared-memory stores of one
+//     value by every lane, instead of per-step register selects.
+// pos: the LAPACK position of row `lane` (lazy swaps); cand: not pivoted yet.
+// Returns nothing; zk (GJ) is set to k + 1 at the first exactly zero pivot.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ unsigned chain_start(bool cand, unsigned hi, unsigned &mh) {
+    mh = __reduce_max_sync(0xffffffffu, cand ? hi : 0u);
+    return __ballot_sync(0xffffffffu, cand && hi == mh);
+}
+
+// The pivot lane of the ballot b (exactly one bit: the common case); ties in
+// the high key broken by the low key, then by the smallest position (LAPACK
+// takes the first). -1 when there is no candidate.
+__device__ __forceinline__ int chain_finish(unsigned b, bool cand, unsigned lo, int pos, int lane) {
+    if (__popc(b) != 1) {
+        const bool c1 = cand && ((b >> lane) & 1u);
+        const unsigned ml = __reduce_max_sync(0xffffffffu, c1 ? lo : 0u);
+        const bool c2 = c1 && lo == ml;
+        const unsigned mp = __reduce_min_sync(0xffffffffu, c2 ? (unsigned)pos : 0xffffffffu);
+        b = __ballot_sync(0xffffffffu, c2 && (unsigned)pos == mp);
+    }
+    return 31 - __clz(b);
+}
+
+// mh: the high key of a normal pivot below 2^1022 (scale 1, 1/pivot normal).
+__device__ __forceinline__ bool plain_pivot(unsigned mh) {
+    return mh - 0x00100000u < 0x7fd00000u - 0x00100000u;
+}
+
+template <bool GJ, int SB>
+__device__ __forceinline__ void pivot_chain(double (&P)[8], double (&L)[8], bool &cand,
+                                            int &pos, unsigned &bal, unsigned &mh, int p,
+                                            double *bc, int *steps, double *fs, int &zk,
+                                            int lane) {
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+        const int k = 8 * p + s;
+        const double x = P[s];
+        double rinv = fast_rcp(x);                    // speculative: the pivot's is used
+        // (SB & 2: computed here by every lane, off the chain, instead of by
+        // the pivot lane after the search)
+        if (SB & 2) asm volatile("" : "+d"(rinv));
+        const int pl = chain_finish(bal, cand, key_lo(x), pos, lane);
+        const bool is_piv = lane == pl;
+        double b[8];
+        if (SB & 1) {
+            double *w = bc + 8 * (s & 1);
+            if (is_piv) {
+#pragma unroll
+                for (int h = 0; h < 4; ++h)
+                    *reinterpret_cast<double2 *>(w + 2 * h) =
+                        make_double2(2 * h == s ? rinv : P[2 * h],
+                                     2 * h + 1 == s ? rinv : P[2 * h + 1]);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+                const double2 v = *reinterpret_cast<const double2 *>(w + 2 * h);
+                b[2 * h] = v.x;
+                b[2 * h + 1] = v.y;
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                b[j] = __shfl_sync(0xffffffffu, j == s ? rinv : P[j], pl);
+        }
+        const int pp = __shfl_sync(0xffffffffu, pos, pl);
+        double nl = __dmul_rn(-x, b[s]);
+        double fk = b[s];
+        if (!plain_pivot(mh)) {                       // warp-uniform, rare
+            const double px = __shfl_sync(0xffffffffu, x, pl);
+            const bool zero = px == 0.0;
+            const double sc = pivot_scale(px);
+            const double r = fast_rcp(zero ? 1.0 : px * sc);
+            nl = zero ? 0.0 : -(x * sc) * r;
+            fk = zero ? 0.0 : sc * r;
+            if (GJ && zero && zk == 0) zk = k + 1;
+        }
+        if (GJ) {
+            if (is_piv) nl = 0.0;
+        } else {
+            cand = cand && !is_piv;
+            if (!cand) nl = 0.0;
+        }
+        if (s + 1 < 8) {
+            // the next column first: its key starts the next pivot search
+            const int j1 = s + 1 < 8 ? s + 1 : 0;
+            P[j1] = fma(nl, b[j1], P[j1]);
+        }
+        if (GJ) {
+            P[s] = nl;
+        } else {
+            L[s] = nl;
+            if (cand) P[s] = nl;
+        }
+        if (pos == k) pos = pp; else if (is_piv) pos = k;
+        steps[k] = pl | (pp << 8);
+        if (GJ) {
+            fs[k] = fk;
+            cand = cand && !is_piv;
+        }
+        if (s + 1 < 8) bal = chain_start(cand, key_hi(P[s + 1 < 8 ? s + 1 : 0]), mh);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            if (j != s && j != s + 1) P[j] = fma(nl, b[j], P[j]);
+    }
+}
+
+// The step of this panel where row `lane` pivoted: -1 before the panel, 8
+// not yet (its position pos is final once it pivoted).
+__device__ __forceinline__ int panel_step(int pos, int p) {
+    return min(max(pos - 8 * p, -1), 8);
+}
+
+// LU of the tile with the shared pivot chain (see the header). Per-warp
+// scratch: perm (32 ints), steps (32 ints), bc (16 doubles). Returns getrf's
+// info (before the non-finite check); writes perm (row of the tile that goes
+// to LAPACK row i) and piv[lane] for lane < N.
+template <int N, int SB>
+__device__ __forceinline__ int factor_mma(double *t, int *perm, int *steps, double *bc,
+                                          int *__restrict__ piv, bool &bad, int lane) {
+    typedef MmaTile<N> M;
+    constexpr int NP = M::NP;
+    const bool active = lane < N;
+    const int row = active ? lane : 0;
+
+    double P[8], L[8];
+    if (active) {
+        panel_read<N>(P, t, row, 0);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) P[j] = 0.0;
+    }
+    bool fin = true;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) { fin = fin && finite_bits(P[j]); L[j] = 0.0; }
+
+    bool cand = active;
+    int pos = lane;
+    int zk = 0;
+    unsigned mh;
+    unsigned bal = chain_start(cand, key_hi(P[0]), mh);
+
+    constexpr int UNROLL_P = (SB & 4) ? NP : 1;
+#pragma unroll UNROLL_P
+    for (int p = 0; p < NP; ++p) {
+        pivot_chain<false, SB>(P, L, cand, pos, bal, mh, p, bc, steps, nullptr, zk, lane);
+        const int st = panel_step(pos, p);
+        // the panel's final entries: L left of the pivot step, U from it
+        double O[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) O[j] = (j < st) ? -L[j] : P[j];
+        if (p + 1 < NP) {
+            // E (the A operand): slots left of the row's pivot step; it goes
+            // through the panel's columns of the tile, which then take O
+            double E[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) E[j] = (j < st) ? P[j] : 0.0;
+            if (active) panel_write<N>(t, E, row, p);
+            __syncwarp();
+            // fragment coordinates recomputed per panel (opaque): shared
+            // across panels, the tile addresses would stay alive (spilled)
+            const int fg = opaque(lane) >> 2;
+            const int fq = opaque(lane) & 3;
+            const int pr0 = steps[8 * p + fq] & 255;        // rows pivoting steps fq, 4 + fq
+            const int pr1 = steps[8 * p + 4 + fq] & 255;
+            double a[NP][2];
+#pragma unroll
+            for (int I = 0; I < NP; ++I)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) a[I][h] = t[at<N>(8 * I + fg, 8 * p + 4 * h + fq)];
+            __syncwarp();
+            if (active) panel_write<N>(t, O, row, p);
+#pragma unroll 1
+            for (int J = p + 1; J < NP; ++J) {
+                const double b0 = t[at<N>(pr0, 8 * J + fg)];
+                const double b1 = t[at<N>(pr1, 8 * J + fg)];
+                __syncwarp();
+#pragma unroll
+                for (int I = 0; I < NP; ++I) {
+                    double2 *c = reinterpret_cast<double2 *>(t + at<N>(8 * I + fg, 8 * J + 2 * fq));
+                    double2 v = *c;
+                    if (p == 0) fin = fin && finite_bits(v.x) && finite_bits(v.y);
+                    dmma(v.x, v.y, a[I][0], b0);
+                    dmma(v.x, v.y, a[I][1], b1);
+                    *c = v;
+                }
+            }
+            __syncwarp();
+            if (active) panel_read<N>(P, t, row, p + 1);
+            bal = chain_start(cand, key_hi(P[0]), mh);
+        } else if (active) {
+            panel_write<N>(t, O, row, p);
+        }
+    }
+    // info: the first exactly zero pivot (U's diagonal, row `lane` is U row pos)
+    const bool zd = active && t[at<N>(lane, pos)] == 0.0;
+    const unsigned z = __reduce_min_sync(0xffffffffu, zd ? (unsigned)pos : 0xffffu);
+    if (active) perm[pos] = lane;
+    bad = __ballot_sync(0xffffffffu, !fin) != 0u;
+    __syncwarp();
+    if (active) piv[lane] = steps[lane] >> 8;
+    return z == 0xffffu ? 0 : (int)z + 1;
+}
+
+// Inverse by blocked Gauss-Jordan on the tile with the shared pivot chain
+// (see getri_mma). Per-warp scratch: fs (32 doubles: 1 / the pivot of step
+// i), perm (32 ints), steps (32 ints), bc (16 doubles). Returns the first
+// exactly zero pivot's step + 1 (0: none); writes perm[i] = rowx(r) for the
+// row r of the tile pivoting step i, fs, mypos (the step where row `lane`
+// pivoted) and bad (inf/NaN in the input).
+template <int N, int SB>
+__device__ __forceinline__ int invert_mma(double *t, int *perm, int *steps, double *bc,
+                                          double *fs, int &mypos, bool &bad, int lane) {
+    typedef MmaTile<N> M;
+    static_assert(M::LDU * 2 >= N && (M::LDU & (M::LDU - 1)) == 0, "rowx");
+    constexpr int NP = M::NP;
+    const bool active = lane < N;
+    const int row = active ? lane : 0;
+
+    double P[8], L[8];
+    if (active) {
+        panel_read<N>(P, t, row, 0);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) P[j] = 0.0;
+    }
+    bool fin = true;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) fin = fin && finite_bits(P[j]);
+
+    bool cand = active;
+    int pos = lane;
+    int zk = 0;                            // first zero pivot step + 1 (warp-uniform)
+    unsigned mh;
+    unsigned bal = chain_start(cand, key_hi(P[0]), mh);
+
+    constexpr int UNROLL_P = (SB & 4) ? NP : 1;
+#pragma unroll UNROLL_P
+    for (int p = 0; p < NP; ++p) {
+        pivot_chain<true, SB>(P, L, cand, pos, bal, mh, p, bc, steps, fs, zk, lane);
+        const int st = panel_step(pos, p);
+        // E (the A operand) = P through the panel's columns of the tile; the
+        // pivot rows then add their one back (the panel's final entries)
+        if (active) panel_write<N>(t, P, row, p);
+        __syncwarp();
+        const int fg = opaque(lane) >> 2;
+        const int fq = opaque(lane) & 3;
+        const int pr0 = steps[8 * p + fq] & 255;            // rows pivoting steps fq, 4 + fq
+        const int pr1 = steps[8 * p + 4 + fq] & 255;
+        double a[NP][2];
+#pragma unroll
+        for (int I = 0; I < NP; ++I)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) a[I][h] = t[at<N>(8 * I + fg, 8 * p + 4 * h + fq)];
+        __syncwarp();
+        if (active && st >= 0 && st < 8) t[at<N>(row, 8 * p + st)] += 1.0;
+        // every other column tile, all rows: C += E * B, B the pivot rows'
+        // entries at the start of the panel
+#pragma unroll 1
+        for (int jj = 1; jj < NP; ++jj) {
+            const int J = p + jj < NP ? p + jj : p + jj - NP;
+            const double b0 = t[at<N>(pr0, 8 * J + fg)];
+            const double b1 = t[at<N>(pr1, 8 * J + fg)];
+            __syncwarp();
+#pragma unroll
+            for (int I = 0; I < NP; ++I) {
+                double2 *c = reinterpret_cast<double2 *>(t + at<N>(8 * I + fg, 8 * J + 2 * fq));
+                double2 v = *c;
+                if (p == 0) fin = fin && finite_bits(v.x) && finite_bits(v.y);
+                dmma(v.x, v.y, a[I][0], b0);
+                dmma(v.x, v.y, a[I][1], b1);
+                *c = v;
+            }
+        }
+        __syncwarp();
+        if (p + 1 < NP) {
+            if (active) panel_read<N>(P, t, row, p + 1);
+            bal = chain_start(cand, key_hi(P[0]), mh);
+        }
+    }
+    if (active) perm[pos] = rowx<N>(lane);
+    bad = __ballot_sync(0xffffffffu, !fin) != 0u;
+    mypos = pos;
+    __syncwarp();
+    return zk;
+}
+
 }  // namespace gpuqr_mma
 
 // ---------------------------------------------------------------------------
@@ -468,7 +780,7 @@ __device__ __forceinline__ void inv_store(double *__restrict__ dst, const double
 // input, not modified:  a (batch, N, N) float64
 // output:               lu (batch, N, N), piv (batch, N), info (batch)
 // ---------------------------------------------------------------------------
-template <typename T, int N>
+template <typename T, int N, int V = 2>
 __global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
 getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
           int *__restrict__ info, long long batch, int stages, int vec)
@@ -479,9 +791,10 @@ getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
-    double *tiles = reinterpret_cast<double *>(smem_raw) + wib * (stages * M::TILE + 32);
+    double *tiles = reinterpret_cast<double *>(smem_raw) + wib * (stages * M::TILE + 48);
     int *perm = reinterpret_cast<int *>(tiles + stages * M::TILE);
     int *pivs = perm + 32;
+    double *bc = tiles + stages * M::TILE + 32;
     const bool v = vec != 0;
     const long long stride = (long long)gridDim.x * (blockDim.x >> 5);
     long long m = (long long)blockIdx.x * (blockDim.x >> 5) + wib;
@@ -508,7 +821,8 @@ getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
         }
         __syncwarp();
         bool bad;
-        const int z = factor_mma<N>(t, perm, pivs, piv + m * N, bad, lane);
+        const int z = V == 0 ? factor_mma_v0<N>(t, perm, pivs, piv + m * N, bad, lane)
+                             : factor_mma<N, V - 1>(t, perm, pivs, bc, piv + m * N, bad, lane);
         if (lane == 0) info[m] = bad ? -1 : z;
         mma_store<N>(lu + m * (N * N), t, perm, v, opaque(lane));
         __syncwarp();
@@ -539,7 +853,7 @@ getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
 // Dynamic shared memory per warp: stages * N * LDU * 16 bytes + 48 doubles
 // (mma_smem_bytes(..., inverse=True) in scipy_gpuqr/_batched_gpu.py).
 // ---------------------------------------------------------------------------
-template <typename T, int N>
+template <typename T, int N, int V = 2>
 __global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
 getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
           long long batch, int n, int stages, int vec)
@@ -550,9 +864,11 @@ getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
-    double *tiles = reinterpret_cast<double *>(smem_raw) + wib * (stages * M::TILE + 48);
+    double *tiles = reinterpret_cast<double *>(smem_raw) + wib * (stages * M::TILE + 80);
     double *fs = tiles + stages * M::TILE;
     int *perm = reinterpret_cast<int *>(fs + 32);
+    int *steps = perm + 32;
+    double *bc = fs + 64;
     const bool v = vec != 0;
     const long long nn = (long long)n * n;
     const long long stride = (long long)gridDim.x * (blockDim.x >> 5);
@@ -581,7 +897,8 @@ getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
         __syncwarp();
         bool bad;
         int mypos;
-        const int z = invert_mma<N>(t, perm, fs, mypos, bad, lane);
+        const int z = V == 0 ? invert_mma_v0<N>(t, perm, fs, mypos, bad, lane)
+                             : invert_mma<N, V - 1>(t, perm, steps, bc, fs, mypos, bad, lane);
         if (lane == 0) info[m] = bad ? -1 : z;
         inv_store<N>(ainv + m * nn, t, perm, fs, mypos, n, opaque(lane));
         __syncwarp();

@@ -152,12 +152,13 @@ def mma_smem_bytes(size: int, warps: int, stages: int, inverse: bool = False) ->
     (kernels/batched_mma.cu).
 
     Per warp ``stages`` tiles of ``size`` rows of whole 128-byte units (a
-    row of 16-byte units rounded up to a multiple of 8) and 64 ints (LU) or
-    32 doubles and 32 ints (``inverse``).
+    row of 16-byte units rounded up to a multiple of 8) and the scratch of the
+    pivot chain: 64 ints and 16 doubles (LU), 32 doubles, 64 ints and 16
+    doubles (``inverse``).
     """
     units = -(-size // 2)
     ldu = -(-units // 8) * 8
-    return warps * (stages * size * ldu * 2 + (48 if inverse else 32)) * 8
+    return warps * (stages * size * ldu * 2 + (80 if inverse else 48)) * 8
 
 
 @functools.lru_cache(maxsize=None)

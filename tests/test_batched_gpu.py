@@ -158,6 +158,51 @@ def test_gpu_inverse_n32_both_kernels(rng, kernel, n):
                                        * np.abs(ref[i]).max())
 
 
+def test_gpu_mma_extreme_pivots(rng):
+    """The tensor-core kernels' rare pivots (a warp-uniform branch on the
+    pivot's exponent), mixed with ordinary matrices in one batch: pivots of
+    2**1022 and more (1/pivot subnormal: scaled), subnormal pivots, zero
+    pivots. Scaling a matrix or a column by a power of two scales U (or the
+    inverse) exactly, so the references are LAPACK's / NumPy's results on
+    the unscaled matrices; subnormal pivots are checked by the backward
+    error (OpenBLAS's getrf does not keep subnormal pivots)."""
+    import cupy as cp
+    from scipy_gpuqr import _batched_gpu as bg
+    if bg.getrf_kernel(32, np.float64) != "getrf_mma":
+        pytest.skip("no FP64 tensor cores")
+    n, batch, big, col = 32, 16, 2.0 ** 1017, 2.0 ** 1021
+    base = random_batch(rng, (batch,), n, np.float64)
+    base[0:4] += 32 * np.eye(n)
+    a = base.copy()
+    a[0:4] *= big                                # every pivot >= 2**1022
+    a[4:6, :, 3] *= col                          # one column of such pivots
+    a[6:8, :, 0] = 0
+    a[6:8, 5, 0] = 1e-310                        # a subnormal first pivot
+    a[8, 7] *= 2.0 ** -1050                      # a subnormal row (last pivot)
+    a[9, :, 4] = 0                               # zero pivot (info 5)
+    lu, piv, info = (x.get() for x in bg.getrf(cp.asarray(a), kernel="mma"))
+    ref_lu, ref_piv, ref_info = lapack_getrf(base)
+    ref_lu[0:4] = np.tril(ref_lu[0:4], -1) + np.triu(ref_lu[0:4]) * big
+    ref_lu[4:6, :4, 3] *= col
+    ref_info[9] = lapack_getrf(a[9:10])[2][0]
+    np.testing.assert_array_equal(info, ref_info)
+    for m in (0, 1, 2, 3, 4, 5):
+        np.testing.assert_array_equal(piv[m], ref_piv[m])
+        tol = 50 * n * eps(np.float64) * np.abs(ref_lu[m]).max()
+        np.testing.assert_allclose(lu[m], ref_lu[m], rtol=0, atol=tol, err_msg=f"matrix {m}")
+    assert (piv[6:8, 0] == 5).all()
+    assert lu_backward_error(a[6:10], lu[6:10], piv[6:10]) < 20 * n * eps(np.float64)
+    # inverses of the huge matrices and of those with a huge column
+    x, xinfo = (y.get() for y in bg.getri(cp.asarray(a[0:6]), kernel="mma"))
+    assert (xinfo == 0).all()
+    x[0:4] *= big
+    x[4:6, 3] *= col
+    ref = np.linalg.inv(base[0:6])
+    cond = np.linalg.cond(base[0:6])
+    err = np.abs(x - ref).max(axis=(1, 2)) / np.abs(ref).max(axis=(1, 2))
+    assert (err <= 30 * n * eps(np.float64) * cond).all(), err
+
+
 def test_gpu_inverse_singular(rng):
     for n in (6, 40):
         s = singular_batch(rng, 5, n, np.float64)
