@@ -93,7 +93,7 @@ import scipy.linalg as la
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator, onenormest
 
-from ._triangular import UpperTriangular, sigma_min_upper
+from ._triangular import UpperTriangular, norm2_lanczos, sigma_min_upper
 
 __all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver",
            "exactly_singular", "solve_upper", "solve_upper_transposed"]
@@ -330,18 +330,29 @@ class MinNormSolver:
         for the 1-norm/2-norm gap); failing that, σ_max by Lanczos and σ_min
         by :func:`~scipy_gpuqr._triangular.sigma_min_upper` (a guaranteed
         lower bound or an accurate estimate for q ≤ DENSE_LIMIT, Lanczos with
-        the margin :data:`_SIGMA_MARGIN` beyond).
+        the margin :data:`_SIGMA_MARGIN` beyond). Where the dense refinements
+        run on the GPU (``dense_device``, q from :data:`SVD_GPU_MIN_ORDER` to
+        DENSE_LIMIT) the σ test runs there directly.
         """
         from ._subspace_cod import sigma_max_lanczos
         R = self.R
         q = R.shape[0]
-        self.rcond = _rcond_estimate(R, self.solves)
-        if self.rcond >= 10.0 * q * self.cutoff:
-            self.method, self.rank = "triangular", q
-            return True
-        smax = sigma_max_lanczos(R)
+        Rgpu = self._dense_on_gpu(as_g=False) if q <= DENSE_LIMIT else None
+        if Rgpu is not None:
+            # R densely on the GPU: the σ test itself costs a few cuBLAS calls
+            # (hangGlider_2, 1647 columns: trsm and Lanczos on the host took
+            # ~100 ms on 16 cores), so it decides without the 1-norm estimate
+            smax = norm2_lanczos(Rgpu)
+            est = sigma_min_upper(Rgpu, self.cutoff * smax)
+            del Rgpu
+        else:
+            self.rcond = _rcond_estimate(R, self.solves)
+            if self.rcond >= 10.0 * q * self.cutoff:
+                self.method, self.rank = "triangular", q
+                return True
+            smax = sigma_max_lanczos(R)
+            est = sigma_min_upper(R, self.cutoff * smax, solves=self.solves)
         threshold = self.cutoff * smax
-        est = sigma_min_upper(R, threshold, solves=self.solves)
         margin = 1.0 if est.bound else (_DENSE_SIGMA_MARGIN if q <= DENSE_LIMIT else _SIGMA_MARGIN)
         self.sigma_min, self.sigma_max = float(est.value), smax
         if est.value > margin * threshold:
@@ -412,9 +423,10 @@ class MinNormSolver:
         return True
 
     # -- dense refinement: exactly lstsq's rule -------------------------------
-    def _dense_on_gpu(self):
-        """G (R or Rᵀ) dense on the GPU where :attr:`dense_device` says so and it
-        pays (``min(k, q) >= SVD_GPU_MIN_ORDER``), else None (the host's SVD)."""
+    def _dense_on_gpu(self, as_g: bool = True):
+        """G (R or Rᵀ; R itself when not ``as_g``) dense on the GPU where
+        :attr:`dense_device` says so and it pays (``min(k, q) >=
+        SVD_GPU_MIN_ORDER``), else None (the host answers)."""
         k, q = self.R.shape
         if self.dense_device != "gpu" or min(k, q) < SVD_GPU_MIN_ORDER:
             return None
@@ -423,7 +435,7 @@ class MinNormSolver:
             return None
         from ._dense_cod import dense_from_sparse
         G = dense_from_sparse(self.R, import_cupy())
-        return G.T.copy() if self.transposed else G
+        return G.T.copy() if (self.transposed and as_g) else G
 
     def _prepare_svd(self, G=None):
         """SVD of G (dense, NumPy or CuPy; default R or Rᵀ on the host)."""

@@ -24,7 +24,8 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import (ArpackError, ArpackNoConvergence, LinearOperator,
                                  eigsh, splu, spsolve_triangular)
 
-__all__ = ["UpperTriangular", "sigma_min_upper", "SigmaMin", "DENSE_SIGMA_LIMIT"]
+__all__ = ["UpperTriangular", "sigma_min_upper", "SigmaMin", "DENSE_SIGMA_LIMIT",
+           "norm2_lanczos"]
 
 #: Largest order of T whose σ_min is decided densely (its inverse by a
 #: triangular solve with the identity: q³/3 flops, q² doubles).
@@ -111,75 +112,99 @@ class SigmaMin:
     bound: bool
 
 
-def _norm2_lanczos(X: np.ndarray, rtol: float = 1e-12) -> float:
-    """‖X‖₂ of a dense square X by Lanczos on ``XᵀX`` to ``rtol``, from a random
-    start (seeded: the same X gives the same answer).
+def _module_of(a):
+    """CuPy for a device array, else NumPy."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+        return cupy
+    return np
+
+
+def norm2_lanczos(X, rtol: float = 1e-12) -> float:
+    """‖X‖₂ of a dense X (NumPy or CuPy) by Lanczos on ``XᵀX`` to ``rtol``, from a
+    random start (seeded: the same X gives the same answer).
 
     A Ritz value never exceeds the largest eigenvalue, so the result is at
     most ‖X‖₂; a random start (unlike a constant vector, which structured
     matrices can make orthogonal to the top singular vector) meets the top
-    singular vector with probability one.
+    singular vector with probability one. A CuPy X stays on its device (one
+    vector each way per product).
     """
+    xp = _module_of(X)
     q = X.shape[1]
-    if q <= 2:
-        return float(np.linalg.norm(X, 2))
+    if min(X.shape) <= 2:
+        dense = X.get() if xp is not np else X
+        return float(np.linalg.norm(dense, 2))
     start = np.random.default_rng(q).standard_normal(q)
-    op = LinearOperator((q, q), dtype=np.float64, matvec=lambda v: X.T @ (X @ v.ravel()))
+    if xp is np:
+        def matvec(v):
+            return X.T @ (X @ v.ravel())
+    else:
+        def matvec(v):
+            return (X.T @ (X @ xp.asarray(v.ravel()))).get()
+    op = LinearOperator((q, q), dtype=np.float64, matvec=matvec)
     try:
         lam = eigsh(op, k=1, which="LM", tol=rtol, v0=start, return_eigenvectors=False)[0]
     except (ArpackNoConvergence, ArpackError):
-        return float(np.linalg.norm(X))           # an upper bound of ‖X‖₂
+        return float(xp.linalg.norm(X))           # an upper bound of ‖X‖₂
     return float(np.sqrt(max(lam, 0.0)))
 
 
-def sigma_min_upper(T, threshold: float, *, solves: tuple = None,
-                    margin: float = 4.0) -> SigmaMin:
+def _dense_inverse(Td):
+    """T⁻¹ of dense upper triangular T (NumPy: SciPy's trsm with I — LAPACK's trtri
+    took 0.6-1.6 s at 1647 columns on two cores where trsm took 0.22 s; CuPy:
+    cuBLAS trsm)."""
+    q = Td.shape[0]
+    if _module_of(Td) is np:
+        with np.errstate(all="ignore"):
+            return la.solve_triangular(Td, np.eye(q), lower=False, check_finite=False)
+    import cupy
+    from cupyx.scipy.linalg import solve_triangular
+    return solve_triangular(Td, cupy.eye(q), lower=False)
+
+
+def sigma_min_upper(T, threshold: float, *, solves: tuple = None) -> SigmaMin:
     """σ_min of square upper triangular T, as needed to compare it with ``threshold``.
 
     Parameters
     ----------
-    T : scipy.sparse array or ndarray, shape (q, q)
-        Upper triangular, nonzero diagonal.
+    T : scipy.sparse array, ndarray or CuPy array, shape (q, q)
+        Upper triangular, nonzero diagonal. A dense CuPy T is handled on its
+        device (q ≤ :data:`DENSE_SIGMA_LIMIT`).
     threshold : float
         The value σ_min is compared with; a cheap lower bound above it is
         returned as soon as one is found.
     solves : (callable, callable), optional
         ``(C ↦ T⁻¹C, C ↦ T⁻ᵀC)`` on host arrays for the Lanczos estimate of a
         large T (default :class:`UpperTriangular`).
-    margin : float
-        Not used for the decision here; a sparse T's Lanczos estimate stops
-        at relative accuracy ``1e-3``, so callers compare ``value`` against
-        ``margin·threshold`` when ``bound`` is False.
 
     Returns
     -------
     SigmaMin
         For q ≤ :data:`DENSE_SIGMA_LIMIT` (T⁻¹ formed, q³/3 flops):
-        ``1/‖T⁻¹‖_F`` (a lower bound, at
-        most √q below σ_min) when it exceeds ``threshold``, else ``1/‖T⁻¹‖₂``
-        by Lanczos on the dense inverse to 1e-12. Larger q: Lanczos on
-        ``(TᵀT)⁻¹`` through triangular solves, to 1e-3.
+        ``1/‖T⁻¹‖_F`` (a lower bound, at most √q below σ_min) when it exceeds
+        ``threshold``, else ``1/‖T⁻¹‖₂`` by Lanczos on the dense inverse to
+        1e-12. Larger q: Lanczos on ``(TᵀT)⁻¹`` through triangular solves, to
+        1e-3 (callers add a margin).
     """
     q = T.shape[0]
     if q == 0:
         return SigmaMin(np.inf, True)
     if q <= DENSE_SIGMA_LIMIT:
-        Td = T.toarray() if sp.issparse(T) else np.asarray(T, dtype=np.float64)
-        d = np.abs(np.diagonal(Td))
-        if not (np.all(np.isfinite(d)) and np.all(d > 0)):
+        Td = T.toarray() if sp.issparse(T) else T
+        xp = _module_of(Td)
+        d = xp.abs(xp.diagonal(Td))
+        if not bool(xp.all(xp.isfinite(d)) and xp.all(d > 0)):
             return SigmaMin(0.0, True)
-        # T⁻¹ by a triangular solve with I (BLAS-3 trsm): LAPACK's trtri took
-        # 0.6-1.6 s at 1647 columns on two cores where trsm took 0.22 s
-        with np.errstate(all="ignore"):
-            X = la.solve_triangular(Td, np.eye(q), lower=False, check_finite=False)
-        if not np.all(np.isfinite(X)):
+        X = _dense_inverse(Td.astype(np.float64, copy=False))
+        if not bool(xp.all(xp.isfinite(X))):
             return SigmaMin(0.0, True)
-        fro = float(np.linalg.norm(X))
+        fro = float(xp.linalg.norm(X))
         if fro == 0:
             return SigmaMin(np.inf, True)
         if 1.0 / fro > threshold:
             return SigmaMin(1.0 / fro, True)
-        s = _norm2_lanczos(np.triu(X))       # <= σ_max(T⁻¹) <= ‖T⁻¹‖_F
+        s = norm2_lanczos(xp.triu(X))       # <= σ_max(T⁻¹) <= ‖T⁻¹‖_F
         return SigmaMin(1.0 / s if s > 0 else np.inf, False)
     up, upt = solves or UpperTriangular(T).solves()
     op = LinearOperator((q, q), dtype=np.float64,

@@ -138,3 +138,35 @@ def test_auto_cpu_factorization_refines_densely_on_the_gpu(monkeypatch, rng):
     x_ref, _, rank, _ = np.linalg.lstsq(A.toarray(), b, rcond=None)
     assert F.rank == rank == 150
     assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+
+
+def test_full_rank_sigma_test_on_the_device(rng):
+    """cond 1e11 at 700 columns: the 1-norm estimate would be inconclusive; with R on
+    the GPU the σ test runs there (no host estimate) and confirms full rank."""
+    A = _graded_gpu_case(rng, decades=11)
+    b = rng.standard_normal(A.shape[0])
+    F = QRFactorization(A, backend="gpu")
+    x = F.solve(b)
+    info = F.info["rank_decision"]
+    assert info["method"] == "triangular"
+    assert np.isnan(info["rcond_estimate"])            # decided by the device's σ test
+    s = np.linalg.svd(A.toarray(), compute_uv=False)
+    assert info["sigma_min"] == pytest.approx(s[-1], rel=1e-6)
+    assert info["sigma_max"] == pytest.approx(s[0], rel=1e-10)
+    x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    assert np.linalg.norm(x - x_ref) <= 1e-3 * np.linalg.norm(x_ref)
+
+
+@pytest.mark.parametrize("decades", [3, 9])
+def test_sigma_min_upper_device_equals_host(rng, decades):
+    import cupy
+    from scipy_gpuqr._triangular import norm2_lanczos, sigma_min_upper
+    U, _ = np.linalg.qr(rng.standard_normal((300, 300)))
+    T = np.triu(np.linalg.qr((U * np.logspace(0, -decades, 300)) @ U.T, mode="r"))
+    smin = np.linalg.svd(T, compute_uv=False)[-1]
+    for threshold in (0.0, smin):
+        host = sigma_min_upper(T, threshold)
+        dev = sigma_min_upper(cupy.asarray(T), threshold)
+        assert dev.bound == host.bound
+        assert dev.value == pytest.approx(host.value, rel=1e-8)
+    assert norm2_lanczos(cupy.asarray(T)) == pytest.approx(np.linalg.norm(T, 2), rel=1e-10)
