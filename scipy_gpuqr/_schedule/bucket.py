@@ -34,10 +34,13 @@ The rules of one launch, for every bucket at once:
 
 The schedule depends only on the tile pattern (row-tile buckets, numbers of
 column tiles, tunables). :func:`tile_schedules` runs these rules for many
-patterns at once, launch by launch, with NumPy over all buckets and tiles
-(no Python loop over tasks, bundles or buckets) and keeps each pattern's
-records column by column (:class:`TileSchedule`, cached per pattern in the
-process and, between processes, on disk: :mod:`.diskcache`).
+patterns at once and keeps each pattern's records column by column
+(:class:`TileSchedule`, cached per pattern in the process and, between
+processes, on disk: :mod:`.diskcache`): in compiled code pattern by pattern
+(:mod:`.native`, built on first use with the system C compiler) or, where
+there is none, launch by launch with NumPy over all buckets and tiles of all
+patterns (:func:`_simulate_numpy`; no Python loop over tasks, bundles or
+buckets). Both give the same rows byte for byte.
 """
 
 from __future__ import annotations

@@ -1,31 +1,43 @@
-"""The bucket simulation in compiled code (``_native.c``), built on first use.
+"""The schedule plan's loops in compiled code (``_native.c``), built on first use.
 
-:func:`.bucket._simulate` runs the bucket rules of many tile patterns; its
-NumPy form (lock step over all patterns, ~70 array calls per launch) costs
-call overhead, not arithmetic. ``_native.c`` runs the same rules pattern by
-pattern and writes the same rows (byte for byte: tests compare both). It is
-plain C99 without Python headers, so any system C compiler builds it:
+The plan of a new matrix structure spent most of its time in NumPy call
+overhead, not arithmetic: the bucket simulation (:func:`.bucket._simulate_numpy`,
+lock step over all patterns, ~70 array calls per launch, two thirds of a cold
+plan), the row-tile buckets, the element-unit rows, the assembly records and
+the records of each chunk of launches. ``_native.c`` does the same work in
+plain loops (the simulation pattern by pattern) and writes the same bytes
+(tests compare every path with the NumPy one):
 
-* when: on the first simulation of a process that finds no built library
-  (never at import); in mode ``auto`` the build runs on a worker thread and
-  the simulations meanwhile take the NumPy path (the first plan never waits
-  for the compiler), in mode ``c`` the caller waits;
+* ``sgq_simulate`` / ``sgq_fetch``: :func:`.bucket._simulate` (rows of every
+  pattern, column by column);
+* ``sgq_tile_buckets``: :func:`.bucket.many_tile_buckets`;
+* ``sgq_element_rows``: :func:`.bucket.element_rows_of`;
+* ``sgq_assembly``: ``sparse._assembly_tasks``, sorted by launch;
+* ``sgq_fill``: the factorization records of ``sparse._StageMaker.records``.
+
+It is plain C99 without Python headers, so any system C compiler builds it
+(a wheel stays pure Python; where none exists the NumPy code runs):
+
+* when: on the first use in a process that finds no built library (never at
+  import); in mode ``auto`` the build runs on a worker thread and the plan
+  meanwhile takes the NumPy path (no plan waits for the compiler: 0.5 s on
+  the GPU host, once per machine and source), in mode ``c`` the caller waits;
 * where: ``native/`` in the package cache folder
-  (:func:`scipy_gpuqr._cachedir.cache_dir`), file
-  ``native-{key}.so``, the key a hash of the source, :data:`ABI`, the
-  platform and the compiler command; compiled into a temporary file of that
-  folder and moved into place (``os.replace``), so processes building at once
-  never load a partial file; at most :data:`MAX_BUILDS` builds are kept;
+  (:func:`scipy_gpuqr._cachedir.cache_dir`), file ``native-{key}.so``, the
+  key a hash of the source, :data:`ABI`, the platform and the compiler
+  command; compiled into a temporary file of that folder and moved into place
+  (``os.replace``), so processes building at once never load a partial file;
+  at most :data:`MAX_BUILDS` builds are kept;
 * how: ``$CC`` (split like a shell command) or the first of ``cc``, ``gcc``,
-  ``clang`` found, with ``-O2 -shared -fPIC``; loaded with ``ctypes`` (four
-  functions; cffi's ABI mode would parse declarations first, 3 ms, 30 ms as
-  a process' first cffi use, on the path to launch 0) and checked by the
-  library's ``sgq_abi()``; the calls release the GIL.
+  ``clang`` found, with ``-O2 -shared -fPIC``; loaded with ``ctypes`` (cffi's
+  ABI mode would parse declarations first: 3 ms, 30 ms as a process' first
+  cffi use, on the path to launch 0) and checked by the library's
+  ``sgq_abi()``; the calls release the GIL.
 
 ``$SCIPY_GPUQR_SCHEDULE_SIM`` (:data:`ENV`) picks the path: ``auto``
 (default: compiled when it can be had, else NumPy), ``c`` (compiled or
 :class:`NativeUnavailable`), ``numpy``. No compiler, no cache folder, a failed
-build or load: the NumPy path (``auto``), once per process.
+build or load: the NumPy path (``auto``), decided once per process.
 """
 
 from __future__ import annotations
@@ -46,10 +58,10 @@ import numpy as np
 
 from .._cachedir import cache_dir
 
-__all__ = ["ENV", "ABI", "MODES", "NativeUnavailable", "mode", "library", "simulate",
-           "status"]
+__all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "NativeUnavailable", "mode", "library",
+           "handle", "status", "simulate", "tile_buckets", "element_rows", "assembly", "fill"]
 
-#: Environment variable choosing the simulation: ``auto``, ``c`` or ``numpy``.
+#: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
 MODES = ("auto", "c", "numpy")
 #: Interface version of ``_native.c`` (``sgq_abi()``).
@@ -101,6 +113,7 @@ class _Loader:
         self._lib = None
         self._error: str | None = None
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
         self.build_s: float | None = None        # seconds the build took here, if it ran
 
     def status(self) -> str:
@@ -114,6 +127,8 @@ class _Loader:
         """The library (``ctypes.CDLL``); None when it cannot be had, or (``wait``
         False) while it is being built."""
         with self._lock:
+            if self._pid != os.getpid():          # a forked child: no build thread here
+                self._pid, self._thread = os.getpid(), None
             if self._lib is not None or self._error is not None:
                 return self._lib
             th = self._thread
@@ -181,7 +196,7 @@ class _Loader:
                 os.replace(tmp, path)
                 tmp = None
                 _prune(path.parent, keep=path)
-        except (OSError, subprocess.SubprocessError) as exc:
+        except Exception as exc:                  # noqa: BLE001 - NumPy path instead
             err = f"build failed: {exc}"
         finally:
             if tmp is not None:
