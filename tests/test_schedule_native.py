@@ -119,6 +119,7 @@ def test_tile_buckets_identical(loader, tile):
                 assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
     bad = np.array([3, 1])                       # a decreasing staircase: NumPy decides
     assert native.tile_buckets(h, [40], [2], [2], bad, [0, 2], 16, 3) is None
+    assert native.tile_buckets(h, [40], [2], [2], None, [0, 2], 16, 2) is None   # 3 tiles
 
 
 def test_element_rows_identical(loader):
@@ -229,3 +230,17 @@ def test_old_builds_pruned(tmp_path):
     left = sorted(p.name for p in d.iterdir())
     assert len(left) == native.MAX_BUILDS and not any(n.startswith(".") for n in left)
     assert "native-old00.so" not in left and f"native-old{native.MAX_BUILDS + 2:02d}.so" in left
+
+
+def test_fill_refuses_blocks_that_do_not_fit(loader):
+    h = loader[0].get(True)
+    tmpl = np.zeros((3, 12), dtype=np.int64)
+    mult = np.array([1, 4, 1], dtype=np.int32)
+    z = np.zeros(1, dtype=np.int64)
+    one = np.ones(1, dtype=np.int32)
+    args = (tmpl, mult, z, z, one, one, one, 16, 2)
+    native.fill(h, np.zeros((6, 12), np.int64), [0], [3], [0], [0], *args)   # 6 records fit
+    with pytest.raises(ValueError):
+        native.fill(h, np.zeros((5, 12), np.int64), [0], [3], [0], [0], *args)
+    with pytest.raises(ValueError):
+        native.fill(h, np.zeros((6, 12), np.int64), [0], [3], [0], [1], *args)

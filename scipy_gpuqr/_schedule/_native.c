@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SGQ_ABI 4
+#define SGQ_ABI 5
 #define MAXB 5  /* MAX_BUNDLE (tasks.py) */
 #define MAXS 6  /* MAX_SLOTS (tasks.py) */
 #define NCOL 12
@@ -544,12 +544,13 @@ void sgq_element_rows(int64_t n, const int64_t *colp, const int32_t *slots, int3
 /* sparse._StageMaker.records' factorization records: block j's template rows
  * [rstart[j], rstart[j] + rlen[j]) (each mult[row] times, the k-th an Apply
  * run's k-th granule) instantiated for front front[j] at out[dst[j]...]
- * (_Templates.fill). */
-void sgq_fill(int64_t nblk, const int64_t *rstart, const int64_t *rlen, const int64_t *front,
-              const int64_t *dst, const task_t *tmpl, const int32_t *mult,
-              const int64_t *foff, const int64_t *vt_base, const int32_t *fm,
-              const int32_t *fn, const int32_t *nfact, int32_t tile, int32_t granule,
-              task_t *out)
+ * (_Templates.fill). Returns 0, or -1 (writing stopped) when a block would not
+ * fit in out[0..nout). */
+int sgq_fill(int64_t nblk, const int64_t *rstart, const int64_t *rlen, const int64_t *front,
+             const int64_t *dst, const task_t *tmpl, const int32_t *mult,
+             const int64_t *foff, const int64_t *vt_base, const int32_t *fm,
+             const int32_t *fn, const int32_t *nfact, int32_t tile, int32_t granule,
+             task_t *out, int64_t nout)
 {
     int32_t gt = granule * tile;
     for (int64_t j = 0; j < nblk; j++) {
@@ -557,6 +558,8 @@ void sgq_fill(int64_t nblk, const int64_t *rstart, const int64_t *rlen, const in
         int32_t m = fm[f], n = fn[f], nf = nfact[f];
         task_t *o = out + dst[j];
         for (int64_t r = rstart[j]; r < rstart[j] + rlen[j]; r++) {
+            if (dst[j] < 0 || (o - out) + mult[r] > nout)
+                return -1;                 /* the blocks do not fit: nothing sane to do */
             for (int32_t k = 0; k < mult[r]; k++, o++) {
                 *o = tmpl[r];
                 int af = o->type == T_APPLY_FACTORIZE;
@@ -575,15 +578,22 @@ void sgq_fill(int64_t nblk, const int64_t *rstart, const int64_t *rlen, const in
             }
         }
     }
+    return 0;
 }
 
 /* bucket.many_tile_buckets: the initial bucket of every front's row tiles (-1:
  * never factorized), out[] of sum(ceil(fm / tile)) entries; stair NULL: all
- * fronts dense. Returns 0, or -1 when a staircase decreases or its length is not
- * fn (nothing decided). */
+ * fronts dense. Returns 0, or -1 when a staircase decreases, its length is not
+ * fn, or out does not hold nout = sum(ceil(fm / tile)) entries (nothing decided). */
 int sgq_tile_buckets(int64_t nf, const int64_t *fm, const int64_t *fn, const int64_t *nfact,
-                     const int64_t *stair, const int64_t *sp, int32_t tile, int32_t *out)
+                     const int64_t *stair, const int64_t *sp, int32_t tile, int32_t *out,
+                     int64_t nout)
 {
+    int64_t need = 0;
+    for (int64_t f = 0; f < nf; f++)
+        need += fm[f] > 0 ? (fm[f] + tile - 1) / tile : 0;
+    if (need != nout)
+        return -1;
     int64_t at = 0;
     for (int64_t f = 0; f < nf; f++) {
         int64_t nrt = fm[f] > 0 ? (fm[f] + tile - 1) / tile : 0;

@@ -65,7 +65,7 @@ __all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "NativeUnavailable", "mode", "li
 ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
 MODES = ("auto", "c", "numpy")
 #: Interface version of ``_native.c`` (``sgq_abi()``).
-ABI = 4
+ABI = 5
 #: Row columns the library writes, in its order (then ``rows``).
 COLS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop", "vt",
         "vt2", "mult")
@@ -252,9 +252,9 @@ def _open(path: Path):
     lib.sgq_free.argtypes, lib.sgq_free.restype = [ptr], None
     lib.sgq_element_rows.argtypes = [i64, ptr, ptr, i32, ptr]
     lib.sgq_element_rows.restype = None
-    lib.sgq_fill.argtypes = [i64] + [ptr] * 11 + [i32, i32, ptr]
-    lib.sgq_fill.restype = None
-    lib.sgq_tile_buckets.argtypes = [i64] + [ptr] * 5 + [i32, ptr]
+    lib.sgq_fill.argtypes = [i64] + [ptr] * 11 + [i32, i32, ptr, i64]
+    lib.sgq_fill.restype = ctypes.c_int
+    lib.sgq_tile_buckets.argtypes = [i64] + [ptr] * 5 + [i32, ptr, i64]
     lib.sgq_tile_buckets.restype = ctypes.c_int
     lib.sgq_assembly.argtypes = [i64, i64, i64] + [ptr] * 8 + [i64] + [ptr] * 6 + \
         [i64, i64, i64, ptr, ptr, ptr]
@@ -372,9 +372,12 @@ def fill(lib, out: np.ndarray, rstart, rlen, front, dst, tmpl: np.ndarray, mult,
            for a in (rstart, rlen, front, dst, foff, vt_base)]
     tmpl = np.ascontiguousarray(tmpl, dtype=np.int64)
     i32 = [np.ascontiguousarray(a, dtype=np.int32) for a in (mult, fm, fn, nfact)]
-    lib.sgq_fill(len(i64[0]), *(a.ctypes.data for a in i64[:4]), tmpl.ctypes.data,
-                 i32[0].ctypes.data, i64[4].ctypes.data, i64[5].ctypes.data,
-                 *(a.ctypes.data for a in i32[1:]), int(tile), int(granule), out.ctypes.data)
+    rc = lib.sgq_fill(len(i64[0]), *(a.ctypes.data for a in i64[:4]), tmpl.ctypes.data,
+                      i32[0].ctypes.data, i64[4].ctypes.data, i64[5].ctypes.data,
+                      *(a.ctypes.data for a in i32[1:]), int(tile), int(granule),
+                      out.ctypes.data, len(out))
+    if rc != 0:
+        raise ValueError("fill: the blocks' records do not fit in out")
 
 
 def tile_buckets(lib, fm, fn, nfact, stair, stair_ptr, tile: int, ntiles: int):
@@ -387,7 +390,7 @@ def tile_buckets(lib, fm, fn, nfact, stair, stair_ptr, tile: int, ntiles: int):
     out = np.empty(ntiles, dtype=np.int32)
     rc = lib.sgq_tile_buckets(len(a[0]), *(x.ctypes.data for x in a),
                               None if st is None else st.ctypes.data, sp.ctypes.data,
-                              int(tile), out.ctypes.data)
+                              int(tile), out.ctypes.data, int(ntiles))
     return out if rc == 0 else None
 
 
