@@ -168,3 +168,23 @@ def test_gap_check_refuses_where_heath_misses_small_values(rng, monkeypatch):
         return np.linalg.norm(Ad.T @ r) / (np.linalg.norm(Ad, 2) * np.linalg.norm(r))
     assert backward(x) <= max(10 * backward(x_ref), 100 * np.finfo(float).eps * 100)
     assert np.linalg.norm(x) == pytest.approx(np.linalg.norm(x_ref), rel=5e-2)
+
+
+def test_large_triangle_skips_superlu(rng, monkeypatch):
+    monkeypatch.setattr(_triangular, "SUPERLU_MAX_NNZ", 10)
+    T = _upper(rng, 60)
+    tri = UpperTriangular(T)
+    assert tri._lu is None
+    C = rng.standard_normal(60)
+    assert np.allclose(T.toarray() @ tri.solve(C)[:, 0], C, atol=1e-10)
+
+
+def test_superlu_memory_error_falls_back(rng, monkeypatch):
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+    monkeypatch.setattr(_triangular, "splu", exhausted)
+    T = _upper(rng, 40)
+    tri = UpperTriangular(T)
+    assert tri._lu is None
+    C = rng.standard_normal((40, 2))
+    assert np.allclose(T.toarray() @ tri.solve(C), C, atol=1e-10)
