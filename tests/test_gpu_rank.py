@@ -151,7 +151,8 @@ def test_full_rank_sigma_test_on_the_device(rng):
     assert info["method"] == "triangular"
     assert np.isnan(info["rcond_estimate"])            # decided by the device's σ test
     s = np.linalg.svd(A.toarray(), compute_uv=False)
-    assert info["sigma_min"] == pytest.approx(s[-1], rel=1e-6)
+    # σ_min: the bound 1/‖R⁻¹‖_F (within √q below) or the Lanczos value
+    assert s[-1] / np.sqrt(A.shape[1]) * (1 - 1e-8) <= info["sigma_min"] <= s[-1] * (1 + 1e-6)
     assert info["sigma_max"] == pytest.approx(s[0], rel=1e-10)
     x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
     assert np.linalg.norm(x - x_ref) <= 1e-3 * np.linalg.norm(x_ref)
