@@ -28,7 +28,7 @@ from scipy.sparse.linalg import LinearOperator
 from ._dispatch import plan_factorization
 from ._cost_model import predicted_seconds
 from ._factor import QRFactorization, plan_for
-from ._iterate_first import (ANALYSIS_FIRST_NNZ, FIRST_CHUNK, ITERATION_SHARE,
+from ._iterate_first import (ANALYSIS_FIRST_NNZ, ITERATION_SHARE, PRE_ANALYSIS_ITERATIONS,
                              LsqrProgress, damped_norms, try_lsqr)
 from ._lstsq import exactly_singular
 from ._options import log_decision, resolve_backend, resolve_options
@@ -156,7 +156,7 @@ def _iterate_first(A, Mi, r0, damp, x_start, bnorm, backend, gpuqr_options):
     progress, planned, found, why = None, None, None, ""
     if A.nnz > ANALYSIS_FIRST_NNZ and damp == 0:
         # a first piece before the analysis: well-conditioned large problems end here
-        first = FIRST_CHUNK * LsqrProgress().seconds_per_iteration(A64)
+        first = PRE_ANALYSIS_ITERATIONS * LsqrProgress().seconds_per_iteration(A64)
         found, why, progress = try_lsqr(A64, r0, damp, seconds=first)
     if found is None and not (progress is not None and progress.done):
         planned = plan_for(Mi, backend=backend, gpuqr_options=gpuqr_options)

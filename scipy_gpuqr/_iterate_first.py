@@ -14,7 +14,7 @@ SciPy's LSQR with machine-precision tolerances within an *allowance*:
 calibrated timings of the backend ``auto`` chose), capped by the
 matrix-vector work :data:`ITERATION_FLOPS` and :data:`MAX_ITERATIONS`. A
 matrix with up to :data:`ANALYSIS_FIRST_NNZ` entries is analysed first
-(milliseconds); a larger one runs one piece of :data:`FIRST_CHUNK`
+(milliseconds); a larger one runs one piece of :data:`PRE_ANALYSIS_ITERATIONS`
 iterations before its analysis, so a well-conditioned large problem is
 answered without it (ch7-8-b3: 12 iterations). LSQR's answer is accepted
 only when the *true* backward error of the final x is at working precision
@@ -47,6 +47,7 @@ import scipy.sparse as sp
 from ._originals import original
 
 __all__ = ["ITERATION_FLOPS", "MIN_ITERATIONS", "MAX_ITERATIONS", "FIRST_CHUNK",
+           "PRE_ANALYSIS_ITERATIONS",
            "ITERATION_SHARE", "ANALYSIS_FIRST_NNZ", "iteration_budget", "IterativeAnswer",
            "DampedNorms", "damped_norms", "backward_error", "try_lsqr", "accept",
            "LsqrProgress"]
@@ -61,6 +62,11 @@ MIN_ITERATIONS, MAX_ITERATIONS = 20, 1000
 ACCEPT_FACTOR = 16.0
 #: Iterations of each of the first two pieces, after which hopeless problems stop.
 FIRST_CHUNK = 50
+#: Iterations of the piece a matrix over :data:`ANALYSIS_FIRST_NNZ` entries runs
+#: before its analysis (the well-conditioned ones measured: ch7-8-b3 12-15,
+#: ch5-6-b3 12, ch6-7-b2 8 iterations); 50 cost a problem that then factorizes
+#: 60 ms of its 0.45 s (rand20000x4000r40 on the H200 host).
+PRE_ANALYSIS_ITERATIONS = 20
 #: Share of the factorization's predicted time (:mod:`scipy_gpuqr._cost_model`)
 #: LSQR may spend before the factorization answers. The prediction runs up to
 #: about 2x the measured time (flops alone: rand4000x1000r20 predicted 83 ms
