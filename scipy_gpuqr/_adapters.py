@@ -27,11 +27,12 @@ from scipy.sparse.linalg import LinearOperator
 
 from ._dispatch import plan_factorization
 from ._cost_model import predicted_seconds
-from ._factor import QRFactorization, plan_for
+from ._factor import QRFactorization, device_rhs, plan_for
 from ._iterate_first import (ANALYSIS_FIRST_NNZ, ITERATION_SHARE, PRE_ANALYSIS_ITERATIONS,
                              LsqrProgress, damped_norms, try_lsqr)
 from ._lstsq import exactly_singular
 from ._options import log_decision, resolve_backend, resolve_options
+from ._gpu import is_cupy_array
 from ._originals import MatrixRankWarning, original
 from ._validate import (MatrixInput, as_matrix, check_finite, lstsq_rhs,
                         solve_rhs, spsolve_rhs, to_output, unsupported_reason)
@@ -436,6 +437,10 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
     M, N = mi.shape
     if M != N:
         raise ValueError(f"matrix must be square (has shape {(M, N)})")
+    if is_cupy_array(b):
+        # checked where it lies; solved there too when the factors are on the GPU
+        return _spsolve_device_rhs(mi, b, ordering=_permc_ordering(permc_spec),
+                                   backend=backend, gpuqr_options=gpuqr_options)
     rhs = spsolve_rhs(b, N)
     dtype = np.promote_types(mi.dtype, rhs.dtype)
     if dtype.kind != "f":
@@ -463,6 +468,31 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
         Xs = result_class((X[cols, rows], (cols, rows)), shape=X.shape, dtype=dtype)
         return to_output(Xs, on_gpu)
     return to_output(X, on_gpu)
+
+
+def _spsolve_device_rhs(mi, b, *, ordering, backend, gpuqr_options):
+    """``spsolve`` for a dense CuPy b: CuPy out, b and x never copied to the host
+    when the factorization is on the GPU (else the host solve, then CuPy out)."""
+    N = mi.shape[1]
+    if b.ndim in (1, 2) and b.shape[0] != N:
+        raise ValueError(f"matrix - rhs dimension mismatch (({N}, {N}) - {b.shape[0]})")
+    B, _ = device_rhs(b, N)
+    is_vector = b.ndim == 1 or b.shape[1] == 1        # SciPy: (n, 1) gives (n,)
+    dtype = np.promote_types(mi.dtype, b.dtype)
+    if dtype.kind != "f":
+        dtype = np.dtype(np.float64)
+    F = QRFactorization(mi, ordering=ordering, tol=None, backend=backend,
+                        gpuqr_options=gpuqr_options)
+    if exactly_singular(F.R, N):
+        warnings.warn("Matrix is exactly singular", MatrixRankWarning, stacklevel=3)
+        import cupy as cp
+        X = cp.full(B.shape, cp.nan)
+    elif F._on_device():
+        X = F._exact_solve_device(B)
+    else:
+        X = to_output(F._exact_solve(B.get()), True)
+    X = X.astype(dtype, copy=False)
+    return X[:, 0] if is_vector else X
 
 
 def factorized(A, *, backend=None, gpuqr_options=None):
@@ -494,6 +524,11 @@ def factorized(A, *, backend=None, gpuqr_options=None):
     def solve(b, trans="N"):
         if trans not in ("N", "T", "H"):
             raise ValueError("trans must be N, T, or H")
+        if is_cupy_array(b) and F._on_device():
+            # CuPy in → CuPy out on the device, b and x never copied to the host
+            Bd, is_vector = device_rhs(b, N)
+            X = F._exact_solve_device(Bd, trans=trans != "N").astype(dtype, copy=False)
+            return X[:, 0] if is_vector else X
         B, is_vector, on_gpu = solve_rhs(b, N)
         X = F._exact_solve(B, trans=trans != "N").astype(dtype, copy=False)
         return to_output(X[:, 0] if is_vector else X, on_gpu or on_gpu_a)

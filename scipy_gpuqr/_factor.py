@@ -107,8 +107,10 @@ class QRFactorization:
     decision (:class:`~scipy_gpuqr._lstsq.MinNormSolver`) is made once per
     factorization from R; a rank-deficient least-squares problem then takes
     that solver's path (Qᵀb still on the device, b and x through the host).
-    ``lsqr``, ``lsmr``, ``spsolve`` and ``factorized`` check b on the host
-    (one copy of b and x each way) and solve on the device.
+    ``spsolve`` and ``factorized`` with a dense CuPy b on GPU factors check
+    and solve on the device (CuPy in → CuPy out, no copy of b or x); ``lsqr``
+    and ``lsmr`` check b on the host (one copy of b and x each way) and solve
+    on the device.
 
     Picklable: the numeric factors are plain NumPy/SciPy arrays for every
     CPU backend; a backend whose factors hold device or C handles is
@@ -200,7 +202,7 @@ class QRFactorization:
         m, n = self.shape
         out_dtype = np.result_type(self._dtype, np.float32)
         if is_cupy_array(b) and self._device_lstsq_ok():
-            B, is_vector = _device_rhs(b, m)
+            B, is_vector = device_rhs(b, m)
             X = self._device_lstsq(B).astype(out_dtype, copy=False)
             return X[:, 0] if is_vector else X
         B, is_vector, on_gpu = solve_rhs(b, m)
@@ -265,13 +267,19 @@ class QRFactorization:
         if not self._on_device() or B.shape[1] == 0 or n == 0:
             return exact_solve(self._num, B, trans=trans)
         import cupy as cp
+        return self._exact_solve_device(cp.asarray(B, dtype=np.float64), trans=trans).get()
+
+    def _exact_solve_device(self, Bd, *, trans: bool = False):
+        """``A X = Bd`` (or ``Aᵀ X = Bd``) for square A on the device: float64 CuPy
+        Bd of shape (n, k) in, CuPy X out (GPU factors, no rank rule)."""
+        n = self.shape[1]
+        if Bd.shape[1] == 0 or n == 0:
+            import cupy as cp
+            return cp.zeros((n, Bd.shape[1]))
         ds = self._device_solve()
-        Bd = cp.asarray(B, dtype=np.float64)
         if trans:
-            X = ds.backward(lambda Y: self._device_apply(Y, False), Bd, n)
-        else:
-            X = ds.forward(lambda Y: self._device_apply(Y, True), Bd, n)
-        return X.get()
+            return ds.backward(lambda Y: self._device_apply(Y, False), Bd, n)
+        return ds.forward(lambda Y: self._device_apply(Y, True), Bd, n)
 
     def _solve_host(self, B: np.ndarray) -> np.ndarray:
         """Float64 (n, k) solution for float64 B of shape (m, k) (NumPy in and out).
@@ -450,7 +458,7 @@ class QRFactorization:
             self._factorize(self._M)
 
 
-def _device_rhs(b, m: int):
+def device_rhs(b, m: int):
     """A CuPy right-hand side checked on the device: float64 (m, k) and is-vector.
 
     Same rules and exception types as :func:`~scipy_gpuqr._validate.solve_rhs`;

@@ -653,10 +653,12 @@ class MinNormSolver:
             # (RᵀR)⁻¹ = R⁻¹R⁻ᵀ: squared row norms of R⁻¹ (tall case).
             out = np.zeros(q)
             step = max(1, min(q, 2_000_000 // max(q, 1)))
+            if self._tri is None:
+                self._tri = UpperTriangular(self.R)
             for j in range(0, q, step):
                 E = np.zeros((q, min(step, q - j)))
                 E[np.arange(j, j + E.shape[1]), np.arange(E.shape[1])] = 1.0
-                X = solve_upper_transposed(self.R, E)  # columns of R⁻ᵀ = rows of R⁻¹
+                X = self._tri.solve(E, trans=True)  # columns of R⁻ᵀ = rows of R⁻¹
                 out[j:j + E.shape[1]] = (X ** 2).sum(axis=0)
             return out
         return np.full(cols, np.nan)

@@ -465,6 +465,48 @@ def test_spsolve_factorized_and_float32_on_device():
 
 
 @pytest.mark.gpu
+def test_spsolve_and_factorized_cupy_in_cupy_out_on_device(monkeypatch):
+    """A dense CuPy b: checked and solved on the device, never copied to the host."""
+    cp = _cp()
+    from scipy_gpuqr import _adapters, factorized, spsolve
+    rng = np.random.default_rng()
+    S = random_values(grid3d_least_squares(6), rng)[:216]
+    S = sp.csc_array(S + 8 * sp.eye(216, format="csc"))
+    nS = sp.linalg.norm(S)
+    b = rng.standard_normal(216)
+    Bk = rng.standard_normal((216, 3))
+    solve = factorized(S, backend="gpu")
+    with monkeypatch.context() as mp:
+        _no_host_path(mp)
+
+        def boom(*a, **k):
+            raise AssertionError("host path taken")
+        mp.setattr(_adapters, "spsolve_rhs", boom)
+        mp.setattr(_adapters, "solve_rhs", boom)
+        x = spsolve(S, cp.asarray(b), backend="gpu")
+        x1 = spsolve(S, cp.asarray(b[:, None]), backend="gpu")   # (n, 1) -> (n,)
+        X = spsolve(S, cp.asarray(Bk), backend="gpu")
+        xt = solve(cp.asarray(b), trans="T")
+        Xf = solve(cp.asarray(Bk))
+    for y, rhs, mat in ((x, b, S), (x1, b, S), (xt, b, S.T)):
+        assert isinstance(y, cp.ndarray) and y.shape == (216,) and y.dtype == np.float64
+        yh = y.get()
+        assert np.linalg.norm(mat @ yh - rhs) <= 100 * EPS * (nS * np.linalg.norm(yh)
+                                                              + np.linalg.norm(rhs))
+    for Y in (X, Xf):
+        assert isinstance(Y, cp.ndarray) and Y.shape == (216, 3)
+        np.testing.assert_allclose(S @ Y.get(), Bk, atol=1e-9)
+    with pytest.raises(ValueError, match="dimension mismatch"):
+        spsolve(S, cp.ones(5), backend="gpu")
+    with pytest.raises(ValueError, match="non-finite"):
+        spsolve(S, cp.full(216, cp.nan), backend="gpu")
+    xc = spsolve(S, cp.asarray(b), backend="cpu")                # CPU factors: CuPy out still
+    assert isinstance(xc, cp.ndarray)
+    np.testing.assert_allclose(xc.get(), x.get(), rtol=1e-9, atol=1e-12)
+    solve.factorization.free()
+
+
+@pytest.mark.gpu
 def test_qr_householder_operator_on_device():
     cp = _cp()
     import cupyx.scipy.sparse as csp
