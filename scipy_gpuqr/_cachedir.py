@@ -2,9 +2,10 @@
 
 ``$SCIPY_GPUQR_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/scipy_gpuqr``,
 else ``~/.cache/scipy_gpuqr``. Used by the schedule caches
-(:mod:`scipy_gpuqr._schedule.diskcache`, :mod:`~scipy_gpuqr._schedule.plancache`)
-and the compiled bucket simulation (:mod:`scipy_gpuqr._schedule.native`); the
-same rule as ``scipy_gpuqr._tiled_calib.cache_dir``.
+(:mod:`scipy_gpuqr._schedule.diskcache`, :mod:`~scipy_gpuqr._schedule.plancache`),
+the compiled bucket simulation (:mod:`scipy_gpuqr._schedule.native`), the
+sparse calibration (:mod:`scipy_gpuqr._calibrate`) and the tiled QR's
+(:func:`scipy_gpuqr._tiled_calib.cache_dir`).
 """
 
 from __future__ import annotations

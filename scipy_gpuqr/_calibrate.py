@@ -33,7 +33,7 @@ The crossover rule (:func:`fit_threshold`)
     ``inf`` (``auto`` then never picks the GPU on this model).
 
 The result lives in ``sparse_calibration.json`` in the package's user cache
-folder (:func:`scipy_gpuqr._tiled_calib.cache_dir`:
+folder (:func:`scipy_gpuqr._cachedir.cache_dir`:
 ``$SCIPY_GPUQR_CACHE_DIR``, else ``$XDG_CACHE_HOME/scipy_gpuqr``, else
 ``~/.cache/scipy_gpuqr``), keyed by the GPU model name
 (``gpu_info()['name']``); :func:`load_calibration` and
@@ -366,8 +366,13 @@ def fit_threshold(intensities: Sequence[float], ratios: Sequence[float]) -> floa
 
 def calibration_file(directory: Optional[os.PathLike] = None) -> Path:
     """Path of the sparse calibration cache (``directory`` or the user cache folder)."""
-    from ._tiled_calib import cache_dir
-    return Path(directory) / CACHE_NAME if directory else cache_dir() / CACHE_NAME
+    if directory:
+        return Path(directory) / CACHE_NAME
+    from ._cachedir import ENV_CACHE_DIR, cache_dir      # light: no SciPy linear algebra
+    folder = cache_dir()
+    if folder is None:
+        raise RuntimeError(f"no cache folder: set {ENV_CACHE_DIR}")
+    return folder / CACHE_NAME
 
 
 @functools.lru_cache(maxsize=4)

@@ -27,13 +27,13 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from . import _tiled_ops as ops
+from ._cachedir import ENV_CACHE_DIR, cache_dir as package_cache_dir
 from ._tiled_model import DeviceProfile
 
 __all__ = ["cache_dir", "cache_file", "get_profiles", "measure_device",
            "measure_bandwidth", "measure_sync", "device_key", "CAL_TILES",
            "SYNC_TILE"]
 
-ENV_CACHE_DIR = "SCIPY_GPUQR_CACHE_DIR"
 CACHE_NAME = "tiled_calibration.json"
 #: Tiles per side of the GPU calibration blocks.
 CAL_TILES = 8
@@ -44,13 +44,18 @@ _SYNC_STEPS = (2, 8)
 
 
 def cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """The user cache folder of this package (not created here)."""
-    env = environ.get(ENV_CACHE_DIR, "").strip()
-    if env:
-        return Path(env)
-    xdg = environ.get("XDG_CACHE_HOME", "").strip()
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "scipy_gpuqr"
+    """The user cache folder of this package (not created here): the rule of
+    :func:`scipy_gpuqr._cachedir.cache_dir`.
+
+    Raises
+    ------
+    RuntimeError
+        No variable names a folder and there is no home folder.
+    """
+    folder = package_cache_dir(environ)
+    if folder is None:
+        raise RuntimeError(f"no cache folder: set {ENV_CACHE_DIR}")
+    return folder
 
 
 def cache_file(directory: Optional[os.PathLike] = None) -> Path:
