@@ -350,14 +350,24 @@ def main(argv=None) -> int:
     ap.add_argument("--both", action="store_true", help="the LU, then the inverse")
     ap.add_argument("--profile", action="store_true",
                     help="only one LU of 2**16 matrices of order 32 by each kernel "
-                    "(mma, then warp): the launches for ncu")
+                    "(mma, then warp; with --variants: each variant): the launches for ncu")
     args = ap.parse_args(argv)
     import cupy as cp
     from scipy_gpuqr import _batched_gpu as bg
     if args.profile:
         a = cp.random.default_rng(1).standard_normal((1 << 16, 32, 32))
-        for kernel in ("mma", "warp"):
-            (bg.getri if args.inverse else bg.getrf)(a, kernel=kernel)
+        if args.variants:           # each variant once (LU, or inverse), 256 threads
+            names = all_names([32], parse_variants(args.variants))
+            for v in parse_variants(args.variants):
+                if args.inverse:
+                    out, info = cp.empty_like(a), cp.empty((a.shape[0],), dtype=np.int32)
+                    launch_inverse(cp, inverse_function(args.opt, v, names), a, out, info, 256, 1)
+                else:
+                    launch(cp, function(32, args.opt, v, names), a, outputs(cp, a.shape[0], 32),
+                           256, 1)
+        else:
+            for kernel in ("mma", "warp"):
+                (bg.getri if args.inverse else bg.getrf)(a, kernel=kernel)
         cp.cuda.Device().synchronize()
         return 0
     rng = np.random.default_rng(5)

@@ -8,18 +8,23 @@
 // and, at 128 registers, run 16 warps per SM that mostly wait on that chain.
 // Here a lane receives only the 7 other entries of the pivot row inside the
 // 8-column panel, the rest of the matrix is updated once per panel by DMMA,
-// and 80 registers give 24 warps per SM (H200, n = 32: 7.9 ms against 8.85;
-// issue-bound now, bench/RESULTS.md issue 7). Used for N = 32 only (MMA_SIZES
-// in scipy_gpuqr/_batched_variants.py): at 16 and 24 the row-per-lane kernels
+// and 80 registers give 24 warps per SM (H200, n = 32: 7.9 ms against 8.85).
+// The pivot step itself is kept short (pivot_chain: ~56 instructions, was
+// ~100): the rare pivots (zero, subnormal, >= 2^1022) are a warp-uniform
+// branch decided by the pivot search's key, the pivot row reaches the lanes
+// through shared memory, per-step bookkeeping goes to shared memory instead
+// of register selects (n = 32: LU 6.2-6.3 ms, inverse 7.1 ms; bench/RESULTS.md
+// issue 7). Used for N = 32 only (MMA_SIZES in
+// scipy_gpuqr/_batched_variants.py): at 16 and 24 the row-per-lane kernels
 // are faster.
 //
 // The matrix stays in shared memory (a swizzled tile, below) while it is
 // factorized; per panel p (columns 8p .. 8p + 7):
 //   1. lane r reads row r's 8 panel entries into registers (P);
-//   2. 8 pivot steps, a row per lane (pivot search as in batched_lu.cu:
-//      warp max-reduction of the high key, ballot, exact tie breaks; lazy
-//      row swaps: rows never move, each lane tracks its row's LAPACK
-//      position). A candidate row r at step t takes l = P[t] / pivot and
+//   2. 8 pivot steps, a row per lane (pivot_chain: warp max-reduction of the
+//      high key, ballot, exact tie breaks; lazy row swaps: rows never move,
+//      each lane tracks its row's LAPACK position). A candidate row r at
+//      step t takes l = P[t] / pivot and
 //      does P[j] -= l * prow[j] for every j != t, P[t] = -l: the slots left
 //      of the diagonal then hold E[r], the coefficients that express row r's
 //      updated trailing part in the *original* (start-of-panel) trailing
@@ -46,7 +51,10 @@
 // Launch: blockDim.x a multiple of 32, any grid (warps loop over matrices);
 // stages 1 or 2 (matrices in flight per warp); vec != 0 when both pointers
 // are 16-byte aligned. Dynamic shared memory per warp: stages * N * LDU * 16
-// bytes + 64 ints (mma_smem_bytes in scipy_gpuqr/_batched_gpu.py).
+// bytes + 48 doubles of scratch (LU; 80 for the inverse; mma_smem_bytes in
+// scipy_gpuqr/_batched_gpu.py). Template argument V of both kernels (the
+// pivot chain's SB): 1 (default) the pivot row through shared memory, 0
+// by shuffles (H200, n = 32 LU: 6.24 against 6.54 ms).
 #include "batched_warp.cuh"
 
 #ifndef GPUQR_MMA_THREADS
@@ -154,142 +162,6 @@ __device__ __forceinline__ void panel_write(double *t, const double (&v)[8], int
         *reinterpret_cast<double2 *>(t + at<N>(i, 8 * p + 2 * h)) = make_double2(v[2 * h], v[2 * h + 1]);
 }
 
-// Factorize the matrix in tile t (see the header). Returns getrf's info
-// (before the non-finite check); writes perm (row of the tile that goes to
-// LAPACK row i), pivs (scratch) and piv[lane] for lane < N.
-template <int N>
-__device__ __forceinline__ int factor_mma_v0(double *t, int *perm, int *pivs,
-                                          int *__restrict__ piv, bool &bad, int lane) {
-    typedef MmaTile<N> M;
-    constexpr int NP = M::NP;
-    const int g = lane >> 2;
-    const int q = lane & 3;
-    const bool active = lane < N;
-    const int row = active ? lane : 0;
-
-    double P[8], L[8];
-    if (active) {
-        panel_read<N>(P, t, row, 0);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) P[j] = 0.0;
-    }
-    bool fin = true;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) { fin = fin && finite_bits(P[j]); L[j] = 0.0; }
-
-    bool cand = active;
-    int pos = lane;
-    unsigned hi = key_hi(P[0]);
-    unsigned bal = pivot_start<32>(cand, hi);
-
-    // panels in a loop (not unrolled): unrolled, the scheduler hoists work
-    // across panels and the registers spill
-#pragma unroll 1
-    for (int p = 0; p < NP; ++p) {
-        int st = cand ? 8 : -1;            // step of this panel where the row became pivot
-        int pr0 = 0, pr1 = 0;              // physical rows of the pivots of steps q, 4 + q
-#pragma unroll
-        for (int s = 0; s < 8; ++s) {
-            const int k = 8 * p + s;
-            const double x = P[s];
-            const double sc = pivot_scale(x);
-            const double rinv = fast_rcp(cand ? x * sc : 1.0);      // speculative
-            const int pl = pivot_finish<32>(bal, cand, key_lo(x), pos, lane);
-            const bool is_piv = lane == pl;
-            // the pivot's position, scale code and zero flag in one shuffle
-            const int packed = pos | (sc > 1.0 ? 256 : 0) | (sc < 1.0 ? 512 : 0)
-                               | (x == 0.0 ? 1024 : 0);
-            const int pk = __shfl_sync(0xffffffffu, packed, pl & 31);
-            const double bri = __shfl_sync(0xffffffffu, rinv, pl & 31);
-            const int pp = pk & 255;
-            const bool zero = (pk & 1024) != 0;
-            const double bsc = (pk & 256) ? up_scale<double>()
-                               : ((pk & 512) ? 1.0 / up_scale<double>() : 1.0);
-            const bool upd = cand && !is_piv && !zero;
-            const double l = upd ? (x * bsc) * bri : 0.0;
-            if (s + 1 < 8) {
-                const int j1 = s + 1 < 8 ? s + 1 : 0;
-                const double b1 = __shfl_sync(0xffffffffu, P[j1], pl & 31);
-                P[j1] = fma(-l, b1, P[j1]);
-                hi = key_hi(P[j1]);
-            }
-            L[s] = upd ? l : x;
-            if (cand && !is_piv) P[s] = -l;
-            if (pos == k) pos = pp; else if (is_piv) pos = k;
-            // piv through shared memory: a register select per step lets the
-            // compiler sink all 32 of them to the end (and spill the values)
-            if (lane == 0) pivs[k] = pp;
-            if (is_piv) st = s;
-            if (s == q) pr0 = pl;
-            if (s == 4 + q) pr1 = pl;
-            cand = cand && !is_piv;
-            if (s + 1 < 8) bal = pivot_start<32>(cand, hi);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                if (j != s && j != s + 1) {
-                    const double b = __shfl_sync(0xffffffffu, P[j], pl & 31);
-                    P[j] = fma(-l, b, P[j]);
-                }
-            }
-        }
-        // the panel's final entries: L left of the pivot step, U from it
-        double O[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) O[j] = (j < st) ? L[j] : P[j];
-        if (p + 1 < NP) {
-            // E (the A operand): slots left of the row's pivot step; it goes
-            // through the panel's columns of the tile, which then take O
-            double E[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) E[j] = (j < st) ? P[j] : 0.0;
-            if (active) panel_write<N>(t, E, row, p);
-            __syncwarp();
-            // fragment coordinates recomputed per panel (opaque): shared
-            // across panels, the tile addresses would stay alive (spilled)
-            const int fg = opaque(lane) >> 2;
-            const int fq = opaque(lane) & 3;
-            double a[NP][2];
-#pragma unroll
-            for (int I = 0; I < NP; ++I)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) a[I][h] = t[at<N>(8 * I + fg, 8 * p + 4 * h + fq)];
-            __syncwarp();
-            if (active) panel_write<N>(t, O, row, p);
-#pragma unroll 1
-            for (int J = p + 1; J < NP; ++J) {
-                const double b0 = t[at<N>(pr0, 8 * J + fg)];
-                const double b1 = t[at<N>(pr1, 8 * J + fg)];
-                __syncwarp();
-#pragma unroll
-                for (int I = 0; I < NP; ++I) {
-                    double2 *c = reinterpret_cast<double2 *>(t + at<N>(8 * I + fg, 8 * J + 2 * fq));
-                    double2 v = *c;
-                    if (p == 0) fin = fin && finite_bits(v.x) && finite_bits(v.y);
-                    dmma(v.x, v.y, a[I][0], b0);
-                    dmma(v.x, v.y, a[I][1], b1);
-                    *c = v;
-                }
-            }
-            __syncwarp();
-            if (active) panel_read<N>(P, t, row, p + 1);
-            hi = key_hi(P[0]);
-            bal = pivot_start<32>(cand, hi);
-        } else if (active) {
-            panel_write<N>(t, O, row, p);
-        }
-    }
-    // info: the first exactly zero pivot (U's diagonal, row `lane` is U row pos)
-    const bool zd = active && t[at<N>(lane, pos)] == 0.0;
-    const unsigned zk = __reduce_min_sync(0xffffffffu, zd ? (unsigned)pos : 0xffffu);
-    if (active) perm[pos] = lane;
-    bad = __ballot_sync(0xffffffffu, !fin) != 0u;
-    __syncwarp();
-    if (active) piv[lane] = pivs[lane];
-    return zk == 0xffffu ? 0 : (int)zk + 1;
-}
-
-
 // Copy matrix `src` (n x n, n <= N, contiguous) into the tile, padded with
 // the identity (rows and columns n .. N-1); n == N: mma_load.
 template <int N>
@@ -309,137 +181,11 @@ __device__ __forceinline__ void inv_load(double *t, const double *__restrict__ s
     }
 }
 
-// Inverse by blocked Gauss-Jordan on the tile (see the inverse's comment at
-// getri_mma). Returns the first exactly zero pivot's step + 1 (0: none);
-// writes perm[i] = rowx(r) for the row r of the tile pivoting step i (perm
-// is scratch for the panels' pivot rows before), fs[i] (1 / that row's
-// pivot), mypos (the step where row `lane` pivoted) and bad (inf/NaN in the
-// input).
 // rowx(i) ^ j is the offset of element (i, j) of the tile, at<N>(i, j):
 // the row stride is a power of two above j and the swizzle.
 template <int N>
 __device__ __forceinline__ int rowx(int i) {
     return i * (MmaTile<N>::LDU * 2) + (swz(i) << 1);
-}
-
-template <int N>
-__device__ __forceinline__ int invert_mma_v0(double *t, int *perm, double *fs, int &mypos,
-                                          bool &bad, int lane) {
-    typedef MmaTile<N> M;
-    static_assert(M::LDU * 2 >= N && (M::LDU & (M::LDU - 1)) == 0, "rowx");
-    constexpr int NP = M::NP;
-    const bool active = lane < N;
-    const int row = active ? lane : 0;
-
-    double P[8];
-    if (active) {
-        panel_read<N>(P, t, row, 0);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) P[j] = 0.0;
-    }
-    bool fin = true;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) fin = fin && finite_bits(P[j]);
-
-    bool cand = active;
-    int pos = lane;
-    int zk = 0;                            // first zero pivot step + 1 (warp-uniform)
-    double f = 0.0;                        // 1 / this row's pivot
-    unsigned hi = key_hi(P[0]);
-    unsigned bal = pivot_start<32>(cand, hi);
-
-#pragma unroll 1
-    for (int p = 0; p < NP; ++p) {
-        int st = 8;                        // step of this panel where the row became pivot
-#pragma unroll
-        for (int s = 0; s < 8; ++s) {
-            const int k = 8 * p + s;
-            const double x = P[s];
-            const double sc = pivot_scale(x);
-            const double rinv = fast_rcp(cand ? x * sc : 1.0);      // speculative
-            const int pl = pivot_finish<32>(bal, cand, key_lo(x), pos, lane);
-            const bool is_piv = lane == pl;
-            const int packed = pos | (sc > 1.0 ? 256 : 0) | (sc < 1.0 ? 512 : 0)
-                               | (x == 0.0 ? 1024 : 0);
-            const int pk = __shfl_sync(0xffffffffu, packed, pl & 31);
-            const double bri = __shfl_sync(0xffffffffu, rinv, pl & 31);
-            const int pp = pk & 255;
-            const bool zero = (pk & 1024) != 0;
-            const double bsc = (pk & 256) ? up_scale<double>()
-                               : ((pk & 512) ? 1.0 / up_scale<double>() : 1.0);
-            // every row but the pivot's is eliminated (Gauss-Jordan)
-            const double l = (!is_piv && !zero) ? (x * bsc) * bri : 0.0;
-            if (s + 1 < 8) {
-                const int j1 = s + 1 < 8 ? s + 1 : 0;
-                const double b1 = __shfl_sync(0xffffffffu, P[j1], pl & 31);
-                P[j1] = fma(-l, b1, P[j1]);
-                hi = key_hi(P[j1]);
-            }
-            P[s] = -l;                     // the pivot row: its coefficient minus one
-            if (is_piv) f = bsc * bri;
-            if (zero && zk == 0) zk = k + 1;
-            if (pos == k) pos = pp; else if (is_piv) pos = k;
-            if (is_piv) st = s;
-            perm[s] = pl;                  // (warp-uniform) the step's pivot row
-            cand = cand && !is_piv;
-            if (s + 1 < 8) bal = pivot_start<32>(cand, hi);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                if (j != s && j != s + 1) {
-                    const double b = __shfl_sync(0xffffffffu, P[j], pl & 31);
-                    P[j] = fma(-l, b, P[j]);
-                }
-            }
-        }
-        // E (the A operand) = P through the panel's columns of the tile; the
-        // pivot rows then add their one back (the panel's final entries)
-        if (active) panel_write<N>(t, P, row, p);
-        __syncwarp();
-        const int fg = opaque(lane) >> 2;
-        const int fq = opaque(lane) & 3;
-        const int pr0 = perm[fq];          // rows pivoting steps fq, 4 + fq
-        const int pr1 = perm[4 + fq];
-        double a[NP][2];
-#pragma unroll
-        for (int I = 0; I < NP; ++I)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) a[I][h] = t[at<N>(8 * I + fg, 8 * p + 4 * h + fq)];
-        __syncwarp();
-        if (active && st < 8) t[at<N>(row, 8 * p + st)] += 1.0;
-        // every other column tile, all rows: C += E * B, B the pivot rows'
-        // entries at the start of the panel
-#pragma unroll 1
-        for (int jj = 1; jj < NP; ++jj) {
-            const int J = p + jj < NP ? p + jj : p + jj - NP;
-            const double b0 = t[at<N>(pr0, 8 * J + fg)];
-            const double b1 = t[at<N>(pr1, 8 * J + fg)];
-            __syncwarp();
-#pragma unroll
-            for (int I = 0; I < NP; ++I) {
-                double2 *c = reinterpret_cast<double2 *>(t + at<N>(8 * I + fg, 8 * J + 2 * fq));
-                double2 v = *c;
-                if (p == 0) fin = fin && finite_bits(v.x) && finite_bits(v.y);
-                dmma(v.x, v.y, a[I][0], b0);
-                dmma(v.x, v.y, a[I][1], b1);
-                *c = v;
-            }
-        }
-        __syncwarp();
-        if (p + 1 < NP) {
-            if (active) panel_read<N>(P, t, row, p + 1);
-            hi = key_hi(P[0]);
-            bal = pivot_start<32>(cand, hi);
-        }
-    }
-    if (active) {
-        perm[pos] = rowx<N>(lane);
-        fs[pos] = f;
-    }
-    bad = __ballot_sync(0xffffffffu, !fin) != 0u;
-    mypos = pos;
-    __syncwarp();
-    return zk;
 }
 
 // Inverse out of the tile: out[i][c] = fs[i] * t[r_i][pos(c)] for i, c < n,
@@ -479,11 +225,11 @@ __device__ __forceinline__ void inv_store(double *__restrict__ dst, const double
 //     or through a per-warp buffer in shared memory (SB = 1: the pivot lane
 //     stores its 8 entries, the reciprocal in place of the pivot, and every
 //     lane reads them back with broadcast 16-byte loads; two buffers by step
-//     parity, one __syncwarp per step);
+//     parity, one __syncwarp per step; fewer instructions than 15 shuffles);
 //   * nl = -(multiplier), zero for rows that are not eliminated (LU: rows
 //     already pivoted; Gauss-Jordan: the pivot row only), and
 //     P[j] += nl * prow[j] for j != s; slot s takes nl (LU: candidates only;
-//     the multiplier itself is kept in L, negated);
+//     the multiplier is kept in L, negated);
 //   * the step's pivot lane and the pivot's position go to steps[k]
 //     (pl | pp << 8), and (GJ) 1/pivot to fs[k]: shared-memory stores of one
 //     value by every lane, instead of per-step register selects.
@@ -523,14 +269,11 @@ __device__ __forceinline__ void pivot_chain(double (&P)[8], double (&L)[8], bool
     for (int s = 0; s < 8; ++s) {
         const int k = 8 * p + s;
         const double x = P[s];
-        double rinv = fast_rcp(x);                    // speculative: the pivot's is used
-        // (SB & 2: computed here by every lane, off the chain, instead of by
-        // the pivot lane after the search)
-        if (SB & 2) asm volatile("" : "+d"(rinv));
+        const double rinv = fast_rcp(x);              // speculative: the pivot's is used
         const int pl = chain_finish(bal, cand, key_lo(x), pos, lane);
         const bool is_piv = lane == pl;
         double b[8];
-        if (SB & 1) {
+        if (SB) {
             double *w = bc + 8 * (s & 1);
             if (is_piv) {
 #pragma unroll
@@ -552,7 +295,7 @@ __device__ __forceinline__ void pivot_chain(double (&P)[8], double (&L)[8], bool
                 b[j] = __shfl_sync(0xffffffffu, j == s ? rinv : P[j], pl);
         }
         const int pp = __shfl_sync(0xffffffffu, pos, pl);
-        double nl = __dmul_rn(-x, b[s]);
+        double nl = __dmul_rn(-x, b[s]);              // minus the multiplier
         double fk = b[s];
         if (!plain_pivot(mh)) {                       // warp-uniform, rare
             const double px = __shfl_sync(0xffffffffu, x, pl);
@@ -574,6 +317,7 @@ __device__ __forceinline__ void pivot_chain(double (&P)[8], double (&L)[8], bool
             const int j1 = s + 1 < 8 ? s + 1 : 0;
             P[j1] = fma(nl, b[j1], P[j1]);
         }
+        // slot s: -l (E); the LU keeps -l in L too
         if (GJ) {
             P[s] = nl;
         } else {
@@ -592,6 +336,40 @@ __device__ __forceinline__ void pivot_chain(double (&P)[8], double (&L)[8], bool
             if (j != s && j != s + 1) P[j] = fma(nl, b[j], P[j]);
     }
 }
+
+// Tile offsets of the tensor-core fragments of lane (fg, fq) = (lane / 4,
+// lane % 4), at<N> with the swizzle split into the bits that the row and
+// column parts of the unit index do not share (the compiler cannot see that
+// they are disjoint), so that a panel needs two A addresses and a column
+// tile one C address (the row tiles I are immediate offsets 8 I LD):
+//   A (8I + fg, 8p + 4h + fq): a(p, h) = a0 + ((4p ^ (sw & 4)) << 1) + ((2h ^ (sw & 2)) << 1)
+//   C (8I + fg, 8J + 2fq):     c(J)    = c0 + ((8J) ^ ((sw & 4) << 1))
+//   B (r, 8J + fg):            b(r, J) = br + ((8J) ^ ((swz(r) & 4) << 1))
+// with sw = swz(fg). Recomputed per panel (the lane goes through opaque):
+// shared across panels, the offsets would stay alive (spilled).
+template <int N>
+struct Frag {
+    static constexpr int LD = MmaTile<N>::LDU * 2;       // doubles per stored row
+    int fg, fq, sw, a0, c0;
+    __device__ __forceinline__ explicit Frag(int lane) {
+        const int l = opaque(lane);
+        fg = (l >> 2) & 7;
+        fq = l & 3;
+        sw = swz(fg);
+        a0 = fg * LD + (((fq >> 1) ^ (sw & 1)) << 1) + (fq & 1);
+        c0 = fg * LD + ((fq ^ (sw & 3)) << 1);
+    }
+    __device__ __forceinline__ int a(int p, int h) const {
+        return a0 + (((4 * p) ^ (sw & 4)) << 1) + (((2 * h) ^ (sw & 2)) << 1);
+    }
+    __device__ __forceinline__ int c(int J) const { return c0 + ((8 * J) ^ ((sw & 4) << 1)); }
+    __device__ __forceinline__ int brow(int r) const {
+        return r * LD + (((fg >> 1) ^ (swz(r) & 3)) << 1) + (fg & 1);
+    }
+    __device__ __forceinline__ static int b(int br, int r, int J) {
+        return br + ((8 * J) ^ ((swz(r) & 4) << 1));
+    }
+};
 
 // The step of this panel where row `lane` pivoted: -1 before the panel, 8
 // not yet (its position pos is final once it pivoted).
@@ -628,8 +406,7 @@ __device__ __forceinline__ int factor_mma(double *t, int *perm, int *steps, doub
     unsigned mh;
     unsigned bal = chain_start(cand, key_hi(P[0]), mh);
 
-    constexpr int UNROLL_P = (SB & 4) ? NP : 1;
-#pragma unroll UNROLL_P
+#pragma unroll 1
     for (int p = 0; p < NP; ++p) {
         pivot_chain<false, SB>(P, L, cand, pos, bal, mh, p, bc, steps, nullptr, zk, lane);
         const int st = panel_step(pos, p);
@@ -645,27 +422,25 @@ __device__ __forceinline__ int factor_mma(double *t, int *perm, int *steps, doub
             for (int j = 0; j < 8; ++j) E[j] = (j < st) ? P[j] : 0.0;
             if (active) panel_write<N>(t, E, row, p);
             __syncwarp();
-            // fragment coordinates recomputed per panel (opaque): shared
-            // across panels, the tile addresses would stay alive (spilled)
-            const int fg = opaque(lane) >> 2;
-            const int fq = opaque(lane) & 3;
-            const int pr0 = steps[8 * p + fq] & 255;        // rows pivoting steps fq, 4 + fq
-            const int pr1 = steps[8 * p + 4 + fq] & 255;
+            const Frag<N> f(lane);
+            const int pr0 = steps[8 * p + f.fq] & 255;      // rows pivoting steps fq, 4 + fq
+            const int pr1 = steps[8 * p + 4 + f.fq] & 255;
+            const int br0 = f.brow(pr0), br1 = f.brow(pr1);
             double a[NP][2];
 #pragma unroll
             for (int I = 0; I < NP; ++I)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) a[I][h] = t[at<N>(8 * I + fg, 8 * p + 4 * h + fq)];
+                for (int h = 0; h < 2; ++h) a[I][h] = t[f.a(p, h) + 8 * I * Frag<N>::LD];
             __syncwarp();
             if (active) panel_write<N>(t, O, row, p);
 #pragma unroll 1
             for (int J = p + 1; J < NP; ++J) {
-                const double b0 = t[at<N>(pr0, 8 * J + fg)];
-                const double b1 = t[at<N>(pr1, 8 * J + fg)];
+                const double b0 = t[Frag<N>::b(br0, pr0, J)];
+                const double b1 = t[Frag<N>::b(br1, pr1, J)];
                 __syncwarp();
 #pragma unroll
                 for (int I = 0; I < NP; ++I) {
-                    double2 *c = reinterpret_cast<double2 *>(t + at<N>(8 * I + fg, 8 * J + 2 * fq));
+                    double2 *c = reinterpret_cast<double2 *>(t + f.c(J) + 8 * I * Frag<N>::LD);
                     double2 v = *c;
                     if (p == 0) fin = fin && finite_bits(v.x) && finite_bits(v.y);
                     dmma(v.x, v.y, a[I][0], b0);
@@ -722,8 +497,7 @@ __device__ __forceinline__ int invert_mma(double *t, int *perm, int *steps, doub
     unsigned mh;
     unsigned bal = chain_start(cand, key_hi(P[0]), mh);
 
-    constexpr int UNROLL_P = (SB & 4) ? NP : 1;
-#pragma unroll UNROLL_P
+#pragma unroll 1
     for (int p = 0; p < NP; ++p) {
         pivot_chain<true, SB>(P, L, cand, pos, bal, mh, p, bc, steps, fs, zk, lane);
         const int st = panel_step(pos, p);
@@ -731,15 +505,15 @@ __device__ __forceinline__ int invert_mma(double *t, int *perm, int *steps, doub
         // pivot rows then add their one back (the panel's final entries)
         if (active) panel_write<N>(t, P, row, p);
         __syncwarp();
-        const int fg = opaque(lane) >> 2;
-        const int fq = opaque(lane) & 3;
-        const int pr0 = steps[8 * p + fq] & 255;            // rows pivoting steps fq, 4 + fq
-        const int pr1 = steps[8 * p + 4 + fq] & 255;
+        const Frag<N> f(lane);
+        const int pr0 = steps[8 * p + f.fq] & 255;          // rows pivoting steps fq, 4 + fq
+        const int pr1 = steps[8 * p + 4 + f.fq] & 255;
+        const int br0 = f.brow(pr0), br1 = f.brow(pr1);
         double a[NP][2];
 #pragma unroll
         for (int I = 0; I < NP; ++I)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) a[I][h] = t[at<N>(8 * I + fg, 8 * p + 4 * h + fq)];
+            for (int h = 0; h < 2; ++h) a[I][h] = t[f.a(p, h) + 8 * I * Frag<N>::LD];
         __syncwarp();
         if (active && st >= 0 && st < 8) t[at<N>(row, 8 * p + st)] += 1.0;
         // every other column tile, all rows: C += E * B, B the pivot rows'
@@ -747,12 +521,12 @@ __device__ __forceinline__ int invert_mma(double *t, int *perm, int *steps, doub
 #pragma unroll 1
         for (int jj = 1; jj < NP; ++jj) {
             const int J = p + jj < NP ? p + jj : p + jj - NP;
-            const double b0 = t[at<N>(pr0, 8 * J + fg)];
-            const double b1 = t[at<N>(pr1, 8 * J + fg)];
+            const double b0 = t[Frag<N>::b(br0, pr0, J)];
+            const double b1 = t[Frag<N>::b(br1, pr1, J)];
             __syncwarp();
 #pragma unroll
             for (int I = 0; I < NP; ++I) {
-                double2 *c = reinterpret_cast<double2 *>(t + at<N>(8 * I + fg, 8 * J + 2 * fq));
+                double2 *c = reinterpret_cast<double2 *>(t + f.c(J) + 8 * I * Frag<N>::LD);
                 double2 v = *c;
                 if (p == 0) fin = fin && finite_bits(v.x) && finite_bits(v.y);
                 dmma(v.x, v.y, a[I][0], b0);
@@ -780,7 +554,7 @@ __device__ __forceinline__ int invert_mma(double *t, int *perm, int *steps, doub
 // input, not modified:  a (batch, N, N) float64
 // output:               lu (batch, N, N), piv (batch, N), info (batch)
 // ---------------------------------------------------------------------------
-template <typename T, int N, int V = 2>
+template <typename T, int N, int V = 1>
 __global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
 getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
           int *__restrict__ info, long long batch, int stages, int vec)
@@ -793,7 +567,7 @@ getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
     const int wib = threadIdx.x >> 5;
     double *tiles = reinterpret_cast<double *>(smem_raw) + wib * (stages * M::TILE + 48);
     int *perm = reinterpret_cast<int *>(tiles + stages * M::TILE);
-    int *pivs = perm + 32;
+    int *steps = perm + 32;
     double *bc = tiles + stages * M::TILE + 32;
     const bool v = vec != 0;
     const long long stride = (long long)gridDim.x * (blockDim.x >> 5);
@@ -821,8 +595,7 @@ getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
         }
         __syncwarp();
         bool bad;
-        const int z = V == 0 ? factor_mma_v0<N>(t, perm, pivs, piv + m * N, bad, lane)
-                             : factor_mma<N, V - 1>(t, perm, pivs, bc, piv + m * N, bad, lane);
+        const int z = factor_mma<N, V>(t, perm, steps, bc, piv + m * N, bad, lane);
         if (lane == 0) info[m] = bad ? -1 : z;
         mma_store<N>(lu + m * (N * N), t, perm, v, opaque(lane));
         __syncwarp();
@@ -850,10 +623,10 @@ getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
 // meaningless), -1 for inf/NaN in the input (getri_warp's rules).
 // input, not modified:  a (batch, n, n) float64
 // output:               ainv (batch, n, n), info (batch)
-// Dynamic shared memory per warp: stages * N * LDU * 16 bytes + 48 doubles
+// Dynamic shared memory per warp: stages * N * LDU * 16 bytes + 80 doubles
 // (mma_smem_bytes(..., inverse=True) in scipy_gpuqr/_batched_gpu.py).
 // ---------------------------------------------------------------------------
-template <typename T, int N, int V = 2>
+template <typename T, int N, int V = 1>
 __global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
 getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
           long long batch, int n, int stages, int vec)
@@ -897,8 +670,7 @@ getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
         __syncwarp();
         bool bad;
         int mypos;
-        const int z = V == 0 ? invert_mma_v0<N>(t, perm, fs, mypos, bad, lane)
-                             : invert_mma<N, V - 1>(t, perm, steps, bc, fs, mypos, bad, lane);
+        const int z = invert_mma<N, V>(t, perm, steps, bc, fs, mypos, bad, lane);
         if (lane == 0) info[m] = bad ? -1 : z;
         inv_store<N>(ainv + m * nn, t, perm, fs, mypos, n, opaque(lane));
         __syncwarp();
