@@ -101,17 +101,28 @@ __device__ __forceinline__ void dmma(double &d0, double &d1, double a, double b)
                  : "+d"(d0), "+d"(d1) : "d"(a), "d"(b));
 }
 
-// Copy matrix `src` (N x N, contiguous) into the tile (cp.async).
+// rowx(i) ^ j is the offset of element (i, j) of the tile, at<N>(i, j):
+// the row stride is a power of two above j and the swizzle.
+template <int N>
+__device__ __forceinline__ int rowx(int i) {
+    typedef MmaTile<N> M;
+    static_assert(M::LDU * 2 >= N && (M::LDU & (M::LDU - 1)) == 0, "rowx");
+    return i * (M::LDU * 2) + (swz(i) << 1);
+}
+
+// Copy matrix `src` (N x N, contiguous) into the tile (cp.async). lane: the
+// caller's opaque(lane) (addresses recomputed per matrix), in [0, 32).
 template <int N>
 __device__ __forceinline__ void mma_load(double *t, const double *__restrict__ src, bool vec,
                                          int lane) {
     typedef MmaTile<N> M;
+    lane &= 31;
     if (vec) {
 #pragma unroll
         for (int c = lane; c < N * M::UNITS; c += 32) {
             const int i = c / M::UNITS;
             const int u = c - i * M::UNITS;
-            cp_async16(t + i * (M::LDU * 2) + ((u ^ swz(i)) << 1), src + 2 * c);
+            cp_async16(t + (rowx<N>(i) ^ (2 * u)), src + 2 * c);
         }
     } else {
 #pragma unroll 4
@@ -122,25 +133,26 @@ __device__ __forceinline__ void mma_load(double *t, const double *__restrict__ s
     }
 }
 
-// Copy the tile to dst, row perm[i] of the tile to row i (coalesced).
+// Copy the tile to dst, tile row r_i to row i (coalesced); perm[i] =
+// rowx(r_i). lane as for mma_load.
 template <int N>
 __device__ __forceinline__ void mma_store(double *__restrict__ dst, const double *t,
                                           const int *perm, bool vec, int lane) {
     typedef MmaTile<N> M;
+    lane &= 31;
     if (vec) {
 #pragma unroll
         for (int c = lane; c < N * M::UNITS; c += 32) {
             const int i = c / M::UNITS;
             const int u = c - i * M::UNITS;
-            const int s = perm[i];
             reinterpret_cast<double2 *>(dst)[c] =
-                *reinterpret_cast<const double2 *>(t + s * (M::LDU * 2) + ((u ^ swz(s)) << 1));
+                *reinterpret_cast<const double2 *>(t + (perm[i] ^ (2 * u)));
         }
     } else {
 #pragma unroll 4
         for (int e = lane; e < N * N; e += 32) {
             const int i = e / N;
-            dst[e] = t[at<N>(perm[i], e - i * N)];
+            dst[e] = t[perm[i] ^ (e - i * N)];
         }
     }
 }
@@ -179,13 +191,6 @@ __device__ __forceinline__ void inv_load(double *t, const double *__restrict__ s
         if (i < n && j < n) cp_async_elem(d, src + i * n + j);
         else *d = (i == j) ? 1.0 : 0.0;
     }
-}
-
-// rowx(i) ^ j is the offset of element (i, j) of the tile, at<N>(i, j):
-// the row stride is a power of two above j and the swizzle.
-template <int N>
-__device__ __forceinline__ int rowx(int i) {
-    return i * (MmaTile<N>::LDU * 2) + (swz(i) << 1);
 }
 
 // Inverse out of the tile: out[i][c] = fs[i] * t[r_i][pos(c)] for i, c < n,
@@ -379,8 +384,8 @@ __device__ __forceinline__ int panel_step(int pos, int p) {
 
 // LU of the tile with the shared pivot chain (see the header). Per-warp
 // scratch: perm (32 ints), steps (32 ints), bc (16 doubles). Returns getrf's
-// info (before the non-finite check); writes perm (row of the tile that goes
-// to LAPACK row i) and piv[lane] for lane < N.
+// info (before the non-finite check); writes perm (rowx of the row of the
+// tile that goes to LAPACK row i) and piv[lane] for lane < N.
 template <int N, int SB>
 __device__ __forceinline__ int factor_mma(double *t, int *perm, int *steps, double *bc,
                                           int *__restrict__ piv, bool &bad, int lane) {
@@ -458,7 +463,7 @@ __device__ __forceinline__ int factor_mma(double *t, int *perm, int *steps, doub
     // info: the first exactly zero pivot (U's diagonal, row `lane` is U row pos)
     const bool zd = active && t[at<N>(lane, pos)] == 0.0;
     const unsigned z = __reduce_min_sync(0xffffffffu, zd ? (unsigned)pos : 0xffffu);
-    if (active) perm[pos] = lane;
+    if (active) perm[pos] = rowx<N>(lane);
     bad = __ballot_sync(0xffffffffu, !fin) != 0u;
     __syncwarp();
     if (active) piv[lane] = steps[lane] >> 8;
