@@ -13,8 +13,9 @@
 // ~100): the rare pivots (zero, subnormal, >= 2^1022) are a warp-uniform
 // branch decided by the pivot search's key, the pivot row reaches the lanes
 // through shared memory, per-step bookkeeping goes to shared memory instead
-// of register selects (n = 32: LU 6.2-6.3 ms, inverse 7.1 ms; bench/RESULTS.md
-// issue 7). Used for N = 32 only (MMA_SIZES in
+// of register selects, and the copies in and out address the tile by
+// rowx(i) ^ j (n = 32: LU 5.9-6.0 ms, inverse 6.9 ms; bench/RESULTS.md issue
+// 7). Used for N = 32 only (MMA_SIZES in
 // scipy_gpuqr/_batched_variants.py): at 16 and 24 the row-per-lane kernels
 // are faster.
 //
@@ -54,7 +55,7 @@
 // bytes + 48 doubles of scratch (LU; 80 for the inverse; mma_smem_bytes in
 // scipy_gpuqr/_batched_gpu.py). Template argument V of both kernels (the
 // pivot chain's SB): 1 (default) the pivot row through shared memory, 0
-// by shuffles (H200, n = 32 LU: 6.24 against 6.54 ms).
+// by shuffles (H200, n = 32 LU: 6.02 against 6.26 ms).
 #include "batched_warp.cuh"
 
 #ifndef GPUQR_MMA_THREADS
@@ -611,9 +612,9 @@ getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
 // ---------------------------------------------------------------------------
 // Inverse by blocked Gauss-Jordan with partial pivoting (the LU's pivots),
 // n <= N: rows and columns n .. N-1 are the identity.
-// Per panel of 8 columns the pivot chain of factor_mma, but every row is
-// eliminated (Gauss-Jordan on [A | I] in place: the panel's columns end up
-// holding the coefficients of the pivot rows' identity columns). Slot t of
+// Per panel of 8 columns the pivot chain of the LU (pivot_chain), but every
+// row is eliminated (Gauss-Jordan on [A | I] in place: the panel's columns
+// end up holding the coefficients of the pivot rows' identity columns). Slot t of
 // row r holds the coefficient of pivot row p_t's start-of-panel values in
 // row r, minus one for r = p_t: E, the A operand of the update of every
 // other column tile, all rows, on the tensor cores (C += E * B, B the pivot
