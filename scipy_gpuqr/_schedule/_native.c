@@ -629,6 +629,20 @@ int sgq_tile_buckets(int64_t nf, const int64_t *fm, const int64_t *fn, const int
  * their children (pchunk entries each), each at its launch (asm_a, pack_a: in
  * stage order). out NULL: only count. Returns the number of records, or -1
  * when a launch falls outside [0, nlaunch) (nothing decided). */
+/* sgq_assembly's record at launch L in pass 1: the next slot of L (at[L]++),
+ * cleared, rows[first_unset:] = -1, its launch noted. */
+static task_t *assembly_slot(task_t *out, int64_t *out_L, int64_t *at, int64_t L,
+                             int first_unset)
+{
+    int64_t j = at[L]++;
+    task_t *o = &out[j];
+    memset(o, 0, sizeof *o);
+    for (int k = first_unset; k < MAXS; k++)
+        o->rows[k] = -1;
+    out_L[j] = L;
+    return o;
+}
+
 int64_t sgq_assembly(int64_t first, int64_t last, int64_t sid, const int64_t *s_ptr,
                      const int64_t *child_ptr, const int64_t *children, const int64_t *cm,
                      const int64_t *fn, const int64_t *fp, const int64_t *frank,
@@ -658,17 +672,12 @@ int64_t sgq_assembly(int64_t first, int64_t last, int64_t sid, const int64_t *s_
                     n++;
                     continue;
                 }
-                int64_t j = at[L]++;
-                task_t *o = &out[j];
-                memset(o, 0, sizeof *o);
-                for (int k = 0; k < MAXS; k++)
-                    o->rows[k] = -1;
+                task_t *o = assembly_slot(out, out_L, at, L, 0);
                 o->type = T_S_ASSEMBLE;
                 o->F = foff[f];
                 o->vt = a;
                 o->vt2 = a + schunk < s1 ? a + schunk : s1;
                 o->front = (int32_t)f;
-                out_L[j] = L;
             }
         }
         for (int64_t i = 0; i < nm; i++) {
@@ -691,11 +700,7 @@ int64_t sgq_assembly(int64_t first, int64_t last, int64_t sid, const int64_t *s_
                         n++;
                         continue;
                     }
-                    int64_t j = at[L]++;
-                    task_t *o = &out[j];
-                    memset(o, 0, sizeof *o);
-                    for (int k = 2; k < MAXS; k++)
-                        o->rows[k] = -1;
+                    task_t *o = assembly_slot(out, out_L, at, L, 2);
                     o->type = T_PACK_ASSEMBLE;
                     o->F = foff[p];
                     o->vt = base;
@@ -709,7 +714,6 @@ int64_t sgq_assembly(int64_t first, int64_t last, int64_t sid, const int64_t *s_
                     o->rows[1] = (int32_t)(r0 + per < cmc ? r0 + per : cmc);
                     o->front = (int32_t)c;
                     o->nfrows = 1;
-                    out_L[j] = L;
                 }
             }
         }
