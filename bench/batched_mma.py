@@ -146,6 +146,29 @@ def check_inverse(cp, fn, n, rng):
     return err, problems[:8]
 
 
+def _variant_row(timer, op, n, variant, options, fn, err, problems, configs, run) -> dict:
+    """Time one checked kernel variant over the launch configurations
+    (``run(threads, stages)`` launches it and returns blocks per SM), print
+    and return its row (the best configuration's device ms)."""
+    res, occ = {}, {}
+    for thr, st in configs:
+        occ[(thr, st)] = run(thr, st)
+        res[(thr, st)] = timer.device(lambda thr=thr, st=st: run(thr, st))
+    best = min(res, key=res.get)
+    row = dict(n=n, op=op, variant=variant, options=list(options), ok=not problems,
+               problems=problems, err=err, regs=fn.num_regs,
+               spill_bytes=fn.local_size_bytes, blocks_per_sm=occ[best], ms=res[best],
+               cfg=f"{best[0]}/{best[1]}",
+               all={f"{k[0]}/{k[1]}": v for k, v in res.items()})
+    label = "inv mma" if op == "inv" else "mma"
+    print(f"{label} n={n} V={variant} {'ok' if row['ok'] else 'BAD'} err={err:.1e} "
+          f"regs={fn.num_regs} spill={fn.local_size_bytes} best={res[best]:.3f} ms "
+          f"({row['cfg']}, {occ[best]} blk/SM)  "
+          + " ".join(f"{k}:{v:.3f}" for k, v in row["all"].items())
+          + ("" if row["ok"] else f"\n  {problems}"), flush=True)
+    return row
+
+
 def inverse_rows(cp, timer, sizes, options, rng, variants=(None,), configs=CONFIGS,
                  names=()) -> list:
     """The ``--inverse`` rows: per variant check and launch configurations,
@@ -161,23 +184,9 @@ def inverse_rows(cp, timer, sizes, options, rng, variants=(None,), configs=CONFI
         for variant in variants:
             fn = inverse_function(options, variant, names)
             err, problems = check_inverse(cp, fn, n, rng)
-            res, occ = {}, {}
-            for thr, st in configs:
-                occ[(thr, st)] = launch_inverse(cp, fn, a, out, info, thr, st)
-                res[(thr, st)] = timer.device(
-                    lambda thr=thr, st=st: launch_inverse(cp, fn, a, out, info, thr, st))
-            best = min(res, key=res.get)
-            row = dict(n=n, op="inv", variant=variant, options=list(options), ok=not problems,
-                       problems=problems, err=err, regs=fn.num_regs,
-                       spill_bytes=fn.local_size_bytes, blocks_per_sm=occ[best], ms=res[best],
-                       cfg=f"{best[0]}/{best[1]}",
-                       all={f"{k[0]}/{k[1]}": v for k, v in res.items()})
-            rows.append(row)
-            print(f"inv mma n={n} V={variant} {'ok' if row['ok'] else 'BAD'} err={err:.1e} "
-                  f"regs={fn.num_regs} spill={fn.local_size_bytes} best={res[best]:.3f} ms "
-                  f"({row['cfg']}, {occ[best]} blk/SM)  "
-                  + " ".join(f"{k}:{v:.3f}" for k, v in row["all"].items())
-                  + ("" if row["ok"] else f"\n  {problems}"), flush=True)
+            rows.append(_variant_row(
+                timer, "inv", n, variant, options, fn, err, problems, configs,
+                lambda thr, st, fn=fn: launch_inverse(cp, fn, a, out, info, thr, st)))
         warp_ms = timer.device(lambda: bg.getri(a, kernel="warp"))
         lib_ms = timer.device(lambda: bg.getri(a))
         work = a.copy()
@@ -300,23 +309,9 @@ def lu_rows(cp, timer, sizes, options, rng, variants=(None,), configs=CONFIGS, n
         for variant in variants:
             fn = function(n, options, variant, names)
             err, problems = check(cp, fn, n, rng)
-            res, occ = {}, {}
-            for thr, st in configs:
-                occ[(thr, st)] = launch(cp, fn, a, outs, thr, st)
-                res[(thr, st)] = timer.device(
-                    lambda thr=thr, st=st: launch(cp, fn, a, outs, thr, st))
-            best = min(res, key=res.get)
-            row = dict(n=n, op="lu", variant=variant, options=list(options), ok=not problems,
-                       problems=problems, err=err, regs=fn.num_regs,
-                       spill_bytes=fn.local_size_bytes, blocks_per_sm=occ[best], ms=res[best],
-                       cfg=f"{best[0]}/{best[1]}",
-                       all={f"{k[0]}/{k[1]}": v for k, v in res.items()})
-            rows.append(row)
-            print(f"mma n={n} V={variant} {'ok' if row['ok'] else 'BAD'} err={err:.1e} "
-                  f"regs={fn.num_regs} spill={fn.local_size_bytes} best={res[best]:.3f} ms "
-                  f"({row['cfg']}, {occ[best]} blk/SM)  "
-                  + " ".join(f"{k}:{v:.3f}" for k, v in row["all"].items())
-                  + ("" if row["ok"] else f"\n  {problems}"), flush=True)
+            rows.append(_variant_row(
+                timer, "lu", n, variant, options, fn, err, problems, configs,
+                lambda thr, st, fn=fn: launch(cp, fn, a, outs, thr, st)))
         warp_ms = timer.device(lambda: bg.getrf(a, kernel="warp"))
         lib_ms = timer.device(lambda: bg.getrf(a))
         work = a.copy()
