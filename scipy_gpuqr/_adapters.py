@@ -442,9 +442,7 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
         return _spsolve_device_rhs(mi, b, ordering=_permc_ordering(permc_spec),
                                    backend=backend, gpuqr_options=gpuqr_options)
     rhs = spsolve_rhs(b, N)
-    dtype = np.promote_types(mi.dtype, rhs.dtype)
-    if dtype.kind != "f":
-        dtype = np.dtype(np.float64)
+    dtype = _spsolve_dtype(mi.dtype, rhs.dtype)
     ordering = _permc_ordering(permc_spec)
     if rhs.is_sparse and rhs.fmt != "csc":
         warnings.warn("spsolve is more efficient when sparse b is in the CSC matrix format",
@@ -470,6 +468,12 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
     return to_output(X, on_gpu)
 
 
+def _spsolve_dtype(a_dtype, b_dtype) -> np.dtype:
+    """spsolve's result dtype: A's and b's promoted, float64 unless floating."""
+    dtype = np.promote_types(a_dtype, b_dtype)
+    return dtype if dtype.kind == "f" else np.dtype(np.float64)
+
+
 def _spsolve_device_rhs(mi, b, *, ordering, backend, gpuqr_options):
     """``spsolve`` for a dense CuPy b: CuPy out, b and x never copied to the host
     when the factorization is on the GPU (else the host solve, then CuPy out)."""
@@ -478,9 +482,7 @@ def _spsolve_device_rhs(mi, b, *, ordering, backend, gpuqr_options):
         raise ValueError(f"matrix - rhs dimension mismatch (({N}, {N}) - {b.shape[0]})")
     B, _ = device_rhs(b, N)
     is_vector = b.ndim == 1 or b.shape[1] == 1        # SciPy: (n, 1) gives (n,)
-    dtype = np.promote_types(mi.dtype, b.dtype)
-    if dtype.kind != "f":
-        dtype = np.dtype(np.float64)
+    dtype = _spsolve_dtype(mi.dtype, b.dtype)
     F = QRFactorization(mi, ordering=ordering, tol=None, backend=backend,
                         gpuqr_options=gpuqr_options)
     if exactly_singular(F.R, N):

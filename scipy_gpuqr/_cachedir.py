@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-__all__ = ["ENV_CACHE_DIR", "cache_dir"]
+__all__ = ["ENV_CACHE_DIR", "cache_dir", "require_cache_dir"]
 
 #: Environment variable naming the cache folder.
 ENV_CACHE_DIR = "SCIPY_GPUQR_CACHE_DIR"
@@ -38,3 +38,17 @@ def cache_dir(environ: Mapping[str, str] = os.environ) -> Path | None:
         return Path.home() / ".cache" / "scipy_gpuqr"
     except (RuntimeError, KeyError):                 # no home folder
         return None
+
+
+def require_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """:func:`cache_dir`, raising where there is none.
+
+    Raises
+    ------
+    RuntimeError
+        No variable names a folder and there is no home folder.
+    """
+    folder = cache_dir(environ)
+    if folder is None:
+        raise RuntimeError(f"no cache folder: set {ENV_CACHE_DIR}")
+    return folder

@@ -368,11 +368,8 @@ def calibration_file(directory: Optional[os.PathLike] = None) -> Path:
     """Path of the sparse calibration cache (``directory`` or the user cache folder)."""
     if directory:
         return Path(directory) / CACHE_NAME
-    from ._cachedir import ENV_CACHE_DIR, cache_dir      # light: no SciPy linear algebra
-    folder = cache_dir()
-    if folder is None:
-        raise RuntimeError(f"no cache folder: set {ENV_CACHE_DIR}")
-    return folder / CACHE_NAME
+    from ._cachedir import require_cache_dir      # light: no SciPy linear algebra
+    return require_cache_dir() / CACHE_NAME
 
 
 @functools.lru_cache(maxsize=4)

@@ -235,6 +235,15 @@ def _rcond_estimate(R: sp.csc_array, solves: Optional[tuple] = None) -> float:
     return 1.0 / (norm_r * norm_inv)
 
 
+def _clearly_above(est, order: int, threshold: float) -> bool:
+    """σ_min (a :class:`~scipy_gpuqr._triangular.SigmaMin` of a triangle of this
+    order) above ``threshold``: a bound as it is, an estimate with its margin
+    (:data:`_DENSE_SIGMA_MARGIN` up to DENSE_LIMIT, :data:`_SIGMA_MARGIN` beyond)."""
+    margin = 1.0 if est.bound else (_DENSE_SIGMA_MARGIN if order <= DENSE_LIMIT
+                                    else _SIGMA_MARGIN)
+    return bool(est.value > margin * threshold)
+
+
 Factorize = Callable[..., object]  # factorize(A, *, tol) -> NumericQR
 
 
@@ -352,10 +361,8 @@ class MinNormSolver:
                 return True
             smax = sigma_max_lanczos(R)
             est = sigma_min_upper(R, self.cutoff * smax, solves=self.solves)
-        threshold = self.cutoff * smax
-        margin = 1.0 if est.bound else (_DENSE_SIGMA_MARGIN if q <= DENSE_LIMIT else _SIGMA_MARGIN)
         self.sigma_min, self.sigma_max = float(est.value), smax
-        if est.value > margin * threshold:
+        if _clearly_above(est, q, self.cutoff * smax):
             self.method, self.rank = "triangular", q
             return True
         return False
@@ -411,8 +418,7 @@ class MinNormSolver:
             if not e_norm <= tol:
                 return False
         est = sigma_min_upper(Rf[:r, :r], tol)
-        margin = 1.0 if est.bound else (_DENSE_SIGMA_MARGIN if r <= DENSE_LIMIT else _SIGMA_MARGIN)
-        if not est.value > margin * tol:
+        if not _clearly_above(est, r, tol):
             return False
         R1 = Rf[:r]
         second = self.factorize(sp.csc_array(R1.T), tol=None) if dead else None

@@ -27,7 +27,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from . import _tiled_ops as ops
-from ._cachedir import ENV_CACHE_DIR, cache_dir as package_cache_dir
+from ._cachedir import require_cache_dir
 from ._tiled_model import DeviceProfile
 
 __all__ = ["cache_dir", "cache_file", "get_profiles", "measure_device",
@@ -45,17 +45,8 @@ _SYNC_STEPS = (2, 8)
 
 def cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
     """The user cache folder of this package (not created here): the rule of
-    :func:`scipy_gpuqr._cachedir.cache_dir`.
-
-    Raises
-    ------
-    RuntimeError
-        No variable names a folder and there is no home folder.
-    """
-    folder = package_cache_dir(environ)
-    if folder is None:
-        raise RuntimeError(f"no cache folder: set {ENV_CACHE_DIR}")
-    return folder
+    :func:`scipy_gpuqr._cachedir.require_cache_dir` (RuntimeError without one)."""
+    return require_cache_dir(environ)
 
 
 def cache_file(directory: Optional[os.PathLike] = None) -> Path:
