@@ -93,7 +93,7 @@ import scipy.linalg as la
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator, onenormest
 
-from ._triangular import UpperTriangular, norm2_lanczos, sigma_min_upper
+from ._triangular import DENSE_SIGMA_LIMIT, UpperTriangular, norm2_lanczos, sigma_min_upper
 
 __all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver",
            "exactly_singular", "solve_upper", "solve_upper_transposed"]
@@ -417,11 +417,15 @@ class MinNormSolver:
             e_norm = float(np.linalg.norm(E, 2)) if E.size else 0.0
             if not e_norm <= tol:
                 return False
-        est = sigma_min_upper(Rf[:r, :r], tol)
+        R11 = Rf[:r, :r]
+        tri = UpperTriangular(R11) if r > DENSE_SIGMA_LIMIT else None
+        est = sigma_min_upper(R11, tol, solves=tri.solves() if tri else None)
         if not _clearly_above(est, r, tol):
             return False
         R1 = Rf[:r]
         second = self.factorize(sp.csc_array(R1.T), tol=None) if dead else None
+        if second is None:
+            self._tri = tri             # solve() uses R11 itself: set up once
         self.method, self.rank = "cod", r
         self.sigma_max, self.sigma_min = smax, float(est.value)
         self.cod_device = self.device
