@@ -35,6 +35,58 @@ __device__ __forceinline__ T block_sum(T v, T* red) {
     return s;  // valid in thread 0 only
 }
 
+// Sum-of-squares range in which sqrt(sum) is accurate: outside it some squares
+// leave the normal range (under- or overflow), so the norm is recomputed with
+// scaling (LAPACK's dnrm2 rule). Seen: columns of 1e-160 in the contribution
+// blocks of structurally rank-deficient fronts (grid 32^3) lost all precision
+// in their squares and gave non-orthogonal reflectors.
+template <typename T> struct NormRange;
+template <> struct NormRange<double> {
+    static constexpr double LO = 1e-280, HI = 1e280, TINY = 1e-290;
+};
+template <> struct NormRange<float> {
+    static constexpr float LO = 1e-30f, HI = 1e30f, TINY = 1e-36f;
+};
+
+// ||A[k+1:M, k]||_2 of the smem column k, valid in thread 0: one pass for the sum
+// of squares and the largest magnitude, a second scaled pass only where the sum
+// lies outside NormRange. scr[0..31] and scr[36..63] hold the warp partials.
+template <typename T, int NT>
+__device__ T column_norm_below(const T* A, int LD, int k, int M, T* scr) {
+    static_assert(NT / 32 <= 28, "column_norm_below: too many warps for the scratch");
+    T p = 0.0, mx = 0.0;
+    for (int i = k + 1 + threadIdx.x; i < M; i += NT) {
+        const T x = A[i * LD + k];
+        p += x * x;
+        mx = fmax(mx, fabs(x));
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        p += __shfl_down_sync(0xffffffffu, p, o);
+        mx = fmax(mx, __shfl_down_sync(0xffffffffu, mx, o));
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) { scr[warp] = p; scr[36 + warp] = mx; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        T s = 0.0, m = 0.0;
+        for (int w = 0; w < NT / 32; ++w) { s += scr[w]; m = fmax(m, scr[36 + w]); }
+        const bool plain = m == T(0) || (s >= NormRange<T>::LO && s <= NormRange<T>::HI);
+        scr[34] = plain ? T(0) : m;          // the scale of the second pass, 0: none
+        scr[35] = m == T(0) ? T(0) : sqrt(s);
+    }
+    __syncthreads();
+    const T scale = scr[34];
+    if (scale == T(0)) return scr[35];      // uniform branch
+    T q = 0.0;
+    for (int i = k + 1 + threadIdx.x; i < M; i += NT) {
+        const T x = A[i * LD + k] / scale;
+        q += x * x;
+    }
+    const T sq = block_sum<T, NT>(q, scr);
+    return scale * sqrt(sq);                // thread 0
+}
+
 // Factorize the column tile starting at column `col` (nref reflectors) of the row
 // tiles rows[fs .. fs+nf), the slot `ftop` being the top tile; VT written at vtoff.
 template <typename T, int TILE, int BUNDLE, int NT>
@@ -68,17 +120,17 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
     for (int idx = tid; idx < TILE * LD; idx += NT) Tm[idx] = 0.0;
     __syncthreads();
     for (int k = 0; k < nref; ++k) {
-        T p = 0.0;
-        for (int i = k + 1 + tid; i < M; i += NT) { T x = A[i * LD + k]; p += x * x; }
-        T sig = block_sum<T, NT>(p, scr);
+        const T xnorm = column_norm_below<T, NT>(A, LD, k, M, scr);
         if (tid == 0) {
             const T alpha = A[k * LD + k];
             T tk = 0.0, scale = 0.0;
-            if (sig > 0.0) {
-                const T nrm = sqrt(alpha * alpha + sig);
+            const T nrm = xnorm > T(0) ? hypot(alpha, xnorm) : T(0);
+            // a column below NormRange::TINY is left alone (1/(alpha - beta) would
+            // overflow); its entries stay as V with tau = 0, an identity reflector
+            if (nrm >= NormRange<T>::TINY) {
                 const T beta = alpha >= 0.0 ? -nrm : nrm;
                 tk = (beta - alpha) / beta;
-                scale = 1.0 / (alpha - beta);
+                scale = T(1) / (alpha - beta);
                 A[k * LD + k] = beta;
             }
             scr[32] = tk;

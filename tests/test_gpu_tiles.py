@@ -102,6 +102,42 @@ def test_tile_kernels_match_numpy_launch_by_launch(variant, pipelining):
             assert np.abs(gv[both] - VTc[both]).max(initial=0.0) <= tol
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", variants.TILE_VARIANTS)
+@pytest.mark.parametrize("pipelining", [False, True])
+def test_tile_kernels_keep_q_orthogonal_with_tiny_columns(variant, pipelining):
+    # columns of 1e-160 (squares below the normal range) and 1e160 (squares
+    # overflow): the norm is rescaled (NormRange), so every reflector stays
+    # orthogonal and ‖R x‖ = ‖A x‖ holds for the normal-sized columns
+    import cupy as cp
+    tile, bund, threads = variant
+    kern, smem, _ = _kernel(tile, bund, threads)
+    rng = np.random.default_rng()
+    fm, fn = 300, 200
+    A = rng.standard_normal((fm, fn))
+    tiny, huge = np.arange(3, 120, 7), np.arange(5, 120, 11)
+    A[:, tiny] *= 1e-160
+    A[:, huge] *= 1e160
+    tasks, launch, nvt = bucket.dense_front_tasks(fm, fn, None, None, tile=tile,
+                                                  bundle=bund, pipelining=pipelining)
+    Fg = cp.asarray(A.ravel())
+    VTg = cp.full(max(nvt, 1) * tile * tile, cp.nan)
+    for L in range(int(launch[-1]) + 1):
+        _launch(kern, smem, threads, tasks[launch == L], Fg, VTg)
+    R = np.triu(cp.asnumpy(Fg).reshape(fm, fn)[:fn])
+    assert np.isfinite(R).all()
+    X = rng.standard_normal((fn, 4))
+    X[np.concatenate([tiny, huge])] = 0.0
+    rel = np.abs(np.linalg.norm(R @ X, axis=0) / np.linalg.norm(A @ X, axis=0) - 1)
+    assert rel.max() <= 1e3 * EPS
+    # and the kernels agree with the NumPy executor, column by column
+    Fc, VTc = A.ravel().copy(), np.full(max(nvt, 1) * tile * tile, np.nan)
+    execute_launches(tasks, launch, Fc, VTc, tile)
+    Rc = np.triu(Fc.reshape(fm, fn)[:fn])
+    scale = np.linalg.norm(A, axis=0)
+    assert (np.linalg.norm(R - Rc, axis=0) <= 1e3 * EPS * scale).all()
+
+
 # ---------------------------------------------------------------- throughput
 
 def _throughput(tile, bund, threads, nfront=8, fm=4096, fn=1024, reps=10):

@@ -37,6 +37,26 @@ __all__ = ["householder_tile", "execute_task", "execute_launches",
            "apply_qt_front", "launch_conflicts", "simulate_factorize", "SimulateQR"]
 
 
+#: Sums of squares outside ``[NORM_LO, NORM_HI]`` lose precision (squares leave the
+#: normal range): the norm is then recomputed with scaling, as LAPACK's dnrm2
+#: does. Columns whose norm (diagonal included) is below ``NORM_TINY`` are left
+#: alone (tau = 0). The tile kernel (``kernels/gpuqr_factorize.cuh``,
+#: ``NormRange``) follows the same rule.
+NORM_LO, NORM_HI, NORM_TINY = 1e-280, 1e280, 1e-290
+
+
+def column_norm(x: np.ndarray) -> float:
+    """``‖x‖₂`` without under- or overflow in the squares (float64)."""
+    s = float(x @ x)
+    if NORM_LO <= s <= NORM_HI:
+        return float(np.sqrt(s))
+    amax = float(np.abs(x).max()) if x.size else 0.0
+    if amax == 0.0 or not np.isfinite(amax):
+        return amax
+    xs = x / amax
+    return amax * float(np.sqrt(xs @ xs))
+
+
 def householder_tile(A: np.ndarray, nref: int) -> tuple[np.ndarray, np.ndarray]:
     """Householder QR of the first ``nref`` columns of ``A`` in place.
 
@@ -51,10 +71,10 @@ def householder_tile(A: np.ndarray, nref: int) -> tuple[np.ndarray, np.ndarray]:
     for k in range(k_max):
         alpha = A[k, k]
         x = A[k + 1:, k]
-        xnorm = float(np.sqrt(x @ x)) if x.size else 0.0
-        if xnorm == 0.0:
+        nrm = float(np.hypot(alpha, column_norm(x))) if x.size else 0.0
+        if not (nrm >= NORM_TINY and np.any(x)):
             continue
-        beta = -np.copysign(np.hypot(alpha, xnorm), alpha)
+        beta = -np.copysign(nrm, alpha)
         tk = (beta - alpha) / beta
         v = x / (alpha - beta)
         A[k, k] = beta
