@@ -138,6 +138,7 @@ class QRFactorization:
         self._timings = {"validate": t1 - t0 - self._plan.analyze_time,
                          "analyze": self._plan.analyze_time}
         self._M = M
+        self._Md = None
         self._num = None
         self._solver = None
         self._dsolve = None
@@ -150,6 +151,7 @@ class QRFactorization:
         self._timings["factorize"] = time.perf_counter() - t0
         self._solver = None
         self._dsolve = None
+        self._Md = None
 
     def _min_norm_solver(self) -> MinNormSolver:
         if self._solver is None:
@@ -249,15 +251,39 @@ class QRFactorization:
         return device_matmul(self._num, B, trans=trans, float64=True)
 
     def _device_lstsq(self, B):
-        """Float64 CuPy (n, k) solution for float64 CuPy B of shape (m, k)."""
+        """Float64 CuPy (n, k) solution for float64 CuPy B of shape (m, k).
+
+        Refined on the device as the host solve is (:meth:`_refines`)."""
         t0 = time.perf_counter()
         ds = self._device_solve()
         if not self._transposed:
-            X = ds.forward(lambda Y: self._device_apply(Y, True), B, self.shape[1])
+            def solve(C):
+                return ds.forward(lambda Y: self._device_apply(Y, True), C, self.shape[1])
+            X = solve(B)
+            if B.shape[1] and self._refines():
+                import cupy as cp
+                Md = self._device_matrix()
+                for _ in range(REFINE_STEPS):
+                    D = solve(B - Md @ X)
+                    X += D
+                    if float(cp.linalg.norm(D)) <= _EPS * float(cp.linalg.norm(X)):
+                        break
         else:
             X = ds.backward(lambda Y: self._device_apply(Y, False), B, self._num.shape[0])
         self._timings["solve"] = time.perf_counter() - t0
         return X
+
+    def _refines(self) -> bool:
+        """Whether tall least-squares solves refine: ill-conditioned retained part
+        (eps times its condition estimate above :data:`REFINE_ABOVE`)."""
+        return self._min_norm_solver().retained_condition() * _EPS > REFINE_ABOVE
+
+    def _device_matrix(self):
+        """The factored matrix as a float64 cupyx CSR matrix (made once per factorization)."""
+        if getattr(self, "_Md", None) is None:
+            import cupyx.scipy.sparse as csp
+            self._Md = csp.csr_matrix(sp.csr_matrix(self._M, dtype=np.float64))
+        return self._Md
 
     def _exact_solve(self, B: np.ndarray, *, trans: bool = False) -> np.ndarray:
         """``A X = B`` (or ``Aᵀ X = B``) for square A, no rank rule (see ``exact_solve``).
@@ -294,7 +320,7 @@ class QRFactorization:
         m, n = self.shape
         if not self._transposed:
             X = self._tall_host(B, solver)
-            if B.shape[1] and solver.retained_condition() * _EPS > REFINE_ABOVE:
+            if B.shape[1] and self._refines():
                 # ill-conditioned: refinement with residuals of A itself (not of
                 # Q R) takes the backward error down to the rank cutoff's level
                 for _ in range(REFINE_STEPS):
@@ -420,6 +446,7 @@ class QRFactorization:
         self._num = None
         self._solver = None
         self._dsolve = None
+        self._Md = None
 
     def __enter__(self):
         return self
@@ -433,6 +460,7 @@ class QRFactorization:
         state = self.__dict__.copy()
         state["_solver"] = None
         state["_dsolve"] = None
+        state["_Md"] = None
         num = state.get("_num")
         plan = state["_plan"]
         state["_plan_fields"] = {k: getattr(plan, k) for k in

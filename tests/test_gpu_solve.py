@@ -330,7 +330,7 @@ def test_grid32_least_squares_is_backward_stable():
     # grid 32³ has structurally rank-deficient fronts whose contribution blocks
     # carry columns of 1e-108 … 1e-160: before the tile kernel rescaled its
     # column norms their reflectors were not orthogonal (backward error 7e-10)
-    cp = _cp()
+    _cp()
     A = grid3d_least_squares(32)
     rng = np.random.default_rng(3)
     b = A @ rng.standard_normal(A.shape[1]) + 1e-3 * rng.standard_normal(A.shape[0])
@@ -346,6 +346,44 @@ def test_grid32_least_squares_is_backward_stable():
     r = b - A @ x
     assert (np.linalg.norm(A.T @ r)
             <= 1000 * EPS * sp.linalg.norm(A) * np.linalg.norm(r))
+
+
+@pytest.mark.gpu
+def test_device_solve_refines_ill_conditioned_problems_like_the_host():
+    # full rank, cond 1e11 (eps·cond > REFINE_ABOVE): the device solve refines with
+    # A's own residuals, as the host solve does, and gets the host's backward error
+    from scipy_gpuqr import QRFactorization
+    from scipy_gpuqr import _factor
+    cp = _cp()
+    rng = np.random.default_rng()
+    m, n = 400, 300
+    U, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    V, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    A = (U * np.logspace(0, -11, n)) @ V.T
+    A[np.abs(A) < 1e-3 * np.abs(A).max()] = 0.0       # sparse, still full rank
+    As = sp.csc_array(A)
+    b = rng.standard_normal(m)
+    norm2 = np.linalg.norm(A, 2)
+
+    def be(x):
+        r = b - A @ x
+        return np.linalg.norm(A.T @ r) / (norm2 * np.linalg.norm(r))
+
+    host = QRFactorization(As, backend="reference")
+    dev = QRFactorization(As, backend="gpu")
+    assert dev.info["rank_decision"]["method"] == "triangular" and dev._refines()
+    x_dev = dev.solve(b)
+    x_dev_cupy = dev.solve(cp.asarray(b)).get()
+    saved = _factor.REFINE_STEPS
+    try:
+        _factor.REFINE_STEPS = 0
+        plain = be(QRFactorization(As, backend="gpu").solve(b))
+    finally:
+        _factor.REFINE_STEPS = saved
+    ref = be(host.solve(b))
+    assert be(x_dev) <= max(2 * ref, 10 * EPS), (be(x_dev), ref, plain)
+    assert be(x_dev_cupy) <= max(2 * ref, 10 * EPS)
+    assert be(x_dev) <= 1.5 * plain
 
 
 def _lstsq_ok(A, x, b):
