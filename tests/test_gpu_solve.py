@@ -360,7 +360,6 @@ def test_device_solve_refines_ill_conditioned_problems_like_the_host():
     U, _ = np.linalg.qr(rng.standard_normal((m, n)))
     V, _ = np.linalg.qr(rng.standard_normal((n, n)))
     A = (U * np.logspace(0, -11, n)) @ V.T
-    A[np.abs(A) < 1e-3 * np.abs(A).max()] = 0.0       # sparse, still full rank
     As = sp.csc_array(A)
     b = rng.standard_normal(m)
     norm2 = np.linalg.norm(A, 2)
@@ -371,7 +370,7 @@ def test_device_solve_refines_ill_conditioned_problems_like_the_host():
 
     host = QRFactorization(As, backend="reference")
     dev = QRFactorization(As, backend="gpu")
-    assert dev.info["rank_decision"]["method"] == "triangular" and dev._refines()
+    assert dev._min_norm_solver().method == "triangular" and dev._refines()
     x_dev = dev.solve(b)
     x_dev_cupy = dev.solve(cp.asarray(b)).get()
     saved = _factor.REFINE_STEPS
@@ -383,7 +382,7 @@ def test_device_solve_refines_ill_conditioned_problems_like_the_host():
     ref = be(host.solve(b))
     assert be(x_dev) <= max(2 * ref, 10 * EPS), (be(x_dev), ref, plain)
     assert be(x_dev_cupy) <= max(2 * ref, 10 * EPS)
-    assert be(x_dev) <= 1.5 * plain
+    assert be(x_dev) < 0.5 * plain     # measured 0.16-0.24 of the unrefined
 
 
 def _lstsq_ok(A, x, b):
