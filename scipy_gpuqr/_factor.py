@@ -24,7 +24,8 @@ __all__ = ["QRFactorization", "REFINE_ABOVE", "REFINE_STEPS"]
 
 _EPS = float(np.finfo(np.float64).eps)
 
-#: Host least-squares solves refine X (at most REFINE_STEPS steps, x += G⁺Qᵀ(b − A x))
+#: Tall least-squares solves (host and device) refine X (at most REFINE_STEPS steps,
+#: x += G⁺Qᵀ(b − A x))
 #: when eps times the condition estimate of the retained part of R exceeds this.
 REFINE_ABOVE = 1e-8
 REFINE_STEPS = 2
