@@ -10,7 +10,7 @@ def test_readme_solver_example_runs(capsys):
     example = re.findall(r"```python\n(.*?)```", text, re.S)[0]
     namespace: dict = {}
     exec(compile(example, "README.md", "exec"), namespace)
-    A, b, x1 = namespace["A"], namespace["b"], namespace["x1"]
+    A, x1 = namespace["A"], namespace["x1"]
     assert x1.shape == (A.shape[1],)
     assert namespace["rank"] <= min(A.shape)
     assert capsys.readouterr().out.strip()

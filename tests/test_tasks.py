@@ -1,6 +1,5 @@
 """The task record: NumPy dtype and the kernel struct agree (NVRTC, no GPU)."""
 
-import numpy as np
 import pytest
 
 from scipy_gpuqr import _kernels

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import scipy.linalg
 
 from scipy_gpuqr import qr_tiled
 from scipy_gpuqr._gpu import import_cupy

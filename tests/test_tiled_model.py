@@ -1,7 +1,5 @@
 """The tiled QR's device model against the paper's worked examples."""
 
-import math
-
 import pytest
 
 from scipy_gpuqr import _tiled_model as model
@@ -65,7 +63,7 @@ def test_select_main_fallback_fastest_te():
 def test_t_op_and_t_comm_by_hand():
     main = _prof("m", 1.0, 2.0, 0.5, 0.5)
     other = _prof("o", 9.0, 9.0, 0.25, 0.25)
-    M, N = 4, 5
+    M = 4
     owners = [0, 1, 0, 1, 1]          # columns 1..4 -> o, m, o, o
     # main: M*(T+E) + #tile(m)*(UT+UE) = 4*3 + 4*1*1 = 16; other: 4*3*0.5 = 6
     assert model.t_op([main, other], owners, M) == pytest.approx(16.0)

@@ -42,7 +42,7 @@ import numpy as np
 
 from .._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
 from .._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
-from .gpu_device import CupyDevice, DeviceOutOfMemory, GpuEngineError, NumpyDevice
+from .gpu_device import CupyDevice, DeviceOutOfMemory, GpuEngineError
 from .simulate import SimulateQR
 
 __all__ = ["gpu_factorize", "GpuQR", "GpuEngineError"]
