@@ -260,15 +260,9 @@ class QRFactorization:
         if not self._transposed:
             def solve(C):
                 return ds.forward(lambda Y: self._device_apply(Y, True), C, self.shape[1])
-            X = solve(B)
-            if B.shape[1] and self._refines():
-                import cupy as cp
-                Md = self._device_matrix()
-                for _ in range(REFINE_STEPS):
-                    D = solve(B - Md @ X)
-                    X += D
-                    if float(cp.linalg.norm(D)) <= _EPS * float(cp.linalg.norm(X)):
-                        break
+            import cupy as cp
+            X = self._refined(solve, self._device_matrix, B, solve(B),
+                              lambda Y: float(cp.linalg.norm(Y)))
         else:
             X = ds.backward(lambda Y: self._device_apply(Y, False), B, self._num.shape[0])
         self._timings["solve"] = time.perf_counter() - t0
@@ -278,6 +272,22 @@ class QRFactorization:
         """Whether tall least-squares solves refine: ill-conditioned retained part
         (eps times its condition estimate above :data:`REFINE_ABOVE`)."""
         return self._min_norm_solver().retained_condition() * _EPS > REFINE_ABOVE
+
+    def _refined(self, solve, matrix, B, X, norm):
+        """``X`` (solution of the tall problem for ``B``) refined in place where
+        :meth:`_refines` says so: at most :data:`REFINE_STEPS` steps ``X += solve(B − M X)``
+        with A's own residuals (not Q R's), which take the backward error down to the
+        rank cutoff's level. ``matrix()`` gives M and ``norm`` a float 2-norm, of the
+        array module of B and X (host or device)."""
+        if not (B.shape[1] and self._refines()):
+            return X
+        M = matrix()
+        for _ in range(REFINE_STEPS):
+            D = solve(B - M @ X)
+            X += D
+            if norm(D) <= _EPS * norm(X):
+                break
+        return X
 
     def _device_matrix(self):
         """The factored matrix as a float64 cupyx CSR matrix (made once per factorization)."""
@@ -320,15 +330,10 @@ class QRFactorization:
         solver = self._min_norm_solver()
         m, n = self.shape
         if not self._transposed:
-            X = self._tall_host(B, solver)
-            if B.shape[1] and self._refines():
-                # ill-conditioned: refinement with residuals of A itself (not of
-                # Q R) takes the backward error down to the rank cutoff's level
-                for _ in range(REFINE_STEPS):
-                    D = self._tall_host(B - self._M @ X, solver)
-                    X += D
-                    if np.linalg.norm(D) <= _EPS * np.linalg.norm(X):
-                        break
+            def solve(C):
+                return self._tall_host(C, solver)
+            X = self._refined(solve, lambda: self._M, B, solve(B),
+                              lambda Y: float(np.linalg.norm(Y)))
         else:
             Bp = B[num.colperm]
             Z = solver.solve(Bp)

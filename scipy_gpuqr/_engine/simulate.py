@@ -71,8 +71,9 @@ def householder_tile(A: np.ndarray, nref: int) -> tuple[np.ndarray, np.ndarray]:
     for k in range(k_max):
         alpha = A[k, k]
         x = A[k + 1:, k]
-        nrm = float(np.hypot(alpha, column_norm(x))) if x.size else 0.0
-        if not (nrm >= NORM_TINY and np.any(x)):
+        xnorm = column_norm(x) if x.size else 0.0     # 0 only for an all-zero x
+        nrm = float(np.hypot(alpha, xnorm)) if xnorm > 0.0 else 0.0
+        if not nrm >= NORM_TINY:
             continue
         beta = -np.copysign(nrm, alpha)
         tk = (beta - alpha) / beta
