@@ -55,17 +55,19 @@ def gpu_info() -> dict:
     info = {"available": False, "reason": "", "cupy_version": None}
     cp = import_cupy()
     if cp is None:
-        info["reason"] = ("cupy is not installed (pip install "
+        info["reason"] = ("no GPU support installed: cupy is absent (pip install "
                           "'scipy_gpuqr[cuda13]' or '[cuda12]')")
         return info
     info["cupy_version"] = cp.__version__
     try:
         count = cp.cuda.runtime.getDeviceCount()
     except Exception as exc:  # CUDARuntimeError without a driver
-        info["reason"] = f"no CUDA driver or device ({_short(exc)})"
+        # without a GPU the runtime says "driver version is insufficient",
+        # which reads like a version problem: say what it means first
+        info["reason"] = f"no GPU found (no usable CUDA driver: {_short(exc)})"
         return info
     if count < 1:
-        info["reason"] = "no CUDA device visible"
+        info["reason"] = "no GPU found (no CUDA device visible)"
         return info
     try:
         device = cp.cuda.Device()

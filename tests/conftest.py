@@ -13,12 +13,17 @@ from scipy_gpuqr._gpu import gpu_available
 REPO = Path(__file__).resolve().parents[1]
 
 
+TEST_MATRICES = REPO / "tests" / "data" / "matrices"
+
+
 def shared_matrices_dir() -> Path | None:
-    """``$SHARED_MATRICES`` or ``../shared/matrices`` beside the checkout."""
+    """The test matrices: ``$SHARED_MATRICES`` when set, else the ones in the repository.
+
+    ``tests/data/matrices`` carries every matrix the tests read (see its
+    README), so a fresh clone needs no files from outside the repository.
+    """
     env = os.environ.get("SHARED_MATRICES")
-    candidates = [Path(env)] if env else []
-    candidates += [REPO.parent / "shared" / "matrices", REPO / ".dev" / "matrices"]
-    for c in candidates:
+    for c in ([Path(env)] if env else []) + [TEST_MATRICES]:
         if c.is_dir():
             return c
     return None
@@ -63,7 +68,7 @@ def real_shared_matrices(matrices_dir: Path, *, nonempty: bool = True):
 def matrices_dir() -> Path:
     d = shared_matrices_dir()
     if d is None:
-        pytest.skip("shared test matrices not found (set SHARED_MATRICES)")
+        pytest.fail(f"test matrices not found: {TEST_MATRICES} is part of the repository")
     return d
 
 
