@@ -196,8 +196,10 @@ def test_built_once_then_loaded_and_damage_rebuilt(tmp_path):
     first = native._Loader()
     assert first.get(False, env) is None or first.status() == "loaded"   # built on a thread
     assert first.get(True, env) is not None and first.build_s is not None
-    so, = (tmp_path / "native").iterdir()
-    assert so.name.startswith("native-") and so.suffix == ".so"
+    so, = (tmp_path / "native").glob("native-*.so")
+    assert sorted(p.name for p in (tmp_path / "native").iterdir()) == \
+        [so.name, so.name + native.MANIFEST_SUFFIX]
+    assert native._intact(so)
     second = native._Loader()
     assert second.get(False, env) is not None and second.build_s is None  # loaded, not built
     # a damaged file (another folder: the loader maps a path once per process)
@@ -206,7 +208,9 @@ def test_built_once_then_loaded_and_damage_rebuilt(tmp_path):
     (other / "native" / so.name).write_bytes(b"not a library")
     third = native._Loader()
     assert third.get(True, _env(other)) is not None and third.build_s is not None
-    assert [p.name for p in (other / "native").iterdir()] == [so.name]
+    assert sorted(p.name for p in (other / "native").iterdir()) == \
+        [so.name, so.name + native.MANIFEST_SUFFIX]
+    assert native._intact(other / "native" / so.name)
 
 
 def test_nothing_built_at_import(tmp_path):
@@ -221,15 +225,21 @@ def test_old_builds_pruned(tmp_path):
     for k in range(native.MAX_BUILDS + 3):
         p = d / f"native-old{k:02d}.so"
         p.write_bytes(b"x")
+        (d / (p.name + native.MANIFEST_SUFFIX)).write_text(native._manifest_text(1, "0" * 64))
         os.utime(p, (1000 + k, 1000 + k))
-    dead = d / ".native-dead.so"
-    dead.write_bytes(b"x")
-    os.utime(dead, (1000, 1000))
+    for name in (".native-dead.so", ".native-dead.sha256", "native-gone.so.sha256"):
+        (d / name).write_bytes(b"x")
+        os.utime(d / name, (1000, 1000))
+    (d / "native-young.so.sha256").write_bytes(b"x")       # maybe a build between renames
     ld = native._Loader()
     assert ld.get(True, _env(tmp_path)) is not None
-    left = sorted(p.name for p in d.iterdir())
-    assert len(left) == native.MAX_BUILDS and not any(n.startswith(".") for n in left)
+    left = sorted(p.name for p in d.glob("native-*.so"))
+    assert len(left) == native.MAX_BUILDS
     assert "native-old00.so" not in left and f"native-old{native.MAX_BUILDS + 2:02d}.so" in left
+    manifests = sorted(p.name for p in d.glob("native-*.so" + native.MANIFEST_SUFFIX))
+    assert manifests == sorted([n + native.MANIFEST_SUFFIX for n in left]
+                               + ["native-young.so.sha256"])
+    assert not any(p.name.startswith(".") for p in d.iterdir())
 
 
 def test_fill_refuses_blocks_that_do_not_fit(loader):
@@ -244,3 +254,106 @@ def test_fill_refuses_blocks_that_do_not_fit(loader):
         native.fill(h, np.zeros((5, 12), np.int64), [0], [3], [0], [0], *args)
     with pytest.raises(ValueError):
         native.fill(h, np.zeros((6, 12), np.int64), [0], [3], [0], [1], *args)
+
+
+# A damaged library on disk: checked against its manifest before it is mapped,
+# deleted and built again. Each case runs in a fresh process (a SIGBUS there is a
+# negative return code, not the end of pytest), which this process never maps.
+
+_CHILD = """
+import json
+from scipy_gpuqr._schedule import native
+from scipy_gpuqr._schedule.sparse import build_schedule, schedule_digest
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import grid3d_least_squares
+lib = native.library(wait=True)
+d = schedule_digest(build_schedule(analyze(grid3d_least_squares(10)), cache=False))
+print(json.dumps(dict(status=native.status(), build_s=native._LOADER.build_s, digest=d)))
+"""
+_DIGEST = "9f3f556ddd2b56d0"          # test_pinned_records_through_the_compiled_path's
+
+
+def _child(env):
+    """Load the library and plan a small schedule in a fresh process: its report."""
+    import json
+    r = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
+                       timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr.decode(errors="replace")[-2000:])
+    got = json.loads(r.stdout.decode().strip().splitlines()[-1])
+    assert got["digest"] == _DIGEST
+    return got
+
+
+def _manifest_matches(so):
+    """The manifest beside ``so`` records its size and SHA-256 (computed here)."""
+    import hashlib
+    data = so.read_bytes()
+    return native._read_manifest(so) == (len(data), hashlib.sha256(data).hexdigest())
+
+
+@pytest.fixture
+def built(tmp_path):
+    """``(environment, library path, its bytes)``: a library built by another process
+    (mode ``c``) into a temporary cache folder, then loaded there without a build."""
+    env = _env(tmp_path, **{native.ENV: "c"})
+    assert _child(env)["build_s"] is not None
+    so, = (tmp_path / "native").glob("native-*.so")
+    assert _manifest_matches(so)
+    assert _child(env) == dict(status="loaded", build_s=None, digest=_DIGEST)
+    return env, so, so.read_bytes()
+
+
+def _rebuilt(env, so, good):
+    got = _child(env)
+    assert got["status"] == "loaded" and got["build_s"] is not None, got
+    assert _manifest_matches(so) and so.stat().st_size == len(good)
+    assert not any(p.name.startswith(".") for p in so.parent.iterdir())   # no temporaries
+    assert _child(env)["build_s"] is None                 # and loaded from then on
+
+
+def test_truncated_library_rebuilt(built):
+    env, so, good = built
+    os.truncate(so, len(good) // 2)                   # in place (the old code: SIGBUS)
+    _rebuilt(env, so, good)
+
+
+def test_overwritten_library_rebuilt(built):
+    env, so, good = built
+    with open(so, "r+b") as f:                        # in place, the size kept
+        f.seek(len(good) // 2)
+        f.write(b"\xff" * 256)
+    _rebuilt(env, so, good)
+
+
+def test_missing_manifest_rebuilt(built):
+    env, so, good = built
+    native._manifest_path(so).unlink()
+    _rebuilt(env, so, good)
+
+
+def test_damaged_manifest_rebuilt(built):
+    env, so, good = built
+    m = native._manifest_path(so)
+    m.write_text(m.read_text().replace("size ", "size 1"))
+    _rebuilt(env, so, good)
+    m.write_text("garbage")
+    _rebuilt(env, so, good)
+
+
+def test_damaged_library_without_compiler_numpy_path(built, tmp_path):
+    # the same key (the same $CC command), but the compiler now fails: the NumPy
+    # path gives the same schedule, and the damaged file is gone
+    env, so, good = built
+    import shlex
+    cc = tmp_path / "cc.sh"
+    real = shlex.join(native._compiler(os.environ))
+    cc.write_text(f'#!/bin/sh\n[ -n "$SGQ_TEST_CC_FAIL" ] && exit 3\nexec {real} "$@"\n')
+    cc.chmod(0o755)
+    env = dict(env, CC=str(cc), **{native.ENV: "auto"})
+    assert _child(env)["build_s"] is not None
+    so, = (p for p in so.parent.glob("native-*.so") if p != so)
+    os.truncate(so, len(so.read_bytes()) // 2)
+    got = _child(dict(env, SGQ_TEST_CC_FAIL="1"))
+    assert got["status"].startswith("unavailable: compiler failed"), got
+    assert not so.exists() and not native._manifest_path(so).exists()
+    assert _child(env)["build_s"] is not None and _manifest_matches(so)   # compiler back

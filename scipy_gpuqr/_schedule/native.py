@@ -25,9 +25,18 @@ It is plain C99 without Python headers, so any system C compiler builds it
 * where: ``native/`` in the package cache folder
   (:func:`scipy_gpuqr._cachedir.cache_dir`), file ``native-{key}.so``, the
   key a hash of the source, :data:`ABI`, the platform and the compiler
-  command; compiled into a temporary file of that folder and moved into place
-  (``os.replace``), so processes building at once never load a partial file;
-  at most :data:`MAX_BUILDS` builds are kept;
+  command; compiled into a temporary file of that folder, loaded from there,
+  and moved into place (``os.replace``), so processes building at once never
+  load a partial file; at most :data:`MAX_BUILDS` builds are kept;
+* check: beside each library a manifest ``native-{key}.so.sha256``
+  (:data:`MANIFEST_SUFFIX`: size and SHA-256 of the complete library, also
+  published by ``os.replace``, before the library). A library is loaded only
+  when its size and checksum match its manifest (60 us for its 25 kB):
+  ``dlopen`` maps the file, so a truncated one kills the process with SIGBUS
+  and one with overwritten bytes with an illegal instruction or a loader
+  error, which no ``try`` can catch. A missing manifest or a mismatch deletes
+  both files and builds again (no compiler or a failed build: the NumPy
+  path);
 * how: ``$CC`` (split like a shell command) or the first of ``cc``, ``gcc``,
   ``clang`` found, with ``-O2 -shared -fPIC``; loaded with ``ctypes`` (cffi's
   ABI mode would parse declarations first: 3 ms, 30 ms as a process' first
@@ -58,8 +67,9 @@ import numpy as np
 
 from .._cachedir import cache_dir
 
-__all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "NativeUnavailable", "mode", "library",
-           "handle", "status", "simulate", "tile_buckets", "element_rows", "assembly", "fill"]
+__all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "MANIFEST_SUFFIX", "NativeUnavailable", "mode",
+           "library", "handle", "status", "simulate", "tile_buckets", "element_rows", "assembly",
+           "fill"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
@@ -72,6 +82,8 @@ COLS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop"
 _SOURCE = Path(__file__).resolve().with_name("_native.c")
 _FLAGS = ("-O2", "-shared", "-fPIC")
 _NOMEM, _FINAL, _INPUT = 1, 2, 3
+#: Suffix added to a library's file name to name its manifest (size and SHA-256).
+MANIFEST_SUFFIX = ".sha256"
 
 
 class NativeUnavailable(RuntimeError):
@@ -125,7 +137,12 @@ class _Loader:
 
     def get(self, wait: bool, environ: Mapping[str, str] = os.environ):
         """The library (``ctypes.CDLL``); None when it cannot be had, or (``wait``
-        False) while it is being built."""
+        False) while it is being built.
+
+        A library on disk is loaded only when :func:`_intact` (its manifest's
+        size and SHA-256); otherwise it and its manifest are deleted and built
+        again, on a worker thread that this call joins when ``wait``.
+        """
         with self._lock:
             if self._pid != os.getpid():          # a forked child: no build thread here
                 self._pid, self._thread = os.getpid(), None
@@ -138,15 +155,13 @@ class _Loader:
                 except _Fail as exc:
                     self._error = str(exc)
                     return None
-                if path.is_file():
-                    self._load(path)
-                    if self._lib is not None:
-                        return self._lib
-                    self._error = None             # damaged: build it again
-                    try:
-                        path.unlink()
-                    except OSError:
-                        pass
+                if path.is_file() or _manifest_path(path).is_file():
+                    if _intact(path):              # never dlopen a damaged file
+                        self._load(path)
+                        if self._lib is not None:
+                            return self._lib
+                    self._error = None             # damaged or unloadable: build again
+                    _discard(path)
                 th = threading.Thread(target=self._build, args=(path, cmd),
                                       name="scipy_gpuqr-native-build")
                 self._thread = th
@@ -179,10 +194,18 @@ class _Loader:
         self._lib = lib
 
     def _build(self, path: Path, cmd: list) -> None:
+        """Compile into a temporary file beside ``path``, load that file, then
+        publish its manifest and it (``os.replace`` each, the manifest first);
+        the outcome (library or error) is set under the lock.
+
+        Loading the temporary file, not ``path``, maps exactly the bytes the
+        manifest describes, whatever another process publishes meanwhile; a
+        library that does not load is never published.
+        """
         import time
         t0 = time.perf_counter()
-        err = None
-        tmp = None
+        err = lib = None
+        tmp = tmp_m = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".native-", suffix=".so", dir=path.parent)
@@ -193,20 +216,33 @@ class _Loader:
                 msg = (r.stderr or r.stdout).decode(errors="replace").strip()
                 err = f"compiler failed ({r.returncode}): {msg[-300:]}"
             else:
+                size, digest = _checksum(Path(tmp), sync=True)
+                lib = _open(Path(tmp))
+                fd, tmp_m = tempfile.mkstemp(prefix=".native-", suffix=MANIFEST_SUFFIX,
+                                             dir=path.parent)
+                with os.fdopen(fd, "w") as f:
+                    f.write(_manifest_text(size, digest))
+                    f.flush()
+                    os.fsync(f.fileno())
+                # readable by whoever may read the library (mkstemp makes 0600)
+                os.chmod(tmp_m, os.stat(tmp).st_mode & 0o666)
+                os.replace(tmp_m, _manifest_path(path))
+                tmp_m = None
                 os.replace(tmp, path)
                 tmp = None
                 _prune(path.parent, keep=path)
         except Exception as exc:                  # noqa: BLE001 - NumPy path instead
-            err = f"build failed: {exc}"
+            err, lib = f"build failed: {exc}", None
         finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+            for t in (tmp, tmp_m):
+                if t is not None:
+                    try:
+                        os.unlink(t)
+                    except OSError:
+                        pass
         with self._lock:
             if err is None:
-                self._load(path)
+                self._lib = lib
             else:
                 self._error = err
             self.build_s = time.perf_counter() - t0
@@ -222,19 +258,93 @@ MAX_BUILDS = 8
 
 
 def _prune(folder: Path, keep: Path) -> None:
-    """Delete the oldest builds past :data:`MAX_BUILDS` and temporary files of
-    builds that died over an hour ago (best effort; a library in use stays
-    mapped where it is open)."""
+    """Delete the oldest builds past :data:`MAX_BUILDS` with their manifests,
+    and, over an hour old, temporary files of builds that died and manifests
+    without a library (younger ones may be a build between its two renames);
+    best effort: a library in use stays mapped where it is open."""
     import time
     try:
         builds = sorted(folder.glob("native-*.so"), key=lambda p: p.stat().st_mtime)
         for p in [p for p in builds if p != keep][:max(len(builds) - MAX_BUILDS, 0)]:
-            p.unlink()
-        for p in folder.glob(".native-*.so"):
-            if p.stat().st_mtime < time.time() - 3600:
+            _discard(p)
+        old = time.time() - 3600
+        for m in folder.glob("native-*.so" + MANIFEST_SUFFIX):
+            if not m.with_name(m.name[:-len(MANIFEST_SUFFIX)]).exists() and \
+                    m.stat().st_mtime < old:
+                m.unlink()
+        for p in folder.glob(".native-*"):
+            if p.stat().st_mtime < old:
                 p.unlink()
     except OSError:
         pass
+
+
+def _manifest_path(path: Path) -> Path:
+    """The manifest beside the library ``path`` (``path`` + :data:`MANIFEST_SUFFIX`)."""
+    return path.with_name(path.name + MANIFEST_SUFFIX)
+
+
+def _manifest_text(size: int, digest: str) -> str:
+    """A manifest's text: the library's size in bytes and its SHA-256 (hex)."""
+    return f"size {size}\nsha256 {digest}\n"
+
+
+def _read_manifest(path: Path) -> tuple[int, str] | None:
+    """``(size, sha256 hex)`` of the manifest of the library ``path``; None when
+    it is missing, unreadable or malformed."""
+    try:
+        text = _manifest_path(path).read_text(encoding="ascii")
+        fields = dict(line.split(" ", 1) for line in text.splitlines())
+        size, digest = int(fields["size"]), fields["sha256"]
+    except (OSError, ValueError, KeyError, UnicodeDecodeError):
+        return None
+    if size < 0 or len(digest) != 64 or digest.strip("0123456789abcdef"):
+        return None
+    return size, digest
+
+
+def _checksum(path: Path, sync: bool = False) -> tuple[int, str]:
+    """``(size, sha256 hex)`` of the file ``path``, read through one descriptor;
+    ``sync`` also flushes it to disk first (a build, before it is published).
+
+    Raises
+    ------
+    OSError
+        The file cannot be opened or read.
+    """
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        if sync:
+            os.fsync(f.fileno())
+        size = 0
+        while chunk := f.read(1 << 16):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def _intact(path: Path) -> bool:
+    """Whether the library ``path`` has the size, then the SHA-256, that its
+    manifest records (False when either file is missing or unreadable)."""
+    want = _read_manifest(path)
+    if want is None:
+        return False
+    try:
+        if path.stat().st_size != want[0]:
+            return False
+        return _checksum(path) == want
+    except OSError:
+        return False
+
+
+def _discard(path: Path) -> None:
+    """Delete the library ``path`` and its manifest (best effort: one gone
+    already, or another process' rebuild racing, is no error)."""
+    for p in (path, _manifest_path(path)):
+        try:
+            p.unlink()
+        except OSError:
+            pass
 
 
 def _open(path: Path):
