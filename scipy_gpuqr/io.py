@@ -35,6 +35,7 @@ _FIELDS = ("real", "double", "integer", "pattern", "complex")
 _SYMMETRIES = ("general", "symmetric", "skew-symmetric", "hermitian")
 _NVALUES = {"real": 1, "double": 1, "integer": 1, "pattern": 0, "complex": 2}
 _COMMENT_LINE = re.compile(rb"(?m)^[ \t]*%[^\n]*")
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 
 class MatrixMarketError(ValueError):
@@ -69,7 +70,9 @@ def mmread(source) -> sp.coo_array:
     -------
     scipy.sparse.coo_array
         float64 for real, double and pattern (pattern entries are 1), int64
-        for integer, complex128 for complex fields. Symmetric, skew-symmetric
+        for integer (an index, size or integer value outside int64 is a
+        :class:`MatrixMarketError`, never a wrap-around), complex128 for
+        complex fields. Symmetric, skew-symmetric
         and hermitian storage is expanded; duplicate entries are kept (they
         sum when converted, as in SciPy). Array-format files give all m·n
         entries, zeros included.
@@ -174,6 +177,8 @@ class _Parser:
                              f"{line.strip()[:60].decode('latin-1')!r}") from None
         if min(sizes) < 0:
             raise self.error(self.lineno, f"negative size in {sizes}")
+        if max(sizes) > _INT64_MAX:
+            raise self.error(self.lineno, f"size {max(sizes)} out of range (int64)")
         m, n = sizes[:2]
         if symmetry != "general" and m != n:
             raise self.error(self.lineno, f"a {symmetry} matrix must be square, size line "
@@ -246,17 +251,33 @@ class _Parser:
             rows, cols, vals = self._expand(rows, cols, vals, symmetry, line_of, fmt)
         return sp.coo_array((vals, (rows, cols)), shape=(m, n))
 
-    def _ints(self, toks, line_of, what) -> np.ndarray:
+    def _ints(self, toks, line_of, what, label=None) -> np.ndarray:
+        """Convert integer tokens to int64, naming the line of the first bad one.
+
+        ``what`` names a token in the "is not an integer" message and ``label``
+        (default ``what``) in the "out of range" one. A token that is an integer
+        but does not fit int64 is an error rather than a silent wrap-around or
+        a float: the result's dtype is int64, as documented by :func:`mmread`.
+        """
+        if not toks:
+            return np.zeros(0, np.int64)
         try:
-            return np.array(toks, dtype=np.int64) if toks else np.zeros(0, np.int64)
+            return np.array(toks, dtype=np.int64)
         except (ValueError, OverflowError):
-            for k, tok in enumerate(toks):
-                try:
-                    int(tok)
-                except ValueError:
-                    raise self.error(int(line_of[k]), f"{what} {tok!r} is not an "
-                                     "integer") from None
-            raise
+            pass
+        # slow path, only for a file that fails the fast one: find the first bad token
+        values = []
+        for k, tok in enumerate(toks):
+            try:
+                value = int(tok)
+            except ValueError:
+                raise self.error(int(line_of[k]), f"{what} {tok!r} is not an "
+                                 "integer") from None
+            if not _INT64_MIN <= value <= _INT64_MAX:
+                raise self.error(int(line_of[k]), f"{label or what} {tok} out of range "
+                                 "(int64)")
+            values.append(value)
+        return np.array(values, dtype=np.int64)
 
     def _floats(self, toks, line_of, what) -> np.ndarray:
         if not toks:
@@ -281,7 +302,8 @@ class _Parser:
         if field == "pattern":
             return np.ones(count, dtype=np.float64)
         if field == "integer":
-            return self._ints(tokens[offset::per_entry], line_of, "integer value")
+            return self._ints(tokens[offset::per_entry], line_of, "integer value",
+                              label="integer")
         re_ = self._floats(tokens[offset::per_entry], line_of, "value")
         if field == "complex":
             im = self._floats(tokens[offset + 1::per_entry], line_of, "imaginary part")

@@ -32,6 +32,8 @@ def test_no_command_prints_help():
 @pytest.mark.parametrize("content", [
     "", "%%MatrixMarket matrix coordinate real general\n3 3 2\n1 1 1.0\n",
     "not a matrix market file\n", "%%MatrixMarket matrix coordinate real general\n2 2 1\n5 1 1.0\n",
+    "%%MatrixMarket matrix coordinate integer general\n2 2 2\n1 1 3\n2 2 18446744073709551615\n",
+    "%%MatrixMarket matrix array integer general\n2 1\n5\n-9223372036854775809\n",
 ])
 @pytest.mark.parametrize("command", ["solve", "analyze"])
 def test_malformed_file_is_one_line_error(tmp_path, content, command):
@@ -41,6 +43,66 @@ def test_malformed_file_is_one_line_error(tmp_path, content, command):
     assert out.returncode == 2, out.stdout + out.stderr
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().count("\n") == 0 and "bad.mtx" in out.stderr
+
+
+def test_integer_out_of_range_names_file_and_line(tmp_path):
+    path = tmp_path / "big.mtx"
+    path.write_text("%%MatrixMarket matrix coordinate integer general\n" + "% c\n" * 5
+                    + "2 2 2\n1 1 3\n2 2 18446744073709551615\n")
+    out = _cli("solve", str(path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == (f"scipy-gpuqr solve: error: {path}, line 9: integer "
+                                  "18446744073709551615 out of range (int64)")
+
+
+def _cli_strict(*args):
+    """Run the CLI with every warning turned into an error."""
+    return subprocess.run([sys.executable, "-W", "error", "-m", "scipy_gpuqr", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (4, 3)])
+@pytest.mark.parametrize("rhs", [None, "zeros", "ones"])
+def test_solve_matrix_without_entries(tmp_path, shape, rhs):
+    m, n = shape
+    path = tmp_path / "empty.mtx"
+    path.write_text(f"%%MatrixMarket matrix coordinate real general\n{m} {n} 0\n")
+    args = [str(path)]
+    if rhs is not None:
+        b = tmp_path / "b.mtx"
+        value = "0" if rhs == "zeros" else "1"
+        b.write_text(f"%%MatrixMarket matrix array real general\n{m} 1\n" + f"{value}\n" * m)
+        args.append(str(b))
+    out = _cli_strict("solve", *args, "--json")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+    report = json.loads(out.stdout)
+    assert report["shape"] == [m, n] and report["nnz"] == 0
+    for who in ("ours", "scipy"):
+        assert report[who]["backward_error"] == 0.0, report
+    assert "nan" not in report["text"].lower()
+
+
+def test_backward_error_of_a_zero_matrix():
+    import numpy as np
+    import scipy.sparse as sp
+
+    from scipy_gpuqr import _adapters
+    from scipy_gpuqr._solve_report import _backward_error
+
+    A = sp.csc_array((3, 4))
+    b = np.array([1.0, -2.0, 3.0])
+    x = _adapters.lsqr(A, b)[0]
+    np.testing.assert_array_equal(x, np.zeros(4))  # minimum-norm least-squares solution
+    with np.errstate(all="raise"):
+        assert _backward_error(A, x, b) == 0.0
+        assert _backward_error(A, x, np.zeros(3)) == 0.0
+        assert np.isnan(_backward_error(A, np.full(4, np.nan), b))
+        # a nonzero matrix keeps the usual definitions
+        B = sp.csc_array(np.array([[1.0, 0], [0, 1.0], [0, 0]]))
+        assert _backward_error(B, np.array([1.0, -2.0]), b) < 1e-15
+        assert _backward_error(B, np.zeros(2), np.zeros(3)) == 0.0
+        assert _backward_error(B, np.zeros(2), b) > 0.1
 
 
 def test_missing_file_is_one_line_error(tmp_path):

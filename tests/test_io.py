@@ -165,6 +165,7 @@ def test_gzip_file(tmp_path, matrices_dir):
 # --------------------------------------------------------------------------
 
 HEAD = "%%MatrixMarket matrix coordinate real general\n"
+INT = "%%MatrixMarket matrix coordinate integer general\n"
 
 MALFORMED = [
     ("", None, "empty file"),
@@ -197,6 +198,21 @@ MALFORMED = [
      "nonzero diagonal"),
     ("%%MatrixMarket matrix array real general\n2 2\n1\n2\n3\n", 6, "ends after 3 of the 4"),
     (HEAD + "2 2 1\n1 1 \xe9\n", 3, "non-ASCII"),
+    # integers outside int64: an error naming the line, not a bare OverflowError
+    (INT + "2 2 2\n1 1 3\n2 2 18446744073709551615\n", 4,
+     "integer 18446744073709551615 out of range \\(int64\\)"),
+    (INT + "2 2 2\n1 1 3\n2 2 -9223372036854775809\n", 4,
+     "integer -9223372036854775809 out of range"),
+    (INT + "2 2 2\n1 1 99999999999999999999\n2 2 x\n", 3, "integer 9+ out of range"),
+    (INT + "2 2 2\n1 1 x\n2 2 99999999999999999999\n", 3, "'x' is not an integer"),
+    ("%%MatrixMarket matrix array integer general\n2 1\n5\n18446744073709551615\n", 4,
+     "integer 18446744073709551615 out of range"),
+    ("%%MatrixMarket matrix array integer symmetric\n2 2\n5\n-9223372036854775809\n7\n", 4,
+     "integer -9223372036854775809 out of range"),
+    (HEAD + "2 2 2\n1 1 1\n18446744073709551617 1 2\n", 4, "row index 1844\\d+ out of range"),
+    ("%%MatrixMarket matrix coordinate pattern general\n2 2 2\n1 1 7\n2 99999999999999999999 8\n",
+     4, "column index 9+ out of range"),
+    (HEAD + "99999999999999999999 2 0\n", 2, "size 9+ out of range"),
 ]
 
 
@@ -220,3 +236,21 @@ def test_error_names_the_file(tmp_path):
         mmread(path)
     with pytest.raises(FileNotFoundError):
         mmread(tmp_path / "missing.mtx")
+
+
+def test_integer_out_of_range_names_the_file_and_line(tmp_path):
+    path = tmp_path / "big.mtx"
+    path.write_text(INT + "% c\n" * 5 + "2 2 2\n1 1 3\n2 2 18446744073709551615\n")
+    with pytest.raises(MatrixMarketError, match=r"big\.mtx, line 9: integer "
+                       r"18446744073709551615 out of range \(int64\)") as info:
+        mmread(path)
+    assert info.value.lineno == 9 and info.value.source == str(path)
+
+
+def test_int64_limits_are_read_exactly():
+    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    A = read_text(INT + f"2 2 2\n1 1 {lo}\n2 2 {hi}\n")
+    assert A.dtype == np.int64
+    np.testing.assert_array_equal(A.toarray(), np.array([[lo, 0], [0, hi]], dtype=np.int64))
+    B = read_text(f"%%MatrixMarket matrix array integer general\n2 1\n{hi}\n{lo}\n")
+    np.testing.assert_array_equal(B.toarray(), np.array([[hi], [lo]], dtype=np.int64))
