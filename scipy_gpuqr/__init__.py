@@ -12,7 +12,7 @@ lsqr, lsmr, spsolve, factorized, qr, QRFactorization, QRResult
 
 Patching SciPy
 --------------
-patch, unpatch, patched
+patch, unpatch, patched, is_patched
 
 Batched small dense matrices
 ----------------------------
@@ -52,6 +52,7 @@ _PUBLIC = {
     "patch": "._patch",
     "unpatch": "._patch",
     "patched": "._patch",
+    "is_patched": "._patch",
     "lu_factor_batched": "._batched",
     "lu_solve_batched": "._batched",
     "solve_batched": "._batched",

@@ -34,7 +34,7 @@ from ._lstsq import exactly_singular
 from ._options import log_decision, resolve_backend, resolve_options
 from ._gpu import is_cupy_array
 from ._originals import MatrixRankWarning, original
-from ._validate import (MatrixInput, as_matrix, check_finite, lstsq_rhs,
+from ._validate import (MatrixInput, as_matrix, check_finite, check_superlu_cast, lstsq_rhs,
                         solve_rhs, spsolve_rhs, to_output, unsupported_reason)
 
 __all__ = ["lsqr", "lsmr", "spsolve", "factorized", "qr", "QRResult"]
@@ -83,14 +83,14 @@ def _x0_vector(x0, n: int) -> Optional[np.ndarray]:
         arr = np.atleast_1d(arr.squeeze())
     if arr.shape != (n,):
         raise ValueError(f"dimension mismatch: x0 must have shape ({n},), got {np.shape(x0)}")
-    check_finite(arr, "x0")
+    check_finite(arr, "x0", shape=np.shape(x0))
     return arr.astype(np.float64)
 
 
 def _acond_estimate(F: QRFactorization, anorm: float) -> float:
     """cond(Abar) estimate: ‖Abar‖_F / σ_min(kept), from the rank decision."""
     s = F._min_norm_solver()
-    if s.method == "empty" or s.rank == 0:
+    if s.method in ("empty", "zero") or s.rank == 0:
         return 0.0
     smin = s.sigma_min
     if not (smin > 0) and s.rcond == s.rcond and s.rcond > 0:
@@ -505,7 +505,9 @@ def factorized(A, *, backend=None, gpuqr_options=None):
     ``ValueError("can only factor square matrices")``; an exactly singular
     A raises ``RuntimeError("Factor is exactly singular")``. The solver takes
     b of shape (n,) or (n, k) and ``trans`` in {'N', 'T', 'H'}; its result
-    has A's floating dtype.
+    has A's floating dtype. A b whose dtype does not cast to that dtype by
+    NumPy's 'safe' rule (complex b, float64 b for float32 A) raises SuperLU's
+    TypeError (:func:`~scipy_gpuqr._validate.check_superlu_cast`).
     """
     reason = unsupported_reason(A)
     if reason is not None:
@@ -526,6 +528,7 @@ def factorized(A, *, backend=None, gpuqr_options=None):
     def solve(b, trans="N"):
         if trans not in ("N", "T", "H"):
             raise ValueError("trans must be N, T, or H")
+        check_superlu_cast(b, dtype)
         if is_cupy_array(b) and F._on_device():
             # CuPy in → CuPy out on the device, b and x never copied to the host
             Bd, is_vector = device_rhs(b, N)

@@ -207,16 +207,26 @@ def heath_qr(G, tol: float, *, upper: bool = False, panel: int = PANEL,
 
 
 def sigma_max_estimate(G, iterations: int = 40) -> float:
-    """σ_max of G by power iteration on ``GᵀG`` (a lower bound, a few digits)."""
+    """σ_max of G by power iteration on ``GᵀG`` (a lower bound, a few digits).
+
+    Starts from the constant vector; where G annihilates it but is not zero
+    (rows summing to zero), from a seeded random vector instead, so that only
+    a zero G gives 0.
+    """
     xp = _xp_of(G)
     q = G.shape[1]
     if q == 0 or G.shape[0] == 0:
         return 0.0
     v = xp.ones(q, dtype=G.dtype) / np.sqrt(q)
     s = 0.0
-    for _ in range(iterations):
+    for step in range(iterations):
         w = G.T @ (G @ v)
         nw = float(xp.linalg.norm(w))
+        if nw == 0.0 and step == 0 and bool(xp.any(G)):
+            start = np.random.default_rng(q).standard_normal(q)
+            v = xp.asarray(start / np.linalg.norm(start), dtype=G.dtype)
+            w = G.T @ (G @ v)
+            nw = float(xp.linalg.norm(w))
         if nw == 0.0:
             return 0.0
         s_new = np.sqrt(nw)

@@ -8,6 +8,8 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
     rank rule: singular values ``<= eps·max(m, n)·σ_max`` count as zero.
     Method: QR **without** rank detection (tol=None), then
 
+    0. ``R`` without a nonzero value (A = 0): rank 0, the solution is 0
+       (method ``'zero'``; no estimate runs on the zero operator).
     1. ``R``'s diagonal and a condition estimate decide whether ``R`` is
        safely of full rank: ``min|r_ii| > cutoff·max|r_ii|`` (necessary:
        σ_min ≤ min|r_ii| and σ_max ≥ max|r_ii|, so a failure proves the
@@ -310,6 +312,13 @@ class MinNormSolver:
             self.method, self.rank = "empty", 0
             self.sigma_max = self.sigma_min = 0.0
             return
+        if not np.any(R.data):
+            # ‖R‖ = 0 (no entries, or explicit zeros only): rank 0, x = 0. Decided
+            # here because the estimates below cannot run on a zero operator
+            # (ARPACK's Lanczos stops with "Starting vector is zero").
+            self.method, self.rank = "zero", 0
+            self.sigma_max = self.sigma_min = 0.0
+            return
         d = np.abs(R.diagonal())
         square_ok = (k == q and np.all(np.isfinite(d)) and np.all(d > 0))
         # σ_min(R) <= min|r_ii| and σ_max(R) >= max|r_ii|: a small diagonal
@@ -584,7 +593,7 @@ class MinNormSolver:
         C = _as_2d(np.asarray(C, dtype=np.float64))
         k, q = self.R.shape
         rows, cols = (q, k) if self.transposed else (k, q)
-        if self.method == "empty":
+        if self.method in ("empty", "zero"):
             return np.zeros((cols, C.shape[1]))
         if self.method == "triangular":
             if self._tri is None:
@@ -628,7 +637,7 @@ class MinNormSolver:
         Exact for the SVD, estimates otherwise (1-norm for the triangular fast
         path); ``inf`` where nothing is known (sparse COD).
         """
-        if self.method == "empty":
+        if self.method in ("empty", "zero"):
             return 1.0
         if self.method == "triangular" and np.isfinite(self.rcond) and self.rcond > 0:
             return 1.0 / self.rcond
@@ -652,7 +661,7 @@ class MinNormSolver:
         """
         k, q = self.R.shape
         cols = k if self.transposed else q
-        if self.method == "empty":
+        if self.method in ("empty", "zero"):
             return np.zeros(cols)
         if self.method == "svd":
             _, s, Vt = self._svd

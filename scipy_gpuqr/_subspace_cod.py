@@ -99,17 +99,29 @@ def sigma_max_lanczos(R, rtol: float = 1e-12) -> float:
     lstsq's cutoff scales with σ_max, so the estimate must be accurate to far
     better than the spacing of the singular values near the cutoff; power
     iteration stalls when the largest ones are close together.
+
+    A zero R (no entries, or only explicit zeros) has σ_max = 0; ARPACK
+    cannot run on it (a zero operator maps every start to zero, its error
+    "Starting vector is zero"). The start is the constant vector, unless R
+    annihilates it (rows summing to zero, e.g. graph Laplacians): then a
+    seeded random vector, for the same reason.
     """
     from scipy.sparse.linalg import LinearOperator, eigsh
     q = R.shape[1]
     if q == 0 or R.shape[0] == 0:
+        return 0.0
+    values = R.data if hasattr(R, "toarray") else np.asarray(R)
+    if not np.any(values):
         return 0.0
     if min(R.shape) <= 2:
         dense = R.toarray() if hasattr(R, "toarray") else np.asarray(R)
         return float(np.linalg.norm(dense, 2))
     RT = R.T
     op = LinearOperator((q, q), dtype=np.float64, matvec=lambda v: RT @ (R @ v.ravel()))
-    lam = eigsh(op, k=1, which="LM", tol=rtol, v0=np.ones(q),
+    start = np.ones(q)
+    if not np.any(R @ start):
+        start = np.random.default_rng(q).standard_normal(q)
+    lam = eigsh(op, k=1, which="LM", tol=rtol, v0=start,
                 return_eigenvectors=False)[0]
     return float(np.sqrt(max(lam, 0.0)))
 

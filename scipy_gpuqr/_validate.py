@@ -186,22 +186,29 @@ def as_matrix(A, *, name: str = "A") -> MatrixInput:
                        was_sparse=was_sparse, fmt=fmt, sparse_class=sparse_class)
 
 
-def check_finite(x: np.ndarray, name: str) -> None:
-    """Raise ValueError when ``x`` holds inf or NaN."""
+def check_finite(x: np.ndarray, name: str, *, shape: tuple | None = None) -> None:
+    """Raise ValueError when ``x`` holds inf or NaN.
+
+    ``shape``: the shape the caller passed, reported in the message when ``x``
+    is a reshaped view of it (default ``x.shape``).
+    """
     if x.size and not np.all(np.isfinite(x)):
         bad = int(np.count_nonzero(~np.isfinite(x)))
-        raise ValueError(f"{name} (shape {x.shape}) contains {bad} non-finite "
+        shown = x.shape if shape is None else tuple(shape)
+        raise ValueError(f"{name} (shape {shown}) contains {bad} non-finite "
                          "value(s) (inf or NaN)")
 
 
 def _dense_numeric(b, name: str) -> np.ndarray:
+    """``b`` as an ndarray of a numeric kind (complex included: each caller
+    answers complex b with its own TypeError); ValueError otherwise."""
     arr = np.asarray(b)
     if arr.dtype.kind == "O":
         try:
             arr = arr.astype(np.float64)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{name} has non-numeric entries ({exc})") from None
-    if arr.dtype.kind not in _NUMERIC_KINDS:
+    if arr.dtype.kind not in _NUMERIC_KINDS + "c":
         raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
     return arr
 
@@ -238,7 +245,7 @@ def lstsq_rhs(b, m: int, *, func: str = "lsqr") -> tuple[np.ndarray, bool, np.dt
     if arr.shape != (m,):
         raise ValueError(f"dimension mismatch: {func} needs b of shape ({m},) "
                          f"or ({m}, 1) for A with {m} rows, got {orig_shape}")
-    check_finite(arr, "b")
+    check_finite(arr, "b", shape=orig_shape)
     return arr.astype(np.float64), on_gpu, arr.dtype
 
 
@@ -275,6 +282,7 @@ def spsolve_rhs(b, n: int) -> SpsolveRhs:
     b, on_gpu = _host(b)
     if sp.issparse(b):
         dtype = b.dtype
+        orig_shape = b.shape
         if dtype.kind not in _NUMERIC_KINDS:
             raise ValueError(f"b must be numeric, got dtype {dtype}")
         if b.ndim != 2:
@@ -283,7 +291,7 @@ def spsolve_rhs(b, n: int) -> SpsolveRhs:
             raise ValueError(f"matrix - rhs dimension mismatch (({n}, {n}) - {b.shape[0]})")
         is_vector = b.shape[1] == 1
         B = b.toarray().astype(np.float64)
-        check_finite(B, "b")
+        check_finite(B, "b", shape=orig_shape)
         return SpsolveRhs(B=B, is_vector=is_vector, is_sparse=not is_vector,
                           dtype=np.dtype(dtype), fmt=b.format, on_gpu=on_gpu)
     arr = _dense_numeric(b, "b")
@@ -295,7 +303,7 @@ def spsolve_rhs(b, n: int) -> SpsolveRhs:
         raise ValueError(f"matrix - rhs dimension mismatch (({n}, {n}) - {arr.shape[0]})")
     is_vector = arr.ndim == 1 or arr.shape[1] == 1
     B = arr.reshape(n, 1 if arr.ndim == 1 else arr.shape[1]).astype(np.float64)
-    check_finite(B, "b")
+    check_finite(B, "b", shape=arr.shape)
     return SpsolveRhs(B=B, is_vector=is_vector, is_sparse=False,
                       dtype=arr.dtype, fmt=None, on_gpu=on_gpu)
 
@@ -331,6 +339,39 @@ def solve_rhs(b, n: int, *, name: str = "b") -> tuple[np.ndarray, bool, bool]:
     check_finite(arr, name)
     B = arr.reshape(n, 1 if arr.ndim == 1 else arr.shape[1]).astype(np.float64)
     return B, arr.ndim == 1, on_gpu
+
+
+def check_superlu_cast(b, dtype) -> None:
+    """SuperLU.solve's dtype rule for ``factorized``'s b: NumPy's 'safe' cast.
+
+    SciPy's ``factorized`` (SuperLU; scikit-umfpack is not consulted) converts
+    b to A's floating dtype with ``casting='safe'`` and raises NumPy's
+    TypeError when that cannot be done: complex b with real A, float64 or
+    int64 b with float32 A, non-numeric b. The same type and message are
+    raised here, before the size checks as SciPy does. b of other than 1 or
+    2 dimensions is left to the shape check (SciPy's ValueError comes
+    first there).
+
+    Parameters
+    ----------
+    b : array_like, NumPy or CuPy
+        The right-hand side as the caller passed it (sparse b is left alone).
+    dtype : numpy.dtype
+        The factor's dtype (the solution's).
+
+    Raises
+    ------
+    TypeError
+        ``b``'s dtype does not cast safely to ``dtype``.
+    """
+    if sp.issparse(b) or is_cupy_sparse(b):
+        return
+    arr = b if hasattr(b, "dtype") and hasattr(b, "ndim") else np.asarray(b)
+    if arr.ndim not in (1, 2):
+        return
+    if not np.can_cast(arr.dtype, dtype, casting="safe"):
+        raise TypeError(f"Cannot cast array data from {np.dtype(arr.dtype)!r} to "
+                        f"{np.dtype(dtype)!r} according to the rule 'safe'")
 
 
 def to_output(x, on_gpu: bool):

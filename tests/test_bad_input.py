@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -183,3 +184,78 @@ def test_inputs_not_modified(rng, fmt):
                     assert np.array_equal(getattr(before, attr), getattr(after, attr))
         else:
             assert np.array_equal(before, after)
+
+
+def _scipy_error(call):
+    try:
+        call()
+    except Exception as exc:        # noqa: BLE001 - the reference behaviour
+        return type(exc), str(exc)
+    return None, None
+
+
+@pytest.mark.parametrize("a_dtype,b", [
+    (np.float64, np.ones(6) + 1j),
+    (np.float64, np.ones((6, 2), dtype=np.complex64)),
+    (np.float32, np.ones(6)),
+    (np.float32, np.ones((6, 2))),
+    (np.float32, np.ones(6) + 1j),
+    (np.float32, np.ones(6, dtype=np.int64)),
+    (np.float32, np.ones(5)),            # the cast is checked before the size
+    (np.float64, np.array(["a"] * 6)),
+    (np.float64, np.ones(6, dtype=object)),
+])
+@pytest.mark.parametrize("trans", ["N", "T"])
+def test_factorized_b_dtype_not_safely_castable_is_scipys_type_error(rng, a_dtype, b, trans):
+    """SuperLU.solve casts b to A's dtype by NumPy's 'safe' rule and raises
+    TypeError when it cannot (complex b with real A, float64 b with float32 A)."""
+    import scipy.sparse.linalg as spla
+    A = (_A(rng, 6, 6) + 4 * sp.eye_array(6)).tocsc().astype(a_dtype)
+    exc, msg = _scipy_error(lambda: spla.factorized(A)(b, trans))
+    assert exc is TypeError and "according to the rule 'safe'" in msg
+    with pytest.raises(TypeError) as info:
+        factorized(A)(b, trans)
+    assert str(info.value) == msg
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype", [
+    (np.float32, np.float32), (np.float32, np.int8), (np.float32, np.bool_),
+    (np.float32, np.float16), (np.float64, np.float32), (np.float64, np.int64),
+])
+def test_factorized_b_dtype_safely_castable_is_accepted(rng, a_dtype, b_dtype):
+    import scipy.sparse.linalg as spla
+    A = (_A(rng, 6, 6) + 4 * sp.eye_array(6)).tocsc().astype(a_dtype)
+    b = np.ones(6, dtype=b_dtype)
+    ref = spla.factorized(A)(b)
+    x = factorized(A)(b)
+    assert x.dtype == ref.dtype
+    np.testing.assert_allclose(x, ref, rtol=1e-5 if a_dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("b_shape", [(6,), (6, 1), (6, 2)])
+def test_non_finite_b_message_reports_the_callers_shape(rng, b_shape):
+    A = (_A(rng, 6, 6) + 4 * sp.eye_array(6)).tocsc()
+    b = np.ones(b_shape)
+    b[2] = np.inf
+    with pytest.raises(ValueError, match=rf"b \(shape {re.escape(str(b_shape))}\)"):
+        spsolve(A, b)
+    with pytest.raises(ValueError, match=rf"b \(shape {re.escape(str(b_shape))}\)"):
+        factorized(A)(b)
+    with pytest.raises(ValueError, match=rf"b \(shape {re.escape(str(b_shape))}\)"):
+        QRFactorization(A).solve(b)
+    if b_shape != (6, 2):
+        for f in (lsqr, lsmr):
+            with pytest.raises(ValueError, match=rf"b \(shape {re.escape(str(b_shape))}\)"):
+                f(A, b)
+            with pytest.raises(ValueError,
+                               match=rf"x0 \(shape {re.escape(str(b_shape))}\)"):
+                f(A, np.ones(6), x0=b)
+
+
+def test_qrfactorization_complex_b_is_a_type_error(rng):
+    """Complex b is refused with TypeError (as SciPy's real solvers do), not
+    mistaken for a non-numeric b."""
+    F = QRFactorization(_A(rng))
+    for b in (np.ones(8) + 1j, np.ones((8, 2), dtype=np.complex64)):
+        with pytest.raises(TypeError, match="complex"):
+            F.solve(b)

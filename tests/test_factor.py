@@ -167,3 +167,63 @@ def test_arrow_is_a_memory_error_not_a_crash(matrices_dir):
         pytest.skip("enough memory here to try the factorization")
     with pytest.raises(MemoryError, match="GB"):
         lsqr(A, np.ones(A.shape[0]), backend="cpu")
+
+
+def _zero_matrices(shape):
+    """An all-zero A of ``shape`` without entries, and one whose entries are all
+    explicit zeros (nnz > 0)."""
+    m, n = shape
+    rows = np.arange(max(m, n)) % m
+    cols = np.arange(max(m, n)) % n
+    explicit = sp.csc_array((np.zeros(rows.size), (rows, cols)), shape=shape)
+    assert explicit.nnz > 0
+    return [sp.csc_array(shape), explicit]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference", "simulate"])
+@pytest.mark.parametrize("shape", [(3, 4), (4, 3), (3, 3), (4, 4), (1, 1), (2, 2), (1, 5),
+                                   (5, 1)])
+def test_zero_matrix_solves_to_zero(rng, backend, shape):
+    """A = 0 has rank 0: the minimum-norm least-squares solution is x = 0, on
+    every backend and without warnings (σ_max by Lanczos on a zero operator
+    once raised ARPACK's "Starting vector is zero")."""
+    m, n = shape
+    for A in _zero_matrices(shape):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            F = QRFactorization(A, backend=backend)
+            x = F.solve(rng.standard_normal(m))
+            X = F.solve(rng.standard_normal((m, 3)))
+            assert F.rank == 0
+            assert F.info["rank_decision"]["rank"] == 0
+        assert x.shape == (n,) and np.all(x == 0)
+        assert X.shape == (n, 3) and np.all(X == 0)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference", "simulate"])
+def test_rank_deficient_sparse_r_with_ones_in_its_null_space(backend):
+    """A sparse R with ``R @ ones == 0`` (rows summing to zero) but R ≠ 0: σ_max's
+    Lanczos must not start from a vector its operator annihilates."""
+    n = 50
+    M = np.zeros((n, n))
+    M[0, 0], M[0, 1], M[5, 7], M[5, 8] = 1.0, -1.0, 2.0, -2.0
+    b = np.arange(1.0, n + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        F = QRFactorization(sp.csc_array(M), backend=backend)
+        x = F.solve(b)
+    assert F.rank == 2
+    np.testing.assert_allclose(x, np.linalg.lstsq(M, b, rcond=None)[0], atol=1e-13)
+
+
+def test_sigma_max_lanczos_zero_and_annihilated_start():
+    from scipy_gpuqr._subspace_cod import sigma_max_lanczos
+    assert sigma_max_lanczos(sp.csc_array((4, 3))) == 0.0
+    assert sigma_max_lanczos(np.zeros((3, 4))) == 0.0
+    assert sigma_max_lanczos(sp.csc_array((np.zeros(2), ([0, 1], [0, 1])), shape=(3, 3))) == 0.0
+    R = np.array([[1.0, -1.0, 0.0, 0.0], [0.0, 2.0, -2.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    for G in (R, sp.csc_array(R)):
+        assert sigma_max_lanczos(G) == pytest.approx(np.linalg.norm(R, 2), rel=1e-10)
+    from scipy_gpuqr._dense_cod import sigma_max_estimate
+    assert sigma_max_estimate(np.zeros((3, 4))) == 0.0
+    assert sigma_max_estimate(R) == pytest.approx(np.linalg.norm(R, 2), rel=1e-5)

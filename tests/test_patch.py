@@ -110,3 +110,12 @@ def test_run_unmodified_script_is_answered_by_us(tmp_path):
     assert "module scipy_gpuqr._adapters" in out.stdout
     assert "arg hello" in out.stdout
     assert "scipy_gpuqr:" in out.stderr  # the verbose decision line
+
+
+def test_is_patched_is_public():
+    assert "is_patched" in scipy_gpuqr.__all__ and "is_patched" in dir(scipy_gpuqr)
+    assert scipy_gpuqr.is_patched is is_patched
+    from scipy_gpuqr import is_patched as imported
+    assert not imported()
+    with scipy_gpuqr.patched():
+        assert imported()
