@@ -20,7 +20,7 @@ Per dtype and n (2..32 with 2**20 matrices; 64/128/256/512 with
 
 For n <= 32 the warp kernels' (threads per block, stages) are tuned per n
 (the best is reported next to the library default). For n > 32 the
-factorization methods of ``scipy_gpuqr._batched_blocked_gpu`` listed by
+factorization methods of ``scipy_gpuqr.batched._gpu_blocked`` listed by
 ``--methods`` are timed (``cfg`` names the best; ``dflt ms`` is the default
 method), and Cholesky (``chol``) is timed against torch.linalg.cholesky.
 """
@@ -47,7 +47,8 @@ TUNE = ((64, 1), (128, 1), (256, 1), (64, 2), (128, 2), (256, 2))
 
 
 def _warm_one(args):
-    from scipy_gpuqr import _batched_blocked_gpu, _batched_gpu
+    from scipy_gpuqr.batched import _gpu_blocked as _batched_blocked_gpu
+    from scipy_gpuqr.batched import _gpu as _batched_gpu
     kernel, dt, n = args
     if kernel == "blocked":
         _batched_blocked_gpu._legacy_function("getrf_panel", dt, 0)
@@ -60,7 +61,7 @@ def _warm_one(args):
 
 def warm(parallel: int = 16) -> None:
     """Compile every batched kernel variant in parallel processes (fills the disk cache)."""
-    from scipy_gpuqr._batched_variants import MMA_SIZES, PADDED_SIZES, SMALL_MAX
+    from scipy_gpuqr.batched._kernel_registry import MMA_SIZES, PADDED_SIZES, SMALL_MAX
     jobs = [("blocked", "float64", 0), ("rows", "float64", 0)]
     for dt in ("float64", "float32"):
         jobs += [("getrf_warp", dt, n) for n in range(SMALL_MAX, 0, -1)]
@@ -235,8 +236,8 @@ def main(argv=None) -> int:
         warm()
         return 0
     import cupy as cp
-    from scipy_gpuqr import _batched_gpu as bg
-    from scipy_gpuqr._batched_variants import padded_size
+    from scipy_gpuqr.batched import _gpu as bg
+    from scipy_gpuqr.batched._kernel_registry import padded_size
     from scipy_gpuqr._gpu import gpu_info
     try:
         import torch
@@ -255,7 +256,7 @@ def main(argv=None) -> int:
              if args.large else LARGE)
     sizes = ([] if args.large_only else [(n, SMALL_BATCH) for n in small]) + \
         ([] if args.no_large else large)
-    from scipy_gpuqr import _batched_blocked_gpu as bb
+    from scipy_gpuqr.batched import _gpu_blocked as bb
 
     def large_call(op, method):
         """Our n > 32 routine for ``op`` with ``method`` (None: default)."""

@@ -53,14 +53,14 @@ def function(n: int, options=(), variant=None, names=()):
     from scipy_gpuqr import _kernels
     name = kernel_name("getrf_mma", n, variant)
     names = tuple(dict.fromkeys(tuple(names) + (name,)))
-    return _kernels.load_module("batched_mma.cu", names, tuple(options)).get_function(name)
+    return _kernels.load_module("batched/lu_mma.cu", names, tuple(options)).get_function(name)
 
 
 def inverse_function(options=(), variant=None, names=()):
     from scipy_gpuqr import _kernels
     name = kernel_name("getri_mma", 32, variant)
     names = tuple(dict.fromkeys(tuple(names) + (name,)))
-    return _kernels.load_module("batched_mma.cu", names, tuple(options)).get_function(name)
+    return _kernels.load_module("batched/lu_mma.cu", names, tuple(options)).get_function(name)
 
 
 def all_names(sizes, variants) -> tuple:
@@ -81,7 +81,7 @@ def extreme_pivots(a, rng, lu: bool):
 
 
 def smem_bytes(n: int, warps: int, stages: int, inverse: bool = False) -> int:
-    from scipy_gpuqr._batched_gpu import mma_smem_bytes
+    from scipy_gpuqr.batched._gpu import mma_smem_bytes
     return mma_smem_bytes(n, warps, stages, inverse)
 
 
@@ -175,7 +175,7 @@ def inverse_rows(cp, timer, sizes, options, rng, variants=(None,), configs=CONFI
     then the warp kernel, library default and cuBLAS getrf + getri, device ms
     on 2**20 matrices."""
     from batched import cublas_lu
-    from scipy_gpuqr import _batched_gpu as bg
+    from scipy_gpuqr.batched import _gpu as bg
     rows = []
     for n in sizes:
         a = cp.random.default_rng(int(rng.integers(1 << 31))).standard_normal((BATCH, n, n))
@@ -264,7 +264,7 @@ def tiny_grids(cp, timer, dtype=np.float64) -> dict:
     """n = 2 LU (a thread per matrix): the library's persistent grid against a
     grid of one matrix per thread, and cuBLAS, device ms on 2**20 matrices."""
     from batched import cublas_lu
-    from scipy_gpuqr import _batched_gpu as bg
+    from scipy_gpuqr.batched import _gpu as bg
     a = cp.random.default_rng(3).standard_normal((BATCH, 2, 2), dtype=dtype)
     fn = bg._small_function("getrf_warp", a.dtype, 2)
     piv = cp.empty((BATCH, 2), dtype=np.int32)
@@ -301,7 +301,7 @@ def lu_rows(cp, timer, sizes, options, rng, variants=(None,), configs=CONFIGS, n
     warp kernel, library default and cuBLAS getrfBatched, device ms on 2**20
     matrices."""
     from batched import cublas_lu
-    from scipy_gpuqr import _batched_gpu as bg
+    from scipy_gpuqr.batched import _gpu as bg
     rows = []
     for n in sizes:
         a = cp.random.default_rng(int(rng.integers(1 << 31))).standard_normal((BATCH, n, n))
@@ -348,7 +348,7 @@ def main(argv=None) -> int:
                     "(mma, then warp; with --variants: each variant): the launches for ncu")
     args = ap.parse_args(argv)
     import cupy as cp
-    from scipy_gpuqr import _batched_gpu as bg
+    from scipy_gpuqr.batched import _gpu as bg
     if args.profile:
         a = cp.random.default_rng(1).standard_normal((1 << 16, 32, 32))
         if args.variants:           # each variant once (LU, or inverse), 256 threads

@@ -85,7 +85,7 @@ _CT = {"float32": "float", "float64": "double"}
 
 
 def _size(op, n):
-    from scipy_gpuqr._batched_variants import padded_size
+    from scipy_gpuqr.batched._kernel_registry import padded_size
     return n if op == "lu" else padded_size(n)
 
 
@@ -96,7 +96,7 @@ def _name(op, dt, size):
 def _function(op, dt, size, label):
     from scipy_gpuqr import _kernels
     name = _name(op, dt, size)
-    return _kernels.load_module("batched_lu.cu", (name,), OPTIONS[label]).get_function(name)
+    return _kernels.load_module("batched/lu_warp.cu", (name,), OPTIONS[label]).get_function(name)
 
 
 def _compile(job):
@@ -111,7 +111,7 @@ def _tiny(label, size):
 def launch(cp, fn, op, size, n, a, outs, threads, stages, tiny):
     from cupy_backends.cuda.api import driver
 
-    from scipy_gpuqr._batched_gpu import _seg, warp_smem_bytes
+    from scipy_gpuqr.batched._gpu import _seg, warp_smem_bytes
     bsz = a.shape[0]
     if tiny:
         smem, mw = 0, 32

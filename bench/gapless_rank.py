@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from scipy_gpuqr import QRFactorization, _lstsq
+from scipy_gpuqr import QRFactorization
+from scipy_gpuqr._factor import lstsq as _lstsq
 
 EPS = float(np.finfo(np.float64).eps)
 
@@ -80,7 +81,7 @@ def synthetic():
 def svd_crossover(sizes):
     """gesdd with vectors (the SVD fallback) vs σ_max + subspace decision on gapless R."""
     import scipy.linalg as la
-    from scipy_gpuqr._subspace_cod import SubspaceCOD, sigma_max_lanczos
+    from scipy_gpuqr._factor.subspace_cod import SubspaceCOD, sigma_max_lanczos
     for q in sizes:
         rng = np.random.default_rng(q)
         R = np.linalg.qr(gapless(rng, q, q, 0.01), mode="r")

@@ -13,7 +13,7 @@ synchronized wall times after one warm-up call):
   kept reflectors), B a CuPy array with 1 / 32 columns; ``plan`` the first
   call's host work (replay plan built and uploaded);
 * ``trsv_dev`` / ``trsvT_dev``: ``R⁻¹c`` / ``R⁻ᵀc`` front by front from the
-  pools (:mod:`scipy_gpuqr._engine.gpu_trsolve`), one right-hand side;
+  pools (:mod:`scipy_gpuqr._engine.gpu.trsolve`), one right-hand side;
   ``trsv_cusparse`` (``--cusparse``): cuSPARSE on a CSR copy of R;
   ``trsv_host``: SciPy's ``spsolve_triangular`` (the host path's);
   ``Rcsr_upload``: setting the device solve up, once per factorization;
@@ -81,7 +81,7 @@ def run(name, A, host_qt, cusparse=False, split=False):
     from scipy.sparse.linalg import spsolve_triangular
 
     from scipy_gpuqr import QRFactorization
-    from scipy_gpuqr._engine import gpu_solve as gs
+    from scipy_gpuqr._engine.gpu import solve as gs
     row = {"matrix": name, "shape": list(A.shape), "nnz": int(A.nnz)}
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
@@ -158,7 +158,7 @@ def run(name, A, host_qt, cusparse=False, split=False):
             del y
     F.free()
     if split:       # Qᵀb with every front in the task lists (no dense fronts)
-        from scipy_gpuqr._engine.gpu import gpu_factorize
+        from scipy_gpuqr._engine.gpu.driver import gpu_factorize
         g2 = gpu_factorize(A, dense_flops=None)
         gs.plan_of(g2)
         row["records_nodense"] = int(len(gs.plan_of(g2).records))

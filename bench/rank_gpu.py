@@ -28,7 +28,7 @@ def _problems(only):
 
 def _naive_norm(F, b):
     """‖R⁻¹ Qᵀ b‖ without rank detection (what the original engine returns)."""
-    from scipy_gpuqr._lstsq import solve_upper
+    from scipy_gpuqr._factor.lstsq import solve_upper
     num = F.numeric
     n = num.R.shape[1]
     c = np.asarray(num.qt_matmul(b.reshape(-1, 1)))[:n]
@@ -39,7 +39,7 @@ def _naive_norm(F, b):
 
 def run(name, A, *, spqr_rank: bool):
     from scipy_gpuqr import QRFactorization, qr
-    from scipy_gpuqr._dispatch import backend_factorizer
+    from scipy_gpuqr._dispatch.plan import backend_factorizer
     b = np.random.default_rng(0).standard_normal(A.shape[0])
     QRFactorization(A, backend="gpu").solve(b)          # warm-up (kernels, schedule)
     t0 = time.perf_counter()

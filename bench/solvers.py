@@ -20,7 +20,7 @@ answers more often).
 
 Solvers (per problem, the ones that apply):
     ``ours lsqr auto|gpu|cpu|reference``  ``scipy_gpuqr.lsqr(A, b, backend=...)``
-    (auto may answer by LSQR iterations first, see ``scipy_gpuqr._iterate_first``);
+    (auto may answer by LSQR iterations first, see ``scipy_gpuqr._dispatch.iterate_first``);
     ``ours spsolve auto|gpu|cpu|reference`` (square A);
     ``SciPy lsqr`` (SciPy's defaults, as an unpatched script calls it);
     ``SciPy spsolve`` (SuperLU, square A);
@@ -69,7 +69,7 @@ import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scipy_gpuqr._solve_report import captured_decisions  # noqa: E402
+from scipy_gpuqr._cli.solve_report import captured_decisions  # noqa: E402
 
 _SHARED = ("Groebner_id2003_aug.mtx", "Franz6_id1959_aug.mtx", "bayer10.mtx", "rajat01.mtx",
            "adder_dcop_05.mtx", "watt_2.mtx", "hangGlider_2.mtx", "nnc1374.mtx",
@@ -355,7 +355,7 @@ def _cell(res, long=False):
 def threshold_line(cpu_only):
     """(threshold, label) auto uses on this machine's GPU model (or the default)."""
     from scipy_gpuqr import GpuqrOptions
-    from scipy_gpuqr._dispatch import auto_threshold
+    from scipy_gpuqr._dispatch.plan import auto_threshold
     from scipy_gpuqr._gpu import gpu_info
     info = gpu_info()
     t, source = auto_threshold(GpuqrOptions(), info.get("name") if info["available"] else None)

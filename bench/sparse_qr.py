@@ -98,8 +98,8 @@ def _bytes_estimate(sched, tile=32, itemsize=8):
 
 def _profile(A, an, dense_flops=None, cpl=None):
     """Per-launch kernel times: where the GPU time goes."""
-    from scipy_gpuqr._engine.gpu import gpu_factorize
-    from scipy_gpuqr._engine.gpu_device import CupyDevice
+    from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+    from scipy_gpuqr._engine.gpu.device import CupyDevice
     dev = CupyDevice(32, 3, profile=True)
     kw = {} if cpl is None else {"dense_columns_per_launch": cpl}
     g = gpu_factorize(A, an, device=dev, dense_flops=dense_flops, **kw)
@@ -162,7 +162,7 @@ def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), p
     row["flops"] = float(an.flops)
     row["nfronts"] = int(an.fronts.nfronts)
     # compile the kernels outside the timings (a tiny problem)
-    from scipy_gpuqr._engine.gpu import gpu_factorize
+    from scipy_gpuqr._engine.gpu.driver import gpu_factorize
     from scipy_gpuqr._testing_matrices import grid3d_least_squares
     gpu_factorize(grid3d_least_squares(3), dense_flops=1.0).free()
     rows = []
@@ -186,8 +186,8 @@ def _panel_runs(A, an, thr, panels, reps):
     """Warm kernel time per dense panel width (same schedule, default overlap)."""
     import cupy as cp
 
-    from scipy_gpuqr._engine.gpu import gpu_factorize
-    from scipy_gpuqr._engine.gpu_device import CupyDevice
+    from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+    from scipy_gpuqr._engine.gpu.device import CupyDevice
     out = {}
     for nb in panels:
         ks = []
@@ -207,10 +207,10 @@ def _gpu_runs(A, an, row, reps, thr, cpl=None):
 
     import cupy as cp
 
-    from scipy_gpuqr._engine import gpu
+    from scipy_gpuqr._engine.gpu import driver as gpu
     gpu_factorize = gpu.gpu_factorize if cpl is None else functools.partial(
         gpu.gpu_factorize, dense_columns_per_launch=cpl)
-    from scipy_gpuqr._engine.gpu_rlayout import clear_r_layout_cache
+    from scipy_gpuqr._engine.gpu.rlayout import clear_r_layout_cache
     # first factorization of this analysis: cold schedule and R layout (the layout
     # does not depend on the threshold: forgotten so that every row's first call is cold)
     clear_r_layout_cache(an)
@@ -265,7 +265,7 @@ def main(argv=None) -> int:
     spqr = {x for x in args.spqr.split(",") if x}
     rows = []
     if args.once:
-        from scipy_gpuqr._engine.gpu import gpu_factorize
+        from scipy_gpuqr._engine.gpu.driver import gpu_factorize
         from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
         thr = DEFAULT_DENSE_FLOPS if dense[0] == "default" else _dense_arg(dense[0])[0]
         for name, make in _matrices(only, os.environ.get("SHARED_MATRICES")):

@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main():
     import cupy as cp
 
-    from scipy_gpuqr._engine import variants
-    from scipy_gpuqr._engine.simulate import execute_task
+    from scipy_gpuqr._engine.gpu import factorize_kernels as variants
+    from scipy_gpuqr._engine.host.simulate import execute_task
     from scipy_gpuqr._kernels import load_module
     from scipy_gpuqr._schedule.sparse import build_schedule
     from scipy_gpuqr._schedule.tasks import TASK_BYTES, TaskType

@@ -63,7 +63,7 @@ def main(argv=None):
 
     import cupy as cp
     from scipy_gpuqr import qr_tiled
-    from scipy_gpuqr._tiled import plan_tiled
+    from scipy_gpuqr.tiled._qr import plan_tiled
 
     ngpu = cp.cuda.runtime.getDeviceCount()
     name = cp.cuda.runtime.getDeviceProperties(0)["name"]
@@ -129,7 +129,7 @@ def main(argv=None):
                     print(f"  {key}: {rec[key + '_error']}", file=sys.stderr)
             if tile == args.tiles[0] and args.leaves:
                 # the main device's panel alone: the tallest tile column
-                from scipy_gpuqr import _tiled_ops as ops
+                from scipy_gpuqr.tiled import _ops as ops
                 with cp.cuda.Device(0):
                     col = cp.asfortranarray(ad[:, :tile])
                     for leaf in [0] + [x for x in args.leaves if x]:

@@ -4,8 +4,8 @@
 else ``~/.cache/scipy_gpuqr``. Used by the schedule caches
 (:mod:`scipy_gpuqr._schedule.diskcache`, :mod:`~scipy_gpuqr._schedule.plancache`),
 the compiled bucket simulation (:mod:`scipy_gpuqr._schedule.native`), the
-sparse calibration (:mod:`scipy_gpuqr._calibrate`) and the tiled QR's
-(:func:`scipy_gpuqr._tiled_calib.cache_dir`).
+sparse calibration (:mod:`scipy_gpuqr._dispatch.calibrate`) and the tiled QR's
+(:func:`scipy_gpuqr.tiled._calibrate.cache_dir`).
 """
 
 from __future__ import annotations

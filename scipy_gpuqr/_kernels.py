@@ -30,10 +30,9 @@ COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17",)
 #: Modules that declare ``KERNEL_VARIANTS = {"file.cu": ("name<expr>", ...)}``.
 #: Each feature adds its module here; the modules must import without cupy.
 VARIANT_MODULES: tuple[str, ...] = (
-    "scipy_gpuqr._batched_variants",
-    "scipy_gpuqr._engine.variants",
-    "scipy_gpuqr._engine.applyq_variants",
-    "scipy_gpuqr._tiled_variants",
+    "scipy_gpuqr.batched._kernel_registry",
+    "scipy_gpuqr._engine.gpu.factorize_kernels",
+    "scipy_gpuqr._engine.gpu.solve_kernels",
 )
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
@@ -48,7 +47,7 @@ def kernels_dir() -> Path:
     """
     here = Path(__file__).resolve().parent
     for candidate in (here / "kernels", here.parent / "kernels"):
-        if candidate.is_dir() and any(candidate.glob("*.cu*")):
+        if candidate.is_dir() and any(candidate.rglob("*.cu*")):
             return candidate
     raise FileNotFoundError(
         f"CUDA kernel sources not found in {here / 'kernels'} or "
@@ -56,32 +55,43 @@ def kernels_dir() -> Path:
 
 
 def kernel_files() -> list[Path]:
-    """Every top-level ``.cu`` translation unit, sorted by name."""
-    return sorted(kernels_dir().glob("*.cu"))
+    """Every ``.cu`` translation unit under ``kernels/``, sorted by path."""
+    return sorted(kernels_dir().rglob("*.cu"))
 
 
 def flatten_source(name: str, directory: Path | None = None) -> str:
     """Return the text of ``kernels/name`` with local includes inlined.
 
-    Each header is inlined once (later includes of the same header are
+    ``name`` is a path relative to ``kernels/`` (``"sparse_qr/uberkernel.cu"``).
+    An ``#include "x.cuh"`` is looked up beside the including file, then in
+    ``kernels/`` itself. Each header is inlined once (later includes of the same header are
     dropped, as ``#pragma once`` would do).
     """
     directory = kernels_dir() if directory is None else directory
     seen: set[str] = set()
+
+    def locate(inc: str, including: str) -> str:
+        # beside the including file first (kernels/sparse_qr/, kernels/batched/),
+        # then the kernels/ root (common.cuh)
+        folder = Path(including).parent
+        for candidate in (folder / inc, Path(inc)):
+            if (directory / candidate).is_file():
+                return candidate.as_posix()
+        raise FileNotFoundError(f"{including}: included file {inc!r} not found "
+                                f"in {directory / folder} or {directory}")
 
     def expand(fname: str, stack: tuple[str, ...]) -> str:
         if fname in stack:
             raise ValueError(f"include cycle: {' -> '.join(stack + (fname,))}")
         path = directory / fname
         if not path.is_file():
-            raise FileNotFoundError(f"{stack[-1] if stack else name}: included "
-                                    f"file {fname!r} not found in {directory}")
+            raise FileNotFoundError(f"kernel source {fname!r} not found in {directory}")
         seen.add(fname)
         text = path.read_text()
         text = re.sub(r"^\s*#\s*pragma\s+once\s*$", "", text, flags=re.MULTILINE)
 
         def repl(match: re.Match) -> str:
-            inc = match.group(1)
+            inc = locate(match.group(1), fname)
             if inc in seen:
                 return f"// (already included: {inc})"
             return (f"// begin {inc}\n" + expand(inc, stack + (fname,))
@@ -135,7 +145,7 @@ def load_module(name: str, name_expressions: Sequence[str] = (),
     Parameters
     ----------
     name : str
-        File name in ``kernels/``, e.g. ``"batched_lu.cu"``.
+        File name in ``kernels/``, e.g. ``"batched/lu_warp.cu"``.
     name_expressions : sequence of str
         Template instantiations to compile, e.g. ``("lu_small<double, 8>",)``.
     options : sequence of str
@@ -197,7 +207,8 @@ def check_compile(archs: Iterable[str] = ("sm_80", "sm_90"),
     from concurrent.futures import ProcessPoolExecutor
 
     variants = registered_variants()
-    names = [p.name for p in kernel_files()] if files is None else list(files)
+    names = ([_relative_name(p) for p in kernel_files()] if files is None
+             else list(files))
     work = [(f, a, variants.get(f, ())) for f in names for a in archs]
     jobs = min(len(work), jobs or os.cpu_count() or 1)
     if jobs <= 1:
@@ -230,10 +241,16 @@ def warm_cache(cache_dir: str | None = None) -> list[dict]:
     variants = registered_variants()
     out = []
     for path in kernel_files():
-        exprs = variants.get(path.name, ())
+        name = _relative_name(path)
+        exprs = variants.get(name, ())
         t0 = time.perf_counter()
-        module = load_module(path.name, exprs)
+        module = load_module(name, exprs)
         module.compile()
-        out.append({"file": path.name, "variants": len(exprs),
+        out.append({"file": name, "variants": len(exprs),
                     "seconds": time.perf_counter() - t0})
     return out
+
+
+def _relative_name(path: Path) -> str:
+    """``kernels/sparse_qr/uberkernel.cu`` -> ``"sparse_qr/uberkernel.cu"``."""
+    return path.relative_to(kernels_dir()).as_posix()

@@ -62,7 +62,7 @@ class GpuqrOptions:
     iterate_first : bool
         Under backend ``'auto'``, ``lsqr``/``lsmr`` first run LSQR on a small
         budget and factorize only when it does not reach working precision
-        (see ``scipy_gpuqr._iterate_first``).
+        (see ``scipy_gpuqr._dispatch.iterate_first``).
     """
 
     backend: Optional[str] = None

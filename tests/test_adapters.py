@@ -12,8 +12,9 @@ import scipy.sparse.linalg as spla
 from scipy.sparse import SparseEfficiencyWarning
 
 import scipy_gpuqr
-from scipy_gpuqr import _adapters, factorized, lsmr, lsqr, qr, spsolve
-from scipy_gpuqr._originals import ORIGINALS
+from scipy_gpuqr import factorized, lsmr, lsqr, qr, spsolve
+from scipy_gpuqr._api import adapters as _adapters
+from scipy_gpuqr._api.originals import ORIGINALS
 
 EPS = np.finfo(np.float64).eps
 
@@ -337,7 +338,7 @@ def test_iterate_first_small_residual_least_squares_still_right(rng):
 
 def test_iterate_first_stops_early_when_hopeless(rng):
     """A problem whose first chunk shows no useful progress does not use the whole budget."""
-    from scipy_gpuqr import _iterate_first
+    from scipy_gpuqr._dispatch import iterate_first as _iterate_first
     n = 300
     U, _ = np.linalg.qr(rng.standard_normal((n, n)))
     A = sp.csc_array((U * np.logspace(0, -14, n)) @ U.T)
@@ -348,7 +349,7 @@ def test_iterate_first_stops_early_when_hopeless(rng):
 
 def test_iterate_first_allowance_follows_predicted_factorization_time(rng, monkeypatch):
     """LSQR may spend ITERATION_SHARE of the predicted factorization time, no more."""
-    from scipy_gpuqr import _adapters
+    from scipy_gpuqr._api import adapters as _adapters
     A = _well(rng, 300, 120)
     b = rng.standard_normal(300)
     monkeypatch.setattr(_adapters, "predicted_seconds", lambda *a, **k: 0.0)
@@ -359,7 +360,7 @@ def test_iterate_first_allowance_follows_predicted_factorization_time(rng, monke
 
 
 def test_cost_model_interpolation():
-    from scipy_gpuqr._cost_model import interpolate_seconds, predicted_seconds
+    from scipy_gpuqr._dispatch.cost_model import interpolate_seconds, predicted_seconds
     pts = [(1e6, 1e-3), (1e9, 1e-1), (1e10, 0.5)]
     assert interpolate_seconds(pts, 1e3) == 1e-3              # fixed cost below
     assert np.isclose(interpolate_seconds(pts, 1e9), 0.1)

@@ -1,6 +1,6 @@
 """GPU kernels for n > 32 (kernels/batched_rows.cu) against LAPACK per matrix.
 
-Each factorization method of :mod:`scipy_gpuqr._batched_blocked_gpu` is run
+Each factorization method of :mod:`scipy_gpuqr.batched._gpu_blocked` is run
 explicitly (one kernel per matrix, panels with a row per thread, the legacy
 panels) on fresh random batches, with outputs poisoned (NaN) beforehand.
 """
@@ -24,7 +24,7 @@ def poison(monkeypatch):
 
 def _lu(a, method):
     import cupy as cp
-    from scipy_gpuqr import _batched_blocked_gpu as bb
+    from scipy_gpuqr.batched import _gpu_blocked as bb
     ad = cp.asarray(a)
     bsz, n = a.shape[0], a.shape[-1]
     piv = cp.full((bsz, n), -7, dtype=cp.int32)
@@ -89,7 +89,7 @@ def test_lu_methods_flag_nonfinite(rng, method, n, where):
 @pytest.mark.parametrize("lower", [False, True])
 def test_cholesky_methods(rng, method, n, dtype, lower):
     import cupy as cp
-    from scipy_gpuqr import _batched_blocked_gpu as bb
+    from scipy_gpuqr.batched import _gpu_blocked as bb
     s = spd_batch(rng, 7, n, dtype)
     s[2, n // 2, n // 2] = -1e4                           # not positive definite
     sd = cp.asarray(s)

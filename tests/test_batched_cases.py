@@ -72,7 +72,7 @@ def lu_backward_error(a, lu, piv):
 def poison_gpu_outputs(monkeypatch) -> None:
     """Make the GPU drivers allocate outputs filled with NaN (ints: -12345)."""
     import cupy as cp
-    from scipy_gpuqr import _batched_gpu
+    from scipy_gpuqr.batched import _gpu as _batched_gpu
 
     def alloc(shape, dtype):
         out = cp.empty(shape, dtype=dtype)

@@ -69,7 +69,7 @@ def test_gpu_lu_n32_both_kernels(rng, kernel):
     on sm_80+): random, exact ties, zero columns, non-finite, and 8-byte
     aligned (not 16) input and output, against LAPACK per matrix."""
     import cupy as cp
-    from scipy_gpuqr import _batched_gpu as bg
+    from scipy_gpuqr.batched import _gpu as bg
     if kernel == "mma" and bg.getrf_kernel(32, np.float64) != "getrf_mma":
         pytest.skip("no FP64 tensor cores")
     n, batch = 32, 301
@@ -126,7 +126,7 @@ def test_gpu_inverse_n32_both_kernels(rng, kernel, n):
     ties, zero columns (info as LAPACK's getrf), non-finite (-1), and 8-byte
     aligned (not 16) input, against SciPy per matrix."""
     import cupy as cp
-    from scipy_gpuqr import _batched_gpu as bg
+    from scipy_gpuqr.batched import _gpu as bg
     if kernel == "mma" and bg.getri_kernel(n, np.float64) != "getri_mma":
         pytest.skip("no FP64 tensor cores")
     batch = 301
@@ -167,7 +167,7 @@ def test_gpu_mma_extreme_pivots(rng):
     the unscaled matrices; subnormal pivots are checked by the backward
     error (OpenBLAS's getrf does not keep subnormal pivots)."""
     import cupy as cp
-    from scipy_gpuqr import _batched_gpu as bg
+    from scipy_gpuqr.batched import _gpu as bg
     if bg.getrf_kernel(32, np.float64) != "getrf_mma":
         pytest.skip("no FP64 tensor cores")
     n, batch, big, col = 32, 16, 2.0 ** 1017, 2.0 ** 1021

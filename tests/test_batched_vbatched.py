@@ -8,7 +8,7 @@ import scipy.linalg as sl
 from scipy.linalg import LinAlgError, LinAlgWarning
 
 import scipy_gpuqr as g
-from scipy_gpuqr import _batched_vbatched as vb
+from scipy_gpuqr.batched import _vbatched as vb
 from test_batched_cases import eps
 
 SIZES = [3, 17, 5, 64, 1, 0, 40, 17, 100, 33, 8, 130]
@@ -178,7 +178,7 @@ def test_one_batched_call_per_size_class(rng, monkeypatch):
     def spy(a, **kw):
         calls.append(a.shape)
         return real(a, **kw)
-    from scipy_gpuqr import _batched
+    from scipy_gpuqr.batched import _functions as _batched
     monkeypatch.setattr(_batched, "lu_factor_batched", spy)
     g.lu_factor_vbatched(_mats(rng, [3, 9, 10, 12, 3, 70, 65, 9]))
     assert sorted(calls) == sorted([(2, 3, 3), (4, 12, 12), (2, 80, 80)])

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from scipy_gpuqr._engine.simulate import launch_conflicts
+from scipy_gpuqr._engine.host.simulate import launch_conflicts
 from scipy_gpuqr._schedule import bucket
 from scipy_gpuqr._schedule.tasks import TaskType
 

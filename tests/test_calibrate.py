@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from scipy_gpuqr import _calibrate, _dispatch
+from scipy_gpuqr._dispatch import calibrate as _calibrate
+from scipy_gpuqr._dispatch import plan as _dispatch
 from scipy_gpuqr import _gpu as gpu_mod
-from scipy_gpuqr._calibrate import (Calibration, LadderProblem, calibrate_sparse,
+from scipy_gpuqr._dispatch.calibrate import (Calibration, LadderProblem, calibrate_sparse,
                                     calibration_file, fit_threshold, load_calibration,
                                     load_threshold, warm_median)
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
@@ -173,7 +174,7 @@ def test_warm_median_runs_warm_up_and_budget():
 @pytest.fixture
 def fake_gpu(monkeypatch, tmp_path):
     """'auto' sees a GPU and an engine (the reference engine answers for it)."""
-    from scipy_gpuqr._engine.reference import reference_factorize
+    from scipy_gpuqr._engine.host.reference import reference_factorize
     monkeypatch.setenv("SCIPY_GPUQR_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("SCIPY_GPUQR_BACKEND", raising=False)
     monkeypatch.setattr(gpu_mod, "gpu_info", lambda: {"available": True, "reason": "ok",
@@ -231,7 +232,7 @@ def test_cli_without_gpu_one_line_exit_2(tmp_path):
 
 
 def test_cli_with_injected_timings(fake_gpu, monkeypatch, capsys):
-    from scipy_gpuqr import _cli
+    from scipy_gpuqr._cli import main as _cli
     monkeypatch.setattr(_calibrate, "default_ladder", lambda quick=False: _ladder())
     monkeypatch.setattr(_calibrate, "_default_timer",
                         lambda backends, repeats: (_power_law_timer(20.0),
@@ -248,7 +249,7 @@ def test_cli_with_injected_timings(fake_gpu, monkeypatch, capsys):
 
 def test_default_timer_times_factorization_and_least_squares_solve(monkeypatch):
     """The real timer (CPU backends here) runs lsqr's solve on each factorization it times."""
-    from scipy_gpuqr._factor import QRFactorization
+    from scipy_gpuqr._factor.factorization import QRFactorization
     from scipy_gpuqr._symbolic import analyze
 
     solved = []

@@ -87,8 +87,8 @@ def test_backward_error_of_a_zero_matrix():
     import numpy as np
     import scipy.sparse as sp
 
-    from scipy_gpuqr import _adapters
-    from scipy_gpuqr._solve_report import _backward_error
+    from scipy_gpuqr._api import adapters as _adapters
+    from scipy_gpuqr._cli.solve_report import _backward_error
 
     A = sp.csc_array((3, 4))
     b = np.array([1.0, -2.0, 3.0])

@@ -1,4 +1,4 @@
-"""The blocked Heath complete orthogonal decomposition (scipy_gpuqr._dense_cod).
+"""The blocked Heath complete orthogonal decomposition (scipy_gpuqr._factor.dense_cod).
 
 Invariants on random and structured inputs: Z G = S with S's live columns
 upper triangular and its dead rows zero; the rank equals the SVD rank when
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from scipy_gpuqr import _lstsq
-from scipy_gpuqr._dense_cod import DenseCOD, heath_qr, sigma_max_estimate
+from scipy_gpuqr._factor import lstsq as _lstsq
+from scipy_gpuqr._factor.dense_cod import DenseCOD, heath_qr, sigma_max_estimate
 from scipy_gpuqr._testing_matrices import chessboard_boundary
 
 EPS = np.finfo(np.float64).eps
@@ -146,7 +146,7 @@ def _gapless(rng, m, n, lo, cluster=False):
 def test_subspace_cod_is_the_truncated_svd(rng, transposed, cluster):
     """SubspaceCOD's rank, singular values and minimum-norm solution are the
     truncated SVD's of the same G (R or Rᵀ); a small first block must grow."""
-    from scipy_gpuqr._subspace_cod import SubspaceCOD
+    from scipy_gpuqr._factor.subspace_cod import SubspaceCOD
     m, n = 480, 400
     R = np.linalg.qr(_gapless(rng, m, n, -13.5, cluster), mode="r")
     G = R.T if transposed else R
@@ -258,7 +258,7 @@ def test_subspace_too_large_keeps_heath_rank_unrevealed(rng, monkeypatch):
 @pytest.mark.parametrize("q,d", [(50, 7), (40, 13), (30, 1), (9, 3)])
 def test_retriangularize_triangle_plus_rank_d(rng, q, d):
     """Q R̃ = A − U Ytᵀ with R̃ upper triangular and Q orthogonal (windowed QRs)."""
-    from scipy_gpuqr._subspace_cod import _apply_windows, _retriangularize
+    from scipy_gpuqr._factor.subspace_cod import _apply_windows, _retriangularize
     A = np.asfortranarray(np.triu(rng.standard_normal((q, q))))
     U, Yt = rng.standard_normal((q, d)), rng.standard_normal((q, d))
     M = A - U @ Yt.T

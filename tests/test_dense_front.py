@@ -15,9 +15,9 @@ import pytest
 import scipy.sparse as sp
 
 from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
-from scipy_gpuqr._engine.gpu import gpu_factorize
-from scipy_gpuqr._engine.gpu_device import NumpyDevice
-from scipy_gpuqr._engine.simulate import simulate_factorize
+from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+from scipy_gpuqr._engine.gpu.device import NumpyDevice
+from scipy_gpuqr._engine.host.simulate import simulate_factorize
 from scipy_gpuqr._schedule.dense import dense_front_mask
 from scipy_gpuqr._schedule.sparse import build_schedule
 from scipy_gpuqr._schedule.tasks import TaskType

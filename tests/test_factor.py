@@ -10,8 +10,8 @@ import pytest
 import scipy.sparse as sp
 
 from scipy_gpuqr import GpuqrOptions, QRFactorization, lsqr
-from scipy_gpuqr import _dispatch
-from scipy_gpuqr._dispatch import GpuFallbackWarning
+from scipy_gpuqr._dispatch import plan as _dispatch
+from scipy_gpuqr._dispatch.plan import GpuFallbackWarning
 
 EPS = np.finfo(np.float64).eps
 
@@ -217,13 +217,13 @@ def test_rank_deficient_sparse_r_with_ones_in_its_null_space(backend):
 
 
 def test_sigma_max_lanczos_zero_and_annihilated_start():
-    from scipy_gpuqr._subspace_cod import sigma_max_lanczos
+    from scipy_gpuqr._factor.subspace_cod import sigma_max_lanczos
     assert sigma_max_lanczos(sp.csc_array((4, 3))) == 0.0
     assert sigma_max_lanczos(np.zeros((3, 4))) == 0.0
     assert sigma_max_lanczos(sp.csc_array((np.zeros(2), ([0, 1], [0, 1])), shape=(3, 3))) == 0.0
     R = np.array([[1.0, -1.0, 0.0, 0.0], [0.0, 2.0, -2.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     for G in (R, sp.csc_array(R)):
         assert sigma_max_lanczos(G) == pytest.approx(np.linalg.norm(R, 2), rel=1e-10)
-    from scipy_gpuqr._dense_cod import sigma_max_estimate
+    from scipy_gpuqr._factor.dense_cod import sigma_max_estimate
     assert sigma_max_estimate(np.zeros((3, 4))) == 0.0
     assert sigma_max_estimate(R) == pytest.approx(np.linalg.norm(R, 2), rel=1e-5)

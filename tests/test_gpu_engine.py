@@ -1,4 +1,4 @@
-"""The GPU engine (scipy_gpuqr._engine.gpu).
+"""The GPU engine (scipy_gpuqr._engine.gpu.driver).
 
 CPU tests run the engine's host logic (staging, carried contribution blocks,
 R assembly, Q bookkeeping, restaging after out-of-memory) against the NumPy
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from scipy_gpuqr._engine.gpu import GpuEngineError, gpu_factorize
-from scipy_gpuqr._engine.gpu_device import NumpyDevice
-from scipy_gpuqr._engine.simulate import execute_task, simulate_factorize
+from scipy_gpuqr._engine.gpu.driver import GpuEngineError, gpu_factorize
+from scipy_gpuqr._engine.gpu.device import NumpyDevice
+from scipy_gpuqr._engine.host.simulate import execute_task, simulate_factorize
 from scipy_gpuqr._schedule.sparse import build_schedule
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import (chessboard_boundary, engine_families,
@@ -72,7 +72,7 @@ def test_r_layout_matches_simulate_on_odd_shapes(budget):
 
 
 def test_r_layout_vectorized_matches_a_loop_per_front():
-    from scipy_gpuqr._engine.gpu_rlayout import r_layout
+    from scipy_gpuqr._engine.gpu.rlayout import r_layout
     rng = np.random.default_rng()
     A = random_values(grid3d_least_squares(4), rng)
     an = analyze(A)
@@ -94,7 +94,7 @@ def test_r_layout_vectorized_matches_a_loop_per_front():
 
 def test_r_layout_builders_agree():
     """Column segments (rows in front order) and the general CSR->CSC path."""
-    from scipy_gpuqr._engine import gpu_rlayout
+    from scipy_gpuqr._engine.gpu import rlayout as gpu_rlayout
     rng = np.random.default_rng()
     for name, A in list(_odd_shapes(rng)) + list(engine_families(rng)):
         an = analyze(A)
@@ -105,7 +105,7 @@ def test_r_layout_builders_agree():
 
 
 def test_refactor_reuses_schedule_and_layout():
-    from scipy_gpuqr._engine.gpu_rlayout import r_layout
+    from scipy_gpuqr._engine.gpu.rlayout import r_layout
     from scipy_gpuqr._schedule.sparse import clear_schedule_cache
     rng = np.random.default_rng()
     A = random_values(grid3d_least_squares(5), rng)
@@ -131,8 +131,8 @@ def test_progressive_r_copy_takes_only_final_ranges(monkeypatch):
     """Warm one-stage runs copy R's values after the launches that finish them
     (the NumPy device copies at once, so a range taken too early would differ
     from the simulate engine's R); a wrong map is caught."""
-    from scipy_gpuqr._engine import gpu_rcopy
-    from scipy_gpuqr._engine.gpu_rlayout import r_layout
+    from scipy_gpuqr._engine.gpu import rcopy as gpu_rcopy
+    from scipy_gpuqr._engine.gpu.rlayout import r_layout
     rng = np.random.default_rng()
     cases = list(engine_families(rng)) + [("singletons", sp.csc_array(
         singleton_rich(300, 120, seed=int(rng.integers(1 << 30)))))]
@@ -156,7 +156,7 @@ def test_progressive_r_copy_takes_only_final_ranges(monkeypatch):
     gpu_factorize(A, an, device=NumpyDevice(32, 3)).free()
     monkeypatch.setattr(gpu_rcopy, "final_entries",
                         lambda an_, lay, st, tile: np.full(st.nlaunch, lay.nnz))
-    from scipy_gpuqr._engine.gpu_rlayout import clear_r_layout_cache
+    from scipy_gpuqr._engine.gpu.rlayout import clear_r_layout_cache
     clear_r_layout_cache(an)
     gpu_factorize(A, an, device=NumpyDevice(32, 3)).free()      # layout rebuilt, cold map
     g = gpu_factorize(A, an, device=NumpyDevice(32, 3))
@@ -179,7 +179,7 @@ def test_float32_input_gives_float32_r():
 @pytest.fixture
 def numpy_gpu_engine(monkeypatch):
     """backend='gpu' through the dispatch hook, executed by the NumPy device layer."""
-    from scipy_gpuqr import _dispatch
+    from scipy_gpuqr._dispatch import plan as _dispatch
 
     def factorize(A, analysis=None, **kw):
         dt = np.float32 if getattr(A, "dtype", None) == np.float32 else np.float64
@@ -220,7 +220,7 @@ def test_backend_gpu_end_to_end_through_the_adapters(numpy_gpu_engine):
 
 def test_backend_gpu_without_a_gpu_warns_and_answers(monkeypatch):
     from scipy_gpuqr import _gpu
-    from scipy_gpuqr._dispatch import GpuFallbackWarning
+    from scipy_gpuqr._dispatch.plan import GpuFallbackWarning
     monkeypatch.setattr(_gpu, "gpu_info", lambda: {"available": False, "reason": "test"})
     A = grid3d_least_squares(3)
     with pytest.warns(GpuFallbackWarning, match="no usable GPU"):
@@ -264,7 +264,7 @@ def test_rank_detection_is_delegated_and_said():
 def _gpu_launch_by_launch(A, ctype, rng, budget):
     import cupy as cp
 
-    from scipy_gpuqr._engine import variants
+    from scipy_gpuqr._engine.gpu import factorize_kernels as variants
     from scipy_gpuqr._kernels import load_module
     from scipy_gpuqr._schedule.tasks import TASK_BYTES
     an = analyze(A)
@@ -387,7 +387,7 @@ def test_whole_factorization_matches_simulate(budget):
 
 @pytest.mark.gpu
 def test_larger_families_match_reference():
-    from scipy_gpuqr._engine.reference import reference_factorize
+    from scipy_gpuqr._engine.host.reference import reference_factorize
     rng = np.random.default_rng()
     for A in (random_values(grid3d_least_squares(12), rng), chessboard_boundary(5, 6, 2)):
         A = A.astype(np.float64)
@@ -469,7 +469,7 @@ def test_cold_and_warm_schedules_on_gpu():
 def test_progressive_r_copy_on_gpu():
     """Tiny staging slots and chunks: R's values come back in many ranges while the
     launches run (side stream, pinned double buffer) and match simulate."""
-    from scipy_gpuqr._engine.gpu_device import CupyDevice
+    from scipy_gpuqr._engine.gpu.device import CupyDevice
     rng = np.random.default_rng()
     for name, A in (("grid8", random_values(grid3d_least_squares(8), rng)),
                     ("singletons", sp.csc_array(singleton_rich(

@@ -15,9 +15,9 @@ import pytest
 import scipy.sparse as sp
 
 from scipy_gpuqr import QRFactorization, lsqr, qr
-from scipy_gpuqr import _lstsq
-from scipy_gpuqr._dispatch import backend_factorizer
-from scipy_gpuqr._engine.reference import default_tol
+from scipy_gpuqr._factor import lstsq as _lstsq
+from scipy_gpuqr._dispatch.plan import backend_factorizer
+from scipy_gpuqr._engine.host.reference import default_tol
 from scipy_gpuqr._testing_matrices import chessboard_boundary
 
 pytestmark = pytest.mark.gpu
@@ -161,7 +161,7 @@ def test_full_rank_sigma_test_on_the_device(rng):
 @pytest.mark.parametrize("decades", [3, 9])
 def test_sigma_min_upper_device_equals_host(rng, decades):
     import cupy
-    from scipy_gpuqr._triangular import norm2_lanczos, sigma_min_upper
+    from scipy_gpuqr._factor.triangular import norm2_lanczos, sigma_min_upper
     U, _ = np.linalg.qr(rng.standard_normal((300, 300)))
     T = np.triu(np.linalg.qr((U * np.logspace(0, -decades, 300)) @ U.T, mode="r"))
     smin = np.linalg.svd(T, compute_uv=False)[-1]

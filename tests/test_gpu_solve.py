@@ -1,4 +1,4 @@
-"""Q, Qᵀ and the solve on the device for GPU factorizations (scipy_gpuqr._engine.gpu_solve).
+"""Q, Qᵀ and the solve on the device for GPU factorizations (scipy_gpuqr._engine.gpu.solve).
 
 CPU tests run the replay plan (records normalized from the factorization's
 Factorize / Apply+Factorize records, levels = launches, stage pools, dense
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from scipy_gpuqr._engine import gpu_solve as gs
-from scipy_gpuqr._engine.gpu import gpu_factorize
-from scipy_gpuqr._engine.gpu_device import NumpyDevice
+from scipy_gpuqr._engine.gpu import solve as gs
+from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+from scipy_gpuqr._engine.gpu.device import NumpyDevice
 from scipy_gpuqr._schedule.tasks import TaskType, empty_tasks
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import (chessboard_boundary, engine_families,
@@ -164,7 +164,7 @@ def _singletons_full_rank(rng):
 def test_front_triangular_matches_sparse_solve(budget):
     from scipy.sparse.linalg import spsolve_triangular
 
-    from scipy_gpuqr._engine.gpu_trsolve import FrontTriangular
+    from scipy_gpuqr._engine.gpu.trsolve import FrontTriangular
     rng = np.random.default_rng()
     cases = [("grid5", random_values(grid3d_least_squares(5), rng)),
              ("randls", random_least_squares(400, 150, density=0.03, dense_rows=3,
@@ -189,7 +189,7 @@ def test_front_triangular_matches_sparse_solve(budget):
 
 
 def test_smem_mirror_matches_the_kernel_layout():
-    from scipy_gpuqr._engine import applyq_variants as av
+    from scipy_gpuqr._engine.gpu import solve_kernels as av
     # ApplyQSmem<32, 3>: V + T + X + C doubles
     ld, ldw = 33, 33
     assert av.applyq_smem_bytes(32, 3) == 8 * (3 * 32 * ld + 32 * ld + 3 * 32 * ldw + 32 * ldw)
@@ -211,7 +211,7 @@ def _factor_gpu(A, budget=None, debug=True):
 @pytest.mark.gpu
 def test_applyq_kernel_smem_matches_mirror():
     cp = _cp()
-    from scipy_gpuqr._engine import applyq_variants as av
+    from scipy_gpuqr._engine.gpu import solve_kernels as av
     from scipy_gpuqr._kernels import load_module
     mod = load_module(av.APPLYQ_FILE, av.KERNEL_VARIANTS[av.APPLYQ_FILE])
     out = cp.zeros(1, dtype=cp.int64)
@@ -280,7 +280,7 @@ def test_dense_fronts_on_device_q_and_triangular_solve():
     assert ds.fronts._kernel is not None
     C3 = cp.asarray(rng.standard_normal((n, 3)))
     yk, zk = ds.fronts.upper(C3), ds.fronts.upper_transposed(C3)
-    from scipy_gpuqr._engine import gpu_trsolve
+    from scipy_gpuqr._engine.gpu import trsolve as gpu_trsolve
     big = gpu_trsolve.BIG_FRONT_ROWS
     try:                                   # levels with their big fronts through cuBLAS
         gpu_trsolve.BIG_FRONT_ROWS = 16
@@ -353,7 +353,7 @@ def test_device_solve_refines_ill_conditioned_problems_like_the_host():
     # full rank, cond 1e11 (eps·cond > REFINE_ABOVE): the device solve refines with
     # A's own residuals, as the host solve does, and gets the host's backward error
     from scipy_gpuqr import QRFactorization
-    from scipy_gpuqr import _factor
+    from scipy_gpuqr._factor import factorization as _factor
     cp = _cp()
     rng = np.random.default_rng()
     m, n = 400, 300
@@ -418,7 +418,7 @@ def _device_solve_near_lstsq(F, A, b, rtol):
 
 def _no_host_path(monkeypatch):
     """Fail if a solve copies b to the host or replays Q there."""
-    from scipy_gpuqr import _factor
+    from scipy_gpuqr._factor import factorization as _factor
 
     def boom(*a, **k):
         raise AssertionError("host path taken")
@@ -529,7 +529,8 @@ def test_spsolve_factorized_and_float32_on_device():
 def test_spsolve_and_factorized_cupy_in_cupy_out_on_device(monkeypatch):
     """A dense CuPy b: checked and solved on the device, never copied to the host."""
     cp = _cp()
-    from scipy_gpuqr import _adapters, factorized, spsolve
+    from scipy_gpuqr import factorized, spsolve
+    from scipy_gpuqr._api import adapters as _adapters
     rng = np.random.default_rng()
     S = random_values(grid3d_least_squares(6), rng)[:216]
     S = sp.csc_array(S + 8 * sp.eye(216, format="csc"))

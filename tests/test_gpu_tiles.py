@@ -18,8 +18,8 @@ import sys
 import numpy as np
 import pytest
 
-from scipy_gpuqr._engine import variants
-from scipy_gpuqr._engine.simulate import execute_launches
+from scipy_gpuqr._engine.gpu import factorize_kernels as variants
+from scipy_gpuqr._engine.host.simulate import execute_launches
 from scipy_gpuqr._schedule import bucket
 from scipy_gpuqr._schedule.tasks import TaskType, empty_tasks
 

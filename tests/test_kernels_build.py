@@ -24,6 +24,22 @@ def test_flatten_inlines_headers_once(tmp_path):
     assert "int b_value;" in text and "#include" not in text.replace("already included", "")
 
 
+def test_flatten_finds_headers_beside_the_file_then_at_the_root(tmp_path):
+    (tmp_path / "part").mkdir()
+    (tmp_path / "common.cuh").write_text("int root_value;\n")
+    (tmp_path / "part" / "local.cuh").write_text('#include "common.cuh"\nint local_value;\n')
+    (tmp_path / "part" / "k.cu").write_text('#include "local.cuh"\n#include "common.cuh"\n')
+    text = _kernels.flatten_source("part/k.cu", tmp_path)
+    assert text.count("int root_value;") == 1 and "int local_value;" in text
+
+
+def test_every_kernel_file_flattens():
+    names = [p.relative_to(_kernels.kernels_dir()).as_posix() for p in _kernels.kernel_files()]
+    assert "sparse_qr/uberkernel.cu" in names and "batched/lu_mma.cu" in names
+    for name in names:
+        assert "#include \"" not in _kernels.flatten_source(name)
+
+
 def test_flatten_reports_missing_header(tmp_path):
     (tmp_path / "k.cu").write_text('#include "nope.cuh"\n')
     with pytest.raises(FileNotFoundError, match="nope.cuh"):
@@ -64,6 +80,8 @@ def test_installed_wheel_finds_kernels(tmp_path):
     wheel = next(wheel_dir.glob("scipy_gpuqr-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "scipy_gpuqr/kernels/common.cuh" in names
+    assert "scipy_gpuqr/kernels/sparse_qr/uberkernel.cu" in names
+    assert "scipy_gpuqr/kernels/batched/lu_mma.cu" in names
     target = tmp_path / "site"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(target)

@@ -1,4 +1,4 @@
-"""The solve rules of scipy_gpuqr._lstsq on real matrices and synthetic ones.
+"""The solve rules of scipy_gpuqr._factor.lstsq on real matrices and synthetic ones.
 
 Least squares: lsqr/lsmr agree with numpy.linalg.lstsq(rcond=None) (minimum
 norm, rank from singular values below eps·max(m,n)·σ_max), judged by
@@ -16,8 +16,8 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from scipy_gpuqr import lsmr, lsqr, spsolve
-from scipy_gpuqr import _lstsq
-from scipy_gpuqr._originals import original
+from scipy_gpuqr._factor import lstsq as _lstsq
+from scipy_gpuqr._api.originals import original
 
 EPS = np.finfo(np.float64).eps
 
@@ -208,7 +208,7 @@ def test_refinement_brings_backward_error_to_lstsq_level(rng):
     host solve refines with A's own residuals; the backward error is then no worse
     than numpy.linalg.lstsq's, and without refinement it is not better."""
     from scipy_gpuqr import QRFactorization
-    from scipy_gpuqr import _factor
+    from scipy_gpuqr._factor import factorization as _factor
     m = n = 300
     U, _ = np.linalg.qr(rng.standard_normal((m, n)))
     V, _ = np.linalg.qr(rng.standard_normal((n, n)))

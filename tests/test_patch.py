@@ -12,9 +12,9 @@ import scipy.optimize._lsq.trf as trf
 import scipy.sparse.linalg as ssl
 
 import scipy_gpuqr
-from scipy_gpuqr import _adapters
-from scipy_gpuqr._originals import original
-from scipy_gpuqr._patch import PATCHED_NAMES, TARGET_MODULES, is_patched
+from scipy_gpuqr._api import adapters as _adapters
+from scipy_gpuqr._api.originals import original
+from scipy_gpuqr._api.patch import PATCHED_NAMES, TARGET_MODULES, is_patched
 
 from conftest import REPO
 
@@ -107,7 +107,7 @@ def test_run_unmodified_script_is_answered_by_us(tmp_path):
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                          env={**__import__("os").environ, "SCIPY_GPUQR_VERBOSE": "1"})
     assert out.returncode == 0, out.stderr
-    assert "module scipy_gpuqr._adapters" in out.stdout
+    assert "module scipy_gpuqr._api.adapters" in out.stdout
     assert "arg hello" in out.stdout
     assert "scipy_gpuqr:" in out.stderr  # the verbose decision line
 

@@ -14,9 +14,9 @@ import pytest
 import scipy.sparse as sp
 
 from scipy_gpuqr import qr
-from scipy_gpuqr._dispatch import backend_factorizer
-from scipy_gpuqr._engine.reference import default_tol, reference_factorize
-from scipy_gpuqr._rank_refine import heath_refine
+from scipy_gpuqr._dispatch.plan import backend_factorizer
+from scipy_gpuqr._engine.host.reference import default_tol, reference_factorize
+from scipy_gpuqr._factor.rank_refine import heath_refine
 from scipy_gpuqr._testing_matrices import chessboard_boundary
 
 EPS = np.finfo(np.float64).eps

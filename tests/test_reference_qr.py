@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from scipy_gpuqr._engine.reference import default_tol, reference_factorize
+from scipy_gpuqr._engine.host.reference import default_tol, reference_factorize
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import (small_families, grid3d_least_squares, random_least_squares,
                                            singleton_rich)

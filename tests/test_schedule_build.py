@@ -46,7 +46,7 @@ def test_templates_in_one_pass_equal_per_pattern_rows():
 
 
 def test_r_layout_one_stage_map_from_segments():
-    from scipy_gpuqr._engine.gpu_rlayout import r_layout
+    from scipy_gpuqr._engine.gpu.rlayout import r_layout
     an = analyze(grid3d_least_squares(8))
     lay = r_layout(an, cache=False)
     assert lay._src is None                         # kept as segments

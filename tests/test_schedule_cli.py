@@ -10,7 +10,8 @@ import pytest
 import scipy.io
 import scipy.sparse as sp
 
-from scipy_gpuqr._schedule import bucket, cli
+from scipy_gpuqr._schedule import bucket
+from scipy_gpuqr._cli import schedule as cli
 from scipy_gpuqr._schedule.sparse import build_schedule, clear_schedule_cache, record_flops
 from scipy_gpuqr._symbolic import analyze
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from scipy_gpuqr._engine.simulate import (apply_qt_front, execute_launches,
+from scipy_gpuqr._engine.host.simulate import (apply_qt_front, execute_launches,
                                           householder_tile)
 from scipy_gpuqr._schedule import bucket
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from scipy_gpuqr._engine.reference import reference_factorize
-from scipy_gpuqr._engine.simulate import launch_conflicts, simulate_factorize
+from scipy_gpuqr._engine.host.reference import reference_factorize
+from scipy_gpuqr._engine.host.simulate import launch_conflicts, simulate_factorize
 from scipy_gpuqr._schedule.sparse import build_schedule, schedule_stats
 from scipy_gpuqr._schedule.tasks import TaskType
 from scipy_gpuqr._symbolic import analyze

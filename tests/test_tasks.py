@@ -32,7 +32,7 @@ def test_dtype_fixed_size_and_aligned():
 
 
 def test_kernel_struct_matches_dtype():
-    src = _kernels.flatten_source("gpuqr_task.cuh") + "\n" + tasks.c_struct_asserts()
+    src = _kernels.flatten_source("sparse_qr/task.cuh") + "\n" + tasks.c_struct_asserts()
     try:
         ok, log = _compile(src)
     except Exception as exc:  # NVRTC library missing
@@ -42,7 +42,7 @@ def test_kernel_struct_matches_dtype():
 
 def test_layout_check_can_fail():
     """A drifted offset must be caught by the generated asserts."""
-    src = _kernels.flatten_source("gpuqr_task.cuh").replace(
+    src = _kernels.flatten_source("sparse_qr/task.cuh").replace(
         "int front;", "int front; int drift;")
     src += "\n" + tasks.c_struct_asserts()
     try:

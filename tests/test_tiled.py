@@ -5,10 +5,10 @@ import pytest
 import scipy.linalg
 
 from scipy_gpuqr import qr_tiled
-from scipy_gpuqr import _tiled_ops as ops
-from scipy_gpuqr._tiled import resolve_devices
-from scipy_gpuqr._tiled_cpu import HostDevice
-from scipy_gpuqr._tiled_runtime import Layout, run_tiled_qr
+from scipy_gpuqr.tiled import _ops as ops
+from scipy_gpuqr.tiled._qr import resolve_devices
+from scipy_gpuqr.tiled._cpu_device import HostDevice
+from scipy_gpuqr.tiled._runtime import Layout, run_tiled_qr
 
 TOL = {np.float32: 60, np.float64: 60}
 
@@ -57,7 +57,7 @@ def test_cpu_matches_scipy(shape, dtype, mode, rng):
 
 
 def test_default_tile_and_auto_without_gpu(rng, monkeypatch):
-    import scipy_gpuqr._tiled as tiled
+    import scipy_gpuqr.tiled._qr as tiled
     monkeypatch.setattr(tiled, "_gpu_count", lambda: 0)
     a = rng.standard_normal((600, 520))
     q, r = qr_tiled(a)        # 'auto' -> the CPU alone, tile 256
@@ -201,7 +201,7 @@ def test_runtime_three_devices_mixed_panels(kinds, shape, rng):
     # panels are of one kind, the others apply them to their columns
     a = rng.standard_normal(shape)
     devs = [HostDevice(f"d{i}", panel_kind=k) for i, k in enumerate(kinds)]
-    from scipy_gpuqr._tiled_model import column_owners, guide_array
+    from scipy_gpuqr.tiled._model import column_owners, guide_array
     nb = -(-shape[1] // 32)
     owners = column_owners(nb, guide_array([2, 3, 1]), 0)
     R, Q = _run(a, devs, owners, 32, True)
@@ -235,7 +235,7 @@ def test_runtime_worker_failure_is_raised(rng):
 
 
 def test_calibration_cache_roundtrip(tmp_path, monkeypatch):
-    from scipy_gpuqr import _tiled_calib as calib
+    from scipy_gpuqr.tiled import _calibrate as calib
     monkeypatch.setenv("SCIPY_GPUQR_CACHE_DIR", str(tmp_path))
     assert calib.cache_dir() == tmp_path
     profs, bw = calib.get_profiles(["cpu"], 32, np.float64)
@@ -249,7 +249,7 @@ def test_calibration_cache_roundtrip(tmp_path, monkeypatch):
 
 
 def test_measure_sync_with_numpy_devices():
-    from scipy_gpuqr import _tiled_calib as calib
+    from scipy_gpuqr.tiled import _calibrate as calib
     made = []
 
     def make(name):
@@ -265,8 +265,8 @@ def test_measure_sync_with_numpy_devices():
 
 
 def test_calibration_sync_cached_and_attached(tmp_path, monkeypatch):
-    from scipy_gpuqr import _tiled_calib as calib
-    from scipy_gpuqr._tiled_model import DeviceProfile
+    from scipy_gpuqr.tiled import _calibrate as calib
+    from scipy_gpuqr.tiled._model import DeviceProfile
     calls = []
     monkeypatch.setattr(calib, "device_key", lambda name: f"{name}[x]")
     monkeypatch.setattr(calib, "measure_device", lambda name, tile, dt:
@@ -284,13 +284,13 @@ def test_calibration_sync_cached_and_attached(tmp_path, monkeypatch):
 
 
 def test_cache_dir_defaults(tmp_path):
-    from scipy_gpuqr._tiled_calib import cache_dir
+    from scipy_gpuqr.tiled._calibrate import cache_dir
     assert cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "scipy_gpuqr"
     assert cache_dir({}).name == "scipy_gpuqr"
 
 
 def test_cli_plan_cpu(tmp_path, monkeypatch, capsys):
-    from scipy_gpuqr import _tiled_cli
+    from scipy_gpuqr._cli import tiled as _tiled_cli
     monkeypatch.setenv("SCIPY_GPUQR_CACHE_DIR", str(tmp_path))
     assert _tiled_cli.main(["--devices", "cpu", "--size", "300", "200",
                             "--tile-size", "32"]) == 0

@@ -106,7 +106,7 @@ def test_two_gpus_float32_r(rng):
 
 
 def test_auto_plan_and_run(rng):
-    from scipy_gpuqr._tiled import plan_tiled
+    from scipy_gpuqr.tiled._qr import plan_tiled
     plan, profiles, bw = plan_tiled((4096, 4096), np.float64, "auto")
     assert plan.main.startswith("gpu:")
     assert plan.devices[0] == plan.main

@@ -2,8 +2,8 @@
 
 import pytest
 
-from scipy_gpuqr import _tiled_model as model
-from scipy_gpuqr._tiled_model import DeviceProfile
+from scipy_gpuqr.tiled import _model as model
+from scipy_gpuqr.tiled._model import DeviceProfile
 
 
 def test_guide_array_paper_example():

@@ -1,6 +1,6 @@
 """Triangular solves through SuperLU, σ_min of a triangle, and the rank rules that use them.
 
-The rules of :class:`scipy_gpuqr._lstsq.MinNormSolver` exercised here: full rank
+The rules of :class:`scipy_gpuqr._factor.lstsq.MinNormSolver` exercised here: full rank
 confirmed by σ_min where the 1-norm condition estimate is inconclusive; the
 sparse complete orthogonal decomposition kept only where its rank provably
 equals lstsq's (‖E‖₂ ≤ tol < σ_min(R11)), else the dense rules answer.
@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from scipy_gpuqr import QRFactorization, _lstsq, _triangular
-from scipy_gpuqr._triangular import UpperTriangular, sigma_min_upper
+from scipy_gpuqr import QRFactorization
+from scipy_gpuqr._factor import lstsq as _lstsq
+from scipy_gpuqr._factor import triangular as _triangular
+from scipy_gpuqr._factor.triangular import UpperTriangular, sigma_min_upper
 
 
 def _upper(rng, q, density=0.05, cond_decades=0.0):

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
-from .._numeric import NumericQR
+from .._factor.numeric import NumericQR
 from . import _cholmod, blas_threads
 from ._cholmod import Common, dense_to_numpy, dense_view, sparse_to_scipy, sparse_view
 from ._libs import INSTALL_HINT, LibraryNotFound, major_version, open_library
@@ -204,7 +204,7 @@ def _check_colperm(colperm, n: int) -> np.ndarray:
 class SpqrQR(NumericQR):
     """SuiteSparseQR's factorization ``A[:, colperm] = Q @ R``, held in NumPy arrays.
 
-    Besides :class:`~scipy_gpuqr._numeric.NumericQR`'s attributes:
+    Besides :class:`~scipy_gpuqr._factor.numeric.NumericQR`'s attributes:
 
     Attributes
     ----------

@@ -42,7 +42,7 @@ int64_t amd_l_order(int64_t n, const int64_t Ap[], const int64_t Ai[], int64_t P
 @functools.lru_cache(maxsize=1)
 def _amd_lib():
     import cffi
-    from scipy_gpuqr._cpu._libs import open_library
+    from .._cpu._libs import open_library
     ffi = cffi.FFI()
     ffi.cdef(_AMD_CDEF)
     return ffi, open_library(ffi, "amd")
@@ -96,7 +96,7 @@ def _metis(A: sp.csc_array) -> np.ndarray:
 
 
 def _colamd(A: sp.csc_array) -> tuple[np.ndarray, str]:
-    from scipy_gpuqr._cpu.colamd import colamd, colamd_available
+    from .._cpu.colamd import colamd, colamd_available
     ok, why = colamd_available()
     if ok:
         return colamd(A, dense_row=-1.0), "colamd"

@@ -1,0 +1,115 @@
+// cholesky.cu: Cholesky (potrf) of many n x n matrices, n <= 32, one
+// thread per row (LU and inverse: lu_warp.cu).
+//
+// Each thread keeps its row in registers (n is a template parameter, so every
+// loop unrolls), pivots are chosen with warp reductions, the pivot row is
+// broadcast through a small double-buffered shared-memory buffer with vector
+// loads, and rows are never moved while factorizing ("lazy swaps"): each
+// thread tracks the position its row holds after the LAPACK-order
+// interchanges and writes the row to that position at the end.
+//
+// info per matrix: 0; k+1 for the first exactly zero pivot (getrf, getri)
+// or the first leading minor that is not positive definite (potrf);
+// -1 when the input holds an inf or NaN (checked on the values loaded: no
+// extra pass over memory).
+//
+// Launch: blockDim.x a multiple of 32 (>= SEG); gridDim.x =
+// ceil(batch / (blockDim.x / SEG)); dynamic shared memory from
+// smem_bytes(...) in scipy_gpuqr/_batched_gpu.py (mirrors the layout below):
+//   [ broadcast buffers: mpb * 2 * NB elements ][ staging: mpb * N * LD elements ]
+#include "small.cuh"
+
+using namespace gpuqr_batched;
+
+// ---------------------------------------------------------------------------
+// Cholesky (potrf). lower != 0: A = L L^T from the lower triangle, L written
+// there; lower == 0: A = U^T U from the upper triangle, U written there. The
+// other triangle keeps the input (as LAPACK leaves it).
+// input, not modified:  a (batch, N, N)
+// output:               c (batch, N, N), info (batch)
+// ---------------------------------------------------------------------------
+template <typename T, int N>
+__global__ void potrf_small(const T *__restrict__ a, T *__restrict__ c,
+                            int *__restrict__ info, long long batch, int n, int lower)
+{
+    constexpr int SEG = Seg<N>::value;
+    constexpr int LD = Ld<N>::value;
+    constexpr int NB = Bcast<T, N>::value;
+    constexpr int VW = Vec<T>::width;
+    typedef typename Vec<T>::type V;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int mpb = blockDim.x / SEG;
+    T *bc = reinterpret_cast<T *>(smem_raw);
+    T *sm = bc + mpb * 2 * NB;
+
+    const long long first = (long long)blockIdx.x * mpb;
+    const int nmat = (int)min((long long)mpb, batch - first);
+    if (nmat <= 0) return;
+    stage_in_n<T, N>(sm, a + first * n * n, nmat, n);
+    __syncthreads();
+
+    const int lane = threadIdx.x & 31;
+    const int r = threadIdx.x % SEG;
+    const int mloc = threadIdx.x / SEG;
+    const bool active = mloc < nmat && r < N;
+    const unsigned mask = seg_mask<SEG>(lane);
+    T *mybc = bc + (mloc < mpb ? mloc : 0) * 2 * NB;
+    T *msm = sm + mloc * N * LD;
+
+    // row r of the lower (Hermitian) matrix: entries j <= r
+    T row[N];
+    bool fin = true;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        T v = T(0);
+        if (active && j <= r) v = (r >= n) ? T(r == j) : lower ? msm[r * LD + j] : msm[j * LD + r];
+        row[j] = v;
+        fin = fin && finite(v);
+    }
+    const bool bad = (__ballot_sync(0xffffffffu, !fin) & mask) != 0u;
+
+    int inf = 0;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        T *buf = mybc + (k & 1) * NB;
+        // the diagonal owner publishes d = a_kk
+        if (active && r == k) buf[k] = row[k];
+        __syncwarp();
+        const T d = buf[k];
+        const bool fail = !(d > T(0));
+        if (fail && inf == 0) inf = k + 1;
+        const T ljj = fail ? T(1) : sqrt(d);
+        __syncwarp();
+        if (active && r >= k) row[k] = (r == k) ? ljj : row[k] / ljj;
+        // publish column k of L (rows >= k) for the update
+        if (active && r > k) buf[r] = row[k];
+        __syncwarp();
+        if (active && r > k) {
+            const T lik = row[k];
+#pragma unroll
+            for (int q = (k + 1) / VW; q < NB / VW; ++q) {
+                union { V v; T s[VW]; } u;
+                u.v = reinterpret_cast<const V *>(buf)[q];
+#pragma unroll
+                for (int t = 0; t < VW; ++t) {
+                    const int j = q * VW + t;
+                    if (j > k && j < N && j <= r) row[j < N ? j : 0] -= lik * u.s[t];
+                }
+            }
+        }
+        __syncwarp();
+    }
+    __syncthreads();
+    if (active && r < n) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            if (j <= r) {
+                if (lower) msm[r * LD + j] = row[j];
+                else msm[j * LD + r] = row[j];
+            }
+        }
+        if (r == 0) info[first + mloc] = bad ? -1 : inf;
+    }
+    __syncthreads();
+    stage_out_n<T, N>(c + first * n * n, sm, nmat, n);
+}

@@ -1,0 +1,506 @@
+// lu_warp.cu: LU (getrf) and inverse (Gauss-Jordan) of many n x n
+// matrices, n <= 32: a warp per tile of 32 / SEG matrices, a row per lane,
+// the matrix in registers (layout and copies: warp.cuh).
+//
+// Per column k the only communication is: one warp max-reduction of the
+// candidates' high key (ties broken exactly, rarely taken), a ballot, and the
+// pivot row broadcast through a small double-buffered per-warp shared buffer
+// (one 16-byte broadcast load gives every lane two doubles, where shuffles
+// would need two per double). The pivot's reciprocal is computed by every
+// candidate speculatively while the reduction is in flight. Rows never move
+// ("lazy swaps"): each lane tracks the LAPACK position of its row and writes
+// it there at the end.
+//
+// Two other shapes behind the same kernel names (chosen at compile time):
+//   * N <= GPUQR_TINY_MAX: a thread per matrix, no shared memory;
+//   * N > 16 with WarpCfg::G > 1: each row split over G lanes, R = G rows per
+//     lane (warp2d.cuh): fewer broadcast loads per update.
+//
+// info per matrix: 0; k+1 for the first exactly zero pivot; -1 when the input
+// holds an inf or NaN (checked on the values loaded: no extra pass).
+//
+// Launch: blockDim.x a multiple of 32 (<= GPUQR_WARP_THREADS), any grid (the
+// warps loop over tiles); stages 1 or 2 (tiles in flight per warp); vec != 0
+// when both pointers are 16-byte aligned. Dynamic shared memory, from
+// warp_smem_bytes(...) in scipy_gpuqr/_batched_gpu.py, per warp:
+//   [ broadcast: 2 * MW * NBUF elements ] (all warps) then
+//   [ tiles: stages * TILE elements ] (all warps).
+#include "warp.cuh"
+#include "warp2d.cuh"
+
+#ifndef GPUQR_WARP_THREADS
+#define GPUQR_WARP_THREADS 256
+#endif
+
+// n <= GPUQR_TINY_MAX: a thread per matrix (must match TINY_MAX in
+// scipy_gpuqr/_batched_variants.py, which sizes the launch).
+#ifndef GPUQR_TINY_MAX
+#define GPUQR_TINY_MAX 2
+#endif
+
+using namespace gpuqr_warp;
+
+namespace gpuqr_warp {
+
+// Per-variant shape of the warp kernels (GJ: the inverse).
+//   G: lanes per row (1: a row per lane; 2 or 4: warp2d.cuh).
+//   MINB: blocks of GPUQR_WARP_THREADS that must fit on an SM (caps the
+//   registers: 2 -> 128).
+// GPUQR_G_LU / GPUQR_G_GJ / GPUQR_MINB_LU / GPUQR_MINB_GJ override them for
+// experiments (bench/batched_variants.py); the defaults are what measured
+// fastest on the H200 (bench/RESULTS.md, issue 7).
+template <typename T, int N, bool GJ>
+struct WarpCfg {
+#if defined(GPUQR_G_LU) && defined(GPUQR_G_GJ)
+    static constexpr int G_req = GJ ? GPUQR_G_GJ : GPUQR_G_LU;
+#else
+    // measured (bench/batched_variants.py, H200): the 2-D layout is slower
+    // for every LU and every inverse but at N = 32 in double (5 % faster)
+    static constexpr int G_req = (GJ && N == 32 && sizeof(T) == 8) ? 2 : 1;
+#endif
+    static constexpr int G = (N > 16 && N % G_req == 0) ? G_req : 1;
+#if defined(GPUQR_MINB_LU) && defined(GPUQR_MINB_GJ)
+    static constexpr int MINB = GJ ? GPUQR_MINB_GJ : GPUQR_MINB_LU;
+#else
+    static constexpr int MINB = 2;
+#endif
+    // G = 1: the pivot, its reciprocal and scale and the pivot row's next
+    // entry reach the lanes by shuffles (off the shared-memory round trip of
+    // the rest of the pivot row) instead of through the broadcast buffer:
+    // 3-5 % faster but for the inverse at N = 24 in double (1.5 % slower).
+#ifdef GPUQR_SHFL_PIVOT
+    static constexpr bool SHFL = GPUQR_SHFL_PIVOT != 0;
+#else
+    static constexpr bool SHFL = !(GJ && N == 24 && sizeof(T) == 8);
+#endif
+};
+
+// Rest of a rank-1 update: row[j] -= l * buf[j] for lo <= j < N, j not in
+// {skip_a, skip_b} (vector loads; the indices are compile-time constants).
+template <typename T, int N>
+__device__ __forceinline__ void axpy_from(T (&row)[N], const T *buf, T l, int lo,
+                                          int skip_a, int skip_b) {
+    typedef typename Vec<T>::type V;
+    constexpr int VW = Vec<T>::width;
+#pragma unroll
+    for (int q = 0; q < (N + VW - 1) / VW; ++q) {
+        if ((q + 1) * VW > lo) {
+            union { V v; T s[VW]; } u;
+            u.v = reinterpret_cast<const V *>(buf)[q];
+#pragma unroll
+            for (int s = 0; s < VW; ++s) {
+                const int j = q * VW + s;
+                if (j >= lo && j < N && j != skip_a && j != skip_b) row[j < N ? j : 0] = fma(-l, u.s[s], row[j < N ? j : 0]);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// n <= GPUQR_TINY_MAX: a thread per matrix, the matrix in registers, rows
+// swapped eagerly (selects on compile-time indices), 16-byte loads and
+// stores when the matrices are whole 16-byte units and the pointers aligned.
+// ---------------------------------------------------------------------------
+template <typename T, int N>
+__device__ __forceinline__ void tiny_load(T (&v)[N][N], const T *__restrict__ src, int n, bool vec) {
+    typedef typename Vec<T>::type V;
+    constexpr int VW = Vec<T>::width;
+    if constexpr ((N * N) % VW == 0) {
+        if (vec) {
+#pragma unroll
+            for (int q = 0; q < N * N / VW; ++q) {
+                union { V v; T e[VW]; } u;
+                u.v = __ldg(reinterpret_cast<const V *>(src) + q);
+#pragma unroll
+                for (int e = 0; e < VW; ++e) v[(q * VW + e) / N][(q * VW + e) % N] = u.e[e];
+            }
+            return;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+            v[i][j] = (i < n && j < n) ? __ldg(src + i * n + j) : T(i == j);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void tiny_store(T *__restrict__ dst, const T (&v)[N][N], int n, bool vec) {
+    typedef typename Vec<T>::type V;
+    constexpr int VW = Vec<T>::width;
+    if constexpr ((N * N) % VW == 0) {
+        if (vec) {
+#pragma unroll
+            for (int q = 0; q < N * N / VW; ++q) {
+                union { V v; T e[VW]; } u;
+#pragma unroll
+                for (int e = 0; e < VW; ++e) u.e[e] = v[(q * VW + e) / N][(q * VW + e) % N];
+                reinterpret_cast<V *>(dst)[q] = u.v;
+            }
+            return;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+            if (i < n && j < n) dst[i * n + j] = v[i][j];
+}
+
+template <typename T, int N>
+__device__ __forceinline__ bool tiny_finite(const T (&v)[N][N]) {
+    bool fin = true;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j) fin = fin && finite_bits(v[i][j]);
+    return fin;
+}
+
+// Pivot of column k (LAPACK i?amax: the first largest |v[i][k]|, i >= k),
+// then rows k and p of v (and of e, when E) exchanged.
+template <typename T, int N, bool E>
+__device__ __forceinline__ int tiny_pivot(T (&v)[N][N], T (&e)[N][N], int k) {
+    int p = k;
+    unsigned long long best = key64(v[k][k]);
+#pragma unroll
+    for (int i = k + 1; i < N; ++i) {
+        const unsigned long long key = key64(v[i][k]);
+        if (key > best) { best = key; p = i; }
+    }
+#pragma unroll
+    for (int i = k + 1; i < N; ++i) {
+        if (p == i) {
+#pragma unroll
+            for (int j = 0; j < N; ++j) { const T w = v[k][j]; v[k][j] = v[i][j]; v[i][j] = w; }
+            if constexpr (E) {
+#pragma unroll
+                for (int j = 0; j < N; ++j) { const T w = e[k][j]; e[k][j] = e[i][j]; e[i][j] = w; }
+            }
+        }
+    }
+    return p;
+}
+
+// LU like LAPACK getrf2 (reciprocal when |pivot| >= sfmin, else division).
+template <typename T, int N>
+__device__ __forceinline__ int tiny_lu(T (&v)[N][N], int (&pv)[N]) {
+    int z = 0;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        pv[k] = tiny_pivot<T, N, false>(v, v, k);
+        const T d = v[k][k];
+        if (d == T(0)) {
+            if (z == 0) z = k + 1;
+        } else {
+            const bool big = fabs(d) >= sfmin<T>();
+            const T r = T(1) / d;
+#pragma unroll
+            for (int i = k + 1; i < N; ++i) v[i][k] = big ? v[i][k] * r : v[i][k] / d;
+        }
+#pragma unroll
+        for (int i = k + 1; i < N; ++i)
+#pragma unroll
+            for (int j = k + 1; j < N; ++j) v[i][j] = fma(-v[i][k], v[k][j], v[i][j]);
+    }
+    return z;
+}
+
+// Inverse by Gauss-Jordan on [v | e], e = I, rows swapped eagerly: e ends as
+// v^{-1}. Returns the getrf info of v.
+template <typename T, int N>
+__device__ __forceinline__ int tiny_inv(T (&v)[N][N], T (&e)[N][N]) {
+    int z = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j) e[i][j] = T(i == j);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        tiny_pivot<T, N, true>(v, e, k);
+        const T d = v[k][k];
+        if (d == T(0) && z == 0) z = k + 1;
+        const T r = T(1) / d;
+#pragma unroll
+        for (int j = k + 1; j < N; ++j) v[k][j] *= r;
+#pragma unroll
+        for (int j = 0; j < N; ++j) e[k][j] *= r;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            if (i != k) {
+                const T l = v[i][k];
+#pragma unroll
+                for (int j = k + 1; j < N; ++j) v[i][j] = fma(-l, v[k][j], v[i][j]);
+#pragma unroll
+                for (int j = 0; j < N; ++j) e[i][j] = fma(-l, e[k][j], e[i][j]);
+            }
+        }
+    }
+    return z;
+}
+
+__device__ __forceinline__ bool aligned16(const void *p) {
+    return (reinterpret_cast<size_t>(p) & 15u) == 0;
+}
+
+// Grid-stride loops of the tiny kernels (any grid).
+template <typename T, int N>
+__device__ __forceinline__ void tiny_getrf(const T *__restrict__ a, T *__restrict__ lu,
+                                           int *__restrict__ piv, int *__restrict__ info,
+                                           long long batch) {
+    const bool vec = aligned16(a) && aligned16(lu);
+    for (long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x; m < batch;
+         m += (long long)gridDim.x * blockDim.x) {
+        T v[N][N];
+        tiny_load<T, N>(v, a + m * (N * N), N, vec);
+        const bool fin = tiny_finite<T, N>(v);
+        int pv[N];
+        const int z = tiny_lu<T, N>(v, pv);
+        tiny_store<T, N>(lu + m * (N * N), v, N, vec);
+        if constexpr (N == 2) {
+            reinterpret_cast<int2 *>(piv)[m] = make_int2(pv[0], pv[1]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < N; ++k) piv[m * N + k] = pv[k];
+        }
+        info[m] = fin ? z : -1;
+    }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void tiny_getri(const T *__restrict__ a, T *__restrict__ ainv,
+                                           int *__restrict__ info, long long batch, int n) {
+    const bool vec = aligned16(a) && aligned16(ainv) && n == N;
+    const long long nn = (long long)n * n;
+    for (long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x; m < batch;
+         m += (long long)gridDim.x * blockDim.x) {
+        T v[N][N], e[N][N];
+        tiny_load<T, N>(v, a + m * nn, n, vec);
+        const bool fin = tiny_finite<T, N>(v);
+        const int z = tiny_inv<T, N>(v, e);
+        tiny_store<T, N>(ainv + m * nn, e, n, vec);
+        info[m] = fin ? z : -1;
+    }
+}
+
+}  // namespace gpuqr_warp
+
+// ---------------------------------------------------------------------------
+// LU with partial pivoting, LAPACK getrf pivot order (0-based piv).
+// input, not modified:  a (batch, N, N)
+// output:               lu (batch, N, N), piv (batch, N), info (batch)
+// ---------------------------------------------------------------------------
+template <typename T, int N>
+__global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, false>::MINB))
+getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
+           int *__restrict__ info, long long batch, int stages, int vec)
+{
+    typedef Layout<T, N> L;
+    constexpr int SEG = L::SEG;
+    constexpr int G = WarpCfg<T, N, false>::G;
+    constexpr bool SH = WarpCfg<T, N, false>::SHFL;
+    if constexpr (N <= GPUQR_TINY_MAX) {
+        tiny_getrf<T, N>(a, lu, piv, info, batch);
+        return;
+    }
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int lane = threadIdx.x & 31;
+    const int wib = threadIdx.x >> 5;
+    const int nwb = blockDim.x >> 5;
+    T *bc = reinterpret_cast<T *>(smem_raw) + wib * 2 * L::MW * L::NBUF;
+    T *tiles = reinterpret_cast<T *>(smem_raw) + nwb * 2 * L::MW * L::NBUF
+               + wib * stages * L::TILE;
+    const int r = lane & (SEG - 1);
+    const int mloc = lane / SEG;
+
+    if constexpr (G > 1) {
+        run_tiles<T, N>(a, lu, batch, N, stages, vec != 0, tiles,
+                        [&](T *t, long long first, int) {
+            const int z = factor2d<T, N, G, false>(t, bc, piv + first * N, N, lane);
+            if (lane == 0) info[first] = z;
+        });
+        return;
+    }
+    run_tiles<T, N>(a, lu, batch, N, stages, vec != 0, tiles,
+                    [&](T *t, long long first, int nv) {
+        const bool active = mloc < nv && r < N;
+        T row[N];
+        if (active) {
+            row_read<T, N>(row, t + (mloc * N + r) * L::LD);
+        } else {
+#pragma unroll
+            for (int j = 0; j < N; ++j) row[j] = T(0);
+        }
+        bool fin = true;
+#pragma unroll
+        for (int j = 0; j < N; ++j) fin = fin && finite_bits(row[j]);
+        const bool bad = seg_bits<SEG>(__ballot_sync(0xffffffffu, !fin), lane) != 0u;
+
+        bool cand = active;
+        int pos = r, mypiv = r, zinfo = 0;
+        unsigned hi = key_hi(row[0]);
+        unsigned bal = pivot_start<SEG>(cand, hi);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            const T x = row[k];
+            const T sc = pivot_scale(x);
+            const T rinv = fast_rcp(cand ? x * sc : T(1));     // speculative
+            const int pl = pivot_finish<SEG>(bal, cand, key_lo(x), pos, lane);
+            const bool is_piv = lane == pl;
+            const int p = __shfl_sync(0xffffffffu, pos, pl & 31);
+            T *buf = bc + (k & 1) * L::MW * L::NBUF + mloc * L::NBUF;
+            T pv, bri, bsc, b1;
+            if constexpr (SH) {
+                pv = __shfl_sync(0xffffffffu, x, pl & 31);
+                bri = __shfl_sync(0xffffffffu, rinv, pl & 31);
+                bsc = __shfl_sync(0xffffffffu, sc, pl & 31);
+                b1 = __shfl_sync(0xffffffffu, row[k + 1 < N ? k + 1 : 0], pl & 31);
+                if (is_piv) bcast_row<T, N>(buf, row, k + 2);
+            } else {
+                if (is_piv) {
+                    bcast_row<T, N>(buf, row, k);
+                    buf[N] = rinv;
+                    buf[N + 1] = sc;
+                }
+                __syncwarp();
+                pv = buf[k];
+                bri = buf[N];
+                bsc = buf[N + 1];
+                b1 = buf[k + 1];
+            }
+            const bool upd = cand && !is_piv && pv != T(0);
+            const T l = upd ? (x * bsc) * bri : T(0);
+            if (upd) row[k] = l;
+            if (k + 1 < N) row[k + 1 < N ? k + 1 : 0] = fma(-l, b1, row[k + 1 < N ? k + 1 : 0]);
+            cand = cand && !is_piv;
+            if (pos == k) pos = p; else if (is_piv) pos = k;
+            if (r == k) mypiv = p;
+            if (pv == T(0) && zinfo == 0) zinfo = k + 1;
+            if (k + 1 < N) {
+                hi = key_hi(row[k + 1 < N ? k + 1 : 0]);
+                bal = pivot_start<SEG>(cand, hi);
+            }
+            if constexpr (SH) __syncwarp();
+            axpy_from<T, N>(row, buf, l, k + 2, -1, -1);
+        }
+        if (active) {
+            row_write<T, N>(t + (mloc * N + pos) * L::LD, row);
+            piv[(first + mloc) * N + r] = mypiv;
+            if (r == 0) info[first + mloc] = bad ? -1 : zinfo;
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Inverse by in-place Gauss-Jordan with partial pivoting (same pivots as the
+// LU up to rounding), n <= N: rows and columns n..N-1 are the identity.
+// Lazy scaling: a pivot row keeps its unscaled values (its pivot entry set to
+// 1) and is multiplied by 1/pivot once at the end. The registers then hold
+// X = (P A)^{-1} by position; A^{-1}[pos(r)][pivot lane of step c] = X row r,
+// column c, applied while writing the rows back.
+// input, not modified:  a (batch, n, n)
+// output:               ainv (batch, n, n), info (batch)
+// ---------------------------------------------------------------------------
+template <typename T, int N>
+__global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, true>::MINB))
+getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
+           long long batch, int n, int stages, int vec)
+{
+    typedef Layout<T, N> L;
+    constexpr int SEG = L::SEG;
+    constexpr int G = WarpCfg<T, N, true>::G;
+    constexpr bool SH = WarpCfg<T, N, true>::SHFL;
+    if constexpr (N <= GPUQR_TINY_MAX) {
+        tiny_getri<T, N>(a, ainv, info, batch, n);
+        return;
+    }
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int lane = threadIdx.x & 31;
+    const int wib = threadIdx.x >> 5;
+    const int nwb = blockDim.x >> 5;
+    T *bc = reinterpret_cast<T *>(smem_raw) + wib * 2 * L::MW * L::NBUF;
+    T *tiles = reinterpret_cast<T *>(smem_raw) + nwb * 2 * L::MW * L::NBUF
+               + wib * stages * L::TILE;
+    const int r = lane & (SEG - 1);
+    const int mloc = lane / SEG;
+    const int base = lane & ~(SEG - 1);
+
+    if constexpr (G > 1) {
+        run_tiles<T, N>(a, ainv, batch, n, stages, vec != 0, tiles,
+                        [&](T *t, long long first, int) {
+            const int z = factor2d<T, N, G, true>(t, bc, nullptr, n, lane);
+            if (lane == 0) info[first] = z;
+        });
+        return;
+    }
+    run_tiles<T, N>(a, ainv, batch, n, stages, vec != 0, tiles,
+                    [&](T *t, long long first, int nv) {
+        const bool active = mloc < nv && r < N;
+        T row[N];
+        if (active) row_read<T, N>(row, t + (mloc * N + r) * L::LD);
+        bool fin = true;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            row[j] = (active && r < n && j < n) ? row[j] : T(r == j);
+            fin = fin && finite_bits(row[j]);
+        }
+        const bool bad = seg_bits<SEG>(__ballot_sync(0xffffffffu, !fin), lane) != 0u;
+
+        bool cand = active;
+        int pos = r, zinfo = 0, mycol = r;
+        T f = T(1);
+        unsigned hi = key_hi(row[0]);
+        unsigned bal = pivot_start<SEG>(cand, hi);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            const T x = row[k];
+            const T sc = pivot_scale(x);
+            const T rinv = fast_rcp(cand ? x * sc : T(1));     // speculative
+            const int pl = pivot_finish<SEG>(bal, cand, key_lo(x), pos, lane);
+            const bool is_piv = lane == pl;
+            const int p = __shfl_sync(0xffffffffu, pos, pl & 31);
+            T *buf = bc + (k & 1) * L::MW * L::NBUF + mloc * L::NBUF;
+            T pv, bri, bsc, b1;
+            if constexpr (SH) {
+                pv = __shfl_sync(0xffffffffu, x, pl & 31);
+                bri = __shfl_sync(0xffffffffu, rinv, pl & 31);
+                bsc = __shfl_sync(0xffffffffu, sc, pl & 31);
+                b1 = __shfl_sync(0xffffffffu, row[k + 1 < N ? k + 1 : 0], pl & 31);
+                if (is_piv) bcast_row<T, N>(buf, row, 0);
+            } else {
+                if (is_piv) {
+                    bcast_row<T, N>(buf, row, 0);
+                    buf[N] = rinv;
+                    buf[N + 1] = sc;
+                }
+                __syncwarp();
+                pv = buf[k];
+                bri = buf[N];
+                bsc = buf[N + 1];
+                b1 = buf[k + 1];
+            }
+            const bool upd = active && !is_piv && pv != T(0);
+            const T l = upd ? (x * bsc) * bri : T(0);
+            if (is_piv) f = bsc * bri;                 // 1 / pivot
+            row[k] = is_piv ? T(1) : (upd ? -l : x);
+            if (k + 1 < N) row[k + 1 < N ? k + 1 : 0] = fma(-l, b1, row[k + 1 < N ? k + 1 : 0]);
+            cand = cand && !is_piv;
+            if (pos == k) pos = p; else if (is_piv) pos = k;
+            if (r == k) mycol = pl - base;
+            if (pv == T(0) && zinfo == 0) zinfo = k + 1;
+            if (k + 1 < N) {
+                hi = key_hi(row[k + 1 < N ? k + 1 : 0]);
+                bal = pivot_start<SEG>(cand, hi);
+            }
+            if constexpr (SH) __syncwarp();
+            axpy_from<T, N>(row, buf, l, 0, k, k + 1);   // columns k, k+1 done above
+        }
+        // A^{-1}[pos][col(c)] = f * row[c]; col(c) = lane (in the segment) pivoting step c
+#pragma unroll
+        for (int c = 0; c < N; ++c) {
+            const int tc = __shfl_sync(0xffffffffu, mycol, base + c);
+            if (active) t[(mloc * N + pos) * L::LD + tc] = f * row[c];
+        }
+        if (active && r == 0) info[first + mloc] = bad ? -1 : zinfo;
+    });
+}

@@ -1,0 +1,355 @@
+// warp.cuh: helpers of the warp-per-tile batched kernels (n <= 32).
+//
+// Layout conventions (every kernel of lu_warp.cu):
+//   * matrices are row-major, contiguous, n*n elements each;
+//   * a warp owns a "tile" of MW = 32 / SEG consecutive matrices, SEG = next
+//     power of two >= N lanes per matrix, one row per lane; warps never wait
+//     for each other (no __syncthreads), and loop over tiles (grid stride);
+//   * a tile is copied global -> shared with cp.async (16-byte chunks when
+//     rows are whole 16-byte units and the pointers are aligned, else one
+//     element per copy), optionally one tile ahead (two stages), and copied
+//     back shared -> global with coalesced (vector) stores;
+//   * in shared memory a row takes LD elements: an odd number of 16-byte
+//     units when rows are whole units (lane-per-row 16-byte accesses of 8
+//     consecutive lanes then hit distinct banks), else an odd number of
+//     elements (conflict-free scalar accesses).
+#pragma once
+
+#include "common.cuh"
+
+namespace gpuqr_warp {
+
+template <int N>
+struct Seg {
+    static constexpr int value = N <= 1 ? 1 : N <= 2 ? 2 : N <= 4 ? 4 :
+                                 N <= 8 ? 8 : N <= 16 ? 16 : 32;
+};
+
+template <typename T> struct Vec;
+template <> struct Vec<double> { typedef double2 type; static constexpr int width = 2; };
+template <> struct Vec<float>  { typedef float4  type; static constexpr int width = 4; };
+
+// Row layout of the shared tile of N x N matrices.
+template <typename T, int N>
+struct Layout {
+    static constexpr int VW = Vec<T>::width;
+    static constexpr bool vec = (N % VW) == 0;          // rows are whole 16-byte units
+    static constexpr int units = N / VW;
+    static constexpr int LD = vec ? ((units % 2) ? units : units + 1) * VW : (N | 1);
+    static constexpr int SEG = Seg<N>::value;
+    static constexpr int MW = 32 / SEG;                 // matrices per warp tile
+    static constexpr int TILE = MW * N * LD;            // elements per tile
+    // broadcast buffer per matrix: the row and two scalars; one matrix per
+    // warp (N > 16) leaves room for the padded groups of warp2d.cuh
+    static constexpr int NBUF = ((N + 2 + VW - 1) / VW) * VW + (MW == 1 ? 6 * VW : 0);
+};
+
+template <typename T> __device__ __forceinline__ T sfmin();
+template <> __device__ __forceinline__ double sfmin<double>() { return 2.2250738585072014e-308; }
+template <> __device__ __forceinline__ float sfmin<float>() { return 1.17549435e-38f; }
+// scale that makes a subnormal pivot normal / a huge pivot's reciprocal normal
+template <typename T> __device__ __forceinline__ T up_scale();
+template <> __device__ __forceinline__ double up_scale<double>() { return 18014398509481984.0; }  // 2^54
+template <> __device__ __forceinline__ float up_scale<float>() { return 16777216.0f; }            // 2^24
+template <typename T> __device__ __forceinline__ T big_limit();
+template <> __device__ __forceinline__ double big_limit<double>() { return 4.49423283715579e+307; } // 2^1022
+template <> __device__ __forceinline__ float big_limit<float>() { return 4.2535296e+37f; }          // 2^125
+
+// Reciprocal of a normal x with |x| < big_limit, without branches: hardware
+// approximation refined by Newton steps (within one ulp of 1/x).
+__device__ __forceinline__ double fast_rcp(double x) {
+    double y;
+    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(y) : "d"(x));
+    double e = fma(-x, y, 1.0);
+    y = fma(y, e, y);
+    e = fma(-x, y, 1.0);
+    return fma(y, e, y);
+}
+__device__ __forceinline__ float fast_rcp(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    float e = fmaf(-x, y, 1.0f);
+    return fmaf(y, e, y);
+}
+
+// Multiplier scale for the pivot x: makes x * scale and its reciprocal normal.
+template <typename T>
+__device__ __forceinline__ T pivot_scale(T x) {
+    const T ax = fabs(x);
+    T s = (ax >= big_limit<T>()) ? T(1) / up_scale<T>() : T(1);
+    return (ax < sfmin<T>()) ? up_scale<T>() : s;
+}
+
+// Order-preserving key of |x|: high and low 32 bits of its IEEE pattern.
+// (integer pipe: the sign bit cleared, no floating-point fabs)
+__device__ __forceinline__ unsigned key_hi(double x) { return (unsigned)__double2hiint(x) & 0x7fffffffu; }
+__device__ __forceinline__ unsigned key_lo(double x) { return (unsigned)__double2loint(x); }
+__device__ __forceinline__ unsigned key_hi(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+__device__ __forceinline__ unsigned key_lo(float) { return 0u; }
+
+// Finiteness on the integer pipe (exponent not all ones).
+__device__ __forceinline__ bool finite_bits(double x) {
+    return ((unsigned)__double2hiint(x) & 0x7ff00000u) != 0x7ff00000u;
+}
+__device__ __forceinline__ bool finite_bits(float x) {
+    return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+template <int SEG>
+__device__ __forceinline__ unsigned seg_mask(int lane) {
+    if constexpr (SEG == 32) return 0xffffffffu;
+    else return ((1u << SEG) - 1u) << (lane & ~(SEG - 1));
+}
+template <int SEG>
+__device__ __forceinline__ unsigned seg_bits(unsigned ballot, int lane) {
+    if constexpr (SEG == 32) return ballot;
+    else return (ballot >> (lane & ~(SEG - 1))) & ((1u << SEG) - 1u);
+}
+
+// ---------------------------------------------------------------------------
+// cp.async (sm_80+)
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ unsigned smem_addr(const void *p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_elem(double *dst, const double *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" :: "r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_elem(float *dst, const float *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// Issue the copy of nv matrices of size n (n <= N) from src (contiguous) into
+// the tile t (row stride LD). vec: 16-byte chunks (n % VW == 0, aligned).
+template <typename T, int N>
+__device__ __forceinline__ void tile_load(T *t, const T *__restrict__ src, int nv, int n,
+                                          bool vec, int lane) {
+    typedef Layout<T, N> L;
+    const int nn = n * n;
+    const int total = nv * nn;
+    if (L::vec && vec) {
+        const int nch = total / L::VW;
+#pragma unroll 1
+        for (int c = lane; c < nch; c += 32) {
+            const int e = c * L::VW;
+            const int m = e / nn;
+            const int rem = e - m * nn;
+            const int i = rem / n;
+            const int j = rem - i * n;
+            cp_async16(t + (m * N + i) * L::LD + j, src + e);
+        }
+    } else {
+#pragma unroll 1
+        for (int e = lane; e < total; e += 32) {
+            const int m = e / nn;
+            const int rem = e - m * nn;
+            const int i = rem / n;
+            const int j = rem - i * n;
+            cp_async_elem(t + (m * N + i) * L::LD + j, src + e);
+        }
+    }
+}
+
+// Coalesced copy of nv matrices of size n from the tile t to dst.
+template <typename T, int N>
+__device__ __forceinline__ void tile_store(T *__restrict__ dst, const T *t, int nv, int n,
+                                           bool vec, int lane) {
+    typedef Layout<T, N> L;
+    typedef typename Vec<T>::type V;
+    const int nn = n * n;
+    const int total = nv * nn;
+    if (L::vec && vec) {
+        const int nch = total / L::VW;
+#pragma unroll 1
+        for (int c = lane; c < nch; c += 32) {
+            const int e = c * L::VW;
+            const int m = e / nn;
+            const int rem = e - m * nn;
+            const int i = rem / n;
+            const int j = rem - i * n;
+            reinterpret_cast<V *>(dst)[c] =
+                *reinterpret_cast<const V *>(t + (m * N + i) * L::LD + j);
+        }
+    } else {
+#pragma unroll 1
+        for (int e = lane; e < total; e += 32) {
+            const int m = e / nn;
+            const int rem = e - m * nn;
+            const int i = rem / n;
+            const int j = rem - i * n;
+            dst[e] = t[(m * N + i) * L::LD + j];
+        }
+    }
+}
+
+// Row `row` (N registers) <-> the tile row at element offset off.
+template <typename T, int N>
+__device__ __forceinline__ void row_read(T (&row)[N], const T *t) {
+    typedef Layout<T, N> L;
+    typedef typename Vec<T>::type V;
+    if (L::vec) {
+#pragma unroll
+        for (int q = 0; q < N / L::VW; ++q) {
+            union { V v; T s[L::VW]; } u;
+            u.v = reinterpret_cast<const V *>(t)[q];
+#pragma unroll
+            for (int s = 0; s < L::VW; ++s) row[q * L::VW + s] = u.s[s];
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) row[j] = t[j];
+    }
+}
+template <typename T, int N>
+__device__ __forceinline__ void row_write(T *t, const T (&row)[N]) {
+    typedef Layout<T, N> L;
+    typedef typename Vec<T>::type V;
+    if (L::vec) {
+#pragma unroll
+        for (int q = 0; q < N / L::VW; ++q) {
+            union { V v; T s[L::VW]; } u;
+#pragma unroll
+            for (int s = 0; s < L::VW; ++s) u.s[s] = row[q * L::VW + s];
+            reinterpret_cast<V *>(t)[q] = u.v;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) t[j] = row[j];
+    }
+}
+
+// The pivot lane writes row[from..N) (whole 16-byte chunks) to buf.
+template <typename T, int N>
+__device__ __forceinline__ void bcast_row(T *buf, const T (&row)[N], int from) {
+    typedef typename Vec<T>::type V;
+    constexpr int VW = Vec<T>::width;
+#pragma unroll
+    for (int q = 0; q < (N + VW - 1) / VW; ++q) {
+        if ((q + 1) * VW > from) {
+            union { V v; T s[VW]; } u;
+#pragma unroll
+            for (int s = 0; s < VW; ++s) u.s[s] = (q * VW + s < N) ? row[(q * VW + s < N) ? q * VW + s : 0] : T(0);
+            reinterpret_cast<V *>(buf)[q] = u.v;
+        }
+    }
+}
+
+// Segment-wide maximum / minimum of a 32-bit value (every lane of the warp
+// takes part: one REDUX for a whole-warp segment, else a butterfly of
+// shuffles that stays inside the aligned segment).
+template <int SEG>
+__device__ __forceinline__ unsigned seg_max(unsigned v) {
+    if constexpr (SEG == 32) {
+        return __reduce_max_sync(0xffffffffu, v);
+    } else {
+#pragma unroll
+        for (int o = SEG / 2; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+        return v;
+    }
+}
+template <int SEG>
+__device__ __forceinline__ unsigned seg_min(unsigned v) {
+    if constexpr (SEG == 32) {
+        return __reduce_min_sync(0xffffffffu, v);
+    } else {
+#pragma unroll
+        for (int o = SEG / 2; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+        return v;
+    }
+}
+
+// Pivot choice of one column, in two halves so that the caller can overlap
+// the first with independent work. Every lane of the warp must call both.
+//   start: candidates publish the high key; returns the ballot of lanes whose
+//          high key is their segment's maximum.
+//   finish: when that ballot does not name exactly one lane in some segment
+//          (ties in the high 32 bits, or no candidate), breaks ties by the
+//          low key and then by the smallest current position (LAPACK i?amax
+//          takes the first); returns the warp lane of the pivot of the
+//          caller's segment (or a lane outside it when it has no candidate).
+template <int SEG>
+__device__ __forceinline__ unsigned pivot_start(bool cand, unsigned hi) {
+    const unsigned mh = seg_max<SEG>(cand ? hi : 0u);
+    return __ballot_sync(0xffffffffu, cand && hi == mh);
+}
+
+template <int SEG>
+__device__ __forceinline__ int pivot_finish(unsigned ballot, bool cand, unsigned lo, int pos, int lane) {
+    unsigned b = seg_bits<SEG>(ballot, lane);
+    bool ties;
+    if constexpr (SEG == 32) ties = __popc(b) != 1;          // uniform already
+    else ties = __any_sync(0xffffffffu, __popc(b) != 1);
+    if (ties) {
+        const bool c1 = cand && ((ballot >> lane) & 1u);
+        const unsigned ml = seg_max<SEG>(c1 ? lo : 0u);
+        const bool c2 = c1 && lo == ml;
+        const unsigned mp = seg_min<SEG>(c2 ? (unsigned)pos : 0xffffffffu);
+        const bool c3 = c2 && (unsigned)pos == mp;
+        b = seg_bits<SEG>(__ballot_sync(0xffffffffu, c3), lane);
+    }
+    return (lane & ~(SEG - 1)) + __ffs(b) - 1;
+}
+
+}  // namespace gpuqr_warp
+
+namespace gpuqr_warp {
+
+// Grid-stride loop of a warp over its tiles: copy in (one tile ahead when
+// stages == 2), proc(tile, first matrix, number of matrices), copy out.
+// Shared memory of the warp: stages tiles starting at `tiles`.
+template <typename T, int N, typename Proc>
+__device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict__ out,
+                                          long long batch, int n, int stages, bool vec,
+                                          T *tiles, Proc proc) {
+    typedef Layout<T, N> L;
+    const int lane = threadIdx.x & 31;
+    const long long ntask = (batch + L::MW - 1) / L::MW;
+    const long long stride = (long long)gridDim.x * (blockDim.x >> 5);
+    long long task = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const long long nn = (long long)n * n;
+    int cur = 0;
+    if (task < ntask && stages == 2) {
+        const long long f = task * L::MW;
+        tile_load<T, N>(tiles, a + f * nn, (int)min((long long)L::MW, batch - f), n, vec, lane);
+        cp_async_commit();
+    }
+    for (; task < ntask; task += stride) {
+        const long long first = task * L::MW;
+        const int nv = (int)min((long long)L::MW, batch - first);
+        T *t = tiles + cur * L::TILE;
+        if (stages == 2) {
+            const long long next = task + stride;
+            if (next < ntask) {
+                const long long f = next * L::MW;
+                tile_load<T, N>(tiles + (cur ^ 1) * L::TILE, a + f * nn,
+                                (int)min((long long)L::MW, batch - f), n, vec, lane);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+        } else {
+            tile_load<T, N>(t, a + first * nn, nv, n, vec, lane);
+            cp_async_commit();
+            cp_async_wait<0>();
+        }
+        __syncwarp();
+        proc(t, first, nv);
+        __syncwarp();
+        tile_store<T, N>(out + first * nn, t, nv, n, vec, lane);
+        __syncwarp();
+        if (stages == 2) cur ^= 1;
+    }
+}
+
+}  // namespace gpuqr_warp

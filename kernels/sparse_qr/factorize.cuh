@@ -1,0 +1,204 @@
+// Factorize task: Householder QR of one column tile over a bundle of row tiles.
+// Conventions (identical to scipy_gpuqr/_engine/simulate.py): LAPACK dlarfg
+// reflectors (v[0] = 1, beta = -sign(alpha)*norm), forward columnwise compact
+// WY T; the bundle is stacked top tile first, then the other slots in slot order;
+// rows >= fm and columns >= fn are zeros and never stored. The VT tile is
+// TILE x TILE row-major: T on/above the diagonal, the top tile's V1 below it.
+#pragma once
+
+#include "task.cuh"
+
+namespace gpuqr {
+
+// Shared-memory layout sizes (elements of T); mirrored by scipy_gpuqr/_engine/variants.py.
+template <int TILE, int BUNDLE>
+struct FactorizeSmem {
+    static constexpr int LD = TILE + 1;
+    static constexpr int A = BUNDLE * TILE * LD;
+    static constexpr int T = TILE * LD;
+    static constexpr int Y = TILE * LD;
+    static constexpr int SCRATCH = 64 + TILE;
+    static constexpr int TOTAL = A + T + Y + SCRATCH;
+};
+
+template <typename T, int NT>
+__device__ __forceinline__ T block_sum(T v, T* red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    T s = 0;
+    if (threadIdx.x == 0) {
+        for (int w = 0; w < NT / 32; ++w) s += red[w];
+    }
+    return s;  // valid in thread 0 only
+}
+
+// Sum-of-squares range in which sqrt(sum) is accurate: outside it some squares
+// leave the normal range (under- or overflow), so the norm is recomputed with
+// scaling (LAPACK's dnrm2 rule). Seen: columns of 1e-160 in the contribution
+// blocks of structurally rank-deficient fronts (grid 32^3) lost all precision
+// in their squares and gave non-orthogonal reflectors.
+template <typename T> struct NormRange;
+template <> struct NormRange<double> {
+    static constexpr double LO = 1e-280, HI = 1e280, TINY = 1e-290;
+};
+template <> struct NormRange<float> {
+    static constexpr float LO = 1e-30f, HI = 1e30f, TINY = 1e-36f;
+};
+
+// ||A[k+1:M, k]||_2 of the smem column k, valid in thread 0: one pass for the sum
+// of squares and the largest magnitude, a second scaled pass only where the sum
+// lies outside NormRange. scr[0..31] and scr[36..63] hold the warp partials.
+template <typename T, int NT>
+__device__ T column_norm_below(const T* A, int LD, int k, int M, T* scr) {
+    static_assert(NT / 32 <= 28, "column_norm_below: too many warps for the scratch");
+    T p = 0.0, mx = 0.0;
+    for (int i = k + 1 + threadIdx.x; i < M; i += NT) {
+        const T x = A[i * LD + k];
+        p += x * x;
+        mx = fmax(mx, fabs(x));
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        p += __shfl_down_sync(0xffffffffu, p, o);
+        mx = fmax(mx, __shfl_down_sync(0xffffffffu, mx, o));
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) { scr[warp] = p; scr[36 + warp] = mx; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        T s = 0.0, m = 0.0;
+        for (int w = 0; w < NT / 32; ++w) { s += scr[w]; m = fmax(m, scr[36 + w]); }
+        const bool plain = m == T(0) || (s >= NormRange<T>::LO && s <= NormRange<T>::HI);
+        scr[34] = plain ? T(0) : m;          // the scale of the second pass, 0: none
+        scr[35] = m == T(0) ? T(0) : sqrt(s);
+    }
+    __syncthreads();
+    const T scale = scr[34];
+    if (scale == T(0)) return scr[35];      // uniform branch
+    T q = 0.0;
+    for (int i = k + 1 + threadIdx.x; i < M; i += NT) {
+        const T x = A[i * LD + k] / scale;
+        q += x * x;
+    }
+    const T sq = block_sum<T, NT>(q, scr);
+    return scale * sqrt(sq);                // thread 0
+}
+
+// Factorize the column tile starting at column `col` (nref reflectors) of the row
+// tiles rows[fs .. fs+nf), the slot `ftop` being the top tile; VT written at vtoff.
+template <typename T, int TILE, int BUNDLE, int NT>
+__device__ void factorize_bundle(const Task& t, T* __restrict__ F,
+                                 T* __restrict__ VTpool, int col, int nref,
+                                 long long vtoff, T* smem) {
+    using S = FactorizeSmem<TILE, BUNDLE>;
+    constexpr int LD = S::LD;
+    T* A = smem;
+    T* Tm = A + S::A;
+    T* Y = Tm + S::T;
+    T* scr = Y + S::Y;          // [0..31] reduction, [32..35] scalars, [64..] tau
+    T* tau = scr + 64;
+    const int tid = threadIdx.x;
+    const int fm = t.fm, fn = t.fn;
+    const long long F0 = t.F;
+    const int nf = t.nfrows, fs = t.fstart, ftop = t.ftop;
+    int stack[BUNDLE];
+    {
+        int p = 1;
+        stack[0] = t.rows[ftop];
+        for (int s = fs; s < fs + nf; ++s)
+            if (s != ftop && p < BUNDLE) stack[p++] = t.rows[s];
+    }
+    const int M = nf * TILE;
+    for (int idx = tid; idx < M * TILE; idx += NT) {
+        const int i = idx / TILE, j = idx - i * TILE;
+        const int r = stack[i / TILE] + (i % TILE), c = col + j;
+        A[i * LD + j] = (r < fm && c < fn) ? F[F0 + (long long)r * fn + c] : 0.0;
+    }
+    for (int idx = tid; idx < TILE * LD; idx += NT) Tm[idx] = 0.0;
+    __syncthreads();
+    for (int k = 0; k < nref; ++k) {
+        const T xnorm = column_norm_below<T, NT>(A, LD, k, M, scr);
+        if (tid == 0) {
+            const T alpha = A[k * LD + k];
+            T tk = 0.0, scale = 0.0;
+            const T nrm = xnorm > T(0) ? hypot(alpha, xnorm) : T(0);
+            // a column below NormRange::TINY is left alone (1/(alpha - beta) would
+            // overflow); its entries stay as V with tau = 0, an identity reflector
+            if (nrm >= NormRange<T>::TINY) {
+                const T beta = alpha >= 0.0 ? -nrm : nrm;
+                tk = (beta - alpha) / beta;
+                scale = T(1) / (alpha - beta);
+                A[k * LD + k] = beta;
+            }
+            scr[32] = tk;
+            scr[33] = scale;
+            tau[k] = tk;
+        }
+        __syncthreads();
+        const T tk = scr[32], scale = scr[33];
+        if (tk != 0.0) {
+            for (int i = k + 1 + tid; i < M; i += NT) A[i * LD + k] *= scale;
+            __syncthreads();
+            // w_j = A[k][j] + sum_{i>k} v_i A[i][j], one warp per column
+            const int lane = tid & 31, warp = tid >> 5;
+            for (int j = k + 1 + warp; j < TILE; j += NT / 32) {
+                T w = 0.0;
+                for (int i = k + 1 + lane; i < M; i += 32) w += A[i * LD + k] * A[i * LD + j];
+                for (int o = 16; o > 0; o >>= 1) w += __shfl_down_sync(0xffffffffu, w, o);
+                if (lane == 0) Y[j] = tk * (w + A[k * LD + j]);   // Y row 0 as scratch
+            }
+            __syncthreads();
+            const int ncol = TILE - k - 1;
+            for (int idx = tid; idx < (M - k) * ncol; idx += NT) {
+                const int ii = idx / ncol, j = k + 1 + idx - ii * ncol, i = k + ii;
+                const T v = (i == k) ? T(1) : A[i * LD + k];
+                A[i * LD + j] -= v * Y[j];
+            }
+        }
+        __syncthreads();
+    }
+    // Y[a][b] = V[:,a]^T V[:,b] for a < b < nref (V unit lower in the top tile)
+    for (int idx = tid; idx < nref * nref; idx += NT) {
+        const int a = idx / nref, b = idx - a * nref;
+        if (a < b) {
+            T s = A[b * LD + a];               // row b: v_b = 1
+            for (int i = b + 1; i < M; ++i) s += A[i * LD + a] * A[i * LD + b];
+            Y[a * LD + b] = s;
+        }
+    }
+    __syncthreads();
+    for (int k = 0; k < nref; ++k) {
+        const T tk = tau[k];
+        // T[i][k] = -tk * sum_{l=i}^{k-1} T[i][l] Y[l][k]
+        if (tid < k) {
+            T s = 0.0;
+            if (tk != 0.0)
+                for (int l = tid; l < k; ++l) s += Tm[tid * LD + l] * Y[l * LD + k];
+            Tm[tid * LD + k] = -tk * s;
+        }
+        if (tid == 0) Tm[k * LD + k] = tk;
+        __syncthreads();
+    }
+    // store: VT tile, top tile's R, other tiles' V (and updated columns >= nref)
+    for (int idx = tid; idx < TILE * TILE; idx += NT) {
+        const int i = idx / TILE, j = idx - i * TILE;
+        T v = 0.0;
+        if (j < nref) v = (i <= j) ? Tm[i * LD + j] : A[i * LD + j];
+        VTpool[vtoff + idx] = v;
+    }
+    for (int idx = tid; idx < M * TILE; idx += NT) {
+        const int i = idx / TILE, j = idx - i * TILE;
+        const int r = stack[i / TILE] + (i % TILE), c = col + j;
+        if (r < fm && c < fn) {
+            T v = A[i * LD + j];
+            if (i < TILE && j < nref && i > j) v = 0.0;
+            F[F0 + (long long)r * fn + c] = v;
+        }
+    }
+    __syncthreads();
+}
+
+}  // namespace gpuqr

@@ -1,0 +1,89 @@
+// Triangular solves with R's front blocks, read where the factorization left them.
+//
+// Front f's rows of R are the first rk rows of its factorized front (row-major,
+// leading dimension fn, base `off` in the front pool): [U | S] over the front's
+// columns cols[c0 .. c0+fn) (U upper triangular; the entries below its diagonal hold
+// Householder data and are never read). One thread block solves one front for one
+// right-hand-side column j (blockIdx.y) of Y (n x k, row-major, double):
+//
+//   UPPER (R y = c, fronts by depth from the root, ancestors first):
+//       Y[piv] <- U^{-1} (Y[piv] - S Y[cols_o])          (pull, no conflicts)
+//   TRANSPOSED (R^T y = c, fronts by height from the leaves, descendants first):
+//       Y[piv] <- U^{-T} Y[piv];  Y[cols_o] -= S^T Y[piv] (push, atomicAdd: several
+//                                                        fronts of a level may push
+//                                                        into one ancestor column)
+//
+// piv = cols[c0 .. c0+rk), cols_o = cols[c0+rk .. c0+fn). The host
+// (scipy_gpuqr/_engine/gpu_trsolve.py) groups the fronts into levels and launches one
+// grid per level; `desc` holds 4 int64 per front: off, fn, rk, c0.
+#include "factorize.cuh"
+
+namespace gpuqr {
+
+template <typename T, int NT>
+__device__ void rsolve_upper(const T* __restrict__ F, int fn, int rk,
+                             const long long* __restrict__ cf, double* __restrict__ Y,
+                             int k, int j, double* red) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (fn > rk) {                           // Y[piv] -= S Y[cols_o], one warp per row
+        for (int i = warp; i < rk; i += NT / 32) {
+            double s = 0.0;
+            for (int t = rk + lane; t < fn; t += 32)
+                s += (double)F[(long long)i * fn + t] * Y[cf[t] * k + j];
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+            if (lane == 0) Y[cf[i] * k + j] -= s;
+        }
+        __syncthreads();
+    }
+    for (int i = rk - 1; i >= 0; --i) {      // back substitution, row i contiguous
+        double p = 0.0;
+        for (int t = i + 1 + tid; t < rk; t += NT)
+            p += (double)F[(long long)i * fn + t] * Y[cf[t] * k + j];
+        const double s = block_sum<double, NT>(p, red);
+        if (tid == 0) {
+            const long long y = cf[i] * k + j;
+            Y[y] = (Y[y] - s) / (double)F[(long long)i * fn + i];
+        }
+        __syncthreads();
+    }
+}
+
+template <typename T, int NT>
+__device__ void rsolve_transposed(const T* __restrict__ F, int fn, int rk,
+                                  const long long* __restrict__ cf, double* __restrict__ Y,
+                                  int k, int j) {
+    const int tid = threadIdx.x;
+    for (int i = 0; i < rk; ++i) {           // forward substitution with U^T
+        const double yi = Y[cf[i] * k + j] / (double)F[(long long)i * fn + i];
+        __syncthreads();                     // every thread has read Y[piv_i]
+        if (tid == 0) Y[cf[i] * k + j] = yi;
+        for (int t = i + 1 + tid; t < rk; t += NT)
+            Y[cf[t] * k + j] -= (double)F[(long long)i * fn + t] * yi;
+        __syncthreads();
+    }
+    for (int t = rk + tid; t < fn; t += NT) {  // Y[cols_o] -= S^T Y[piv]
+        double s = 0.0;
+        for (int i = 0; i < rk; ++i) s += (double)F[(long long)i * fn + t] * Y[cf[i] * k + j];
+        atomicAdd(&Y[cf[t] * k + j], -s);
+    }
+}
+
+template <typename T, int NT, bool TRANS>
+__global__ void __launch_bounds__(NT)
+rsolve(const long long* __restrict__ desc, const T* __restrict__ pool,
+       const long long* __restrict__ cols, double* __restrict__ Y, int k) {
+    __shared__ double red[NT / 32];
+    const long long* d = desc + 4 * (long long)blockIdx.x;
+    const long long off = d[0];
+    const int fn = (int)d[1], rk = (int)d[2];
+    const long long* cf = cols + d[3];
+    const int j = blockIdx.y;
+    if (j >= k || rk <= 0) return;           // uniform over the block
+    if (TRANS) {
+        rsolve_transposed<T, NT>(pool + off, fn, rk, cf, Y, k, j);
+    } else {
+        rsolve_upper<T, NT>(pool + off, fn, rk, cf, Y, k, j, red);
+    }
+}
+
+}  // namespace gpuqr

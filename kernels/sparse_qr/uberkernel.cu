@@ -1,0 +1,55 @@
+// The sparse-QR uberkernel: one thread block per task record, a switch on the
+// task type, one header per task family. The record is kernels/gpuqr_task.cuh
+// (mirror of scipy_gpuqr/_schedule/tasks.py); variants (dtype, TILE, BUNDLE,
+// threads) are registered in scipy_gpuqr/_engine/variants.py.
+#include "task.cuh"
+#include "factorize.cuh"
+#include "apply.cuh"
+#include "assemble.cuh"
+
+namespace gpuqr {
+
+// tasks: the launch's records; F: front pool; VT: VT tile pool; s_index/s_value:
+// the stage's S entries; maps: Rimap entries then Rjmap entries (int64).
+template <typename T, int TILE, int BUNDLE, int NT>
+__global__ void __launch_bounds__(NT)
+uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT,
+           const long long* __restrict__ s_index, const T* __restrict__ s_value,
+           const long long* __restrict__ maps) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* smem = reinterpret_cast<T*>(smem_raw);
+    __shared__ Task task;
+    if (threadIdx.x == 0) task = tasks[blockIdx.x];
+    __syncthreads();
+    switch (task.type) {
+    case TASK_FACTORIZE:
+        factorize_bundle<T, TILE, BUNDLE, NT>(task, F, VT, task.col, task.nref, task.vt, smem);
+        break;
+    case TASK_APPLY:
+        apply_bundle<T, TILE, BUNDLE, NT>(task, F, VT, smem);
+        break;
+    case TASK_APPLY_FACTORIZE:
+        apply_bundle<T, TILE, BUNDLE, NT>(task, F, VT, smem);
+        __syncthreads();
+        factorize_bundle<T, TILE, BUNDLE, NT>(task, F, VT, task.c0, (int)task.aux, task.vt2,
+                                              smem);
+        break;
+    case TASK_S_ASSEMBLE:
+        s_assemble<T, NT>(task, F, s_index, s_value);
+        break;
+    case TASK_PACK_ASSEMBLE:
+        pack_assemble<T, NT>(task, F, maps);
+        break;
+    default:
+        break;
+    }
+}
+
+// Shared memory (bytes) a variant needs, for the host to set the opt-in limit.
+template <typename T, int TILE, int BUNDLE>
+__global__ void uberkernel_smem_bytes(long long* out) {
+    const int f = FactorizeSmem<TILE, BUNDLE>::TOTAL, a = ApplySmem<TILE, BUNDLE>::TOTAL;
+    out[0] = (long long)sizeof(T) * (f > a ? f : a);
+}
+
+}  // namespace gpuqr

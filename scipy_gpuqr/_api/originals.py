@@ -1,0 +1,60 @@
+"""SciPy's own solver functions, captured before anything can patch them.
+
+:mod:`scipy_gpuqr._api.patch` replaces ``lsqr``, ``lsmr``, ``spsolve`` and
+``factorized`` in ``scipy.sparse.linalg``. Our fallbacks (a LinearOperator,
+a complex matrix, anything we cannot serve) must reach SciPy's real
+functions, never whatever ``scipy.sparse.linalg.lsqr`` holds at call time,
+or a patched process would call itself. The references are taken from the
+modules that *define* the functions, when this module is first imported;
+``_patch`` imports this module before it patches anything.
+
+The dictionary is built once at import and never changed (a constant, not
+mutable state).
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+# import_module returns the submodules themselves: the packages' attributes
+# of the same names are the functions.
+_linsolve = importlib.import_module("scipy.sparse.linalg._dsolve.linsolve")
+_lsmr_module = importlib.import_module("scipy.sparse.linalg._isolve.lsmr")
+_lsqr_module = importlib.import_module("scipy.sparse.linalg._isolve.lsqr")
+
+__all__ = ["ORIGINALS", "original", "MatrixRankWarning"]
+
+
+def _capture(module, name: str):
+    func = vars(module)[name]
+    if getattr(func, "__module__", "").startswith("scipy_gpuqr"):
+        # Only possible if someone patched SciPy by hand before importing us.
+        raise ImportError(
+            f"scipy_gpuqr._api.originals: {module.__name__}.{name} is already "
+            "replaced by scipy_gpuqr; import scipy_gpuqr before patching")
+    return func
+
+
+#: name -> SciPy's original function object (read-only view).
+ORIGINALS = types.MappingProxyType({
+    "lsqr": _capture(_lsqr_module, "lsqr"),
+    "lsmr": _capture(_lsmr_module, "lsmr"),
+    "spsolve": _capture(_linsolve, "spsolve"),
+    "factorized": _capture(_linsolve, "factorized"),
+    "splu": _capture(_linsolve, "splu"),
+})
+
+#: SciPy's warning class for singular systems (re-exported, not a copy).
+MatrixRankWarning = _linsolve.MatrixRankWarning
+
+
+def original(name: str):
+    """Return SciPy's original function ``name`` (e.g. ``'lsqr'``).
+
+    Raises
+    ------
+    KeyError
+        For a name that is not one of :data:`ORIGINALS`.
+    """
+    return ORIGINALS[name]

@@ -1,0 +1,199 @@
+"""Timed solves that say what ran where: the CLI's ``solve`` and ``demo``.
+
+The decisions are read from the ``scipy_gpuqr`` logger while a call runs, so
+the report shows exactly what the library decided and why, with no second
+code path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["solve_and_report", "demo", "captured_decisions"]
+
+
+@contextlib.contextmanager
+def captured_decisions():
+    """Collect the INFO messages of logger ``scipy_gpuqr`` during the block."""
+    records: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("scipy_gpuqr")
+    handler = _Collect(level=logging.INFO)
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+def _backward_error(A, x, b) -> float:
+    """Normwise backward error of ``x`` as a solution of ``A x = b``.
+
+    With ``r = b - A x``, this is ``‖r‖/(‖A‖_F‖x‖ + ‖b‖)`` (the backward error
+    of a consistent system) when that is below 1e-10, and otherwise the
+    least-squares optimality ratio ``‖Aᵀr‖/(‖A‖_F‖r‖)``, which is small exactly
+    when ``x`` satisfies the normal equations to working accuracy.
+
+    Both ratios stay defined where a denominator vanishes, so that the report
+    never divides by zero:
+
+    * ``‖A‖_F‖x‖ + ‖b‖ = 0`` means ``x = 0`` (or ``A = 0``) and ``b = 0``, so
+      ``r = 0`` and the error is 0;
+    * ``‖A‖_F = 0`` (a matrix with no nonzeros): ``A x = 0`` for every ``x``,
+      so ``r = b`` and the consistent-system error is ``‖r‖/‖b‖``, which is 1
+      for ``b ≠ 0``. Then ``Aᵀr = 0`` exactly: every ``x`` satisfies the normal
+      equations (``x = 0`` is the minimum-norm least-squares solution), and the
+      least-squares ratio is taken as its value 0, not 0/0. Reporting
+      ``‖r‖/‖b‖ = 1`` instead would flag the exact answer as a failure.
+
+    A non-finite ``x`` gives NaN (with ``A = 0`` the residual cannot see it).
+    """
+    x = np.asarray(x)
+    if not np.all(np.isfinite(x)):
+        return float("nan")
+    r = b - A @ x
+    norm_a = float(sp.linalg.norm(A))
+    norm_r = float(np.linalg.norm(r))
+    scale = norm_a * float(np.linalg.norm(x)) + float(np.linalg.norm(b))
+    consistent = norm_r / scale if scale > 0 else 0.0
+    if consistent < 1e-10:
+        return float(consistent)
+    if norm_a == 0.0:
+        return 0.0  # A^T r = 0 exactly: x solves the (zero) least-squares problem
+    return float(np.linalg.norm(A.T @ r) / (norm_a * norm_r))
+
+
+def _timed(fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def solve_and_report(A, b=None, *, method: str = "lsqr", backend=None) -> dict:
+    """Solve with our adapters and with SciPy's original; report both.
+
+    Parameters
+    ----------
+    A : sparse matrix
+    b : ndarray or None
+        Right-hand side; None uses ``A @ ones`` plus a small perturbation.
+    method : {'lsqr', 'spsolve'}
+    backend : str or None
+        Passed to our solver.
+
+    Returns
+    -------
+    dict
+        ``shape``, ``nnz``, ``ours`` and ``scipy`` (seconds, backward error,
+        and for ours the logged decisions), and ``text`` (a printable table).
+    """
+    from .._api import adapters as _adapters
+    from .._api.originals import original
+
+    A = sp.csc_array(A)
+    m, n = A.shape
+    if b is None:
+        rng = np.random.default_rng(0)
+        b = A @ np.ones(n) + 1e-3 * rng.standard_normal(m)
+    b = np.asarray(b, dtype=np.result_type(b, np.float64))
+    with captured_decisions() as decisions:
+        if method == "lsqr":
+            out, t_ours = _timed(_adapters.lsqr, A, b, backend=backend)
+            x_ours = out[0]
+        else:
+            x_ours, t_ours = _timed(_adapters.spsolve, A, b, backend=backend)
+    if method == "lsqr":
+        out, t_ref = _timed(original("lsqr"), A, b, atol=1e-10, btol=1e-10)
+        x_ref, ref_note = out[0], f"iterative LSQR, {out[2]} iterations, istop {out[1]}"
+    else:
+        x_ref, t_ref = _timed(original("spsolve"), A, b)
+        ref_note = "SuperLU"
+    report = {
+        "shape": (m, n), "nnz": int(A.nnz), "method": method,
+        "ours": {"seconds": t_ours, "backward_error": _backward_error(A, x_ours, b),
+                 "decisions": decisions},
+        "scipy": {"seconds": t_ref, "backward_error": _backward_error(A, x_ref, b),
+                  "note": ref_note},
+    }
+    lines = [f"A: {m} x {n}, {A.nnz} nonzeros; {method}",
+             *(f"  scipy_gpuqr: {d}" for d in decisions),
+             f"{'solver':<28}{'seconds':>10}{'backward error':>16}",
+             f"{'scipy_gpuqr.' + method:<28}{t_ours:>10.4f}"
+             f"{report['ours']['backward_error']:>16.2e}",
+             f"{'scipy ' + method:<28}{t_ref:>10.4f}{report['scipy']['backward_error']:>16.2e}"
+             f"   ({ref_note})"]
+    report["text"] = "\n".join(lines)
+    return report
+
+
+def demo(matrix: str | None = None, grid: int = 16, backend=None) -> str:
+    """Run the README's demo and return its printable report.
+
+    Solves with ``backend`` (default: ``auto``, which may answer with LSQR
+    iterations) and, when that is ``auto``, once more with the sparse QR
+    forced (``gpu`` where a GPU is present, else ``cpu``), each beside
+    SciPy's own solver.
+    """
+    from .._gpu import gpu_info
+
+    if matrix:
+        from ..io import mmread
+        A, name = sp.csc_array(mmread(matrix)), matrix
+    else:
+        from .._testing_matrices import grid3d_least_squares
+        A, name = grid3d_least_squares(grid), f"3-D grid least squares, k={grid}"
+    gpu = gpu_info()
+    where = (f"GPU: {gpu['name']}" if gpu["available"] else f"GPU: none ({gpu['reason']})")
+    runs = [backend]
+    if backend in (None, "auto"):
+        runs.append("gpu" if gpu["available"] else "cpu")
+    parts = [f"scipy_gpuqr demo: {name}", where]
+    reports = []
+    for run in runs:
+        label = run or "auto (default)"
+        report = solve_and_report(A, method="lsqr", backend=run)
+        reports.append((label, report))
+        parts += [f"-- backend {label}", report["text"]]
+    parts += ["-- what this shows", _demo_summary(reports, gpu)]
+    return "\n".join(parts)
+
+
+def _demo_summary(reports, gpu: dict) -> str:
+    """Say in words what the demo's timings mean on this machine.
+
+    Without a GPU the sparse QR runs on the CPU's cores and competes with
+    SciPy's iterative LSQR, which stops at a looser accuracy: a bare ratio
+    of seconds would misrepresent both. The summary names the accuracy
+    each answer reached and where the work ran.
+    """
+    lines = []
+    for label, report in reports:
+        ours, ref = report["ours"], report["scipy"]
+        ratio = ours["seconds"] / max(ref["seconds"], 1e-12)
+        speed = (f"{1 / ratio:.1f}x faster than" if ratio < 1
+                 else f"{ratio:.1f}x the time of")
+        lines.append(f"backend {label}: {speed} SciPy's lsqr; backward error "
+                     f"{ours['backward_error']:.1e} against SciPy's "
+                     f"{ref['backward_error']:.1e} ({ref['note']}).")
+    if not gpu["available"]:
+        lines.append(
+            "No GPU here, so the sparse QR ran on this machine's CPU cores. Its answer "
+            "is exact to working precision (the minimum-norm least-squares solution), "
+            "while SciPy's LSQR here stops at atol = btol = 1e-10: on a small, "
+            "well-conditioned problem iterating is cheaper than factorizing on a CPU. "
+            "The sparse QR pays off on a GPU and on problems where LSQR converges "
+            "slowly or not at all (run this demo on a GPU machine, or try "
+            "--matrix with an ill-conditioned matrix).")
+    return "\n".join(lines)

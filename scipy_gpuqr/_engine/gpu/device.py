@@ -1,0 +1,512 @@
+"""Device layers of the GPU engine: the CUDA one (CuPy) and a NumPy stand-in.
+
+The engine (:mod:`scipy_gpuqr._engine.gpu.driver`) drives a factorization stage by
+stage, launch by launch, so its host-side logic (staging, carried
+contribution blocks, R's gather maps, Q bookkeeping) runs on a machine
+without a GPU against :class:`NumpyDevice`, which executes the very same
+records with the NumPy executor:
+
+``start(maps, vt_size)``
+    maps (Rimap then Rjmap, int64) uploaded once; the VT pool allocated.
+``begin_stage(stage, s_index, s_value, carried) -> handle``
+    zeroed front pool, carried contribution blocks and S entries uploaded;
+    a materialized stage's task list uploaded at once from pinned memory,
+    otherwise launch by launch.
+``launch(handle, L, records)``
+    launch ``L`` of the stage (records uploaded asynchronously from pinned
+    memory when the stage was not uploaded whole).
+``open_r_copy(pool, index, layout, final=None) -> copier``
+    R's values ``pool[index]`` to the host (:mod:`.gpu_rcopy`): with
+    ``final`` (one-stage schedules) ranges already final are copied while
+    later launches run (``copier.after_launch(L)``); ``launches_done()``
+    then ``result()`` (an ordinary NumPy array; no pinned allocation per
+    factorization: a staging buffer cached with R's layout).
+``dense_factorize(handle, offset, fm, fn, stair) -> (front, panels, T, done)``
+    a dense front of the stage (see :mod:`.dense_front`) factorized in
+    place after the launch just enqueued (which completed its assembly), on
+    a side stream; returns the front's view, its panels' ``T`` and a token
+    for ``dense_join``.
+``dense_join(handle, done)``
+    later launches wait for that dense front (before its parent's pack).
+``mark_kernels_end(handle)``
+    the end of the stage's kernels (for the kernel time).
+``end_stage(handle) -> pool``
+    waits for the stage, checks every launch (CUDA error) and the pool for
+    non-finite values on the device.
+``prepare_gather(index)``, ``gather(pool, gather handle) -> host values``
+    R's values of a stage in CSC order (older two-call form of the copier).
+``fetch(pool, segments)``, ``to_host(pool)``, ``release(pool)``
+    contribution blocks and pools for later stages and for Q.
+``vt_host()``, ``close()``
+    the VT pool on the host (lazily, for Q); device memory released.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..._schedule.tasks import TASK_BYTES
+from . import factorize_kernels as variants
+from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
+
+__all__ = ["GpuEngineError", "DeviceOutOfMemory", "CupyDevice", "NumpyDevice"]
+
+#: Threads per block of the engine's uberkernel variants.
+ENGINE_THREADS = 256
+#: Side streams on which dense fronts run (concurrently with the launches and
+#: with each other).
+DENSE_STREAMS = 4
+
+
+class GpuEngineError(RuntimeError):
+    """A kernel failed or produced non-finite values (never a silently wrong R)."""
+
+
+class DeviceOutOfMemory(MemoryError):
+    """A stage did not fit in device memory (the engine restages)."""
+
+
+class NumpyDevice:
+    """The device calls over NumPy arrays (CI and the host-logic tests).
+
+    Parameters
+    ----------
+    tile, bundle : int
+        Must match the schedule.
+    fail_after : int, optional
+        Raise :class:`DeviceOutOfMemory` for stages whose pool exceeds this
+        many elements (exercises the engine's restaging).
+    rng : numpy.random.Generator, optional
+        Run each launch's tasks in a random order.
+    """
+
+    name = "numpy (no GPU)"
+
+    def __init__(self, tile: int, bundle: int, *, dtype=np.float64,
+                 fail_after: int | None = None, rng=None, debug: bool = False):
+        self.tile, self.bundle, self.dtype = tile, bundle, np.dtype(dtype)
+        self.fail_after = fail_after
+        self.rng = rng
+        self.debug = debug
+        self.launches = 0
+        self.seconds = {"upload": 0.0, "kernels": 0.0, "download": 0.0}
+        #: end of every range of R copied (the progressive copy's steps)
+        self.r_copies = []
+        #: panel width of dense fronts, and the fronts factorized so
+        self.dense_panel = DEFAULT_PANEL
+        self.dense_done = []
+
+    def start(self, maps: np.ndarray, vt_size: int) -> None:
+        self.maps = maps
+        self.vt = np.full(max(vt_size, 1), np.nan, dtype=self.dtype)
+
+    def begin_stage(self, st, s_index, s_value, carried):
+        if self.fail_after is not None and st.pool_size > self.fail_after:
+            raise DeviceOutOfMemory(f"stage pool of {st.pool_size} elements")
+        pool = np.zeros(st.pool_size, dtype=self.dtype)
+        for off, cb in carried:
+            pool[off: off + cb.size] = cb.ravel()
+        return {"pool": pool, "spool": (s_index, s_value.astype(self.dtype)), "st": st}
+
+    def launch(self, h, L, records) -> None:
+        from ..host.simulate import execute_task
+        n = len(records)
+        order = range(n) if self.rng is None else self.rng.permutation(n)
+        for k in order:
+            execute_task(records[k], h["pool"], self.vt, self.tile, spool=h["spool"],
+                         maps=self.maps)
+        self.launches += n > 0
+
+    def dense_factorize(self, h, off, fm, fn, stair):
+        from ..host.simulate import _one_blas_thread
+        F = h["pool"][off: off + fm * fn].reshape(fm, fn)
+        panels = panels_of(fm, fn, stair, self.dense_panel)
+        with _one_blas_thread():        # as the simulate engine: the same rounding
+            T = factorize_numpy(F, panels, self.dense_panel)
+        self.dense_done.append((int(off), int(fm), int(fn)))
+        return F, panels, T, None
+
+    def dense_join(self, h, done) -> None:
+        pass
+
+    def prepare_gather(self, index, h=None):
+        return index
+
+    def open_r_copy(self, pool, index, layout=None, final=None):
+        from .rcopy import NumpyRCopy
+        return NumpyRCopy(pool, index, final, dtype=self.dtype, counter=self.r_copies)
+
+    def mark_kernels_end(self, h) -> None:
+        pass
+
+    def end_stage(self, h) -> np.ndarray:
+        pool = h["pool"]
+        if not np.isfinite(pool).all():
+            raise GpuEngineError("non-finite values in the front pool after the stage")
+        return pool
+
+    def gather(self, pool, index) -> np.ndarray:
+        return pool[index]
+
+    def fetch(self, pool, segments) -> np.ndarray:
+        parts = [pool[a: a + n] for a, n in segments]
+        return np.concatenate(parts) if parts else np.zeros(0, self.dtype)
+
+    def to_host(self, pool) -> np.ndarray:
+        return pool
+
+    def release(self, pool) -> None:
+        pass
+
+    def vt_host(self) -> np.ndarray:
+        return self.vt
+
+    def close(self) -> None:
+        pass
+
+
+class CupyDevice:
+    """The CUDA device layer (one stream, pinned host buffers, CuPy memory pools).
+
+    Parameters
+    ----------
+    tile, bundle : int
+        Variant of the uberkernel (must be one of ``variants.ENGINE_VARIANTS``).
+    dtype : float64 or float32
+    debug : bool
+        Synchronize and check after every launch.
+    """
+
+    def __init__(self, tile: int, bundle: int, *, dtype=np.float64, debug: bool = False,
+                 threads: int = ENGINE_THREADS, profile: bool = False):
+        from ..._gpu import import_cupy
+        from ..._kernels import load_module
+        cp = import_cupy()
+        self.cp = cp
+        self.tile, self.bundle, self.threads = tile, bundle, threads
+        self.dtype = np.dtype(dtype)
+        self.debug = bool(debug)
+        ctype = "double" if self.dtype == np.float64 else "float"
+        if (ctype, tile, bundle, threads) not in set(variants.ENGINE_VARIANTS) and not (
+                ctype == "double" and (tile, bundle, threads) in variants.TILE_VARIANTS):
+            raise ValueError(f"no uberkernel variant for {ctype}, TILE {tile}, "
+                             f"BUNDLE {bundle}, {threads} threads")
+        mod = load_module(variants.UBERKERNEL_FILE,
+                          variants.KERNEL_VARIANTS[variants.UBERKERNEL_FILE])
+        self.kernel = mod.get_function(variants.kernel_name(ctype, tile, bundle, threads))
+        self.smem = variants.tile_smem_bytes(tile, bundle, self.dtype.itemsize)
+        if self.smem > 48 * 1024:
+            self.kernel.max_dynamic_shared_size_bytes = self.smem
+        dev = cp.cuda.Device()
+        self.device_id = dev.id
+        props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        self.name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.copy_stream = cp.cuda.Stream(non_blocking=True)
+        self.launches = 0
+        self.seconds = {"upload": 0.0, "kernels": 0.0, "download": 0.0}
+        self.kernel_events = []
+        self.profile = bool(profile)
+        #: with ``profile``: (stage, launch, tasks, start event, end event) per launch
+        self.launch_events = []
+        #: with ``profile``: (fm, fn, start event, end event) per dense front
+        self.dense_events = []
+        #: panel width of dense fronts (:mod:`.dense_front`) and their side streams
+        self.dense_panel = DEFAULT_PANEL
+        self.dense_streams = [cp.cuda.Stream(non_blocking=True) for _ in range(DENSE_STREAMS)]
+        self._dense_k = 0
+        self._vt_host = None
+        #: R copy-back tunables (bytes of a pinned slot; the smallest range
+        #: copied while launches still run) and the number of slot copies made
+        from .rcopy import MIN_CHUNK_BYTES, SLOT_BYTES
+        self.r_copy_slot_bytes = SLOT_BYTES
+        self.r_copy_min_chunk_bytes = MIN_CHUNK_BYTES
+        self.r_copies = 0
+
+    # -- helpers ---------------------------------------------------------------------
+    def _pinned(self, n: int, dtype) -> np.ndarray:
+        import cupyx
+        return cupyx.empty_pinned((int(n),), dtype=dtype)
+
+    def _upload(self, host: np.ndarray):
+        cp = self.cp
+        if host.size == 0:
+            host = np.zeros(1, dtype=host.dtype)
+        buf = self._pinned(host.size, host.dtype)
+        buf[...] = host.ravel()
+        out = cp.empty(host.size, dtype=host.dtype)
+        out.set(buf, stream=self.stream)
+        return out, buf      # keep buf alive until the stream passed the copy
+
+    def _alloc(self, n: int, dtype, fill=None):
+        cp = self.cp
+        try:
+            with self.stream:
+                if fill is None:
+                    return cp.zeros(max(int(n), 1), dtype=dtype)
+                return cp.full(max(int(n), 1), fill, dtype=dtype)
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceOutOfMemory(str(exc)) from exc
+
+    def _check(self, what: str) -> None:
+        cp = self.cp
+        try:
+            self.stream.synchronize()
+        except cp.cuda.runtime.CUDARuntimeError as exc:
+            raise GpuEngineError(f"CUDA error {what}: {exc}") from exc
+
+    # -- the four calls -------------------------------------------------------------
+    def launch_times(self) -> list:
+        """(stage fronts, launch, tasks, seconds) of every profiled launch."""
+        cp = self.cp
+        return [(fr, L, n, cp.cuda.get_elapsed_time(a, b) / 1e3)
+                for fr, L, n, a, b in self.launch_events]
+
+    def start(self, maps: np.ndarray, vt_size: int) -> None:
+        t0 = time.perf_counter()
+        self._keep = []
+        try:
+            self.maps, buf = self._upload(np.ascontiguousarray(maps, dtype=np.int64))
+        except self.cp.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceOutOfMemory(str(exc)) from exc
+        self._keep.append(buf)
+        self.vt = self._alloc(vt_size, self.dtype, fill=np.nan if self.debug else None)
+        self.seconds["upload"] += time.perf_counter() - t0
+
+    def begin_stage(self, st, s_index, s_value, carried):
+        cp = self.cp
+        t0 = time.perf_counter()
+        stream = self.stream
+        pool = self._alloc(st.pool_size, self.dtype)
+        keep = []
+        whole = bool(getattr(st, "materialized", True))
+        try:
+            for off, cb in carried:
+                buf = self._pinned(cb.size, self.dtype)
+                buf[...] = cb.ravel()
+                pool[off: off + cb.size].set(buf, stream=stream)
+                keep.append(buf)
+            sidx, b1 = self._upload(np.ascontiguousarray(s_index, dtype=np.int64))
+            sval, b2 = self._upload(np.ascontiguousarray(s_value, dtype=self.dtype))
+            keep += [b1, b2]
+            nbytes = max(int(st.ntasks), 1) * TASK_BYTES
+            if whole:
+                dt, b3 = self._upload(np.ascontiguousarray(st.tasks).view(np.uint8))
+                keep.append(b3)
+                host = None
+            else:
+                host = self._pinned(nbytes, np.uint8)
+                with stream:
+                    dt = cp.empty(nbytes, dtype=np.uint8)
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceOutOfMemory(str(exc)) from exc
+        e0 = cp.cuda.Event()
+        e0.record(stream)
+        self.seconds["upload"] += time.perf_counter() - t0
+        return {"st": st, "pool": pool, "dt": dt, "host": host, "keep": keep,
+                "sidx": sidx, "sval": sval, "e0": e0, "lp": st.launch_ptr.tolist(),
+                "t_loop": time.perf_counter()}
+
+    def launch(self, h, L, records) -> None:
+        cp = self.cp
+        stream = self.stream
+        a, b = h["lp"][L], h["lp"][L + 1]
+        if b <= a:
+            return
+        dt = h["dt"]
+        if h["host"] is not None:       # upload this launch's records (pinned, async)
+            raw = np.ascontiguousarray(records).view(np.uint8).ravel()
+            seg = h["host"][a * TASK_BYTES: b * TASK_BYTES]
+            seg[...] = raw
+            dt[a * TASK_BYTES: b * TASK_BYTES].set(seg, stream=stream)
+        with stream:  # RawKernel launches on the current stream
+            if self.profile:
+                ea = cp.cuda.Event()
+                ea.record(stream)
+            self.kernel((b - a,), (self.threads,),
+                        (dt[a * TASK_BYTES:], h["pool"], self.vt, h["sidx"], h["sval"],
+                         self.maps), shared_mem=self.smem)
+            if self.profile:
+                eb = cp.cuda.Event()
+                eb.record(stream)
+                self.launch_events.append((h["st"].fronts, L, b - a, ea, eb))
+        self.launches += 1
+        if self.debug:
+            self._check(f"after launch {L} of stage {h['st'].fronts}")
+            with stream:
+                ok = bool(cp.isfinite(h["pool"]).all())
+            if not ok:
+                raise GpuEngineError(f"non-finite values after launch {L} of stage "
+                                     f"{h['st'].fronts}")
+
+    def dense_factorize(self, h, off, fm, fn, stair):
+        """Factorize a dense front of the stage in place on a side stream, after
+        the launches enqueued so far (cuSOLVER panels, cuBLAS trailing updates;
+        nothing synchronizes). Returns ``(front, panels, T, done event)``."""
+        cp = self.cp
+        pool = h["pool"]
+        F = pool[off: off + fm * fn].reshape(fm, fn)
+        panels = panels_of(fm, fn, stair, self.dense_panel)
+        side = self.dense_streams[self._dense_k % len(self.dense_streams)]
+        self._dense_k += 1
+        ready = cp.cuda.Event(disable_timing=True)
+        ready.record(self.stream)
+        side.wait_event(ready)
+        try:
+            with side:
+                if self.profile:
+                    ea = cp.cuda.Event()
+                    ea.record(side)
+                T = factorize_cupy(F, panels, self.dense_panel, stream=side)
+                done = cp.cuda.Event(disable_timing=not self.profile)
+                done.record(side)
+                if self.profile:
+                    self.dense_events.append((int(fm), int(fn), ea, done))
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceOutOfMemory(str(exc)) from exc
+        if self.debug:
+            try:
+                side.synchronize()
+            except cp.cuda.runtime.CUDARuntimeError as exc:
+                raise GpuEngineError(f"CUDA error in the dense front at {off} "
+                                     f"({fm}x{fn}): {exc}") from exc
+        return F, panels, T, done
+
+    def dense_join(self, h, done) -> None:
+        """Later work on the stage's stream waits for a dense front."""
+        self.stream.wait_event(done)
+
+    def dense_times(self) -> list:
+        """(fm, fn, seconds) of every profiled dense front."""
+        cp = self.cp
+        return [(m, n, cp.cuda.get_elapsed_time(a, b) / 1e3)
+                for m, n, a, b in self.dense_events]
+
+    def mark_kernels_end(self, h) -> None:
+        """Record the end of the stage's kernels (kernel time excludes the copies)."""
+        if "e1" not in h:
+            h["e1"] = self.cp.cuda.Event()
+            h["e1"].record(self.stream)
+
+    def open_r_copy(self, pool, index, layout=None, final=None):
+        """Start copying ``pool[index]`` to the host (see :mod:`.gpu_rcopy`).
+
+        ``layout``: R's layout, whose cached pinned staging buffer is used
+        (a temporary one without it or when busy)."""
+        from .rcopy import SLOT_BYTES, CupyRCopy, PinnedStaging, staging_for
+        t0 = time.perf_counter()
+        if layout is not None:
+            staging = staging_for(layout)
+        else:
+            staging = PinnedStaging(int(min(SLOT_BYTES, max(len(index), 1) * 8)))
+            staging.lock.acquire()
+        c = CupyRCopy(self, pool, index, staging, final)
+        self.seconds["open_copy"] = self.seconds.get("open_copy", 0.0) + (
+            time.perf_counter() - t0)
+        return c
+
+    def prepare_gather(self, index, h=None):
+        """Upload a gather index on the copy stream (overlaps the kernels).
+
+        With the stage handle ``h`` the end of its kernels is recorded first
+        (kernel time excludes waiting for the index)."""
+        cp = self.cp
+        t0 = time.perf_counter()
+        if h is not None and "e1" not in h:
+            h["e1"] = cp.cuda.Event()
+            h["e1"].record(self.stream)
+        index = np.ascontiguousarray(index)
+        try:
+            with self.copy_stream:
+                d = cp.empty(max(index.size, 1), dtype=index.dtype)
+            if index.size:
+                d[:index.size].set(index, stream=self.copy_stream)
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceOutOfMemory(str(exc)) from exc
+        ev = cp.cuda.Event()
+        ev.record(self.copy_stream)
+        self.stream.wait_event(ev)
+        self.seconds["upload_gather"] = self.seconds.get("upload_gather", 0.0) + (
+            time.perf_counter() - t0)
+        return d[:index.size]
+
+    def end_stage(self, h):
+        cp = self.cp
+        stream = self.stream
+        st, pool = h["st"], h["pool"]
+        t1 = time.perf_counter()
+        e1 = h.get("e1")
+        if e1 is None:
+            e1 = cp.cuda.Event()
+            e1.record(stream)
+        with stream:
+            ok = cp.isfinite(pool).all()
+        self._check(f"in stage {st.fronts}")
+        h["keep"] = None
+        h["host"] = None
+        if not bool(ok.get()):
+            raise GpuEngineError(f"non-finite values in the front pool of stage {st.fronts}")
+        self.kernel_events.append((h["e0"], e1))
+        self.seconds["kernels"] += cp.cuda.get_elapsed_time(h["e0"], e1) / 1e3
+        self.seconds["launch_loop"] = self.seconds.get("launch_loop", 0.0) + (
+            t1 - h["t_loop"])
+        self.seconds["wait"] = self.seconds.get("wait", 0.0) + (time.perf_counter() - t1)
+        return pool
+
+    def gather(self, pool, index) -> np.ndarray:
+        """``pool[index]`` on the device, copied back through a pinned staging
+        buffer into an ordinary NumPy array."""
+        t0 = time.perf_counter()
+        index = index.get() if hasattr(index, "get") else np.asarray(index)
+        c = self.open_r_copy(pool, index)
+        c.launches_done()
+        out = c.result()
+        self.seconds["download"] += time.perf_counter() - t0
+        return out
+
+    def fetch(self, pool, segments) -> np.ndarray:
+        """Segments ``(start, length)`` of a device pool, gathered on the device and
+        copied with one transfer into pinned host memory (concatenated)."""
+        cp = self.cp
+        t0 = time.perf_counter()
+        total = int(sum(n for _, n in segments))
+        host = self._pinned(total, self.dtype)
+        if total:
+            with self.stream:
+                buf = cp.empty(total, dtype=self.dtype)
+                p = 0
+                for a, n in segments:
+                    if n:
+                        buf[p: p + n] = pool[a: a + n]
+                        p += n
+            buf.get(stream=self.stream, out=host)
+            self._check("copying R rows back")
+        self.seconds["download"] += time.perf_counter() - t0
+        return host
+
+    def to_host(self, pool) -> np.ndarray:
+        """The whole pool on the host (pageable)."""
+        t0 = time.perf_counter()
+        out = pool.get(stream=self.stream)
+        self._check("copying a front pool back")
+        self.seconds["download_pool"] = self.seconds.get("download_pool", 0.0) + (
+            time.perf_counter() - t0)
+        return out
+
+    def release(self, pool) -> None:
+        del pool
+
+    def vt_host(self) -> np.ndarray:
+        if self._vt_host is None:
+            if self.vt is None:
+                raise RuntimeError("the factorization was freed")
+            self._vt_host = self.vt.get(stream=self.stream)
+            self.stream.synchronize()
+        return self._vt_host
+
+    def close(self) -> None:
+        self.vt = None
+        self.maps = None
+        self._keep = []

@@ -1,0 +1,341 @@
+"""R's values device → host: progressive, chunked, through a reused pinned staging buffer.
+
+Two parts:
+
+* :func:`final_entries` — for a one-stage schedule, after which launch every
+  prefix of R's CSC ``data`` is final. A column ``j`` of R holds rows whose
+  fronts all have ``j`` in their column list (the owner of pivot ``j`` and
+  descendants holding ``j`` in their contribution block; ancestors never do).
+  Its entries are final once no later launch writes column ``j`` of any of
+  those fronts: Factorize writes its column tile (``col``), Apply and
+  Apply+Factorize columns ``[c0, c1)`` (the factorize part's tile starts at
+  ``c0``), S-Assemble the whole front, Pack-Assemble the whole parent (the
+  child too, to be safe), a dense front's factorization the whole front
+  until the launch that joins it (the engine runs it on a side stream from
+  its assembly launch on, the main stream waits for it before its parent's
+  Pack-Assemble, or after the last launch). At tile granularity, per (front, column tile), the
+  last writing launch; per column, the maximum over the fronts holding it;
+  a running maximum over columns gives the final prefix of ``data``.
+* the copiers: :class:`CupyRCopy` gathers each final range on a side stream
+  (``take`` over R's gather index, uploaded on that stream while the kernels
+  run) into a device slot, copies it into one of two slots of a pinned
+  staging buffer (allocated once per R layout, see :func:`staging_for`) and
+  from there into an ordinary NumPy array, double buffered, on a worker
+  thread; the engine only records an event after every launch. No pinned
+  allocation per factorization, nothing of R outlives the returned array.
+  :class:`NumpyRCopy` does the same synchronously for :class:`NumpyDevice`
+  (CPU tests: a range copied before it is final would differ from R).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+
+from ..._schedule.tasks import TaskType
+
+__all__ = ["final_entries", "final_entries_cached", "staging_for", "PinnedStaging",
+           "NumpyRCopy", "CupyRCopy", "SLOT_BYTES", "MIN_CHUNK_BYTES"]
+
+#: Bytes of one pinned staging slot (two slots per staging buffer).
+SLOT_BYTES = 32 << 20
+#: A progressive copy is started once this many bytes of R became final.
+MIN_CHUNK_BYTES = 16 << 20
+
+
+def final_entries(analysis, layout, stage, tile: int) -> np.ndarray:
+    """Entries of R's ``data`` final after each launch of a one-stage schedule.
+
+    Parameters
+    ----------
+    analysis : SymbolicAnalysis
+    layout : RLayout
+        R's layout of ``analysis``.
+    stage : StageSchedule
+        The only stage (materialized records, fronts ``0 .. nfronts-1``).
+    tile : int
+        Tile edge of the schedule.
+
+    Returns
+    -------
+    ndarray of int64, shape (nlaunch,)
+        ``data[:out[L]]`` is final once launch ``L`` completed (nondecreasing;
+        the last value is nnz(R)).
+    """
+    fs = analysis.fronts
+    nf = fs.nfronts
+    n = int(layout.shape[1])
+    t = stage.tasks
+    lp = np.asarray(stage.launch_ptr, dtype=np.int64)
+    nl = len(lp) - 1
+    out = np.full(nl, layout.nnz, dtype=np.int64)
+    if nl == 0 or nf == 0:
+        return out
+    launch_of = np.repeat(np.arange(nl, dtype=np.int64), np.diff(lp))
+    typ = t["type"].astype(np.int64)
+    front = t["front"].astype(np.int64)
+    fn = fs.fn.astype(np.int64)
+    ntile = (fn + tile - 1) // tile
+    cellbase = np.zeros(nf + 1, dtype=np.int64)
+    np.cumsum(ntile, out=cellbase[1:])
+    cell_last = np.full(int(cellbase[-1]), -1, dtype=np.int64)
+    # whole-front writers: S-Assemble (the front), Pack-Assemble (child and parent)
+    whole = np.full(nf, -1, dtype=np.int64)
+    sel = typ == TaskType.S_ASSEMBLE
+    np.maximum.at(whole, front[sel], launch_of[sel])
+    sel = typ == TaskType.PACK_ASSEMBLE
+    if sel.any():
+        np.maximum.at(whole, front[sel], launch_of[sel])
+        par = np.asarray(fs.parent, dtype=np.int64)[front[sel]]
+        ok = par >= 0
+        np.maximum.at(whole, par[ok], launch_of[sel][ok])
+    joins = getattr(stage, "dense_join", {})
+    for f, Ld in getattr(stage, "dense", {}).items():
+        whole[f] = max(whole[f], min(joins.get(f, Ld + 1), nl - 1))
+    # column-tile writers
+    fac = typ == TaskType.FACTORIZE
+    app = (typ == TaskType.APPLY) | (typ == TaskType.APPLY_FACTORIZE)
+    t0 = np.concatenate([t["col"][fac].astype(np.int64) // tile,
+                         t["c0"][app].astype(np.int64) // tile])
+    t1 = np.concatenate([t["col"][fac].astype(np.int64) // tile + 1,
+                         (t["c1"][app].astype(np.int64) + tile - 1) // tile])
+    ff = np.concatenate([front[fac], front[app]])
+    ll = np.concatenate([launch_of[fac], launch_of[app]])
+    t1 = np.minimum(t1, ntile[ff])
+    cnt = np.maximum(t1 - t0, 0)
+    tot = int(cnt.sum())
+    if tot:
+        start = np.repeat(cellbase[ff] + t0 - (np.cumsum(cnt) - cnt), cnt)
+        cells = np.arange(tot, dtype=np.int64) + start
+        np.maximum.at(cell_last, cells, np.repeat(ll, cnt))
+    cell_front = np.repeat(np.arange(nf, dtype=np.int64), ntile)
+    np.maximum(cell_last, whole[cell_front], out=cell_last)
+    # per column of R: the maximum over the fronts holding it
+    col_ptr = fs.col_ptr.astype(np.int64)
+    ncol = np.diff(col_ptr)
+    fcol_f = np.repeat(np.arange(nf, dtype=np.int64), ncol)
+    fcol_j = np.arange(int(col_ptr[-1]), dtype=np.int64) - np.repeat(col_ptr[:-1], ncol)
+    last = cell_last[cellbase[fcol_f] + fcol_j // tile]
+    col_final = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(col_final, np.asarray(fs.cols, dtype=np.int64)[:int(col_ptr[-1])], last)
+    np.maximum.accumulate(col_final, out=col_final)
+    cut = np.searchsorted(col_final, np.arange(nl, dtype=np.int64), side="right")
+    ptr = np.asarray(layout.indptr, dtype=np.int64)
+    out[:] = ptr[cut]
+    out[-1] = layout.nnz
+    return out
+
+
+def final_entries_cached(analysis, layout, sched, stage, tile: int, key) -> np.ndarray:
+    """:func:`final_entries`, cached with the layout under ``key`` (the schedule's
+    identity: plan, tunables, launch and task counts)."""
+    full = ("final_entries", key, int(stage.nlaunch), int(stage.ntasks))
+    return layout.extra(full, lambda: final_entries(analysis, layout, stage, tile))
+
+
+class PinnedStaging:
+    """Two pinned host slots of ``nbytes`` each, used by one copy at a time."""
+
+    def __init__(self, nbytes: int):
+        import cupyx
+        self.nbytes = int(nbytes)
+        self.slots = [cupyx.empty_pinned((self.nbytes,), dtype=np.uint8) for _ in range(2)]
+        self.lock = threading.Lock()
+
+
+def staging_for(layout, nbytes: int = SLOT_BYTES):
+    """The staging buffer cached with ``layout`` (made on first use), locked for
+    the caller; a temporary one when another copy holds it. Release with
+    ``staging.lock.release()``."""
+    nb = int(min(nbytes, max(layout.nnz, 1) * 8))
+    st = layout.extra(("pinned_staging", nb), lambda: PinnedStaging(nb))
+    if st.lock.acquire(blocking=False):
+        return st
+    tmp = PinnedStaging(nb)
+    tmp.lock.acquire()
+    return tmp
+
+
+class NumpyRCopy:
+    """Synchronous stand-in of :class:`CupyRCopy` over a NumPy pool.
+
+    Parameters
+    ----------
+    pool : ndarray
+        The stage's front pool (read at the time of each copy).
+    index : ndarray
+        Pool element of every value, in output order.
+    final : callable or None
+        Returns :func:`final_entries` (copies after launches); None: all at
+        the end.
+    """
+
+    def __init__(self, pool, index, final=None, dtype=np.float64, counter=None):
+        self.counter = counter
+        self.pool, self.index = pool, np.asarray(index)
+        self.final = final() if final is not None else None
+        self.out = np.empty(len(self.index), dtype=dtype)
+        self.done = 0
+        self.copies = 0
+
+    def _copy(self, b):
+        if b > self.done:
+            self.out[self.done:b] = self.pool[self.index[self.done:b]]
+            self.done = b
+            self.copies += 1
+            if self.counter is not None:
+                self.counter.append(b)
+
+    def after_launch(self, L: int) -> None:
+        if self.final is not None:
+            self._copy(int(self.final[L]))
+
+    def launches_done(self) -> None:
+        pass
+
+    def result(self) -> np.ndarray:
+        self._copy(len(self.index))
+        out, self.out, self.pool = self.out, None, None
+        return out
+
+    def abort(self) -> None:
+        self.out = self.pool = None
+
+
+class CupyRCopy:
+    """Progressive device → host copy of gathered R values (see the module notes).
+
+    Parameters
+    ----------
+    device : CupyDevice
+        Its ``stream`` runs the kernels; ``copy_stream`` the copies.
+    pool : cupy.ndarray
+        The stage's front pool.
+    index : ndarray (host, int32/int64)
+        Pool element of every value in output order (uploaded by the worker).
+    staging : PinnedStaging
+        Locked by the caller; released when the copy ends.
+    final : callable or None
+        Returns :func:`final_entries` (called on the worker); None: one copy
+        after the last launch.
+    """
+
+    def __init__(self, device, pool, index, staging, final=None):
+        self.dev = device
+        self.cp = device.cp
+        self.pool = pool
+        self.index = index
+        self.n = int(len(index))
+        self.staging = staging
+        self.final = final
+        self.dtype = device.dtype
+        self.q = queue.SimpleQueue()
+        self.out = np.empty(self.n, dtype=self.dtype)
+        self.copies = 0
+        self.seconds = {}
+        self._exc = None
+        self._thread = threading.Thread(target=self._work, name="gpuqr-rcopy", daemon=True)
+        self._thread.start()
+
+    # -- main thread ------------------------------------------------------------
+    def after_launch(self, L: int) -> None:
+        """Launch ``L`` was enqueued: its end may release a range of R."""
+        if self.final is not None:
+            ev = self.cp.cuda.Event(disable_timing=True)
+            ev.record(self.dev.stream)
+            self.q.put((L, ev))
+
+    def launches_done(self) -> None:
+        """Every launch is enqueued: the rest after the last one."""
+        ev = self.cp.cuda.Event(disable_timing=True)
+        ev.record(self.dev.stream)
+        self.q.put((None, ev))
+
+    def result(self) -> np.ndarray:
+        """Wait for the copies; R's values (an ordinary NumPy array)."""
+        self._thread.join()
+        self.pool = None
+        if self._exc is not None:
+            exc, self._exc = self._exc, None
+            self.out = None
+            raise exc
+        out, self.out = self.out, None
+        return out
+
+    def abort(self) -> None:
+        """Stop (the engine failed): the worker drops what is left."""
+        self.q.put(("abort", None))
+        self._thread.join()
+        self.out = self.pool = None
+
+    # -- worker -------------------------------------------------------------------
+    def _work(self):
+        import time
+        cp = self.cp
+        try:
+            t0 = time.perf_counter()
+            cs = self.dev.copy_stream
+            with cp.cuda.Device(self.dev.device_id):
+                idx_h = np.ascontiguousarray(self.index)
+                with cs:
+                    didx = cp.empty(max(self.n, 1), dtype=idx_h.dtype)
+                    if self.n:
+                        didx[:self.n].set(idx_h, stream=cs)
+                    slot_elems = max(min(self.staging.nbytes,
+                                         getattr(self.dev, "r_copy_slot_bytes", SLOT_BYTES))
+                                     // self.dtype.itemsize, 1)
+                    dslots = [cp.empty(slot_elems, dtype=self.dtype) for _ in range(2)]
+                hslots = [s.view(self.dtype)[:slot_elems] for s in self.staging.slots]
+                final = self.final() if self.final is not None else None
+                self.seconds["prepare"] = time.perf_counter() - t0
+                min_chunk = max(getattr(self.dev, "r_copy_min_chunk_bytes", MIN_CHUNK_BYTES)
+                                // self.dtype.itemsize, 1)
+                issued = 0
+                k = 0
+                pending = []
+                # items in launch order; an issue only queues work behind the launch's
+                # event (never blocks); the worker blocks only to empty the older of
+                # two busy slots, so it follows the GPU one chunk behind. (Skipping
+                # to the newest item would wait for the last launch: the launch
+                # loop runs far ahead of the GPU.)
+                while True:
+                    L, ev = self.q.get()
+                    if L == "abort":
+                        return
+                    cut = self.n if L is None else int(final[L])
+                    if cut > issued and (L is None or cut - issued >= min_chunk):
+                        cs.wait_event(ev)
+                        while issued < cut:
+                            m = min(slot_elems, cut - issued)
+                            s = k % 2
+                            if len(pending) == 2:
+                                self._drain(pending.pop(0), hslots)
+                            with cs:
+                                cp.take(self.pool, didx[issued: issued + m],
+                                        out=dslots[s][:m])
+                            dslots[s][:m].get(stream=cs, out=hslots[s][:m])
+                            e = cp.cuda.Event(disable_timing=True)
+                            e.record(cs)
+                            pending.append((s, issued, m, e))
+                            issued += m
+                            k += 1
+                    if L is None:
+                        while pending:
+                            self._drain(pending.pop(0), hslots)
+                        break
+                cs.synchronize()
+                del didx, dslots
+            self.seconds["total"] = time.perf_counter() - t0
+        except BaseException as exc:  # noqa: BLE001 - handed to result()
+            self._exc = exc
+        finally:
+            self.staging.lock.release()
+
+    def _drain(self, item, hslots):
+        s, a, m, e = item
+        e.synchronize()
+        np.copyto(self.out[a: a + m], hslots[s][:m])
+        self.copies += 1
+        self.dev.r_copies = getattr(self.dev, "r_copies", 0) + 1

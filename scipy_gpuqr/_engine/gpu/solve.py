@@ -1,0 +1,640 @@
+"""Q, Qᵀ and the least-squares solve on the device for a GPU factorization.
+
+A GPU factorization (:class:`~scipy_gpuqr._engine.gpu.driver.GpuQR`) leaves its
+Householder data where the factorization made it: the VT tile pool and the
+last stage's front pool on the device, earlier stages' pools on the host.
+This module applies ``Q``/``Qᵀ`` from that data without copying it to the
+host, and solves least-squares problems with the result.
+
+Replay plan (host, NumPy; :func:`build_replay_plan`)
+    Every kept block reflector (the Factorize part of a Factorize or
+    Apply+Factorize record) becomes one normalized record of type
+    ``TASK_APPLY_QT`` (fields in ``kernels/gpuqr_applyq.cu``): its row tiles
+    stacked top first, its V tile, its T tile and the offset of its front's
+    row map (the global row slot of each front row). The *levels* are the
+    factorization's launches: records of one launch touch disjoint tiles of
+    their fronts, and two fronts of one launch never share a row (a parent's
+    rows that come from a child are assembled only after the child's last
+    reflector), so a level's records touch disjoint global rows
+    (:func:`check_levels` verifies it; the tests and debug mode run it) and
+    run in one kernel launch; a level reads one stage's pool. Dense fronts
+    factorized outside the task lists (``GpuQR._dense``: front → object with
+    ``slots``, ``after_launch``, ``apply_qt(Y)``, ``apply_q(Y)``) are applied
+    after the records of the level of ``after_launch`` (several in front
+    order, children first). Grouping by rows instead (a record one level
+    after the last that touched its rows) saves a quarter of the launches on
+    ch7-8-b3 (766 instead of 1011) but costs seconds of host time per
+    factorization: not worth it.
+
+Execution
+    ``Qᵀ X``: levels in order, each the kernel (one block per record and 32
+    right-hand-side columns) then its dense fronts; ``Q X``: levels in
+    reverse order, dense fronts first. X is float64 (m, k), row-major, in
+    column chunks bounded by :data:`CHUNK_ELEMENTS`. The last stage's pool is
+    used where it lies; an earlier stage's host pool is uploaded for its
+    levels (one at a time) and dropped after.
+
+Solve (:class:`DeviceSolve`)
+    Full rank only (the rank rules that need the host stay on the host, see
+    :mod:`scipy_gpuqr._factor.factorization`): ``x[perm] = R⁻¹ (Qᵀ b)[:n]`` for tall A and
+    ``x = Q [R⁻ᵀ b[perm]; 0]`` for the transposed factorization of wide A,
+    the triangular solves front by front from R's blocks in the front pools
+    (:mod:`.gpu_trsolve`; cuSPARSE on a CSR copy of R is kept as an option
+    and measured slower).
+
+:class:`NumpyExecutor` runs the same plan with NumPy (CI's check of the plan
+against the host replay, no GPU needed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..._schedule.tasks import TaskType, empty_tasks
+from . import solve_kernels as av
+
+__all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay",
+           "NumpyExecutor", "CupyExecutor", "DeviceSolve", "CHUNK_ELEMENTS"]
+
+#: Largest X chunk (elements of float64) applied at once; more columns are
+#: applied chunk by chunk (1 GiB).
+CHUNK_ELEMENTS = 1 << 27
+
+
+# ----------------------------------------------------------------------------- plan
+
+def reflector_records(tasks: np.ndarray, F, rowmap_off) -> np.ndarray:
+    """Normalized ``TASK_APPLY_QT`` records of kept reflectors.
+
+    Parameters
+    ----------
+    tasks : ndarray of TASK_DTYPE
+        Factorize / Apply+Factorize records.
+    F : int or ndarray of int64
+        Base of each record's front in its stage's pool.
+    rowmap_off : int or ndarray of int64
+        Offset of each record's front row map in the plan's ``rowmap``.
+
+    Returns
+    -------
+    ndarray of TASK_DTYPE
+        One record per reflector: ``F``, ``vt``, ``col``, ``nref``, ``fm``,
+        ``fn``, ``aux`` (row map offset), ``napply`` row tiles in ``rows``
+        (top tile first, then the others in slot order).
+    """
+    n = len(tasks)
+    out = empty_tasks(n)
+    if n == 0:
+        return out
+    typ = tasks["type"].astype(np.int64)
+    if not np.all((typ == TaskType.FACTORIZE) | (typ == TaskType.APPLY_FACTORIZE)):
+        raise ValueError("reflector_records: only Factorize and Apply+Factorize records")
+    isf = typ == TaskType.FACTORIZE
+    rows = tasks["rows"].astype(np.int64)
+    fs = tasks["fstart"].astype(np.int64)[:, None]
+    nf = tasks["nfrows"].astype(np.int64)[:, None]
+    ftop = tasks["ftop"].astype(np.int64)[:, None]
+    slot = np.arange(rows.shape[1])[None, :]
+    inr = (slot >= fs) & (slot < fs + nf)
+    if not np.all(np.take_along_axis(inr, ftop, axis=1)):
+        raise ValueError("reflector_records: a top tile outside its factorize rows")
+    key = np.where(inr, np.where(slot == ftop, -1, slot), rows.shape[1] + 1)
+    stack = np.take_along_axis(rows, np.argsort(key, axis=1, kind="stable"), axis=1)
+    cnt = inr.sum(axis=1)
+    stack[slot >= cnt[:, None]] = -1
+    out["type"] = TaskType.APPLY_QT
+    out["F"] = F
+    out["vt"] = np.where(isf, tasks["vt"], tasks["vt2"])
+    out["col"] = np.where(isf, tasks["col"], tasks["c0"])
+    out["nref"] = np.where(isf, tasks["nref"], tasks["aux"])
+    out["fm"] = tasks["fm"]
+    out["fn"] = tasks["fn"]
+    out["aux"] = rowmap_off
+    out["napply"] = cnt
+    out["front"] = tasks["front"]
+    out["rows"] = stack
+    return out
+
+
+@dataclass
+class ReplayPlan:
+    """Kept reflectors of a factorization grouped into levels (see the module doc).
+
+    Attributes
+    ----------
+    m : int
+        Rows of Q.
+    tile, bundle : int
+    records : ndarray of TASK_DTYPE
+        ``TASK_APPLY_QT`` records sorted by level.
+    rowmap : ndarray of int64
+        Global row of every front row (fronts with records, concatenated).
+    level_ptr : ndarray of int64, shape (nlevels + 1,)
+        Records of level ``l``: ``records[level_ptr[l]:level_ptr[l+1]]``.
+    level_stage : ndarray of int64, shape (nlevels,)
+        The stage whose front pool level ``l`` reads.
+    level_dense : dict
+        level → list of dense-front objects applied after its records.
+    """
+
+    m: int
+    tile: int
+    bundle: int
+    records: np.ndarray
+    rowmap: np.ndarray
+    level_ptr: np.ndarray
+    level_stage: np.ndarray
+    level_dense: dict = field(default_factory=dict)
+
+    @property
+    def nlevels(self) -> int:
+        return len(self.level_stage)
+
+
+def _global_rows(rec: np.ndarray, rowmap: np.ndarray, tile: int, pad: int) -> np.ndarray:
+    """(records, BUNDLE·TILE) global rows touched by each record, ``pad`` where none."""
+    n, ns = len(rec), rec["rows"].shape[1]
+    r = rec["rows"].astype(np.int64)[:, :, None] + np.arange(tile)[None, None, :]
+    ok = (rec["rows"][:, :, None] >= 0) & (r < rec["fm"].astype(np.int64)[:, None, None])
+    ok &= (np.arange(ns)[None, :, None] < rec["napply"].astype(np.int64)[:, None, None])
+    idx = rec["aux"].astype(np.int64)[:, None, None] + r
+    G = np.full(r.shape, pad, dtype=np.int64)
+    G[ok] = rowmap[idx[ok]]
+    return G.reshape(n, ns * tile)
+
+
+def build_replay_plan(m: int, fronts: list, *, tile: int, bundle: int,
+                      launch_base: list, dense: dict | None = None,
+                      verify: bool = False) -> ReplayPlan:
+    """Group the kept reflectors of a factorization into levels.
+
+    Parameters
+    ----------
+    m : int
+        Rows of the factorized matrix (rows of X).
+    fronts : list of tuple
+        Per front ``(slots, tasks, launches, stage, offset)``: the global row
+        of each front row, the kept Factorize / Apply+Factorize records (in
+        order), the global launch index of each record, the stage and the
+        front's base in the stage's pool.
+    tile, bundle : int
+        The schedule's tile edge and the kernel's largest stack of row tiles.
+    launch_base : list of int
+        First global launch index of each stage.
+    dense : dict, optional
+        Front → object with ``slots`` and ``after_launch`` (global launch
+        index; its reflectors act after that launch's records).
+    verify : bool
+        Check that the records of every level touch disjoint global rows
+        (O(rows touched); the tests and debug mode do).
+
+    Returns
+    -------
+    ReplayPlan
+
+    Raises
+    ------
+    ValueError
+        A reflector stacks more row tiles than the kernel holds, or (with
+        ``verify``) two records of one level share a row.
+    """
+    dense = dense or {}
+    tasks, lau, stg, F, moff, maps = [], [], [], [], [], []
+    off_map = 0
+    for slots, ft, la, sid, off in fronts:
+        if ft is None or len(ft) == 0:
+            continue
+        tasks.append(ft)
+        lau.append(np.asarray(la, dtype=np.int64))
+        n = len(ft)
+        stg.append(np.full(n, sid, dtype=np.int64))
+        F.append(np.full(n, off, dtype=np.int64))
+        moff.append(np.full(n, off_map, dtype=np.int64))
+        maps.append(np.asarray(slots, dtype=np.int64))
+        off_map += len(slots)
+    cat = (lambda x: np.concatenate(x) if x else np.zeros(0, np.int64))
+    rowmap = cat(maps)
+    if tasks:
+        allt = np.empty(sum(len(t) for t in tasks), dtype=tasks[0].dtype)
+        p = 0
+        for t in tasks:                 # (np.concatenate promotes fields per array: slow)
+            allt[p: p + len(t)] = t
+            p += len(t)
+        rec = reflector_records(allt, cat(F), cat(moff))
+    else:
+        rec = empty_tasks(0)
+    if len(rec) and int(rec["napply"].max()) > bundle:
+        raise ValueError(f"a reflector stacks {int(rec['napply'].max())} row tiles; "
+                         f"the device kernel holds {bundle}")
+    lau, stg = cat(lau), cat(stg)
+    order = np.argsort(lau, kind="stable")
+    rec, lau, stg = rec[order], lau[order], stg[order]
+    # levels: the factorization's launches that kept reflectors or end with a dense front
+    dense_at: dict = {}
+    for f in sorted(dense):
+        dense_at.setdefault(int(dense[f].after_launch), []).append(dense[f])
+    keys = np.array(sorted(set(np.unique(lau).tolist()) | set(dense_at)), dtype=np.int64)
+    ptr = np.searchsorted(lau, keys, side="left").tolist() + [len(rec)]
+    ptr = np.asarray(ptr, dtype=np.int64)
+    bounds = np.asarray(launch_base if len(launch_base) else [0], dtype=np.int64)
+    level_stage = np.searchsorted(bounds, keys, side="right") - 1
+    has = ptr[1:] > ptr[:-1]
+    level_stage[has] = stg[ptr[:-1][has]]
+    level_dense = {i: dense_at[int(L)] for i, L in enumerate(keys.tolist()) if L in dense_at}
+    plan = ReplayPlan(m=int(m), tile=int(tile), bundle=int(bundle), records=rec,
+                      rowmap=rowmap, level_ptr=ptr, level_stage=level_stage.astype(np.int64),
+                      level_dense=level_dense)
+    if verify:
+        check_levels(plan)
+    return plan
+
+
+def check_levels(plan: ReplayPlan) -> None:
+    """Raise ValueError when two records of one level share a global row."""
+    owner = np.zeros(plan.m, dtype=np.int64)
+    for lv in range(plan.nlevels):
+        a, b = int(plan.level_ptr[lv]), int(plan.level_ptr[lv + 1])
+        if b - a < 2:
+            continue
+        G = _global_rows(plan.records[a:b], plan.rowmap, plan.tile, plan.m)
+        flat = G[G < plan.m]
+        pos = np.arange(flat.size)
+        owner[flat] = pos
+        if not np.array_equal(owner[flat], pos):
+            raise ValueError(f"records of replay level {lv} share global rows")
+
+
+# ----------------------------------------------------------------------------- executors
+
+class NumpyExecutor:
+    """The kernel's arithmetic in NumPy over the plan (CPU check of the plan).
+
+    Parameters
+    ----------
+    plan : ReplayPlan
+    pools : callable
+        ``pools(stage) -> ndarray``: the stage's front pool.
+    vt : ndarray
+        VT tile pool.
+    """
+
+    xp = np
+
+    def __init__(self, plan: ReplayPlan, pools, vt):
+        self.plan, self.pools, self.vt = plan, pools, vt
+
+    def level(self, lv: int, X: np.ndarray, trans: bool) -> None:
+        p = self.plan
+        a, b = int(p.level_ptr[lv]), int(p.level_ptr[lv + 1])
+        if b <= a:
+            return
+        pool = self.pools(int(p.level_stage[lv]))
+        tile = p.tile
+        for rec in p.records[a:b]:
+            V, T, g = _load_reflector(rec, pool, self.vt, p.rowmap, tile)
+            Y = X[g]
+            C = V.T @ Y
+            C = (T.T if trans else T) @ C
+            X[g] = Y - V @ C
+
+    def done(self) -> None:
+        pass
+
+
+def _load_reflector(rec, pool, vt, rowmap, tile):
+    """(V, T, global rows) of one APPLY_QT record (rows >= fm dropped)."""
+    fm, fn, col, nref = int(rec["fm"]), int(rec["fn"]), int(rec["col"]), int(rec["nref"])
+    F0, v0, aux = int(rec["F"]), int(rec["vt"]), int(rec["aux"])
+    VTt = np.asarray(vt[v0: v0 + tile * tile], dtype=np.float64).reshape(tile, tile)
+    T = np.triu(VTt[:nref, :nref])
+    blocks, rows = [], []
+    for p in range(int(rec["napply"])):
+        r0 = int(rec["rows"][p])
+        r = np.arange(r0, min(r0 + tile, fm))
+        if p == 0:
+            Vt = np.tril(VTt[:, :nref], -1)
+            Vt[np.arange(nref), np.arange(nref)] = 1.0
+            Vb = Vt[: len(r)]
+        else:
+            Vb = np.asarray(pool[F0 + r[:, None] * fn + col + np.arange(nref)[None, :]],
+                            dtype=np.float64)
+        blocks.append(Vb)
+        rows.append(r)
+    r = np.concatenate(rows)
+    return np.vstack(blocks), T, rowmap[aux + r]
+
+
+class CupyExecutor:
+    """The plan's levels as launches of ``kernels/gpuqr_applyq.cu``.
+
+    Parameters
+    ----------
+    plan : ReplayPlan
+    pools : callable
+        ``pools(stage) -> cupy.ndarray``: the stage's front pool on the device
+        (an earlier stage's host pool is uploaded by the caller's callable).
+    vt : cupy.ndarray
+        VT tile pool.
+    dtype : numpy.dtype
+        The pools' dtype (float64 or float32).
+    stream : cupy.cuda.Stream, optional
+    """
+
+    def __init__(self, plan: ReplayPlan, pools, vt, dtype, stream=None):
+        import cupy as cp
+
+        from ..._kernels import load_module
+        self.cp = cp
+        self.plan, self.pools, self.vt = plan, pools, vt
+        ctype = "double" if np.dtype(dtype) == np.float64 else "float"
+        if (ctype, plan.tile, plan.bundle) not in av.APPLYQ_VARIANTS:
+            raise ValueError(f"no applyq variant for {ctype}, TILE {plan.tile}, "
+                             f"BUNDLE {plan.bundle}")
+        mod = load_module(av.APPLYQ_FILE, av.KERNEL_VARIANTS[av.APPLYQ_FILE])
+        self.kern = {tr: mod.get_function(av.applyq_name(ctype, plan.tile, plan.bundle, tr))
+                     for tr in (True, False)}
+        self.smem = av.applyq_smem_bytes(plan.tile, plan.bundle)
+        for k in self.kern.values():
+            if self.smem > 48 * 1024:
+                k.max_dynamic_shared_size_bytes = self.smem
+        self.stream = stream if stream is not None else cp.cuda.get_current_stream()
+        with self.stream:
+            self.d_rec = cp.asarray(np.ascontiguousarray(plan.records).view(np.uint8))
+            self.d_map = cp.asarray(plan.rowmap if len(plan.rowmap) else np.zeros(1, np.int64))
+        self._pool_sid = None
+        self._pool = None
+
+    def level(self, lv: int, X, trans: bool) -> None:
+        from ..._schedule.tasks import TASK_BYTES
+        p = self.plan
+        a, b = int(p.level_ptr[lv]), int(p.level_ptr[lv + 1])
+        if b <= a:
+            return
+        sid = int(p.level_stage[lv])
+        if sid != self._pool_sid:
+            self._pool = None           # drop an uploaded pool before the next
+            self._pool = self.pools(sid)
+            self._pool_sid = sid
+        k = X.shape[1]
+        grid = (b - a, (k + av.APPLYQ_COLUMNS - 1) // av.APPLYQ_COLUMNS)
+        with self.stream:
+            self.kern[bool(trans)](grid, (av.APPLYQ_THREADS,),
+                                   (self.d_rec[a * TASK_BYTES:], self._pool, self.vt,
+                                    self.d_map, X, np.int32(k), np.int64(k)),
+                                   shared_mem=self.smem)
+
+    def done(self) -> None:
+        """Release an uploaded pool."""
+        self._pool = None
+        self._pool_sid = None
+
+
+def replay(plan: ReplayPlan, executor, X, trans: bool) -> None:
+    """``X ← Qᵀ X`` (``trans``) or ``X ← Q X`` in place; X of shape (m, k), float64.
+
+    X is in the factorization's row slots (row i of A in slot i), before
+    ``qorder``; it must be C-contiguous for the CUDA executor.
+    """
+    order = range(plan.nlevels) if trans else range(plan.nlevels - 1, -1, -1)
+    try:
+        for lv in order:
+            objs = plan.level_dense.get(lv, [])
+            if not trans:
+                _dense(objs, X, trans)
+            executor.level(lv, X, trans)
+            if trans:
+                _dense(objs, X, trans)
+    finally:
+        executor.done()
+
+
+def _dense(objs, X, trans):
+    for obj in (objs if trans else objs[::-1]):
+        s = obj.slots
+        Y = X[s]
+        (obj.apply_qt if trans else obj.apply_q)(Y)
+        X[s] = Y
+
+
+# ----------------------------------------------------------------------------- solve
+
+class DeviceSolve:
+    """Full-rank solves with R on the device.
+
+    Parameters
+    ----------
+    R : scipy.sparse matrix, shape (k, q)
+        The factor; its leading square ``min(k, q)`` block is used.
+    colperm : ndarray of int64
+        Column permutation of the factorization.
+    fronts : FrontTriangular, optional
+        R's blocks read from the front pools (:mod:`.gpu_trsolve`, the
+        default of :func:`device_solve_of`); without it cuSPARSE's
+        triangular solve on a float64 CSR copy of R (slower: measured 6.7 s
+        against 2.1 s on the host for grid40's R).
+    """
+
+    def __init__(self, R, colperm, fronts=None):
+        import cupy as cp
+        self.cp = cp
+        self.q = min(R.shape)
+        self.fronts = fronts
+        self.R = self.RT = None
+        if fronts is None:
+            import cupyx.scipy.sparse as csp
+            import scipy.sparse as sp
+            Rq = sp.csr_array(sp.csr_array(R)[: self.q, : self.q], dtype=np.float64)
+            Rq.sort_indices()
+            self.R = csp.csr_matrix(sp.csr_matrix(Rq))
+            self.RT = csp.csr_matrix(sp.csr_matrix(Rq.T.tocsr()))
+            self.RT.sort_indices()
+        self.perm = cp.asarray(np.asarray(colperm, dtype=np.int64))
+
+    def upper(self, C):
+        """``R⁻¹ C`` (C: cupy (q, k) float64)."""
+        return self._triangular(C, transposed=False)
+
+    def upper_transposed(self, C):
+        """``R⁻ᵀ C``."""
+        return self._triangular(C, transposed=True)
+
+    def _triangular(self, C, transposed: bool):
+        if self.q == 0 or C.shape[1] == 0:
+            return self.cp.zeros((self.q, C.shape[1]))
+        if self.fronts is not None:
+            return self.fronts.upper_transposed(C) if transposed else self.fronts.upper(C)
+        from cupyx.scipy.sparse.linalg import spsolve_triangular
+        return spsolve_triangular(self.RT if transposed else self.R, C, lower=transposed)
+
+    def forward(self, qt_matmul, B, n: int):
+        """``X[perm] = R⁻¹ (Qᵀ B)[:q]``: least squares of tall A, or ``A X = B``."""
+        cp = self.cp
+        C = cp.ascontiguousarray(qt_matmul(B)[: self.q])
+        Y = self.upper(C)
+        X = cp.empty((n, B.shape[1]), dtype=np.float64)
+        X[self.perm] = Y
+        return X
+
+    def backward(self, q_matmul, B, mq: int):
+        """``X = Q [R⁻ᵀ B[perm]; 0]`` (Q of order ``mq``): minimum-norm of wide A, or ``Aᵀ X = B``."""
+        cp = self.cp
+        Z = self.upper_transposed(cp.ascontiguousarray(B[self.perm]))
+        pad = cp.zeros((mq, B.shape[1]), dtype=np.float64)
+        pad[: Z.shape[0]] = Z
+        return q_matmul(pad)
+
+
+# ----------------------------------------------------------------------------- GpuQR glue
+
+def plan_of(qr) -> ReplayPlan:
+    """The replay plan of a :class:`~scipy_gpuqr._engine.gpu.driver.GpuQR` (built once)."""
+    plan = qr._replay.get("plan")
+    if plan is None:
+        fronts = []
+        for f, (slots, _, tasks) in enumerate(qr._fronts):
+            sid, off = qr._front_loc[f]
+            fronts.append((slots, tasks, qr._front_launch[f], sid, off))
+        plan = build_replay_plan(qr.shape[0], fronts, tile=qr.schedule.tile,
+                                 bundle=qr.schedule.bundle, launch_base=qr._launch_base,
+                                 dense=getattr(qr, "_dense", {}),
+                                 verify=bool(getattr(qr._device, "debug", False)))
+        qr._replay["plan"] = plan
+    return plan
+
+
+def _check_rhs(B, m: int, what: str):
+    shape = tuple(B.shape)
+    if len(shape) not in (1, 2) or shape[0] != m:
+        raise ValueError(f"{what}: expected shape ({m},) or ({m}, k), got {shape}")
+    if np.dtype(B.dtype).kind == "c":
+        raise TypeError(f"{what}: complex right-hand sides are not supported")
+    if np.dtype(B.dtype).kind not in "biuf":
+        raise TypeError(f"{what}: numeric right-hand sides expected, got {B.dtype}")
+
+
+def apply_plan(qr, B2, trans: bool, executor):
+    """``Qᵀ B2`` (rows in R's order, ``qorder``) or ``Q B2``; B2 (m, k), float64.
+
+    ``executor.xp`` (NumPy or CuPy) holds B2 and the result.
+    """
+    xp = executor.xp
+    plan = plan_of(qr)
+    m, k = B2.shape
+    out = xp.empty((m, k), dtype=np.float64)
+    step = max(1, min(k, CHUNK_ELEMENTS // max(m, 1))) if k else 1
+    qorder = qr._replay.get(("qorder", xp.__name__))
+    if qorder is None:
+        qorder = xp.asarray(qr.qorder)
+        qr._replay[("qorder", xp.__name__)] = qorder
+    for c0 in range(0, k, step):
+        c1 = min(k, c0 + step)
+        if trans:
+            X = xp.array(B2[:, c0:c1], dtype=np.float64, order="C")
+            replay(plan, executor, X, True)
+            out[:, c0:c1] = X[qorder]
+        else:
+            X = xp.zeros((m, c1 - c0), dtype=np.float64)
+            X[qorder] = B2[:, c0:c1]
+            replay(plan, executor, X, False)
+            out[:, c0:c1] = X
+    return out
+
+
+def _device_pools(qr):
+    """``pools(stage)``: the stage's pool on the device (earlier stages uploaded)."""
+    cp = qr._device.cp
+
+    def pools(sid):
+        pool = qr._stage_pools.get(sid)
+        if pool is not None:
+            return pool
+        return cp.asarray(qr._host_pools[sid])    # an earlier stage, uploaded
+    return pools
+
+
+def device_solve_of(qr, *, cusparse: bool = False) -> DeviceSolve:
+    """The :class:`DeviceSolve` of a full-rank GPU factorization (R from the pools)."""
+    from .trsolve import FrontTriangular
+    fronts = None
+    if not cusparse:
+        fronts = FrontTriangular(qr, _device_pools(qr), qr._device.cp)
+    return DeviceSolve(qr.R, qr.colperm, fronts)
+
+
+def _cupy_executor(qr):
+    ex = qr._replay.get("cupy")
+    if ex is None:
+        dev = qr._device
+        cp = dev.cp
+        pools = _device_pools(qr)
+        ex = CupyExecutor(plan_of(qr), pools, dev.vt, dev.dtype)
+        ex.xp = cp
+        qr._replay["cupy"] = ex
+    return ex
+
+
+def device_matmul(qr, B, *, trans: bool, float64: bool = False):
+    """``Qᵀ B`` / ``Q B`` on the device; NumPy in → NumPy out, CuPy in → CuPy out.
+
+    The result has R's dtype (float64 with ``float64``: the solves keep the
+    precision of the float64 arithmetic). Falls back to the host replay (with
+    a log line) when the device runs out of memory.
+    """
+    import logging
+    cp = qr._device.cp
+    what = "qt_matmul" if trans else "q_matmul"
+    on_gpu = isinstance(B, cp.ndarray)
+    if not on_gpu:
+        B = np.asarray(B)
+    _check_rhs(B, qr.shape[0], what)
+    B2 = B.reshape(B.shape[0], -1) if B.ndim == 2 else B.reshape(-1, 1)
+    try:
+        out = apply_plan(qr, cp.asarray(B2), trans, _cupy_executor(qr))
+    except cp.cuda.memory.OutOfMemoryError as exc:
+        logging.getLogger("scipy_gpuqr").info(
+            "%s: device out of memory (%s); Q applied on the host", what, exc)
+        qr._replay.pop("cupy", None)
+        qr._materialize()
+        host = host_matmul(qr, B.get() if on_gpu else B, trans=trans)
+        return cp.asarray(host) if on_gpu else host
+    if not float64:
+        out = out.astype(qr.R.dtype, copy=False)
+    out = out.reshape(B.shape)
+    return out if on_gpu else out.get()
+
+
+def host_matmul(qr, B, *, trans: bool):
+    """The host replay front by front (postorder), dense fronts included.
+
+    The fronts are fetched to the host first (``qr._materialize()``).
+    """
+    from ..host.simulate import _apply_q, _apply_qt, _one_blas_thread
+    qr._materialize()
+    what = "qt_matmul" if trans else "q_matmul"
+    B = np.asarray(B)
+    _check_rhs(B, qr.shape[0], what)
+    Bc = np.array(B[:, None] if B.ndim == 1 else B, dtype=np.float64)
+    if trans:
+        X = Bc
+    else:
+        X = np.zeros_like(Bc)
+        X[qr.qorder] = Bc
+    dense = getattr(qr, "_dense", {}) or {}
+    tile = qr.schedule.tile
+    seq = range(len(qr._fronts)) if trans else range(len(qr._fronts) - 1, -1, -1)
+    with _one_blas_thread():
+        for f in seq:
+            slots, Ff, ftasks = qr._fronts[f]
+            if f in dense:
+                obj = dense[f]
+                Y = X[obj.slots]
+                (obj.apply_qt if trans else obj.apply_q)(Y)
+                X[obj.slots] = Y
+            if len(ftasks):
+                Y = X[slots]
+                (_apply_qt if trans else _apply_q)(ftasks, Ff, qr._vt, tile, Y)
+                X[slots] = Y
+    out = X[qr.qorder] if trans else X
+    return out.astype(qr.R.dtype, copy=False).reshape(B.shape)

@@ -1,0 +1,1 @@
+"""_engine.host."""

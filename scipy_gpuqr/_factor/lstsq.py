@@ -1,0 +1,702 @@
+"""The numerical solve rules, built only on the :class:`NumericQR` contract.
+
+Every backend returns ``M[:, colperm] = Q @ R``; the rules below turn that
+into answers, so they are the same on every backend.
+
+Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
+    The minimum 2-norm least-squares solution with ``numpy.linalg.lstsq``'s
+    rank rule: singular values ``<= eps·max(m, n)·σ_max`` count as zero.
+    Method: QR **without** rank detection (tol=None), then
+
+    0. ``R`` without a nonzero value (A = 0): rank 0, the solution is 0
+       (method ``'zero'``; no estimate runs on the zero operator).
+    1. ``R``'s diagonal and a condition estimate decide whether ``R`` is
+       safely of full rank: ``min|r_ii| > cutoff·max|r_ii|`` (necessary:
+       σ_min ≤ min|r_ii| and σ_max ≥ max|r_ii|, so a failure proves the
+       deficiency and no further full-rank test runs) and
+       ``rcond_1(R) >= 10·q·cutoff`` (LAPACK ``trcon`` for q ≤
+       :data:`DENSE_LIMIT`, Higham's ``onenormest`` of ``R⁻¹`` beyond). The
+       factor ``10·q`` covers the gap between 1-norm and 2-norm condition
+       numbers (at most q) and the estimator's underestimate. Where that
+       test is inconclusive, σ_max by Lanczos and σ_min of the triangle
+       (:func:`scipy_gpuqr._factor.triangular.sigma_min_upper`: the bound
+       ``1/‖R⁻¹‖_F``, else Lanczos on the explicit inverse for q ≤
+       DENSE_LIMIT; Lanczos on ``(RᵀR)⁻¹`` through triangular solves beyond,
+       trusted with a margin of 4) decide. Then ``R⁻¹`` answers
+       (SuperLU's triangular sweeps, :class:`~scipy_gpuqr._factor.triangular.UpperTriangular`).
+    2. Otherwise the rank is decided on ``R`` alone (it has A's singular
+       values), with ``cutoff·σ_max`` as the absolute threshold ``tol``.
+       First, where R is sparse (at most :data:`SPARSE_COD_MAX_DENSITY`
+       nonzero) and the alternative is a dense refinement on the host, a
+       **gap-checked sparse COD**: a rank-detecting sparse QR of R at
+       ``tol``, ``R P = Q [R11 R12; 0 E]``, E formed exactly as the rows
+       ``r:`` of ``Qᵀ R P[:, r:]``; it is kept only where
+       ``‖E‖₂ <= tol < σ_min(R11)`` (then σ_{r+1} ≤ ‖E‖₂ and σ_r ≥
+       σ_min(R11): lstsq's rank is r and its solution differs from the
+       COD's by a perturbation below the cutoff) — rajat01 (6833², 56
+       exactly dependent columns) in 0.3 s instead of 19 s of dense COD on
+       two cores. Where the check fails (no gap, or Heath's greedy rule
+       misses singular values below the cutoff, as on nnc1374), the dense
+       rules below answer:
+
+       * q ≤ :data:`DENSE_LIMIT`: a dense SVD of ``R`` gives exactly lstsq's
+         rank and the pseudo-inverse solution (on the GPU from
+         :data:`SVD_GPU_MIN_ORDER` columns when one is used, see
+         ``dense_device``).
+       * q ≤ :data:`DENSE_COD_HOST_LIMIT` (or R fits on the GPU that
+         factored A, or that ``auto`` saw): a dense blocked complete orthogonal decomposition
+         (:mod:`scipy_gpuqr._factor.dense_cod`): Heath's dead-column rule, then a
+         QR of the live rows for the minimum-norm part. Where the singular
+         values have a gap at the cutoff its rank is lstsq's (checked:
+         σ_min of the live rows above the threshold). Where they do not
+         (Heath's rule keeps columns lstsq drops, e.g. bayer10: 13362 vs
+         13303), the rank must be decided on R itself: Heath's dropped
+         parts, up to the threshold per column, move singular values near
+         the cutoff (synthetic tests: by up to 5 ranks). On the host, where
+         Heath's rule drops columns (or σ_min of the live rows is below the
+         threshold) and R has a nonzero diagonal, R's small singular
+         subspace decides (:mod:`scipy_gpuqr._factor.subspace_cod`: block inverse
+         subspace iteration with Rayleigh–Ritz, the Ritz vectors below the
+         threshold moved out by one block Householder reflector, the
+         rest re-triangularized as a triangle plus a rank-d update in
+         O(q²d); σ_max by Lanczos to 1e-12), gap or not: its rank
+         and solution are the truncated SVD's of R, and it costs less than
+         the COD's second QR (then never computed) or an SVD. Where its
+         first block (twice Heath's dead columns + 64) exceeds
+         ``min(SUBSPACE_MAX_BLOCK, q/3)`` or it does not settle, a dense SVD
+         decides up to :data:`SVD_FALLBACK_LIMIT` columns (also the GPU's
+         rule, on the device); beyond, Heath's rank stands and
+         ``summary()['rank_revealed']`` is False.
+       * beyond: the sparse complete orthogonal decomposition (a second,
+         rank-detecting QR of ``R`` with the absolute tolerance
+         ``cutoff·σ_max``, then a QR of ``[R11 R12]ᵀ`` for the minimum-norm
+         part) without the gap check's guarantee where that check failed.
+
+       lstsq itself decides on A's computed singular values, so where one
+       lies within rounding of the cutoff (relative ~1e-3 and less on the
+       test problems) the two ranks may differ by the number of such values.
+
+    SuiteSparseQR's default tolerance (20·(m+n)·eps·max column norm) is
+    *not* this rule: it drops columns greedily and loses accuracy on
+    ill-conditioned square matrices.
+
+Exact solves (``spsolve``, ``factorized``)
+    No rank detection. :func:`exactly_singular` decides when SciPy's
+    ``MatrixRankWarning`` and a NaN result are due.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import scipy.linalg as la
+import scipy.sparse as sp
+from scipy.sparse.linalg import LinearOperator, onenormest
+
+from .triangular import DENSE_SIGMA_LIMIT, UpperTriangular, norm2_lanczos, sigma_min_upper
+
+__all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver",
+           "exactly_singular", "solve_upper", "solve_upper_transposed"]
+
+EPS = float(np.finfo(np.float64).eps)
+
+#: Largest number of columns of R refined by a dense SVD (q² doubles and
+#: about 10·q³ flops: 2500 → 50 MB, a few seconds on two cores).
+DENSE_LIMIT = 2500
+
+#: spsolve's singularity rule: column i of R is "exactly" dependent when
+#: |r_ii| <= SINGULAR_RTOL · ‖R[:, i]‖₂ (= the 2-norm of A's column colperm[i]).
+#: See :func:`exactly_singular` for the evidence behind the value.
+SINGULAR_RTOL = 100 * EPS
+
+#: Largest dimension of R refined by a dense blocked COD on the host
+#: (:mod:`scipy_gpuqr._factor.dense_cod`; 14000² doubles = 1.6 GB per copy).
+DENSE_COD_HOST_LIMIT = 14000
+
+#: Largest dimension for which a dense SVD settles the rank when Heath's rule
+#: cannot (no gap in the singular values): host (gesdd on 2 cores: 5000² in
+#: about 50 s; bayer10's 13436² took 25 minutes; on the host it is the fallback
+#: of the cheaper subspace decision, :mod:`scipy_gpuqr._factor.subspace_cod`) and GPU
+#: (cuSOLVER gesvd).
+SVD_FALLBACK_LIMIT = {"cpu": 5000, "gpu": 20000}
+
+#: Initial block (and block increment per Heath-dead column × 2) of the host's
+#: subspace rank decision (:mod:`scipy_gpuqr._factor.subspace_cod`), and its largest
+#: block: 2·p·q² flops per step (p = 1024, q = 14000: 4e11, about 10 s here).
+SUBSPACE_BLOCK = 64
+SUBSPACE_MAX_BLOCK = 1024
+
+#: Smallest min(k, q) of R whose dense SVD runs on the GPU when one may be
+#: used (H200 host, triangular q×q, U/s/Vt: host gesdd 49 / 236 / 486 ms
+#: at 500 / 1000 / 1374 columns, cuSOLVER 52 / 120 / 181 ms).
+SVD_GPU_MIN_ORDER = 600
+
+#: Fraction of the free device memory a dense COD on the GPU may take.
+DENSE_COD_GPU_FRACTION = 0.5
+
+#: Margin above the cutoff at which Lanczos' σ_min estimate is trusted
+#: (sparse R: Lanczos on ``(RᵀR)⁻¹`` to 1e-3).
+_SIGMA_MARGIN = 4.0
+
+#: The same for a dense R (Lanczos on the explicit inverse to 1e-12 from a
+#: random start): lstsq's own decision is only as sharp as its computed
+#: singular values (relative ~1e-3 and less near the cutoff on the tests).
+_DENSE_SIGMA_MARGIN = 1.05
+
+#: Largest fraction of nonzero entries of R for which the sparse complete
+#: orthogonal decomposition is tried before a dense refinement.
+SPARSE_COD_MAX_DENSITY = 0.05
+
+#: Largest ``rows × dead columns`` of the dense block formed to check the
+#: sparse COD's rank (8 bytes each: 400 MB).
+GAP_CHECK_MAX_ENTRIES = 50_000_000
+
+
+def lstsq_cutoff(m: int, n: int) -> float:
+    """numpy.linalg.lstsq's default relative cutoff ``eps·max(m, n)``."""
+    return EPS * max(m, n, 1)
+
+
+def _as_2d(C: np.ndarray) -> np.ndarray:
+    return C.reshape(C.shape[0], 1) if C.ndim == 1 else C
+
+
+def solve_upper(R: sp.csc_array, C: np.ndarray) -> np.ndarray:
+    """``R⁻¹ C`` for square upper triangular sparse R with a nonzero diagonal."""
+    return UpperTriangular(R).solve(C)
+
+
+def solve_upper_transposed(R: sp.csc_array, C: np.ndarray) -> np.ndarray:
+    """``R⁻ᵀ C`` for square upper triangular sparse R with a nonzero diagonal."""
+    return UpperTriangular(R).solve(C, trans=True)
+
+
+def exactly_singular(R: sp.csc_array, n: int) -> bool:
+    """spsolve's rule: is the square factor R singular "exactly" (like SuperLU)?
+
+    SuperLU reports ``Matrix is exactly singular`` when it meets an exactly
+    zero pivot. Householder QR rarely produces an exact zero on a singular
+    matrix; the pivot of a dependent column is instead at rounding level
+    relative to that column. The rule: R has fewer than n rows, or a zero
+    or non-finite diagonal entry, or ``|r_ii| <= SINGULAR_RTOL·‖R[:, i]‖₂``
+    for some i (SINGULAR_RTOL = 100·eps; ``‖R[:, i]‖₂`` is the norm of the
+    pivot column of A, so the test is scale-invariant per column).
+
+    Evidence (SuiteSparseQR with COLAMD, b = ones; tests/test_lstsq_rules.py
+    checks it on every square matrix in shared/matrices): the matrices on
+    which SciPy's spsolve warns have exact zero pivots (GD01_b, gent113,
+    rajat01, Ragusa16, Tina_AskCal) or min |r_ii|/‖R[:, i]‖ = 3.3e-17
+    (dwt_878); the nonsingular ones are all >= 3.9e-11 (temp; nnc1374 4.4e-11,
+    reorientation_1 2.6e-9, bayer10 1.0e-6, west0479 1.1e-5). 100·eps = 2.2e-14
+    sits between with a margin of about 700 on each side. A global test
+    ``min|r_ii|/max|r_jj|`` cannot separate them (temp: 1.5e-31, not singular;
+    dwt_878: 3.3e-17, singular).
+    """
+    k, q = R.shape
+    if k < n or q < n:
+        return True
+    if n == 0:
+        return False
+    R = sp.csc_array(R)
+    d = np.abs(R.diagonal()[:n])
+    if not np.all(np.isfinite(d)) or np.any(d == 0):
+        return True
+    colnorm = np.sqrt(np.asarray(R.multiply(R).sum(axis=0)).ravel()[:n])
+    return bool(np.any(d <= SINGULAR_RTOL * colnorm))
+
+
+def _host_triangular(R: sp.csc_array) -> tuple[Callable, Callable]:
+    """``(C ↦ R⁻¹C, C ↦ R⁻ᵀC)`` for square upper triangular sparse R, on the host."""
+    return UpperTriangular(R).solves()
+
+
+def _rcond_estimate(R: sp.csc_array, solves: Optional[tuple] = None) -> float:
+    """Reciprocal 1-norm condition number estimate of triangular R.
+
+    ``solves``: ``(R⁻¹·, R⁻ᵀ·)`` on host arrays (e.g. through the GPU's
+    triangular solve); default SciPy's sparse triangular solves.
+    """
+    q = R.shape[0]
+    if q <= DENSE_LIMIT:
+        Rd = R.toarray()
+        rcond, info = la.lapack.dtrcon(Rd, norm="1", uplo="U", diag="N")
+        return float(rcond) if info == 0 else 0.0
+    up, upt = solves or _host_triangular(R)
+    inv = LinearOperator(
+        (q, q), dtype=np.float64,
+        matvec=lambda v: np.asarray(up(v.reshape(-1, 1))).ravel(),
+        rmatvec=lambda v: np.asarray(upt(v.reshape(-1, 1))).ravel(),
+        matmat=lambda V: np.asarray(up(V)),          # one solve per block, not per column
+        rmatmat=lambda V: np.asarray(upt(V)))
+    norm_inv = onenormest(inv)
+    norm_r = float(abs(R).sum(axis=0).max())
+    if not np.isfinite(norm_inv) or norm_inv == 0 or norm_r == 0:
+        return 0.0
+    return 1.0 / (norm_r * norm_inv)
+
+
+def _clearly_above(est, order: int, threshold: float) -> bool:
+    """σ_min (a :class:`~scipy_gpuqr._factor.triangular.SigmaMin` of a triangle of this
+    order) above ``threshold``: a bound as it is, an estimate with its margin
+    (:data:`_DENSE_SIGMA_MARGIN` up to DENSE_LIMIT, :data:`_SIGMA_MARGIN` beyond)."""
+    margin = 1.0 if est.bound else (_DENSE_SIGMA_MARGIN if order <= DENSE_LIMIT
+                                    else _SIGMA_MARGIN)
+    return bool(est.value > margin * threshold)
+
+
+Factorize = Callable[..., object]  # factorize(A, *, tol) -> NumericQR
+
+
+@dataclass
+class MinNormSolver:
+    """Minimum-norm least-squares solves with a fixed k×q matrix G = R or Rᵀ.
+
+    Built once per factorization (the rank decision and any refinement are
+    cached), then :meth:`solve` answers any number of right-hand sides.
+
+    Parameters
+    ----------
+    R : scipy.sparse.csc_array, shape (k, q)
+        Upper trapezoidal factor.
+    cutoff : float
+        Relative singular value cutoff (``eps·max(m, n)`` of the original A).
+    transposed : bool
+        Solve with ``Rᵀ`` instead of ``R`` (wide A, factored as Aᵀ).
+    factorize : callable or None
+        ``factorize(G, tol=...) -> NumericQR`` used for the sparse complete
+        orthogonal decomposition when R is too large for a dense SVD.
+    device : {'cpu', 'gpu'}
+        Where the factorization ran. A GPU factorization tries the sparse
+        COD first only up to :data:`DENSE_LIMIT` columns (its factorizer is
+        the GPU's); beyond, its dense COD stays on the device.
+    dense_device : {'cpu', 'gpu'} or None
+        Where the dense refinements (SVD, dense COD) run; None: ``device``.
+        The caller says 'gpu' when the factorization ran there, or when
+        ``auto`` factorized on the CPU with a GPU present. A dense SVD goes
+        to the GPU from :data:`SVD_GPU_MIN_ORDER` columns on (cuSOLVER,
+        2.7–4× the host's 16-core gesdd at 1374–2500 columns on the H200
+        host); the host's subspace decision needs ``dense_device='cpu'``.
+    solves : (callable, callable), optional
+        ``C ↦ R⁻¹C`` and ``C ↦ R⁻ᵀC`` on host arrays for the condition and
+        σ estimates of a square R (e.g. the GPU's front-structured solve);
+        default SciPy's sparse triangular solves.
+    """
+
+    R: sp.csc_array
+    cutoff: float
+    transposed: bool = False
+    factorize: Optional[Factorize] = None
+    device: str = "cpu"
+    solves: Optional[tuple] = field(default=None, repr=False)
+    dense_device: Optional[str] = None
+    method: str = field(init=False, default="")
+    cod_device: str = field(init=False, default="cpu")
+    revealed: bool = field(init=False, default=True)
+    rank: int = field(init=False, default=0)
+    sigma_max: float = field(init=False, default=float("nan"))
+    sigma_min: float = field(init=False, default=float("nan"))
+    rcond: float = field(init=False, default=float("nan"))
+    _svd: tuple = field(init=False, default=None, repr=False)
+    _cod: tuple = field(init=False, default=None, repr=False)
+    _tri: Optional[UpperTriangular] = field(init=False, default=None, repr=False)
+
+    def __post_init__(self):
+        R = sp.csc_array(self.R)
+        self.R = R
+        if self.dense_device is None:
+            self.dense_device = self.device
+        k, q = R.shape
+        if k == 0 or q == 0:
+            self.method, self.rank = "empty", 0
+            self.sigma_max = self.sigma_min = 0.0
+            return
+        if not np.any(R.data):
+            # ‖R‖ = 0 (no entries, or explicit zeros only): rank 0, x = 0. Decided
+            # here because the estimates below cannot run on a zero operator
+            # (ARPACK's Lanczos stops with "Starting vector is zero").
+            self.method, self.rank = "zero", 0
+            self.sigma_max = self.sigma_min = 0.0
+            return
+        d = np.abs(R.diagonal())
+        square_ok = (k == q and np.all(np.isfinite(d)) and np.all(d > 0))
+        # σ_min(R) <= min|r_ii| and σ_max(R) >= max|r_ii|: a small diagonal
+        # entry proves the deficiency, and no full-rank test is tried
+        if square_ok and d.min() > self.cutoff * d.max():
+            if self._full_rank_confirmed():
+                return
+        if self._sparse_cod_first() and self._prepare_gap_checked_cod():
+            return
+        if max(k, q) <= DENSE_LIMIT or self.factorize is None:
+            self._prepare_svd(self._dense_on_gpu())
+            return
+        device = self._dense_cod_device()
+        if device is not None:
+            self._prepare_dense_cod(device)
+            return
+        if not np.isfinite(self.sigma_max):
+            from .subspace_cod import sigma_max_lanczos
+            self.sigma_max = sigma_max_lanczos(R)
+        self._prepare_cod()
+
+    # -- full rank: R⁻¹ answers --------------------------------------------------
+    def _full_rank_confirmed(self) -> bool:
+        """Decide that square R with a nonzero diagonal has full rank under lstsq's rule.
+
+        First the 1-norm condition estimate (cheap, with the factor ``10·q``
+        for the 1-norm/2-norm gap); failing that, σ_max by Lanczos and σ_min
+        by :func:`~scipy_gpuqr._factor.triangular.sigma_min_upper` (a guaranteed
+        lower bound or an accurate estimate for q ≤ DENSE_LIMIT, Lanczos with
+        the margin :data:`_SIGMA_MARGIN` beyond). Where the dense refinements
+        run on the GPU (``dense_device``, q from :data:`SVD_GPU_MIN_ORDER` to
+        DENSE_LIMIT) the σ test runs there directly.
+        """
+        from .subspace_cod import sigma_max_lanczos
+        R = self.R
+        q = R.shape[0]
+        Rgpu = self._dense_on_gpu(as_g=False) if q <= DENSE_LIMIT else None
+        if Rgpu is not None:
+            # R densely on the GPU: the σ test itself costs a few cuBLAS calls
+            # (hangGlider_2, 1647 columns: trsm and Lanczos on the host took
+            # ~100 ms on 16 cores), so it decides without the 1-norm estimate
+            smax = norm2_lanczos(Rgpu)
+            est = sigma_min_upper(Rgpu, self.cutoff * smax)
+            del Rgpu
+        else:
+            self.rcond = _rcond_estimate(R, self.solves)
+            if self.rcond >= 10.0 * q * self.cutoff:
+                self.method, self.rank = "triangular", q
+                return True
+            smax = sigma_max_lanczos(R)
+            est = sigma_min_upper(R, self.cutoff * smax, solves=self.solves)
+        self.sigma_min, self.sigma_max = float(est.value), smax
+        if _clearly_above(est, q, self.cutoff * smax):
+            self.method, self.rank = "triangular", q
+            return True
+        return False
+
+    # -- sparse COD whose rank is checked against lstsq's rule --------------------
+    def _sparse_cod_first(self) -> bool:
+        """Try the sparse COD before any dense refinement?
+
+        Where a rank-detecting sparse QR of G is cheap (R sparse: at most
+        :data:`SPARSE_COD_MAX_DENSITY` of its entries nonzero) and a dense
+        refinement would run on the host (an SVD, or a dense COD whose
+        second QR costs ``2r²q`` flops: rajat01, 6833 columns, 6 s on 16
+        cores against 0.4 s for the sparse COD). A GPU factorization keeps
+        its dense COD on the device beyond :data:`DENSE_LIMIT` columns.
+        """
+        k, q = self.R.shape
+        if self.factorize is None or not self.cutoff > 0:
+            return False
+        if self.R.nnz > SPARSE_COD_MAX_DENSITY * k * q:
+            return False
+        return self.device == "cpu" or max(k, q) <= DENSE_LIMIT
+
+    def _prepare_gap_checked_cod(self) -> bool:
+        """The sparse COD, kept only where its rank is provably lstsq's.
+
+        ``G P = Q [R11 R12; 0 E]`` with the rank-detecting QR at the absolute
+        tolerance ``tol = cutoff·σ_max(G)`` (σ_max by Lanczos to 1e-12): E is
+        what the QR dropped, computed exactly as rows ``r:`` of ``Qᵀ G P[:, r:]``.
+        Then ``σ_{r+1}(G) <= ‖E‖₂`` and ``σ_r(G) >= σ_min(R11)`` (singular
+        values of a matrix bound those of its blocks), so ``‖E‖₂ <= tol <
+        σ_min(R11)`` means lstsq's rank is r and the truncated SVD's solution
+        is the COD's up to a perturbation ``<= ‖E‖₂``. σ_min(R11) comes from
+        :func:`~scipy_gpuqr._factor.triangular.sigma_min_upper` (a bound, or an
+        estimate with a margin). False (nothing kept) when either test fails.
+        """
+        from .subspace_cod import sigma_max_lanczos
+        G = sp.csc_array(self.R.T) if self.transposed else self.R
+        kG, qG = G.shape
+        smax = sigma_max_lanczos(G)
+        if not smax > 0:
+            return False
+        tol = self.cutoff * smax
+        first = self.factorize(G, tol=tol)
+        r = int(first.rank)
+        dead = qG - r
+        if r == 0 or kG * dead > GAP_CHECK_MAX_ENTRIES:
+            return False
+        Rf = sp.csc_array(first.R)
+        if dead:
+            cols = np.asarray(first.colperm)[r:]
+            E = np.asarray(first.qt_matmul(G[:, cols].toarray()))[r:]
+            e_norm = float(np.linalg.norm(E, 2)) if E.size else 0.0
+            if not e_norm <= tol:
+                return False
+        R11 = Rf[:r, :r]
+        tri = UpperTriangular(R11) if r > DENSE_SIGMA_LIMIT else None
+        est = sigma_min_upper(R11, tol, solves=tri.solves() if tri else None)
+        if not _clearly_above(est, r, tol):
+            return False
+        R1 = Rf[:r]
+        second = self.factorize(sp.csc_array(R1.T), tol=None) if dead else None
+        if second is None:
+            self._tri = tri             # solve() uses R11 itself: set up once
+        self.method, self.rank = "cod", r
+        self.sigma_max, self.sigma_min = smax, float(est.value)
+        self.cod_device = self.device
+        self._cod = (first, second, R1)
+        return True
+
+    # -- dense refinement: exactly lstsq's rule -------------------------------
+    def _dense_on_gpu(self, as_g: bool = True):
+        """G (R or Rᵀ; R itself when not ``as_g``) dense on the GPU where
+        :attr:`dense_device` says so and it pays (``min(k, q) >=
+        SVD_GPU_MIN_ORDER``), else None (the host answers)."""
+        k, q = self.R.shape
+        if self.dense_device != "gpu" or min(k, q) < SVD_GPU_MIN_ORDER:
+            return None
+        from .._gpu import gpu_available, import_cupy
+        if not gpu_available():
+            return None
+        from .dense_cod import dense_from_sparse
+        G = dense_from_sparse(self.R, import_cupy())
+        return G.T.copy() if (self.transposed and as_g) else G
+
+    def _prepare_svd(self, G=None):
+        """SVD of G (dense, NumPy or CuPy; default R or Rᵀ on the host)."""
+        if G is None:
+            G = self.R.toarray()
+            if self.transposed:
+                G = G.T
+        if isinstance(G, np.ndarray):
+            U, s, Vt = la.svd(G, full_matrices=False, lapack_driver="gesdd",
+                              check_finite=False)
+            self.cod_device = "cpu"
+        else:                       # CuPy: stays on the device until solve
+            import cupy
+            U, s, Vt = cupy.linalg.svd(G, full_matrices=False)
+            s = s.get()
+            self.cod_device = "gpu"
+        smax = s[0] if s.size else 0.0
+        r = int(np.count_nonzero(s > self.cutoff * smax)) if smax > 0 else 0
+        self.method, self.rank = "svd", r
+        self.sigma_max = float(smax)
+        self.sigma_min = float(s[r - 1]) if r else 0.0
+        self._svd = (U[:, :r], s[:r], Vt[:r])
+
+    # -- dense refinement beyond the SVD: blocked Heath COD (host or GPU) -------
+    def _dense_cod_device(self) -> Optional[str]:
+        """Where a dense COD of G fits: 'gpu', 'cpu' or None (use the sparse COD)."""
+        k, q = self.R.shape
+        need = 8 * (3 * k * q + min(k, q) ** 2)      # G, its backup, Q₂ and R₂
+        if self.dense_device == "gpu":
+            from .._gpu import gpu_available, import_cupy
+            if gpu_available():
+                free, _ = import_cupy().cuda.runtime.memGetInfo()
+                if need <= DENSE_COD_GPU_FRACTION * free:
+                    return "gpu"
+        if max(k, q) <= DENSE_COD_HOST_LIMIT:
+            return "cpu"
+        return None
+
+    def _prepare_dense_cod(self, device: str):
+        from .dense_cod import DenseCOD, sigma_max_estimate
+        if device == "gpu":
+            from .dense_cod import dense_from_sparse
+            from .._gpu import import_cupy
+            Rd = dense_from_sparse(self.R, import_cupy())
+        else:
+            Rd = self.R.toarray()
+        G = Rd.T.copy() if self.transposed else Rd
+        del Rd
+        self.sigma_max = sigma_max_estimate(G)
+        tol = self.cutoff * self.sigma_max
+        svd_affordable = max(G.shape) <= SVD_FALLBACK_LIMIT[device]
+        backup = G.copy() if svd_affordable else None
+        cod = DenseCOD(G, tol, upper=not self.transposed)
+        self.cod_device = device
+        del G
+        dead = int(cod.live.size - cod.rank)
+        # host: where R's small singular subspace fits a small block it decides
+        # lstsq's rank exactly, gap or not, for less than the COD's second QR
+        # (which is then never computed) and than an SVD (3000 columns: 3.6 s
+        # vs 6.7 s; bench/RESULTS.md, issue 2); the SVD remains its fallback
+        subspace = device == "cpu" and self._subspace_block(dead) is not None
+        if subspace and dead:
+            if self._prepare_subspace_cod(dead):
+                return
+            subspace = False
+        self.sigma_min = cod.sigma_min_estimate()
+        if cod.rank and self.sigma_min <= tol:
+            # Heath's rule kept a column that lstsq's rule drops (no gap in
+            # the singular values): R's small singular subspace (host) or the
+            # SVD (on the same device, where affordable) decides; else Heath's
+            # rank stands (reported).
+            if subspace and self._prepare_subspace_cod(dead):
+                return
+            if svd_affordable:
+                del cod
+                self._prepare_svd(backup)
+                return
+            self.revealed = False
+        del backup
+        self.method, self.rank = "dense_cod", int(cod.rank)
+        self._cod = cod
+
+    def _subspace_block(self, dead: int) -> Optional[tuple[int, int]]:
+        """(first block, largest block) of the subspace decision, or None where it
+        does not apply: R not square with a nonzero finite diagonal, or a first
+        block (twice Heath's dead columns and :data:`SUBSPACE_BLOCK`) over
+        ``min(SUBSPACE_MAX_BLOCK, q/3)``."""
+        k, q = self.R.shape
+        d = np.abs(self.R.diagonal())
+        if k != q or not (np.all(np.isfinite(d)) and np.all(d > 0)):
+            return None
+        block = max(SUBSPACE_BLOCK, 2 * dead + SUBSPACE_BLOCK)
+        max_block = min(SUBSPACE_MAX_BLOCK, q // 3)
+        return (block, max_block) if block <= max_block else None
+
+    def _prepare_subspace_cod(self, dead: int) -> bool:
+        """lstsq's rank from R's small singular subspace (:mod:`._subspace_cod`).
+
+        False where it does not apply (:meth:`_subspace_block`) or the
+        subspace turns out to need a larger block.
+        """
+        from .subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
+        blocks = self._subspace_block(dead)
+        if blocks is None:
+            return False
+        # lstsq's cutoff needs σ_max far more accurately than Heath's rule does
+        smax = sigma_max_lanczos(self.R)
+        try:
+            cod = SubspaceCOD(self.R.toarray(order="F"), self.cutoff * smax,
+                              transposed=self.transposed, block=blocks[0],
+                              max_block=blocks[1])
+        except SubspaceTooLarge:
+            return False
+        self.sigma_max = smax
+        self.method, self.rank = "subspace_cod", int(cod.rank)
+        self.sigma_min = cod.sigma_min
+        self.cod_device = "cpu"
+        self._cod = cod
+        return True
+
+    # -- sparse refinement: complete orthogonal decomposition -----------------
+    def _prepare_cod(self):
+        G = sp.csc_array(self.R.T) if self.transposed else self.R
+        tol_abs = self.cutoff * self.sigma_max
+        first = self.factorize(G, tol=tol_abs)
+        r = int(first.rank)
+        R1 = sp.csc_array(first.R)[:r]
+        second = None
+        if r < G.shape[1]:
+            second = self.factorize(sp.csc_array(R1.T), tol=None)
+        self.method, self.rank = "cod", r
+        self._cod = (first, second, R1)
+
+    def solve(self, C: np.ndarray) -> np.ndarray:
+        """Minimum-norm least-squares ``Y`` with ``G Y ≈ C``; C of shape (rows of G, p)."""
+        C = _as_2d(np.asarray(C, dtype=np.float64))
+        k, q = self.R.shape
+        rows, cols = (q, k) if self.transposed else (k, q)
+        if self.method in ("empty", "zero"):
+            return np.zeros((cols, C.shape[1]))
+        if self.method == "triangular":
+            if self._tri is None:
+                self._tri = UpperTriangular(self.R)
+            return self._tri.solve(C, trans=self.transposed)
+        if self.method == "svd":
+            U, s, Vt = self._svd
+            if not isinstance(U, np.ndarray):       # computed on the GPU
+                import cupy
+                Cd = cupy.asarray(C)
+                return (Vt.T @ ((U.T @ Cd) / cupy.asarray(s)[:, None])).get()
+            return Vt.T @ ((U.T @ C) / s[:, None])
+        if self.method == "subspace_cod":
+            return self._cod.solve(C)
+        if self.method == "dense_cod":
+            cod = self._cod
+            if self.cod_device == "gpu":
+                Y = cod.solve(cod.xp.asarray(C)).get()
+            else:
+                Y = cod.solve(C)
+            return Y
+        first, second, R1 = self._cod
+        r = self.rank
+        D = np.asarray(first.qt_matmul(C))[:r]
+        if self._tri is None:
+            self._tri = UpperTriangular(sp.csc_array((first if second is None else second).R)[:r, :r])
+        if second is None:
+            Y1 = self._tri.solve(D)
+        else:
+            W = self._tri.solve(D[second.colperm], trans=True)
+            pad = np.zeros((cols, C.shape[1]))
+            pad[:r] = W
+            Y1 = second.q_matmul(pad)
+        Y = np.empty((cols, C.shape[1]))
+        Y[first.colperm] = Y1
+        return Y
+
+    def retained_condition(self) -> float:
+        """Estimated 2-norm condition number of the part of G the solutions use.
+
+        Exact for the SVD, estimates otherwise (1-norm for the triangular fast
+        path); ``inf`` where nothing is known (sparse COD).
+        """
+        if self.method in ("empty", "zero"):
+            return 1.0
+        if self.method == "triangular" and np.isfinite(self.rcond) and self.rcond > 0:
+            return 1.0 / self.rcond
+        if (self.method in ("svd", "dense_cod", "subspace_cod", "triangular")
+                and self.sigma_min > 0):
+            return float(self.sigma_max / self.sigma_min)
+        return float("inf")
+
+    def summary(self) -> dict:
+        """JSON-ready description of the rank decision."""
+        return {"method": self.method, "rank": int(self.rank), "device": self.cod_device,
+                "rank_revealed": bool(self.revealed),
+                "cutoff": self.cutoff, "rcond_estimate": self.rcond,
+                "sigma_min": self.sigma_min, "sigma_max": self.sigma_max}
+
+    def inverse_gram_diagonal(self) -> np.ndarray:
+        """``diag(pinv(GᵀG))`` in G's column order (for lsqr's ``calc_var``).
+
+        Exact from the SVD or from ``R⁻¹`` computed by columns; NaN where
+        neither is affordable (rank-deficient and beyond DENSE_LIMIT).
+        """
+        k, q = self.R.shape
+        cols = k if self.transposed else q
+        if self.method in ("empty", "zero"):
+            return np.zeros(cols)
+        if self.method == "svd":
+            _, s, Vt = self._svd
+            if not isinstance(Vt, np.ndarray):
+                Vt = Vt.get()
+            return ((Vt / s[:, None]) ** 2).sum(axis=0)
+        if self.method == "triangular" and not self.transposed:
+            # (RᵀR)⁻¹ = R⁻¹R⁻ᵀ: squared row norms of R⁻¹ (tall case).
+            out = np.zeros(q)
+            step = max(1, min(q, 2_000_000 // max(q, 1)))
+            if self._tri is None:
+                self._tri = UpperTriangular(self.R)
+            for j in range(0, q, step):
+                E = np.zeros((q, min(step, q - j)))
+                E[np.arange(j, j + E.shape[1]), np.arange(E.shape[1])] = 1.0
+                X = self._tri.solve(E, trans=True)  # columns of R⁻ᵀ = rows of R⁻¹
+                out[j:j + E.shape[1]] = (X ** 2).sum(axis=0)
+            return out
+        return np.full(cols, np.nan)
+
+
+
+def exact_solve(num, B: np.ndarray, *, trans: bool = False) -> np.ndarray:
+    """Solve ``A X = B`` (or ``Aᵀ X = B``) exactly for square A = Q R Pᵀ.
+
+    No rank detection: the caller has checked :func:`exactly_singular`.
+    ``A X = B``: ``X[colperm] = R⁻¹ Qᵀ B``; ``Aᵀ X = B``: ``X = Q R⁻ᵀ B[colperm]``.
+    """
+    B = _as_2d(np.asarray(B, dtype=np.float64))
+    n = num.shape[1]
+    if B.shape[1] == 0 or n == 0:
+        return np.zeros((n, B.shape[1]))
+    R = sp.csc_array(num.R)[:n, :n]
+    if trans:
+        return np.asarray(num.q_matmul(solve_upper_transposed(R, B[num.colperm])))
+    X = np.empty((n, B.shape[1]))
+    X[num.colperm] = solve_upper(R, np.asarray(num.qt_matmul(B))[:n])
+    return X

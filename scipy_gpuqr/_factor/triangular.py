@@ -1,0 +1,224 @@
+"""Sparse upper triangular solves on the host, and σ_min of a triangular factor.
+
+SciPy's :func:`~scipy.sparse.linalg.spsolve_triangular` costs about 10 ms per
+call on a 7000-column R with 2e5 entries (its setup is repeated per call);
+a rank decision makes tens of such calls (Lanczos, condition estimates).
+:class:`UpperTriangular` factors R once with SuperLU in its natural order
+with diagonal pivots — for a triangular matrix that is ``L = I``, ``U = R``,
+no fill — and then every solve is SuperLU's compiled triangular sweep
+(0.5–1.3 ms on the same R; bench/RESULTS.md, issue 6).
+
+:func:`sigma_min_upper` answers "is σ_min(T) above a threshold?" for the
+rank rules of :mod:`scipy_gpuqr._factor.lstsq`: a guaranteed lower bound
+``1/‖T⁻¹‖_F`` first (dense T), then Lanczos on ``(TᵀT)⁻¹``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.linalg as la
+import scipy.sparse as sp
+from scipy.sparse.linalg import (ArpackError, ArpackNoConvergence, LinearOperator,
+                                 eigsh, splu, spsolve_triangular)
+
+__all__ = ["UpperTriangular", "sigma_min_upper", "SigmaMin", "DENSE_SIGMA_LIMIT",
+           "norm2_lanczos"]
+
+#: Most entries of T handed to SuperLU: it sizes its work arrays from the
+#: entries with 32-bit counts and a fill guess (grid 32³'s R, 3.0e7 entries:
+#: 1.7 s to set up, then 67 ms per solve on two cores; grid 40³'s, 8.9e7:
+#: MemoryError). Beyond, SciPy's spsolve_triangular answers.
+SUPERLU_MAX_NNZ = 30_000_000
+
+#: Largest order of T whose σ_min is decided densely (its inverse by a
+#: triangular solve with the identity: q³/3 flops, q² doubles).
+DENSE_SIGMA_LIMIT = 2500
+
+
+def _as_2d(C: np.ndarray) -> np.ndarray:
+    return C.reshape(C.shape[0], 1) if C.ndim == 1 else C
+
+
+@dataclass
+class UpperTriangular:
+    """``C ↦ T⁻¹C`` and ``C ↦ T⁻ᵀC`` for a square sparse upper triangular T.
+
+    Parameters
+    ----------
+    T : scipy.sparse array or matrix, shape (q, q)
+        Upper triangular with a nonzero diagonal (the caller checks).
+
+    Notes
+    -----
+    SuperLU in the natural order with ``diag_pivot_thresh=0`` keeps the
+    diagonal pivots, so its factors are ``L = I`` and ``U = T`` (no fill);
+    should SuperLU refuse (it reports exact singularity on a zero pivot, or
+    runs out of memory) or T exceed :data:`SUPERLU_MAX_NNZ` entries, SciPy's
+    ``spsolve_triangular`` answers instead.
+    """
+
+    T: sp.csc_array
+    _lu: object = field(init=False, default=None, repr=False)
+
+    def __post_init__(self):
+        self.T = sp.csc_array(self.T)
+        q = self.T.shape[0]
+        if q == 0 or self.T.nnz > SUPERLU_MAX_NNZ:
+            return
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", sp.SparseEfficiencyWarning)
+                self._lu = splu(sp.csc_matrix(self.T), permc_spec="NATURAL",
+                                diag_pivot_thresh=0.0,
+                                options={"SymmetricMode": True})
+        except (RuntimeError, MemoryError):
+            self._lu = None
+        if self._lu is not None and not (np.array_equal(self._lu.perm_r, np.arange(q))
+                                         and np.array_equal(self._lu.perm_c, np.arange(q))):
+            self._lu = None
+
+    @property
+    def order(self) -> int:
+        return self.T.shape[0]
+
+    def solve(self, C: np.ndarray, *, trans: bool = False) -> np.ndarray:
+        """``T⁻¹C`` (``T⁻ᵀC`` when ``trans``); C of shape (q,) or (q, k), float64."""
+        C = _as_2d(np.asarray(C, dtype=np.float64))
+        if self.order == 0 or C.shape[1] == 0:
+            return np.zeros((self.order, C.shape[1]))
+        if self._lu is not None:
+            return self._lu.solve(np.ascontiguousarray(C) if C.shape[1] == 1
+                                  else np.asfortranarray(C), trans="T" if trans else "N")
+        if trans:
+            return spsolve_triangular(sp.csr_array(self.T.T), C, lower=True)
+        return spsolve_triangular(sp.csr_array(self.T), C, lower=False)
+
+    def solves(self) -> tuple:
+        """``(C ↦ T⁻¹C, C ↦ T⁻ᵀC)``, the pair :mod:`scipy_gpuqr._factor.lstsq` passes around."""
+        return (lambda C: self.solve(C), lambda C: self.solve(C, trans=True))
+
+
+@dataclass(frozen=True)
+class SigmaMin:
+    """σ_min of a triangular T as found by :func:`sigma_min_upper`.
+
+    Attributes
+    ----------
+    value : float
+        The estimate (or the bound, when ``bound`` is True).
+    bound : bool
+        True when ``value`` is a guaranteed lower bound (``1/‖T⁻¹‖_F``),
+        False for a Lanczos estimate (which, short of convergence, can lie
+        above σ_min).
+    """
+
+    value: float
+    bound: bool
+
+
+def _module_of(a):
+    """CuPy for a device array, else NumPy."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+        return cupy
+    return np
+
+
+def norm2_lanczos(X, rtol: float = 1e-12) -> float:
+    """‖X‖₂ of a dense X (NumPy or CuPy) by Lanczos on ``XᵀX`` to ``rtol``, from a
+    random start (seeded: the same X gives the same answer).
+
+    A Ritz value never exceeds the largest eigenvalue, so the result is at
+    most ‖X‖₂; a random start (unlike a constant vector, which structured
+    matrices can make orthogonal to the top singular vector) meets the top
+    singular vector with probability one. A CuPy X stays on its device (one
+    vector each way per product).
+    """
+    xp = _module_of(X)
+    q = X.shape[1]
+    if min(X.shape) <= 2:
+        dense = X.get() if xp is not np else X
+        return float(np.linalg.norm(dense, 2))
+    start = np.random.default_rng(q).standard_normal(q)
+    if xp is np:
+        def matvec(v):
+            return X.T @ (X @ v.ravel())
+    else:
+        def matvec(v):
+            return (X.T @ (X @ xp.asarray(v.ravel()))).get()
+    op = LinearOperator((q, q), dtype=np.float64, matvec=matvec)
+    try:
+        lam = eigsh(op, k=1, which="LM", tol=rtol, v0=start, return_eigenvectors=False)[0]
+    except (ArpackNoConvergence, ArpackError):
+        return float(xp.linalg.norm(X))           # an upper bound of ‖X‖₂
+    return float(np.sqrt(max(lam, 0.0)))
+
+
+def _dense_inverse(Td):
+    """T⁻¹ of dense upper triangular T (NumPy: SciPy's trsm with I — LAPACK's trtri
+    took 0.6-1.6 s at 1647 columns on two cores where trsm took 0.22 s; CuPy:
+    cuBLAS trsm)."""
+    q = Td.shape[0]
+    if _module_of(Td) is np:
+        with np.errstate(all="ignore"):
+            return la.solve_triangular(Td, np.eye(q), lower=False, check_finite=False)
+    import cupy
+    from cupyx.scipy.linalg import solve_triangular
+    return solve_triangular(Td, cupy.eye(q), lower=False)
+
+
+def sigma_min_upper(T, threshold: float, *, solves: tuple = None) -> SigmaMin:
+    """σ_min of square upper triangular T, as needed to compare it with ``threshold``.
+
+    Parameters
+    ----------
+    T : scipy.sparse array, ndarray or CuPy array, shape (q, q)
+        Upper triangular, nonzero diagonal. A dense CuPy T is handled on its
+        device (q ≤ :data:`DENSE_SIGMA_LIMIT`).
+    threshold : float
+        The value σ_min is compared with; a cheap lower bound above it is
+        returned as soon as one is found.
+    solves : (callable, callable), optional
+        ``(C ↦ T⁻¹C, C ↦ T⁻ᵀC)`` on host arrays for the Lanczos estimate of a
+        large T (default :class:`UpperTriangular`).
+
+    Returns
+    -------
+    SigmaMin
+        For q ≤ :data:`DENSE_SIGMA_LIMIT` (T⁻¹ formed, q³/3 flops):
+        ``1/‖T⁻¹‖_F`` (a lower bound, at most √q below σ_min) when it exceeds
+        ``threshold``, else ``1/‖T⁻¹‖₂`` by Lanczos on the dense inverse to
+        1e-12. Larger q: Lanczos on ``(TᵀT)⁻¹`` through triangular solves, to
+        1e-3 (callers add a margin).
+    """
+    q = T.shape[0]
+    if q == 0:
+        return SigmaMin(np.inf, True)
+    if q <= DENSE_SIGMA_LIMIT:
+        Td = T.toarray() if sp.issparse(T) else T
+        xp = _module_of(Td)
+        d = xp.abs(xp.diagonal(Td))
+        if not bool(xp.all(xp.isfinite(d)) and xp.all(d > 0)):
+            return SigmaMin(0.0, True)
+        X = _dense_inverse(Td.astype(np.float64, copy=False))
+        if not bool(xp.all(xp.isfinite(X))):
+            return SigmaMin(0.0, True)
+        fro = float(xp.linalg.norm(X))
+        if fro == 0:
+            return SigmaMin(np.inf, True)
+        if 1.0 / fro > threshold:
+            return SigmaMin(1.0 / fro, True)
+        s = norm2_lanczos(xp.triu(X))       # <= σ_max(T⁻¹) <= ‖T⁻¹‖_F
+        return SigmaMin(1.0 / s if s > 0 else np.inf, False)
+    up, upt = solves or UpperTriangular(T).solves()
+    op = LinearOperator((q, q), dtype=np.float64,
+                        matvec=lambda v: np.asarray(up(upt(v.reshape(-1, 1)))).ravel())
+    try:
+        lam = eigsh(op, k=1, which="LM", tol=1e-3, v0=np.ones(q),
+                    return_eigenvectors=False)[0]
+    except (ArpackNoConvergence, ArpackError):
+        return SigmaMin(0.0, True)
+    return SigmaMin(1.0 / np.sqrt(lam) if lam > 0 else np.inf, False)

@@ -1,0 +1,356 @@
+"""GPU drivers of the batched dense kernels (``kernels/batched_*.cu``).
+
+Every function takes and returns CuPy arrays: stacks ``(B, n, n)``
+(C-contiguous, float32 or float64) and computes on the current device and
+stream. Validation and the mapping of ``info`` to warnings and exceptions
+live in :mod:`scipy_gpuqr.batched._functions`.
+
+* n <= 32: ``batched/lu_warp.cu`` (LU, inverse: a warp per tile of matrices, a
+  row per lane, persistent grid sized by the occupancy),
+  ``batched/lu_mma.cu`` (float64 LU of the sizes in ``MMA_SIZES`` and inverse
+  of the sizes padded to them, on sm_80+: a warp per matrix, panels of 8
+  columns, the other columns updated on the FP64 tensor cores) and
+  ``batched/cholesky.cu`` (Cholesky: one thread per row).
+* n > 32: :mod:`scipy_gpuqr.batched._gpu_blocked` (one kernel per matrix for
+  n <= 64, panels with a row per thread and cuBLAS strided-batched GEMM
+  updates up to n = 512, the previous panel kernels beyond).
+* Solves (n <= 32): ``getrs_batched`` / ``potrs_batched``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import _gpu_blocked as _blocked
+from ._kernel_registry import (MMA_SIZES, SMALL_FILES, SMALL_MAX, TINY_MAX,
+                                padded_size, small_name)
+from .._gpu import import_cupy
+from .._kernels import load_module
+
+__all__ = ["getrf", "getri", "getrs", "potrf", "potrs", "DEFAULT_THREADS",
+           "small_launch", "warp_defaults", "warp_smem_bytes", "mma_smem_bytes",
+           "getrf_kernel", "getri_kernel", "getrf_defaults", "MMA_KERNELS"]
+
+#: Threads per block of the Cholesky n <= 32 kernel (matrices per block =
+#: threads / next_pow2(n)).
+DEFAULT_THREADS = 128
+
+#: Largest block of the warp kernels (matches GPUQR_WARP_THREADS).
+WARP_THREADS_MAX = 256
+
+
+#: The tensor-core kernels of kernels/batched_mma.cu (a warp per matrix).
+MMA_KERNELS = ("getrf_mma", "getri_mma")
+
+#: Shared memory an sm_90 SM gives its blocks (the stage rule of warp_defaults).
+_SMEM_PER_SM = 227 * 1024
+
+
+def _alloc(shape, dtype):
+    """Output allocation (tests replace it to poison outputs with NaN)."""
+    return import_cupy().empty(shape, dtype=dtype)
+
+
+def _dtname(dtype) -> str:
+    return np.dtype(dtype).name
+
+
+def _device_id() -> int:
+    return import_cupy().cuda.runtime.getDevice()
+
+
+def _small_function(kernel: str, dtype, n: int):
+    """The compiled ``kernel<T, n>`` of the n <= 32 families."""
+    return _small_function_cached(kernel, _dtname(dtype), n, _device_id())
+
+
+@functools.lru_cache(maxsize=None)
+def _small_function_cached(kernel: str, dt: str, n: int, device: int):
+    # one module per variant, compiled when first used; keyed by device: a
+    # module loaded on one GPU is not usable on another
+    name = small_name(kernel, dt, n)
+    module = load_module(SMALL_FILES[kernel], (name,))
+    return module.get_function(name)
+
+
+def _seg(n: int) -> int:
+    s = 1
+    while s < n:
+        s *= 2
+    return s
+
+
+def small_launch(kernel, size: int, batch: int, itemsize: int,
+                 threads: int | None = None, extra_int_per_row: int = 0):
+    """Grid, block and shared memory of a ``potrf_small`` launch.
+
+    Mirrors the kernel's layout: per matrix two broadcast buffers of
+    ``NB`` elements and a staging area of ``size * (size | 1)`` elements
+    (plus ``extra_int_per_row`` ints per row).
+    """
+    threads = DEFAULT_THREADS if threads is None else int(threads)
+    seg = _seg(size)
+    threads = max(32, (max(threads, seg) // 32) * 32)
+    mpb = threads // seg
+    vw = 16 // itemsize
+    nb = -(-size // vw) * vw
+    smem = mpb * ((2 * nb + size * (size | 1)) * itemsize
+                  + extra_int_per_row * size * 4)
+    if smem > 48 * 1024:
+        kernel.max_dynamic_shared_size_bytes = smem
+    grid = -(-batch // mpb)
+    return (grid,), (threads,), smem
+
+
+# ----------------------------------------------------------------------------
+# warp kernels (batched/lu_warp.cu): layout, defaults, launch
+# ----------------------------------------------------------------------------
+
+def warp_smem_bytes(size: int, itemsize: int, warps: int, stages: int,
+                    tiny_max: int = TINY_MAX) -> int:
+    """Dynamic shared memory of a ``getrf_warp``/``getri_warp`` block.
+
+    Mirrors ``Layout`` in kernels/batched_warp.cuh: per warp two broadcast
+    buffers per matrix of the tile and ``stages`` tiles (none at all for
+    ``size <= tiny_max``: a thread per matrix). ``tiny_max`` is the
+    kernels' ``GPUQR_TINY_MAX`` (a compile-time variant may change it).
+    """
+    if size <= tiny_max:
+        return 0
+    vw = 16 // itemsize
+    seg = _seg(size)
+    mw = 32 // seg
+    if size % vw == 0:
+        units = size // vw
+        ld = (units if units % 2 else units + 1) * vw
+    else:
+        ld = size | 1
+    nbuf = -(-(size + 2) // vw) * vw + (6 * vw if mw == 1 else 0)
+    return warps * (2 * mw * nbuf + stages * mw * size * ld) * itemsize
+
+
+@functools.lru_cache(maxsize=None)
+def warp_defaults(size: int, dt: str) -> tuple[int, int]:
+    """(threads per block, stages) of the warp kernels for register size ``size``.
+
+    256 threads; two tiles in flight per warp (the copy of the next tile
+    then hides under the factorization) while 16 warps -- the most that 128
+    registers per thread allow on an SM -- still fit in the shared memory of
+    an sm_90 SM with two tiles each, else one (n = 32 in double: two would
+    cap the warps per SM). The best of 64/128/256 x 1/2 on the H200 at
+    n = 8, 16, 24, 32 (within 1 %; bench/RESULTS.md, issue 7); 128 threads
+    was 2-4 % slower at n >= 24.
+    """
+    two = warp_smem_bytes(size, np.dtype(dt).itemsize, 16, 2) <= _SMEM_PER_SM
+    return 256, (2 if two else 1)
+
+
+def mma_smem_bytes(size: int, warps: int, stages: int, inverse: bool = False) -> int:
+    """Dynamic shared memory of a ``getrf_mma`` / ``getri_mma`` block
+    (kernels/batched_mma.cu).
+
+    Per warp ``stages`` tiles of ``size`` rows of whole 128-byte units (a
+    row of 16-byte units rounded up to a multiple of 8) and the scratch of the
+    pivot chain: 64 ints and 16 doubles (LU), 32 doubles, 64 ints and 16
+    doubles (``inverse``).
+    """
+    units = -(-size // 2)
+    ldu = -(-units // 8) * 8
+    return warps * (stages * size * ldu * 2 + (80 if inverse else 48)) * 8
+
+
+@functools.lru_cache(maxsize=None)
+def _has_mma(device: int) -> bool:
+    """FP64 tensor cores (mma.m8n8k4.f64): compute capability 8.0 or newer."""
+    cc = import_cupy().cuda.Device(device).compute_capability
+    return int(cc) >= 80
+
+
+def getrf_kernel(n: int, dtype, kernel: str | None = None) -> str:
+    """The LU kernel for order n and ``dtype`` on the current device.
+
+    ``'getrf_mma'`` for float64 and n in ``MMA_SIZES`` on sm_80+, else
+    ``'getrf_warp'``; ``kernel`` ('warp' or 'mma') forces one.
+    """
+    if kernel not in (None, "warp", "mma"):
+        raise ValueError(f"kernel must be None, 'warp' or 'mma', got {kernel!r}")
+    mma_ok = (np.dtype(dtype) == np.float64 and n in MMA_SIZES
+              and _has_mma(_device_id()))
+    if kernel == "mma" and not mma_ok:
+        raise ValueError(f"no tensor-core LU for n={n}, {np.dtype(dtype).name} on this device")
+    return "getrf_mma" if (mma_ok and kernel != "warp") else "getrf_warp"
+
+
+def getri_kernel(n: int, dtype, kernel: str | None = None) -> str:
+    """The n <= 32 inverse kernel for order n and ``dtype`` on the current device.
+
+    ``'getri_mma'`` (blocked Gauss-Jordan on the FP64 tensor cores) for
+    float64 whose padded size is in ``MMA_SIZES`` (n = 25..32) on sm_80+,
+    else ``'getri_warp'``; ``kernel`` ('warp' or 'mma') forces one.
+    """
+    if kernel not in (None, "warp", "mma"):
+        raise ValueError(f"kernel must be None, 'warp' or 'mma', got {kernel!r}")
+    mma_ok = (np.dtype(dtype) == np.float64 and 0 < n <= SMALL_MAX
+              and padded_size(n) in MMA_SIZES and _has_mma(_device_id()))
+    if kernel == "mma" and not mma_ok:
+        raise ValueError(f"no tensor-core inverse for n={n}, {np.dtype(dtype).name} on this device")
+    return "getri_mma" if (mma_ok and kernel != "warp") else "getri_warp"
+
+
+def getrf_defaults(n: int, dt: str, kernel: str = "getrf_warp") -> tuple[int, int]:
+    """(threads per block, stages) that :func:`getrf` / :func:`getri` use for
+    ``kernel`` (``n``: the kernel's register size).
+
+    ``getrf_mma`` / ``getri_mma``: 256 threads and one matrix in flight per
+    warp (80 registers: 24 warps per SM, 8.4 KiB of shared memory each; two
+    stages would leave room for 8 warps only).
+    """
+    if kernel in MMA_KERNELS:
+        return 256, 1
+    return warp_defaults(n, dt)
+
+
+@functools.lru_cache(maxsize=None)
+def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
+                 device: int):
+    """(function, resident blocks on the device, shared memory, matrices per warp)."""
+    cp = import_cupy()
+    from cupy_backends.cuda.api import driver
+
+    fn = _small_function_cached(kernel, dt, size, device)
+    if kernel in MMA_KERNELS:
+        smem = mma_smem_bytes(size, threads // 32, stages, inverse=kernel == "getri_mma")
+    else:
+        smem = warp_smem_bytes(size, np.dtype(dt).itemsize, threads // 32, stages)
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, smem)
+    sms = cp.cuda.Device(device).attributes["MultiProcessorCount"]
+    mw = 1 if kernel in MMA_KERNELS else 32 if size <= TINY_MAX else 32 // _seg(size)
+    return fn, max(1, int(per_sm)) * sms, smem, mw
+
+
+def _launch_warp(kernel: str, size: int, n: int, x, out, batch: int, args_head,
+                 args_tail, threads, stages) -> None:
+    """Launch ``kernel<T, size>`` over ``batch`` matrices of size n (persistent grid)."""
+    dt = _dtname(x.dtype)
+    if threads is None or stages is None:
+        d_threads, d_stages = getrf_defaults(size, dt, kernel)
+        threads = d_threads if threads is None else threads
+        stages = d_stages if stages is None else stages
+    threads = max(32, min(WARP_THREADS_MAX, (int(threads) // 32) * 32))
+    fn, resident, smem, mw = _warp_config(kernel, dt, size, threads, int(stages),
+                                          _device_id())
+    warps = threads // 32
+    tasks = -(-batch // mw)
+    if size <= TINY_MAX:
+        # a thread per matrix: one matrix per thread beats the persistent grid
+        # (n = 2 LU, 2**20 matrices on an H200: 0.023 against 0.025 ms)
+        grid = max(1, -(-batch // threads))
+    else:
+        grid = max(1, min(resident, -(-tasks // warps)))
+    vw = 16 // x.itemsize
+    vec = int((x.data.ptr % 16 == 0) and (out.data.ptr % 16 == 0) and n % vw == 0)
+    fn((grid,), (threads,), args_head + (np.int64(batch),) + args_tail
+       + (np.int32(stages), np.int32(vec)), shared_mem=smem)
+
+
+# ----------------------------------------------------------------------------
+# LU
+# ----------------------------------------------------------------------------
+
+def getrf(a, threads: int | None = None, stages: int | None = None,
+          kernel: str | None = None):
+    """LU of a stack ``a`` (B, n, n); returns (lu, piv int32, info int32).
+
+    ``info`` is -1 for a matrix holding an inf or NaN. ``threads`` and
+    ``stages`` tune the n <= 32 kernel (default: :func:`getrf_defaults`);
+    ``kernel`` ('warp' or 'mma') forces the kernel (:func:`getrf_kernel`).
+    """
+    cp = import_cupy()
+    bsz, n = a.shape[0], a.shape[-1]
+    a = cp.ascontiguousarray(a)
+    piv = _alloc((bsz, n), np.int32)
+    info = _alloc((bsz,), np.int32)
+    if bsz == 0 or n == 0:
+        info.fill(0)
+        return a.copy(), piv, info
+    if n <= SMALL_MAX:
+        lu = _alloc(a.shape, a.dtype)
+        _launch_warp(getrf_kernel(n, a.dtype, kernel), n, n, a, lu, bsz,
+                     (a, lu, piv, info), (), threads, stages)
+        return lu, piv, info
+    return _blocked.getrf(a, piv, info), piv, info
+
+
+# ----------------------------------------------------------------------------
+# solves and inverse
+# ----------------------------------------------------------------------------
+
+def getrs(lu, piv, b, trans: int = 0):
+    """Solve with LU factors; ``b`` (B, n, k) is not modified.
+
+    ``trans`` 0: A x = b; 1 or 2 (real data): Aᵀ x = b.
+    """
+    cp = import_cupy()
+    if lu.shape[-1] > SMALL_MAX:
+        return _blocked.getrs(lu, piv, b, trans)
+    factors = (cp.ascontiguousarray(lu), cp.ascontiguousarray(piv, dtype=cp.int32))
+    return _blocked.solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0)
+
+
+def getri(a, threads: int | None = None, stages: int | None = None,
+          kernel: str | None = None):
+    """Inverse of every matrix of ``a`` (B, n, n); returns (inv, info).
+
+    ``info`` is k + 1 for the first exactly zero pivot (that matrix's
+    inverse is then meaningless) and -1 for a matrix holding an inf or NaN.
+    ``threads`` and ``stages`` tune the n <= 32 kernel; ``kernel`` ('warp'
+    or 'mma') forces it (:func:`getri_kernel`).
+    """
+    cp = import_cupy()
+    bsz, n = a.shape[0], a.shape[-1]
+    a = cp.ascontiguousarray(a)
+    if bsz == 0 or n == 0:
+        return a.copy(), cp.zeros((bsz,), dtype=np.int32)
+    if n <= SMALL_MAX:
+        out = _alloc(a.shape, a.dtype)
+        info = _alloc((bsz,), np.int32)
+        _launch_warp(getri_kernel(n, a.dtype, kernel), padded_size(n), n, a, out, bsz,
+                     (a, out, info), (np.int32(n),), threads, stages)
+        return out, info
+    return _blocked.inverse(a)
+
+
+# ----------------------------------------------------------------------------
+# Cholesky
+# ----------------------------------------------------------------------------
+
+def potrf(a, lower: bool, threads: int | None = None):
+    """Cholesky of ``a`` (B, n, n) like LAPACK potrf; returns (c, info)."""
+    cp = import_cupy()
+    bsz, n = a.shape[0], a.shape[-1]
+    a = cp.ascontiguousarray(a)
+    if bsz == 0 or n == 0:
+        return a.copy(), cp.zeros((bsz,), dtype=np.int32)
+    if n <= SMALL_MAX:
+        size = padded_size(n)
+        out = _alloc(a.shape, a.dtype)
+        info = _alloc((bsz,), np.int32)
+        fn = _small_function("potrf_small", a.dtype, size)
+        grid, block, smem = small_launch(fn, size, bsz, a.itemsize, threads)
+        fn(grid, block, (a, out, info, np.int64(bsz), np.int32(n),
+                         np.int32(1 if lower else 0)), shared_mem=smem)
+        return out, info
+    return _blocked.potrf(a, lower)
+
+
+def potrs(c, lower: bool, b):
+    """Solve with a Cholesky factor from :func:`potrf`; ``b`` (B, n, k)."""
+    cp = import_cupy()
+    if c.shape[-1] > SMALL_MAX:
+        return _blocked.potrs(c, lower, b)
+    return _blocked.solve_by_columns("potrs_batched", c.dtype, b, (cp.ascontiguousarray(c),),
+                                     1 if lower else 0)

@@ -1,0 +1,355 @@
+"""GPU drivers of the batched LU / Cholesky / solves for n > 32.
+
+Every function takes and returns CuPy arrays (stacks ``(B, n, n)``,
+C-contiguous, float32 or float64) and computes on the current device and
+stream; :mod:`scipy_gpuqr.batched._gpu` calls them for n > 32.
+
+Methods of the factorizations (``method=``; the default by n and
+operation, :func:`default_method`):
+
+* ``'fused'`` (n <= 64): the whole factorization in one kernel, one thread
+  per row holding the row in registers (``getrf_rows<T, 64, 64>`` /
+  ``potrf_rows<T, 64, 64>`` of ``kernels/batched_rows.cu``).
+* ``'rows'`` (n <= 512): blocked right-looking with panels of 64 columns,
+  each factorized as two halves of 32 (nested blocking: the left half, a
+  GEMM on the right half, the right half) by a kernel with one thread per
+  panel row (one barrier per column, lazy row swaps, the parallel swap and
+  U12 = L11⁻¹ A12 in the same kernel); the trailing update is a cuBLAS
+  strided-batched GEMM with k = 64.
+* ``'rows32'``: the same with panels of 32 (trailing GEMMs with k = 32).
+* ``'legacy'`` (any n): the previous panel kernels of
+  ``kernels/batched_blocked.cu`` (block-wide barriers per column), kept for
+  n > 512 and for comparison.
+
+Solves with n <= 64 hold the factor in shared memory (``solve_smem``); the
+inverse solves with the identity generated in the kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ._kernel_registry import (FUSED_MAX, PANEL, ROWS_MAX, ROWS_PANEL,
+                                ROWS_THREADS, STAGE_COLS, blocked_name,
+                                rows_name)
+from .._gpu import import_cupy
+from .._kernels import load_module
+
+__all__ = ["getrf", "potrf", "getrs", "potrs", "inverse", "default_method",
+           "METHODS"]
+
+#: Factorization methods, see the module docstring.
+METHODS = ("fused", "rows", "rows32", "legacy")
+
+#: Threads per block of the legacy panel kernels (GPUQR_BLOCKED_THREADS).
+LEGACY_THREADS = 256
+
+_SOLVE_THREADS = 128
+
+
+def _alloc(shape, dtype):
+    # the allocation of _batched_gpu, which the tests replace to poison outputs
+    from . import _gpu as _batched_gpu
+    return _batched_gpu._alloc(shape, dtype)
+
+
+def _dtname(dtype) -> str:
+    return np.dtype(dtype).name
+
+
+def _device_id() -> int:
+    return import_cupy().cuda.runtime.getDevice()
+
+
+def default_method(n: int, op: str = "lu") -> str:
+    """The factorization method for n > 32 (``op`` 'lu' or 'chol') unless one is asked for.
+
+    Cholesky uses panels up to n = 512: its one-kernel variant (255
+    registers per thread, a little spilled) measured slower at n = 64 on an
+    H200 (19.7 ms against 12.0 ms for 100000 matrices).
+    """
+    if n <= FUSED_MAX and op == "lu":
+        return "fused"
+    return "rows" if n <= ROWS_MAX else "legacy"
+
+
+def _check_method(method, n: int, op: str = "lu") -> str:
+    method = default_method(n, op) if method is None else method
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "fused" and n > FUSED_MAX:
+        raise ValueError(f"method 'fused' handles n <= {FUSED_MAX}, got n={n}")
+    if method in ("rows", "rows32") and n > ROWS_MAX:
+        raise ValueError(f"method {method!r} handles n <= {ROWS_MAX}, got n={n}")
+    return method
+
+
+@functools.lru_cache(maxsize=None)
+def _rows_function(kernel: str, dt: str, nb: int, maxt: int, device: int):
+    from ._kernel_registry import KERNEL_VARIANTS
+    module = load_module("batched/rows.cu", KERNEL_VARIANTS["batched/rows.cu"])
+    return module.get_function(rows_name(kernel, dt, nb, maxt))
+
+
+@functools.lru_cache(maxsize=None)
+def _legacy_function(kernel: str, dt: str, device: int):
+    from ._kernel_registry import KERNEL_VARIANTS
+    module = load_module("batched/blocked.cu", KERNEL_VARIANTS["batched/blocked.cu"])
+    return module.get_function(blocked_name(kernel, dt))
+
+
+def _rows_threads(m: int) -> int:
+    return -(-m // 32) * 32
+
+
+def _with_smem(fn, smem: int) -> int:
+    """Allow ``smem`` bytes of dynamic shared memory (beyond 48 KiB with the static part)."""
+    if smem and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    return smem
+
+
+def _gemm_strided(a, m: int, nn: int, k: int, a_off: int, lda: int,
+                  b_off: int, ldb: int, c_off: int, ldc: int, trans_a: bool,
+                  batch: int, stride: int, alpha: float, beta: float):
+    """Column-major C = alpha op(A) B + beta C inside the stack ``a``."""
+    cp = import_cupy()
+    from cupy_backends.cuda.libs import cublas
+
+    handle = cp.cuda.device.get_cublas_handle()
+    item = a.itemsize
+    base = a.data.ptr
+    if a.dtype == np.float64:
+        gemm = cublas.dgemmStridedBatched
+        al, be = np.array(alpha, np.float64), np.array(beta, np.float64)
+    else:
+        gemm = cublas.sgemmStridedBatched
+        al, be = np.array(alpha, np.float32), np.array(beta, np.float32)
+    mode = cublas.getPointerMode(handle)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    try:
+        gemm(handle, cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N,
+             cublas.CUBLAS_OP_N, m, nn, k, al.ctypes.data,
+             base + a_off * item, lda, stride,
+             base + b_off * item, ldb, stride, be.ctypes.data,
+             base + c_off * item, ldc, stride, batch)
+    finally:
+        cublas.setPointerMode(handle, mode)
+
+
+def _gemm_rows(a, n: int, r0: int, nr: int, c0: int, nc: int, kk: int, k: int) -> None:
+    """Row-major A[r0:r0+nr, c0:c0+nc] -= A[r0:r0+nr, kk:kk+k] @ A[kk:kk+k, c0:c0+nc]."""
+    if nr > 0 and nc > 0 and k > 0:
+        # row-major C -= L U  ==  column-major Cᵀ -= Uᵀ Lᵀ
+        _gemm_strided(a, nc, nr, k, kk * n + c0, n, r0 * n + kk, n, r0 * n + c0, n,
+                      False, a.shape[0], n * n, -1.0, 1.0)
+
+
+def _lu_update(a, n: int, k0: int, nb: int) -> None:
+    """Row-major A22 -= L21 @ U12 after the panel at k0 (width nb)."""
+    k1 = k0 + nb
+    if k1 < n:
+        r = n - k1
+        # row-major A22 -= L21 @ U12  ==  column-major A22ᵀ -= U12ᵀ L21ᵀ
+        _gemm_strided(a, r, r, nb, k0 * n + k1, n, k1 * n + k0, n,
+                      k1 * n + k1, n, False, a.shape[0], n * n, -1.0, 1.0)
+
+
+def _chol_update(w, n: int, k0: int, nb: int) -> None:
+    """Row-major A22 -= L21 L21ᵀ after the panel at k0 (width nb)."""
+    k1 = k0 + nb
+    if k1 < n:
+        r = n - k1
+        # row-major A22 -= L21 L21ᵀ == column-major (L21ᵀ)ᵀ L21ᵀ
+        _gemm_strided(w, r, r, nb, k1 * n + k0, n, k1 * n + k0, n,
+                      k1 * n + k1, n, True, w.shape[0], n * n, -1.0, 1.0)
+
+
+# ----------------------------------------------------------------------------
+# LU
+# ----------------------------------------------------------------------------
+
+def getrf(a, piv, info, method: str | None = None):
+    """LU of the stack ``a`` (B, n, n), n > 32; returns the new ``lu`` array.
+
+    ``piv`` (B, n) int32 and ``info`` (B,) int32 are filled (``info`` -1
+    for a matrix holding an inf or NaN). ``a`` is not modified.
+    """
+    bsz, n = a.shape[0], a.shape[-1]
+    method = _check_method(method, n)
+    dt = _dtname(a.dtype)
+    dev = _device_id()
+    if method == "fused":
+        lu = _alloc(a.shape, a.dtype)
+        fn = _rows_function("getrf_rows", dt, FUSED_MAX, FUSED_MAX, dev)
+        fn((bsz,), (_rows_threads(n),),
+           (a, lu, piv, info, np.int32(n), np.int32(0), np.int32(n)))
+        return lu
+    lu = a.copy()
+    if method in ("rows", "rows32"):
+        _rows_lu(lu, piv, info, 2 * ROWS_PANEL if method == "rows" else ROWS_PANEL)
+        return lu
+    info.fill(0)
+    fn = _legacy_function("getrf_panel", dt, dev)
+    for k0 in range(0, n, PANEL):
+        smem = _with_smem(fn, (n - k0) * PANEL * a.itemsize + 32 * (a.itemsize + 4))
+        fn((bsz,), (LEGACY_THREADS,), (lu, piv, info, np.int32(n), np.int32(k0)),
+           shared_mem=smem)
+        _lu_update(lu, n, k0, min(PANEL, n - k0))
+    return lu
+
+
+def _rows_lu(lu, piv, info, outer: int) -> None:
+    """Blocked LU of ``lu`` in place with panels of ``outer`` (32 or 64) columns.
+
+    A panel of 64 is factorized as two halves (LAPACK's recursive getrf2 one
+    level deep): the left half (its kernel also solves U12 for all columns to
+    the right), a GEMM on the right half's columns, the right half (row
+    swaps only), then for the columns right of the panel a GEMM on the right
+    half's rows and their solve with its L11; one GEMM with k = 64 updates
+    the trailing matrix.
+    """
+    bsz, n = lu.shape[0], lu.shape[-1]
+    dt = _dtname(lu.dtype)
+    dev = _device_id()
+    fn = _rows_function("getrf_rows", dt, ROWS_PANEL, ROWS_THREADS, dev)
+    smem = _with_smem(fn, (ROWS_PANEL * ROWS_PANEL + 2 * ROWS_PANEL * STAGE_COLS)
+                      * lu.itemsize)
+    tr = _rows_function("trsm_lunit", dt, ROWS_PANEL, ROWS_THREADS, dev)
+
+    def panel(k0: int, trsm_end: int) -> None:
+        fn((bsz,), (_rows_threads(n - k0),),
+           (lu, lu, piv, info, np.int32(n), np.int32(k0), np.int32(trsm_end)),
+           shared_mem=smem)
+
+    for k0 in range(0, n, outer):
+        w = min(outer, n - k0)
+        end = k0 + w
+        panel(k0, n)
+        if w > ROWS_PANEL:
+            k1 = k0 + ROWS_PANEL
+            _gemm_rows(lu, n, k1, n - k1, k1, end - k1, k0, ROWS_PANEL)
+            panel(k1, end)
+            if end < n:
+                _gemm_rows(lu, n, k1, end - k1, end, n - end, k0, ROWS_PANEL)
+                tr((bsz,), (_rows_threads(n - end),),
+                   (lu, info, np.int32(n), np.int32(k1), np.int32(end - k1),
+                    np.int32(end)))
+        _gemm_rows(lu, n, end, n - end, end, n - end, k0, w)
+
+
+# ----------------------------------------------------------------------------
+# Cholesky
+# ----------------------------------------------------------------------------
+
+def potrf(a, lower: bool, method: str | None = None):
+    """Cholesky of ``a`` (B, n, n), n > 32, like LAPACK potrf; returns (c, info)."""
+    cp = import_cupy()
+    bsz, n = a.shape[0], a.shape[-1]
+    method = _check_method(method, n, "chol")
+    dt = _dtname(a.dtype)
+    dev = _device_id()
+    # on the lower triangle of the Hermitian matrix potrf reads
+    finite = cp.isfinite(a).all(axis=(1, 2))
+    w = cp.ascontiguousarray(a if lower else a.transpose(0, 2, 1))
+    if w is a:
+        w = a.copy()
+    info = cp.zeros((bsz,), dtype=np.int32)
+    if method == "fused":
+        fn = _rows_function("potrf_rows", dt, FUSED_MAX, FUSED_MAX, dev)
+        fn((bsz,), (_rows_threads(n),), (w, info, np.int32(n), np.int32(0)))
+    elif method in ("rows", "rows32"):                   # one panel width for Cholesky
+        fn = _rows_function("potrf_rows", dt, ROWS_PANEL, ROWS_THREADS, dev)
+        for k0 in range(0, n, ROWS_PANEL):
+            fn((bsz,), (_rows_threads(n - k0),), (w, info, np.int32(n), np.int32(k0)))
+            _chol_update(w, n, k0, min(ROWS_PANEL, n - k0))
+    else:
+        fn = _legacy_function("potrf_panel", dt, dev)
+        for k0 in range(0, n, PANEL):
+            smem = _with_smem(fn, PANEL * PANEL * a.itemsize)
+            fn((bsz,), (LEGACY_THREADS,), (w, info, np.int32(n), np.int32(k0)),
+               shared_mem=smem)
+            _chol_update(w, n, k0, min(PANEL, n - k0))
+    tri = cp.tril(cp.ones((n, n), dtype=bool))
+    if lower:
+        c = cp.where(tri, w, a)
+    else:
+        c = cp.where(tri.T, w.transpose(0, 2, 1), a)
+    info = cp.where(finite, info, -1).astype(np.int32)
+    return cp.ascontiguousarray(c), info
+
+
+# ----------------------------------------------------------------------------
+# solves and inverse
+# ----------------------------------------------------------------------------
+
+def _solve_smem(f, piv, b, mode: int, identity: bool):
+    """``solve_smem`` for n <= FUSED_MAX; ``b`` (B, n, k) or None for the identity."""
+    cp = import_cupy()
+    bsz, n = f.shape[0], f.shape[-1]
+    k = n if identity else b.shape[-1]
+    x = _alloc((bsz, n, k), f.dtype)
+    if bsz == 0 or n == 0 or k == 0:
+        return x
+    fn = _rows_function("solve_smem", _dtname(f.dtype), FUSED_MAX, FUSED_MAX,
+                        _device_id())
+    f = cp.ascontiguousarray(f)
+    piv = f if piv is None else cp.ascontiguousarray(piv, dtype=cp.int32)
+    b = x if identity else cp.ascontiguousarray(b, dtype=f.dtype)
+    smem = _with_smem(fn, 2 * FUSED_MAX * FUSED_MAX * f.itemsize)
+    fn((bsz,), (FUSED_MAX,), (f, piv, b, x, np.int32(n), np.int32(k),
+                              np.int32(mode), np.int32(1 if identity else 0)),
+       shared_mem=smem)
+    return x
+
+
+def solve_by_columns(kernel: str, dtype, b, factors: tuple, flag: int):
+    """``kernel`` (``getrs_batched``/``potrs_batched``: a thread per matrix and
+    right-hand side column, any n) on a copy of ``b`` (B, n, k).
+
+    The kernel's arguments: ``factors`` (contiguous), the solution, n, k, B
+    and ``flag`` (transposed / lower).
+    """
+    cp = import_cupy()
+    x = cp.array(b, dtype=dtype, order="C", copy=True)
+    bsz, n, k = x.shape
+    if x.size == 0:
+        return x
+    fn = _legacy_function(kernel, _dtname(dtype), _device_id())
+    grid = -(-(bsz * k) // _SOLVE_THREADS)
+    fn((grid,), (_SOLVE_THREADS,),
+       factors + (x, np.int32(n), np.int32(k), np.int64(bsz), np.int32(flag)))
+    return x
+
+
+def getrs(lu, piv, b, trans: int = 0):
+    """Solve with LU factors (n > 32); ``b`` (B, n, k) is not modified."""
+    cp = import_cupy()
+    if lu.shape[-1] <= FUSED_MAX:
+        return _solve_smem(lu, piv, b, 1 if trans else 0, False)
+    factors = (cp.ascontiguousarray(lu), cp.ascontiguousarray(piv, dtype=cp.int32))
+    return solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0)
+
+
+def potrs(c, lower: bool, b):
+    """Solve with a Cholesky factor from :func:`potrf` (n > 32); ``b`` (B, n, k)."""
+    cp = import_cupy()
+    if c.shape[-1] <= FUSED_MAX:
+        return _solve_smem(c, None, b, 2 if lower else 3, False)
+    return solve_by_columns("potrs_batched", c.dtype, b, (cp.ascontiguousarray(c),),
+                         1 if lower else 0)
+
+
+def inverse(a, method: str | None = None):
+    """Inverse of every matrix of ``a`` (B, n, n), n > 32; returns (inv, info)."""
+    cp = import_cupy()
+    bsz, n = a.shape[0], a.shape[-1]
+    piv = _alloc((bsz, n), np.int32)
+    info = _alloc((bsz,), np.int32)
+    lu = getrf(a, piv, info, method)
+    if n <= FUSED_MAX:
+        return _solve_smem(lu, piv, None, 0, True), info
+    eye = cp.broadcast_to(cp.eye(n, dtype=a.dtype), (bsz, n, n))
+    return getrs(lu, piv, eye, 0), info

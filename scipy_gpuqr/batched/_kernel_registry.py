@@ -1,0 +1,109 @@
+"""Template instantiations of the batched dense kernels (no cupy import).
+
+``KERNEL_VARIANTS`` is read by :mod:`scipy_gpuqr._kernels` (build check and
+cache warm-up) and by :mod:`scipy_gpuqr.batched._gpu` (run time), so both
+compile exactly the same module per file.
+"""
+
+from __future__ import annotations
+
+__all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
+           "small_name", "blocked_name", "padded_size", "SMALL_FILES",
+           "FUSED_MAX", "ROWS_MAX", "ROWS_PANEL", "ROWS_THREADS", "STAGE_COLS",
+           "rows_name", "MMA_SIZES", "MMA_FILE"]
+
+#: Largest n handled by the one-thread-per-row register kernels.
+SMALL_MAX = 32
+
+#: Largest n of the thread-per-matrix path of the LU / inverse kernels
+#: (``GPUQR_TINY_MAX`` in kernels/batched_lu.cu: no shared memory, a matrix
+#: per thread).
+TINY_MAX = 2
+
+#: Column block of the blocked LU / Cholesky (template parameter NB).
+PANEL = 32
+
+#: Largest n factorized (and solved) by one kernel per matrix, a row per
+#: thread (``getrf_rows<T, FUSED_MAX, FUSED_MAX>``, ``solve_smem``).
+FUSED_MAX = 64
+
+#: Largest n of the blocked path with one thread per panel row.
+ROWS_MAX = 512
+
+#: Panel width of that path (the kernel's; panels of 2 * ROWS_PANEL columns
+#: are factorized as two halves), and its largest block (rows of the first panel).
+ROWS_PANEL = 32
+ROWS_THREADS = ROWS_MAX
+
+#: Columns of the staging buffer of the parallel swap (kStageCols in
+#: kernels/batched_rows.cu).
+STAGE_COLS = 64
+
+#: Register sizes of the inverse and Cholesky kernels, which take a runtime
+#: n <= N and pad with the identity (LU has one variant for every n).
+PADDED_SIZES = (1, 2, 4, 8, 16, 24, 32)
+
+#: Sizes whose float64 LU runs on the FP64 tensor cores on sm_80+
+#: (``getrf_mma<double, n>`` of kernels/batched_mma.cu: panels of 8 columns,
+#: trailing updates by DMMA); the other sizes, and older GPUs, use
+#: ``getrf_warp``. The float64 inverse of every n whose padded size is here
+#: runs ``getri_mma<double, size>`` (blocked Gauss-Jordan, same file).
+MMA_SIZES = (32,)
+
+#: Source file of the tensor-core LU.
+MMA_FILE = "batched/lu_mma.cu"
+
+#: Source file of each n <= 32 kernel family (each variant is compiled on
+#: its own, when first used).
+SMALL_FILES = {"getrf_warp": "batched/lu_warp.cu", "getri_warp": "batched/lu_warp.cu",
+               "potrf_small": "batched/cholesky.cu", "getrf_mma": MMA_FILE,
+               "getri_mma": MMA_FILE}
+
+_CTYPES = {"float32": "float", "float64": "double"}
+
+
+def small_name(kernel: str, dtype: str, n: int) -> str:
+    """``getrf_small<double, 8>`` and friends."""
+    return f"{kernel}<{_CTYPES[dtype]}, {n}>"
+
+
+def blocked_name(kernel: str, dtype: str) -> str:
+    """``getrf_panel<double, 32>``, ``getrs_batched<float>``, ..."""
+    if kernel in ("getrf_panel", "potrf_panel"):
+        return f"{kernel}<{_CTYPES[dtype]}, {PANEL}>"
+    return f"{kernel}<{_CTYPES[dtype]}>"
+
+
+def rows_name(kernel: str, dtype: str, nb: int, maxt: int) -> str:
+    """``getrf_rows<double, 32, 512>``, ``solve_smem<float, 64>``, ..."""
+    if kernel in ("solve_smem", "trsm_lunit"):
+        return f"{kernel}<{_CTYPES[dtype]}, {nb}>"
+    return f"{kernel}<{_CTYPES[dtype]}, {nb}, {maxt}>"
+
+
+def padded_size(n: int) -> int:
+    """Smallest register size in :data:`PADDED_SIZES` holding n."""
+    return next(s for s in PADDED_SIZES if s >= n)
+
+
+KERNEL_VARIANTS = {
+    "batched/lu_warp.cu": tuple(
+        small_name("getrf_warp", dt, n)
+        for dt in _CTYPES for n in range(1, SMALL_MAX + 1)) + tuple(
+        small_name("getri_warp", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
+    MMA_FILE: tuple(small_name(k, "float64", n)
+                    for k in ("getrf_mma", "getri_mma") for n in MMA_SIZES),
+    "batched/cholesky.cu": tuple(
+        small_name("potrf_small", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
+    "batched/blocked.cu": tuple(
+        blocked_name(k, dt)
+        for k in ("getrf_panel", "potrf_panel", "getrs_batched", "potrs_batched")
+        for dt in _CTYPES),
+    "batched/rows.cu": tuple(
+        rows_name(k, dt, nb, maxt)
+        for dt in _CTYPES
+        for k in ("getrf_rows", "potrf_rows")
+        for nb, maxt in ((FUSED_MAX, FUSED_MAX), (ROWS_PANEL, ROWS_THREADS))) + tuple(
+        rows_name("solve_smem", dt, FUSED_MAX, FUSED_MAX) for dt in _CTYPES) + tuple(
+        rows_name("trsm_lunit", dt, ROWS_PANEL, ROWS_THREADS) for dt in _CTYPES),
+}

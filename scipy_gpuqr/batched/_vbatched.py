@@ -1,0 +1,467 @@
+"""Variable-size batches: matrices of different orders in one call.
+
+As MAGMA's *vbatched* routines: the matrices of a call may have different
+orders n. They are grouped into *size classes* (:data:`SIZE_CLASSES`); each
+class is gathered into one stack padded with the identity to the class's
+order and factorized by one call of the fixed-size batched routines of
+:mod:`scipy_gpuqr.batched._functions` (one launch per class for n <= 64 on the GPU,
+vectorized NumPy per class on the CPU). Padding with the identity changes
+nothing: ``lu(blockdiag(A, I)) = blockdiag(lu(A), I)`` with the same pivots
+(the padded rows are zero in A's columns and never win a pivot search; a
+tie among zeros picks the earlier row), and the same holds for Cholesky,
+the inverse and solves with zero-padded right-hand sides.
+
+Two input forms, the output takes the input's form:
+
+* a list (or tuple) of square 2-D arrays, all NumPy or all CuPy;
+* a padded stack ``a`` of shape (B, N, N) with ``sizes`` (B,): matrix ``k``
+  is ``a[k, :sizes[k], :sizes[k]]`` (the rest is ignored); outputs are
+  padded stacks with the identity (zero for right-hand sides and solutions,
+  ``piv[k, j] = j``) outside each matrix.
+
+Gathering and scattering are one vectorized index computation per class
+(no Python loop over matrices, apart from reading a list's arrays).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from scipy.linalg import LinAlgError, LinAlgWarning
+
+from . import _functions as _b
+from .._gpu import import_cupy, is_cupy_array
+
+__all__ = ["lu_factor_vbatched", "solve_vbatched", "inv_vbatched",
+           "cho_factor_vbatched", "SIZE_CLASSES", "size_class"]
+
+#: Orders of the padded stacks (beyond the last one: multiples of 128).
+SIZE_CLASSES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56,
+                64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def size_class(n):
+    """The padded order of matrices of order ``n`` (int or integer array)."""
+    n = np.asarray(n, dtype=np.int64)
+    classes = np.asarray(SIZE_CLASSES, dtype=np.int64)
+    idx = np.minimum(np.searchsorted(classes, n), len(classes) - 1)
+    big = -(-n // 128) * 128
+    out = np.where(n <= classes[-1], classes[idx], big)
+    return out if out.ndim else int(out)
+
+
+class _Ragged:
+    """Matrices (or right-hand sides) of different shapes in one flat buffer.
+
+    Item ``k`` is ``flat[off[k] + r * stride[k] + c]`` for ``r < rows[k]``
+    and ``c < cols[k]``. ``padded`` is the (B, R, C) shape of the padded
+    input form, None for a list.
+    """
+
+    def __init__(self, xp, flat, off, rows, cols, stride, padded):
+        self.xp, self.flat, self.off = xp, flat, off
+        self.rows, self.cols, self.stride = rows, cols, stride
+        self.padded = padded
+
+    @property
+    def count(self) -> int:
+        return len(self.rows)
+
+    def index(self, idx, nr: int, nc: int):
+        """(valid, src) of shape (len(idx), nr, nc) for the items ``idx``."""
+        xp = self.xp
+        off = xp.asarray(self.off[idx])[:, None, None]
+        rows = xp.asarray(self.rows[idx])[:, None, None]
+        cols = xp.asarray(self.cols[idx])[:, None, None]
+        stride = xp.asarray(self.stride[idx])[:, None, None]
+        r = xp.arange(nr, dtype=np.int64)[None, :, None]
+        c = xp.arange(nc, dtype=np.int64)[None, None, :]
+        valid = (r < rows) & (c < cols)
+        src = xp.where(valid, off + r * stride + c, 0)
+        return valid, src
+
+    def gather(self, idx, nr: int, nc: int, dtype, identity: bool):
+        """Items ``idx`` as a (len(idx), nr, nc) stack, padded with I or 0."""
+        xp = self.xp
+        valid, src = self.index(idx, nr, nc)
+        if identity:
+            pad = (xp.arange(nr)[:, None] == xp.arange(nc)[None, :]).astype(dtype)
+        else:
+            pad = xp.zeros((), dtype=dtype)
+        return xp.where(valid, self.flat[src].astype(dtype, copy=False), pad)
+
+    def empty_like(self, dtype, identity: bool):
+        """An output buffer of this layout (padded form: filled with I or 0)."""
+        xp = self.xp
+        if self.padded is None:
+            return xp.empty(int((self.rows * self.cols).sum()), dtype=dtype)
+        out = xp.zeros(self.padded, dtype=dtype)
+        if identity:
+            k = min(self.padded[1:])
+            out[:, xp.arange(k), xp.arange(k)] = 1
+        return out.reshape(-1)
+
+    def scatter(self, out, idx, stack) -> None:
+        """Write the padded stack of items ``idx`` back into ``out``."""
+        valid, src = self.index(idx, stack.shape[1], stack.shape[2])
+        out[src[valid]] = stack[valid]
+
+    def unpack(self, out, vector: bool = False):
+        """``out`` in the input's form: a list of arrays or a padded stack."""
+        if self.padded is not None:
+            shape = self.padded[:2] if vector else self.padded
+            return out.reshape(shape)
+        items = []
+        for k in range(self.count):
+            o, r, c = int(self.off[k]), int(self.rows[k]), int(self.cols[k])
+            piece = out[o:o + r * c]
+            items.append(piece if vector else piece.reshape(r, c))
+        return items
+
+
+def _side(items, where: str, name: str):
+    """The array module of a list's items (all NumPy or all CuPy)."""
+    gpu = [is_cupy_array(x) for x in items]
+    if any(gpu) and not all(gpu):
+        raise ValueError(f"{where}: {name} mixes NumPy and CuPy arrays")
+    return bool(gpu) and all(gpu)
+
+
+def _matrices(a, sizes, where: str):
+    """Validate the matrices; return (_Ragged, result dtype, on GPU input)."""
+    if isinstance(a, (list, tuple)):
+        if sizes is not None:
+            raise ValueError(f"{where}: sizes is only for a padded stack, "
+                             "not for a list of matrices")
+        on_gpu = _side(a, where, "a")
+        xp = import_cupy() if on_gpu else np
+        mats = []
+        for k, m in enumerate(a):
+            m = m if on_gpu else np.asarray(m)
+            if m.ndim != 2 or m.shape[0] != m.shape[1]:
+                raise ValueError(f"{where}: matrix {k} must be square and 2-D, "
+                                 f"got shape {tuple(m.shape)}")
+            if m.dtype == object or m.dtype.kind in "SUVM":
+                raise ValueError(f"{where}: matrix {k} must be numeric, got "
+                                 f"dtype {m.dtype}")
+            mats.append(m)
+        dt = (_b._result_dtype(np.result_type(*[m.dtype for m in mats]), where)
+              if mats else np.dtype(np.float64))
+        n = np.array([m.shape[0] for m in mats], dtype=np.int64)
+        off = np.concatenate(([0], np.cumsum(n * n)[:-1])).astype(np.int64) \
+            if len(n) else n
+        flat = (xp.concatenate([xp.ravel(m).astype(dt, copy=False) for m in mats])
+                if mats else xp.empty(0, dtype=dt))
+        return _Ragged(xp, flat, off, n, n, n, None), dt, on_gpu
+    arr, batch = _b._as_stack(a, where)
+    if arr.ndim != 3:
+        raise ValueError(f"{where}: a padded stack must have shape (B, N, N), "
+                         f"got {tuple(arr.shape)}")
+    if sizes is None:
+        raise ValueError(f"{where}: a padded stack needs sizes (the order of "
+                         "each matrix)")
+    big_n = arr.shape[-1]
+    sz = np.asarray(sizes.get() if is_cupy_array(sizes) else sizes)
+    if sz.shape != batch or (sz.size and sz.dtype.kind not in "iu"):
+        raise ValueError(f"{where}: sizes must be integers of shape {batch}, "
+                         f"got {sz.dtype} of shape {sz.shape}")
+    sz = sz.astype(np.int64)
+    if sz.size and (sz.min() < 0 or sz.max() > big_n):
+        raise ValueError(f"{where}: sizes must lie in [0, {big_n}]")
+    on_gpu = is_cupy_array(arr)
+    xp = import_cupy() if on_gpu else np
+    flat = xp.ascontiguousarray(arr).reshape(-1)
+    off = np.arange(len(sz), dtype=np.int64) * big_n * big_n
+    stride = np.full(len(sz), big_n, dtype=np.int64)
+    return (_Ragged(xp, flat, off, sz, sz, stride, (len(sz), big_n, big_n)),
+            arr.dtype, on_gpu)
+
+
+def _vectors_of(mats: _Ragged):
+    """The layout of per-matrix vectors of length n (pivots)."""
+    n = mats.rows
+    if mats.padded is None:
+        off = np.concatenate(([0], np.cumsum(n)[:-1])).astype(np.int64) if len(n) else n
+        return _Ragged(mats.xp, None, off, n, np.ones_like(n), np.ones_like(n), None)
+    big_n = mats.padded[1]
+    off = np.arange(len(n), dtype=np.int64) * big_n
+    return _Ragged(mats.xp, None, off, n, np.ones_like(n), np.ones_like(n),
+                   (len(n), big_n, 1))
+
+
+def _classes(sizes):
+    """{class order: indices of the matrices in it}, ascending."""
+    cls = size_class(sizes) if len(sizes) else np.zeros(0, dtype=np.int64)
+    return {int(c): np.flatnonzero(cls == c) for c in np.unique(cls)}
+
+
+def _check_finite(stack, idx, where: str, name: str = "a") -> None:
+    xp = import_cupy() if is_cupy_array(stack) else np
+    ok = xp.isfinite(stack).all(axis=(1, 2))
+    ok = ok.get() if is_cupy_array(ok) else ok
+    if not ok.all():
+        raise ValueError(f"{where}: array must not contain infs or NaNs "
+                         f"({name} at index {_name(idx[~ok])})")
+
+
+def _square_stack(mats: _Ragged, idx, order: int, dt, check_finite: bool, where: str):
+    """The matrices ``idx`` of ``mats`` as an (len(idx), order, order) stack
+    (padded with the identity), checked for infs and NaNs if asked."""
+    stack = mats.gather(idx, order, order, dt, identity=True)
+    if check_finite:
+        _check_finite(stack, idx, where)
+    return stack
+
+
+def _raise_if_singular(info, where: str) -> None:
+    """LinAlgError naming the exactly singular matrices (``info > 0``), if any."""
+    bad = np.flatnonzero(info > 0)
+    if bad.size:
+        raise LinAlgError(f"{where}: singular matrix at index {_name(bad)} "
+                          "(U[k, k] exactly zero)")
+
+
+def _info_out(info, mats: _Ragged, on_gpu: bool):
+    """The host ``info`` as the caller's array type."""
+    return mats.xp.asarray(info) if on_gpu else info
+
+
+def _name(indices) -> str:
+    """Matrix indices as the batched error messages name them."""
+    indices = np.asarray(indices)
+    return _b._name(indices, (int(indices.max(initial=0)) + 1,))
+
+
+def lu_factor_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
+                       backend=None):
+    """LU with partial pivoting of matrices of different orders.
+
+    Per matrix the result equals ``scipy.linalg.lu_factor`` (0-based pivots).
+
+    Parameters
+    ----------
+    a : list of (n_k, n_k) arrays, or array of shape (B, N, N)
+        All NumPy or all CuPy; a stack needs ``sizes``.
+    sizes : array_like of int, shape (B,), optional
+        Order of each matrix of a padded stack (``a[k, :n_k, :n_k]``).
+    check_finite : bool
+        Raise ValueError for infs or NaNs (naming the matrices).
+    return_info : bool
+        Also return LAPACK's ``info`` per matrix (int32, shape (B,)) instead
+        of warning about singular matrices.
+    backend : {None, 'auto', 'cpu', 'gpu'}
+        As for :func:`scipy_gpuqr.lu_factor_batched`.
+
+    Returns
+    -------
+    lu : list of arrays or array (B, N, N)
+    piv : list of int32 arrays or int32 array (B, N)
+    info : ndarray of int32, shape (B,)
+        Only with ``return_info=True``.
+
+    Warns
+    -----
+    LinAlgWarning
+        When some matrices are exactly singular (named by index).
+    """
+    where = "lu_factor_vbatched"
+    mats, dt, on_gpu = _matrices(a, sizes, where)
+    vecs = _vectors_of(mats)
+    xp = mats.xp
+    lu_out = mats.empty_like(dt, identity=True)
+    piv_out = vecs.empty_like(np.int32, identity=False)
+    if vecs.padded is not None:
+        piv_out[...] = xp.tile(xp.arange(vecs.padded[1], dtype=np.int32), mats.count)
+    info = np.zeros(mats.count, dtype=np.int32)
+    for order, idx in _classes(mats.rows).items():
+        stack = _square_stack(mats, idx, order, dt, check_finite, where)
+        lu, piv, inf = _b.lu_factor_batched(stack, check_finite=False,
+                                            return_info=True, backend=backend)
+        mats.scatter(lu_out, idx, xp.asarray(lu))
+        vecs.scatter(piv_out, idx, xp.asarray(piv)[:, :, None])
+        info[idx] = _b._host(inf)
+    lu_res, piv_res = mats.unpack(lu_out), vecs.unpack(piv_out, vector=True)
+    if return_info:
+        return lu_res, piv_res, _info_out(info, mats, on_gpu)
+    bad = np.flatnonzero(info > 0)
+    if bad.size:
+        warnings.warn(f"{where}: exactly singular matrices at index {_name(bad)} "
+                      f"(first: diagonal number {int(info[bad[0]])} is exactly "
+                      "zero). Singular matrix.", LinAlgWarning, stacklevel=2)
+    return lu_res, piv_res
+
+
+def _rhs_layout(b, mats: _Ragged, where: str):
+    """Right-hand sides matching ``mats``: (_Ragged, vector form, dtype)."""
+    if isinstance(b, (list, tuple)):
+        if mats.padded is not None or len(b) != mats.count:
+            raise ValueError(f"{where}: b must be a list of {mats.count} arrays "
+                             "when a is a list (a padded array for a padded a)")
+        xp = mats.xp
+        items = [x if is_cupy_array(x) else np.asarray(x) for x in b]
+        vector = bool(items) and all(x.ndim == 1 for x in items)
+        rows, cols = [], []
+        for k, x in enumerate(items):
+            if x.ndim not in (1, 2) or x.shape[0] != mats.rows[k] or \
+                    (x.ndim == 1) != vector:
+                raise ValueError(f"{where}: b[{k}] must have shape ({mats.rows[k]},) "
+                                 f"or ({mats.rows[k]}, k) (all vectors or all "
+                                 f"matrices), got {tuple(x.shape)}")
+            rows.append(x.shape[0])
+            cols.append(1 if x.ndim == 1 else x.shape[1])
+        rows, cols = np.array(rows, np.int64), np.array(cols, np.int64)
+        dt = np.result_type(*[x.dtype for x in items]) if items else np.float64
+        off = np.concatenate(([0], np.cumsum(rows * cols)[:-1])).astype(np.int64) \
+            if len(rows) else rows
+        flat = (xp.concatenate([xp.ravel(xp.asarray(x)) for x in items]).astype(dt)
+                if items else xp.empty(0, dtype=dt))
+        return _Ragged(xp, flat, off, rows, cols, cols, None), vector, dt
+    xp = mats.xp
+    barr = xp.asarray(b)
+    big_b, big_n = mats.padded[0], mats.padded[1]
+    if barr.ndim not in (2, 3) or barr.shape[:2] != (big_b, big_n):
+        raise ValueError(f"{where}: b must have shape ({big_b}, {big_n}) or "
+                         f"({big_b}, {big_n}, k), got {tuple(barr.shape)}")
+    vector = barr.ndim == 2
+    k = 1 if vector else barr.shape[2]
+    flat = xp.ascontiguousarray(barr).reshape(-1)
+    off = np.arange(big_b, dtype=np.int64) * big_n * k
+    cols = np.full(big_b, k, dtype=np.int64)
+    return (_Ragged(xp, flat, off, mats.rows.copy(), cols, cols, (big_b, big_n, k)),
+            vector, barr.dtype)
+
+
+def solve_vbatched(a, b, sizes=None, *, check_finite=True, return_info=False,
+                   backend=None):
+    """Solve ``a_k x_k = b_k`` for matrices of different orders.
+
+    Parameters
+    ----------
+    a : list of (n_k, n_k) arrays, or array of shape (B, N, N) with ``sizes``
+    b : list of (n_k,) or (n_k, m_k) arrays for a list ``a``; array of shape
+        (B, N) or (B, N, m) for a padded ``a`` (rows beyond n_k ignored)
+    sizes : array_like of int, shape (B,), optional
+    check_finite, return_info, backend
+        As for :func:`scipy_gpuqr.solve_batched`; ``return_info`` returns
+        ``(x, info)`` with NaN solutions for singular matrices.
+
+    Returns
+    -------
+    x : list of arrays or array shaped like ``b`` (zero beyond n_k)
+
+    Raises
+    ------
+    LinAlgError
+        When some matrices are exactly singular (named by index).
+    """
+    where = "solve_vbatched"
+    mats, adt, on_gpu = _matrices(a, sizes, where)
+    rhs, vector, bdt = _rhs_layout(b, mats, where)
+    dt = np.promote_types(adt, _b._result_dtype(bdt, where))
+    x_out = rhs.empty_like(dt, identity=False)
+    info = np.zeros(mats.count, dtype=np.int32)
+    for order, idx in _classes(mats.rows).items():
+        stack = _square_stack(mats, idx, order, dt, check_finite, where)
+        width = int(rhs.cols[idx].max()) if len(idx) else 1
+        bst = rhs.gather(idx, order, width, dt, identity=False)
+        if check_finite:
+            _check_finite(bst, idx, where, "b")
+        x, inf = _b.solve_batched(stack, bst, check_finite=False, return_info=True,
+                                  backend=backend)
+        rhs.scatter(x_out, idx, mats.xp.asarray(x))
+        info[idx] = _b._host(inf)
+    if not return_info:
+        _raise_if_singular(info, where)
+    res = rhs.unpack(x_out)
+    if vector:
+        res = res[..., 0] if rhs.padded is not None else [v.reshape(-1) for v in res]
+    if return_info:
+        return res, _info_out(info, mats, on_gpu)
+    return res
+
+
+def inv_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
+                 backend=None):
+    """Inverse of matrices of different orders (``scipy.linalg.inv`` each).
+
+    Parameters
+    ----------
+    a : list of (n_k, n_k) arrays, or array of shape (B, N, N) with ``sizes``
+    sizes : array_like of int, shape (B,), optional
+    check_finite, return_info, backend
+        As for :func:`scipy_gpuqr.inv_batched`.
+
+    Returns
+    -------
+    ainv : list of arrays or array (B, N, N) (the identity beyond n_k)
+
+    Raises
+    ------
+    LinAlgError
+        When some matrices are exactly singular (named by index).
+    """
+    where = "inv_vbatched"
+    mats, dt, on_gpu = _matrices(a, sizes, where)
+    out = mats.empty_like(dt, identity=True)
+    info = np.zeros(mats.count, dtype=np.int32)
+    for order, idx in _classes(mats.rows).items():
+        stack = _square_stack(mats, idx, order, dt, check_finite, where)
+        x, inf = _b.inv_batched(stack, check_finite=False, return_info=True,
+                                backend=backend)
+        mats.scatter(out, idx, mats.xp.asarray(x))
+        info[idx] = _b._host(inf)
+    if not return_info:
+        _raise_if_singular(info, where)
+    res = mats.unpack(out)
+    if return_info:
+        return res, _info_out(info, mats, on_gpu)
+    return res
+
+
+def cho_factor_vbatched(a, sizes=None, lower=False, *, check_finite=True,
+                        return_info=False, backend=None):
+    """Cholesky factorization of matrices of different orders.
+
+    Per matrix the result equals ``scipy.linalg.cho_factor`` (the factor in
+    the selected triangle, ``a``'s entries in the other one).
+
+    Parameters
+    ----------
+    a : list of (n_k, n_k) arrays, or array of shape (B, N, N) with ``sizes``
+    sizes : array_like of int, shape (B,), optional
+    lower : bool
+    check_finite, return_info, backend
+        As for :func:`scipy_gpuqr.cho_factor_batched`.
+
+    Returns
+    -------
+    c : list of arrays or array (B, N, N) (the identity beyond n_k)
+    lower : bool
+    info : ndarray of int32, shape (B,)
+        Only with ``return_info=True``.
+
+    Raises
+    ------
+    LinAlgError
+        When some matrices are not positive definite (named by index).
+    """
+    where = "cho_factor_vbatched"
+    mats, dt, on_gpu = _matrices(a, sizes, where)
+    out = mats.empty_like(dt, identity=True)
+    info = np.zeros(mats.count, dtype=np.int32)
+    for order, idx in _classes(mats.rows).items():
+        stack = _square_stack(mats, idx, order, dt, check_finite, where)
+        c, _, inf = _b.cho_factor_batched(stack, lower=lower, check_finite=False,
+                                          return_info=True, backend=backend)
+        mats.scatter(out, idx, mats.xp.asarray(c))
+        info[idx] = _b._host(inf)
+    bad = np.flatnonzero(info > 0)
+    if bad.size and not return_info:
+        raise LinAlgError(f"{where}: not positive definite at index {_name(bad)} "
+                          f"(the {int(info[bad[0]])}-th leading minor of the "
+                          "first is not positive definite)")
+    res = mats.unpack(out)
+    if return_info:
+        return res, bool(lower), _info_out(info, mats, on_gpu)
+    return res, bool(lower)
