@@ -24,6 +24,10 @@ Tiled dense QR
 --------------
 qr_tiled
 
+Errors and warnings
+-------------------
+GpuEngineError, GpuFallbackWarning, MatrixMarketError
+
 Utilities
 ---------
 GpuqrOptions, gpu_info, io
@@ -41,6 +45,9 @@ from ._version import __version__
 #: public name -> private module that defines it
 _PUBLIC = {
     "gpu_info": "._gpu",
+    "GpuEngineError": "._errors",
+    "GpuFallbackWarning": "._errors",
+    "MatrixMarketError": "._errors",
     "GpuqrOptions": "._options",
     "QRFactorization": "._factor.factorization",
     "QRResult": "._api.adapters",

@@ -28,6 +28,8 @@ import re
 import numpy as np
 import scipy.sparse as sp
 
+from ._errors import MatrixMarketError
+
 __all__ = ["mmread", "MatrixMarketError"]
 
 _FORMATS = ("coordinate", "array")
@@ -36,25 +38,6 @@ _SYMMETRIES = ("general", "symmetric", "skew-symmetric", "hermitian")
 _NVALUES = {"real": 1, "double": 1, "integer": 1, "pattern": 0, "complex": 2}
 _COMMENT_LINE = re.compile(rb"(?m)^[ \t]*%[^\n]*")
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
-
-
-class MatrixMarketError(ValueError):
-    """A malformed Matrix Market file.
-
-    Attributes
-    ----------
-    source : str
-        File name (or ``<stream>``).
-    lineno : int or None
-        1-based line number of the problem (None when it concerns the whole file).
-    reason : str
-        What is wrong.
-    """
-
-    def __init__(self, source: str, lineno: int | None, reason: str):
-        self.source, self.lineno, self.reason = source, lineno, reason
-        where = f"{source}, line {lineno}" if lineno is not None else source
-        super().__init__(f"{where}: {reason}")
 
 
 def mmread(source) -> sp.coo_array:

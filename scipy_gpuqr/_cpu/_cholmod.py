@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._errors import CholmodLayoutError
+
 __all__ = ["CDEF", "COMMON_FIELDS", "COMMON_BYTES", "Common", "CholmodLayoutError",
            "CHOLMOD_LONG", "CHOLMOD_REAL", "CHOLMOD_DOUBLE", "sparse_view", "dense_view",
            "sparse_to_scipy", "dense_to_numpy", "STATUS_NAMES"]
@@ -99,10 +101,6 @@ STATUS_NAMES = {0: "CHOLMOD_OK", -1: "CHOLMOD_NOT_INSTALLED", -2: "CHOLMOD_OUT_O
 # defaults set by cholmod_l_start, used to check the layout at run time
 _EXPECTED_DEFAULTS = {"print": 3, "itype": CHOLMOD_LONG, "status": 0, "SPQR_grain": 1.0,
                       "SPQR_small": 1e6, "SPQR_shrink": 1}
-
-
-class CholmodLayoutError(RuntimeError):
-    """The loaded CHOLMOD's ``cholmod_common`` does not match the known layout."""
 
 
 class Common:

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Mapping
 
+from .._errors import LibraryNotFound
+
 __all__ = ["SONAMES", "find_library", "open_library", "LibraryNotFound",
            "INSTALL_HINT"]
 
@@ -28,10 +30,6 @@ SONAMES: dict[str, tuple[str, ...]] = {
 INSTALL_HINT = ("install SuiteSparse (Debian/Ubuntu: apt-get install libsuitesparse-dev "
                 "or libspqr2; conda: conda install -c conda-forge suitesparse) or set "
                 "SUITESPARSE_LIBDIR to the folder holding libspqr.so")
-
-
-class LibraryNotFound(OSError):
-    """A SuiteSparse library could not be loaded."""
 
 
 def find_library(name: str, environ: Mapping[str, str] = os.environ) -> str:

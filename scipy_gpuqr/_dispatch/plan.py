@@ -38,6 +38,7 @@ from typing import Callable, Optional
 import numpy as np
 import scipy.sparse as sp
 
+from .._errors import GpuFallbackWarning
 from .._options import (DEFAULT_INTENSITY_THRESHOLD, log_decision,
                        resolve_backend, resolve_options)
 
@@ -50,10 +51,6 @@ _FALLBACK_ORDERINGS = ("amd", "natural")
 
 #: Fraction of MemAvailable a factorization may plan to use.
 _MEMORY_FRACTION = 0.9
-
-
-class GpuFallbackWarning(RuntimeWarning):
-    """A GPU factorization was requested but the CPU answered (reason in the message)."""
 
 
 def available_host_memory() -> Optional[int]:

@@ -66,6 +66,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.linalg as la
 
+from .._errors import SubspaceTooLarge
+
 __all__ = ["SubspaceCOD", "SubspaceTooLarge", "STRADDLE", "WINDOW", "RITZ_RTOL", "MAX_STEPS",
            "sigma_max_lanczos"]
 
@@ -81,10 +83,6 @@ RITZ_RTOL = 1e-10
 
 #: Steps after which the iteration gives up (SubspaceTooLarge).
 MAX_STEPS = 60
-
-
-class SubspaceTooLarge(RuntimeError):
-    """The small singular subspace needs more columns (or steps) than allowed."""
 
 
 def _lwork(routine, *args, **kwargs) -> int:

@@ -65,6 +65,7 @@ from typing import Mapping
 
 import numpy as np
 
+from .._errors import NativeUnavailable
 from .._cachedir import cache_dir
 
 __all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "MANIFEST_SUFFIX", "NativeUnavailable", "mode",
@@ -84,10 +85,6 @@ _FLAGS = ("-O2", "-shared", "-fPIC")
 _NOMEM, _FINAL, _INPUT = 1, 2, 3
 #: Suffix added to a library's file name to name its manifest (size and SHA-256).
 MANIFEST_SUFFIX = ".sha256"
-
-
-class NativeUnavailable(RuntimeError):
-    """The compiled simulation was asked for (mode ``c``) and cannot be had."""
 
 
 def mode(environ: Mapping[str, str] = os.environ) -> str:

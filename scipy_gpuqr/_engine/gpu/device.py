@@ -47,6 +47,7 @@ import time
 
 import numpy as np
 
+from ..._errors import GpuEngineError, DeviceOutOfMemory
 from ..._schedule.tasks import TASK_BYTES
 from . import factorize_kernels as variants
 from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
@@ -58,14 +59,6 @@ ENGINE_THREADS = 256
 #: Side streams on which dense fronts run (concurrently with the launches and
 #: with each other).
 DENSE_STREAMS = 4
-
-
-class GpuEngineError(RuntimeError):
-    """A kernel failed or produced non-finite values (never a silently wrong R)."""
-
-
-class DeviceOutOfMemory(MemoryError):
-    """A stage did not fit in device memory (the engine restages)."""
 
 
 class NumpyDevice:
