@@ -41,8 +41,8 @@ def gpu_info() -> dict:
     Never raises. The result is a fresh dict on each call: the device count
     and the current device are asked each time (a device that appears later
     is seen); only the fixed properties of a device id are read once per
-    process (:func:`_device_properties`: ``cudaGetDeviceProperties`` takes
-    about 0.9 ms on an H200 host, and ``auto`` asks on every call).
+    process (:func:`_device_properties`: ``cudaGetDeviceProperties`` costs
+    about a millisecond, and ``auto`` asks on every call).
 
     Returns
     -------

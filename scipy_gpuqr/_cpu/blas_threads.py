@@ -6,9 +6,8 @@ process holds two or three BLAS thread pools. OpenBLAS workers keep spinning
 for a while after each call (about 0.1 s by default), so when our CPU path
 alternates between SuiteSparseQR and SciPy's LAPACK (the factorization,
 then the rank decision on R, then Qᵀb) each pool's spinning workers slow the
-other's next call. Measured on the 16-core H200 host: a 300×300 ``svd``
-takes 20 ms alone and 150 ms right after a 9 ms SuiteSparseQR
-factorization; limiting the pool used by the first cuts it back to 35 ms.
+other's next call several-fold; limiting the pool used by SuiteSparseQR
+removes most of that.
 
 A small factorization gains nothing from 16 BLAS threads either, so
 :func:`limited` runs SuiteSparseQR's BLAS with one thread for problems below
