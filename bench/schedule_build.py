@@ -46,7 +46,7 @@ or ``PYTHONPATH=. python3 bench/schedule_build.py --first-launch [--repeat 3]
 [--dense-flops off,1e10] [--base DIR [--warm-from CACHE_DIR]] [--lazy-emulation]``
 or ``PYTHONPATH=. python3 bench/schedule_build.py --disk-cache ROUNDS [--dense-flops 1e10]``.
 
-The tile schedules' disk cache (``scipy_gpuqr._schedule.diskcache``) is off in
+The schedules' disk cache (``scipy_gpuqr._schedule.cache``) is off in
 every in-process measure (they are cold), except this tree's *warm* variant
 of ``--base`` with ``--warm-from DIR`` (what was read forgotten and the folder read again each round: the plan file when there is one).
 ``--disk-cache ROUNDS`` runs each measure in a **new process** (import and
@@ -64,12 +64,16 @@ import argparse
 import importlib
 import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 
-from scipy_gpuqr._schedule import bucket, native
+from scipy_gpuqr._schedule import bucket, cache, native
+from scipy_gpuqr._schedule.dense import dense_front_mask
 from scipy_gpuqr._schedule.sparse import (build_schedule, clear_schedule_cache, record_flops,
                                          schedule_digest)
 from scipy_gpuqr._symbolic import analyze
@@ -143,13 +147,15 @@ def _launch_flops(st, tile):
 def first_launch(an, tile=32, repeat=3, dense_flops=None):
     """Cold CPU time to launch 0's records and the per-launch GPU wait (tile flops at
     10 TF/s); minimum over ``repeat`` runs per quantity (disk cache off)."""
-    from scipy_gpuqr._schedule import diskcache
-    folder = os.environ.get(diskcache.ENV)
-    os.environ[diskcache.ENV] = "off"
+    folder = os.environ.get(cache.ENV)
+    os.environ[cache.ENV] = "off"
     try:
         return _first_launch(an, tile, repeat, dense_flops)
     finally:
-        os.environ[diskcache.ENV] = folder
+        if folder is None:
+            os.environ.pop(cache.ENV, None)
+        else:
+            os.environ[cache.ENV] = folder
 
 
 def _first_launch(an, tile, repeat, dense_flops):
@@ -207,13 +213,12 @@ def interleaved(an, base_dir, rounds, dense_flops=None, tile=32):
     trees = {"base": (importlib.import_module("scipy_gpuqr_base._schedule.sparse"),
                       importlib.import_module("scipy_gpuqr_base._schedule.bucket")),
              "new": (importlib.import_module("scipy_gpuqr._schedule.sparse"), bucket)}
-    from scipy_gpuqr._schedule import diskcache
-    folder = os.environ.get(diskcache.ENV, "")
+    folder = os.environ.get(cache.ENV, "")
     warm = bool(folder) and folder.lower() not in ("0", "off", "no", "false", "none")
 
     def run(name, disk):
         sp_, bk = trees[name]
-        os.environ[diskcache.ENV] = folder if disk else "off"
+        os.environ[cache.ENV] = folder if disk else "off"
         sp_.clear_schedule_cache(an)
         bk.clear_cache()
         t0 = time.process_time()
@@ -237,7 +242,7 @@ def interleaved(an, base_dir, rounds, dense_flops=None, tile=32):
             got[m][0].append(a)
             got[m][1].append(b)
     digests = {m: schedule_digest(run(*m)[2]) for m in modes}
-    os.environ[diskcache.ENV] = folder or "off"
+    os.environ[cache.ENV] = folder or "off"
     out = {"dense_flops": dense_flops, "rounds": rounds,
            "records_identical": len(set(digests.values())) == 1}
     for m, (first, whole) in got.items():
@@ -253,14 +258,13 @@ def fresh_process(problem, dense_flops, tile=32):
     """One new process's schedule (the ``--child`` mode): CPU seconds of the plan,
     of launch 0's records and of every launch's records (the engine's chunks),
     the analysis timed apart, and the GPU idle the CPU implies (keeping ahead)."""
-    import scipy_gpuqr._schedule.sparse as sp_
     A = _PROBLEMS[problem]()
     t0 = time.process_time()
     an = analyze(A)
     ta = time.process_time() - t0
     w0 = time.perf_counter()
     t0 = time.process_time()
-    s = sp_.build_schedule(an, tile=tile, cache=False, lazy=True, dense_flops=dense_flops)
+    s = build_schedule(an, tile=tile, cache=False, lazy=True, dense_flops=dense_flops)
     plan = time.process_time() - t0
     plan_wall = time.perf_counter() - w0
     cpu, wall = _launch_times(s, walls=True)
@@ -290,9 +294,6 @@ def disk_cache_processes(rounds, dense=(None,)):
     wrote: the plan read) and *patterns* (that folder without its plan files:
     the plan built from the tile patterns on disk, as for a new matrix whose
     patterns are known)."""
-    import shutil
-    import subprocess
-    import tempfile
     rows = []
     for problem in _PROBLEMS:
         for d in dense:
@@ -304,8 +305,7 @@ def disk_cache_processes(rounds, dense=(None,)):
                              ("fresh", "patterns", "warm", "numpy", "off"))
                     for mode in order:
                         env = dict(os.environ)
-                        from scipy_gpuqr._schedule import diskcache
-                        env[diskcache.ENV] = "off" if mode in ("off", "numpy") else folder
+                        env[cache.ENV] = "off" if mode in ("off", "numpy") else folder
                         env[native.ENV] = "numpy" if mode == "numpy" else "auto"
                         if mode == "patterns":      # tile patterns on disk, no plan file
                             shutil.rmtree(os.path.join(folder, "plans"), ignore_errors=True)
@@ -341,7 +341,6 @@ def disk_cache_processes(rounds, dense=(None,)):
 
 def lazy_emulation(an, dense_flops=None, tile=32, bundle=3, granule=16, growth=2.0):
     """Replay a lazy plan's bucket simulations (see the module doc); CPU seconds."""
-    from scipy_gpuqr._schedule.dense import dense_front_mask
     s = build_schedule(an, tile=tile, cache=False, dense_flops=dense_flops)
     if len(s.stages) != 1:
         raise ValueError("lazy_emulation: one stage only")
@@ -466,9 +465,8 @@ def main():
     print(json.dumps({"simulation": native.status(), "mode": native.mode(),
                       "build_s": native._LOADER.build_s,
                       "ready_s": time.perf_counter() - t0}))
-    from scipy_gpuqr._schedule import diskcache
     # the in-process measures are cold: never the user's disk cache
-    os.environ[diskcache.ENV] = a.warm_from if (a.warm_from and a.base) else "off"
+    os.environ[cache.ENV] = a.warm_from if (a.warm_from and a.base) else "off"
     if a.disk_cache:
         disk_cache_processes(a.disk_cache, dense)
         return

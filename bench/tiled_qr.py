@@ -22,6 +22,10 @@ import time
 import numpy as np
 import scipy.linalg
 
+from scipy_gpuqr import qr_tiled
+from scipy_gpuqr.tiled import _ops as ops
+from scipy_gpuqr.tiled._qr import plan_tiled
+
 
 def flops(m, n):
     if m < n:
@@ -61,9 +65,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    import cupy as cp
-    from scipy_gpuqr import qr_tiled
-    from scipy_gpuqr.tiled._qr import plan_tiled
+    import cupy as cp               # the benchmark needs a GPU; --help does not
 
     ngpu = cp.cuda.runtime.getDeviceCount()
     name = cp.cuda.runtime.getDeviceProperties(0)["name"]
@@ -75,7 +77,6 @@ def main(argv=None):
         shapes += [(2 * n, n // 2) for n in args.sizes]
     shapes += [tuple(int(x) for x in s.lower().split("x")) for s in args.shapes]
     rows = []
-    rng = np.random.default_rng(0)
     for (m, n) in shapes:
         with cp.cuda.Device(0):
             ad = cp.random.default_rng(m + n).standard_normal((m, n))
@@ -129,7 +130,6 @@ def main(argv=None):
                     print(f"  {key}: {rec[key + '_error']}", file=sys.stderr)
             if tile == args.tiles[0] and args.leaves:
                 # the main device's panel alone: the tallest tile column
-                from scipy_gpuqr.tiled import _ops as ops
                 with cp.cuda.Device(0):
                     col = cp.asfortranarray(ad[:, :tile])
                     for leaf in [0] + [x for x in args.leaves if x]:
@@ -161,7 +161,7 @@ def main(argv=None):
                 line += (f", {k[6:]} {v*1e3:.1f} ms (x{rec['cusolver']/v:.2f} vs cuSOLVER,"
                          f" err {rec[k + '_err']:.1e})")
         print(line, flush=True)
-        del ad
+        ad = None                   # the pool gets its memory back
         cp.get_default_memory_pool().free_all_blocks()
     # Table III style: predicted vs measured, normalised to the minimum
     print("\n| shape | tile | candidates | predicted T(p)/min | measured t(p)/min | predicted p | measured p |")

@@ -30,7 +30,7 @@ def shared_matrices_dir() -> Path | None:
 
 
 def pytest_configure(config):
-    # the tile-schedule disk cache (scipy_gpuqr._schedule.diskcache) stays out of the
+    # the tile-schedule disk cache (scipy_gpuqr._schedule.cache) stays out of the
     # user's cache folder: off unless the caller names a folder; its own tests use
     # temporary folders
     os.environ.setdefault("SCIPY_GPUQR_SCHEDULE_CACHE", "off")

@@ -87,12 +87,12 @@ def test_backward_error_of_a_zero_matrix():
     import numpy as np
     import scipy.sparse as sp
 
-    from scipy_gpuqr._api import adapters as _adapters
+    import scipy_gpuqr
     from scipy_gpuqr._cli.solve_report import _backward_error
 
     A = sp.csc_array((3, 4))
     b = np.array([1.0, -2.0, 3.0])
-    x = _adapters.lsqr(A, b)[0]
+    x = scipy_gpuqr.lsqr(A, b)[0]
     np.testing.assert_array_equal(x, np.zeros(4))  # minimum-norm least-squares solution
     with np.errstate(all="raise"):
         assert _backward_error(A, x, b) == 0.0
@@ -155,3 +155,16 @@ def test_analyze_with_schedule_json(matrices_dir):
     stats = json.loads(out.stdout)
     assert {"m", "n", "nnz", "fronts", "flops", "nnz_R", "intensity", "stages",
             "launches", "launches_no_pipeline", "tasks"} <= set(stats)
+
+
+def test_only_the_subcommand_given_is_imported():
+    code = ("import sys\n"
+            "from scipy_gpuqr._cli import main as m\n"
+            "subs = {'scipy_gpuqr._cli.' + v[0] for v in m.COMMANDS.values()}\n"
+            "m.build_parser([])\n"
+            "assert not subs & set(sys.modules), subs & set(sys.modules)\n"
+            "assert m.main(['info', '--json']) == 0\n"
+            "assert subs & set(sys.modules) == {'scipy_gpuqr._cli.info'}\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr

@@ -1,9 +1,10 @@
-"""The tile schedules' disk cache (CPU only; temporary folders, never the user's)."""
+"""The schedule cache store: tile schedules and whole plans on disk (CPU only;
+temporary folders, never the user's)."""
 
 import numpy as np
 import pytest
 
-from scipy_gpuqr._schedule import bucket, diskcache
+from scipy_gpuqr._schedule import bucket, cache
 from scipy_gpuqr._schedule.sparse import build_schedule, schedule_digest
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
@@ -11,9 +12,9 @@ from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squa
 
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(diskcache.ENV, str(tmp_path))
+    monkeypatch.setenv(cache.ENV, str(tmp_path))
     # files written at once, so the tests see them (the writer thread: its own test)
-    monkeypatch.setattr(diskcache, "write_behind", lambda fn, *a: fn(*a))
+    monkeypatch.setattr(cache, "write_behind", lambda fn, *a: fn(*a))
     bucket.clear_cache()
     yield tmp_path
     bucket.clear_cache()
@@ -32,6 +33,11 @@ def count_simulations(monkeypatch):
     return calls
 
 
+def _make(cols, entries):
+    """What the bucket scheduler hands the store to make its tile schedules."""
+    return bucket._schedules_of_rows(cols, entries)
+
+
 def _files(d):
     return sorted(p.name for p in d.rglob("seg-*.bin"))
 
@@ -40,7 +46,7 @@ def _cold(an, **kw):
     """A schedule as a new process with this disk cache builds it, without the
     whole-plan files (as for a new matrix of known tile patterns)."""
     import shutil
-    folder = diskcache.folder()
+    folder = cache.folder()
     if folder is not None:
         shutil.rmtree(folder / "plans", ignore_errors=True)
     bucket.clear_cache()
@@ -63,9 +69,9 @@ def test_schedule_from_disk_is_the_simulated_one(cache_dir, count_simulations, k
 
 
 def test_off_writes_nothing(tmp_path, monkeypatch, count_simulations):
-    monkeypatch.setenv(diskcache.ENV, "off")
+    monkeypatch.setenv(cache.ENV, "off")
     monkeypatch.setenv("SCIPY_GPUQR_CACHE_DIR", str(tmp_path))
-    assert diskcache.folder() is None
+    assert cache.folder() is None
     an = analyze(grid3d_least_squares(6))
     _cold(an)
     _cold(an)
@@ -75,10 +81,10 @@ def test_off_writes_nothing(tmp_path, monkeypatch, count_simulations):
 
 def test_default_folder_follows_the_package_cache_dir(tmp_path):
     env = {"SCIPY_GPUQR_CACHE_DIR": str(tmp_path)}
-    assert diskcache.folder(env) == tmp_path / "tile_schedules"
-    assert diskcache.folder({"XDG_CACHE_HOME": str(tmp_path)}) == \
+    assert cache.folder(env) == tmp_path / "tile_schedules"
+    assert cache.folder({"XDG_CACHE_HOME": str(tmp_path)}) == \
         tmp_path / "scipy_gpuqr" / "tile_schedules"
-    assert diskcache.folder({diskcache.ENV: str(tmp_path / "x"), **env}) == tmp_path / "x"
+    assert cache.folder({cache.ENV: str(tmp_path / "x"), **env}) == tmp_path / "x"
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty", "stamp"])
@@ -97,7 +103,7 @@ def test_damaged_or_stale_file_is_ignored_and_replaced(cache_dir, count_simulati
     elif damage == "empty":
         data = bytearray()
     else:                                            # written by other bucket rules
-        monkeypatch.setattr(diskcache, "rules_stamp", lambda: "another-stamp")
+        monkeypatch.setattr(cache, "rules_stamp", lambda: "another-stamp")
     path.write_bytes(bytes(data))
     n = len(count_simulations)
     assert schedule_digest(_cold(an)) == want
@@ -140,22 +146,22 @@ def _keys(pats):
 def test_processes_writing_at_once_lose_nothing(cache_dir):
     tun = (3, True, 16)
     pa, pb, pc = (_random_patterns(s, 8, lo=2) for s in (1, 2, 3))
-    path = diskcache.store(tun).path
-    mine = diskcache.PatternStore(path, tun)
-    other = diskcache.PatternStore(path, tun)        # "another process"
+    path = cache.store(tun).path
+    mine = cache.PatternStore(path, tun)
+    other = cache.PatternStore(path, tun)            # "another process"
     assert mine.add(_keys(pa), bucket._simulate(pa, 3, True, 16))
-    assert mine.lookup(_keys(pa[:1]))
-    other.lookup([])                                  # scans a's segment
+    assert mine.lookup(_keys(pa[:1]), _make)
+    other.lookup([], _make)                           # scans a's segment
     mine.add(_keys(pb), bucket._simulate(pb, 3, True, 16))
     other.add(_keys(pc), bucket._simulate(pc, 3, True, 16))
-    fresh = diskcache.PatternStore(path, tun)
-    assert len(fresh.lookup(_keys(pa + pb + pc))) == len(set(_keys(pa + pb + pc)))
+    fresh = cache.PatternStore(path, tun)
+    assert len(fresh.lookup(_keys(pa + pb + pc), _make)) == len(set(_keys(pa + pb + pc)))
     assert len(_files(cache_dir)) == 3
 
 
 def test_folder_is_bounded_oldest_segments_out(cache_dir):
     pats = [p for p in _random_patterns(3, 60, lo=4) if p[2] > 0][:30]
-    st = diskcache.store((3, True, 16))
+    st = cache.store((3, True, 16))
     st.max_bytes = 6_000
     st.max_segments = 4
     for k in range(0, len(pats), 5):
@@ -163,8 +169,8 @@ def test_folder_is_bounded_oldest_segments_out(cache_dir):
     segs = list(st.path.glob("seg-*.bin"))
     assert 0 < len(segs) <= 4
     assert sum(p.stat().st_size for p in segs) <= 6_000 or len(segs) == 1
-    again = diskcache.PatternStore(st.path, (3, True, 16))
-    found = again.lookup(_keys(pats))
+    again = cache.PatternStore(st.path, (3, True, 16))
+    found = again.lookup(_keys(pats), _make)
     assert _keys(pats[-1:])[0] in found               # the newest segment is kept
     assert _keys(pats[:1])[0] not in found            # the oldest went first
     assert all(k in found for k in _keys(pats[-5:]))
@@ -192,7 +198,7 @@ def test_lookup_reads_only_the_patterns_hit(cache_dir):
     # damage in a pattern not asked for goes unseen, in one asked for drops the segment
     pats = [p for p in _random_patterns(5, 40, lo=3) if p[2] > 0][:20]
     bucket.tile_schedules(pats, bundle=3, granule=16)
-    st = diskcache.store((3, True, 16))
+    st = cache.store((3, True, 16))
     seg = st._segs[0]
     span = seg.keys["span"]
     j0 = next(j for j, k in enumerate(_keys(pats)) if st._index[k][1] == 0)
@@ -200,14 +206,14 @@ def test_lookup_reads_only_the_patterns_hit(cache_dir):
     data = bytearray(seg.path.read_bytes())
     data[seg.rows_at + int(span[0]) * seg.rec.itemsize] ^= 0x01   # pattern 0's first row
     seg.path.write_bytes(bytes(data))
-    fresh = diskcache.PatternStore(st.path, (3, True, 16))
+    fresh = cache.PatternStore(st.path, (3, True, 16))
     others = [k for j, k in enumerate(_keys(pats)) if j != j0]
-    got = fresh.lookup(others)
+    got = fresh.lookup(others, _make)
     assert len(got) == len(set(others))
     want = bucket._simulate([pats[j] for j, k in enumerate(_keys(pats)) if j != j0], 3, True, 16)
     for k, w in zip(others, want):
         assert got[k].tasks.tobytes() == w.tasks.tobytes()
-    assert fresh.lookup(_keys(pats[j0:j0 + 1])) == {}
+    assert fresh.lookup(_keys(pats[j0:j0 + 1]), _make) == {}
     assert not seg.path.exists()                       # damaged: deleted
 
 
@@ -215,15 +221,15 @@ def test_bound_deletes_the_least_recently_used_segment(cache_dir):
     import os
     tun = (3, True, 16)
     groups = [[p for p in _random_patterns(20 + s, 12, lo=3) if p[2] > 0][:3] for s in range(4)]
-    st = diskcache.store(tun)
+    st = cache.store(tun)
     st.max_segments = 3
     for t, g in enumerate(groups[:3]):
         assert st.add(_keys(g), bucket._simulate(g, 3, True, 16))
         seg = st._segs[-1]
         os.utime(seg.path, ns=(10 ** 18 + t * 10 ** 9,) * 2)   # written in this order
     first = st._segs[0].path
-    reader = diskcache.PatternStore(st.path, tun)
-    assert reader.lookup(_keys(groups[0][:1]))        # the oldest used now
+    reader = cache.PatternStore(st.path, tun)
+    assert reader.lookup(_keys(groups[0][:1]), _make)        # the oldest used now
     assert st.add(_keys(groups[3]), bucket._simulate(groups[3], 3, True, 16))
     left = set(st.path.glob("seg-*.bin"))
     assert first in left and st._segs[1].path not in left and len(left) == 3
@@ -287,8 +293,7 @@ def test_plan_from_disk_is_the_built_one(cache_dir, count_builds, kw):
 
 
 def test_plan_of_another_structure_is_never_used(cache_dir, count_builds, monkeypatch):
-    from scipy_gpuqr._schedule import plancache
-    monkeypatch.setattr(plancache, "_key", lambda fp, args: "same")   # every key collides
+    monkeypatch.setattr(cache, "_plan_key", lambda fp, args: "same")   # every key collides
     a = analyze(grid3d_least_squares(8))
     b = analyze(chessboard_boundary(4, 5, 2))
     build_schedule(a, cache=False)
@@ -300,7 +305,6 @@ def test_plan_of_another_structure_is_never_used(cache_dir, count_builds, monkey
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "stamp"])
 def test_damaged_or_stale_plan_is_rebuilt(cache_dir, count_builds, monkeypatch, damage):
-    from scipy_gpuqr._schedule import diskcache as dc
     an = analyze(grid3d_least_squares(8))
     want = build_schedule(an, cache=False, lazy=True)
     path, = cache_dir.rglob("plan-*.bin")
@@ -311,8 +315,8 @@ def test_damaged_or_stale_plan_is_rebuilt(cache_dir, count_builds, monkeypatch, 
         data = data[:len(data) - 100]
     path.write_bytes(bytes(data))
     if damage == "stamp":
-        real = dc.source_stamp
-        monkeypatch.setattr(dc, "source_stamp",
+        real = cache.source_stamp
+        monkeypatch.setattr(cache, "source_stamp",
                             lambda names: real(names) + ("x" if "sparse.py" in names else ""))
     got = build_schedule(an, cache=False, lazy=True)
     assert len(count_builds) == 2
@@ -327,9 +331,9 @@ def test_small_families_from_disk_equal_built(cache_dir, monkeypatch):
     for name, A in small_families():
         an = analyze(A)
         for kw in (dict(), dict(dense_flops=1e3), dict(max_tasks=50)):
-            monkeypatch.setenv(diskcache.ENV, "off")
+            monkeypatch.setenv(cache.ENV, "off")
             want = build_schedule(an, cache=False, lazy=True, **kw)
-            monkeypatch.setenv(diskcache.ENV, str(cache_dir))
+            monkeypatch.setenv(cache.ENV, str(cache_dir))
             build_schedule(an, cache=False, lazy=True, **kw)        # written
             bucket.clear_cache()
             got = build_schedule(analyze(A), cache=False, lazy=True, **kw)   # read
@@ -337,41 +341,56 @@ def test_small_families_from_disk_equal_built(cache_dir, monkeypatch):
 
 
 def test_plan_fingerprint_covers_every_front_array_the_builder_reads():
-    # a plan file is keyed by the front arrays listed in plancache: a builder that
-    # starts reading another one must list it there too
+    # a plan file is keyed by the front arrays listed in the cache store: a builder
+    # that starts reading another one must list it there too
     import re
     from pathlib import Path
 
-    from scipy_gpuqr._schedule import plancache
-    here = Path(plancache.__file__).parent
+    here = Path(cache.__file__).parent
     read = set()
     for name in ("sparse.py", "dense.py", "bucket.py"):
         read |= set(re.findall(r"\bfs\.([a-z_]+)", (here / name).read_text()))
-    assert read - {"nfronts"} <= set(plancache._FRONT_ARRAYS), read - set(plancache._FRONT_ARRAYS)
+    assert read - {"nfronts"} <= set(cache._FRONT_ARRAYS), read - set(cache._FRONT_ARRAYS)
     assert "fronts" in set(re.findall(r"\banalysis\.([a-z_]+)", (here / "sparse.py").read_text()))
 
 
 def test_cache_files_written_behind_the_caller(tmp_path, monkeypatch):
     import threading
-    monkeypatch.setenv(diskcache.ENV, str(tmp_path))
+    monkeypatch.setenv(cache.ENV, str(tmp_path))
     bucket.clear_cache()
     gate = threading.Event()
-    real = diskcache.PatternStore.add
+    real = cache.PatternStore.add
 
     def slow_add(self, keys, scheds):
         assert gate.wait(30)
         return real(self, keys, scheds)
 
-    monkeypatch.setattr(diskcache.PatternStore, "add", slow_add)
+    monkeypatch.setattr(cache.PatternStore, "add", slow_add)
     an = analyze(grid3d_least_squares(8))
     want = schedule_digest(build_schedule(an, cache=False))   # returns with the write held
     assert not list(tmp_path.rglob("seg-*.bin"))
     gate.set()
-    diskcache.flush()
+    cache.flush()
     assert len(list(tmp_path.rglob("seg-*.bin"))) == 1
     assert len(list(tmp_path.rglob("plan-*.bin"))) == 1
-    diskcache.write_behind(lambda: 1 / 0)                     # errors: not written, no raise
-    diskcache.flush()
+    cache.write_behind(lambda: 1 / 0)                     # errors: not written, no raise
+    cache.flush()
     bucket.clear_cache()
     assert schedule_digest(build_schedule(analyze(grid3d_least_squares(8)), cache=False)) == want
     bucket.clear_cache()
+
+
+def test_the_store_imports_no_scheduler():
+    # one store for both kinds of entry, below the schedulers: they hand it functions
+    import ast
+    from pathlib import Path
+    tree = ast.parse(Path(cache.__file__).read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names.add("." * node.level + (node.module or ""))
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    assert not names & {"bucket", "sparse", "dense", "native", ".bucket", ".sparse",
+                        ".dense", ".native"}, names

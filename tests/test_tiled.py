@@ -290,10 +290,22 @@ def test_cache_dir_defaults(tmp_path):
 
 
 def test_cli_plan_cpu(tmp_path, monkeypatch, capsys):
-    from scipy_gpuqr._cli import tiled as _tiled_cli
+    from scipy_gpuqr._cli.main import main
     monkeypatch.setenv("SCIPY_GPUQR_CACHE_DIR", str(tmp_path))
-    assert _tiled_cli.main(["--devices", "cpu", "--size", "300", "200",
-                            "--tile-size", "32"]) == 0
+    assert main(["calibrate", "--tiled", "--devices", "cpu", "--size", "300", "200",
+                 "--tile-size", "32"]) == 0
     text = capsys.readouterr().out
     assert "main cpu, p = 1" in text and "guide array [0]" in text
-    assert _tiled_cli.main(["--devices", "tpu"]) == 2
+    assert main(["calibrate", "--tiled", "--devices", "tpu"]) == 2
+
+
+def test_package_exposes_qr_tiled_lazily():
+    import subprocess
+    import sys
+    code = ("import sys, scipy_gpuqr, scipy_gpuqr.tiled as t\n"
+            "assert 'scipy_gpuqr.tiled._qr' not in sys.modules\n"
+            "assert t.qr_tiled is scipy_gpuqr.qr_tiled and 'qr_tiled' in dir(t)\n"
+            "assert 'cupy' not in sys.modules\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr

@@ -14,6 +14,13 @@ from __future__ import annotations
 import json
 import sys
 
+from .. import _gpu
+from .._options import DEFAULT_INTENSITY_THRESHOLD
+from .._symbolic import analyze
+from ..io import mmread
+from .schedule import add_arguments as add_schedule_arguments
+from .schedule import schedule_lines, schedule_summary
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -31,23 +38,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--schedule", action="store_true",
                         help="also build the GPU task lists and print their statistics "
                              "(JSON keys launches, launches_no_pipeline, tasks)")
-    from .schedule import add_arguments as add_schedule_arguments
     add_schedule_arguments(parser, matrix=False)
 
 
-def _read(path):
-    try:
-        from ..io import mmread
-    except ImportError:                     # pragma: no cover - io is part of the package
-        from scipy.io import mmread
-    return mmread(path)
-
-
 def _predict(intensity: float) -> dict:
-    from .._gpu import gpu_available
-    from .._options import DEFAULT_INTENSITY_THRESHOLD
     try:
-        gpu = bool(gpu_available())
+        gpu = bool(_gpu.gpu_available())
     except Exception:                       # noqa: BLE001 - detection must never fail the CLI
         gpu = False
     if intensity >= DEFAULT_INTENSITY_THRESHOLD and gpu:
@@ -69,9 +65,8 @@ def _human(nbytes: float) -> str:
 
 def run(args) -> int:
     """Run ``analyze``; returns the exit status (2 on a bad file or bad option)."""
-    from .._symbolic import analyze
     try:
-        A = _read(args.matrix)
+        A = mmread(args.matrix)
     except (OSError, ValueError, TypeError, UnicodeDecodeError) as exc:
         print(f"scipy-gpuqr analyze: cannot read {args.matrix}: {exc}", file=sys.stderr)
         return 2
@@ -85,7 +80,6 @@ def run(args) -> int:
     out.update(_predict(an.intensity))
     schedule = None
     if getattr(args, "schedule", False):
-        from .schedule import schedule_summary
         try:
             schedule = schedule_summary(an, tile=args.tile, bundle=args.bundle,
                                         granule=args.granule,
@@ -122,7 +116,6 @@ def run(args) -> int:
     lines.append(f"predicted backend {out['predicted_backend']} ({out['predicted_backend_reason']})")
     lines.append(f"analysis time     {out['analysis_seconds']:.3f} s")
     if schedule is not None:
-        from .schedule import schedule_lines
         lines += schedule_lines(schedule)
     print("\n".join(lines))
     return 0

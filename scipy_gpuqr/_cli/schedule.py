@@ -9,21 +9,27 @@ the schedule took to build (cold: no tile pattern cached). ``--json`` prints
 the same as JSON with the stable keys ``launches``, ``launches_no_pipeline``,
 ``tasks``. A file that cannot be read gives a one-line error and exit status 2.
 
-The command line front end hooks this module in as a subcommand
-(:func:`add_arguments`, :func:`run`); ``analyze --schedule`` may print
-:func:`schedule_lines` of :func:`schedule_summary` after its own report.
+``analyze --schedule`` prints :func:`schedule_lines` of
+:func:`schedule_summary` after its own report (:mod:`.analyze`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+import time
+
+from .._schedule import bucket
+from .._schedule.sparse import build_schedule, clear_schedule_cache, schedule_stats
+from .._schedule.tasks import DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, MAX_BUNDLE
+from .._symbolic import analyze
+from ..io import mmread
 
 __all__ = ["add_arguments", "run", "schedule_summary", "schedule_lines"]
 
 
 def _positive(text: str) -> int:
-    import argparse
     try:
         v = int(text)
     except ValueError:
@@ -36,7 +42,6 @@ def _positive(text: str) -> int:
 def add_arguments(parser, *, matrix: bool = True) -> None:
     """Arguments of the ``schedule`` subcommand (``matrix=False``: the tunables only,
     for a command that already takes the matrix and ``--json``)."""
-    from .._schedule.tasks import DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, MAX_BUNDLE
     if matrix:
         parser.add_argument("matrix", help="Matrix Market file of A")
         parser.add_argument("--json", action="store_true", help="print JSON")
@@ -63,11 +68,6 @@ def schedule_summary(analysis, *, tile: int | None = None, bundle: int | None = 
     what a second ``analyze`` + factorize of an equal pattern pays; a
     ``refactor`` with the same analysis pays nothing).
     """
-    import time
-
-    from .._schedule import bucket
-    from .._schedule.sparse import build_schedule, clear_schedule_cache, schedule_stats
-    from .._schedule.tasks import DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE
     kw = dict(tile=DEFAULT_TILE if tile is None else int(tile),
               bundle=DEFAULT_BUNDLE if bundle is None else int(bundle),
               granule=DEFAULT_APPLY_GRANULE if granule is None else int(granule),
@@ -113,16 +113,10 @@ def schedule_lines(out: dict) -> list:
     return lines
 
 
-def _read(path):
-    from ..io import mmread
-    return mmread(path)
-
-
 def run(args) -> int:
     """Run ``schedule``; returns the exit status (2 on a bad file or bad option)."""
-    from .._symbolic import analyze
     try:
-        A = _read(args.matrix)
+        A = mmread(args.matrix)
     except (OSError, ValueError, TypeError, UnicodeDecodeError) as exc:
         print(f"scipy-gpuqr schedule: cannot read {args.matrix}: {exc}", file=sys.stderr)
         return 2

@@ -1,20 +1,73 @@
-"""Timed solves that say what ran where: the CLI's ``solve`` and ``demo``.
+"""``scipy-gpuqr solve A.mtx [b.mtx]`` and ``scipy-gpuqr demo``: timed solves that say what ran where.
 
-The decisions are read from the ``scipy_gpuqr`` logger while a call runs, so
-the report shows exactly what the library decided and why, with no second
-code path.
+Both solve with this package's solvers and with SciPy's own solver and
+print the times, the backward errors and the decisions. The decisions are
+read from the ``scipy_gpuqr`` logger while a call runs, so the report shows
+exactly what the library decided and why, with no second code path.
+``solve --json`` prints the report as JSON (keys ``shape``, ``nnz``,
+``method``, ``ours``, ``scipy``, ``text``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["solve_and_report", "demo", "captured_decisions"]
+from .. import _gpu, _testing_matrices
+from .. import lsqr as gpuqr_lsqr            # the public functions, as a user calls them
+from .. import spsolve as gpuqr_spsolve
+from .._api.originals import original
+from ..io import mmread
+
+__all__ = ["add_solve_arguments", "run_solve", "add_demo_arguments", "run_demo",
+           "solve_and_report", "demo", "captured_decisions"]
+
+
+def add_solve_arguments(parser) -> None:
+    """Arguments of the ``solve`` subcommand."""
+    parser.add_argument("matrix", help="Matrix Market file of A")
+    parser.add_argument("rhs", nargs="?",
+                        help="Matrix Market file of b (default: A @ ones + noise)")
+    parser.add_argument("--backend", default=None, help="auto, gpu, cpu, reference, simulate")
+    parser.add_argument("--method", choices=("lsqr", "spsolve"), default="lsqr",
+                        help="lsqr: minimum-norm least squares; spsolve: square exact solve")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run_solve(args) -> int:
+    """Run ``solve``; returns the exit status (errors go to the dispatcher)."""
+    A = mmread(args.matrix).tocsc()
+    if args.rhs:
+        b = np.asarray(mmread(args.rhs).toarray())
+        b = b[:, 0] if b.ndim == 2 and b.shape[1] == 1 else b
+    else:
+        b = None
+    report = solve_and_report(A, b, method=args.method, backend=args.backend)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(report["text"])
+    return 0
+
+
+def add_demo_arguments(parser) -> None:
+    """Arguments of the ``demo`` subcommand."""
+    parser.add_argument("--matrix",
+                        help="Matrix Market file (default: a generated 3-D grid problem)")
+    parser.add_argument("--grid", type=int, default=16,
+                        help="grid size k of the generated k^3 problem")
+    parser.add_argument("--backend", default=None, help="auto, gpu, cpu, reference, simulate")
+
+
+def run_demo(args) -> int:
+    """Run ``demo``; returns the exit status."""
+    print(demo(matrix=args.matrix, grid=args.grid, backend=args.backend))
+    return 0
 
 
 @contextlib.contextmanager
@@ -82,7 +135,7 @@ def _timed(fn, *args, **kwargs):
 
 
 def solve_and_report(A, b=None, *, method: str = "lsqr", backend=None) -> dict:
-    """Solve with our adapters and with SciPy's original; report both.
+    """Solve with our solver and with SciPy's original; report both.
 
     Parameters
     ----------
@@ -99,9 +152,6 @@ def solve_and_report(A, b=None, *, method: str = "lsqr", backend=None) -> dict:
         ``shape``, ``nnz``, ``ours`` and ``scipy`` (seconds, backward error,
         and for ours the logged decisions), and ``text`` (a printable table).
     """
-    from .._api import adapters as _adapters
-    from .._api.originals import original
-
     A = sp.csc_array(A)
     m, n = A.shape
     if b is None:
@@ -110,10 +160,10 @@ def solve_and_report(A, b=None, *, method: str = "lsqr", backend=None) -> dict:
     b = np.asarray(b, dtype=np.result_type(b, np.float64))
     with captured_decisions() as decisions:
         if method == "lsqr":
-            out, t_ours = _timed(_adapters.lsqr, A, b, backend=backend)
+            out, t_ours = _timed(gpuqr_lsqr, A, b, backend=backend)
             x_ours = out[0]
         else:
-            x_ours, t_ours = _timed(_adapters.spsolve, A, b, backend=backend)
+            x_ours, t_ours = _timed(gpuqr_spsolve, A, b, backend=backend)
     if method == "lsqr":
         out, t_ref = _timed(original("lsqr"), A, b, atol=1e-10, btol=1e-10)
         x_ref, ref_note = out[0], f"iterative LSQR, {out[2]} iterations, istop {out[1]}"
@@ -146,15 +196,12 @@ def demo(matrix: str | None = None, grid: int = 16, backend=None) -> str:
     forced (``gpu`` where a GPU is present, else ``cpu``), each beside
     SciPy's own solver.
     """
-    from .._gpu import gpu_info
-
     if matrix:
-        from ..io import mmread
         A, name = sp.csc_array(mmread(matrix)), matrix
     else:
-        from .._testing_matrices import grid3d_least_squares
-        A, name = grid3d_least_squares(grid), f"3-D grid least squares, k={grid}"
-    gpu = gpu_info()
+        A, name = (_testing_matrices.grid3d_least_squares(grid),
+                   f"3-D grid least squares, k={grid}")
+    gpu = _gpu.gpu_info()
     where = (f"GPU: {gpu['name']}" if gpu["available"] else f"GPU: none ({gpu['reason']})")
     runs = [backend]
     if backend in (None, "auto"):

@@ -36,7 +36,7 @@ The schedule depends only on the tile pattern (row-tile buckets, numbers of
 column tiles, tunables). :func:`tile_schedules` runs these rules for many
 patterns at once and keeps each pattern's records column by column
 (:class:`TileSchedule`, cached per pattern in the process and, between
-processes, on disk: :mod:`.diskcache`): in compiled code pattern by pattern
+processes, on disk: :class:`.cache.PatternStore`): in compiled code pattern by pattern
 (:mod:`.native`, built on first use with the system C compiler) or, where
 there is none, launch by launch with NumPy over all buckets and tiles of all
 patterns (:func:`_simulate_numpy`; no Python loop over tasks, bundles or
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import diskcache, native
+from . import cache, native
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE,
                     MAX_BUNDLE, MAX_SLOTS, TASK_DTYPE, TaskType, empty_tasks)
 
@@ -413,7 +413,7 @@ def clear_cache() -> None:
     """Forget every cached tile schedule and what was read from the disk cache
     (tests, memory; the files stay)."""
     _CACHE.clear()
-    diskcache.forget()
+    cache.forget()
 
 
 def check_tunables(bundle: int, granule: int) -> None:
@@ -462,7 +462,7 @@ def tile_schedules(patterns, *, bundle: int = DEFAULT_BUNDLE, pipelining: bool =
         As for :func:`tile_schedule`.
     use_disk : bool
         Look the patterns not cached in this process up in the disk cache
-        (:mod:`.diskcache`; off when ``$SCIPY_GPUQR_SCHEDULE_CACHE`` is
+        (:class:`.cache.PatternStore`; off when ``$SCIPY_GPUQR_SCHEDULE_CACHE`` is
         ``off``) and add the ones simulated here to it.
 
     Returns
@@ -487,22 +487,29 @@ def _schedules_of_keys(keys, tun, use_disk: bool = True) -> list:
     if not todo:
         return out
     miss = list(todo)
-    disk = diskcache.store(tun) if use_disk else None
+    disk = cache.store(tun) if use_disk else None
     found = {}
     if disk is not None:                    # patterns simulated by an earlier process
-        found = disk.lookup(miss)
+        found = disk.lookup(miss, _schedules_of_rows)
         miss = [k for k in miss if k not in found]
     if miss:
         made = _simulate([(np.frombuffer(k[0], dtype=np.int32), k[1], k[2]) for k in miss],
                          *tun)
         found.update(zip(miss, made))
         if disk is not None:                # written off the caller's path
-            diskcache.write_behind(disk.add, miss, made)
+            cache.write_behind(disk.add, miss, made)
     _CACHE.put_many([(k + tun, s) for k, s in found.items()])
     for k, s in found.items():
         for i in todo[k]:
             out[i] = s
     return out
+
+
+def _schedules_of_rows(cols: dict, entries) -> list:
+    """TileSchedules of rows read back from the disk cache together (one RowBlock
+    for them all; ``entries``: :func:`make_schedule`'s arguments after the block)."""
+    block = RowBlock(cols)
+    return [make_schedule(block, *e) for e in entries]
 
 
 def _mix64(z: np.ndarray) -> np.ndarray:

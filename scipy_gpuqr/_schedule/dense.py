@@ -1,9 +1,9 @@
 """Which fronts leave the bucket scheduler: *dense fronts*, chosen from the analysis.
 
 The uberkernel's tile tasks run every front of a launch at once, but their
-Apply is scalar-FMA bound (~2.7 TF/s on an H200), while a blocked Householder
-QR whose trailing updates are cuBLAS GEMMs runs a large front at tens of
-TF/s. A front whose Householder work (staircase honoured, the analysis'
+Apply is bound by scalar fused multiply-adds, while a blocked Householder QR
+whose trailing updates are cuBLAS GEMMs runs a large front at the tensor
+cores' rate. A front whose Householder work (staircase honoured, the analysis'
 count, :func:`scipy_gpuqr._symbolic.counts.front_work`) reaches
 :data:`DEFAULT_DENSE_FLOPS` is therefore not bucket-scheduled: the
 uberkernel still assembles it (S-Assemble, Pack-Assemble of its children),
@@ -20,18 +20,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._symbolic.counts import front_work
+
 __all__ = ["DEFAULT_DENSE_FLOPS", "DENSE_COLUMNS_PER_LAUNCH", "dense_front_mask",
            "dense_defer"]
 
 #: Householder flops (analysis count) from which a front is factorized as a dense
-#: front. Chosen by measurement on an H200 (bench/RESULTS.md, issue 5, "dense
-#: fronts"); ``None`` or ``inf`` turns the path off.
+#: front (where the blocked QR beats the tile tasks, measured); ``None`` or ``inf``
+#: turns the path off.
 DEFAULT_DENSE_FLOPS = 1e10
 
 
 #: A dense front defers its parent's Pack-Assemble by one launch per this many of its
-#: columns (the blocked QR's panels are latency bound, ~16 µs a column on an H200,
-#: against ~0.5 ms per launch); 0 turns the overlap off (packed at the next launch).
+#: columns (the blocked QR's panels are latency bound: a launch of tile tasks lasts as
+#: long as the panels of some columns); 0 turns the overlap off (packed at the next
+#: launch).
 DENSE_COLUMNS_PER_LAUNCH = 16
 
 
@@ -70,7 +73,6 @@ def dense_front_mask(analysis, min_flops) -> np.ndarray:
         return np.zeros(nf, dtype=bool)
     flops = getattr(analysis, "front_flops", None)     # the analysis' own count
     if flops is None or len(flops) != nf:
-        from .._symbolic.counts import front_work
         flops = front_work(fs)["flops"]
     nfact = np.minimum(fs.fm, fs.fn)
     return (flops >= float(min_flops)) & (nfact > 0)

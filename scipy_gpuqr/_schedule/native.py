@@ -1,12 +1,12 @@
 """The schedule plan's loops in compiled code (``_native.c``), built on first use.
 
-The plan of a new matrix structure spent most of its time in NumPy call
+The plan of a new matrix structure spends most of its NumPy time in call
 overhead, not arithmetic: the bucket simulation (:func:`.bucket._simulate_numpy`,
-lock step over all patterns, ~70 array calls per launch, two thirds of a cold
-plan), the row-tile buckets, the element-unit rows, the assembly records and
-the records of each chunk of launches. ``_native.c`` does the same work in
-plain loops (the simulation pattern by pattern) and writes the same bytes
-(tests compare every path with the NumPy one):
+lock step over all patterns, dozens of array calls per launch), the row-tile
+buckets, the element-unit rows, the assembly records and the records of each
+chunk of launches. ``_native.c`` does the same work in plain loops (the
+simulation pattern by pattern) and writes the same bytes (tests compare every
+path with the NumPy one):
 
 * ``sgq_simulate`` / ``sgq_fetch``: :func:`.bucket._simulate` (rows of every
   pattern, column by column);
@@ -20,8 +20,8 @@ It is plain C99 without Python headers, so any system C compiler builds it
 
 * when: on the first use in a process that finds no built library (never at
   import); in mode ``auto`` the build runs on a worker thread and the plan
-  meanwhile takes the NumPy path (no plan waits for the compiler: 0.5 s on
-  the GPU host, once per machine and source), in mode ``c`` the caller waits;
+  meanwhile takes the NumPy path (no plan waits for the compiler, which runs
+  once per machine and source), in mode ``c`` the caller waits;
 * where: ``native/`` in the package cache folder
   (:func:`scipy_gpuqr._cachedir.cache_dir`), file ``native-{key}.so``, the
   key a hash of the source, :data:`ABI`, the platform and the compiler
@@ -31,17 +31,16 @@ It is plain C99 without Python headers, so any system C compiler builds it
 * check: beside each library a manifest ``native-{key}.so.sha256``
   (:data:`MANIFEST_SUFFIX`: size and SHA-256 of the complete library, also
   published by ``os.replace``, before the library). A library is loaded only
-  when its size and checksum match its manifest (60 us for its 25 kB):
-  ``dlopen`` maps the file, so a truncated one kills the process with SIGBUS
+  when its size and checksum match its manifest (cheap: the library is
+  small): ``dlopen`` maps the file, so a truncated one kills the process with SIGBUS
   and one with overwritten bytes with an illegal instruction or a loader
   error, which no ``try`` can catch. A missing manifest or a mismatch deletes
   both files and builds again (no compiler or a failed build: the NumPy
   path);
 * how: ``$CC`` (split like a shell command) or the first of ``cc``, ``gcc``,
   ``clang`` found, with ``-O2 -shared -fPIC``; loaded with ``ctypes`` (cffi's
-  ABI mode would parse declarations first: 3 ms, 30 ms as a process' first
-  cffi use, on the path to launch 0) and checked by the library's
-  ``sgq_abi()``; the calls release the GIL.
+  ABI mode would parse declarations first, on the path to launch 0) and
+  checked by the library's ``sgq_abi()``; the calls release the GIL.
 
 ``$SCIPY_GPUQR_SCHEDULE_SIM`` (:data:`ENV`) picks the path: ``auto``
 (default: compiled when it can be had, else NumPy), ``c`` (compiled or
@@ -51,6 +50,7 @@ build or load: the NumPy path (``auto``), decided once per process.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
@@ -60,13 +60,15 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
-from .._errors import NativeUnavailable
 from .._cachedir import cache_dir
+from .._errors import NativeUnavailable
+from .tasks import MAX_SLOTS
 
 __all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "MANIFEST_SUFFIX", "NativeUnavailable", "mode",
            "library", "handle", "status", "simulate", "tile_buckets", "element_rows", "assembly",
@@ -199,7 +201,6 @@ class _Loader:
         manifest describes, whatever another process publishes meanwhile; a
         library that does not load is never published.
         """
-        import time
         t0 = time.perf_counter()
         err = lib = None
         tmp = tmp_m = None
@@ -259,7 +260,6 @@ def _prune(folder: Path, keep: Path) -> None:
     and, over an hour old, temporary files of builds that died and manifests
     without a library (younger ones may be a build between its two renames);
     best effort: a library in use stays mapped where it is open."""
-    import time
     try:
         builds = sorted(folder.glob("native-*.so"), key=lambda p: p.stat().st_mtime)
         for p in [p for p in builds if p != keep][:max(len(builds) - MAX_BUILDS, 0)]:
@@ -346,9 +346,7 @@ def _discard(path: Path) -> None:
 
 def _open(path: Path):
     """The library at ``path`` with its functions typed (ctypes: no declarations
-    to parse, 0.1 ms; cffi's ``cdef`` costs 3 ms, 30 ms when it is the
-    process' first)."""
-    import ctypes
+    to parse, unlike cffi's ``cdef``)."""
     lib = ctypes.CDLL(str(path))
     i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
     lib.sgq_abi.argtypes, lib.sgq_abi.restype = [], ctypes.c_int
@@ -422,7 +420,6 @@ def simulate(handle, patterns, bundle: int, pipelining: bool, granule: int):
     AssertionError
         A bucket did not end with its upper triangular diagonal tile.
     """
-    from .tasks import MAX_SLOTS
     lib = handle
     P = len(patterns)
     b = (np.ascontiguousarray(np.concatenate([np.asarray(p[0]) for p in patterns]),
@@ -459,7 +456,7 @@ def element_rows(lib, rc: dict, tile: int) -> np.ndarray:
     n = len(rc["type"])
     cols = [np.ascontiguousarray(rc[k], dtype=np.int32) for k in COLS[:11]]
     slots = np.ascontiguousarray(rc["rows"], dtype=np.int32)
-    if slots.shape != (n, _slots()):
+    if slots.shape != (n, MAX_SLOTS):
         raise ValueError(f"rows has shape {slots.shape}")
     ptrs = np.array([c.ctypes.data for c in cols], dtype=np.int64)
     out = np.empty((n, 12), dtype=np.int64)
@@ -527,8 +524,3 @@ def assembly(lib, fs, first: int, last: int, sid: int, stage_of, foff, carried: 
     out_L = np.empty(n, dtype=np.int64)
     lib.sgq_assembly(*args, out.ctypes.data, out_L.ctypes.data)
     return out, out_L
-
-
-def _slots() -> int:
-    from .tasks import MAX_SLOTS
-    return MAX_SLOTS

@@ -19,7 +19,7 @@ the parent from a *carried* region at the start of the parent's stage.
 
 The per-front bucket schedules are shared between fronts of equal tile
 pattern (``bucket.front_patterns`` computes all distinct patterns at once and
-caches them, in the process and on disk: :mod:`.diskcache`); without a
+caches them, in the process and on disk: :mod:`.cache`); without a
 launch limit the front-level state machine is in closed form (NumPy over the
 postorder), with one it is a Python loop (over fronts and launches, never
 over tasks or bundles). Records are written from
@@ -28,7 +28,9 @@ the patterns' element templates by NumPy, either for a whole stage
 (:meth:`StageSchedule.launch_tasks`, :meth:`SparseSchedule.iter_launches`,
 which can build launch k+1 in a worker thread while the caller runs launch
 k); ``build_schedule(..., lazy=True)`` stops after the plan. Schedules are
-cached per analysis object, so ``refactor`` gets its schedule for free.
+cached per analysis object, so ``refactor`` gets its schedule for free, and
+plans on disk between processes (:func:`.cache.load_plan`; this module turns a
+plan into arrays and back, :func:`_plan_arrays` and :func:`_plan_of_arrays`).
 
 Memory of a stage (what the GPU engine allocates; the executor uses the same):
 front pool = the stage's fronts row-major one after the other, then the
@@ -39,6 +41,7 @@ maps pool = all Rimap entries, then all Rjmap entries (int64).
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 import weakref
@@ -47,7 +50,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import bucket, diskcache, native, plancache
+from . import bucket, native
+from . import cache as disk       # ``cache`` names build_schedule's argument
 from .dense import DENSE_COLUMNS_PER_LAUNCH, dense_defer, dense_front_mask
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TASK_DTYPE,
                     TaskType, empty_tasks)
@@ -412,13 +416,14 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
     pargs = {"tile": int(tile), "bundle": int(bundle), "pipelining": bool(pipelining),
              "granule": int(granule), "max_tasks": key[4], "dense_flops": key[6],
              "dense_columns_per_launch": key[7]}
-    where = plancache.slot(analysis, plan, dense, pargs)
-    out = plancache.load(where, analysis.fronts)
+    where = disk.plan_slot(analysis, plan, dense, pargs)
+    out = disk.load_plan(where, lambda a, facts: _plan_of_arrays(a, facts, analysis.fronts,
+                                                                 pargs))
     if out is None:
         out = _build(analysis, plan, int(tile), int(bundle), bool(pipelining), int(granule),
                      max_tasks, dense_flops, int(dense_columns_per_launch))
         if where is not None:               # written off the caller's path
-            diskcache.write_behind(plancache.save, where, out)
+            disk.write_behind(disk.save_plan, where, out, _plan_arrays)
     if not lazy:
         out.materialize()
     out.seconds = time.process_time() - t0
@@ -558,6 +563,81 @@ def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
                           vt_size=int(nvt.sum()) * tt, nfact=nfact,
                           critical_path=crit, seconds=0.0, dense_flops=dense_flops,
                           dense=dense_global)
+
+
+# ------------------------------------------------------------------ plan <-> arrays
+
+def _dict_arrays(d: dict):
+    items = sorted(d.items())
+    return np.array([k for k, _ in items], dtype=np.int64), \
+        np.array([v for _, v in items], dtype=np.int64)
+
+
+def _plan_arrays(sched: SparseSchedule) -> tuple:
+    """The arrays and JSON facts of a lazily built schedule's plan (what
+    :func:`.cache.save_plan` writes; :func:`_plan_of_arrays` makes it again).
+
+    Raises
+    ------
+    ValueError
+        Stages with different templates (a plan not built by :func:`_build`).
+    """
+    st0 = sched.stages[0]
+    ctx = st0._maker.ctx
+    a = {"rows": ctx.rows, "mult": ctx.mult, "vt_base": sched.vt_base, "nfact": sched.nfact}
+    a["dense_f"], a["dense_L"] = _dict_arrays(sched.dense)
+    stages = []
+    for i, st in enumerate(sched.stages):
+        m = st._maker
+        if m.ctx is not ctx:
+            raise ValueError("stages with different templates")
+        for j, v in enumerate((m.blk_L, m.blk_rstart, m.blk_rlen, m.blk_len, m.blk_front)):
+            a[f"s{i}_blk{j}"] = v
+        a[f"s{i}_asm"] = m.asm
+        a[f"s{i}_asm_L"] = np.repeat(np.arange(len(m.asm_ptr) - 1, dtype=np.int64),
+                                     np.diff(m.asm_ptr))
+        a[f"s{i}_foff"] = st.foff
+        for name in ("carried", "finish", "dense", "dense_join"):
+            a[f"s{i}_{name}_k"], a[f"s{i}_{name}_v"] = _dict_arrays(getattr(st, name))
+        stages.append({"fronts": list(st.fronts), "pool_size": int(st.pool_size),
+                       "s_range": list(st.s_range), "nlaunch": int(st.nlaunch)})
+    facts = {"stages": stages, "vt_size": int(sched.vt_size),
+             "critical_path": int(sched.critical_path), "granule": int(ctx.granule),
+             "tile": int(ctx.tile)}
+    return a, facts
+
+
+def _plan_of_arrays(a: dict, facts: dict, fs, args: dict) -> SparseSchedule:
+    """The lazily built schedule of :func:`_plan_arrays`' arrays and facts, for
+    the fronts ``fs`` and the builder's arguments ``args``."""
+    ctx = object.__new__(_Templates)
+    ctx.rows, ctx.mult = a["rows"], a["mult"]
+    ctx.base = None
+    ctx.granule, ctx.tile = facts["granule"], facts["tile"]
+    nfact = a["nfact"]
+    ctx.fm = fs.fm.astype(np.int32)
+    ctx.fn = fs.fn.astype(np.int32)
+    ctx.nfact = nfact.astype(np.int32)
+    ctx.vt_base = a["vt_base"]
+    stages = []
+    for i, info in enumerate(facts["stages"]):
+        blk = tuple(a[f"s{i}_blk{j}"] for j in range(5))
+        asm = a[f"s{i}_asm"].view(TASK_DTYPE).ravel()
+        d = {name: dict(zip(a[f"s{i}_{name}_k"].tolist(), a[f"s{i}_{name}_v"].tolist()))
+             for name in ("carried", "finish", "dense", "dense_join")}
+        maker = _StageMaker(ctx, a[f"s{i}_foff"], blk, asm, a[f"s{i}_asm_L"], info["nlaunch"])
+        stages.append(StageSchedule(fronts=tuple(info["fronts"]), launch_ptr=maker.launch_ptr,
+                                    foff=a[f"s{i}_foff"], carried=d["carried"],
+                                    pool_size=info["pool_size"],
+                                    s_range=tuple(info["s_range"]), finish=d["finish"],
+                                    dense=d["dense"], dense_join=d["dense_join"],
+                                    _maker=maker))
+    return SparseSchedule(stages=stages, tile=args["tile"], bundle=args["bundle"],
+                          granule=args["granule"], pipelining=args["pipelining"],
+                          vt_base=a["vt_base"], vt_size=facts["vt_size"], nfact=nfact,
+                          critical_path=facts["critical_path"], seconds=0.0,
+                          dense_flops=args["dense_flops"],
+                          dense=dict(zip(a["dense_f"].tolist(), a["dense_L"].tolist())))
 
 
 def _first_descendants(fs) -> np.ndarray:
@@ -909,7 +989,6 @@ def schedule_digest(sched: SparseSchedule) -> str:
     """A short hash of everything a schedule hands the engines: every stage's
     launch pointers and records, the VT pool size and the dense fronts (tests,
     benchmarks: equal digests mean byte-identical task lists)."""
-    import hashlib
     h = hashlib.sha256()
     for st in sched.stages:
         h.update(st.launch_ptr.tobytes())

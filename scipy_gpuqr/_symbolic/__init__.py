@@ -1,7 +1,17 @@
-"""Symbolic analysis: column singletons, ordering, column etree, fronts, staircase, assembly maps, counts, staging.
+"""Symbolic analysis of a sparse QR: what to factorize, in which order, at what cost.
 
-``analyze(A, ...)`` returns a :class:`SymbolicAnalysis`; nothing is computed
-at import.
+``analyze(A, ...)`` returns a :class:`SymbolicAnalysis`, everything the
+numeric factorization and the schedulers need from the pattern of ``A``:
+column singletons (:mod:`.singletons`), the fill-reducing column ordering
+(:mod:`.ordering`), the column elimination tree and column counts
+(:mod:`.etree`), the fronts with their staircases and assembly maps
+(:mod:`.fronts`), the work and memory counts (:mod:`.counts`) and the GPU
+staging plan (:mod:`.staging`). Nothing is computed at import.
+
+Imports: NumPy and SciPy, and :mod:`scipy_gpuqr._cpu` for the SuiteSparse
+orderings (COLAMD, AMD; pymetis, optional, when METIS is asked for); nothing
+above it (no scheduler, engine or dispatch). Its command-line report is
+``scipy-gpuqr analyze`` (:mod:`scipy_gpuqr._cli.analyze`).
 """
 
 from .analysis import SymbolicAnalysis, analyze, canonical_csc

@@ -118,14 +118,9 @@ class SymbolicAnalysis:
         GPU bytes of a one-stage run (every buffer; see :mod:`.staging`).
     host_bytes : int
         Estimated host bytes of a CPU factorization keeping R and H: the
-        factorization peak, H's values, R's indices, A's copy. Example,
-        ``shared/matrices/arrow.mtx`` (46500², a dense row and column):
-        the dense row makes R dense whatever the order, nnz(R) = n(n+1)/2 =
-        1.081e9, exactly SuiteSparseQR's ``nnz_R_bound`` (its symbolic
-        analysis, COLAMD: 1 front, flop bound 8.65e9, like ours); the one
-        46500×46500 front is 17.3 GB and host_bytes 25.95 GB. DESIGN.md's
-        "nnz(R) ≈ 3.3e9, about 26 GB" is that total in 8-byte words
-        (26e9 / 8), not nnz(R).
+        factorization peak, H's values, R's indices, A's copy. A dense row
+        makes R dense whatever the order (nnz(R) = n(n+1)/2, SuiteSparseQR's
+        ``nnz_R_bound`` too), and the one front then dominates these bytes.
     stages : StagePlan
         The plan for ``max_gpu_memory`` (one stage when None).
     front_flops, front_nnz_R, front_nnz_H, front_cb_entries : ndarray (nfronts,)

@@ -11,7 +11,7 @@ spans rows ``k … t-1`` with ``t = max(min(stair[k], fm), k+1)``.
   trapezoids, as SuiteSparseQR stores them).
 * nnz(H): ``Σ (t-k)`` (unit diagonal included).
 * factor_bytes: the peak of ``R so far + contribution-block stack + current
-  front`` over a postorder traversal (H excluded), DESIGN.md §6.
+  front`` over a postorder traversal (H excluded).
 """
 
 from __future__ import annotations

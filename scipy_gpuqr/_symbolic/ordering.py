@@ -8,7 +8,7 @@ taken (COLAMD or AMD library absent, pymetis not installed):
   gives it when SuiteSparseQR orders through ``cholmod_l_colamd``: only
   completely dense rows are ignored (dense-row knob -1; COLAMD's own default,
   ``max(16, 10·sqrt(n))`` entries, ignores more rows and gives a different
-  order: 3% more nnz(R) on hangGlider_2), dense columns above
+  order from SuiteSparseQR's, with more fill on some matrices), dense columns above
   ``max(16, 10·sqrt(min(m, n)))`` entries ordered last, aggressive
   absorption. Without SuiteSparse the
   fallback is AMD-free: reverse Cuthill–McKee on the pattern of AᵀA with
@@ -25,8 +25,13 @@ from __future__ import annotations
 
 import functools
 
+import cffi
 import numpy as np
 import scipy.sparse as sp
+from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+from .._cpu._libs import open_library
+from .._cpu.colamd import colamd, colamd_available
 
 __all__ = ["column_ordering", "ORDERINGS"]
 
@@ -41,8 +46,6 @@ int64_t amd_l_order(int64_t n, const int64_t Ap[], const int64_t Ai[], int64_t P
 
 @functools.lru_cache(maxsize=1)
 def _amd_lib():
-    import cffi
-    from .._cpu._libs import open_library
     ffi = cffi.FFI()
     ffi.cdef(_AMD_CDEF)
     return ffi, open_library(ffi, "amd")
@@ -80,13 +83,12 @@ def _amd(A: sp.csc_array) -> np.ndarray:
 
 
 def _rcm(A: sp.csc_array) -> np.ndarray:
-    from scipy.sparse.csgraph import reverse_cuthill_mckee
     G = sp.csr_array(_ata_pattern(A))
     return np.asarray(reverse_cuthill_mckee(G, symmetric_mode=True), dtype=np.int64)
 
 
 def _metis(A: sp.csc_array) -> np.ndarray:
-    import pymetis  # noqa: F401  (optional dependency)
+    import pymetis  # optional dependency: imported when asked for
     G = sp.csr_array(_ata_pattern(A))
     G.setdiag(0)
     G.eliminate_zeros()
@@ -96,7 +98,6 @@ def _metis(A: sp.csc_array) -> np.ndarray:
 
 
 def _colamd(A: sp.csc_array) -> tuple[np.ndarray, str]:
-    from .._cpu.colamd import colamd, colamd_available
     ok, why = colamd_available()
     if ok:
         return colamd(A, dense_row=-1.0), "colamd"

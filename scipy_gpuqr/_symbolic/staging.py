@@ -1,8 +1,7 @@
 """Staging plan (paper §3.4): fronts grouped in postorder into stages that fit GPU memory.
 
-Unlike the original engine (which leaves VT tiles and S entries out of the
-sum), a stage's bytes count every buffer the GPU holds while it runs: every
-front of the stage, the contribution blocks of children from earlier stages,
+A stage's bytes count every buffer the GPU holds while it runs (VT tiles and
+S entries included, so a plan that fits does fit): every front of the stage, the contribution blocks of children from earlier stages,
 S entries, Rimap/Rjmap, VT tiles, both task queues (see
 :func:`.counts.gpu_front_bytes`) and two R/H staging buffers of the stage's
 largest front.

@@ -26,9 +26,12 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import _ops as ops
 from .._cachedir import require_cache_dir
+from .._gpu import import_cupy
+from . import _ops as ops
+from ._devices import make_device as _real_device
 from ._model import DeviceProfile
+from ._runtime import Layout, run_tiled_qr
 
 __all__ = ["cache_dir", "cache_file", "get_profiles", "measure_device",
            "measure_bandwidth", "measure_sync", "device_key", "CAL_TILES",
@@ -57,7 +60,6 @@ def device_key(name: str) -> str:
     """A key naming the hardware behind ``name`` (model, cores), not only its index."""
     if name == "cpu":
         return f"cpu[{os.cpu_count()} cores]"
-    from .._gpu import import_cupy
     cp = import_cupy()
     index = int(name.split(":")[1])
     props = cp.cuda.runtime.getDeviceProperties(index)
@@ -95,7 +97,6 @@ def measure_device(name: str, tile: int, dtype) -> DeviceProfile:
         t_UT = _median_time(lambda: gemqrt(v, t, a, trans="T"))
         t_UE = _median_time(lambda: tpmqrt(0, bv, bt, a, b, trans="T"))
         return DeviceProfile(name, t_T, t_E, t_UT, t_UE, device_key(name))
-    from .._gpu import import_cupy
     cp = import_cupy()
     index = int(name.split(":")[1])
     with cp.cuda.Device(index):
@@ -117,11 +118,10 @@ def measure_device(name: str, tile: int, dtype) -> DeviceProfile:
 
 def measure_bandwidth(src: str, dst: str) -> float:
     """Bytes per second of a 64 MiB copy from ``src`` to ``dst``."""
-    from .._gpu import import_cupy
     cp = import_cupy()
     n = _BW_BYTES // 8
     if src == "cpu" or dst == "cpu":
-        import cupyx
+        import cupyx  # optional dependency, with CuPy
         gpu = int((dst if src == "cpu" else src).split(":")[1])
         host = cupyx.empty_pinned((n,), dtype=np.float64)
         host[:] = 1.0
@@ -159,11 +159,11 @@ def measure_sync(base: str, other: str, dtype, make_device=None,
     other]`` (columns alternating); the work is negligible, so the extra time
     is the synchronisation. Its growth per step is ``step``, the rest
     ``fixed``. ``make_device(name)`` builds a device (default: the real
-    ones); a ``'gpu:N'`` base gets its input on that GPU.
+    ones, :func:`._devices.make_device`); a ``'gpu:N'`` base gets its input
+    on that GPU.
     """
-    from ._runtime import Layout, run_tiled_qr
     if make_device is None:
-        from ._qr import _make_device as make_device
+        make_device = _real_device
     dtype = np.dtype(dtype)
     rng = np.random.default_rng(0)
 
@@ -171,7 +171,6 @@ def measure_sync(base: str, other: str, dtype, make_device=None,
         n = steps * SYNC_TILE
         a = rng.standard_normal((n, n)).astype(dtype)
         if base.startswith("gpu:"):
-            from .._gpu import import_cupy
             cp = import_cupy()
             with cp.cuda.Device(int(base.split(":")[1])):
                 a = cp.asarray(a)

@@ -1,8 +1,8 @@
 """The CPU as one device of the tiled QR.
 
 scipy.linalg.lapack's geqrt/tpqrt/gemqrt/tpmqrt hold the GIL, so the CPU is
-one device whose parallelism is the threaded BLAS inside each tile kernel
-(DESIGN.md section 9). Its tasks run in order on one worker thread, so the
+one device whose parallelism is the threaded BLAS inside each tile kernel.
+Its tasks run in order on one worker thread, so the
 manager thread can keep the GPUs' streams fed meanwhile (NumPy's BLAS calls
 release the GIL).
 """
@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .._gpu import import_cupy
 from . import _ops as ops
 from ._runtime import Layout, Pending
 
@@ -95,7 +96,7 @@ class HostDevice:
         if isinstance(a, np.ndarray):
             self.A = np.asfortranarray(a[:, idx])
         else:  # CuPy input: one device-to-host copy of the owned columns
-            import cupy
+            cupy = import_cupy()
             with cupy.cuda.Device(a.device.id):
                 self.A = np.asfortranarray(cupy.asnumpy(a[:, cupy.asarray(idx)]))
 

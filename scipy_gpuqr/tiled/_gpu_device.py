@@ -32,7 +32,7 @@ class GpuDevice:
         CUDA device ordinal.
     panel_leaf : int
         Leaf width of the recursive panel factorization (0: one ``geqrf`` of
-        the whole tile column; see :func:`._tiled_ops.factor_wy`).
+        the whole tile column; see :func:`._ops.factor_wy`).
     """
 
     is_gpu = True
@@ -241,7 +241,7 @@ class GpuDevice:
     def to_host(self, pending: Pending) -> Pending:
         """Copy a value of this GPU into pinned host memory, asynchronously."""
         cp = self.cp
-        import cupyx
+        import cupyx  # optional dependency, with CuPy
         with self._ctx(self.copy):
             value = self._wait(pending, self.copy)
 

@@ -1,6 +1,6 @@
 """The device model of the tiled QR: main device, number of devices, guide array.
 
-This is Kim and Park's model (``papers/tiled_qr_cpu_gpu_kim_park.txt``,
+This is Kim and Park's model for a tiled QR on a CPU with GPUs (their
 section IV) written as pure functions over measured per-tile times:
 
 * :func:`select_main` -- Algorithm 2: among the devices that finish the
@@ -22,7 +22,7 @@ section IV) written as pure functions over measured per-tile times:
   (:func:`update_shares`, from equation 10), a refinement of the paper's
   GET_RATIO: with equal GPUs the main one gets fewer columns.
 
-Nothing here measures or touches a device; :mod:`._tiled_calib` measures the
+Nothing here measures or touches a device; :mod:`._calibrate` measures the
 :class:`DeviceProfile` values and caches them.
 """
 

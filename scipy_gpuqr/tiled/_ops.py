@@ -22,6 +22,7 @@ so the CuPy code paths run under NumPy in CI.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Optional
 
 import numpy as np
@@ -144,7 +145,6 @@ def apply_tiles(panel: TilePanel, C, trans: str = "T"):
         return C
     if isinstance(C, np.ndarray):
         return _apply_tiles_lapack(panel, C, trans)
-    import importlib
     xp = importlib.import_module(type(C).__module__.split(".")[0])
     return _apply_tiles_xp(xp, panel, C, trans)
 

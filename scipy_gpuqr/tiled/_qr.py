@@ -1,11 +1,12 @@
 """``qr_tiled``: dense QR in tiles over the CPU and every GPU.
 
-The matrix is cut into column tiles. A *main device* (the paper's Algorithm 2)
-does the triangulation and elimination of every tile column; the column tiles
-are spread over ``p`` devices (Algorithm 3) by a distribution guide array
-(Algorithm 4), each device applying the main device's reflectors to its own
-columns. Device speeds come from a short calibration cached in the user cache
-folder (:mod:`._tiled_calib`).
+The matrix is cut into column tiles. A *main device* (Kim and Park's
+Algorithm 2) does the triangulation and elimination of every tile column; the
+column tiles are spread over ``p`` devices (Algorithm 3) by a distribution
+guide array (Algorithm 4), each device applying the main device's reflectors
+to its own columns (:mod:`._runtime`). Device speeds come from a short
+calibration cached in the user cache folder (:mod:`._calibrate`); the model
+that turns them into a plan is :mod:`._model`.
 """
 
 from __future__ import annotations
@@ -13,18 +14,24 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import numpy as np
+import scipy.linalg
 
 from .._gpu import import_cupy, is_cupy_array
 from .._options import log_decision
+from . import _model as model
+from ._calibrate import get_profiles
+from ._cpu_device import DEFAULT_CPU_TILE
+from ._devices import make_device
+from ._runtime import Layout, run_tiled_qr
 
 __all__ = ["qr_tiled", "resolve_devices", "plan_tiled", "DEFAULT_GPU_TILE",
            "DEFAULT_PANEL_LEAF"]
 
-#: Default tile size when a GPU takes part (the CPU-only default is in
-#: :mod:`._tiled_cpu`).
+#: Default tile size when a GPU takes part (the CPU-only default is
+#: :data:`._cpu_device.DEFAULT_CPU_TILE`).
 DEFAULT_GPU_TILE = 512
-#: From this min(m, n) on, GPUs use tiles of ``2 * DEFAULT_GPU_TILE``
-#: (measured on two H200: 1024 beats 512 from 4096 on; bench/RESULTS.md).
+#: From this min(m, n) on, GPUs use tiles of ``2 * DEFAULT_GPU_TILE`` (larger
+#: matrices keep the GPUs busy with fewer, larger products).
 LARGE_GPU_TILE_FROM = 4096
 #: Leaf width of the GPUs' recursive panel factorization (0: one geqrf per
 #: tile column).
@@ -108,7 +115,6 @@ def _parse_device(item, n_gpus: int) -> list[str]:
 
 
 def _default_tile(names: Sequence[str], shape=None) -> int:
-    from ._cpu_device import DEFAULT_CPU_TILE
     if not any(n != "cpu" for n in names):
         return DEFAULT_CPU_TILE
     if shape is not None and min(shape) >= LARGE_GPU_TILE_FROM:
@@ -122,13 +128,13 @@ def plan_tiled(shape, dtype, devices="auto", tile_size=None, *,
 
     Returns
     -------
-    plan : _tiled_model.Plan
+    plan : Plan
+        See :class:`._model.Plan`.
     profiles : list of DeviceProfile
         Every candidate device's profile.
     bandwidth : dict
         ``(src, dst) -> bytes/s``.
     """
-    from . import _model as model
     m, n = (int(s) for s in shape)
     names, auto = resolve_devices(devices)
     tile = (int(tile_size) if tile_size is not None
@@ -140,7 +146,6 @@ def plan_tiled(shape, dtype, devices="auto", tile_size=None, *,
         prof = model.DeviceProfile(names[0], 1.0, 1.0, 1.0, 1.0, "not calibrated")
         plan = model.make_plan([prof], {}, max(m, 1), max(n, 1), tile, itemsize)
         return plan, [prof], {}
-    from ._calibrate import get_profiles
     profiles, bandwidth = get_profiles(names, tile, dtype, cache_dir=cache_dir,
                                        refresh=refresh)
     plan = model.make_plan(profiles, bandwidth, max(m, 1), max(n, 1), tile,
@@ -231,11 +236,10 @@ def qr_tiled(a, mode: str = "economic", devices="auto", *,
 
     Notes
     -----
-    Kim and Park's tiled QR (``papers/tiled_qr_cpu_gpu_kim_park.txt``). The
-    CPU's tile kernels are LAPACK's GEQRT, TPQRT, GEMQRT and TPMQRT; a GPU
-    fuses the triangulation and eliminations of a tile column into one
-    cuSOLVER ``geqrf`` of the tall column plus a compact-WY reflector, and
-    the updates into matrix products. Complex input is passed to
+    Kim and Park's tiled QR for a CPU with GPUs. The CPU's tile kernels are
+    LAPACK's GEQRT, TPQRT, GEMQRT and TPMQRT; a GPU fuses the triangulation
+    and eliminations of a tile column into one cuSOLVER ``geqrf`` of the tall
+    column plus a compact-WY reflector, and the updates into matrix products. Complex input is passed to
     ``scipy.linalg.qr`` (NumPy) or ``cupy.linalg.qr`` (CuPy). Calibrated
     speeds are cached in ``$SCIPY_GPUQR_CACHE_DIR`` (default
     ``$XDG_CACHE_HOME/scipy_gpuqr`` or ``~/.cache/scipy_gpuqr``); computation
@@ -277,31 +281,22 @@ def qr_tiled(a, mode: str = "economic", devices="auto", *,
 
 def execute_plan(a, plan, want_q: bool, cupy_in: bool, panel_leaf: int = 0):
     """Run the tiled QR of validated ``a`` with ``plan``; return ``(R, Q)``."""
-    from ._runtime import Layout, run_tiled_qr
     layout = Layout(a.shape[0], a.shape[1], plan.tile_size, a.dtype)
     if cupy_in:  # work queued on the caller's stream must finish first
         cp = import_cupy()
         with cp.cuda.Device(a.device.id):
             cp.cuda.get_current_stream().synchronize()
-    devices = [_make_device(name, panel_leaf) for name in plan.devices]
+    devices = [make_device(name, panel_leaf) for name in plan.devices]
     out_name = f"gpu:{a.device.id}" if cupy_in else "cpu"
     out = next((d for d in devices if d.name == out_name), None)
     own_out = out is None
     if own_out:
-        out = _make_device(out_name)
+        out = make_device(out_name)
     try:
         return run_tiled_qr(a, devices, plan.owners, layout, want_q, out)
     finally:
         if own_out:
             out.close()
-
-
-def _make_device(name: str, panel_leaf: int = 0):
-    if name == "cpu":
-        from ._cpu_device import HostDevice
-        return HostDevice("cpu")
-    from ._gpu_device import GpuDevice
-    return GpuDevice(int(name.split(":")[1]), panel_leaf=panel_leaf)
 
 
 def _complex_fallback(a, mode, cupy_in):
@@ -316,5 +311,4 @@ def _complex_fallback(a, mode, cupy_in):
                 r = cp.concatenate([r, cp.zeros((m - n, n), r.dtype)])
             return (r,)
         return cp.linalg.qr(a, mode="reduced")
-    import scipy.linalg
     return scipy.linalg.qr(a, mode=mode, check_finite=False)

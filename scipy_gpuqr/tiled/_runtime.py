@@ -3,10 +3,10 @@
 The manager (the calling thread) walks the tile columns and issues every
 device its work in dependency order; devices run it asynchronously:
 
-* a GPU (:class:`._tiled_gpu.GpuDevice`) enqueues on its own streams (a
+* a GPU (:class:`._gpu_device.GpuDevice`) enqueues on its own streams (a
   panel stream for T/E on the main device, a compute stream for UT/UE, a copy
   stream for incoming transfers), ordered across devices by CUDA events;
-* the CPU (:class:`._tiled_cpu.HostDevice`) runs its tasks in order on one
+* the CPU (:class:`._cpu_device.HostDevice`) runs its tasks in order on one
   worker thread (LAPACK tile kernels and threaded BLAS), ordered with the
   others by futures and event synchronisation.
 

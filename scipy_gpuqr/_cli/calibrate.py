@@ -1,10 +1,16 @@
-"""``scipy-gpuqr calibrate --tiled``: the device table and the tiled-QR plan.
+"""``scipy-gpuqr calibrate``: measure device speeds and cache them.
 
-``add_arguments(parser)`` adds this command's options to a parser;
-``run(args)`` measures (or reads from the cache) every device's tile speeds
-and the transfer speeds, and prints them with the plan for ``--size M N``:
-main device, ``p``, guide array, ``T(p)`` for every ``p``. Runs standalone as
-``python -m scipy_gpuqr._cli.tiled --size 4096 4096``.
+Without ``--tiled``: the sparse QR's GPU/CPU ladder (problems of growing
+arithmetic intensity, each factorized and solved on both; ``--quick`` a
+short one, ``--repeats`` timed calls each), the threshold fitted to it and
+stored for ``auto`` (a table, or ``--json``); each factorization is timed
+with the least-squares solve ``lsqr`` runs on it. Needs a GPU and the GPU
+engine; without them it says why.
+
+With ``--tiled``: the tiled dense QR's device table and plan. Every
+device's tile speeds and the transfer speeds are measured (or read from the
+cache, unless ``--refresh``) and printed with the plan for ``--size M N``:
+main device, ``p``, guide array, ``T(p)`` for every ``p``.
 """
 
 from __future__ import annotations
@@ -13,11 +19,25 @@ import argparse
 import json
 import sys
 
-__all__ = ["add_arguments", "run", "main"]
+from .. import _gpu
+from .._dispatch import calibrate as sparse_calibration
+from .._dispatch import plan as dispatch_plan
+from .._factor.factored import least_squares_probe
+from ..tiled._calibrate import cache_file, get_profiles
+from ..tiled._qr import plan_tiled, resolve_devices
+from ._common import CommandError
+
+__all__ = ["add_arguments", "run", "run_sparse", "run_tiled"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--size``, ``--devices``, ``--tile-size``, ``--dtype``, ``--refresh``, ``--json``."""
+    """Arguments of ``calibrate``: the sparse ladder's, then ``--tiled``'s."""
+    parser.add_argument("--tiled", action="store_true",
+                        help="calibrate the tiled dense QR's device model and print its plan")
+    parser.add_argument("--quick", action="store_true",
+                        help="sparse: a short ladder (intensities about 4 to 450)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="sparse: timed calls per backend and problem (median)")
     parser.add_argument("--size", nargs=2, type=int, metavar=("M", "N"),
                         default=(4096, 4096), help="matrix shape to plan for")
     parser.add_argument("--devices", default="auto",
@@ -32,10 +52,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the table and plan as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print the device table and plan; return the exit status."""
-    from ..tiled._qr import plan_tiled, resolve_devices
-    from ..tiled._calibrate import cache_file, get_profiles
+def run(args) -> int:
+    """Run ``calibrate`` (``--tiled``: :func:`run_tiled`, else :func:`run_sparse`)."""
+    return run_tiled(args) if args.tiled else run_sparse(args)
+
+
+def run_sparse(args) -> int:
+    """Measure the sparse ladder and print (and store) the fitted threshold."""
+    info = _gpu.gpu_info()
+    if not info["available"]:
+        raise CommandError(f"sparse calibration needs a GPU ({info['reason']}); auto keeps "
+                           "the default threshold of 10 flops/byte (--tiled: tiled dense QR)")
+    engine, why = dispatch_plan.gpu_engine()
+    if engine is None:
+        raise CommandError(f"sparse calibration needs the GPU engine ({why})")
+
+    def progress(pt):
+        if not args.json:
+            print(f"  {pt.name:18} intensity {pt.intensity:8.1f}  CPU {pt.cpu_s:9.4f} s  "
+                  f"GPU {pt.gpu_s:9.4f} s  ratio {pt.ratio:7.3f}", file=sys.stderr, flush=True)
+
+    cal = sparse_calibration.calibrate_sparse(
+        sparse_calibration.default_ladder(quick=args.quick), repeats=args.repeats,
+        device=info, progress=progress, solve=least_squares_probe)
+    if args.json:
+        out = cal.to_json()
+        out["path"] = cal.path
+        print(json.dumps(out, indent=1))
+    else:
+        print(sparse_calibration.format_table(cal))
+    return 0
+
+
+def run_tiled(args) -> int:
+    """Print the tiled QR's device table and plan; returns the exit status."""
     devices = args.devices if args.devices == "auto" else args.devices.split(",")
     try:
         names, _ = resolve_devices(devices)
@@ -77,17 +127,3 @@ def run(args: argparse.Namespace) -> int:
         print("predicted T(p)/min over " + ", ".join(plan.candidates) + ": "
               + " ".join(f"p={i+1}:{t/best:.2f}" for i, t in enumerate(plan.predicted)))
     return 0
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m scipy_gpuqr._cli.tiled",
-        description="Calibrate the devices and print the tiled-QR plan.")
-    parser.add_argument("--tiled", action="store_true",
-                        help="accepted for symmetry with 'scipy-gpuqr calibrate --tiled'")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,29 @@
+"""``scipy-gpuqr build-kernels``: compile every kernel for the present GPU into the cache.
+
+Prints one line per kernel file (variants compiled, seconds). Without a GPU
+it says so (``python build_kernels.py --check`` compiles the kernels with
+NVRTC without one).
+"""
+
+from __future__ import annotations
+
+from .. import _gpu, _kernels
+from ._common import CommandError
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser) -> None:
+    """Arguments of the ``build-kernels`` subcommand."""
+    parser.add_argument("--cache-dir", help="kernel cache folder (sets CUPY_CACHE_DIR)")
+
+
+def run(args) -> int:
+    """Compile the kernels; returns the exit status."""
+    info = _gpu.gpu_info()
+    if not info["available"]:
+        raise CommandError(f"no GPU: {info['reason']} (build_kernels.py --check "
+                           "compiles without one)")
+    for r in _kernels.warm_cache(args.cache_dir):
+        print(f"{r['file']:<28} {r['variants']:>4} variants {r['seconds']:7.2f} s")
+    return 0
