@@ -48,10 +48,13 @@ TUNE = ((64, 1), (128, 1), (256, 1), (64, 2), (128, 2), (256, 2))
 
 def _warm_one(args):
     from scipy_gpuqr.batched import _gpu_blocked as _batched_blocked_gpu
+    from scipy_gpuqr.batched import _gpu_common as _batched_gpu_common
     from scipy_gpuqr.batched import _gpu as _batched_gpu
     kernel, dt, n = args
-    if kernel == "blocked":
-        _batched_blocked_gpu._legacy_function("getrf_panel", dt, 0)
+    if kernel == "panel":
+        _batched_blocked_gpu._panel_function("getrf_panel", dt, 0)
+    elif kernel == "solve":
+        _batched_gpu_common._solve_function("getrs_batched", dt, 0)
     elif kernel == "rows":
         _batched_blocked_gpu._rows_function("getrf_rows", dt, 32, 512, 0)
     else:
@@ -62,7 +65,7 @@ def _warm_one(args):
 def warm(parallel: int = 16) -> None:
     """Compile every batched kernel variant in parallel processes (fills the disk cache)."""
     from scipy_gpuqr.batched._kernel_registry import MMA_SIZES, PADDED_SIZES, SMALL_MAX
-    jobs = [("blocked", "float64", 0), ("rows", "float64", 0)]
+    jobs = [("panel", "float64", 0), ("solve", "float64", 0), ("rows", "float64", 0)]
     for dt in ("float64", "float32"):
         jobs += [("getrf_warp", dt, n) for n in range(SMALL_MAX, 0, -1)]
         jobs += [(k, dt, n) for k in ("getri_warp", "potrf_small") for n in PADDED_SIZES[::-1]]
@@ -226,7 +229,7 @@ def main(argv=None) -> int:
                     "(default 64:100000,128:20000,256:4000,512:2000)")
     ap.add_argument("--methods", default="default",
                     help="n > 32 methods to time: comma-separated of fused, rows, "
-                    "legacy, default")
+                    "panel, default")
     ap.add_argument("--dtypes", default="float64,float32")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--warm", action="store_true", help="only compile the kernels")

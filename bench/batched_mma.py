@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Blocked LU on the FP64 tensor cores (kernels/batched_mma.cu) against the
-row-per-lane warp kernel (kernels/batched_lu.cu), n = 16/24/32, float64.
+"""Blocked LU on the FP64 tensor cores (kernels/batched/lu_mma.cu) against the
+row-per-lane warp kernel (kernels/batched/lu_warp.cu), n = 16/24/32, float64.
 
     python3 bench/batched_mma.py [--json out.json] [--sizes 32,24,16] [--opt -DX=Y ...] [--tiny]
                                  [--variants 0,2] [--configs 128/1,256/1]

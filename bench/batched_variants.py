@@ -3,9 +3,9 @@
 
     python3 bench/batched_variants.py [--json out.json] [--only LABEL,...]
 
-``getrf_warp`` / ``getri_warp`` (kernels/batched_lu.cu) take compile-time
+``getrf_warp`` / ``getri_warp`` (kernels/batched/lu_warp.cu) take compile-time
 overrides: lanes per row ``G`` (1: a row per lane; 2 or 4: the 2-D layout of
-kernels/batched_warp2d.cuh), the register cap ``MINB`` (blocks of 256 threads
+kernels/batched/warp2d.cuh), the register cap ``MINB`` (blocks of 256 threads
 per SM: 1 -> 255, 2 -> 128, 3 -> 80 registers) and ``TINY`` (n <= TINY: a
 thread per matrix). Each variant is compiled on its own, checked against
 LAPACK on fresh random and singular batches (outputs poisoned first), then

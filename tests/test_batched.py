@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import scipy.linalg as sl
@@ -279,3 +282,27 @@ def test_block_jacobi_singular_block_named():
     d[9, 9] = 0
     with pytest.raises(LinAlgError, match="ragged last"):
         g.block_jacobi(sps.csr_matrix(d), 4)
+
+
+PUBLIC = ("lu_factor_batched", "lu_solve_batched", "solve_batched", "inv_batched",
+          "cho_factor_batched", "cho_solve_batched", "block_jacobi",
+          "lu_factor_vbatched", "solve_vbatched", "inv_vbatched", "cho_factor_vbatched")
+
+
+def test_subpackage_exports_the_public_functions():
+    import scipy_gpuqr.batched as b
+    assert sorted(b.__all__) == sorted(PUBLIC)
+    for name in PUBLIC:
+        assert getattr(b, name) is getattr(g, name), name
+    with pytest.raises(AttributeError):
+        b.no_such_function
+
+
+def test_subpackage_imports_no_cupy():
+    """Importing the subpackage and its public functions loads no CuPy."""
+    code = ("import sys, scipy_gpuqr.batched as b\n"
+            f"for name in {PUBLIC!r}: getattr(b, name)\n"
+            "bad = sorted(m for m in sys.modules\n"
+            "             if m.split('.')[0] in ('cupy', 'cupyx', 'cupy_backends'))\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

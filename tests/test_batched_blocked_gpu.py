@@ -1,8 +1,9 @@
-"""GPU kernels for n > 32 (kernels/batched_rows.cu) against LAPACK per matrix.
+"""GPU kernels for n > 32 (kernels/batched/rows.cu, panel.cu) against LAPACK per matrix.
 
 Each factorization method of :mod:`scipy_gpuqr.batched._gpu_blocked` is run
-explicitly (one kernel per matrix, panels with a row per thread, the legacy
-panels) on fresh random batches, with outputs poisoned (NaN) beforehand.
+explicitly (one kernel per matrix, panels with a row per thread, panels with
+a thread block per matrix) on fresh random batches, with outputs poisoned
+(NaN) beforehand.
 """
 
 from __future__ import annotations
@@ -37,8 +38,7 @@ def _lu(a, method):
 
 CASES = [("fused", 33), ("fused", 47), ("fused", 64), ("rows", 33), ("rows", 64),
          ("rows", 65), ("rows", 100), ("rows", 128), ("rows", 200), ("rows", 256),
-         ("rows", 511), ("rows", 512), ("rows32", 100), ("rows32", 512),
-         ("legacy", 100)]
+         ("rows", 511), ("rows", 512), ("panel", 100)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -57,7 +57,7 @@ def test_lu_methods_match_lapack(rng, method, n, dtype):
 
 
 @pytest.mark.parametrize("method,n", [("fused", 40), ("fused", 64), ("rows", 64),
-                                      ("rows", 150), ("rows", 300), ("rows32", 150)])
+                                      ("rows", 150), ("rows", 300)])
 def test_lu_methods_singular_and_ties(rng, method, n):
     a = singular_batch(rng, 6, n, np.float64)
     a[1] = np.round(a[1])                     # many exact ties in |a_ij|

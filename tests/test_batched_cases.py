@@ -72,10 +72,10 @@ def lu_backward_error(a, lu, piv):
 def poison_gpu_outputs(monkeypatch) -> None:
     """Make the GPU drivers allocate outputs filled with NaN (ints: -12345)."""
     import cupy as cp
-    from scipy_gpuqr.batched import _gpu as _batched_gpu
+    from scipy_gpuqr.batched import _gpu_common
 
     def alloc(shape, dtype):
         out = cp.empty(shape, dtype=dtype)
         out.fill(np.nan if np.dtype(dtype).kind == "f" else -12345)
         return out
-    monkeypatch.setattr(_batched_gpu, "_alloc", alloc)
+    monkeypatch.setattr(_gpu_common, "alloc", alloc)

@@ -1,21 +1,21 @@
 // cholesky.cu: Cholesky (potrf) of many n x n matrices, n <= 32, one
-// thread per row (LU and inverse: lu_warp.cu).
+// thread per row (n > 32: rows.cu and panel.cu; LU and inverse: lu_warp.cu
+// and lu_mma.cu).
 //
-// Each thread keeps its row in registers (n is a template parameter, so every
-// loop unrolls), pivots are chosen with warp reductions, the pivot row is
-// broadcast through a small double-buffered shared-memory buffer with vector
-// loads, and rows are never moved while factorizing ("lazy swaps"): each
-// thread tracks the position its row holds after the LAPACK-order
-// interchanges and writes the row to that position at the end.
+// Each thread keeps its row of the lower (Hermitian) matrix in registers (N
+// is a template parameter, so every loop unrolls); per column the diagonal
+// entry and then the column of L are published through a small
+// double-buffered shared-memory buffer, which the rows below read with
+// vector loads to update themselves. The input and output go through a
+// shared-memory staging area (coalesced copies, small.cuh).
 //
-// info per matrix: 0; k+1 for the first exactly zero pivot (getrf, getri)
-// or the first leading minor that is not positive definite (potrf);
-// -1 when the input holds an inf or NaN (checked on the values loaded: no
-// extra pass over memory).
+// info per matrix: 0; k + 1 when the leading minor of order k + 1 is not
+// positive definite (LAPACK potrf); -1 when the input holds an inf or NaN
+// (checked on the values loaded: no extra pass over memory).
 //
 // Launch: blockDim.x a multiple of 32 (>= SEG); gridDim.x =
 // ceil(batch / (blockDim.x / SEG)); dynamic shared memory from
-// smem_bytes(...) in scipy_gpuqr/_batched_gpu.py (mirrors the layout below):
+// small_launch(...) in scipy_gpuqr/batched/_gpu.py (mirrors the layout below):
 //   [ broadcast buffers: mpb * 2 * NB elements ][ staging: mpb * N * LD elements ]
 #include "small.cuh"
 

@@ -8,16 +8,14 @@
 // and, at 128 registers, run 16 warps per SM that mostly wait on that chain.
 // Here a lane receives only the 7 other entries of the pivot row inside the
 // 8-column panel, the rest of the matrix is updated once per panel by DMMA,
-// and 80 registers give 24 warps per SM (H200, n = 32: 7.9 ms against 8.85).
-// The pivot step itself is kept short (pivot_chain: ~56 instructions, was
-// ~100): the rare pivots (zero, subnormal, >= 2^1022) are a warp-uniform
-// branch decided by the pivot search's key, the pivot row reaches the lanes
-// through shared memory, per-step bookkeeping goes to shared memory instead
-// of register selects, and the copies in and out address the tile by
-// rowx(i) ^ j (n = 32: LU 5.9-6.0 ms, inverse 6.9 ms; bench/RESULTS.md issue
-// 7). Used for N = 32 only (MMA_SIZES in
-// scipy_gpuqr/_batched_variants.py): at 16 and 24 the row-per-lane kernels
-// are faster.
+// and 80 registers give 24 warps per SM.
+// The pivot step itself is kept short (pivot_chain): the rare pivots (zero,
+// subnormal, >= 2^1022) are a warp-uniform branch decided by the pivot
+// search's key, the pivot row reaches the lanes through shared memory,
+// per-step bookkeeping goes to shared memory instead of register selects,
+// and the copies in and out address the tile by rowx(i) ^ j. Used for the
+// sizes in MMA_SIZES (scipy_gpuqr/batched/_kernel_registry.py, N = 32): at
+// 16 and 24 the row-per-lane kernels are faster.
 //
 // The matrix stays in shared memory (a swizzled tile, below) while it is
 // factorized; per panel p (columns 8p .. 8p + 7):
@@ -53,9 +51,9 @@
 // stages 1 or 2 (matrices in flight per warp); vec != 0 when both pointers
 // are 16-byte aligned. Dynamic shared memory per warp: stages * N * LDU * 16
 // bytes + 48 doubles of scratch (LU; 80 for the inverse; mma_smem_bytes in
-// scipy_gpuqr/_batched_gpu.py). Template argument V of both kernels (the
-// pivot chain's SB): 1 (default) the pivot row through shared memory, 0
-// by shuffles (H200, n = 32 LU: 6.02 against 6.26 ms).
+// scipy_gpuqr/batched/_gpu.py). Template argument V of both kernels (the
+// pivot chain's SB): 1 (default, the faster) the pivot row through shared
+// memory, 0 by shuffles.
 #include "warp.cuh"
 
 #ifndef GPUQR_MMA_THREADS
@@ -630,7 +628,7 @@ getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
 // input, not modified:  a (batch, n, n) float64
 // output:               ainv (batch, n, n), info (batch)
 // Dynamic shared memory per warp: stages * N * LDU * 16 bytes + 80 doubles
-// (mma_smem_bytes(..., inverse=True) in scipy_gpuqr/_batched_gpu.py).
+// (mma_smem_bytes(..., inverse=True) in scipy_gpuqr/batched/_gpu.py).
 // ---------------------------------------------------------------------------
 template <typename T, int N, int V = 1>
 __global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)

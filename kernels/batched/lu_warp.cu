@@ -22,7 +22,7 @@
 // Launch: blockDim.x a multiple of 32 (<= GPUQR_WARP_THREADS), any grid (the
 // warps loop over tiles); stages 1 or 2 (tiles in flight per warp); vec != 0
 // when both pointers are 16-byte aligned. Dynamic shared memory, from
-// warp_smem_bytes(...) in scipy_gpuqr/_batched_gpu.py, per warp:
+// warp_smem_bytes(...) in scipy_gpuqr/batched/_gpu.py, per warp:
 //   [ broadcast: 2 * MW * NBUF elements ] (all warps) then
 //   [ tiles: stages * TILE elements ] (all warps).
 #include "warp.cuh"
@@ -33,7 +33,7 @@
 #endif
 
 // n <= GPUQR_TINY_MAX: a thread per matrix (must match TINY_MAX in
-// scipy_gpuqr/_batched_variants.py, which sizes the launch).
+// scipy_gpuqr/batched/_kernel_registry.py, which sizes the launch).
 #ifndef GPUQR_TINY_MAX
 #define GPUQR_TINY_MAX 2
 #endif
@@ -47,15 +47,15 @@ namespace gpuqr_warp {
 //   MINB: blocks of GPUQR_WARP_THREADS that must fit on an SM (caps the
 //   registers: 2 -> 128).
 // GPUQR_G_LU / GPUQR_G_GJ / GPUQR_MINB_LU / GPUQR_MINB_GJ override them for
-// experiments (bench/batched_variants.py); the defaults are what measured
-// fastest on the H200 (bench/RESULTS.md, issue 7).
+// benchmarks (bench/batched_variants.py); the defaults are the measured
+// fastest.
 template <typename T, int N, bool GJ>
 struct WarpCfg {
 #if defined(GPUQR_G_LU) && defined(GPUQR_G_GJ)
     static constexpr int G_req = GJ ? GPUQR_G_GJ : GPUQR_G_LU;
 #else
-    // measured (bench/batched_variants.py, H200): the 2-D layout is slower
-    // for every LU and every inverse but at N = 32 in double (5 % faster)
+    // the 2-D layout is slower for every LU and every inverse but the
+    // inverse at N = 32 in double
     static constexpr int G_req = (GJ && N == 32 && sizeof(T) == 8) ? 2 : 1;
 #endif
     static constexpr int G = (N > 16 && N % G_req == 0) ? G_req : 1;
@@ -67,7 +67,7 @@ struct WarpCfg {
     // G = 1: the pivot, its reciprocal and scale and the pivot row's next
     // entry reach the lanes by shuffles (off the shared-memory round trip of
     // the rest of the pivot row) instead of through the broadcast buffer:
-    // 3-5 % faster but for the inverse at N = 24 in double (1.5 % slower).
+    // faster but for the inverse at N = 24 in double.
 #ifdef GPUQR_SHFL_PIVOT
     static constexpr bool SHFL = GPUQR_SHFL_PIVOT != 0;
 #else
@@ -193,7 +193,7 @@ __device__ __forceinline__ int tiny_lu(T (&v)[N][N], int (&pv)[N]) {
         if (d == T(0)) {
             if (z == 0) z = k + 1;
         } else {
-            const bool big = fabs(d) >= sfmin<T>();
+            const bool big = fabs(d) >= gpuqr_sfmin<T>();
             const T r = T(1) / d;
 #pragma unroll
             for (int i = k + 1; i < N; ++i) v[i][k] = big ? v[i][k] * r : v[i][k] / d;

@@ -26,21 +26,23 @@
 // one barrier, every row below the diagonal updates itself. L21 comes out of
 // the same loop (no separate triangular solve).
 //
-// solve_lu_smem / solve_chol_smem <T, NMAX>: one block per matrix, the n x n
-// factor (n <= NMAX) in shared memory stored so that the forward solve reads
-// its lower and the backward solve its upper triangle, one thread per
-// right-hand side column with the column in registers.
+// trsm_lunit<T, NB>: U12 = L11^{-1} A12 for the right half of a 64-wide
+// panel (one thread per column).
 //
-// info: as in cholesky.cu (k + 1 for the first zero pivot; -1 for a
-// non-finite entry among the L/U entries the kernel finalizes: every entry of
-// L and U is finalized by exactly one step).
+// solve_smem<T, NMAX>: solves with LU or Cholesky factors (and the inverse,
+// the identity generated in the kernel) for n <= NMAX: one block per matrix,
+// the n x n factor in shared memory stored so that the forward solve reads
+// its lower and the backward solve its upper triangle, one thread per
+// right-hand side column.
+//
+// info: 0, or k + 1 for the first exactly zero pivot (getrf_rows) or the
+// first leading minor of order k + 1 that is not positive definite
+// (potrf_rows); getrf_rows and trsm_lunit set -1 for a non-finite entry among
+// the L/U entries they finalize (every entry of L and U is finalized by
+// exactly one step; the Cholesky driver checks its input itself).
 #include "common.cuh"
 
 namespace gpuqr_rows {
-
-template <typename T> __device__ __forceinline__ T sfmin();
-template <> __device__ __forceinline__ double sfmin<double>() { return 2.2250738585072014e-308; }
-template <> __device__ __forceinline__ float sfmin<float>() { return 1.17549435e-38f; }
 
 //: logical position of a row that can no longer be a pivot
 constexpr int kNone = 1 << 20;
@@ -159,7 +161,7 @@ getrf_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ info,
             if (lpos == j) lpos = p;                    // swapped into p's place
             if (!done) {
                 T l = x[j];
-                if (pv != T(0)) l = fabs(pv) >= sfmin<T>() ? l * recip(pv) : l / pv;
+                if (pv != T(0)) l = fabs(pv) >= gpuqr_sfmin<T>() ? l * recip(pv) : l / pv;
                 x[j] = l;
                 const typename Pair<T>::type *up =
                     reinterpret_cast<const typename Pair<T>::type *>(urow);

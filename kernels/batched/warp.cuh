@@ -1,4 +1,5 @@
-// warp.cuh: helpers of the warp-per-tile batched kernels (n <= 32).
+// warp.cuh: helpers of the warp-per-tile batched kernels (n <= 32) of
+// lu_warp.cu; lu_mma.cu uses its keys, reciprocals and cp.async copies.
 //
 // Layout conventions (every kernel of lu_warp.cu):
 //   * matrices are row-major, contiguous, n*n elements each;
@@ -15,19 +16,11 @@
 //     elements (conflict-free scalar accesses).
 #pragma once
 
-#include "common.cuh"
+#include "batched.cuh"
 
 namespace gpuqr_warp {
 
-template <int N>
-struct Seg {
-    static constexpr int value = N <= 1 ? 1 : N <= 2 ? 2 : N <= 4 ? 4 :
-                                 N <= 8 ? 8 : N <= 16 ? 16 : 32;
-};
-
-template <typename T> struct Vec;
-template <> struct Vec<double> { typedef double2 type; static constexpr int width = 2; };
-template <> struct Vec<float>  { typedef float4  type; static constexpr int width = 4; };
+using namespace gpuqr_batched;   // Seg, Vec
 
 // Row layout of the shared tile of N x N matrices.
 template <typename T, int N>
@@ -44,9 +37,6 @@ struct Layout {
     static constexpr int NBUF = ((N + 2 + VW - 1) / VW) * VW + (MW == 1 ? 6 * VW : 0);
 };
 
-template <typename T> __device__ __forceinline__ T sfmin();
-template <> __device__ __forceinline__ double sfmin<double>() { return 2.2250738585072014e-308; }
-template <> __device__ __forceinline__ float sfmin<float>() { return 1.17549435e-38f; }
 // scale that makes a subnormal pivot normal / a huge pivot's reciprocal normal
 template <typename T> __device__ __forceinline__ T up_scale();
 template <> __device__ __forceinline__ double up_scale<double>() { return 18014398509481984.0; }  // 2^54
@@ -77,7 +67,7 @@ template <typename T>
 __device__ __forceinline__ T pivot_scale(T x) {
     const T ax = fabs(x);
     T s = (ax >= big_limit<T>()) ? T(1) / up_scale<T>() : T(1);
-    return (ax < sfmin<T>()) ? up_scale<T>() : s;
+    return (ax < gpuqr_sfmin<T>()) ? up_scale<T>() : s;
 }
 
 // Order-preserving key of |x|: high and low 32 bits of its IEEE pattern.
@@ -95,11 +85,6 @@ __device__ __forceinline__ bool finite_bits(float x) {
     return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u;
 }
 
-template <int SEG>
-__device__ __forceinline__ unsigned seg_mask(int lane) {
-    if constexpr (SEG == 32) return 0xffffffffu;
-    else return ((1u << SEG) - 1u) << (lane & ~(SEG - 1));
-}
 template <int SEG>
 __device__ __forceinline__ unsigned seg_bits(unsigned ballot, int lane) {
     if constexpr (SEG == 32) return ballot;

@@ -17,7 +17,9 @@ per-matrix ``info`` instead of warning or raising.
 
 The ``*_vbatched`` functions take matrices of different orders in one call
 (a list, or a padded stack with per-matrix sizes); they are implemented in
-:mod:`scipy_gpuqr.batched._vbatched` on top of the fixed-size functions.
+:mod:`scipy_gpuqr.batched._vbatched`, which is handed the fixed-size
+function it calls once per size class. :func:`block_jacobi` is built by
+:mod:`scipy_gpuqr.batched._jacobi` on :func:`inv_batched` the same way.
 """
 
 from __future__ import annotations
@@ -27,152 +29,17 @@ import warnings
 import numpy as np
 from scipy.linalg import LinAlgError, LinAlgWarning
 
-from . import _cpu
-from .._gpu import import_cupy, is_cupy_array, is_cupy_sparse
-from .._options import log_decision, resolve_backend
+from . import _cpu, _gpu, _jacobi, _vbatched
+from ._common import (as_stack, batch_names, check_finite_np, gpu_supported,
+                      nonfinite_from_info, require_finite, restore,
+                      result_dtype, to_device, to_host, use_gpu)
+from .._gpu import import_cupy, is_cupy_array
+from .._options import log_decision
 
 __all__ = ["lu_factor_batched", "lu_solve_batched", "solve_batched",
            "inv_batched", "cho_factor_batched", "cho_solve_batched",
            "block_jacobi", "lu_factor_vbatched", "solve_vbatched",
            "inv_vbatched", "cho_factor_vbatched"]
-
-#: How many offending indices an error message names.
-MAX_NAMED = 10
-
-_NONFINITE = "array must not contain infs or NaNs"
-
-
-# ----------------------------------------------------------------------------
-# validation and dispatch helpers
-# ----------------------------------------------------------------------------
-
-def _result_dtype(dtype, where: str) -> np.dtype:
-    """SciPy's LAPACK dtype rule: f32/f64/c64/c128 kept, f16 → f32, ints → f64."""
-    dtype = np.dtype(dtype)
-    if dtype.kind in "biu":
-        return np.dtype(np.float64)
-    if dtype == np.float16:
-        return np.dtype(np.float32)
-    if dtype.kind in "fc" and dtype.itemsize <= 16 and dtype != np.longdouble:
-        return dtype
-    if dtype == np.longdouble or dtype == np.clongdouble:
-        return np.dtype(np.float64 if dtype.kind == "f" else np.complex128)
-    raise ValueError(f"{where}: unsupported array dtype {dtype} "
-                     "(expected a real or complex floating or integer type)")
-
-
-def _use_gpu(x, backend, where: str) -> bool:
-    """True when the work runs on the GPU (CuPy input, or backend='gpu')."""
-    name, source = resolve_backend(backend)
-    if is_cupy_array(x):
-        if name in ("cpu", "reference", "simulate") and source == "keyword":
-            log_decision("%s: CuPy input computed on the CPU (backend=%r)",
-                         where, name)
-            return False
-        return True
-    if name == "gpu":
-        cp = import_cupy()
-        from .._gpu import gpu_available
-        if cp is None or not gpu_available():
-            warnings.warn(f"{where}: backend='gpu' requested but no GPU is "
-                          "available; computing on the CPU", RuntimeWarning,
-                          stacklevel=3)
-            return False
-        return True
-    return False
-
-
-def _as_stack(a, where: str, name: str = "a"):
-    """Validate a (..., n, n) stack; return (array on its device, batch shape)."""
-    if is_cupy_array(a):
-        arr = a
-    else:
-        if is_cupy_sparse(a) or hasattr(a, "tocsr"):
-            raise ValueError(f"{where}: sparse {name} is not supported; pass a "
-                             "dense array of shape (..., n, n)")
-        arr = np.asarray(a)
-        if arr.dtype == object or arr.dtype.kind in "SUVM":
-            raise ValueError(f"{where}: {name} must be numeric, got dtype "
-                             f"{arr.dtype}")
-    if arr.ndim < 2:
-        raise ValueError(f"{where}: expected {name} of shape (..., n, n), got "
-                         f"shape {tuple(arr.shape)}")
-    if arr.shape[-1] != arr.shape[-2]:
-        raise ValueError(f"{where}: expected square matrices, got {name}.shape="
-                         f"{tuple(arr.shape)}")
-    dt = _result_dtype(arr.dtype, where)
-    if arr.dtype != dt:
-        arr = arr.astype(dt)
-    return arr, tuple(arr.shape[:-2])
-
-
-def _name(indices, batch_shape) -> str:
-    """Readable batch indices, at most MAX_NAMED named."""
-    idx = [int(i) for i in indices]
-    shown = idx[:MAX_NAMED]
-    if len(batch_shape) > 1:
-        text = [str(tuple(int(j) for j in np.unravel_index(i, batch_shape)))
-                for i in shown]
-    elif len(batch_shape) == 1:
-        text = [str(i) for i in shown]
-    else:
-        text = ["(the only matrix)"]
-    more = f" and {len(idx) - len(shown)} more" if len(idx) > len(shown) else ""
-    return "[" + ", ".join(text) + "]" + more
-
-
-def _check_finite_np(arr, batch_shape, where: str, name: str = "a") -> None:
-    bsz = int(np.prod(batch_shape, dtype=np.int64))
-    flat = arr.reshape((bsz,) + arr.shape[len(batch_shape):])
-    ok = np.isfinite(flat).all(axis=(-2, -1))
-    if not ok.all():
-        raise ValueError(f"{where}: {_NONFINITE} ({name} at batch index "
-                         f"{_name(np.flatnonzero(~ok), batch_shape)})")
-
-
-def _require_finite(where: str, *named) -> None:
-    """ValueError naming the first ``(name, array)`` (NumPy or CuPy) holding inf/NaN."""
-    for name, x in named:
-        ok = bool(x.size == 0 or (import_cupy().isfinite(x).all().get()
-                                  if is_cupy_array(x) else np.isfinite(x).all()))
-        if not ok:
-            raise ValueError(f"{where}: {_NONFINITE} (in {name})")
-
-
-def _host(x):
-    return x.get() if is_cupy_array(x) else np.asarray(x)
-
-
-def _nonfinite_from_info(info_h, batch_shape, where, check_finite):
-    """GPU kernels flag non-finite input as info = -1."""
-    bad = info_h < 0
-    if bad.any():
-        if check_finite:
-            raise ValueError(f"{where}: {_NONFINITE} (matrices "
-                             f"{_name(np.flatnonzero(bad), batch_shape)})")
-        info_h = np.where(bad, 0, info_h)
-    return info_h
-
-
-def _gpu_module():
-    from . import _gpu as _batched_gpu
-    return _batched_gpu
-
-
-def _to_device(x):
-    cp = import_cupy()
-    return cp.ascontiguousarray(cp.asarray(x))
-
-
-def _restore(x, like_gpu_input: bool):
-    """NumPy out for NumPy in, CuPy out for CuPy in."""
-    if like_gpu_input:
-        return x
-    return x.get() if is_cupy_array(x) else x
-
-
-def _gpu_supported(dtype) -> bool:
-    return np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.float64))
 
 
 # ----------------------------------------------------------------------------
@@ -183,20 +50,20 @@ def _lu_core(arr, batch_shape, gpu: bool, where: str, check_finite: bool):
     """LU of a validated stack; returns (lu, piv, info_host) on arr's side."""
     n = arr.shape[-1]
     bsz = int(np.prod(batch_shape, dtype=np.int64))
-    if gpu and _gpu_supported(arr.dtype):
-        a3 = _to_device(arr).reshape(bsz, n, n)
-        lu, piv, info = _gpu_module().getrf(a3)
-        info_h = _nonfinite_from_info(info.get(), batch_shape, where,
-                                      check_finite)
+    if gpu and gpu_supported(arr.dtype):
+        a3 = to_device(arr).reshape(bsz, n, n)
+        lu, piv, info = _gpu.getrf(a3)
+        info_h = nonfinite_from_info(info.get(), batch_shape, where,
+                                     check_finite)
         return lu, piv, info_h
     if gpu:
         log_decision("%s: dtype %s runs on the CPU", where, arr.dtype)
-    host = _host(arr)
+    host = to_host(arr)
     if check_finite:
-        _check_finite_np(host, batch_shape, where)
+        check_finite_np(host, batch_shape, where)
     lu, piv, info = _cpu.lu_factor(host.reshape(bsz, n, n))
     if gpu:
-        lu, piv = _to_device(lu), _to_device(piv)
+        lu, piv = to_device(lu), to_device(piv)
     return lu, piv, info
 
 
@@ -237,20 +104,20 @@ def lu_factor_batched(a, *, overwrite_a=False, check_finite=True,
         ``scipy.linalg.lu_factor`` warns for one matrix.
     """
     where = "lu_factor_batched"
-    arr, batch_shape = _as_stack(a, where)
-    gpu = _use_gpu(a, backend, where)
+    arr, batch_shape = as_stack(a, where)
+    gpu = use_gpu(a, backend, where)
     n = arr.shape[-1]
     lu, piv, info = _lu_core(arr, batch_shape, gpu, where, check_finite)
-    lu = _restore(lu.reshape(arr.shape), is_cupy_array(a))
-    piv = _restore(piv.reshape(batch_shape + (n,)), is_cupy_array(a))
+    lu = restore(lu.reshape(arr.shape), is_cupy_array(a))
+    piv = restore(piv.reshape(batch_shape + (n,)), is_cupy_array(a))
     info = info.reshape(batch_shape).astype(np.int32)
     if return_info:
-        return lu, piv, (_to_device(info) if is_cupy_array(a) else info)
+        return lu, piv, (to_device(info) if is_cupy_array(a) else info)
     bad = np.flatnonzero(info.reshape(-1) > 0)
     if bad.size:
         first = int(info.reshape(-1)[bad[0]])
         warnings.warn(f"{where}: exactly singular matrices at batch index "
-                      f"{_name(bad, batch_shape)} (first: diagonal number "
+                      f"{batch_names(bad, batch_shape)} (first: diagonal number "
                       f"{first} is exactly zero). Singular matrix.",
                       LinAlgWarning, stacklevel=2)
     return lu, piv
@@ -296,7 +163,7 @@ def _rhs(b, batch_shape, n, where, xp_gpu: bool):
         xp = import_cupy()
         mat = xp.asarray(mat)
     else:
-        mat = _host(mat)
+        mat = to_host(mat)
     mat = xp.broadcast_to(mat, batch_shape + (n, k))
     bsz = int(np.prod(batch_shape, dtype=np.int64))
     mat = xp.ascontiguousarray(mat.reshape(bsz, n, k))
@@ -310,7 +177,7 @@ def _rhs(b, batch_shape, n, where, xp_gpu: bool):
 
 
 def _solve_dtype(a_dtype, b_dtype, where):
-    return np.promote_types(a_dtype, _result_dtype(b_dtype, where))
+    return np.promote_types(a_dtype, result_dtype(b_dtype, where))
 
 
 def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
@@ -345,34 +212,34 @@ def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
     if trans not in (0, 1, 2, "N", "T", "C"):
         raise ValueError(f"{where}: trans must be 0, 1 or 2, got {trans!r}")
     trans = {"N": 0, "T": 1, "C": 2}.get(trans, trans)
-    arr, batch_shape = _as_stack(lu, where, "lu")
+    arr, batch_shape = as_stack(lu, where, "lu")
     n = arr.shape[-1]
     pv = piv if is_cupy_array(piv) else np.asarray(piv)
     if tuple(pv.shape) != batch_shape + (n,):
         raise ValueError(f"{where}: piv must have shape {batch_shape + (n,)}, "
                          f"got {tuple(pv.shape)}")
-    gpu = _use_gpu(lu, backend, where)
+    gpu = use_gpu(lu, backend, where)
     dt = _solve_dtype(arr.dtype, b.dtype if hasattr(b, "dtype") else
                       np.asarray(b).dtype, where)
     bmat, shape_out = _rhs(b, batch_shape, n, where,
-                           gpu and _gpu_supported(dt))
+                           gpu and gpu_supported(dt))
     bsz = int(np.prod(batch_shape, dtype=np.int64))
     if check_finite:
-        _require_finite(where, ("lu", arr), ("b", bmat))
-    if gpu and _gpu_supported(dt):
+        require_finite(where, ("lu", arr), ("b", bmat))
+    if gpu and gpu_supported(dt):
         cp = import_cupy()
         lu3 = cp.ascontiguousarray(cp.asarray(arr, dtype=dt)).reshape(bsz, n, n)
         piv2 = cp.ascontiguousarray(cp.asarray(pv, dtype=cp.int32)).reshape(bsz, n)
-        x = _gpu_module().getrs(lu3, piv2, bmat.astype(dt, copy=False), trans)
+        x = _gpu.getrs(lu3, piv2, bmat.astype(dt, copy=False), trans)
     else:
-        lu3 = _host(arr).astype(dt, copy=False).reshape(bsz, n, n)
-        piv2 = _host(pv).astype(np.int64).reshape(bsz, n)
+        lu3 = to_host(arr).astype(dt, copy=False).reshape(bsz, n, n)
+        piv2 = to_host(pv).astype(np.int64).reshape(bsz, n)
         if piv2.size and (piv2.min() < 0 or piv2.max() >= n):
             raise ValueError(f"{where}: pivot indices out of range [0, {n})")
-        x = _cpu.lu_solve(lu3, piv2, _host(bmat).astype(dt, copy=False), trans)
+        x = _cpu.lu_solve(lu3, piv2, to_host(bmat).astype(dt, copy=False), trans)
         if gpu:
-            x = _to_device(x)
-    return _restore(shape_out(x), is_cupy_array(lu))
+            x = to_device(x)
+    return restore(shape_out(x), is_cupy_array(lu))
 
 
 # ----------------------------------------------------------------------------
@@ -383,7 +250,7 @@ def _raise_singular(where, info, batch_shape):
     bad = np.flatnonzero(info.reshape(-1) > 0)
     if bad.size:
         raise LinAlgError(f"{where}: singular matrix at batch index "
-                          f"{_name(bad, batch_shape)} (U[k, k] exactly zero)")
+                          f"{batch_names(bad, batch_shape)} (U[k, k] exactly zero)")
 
 
 def solve_batched(a, b, *, check_finite=True, return_info=False,
@@ -410,38 +277,38 @@ def solve_batched(a, b, *, check_finite=True, return_info=False,
         When some matrices are exactly singular (named by batch index).
     """
     where = "solve_batched"
-    arr, batch_shape = _as_stack(a, where)
-    gpu = _use_gpu(a, backend, where)
+    arr, batch_shape = as_stack(a, where)
+    gpu = use_gpu(a, backend, where)
     n = arr.shape[-1]
     bdt = b.dtype if hasattr(b, "dtype") else np.asarray(b).dtype
     dt = _solve_dtype(arr.dtype, bdt, where)
-    bmat, shape_out = _rhs(b, batch_shape, n, where, gpu and _gpu_supported(dt))
+    bmat, shape_out = _rhs(b, batch_shape, n, where, gpu and gpu_supported(dt))
     if check_finite and not gpu:
-        _check_finite_np(_host(bmat), (bmat.shape[0],), where, "b")
+        check_finite_np(to_host(bmat), (bmat.shape[0],), where, "b")
     if arr.dtype != dt:
         arr = arr.astype(dt)
     lu, piv, info = _lu_core(arr, batch_shape, gpu, where, check_finite)
     if not return_info:
         _raise_singular(where, info, batch_shape)
     bsz = bmat.shape[0]
-    if gpu and _gpu_supported(dt):
+    if gpu and gpu_supported(dt):
         if check_finite:
-            _require_finite(where, ("b", bmat))
-        x = _gpu_module().getrs(lu, piv, bmat.astype(dt, copy=False), 0)
+            require_finite(where, ("b", bmat))
+        x = _gpu.getrs(lu, piv, bmat.astype(dt, copy=False), 0)
         if info.any():
             x[import_cupy().asarray(info.reshape(-1) > 0)] = np.nan
     else:
         with np.errstate(all="ignore"):   # singular ones are NaN-filled below
-            x = _cpu.lu_solve(_host(lu).reshape(bsz, n, n),
-                              _host(piv).astype(np.int64).reshape(bsz, n),
-                              _host(bmat).astype(dt, copy=False), 0)
+            x = _cpu.lu_solve(to_host(lu).reshape(bsz, n, n),
+                              to_host(piv).astype(np.int64).reshape(bsz, n),
+                              to_host(bmat).astype(dt, copy=False), 0)
         x[info.reshape(-1) > 0] = np.nan
         if gpu:
-            x = _to_device(x)
-    x = _restore(shape_out(x), is_cupy_array(a))
+            x = to_device(x)
+    x = restore(shape_out(x), is_cupy_array(a))
     if return_info:
         info = info.reshape(batch_shape).astype(np.int32)
-        return x, (_to_device(info) if is_cupy_array(a) else info)
+        return x, (to_device(info) if is_cupy_array(a) else info)
     return x
 
 
@@ -472,23 +339,23 @@ def inv_batched(a, *, check_finite=True, return_info=False, backend=None):
         When some matrices are exactly singular (named by batch index).
     """
     where = "inv_batched"
-    arr, batch_shape = _as_stack(a, where)
-    gpu = _use_gpu(a, backend, where)
+    arr, batch_shape = as_stack(a, where)
+    gpu = use_gpu(a, backend, where)
     n = arr.shape[-1]
     bsz = int(np.prod(batch_shape, dtype=np.int64))
-    if gpu and _gpu_supported(arr.dtype):
-        a3 = _to_device(arr).reshape(bsz, n, n)
-        x, info = _gpu_module().getri(a3)
-        info = _nonfinite_from_info(info.get(), batch_shape, where,
-                                    check_finite)
+    if gpu and gpu_supported(arr.dtype):
+        a3 = to_device(arr).reshape(bsz, n, n)
+        x, info = _gpu.getri(a3)
+        info = nonfinite_from_info(info.get(), batch_shape, where,
+                                   check_finite)
         if not return_info:
             _raise_singular(where, info, batch_shape)
         if info.any():
             x[import_cupy().asarray(info > 0)] = np.nan
     else:
-        host = _host(arr).reshape(bsz, n, n)
+        host = to_host(arr).reshape(bsz, n, n)
         if check_finite:
-            _check_finite_np(host, (bsz,), where)
+            check_finite_np(host, (bsz,), where)
         info = np.zeros(bsz, dtype=np.int32)
         try:
             x = np.linalg.inv(host) if bsz and n else host.copy()
@@ -502,11 +369,11 @@ def inv_batched(a, *, check_finite=True, return_info=False, backend=None):
                 x[good] = np.linalg.inv(host[good])
         x = x.astype(arr.dtype, copy=False)
         if gpu:
-            x = _to_device(x)
-    x = _restore(x.reshape(arr.shape), is_cupy_array(a))
+            x = to_device(x)
+    x = restore(x.reshape(arr.shape), is_cupy_array(a))
     if return_info:
         info = info.reshape(batch_shape).astype(np.int32)
-        return x, (_to_device(info) if is_cupy_array(a) else info)
+        return x, (to_device(info) if is_cupy_array(a) else info)
     return x
 
 
@@ -549,33 +416,33 @@ def cho_factor_batched(a, lower=False, *, overwrite_a=False,
         When some matrices are not positive definite (named by batch index).
     """
     where = "cho_factor_batched"
-    arr, batch_shape = _as_stack(a, where)
-    gpu = _use_gpu(a, backend, where)
+    arr, batch_shape = as_stack(a, where)
+    gpu = use_gpu(a, backend, where)
     lower = bool(lower)
     n = arr.shape[-1]
     bsz = int(np.prod(batch_shape, dtype=np.int64))
-    if gpu and _gpu_supported(arr.dtype):
-        c, info = _gpu_module().potrf(_to_device(arr).reshape(bsz, n, n), lower)
-        info = _nonfinite_from_info(info.get(), batch_shape, where,
-                                    check_finite)
+    if gpu and gpu_supported(arr.dtype):
+        c, info = _gpu.potrf(to_device(arr).reshape(bsz, n, n), lower)
+        info = nonfinite_from_info(info.get(), batch_shape, where,
+                                   check_finite)
     else:
-        host = _host(arr).reshape(bsz, n, n)
+        host = to_host(arr).reshape(bsz, n, n)
         if check_finite:
-            _check_finite_np(host, (bsz,), where)
+            check_finite_np(host, (bsz,), where)
         c, info = _cpu.potrf(host, lower)
         if gpu:
-            c = _to_device(c)
+            c = to_device(c)
     if not return_info:
         bad = np.flatnonzero(info > 0)
         if bad.size:
             raise LinAlgError(
                 f"{where}: not positive definite at batch index "
-                f"{_name(bad, batch_shape)} (the {int(info[bad[0]])}-th leading "
+                f"{batch_names(bad, batch_shape)} (the {int(info[bad[0]])}-th leading "
                 "minor of the first is not positive definite)")
-    c = _restore(c.reshape(arr.shape), is_cupy_array(a))
+    c = restore(c.reshape(arr.shape), is_cupy_array(a))
     if return_info:
         info = info.reshape(batch_shape).astype(np.int32)
-        return c, lower, (_to_device(info) if is_cupy_array(a) else info)
+        return c, lower, (to_device(info) if is_cupy_array(a) else info)
     return c, lower
 
 
@@ -604,29 +471,29 @@ def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
     except (TypeError, ValueError):
         raise ValueError(f"{where}: c_and_lower must be the pair (c, lower) "
                          "returned by cho_factor_batched") from None
-    low = np.unique(_host(lower))
+    low = np.unique(to_host(lower))
     if low.size != 1:
         raise ValueError(f"{where}: mixed 'lower' flags are not supported")
     lower = bool(low[0])
-    arr, batch_shape = _as_stack(c, where, "c")
+    arr, batch_shape = as_stack(c, where, "c")
     n = arr.shape[-1]
-    gpu = _use_gpu(c, backend, where)
+    gpu = use_gpu(c, backend, where)
     bdt = b.dtype if hasattr(b, "dtype") else np.asarray(b).dtype
     dt = _solve_dtype(arr.dtype, bdt, where)
-    bmat, shape_out = _rhs(b, batch_shape, n, where, gpu and _gpu_supported(dt))
+    bmat, shape_out = _rhs(b, batch_shape, n, where, gpu and gpu_supported(dt))
     bsz = bmat.shape[0]
     if check_finite:
-        _require_finite(where, ("c", arr), ("b", bmat))
-    if gpu and _gpu_supported(dt):
+        require_finite(where, ("c", arr), ("b", bmat))
+    if gpu and gpu_supported(dt):
         cp = import_cupy()
         c3 = cp.ascontiguousarray(cp.asarray(arr, dtype=dt)).reshape(bsz, n, n)
-        x = _gpu_module().potrs(c3, lower, bmat.astype(dt, copy=False))
+        x = _gpu.potrs(c3, lower, bmat.astype(dt, copy=False))
     else:
-        c3 = _host(arr).astype(dt, copy=False).reshape(bsz, n, n)
-        x = _cpu.potrs(c3, lower, _host(bmat).astype(dt, copy=False))
+        c3 = to_host(arr).astype(dt, copy=False).reshape(bsz, n, n)
+        x = _cpu.potrs(c3, lower, to_host(bmat).astype(dt, copy=False))
         if gpu:
-            x = _to_device(x)
-    return _restore(shape_out(x), is_cupy_array(c))
+            x = to_device(x)
+    return restore(shape_out(x), is_cupy_array(c))
 
 
 # ----------------------------------------------------------------------------
@@ -656,8 +523,8 @@ def block_jacobi(A, block_size, *, check_finite=True, backend=None):
     LinAlgError
         When a diagonal block is exactly singular (the block is named).
     """
-    from ._jacobi import build
-    return build(A, block_size, check_finite=check_finite, backend=backend)
+    return _jacobi.build(A, block_size, inv_batched, check_finite=check_finite,
+                         backend=backend)
 
 
 # ----------------------------------------------------------------------------
@@ -668,69 +535,128 @@ def lu_factor_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
                        backend=None):
     """LU with partial pivoting of matrices of different orders.
 
-    ``a`` is a list of square arrays (all NumPy or all CuPy) or a padded
-    stack (B, N, N) with ``sizes`` (B,); results take the same form and equal
-    ``scipy.linalg.lu_factor`` per matrix. Matrices are grouped into size
-    classes, one batched factorization per class. See
-    :func:`scipy_gpuqr.batched._vbatched.lu_factor_vbatched`.
+    Per matrix the result equals ``scipy.linalg.lu_factor`` (0-based pivots).
+    Matrices are grouped into size classes, one :func:`lu_factor_batched`
+    call per class (:mod:`scipy_gpuqr.batched._vbatched`).
+
+    Parameters
+    ----------
+    a : list of (n_k, n_k) arrays, or array of shape (B, N, N)
+        All NumPy or all CuPy; a stack needs ``sizes``.
+    sizes : array_like of int, shape (B,), optional
+        Order of each matrix of a padded stack (``a[k, :n_k, :n_k]``).
+    check_finite : bool
+        Raise ValueError for infs or NaNs (naming the matrices).
+    return_info : bool
+        Also return LAPACK's ``info`` per matrix (int32, shape (B,)) instead
+        of warning about singular matrices.
+    backend : {None, 'auto', 'cpu', 'gpu'}
+        As for :func:`lu_factor_batched`.
 
     Returns
     -------
-    lu, piv : lists of arrays, or arrays (B, N, N) and (B, N)
+    lu : list of arrays or array (B, N, N)
+    piv : list of int32 arrays or int32 array (B, N)
     info : ndarray of int32, shape (B,)
         Only with ``return_info=True``.
+
+    Warns
+    -----
+    LinAlgWarning
+        When some matrices are exactly singular (named by index).
     """
-    from ._vbatched import lu_factor_vbatched as impl
-    return impl(a, sizes, check_finite=check_finite, return_info=return_info,
-                backend=backend)
+    return _vbatched.lu_factor(a, sizes, batched=lu_factor_batched,
+                               check_finite=check_finite,
+                               return_info=return_info, backend=backend)
 
 
 def solve_vbatched(a, b, sizes=None, *, check_finite=True, return_info=False,
                    backend=None):
     """Solve ``a_k x_k = b_k`` for matrices of different orders.
 
-    ``b`` is a list of (n_k,) or (n_k, m_k) arrays for a list ``a``, or an
-    array (B, N) / (B, N, m) for a padded ``a``. See
-    :func:`scipy_gpuqr.batched._vbatched.solve_vbatched`.
+    One :func:`solve_batched` call per size class
+    (:mod:`scipy_gpuqr.batched._vbatched`).
+
+    Parameters
+    ----------
+    a : list of (n_k, n_k) arrays, or array of shape (B, N, N) with ``sizes``
+    b : list of (n_k,) or (n_k, m_k) arrays for a list ``a``; array of shape
+        (B, N) or (B, N, m) for a padded ``a`` (rows beyond n_k ignored)
+    sizes : array_like of int, shape (B,), optional
+    check_finite, return_info, backend
+        As for :func:`solve_batched`; ``return_info`` returns
+        ``(x, info)`` with NaN solutions for singular matrices.
 
     Returns
     -------
-    x : list of arrays, or an array shaped like ``b``
+    x : list of arrays or array shaped like ``b`` (zero beyond n_k)
+
+    Raises
+    ------
+    LinAlgError
+        When some matrices are exactly singular (named by index).
     """
-    from ._vbatched import solve_vbatched as impl
-    return impl(a, b, sizes, check_finite=check_finite, return_info=return_info,
-                backend=backend)
+    return _vbatched.solve(a, b, sizes, batched=solve_batched,
+                           check_finite=check_finite, return_info=return_info,
+                           backend=backend)
 
 
 def inv_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
                  backend=None):
     """Inverse of matrices of different orders (``scipy.linalg.inv`` each).
 
-    See :func:`scipy_gpuqr.batched._vbatched.inv_vbatched`.
+    One :func:`inv_batched` call per size class
+    (:mod:`scipy_gpuqr.batched._vbatched`).
+
+    Parameters
+    ----------
+    a : list of (n_k, n_k) arrays, or array of shape (B, N, N) with ``sizes``
+    sizes : array_like of int, shape (B,), optional
+    check_finite, return_info, backend
+        As for :func:`inv_batched`.
 
     Returns
     -------
-    ainv : list of arrays, or array (B, N, N)
+    ainv : list of arrays or array (B, N, N) (the identity beyond n_k)
+
+    Raises
+    ------
+    LinAlgError
+        When some matrices are exactly singular (named by index).
     """
-    from ._vbatched import inv_vbatched as impl
-    return impl(a, sizes, check_finite=check_finite, return_info=return_info,
-                backend=backend)
+    return _vbatched.inv(a, sizes, batched=inv_batched, check_finite=check_finite,
+                         return_info=return_info, backend=backend)
 
 
 def cho_factor_vbatched(a, sizes=None, lower=False, *, check_finite=True,
                         return_info=False, backend=None):
     """Cholesky factorization of matrices of different orders.
 
-    Per matrix as ``scipy.linalg.cho_factor``. See
-    :func:`scipy_gpuqr.batched._vbatched.cho_factor_vbatched`.
+    Per matrix the result equals ``scipy.linalg.cho_factor`` (the factor in
+    the selected triangle, ``a``'s entries in the other one). One
+    :func:`cho_factor_batched` call per size class
+    (:mod:`scipy_gpuqr.batched._vbatched`).
+
+    Parameters
+    ----------
+    a : list of (n_k, n_k) arrays, or array of shape (B, N, N) with ``sizes``
+    sizes : array_like of int, shape (B,), optional
+    lower : bool
+    check_finite, return_info, backend
+        As for :func:`cho_factor_batched`.
 
     Returns
     -------
-    c : list of arrays, or array (B, N, N)
+    c : list of arrays or array (B, N, N) (the identity beyond n_k)
     lower : bool
     info : ndarray of int32, shape (B,)
         Only with ``return_info=True``.
+
+    Raises
+    ------
+    LinAlgError
+        When some matrices are not positive definite (named by index).
     """
-    from ._vbatched import cho_factor_vbatched as impl
-    return impl(a, sizes, lower, check_finite=check_finite,
-                return_info=return_info, backend=backend)
+    return _vbatched.cho_factor(a, sizes, lower, batched=cho_factor_batched,
+                                check_finite=check_finite,
+                                return_info=return_info, backend=backend)

@@ -1,4 +1,4 @@
-"""GPU drivers of the batched dense kernels (``kernels/batched_*.cu``).
+"""GPU drivers of the batched dense kernels (``kernels/batched/``), every n.
 
 Every function takes and returns CuPy arrays: stacks ``(B, n, n)``
 (C-contiguous, float32 or float64) and computes on the current device and
@@ -13,8 +13,9 @@ live in :mod:`scipy_gpuqr.batched._functions`.
   ``batched/cholesky.cu`` (Cholesky: one thread per row).
 * n > 32: :mod:`scipy_gpuqr.batched._gpu_blocked` (one kernel per matrix for
   n <= 64, panels with a row per thread and cuBLAS strided-batched GEMM
-  updates up to n = 512, the previous panel kernels beyond).
-* Solves (n <= 32): ``getrs_batched`` / ``potrs_batched``.
+  updates up to n = 512, panels with a thread block per matrix beyond).
+* Solves (n <= 32): ``getrs_batched`` / ``potrs_batched``
+  (:func:`scipy_gpuqr.batched._gpu_common.solve_by_columns`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import functools
 import numpy as np
 
 from . import _gpu_blocked as _blocked
+from . import _gpu_common as _common
+from ._gpu_common import device_id, dtname, solve_by_columns
 from ._kernel_registry import (MMA_SIZES, SMALL_FILES, SMALL_MAX, TINY_MAX,
-                                padded_size, small_name)
+                               padded_size, small_name)
 from .._gpu import import_cupy
 from .._kernels import load_module
 
@@ -41,29 +44,16 @@ DEFAULT_THREADS = 128
 WARP_THREADS_MAX = 256
 
 
-#: The tensor-core kernels of kernels/batched_mma.cu (a warp per matrix).
+#: The tensor-core kernels of kernels/batched/lu_mma.cu (a warp per matrix).
 MMA_KERNELS = ("getrf_mma", "getri_mma")
 
 #: Shared memory an sm_90 SM gives its blocks (the stage rule of warp_defaults).
 _SMEM_PER_SM = 227 * 1024
 
 
-def _alloc(shape, dtype):
-    """Output allocation (tests replace it to poison outputs with NaN)."""
-    return import_cupy().empty(shape, dtype=dtype)
-
-
-def _dtname(dtype) -> str:
-    return np.dtype(dtype).name
-
-
-def _device_id() -> int:
-    return import_cupy().cuda.runtime.getDevice()
-
-
 def _small_function(kernel: str, dtype, n: int):
     """The compiled ``kernel<T, n>`` of the n <= 32 families."""
-    return _small_function_cached(kernel, _dtname(dtype), n, _device_id())
+    return _small_function_cached(kernel, dtname(dtype), n, device_id())
 
 
 @functools.lru_cache(maxsize=None)
@@ -112,7 +102,7 @@ def warp_smem_bytes(size: int, itemsize: int, warps: int, stages: int,
                     tiny_max: int = TINY_MAX) -> int:
     """Dynamic shared memory of a ``getrf_warp``/``getri_warp`` block.
 
-    Mirrors ``Layout`` in kernels/batched_warp.cuh: per warp two broadcast
+    Mirrors ``Layout`` in kernels/batched/warp.cuh: per warp two broadcast
     buffers per matrix of the tile and ``stages`` tiles (none at all for
     ``size <= tiny_max``: a thread per matrix). ``tiny_max`` is the
     kernels' ``GPUQR_TINY_MAX`` (a compile-time variant may change it).
@@ -139,9 +129,8 @@ def warp_defaults(size: int, dt: str) -> tuple[int, int]:
     then hides under the factorization) while 16 warps -- the most that 128
     registers per thread allow on an SM -- still fit in the shared memory of
     an sm_90 SM with two tiles each, else one (n = 32 in double: two would
-    cap the warps per SM). The best of 64/128/256 x 1/2 on the H200 at
-    n = 8, 16, 24, 32 (within 1 %; bench/RESULTS.md, issue 7); 128 threads
-    was 2-4 % slower at n >= 24.
+    cap the warps per SM). Measured the fastest of 64/128/256 threads and
+    1/2 stages (bench/batched.py tunes them per n).
     """
     two = warp_smem_bytes(size, np.dtype(dt).itemsize, 16, 2) <= _SMEM_PER_SM
     return 256, (2 if two else 1)
@@ -149,7 +138,7 @@ def warp_defaults(size: int, dt: str) -> tuple[int, int]:
 
 def mma_smem_bytes(size: int, warps: int, stages: int, inverse: bool = False) -> int:
     """Dynamic shared memory of a ``getrf_mma`` / ``getri_mma`` block
-    (kernels/batched_mma.cu).
+    (kernels/batched/lu_mma.cu).
 
     Per warp ``stages`` tiles of ``size`` rows of whole 128-byte units (a
     row of 16-byte units rounded up to a multiple of 8) and the scratch of the
@@ -177,7 +166,7 @@ def getrf_kernel(n: int, dtype, kernel: str | None = None) -> str:
     if kernel not in (None, "warp", "mma"):
         raise ValueError(f"kernel must be None, 'warp' or 'mma', got {kernel!r}")
     mma_ok = (np.dtype(dtype) == np.float64 and n in MMA_SIZES
-              and _has_mma(_device_id()))
+              and _has_mma(device_id()))
     if kernel == "mma" and not mma_ok:
         raise ValueError(f"no tensor-core LU for n={n}, {np.dtype(dtype).name} on this device")
     return "getrf_mma" if (mma_ok and kernel != "warp") else "getrf_warp"
@@ -193,7 +182,7 @@ def getri_kernel(n: int, dtype, kernel: str | None = None) -> str:
     if kernel not in (None, "warp", "mma"):
         raise ValueError(f"kernel must be None, 'warp' or 'mma', got {kernel!r}")
     mma_ok = (np.dtype(dtype) == np.float64 and 0 < n <= SMALL_MAX
-              and padded_size(n) in MMA_SIZES and _has_mma(_device_id()))
+              and padded_size(n) in MMA_SIZES and _has_mma(device_id()))
     if kernel == "mma" and not mma_ok:
         raise ValueError(f"no tensor-core inverse for n={n}, {np.dtype(dtype).name} on this device")
     return "getri_mma" if (mma_ok and kernel != "warp") else "getri_warp"
@@ -235,19 +224,18 @@ def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
 def _launch_warp(kernel: str, size: int, n: int, x, out, batch: int, args_head,
                  args_tail, threads, stages) -> None:
     """Launch ``kernel<T, size>`` over ``batch`` matrices of size n (persistent grid)."""
-    dt = _dtname(x.dtype)
+    dt = dtname(x.dtype)
     if threads is None or stages is None:
         d_threads, d_stages = getrf_defaults(size, dt, kernel)
         threads = d_threads if threads is None else threads
         stages = d_stages if stages is None else stages
     threads = max(32, min(WARP_THREADS_MAX, (int(threads) // 32) * 32))
     fn, resident, smem, mw = _warp_config(kernel, dt, size, threads, int(stages),
-                                          _device_id())
+                                          device_id())
     warps = threads // 32
     tasks = -(-batch // mw)
     if size <= TINY_MAX:
         # a thread per matrix: one matrix per thread beats the persistent grid
-        # (n = 2 LU, 2**20 matrices on an H200: 0.023 against 0.025 ms)
         grid = max(1, -(-batch // threads))
     else:
         grid = max(1, min(resident, -(-tasks // warps)))
@@ -272,13 +260,13 @@ def getrf(a, threads: int | None = None, stages: int | None = None,
     cp = import_cupy()
     bsz, n = a.shape[0], a.shape[-1]
     a = cp.ascontiguousarray(a)
-    piv = _alloc((bsz, n), np.int32)
-    info = _alloc((bsz,), np.int32)
+    piv = _common.alloc((bsz, n), np.int32)
+    info = _common.alloc((bsz,), np.int32)
     if bsz == 0 or n == 0:
         info.fill(0)
         return a.copy(), piv, info
     if n <= SMALL_MAX:
-        lu = _alloc(a.shape, a.dtype)
+        lu = _common.alloc(a.shape, a.dtype)
         _launch_warp(getrf_kernel(n, a.dtype, kernel), n, n, a, lu, bsz,
                      (a, lu, piv, info), (), threads, stages)
         return lu, piv, info
@@ -298,7 +286,7 @@ def getrs(lu, piv, b, trans: int = 0):
     if lu.shape[-1] > SMALL_MAX:
         return _blocked.getrs(lu, piv, b, trans)
     factors = (cp.ascontiguousarray(lu), cp.ascontiguousarray(piv, dtype=cp.int32))
-    return _blocked.solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0)
+    return solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0)
 
 
 def getri(a, threads: int | None = None, stages: int | None = None,
@@ -316,8 +304,8 @@ def getri(a, threads: int | None = None, stages: int | None = None,
     if bsz == 0 or n == 0:
         return a.copy(), cp.zeros((bsz,), dtype=np.int32)
     if n <= SMALL_MAX:
-        out = _alloc(a.shape, a.dtype)
-        info = _alloc((bsz,), np.int32)
+        out = _common.alloc(a.shape, a.dtype)
+        info = _common.alloc((bsz,), np.int32)
         _launch_warp(getri_kernel(n, a.dtype, kernel), padded_size(n), n, a, out, bsz,
                      (a, out, info), (np.int32(n),), threads, stages)
         return out, info
@@ -337,8 +325,8 @@ def potrf(a, lower: bool, threads: int | None = None):
         return a.copy(), cp.zeros((bsz,), dtype=np.int32)
     if n <= SMALL_MAX:
         size = padded_size(n)
-        out = _alloc(a.shape, a.dtype)
-        info = _alloc((bsz,), np.int32)
+        out = _common.alloc(a.shape, a.dtype)
+        info = _common.alloc((bsz,), np.int32)
         fn = _small_function("potrf_small", a.dtype, size)
         grid, block, smem = small_launch(fn, size, bsz, a.itemsize, threads)
         fn(grid, block, (a, out, info, np.int64(bsz), np.int32(n),
@@ -352,5 +340,5 @@ def potrs(c, lower: bool, b):
     cp = import_cupy()
     if c.shape[-1] > SMALL_MAX:
         return _blocked.potrs(c, lower, b)
-    return _blocked.solve_by_columns("potrs_batched", c.dtype, b, (cp.ascontiguousarray(c),),
-                                     1 if lower else 0)
+    return solve_by_columns("potrs_batched", c.dtype, b, (cp.ascontiguousarray(c),),
+                            1 if lower else 0)

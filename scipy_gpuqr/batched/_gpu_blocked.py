@@ -1,4 +1,4 @@
-"""GPU drivers of the batched LU / Cholesky / solves for n > 32.
+"""GPU drivers of the batched LU / Cholesky / solves / inverse for n > 32.
 
 Every function takes and returns CuPy arrays (stacks ``(B, n, n)``,
 C-contiguous, float32 or float64) and computes on the current device and
@@ -7,22 +7,26 @@ stream; :mod:`scipy_gpuqr.batched._gpu` calls them for n > 32.
 Methods of the factorizations (``method=``; the default by n and
 operation, :func:`default_method`):
 
-* ``'fused'`` (n <= 64): the whole factorization in one kernel, one thread
-  per row holding the row in registers (``getrf_rows<T, 64, 64>`` /
-  ``potrf_rows<T, 64, 64>`` of ``kernels/batched_rows.cu``).
-* ``'rows'`` (n <= 512): blocked right-looking with panels of 64 columns,
-  each factorized as two halves of 32 (nested blocking: the left half, a
-  GEMM on the right half, the right half) by a kernel with one thread per
-  panel row (one barrier per column, lazy row swaps, the parallel swap and
-  U12 = L11⁻¹ A12 in the same kernel); the trailing update is a cuBLAS
-  strided-batched GEMM with k = 64.
-* ``'rows32'``: the same with panels of 32 (trailing GEMMs with k = 32).
-* ``'legacy'`` (any n): the previous panel kernels of
-  ``kernels/batched_blocked.cu`` (block-wide barriers per column), kept for
-  n > 512 and for comparison.
+* ``'fused'`` (n <= 64; the default for LU): the whole factorization in one
+  kernel, one thread per row holding the row in registers
+  (``getrf_rows<T, 64, 64>`` / ``potrf_rows<T, 64, 64>`` of
+  ``kernels/batched/rows.cu``).
+* ``'rows'`` (n <= 512): blocked right-looking, the panels factorized by a
+  kernel with one thread per panel row. LU: panels of 64 columns, each
+  factorized as two halves of 32 (nested blocking: the left half, a GEMM on
+  the right half, the right half; one barrier per column, lazy row swaps,
+  the parallel swap and U12 = L11⁻¹ A12 in the same kernel), the trailing
+  update a cuBLAS strided-batched GEMM with k = 64. Cholesky: panels of 32
+  (L21 comes out of the same kernel), GEMM updates with k = 32.
+* ``'panel'`` (any n; the default for n > 512, beyond one thread per panel
+  row): panel steps with a thread block per matrix and block-wide barriers
+  per column (``kernels/batched/panel.cu``), panels of 32 and cuBLAS GEMM
+  trailing updates.
 
-Solves with n <= 64 hold the factor in shared memory (``solve_smem``); the
-inverse solves with the identity generated in the kernel.
+Solves with n <= 64 hold the factor in shared memory (``solve_smem``), larger
+ones use a thread per right-hand side column
+(:func:`scipy_gpuqr.batched._gpu_common.solve_by_columns`); the inverse
+solves with the identity (generated in the kernel for n <= 64).
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ import functools
 
 import numpy as np
 
-from ._kernel_registry import (FUSED_MAX, PANEL, ROWS_MAX, ROWS_PANEL,
-                                ROWS_THREADS, STAGE_COLS, blocked_name,
-                                rows_name)
+from . import _gpu_common as _common
+from ._gpu_common import device_id, dtname, solve_by_columns
+from ._kernel_registry import (FUSED_MAX, KERNEL_VARIANTS, PANEL, PANEL_FILE,
+                               ROWS_FILE, ROWS_MAX, ROWS_PANEL, ROWS_THREADS,
+                               STAGE_COLS, panel_name, rows_name)
 from .._gpu import import_cupy
 from .._kernels import load_module
 
@@ -41,38 +47,21 @@ __all__ = ["getrf", "potrf", "getrs", "potrs", "inverse", "default_method",
            "METHODS"]
 
 #: Factorization methods, see the module docstring.
-METHODS = ("fused", "rows", "rows32", "legacy")
+METHODS = ("fused", "rows", "panel")
 
-#: Threads per block of the legacy panel kernels (GPUQR_BLOCKED_THREADS).
-LEGACY_THREADS = 256
-
-_SOLVE_THREADS = 128
-
-
-def _alloc(shape, dtype):
-    # the allocation of _batched_gpu, which the tests replace to poison outputs
-    from . import _gpu as _batched_gpu
-    return _batched_gpu._alloc(shape, dtype)
-
-
-def _dtname(dtype) -> str:
-    return np.dtype(dtype).name
-
-
-def _device_id() -> int:
-    return import_cupy().cuda.runtime.getDevice()
+#: Threads per block of the panel kernels (GPUQR_PANEL_THREADS of panel.cu).
+PANEL_THREADS = 256
 
 
 def default_method(n: int, op: str = "lu") -> str:
     """The factorization method for n > 32 (``op`` 'lu' or 'chol') unless one is asked for.
 
-    Cholesky uses panels up to n = 512: its one-kernel variant (255
-    registers per thread, a little spilled) measured slower at n = 64 on an
-    H200 (19.7 ms against 12.0 ms for 100000 matrices).
+    Cholesky uses panels for every n <= 512: its one-kernel variant (255
+    registers per thread, spilling) is slower at n = 64.
     """
     if n <= FUSED_MAX and op == "lu":
         return "fused"
-    return "rows" if n <= ROWS_MAX else "legacy"
+    return "rows" if n <= ROWS_MAX else "panel"
 
 
 def _check_method(method, n: int, op: str = "lu") -> str:
@@ -81,23 +70,21 @@ def _check_method(method, n: int, op: str = "lu") -> str:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "fused" and n > FUSED_MAX:
         raise ValueError(f"method 'fused' handles n <= {FUSED_MAX}, got n={n}")
-    if method in ("rows", "rows32") and n > ROWS_MAX:
-        raise ValueError(f"method {method!r} handles n <= {ROWS_MAX}, got n={n}")
+    if method == "rows" and n > ROWS_MAX:
+        raise ValueError(f"method 'rows' handles n <= {ROWS_MAX}, got n={n}")
     return method
 
 
 @functools.lru_cache(maxsize=None)
 def _rows_function(kernel: str, dt: str, nb: int, maxt: int, device: int):
-    from ._kernel_registry import KERNEL_VARIANTS
-    module = load_module("batched/rows.cu", KERNEL_VARIANTS["batched/rows.cu"])
+    module = load_module(ROWS_FILE, KERNEL_VARIANTS[ROWS_FILE])
     return module.get_function(rows_name(kernel, dt, nb, maxt))
 
 
 @functools.lru_cache(maxsize=None)
-def _legacy_function(kernel: str, dt: str, device: int):
-    from ._kernel_registry import KERNEL_VARIANTS
-    module = load_module("batched/blocked.cu", KERNEL_VARIANTS["batched/blocked.cu"])
-    return module.get_function(blocked_name(kernel, dt))
+def _panel_function(kernel: str, dt: str, device: int):
+    module = load_module(PANEL_FILE, KERNEL_VARIANTS[PANEL_FILE])
+    return module.get_function(panel_name(kernel, dt))
 
 
 def _rows_threads(m: int) -> int:
@@ -179,30 +166,30 @@ def getrf(a, piv, info, method: str | None = None):
     """
     bsz, n = a.shape[0], a.shape[-1]
     method = _check_method(method, n)
-    dt = _dtname(a.dtype)
-    dev = _device_id()
+    dt = dtname(a.dtype)
+    dev = device_id()
     if method == "fused":
-        lu = _alloc(a.shape, a.dtype)
+        lu = _common.alloc(a.shape, a.dtype)
         fn = _rows_function("getrf_rows", dt, FUSED_MAX, FUSED_MAX, dev)
         fn((bsz,), (_rows_threads(n),),
            (a, lu, piv, info, np.int32(n), np.int32(0), np.int32(n)))
         return lu
     lu = a.copy()
-    if method in ("rows", "rows32"):
-        _rows_lu(lu, piv, info, 2 * ROWS_PANEL if method == "rows" else ROWS_PANEL)
+    if method == "rows":
+        _rows_lu(lu, piv, info)
         return lu
     info.fill(0)
-    fn = _legacy_function("getrf_panel", dt, dev)
+    fn = _panel_function("getrf_panel", dt, dev)
     for k0 in range(0, n, PANEL):
         smem = _with_smem(fn, (n - k0) * PANEL * a.itemsize + 32 * (a.itemsize + 4))
-        fn((bsz,), (LEGACY_THREADS,), (lu, piv, info, np.int32(n), np.int32(k0)),
+        fn((bsz,), (PANEL_THREADS,), (lu, piv, info, np.int32(n), np.int32(k0)),
            shared_mem=smem)
         _lu_update(lu, n, k0, min(PANEL, n - k0))
     return lu
 
 
-def _rows_lu(lu, piv, info, outer: int) -> None:
-    """Blocked LU of ``lu`` in place with panels of ``outer`` (32 or 64) columns.
+def _rows_lu(lu, piv, info) -> None:
+    """Blocked LU of ``lu`` in place with panels of 2 * ROWS_PANEL = 64 columns.
 
     A panel of 64 is factorized as two halves (LAPACK's recursive getrf2 one
     level deep): the left half (its kernel also solves U12 for all columns to
@@ -212,8 +199,9 @@ def _rows_lu(lu, piv, info, outer: int) -> None:
     the trailing matrix.
     """
     bsz, n = lu.shape[0], lu.shape[-1]
-    dt = _dtname(lu.dtype)
-    dev = _device_id()
+    outer = 2 * ROWS_PANEL
+    dt = dtname(lu.dtype)
+    dev = device_id()
     fn = _rows_function("getrf_rows", dt, ROWS_PANEL, ROWS_THREADS, dev)
     smem = _with_smem(fn, (ROWS_PANEL * ROWS_PANEL + 2 * ROWS_PANEL * STAGE_COLS)
                       * lu.itemsize)
@@ -249,8 +237,8 @@ def potrf(a, lower: bool, method: str | None = None):
     cp = import_cupy()
     bsz, n = a.shape[0], a.shape[-1]
     method = _check_method(method, n, "chol")
-    dt = _dtname(a.dtype)
-    dev = _device_id()
+    dt = dtname(a.dtype)
+    dev = device_id()
     # on the lower triangle of the Hermitian matrix potrf reads
     finite = cp.isfinite(a).all(axis=(1, 2))
     w = cp.ascontiguousarray(a if lower else a.transpose(0, 2, 1))
@@ -260,16 +248,16 @@ def potrf(a, lower: bool, method: str | None = None):
     if method == "fused":
         fn = _rows_function("potrf_rows", dt, FUSED_MAX, FUSED_MAX, dev)
         fn((bsz,), (_rows_threads(n),), (w, info, np.int32(n), np.int32(0)))
-    elif method in ("rows", "rows32"):                   # one panel width for Cholesky
+    elif method == "rows":                               # panels of ROWS_PANEL
         fn = _rows_function("potrf_rows", dt, ROWS_PANEL, ROWS_THREADS, dev)
         for k0 in range(0, n, ROWS_PANEL):
             fn((bsz,), (_rows_threads(n - k0),), (w, info, np.int32(n), np.int32(k0)))
             _chol_update(w, n, k0, min(ROWS_PANEL, n - k0))
     else:
-        fn = _legacy_function("potrf_panel", dt, dev)
+        fn = _panel_function("potrf_panel", dt, dev)
         for k0 in range(0, n, PANEL):
             smem = _with_smem(fn, PANEL * PANEL * a.itemsize)
-            fn((bsz,), (LEGACY_THREADS,), (w, info, np.int32(n), np.int32(k0)),
+            fn((bsz,), (PANEL_THREADS,), (w, info, np.int32(n), np.int32(k0)),
                shared_mem=smem)
             _chol_update(w, n, k0, min(PANEL, n - k0))
     tri = cp.tril(cp.ones((n, n), dtype=bool))
@@ -290,11 +278,11 @@ def _solve_smem(f, piv, b, mode: int, identity: bool):
     cp = import_cupy()
     bsz, n = f.shape[0], f.shape[-1]
     k = n if identity else b.shape[-1]
-    x = _alloc((bsz, n, k), f.dtype)
+    x = _common.alloc((bsz, n, k), f.dtype)
     if bsz == 0 or n == 0 or k == 0:
         return x
-    fn = _rows_function("solve_smem", _dtname(f.dtype), FUSED_MAX, FUSED_MAX,
-                        _device_id())
+    fn = _rows_function("solve_smem", dtname(f.dtype), FUSED_MAX, FUSED_MAX,
+                        device_id())
     f = cp.ascontiguousarray(f)
     piv = f if piv is None else cp.ascontiguousarray(piv, dtype=cp.int32)
     b = x if identity else cp.ascontiguousarray(b, dtype=f.dtype)
@@ -302,25 +290,6 @@ def _solve_smem(f, piv, b, mode: int, identity: bool):
     fn((bsz,), (FUSED_MAX,), (f, piv, b, x, np.int32(n), np.int32(k),
                               np.int32(mode), np.int32(1 if identity else 0)),
        shared_mem=smem)
-    return x
-
-
-def solve_by_columns(kernel: str, dtype, b, factors: tuple, flag: int):
-    """``kernel`` (``getrs_batched``/``potrs_batched``: a thread per matrix and
-    right-hand side column, any n) on a copy of ``b`` (B, n, k).
-
-    The kernel's arguments: ``factors`` (contiguous), the solution, n, k, B
-    and ``flag`` (transposed / lower).
-    """
-    cp = import_cupy()
-    x = cp.array(b, dtype=dtype, order="C", copy=True)
-    bsz, n, k = x.shape
-    if x.size == 0:
-        return x
-    fn = _legacy_function(kernel, _dtname(dtype), _device_id())
-    grid = -(-(bsz * k) // _SOLVE_THREADS)
-    fn((grid,), (_SOLVE_THREADS,),
-       factors + (x, np.int32(n), np.int32(k), np.int64(bsz), np.int32(flag)))
     return x
 
 
@@ -339,15 +308,15 @@ def potrs(c, lower: bool, b):
     if c.shape[-1] <= FUSED_MAX:
         return _solve_smem(c, None, b, 2 if lower else 3, False)
     return solve_by_columns("potrs_batched", c.dtype, b, (cp.ascontiguousarray(c),),
-                         1 if lower else 0)
+                            1 if lower else 0)
 
 
 def inverse(a, method: str | None = None):
     """Inverse of every matrix of ``a`` (B, n, n), n > 32; returns (inv, info)."""
     cp = import_cupy()
     bsz, n = a.shape[0], a.shape[-1]
-    piv = _alloc((bsz, n), np.int32)
-    info = _alloc((bsz,), np.int32)
+    piv = _common.alloc((bsz, n), np.int32)
+    info = _common.alloc((bsz,), np.int32)
     lu = getrf(a, piv, info, method)
     if n <= FUSED_MAX:
         return _solve_smem(lu, piv, None, 0, True), info

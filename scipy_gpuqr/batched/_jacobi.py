@@ -1,14 +1,19 @@
-"""Block-Jacobi preconditioner built on :func:`scipy_gpuqr.inv_batched`.
+"""Block-Jacobi preconditioner built on a batched inverse.
 
 The diagonal blocks of a sparse (or dense) square matrix are gathered into a
 stack ``(nblocks, bs, bs)`` in one vectorized scatter, inverted in one batched
 call (plus one for a ragged last block), and applied by a batched
-matrix-vector product, on the device that holds ``A``.
+matrix-vector product, on the device that holds ``A``. The inverse
+(:func:`scipy_gpuqr.inv_batched`) is passed in by
+:func:`scipy_gpuqr.batched._functions.block_jacobi`; cupyx is imported only
+for CuPy input.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sps
+import scipy.sparse.linalg as spla
 from scipy.linalg import LinAlgError
 
 from .._gpu import import_cupy, is_cupy_array, is_cupy_sparse
@@ -32,10 +37,8 @@ def _blocks(rows, cols, vals, n, bs, xp, dtype):
     return full, last
 
 
-def build(A, block_size, *, check_finite=True, backend=None):
-    """See :func:`scipy_gpuqr.block_jacobi`."""
-    from ._functions import inv_batched
-
+def build(A, block_size, inv_batched, *, check_finite=True, backend=None):
+    """:func:`scipy_gpuqr.block_jacobi`, inverting the blocks with ``inv_batched``."""
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
         raise TypeError(f"block_jacobi: block_size must be an int, got "
                         f"{type(block_size).__name__}")
@@ -50,8 +53,7 @@ def build(A, block_size, *, check_finite=True, backend=None):
         coo = xsp.coo_matrix(A) if is_cupy_sparse(A) else xsp.coo_matrix(xp.asarray(A))
     else:
         xp = np
-        import scipy.sparse as sps
-        from scipy.sparse.linalg import LinearOperator
+        LinearOperator = spla.LinearOperator
         coo = sps.coo_matrix(A)
     if coo.ndim != 2 or coo.shape[0] != coo.shape[1]:
         raise ValueError(f"block_jacobi: A must be square, got shape {coo.shape}")

@@ -1,26 +1,31 @@
-"""Template instantiations of the batched dense kernels (no cupy import).
+"""Kernel files, template instantiations and size limits of the batched kernels.
 
-``KERNEL_VARIANTS`` is read by :mod:`scipy_gpuqr._kernels` (build check and
-cache warm-up) and by :mod:`scipy_gpuqr.batched._gpu` (run time), so both
-compile exactly the same module per file.
+``KERNEL_VARIANTS`` maps each source file of ``kernels/batched/`` to the
+template instantiations the drivers use. It is read by
+:mod:`scipy_gpuqr._kernels` (build check and cache warm-up) and by the GPU
+drivers (:mod:`scipy_gpuqr.batched._gpu`, ``_gpu_blocked`` and
+``_gpu_common``) at run time, so both compile exactly the same module per
+file. This module imports nothing (no cupy).
 """
 
 from __future__ import annotations
 
 __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
-           "small_name", "blocked_name", "padded_size", "SMALL_FILES",
+           "small_name", "panel_name", "solve_name", "padded_size", "SMALL_FILES",
            "FUSED_MAX", "ROWS_MAX", "ROWS_PANEL", "ROWS_THREADS", "STAGE_COLS",
-           "rows_name", "MMA_SIZES", "MMA_FILE"]
+           "rows_name", "MMA_SIZES", "MMA_FILE", "ROWS_FILE", "PANEL_FILE",
+           "SOLVE_FILE"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
 SMALL_MAX = 32
 
 #: Largest n of the thread-per-matrix path of the LU / inverse kernels
-#: (``GPUQR_TINY_MAX`` in kernels/batched_lu.cu: no shared memory, a matrix
-#: per thread).
+#: (``GPUQR_TINY_MAX`` in kernels/batched/lu_warp.cu: no shared memory, a
+#: matrix per thread).
 TINY_MAX = 2
 
-#: Column block of the blocked LU / Cholesky (template parameter NB).
+#: Column block of the panel kernels of n > ROWS_MAX (template parameter NB
+#: of kernels/batched/panel.cu).
 PANEL = 32
 
 #: Largest n factorized (and solved) by one kernel per matrix, a row per
@@ -36,7 +41,7 @@ ROWS_PANEL = 32
 ROWS_THREADS = ROWS_MAX
 
 #: Columns of the staging buffer of the parallel swap (kStageCols in
-#: kernels/batched_rows.cu).
+#: kernels/batched/rows.cu).
 STAGE_COLS = 64
 
 #: Register sizes of the inverse and Cholesky kernels, which take a runtime
@@ -44,14 +49,24 @@ STAGE_COLS = 64
 PADDED_SIZES = (1, 2, 4, 8, 16, 24, 32)
 
 #: Sizes whose float64 LU runs on the FP64 tensor cores on sm_80+
-#: (``getrf_mma<double, n>`` of kernels/batched_mma.cu: panels of 8 columns,
-#: trailing updates by DMMA); the other sizes, and older GPUs, use
+#: (``getrf_mma<double, n>`` of kernels/batched/lu_mma.cu: panels of 8
+#: columns, trailing updates by DMMA); the other sizes, and older GPUs, use
 #: ``getrf_warp``. The float64 inverse of every n whose padded size is here
 #: runs ``getri_mma<double, size>`` (blocked Gauss-Jordan, same file).
 MMA_SIZES = (32,)
 
-#: Source file of the tensor-core LU.
+#: Source file of the tensor-core LU and inverse.
 MMA_FILE = "batched/lu_mma.cu"
+
+#: Source file of the n > 32 kernels with a row per thread (LU and Cholesky
+#: panels, one-kernel LU for n <= FUSED_MAX, solves in shared memory).
+ROWS_FILE = "batched/rows.cu"
+
+#: Source file of the panel steps with a thread block per matrix (n > ROWS_MAX).
+PANEL_FILE = "batched/panel.cu"
+
+#: Source file of the solves with a thread per right-hand side column (any n).
+SOLVE_FILE = "batched/solve.cu"
 
 #: Source file of each n <= 32 kernel family (each variant is compiled on
 #: its own, when first used).
@@ -63,14 +78,17 @@ _CTYPES = {"float32": "float", "float64": "double"}
 
 
 def small_name(kernel: str, dtype: str, n: int) -> str:
-    """``getrf_small<double, 8>`` and friends."""
+    """``getrf_warp<double, 8>`` and friends."""
     return f"{kernel}<{_CTYPES[dtype]}, {n}>"
 
 
-def blocked_name(kernel: str, dtype: str) -> str:
-    """``getrf_panel<double, 32>``, ``getrs_batched<float>``, ..."""
-    if kernel in ("getrf_panel", "potrf_panel"):
-        return f"{kernel}<{_CTYPES[dtype]}, {PANEL}>"
+def panel_name(kernel: str, dtype: str) -> str:
+    """``getrf_panel<double, 32>``, ``potrf_panel<float, 32>``."""
+    return f"{kernel}<{_CTYPES[dtype]}, {PANEL}>"
+
+
+def solve_name(kernel: str, dtype: str) -> str:
+    """``getrs_batched<double>``, ``potrs_batched<float>``."""
     return f"{kernel}<{_CTYPES[dtype]}>"
 
 
@@ -95,11 +113,11 @@ KERNEL_VARIANTS = {
                     for k in ("getrf_mma", "getri_mma") for n in MMA_SIZES),
     "batched/cholesky.cu": tuple(
         small_name("potrf_small", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
-    "batched/blocked.cu": tuple(
-        blocked_name(k, dt)
-        for k in ("getrf_panel", "potrf_panel", "getrs_batched", "potrs_batched")
-        for dt in _CTYPES),
-    "batched/rows.cu": tuple(
+    PANEL_FILE: tuple(
+        panel_name(k, dt) for k in ("getrf_panel", "potrf_panel") for dt in _CTYPES),
+    SOLVE_FILE: tuple(
+        solve_name(k, dt) for k in ("getrs_batched", "potrs_batched") for dt in _CTYPES),
+    ROWS_FILE: tuple(
         rows_name(k, dt, nb, maxt)
         for dt in _CTYPES
         for k in ("getrf_rows", "potrf_rows")

@@ -3,9 +3,11 @@
 As MAGMA's *vbatched* routines: the matrices of a call may have different
 orders n. They are grouped into *size classes* (:data:`SIZE_CLASSES`); each
 class is gathered into one stack padded with the identity to the class's
-order and factorized by one call of the fixed-size batched routines of
-:mod:`scipy_gpuqr.batched._functions` (one launch per class for n <= 64 on the GPU,
-vectorized NumPy per class on the CPU). Padding with the identity changes
+order and factorized by one call of a fixed-size batched routine (one
+launch per class for n <= 64 on the GPU, vectorized NumPy per class on the
+CPU). The routine is passed in by the public functions of
+:mod:`scipy_gpuqr.batched._functions` (``batched=``), which document these
+functions; this module does not import them. Padding with the identity changes
 nothing: ``lu(blockdiag(A, I)) = blockdiag(lu(A), I)`` with the same pivots
 (the padded rows are zero in A's columns and never win a pivot search; a
 tie among zeros picks the earlier row), and the same holds for Cholesky,
@@ -30,11 +32,11 @@ import warnings
 import numpy as np
 from scipy.linalg import LinAlgError, LinAlgWarning
 
-from . import _functions as _b
+from ._common import NONFINITE, as_stack, batch_names, result_dtype, to_host
 from .._gpu import import_cupy, is_cupy_array
 
-__all__ = ["lu_factor_vbatched", "solve_vbatched", "inv_vbatched",
-           "cho_factor_vbatched", "SIZE_CLASSES", "size_class"]
+__all__ = ["lu_factor", "solve", "inv", "cho_factor", "SIZE_CLASSES",
+           "size_class"]
 
 #: Orders of the padded stacks (beyond the last one: multiples of 128).
 SIZE_CLASSES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56,
@@ -146,7 +148,7 @@ def _matrices(a, sizes, where: str):
                 raise ValueError(f"{where}: matrix {k} must be numeric, got "
                                  f"dtype {m.dtype}")
             mats.append(m)
-        dt = (_b._result_dtype(np.result_type(*[m.dtype for m in mats]), where)
+        dt = (result_dtype(np.result_type(*[m.dtype for m in mats]), where)
               if mats else np.dtype(np.float64))
         n = np.array([m.shape[0] for m in mats], dtype=np.int64)
         off = np.concatenate(([0], np.cumsum(n * n)[:-1])).astype(np.int64) \
@@ -154,7 +156,7 @@ def _matrices(a, sizes, where: str):
         flat = (xp.concatenate([xp.ravel(m).astype(dt, copy=False) for m in mats])
                 if mats else xp.empty(0, dtype=dt))
         return _Ragged(xp, flat, off, n, n, n, None), dt, on_gpu
-    arr, batch = _b._as_stack(a, where)
+    arr, batch = as_stack(a, where)
     if arr.ndim != 3:
         raise ValueError(f"{where}: a padded stack must have shape (B, N, N), "
                          f"got {tuple(arr.shape)}")
@@ -201,8 +203,7 @@ def _check_finite(stack, idx, where: str, name: str = "a") -> None:
     ok = xp.isfinite(stack).all(axis=(1, 2))
     ok = ok.get() if is_cupy_array(ok) else ok
     if not ok.all():
-        raise ValueError(f"{where}: array must not contain infs or NaNs "
-                         f"({name} at index {_name(idx[~ok])})")
+        raise ValueError(f"{where}: {NONFINITE} ({name} at index {_name(idx[~ok])})")
 
 
 def _square_stack(mats: _Ragged, idx, order: int, dt, check_finite: bool, where: str):
@@ -230,41 +231,11 @@ def _info_out(info, mats: _Ragged, on_gpu: bool):
 def _name(indices) -> str:
     """Matrix indices as the batched error messages name them."""
     indices = np.asarray(indices)
-    return _b._name(indices, (int(indices.max(initial=0)) + 1,))
+    return batch_names(indices, (int(indices.max(initial=0)) + 1,))
 
 
-def lu_factor_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
-                       backend=None):
-    """LU with partial pivoting of matrices of different orders.
-
-    Per matrix the result equals ``scipy.linalg.lu_factor`` (0-based pivots).
-
-    Parameters
-    ----------
-    a : list of (n_k, n_k) arrays, or array of shape (B, N, N)
-        All NumPy or all CuPy; a stack needs ``sizes``.
-    sizes : array_like of int, shape (B,), optional
-        Order of each matrix of a padded stack (``a[k, :n_k, :n_k]``).
-    check_finite : bool
-        Raise ValueError for infs or NaNs (naming the matrices).
-    return_info : bool
-        Also return LAPACK's ``info`` per matrix (int32, shape (B,)) instead
-        of warning about singular matrices.
-    backend : {None, 'auto', 'cpu', 'gpu'}
-        As for :func:`scipy_gpuqr.lu_factor_batched`.
-
-    Returns
-    -------
-    lu : list of arrays or array (B, N, N)
-    piv : list of int32 arrays or int32 array (B, N)
-    info : ndarray of int32, shape (B,)
-        Only with ``return_info=True``.
-
-    Warns
-    -----
-    LinAlgWarning
-        When some matrices are exactly singular (named by index).
-    """
+def lu_factor(a, sizes, *, batched, check_finite, return_info, backend):
+    """:func:`scipy_gpuqr.lu_factor_vbatched`; ``batched``: ``lu_factor_batched``."""
     where = "lu_factor_vbatched"
     mats, dt, on_gpu = _matrices(a, sizes, where)
     vecs = _vectors_of(mats)
@@ -276,11 +247,11 @@ def lu_factor_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
     info = np.zeros(mats.count, dtype=np.int32)
     for order, idx in _classes(mats.rows).items():
         stack = _square_stack(mats, idx, order, dt, check_finite, where)
-        lu, piv, inf = _b.lu_factor_batched(stack, check_finite=False,
-                                            return_info=True, backend=backend)
+        lu, piv, inf = batched(stack, check_finite=False, return_info=True,
+                               backend=backend)
         mats.scatter(lu_out, idx, xp.asarray(lu))
         vecs.scatter(piv_out, idx, xp.asarray(piv)[:, :, None])
-        info[idx] = _b._host(inf)
+        info[idx] = to_host(inf)
     lu_res, piv_res = mats.unpack(lu_out), vecs.unpack(piv_out, vector=True)
     if return_info:
         return lu_res, piv_res, _info_out(info, mats, on_gpu)
@@ -332,33 +303,12 @@ def _rhs_layout(b, mats: _Ragged, where: str):
             vector, barr.dtype)
 
 
-def solve_vbatched(a, b, sizes=None, *, check_finite=True, return_info=False,
-                   backend=None):
-    """Solve ``a_k x_k = b_k`` for matrices of different orders.
-
-    Parameters
-    ----------
-    a : list of (n_k, n_k) arrays, or array of shape (B, N, N) with ``sizes``
-    b : list of (n_k,) or (n_k, m_k) arrays for a list ``a``; array of shape
-        (B, N) or (B, N, m) for a padded ``a`` (rows beyond n_k ignored)
-    sizes : array_like of int, shape (B,), optional
-    check_finite, return_info, backend
-        As for :func:`scipy_gpuqr.solve_batched`; ``return_info`` returns
-        ``(x, info)`` with NaN solutions for singular matrices.
-
-    Returns
-    -------
-    x : list of arrays or array shaped like ``b`` (zero beyond n_k)
-
-    Raises
-    ------
-    LinAlgError
-        When some matrices are exactly singular (named by index).
-    """
+def solve(a, b, sizes, *, batched, check_finite, return_info, backend):
+    """:func:`scipy_gpuqr.solve_vbatched`; ``batched``: ``solve_batched``."""
     where = "solve_vbatched"
     mats, adt, on_gpu = _matrices(a, sizes, where)
     rhs, vector, bdt = _rhs_layout(b, mats, where)
-    dt = np.promote_types(adt, _b._result_dtype(bdt, where))
+    dt = np.promote_types(adt, result_dtype(bdt, where))
     x_out = rhs.empty_like(dt, identity=False)
     info = np.zeros(mats.count, dtype=np.int32)
     for order, idx in _classes(mats.rows).items():
@@ -367,10 +317,10 @@ def solve_vbatched(a, b, sizes=None, *, check_finite=True, return_info=False,
         bst = rhs.gather(idx, order, width, dt, identity=False)
         if check_finite:
             _check_finite(bst, idx, where, "b")
-        x, inf = _b.solve_batched(stack, bst, check_finite=False, return_info=True,
-                                  backend=backend)
+        x, inf = batched(stack, bst, check_finite=False, return_info=True,
+                         backend=backend)
         rhs.scatter(x_out, idx, mats.xp.asarray(x))
-        info[idx] = _b._host(inf)
+        info[idx] = to_host(inf)
     if not return_info:
         _raise_if_singular(info, where)
     res = rhs.unpack(x_out)
@@ -381,36 +331,18 @@ def solve_vbatched(a, b, sizes=None, *, check_finite=True, return_info=False,
     return res
 
 
-def inv_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
-                 backend=None):
-    """Inverse of matrices of different orders (``scipy.linalg.inv`` each).
-
-    Parameters
-    ----------
-    a : list of (n_k, n_k) arrays, or array of shape (B, N, N) with ``sizes``
-    sizes : array_like of int, shape (B,), optional
-    check_finite, return_info, backend
-        As for :func:`scipy_gpuqr.inv_batched`.
-
-    Returns
-    -------
-    ainv : list of arrays or array (B, N, N) (the identity beyond n_k)
-
-    Raises
-    ------
-    LinAlgError
-        When some matrices are exactly singular (named by index).
-    """
+def inv(a, sizes, *, batched, check_finite, return_info, backend):
+    """:func:`scipy_gpuqr.inv_vbatched`; ``batched``: ``inv_batched``."""
     where = "inv_vbatched"
     mats, dt, on_gpu = _matrices(a, sizes, where)
     out = mats.empty_like(dt, identity=True)
     info = np.zeros(mats.count, dtype=np.int32)
     for order, idx in _classes(mats.rows).items():
         stack = _square_stack(mats, idx, order, dt, check_finite, where)
-        x, inf = _b.inv_batched(stack, check_finite=False, return_info=True,
-                                backend=backend)
+        x, inf = batched(stack, check_finite=False, return_info=True,
+                         backend=backend)
         mats.scatter(out, idx, mats.xp.asarray(x))
-        info[idx] = _b._host(inf)
+        info[idx] = to_host(inf)
     if not return_info:
         _raise_if_singular(info, where)
     res = mats.unpack(out)
@@ -419,43 +351,18 @@ def inv_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
     return res
 
 
-def cho_factor_vbatched(a, sizes=None, lower=False, *, check_finite=True,
-                        return_info=False, backend=None):
-    """Cholesky factorization of matrices of different orders.
-
-    Per matrix the result equals ``scipy.linalg.cho_factor`` (the factor in
-    the selected triangle, ``a``'s entries in the other one).
-
-    Parameters
-    ----------
-    a : list of (n_k, n_k) arrays, or array of shape (B, N, N) with ``sizes``
-    sizes : array_like of int, shape (B,), optional
-    lower : bool
-    check_finite, return_info, backend
-        As for :func:`scipy_gpuqr.cho_factor_batched`.
-
-    Returns
-    -------
-    c : list of arrays or array (B, N, N) (the identity beyond n_k)
-    lower : bool
-    info : ndarray of int32, shape (B,)
-        Only with ``return_info=True``.
-
-    Raises
-    ------
-    LinAlgError
-        When some matrices are not positive definite (named by index).
-    """
+def cho_factor(a, sizes, lower, *, batched, check_finite, return_info, backend):
+    """:func:`scipy_gpuqr.cho_factor_vbatched`; ``batched``: ``cho_factor_batched``."""
     where = "cho_factor_vbatched"
     mats, dt, on_gpu = _matrices(a, sizes, where)
     out = mats.empty_like(dt, identity=True)
     info = np.zeros(mats.count, dtype=np.int32)
     for order, idx in _classes(mats.rows).items():
         stack = _square_stack(mats, idx, order, dt, check_finite, where)
-        c, _, inf = _b.cho_factor_batched(stack, lower=lower, check_finite=False,
-                                          return_info=True, backend=backend)
+        c, _, inf = batched(stack, lower=lower, check_finite=False,
+                            return_info=True, backend=backend)
         mats.scatter(out, idx, mats.xp.asarray(c))
-        info[idx] = _b._host(inf)
+        info[idx] = to_host(inf)
     bad = np.flatnonzero(info > 0)
     if bad.size and not return_info:
         raise LinAlgError(f"{where}: not positive definite at index {_name(bad)} "

@@ -1,42 +1,35 @@
-// blocked.cu: blocked right-looking LU and Cholesky steps for
-// 32 < n <= 512, and the batched triangular solves (getrs, potrs) for any n.
+// panel.cu: one panel step of the blocked LU and of the blocked Cholesky
+// with a thread block per matrix: the path for n > 512, where the
+// row-per-thread panels of rows.cu (one thread per panel row, at most 512)
+// stop. The trailing updates are cuBLAS strided-batched GEMMs issued by the
+// driver (scipy_gpuqr/batched/_gpu_blocked.py) between the steps.
 //
-// One step of the blocked LU (grid = one block per matrix):
-//   getrf_panel: the panel A[k0:n, k0:k0+NB] is factorized in shared memory
-//   (partial pivoting, LAPACK pivot order), the row interchanges are applied
-//   to the columns left and right of the panel (column-parallel swap), and
-//   U12 = L11^{-1} A12 is solved (one thread per column). The trailing update
-//   A22 -= L21 U12 is a cuBLAS strided-batched GEMM issued from Python.
-// One step of the blocked Cholesky on the lower triangle:
-//   potrf_panel: the diagonal block is factorized in shared memory and
-//   L21 = A21 L11^{-T} solved (one thread per row); A22 -= L21 L21^T is a
-//   cuBLAS GEMM.
-// info as in cholesky.cu; getrf_panel flags non-finite values among the
+// getrf_panel: the panel A[k0:n, k0:k0+NB] is factorized in shared memory
+//   (partial pivoting, LAPACK pivot order; block-wide barriers per column),
+//   the row interchanges are applied to the columns left and right of the
+//   panel (column-parallel swap), and U12 = L11^{-1} A12 is solved (one
+//   thread per column).
+// potrf_panel: on the lower triangle, the diagonal block is factorized in
+//   shared memory and L21 = A21 L11^{-T} solved (one thread per row).
+//
+// info: 0, or k + 1 for the first exactly zero pivot (getrf_panel) or the
+// first leading minor of order k + 1 that is not positive definite
+// (potrf_panel); getrf_panel sets -1 for a non-finite entry among the
 // entries it finalizes (every entry of L and U is finalized by exactly one
 // panel step, and an inf/NaN in A always leaves a non-finite entry in L/U).
 #include "common.cuh"
 
-#ifndef GPUQR_BLOCKED_THREADS
-#define GPUQR_BLOCKED_THREADS 256
+#ifndef GPUQR_PANEL_THREADS
+#define GPUQR_PANEL_THREADS 256
 #endif
-
-namespace gpuqr_blocked {
-
-template <typename T> __device__ __forceinline__ T sfmin();
-template <> __device__ __forceinline__ double sfmin<double>() { return 2.2250738585072014e-308; }
-template <> __device__ __forceinline__ float sfmin<float>() { return 1.17549435e-38f; }
-
-}  // namespace gpuqr_blocked
-
-using namespace gpuqr_blocked;
 
 // ---------------------------------------------------------------------------
 // input/output: a (batch, n, n) row-major, overwritten step by step
 // output:       piv (batch, n) entries k0..k0+nb-1; info (batch) (read too)
-// dynamic shared memory: (n - k0) * NB * sizeof(T) + 64 * (sizeof(T) + 4)
+// dynamic shared memory: (n - k0) * NB * sizeof(T) + 32 * (sizeof(T) + 4)
 // ---------------------------------------------------------------------------
 template <typename T, int NB>
-__global__ void __launch_bounds__(GPUQR_BLOCKED_THREADS)
+__global__ void __launch_bounds__(GPUQR_PANEL_THREADS)
 getrf_panel(T *__restrict__ a, int *__restrict__ piv, int *__restrict__ info,
             int n, int k0)
 {
@@ -98,7 +91,7 @@ getrf_panel(T *__restrict__ a, int *__restrict__ piv, int *__restrict__ info,
         __syncthreads();
         if (pv != T(0)) {
             const T rinv = T(1) / pv;
-            const bool big = fabs(pv) >= sfmin<T>();
+            const bool big = fabs(pv) >= gpuqr_sfmin<T>();
             for (int i = j + 1 + tid; i < m; i += nth)
                 P[i * NB + j] = big ? P[i * NB + j] * rinv : P[i * NB + j] / pv;
         }
@@ -159,7 +152,7 @@ getrf_panel(T *__restrict__ a, int *__restrict__ piv, int *__restrict__ info,
 // dynamic shared memory: NB * NB * sizeof(T)
 // ---------------------------------------------------------------------------
 template <typename T, int NB>
-__global__ void __launch_bounds__(GPUQR_BLOCKED_THREADS)
+__global__ void __launch_bounds__(GPUQR_PANEL_THREADS)
 potrf_panel(T *__restrict__ w, int *__restrict__ info, int n, int k0)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -213,84 +206,5 @@ potrf_panel(T *__restrict__ w, int *__restrict__ info, int n, int k0)
                 A[(long long)i * n + k0 + j] = s;
             }
         }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Solves with LU factors: one thread per (matrix, right-hand side column).
-// input:  lu (batch, n, n), piv (batch, n) 0-based
-// in/out: x (batch, n, nrhs): b on input, the solution on output
-// trans 0: A x = b; 1: A^T x = b
-// ---------------------------------------------------------------------------
-template <typename T>
-__global__ void getrs_batched(const T *__restrict__ lu, const int *__restrict__ piv,
-                              T *__restrict__ x, int n, int nrhs, long long batch,
-                              int trans)
-{
-    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= batch * nrhs) return;
-    const long long mat = t / nrhs;
-    const int c = (int)(t - mat * nrhs);
-    const T *L = lu + mat * (long long)n * n;
-    const int *pv = piv + mat * n;
-    T *X = x + mat * (long long)n * nrhs + c;
-    if (trans == 0) {
-        for (int k = 0; k < n; ++k) {
-            int p = pv[k];
-            if (p != k) { T tmp = X[k * nrhs]; X[k * nrhs] = X[p * nrhs]; X[p * nrhs] = tmp; }
-        }
-        for (int i = 1; i < n; ++i) {
-            T s = X[i * nrhs];
-            for (int j = 0; j < i; ++j) s -= L[i * n + j] * X[j * nrhs];
-            X[i * nrhs] = s;
-        }
-        for (int i = n - 1; i >= 0; --i) {
-            T s = X[i * nrhs];
-            for (int j = i + 1; j < n; ++j) s -= L[i * n + j] * X[j * nrhs];
-            X[i * nrhs] = s / L[i * n + i];
-        }
-    } else {
-        // U^T z = b (forward), L^T w = z (backward, unit), x = P^T w
-        for (int i = 0; i < n; ++i) {
-            T s = X[i * nrhs];
-            for (int j = 0; j < i; ++j) s -= L[j * n + i] * X[j * nrhs];
-            X[i * nrhs] = s / L[i * n + i];
-        }
-        for (int i = n - 2; i >= 0; --i) {
-            T s = X[i * nrhs];
-            for (int j = i + 1; j < n; ++j) s -= L[j * n + i] * X[j * nrhs];
-            X[i * nrhs] = s;
-        }
-        for (int k = n - 1; k >= 0; --k) {
-            int p = pv[k];
-            if (p != k) { T tmp = X[k * nrhs]; X[k * nrhs] = X[p * nrhs]; X[p * nrhs] = tmp; }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Solves with a Cholesky factor c (lower: L in the lower triangle, A = L L^T;
-// else U in the upper triangle, A = U^T U). One thread per (matrix, column).
-// ---------------------------------------------------------------------------
-template <typename T>
-__global__ void potrs_batched(const T *__restrict__ cf, T *__restrict__ x, int n,
-                              int nrhs, long long batch, int lower)
-{
-    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= batch * nrhs) return;
-    const long long mat = t / nrhs;
-    const int c = (int)(t - mat * nrhs);
-    const T *C = cf + mat * (long long)n * n;
-    T *X = x + mat * (long long)n * nrhs + c;
-    // G = lower ? L : U^T (lower triangular); solve G y = b, then G^T x = y
-    for (int i = 0; i < n; ++i) {
-        T s = X[i * nrhs];
-        for (int j = 0; j < i; ++j) s -= (lower ? C[i * n + j] : C[j * n + i]) * X[j * nrhs];
-        X[i * nrhs] = s / C[i * n + i];
-    }
-    for (int i = n - 1; i >= 0; --i) {
-        T s = X[i * nrhs];
-        for (int j = i + 1; j < n; ++j) s -= (lower ? C[j * n + i] : C[i * n + j]) * X[j * nrhs];
-        X[i * nrhs] = s / C[i * n + i];
     }
 }
