@@ -111,13 +111,13 @@ def run(name, A, host_qt, cusparse=False, split=False):
     c = g.qt_matmul(b)
     row["orth_err"] = float(cp.linalg.norm(g.q_matmul(c) - b) / cp.linalg.norm(b))
     t0 = time.perf_counter()
-    full = F._device_lstsq_ok()
+    full = F._core.device_least_squares_ok()
     row["rank_decision_s"] = time.perf_counter() - t0
     row["full_rank"] = bool(full)
-    row["rank_method"] = F._min_norm_solver().method
+    row["rank_method"] = F._core.rank_decision().method
     if full:
         t0 = time.perf_counter()
-        ds = F._device_solve()
+        ds = F._core.device_solves()
         cp.cuda.get_current_stream().synchronize()
         row["Rcsr_upload_s"] = time.perf_counter() - t0
         C = cp.ascontiguousarray(g.qt_matmul(b.reshape(-1, 1))[:ds.q].astype(cp.float64))
@@ -127,7 +127,7 @@ def run(name, A, host_qt, cusparse=False, split=False):
             dc = gs.device_solve_of(g, cusparse=True)
             row["trsv_cusparse_s"], _ = _median_events(cp, lambda: dc.upper(C), repeats=1)
             del dc
-        Rh = sp.csr_array(F._min_norm_solver().R)
+        Rh = sp.csr_array(F._core.rank_decision().R)
         Ch = C.get()
         t0 = time.perf_counter()
         spsolve_triangular(Rh, Ch, lower=False)
@@ -152,10 +152,9 @@ def run(name, A, host_qt, cusparse=False, split=False):
         row["qt_dev_vs_host_err"] = float(np.abs(qh - c.get()).max() / np.abs(qh).max())
         if full:
             t0 = time.perf_counter()
-            k = F._min_norm_solver().R.shape[0]
-            y = F._min_norm_solver().solve(qh[:k].reshape(-1, 1))
+            k = F._core.rank_decision().R.shape[0]
+            F._core.rank_decision().solve(qh[:k].reshape(-1, 1))
             row["solve_host_after_qt_s"] = time.perf_counter() - t0 + row["qt_host_s"]
-            del y
     F.free()
     if split:       # Qᵀb with every front in the task lists (no dense fronts)
         from scipy_gpuqr._engine.gpu.driver import gpu_factorize

@@ -1,9 +1,10 @@
-"""Options and the backend precedence rule (DESIGN.md section 6).
+"""Options and the backend precedence rule.
 
 Precedence, highest first: the ``backend=`` keyword of a call, the
 ``gpuqr_options=`` object, the environment variable ``SCIPY_GPUQR_BACKEND``,
 then ``"auto"``. There is no process-wide switch: every call resolves its own
-options from its arguments and the environment.
+settings from its arguments and the environment, once, at its entry point
+(:func:`resolve_settings`), and passes the resolved :class:`Settings` down.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import os
 import sys
 from typing import Mapping, Optional
 
-__all__ = ["BACKENDS", "ORDERINGS", "GpuqrOptions", "resolve_backend",
-           "resolve_options", "logger", "log_decision"]
+__all__ = ["BACKENDS", "ORDERINGS", "GpuqrOptions", "Settings", "resolve_backend",
+           "resolve_options", "resolve_settings", "settings_for", "logger", "log_decision"]
 
 #: Every backend name a caller may ask for.
 BACKENDS = ("auto", "gpu", "cpu", "reference", "simulate")
@@ -140,13 +141,57 @@ def resolve_backend(backend=None, gpuqr_options=None,
     """
     if backend is not None:
         return _check_backend(backend, "backend"), "keyword"
-    options = resolve_options(gpuqr_options)
+    return _backend_of(resolve_options(gpuqr_options), environ)
+
+
+def _backend_of(options: GpuqrOptions, environ: Mapping[str, str]) -> tuple[str, str]:
+    """The backend and its source when the call's keyword names none."""
     if options.backend is not None:
         return options.backend.lower(), "options"
     env = environ.get(ENV_BACKEND, "").strip()
     if env:
         return _check_backend(env, f"environment variable {ENV_BACKEND}"), "environment"
     return "auto", "default"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """A call's settings, resolved once at its entry point.
+
+    Attributes
+    ----------
+    backend : str
+        The backend asked for, one of :data:`BACKENDS` (``'auto'`` included).
+    source : str
+        Where that came from: ``'keyword'``, ``'options'``, ``'environment'``
+        or ``'default'``.
+    options : GpuqrOptions
+        The call's options.
+    """
+
+    backend: str
+    source: str
+    options: GpuqrOptions
+
+
+def resolve_settings(backend=None, gpuqr_options=None,
+                     environ: Mapping[str, str] = os.environ) -> Settings:
+    """Resolve a call's ``backend=`` and ``gpuqr_options=`` into :class:`Settings`.
+
+    The options are read first (a bad object raises TypeError), then the
+    backend by the precedence rule (:func:`resolve_backend`).
+    """
+    return settings_for(backend, resolve_options(gpuqr_options), environ)
+
+
+def settings_for(backend, options: GpuqrOptions,
+                 environ: Mapping[str, str] = os.environ) -> Settings:
+    """:class:`Settings` of a call whose options are already resolved."""
+    if backend is not None:
+        requested, source = _check_backend(backend, "backend"), "keyword"
+    else:
+        requested, source = _backend_of(options, environ)
+    return Settings(backend=requested, source=source, options=options)
 
 
 def log_decision(message: str, *args,

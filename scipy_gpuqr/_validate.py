@@ -9,16 +9,19 @@ Every entry point (``lsqr``, ``lsmr``, ``spsolve``, ``factorized``, ``qr``,
   int64 indices as SciPy chooses) in float64. The user's object is never
   modified: we always work on a copy.
 * The dtype SciPy would report is kept beside it (:class:`MatrixInput`), so
-  the adapters can return SciPy's dtype (float32 stays float32 where SciPy
+  the entry points can return SciPy's dtype (float32 stays float32 where SciPy
   keeps it; integers and booleans become float64).
-* ``b`` is checked against each entry point's shape rules with SciPy's
-  exception types.
-* Non-finite values in ``A`` or ``b`` raise ValueError before any work
-  (DESIGN.md section 10, like ``scipy.linalg``'s ``check_finite``).
+* ``b`` is checked by one function, :func:`check_rhs`, against the rule of
+  its entry point (:data:`LSTSQ_RHS`, :data:`SPSOLVE_RHS`, :data:`SOLVE_RHS`)
+  with SciPy's exception types and messages; a CuPy ``b`` may be checked on
+  its device without a copy to the host.
+* ``x0``, ``damp`` and ``tol`` have their own small checks.
+* Non-finite values in ``A`` or ``b`` raise ValueError before any work (like
+  ``scipy.linalg``'s ``check_finite``).
 
 Inputs we do not serve (LinearOperator, complex dtypes, pydata/sparse
-arrays) are recognised by :func:`unsupported_reason`; the adapters send them
-to SciPy's original function.
+arrays) are recognised by :func:`unsupported_reason`; the entry points send
+them to SciPy's original function.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
 
-from ._gpu import is_cupy_array, is_cupy_sparse
+from ._gpu import import_cupy, is_cupy_array, is_cupy_sparse
 
-__all__ = ["MatrixInput", "as_matrix", "unsupported_reason", "check_finite",
-           "lstsq_rhs", "spsolve_rhs", "solve_rhs", "to_output",
+__all__ = ["MatrixInput", "as_matrix", "unsupported_reason", "to_host", "check_finite",
+           "check_x0", "check_damp", "check_tol", "RhsRule", "Rhs", "LSTSQ_RHS",
+           "SPSOLVE_RHS", "SOLVE_RHS", "check_rhs", "check_superlu_cast", "to_output",
            "scipy_float_dtype"]
 
 _NUMERIC_KINDS = "biuf"
@@ -111,8 +115,8 @@ def unsupported_reason(A, *others) -> str | None:
     return None
 
 
-def _host(x):
-    """Host copy of CuPy/cupyx data; other objects pass through."""
+def to_host(x):
+    """``(x, on_gpu)``: a host copy of CuPy/cupyx data, other objects as they are."""
     if is_cupy_sparse(x) or is_cupy_array(x):
         return x.get(), True
     return x, False
@@ -146,7 +150,7 @@ def as_matrix(A, *, name: str = "A") -> MatrixInput:
     ValueError
         Not 2-D, or non-finite entries.
     """
-    A, on_gpu = _host(A)
+    A, on_gpu = to_host(A)
     if sp.issparse(A):
         fmt = A.format
         sparse_class = type(A)
@@ -213,63 +217,118 @@ def _dense_numeric(b, name: str) -> np.ndarray:
     return arr
 
 
-def lstsq_rhs(b, m: int, *, func: str = "lsqr") -> tuple[np.ndarray, bool, np.dtype]:
-    """``b`` for ``lsqr``/``lsmr``: SciPy's rule ``atleast_1d(b).squeeze()``.
-
-    A sparse ``b`` with one column is accepted (SciPy raises on it; being
-    lenient here cannot break code that works with SciPy).
-
-    Returns
-    -------
-    b : ndarray of float64, shape (m,)
-    on_gpu : bool
-    dtype : numpy.dtype
-        b's own dtype (for the result-dtype rule of lsmr).
+def check_x0(x0, n: int) -> np.ndarray | None:
+    """``x0`` of ``lsqr``/``lsmr``: None, or float64 of shape (n,) (SciPy squeezes it).
 
     Raises
     ------
     ValueError
-        ``dimension mismatch`` (SciPy's message) when b is not (m,) or (m, 1)
-        after squeezing, or when it is not numeric or not finite.
+        Not numeric, not of n entries after squeezing, or not finite.
     """
-    b, on_gpu = _host(b)
-    if sp.issparse(b):
-        b = b.toarray()
-    arr = np.atleast_1d(_dense_numeric(b, "b"))
-    if arr.dtype.kind == "c":
-        raise TypeError("complex b is served by SciPy's original function")
-    orig_shape = arr.shape
+    if x0 is None:
+        return None
+    x0, _ = to_host(x0)
+    arr = np.atleast_1d(np.asarray(x0))
+    if arr.dtype.kind not in _NUMERIC_KINDS:
+        raise ValueError(f"x0 must be numeric, got dtype {arr.dtype}")
     if arr.ndim > 1:
-        arr = arr.squeeze()
-        arr = np.atleast_1d(arr)
-    if arr.shape != (m,):
-        raise ValueError(f"dimension mismatch: {func} needs b of shape ({m},) "
-                         f"or ({m}, 1) for A with {m} rows, got {orig_shape}")
-    check_finite(arr, "b", shape=orig_shape)
-    return arr.astype(np.float64), on_gpu, arr.dtype
+        arr = np.atleast_1d(arr.squeeze())
+    if arr.shape != (n,):
+        raise ValueError(f"dimension mismatch: x0 must have shape ({n},), got {np.shape(x0)}")
+    check_finite(arr, "x0", shape=np.shape(x0))
+    return arr.astype(np.float64)
+
+
+def check_damp(damp) -> float:
+    """``damp`` of ``lsqr``/``lsmr`` as a finite float (ValueError otherwise)."""
+    damp = float(damp)
+    if not np.isfinite(damp):
+        raise ValueError(f"damp must be finite, got {damp!r}")
+    return damp
+
+
+def check_tol(tol):
+    """The rank-detection ``tol`` of ``qr``/``QRFactorization``: None, 'default' or a float >= 0."""
+    if tol is None or (isinstance(tol, str) and tol == "default"):
+        return tol
+    if isinstance(tol, str):
+        raise ValueError(f"tol must be 'default', None or a number >= 0, got {tol!r}")
+    value = float(tol)
+    if not (value >= 0 and np.isfinite(value)):
+        raise ValueError(f"tol must be 'default', None or a finite number >= 0, got {tol!r}")
+    return value
 
 
 @dataclass(frozen=True)
-class SpsolveRhs:
-    """A validated right-hand side for ``spsolve``.
+class RhsRule:
+    """How one family of entry points reads its right-hand side (SciPy's rules for it).
 
     Attributes
     ----------
-    B : ndarray of float64, shape (n, k)
-        Dense copy (sparse b densified column block by column block later
-        would save memory; for now it is densified once).
+    sparse : {'densify', 'keep', 'reject'}
+        A sparse b is densified (``lsqr``/``lsmr``), kept as sparse (``spsolve``:
+        x is sparse when b has several columns), or refused with TypeError
+        (``SuperLU.solve``'s rule, for ``factorized`` and ``QRFactorization.solve``).
+    squeeze : bool
+        SciPy's ``atleast_1d(b).squeeze()`` and a b of exactly (n,) after it
+        (``lsqr``/``lsmr``); otherwise b is 1-D or 2-D with n rows.
+    column_is_vector : bool
+        A b of shape (n, 1) gives a 1-D x (``spsolve``).
+    complex_message : str
+        The TypeError's message for complex b.
+    mismatch : str
+        The ValueError's message for a b of the wrong size; formatted with
+        ``n``, ``rows`` (b's), ``shape`` (b's), ``func`` and ``name``.
+    """
+
+    sparse: str
+    squeeze: bool
+    column_is_vector: bool
+    complex_message: str
+    mismatch: str
+
+
+#: ``lsqr``/``lsmr``: b of shape (m,) or (m, 1), sparse accepted.
+LSTSQ_RHS = RhsRule(
+    sparse="densify", squeeze=True, column_is_vector=True,
+    complex_message="complex b is served by SciPy's original function",
+    mismatch="dimension mismatch: {func} needs b of shape ({n},) or ({n}, 1) "
+             "for A with {n} rows, got {shape}")
+
+#: ``spsolve``: b of shape (n,), (n, 1) or (n, k), dense or sparse.
+SPSOLVE_RHS = RhsRule(
+    sparse="keep", squeeze=False, column_is_vector=True,
+    complex_message="complex b is served by SciPy's original function",
+    mismatch="matrix - rhs dimension mismatch (({n}, {n}) - {rows})")
+
+#: ``factorized``'s solver and ``QRFactorization.solve``: dense b of shape (n,) or (n, k).
+SOLVE_RHS = RhsRule(
+    sparse="reject", squeeze=False, column_is_vector=False,
+    complex_message="complex right-hand sides are not supported yet",
+    mismatch="{name} is of incompatible size: expected {n} rows, got shape {shape}")
+
+
+@dataclass(frozen=True)
+class Rhs:
+    """A validated right-hand side.
+
+    Attributes
+    ----------
+    B : ndarray or cupy.ndarray of float64, shape (n, k)
+        A copy; CuPy when b was checked on its device (``on_device=True``).
     is_vector : bool
-        SciPy returns a 1-D x: b was (n,), (n, 1), or a sparse (n, 1).
+        x is 1-D (b was (n,), or (n, 1) where the rule says so).
     is_sparse : bool
-        b was sparse with more than one column: x is sparse.
+        b was sparse with several columns and the rule keeps it sparse: x is sparse.
     dtype : numpy.dtype
-        b's dtype.
+        b's own dtype (result-dtype rules).
     fmt : str or None
         b's sparse format.
     on_gpu : bool
+        The caller passed CuPy/cupyx data.
     """
 
-    B: np.ndarray
+    B: object
     is_vector: bool
     is_sparse: bool
     dtype: np.dtype
@@ -277,68 +336,112 @@ class SpsolveRhs:
     on_gpu: bool
 
 
-def spsolve_rhs(b, n: int) -> SpsolveRhs:
-    """``b`` for ``spsolve`` with SciPy's shape rules and exception types."""
-    b, on_gpu = _host(b)
-    if sp.issparse(b):
-        dtype = b.dtype
-        orig_shape = b.shape
-        if dtype.kind not in _NUMERIC_KINDS:
-            raise ValueError(f"b must be numeric, got dtype {dtype}")
-        if b.ndim != 2:
-            b = sp.csc_array(b.reshape(-1, 1)) if b.ndim == 1 else b
-        if b.shape[0] != n:
-            raise ValueError(f"matrix - rhs dimension mismatch (({n}, {n}) - {b.shape[0]})")
-        is_vector = b.shape[1] == 1
-        B = b.toarray().astype(np.float64)
-        check_finite(B, "b", shape=orig_shape)
-        return SpsolveRhs(B=B, is_vector=is_vector, is_sparse=not is_vector,
-                          dtype=np.dtype(dtype), fmt=b.format, on_gpu=on_gpu)
-    arr = _dense_numeric(b, "b")
-    if arr.dtype.kind == "c":
-        raise TypeError("complex b is served by SciPy's original function")
-    if arr.ndim not in (1, 2):
-        raise ValueError(f"b must be 1-D or 2-D, got shape {arr.shape}")
-    if arr.shape[0] != n:
-        raise ValueError(f"matrix - rhs dimension mismatch (({n}, {n}) - {arr.shape[0]})")
-    is_vector = arr.ndim == 1 or arr.shape[1] == 1
-    B = arr.reshape(n, 1 if arr.ndim == 1 else arr.shape[1]).astype(np.float64)
-    check_finite(B, "b", shape=arr.shape)
-    return SpsolveRhs(B=B, is_vector=is_vector, is_sparse=False,
-                      dtype=arr.dtype, fmt=None, on_gpu=on_gpu)
+def check_rhs(b, n: int, rule: RhsRule, *, name: str = "b", func: str = "",
+              on_device: bool = False) -> Rhs:
+    """Check a right-hand side against ``rule`` with SciPy's exception types and messages.
 
-
-def solve_rhs(b, n: int, *, name: str = "b") -> tuple[np.ndarray, bool, bool]:
-    """Dense ``b`` of shape (n,) or (n, k) for ``factorized``/``QRFactorization``.
+    Parameters
+    ----------
+    b : array_like, sparse, CuPy or cupyx
+        The caller's right-hand side.
+    n : int
+        Rows b must have.
+    rule : RhsRule
+        :data:`LSTSQ_RHS`, :data:`SPSOLVE_RHS` or :data:`SOLVE_RHS`.
+    name : str
+        b's name in messages.
+    func : str
+        The entry point's name in messages (``lsqr``/``lsmr``).
+    on_device : bool
+        b is a dense CuPy array to be checked and kept on its device (the
+        finiteness check reads back one flag, never b); it is never copied
+        to the host.
 
     Returns
     -------
-    B : ndarray of float64, shape (n, k)
-    is_vector : bool
-        b was 1-D (the result is 1-D).
-    on_gpu : bool
+    Rhs
 
     Raises
     ------
     TypeError
-        Sparse b (SuperLU.solve's rule).
+        Complex b; sparse b where the rule refuses it.
     ValueError
-        Wrong size, too many dimensions, non-numeric or non-finite.
+        Non-numeric, of the wrong size or dimension, or non-finite b.
     """
-    b, on_gpu = _host(b)
+    if on_device:
+        return _device_rhs(b, n, rule, name)
+    b, on_gpu = to_host(b)
     if sp.issparse(b):
-        raise TypeError(f"{name} must be a dense array, got {type(b).__name__}")
+        if rule.sparse == "reject":
+            raise TypeError(f"{name} must be a dense array, got {type(b).__name__}")
+        if rule.sparse == "keep":
+            return _sparse_rhs(b, n, rule, name, on_gpu)
+        b = b.toarray()
     arr = _dense_numeric(b, name)
+    if rule.squeeze:
+        arr = np.atleast_1d(arr)
     if arr.dtype.kind == "c":
-        raise TypeError("complex right-hand sides are not supported yet")
-    if arr.ndim not in (1, 2):
-        raise ValueError(f"{name} must be 1-D or 2-D, got shape {arr.shape}")
-    if arr.shape[0] != n:
-        raise ValueError(f"{name} is of incompatible size: expected {n} rows, "
-                         f"got shape {arr.shape}")
-    check_finite(arr, name)
+        raise TypeError(rule.complex_message)
+    shape = arr.shape
+    if rule.squeeze:
+        if arr.ndim > 1:
+            arr = np.atleast_1d(arr.squeeze())
+        if arr.shape != (n,):
+            raise ValueError(rule.mismatch.format(n=n, rows=shape[0], shape=shape,
+                                                  func=func, name=name))
+        is_vector = True
+    else:
+        if arr.ndim not in (1, 2):
+            raise ValueError(f"{name} must be 1-D or 2-D, got shape {shape}")
+        if shape[0] != n:
+            raise ValueError(rule.mismatch.format(n=n, rows=shape[0], shape=shape,
+                                                  func=func, name=name))
+        is_vector = arr.ndim == 1 or (rule.column_is_vector and shape[1] == 1)
     B = arr.reshape(n, 1 if arr.ndim == 1 else arr.shape[1]).astype(np.float64)
-    return B, arr.ndim == 1, on_gpu
+    check_finite(B, name, shape=shape)
+    return Rhs(B=B, is_vector=is_vector, is_sparse=False, dtype=arr.dtype, fmt=None,
+               on_gpu=on_gpu)
+
+
+def _sparse_rhs(b, n: int, rule: RhsRule, name: str, on_gpu: bool) -> Rhs:
+    """A sparse b kept sparse (``spsolve``): x is sparse when b has several columns."""
+    dtype = b.dtype
+    shape = b.shape
+    if dtype.kind not in _NUMERIC_KINDS:
+        raise ValueError(f"{name} must be numeric, got dtype {dtype}")
+    if b.ndim != 2:
+        b = sp.csc_array(b.reshape(-1, 1)) if b.ndim == 1 else b
+    if b.shape[0] != n:
+        raise ValueError(rule.mismatch.format(n=n, rows=b.shape[0], shape=shape, func="",
+                                              name=name))
+    is_vector = b.shape[1] == 1
+    B = b.toarray().astype(np.float64)
+    check_finite(B, name, shape=shape)
+    return Rhs(B=B, is_vector=is_vector, is_sparse=not is_vector, dtype=np.dtype(dtype),
+               fmt=b.format, on_gpu=on_gpu)
+
+
+def _device_rhs(b, n: int, rule: RhsRule, name: str) -> Rhs:
+    """A dense CuPy b checked where it lies (same rules and messages as on the host)."""
+    xp = import_cupy()
+    if b.dtype.kind == "c":
+        raise TypeError(rule.complex_message)
+    if b.dtype.kind not in _NUMERIC_KINDS:
+        raise ValueError(f"{name} must be numeric, got dtype {b.dtype}")
+    if b.ndim not in (1, 2):
+        raise ValueError(f"{name} must be 1-D or 2-D, got shape {b.shape}")
+    if b.shape[0] != n:
+        raise ValueError(rule.mismatch.format(n=n, rows=b.shape[0], shape=b.shape, func="",
+                                              name=name))
+    if b.size and not bool(xp.isfinite(b).all()):
+        bad = int(xp.count_nonzero(~xp.isfinite(b)))
+        raise ValueError(f"{name} (shape {b.shape}) contains {bad} non-finite "
+                         "value(s) (inf or NaN)")
+    B = xp.ascontiguousarray(b.reshape(n, -1) if b.ndim == 2 else b.reshape(n, 1),
+                             dtype=np.float64)
+    is_vector = b.ndim == 1 or (rule.column_is_vector and b.shape[1] == 1)
+    return Rhs(B=B, is_vector=is_vector, is_sparse=False, dtype=np.dtype(b.dtype),
+               fmt=None, on_gpu=True)
 
 
 def check_superlu_cast(b, dtype) -> None:
@@ -375,20 +478,17 @@ def check_superlu_cast(b, dtype) -> None:
 
 
 def to_output(x, on_gpu: bool):
-    """Return ``x`` as CuPy (dense or cupyx sparse) when the caller used CuPy.
+    """Return host data ``x`` as CuPy (dense or cupyx sparse) when the caller used CuPy.
 
-    Notes
-    -----
-    For now the computation runs on the host and results are copied to the
-    current CuPy device; the GPU engine will compute there directly.
+    Results computed on the host go back to the current CuPy device this way;
+    results computed on the device are returned as they are by their callers.
     """
     if not on_gpu:
         return x
-    from ._gpu import import_cupy
     cp = import_cupy()
     if cp is None:  # cannot happen: the input was CuPy
         return x
     if sp.issparse(x):
-        import cupyx.scipy.sparse as csp
+        import cupyx.scipy.sparse as csp      # optional dependency
         return csp.csc_matrix(sp.csc_matrix(x))
     return cp.asarray(x)

@@ -13,8 +13,8 @@ from scipy.sparse import SparseEfficiencyWarning
 
 import scipy_gpuqr
 from scipy_gpuqr import factorized, lsmr, lsqr, qr, spsolve
-from scipy_gpuqr._api import adapters as _adapters
-from scipy_gpuqr._api.originals import ORIGINALS
+from scipy_gpuqr._api import fallback as _fallback
+from scipy_gpuqr._api.originals import ORIGINALS, original
 
 EPS = np.finfo(np.float64).eps
 
@@ -33,7 +33,6 @@ def test_signature_prefix_matches_scipy(name):
 
 
 def test_originals_are_scipys_defining_functions():
-    from scipy.sparse.linalg._isolve import lsqr as _  # noqa: F401
     import importlib
     assert ORIGINALS["lsqr"] is vars(importlib.import_module(
         "scipy.sparse.linalg._isolve.lsqr"))["lsqr"]
@@ -233,7 +232,7 @@ def test_fallbacks_call_scipy_originals(rng, monkeypatch):
             calls.append(name)
             return real[name](*args, **kwargs)
         return f
-    monkeypatch.setattr(_adapters, "original", spy)
+    monkeypatch.setattr(_fallback, "original", spy)
     Ac = A.astype(np.complex128)
     bc = np.ones(10) + 1j
     x = lsqr(Ac, bc, atol=1e-12, btol=1e-12)[0]
@@ -342,19 +341,20 @@ def test_iterate_first_stops_early_when_hopeless(rng):
     n = 300
     U, _ = np.linalg.qr(rng.standard_normal((n, n)))
     A = sp.csc_array((U * np.logspace(0, -14, n)) @ U.T)
-    found, why, progress = _iterate_first.try_lsqr(A, rng.standard_normal(n), 0.0)
+    found, why, progress = _iterate_first.try_lsqr(A, rng.standard_normal(n), 0.0,
+                                                   lsqr=original("lsqr"))
     assert found is None and progress.itn <= 2 * _iterate_first.FIRST_CHUNK
     assert "projects" in why or "istop" in why, why
 
 
 def test_iterate_first_allowance_follows_predicted_factorization_time(rng, monkeypatch):
     """LSQR may spend ITERATION_SHARE of the predicted factorization time, no more."""
-    from scipy_gpuqr._api import adapters as _adapters
+    from scipy_gpuqr._dispatch import iterate_first as _iterate_first
     A = _well(rng, 300, 120)
     b = rng.standard_normal(300)
-    monkeypatch.setattr(_adapters, "predicted_seconds", lambda *a, **k: 0.0)
+    monkeypatch.setattr(_iterate_first, "predicted_seconds", lambda *a, **k: 0.0)
     assert lsqr(A, b)[2] == 0                       # no allowance: the QR answers
-    monkeypatch.setattr(_adapters, "predicted_seconds", lambda *a, **k: 1e3)
+    monkeypatch.setattr(_iterate_first, "predicted_seconds", lambda *a, **k: 1e3)
     out = lsqr(A, b)
     assert out[2] > 0 and _bwd(A, out[0], b) <= 16 * EPS
 

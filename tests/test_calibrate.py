@@ -18,9 +18,11 @@ from conftest import REPO
 from scipy_gpuqr._dispatch import calibrate as _calibrate
 from scipy_gpuqr._dispatch import plan as _dispatch
 from scipy_gpuqr import _gpu as gpu_mod
-from scipy_gpuqr._dispatch.calibrate import (Calibration, LadderProblem, calibrate_sparse,
-                                    calibration_file, fit_threshold, load_calibration,
-                                    load_threshold, warm_median)
+from scipy_gpuqr._dispatch.calibrate import (LadderProblem, calibrate_sparse, fit_threshold,
+                                             warm_median)
+from scipy_gpuqr._dispatch.calibration import (Calibration, calibration_file, load_calibration,
+                                               load_threshold, store_calibration)
+from scipy_gpuqr._options import resolve_settings
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
 DEVICE = {"name": "Test GPU 9000", "compute_capability": "90", "cupy_version": "0.test"}
@@ -187,7 +189,7 @@ def _store(threshold, directory):
     cal = Calibration(gpu_name=DEVICE["name"], compute_capability="90",
                       cupy_version="0.test", threshold=threshold, points=(),
                       date="2026-11-22")
-    _calibrate._write(calibration_file(directory), cal)
+    store_calibration(calibration_file(directory), cal)
 
 
 def test_dispatch_uses_calibrated_threshold(fake_gpu, monkeypatch, capsys):
@@ -209,12 +211,13 @@ def test_dispatch_uses_calibrated_threshold(fake_gpu, monkeypatch, capsys):
     assert F.info["backend"] == "gpu" and F.info["threshold"] == 5.0
     assert "calibrated 2026-11-22" in capsys.readouterr().err
     # the options object wins over the calibration
-    plan = _dispatch.plan_factorization(A, gpuqr_options=GpuqrOptions(intensity_threshold=100))
+    plan = _dispatch.plan_factorization(
+        A, resolve_settings(gpuqr_options=GpuqrOptions(intensity_threshold=100)))
     assert plan.backend == "cpu" and plan.threshold_source == "from gpuqr_options"
     _store(math.inf, fake_gpu)
     assert _dispatch.plan_factorization(A).backend == "cpu"
     # explicit backends never consult the threshold
-    assert _dispatch.plan_factorization(A, backend="cpu").threshold is None
+    assert _dispatch.plan_factorization(A, resolve_settings("cpu")).threshold is None
 
 
 # -- the CLI ---------------------------------------------------------------------------
@@ -235,8 +238,8 @@ def test_cli_with_injected_timings(fake_gpu, monkeypatch, capsys):
     from scipy_gpuqr._cli import main as _cli
     monkeypatch.setattr(_calibrate, "default_ladder", lambda quick=False: _ladder())
     monkeypatch.setattr(_calibrate, "_default_timer",
-                        lambda backends, repeats: (_power_law_timer(20.0),
-                                                   {"cpu": "cpu", "gpu": "gpu"}))
+                        lambda backends, repeats, solve: (_power_law_timer(20.0),
+                                                          {"cpu": "cpu", "gpu": "gpu"}))
     assert _cli.main(["calibrate", "--quick"]) == 0
     text = capsys.readouterr().out
     assert "GPU/CPU" in text and "threshold 20 flops/byte, calibrated" in text
@@ -247,21 +250,28 @@ def test_cli_with_injected_timings(fake_gpu, monkeypatch, capsys):
     assert len(data["points"]) == 6 and data["path"] == str(calibration_file(fake_gpu))
 
 
+def test_measurement_needs_the_solve_it_times(fake_gpu):
+    """Without an injected timer the caller passes the least-squares solve to time."""
+    with pytest.raises(ValueError, match="solve="):
+        calibrate_sparse(_ladder()[:1], device=DEVICE, directory=fake_gpu)
+    assert not calibration_file(fake_gpu).exists()
+
+
 def test_default_timer_times_factorization_and_least_squares_solve(monkeypatch):
     """The real timer (CPU backends here) runs lsqr's solve on each factorization it times."""
-    from scipy_gpuqr._factor.factorization import QRFactorization
+    from scipy_gpuqr._factor.factored import FactoredQR, least_squares_probe
     from scipy_gpuqr._symbolic import analyze
 
     solved = []
-    original = QRFactorization._solve_host
+    original = FactoredQR.least_squares
 
     def counting(self, B):
         X = original(self, B)
-        solved.append((self._plan.backend, B.shape, X.shape))
+        solved.append((self.plan.backend, B.shape, X.shape))
         return X
 
-    monkeypatch.setattr(QRFactorization, "_solve_host", counting)
-    timer, ran = _calibrate._default_timer(("cpu", "reference"), 2)
+    monkeypatch.setattr(FactoredQR, "least_squares", counting)
+    timer, ran = _calibrate._default_timer(("cpu", "reference"), 2, least_squares_probe)
     A = chessboard_boundary(5, 6, 2)          # rank-deficient: the rank decision is timed too
     seconds = timer("reference", "ch5-6-b2", A, analyze(A))
     assert seconds > 0 and ran["reference"] == "reference"

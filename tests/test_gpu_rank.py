@@ -17,6 +17,7 @@ import scipy.sparse as sp
 from scipy_gpuqr import QRFactorization, lsqr, qr
 from scipy_gpuqr._factor import lstsq as _lstsq
 from scipy_gpuqr._dispatch.plan import backend_factorizer
+from scipy_gpuqr._factor.rank_refine import factorizer
 from scipy_gpuqr._engine.host.reference import default_tol
 from scipy_gpuqr._testing_matrices import chessboard_boundary
 
@@ -42,7 +43,7 @@ def test_qr_rank_on_gpu_equals_suitesparse(matrices_dir, case):
     else:
         from scipy_gpuqr.io import mmread
         A = sp.csc_array(mmread(str(matrices_dir / f"{what}.mtx"))).astype(np.float64)
-    f, ran, _ = backend_factorizer("gpu")
+    f, ran, _ = factorizer("gpu")
     num = f(A, ordering="colamd", colperm=None, tol="default")
     assert num.info.get("backend") == "gpu"
     assert "GPU" in num.info["rank_detection"]
@@ -107,7 +108,7 @@ def test_dense_svd_of_r_runs_on_the_gpu(rng, backend, options):
     b = rng.standard_normal(A.shape[0])
     F = QRFactorization(A, backend=backend, gpuqr_options=options)
     x = F.solve(b)
-    solver = F._min_norm_solver()
+    solver = F._core.rank_decision()
     assert solver.method == "svd"
     assert isinstance(solver._svd[0], cupy.ndarray)
     assert F.info["backend"] == ("gpu" if backend == "gpu" else "cpu")

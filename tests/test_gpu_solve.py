@@ -353,7 +353,7 @@ def test_device_solve_refines_ill_conditioned_problems_like_the_host():
     # full rank, cond 1e11 (eps·cond > REFINE_ABOVE): the device solve refines with
     # A's own residuals, as the host solve does, and gets the host's backward error
     from scipy_gpuqr import QRFactorization
-    from scipy_gpuqr._factor import factorization as _factor
+    from scipy_gpuqr._factor import factored as _factored
     cp = _cp()
     rng = np.random.default_rng()
     m, n = 400, 300
@@ -370,15 +370,15 @@ def test_device_solve_refines_ill_conditioned_problems_like_the_host():
 
     host = QRFactorization(As, backend="reference")
     dev = QRFactorization(As, backend="gpu")
-    assert dev._min_norm_solver().method == "triangular" and dev._refines()
+    assert dev._core.rank_decision().method == "triangular" and dev._core.refines()
     x_dev = dev.solve(b)
     x_dev_cupy = dev.solve(cp.asarray(b)).get()
-    saved = _factor.REFINE_STEPS
+    saved = _factored.REFINE_STEPS
     try:
-        _factor.REFINE_STEPS = 0
+        _factored.REFINE_STEPS = 0
         plain = be(QRFactorization(As, backend="gpu").solve(b))
     finally:
-        _factor.REFINE_STEPS = saved
+        _factored.REFINE_STEPS = saved
     ref = be(host.solve(b))
     assert be(x_dev) <= max(2 * ref, 10 * EPS), (be(x_dev), ref, plain)
     assert be(x_dev_cupy) <= max(2 * ref, 10 * EPS)
@@ -417,12 +417,19 @@ def _device_solve_near_lstsq(F, A, b, rtol):
 
 
 def _no_host_path(monkeypatch):
-    """Fail if a solve copies b to the host or replays Q there."""
-    from scipy_gpuqr._factor import factorization as _factor
+    """Fail if a solve copies a CuPy b to the host or replays Q there."""
+    from scipy_gpuqr import _validate
+    from scipy_gpuqr._gpu import is_cupy_array
+    to_host = _validate.to_host
+
+    def guarded(x):
+        if is_cupy_array(x):
+            raise AssertionError("host path taken: b copied to the host")
+        return to_host(x)
 
     def boom(*a, **k):
         raise AssertionError("host path taken")
-    monkeypatch.setattr(_factor, "solve_rhs", boom)
+    monkeypatch.setattr(_validate, "to_host", guarded)
     monkeypatch.setattr(gs, "host_matmul", boom)
 
 
@@ -445,7 +452,7 @@ def test_solve_on_device_matches_lstsq(monkeypatch, budget):
             warnings.simplefilter("error")
             F = QRFactorization(A, backend="gpu", gpuqr_options=opts)
         assert F.numeric.on_device(), name
-        assert F._device_lstsq_ok(), (name, F._min_norm_solver().method)
+        assert F._core.device_least_squares_ok(), (name, F._core.rank_decision().method)
         b = rng.standard_normal(m)
         Bk = rng.standard_normal((m, 5))
         with monkeypatch.context() as mp:
@@ -478,7 +485,7 @@ def test_solve_on_device_shared_matrices(matrices_dir):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")     # a fallback warning is not this test's matter
             F = QRFactorization(A, backend="gpu")
-        if not F._device_lstsq_ok():
+        if not F._core.device_least_squares_ok():
             F.free()
             continue
         b = rng.standard_normal(A.shape[0])
@@ -495,7 +502,7 @@ def test_rank_deficient_solve_keeps_the_host_rule():
     from scipy_gpuqr import QRFactorization
     A = chessboard_boundary(4, 5, 2).astype(np.float64)      # rank-deficient
     F = QRFactorization(A, backend="gpu")
-    assert not F._device_lstsq_ok()
+    assert not F._core.device_least_squares_ok()
     b = np.random.default_rng().standard_normal(A.shape[0])
     _device_solve_near_lstsq(F, A, b, 1e-8)
     F.free()
@@ -512,13 +519,13 @@ def test_spsolve_factorized_and_float32_on_device():
     nS = sp.linalg.norm(S)
     assert np.linalg.norm(S @ x - b) <= 100 * EPS * (nS * np.linalg.norm(x) + np.linalg.norm(b))
     solve = factorized(S, backend="gpu")
-    assert solve.factorization._on_device()
+    assert solve.factorization.numeric.on_device()
     xt = solve(b, trans="T")
     assert np.linalg.norm(S.T @ xt - b) <= 100 * EPS * (nS * np.linalg.norm(xt)
                                                         + np.linalg.norm(b))
     A = random_values(grid3d_least_squares(6), rng).astype(np.float32)
     F = QRFactorization(A, backend="gpu")
-    assert F._device_lstsq_ok()
+    assert F._core.device_least_squares_ok()
     bb = rng.standard_normal(A.shape[0]).astype(np.float32)
     x32 = _device_solve_near_lstsq(F, A, bb, 1e-3)
     assert x32.dtype == np.float32
@@ -530,7 +537,6 @@ def test_spsolve_and_factorized_cupy_in_cupy_out_on_device(monkeypatch):
     """A dense CuPy b: checked and solved on the device, never copied to the host."""
     cp = _cp()
     from scipy_gpuqr import factorized, spsolve
-    from scipy_gpuqr._api import adapters as _adapters
     rng = np.random.default_rng()
     S = random_values(grid3d_least_squares(6), rng)[:216]
     S = sp.csc_array(S + 8 * sp.eye(216, format="csc"))
@@ -540,11 +546,6 @@ def test_spsolve_and_factorized_cupy_in_cupy_out_on_device(monkeypatch):
     solve = factorized(S, backend="gpu")
     with monkeypatch.context() as mp:
         _no_host_path(mp)
-
-        def boom(*a, **k):
-            raise AssertionError("host path taken")
-        mp.setattr(_adapters, "spsolve_rhs", boom)
-        mp.setattr(_adapters, "solve_rhs", boom)
         x = spsolve(S, cp.asarray(b), backend="gpu")
         x1 = spsolve(S, cp.asarray(b[:, None]), backend="gpu")   # (n, 1) -> (n,)
         X = spsolve(S, cp.asarray(Bk), backend="gpu")

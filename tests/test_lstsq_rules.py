@@ -208,7 +208,7 @@ def test_refinement_brings_backward_error_to_lstsq_level(rng):
     host solve refines with A's own residuals; the backward error is then no worse
     than numpy.linalg.lstsq's, and without refinement it is not better."""
     from scipy_gpuqr import QRFactorization
-    from scipy_gpuqr._factor import factorization as _factor
+    from scipy_gpuqr._factor import factored as _factored
     m = n = 300
     U, _ = np.linalg.qr(rng.standard_normal((m, n)))
     V, _ = np.linalg.qr(rng.standard_normal((n, n)))
@@ -221,13 +221,13 @@ def test_refinement_brings_backward_error_to_lstsq_level(rng):
     F = QRFactorization(As, backend="reference")
     refined = _ls_backward_error(A, F.solve(b), b, norm2)[0]
     assert F.info["rank_decision"]["method"] == "svd"
-    saved = _factor.REFINE_STEPS
+    saved = _factored.REFINE_STEPS
     try:
-        _factor.REFINE_STEPS = 0
+        _factored.REFINE_STEPS = 0
         plain = _ls_backward_error(A, QRFactorization(As, backend="reference").solve(b), b,
                                    norm2)[0]
     finally:
-        _factor.REFINE_STEPS = saved
+        _factored.REFINE_STEPS = saved
     assert refined <= ref and refined < 0.1 * plain, (refined, ref, plain)
 
 

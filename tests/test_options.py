@@ -1,9 +1,13 @@
-"""Options object and the backend precedence rule (DESIGN.md section 6)."""
+"""Options object, the backend precedence rule, and settings resolved once per call."""
 
+import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from scipy_gpuqr import GpuqrOptions
-from scipy_gpuqr._options import BACKENDS, resolve_backend, resolve_options
+from scipy_gpuqr import _options
+from scipy_gpuqr._options import (BACKENDS, Settings, resolve_backend, resolve_options,
+                                  resolve_settings, settings_for)
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -52,3 +56,54 @@ def test_debug_flag_from_environment():
     assert GpuqrOptions().debug_enabled({"SCIPY_GPUQR_DEBUG": "1"})
     assert not GpuqrOptions().debug_enabled({})
     assert not GpuqrOptions(debug=False).debug_enabled({"SCIPY_GPUQR_DEBUG": "1"})
+
+
+def test_settings_apply_the_precedence_rule():
+    env = {"SCIPY_GPUQR_BACKEND": "reference"}
+    s = resolve_settings(None, {"ordering": "amd"}, env)
+    assert (s.backend, s.source, s.options.ordering) == ("reference", "environment", "amd")
+    assert resolve_settings("CPU", None, env) == Settings("cpu", "keyword", GpuqrOptions())
+    opts = GpuqrOptions(backend="gpu")
+    assert settings_for(None, opts, env) == Settings("gpu", "options", opts)
+    assert settings_for(None, opts, env).options is opts
+    assert resolve_settings(None, None, {}) == Settings("auto", "default", GpuqrOptions())
+    with pytest.raises(TypeError):
+        resolve_settings("cpu", 42, {})          # the options are read first
+    with pytest.raises(ValueError, match="must be one of"):
+        resolve_settings("cuda", None, {})
+
+
+@pytest.mark.parametrize("call", ["lsqr", "lsqr_cpu", "lsmr", "spsolve", "qr",
+                                  "QRFactorization"])
+def test_one_call_resolves_its_settings_once(monkeypatch, call):
+    import scipy_gpuqr
+    counts = {"options": 0, "backend": 0}
+    real_options, real_backend = _options.resolve_options, _options._backend_of
+
+    def options(*a, **k):
+        counts["options"] += 1
+        return real_options(*a, **k)
+
+    def backend(*a, **k):
+        counts["backend"] += 1
+        return real_backend(*a, **k)
+    monkeypatch.setattr(_options, "resolve_options", options)
+    monkeypatch.setattr(_options, "_backend_of", backend)
+    rng = np.random.default_rng(0)
+    A = sp.random_array((60, 30), density=0.1, rng=rng, format="csc") + \
+        sp.eye_array(60, 30, format="csc")
+    b = rng.standard_normal(60)
+    S = sp.csc_array(A[:30] + 4 * sp.eye_array(30, format="csc"))
+    if call == "lsqr":
+        scipy_gpuqr.lsqr(A, b)
+    elif call == "lsqr_cpu":
+        scipy_gpuqr.lsqr(A, b, backend="cpu", calc_var=True)
+    elif call == "lsmr":
+        scipy_gpuqr.lsmr(A, b, damp=0.5)
+    elif call == "spsolve":
+        scipy_gpuqr.spsolve(S, b[:30])
+    elif call == "qr":
+        scipy_gpuqr.qr(A)
+    else:
+        scipy_gpuqr.QRFactorization(A, gpuqr_options={"ordering": "amd"}).solve(b)
+    assert counts["options"] <= 1 and counts["backend"] <= 1, counts

@@ -12,7 +12,8 @@ import scipy.optimize._lsq.trf as trf
 import scipy.sparse.linalg as ssl
 
 import scipy_gpuqr
-from scipy_gpuqr._api import adapters as _adapters
+from scipy_gpuqr._api import lsqr as _lsqr_module
+from scipy_gpuqr._api import spsolve as _spsolve_module
 from scipy_gpuqr._api.originals import original
 from scipy_gpuqr._api.patch import PATCHED_NAMES, TARGET_MODULES, is_patched
 
@@ -42,8 +43,10 @@ def test_patch_replaces_every_holder_and_unpatch_restores():
     assert ("scipy.sparse.linalg._isolve.lsqr", "lsqr") in before
     assert ("scipy.sparse.linalg._dsolve.linsolve", "factorized") in before
     scipy_gpuqr.patch()
-    assert all(obj is getattr(_adapters, name) for (_, name), obj in _holders().items())
-    assert ssl.lsqr is _adapters.lsqr and is_patched()
+    ours = {"lsqr": _lsqr_module.lsqr, "lsmr": _lsqr_module.lsmr,
+            "spsolve": _spsolve_module.spsolve, "factorized": _spsolve_module.factorized}
+    assert all(obj is ours[name] for (_, name), obj in _holders().items())
+    assert ssl.lsqr is scipy_gpuqr.lsqr is _lsqr_module.lsqr and is_patched()
     scipy_gpuqr.unpatch()
     assert _holders() == before and not is_patched()
 
@@ -107,7 +110,7 @@ def test_run_unmodified_script_is_answered_by_us(tmp_path):
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                          env={**__import__("os").environ, "SCIPY_GPUQR_VERBOSE": "1"})
     assert out.returncode == 0, out.stderr
-    assert "module scipy_gpuqr._api.adapters" in out.stdout
+    assert "module scipy_gpuqr._api.lsqr" in out.stdout
     assert "arg hello" in out.stdout
     assert "scipy_gpuqr:" in out.stderr  # the verbose decision line
 

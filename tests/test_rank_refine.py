@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from scipy_gpuqr import qr
 from scipy_gpuqr._dispatch.plan import backend_factorizer
 from scipy_gpuqr._engine.host.reference import default_tol, reference_factorize
-from scipy_gpuqr._factor.rank_refine import heath_refine
+from scipy_gpuqr._factor.rank_refine import factorizer, heath_refine
 from scipy_gpuqr._testing_matrices import chessboard_boundary
 
 EPS = np.finfo(np.float64).eps
@@ -78,7 +78,7 @@ def test_shared_matrices_rank_through_qr(matrices_dir, name):
 def test_simulate_backend_refines_and_keeps_contract(rng):
     A = sp.random_array((120, 60), density=0.08, rng=rng, format="csc")
     A = sp.hstack([A, A[:, :4] @ rng.standard_normal((4, 3))], format="csc")
-    f, ran, _ = backend_factorizer("simulate")
+    f, ran, _ = factorizer("simulate")
     num = f(A, ordering="colamd", colperm=None, tol="default")
     assert "Heath" in num.info["rank_detection"]
     assert num.rank == np.linalg.matrix_rank(A.toarray())

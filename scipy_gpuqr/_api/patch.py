@@ -19,7 +19,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 
+import scipy.sparse.linalg as ssl
+
+from .lsqr import lsmr, lsqr
 from .originals import original
+from .spsolve import factorized, spsolve
 
 __all__ = ["patch", "unpatch", "patched", "is_patched"]
 
@@ -35,13 +39,9 @@ TARGET_MODULES = (
     "scipy.sparse.linalg.dsolve",
 )
 
-#: the functions we answer
-PATCHED_NAMES = ("lsqr", "lsmr", "spsolve", "factorized")
-
-
-def _ours(name: str):
-    from . import adapters as _adapters
-    return getattr(_adapters, name)
+#: the functions we answer, by name
+OURS = {"lsqr": lsqr, "lsmr": lsmr, "spsolve": spsolve, "factorized": factorized}
+PATCHED_NAMES = tuple(OURS)
 
 
 def _modules():
@@ -73,20 +73,19 @@ def patch() -> None:
     """
     for module, name in _slots():
         if vars(module)[name] is original(name):
-            setattr(module, name, _ours(name))
+            setattr(module, name, OURS[name])
 
 
 def unpatch() -> None:
     """Put SciPy's original functions back where ours are."""
     for module, name in _slots():
-        if vars(module)[name] is _ours(name):
+        if vars(module)[name] is OURS[name]:
             setattr(module, name, original(name))
 
 
 def is_patched() -> bool:
     """True when ``scipy.sparse.linalg.lsqr`` is ours."""
-    import scipy.sparse.linalg as ssl
-    return vars(ssl)["lsqr"] is _ours("lsqr")
+    return vars(ssl)["lsqr"] is OURS["lsqr"]
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""Calibration of ``auto``'s arithmetic-intensity threshold for one GPU model.
+"""Measuring ``auto``'s arithmetic-intensity threshold for one GPU model.
 
 :func:`calibrate_sparse` factorizes a ladder of generated problems
 (:func:`default_ladder`: 3-D grid least squares, chessboard boundaries,
@@ -10,13 +10,14 @@ it picks), then each backend factorizes warm *and solves*: the timed work is
 the factorization plus the minimum-norm least-squares solve of one
 right-hand side that ``lsqr`` runs on it (rank decision included, on the
 device the factorization chose), because the backend ``auto`` picks decides
-where both run (measured on the H200: ch5-6-b2 factorizes faster on the CPU,
-7 against 9 ms, but its rank decision makes the whole ``lsqr`` 166 ms there
-against 45 ms on the GPU). One warm-up call (kernels compiled, the GPU
+where both run, and a problem may factorize faster on one side and finish
+its rank decision faster on the other. That solve belongs to the solve rules
+above this package, so the caller passes it in (``solve=``, see
+:func:`calibrate_sparse`). One warm-up call (kernels compiled, the GPU
 schedule of that analysis cached), then the median of ``repeats`` calls
 (fewer when one call is long, see :data:`POINT_BUDGET_S`). The stored
-``cpu_s``/``gpu_s`` are these times; :mod:`scipy_gpuqr._dispatch.cost_model` predicts
-a direct solve's time from them.
+``cpu_s``/``gpu_s`` are these times; :mod:`scipy_gpuqr._dispatch.cost_model`
+predicts a direct solve's time from them.
 
 The crossover rule (:func:`fit_threshold`)
     Sort the points by intensity and take the *smallest measured intensity
@@ -32,14 +33,7 @@ The crossover rule (:func:`fit_threshold`)
     intensity; the GPU slower on the highest-intensity point gives
     ``inf`` (``auto`` then never picks the GPU on this model).
 
-The result lives in ``sparse_calibration.json`` in the package's user cache
-folder (:func:`scipy_gpuqr._cachedir.cache_dir`:
-``$SCIPY_GPUQR_CACHE_DIR``, else ``$XDG_CACHE_HOME/scipy_gpuqr``, else
-``~/.cache/scipy_gpuqr``), keyed by the GPU model name
-(``gpu_info()['name']``); :func:`load_calibration` and
-:func:`load_threshold` read it back (a parsed copy is kept per file path and
-modification time, so a new calibration is seen at once; nothing else is
-held between calls).
+The result is stored per GPU model by :mod:`scipy_gpuqr._dispatch.calibration`.
 """
 
 from __future__ import annotations
@@ -47,29 +41,31 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import json
 import math
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["LadderProblem", "CalibrationPoint", "Calibration", "default_ladder",
-           "calibrate_sparse", "fit_threshold", "load_calibration", "load_threshold",
-           "calibration_file", "format_table", "warm_median", "CACHE_NAME",
-           "POINT_BUDGET_S", "RULE"]
+from .. import _gpu
+from .. import _testing_matrices as tm
+from .._symbolic import analyze
+from . import plan as _plan
+from .calibration import (RULE, Calibration, CalibrationPoint, calibration_file,
+                          store_calibration)
 
-CACHE_NAME = "sparse_calibration.json"
-_FORMAT = 1
+__all__ = ["LadderProblem", "default_ladder", "calibrate_sparse", "fit_threshold",
+           "format_table", "warm_median", "POINT_BUDGET_S"]
+
 #: Seconds of timed calls per backend and point beyond which fewer repeats run
 #: (at least one timed call after the warm-up always runs).
 POINT_BUDGET_S = 20.0
-#: One line naming the fit rule (stored with every calibration).
-RULE = ("smallest measured intensity above which every GPU/CPU ratio < 1, "
-        "log-log interpolated to ratio 1 from the point below")
+
+#: ``solve(A, analysis, backend) -> run(num)``: builds the least-squares solve the
+#: entry points run on a factorization ``num`` of A (see :func:`calibrate_sparse`).
+SolveFactory = Callable[..., Callable]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,110 +74,6 @@ class LadderProblem:
 
     name: str
     make: Callable = dataclasses.field(repr=False, compare=False)
-
-
-@dataclasses.dataclass(frozen=True)
-class CalibrationPoint:
-    """Warm timings of one problem on both backends (seconds)."""
-
-    name: str
-    shape: tuple
-    nnz: int
-    flops: float
-    intensity: float
-    analyze_s: float
-    cpu_s: float
-    gpu_s: float
-    cpu_backend: str = "cpu"
-
-    @property
-    def ratio(self) -> float:
-        """GPU time over CPU time (< 1: the GPU is faster)."""
-        return self.gpu_s / self.cpu_s if self.cpu_s > 0 else math.inf
-
-    def to_json(self) -> dict:
-        out = dataclasses.asdict(self)
-        out["shape"] = list(self.shape)
-        out["ratio"] = self.ratio
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> "CalibrationPoint":
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
-        kw["shape"] = tuple(kw.get("shape", ()))
-        return cls(**kw)
-
-
-@dataclasses.dataclass(frozen=True)
-class Calibration:
-    """A fitted threshold and the measurements behind it.
-
-    Attributes
-    ----------
-    gpu_name : str
-        GPU model (``gpu_info()['name']``), the cache key.
-    compute_capability, cupy_version : str
-        Of the device and library that measured.
-    threshold : float
-        Flops/byte at and above which ``auto`` picks the GPU (``inf``: never).
-    points : tuple of CalibrationPoint
-    date : str
-        ISO date of the measurement.
-    rule : str
-        The fit rule (:data:`RULE`).
-    host : str
-        The CPU side (cores, backend that ran).
-    path : str or None
-        The cache file it was stored in or read from.
-    """
-
-    gpu_name: str
-    compute_capability: str
-    cupy_version: str
-    threshold: float
-    points: tuple
-    date: str
-    rule: str = RULE
-    host: str = ""
-    path: Optional[str] = None
-
-    def describe(self) -> str:
-        """E.g. ``threshold 37.2 flops/byte, calibrated 2026-11-22 for NVIDIA H200``."""
-        return (f"threshold {_fmt_threshold(self.threshold)} flops/byte, "
-                f"calibrated {self.date} for {self.gpu_name}")
-
-    def to_json(self) -> dict:
-        return {"gpu_name": self.gpu_name, "compute_capability": self.compute_capability,
-                "cupy_version": self.cupy_version,
-                "threshold": _threshold_to_json(self.threshold),
-                "date": self.date, "rule": self.rule, "host": self.host,
-                "points": [p.to_json() for p in self.points]}
-
-    @classmethod
-    def from_json(cls, d: Mapping, path: Optional[str] = None) -> "Calibration":
-        return cls(gpu_name=str(d["gpu_name"]),
-                   compute_capability=str(d.get("compute_capability", "")),
-                   cupy_version=str(d.get("cupy_version", "")),
-                   threshold=_threshold_from_json(d["threshold"]),
-                   points=tuple(CalibrationPoint.from_json(p) for p in d.get("points", ())),
-                   date=str(d.get("date", "")), rule=str(d.get("rule", RULE)),
-                   host=str(d.get("host", "")), path=path)
-
-
-def _fmt_threshold(t: float) -> str:
-    return "inf" if math.isinf(t) else f"{t:.3g}"
-
-
-def _threshold_to_json(t: float):
-    return "inf" if math.isinf(t) else float(t)
-
-
-def _threshold_from_json(v) -> float:
-    t = float(v)  # float("inf") reads the stored "inf"
-    if math.isnan(t) or t < 0:
-        raise ValueError(f"bad threshold {v!r}")
-    return t
 
 
 # -- the ladder ------------------------------------------------------------------------
@@ -193,17 +85,14 @@ def default_ladder(quick: bool = False) -> list:
     Parameters
     ----------
     quick : bool
-        A short ladder (intensities about 4 to 450, each factorization well
-        under a second on 16 cores) instead of the full one (up to
-        ``ch7-8-b3``, 4.4 TFlop).
+        A short ladder (intensities about 4 to 450, small problems) instead
+        of the full one (up to ``ch7-8-b3``).
 
     Returns
     -------
     list of LadderProblem
         In increasing intensity (COLAMD analysis; the order is not relied on).
     """
-    from .. import _testing_matrices as tm
-
     def grid(k):
         return LadderProblem(f"grid{k}", functools.partial(tm.grid3d_least_squares, k))
 
@@ -229,8 +118,7 @@ def default_ladder(quick: bool = False) -> list:
 
 
 def _gpu_sync() -> None:
-    from .._gpu import import_cupy
-    cp = import_cupy()
+    cp = _gpu.import_cupy()
     if cp is not None:
         cp.cuda.Device().synchronize()
 
@@ -271,41 +159,21 @@ def warm_median(factorize: Callable, A, analysis, repeats: int, *,
     return float(statistics.median(once() for _ in range(n)))
 
 
-def _least_squares_solve(A, analysis, backend: str) -> Callable:
-    """``solve(num)``: the minimum-norm least-squares solve ``lsqr`` runs on a
-    factorization of A (the rank decision and the solve with one right-hand
-    side, on the device the factorization chose), for the calibration's timer.
-    """
-    from .plan import Plan
-    from .._factor.factorization import QRFactorization
-
-    b = np.asarray(A @ np.ones(A.shape[1]), dtype=np.float64)
-    b += 1e-3 * np.linalg.norm(b) / max(np.sqrt(b.size), 1.0) * np.cos(np.arange(b.size))
-
-    def solve(num):
-        plan = Plan(backend=backend, requested=backend, source="calibration",
-                    analysis=analysis, factorize_fn=lambda *a, **k: num)
-        F = QRFactorization(A, backend=backend, _planned=(A, plan))
-        F._solve_host(b[:, None])
-
-    return solve
-
-
-def _default_timer(backends: Sequence[str], repeats: int):
-    from .plan import backend_factorizer
-
+def _default_timer(backends: Sequence[str], repeats: int, solve: SolveFactory):
+    """``timer(backend, problem, A, analysis) -> seconds`` measuring the warm
+    factorization of tall problems plus ``solve``'s least-squares solve (the
+    factorization alone for wide ones), and the backend that runs for each name."""
     fns, ran = {}, {}
     for name in backends:
-        fn, actual, note = backend_factorizer(name)
+        fn, actual, note = _plan.backend_factorizer(name)
         if fn is None:
             raise RuntimeError(f"backend {name!r} cannot run: {note}")
         fns[name], ran[name] = fn, actual
 
     def timer(backend: str, problem: str, A, analysis) -> float:
         sync = _gpu_sync if ran[backend] == "gpu" else (lambda: None)
-        solve = _least_squares_solve(A, analysis, ran[backend]) if A.shape[0] >= A.shape[1] \
-            else None
-        return warm_median(fns[backend], A, analysis, repeats, sync=sync, solve=solve)
+        run = solve(A, analysis, ran[backend]) if A.shape[0] >= A.shape[1] else None
+        return warm_median(fns[backend], A, analysis, repeats, sync=sync, solve=run)
 
     return timer, ran
 
@@ -361,77 +229,6 @@ def fit_threshold(intensities: Sequence[float], ratios: Sequence[float]) -> floa
     return float(min(max(t, x0), x1))
 
 
-# -- the cache file --------------------------------------------------------------------
-
-
-def calibration_file(directory: Optional[os.PathLike] = None) -> Path:
-    """Path of the sparse calibration cache (``directory`` or the user cache folder)."""
-    if directory:
-        return Path(directory) / CACHE_NAME
-    from .._cachedir import require_cache_dir      # light: no SciPy linear algebra
-    return require_cache_dir() / CACHE_NAME
-
-
-@functools.lru_cache(maxsize=4)
-def _parsed(path: str, mtime_ns: int, size: int) -> str:
-    """The file's GPU table, re-serialized (callers parse their own copy)."""
-    with open(path, encoding="utf-8") as fh:
-        data = json.load(fh)
-    gpus = data.get("gpus", {}) if isinstance(data, dict) else {}
-    return json.dumps(gpus if isinstance(gpus, dict) else {})
-
-
-def _read_table(path: Path) -> dict:
-    try:
-        st = path.stat()
-        return json.loads(_parsed(str(path), st.st_mtime_ns, st.st_size))
-    except (OSError, ValueError):
-        return {}
-
-
-def _write(path: Path, cal: Calibration) -> None:
-    table = _read_table(path)
-    table[cal.gpu_name] = cal.to_json()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"format": _FORMAT, "gpus": table}, fh, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-
-
-def load_calibration(gpu_name: Optional[str], *,
-                     directory: Optional[os.PathLike] = None) -> Optional[Calibration]:
-    """The stored calibration of a GPU model, or None (none, unreadable or malformed)."""
-    if not gpu_name:
-        return None
-    path = calibration_file(directory)
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return _calibration_of(str(path), st.st_mtime_ns, st.st_size, str(gpu_name))
-
-
-@functools.lru_cache(maxsize=8)
-def _calibration_of(path: str, mtime_ns: int, size: int, gpu_name: str) -> Optional[Calibration]:
-    """The (frozen) calibration of ``gpu_name`` in the file of this stamp: parsed once
-    per process and file version (``auto`` asks twice per call; 0.15–0.3 ms each)."""
-    entry = _read_table(Path(path)).get(gpu_name)
-    if not isinstance(entry, dict):
-        return None
-    try:
-        return Calibration.from_json(entry, path=path)
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def load_threshold(gpu_name: Optional[str], *,
-                   directory: Optional[os.PathLike] = None) -> Optional[float]:
-    """The calibrated threshold (flops/byte, maybe ``inf``) of a GPU model, or None."""
-    cal = load_calibration(gpu_name, directory=directory)
-    return None if cal is None else cal.threshold
-
-
 # -- the measurement -------------------------------------------------------------------
 
 
@@ -439,8 +236,8 @@ def calibrate_sparse(ladder: Optional[Sequence[LadderProblem]] = None, *,
                      backends: Sequence[str] = ("cpu", "gpu"), repeats: int = 3,
                      timer: Optional[Callable] = None, device: Optional[Mapping] = None,
                      store: bool = True, directory: Optional[os.PathLike] = None,
-                     progress: Optional[Callable[[CalibrationPoint], None]] = None
-                     ) -> Calibration:
+                     progress: Optional[Callable[[CalibrationPoint], None]] = None,
+                     solve: Optional[SolveFactory] = None) -> Calibration:
     """Measure both backends on a ladder, fit the threshold, store it per GPU model.
 
     Parameters
@@ -465,6 +262,12 @@ def calibrate_sparse(ladder: Optional[Sequence[LadderProblem]] = None, *,
         Cache folder (default the user cache folder).
     progress : callable, optional
         Called with each :class:`CalibrationPoint` as it is measured.
+    solve : callable, optional
+        ``solve(A, analysis, backend) -> run``, where ``run(num)`` is the
+        least-squares solve the entry points run on a factorization ``num``
+        of A (``scipy_gpuqr._factor.factored.least_squares_probe``); timed
+        with each factorization of a tall problem. Required unless ``timer``
+        is given.
 
     Returns
     -------
@@ -475,10 +278,9 @@ def calibrate_sparse(ladder: Optional[Sequence[LadderProblem]] = None, *,
     RuntimeError
         No GPU (or no GPU engine) and no ``timer``; a backend that cannot run.
     ValueError
-        Bad ``backends`` or ``repeats``, or an empty ladder.
+        Bad ``backends`` or ``repeats``, an empty ladder, or neither ``timer``
+        nor ``solve``.
     """
-    from .._symbolic import analyze
-
     if len(backends) != 2 or backends[0] == backends[1]:
         raise ValueError(f"backends must name two different backends, got {backends!r}")
     if int(repeats) < 1:
@@ -487,8 +289,7 @@ def calibrate_sparse(ladder: Optional[Sequence[LadderProblem]] = None, *,
     if not ladder:
         raise ValueError("the calibration ladder is empty")
     if device is None:
-        from .._gpu import gpu_info
-        device = gpu_info()
+        device = _gpu.gpu_info()
         if timer is None and not device.get("available"):
             raise RuntimeError(f"sparse calibration needs a GPU: {device.get('reason')}")
     if not device.get("name"):
@@ -496,11 +297,13 @@ def calibrate_sparse(ladder: Optional[Sequence[LadderProblem]] = None, *,
     ran = {b: b for b in backends}
     if timer is None:
         if "gpu" in backends:
-            from .plan import gpu_engine
-            fn, why = gpu_engine()
+            fn, why = _plan.gpu_engine()
             if fn is None:
                 raise RuntimeError(f"sparse calibration needs the GPU engine: {why}")
-        timer, ran = _default_timer(backends, repeats)
+        if solve is None:
+            raise ValueError("calibrate_sparse measures with solve= (the least-squares "
+                             "solve of the entry points) unless a timer= is given")
+        timer, ran = _default_timer(backends, repeats, solve)
     cpu_side, gpu_side = backends
     points = []
     for prob in ladder:
@@ -526,7 +329,7 @@ def calibrate_sparse(ladder: Optional[Sequence[LadderProblem]] = None, *,
                       host=f"{os.cpu_count()} cores, backend {ran[cpu_side]!r}")
     if store:
         path = calibration_file(directory)
-        _write(path, cal)
+        store_calibration(path, cal)
         cal = dataclasses.replace(cal, path=str(path))
     return cal
 

@@ -4,13 +4,13 @@
 spend a fixed share of the direct solve's predicted time, so that a patched
 call is never much slower than the direct solve alone. The prediction
 interpolates the warm times that ``scipy-gpuqr calibrate`` stored for this
-GPU model (the factorization plus one least-squares solve, both backends,
-against the analysis' flop count),
+GPU model (:mod:`scipy_gpuqr._dispatch.calibration`: the factorization plus
+one least-squares solve, both backends, against the analysis' flop count),
 log-log between measured points and proportionally to the flops beyond them.
 Without a calibration a deliberately simple model answers: a fixed overhead
 plus flops at a nominal rate (:data:`NOMINAL_RATES`, the CPU's scaled by the
-core count), within a small factor of what was measured on the machines we
-know; the share absorbs that error.
+core count), within a small factor of measured times; the share absorbs
+that error.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import os
 from typing import Optional, Sequence
 
 import numpy as np
+
+from .calibration import load_calibration
 
 __all__ = ["NOMINAL_RATES", "NOMINAL_OVERHEAD_S", "predicted_seconds", "interpolate_seconds"]
 
@@ -58,9 +60,9 @@ def _nominal(backend: str, flops: float) -> float:
 def predicted_seconds(backend: str, flops: float, gpu_name: Optional[str] = None) -> float:
     """Predicted warm time (seconds) of factorizing ``flops`` on ``backend`` and solving.
 
-    Calibrations stored since the calibration timed the least-squares solve
-    with the factorization predict both; older ones (factorization only)
-    and the nominal model predict the factorization.
+    A calibration that timed the least-squares solve with the factorization
+    predicts both; one that timed the factorization alone, and the nominal
+    model, predict the factorization.
 
     Parameters
     ----------
@@ -74,13 +76,7 @@ def predicted_seconds(backend: str, flops: float, gpu_name: Optional[str] = None
     """
     if not (flops >= 0):
         return float("nan")
-    cal = None
-    if gpu_name:
-        try:
-            from .calibrate import load_calibration
-            cal = load_calibration(gpu_name)
-        except ImportError:
-            cal = None
+    cal = load_calibration(gpu_name) if gpu_name else None
     if cal is not None and backend in ("gpu", "cpu"):
         attr = "gpu_s" if backend == "gpu" else "cpu_s"
         pts = [(p.flops, getattr(p, attr)) for p in cal.points]

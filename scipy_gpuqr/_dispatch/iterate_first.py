@@ -3,12 +3,11 @@
 A patched ``lsqr`` must never make a user's call many times slower. Many
 least-squares problems are well conditioned, and SciPy's LSQR reaches a
 backward error at working precision in a few hundred cheap iterations,
-while a sparse QR of the same matrix costs seconds (measured here on the
-8192×4096 3-D grid problem: LSQR to ‖Aᵀr‖/(‖A‖‖r‖) = 3e-15 in 361
-iterations, 0.12 s; SuiteSparseQR 1.6 s; on ch5-6-b3: 12 iterations).
+while a sparse QR of the same matrix may cost an order of magnitude more.
 
 So under ``backend='auto'`` the least-squares entry points first run
-SciPy's LSQR with machine-precision tolerances within an *allowance*:
+SciPy's LSQR with machine-precision tolerances within an *allowance*
+(:func:`iterate_first`):
 :data:`ITERATION_SHARE` of the factorization's predicted time
 (:mod:`scipy_gpuqr._dispatch.cost_model`: the analysis' flops against the
 calibrated timings of the backend ``auto`` chose), capped by the
@@ -16,7 +15,7 @@ matrix-vector work :data:`ITERATION_FLOPS` and :data:`MAX_ITERATIONS`. A
 matrix with up to :data:`ANALYSIS_FIRST_NNZ` entries is analysed first
 (milliseconds); a larger one runs one piece of :data:`PRE_ANALYSIS_ITERATIONS`
 iterations before its analysis, so a well-conditioned large problem is
-answered without it (ch7-8-b3: 12 iterations). LSQR's answer is accepted
+answered without it. LSQR's answer is accepted
 only when the *true* backward error of the final x is at working precision
 (:func:`accept`, :func:`backward_error`): ‖Āᵀr̄‖ ≤ 16·eps·‖Ā‖_F·‖r̄‖ for
 the (damped) least-squares problem, or ‖r̄‖ ≤ 16·eps·(‖Ā‖_F‖x‖ + ‖b‖) for a
@@ -33,24 +32,28 @@ the working precision stay unresolved (near zero), as numpy.linalg.lstsq's
 rank rule zeroes them. ``backend='cpu'``/``'gpu'``/... (keyword, options
 or environment) and ``GpuqrOptions(iterate_first=False)`` always factorize;
 ``calc_var=True`` always factorizes (the variances are exact through R).
+
+The LSQR that runs is SciPy's own, which the caller passes in (``lsqr=``):
+never a name that :func:`scipy_gpuqr.patch` may have replaced.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import scipy.sparse as sp
 
-from .._api.originals import original
+from .._options import Settings, log_decision
+from .cost_model import predicted_seconds
 
 __all__ = ["ITERATION_FLOPS", "MIN_ITERATIONS", "MAX_ITERATIONS", "FIRST_CHUNK",
            "PRE_ANALYSIS_ITERATIONS",
            "ITERATION_SHARE", "ANALYSIS_FIRST_NNZ", "iteration_budget", "IterativeAnswer",
            "DampedNorms", "damped_norms", "backward_error", "try_lsqr", "accept",
-           "LsqrProgress"]
+           "LsqrProgress", "iterate_first"]
 
 _EPS = float(np.finfo(np.float64).eps)
 
@@ -63,15 +66,14 @@ ACCEPT_FACTOR = 16.0
 #: Iterations of each of the first two pieces, after which hopeless problems stop.
 FIRST_CHUNK = 50
 #: Iterations of the piece a matrix over :data:`ANALYSIS_FIRST_NNZ` entries runs
-#: before its analysis (the well-conditioned ones measured: ch7-8-b3 12-15,
-#: ch5-6-b3 12, ch6-7-b2 8 iterations); 50 cost a problem that then factorizes
-#: 60 ms of its 0.45 s (rand20000x4000r40 on the H200 host).
+#: before its analysis: enough for the well-conditioned problems that converge
+#: within a few tens of iterations, few enough that a problem which then
+#: factorizes loses little.
 PRE_ANALYSIS_ITERATIONS = 20
 #: Share of the factorization's predicted time (:mod:`scipy_gpuqr._dispatch.cost_model`)
-#: LSQR may spend before the factorization answers. The prediction runs up to
-#: about 2x the measured time (flops alone: rand4000x1000r20 predicted 83 ms
-#: from the grid ladder, 40 ms measured on the H200), and auto may cost at most
-#: 10 % more than the better backend: 5 % cost rand4000 4.8 ms of 55 ms.
+#: LSQR may spend before the factorization answers. The prediction may be up
+#: to about twice the real time (it knows the flops alone), and ``auto`` should
+#: cost at most 10 % more than the better backend.
 ITERATION_SHARE = 0.03
 #: Up to this many stored entries the symbolic analysis (milliseconds) runs first and
 #: sets LSQR's whole allowance; beyond, one piece of LSQR runs before it.
@@ -80,9 +82,9 @@ ANALYSIS_FIRST_NNZ = 200_000
 #: iterations almost never reaches working precision).
 MIN_USEFUL_ITERATIONS = 10
 #: Nominal cost of one LSQR iteration before any was timed: fixed seconds, matvec flop/s.
-#: SciPy's lsqr measured 85 µs per iteration at 1e4 entries on a 2-core host and
-#: 330 µs on the 16-core H200 host (its vector BLAS calls wake 16 threads); the
-#: first piece is sized with this, so an optimistic value overspends the allowance.
+#: The fixed part grows with the host's BLAS threads (SciPy's lsqr makes vector
+#: BLAS calls); the first piece is sized with this, so an optimistic value
+#: overspends the allowance.
 NOMINAL_ITERATION_S, NOMINAL_MATVEC_RATE = 1e-4, 1e9
 #: The linear projection is crude (restarts, superlinear phases): a problem goes on
 #: unless it projects more than this many budgets.
@@ -131,10 +133,9 @@ def backward_error(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> float:
     least-squares error ‖Āᵀr̄‖ / (‖Ā‖_F ‖r̄‖). Both are demanding on purpose:
     on an ill-conditioned problem an unconverged iterate can have a tiny
     ‖Āᵀr̄‖ (its residual lies along small singular directions), so anything
-    normalized by less than ‖r̄‖ would accept it (seen: watt_2, cond 1e11,
-    after 50 iterations). Least-squares problems with a small but nonzero
-    residual may miss this bound through the rounding of the computed
-    residual alone; the direct QR then answers them.
+    normalized by less than ‖r̄‖ would accept it. Least-squares problems with
+    a small but nonzero residual may miss this bound through the rounding of
+    the computed residual alone; the direct QR then answers them.
     """
     norms = damped_norms(A, r0, dx, damp)
     if not (np.isfinite(norms.r2norm) and np.isfinite(norms.arnorm)):
@@ -153,10 +154,10 @@ def accept(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> bool:
     return backward_error(A, r0, dx, damp) <= ACCEPT_FACTOR
 
 
-def _lsqr(A, r0, damp, iter_lim, x0=None):
+def _lsqr(lsqr, A, r0, damp, iter_lim, x0=None):
     with np.errstate(all="ignore"):
-        out = original("lsqr")(A, r0, damp=damp, atol=_EPS, btol=_EPS,
-                               conlim=1.0 / _EPS, iter_lim=iter_lim, x0=x0)
+        out = lsqr(A, r0, damp=damp, atol=_EPS, btol=_EPS, conlim=1.0 / _EPS,
+                   iter_lim=iter_lim, x0=x0)
     return out[0], int(out[1]), int(out[2]), float(out[6])
 
 
@@ -179,7 +180,7 @@ class LsqrProgress:
         return NOMINAL_ITERATION_S + (4.0 * A.nnz + 12.0 * (m + n)) / NOMINAL_MATVEC_RATE
 
 
-def try_lsqr(A, r0: np.ndarray, damp: float, *, seconds: Optional[float] = None,
+def try_lsqr(A, r0: np.ndarray, damp: float, *, lsqr, seconds: Optional[float] = None,
              progress: Optional[LsqrProgress] = None
              ) -> tuple[Optional[IterativeAnswer], str, LsqrProgress]:
     """Run SciPy's LSQR within an allowance; return the answer if accepted, and why.
@@ -198,6 +199,8 @@ def try_lsqr(A, r0: np.ndarray, damp: float, *, seconds: Optional[float] = None,
     r0 : ndarray, shape (m,)
         Right-hand side of the correction problem (``b − A x0``).
     damp : float
+    lsqr : callable
+        SciPy's original ``lsqr``.
     seconds : float, optional
         Time allowance, converted to iterations with the measured time per
         iteration (default: the flop budget :func:`iteration_budget`).
@@ -236,7 +239,7 @@ def try_lsqr(A, r0: np.ndarray, damp: float, *, seconds: Optional[float] = None,
             break
         piece = left if damp != 0 else min(left, FIRST_CHUNK) if len(st.etas) < 2 else left
         t0 = time.perf_counter()
-        dx, istop, steps, st.acond = _lsqr(A, r0, damp, piece, x0=st.dx)
+        dx, istop, steps, st.acond = _lsqr(lsqr, A, r0, damp, piece, x0=st.dx)
         st.seconds += time.perf_counter() - t0
         st.dx, st.itn = dx, st.itn + steps
         if istop in (3, 6) or not np.all(np.isfinite(dx)):
@@ -264,3 +267,52 @@ def try_lsqr(A, r0: np.ndarray, damp: float, *, seconds: Optional[float] = None,
         return None, "no LSQR iteration fits the allowance", st
     return None, (f"LSQR's answer after {st.itn} iterations ({st.seconds:.3g} s) is not at "
                   f"working precision (backward error {st.etas[-1]:.1e} eps)"), st
+
+
+def iterate_first(A, r0: np.ndarray, damp: float, settings: Settings, plan: Callable, *,
+                  lsqr: Callable) -> tuple[Optional[IterativeAnswer], Optional[tuple]]:
+    """LSQR within a share of the factorization's predicted time, under backend 'auto'.
+
+    Parameters
+    ----------
+    A : sparse matrix, shape (m, n)
+    r0 : ndarray, shape (m,)
+        Right-hand side of the correction problem (``b − A x0``).
+    damp : float
+    settings : Settings
+        The call's resolved settings: only ``'auto'`` with ``iterate_first``
+        on iterates.
+    plan : callable
+        ``plan() -> (M, Plan)``: the factorization's plan, made at most once
+        and only when needed (it sizes LSQR's allowance).
+    lsqr : callable
+        SciPy's original ``lsqr``.
+
+    Returns
+    -------
+    answer : IterativeAnswer or None
+        LSQR's accepted answer, or None: the factorization answers.
+    planned : (M, Plan) or None
+        The plan when it was made, for the factorization to reuse.
+    """
+    if settings.backend != "auto" or not settings.options.iterate_first:
+        return None, None
+    A64 = A if A.dtype == np.float64 else A.astype(np.float64)
+    m, n = A.shape
+    progress, planned, found, why = None, None, None, ""
+    if A.nnz > ANALYSIS_FIRST_NNZ and damp == 0:
+        # a first piece before the analysis: well-conditioned large problems end here
+        first = PRE_ANALYSIS_ITERATIONS * LsqrProgress().seconds_per_iteration(A64)
+        found, why, progress = try_lsqr(A64, r0, damp, lsqr=lsqr, seconds=first)
+    if found is None and not (progress is not None and progress.done):
+        planned = plan()
+        chosen = planned[1]
+        flops = float(getattr(chosen.analysis, "flops", float("nan")))
+        allowance = ITERATION_SHARE * predicted_seconds(chosen.backend, flops, chosen.gpu_name)
+        found, why, progress = try_lsqr(A64, r0, damp, lsqr=lsqr, seconds=allowance,
+                                        progress=progress)
+        why += f"; allowance {allowance:.3g} s = {ITERATION_SHARE:g} x predicted {chosen.backend}"
+    log_decision("least squares %dx%d nnz=%d: backend 'auto' from %s; %s; %s", m, n,
+                 A.nnz, settings.source, why, "answered without factorizing" if found
+                 else "factorizing")
+    return found, planned

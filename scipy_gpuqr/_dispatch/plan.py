@@ -1,30 +1,35 @@
-"""Choose the backend once per factorization and record why (DESIGN.md §6).
+"""Choose the backend once per factorization and record why.
 
-:func:`plan_factorization` applies the precedence rule (keyword >
-``gpuqr_options`` > ``SCIPY_GPUQR_BACKEND`` > ``'auto'``), runs the symbolic
-analysis when it is available (for the intensity and the memory estimate),
+:func:`plan_factorization` takes a call's resolved settings
+(:class:`~scipy_gpuqr._options.Settings`: the precedence rule keyword >
+``gpuqr_options`` > ``SCIPY_GPUQR_BACKEND`` > ``'auto'`` already applied),
+runs the symbolic analysis (for the intensity and the memory estimate),
 turns a problem that cannot fit in host memory into a clean
 :class:`MemoryError` (or a cheaper ordering that fits), and returns a
 :class:`Plan` whose ``factorize`` runs the chosen backend.
 
-:func:`backend_factorizer` is the one hook that maps a backend name to its
-factorize callable; new engines (the GPU executor, the simulated task
-lists) plug in there.
+This module is the one place that names the engines: :func:`backend_factorizer`
+maps a backend name to its factorize callable, :func:`absolute_tol` and the
+:class:`Plan`'s device solves reach the engines' helpers. Engines are
+imported when first used (the GPU engine needs CuPy, SuiteSparseQR a shared
+library that may be missing). The engines of the GPU task lists (``'gpu'``,
+``'simulate'``) detect no rank themselves; the solve rules above serve a
+tolerance on their R (:mod:`scipy_gpuqr._factor.rank_refine`).
 
 Backends
     ``'cpu'``: SuiteSparseQR (``_cpu.spqr``); without SuiteSparse it falls
     back to ``'reference'`` and says what is missing and how to install it.
-    ``'reference'``: our NumPy/LAPACK multifrontal QR (``_engine.reference``).
-    ``'simulate'``: the GPU task lists run by the NumPy executor; until that
-    executor exists it falls back to ``'reference'`` with the reason recorded.
-    ``'gpu'``: the GPU engine; until it exists (or without a usable GPU) a
+    ``'reference'``: our NumPy/LAPACK multifrontal QR (``_engine.host.reference``).
+    ``'simulate'``: the GPU task lists run by the NumPy executor; without it
+    ``'reference'`` answers, with the reason recorded.
+    ``'gpu'``: the GPU engine; without it or a usable GPU a
     :class:`GpuFallbackWarning` is issued and the CPU answers.
     ``'auto'``: the GPU only when a GPU engine exists, a GPU answers, the
     dtype is supported and the arithmetic intensity is at least the
     threshold; otherwise the CPU. The threshold is
     ``gpuqr_options.intensity_threshold`` when given, else the one
     ``scipy-gpuqr calibrate`` stored for this GPU model
-    (:mod:`scipy_gpuqr._dispatch.calibrate`), else the paper's 10 flops/byte;
+    (:mod:`scipy_gpuqr._dispatch.calibration`), else the paper's 10 flops/byte;
     ``info`` (``threshold``, ``threshold_source``) and the log say which.
 """
 
@@ -38,12 +43,15 @@ from typing import Callable, Optional
 import numpy as np
 import scipy.sparse as sp
 
+from .. import _gpu
+from .._cpu.blas_threads import threads_for
 from .._errors import GpuFallbackWarning
-from .._options import (DEFAULT_INTENSITY_THRESHOLD, log_decision,
-                       resolve_backend, resolve_options)
+from .._options import DEFAULT_INTENSITY_THRESHOLD, Settings, log_decision, resolve_settings
+from .._symbolic import analyze as symbolic_analyze
+from .calibration import load_calibration
 
 __all__ = ["GpuFallbackWarning", "Plan", "plan_factorization",
-           "backend_factorizer", "available_host_memory", "gpu_engine",
+           "backend_factorizer", "absolute_tol", "available_host_memory", "gpu_engine",
            "auto_threshold"]
 
 #: Orderings tried, in this order, when the requested one does not fit.
@@ -66,9 +74,9 @@ def available_host_memory() -> Optional[int]:
 
 
 def gpu_engine():
-    """The GPU factorize callable, or (None, reason) until the engine exists."""
+    """``(factorize, 'ok')`` of the GPU engine, or ``(None, reason)`` without it."""
     try:
-        from .._engine.gpu import driver as _gpu_engine  # noqa: F401  (later issue)
+        from .._engine.gpu import driver as _gpu_engine     # optional: needs CuPy
     except ImportError:
         return None, "the GPU engine is not implemented yet"
     factorize = getattr(_gpu_engine, "gpu_factorize", None)
@@ -79,7 +87,7 @@ def gpu_engine():
 
 def _spqr():
     try:
-        from .._cpu import spqr
+        from .._cpu import spqr          # optional: SuiteSparse's shared library (cffi)
     except ImportError as exc:
         return None, f"scipy_gpuqr._cpu.spqr cannot be imported ({exc})"
     ok, why = spqr.spqr_available()
@@ -88,7 +96,7 @@ def _spqr():
 
 def _reference():
     try:
-        from .._engine.host import reference
+        from .._engine.host import reference     # engines are imported when they run
     except ImportError as exc:
         return None, f"the reference engine cannot be imported ({exc})"
     return reference, "ok"
@@ -101,6 +109,10 @@ def backend_factorizer(name: str) -> tuple[Optional[Callable], str, str]:
     -------
     factorize : callable or None
         ``factorize(A, *, ordering, colperm, tol, analysis) -> NumericQR``.
+        The engines of ``'gpu'`` and ``'simulate'`` answer a tolerance with
+        their own fallback (the reference engine's rank detection);
+        :func:`scipy_gpuqr._factor.rank_refine.with_rank_detection` serves it
+        on their R instead.
     ran : str
         The backend that will actually run (after documented fallbacks).
     note : str
@@ -109,16 +121,16 @@ def backend_factorizer(name: str) -> tuple[Optional[Callable], str, str]:
     if name == "gpu":
         factorize, why = gpu_engine()
         if factorize is not None:
-            return _wrap_gpu(factorize), "gpu", "ok"
+            return _wrap_engine(factorize), "gpu", "ok"
         return None, "gpu", why
     if name == "simulate":
         try:
-            from .._engine.host import simulate
+            from .._engine.host import simulate      # engines are imported when they run
             factorize = getattr(simulate, "simulate_factorize", None)
         except ImportError:
             factorize = None
         if factorize is not None:
-            return _wrap_refined(factorize, on_gpu=False), "simulate", "ok"
+            return _wrap_engine(factorize), "simulate", "ok"
         f, ran, why = backend_factorizer("reference")
         return f, ran, "the simulate executor has no factorize entry point yet; " + why
     if name == "reference":
@@ -139,8 +151,6 @@ def backend_factorizer(name: str) -> tuple[Optional[Callable], str, str]:
 
 
 def _wrap_spqr(spqr_factorize):
-    from .._cpu.blas_threads import threads_for
-
     def factorize(A, *, ordering="colamd", colperm=None, tol=None, analysis=None):
         flops = getattr(analysis, "flops", None)
         return spqr_factorize(A, ordering=ordering, colperm=colperm, tol=tol,
@@ -151,51 +161,20 @@ def _wrap_spqr(spqr_factorize):
 def _wrap_engine(engine_factorize):
     def factorize(A, *, ordering="colamd", colperm=None, tol=None, analysis=None):
         if analysis is None:
-            from .._symbolic import analyze
-            analysis = analyze(A, ordering="given" if colperm is not None else ordering,
-                               colperm=colperm)
+            analysis = symbolic_analyze(A, ordering="given" if colperm is not None
+                                        else ordering, colperm=colperm)
         return engine_factorize(A, analysis, tol=tol)
     return factorize
 
 
-def _wrap_gpu(gpu_factorize):
-    return _wrap_refined(gpu_factorize, on_gpu=True)
+def absolute_tol(tol, A) -> Optional[float]:
+    """The absolute dead-column tolerance of ``tol`` (None, 'default' or a number) for A.
 
-
-#: Largest min(m, n)·n for which the simulate backend refines R densely on the host.
-HOST_REFINE_LIMIT = 14000 ** 2
-
-
-def _wrap_refined(engine_factorize, *, on_gpu: bool):
-    """An engine without rank detection in its task lists, with ``tol`` served by
-    Heath's rule on its R (:mod:`scipy_gpuqr._factor.rank_refine`), on the GPU for the
-    GPU engine; where R cannot be densified the engine's own fallback (the
-    reference engine's rank detection) answers."""
-    plain = _wrap_engine(engine_factorize)
-
-    def factorize(A, *, ordering="colamd", colperm=None, tol=None, analysis=None):
-        from .._engine.host.reference import resolve_tol
-        from .._factor.rank_refine import fits_dense, heath_refine
-        kw = dict(ordering=ordering, colperm=colperm, analysis=analysis)
-        m, n = A.shape
-        tol_abs = resolve_tol(tol, A, np.float32 if A.dtype == np.float32 else np.float64)
-        if tol_abs is None:
-            return plain(A, tol=None, **kw)
-        shape = (min(m, n), n)
-        xp = np
-        if on_gpu:
-            from .._gpu import gpu_available, import_cupy
-            if gpu_available() and fits_dense(shape, import_cupy()):
-                xp = import_cupy()
-            else:
-                return plain(A, tol=tol, **kw)
-        elif shape[0] * shape[1] > HOST_REFINE_LIMIT:
-            return plain(A, tol=tol, **kw)
-        num = plain(A, tol=None, **kw)
-        if num.info.get("backend") == "reference":      # the GPU engine fell back
-            xp = np
-        return heath_refine(num, tol_abs, xp)
-    return factorize
+    SuiteSparseQR's rule for 'default', as the reference engine applies it
+    (in A's working precision); None when rank detection is off.
+    """
+    from .._engine.host.reference import resolve_tol     # engines are imported when they run
+    return resolve_tol(tol, A, np.float32 if A.dtype == np.float32 else np.float64)
 
 
 @dataclass
@@ -221,6 +200,8 @@ class Plan:
         The symbolic analysis, when it ran.
     analyze_time : float
         Seconds spent in the analysis.
+    factorize_fn : callable or None
+        The backend's factorize callable (:func:`backend_factorizer`).
     threshold : float or None
         The intensity threshold ``auto`` compared with (None: not consulted).
     threshold_source : str
@@ -252,6 +233,16 @@ class Plan:
         return self.factorize_fn(A, ordering=self.ordering, colperm=self.colperm,
                                  tol=tol, analysis=self.analysis)
 
+    def device_solves(self, num):
+        """The GPU engine's triangular solves with the factors ``num`` it left on the device."""
+        from .._engine.gpu.solve import device_solve_of      # optional: needs CuPy
+        return device_solve_of(num)
+
+    def device_matmul(self, num, B, *, trans: bool):
+        """``Qᵀ B`` (``trans``) or ``Q B`` on the device for GPU factors ``num``, in float64."""
+        from .._engine.gpu.solve import device_matmul        # optional: needs CuPy
+        return device_matmul(num, B, trans=trans, float64=True)
+
     def summary(self) -> dict:
         """JSON-ready description for ``info``."""
         out = {"backend": self.backend, "requested": self.requested,
@@ -270,16 +261,6 @@ class Plan:
         return out
 
 
-def _analyze(A, ordering, reasons):
-    try:
-        from .._symbolic import analyze
-    except ImportError as exc:
-        reasons.append(f"symbolic analysis unavailable ({exc}); no intensity or "
-                       "memory estimate")
-        return None
-    return analyze(A, ordering=ordering)
-
-
 def _bytes(value) -> str:
     value = float(value)
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -293,7 +274,7 @@ def _fits(analysis, avail) -> bool:
     return need is None or avail is None or need <= _MEMORY_FRACTION * avail
 
 
-def plan_factorization(A: sp.csc_array, *, backend=None, gpuqr_options=None,
+def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
                        ordering: Optional[str] = None, dtype=np.float64,
                        analyze: bool = True) -> Plan:
     """Decide where A is factorized, with every reason recorded and logged.
@@ -302,10 +283,12 @@ def plan_factorization(A: sp.csc_array, *, backend=None, gpuqr_options=None,
     ----------
     A : scipy.sparse.csc_array
         Canonical matrix (from :func:`scipy_gpuqr._validate.as_matrix`).
-    backend, gpuqr_options
-        The caller's settings (see :func:`scipy_gpuqr._options.resolve_backend`).
+    settings : Settings, optional
+        The call's resolved settings
+        (:func:`scipy_gpuqr._options.resolve_settings`); None: the defaults
+        and the environment.
     ordering : str or None
-        Column ordering; None takes ``gpuqr_options.ordering``.
+        Column ordering; None takes the options' ``ordering``.
     dtype : numpy.dtype
         Working dtype (GPU eligibility).
     analyze : bool
@@ -313,20 +296,19 @@ def plan_factorization(A: sp.csc_array, *, backend=None, gpuqr_options=None,
 
     Raises
     ------
-    ValueError
-        Bad backend name (wherever it came from).
     MemoryError
         The factorization cannot fit in the host memory available, with
         any ordering tried.
     """
-    requested, source = resolve_backend(backend, gpuqr_options)
-    options = resolve_options(gpuqr_options)
+    if settings is None:
+        settings = resolve_settings()
+    requested, source, options = settings.backend, settings.source, settings.options
     ordering = ordering or options.ordering
     reasons = [f"backend {requested!r} from {source}"]
     analysis = None
     t0 = time.perf_counter()
     if analyze and min(A.shape) > 0:
-        analysis = _analyze(A, ordering, reasons)
+        analysis = symbolic_analyze(A, ordering=ordering)
     analyze_time = time.perf_counter() - t0
     colperm = None
 
@@ -343,11 +325,11 @@ def plan_factorization(A: sp.csc_array, *, backend=None, gpuqr_options=None,
                 if alt == ordering:
                     continue
                 try:
-                    other = _analyze(A, alt, reasons)
+                    other = symbolic_analyze(A, ordering=alt)
                 except Exception as exc:  # an ordering that is not available
                     reasons.append(f"ordering {alt!r} not usable ({exc})")
                     continue
-                if other is not None and _fits(other, avail):
+                if _fits(other, avail):
                     reasons.append(f"{msg}; switched to ordering {alt!r} "
                                    f"({_bytes(other.host_bytes)})")
                     analysis, ordering, found = other, alt, True
@@ -394,11 +376,7 @@ def auto_threshold(options, gpu_name) -> tuple[float, str]:
     """
     if options.intensity_threshold is not None:
         return float(options.intensity_threshold), "from gpuqr_options"
-    try:
-        from .calibrate import load_calibration
-        cal = load_calibration(gpu_name)
-    except ImportError:
-        cal = None
+    cal = load_calibration(gpu_name)
     if cal is not None:
         return cal.threshold, f"calibrated {cal.date} for {cal.gpu_name}"
     return DEFAULT_INTENSITY_THRESHOLD, f"default, not calibrated for {gpu_name or 'this GPU'}"
@@ -410,8 +388,7 @@ def _auto_choice(analysis, options, dtype, reasons) -> tuple[str, Optional[tuple
     if factorize is None:
         reasons.append(f"auto: CPU ({why})")
         return "cpu", None
-    from .._gpu import gpu_info
-    info = gpu_info()
+    info = _gpu.gpu_info()
     if not info["available"]:
         reasons.append(f"auto: CPU (no GPU: {info['reason']})")
         return "cpu", None

@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.linalg as la
+import scipy.sparse as sp
 
 __all__ = ["PANEL", "DenseCOD", "heath_qr", "sigma_max_estimate", "solve_triangular",
            "dense_from_sparse", "apply_blocks"]
@@ -45,7 +47,7 @@ def _xp_of(a):
     """The array module of ``a`` (CuPy for device arrays, else NumPy)."""
     mod = type(a).__module__
     if mod.startswith("cupy"):
-        import cupy
+        import cupy                 # optional dependency
         return cupy
     return np
 
@@ -65,7 +67,6 @@ class _Block:
 
 def dense_from_sparse(R, xp):
     """Dense float64 copy of a SciPy sparse matrix on ``xp`` (CuPy: built on the device)."""
-    import scipy.sparse as sp
     R = sp.csc_array(R)
     if xp is np:
         return R.toarray().astype(np.float64, copy=False)
@@ -241,10 +242,9 @@ def sigma_max_estimate(G, iterations: int = 40) -> float:
 def solve_triangular(R, B, *, trans: bool):
     """``R⁻¹ B`` (or ``R⁻ᵀ B``) for upper triangular R on NumPy or CuPy."""
     if _xp_of(R) is np:
-        import scipy.linalg as la
         return la.solve_triangular(R, B, trans=1 if trans else 0, lower=False,
                                    check_finite=False)
-    from cupyx.scipy.linalg import solve_triangular as dev_solve
+    from cupyx.scipy.linalg import solve_triangular as dev_solve      # optional dependency
     return dev_solve(R, B, trans=1 if trans else 0, lower=False)
 
 

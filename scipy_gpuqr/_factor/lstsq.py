@@ -33,11 +33,11 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
        ``r:`` of ``Qᵀ R P[:, r:]``; it is kept only where
        ``‖E‖₂ <= tol < σ_min(R11)`` (then σ_{r+1} ≤ ‖E‖₂ and σ_r ≥
        σ_min(R11): lstsq's rank is r and its solution differs from the
-       COD's by a perturbation below the cutoff) — rajat01 (6833², 56
-       exactly dependent columns) in 0.3 s instead of 19 s of dense COD on
-       two cores. Where the check fails (no gap, or Heath's greedy rule
-       misses singular values below the cutoff, as on nnc1374), the dense
-       rules below answer:
+       COD's by a perturbation below the cutoff). Exactly dependent columns
+       of a large sparse R are so decided far more cheaply than by any dense
+       refinement. Where the check fails (no gap, or Heath's greedy rule
+       misses singular values below the cutoff), the dense rules below
+       answer:
 
        * q ≤ :data:`DENSE_LIMIT`: a dense SVD of ``R`` gives exactly lstsq's
          rank and the pseudo-inverse solution (on the GPU from
@@ -49,10 +49,9 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
          QR of the live rows for the minimum-norm part. Where the singular
          values have a gap at the cutoff its rank is lstsq's (checked:
          σ_min of the live rows above the threshold). Where they do not
-         (Heath's rule keeps columns lstsq drops, e.g. bayer10: 13362 vs
-         13303), the rank must be decided on R itself: Heath's dropped
-         parts, up to the threshold per column, move singular values near
-         the cutoff (synthetic tests: by up to 5 ranks). On the host, where
+         (Heath's rule keeps columns lstsq drops), the rank must be decided
+         on R itself: Heath's dropped parts, up to the threshold per column,
+         move singular values near the cutoff. On the host, where
          Heath's rule drops columns (or σ_min of the live rows is below the
          threshold) and R has a nonzero diagonal, R's small singular
          subspace decides (:mod:`scipy_gpuqr._factor.subspace_cod`: block inverse
@@ -73,8 +72,8 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
          part) without the gap check's guarantee where that check failed.
 
        lstsq itself decides on A's computed singular values, so where one
-       lies within rounding of the cutoff (relative ~1e-3 and less on the
-       test problems) the two ranks may differ by the number of such values.
+       lies within rounding of the cutoff the two ranks may differ by the
+       number of such values.
 
     SuiteSparseQR's default tolerance (20·(m+n)·eps·max column norm) is
     *not* this rule: it drops columns greedily and loses accuracy on
@@ -95,6 +94,9 @@ import scipy.linalg as la
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator, onenormest
 
+from .. import _gpu
+from .dense_cod import DenseCOD, dense_from_sparse, sigma_max_estimate
+from .subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
 from .triangular import DENSE_SIGMA_LIMIT, UpperTriangular, norm2_lanczos, sigma_min_upper
 
 __all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver",
@@ -103,7 +105,7 @@ __all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNo
 EPS = float(np.finfo(np.float64).eps)
 
 #: Largest number of columns of R refined by a dense SVD (q² doubles and
-#: about 10·q³ flops: 2500 → 50 MB, a few seconds on two cores).
+#: about 10·q³ flops: 2500 → 50 MB).
 DENSE_LIMIT = 2500
 
 #: spsolve's singularity rule: column i of R is "exactly" dependent when
@@ -116,21 +118,19 @@ SINGULAR_RTOL = 100 * EPS
 DENSE_COD_HOST_LIMIT = 14000
 
 #: Largest dimension for which a dense SVD settles the rank when Heath's rule
-#: cannot (no gap in the singular values): host (gesdd on 2 cores: 5000² in
-#: about 50 s; bayer10's 13436² took 25 minutes; on the host it is the fallback
-#: of the cheaper subspace decision, :mod:`scipy_gpuqr._factor.subspace_cod`) and GPU
-#: (cuSOLVER gesvd).
+#: cannot (no gap in the singular values): host (gesdd, whose O(q³) time
+#: limits it; on the host it is the fallback of the cheaper subspace decision,
+#: :mod:`scipy_gpuqr._factor.subspace_cod`) and GPU (cuSOLVER gesvd).
 SVD_FALLBACK_LIMIT = {"cpu": 5000, "gpu": 20000}
 
 #: Initial block (and block increment per Heath-dead column × 2) of the host's
 #: subspace rank decision (:mod:`scipy_gpuqr._factor.subspace_cod`), and its largest
-#: block: 2·p·q² flops per step (p = 1024, q = 14000: 4e11, about 10 s here).
+#: block: 2·p·q² flops per step (p = 1024, q = 14000: 4e11).
 SUBSPACE_BLOCK = 64
 SUBSPACE_MAX_BLOCK = 1024
 
 #: Smallest min(k, q) of R whose dense SVD runs on the GPU when one may be
-#: used (H200 host, triangular q×q, U/s/Vt: host gesdd 49 / 236 / 486 ms
-#: at 500 / 1000 / 1374 columns, cuSOLVER 52 / 120 / 181 ms).
+#: used (below it the host's gesdd is as fast as cuSOLVER's, transfers included).
 SVD_GPU_MIN_ORDER = 600
 
 #: Fraction of the free device memory a dense COD on the GPU may take.
@@ -276,8 +276,8 @@ class MinNormSolver:
         The caller says 'gpu' when the factorization ran there, or when
         ``auto`` factorized on the CPU with a GPU present. A dense SVD goes
         to the GPU from :data:`SVD_GPU_MIN_ORDER` columns on (cuSOLVER,
-        2.7–4× the host's 16-core gesdd at 1374–2500 columns on the H200
-        host); the host's subspace decision needs ``dense_device='cpu'``.
+        faster than the host's gesdd there); the host's subspace decision
+        needs ``dense_device='cpu'``.
     solves : (callable, callable), optional
         ``C ↦ R⁻¹C`` and ``C ↦ R⁻ᵀC`` on host arrays for the condition and
         σ estimates of a square R (e.g. the GPU's front-structured solve);
@@ -336,7 +336,6 @@ class MinNormSolver:
             self._prepare_dense_cod(device)
             return
         if not np.isfinite(self.sigma_max):
-            from .subspace_cod import sigma_max_lanczos
             self.sigma_max = sigma_max_lanczos(R)
         self._prepare_cod()
 
@@ -352,14 +351,13 @@ class MinNormSolver:
         run on the GPU (``dense_device``, q from :data:`SVD_GPU_MIN_ORDER` to
         DENSE_LIMIT) the σ test runs there directly.
         """
-        from .subspace_cod import sigma_max_lanczos
         R = self.R
         q = R.shape[0]
         Rgpu = self._dense_on_gpu(as_g=False) if q <= DENSE_LIMIT else None
         if Rgpu is not None:
             # R densely on the GPU: the σ test itself costs a few cuBLAS calls
-            # (hangGlider_2, 1647 columns: trsm and Lanczos on the host took
-            # ~100 ms on 16 cores), so it decides without the 1-norm estimate
+            # (less than the host's triangular solves and Lanczos), so it
+            # decides without the 1-norm estimate
             smax = norm2_lanczos(Rgpu)
             est = sigma_min_upper(Rgpu, self.cutoff * smax)
             del Rgpu
@@ -383,8 +381,8 @@ class MinNormSolver:
         Where a rank-detecting sparse QR of G is cheap (R sparse: at most
         :data:`SPARSE_COD_MAX_DENSITY` of its entries nonzero) and a dense
         refinement would run on the host (an SVD, or a dense COD whose
-        second QR costs ``2r²q`` flops: rajat01, 6833 columns, 6 s on 16
-        cores against 0.4 s for the sparse COD). A GPU factorization keeps
+        second QR costs ``2r²q`` flops, far more than a sparse QR of a sparse
+        R). A GPU factorization keeps
         its dense COD on the device beyond :data:`DENSE_LIMIT` columns.
         """
         k, q = self.R.shape
@@ -407,7 +405,6 @@ class MinNormSolver:
         :func:`~scipy_gpuqr._factor.triangular.sigma_min_upper` (a bound, or an
         estimate with a margin). False (nothing kept) when either test fails.
         """
-        from .subspace_cod import sigma_max_lanczos
         G = sp.csc_array(self.R.T) if self.transposed else self.R
         kG, qG = G.shape
         smax = sigma_max_lanczos(G)
@@ -449,11 +446,9 @@ class MinNormSolver:
         k, q = self.R.shape
         if self.dense_device != "gpu" or min(k, q) < SVD_GPU_MIN_ORDER:
             return None
-        from .._gpu import gpu_available, import_cupy
-        if not gpu_available():
+        if not _gpu.gpu_available():
             return None
-        from .dense_cod import dense_from_sparse
-        G = dense_from_sparse(self.R, import_cupy())
+        G = dense_from_sparse(self.R, _gpu.import_cupy())
         return G.T.copy() if (self.transposed and as_g) else G
 
     def _prepare_svd(self, G=None):
@@ -467,7 +462,7 @@ class MinNormSolver:
                               check_finite=False)
             self.cod_device = "cpu"
         else:                       # CuPy: stays on the device until solve
-            import cupy
+            import cupy                 # optional dependency
             U, s, Vt = cupy.linalg.svd(G, full_matrices=False)
             s = s.get()
             self.cod_device = "gpu"
@@ -484,9 +479,8 @@ class MinNormSolver:
         k, q = self.R.shape
         need = 8 * (3 * k * q + min(k, q) ** 2)      # G, its backup, Q₂ and R₂
         if self.dense_device == "gpu":
-            from .._gpu import gpu_available, import_cupy
-            if gpu_available():
-                free, _ = import_cupy().cuda.runtime.memGetInfo()
+            if _gpu.gpu_available():
+                free, _ = _gpu.import_cupy().cuda.runtime.memGetInfo()
                 if need <= DENSE_COD_GPU_FRACTION * free:
                     return "gpu"
         if max(k, q) <= DENSE_COD_HOST_LIMIT:
@@ -494,11 +488,8 @@ class MinNormSolver:
         return None
 
     def _prepare_dense_cod(self, device: str):
-        from .dense_cod import DenseCOD, sigma_max_estimate
         if device == "gpu":
-            from .dense_cod import dense_from_sparse
-            from .._gpu import import_cupy
-            Rd = dense_from_sparse(self.R, import_cupy())
+            Rd = dense_from_sparse(self.R, _gpu.import_cupy())
         else:
             Rd = self.R.toarray()
         G = Rd.T.copy() if self.transposed else Rd
@@ -513,8 +504,8 @@ class MinNormSolver:
         dead = int(cod.live.size - cod.rank)
         # host: where R's small singular subspace fits a small block it decides
         # lstsq's rank exactly, gap or not, for less than the COD's second QR
-        # (which is then never computed) and than an SVD (3000 columns: 3.6 s
-        # vs 6.7 s; bench/RESULTS.md, issue 2); the SVD remains its fallback
+        # (which is then never computed) and than an SVD; the SVD remains its
+        # fallback
         subspace = device == "cpu" and self._subspace_block(dead) is not None
         if subspace and dead:
             if self._prepare_subspace_cod(dead):
@@ -551,12 +542,11 @@ class MinNormSolver:
         return (block, max_block) if block <= max_block else None
 
     def _prepare_subspace_cod(self, dead: int) -> bool:
-        """lstsq's rank from R's small singular subspace (:mod:`._subspace_cod`).
+        """lstsq's rank from R's small singular subspace (:mod:`scipy_gpuqr._factor.subspace_cod`).
 
         False where it does not apply (:meth:`_subspace_block`) or the
         subspace turns out to need a larger block.
         """
-        from .subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
         blocks = self._subspace_block(dead)
         if blocks is None:
             return False
@@ -602,7 +592,7 @@ class MinNormSolver:
         if self.method == "svd":
             U, s, Vt = self._svd
             if not isinstance(U, np.ndarray):       # computed on the GPU
-                import cupy
+                import cupy                 # optional dependency
                 Cd = cupy.asarray(C)
                 return (Vt.T @ ((U.T @ Cd) / cupy.asarray(s)[:, None])).get()
             return Vt.T @ ((U.T @ C) / s[:, None])

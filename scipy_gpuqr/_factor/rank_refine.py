@@ -14,8 +14,12 @@ and tolerance (up to rounding at the threshold). The result honours the
 columns move to the end of ``colperm``, ``R[:rank, :rank]`` is upper
 triangular with a nonzero diagonal, and ``Q = Q₀ Zᵀ``.
 
-R₀ must fit densely on the device (:func:`fits_dense`); otherwise the
-caller uses the reference engine's own rank detection.
+R₀ must fit densely on the device (:func:`fits_dense`), or for the
+``'simulate'`` backend on the host (:data:`HOST_REFINE_LIMIT`); otherwise the
+engine's own fallback, the reference engine's rank detection, answers.
+:func:`with_rank_detection` wraps a backend's factorize callable with this
+rule, and :func:`factorizer` is :func:`~scipy_gpuqr._dispatch.plan.backend_factorizer`
+so wrapped.
 """
 
 from __future__ import annotations
@@ -25,13 +29,23 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from .. import _gpu
+from .._dispatch.plan import absolute_tol, backend_factorizer
 from .dense_cod import apply_blocks, dense_from_sparse, heath_qr
 from .numeric import NumericQR
 
-__all__ = ["HeathRefinedQR", "heath_refine", "fits_dense", "DEVICE_FRACTION"]
+__all__ = ["HeathRefinedQR", "heath_refine", "fits_dense", "with_rank_detection",
+           "factorizer", "DEVICE_FRACTION", "HOST_REFINE_LIMIT", "REFINED_BACKENDS"]
 
 #: Fraction of the free device memory the dense copy of R₀ may take.
 DEVICE_FRACTION = 0.4
+
+#: Largest min(m, n)·n for which the simulate backend refines R densely on the host.
+HOST_REFINE_LIMIT = 14000 ** 2
+
+#: Backends whose engines detect no rank in their task lists, and whether
+#: Heath's rule then runs on the GPU.
+REFINED_BACKENDS = {"gpu": True, "simulate": False}
 
 
 def fits_dense(shape, xp) -> bool:
@@ -120,3 +134,53 @@ def heath_refine(num: NumericQR, tol: float, xp=np) -> HeathRefinedQR:
     return HeathRefinedQR(shape=num.shape, R=R, colperm=np.asarray(num.colperm)[order],
                           rank=int(rank), tol=float(tol), flops=num.flops, info=info,
                           base=num, _blocks=blocks, _xp=xp)
+
+
+def with_rank_detection(factorize, backend: str):
+    """``factorize`` of ``backend`` with a tolerance served by Heath's rule on its R.
+
+    For the backends of :data:`REFINED_BACKENDS` a call with ``tol`` factorizes
+    without rank detection and refines R (:func:`heath_refine`), on the GPU
+    for the GPU engine; where R₀ cannot be densified there (or beyond
+    :data:`HOST_REFINE_LIMIT` on the host) the engine's own fallback answers.
+    Other backends detect rank themselves: their callable is returned as it is.
+
+    Parameters
+    ----------
+    factorize : callable or None
+        ``factorize(A, *, ordering, colperm, tol, analysis) -> NumericQR``.
+    backend : str
+        The backend that runs it.
+    """
+    if factorize is None or backend not in REFINED_BACKENDS:
+        return factorize
+    on_gpu = REFINED_BACKENDS[backend]
+    plain = factorize
+
+    def refined(A, *, ordering="colamd", colperm=None, tol=None, analysis=None):
+        kw = dict(ordering=ordering, colperm=colperm, analysis=analysis)
+        m, n = A.shape
+        tol_abs = absolute_tol(tol, A)
+        if tol_abs is None:
+            return plain(A, tol=None, **kw)
+        shape = (min(m, n), n)
+        xp = np
+        if on_gpu:
+            if _gpu.gpu_available() and fits_dense(shape, _gpu.import_cupy()):
+                xp = _gpu.import_cupy()
+            else:
+                return plain(A, tol=tol, **kw)
+        elif shape[0] * shape[1] > HOST_REFINE_LIMIT:
+            return plain(A, tol=tol, **kw)
+        num = plain(A, tol=None, **kw)
+        if num.info.get("backend") == "reference":      # the GPU engine fell back
+            xp = np
+        return heath_refine(num, tol_abs, xp)
+    return refined
+
+
+def factorizer(name: str):
+    """:func:`~scipy_gpuqr._dispatch.plan.backend_factorizer` with every backend
+    serving a tolerance (:func:`with_rank_detection`): ``(factorize, ran, note)``."""
+    factorize, ran, note = backend_factorizer(name)
+    return with_rank_detection(factorize, ran), ran, note

@@ -37,26 +37,25 @@ Method (orthogonal transformations throughout):
    ``y = H [R₃⁻¹ (Qᵀ c)[:r]; 0]`` (y ⟂ V_d); for ``G = Rᵀ`` the transpose
    of that truncated pseudo-inverse, ``y = Q [R₃⁻ᵀ (Hᵀ c)[:r]; 0]``. R is
    deflated in both cases: R's rows are graded like its singular values,
-   so the products ``R H`` carry errors relative to each row (measured: the
-   Rᵀ-side deflation ``Rᵀ H`` loses about 1e-4 of the solution on a 400²
-   test, this way 1e-9).
+   so the products ``R H`` carry errors relative to each row (a deflation
+   on the Rᵀ side, ``Rᵀ H``, loses orders of magnitude more of the
+   solution).
 
 Nothing is subtracted from ``G⁻¹c`` (no projection of a solution that the
 small singular values blow up): the only solves with small pivots are in
 the iteration, whose results are normalized.
 
 Cost: ``2·p·q²`` flops per step (p: block columns), then about ``15·d·q²``
-for steps 2 and 3 (a dense ``geqrf`` of ``R W``, the first version, took
-``4/3·q³``: 75 s of bayer10's 97 s), against ``8/3·q³`` for the
+for steps 2 and 3 (where a dense ``geqrf`` of ``R W`` would take
+``4/3·q³``), against ``8/3·q³`` for the
 ``geqrf + orgqr`` of the dense COD's second QR it replaces
 (:mod:`scipy_gpuqr._factor.dense_cod`). A block that would
 exceed ``max_block`` columns (many small singular values: Heath's rule
 settles those) raises :class:`SubspaceTooLarge`.
 
-Host only for now. The same steps map onto CuPy (``cupyx.scipy.linalg.
-solve_triangular``, a small SVD per step, cuSOLVER ``geqrf``/``ormqr``) and
-would lift the GPU's SVD limit (:data:`scipy_gpuqr._factor.lstsq.SVD_FALLBACK_LIMIT`),
-but that path has not been run on a GPU.
+It runs on the host. The same steps map onto CuPy (``cupyx.scipy.linalg.
+solve_triangular``, a small SVD per step, cuSOLVER ``geqrf``/``ormqr``), which
+would lift the GPU's SVD limit (:data:`scipy_gpuqr._factor.lstsq.SVD_FALLBACK_LIMIT`).
 """
 
 from __future__ import annotations
@@ -65,6 +64,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.linalg as la
+from scipy.sparse.linalg import LinearOperator, eigsh
 
 from .._errors import SubspaceTooLarge
 
@@ -104,7 +104,6 @@ def sigma_max_lanczos(R, rtol: float = 1e-12) -> float:
     annihilates it (rows summing to zero, e.g. graph Laplacians): then a
     seeded random vector, for the same reason.
     """
-    from scipy.sparse.linalg import LinearOperator, eigsh
     q = R.shape[1]
     if q == 0 or R.shape[0] == 0:
         return 0.0

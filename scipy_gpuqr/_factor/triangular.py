@@ -1,12 +1,11 @@
 """Sparse upper triangular solves on the host, and σ_min of a triangular factor.
 
-SciPy's :func:`~scipy.sparse.linalg.spsolve_triangular` costs about 10 ms per
-call on a 7000-column R with 2e5 entries (its setup is repeated per call);
-a rank decision makes tens of such calls (Lanczos, condition estimates).
-:class:`UpperTriangular` factors R once with SuperLU in its natural order
-with diagonal pivots — for a triangular matrix that is ``L = I``, ``U = R``,
-no fill — and then every solve is SuperLU's compiled triangular sweep
-(0.5–1.3 ms on the same R; bench/RESULTS.md, issue 6).
+SciPy's :func:`~scipy.sparse.linalg.spsolve_triangular` repeats its setup on
+every call, and a rank decision makes tens of such calls (Lanczos, condition
+estimates). :class:`UpperTriangular` factors R once with SuperLU in its
+natural order with diagonal pivots — for a triangular matrix that is
+``L = I``, ``U = R``, no fill — and then every solve is SuperLU's compiled
+triangular sweep, an order of magnitude faster.
 
 :func:`sigma_min_upper` answers "is σ_min(T) above a threshold?" for the
 rank rules of :mod:`scipy_gpuqr._factor.lstsq`: a guaranteed lower bound
@@ -28,9 +27,8 @@ __all__ = ["UpperTriangular", "sigma_min_upper", "SigmaMin", "DENSE_SIGMA_LIMIT"
            "norm2_lanczos"]
 
 #: Most entries of T handed to SuperLU: it sizes its work arrays from the
-#: entries with 32-bit counts and a fill guess (grid 32³'s R, 3.0e7 entries:
-#: 1.7 s to set up, then 67 ms per solve on two cores; grid 40³'s, 8.9e7:
-#: MemoryError). Beyond, SciPy's spsolve_triangular answers.
+#: entries with 32-bit counts and a fill guess, and runs out of memory on
+#: larger factors. Beyond, SciPy's spsolve_triangular answers.
 SUPERLU_MAX_NNZ = 30_000_000
 
 #: Largest order of T whose σ_min is decided densely (its inverse by a
@@ -158,9 +156,8 @@ def norm2_lanczos(X, rtol: float = 1e-12) -> float:
 
 
 def _dense_inverse(Td):
-    """T⁻¹ of dense upper triangular T (NumPy: SciPy's trsm with I — LAPACK's trtri
-    took 0.6-1.6 s at 1647 columns on two cores where trsm took 0.22 s; CuPy:
-    cuBLAS trsm)."""
+    """T⁻¹ of dense upper triangular T (NumPy: SciPy's trsm with I, several
+    times faster than LAPACK's trtri; CuPy: cuBLAS trsm)."""
     q = Td.shape[0]
     if _module_of(Td) is np:
         with np.errstate(all="ignore"):

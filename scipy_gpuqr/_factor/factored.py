@@ -1,0 +1,410 @@
+"""One factorized matrix and the solves built on it, on the host and on the device.
+
+:class:`FactoredQR` holds what a factorization of a validated matrix is made
+of (its :class:`~scipy_gpuqr._dispatch.plan.Plan`, the backend's
+:class:`~scipy_gpuqr._factor.numeric.NumericQR`, the rank decision made from
+R) and answers, in float64 and without any input checking, the solves the
+entry points need: the minimum-norm least-squares solve
+(:meth:`FactoredQR.least_squares`), the exact solves of square systems
+(:meth:`FactoredQR.exact_solve`) and the products with Q. It is the engine
+room behind :class:`~scipy_gpuqr.QRFactorization` (which adds the checks of
+b, CuPy in → CuPy out and the result dtypes) and behind ``lsqr``, ``lsmr``,
+``spsolve`` and ``factorized``.
+
+Wide A (m < n) is factorized as Aᵀ (:func:`plan_for`): least-squares solves
+are then minimum-norm solutions of the underdetermined system.
+
+Where the factorization left its Householder data on a CUDA device (the GPU
+backend), the products with Q, the full-rank least-squares solve and the
+exact solves run there (the GPU engine's solves, reached through the plan);
+rank-deficient least squares takes the rank decision's path (Qᵀb still on
+the device, the rest through the host).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+from .._dispatch.plan import Plan, plan_factorization
+from .._options import Settings
+from .._validate import MatrixInput, as_matrix
+from .lstsq import MinNormSolver, exact_solve, lstsq_cutoff
+from .rank_refine import factorizer, with_rank_detection
+
+__all__ = ["FactoredQR", "factorize", "plan_for", "plan_matrix", "least_squares_probe",
+           "REFINE_ABOVE", "REFINE_STEPS"]
+
+_EPS = float(np.finfo(np.float64).eps)
+
+#: Tall least-squares solves (host and device) refine X (at most REFINE_STEPS steps,
+#: x += G⁺Qᵀ(b − A x))
+#: when eps times the condition estimate of the retained part of R exceeds this.
+REFINE_ABOVE = 1e-8
+REFINE_STEPS = 2
+
+
+def plan_matrix(M: sp.csc_array, settings: Settings, *, ordering=None,
+                dtype=np.float64) -> Plan:
+    """The dispatcher's plan for factorizing M, with a tolerance served on every backend.
+
+    :func:`~scipy_gpuqr._dispatch.plan.plan_factorization`, its factorize
+    callable wrapped by :func:`~scipy_gpuqr._factor.rank_refine.with_rank_detection`
+    (engines without rank detection get Heath's rule on their R).
+    """
+    plan = plan_factorization(M, settings, ordering=ordering, dtype=dtype)
+    return dataclasses.replace(plan, factorize_fn=with_rank_detection(plan.factorize_fn,
+                                                                      plan.backend))
+
+
+def plan_for(mi: MatrixInput, settings: Settings, *, ordering=None):
+    """``(M, plan)``: the matrix a factorization of ``mi`` factorizes (A, or Aᵀ when
+    m < n) and its :class:`~scipy_gpuqr._dispatch.plan.Plan` (analysis included).
+
+    Callers that need the plan first (``lsqr``'s iterate-first rule predicts
+    the factorization's time from it) pass the pair to :func:`factorize`.
+    """
+    m, n = mi.shape
+    M = sp.csc_array(mi.A.T) if m < n else mi.A
+    M.sort_indices()
+    return M, plan_matrix(M, settings, ordering=ordering, dtype=mi.dtype)
+
+
+def factorize(mi: MatrixInput, settings: Settings, *, ordering=None, tol=None,
+              planned=None, started=None) -> "FactoredQR":
+    """Plan (unless ``planned`` is given, from :func:`plan_for`) and factorize ``mi``.
+
+    ``tol`` as checked by :func:`scipy_gpuqr._validate.check_tol`; ``started``:
+    the ``perf_counter`` time the caller's validation began (default now).
+    """
+    started = time.perf_counter() if started is None else started
+    if planned is None:
+        planned = plan_for(mi, settings, ordering=ordering)
+    return FactoredQR(mi, planned, tol=tol, started=started)
+
+
+def least_squares_probe(A, analysis, backend: str):
+    """``run(num)``: the least-squares solve ``lsqr`` runs on a factorization
+    ``num`` of A (the rank decision and one right-hand side, on the device the
+    factorization chose), for the calibration's timer
+    (:func:`scipy_gpuqr._dispatch.calibrate.calibrate_sparse`)."""
+    b = np.asarray(A @ np.ones(A.shape[1]), dtype=np.float64)
+    b += 1e-3 * np.linalg.norm(b) / max(np.sqrt(b.size), 1.0) * np.cos(np.arange(b.size))
+
+    def run(num):
+        plan = Plan(backend=backend, requested=backend, source="calibration",
+                    analysis=analysis, factorize_fn=lambda *a, **k: num)
+        FactoredQR(as_matrix(A), (A, plan)).least_squares(b[:, None])
+
+    return run
+
+
+class FactoredQR:
+    """The factors of one matrix and the solves built on them (float64, no input checks).
+
+    Parameters
+    ----------
+    mi : MatrixInput
+        The validated matrix A, shape (m, n).
+    planned : (M, Plan)
+        From :func:`plan_for`: M is A, or Aᵀ when m < n.
+    tol : None, 'default' or float
+        Rank detection during the factorization (None: lstsq's rank rule
+        decides afterwards, :class:`~scipy_gpuqr._factor.lstsq.MinNormSolver`).
+    started : float, optional
+        ``perf_counter`` time the caller's validation began (for ``timings``).
+
+    Attributes
+    ----------
+    shape : tuple
+        (m, n) of A.
+    transposed : bool
+        Aᵀ was factorized (m < n).
+    dtype : numpy.dtype
+        SciPy's working dtype of A.
+    on_gpu : bool
+        The caller passed CuPy/cupyx data.
+    plan : Plan
+    num : NumericQR or None
+        The backend's factors (None once freed).
+    tol : None, 'default' or float
+    timings : dict
+        Seconds per phase.
+    """
+
+    def __init__(self, mi: MatrixInput, planned, *, tol=None, started=None):
+        t0 = time.perf_counter() if started is None else started
+        self.tol = tol
+        self.on_gpu = mi.on_gpu
+        self.dtype = mi.dtype
+        self.shape = mi.shape
+        m, n = mi.shape
+        self.transposed = m < n
+        self.pattern = (mi.A.indptr.copy(), mi.A.indices.copy())
+        M, self.plan = planned
+        t1 = time.perf_counter()
+        self.timings = {"validate": t1 - t0 - self.plan.analyze_time,
+                        "analyze": self.plan.analyze_time}
+        self.M = M
+        self.num = None
+        self._Md = None
+        self._solver = None
+        self._dsolve = None
+        self._run(M)
+
+    # -- phases ----------------------------------------------------------------
+    def _run(self, M):
+        t0 = time.perf_counter()
+        self.num = self.plan.factorize(M, tol=self.tol)
+        self.timings["factorize"] = time.perf_counter() - t0
+        self._solver = None
+        self._dsolve = None
+        self._Md = None
+
+    def refactor(self, M: sp.csc_array, dtype) -> None:
+        """Factorize M (same pattern as the planned matrix; Aᵀ when transposed)."""
+        self.M = M
+        self.dtype = dtype
+        self._run(M)
+
+    def rank_decision(self) -> MinNormSolver:
+        """The rank decision and minimum-norm solver, made once per factorization."""
+        if self._solver is None:
+            t0 = time.perf_counter()
+            num = self.num
+            m, n = self.shape
+            if self.tol is None:
+                R = num.R
+                cutoff = lstsq_cutoff(m, n)
+            else:
+                r = int(num.rank)
+                R = sp.csc_array(num.R)[:r]
+                cutoff = 0.0  # rank already decided by the backend
+            # the rank refinement runs where the factorization ran
+            device = "gpu" if num.info.get("backend") == "gpu" else "cpu"
+            # auto that factorized on the CPU with a GPU present (it consulted
+            # the GPU's threshold) runs the dense refinements there too
+            gpu_seen = self.plan.requested == "auto" and self.plan.gpu_name is not None
+            self._solver = MinNormSolver(R, cutoff, transposed=self.transposed,
+                                         factorize=self._cod_factorize, device=device,
+                                         solves=self._device_triangular(),
+                                         dense_device="gpu" if device == "gpu" or gpu_seen
+                                         else "cpu")
+            self.timings["rank_decision"] = time.perf_counter() - t0
+        return self._solver
+
+    def _cod_factorize(self, G, *, tol):
+        return self.plan.factorize_fn(sp.csc_array(G), ordering="colamd", colperm=None,
+                                      tol=tol, analysis=None)
+
+    def require(self):
+        """Raise ValueError once the factors were freed."""
+        if self.num is None:
+            raise ValueError("this QRFactorization was freed")
+
+    @property
+    def rank(self) -> int:
+        """Numerical rank: lstsq's rule (tol=None) or the backend's (tol given)."""
+        if self.tol is not None:
+            return int(self.num.rank)
+        return int(self.rank_decision().rank)
+
+    @property
+    def perm(self) -> np.ndarray:
+        """Column permutation of the factored matrix."""
+        return self.num.colperm
+
+    @property
+    def info(self) -> dict:
+        """What ran where and why, flops, intensity and timings."""
+        out = self.plan.summary()
+        out.update(shape=tuple(self.shape), transposed=self.transposed,
+                   tol=self.tol, timings=dict(self.timings))
+        if self.num is not None:
+            out["flops_backend"] = float(self.num.flops)
+            out["backend_info"] = dict(self.num.info)
+            out["rank_backend"] = int(self.num.rank)
+            if self._solver is not None:
+                out["rank_decision"] = self._solver.summary()
+        return out
+
+    # -- the device path (GPU factorizations) ------------------------------------------
+    def on_device(self) -> bool:
+        """The factorization's Householder data lie on a CUDA device."""
+        f = getattr(self.num, "on_device", None)
+        return bool(f is not None and f())
+
+    def device_least_squares_ok(self) -> bool:
+        """Full-rank least squares on the device: GPU factors, lstsq's rule says full rank."""
+        return (self.on_device() and self.tol is None
+                and self.rank_decision().method == "triangular")
+
+    def _device_triangular(self):
+        """Host-array wrappers of the device's ``R⁻¹·`` and ``R⁻ᵀ·`` (GPU factors,
+        no rank detection), for the rank decision's estimates; else None."""
+        if self.tol is not None or not self.on_device():
+            return None
+        import cupy as cp               # optional dependency: GPU factors only
+        ds = self.device_solves()
+
+        def up(C):
+            return ds.upper(cp.asarray(C, dtype=np.float64)).get()
+
+        def upt(C):
+            return ds.upper_transposed(cp.asarray(C, dtype=np.float64)).get()
+        return up, upt
+
+    def device_solves(self):
+        """The GPU engine's triangular solves with these factors (made once)."""
+        if self._dsolve is None:
+            self._dsolve = self.plan.device_solves(self.num)
+        return self._dsolve
+
+    def _device_apply(self, B, trans: bool):
+        return self.plan.device_matmul(self.num, B, trans=trans)
+
+    def device_least_squares(self, B):
+        """Float64 CuPy (n, k) solution for float64 CuPy B of shape (m, k).
+
+        Refined on the device as the host solve is (:meth:`refines`)."""
+        t0 = time.perf_counter()
+        ds = self.device_solves()
+        if not self.transposed:
+            def solve(C):
+                return ds.forward(lambda Y: self._device_apply(Y, True), C, self.shape[1])
+            import cupy as cp           # optional dependency: GPU factors only
+            X = self._refined(solve, self._device_matrix, B, solve(B),
+                              lambda Y: float(cp.linalg.norm(Y)))
+        else:
+            X = ds.backward(lambda Y: self._device_apply(Y, False), B, self.num.shape[0])
+        self.timings["solve"] = time.perf_counter() - t0
+        return X
+
+    def refines(self) -> bool:
+        """Whether tall least-squares solves refine: ill-conditioned retained part
+        (eps times its condition estimate above :data:`REFINE_ABOVE`)."""
+        return self.rank_decision().retained_condition() * _EPS > REFINE_ABOVE
+
+    def _refined(self, solve, matrix, B, X, norm):
+        """``X`` (solution of the tall problem for ``B``) refined in place where
+        :meth:`refines` says so: at most :data:`REFINE_STEPS` steps ``X += solve(B − M X)``
+        with A's own residuals (not Q R's), which take the backward error down to the
+        rank cutoff's level. ``matrix()`` gives M and ``norm`` a float 2-norm, of the
+        array module of B and X (host or device)."""
+        if not (B.shape[1] and self.refines()):
+            return X
+        M = matrix()
+        for _ in range(REFINE_STEPS):
+            D = solve(B - M @ X)
+            X += D
+            if norm(D) <= _EPS * norm(X):
+                break
+        return X
+
+    def _device_matrix(self):
+        """The factored matrix as a float64 cupyx CSR matrix (made once per factorization)."""
+        if self._Md is None:
+            import cupyx.scipy.sparse as csp        # optional dependency: GPU factors only
+            self._Md = csp.csr_matrix(sp.csr_matrix(self.M, dtype=np.float64))
+        return self._Md
+
+    # -- solves ------------------------------------------------------------------------
+    def exact_solve(self, B: np.ndarray, *, trans: bool = False) -> np.ndarray:
+        """``A X = B`` (or ``Aᵀ X = B``) for square A, no rank rule (see ``exact_solve``).
+
+        On the device for GPU factorizations (host B and X)."""
+        n = self.shape[1]
+        if not self.on_device() or B.shape[1] == 0 or n == 0:
+            return exact_solve(self.num, B, trans=trans)
+        import cupy as cp               # optional dependency: GPU factors only
+        return self.exact_solve_device(cp.asarray(B, dtype=np.float64), trans=trans).get()
+
+    def exact_solve_device(self, Bd, *, trans: bool = False):
+        """``A X = Bd`` (or ``Aᵀ X = Bd``) for square A on the device: float64 CuPy
+        Bd of shape (n, k) in, CuPy X out (GPU factors, no rank rule)."""
+        n = self.shape[1]
+        if Bd.shape[1] == 0 or n == 0:
+            import cupy as cp           # optional dependency: GPU factors only
+            return cp.zeros((n, Bd.shape[1]))
+        ds = self.device_solves()
+        if trans:
+            return ds.backward(lambda Y: self._device_apply(Y, False), Bd, n)
+        return ds.forward(lambda Y: self._device_apply(Y, True), Bd, n)
+
+    def least_squares(self, B: np.ndarray) -> np.ndarray:
+        """Float64 (n, k) minimum-norm least-squares solution for float64 B of shape (m, k).
+
+        NumPy in and out; a full-rank problem on GPU factors is solved on the device."""
+        if B.shape[1] and self.device_least_squares_ok():
+            import cupy as cp           # optional dependency: GPU factors only
+            return self.device_least_squares(cp.asarray(B, dtype=np.float64)).get()
+        t0 = time.perf_counter()
+        num = self.num
+        solver = self.rank_decision()
+        m, n = self.shape
+        if not self.transposed:
+            def solve(C):
+                return self._tall_host(C, solver)
+            X = self._refined(solve, lambda: self.M, B, solve(B),
+                              lambda Y: float(np.linalg.norm(Y)))
+        else:
+            Bp = B[num.colperm]
+            Z = solver.solve(Bp)
+            pad = np.zeros((n, B.shape[1]))
+            pad[:Z.shape[0]] = Z
+            X = num.q_matmul(pad) if B.shape[1] else pad
+        self.timings["solve"] = time.perf_counter() - t0
+        return X
+
+    def _tall_host(self, B: np.ndarray, solver: MinNormSolver) -> np.ndarray:
+        """``X[colperm] = G⁺ (Qᵀ B)[:rows of G]`` on the host (m >= n)."""
+        num = self.num
+        k = num.R.shape[0]
+        C = num.qt_matmul(B)[:k] if B.shape[1] else np.zeros((k, 0))
+        if self.tol is not None:
+            C = C[:solver.R.shape[0]]
+        X = np.empty((self.shape[1], B.shape[1]))
+        X[num.colperm] = solver.solve(C)
+        return X
+
+    def free(self) -> None:
+        """Release the factors (device memory, C objects); idempotent."""
+        if self.num is not None:
+            self.num.free()
+        self.num = None
+        self._solver = None
+        self._dsolve = None
+        self._Md = None
+
+    # -- pickling: data, never handles ---------------------------------------------
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_solver"] = None
+        state["_dsolve"] = None
+        state["_Md"] = None
+        num = state.get("num")
+        plan = state["plan"]
+        state["plan_fields"] = {k: getattr(plan, k) for k in
+                                ("backend", "requested", "source", "reasons",
+                                 "ordering", "colperm", "analyze_time")}
+        state["plan"] = None
+        if num is not None:
+            try:
+                pickle.dumps(num)
+            except Exception:  # device or C handles: refactorize on load
+                state["num"] = None
+                state["refactor_on_load"] = True
+        return state
+
+    def __setstate__(self, state):
+        fields = state.pop("plan_fields")
+        refactor = state.pop("refactor_on_load", False)
+        self.__dict__.update(state)
+        factorize_fn, _, _ = factorizer(fields["backend"])
+        self.plan = Plan(factorize_fn=factorize_fn, **fields)
+        if refactor:
+            self._run(self.M)
