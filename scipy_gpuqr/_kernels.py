@@ -16,7 +16,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import os
 import re
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -203,9 +206,6 @@ def check_compile(archs: Iterable[str] = ("sm_80", "sm_90"),
         One per (file, arch): ``file``, ``arch``, ``ok``, ``variants``,
         ``cubin_bytes``, ``log``.
     """
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-
     variants = registered_variants()
     names = ([_relative_name(p) for p in kernel_files()] if files is None
              else list(files))
@@ -233,9 +233,6 @@ def warm_cache(cache_dir: str | None = None) -> list[dict]:
     list of dict
         ``file``, ``variants``, ``seconds`` per kernel file.
     """
-    import os
-    import time
-
     if cache_dir is not None:
         os.environ["CUPY_CACHE_DIR"] = str(cache_dir)
     variants = registered_variants()

@@ -22,6 +22,8 @@ load in a fraction of a second.
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import os
 import re
 
@@ -79,11 +81,9 @@ def _read_bytes(source) -> tuple[str, bytes]:
         return str(getattr(source, "name", "<stream>")), data
     path = os.fspath(source)
     if str(path).endswith(".gz"):
-        import gzip
         with gzip.open(path, "rb") as fh:
             return str(path), fh.read()
     if str(path).endswith(".bz2"):
-        import bz2
         with bz2.open(path, "rb") as fh:
             return str(path), fh.read()
     with open(path, "rb") as fh:

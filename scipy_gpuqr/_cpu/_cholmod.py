@@ -27,6 +27,7 @@ Nothing is module-global except the immutable cdef text and tables; each
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 from .._errors import CholmodLayoutError
 
@@ -236,8 +237,6 @@ def dense_view(ffi, X: np.ndarray, keep: list):
 
 def sparse_to_scipy(ffi, s):
     """Copy a packed CHOLMOD_LONG real ``cholmod_sparse`` into a csc_array."""
-    import scipy.sparse as sp
-
     m, n = int(s.nrow), int(s.ncol)
     if s.packed != 1 or s.itype != CHOLMOD_LONG or s.xtype != CHOLMOD_REAL:
         raise RuntimeError(f"unexpected cholmod_sparse from SuiteSparse (packed={s.packed}, "

@@ -9,6 +9,7 @@ returns a fresh handle from cffi (the dynamic loader shares the mapping).
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 from typing import Mapping
@@ -45,8 +46,6 @@ def find_library(name: str, environ: Mapping[str, str] = os.environ) -> str:
     LibraryNotFound
         When no candidate opens; the message lists what was tried.
     """
-    import ctypes
-
     candidates = SONAMES[name]
     libdir = environ.get("SUITESPARSE_LIBDIR")
     tried = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import cffi
 import numpy as np
 import scipy.sparse as sp
 
@@ -26,7 +27,6 @@ _COLAMD_DENSE_COL = 1
 @functools.lru_cache(maxsize=1)
 def _lib():
     # The handle is immutable once opened; caching it is not mutable state.
-    import cffi
     ffi = cffi.FFI()
     ffi.cdef(_CDEF)
     return ffi, open_library(ffi, "colamd")

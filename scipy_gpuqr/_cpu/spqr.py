@@ -24,13 +24,14 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import cffi
 import numpy as np
 import scipy.sparse as sp
 
 from .._factor.numeric import NumericQR
 from . import _cholmod, blas_threads
 from ._cholmod import Common, dense_to_numpy, dense_view, sparse_to_scipy, sparse_view
-from ._libs import INSTALL_HINT, LibraryNotFound, major_version, open_library
+from ._libs import INSTALL_HINT, LibraryNotFound, find_library, major_version, open_library
 
 __all__ = ["spqr_available", "spqr_factorize", "spqr_solve_default", "SpqrQR", "ORDERINGS"]
 
@@ -84,10 +85,6 @@ class _Libs(NamedTuple):
 @functools.lru_cache(maxsize=1)
 def _libs() -> _Libs:
     # The handles are immutable once opened; caching them is not mutable state.
-    import cffi
-
-    from ._libs import find_library
-
     ffi = cffi.FFI()
     ffi.cdef(_cholmod.CDEF)
     ffi.cdef(_SPQR_CDEF)
