@@ -1,4 +1,4 @@
-"""Dense fronts: blocked staircase QR outside the task lists (issue 5).
+"""Dense fronts: blocked staircase QR outside the task lists.
 
 CPU: the LAPACK version of the blocked factorization against numpy's QR, the
 scheduler's bookkeeping of fronts "factorized externally", and whole

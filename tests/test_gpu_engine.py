@@ -220,7 +220,7 @@ def test_backend_gpu_end_to_end_through_the_adapters(numpy_gpu_engine):
 
 def test_backend_gpu_without_a_gpu_warns_and_answers(monkeypatch):
     from scipy_gpuqr import _gpu
-    from scipy_gpuqr._dispatch.plan import GpuFallbackWarning
+    from scipy_gpuqr._errors import GpuFallbackWarning
     monkeypatch.setattr(_gpu, "gpu_info", lambda: {"available": False, "reason": "test"})
     A = grid3d_least_squares(3)
     with pytest.warns(GpuFallbackWarning, match="no usable GPU"):
@@ -251,6 +251,14 @@ def test_non_finite_pool_raises():
             return super().end_stage(h)
     with pytest.raises(GpuEngineError):
         gpu_factorize(grid3d_least_squares(3), device=Bad(32, 3))
+
+
+def test_uberkernel_registry_holds_the_engine_variants_only():
+    from scipy_gpuqr._engine.gpu import factorize_kernels as fk
+    names = fk.KERNEL_VARIANTS[fk.UBERKERNEL_FILE]
+    want = ({fk.kernel_name(*v) for v in fk.ENGINE_VARIANTS}
+            | {fk.smem_kernel_name(c, t, b) for c, t, b, _ in fk.ENGINE_VARIANTS})
+    assert len(names) == len(set(names)) and set(names) == want
 
 
 def test_rank_detection_is_delegated_and_said():

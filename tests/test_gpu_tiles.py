@@ -3,17 +3,10 @@
 GPU tests (marker ``gpu``): a front's bucket schedule runs launch by launch on
 the GPU and in NumPy from the same fresh random data; after every launch the
 front pools and the VT tiles must agree. The VT pool starts poisoned (NaN).
-
-Run as a script on the GPU machine for the TILE 32 vs 64 throughput table::
-
-    python3 tests/test_gpu_tiles.py --json $OUT/tiles.json
+Every float64 variant the engine launches is tested.
 """
 
 from __future__ import annotations
-
-import argparse
-import json
-import sys
 
 import numpy as np
 import pytest
@@ -21,7 +14,9 @@ import pytest
 from scipy_gpuqr._engine.gpu import factorize_kernels as variants
 from scipy_gpuqr._engine.host.simulate import execute_launches
 from scipy_gpuqr._schedule import bucket
-from scipy_gpuqr._schedule.tasks import TaskType, empty_tasks
+
+#: (TILE, BUNDLE, threads) of the engine's float64 uberkernel variants.
+FLOAT64_VARIANTS = [(t, b, n) for c, t, b, n in variants.ENGINE_VARIANTS if c == "double"]
 
 EPS = np.finfo(float).eps
 
@@ -29,7 +24,7 @@ EPS = np.finfo(float).eps
 def _kernel(tile, bund, threads):
     from scipy_gpuqr._kernels import load_module
     mod = load_module(variants.UBERKERNEL_FILE, variants.KERNEL_VARIANTS[variants.UBERKERNEL_FILE])
-    k = mod.get_function(variants.tile_kernel_name(tile, bund, threads))
+    k = mod.get_function(variants.kernel_name("double", tile, bund, threads))
     smem = variants.tile_smem_bytes(tile, bund)
     k.max_dynamic_shared_size_bytes = smem
     return k, smem, mod
@@ -72,7 +67,7 @@ CASES = [(500, 300, False), (1000, 64, False), (64, 700, False), (333, 200, True
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", variants.TILE_VARIANTS)
+@pytest.mark.parametrize("variant", FLOAT64_VARIANTS)
 @pytest.mark.parametrize("pipelining", [False, True])
 def test_tile_kernels_match_numpy_launch_by_launch(variant, pipelining):
     import cupy as cp
@@ -103,7 +98,7 @@ def test_tile_kernels_match_numpy_launch_by_launch(variant, pipelining):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", variants.TILE_VARIANTS)
+@pytest.mark.parametrize("variant", FLOAT64_VARIANTS)
 @pytest.mark.parametrize("pipelining", [False, True])
 def test_tile_kernels_keep_q_orthogonal_with_tiny_columns(variant, pipelining):
     # columns of 1e-160 (squares below the normal range) and 1e160 (squares
@@ -136,86 +131,3 @@ def test_tile_kernels_keep_q_orthogonal_with_tiny_columns(variant, pipelining):
     Rc = np.triu(Fc.reshape(fm, fn)[:fn])
     scale = np.linalg.norm(A, axis=0)
     assert (np.linalg.norm(R - Rc, axis=0) <= 1e3 * EPS * scale).all()
-
-
-# ---------------------------------------------------------------- throughput
-
-def _throughput(tile, bund, threads, nfront=8, fm=4096, fn=1024, reps=10):
-    """GF/s of a launch of Factorize tasks and of a launch of Apply tasks."""
-    import cupy as cp
-    kern, smem, _ = _kernel(tile, bund, threads)
-    nrt, nct = fm // tile, fn // tile
-    nb = nrt // bund
-    # Factorize: every (bundle, column tile) pair of every front is independent
-    fac = empty_tasks(nfront * nb * nct)
-    k = 0
-    for f in range(nfront):
-        for b in range(nb):
-            for c in range(nct):
-                r = fac[k]
-                r["type"], r["F"], r["fm"], r["fn"] = TaskType.FACTORIZE, f * fm * fn, fm, fn
-                r["col"], r["nref"], r["nfrows"], r["fstart"], r["ftop"] = c * tile, tile, bund, 0, 0
-                r["rows"][:bund] = [(b * bund + q) * tile for q in range(bund)]
-                r["vt"] = k * tile * tile
-                k += 1
-    # Apply: the reflector of column tile 0 to the columns right of it, 512 per task
-    gran = 512
-    app = []
-    for f in range(nfront):
-        for b in range(nb):
-            vt = ((f * nb + b) * nct) * tile * tile
-            for c0 in range(tile, fn, gran):
-                r = empty_tasks(1)[0]
-                r["type"], r["F"], r["fm"], r["fn"] = TaskType.APPLY, f * fm * fn, fm, fn
-                r["col"], r["nref"], r["napply"] = 0, tile, bund
-                r["rows"][:bund] = [(b * bund + q) * tile for q in range(bund)]
-                r["vt"], r["c0"], r["c1"] = vt, c0, min(c0 + gran, fn)
-                app.append(r)
-    app = np.array(app, dtype=fac.dtype)
-    rng = np.random.default_rng()
-    F = cp.asarray(rng.standard_normal(nfront * fm * fn))
-    VT = cp.zeros(len(fac) * tile * tile)
-    m = bund * tile
-    fl_fac = len(fac) * 2.0 * tile * tile * (m - tile / 3.0)
-    fl_app = float(sum(4.0 * m * tile * (int(r["c1"]) - int(r["c0"])) for r in app))
-    out = {}
-    extra = _none_args()
-    for name, tasks, flops in (("factorize", fac, fl_fac), ("apply", app, fl_app)):
-        d = cp.asarray(tasks.view(np.uint8))
-        for _ in range(2):
-            kern((len(tasks),), (threads,), (d, F, VT, *extra), shared_mem=smem)
-        times = []
-        for _ in range(reps):
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            e0.record()
-            kern((len(tasks),), (threads,), (d, F, VT, *extra), shared_mem=smem)
-            e1.record()
-            e1.synchronize()
-            times.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
-        t = float(np.median(times))
-        out[name] = {"tasks": len(tasks), "seconds": t, "gflops": flops / t / 1e9}
-    return out
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="tile kernel throughput")
-    parser.add_argument("--json")
-    args = parser.parse_args(argv)
-    import cupy as cp
-    dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    rows = []
-    for v in variants.TILE_VARIANTS:
-        r = _throughput(*v)
-        rows.append({"tile": v[0], "bundle": v[1], "threads": v[2], **r})
-        print(f"TILE {v[0]:3d} BUNDLE {v[1]} threads {v[2]:3d}: "
-              f"factorize {r['factorize']['gflops']:8.1f} GF/s ({r['factorize']['tasks']} tasks, "
-              f"{r['factorize']['seconds'] * 1e3:.3f} ms)  apply {r['apply']['gflops']:8.1f} GF/s "
-              f"({r['apply']['tasks']} tasks, {r['apply']['seconds'] * 1e3:.3f} ms)", flush=True)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"device": dev, "rows": rows}, fh, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

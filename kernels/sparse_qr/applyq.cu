@@ -8,8 +8,8 @@
 //     Q   (TRANS = false): X[s, :] <- X[s, :] - V T   V^T X[s, :]
 //
 // s = rowmap[aux + r] for the stacked front rows r < fm. The host
-// (scipy_gpuqr/_engine/gpu_solve.py) turns each kept reflector into a normalized
-// record of type TASK_APPLY_QT (the factorization's struct, kernels/gpuqr_task.cuh):
+// (scipy_gpuqr/_engine/gpu/solve.py) turns each kept reflector into a normalized
+// record of type TASK_APPLY_QT (the factorization's struct, task.cuh):
 //
 //     F       front base in the stage's front pool (V of the non-top tiles)
 //     vt      VT tile (T on/above the diagonal, the top tile's V1 below it)
@@ -21,7 +21,7 @@
 // and groups them into levels whose records touch disjoint global rows: one launch
 // per level, levels in order for Q^T and in reverse order for Q. Conventions (V unit
 // lower in the top tile, rows >= fm zero, T forward columnwise) are those of
-// kernels/gpuqr_factorize.cuh and scipy_gpuqr/_engine/simulate.py.
+// factorize.cuh and scipy_gpuqr/_engine/host/simulate.py.
 //
 // V and T are of the factorization's type T (double or float); X and all arithmetic
 // are double. Grid: (records of the level, ceil(k / W)); blockIdx.y picks W columns.
@@ -29,7 +29,8 @@
 
 namespace gpuqr {
 
-// Shared-memory layout (doubles); mirrored by scipy_gpuqr/_engine/gpu_solve.py.
+// Shared-memory layout (doubles); mirrored by applyq_smem_bytes in
+// scipy_gpuqr/_engine/gpu/solve_kernels.py.
 template <int TILE, int BUNDLE>
 struct ApplyQSmem {
     static constexpr int LD = TILE + 1;
@@ -149,7 +150,7 @@ applyq(const Task* __restrict__ recs, const T* __restrict__ F, const T* __restri
 }
 
 // Shared memory (bytes) of a variant, for the host's opt-in limit (checked by the tests
-// against scipy_gpuqr/_engine/gpu_solve.py).
+// against scipy_gpuqr/_engine/gpu/solve_kernels.py).
 template <int TILE, int BUNDLE>
 __global__ void applyq_smem_bytes(long long* out) {
     out[0] = (long long)sizeof(double) * ApplyQSmem<TILE, BUNDLE>::TOTAL;

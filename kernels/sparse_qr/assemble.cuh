@@ -1,5 +1,5 @@
 // Assembly task families of the sparse-QR uberkernel (conventions identical to
-// scipy_gpuqr/_engine/simulate.py, fields documented in scipy_gpuqr/_schedule/tasks.py):
+// scipy_gpuqr/_engine/host/simulate.py, fields documented in scipy_gpuqr/_schedule/tasks.py):
 //
 // * S-Assemble: F[t.F + s_index[s]] = s_value[s] for s in [t.vt, t.vt2) (stage-relative
 //   entries; the front pool is zeroed before the stage, duplicates were summed on the host).

@@ -1,5 +1,5 @@
 // Factorize task: Householder QR of one column tile over a bundle of row tiles.
-// Conventions (identical to scipy_gpuqr/_engine/simulate.py): LAPACK dlarfg
+// Conventions (identical to scipy_gpuqr/_engine/host/simulate.py): LAPACK dlarfg
 // reflectors (v[0] = 1, beta = -sign(alpha)*norm), forward columnwise compact
 // WY T; the bundle is stacked top tile first, then the other slots in slot order;
 // rows >= fm and columns >= fn are zeros and never stored. The VT tile is
@@ -10,7 +10,8 @@
 
 namespace gpuqr {
 
-// Shared-memory layout sizes (elements of T); mirrored by scipy_gpuqr/_engine/variants.py.
+// Shared-memory layout sizes (elements of T); mirrored by tile_smem_bytes in
+// scipy_gpuqr/_engine/gpu/factorize_kernels.py.
 template <int TILE, int BUNDLE>
 struct FactorizeSmem {
     static constexpr int LD = TILE + 1;
@@ -37,9 +38,9 @@ __device__ __forceinline__ T block_sum(T v, T* red) {
 
 // Sum-of-squares range in which sqrt(sum) is accurate: outside it some squares
 // leave the normal range (under- or overflow), so the norm is recomputed with
-// scaling (LAPACK's dnrm2 rule). Seen: columns of 1e-160 in the contribution
-// blocks of structurally rank-deficient fronts (grid 32^3) lost all precision
-// in their squares and gave non-orthogonal reflectors.
+// scaling (LAPACK's dnrm2 rule). Contribution blocks of structurally
+// rank-deficient fronts hold columns as small as 1e-160, whose squares lose all
+// precision: without the rescaling their reflectors are not orthogonal.
 template <typename T> struct NormRange;
 template <> struct NormRange<double> {
     static constexpr double LO = 1e-280, HI = 1e280, TINY = 1e-290;

@@ -14,7 +14,7 @@
 //                                                        into one ancestor column)
 //
 // piv = cols[c0 .. c0+rk), cols_o = cols[c0+rk .. c0+fn). The host
-// (scipy_gpuqr/_engine/gpu_trsolve.py) groups the fronts into levels and launches one
+// (scipy_gpuqr/_engine/gpu/trsolve.py) groups the fronts into levels and launches one
 // grid per level; `desc` holds 4 int64 per front: off, fn, rk, c0.
 #include "factorize.cuh"
 

@@ -1,7 +1,7 @@
 // The sparse-QR uberkernel: one thread block per task record, a switch on the
-// task type, one header per task family. The record is kernels/gpuqr_task.cuh
-// (mirror of scipy_gpuqr/_schedule/tasks.py); variants (dtype, TILE, BUNDLE,
-// threads) are registered in scipy_gpuqr/_engine/variants.py.
+// task type, one header per task family. The record is task.cuh (mirror of
+// scipy_gpuqr/_schedule/tasks.py); the variants compiled (dtype, TILE, BUNDLE,
+// threads) are listed in scipy_gpuqr/_engine/gpu/factorize_kernels.py.
 #include "task.cuh"
 #include "factorize.cuh"
 #include "apply.cuh"

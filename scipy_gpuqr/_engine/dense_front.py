@@ -32,6 +32,7 @@ rows of a block of vectors with the array module of the block.
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import get_lapack_funcs, solve_triangular
 
 __all__ = ["DEFAULT_PANEL", "panels_of", "DenseFront", "factorize_numpy",
            "factorize_cupy"]
@@ -78,15 +79,18 @@ def _xp_of(a):
     return cupy
 
 
-def _t_factor(xp, solve_triangular, V, tau):
-    """Compact-WY ``T`` of reflectors ``V`` (rows × b, unit lower) and ``tau``."""
+def _t_factor(xp, solve_tri, V, tau):
+    """Compact-WY ``T`` of reflectors ``V`` (rows × b, unit lower) and ``tau``.
+
+    ``solve_tri``: ``solve_triangular`` of ``xp``'s SciPy (SciPy or cupyx).
+    """
     b = V.shape[1]
     G = V.T @ V
     M = xp.triu(G, 1) * tau[None, :]
     M += xp.eye(b, dtype=M.dtype)
     D = xp.diag(tau)
     # T M = D  <=>  Mᵀ Tᵀ = D (M unit upper triangular, always nonsingular)
-    return solve_triangular(M.T, D, lower=True, unit_diagonal=True).T
+    return solve_tri(M.T, D, lower=True, unit_diagonal=True).T
 
 
 class DenseFront:
@@ -179,7 +183,6 @@ def factorize_numpy(F: np.ndarray, panels: list, nb: int) -> np.ndarray:
 
     Returns ``T`` (npanels × nb × nb).
     """
-    from scipy.linalg import get_lapack_funcs, solve_triangular
     fn = F.shape[1]
     T = np.zeros((len(panels), nb, nb), dtype=F.dtype)
     geqrf, = get_lapack_funcs(("geqrf",), (F,))
@@ -244,7 +247,7 @@ def factorize_cupy(F, panels: list, nb: int, stream=None):
     synchronizes. Returns ``T`` (npanels × nb × nb, CuPy).
     """
     import cupy as cp
-    from cupyx.scipy.linalg import solve_triangular
+    from cupyx.scipy.linalg import solve_triangular as cupy_solve_triangular
     if not F.flags.c_contiguous:
         raise ValueError("the front must be a C-contiguous (row-major) view")
     stream = stream if stream is not None else cp.cuda.get_current_stream()
@@ -275,7 +278,7 @@ def factorize_cupy(F, panels: list, nb: int, stream=None):
                 F[j:j + rows, j:j + b] = Pc.T
                 Vt = cp.triu(Pc, 1)                         # Vᵀ (b × rows), unit diagonal
                 Vt[cp.arange(b), cp.arange(b)] = 1
-                Tp = _t_factor(cp, solve_triangular, Vt.T, tau[:b])
+                Tp = _t_factor(cp, cupy_solve_triangular, Vt.T, tau[:b])
                 T[p, :b, :b] = Tp
                 nc = fn - j - b
                 if nc <= 0:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from .._symbolic import canonical_csc
+
 __all__ = ["engine_csc"]
 
 
@@ -29,8 +31,6 @@ def engine_csc(A, who: str):
     ValueError
         For NaN or Inf entries.
     """
-    from .._symbolic import canonical_csc
-
     Ac = canonical_csc(A if (sp.issparse(A) or isinstance(A, np.ndarray)) else np.asarray(A))
     if np.issubdtype(Ac.dtype, np.complexfloating):
         raise TypeError(f"{who}: complex matrices are not supported")

@@ -1,1 +1,26 @@
-"""_engine.gpu."""
+"""The GPU engine: sparse multifrontal QR on a CUDA device, and its solves.
+
+* :mod:`.driver` — :func:`~.driver.gpu_factorize` and its result
+  :class:`~.driver.GpuQR`: the stage loop (schedule, launches, dense fronts,
+  restaging after out-of-memory, R's assembly);
+* :mod:`.device` — the device layers the driver calls: CUDA through CuPy
+  (:class:`~.device.CupyDevice`) and a NumPy stand-in running the same
+  records (:class:`~.device.NumpyDevice`, the host logic's tests);
+* :mod:`.rlayout` — R's pattern and the source of each of its entries, once
+  per analysis; :mod:`.rcopy` — R's values copied device → host while the
+  launches run;
+* :mod:`.solve` — ``Qᵀ``/``Q`` replayed from the kept reflectors and the
+  full-rank device solves; :mod:`.trsolve` — triangular solves with R's
+  front blocks in the pools;
+* :mod:`.factorize_kernels`, :mod:`.solve_kernels` — the kernel variants
+  (``KERNEL_VARIANTS``, compiled by ``build_kernels.py``; no CuPy needed).
+
+Imports: NumPy, SciPy, CuPy/cupyx lazily (inside functions; these modules
+import without CuPy); :mod:`scipy_gpuqr._schedule`,
+:mod:`scipy_gpuqr._symbolic`, :mod:`scipy_gpuqr._kernels`,
+:mod:`scipy_gpuqr._gpu`, :mod:`scipy_gpuqr._errors`; the engine's shared
+modules and :mod:`scipy_gpuqr._engine.host` (the NumPy executor the NumPy
+device runs, the reference engine that answers when no GPU can), the
+:class:`~scipy_gpuqr._factor.numeric.NumericQR` contract. Never
+``_dispatch``, ``_api`` or the rest of ``_factor``.
+"""

@@ -16,7 +16,7 @@ records with the NumPy executor:
     launch ``L`` of the stage (records uploaded asynchronously from pinned
     memory when the stage was not uploaded whole).
 ``open_r_copy(pool, index, layout, final=None) -> copier``
-    R's values ``pool[index]`` to the host (:mod:`.gpu_rcopy`): with
+    R's values ``pool[index]`` to the host (:mod:`.rcopy`): with
     ``final`` (one-stage schedules) ranges already final are copied while
     later launches run (``copier.after_launch(L)``); ``launches_done()``
     then ``result()`` (an ordinary NumPy array; no pinned allocation per
@@ -33,8 +33,6 @@ records with the NumPy executor:
 ``end_stage(handle) -> pool``
     waits for the stage, checks every launch (CUDA error) and the pool for
     non-finite values on the device.
-``prepare_gather(index)``, ``gather(pool, gather handle) -> host values``
-    R's values of a stage in CSC order (older two-call form of the copier).
 ``fetch(pool, segments)``, ``to_host(pool)``, ``release(pool)``
     contribution blocks and pools for later stages and for Q.
 ``vt_host()``, ``close()``
@@ -47,15 +45,20 @@ import time
 
 import numpy as np
 
-from ..._errors import GpuEngineError, DeviceOutOfMemory
+from ..._errors import DeviceOutOfMemory, GpuEngineError
+from ..._gpu import import_cupy
+from ..._kernels import load_module
 from ..._schedule.tasks import TASK_BYTES
-from . import factorize_kernels as variants
 from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
+from ..host.simulate import execute_task, one_blas_thread
+from . import factorize_kernels as variants
+from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, NumpyRCopy, PinnedStaging,
+                    staging_for)
 
 __all__ = ["GpuEngineError", "DeviceOutOfMemory", "CupyDevice", "NumpyDevice"]
 
 #: Threads per block of the engine's uberkernel variants.
-ENGINE_THREADS = 256
+ENGINE_THREADS = variants.ENGINE_THREADS
 #: Side streams on which dense fronts run (concurrently with the launches and
 #: with each other).
 DENSE_STREAMS = 4
@@ -104,7 +107,6 @@ class NumpyDevice:
         return {"pool": pool, "spool": (s_index, s_value.astype(self.dtype)), "st": st}
 
     def launch(self, h, L, records) -> None:
-        from ..host.simulate import execute_task
         n = len(records)
         order = range(n) if self.rng is None else self.rng.permutation(n)
         for k in order:
@@ -113,10 +115,9 @@ class NumpyDevice:
         self.launches += n > 0
 
     def dense_factorize(self, h, off, fm, fn, stair):
-        from ..host.simulate import _one_blas_thread
         F = h["pool"][off: off + fm * fn].reshape(fm, fn)
         panels = panels_of(fm, fn, stair, self.dense_panel)
-        with _one_blas_thread():        # as the simulate engine: the same rounding
+        with one_blas_thread():         # as the simulate engine: the same rounding
             T = factorize_numpy(F, panels, self.dense_panel)
         self.dense_done.append((int(off), int(fm), int(fn)))
         return F, panels, T, None
@@ -124,11 +125,7 @@ class NumpyDevice:
     def dense_join(self, h, done) -> None:
         pass
 
-    def prepare_gather(self, index, h=None):
-        return index
-
     def open_r_copy(self, pool, index, layout=None, final=None):
-        from .rcopy import NumpyRCopy
         return NumpyRCopy(pool, index, final, dtype=self.dtype, counter=self.r_copies)
 
     def mark_kernels_end(self, h) -> None:
@@ -139,9 +136,6 @@ class NumpyDevice:
         if not np.isfinite(pool).all():
             raise GpuEngineError("non-finite values in the front pool after the stage")
         return pool
-
-    def gather(self, pool, index) -> np.ndarray:
-        return pool[index]
 
     def fetch(self, pool, segments) -> np.ndarray:
         parts = [pool[a: a + n] for a, n in segments]
@@ -166,24 +160,26 @@ class CupyDevice:
     Parameters
     ----------
     tile, bundle : int
-        Variant of the uberkernel (must be one of ``variants.ENGINE_VARIANTS``).
+        Variant of the uberkernel (with the dtype, one of
+        ``factorize_kernels.ENGINE_VARIANTS``).
     dtype : float64 or float32
     debug : bool
         Synchronize and check after every launch.
+    profile : bool
+        Record an event pair around every launch and dense front
+        (:meth:`launch_times`, :meth:`dense_times`).
     """
 
     def __init__(self, tile: int, bundle: int, *, dtype=np.float64, debug: bool = False,
-                 threads: int = ENGINE_THREADS, profile: bool = False):
-        from ..._gpu import import_cupy
-        from ..._kernels import load_module
+                 profile: bool = False):
         cp = import_cupy()
         self.cp = cp
+        threads = ENGINE_THREADS
         self.tile, self.bundle, self.threads = tile, bundle, threads
         self.dtype = np.dtype(dtype)
         self.debug = bool(debug)
         ctype = "double" if self.dtype == np.float64 else "float"
-        if (ctype, tile, bundle, threads) not in set(variants.ENGINE_VARIANTS) and not (
-                ctype == "double" and (tile, bundle, threads) in variants.TILE_VARIANTS):
+        if (ctype, tile, bundle, threads) not in set(variants.ENGINE_VARIANTS):
             raise ValueError(f"no uberkernel variant for {ctype}, TILE {tile}, "
                              f"BUNDLE {bundle}, {threads} threads")
         mod = load_module(variants.UBERKERNEL_FILE,
@@ -213,7 +209,6 @@ class CupyDevice:
         self._vt_host = None
         #: R copy-back tunables (bytes of a pinned slot; the smallest range
         #: copied while launches still run) and the number of slot copies made
-        from .rcopy import MIN_CHUNK_BYTES, SLOT_BYTES
         self.r_copy_slot_bytes = SLOT_BYTES
         self.r_copy_min_chunk_bytes = MIN_CHUNK_BYTES
         self.r_copies = 0
@@ -384,11 +379,10 @@ class CupyDevice:
             h["e1"].record(self.stream)
 
     def open_r_copy(self, pool, index, layout=None, final=None):
-        """Start copying ``pool[index]`` to the host (see :mod:`.gpu_rcopy`).
+        """Start copying ``pool[index]`` to the host (see :mod:`.rcopy`).
 
         ``layout``: R's layout, whose cached pinned staging buffer is used
         (a temporary one without it or when busy)."""
-        from .rcopy import SLOT_BYTES, CupyRCopy, PinnedStaging, staging_for
         t0 = time.perf_counter()
         if layout is not None:
             staging = staging_for(layout)
@@ -399,31 +393,6 @@ class CupyDevice:
         self.seconds["open_copy"] = self.seconds.get("open_copy", 0.0) + (
             time.perf_counter() - t0)
         return c
-
-    def prepare_gather(self, index, h=None):
-        """Upload a gather index on the copy stream (overlaps the kernels).
-
-        With the stage handle ``h`` the end of its kernels is recorded first
-        (kernel time excludes waiting for the index)."""
-        cp = self.cp
-        t0 = time.perf_counter()
-        if h is not None and "e1" not in h:
-            h["e1"] = cp.cuda.Event()
-            h["e1"].record(self.stream)
-        index = np.ascontiguousarray(index)
-        try:
-            with self.copy_stream:
-                d = cp.empty(max(index.size, 1), dtype=index.dtype)
-            if index.size:
-                d[:index.size].set(index, stream=self.copy_stream)
-        except cp.cuda.memory.OutOfMemoryError as exc:
-            raise DeviceOutOfMemory(str(exc)) from exc
-        ev = cp.cuda.Event()
-        ev.record(self.copy_stream)
-        self.stream.wait_event(ev)
-        self.seconds["upload_gather"] = self.seconds.get("upload_gather", 0.0) + (
-            time.perf_counter() - t0)
-        return d[:index.size]
 
     def end_stage(self, h):
         cp = self.cp
@@ -447,17 +416,6 @@ class CupyDevice:
             t1 - h["t_loop"])
         self.seconds["wait"] = self.seconds.get("wait", 0.0) + (time.perf_counter() - t1)
         return pool
-
-    def gather(self, pool, index) -> np.ndarray:
-        """``pool[index]`` on the device, copied back through a pinned staging
-        buffer into an ordinary NumPy array."""
-        t0 = time.perf_counter()
-        index = index.get() if hasattr(index, "get") else np.asarray(index)
-        c = self.open_r_copy(pool, index)
-        c.launches_done()
-        out = c.result()
-        self.seconds["download"] += time.perf_counter() - t0
-        return out
 
     def fetch(self, pool, segments) -> np.ndarray:
         """Segments ``(start, length)`` of a device pool, gathered on the device and

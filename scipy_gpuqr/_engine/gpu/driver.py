@@ -2,15 +2,22 @@
 
 The sparse scheduler (:func:`scipy_gpuqr._schedule.sparse.build_schedule`)
 turns the analysis into task lists, stage by stage; the device layer
-(:mod:`.gpu_device`) runs every launch of a stage on the GPU over one front
+(:mod:`.device`) runs every launch of a stage on the GPU over one front
 pool (CuPy memory pool), with the stage's S entries, the maps (uploaded once)
 and the VT pool of the whole factorization. Per stage, R's values come back
 gathered in CSC order through a pinned staging buffer reused per R layout
-(:mod:`.gpu_rcopy`; warm one-stage runs copy each final column range while
+(:mod:`.rcopy`; warm one-stage runs copy each final column range while
 later launches run), contribution blocks of fronts whose parent sits in a
 later stage in one gathered transfer; the stage's pool is then copied
 to the host (earlier stages, to free device memory) or kept on the GPU (the
 last stage) for ``Q``. Contribution blocks cross stages through host memory.
+
+One attempt (:func:`_factorize`) builds the schedule, starts R's layout on a
+worker thread (:func:`_host_side`), runs the stages (:class:`_StageLoop`:
+per stage :meth:`~_StageLoop.begin`, :meth:`~_StageLoop.launch_all`,
+:meth:`~_StageLoop.wait_host_side`, :meth:`~_StageLoop.carry_contribution_blocks`,
+:meth:`~_StageLoop.keep_reflector_records`, :meth:`~_StageLoop.retire_pool`),
+then assembles R (:func:`_assemble_R`) and the :class:`GpuQR`.
 
 Faults: a CUDA error or a non-finite value in a front pool after a stage
 (A is checked finite first) raises :class:`GpuEngineError`, never a silently
@@ -21,13 +28,12 @@ synchronizes and checks after every launch.
 
 Dense fronts (:mod:`scipy_gpuqr._schedule.dense`: the largest fronts, chosen
 from the analysis) are assembled by the launches but factorized by a blocked
-Householder QR through cuSOLVER/cuBLAS (:mod:`.dense_front`) on the same
-stream, right after the launch that completes their assembly; their
+Householder QR through cuSOLVER/cuBLAS (:mod:`scipy_gpuqr._engine.dense_front`)
+on a side stream, right after the launch that completes their assembly; their
 Householder data stay on the device (``GpuQR._dense``).
 
-``Q`` is applied on the GPU from the kept reflectors (:mod:`.gpu_solve`);
-without a CUDA device it is replayed on the host
-(:class:`~scipy_gpuqr._engine.host.simulate.SimulateQR`).
+``Q`` is applied on the GPU from the kept reflectors (:mod:`.solve`);
+without a CUDA device it is replayed on the host (:func:`.solve.host_matmul`).
 """
 
 from __future__ import annotations
@@ -36,14 +42,25 @@ import logging
 import os
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ... import _gpu
+from ..._errors import DeviceOutOfMemory, GpuEngineError, GpuFallbackWarning
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
+from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
-from .device import CupyDevice, DeviceOutOfMemory, GpuEngineError
-from ..host.simulate import SimulateQR
+from ..._symbolic import analyze
+from ..dense_front import DenseFront
+from ..host.reference import answer_with_rank_detection, reference_factorize
+from ..inputs import engine_csc
+from ..tasklist_qr import TaskListQR
+from . import solve as gpu_solve
+from .device import CupyDevice
+from .rcopy import final_entries_cached
+from .rlayout import r_layout, r_layout_cached
 
 __all__ = ["gpu_factorize", "GpuQR", "GpuEngineError"]
 
@@ -52,36 +69,57 @@ _log = logging.getLogger("scipy_gpuqr")
 #: Restaging attempts after device out-of-memory before the CPU fallback.
 MAX_RESTAGE = 6
 
+#: Record types that keep reflectors (replayed for ``Q``).
+_FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
+
 
 @dataclass
-class GpuQR(SimulateQR):
-    """Result of :func:`gpu_factorize` (a :class:`~scipy_gpuqr._factor.numeric.NumericQR`).
+class GpuQR(TaskListQR):
+    """Result of :func:`gpu_factorize` (a :class:`~scipy_gpuqr._engine.tasklist_qr.TaskListQR`).
 
     ``R``, ``colperm`` and ``info`` are on the host. The Householder data
     (front pools and VT tiles) stay where the factorization left them.
 
-    On a CUDA device ``qt_matmul``/``q_matmul`` run there
-    (:mod:`.gpu_solve`: the kept reflectors replayed by
-    ``kernels/gpuqr_applyq.cu``, level by level; NumPy in → NumPy out, CuPy
-    in → CuPy out); earlier stages' pools are uploaded for their levels.
-    Without one (the NumPy device layer), or when the device replay runs out
-    of memory, the reflectors are replayed on the host after fetching the
-    fronts (:class:`~scipy_gpuqr._engine.host.simulate.SimulateQR`).
+    On a CUDA device ``qt_matmul``/``q_matmul`` run there (:mod:`.solve`:
+    the kept reflectors replayed by ``kernels/sparse_qr/applyq.cu``, level by
+    level; NumPy in → NumPy out, CuPy in → CuPy out); earlier stages' pools
+    are uploaded for their levels. Without one (the NumPy device layer), or
+    when the device replay runs out of memory, the reflectors are replayed on
+    the host after fetching the fronts (:func:`.solve.host_matmul`).
 
-    Launch indices (``_front_launch``, ``_dense[f].after_launch``) are global:
-    the launches of earlier stages plus the launch index in the stage.
-    ``_dense`` (front → object with ``slots``, ``after_launch``,
-    ``apply_qt(Y)``, ``apply_q(Y)``) holds fronts factorized outside the task
-    lists; both replays honour it.
+    Attributes
+    ----------
+    _device : CupyDevice or NumpyDevice or None
+        The device layer holding the VT pool and the last stage's pool
+        (None once freed).
+    _pending : dict
+        Front → ``(stage, offset, size)`` of the fronts whose values still lie
+        in a device pool (their ``_fronts`` entry has no values yet).
+    _stage_pools : dict
+        Stage → its front pool on the device (the last stage).
+    _host_pools : dict
+        Stage → its front pool on the host (earlier stages, and every stage
+        once fetched).
+    _front_loc : list of (int, int)
+        Stage and offset of each front in its stage's pool.
+    _front_launch : list of ndarray of int64
+        Global launch index of each kept record of each front: the launches
+        of earlier stages plus the launch index in the stage (as
+        ``_dense[f].after_launch``).
+    _launch_base : list of int
+        First global launch index of each stage.
+    _replay : dict
+        What :mod:`.solve` caches for this factorization (replay plan,
+        executors, ``qorder`` per array module).
     """
 
-    _pending: dict = field(default_factory=dict, repr=False)
     _device: object = field(default=None, repr=False)
+    _pending: dict = field(default_factory=dict, repr=False)
+    _stage_pools: dict = field(default_factory=dict, repr=False)
     _host_pools: dict = field(default_factory=dict, repr=False)
     _front_loc: list = field(default_factory=list, repr=False)
     _front_launch: list = field(default_factory=list, repr=False)
     _launch_base: list = field(default_factory=list, repr=False)
-    _dense: dict = field(default_factory=dict, repr=False)
     _replay: dict = field(default_factory=dict, repr=False)
 
     def on_device(self) -> bool:
@@ -90,6 +128,7 @@ class GpuQR(SimulateQR):
                 and getattr(self._device, "vt", None) is not None)
 
     def _materialize(self) -> None:
+        """Fetch the VT pool and the fronts still on the device (for the host replay)."""
         if self._device is None and self._vt is None:
             raise RuntimeError("the factorization was freed")
         if self._vt is None:
@@ -112,14 +151,12 @@ class GpuQR(SimulateQR):
             self._stage_pools = {}
 
     def qt_matmul(self, B):
-        from . import solve as gpu_solve
         if self.on_device():
             return gpu_solve.device_matmul(self, B, trans=True)
         self._materialize()
         return gpu_solve.host_matmul(self, B, trans=True)
 
     def q_matmul(self, Y):
-        from . import solve as gpu_solve
         if self.on_device():
             return gpu_solve.device_matmul(self, Y, trans=False)
         self._materialize()
@@ -168,17 +205,17 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         The task lists have no rank detection: called directly with a
         tolerance, the reference backend answers (``info`` says so). The
         ``backend='gpu'`` entry points instead factorize without it here and
-        apply SuiteSparseQR's rule to R on the GPU
-        (:mod:`scipy_gpuqr._factor.rank_refine`).
+        apply SuiteSparseQR's rule to R on the GPU.
     max_gpu_memory : int, optional
         Byte budget of the staging plan (default: 85 % of the free device
         memory). Small values force many stages.
     tile, bundle, pipelining, max_tasks
-        Scheduler tunables (an uberkernel variant must exist for tile/bundle).
+        Scheduler tunables (an uberkernel variant must exist for tile/bundle:
+        ``factorize_kernels.ENGINE_VARIANTS``).
     debug : bool, optional
         Synchronize and check after every launch (default: ``SCIPY_GPUQR_DEBUG``).
     device : object, optional
-        A device layer (:class:`~.gpu_device.NumpyDevice` runs the host logic
+        A device layer (:class:`~.device.NumpyDevice` runs the host logic
         without a GPU); default the CUDA device.
     fallback : bool
         After repeated device out-of-memory, fall back to the reference engine
@@ -200,12 +237,8 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         defers its parent's pack by included; ``info["launches_with_tasks"]``
         those that run the uberkernel.
     """
-    from ..._symbolic import analyze
-    from ..inputs import engine_csc
-
     t_start = time.perf_counter()
     Ac = engine_csc(A, "gpu_factorize")
-    from ..host.reference import answer_with_rank_detection
     out = answer_with_rank_detection(Ac, analysis, tol, max_gpu_memory, "gpu")
     if out is not None:
         return out
@@ -216,8 +249,7 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     debug = _debug_default() if debug is None else bool(debug)
     dev_dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     if device is None:
-        from ..._gpu import gpu_info
-        gi = gpu_info()
+        gi = _gpu.gpu_info()
         if not gi.get("available"):
             return _no_gpu(Ac, analysis, f"no usable GPU ({gi.get('reason', '?')})")
         device = CupyDevice(tile, bundle, dtype=dev_dtype, debug=debug)
@@ -247,7 +279,6 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     msg = f"the GPU ran out of memory even with small stages ({last_exc})"
     if not fallback:
         raise MemoryError(msg)
-    from ..host.reference import reference_factorize
     warnings.warn(msg + "; falling back to the reference CPU engine", RuntimeWarning,
                   stacklevel=2)
     out = reference_factorize(Ac, analysis, tol=None)
@@ -258,8 +289,6 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
 
 def _no_gpu(Ac, analysis, why):
     """The reference engine answers, with a GpuFallbackWarning (never silently)."""
-    from ..._dispatch.plan import GpuFallbackWarning
-    from ..host.reference import reference_factorize
     warnings.warn(f"backend 'gpu': {why}; the reference CPU engine answers",
                   GpuFallbackWarning, stacklevel=3)
     out = reference_factorize(Ac, analysis, tol=None)
@@ -276,11 +305,13 @@ def _free_device_pools(device) -> None:
 
 def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_tasks,
                dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH):
-    from concurrent.futures import ThreadPoolExecutor
+    """One attempt under ``budget``: the schedule, R's layout on a worker, the stages.
 
-    from ..._schedule.sparse import build_schedule
-    from .rlayout import r_layout
-
+    Raises
+    ------
+    DeviceOutOfMemory
+        A stage did not fit (the caller restages).
+    """
     t0 = time.perf_counter()
     # lazy: a schedule built before for this analysis (refactor, a warm call) comes from
     # the scheduler's cache, materialized; a new one is built launch by launch by
@@ -294,110 +325,121 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     # thread while the launches run; a cold schedule is materialized there too, so the
     # next factorization of this analysis finds it ready.
     helper = ThreadPoolExecutor(max_workers=1)
-    plan_stages = [st.fronts for st in sched.stages]
-
-    def _host_side():
-        lay = r_layout(analysis)
-        maps_ = lay.stage_maps(plan_stages)
-        pattern = lay.pattern_copy()
-        if cold:
-            sched.materialize()
-        return lay, maps_, pattern
-    fut = helper.submit(_host_side)
+    host_side = helper.submit(_host_side, analysis, sched, [st.fronts for st in sched.stages],
+                              cold)
     try:
-        return _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle,
-                    pipelining)
+        return _run(Ac, analysis, device, sched, host_side, cold, t0, t1, budget=budget,
+                    tile=tile, bundle=bundle, pipelining=pipelining)
     finally:
         helper.shutdown(wait=True)
 
 
-def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, pipelining):
-    from .rcopy import final_entries_cached
-    from .rlayout import r_layout_cached
+def _host_side(analysis, sched, plan_stages, cold):
+    """R's layout, its gather maps for ``plan_stages`` and a fresh copy of its pattern
+    (and the records of a cold schedule, for the next factorization); on a worker."""
+    lay = r_layout(analysis)
+    maps_ = lay.stage_maps(plan_stages)
+    pattern = lay.pattern_copy()
+    if cold:
+        sched.materialize()
+    return lay, maps_, pattern
 
+
+def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, bundle,
+         pipelining):
+    """Run every stage on ``device``, then assemble R and the :class:`GpuQR`.
+
+    ``host_side``: the future of :func:`_host_side`; ``t0``/``t1``: start and
+    end of the schedule's build (``info["seconds"]``).
+    """
     m, n = Ac.shape
-    fs = analysis.fronts
-    nf = fs.nfronts
     dtype = np.float32 if Ac.dtype == np.float32 else np.float64
-    vals = Ac.data.astype(device.dtype)[fs.s_nz]
-    maps = np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64)
-    device.start(maps, sched.vt_size)
-    fm_a, fn_a = fs.fm.astype(np.int64), fs.fn.astype(np.int64)
-    host_cb = {}
-    front_tasks = [None] * nf
-    front_launch = [None] * nf      # global launch index of each kept record (Q on the GPU)
-    front_loc = [None] * nf         # front -> (stage, offset) in its stage's pool
-    launch_base = []                # first global launch index of each stage
-    pending = {}                    # front -> (stage, offset, size) in a device pool
-    stage_pools = {}
-    host_pools = {}
-    nstage = len(sched.stages)
-    launches = sched.iter_launches(prefetch=cold)
-    fac_types = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
-    layout = gmaps = None
-    t_wait_host = 0.0
-    r_parts = []
-    # a warm one-stage run copies R's final columns while later launches run
-    # (R's layout and the schedule's records known before the first launch)
-    warm = r_layout_cached(analysis) if (nstage == 1 and not cold) else None
-    plan_stages = [st.fronts for st in sched.stages]
-    fkey = (tuple(plan_stages), int(tile), int(bundle), bool(pipelining), sched.ntasks,
-            sched.dense_flops)
-    stair_ptr = fs.col_ptr
-    dense_parts = {}                # front -> (stage, front view, panels, T)
-    progressive = 0
-    t_r_wait = 0.0
+    loop = _StageLoop(Ac, analysis, device, sched, host_side, cold, tile=tile, bundle=bundle,
+                      pipelining=pipelining)
     for sid, st in enumerate(sched.stages):
-        first, last = st.fronts
-        carried = [(off, host_cb.pop(c)) for c, off in st.carried.items()]
-        s0, s1 = st.s_range
-        h = device.begin_stage(st, fs.s_index[s0:s1], vals[s0:s1], carried)
-        fac_parts = []
-        fac_launch = []
-        launch_base.append(int(sum(s_.nlaunch for s_ in sched.stages[:sid])))
-        copier = None
-        dense_at, join_at = {}, {}
-        for f, Ld in st.dense.items():
-            dense_at.setdefault(Ld, []).append(f)
-        if warm is not None:
-            pos, gidx = warm.stage_maps(plan_stages)[sid]
+        loop.run_stage(sid, st)
+    t2 = time.perf_counter()
+    if loop.layout is None:         # no stage at all
+        loop.layout, loop.gmaps, loop.pattern = host_side.result()
+    layout = loop.layout
+    R = _assemble_R(Ac, layout, loop.r_parts, dtype, loop.pattern)
+    t3 = time.perf_counter()
+    slots_of = layout.slots_of
+    dense = _dense_fronts(sched, loop.dense_parts, slots_of)
+    fronts = loop.front_list(slots_of)
+    info = loop.info(budget=budget, dense_fronts=len(dense),
+                     seconds={"schedule": t1 - t0, "factorize": t2 - t1, "assemble_R": t3 - t2})
+    return GpuQR(shape=(m, n), R=R, colperm=analysis.colperm.astype(np.int64),
+                 rank=int(min(m, n)), tol=None, flops=float(analysis.flops), info=info,
+                 analysis=analysis, qorder=layout.qorder.copy(), schedule=sched,
+                 _fronts=fronts, _vt=None, _dense=dense, _device=device,
+                 _pending=loop.pending, _stage_pools=loop.stage_pools,
+                 _host_pools=loop.host_pools, _front_loc=loop.front_loc,
+                 _front_launch=loop.front_launch, _launch_base=loop.launch_base)
 
-            def _final(st=st, lay=warm):
-                return final_entries_cached(analysis, lay, sched, st, tile, fkey)
-            copier = device.open_r_copy(h["pool"], gidx, warm, final=_final)
-            progressive += 1
+
+class _StageLoop:
+    """The stages of one attempt on the device, and what they leave for R and ``Q``.
+
+    :meth:`run_stage` runs one stage; the attributes collect, over the
+    stages, R's values (``r_parts``), the contribution blocks crossing to a
+    later stage (``host_cb``), each front's kept records and where its values
+    lie (``front_tasks``, ``front_launch``, ``front_loc``, ``pending``), the
+    pools kept for ``Q`` (``stage_pools`` on the device, ``host_pools``) and
+    the dense fronts (``dense_parts``).
+    """
+
+    def __init__(self, Ac, analysis, device, sched, host_side, cold, *, tile, bundle,
+                 pipelining):
+        fs = analysis.fronts
+        nf = fs.nfronts
+        self.analysis, self.fs, self.device, self.sched = analysis, fs, device, sched
+        self.host_side, self.cold, self.tile = host_side, cold, tile
+        self.bundle, self.pipelining = bundle, pipelining
+        self.vals = Ac.data.astype(device.dtype)[fs.s_nz]
+        device.start(np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64), sched.vt_size)
+        self.fm, self.fn = fs.fm.astype(np.int64), fs.fn.astype(np.int64)
+        self.host_cb = {}               # front -> its contribution block, for a later stage
+        self.front_tasks = [None] * nf
+        self.front_launch = [None] * nf     # global launch index of each kept record
+        self.front_loc = [None] * nf        # front -> (stage, offset) in its stage's pool
+        self.launch_base = []               # first global launch index of each stage
+        self.pending = {}                   # front -> (stage, offset, size) in a device pool
+        self.stage_pools = {}
+        self.host_pools = {}
+        self.dense_parts = {}               # front -> (stage, front view, panels, T)
+        self.r_parts = []                   # per stage (positions in R's data, values)
+        self.nstage = len(sched.stages)
+        self.launches = sched.iter_launches(prefetch=cold)
+        self.layout = self.gmaps = self.pattern = None
+        self.t_wait_host = 0.0
+        self.t_r_wait = 0.0
+        # a warm one-stage run copies R's final columns while later launches run
+        # (R's layout and the schedule's records known before the first launch)
+        self.warm = r_layout_cached(analysis) if (self.nstage == 1 and not cold) else None
+        self.plan_stages = [st.fronts for st in sched.stages]
+        self.fkey = (tuple(self.plan_stages), int(tile), int(bundle), bool(pipelining),
+                     sched.ntasks, sched.dense_flops)
+        self.progressive = 0
+
+    # -- one stage ---------------------------------------------------------------------
+    def run_stage(self, sid: int, st) -> None:
+        """Stage ``sid``: its launches, R's values, the blocks it hands on, its pool.
+
+        After the last launch, R's copier (opened now unless progressive) is
+        told the launches are done and the stage is waited for and checked
+        (``device.end_stage``); a failure aborts the copier.
+        """
+        device = self.device
+        h = self.begin(sid, st)
+        copier, pos = self.open_progressive_copy(sid, st, h)
         try:
-            for _ in range(st.nlaunch):
-                i, L, rec = next(launches)
-                if i != sid:
-                    raise GpuEngineError(f"launch {L} of stage {i} yielded in stage {sid}")
-                for done in join_at.pop(L, ()):     # its parent packs it now
-                    device.dense_join(h, done)
-                device.launch(h, L, rec)
-                for f in dense_at.get(L, ()):       # assembled by launch L: factorize now
-                    Fv, panels, T, done = device.dense_factorize(
-                        h, int(st.foff[f]), int(fs.fm[f]), int(fs.fn[f]),
-                        fs.stair[stair_ptr[f]:stair_ptr[f + 1]])
-                    dense_parts[f] = (sid, Fv, panels, T)
-                    join_at.setdefault(min(st.dense_join[f], st.nlaunch), []).append(done)
-                if L == st.nlaunch - 1:             # the stage ends with every dense front
-                    for done in join_at.pop(st.nlaunch, ()):
-                        device.dense_join(h, done)
-                if copier is not None:
-                    copier.after_launch(L)
-                if cold and len(rec):
-                    sel = np.isin(rec["type"], fac_types)
-                    if sel.any():
-                        fac_parts.append(rec[sel])
-                        fac_launch.append(np.full(int(sel.sum()), launch_base[-1] + L))
+            fac_parts, fac_launch = self.launch_all(sid, st, h, copier)
             device.mark_kernels_end(h)
-            if layout is None:      # the host side overlaps the launches just enqueued
-                tw = time.perf_counter()
-                layout, gmaps, pattern = fut.result()
-                t_wait_host += time.perf_counter() - tw
+            self.wait_host_side()
             if copier is None:
-                pos, gidx = gmaps[sid]
-                copier = device.open_r_copy(h["pool"], gidx, layout)
+                pos, gidx = self.gmaps[sid]
+                copier = device.open_r_copy(h["pool"], gidx, self.layout)
             copier.launches_done()
             pool = device.end_stage(h)
         except BaseException:
@@ -405,64 +447,193 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
                 copier.abort()
             raise
         tw = time.perf_counter()
-        r_parts.append((pos, copier.result()))
-        t_r_wait += time.perf_counter() - tw
+        self.r_parts.append((pos, copier.result()))
+        self.t_r_wait += time.perf_counter() - tw
         del copier
+        self.carry_contribution_blocks(st, pool)
+        self.keep_reflector_records(sid, st, fac_parts, fac_launch)
+        self.retire_pool(sid, st, pool)
+
+    def begin(self, sid: int, st) -> dict:
+        """The stage's pool on the device: zeroed, carried contribution blocks and S entries in."""
+        fs = self.fs
+        carried = [(off, self.host_cb.pop(c)) for c, off in st.carried.items()]
+        s0, s1 = st.s_range
+        h = self.device.begin_stage(st, fs.s_index[s0:s1], self.vals[s0:s1], carried)
+        self.launch_base.append(int(sum(s_.nlaunch for s_ in self.sched.stages[:sid])))
+        return h
+
+    def open_progressive_copy(self, sid: int, st, h):
+        """A warm one-stage run's R copier, opened before the launches (each range of R
+        copied once final, :func:`~.rcopy.final_entries`): ``(copier, positions)``, else
+        ``(None, None)``."""
+        if self.warm is None:
+            return None, None
+        pos, gidx = self.warm.stage_maps(self.plan_stages)[sid]
+
+        def _final(st=st, lay=self.warm):
+            return final_entries_cached(self.analysis, lay, self.sched, st, self.tile,
+                                        self.fkey)
+        copier = self.device.open_r_copy(h["pool"], gidx, self.warm, final=_final)
+        self.progressive += 1
+        return copier, pos
+
+    def launch_all(self, sid: int, st, h, copier) -> tuple:
+        """Every launch of the stage, in order.
+
+        A dense front is factorized right after the launch that completes its
+        assembly and joined before the launch that packs it into its parent
+        (or at the stage's end). Returns the Factorize / Apply+Factorize
+        records met and their global launch indices (a cold schedule's records
+        exist only as launched).
+        """
+        fs, device = self.fs, self.device
+        dense_at, join_at = {}, {}
+        for f, Ld in st.dense.items():
+            dense_at.setdefault(Ld, []).append(f)
+        fac_parts, fac_launch = [], []
+        for _ in range(st.nlaunch):
+            i, L, rec = next(self.launches)
+            if i != sid:
+                raise GpuEngineError(f"launch {L} of stage {i} yielded in stage {sid}")
+            for done in join_at.pop(L, ()):     # its parent packs it now
+                device.dense_join(h, done)
+            device.launch(h, L, rec)
+            for f in dense_at.get(L, ()):       # assembled by launch L: factorize now
+                Fv, panels, T, done = device.dense_factorize(
+                    h, int(st.foff[f]), int(fs.fm[f]), int(fs.fn[f]),
+                    fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]])
+                self.dense_parts[f] = (sid, Fv, panels, T)
+                join_at.setdefault(min(st.dense_join[f], st.nlaunch), []).append(done)
+            if L == st.nlaunch - 1:             # the stage ends with every dense front
+                for done in join_at.pop(st.nlaunch, ()):
+                    device.dense_join(h, done)
+            if copier is not None:
+                copier.after_launch(L)
+            if self.cold and len(rec):
+                sel = np.isin(rec["type"], _FACTORIZE_TYPES)
+                if sel.any():
+                    fac_parts.append(rec[sel])
+                    fac_launch.append(np.full(int(sel.sum()), self.launch_base[-1] + L))
+        return fac_parts, fac_launch
+
+    def wait_host_side(self) -> None:
+        """R's layout, gather maps and pattern from the worker (the first stage waits
+        here, after enqueueing its launches: the two overlap)."""
+        if self.layout is None:
+            tw = time.perf_counter()
+            self.layout, self.gmaps, self.pattern = self.host_side.result()
+            self.t_wait_host += time.perf_counter() - tw
+
+    def carry_contribution_blocks(self, st, pool) -> None:
+        """Contribution blocks of the stage's fronts whose parent lies in a later stage,
+        fetched in one transfer (upper trapezoidal, packed) into ``host_cb``."""
+        fs = self.fs
+        first, last = st.fronts
         members = np.arange(first, last + 1)
         foff = st.foff[members]
         par = fs.parent[members]
         later = np.flatnonzero((par >= 0) & (par > last))
-        if len(later):
-            rk, fnm = fs.frank[members].astype(np.int64), fn_a[members]
-            cmm = fs.cm[members].astype(np.int64)
-            segs = [(int(foff[i] + rk[i] * fnm[i]), int(cmm[i] * fnm[i])) for i in later]
-            host = device.fetch(pool, segs)
-            p = 0
-            for j, i in enumerate(later.tolist()):
-                f = first + i
-                size = segs[j][1]
-                blk = host[p: p + size].reshape(int(fs.cm[f]), int(fs.fn[f]))[:, int(fs.fp[f]):]
-                host_cb[f] = np.triu(blk)
-                p += size
-        # Factorize / Apply+Factorize records of each front (Q's replay)
-        if cold:
+        if not len(later):
+            return
+        rk, fnm = fs.frank[members].astype(np.int64), self.fn[members]
+        cmm = fs.cm[members].astype(np.int64)
+        segs = [(int(foff[i] + rk[i] * fnm[i]), int(cmm[i] * fnm[i])) for i in later]
+        host = self.device.fetch(pool, segs)
+        p = 0
+        for j, i in enumerate(later.tolist()):
+            f = first + i
+            size = segs[j][1]
+            blk = host[p: p + size].reshape(int(fs.cm[f]), int(fs.fn[f]))[:, int(fs.fp[f]):]
+            self.host_cb[f] = np.triu(blk)
+            p += size
+
+    def keep_reflector_records(self, sid: int, st, fac_parts, fac_launch) -> None:
+        """Each front's Factorize / Apply+Factorize records (``F = 0``), their global
+        launches and where the front lies, for ``Q``'s replay."""
+        first, last = st.fronts
+        members = np.arange(first, last + 1)
+        foff = st.foff[members]
+        if self.cold:
             allf = np.concatenate(fac_parts) if fac_parts else st.tasks[:0]
             alll = np.concatenate(fac_launch) if fac_launch else np.zeros(0, np.int64)
         else:
             t = st.tasks
-            kk = np.flatnonzero(np.isin(t["type"], fac_types))
+            kk = np.flatnonzero(np.isin(t["type"], _FACTORIZE_TYPES))
             allf = t[kk]
-            alll = launch_base[-1] + np.searchsorted(st.launch_ptr, kk, side="right") - 1
+            alll = (self.launch_base[-1]
+                    + np.searchsorted(st.launch_ptr, kk, side="right") - 1)
         order = np.argsort(allf["front"], kind="stable")
         allf = allf[order]
         alll = np.asarray(alll, dtype=np.int64)[order]
         allf["F"] = 0
         cnt = np.bincount(allf["front"] - first, minlength=last - first + 1)
         ptr = np.concatenate(([0], np.cumsum(cnt)))
-        fmm = fm_a[members]
+        fmm = self.fm[members]
         for i, f in enumerate(members.tolist()):
-            front_tasks[f] = allf[ptr[i]:ptr[i + 1]]
-            front_launch[f] = alll[ptr[i]:ptr[i + 1]]
-            front_loc[f] = (sid, int(foff[i]))
-            pending[f] = (sid, int(foff[i]), int(fmm[i] * fn_a[f]))
-        if sid + 1 < nstage:
-            host_pools[sid] = device.to_host(pool)
-            for f, (s_, Fv, panels, T) in list(dense_parts.items()):
-                if s_ == sid:           # the stage's pool leaves the device
-                    off, size = int(st.foff[f]), int(fs.fm[f] * fs.fn[f])
-                    Th = T.get() if hasattr(T, "get") else T
-                    dense_parts[f] = (s_, host_pools[sid][off: off + size].reshape(Fv.shape),
-                                      panels, Th)
-            device.release(pool)
-        else:
-            stage_pools[sid] = pool
-    t2 = time.perf_counter()
-    if layout is None:              # no stage at all
-        layout, gmaps, pattern = fut.result()
-    R = _assemble_R(Ac, layout, r_parts, dtype, pattern)
-    t3 = time.perf_counter()
-    slots_of = layout.slots_of
-    from ..dense_front import DenseFront
+            self.front_tasks[f] = allf[ptr[i]:ptr[i + 1]]
+            self.front_launch[f] = alll[ptr[i]:ptr[i + 1]]
+            self.front_loc[f] = (sid, int(foff[i]))
+            self.pending[f] = (sid, int(foff[i]), int(fmm[i] * self.fn[f]))
+
+    def retire_pool(self, sid: int, st, pool) -> None:
+        """An earlier stage's pool to the host (its dense fronts' data with it) and off
+        the device; the last stage's stays there for ``Q``."""
+        if sid + 1 >= self.nstage:
+            self.stage_pools[sid] = pool
+            return
+        fs = self.fs
+        host = self.host_pools[sid] = self.device.to_host(pool)
+        for f, (s_, Fv, panels, T) in list(self.dense_parts.items()):
+            if s_ == sid:           # the stage's pool leaves the device
+                off, size = int(st.foff[f]), int(fs.fm[f] * fs.fn[f])
+                Th = T.get() if hasattr(T, "get") else T
+                self.dense_parts[f] = (s_, host[off: off + size].reshape(Fv.shape), panels, Th)
+        self.device.release(pool)
+
+    # -- after the stages ----------------------------------------------------------------
+    def front_list(self, slots_of) -> list:
+        """``GpuQR._fronts``: per front ``(slots, values, records)``; the values of fronts
+        in host pools are views of them (such fronts leave ``pending``), the others None."""
+        fronts = []
+        for f in range(self.fs.nfronts):
+            sid, off, size = self.pending[f]
+            if sid in self.host_pools:
+                fronts.append((slots_of[f], self.host_pools[sid][off: off + size],
+                               self.front_tasks[f]))
+                del self.pending[f]
+            else:
+                fronts.append((slots_of[f], None, self.front_tasks[f]))
+        return fronts
+
+    def info(self, *, budget, dense_fronts: int, seconds: dict) -> dict:
+        """``GpuQR.info``: the schedule, the tunables and the timings (``seconds``:
+        schedule, factorize, assemble_R; the device's and the waits added)."""
+        analysis, sched, device = self.analysis, self.sched, self.device
+        dev_s = dict(device.seconds)
+        return {"backend": "gpu", "device": getattr(device, "name", "?"),
+                "ordering": analysis.ordering_used, "nfronts": int(self.fs.nfronts),
+                "stages": self.nstage, "launches": int(sched.nlaunch),
+                "launches_with_tasks": int(sched.nlaunch_with_tasks),
+                "tasks": int(sched.ntasks),
+                "tile": int(self.tile), "bundle": int(self.bundle),
+                "pipelining": bool(self.pipelining),
+                "budget": budget, "schedule_cold": bool(self.cold),
+                "dense_fronts": dense_fronts, "dense_flops": sched.dense_flops,
+                "seconds": {**seconds,
+                            "wait_host_side": self.t_wait_host,
+                            "gpu_kernels": dev_s.get("kernels", 0.0),
+                            "upload": dev_s.get("upload", 0.0),
+                            "download": dev_s.get("download", 0.0),
+                            "launch_loop": dev_s.get("launch_loop", 0.0),
+                            "wait_gpu": dev_s.get("wait", 0.0),
+                            "wait_r_copy": self.t_r_wait},
+                "r_copy_progressive": bool(self.progressive)}
+
+
+def _dense_fronts(sched, dense_parts, slots_of) -> dict:
+    """``GpuQR._dense``: a :class:`~scipy_gpuqr._engine.dense_front.DenseFront` per
+    dense front, with its global launch (checked against the schedule's)."""
     launch0 = np.concatenate(([0], np.cumsum([st.nlaunch for st in sched.stages])))
     dense = {}
     for f, (sid, Fv, panels, T) in dense_parts.items():
@@ -470,50 +641,14 @@ def _run(Ac, analysis, device, sched, fut, cold, t0, t1, budget, tile, bundle, p
         if Ld != sched.dense[f]:
             raise GpuEngineError(f"dense front {f}: launch {Ld} != {sched.dense[f]}")
         dense[f] = DenseFront(Fv, panels, T, slots=slots_of[f], after_launch=Ld)
-    # fronts of earlier stages are on the host already
-    fronts = []
-    for f in range(nf):
-        sid, off, size = pending[f]
-        if sid in host_pools:
-            fronts.append((slots_of[f], host_pools[sid][off: off + size], front_tasks[f]))
-            del pending[f]
-        else:
-            fronts.append((slots_of[f], None, front_tasks[f]))
-    dev_s = dict(device.seconds)
-    info = {"backend": "gpu", "device": getattr(device, "name", "?"),
-            "ordering": analysis.ordering_used, "nfronts": int(nf),
-            "stages": nstage, "launches": int(sched.nlaunch),
-            "launches_with_tasks": int(sched.nlaunch_with_tasks), "tasks": int(sched.ntasks),
-            "tile": int(tile), "bundle": int(bundle), "pipelining": bool(pipelining),
-            "budget": budget, "schedule_cold": bool(cold),
-            "dense_fronts": len(dense), "dense_flops": sched.dense_flops,
-            "seconds": {"schedule": t1 - t0, "factorize": t2 - t1, "assemble_R": t3 - t2,
-                        "wait_host_side": t_wait_host,
-                        "gpu_kernels": dev_s.get("kernels", 0.0),
-                        "upload": dev_s.get("upload", 0.0),
-                        "upload_gather": dev_s.get("upload_gather", 0.0),
-                        "download": dev_s.get("download", 0.0),
-                        "launch_loop": dev_s.get("launch_loop", 0.0),
-                        "wait_gpu": dev_s.get("wait", 0.0),
-                        "wait_r_copy": t_r_wait},
-            "r_copy_progressive": bool(progressive)}
-    out = GpuQR(shape=(m, n), R=R, colperm=analysis.colperm.astype(np.int64),
-                rank=int(min(m, n)), tol=None, flops=float(analysis.flops), info=info,
-                analysis=analysis, qorder=layout.qorder.copy(), schedule=sched,
-                _fronts=fronts, _vt=None, _pending=pending, _device=device, _dense=dense)
-    out._stage_pools = stage_pools
-    out._host_pools = host_pools
-    out._front_loc = front_loc
-    out._front_launch = front_launch
-    out._launch_base = launch_base
-    return out
+    return dense
 
 
 def _assemble_R(Ac, layout, r_parts, dtype, pattern):
     """R (rows keyed by pivot column, as the reference) from the gathered values.
 
     ``r_parts``: per stage ``(pos, values)`` in R's CSC order (see
-    :mod:`.gpu_rlayout`); the singleton rows' values come from A.
+    :mod:`.rlayout`); the singleton rows' values come from A.
     """
     if len(r_parts) == 1 and r_parts[0][0] is None:
         data = r_parts[0][1]    # every entry, singleton rows' placeholders included

@@ -1,28 +1,27 @@
-"""Kernel variants of the sparse-QR engine (``build_kernels.py`` compiles them).
+"""Kernel variants of the sparse-QR factorization (``build_kernels.py --check`` compiles them).
 
-The uberkernel (kernels/gpuqr_uberkernel.cu) is a template over the value type,
-the tile edge, the bundle size and the threads per block. ``ENGINE_VARIANTS``
-are the instantiations the engine uses; ``TILE_VARIANTS`` the float64
-(TILE, BUNDLE, threads) experiments of the tile benchmark.
+The uberkernel (``kernels/sparse_qr/uberkernel.cu``) is a template over the
+value type, the tile edge, the bundle size and the threads per block.
+``ENGINE_VARIANTS`` are the instantiations the engine launches; they and the
+kernels reporting their shared memory are the only ones compiled
+(``KERNEL_VARIANTS``, read by :mod:`scipy_gpuqr._kernels`). Imports without
+cupy.
 """
 
 from __future__ import annotations
 
-__all__ = ["KERNEL_VARIANTS", "TILE_VARIANTS", "ENGINE_VARIANTS", "kernel_name",
-           "tile_kernel_name", "smem_kernel_name", "tile_smem_bytes",
-           "UBERKERNEL_FILE"]
+__all__ = ["KERNEL_VARIANTS", "ENGINE_VARIANTS", "ENGINE_THREADS", "UBERKERNEL_FILE",
+           "kernel_name", "smem_kernel_name", "tile_smem_bytes"]
 
-#: The uberkernel's source file.
+#: The uberkernel's source file (relative to ``kernels/``).
 UBERKERNEL_FILE = "sparse_qr/uberkernel.cu"
 
-#: (TILE, BUNDLE, threads per block), float64
-TILE_VARIANTS: tuple[tuple[int, int, int], ...] = (
-    (32, 3, 256), (64, 2, 256), (64, 3, 256), (64, 3, 512),
-)
+#: Threads per block of the engine's uberkernel variants.
+ENGINE_THREADS = 256
 
 #: (C type, TILE, BUNDLE, threads per block) the engine launches.
 ENGINE_VARIANTS: tuple[tuple[str, int, int, int], ...] = (
-    ("double", 32, 3, 256), ("float", 32, 3, 256),
+    ("double", 32, 3, ENGINE_THREADS), ("float", 32, 3, ENGINE_THREADS),
 )
 
 _CTYPE = {"float64": "double", "float32": "float", "double": "double", "float": "float"}
@@ -38,13 +37,8 @@ def smem_kernel_name(ctype: str, tile: int, bundle: int) -> str:
     return f"gpuqr::uberkernel_smem_bytes<{_CTYPE[str(ctype)]}, {tile}, {bundle}>"
 
 
-def tile_kernel_name(tile: int, bundle: int, threads: int) -> str:
-    """Name expression of the float64 variant of the tile experiment."""
-    return kernel_name("double", tile, bundle, threads)
-
-
 def tile_smem_bytes(tile: int, bundle: int, itemsize: int = 8) -> int:
-    """Dynamic shared memory of a variant (mirrors the kernel's Smem structs)."""
+    """Dynamic shared memory (bytes) of a variant (mirrors the kernel's ``*Smem`` structs)."""
     ld = tile + 1
     fac = bundle * tile * ld + 2 * tile * ld + 64 + tile
     w = 32 if tile >= 64 else tile
@@ -53,10 +47,11 @@ def tile_smem_bytes(tile: int, bundle: int, itemsize: int = 8) -> int:
 
 
 def _all_names() -> tuple[str, ...]:
-    combos = {("double", t, b, n) for t, b, n in TILE_VARIANTS} | set(ENGINE_VARIANTS)
-    names = [kernel_name(*c) for c in sorted(combos)]
+    combos = sorted(set(ENGINE_VARIANTS))
+    names = [kernel_name(*c) for c in combos]
     names += sorted({smem_kernel_name(c, t, b) for c, t, b, _ in combos})
     return tuple(names)
 
 
+#: Name expressions to compile, per source file (relative to ``kernels/``).
 KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {UBERKERNEL_FILE: _all_names()}

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -272,7 +273,6 @@ class CupyRCopy:
 
     # -- worker -------------------------------------------------------------------
     def _work(self):
-        import time
         cp = self.cp
         try:
             t0 = time.perf_counter()

@@ -29,6 +29,7 @@ import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
 
 __all__ = ["RLayout", "r_layout", "r_layout_cached", "clear_r_layout_cache"]
 
@@ -147,7 +148,6 @@ class RLayout:
 
         ``pattern``: from :meth:`pattern_copy` (made now when None).
         """
-        import scipy.sparse as sp
         ind, ptr = self.pattern_copy() if pattern is None else pattern
         R = sp.csc_array((data, ind, ptr), shape=self.shape)
         R.has_sorted_indices = True
@@ -320,8 +320,6 @@ def _arith_runs(first, step, length, start, total, dtype) -> np.ndarray:
 def _build_general(analysis) -> RLayout:
     """Any row order: CSR of sources in front order, rows sorted by pivot, one
     CSR→CSC transpose (linear, but a random scatter of nnz entries)."""
-    import scipy.sparse as sp
-
     (m, n, k, nf, fm, fn, rk, col_ptr, cols, fbase, rowperm, slots_of, r1,
      r1_ptr) = _front_arrays(analysis)
 

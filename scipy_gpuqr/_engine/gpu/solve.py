@@ -9,7 +9,7 @@ host, and solves least-squares problems with the result.
 Replay plan (host, NumPy; :func:`build_replay_plan`)
     Every kept block reflector (the Factorize part of a Factorize or
     Apply+Factorize record) becomes one normalized record of type
-    ``TASK_APPLY_QT`` (fields in ``kernels/gpuqr_applyq.cu``): its row tiles
+    ``TASK_APPLY_QT`` (fields in ``kernels/sparse_qr/applyq.cu``): its row tiles
     stacked top first, its V tile, its T tile and the offset of its front's
     row map (the global row slot of each front row). The *levels* are the
     factorization's launches: records of one launch touch disjoint tiles of
@@ -21,10 +21,9 @@ Replay plan (host, NumPy; :func:`build_replay_plan`)
     factorized outside the task lists (``GpuQR._dense``: front → object with
     ``slots``, ``after_launch``, ``apply_qt(Y)``, ``apply_q(Y)``) are applied
     after the records of the level of ``after_launch`` (several in front
-    order, children first). Grouping by rows instead (a record one level
-    after the last that touched its rows) saves a quarter of the launches on
-    ch7-8-b3 (766 instead of 1011) but costs seconds of host time per
-    factorization: not worth it.
+    order, children first). Levels follow the launches rather than the rows
+    each record touches: grouping by rows would save some launches but costs
+    far more host time per factorization than it saves on the device.
 
 Execution
     ``Qᵀ X``: levels in order, each the kernel (one block per record and 32
@@ -39,8 +38,7 @@ Solve (:class:`DeviceSolve`)
     :mod:`scipy_gpuqr._factor.factorization`): ``x[perm] = R⁻¹ (Qᵀ b)[:n]`` for tall A and
     ``x = Q [R⁻ᵀ b[perm]; 0]`` for the transposed factorization of wide A,
     the triangular solves front by front from R's blocks in the front pools
-    (:mod:`.gpu_trsolve`; cuSPARSE on a CSR copy of R is kept as an option
-    and measured slower).
+    (:mod:`.trsolve`).
 
 :class:`NumpyExecutor` runs the same plan with NumPy (CI's check of the plan
 against the host replay, no GPU needed).
@@ -48,12 +46,16 @@ against the host replay, no GPU needed).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..._schedule.tasks import TaskType, empty_tasks
+from ..._kernels import load_module
+from ..._schedule.tasks import TASK_BYTES, TaskType, empty_tasks
+from ..host.simulate import apply_q_records, apply_qt_records, one_blas_thread
 from . import solve_kernels as av
+from .trsolve import FrontTriangular
 
 __all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay",
            "NumpyExecutor", "CupyExecutor", "DeviceSolve", "CHUNK_ELEMENTS"]
@@ -327,7 +329,7 @@ def _load_reflector(rec, pool, vt, rowmap, tile):
 
 
 class CupyExecutor:
-    """The plan's levels as launches of ``kernels/gpuqr_applyq.cu``.
+    """The plan's levels as launches of ``kernels/sparse_qr/applyq.cu``.
 
     Parameters
     ----------
@@ -344,8 +346,6 @@ class CupyExecutor:
 
     def __init__(self, plan: ReplayPlan, pools, vt, dtype, stream=None):
         import cupy as cp
-
-        from ..._kernels import load_module
         self.cp = cp
         self.plan, self.pools, self.vt = plan, pools, vt
         ctype = "double" if np.dtype(dtype) == np.float64 else "float"
@@ -367,7 +367,6 @@ class CupyExecutor:
         self._pool = None
 
     def level(self, lv: int, X, trans: bool) -> None:
-        from ..._schedule.tasks import TASK_BYTES
         p = self.plan
         a, b = int(p.level_ptr[lv]), int(p.level_ptr[lv + 1])
         if b <= a:
@@ -426,30 +425,18 @@ class DeviceSolve:
     Parameters
     ----------
     R : scipy.sparse matrix, shape (k, q)
-        The factor; its leading square ``min(k, q)`` block is used.
+        The factor; its leading square ``min(k, q)`` block is solved with.
     colperm : ndarray of int64
         Column permutation of the factorization.
-    fronts : FrontTriangular, optional
-        R's blocks read from the front pools (:mod:`.gpu_trsolve`, the
-        default of :func:`device_solve_of`); without it cuSPARSE's
-        triangular solve on a float64 CSR copy of R (slower: measured 6.7 s
-        against 2.1 s on the host for grid40's R).
+    fronts : FrontTriangular
+        R's blocks read from the front pools (:mod:`.trsolve`).
     """
 
-    def __init__(self, R, colperm, fronts=None):
+    def __init__(self, R, colperm, fronts):
         import cupy as cp
         self.cp = cp
         self.q = min(R.shape)
         self.fronts = fronts
-        self.R = self.RT = None
-        if fronts is None:
-            import cupyx.scipy.sparse as csp
-            import scipy.sparse as sp
-            Rq = sp.csr_array(sp.csr_array(R)[: self.q, : self.q], dtype=np.float64)
-            Rq.sort_indices()
-            self.R = csp.csr_matrix(sp.csr_matrix(Rq))
-            self.RT = csp.csr_matrix(sp.csr_matrix(Rq.T.tocsr()))
-            self.RT.sort_indices()
         self.perm = cp.asarray(np.asarray(colperm, dtype=np.int64))
 
     def upper(self, C):
@@ -463,10 +450,7 @@ class DeviceSolve:
     def _triangular(self, C, transposed: bool):
         if self.q == 0 or C.shape[1] == 0:
             return self.cp.zeros((self.q, C.shape[1]))
-        if self.fronts is not None:
-            return self.fronts.upper_transposed(C) if transposed else self.fronts.upper(C)
-        from cupyx.scipy.sparse.linalg import spsolve_triangular
-        return spsolve_triangular(self.RT if transposed else self.R, C, lower=transposed)
+        return self.fronts.upper_transposed(C) if transposed else self.fronts.upper(C)
 
     def forward(self, qt_matmul, B, n: int):
         """``X[perm] = R⁻¹ (Qᵀ B)[:q]``: least squares of tall A, or ``A X = B``."""
@@ -554,13 +538,9 @@ def _device_pools(qr):
     return pools
 
 
-def device_solve_of(qr, *, cusparse: bool = False) -> DeviceSolve:
+def device_solve_of(qr) -> DeviceSolve:
     """The :class:`DeviceSolve` of a full-rank GPU factorization (R from the pools)."""
-    from .trsolve import FrontTriangular
-    fronts = None
-    if not cusparse:
-        fronts = FrontTriangular(qr, _device_pools(qr), qr._device.cp)
-    return DeviceSolve(qr.R, qr.colperm, fronts)
+    return DeviceSolve(qr.R, qr.colperm, FrontTriangular(qr, _device_pools(qr), qr._device.cp))
 
 
 def _cupy_executor(qr):
@@ -582,7 +562,6 @@ def device_matmul(qr, B, *, trans: bool, float64: bool = False):
     precision of the float64 arithmetic). Falls back to the host replay (with
     a log line) when the device runs out of memory.
     """
-    import logging
     cp = qr._device.cp
     what = "qt_matmul" if trans else "q_matmul"
     on_gpu = isinstance(B, cp.ndarray)
@@ -610,7 +589,6 @@ def host_matmul(qr, B, *, trans: bool):
 
     The fronts are fetched to the host first (``qr._materialize()``).
     """
-    from ..host.simulate import _apply_q, _apply_qt, _one_blas_thread
     qr._materialize()
     what = "qt_matmul" if trans else "q_matmul"
     B = np.asarray(B)
@@ -624,7 +602,7 @@ def host_matmul(qr, B, *, trans: bool):
     dense = getattr(qr, "_dense", {}) or {}
     tile = qr.schedule.tile
     seq = range(len(qr._fronts)) if trans else range(len(qr._fronts) - 1, -1, -1)
-    with _one_blas_thread():
+    with one_blas_thread():
         for f in seq:
             slots, Ff, ftasks = qr._fronts[f]
             if f in dense:
@@ -634,7 +612,7 @@ def host_matmul(qr, B, *, trans: bool):
                 X[obj.slots] = Y
             if len(ftasks):
                 Y = X[slots]
-                (_apply_qt if trans else _apply_q)(ftasks, Ff, qr._vt, tile, Y)
+                (apply_qt_records if trans else apply_q_records)(ftasks, Ff, qr._vt, tile, Y)
                 X[slots] = Y
     out = X[qr.qorder] if trans else X
     return out.astype(qr.R.dtype, copy=False).reshape(B.shape)

@@ -1,8 +1,8 @@
-"""Kernel variants of the GPU solve: Q application (``kernels/gpuqr_applyq.cu``) and
-the triangular solves with R's front blocks (``kernels/gpuqr_rsolve.cu``).
+"""Kernel variants of the GPU solve: Q application (``kernels/sparse_qr/applyq.cu``)
+and the triangular solves with R's front blocks (``kernels/sparse_qr/rsolve.cu``).
 
-``build_kernels.py --check`` compiles them (listed in
-``scipy_gpuqr._kernels.VARIANT_MODULES``); imports without cupy.
+``build_kernels.py --check`` compiles them (``KERNEL_VARIANTS``, read by
+:mod:`scipy_gpuqr._kernels`); imports without cupy.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ __all__ = ["APPLYQ_FILE", "APPLYQ_VARIANTS", "APPLYQ_THREADS", "APPLYQ_COLUMNS",
            "KERNEL_VARIANTS", "applyq_name", "applyq_smem_name", "applyq_smem_bytes",
            "RSOLVE_FILE", "RSOLVE_THREADS", "rsolve_name"]
 
-#: The kernel's source file.
+#: The Q application's source file (relative to ``kernels/``).
 APPLYQ_FILE = "sparse_qr/applyq.cu"
 
 #: Threads per block.
@@ -50,7 +50,7 @@ def _all_names() -> tuple[str, ...]:
     return tuple(names)
 
 
-#: The triangular solve's source file.
+#: The triangular solve's source file (relative to ``kernels/``).
 RSOLVE_FILE = "sparse_qr/rsolve.cu"
 
 #: Threads per block of the triangular solve.
@@ -62,6 +62,7 @@ def rsolve_name(ctype: str, trans: bool, threads: int = RSOLVE_THREADS) -> str:
     return f"gpuqr::rsolve<{_CTYPE[str(ctype)]}, {threads}, {'true' if trans else 'false'}>"
 
 
+#: Name expressions to compile, per source file (relative to ``kernels/``).
 KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {
     APPLYQ_FILE: _all_names(),
     RSOLVE_FILE: tuple(rsolve_name(c, tr) for c in ("double", "float") for tr in (False, True)),

@@ -16,24 +16,27 @@ with the singleton block ``R1 = [R11 R12]`` (rows of A that are rows of R,
 taken from R's sparse copy) last (first for ``Rᵀ``).
 
 On the device, when every front lies in one pool (one-stage factorizations,
-the usual case), ``kernels/gpuqr_rsolve.cu`` solves one tree level per
+the usual case), ``kernels/sparse_qr/rsolve.cu`` solves one tree level per
 launch, one thread block per front and right-hand-side column: ``R``'s
 levels by depth from the root (a front reads only its ancestors' values),
 ``Rᵀ``'s by height from the leaves (a front pushes into its ancestors'
-columns with atomic adds); fronts of ``BIG_FRONT_ROWS`` (512) rows of R or
-more go through cuBLAS within their level. Otherwise (several stages, or NumPy on the host
-for CI) one dense triangular solve and one matrix product per front
-(cuBLAS through CuPy, or SciPy), float64.
-
-Measured on an H200 (bench/RESULTS.md, issue 6, grid40: nnz(R) 8.9e7, one
-right-hand side): the level kernel 8.4 ms; the front-by-front loop 0.62 s
-(CuPy call overhead, 3170 fronts); cuSPARSE's ``spsolve_triangular`` on R's
-CSR copy 6.7 s (its analysis redone each call); SciPy on the host 2.2 s.
+columns with atomic adds); fronts of :data:`BIG_FRONT_ROWS` rows of R or
+more go through cuBLAS within their level. Otherwise (several stages, or
+NumPy on the host for CI) one dense triangular solve and one matrix product
+per front (cuBLAS through CuPy, or SciPy), float64. The level kernel is the
+fast path: a loop over the fronts pays one CuPy call overhead per front, and
+a sparse triangular solve on a copy of R redoes its analysis on every call.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
+from scipy.linalg import solve_triangular as host_solve_triangular
+from scipy.sparse.linalg import spsolve_triangular as host_spsolve_triangular
+
+from ..._kernels import load_module
+from . import solve_kernels as av
 
 __all__ = ["FrontTriangular"]
 
@@ -52,7 +55,6 @@ class FrontTriangular:
     """
 
     def __init__(self, qr, pools, xp):
-        import scipy.sparse as sp
         self.xp = xp
         self.pools = pools
         an = qr.analysis
@@ -90,12 +92,11 @@ class FrontTriangular:
         if self.xp is np:
             return M
         import cupyx.scipy.sparse as csp
-        import scipy.sparse as sp
         return csp.csr_matrix(sp.csr_matrix(M))
 
     def _tri(self, U, B, *, trans: bool):
         if self.xp is np:
-            from scipy.linalg import solve_triangular
+            solve_triangular = host_solve_triangular
         else:
             from cupyx.scipy.linalg import solve_triangular
         if U.dtype != np.float64:
@@ -104,7 +105,7 @@ class FrontTriangular:
 
     def _sptri(self, M, B, *, lower: bool):
         if self.xp is np:
-            from scipy.sparse.linalg import spsolve_triangular
+            spsolve_triangular = host_spsolve_triangular
         else:
             from cupyx.scipy.sparse.linalg import spsolve_triangular
         return spsolve_triangular(M, B, lower=lower)
@@ -168,13 +169,12 @@ class FrontTriangular:
 
 
 #: Fronts with at least this many rows of R are solved by cuBLAS (one thread block
-#: walking thousands of rows one by one is slower: measured 5.8 ms for one
-#: 3000-row front against 0.4 ms).
+#: walking thousands of rows one by one is much slower than a cuBLAS solve).
 BIG_FRONT_ROWS = 512
 
 
 class _LevelKernel:
-    """The fronts of a one-pool factorization as levels of ``kernels/gpuqr_rsolve.cu``.
+    """The fronts of a one-pool factorization as levels of ``kernels/sparse_qr/rsolve.cu``.
 
     Fronts of :data:`BIG_FRONT_ROWS` rows of R or more are solved in their level
     by :meth:`FrontTriangular.step` (cuBLAS) instead.
@@ -182,9 +182,6 @@ class _LevelKernel:
 
     def __init__(self, ft, fs, pool):
         import cupy as cp
-
-        from ..._kernels import load_module
-        from . import solve_kernels as av
         self.cp, self.pool, self.cols, self.ft = cp, pool, ft.cols, ft
         nf = fs.nfronts
         parent = np.asarray(fs.parent, dtype=np.int64)

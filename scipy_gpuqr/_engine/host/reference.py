@@ -58,11 +58,8 @@ NB = 32
 
 #: fronts with more flops than this run with all BLAS threads, the others with
 #: one. Default: never (one thread throughout). The panel products are small
-#: (NB columns) and OpenBLAS threads contending for busy cores made them up to
-#: 70x slower: on the 2-core CI machine under load 4-5, the 16³ grid took 9.5 s
-#: with threads from 5e7 flops on and 0.61 s on one thread; ch6-7-b3 took 34-47
-#: s with threads from 1e9 flops on and 10.6-13.6 s on one thread (SuiteSparseQR,
-#: threaded: 18-24 s in the same runs). Set it on a machine with idle cores.
+#: (NB columns), and BLAS threads contending for busy cores make them many times
+#: slower than one thread does. Set it on a machine with idle cores.
 THREADED_FRONT_FLOPS = float("inf")
 
 

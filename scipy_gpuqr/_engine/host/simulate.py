@@ -24,23 +24,29 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
-from ..._factor.numeric import NumericQR
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS
+from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
+from ..._symbolic import analyze
 from ..dense_front import DEFAULT_PANEL, DenseFront, factorize_numpy, panels_of
+from ..inputs import engine_csc
+from ..tasklist_qr import TaskListQR
+from .reference import answer_with_rank_detection
 
-__all__ = ["householder_tile", "execute_task", "execute_launches",
-           "apply_qt_front", "launch_conflicts", "simulate_factorize", "SimulateQR"]
+__all__ = ["householder_tile", "execute_task", "execute_launches", "apply_qt_front",
+           "apply_qt_records", "apply_q_records", "one_blas_thread", "launch_conflicts",
+           "simulate_factorize", "SimulateQR"]
 
 
 #: Sums of squares outside ``[NORM_LO, NORM_HI]`` lose precision (squares leave the
 #: normal range): the norm is then recomputed with scaling, as LAPACK's dnrm2
 #: does. Columns whose norm (diagonal included) is below ``NORM_TINY`` are left
-#: alone (tau = 0). The tile kernel (``kernels/gpuqr_factorize.cuh``,
+#: alone (tau = 0). The tile kernel (``kernels/sparse_qr/factorize.cuh``,
 #: ``NormRange``) follows the same rule.
 NORM_LO, NORM_HI, NORM_TINY = 1e-280, 1e280, 1e-290
 
@@ -95,8 +101,9 @@ def householder_tile(A: np.ndarray, nref: int) -> tuple[np.ndarray, np.ndarray]:
     return tau, T
 
 
-def _one_blas_thread():
-    """Small matrix products: one BLAS thread is much faster than many."""
+def one_blas_thread():
+    """Context with BLAS limited to one thread (the executors' small products run
+    much faster so; a no-op without the optional ``threadpoolctl``)."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # optional
@@ -244,7 +251,7 @@ def execute_launches(tasks: np.ndarray, launch: np.ndarray, fpool: np.ndarray,
     bounds = np.flatnonzero(np.diff(launch)) + 1
     starts = np.concatenate(([0], bounds))
     ends = np.concatenate((bounds, [len(tasks)]))
-    with _one_blas_thread():
+    with one_blas_thread():
         for s, e in zip(starts, ends):
             order = np.arange(s, e) if rng is None else s + rng.permutation(e - s)
             for k in order:
@@ -259,12 +266,16 @@ def apply_qt_front(tasks: np.ndarray, fpool: np.ndarray, vtpool: np.ndarray,
     Replays the reflectors of the front's Factorize and Apply+Factorize
     records in order (records of one launch act on disjoint rows).
     """
-    with _one_blas_thread():
-        _apply_qt(tasks, fpool, vtpool, tile, B)
+    with one_blas_thread():
+        apply_qt_records(tasks, fpool, vtpool, tile, B)
 
 
-def _apply_qt(tasks, fpool, vtpool, tile, B):
-    """B ← Qᵀ B for the reflectors of ``tasks``, in order (rows past the front skipped)."""
+def apply_qt_records(tasks, fpool, vtpool, tile, B) -> None:
+    """``B ← Qᵀ B`` for the reflectors of ``tasks``, in order (rows past the front skipped).
+
+    ``tasks``: a front's Factorize / Apply+Factorize records (``F`` relative to
+    ``fpool``); ``B``: the front's rows (fm × k), float64, changed in place.
+    """
     for idx, ok, V, T in _reflectors(tasks, fpool, vtpool, tile):
         X = np.zeros((len(idx), B.shape[1]))
         X[ok] = B[idx[ok]]
@@ -324,26 +335,18 @@ def launch_conflicts(tasks: np.ndarray, launch: np.ndarray, tile: int) -> list:
 # ---------------------------------------------------------------- whole factorization
 
 @dataclass
-class SimulateQR(NumericQR):
-    """Result of :func:`simulate_factorize` (see :class:`~scipy_gpuqr._factor.numeric.NumericQR`).
+class SimulateQR(TaskListQR):
+    """Result of :func:`simulate_factorize`.
 
-    Every front keeps its factorized block (R, V and the updated rows), its
-    Factorize records and the shared VT pool, so ``Q`` is applied by replaying
-    the reflectors front by front (rows tracked by slots as in the reference:
-    row i of A lives in slot i; ``qorder`` puts R's rows first in ``Qᵀb``).
-    Dense fronts (factorized outside the task lists, see
-    :mod:`~scipy_gpuqr._schedule.dense`) have no records; ``_dense`` maps each
-    to a :class:`~scipy_gpuqr._engine.dense_front.DenseFront` (``slots``,
-    ``after_launch``, ``apply_qt(Y)``, ``apply_q(Y)``), applied in its
-    postorder position.
+    A :class:`~scipy_gpuqr._engine.tasklist_qr.TaskListQR` whose every front
+    keeps its factorized block on the host, so ``Q`` is applied
+    by replaying the reflectors front by front (rows tracked by slots as in
+    the reference: row i of A lives in slot i; ``qorder`` puts R's rows first
+    in ``Qᵀb``). A dense front (no records, see
+    :mod:`~scipy_gpuqr._schedule.dense`) applies its
+    :class:`~scipy_gpuqr._engine.dense_front.DenseFront` in its postorder
+    position.
     """
-
-    analysis: object = None
-    qorder: np.ndarray | None = None
-    schedule: object = None
-    _fronts: list = field(default_factory=list, repr=False)
-    _vt: np.ndarray | None = field(default=None, repr=False)
-    _dense: dict = field(default_factory=dict, repr=False)
 
     def _check(self, B, what):
         B = np.asarray(B)
@@ -357,7 +360,7 @@ class SimulateQR(NumericQR):
     def qt_matmul(self, B):
         B0, X = self._check(B, "qt_matmul")
         tile = self.schedule.tile
-        with _one_blas_thread():
+        with one_blas_thread():
             for f in range(len(self._fronts)):
                 self._apply_front(f, X, tile, transpose=True)
         out = X[self.qorder].astype(self.R.dtype, copy=False)
@@ -368,7 +371,7 @@ class SimulateQR(NumericQR):
         X = np.zeros_like(Yc)
         X[self.qorder] = Yc
         tile = self.schedule.tile
-        with _one_blas_thread():
+        with one_blas_thread():
             for f in range(len(self._fronts) - 1, -1, -1):
                 self._apply_front(f, X, tile, transpose=False)
         return X.astype(self.R.dtype, copy=False).reshape(Y0.shape)
@@ -378,7 +381,7 @@ class SimulateQR(NumericQR):
         slots, Ff, ftasks = self._fronts[f]
         if len(ftasks):
             Y = X[slots]
-            (_apply_qt if transpose else _apply_q)(ftasks, Ff, self._vt, tile, Y)
+            (apply_qt_records if transpose else apply_q_records)(ftasks, Ff, self._vt, tile, Y)
         elif f in self._dense:
             Y = X[slots]
             (self._dense[f].apply_qt if transpose else self._dense[f].apply_q)(Y)
@@ -386,10 +389,6 @@ class SimulateQR(NumericQR):
             return
         X[slots] = Y
 
-    def free(self) -> None:
-        self._fronts = []
-        self._vt = None
-        self._dense = {}
 
 
 def _reflectors(tasks, fpool, vtpool, tile):
@@ -411,8 +410,8 @@ def _reflectors(tasks, fpool, vtpool, tile):
         yield idx, idx < int(rec["fm"]), V, T
 
 
-def _apply_q(tasks, fpool, vtpool, tile, B):
-    """Q of one front applied to B in place (reflectors in reverse order)."""
+def apply_q_records(tasks, fpool, vtpool, tile, B) -> None:
+    """``B ← Q B``: the reflectors of ``tasks`` in reverse order (as :func:`apply_qt_records`)."""
     for idx, ok, V, T in reversed(list(_reflectors(tasks, fpool, vtpool, tile))):
         X = np.zeros((len(idx), B.shape[1]))
         X[ok] = B[idx[ok]]
@@ -470,16 +469,9 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
         ones a dense front defers its parent's pack by included;
         ``info["launches_with_tasks"]`` those with at least one record.
     """
-    import scipy.sparse as sp
-
-    from ..._schedule.sparse import build_schedule
-    from ..._symbolic import analyze
-    from ..inputs import engine_csc
-
     t0 = time.perf_counter()
     Ac = engine_csc(A, "simulate_factorize")
     dtype = np.float32 if Ac.dtype == np.float32 else np.float64
-    from .reference import answer_with_rank_detection
     out = answer_with_rank_detection(Ac, analysis, tol, max_gpu_memory, "simulate")
     if out is not None:
         return out
@@ -504,7 +496,7 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
     slots_of = [None] * nf
     nlaunch = 0
     dense = {}                   # front -> (panels, T)
-    with _one_blas_thread():
+    with one_blas_thread():
         for st in sched.stages:
             first, last = st.fronts
             pool = np.zeros(st.pool_size)
