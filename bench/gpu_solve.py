@@ -14,7 +14,6 @@ synchronized wall times after one warm-up call):
   call's host work (replay plan built and uploaded);
 * ``trsv_dev`` / ``trsvT_dev``: ``R⁻¹c`` / ``R⁻ᵀc`` front by front from the
   pools (:mod:`scipy_gpuqr._engine.gpu.trsolve`), one right-hand side;
-  ``trsv_cusparse`` (``--cusparse``): cuSPARSE on a CSR copy of R;
   ``trsv_host``: SciPy's ``spsolve_triangular`` (the host path's);
   ``Rcsr_upload``: setting the device solve up, once per factorization;
 * ``qt_dev_k1_nodense`` (``--split``): Qᵀb of a factorization without dense
@@ -75,7 +74,7 @@ def _median_events(cp, fn, repeats=5):
     return ev, wall
 
 
-def run(name, A, host_qt, cusparse=False, split=False):
+def run(name, A, host_qt, split=False):
     import cupy as cp
     import scipy.sparse as sp
     from scipy.sparse.linalg import spsolve_triangular
@@ -123,10 +122,6 @@ def run(name, A, host_qt, cusparse=False, split=False):
         C = cp.ascontiguousarray(g.qt_matmul(b.reshape(-1, 1))[:ds.q].astype(cp.float64))
         row["trsv_dev_s"], _ = _median_events(cp, lambda: ds.upper(C), repeats=3)
         row["trsvT_dev_s"], _ = _median_events(cp, lambda: ds.upper_transposed(C), repeats=3)
-        if cusparse:
-            dc = gs.device_solve_of(g, cusparse=True)
-            row["trsv_cusparse_s"], _ = _median_events(cp, lambda: dc.upper(C), repeats=1)
-            del dc
         Rh = sp.csr_array(F._core.rank_decision().R)
         Ch = C.get()
         t0 = time.perf_counter()
@@ -174,8 +169,6 @@ def main(argv=None):
     ap.add_argument("--json")
     ap.add_argument("--only", default="")
     ap.add_argument("--host-qt", action="store_true")
-    ap.add_argument("--cusparse", action="store_true",
-                    help="also time cuSPARSE's triangular solve on a CSR copy of R")
     ap.add_argument("--split", action="store_true",
                     help="also time Qᵀb of a factorization without dense fronts")
     args = ap.parse_args(argv)
@@ -183,7 +176,7 @@ def main(argv=None):
     rows = []
     for name, A in _problems(only):
         try:
-            row = run(name, A, args.host_qt, args.cusparse, args.split)
+            row = run(name, A, args.host_qt, args.split)
         except Exception as exc:  # noqa: BLE001 - one failing matrix keeps the table
             import traceback
             traceback.print_exc()
@@ -194,7 +187,7 @@ def main(argv=None):
             Path(args.json).write_text(json.dumps(rows, indent=1))
     keys = ["factorize_s", "plan_s", "levels", "qt_dev_k1_s", "qt_dev_k32_s", "q_dev_k1_s",
             "qt_dev_k1_nodense_s", "qt_dev_k32_nodense_s", "trsv_dev_s", "trsvT_dev_s",
-            "trsv_cusparse_s", "trsv_host_s", "solve_dev_s", "solve_dev_np_s", "fetch_s",
+            "trsv_host_s", "solve_dev_s", "solve_dev_np_s", "fetch_s",
             "qt_host_s", "solve_host_after_qt_s"]
     print("| matrix | " + " | ".join(keys) + " |")
     for r in rows:

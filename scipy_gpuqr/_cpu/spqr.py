@@ -28,7 +28,7 @@ import cffi
 import numpy as np
 import scipy.sparse as sp
 
-from .._factor.numeric import NumericQR
+from .._numeric import NumericQR
 from . import _cholmod, blas_threads
 from ._cholmod import Common, dense_to_numpy, dense_view, sparse_to_scipy, sparse_view
 from ._libs import INSTALL_HINT, LibraryNotFound, find_library, major_version, open_library
@@ -201,7 +201,7 @@ def _check_colperm(colperm, n: int) -> np.ndarray:
 class SpqrQR(NumericQR):
     """SuiteSparseQR's factorization ``A[:, colperm] = Q @ R``, held in NumPy arrays.
 
-    Besides :class:`~scipy_gpuqr._factor.numeric.NumericQR`'s attributes:
+    Besides :class:`~scipy_gpuqr._numeric.NumericQR`'s attributes:
 
     Attributes
     ----------

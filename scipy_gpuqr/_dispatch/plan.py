@@ -10,9 +10,9 @@ turns a problem that cannot fit in host memory into a clean
 
 This module is the one place that names the engines: :func:`backend_factorizer`
 maps a backend name to its factorize callable, :func:`absolute_tol` and the
-:class:`Plan`'s device solves reach the engines' helpers. Engines are
-imported when first used (the GPU engine needs CuPy, SuiteSparseQR a shared
-library that may be missing). The engines of the GPU task lists (``'gpu'``,
+:class:`Plan`'s device solves reach the engines' helpers. Importing the
+engines costs no GPU work: the GPU engine imports CuPy when it runs, and
+SuiteSparseQR's library is opened when first used (it may be missing). The engines of the GPU task lists (``'gpu'``,
 ``'simulate'``) detect no rank themselves; the solve rules above serve a
 tolerance on their R (:mod:`scipy_gpuqr._factor.rank_refine`).
 
@@ -20,11 +20,10 @@ Backends
     ``'cpu'``: SuiteSparseQR (``_cpu.spqr``); without SuiteSparse it falls
     back to ``'reference'`` and says what is missing and how to install it.
     ``'reference'``: our NumPy/LAPACK multifrontal QR (``_engine.host.reference``).
-    ``'simulate'``: the GPU task lists run by the NumPy executor; without it
-    ``'reference'`` answers, with the reason recorded.
-    ``'gpu'``: the GPU engine; without it or a usable GPU a
+    ``'simulate'``: the GPU task lists run by the NumPy executor.
+    ``'gpu'``: the GPU engine; without a usable GPU a
     :class:`GpuFallbackWarning` is issued and the CPU answers.
-    ``'auto'``: the GPU only when a GPU engine exists, a GPU answers, the
+    ``'auto'``: the GPU only when a GPU answers, the
     dtype is supported and the arithmetic intensity is at least the
     threshold; otherwise the CPU. The threshold is
     ``gpuqr_options.intensity_threshold`` when given, else the one
@@ -44,7 +43,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import _gpu
+from .._cpu import spqr
 from .._cpu.blas_threads import threads_for
+from .._engine.gpu import driver as gpu_driver
+from .._engine.gpu import solve as gpu_solve
+from .._engine.host import reference, simulate
 from .._errors import GpuFallbackWarning
 from .._options import DEFAULT_INTENSITY_THRESHOLD, Settings, log_decision, resolve_settings
 from .._symbolic import analyze as symbolic_analyze
@@ -74,32 +77,14 @@ def available_host_memory() -> Optional[int]:
 
 
 def gpu_engine():
-    """``(factorize, 'ok')`` of the GPU engine, or ``(None, reason)`` without it."""
-    try:
-        from .._engine.gpu import driver as _gpu_engine     # optional: needs CuPy
-    except ImportError:
-        return None, "the GPU engine is not implemented yet"
-    factorize = getattr(_gpu_engine, "gpu_factorize", None)
-    if factorize is None:
-        return None, "the GPU engine has no gpu_factorize"
-    return factorize, "ok"
+    """``(factorize, 'ok')`` of the GPU engine (it imports CuPy only when it runs)."""
+    return gpu_driver.gpu_factorize, "ok"
 
 
 def _spqr():
-    try:
-        from .._cpu import spqr          # optional: SuiteSparse's shared library (cffi)
-    except ImportError as exc:
-        return None, f"scipy_gpuqr._cpu.spqr cannot be imported ({exc})"
+    """``(module, 'ok')`` of SuiteSparseQR, or ``(None, why)`` when its library does not load."""
     ok, why = spqr.spqr_available()
     return (spqr if ok else None), why
-
-
-def _reference():
-    try:
-        from .._engine.host import reference     # engines are imported when they run
-    except ImportError as exc:
-        return None, f"the reference engine cannot be imported ({exc})"
-    return reference, "ok"
 
 
 def backend_factorizer(name: str) -> tuple[Optional[Callable], str, str]:
@@ -124,29 +109,15 @@ def backend_factorizer(name: str) -> tuple[Optional[Callable], str, str]:
             return _wrap_engine(factorize), "gpu", "ok"
         return None, "gpu", why
     if name == "simulate":
-        try:
-            from .._engine.host import simulate      # engines are imported when they run
-            factorize = getattr(simulate, "simulate_factorize", None)
-        except ImportError:
-            factorize = None
-        if factorize is not None:
-            return _wrap_engine(factorize), "simulate", "ok"
-        f, ran, why = backend_factorizer("reference")
-        return f, ran, "the simulate executor has no factorize entry point yet; " + why
+        return _wrap_engine(simulate.simulate_factorize), "simulate", "ok"
     if name == "reference":
-        ref, why = _reference()
-        if ref is not None:
-            return _wrap_engine(ref.reference_factorize), "reference", "ok"
-        spqr, why2 = _spqr()
-        if spqr is not None:
-            return _wrap_spqr(spqr.spqr_factorize), "cpu", f"{why}; SuiteSparseQR answers"
-        return None, "reference", f"{why}; {why2}"
+        return _wrap_engine(reference.reference_factorize), "reference", "ok"
     if name == "cpu":
-        spqr, why = _spqr()
-        if spqr is not None:
-            return _wrap_spqr(spqr.spqr_factorize), "cpu", "ok"
-        f, ran, why2 = backend_factorizer("reference")
-        return f, ran, f"SuiteSparseQR unavailable ({why}); {why2}"
+        lib, why = _spqr()
+        if lib is not None:
+            return _wrap_spqr(lib.spqr_factorize), "cpu", "ok"
+        f, ran, _ = backend_factorizer("reference")
+        return f, ran, f"SuiteSparseQR unavailable ({why}); our reference QR answers"
     raise ValueError(f"unknown backend {name!r}")
 
 
@@ -173,8 +144,7 @@ def absolute_tol(tol, A) -> Optional[float]:
     SuiteSparseQR's rule for 'default', as the reference engine applies it
     (in A's working precision); None when rank detection is off.
     """
-    from .._engine.host.reference import resolve_tol     # engines are imported when they run
-    return resolve_tol(tol, A, np.float32 if A.dtype == np.float32 else np.float64)
+    return reference.resolve_tol(tol, A, np.float32 if A.dtype == np.float32 else np.float64)
 
 
 @dataclass
@@ -235,13 +205,11 @@ class Plan:
 
     def device_solves(self, num):
         """The GPU engine's triangular solves with the factors ``num`` it left on the device."""
-        from .._engine.gpu.solve import device_solve_of      # optional: needs CuPy
-        return device_solve_of(num)
+        return gpu_solve.device_solve_of(num)
 
     def device_matmul(self, num, B, *, trans: bool):
         """``Qᵀ B`` (``trans``) or ``Q B`` on the device for GPU factors ``num``, in float64."""
-        from .._engine.gpu.solve import device_matmul        # optional: needs CuPy
-        return device_matmul(num, B, trans=trans, float64=True)
+        return gpu_solve.device_matmul(num, B, trans=trans, float64=True)
 
     def summary(self) -> dict:
         """JSON-ready description for ``info``."""

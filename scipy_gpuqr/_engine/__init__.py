@@ -1,7 +1,7 @@
 """The engine: numeric sparse multifrontal QR from a symbolic analysis.
 
 Three factorizations answer ``A[:, colperm] = Q @ R``, each returning a
-:class:`~scipy_gpuqr._factor.numeric.NumericQR`:
+:class:`~scipy_gpuqr._numeric.NumericQR`:
 
 * :mod:`.gpu` — the task lists of the sparse scheduler run by the CUDA
   uberkernel, stage by stage (``backend='gpu'``), with ``Q`` and the
@@ -18,7 +18,7 @@ engine never imports CuPy); from the package, the task lists
 (:mod:`scipy_gpuqr._schedule`), the symbolic analysis
 (:mod:`scipy_gpuqr._symbolic`), :mod:`scipy_gpuqr._kernels`,
 :mod:`scipy_gpuqr._gpu` and :mod:`scipy_gpuqr._errors`, and the contract
-its results subclass, :class:`~scipy_gpuqr._factor.numeric.NumericQR` (a
+its results subclass, :class:`~scipy_gpuqr._numeric.NumericQR` (a
 module that imports nothing of the package). Never the parts above it
-(``_dispatch``, ``_api``, the rest of ``_factor``): they call the engine.
+(``_dispatch``, ``_factor``, ``_api``): they call the engine.
 """

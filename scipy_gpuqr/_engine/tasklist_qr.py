@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._factor.numeric import NumericQR
+from .._numeric import NumericQR
 
 __all__ = ["TaskListQR"]
 
 
 @dataclass
 class TaskListQR(NumericQR):
-    """A :class:`~scipy_gpuqr._factor.numeric.NumericQR` whose ``Q`` is task-list reflectors.
+    """A :class:`~scipy_gpuqr._numeric.NumericQR` whose ``Q`` is task-list reflectors.
 
     Attributes
     ----------

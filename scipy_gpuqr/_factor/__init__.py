@@ -2,9 +2,6 @@
 
 Modules
 -------
-numeric
-    The :class:`~scipy_gpuqr._factor.numeric.NumericQR` contract every backend
-    returns (``A[:, colperm] = Q R``).
 factorization
     :class:`~scipy_gpuqr.QRFactorization`, the public object: checks b, CuPy
     in → CuPy out, result dtypes.
@@ -26,7 +23,8 @@ This part may import :mod:`scipy_gpuqr._dispatch` (plans, the iterate-first
 rule), :mod:`scipy_gpuqr._validate`, :mod:`scipy_gpuqr._options`,
 :mod:`scipy_gpuqr._gpu` and :mod:`scipy_gpuqr._errors`; it reaches the
 engines only through plan objects (their factorize callables and device
-solves). :mod:`~scipy_gpuqr._factor.numeric` imports nothing of the package:
-the engines import it. CuPy is imported only inside the functions that run
+solves). The :class:`~scipy_gpuqr._numeric.NumericQR` contract every backend
+returns (``A[:, colperm] = Q R``) lives below this part, in
+:mod:`scipy_gpuqr._numeric`, since the engines implement it. CuPy is imported only inside the functions that run
 on a device.
 """

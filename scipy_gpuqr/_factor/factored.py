@@ -2,7 +2,7 @@
 
 :class:`FactoredQR` holds what a factorization of a validated matrix is made
 of (its :class:`~scipy_gpuqr._dispatch.plan.Plan`, the backend's
-:class:`~scipy_gpuqr._factor.numeric.NumericQR`, the rank decision made from
+:class:`~scipy_gpuqr._numeric.NumericQR`, the rank decision made from
 R) and answers, in float64 and without any input checking, the solves the
 entry points need: the minimum-norm least-squares solve
 (:meth:`FactoredQR.least_squares`), the exact solves of square systems

@@ -5,7 +5,7 @@ It checks what the caller passes (A, b, the settings), keeps CuPy data on
 CuPy's side, and gives results SciPy's dtypes; the factors and the solves
 themselves are a :class:`~scipy_gpuqr._factor.factored.FactoredQR`. The
 backend is chosen once (:mod:`scipy_gpuqr._dispatch.plan`); every answer is
-computed through the :class:`~scipy_gpuqr._factor.numeric.NumericQR` contract
+computed through the :class:`~scipy_gpuqr._numeric.NumericQR` contract
 by :mod:`scipy_gpuqr._factor.lstsq`, so all backends behave the same.
 """
 
@@ -175,7 +175,7 @@ class QRFactorization:
 
     @property
     def numeric(self):
-        """The backend's :class:`~scipy_gpuqr._factor.numeric.NumericQR`."""
+        """The backend's :class:`~scipy_gpuqr._numeric.NumericQR`."""
         self._core.require()
         return self._core.num
 

@@ -10,7 +10,7 @@ blocked, ``Z R₀ = S``. The decisions depend only on the distance of each
 column to the span of the earlier live columns, which the left factor Q₀
 does not change, so the rank is SuiteSparseQR's for the same column order
 and tolerance (up to rounding at the threshold). The result honours the
-:class:`~scipy_gpuqr._factor.numeric.NumericQR` contract like every backend: dead
+:class:`~scipy_gpuqr._numeric.NumericQR` contract like every backend: dead
 columns move to the end of ``colperm``, ``R[:rank, :rank]`` is upper
 triangular with a nonzero diagonal, and ``Q = Q₀ Zᵀ``.
 
@@ -32,7 +32,7 @@ import scipy.sparse as sp
 from .. import _gpu
 from .._dispatch.plan import absolute_tol, backend_factorizer
 from .dense_cod import apply_blocks, dense_from_sparse, heath_qr
-from .numeric import NumericQR
+from .._numeric import NumericQR
 
 __all__ = ["HeathRefinedQR", "heath_refine", "fits_dense", "with_rank_detection",
            "factorizer", "DEVICE_FRACTION", "HOST_REFINE_LIMIT", "REFINED_BACKENDS"]

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
+import scipy.sparse as sp
 
 from .._gpu import import_cupy, is_cupy_array, is_cupy_sparse
 
@@ -242,7 +243,6 @@ class Problem:
 
 
 def _to_device(A, cp):
-    import scipy.sparse as sp
     if sp.issparse(A):
         import cupyx.scipy.sparse as csp
         return csp.csr_matrix(sp.csr_matrix(A, dtype=np.float64))

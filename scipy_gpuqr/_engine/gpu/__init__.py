@@ -21,6 +21,6 @@ import without CuPy); :mod:`scipy_gpuqr._schedule`,
 :mod:`scipy_gpuqr._gpu`, :mod:`scipy_gpuqr._errors`; the engine's shared
 modules and :mod:`scipy_gpuqr._engine.host` (the NumPy executor the NumPy
 device runs, the reference engine that answers when no GPU can), the
-:class:`~scipy_gpuqr._factor.numeric.NumericQR` contract. Never
-``_dispatch``, ``_api`` or the rest of ``_factor``.
+:class:`~scipy_gpuqr._numeric.NumericQR` contract. Never
+``_dispatch``, ``_factor`` or ``_api``.
 """

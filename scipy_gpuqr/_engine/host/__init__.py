@@ -9,7 +9,7 @@
 
 Imports: NumPy, SciPy (``threadpoolctl`` optionally, inside functions);
 :mod:`scipy_gpuqr._schedule`, :mod:`scipy_gpuqr._symbolic`, the engine's
-shared modules, the :class:`~scipy_gpuqr._factor.numeric.NumericQR`
+shared modules, the :class:`~scipy_gpuqr._numeric.NumericQR`
 contract. Never CuPy, :mod:`scipy_gpuqr._engine.gpu`, ``_dispatch``,
-``_api`` or the rest of ``_factor``.
+``_factor`` or ``_api``.
 """

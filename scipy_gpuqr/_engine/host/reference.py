@@ -46,7 +46,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import lapack
 
-from ..._factor.numeric import NumericQR
+from ..._numeric import NumericQR
 from ..._symbolic import SymbolicAnalysis, analyze
 from ..inputs import engine_csc
 
@@ -232,7 +232,7 @@ def _factor_front(F: np.ndarray, stair: np.ndarray, npiv: int, tol: float | None
 
 @dataclass
 class ReferenceQR(NumericQR):
-    """Result of :func:`reference_factorize` (see :class:`~scipy_gpuqr._factor.numeric.NumericQR`).
+    """Result of :func:`reference_factorize` (see :class:`~scipy_gpuqr._numeric.NumericQR`).
 
     Extra attributes: ``analysis`` (the :class:`SymbolicAnalysis` used) and
     ``qorder`` (slot of each row of ``Qᵀ``: R rows first).
