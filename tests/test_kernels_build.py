@@ -55,7 +55,7 @@ def test_hash_changes_with_header(tmp_path, monkeypatch):
 
 
 def test_nvrtc_check_catches_errors(tmp_path, monkeypatch):
-    pytest.importorskip("cupy")
+    pytest.importorskip("cupy", reason="NVRTC check needs the kernel-check extra (pip install -e '.[kernel-check]')")
     (tmp_path / "bad.cu").write_text('extern "C" __global__ void k(double* x) { x[0] = ; }\n')
     (tmp_path / "good.cu").write_text('extern "C" __global__ void k(double* x) { x[0] = 1; }\n')
     monkeypatch.setattr(_kernels, "kernels_dir", lambda: tmp_path)

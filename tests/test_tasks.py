@@ -7,7 +7,7 @@ from scipy_gpuqr._schedule import tasks
 
 
 def _compile(src: str):
-    pytest.importorskip("cupy")
+    pytest.importorskip("cupy", reason="NVRTC check needs the kernel-check extra (pip install -e '.[kernel-check]')")
     from cupy.cuda import nvrtc
     prog = nvrtc.createProgram(src, "task_layout.cu", [], [])
     try:
