@@ -1,0 +1,271 @@
+"""The drop-in promise, measured: ``auto`` against the SciPy function it replaces.
+
+Run on a CPU-only machine and on the GPU machine (one run each)::
+
+    python3 bench/dropin.py --json /tmp/dropin_cpu.json --png /tmp/dropin_cpu.png
+    source .dev/remote-setup.sh
+    python3 bench/dropin.py --gpu --json $OUT/dropin.json --png $OUT/dropin.png
+
+The ladder: every real matrix of ``tests/data/matrices`` (square ones through
+``spsolve`` and ``lsqr``, rectangular ones through ``lsqr`` and ``lsmr``),
+generated 3-D grid least-squares problems, random least squares and
+chessboard complexes (``--gpu`` adds the multi-TFlop ones). b is random
+(seed fixed), so least-squares problems have a nonzero residual.
+
+Each row times SciPy's own function (``scipy.sparse.linalg``, unpatched, its
+default arguments) and ours under ``backend='auto'`` with the same
+arguments: one untimed call each (kernels compiled, caches and BLAS threads
+warm), then timed calls alternating SciPy / ours until about ``--budget``
+seconds were spent per solver (at least one, at most ``--reps``); the median
+is reported. GPU calls synchronize the device before the clock is read.
+Reported per row: SciPy's seconds, istop/itn and backward error; ours
+(seconds, backward error, what answered, from the ``scipy_gpuqr`` log); the
+ratio ours/SciPy. Backward error: ‖r‖/(‖A‖_F‖x‖+‖b‖) for a consistent
+system, for tall A the smaller of that and ‖Aᵀr‖/(‖A‖_F‖r‖).
+
+A row *converges* when SciPy's iterations stop by its convergence tests
+(lsqr/lsmr istop 1 or 2) within 1000 iterations, or for ``spsolve``; the
+issue's targets are ours/SciPy ≤ 1.10 there and, where SciPy stops at
+``iter_lim``/``conlim`` or needs more than 1000 iterations, a working
+precision answer faster than SciPy's; our backward error never worse.
+A markdown table (for bench/RESULTS.md) and the medians are printed last;
+``--png`` plots the ratio per row on a log scale (matplotlib, skipped with a
+message when it is missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import scipy_gpuqr  # noqa: E402
+from scipy_gpuqr._cli.solve_report import captured_decisions  # noqa: E402
+from scipy_gpuqr._gpu import import_cupy, is_cupy_array  # noqa: E402
+from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,  # noqa: E402
+                                           random_least_squares)
+from scipy_gpuqr.io import mmread  # noqa: E402
+
+MATRICES = ROOT / "tests" / "data" / "matrices"
+#: matrices whose factorization does not fit a 24 GB host (arrow: nnz(R) about 3e9)
+TOO_LARGE = {"arrow.mtx"}
+CONVERGED_ISTOP = (1, 2)
+
+
+def ladder(gpu: bool, quick: bool):
+    """``(name, kind, make_matrix)`` of every problem, shared matrices first."""
+    rows = []
+    for path in sorted(MATRICES.glob("*.mtx")):
+        if path.name in TOO_LARGE:
+            continue
+        rows.append((path.stem, "shared", lambda p=path: sp.csc_array(mmread(str(p)))))
+    gen = [("grid16", lambda: grid3d_least_squares(16)),
+           ("grid24", lambda: grid3d_least_squares(24)),
+           ("rand20000x4000", lambda: random_least_squares(20000, 4000, 0.0012, seed=1)),
+           ("ch6-7-b3", lambda: chessboard_boundary(6, 7, 3))]
+    if not quick:
+        gen += [("grid32", lambda: grid3d_least_squares(32)),
+                ("rand40000x8000", lambda: random_least_squares(40000, 8000, 0.0006, seed=1))]
+    if gpu:
+        gen += [("grid40", lambda: grid3d_least_squares(40)),
+                ("ch7-8-b3", lambda: chessboard_boundary(7, 8, 3))]
+    rows += [(name, "generated", make) for name, make in gen]
+    return rows
+
+
+def usable(A) -> bool:
+    """Real, nonempty matrices (complex ones go to SciPy's original by design)."""
+    return min(A.shape) > 0 and A.nnz > 0 and not np.iscomplexobj(A.data)
+
+
+def backward_error(A, x, b, afro: float) -> float:
+    x = np.asarray(x, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(x)):
+        return float("nan")
+    r = b - A @ x
+    rn = float(np.linalg.norm(r))
+    consistent = rn / (afro * float(np.linalg.norm(x)) + float(np.linalg.norm(b)))
+    if A.shape[0] > A.shape[1] and rn > 0:
+        return min(consistent, float(np.linalg.norm(A.T @ r)) / (afro * rn))
+    return consistent
+
+
+def _synchronize():
+    cp = import_cupy()
+    if cp is not None and scipy_gpuqr.gpu_info()["available"]:
+        cp.cuda.Device().synchronize()
+
+
+def timed(fn, *args, **kwargs):
+    gc.collect()
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    _synchronize()
+    return out, time.perf_counter() - t0
+
+
+def compare(method: str, A, b, *, budget: float, reps: int) -> dict:
+    """One row: SciPy's ``method`` against ours (``auto``) on ``A x ≈ b``."""
+    theirs = {"lsqr": spla.lsqr, "lsmr": spla.lsmr, "spsolve": spla.spsolve}[method]
+    ours = {"lsqr": scipy_gpuqr.lsqr, "lsmr": scipy_gpuqr.lsmr,
+            "spsolve": scipy_gpuqr.spsolve}[method]
+    kwargs = {"backend": "auto"}
+    row = {"method": method}
+    with captured_decisions() as decisions:
+        out_ours, first_ours = timed(ours, A, b, **kwargs)
+    out_theirs, first_theirs = timed(theirs, A, b)
+    t_ours, t_theirs = [first_ours], [first_theirs]
+    if first_ours + first_theirs < budget:
+        t_ours, t_theirs = [], []
+        spent = 0.0
+        while len(t_ours) < reps and (not t_ours or spent < budget):
+            _, s = timed(theirs, A, b)
+            t_theirs.append(s)
+            _, o = timed(ours, A, b, **kwargs)
+            t_ours.append(o)
+            spent += s + o
+    afro = float(sp.linalg.norm(A))
+    x_ours = out_ours if method == "spsolve" else out_ours[0]
+    x_theirs = out_theirs if method == "spsolve" else out_theirs[0]
+    cp = import_cupy()
+    if cp is not None and is_cupy_array(x_ours):
+        x_ours = cp.asnumpy(x_ours)
+    row.update(
+        scipy_s=statistics.median(t_theirs), ours_s=statistics.median(t_ours),
+        scipy_calls=len(t_theirs), ours_calls=len(t_ours),
+        scipy_be=backward_error(A, x_theirs, b, afro), ours_be=backward_error(A, x_ours, b, afro),
+        answered=(decisions[-1] if decisions else ""))
+    if method != "spsolve":
+        row.update(scipy_istop=int(out_theirs[1]), scipy_itn=int(out_theirs[2]),
+                   ours_istop=int(out_ours[1]), ours_itn=int(out_ours[2]))
+        row["converges"] = (row["scipy_istop"] in CONVERGED_ISTOP and row["scipy_itn"] <= 1000)
+    else:
+        row["converges"] = True
+    row["ratio"] = row["ours_s"] / max(row["scipy_s"], 1e-12)
+    return row
+
+
+def methods_for(A):
+    m, n = A.shape
+    return ["spsolve", "lsqr"] if m == n else ["lsqr", "lsmr"]
+
+
+def table(rows) -> str:
+    out = ["| problem | shape | call | SciPy s | istop/itn | SciPy bwd err | ours s | ours bwd err "
+           "| answered by | ours/SciPy |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['name']} | {r['shape']} | {r['method']} | – | – | – | – | – "
+                       f"| {r['error']} | – |")
+            continue
+        its = f"{r['scipy_istop']}/{r['scipy_itn']}" if "scipy_istop" in r else "–"
+        out.append(f"| {r['name']} | {r['shape']} | {r['method']} | {r['scipy_s']:.4g} | {its} "
+                   f"| {r['scipy_be']:.1e} | {r['ours_s']:.4g} | {r['ours_be']:.1e} "
+                   f"| {short_answer(r['answered'])} | {r['ratio']:.2f} |")
+    return "\n".join(out)
+
+
+def short_answer(text: str) -> str:
+    """The decision's last clause, trimmed for a table cell."""
+    text = text.replace("|", "/")
+    return text if len(text) <= 70 else "…" + text[-69:]
+
+
+def summary(rows) -> str:
+    ok = [r for r in rows if "error" not in r]
+    conv = [r["ratio"] for r in ok if r["converges"]]
+    stall = [r for r in ok if not r["converges"]]
+    lines = [f"rows: {len(ok)} ({len(rows) - len(ok)} failed)"]
+    if conv:
+        lines.append(f"converging rows: {len(conv)}, median ours/SciPy {statistics.median(conv):.2f}, "
+                     f"max {max(conv):.2f}, over 1.10: {sum(c > 1.10 for c in conv)}")
+    if stall:
+        lines.append(f"stalling rows: {len(stall)}, median ours/SciPy "
+                     f"{statistics.median(r['ratio'] for r in stall):.2f}, our worst backward "
+                     f"error {max(r['ours_be'] for r in stall):.1e}")
+    worse = [r for r in ok if r["ours_be"] > max(r["scipy_be"], 1e-15) * 1.01]
+    lines.append(f"rows where our backward error is worse than SciPy's: {len(worse)} "
+                 + ", ".join(f"{r['name']}/{r['method']}" for r in worse))
+    return "\n".join(lines)
+
+
+def plot(rows, path: str, title: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    ok = [r for r in rows if "error" not in r]
+    fig, ax = plt.subplots(figsize=(max(8, 0.22 * len(ok)), 4.5))
+    colors = ["tab:blue" if r["converges"] else "tab:red" for r in ok]
+    ax.bar(range(len(ok)), [r["ratio"] for r in ok], color=colors)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(1.1, color="k", lw=0.8, ls="--")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(ok)))
+    ax.set_xticklabels([f"{r['name']} {r['method']}" for r in ok], rotation=90, fontsize=6)
+    ax.set_ylabel("ours (auto) / SciPy, time")
+    ax.set_title(f"{title}: blue = SciPy converges, red = SciPy stalls")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    print(f"plot: {path}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", action="store_true", help="add the multi-TFlop generated problems")
+    ap.add_argument("--quick", action="store_true", help="fewer generated problems")
+    ap.add_argument("--only", default="", help="comma-separated problem names")
+    ap.add_argument("--budget", type=float, default=2.0, help="seconds per solver and row")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json")
+    ap.add_argument("--png")
+    args = ap.parse_args(argv)
+    only = {s for s in args.only.split(",") if s}
+    info = scipy_gpuqr.gpu_info()
+    device = info.get("name") if info["available"] else f"no GPU ({info['reason']})"
+    print(f"device: {device}; scipy_gpuqr {scipy_gpuqr.__version__}")
+    rng = np.random.default_rng(20261126)
+    rows = []
+    for name, kind, make in ladder(args.gpu, args.quick):
+        if only and name not in only:
+            continue
+        A = make()
+        if not usable(A):
+            continue
+        A = sp.csc_array(A, dtype=np.float64)
+        b = rng.standard_normal(A.shape[0])
+        for method in methods_for(A):
+            base = {"name": name, "kind": kind, "shape": f"{A.shape[0]}x{A.shape[1]}",
+                    "nnz": int(A.nnz)}
+            try:
+                row = base | compare(method, A, b, budget=args.budget, reps=args.reps)
+            except Exception as exc:  # noqa: BLE001 - a failing row is reported, not fatal
+                row = base | {"method": method, "error": f"{type(exc).__name__}: {exc}"[:80]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
+    if args.png:
+        plot(rows, args.png, device)
+    print(table(rows))
+    print(summary(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
