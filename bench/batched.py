@@ -2,6 +2,22 @@
 """Benchmark of the batched LU / inverse kernels against cuBLAS and torch.
 
     python3 bench/batched.py [--quick] [--json out.json] [--warm]
+    python3 bench/batched.py --public [--public-sizes 8,32] [--dtypes float64]
+                             [--pkg-root DIR] [--tag before] [--json out.json]
+
+``--public``: the functions users call (``lu_factor_batched``,
+``inv_batched``, ``solve_batched``, ``cho_factor_batched`` with CuPy input,
+2**20 matrices of each n), timed like the kernels beside them (the driver
+alone), with cuBLAS and torch in the same run: ``kern ms`` (the driver of
+``scipy_gpuqr.batched._gpu``), ``pub ms`` (the public call with its
+defaults: it waits once to warn or raise), ``async ms`` (``return_info=True,
+check_finite=False``: no wait), ``host us`` (host time of the asynchronous
+call, the GPU busy), ``work us`` (host time of the default call less its
+wait for the device: the time spent in the 32-byte status read is taken out;
+the wall time where a library has no such read), ``e2e ms`` (events around
+one default call on an idle GPU, launch included). ``--pkg-root`` imports
+``scipy_gpuqr`` from another tree (e.g. a checkout of the previous commit)
+so that before and after run on the same machine with the same script.
 
 Per dtype and n (2..32 with 2**20 matrices; 64/128/256/512 with
 100000/20000/4000/2000):
@@ -57,6 +73,8 @@ def _warm_one(args):
         _batched_gpu_common._solve_function("getrs_batched", dt, 0)
     elif kernel == "rows":
         _batched_blocked_gpu._rows_function("getrf_rows", dt, 32, 512, 0)
+    elif kernel == "status":
+        _batched_gpu_common._status_function("info_scan", dt, 0)
     else:
         _batched_gpu._small_function_cached(kernel, dt, n, 0)
     return args
@@ -65,7 +83,8 @@ def _warm_one(args):
 def warm(parallel: int = 16) -> None:
     """Compile every batched kernel variant in parallel processes (fills the disk cache)."""
     from scipy_gpuqr.batched._kernel_registry import MMA_SIZES, PADDED_SIZES, SMALL_MAX
-    jobs = [("panel", "float64", 0), ("solve", "float64", 0), ("rows", "float64", 0)]
+    jobs = [("panel", "float64", 0), ("solve", "float64", 0), ("rows", "float64", 0),
+            ("status", "float64", 0)]
     for dt in ("float64", "float32"):
         jobs += [("getrf_warp", dt, n) for n in range(SMALL_MAX, 0, -1)]
         jobs += [(k, dt, n) for k in ("getri_warp", "potrf_small") for n in PADDED_SIZES[::-1]]
@@ -219,6 +238,230 @@ def cublas_lu(cp, a, inverse: bool):
     return run
 
 
+#: The public functions timed by ``--public`` (``inv_v``: inv_vbatched on a
+#: padded stack whose matrices all have order n) and the driver of each one's kernel.
+PUBLIC_OPS = ("lu", "inv", "solve", "chol", "lu_solve", "cho_solve", "inv_v")
+
+
+def public_bench(args) -> int:
+    """The table of ``--public`` (see the module docstring)."""
+    import cupy as cp
+    import scipy_gpuqr as g
+    from scipy_gpuqr.batched import _gpu as bg
+    from scipy_gpuqr._gpu import gpu_info
+    try:
+        import torch
+    except Exception:  # torch is optional
+        torch = None
+    try:                      # where the call reads its status word (this tree)
+        from scipy_gpuqr.batched import _gpu_common as gc
+        has_status = hasattr(gc, "read_status")
+    except ImportError:
+        gc, has_status = None, False
+    waited = [0.0]
+    if has_status:
+        read = gc.read_status
+
+        def timed_read(st):
+            t0 = time.perf_counter()
+            try:
+                return read(st)
+            finally:
+                waited[0] += time.perf_counter() - t0
+        gc.read_status = timed_read
+
+    info = gpu_info()
+    timer = Timer(cp)
+    tag = args.tag or ("after" if has_status else "before")
+    print(f"device: {info.get('name')}  [{tag}: scipy_gpuqr from "
+          f"{Path(g.__file__).resolve().parent}]")
+    print(f"cupy {cp.__version__}, torch {getattr(torch, '__version__', None)}")
+    hdr = (f"{'tag':6} {'dtype':7} {'n':>3} {'batch':>8} {'op':9} {'kern ms':>8} {'pub ms':>8} "
+           f"{'pub/k':>6} {'async ms':>8} {'k host':>6} {'host us':>7} {'work us':>7} "
+           f"{'e2e ms':>7} {'cuBLAS':>7} {'torch':>7}")
+    print(hdr, flush=True)
+    rows = []
+    sizes = [int(x) for x in args.public_sizes.split(",")]
+    ops = args.public_ops.split(",")
+    rng = cp.random.default_rng(7)
+
+    def work_us(fn, reps=10):
+        """Host time of fn() less its wait in the status read, the GPU busy."""
+        fn()
+        cp.cuda.Device().synchronize()
+        times = []
+        for _ in range(reps):
+            timer.dst[...] = timer.src
+            waited[0] = 0.0
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0 - waited[0])
+            cp.cuda.Device().synchronize()
+        return statistics.median(times) * 1e6
+
+    for dtype in [np.dtype(d) for d in args.dtypes.split(",")]:
+        for n in sizes:
+            bsz = SMALL_BATCH if n <= 32 else dict(LARGE).get(n, 10000)
+            a = rng.standard_normal((bsz, n, n), dtype=dtype)
+            a += n * cp.eye(n, dtype=dtype)          # well conditioned, SPD-able below
+            for op in ops:
+                if op == "lu":
+                    kern = lambda: bg.getrf(a)                                   # noqa: E731
+                    pub = lambda: g.lu_factor_batched(a)                         # noqa: E731
+                    asy = lambda: g.lu_factor_batched(a, check_finite=False,     # noqa: E731
+                                                      return_info=True)
+                elif op == "inv":
+                    kern = lambda: bg.getri(a)                                   # noqa: E731
+                    pub = lambda: g.inv_batched(a)                               # noqa: E731
+                    asy = lambda: g.inv_batched(a, check_finite=False,           # noqa: E731
+                                                return_info=True)
+                elif op == "solve":
+                    b = rng.standard_normal((bsz, n, 1), dtype=dtype)
+
+                    def kern(b=b):
+                        lu, piv, _ = bg.getrf(a)
+                        return bg.getrs(lu.reshape(bsz, n, n), piv.reshape(bsz, n), b)
+                    pub = lambda b=b: g.solve_batched(a, b)                      # noqa: E731
+                    asy = lambda b=b: g.solve_batched(a, b, check_finite=False,  # noqa: E731
+                                                      return_info=True)
+                elif op == "lu_solve":
+                    b = rng.standard_normal((bsz, n, 1), dtype=dtype)
+                    lu, piv = g.lu_factor_batched(a)
+                    kern = lambda b=b, lu=lu, piv=piv: bg.getrs(lu, piv, b)      # noqa: E731
+                    pub = lambda b=b, lu=lu, piv=piv: g.lu_solve_batched((lu, piv), b)  # noqa: E731
+                    asy = lambda b=b, lu=lu, piv=piv: g.lu_solve_batched(        # noqa: E731
+                        (lu, piv), b, check_finite=False)
+                elif op == "cho_solve":
+                    b = rng.standard_normal((bsz, n, 1), dtype=dtype)
+                    spd = cp.matmul(a, a.transpose(0, 2, 1))
+                    c, low = g.cho_factor_batched(spd)
+                    kern = lambda b=b, c=c: bg.potrs(c, False, b)                 # noqa: E731
+                    pub = lambda b=b, c=c: g.cho_solve_batched((c, False), b)    # noqa: E731
+                    asy = lambda b=b, c=c: g.cho_solve_batched(                  # noqa: E731
+                        (c, False), b, check_finite=False)
+                elif op == "inv_v":
+                    vsz = cp.full((bsz,), n, dtype=cp.int64)
+                    kern = lambda: bg.getri(a)                                   # noqa: E731
+                    pub = lambda vsz=vsz: g.inv_vbatched(a, vsz)                 # noqa: E731
+                    asy = lambda vsz=vsz: g.inv_vbatched(                        # noqa: E731
+                        a, vsz, check_finite=False, return_info=True)
+                else:
+                    spd = cp.matmul(a, a.transpose(0, 2, 1))
+                    kern = lambda spd=spd: bg.potrf(spd, False)                   # noqa: E731
+                    pub = lambda spd=spd: g.cho_factor_batched(spd)              # noqa: E731
+                    asy = lambda spd=spd: g.cho_factor_batched(                  # noqa: E731
+                        spd, check_finite=False, return_info=True)
+                try:
+                    k_ms = timer.device(kern)
+                    p_ms = timer.device(pub)
+                    a_ms = timer.device(asy)
+                    k_host = timer.host_us(kern)
+                    host = timer.host_us(asy)
+                    work = work_us(pub)
+                    e2e = timer.e2e(pub)
+                except Exception as exc:  # noqa: BLE001 - report and go on
+                    print(f"{tag:6} {dtype.name:7} {n:>3} {bsz:>8} {op:9} failed: "
+                          f"{type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    spd = b = lu = piv = c = vsz = None
+                    cp.get_default_memory_pool().free_all_blocks()
+                    continue
+                cb = (cublas_ms(cp, timer, a, op) if op in ("lu", "inv")
+                      else float("nan"))
+                tt = (torch_ms(torch, timer, a, op) if op in ("lu", "inv")
+                      else float("nan"))
+                row = dict(tag=tag, dtype=dtype.name, n=n, batch=bsz, op=op,
+                           kernel_ms=k_ms, public_ms=p_ms, async_ms=a_ms,
+                           kernel_host_us=k_host,
+                           host_us=host, work_us=work, e2e_ms=e2e, cublas_ms=cb,
+                           torch_ms=tt, device=info.get("name"))
+                rows.append(row)
+                print(f"{tag:6} {dtype.name:7} {n:>3} {bsz:>8} {op:9} {k_ms:8.3f} {p_ms:8.3f} "
+                      f"{p_ms / k_ms:6.2f} {a_ms:8.3f} {k_host:6.0f} {host:7.0f} {work:7.0f} "
+                      f"{e2e:7.3f} {cb:7.3f} {tt:7.3f}", flush=True)
+                if args.json:
+                    Path(args.json).write_text(json.dumps(rows, indent=1))
+                spd = b = lu = piv = c = vsz = None
+            a = None
+            cp.get_default_memory_pool().free_all_blocks()
+            if torch is not None:
+                torch.cuda.empty_cache()
+    return 0
+
+
+def host_profile(args) -> int:
+    """``--host-profile``: host time of each step of a public LU call (median
+    of 30, the GPU busy with a 512 MiB copy so that nothing waits), then a
+    cProfile of 300 asynchronous calls."""
+    import cProfile
+    import pstats
+    import cupy as cp
+    import scipy_gpuqr as g
+    from scipy_gpuqr.batched import _common as bc
+    from scipy_gpuqr.batched import _gpu as bg
+    from scipy_gpuqr.batched import _gpu_common as gc
+    timer = Timer(cp)
+    sync = cp.cuda.Device().synchronize
+    noop = cp.RawKernel(r"""extern "C" __global__ void noop(const double *a, double *b,
+        int *c, int *d, long long n, int s, int v) {}""", "noop")
+
+    def med(fn, busy=True, reps=30):
+        fn()
+        sync()
+        times = []
+        for _ in range(reps):
+            if busy:
+                timer.dst[...] = timer.src
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            sync()
+        return statistics.median(times) * 1e6
+
+    rng = cp.random.default_rng(7)
+    for n in [int(x) for x in args.public_sizes.split(",")]:
+        bsz = SMALL_BATCH
+        a = rng.standard_normal((bsz, n, n), dtype=cp.float64) + n * cp.eye(n)
+        lu, piv, info = bg.getrf(a)
+        st = gc.new_status()
+        sync()
+        dev = gc.device_id()
+        plan = bg._warp_plan("lu", "float64", n, None, None, None, dev)
+        steps = [
+            ("as_stack", lambda: bc.as_stack(a, "x")),
+            ("use_gpu", lambda: bc.use_gpu(a, None, "x")),
+            ("cp.empty(lu) (pool)", lambda: cp.empty(a.shape, a.dtype)),
+            ("cp.empty(info) (pool)", lambda: cp.empty((bsz,), cp.int32)),
+            ("_warp_plan lookup", lambda: bg._warp_plan("lu", "float64", n, None, None, None,
+                                                       gc.device_id())),
+            ("empty kernel launch, 7 args", lambda: noop((1,), (32,), (a, lu, piv, info,
+                                                                   np.int64(bsz), np.int32(1),
+                                                                   np.int32(1)))),
+            ("getrf launch (outputs given)", lambda: bg._launch_plan(
+                plan, n, a, lu, bsz, (a, lu, piv, info), ())),
+            ("driver _gpu.getrf", lambda: bg.getrf(a)),
+            ("new_status (memset)", gc.new_status),
+            ("scan_info launch", lambda: gc.scan_info(info, st)),
+            ("public lu async", lambda: g.lu_factor_batched(a, check_finite=False,
+                                                            return_info=True)),
+            ("read_status, idle GPU", lambda: gc.read_status(st)),
+            ("status.get() pageable, idle", lambda: st.get()),
+        ]
+        print(f"host profile, n={n}, batch {bsz} (us, median of 30)")
+        for name, fn in steps:
+            busy = "idle" not in name
+            print(f"  {name:32} {med(fn, busy=busy):8.1f}", flush=True)
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(300):
+            g.lu_factor_batched(a, check_finite=False, return_info=True)
+            sync()
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(14)
+        a = lu = piv = info = None
+        cp.get_default_memory_pool().free_all_blocks()
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help=f"n = {QUICK_SMALL} only")
@@ -234,7 +477,22 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--warm", action="store_true", help="only compile the kernels")
     ap.add_argument("--no-tune", action="store_true")
+    ap.add_argument("--public", action="store_true",
+                    help="time the public functions beside their kernels (only)")
+    ap.add_argument("--public-sizes", default="8,32", help="n of --public")
+    ap.add_argument("--public-ops", default="lu,inv",
+                    help=f"operations of --public, of {','.join(PUBLIC_OPS)}")
+    ap.add_argument("--pkg-root", help="import scipy_gpuqr from this tree")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="host time of each step of a public LU call (only)")
+    ap.add_argument("--tag", help="label of the --public rows")
     args = ap.parse_args(argv)
+    if args.pkg_root:
+        sys.path.insert(0, str(Path(args.pkg_root).resolve()))
+    if args.host_profile:
+        return host_profile(args)
+    if args.public:
+        return public_bench(args)
     if args.warm:
         warm()
         return 0

@@ -298,3 +298,168 @@ def test_gpu_block_jacobi_cg(matrices_dir):
     v = np.random.default_rng(0).standard_normal(A.shape[0])
     np.testing.assert_allclose(g.block_jacobi(Ag, 8).matvec(cp.asarray(v)).get().ravel(),
                                Mc.matvec(v).ravel(), rtol=1e-10)
+
+
+# ---------------------------------------------------------------------------
+# the public call path: device-side info, one status read, no per-matrix copy
+# ---------------------------------------------------------------------------
+
+def _guarded_outputs(monkeypatch):
+    """Outputs poisoned and of a cupy.ndarray subclass whose get() refuses more
+    than MAX_NAMED elements (a host copy of info or of a result; the indices
+    an error message names may come over); returns the list of status reads
+    (each a 4-counter word) the calls make."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu_common
+
+    class NoHostCopy(cp.ndarray):
+        def get(self, *args, **kwargs):
+            assert self.size <= 10, f"host copy of a per-matrix array ({self.shape})"
+            return super().get(*args, **kwargs)
+
+    def alloc(shape, dtype):
+        out = cp.empty(shape, dtype=dtype)
+        out.fill(np.nan if np.dtype(dtype).kind == "f" else -12345)
+        return out.view(type=NoHostCopy)
+    monkeypatch.setattr(_gpu_common, "alloc", alloc)
+    reads = []
+    real_read = _gpu_common.read_status
+
+    def read(st):
+        reads.append(st.size)
+        return real_read(st)
+    monkeypatch.setattr(_gpu_common, "read_status", read)
+    return reads
+
+
+def _host(x):
+    import cupy as cp
+    return cp.ndarray.get(x)         # the base class's get: past the guard
+
+
+@pytest.mark.parametrize("n", [8, 32, 40])
+def test_gpu_one_singular_warns_once_without_host_copy_of_info(rng, monkeypatch, n):
+    """One exactly singular matrix in a 2-D batch: lu_factor_batched warns
+    once naming its index (and its info), inv_batched / solve_batched raise
+    naming it; each call reads one 32-byte status word and copies no
+    per-matrix array (info, results) to the host."""
+    import warnings
+    import cupy as cp
+    reads = _guarded_outputs(monkeypatch)
+    batch = (24, 40)
+    a = random_batch(rng, batch, n, np.float64) + 3 * np.eye(n)
+    a[17, 33, :, 5] = 0
+    ref_info = lapack_getrf(a[17, 33][None])[2][0]
+    assert ref_info == 6
+    ga = cp.asarray(a)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lu, piv = g.lu_factor_batched(ga)
+    assert len(caught) == 1 and issubclass(caught[0].category, LinAlgWarning)
+    msg = str(caught[0].message)
+    assert "[(17, 33)]" in msg and "diagonal number 6 " in msg, msg
+    assert reads == [4]
+    del reads[:]
+    with pytest.raises(LinAlgError, match=r"\[\(17, 33\)\]"):
+        g.inv_batched(ga)
+    with pytest.raises(LinAlgError, match=r"\[\(17, 33\)\]"):
+        g.solve_batched(ga, cp.ones(n))
+    assert reads == [4, 4]
+    # return_info: info stays on the device, the singular matrix's results are NaN
+    del reads[:]
+    x, info = g.inv_batched(ga, return_info=True)
+    expect = np.zeros(batch, dtype=np.int32)
+    expect[17, 33] = ref_info
+    np.testing.assert_array_equal(_host(info), expect)
+    xh = _host(x)
+    assert np.isnan(xh[17, 33]).all() and np.isfinite(np.delete(xh.reshape(-1, n, n),
+                                                                17 * 40 + 33, 0)).all()
+    assert reads == [4]
+
+
+@pytest.mark.parametrize("n", [3, 8, 32, 40])
+def test_gpu_return_info_without_check_finite_is_asynchronous(rng, monkeypatch, n):
+    """return_info=True, check_finite=False reads nothing back: info (with
+    the non-finite matrix's -1 cleared to 0) and the NaN results of the
+    singular matrix come from the device."""
+    import cupy as cp
+    reads = _guarded_outputs(monkeypatch)
+    a = random_batch(rng, (16,), n, np.float64) + 3 * np.eye(n)
+    a[2, :, 1] = 0                                 # singular: info 2
+    a[5, n - 1, 0] = np.nan                        # non-finite: info 0 here
+    ga = cp.asarray(a)
+    ok = [i for i in range(16) if i not in (2, 5)]
+    expect = np.zeros(16, dtype=np.int32)
+    expect[2] = 2
+    _, _, info = g.lu_factor_batched(ga, check_finite=False, return_info=True)
+    np.testing.assert_array_equal(_host(info), expect)
+    x, info = g.inv_batched(ga, check_finite=False, return_info=True)
+    np.testing.assert_array_equal(_host(info), expect)
+    xh = _host(x)
+    assert np.isnan(xh[2]).all() and np.isfinite(xh[ok]).all()
+    b = rng.standard_normal((16, n, 2))
+    x, info = g.solve_batched(ga, cp.asarray(b), check_finite=False, return_info=True)
+    np.testing.assert_array_equal(_host(info), expect)
+    xh = _host(x)
+    assert np.isnan(xh[2]).all()
+    np.testing.assert_allclose(xh[ok], np.linalg.solve(a[ok], b[ok]), rtol=1e-8, atol=1e-8)
+    s = spd_batch(rng, 16, n, np.float64)
+    s[4, n // 2, n // 2] = -1e3
+    _, _, info = g.cho_factor_batched(cp.asarray(s), check_finite=False, return_info=True)
+    np.testing.assert_array_equal(_host(info), [sl.lapack.dpotrf(m)[1] for m in s])
+    assert reads == []
+    # with check_finite the non-finite matrix is named (one status read)
+    with pytest.raises(ValueError, match=r"infs or NaNs.*\[5\]"):
+        g.inv_batched(ga, return_info=True)
+    assert reads == [4]
+
+
+@pytest.mark.parametrize("n", [5, 40, 70])
+def test_gpu_solves_check_finite(rng, n):
+    """The solves check the factor and b as SciPy does (the whole of c for
+    cho_solve), in the solve kernels for n <= 32 and n > 64 and by a pass
+    beside solve_smem for 32 < n <= 64; b of shape (n,) is broadcast to every
+    matrix without a copy."""
+    import cupy as cp
+    a = random_batch(rng, (6,), n, np.float64) + 2 * np.sqrt(n) * np.eye(n)
+    ga = cp.asarray(a)
+    lu, piv = g.lu_factor_batched(ga)
+    b = rng.standard_normal((6, n, 2))
+    v = rng.standard_normal(n)
+    vs = np.tile(v[:, None], (6, 1, 1))          # the broadcast vector as (6, n, 1)
+    for trans in (0, 1):
+        x = g.lu_solve_batched((lu, piv), cp.asarray(v), trans=trans).get()
+        ref = np.linalg.solve(a.transpose(0, 2, 1) if trans else a, vs[:6])[..., 0]
+        np.testing.assert_allclose(x, ref, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(g.solve_batched(ga, cp.asarray(v)).get(),
+                               np.linalg.solve(a, vs[:6])[..., 0], rtol=1e-9, atol=1e-9)
+    bad_b = b.copy()
+    bad_b[4, n - 1, 1] = np.nan
+    with pytest.raises(ValueError, match=r"infs or NaNs \(in b\)"):
+        g.lu_solve_batched((lu, piv), cp.asarray(bad_b))
+    with pytest.raises(ValueError, match=r"infs or NaNs \(in b\)"):
+        g.solve_batched(ga, cp.asarray(bad_b))
+    x = g.solve_batched(ga, cp.asarray(bad_b), check_finite=False).get()
+    np.testing.assert_allclose(x[:4], np.linalg.solve(a[:4], b[:4]), rtol=1e-8, atol=1e-8)
+    for i, j in ((0, n - 1), (n - 1, 0), (n // 2, n // 2)):
+        bad_lu = lu.copy()
+        bad_lu[3, i, j] = np.inf
+        for trans in (0, 1):
+            with pytest.raises(ValueError, match=r"infs or NaNs \(in lu\)"):
+                g.lu_solve_batched((bad_lu, piv), cp.asarray(b), trans=trans)
+        g.lu_solve_batched((bad_lu, piv), cp.asarray(b), check_finite=False)
+    s = spd_batch(rng, 5, n, np.float64)
+    for lower in (False, True):
+        c, low = g.cho_factor_batched(cp.asarray(s), lower=lower)
+        x = g.cho_solve_batched((c, low), cp.asarray(v)).get()
+        np.testing.assert_allclose(x, np.linalg.solve(s, vs[:5])[..., 0],
+                                   rtol=1e-9, atol=1e-9)
+        c_bad = c.copy()                  # a NaN in the triangle the solve does not use
+        if lower:
+            c_bad[2, 0, n - 1] = np.nan
+        else:
+            c_bad[2, n - 1, 0] = np.nan
+        with pytest.raises(ValueError, match=r"infs or NaNs \(in c\)"):
+            g.cho_solve_batched((c_bad, low), cp.asarray(b[:5]))
+        with pytest.raises(ValueError, match=r"infs or NaNs \(in b\)"):
+            g.cho_solve_batched((c, low), cp.asarray(bad_b[:5]))

@@ -2,18 +2,38 @@
 // (potrs_batched) factors, one thread per (matrix, right-hand side column),
 // any n. The drivers use them for n <= 32 and n > 64 (32 < n <= 64:
 // solve_smem of rows.cu, the factor in shared memory).
+//
+// Both read the right-hand sides from b and write the solutions to x (b is
+// not modified; x needs no copy of b beforehand): matrix m's right-hand
+// sides start at b + m * bstride (bstride 0: the same b for every matrix).
+// status (null: no checks): the kernels look at every entry of the factor
+// and of b they load, with no extra memory traffic, and add to status[2]
+// (the factor holds an inf or NaN) and status[3] (b does) -- the slots of
+// status.cu -- for the public functions' check_finite.
 #include "common.cuh"
+
+namespace gpuqr_solve {
+
+// Nonzero per-thread counts into status[2] / status[3] (rare: one atomic per thread).
+__device__ __forceinline__ void report(unsigned long long *status, int bad_f, int bad_b) {
+    if (status == nullptr) return;
+    if (bad_f) atomicAdd(status + 2, 1ull);
+    if (bad_b) atomicAdd(status + 3, 1ull);
+}
+
+}  // namespace gpuqr_solve
 
 // ---------------------------------------------------------------------------
 // Solves with LU factors: one thread per (matrix, right-hand side column).
-// input:  lu (batch, n, n), piv (batch, n) 0-based
-// in/out: x (batch, n, nrhs): b on input, the solution on output
+// input:  lu (batch, n, n), piv (batch, n) 0-based, b (see above)
+// output: x (batch, n, nrhs)
 // trans 0: A x = b; 1: A^T x = b
 // ---------------------------------------------------------------------------
 template <typename T>
 __global__ void getrs_batched(const T *__restrict__ lu, const int *__restrict__ piv,
-                              T *__restrict__ x, int n, int nrhs, long long batch,
-                              int trans)
+                              const T *__restrict__ b, T *__restrict__ x, int n, int nrhs,
+                              long long batch, int trans, long long bstride,
+                              unsigned long long *__restrict__ status)
 {
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= batch * nrhs) return;
@@ -21,7 +41,14 @@ __global__ void getrs_batched(const T *__restrict__ lu, const int *__restrict__ 
     const int c = (int)(t - mat * nrhs);
     const T *L = lu + mat * (long long)n * n;
     const int *pv = piv + mat * n;
+    const T *B = b + mat * bstride + c;
     T *X = x + mat * (long long)n * nrhs + c;
+    bool bad_f = false, bad_b = false;
+    for (int k = 0; k < n; ++k) {
+        const T v = B[k * nrhs];
+        bad_b |= !isfinite(v);
+        X[k * nrhs] = v;
+    }
     if (trans == 0) {
         for (int k = 0; k < n; ++k) {
             int p = pv[k];
@@ -29,24 +56,44 @@ __global__ void getrs_batched(const T *__restrict__ lu, const int *__restrict__ 
         }
         for (int i = 1; i < n; ++i) {
             T s = X[i * nrhs];
-            for (int j = 0; j < i; ++j) s -= L[i * n + j] * X[j * nrhs];
+            for (int j = 0; j < i; ++j) {
+                const T l = L[i * n + j];
+                bad_f |= !isfinite(l);
+                s -= l * X[j * nrhs];
+            }
             X[i * nrhs] = s;
         }
         for (int i = n - 1; i >= 0; --i) {
             T s = X[i * nrhs];
-            for (int j = i + 1; j < n; ++j) s -= L[i * n + j] * X[j * nrhs];
-            X[i * nrhs] = s / L[i * n + i];
+            for (int j = i + 1; j < n; ++j) {
+                const T u = L[i * n + j];
+                bad_f |= !isfinite(u);
+                s -= u * X[j * nrhs];
+            }
+            const T d = L[i * n + i];
+            bad_f |= !isfinite(d);
+            X[i * nrhs] = s / d;
         }
     } else {
         // U^T z = b (forward), L^T w = z (backward, unit), x = P^T w
         for (int i = 0; i < n; ++i) {
             T s = X[i * nrhs];
-            for (int j = 0; j < i; ++j) s -= L[j * n + i] * X[j * nrhs];
-            X[i * nrhs] = s / L[i * n + i];
+            for (int j = 0; j < i; ++j) {
+                const T u = L[j * n + i];
+                bad_f |= !isfinite(u);
+                s -= u * X[j * nrhs];
+            }
+            const T d = L[i * n + i];
+            bad_f |= !isfinite(d);
+            X[i * nrhs] = s / d;
         }
         for (int i = n - 2; i >= 0; --i) {
             T s = X[i * nrhs];
-            for (int j = i + 1; j < n; ++j) s -= L[j * n + i] * X[j * nrhs];
+            for (int j = i + 1; j < n; ++j) {
+                const T l = L[j * n + i];
+                bad_f |= !isfinite(l);
+                s -= l * X[j * nrhs];
+            }
             X[i * nrhs] = s;
         }
         for (int k = n - 1; k >= 0; --k) {
@@ -54,31 +101,48 @@ __global__ void getrs_batched(const T *__restrict__ lu, const int *__restrict__ 
             if (p != k) { T tmp = X[k * nrhs]; X[k * nrhs] = X[p * nrhs]; X[p * nrhs] = tmp; }
         }
     }
+    gpuqr_solve::report(status, bad_f, bad_b);
 }
 
 // ---------------------------------------------------------------------------
 // Solves with a Cholesky factor c (lower: L in the lower triangle, A = L L^T;
 // else U in the upper triangle, A = U^T U). One thread per (matrix, column).
+// status: the triangle it uses and b are checked here; the other triangle
+// (SciPy's cho_solve checks all of c) by a coalesced pass of the driver
+// (nonfinite_scan of status.cu): read here, a thread per matrix, it cost
+// 25-43 % of the solve on an H200.
 // ---------------------------------------------------------------------------
 template <typename T>
-__global__ void potrs_batched(const T *__restrict__ cf, T *__restrict__ x, int n,
-                              int nrhs, long long batch, int lower)
+__global__ void potrs_batched(const T *__restrict__ cf, const T *__restrict__ b,
+                              T *__restrict__ x, int n, int nrhs, long long batch,
+                              int lower, long long bstride,
+                              unsigned long long *__restrict__ status)
 {
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= batch * nrhs) return;
     const long long mat = t / nrhs;
     const int c = (int)(t - mat * nrhs);
     const T *C = cf + mat * (long long)n * n;
+    const T *B = b + mat * bstride + c;
     T *X = x + mat * (long long)n * nrhs + c;
+    bool bad_f = false, bad_b = false;
     // G = lower ? L : U^T (lower triangular); solve G y = b, then G^T x = y
     for (int i = 0; i < n; ++i) {
-        T s = X[i * nrhs];
-        for (int j = 0; j < i; ++j) s -= (lower ? C[i * n + j] : C[j * n + i]) * X[j * nrhs];
-        X[i * nrhs] = s / C[i * n + i];
+        T s = B[i * nrhs];
+        bad_b |= !isfinite(s);
+        for (int j = 0; j < i; ++j) {
+            const T g = lower ? C[i * n + j] : C[j * n + i];
+            bad_f |= !isfinite(g);
+            s -= g * X[j * nrhs];
+        }
+        const T d = C[i * n + i];
+        bad_f |= !isfinite(d);
+        X[i * nrhs] = s / d;
     }
     for (int i = n - 1; i >= 0; --i) {
         T s = X[i * nrhs];
         for (int j = i + 1; j < n; ++j) s -= (lower ? C[j * n + i] : C[i * n + j]) * X[j * nrhs];
         X[i * nrhs] = s / C[i * n + i];
     }
+    gpuqr_solve::report(status, bad_f, bad_b);
 }

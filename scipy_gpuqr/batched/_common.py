@@ -3,22 +3,27 @@
 Used by :mod:`scipy_gpuqr.batched._functions` (fixed-size stacks) and
 :mod:`scipy_gpuqr.batched._vbatched` (matrices of different orders): SciPy's
 dtype rule, stack validation, the GPU-or-CPU decision, finiteness checks,
-batch indices as error messages name them, and moves between NumPy and CuPy.
-Imports numpy and the package's leaf modules only (CuPy lazily).
+batch indices as error messages name them (found on the device for CuPy:
+:func:`bad_indices`, :func:`info_counts`), and moves between NumPy and CuPy.
+Imports numpy, the package's leaf modules and :mod:`._gpu_common` only (CuPy
+lazily).
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
 
+from . import _gpu_common as gc
 from .._gpu import gpu_available, import_cupy, is_cupy_array, is_cupy_sparse
-from .._options import log_decision, resolve_backend
+from .._options import ENV_BACKEND, log_decision, resolve_backend
 
 __all__ = ["MAX_NAMED", "NONFINITE", "result_dtype", "use_gpu", "as_stack",
            "batch_names", "check_finite_np", "require_finite", "to_host",
-           "nonfinite_from_info", "to_device", "restore", "gpu_supported"]
+           "to_device", "restore", "gpu_supported",
+           "bad_indices", "info_counts"]
 
 #: How many offending indices an error message names.
 MAX_NAMED = 10
@@ -26,8 +31,25 @@ MAX_NAMED = 10
 NONFINITE = "array must not contain infs or NaNs"
 
 
+#: result_dtype of the dtypes seen so far (the rule is a pure function of the dtype)
+_RESULT_DTYPES: dict = {}
+
+
 def result_dtype(dtype, where: str) -> np.dtype:
     """SciPy's LAPACK dtype rule: f32/f64/c64/c128 kept, f16 → f32, ints → f64."""
+    try:
+        hit = _RESULT_DTYPES.get(dtype)
+    except TypeError:                   # unhashable: not a dtype object
+        hit = None
+    if hit is not None:
+        return hit
+    out = _result_dtype(dtype, where)
+    if isinstance(dtype, np.dtype):
+        _RESULT_DTYPES[dtype] = out
+    return out
+
+
+def _result_dtype(dtype, where: str) -> np.dtype:
     dtype = np.dtype(dtype)
     if dtype.kind in "biu":
         return np.dtype(np.float64)
@@ -43,6 +65,8 @@ def result_dtype(dtype, where: str) -> np.dtype:
 
 def use_gpu(x, backend, where: str) -> bool:
     """True when the work runs on the GPU (CuPy input, or backend='gpu')."""
+    if backend is None and is_cupy_array(x) and not os.environ.get(ENV_BACKEND):
+        return True          # the common case, without building the options
     name, source = resolve_backend(backend)
     if is_cupy_array(x):
         if name in ("cpu", "reference", "simulate") and source == "keyword":
@@ -85,9 +109,14 @@ def as_stack(a, where: str, name: str = "a"):
     return arr, tuple(arr.shape[:-2])
 
 
-def batch_names(indices, batch_shape) -> str:
-    """Readable batch indices, at most MAX_NAMED named."""
+def batch_names(indices, batch_shape, total: int | None = None) -> str:
+    """Readable batch indices, at most MAX_NAMED named.
+
+    ``total``: how many there are when ``indices`` holds only the first ones
+    (:func:`bad_indices`).
+    """
     idx = [int(i) for i in indices]
+    total = len(idx) if total is None else int(total)
     shown = idx[:MAX_NAMED]
     if len(batch_shape) > 1:
         text = [str(tuple(int(j) for j in np.unravel_index(i, batch_shape)))
@@ -96,8 +125,34 @@ def batch_names(indices, batch_shape) -> str:
         text = [str(i) for i in shown]
     else:
         text = ["(the only matrix)"]
-    more = f" and {len(idx) - len(shown)} more" if len(idx) > len(shown) else ""
+    more = f" and {total - len(shown)} more" if total > len(shown) else ""
     return "[" + ", ".join(text) + "]" + more
+
+
+def bad_indices(mask):
+    """(the first MAX_NAMED flat indices where ``mask`` holds, their total count).
+
+    ``mask`` NumPy or CuPy; for CuPy only those few indices and the count
+    come to the host (the error paths of the public functions).
+    """
+    idx = (import_cupy() if is_cupy_array(mask) else np).flatnonzero(mask)
+    first = idx[:MAX_NAMED]
+    return (first.get() if is_cupy_array(first) else first), int(idx.size)
+
+
+def info_counts(info):
+    """(matrices with info > 0, matrices with info < 0) of a NumPy or CuPy ``info``.
+
+    CuPy: one pass on the device and one 32-byte read
+    (:func:`scipy_gpuqr.batched._gpu_common.read_status`).
+    """
+    if is_cupy_array(info):
+        st = gc.new_status()
+        gc.scan_info(info if info.flags.c_contiguous else info.copy(), st)
+        counts = gc.read_status(st)
+        return counts[gc.STATUS_SINGULAR], counts[gc.STATUS_NONFINITE]
+    info = np.asarray(info)
+    return int(np.count_nonzero(info > 0)), int(np.count_nonzero(info < 0))
 
 
 def check_finite_np(arr, batch_shape, where: str, name: str = "a") -> None:
@@ -124,17 +179,6 @@ def to_host(x):
     return x.get() if is_cupy_array(x) else np.asarray(x)
 
 
-def nonfinite_from_info(info_h, batch_shape, where, check_finite):
-    """GPU kernels flag non-finite input as info = -1."""
-    bad = info_h < 0
-    if bad.any():
-        if check_finite:
-            raise ValueError(f"{where}: {NONFINITE} (matrices "
-                             f"{batch_names(np.flatnonzero(bad), batch_shape)})")
-        info_h = np.where(bad, 0, info_h)
-    return info_h
-
-
 def to_device(x):
     """``x`` as a C-contiguous CuPy array on the current device."""
     cp = import_cupy()
@@ -148,6 +192,10 @@ def restore(x, like_gpu_input: bool):
     return x.get() if is_cupy_array(x) else x
 
 
+#: The dtypes of the GPU kernels.
+_GPU_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def gpu_supported(dtype) -> bool:
     """The GPU kernels take float32 and float64 (other dtypes run on the CPU)."""
-    return np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.float64))
+    return (dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)) in _GPU_DTYPES

@@ -24,16 +24,18 @@ function it calls once per size class. :func:`block_jacobi` is built by
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
 from scipy.linalg import LinAlgError, LinAlgWarning
 
 from . import _cpu, _gpu, _jacobi, _vbatched
-from ._common import (as_stack, batch_names, check_finite_np, gpu_supported,
-                      nonfinite_from_info, require_finite, restore,
+from . import _gpu_common as _gc
+from ._common import (NONFINITE, as_stack, bad_indices, batch_names, check_finite_np,
+                      gpu_supported, require_finite, restore,
                       result_dtype, to_device, to_host, use_gpu)
-from .._gpu import import_cupy, is_cupy_array
+from .._gpu import is_cupy_array
 from .._options import log_decision
 
 __all__ = ["lu_factor_batched", "lu_solve_batched", "solve_batched",
@@ -43,19 +45,76 @@ __all__ = ["lu_factor_batched", "lu_solve_batched", "solve_batched",
 
 
 # ----------------------------------------------------------------------------
+# GPU calls: info and the finiteness checks summarized on the device
+# ----------------------------------------------------------------------------
+#
+# A GPU call allocates each output once, launches its kernel(s) on the current
+# stream and then, to warn or raise like SciPy, needs one fact from the
+# device: does any matrix have info != 0 (or an inf/NaN in a right-hand
+# side)? One pass over info (kernels/batched/status.cu, a few microseconds)
+# counts them into a 32-byte status word, and the host reads those 32 bytes:
+# that read is the call's only synchronization, and no per-matrix array is
+# copied. Only when something was found are the offending indices looked up
+# (on the device; the first MAX_NAMED come to the host for the message).
+#
+# return_info=True with check_finite=False needs nothing from the device: the
+# call is then fully asynchronous (info comes back on the device, the NaN
+# results of singular matrices are written by the same pass).
+
+def _dev(arr):
+    """``arr`` on the device (NumPy input with ``backend='gpu'`` is copied there)."""
+    return arr if is_cupy_array(arr) else to_device(arr)
+
+
+def _new_status(check_finite, return_info):
+    """The status word of a call that must wait to warn or raise (zeroed
+    before its kernels are queued); None for ``return_info`` without
+    ``check_finite``, which needs nothing from the device."""
+    return None if (return_info and not check_finite) else _gc.new_status()
+
+
+def _gpu_status(where, info, batch_shape, check_finite, return_info, status, x=None):
+    """The counters of ``status`` (None: none, the call stays asynchronous)
+    after one pass over ``info``.
+
+    ``info < 0`` (an inf or NaN in the input) raises ValueError with
+    ``check_finite``, else becomes 0. With ``return_info`` the matrices of
+    ``x`` whose info is > 0 are set to NaN.
+    """
+    if status is None:
+        _gc.scan_info(info, None, x if return_info else None, clear_neg=not check_finite)
+        return None
+    _gc.scan_info(info, status, x if return_info else None, clear_neg=not check_finite)
+    counts = _gc.read_status(status)
+    if check_finite and counts[_gc.STATUS_NONFINITE]:
+        first, total = bad_indices(info < 0)
+        raise ValueError(f"{where}: {NONFINITE} (matrices "
+                         f"{batch_names(first, batch_shape, total)})")
+    return counts
+
+
+def _singular(counts) -> bool:
+    return bool(counts and counts[_gc.STATUS_SINGULAR])
+
+
+def _first_bad(info, batch_shape):
+    """(names of the matrices with info > 0, info of the first) of a device ``info``."""
+    first, total = bad_indices(info > 0)
+    return (batch_names(first, batch_shape, total),
+            int(info.reshape(-1)[int(first[0])]) if total else 0)
+
+
+# ----------------------------------------------------------------------------
 # LU
 # ----------------------------------------------------------------------------
 
 def _lu_core(arr, batch_shape, gpu: bool, where: str, check_finite: bool):
-    """LU of a validated stack; returns (lu, piv, info_host) on arr's side."""
+    """LU of a validated stack on the CPU; returns (lu, piv, info_host).
+
+    ``gpu``: the dtype has no GPU kernel (complex), the results go back to the device.
+    """
     n = arr.shape[-1]
     bsz = int(np.prod(batch_shape, dtype=np.int64))
-    if gpu and gpu_supported(arr.dtype):
-        a3 = to_device(arr).reshape(bsz, n, n)
-        lu, piv, info = _gpu.getrf(a3)
-        info_h = nonfinite_from_info(info.get(), batch_shape, where,
-                                     check_finite)
-        return lu, piv, info_h
     if gpu:
         log_decision("%s: dtype %s runs on the CPU", where, arr.dtype)
     host = to_host(arr)
@@ -65,6 +124,13 @@ def _lu_core(arr, batch_shape, gpu: bool, where: str, check_finite: bool):
     if gpu:
         lu, piv = to_device(lu), to_device(piv)
     return lu, piv, info
+
+
+def _warn_singular(where, names, first):
+    warnings.warn(f"{where}: exactly singular matrices at batch index "
+                  f"{names} (first: diagonal number "
+                  f"{first} is exactly zero). Singular matrix.",
+                  LinAlgWarning, stacklevel=3)
 
 
 def lu_factor_batched(a, *, overwrite_a=False, check_finite=True,
@@ -102,11 +168,28 @@ def lu_factor_batched(a, *, overwrite_a=False, check_finite=True,
     LinAlgWarning
         When some matrices are exactly singular (named by batch index), as
         ``scipy.linalg.lu_factor`` warns for one matrix.
+
+    Notes
+    -----
+    On the GPU (CuPy input) the call is one kernel plus one pass over
+    ``info`` on the current stream, and waits for them once, to read a
+    32-byte summary (whether to warn or raise); ``return_info=True,
+    check_finite=False`` does not wait at all (fully asynchronous).
     """
     where = "lu_factor_batched"
     arr, batch_shape = as_stack(a, where)
     gpu = use_gpu(a, backend, where)
     n = arr.shape[-1]
+    if gpu and gpu_supported(arr.dtype):
+        cupy_in = is_cupy_array(a)
+        st = _new_status(check_finite, return_info)
+        lu, piv, info = _gpu.getrf(_dev(arr))
+        counts = _gpu_status(where, info, batch_shape, check_finite, return_info, st)
+        if return_info:
+            return restore(lu, cupy_in), restore(piv, cupy_in), restore(info, cupy_in)
+        if _singular(counts):
+            _warn_singular(where, *_first_bad(info, batch_shape))
+        return restore(lu, cupy_in), restore(piv, cupy_in)
     lu, piv, info = _lu_core(arr, batch_shape, gpu, where, check_finite)
     lu = restore(lu.reshape(arr.shape), is_cupy_array(a))
     piv = restore(piv.reshape(batch_shape + (n,)), is_cupy_array(a))
@@ -115,19 +198,19 @@ def lu_factor_batched(a, *, overwrite_a=False, check_finite=True,
         return lu, piv, (to_device(info) if is_cupy_array(a) else info)
     bad = np.flatnonzero(info.reshape(-1) > 0)
     if bad.size:
-        first = int(info.reshape(-1)[bad[0]])
-        warnings.warn(f"{where}: exactly singular matrices at batch index "
-                      f"{batch_names(bad, batch_shape)} (first: diagonal number "
-                      f"{first} is exactly zero). Singular matrix.",
-                      LinAlgWarning, stacklevel=2)
+        _warn_singular(where, batch_names(bad, batch_shape),
+                       int(info.reshape(-1)[bad[0]]))
     return lu, piv
 
 
-def _rhs(b, batch_shape, n, where, xp_gpu: bool):
+def _rhs(b, batch_shape, n, where, xp_gpu: bool, dtype=None):
     """Normalize b to (B, n, k); return it with a function giving the result shape.
 
     b of shape (n,) is one vector for every matrix (result (..., n)); b of
     shape (..., n, k) is broadcast against the batch (result (..., n, k)).
+    On the GPU (``xp_gpu``) b is cast to ``dtype`` before it is broadcast and
+    not copied otherwise: the (B, n, k) result may be a broadcast view (batch
+    stride 0), which the solve kernels read as it is.
     """
     if is_cupy_array(b):
         barr = b
@@ -143,7 +226,6 @@ def _rhs(b, batch_shape, n, where, xp_gpu: bool):
                          "vectors must have shape (..., n, 1))")
     if barr.ndim == 1:
         k = 1
-        out_batch = batch_shape
         mat = barr[:, None]
         vector = True
     else:
@@ -158,15 +240,18 @@ def _rhs(b, batch_shape, n, where, xp_gpu: bool):
                              f"would enlarge the factors' batch {batch_shape}")
         mat = barr
         vector = False
-    xp = np
+    bsz = math.prod(batch_shape)
     if xp_gpu:
-        xp = import_cupy()
-        mat = xp.asarray(mat)
+        cp = _gc.cupy()
+        mat = cp.asarray(mat)
+        if dtype is not None and mat.dtype != dtype:
+            mat = mat.astype(dtype)
+        if mat.shape != batch_shape + (n, k):
+            mat = cp.broadcast_to(mat, batch_shape + (n, k))
+        mat = mat.reshape(bsz, n, k)
     else:
-        mat = to_host(mat)
-    mat = xp.broadcast_to(mat, batch_shape + (n, k))
-    bsz = int(np.prod(batch_shape, dtype=np.int64))
-    mat = xp.ascontiguousarray(mat.reshape(bsz, n, k))
+        mat = np.broadcast_to(to_host(mat), batch_shape + (n, k))
+        mat = np.ascontiguousarray(mat.reshape(bsz, n, k))
 
     def shape_out(x):
         if vector:
@@ -178,6 +263,13 @@ def _rhs(b, batch_shape, n, where, xp_gpu: bool):
 
 def _solve_dtype(a_dtype, b_dtype, where):
     return np.promote_types(a_dtype, result_dtype(b_dtype, where))
+
+
+def _raise_nonfinite_inputs(where, counts, names) -> None:
+    """ValueError for the first of ``names`` ((slot, name)) whose status slot is set."""
+    for slot, name in names:
+        if counts[slot]:
+            raise ValueError(f"{where}: {NONFINITE} (in {name})")
 
 
 def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
@@ -196,7 +288,9 @@ def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
     overwrite_b : bool
         Accepted for SciPy compatibility; ``b`` is never modified.
     check_finite : bool
-        Raise ValueError when ``b`` or the factors hold infs or NaNs.
+        Raise ValueError when ``b`` or the factors hold infs or NaNs (on the
+        GPU the solve kernel checks what it loads; the call then waits once
+        for a 32-byte summary, without it the call does not wait).
     backend : {None, 'auto', 'cpu', 'gpu'}
 
     Returns
@@ -221,17 +315,21 @@ def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
     gpu = use_gpu(lu, backend, where)
     dt = _solve_dtype(arr.dtype, b.dtype if hasattr(b, "dtype") else
                       np.asarray(b).dtype, where)
-    bmat, shape_out = _rhs(b, batch_shape, n, where,
-                           gpu and gpu_supported(dt))
-    bsz = int(np.prod(batch_shape, dtype=np.int64))
-    if check_finite:
-        require_finite(where, ("lu", arr), ("b", bmat))
-    if gpu and gpu_supported(dt):
-        cp = import_cupy()
-        lu3 = cp.ascontiguousarray(cp.asarray(arr, dtype=dt)).reshape(bsz, n, n)
-        piv2 = cp.ascontiguousarray(cp.asarray(pv, dtype=cp.int32)).reshape(bsz, n)
-        x = _gpu.getrs(lu3, piv2, bmat.astype(dt, copy=False), trans)
+    on_gpu = gpu and gpu_supported(dt)
+    bmat, shape_out = _rhs(b, batch_shape, n, where, on_gpu, dt)
+    bsz = math.prod(batch_shape)
+    if on_gpu:
+        cp = _gc.cupy()
+        lu3 = cp.asarray(arr, dtype=dt).reshape(bsz, n, n)
+        piv2 = cp.asarray(pv, dtype=cp.int32).reshape(bsz, n)
+        st = _gc.new_status() if check_finite else None
+        x = _gpu.getrs(lu3, piv2, bmat, trans, st)
+        if st is not None:
+            _raise_nonfinite_inputs(where, _gc.read_status(st),
+                                    ((_gc.STATUS_FACTOR, "lu"), (_gc.STATUS_RHS, "b")))
     else:
+        if check_finite:
+            require_finite(where, ("lu", arr), ("b", bmat))
         lu3 = to_host(arr).astype(dt, copy=False).reshape(bsz, n, n)
         piv2 = to_host(pv).astype(np.int64).reshape(bsz, n)
         if piv2.size and (piv2.min() < 0 or piv2.max() >= n):
@@ -249,8 +347,12 @@ def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
 def _raise_singular(where, info, batch_shape):
     bad = np.flatnonzero(info.reshape(-1) > 0)
     if bad.size:
-        raise LinAlgError(f"{where}: singular matrix at batch index "
-                          f"{batch_names(bad, batch_shape)} (U[k, k] exactly zero)")
+        _raise_singular_names(where, batch_names(bad, batch_shape))
+
+
+def _raise_singular_names(where, names):
+    raise LinAlgError(f"{where}: singular matrix at batch index "
+                      f"{names} (U[k, k] exactly zero)")
 
 
 def solve_batched(a, b, *, check_finite=True, return_info=False,
@@ -275,6 +377,12 @@ def solve_batched(a, b, *, check_finite=True, return_info=False,
     ------
     LinAlgError
         When some matrices are exactly singular (named by batch index).
+
+    Notes
+    -----
+    On the GPU: the LU kernel, the solve kernel (which reads ``b`` in place
+    of a copy and checks it) and one pass over ``info``, then one wait for a
+    32-byte summary; none with ``return_info=True, check_finite=False``.
     """
     where = "solve_batched"
     arr, batch_shape = as_stack(a, where)
@@ -282,29 +390,36 @@ def solve_batched(a, b, *, check_finite=True, return_info=False,
     n = arr.shape[-1]
     bdt = b.dtype if hasattr(b, "dtype") else np.asarray(b).dtype
     dt = _solve_dtype(arr.dtype, bdt, where)
-    bmat, shape_out = _rhs(b, batch_shape, n, where, gpu and gpu_supported(dt))
-    if check_finite and not gpu:
+    on_gpu = gpu and gpu_supported(dt)
+    bmat, shape_out = _rhs(b, batch_shape, n, where, on_gpu, dt)
+    if check_finite and not on_gpu:
         check_finite_np(to_host(bmat), (bmat.shape[0],), where, "b")
     if arr.dtype != dt:
         arr = arr.astype(dt)
+    bsz = bmat.shape[0]
+    if on_gpu:
+        cupy_in = is_cupy_array(a)
+        st = _new_status(check_finite, return_info)
+        lu, piv, info = _gpu.getrf(_dev(arr))
+        x = _gpu.getrs(lu.reshape(bsz, n, n), piv.reshape(bsz, n), bmat, 0,
+                       st if check_finite else None)
+        counts = _gpu_status(where, info, batch_shape, check_finite, return_info, st, x)
+        if not return_info and _singular(counts):
+            _raise_singular_names(where, _first_bad(info, batch_shape)[0])
+        if check_finite:
+            _raise_nonfinite_inputs(where, counts, ((_gc.STATUS_RHS, "b"),))
+        x = restore(shape_out(x), cupy_in)
+        return (x, restore(info, cupy_in)) if return_info else x
     lu, piv, info = _lu_core(arr, batch_shape, gpu, where, check_finite)
     if not return_info:
         _raise_singular(where, info, batch_shape)
-    bsz = bmat.shape[0]
-    if gpu and gpu_supported(dt):
-        if check_finite:
-            require_finite(where, ("b", bmat))
-        x = _gpu.getrs(lu, piv, bmat.astype(dt, copy=False), 0)
-        if info.any():
-            x[import_cupy().asarray(info.reshape(-1) > 0)] = np.nan
-    else:
-        with np.errstate(all="ignore"):   # singular ones are NaN-filled below
-            x = _cpu.lu_solve(to_host(lu).reshape(bsz, n, n),
-                              to_host(piv).astype(np.int64).reshape(bsz, n),
-                              to_host(bmat).astype(dt, copy=False), 0)
-        x[info.reshape(-1) > 0] = np.nan
-        if gpu:
-            x = to_device(x)
+    with np.errstate(all="ignore"):   # singular ones are NaN-filled below
+        x = _cpu.lu_solve(to_host(lu).reshape(bsz, n, n),
+                          to_host(piv).astype(np.int64).reshape(bsz, n),
+                          to_host(bmat).astype(dt, copy=False), 0)
+    x[info.reshape(-1) > 0] = np.nan
+    if gpu:
+        x = to_device(x)
     x = restore(shape_out(x), is_cupy_array(a))
     if return_info:
         info = info.reshape(batch_shape).astype(np.int32)
@@ -337,39 +452,44 @@ def inv_batched(a, *, check_finite=True, return_info=False, backend=None):
     ------
     LinAlgError
         When some matrices are exactly singular (named by batch index).
+
+    Notes
+    -----
+    On the GPU: the kernel and one pass over ``info`` (which also writes the
+    NaN results of ``return_info``), then one wait for a 32-byte summary;
+    none with ``return_info=True, check_finite=False``.
     """
     where = "inv_batched"
     arr, batch_shape = as_stack(a, where)
     gpu = use_gpu(a, backend, where)
     n = arr.shape[-1]
-    bsz = int(np.prod(batch_shape, dtype=np.int64))
     if gpu and gpu_supported(arr.dtype):
-        a3 = to_device(arr).reshape(bsz, n, n)
-        x, info = _gpu.getri(a3)
-        info = nonfinite_from_info(info.get(), batch_shape, where,
-                                   check_finite)
+        cupy_in = is_cupy_array(a)
+        st = _new_status(check_finite, return_info)
+        x, info = _gpu.getri(_dev(arr))
+        counts = _gpu_status(where, info, batch_shape, check_finite, return_info, st, x)
+        if not return_info and _singular(counts):
+            _raise_singular_names(where, _first_bad(info, batch_shape)[0])
+        x = restore(x, cupy_in)
+        return (x, restore(info, cupy_in)) if return_info else x
+    bsz = int(np.prod(batch_shape, dtype=np.int64))
+    host = to_host(arr).reshape(bsz, n, n)
+    if check_finite:
+        check_finite_np(host, (bsz,), where)
+    info = np.zeros(bsz, dtype=np.int32)
+    try:
+        x = np.linalg.inv(host) if bsz and n else host.copy()
+    except np.linalg.LinAlgError:
+        _, _, info = _cpu.lu_factor(host)
         if not return_info:
             _raise_singular(where, info, batch_shape)
-        if info.any():
-            x[import_cupy().asarray(info > 0)] = np.nan
-    else:
-        host = to_host(arr).reshape(bsz, n, n)
-        if check_finite:
-            check_finite_np(host, (bsz,), where)
-        info = np.zeros(bsz, dtype=np.int32)
-        try:
-            x = np.linalg.inv(host) if bsz and n else host.copy()
-        except np.linalg.LinAlgError:
-            _, _, info = _cpu.lu_factor(host)
-            if not return_info:
-                _raise_singular(where, info, batch_shape)
-            x = np.full_like(host, np.nan)
-            good = info == 0
-            if good.any():
-                x[good] = np.linalg.inv(host[good])
-        x = x.astype(arr.dtype, copy=False)
-        if gpu:
-            x = to_device(x)
+        x = np.full_like(host, np.nan)
+        good = info == 0
+        if good.any():
+            x[good] = np.linalg.inv(host[good])
+    x = x.astype(arr.dtype, copy=False)
+    if gpu:
+        x = to_device(x)
     x = restore(x.reshape(arr.shape), is_cupy_array(a))
     if return_info:
         info = info.reshape(batch_shape).astype(np.int32)
@@ -380,6 +500,12 @@ def inv_batched(a, *, check_finite=True, return_info=False, backend=None):
 # ----------------------------------------------------------------------------
 # Cholesky
 # ----------------------------------------------------------------------------
+
+def _raise_not_pd(where, names, first):
+    raise LinAlgError(f"{where}: not positive definite at batch index "
+                      f"{names} (the {first}-th leading "
+                      "minor of the first is not positive definite)")
+
 
 def cho_factor_batched(a, lower=False, *, overwrite_a=False,
                        check_finite=True, return_info=False, backend=None):
@@ -414,36 +540,51 @@ def cho_factor_batched(a, lower=False, *, overwrite_a=False,
     ------
     LinAlgError
         When some matrices are not positive definite (named by batch index).
+
+    Notes
+    -----
+    On the GPU: the kernel and one pass over ``info``, then one wait for a
+    32-byte summary; none with ``return_info=True, check_finite=False``.
     """
     where = "cho_factor_batched"
     arr, batch_shape = as_stack(a, where)
     gpu = use_gpu(a, backend, where)
     lower = bool(lower)
     n = arr.shape[-1]
-    bsz = int(np.prod(batch_shape, dtype=np.int64))
     if gpu and gpu_supported(arr.dtype):
-        c, info = _gpu.potrf(to_device(arr).reshape(bsz, n, n), lower)
-        info = nonfinite_from_info(info.get(), batch_shape, where,
-                                   check_finite)
-    else:
-        host = to_host(arr).reshape(bsz, n, n)
-        if check_finite:
-            check_finite_np(host, (bsz,), where)
-        c, info = _cpu.potrf(host, lower)
-        if gpu:
-            c = to_device(c)
+        cupy_in = is_cupy_array(a)
+        st = _new_status(check_finite, return_info)
+        c, info = _gpu.potrf(_dev(arr), lower)
+        counts = _gpu_status(where, info, batch_shape, check_finite, return_info, st)
+        if not return_info and _singular(counts):
+            _raise_not_pd(where, *_first_bad(info, batch_shape))
+        c = restore(c, cupy_in)
+        return (c, lower, restore(info, cupy_in)) if return_info else (c, lower)
+    bsz = int(np.prod(batch_shape, dtype=np.int64))
+    host = to_host(arr).reshape(bsz, n, n)
+    if check_finite:
+        check_finite_np(host, (bsz,), where)
+    c, info = _cpu.potrf(host, lower)
+    if gpu:
+        c = to_device(c)
     if not return_info:
         bad = np.flatnonzero(info > 0)
         if bad.size:
-            raise LinAlgError(
-                f"{where}: not positive definite at batch index "
-                f"{batch_names(bad, batch_shape)} (the {int(info[bad[0]])}-th leading "
-                "minor of the first is not positive definite)")
+            _raise_not_pd(where, batch_names(bad, batch_shape), int(info[bad[0]]))
     c = restore(c.reshape(arr.shape), is_cupy_array(a))
     if return_info:
         info = info.reshape(batch_shape).astype(np.int32)
         return c, lower, (to_device(info) if is_cupy_array(a) else info)
     return c, lower
+
+
+def _lower_flag(lower, where) -> bool:
+    if isinstance(lower, (bool, np.bool_)):
+        return bool(lower)
+    low = np.unique(to_host(lower))
+    if low.size != 1:
+        raise ValueError(f"{where}: mixed 'lower' flags are not supported")
+    return bool(low[0])
 
 
 def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
@@ -459,6 +600,9 @@ def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
     overwrite_b : bool
         Accepted for SciPy compatibility; ``b`` is never modified.
     check_finite : bool
+        Raise ValueError when ``c`` (all of it, as SciPy) or ``b`` hold infs
+        or NaNs (on the GPU checked by the solve kernel; the call then waits
+        once for a 32-byte summary, without it the call does not wait).
     backend : {None, 'auto', 'cpu', 'gpu'}
 
     Returns
@@ -471,24 +615,26 @@ def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
     except (TypeError, ValueError):
         raise ValueError(f"{where}: c_and_lower must be the pair (c, lower) "
                          "returned by cho_factor_batched") from None
-    low = np.unique(to_host(lower))
-    if low.size != 1:
-        raise ValueError(f"{where}: mixed 'lower' flags are not supported")
-    lower = bool(low[0])
+    lower = _lower_flag(lower, where)
     arr, batch_shape = as_stack(c, where, "c")
     n = arr.shape[-1]
     gpu = use_gpu(c, backend, where)
     bdt = b.dtype if hasattr(b, "dtype") else np.asarray(b).dtype
     dt = _solve_dtype(arr.dtype, bdt, where)
-    bmat, shape_out = _rhs(b, batch_shape, n, where, gpu and gpu_supported(dt))
+    on_gpu = gpu and gpu_supported(dt)
+    bmat, shape_out = _rhs(b, batch_shape, n, where, on_gpu, dt)
     bsz = bmat.shape[0]
-    if check_finite:
-        require_finite(where, ("c", arr), ("b", bmat))
-    if gpu and gpu_supported(dt):
-        cp = import_cupy()
-        c3 = cp.ascontiguousarray(cp.asarray(arr, dtype=dt)).reshape(bsz, n, n)
-        x = _gpu.potrs(c3, lower, bmat.astype(dt, copy=False))
+    if on_gpu:
+        cp = _gc.cupy()
+        c3 = cp.asarray(arr, dtype=dt).reshape(bsz, n, n)
+        st = _gc.new_status() if check_finite else None
+        x = _gpu.potrs(c3, lower, bmat, st)
+        if st is not None:
+            _raise_nonfinite_inputs(where, _gc.read_status(st),
+                                    ((_gc.STATUS_FACTOR, "c"), (_gc.STATUS_RHS, "b")))
     else:
+        if check_finite:
+            require_finite(where, ("c", arr), ("b", bmat))
         c3 = to_host(arr).astype(dt, copy=False).reshape(bsz, n, n)
         x = _cpu.potrs(c3, lower, to_host(bmat).astype(dt, copy=False))
         if gpu:

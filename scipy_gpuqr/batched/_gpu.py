@@ -1,9 +1,15 @@
 """GPU drivers of the batched dense kernels (``kernels/batched/``), every n.
 
-Every function takes and returns CuPy arrays: stacks ``(B, n, n)``
-(C-contiguous, float32 or float64) and computes on the current device and
-stream. Validation and the mapping of ``info`` to warnings and exceptions
-live in :mod:`scipy_gpuqr.batched._functions`.
+Every function takes and returns CuPy arrays (float32 or float64) and
+computes on the current device and stream: the factorizations and the
+inverse take stacks ``(..., n, n)`` of any batch shape and allocate each
+output once in that shape (``info`` of shape ``(...)``; the kernels read the
+input and write the output, a non-contiguous input is copied once); the
+solves take ``(B, n, n)`` factors and ``(B, n, k)`` right-hand sides.
+What does not depend on the batch (kernel, block, shared memory, resident
+blocks) is resolved once per (dtype, n, device) (:func:`_warp_plan`), so a
+launch costs little host time. Validation and the mapping of ``info`` to
+warnings and exceptions live in :mod:`scipy_gpuqr.batched._functions`.
 
 * n <= 32: ``batched/lu_warp.cu`` (LU, inverse: a warp per tile of matrices, a
   row per lane, persistent grid sized by the occupancy),
@@ -21,6 +27,7 @@ live in :mod:`scipy_gpuqr.batched._functions`.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -29,7 +36,6 @@ from . import _gpu_common as _common
 from ._gpu_common import device_id, dtname, solve_by_columns
 from ._kernel_registry import (MMA_SIZES, SMALL_FILES, SMALL_MAX, TINY_MAX,
                                padded_size, small_name)
-from .._gpu import import_cupy
 from .._kernels import load_module
 
 __all__ = ["getrf", "getri", "getrs", "potrf", "potrs", "DEFAULT_THREADS",
@@ -153,7 +159,7 @@ def mma_smem_bytes(size: int, warps: int, stages: int, inverse: bool = False) ->
 @functools.lru_cache(maxsize=None)
 def _has_mma(device: int) -> bool:
     """FP64 tensor cores (mma.m8n8k4.f64): compute capability 8.0 or newer."""
-    cc = import_cupy().cuda.Device(device).compute_capability
+    cc = _common.cupy().cuda.Device(device).compute_capability
     return int(cc) >= 80
 
 
@@ -205,7 +211,7 @@ def getrf_defaults(n: int, dt: str, kernel: str = "getrf_warp") -> tuple[int, in
 def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
                  device: int):
     """(function, resident blocks on the device, shared memory, matrices per warp)."""
-    cp = import_cupy()
+    cp = _common.cupy()
     from cupy_backends.cuda.api import driver
 
     fn = _small_function_cached(kernel, dt, size, device)
@@ -221,28 +227,55 @@ def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
     return fn, max(1, int(per_sm)) * sms, smem, mw
 
 
-def _launch_warp(kernel: str, size: int, n: int, x, out, batch: int, args_head,
-                 args_tail, threads, stages) -> None:
-    """Launch ``kernel<T, size>`` over ``batch`` matrices of size n (persistent grid)."""
-    dt = dtname(x.dtype)
+@functools.lru_cache(maxsize=None)
+def _warp_plan(op: str, dt: str, n: int, kernel, threads, stages, device: int):
+    """Everything of an n <= 32 LU (``op`` 'lu') or inverse ('inv') launch that
+    does not depend on the batch, resolved once per (dtype, n, options, device):
+    (function, register size, threads, stages, shared memory, resident blocks,
+    matrices per warp, elements per 16-byte vector)."""
+    if op == "lu":
+        name, size = getrf_kernel(n, dt, kernel), n
+    else:
+        name, size = getri_kernel(n, dt, kernel), padded_size(n)
     if threads is None or stages is None:
-        d_threads, d_stages = getrf_defaults(size, dt, kernel)
+        d_threads, d_stages = getrf_defaults(size, dt, name)
         threads = d_threads if threads is None else threads
         stages = d_stages if stages is None else stages
     threads = max(32, min(WARP_THREADS_MAX, (int(threads) // 32) * 32))
-    fn, resident, smem, mw = _warp_config(kernel, dt, size, threads, int(stages),
-                                          device_id())
-    warps = threads // 32
-    tasks = -(-batch // mw)
+    fn, resident, smem, mw = _warp_config(name, dt, size, threads, int(stages), device)
+    return (fn, size, threads, np.int32(stages), smem, resident, mw,
+            16 // np.dtype(dt).itemsize)
+
+
+def _launch_plan(plan, n: int, x, out, batch: int, args_head, args_tail) -> None:
+    """Launch a :func:`_warp_plan` over ``batch`` matrices of size n (persistent grid)."""
+    fn, size, threads, stages, smem, resident, mw, vw = plan
     if size <= TINY_MAX:
         # a thread per matrix: one matrix per thread beats the persistent grid
         grid = max(1, -(-batch // threads))
     else:
-        grid = max(1, min(resident, -(-tasks // warps)))
-    vw = 16 // x.itemsize
-    vec = int((x.data.ptr % 16 == 0) and (out.data.ptr % 16 == 0) and n % vw == 0)
-    fn((grid,), (threads,), args_head + (np.int64(batch),) + args_tail
-       + (np.int32(stages), np.int32(vec)), shared_mem=smem)
+        tasks = -(-batch // mw)
+        grid = max(1, min(resident, -(-tasks // (threads // 32))))
+    vec = np.int32((x.data.ptr % 16 == 0) and (out.data.ptr % 16 == 0) and n % vw == 0)
+    fn((grid,), (threads,), args_head + (np.int64(batch),) + args_tail + (stages, vec),
+       shared_mem=smem)
+
+
+def _contiguous(a):
+    return a if a.flags.c_contiguous else _common.cupy().ascontiguousarray(a)
+
+
+def _batch(a):
+    """(matrices, n, batch shape) of a stack (..., n, n)."""
+    shape = a.shape
+    n = shape[-1]
+    batch_shape = shape[:-2]
+    bsz = a.size // (n * n) if n else math.prod(batch_shape)
+    return bsz, n, batch_shape
+
+
+def _stack3(x, bsz: int, n: int):
+    return x if x.ndim == 3 else x.reshape(bsz, n, n)
 
 
 # ----------------------------------------------------------------------------
@@ -251,65 +284,75 @@ def _launch_warp(kernel: str, size: int, n: int, x, out, batch: int, args_head,
 
 def getrf(a, threads: int | None = None, stages: int | None = None,
           kernel: str | None = None):
-    """LU of a stack ``a`` (B, n, n); returns (lu, piv int32, info int32).
+    """LU of a stack ``a`` (..., n, n); returns (lu, piv int32, info int32)
+    of shapes (..., n, n), (..., n) and (...).
 
-    ``info`` is -1 for a matrix holding an inf or NaN. ``threads`` and
-    ``stages`` tune the n <= 32 kernel (default: :func:`getrf_defaults`);
-    ``kernel`` ('warp' or 'mma') forces the kernel (:func:`getrf_kernel`).
+    ``a`` is not modified (the kernels read it and write ``lu``; a
+    non-contiguous ``a`` is copied once). ``info`` is -1 for a matrix
+    holding an inf or NaN. ``threads`` and ``stages`` tune the n <= 32
+    kernel (default: :func:`getrf_defaults`); ``kernel`` ('warp' or 'mma')
+    forces the kernel (:func:`getrf_kernel`).
     """
-    cp = import_cupy()
-    bsz, n = a.shape[0], a.shape[-1]
-    a = cp.ascontiguousarray(a)
-    piv = _common.alloc((bsz, n), np.int32)
-    info = _common.alloc((bsz,), np.int32)
+    a = _contiguous(a)
+    bsz, n, batch_shape = _batch(a)
+    piv = _common.alloc(batch_shape + (n,), np.int32)
+    info = _common.alloc(batch_shape, np.int32)
     if bsz == 0 or n == 0:
         info.fill(0)
         return a.copy(), piv, info
     if n <= SMALL_MAX:
         lu = _common.alloc(a.shape, a.dtype)
-        _launch_warp(getrf_kernel(n, a.dtype, kernel), n, n, a, lu, bsz,
-                     (a, lu, piv, info), (), threads, stages)
+        plan = _warp_plan("lu", dtname(a.dtype), n, kernel, threads, stages, device_id())
+        _launch_plan(plan, n, a, lu, bsz, (a, lu, piv, info), ())
         return lu, piv, info
-    return _blocked.getrf(a, piv, info), piv, info
+    lu = _blocked.getrf(_stack3(a, bsz, n), piv.reshape(bsz, n), info.reshape(bsz))
+    return lu.reshape(a.shape), piv, info
 
 
 # ----------------------------------------------------------------------------
 # solves and inverse
 # ----------------------------------------------------------------------------
 
-def getrs(lu, piv, b, trans: int = 0):
-    """Solve with LU factors; ``b`` (B, n, k) is not modified.
+def getrs(lu, piv, b, trans: int = 0, status=None):
+    """Solve with LU factors ``lu`` (B, n, n), ``piv`` (B, n); ``b`` (B, n, k)
+    (a batch stride of 0 broadcasts one b) is not modified.
 
-    ``trans`` 0: A x = b; 1 or 2 (real data): Aᵀ x = b.
+    ``trans`` 0: A x = b; 1 or 2 (real data): Aᵀ x = b. ``status`` (from
+    :func:`scipy_gpuqr.batched._gpu_common.new_status`): infs/NaNs of the
+    factor and of b are counted into it (in the solve kernel for n <= 32 and
+    n > 64, by a pass over each beside it for 32 < n <= 64).
     """
-    cp = import_cupy()
     if lu.shape[-1] > SMALL_MAX:
-        return _blocked.getrs(lu, piv, b, trans)
-    factors = (cp.ascontiguousarray(lu), cp.ascontiguousarray(piv, dtype=cp.int32))
-    return solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0)
+        return _blocked.getrs(lu, piv, b, trans, status)
+    cp = _common.cupy()
+    factors = (_contiguous(lu), _contiguous(piv if piv.dtype == np.int32
+                                            else piv.astype(cp.int32)))
+    return solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0,
+                            status)
 
 
 def getri(a, threads: int | None = None, stages: int | None = None,
           kernel: str | None = None):
-    """Inverse of every matrix of ``a`` (B, n, n); returns (inv, info).
+    """Inverse of every matrix of ``a`` (..., n, n); returns (inv, info) of
+    shapes (..., n, n) and (...).
 
     ``info`` is k + 1 for the first exactly zero pivot (that matrix's
     inverse is then meaningless) and -1 for a matrix holding an inf or NaN.
     ``threads`` and ``stages`` tune the n <= 32 kernel; ``kernel`` ('warp'
     or 'mma') forces it (:func:`getri_kernel`).
     """
-    cp = import_cupy()
-    bsz, n = a.shape[0], a.shape[-1]
-    a = cp.ascontiguousarray(a)
+    a = _contiguous(a)
+    bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:
-        return a.copy(), cp.zeros((bsz,), dtype=np.int32)
+        return a.copy(), _common.cupy().zeros(batch_shape, dtype=np.int32)
     if n <= SMALL_MAX:
         out = _common.alloc(a.shape, a.dtype)
-        info = _common.alloc((bsz,), np.int32)
-        _launch_warp(getri_kernel(n, a.dtype, kernel), padded_size(n), n, a, out, bsz,
-                     (a, out, info), (np.int32(n),), threads, stages)
+        info = _common.alloc(batch_shape, np.int32)
+        plan = _warp_plan("inv", dtname(a.dtype), n, kernel, threads, stages, device_id())
+        _launch_plan(plan, n, a, out, bsz, (a, out, info), (np.int32(n),))
         return out, info
-    return _blocked.inverse(a)
+    out, info = _blocked.inverse(_stack3(a, bsz, n))
+    return out.reshape(a.shape), info.reshape(batch_shape)
 
 
 # ----------------------------------------------------------------------------
@@ -317,28 +360,39 @@ def getri(a, threads: int | None = None, stages: int | None = None,
 # ----------------------------------------------------------------------------
 
 def potrf(a, lower: bool, threads: int | None = None):
-    """Cholesky of ``a`` (B, n, n) like LAPACK potrf; returns (c, info)."""
-    cp = import_cupy()
-    bsz, n = a.shape[0], a.shape[-1]
-    a = cp.ascontiguousarray(a)
+    """Cholesky of ``a`` (..., n, n) like LAPACK potrf; returns (c, info) of
+    shapes (..., n, n) and (...)."""
+    a = _contiguous(a)
+    bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:
-        return a.copy(), cp.zeros((bsz,), dtype=np.int32)
+        return a.copy(), _common.cupy().zeros(batch_shape, dtype=np.int32)
     if n <= SMALL_MAX:
         size = padded_size(n)
         out = _common.alloc(a.shape, a.dtype)
-        info = _common.alloc((bsz,), np.int32)
-        fn = _small_function("potrf_small", a.dtype, size)
-        grid, block, smem = small_launch(fn, size, bsz, a.itemsize, threads)
-        fn(grid, block, (a, out, info, np.int64(bsz), np.int32(n),
-                         np.int32(1 if lower else 0)), shared_mem=smem)
+        info = _common.alloc(batch_shape, np.int32)
+        fn, block, per_block, smem = _potrf_plan(dtname(a.dtype), size, threads, device_id())
+        fn((-(-bsz // per_block),), block, (a, out, info, np.int64(bsz), np.int32(n),
+                                           np.int32(1 if lower else 0)), shared_mem=smem)
         return out, info
-    return _blocked.potrf(a, lower)
+    c, info = _blocked.potrf(_stack3(a, bsz, n), lower)
+    return c.reshape(a.shape), info.reshape(batch_shape)
 
 
-def potrs(c, lower: bool, b):
-    """Solve with a Cholesky factor from :func:`potrf`; ``b`` (B, n, k)."""
-    cp = import_cupy()
+@functools.lru_cache(maxsize=None)
+def _potrf_plan(dt: str, size: int, threads, device: int):
+    """(function, block, matrices per block, shared memory) of ``potrf_small``."""
+    fn = _small_function_cached("potrf_small", dt, size, device)
+    grid, block, smem = small_launch(fn, size, 1, np.dtype(dt).itemsize, threads)
+    return fn, block, block[0] // _seg(size), smem
+
+
+def potrs(c, lower: bool, b, status=None):
+    """Solve with a Cholesky factor from :func:`potrf` (``c`` (B, n, n));
+    ``b`` (B, n, k) is not modified; ``status`` as for :func:`getrs` (the
+    whole of c is checked, as SciPy's cho_solve does)."""
     if c.shape[-1] > SMALL_MAX:
-        return _blocked.potrs(c, lower, b)
-    return solve_by_columns("potrs_batched", c.dtype, b, (cp.ascontiguousarray(c),),
-                            1 if lower else 0)
+        return _blocked.potrs(c, lower, b, status)
+    c = _contiguous(c)
+    if status is not None:       # the whole of c (the kernel reads one triangle)
+        _common.scan_nonfinite(c, status, _common.STATUS_FACTOR)
+    return solve_by_columns("potrs_batched", c.dtype, b, (c,), 1 if lower else 0, status)

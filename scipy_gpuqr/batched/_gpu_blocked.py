@@ -40,7 +40,6 @@ from ._gpu_common import device_id, dtname, solve_by_columns
 from ._kernel_registry import (FUSED_MAX, KERNEL_VARIANTS, PANEL, PANEL_FILE,
                                ROWS_FILE, ROWS_MAX, ROWS_PANEL, ROWS_THREADS,
                                STAGE_COLS, panel_name, rows_name)
-from .._gpu import import_cupy
 from .._kernels import load_module
 
 __all__ = ["getrf", "potrf", "getrs", "potrs", "inverse", "default_method",
@@ -102,7 +101,7 @@ def _gemm_strided(a, m: int, nn: int, k: int, a_off: int, lda: int,
                   b_off: int, ldb: int, c_off: int, ldc: int, trans_a: bool,
                   batch: int, stride: int, alpha: float, beta: float):
     """Column-major C = alpha op(A) B + beta C inside the stack ``a``."""
-    cp = import_cupy()
+    cp = _common.cupy()
     from cupy_backends.cuda.libs import cublas
 
     handle = cp.cuda.device.get_cublas_handle()
@@ -234,7 +233,7 @@ def _rows_lu(lu, piv, info) -> None:
 
 def potrf(a, lower: bool, method: str | None = None):
     """Cholesky of ``a`` (B, n, n), n > 32, like LAPACK potrf; returns (c, info)."""
-    cp = import_cupy()
+    cp = _common.cupy()
     bsz, n = a.shape[0], a.shape[-1]
     method = _check_method(method, n, "chol")
     dt = dtname(a.dtype)
@@ -273,9 +272,13 @@ def potrf(a, lower: bool, method: str | None = None):
 # solves and inverse
 # ----------------------------------------------------------------------------
 
-def _solve_smem(f, piv, b, mode: int, identity: bool):
-    """``solve_smem`` for n <= FUSED_MAX; ``b`` (B, n, k) or None for the identity."""
-    cp = import_cupy()
+def _solve_smem(f, piv, b, mode: int, identity: bool, status=None):
+    """``solve_smem`` for n <= FUSED_MAX; ``b`` (B, n, k) or None for the identity.
+
+    ``status``: the factor's and b's infs/NaNs are counted into it by a pass
+    over each (this kernel does not check them itself).
+    """
+    cp = _common.cupy()
     bsz, n = f.shape[0], f.shape[-1]
     k = n if identity else b.shape[-1]
     x = _common.alloc((bsz, n, k), f.dtype)
@@ -286,6 +289,10 @@ def _solve_smem(f, piv, b, mode: int, identity: bool):
     f = cp.ascontiguousarray(f)
     piv = f if piv is None else cp.ascontiguousarray(piv, dtype=cp.int32)
     b = x if identity else cp.ascontiguousarray(b, dtype=f.dtype)
+    if status is not None:
+        _common.scan_nonfinite(f, status, _common.STATUS_FACTOR)
+        if not identity:
+            _common.scan_nonfinite(b, status, _common.STATUS_RHS)
     smem = _with_smem(fn, 2 * FUSED_MAX * FUSED_MAX * f.itemsize)
     fn((bsz,), (FUSED_MAX,), (f, piv, b, x, np.int32(n), np.int32(k),
                               np.int32(mode), np.int32(1 if identity else 0)),
@@ -293,32 +300,36 @@ def _solve_smem(f, piv, b, mode: int, identity: bool):
     return x
 
 
-def getrs(lu, piv, b, trans: int = 0):
+def getrs(lu, piv, b, trans: int = 0, status=None):
     """Solve with LU factors (n > 32); ``b`` (B, n, k) is not modified."""
-    cp = import_cupy()
+    cp = _common.cupy()
     if lu.shape[-1] <= FUSED_MAX:
-        return _solve_smem(lu, piv, b, 1 if trans else 0, False)
+        return _solve_smem(lu, piv, b, 1 if trans else 0, False, status)
     factors = (cp.ascontiguousarray(lu), cp.ascontiguousarray(piv, dtype=cp.int32))
-    return solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0)
+    return solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0,
+                            status)
 
 
-def potrs(c, lower: bool, b):
+def potrs(c, lower: bool, b, status=None):
     """Solve with a Cholesky factor from :func:`potrf` (n > 32); ``b`` (B, n, k)."""
-    cp = import_cupy()
+    cp = _common.cupy()
     if c.shape[-1] <= FUSED_MAX:
-        return _solve_smem(c, None, b, 2 if lower else 3, False)
-    return solve_by_columns("potrs_batched", c.dtype, b, (cp.ascontiguousarray(c),),
-                            1 if lower else 0)
+        return _solve_smem(c, None, b, 2 if lower else 3, False, status)
+    c = cp.ascontiguousarray(c)
+    if status is not None:       # the whole of c (the kernel reads one triangle)
+        _common.scan_nonfinite(c, status, _common.STATUS_FACTOR)
+    return solve_by_columns("potrs_batched", c.dtype, b, (c,), 1 if lower else 0, status)
 
 
 def inverse(a, method: str | None = None):
     """Inverse of every matrix of ``a`` (B, n, n), n > 32; returns (inv, info)."""
-    cp = import_cupy()
+    cp = _common.cupy()
     bsz, n = a.shape[0], a.shape[-1]
     piv = _common.alloc((bsz, n), np.int32)
     info = _common.alloc((bsz,), np.int32)
     lu = getrf(a, piv, info, method)
     if n <= FUSED_MAX:
         return _solve_smem(lu, piv, None, 0, True), info
+    # the identity broadcast (batch stride 0): the solve kernel reads one copy
     eye = cp.broadcast_to(cp.eye(n, dtype=a.dtype), (bsz, n, n))
     return getrs(lu, piv, eye, 0), info

@@ -14,7 +14,7 @@ __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "small_name", "panel_name", "solve_name", "padded_size", "SMALL_FILES",
            "FUSED_MAX", "ROWS_MAX", "ROWS_PANEL", "ROWS_THREADS", "STAGE_COLS",
            "rows_name", "MMA_SIZES", "MMA_FILE", "ROWS_FILE", "PANEL_FILE",
-           "SOLVE_FILE"]
+           "SOLVE_FILE", "STATUS_FILE", "status_name"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
 SMALL_MAX = 32
@@ -68,6 +68,11 @@ PANEL_FILE = "batched/panel.cu"
 #: Source file of the solves with a thread per right-hand side column (any n).
 SOLVE_FILE = "batched/solve.cu"
 
+#: Source file of the device-side summaries of ``info`` and of the finiteness
+#: checks (``info_scan``, ``nonfinite_scan``): what the public functions read
+#: back instead of a per-matrix array.
+STATUS_FILE = "batched/status.cu"
+
 #: Source file of each n <= 32 kernel family (each variant is compiled on
 #: its own, when first used).
 SMALL_FILES = {"getrf_warp": "batched/lu_warp.cu", "getri_warp": "batched/lu_warp.cu",
@@ -89,6 +94,11 @@ def panel_name(kernel: str, dtype: str) -> str:
 
 def solve_name(kernel: str, dtype: str) -> str:
     """``getrs_batched<double>``, ``potrs_batched<float>``."""
+    return f"{kernel}<{_CTYPES[dtype]}>"
+
+
+def status_name(kernel: str, dtype: str) -> str:
+    """``info_scan<double>``, ``nonfinite_scan<float>``."""
     return f"{kernel}<{_CTYPES[dtype]}>"
 
 
@@ -117,6 +127,8 @@ KERNEL_VARIANTS = {
         panel_name(k, dt) for k in ("getrf_panel", "potrf_panel") for dt in _CTYPES),
     SOLVE_FILE: tuple(
         solve_name(k, dt) for k in ("getrs_batched", "potrs_batched") for dt in _CTYPES),
+    STATUS_FILE: tuple(
+        status_name(k, dt) for k in ("info_scan", "nonfinite_scan") for dt in _CTYPES),
     ROWS_FILE: tuple(
         rows_name(k, dt, nb, maxt)
         for dt in _CTYPES

@@ -22,7 +22,11 @@ Two input forms, the output takes the input's form:
   ``piv[k, j] = j``) outside each matrix.
 
 Gathering and scattering are one vectorized index computation per class
-(no Python loop over matrices, apart from reading a list's arrays).
+(no Python loop over matrices, apart from reading a list's arrays). On the
+GPU nothing per matrix comes to the host: each class's ``info`` (and
+finiteness flags) is written into one device array, summarized once at the
+end (:func:`scipy_gpuqr.batched._common.info_counts`: one pass, one 32-byte
+read), and only the offending indices of an error are looked up.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ import warnings
 import numpy as np
 from scipy.linalg import LinAlgError, LinAlgWarning
 
-from ._common import NONFINITE, as_stack, batch_names, result_dtype, to_host
+from ._common import (NONFINITE, as_stack, bad_indices, batch_names, info_counts,
+                      result_dtype)
 from .._gpu import import_cupy, is_cupy_array
 
 __all__ = ["lu_factor", "solve", "inv", "cho_factor", "SIZE_CLASSES",
@@ -198,40 +203,57 @@ def _classes(sizes):
     return {int(c): np.flatnonzero(cls == c) for c in np.unique(cls)}
 
 
-def _check_finite(stack, idx, where: str, name: str = "a") -> None:
+def _finite(stack):
+    """Per matrix of a stack: no inf or NaN (on the stack's device, no copy to the host)."""
     xp = import_cupy() if is_cupy_array(stack) else np
-    ok = xp.isfinite(stack).all(axis=(1, 2))
-    ok = ok.get() if is_cupy_array(ok) else ok
-    if not ok.all():
-        raise ValueError(f"{where}: {NONFINITE} ({name} at index {_name(idx[~ok])})")
+    return xp.isfinite(stack).all(axis=(1, 2))
 
 
-def _square_stack(mats: _Ragged, idx, order: int, dt, check_finite: bool, where: str):
+def _square_stack(mats: _Ragged, idx, order: int, dt):
     """The matrices ``idx`` of ``mats`` as an (len(idx), order, order) stack
-    (padded with the identity), checked for infs and NaNs if asked."""
-    stack = mats.gather(idx, order, order, dt, identity=True)
-    if check_finite:
-        _check_finite(stack, idx, where)
-    return stack
+    (padded with the identity)."""
+    return mats.gather(idx, order, order, dt, identity=True)
+
+
+def _store_info(info, idx, inf, ok=None, code: int = -1) -> None:
+    """``info[idx] = inf``, with ``code`` where ``ok`` (finiteness flags) is False."""
+    xp = import_cupy() if is_cupy_array(info) else np
+    inf = xp.asarray(inf)
+    if ok is not None:
+        inf = xp.where(ok, inf, code)
+    info[idx] = inf
+
+
+def _summarize(info, where: str, check_finite: bool, names=((-1, "a"),)):
+    """(singular count) of the whole call's ``info``; ValueError (with
+    ``check_finite``) naming the matrices flagged by a negative code of ``names``."""
+    singular, nonfinite = info_counts(info)
+    if check_finite and nonfinite:
+        for code, name in names:
+            first, total = bad_indices(info == code)
+            if total:
+                raise ValueError(f"{where}: {NONFINITE} ({name} at index "
+                                 f"{_name(first, total)})")
+    return singular
 
 
 def _raise_if_singular(info, where: str) -> None:
-    """LinAlgError naming the exactly singular matrices (``info > 0``), if any."""
-    bad = np.flatnonzero(info > 0)
-    if bad.size:
-        raise LinAlgError(f"{where}: singular matrix at index {_name(bad)} "
-                          "(U[k, k] exactly zero)")
+    """LinAlgError naming the exactly singular matrices (``info > 0``)."""
+    first, total = bad_indices(info > 0)
+    raise LinAlgError(f"{where}: singular matrix at index {_name(first, total)} "
+                      "(U[k, k] exactly zero)")
 
 
-def _info_out(info, mats: _Ragged, on_gpu: bool):
-    """The host ``info`` as the caller's array type."""
-    return mats.xp.asarray(info) if on_gpu else info
+def _first_info(info):
+    """(names of the matrices with info > 0, info of the first)."""
+    first, total = bad_indices(info > 0)
+    return _name(first, total), int(info[int(first[0])])
 
 
-def _name(indices) -> str:
+def _name(indices, total=None) -> str:
     """Matrix indices as the batched error messages name them."""
     indices = np.asarray(indices)
-    return batch_names(indices, (int(indices.max(initial=0)) + 1,))
+    return batch_names(indices, (int(indices.max(initial=0)) + 1,), total)
 
 
 def lu_factor(a, sizes, *, batched, check_finite, return_info, backend):
@@ -244,21 +266,22 @@ def lu_factor(a, sizes, *, batched, check_finite, return_info, backend):
     piv_out = vecs.empty_like(np.int32, identity=False)
     if vecs.padded is not None:
         piv_out[...] = xp.tile(xp.arange(vecs.padded[1], dtype=np.int32), mats.count)
-    info = np.zeros(mats.count, dtype=np.int32)
+    info = xp.zeros(mats.count, dtype=np.int32)
     for order, idx in _classes(mats.rows).items():
-        stack = _square_stack(mats, idx, order, dt, check_finite, where)
+        stack = _square_stack(mats, idx, order, dt)
         lu, piv, inf = batched(stack, check_finite=False, return_info=True,
                                backend=backend)
         mats.scatter(lu_out, idx, xp.asarray(lu))
         vecs.scatter(piv_out, idx, xp.asarray(piv)[:, :, None])
-        info[idx] = to_host(inf)
+        _store_info(info, idx, inf, _finite(stack) if check_finite else None)
+    singular = _summarize(info, where, check_finite)
     lu_res, piv_res = mats.unpack(lu_out), vecs.unpack(piv_out, vector=True)
     if return_info:
-        return lu_res, piv_res, _info_out(info, mats, on_gpu)
-    bad = np.flatnonzero(info > 0)
-    if bad.size:
-        warnings.warn(f"{where}: exactly singular matrices at index {_name(bad)} "
-                      f"(first: diagonal number {int(info[bad[0]])} is exactly "
+        return lu_res, piv_res, info
+    if singular:
+        names, first = _first_info(info)
+        warnings.warn(f"{where}: exactly singular matrices at index {names} "
+                      f"(first: diagonal number {first} is exactly "
                       "zero). Singular matrix.", LinAlgWarning, stacklevel=2)
     return lu_res, piv_res
 
@@ -310,24 +333,26 @@ def solve(a, b, sizes, *, batched, check_finite, return_info, backend):
     rhs, vector, bdt = _rhs_layout(b, mats, where)
     dt = np.promote_types(adt, result_dtype(bdt, where))
     x_out = rhs.empty_like(dt, identity=False)
-    info = np.zeros(mats.count, dtype=np.int32)
+    xp = mats.xp
+    info = xp.zeros(mats.count, dtype=np.int32)
     for order, idx in _classes(mats.rows).items():
-        stack = _square_stack(mats, idx, order, dt, check_finite, where)
+        stack = _square_stack(mats, idx, order, dt)
         width = int(rhs.cols[idx].max()) if len(idx) else 1
         bst = rhs.gather(idx, order, width, dt, identity=False)
-        if check_finite:
-            _check_finite(bst, idx, where, "b")
         x, inf = batched(stack, bst, check_finite=False, return_info=True,
                          backend=backend)
-        rhs.scatter(x_out, idx, mats.xp.asarray(x))
-        info[idx] = to_host(inf)
-    if not return_info:
+        rhs.scatter(x_out, idx, xp.asarray(x))
+        if check_finite:     # a's infs/NaNs -1, b's -2
+            inf = xp.where(_finite(bst), xp.asarray(inf), -2)
+        _store_info(info, idx, inf, _finite(stack) if check_finite else None)
+    singular = _summarize(info, where, check_finite, ((-1, "a"), (-2, "b")))
+    if singular and not return_info:
         _raise_if_singular(info, where)
     res = rhs.unpack(x_out)
     if vector:
         res = res[..., 0] if rhs.padded is not None else [v.reshape(-1) for v in res]
     if return_info:
-        return res, _info_out(info, mats, on_gpu)
+        return res, info
     return res
 
 
@@ -336,18 +361,19 @@ def inv(a, sizes, *, batched, check_finite, return_info, backend):
     where = "inv_vbatched"
     mats, dt, on_gpu = _matrices(a, sizes, where)
     out = mats.empty_like(dt, identity=True)
-    info = np.zeros(mats.count, dtype=np.int32)
+    info = mats.xp.zeros(mats.count, dtype=np.int32)
     for order, idx in _classes(mats.rows).items():
-        stack = _square_stack(mats, idx, order, dt, check_finite, where)
+        stack = _square_stack(mats, idx, order, dt)
         x, inf = batched(stack, check_finite=False, return_info=True,
                          backend=backend)
         mats.scatter(out, idx, mats.xp.asarray(x))
-        info[idx] = to_host(inf)
-    if not return_info:
+        _store_info(info, idx, inf, _finite(stack) if check_finite else None)
+    singular = _summarize(info, where, check_finite)
+    if singular and not return_info:
         _raise_if_singular(info, where)
     res = mats.unpack(out)
     if return_info:
-        return res, _info_out(info, mats, on_gpu)
+        return res, info
     return res
 
 
@@ -356,19 +382,20 @@ def cho_factor(a, sizes, lower, *, batched, check_finite, return_info, backend):
     where = "cho_factor_vbatched"
     mats, dt, on_gpu = _matrices(a, sizes, where)
     out = mats.empty_like(dt, identity=True)
-    info = np.zeros(mats.count, dtype=np.int32)
+    info = mats.xp.zeros(mats.count, dtype=np.int32)
     for order, idx in _classes(mats.rows).items():
-        stack = _square_stack(mats, idx, order, dt, check_finite, where)
+        stack = _square_stack(mats, idx, order, dt)
         c, _, inf = batched(stack, lower=lower, check_finite=False,
                             return_info=True, backend=backend)
         mats.scatter(out, idx, mats.xp.asarray(c))
-        info[idx] = to_host(inf)
-    bad = np.flatnonzero(info > 0)
-    if bad.size and not return_info:
-        raise LinAlgError(f"{where}: not positive definite at index {_name(bad)} "
-                          f"(the {int(info[bad[0]])}-th leading minor of the "
+        _store_info(info, idx, inf, _finite(stack) if check_finite else None)
+    singular = _summarize(info, where, check_finite)
+    if singular and not return_info:
+        names, first = _first_info(info)
+        raise LinAlgError(f"{where}: not positive definite at index {names} "
+                          f"(the {first}-th leading minor of the "
                           "first is not positive definite)")
     res = mats.unpack(out)
     if return_info:
-        return res, bool(lower), _info_out(info, mats, on_gpu)
+        return res, bool(lower), info
     return res, bool(lower)
