@@ -28,6 +28,17 @@ ORDERINGS = ("colamd", "natural", "amd", "metis", "given")
 #: picks the GPU, from the paper; ``scipy-gpuqr calibrate`` measures it anew.
 DEFAULT_INTENSITY_THRESHOLD = 10.0
 
+#: Default arithmetic-intensity threshold (flops / byte of the QR analysis) at
+#: and above which ``spsolve``/``factorized`` under ``auto`` use the GPU sparse
+#: QR instead of SciPy's SuperLU. Higher than the QR threshold: on square
+#: systems SuperLU factorizes 1.5-3x faster than SuiteSparseQR (measured on
+#: 2-D/3-D convection-diffusion problems), and with the GPU/CPU-QR time ratio
+#: falling about as intensity**-0.7, a CPU side 2-3x faster moves the crossover
+#: from 10 to about 25-50 flops/byte. An estimate: ``scipy-gpuqr calibrate``
+#: measures it on the GPU machine (SciPy's spsolve against the GPU QR solve)
+#: and stores it per GPU model as ``spsolve_threshold``.
+DEFAULT_SPSOLVE_THRESHOLD = 40.0
+
 ENV_BACKEND = "SCIPY_GPUQR_BACKEND"
 ENV_VERBOSE = "SCIPY_GPUQR_VERBOSE"
 ENV_DEBUG = "SCIPY_GPUQR_DEBUG"
@@ -61,9 +72,15 @@ class GpuqrOptions:
         Synchronize and check errors after every GPU launch; None reads
         ``SCIPY_GPUQR_DEBUG``.
     iterate_first : bool
-        Under backend ``'auto'``, ``lsqr``/``lsmr`` first run LSQR on a small
-        budget and factorize only when it does not reach working precision
-        (see ``scipy_gpuqr._dispatch.iterate_first``).
+        Under backend ``'auto'``, ``lsqr``/``lsmr`` first run SciPy's
+        algorithm with the caller's arguments and return its answer when its
+        convergence tests stop it; the sparse QR answers otherwise (see
+        ``scipy_gpuqr._dispatch.iterate_first``). False: always the QR.
+    spsolve_threshold : float or None
+        Flops per byte at and above which ``spsolve``/``factorized`` under
+        ``auto`` use the GPU sparse QR; below it SciPy's own function
+        (SuperLU) answers. None means the value calibrated against SuperLU
+        for this GPU model, or :data:`DEFAULT_SPSOLVE_THRESHOLD`.
     """
 
     backend: Optional[str] = None
@@ -74,6 +91,7 @@ class GpuqrOptions:
     keep_householder: bool = True
     debug: Optional[bool] = None
     iterate_first: bool = True
+    spsolve_threshold: Optional[float] = None
 
     def __post_init__(self):
         if self.backend is not None:
@@ -102,10 +120,14 @@ def _check_backend(value, where: str) -> str:
     return value.lower()
 
 
+#: The options of a call that passes none (immutable, so one instance serves every call).
+_DEFAULT_OPTIONS = GpuqrOptions()
+
+
 def resolve_options(gpuqr_options) -> GpuqrOptions:
     """Accept None, a :class:`GpuqrOptions` or a mapping of its fields."""
     if gpuqr_options is None:
-        return GpuqrOptions()
+        return _DEFAULT_OPTIONS
     if isinstance(gpuqr_options, GpuqrOptions):
         return gpuqr_options
     if isinstance(gpuqr_options, Mapping):

@@ -391,8 +391,7 @@ def check_rhs(b, n: int, rule: RhsRule, *, name: str = "b", func: str = "",
                                                   func=func, name=name))
         is_vector = True
     else:
-        if arr.ndim not in (1, 2):
-            raise ValueError(f"{name} must be 1-D or 2-D, got shape {shape}")
+        _check_rhs_ndim(arr.ndim, shape, name)
         if shape[0] != n:
             raise ValueError(rule.mismatch.format(n=n, rows=shape[0], shape=shape,
                                                   func=func, name=name))
@@ -401,6 +400,15 @@ def check_rhs(b, n: int, rule: RhsRule, *, name: str = "b", func: str = "",
     check_finite(B, name, shape=shape)
     return Rhs(B=B, is_vector=is_vector, is_sparse=False, dtype=arr.dtype, fmt=None,
                on_gpu=on_gpu)
+
+
+def _check_rhs_ndim(ndim: int, shape: tuple, name: str) -> None:
+    """b of ``spsolve``/``factorized`` is 1-D or 2-D: SciPy's ValueError and message
+    ("object too deep for desired array", NumPy's) for more dimensions."""
+    if ndim > 2:
+        raise ValueError("object too deep for desired array")
+    if ndim < 1:
+        raise ValueError(f"{name} must be 1-D or 2-D, got shape {shape}")
 
 
 def _sparse_rhs(b, n: int, rule: RhsRule, name: str, on_gpu: bool) -> Rhs:
@@ -428,8 +436,7 @@ def _device_rhs(b, n: int, rule: RhsRule, name: str) -> Rhs:
         raise TypeError(rule.complex_message)
     if b.dtype.kind not in _NUMERIC_KINDS:
         raise ValueError(f"{name} must be numeric, got dtype {b.dtype}")
-    if b.ndim not in (1, 2):
-        raise ValueError(f"{name} must be 1-D or 2-D, got shape {b.shape}")
+    _check_rhs_ndim(b.ndim, b.shape, name)
     if b.shape[0] != n:
         raise ValueError(rule.mismatch.format(n=n, rows=b.shape[0], shape=b.shape, func="",
                                               name=name))

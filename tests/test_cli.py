@@ -115,7 +115,8 @@ def test_solve_real_matrix(matrices_dir):
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["shape"] == [472, 223]
-    assert report["ours"]["backward_error"] < 1e-10
+    # never less accurate than SciPy's own call with the same tolerances
+    assert report["ours"]["backward_error"] <= 1.01 * report["scipy"]["backward_error"] + 1e-15
     assert report["ours"]["decisions"], "no decision was logged"
 
 

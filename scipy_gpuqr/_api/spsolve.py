@@ -1,13 +1,31 @@
 """``spsolve`` and ``factorized`` with SciPy's signatures: exact solves of square systems.
 
 SciPy's parameters are an exact prefix of ours; ``backend`` and
-``gpuqr_options`` are keyword-only additions. A square A is factorized by a
-sparse QR without rank detection (:mod:`scipy_gpuqr._factor.factored`);
-an exactly singular one (:func:`scipy_gpuqr._factor.lstsq.exactly_singular`)
-gets SciPy's ``MatrixRankWarning`` and NaN (``spsolve``) or its
-RuntimeError (``factorized``). SciPy's format warnings
-(``SparseEfficiencyWarning``) and messages are kept. Inputs we do not serve
-go to SciPy's original function (:mod:`scipy_gpuqr._api.fallback`).
+``gpuqr_options`` are keyword-only additions.
+
+Who answers
+    Under ``auto`` (the default, what patched code gets) SciPy's own
+    function (SuperLU, the original saved in :mod:`scipy_gpuqr._api.originals`)
+    answers unless the GPU sparse QR is faster: without a GPU at once, with
+    one when the QR analysis' arithmetic intensity is below the threshold
+    calibrated against SuperLU
+    (:func:`scipy_gpuqr._dispatch.plan.spsolve_threshold`). Its answer is
+    SciPy's: the same x bits, warnings and exceptions, except that inf/NaN
+    in A or b raise ValueError first (DESIGN §10) and an input SciPy would
+    change in place (duplicate entries it sums) is given to it as a copy.
+    CuPy input always stays on the device with the QR. The decision is
+    logged (logger ``scipy_gpuqr``): ``SuperLU (SciPy) answered: <why>`` or
+    ``QR on GPU: <why>``.
+
+The QR
+    At or above the threshold, and always for explicit backends (``gpu``,
+    ``cpu``, ``reference``, ``simulate``), a square A is factorized by a
+    sparse QR without rank detection (:mod:`scipy_gpuqr._factor.factored`);
+    an exactly singular one (:func:`scipy_gpuqr._factor.lstsq.exactly_singular`)
+    gets SciPy's ``MatrixRankWarning`` and NaN (``spsolve``) or its
+    RuntimeError (``factorized``). SciPy's format warnings
+    (``SparseEfficiencyWarning``) and messages are kept. Inputs we do not serve
+    go to SciPy's original function (:mod:`scipy_gpuqr._api.fallback`).
 
 CuPy in → CuPy out; a dense CuPy b on GPU factors is checked and solved on
 the device, never copied to the host.
@@ -15,23 +33,37 @@ the device, never copied to the host.
 
 from __future__ import annotations
 
+import contextvars
+import dataclasses
 import warnings
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse import SparseEfficiencyWarning
 
-from .._factor.factored import factorize
+from .._dispatch.plan import SUPERLU, Plan, plan_factorization, superlu_at_once
+from .._factor.factored import FactoredQR, factorize
 from .._factor.factorization import wrap
 from .._factor.lstsq import exactly_singular
-from .._gpu import is_cupy_array
-from .._options import resolve_settings
-from .._validate import (SOLVE_RHS, SPSOLVE_RHS, as_matrix, check_rhs, check_superlu_cast,
-                         to_output, unsupported_reason)
+from .._factor.rank_refine import with_rank_detection
+from .._gpu import is_cupy_array, is_cupy_sparse
+from .._options import log_decision, resolve_settings
+from .._validate import (SOLVE_RHS, SPSOLVE_RHS, as_matrix, check_finite, check_rhs,
+                         check_superlu_cast, to_output, unsupported_reason)
 from .fallback import fallback
-from .originals import MatrixRankWarning
+from .originals import MatrixRankWarning, original
 
-__all__ = ["spsolve", "factorized", "PERMC_ORDERINGS"]
+__all__ = ["spsolve", "factorized", "PERMC_ORDERINGS", "spsolve_probe"]
+
+#: True while SciPy's own ``spsolve`` answers one of our calls. SciPy's spsolve
+#: solves a sparse b of several columns with ``factorized(A)`` looked up in its
+#: module, which is ours once SciPy is patched; that inner call is part of
+#: SciPy's answer, so SciPy's ``factorized`` serves it (no second decision).
+#: Context-local: set and reset around that one call.
+_SCIPY_ANSWERING = contextvars.ContextVar("scipy_gpuqr_scipy_answering", default=False)
+
+#: Sparse formats whose ``data`` holds exactly the stored entries.
+_DATA_FORMATS = ("csr", "csc", "coo", "bsr")
 
 #: SciPy's permc_spec → our column ordering (MMD_* → AMD: SuperLU's minimum
 #: degree on AᵀA or Aᵀ+A; AMD is the same family).
@@ -58,10 +90,145 @@ def _spsolve_dtype(a_dtype, b_dtype) -> np.dtype:
     return dtype if dtype.kind == "f" else np.dtype(np.float64)
 
 
+def _on_device(A, b=None) -> bool:
+    """A or b is CuPy/cupyx data (SciPy cannot take it: the QR answers on the device)."""
+    return is_cupy_array(A) or is_cupy_sparse(A) or is_cupy_array(b) or is_cupy_sparse(b)
+
+
+def _check_finite_as_given(x, name: str) -> None:
+    """DESIGN §10's ValueError for inf/NaN in A or b, before SciPy converts x.
+
+    Reads the stored values of a sparse x (``data``, or a COO copy for
+    formats whose ``data`` is not just the entries) or a dense x as NumPy
+    sees it; non-floating data cannot be non-finite and is left to SciPy's
+    own checks, as is anything NumPy cannot read.
+    """
+    if type(x) is np.ndarray:
+        data = x
+    elif sp.issparse(x):
+        data = x.data if x.format in _DATA_FORMATS else x.tocoo().data
+    else:
+        try:
+            data = np.asarray(x)
+        except Exception:           # noqa: BLE001 - SciPy raises its own error for it
+            return
+    if data.dtype.kind in "fc" and not np.isfinite(data).all():
+        check_finite(data, name, shape=x.shape if sp.issparse(x) else data.shape)
+
+
+def _check_finite_castable(b, dtype) -> None:
+    """:func:`_check_finite_as_given` for the b of SciPy's ``factorized`` solver, only
+    where SuperLU's TypeError (b does not cast safely to ``dtype``) does not come first."""
+    try:
+        arr = np.asarray(b)
+    except Exception:               # noqa: BLE001 - SciPy raises its own error for it
+        return
+    if (arr.dtype.kind in "fc" and np.can_cast(arr.dtype, dtype, casting="safe")
+            and not np.isfinite(arr).all()):
+        check_finite(arr, "b")
+
+
+def _superlu_dtype(dtype) -> np.dtype:
+    """The dtype of SciPy's SuperLU factors of an A of ``dtype`` (SciPy's ``_asfptype``:
+    float32/64 and complex stay, others become the first of them they cast to safely)."""
+    dtype = np.dtype(dtype)
+    if dtype.char in "fdFD":
+        return dtype
+    return next((np.dtype(c) for c in "fdFD" if np.can_cast(dtype, c)), np.dtype(np.float64))
+
+
+def _unshared(A, formats):
+    """A, or a copy where SciPy would sum its duplicate entries in place.
+
+    SciPy's ``spsolve`` (CSC/CSR A) and ``splu`` (CSC A) call
+    ``A.sum_duplicates()`` on the caller's own matrix; inputs are never
+    modified here, so a non-canonical one is handed over as a copy (the
+    same values, the same result bits).
+    """
+    if sp.issparse(A) and A.format in formats and not A.has_canonical_format:
+        return A.copy()
+    return A
+
+
+def _scipy_spsolve(A, b, permc_spec, use_umfpack):
+    """SciPy's own ``spsolve`` answers (its result, warnings and exceptions)."""
+    _check_finite_as_given(A, "A")
+    _check_finite_as_given(b, "b")
+    token = _SCIPY_ANSWERING.set(True)
+    try:
+        return original("spsolve")(_unshared(A, ("csc", "csr")), b, permc_spec=permc_spec,
+                                   use_umfpack=use_umfpack)
+    finally:
+        _SCIPY_ANSWERING.reset(token)
+
+
+def _scipy_factorized(A, info: dict):
+    """SciPy's own ``factorized(A)`` answers, its solver wrapped to check b's values.
+
+    The solver's results and exceptions are those of SciPy's (``splu(A).solve``:
+    ``trans``, 2-D b, its TypeError for b that does not cast safely, which
+    is checked before the values); ``factorization`` is SciPy's ``SuperLU``
+    object and ``info`` says why SciPy answered.
+    """
+    _check_finite_as_given(A, "A")
+    scipy_solve = original("factorized")(_unshared(A, ("csc",)))
+    dtype = _superlu_dtype(A.dtype if sp.issparse(A) else np.asarray(A).dtype)
+
+    def solve(b, trans="N"):
+        # no reference to solve itself here: a cycle would keep the factors alive
+        # until the garbage collector runs
+        on_gpu = is_cupy_array(b)
+        if on_gpu:
+            b = b.get()             # CuPy in → CuPy out, as the QR's host solve gives it
+        if not sp.issparse(b):
+            _check_finite_castable(b, dtype)
+        x = scipy_solve(b, trans)
+        return to_output(x, True) if on_gpu else x
+
+    solve.__doc__ = getattr(scipy_solve, "__doc__", None)
+    solve.factorization = getattr(scipy_solve, "__self__", None)
+    solve.info = info
+    return solve
+
+
+def spsolve_probe(A, analysis, backend: str):
+    """``run(num)``: the exact solve ``spsolve`` runs on a factorization ``num`` of
+    square A (its singularity test and one right-hand side, the host solve of a
+    NumPy b), for the calibration of the threshold against SuperLU
+    (``square_solve=`` of :func:`scipy_gpuqr._dispatch.calibrate.calibrate_sparse`)."""
+    b = np.asarray(A @ np.ones(A.shape[1]), dtype=np.float64)[:, None]
+
+    def run(num):
+        plan = Plan(backend=backend, requested=backend, source="calibration",
+                    analysis=analysis, factorize_fn=lambda *a, **k: num)
+        F = FactoredQR(as_matrix(A), (A, plan))
+        if not exactly_singular(F.num.R, A.shape[1]):
+            F.exact_solve(b)
+
+    return run
+
+
+def _plan_square(mi, settings, ordering, *, cpu_side):
+    """``(M, plan)`` for factorizing square A (as :func:`~scipy_gpuqr._factor.factored.plan_for`
+    gives it), ``auto`` weighing the GPU against SciPy's SuperLU when ``cpu_side='superlu'``
+    (the plan's backend is then ``'superlu'`` where SciPy should answer)."""
+    M = mi.A
+    M.sort_indices()
+    plan = plan_factorization(M, settings, ordering=ordering, dtype=mi.dtype,
+                              cpu_side=cpu_side)
+    if plan.backend != SUPERLU:
+        plan = dataclasses.replace(plan, factorize_fn=with_rank_detection(plan.factorize_fn,
+                                                                          plan.backend))
+    return M, plan
+
+
 def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_options=None):
     """Solve the square sparse system ``A x = b`` with SciPy's ``spsolve`` interface.
 
-    An exact solve through sparse QR without rank detection. When R has a
+    Under ``auto`` SciPy's own ``spsolve`` (SuperLU) answers unless a GPU is
+    present and the QR analysis' arithmetic intensity reaches the threshold
+    calibrated against SuperLU: then, and for every explicit backend, an
+    exact solve through sparse QR without rank detection. When R has a
     zero, non-finite or rounding-level diagonal entry
     (:func:`~scipy_gpuqr._factor.lstsq.exactly_singular`), ``MatrixRankWarning``
     ("Matrix is exactly singular") and a NaN result, as SciPy gives.
@@ -73,10 +240,15 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
     b : ndarray or sparse, shape (n,), (n, 1) or (n, k)
         A sparse b with k > 1 columns gives a sparse x of A's class.
     permc_spec : {None, 'COLAMD', 'NATURAL', 'MMD_ATA', 'MMD_AT_PLUS_A'}
-        Column ordering: None/'COLAMD' → COLAMD, 'NATURAL' → natural,
+        SuperLU's column ordering when SciPy answers; for the QR
+        None/'COLAMD' → COLAMD, 'NATURAL' → natural,
         'MMD_ATA'/'MMD_AT_PLUS_A' → AMD.
     use_umfpack : bool
-        Accepted and ignored.
+        Passed to SciPy when it answers; ignored by the QR.
+    backend : {None, 'auto', 'gpu', 'cpu', 'reference', 'simulate'}
+        Keyword only; see :class:`~scipy_gpuqr.GpuqrOptions`.
+    gpuqr_options : GpuqrOptions, dict or None
+        Keyword only; ``spsolve_threshold`` sets the threshold against SuperLU.
 
     Returns
     -------
@@ -88,28 +260,41 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
     if reason is not None:
         return fallback("spsolve", reason, A, b, permc_spec=permc_spec,
                         use_umfpack=use_umfpack)
+    settings = resolve_settings(backend, gpuqr_options)
+    on_device = _on_device(A, b)
+    if not on_device:
+        why = superlu_at_once(settings)
+        if why is not None:
+            log_decision("spsolve: SuperLU (SciPy) answered: %s", why)
+            return _scipy_spsolve(A, b, permc_spec, use_umfpack)
+    ordering = _permc_ordering(permc_spec)
     result_class = sp.csc_array
-    if not _is_sparse_of(A, ("csc", "csr")):
-        warnings.warn("spsolve requires A be CSC or CSR matrix format",
-                      SparseEfficiencyWarning, stacklevel=2)
-    elif sp.issparse(A):
+    csx = _is_sparse_of(A, ("csc", "csr"))
+    if csx and sp.issparse(A):
         result_class = type(A)
     mi = as_matrix(A)
     M, N = mi.shape
     if M != N:
+        if not csx:
+            warnings.warn("spsolve requires A be CSC or CSR matrix format",
+                          SparseEfficiencyWarning, stacklevel=2)
         raise ValueError(f"matrix must be square (has shape {(M, N)})")
+    planned = _plan_square(mi, settings, ordering, cpu_side="qr" if on_device else SUPERLU)
+    if planned[1].backend == SUPERLU:
+        return _scipy_spsolve(A, b, permc_spec, use_umfpack)
+    if not csx:
+        warnings.warn("spsolve requires A be CSC or CSR matrix format",
+                      SparseEfficiencyWarning, stacklevel=2)
     if is_cupy_array(b):
         # checked where it lies; solved there too when the factors are on the GPU
-        return _spsolve_device_rhs(mi, b, ordering=_permc_ordering(permc_spec),
-                                   backend=backend, gpuqr_options=gpuqr_options)
+        return _spsolve_device_rhs(mi, b, settings, planned)
     rhs = check_rhs(b, N, SPSOLVE_RHS)
     dtype = _spsolve_dtype(mi.dtype, rhs.dtype)
-    ordering = _permc_ordering(permc_spec)
     if rhs.is_sparse and rhs.fmt != "csc":
         warnings.warn("spsolve is more efficient when sparse b is in the CSC matrix format",
                       SparseEfficiencyWarning, stacklevel=2)
     on_gpu = mi.on_gpu or rhs.on_gpu
-    F = factorize(mi, resolve_settings(backend, gpuqr_options), ordering=ordering)
+    F = factorize(mi, settings, planned=planned)
     singular = exactly_singular(F.num.R, N)
     if singular and rhs.is_sparse:
         raise RuntimeError("Factor is exactly singular")
@@ -128,13 +313,13 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
     return to_output(X, on_gpu)
 
 
-def _spsolve_device_rhs(mi, b, *, ordering, backend, gpuqr_options):
+def _spsolve_device_rhs(mi, b, settings, planned):
     """``spsolve`` for a dense CuPy b: CuPy out, b and x never copied to the host
     when the factorization is on the GPU (else the host solve, then CuPy out)."""
     N = mi.shape[1]
     rhs = check_rhs(b, N, SPSOLVE_RHS, on_device=True)
     dtype = _spsolve_dtype(mi.dtype, rhs.dtype)
-    F = factorize(mi, resolve_settings(backend, gpuqr_options), ordering=ordering)
+    F = factorize(mi, settings, planned=planned)
     if exactly_singular(F.num.R, N):
         warnings.warn("Matrix is exactly singular", MatrixRankWarning, stacklevel=3)
         import cupy as cp               # optional dependency: b is CuPy
@@ -150,26 +335,51 @@ def _spsolve_device_rhs(mi, b, *, ordering, backend, gpuqr_options):
 def factorized(A, *, backend=None, gpuqr_options=None):
     """Factorize square A once; return a solver ``solve(b, trans='N')``.
 
-    Like SciPy's ``factorized`` without UMFPACK (``splu(A).solve``):
+    Under ``auto``, below the threshold against SuperLU (at once without a
+    GPU), SciPy's own ``factorized(A)`` answers: the solver gives its
+    results and exceptions, ``solve.factorization`` is SciPy's ``SuperLU``
+    object. Otherwise, and for every explicit backend, the sparse QR, like
+    SciPy's ``factorized`` without UMFPACK (``splu(A).solve``):
     non-CSC input warns ``SparseEfficiencyWarning``; non-square A raises
     ``ValueError("can only factor square matrices")``; an exactly singular
     A raises ``RuntimeError("Factor is exactly singular")``. The solver takes
     b of shape (n,) or (n, k) and ``trans`` in {'N', 'T', 'H'}; its result
     has A's floating dtype. A b whose dtype does not cast to that dtype by
     NumPy's 'safe' rule (complex b, float64 b for float32 A) raises SuperLU's
-    TypeError (:func:`~scipy_gpuqr._validate.check_superlu_cast`).
+    TypeError (:func:`~scipy_gpuqr._validate.check_superlu_cast`);
+    ``solve.factorization`` is the :class:`~scipy_gpuqr.QRFactorization`.
+    Either way ``solve.info`` says what answered and why.
     """
     reason = unsupported_reason(A)
     if reason is not None:
         return fallback("factorized", reason, A)
-    if not _is_sparse_of(A, ("csc",)):
-        warnings.warn("splu converted its input to CSC format",
-                      SparseEfficiencyWarning, stacklevel=2)
+    if _SCIPY_ANSWERING.get():
+        # SciPy's own spsolve (answering one of our calls) factorizes a sparse b's A
+        return original("factorized")(A)
+    settings = resolve_settings(backend, gpuqr_options)
+    on_device = _on_device(A)
+    if not on_device:
+        why = superlu_at_once(settings)
+        if why is not None:
+            log_decision("factorized: SuperLU (SciPy) answered: %s", why)
+            info = Plan(backend=SUPERLU, requested=settings.backend, source=settings.source,
+                        reasons=[why, "SciPy's SuperLU answers"]).summary()
+            return _scipy_factorized(A, info)
+    csc = _is_sparse_of(A, ("csc",))
     mi = as_matrix(A)
     M, N = mi.shape
     if M != N:
+        if not csc:
+            warnings.warn("splu converted its input to CSC format",
+                          SparseEfficiencyWarning, stacklevel=2)
         raise ValueError("can only factor square matrices")
-    F = factorize(mi, resolve_settings(backend, gpuqr_options))
+    planned = _plan_square(mi, settings, None, cpu_side="qr" if on_device else SUPERLU)
+    if planned[1].backend == SUPERLU:
+        return _scipy_factorized(A, planned[1].summary())
+    if not csc:
+        warnings.warn("splu converted its input to CSC format",
+                      SparseEfficiencyWarning, stacklevel=2)
+    F = factorize(mi, settings, planned=planned)
     if exactly_singular(F.num.R, N):
         raise RuntimeError("Factor is exactly singular")
     dtype, on_gpu_a = mi.dtype, mi.on_gpu
@@ -188,4 +398,5 @@ def factorized(A, *, backend=None, gpuqr_options=None):
         return to_output(X[:, 0] if rhs.is_vector else X, rhs.on_gpu or on_gpu_a)
 
     solve.factorization = wrap(F)
+    solve.info = solve.factorization.info
     return solve

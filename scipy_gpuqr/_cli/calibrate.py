@@ -22,6 +22,7 @@ import sys
 from .. import _gpu
 from .._dispatch import calibrate as sparse_calibration
 from .._dispatch import plan as dispatch_plan
+from .._api.spsolve import spsolve_probe
 from .._factor.factored import least_squares_probe
 from ..tiled._calibrate import cache_file, get_profiles
 from ..tiled._qr import plan_tiled, resolve_devices
@@ -74,7 +75,7 @@ def run_sparse(args) -> int:
 
     cal = sparse_calibration.calibrate_sparse(
         sparse_calibration.default_ladder(quick=args.quick), repeats=args.repeats,
-        device=info, progress=progress, solve=least_squares_probe)
+        device=info, progress=progress, solve=least_squares_probe, square_solve=spsolve_probe)
     if args.json:
         out = cal.to_json()
         out["path"] = cal.path

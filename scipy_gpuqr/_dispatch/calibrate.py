@@ -33,6 +33,19 @@ The crossover rule (:func:`fit_threshold`)
     intensity; the GPU slower on the highest-intensity point gives
     ``inf`` (``auto`` then never picks the GPU on this model).
 
+The threshold against SciPy's SuperLU (``spsolve``/``factorized``)
+    ``auto``'s square solves weigh the GPU QR against SciPy's own function,
+    not a CPU QR, so they have their own threshold (``spsolve_threshold``,
+    stored beside the QR one). :func:`calibrate_sparse` measures it on a
+    ladder of square problems (:func:`default_spsolve_ladder`: 2-D and 3-D
+    convection-diffusion operators, intensities from about 3 to about 400):
+    SciPy's SuperLU factorization and solve of one right-hand side
+    (``splu(A).solve(b)``, what ``factorized`` runs and what ``spsolve``'s
+    ``gssv`` runs in one call; ``splu`` is never patched) against the GPU
+    backend's factorization and ``square_solve``'s solve, timed as above, and
+    fits it by the same rule. The timer sees the CPU side as backend
+    :data:`SUPERLU`.
+
 The result is stored per GPU model by :mod:`scipy_gpuqr._dispatch.calibration`.
 """
 
@@ -48,6 +61,8 @@ import time
 from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.linalg import splu
 
 from .. import _gpu
 from .. import _testing_matrices as tm
@@ -56,8 +71,12 @@ from . import plan as _plan
 from .calibration import (RULE, Calibration, CalibrationPoint, calibration_file,
                           store_calibration)
 
-__all__ = ["LadderProblem", "default_ladder", "calibrate_sparse", "fit_threshold",
-           "format_table", "warm_median", "POINT_BUDGET_S"]
+__all__ = ["LadderProblem", "default_ladder", "default_spsolve_ladder", "convection_diffusion",
+           "calibrate_sparse", "fit_threshold", "format_table", "warm_median", "POINT_BUDGET_S",
+           "SUPERLU"]
+
+#: The timer's name for the CPU side of the square ladder: SciPy's SuperLU.
+SUPERLU = _plan.SUPERLU
 
 #: Seconds of timed calls per backend and point beyond which fewer repeats run
 #: (at least one timed call after the warm-up always runs).
@@ -114,6 +133,65 @@ def default_ladder(quick: bool = False) -> list:
             grid(40), ch(7, 8, 3)]
 
 
+def convection_diffusion(k: int, dim: int, wind: float = 0.3) -> sp.csc_array:
+    """The upwinded convection-diffusion operator on a k^dim grid (square, unsymmetric).
+
+    ``-Δu + w·∇u`` with (2·dim+1)-point stencils and a slight diagonal
+    shift (2.1 per dimension) keeping it nonsingular: the kind of square
+    system ``spsolve`` is given, with intensities growing with k and dim.
+
+    Parameters
+    ----------
+    k : int
+        Grid points per dimension.
+    dim : int
+        Dimensions (2 or 3 on the ladder).
+    wind : float
+        The convection term's share of the off-diagonal entries (0: symmetric).
+
+    Returns
+    -------
+    scipy.sparse.csc_array
+        Shape (k**dim, k**dim).
+    """
+    one = sp.diags_array([-(1 + wind) * np.ones(k - 1), 2.1 * np.ones(k),
+                          -(1 - wind) * np.ones(k - 1)], offsets=[-1, 0, 1], shape=(k, k))
+    eye = sp.eye_array(k)
+    terms = []
+    for axis in range(dim):
+        factors = [one if i == axis else eye for i in range(dim)]
+        term = factors[0]
+        for f in factors[1:]:
+            term = sp.kron(term, f)
+        terms.append(term)
+    return sp.csc_array(sum(terms[1:], terms[0]))
+
+
+def default_spsolve_ladder(quick: bool = False) -> list:
+    """Square problems for the threshold against SuperLU, intensities about 3 to 400.
+
+    Parameters
+    ----------
+    quick : bool
+        Up to intensity about 130 (``cd3-24``, n = 13824) instead of about
+        400 (``cd3-40``, n = 64000; SuperLU takes tens of seconds there).
+
+    Returns
+    -------
+    list of LadderProblem
+        2-D (``cd2-k``) and 3-D (``cd3-k``) convection-diffusion operators
+        (:func:`convection_diffusion`), in increasing intensity.
+    """
+    def cd(k, dim):
+        return LadderProblem(f"cd{dim}-{k}", functools.partial(convection_diffusion, k, dim))
+
+    quick_ladder = [cd(4, 3), cd(16, 2), cd(6, 3), cd(8, 3), cd(64, 2), cd(128, 2), cd(12, 3),
+                    cd(16, 3), cd(20, 3), cd(24, 3)]
+    if quick:
+        return quick_ladder
+    return quick_ladder[:7] + [cd(256, 2)] + quick_ladder[7:] + [cd(32, 3), cd(40, 3)]
+
+
 # -- timing ----------------------------------------------------------------------------
 
 
@@ -159,12 +237,22 @@ def warm_median(factorize: Callable, A, analysis, repeats: int, *,
     return float(statistics.median(once() for _ in range(n)))
 
 
+def _superlu_factorize(A, **_):
+    """SciPy's SuperLU factorization and the solve of one right-hand side (the
+    ``factorize`` of :func:`warm_median` for the CPU side of the square ladder)."""
+    splu(A).solve(np.ones(A.shape[0]))
+
+
 def _default_timer(backends: Sequence[str], repeats: int, solve: SolveFactory):
     """``timer(backend, problem, A, analysis) -> seconds`` measuring the warm
-    factorization of tall problems plus ``solve``'s least-squares solve (the
-    factorization alone for wide ones), and the backend that runs for each name."""
+    factorization of tall problems plus ``solve``'s solve (the factorization
+    alone for wide ones), and the backend that runs for each name;
+    :data:`SUPERLU` times SciPy's SuperLU factorization and solve instead."""
     fns, ran = {}, {}
     for name in backends:
+        if name == SUPERLU:
+            fns[name], ran[name] = _superlu_factorize, SUPERLU
+            continue
         fn, actual, note = _plan.backend_factorizer(name)
         if fn is None:
             raise RuntimeError(f"backend {name!r} cannot run: {note}")
@@ -172,7 +260,8 @@ def _default_timer(backends: Sequence[str], repeats: int, solve: SolveFactory):
 
     def timer(backend: str, problem: str, A, analysis) -> float:
         sync = _gpu_sync if ran[backend] == "gpu" else (lambda: None)
-        run = solve(A, analysis, ran[backend]) if A.shape[0] >= A.shape[1] else None
+        qr = ran[backend] != SUPERLU and A.shape[0] >= A.shape[1]
+        run = solve(A, analysis, ran[backend]) if qr else None
         return warm_median(fns[backend], A, analysis, repeats, sync=sync, solve=run)
 
     return timer, ran
@@ -237,8 +326,14 @@ def calibrate_sparse(ladder: Optional[Sequence[LadderProblem]] = None, *,
                      timer: Optional[Callable] = None, device: Optional[Mapping] = None,
                      store: bool = True, directory: Optional[os.PathLike] = None,
                      progress: Optional[Callable[[CalibrationPoint], None]] = None,
-                     solve: Optional[SolveFactory] = None) -> Calibration:
-    """Measure both backends on a ladder, fit the threshold, store it per GPU model.
+                     solve: Optional[SolveFactory] = None,
+                     spsolve_ladder: Optional[Sequence[LadderProblem]] = None,
+                     square_solve: Optional[SolveFactory] = None) -> Calibration:
+    """Measure both backends on a ladder, fit the thresholds, store them per GPU model.
+
+    The QR threshold from ``ladder`` (CPU backend against GPU backend), and
+    the threshold against SciPy's SuperLU from ``spsolve_ladder`` (SuperLU
+    against the GPU backend's square solve), stored together.
 
     Parameters
     ----------
@@ -268,6 +363,19 @@ def calibrate_sparse(ladder: Optional[Sequence[LadderProblem]] = None, *,
         of A (``scipy_gpuqr._factor.factored.least_squares_probe``); timed
         with each factorization of a tall problem. Required unless ``timer``
         is given.
+    spsolve_ladder : sequence of LadderProblem, optional
+        Square problems for the threshold against SuperLU. None: when the
+        timings are measured (no ``timer``), :func:`default_spsolve_ladder`
+        (its quick form when ``ladder`` is no longer than the quick QR
+        ladder); with an injected ``timer``, none (such a timer is then
+        called with backend :data:`SUPERLU` only when a ladder is given). An
+        empty sequence skips it; ``spsolve_threshold`` is then None.
+    square_solve : callable, optional
+        Like ``solve``, the solve ``spsolve`` runs on a factorization of a
+        square A (``scipy_gpuqr._api.spsolve.spsolve_probe``: the exact
+        solve); default ``solve`` (a least-squares solve of the same
+        system: the same triangular solves plus the rank decision, so a
+        slightly higher GPU time).
 
     Returns
     -------
@@ -295,7 +403,8 @@ def calibrate_sparse(ladder: Optional[Sequence[LadderProblem]] = None, *,
     if not device.get("name"):
         raise RuntimeError("sparse calibration needs a GPU model name")
     ran = {b: b for b in backends}
-    if timer is None:
+    measuring = timer is None
+    if measuring:
         if "gpu" in backends:
             fn, why = _plan.gpu_engine()
             if fn is None:
@@ -305,6 +414,39 @@ def calibrate_sparse(ladder: Optional[Sequence[LadderProblem]] = None, *,
                              "solve of the entry points) unless a timer= is given")
         timer, ran = _default_timer(backends, repeats, solve)
     cpu_side, gpu_side = backends
+    points = _measure(ladder, timer, cpu_side, gpu_side, ran[cpu_side], progress)
+    threshold = fit_threshold([p.intensity for p in points], [p.ratio for p in points])
+    if spsolve_ladder is None:
+        quick = len(ladder) <= len(default_ladder(quick=True))
+        spsolve_ladder = default_spsolve_ladder(quick=quick) if measuring else ()
+    spsolve_points, spsolve_threshold = (), None
+    if spsolve_ladder:
+        square_timer = timer
+        if measuring:
+            square_timer = _default_timer((SUPERLU, gpu_side), repeats, square_solve or solve)[0]
+        spsolve_points = _measure(spsolve_ladder, square_timer, SUPERLU, gpu_side, SUPERLU,
+                                  progress)
+        spsolve_threshold = fit_threshold([p.intensity for p in spsolve_points],
+                                          [p.ratio for p in spsolve_points])
+    cal = Calibration(gpu_name=str(device["name"]),
+                      compute_capability=str(device.get("compute_capability", "")),
+                      cupy_version=str(device.get("cupy_version", "")),
+                      threshold=threshold, points=tuple(points),
+                      date=datetime.date.today().isoformat(), rule=RULE,
+                      host=f"{os.cpu_count()} cores, backend {ran[cpu_side]!r}",
+                      spsolve_threshold=spsolve_threshold,
+                      spsolve_points=tuple(spsolve_points))
+    if store:
+        path = calibration_file(directory)
+        store_calibration(path, cal)
+        cal = dataclasses.replace(cal, path=str(path))
+    return cal
+
+
+def _measure(ladder, timer, cpu_side: str, gpu_side: str, cpu_ran: str,
+             progress) -> list:
+    """One :class:`CalibrationPoint` per problem: the analysis (timed apart) and
+    ``timer``'s warm times of ``cpu_side`` and ``gpu_side``."""
     points = []
     for prob in ladder:
         A = prob.make()
@@ -316,32 +458,29 @@ def calibrate_sparse(ladder: Optional[Sequence[LadderProblem]] = None, *,
         pt = CalibrationPoint(name=prob.name, shape=tuple(int(s) for s in A.shape),
                               nnz=int(A.nnz), flops=float(an.flops),
                               intensity=float(an.intensity), analyze_s=analyze_s,
-                              cpu_s=cpu_s, gpu_s=gpu_s, cpu_backend=ran[cpu_side])
+                              cpu_s=cpu_s, gpu_s=gpu_s, cpu_backend=cpu_ran)
         points.append(pt)
         if progress is not None:
             progress(pt)
-    threshold = fit_threshold([p.intensity for p in points], [p.ratio for p in points])
-    cal = Calibration(gpu_name=str(device["name"]),
-                      compute_capability=str(device.get("compute_capability", "")),
-                      cupy_version=str(device.get("cupy_version", "")),
-                      threshold=threshold, points=tuple(points),
-                      date=datetime.date.today().isoformat(), rule=RULE,
-                      host=f"{os.cpu_count()} cores, backend {ran[cpu_side]!r}")
-    if store:
-        path = calibration_file(directory)
-        store_calibration(path, cal)
-        cal = dataclasses.replace(cal, path=str(path))
-    return cal
+    return points
+
+
+def _table(points, cpu: str) -> list:
+    lines = [f"{'problem':18} {'shape':>15} {'intensity':>9} {'analyze s':>9} "
+             f"{cpu + ' s':>9} {'GPU s':>9} {'GPU/' + cpu:>11}"]
+    for p in sorted(points, key=lambda q: q.intensity):
+        shape = "x".join(str(s) for s in p.shape)
+        lines.append(f"{p.name:18} {shape:>15} {p.intensity:9.1f} {p.analyze_s:9.3f} "
+                     f"{p.cpu_s:9.4f} {p.gpu_s:9.4f} {p.ratio:11.3f}")
+    return lines
 
 
 def format_table(cal: Calibration) -> str:
-    """The measured points, the fitted threshold and the cache file, as text."""
-    lines = [f"{'problem':18} {'shape':>15} {'intensity':>9} {'analyze s':>9} "
-             f"{'CPU s':>9} {'GPU s':>9} {'GPU/CPU':>8}"]
-    for p in sorted(cal.points, key=lambda q: q.intensity):
-        shape = "x".join(str(s) for s in p.shape)
-        lines.append(f"{p.name:18} {shape:>15} {p.intensity:9.1f} {p.analyze_s:9.3f} "
-                     f"{p.cpu_s:9.4f} {p.gpu_s:9.4f} {p.ratio:8.3f}")
+    """The measured points, the fitted thresholds and the cache file, as text."""
+    lines = _table(cal.points, "CPU")
     lines.append(f"{cal.describe()} (rule: {cal.rule}; CPU side: {cal.host})")
+    if cal.spsolve_points:
+        lines += _table(cal.spsolve_points, "SuperLU")
+    lines.append(cal.describe_spsolve())
     lines.append(f"stored in {cal.path}" if cal.path else "not stored")
     return "\n".join(lines)

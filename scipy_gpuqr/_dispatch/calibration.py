@@ -1,7 +1,10 @@
-"""The stored calibration of ``auto``'s intensity threshold, per GPU model.
+"""The stored calibration of ``auto``'s intensity thresholds, per GPU model.
 
-A :class:`Calibration` (the fitted threshold and the measured points behind
-it, see :mod:`scipy_gpuqr._dispatch.calibrate`) lives in
+A :class:`Calibration` holds two fitted thresholds and the measured points
+behind them (see :mod:`scipy_gpuqr._dispatch.calibrate`): ``threshold``,
+the GPU QR against the CPU QR (``lsqr``/``lsmr``/``qr``), and
+``spsolve_threshold``, the GPU QR's square solve against SciPy's SuperLU
+(``spsolve``/``factorized``, whose CPU side is SciPy's own function). It lives in
 ``sparse_calibration.json`` in the package's user cache folder
 (:func:`scipy_gpuqr._cachedir.cache_dir`: ``$SCIPY_GPUQR_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/scipy_gpuqr``, else ``~/.cache/scipy_gpuqr``), keyed by the
@@ -26,7 +29,8 @@ from typing import Mapping, Optional
 from .._cachedir import require_cache_dir
 
 __all__ = ["CalibrationPoint", "Calibration", "calibration_file", "load_calibration",
-           "load_threshold", "store_calibration", "CACHE_NAME", "RULE"]
+           "load_threshold", "load_spsolve_threshold", "store_calibration", "CACHE_NAME",
+           "RULE"]
 
 CACHE_NAME = "sparse_calibration.json"
 _FORMAT = 1
@@ -37,7 +41,12 @@ RULE = ("smallest measured intensity above which every GPU/CPU ratio < 1, "
 
 @dataclasses.dataclass(frozen=True)
 class CalibrationPoint:
-    """Warm timings of one problem on both backends (seconds)."""
+    """Warm timings of one problem on both backends (seconds).
+
+    ``cpu_backend`` names the CPU side that ran: ``'cpu'`` (SuiteSparseQR),
+    ``'reference'``, or ``'superlu'`` (SciPy's SuperLU, for the points of
+    the ``spsolve`` threshold).
+    """
 
     name: str
     shape: tuple
@@ -81,6 +90,7 @@ class Calibration:
     threshold : float
         Flops/byte at and above which ``auto`` picks the GPU (``inf``: never).
     points : tuple of CalibrationPoint
+        The GPU and CPU QR timings ``threshold`` was fitted to.
     date : str
         ISO date of the measurement.
     rule : str
@@ -89,6 +99,14 @@ class Calibration:
         The CPU side (cores, backend that ran).
     path : str or None
         The cache file it was stored in or read from.
+    spsolve_threshold : float or None
+        Flops/byte at and above which ``spsolve``/``factorized`` under
+        ``auto`` use the GPU QR instead of SciPy's SuperLU (``inf``: never);
+        None when not measured (the dispatcher then uses
+        :data:`~scipy_gpuqr._options.DEFAULT_SPSOLVE_THRESHOLD`).
+    spsolve_points : tuple of CalibrationPoint
+        SuperLU (``cpu_s``, ``cpu_backend='superlu'``) against the GPU QR's
+        square solve (``gpu_s``), the points ``spsolve_threshold`` was fitted to.
     """
 
     gpu_name: str
@@ -100,28 +118,46 @@ class Calibration:
     rule: str = RULE
     host: str = ""
     path: Optional[str] = None
+    spsolve_threshold: Optional[float] = None
+    spsolve_points: tuple = ()
 
     def describe(self) -> str:
         """One line: ``threshold <t> flops/byte, calibrated <date> for <GPU model>``."""
         return (f"threshold {_fmt_threshold(self.threshold)} flops/byte, "
                 f"calibrated {self.date} for {self.gpu_name}")
 
+    def describe_spsolve(self) -> str:
+        """One line for the SuperLU threshold (``spsolve``/``factorized``), or why there is none."""
+        if self.spsolve_threshold is None:
+            return f"spsolve threshold not measured for {self.gpu_name}"
+        return (f"spsolve threshold {_fmt_threshold(self.spsolve_threshold)} flops/byte "
+                f"(GPU QR against SciPy's SuperLU), calibrated {self.date} for "
+                f"{self.gpu_name}")
+
     def to_json(self) -> dict:
-        return {"gpu_name": self.gpu_name, "compute_capability": self.compute_capability,
-                "cupy_version": self.cupy_version,
-                "threshold": _threshold_to_json(self.threshold),
-                "date": self.date, "rule": self.rule, "host": self.host,
-                "points": [p.to_json() for p in self.points]}
+        out = {"gpu_name": self.gpu_name, "compute_capability": self.compute_capability,
+               "cupy_version": self.cupy_version,
+               "threshold": _threshold_to_json(self.threshold),
+               "date": self.date, "rule": self.rule, "host": self.host,
+               "points": [p.to_json() for p in self.points]}
+        if self.spsolve_threshold is not None:
+            out["spsolve_threshold"] = _threshold_to_json(self.spsolve_threshold)
+            out["spsolve_points"] = [p.to_json() for p in self.spsolve_points]
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping, path: Optional[str] = None) -> "Calibration":
+        spsolve = d.get("spsolve_threshold")
         return cls(gpu_name=str(d["gpu_name"]),
                    compute_capability=str(d.get("compute_capability", "")),
                    cupy_version=str(d.get("cupy_version", "")),
                    threshold=_threshold_from_json(d["threshold"]),
                    points=tuple(CalibrationPoint.from_json(p) for p in d.get("points", ())),
                    date=str(d.get("date", "")), rule=str(d.get("rule", RULE)),
-                   host=str(d.get("host", "")), path=path)
+                   host=str(d.get("host", "")), path=path,
+                   spsolve_threshold=None if spsolve is None else _threshold_from_json(spsolve),
+                   spsolve_points=tuple(CalibrationPoint.from_json(p)
+                                        for p in d.get("spsolve_points", ())))
 
 
 def _fmt_threshold(t: float) -> str:
@@ -208,3 +244,11 @@ def load_threshold(gpu_name: Optional[str], *,
     """The calibrated threshold (flops/byte, maybe ``inf``) of a GPU model, or None."""
     cal = load_calibration(gpu_name, directory=directory)
     return None if cal is None else cal.threshold
+
+
+def load_spsolve_threshold(gpu_name: Optional[str], *,
+                           directory: Optional[os.PathLike] = None) -> Optional[float]:
+    """The threshold calibrated against SciPy's SuperLU (flops/byte, maybe ``inf``)
+    of a GPU model, or None (not calibrated, or calibrated without it)."""
+    cal = load_calibration(gpu_name, directory=directory)
+    return None if cal is None else cal.spsolve_threshold

@@ -30,6 +30,17 @@ Backends
     ``scipy-gpuqr calibrate`` stored for this GPU model
     (:mod:`scipy_gpuqr._dispatch.calibration`), else the paper's 10 flops/byte;
     ``info`` (``threshold``, ``threshold_source``) and the log say which.
+
+Square solves (``spsolve``, ``factorized``)
+    Their CPU side under ``auto`` is SciPy's own function (SuperLU), not a
+    CPU QR: ``plan_factorization(..., cpu_side='superlu')`` returns a plan
+    whose backend is :data:`SUPERLU` (no factorize callable; the caller
+    hands the call to SciPy) unless the GPU QR is at least as fast by the
+    threshold calibrated against SuperLU (:func:`spsolve_threshold`).
+    Without a GPU, a GPU engine or a supported dtype, that is known before
+    any analysis (:func:`superlu_at_once`), so SuperLU answers at once.
+    The decision is logged as ``SuperLU (SciPy) answered: <why>`` or
+    ``QR on GPU: <why>``. Explicit backends always factorize with the QR.
 """
 
 from __future__ import annotations
@@ -49,13 +60,17 @@ from .._engine.gpu import driver as gpu_driver
 from .._engine.gpu import solve as gpu_solve
 from .._engine.host import reference, simulate
 from .._errors import GpuFallbackWarning
-from .._options import DEFAULT_INTENSITY_THRESHOLD, Settings, log_decision, resolve_settings
+from .._options import (DEFAULT_INTENSITY_THRESHOLD, DEFAULT_SPSOLVE_THRESHOLD, Settings,
+                        log_decision, resolve_settings)
 from .._symbolic import analyze as symbolic_analyze
 from .calibration import load_calibration
 
 __all__ = ["GpuFallbackWarning", "Plan", "plan_factorization",
            "backend_factorizer", "absolute_tol", "available_host_memory", "gpu_engine",
-           "auto_threshold"]
+           "auto_threshold", "spsolve_threshold", "superlu_at_once", "SUPERLU"]
+
+#: The backend of a square-solve plan that SciPy's own function answers (SuperLU).
+SUPERLU = "superlu"
 
 #: Orderings tried, in this order, when the requested one does not fit.
 _FALLBACK_ORDERINGS = ("amd", "natural")
@@ -154,7 +169,9 @@ class Plan:
     Attributes
     ----------
     backend : str
-        The backend that runs ('gpu', 'cpu', 'reference', 'simulate').
+        The backend that runs ('gpu', 'cpu', 'reference', 'simulate'), or
+        :data:`SUPERLU` when SciPy's own function answers a square solve
+        (``cpu_side='superlu'``; no factorize callable then).
     requested : str
         What the caller's settings asked for.
     source : str
@@ -173,7 +190,8 @@ class Plan:
     factorize_fn : callable or None
         The backend's factorize callable (:func:`backend_factorizer`).
     threshold : float or None
-        The intensity threshold ``auto`` compared with (None: not consulted).
+        The intensity threshold ``auto`` compared with (None: not consulted);
+        for square solves the one against SuperLU.
     threshold_source : str
         Where it came from (options, the calibration of this GPU model with
         its date, or the default).
@@ -244,7 +262,7 @@ def _fits(analysis, avail) -> bool:
 
 def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
                        ordering: Optional[str] = None, dtype=np.float64,
-                       analyze: bool = True) -> Plan:
+                       analyze: bool = True, cpu_side: str = "qr") -> Plan:
     """Decide where A is factorized, with every reason recorded and logged.
 
     Parameters
@@ -261,18 +279,33 @@ def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
         Working dtype (GPU eligibility).
     analyze : bool
         Run the symbolic analysis (intensity, memory estimate).
+    cpu_side : {'qr', 'superlu'}
+        What ``auto`` weighs the GPU against: a CPU QR (:func:`auto_threshold`),
+        or, for ``spsolve``/``factorized``, SciPy's SuperLU
+        (:func:`spsolve_threshold`); then the plan's backend is
+        :data:`SUPERLU` where SciPy should answer (without an analysis when
+        :func:`superlu_at_once` says so, and instead of a MemoryError when
+        the QR cannot fit). Explicit backends ignore it.
 
     Raises
     ------
     MemoryError
         The factorization cannot fit in the host memory available, with
-        any ordering tried.
+        any ordering tried (not raised where SuperLU can answer instead).
     """
     if settings is None:
         settings = resolve_settings()
     requested, source, options = settings.backend, settings.source, settings.options
+    if cpu_side not in ("qr", SUPERLU):
+        raise ValueError(f"cpu_side must be 'qr' or {SUPERLU!r}, got {cpu_side!r}")
     ordering = ordering or options.ordering
     reasons = [f"backend {requested!r} from {source}"]
+    versus_superlu = requested == "auto" and cpu_side == SUPERLU
+    if versus_superlu:
+        why = _gpu_unusable(dtype)[0]
+        if why is not None:
+            reasons.append(why)
+            return _superlu_plan(A, requested, source, reasons, ordering)
     analysis = None
     t0 = time.perf_counter()
     if analyze and min(A.shape) > 0:
@@ -303,6 +336,11 @@ def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
                     analysis, ordering, found = other, alt, True
                     colperm = np.asarray(other.colperm, dtype=np.int64)
                     break
+            if not found and versus_superlu:
+                reasons.append(f"the QR cannot fit ({msg})")
+                return _superlu_plan(A, requested, source, reasons, ordering,
+                                     analysis=analysis,
+                                     analyze_time=time.perf_counter() - t0)
             if not found:
                 log_decision("memory guard: %s", msg)
                 raise MemoryError(f"sparse QR of a {A.shape[0]}x{A.shape[1]} matrix "
@@ -313,7 +351,10 @@ def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
     chosen = requested
     threshold = None
     if requested == "auto":
-        chosen, threshold = _auto_choice(analysis, options, dtype, reasons)
+        chosen, threshold = _auto_choice(analysis, options, dtype, reasons, cpu_side)
+    if chosen == SUPERLU:
+        return _superlu_plan(A, requested, source, reasons, ordering, analysis=analysis,
+                             analyze_time=analyze_time, threshold=threshold)
     factorize_fn, ran, note = backend_factorizer(chosen)
     if chosen == "gpu" and factorize_fn is None:
         why = note
@@ -331,8 +372,45 @@ def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
                 threshold=None if threshold is None else threshold[0],
                 threshold_source="" if threshold is None else threshold[1],
                 gpu_name=None if threshold is None else threshold[2])
-    log_decision("%dx%d nnz=%d: %s", A.shape[0], A.shape[1], A.nnz, "; ".join(reasons))
+    if cpu_side == SUPERLU:
+        where = "GPU" if ran == "gpu" else f"the CPU ({ran!r})"
+        log_decision("%dx%d nnz=%d: QR on %s: %s", A.shape[0], A.shape[1], A.nnz, where,
+                     "; ".join(reasons))
+    else:
+        log_decision("%dx%d nnz=%d: %s", A.shape[0], A.shape[1], A.nnz, "; ".join(reasons))
     return plan
+
+
+def _superlu_plan(A, requested, source, reasons, ordering, *, analysis=None,
+                  analyze_time=0.0, threshold=None) -> Plan:
+    """The plan of a square solve that SciPy's own function answers, logged."""
+    reasons.append("SciPy's SuperLU answers")
+    plan = Plan(backend=SUPERLU, requested=requested, source=source, reasons=reasons,
+                ordering=ordering, analysis=analysis, analyze_time=analyze_time,
+                threshold=None if threshold is None else threshold[0],
+                threshold_source="" if threshold is None else threshold[1],
+                gpu_name=None if threshold is None else threshold[2])
+    log_decision("%dx%d nnz=%d: SuperLU (SciPy) answered: %s", A.shape[0], A.shape[1],
+                 A.nnz, "; ".join(reasons[:-1]))
+    return plan
+
+
+def superlu_at_once(settings: Settings) -> Optional[str]:
+    """Why SciPy's SuperLU answers a square solve at once, or None when it may not.
+
+    For ``spsolve``/``factorized`` before their input is validated or
+    analysed: under ``auto`` without a GPU engine or a GPU that answers,
+    SciPy's own function answers whatever the matrix, so no analysis runs.
+    None for explicit backends (always the QR) and where a GPU is usable
+    (the intensity decides, :func:`plan_factorization` with
+    ``cpu_side='superlu'``).
+    """
+    if settings.backend != "auto":
+        return None
+    why = _gpu_unusable(None)[0]
+    if why is None:
+        return None
+    return f"backend 'auto' from {settings.source}; {why}"
 
 
 def auto_threshold(options, gpu_name) -> tuple[float, str]:
@@ -350,28 +428,60 @@ def auto_threshold(options, gpu_name) -> tuple[float, str]:
     return DEFAULT_INTENSITY_THRESHOLD, f"default, not calibrated for {gpu_name or 'this GPU'}"
 
 
-def _auto_choice(analysis, options, dtype, reasons) -> tuple[str, Optional[tuple]]:
-    """``auto``'s backend and ``(threshold, its source, GPU model)`` when a GPU was consulted."""
+def spsolve_threshold(options, gpu_name) -> tuple[float, str]:
+    """The intensity threshold against SciPy's SuperLU, and where it came from.
+
+    ``auto``'s ``spsolve``/``factorized`` use the GPU QR at and above it.
+    ``options.spsolve_threshold`` when set; else the one ``scipy-gpuqr
+    calibrate`` stored for ``gpu_name`` beside the QR threshold; else
+    :data:`~scipy_gpuqr._options.DEFAULT_SPSOLVE_THRESHOLD`.
+    """
+    if options.spsolve_threshold is not None:
+        return float(options.spsolve_threshold), "from gpuqr_options"
+    cal = load_calibration(gpu_name)
+    if cal is not None and cal.spsolve_threshold is not None:
+        return cal.spsolve_threshold, f"calibrated against SuperLU {cal.date} for {cal.gpu_name}"
+    return (DEFAULT_SPSOLVE_THRESHOLD,
+            f"default, not calibrated against SuperLU for {gpu_name or 'this GPU'}")
+
+
+def _gpu_unusable(dtype) -> tuple[Optional[str], Optional[str]]:
+    """``(why the GPU cannot factorize, None)`` or ``(None, the GPU model)``.
+
+    Cheap (no analysis): the GPU engine, a GPU that answers, and ``dtype``
+    (None: not checked yet).
+    """
     factorize, why = gpu_engine()
     if factorize is None:
-        reasons.append(f"auto: CPU ({why})")
-        return "cpu", None
+        return why, None
     info = _gpu.gpu_info()
     if not info["available"]:
-        reasons.append(f"auto: CPU (no GPU: {info['reason']})")
-        return "cpu", None
-    if np.dtype(dtype) not in (np.float64, np.float32):
-        reasons.append(f"auto: CPU (dtype {np.dtype(dtype)} not supported on the GPU)")
-        return "cpu", None
-    name = info.get("name")
-    threshold, source = auto_threshold(options, name)
+        return f"no GPU: {info['reason']}", None
+    if dtype is not None and np.dtype(dtype) not in (np.float64, np.float32):
+        return f"dtype {np.dtype(dtype)} not supported on the GPU", None
+    return None, info.get("name")
+
+
+def _auto_choice(analysis, options, dtype, reasons,
+                 cpu_side: str = "qr") -> tuple[str, Optional[tuple]]:
+    """``auto``'s backend and ``(threshold, its source, GPU model)`` when a GPU was consulted.
+
+    The CPU side is ``'cpu'`` (a CPU QR, :func:`auto_threshold`) or
+    :data:`SUPERLU` (SciPy's SuperLU, :func:`spsolve_threshold`).
+    """
+    cpu, label = ("cpu", "CPU") if cpu_side == "qr" else (SUPERLU, "SuperLU")
+    why, name = _gpu_unusable(dtype)
+    if why is not None:
+        reasons.append(f"auto: {label} ({why})")
+        return cpu, None
+    threshold, source = (auto_threshold if cpu_side == "qr" else spsolve_threshold)(options, name)
     intensity = getattr(analysis, "intensity", None)
     if intensity is None:
-        reasons.append("auto: CPU (no analysis, intensity unknown)")
-        return "cpu", (threshold, source, name)
+        reasons.append(f"auto: {label} (no analysis, intensity unknown)")
+        return cpu, (threshold, source, name)
     said = f"threshold {threshold:.3g} flops/byte, {source}"
     if not intensity >= threshold:
-        reasons.append(f"auto: CPU (intensity {intensity:.3g} < {said})")
-        return "cpu", (threshold, source, name)
+        reasons.append(f"auto: {label} (intensity {intensity:.3g} < {said})")
+        return cpu, (threshold, source, name)
     reasons.append(f"auto: GPU (intensity {intensity:.3g} >= {said})")
     return "gpu", (threshold, source, name)
