@@ -2,27 +2,32 @@
 
 SciPy's parameters (names, order, defaults) are an exact prefix of ours;
 what we add (``backend``, ``gpuqr_options``) is keyword-only. Each function
-validates its inputs (:mod:`scipy_gpuqr._validate`), resolves its settings
-once, gets the minimum-norm least-squares answer
-(:mod:`scipy_gpuqr._factor.least_squares`) and shapes SciPy's tuple: the
-stopping tests (``istop``) applied to the final x, and the ``show`` summary.
-Inputs we do not serve go to SciPy's original function
-(:mod:`scipy_gpuqr._api.fallback`).
+checks its inputs (:func:`scipy_gpuqr._factor.least_squares.check_problem`),
+resolves its settings once, and answers:
 
-CuPy in → CuPy out. b is checked on the host, so b and x cross once each way;
-with a GPU factorization the solve itself runs on the device.
+* under backend ``'auto'``: SciPy's own algorithm with the caller's
+  arguments when its convergence tests stop it within ``auto``'s allowance —
+  SciPy's tuple as SciPy gives it (bit for bit on the CPU; on a GPU CuPy in,
+  CuPy out without a host copy of b or x) — and otherwise the sparse QR
+  (:mod:`scipy_gpuqr._dispatch.iterate_first`);
+* under an explicit backend: always the sparse QR.
+
+The QR's answer is the minimum-norm least-squares solution, with SciPy's
+tuple filled from it: the stopping tests (``istop``) applied to the final x,
+``itn = 0``, and the ``show`` summary. Inputs we do not serve go to SciPy's
+original function (:mod:`scipy_gpuqr._api.fallback`). Each call logs who
+answered and why (logger ``scipy_gpuqr``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .._factor.least_squares import solve_least_squares, start, trivial_answer
+from .._factor.least_squares import (StoppingRules, check_problem, iterate, log_answer,
+                                     solve_least_squares, start, trivial_answer)
 from .._options import resolve_settings
-from .._validate import (LSTSQ_RHS, as_matrix, check_damp, check_rhs, check_x0, to_output,
-                         unsupported_reason)
+from .._validate import to_output, unsupported_reason
 from .fallback import fallback
-from .originals import original
 
 __all__ = ["lsqr", "lsmr"]
 
@@ -72,20 +77,28 @@ _MSG = ('The exact solution is x = 0, or x = x0                   ',
         'The iteration limit has been reached                      ')
 
 
-def _show(name, m, n, istop, ans, xnorm):
-    F = ans.factorization
-    how = (f"direct sparse QR on {F.info['backend']!r}" if F is not None
-           else f"LSQR iterations under backend 'auto', {ans.itn} iterations")
+def _show(name: str, shape, istop: int, itn: int, who: str, lines, ans=None) -> None:
+    """``show=True``: a closing summary in SciPy's terms, naming who answered (and,
+    for the QR's answer ``ans``, the rank it kept)."""
+    m, n = shape
     print(" ")
-    print(f"{name} (scipy_gpuqr, {how}): A has {m} rows and {n} columns")
+    print(f"{name} (scipy_gpuqr, {who}): A has {m} rows and {n} columns")
     print(_MSG[istop])
-    print(f"istop ={istop:8g}   r1norm ={ans.r1norm:8.1e}   anorm ={ans.anorm:8.1e}   "
-          f"arnorm ={ans.arnorm:8.1e}")
-    print(f"itn   ={ans.itn:8g}   r2norm ={ans.r2norm:8.1e}   acond ={ans.acond:8.1e}   "
-          f"xnorm  ={xnorm:8.1e}")
+    print(f"istop ={istop:8g}   itn ={itn:8g}")
+    for label, value in lines:
+        print(f"{label:7s}={value:8.1e}")
+    F = None if ans is None else ans.factorization
     if F is not None:
-        print(f"rank  ={F.rank:8g}   ({F.info.get('rank_decision', {}).get('method', '')})")
+        print(f"rank   ={F.rank:8g}   ({F.info.get('rank_decision', {}).get('method', '')})")
     print(" ")
+
+
+def _qr_who(ans) -> str:
+    F = ans.factorization
+    if F is None:
+        return "the start: x0 (or 0) is exact"
+    backend = F.plan.backend
+    return "QR on GPU" if backend == "gpu" else f"QR on CPU ({backend!r})"
 
 
 def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
@@ -93,14 +106,19 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
          backend=None, gpuqr_options=None):
     """Least-squares solution of ``A x = b`` with SciPy's ``lsqr`` interface.
 
-    Returns the minimum 2-norm least-squares solution — what the LSQR
-    iteration converges to from x0 = 0, and what
+    Under backend ``'auto'`` (the default) SciPy's LSQR runs with the
+    caller's arguments — on the GPU when one is used (CuPy data, or a problem
+    large enough), else on the CPU, bit for bit SciPy's result — and when
+    its tolerance tests stop it (``istop`` 1, 2, 4 or 5) its tuple is the
+    answer, exactly as SciPy's ``lsqr`` returns it. Otherwise — the caller's
+    tolerances are 0, ``conlim`` or ``iter_lim`` stops (or would stop) the
+    run, or iterating would cost more than factorizing
+    (:mod:`scipy_gpuqr._dispatch.iterate_first`) — and under every explicit
+    backend, a sparse QR answers with the minimum 2-norm least-squares
+    solution: what the LSQR iteration converges to from x0 = 0, and what
     ``numpy.linalg.lstsq(A.toarray(), b, rcond=None)`` returns (rank rule:
     singular values ``<= eps·max(m, n)·σ_max`` are zero), at working
-    precision. Rank-deficient, wide and tall A alike; no warnings. Under
-    backend 'auto' LSQR runs first on a small budget and answers when it
-    reaches working precision (well-conditioned problems); otherwise a
-    direct sparse QR answers (:mod:`scipy_gpuqr._dispatch.iterate_first`).
+    precision. Rank-deficient, wide and tall A alike; no warnings.
 
     Parameters
     ----------
@@ -111,52 +129,64 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
     damp : float
         Solves ``min ‖[A; damp·I] x − [b; 0]‖``.
     atol, btol, conlim : float
-        Used only for ``istop``: SciPy's own tests applied to the final x.
+        SciPy's stopping tolerances: they stop SciPy's iterations; for the
+        QR's answer, SciPy's tests applied to the final x give ``istop``.
+        ``atol = btol = 0`` or ``conlim = 0`` ask for maximum precision: the
+        QR answers.
     iter_lim : int or None
-        Accepted and ignored (a direct method has no iterations).
+        SciPy's iteration limit (``2 n`` by default). A run that reaches it,
+        or is projected to, is answered by the QR instead.
     show : bool
-        Print a short summary.
+        Print a closing summary, naming who answered.
     calc_var : bool
-        Return ``diag(pinv(AᵀA + damp²I))``: exact through R (or a dense
-        pseudo-inverse for wide A up to 4e6 entries); NaN where that is not
-        affordable (rank-deficient problems with more than
+        SciPy's estimate of ``diag(pinv(AᵀA + damp²I))`` when SciPy's LSQR
+        answers; when the QR answers, the exact values through R (or a
+        dense pseudo-inverse for wide A up to 4e6 entries), NaN where that is
+        not affordable (rank-deficient problems with more than
         :data:`~scipy_gpuqr._factor.lstsq.DENSE_LIMIT` columns, large wide ones).
     x0 : array_like, shape (n,), optional
-        Starting point: the answer is ``x0 +`` the minimum-norm correction.
+        Starting point: the answer is ``x0 +`` the correction.
     backend, gpuqr_options
         Keyword-only additions (see :class:`~scipy_gpuqr.QRFactorization`).
 
     Returns
     -------
     x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var
-        SciPy's 10-tuple. ``x`` is float64. ``itn`` is the number of LSQR
-        iterations when the iterate-first pass answered (backend 'auto',
-        see :mod:`scipy_gpuqr._dispatch.iterate_first`), else 0. ``r1norm``,
-        ``r2norm``, ``arnorm`` and ``xnorm`` (of ``x − x0``, as SciPy's) are
-        computed from the final x; ``anorm`` is ``‖[A; damp·I]‖_F``;
-        ``acond`` is ``anorm / σ_min`` with σ_min of the retained part
-        (exact from an SVD of R when one was needed, otherwise an
-        estimate).
+        SciPy's 10-tuple; ``x`` and ``var`` float64, CuPy when the caller
+        passed CuPy data. From SciPy's LSQR: its tuple. From the QR:
+        ``itn = 0``; ``r1norm``, ``r2norm``, ``arnorm`` and ``xnorm`` (of
+        ``x − x0``, as SciPy's) computed from the final x; ``anorm`` is
+        ``‖[A; damp·I]‖_F``; ``acond`` is ``anorm / σ_min`` with σ_min of the
+        retained part (exact from an SVD of R when one was needed, otherwise
+        an estimate).
     """
     reason = unsupported_reason(A, b, x0)
     if reason is not None:
         return fallback("lsqr", reason, A, b, damp=damp, atol=atol, btol=btol,
                         conlim=conlim, iter_lim=iter_lim, show=show,
                         calc_var=calc_var, x0=x0)
-    mi = as_matrix(A)
-    m, n = mi.shape
-    rhs = check_rhs(b, m, LSTSQ_RHS, func="lsqr")
-    x0v = check_x0(x0, n)
-    damp = check_damp(damp)
-    begin = start(mi.A, rhs.B[:, 0], x0v)
+    problem = check_problem(A, b, x0, damp, func="lsqr")
+    settings = resolve_settings(backend, gpuqr_options)
+    found, planned, why = iterate(problem, "lsqr", StoppingRules(atol, btol, conlim, iter_lim,
+                                                                 calc_var), settings)
+    if found is not None:
+        log_answer("lsqr", problem, found.who, why)
+        out = found.result
+        if show:
+            _show("LSQR", problem.shape, out[1], out[2], found.who,
+                  zip(("r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm"), out[3:9]))
+        return out
+    mi = problem.matrix()
+    n = problem.shape[1]
+    x0v = problem.host_x0()
+    begin = start(mi.A, problem.host_b(), x0v)
     if begin.trivial:                   # SciPy: x = x0 (or 0), istop 0
         ans = trivial_answer(begin, x0v, n)
         istop, xnorm = 0, 0.0
         out = (ans.x, 0, 0, ans.r1norm, ans.r2norm, 0, 0, 0.0, 0, ans.var)
     else:
-        settings = resolve_settings(backend, gpuqr_options)
-        ans = solve_least_squares(mi, x0v, damp, begin, calc_var=calc_var,
-                                  settings=settings, lsqr=original("lsqr"))
+        ans = solve_least_squares(problem, begin, calc_var=calc_var, settings=settings,
+                                  planned=planned)
         xnorm = float(np.linalg.norm(ans.dx))
         ctol = 1 / conlim if conlim > 0 else 0
         tests = _tests(ans.r2norm, ans.arnorm, ans.anorm, ans.acond, xnorm,
@@ -164,9 +194,12 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         istop = _istop(*tests, atol, ctol)
         out = (ans.x, istop, ans.itn, ans.r1norm, ans.r2norm, ans.anorm, ans.acond,
                ans.arnorm, xnorm, ans.var)
+    who = _qr_who(ans)
+    log_answer("lsqr", problem, who, why)
     if show:
-        _show("LSQR", m, n, istop, ans, xnorm)
-    on_gpu = mi.on_gpu or rhs.on_gpu
+        _show("LSQR", problem.shape, istop, 0, who,
+              zip(("r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm"), out[3:9]), ans)
+    on_gpu = problem.on_gpu
     return (to_output(out[0], on_gpu),) + out[1:9] + (to_output(out[9], on_gpu),)
 
 
@@ -174,31 +207,45 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
          maxiter=None, show=False, x0=None, *, backend=None, gpuqr_options=None):
     """Least-squares solution of ``A x = b`` with SciPy's ``lsmr`` interface.
 
-    Same solution rule as :func:`lsqr` (minimum 2-norm least squares by a
-    direct sparse QR). ``maxiter`` is accepted and ignored.
+    The rule of :func:`lsqr` with SciPy's LSMR: under backend ``'auto'``
+    SciPy's LSMR with the caller's arguments answers when its tolerance
+    tests stop it, else (and under explicit backends) the sparse QR's
+    minimum 2-norm least-squares solution. ``maxiter`` is SciPy's iteration
+    limit (``min(m, n)`` by default).
 
     Returns
     -------
     x, istop, itn, normr, normar, norma, conda, normx
         SciPy's 8-tuple; x has dtype ``result_type(A, b, x0, float)`` like
-        SciPy's lsmr (float32 in, float32 out). ``itn`` as lsqr's; ``normx`` is
-        ``‖x‖``; ``conda`` as lsqr's ``acond``.
+        SciPy's lsmr (float32 in, float32 out; SciPy's iterations run in
+        float64 here). From the QR: ``itn = 0``; ``normx`` is ``‖x‖``;
+        ``conda`` as lsqr's ``acond``.
     """
     reason = unsupported_reason(A, b, x0)
     if reason is not None:
         return fallback("lsmr", reason, A, b, damp=damp, atol=atol, btol=btol,
                         conlim=conlim, maxiter=maxiter, show=show, x0=x0)
-    mi = as_matrix(A)
-    m, n = mi.shape
-    rhs = check_rhs(b, m, LSTSQ_RHS, func="lsmr")
-    x0v = check_x0(x0, n)
-    dtypes = [mi.dtype, rhs.dtype] + ([np.asarray(x0).dtype] if x0 is not None
-                                      and not hasattr(x0, "device") else [])
+    problem = check_problem(A, b, x0, damp, func="lsmr")
+    dtypes = [problem.dtype, problem.b_dtype] + ([np.asarray(x0).dtype] if x0 is not None
+                                                 and not hasattr(x0, "device") else [])
     dtype = np.result_type(*dtypes, np.float32)
     if dtype.kind != "f":
         dtype = np.dtype(np.float64)
-    bb = rhs.B[:, 0]
-    begin = start(mi.A, bb, x0v)
+    settings = resolve_settings(backend, gpuqr_options)
+    names = ("normr", "normar", "norma", "conda", "normx")
+    found, planned, why = iterate(problem, "lsmr", StoppingRules(atol, btol, conlim, maxiter),
+                                  settings)
+    if found is not None:
+        log_answer("lsmr", problem, found.who, why)
+        out = found.result
+        if show:
+            _show("LSMR", problem.shape, out[1], out[2], found.who, zip(names, out[3:8]))
+        x = out[0]
+        return (x if x.dtype == dtype else x.astype(dtype),) + tuple(out[1:])
+    mi = problem.matrix()
+    n = problem.shape[1]
+    x0v = problem.host_x0()
+    begin = start(mi.A, problem.host_b(), x0v)
     ans = None
     if begin.trivial:  # SciPy: x = x0 (or 0), istop 0
         x = np.zeros(n) if x0v is None else x0v
@@ -207,10 +254,8 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         out, istop = (np.zeros(n), 0, 0, begin.beta, begin.alfa * begin.beta, begin.alfa,
                       1, 0), 0
     else:
-        damp = check_damp(damp)
-        settings = resolve_settings(backend, gpuqr_options)
-        ans = solve_least_squares(mi, x0v, damp, begin, calc_var=False, settings=settings,
-                                  lsqr=original("lsqr"))
+        ans = solve_least_squares(problem, begin, calc_var=False, settings=settings,
+                                  planned=planned)
         normr = ans.r2norm
         normx = float(np.linalg.norm(ans.x))
         ctol = 1 / conlim if conlim > 0 else 0
@@ -218,9 +263,9 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
                        atol, btol, lsmr=True)
         istop = _istop(*tests, atol, ctol)
         out = (ans.x, istop, ans.itn, normr, ans.arnorm, ans.anorm, ans.acond, normx)
-    if show and ans is not None:
-        _show("LSMR", m, n, istop, ans, float(np.linalg.norm(out[0])))
-    elif show:
-        print(_MSG[0])
+    who = _qr_who(ans) if ans is not None else "the start: x0 (or 0) is exact"
+    log_answer("lsmr", problem, who, why)
+    if show:
+        _show("LSMR", problem.shape, istop, 0, who, zip(names, out[3:8]), ans)
     x = np.asarray(out[0]).astype(dtype, copy=False)
-    return (to_output(x, mi.on_gpu or rhs.on_gpu),) + out[1:]
+    return (to_output(x, problem.on_gpu),) + out[1:]

@@ -1,16 +1,16 @@
 """Predicted time of a planned direct solve, from the calibration's measurements.
 
-``auto``'s iterate-first rule (:mod:`scipy_gpuqr._dispatch.iterate_first`) lets LSQR
-spend a fixed share of the direct solve's predicted time, so that a patched
-call is never much slower than the direct solve alone. The prediction
-interpolates the warm times that ``scipy-gpuqr calibrate`` stored for this
-GPU model (:mod:`scipy_gpuqr._dispatch.calibration`: the factorization plus
+``auto``'s iterate-first rule (:mod:`scipy_gpuqr._dispatch.iterate_first`) lets
+SciPy's LSQR/LSMR iterate only while their projected time stays within the
+direct solve's predicted time, so that a patched call is never much slower
+than the better of the two. The prediction interpolates the warm times that
+``scipy-gpuqr calibrate`` stored for this GPU model
+(:mod:`scipy_gpuqr._dispatch.calibration`: the factorization plus
 one least-squares solve, both backends, against the analysis' flop count),
 log-log between measured points and proportionally to the flops beyond them.
 Without a calibration a deliberately simple model answers: a fixed overhead
 plus flops at a nominal rate (:data:`NOMINAL_RATES`, the CPU's scaled by the
-core count), within a small factor of measured times; the share absorbs
-that error.
+core count), within a small factor of measured times.
 """
 
 from __future__ import annotations

@@ -1,318 +1,409 @@
-"""Iterate first, factorize only when iterating would cost more (lsqr/lsmr, backend 'auto').
+"""``auto``'s rule for ``lsqr``/``lsmr``: SciPy's iterations first, the QR where they would not do.
 
-A patched ``lsqr`` must never make a user's call many times slower. Many
-least-squares problems are well conditioned, and SciPy's LSQR reaches a
-backward error at working precision in a few hundred cheap iterations,
-while a sparse QR of the same matrix may cost an order of magnitude more.
+Under backend ``'auto'`` (the default, what patched code gets) the caller's
+arguments are the contract. SciPy's algorithm runs with them
+(:mod:`scipy_gpuqr._iterative`: SciPy's recurrences and stopping tests, bit for
+bit SciPy's result on the CPU, CuPy vectors and a cupyx matrix on a GPU). When
+one of SciPy's convergence tests stops it (``istop`` 1 or 2, or their
+machine-precision forms 4 and 5) its tuple is the answer, as SciPy gives it.
+The sparse QR answers instead, with the minimum-norm solution, when SciPy's run
+would not converge or would cost more than the factorization:
 
-So under ``backend='auto'`` the least-squares entry points first run
-SciPy's LSQR with machine-precision tolerances within an *allowance*
-(:func:`iterate_first`):
-:data:`ITERATION_SHARE` of the factorization's predicted time
-(:mod:`scipy_gpuqr._dispatch.cost_model`: the analysis' flops against the
-calibrated timings of the backend ``auto`` chose), capped by the
-matrix-vector work :data:`ITERATION_FLOPS` and :data:`MAX_ITERATIONS`. A
-matrix with up to :data:`ANALYSIS_FIRST_NNZ` entries is analysed first
-(milliseconds); a larger one runs one piece of :data:`PRE_ANALYSIS_ITERATIONS`
-iterations before its analysis, so a well-conditioned large problem is
-answered without it. LSQR's answer is accepted
-only when the *true* backward error of the final x is at working precision
-(:func:`accept`, :func:`backward_error`): ‖Āᵀr̄‖ ≤ 16·eps·‖Ā‖_F·‖r̄‖ for
-the (damped) least-squares problem, or ‖r̄‖ ≤ 16·eps·(‖Ā‖_F‖x‖ + ‖b‖) for a
-consistent one. Otherwise the direct QR answers, with the plan already
-made; a problem whose first two pieces project no convergence within the
-allowance stops there. So a call that iterates in vain costs at most about
-``1 + ITERATION_SHARE`` times the factorization (plus the prediction's
-error), and one that converges costs less than that share of it.
+* the caller asked for maximum precision (:func:`zero_tolerances`);
+* the run stopped otherwise: the condition limit (``istop`` 3, 6), the
+  iteration limit (7), or this rule (:class:`Allowance`) stopped it because
+  its projection says that ``iter_lim`` or ``conlim`` will stop it, or that
+  iterating on would cost more than the factorization's predicted time.
 
-The answer is still the minimum 2-norm least-squares solution: LSQR's
-iterates from the starting point stay in range(Aᵀ), so the correction it
-converges to is the minimum-norm one; directions of singular values below
-the working precision stay unresolved (near zero), as numpy.linalg.lstsq's
-rank rule zeroes them. ``backend='cpu'``/``'gpu'``/... (keyword, options
-or environment) and ``GpuqrOptions(iterate_first=False)`` always factorize;
-``calc_var=True`` always factorizes (the variances are exact through R).
+Cost
+----
+The aim is that ``auto`` costs at most about 1.1 times the better of
+"iterate to SciPy's stop" and "factorize". The run is watched through the
+solvers' per-iteration callback (:class:`Allowance`), which measures the
+seconds per iteration and projects the iterations still needed from the
+trend of SciPy's two tolerance tests over the last
+:data:`PROJECTION_WINDOW` iterations (and the growth of the condition
+estimate towards ``conlim``):
 
-The LSQR that runs is SciPy's own, which the caller passes in (``lsqr=``):
-never a name that :func:`scipy_gpuqr.patch` may have replaced.
+1. A projection past ``iter_lim`` or past ``conlim`` stops the run at once:
+   SciPy's run would end without converging.
+2. Before the symbolic analysis (which the factorization needs anyway, and
+   which the prediction needs) the run goes on while its projected total
+   time stays within :data:`ANALYSIS_DEFERRAL` times the analysis' estimated
+   cost (:func:`analysis_seconds`): a problem that converges that soon is
+   answered without analysis, and one that needs the analysis pays at most
+   ``1 / ANALYSIS_DEFERRAL`` of its iteration time for it.
+3. Then the plan is made and the factorization's time T predicted
+   (:func:`scipy_gpuqr._dispatch.cost_model.predicted_seconds`). The run goes on
+   while its projected remaining time is below T and its projected total
+   within the allowance, :data:`ALLOWANCE_SHARE` × T; a run without a
+   projection (its tests not falling) gets a probe of :data:`PROBE_SHARE` × T.
+   The allowance bounds what iterating can add to the factorization when
+   the projection is wrong; when it is right, a run that the QR answers has
+   cost the iterations of one projection window or one probe more.
+
+Checks run at checkpoints spaced by :data:`CHECK_GROWTH` of the elapsed time
+(at least :data:`CHECK_INTERVAL_S`), so that watching costs little more than
+the callback itself.
+
+Where the iterations run: :func:`iterate_on_gpu`.
+
+Explicit backends (``gpu``, ``cpu``, ``reference``, ``simulate``) and
+``GpuqrOptions(iterate_first=False)`` always factorize.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Optional
+from collections import deque
+from typing import Callable, Optional
 
 import numpy as np
-import scipy.sparse as sp
 
-from .._options import Settings, log_decision
+from .._gpu import gpu_available
 from .cost_model import predicted_seconds
 
-__all__ = ["ITERATION_FLOPS", "MIN_ITERATIONS", "MAX_ITERATIONS", "FIRST_CHUNK",
-           "PRE_ANALYSIS_ITERATIONS",
-           "ITERATION_SHARE", "ANALYSIS_FIRST_NNZ", "iteration_budget", "IterativeAnswer",
-           "DampedNorms", "damped_norms", "backward_error", "try_lsqr", "accept",
-           "LsqrProgress", "iterate_first"]
+__all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_RATE",
+           "ANALYSIS_FIXED_S", "ANALYSIS_S_PER_LINE", "ANALYSIS_S_PER_ENTRY",
+           "ANALYSIS_DEFERRAL", "PROBE_SHARE", "ALLOWANCE_SHARE", "PROJECTION_WINDOW",
+           "CHECK_GROWTH", "CHECK_INTERVAL_S",
+           "CONVERGED", "iteration_flops", "cpu_iteration_seconds", "gpu_iteration_seconds",
+           "iterate_on_gpu", "analysis_seconds", "needs_watching", "zero_tolerances",
+           "Allowance"]
 
 _EPS = float(np.finfo(np.float64).eps)
 
-#: Flops of matrix-vector work LSQR may spend before the factorization starts.
-ITERATION_FLOPS = 2e9
-#: Bounds on the iteration budget.
-MIN_ITERATIONS, MAX_ITERATIONS = 20, 1000
-#: Backward errors up to this many eps are accepted (see :func:`backward_error`).
-ACCEPT_FACTOR = 16.0
-#: Iterations of each of the first two pieces, after which hopeless problems stop.
-FIRST_CHUNK = 50
-#: Iterations of the piece a matrix over :data:`ANALYSIS_FIRST_NNZ` entries runs
-#: before its analysis: enough for the well-conditioned problems that converge
-#: within a few tens of iterations, few enough that a problem which then
-#: factorizes loses little.
-PRE_ANALYSIS_ITERATIONS = 20
-#: Share of the factorization's predicted time (:mod:`scipy_gpuqr._dispatch.cost_model`)
-#: LSQR may spend before the factorization answers. The prediction may be up
-#: to about twice the real time (it knows the flops alone), and ``auto`` should
-#: cost at most 10 % more than the better backend.
-ITERATION_SHARE = 0.03
-#: Up to this many stored entries the symbolic analysis (milliseconds) runs first and
-#: sets LSQR's whole allowance; beyond, one piece of LSQR runs before it.
-ANALYSIS_FIRST_NNZ = 200_000
-#: An allowance buying fewer iterations than this is not spent (a handful of
-#: iterations almost never reaches working precision).
-MIN_USEFUL_ITERATIONS = 10
-#: Nominal cost of one LSQR iteration before any was timed: fixed seconds, matvec flop/s.
-#: The fixed part grows with the host's BLAS threads (SciPy's lsqr makes vector
-#: BLAS calls); the first piece is sized with this, so an optimistic value
-#: overspends the allowance.
-NOMINAL_ITERATION_S, NOMINAL_MATVEC_RATE = 1e-4, 1e9
-#: The linear projection is crude (restarts, superlinear phases): a problem goes on
-#: unless it projects more than this many budgets.
-PROJECTION_SLACK = 2.0
+#: Fixed seconds of one LSQR/LSMR iteration on the CPU: the Python scalar
+#: recurrences and a dozen vector calls around the two products.
+CPU_ITERATION_S = 1e-4
+#: Flop rate of the CPU's matrix-vector products and vector updates (one
+#: iteration is :func:`iteration_flops`): a memory-bound sparse product.
+CPU_MATVEC_RATE = 1e9
+#: Fixed seconds of one iteration on a GPU: the kernel launches and the one
+#: device-to-host copy of the scalars the recurrences need.
+GPU_ITERATION_S = 5e-4
+#: Flop rate of the GPU's products and updates (memory bound as well, on
+#: several times the bandwidth).
+GPU_MATVEC_RATE = 1e11
+
+#: Estimated seconds of the symbolic analysis (ordering, elimination tree,
+#: column counts, fronts, assembly maps) of the matrix factorized: a fixed
+#: part, a part per row and column (the per-column and per-front work) and a
+#: part per stored entry (the ordering's and the counts' passes over the
+#: pattern). Its cost also grows with the fronts' sizes, which only the
+#: analysis knows: the estimate is on the low side for matrices with large
+#: fronts, so that it never defers the analysis for long.
+ANALYSIS_FIXED_S, ANALYSIS_S_PER_LINE, ANALYSIS_S_PER_ENTRY = 1e-3, 1.5e-6, 5e-9
+#: Before the analysis, the run goes on while its projected total time is at
+#: most this many analysis times: the analysis then costs at most a tenth
+#: of what iterating costs.
+ANALYSIS_DEFERRAL = 10.0
+#: Share of the factorization's predicted time a run without a projection
+#: (its tests not falling) may spend before the factorization answers.
+PROBE_SHARE = 0.05
+#: Share of the factorization's predicted time that the run's total, spent or
+#: projected, may reach: what iterating can add to the factorization when
+#: the projections are wrong.
+ALLOWANCE_SHARE = 1.0
+#: Iterations of test history a projection is fitted to (and the fewest
+#: after which a projection is trusted).
+PROJECTION_WINDOW = 20
+#: The least-squares slope of values at PROJECTION_WINDOW consecutive
+#: iterations is the sum of the values times these weights.
+_SLOPE_WEIGHTS = tuple((k - (PROJECTION_WINDOW - 1) / 2)
+                       / sum((j - (PROJECTION_WINDOW - 1) / 2) ** 2
+                             for j in range(PROJECTION_WINDOW))
+                       for k in range(PROJECTION_WINDOW))
+#: Checkpoints follow each other after this share of the elapsed time ...
+CHECK_GROWTH = 0.1
+#: ... and at least this many seconds apart.
+CHECK_INTERVAL_S = 1e-3
+
+#: SciPy's ``istop`` codes of a converged run: its tolerance tests (1: ``Ax - b``
+#: small enough, 2: the least-squares solution good enough) and their
+#: machine-precision forms (4, 5), the same for LSQR and LSMR.
+CONVERGED = frozenset((1, 2, 4, 5))
 
 
-class IterativeAnswer(NamedTuple):
-    """An accepted LSQR answer: correction ``dx``, iterations, LSQR's cond estimate."""
-
-    dx: np.ndarray
-    itn: int
-    acond: float
+def iteration_flops(m: int, n: int, nnz: int) -> float:
+    """Flops of one LSQR/LSMR iteration: two products with A and a few vector updates."""
+    return 4.0 * nnz + 12.0 * (m + n)
 
 
-def iteration_budget(A) -> int:
-    """Iterations allowed for A: :data:`ITERATION_FLOPS` over one iteration's flops."""
-    m, n = A.shape
-    per_iteration = 4.0 * A.nnz + 12.0 * (m + n)
-    budget = int(ITERATION_FLOPS // max(per_iteration, 1.0))
-    return int(np.clip(budget, MIN_ITERATIONS, MAX_ITERATIONS))
+def cpu_iteration_seconds(m: int, n: int, nnz: int) -> float:
+    """Nominal seconds of one CPU iteration (:data:`CPU_ITERATION_S`, :data:`CPU_MATVEC_RATE`)."""
+    return CPU_ITERATION_S + iteration_flops(m, n, nnz) / CPU_MATVEC_RATE
 
 
-class DampedNorms(NamedTuple):
-    """Norms of the damped problem ``min ‖r0 − A dx‖² + damp²‖dx‖²`` at ``dx``."""
-
-    r1norm: float   # ‖r0 − A dx‖
-    r2norm: float   # sqrt(r1norm² + damp²‖dx‖²)
-    anorm: float    # ‖[A; damp·I]‖_F
-    arnorm: float   # ‖Aᵀr − damp²·dx‖
+def gpu_iteration_seconds(m: int, n: int, nnz: int) -> float:
+    """Nominal seconds of one GPU iteration (:data:`GPU_ITERATION_S`, :data:`GPU_MATVEC_RATE`)."""
+    return GPU_ITERATION_S + iteration_flops(m, n, nnz) / GPU_MATVEC_RATE
 
 
-def damped_norms(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> DampedNorms:
-    """The residual norms SciPy's lsqr/lsmr report, computed from ``dx``."""
-    r = r0 - A @ dx
-    r1norm = float(np.linalg.norm(r))
-    return DampedNorms(
-        r1norm, float(np.hypot(r1norm, damp * np.linalg.norm(dx))),
-        float(np.sqrt(sp.linalg.norm(A, "fro") ** 2 + damp ** 2 * A.shape[1])),
-        float(np.linalg.norm(A.T @ r - damp ** 2 * dx)))
+def iterate_on_gpu(m: int, n: int, nnz: int, *, on_gpu: bool) -> tuple[bool, str]:
+    """Whether the iterations run on the GPU, and why.
 
-
-def backward_error(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> float:
-    """Normwise backward error of ``dx`` for ``min ‖r0 − A dx‖² + damp²‖dx‖²``, in units of eps.
-
-    The smaller of the consistent-system error ‖r̄‖ / (‖Ā‖_F‖dx‖ + ‖r0‖) and the
-    least-squares error ‖Āᵀr̄‖ / (‖Ā‖_F ‖r̄‖). Both are demanding on purpose:
-    on an ill-conditioned problem an unconverged iterate can have a tiny
-    ‖Āᵀr̄‖ (its residual lies along small singular directions), so anything
-    normalized by less than ‖r̄‖ would accept it. Least-squares problems with
-    a small but nonzero residual may miss this bound through the rounding of
-    the computed residual alone; the direct QR then answers them.
-    """
-    norms = damped_norms(A, r0, dx, damp)
-    if not (np.isfinite(norms.r2norm) and np.isfinite(norms.arnorm)):
-        return np.inf
-    scale = norms.anorm * np.linalg.norm(dx) + np.linalg.norm(r0)
-    if scale == 0 or norms.r2norm == 0:
-        return 0.0
-    consistent = norms.r2norm / scale
-    least_squares = (norms.arnorm / (norms.anorm * norms.r2norm) if norms.anorm > 0
-                     else 0.0)
-    return float(min(consistent, least_squares) / _EPS)
-
-
-def accept(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> bool:
-    """Whether ``dx`` solves ``min ‖r0 − A dx‖² + damp²‖dx‖²`` to working precision."""
-    return backward_error(A, r0, dx, damp) <= ACCEPT_FACTOR
-
-
-def _lsqr(lsqr, A, r0, damp, iter_lim, x0=None):
-    with np.errstate(all="ignore"):
-        out = lsqr(A, r0, damp=damp, atol=_EPS, btol=_EPS, conlim=1.0 / _EPS,
-                   iter_lim=iter_lim, x0=x0)
-    return out[0], int(out[1]), int(out[2]), float(out[6])
-
-
-@dataclass
-class LsqrProgress:
-    """Where an interrupted :func:`try_lsqr` stands (it can be resumed from here)."""
-
-    dx: Optional[np.ndarray] = None
-    itn: int = 0
-    seconds: float = 0.0
-    acond: float = 0.0
-    etas: list = field(default_factory=list)
-    done: bool = False          # no point going on (stopped, or hopeless)
-
-    def seconds_per_iteration(self, A) -> float:
-        """Measured, or before any iteration a nominal two-matvec estimate."""
-        if self.itn > 0 and self.seconds > 0:
-            return self.seconds / self.itn
-        m, n = A.shape
-        return NOMINAL_ITERATION_S + (4.0 * A.nnz + 12.0 * (m + n)) / NOMINAL_MATVEC_RATE
-
-
-def try_lsqr(A, r0: np.ndarray, damp: float, *, lsqr, seconds: Optional[float] = None,
-             progress: Optional[LsqrProgress] = None
-             ) -> tuple[Optional[IterativeAnswer], str, LsqrProgress]:
-    """Run SciPy's LSQR within an allowance; return the answer if accepted, and why.
-
-    Without damping the allowance is spent in pieces: two of at most
-    :data:`FIRST_CHUNK` iterations, then, only if the backward error's decrease
-    over the second piece projects convergence within the allowance, the
-    rest (each piece restarts from the last iterate, which keeps it in
-    range(Aᵀ): the answer is still the minimum-norm one). Hopeless problems
-    thus cost two pieces, not the whole allowance. With damping (where a
-    restart would change the problem) one run uses the whole allowance.
+    On the GPU when one answers (:func:`scipy_gpuqr._gpu.gpu_available`) and
+    either the caller's data is there (CuPy in, CuPy out, no copy) or the
+    problem is large enough that a GPU iteration, with its fixed cost, beats
+    a CPU one. Small host problems never ask for the GPU (nor import CuPy).
 
     Parameters
     ----------
-    A : sparse matrix, shape (m, n), float64
-    r0 : ndarray, shape (m,)
-        Right-hand side of the correction problem (``b − A x0``).
-    damp : float
-    lsqr : callable
-        SciPy's original ``lsqr``.
-    seconds : float, optional
-        Time allowance, converted to iterations with the measured time per
-        iteration (default: the flop budget :func:`iteration_budget`).
-    progress : LsqrProgress, optional
-        Resume an earlier call (its iterations and time count against the
-        allowance).
-
-    Returns
-    -------
-    answer : IterativeAnswer or None
-        None when LSQR did not reach working precision within the allowance.
-    reason : str
-        What happened, for the log.
-    progress : LsqrProgress
-        The state to resume from.
+    m, n, nnz : int
+        Shape and stored entries of A.
+    on_gpu : bool
+        The caller passed CuPy/cupyx data.
     """
-    st = progress if progress is not None else LsqrProgress()
-    cap = iteration_budget(A)
-
-    def allowed() -> int:
-        """Total iterations the allowance buys (at least what has run)."""
-        if seconds is None:
-            return cap
-        more = (seconds - st.seconds) / st.seconds_per_iteration(A)
-        return int(min(cap, st.itn + max(more, 0.0)))
-
-    if st.done:
-        return None, "LSQR stopped before", st
-    if st.itn == 0 and seconds is not None and allowed() < MIN_USEFUL_ITERATIONS:
-        return None, (f"the allowance ({seconds:.2g} s) buys fewer than "
-                      f"{MIN_USEFUL_ITERATIONS} LSQR iterations"), st
-    while True:
-        budget = allowed()
-        left = budget - st.itn
-        if left <= 0 or (damp != 0 and st.itn > 0):
-            break
-        piece = left if damp != 0 else min(left, FIRST_CHUNK) if len(st.etas) < 2 else left
-        t0 = time.perf_counter()
-        dx, istop, steps, st.acond = _lsqr(lsqr, A, r0, damp, piece, x0=st.dx)
-        st.seconds += time.perf_counter() - t0
-        st.dx, st.itn = dx, st.itn + steps
-        if istop in (3, 6) or not np.all(np.isfinite(dx)):
-            st.done = True
-            return None, f"LSQR stopped with istop {istop} after {st.itn} iterations", st
-        st.etas.append(backward_error(A, r0, dx, damp))
-        if st.etas[-1] <= ACCEPT_FACTOR:
-            return IterativeAnswer(dx, st.itn, st.acond), (
-                f"LSQR reached working precision in {st.itn} iterations "
-                f"({st.seconds:.3g} s)"), st
-        if istop != 7:  # LSQR's own estimate says converged; the true error disagrees
-            st.done = True
-            break
-        if len(st.etas) == 2:
-            # linear convergence model from the second piece (the tail rate)
-            e0, e1 = st.etas
-            rate = np.log(e1 / e0) / steps if 0 < e1 < e0 else 0.0
-            needed = np.log(ACCEPT_FACTOR / e1) / rate if rate < 0 else np.inf
-            if st.itn + needed > PROJECTION_SLACK * max(allowed(), 1):
-                st.done = True
-                return None, (f"LSQR too slow: backward error {e1:.1e} eps after {st.itn} "
-                               f"iterations projects {st.itn + needed:.0f} iterations, over "
-                               f"{PROJECTION_SLACK:g} x the allowance"), st
-    if not st.etas:
-        return None, "no LSQR iteration fits the allowance", st
-    return None, (f"LSQR's answer after {st.itn} iterations ({st.seconds:.3g} s) is not at "
-                  f"working precision (backward error {st.etas[-1]:.1e} eps)"), st
+    cpu_s, gpu_s = cpu_iteration_seconds(m, n, nnz), gpu_iteration_seconds(m, n, nnz)
+    if not on_gpu and cpu_s <= gpu_s:
+        return False, f"CPU: a CPU iteration (about {cpu_s:.2g} s) beats a GPU one"
+    if not gpu_available():
+        return False, "CPU: no GPU"
+    if on_gpu:
+        return True, "GPU: the data is there"
+    return True, f"GPU: a GPU iteration (about {gpu_s:.2g} s) beats a CPU one ({cpu_s:.2g} s)"
 
 
-def iterate_first(A, r0: np.ndarray, damp: float, settings: Settings, plan: Callable, *,
-                  lsqr: Callable) -> tuple[Optional[IterativeAnswer], Optional[tuple]]:
-    """LSQR within a share of the factorization's predicted time, under backend 'auto'.
+def analysis_seconds(m: int, n: int, nnz: int) -> float:
+    """Estimated seconds of the symbolic analysis of an m×n matrix with ``nnz`` entries."""
+    return ANALYSIS_FIXED_S + ANALYSIS_S_PER_LINE * (m + n) + ANALYSIS_S_PER_ENTRY * nnz
+
+
+def needs_watching(iter_lim: int, m: int, n: int, nnz: int, *, on_gpu: bool,
+                   analysis: float) -> bool:
+    """Whether a run could last long enough for :class:`Allowance` to act on it.
+
+    A CPU run whose iterations up to ``iter_lim`` cost, at the nominal
+    (pessimistic) rate, no more than the analysis deferral
+    (:data:`ANALYSIS_DEFERRAL` × ``analysis``, the analysis' estimated
+    seconds) ends before any rule could stop it: it runs unwatched, at
+    SciPy's own speed (the callback costs microseconds an iteration). GPU
+    runs are always watched.
+    """
+    if on_gpu:
+        return True
+    return iter_lim * cpu_iteration_seconds(m, n, nnz) > ANALYSIS_DEFERRAL * analysis
+
+
+def zero_tolerances(atol: float, btol: float, conlim: float) -> Optional[str]:
+    """Why the caller's tolerances ask for maximum precision, or None.
+
+    SciPy: "maximum precision can be obtained by setting atol = btol =
+    conlim = 0" — the run then goes on until the machine-precision tests or
+    ``iter_lim`` stop it. ``atol = btol = 0`` or ``conlim = 0`` (SciPy's
+    meaning: ``conlim <= 0`` disables the condition limit) asks for the
+    answer at working precision, which the factorization gives at once.
+    """
+    if not (atol > 0) and not (btol > 0):
+        return "atol = btol = 0 asks for maximum precision"
+    if not (conlim > 0):
+        return "conlim = 0 (no condition limit) asks for maximum precision"
+    return None
+
+
+class Allowance:
+    """The iterations' watcher: a solver callback that stops a run the factorization should answer.
+
+    Pass an instance as ``callback=`` to :func:`scipy_gpuqr._iterative.lsqr`
+    or :func:`~scipy_gpuqr._iterative.lsmr`; it returns True (stop) when the
+    rule of this module says so, recording why in :attr:`reason`. A run that
+    SciPy's tests stop is never stopped by it (the solvers let the test win).
 
     Parameters
     ----------
-    A : sparse matrix, shape (m, n)
-    r0 : ndarray, shape (m,)
-        Right-hand side of the correction problem (``b − A x0``).
-    damp : float
-    settings : Settings
-        The call's resolved settings: only ``'auto'`` with ``iterate_first``
-        on iterates.
+    iter_lim : int
+        The run's iteration limit (resolved: SciPy's default when None).
+    atol : float
+        The caller's ``atol`` (the least-squares test's scale).
+    conlim : float
+        The caller's ``conlim`` (0 or less: no limit).
+    analysis : float
+        Estimated seconds of the analysis of the matrix the factorization
+        would factorize (:func:`analysis_seconds`).
     plan : callable
-        ``plan() -> (M, Plan)``: the factorization's plan, made at most once
-        and only when needed (it sizes LSQR's allowance).
-    lsqr : callable
-        SciPy's original ``lsqr``.
+        ``plan() -> (M, Plan)``: the factorization's plan (the analysis
+        included), made at most once, when the rule needs the prediction. It
+        may raise MemoryError (the QR cannot fit): the run then goes on to
+        SciPy's stop.
 
-    Returns
-    -------
-    answer : IterativeAnswer or None
-        LSQR's accepted answer, or None: the factorization answers.
+    Attributes
+    ----------
+    reason : str
+        Why the run was stopped, or ''.
     planned : (M, Plan) or None
-        The plan when it was made, for the factorization to reuse.
+        The plan when it was made (the factorization reuses it).
+    predicted : float or None
+        The factorization's predicted seconds, once planned.
+    plan_error : MemoryError or None
+        Why the factorization cannot run, when the plan said so.
+    analysis_s : float
+        Seconds the analysis took (inside the run, not counted as iterating).
     """
-    if settings.backend != "auto" or not settings.options.iterate_first:
-        return None, None
-    A64 = A if A.dtype == np.float64 else A.astype(np.float64)
-    m, n = A.shape
-    progress, planned, found, why = None, None, None, ""
-    if A.nnz > ANALYSIS_FIRST_NNZ and damp == 0:
-        # a first piece before the analysis: well-conditioned large problems end here
-        first = PRE_ANALYSIS_ITERATIONS * LsqrProgress().seconds_per_iteration(A64)
-        found, why, progress = try_lsqr(A64, r0, damp, lsqr=lsqr, seconds=first)
-    if found is None and not (progress is not None and progress.done):
-        planned = plan()
-        chosen = planned[1]
-        flops = float(getattr(chosen.analysis, "flops", float("nan")))
-        allowance = ITERATION_SHARE * predicted_seconds(chosen.backend, flops, chosen.gpu_name)
-        found, why, progress = try_lsqr(A64, r0, damp, lsqr=lsqr, seconds=allowance,
-                                        progress=progress)
-        why += f"; allowance {allowance:.3g} s = {ITERATION_SHARE:g} x predicted {chosen.backend}"
-    log_decision("least squares %dx%d nnz=%d: backend 'auto' from %s; %s; %s", m, n,
-                 A.nnz, settings.source, why, "answered without factorizing" if found
-                 else "factorizing")
-    return found, planned
+
+    def __init__(self, *, iter_lim: int, atol: float, conlim: float, analysis: float,
+                 plan: Callable):
+        self.iter_lim = int(iter_lim)
+        self.log_atol = math.log(max(float(atol), _EPS))
+        self.log_conlim = math.log(conlim) if conlim > 0 else None
+        self.analysis_estimate = float(analysis)
+        self.deferral = ANALYSIS_DEFERRAL * self.analysis_estimate
+        self._plan = plan
+        self.history = deque(maxlen=PROJECTION_WINDOW)
+        self.next_check = 0.0
+        self.reason = ""
+        self.planned = None
+        self.predicted: Optional[float] = None
+        self.plan_error: Optional[MemoryError] = None
+        self.analysis_s = 0.0
+        self.analysed_at: Optional[tuple] = None
+        self.projection: Optional[tuple] = None     # (itn, further iterations, s/iteration)
+
+    @property
+    def allowance(self) -> Optional[float]:
+        """Seconds the iterations may spend in all, once the prediction is known."""
+        return None if self.predicted is None else ALLOWANCE_SHARE * self.predicted
+
+    def __call__(self, state) -> bool:
+        """Record iteration ``state.itn``; at a checkpoint, decide whether to stop."""
+        self.history.append(state)
+        t = state.seconds - self.analysis_s
+        if t < self.next_check:
+            return False
+        self.next_check = max(t * (1 + CHECK_GROWTH), t + CHECK_INTERVAL_S)
+        return self.decide(state.itn, t)
+
+    # -- the rule ------------------------------------------------------------
+
+    def decide(self, itn: int, t: float) -> bool:
+        """The rule at a checkpoint: ``itn`` iterations done in ``t`` seconds of iterating."""
+        further, per_iteration = self._project(itn, t)
+        if further is not None:
+            self.projection = (itn, further, per_iteration)
+            if itn + further > self.iter_lim:
+                return self._stop(f"projected {itn + further} iterations exceed "
+                                  f"iter_lim {self.iter_lim}")
+            why = self._conlim_reached(further)
+            if why:
+                return self._stop(why)
+        trusted = itn >= PROJECTION_WINDOW
+        remaining = (further * per_iteration if further is not None
+                     else (math.inf if trusted else None))
+        if self.predicted is None and self.plan_error is None:
+            if t < self.deferral and (remaining is None or t + remaining <= self.deferral):
+                return False
+            self._analyse(itn, t)
+        if self.plan_error is not None:
+            self.next_check = math.inf
+            return False
+        allowance = self.allowance
+        if t >= allowance:
+            return self._stop(f"the allowance ({allowance:.3g} s = {ALLOWANCE_SHARE:g} x the "
+                              f"predicted factorization) is spent")
+        if further is not None and (remaining >= self.predicted or t + remaining > allowance):
+            return self._stop(f"projected {further} more iterations ({remaining:.3g} s) cost "
+                              f"more than the predicted factorization ({self.predicted:.3g} s) "
+                              f"or exceed the allowance ({allowance:.3g} s = "
+                              f"{ALLOWANCE_SHARE:g} x the prediction)")
+        if further is None and trusted and t >= PROBE_SHARE * self.predicted:
+            return self._stop(f"the tests are not falling after {itn} iterations "
+                              f"(probe {PROBE_SHARE * self.predicted:.3g} s = "
+                              f"{PROBE_SHARE:g} x the predicted factorization)")
+        return False
+
+    def _stop(self, reason: str) -> bool:
+        self.reason = reason
+        return True
+
+    def _analyse(self, itn: int, t: float) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.planned = self._plan()
+        except MemoryError as exc:
+            self.plan_error = exc
+        else:
+            chosen = self.planned[1]
+            flops = float(getattr(chosen.analysis, "flops", float("nan")))
+            predicted = predicted_seconds(chosen.backend, flops, chosen.gpu_name)
+            self.predicted = predicted if predicted == predicted else math.inf
+        self.analysis_s += time.perf_counter() - t0
+        self.analysed_at = (itn, t)
+
+    def _project(self, itn: int, t: float) -> tuple[Optional[int], float]:
+        """Further iterations until a tolerance test is met (None: no estimate), s/iteration.
+
+        A least-squares line through ``log(test1/rtol)`` and
+        ``log(test2/atol)`` over the last :data:`PROJECTION_WINDOW`
+        iterations (consecutive, so the slope is a fixed weighting of the
+        values, :data:`_SLOPE_WEIGHTS`); the sooner of the two. The seconds per iteration are
+        those of the same window (the first iterations carry set-up costs).
+        """
+        h = self.history
+        if len(h) < PROJECTION_WINDOW:
+            return None, t / max(itn, 1)
+        first, last = h[0], h[-1]
+        seconds = last.seconds - first.seconds
+        if self.analysed_at is not None and first.itn < self.analysed_at[0] <= last.itn:
+            seconds -= self.analysis_s
+        per_iteration = seconds / max(last.itn - first.itn, 1)
+        best = None
+        for column in (self._log_test1(h), self._log_test2(h)):
+            if column[-1] <= 0:
+                return 0, per_iteration
+            if not all(map(math.isfinite, column)):
+                continue
+            slope = sum(w * y for w, y in zip(_SLOPE_WEIGHTS, column))
+            if slope < 0:
+                need = math.ceil(column[-1] / -slope)
+                best = need if best is None else min(best, need)
+        return best, per_iteration
+
+    @staticmethod
+    def _log_test1(h):
+        return [math.log(max(state.test1, 1e-300) / max(state.rtol, _EPS)) for state in h]
+
+    def _log_test2(self, h):
+        return [math.log(max(state.test2, 1e-300)) - self.log_atol for state in h]
+
+    def _conlim_reached(self, further: int) -> str:
+        """Why the condition estimate will reach ``conlim`` within ``further`` iterations, or ''.
+
+        The estimate's growth is extrapolated as a power of the iteration
+        count, fitted to the window's ends: the estimates of LSQR and LSMR
+        grow fast at first and level off towards cond(A), so an exponential
+        model would stop runs that converge well below ``conlim``.
+        """
+        if self.log_conlim is None or further == 0:
+            return ""
+        h = self.history
+        (i0, c0), (i1, c1) = (h[0].itn, h[0].conda), (h[-1].itn, h[-1].conda)
+        if not (c1 > c0 > 0 and i1 > i0 > 0):
+            return ""
+        power = math.log(c1 / c0) / math.log(i1 / i0)
+        projected = math.log(c1) + power * math.log((i1 + further) / i1)
+        if projected < self.log_conlim:
+            return ""
+        need = math.ceil(i1 * (math.exp((self.log_conlim - math.log(c1)) / power) - 1))
+        return (f"the condition estimate ({c1:.2g}) projects to reach conlim in {need} "
+                f"iterations, before convergence ({further})")
+
+    def summary(self) -> str:
+        """The allowance and the projection, for the log."""
+        parts = []
+        if self.predicted is not None:
+            itn, t = self.analysed_at
+            parts.append(f"analysed after {itn} iterations ({t:.3g} s) in "
+                         f"{self.analysis_s:.3g} s; predicted factorization "
+                         f"{self.predicted:.3g} s on {self.planned[1].backend!r}, "
+                         f"allowance {self.allowance:.3g} s")
+        elif self.plan_error is not None:
+            parts.append(f"the QR cannot run ({self.plan_error})")
+        else:
+            parts.append(f"no analysis (deferred while the projected total stays within "
+                         f"{self.deferral:.3g} s = {ANALYSIS_DEFERRAL:g} x its estimate)")
+        if self.projection is not None:
+            itn, further, per = self.projection
+            parts.append(f"last projection at {itn} iterations: {further} more "
+                         f"at {per:.3g} s each")
+        return "; ".join(parts)

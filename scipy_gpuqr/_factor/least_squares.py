@@ -1,36 +1,332 @@
-"""The answer behind ``lsqr`` and ``lsmr``: the minimum-norm (damped) least-squares solution.
+"""The answer behind ``lsqr`` and ``lsmr``: SciPy's iterations, or the minimum-norm solution.
 
-``min ‖[A; damp·I] x − [b; 0]‖`` from a starting point x0 is solved for the
-correction ``dx = x − x0``: under backend ``'auto'`` by SciPy's LSQR when it
-reaches working precision within its allowance
-(:func:`scipy_gpuqr._dispatch.iterate_first.iterate_first`), otherwise by a
-direct sparse QR of A (or of ``[A; damp·I]``) and the solve rules of
-:mod:`scipy_gpuqr._factor.lstsq`. The norms SciPy's functions report are
-computed from the final correction; the entry points
-(:mod:`scipy_gpuqr._api.lsqr`) turn them into SciPy's tuples.
+Under backend ``'auto'`` (with ``GpuqrOptions.iterate_first`` on) SciPy's
+algorithm runs first with the caller's arguments (:func:`iterate`): our
+LSQR/LSMR (:mod:`scipy_gpuqr._iterative`) on the caller's own matrix, so that
+on the CPU the result is SciPy's bit for bit, or over CuPy on a GPU, watched by
+``auto``'s rule (:mod:`scipy_gpuqr._dispatch.iterate_first`). When SciPy's
+convergence tests stop it, its tuple is the answer. Otherwise, and always
+under an explicit backend, ``min ‖[A; damp·I] x − [b; 0]‖`` is solved from the
+starting point x0 for the correction ``dx = x − x0`` by a direct sparse QR of A
+(or of ``[A; damp·I]``) and the solve rules of :mod:`scipy_gpuqr._factor.lstsq`
+(:func:`solve_least_squares`); the norms SciPy's functions report are computed
+from the final correction, and the entry points (:mod:`scipy_gpuqr._api.lsqr`)
+turn them into SciPy's tuples.
+
+Inputs are checked once (:func:`check_problem`), as
+:func:`scipy_gpuqr._validate.as_matrix` checks them, but the canonical copy
+of A the QR needs is made only when the QR runs: SciPy's iterations multiply
+with the caller's own matrix.
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
 
 import numpy as np
 import scipy.sparse as sp
 
-from .._dispatch.iterate_first import damped_norms, iterate_first
-from .._options import Settings
-from .._validate import MatrixInput
+from .._dispatch.iterate_first import (CONVERGED, Allowance, analysis_seconds,
+                                       iterate_on_gpu, needs_watching, zero_tolerances)
+from .._gpu import import_cupy, is_cupy_array, is_cupy_sparse
+from .._iterative import lsmr as iterative_lsmr
+from .._iterative import lsqr as iterative_lsqr
+from .._options import Settings, log_decision
+from .._validate import (LSTSQ_RHS, MatrixInput, as_matrix, check_damp, check_rhs, check_x0,
+                         scipy_float_dtype, to_output)
 from .factored import FactoredQR, factorize, plan_for
 from .lstsq import MinNormSolver
 
-__all__ = ["LstsqStart", "LstsqAnswer", "start", "trivial_answer", "solve_least_squares",
-           "acond_estimate", "variance", "VARIANCE_DENSE_LIMIT"]
+__all__ = ["LeastSquaresProblem", "check_problem", "StoppingRules", "IterativeAnswer",
+           "LstsqStart", "LstsqAnswer", "DampedNorms", "damped_norms", "start",
+           "trivial_answer", "iterate", "solve_least_squares", "acond_estimate", "variance",
+           "VARIANCE_DENSE_LIMIT"]
 
 _EPS = float(np.finfo(np.float64).eps)
 
 #: Largest m·n of a wide problem whose variances come from a dense pseudo-inverse.
 VARIANCE_DENSE_LIMIT = 4_000_000
 
+#: Sparse formats whose ``data`` array holds every stored value (checked in place).
+_DATA_FORMATS = ("csr", "csc", "coo", "bsr")
+
+
+# ---------------------------------------------------------------------------
+# the checked problem
+
+@dataclass
+class LeastSquaresProblem:
+    """A checked ``lsqr``/``lsmr`` problem.
+
+    Attributes
+    ----------
+    A : matrix
+        The operand of SciPy's iterations: the caller's own object wherever
+        SciPy would multiply with it (any SciPy sparse format, an ndarray, a
+        cupyx matrix or CuPy array), else the canonical copy.
+    shape : (int, int)
+    nnz : int
+        Stored entries of A (all entries of a dense A).
+    dtype : numpy.dtype
+        SciPy's floating dtype of A.
+    on_gpu : bool
+        The caller passed CuPy/cupyx data (results go back as CuPy).
+    b : ndarray or cupy.ndarray, shape (m,), float64
+        On the device only when the caller's b was.
+    b_dtype : numpy.dtype
+        The caller's b's dtype (SciPy's result-dtype rules).
+    x0 : ndarray or cupy.ndarray of shape (n,), or None
+    damp : float
+    """
+
+    A: object
+    shape: tuple
+    nnz: int
+    dtype: np.dtype
+    on_gpu: bool
+    b: object
+    b_dtype: np.dtype
+    x0: object
+    damp: float
+    _mi: Optional[MatrixInput] = field(default=None, repr=False)
+    _qr: Optional[MatrixInput] = field(default=None, repr=False)
+
+    def matrix(self) -> MatrixInput:
+        """The canonical float64 CSC copy of A (made once, on the host)."""
+        if self._mi is None:
+            self._mi = as_matrix(self.A)
+        return self._mi
+
+    def qr_matrix(self) -> MatrixInput:
+        """What the QR factorizes: A, or ``[A; damp·I]`` with damping."""
+        if self._qr is None:
+            mi = self.matrix()
+            if self.damp != 0:
+                n = self.shape[1]
+                M = sp.vstack([mi.A, self.damp * sp.eye_array(n, format="csc")], format="csc")
+                mi = MatrixInput(A=sp.csc_array(M), dtype=mi.dtype, on_gpu=False,
+                                 was_sparse=True, fmt="csc", sparse_class=sp.csc_array)
+            self._qr = mi
+        return self._qr
+
+    def host_b(self) -> np.ndarray:
+        return _host(self.b)
+
+    def host_x0(self) -> Optional[np.ndarray]:
+        return None if self.x0 is None else _host(self.x0)
+
+
+def _host(v) -> np.ndarray:
+    return v.get() if is_cupy_array(v) else v
+
+
+def _as_given(A) -> tuple[object, int] | None:
+    """``(A, nnz)`` when :func:`~scipy_gpuqr._validate.as_matrix` would accept A, seen
+    without copying it; None when only ``as_matrix`` can tell (it then raises, or copies).
+
+    Formats whose ``data`` array holds every value are checked in place: a
+    numeric real dtype, two dimensions, finite values (on the device for
+    CuPy data: one flag read back).
+    """
+    if is_cupy_sparse(A) or is_cupy_array(A):
+        data, xp = (A.data if is_cupy_sparse(A) else A), import_cupy()
+    elif sp.issparse(A) and A.format in _DATA_FORMATS:
+        data, xp = A.data, np
+    elif isinstance(A, np.ndarray):
+        data, xp = A, np
+    else:
+        return None
+    if getattr(A, "ndim", 2) != 2 or data.dtype.kind not in "biuf":
+        return None
+    if data.size and not bool(xp.isfinite(data).all()):
+        return None
+    nnz = int(A.nnz) if hasattr(A, "nnz") else int(A.size)
+    return A, nnz
+
+
+def _device_x0(x0, n: int):
+    """A CuPy ``x0`` checked on its device (the rules of :func:`check_x0`), float64 (n,)."""
+    cp = import_cupy()
+    arr = cp.atleast_1d(x0)
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"x0 must be numeric, got dtype {arr.dtype}")
+    if arr.ndim > 1:
+        arr = cp.atleast_1d(arr.squeeze())
+    if arr.shape != (n,):
+        raise ValueError(f"dimension mismatch: x0 must have shape ({n},), got {x0.shape}")
+    if not bool(cp.isfinite(arr).all()):
+        bad = int(cp.count_nonzero(~cp.isfinite(arr)))
+        raise ValueError(f"x0 (shape {x0.shape}) contains {bad} non-finite value(s) "
+                         "(inf or NaN)")
+    return arr.astype(np.float64)
+
+
+def check_problem(A, b, x0, damp, *, func: str) -> LeastSquaresProblem:
+    """Check ``lsqr``/``lsmr``'s A, b, x0 and damp, in that order, with SciPy's errors.
+
+    The checks and messages are those of :func:`~scipy_gpuqr._validate.as_matrix`,
+    :func:`~scipy_gpuqr._validate.check_rhs` (:data:`~scipy_gpuqr._validate.LSTSQ_RHS`),
+    :func:`~scipy_gpuqr._validate.check_x0` and
+    :func:`~scipy_gpuqr._validate.check_damp`. CuPy b and x0 (1-D, or a b of one
+    column) are checked on their device and stay there.
+    """
+    given = _as_given(A)
+    if given is None:
+        mi = as_matrix(A)
+        keep = sp.issparse(A) or (isinstance(A, np.ndarray) and A.dtype.kind in "biuf")
+        operand, nnz = (A, int(A.nnz) if sp.issparse(A) else int(np.size(A))) if keep \
+            else (mi.A, int(mi.A.nnz))
+        shape, dtype, on_gpu = mi.shape, mi.dtype, mi.on_gpu
+    else:
+        operand, nnz = given
+        mi = None
+        shape = tuple(int(s) for s in A.shape)
+        dtype = scipy_float_dtype(A.dtype)
+        on_gpu = is_cupy_sparse(A) or is_cupy_array(A)
+    m, n = shape
+    device_b = is_cupy_array(b) and (b.ndim == 1 or (b.ndim == 2 and b.shape[1] == 1))
+    rhs = check_rhs(b, m, LSTSQ_RHS, func=func, on_device=device_b)
+    if is_cupy_array(x0) and (device_b or on_gpu):
+        x0v = _device_x0(x0, n)
+    else:
+        x0v = check_x0(x0, n)
+    return LeastSquaresProblem(A=operand, shape=shape, nnz=nnz, dtype=dtype,
+                               on_gpu=on_gpu or rhs.on_gpu, b=rhs.B[:, 0],
+                               b_dtype=np.dtype(rhs.dtype), x0=x0v,
+                               damp=check_damp(damp), _mi=mi)
+
+
+class StoppingRules(NamedTuple):
+    """The caller's stopping arguments of ``lsqr``/``lsmr``."""
+
+    atol: float
+    btol: float
+    conlim: float
+    iter_lim: Optional[int]     # lsqr's iter_lim, lsmr's maxiter
+    calc_var: bool = False
+
+
+# ---------------------------------------------------------------------------
+# SciPy's iterations
+
+class IterativeAnswer(NamedTuple):
+    """SciPy's tuple from its own algorithm, as SciPy returns it, and which solver ran where."""
+
+    result: tuple       # lsqr's 10-tuple or lsmr's 8-tuple; x (and var) NumPy or CuPy
+    who: str            # e.g. 'LSQR on CPU'
+
+
+def _default_iter_lim(method: str, shape) -> int:
+    m, n = shape
+    return 2 * n if method == "lsqr" else min(m, n)
+
+
+def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
+            settings: Settings) -> tuple[Optional[IterativeAnswer], object, str]:
+    """SciPy's algorithm within ``auto``'s allowance (:mod:`~scipy_gpuqr._dispatch.iterate_first`).
+
+    Our LSQR/LSMR (:mod:`scipy_gpuqr._iterative`) runs with the caller's
+    arguments on the caller's own matrix: on the CPU its result is SciPy's
+    bit for bit; on a GPU (:func:`~scipy_gpuqr._dispatch.iterate_first.iterate_on_gpu`)
+    over CuPy. Its tuple is the answer when SciPy's convergence tests stop
+    it (or the start is already exact, or the QR cannot run at all).
+
+    Parameters
+    ----------
+    problem : LeastSquaresProblem
+    method : {'lsqr', 'lsmr'}
+    rules : StoppingRules
+    settings : Settings
+        Only ``'auto'`` with ``iterate_first`` on iterates.
+
+    Returns
+    -------
+    answer : IterativeAnswer or None
+        SciPy's answer, or None: the QR answers.
+    planned : (M, Plan) or None
+        The factorization's plan when the rule made it.
+    why : str
+        What happened, for the log.
+    """
+    if settings.backend != "auto":
+        return None, None, f"backend {settings.backend!r} from {settings.source}"
+    if not settings.options.iterate_first:
+        return None, None, "GpuqrOptions(iterate_first=False)"
+    zero = zero_tolerances(rules.atol, rules.btol, rules.conlim)
+    if zero:
+        return None, None, zero
+    m, n = problem.shape
+    iter_lim = (_default_iter_lim(method, problem.shape) if rules.iter_lim is None
+                else int(rules.iter_lim))
+    if iter_lim <= 0:
+        return None, None, f"iteration limit {iter_lim}: SciPy's run stops before it starts"
+    on_device, where = iterate_on_gpu(m, n, problem.nnz, on_gpu=problem.on_gpu)
+    xp = import_cupy() if on_device else np
+    name = f"{method.upper()} on {'GPU' if on_device else 'CPU'}"
+    damped = problem.damp != 0                 # the QR factorizes [A; damp·I]
+    analysis = analysis_seconds(m + (n if damped else 0), n,
+                                problem.nnz + (n if damped else 0))
+    watch = Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
+                      analysis=analysis, plan=lambda: plan_for(problem.qr_matrix(), settings))
+    callback = watch if needs_watching(iter_lim, m, n, problem.nnz, on_gpu=on_device,
+                                       analysis=analysis) else None
+    A, b, x0 = _operands(problem, on_device)
+    t0 = time.perf_counter()
+    try:
+        if method == "lsqr":
+            res = iterative_lsqr(A, b, problem.damp, rules.atol, rules.btol, rules.conlim,
+                                 iter_lim, False, rules.calc_var, x0, xp=xp, callback=callback)
+        else:
+            res = iterative_lsmr(A, b, problem.damp, rules.atol, rules.btol, rules.conlim,
+                                 iter_lim, False, x0, xp=xp, callback=callback)
+    except MemoryError as exc:
+        if not on_device:
+            raise
+        return None, watch.planned, f"{name} ran out of memory ({exc}); {where}"
+    seconds = time.perf_counter() - t0
+    istop, itn = res.istop, res.itn
+    how = (f"istop {istop} after {itn} iterations in {seconds:.3g} s"
+           + (f" ({watch.analysis_s:.3g} s of it analysing)" if watch.analysis_s else "")
+           + f"; {where}; "
+           + (watch.summary() if callback else "unwatched: too short for the rule to act"))
+    if istop in CONVERGED or (istop == 0 and itn == 0):
+        note = "" if istop else "x0 (or 0) is exact: "
+        return IterativeAnswer(_scipy_result(res, problem, method), name), watch.planned, \
+            note + how
+    if watch.plan_error is not None:
+        return IterativeAnswer(_scipy_result(res, problem, method), name), None, \
+            f"the QR cannot run, so SciPy's answer stands: {how}"
+    stopped = (f"stopped by auto's rule: {watch.reason}" if istop == 0 else
+               {3: "stopped: the condition estimate reached conlim",
+                6: "stopped: the condition estimate reached 1/eps",
+                7: "stopped: the iteration limit was reached"}.get(istop, f"istop {istop}"))
+    return None, watch.planned, f"{name} {stopped}; {how}"
+
+
+def _scipy_result(res, problem: LeastSquaresProblem, method: str) -> tuple:
+    """The plain SciPy tuple of a run, its arrays where the caller's data was."""
+    out = list(res.scipy_tuple())
+    for k in ((0, 9) if method == "lsqr" else (0,)):
+        if problem.on_gpu:
+            out[k] = to_output(out[k], True) if isinstance(out[k], np.ndarray) else out[k]
+        elif is_cupy_array(out[k]):
+            out[k] = out[k].get()
+    return tuple(out)
+
+
+def _operands(problem: LeastSquaresProblem, on_device: bool):
+    """A, b and x0 for the iterations (CuPy data is copied to the host only to run there)."""
+    if on_device or not problem.on_gpu:
+        return problem.A, problem.b, problem.x0
+    A = problem.matrix().A if (is_cupy_sparse(problem.A) or is_cupy_array(problem.A)) \
+        else problem.A
+    return A, problem.host_b(), problem.host_x0()
+
+
+# ---------------------------------------------------------------------------
+# the direct answer
 
 class LstsqStart(NamedTuple):
     """The correction problem ``min ‖r0 − A dx‖`` at the starting point."""
@@ -56,7 +352,7 @@ def start(A, b: np.ndarray, x0: Optional[np.ndarray]) -> LstsqStart:
 
 
 class LstsqAnswer(NamedTuple):
-    """A least-squares answer and the norms SciPy reports with it."""
+    """A least-squares answer of the QR and the norms SciPy reports with it."""
 
     x: np.ndarray
     dx: np.ndarray
@@ -67,8 +363,27 @@ class LstsqAnswer(NamedTuple):
     arnorm: float
     bnorm: float
     var: Optional[np.ndarray]
-    factorization: Optional[FactoredQR]     # None when LSQR answered
-    itn: int = 0                            # LSQR's iterations when it answered
+    factorization: Optional[FactoredQR]     # None for a trivial problem
+    itn: int = 0
+
+
+class DampedNorms(NamedTuple):
+    """Norms of the damped problem ``min ‖r0 − A dx‖² + damp²‖dx‖²`` at ``dx``."""
+
+    r1norm: float   # ‖r0 − A dx‖
+    r2norm: float   # sqrt(r1norm² + damp²‖dx‖²)
+    anorm: float    # ‖[A; damp·I]‖_F
+    arnorm: float   # ‖Aᵀr − damp²·dx‖
+
+
+def damped_norms(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> DampedNorms:
+    """The residual norms SciPy's lsqr/lsmr report, computed from ``dx``."""
+    r = r0 - A @ dx
+    r1norm = float(np.linalg.norm(r))
+    return DampedNorms(
+        r1norm, float(np.hypot(r1norm, damp * np.linalg.norm(dx))),
+        float(np.sqrt(sp.linalg.norm(A, "fro") ** 2 + damp ** 2 * A.shape[1])),
+        float(np.linalg.norm(A.T @ r - damp ** 2 * dx)))
 
 
 def trivial_answer(begin: LstsqStart, x0: Optional[np.ndarray], n: int) -> LstsqAnswer:
@@ -78,48 +393,29 @@ def trivial_answer(begin: LstsqStart, x0: Optional[np.ndarray], n: int) -> Lstsq
                        np.zeros(n), None)
 
 
-def solve_least_squares(mi: MatrixInput, x0: Optional[np.ndarray], damp: float,
-                        begin: LstsqStart, *, calc_var: bool, settings: Settings,
-                        lsqr: Callable) -> LstsqAnswer:
-    """The minimum-norm least-squares answer of a non-trivial problem.
+def solve_least_squares(problem: LeastSquaresProblem, begin: LstsqStart, *, calc_var: bool,
+                        settings: Settings, planned=None) -> LstsqAnswer:
+    """The minimum-norm least-squares answer of a non-trivial problem, by the sparse QR.
 
     Parameters
     ----------
-    mi : MatrixInput
-        A, shape (m, n).
-    x0 : ndarray of shape (n,) or None
-        The starting point (checked).
-    damp : float
-        Finite damping (checked).
+    problem : LeastSquaresProblem
     begin : LstsqStart
-        :func:`start` of the problem; not ``trivial``.
+        :func:`start` of the problem (on the canonical A); not ``trivial``.
     calc_var : bool
-        Compute ``diag(pinv(AᵀA + damp²I))`` (then the QR always answers).
+        Compute ``diag(pinv(AᵀA + damp²I))`` exactly.
     settings : Settings
         The call's resolved settings.
-    lsqr : callable
-        SciPy's original ``lsqr`` (for the iterate-first rule).
+    planned : (M, Plan), optional
+        The plan made while iterating (:func:`iterate`), reused.
     """
-    A = mi.A
-    n = A.shape[1]
+    mi = problem.matrix()
+    A, n, damp = mi.A, problem.shape[1], problem.damp
     r0 = begin.r0
+    x0 = problem.host_x0()
     x_start = np.zeros(n) if x0 is None else x0.copy()
-    if damp != 0:
-        M = sp.vstack([A, damp * sp.eye_array(n, format="csc")], format="csc")
-        rhs = np.concatenate([r0, np.zeros(n)])
-        Mi = MatrixInput(A=sp.csc_array(M), dtype=mi.dtype, on_gpu=False,
-                         was_sparse=True, fmt="csc", sparse_class=sp.csc_array)
-    else:
-        Mi, rhs = mi, r0
-    planned = None
-    if not calc_var:
-        found, planned = iterate_first(A, r0, damp, settings,
-                                       lambda: plan_for(Mi, settings), lsqr=lsqr)
-        if found is not None:
-            norms = damped_norms(A, r0, found.dx, damp)
-            return LstsqAnswer(x_start + found.dx, found.dx, norms.r1norm, norms.r2norm,
-                               norms.anorm, found.acond, norms.arnorm, begin.bnorm,
-                               np.zeros(n), None, found.itn)
+    Mi = problem.qr_matrix()
+    rhs = np.concatenate([r0, np.zeros(n)]) if damp != 0 else r0
     F = factorize(Mi, settings, tol=None, planned=planned)
     dx = F.least_squares(rhs[:, None])[:, 0]
     norms = damped_norms(A, r0, dx, damp)
@@ -127,6 +423,12 @@ def solve_least_squares(mi: MatrixInput, x0: Optional[np.ndarray], damp: float,
     var = variance(F, Mi.A) if calc_var else np.zeros(n)
     return LstsqAnswer(x_start + dx, dx, norms.r1norm, norms.r2norm, norms.anorm, acond,
                        norms.arnorm, begin.bnorm, var, F)
+
+
+def log_answer(method: str, problem: LeastSquaresProblem, who: str, why: str) -> None:
+    """The decision line of one ``lsqr``/``lsmr`` call: who answered, and why."""
+    m, n = problem.shape
+    log_decision("%s %dx%d nnz=%d: %s answered; %s", method, m, n, problem.nnz, who, why)
 
 
 def acond_estimate(solver: MinNormSolver, anorm: float) -> float:
