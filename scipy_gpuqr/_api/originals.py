@@ -7,7 +7,7 @@ functions, never whatever ``scipy.sparse.linalg.lsqr`` holds at call time,
 or a patched process would call itself. The references are taken from the
 modules that *define* the functions, when this module is first imported;
 :mod:`scipy_gpuqr._api.patch` imports this module before it patches anything,
-and the iterate-first rule of ``lsqr``/``lsmr`` is handed SciPy's LSQR from here.
+and the fallbacks of ``spsolve``/``factorized`` under ``auto`` (SuperLU) call them from here.
 
 The dictionary is built once at import and never changed (a constant, not
 mutable state).

@@ -7,8 +7,8 @@ plan
     one factorization and every reason for it; the one place that names the
     engines (:func:`~scipy_gpuqr._dispatch.plan.backend_factorizer`).
 iterate_first
-    ``auto``'s rule for least squares: SciPy's LSQR within a share of the
-    factorization's predicted time.
+    ``auto``'s rule for least squares: when SciPy's iterations (run with the
+    caller's arguments) answer, and when the sparse QR takes over.
 cost_model
     The predicted time of a direct solve.
 calibration

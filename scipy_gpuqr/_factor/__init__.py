@@ -20,7 +20,8 @@ dense_cod, subspace_cod, triangular
 Imports
 -------
 This part may import :mod:`scipy_gpuqr._dispatch` (plans, the iterate-first
-rule), :mod:`scipy_gpuqr._validate`, :mod:`scipy_gpuqr._options`,
+rule), :mod:`scipy_gpuqr._iterative` (SciPy's LSQR/LSMR on NumPy or CuPy),
+:mod:`scipy_gpuqr._validate`, :mod:`scipy_gpuqr._options`,
 :mod:`scipy_gpuqr._gpu` and :mod:`scipy_gpuqr._errors`; it reaches the
 engines only through plan objects (their factorize callables and device
 solves). The :class:`~scipy_gpuqr._numeric.NumericQR` contract every backend
