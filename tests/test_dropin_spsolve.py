@@ -60,7 +60,24 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(gpu_mod, "gpu_info", lambda: {"available": True, "reason": "ok",
                                                       **DEVICE})
     monkeypatch.setattr(_dispatch, "gpu_engine", lambda: (reference_factorize, "ok"))
+    # the tests' matrices are small: let the intensity decide instead of the size gate
+    monkeypatch.setattr(_dispatch, "SUPERLU_ALWAYS_NNZ", 0)
     return tmp_path
+
+
+def test_small_systems_are_superlu_without_analysis(fake_gpu, scipy_calls, monkeypatch, rng,
+                                                    caplog):
+    """Below the size gate SciPy answers at once, even with a GPU and a low threshold."""
+    monkeypatch.setattr(_dispatch, "SUPERLU_ALWAYS_NNZ", 10**6)
+    monkeypatch.setattr(_dispatch, "symbolic_analyze",
+                        lambda *a, **k: pytest.fail("analysed a small system"))
+    A = sp.random(200, 200, density=0.05, random_state=3, format="csc") + 4 * sp.eye(200)
+    b = rng.standard_normal(200)
+    with caplog.at_level("INFO", logger="scipy_gpuqr"):
+        x = spsolve(A, b, gpuqr_options={"spsolve_threshold": 0.0})
+    np.testing.assert_array_equal(x, original("spsolve")(A, b))
+    assert scipy_calls == ["spsolve"]
+    assert "stored entries, below" in caplog.text
 
 
 @pytest.fixture

@@ -263,7 +263,7 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
     settings = resolve_settings(backend, gpuqr_options)
     on_device = _on_device(A, b)
     if not on_device:
-        why = superlu_at_once(settings)
+        why = superlu_at_once(settings, A)
         if why is not None:
             log_decision("spsolve: SuperLU (SciPy) answered: %s", why)
             return _scipy_spsolve(A, b, permc_spec, use_umfpack)
@@ -359,7 +359,7 @@ def factorized(A, *, backend=None, gpuqr_options=None):
     settings = resolve_settings(backend, gpuqr_options)
     on_device = _on_device(A)
     if not on_device:
-        why = superlu_at_once(settings)
+        why = superlu_at_once(settings, A)
         if why is not None:
             log_decision("factorized: SuperLU (SciPy) answered: %s", why)
             info = Plan(backend=SUPERLU, requested=settings.backend, source=settings.source,

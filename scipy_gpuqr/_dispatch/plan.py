@@ -395,21 +395,32 @@ def _superlu_plan(A, requested, source, reasons, ordering, *, analysis=None,
     return plan
 
 
-def superlu_at_once(settings: Settings) -> Optional[str]:
+#: Square systems with fewer stored entries than this are SuperLU's under ``auto``
+#: without an analysis: the GPU QR's fixed costs (analysis, launches, transfers)
+#: exceed SuperLU's whole solve there, whatever the intensity says.
+SUPERLU_ALWAYS_NNZ = 200_000
+
+
+def superlu_at_once(settings: Settings, A=None) -> Optional[str]:
     """Why SciPy's SuperLU answers a square solve at once, or None when it may not.
 
     For ``spsolve``/``factorized`` before their input is validated or
-    analysed: under ``auto`` without a GPU engine or a GPU that answers,
-    SciPy's own function answers whatever the matrix, so no analysis runs.
-    None for explicit backends (always the QR) and where a GPU is usable
-    (the intensity decides, :func:`plan_factorization` with
-    ``cpu_side='superlu'``).
+    analysed: under ``auto`` without a GPU engine or a GPU that answers, or
+    for a matrix ``A`` with fewer than :data:`SUPERLU_ALWAYS_NNZ` stored
+    entries, SciPy's own function answers, so no analysis runs. None for
+    explicit backends (always the QR) and where a GPU may pay off (the
+    intensity decides, :func:`plan_factorization` with ``cpu_side='superlu'``).
     """
     if settings.backend != "auto":
         return None
     why = _gpu_unusable(None)[0]
     if why is None:
-        return None
+        nnz = getattr(A, "nnz", None) if A is not None else None
+        if nnz is None and A is not None:
+            nnz = int(np.size(A))
+        if nnz is None or nnz >= SUPERLU_ALWAYS_NNZ:
+            return None
+        why = f"{nnz} stored entries, below {SUPERLU_ALWAYS_NNZ} where the GPU QR cannot pay off"
     return f"backend 'auto' from {settings.source}; {why}"
 
 
