@@ -30,6 +30,13 @@ SUITE = ("sparse/linalg/_isolve/tests/test_lsqr.py",
          "sparse/linalg/_isolve/tests/test_lsmr.py",
          "sparse/linalg/_dsolve/tests/test_linsolve.py")
 
+#: SciPy's tests that pin behaviour the drop-in contract changes on purpose, per backend.
+#: ``testInitialization`` warm-starts lsmr from ``lsmr(G, b, maxiter=1)``: SciPy's
+#: iteration limit stops that call, so under ``auto`` the sparse QR answers it with the
+#: exact solution, and the warm-started run then needs 1 iteration instead of SciPy's
+#: 3-4 (its assertion ``itn - itn_ref in (0, 1)`` sees -2). DESIGN §5: an answer stopped
+#: by ``iter_lim`` is replaced by the exact one.
+DESELECTED = {"auto": "not (TestLSMR and testInitialization)"}
 #: Fewer collected tests than this means the files were not really run.
 MIN_TESTS = 300
 
@@ -63,6 +70,7 @@ def test_scipy_own_tests_pass_patched(tmp_path, backend):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "_scipy_suite_plugin",
            "-p", "no:cacheprovider", "-c", str(ini), "--rootdir", str(tmp_path),
            f"--junitxml={report}", "-W", "ignore::pytest.PytestUnknownMarkWarning",
+           *(["-k", DESELECTED[backend]] if backend in DESELECTED else []),
            *map(str, files)]
     run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=600)
