@@ -394,3 +394,25 @@ def test_the_store_imports_no_scheduler():
             names.update(a.name for a in node.names)
     assert not names & {"bucket", "sparse", "dense", "native", ".bucket", ".sparse",
                         ".dense", ".native"}, names
+
+
+def test_one_store_for_schedules_plans_and_analyses(cache_dir, monkeypatch):
+    # the storage rules sit below both users (the schedulers and the symbolic
+    # analysis), which keep their entries in one folder
+    import ast
+    from pathlib import Path
+
+    from scipy_gpuqr import _store
+    from scipy_gpuqr._symbolic import analysis_cache
+    tree = ast.parse(Path(_store.__file__).read_text())
+    mods = {("." * n.level + (n.module or "")) for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom)}
+    assert not {m for m in mods if "_schedule" in m or "_symbolic" in m}, mods
+    assert cache.folder is _store.folder and cache.ENV == _store.ENV
+    monkeypatch.setattr(analysis_cache, "DISK_MIN_NNZ", 0)
+    monkeypatch.setattr(_store, "write_behind", lambda fn, *a: fn(*a))
+    analysis_cache.clear()
+    build_schedule(analyze(grid3d_least_squares(6)), cache=False, lazy=True)
+    assert {p.parent.name for p in cache_dir.rglob("*.bin")} == \
+        {"b3-p1-g16", "plans", "analyses"}
+    analysis_cache.clear()

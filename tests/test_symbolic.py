@@ -60,6 +60,93 @@ def test_etree_and_counts_match_brute_force(seed):
     np.testing.assert_array_equal(column_counts(B.indptr, B.indices, p2, l2), bc)
 
 
+def _random_forest(rng, n, root_fraction=0.2):
+    """A forest with ``parent[j] > j`` (or -1), labels not in postorder."""
+    parent = np.array([int(rng.integers(j + 1, n + 1)) for j in range(n)], dtype=np.int64)
+    parent[parent >= n] = -1
+    parent[rng.random(n) < root_fraction] = -1
+    return parent
+
+
+def _dfs_postorder(parent, weight=None):
+    """Postorder by an explicit depth-first search (children by weight, then label)."""
+    n = len(parent)
+    kids = [[] for _ in range(n + 1)]
+    for j in range(n):
+        kids[parent[j] if parent[j] >= 0 else n].append(j)
+    key = (lambda c: (weight[c], c)) if weight is not None else (lambda c: c)
+    out, stack = [], [(n, iter(sorted(kids[n], key=key)))]
+    while stack:
+        node, it = stack[-1]
+        child = next(it, None)
+        if child is None:
+            stack.pop()
+            if node != n:
+                out.append(node)
+        else:
+            stack.append((child, iter(sorted(kids[child], key=key))))
+    return np.array(out, dtype=np.int64)
+
+
+def _postordered(parent):
+    post = _dfs_postorder(parent)
+    inv = np.empty(len(parent), dtype=np.int64)
+    inv[post] = np.arange(len(parent))
+    return np.where(parent[post] >= 0, inv[np.maximum(parent[post], 0)], -1)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_postorder_and_forest_scans_match_a_plain_search(seed):
+    from scipy_gpuqr._symbolic import etree
+    from scipy_gpuqr._symbolic._arrays import depths, first_descendants, subtree_sums
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 80))
+    parent = _random_forest(rng, n, rng.uniform(0.0, 0.5))
+    np.testing.assert_array_equal(postorder(parent), _dfs_postorder(parent))
+    w = rng.integers(0, 4, n)
+    np.testing.assert_array_equal(postorder(parent, w), _dfs_postorder(parent, w))
+    p = _postordered(parent)
+    vals = rng.integers(-9, 9, n)
+    want_sums, want_first, want_depth = np.zeros(n, int), np.arange(n), np.zeros(n, int)
+    for j in range(n):                       # children before parents
+        want_sums[j] += vals[j]
+        if p[j] >= 0:
+            want_sums[p[j]] += want_sums[j]
+            want_first[p[j]] = min(want_first[p[j]], want_first[j])
+    for j in range(n - 1, -1, -1):
+        if p[j] >= 0:
+            want_depth[j] = want_depth[p[j]] + 1
+    np.testing.assert_array_equal(subtree_sums(p, vals), want_sums)
+    np.testing.assert_array_equal(first_descendants(p), want_first)
+    np.testing.assert_array_equal(depths(p), want_depth)
+    np.testing.assert_array_equal(etree.subtree_sizes(p),
+                                  subtree_sums(p, np.ones(n, dtype=np.int64)))
+    # least common ancestors of pairs u < v of one tree
+    anc = [set() for _ in range(n)]
+    for j in range(n - 1, -1, -1):
+        anc[j] = {j} | (anc[p[j]] if p[j] >= 0 else set())
+    pairs = [(u, v) for u in range(n) for v in range(u + 1, n) if anc[u] & anc[v]]
+    if pairs:
+        u, v = (np.array(x, dtype=np.int64) for x in zip(*pairs))
+        got = etree._postorder_lca(p, first_descendants(p), u, v)
+        # ancestors have larger labels: the lowest common one is the smallest
+        np.testing.assert_array_equal(got, [min(anc[a] & anc[b]) for a, b in pairs])
+
+
+def test_stable_argsort_and_ranges():
+    from scipy_gpuqr._symbolic._arrays import ranges, stable_argsort
+    rng = np.random.default_rng(0)
+    for n, hi in ((0, 1), (1, 1), (50, 3), (1000, 10), (500, 1 << 40)):
+        keys = rng.integers(0, hi, n)
+        np.testing.assert_array_equal(stable_argsort(keys), np.argsort(keys, kind="stable"))
+        np.testing.assert_array_equal(stable_argsort(keys, hi), np.argsort(keys, kind="stable"))
+    starts = rng.integers(0, 20, 30)
+    ends = starts + rng.integers(0, 5, 30)
+    want = np.concatenate([np.arange(a, b) for a, b in zip(starts, ends)])
+    np.testing.assert_array_equal(ranges(starts, ends), want)
+    assert len(ranges(np.zeros(0), np.zeros(0))) == 0
+
+
 @pytest.mark.parametrize("name,A", FAMILIES, ids=[f[0] for f in FAMILIES])
 def test_front_structure_invariants(name, A):
     an = analyze(A)

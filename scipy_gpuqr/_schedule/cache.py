@@ -6,6 +6,10 @@ folder with one set of rules.
 
 Storage (shared by both kinds)
 ------------------------------
+The rules live in :mod:`scipy_gpuqr._store`, below the schedulers and the
+symbolic analysis, whose cache (:mod:`scipy_gpuqr._symbolic.analysis_cache`)
+keeps its entries in the same folder under the same rules:
+
 * folder: ``$SCIPY_GPUQR_SCHEDULE_CACHE`` when it names one (``off``, ``0``,
   ``no``, ``false``: no disk cache at all), else ``tile_schedules`` in the
   package's user cache folder (:func:`scipy_gpuqr._cachedir.cache_dir`);
@@ -76,20 +80,18 @@ arrays and back. This module imports nothing from the schedulers.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import tempfile
 import threading
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 
-from .._cachedir import cache_dir
+from .. import _store
+from .._store import ENV, flush, folder, write_behind
 
 __all__ = ["ENV", "folder", "source_stamp", "rules_stamp", "plan_stamp", "write_behind",
            "flush", "forget",
@@ -97,43 +99,19 @@ __all__ = ["ENV", "folder", "source_stamp", "rules_stamp", "plan_stamp", "write_
            "PLAN_FORMAT", "PLAN_MAX_BYTES", "MAX_PLANS", "PlanSlot", "plan_slot", "load_plan",
            "save_plan"]
 
-#: Environment variable naming the folder (or ``off``).
-ENV = "SCIPY_GPUQR_SCHEDULE_CACHE"
-_OFF = ("0", "off", "no", "false", "none")
-
 
 # =================================================================== the storage
+# (the rules live in :mod:`scipy_gpuqr._store`, shared with the analysis cache)
 
-def folder(environ: Mapping[str, str] = os.environ) -> Path | None:
-    """The disk cache's folder (not created here); None when it is off."""
-    v = environ.get(ENV, "").strip()
-    if v.lower() in _OFF:
-        return None
-    if v:
-        return Path(v)
-    base = cache_dir(environ)
-    return None if base is None else base / "tile_schedules"
-
-
-_STAMPS: dict = {}
+_HERE = Path(__file__).resolve().parent
+_narrow, _unlink, _touch = _store.narrow, _store.unlink, _store.touch
+_publish, _files, _bound = _store.publish, _store.files, _store.bound
 
 
 def source_stamp(names) -> str:
     """A hash of this package's ``_schedule`` source files ``names`` (once per
     process); empty when they cannot be read (then no disk cache is used)."""
-    names = tuple(names)
-    got = _STAMPS.get(names)
-    if got is None:
-        here = Path(__file__).resolve().parent
-        h = hashlib.sha1()
-        try:
-            for name in names:
-                h.update(name.encode() + b"\0" + (here / name).read_bytes())
-            got = h.hexdigest()[:20]
-        except OSError:
-            got = ""
-        _STAMPS[names] = got
-    return got
+    return _store.source_stamp(_HERE, names)
 
 
 #: the sources that decide a tile schedule (bucket rules, record layout)
@@ -150,149 +128,6 @@ def rules_stamp() -> str:
 def plan_stamp() -> str:
     """The stamp of the plan files (the builders' sources)."""
     return source_stamp(_PLAN_SOURCES)
-
-
-def _narrow(a: np.ndarray) -> np.ndarray:
-    """``a`` in the narrowest signed integer type holding its values."""
-    if a.size == 0:
-        return a.astype(np.int8)
-    lo, hi = int(a.min()), int(a.max())
-    for t in (np.int8, np.int16, np.int32, np.int64):
-        info = np.iinfo(t)
-        if info.min <= lo and hi <= info.max:
-            return a.astype(t, copy=False)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _unlink(path: Path) -> None:
-    """Delete ``path``, best effort (gone already, or not ours to delete: no error)."""
-    try:
-        path.unlink()
-    except OSError:
-        pass
-
-
-def _touch(path: Path) -> None:
-    """Mark ``path`` used (its modification time: the bounds delete it last)."""
-    try:
-        os.utime(path)
-    except OSError:
-        pass
-
-
-def _publish(where: Path, write: Callable, name: Callable[[str], Path]) -> Path:
-    """Write a file atomically: ``write(fh)`` into a temporary file of the folder
-    ``where``, then ``os.replace`` it to ``name(tag)`` (``tag``: the temporary
-    file's unique part). Returns the path written.
-
-    Raises
-    ------
-    OSError
-        The folder or the file cannot be written (nothing is left behind).
-    """
-    where.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=where, prefix="tmp-", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-        path = name(os.path.basename(tmp)[4:-5])
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(Path(tmp))
-        raise
-    return path
-
-
-def _files(where: Path, prefix: str) -> list:
-    """The entry files ``{prefix}*.bin`` of the folder ``where``, sorted by name."""
-    try:
-        return sorted(p for p in where.iterdir()
-                      if p.name.startswith(prefix) and p.suffix == ".bin")
-    except OSError:
-        return []
-
-
-def _bound(where: Path, prefix: str, keep: Path, max_bytes: int, max_files: int,
-           current: str | None = None) -> None:
-    """Delete entry files ``{prefix}*.bin`` of ``where`` (never ``keep``) until at
-    most ``max_bytes`` in ``max_files`` files are left: first those whose name
-    does not start with ``current`` (other stamps; when given), then the least
-    recently used."""
-    files = []
-    for p in _files(where, prefix):
-        try:
-            st = p.stat()
-        except OSError:
-            continue
-        mine = current is not None and p.name.startswith(current)
-        files.append((mine, st.st_mtime_ns, p.name, p, st.st_size))
-    files.sort()
-    total = sum(f[4] for f in files)
-    n = len(files)
-    for _, _, _, p, size in files:
-        if total <= max_bytes and n <= max_files:
-            break
-        if p == keep:
-            continue
-        try:
-            p.unlink()
-        except OSError:
-            continue
-        total -= size
-        n -= 1
-
-
-# ------------------------------------------------------------ writing behind
-
-class _WriteBehind:
-    """One worker thread writing cache files while the caller goes on (a write
-    is off the path to launch 0; the files are written atomically, so a reader
-    sees a whole file or none). The thread is joined at interpreter exit, so
-    writes under way complete; a forked child starts its own."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._pool = None
-        self._pid = None
-        self._pending: list = []
-
-    def submit(self, fn, *args) -> None:
-        with self._lock:
-            if self._pool is None or self._pid != os.getpid():
-                self._pool = ThreadPoolExecutor(max_workers=1,
-                                                thread_name_prefix="scipy_gpuqr-cache-write")
-                self._pid = os.getpid()
-                self._pending = []
-            self._pending = [f for f in self._pending if not f.done()]
-            self._pending.append(self._pool.submit(_quiet, fn, *args))
-
-    def flush(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, []
-            if self._pid != os.getpid():
-                return
-        for f in pending:
-            f.result()
-
-
-def _quiet(fn, *args):
-    try:
-        fn(*args)
-    except Exception:                          # noqa: BLE001 - best effort: not written
-        pass
-
-
-_WRITER = _WriteBehind()
-
-
-def write_behind(fn, *args) -> None:
-    """Run ``fn(*args)`` (a cache write; errors ignored) on the writer thread."""
-    _WRITER.submit(fn, *args)
-
-
-def flush() -> None:
-    """Wait for the cache writes handed to :func:`write_behind` so far."""
-    _WRITER.flush()
 
 
 # =================================================================== tile-schedule segments
@@ -742,7 +577,6 @@ _PLAN_MAGIC = b"SGQRPLN1"
 #: the analysis' front arrays the builder reads (the fingerprint)
 _FRONT_ARRAYS = ("fm", "fn", "fp", "cm", "frank", "stair", "col_ptr", "parent", "child_ptr",
                  "children", "s_ptr", "rimap_ptr", "rjmap_ptr")
-_ALIGN = 64
 
 
 def _plan_folder() -> Path | None:
@@ -775,51 +609,6 @@ def _plan_key(fp: dict, args: dict) -> str:
         else:                                  # a sample of the large ones
             c2 = zlib.crc32(np.ascontiguousarray(v.ravel()[::61]).tobytes(), c2)
     return f"{c:08x}{c2:08x}"
-
-
-def _write_plan(fh, arrays: dict, header: dict) -> None:
-    """Header, then every array at a multiple of 64 bytes of the file (read back
-    as aligned views, no copies); the arrays are written from their own memory."""
-    views, meta, at, crc = [], [], 0, 0
-    for k, v in arrays.items():
-        b = np.ascontiguousarray(v)
-        pad = -at % _ALIGN
-        if pad:
-            views.append(b"\0" * pad)
-            crc = zlib.crc32(views[-1], crc)
-            at += pad
-        mv = memoryview(b).cast("B") if b.nbytes else b""
-        meta.append([k, b.dtype.str, list(b.shape), at])
-        views.append(mv)
-        crc = zlib.crc32(mv, crc)
-        at += b.nbytes
-    h = dict(header, arrays=meta, size=at, crc=crc)
-    hb = json.dumps(h, sort_keys=True).encode()
-    hb += b" " * (-(16 + len(hb)) % _ALIGN)
-    fh.write(_PLAN_MAGIC + len(hb).to_bytes(8, "little") + hb)
-    for mv in views:
-        fh.write(mv)
-
-
-def _decode_plan(data, want: dict):
-    if bytes(data[:8]) != _PLAN_MAGIC:
-        raise ValueError("not a plan file")
-    n = int.from_bytes(data[8:16], "little")
-    h = json.loads(bytes(data[16:16 + n]).decode())
-    for k, v in want.items():
-        if h.get(k) != v:
-            raise ValueError(f"plan file for another {k}")
-    payload = memoryview(data)[16 + n:]
-    if len(payload) != h["size"] or zlib.crc32(payload) != h["crc"]:
-        raise ValueError("plan file damaged")
-    a = {}
-    for name, dt, shape, off in h["arrays"]:
-        dt = np.dtype(dt)
-        if dt.kind not in "iub":
-            raise ValueError("bad dtype")
-        a[name] = np.frombuffer(payload, dtype=dt, count=math.prod(shape),
-                                offset=off).reshape(shape)
-    return h, a
 
 
 class PlanSlot:
@@ -867,19 +656,12 @@ def load_plan(s: PlanSlot | None, decode: Callable):
     if s is None:
         return None
     path, fp, args = s.path, s.fingerprint, s.args
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            buf = np.empty(size + _ALIGN, dtype=np.uint8)      # an aligned buffer
-            at = -buf.ctypes.data % _ALIGN
-            data = memoryview(buf[at:at + size])
-            if fh.readinto(data) != size:
-                return None
-    except OSError:
+    data = _store.read_aligned(path)
+    if data is None:
         return None
     try:
-        h, a = _decode_plan(data, {"format": PLAN_FORMAT, "stamp": plan_stamp(),
-                                   "args": args})
+        h, a = _store.decode_arrays(data, _PLAN_MAGIC, {"format": PLAN_FORMAT,
+                                                        "stamp": plan_stamp(), "args": args})
         for k, v in fp.items():                # exactly this matrix' structure
             got = a.get(f"fp_{k}")                 # stored narrowed: compare values
             if got is None or not np.array_equal(got, v):
@@ -917,7 +699,8 @@ def _save_plan(s: PlanSlot, sched, encode) -> bool:
     arrays.update(a)
     header = {"format": PLAN_FORMAT, "stamp": plan_stamp(), "args": args, "facts": facts}
     try:
-        _publish(d, lambda fh: _write_plan(fh, arrays, header), lambda tag: path)
+        _publish(d, lambda fh: _store.write_arrays(fh, _PLAN_MAGIC, arrays, header),
+                 lambda tag: path)
     except OSError:
         return False
     _bound(d, "plan-", path, PLAN_MAX_BYTES, MAX_PLANS)

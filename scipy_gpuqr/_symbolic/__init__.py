@@ -6,11 +6,15 @@ column singletons (:mod:`.singletons`), the fill-reducing column ordering
 (:mod:`.ordering`), the column elimination tree and column counts
 (:mod:`.etree`), the fronts with their staircases and assembly maps
 (:mod:`.fronts`), the work and memory counts (:mod:`.counts`) and the GPU
-staging plan (:mod:`.staging`). Nothing is computed at import.
+staging plan (:mod:`.staging`). Nothing is computed at import. An analysis
+is made once per sparsity pattern and set of options: :mod:`.analysis_cache`
+keeps them per process (bounded) and on disk (in the schedule cache's
+folder), and ``analyze`` answers from it when it can.
 
-Imports: NumPy and SciPy, and :mod:`scipy_gpuqr._cpu` for the SuiteSparse
-orderings (COLAMD, AMD; pymetis, optional, when METIS is asked for); nothing
-above it (no scheduler, engine or dispatch). Its command-line report is
+Imports: NumPy and SciPy, :mod:`scipy_gpuqr._cpu` for the SuiteSparse
+orderings (COLAMD, AMD; pymetis, optional, when METIS is asked for) and
+:mod:`scipy_gpuqr._store` for the disk cache's rules; nothing above it (no
+scheduler, engine or dispatch). Its command-line report is
 ``scipy-gpuqr analyze`` (:mod:`scipy_gpuqr._cli.analyze`).
 """
 

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from . import analysis_cache
 from . import counts as _counts
+from ._arrays import stable_argsort
 from .etree import column_counts, column_etree, leftmost_columns, postorder
 from .fronts import Amalgamation, FrontStructure, build_fronts, fundamental_supernodes, \
     relaxed_amalgamation
@@ -184,6 +186,14 @@ class SymbolicAnalysis:
         return self.fronts.nfronts
 
     @property
+    def pattern_key(self) -> str | None:
+        """The analysis cache's key (:mod:`.analysis_cache`: the pattern and the
+        options) of this analysis; None when it was made with ``cache=False`` or
+        options that cannot be keyed. Analyses of one key are equal, so a cache
+        kept per pattern may use it."""
+        return self.__dict__.get("_pattern_key")
+
+    @property
     def front_parent(self) -> np.ndarray:
         return self.fronts.parent
 
@@ -293,7 +303,8 @@ def _rows_left(m, single):
 
 def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | None = None,
             itemsize: int = 8, amalgamation: Amalgamation = Amalgamation(),
-            singletons: bool = True, singleton_tol: float | None = None) -> SymbolicAnalysis:
+            singletons: bool = True, singleton_tol: float | None = None,
+            cache: bool = True) -> SymbolicAnalysis:
     """Symbolic analysis of a sparse QR factorization of A.
 
     Column singletons come first (SuiteSparseQR's rule, see
@@ -335,19 +346,62 @@ def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | 
     singleton_tol : float, optional
         Accept a singleton only if its entry's magnitude exceeds this (A's
         values are read); None: structural (any stored entry).
+    cache : bool
+        Look the analysis up, and keep a new one, in the analysis cache
+        (:mod:`.analysis_cache`: per process, and on disk in the schedule
+        cache's folder for large matrices). The key is the pattern and the
+        options (with ``singleton_tol``, also which entries exceed it), and a
+        hit equals a new analysis. False: analyse, keep nothing.
 
     Returns
     -------
     SymbolicAnalysis
+        Its arrays are read-only (a kept analysis shares them). With the cache
+        each call returns a new object sharing the kept one's arrays; from a
+        hit, ``timings`` holds the look-up's seconds (key ``'cache'``).
     """
-    timings = {}
+    options = dict(ordering=ordering, colperm=colperm, max_gpu_memory=max_gpu_memory,
+                   itemsize=itemsize, amalgamation=amalgamation, singletons=singletons,
+                   singleton_tol=singleton_tol)
     t0 = time.perf_counter()
+    if not cache:
+        Ac = canonical_csc(A)
+        return analysis_cache.freeze(
+            _analyze(Ac, {"canonical": time.perf_counter() - t0}, **options))
+    view, owned = _pattern_view(A)
+    k = analysis_cache.key(view.shape, view.indptr, view.indices, view.data, options)
+    got = analysis_cache.lookup(k, SymbolicAnalysis)
+    if got is not None:
+        an = dataclasses.replace(got, timings={"cache": time.perf_counter() - t0})
+    else:
+        Ac = view if owned else canonical_csc(view)
+        kept = analysis_cache.freeze(
+            _analyze(Ac, {"canonical": time.perf_counter() - t0}, **options))
+        analysis_cache.keep(k, kept)
+        # the kept object stays the cache's own: per-object caches of the caller
+        # (schedules, layouts) live and die with the caller's copy
+        an = dataclasses.replace(kept, timings=dict(kept.timings)) if k is not None else kept
+    if k is not None:
+        object.__setattr__(an, "_pattern_key", k.digest)
+    return an
+
+
+def _pattern_view(A) -> tuple:
+    """``(canonical CSC of A, whether it is a copy)``: A itself when it is a CSC
+    in canonical format already (nothing copied; its index dtype kept)."""
+    if sp.issparse(A) and A.format == "csc" and A.ndim == 2 and A.has_canonical_format:
+        return A, False
+    return canonical_csc(A), True
+
+
+def _analyze(A: sp.csc_array, timings: dict, *, ordering, colperm, max_gpu_memory, itemsize,
+             amalgamation, singletons, singleton_tol) -> SymbolicAnalysis:
+    """The analysis of a canonical CSC ``A`` (see :func:`analyze`); ``timings``
+    holds the seconds spent before."""
     fixed_order = colperm is not None or ordering in ("given", "natural")
-    A = canonical_csc(A)
     m, n = A.shape
     nnz = int(A.nnz)
     t1 = time.perf_counter()
-    timings["canonical"] = t1 - t0
     single, perm, keep_rows, used = _singletons_and_order(A, ordering, colperm, singletons,
                                                           singleton_tol)
     n1, r1 = single.n1cols, single.n1rows
@@ -370,7 +424,7 @@ def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | 
     t4 = time.perf_counter()
     timings["counts"] = t4 - t3
 
-    rowperm2 = np.argsort(left, kind="stable").astype(np.int64)
+    rowperm2 = stable_argsort(left, n2 + 1)
     S = B[rowperm2]
     S.sort_indices()
     sleft = left[rowperm2]
@@ -411,9 +465,10 @@ def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | 
         # order: analyse that order again (n1cols grows, so this ends), so that
         # analysing with colperm=analysis.colperm reproduces the analysis
         if leading_singletons(A, colperm, singleton_tol).n1cols > n1:
-            again = analyze(A, colperm=colperm, max_gpu_memory=max_gpu_memory,
-                            itemsize=itemsize, amalgamation=amalgamation,
-                            singleton_tol=singleton_tol)
+            again = _analyze(A, dict(timings), ordering="colamd", colperm=colperm,
+                             max_gpu_memory=max_gpu_memory, itemsize=itemsize,
+                             amalgamation=amalgamation, singletons=True,
+                             singleton_tol=singleton_tol)
             return dataclasses.replace(again, ordering_used=used)
     ccount_all = np.concatenate([np.zeros(n1, dtype=np.int64), ccount]).astype(np.int64)
     ccount_all[r1_pivot] = np.diff(r1_ptr)

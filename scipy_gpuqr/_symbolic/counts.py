@@ -39,16 +39,19 @@ def front_work(fs: FrontStructure) -> dict:
     """
     nf = fs.nfronts
     nloc = fs.fn
-    owner = np.repeat(np.arange(nf, dtype=np.int64), nloc)
-    k = np.arange(len(fs.cols), dtype=np.int64) - fs.col_ptr[owner]
-    fm_o = fs.fm[owner]
-    fn_o = fs.fn[owner]
-    live = k < np.minimum(fm_o, fn_o)
-    t = np.maximum(np.minimum(fs.stair, fm_o), k + 1)
-    h = np.where(live, t - k, 0)
-    fl = (h * (3 + 4 * (fn_o - k - 1))).astype(np.float64)
-    flops = np.bincount(owner, weights=fl, minlength=nf)
-    nnz_h = np.bincount(owner, weights=h, minlength=nf).astype(np.int64)
+    if nf == 0:
+        flops = np.zeros(0, dtype=np.int64)       # as np.bincount gives it
+        nnz_h = np.zeros(0, dtype=np.int64)
+    else:
+        # per local column k of every front (per-front values spread by repeat)
+        k = np.arange(len(fs.cols), dtype=np.int64) - np.repeat(fs.col_ptr[:-1], nloc)
+        fm_o = np.repeat(fs.fm, nloc)
+        t = np.maximum(np.minimum(fs.stair, fm_o), k + 1)
+        h = np.where(k < np.repeat(np.minimum(fs.fm, fs.fn), nloc), t - k, 0)
+        fl = h * (3 + 4 * (np.repeat(fs.fn, nloc) - k - 1))
+        # integer sums per front (exact), as float64
+        flops = np.add.reduceat(fl, fs.col_ptr[:-1]).astype(np.float64)
+        nnz_h = np.add.reduceat(h, fs.col_ptr[:-1]).astype(np.int64)
     nnz_r = _trapezoid(fs.frank, fs.fn)
     cb = _trapezoid(fs.cm, fs.fn - fs.fp)
     return {"flops": flops, "nnz_R": nnz_r, "nnz_H": nnz_h, "cb_entries": cb,

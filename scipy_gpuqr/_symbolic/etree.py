@@ -13,14 +13,19 @@ column of row i (``n`` for an empty row).
   Liu's algorithm, so any minimum spanning forest has the same elimination
   tree) and then Liu's algorithm with path compression runs on at most n-1
   edges.
+* The postorder (children in increasing label, or weight, order) ranks the
+  forest's Euler tour, a linked list of the 2n "enter"/"leave" events, by
+  pointer jumping: ``log2(2n)`` array steps, no Python loop over the nodes.
 * Column counts of R (nonzeros per row of R, diagonal included) use the
   row-subtree characterisation: column k of R (row k of L = chol(AᵀA)) has the
   pattern T_k = union of the tree paths from ``leftmost[i]`` to k over the rows
   i that hold column k. Counting how many T_k contain each node is done with
   the skeleton/least-common-ancestor formula (+1 at each path start, -1 at the
   LCA of consecutive starts in postorder, -1 at the parent of k) followed by
-  subtree sums; the LCAs are batched with binary lifting over a postordered
-  tree. Cost O((nnz(A) + n) log n), all vectorized.
+  subtree sums. In a postordered forest the LCA of u < v is the parent of the
+  node of ``[u, v)`` whose subtree starts first (the latest such node on
+  ties), a range-minimum query answered from a sparse table in two look-ups.
+  Cost O((nnz(A) + n) log n), all vectorized.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import minimum_spanning_tree
 
+from ._arrays import first_descendants, stable_argsort, subtree_sums
+
 __all__ = ["leftmost_columns", "column_etree", "postorder", "column_counts",
-           "subtree_sizes"]
+           "subtree_sizes", "subtree_sums"]
 
 
 def leftmost_columns(indptr: np.ndarray, indices: np.ndarray, n: int) -> np.ndarray:
@@ -42,12 +49,16 @@ def leftmost_columns(indptr: np.ndarray, indices: np.ndarray, n: int) -> np.ndar
     return left
 
 
-def _star_edges(indptr, indices, leftmost):
-    """Edges (leftmost[i], j) for every entry (i, j) with j > leftmost[i]."""
-    rows = np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))
-    lo = leftmost[rows]
+def _star_edges(indptr, indices, leftmost, n):
+    """Distinct edges (leftmost[i], j) for every entry (i, j) with j > leftmost[i],
+    sorted by their larger end j (then their smaller one)."""
+    lo = np.repeat(leftmost, np.diff(indptr))
     keep = indices != lo
-    return lo[keep], indices[keep].astype(np.int64)
+    key = indices[keep] * n + lo[keep]
+    key.sort()
+    if len(key) > 1:
+        key = key[np.concatenate(([True], key[1:] != key[:-1]))]
+    return key % n, key // n
 
 
 def column_etree(indptr: np.ndarray, indices: np.ndarray, n: int,
@@ -70,18 +81,21 @@ def column_etree(indptr: np.ndarray, indices: np.ndarray, n: int,
     """
     if leftmost is None:
         leftmost = leftmost_columns(indptr, indices, n)
-    lo, hi = _star_edges(indptr, indices, leftmost)
+    lo, hi = _star_edges(indptr, np.asarray(indices, dtype=np.int64), leftmost, n)
     parent = np.full(n, -1, dtype=np.int64)
     if len(lo) == 0:
         return parent
-    # weight max(u, v) + 1 (> 0 so no edge is read as absent)
-    g = sp.coo_array(((hi + 1).astype(np.float64), (lo, hi)), shape=(n, n)).tocsr()
-    g.sum_duplicates()
-    g.data = (g.indices + 1).astype(np.float64)   # undo summed duplicates
+    # weight max(u, v) + 1 (> 0 so no edge is read as absent); the edges come
+    # distinct and sorted by their larger end, so the graph is built as CSR
+    # directly with that end as the row: its weights are stored in increasing
+    # order, which the spanning tree's (stable) sort of the weights finds sorted
+    gptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(hi, minlength=n), out=gptr[1:])
+    g = sp.csr_array(((hi + 1).astype(np.float64), lo, gptr), shape=(n, n))
     forest = sp.coo_array(minimum_spanning_tree(g))
     u = np.minimum(forest.row, forest.col).astype(np.int64)
     v = np.maximum(forest.row, forest.col).astype(np.int64)
-    order = np.argsort(v, kind="stable")
+    order = stable_argsort(v, n)
     u, v = u[order].tolist(), v[order].tolist()
     # Liu's algorithm with path compression on the forest's edges
     par = [-1] * n
@@ -103,36 +117,48 @@ def postorder(parent: np.ndarray, weight: np.ndarray | None = None) -> np.ndarra
     Children are visited in increasing ``weight`` (ties: increasing label),
     so with ``weight`` = column counts the heaviest child comes last, next to
     its parent (CHOLMOD's weighted postorder: relaxed amalgamation then merges
-    the heaviest child). Returns ``post`` with ``post[t]`` the node visited
-    t-th.
+    the heaviest child); roots likewise. Returns ``post`` with ``post[t]`` the
+    node visited t-th.
+
+    The depth-first tour is a linked list of 2n events (enter v, leave v):
+    after entering v comes entering its first child (or leaving v), after
+    leaving v entering its next sibling (or leaving its parent). The position
+    of v in the postorder is the number of "leave" events before its own,
+    found by ranking the list with pointer jumping.
     """
     n = len(parent)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
+    parent = np.asarray(parent, dtype=np.int64)
     p = np.where(parent < 0, n, parent)
     if weight is None:
-        order = np.argsort(p, kind="stable")          # children grouped by parent
+        order = stable_argsort(p, n + 1)          # children grouped by parent
     else:
-        order = np.lexsort((np.arange(n), weight, p))
+        order = np.lexsort((np.arange(n), weight, p)).astype(np.int64)
     counts = np.bincount(p, minlength=n + 1)
-    start = np.concatenate(([0], np.cumsum(counts)))
-    kids = order.tolist()
-    start_l = start.tolist()
-    post = []
-    append = post.append
-    # iterative DFS from the virtual root n
-    stack = [(n, start_l[n])]
-    while stack:
-        node, nxt = stack[-1]
-        if nxt < start_l[node + 1]:
-            stack[-1] = (node, nxt + 1)
-            child = kids[nxt]
-            stack.append((child, start_l[child]))
-        else:
-            stack.pop()
-            if node != n:
-                append(node)
-    return np.asarray(post, dtype=np.int64)
+    start = np.zeros(n + 2, dtype=np.int64)
+    np.cumsum(counts, out=start[1:])
+    at = np.empty(n, dtype=np.int64)              # where each node sits in ``order``
+    at[order] = np.arange(n, dtype=np.int64)
+    end = 2 * n                                   # the event after the last one
+    nxt = np.empty(2 * n + 1, dtype=np.int64)
+    # enter v (event v): enter its first child, or leave v
+    nxt[:n] = np.where(counts[:n] > 0, order[np.minimum(start[:n], n - 1)],
+                       n + np.arange(n, dtype=np.int64))
+    # leave v (event n + v): enter its next sibling, or leave its parent
+    sib = at + 1
+    nxt[n:end] = np.where(sib < start[p + 1], order[np.minimum(sib, n - 1)],
+                          np.where(parent >= 0, n + parent, end))
+    nxt[end] = end
+    # rank: leave events from each event to the end of the tour
+    rank = np.zeros(2 * n + 1, dtype=np.int64)
+    rank[n:end] = 1
+    for _ in range((2 * n).bit_length()):
+        rank = rank + rank[nxt]
+        nxt = nxt[nxt]
+    post = np.empty(n, dtype=np.int64)
+    post[n - rank[n:end]] = np.arange(n, dtype=np.int64)
+    return post
 
 
 def subtree_sizes(parent: np.ndarray) -> np.ndarray:
@@ -140,46 +166,39 @@ def subtree_sizes(parent: np.ndarray) -> np.ndarray:
     return subtree_sums(parent, np.ones(len(parent), dtype=np.int64))
 
 
-def subtree_sums(parent: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Sum of ``values`` over each subtree of a postordered forest.
+def _range_min_table(values: np.ndarray) -> tuple:
+    """Sparse table of range minima: level k holds the minima of the windows of
+    length 2^k, all levels in one flat array (and each level's offset)."""
+    levels = [values]
+    width = 1
+    while 2 * width <= len(values):
+        prev = levels[-1]
+        levels.append(np.minimum(prev[:-width], prev[width:]))
+        width *= 2
+    offsets = np.zeros(len(levels), dtype=np.int64)
+    np.cumsum([len(t) for t in levels[:-1]], out=offsets[1:])
+    return np.concatenate(levels), offsets
 
-    With postorder labels the subtree of j is the label range
-    ``[j - size_j + 1, j]``; sums are accumulated child to parent.
+
+def _postorder_lca(parent: np.ndarray, first: np.ndarray, u: np.ndarray,
+                   v: np.ndarray) -> np.ndarray:
+    """LCA of pairs u < v of one tree of a postordered forest.
+
+    Among the labels ``[u, v)`` the node whose subtree starts first (the
+    largest such label on ties) is the child of the LCA on the way to u; the
+    LCA is its parent. A sparse table of the packed key ``first·(n+1) + (n -
+    label)`` answers each range minimum in two look-ups.
     """
-    acc = np.array(values, dtype=np.int64, copy=True)
-    par = parent.tolist()
-    a = acc.tolist()
-    for j, pj in enumerate(par):
-        if pj >= 0:
-            a[pj] += a[j]
-    return np.asarray(a, dtype=np.int64)
-
-
-def _lifting_table(parent: np.ndarray) -> np.ndarray:
-    """up[k][j] = 2^k-th ancestor of j, the virtual root n above every root."""
     n = len(parent)
-    up0 = np.where(parent < 0, n, parent).astype(np.int64)
-    up0 = np.append(up0, n)
-    levels = max(1, int(np.ceil(np.log2(n + 2))))
-    table = [up0]
-    for _ in range(levels - 1):
-        prev = table[-1]
-        table.append(prev[prev])
-    return np.stack(table)
-
-
-def _batched_lca(up: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """LCA of pairs u < v in a postordered forest (virtual root n).
-
-    The LCA is the first ancestor of u whose label is >= v: climb u to the
-    highest ancestor with label < v, then take its parent.
-    """
-    x = u.copy()
-    for k in range(up.shape[0] - 1, -1, -1):
-        y = up[k][x]
-        move = y < v
-        x = np.where(move, y, x)
-    return up[0][x]
+    if len(u) == 0:
+        return np.zeros(0, dtype=np.int64)
+    labels = np.arange(n, dtype=np.int64)
+    flat, offsets = _range_min_table(first * (n + 1) + (n - labels))
+    length = v - u
+    level = np.frexp(length.astype(np.float64))[1].astype(np.int64) - 1   # floor(log2)
+    base = offsets[level]
+    best = np.minimum(flat[base + u], flat[base + v - (np.int64(1) << level)])
+    return parent[n - best % (n + 1)]
 
 
 def column_counts(indptr: np.ndarray, indices: np.ndarray, parent: np.ndarray,
@@ -204,19 +223,22 @@ def column_counts(indptr: np.ndarray, indices: np.ndarray, parent: np.ndarray,
     n = len(parent)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    rows = np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))
-    k = np.concatenate([indices.astype(np.int64), np.arange(n, dtype=np.int64)])
-    p = np.concatenate([leftmost[rows], np.arange(n, dtype=np.int64)])
-    # unique (k, p) pairs sorted by k then p (postorder labels)
-    key = np.unique(k * (n + 1) + p)
+    diag = np.arange(n, dtype=np.int64)
+    # distinct (k, p) pairs sorted by k then p (postorder labels): column k of
+    # R and the leftmost column p of a row holding k (and k itself)
+    key = np.concatenate([np.asarray(indices, dtype=np.int64) * (n + 1)
+                          + np.repeat(leftmost, np.diff(indptr)), diag * (n + 2)])
+    key.sort()
+    if len(key) > 1:
+        key = key[np.concatenate(([True], key[1:] != key[:-1]))]
     k = key // (n + 1)
     p = key % (n + 1)
     delta = np.bincount(p, minlength=n + 1).astype(np.int64)
     same = k[1:] == k[:-1]
+    first = first_descendants(parent)
     if same.any():
-        up = _lifting_table(parent)
-        lca = _batched_lca(up, p[:-1][same], p[1:][same])
+        lca = _postorder_lca(parent, first, p[:-1][same], p[1:][same])
         delta -= np.bincount(lca, minlength=n + 1)
     par = np.where(parent < 0, n, parent)
     delta -= np.bincount(par, minlength=n + 1)
-    return subtree_sums(parent, delta[:n])
+    return subtree_sums(parent, delta[:n], first)

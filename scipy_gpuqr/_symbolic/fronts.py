@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._arrays import depths, ranges, stable_argsort, stable_sort
+
 __all__ = ["Amalgamation", "fundamental_supernodes", "relaxed_amalgamation",
            "FrontStructure", "build_fronts"]
 
@@ -93,7 +95,8 @@ def relaxed_amalgamation(parent: np.ndarray, counts: np.ndarray, super_ptr: np.n
 
     Supernodes are visited from the last to the first; supernode j is merged
     with the group immediately after it when that group holds j's parent (so
-    merged pivot columns stay contiguous). One scalar loop over supernodes.
+    merged pivot columns stay contiguous). One scalar loop over supernodes; a
+    group is a contiguous range, so no union-find is needed to find j's.
     """
     ns_total = len(super_ptr) - 1
     if ns_total <= 1 or not params.enabled:
@@ -107,22 +110,16 @@ def relaxed_amalgamation(parent: np.ndarray, counts: np.ndarray, super_ptr: np.n
     nscol = np.diff(super_ptr).tolist()
     snz = counts[first].tolist()              # rows of the R block of the first column
     zeros = [0] * ns_total
-    rep = list(range(ns_total))               # group head of each supernode
     keep = [True] * ns_total
     n0, n1, n2 = params.nrelax
     z0, z1, z2 = params.zrelax
-
-    def find(x):
-        root = x
-        while rep[root] != root:
-            root = rep[root]
-        while rep[x] != root:
-            rep[x], x = root, rep[x]
-        return root
-
+    # groups are contiguous ranges of supernodes, made from the last one down:
+    # the group headed by j+1 spans [j+1, end), and j's parent lies in it or not
+    end = ns_total
     for j in range(ns_total - 2, -1, -1):
         p = sparent[j]
-        if p < 0 or find(p) != j + 1:
+        if p < 0 or p >= end:
+            end = j + 1
             continue
         p = j + 1
         c0, c1 = nscol[j], nscol[p]
@@ -146,8 +143,9 @@ def relaxed_amalgamation(parent: np.ndarray, counts: np.ndarray, super_ptr: np.n
             nscol[j] = ns
             snz[j] = c0 + lnz1
             zeros[j] = totzeros
-            rep[p] = j
             keep[p] = False
+        else:
+            end = j + 1
     heads = np.flatnonzero(np.asarray(keep))
     return np.append(super_ptr[heads], n).astype(np.int64)
 
@@ -185,6 +183,14 @@ def build_fronts(front_ptr: np.ndarray, parent: np.ndarray, counts: np.ndarray,
                  leftmost: np.ndarray) -> FrontStructure:
     """Front structure from the pivot ranges and the row-sorted pattern of S.
 
+    The fronts are built a depth of the front tree at a time, deepest first
+    (a front's children are one level deeper, so they are done): the
+    non-pivot columns of a front are the columns past its pivots of its S
+    rows and of its children's non-pivot columns, sorted and made distinct
+    for the whole level at once; the same sort gives every such column its
+    local position, hence the Rjmap of the children and the S entries' local
+    columns. The front rows, staircases and maps follow without a loop.
+
     Parameters
     ----------
     front_ptr : ndarray (nf+1)
@@ -200,7 +206,10 @@ def build_fronts(front_ptr: np.ndarray, parent: np.ndarray, counts: np.ndarray,
     nf = len(front_ptr) - 1
     n = len(parent)
     i64 = np.int64
-    fp = np.diff(front_ptr).astype(i64)
+    front_ptr = np.asarray(front_ptr, dtype=i64)
+    s_indptr = np.asarray(s_indptr, dtype=i64)
+    s_indices = np.asarray(s_indices, dtype=i64)
+    fp = np.diff(front_ptr)
     col2front = np.repeat(np.arange(nf, dtype=i64), fp)
     last = front_ptr[1:] - 1
     fparent = np.full(nf, -1, dtype=i64)
@@ -209,129 +218,161 @@ def build_fronts(front_ptr: np.ndarray, parent: np.ndarray, counts: np.ndarray,
         fparent = np.where(pl >= 0, col2front[np.maximum(pl, 0)], -1).astype(i64)
     fn = fp + (counts[last] - 1 if nf else np.zeros(0, i64))
     # children in increasing order (postorder)
-    has_p = fparent >= 0
-    order = np.flatnonzero(has_p)
-    order = order[np.argsort(fparent[order], kind="stable")]
-    child_ptr = np.concatenate(([0], np.cumsum(np.bincount(fparent[has_p], minlength=nf)))).astype(i64)
-    children = order.astype(i64)
+    has_p = np.flatnonzero(fparent >= 0)
+    children = has_p[stable_argsort(fparent[has_p], nf)]
+    child_ptr = _pointer(np.bincount(fparent[has_p], minlength=nf))
     # S rows per front (rows of S are sorted by leftmost column)
     nonempty = leftmost < n
     row_front = col2front[leftmost[nonempty]]
-    arow_ptr = np.concatenate(([0], np.cumsum(np.bincount(row_front, minlength=nf)))).astype(i64)
+    arow_ptr = _pointer(np.bincount(row_front, minlength=nf))
     na = np.diff(arow_ptr)
-    s_ptr = s_indptr[arow_ptr].astype(i64)
+    s_ptr = s_indptr[arow_ptr]
+    s_rows = np.flatnonzero(nonempty)
+    ns_rows = len(s_rows)
 
-    # ---- column lists, one front at a time in postorder -------------------------
-    col_ptr = np.concatenate(([0], np.cumsum(fn))).astype(i64)
-    cols = np.empty(int(col_ptr[-1]), dtype=i64)
-    fn_l, fp_l = fn.tolist(), fp.tolist()
-    fptr_l, cptr_l, sptr_l = front_ptr.tolist(), col_ptr.tolist(), s_ptr.tolist()
-    chp_l, ch_l = child_ptr.tolist(), children.tolist()
-    for f in range(nf):
-        lo, hi = fptr_l[f], fptr_l[f + 1]
-        parts = [s_indices[sptr_l[f]:sptr_l[f + 1]]]
-        for c in ch_l[chp_l[f]:chp_l[f + 1]]:
-            parts.append(cols[cptr_l[c] + fp_l[c]:cptr_l[c + 1]])
-        nonpiv = np.concatenate(parts)
-        nonpiv = np.unique(nonpiv[nonpiv >= hi])
-        if len(nonpiv) != fn_l[f] - fp_l[f]:
-            raise AssertionError(f"front {f}: column list has {len(nonpiv)} non-pivot columns, "
-                                 f"column counts say {fn_l[f] - fp_l[f]}")
-        base = cptr_l[f]
-        cols[base:base + hi - lo] = np.arange(lo, hi)
-        cols[base + hi - lo:cptr_l[f + 1]] = nonpiv
-
-    # ---- Rjmap: child's non-pivot columns -> parent local columns ---------------
+    col_ptr = _pointer(fn)
     ncb_cols = fn - fp
-    rjmap_ptr = np.concatenate(([0], np.cumsum(ncb_cols))).astype(i64)
-    # global column -> local column within a given front: search in sorted col lists
-    cb_front = np.repeat(np.arange(nf, dtype=i64), ncb_cols)
-    cb_local = np.arange(int(rjmap_ptr[-1]), dtype=i64) - rjmap_ptr[cb_front]
-    cb_global = cols[col_ptr[cb_front] + fp[cb_front] + cb_local]
-    rjmap = _local_index(cols, col_ptr, fparent[cb_front], cb_global)
-
-    # ---- rows: fm, cm in postorder --------------------------------------------
+    rjmap_ptr = _pointer(ncb_cols)
+    cols = np.empty(int(col_ptr[-1]), dtype=i64)
+    cols[ranges(col_ptr[:-1], col_ptr[:-1] + fp)] = np.arange(front_ptr[0], front_ptr[-1])
+    rjmap = np.empty(int(rjmap_ptr[-1]), dtype=i64)
+    ent_col = np.empty(int(s_indptr[ns_rows]), dtype=i64)    # local column of each S entry
     fm = np.zeros(nf, dtype=i64)
     cm = np.zeros(nf, dtype=i64)
-    na_l = na.tolist()
-    fm_l, cm_l = [0] * nf, [0] * nf
-    for f in range(nf):
-        m_f = na_l[f]
-        for c in ch_l[chp_l[f]:chp_l[f + 1]]:
-            m_f += cm_l[c]
-        fm_l[f] = m_f
-        r = min(m_f, fp_l[f])
-        cm_l[f] = min(m_f - r, fn_l[f] - fp_l[f])
-    fm[:] = fm_l
-    cm[:] = cm_l
+
+    # ---- column lists, Rjmap, S columns, fm and cm: one tree level at a time ----
+    depth = depths(fparent)
+    top = int(depth.max()) if nf else -1
+    by_level = stable_argsort(top - depth, top + 1)             # deepest first
+    level_ptr = _pointer(np.bincount(top - depth, minlength=top + 1))
+    for lev in range(top + 1):
+        F = by_level[level_ptr[lev]:level_ptr[lev + 1]]        # increasing labels
+        if len(F) == 1:
+            # a level of one front (a chain of fronts): the same steps on slices
+            _one_front(int(F[0]), front_ptr, fp, fn, col_ptr, cols, s_ptr, s_indices, children,
+                       child_ptr, ncb_cols, rjmap, rjmap_ptr, ent_col, na, fm, cm, n)
+            continue
+        ent = ranges(s_ptr[F], s_ptr[F + 1])
+        kids = children[ranges(child_ptr[F], child_ptr[F + 1])]
+        slots = ranges(col_ptr[kids] + fp[kids], col_ptr[kids + 1])
+        kid_of_slot = np.repeat(kids, ncb_cols[kids])
+        owner = np.concatenate([np.repeat(F, s_ptr[F + 1] - s_ptr[F]), fparent[kid_of_slot]])
+        col = np.concatenate([s_indices[ent], cols[slots]])
+        lo, hi = front_ptr[owner], front_ptr[owner + 1]
+        local = col - lo                                         # right for the pivots
+        rest = np.flatnonzero(col >= hi)
+        if len(rest):
+            key = owner[rest] * (n + 1) + col[rest]
+            sk, order = stable_sort(key, nf * (n + 1))
+            new = np.ones(len(sk), dtype=bool)
+            new[1:] = sk[1:] != sk[:-1]
+            uk = sk[new]
+            uowner = uk // (n + 1)
+            start = np.searchsorted(uowner, F, "left")
+            got = np.searchsorted(uowner, F, "right") - start
+            bad = np.flatnonzero(got != ncb_cols[F])
+            if len(bad):
+                f = int(F[bad[0]])
+                raise AssertionError(f"front {f}: column list has {int(got[bad[0]])} non-pivot "
+                                     f"columns, column counts say {int(ncb_cols[f])}")
+            ulocal = fp[uowner] + np.arange(len(uk), dtype=i64) - np.repeat(start, got)
+            cols[col_ptr[uowner] + ulocal] = uk % (n + 1)
+            local[rest[order]] = ulocal[np.cumsum(new) - 1]
+        elif np.any(ncb_cols[F]):
+            f = int(F[np.flatnonzero(ncb_cols[F])[0]])
+            raise AssertionError(f"front {f}: column list has 0 non-pivot columns, "
+                                 f"column counts say {int(ncb_cols[f])}")
+        ne = len(ent)
+        ent_col[ent] = local[:ne]
+        rjmap[slots - col_ptr[kid_of_slot] - fp[kid_of_slot] + rjmap_ptr[kid_of_slot]] = local[ne:]
+        # rows: the S rows and the children's contribution-block rows
+        kid_cm = _pointer(cm[kids])
+        nk = child_ptr[F + 1] - child_ptr[F]
+        ends = np.cumsum(nk)
+        m_f = na[F] + kid_cm[ends] - kid_cm[ends - nk]
+        fm[F] = m_f
+        cm[F] = np.minimum(m_f - np.minimum(m_f, fp[F]), ncb_cols[F])
     frank = np.minimum(fm, fp)
 
-    # ---- front rows: sort key (front, leftmost local column, kind, order) -----
-    # S rows: kind 0, leftmost local = leftmost - first pivot column
-    s_rows = np.flatnonzero(nonempty)
-    key_front = [row_front]
-    key_left = [leftmost[s_rows] - front_ptr[row_front]]
-    key_kind = [np.zeros(len(s_rows), dtype=i64)]
-    key_seq = [s_rows.astype(i64)]
-    # child rows: kind 1, leftmost local = Rjmap[ci]
-    rimap_ptr = np.concatenate(([0], np.cumsum(cm))).astype(i64)
-    cb_row_front = np.repeat(np.arange(nf, dtype=i64), cm)       # the child c
-    ci = np.arange(int(rimap_ptr[-1]), dtype=i64) - rimap_ptr[cb_row_front]
-    key_front.append(fparent[cb_row_front])
-    key_left.append(rjmap[rjmap_ptr[cb_row_front] + ci])
-    key_kind.append(np.ones(len(ci), dtype=i64))
-    key_seq.append(np.arange(len(ci), dtype=i64))   # children in postorder, rows in order
-    kf = np.concatenate(key_front)
-    kl = np.concatenate(key_left)
-    kk = np.concatenate(key_kind)
-    ks = np.concatenate(key_seq)
-    order = np.lexsort((ks, kk, kl, kf))
-    row_start = np.concatenate(([0], np.cumsum(fm))).astype(i64)
-    pos = np.empty(len(order), dtype=i64)
-    pos[order] = np.arange(len(order), dtype=i64)
-    local_row = pos - row_start[kf]
-    ns_rows = len(s_rows)
-    arow_local = local_row[:ns_rows]
-    rimap = local_row[ns_rows:]
-
-    # ---- staircase -----------------------------------------------------------
-    stair = np.zeros(len(cols), dtype=i64)
-    np.add.at(stair, col_ptr[kf] + kl, 1)
-    # per-front cumulative sum
-    cs = np.cumsum(stair)
-    start_cum = np.concatenate(([0], cs))[col_ptr[:-1]]
-    stair = cs - np.repeat(start_cum, fn)
+    # ---- front rows and staircases ---------------------------------------------
+    # Each row of a front sits in the slot of its leftmost local column (S rows:
+    # leftmost - first pivot column; row ci of a child's contribution block:
+    # Rjmap[ci]), slots numbered like ``cols``. Rows go by slot; in one slot the
+    # S rows first (in S order), then the children's rows (child order, then
+    # row order). S rows come sorted by slot already; the children's rows are
+    # sorted stably. A row's place among all rows is its rank among its kind
+    # plus the rows of the other kind in the slots before (and, for a child's
+    # row, the S rows of its own slot).
+    rimap_ptr = _pointer(cm)
+    s_slot = col_ptr[row_front] + leftmost[s_rows] - front_ptr[row_front]
+    # child c's row ci: slot Rjmap[ci] of its parent (a root front has no such rows)
+    cb_slot = (np.repeat(col_ptr[fparent], cm)
+               + rjmap[ranges(rjmap_ptr[:-1], rjmap_ptr[:-1] + cm)])
+    nslots = len(cols)
+    s_cum = np.cumsum(np.bincount(s_slot, minlength=nslots))          # S rows up to a slot
+    cb_count = np.bincount(cb_slot, minlength=nslots)
+    cb_cum = np.cumsum(cb_count)                                      # child rows up to it
+    row_start = np.zeros(nf, dtype=i64)                   # rows before each front
+    row_start[1:] = (s_cum + cb_cum)[col_ptr[1:-1] - 1]
+    arow_local = (np.arange(ns_rows, dtype=i64) + (cb_cum - cb_count)[s_slot]
+                  - row_start[row_front])
+    slot_sorted, order = stable_sort(cb_slot, nslots)
+    rimap = np.empty(len(order), dtype=i64)
+    rimap[order] = np.arange(len(order), dtype=i64) + s_cum[slot_sorted]
+    rimap -= np.repeat(row_start[fparent], cm)
+    # staircase: rows up to each slot, within its front
+    stair = s_cum + cb_cum - np.repeat(row_start, fn)
 
     # ---- S-assembly map ------------------------------------------------------
     nent = np.diff(s_indptr[:ns_rows + 1])
-    ent_row = np.repeat(np.arange(ns_rows, dtype=i64), nent)
-    ent_front = row_front[ent_row]
-    ent_col = _local_index(cols, col_ptr, ent_front, s_indices[:s_indptr[ns_rows]].astype(i64))
-    s_index = arow_local[ent_row] * fn[ent_front] + ent_col
+    s_index = np.repeat(arow_local * fn[row_front], nent) + ent_col
 
     return FrontStructure(
-        nfronts=nf, pivot_ptr=front_ptr.astype(i64), parent=fparent, child_ptr=child_ptr,
+        nfronts=nf, pivot_ptr=front_ptr, parent=fparent, child_ptr=child_ptr,
         children=children, col_ptr=col_ptr, cols=cols, stair=stair, fm=fm, fn=fn, fp=fp,
         frank=frank, cm=cm, arow_ptr=arow_ptr, arow_local=arow_local, s_ptr=s_ptr,
         s_index=s_index, s_nz=np.asarray(s_nz[:s_indptr[ns_rows]], dtype=i64),
         rjmap_ptr=rjmap_ptr, rjmap=rjmap, rimap_ptr=rimap_ptr, rimap=rimap)
 
 
-def _local_index(cols: np.ndarray, col_ptr: np.ndarray, front: np.ndarray,
-                 glob: np.ndarray) -> np.ndarray:
-    """Local position of global column ``glob`` in front ``front``'s sorted column list.
+def _one_front(f, front_ptr, fp, fn, col_ptr, cols, s_ptr, s_indices, children, child_ptr,
+               ncb_cols, rjmap, rjmap_ptr, ent_col, na, fm, cm, n) -> None:
+    """:func:`build_fronts`' level step for a level of the one front f (fills its
+    column list, its children's Rjmap, its S entries' local columns, fm and cm)."""
+    i64 = np.int64
+    lo, hi = int(front_ptr[f]), int(front_ptr[f + 1])
+    s0, s1 = int(s_ptr[f]), int(s_ptr[f + 1])
+    kids = children[child_ptr[f]:child_ptr[f + 1]]
+    c0 = col_ptr[f] + fp[f]
+    if len(kids):
+        slots = ranges(col_ptr[kids] + fp[kids], col_ptr[kids + 1])
+        col = np.concatenate([s_indices[s0:s1], cols[slots]])
+    else:
+        col = s_indices[s0:s1]
+    local = col - lo                                             # right for the pivots
+    rest = np.flatnonzero(col >= hi)
+    sk, order = stable_sort(col[rest], n + 1)
+    new = np.ones(len(sk), dtype=bool)
+    new[1:] = sk[1:] != sk[:-1]
+    uk = sk[new]
+    if len(uk) != ncb_cols[f]:
+        raise AssertionError(f"front {f}: column list has {len(uk)} non-pivot columns, "
+                             f"column counts say {int(ncb_cols[f])}")
+    cols[c0:c0 + len(uk)] = uk
+    local[rest[order]] = fp[f] + np.cumsum(new) - 1
+    ne = s1 - s0
+    ent_col[s0:s1] = local[:ne]
+    if len(kids):
+        kid_of_slot = np.repeat(kids, ncb_cols[kids])
+        rjmap[slots - col_ptr[kid_of_slot] - fp[kid_of_slot] + rjmap_ptr[kid_of_slot]] = \
+            local[ne:]
+    m_f = int(na[f]) + int(cm[kids].sum(dtype=i64))
+    fm[f] = m_f
+    cm[f] = min(m_f - min(m_f, int(fp[f])), int(ncb_cols[f]))
 
-    Vectorized: the column lists are sorted within each front, so a search on
-    the key ``front·(n+1) + column`` over the concatenated lists finds it.
-    """
-    if len(glob) == 0:
-        return np.zeros(0, dtype=np.int64)
-    nf = len(col_ptr) - 1
-    span = int(cols.max()) + 2 if len(cols) else 1
-    owner = np.repeat(np.arange(nf, dtype=np.int64), np.diff(col_ptr))
-    keys = owner * span + cols
-    q = front * span + glob
-    idx = np.searchsorted(keys, q)
-    if np.any(idx >= len(keys)) or np.any(keys[np.minimum(idx, len(keys) - 1)] != q):
-        raise AssertionError("column missing from a front's column list")
-    return idx - col_ptr[front]
+
+def _pointer(counts: np.ndarray) -> np.ndarray:
+    """CSR-like pointer of ``counts``: ``[0, c0, c0 + c1, ...]`` (int64)."""
+    ptr = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return ptr

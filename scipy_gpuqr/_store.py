@@ -1,0 +1,317 @@
+"""The disk cache store's storage rules, shared by every kind of entry.
+
+The schedule caches (:mod:`scipy_gpuqr._schedule.cache`: tile schedules and
+whole plans) and the symbolic analyses
+(:mod:`scipy_gpuqr._symbolic.analysis_cache`) keep their entries in one
+folder with one set of rules; this module holds those rules, below both
+users (it imports neither):
+
+* folder: ``$SCIPY_GPUQR_SCHEDULE_CACHE`` when it names one (``off``, ``0``,
+  ``no``, ``false``, ``none``: no disk cache at all), else ``tile_schedules``
+  in the package's user cache folder (:func:`scipy_gpuqr._cachedir.cache_dir`);
+  each kind of entry has its own subfolder;
+* stamps: every file carries a hash of the source files that decide its
+  contents (:func:`source_stamp`), so a change of them retires the old files;
+* writes: a temporary file in the same folder, then ``os.replace``
+  (:func:`publish`), so a reader sees a whole file or none and processes
+  writing at once lose nothing; done by a worker thread (:func:`write_behind`,
+  off the caller's path; :func:`flush` waits for it);
+* damage: a reader ignores a file it cannot read or whose checks fail, and
+  deletes one of its own format and stamp that fails them;
+* bounds: each kind keeps at most so many bytes in so many files
+  (:func:`bound`: those of other stamps and then the least recently used
+  deleted first; a hit marks its file used, :func:`touch`).
+
+Array files (:func:`write_arrays`, :func:`read_aligned`,
+:func:`decode_arrays`): an 8-byte magic word, the header's length, a JSON
+header (the caller's facts, every array's dtype, shape and offset, the
+payload's size and CRC-32) and the arrays, each at a multiple of 64 bytes of
+the file, so they are read back as aligned views of one buffer, without
+copies.
+
+Everything here is best effort: an unwritable folder only means no disk
+cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+import threading
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ._cachedir import cache_dir
+
+__all__ = ["ENV", "folder", "source_stamp", "narrow", "unlink", "touch", "publish", "files",
+           "bound", "write_behind", "flush", "write_arrays", "read_aligned", "decode_arrays",
+           "Foreign"]
+
+#: Environment variable naming the folder (or ``off``).
+ENV = "SCIPY_GPUQR_SCHEDULE_CACHE"
+_OFF = ("0", "off", "no", "false", "none")
+_ALIGN = 64
+
+
+def folder(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The disk cache's folder (not created here); None when it is off."""
+    v = environ.get(ENV, "").strip()
+    if v.lower() in _OFF:
+        return None
+    if v:
+        return Path(v)
+    base = cache_dir(environ)
+    return None if base is None else base / "tile_schedules"
+
+
+_STAMPS: dict = {}
+_STAMPS_LOCK = threading.Lock()
+
+
+def source_stamp(base: Path, names) -> str:
+    """A hash of the source files ``names`` (paths relative to the folder ``base``),
+    made once per process; empty when one cannot be read (then no disk cache
+    is used)."""
+    key = (str(base), tuple(names))
+    got = _STAMPS.get(key)
+    if got is None:
+        h = hashlib.sha1()
+        try:
+            for name in key[1]:
+                h.update(name.encode() + b"\0" + (Path(base) / name).read_bytes())
+            got = h.hexdigest()[:20]
+        except OSError:
+            got = ""
+        with _STAMPS_LOCK:
+            _STAMPS[key] = got
+    return got
+
+
+def narrow(a: np.ndarray) -> np.ndarray:
+    """``a`` in the narrowest signed integer type holding its values."""
+    if a.size == 0:
+        return a.astype(np.int8)
+    lo, hi = int(a.min()), int(a.max())
+    for t in (np.int8, np.int16, np.int32, np.int64):
+        info = np.iinfo(t)
+        if info.min <= lo and hi <= info.max:
+            return a.astype(t, copy=False)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def unlink(path: Path) -> None:
+    """Delete ``path``, best effort (gone already, or not ours to delete: no error)."""
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def touch(path: Path) -> None:
+    """Mark ``path`` used (its modification time: the bounds delete it last)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def publish(where: Path, write: Callable, name: Callable[[str], Path]) -> Path:
+    """Write a file atomically: ``write(fh)`` into a temporary file of the folder
+    ``where``, then ``os.replace`` it to ``name(tag)`` (``tag``: the temporary
+    file's unique part). Returns the path written.
+
+    Raises
+    ------
+    OSError
+        The folder or the file cannot be written (nothing is left behind).
+    """
+    where.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=where, prefix="tmp-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        path = name(os.path.basename(tmp)[4:-5])
+        os.replace(tmp, path)
+    except BaseException:
+        unlink(Path(tmp))
+        raise
+    return path
+
+
+def files(where: Path, prefix: str) -> list:
+    """The entry files ``{prefix}*.bin`` of the folder ``where``, sorted by name."""
+    try:
+        return sorted(p for p in where.iterdir()
+                      if p.name.startswith(prefix) and p.suffix == ".bin")
+    except OSError:
+        return []
+
+
+def bound(where: Path, prefix: str, keep: Path, max_bytes: int, max_files: int,
+          current: str | None = None) -> None:
+    """Delete entry files ``{prefix}*.bin`` of ``where`` (never ``keep``) until at
+    most ``max_bytes`` in ``max_files`` files are left: first those whose name
+    does not start with ``current`` (other stamps; when given), then the least
+    recently used."""
+    found = []
+    for p in files(where, prefix):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        mine = current is not None and p.name.startswith(current)
+        found.append((mine, st.st_mtime_ns, p.name, p, st.st_size))
+    found.sort()
+    total = sum(f[4] for f in found)
+    n = len(found)
+    for _, _, _, p, size in found:
+        if total <= max_bytes and n <= max_files:
+            break
+        if p == keep:
+            continue
+        try:
+            p.unlink()
+        except OSError:
+            continue
+        total -= size
+        n -= 1
+
+
+# ------------------------------------------------------------ writing behind
+
+class _WriteBehind:
+    """One worker thread writing cache files while the caller goes on (the files
+    are written atomically, so a reader sees a whole file or none). The thread
+    is joined at interpreter exit, so writes under way complete; a forked child
+    starts its own."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pool = None
+        self._pid = None
+        self._pending: list = []
+
+    def submit(self, fn, *args) -> None:
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool = ThreadPoolExecutor(max_workers=1,
+                                                thread_name_prefix="scipy_gpuqr-cache-write")
+                self._pid = os.getpid()
+                self._pending = []
+            self._pending = [f for f in self._pending if not f.done()]
+            self._pending.append(self._pool.submit(_quiet, fn, *args))
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            if self._pid != os.getpid():
+                return
+        for f in pending:
+            f.result()
+
+
+def _quiet(fn, *args):
+    try:
+        fn(*args)
+    except Exception:                          # noqa: BLE001 - best effort: not written
+        pass
+
+
+_WRITER = _WriteBehind()
+
+
+def write_behind(fn, *args) -> None:
+    """Run ``fn(*args)`` (a cache write; errors ignored) on the writer thread."""
+    _WRITER.submit(fn, *args)
+
+
+def flush() -> None:
+    """Wait for the cache writes handed to :func:`write_behind` so far."""
+    _WRITER.flush()
+
+
+# ------------------------------------------------------------ array files
+
+def write_arrays(fh, magic: bytes, arrays: dict, header: dict) -> None:
+    """An array file: ``magic`` (8 bytes), the header, then every array at a
+    multiple of 64 bytes of the file (read back as aligned views, no copies);
+    the arrays are written from their own memory. ``header`` gains the keys
+    ``arrays``, ``size`` and ``crc``."""
+    views, meta, at, crc = [], [], 0, 0
+    for k, v in arrays.items():
+        b = np.ascontiguousarray(v)
+        pad = -at % _ALIGN
+        if pad:
+            views.append(b"\0" * pad)
+            crc = zlib.crc32(views[-1], crc)
+            at += pad
+        mv = memoryview(b).cast("B") if b.nbytes else b""
+        meta.append([k, b.dtype.str, list(b.shape), at])
+        views.append(mv)
+        crc = zlib.crc32(mv, crc)
+        at += b.nbytes
+    h = dict(header, arrays=meta, size=at, crc=crc)
+    hb = json.dumps(h, sort_keys=True).encode()
+    hb += b" " * (-(16 + len(hb)) % _ALIGN)
+    fh.write(magic + len(hb).to_bytes(8, "little") + hb)
+    for mv in views:
+        fh.write(mv)
+
+
+def read_aligned(path: Path):
+    """The bytes of ``path`` in a 64-byte aligned, writable buffer (a memoryview),
+    or None when it cannot be read whole."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            buf = np.empty(size + _ALIGN, dtype=np.uint8)
+            at = -buf.ctypes.data % _ALIGN
+            data = memoryview(buf[at:at + size])
+            if fh.readinto(data) != size:
+                return None
+    except OSError:
+        return None
+    return data
+
+
+class Foreign(ValueError):
+    """An array file of another kind, format, stamp or key (not damaged: not ours)."""
+
+
+def decode_arrays(data, magic: bytes, want: dict, kinds: str = "iub") -> tuple:
+    """Header and arrays of an array file's bytes (views of ``data``).
+
+    Raises
+    ------
+    Foreign
+        Not such a file (another magic word), or another value of a key of
+        ``want`` in its header (another format, stamp or key).
+    ValueError
+        Damage: an unreadable header, a failed size or CRC check, or an array
+        of a dtype kind outside ``kinds``.
+    """
+    if bytes(data[:8]) != magic:
+        raise Foreign("not a file of this kind")
+    n = int.from_bytes(data[8:16], "little")
+    h = json.loads(bytes(data[16:16 + n]).decode())
+    for k, v in want.items():
+        if h.get(k) != v:
+            raise Foreign(f"file for another {k}")
+    payload = memoryview(data)[16 + n:]
+    if len(payload) != h["size"] or zlib.crc32(payload) != h["crc"]:
+        raise ValueError("file damaged")
+    a = {}
+    for name, dt, shape, off in h["arrays"]:
+        dt = np.dtype(dt)
+        if dt.kind not in kinds:
+            raise ValueError("bad dtype")
+        a[name] = np.frombuffer(payload, dtype=dt, count=math.prod(shape),
+                                offset=off).reshape(shape)
+    return h, a
