@@ -25,6 +25,7 @@ import numpy as np
 
 from .._factor.least_squares import (StoppingRules, check_problem, iterate, log_answer,
                                      solve_least_squares, start, trivial_answer)
+from .._iterative._common import stopping_code
 from .._options import resolve_settings
 from .._validate import to_output, unsupported_reason
 from .fallback import fallback
@@ -35,21 +36,8 @@ _EPS = float(np.finfo(np.float64).eps)
 
 
 def _istop(test1, test2, test3, t1, rtol, atol, ctol) -> int:
-    """SciPy's stopping tests, in SciPy's order (the last true one wins)."""
-    istop = 0
-    if 1 + test3 <= 1:
-        istop = 6
-    if 1 + test2 <= 1:
-        istop = 5
-    if 1 + t1 <= 1:
-        istop = 4
-    if test3 <= ctol:
-        istop = 3
-    if test2 <= atol:
-        istop = 2
-    if test1 <= rtol:
-        istop = 1
-    return istop
+    """SciPy's stopping code for the QR's final x (no iteration limit applies to it)."""
+    return stopping_code(0, 1, test1, test2, test3, t1, rtol, atol, ctol)
 
 
 def _tests(rnorm, arnorm, anorm, acond, xnorm, bnorm, atol, btol, *, lsmr: bool):
