@@ -147,9 +147,8 @@ def test_auto_is_scipy_with_arguments(method, kwargs, patient):
     kwargs = dict(kwargs)
     if kwargs.get("x0") == "x0":
         kwargs["x0"] = _rhs(100, 5)
-    if method == "lsmr":
-        if "iter_lim" in kwargs:
-            kwargs["maxiter"] = kwargs.pop("iter_lim")
+    if method == "lsmr" and "iter_lim" in kwargs:
+        kwargs["maxiter"] = kwargs.pop("iter_lim")
     ours, theirs = OURS[method](A, b, **kwargs), SCIPY[method](A, b, **kwargs)
     assert theirs[1] in (1, 2)
     _assert_scipy_tuple(ours, theirs)
