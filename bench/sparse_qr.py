@@ -22,7 +22,9 @@ once on the matrices named by ``--spqr`` (``--spqr-only``: only that).
 threshold (``off``: every front through the uberkernel; see
 ``scipy_gpuqr._schedule.dense``) in the same run, one row each;
 ``--panels 64,128,256`` adds warm runs per dense panel width at the first
-threshold that has dense fronts. ``--once`` only factorizes each matrix once
+threshold that has dense fronts. ``--panel-method kernel,geqrf`` repeats each
+threshold's row per way of factorizing the dense fronts' panels
+(``scipy_gpuqr._engine.dense_front.PANEL_METHODS``; default: the default one). ``--once`` only factorizes each matrix once
 (first threshold; for a profiler wrapped around the script, e.g.
 ``ncu -k regex:uberkernel --launch-skip 600 --launch-count 3 python3
 bench/sparse_qr.py --once --only ch7-8-b3 --dense-flops off``).
@@ -144,7 +146,8 @@ def _dense_arg(x):
     return (None if thr in ("off", "none", "") else float(thr)), (int(cpl) if cpl else None)
 
 
-def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), panels=()):
+def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), panels=(),
+            methods=(None,)):
     """One matrix: analysis, then per dense threshold a row (see the module notes)."""
     from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
     from scipy_gpuqr._symbolic import analyze
@@ -166,11 +169,19 @@ def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), p
     from scipy_gpuqr._testing_matrices import grid3d_least_squares
     gpu_factorize(grid3d_least_squares(3), dense_flops=1.0).free()
     rows = []
+    from scipy_gpuqr._engine import dense_front
+    default_method = dense_front.DEFAULT_PANEL_METHOD
     for d in dense:
         thr, cpl = (DEFAULT_DENSE_FLOPS, None) if d == "default" else _dense_arg(d)
-        r = dict(row, dense_flops=thr, dense_cpl=cpl)
-        _gpu_runs(A, an, r, reps, thr, cpl)
-        rows.append(r)
+        for method in methods:
+            r = dict(row, dense_flops=thr, dense_cpl=cpl,
+                     panel_method=method or default_method)
+            dense_front.DEFAULT_PANEL_METHOD = method or default_method
+            try:
+                _gpu_runs(A, an, r, reps, thr, cpl)
+            finally:
+                dense_front.DEFAULT_PANEL_METHOD = default_method
+            rows.append(r)
     if panels:
         thr = next((r["dense_flops"] for r in rows if r.get("dense_fronts")), None)
         if thr is not None:
@@ -256,11 +267,14 @@ def main(argv=None) -> int:
     p.add_argument("--dense-flops", default="default",
                    help="comma list of dense-front thresholds ('off': none; 'default')")
     p.add_argument("--panels", default="", help="comma list of dense panel widths")
+    p.add_argument("--panel-method", default="",
+                   help="comma list of dense panel methods (kernel, geqrf; default: default)")
     p.add_argument("--once", action="store_true",
                    help="one factorization per matrix, nothing timed (for profilers)")
     args = p.parse_args(argv)
     dense = [x for x in args.dense_flops.split(",") if x]
     panels = [int(x) for x in args.panels.split(",") if x]
+    methods = tuple(x for x in args.panel_method.split(",") if x) or (None,)
     only = {x for x in args.only.split(",") if x}
     spqr = {x for x in args.spqr.split(",") if x}
     rows = []
@@ -275,7 +289,7 @@ def main(argv=None) -> int:
         return 0
     for name, make in _matrices(only, os.environ.get("SHARED_MATRICES")):
         try:
-            got = run_one(name, make, spqr, args.reps, args.spqr_only, dense, panels)
+            got = run_one(name, make, spqr, args.reps, args.spqr_only, dense, panels, methods)
         except Exception as exc:  # noqa: BLE001 - report and go on
             import traceback
             traceback.print_exc()
@@ -302,6 +316,8 @@ def main(argv=None) -> int:
         tag = "off" if thr is None else f"{thr:.0e}"
         if r.get("dense_cpl") is not None:
             tag = f"{thr:.0e}:{r['dense_cpl']}"
+        if r.get("dense_fronts"):
+            tag = f"{tag}/{r.get('panel_method', '?')[0]}"
         print(f"{r['matrix'][:14]:14s} {tag:>8s} "
               f"{r.get('dense_fronts', 0):3d} "
               f"{r['flops'] / 1e12:6.3f} {r['analysis_seconds']:5.2f} "
@@ -311,6 +327,10 @@ def main(argv=None) -> int:
               f"{r['tflops_kernels']:6.2f} {r['launches']:6d} "
               f"{r.get('spqr_seconds', float('nan')):6.2f} "
               f"{r.get('speedup_vs_spqr', float('nan')):5.1f}")
+        big = r["profile"].get("dense_fronts") or []
+        if big:
+            m, n, t = big[0]
+            print(f"    largest dense front {m}x{n}: {t:.4f} s")
         if r.get("panels"):
             print(f"    dense panel width -> warm kernel s: {r['panels']}")
     return 0

@@ -9,10 +9,17 @@ for each panel of ``nb`` columns ``[j, j+b)`` (``j < min(fm, fn)``), the
 *active rows* are ``[j, t)`` with ``t = min(max(stair[j+b-1], j+b), fm)``
 (rows past the staircase are still zero in these columns and stay untouched);
 
-1. the panel ``F[j:t, j:j+b]`` is factorized (cuSOLVER / LAPACK ``geqrf`` on
-   a column-major copy) and written back: R on and above the diagonal, the
-   unit-lower Householder vectors V strictly below it (LAPACK's ``dlarfg``
-   convention, like the tile kernels);
+1. the panel ``F[j:t, j:j+b]`` is factorized in place: R on and above the
+   diagonal, the unit-lower Householder vectors V strictly below it (LAPACK's
+   ``dlarfg`` convention, like the tile kernels). On the GPU by sub-panels of
+   32 columns, each in one cooperative launch
+   (:mod:`scipy_gpuqr._engine.gpu.dense_panel`: one grid-wide reduction per
+   column instead of a chain of launches), each sub-panel's reflectors applied
+   to the rest of the panel as compact WY by cuBLAS GEMMs; panels too tall for
+   the kernel's shared memory, and ``panel_method='geqrf'``, use cuSOLVER
+   ``geqrf`` on a column-major copy. On the host LAPACK ``geqrf``
+   (:func:`factorize_numpy`); :func:`factorize_blocked_numpy` is the GPU
+   path's blocking in NumPy;
 2. the panel's compact-WY factor ``T`` (``H1…Hb = I - V T Vᵀ``) is formed
    from ``G = VᵀV``: ``T (I + striu(G)·diag(tau)) = diag(tau)`` (one
    triangular solve; the ``dlarft`` recurrence in matrix form);
@@ -34,11 +41,19 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import get_lapack_funcs, solve_triangular
 
-__all__ = ["DEFAULT_PANEL", "panels_of", "DenseFront", "factorize_numpy",
-           "factorize_cupy"]
+from .gpu.dense_panel import PANEL_WIDTH, PanelKernel, panel_qr_numpy
+
+__all__ = ["DEFAULT_PANEL", "PANEL_METHODS", "DEFAULT_PANEL_METHOD", "panels_of",
+           "DenseFront", "factorize_numpy", "factorize_blocked_numpy", "factorize_cupy"]
 
 #: Columns per panel of the blocked factorization (a tunable).
 DEFAULT_PANEL = 256
+
+#: How the GPU factorizes a panel: ``"kernel"`` (sub-panels of 32 columns in one
+#: launch each, :mod:`scipy_gpuqr._engine.gpu.dense_panel`) or ``"geqrf"``
+#: (cuSOLVER, a chain of launches per column).
+PANEL_METHODS = ("kernel", "geqrf")
+DEFAULT_PANEL_METHOD = "kernel"
 
 
 def panels_of(fm: int, fn: int, stair, nb: int = DEFAULT_PANEL) -> list:
@@ -202,6 +217,38 @@ def factorize_numpy(F: np.ndarray, panels: list, nb: int) -> np.ndarray:
     return T
 
 
+def factorize_blocked_numpy(F: np.ndarray, panels: list, nb: int,
+                            rows_per_block: int = 64) -> np.ndarray:
+    """The GPU panel path of :func:`factorize_cupy` in NumPy (the CI model of its blocking).
+
+    Each panel is factorized by sub-panels of ``PANEL_WIDTH`` columns with
+    :func:`~scipy_gpuqr._engine.gpu.dense_panel.panel_qr_numpy` (the kernel's
+    arithmetic, slices of ``rows_per_block`` rows), each sub-panel's
+    reflectors applied to the panel's later columns as ``C -= V Tᵀ (Vᵀ C)``;
+    the panel's ``T`` from its whole ``V`` and the trailing update as in
+    :func:`factorize_numpy`. Returns ``T`` (npanels × nb × nb).
+    """
+    fn = F.shape[1]
+    T = np.zeros((len(panels), nb, nb), dtype=F.dtype)
+    for p, (j, rows, b) in enumerate(panels):
+        V = np.zeros((rows, b), dtype=F.dtype)
+        tau = np.zeros(b, dtype=F.dtype)
+        for q in range(0, b, PANEL_WIDTH):
+            w = min(PANEL_WIDTH, b - q)
+            Vq, tq, Tq = panel_qr_numpy(F[j + q:j + rows, j + q:j + q + w], rows_per_block)
+            V[q:, q:q + w] = Vq
+            tau[q:q + w] = tq
+            if q + w < b:
+                C = F[j + q:j + rows, j + q + w:j + b]
+                C -= Vq @ (Tq.T @ (Vq.T @ C))
+        Tp = _t_factor(np, solve_triangular, V, tau)
+        T[p, :b, :b] = Tp
+        if j + b < fn:
+            C = F[j:j + rows, j + b:]
+            C -= V @ (Tp.T @ (V.T @ C))
+    return T
+
+
 # ------------------------------------------------------------------------ CuPy / cuBLAS
 
 class _Cublas:
@@ -240,16 +287,20 @@ class _Cublas:
                   beta.ctypes.data, C, ldc)
 
 
-def factorize_cupy(F, panels: list, nb: int, stream=None):
+def factorize_cupy(F, panels: list, nb: int, stream=None, panel_method: str | None = None):
     """Blocked staircase QR of the front ``F`` (fm × fn, C-contiguous CuPy view) in place.
 
     Everything is enqueued on ``stream`` (default: the current one); nothing
-    synchronizes. Returns ``T`` (npanels × nb × nb, CuPy).
+    synchronizes. ``panel_method``: one of :data:`PANEL_METHODS` (default
+    :data:`DEFAULT_PANEL_METHOD`). Returns ``T`` (npanels × nb × nb, CuPy).
     """
     import cupy as cp
     from cupyx.scipy.linalg import solve_triangular as cupy_solve_triangular
     if not F.flags.c_contiguous:
         raise ValueError("the front must be a C-contiguous (row-major) view")
+    method = DEFAULT_PANEL_METHOD if panel_method is None else panel_method
+    if method not in PANEL_METHODS:
+        raise ValueError(f"panel_method must be one of {PANEL_METHODS}, got {method!r}")
     stream = stream if stream is not None else cp.cuda.get_current_stream()
     dt = np.dtype(F.dtype)
     isz = dt.itemsize
@@ -259,25 +310,23 @@ def factorize_cupy(F, panels: list, nb: int, stream=None):
         if not panels:
             return T
         blas = _Cublas(cp, dt)
+        kern = PanelKernel(dt) if method == "kernel" else None
+        ws = kern.workspace() if kern is not None else None
         rmax = max(r for _, r, _ in panels)
         ncmax = max(fn - j - b for j, _, b in panels)
-        P = cp.empty(rmax * nb, dtype=dt)               # panel, column-major
-        W = cp.empty(max(ncmax, 1) * nb, dtype=dt)
-        W2 = cp.empty(max(ncmax, 1) * nb, dtype=dt)
+        W = cp.empty(max(ncmax, nb, 1) * nb, dtype=dt)
+        W2 = cp.empty(max(ncmax, nb, 1) * nb, dtype=dt)
         tau = cp.empty(nb, dtype=dt)
-        info = cp.empty(1, dtype=np.int32)
+        geq = None
         with blas:
-            lwork = int(blas.geqrf_size(blas.hs, rmax, nb, P.data.ptr, rmax))
-            work = cp.empty(max(lwork, 1), dtype=dt)
             base = F.data.ptr
             for p, (j, rows, b) in enumerate(panels):
-                Pc = P[:b * rows].reshape(b, rows)          # = column-major rows × b
-                Pc[...] = F[j:j + rows, j:j + b].T
-                blas.geqrf(blas.hs, rows, b, Pc.data.ptr, rows, tau.data.ptr,
-                           work.data.ptr, lwork, info.data.ptr)
-                F[j:j + rows, j:j + b] = Pc.T
-                Vt = cp.triu(Pc, 1)                         # Vᵀ (b × rows), unit diagonal
-                Vt[cp.arange(b), cp.arange(b)] = 1
+                if kern is not None and kern.plan(rows) is not None:
+                    Vt = _panel_by_kernel(cp, blas, kern, ws, F, j, rows, b, tau, W, W2)
+                else:
+                    if geq is None:
+                        geq = _GeqrfPanel(cp, blas, dt, rmax, nb)
+                    Vt = geq(F, j, rows, b, tau)
                 Tp = _t_factor(cp, cupy_solve_triangular, Vt.T, tau[:b])
                 T[p, :b, :b] = Tp
                 nc = fn - j - b
@@ -295,3 +344,53 @@ def factorize_cupy(F, panels: list, nb: int, stream=None):
                 blas.mm("N", "T", nc, rows, b, blas.mone, W2.data.ptr, nc, Vt.data.ptr,
                         rows, blas.one, C, fn)
     return T
+
+
+class _GeqrfPanel:
+    """A panel by cuSOLVER ``geqrf`` on a column-major copy; returns ``Vᵀ`` (b × rows)."""
+
+    def __init__(self, cp, blas, dt, rmax, nb):
+        self.cp, self.blas = cp, blas
+        self.P = cp.empty(rmax * nb, dtype=dt)              # panel, column-major
+        self.info = cp.empty(1, dtype=np.int32)
+        self.lwork = int(blas.geqrf_size(blas.hs, rmax, nb, self.P.data.ptr, rmax))
+        self.work = cp.empty(max(self.lwork, 1), dtype=dt)
+
+    def __call__(self, F, j, rows, b, tau):
+        cp, blas = self.cp, self.blas
+        Pc = self.P[:b * rows].reshape(b, rows)             # = column-major rows × b
+        Pc[...] = F[j:j + rows, j:j + b].T
+        blas.geqrf(blas.hs, rows, b, Pc.data.ptr, rows, tau.data.ptr,
+                   self.work.data.ptr, self.lwork, self.info.data.ptr)
+        F[j:j + rows, j:j + b] = Pc.T
+        Vt = cp.triu(Pc, 1)                                 # Vᵀ (b × rows), unit diagonal
+        Vt[cp.arange(b), cp.arange(b)] = 1
+        return Vt
+
+
+def _panel_by_kernel(cp, blas, kern, ws, F, j, rows, b, tau, W, W2):
+    """A panel ``F[j:j+rows, j:j+b]`` by sub-panels of ``PANEL_WIDTH`` columns, one
+    launch each, the later columns of the panel updated per sub-panel by three
+    GEMMs (as :func:`factorize_blocked_numpy`). Fills ``tau[:b]``; returns ``Vᵀ``
+    (b × rows, C-contiguous: V column-major with leading dimension ``rows``)."""
+    dt = np.dtype(F.dtype)
+    isz = dt.itemsize
+    fn = F.shape[1]
+    base = F.data.ptr
+    Vt = cp.zeros((b, rows), dtype=dt)
+    Tq = cp.empty((PANEL_WIDTH, PANEL_WIDTH), dtype=dt)
+    for q in range(0, b, PANEL_WIDTH):
+        w = min(PANEL_WIDTH, b - q)
+        mi = rows - q
+        Vq = Vt.data.ptr + (q * rows + q) * isz
+        kern.launch(base + ((j + q) * fn + j + q) * isz, fn, mi, w, Vq, rows,
+                    tau.data.ptr + q * isz, Tq.data.ptr, ws)
+        nci = b - q - w
+        if nci <= 0:
+            continue
+        C = base + ((j + q) * fn + j + q + w) * isz         # Cᵀ: nci × mi, ld fn
+        blas.mm("N", "N", nci, w, mi, blas.one, C, fn, Vq, rows, blas.zero, W.data.ptr, nci)
+        blas.mm("N", "T", nci, w, w, blas.one, W.data.ptr, nci, Tq.data.ptr, PANEL_WIDTH,
+                blas.zero, W2.data.ptr, nci)
+        blas.mm("N", "T", nci, mi, w, blas.mone, W2.data.ptr, nci, Vq, rows, blas.one, C, fn)
+    return Vt

@@ -1,0 +1,222 @@
+"""One-launch panel QR for the dense fronts (``kernels/sparse_qr/panel_qr.cu``).
+
+A dense front's blocked QR (:mod:`scipy_gpuqr._engine.dense_front`) spends
+its time in the panels when each column is a chain of small launches. This
+module factors a tall panel of at most :data:`PANEL_WIDTH` columns in one
+cooperative launch: every block keeps a slice of rows in shared memory, and
+one grid-wide reduction per column (the column's dot products with all panel
+columns and its largest magnitude) lets every block form the reflector and
+update its rows; the panel's compact-WY ``T`` comes out of the same dot
+products. :func:`panel_qr_numpy` is the NumPy model of that arithmetic
+(row slices, reductions, the norm-range and tiny-column rules of the tile
+kernels) used by the CPU tests; :class:`PanelKernel` launches the kernel.
+
+Imports without CuPy; :class:`PanelKernel` needs it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..._kernels import COMPILE_OPTIONS, flatten_source, source_hash
+
+__all__ = ["NORM_RANGE", "PANEL_FILE", "KERNEL_VARIANTS", "PANEL_WIDTH", "PANEL_THREADS",
+           "PANEL_SMEM_EXTRA", "panel_smem_bytes", "panel_rows_per_block",
+           "panel_qr_numpy", "PanelKernel"]
+
+#: The kernel source (relative to ``kernels/``); its entry points are ``extern "C"``.
+PANEL_FILE = "sparse_qr/panel_qr.cu"
+
+#: Name expressions per file (none: the kernels are not templates).
+KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {PANEL_FILE: ()}
+
+#: Widest panel of one launch (a lane per column), threads per block.
+PANEL_WIDTH, PANEL_THREADS = 32, 256
+
+#: Shared row stride and per-block partials (mirrors ``PANEL_LD``/``PANEL_PART``).
+_LD, _PART = 33, 40
+
+#: Shared-memory elements besides the rows (mirrors ``PANEL_EXTRA``).
+PANEL_SMEM_EXTRA = (PANEL_THREADS // 32) * _PART + _PART + 32 * 33 + 32 + 32 + 8
+
+#: The tile kernels' norm rules (``NORM_LO``/``NORM_HI``/``NORM_TINY`` of
+#: :mod:`scipy_gpuqr._engine.host.simulate`, ``NormRange`` in ``factorize.cuh``;
+#: a test pins them equal): sums of squares outside ``[NORM_LO, NORM_HI]`` are
+#: recomputed scaled, columns of norm below ``NORM_TINY`` are left alone.
+NORM_LO, NORM_HI, NORM_TINY = 1e-280, 1e280, 1e-290
+
+#: The same per value type (``NormRange<float>`` for float32).
+NORM_RANGE = {np.dtype(np.float64): (NORM_LO, NORM_HI, NORM_TINY),
+              np.dtype(np.float32): (1e-30, 1e30, 1e-36)}
+
+#: Fewest rows a block is given (fewer blocks, a cheaper grid barrier).
+MIN_ROWS_PER_BLOCK = 64
+
+
+def panel_smem_bytes(rows_per_block: int, itemsize: int) -> int:
+    """Dynamic shared memory of a block holding ``rows_per_block`` panel rows."""
+    return (int(rows_per_block) * _LD + PANEL_SMEM_EXTRA) * int(itemsize)
+
+
+def panel_rows_per_block(m: int, blocks: int, smem_limit: int, itemsize: int):
+    """Rows per block for an ``m``-row panel on ``blocks`` co-resident blocks.
+
+    Returns ``(rows_per_block, nblocks)``, or None when the panel does not fit
+    in ``blocks`` blocks of at most ``smem_limit`` bytes of shared memory.
+    Block 0 holds at least the panel's first :data:`PANEL_WIDTH` rows.
+    """
+    m, blocks = int(m), max(int(blocks), 1)
+    r = max(MIN_ROWS_PER_BLOCK, PANEL_WIDTH, -(-m // blocks))
+    if panel_smem_bytes(r, itemsize) > smem_limit:
+        return None
+    return r, -(-m // r)
+
+
+def _ref_dots(A, c, lo_rows, xs):
+    """Per-slice partial dot products ``(x/xs)·A[:, k]`` below row ``c`` (``k = c``:
+    ``(x/xs)·(x/xs)``) and max ``|x|``, summed over the slices in order (the
+    kernel's reduction)."""
+    m, w = A.shape
+    s = np.zeros(w, dtype=A.dtype)
+    mx = A.dtype.type(0)
+    for r0, r1 in lo_rows:
+        a = max(r0, c + 1)
+        if a >= r1:
+            continue
+        x = A[a:r1, c] / xs
+        part = x @ A[a:r1]
+        part[c] = x @ x                      # the column's own sum: of (x/xs)²
+        s += part
+        mx = max(mx, np.abs(x).max())
+    return s, mx
+
+
+def panel_qr_numpy(P: np.ndarray, rows_per_block: int = MIN_ROWS_PER_BLOCK):
+    """NumPy model of the panel kernel: Householder QR of ``P`` (m × w) in place.
+
+    Parameters
+    ----------
+    P : ndarray, shape (m, w), m >= w, w <= :data:`PANEL_WIDTH`
+        The panel; on return R on and above the diagonal, V strictly below.
+    rows_per_block : int
+        Slice height of one block (the reductions sum per slice).
+
+    Returns
+    -------
+    V : ndarray, shape (m, w)
+        Unit lower trapezoidal reflectors (LAPACK ``dlarfg`` convention).
+    tau : ndarray, shape (w,)
+    T : ndarray, shape (w, w)
+        Upper triangular compact-WY factor, ``H_0 … H_{w-1} = I - V T Vᵀ``.
+    """
+    m, w = P.shape
+    if w > PANEL_WIDTH or m < w:
+        raise ValueError(f"panel {m}x{w}: need w <= {PANEL_WIDTH} and m >= w")
+    dt = P.dtype.type
+    lo_, hi_, tiny = (dt(x) for x in NORM_RANGE[P.dtype])
+    R = max(int(rows_per_block), PANEL_WIDTH)
+    slices = [(r0, min(r0 + R, m)) for r0 in range(0, m, R)]
+    tau = np.zeros(w, dtype=P.dtype)
+    T = np.zeros((w, w), dtype=P.dtype)
+    for c in range(w):
+        S, M = _ref_dots(P, c, slices, dt(1))
+        ss = S[c]
+        if M == 0 or lo_ <= ss <= hi_:
+            xnorm, dfac = (dt(0) if M == 0 else np.sqrt(ss)), dt(1)
+        else:
+            S, _ = _ref_dots(P, c, slices, M)
+            xnorm, dfac = M * np.sqrt(S[c]), M
+        alpha = P[c, c]
+        nrm = np.hypot(alpha, xnorm) if xnorm > 0 else dt(0)
+        if not nrm >= tiny:
+            continue
+        beta = -nrm if alpha >= 0 else nrm
+        tk = (beta - alpha) / beta
+        scale = dt(1) / (alpha - beta)
+        vk = P[c] + (scale * dfac) * S          # y (k < c) and w / tau (k > c)
+        wl = np.zeros(w, dtype=P.dtype)
+        wl[c + 1:] = tk * vk[c + 1:]
+        v = P[c + 1:, c] * scale
+        P[c + 1:, c + 1:] -= np.outer(v, wl[c + 1:])
+        P[c + 1:, c] = v
+        P[c, c + 1:] -= wl[c + 1:]
+        P[c, c] = beta
+        tau[c] = tk
+        T[:c, c] = -tk * (T[:c, :c] @ vk[:c])
+        T[c, c] = tk
+    V = np.tril(P, -1)
+    V[np.arange(w), np.arange(w)] = 1
+    return V, tau, T
+
+
+@functools.lru_cache(maxsize=None)
+def _module(digest: str):
+    """The panel kernels as a cooperative-launch ``cupy.RawModule`` (cached per source)."""
+    import cupy
+    return cupy.RawModule(code=flatten_source(PANEL_FILE), options=tuple(COMPILE_OPTIONS),
+                          enable_cooperative_groups=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_limits(device: int) -> tuple[int, int]:
+    """(multiprocessors, opt-in shared memory per block) of a device."""
+    import cupy
+    props = cupy.cuda.runtime.getDeviceProperties(device)
+    return int(props["multiProcessorCount"]), int(props["sharedMemPerBlockOptin"])
+
+
+class PanelKernel:
+    """Launches the one-kernel panel QR on the current stream.
+
+    Parameters
+    ----------
+    dtype : numpy dtype
+        float64 or float32.
+
+    Notes
+    -----
+    :meth:`workspace` gives the reduction buffers and the barrier words of one
+    stream of launches (launches that may run concurrently need their own).
+    """
+
+    def __init__(self, dtype):
+        import cupy as cp
+        self.cp = cp
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float64, np.float32):
+            raise TypeError(f"panel QR: float64 or float32, not {self.dtype}")
+        name = "panel_qr_f64" if self.dtype == np.float64 else "panel_qr_f32"
+        self.fn = _module(source_hash(PANEL_FILE)).get_function(name)
+        self.sms, self.smem_limit = _device_limits(cp.cuda.Device().id)
+
+    def plan(self, m: int):
+        """``(rows_per_block, nblocks)`` of an ``m``-row panel, or None (too tall)."""
+        return panel_rows_per_block(m, self.sms, self.smem_limit, self.dtype.itemsize)
+
+    def workspace(self):
+        """``(work, barrier)`` for launches enqueued on one stream."""
+        cp = self.cp
+        work = cp.empty(3 * self.sms * _PART + 64, dtype=self.dtype)
+        return work, cp.zeros(2, dtype=np.uint32)
+
+    def launch(self, F: int, ldf: int, m: int, w: int, V: int, ldv: int, tau: int,
+               T: int, ws) -> None:
+        """Factor the panel at device address ``F`` (row-major, leading dimension
+        ``ldf``, ``m × w``) in place; V to ``V`` (column-major, ``ldv``), ``tau``,
+        ``T`` (32 × 32 row-major). Raises ValueError when ``m`` is too tall."""
+        plan = self.plan(m)
+        if plan is None:
+            raise ValueError(f"panel of {m} rows does not fit the panel kernel")
+        if not 1 <= w <= PANEL_WIDTH or m < w:
+            raise ValueError(f"panel {m}x{w}: need 1 <= w <= {PANEL_WIDTH} <= ... and m >= w")
+        R, nbk = plan
+        smem = panel_smem_bytes(R, self.dtype.itemsize)
+        if smem > 48 * 1024 and self.fn.max_dynamic_shared_size_bytes < smem:
+            self.fn.max_dynamic_shared_size_bytes = smem
+        work, bar = ws
+        u64, i64, i32 = np.uint64, np.int64, np.int32
+        self.fn((nbk,), (PANEL_THREADS,),
+                (u64(F), i64(ldf), i32(m), i32(w), u64(V), i64(ldv), u64(tau), u64(T),
+                 work, bar, i32(R)), shared_mem=smem)
