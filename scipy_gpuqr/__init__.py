@@ -28,6 +28,11 @@ Errors and warnings
 -------------------
 GpuEngineError, GpuFallbackWarning, MatrixMarketError
 
+Dask (the ``dask`` extra)
+-------------------------
+distributed: the batched functions above take Dask arrays;
+distributed.solve_many solves many sparse problems across workers
+
 Utilities
 ---------
 GpuqrOptions, gpu_info, io
@@ -60,12 +65,12 @@ _PUBLIC = {
     "unpatch": "._api.patch",
     "patched": "._api.patch",
     "is_patched": "._api.patch",
-    "lu_factor_batched": ".batched._functions",
-    "lu_solve_batched": ".batched._functions",
-    "solve_batched": ".batched._functions",
-    "inv_batched": ".batched._functions",
-    "cho_factor_batched": ".batched._functions",
-    "cho_solve_batched": ".batched._functions",
+    "lu_factor_batched": ".distributed._batched_api",
+    "lu_solve_batched": ".distributed._batched_api",
+    "solve_batched": ".distributed._batched_api",
+    "inv_batched": ".distributed._batched_api",
+    "cho_factor_batched": ".distributed._batched_api",
+    "cho_solve_batched": ".distributed._batched_api",
     "block_jacobi": ".batched._functions",
     "lu_factor_vbatched": ".batched._functions",
     "solve_vbatched": ".batched._functions",
@@ -74,7 +79,7 @@ _PUBLIC = {
     "qr_tiled": ".tiled._qr",
 }
 
-_SUBMODULES = ("io",)
+_SUBMODULES = ("io", "distributed")
 
 __all__ = sorted(_PUBLIC) + list(_SUBMODULES) + ["__version__"]
 

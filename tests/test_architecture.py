@@ -37,6 +37,7 @@ FORBIDDEN = {
     "_cpu": ("_symbolic", "_schedule", "_engine", "_factor", "_dispatch", "_api", "_cli"),
     "batched": ("_factor", "_dispatch", "_api", "_cli", "_engine"),
     "tiled": ("_factor", "_dispatch", "_api", "_cli", "_engine"),
+    "distributed": ("_cli",),
     "_errors": ("",),
 }
 

@@ -48,13 +48,16 @@ from __future__ import annotations
 
 import importlib
 
-#: public name -> module of this package that defines it
+#: the fixed-size functions exported Dask-aware: the functions of ._functions
+#: behind a type check that sends Dask arrays to scipy_gpuqr.distributed
+_DASK_AWARE = ("lu_factor_batched", "lu_solve_batched", "solve_batched",
+               "inv_batched", "cho_factor_batched", "cho_solve_batched")
+
+#: public name -> module that defines it
 _PUBLIC = {
-    name: "._functions"
-    for name in ("lu_factor_batched", "lu_solve_batched", "solve_batched",
-                 "inv_batched", "cho_factor_batched", "cho_solve_batched",
-                 "block_jacobi", "lu_factor_vbatched", "solve_vbatched",
-                 "inv_vbatched", "cho_factor_vbatched")
+    name: "..distributed._batched_api" if name in _DASK_AWARE else "._functions"
+    for name in _DASK_AWARE + ("block_jacobi", "lu_factor_vbatched", "solve_vbatched",
+                               "inv_vbatched", "cho_factor_vbatched")
 }
 
 __all__ = sorted(_PUBLIC)

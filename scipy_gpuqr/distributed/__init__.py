@@ -1,0 +1,60 @@
+"""Dask: the batched functions on Dask arrays, many sparse problems across workers.
+
+Needs the ``dask`` extra (``pip install "scipy_gpuqr[dask]"``: Dask's array
+and distributed parts). Dask schedules and moves the data; nothing here does
+networking.
+
+* The public batched functions (:func:`scipy_gpuqr.lu_factor_batched`,
+  ``lu_solve_batched``, ``solve_batched``, ``inv_batched``,
+  ``cho_factor_batched``, ``cho_solve_batched``) take Dask arrays chunked
+  along the batch axes (NumPy or CuPy chunks) and return Dask arrays: one
+  call per chunk, on the worker (and GPU) holding it
+  (:mod:`scipy_gpuqr.distributed.dask_batched`; the public functions send
+  Dask input there from :mod:`scipy_gpuqr.distributed._batched_api`).
+* :func:`solve_many` solves a list or a Dask bag of independent ``(A, b)``
+  problems, one task each calling :func:`scipy_gpuqr.lsqr`, ``lsmr`` or
+  ``spsolve`` on its worker.
+
+On a ``dask.distributed`` cluster run one worker per GPU (dask-cuda's
+``LocalCUDACluster``, or workers started with ``CUDA_VISIBLE_DEVICES`` set
+each to one GPU); every worker needs ``scipy_gpuqr`` installed.
+
+Modules
+-------
+_batched_api
+    The Dask-aware public batched functions (a type check, no Dask import).
+dask_batched
+    Their Dask versions: validation, one task per chunk, ``info`` per chunk.
+_many
+    :func:`solve_many`.
+
+Importing this package imports neither Dask nor any of its modules; each
+public name is loaded from its module on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: public name -> module of this package that defines it
+_PUBLIC = {"solve_many": "._many"}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        try:
+            module = importlib.import_module(_PUBLIC[name], __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] in ("dask", "distributed"):
+                raise ModuleNotFoundError(
+                    f"scipy_gpuqr.distributed.{name} needs Dask: pip install "
+                    f"\"scipy_gpuqr[dask]\" ({exc})", name=exc.name) from None
+            raise
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,363 @@
+"""Dask: the batched functions on Dask arrays and ``solve_many`` across workers.
+
+A ``LocalCluster`` of CPU workers (threads of this process, plus one test with
+worker processes, where every task crosses a pickle) runs the Dask paths; every
+result is compared with the NumPy call on the whole stack, or with the
+problems solved one by one. The GPU test runs CuPy chunks on one worker.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sps
+from scipy.linalg import LinAlgError, LinAlgWarning
+
+import scipy_gpuqr as g
+from test_batched_cases import spd_batch
+
+dask = pytest.importorskip("dask", reason="the dask extra is part of the test extra")
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("dask.distributed")
+
+from scipy_gpuqr.distributed import solve_many  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client():
+    """Two single-threaded workers in this process (quick to start)."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=":0") as cluster, \
+            distributed.Client(cluster) as c:
+        yield c
+
+
+def _same(got, ref):
+    """Equal to the NumPy call: integers exactly, floats to the last bits."""
+    assert type(got) is type(ref) and got.shape == ref.shape and got.dtype == ref.dtype
+    if ref.dtype.kind in "iub":
+        np.testing.assert_array_equal(got, ref)
+    else:
+        scale = float(np.max(np.abs(ref), initial=1.0))
+        np.testing.assert_allclose(got, ref, rtol=0, atol=8 * np.finfo(ref.dtype).eps * scale)
+
+
+def _stack(rng, batch, n, dtype=np.float64):
+    return (rng.standard_normal(batch + (n, n)) + n * np.eye(n)).astype(dtype)
+
+
+# ----------------------------------------------------------------------------
+# the batched functions: Dask results equal the NumPy call
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128])
+@pytest.mark.parametrize("return_info", [False, True])
+def test_lu_factor_and_solve(client, rng, dtype, return_info):
+    a = _stack(rng, (7, 5), 6, dtype)
+    d = da.from_array(a, chunks=(3, 2, 6, 6))
+    out = g.lu_factor_batched(d, return_info=return_info)
+    ref = g.lu_factor_batched(a, return_info=return_info)
+    assert all(isinstance(o, da.Array) for o in out) and len(out) == len(ref)
+    assert out[0].chunks[:2] == d.chunks[:2]
+    for got, want in zip(client.compute(out, sync=True), ref):
+        _same(got, want)
+    lu, piv = out[:2]
+    for b in (rng.standard_normal(6),                      # one vector for all
+              rng.standard_normal((7, 5, 6, 2)),           # one per matrix
+              rng.standard_normal((5, 6, 1)),              # broadcast over axis 0
+              rng.standard_normal((1, 5, 6, 3))):          # a batch axis of length 1
+        for trans in (0, 1):
+            x = g.lu_solve_batched((lu, piv), b, trans)
+            assert isinstance(x, da.Array)
+            _same(x.compute(), g.lu_solve_batched(ref[:2], b, trans))
+
+
+def test_lu_solve_with_dask_rhs_only(client, rng):
+    """A Dask b next to NumPy factors: the call still goes to Dask, chunked like b."""
+    a = _stack(rng, (9,), 5)
+    lu, piv = g.lu_factor_batched(a)
+    b = rng.standard_normal((9, 5, 2))
+    x = g.lu_solve_batched((lu, piv), da.from_array(b, chunks=(4, 5, 2)))
+    assert isinstance(x, da.Array) and x.chunks[0] == (4, 4, 1)
+    _same(x.compute(), g.lu_solve_batched((lu, piv), b))
+
+
+@pytest.mark.parametrize("return_info", [False, True])
+def test_solve_and_inv(client, rng, return_info):
+    a = _stack(rng, (11,), 8)
+    d = da.from_array(a, chunks=(4, 8, 8))
+    for b in (rng.standard_normal(8), rng.standard_normal((11, 8, 3)),
+              da.from_array(rng.standard_normal((11, 8, 1)), chunks=(5, 8, 1))):
+        got = g.solve_batched(d, b, return_info=return_info)
+        ref = g.solve_batched(a, b.compute() if isinstance(b, da.Array) else b,
+                              return_info=return_info)
+        for x, want in zip(*((client.compute(got, sync=True), ref) if return_info
+                             else ((got.compute(),), (ref,)))):
+            _same(x, want)
+    got = g.inv_batched(d, return_info=return_info)
+    ref = g.inv_batched(a, return_info=return_info)
+    for x, want in zip(*((dask.compute(*got), ref) if return_info
+                         else ((got.compute(),), (ref,)))):
+        _same(x, want)
+
+
+@pytest.mark.parametrize("lower", [False, True])
+def test_cholesky(client, rng, lower):
+    a = spd_batch(rng, 10, 7, np.float64)
+    d = da.from_array(a, chunks=(3, 7, 7))
+    c, low = g.cho_factor_batched(d, lower=lower)
+    rc, rlow = g.cho_factor_batched(a, lower=lower)
+    assert low is rlow and isinstance(c, da.Array)
+    _same(c.compute(), rc)
+    c2, low2, info = g.cho_factor_batched(d, lower, return_info=True)
+    _same(info.compute(), g.cho_factor_batched(a, lower, return_info=True)[2])
+    b = rng.standard_normal((10, 7, 2))
+    _same(g.cho_solve_batched((c, low), b).compute(), g.cho_solve_batched((rc, rlow), b))
+    _same(g.cho_solve_batched((c, np.array([lower] * 10)), b[0, :, 0]).compute(),
+          g.cho_solve_batched((rc, rlow), b[0, :, 0]))
+
+
+def test_matrix_axes_chunked_are_rechunked(client, rng):
+    a = _stack(rng, (6,), 8)
+    d = da.from_array(a, chunks=(2, 3, 5))          # matrices split across chunks
+    lu, piv = g.lu_factor_batched(d)
+    assert lu.chunks == ((2, 2, 2), (8,), (8,)) and piv.chunks == ((2, 2, 2), (8,))
+    ref = g.lu_factor_batched(a)
+    _same(lu.compute(), ref[0])
+    _same(piv.compute(), ref[1])
+    b = da.from_array(rng.standard_normal((6, 8, 4)), chunks=(3, 4, 2))
+    _same(g.solve_batched(d, b).compute(), g.solve_batched(a, b.compute()))
+
+
+def test_one_matrix_and_empty_batch(client, rng):
+    a = _stack(rng, (), 5)
+    x = g.inv_batched(da.from_array(a, chunks=(2, 5)))
+    assert x.shape == (5, 5)
+    _same(x.compute(), g.inv_batched(a))
+    e = np.zeros((0, 4, 4))
+    lu, piv = g.lu_factor_batched(da.from_array(e))
+    assert lu.compute().shape == (0, 4, 4) and piv.compute().shape == (0, 4)
+
+
+# ----------------------------------------------------------------------------
+# singular matrices and bad input
+# ----------------------------------------------------------------------------
+
+def _singular_stack(rng):
+    a = _stack(rng, (6, 4), 5)
+    a[4, 3, :, 2] = 0                       # global batch index (4, 3)
+    a[1, 0, 1] = 0                          # (1, 0)
+    return a, da.from_array(a, chunks=(3, 2, 5, 5))
+
+
+@pytest.mark.parametrize("fn", ["inv_batched", "solve_batched"])
+def test_singular_raises_with_global_index(client, rng, fn):
+    a, d = _singular_stack(rng)
+    args = (d, np.ones(5)) if fn == "solve_batched" else (d,)
+    x = getattr(g, fn)(*args)               # lazy: nothing raised yet
+    with pytest.raises(LinAlgError, match=r"singular matrix at batch index \[\((4, 3|1, 0)\)\]"):
+        x.compute()
+    got, info = getattr(g, fn)(*args, return_info=True)
+    ref, rinfo = getattr(g, fn)(*((a,) + args[1:]), return_info=True)
+    _same(info.compute(), rinfo)
+    assert np.flatnonzero(rinfo).tolist() == [4, 19]
+    np.testing.assert_array_equal(np.isnan(got.compute()), np.isnan(ref))
+
+
+def test_not_positive_definite_names_global_index(client, rng):
+    a = spd_batch(rng, 9, 4, np.float64)
+    a[7] = -a[7]
+    with pytest.raises(LinAlgError, match=r"not positive definite at batch index \[7\] "
+                                          r"\(.*in the Dask chunk of batch indices \[6:9\]"):
+        g.cho_factor_batched(da.from_array(a, chunks=(3, 4, 4)))[0].compute()
+
+
+def test_lu_factor_warns_where_the_task_runs(rng):
+    """Under the local scheduler the warning reaches the caller, with global indices."""
+    a, d = _singular_stack(rng)
+    lu, piv = g.lu_factor_batched(d)
+    with pytest.warns(LinAlgWarning) as record, dask.config.set(scheduler="sync"):
+        dask.compute(lu, piv)
+    text = " ".join(str(w.message) for w in record)
+    assert "(4, 3)" in text and "(1, 0)" in text and "Dask chunk" in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, _, info = g.lu_factor_batched(d, return_info=True)
+        _same(info.compute(scheduler="sync"), g.lu_factor_batched(a, return_info=True)[2])
+
+
+def test_nonfinite_names_the_chunk(client, rng):
+    a = _stack(rng, (8,), 3)
+    a[6, 1, 1] = np.nan
+    with pytest.raises(ValueError, match=r"infs or NaNs.*Dask chunk of batch indices \[6:8\]"):
+        g.inv_batched(da.from_array(a, chunks=(2, 3, 3))).compute()
+    g.inv_batched(da.from_array(a, chunks=(2, 3, 3)), check_finite=False).compute()
+
+
+def test_bad_shapes_raise_when_the_graph_is_built(rng):
+    d = da.zeros((4, 3, 2), chunks=(2, 3, 2))
+    with pytest.raises(ValueError, match="square"):
+        g.lu_factor_batched(d)
+    with pytest.raises(ValueError, match=r"shape \(\.\.\., n, n\)"):
+        g.inv_batched(da.zeros((4,)))
+    a = da.from_array(_stack(rng, (4,), 3), chunks=(2, 3, 3))
+    with pytest.raises(ValueError, match="incompatible shapes"):
+        g.solve_batched(a, np.ones(4))
+    with pytest.raises(ValueError, match="enlarge"):
+        g.solve_batched(a, np.ones((2, 4, 3, 1)))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        g.solve_batched(a, np.ones((3, 3, 1)))
+    lu, piv = g.lu_factor_batched(a)
+    with pytest.raises(ValueError, match="piv must have shape"):
+        g.lu_solve_batched((lu, piv[:2]), np.ones(3))
+    with pytest.raises(ValueError, match="trans"):
+        g.lu_solve_batched((lu, piv), np.ones(3), trans=5)
+    with pytest.raises(ValueError, match="the pair"):
+        g.lu_solve_batched(lu, np.ones(3))
+    with pytest.raises(ValueError, match="unknown chunk sizes"):
+        g.inv_batched(a[a[:, 0, 0] > 0])
+    with pytest.raises(TypeError, match="must be a Dask array"):
+        g.inv_batched(dask.delayed(np.eye)(3))
+    with pytest.raises(ValueError, match="numeric"):
+        g.inv_batched(da.from_array(np.full((2, 2, 2), "x")))
+
+
+# ----------------------------------------------------------------------------
+# the dispatch leaves non-Dask calls alone
+# ----------------------------------------------------------------------------
+
+def test_non_dask_input_unaffected(rng):
+    import scipy_gpuqr.batched as b
+    from scipy_gpuqr.batched import _functions
+    a = _stack(rng, (4,), 3)
+    for name in ("lu_factor_batched", "inv_batched", "cho_factor_batched"):
+        fn = getattr(g, name)
+        assert fn is getattr(b, name) and fn.__wrapped__ is getattr(_functions, name)
+        assert "Dask arrays" in fn.__doc__ and "Parameters" in fn.__doc__
+        assert pickle.loads(pickle.dumps(fn)) is fn
+    x = g.inv_batched(a)
+    assert type(x) is np.ndarray
+    _same(x, _functions.inv_batched(a))
+
+
+def test_numpy_calls_import_no_dask():
+    code = ("import sys, numpy as np, scipy_gpuqr as g, scipy_gpuqr.distributed\n"
+            "g.inv_batched(np.eye(3)[None]); g.lu_factor_batched(np.eye(3))\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed'))\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ----------------------------------------------------------------------------
+# many sparse problems
+# ----------------------------------------------------------------------------
+
+def _problems(rng, count, square=False):
+    out = []
+    for i in range(count):
+        m = 30 + 7 * i
+        n = m if square else 12 + 2 * i
+        A = sps.random(m, n, density=0.2, random_state=int(rng.integers(1 << 30)),
+                       format="csr") + sps.eye(m, n, format="csr")
+        out.append((A, rng.standard_normal(m)))
+    return out
+
+
+def _same_result(got, ref):
+    if isinstance(ref, tuple):
+        assert len(got) == len(ref)
+        for x, y in zip(got, ref):
+            _same_result(x, y)
+    elif isinstance(ref, np.ndarray):
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
+    else:
+        assert got == pytest.approx(ref, rel=1e-12, abs=1e-14)
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "lsmr"])
+def test_solve_many_on_a_client_equals_one_by_one(client, rng, solver):
+    problems = _problems(rng, 7)
+    got = solve_many(problems, solver, client=client, atol=1e-10, btol=1e-10)
+    for (A, b), res in zip(problems, got):
+        _same_result(res, getattr(g, solver)(A, b, atol=1e-10, btol=1e-10))
+
+
+def test_solve_many_default_scheduler_and_bag(client, rng):
+    problems = _problems(rng, 5, square=True)
+    ref = [g.spsolve(A, b) for A, b in problems]
+    with dask.config.set(scheduler="threads"):      # no distributed client
+        got = solve_many(iter(problems), "spsolve")
+    for x, y in zip(got, ref):
+        _same_result(x, y)
+    import dask.bag as db
+    bag = db.from_sequence(problems, npartitions=2)
+    for x, y in zip(solve_many(bag, "spsolve", client=client), ref):
+        _same_result(x, y)
+    for x, y in zip(solve_many(bag, "spsolve"), ref):   # the default client
+        _same_result(x, y)
+
+
+def test_solve_many_errors(client, rng):
+    assert solve_many([], client=client) == []
+    with pytest.raises(ValueError, match="solver must be one of"):
+        solve_many(_problems(rng, 1), "qr")
+    with pytest.raises(TypeError, match=r"pair \(A, b\)"):
+        solve_many([_problems(rng, 1)[0][0]], client=client)
+
+
+def test_worker_processes(rng):
+    """Tasks pickled to worker processes: chunks and problems come back right."""
+    a = _stack(rng, (6,), 4)
+    problems = _problems(rng, 3)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster, \
+            distributed.Client(cluster) as c:
+        lu, piv = c.compute(g.lu_factor_batched(da.from_array(a, chunks=(2, 4, 4))),
+                            sync=True)
+        got = solve_many(problems, client=c)
+    ref = g.lu_factor_batched(a)
+    _same(lu, ref[0])
+    _same(piv, ref[1])
+    for (A, b), res in zip(problems, got):
+        _same_result(res, g.lsqr(A, b))
+
+
+# ----------------------------------------------------------------------------
+# CuPy chunks on the GPU
+# ----------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_cupy_chunks_on_one_gpu_worker(rng):
+    import cupy as cp
+    a = _stack(rng, (20,), 16)
+    a[13, :, 3] = 0
+    b = rng.standard_normal((20, 16, 2))
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=":0") as cluster, \
+            distributed.Client(cluster) as c:
+        d = da.from_array(cp.asarray(a), chunks=(6, 16, 16))
+        assert type(d._meta).__module__.startswith("cupy")
+        lu, piv, info = c.compute(g.lu_factor_batched(d, return_info=True), sync=True)
+        assert type(lu) is cp.ndarray
+        rlu, rpiv, rinfo = g.lu_factor_batched(cp.asarray(a), return_info=True)
+        cp.testing.assert_array_equal(lu, rlu)
+        cp.testing.assert_array_equal(piv, rpiv)
+        cp.testing.assert_array_equal(info, rinfo)
+        with pytest.raises(LinAlgError, match=r"batch index \[13\].*\[12:18\]"):
+            g.inv_batched(d).compute()
+        good = da.from_array(cp.asarray(np.delete(a, 13, axis=0)), chunks=(6, 16, 16))
+        x = g.solve_batched(good, cp.asarray(b[:19])).compute()
+        cp.testing.assert_allclose(
+            x, g.solve_batched(cp.asarray(np.delete(a, 13, axis=0)), cp.asarray(b[:19])),
+            rtol=1e-12, atol=1e-12)
+        # NumPy chunks computed on the worker's GPU come back as NumPy
+        xi = g.inv_batched(da.from_array(np.delete(a, 13, axis=0), chunks=(6, 16, 16)),
+                           backend="gpu").compute()
+        assert type(xi) is np.ndarray
+        np.testing.assert_allclose(xi, np.linalg.inv(np.delete(a, 13, axis=0)),
+                                   rtol=1e-10, atol=1e-12)
