@@ -1,0 +1,464 @@
+"""Fronts mapped to the devices of one host (proportional mapping), and the stages that follow.
+
+A multifrontal factorization parallelizes over independent subtrees of the
+elimination tree: a front needs only its children's contribution blocks. The
+mapping starts from the roots with every device, and splits the heaviest
+subtree (its root goes to the *upper tree*, its children become candidates)
+until the candidate subtrees can be shared among the devices with loads
+within a tolerance of the mean; each subtree then belongs to one device, as
+in proportional mapping (Pothen and Sun), where the subtrees' flops decide
+how the devices are shared. The upper tree runs on one device (the *upper
+device*) once the subtrees below it are done, so the time of a mapping is
+modelled as the most loaded device's subtrees plus the whole upper tree:
+each split moves its root's flops onto that serial part. The partition of
+the candidates is the longest-first greedy one; of all the splits tried the
+one of least modelled time is kept.
+
+Memory is the second weight: with a byte budget per device, a mapping on
+flops that overflows a device is redone on the sum of each front's share of
+the flops and of the bytes (a device then holds about its share of both).
+
+The stages are the maximal runs of the postorder owned by one device: each
+stage is a contiguous range, as the sparse scheduler's staging plan wants
+(:func:`scipy_gpuqr._schedule.sparse.build_schedule` with ``plan=``), so the
+per-stage machinery runs unchanged. A front whose child lies in an earlier
+stage gets the child's contribution block *carried*: on the same device a
+copy within it, across devices a transfer (:attr:`DevicePlan.transfers`).
+
+Everything here is pure NumPy on the analysis' arrays: the GPU driver
+(:mod:`scipy_gpuqr._engine.gpu.multi_device`) and the NumPy executor of
+several simulated devices (:mod:`scipy_gpuqr._engine.host.multi_device`)
+run the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._symbolic.staging import StagePlan
+
+__all__ = ["DevicePlan", "map_devices", "map_fronts", "subtree_weights",
+           "makespan", "DEFAULT_BALANCE_TOLERANCE", "MULTI_DEVICE_MIN_FLOPS", "devices_for"]
+
+#: Loads within this fraction of the mean end the splitting of subtrees.
+DEFAULT_BALANCE_TOLERANCE = 0.05
+
+#: Most subtree splits tried per device (the upper tree grows with each one).
+MAX_SPLITS_PER_DEVICE = 64
+
+#: Factorizations of at least this many flops use every visible GPU by default
+#: (``GpuqrOptions(devices=None)``); smaller ones run on one. Below about 1e11
+#: flops a factorization takes tens of milliseconds on one GPU, where a second
+#: device's setup and the transfers cost more than they save; a first value,
+#: to be calibrated on the multi-GPU machines (``bench/multi_gpu.py``).
+MULTI_DEVICE_MIN_FLOPS = 1e11
+
+
+def subtree_weights(parent: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Sum of ``w`` over each front's subtree (fronts in postorder: children first)."""
+    s = np.asarray(w, dtype=np.float64).copy()
+    par = np.asarray(parent, dtype=np.int64).tolist()
+    for f, p in enumerate(par):
+        if p >= 0:
+            s[p] += s[f]
+    return s
+
+
+def _first_descendants(parent: np.ndarray) -> np.ndarray:
+    """First front of each front's subtree (postorder: the subtree of f is ``fd[f] … f``)."""
+    nf = len(parent)
+    fd = np.arange(nf, dtype=np.int64)
+    par = np.asarray(parent, dtype=np.int64).tolist()
+    fdl = fd.tolist()
+    for f in range(nf):
+        p = par[f]
+        if p >= 0 and fdl[f] < fdl[p]:
+            fdl[p] = fdl[f]
+    return np.asarray(fdl, dtype=np.int64)
+
+
+def _split_groups(items, W, sizes):
+    """Longest first: each subtree (heaviest first) to the device group of least
+    load per device; returns each group's items and load."""
+    loads = [0.0] * len(sizes)
+    groups = [[] for _ in sizes]
+    for r in sorted(items, key=lambda r: (-W[r], r)):
+        g = min(range(len(sizes)), key=lambda g: ((loads[g] + W[r]) / sizes[g], g))
+        loads[g] += W[r]
+        groups[g].append(r)
+    return groups, loads
+
+
+def _map_set(items, devs, W, w, chp, ch, tolerance, limit, owner_of, upper):
+    """Map the subtrees ``items`` onto the device set ``devs`` (recursively).
+
+    The set is halved; the subtrees are shared between the halves by weight,
+    splitting the heaviest (its root stays on ``devs[0]``, one upper front
+    more) until both halves have work and the slower half's load per device
+    is within the tolerance of the mean; of the states tried, the one of least
+    modelled time (the slower half's load per device plus the fronts split
+    here) among those that feed both halves.
+    """
+    if len(devs) == 1:
+        for r in items:
+            owner_of[r] = devs[0]
+        return
+    half = (len(devs) + 1) // 2
+    sets = [devs[:half], devs[half:]]
+    sizes = [len(x) for x in sets]
+    items = list(items)
+    up, up_w = [], 0.0
+    best = None
+    for _ in range(limit + 1):
+        groups, loads = _split_groups(items, W, sizes)
+        per = [loads[g] / sizes[g] for g in range(2)]
+        # a state leaving a half idle is worse than any that feeds both
+        span = (max(per) + up_w, 0 if min(loads) > 0 else 1)
+        if best is None or (span[1], span[0]) < (best[0][1], best[0][0] * (1 - 1e-12)):
+            best = (span, list(up), [list(g) for g in groups])
+        mean = sum(loads) / len(devs)
+        if min(loads) > 0 and max(per) <= (1.0 + tolerance) * mean:
+            break
+        split = [r for r in items if chp[r + 1] > chp[r]]
+        if not split:
+            break
+        r = max(split, key=lambda r: (W[r], -r))
+        items.remove(r)
+        items.extend(ch[chp[r]:chp[r + 1]])
+        up.append(r)
+        up_w += w[r]
+    _, up, groups = best
+    for r in up:
+        upper.append((r, devs[0]))
+    for g in range(2):
+        _map_set(groups[g], sets[g], W, w, chp, ch, tolerance, limit, owner_of, upper)
+
+
+def map_fronts(parent, child_ptr, children, weights, ndev: int, *, upper_device: int = 0,
+               tolerance: float = DEFAULT_BALANCE_TOLERANCE,
+               max_splits: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Owner of every front: subtrees shared among ``ndev`` devices by their weights.
+
+    Proportional mapping on device sets: the roots start with every device;
+    a set of more than one device is halved and its subtrees shared between
+    the halves by weight (heaviest subtrees split first, their roots kept
+    on the set's first device as *upper* fronts), until every subtree has one
+    device.
+
+    Parameters
+    ----------
+    parent, child_ptr, children : ndarray of int64
+        The front tree in postorder (``FrontStructure``'s arrays).
+    weights : ndarray of float (nfronts,)
+        Each front's own weight (flops, or flops and bytes shares).
+    ndev : int
+        Number of devices (>= 1).
+    upper_device : int
+        The device of the roots (the first of the device order).
+    tolerance : float
+        A set's splitting stops once its slower half is within ``1 +
+        tolerance`` of the mean load per device.
+    max_splits : int, optional
+        Most subtrees split per device set (default ``MAX_SPLITS_PER_DEVICE ·
+        ndev``).
+
+    Returns
+    -------
+    owner : ndarray of int64 (nfronts,)
+        Device of each front.
+    upper : ndarray of bool (nfronts,)
+        Fronts of the upper tree (mapped while their set had several devices).
+    """
+    nf = len(parent)
+    if ndev < 1:
+        raise ValueError(f"ndev must be >= 1, got {ndev}")
+    if not 0 <= upper_device < ndev:
+        raise ValueError(f"upper_device {upper_device} is not one of {ndev} devices")
+    owner = np.full(nf, upper_device, dtype=np.int64)
+    upper = np.zeros(nf, dtype=bool)
+    if ndev == 1 or nf == 0:
+        return owner, upper
+    w = np.maximum(np.asarray(weights, dtype=np.float64), 0.0)
+    W = subtree_weights(parent, w).tolist()
+    chp = np.asarray(child_ptr, dtype=np.int64).tolist()
+    ch = np.asarray(children, dtype=np.int64).tolist()
+    limit = MAX_SPLITS_PER_DEVICE * ndev if max_splits is None else int(max_splits)
+    devs = [upper_device] + [d for d in range(ndev) if d != upper_device]
+    roots = [int(r) for r in np.flatnonzero(np.asarray(parent) < 0)]
+    owner_of, ups = {}, []
+    _map_set(roots, devs, W, w.tolist(), chp, ch, tolerance, limit, owner_of, ups)
+    fd = _first_descendants(parent)
+    for r, d in owner_of.items():
+        owner[fd[r]:r + 1] = d
+    for r, d in ups:            # after the subtrees: an upper front's range covers them
+        upper[r] = True
+        owner[r] = d
+    return owner, upper
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Fronts of a factorization mapped to devices, and its stages.
+
+    Attributes
+    ----------
+    ndevices : int
+    owner : ndarray of int64 (nfronts,)
+        Device of each front.
+    upper : ndarray of bool (nfronts,)
+        Fronts of the upper tree (on ``upper_device``).
+    upper_device : int
+    stages : tuple of (int, int)
+        Maximal postorder runs of one owner, ``(first, last)`` inclusive.
+    stage_device : ndarray of int64
+        Device of each stage.
+    transfers : tuple of (int, int, int, int, int)
+        ``(child, parent, source device, target device, bytes)`` of every
+        contribution block that crosses devices (child's stage ends before
+        the parent's starts).
+    device_flops : ndarray of float (ndevices,)
+        Householder flops each device runs (the upper tree's included).
+    subtree_flops : ndarray of float (ndevices,)
+        Flops of each device's subtrees (the upper tree's excluded).
+    device_bytes : ndarray of int64 (ndevices,)
+        GPU bytes each device holds when all its stages stay on it: its
+        fronts (with their S entries, VT tiles, maps and task queues), the
+        contribution blocks carried into them, two R/H staging buffers of its
+        largest front.
+    weight : str
+        ``'flops'`` or ``'flops+bytes'``: what the mapping balanced.
+    makespan : float
+        Modelled time in flops (:func:`makespan`).
+    weight : str
+        ``'flops'`` or ``'flops+bytes'``: what the mapping balanced.
+    budget : int or None
+        Byte budget per device the mapping was checked against.
+    """
+
+    ndevices: int
+    owner: np.ndarray
+    upper: np.ndarray
+    upper_device: int
+    stages: tuple
+    stage_device: np.ndarray
+    transfers: tuple
+    device_flops: np.ndarray
+    subtree_flops: np.ndarray
+    device_bytes: np.ndarray
+    makespan: float = 0.0
+    weight: str = "flops"
+    budget: int | None = None
+
+    @property
+    def nstages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def fits(self) -> bool:
+        """Every device within the budget (True without one)."""
+        return self.budget is None or bool(np.all(self.device_bytes <= self.budget))
+
+    @property
+    def balance(self) -> float:
+        """Most loaded device's subtree flops over the mean (1: perfect)."""
+        tot = float(self.subtree_flops.sum())
+        return float(self.subtree_flops.max()) * self.ndevices / tot if tot > 0 else 1.0
+
+    @property
+    def upper_flops(self) -> float:
+        """Flops of the upper tree."""
+        return float(self.device_flops.sum() - self.subtree_flops.sum())
+
+    @property
+    def modelled_speedup(self) -> float:
+        """All flops over :attr:`makespan` (1 device: 1)."""
+        return float(self.device_flops.sum()) / self.makespan if self.makespan > 0 else 1.0
+
+    def device_fronts(self, d: int) -> np.ndarray:
+        """Fronts of device ``d``, in postorder."""
+        return np.flatnonzero(self.owner == d)
+
+    def device_stages(self, d: int) -> list:
+        """Stages of device ``d``, in postorder."""
+        return np.flatnonzero(self.stage_device == d).tolist()
+
+    def stage_plan(self, stage_bytes=None) -> StagePlan:
+        """The stages as a :class:`~scipy_gpuqr._symbolic.staging.StagePlan`
+        (for :func:`~scipy_gpuqr._schedule.sparse.build_schedule`)."""
+        sb = tuple(int(b) for b in stage_bytes) if stage_bytes is not None \
+            else (0,) * len(self.stages)
+        return StagePlan(self.budget, tuple(self.stages), sb, ())
+
+    def as_dict(self) -> dict:
+        """JSON-ready summary (``info["devices"]``)."""
+        per = []
+        for d in range(self.ndevices):
+            fr = self.device_fronts(d)
+            per.append({"fronts": int(len(fr)), "stages": len(self.device_stages(d)),
+                        "flops": float(self.device_flops[d]),
+                        "bytes": int(self.device_bytes[d]),
+                        "upper_fronts": int(np.count_nonzero(self.upper & (self.owner == d)))})
+        return {"ndevices": int(self.ndevices), "upper_device": int(self.upper_device),
+                "stages": len(self.stages), "transfers": len(self.transfers),
+                "transfer_bytes": int(sum(t[4] for t in self.transfers)),
+                "balance": self.balance, "upper_flops": self.upper_flops,
+                "modelled_speedup": self.modelled_speedup, "weight": self.weight, "budget": self.budget,
+                "fits": self.fits, "per_device": per}
+
+
+def makespan(parent, flops, owner) -> float:
+    """Modelled time of a mapping, in flops: each device runs its fronts in
+    postorder at one flop per unit, a front starting once its device is free
+    and its children are done (transfers free)."""
+    par = np.asarray(parent, dtype=np.int64).tolist()
+    fl = np.asarray(flops, dtype=np.float64).tolist()
+    own = np.asarray(owner, dtype=np.int64).tolist()
+    ready = [0.0] * len(par)            # when the children of each front are done
+    free = {}
+    end = 0.0
+    for f, p in enumerate(par):
+        d = own[f]
+        t = max(free.get(d, 0.0), ready[f]) + fl[f]
+        free[d] = t
+        end = max(end, t)
+        if p >= 0 and t > ready[p]:
+            ready[p] = t
+    return end
+
+
+def _runs(owner: np.ndarray) -> list:
+    """Maximal runs of equal owner: ``[(first, last), ...]``."""
+    nf = len(owner)
+    if nf == 0:
+        return []
+    cut = np.flatnonzero(np.diff(owner)) + 1
+    starts = np.concatenate(([0], cut))
+    ends = np.concatenate((cut, [nf])) - 1
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
+def _plan_of(fs, owner, upper, upper_device, ndev, flops, gpu, itemsize, weight, budget):
+    stages = _runs(owner)
+    stage_device = np.array([int(owner[a]) for a, _ in stages], dtype=np.int64)
+    stage_of = np.zeros(fs.nfronts, dtype=np.int64)
+    for s, (a, b) in enumerate(stages):
+        stage_of[a:b + 1] = s
+    par = np.asarray(fs.parent, dtype=np.int64)
+    kids = np.flatnonzero(par >= 0)
+    cb_bytes = (fs.cm.astype(np.int64) * (fs.fn - fs.fp).astype(np.int64)) * itemsize
+    cross = kids[owner[kids] != owner[par[kids]]]
+    transfers = tuple((int(c), int(par[c]), int(owner[c]), int(owner[par[c]]),
+                       int(cb_bytes[c])) for c in cross if cb_bytes[c] > 0)
+    dflops = np.bincount(owner, weights=flops, minlength=ndev).astype(np.float64)
+    sflops = np.bincount(owner[~upper], weights=flops[~upper], minlength=ndev).astype(np.float64)
+    carried = kids[stage_of[kids] < stage_of[par[kids]]]
+    dbytes = np.bincount(owner, weights=gpu["additive"], minlength=ndev)
+    dbytes += np.bincount(owner[par[carried]], weights=gpu["cb"][carried], minlength=ndev)
+    stg = np.zeros(ndev)
+    np.maximum.at(stg, owner, gpu["staging"].astype(np.float64))
+    dbytes = (dbytes + 2 * stg).astype(np.int64)
+    return DevicePlan(ndevices=ndev, owner=owner, upper=upper, upper_device=upper_device,
+                      stages=tuple(stages), stage_device=stage_device, transfers=transfers,
+                      device_flops=dflops, subtree_flops=sflops, device_bytes=dbytes,
+                      makespan=makespan(fs.parent, flops, owner), weight=weight, budget=budget)
+
+
+def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
+                upper_device: int = 0,
+                tolerance: float = DEFAULT_BALANCE_TOLERANCE) -> DevicePlan:
+    """The :class:`DevicePlan` of an analysis on ``ndevices`` devices.
+
+    Parameters
+    ----------
+    analysis : SymbolicAnalysis
+        Its fronts, per-front flops (``front_flops``) and GPU bytes
+        (``front_gpu_additive``, ``front_gpu_cb``, ``front_gpu_staging``).
+    ndevices : int
+    device_memory : int, optional
+        Bytes each device may hold. A mapping on flops that overflows one is
+        redone on flops and bytes together; :attr:`DevicePlan.fits` says
+        whether the result fits.
+    upper_device : int
+        Device of the upper tree (the one the solves gather to).
+    tolerance : float
+        Balance tolerance of the splitting (:func:`map_fronts`).
+    """
+    fs = analysis.fronts
+    flops = np.asarray(analysis.front_flops, dtype=np.float64)
+    gpu = {"additive": np.asarray(analysis.front_gpu_additive, dtype=np.int64),
+           "cb": np.asarray(analysis.front_gpu_cb, dtype=np.int64),
+           "staging": np.asarray(analysis.front_gpu_staging, dtype=np.int64)}
+    itemsize = int(getattr(analysis, "itemsize", 8))
+    budget = None if device_memory is None else int(device_memory)
+    args = (fs.parent, fs.child_ptr, fs.children)
+    owner, upper = map_fronts(*args, flops, ndevices, upper_device=upper_device,
+                              tolerance=tolerance)
+    plan = _plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu, itemsize,
+                    "flops", budget)
+    if plan.fits or ndevices == 1:
+        return plan
+    tf, tb = max(float(flops.sum()), 1.0), max(float(gpu["additive"].sum()), 1.0)
+    both = flops / tf + gpu["additive"] / tb
+    owner, upper = map_fronts(*args, both, ndevices, upper_device=upper_device,
+                              tolerance=tolerance)
+    other = _plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu, itemsize,
+                     "flops+bytes", budget)
+    return other if other.fits or other.device_bytes.max() < plan.device_bytes.max() else plan
+
+
+def devices_for(requested, visible: int, flops: float, gpu_bytes: int,
+                device_memory: int | None) -> tuple[list, str]:
+    """The devices a factorization runs on, and why.
+
+    Parameters
+    ----------
+    requested : None, int or sequence of int
+        ``GpuqrOptions.devices``: None picks (below); an int, the first that
+        many visible devices; a sequence, those device ids (repeats allowed:
+        several simulated devices on one GPU).
+    visible : int
+        GPUs visible to the process.
+    flops, gpu_bytes : float, int
+        The analysis' flops and one-stage GPU bytes.
+    device_memory : int or None
+        Bytes one device may hold.
+
+    Returns
+    -------
+    devices : list of int
+    why : str
+
+    Notes
+    -----
+    The default rule: every visible GPU when the factorization has at least
+    :data:`MULTI_DEVICE_MIN_FLOPS` flops, or when it does not fit one GPU's
+    memory but does fit the sum; otherwise one GPU.
+    """
+    if requested is not None:
+        if isinstance(requested, (int, np.integer)):
+            k = int(requested)
+            if k < 1:
+                raise ValueError(f"devices must be >= 1, got {k}")
+            if k > max(visible, 0):
+                raise ValueError(f"devices={k} but {visible} GPU(s) visible")
+            return list(range(k)), f"{k} device(s) requested"
+        ids = [int(d) for d in requested]
+        if not ids:
+            raise ValueError("devices: an empty sequence")
+        bad = [d for d in ids if not 0 <= d < max(visible, 0)]
+        if bad:
+            raise ValueError(f"devices {bad} are not visible ({visible} GPU(s))")
+        return ids, f"devices {ids} requested"
+    if visible <= 1:
+        return [0], "one GPU visible"
+    if device_memory is not None and gpu_bytes > device_memory:
+        if gpu_bytes <= device_memory * visible:
+            return list(range(visible)), (f"needs {gpu_bytes} GPU bytes, more than one "
+                                          f"GPU's {device_memory}: {visible} GPUs")
+        return [0], "does not fit all GPUs together either: one GPU, staged"
+    if flops >= MULTI_DEVICE_MIN_FLOPS:
+        return list(range(visible)), (f"{flops:.3g} flops >= {MULTI_DEVICE_MIN_FLOPS:.3g}: "
+                                      f"{visible} GPUs")
+    return [0], f"{flops:.3g} flops < {MULTI_DEVICE_MIN_FLOPS:.3g}: one GPU"

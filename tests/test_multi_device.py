@@ -1,0 +1,296 @@
+"""Sparse QR over several devices, without a GPU: the device plan's properties
+(every front owned once, subtrees closed, balance) and the multi-device task
+lists run on 2-4 simulated devices (NumPy executor, and the GPU driver's host
+logic over NumPy device layers) giving the one-device answer."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from conftest import real_shared_matrices
+from scipy_gpuqr import GpuqrOptions
+from scipy_gpuqr._engine.gpu.device import NumpyDevice
+from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
+from scipy_gpuqr._engine.host.multi_device import simulate_multi_device
+from scipy_gpuqr._engine.host.simulate import simulate_factorize
+from scipy_gpuqr._schedule.devices import (MULTI_DEVICE_MIN_FLOPS, devices_for, makespan,
+                                           map_devices, map_fronts)
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
+                                           random_least_squares, small_families)
+
+#: Modelled makespan over its lower bound (mean load, longest path): the worst
+#: seen on the shared matrices and grids is 1.41.
+MAKESPAN_BOUND = 1.5
+
+
+def _critical_path(an) -> float:
+    fs = an.fronts
+    fl = np.asarray(an.front_flops, dtype=float)
+    below = np.zeros(fs.nfronts)
+    path = np.zeros(fs.nfronts)
+    for f in range(fs.nfronts):
+        path[f] = below[f] + fl[f]
+        p = fs.parent[f]
+        if p >= 0:
+            below[p] = max(below[p], path[f])
+    return float(path.max()) if fs.nfronts else 0.0
+
+
+def _check_plan(an, plan, k):
+    fs = an.fronts
+    nf = fs.nfronts
+    own = plan.owner
+    assert own.shape == (nf,) and own.min(initial=0) >= 0 and own.max(initial=0) < k
+    # the stages partition the postorder into runs of one device
+    covered = np.zeros(nf, dtype=int)
+    nxt = 0
+    for (a, b), d in zip(plan.stages, plan.stage_device):
+        assert a == nxt and b >= a
+        assert np.all(own[a:b + 1] == d)
+        covered[a:b + 1] += 1
+        nxt = b + 1
+    assert nxt == nf and np.all(covered == 1)
+    par = fs.parent
+    for f in range(nf):
+        p = par[f]
+        if p < 0:
+            continue
+        if not plan.upper[f]:               # a subtree below the upper tree: one device
+            assert plan.upper[p] or own[p] == own[f]
+        else:                               # the upper tree is closed upwards
+            assert plan.upper[p]
+    # the transfers are exactly the blocks crossing devices
+    cross = {(int(c), int(par[c])) for c in range(nf)
+             if par[c] >= 0 and own[c] != own[par[c]]
+             and fs.cm[c] > 0 and fs.fn[c] > fs.fp[c]}
+    assert {(t[0], t[1]) for t in plan.transfers} == cross
+    for c, p, s, t, nbytes in plan.transfers:
+        assert (s, t) == (own[c], own[p]) and nbytes > 0
+    # every front's flops are on exactly one device
+    assert np.isclose(plan.device_flops.sum(), float(np.sum(an.front_flops)))
+    assert np.isclose(plan.makespan, makespan(fs.parent, an.front_flops, own))
+
+
+def _planner_cases():
+    yield "grid10", grid3d_least_squares(10)
+    yield "grid16", grid3d_least_squares(16)
+    yield "chess", chessboard_boundary(6, 7, 3)
+    yield "randls", random_least_squares(600, 250, 0.01, seed=3)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("name, A", list(_planner_cases()), ids=lambda v: v if isinstance(v, str) else "")
+def test_plan_properties_on_grids(name, A, k):
+    an = analyze(A)
+    plan = map_devices(an, k)
+    _check_plan(an, plan, k)
+    lb = max(float(np.sum(an.front_flops)) / k, _critical_path(an))
+    assert plan.makespan <= MAKESPAN_BOUND * lb
+    if k == 1:
+        assert plan.stages == ((0, an.fronts.nfronts - 1),) and not plan.transfers
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_plan_properties_on_shared_matrices(matrices_dir, k):
+    seen = 0
+    for name, A in real_shared_matrices(matrices_dir):
+        if A.nnz > 300_000:
+            continue
+        an = analyze(A)
+        if an.fronts.nfronts == 0:
+            continue
+        plan = map_devices(an, k)
+        _check_plan(an, plan, k)
+        lb = max(float(np.sum(an.front_flops)) / k, _critical_path(an))
+        assert plan.makespan <= MAKESPAN_BOUND * lb, name
+        seen += 1
+    assert seen >= 20
+
+
+def test_wide_trees_balance():
+    """A tree of many independent subtrees: loads near the mean on every device."""
+    A = sp.block_diag([random_least_squares(60, 30, 0.15, seed=s) for s in range(24)],
+                      format="csc")
+    an = analyze(sp.csc_array(A))
+    for k in (2, 3, 4):
+        plan = map_devices(an, k)
+        _check_plan(an, plan, k)
+        assert plan.balance <= 1.25
+        assert plan.modelled_speedup >= 0.75 * k
+
+
+def test_map_fronts_by_hand():
+    #      6
+    #    /   \
+    #   2     5          weights: leaves 1, internal 1, root 1
+    #  / \   / \
+    # 0   1 3   4
+    parent = np.array([2, 2, 6, 5, 5, 6, -1])
+    child_ptr = np.array([0, 0, 0, 2, 2, 2, 4, 6])
+    children = np.array([0, 1, 3, 4, 2, 5])
+    owner, upper = map_fronts(parent, child_ptr, children, np.ones(7), 2)
+    assert upper.tolist() == [False] * 6 + [True]
+    assert owner[6] == 0 and len({owner[0], owner[1], owner[2]}) == 1
+    assert len({owner[3], owner[4], owner[5]}) == 1 and owner[2] != owner[5]
+    owner4, upper4 = map_fronts(parent, child_ptr, children, np.ones(7), 4)
+    assert upper4[[2, 5, 6]].all() and sorted(set(owner4[[0, 1, 3, 4]].tolist())) == [0, 1, 2, 3]
+    with pytest.raises(ValueError):
+        map_fronts(parent, child_ptr, children, np.ones(7), 0)
+
+
+def test_memory_weight_when_flops_overflow_a_device():
+    an = analyze(grid3d_least_squares(10))
+    free = map_devices(an, 2)
+    budget = int(0.8 * free.device_bytes.max())
+    plan = map_devices(an, 2, device_memory=budget)
+    _check_plan(an, plan, 2)
+    assert plan.budget == budget
+    assert plan.device_bytes.max() <= free.device_bytes.max()
+    assert plan.fits == bool(plan.device_bytes.max() <= budget)
+    d = plan.as_dict()
+    assert d["ndevices"] == 2 and len(d["per_device"]) == 2
+
+
+def test_devices_rule():
+    big = MULTI_DEVICE_MIN_FLOPS
+    assert devices_for(None, 1, 10 * big, 0, None)[0] == [0]
+    assert devices_for(None, 4, 10 * big, 0, None)[0] == [0, 1, 2, 3]
+    assert devices_for(None, 4, big / 10, 0, None)[0] == [0]
+    # too big for one GPU but within the sum: all of them, whatever the flops
+    assert devices_for(None, 2, 1.0, 150, 100)[0] == [0, 1]
+    assert devices_for(None, 2, 1.0, 250, 100)[0] == [0]
+    assert devices_for(2, 4, 1.0, 0, None)[0] == [0, 1]
+    assert devices_for([0, 0], 1, 1.0, 0, None)[0] == [0, 0]
+    for bad in (0, 5, [], [7]):
+        with pytest.raises(ValueError):
+            devices_for(bad, 4, 1.0, 0, None)
+
+
+def test_options_devices():
+    assert GpuqrOptions().devices is None
+    assert GpuqrOptions(devices=[0, 1]).devices == (0, 1)
+    assert GpuqrOptions(devices=2).devices == 2
+    hash(GpuqrOptions(devices=[0, 0]))
+    for bad in (0, -1, [], [-1], "0", [0.5]):
+        with pytest.raises((ValueError, TypeError)):
+            GpuqrOptions(devices=bad)
+
+
+# ---------------------------------------------------------------- the executors
+
+def _executor_cases():
+    rng = np.random.default_rng(7)
+    A = grid3d_least_squares(7).astype(float)
+    A.data = rng.standard_normal(A.nnz)
+    yield "grid7", A
+    yield "chess", chessboard_boundary(5, 6, 2).astype(np.float64)
+    yield "randls", random_least_squares(300, 120, 0.03, dense_rows=2, seed=2)
+    yield "wide", random_least_squares(60, 140, 0.05, seed=3)
+    yield "blocks", sp.csc_array(sp.block_diag(
+        [random_least_squares(40, 20, 0.2, seed=s) for s in range(9)], format="csc"))
+
+
+def _same_answer(A, one, many):
+    """R equal up to rounding, Q R = A P, Qᵀ and Q as the one-device run's, solves."""
+    m, n = A.shape
+    scale = max(abs(one.R).max() if one.R.nnz else 1.0, 1.0)
+    assert abs(many.R - one.R).max() <= 1e-13 * scale
+    assert np.array_equal(many.colperm, one.colperm)
+    rng = np.random.default_rng(1)
+    B = rng.standard_normal((m, 2))
+    assert np.allclose(many.qt_matmul(B), one.qt_matmul(B), rtol=0, atol=1e-12 * abs(B).max())
+    assert np.allclose(many.q_matmul(B), one.q_matmul(B), rtol=0, atol=1e-12 * abs(B).max())
+    k = min(m, n)
+    X = rng.standard_normal((n, 2))
+    Y = np.zeros((m, 2))
+    Y[:k] = many.R @ X
+    QR = many.q_matmul(Y)
+    AP = A[:, many.colperm] @ X
+    assert np.abs(QR - AP).max() <= 1e-11 * max(1.0, np.abs(AP).max())
+    if m >= n:                               # least squares through Q and R
+        b = rng.standard_normal(m)
+        c = many.qt_matmul(b)[:n]
+        Rd = many.R.toarray()
+        if np.abs(np.diag(Rd)).min() > 1e-8 * np.abs(np.diag(Rd)).max():
+            x = np.zeros(n)
+            x[many.colperm] = np.linalg.solve(np.triu(Rd), c)
+            ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+            assert np.allclose(x, ref, atol=1e-8 * max(1.0, abs(ref).max()))
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("name, A", list(_executor_cases()), ids=lambda v: v if isinstance(v, str) else "")
+def test_simulated_devices_equal_one_device(name, A, k):
+    an = analyze(A)
+    one = simulate_factorize(A, an)
+    many = simulate_multi_device(A, an, devices=k, rng=np.random.default_rng(k))
+    _same_answer(A, one, many)
+    info = many.info["devices"]
+    assert info["ndevices"] == k
+    per = info["devices"]
+    assert sum(d["stages"] for d in per) == many.info["stages"]
+    # what left one device arrived at another, every block that crosses is moved
+    assert sum(d["sent_bytes"] for d in per) == sum(d["received_bytes"] for d in per)
+    assert len(many.info["transfers"]) == info["transfers"]
+    for c, s, t, nbytes, _ in many.info["transfers"]:
+        assert s != t and nbytes > 0
+
+
+def test_simulated_devices_with_dense_fronts_and_launch_limits():
+    A = grid3d_least_squares(7)
+    an = analyze(A)
+    for kw in ({"dense_flops": 2e5}, {"max_tasks": 7}, {"pipelining": False}):
+        one = simulate_factorize(A, an, **kw)
+        many = simulate_multi_device(A, an, devices=3, **kw)
+        _same_answer(A, one, many)
+    assert many.info["dense_fronts"] == 0
+    assert simulate_multi_device(A, an, devices=2, dense_flops=2e5).info["dense_fronts"] > 0
+
+
+def test_simulated_devices_small_families():
+    for name, A in small_families():
+        an = analyze(A)
+        one = simulate_factorize(A, an)
+        many = simulate_multi_device(A, an, devices=3)
+        assert many.R.shape == one.R.shape, name
+        if min(A.shape):
+            _same_answer(A, one, many)
+
+
+def test_simulated_devices_memory_within_budget():
+    """Each device's front pools stay within the plan's bytes (no host staging)."""
+    A = grid3d_least_squares(9)
+    an = analyze(A)
+    plan = map_devices(an, 2)
+    many = simulate_multi_device(A, an, devices=plan)
+    _same_answer(A, simulate_factorize(A, an), many)
+    sched = many.schedule
+    for d in range(2):
+        elems = sum(sched.stages[s].pool_size for s in plan.device_stages(d))
+        assert elems * 8 <= plan.device_bytes[d]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_gpu_driver_host_logic_on_numpy_layers(k):
+    """The multi-GPU driver over NumPy device layers equals the one-GPU driver."""
+    for name, A in list(_executor_cases())[:3]:
+        an = analyze(A)
+        one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
+        many = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(k)])
+        _same_answer(A, one, many)
+        per = many.info["devices"]["devices"]
+        assert len(per) == k and sum(d["stages"] for d in per) == many.info["stages"]
+        assert {t[0] for t in many.info["transfers"]} == \
+            {t[0] for t in map_devices(an, k).transfers}
+
+
+def test_gpu_driver_host_logic_dense_fronts():
+    A = grid3d_least_squares(7)
+    an = analyze(A)
+    one = gpu_factorize(A, an, device=NumpyDevice(32, 3), dense_flops=2e5)
+    many = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(3)],
+                               dense_flops=2e5)
+    assert many.info["dense_fronts"] == one.info["dense_fronts"] > 0
+    _same_answer(A, one, many)
