@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 import os
 import sys
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple, Union
 
 __all__ = ["BACKENDS", "ORDERINGS", "GpuqrOptions", "Settings", "resolve_backend",
            "resolve_options", "resolve_settings", "settings_for", "logger", "log_decision"]
@@ -81,6 +82,14 @@ class GpuqrOptions:
         ``auto`` use the GPU sparse QR; below it SciPy's own function
         (SuperLU) answers. None means the value calibrated against SuperLU
         for this GPU model, or :data:`DEFAULT_SPSOLVE_THRESHOLD`.
+    devices : None, int or sequence of int
+        GPUs of this host the sparse QR runs on (subtrees of the elimination
+        tree mapped to devices, see ``scipy_gpuqr._schedule.devices``). None:
+        every visible GPU when the factorization has at least
+        ``MULTI_DEVICE_MIN_FLOPS`` flops (1e11) or does not fit one GPU's
+        memory but fits their sum, else one; an int: the first that many
+        GPUs; a sequence: those device ids, the first running the upper tree
+        and keeping ``Q`` (repeats run several simulated devices on one GPU).
     """
 
     backend: Optional[str] = None
@@ -92,6 +101,7 @@ class GpuqrOptions:
     debug: Optional[bool] = None
     iterate_first: bool = True
     spsolve_threshold: Optional[float] = None
+    devices: Union[None, int, Tuple[int, ...]] = None
 
     def __post_init__(self):
         if self.backend is not None:
@@ -102,6 +112,8 @@ class GpuqrOptions:
         if self.max_gpu_memory is not None and int(self.max_gpu_memory) <= 0:
             raise ValueError("GpuqrOptions.max_gpu_memory must be a positive "
                              f"number of bytes, got {self.max_gpu_memory!r}")
+        if self.devices is not None:
+            object.__setattr__(self, "devices", _check_devices(self.devices))
 
     def replace(self, **changes) -> "GpuqrOptions":
         """Return a copy with some fields changed."""
@@ -112,6 +124,30 @@ class GpuqrOptions:
         if self.debug is not None:
             return bool(self.debug)
         return environ.get(ENV_DEBUG, "") not in ("", "0")
+
+
+def _check_devices(value):
+    """``devices`` as a positive int or a non-empty tuple of device ids (>= 0)."""
+    if isinstance(value, bool) or isinstance(value, (str, bytes)):
+        raise TypeError(f"GpuqrOptions.devices must be an int or a sequence of ints, "
+                        f"got {value!r}")
+    if isinstance(value, numbers.Integral):
+        if int(value) < 1:
+            raise ValueError(f"GpuqrOptions.devices must be >= 1, got {value!r}")
+        return int(value)
+    try:
+        ids = tuple(value)
+    except TypeError:
+        raise TypeError(f"GpuqrOptions.devices must be an int or a sequence of ints, "
+                        f"got {value!r}") from None
+    if not ids:
+        raise ValueError("GpuqrOptions.devices: an empty sequence")
+    for d in ids:
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+            raise TypeError(f"GpuqrOptions.devices: device ids are ints, got {d!r}")
+        if int(d) < 0:
+            raise ValueError(f"GpuqrOptions.devices: device ids are >= 0, got {d!r}")
+    return tuple(int(d) for d in ids)
 
 
 def _check_backend(value, where: str) -> str:
