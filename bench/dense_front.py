@@ -4,11 +4,12 @@ Run on the GPU machine::
 
     source .dev/remote-setup.sh
     python3 bench/dense_front.py [--shapes 49340x9375,20000x4000] [--panels 256]
-                                 [--methods kernel,geqrf] [--reps 3] [--json out.json]
+                                 [--methods kernel,kernel:noahead,geqrf] [--reps 3]
+                                 [--json out.json]
 
 Per shape (a dense random row-major front, float64 unless ``--dtype``): for each
-panel method of ``scipy_gpuqr._engine.dense_front.factorize_cupy`` and panel
-width, the factorization time (CUDA events around the call, fresh copy each
+panel method of ``scipy_gpuqr._engine.dense_front.factorize_cupy`` (``:noahead``:
+without look-ahead) and panel width, the factorization time (CUDA events around the call, fresh copy each
 time, after one warm-up call; median of ``--reps``) and TF/s of the Householder
 flops ``2mn² - 2n³/3``; then ``cupy.linalg.qr(mode='r')`` (cuSOLVER ``geqrf``
 on the whole matrix) the same way. Every factorization is checked: R's Gram
@@ -67,10 +68,12 @@ def run_shape(cp, m, n, dtype, methods, panels, reps):
     A = cp.random.standard_normal((m, n)).astype(dtype)
     rows = []
     for method in methods:
+        pm, _, opt = method.partition(":")
+        kw = {"panel_method": pm, "lookahead": opt != "noahead"}
         for nb in panels:
             pn = panels_of(m, n, None, nb)
-            factorize_cupy(A.copy(), pn, nb, panel_method=method)     # warm-up (compile)
-            med, all_, F, T = _time(cp, lambda F: factorize_cupy(F, pn, nb, panel_method=method),
+            factorize_cupy(A.copy(), pn, nb, **kw)                    # warm-up (compile)
+            med, all_, F, T = _time(cp, lambda F: factorize_cupy(F, pn, nb, **kw),
                                     reps, A.copy)
             r = {"shape": [m, n], "dtype": np.dtype(dtype).name, "method": method, "panel": nb,
                  "seconds": med, "all": all_, "tflops": flops / med / 1e12,
@@ -96,7 +99,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="49340x9375,20000x4000")
     p.add_argument("--panels", default="256")
-    p.add_argument("--methods", default="kernel,geqrf")
+    p.add_argument("--methods", default="kernel,kernel:noahead,geqrf")
     p.add_argument("--dtype", default="float64")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--json")

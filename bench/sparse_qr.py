@@ -24,7 +24,8 @@ threshold (``off``: every front through the uberkernel; see
 ``--panels 64,128,256`` adds warm runs per dense panel width at the first
 threshold that has dense fronts. ``--panel-method kernel,geqrf`` repeats each
 threshold's row per way of factorizing the dense fronts' panels
-(``scipy_gpuqr._engine.dense_front.PANEL_METHODS``; default: the default one). ``--once`` only factorizes each matrix once
+(``scipy_gpuqr._engine.dense_front.PANEL_METHODS``; default: the default one;
+``kernel:noahead`` without the look-ahead stream). ``--once`` only factorizes each matrix once
 (first threshold; for a profiler wrapped around the script, e.g.
 ``ncu -k regex:uberkernel --launch-skip 600 --launch-count 3 python3
 bench/sparse_qr.py --once --only ch7-8-b3 --dense-flops off``).
@@ -171,16 +172,19 @@ def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), p
     rows = []
     from scipy_gpuqr._engine import dense_front
     default_method = dense_front.DEFAULT_PANEL_METHOD
+    default_ahead = dense_front.DEFAULT_LOOKAHEAD
     for d in dense:
         thr, cpl = (DEFAULT_DENSE_FLOPS, None) if d == "default" else _dense_arg(d)
         for method in methods:
-            r = dict(row, dense_flops=thr, dense_cpl=cpl,
-                     panel_method=method or default_method)
-            dense_front.DEFAULT_PANEL_METHOD = method or default_method
+            name_m, _, opt = (method or default_method).partition(":")
+            r = dict(row, dense_flops=thr, dense_cpl=cpl, panel_method=method or default_method)
+            dense_front.DEFAULT_PANEL_METHOD = name_m
+            dense_front.DEFAULT_LOOKAHEAD = default_ahead and opt != "noahead"
             try:
                 _gpu_runs(A, an, r, reps, thr, cpl)
             finally:
                 dense_front.DEFAULT_PANEL_METHOD = default_method
+                dense_front.DEFAULT_LOOKAHEAD = default_ahead
             rows.append(r)
     if panels:
         thr = next((r["dense_flops"] for r in rows if r.get("dense_fronts")), None)
@@ -317,7 +321,8 @@ def main(argv=None) -> int:
         if r.get("dense_cpl") is not None:
             tag = f"{thr:.0e}:{r['dense_cpl']}"
         if r.get("dense_fronts"):
-            tag = f"{tag}/{r.get('panel_method', '?')[0]}"
+            pm = r.get("panel_method", "?")
+            tag = f"{tag}/{pm[0]}{'-' if 'noahead' in pm else ''}"
         print(f"{r['matrix'][:14]:14s} {tag:>8s} "
               f"{r.get('dense_fronts', 0):3d} "
               f"{r['flops'] / 1e12:6.3f} {r['analysis_seconds']:5.2f} "

@@ -283,11 +283,12 @@ def test_gpu_panel_kernel_rescaled_and_tiny_columns():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("method", ["kernel", "geqrf"])
+@pytest.mark.parametrize("method", ["kernel", "kernel:noahead", "geqrf", "geqrf:noahead"])
 def test_gpu_blocked_qr_by_panel_method(dtype, method):
     import cupy as cp
 
     from scipy_gpuqr._engine.dense_front import factorize_cupy
+    method, _, opt = method.partition(":")
     rng = np.random.default_rng()
     eps = np.finfo(dtype).eps
     for fm, fn, nb in [(3000, 700, 256), (700, 1500, 128), (513, 513, 96), (2000, 257, 70),
@@ -298,7 +299,7 @@ def test_gpu_blocked_qr_by_panel_method(dtype, method):
         pool = cp.full(fm * fn + 11, cp.nan, dtype=dtype)
         pool[5:5 + fm * fn] = cp.asarray(F0.ravel())
         Fd = pool[5:5 + fm * fn].reshape(fm, fn)
-        Td = factorize_cupy(Fd, panels, nb, panel_method=method)
+        Td = factorize_cupy(Fd, panels, nb, panel_method=method, lookahead=opt != "noahead")
         cp.cuda.Device().synchronize()
         got = cp.asnumpy(pool)
         assert np.isnan(got[:5]).all() and np.isnan(got[5 + fm * fn:]).all()
@@ -324,3 +325,24 @@ def test_gpu_panel_method_is_checked():
     k = dp.PanelKernel(np.float64)
     with pytest.raises(ValueError):
         k.launch(F.data.ptr, 4, 4, 33, F.data.ptr, 4, F.data.ptr, F.data.ptr, k.workspace())
+
+
+@pytest.mark.gpu
+def test_gpu_fronts_on_concurrent_streams():
+    """Dense fronts run on several side streams at once: their panel kernels
+    (grid barriers) and look-ahead streams overlap and stay correct."""
+    import cupy as cp
+
+    from scipy_gpuqr._engine.dense_front import factorize_cupy
+    rng = np.random.default_rng()
+    jobs = []
+    for k in range(4):
+        fm, fn = (20000, 1200) if k % 2 == 0 else (6000, 900)
+        F0, stair = _staircase_front(fm, fn, rng, dense_rows=3)
+        panels = panels_of(fm, fn, stair, 256)
+        jobs.append((F0, panels, cp.asarray(F0), cp.cuda.Stream(non_blocking=True)))
+    cp.cuda.Device().synchronize()
+    Ts = [factorize_cupy(Fd, panels, 256, stream=s) for _, panels, Fd, s in jobs]
+    cp.cuda.Device().synchronize()
+    for (F0, panels, Fd, s), Td in zip(jobs, Ts):
+        _check_front(F0, cp.asnumpy(Fd), panels, cp.asnumpy(Td), 50 * F0.shape[0] * EPS)

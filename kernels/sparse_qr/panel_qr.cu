@@ -31,7 +31,7 @@
 
 namespace gpuqr {
 
-constexpr int PANEL_NT = 256;                 // threads per block
+constexpr int PANEL_NT = 512;                 // threads per block
 constexpr int PANEL_NW = PANEL_NT / 32;       // warps per block
 constexpr int PANEL_LD = 33;                  // shared row stride (conflict-free columns)
 constexpr int PANEL_PART = 40;                // per-block partials: 32 dots, max, padding
@@ -62,7 +62,7 @@ __device__ __forceinline__ unsigned long long panel_clock_ns() {
 // than 20 s (blocks not co-resident) traps instead of hanging.
 __device__ __forceinline__ void panel_grid_sync(unsigned* bar, unsigned& gen) {
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && gridDim.x > 1) {
         __threadfence();
         if (atomicAdd(&bar[0], 1u) == gridDim.x - 1) {
             atomicExch(&bar[0], 0u);
@@ -85,10 +85,21 @@ __device__ __forceinline__ void panel_grid_sync(unsigned* bar, unsigned& gen) {
 template <typename T>
 __device__ __forceinline__ void panel_reduce(const T* P, int nbk, T* red, T* S) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int U = 8;                        // loads in flight per lane
     T s = 0, mm = 0;
-    for (int q = warp; q < nbk; q += PANEL_NW) {
-        s += __ldcg(&P[q * PANEL_PART + lane]);
-        mm = fmax(mm, __ldcg(&P[q * PANEL_PART + 32]));
+    for (int q0 = warp; q0 < nbk; q0 += U * PANEL_NW) {
+        T v[U], x[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int q = q0 + u * PANEL_NW;
+            v[u] = q < nbk ? __ldcg(&P[q * PANEL_PART + lane]) : T(0);
+            x[u] = q < nbk ? __ldcg(&P[q * PANEL_PART + 32]) : T(0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            s += v[u];
+            mm = fmax(mm, x[u]);
+        }
     }
     red[warp * PANEL_PART + lane] = s;
     if (lane == 0) red[warp * PANEL_PART + 32] = mm;

@@ -41,9 +41,10 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import get_lapack_funcs, solve_triangular
 
-from .gpu.dense_panel import PANEL_WIDTH, PanelKernel, panel_qr_numpy
+from .gpu.dense_panel import PANEL_WIDTH, panel_kernel, panel_qr_numpy
 
-__all__ = ["DEFAULT_PANEL", "PANEL_METHODS", "DEFAULT_PANEL_METHOD", "panels_of",
+__all__ = ["DEFAULT_PANEL", "PANEL_METHODS", "DEFAULT_PANEL_METHOD", "DEFAULT_LOOKAHEAD",
+           "panels_of",
            "DenseFront", "factorize_numpy", "factorize_blocked_numpy", "factorize_cupy"]
 
 #: Columns per panel of the blocked factorization (a tunable).
@@ -54,6 +55,10 @@ DEFAULT_PANEL = 256
 #: (cuSOLVER, a chain of launches per column).
 PANEL_METHODS = ("kernel", "geqrf")
 DEFAULT_PANEL_METHOD = "kernel"
+
+#: Factorize panel ``p+1`` on a second stream while panel ``p``'s trailing update
+#: runs (see :func:`factorize_cupy`).
+DEFAULT_LOOKAHEAD = True
 
 
 def panels_of(fm: int, fn: int, stair, nb: int = DEFAULT_PANEL) -> list:
@@ -287,67 +292,134 @@ class _Cublas:
                   beta.ctypes.data, C, ldc)
 
 
-def factorize_cupy(F, panels: list, nb: int, stream=None, panel_method: str | None = None):
+def factorize_cupy(F, panels: list, nb: int, stream=None, panel_method: str | None = None,
+                   lookahead: bool | None = None):
     """Blocked staircase QR of the front ``F`` (fm × fn, C-contiguous CuPy view) in place.
 
-    Everything is enqueued on ``stream`` (default: the current one); nothing
-    synchronizes. ``panel_method``: one of :data:`PANEL_METHODS` (default
-    :data:`DEFAULT_PANEL_METHOD`). Returns ``T`` (npanels × nb × nb, CuPy).
+    Everything is enqueued on ``stream`` (default: the current one) and, with
+    look-ahead, on a second stream of higher priority whose work ``stream``
+    joins before returning; nothing synchronizes. ``panel_method``: one of
+    :data:`PANEL_METHODS` (default :data:`DEFAULT_PANEL_METHOD`).
+    ``lookahead`` (default :data:`DEFAULT_LOOKAHEAD`): panel ``p+1`` is
+    factorized on the second stream as soon as panel ``p``'s reflectors
+    reached its columns, while ``stream`` updates the columns after it.
+    Returns ``T`` (npanels × nb × nb, CuPy).
     """
     import cupy as cp
-    from cupyx.scipy.linalg import solve_triangular as cupy_solve_triangular
     if not F.flags.c_contiguous:
         raise ValueError("the front must be a C-contiguous (row-major) view")
     method = DEFAULT_PANEL_METHOD if panel_method is None else panel_method
     if method not in PANEL_METHODS:
         raise ValueError(f"panel_method must be one of {PANEL_METHODS}, got {method!r}")
-    stream = stream if stream is not None else cp.cuda.get_current_stream()
+    ahead = DEFAULT_LOOKAHEAD if lookahead is None else bool(lookahead)
+    s0 = stream if stream is not None else cp.cuda.get_current_stream()
     dt = np.dtype(F.dtype)
-    isz = dt.itemsize
-    fm, fn = F.shape
-    with stream:
+    fn = F.shape[1]
+    with s0:
         T = cp.zeros((len(panels), nb, nb), dtype=dt)
         if not panels:
             return T
-        blas = _Cublas(cp, dt)
-        kern = PanelKernel(dt) if method == "kernel" else None
-        ws = kern.workspace() if kern is not None else None
         rmax = max(r for _, r, _ in panels)
-        ncmax = max(fn - j - b for j, _, b in panels)
-        W = cp.empty(max(ncmax, nb, 1) * nb, dtype=dt)
-        W2 = cp.empty(max(ncmax, nb, 1) * nb, dtype=dt)
-        tau = cp.empty(nb, dtype=dt)
-        geq = None
-        with blas:
-            base = F.data.ptr
-            for p, (j, rows, b) in enumerate(panels):
-                if kern is not None and kern.plan(rows) is not None:
-                    Vt = _panel_by_kernel(cp, blas, kern, ws, F, j, rows, b, tau, W, W2)
-                else:
-                    if geq is None:
-                        geq = _GeqrfPanel(cp, blas, dt, rmax, nb)
-                    Vt = geq(F, j, rows, b, tau)
-                Tp = _t_factor(cp, cupy_solve_triangular, Vt.T, tau[:b])
-                T[p, :b, :b] = Tp
-                nc = fn - j - b
-                if nc <= 0:
-                    continue
-                Tc = cp.ascontiguousarray(Tp)               # row-major T = column-major Tᵀ
-                C = base + (j * fn + j + b) * isz           # Cᵀ: nc × rows, ld fn
-                # W = Cᵀ V   (V column-major rows × b = Vt's memory, ld rows)
-                blas.mm("N", "N", nc, b, rows, blas.one, C, fn, Vt.data.ptr, rows,
-                        blas.zero, W.data.ptr, nc)
-                # W2 = W T   (op(Tc) = (Tᵀ)ᵀ = T)
-                blas.mm("N", "T", nc, b, b, blas.one, W.data.ptr, nc, Tc.data.ptr, b,
-                        blas.zero, W2.data.ptr, nc)
-                # Cᵀ -= W2 Vᵀ
-                blas.mm("N", "T", nc, rows, b, blas.mone, W2.data.ptr, nc, Vt.data.ptr,
-                        rows, blas.one, C, fn)
+        tau = cp.zeros((len(panels), nb), dtype=dt)
+        vbuf = cp.empty((2 if ahead else 1, nb * rmax), dtype=dt)
+        W0 = _Work(cp, dt, max(fn, nb) * nb)
+    s1 = cp.cuda.Stream(non_blocking=True, priority=-5) if ahead else s0
+    if s1 is not s0:
+        s1.wait_event(s0.record())
+    with s1:
+        W1 = _Work(cp, dt, max(fn, nb) * nb) if s1 is not s0 else W0
+        fac = _PanelFactor(cp, dt, method, rmax, nb, W1)
+
+    def vt_of(p):
+        j, rows, b = panels[p]
+        return vbuf[p % len(vbuf), :b * rows].reshape(b, rows)
+
+    def factor(p):
+        with s1:
+            fac(F, panels[p], tau[p], vt_of(p), T[p])
+        return s1.record()
+
+    done = factor(0)
+    rest_done = None
+    for p, (j, rows, b) in enumerate(panels):
+        nxt = panels[p + 1] if p + 1 < len(panels) else None
+        split = j + b + (nxt[2] if nxt is not None and ahead else 0)
+        if nxt is not None and ahead:
+            # the next panel's columns first, then its factorization (second stream)
+            if rest_done is not None:
+                s1.wait_event(rest_done)
+            with s1:
+                _wy_update(W1, F, j, rows, b, vt_of(p), T[p], j + b, split)
+            nxt_done = factor(p + 1)
+        s0.wait_event(done)
+        with s0:
+            _wy_update(W0, F, j, rows, b, vt_of(p), T[p], split, fn)
+        rest_done = s0.record()
+        if nxt is not None:
+            done = nxt_done if ahead else factor(p + 1)
     return T
 
 
+class _Work:
+    """cuBLAS handle on the current stream and two GEMM work buffers."""
+
+    def __init__(self, cp, dt, size):
+        self.blas = _Cublas(cp, dt)
+        self.W = cp.empty(size, dtype=dt)
+        self.W2 = cp.empty(size, dtype=dt)
+
+
+def _wy_update(work, F, j, rows, b, Vt, Tp, c0, c1):
+    """``C ← C - V Tᵀ (Vᵀ C)`` for ``C = F[j:j+rows, c0:c1]`` (current stream);
+    ``Vt``: Vᵀ (b × rows, C-contiguous), ``Tp``: nb × nb row-major, T in its
+    leading b × b."""
+    nc = c1 - c0
+    if nc <= 0:
+        return
+    blas = work.blas
+    isz = F.dtype.itemsize
+    fn = F.shape[1]
+    ldt = Tp.shape[-1]
+    C = F.data.ptr + (j * fn + c0) * isz                # Cᵀ: nc × rows, ld fn
+    W, W2 = work.W.data.ptr, work.W2.data.ptr
+    with blas:
+        # W = Cᵀ V   (V column-major rows × b = Vt's memory, ld rows)
+        blas.mm("N", "N", nc, b, rows, blas.one, C, fn, Vt.data.ptr, rows, blas.zero, W, nc)
+        # W2 = W T   (op of the column-major Tᵀ (= row-major T) transposed: T)
+        blas.mm("N", "T", nc, b, b, blas.one, W, nc, Tp.data.ptr, ldt, blas.zero, W2, nc)
+        # Cᵀ -= W2 Vᵀ
+        blas.mm("N", "T", nc, rows, b, blas.mone, W2, nc, Vt.data.ptr, rows, blas.one, C, fn)
+
+
+class _PanelFactor:
+    """Factorizes one panel on the current stream: R and V in ``F``, ``tau``,
+    ``Vᵀ`` into the given buffer and ``T`` into the given nb × nb slice."""
+
+    def __init__(self, cp, dt, method, rmax, nb, work):
+        from cupyx.scipy.linalg import solve_triangular
+        self.cp, self.solve = cp, solve_triangular
+        self.work = work
+        self.kern = panel_kernel(dt) if method == "kernel" else None
+        self.ws = self.kern.workspace() if self.kern is not None else None
+        self.Tq = cp.empty((PANEL_WIDTH, PANEL_WIDTH), dtype=dt)
+        self.geq = None
+        self.rmax, self.nb, self.dt = rmax, nb, dt
+
+    def __call__(self, F, panel, tau, Vt, Tp):
+        cp = self.cp
+        j, rows, b = panel
+        if self.kern is not None and self.kern.plan(rows) is not None:
+            Vt.fill(0)
+            _panel_by_kernel(self.work, self.kern, self.ws, self.Tq, F, j, rows, b, tau, Vt)
+        else:
+            if self.geq is None:
+                self.geq = _GeqrfPanel(cp, self.work.blas, self.dt, self.rmax, self.nb)
+            self.geq(F, j, rows, b, tau, Vt)
+        Tp[:b, :b] = _t_factor(cp, self.solve, Vt.T, tau[:b])
+
+
 class _GeqrfPanel:
-    """A panel by cuSOLVER ``geqrf`` on a column-major copy; returns ``Vᵀ`` (b × rows)."""
+    """A panel by cuSOLVER ``geqrf`` on a column-major copy; ``Vᵀ`` (b × rows) into ``Vt``."""
 
     def __init__(self, cp, blas, dt, rmax, nb):
         self.cp, self.blas = cp, blas
@@ -356,29 +428,30 @@ class _GeqrfPanel:
         self.lwork = int(blas.geqrf_size(blas.hs, rmax, nb, self.P.data.ptr, rmax))
         self.work = cp.empty(max(self.lwork, 1), dtype=dt)
 
-    def __call__(self, F, j, rows, b, tau):
+    def __call__(self, F, j, rows, b, tau, Vt):
         cp, blas = self.cp, self.blas
         Pc = self.P[:b * rows].reshape(b, rows)             # = column-major rows × b
         Pc[...] = F[j:j + rows, j:j + b].T
-        blas.geqrf(blas.hs, rows, b, Pc.data.ptr, rows, tau.data.ptr,
-                   self.work.data.ptr, self.lwork, self.info.data.ptr)
+        with blas:
+            blas.geqrf(blas.hs, rows, b, Pc.data.ptr, rows, tau.data.ptr,
+                       self.work.data.ptr, self.lwork, self.info.data.ptr)
         F[j:j + rows, j:j + b] = Pc.T
-        Vt = cp.triu(Pc, 1)                                 # Vᵀ (b × rows), unit diagonal
+        Vt[...] = cp.triu(Pc, 1)                            # Vᵀ (b × rows), unit diagonal
         Vt[cp.arange(b), cp.arange(b)] = 1
-        return Vt
 
 
-def _panel_by_kernel(cp, blas, kern, ws, F, j, rows, b, tau, W, W2):
+def _panel_by_kernel(work, kern, ws, Tq, F, j, rows, b, tau, Vt):
     """A panel ``F[j:j+rows, j:j+b]`` by sub-panels of ``PANEL_WIDTH`` columns, one
     launch each, the later columns of the panel updated per sub-panel by three
-    GEMMs (as :func:`factorize_blocked_numpy`). Fills ``tau[:b]``; returns ``Vᵀ``
-    (b × rows, C-contiguous: V column-major with leading dimension ``rows``)."""
+    GEMMs (as :func:`factorize_blocked_numpy`). Fills ``tau[:b]`` and ``Vt``
+    (``Vᵀ``, b × rows, C-contiguous and zeroed: V column-major, leading
+    dimension ``rows``)."""
     dt = np.dtype(F.dtype)
     isz = dt.itemsize
     fn = F.shape[1]
     base = F.data.ptr
-    Vt = cp.zeros((b, rows), dtype=dt)
-    Tq = cp.empty((PANEL_WIDTH, PANEL_WIDTH), dtype=dt)
+    blas = work.blas
+    W, W2 = work.W.data.ptr, work.W2.data.ptr
     for q in range(0, b, PANEL_WIDTH):
         w = min(PANEL_WIDTH, b - q)
         mi = rows - q
@@ -389,8 +462,8 @@ def _panel_by_kernel(cp, blas, kern, ws, F, j, rows, b, tau, W, W2):
         if nci <= 0:
             continue
         C = base + ((j + q) * fn + j + q + w) * isz         # Cᵀ: nci × mi, ld fn
-        blas.mm("N", "N", nci, w, mi, blas.one, C, fn, Vq, rows, blas.zero, W.data.ptr, nci)
-        blas.mm("N", "T", nci, w, w, blas.one, W.data.ptr, nci, Tq.data.ptr, PANEL_WIDTH,
-                blas.zero, W2.data.ptr, nci)
-        blas.mm("N", "T", nci, mi, w, blas.mone, W2.data.ptr, nci, Vq, rows, blas.one, C, fn)
-    return Vt
+        with blas:
+            blas.mm("N", "N", nci, w, mi, blas.one, C, fn, Vq, rows, blas.zero, W, nci)
+            blas.mm("N", "T", nci, w, w, blas.one, W, nci, Tq.data.ptr, PANEL_WIDTH,
+                    blas.zero, W2, nci)
+            blas.mm("N", "T", nci, mi, w, blas.mone, W2, nci, Vq, rows, blas.one, C, fn)

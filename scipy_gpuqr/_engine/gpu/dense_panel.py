@@ -24,7 +24,7 @@ from ..._kernels import COMPILE_OPTIONS, flatten_source, source_hash
 
 __all__ = ["NORM_RANGE", "PANEL_FILE", "KERNEL_VARIANTS", "PANEL_WIDTH", "PANEL_THREADS",
            "PANEL_SMEM_EXTRA", "panel_smem_bytes", "panel_rows_per_block",
-           "panel_qr_numpy", "PanelKernel"]
+           "panel_qr_numpy", "PanelKernel", "panel_kernel"]
 
 #: The kernel source (relative to ``kernels/``); its entry points are ``extern "C"``.
 PANEL_FILE = "sparse_qr/panel_qr.cu"
@@ -33,7 +33,7 @@ PANEL_FILE = "sparse_qr/panel_qr.cu"
 KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {PANEL_FILE: ()}
 
 #: Widest panel of one launch (a lane per column), threads per block.
-PANEL_WIDTH, PANEL_THREADS = 32, 256
+PANEL_WIDTH, PANEL_THREADS = 32, 512
 
 #: Shared row stride and per-block partials (mirrors ``PANEL_LD``/``PANEL_PART``).
 _LD, _PART = 33, 40
@@ -51,8 +51,8 @@ NORM_LO, NORM_HI, NORM_TINY = 1e-280, 1e280, 1e-290
 NORM_RANGE = {np.dtype(np.float64): (NORM_LO, NORM_HI, NORM_TINY),
               np.dtype(np.float32): (1e-30, 1e30, 1e-36)}
 
-#: Fewest rows a block is given (fewer blocks, a cheaper grid barrier).
-MIN_ROWS_PER_BLOCK = 64
+#: Fewest rows a block is given (fewer blocks, a cheaper grid barrier and reduction).
+MIN_ROWS_PER_BLOCK = 128
 
 
 def panel_smem_bytes(rows_per_block: int, itemsize: int) -> int:
@@ -61,16 +61,19 @@ def panel_smem_bytes(rows_per_block: int, itemsize: int) -> int:
 
 
 def panel_rows_per_block(m: int, blocks: int, smem_limit: int, itemsize: int):
-    """Rows per block for an ``m``-row panel on ``blocks`` co-resident blocks.
+    """Rows per block for an ``m``-row panel on at most ``blocks`` co-resident blocks.
 
     Returns ``(rows_per_block, nblocks)``, or None when the panel does not fit
     in ``blocks`` blocks of at most ``smem_limit`` bytes of shared memory.
-    Block 0 holds at least the panel's first :data:`PANEL_WIDTH` rows.
+    Blocks get at least :data:`MIN_ROWS_PER_BLOCK` rows (block 0 at least the
+    panel's first :data:`PANEL_WIDTH`), the rows spread evenly.
     """
     m, blocks = int(m), max(int(blocks), 1)
     r = max(MIN_ROWS_PER_BLOCK, PANEL_WIDTH, -(-m // blocks))
     if panel_smem_bytes(r, itemsize) > smem_limit:
         return None
+    nbk = -(-m // r)
+    r = max(PANEL_WIDTH, -(-m // nbk))
     return r, -(-m // r)
 
 
@@ -174,6 +177,8 @@ class PanelKernel:
     ----------
     dtype : numpy dtype
         float64 or float32.
+    max_blocks : int or None
+        Most blocks (SMs) one launch takes; None: every SM.
 
     Notes
     -----
@@ -181,7 +186,7 @@ class PanelKernel:
     stream of launches (launches that may run concurrently need their own).
     """
 
-    def __init__(self, dtype):
+    def __init__(self, dtype, max_blocks: int | None = None):
         import cupy as cp
         self.cp = cp
         self.dtype = np.dtype(dtype)
@@ -190,10 +195,11 @@ class PanelKernel:
         name = "panel_qr_f64" if self.dtype == np.float64 else "panel_qr_f32"
         self.fn = _module(source_hash(PANEL_FILE)).get_function(name)
         self.sms, self.smem_limit = _device_limits(cp.cuda.Device().id)
+        self.blocks = self.sms if max_blocks is None else max(1, min(int(max_blocks), self.sms))
 
     def plan(self, m: int):
         """``(rows_per_block, nblocks)`` of an ``m``-row panel, or None (too tall)."""
-        return panel_rows_per_block(m, self.sms, self.smem_limit, self.dtype.itemsize)
+        return panel_rows_per_block(m, self.blocks, self.smem_limit, self.dtype.itemsize)
 
     def workspace(self):
         """``(work, barrier)`` for launches enqueued on one stream."""
@@ -220,3 +226,14 @@ class PanelKernel:
         self.fn((nbk,), (PANEL_THREADS,),
                 (u64(F), i64(ldf), i32(m), i32(w), u64(V), i64(ldv), u64(tau), u64(T),
                  work, bar, i32(R)), shared_mem=smem)
+
+
+@functools.lru_cache(maxsize=None)
+def _panel_kernel(dtype: str, device: int, max_blocks) -> PanelKernel:
+    return PanelKernel(dtype, max_blocks)
+
+
+def panel_kernel(dtype, max_blocks: int | None = None) -> PanelKernel:
+    """The :class:`PanelKernel` of ``dtype`` on the current device (built once)."""
+    import cupy
+    return _panel_kernel(np.dtype(dtype).name, cupy.cuda.Device().id, max_blocks)
