@@ -294,3 +294,33 @@ def test_gpu_driver_host_logic_dense_fronts():
                                dense_flops=2e5)
     assert many.info["dense_fronts"] == one.info["dense_fronts"] > 0
     _same_answer(A, one, many)
+
+
+# ---------------------------------------------------------------- the public wiring
+
+def test_dispatch_picks_the_multi_gpu_engine(monkeypatch):
+    """With several GPUs visible (faked), ``devices`` and the default rule reach the
+    multi-GPU engine; a request the host cannot meet warns and stays on one GPU."""
+    import warnings
+
+    from scipy_gpuqr._dispatch import plan as plan_mod
+    from scipy_gpuqr._errors import GpuFallbackWarning
+
+    fake = {"available": True, "device_count": 2, "total_memory": 80 * 2 ** 30}
+    monkeypatch.setattr(plan_mod._gpu, "gpu_info", lambda: dict(fake))
+    an = analyze(grid3d_least_squares(6))
+
+    def one(*a, **k):
+        return "one-gpu"
+
+    reasons = []
+    got = plan_mod._gpu_devices(one, an, GpuqrOptions(devices=[0, 1]), reasons)
+    assert got is not one and "GPUs [0, 1]" in reasons[-1]
+    reasons = []
+    assert plan_mod._gpu_devices(one, an, GpuqrOptions(), reasons) is one  # small: one GPU
+    big = type("A", (), {"flops": 10 * MULTI_DEVICE_MIN_FLOPS, "gpu_bytes": 1})()
+    assert plan_mod._gpu_devices(one, big, GpuqrOptions(), reasons) is not one
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert plan_mod._gpu_devices(one, an, GpuqrOptions(devices=3), reasons) is one
+    assert any(issubclass(x.category, GpuFallbackWarning) for x in w)

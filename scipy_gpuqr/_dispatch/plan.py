@@ -45,6 +45,7 @@ Square solves (``spsolve``, ``factorized``)
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -57,11 +58,13 @@ from .. import _gpu
 from .._cpu import spqr
 from .._cpu.blas_threads import threads_for
 from .._engine.gpu import driver as gpu_driver
+from .._engine.gpu import multi_device as gpu_multi
 from .._engine.gpu import solve as gpu_solve
 from .._engine.host import reference, simulate
 from .._errors import GpuFallbackWarning
 from .._options import (DEFAULT_INTENSITY_THRESHOLD, DEFAULT_SPSOLVE_THRESHOLD, Settings,
                         log_decision, resolve_settings)
+from .._schedule.devices import devices_for
 from .._symbolic import analyze as symbolic_analyze
 from .calibration import load_calibration
 
@@ -363,6 +366,8 @@ def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
                           "factorizing on the CPU", GpuFallbackWarning, stacklevel=3)
         reasons.append(f"GPU not used: {why}")
         factorize_fn, ran, note = backend_factorizer("cpu")
+    if ran == "gpu" and analysis is not None:
+        factorize_fn = _gpu_devices(factorize_fn, analysis, options, reasons)
     if note != "ok":
         reasons.append(note)
     reasons.append(f"running {ran!r}")
@@ -379,6 +384,31 @@ def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
     else:
         log_decision("%dx%d nnz=%d: %s", A.shape[0], A.shape[1], A.nnz, "; ".join(reasons))
     return plan
+
+
+def _gpu_devices(factorize_fn, analysis, options, reasons):
+    """The multi-GPU engine instead of the one-GPU one when ``options.devices`` or the
+    default rule (:func:`~scipy_gpuqr._schedule.devices.devices_for`) name several
+    GPUs; a request this host cannot meet warns and stays on one GPU."""
+    gi = _gpu.gpu_info()
+    visible = int(gi.get("device_count", 0)) if gi.get("available") else 0
+    mem = gi.get("total_memory")
+    per_device = options.max_gpu_memory or (int(0.85 * mem) if mem else None)
+    try:
+        ids, why = devices_for(options.devices, visible, float(analysis.flops),
+                               int(analysis.gpu_bytes), per_device)
+    except ValueError as exc:
+        warnings.warn(f"gpuqr_options.devices: {exc}; one GPU factorizes",
+                      GpuFallbackWarning, stacklevel=4)
+        reasons.append(f"devices not usable ({exc}): one GPU")
+        return factorize_fn
+    if len(ids) < 2:
+        if options.devices is not None:
+            reasons.append(why)
+        return factorize_fn
+    reasons.append(f"GPUs {ids}: {why}")
+    return _wrap_engine(functools.partial(gpu_multi.multi_gpu_factorize, devices=ids,
+                                          max_gpu_memory=options.max_gpu_memory))
 
 
 def _superlu_plan(A, requested, source, reasons, ordering, *, analysis=None,
