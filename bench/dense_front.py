@@ -94,6 +94,33 @@ def run_shape(cp, m, n, dtype, methods, panels, reps):
     return rows
 
 
+def kernel_only(cp, dtype, heights, reps=20, max_blocks=(None, 96, 64)):
+    """Microseconds per column of the panel kernel alone (m × 32, back-to-back
+    launches), per cap on the blocks of a launch."""
+    from scipy_gpuqr._engine.gpu.dense_panel import panel_kernel
+    out = []
+    for m, mb in ((m, mb) for m in heights for mb in max_blocks):
+        k = panel_kernel(dtype, mb)
+        if k.plan(m) is None:
+            continue
+        F = cp.random.standard_normal((m, 32)).astype(dtype)
+        V = cp.zeros((32, m), dtype=dtype)
+        tau = cp.empty(32, dtype=dtype)
+        T = cp.empty((32, 32), dtype=dtype)
+        ws = k.workspace()
+
+        def go(_):
+            for _ in range(reps):
+                k.launch(F.data.ptr, 32, m, 32, V.data.ptr, m, tau.data.ptr, T.data.ptr, ws)
+        go(None)
+        med, _, _, _ = _time(cp, go, 3, lambda: None)
+        r = {"kernel_only_m": m, "max_blocks": mb, "blocks": k.plan(m)[1], "rows_per_block": k.plan(m)[0],
+             "us_per_column": med / reps / 32 * 1e6}
+        print(json.dumps(r), flush=True)
+        out.append(r)
+    return out
+
+
 def main(argv=None) -> int:
     import cupy as cp
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -102,9 +129,12 @@ def main(argv=None) -> int:
     p.add_argument("--methods", default="kernel,kernel:noahead,geqrf")
     p.add_argument("--dtype", default="float64")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--kernel-heights", default="49340,20000,5000,800",
+                   help="panel heights for the kernel-only timing ('' : none)")
     p.add_argument("--json")
     a = p.parse_args(argv)
     rows = []
+    kern = kernel_only(cp, np.dtype(a.dtype), [int(x) for x in a.kernel_heights.split(",") if x])
     for sh in a.shapes.split(","):
         m, n = (int(x) for x in sh.split("x"))
         rows += run_shape(cp, m, n, np.dtype(a.dtype), a.methods.split(","),
@@ -112,6 +142,9 @@ def main(argv=None) -> int:
         cp.get_default_memory_pool().free_all_blocks()
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"\ndevice: {dev}")
+    for r in kern:
+        print(f"panel kernel alone, {r['kernel_only_m']} x 32 on {r['blocks']} blocks: "
+              f"{r['us_per_column']:.2f} us per column")
     print(f"{'shape':>12s} {'method':>18s} {'nb':>4s} {'s':>8s} {'TF/s':>6s} {'gram':>8s} "
           f"{'QtA':>8s} {'QtX':>8s}")
     for r in rows:
@@ -120,7 +153,7 @@ def main(argv=None) -> int:
               f"{r.get('qta_rel', float('nan')):8.1e} {r.get('qtx_norm_rel', float('nan')):8.1e}")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"device": dev, "rows": rows}, fh, indent=1)
+            json.dump({"device": dev, "rows": rows, "kernel_only": kern}, fh, indent=1)
     return 0
 
 

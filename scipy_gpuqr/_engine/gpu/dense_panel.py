@@ -52,7 +52,7 @@ NORM_RANGE = {np.dtype(np.float64): (NORM_LO, NORM_HI, NORM_TINY),
               np.dtype(np.float32): (1e-30, 1e30, 1e-36)}
 
 #: Fewest rows a block is given (fewer blocks, a cheaper grid barrier and reduction).
-MIN_ROWS_PER_BLOCK = 128
+MIN_ROWS_PER_BLOCK = 256
 
 
 def panel_smem_bytes(rows_per_block: int, itemsize: int) -> int:
