@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Batched LU over Dask GPU workers: throughput on 1, 2 and 4 GPUs against one.
+
+    python3 bench/dask_batched.py [--count 16777216] [--n 32] [--chunk 1048576]
+                                  [--workers 1,2,4] [--dtype float64] [--reps 3]
+                                  [--json out.json]
+    python3 bench/dask_batched.py --cpu [--count 65536 --n 8 --chunk 8192]   # smoke test
+
+The work: ``count`` random ``n x n`` matrices (``n`` added to the diagonal)
+as a Dask array of CuPy chunks of ``chunk`` matrices, each
+chunk generated on the GPU of the worker that factorizes it (2**24 float64
+32 x 32 matrices are 128 GiB, more than one GPU holds: the data never exists
+all at once), ``scipy_gpuqr.lu_factor_batched`` of the Dask array (its
+default call: one task per chunk, each warning about singular matrices like
+the NumPy call), and a per-chunk checksum of ``lu`` and ``piv`` brought to
+the client, which is what the timed ``compute()`` waits for.
+
+Workers: one per GPU, a single thread each — dask-cuda's
+``LocalCUDACluster`` when ``dask_cuda`` is installed, else a ``SpecCluster``
+of ``Nanny`` workers each started with ``CUDA_VISIBLE_DEVICES`` set to its
+GPU (what LocalCUDACluster does). Per worker count: the cluster is started,
+every worker compiles the kernels and allocates a chunk's memory (one
+untimed run of one chunk per worker), then ``--reps`` timed runs of the
+whole count; the median wall time of ``compute()`` gives the throughput.
+Baselines in the same run, without Dask, on the first GPU: the same
+chunks generated, factorized and summed one after another in this process
+(``direct``), and of that the LU calls alone (CUDA events, ``lu only``).
+
+``--cpu`` runs the same pipeline on NumPy chunks over CPU worker processes
+(for checking the script where there is no GPU; its numbers mean nothing
+for the GPU question).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+#: the scheduler and workers listen here: one host, no network needed
+HOST = "127.0.0.1"
+
+# ----------------------------------------------------------------------------
+# run on the workers (and by the direct baseline)
+# ----------------------------------------------------------------------------
+
+
+def make_chunk(seed, *, size: int, n: int, dt: str, gpu: bool, block_info=None):
+    """``size`` random ``n x n`` matrices plus ``n`` on the diagonal, made where it runs.
+
+    ``seed``: an int, or the one-element chunk of seeds of a Dask map_blocks
+    call (whose ``block_info`` then gives the chunk's size).
+    """
+    if gpu:
+        import cupy as xp
+    else:
+        xp = np
+    if block_info is not None:
+        size = block_info[None]["chunk-shape"][0]
+    seed = int(np.asarray(seed).reshape(-1)[0])
+    a = xp.random.default_rng(seed).standard_normal((size, n, n), dtype=np.dtype(dt))
+    i = xp.arange(n)
+    a[:, i, i] += n
+    return a
+
+
+def checksum(lu, piv):
+    """One host float per chunk (the trace of every ``lu`` and the pivots, summed)."""
+    return np.array([float(lu.diagonal(axis1=1, axis2=2).sum()) + float(piv.sum())])
+
+
+def warm(n: int, dtype: str, size: int, gpu: bool) -> str:
+    """Compile the kernels and fill this worker's memory pool with one chunk's needs."""
+    import scipy_gpuqr as gq
+    a = make_chunk(0, size=size, n=n, dt=dtype, gpu=gpu)
+    lu, piv = gq.lu_factor_batched(a)
+    checksum(lu, piv)
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "-")
+
+
+# ----------------------------------------------------------------------------
+# the Dask pipeline
+# ----------------------------------------------------------------------------
+
+def pipeline(count: int, n: int, chunk: int, dtype: str, gpu: bool, seed0: int = 1):
+    """The Dask graph: generated chunks -> lu_factor_batched -> per-chunk checksums, summed."""
+    import dask.array as da
+
+    import scipy_gpuqr as gq
+    sizes = [chunk] * (count // chunk) + ([count % chunk] if count % chunk else [])
+    seeds = da.from_array(np.arange(seed0, seed0 + len(sizes)), chunks=1)
+    if gpu:
+        import cupy
+        meta = cupy.empty((0, 0, 0), dtype=dtype)
+    else:
+        meta = np.empty((0, 0, 0), dtype=dtype)
+    a = seeds.map_blocks(make_chunk, size=chunk, n=n, dt=dtype, gpu=gpu, new_axis=[1, 2],
+                         chunks=(tuple(sizes), (n,), (n,)), meta=meta)
+    lu, piv = gq.lu_factor_batched(a)
+    sums = da.blockwise(checksum, "z", lu, "zij", piv, "zi", dtype=np.float64,
+                        adjust_chunks={"z": 1}, concatenate=True,
+                        meta=np.empty((0,), np.float64))
+    return sums.sum(), len(sizes)
+
+
+def gpu_ids(gpu: bool, limit: int) -> list[str]:
+    if not gpu:
+        return [str(i) for i in range(limit)]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [v.strip() for v in visible.split(",") if v.strip()]
+    import cupy
+    return [str(i) for i in range(cupy.cuda.runtime.getDeviceCount())]
+
+
+def start_cluster(ids: list[str], gpu: bool):
+    """(cluster, kind): one single-threaded worker per id (GPU or CPU process)."""
+    if not gpu:
+        from dask.distributed import LocalCluster
+        return LocalCluster(n_workers=len(ids), threads_per_worker=1, processes=True,
+                            host=HOST, dashboard_address=":0"), "LocalCluster (CPU processes)"
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError:
+        from dask.distributed import Nanny, Scheduler, SpecCluster
+        workers = {f"gpu{d}": {"cls": Nanny,
+                               "options": {"nthreads": 1, "host": HOST,
+                                           "env": {"CUDA_VISIBLE_DEVICES": d}}}
+                   for d in ids}
+        return SpecCluster(workers=workers,
+                           scheduler={"cls": Scheduler,
+                                      "options": {"dashboard_address": ":0",
+                                                  "host": HOST}}), \
+            "SpecCluster of Nanny workers, CUDA_VISIBLE_DEVICES per worker"
+    return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(ids), threads_per_worker=1,
+                            host=HOST, dashboard_address=":0"), "dask_cuda.LocalCUDACluster"
+
+
+def run_workers(k: int, ids: list[str], args, gpu: bool) -> dict:
+    from dask.distributed import Client
+    cluster, kind = start_cluster(ids[:k], gpu)
+    with cluster, Client(cluster) as client:
+        client.wait_for_workers(k)
+        seen = client.run(warm, args.n, args.dtype, args.chunk, gpu)
+        warmup, _ = pipeline(k * args.chunk, args.n, args.chunk, args.dtype, gpu, seed0=10**6)
+        warmup.compute()
+        total, nchunks = pipeline(args.count, args.n, args.chunk, args.dtype, gpu)
+        times, values = [], []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            values.append(float(total.compute()))
+            times.append(time.perf_counter() - t0)
+    return {"workers": k, "cluster": kind, "devices": sorted(seen.values()),
+            "chunks": nchunks, "times_s": times, "median_s": statistics.median(times),
+            "checksum": values[0],
+            "checksums_equal": max(values) - min(values) <= 1e-12 * abs(values[0])}
+
+
+def run_direct(args, gpu: bool) -> dict:
+    """The same chunks one after another in this process, no Dask (first GPU)."""
+    import scipy_gpuqr as gq
+    sizes = [args.chunk] * (args.count // args.chunk) + \
+        ([args.count % args.chunk] if args.count % args.chunk else [])
+    warm(args.n, args.dtype, args.chunk, gpu)
+    walls, lus, value = [], [], 0.0
+    if gpu:
+        import cupy
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    for _ in range(args.reps):
+        value, lu_s = 0.0, 0.0
+        t0 = time.perf_counter()
+        for i, s in enumerate(sizes):
+            a = make_chunk(1 + i, size=s, n=args.n, dt=args.dtype, gpu=gpu)
+            if gpu:
+                start.record()
+            t1 = time.perf_counter()
+            lu, piv = gq.lu_factor_batched(a)
+            if gpu:
+                stop.record()
+                stop.synchronize()
+                lu_s += cupy.cuda.get_elapsed_time(start, stop) / 1e3
+            else:
+                lu_s += time.perf_counter() - t1
+            value += float(checksum(lu, piv)[0])
+            del a, lu, piv
+        walls.append(time.perf_counter() - t0)
+        lus.append(lu_s)
+    if gpu:
+        cupy.get_default_memory_pool().free_all_blocks()
+    return {"median_s": statistics.median(walls), "lu_only_s": statistics.median(lus),
+            "checksum": value}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--count", type=int, default=None, help="matrices (default 2**24; --cpu 2**16)")
+    p.add_argument("--n", type=int, default=None, help="order (default 32; --cpu 8)")
+    p.add_argument("--chunk", type=int, default=None,
+                   help="matrices per chunk (default 2**20; --cpu 2**13)")
+    p.add_argument("--workers", default="1,2,4", help="worker counts (capped at the GPUs)")
+    p.add_argument("--dtype", default="float64")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--cpu", action="store_true", help="NumPy chunks on CPU worker processes")
+    p.add_argument("--no-direct", action="store_true", help="skip the no-Dask baseline")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    # the workers inherit this: Dask's INFO lines would bury the table
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+    gpu = not args.cpu
+    args.count = args.count or (1 << 24 if gpu else 1 << 16)
+    args.n = args.n or (32 if gpu else 8)
+    args.chunk = args.chunk or (1 << 20 if gpu else 1 << 13)
+    wanted = [int(w) for w in args.workers.split(",")]
+    ids = gpu_ids(gpu, max(wanted))
+    counts = [k for k in wanted if k <= len(ids)]
+    skipped = [k for k in wanted if k > len(ids)]
+    device = "CPU"
+    if gpu:
+        import cupy
+        device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    print(f"device: {device} x {len(ids)} visible; {args.count} matrices {args.n}x{args.n} "
+          f"{args.dtype}, chunks of {args.chunk}; median of {args.reps}", flush=True)
+    if skipped:
+        print(f"skipped worker counts {skipped}: only {len(ids)} devices", flush=True)
+    rows = []
+    for k in counts:
+        rows.append(run_workers(k, ids, args, gpu))
+        r = rows[-1]
+        print(f"  {k} worker(s): {r['median_s'] * 1e3:9.1f} ms  ({r['cluster']}; "
+              f"devices {r['devices']}; checksums equal: {r['checksums_equal']})", flush=True)
+    direct = None if args.no_direct else run_direct(args, gpu)
+    base = next((r for r in rows if r["workers"] == 1), None)
+    print(f"\n| workers | wall ms | Mmatrices/s | speedup vs 1 worker | efficiency |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        sp = base["median_s"] / r["median_s"] if base else float("nan")
+        r["matrices_per_s"] = args.count / r["median_s"]
+        r["speedup"], r["efficiency"] = sp, sp / r["workers"]
+        print(f"| {r['workers']} | {r['median_s'] * 1e3:.1f} | {r['matrices_per_s'] / 1e6:.1f} | "
+              f"{sp:.2f} | {sp / r['workers']:.2f} |")
+    if direct:
+        print(f"| direct (no Dask, one {'GPU' if gpu else 'process'}) | {direct['median_s'] * 1e3:.1f} | "
+              f"{args.count / direct['median_s'] / 1e6:.1f} | | |")
+        print(f"| of which LU calls only | {direct['lu_only_s'] * 1e3:.1f} | "
+              f"{args.count / direct['lu_only_s'] / 1e6:.1f} | | |")
+        same = all(abs(r["checksum"] - direct["checksum"]) <= 1e-9 * abs(direct["checksum"])
+                   for r in rows)
+        print(f"checksums of the Dask runs equal the direct run's: {same}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device, "args": vars(args),
+                                               "rows": rows, "direct": direct}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
