@@ -253,6 +253,17 @@ def test_numpy_calls_import_no_dask():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_without_dask_installed():
+    """Dask is optional: without it NumPy calls work and solve_many says what to install."""
+    code = ("import sys; sys.modules['dask'] = None; sys.modules['distributed'] = None\n"
+            "import numpy as np, scipy_gpuqr as g, scipy_gpuqr.distributed as d\n"
+            "g.solve_batched(np.eye(2)[None], np.ones(2))\n"
+            "try:\n    d.solve_many\nexcept ModuleNotFoundError as e:\n"
+            "    assert 'scipy_gpuqr[dask]' in str(e), e\n"
+            "else:\n    raise AssertionError('no error')\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 # ----------------------------------------------------------------------------
 # many sparse problems
 # ----------------------------------------------------------------------------

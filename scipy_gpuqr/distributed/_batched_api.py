@@ -33,10 +33,23 @@ def is_dask(x) -> bool:
     return type(x).__module__.startswith("dask")
 
 
+def _is_dask_or_pair(x) -> bool:
+    """``x``, or an element of a pair such as ``(lu, piv)``, is a Dask collection."""
+    t = type(x)
+    if t.__module__.startswith("dask"):
+        return True
+    return (t is tuple or t is list) and len(x) == 2 and (is_dask(x[0]) or is_dask(x[1]))
+
+
 def _has_dask(args, kwargs) -> bool:
-    for x in (*args, *kwargs.values()):
-        if is_dask(x) or (type(x) is tuple and any(is_dask(y) for y in x)):
+    """Whether an argument of a call is (or holds, as a pair) a Dask collection."""
+    for x in args:
+        if _is_dask_or_pair(x):
             return True
+    if kwargs:
+        for x in kwargs.values():
+            if _is_dask_or_pair(x):
+                return True
     return False
 
 
