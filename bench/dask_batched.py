@@ -19,8 +19,8 @@ Workers: one per GPU, a single thread each — dask-cuda's
 ``LocalCUDACluster`` when ``dask_cuda`` is installed, else a ``SpecCluster``
 of ``Nanny`` workers each started with ``CUDA_VISIBLE_DEVICES`` set to its
 GPU (what LocalCUDACluster does). Per worker count: the cluster is started,
-every worker compiles the kernels and allocates a chunk's memory (one
-untimed run of one chunk per worker), then ``--reps`` timed runs of the
+every worker compiles the kernels and fills its memory pool (one untimed
+chunk on each worker, then one untimed run of one chunk per worker), then ``--reps`` timed runs of the
 whole count; the median wall time of ``compute()`` gives the throughput.
 Baselines in the same run, without Dask, on the first GPU: the same
 chunks generated, factorized and summed one after another in this process
@@ -149,7 +149,9 @@ def run_workers(k: int, ids: list[str], args, gpu: bool) -> dict:
     cluster, kind = start_cluster(ids[:k], gpu)
     with cluster, Client(cluster) as client:
         client.wait_for_workers(k)
-        seen = client.run(warm, args.n, args.dtype, args.chunk, gpu)
+        seen = client.gather([client.submit(warm, args.n, args.dtype, args.chunk, gpu,
+                                            workers=[w], pure=False)
+                              for w in client.scheduler_info()["workers"]])
         warmup, _ = pipeline(k * args.chunk, args.n, args.chunk, args.dtype, gpu, seed0=10**6)
         warmup.compute()
         total, nchunks = pipeline(args.count, args.n, args.chunk, args.dtype, gpu)
@@ -158,7 +160,7 @@ def run_workers(k: int, ids: list[str], args, gpu: bool) -> dict:
             t0 = time.perf_counter()
             values.append(float(total.compute()))
             times.append(time.perf_counter() - t0)
-    return {"workers": k, "cluster": kind, "devices": sorted(seen.values()),
+    return {"workers": k, "cluster": kind, "devices": sorted(seen),
             "chunks": nchunks, "times_s": times, "median_s": statistics.median(times),
             "checksum": values[0],
             "checksums_equal": max(values) - min(values) <= 1e-12 * abs(values[0])}
@@ -225,7 +227,8 @@ def main(argv=None) -> int:
     device = "CPU"
     if gpu:
         import cupy
-        device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+        device = name.decode() if isinstance(name, bytes) else str(name)
     print(f"device: {device} x {len(ids)} visible; {args.count} matrices {args.n}x{args.n} "
           f"{args.dtype}, chunks of {args.chunk}; median of {args.reps}", flush=True)
     if skipped:
