@@ -42,7 +42,8 @@ def run(args) -> int:
         for r in results:
             status = "ok  " if r["ok"] else "FAIL"
             print(f"{status} {r['file']:<28} {r['arch']:<6} "
-                  f"{r['variants']:>4} variants {r['cubin_bytes']:>9} bytes")
+                  f"{r['variants']:>4} variants {r['cubin_bytes']:>9} bytes "
+                  f"{r.get('seconds', 0.0):6.2f} s")
             if not r["ok"]:
                 print(r["log"])
         print(f"{len(results) - len(failed)} compiled, {len(failed)} failed "
@@ -54,7 +55,7 @@ def run(args) -> int:
         print(f"no GPU: {info['reason']}; use --check to compile without one")
         return 1
     for r in _kernels.warm_cache(args.cache_dir):
-        print(f"{r['file']:<28} {r['variants']:>4} variants {r['seconds']:7.2f} s")
+        print(f"{r['file']:<28} {r['variants']:>4} variants  done at {r['seconds']:7.2f} s")
     return 0
 
 

@@ -4,6 +4,12 @@ One mechanism serves three users: the engines at run time (``load_module``,
 through ``cupy.RawModule``), ``build_kernels.py`` (warm the cache for the
 present GPU) and ``build_kernels.py --check`` (NVRTC only, no GPU).
 
+At run time a call compiles only what it uses: a file's variants are
+compiled when first asked for, with the file's other variants of the same
+value type only (:class:`LazyModule`, :func:`variant_group`), and what a call
+will need next can be compiled meanwhile on worker threads (:func:`prefetch`;
+NVRTC releases the GIL, so modules compile in parallel).
+
 Sources are *flattened* before compilation: every ``#include "x.cuh"`` of a
 file in ``kernels/`` is replaced by that file's text, recursively. The text
 handed to NVRTC is therefore self-contained, so CuPy's on-disk cache key
@@ -18,6 +24,7 @@ import hashlib
 import importlib
 import os
 import re
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -25,7 +32,7 @@ from typing import Iterable, Sequence
 
 __all__ = ["kernels_dir", "kernel_files", "flatten_source", "COMPILE_OPTIONS",
            "registered_variants", "load_module", "check_compile",
-           "source_hash"]
+           "source_hash", "LazyModule", "variant_group", "prefetch"]
 
 #: NVRTC options used by the run time and the check alike.
 COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17",)
@@ -129,19 +136,141 @@ def registered_variants() -> dict[str, tuple[str, ...]]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+#: C type names that tell a variant's value type apart (a call runs in one).
+_VALUE_TYPES = ("double", "float", "__half", "half", "int", "long long")
+
+
+def variant_group(expr: str, name_expressions: Sequence[str]) -> tuple[str, ...]:
+    """The name expressions compiled together with ``expr``: those of
+    ``name_expressions`` with the same value types among their template
+    arguments (a float64 call compiles the float64 variants of a file, never
+    its float32 ones), ``expr`` first; ``(expr,)`` when it is not declared,
+    ``()`` (the whole file) when the file declares none.
+    """
+    exprs = tuple(name_expressions)
+    if not exprs:
+        return ()                       # no templates: the whole file, by kernel names
+    if expr not in exprs:
+        return (expr,)
+
+    def types(e: str) -> frozenset:
+        args = e[e.find("<") + 1:e.rfind(">")] if "<" in e else ""
+        words = {w.strip() for w in args.split(",")}
+        return frozenset(t for t in _VALUE_TYPES if t in words)
+
+    mine = types(expr)
+    return (expr,) + tuple(e for e in exprs if e != expr and types(e) == mine)
+
+
+class _Compiled:
+    """One ``cupy.RawModule`` per (file, group, options, source), compiled once per
+    process even when several threads ask at once (one lock per module)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._modules: dict = {}
+
+    def ready(self, name: str, group: tuple, options: tuple, digest: str) -> bool:
+        """Whether that module was compiled already (or is being compiled)."""
+        with self._lock:
+            return (name, group, options, digest) in self._modules
+
+    def get(self, name: str, group: tuple, options: tuple, digest: str, device: int | None):
+        key = (name, group, options, digest)
+        with self._lock:
+            entry = self._modules.get(key)
+            if entry is None:
+                entry = self._modules[key] = [threading.Lock(), None]
+        with entry[0]:
+            if entry[1] is None:
+                import cupy
+                with cupy.cuda.Device(device):
+                    mod = cupy.RawModule(code=flatten_source(name), options=options,
+                                         name_expressions=group or None)
+                    mod.compile()                   # compiles (or loads the cubin) now
+                entry[1] = mod
+            return entry[1]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._modules.clear()
+
+
+#: The compiled modules of this process (kernels are made once per process; the
+#: table holds at most one module per declared variant group and source).
+_COMPILED = _Compiled()
+
+
+class LazyModule:
+    """A kernel file whose variants are compiled when first asked for.
+
+    :meth:`get_function` compiles the variant asked for together with its
+    group (:func:`variant_group`: the file's declared variants of the same
+    value type) and nothing else; :meth:`prefetch` starts compiling groups on
+    worker threads (NVRTC runs without the GIL, so independent modules compile
+    in parallel); :meth:`compile` compiles every group (the cache warm-up).
+    """
+
+    def __init__(self, name: str, name_expressions: tuple, options: tuple, digest: str):
+        self.name = name
+        self.name_expressions = name_expressions
+        self.options = options
+        self.digest = digest
+
+    def _module(self, expr: str, device=None):
+        group = variant_group(expr, self.name_expressions)
+        return _COMPILED.get(self.name, group, self.options, self.digest, device)
+
+    def get_function(self, expr: str):
+        """The kernel ``expr`` (a declared name expression, or an ``extern "C"`` name)."""
+        return self._module(expr).get_function(expr)
+
+    def prefetch(self, exprs: Sequence[str]) -> list:
+        """Compile the groups of ``exprs`` on daemon threads, for the current device;
+        returns the threads (a later :meth:`get_function` waits for its module)."""
+        import cupy
+        device = cupy.cuda.Device().id
+        groups = [g for g in dict.fromkeys(variant_group(e, self.name_expressions)
+                                           for e in exprs)
+                  if not _COMPILED.ready(self.name, g, self.options, self.digest)]
+        threads = []
+        for group in groups:
+            t = threading.Thread(target=_quiet, args=(self._module, group[0], device),
+                                 name="gpuqr-nvrtc", daemon=True)
+            t.start()
+            threads.append(t)
+        return threads
+
+    def compile(self) -> None:
+        """Compile every declared variant (all groups)."""
+        exprs = self.name_expressions or ("",)
+        for t in self.prefetch(exprs):
+            t.join()
+        for e in exprs:
+            self._module(e)
+
+
+def _quiet(fn, *args) -> None:
+    """Run ``fn`` on a prefetch thread; a failure is left for the caller's own
+    :meth:`LazyModule.get_function`, which compiles again and raises."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - reported by the caller's compile
+        pass
+
+
+@functools.lru_cache(maxsize=64)
 def _load_module_cached(name: str, name_expressions: tuple[str, ...],
-                        options: tuple[str, ...], digest: str):
-    import cupy
-    return cupy.RawModule(code=flatten_source(name), options=options,
-                          name_expressions=name_expressions or None)
+                        options: tuple[str, ...], digest: str) -> LazyModule:
+    return LazyModule(name, name_expressions, options, digest)
 
 
 def load_module(name: str, name_expressions: Sequence[str] = (),
-                options: Sequence[str] = ()):
-    """Compile (or fetch from cache) ``kernels/name`` as a ``cupy.RawModule``.
+                options: Sequence[str] = ()) -> LazyModule:
+    """``kernels/name`` as a :class:`LazyModule`: each variant compiled (or fetched
+    from the cache) on first use, with its group only.
 
-    The in-process cache is keyed by the flattened source's hash, so an
+    The in-process table is keyed by the flattened source's hash, so an
     edited header is recompiled; CuPy's on-disk cache (``CUPY_CACHE_DIR``)
     keeps cubins between processes.
 
@@ -150,19 +279,39 @@ def load_module(name: str, name_expressions: Sequence[str] = (),
     name : str
         File name in ``kernels/``, e.g. ``"batched/lu_warp.cu"``.
     name_expressions : sequence of str
-        Template instantiations to compile, e.g. ``("lu_small<double, 8>",)``.
+        The file's template instantiations, e.g. ``("lu_small<double, 8>",)``;
+        :meth:`LazyModule.get_function` compiles the one asked for with those
+        of the same value type (:func:`variant_group`).
     options : sequence of str
         NVRTC options in addition to :data:`COMPILE_OPTIONS`.
     """
     opts = tuple(COMPILE_OPTIONS) + tuple(options)
-    return _load_module_cached(name, tuple(name_expressions), opts,
-                               source_hash(name))
+    return _load_module_cached(name, tuple(name_expressions), opts, source_hash(name))
+
+
+def prefetch(modules: Iterable[tuple[str, Sequence[str], Sequence[str]]]) -> list:
+    """Start compiling what a call will need, in parallel, on worker threads.
+
+    Parameters
+    ----------
+    modules : iterable of (file, declared name expressions, expressions needed)
+        As :func:`load_module` takes them, and the variants the call will ask for.
+
+    Returns
+    -------
+    list of threading.Thread
+    """
+    threads = []
+    for name, declared, needed in modules:
+        threads += load_module(name, declared).prefetch(needed)
+    return threads
 
 
 def _compile_one(fname: str, arch: str, exprs: tuple[str, ...]) -> dict:
     """NVRTC-compile one flattened file for one architecture (no GPU)."""
     from cupy.cuda import nvrtc
 
+    t0 = time.perf_counter()
     prog = nvrtc.createProgram(flatten_source(fname), fname, [], [])
     ok, log, size = True, "", 0
     try:
@@ -180,7 +329,7 @@ def _compile_one(fname: str, arch: str, exprs: tuple[str, ...]) -> dict:
     finally:
         nvrtc.destroyProgram(prog)
     return {"file": fname, "arch": arch, "ok": ok, "variants": len(exprs),
-            "cubin_bytes": size, "log": log.strip()}
+            "cubin_bytes": size, "log": log.strip(), "seconds": time.perf_counter() - t0}
 
 
 def check_compile(archs: Iterable[str] = ("sm_80", "sm_90"),
@@ -204,7 +353,7 @@ def check_compile(archs: Iterable[str] = ("sm_80", "sm_90"),
     -------
     list of dict
         One per (file, arch): ``file``, ``arch``, ``ok``, ``variants``,
-        ``cubin_bytes``, ``log``.
+        ``cubin_bytes``, ``log``, ``seconds`` (NVRTC's time for the file).
     """
     variants = registered_variants()
     names = ([_relative_name(p) for p in kernel_files()] if files is None
@@ -220,6 +369,9 @@ def check_compile(archs: Iterable[str] = ("sm_80", "sm_90"),
 def warm_cache(cache_dir: str | None = None) -> list[dict]:
     """Compile every registered variant for the present GPU into the cache.
 
+    Every variant group of every file compiles on its own worker thread, all
+    at once (NVRTC runs without the GIL).
+
     Parameters
     ----------
     cache_dir : str or None
@@ -231,18 +383,24 @@ def warm_cache(cache_dir: str | None = None) -> list[dict]:
     Returns
     -------
     list of dict
-        ``file``, ``variants``, ``seconds`` per kernel file.
+        ``file``, ``variants``, ``seconds`` (from the start until that file's
+        groups were compiled) per kernel file.
     """
     if cache_dir is not None:
         os.environ["CUPY_CACHE_DIR"] = str(cache_dir)
     variants = registered_variants()
-    out = []
+    t0 = time.perf_counter()
+    started = []
     for path in kernel_files():
         name = _relative_name(path)
         exprs = variants.get(name, ())
-        t0 = time.perf_counter()
         module = load_module(name, exprs)
-        module.compile()
+        started.append((name, exprs, module, module.prefetch(exprs or ("",))))
+    out = []
+    for name, exprs, module, threads in started:
+        for t in threads:
+            t.join()
+        module.compile()            # raises here for a group that failed on its thread
         out.append({"file": name, "variants": len(exprs),
                     "seconds": time.perf_counter() - t0})
     return out

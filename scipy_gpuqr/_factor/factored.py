@@ -31,13 +31,15 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._dispatch.plan import Plan, plan_factorization
+from .._engine.gpu.factorize_kernels import prefetch_engine_kernels
+from .._gpu import gpu_info
 from .._options import Settings
 from .._validate import MatrixInput, as_matrix
 from .lstsq import MinNormSolver, exact_solve, lstsq_cutoff
 from .rank_refine import factorizer, with_rank_detection
 
 __all__ = ["FactoredQR", "factorize", "plan_for", "plan_matrix", "least_squares_probe",
-           "REFINE_ABOVE", "REFINE_STEPS"]
+           "prefetch_kernels", "REFINE_ABOVE", "REFINE_STEPS"]
 
 _EPS = float(np.finfo(np.float64).eps)
 
@@ -68,10 +70,20 @@ def plan_for(mi: MatrixInput, settings: Settings, *, ordering=None):
     Callers that need the plan first (``lsqr``'s iterate-first rule predicts
     the factorization's time from it) pass the pair to :func:`factorize`.
     """
+    if settings.backend == "gpu":
+        prefetch_kernels(mi.dtype)
     m, n = mi.shape
     M = sp.csc_array(mi.A.T) if m < n else mi.A
     M.sort_indices()
     return M, plan_matrix(M, settings, ordering=ordering, dtype=mi.dtype)
+
+
+def prefetch_kernels(dtype) -> None:
+    """On a GPU, start compiling the kernels a GPU factorization of ``dtype`` values
+    and its solves use (parallel worker threads, each module once per process),
+    so that they compile while the analysis runs; nothing without a GPU."""
+    if gpu_info().get("available"):
+        prefetch_engine_kernels(np.float32 if np.dtype(dtype) == np.float32 else np.float64)
 
 
 def factorize(mi: MatrixInput, settings: Settings, *, ordering=None, tol=None,

@@ -28,7 +28,9 @@ the patterns' element templates by NumPy, either for a whole stage
 (:meth:`StageSchedule.launch_tasks`, :meth:`SparseSchedule.iter_launches`,
 which can build launch k+1 in a worker thread while the caller runs launch
 k); ``build_schedule(..., lazy=True)`` stops after the plan. Schedules are
-cached per analysis object, so ``refactor`` gets its schedule for free, and
+cached per sparsity pattern (the analysis' ``pattern_key``, in a bounded
+table, :mod:`.pattern_cache`), so ``refactor`` and a new factorization of a
+known pattern get their schedule for free, and
 plans on disk between processes (:func:`.cache.load_plan`; this module turns a
 plan into arrays and back, :func:`_plan_arrays` and :func:`_plan_of_arrays`).
 
@@ -42,9 +44,7 @@ maps pool = all Rimap entries, then all Rjmap entries (int64).
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -53,6 +53,7 @@ import numpy as np
 from . import bucket, native
 from . import cache as disk       # ``cache`` names build_schedule's argument
 from .dense import DENSE_COLUMNS_PER_LAUNCH, dense_defer, dense_front_mask
+from .pattern_cache import PerPattern
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TASK_DTYPE,
                     TaskType, empty_tasks)
 
@@ -272,35 +273,39 @@ class SparseSchedule:
                     yield job[0], L, rec
 
 
-# ------------------------------------------------------------------ per-analysis cache
+# ------------------------------------------------------------------ per-pattern cache
 
-_SCHEDULES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_SCHEDULES_LOCK = threading.Lock()
+#: Most schedules kept per process by pattern (:class:`.pattern_cache.PerPattern`).
+MEMORY_ENTRIES = 8
+#: Most bytes of schedule arrays kept per process by pattern.
+MEMORY_BYTES = 1 << 30
+
+
+def schedule_nbytes(sched) -> int:
+    """Bytes of a schedule's arrays (its records only once materialized)."""
+    total = int(sched.vt_base.nbytes + sched.nfact.nbytes)
+    for st in sched.stages:
+        total += int(st.launch_ptr.nbytes + st.foff.nbytes)
+        if st._tasks is not None:
+            total += int(st._tasks.nbytes)
+    return total
+
+
+_SCHEDULES = PerPattern(MEMORY_ENTRIES, MEMORY_BYTES, schedule_nbytes)
 
 
 def clear_schedule_cache(analysis=None) -> None:
-    """Forget the cached schedules of ``analysis`` (None: of every analysis)."""
-    with _SCHEDULES_LOCK:
-        if analysis is None:
-            _SCHEDULES.clear()
-        else:
-            _SCHEDULES.pop(analysis, None)
+    """Forget the cached schedules of ``analysis`` (its pattern's and its own;
+    None: every schedule)."""
+    _SCHEDULES.clear(analysis)
 
 
 def _cache_get(analysis, key):
-    with _SCHEDULES_LOCK:
-        try:
-            return _SCHEDULES.get(analysis, {}).get(key)
-        except TypeError:               # not weak-referenceable: no cache
-            return None
+    return _SCHEDULES.get(analysis, key)
 
 
 def _cache_put(analysis, key, sched) -> None:
-    with _SCHEDULES_LOCK:
-        try:
-            _SCHEDULES.setdefault(analysis, {})[key] = sched
-        except TypeError:
-            pass
+    _SCHEDULES.put(analysis, key, sched)
 
 
 # ------------------------------------------------------------------------ the builder
@@ -375,9 +380,12 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
         (:meth:`StageSchedule.launch_tasks`, :meth:`SparseSchedule.iter_launches`)
         or all at once by :attr:`StageSchedule.tasks`.
     cache : bool
-        Reuse the schedule built before for the same analysis object and
-        arguments (``refactor`` keeps its analysis, so it gets its schedule
-        for free); the cache lives as long as the analysis.
+        Reuse the schedule built before for an analysis of the same pattern
+        (``pattern_key``; the same object when it has none) and arguments:
+        ``refactor`` and a new factorization of a known pattern get it for
+        free. The per-process table is bounded (:data:`MEMORY_ENTRIES`,
+        :data:`MEMORY_BYTES`); a schedule of an analysis without a key lives
+        as long as that analysis.
     dense_flops : float or None
         Fronts of at least this many Householder flops are *dense fronts*
         (no tile tasks; factorized by the engine after the launch that

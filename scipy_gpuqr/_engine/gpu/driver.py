@@ -59,6 +59,7 @@ from ..inputs import engine_csc
 from ..tasklist_qr import TaskListQR
 from . import solve as gpu_solve
 from .device import CupyDevice
+from .factorize_kernels import prefetch_engine_kernels
 from .rcopy import final_entries_cached
 from .rlayout import r_layout, r_layout_cached
 
@@ -252,6 +253,7 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         gi = _gpu.gpu_info()
         if not gi.get("available"):
             return _no_gpu(Ac, analysis, f"no usable GPU ({gi.get('reason', '?')})")
+        prefetch_engine_kernels(dev_dtype, tile, bundle)     # the solves' compile meanwhile
         device = CupyDevice(tile, bundle, dtype=dev_dtype, debug=debug)
     budget = max_gpu_memory if max_gpu_memory is not None else _default_budget(device)
     t_an = time.perf_counter()

@@ -3,15 +3,23 @@
 The uberkernel (``kernels/sparse_qr/uberkernel.cu``) is a template over the
 value type, the tile edge, the bundle size and the threads per block.
 ``ENGINE_VARIANTS`` are the instantiations the engine launches; they and the
-kernels reporting their shared memory are the only ones compiled
-(``KERNEL_VARIANTS``, read by :mod:`scipy_gpuqr._kernels`). Imports without
-cupy.
+kernels reporting their shared memory are the only ones declared
+(``KERNEL_VARIANTS``, read by :mod:`scipy_gpuqr._kernels`); at run time a
+call compiles the variants of its value type only, and
+:func:`prefetch_engine_kernels` compiles what a factorization and its solves
+use in parallel threads before they are asked for. Imports without cupy.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..._kernels import prefetch
+from . import solve_kernels as sk
+
 __all__ = ["KERNEL_VARIANTS", "ENGINE_VARIANTS", "ENGINE_THREADS", "UBERKERNEL_FILE",
-           "kernel_name", "smem_kernel_name", "tile_smem_bytes"]
+           "kernel_name", "smem_kernel_name", "tile_smem_bytes", "engine_kernels",
+           "prefetch_engine_kernels"]
 
 #: The uberkernel's source file (relative to ``kernels/``).
 UBERKERNEL_FILE = "sparse_qr/uberkernel.cu"
@@ -55,3 +63,29 @@ def _all_names() -> tuple[str, ...]:
 
 #: Name expressions to compile, per source file (relative to ``kernels/``).
 KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {UBERKERNEL_FILE: _all_names()}
+
+
+def engine_kernels(dtype, tile: int = 32, bundle: int = 3, *, solve: bool = True) -> list:
+    """What a GPU factorization of ``dtype`` values (and, with ``solve``, its
+    solves) compiles: ``(file, declared variants, variants used)`` per kernel
+    file, for :func:`scipy_gpuqr._kernels.prefetch` (nothing for a variant the
+    engine does not have)."""
+    ctype = "float" if np.dtype(dtype) == np.float32 else "double"
+    if (ctype, tile, bundle, ENGINE_THREADS) not in ENGINE_VARIANTS:
+        return []
+    out = [(UBERKERNEL_FILE, KERNEL_VARIANTS[UBERKERNEL_FILE],
+            (kernel_name(ctype, tile, bundle, ENGINE_THREADS),))]
+    if solve:
+        if (ctype, tile, bundle) in sk.APPLYQ_VARIANTS:
+            out.append((sk.APPLYQ_FILE, sk.KERNEL_VARIANTS[sk.APPLYQ_FILE],
+                        (sk.applyq_name(ctype, tile, bundle, True),)))
+        out.append((sk.RSOLVE_FILE, sk.KERNEL_VARIANTS[sk.RSOLVE_FILE],
+                    (sk.rsolve_name(ctype, False),)))
+    return out
+
+
+def prefetch_engine_kernels(dtype, tile: int = 32, bundle: int = 3, *,
+                            solve: bool = True) -> list:
+    """Start compiling :func:`engine_kernels` on worker threads, in parallel (each
+    module once per process; nothing when compiled already). Needs a GPU."""
+    return prefetch(engine_kernels(dtype, tile, bundle, solve=solve))

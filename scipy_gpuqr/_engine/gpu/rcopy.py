@@ -19,7 +19,7 @@ Two parts:
 * the copiers: :class:`CupyRCopy` gathers each final range on a side stream
   (``take`` over R's gather index, uploaded on that stream while the kernels
   run) into a device slot, copies it into one of two slots of a pinned
-  staging buffer (allocated once per R layout, see :func:`staging_for`) and
+  staging buffer (allocated once per process, see :func:`staging_for`) and
   from there into an ordinary NumPy array, double buffered, on a worker
   thread; the engine only records an event after every launch. No pinned
   allocation per factorization, nothing of R outlives the returned array.
@@ -146,17 +146,38 @@ class PinnedStaging:
         self.lock = threading.Lock()
 
 
+class _SharedStaging:
+    """The process's staging buffer: one, of the largest size asked for so far
+    (at most :data:`SLOT_BYTES` a slot), made on first use and kept: a new
+    factorization, of any pattern, allocates no pinned memory."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._buf = None
+
+    def take(self, nbytes: int) -> PinnedStaging:
+        with self._lock:
+            if self._buf is None or self._buf.nbytes < nbytes:
+                # a smaller buffer still in use stays its copy's until released
+                self._buf = PinnedStaging(nbytes)
+            buf = self._buf
+        if buf.lock.acquire(blocking=False):
+            return buf
+        tmp = PinnedStaging(nbytes)     # another copy holds it: a temporary one
+        tmp.lock.acquire()
+        return tmp
+
+
+_STAGING = _SharedStaging()
+
+
 def staging_for(layout, nbytes: int = SLOT_BYTES):
-    """The staging buffer cached with ``layout`` (made on first use), locked for
-    the caller; a temporary one when another copy holds it. Release with
+    """A pinned staging buffer for a copy of R's values (``layout``: R's layout,
+    which sizes it), locked for the caller: the process's shared one, or a
+    temporary one when another copy holds it. Release with
     ``staging.lock.release()``."""
     nb = int(min(nbytes, max(layout.nnz, 1) * 8))
-    st = layout.extra(("pinned_staging", nb), lambda: PinnedStaging(nb))
-    if st.lock.acquire(blocking=False):
-        return st
-    tmp = PinnedStaging(nb)
-    tmp.lock.acquire()
-    return tmp
+    return _STAGING.take(nb)
 
 
 class NumpyRCopy:

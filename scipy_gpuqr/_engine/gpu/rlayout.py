@@ -5,8 +5,10 @@ contributes the upper trapezoid of the first ``frank[f]`` rows of its
 ``fm × fn`` block (columns ``cols[col_ptr[f]:col_ptr[f+1]]``), the singleton
 rows of A come as they stand, rows are in pivot order. So R's CSC
 ``indptr``/``indices`` and, for every stored entry, its *source* are computed
-once (vectorized NumPy, no loop per front or per entry) and cached with the
-analysis; a factorization then only gathers the values:
+once (vectorized NumPy, no loop per front or per entry) and cached per
+sparsity pattern (the analysis' ``pattern_key``, in a bounded table; per
+analysis object when it has none); a factorization then only gathers the
+values:
 
 * ``src[e] >= 0``: element ``src[e]`` of the *global front space*, the fronts
   row-major one after the other (front ``f`` starts at ``fbase[f]``); the
@@ -19,22 +21,27 @@ analysis; a factorization then only gathers the values:
 The GPU engine gathers a stage's R values on the device, in CSC order, and
 copies back exactly nnz(R) values (no host-side sort or transpose per
 factorization). The layout is built on a worker thread while the GPU runs
-the first factorization's launches, and reused by ``refactor``.
+the first factorization's launches, and reused by ``refactor`` and by every
+new factorization of the same pattern.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["RLayout", "r_layout", "r_layout_cached", "clear_r_layout_cache"]
+from ..._schedule.pattern_cache import PerPattern
 
-_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
+__all__ = ["RLayout", "r_layout", "r_layout_cached", "clear_r_layout_cache",
+           "MEMORY_ENTRIES", "MEMORY_BYTES"]
+
+#: Most layouts kept per process by pattern (:class:`~scipy_gpuqr._schedule.pattern_cache.PerPattern`).
+MEMORY_ENTRIES = 8
+#: Most bytes of layout arrays kept per process by pattern.
+MEMORY_BYTES = 1 << 30
 
 
 @dataclass(eq=False)
@@ -154,41 +161,43 @@ class RLayout:
         return R
 
 
+def _layout_nbytes(lay) -> int:
+    """Bytes of a layout's arrays (its cached extras' arrays included)."""
+    arrays = [lay.indptr, lay.indices, lay._src, lay.fbase, lay.r1_pos, lay.r1_nz,
+              lay.qorder]
+    with lay._lock:
+        if lay._segs is not None:
+            arrays += list(lay._segs)
+        for maps in lay._stage_maps.values():
+            for pos, idx in maps:
+                arrays += [pos, idx]
+        arrays += [v for v in lay._extras.values() if isinstance(v, np.ndarray)]
+    total = sum(int(a.nbytes) for a in arrays if isinstance(a, np.ndarray))
+    return total + sum(int(s.nbytes) for s in lay.slots_of)
+
+
+_CACHE = PerPattern(MEMORY_ENTRIES, MEMORY_BYTES, _layout_nbytes)
+
+
 def clear_r_layout_cache(analysis=None) -> None:
-    """Forget cached layouts (of ``analysis``, or all)."""
-    with _LOCK:
-        if analysis is None:
-            _CACHE.clear()
-        else:
-            _CACHE.pop(analysis, None)
+    """Forget cached layouts (of ``analysis``'s pattern and object, or all)."""
+    _CACHE.clear(analysis)
 
 
 def r_layout_cached(analysis) -> RLayout | None:
-    """The cached layout of ``analysis``, or None (never builds)."""
-    with _LOCK:
-        try:
-            return _CACHE.get(analysis)
-        except TypeError:
-            return None
+    """The cached layout of ``analysis``'s pattern, or None (never builds)."""
+    return _CACHE.get(analysis)
 
 
 def r_layout(analysis, cache: bool = True) -> RLayout:
-    """R's layout for ``analysis`` (built once, cached with the analysis)."""
+    """R's layout for ``analysis`` (built once per pattern, cached)."""
     if cache:
-        with _LOCK:
-            try:
-                hit = _CACHE.get(analysis)
-            except TypeError:
-                hit = None
+        hit = _CACHE.get(analysis)
         if hit is not None:
             return hit
     out = _build(analysis)
     if cache:
-        with _LOCK:
-            try:
-                _CACHE[analysis] = out
-            except TypeError:
-                pass
+        _CACHE.put(analysis, None, out)
     return out
 
 

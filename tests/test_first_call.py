@@ -1,0 +1,199 @@
+"""No first-call penalty per object (issue 16): what is per pattern is kept per
+pattern, what is per process is made once, and a call compiles only the kernel
+variants it uses (CPU: the NumPy device layer and NVRTC, no GPU needed)."""
+
+import gc
+
+import numpy as np
+import pytest
+
+from scipy_gpuqr import _kernels
+from scipy_gpuqr._engine.gpu import factorize_kernels as fk
+from scipy_gpuqr._engine.gpu import rcopy
+from scipy_gpuqr._engine.gpu import solve_kernels as sk
+from scipy_gpuqr._engine.gpu.device import NumpyDevice
+from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+from scipy_gpuqr._engine.gpu.rlayout import clear_r_layout_cache, r_layout, r_layout_cached
+from scipy_gpuqr._engine.host.simulate import simulate_factorize
+from scipy_gpuqr._schedule.pattern_cache import PerPattern
+from scipy_gpuqr._schedule.sparse import build_schedule, clear_schedule_cache
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import grid3d_least_squares, random_values
+
+
+class _An:
+    """An analysis stand-in: only its pattern key matters to the table."""
+
+    def __init__(self, key):
+        self.pattern_key = key
+
+
+def test_per_pattern_table_is_keyed_by_pattern_and_bounded():
+    t = PerPattern(max_entries=2, max_bytes=100, nbytes=len)
+    a1, a2 = _An("p"), _An("p")
+    t.put(a1, "k", "x" * 10)
+    assert t.get(a2, "k") == "x" * 10           # another object of the same pattern
+    assert t.get(a2, "other") is None and t.get(_An("q"), "k") is None
+    t.put(_An("q"), "k", "y" * 10)
+    t.put(_An("r"), "k", "z" * 10)             # three entries: the oldest ("p") leaves
+    assert len(t) == 2 and t.get(a1, "k") is None
+    t.put(_An("s"), "k", "w" * 95)              # bytes: 10 + 95 > 100, "q" leaves
+    assert t.get(_An("q"), "k") is None and t.get(_An("s"), "k") == "w" * 95
+    t.clear(_An("s"))
+    assert t.get(_An("s"), "k") is None
+
+
+def test_per_pattern_table_keeps_keyless_or_huge_objects_per_object():
+    t = PerPattern(max_entries=4, max_bytes=10, nbytes=len)
+    a, b = _An(None), _An(None)
+    t.put(a, "k", "small")
+    assert t.get(a, "k") == "small" and t.get(b, "k") is None
+    big = _An("p")
+    t.put(big, "k", "x" * 50)                   # over the byte bound: with its object only
+    assert len(t) == 0 and t.get(big, "k") == "x" * 50 and t.get(_An("p"), "k") is None
+    del a, big
+    gc.collect()
+    assert len(t._weak) == 0                    # gone with their analyses
+
+
+def test_new_analysis_of_a_known_pattern_finds_schedule_and_layout():
+    A = grid3d_least_squares(5)
+    an1, an2 = analyze(A), analyze(A)
+    assert an1 is not an2 and an1.pattern_key == an2.pattern_key is not None
+    s1 = build_schedule(an1, lazy=True)
+    assert build_schedule(an2, lazy=True) is s1
+    lay = r_layout(an1)
+    assert r_layout_cached(an2) is lay and r_layout(an2) is lay
+    clear_schedule_cache(an2)
+    clear_r_layout_cache(an2)
+    assert build_schedule(an1, lazy=True) is not s1 and r_layout_cached(an1) is None
+
+
+def test_new_factorization_object_runs_warm():
+    """The second factorization, with a *new* analysis of the same pattern, takes
+    the warm path (schedule materialized, progressive R copy) and the same R."""
+    rng = np.random.default_rng(7)
+    A = random_values(grid3d_least_squares(5), rng)
+    clear_schedule_cache()
+    clear_r_layout_cache()
+    g1 = gpu_factorize(A, analyze(A), device=NumpyDevice(32, 3))
+    assert g1.info["schedule_cold"]
+    an2 = analyze(A)
+    A2 = random_values(A, rng)
+    g2 = gpu_factorize(A2, an2, device=NumpyDevice(32, 3))
+    assert not g2.info["schedule_cold"] and g2.info["r_copy_progressive"]
+    assert abs(g2.R - simulate_factorize(A2, an2).R).max() == 0.0
+    g1.free()
+    g2.free()
+
+
+def test_keyless_analysis_keeps_its_own_schedule():
+    A = grid3d_least_squares(4)
+    an = analyze(A, cache=False)
+    assert an.pattern_key is None
+    s = build_schedule(an, lazy=True)
+    assert build_schedule(an, lazy=True) is s
+    assert build_schedule(analyze(A, cache=False), lazy=True) is not s
+
+
+def test_staging_buffer_is_made_once_per_process(monkeypatch):
+    made = []
+
+    class Fake:
+        def __init__(self, nbytes):
+            import threading
+            self.nbytes = nbytes
+            self.lock = threading.Lock()
+            made.append(nbytes)
+
+    monkeypatch.setattr(rcopy, "PinnedStaging", Fake)
+    monkeypatch.setattr(rcopy, "_STAGING", rcopy._SharedStaging())
+
+    class Lay:
+        def __init__(self, nnz):
+            self.nnz = nnz
+
+    s1 = rcopy.staging_for(Lay(1000))
+    s1.lock.release()
+    assert rcopy.staging_for(Lay(500)) is s1     # any layout, smaller: the same buffer
+    busy = rcopy.staging_for(Lay(10))           # held: a temporary one
+    assert busy is not s1
+    s1.lock.release()
+    busy.lock.release()
+    s3 = rcopy.staging_for(Lay(10 ** 9))         # larger: grown once, to the slot bound
+    assert s3.nbytes == rcopy.SLOT_BYTES and made == [8000, 80, rcopy.SLOT_BYTES]
+
+
+# ------------------------------------------------------------------------- kernels
+
+def test_variant_group_takes_one_value_type():
+    declared = fk.KERNEL_VARIANTS[fk.UBERKERNEL_FILE]
+    d = fk.kernel_name("double", 32, 3, fk.ENGINE_THREADS)
+    g = _kernels.variant_group(d, declared)
+    assert g[0] == d and all("float" not in e for e in g)
+    assert fk.smem_kernel_name("double", 32, 3) in g and len(g) == 2
+    f = _kernels.variant_group(fk.kernel_name("float", 32, 3, fk.ENGINE_THREADS), declared)
+    assert all("double" not in e for e in f)
+    q = _kernels.variant_group(sk.applyq_name("double", 32, 3, True),
+                               sk.KERNEL_VARIANTS[sk.APPLYQ_FILE])
+    assert set(q) == {sk.applyq_name("double", 32, 3, t) for t in (True, False)}
+    assert _kernels.variant_group("k", ("a<double>",)) == ("k",)
+    assert _kernels.variant_group("k", ()) == ()
+
+
+def test_engine_kernels_name_what_a_call_uses():
+    for dt, c in ((np.float64, "double"), (np.float32, "float")):
+        got = fk.engine_kernels(dt)
+        assert [f for f, _, _ in got] == [fk.UBERKERNEL_FILE, sk.APPLYQ_FILE, sk.RSOLVE_FILE]
+        for f, declared, needed in got:
+            assert set(needed) <= set(declared) and all(c in e for e in needed)
+    assert fk.engine_kernels(np.float64, tile=17) == []
+    assert len(fk.engine_kernels(np.float64, solve=False)) == 1
+
+
+def test_load_module_compiles_nothing_until_asked():
+    declared = fk.KERNEL_VARIANTS[fk.UBERKERNEL_FILE]
+    mod = _kernels.load_module(fk.UBERKERNEL_FILE, declared)
+    assert isinstance(mod, _kernels.LazyModule)
+    assert mod is _kernels.load_module(fk.UBERKERNEL_FILE, declared)
+    for e in declared:
+        group = _kernels.variant_group(e, declared)
+        assert not _kernels._COMPILED.ready(mod.name, group, mod.options, mod.digest)
+
+
+def test_prefetch_needs_a_gpu(monkeypatch):
+    from scipy_gpuqr._factor import factored
+    calls = []
+    monkeypatch.setattr(factored, "gpu_info", lambda: {"available": False})
+    monkeypatch.setattr(factored, "prefetch_engine_kernels", lambda *a, **k: calls.append(a))
+    factored.prefetch_kernels(np.float64)
+    assert calls == []
+    monkeypatch.setattr(factored, "gpu_info", lambda: {"available": True})
+    factored.prefetch_kernels(np.float32)
+    assert calls == [(np.float32,)]
+
+
+@pytest.mark.slow
+def test_a_variant_group_compiles_alone_with_nvrtc():
+    """The float64 group of each engine file compiles by itself (what a float64 call
+    compiles) and is smaller than the whole file."""
+    pytest.importorskip("cupy")
+    for f, declared, needed in fk.engine_kernels(np.float64):
+        group = _kernels.variant_group(needed[0], declared)
+        one = _kernels._compile_one(f, "sm_90", group)
+        assert one["ok"], one["log"]
+        whole = _kernels._compile_one(f, "sm_90", tuple(declared))
+        assert one["cubin_bytes"] < whole["cubin_bytes"]
+
+
+@pytest.mark.gpu
+def test_prefetch_compiles_the_groups_a_call_uses():
+    threads = fk.prefetch_engine_kernels(np.float64)
+    for t in threads:
+        t.join()
+    for f, declared, needed in fk.engine_kernels(np.float64):
+        mod = _kernels.load_module(f, declared)
+        assert _kernels._COMPILED.ready(f, _kernels.variant_group(needed[0], declared),
+                                        mod.options, mod.digest)
+        assert mod.get_function(needed[0]) is not None
+    assert fk.prefetch_engine_kernels(np.float64) == []     # compiled: no thread again
