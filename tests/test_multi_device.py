@@ -158,6 +158,9 @@ def test_devices_rule():
     assert devices_for(None, 1, 10 * big, 0, None)[0] == [0]
     assert devices_for(None, 4, 10 * big, 0, None)[0] == [0, 1, 2, 3]
     assert devices_for(None, 4, big / 10, 0, None)[0] == [0]
+    # a tree whose work is one chain gains nothing from more GPUs
+    assert devices_for(None, 4, 10 * big, 0, None, speedup=lambda k: 1.02)[0] == [0]
+    assert devices_for(None, 4, 10 * big, 0, None, speedup=lambda k: 1.5)[0] == [0, 1, 2, 3]
     # too big for one GPU but within the sum: all of them, whatever the flops
     assert devices_for(None, 2, 1.0, 150, 100)[0] == [0, 1]
     assert devices_for(None, 2, 1.0, 250, 100)[0] == [0]
@@ -318,8 +321,17 @@ def test_dispatch_picks_the_multi_gpu_engine(monkeypatch):
     assert got is not one and "GPUs [0, 1]" in reasons[-1]
     reasons = []
     assert plan_mod._gpu_devices(one, an, GpuqrOptions(), reasons) is one  # small: one GPU
-    big = type("A", (), {"flops": 10 * MULTI_DEVICE_MIN_FLOPS, "gpu_bytes": 1})()
-    assert plan_mod._gpu_devices(one, big, GpuqrOptions(), reasons) is not one
+    class Big:                  # an analysis whose flop count passes the threshold
+        def __init__(self, an):
+            self.an, self.flops = an, 10 * MULTI_DEVICE_MIN_FLOPS
+
+        def __getattr__(self, name):
+            return getattr(self.an, name)
+
+    tree = Big(analyze(grid3d_least_squares(12)))
+    assert plan_mod._gpu_devices(one, tree, GpuqrOptions(), reasons) is not one
+    dense = Big(analyze(sp.csc_array(np.random.default_rng(0).standard_normal((60, 40)))))
+    assert plan_mod._gpu_devices(one, dense, GpuqrOptions(), reasons) is one  # one front
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         assert plan_mod._gpu_devices(one, an, GpuqrOptions(devices=3), reasons) is one

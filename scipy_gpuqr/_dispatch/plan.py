@@ -64,7 +64,7 @@ from .._engine.host import reference, simulate
 from .._errors import GpuFallbackWarning
 from .._options import (DEFAULT_INTENSITY_THRESHOLD, DEFAULT_SPSOLVE_THRESHOLD, Settings,
                         log_decision, resolve_settings)
-from .._schedule.devices import devices_for
+from .._schedule.devices import devices_for, map_devices
 from .._symbolic import analyze as symbolic_analyze
 from .calibration import load_calibration
 
@@ -396,7 +396,8 @@ def _gpu_devices(factorize_fn, analysis, options, reasons):
     per_device = options.max_gpu_memory or (int(0.85 * mem) if mem else None)
     try:
         ids, why = devices_for(options.devices, visible, float(analysis.flops),
-                               int(analysis.gpu_bytes), per_device)
+                               int(analysis.gpu_bytes), per_device,
+                               speedup=lambda k: map_devices(analysis, k).modelled_speedup)
     except ValueError as exc:
         warnings.warn(f"gpuqr_options.devices: {exc}; one GPU factorizes",
                       GpuFallbackWarning, stacklevel=4)

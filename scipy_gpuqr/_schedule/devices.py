@@ -16,7 +16,11 @@ one of least modelled time is kept.
 
 Memory is the second weight: with a byte budget per device, a mapping on
 flops that overflows a device is redone on the sum of each front's share of
-the flops and of the bytes (a device then holds about its share of both).
+the flops and of the bytes (a device then holds about its share of both),
+and if that still overflows one, the upper tree's fronts (which hold most of
+the bytes of 3-D problems) are spread over the devices by bytes, largest
+first; the first mapping that fits is taken, else the one whose fullest
+device holds least.
 
 The stages are the maximal runs of the postorder owned by one device: each
 stage is a contiguous range, as the sparse scheduler's staging plan wants
@@ -40,7 +44,7 @@ import numpy as np
 from .._symbolic.staging import StagePlan
 
 __all__ = ["DevicePlan", "map_devices", "map_fronts", "subtree_weights",
-           "makespan", "DEFAULT_BALANCE_TOLERANCE", "MULTI_DEVICE_MIN_FLOPS", "devices_for"]
+           "makespan", "DEFAULT_BALANCE_TOLERANCE", "MULTI_DEVICE_MIN_FLOPS", "MULTI_DEVICE_MIN_SPEEDUP", "devices_for"]
 
 #: Loads within this fraction of the mean end the splitting of subtrees.
 DEFAULT_BALANCE_TOLERANCE = 0.05
@@ -54,6 +58,12 @@ MAX_SPLITS_PER_DEVICE = 64
 #: device's setup and the transfers cost more than they save; a first value,
 #: to be calibrated on the multi-GPU machines (``bench/multi_gpu.py``).
 MULTI_DEVICE_MIN_FLOPS = 1e11
+
+
+#: Least modelled speedup (:attr:`DevicePlan.modelled_speedup`) for which the
+#: default rule uses several GPUs: a front tree whose work lies on one chain
+#: (one dense front, a chain of large separators) gains nothing from them.
+MULTI_DEVICE_MIN_SPEEDUP = 1.1
 
 
 def subtree_weights(parent: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -228,11 +238,10 @@ class DevicePlan:
         contribution blocks carried into them, two R/H staging buffers of its
         largest front.
     weight : str
-        ``'flops'`` or ``'flops+bytes'``: what the mapping balanced.
+        What the mapping balanced: ``'flops'``, ``'flops+bytes'``, either
+        with ``', upper tree by bytes'``.
     makespan : float
         Modelled time in flops (:func:`makespan`).
-    weight : str
-        ``'flops'`` or ``'flops+bytes'``: what the mapping balanced.
     budget : int or None
         Byte budget per device the mapping was checked against.
     """
@@ -403,13 +412,36 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
     both = flops / tf + gpu["additive"] / tb
     owner, upper = map_fronts(*args, both, ndevices, upper_device=upper_device,
                               tolerance=tolerance)
-    other = _plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu, itemsize,
-                     "flops+bytes", budget)
-    return other if other.fits or other.device_bytes.max() < plan.device_bytes.max() else plan
+    tried = [plan, _plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu, itemsize,
+                            "flops+bytes", budget)]
+    for p in list(tried):
+        if not p.fits:          # the upper tree's fronts spread by bytes
+            own = _spread_upper(p, gpu["additive"])
+            tried.append(_plan_of(fs, own, p.upper, upper_device, ndevices, flops, gpu,
+                                  itemsize, p.weight + ", upper tree by bytes", budget))
+    for p in tried:
+        if p.fits:
+            return p
+    return min(tried, key=lambda p: int(p.device_bytes.max()))
+
+
+def _spread_upper(plan: DevicePlan, additive: np.ndarray) -> np.ndarray:
+    """Owners with the upper tree's fronts moved, largest first, each to the device
+    holding the fewest bytes (the upper tree runs one front after the other
+    anyway; its fronts hold most of the bytes of 3-D problems)."""
+    owner = plan.owner.copy()
+    up = np.flatnonzero(plan.upper)
+    held = np.bincount(owner[~plan.upper], weights=additive[~plan.upper],
+                       minlength=plan.ndevices).astype(np.float64)
+    for f in up[np.argsort(-additive[up], kind="stable")].tolist():
+        d = int(np.argmin(held))
+        owner[f] = d
+        held[d] += float(additive[f])
+    return owner
 
 
 def devices_for(requested, visible: int, flops: float, gpu_bytes: int,
-                device_memory: int | None) -> tuple[list, str]:
+                device_memory: int | None, speedup=None) -> tuple[list, str]:
     """The devices a factorization runs on, and why.
 
     Parameters
@@ -424,6 +456,9 @@ def devices_for(requested, visible: int, flops: float, gpu_bytes: int,
         The analysis' flops and one-stage GPU bytes.
     device_memory : int or None
         Bytes one device may hold.
+    speedup : callable, optional
+        ``speedup(k)``: the modelled speedup of ``k`` devices
+        (:attr:`DevicePlan.modelled_speedup`), consulted by the default rule.
 
     Returns
     -------
@@ -432,9 +467,11 @@ def devices_for(requested, visible: int, flops: float, gpu_bytes: int,
 
     Notes
     -----
-    The default rule: every visible GPU when the factorization has at least
-    :data:`MULTI_DEVICE_MIN_FLOPS` flops, or when it does not fit one GPU's
-    memory but does fit the sum; otherwise one GPU.
+    The default rule: every visible GPU when the factorization does not fit
+    one GPU's memory but does fit the sum, or when it has at least
+    :data:`MULTI_DEVICE_MIN_FLOPS` flops and its front tree promises a
+    modelled speedup of at least :data:`MULTI_DEVICE_MIN_SPEEDUP`; otherwise
+    one GPU.
     """
     if requested is not None:
         if isinstance(requested, (int, np.integer)):
@@ -458,7 +495,12 @@ def devices_for(requested, visible: int, flops: float, gpu_bytes: int,
             return list(range(visible)), (f"needs {gpu_bytes} GPU bytes, more than one "
                                           f"GPU's {device_memory}: {visible} GPUs")
         return [0], "does not fit all GPUs together either: one GPU, staged"
-    if flops >= MULTI_DEVICE_MIN_FLOPS:
-        return list(range(visible)), (f"{flops:.3g} flops >= {MULTI_DEVICE_MIN_FLOPS:.3g}: "
-                                      f"{visible} GPUs")
-    return [0], f"{flops:.3g} flops < {MULTI_DEVICE_MIN_FLOPS:.3g}: one GPU"
+    if flops < MULTI_DEVICE_MIN_FLOPS:
+        return [0], f"{flops:.3g} flops < {MULTI_DEVICE_MIN_FLOPS:.3g}: one GPU"
+    gain = None if speedup is None else float(speedup(visible))
+    if gain is not None and gain < MULTI_DEVICE_MIN_SPEEDUP:
+        return [0], (f"the front tree gives {visible} GPUs a modelled speedup of {gain:.2f} "
+                     f"only: one GPU")
+    return list(range(visible)), (f"{flops:.3g} flops >= {MULTI_DEVICE_MIN_FLOPS:.3g}"
+                                  + ("" if gain is None else f", modelled speedup {gain:.2f}")
+                                  + f": {visible} GPUs")

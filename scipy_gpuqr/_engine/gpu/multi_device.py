@@ -11,8 +11,10 @@ pool and memory pool), and runs the per-stage calls of the one-GPU engine
 (``begin_stage``, ``launch``, ``dense_factorize``, ``end_stage``, R's
 copy). Every stage stays on its device: nothing is staged through the host.
 
-The stages are enqueued in postorder, each on its device's stream, without
-waiting: the devices run concurrently. A stage's carried contribution blocks
+The stages are enqueued on their devices' streams without waiting (each
+device takes its stages in postorder; the devices take turns of a few
+launches, so a full launch queue on one never starves another): the devices
+run concurrently. A stage's carried contribution blocks
 come from the end of an earlier stage: cut (upper trapezoidal, packed) on
 the source device's stream, an event recorded there, the target's stream
 waits for it and copies the block into the stage's pool, peer to peer
@@ -43,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ... import _gpu
-from ..._errors import DeviceOutOfMemory
+from ..._errors import DeviceOutOfMemory, GpuEngineError
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
 from ..._schedule.devices import DevicePlan, map_devices
 from ..._schedule.sparse import build_schedule
@@ -64,6 +66,9 @@ _FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
 
 #: ``cudaMemcpyDeviceToDevice``
 _D2D = 3
+
+#: Launches one device enqueues before the next device's turn.
+LAUNCHES_PER_TURN = 8
 
 
 def device_count() -> int:
@@ -325,13 +330,39 @@ class _MultiStageRun:
         return k, self.layers[k]
 
     def enqueue_all(self) -> None:
-        """Every stage in postorder on its device's stream, nothing waited for."""
-        for sid, st in enumerate(self.sched.stages):
-            k, layer = self.layer_of(sid)
-            with _on(layer):
-                self._enqueue(sid, st, k, layer)
+        """Every stage on its device's stream, nothing waited for.
 
-    def _enqueue(self, sid, st, k, layer):
+        Each device takes its stages in postorder, a stage once every block it
+        carries has been cut; the devices take turns, :data:`LAUNCHES_PER_TURN`
+        launches each, so that a full launch queue of one device (the host
+        then blocks in the launch) never leaves another without work.
+        """
+        nd = len(self.layers)
+        todo = [list(self.plan.device_stages(k)) for k in range(nd)]
+        active = [None] * nd
+        while any(todo) or any(a is not None for a in active):
+            moved = False
+            for k, layer in enumerate(self.layers):
+                if active[k] is None and todo[k]:
+                    st = self.sched.stages[todo[k][0]]
+                    if all(c in self.xfer.blocks for c in st.carried):
+                        sid = todo[k].pop(0)
+                        active[k] = self._stage(sid, st, k, layer)
+                if active[k] is None:
+                    continue
+                moved = True
+                with _on(layer):
+                    for _ in range(LAUNCHES_PER_TURN):
+                        if next(active[k], None) is None:
+                            active[k] = None
+                            break
+            if not moved:
+                raise GpuEngineError("multi-GPU enqueue stalled: a stage waits for a "
+                                     "contribution block no device will cut")
+
+    def _stage(self, sid, st, k, layer):
+        """Enqueue one stage on its layer; a generator that yields after each launch
+        (and ends once the stage's outgoing blocks are cut)."""
         fs = self.fs
         s0, s1 = st.s_range
         h = layer.begin_stage(st, fs.s_index[s0:s1], self.vals[s0:s1], [])
@@ -353,6 +384,7 @@ class _MultiStageRun:
                     fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]])
                 self.dense_parts[f] = (sid, Fv, panels, T)
                 join_at.setdefault(min(st.dense_join[f], st.nlaunch), []).append(done)
+            yield L
         for done in [d for v in join_at.values() for d in v]:
             layer.dense_join(h, done)
         layer.mark_kernels_end(h)
