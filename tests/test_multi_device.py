@@ -336,3 +336,19 @@ def test_dispatch_picks_the_multi_gpu_engine(monkeypatch):
         warnings.simplefilter("always")
         assert plan_mod._gpu_devices(one, an, GpuqrOptions(devices=3), reasons) is one
     assert any(issubclass(x.category, GpuFallbackWarning) for x in w)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_public_simulate_backend_with_devices(k):
+    """``backend='simulate'`` with ``devices``: the task lists of k simulated devices
+    behind the public solve (minimum-norm least squares as with one device)."""
+    from scipy_gpuqr import QRFactorization
+
+    A = random_least_squares(200, 80, 0.05, seed=8)
+    b = np.random.default_rng(9).standard_normal(200)
+    ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    with QRFactorization(A, backend="simulate", gpuqr_options=GpuqrOptions(devices=k)) as F:
+        x = F.solve(b)
+        info = F.info
+    assert info["backend_info"]["devices"]["ndevices"] == k
+    assert np.abs(x - ref).max() <= 1e-10 * max(1.0, np.abs(ref).max())

@@ -60,6 +60,7 @@ from .._cpu.blas_threads import threads_for
 from .._engine.gpu import driver as gpu_driver
 from .._engine.gpu import multi_device as gpu_multi
 from .._engine.gpu import solve as gpu_solve
+from .._engine.host import multi_device as simulate_multi
 from .._engine.host import reference, simulate
 from .._errors import GpuFallbackWarning
 from .._options import (DEFAULT_INTENSITY_THRESHOLD, DEFAULT_SPSOLVE_THRESHOLD, Settings,
@@ -368,6 +369,12 @@ def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
         factorize_fn, ran, note = backend_factorizer("cpu")
     if ran == "gpu" and analysis is not None:
         factorize_fn = _gpu_devices(factorize_fn, analysis, options, reasons)
+    elif ran == "simulate" and options.devices is not None:
+        k = options.devices if isinstance(options.devices, int) else len(options.devices)
+        reasons.append(f"{k} simulated devices")
+        factorize_fn = _wrap_engine(functools.partial(
+            simulate_multi.simulate_multi_device, devices=k,
+            device_memory=options.max_gpu_memory))
     if note != "ok":
         reasons.append(note)
     reasons.append(f"running {ran!r}")
