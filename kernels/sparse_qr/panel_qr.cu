@@ -43,13 +43,7 @@ constexpr int PANEL_EXTRA = PANEL_NW * PANEL_PART   // red: cross-warp partials
                           + 32 * 33                 // Tm: T of the panel (block 0)
                           + 32                      // y: v_k . v_c (block 0)
                           + 32                      // rowc: row c of the panel
-                          + 8;                      // scalars
-
-__device__ __forceinline__ unsigned panel_ld_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
+                          + 8;                      // (spare)
 
 __device__ __forceinline__ unsigned long long panel_clock_ns() {
     unsigned long long t;
@@ -57,33 +51,44 @@ __device__ __forceinline__ unsigned long long panel_clock_ns() {
     return t;
 }
 
-// Grid-wide barrier: bar[0] counts arrivals, bar[1] is the generation. The last
-// block to arrive resets the count and advances the generation. A wait longer
-// than 20 s (blocks not co-resident) traps instead of hanging.
-__device__ __forceinline__ void panel_grid_sync(unsigned* bar, unsigned& gen) {
-    __syncthreads();
-    if (threadIdx.x == 0 && gridDim.x > 1) {
-        __threadfence();
-        if (atomicAdd(&bar[0], 1u) == gridDim.x - 1) {
-            atomicExch(&bar[0], 0u);
+// Grid-wide exchange: every block posts a tag (launch epoch << 16 | sync count)
+// in its own flag word after writing its partials; a block continues once all
+// flags carry the tag (thread q polls block q's flag), so the barrier and the
+// wait for the data are one step. A wait longer than 20 s (blocks not
+// co-resident) traps instead of hanging.
+__device__ __forceinline__ unsigned long long panel_ld_acquire64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void panel_st_release64(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void panel_grid_sync(unsigned long long* flags,
+                                                unsigned long long tag) {
+    __syncthreads();                            // this block's partials are written
+    if (gridDim.x > 1) {
+        if (threadIdx.x == 0) {
             __threadfence();
-            atomicAdd(&bar[1], 1u);
-        } else {
+            panel_st_release64(&flags[blockIdx.x], tag);
+        }
+        if (threadIdx.x < gridDim.x) {
             const unsigned long long t0 = panel_clock_ns();
-            while (panel_ld_acquire(&bar[1]) == gen) {
+            while (panel_ld_acquire64(&flags[threadIdx.x]) < tag) {
                 if (panel_clock_ns() - t0 > 20000000000ull) __trap();
             }
         }
-        __threadfence();
-        ++gen;
+        __syncthreads();
     }
-    __syncthreads();
 }
 
 // Sum the blocks' partials P[nbk][PANEL_PART] in a fixed order: S[0..31] dots,
-// S[32] max. Every block gets bitwise the same numbers.
+// S[32] max; rowc[0..31] = rb. Every block gets bitwise the same numbers.
 template <typename T>
-__device__ __forceinline__ void panel_reduce(const T* P, int nbk, T* red, T* S) {
+__device__ __forceinline__ void panel_reduce(const T* P, int nbk, T* red, T* S,
+                                             const T* rb, T* rowc) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     constexpr int U = 8;                        // loads in flight per lane
     T s = 0, mm = 0;
@@ -103,6 +108,7 @@ __device__ __forceinline__ void panel_reduce(const T* P, int nbk, T* red, T* S) 
     }
     red[warp * PANEL_PART + lane] = s;
     if (lane == 0) red[warp * PANEL_PART + 32] = mm;
+    if (rb != nullptr && warp == 1) rowc[lane] = __ldcg(&rb[lane]);
     __syncthreads();
     if (warp == 0) {
         T t = 0, m2 = 0;
@@ -116,18 +122,19 @@ __device__ __forceinline__ void panel_reduce(const T* P, int nbk, T* red, T* S) 
     __syncthreads();
 }
 
-// This block's partial sums of x_i * A[i][lane] (x = column c scaled by 1/xs; lane
-// c sums x_i^2) over its rows below the diagonal, and max |x_i|, to P[blockIdx.x].
-template <typename T>
+// This block's partial sums of x_i * A[i][lane] (x = column c, divided by xs when
+// SCALED; lane c sums x_i^2) over its rows below the diagonal, and max |x_i|, to
+// P[blockIdx.x].
+template <typename T, bool SCALED>
 __device__ __forceinline__ void panel_partials(const T* A, int lo, int nr, int c, T xs,
                                                T* red, T* P) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     T acc = 0, mx = 0;
 #pragma unroll 4
     for (int r = lo + warp; r < nr; r += PANEL_NW) {
-        const T x = A[r * PANEL_LD + c] / xs;
+        const T x = SCALED ? A[r * PANEL_LD + c] / xs : A[r * PANEL_LD + c];
         const T a = A[r * PANEL_LD + lane];
-        acc += x * (lane == c ? x : a);        // the column's own sum: of (x/xs)^2
+        acc += x * (lane == c ? x : a);        // the column's own sum: of x^2
         mx = fmax(mx, fabs(x));
     }
     red[warp * PANEL_PART + lane] = acc;
@@ -145,12 +152,14 @@ __device__ __forceinline__ void panel_partials(const T* A, int lo, int nr, int c
 }
 
 // work: [2][nbk][PANEL_PART] partials (by column parity), [nbk][PANEL_PART] for the
-// rescaled pass, [2][32] the diagonal row; bar: 2 zeroed words per concurrent launch.
+// rescaled pass, [2][32] the diagonal row; flags: one zeroed word per block of the
+// largest grid, shared by the launches of one stream, each with a larger epoch.
 template <typename T>
 __device__ void panel_qr(T* __restrict__ F, long long ldf, int m, int w,
                          T* __restrict__ V, long long ldv, T* __restrict__ tau,
                          T* __restrict__ Tout, T* __restrict__ work,
-                         unsigned* __restrict__ bar, int R) {
+                         unsigned long long* __restrict__ flags, unsigned long long epoch,
+                         int R) {
     extern __shared__ double panel_smem_raw[];
     T* A = reinterpret_cast<T*>(panel_smem_raw);
     T* red = A + R * PANEL_LD;
@@ -158,7 +167,6 @@ __device__ void panel_qr(T* __restrict__ F, long long ldf, int m, int w,
     T* Tm = S + PANEL_PART;
     T* y = Tm + 32 * 33;
     T* rowc = y + 32;
-    T* sc = rowc + 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int b = blockIdx.x, nbk = gridDim.x;
     const int r0 = b * R;
@@ -166,8 +174,7 @@ __device__ void panel_qr(T* __restrict__ F, long long ldf, int m, int w,
     T* Pmain = work;
     T* Pscaled = work + 2 * nbk * PANEL_PART;
     T* rowbuf = Pscaled + nbk * PANEL_PART;
-    unsigned gen = 0;
-    if (tid == 0) gen = panel_ld_acquire(&bar[1]);
+    unsigned long long tag = epoch << 16;
 
     for (int idx = tid; idx < nr * 32; idx += PANEL_NT) {
         const int i = idx >> 5, c = idx & 31;
@@ -182,11 +189,10 @@ __device__ void panel_qr(T* __restrict__ F, long long ldf, int m, int w,
         T* P = Pmain + par * nbk * PANEL_PART;
         T* rb = rowbuf + par * 32;
         const int lo = max(0, c + 1 - r0);          // local rows below the diagonal
-        panel_partials<T>(A, lo, nr, c, T(1), red, P);
+        panel_partials<T, false>(A, lo, nr, c, T(1), red, P);
         if (b == 0 && warp == 0) rb[lane] = A[c * PANEL_LD + lane];   // row c is block 0's
-        panel_grid_sync(bar, gen);
-        panel_reduce<T>(P, nbk, red, S);
-        if (warp == 0) rowc[lane] = __ldcg(&rb[lane]);
+        panel_grid_sync(flags, ++tag);
+        panel_reduce<T>(P, nbk, red, S, rb, rowc);
         const T M = S[32], ss = S[c];
         const bool plain = M == T(0) || (ss >= NormRange<T>::LO && ss <= NormRange<T>::HI);
         T xnorm, dfac;                              // dfac: S holds dots of x / dfac
@@ -194,17 +200,16 @@ __device__ void panel_qr(T* __restrict__ F, long long ldf, int m, int w,
             xnorm = M == T(0) ? T(0) : sqrt(ss);
             dfac = T(1);
         } else {                                    // uniform over the grid
-            __syncthreads();
-            panel_partials<T>(A, lo, nr, c, M, red, Pscaled);
-            panel_grid_sync(bar, gen);
-            panel_reduce<T>(Pscaled, nbk, red, S);
+            panel_partials<T, true>(A, lo, nr, c, M, red, Pscaled);
+            panel_grid_sync(flags, ++tag);
+            panel_reduce<T>(Pscaled, nbk, red, S, nullptr, rowc);
             xnorm = M * sqrt(S[c]);
             dfac = M;
         }
-        __syncthreads();                            // rowc visible
-        if (tid == 0) {
-            const T alpha = rowc[c];
-            T tk = 0, scale = 0, beta = alpha;
+        // every thread forms the same reflector (no broadcast step)
+        const T alpha = rowc[c];
+        T tk = 0, scale = 0, beta = alpha;
+        {
             const T nrm = xnorm > T(0) ? hypot(alpha, xnorm) : T(0);
             // a column below NormRange::TINY is left alone (an identity reflector)
             if (nrm >= NormRange<T>::TINY) {
@@ -212,19 +217,28 @@ __device__ void panel_qr(T* __restrict__ F, long long ldf, int m, int w,
                 tk = (beta - alpha) / beta;
                 scale = T(1) / (alpha - beta);
             }
-            sc[0] = tk;
-            sc[1] = scale;
-            sc[2] = beta;
-            sc[3] = scale * dfac;
-            if (b == 0) tau[c] = tk;
         }
-        __syncthreads();
-        const T tk = sc[0], scale = sc[1], beta = sc[2], ds = sc[3];
+        const T ds = scale * dfac;
+        if (b == 0 && tid == 0) tau[c] = tk;
         if (tk != T(0)) {
             const T vk = rowc[lane] + ds * S[lane];    // v_lane . v_c (lane < c), w/tau (lane > c)
             const T wl = (lane > c && lane < w) ? tk * vk : T(0);
-#pragma unroll 2
-            for (int r = lo + warp; r < nr; r += PANEL_NW) {
+            int r = lo + warp;
+            for (; r + 3 * PANEL_NW < nr; r += 4 * PANEL_NW) {
+                T v[4], a[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    v[u] = A[(r + u * PANEL_NW) * PANEL_LD + c] * scale;
+                    a[u] = A[(r + u * PANEL_NW) * PANEL_LD + lane];
+                }
+                __syncwarp();
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    if (lane == c) A[(r + u * PANEL_NW) * PANEL_LD + lane] = v[u];
+                    else if (lane > c) A[(r + u * PANEL_NW) * PANEL_LD + lane] = a[u] - v[u] * wl;
+                }
+            }
+            for (; r < nr; r += PANEL_NW) {
                 const T v = A[r * PANEL_LD + c] * scale;
                 const T a = A[r * PANEL_LD + lane];
                 __syncwarp();
@@ -264,12 +278,14 @@ __device__ void panel_qr(T* __restrict__ F, long long ldf, int m, int w,
 
 extern "C" __global__ void __launch_bounds__(gpuqr::PANEL_NT)
 panel_qr_f64(double* F, long long ldf, int m, int w, double* V, long long ldv, double* tau,
-             double* Tout, double* work, unsigned* bar, int R) {
-    gpuqr::panel_qr<double>(F, ldf, m, w, V, ldv, tau, Tout, work, bar, R);
+             double* Tout, double* work, unsigned long long* flags, unsigned long long epoch,
+             int R) {
+    gpuqr::panel_qr<double>(F, ldf, m, w, V, ldv, tau, Tout, work, flags, epoch, R);
 }
 
 extern "C" __global__ void __launch_bounds__(gpuqr::PANEL_NT)
 panel_qr_f32(float* F, long long ldf, int m, int w, float* V, long long ldv, float* tau,
-             float* Tout, float* work, unsigned* bar, int R) {
-    gpuqr::panel_qr<float>(F, ldf, m, w, V, ldv, tau, Tout, work, bar, R);
+             float* Tout, float* work, unsigned long long* flags, unsigned long long epoch,
+             int R) {
+    gpuqr::panel_qr<float>(F, ldf, m, w, V, ldv, tau, Tout, work, flags, epoch, R);
 }

@@ -24,7 +24,7 @@ from ..._kernels import COMPILE_OPTIONS, flatten_source, source_hash
 
 __all__ = ["NORM_RANGE", "PANEL_FILE", "KERNEL_VARIANTS", "PANEL_WIDTH", "PANEL_THREADS",
            "PANEL_SMEM_EXTRA", "panel_smem_bytes", "panel_rows_per_block",
-           "panel_qr_numpy", "PanelKernel", "panel_kernel"]
+           "panel_qr_numpy", "PanelWorkspace", "PanelKernel", "panel_kernel"]
 
 #: The kernel source (relative to ``kernels/``); its entry points are ``extern "C"``.
 PANEL_FILE = "sparse_qr/panel_qr.cu"
@@ -170,6 +170,27 @@ def _device_limits(device: int) -> tuple[int, int]:
     return int(props["multiProcessorCount"]), int(props["sharedMemPerBlockOptin"])
 
 
+class PanelWorkspace:
+    """The device buffers of one stream of panel launches.
+
+    ``work``: the blocks' partial sums (two column parities, the rescaled
+    pass) and the diagonal row; ``flags``: one word per block, where a block
+    posts ``epoch << 16 | sync count``. Each launch takes the next epoch, so
+    the flags never need clearing between launches (which must therefore be
+    ordered, e.g. on one stream).
+    """
+
+    def __init__(self, cp, dtype, blocks: int):
+        self.work = cp.empty(3 * blocks * _PART + 64, dtype=dtype)
+        self.flags = cp.zeros(blocks, dtype=np.uint64)
+        self.epoch = 0
+
+    def next_epoch(self) -> int:
+        """The epoch of the next launch (1, 2, …)."""
+        self.epoch += 1
+        return self.epoch
+
+
 class PanelKernel:
     """Launches the one-kernel panel QR on the current stream.
 
@@ -182,7 +203,7 @@ class PanelKernel:
 
     Notes
     -----
-    :meth:`workspace` gives the reduction buffers and the barrier words of one
+    :meth:`workspace` gives the reduction buffers and the flag words of one
     stream of launches (launches that may run concurrently need their own).
     """
 
@@ -201,11 +222,9 @@ class PanelKernel:
         """``(rows_per_block, nblocks)`` of an ``m``-row panel, or None (too tall)."""
         return panel_rows_per_block(m, self.blocks, self.smem_limit, self.dtype.itemsize)
 
-    def workspace(self):
-        """``(work, barrier)`` for launches enqueued on one stream."""
-        cp = self.cp
-        work = cp.empty(3 * self.sms * _PART + 64, dtype=self.dtype)
-        return work, cp.zeros(2, dtype=np.uint32)
+    def workspace(self) -> "PanelWorkspace":
+        """Reduction buffers and flag words for launches enqueued on one stream."""
+        return PanelWorkspace(self.cp, self.dtype, self.sms)
 
     def launch(self, F: int, ldf: int, m: int, w: int, V: int, ldv: int, tau: int,
                T: int, ws) -> None:
@@ -221,11 +240,10 @@ class PanelKernel:
         smem = panel_smem_bytes(R, self.dtype.itemsize)
         if smem > 48 * 1024 and self.fn.max_dynamic_shared_size_bytes < smem:
             self.fn.max_dynamic_shared_size_bytes = smem
-        work, bar = ws
         u64, i64, i32 = np.uint64, np.int64, np.int32
         self.fn((nbk,), (PANEL_THREADS,),
                 (u64(F), i64(ldf), i32(m), i32(w), u64(V), i64(ldv), u64(tau), u64(T),
-                 work, bar, i32(R)), shared_mem=smem)
+                 ws.work, ws.flags, u64(ws.next_epoch()), i32(R)), shared_mem=smem)
 
 
 @functools.lru_cache(maxsize=None)
