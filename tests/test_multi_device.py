@@ -352,3 +352,23 @@ def test_public_simulate_backend_with_devices(k):
         info = F.info
     assert info["backend_info"]["devices"]["ndevices"] == k
     assert np.abs(x - ref).max() <= 1e-10 * max(1.0, np.abs(ref).max())
+
+
+def test_larger_than_one_device_runs_within_the_sum():
+    """A factorization that overflows one simulated device's memory runs on four
+    (each device's pools, maps, VT pool and inbox counted) without host staging,
+    with the one-device answer."""
+    from scipy_gpuqr._errors import DeviceOutOfMemory
+
+    A = grid3d_least_squares(10)
+    an = analyze(A)
+    need = simulate_multi_device(A, an, devices=1).info["devices"]["devices"][0]["peak_bytes"]
+    budget = int(0.8 * need)
+    with pytest.raises(DeviceOutOfMemory):
+        simulate_multi_device(A, an, devices=1, device_memory=budget)
+    plan = map_devices(an, 4, device_memory=budget)
+    assert plan.fits and plan.device_bytes.max() <= budget
+    many = simulate_multi_device(A, an, devices=plan, device_memory=budget)
+    _same_answer(A, simulate_factorize(A, an), many)
+    peaks = [d["peak_bytes"] for d in many.info["devices"]["devices"]]
+    assert max(peaks) <= budget < sum(peaks)

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._symbolic.counts import GpuMemoryModel
 from .._symbolic.staging import StagePlan
 
 __all__ = ["DevicePlan", "map_devices", "map_fronts", "subtree_weights",
@@ -234,9 +235,9 @@ class DevicePlan:
         Flops of each device's subtrees (the upper tree's excluded).
     device_bytes : ndarray of int64 (ndevices,)
         GPU bytes each device holds when all its stages stay on it: its
-        fronts (with their S entries, VT tiles, maps and task queues), the
-        contribution blocks carried into them, two R/H staging buffers of its
-        largest front.
+        fronts (with their S entries and task queues), the contribution
+        blocks carried into them, two R/H staging buffers of its largest
+        front, and all the maps and VT tiles (every device holds them whole).
     weight : str
         What the mapping balanced: ``'flops'``, ``'flops+bytes'``, either
         with ``', upper tree by bytes'``.
@@ -363,7 +364,14 @@ def _plan_of(fs, owner, upper, upper_device, ndev, flops, gpu, itemsize, weight,
     dflops = np.bincount(owner, weights=flops, minlength=ndev).astype(np.float64)
     sflops = np.bincount(owner[~upper], weights=flops[~upper], minlength=ndev).astype(np.float64)
     carried = kids[stage_of[kids] < stage_of[par[kids]]]
-    dbytes = np.bincount(owner, weights=gpu["additive"], minlength=ndev)
+    # every device holds all the maps and the whole VT pool (the records index them
+    # globally): a front's own share of both moves to every device
+    model = GpuMemoryModel()
+    shared = (-(-fs.fm // model.tile) * (model.tile + 1) * model.tile * itemsize
+              + ((fs.fn - fs.fp) + fs.cm) * model.map_bytes).astype(np.float64)
+    dbytes = np.bincount(owner, weights=gpu["additive"] - shared,
+                         minlength=ndev).astype(np.float64)
+    dbytes += float(shared.sum())
     dbytes += np.bincount(owner[par[carried]], weights=gpu["cb"][carried], minlength=ndev)
     stg = np.zeros(ndev)
     np.maximum.at(stg, owner, gpu["staging"].astype(np.float64))

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from ..._errors import DeviceOutOfMemory
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS
 from ..._schedule.devices import DevicePlan, map_devices
 from ..._schedule.sparse import build_schedule, record_flops
@@ -66,6 +67,12 @@ class SimulatedDevice:
         and of its dense fronts.
     received, sent : int
         Bytes of contribution blocks from and to other devices.
+    limit : int or None
+        Bytes the device has: holding more (maps, VT pool, the front pools
+        of its stages, kept for ``Q``, blocks in its inbox) raises
+        :class:`~scipy_gpuqr._errors.DeviceOutOfMemory`.
+    held, peak : int
+        Bytes held now, and the most held.
     """
 
     index: int
@@ -79,6 +86,17 @@ class SimulatedDevice:
     flops: float = 0.0
     received: int = 0
     sent: int = 0
+    limit: int | None = None
+    held: int = 0
+    peak: int = 0
+
+    def take(self, nbytes: int, what: str) -> None:
+        """Count an allocation against :attr:`limit`."""
+        if self.limit is not None and self.held + nbytes > self.limit:
+            raise DeviceOutOfMemory(f"simulated device {self.index}: {nbytes:,} bytes for "
+                                    f"{what} (held {self.held:,}, limit {self.limit:,})")
+        self.held += int(nbytes)
+        self.peak = max(self.peak, self.held)
 
 
 def front_slots(analysis, f: int, slots_of: list) -> np.ndarray:
@@ -152,14 +170,18 @@ def _vt_ranges(sched, nf: int) -> tuple[np.ndarray, np.ndarray]:
 class _Run:
     """The devices' turns over the stages of one factorization."""
 
-    def __init__(self, Ac, analysis, plan: DevicePlan, sched, *, tile, rng, dense_panel):
+    def __init__(self, Ac, analysis, plan: DevicePlan, sched, *, tile, rng, dense_panel,
+                 limit=None):
         fs = analysis.fronts
         self.fs, self.plan, self.sched, self.tile = fs, plan, sched, tile
         self.rng, self.dense_panel = rng, dense_panel
         self.vals = Ac.data.astype(np.float64)[fs.s_nz]
         maps = np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64)
         self.devices = [SimulatedDevice(d, maps.copy(), np.full(max(sched.vt_size, 1), np.nan),
-                                        plan.device_stages(d)) for d in range(plan.ndevices)]
+                                        plan.device_stages(d), limit=limit)
+                        for d in range(plan.ndevices)]
+        for dev in self.devices:
+            dev.take(dev.maps.nbytes + dev.vt.nbytes, "maps and the VT pool")
         self.stage_of = np.zeros(fs.nfronts, dtype=np.int64)
         for s, (a, b) in enumerate(plan.stages):
             self.stage_of[a:b + 1] = s
@@ -193,10 +215,12 @@ class _Run:
 
     def _begin(self, dev, sid):
         st = self.sched.stages[sid]
+        dev.take(8 * st.pool_size, f"the front pool of stage {sid}")
         pool = np.zeros(st.pool_size)
         for c, off in st.carried.items():
             cb = dev.inbox.pop(c)
             pool[off: off + cb.size] = cb.ravel()
+            dev.held -= cb.nbytes
         dev.pools[sid] = pool
         s0, s1 = st.s_range
         spool = (self.fs.s_index[s0:s1], self.vals[s0:s1])
@@ -252,6 +276,7 @@ class _Run:
                 dev.sent += cb.nbytes
                 target.received += cb.nbytes
                 self.transfers.append((f, dev.index, target.index, int(cb.nbytes), self.turn))
+            target.take(cb.nbytes, f"the contribution block of front {f}")
             target.inbox[f] = cb.copy()
 
     def gather(self):
@@ -298,7 +323,9 @@ def simulate_multi_device(A, analysis=None, *, devices: int | DevicePlan = 2,
         Number of simulated devices (mapped by
         :func:`~scipy_gpuqr._schedule.devices.map_devices`), or a plan.
     device_memory : int, optional
-        Bytes per device for the mapping (see :func:`map_devices`).
+        Bytes per device: the mapping's budget (see :func:`map_devices`) and
+        each simulated device's memory (:class:`SimulatedDevice`; more raises
+        :class:`~scipy_gpuqr._errors.DeviceOutOfMemory`).
     tol : None, 'default' or float
         As :func:`~scipy_gpuqr._engine.host.simulate.simulate_factorize`
         (a tolerance: the reference engine answers).
@@ -333,7 +360,8 @@ def simulate_multi_device(A, analysis=None, *, devices: int | DevicePlan = 2,
                            max_tasks=max_tasks, plan=plan.stage_plan(),
                            dense_flops=dense_flops)
     t1 = time.perf_counter()
-    run = _Run(Ac, analysis, plan, sched, tile=tile, rng=rng, dense_panel=dense_panel)
+    run = _Run(Ac, analysis, plan, sched, tile=tile, rng=rng, dense_panel=dense_panel,
+               limit=device_memory)
     run.run()
     t2 = time.perf_counter()
     values, ftasks, vt = run.gather()
@@ -345,7 +373,7 @@ def simulate_multi_device(A, analysis=None, *, devices: int | DevicePlan = 2,
     t3 = time.perf_counter()
     per = [{"device": d.index, "stages": len(d.stages), "launches": d.launches,
             "tasks": d.tasks, "flops": d.flops, "sent_bytes": d.sent,
-            "received_bytes": d.received} for d in run.devices]
+            "received_bytes": d.received, "peak_bytes": d.peak} for d in run.devices]
     info = {"backend": "simulate", "ordering": analysis.ordering_used,
             "nfronts": int(fs.nfronts), "stages": len(sched.stages),
             "launches": int(sched.nlaunch), "launches_with_tasks": int(sched.nlaunch_with_tasks),
