@@ -26,7 +26,9 @@ values gathered.
 roots): the other devices' VT tiles are copied into its VT pool, and their
 front pools are read where they lie (peer access) when the devices can
 reach each other, else fetched to the host (uploaded level by level by the
-replay, as for staged one-GPU factorizations).
+replay, as for staged one-GPU factorizations); dense fronts factorized on
+another GPU (and their ``T``) are copied to it, since their products run
+through cuBLAS there.
 
 Several layers may share one physical GPU (``devices=[0, 0]``): each has
 its own streams, so the multi-device path runs, and is tested, on one GPU;
@@ -142,11 +144,14 @@ class _Transfers:
         cp = getattr(layer, "cp", None)
         if cp is None:
             return np.triu(pool[base: base + cm * fn].reshape(cm, fn)[:, fp:]).copy(), None
-        with layer.stream:
-            buf = cp.triu(pool[base: base + cm * fn].reshape(cm, fn)[:, fp:])
-            buf = cp.ascontiguousarray(buf)
-            ev = cp.cuda.Event(disable_timing=True)
-            ev.record(layer.stream)
+        try:
+            with layer.stream:
+                buf = cp.triu(pool[base: base + cm * fn].reshape(cm, fn)[:, fp:])
+                buf = cp.ascontiguousarray(buf)
+                ev = cp.cuda.Event(disable_timing=True)
+                ev.record(layer.stream)
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceOutOfMemory(str(exc)) from exc
         return buf, ev
 
     def put(self, c, k, layer, pool, base, cm, fn, fp):
@@ -302,6 +307,21 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
 def _host_side(analysis, plan_stages):
     lay = r_layout(analysis)
     return lay, lay.stage_maps(plan_stages), lay.pattern_copy()
+
+
+def _to_home(arr, home):
+    """``arr`` (a CuPy array) on the home layer's device: itself, or a peer copy."""
+    cp = home.cp
+    src = arr.data.device_id
+    if src == home.device_id:
+        return arr
+    with cp.cuda.Device(src):
+        arr = cp.ascontiguousarray(arr)
+        cp.cuda.Device(src).synchronize()
+    with cp.cuda.Device(home.device_id):
+        out = cp.empty(arr.shape, dtype=arr.dtype)
+    cp.cuda.runtime.memcpyPeer(out.data.ptr, home.device_id, arr.data.ptr, src, arr.nbytes)
+    return out
 
 
 class _MultiStageRun:
@@ -507,11 +527,14 @@ class _MultiStageRun:
                     pending[f] = (sid, off, size)
                 fronts.append((slots_of[f], vals, allf[ptr[i]:ptr[i + 1]]))
         dense = {}
+        home = self.layers[0]
         for f, (sid, Fv, panels, T) in self.dense_parts.items():
             if sid in host_pools:
                 off = int(sched.stages[sid].foff[f])
                 Fv = host_pools[sid][off: off + Fv.size].reshape(Fv.shape)
                 T = T.get() if hasattr(T, "get") else T
+            elif getattr(home, "cp", None) is not None:     # Q's dense products run on home
+                Fv, T = _to_home(Fv, home), _to_home(T, home)
             Ld = int(self.launch_base[sid]) + sched.stages[sid].dense[f]
             dense[f] = DenseFront(Fv, panels, T, slots=slots_of[f], after_launch=Ld)
         per = []
