@@ -112,6 +112,28 @@ class Timer:
         """Median ms between events, the host's launch work hidden behind busy copies."""
         return self._events(fn, reps, warmup, self.busy_copies)
 
+    def device_interleaved(self, fns, reps=5, warmup=2):
+        """Median ms of each of ``fns`` as :meth:`device` times them, the calls
+        taken in turn (kernel, public, ...) so that a drift of the GPU's clocks
+        during the run weighs on all of them alike."""
+        cp = self.cp
+        for fn in fns:
+            for _ in range(warmup):
+                fn()
+        cp.cuda.Device().synchronize()
+        times = [[] for _ in fns]
+        for _ in range(reps):
+            for i, fn in enumerate(fns):
+                s, e = cp.cuda.Event(), cp.cuda.Event()
+                for _ in range(self.busy_copies):
+                    self.dst[...] = self.src
+                s.record()
+                fn()
+                e.record()
+                e.synchronize()
+                times[i].append(cp.cuda.get_elapsed_time(s, e))
+        return [statistics.median(t) for t in times]
+
     def e2e(self, fn, reps=5):
         """Median ms between events around one call on an idle GPU (launch work included)."""
         return self._events(fn, reps, 1, 0)
@@ -239,8 +261,10 @@ def cublas_lu(cp, a, inverse: bool):
 
 
 #: The public functions timed by ``--public`` (``inv_v``: inv_vbatched on a
-#: padded stack whose matrices all have order n) and the driver of each one's kernel.
-PUBLIC_OPS = ("lu", "inv", "solve", "chol", "lu_solve", "cho_solve", "inv_v")
+#: padded stack whose matrices all have order n; ``inv_vmix``: orders drawn
+#: from n/2+1 .. n, several size classes, beside the kernel of the whole
+#: stack) and the driver of each one's kernel.
+PUBLIC_OPS = ("lu", "inv", "solve", "chol", "lu_solve", "cho_solve", "inv_v", "inv_vmix")
 
 
 def public_bench(args) -> int:
@@ -339,8 +363,9 @@ def public_bench(args) -> int:
                     pub = lambda b=b, c=c: g.cho_solve_batched((c, False), b)    # noqa: E731
                     asy = lambda b=b, c=c: g.cho_solve_batched(                  # noqa: E731
                         (c, False), b, check_finite=False)
-                elif op == "inv_v":
-                    vsz = cp.full((bsz,), n, dtype=cp.int64)
+                elif op in ("inv_v", "inv_vmix"):
+                    vsz = (cp.full((bsz,), n, dtype=cp.int64) if op == "inv_v" else
+                           cp.random.randint(n // 2 + 1, n + 1, size=bsz).astype(cp.int64))
                     kern = lambda: bg.getri(a)                                   # noqa: E731
                     pub = lambda vsz=vsz: g.inv_vbatched(a, vsz)                 # noqa: E731
                     asy = lambda vsz=vsz: g.inv_vbatched(                        # noqa: E731
@@ -352,9 +377,8 @@ def public_bench(args) -> int:
                     asy = lambda spd=spd: g.cho_factor_batched(                  # noqa: E731
                         spd, check_finite=False, return_info=True)
                 try:
-                    k_ms = timer.device(kern)
-                    p_ms = timer.device(pub)
-                    a_ms = timer.device(asy)
+                    k_ms, p_ms, a_ms = timer.device_interleaved((kern, pub, asy),
+                                                                reps=args.reps)
                     k_host = timer.host_us(kern)
                     host = timer.host_us(asy)
                     work = work_us(pub)
@@ -423,6 +447,7 @@ def host_profile(args) -> int:
         a = rng.standard_normal((bsz, n, n), dtype=cp.float64) + n * cp.eye(n)
         lu, piv, info = bg.getrf(a)
         st = gc.new_status()
+        rep_args = gc.report_args(st)
         sync()
         dev = gc.device_id()
         plan = bg._warp_plan("lu", "float64", n, None, None, None, dev)
@@ -437,14 +462,17 @@ def host_profile(args) -> int:
                                                                    np.int64(bsz), np.int32(1),
                                                                    np.int32(1)))),
             ("getrf launch (outputs given)", lambda: bg._launch_plan(
-                plan, n, a, lu, bsz, (a, lu, piv, info), ())),
+                plan, n, a, lu, bsz, (a, lu, piv, info), (), rep_args)),
+            ("alloc_outputs (lu, piv, info)", lambda: gc.alloc_outputs(
+                ((a.shape, a.dtype), ((bsz, n), np.int32), ((bsz,), np.int32)))),
             ("driver _gpu.getrf", lambda: bg.getrf(a)),
-            ("new_status (memset)", gc.new_status),
-            ("scan_info launch", lambda: gc.scan_info(info, st)),
+            ("driver _gpu.getrf, reporting", lambda: bg.getrf(a, report=rep_args)),
+            ("new_status", gc.new_status),
+            ("report_args", lambda: gc.report_args(st)),
             ("public lu async", lambda: g.lu_factor_batched(a, check_finite=False,
                                                             return_info=True)),
             ("read_status, idle GPU", lambda: gc.read_status(st)),
-            ("status.get() pageable, idle", lambda: st.get()),
+            ("status.get() pageable, idle", lambda: st.buf.get()),
         ]
         print(f"host profile, n={n}, batch {bsz} (us, median of 30)")
         for name, fn in steps:
@@ -486,6 +514,8 @@ def main(argv=None) -> int:
     ap.add_argument("--host-profile", action="store_true",
                     help="host time of each step of a public LU call (only)")
     ap.add_argument("--tag", help="label of the --public rows")
+    ap.add_argument("--reps", type=int, default=5,
+                    help="timed calls of each function in --public (median)")
     args = ap.parse_args(argv)
     if args.pkg_root:
         sys.path.insert(0, str(Path(args.pkg_root).resolve()))

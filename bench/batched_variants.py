@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from batched import Timer  # noqa: E402  (bench/batched.py, beside this script)
 from lapack_check import compare_getrf  # noqa: E402
+from scipy_gpuqr.batched._gpu_common import NO_REPORT  # noqa: E402
 
 OPTIONS = {
     "default": (),
@@ -130,7 +131,8 @@ def launch(cp, fn, op, size, n, a, outs, threads, stages, tiny):
         args = (a, outs[0], outs[1], outs[2], np.int64(bsz))
     else:
         args = (a, outs[0], outs[1], np.int64(bsz), np.int32(n))
-    fn((grid,), (threads,), args + (np.int32(stages), np.int32(vec)), shared_mem=smem)
+    fn((grid,), (threads,), args + (np.int32(stages), np.int32(vec)) + NO_REPORT,
+       shared_mem=smem)
     return per_sm
 
 

@@ -308,7 +308,7 @@ def _guarded_outputs(monkeypatch):
     """Outputs poisoned and of a cupy.ndarray subclass whose get() refuses more
     than MAX_NAMED elements (a host copy of info or of a result; the indices
     an error message names may come over); returns the list of status reads
-    (each a 4-counter word) the calls make."""
+    the calls make (each the size of the word read: 4 slots)."""
     import cupy as cp
     from scipy_gpuqr.batched import _gpu_common
 
@@ -317,16 +317,12 @@ def _guarded_outputs(monkeypatch):
             assert self.size <= 10, f"host copy of a per-matrix array ({self.shape})"
             return super().get(*args, **kwargs)
 
-    def alloc(shape, dtype):
-        out = cp.empty(shape, dtype=dtype)
-        out.fill(np.nan if np.dtype(dtype).kind == "f" else -12345)
-        return out.view(type=NoHostCopy)
-    monkeypatch.setattr(_gpu_common, "alloc", alloc)
+    poison_gpu_outputs(monkeypatch, NoHostCopy)
     reads = []
     real_read = _gpu_common.read_status
 
     def read(st):
-        reads.append(st.size)
+        reads.append(st.buf.size)
         return real_read(st)
     monkeypatch.setattr(_gpu_common, "read_status", read)
     return reads
@@ -463,3 +459,88 @@ def test_gpu_solves_check_finite(rng, n):
             g.cho_solve_batched((c_bad, low), cp.asarray(b[:5]))
         with pytest.raises(ValueError, match=r"infs or NaNs \(in b\)"):
             g.cho_solve_batched((c, low), cp.asarray(bad_b[:5]))
+
+
+@pytest.mark.parametrize("n", [2, 8, 32])
+def test_gpu_small_calls_are_one_launch_without_info_pass(rng, monkeypatch, n):
+    """For n <= 32 the factorization kernels report to the status word
+    themselves: no pass over info (scan_info) runs, with or without
+    return_info, and a status word is never cleared by a launch."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu_common
+    scans = []
+    monkeypatch.setattr(_gpu_common, "scan_info", lambda *a, **k: scans.append(a))
+    a = random_batch(rng, (20,), n, np.float64) + 3 * np.eye(n)
+    a[4, :, 1] = 0                                  # singular
+    ga = cp.asarray(a)
+    with pytest.warns(LinAlgWarning, match=r"\[4\]"):
+        g.lu_factor_batched(ga)
+    with pytest.raises(LinAlgError, match=r"\[4\]"):
+        g.inv_batched(ga)
+    with pytest.raises(LinAlgError, match=r"\[4\]"):
+        g.solve_batched(ga, cp.ones(n))
+    g.lu_factor_batched(ga, return_info=True, check_finite=False)
+    x, info = g.inv_batched(ga, return_info=True, check_finite=False)
+    assert np.isnan(_host(x)[4]).all() and int(_host(info)[4]) == 2
+    s = spd_batch(rng, 20, n, np.float64)
+    s[7, 0, 0] = -1.0
+    with pytest.raises(LinAlgError, match=r"\[7\]"):
+        g.cho_factor_batched(cp.asarray(s))
+    assert scans == []
+
+
+def test_gpu_status_marks_of_earlier_calls_are_ignored(rng):
+    """A status word holds the marks of whichever call last saw something:
+    a later call on good matrices neither warns nor raises, even after a
+    kernel marked the word for a call that never read it."""
+    import warnings
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu as bg
+    from scipy_gpuqr.batched import _gpu_common as gc
+    for n in (8, 40):
+        good = cp.asarray(random_batch(rng, (30,), n, np.float64) + 3 * np.eye(n))
+        bad = good.copy()
+        bad[3, :, 0] = 0
+        bad[5, 1, 1] = np.nan
+        with pytest.raises(ValueError, match=r"\[5\]"):
+            g.lu_factor_batched(bad)
+        bg.getrf(bad, report=gc.report_args(gc.new_status()))   # marked, never read
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            lu, piv = g.lu_factor_batched(good)
+            g.inv_batched(good)
+            g.solve_batched(good, cp.ones(n))
+        np.testing.assert_array_equal(_host(piv), lapack_getrf(_host(good))[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,kernel", [(1, None), (2, None), (3, None), (8, None),
+                                      (17, None), (24, None), (32, "warp"), (32, None),
+                                      (27, "warp"), (27, None)])
+def test_gpu_inverse_kernels_write_nan_and_clear_info(rng, n, kernel, dtype):
+    """getri's report flags applied by every inverse kernel variant (a thread
+    per matrix, a row per lane, the 2-D row split, the tensor cores): the
+    singular matrices' results all NaN, info < 0 cleared, the others exact."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu as bg
+    from scipy_gpuqr.batched import _gpu_common as gc
+    if kernel is None and dtype == np.float32 and n in (27, 32):
+        kernel = "warp"
+    a = random_batch(rng, (40,), n, dtype) + 3 * np.eye(n, dtype=dtype)
+    a[[3, 17, 33], :, n - 1] = 0                   # singular: info n
+    a[9, 0, n - 1] = np.inf                         # non-finite: info -1 -> 0
+    st = gc.new_status()
+    x, info = bg.getri(cp.asarray(a), kernel=kernel,
+                       report=gc.report_args(st, clear_neg=True, nan_fill=True))
+    marks = gc.read_status(st)
+    assert marks[gc.STATUS_SINGULAR] == 1 and marks[gc.STATUS_NONFINITE] == 1
+    x, info = _host(x), _host(info)
+    expect = np.zeros(40, dtype=np.int32)
+    expect[[3, 17, 33]] = n
+    np.testing.assert_array_equal(info, expect)
+    assert np.isnan(x[[3, 17, 33]]).all()
+    ok = [i for i in range(40) if i not in (3, 9, 17, 33)]
+    ref = np.linalg.inv(a[ok].astype(np.float64))
+    cond = max(np.linalg.cond(m) for m in a[ok].astype(np.float64))
+    np.testing.assert_allclose(x[ok], ref, rtol=0,
+                               atol=30 * n * eps(dtype) * cond * np.abs(ref).max())

@@ -182,3 +182,87 @@ def test_one_batched_call_per_size_class(rng, monkeypatch):
     monkeypatch.setattr(_batched, "lu_factor_batched", spy)
     g.lu_factor_vbatched(_mats(rng, [3, 9, 10, 12, 3, 70, 65, 9]))
     assert sorted(calls) == sorted([(2, 3, 3), (4, 12, 12), (2, 80, 80)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [8, 32, 40])
+def test_gpu_padded_stack_of_one_order(rng, monkeypatch, n):
+    """A padded stack whose matrices all fill it (sizes on the device) goes to
+    the fixed-size routine as it is, one call, no gather: results equal
+    that routine's; an inf is named by its index, bad sizes are refused."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _functions as _batched
+    a = rng.standard_normal((50, n, n)) + 3 * np.eye(n)
+    ga, sz = cp.asarray(a), cp.full(50, n, dtype=cp.int64)
+    calls = []
+    real = _batched.inv_batched
+
+    def spy(x, **kw):
+        calls.append(x.data.ptr)
+        return real(x, **kw)
+    monkeypatch.setattr(_batched, "inv_batched", spy)
+    inv = g.inv_vbatched(ga, sz)
+    assert calls == [ga.data.ptr]
+    np.testing.assert_array_equal(_host(inv), _host(real(ga)))
+    lu, piv = g.lu_factor_vbatched(ga, sz)
+    rlu, rpiv = g.lu_factor_batched(ga)
+    np.testing.assert_array_equal(_host(lu), _host(rlu))
+    np.testing.assert_array_equal(_host(piv), _host(rpiv))
+    b = rng.standard_normal((50, n, 2))
+    np.testing.assert_array_equal(_host(g.solve_vbatched(ga, cp.asarray(b), sz)),
+                                  _host(g.solve_batched(ga, cp.asarray(b))))
+    spd = cp.asarray(a @ a.transpose(0, 2, 1) + n * np.eye(n))
+    np.testing.assert_array_equal(_host(g.cho_factor_vbatched(spd, sz)[0]),
+                                  _host(g.cho_factor_batched(spd)[0]))
+    bad = ga.copy()
+    bad[41, 2, 3] = np.nan
+    with pytest.raises(ValueError, match=r"infs or NaNs.*\[41\]"):
+        g.inv_vbatched(bad, sz)
+    _, info = g.inv_vbatched(bad, sz, check_finite=False, return_info=True)
+    assert not _host(info).any()
+    with pytest.raises(ValueError, match=rf"lie in \[0, {n}\]"):
+        g.inv_vbatched(ga, cp.full(50, n + 1, dtype=cp.int64))
+
+
+@pytest.mark.gpu
+def test_gpu_padded_stack_classes_on_device(rng):
+    """Several size classes in a padded stack with device sizes: gathers and
+    scatters by kernel, padding the identity (matrices, inverses), the row
+    index (pivots) and zero (solutions); infs named across classes."""
+    import cupy as cp
+    sizes = np.array([5, 32, 17, 0, 40, 3, 32, 12, 29, 1])
+    mats = _mats(rng, sizes)
+    for m in mats:
+        m += 3 * np.eye(len(m))
+    stack = _padded(mats)
+    big = stack.shape[-1]
+    gs, gz = cp.asarray(stack), cp.asarray(sizes)
+    lu, piv = g.lu_factor_vbatched(gs, gz)
+    inv = _host(g.inv_vbatched(gs, gz))
+    lu, piv = _host(lu), _host(piv)
+    for k, m in enumerate(mats):
+        n = len(m)
+        np.testing.assert_array_equal(piv[k, n:], np.arange(n, big))
+        np.testing.assert_array_equal(lu[k, n:, n:], np.eye(big - n))
+        np.testing.assert_array_equal(inv[k, n:, n:], np.eye(big - n))
+        assert not lu[k, :n, n:].any() and not inv[k, n:, :n].any()
+        if n:
+            ref, rpiv = sl.lu_factor(m)
+            np.testing.assert_array_equal(piv[k, :n], rpiv)
+            np.testing.assert_allclose(lu[k, :n, :n], ref, rtol=0,
+                                       atol=50 * n * eps(np.float64) * np.abs(ref).max())
+            np.testing.assert_allclose(inv[k, :n, :n], np.linalg.inv(m), rtol=1e-9,
+                                       atol=1e-9)
+    bp = rng.standard_normal((len(sizes), big))
+    x = _host(g.solve_vbatched(gs, cp.asarray(bp), gz))
+    for k, m in enumerate(mats):
+        n = len(m)
+        assert not x[k, n:].any()
+        if n:
+            np.testing.assert_allclose(x[k, :n], np.linalg.solve(m, bp[k, :n]),
+                                       rtol=1e-9, atol=1e-9)
+    gs[4, 39, 0] = np.inf
+    gs[8, 0, 28] = np.nan
+    gs[8, 0, 30] = np.nan                          # beyond matrix 8 (order 29): ignored
+    with pytest.raises(ValueError, match=r"infs or NaNs.*\[4, 8\]"):
+        g.inv_vbatched(gs, gz)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "status.cuh"
 
 namespace gpuqr_batched {
 

@@ -11,7 +11,8 @@
 //
 // info per matrix: 0; k + 1 when the leading minor of order k + 1 is not
 // positive definite (LAPACK potrf); -1 when the input holds an inf or NaN
-// (checked on the values loaded: no extra pass over memory).
+// (checked on the values loaded: no extra pass over memory). The kernel
+// reports to the status word itself (status, ctl: status.cuh).
 //
 // Launch: blockDim.x a multiple of 32 (>= SEG); gridDim.x =
 // ceil(batch / (blockDim.x / SEG)); dynamic shared memory from
@@ -30,7 +31,8 @@ using namespace gpuqr_batched;
 // ---------------------------------------------------------------------------
 template <typename T, int N>
 __global__ void potrf_small(const T *__restrict__ a, T *__restrict__ c,
-                            int *__restrict__ info, long long batch, int n, int lower)
+                            int *__restrict__ info, long long batch, int n, int lower,
+                            unsigned long long *__restrict__ status, unsigned long long ctl)
 {
     constexpr int SEG = Seg<N>::value;
     constexpr int LD = Ld<N>::value;
@@ -108,7 +110,7 @@ __global__ void potrf_small(const T *__restrict__ a, T *__restrict__ c,
                 else msm[j * LD + r] = row[j];
             }
         }
-        if (r == 0) info[first + mloc] = bad ? -1 : inf;
+        if (r == 0) info[first + mloc] = gpuqr_status::report_info(bad ? -1 : inf, status, ctl);
     }
     __syncthreads();
     stage_out_n<T, N>(c + first * n * n, sm, nmat, n);

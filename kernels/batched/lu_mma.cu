@@ -561,7 +561,8 @@ __device__ __forceinline__ int invert_mma(double *t, int *perm, int *steps, doub
 template <typename T, int N, int V = 1>
 __global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
 getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
-          int *__restrict__ info, long long batch, int stages, int vec)
+          int *__restrict__ info, long long batch, int stages, int vec,
+          unsigned long long *__restrict__ status, unsigned long long ctl)
 {
     static_assert(sizeof(T) == 8, "float64 only (FP64 tensor cores)");
     using namespace gpuqr_mma;
@@ -600,7 +601,7 @@ getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
         __syncwarp();
         bool bad;
         const int z = factor_mma<N, V>(t, perm, steps, bc, piv + m * N, bad, lane);
-        if (lane == 0) info[m] = bad ? -1 : z;
+        if (lane == 0) info[m] = gpuqr_status::report_info(bad ? -1 : z, status, ctl);
         mma_store<N>(lu + m * (N * N), t, perm, v, opaque(lane));
         __syncwarp();
         if (stages == 2) cur ^= 1;
@@ -633,7 +634,8 @@ getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
 template <typename T, int N, int V = 1>
 __global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
 getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
-          long long batch, int n, int stages, int vec)
+          long long batch, int n, int stages, int vec,
+          unsigned long long *__restrict__ status, unsigned long long ctl)
 {
     static_assert(sizeof(T) == 8, "float64 only (FP64 tensor cores)");
     using namespace gpuqr_mma;
@@ -675,7 +677,12 @@ getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
         bool bad;
         int mypos;
         const int z = invert_mma<N, V>(t, perm, steps, bc, fs, mypos, bad, lane);
-        if (lane == 0) info[m] = bad ? -1 : z;
+        if (gpuqr_status::nan_result(bad ? -1 : z, ctl)) {    // warp-uniform: all-NaN rows
+            __syncwarp();
+            fs[lane] = gpuqr_status::quiet_nan<double>();
+            __syncwarp();
+        }
+        if (lane == 0) info[m] = gpuqr_status::report_info(bad ? -1 : z, status, ctl);
         inv_store<N>(ainv + m * nn, t, perm, fs, mypos, n, opaque(lane));
         __syncwarp();
         if (stages == 2) cur ^= 1;

@@ -17,7 +17,9 @@
 //     lane (warp2d.cuh): fewer broadcast loads per update.
 //
 // info per matrix: 0; k+1 for the first exactly zero pivot; -1 when the input
-// holds an inf or NaN (checked on the values loaded: no extra pass).
+// holds an inf or NaN (checked on the values loaded: no extra pass). The
+// kernels report to the status word themselves (status, ctl: status.cuh):
+// no pass over info follows them.
 //
 // Launch: blockDim.x a multiple of 32 (<= GPUQR_WARP_THREADS), any grid (the
 // warps loop over tiles); stages 1 or 2 (tiles in flight per warp); vec != 0
@@ -247,7 +249,8 @@ __device__ __forceinline__ bool aligned16(const void *p) {
 template <typename T, int N>
 __device__ __forceinline__ void tiny_getrf(const T *__restrict__ a, T *__restrict__ lu,
                                            int *__restrict__ piv, int *__restrict__ info,
-                                           long long batch) {
+                                           long long batch, unsigned long long *status,
+                                           unsigned long long ctl) {
     const bool vec = aligned16(a) && aligned16(lu);
     for (long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x; m < batch;
          m += (long long)gridDim.x * blockDim.x) {
@@ -263,13 +266,14 @@ __device__ __forceinline__ void tiny_getrf(const T *__restrict__ a, T *__restric
 #pragma unroll
             for (int k = 0; k < N; ++k) piv[m * N + k] = pv[k];
         }
-        info[m] = fin ? z : -1;
+        info[m] = gpuqr_status::report_info(fin ? z : -1, status, ctl);
     }
 }
 
 template <typename T, int N>
 __device__ __forceinline__ void tiny_getri(const T *__restrict__ a, T *__restrict__ ainv,
-                                           int *__restrict__ info, long long batch, int n) {
+                                           int *__restrict__ info, long long batch, int n,
+                                           unsigned long long *status, unsigned long long ctl) {
     const bool vec = aligned16(a) && aligned16(ainv) && n == N;
     const long long nn = (long long)n * n;
     for (long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x; m < batch;
@@ -278,8 +282,14 @@ __device__ __forceinline__ void tiny_getri(const T *__restrict__ a, T *__restric
         tiny_load<T, N>(v, a + m * nn, n, vec);
         const bool fin = tiny_finite<T, N>(v);
         const int z = tiny_inv<T, N>(v, e);
+        if (gpuqr_status::nan_result(fin ? z : -1, ctl)) {
+#pragma unroll
+            for (int i = 0; i < N; ++i)
+#pragma unroll
+                for (int j = 0; j < N; ++j) e[i][j] = gpuqr_status::quiet_nan<T>();
+        }
         tiny_store<T, N>(ainv + m * nn, e, n, vec);
-        info[m] = fin ? z : -1;
+        info[m] = gpuqr_status::report_info(fin ? z : -1, status, ctl);
     }
 }
 
@@ -293,14 +303,15 @@ __device__ __forceinline__ void tiny_getri(const T *__restrict__ a, T *__restric
 template <typename T, int N>
 __global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, false>::MINB))
 getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
-           int *__restrict__ info, long long batch, int stages, int vec)
+           int *__restrict__ info, long long batch, int stages, int vec,
+           unsigned long long *__restrict__ status, unsigned long long ctl)
 {
     typedef Layout<T, N> L;
     constexpr int SEG = L::SEG;
     constexpr int G = WarpCfg<T, N, false>::G;
     constexpr bool SH = WarpCfg<T, N, false>::SHFL;
     if constexpr (N <= GPUQR_TINY_MAX) {
-        tiny_getrf<T, N>(a, lu, piv, info, batch);
+        tiny_getrf<T, N>(a, lu, piv, info, batch, status, ctl);
         return;
     }
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -317,7 +328,7 @@ getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
         run_tiles<T, N>(a, lu, batch, N, stages, vec != 0, tiles,
                         [&](T *t, long long first, int) {
             const int z = factor2d<T, N, G, false>(t, bc, piv + first * N, N, lane);
-            if (lane == 0) info[first] = z;
+            if (lane == 0) info[first] = gpuqr_status::report_info(z, status, ctl);
         });
         return;
     }
@@ -386,7 +397,8 @@ getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
         if (active) {
             row_write<T, N>(t + (mloc * N + pos) * L::LD, row);
             piv[(first + mloc) * N + r] = mypiv;
-            if (r == 0) info[first + mloc] = bad ? -1 : zinfo;
+            if (r == 0) info[first + mloc] = gpuqr_status::report_info(bad ? -1 : zinfo,
+                                                                       status, ctl);
         }
     });
 }
@@ -404,14 +416,15 @@ getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
 template <typename T, int N>
 __global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, true>::MINB))
 getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
-           long long batch, int n, int stages, int vec)
+           long long batch, int n, int stages, int vec,
+           unsigned long long *__restrict__ status, unsigned long long ctl)
 {
     typedef Layout<T, N> L;
     constexpr int SEG = L::SEG;
     constexpr int G = WarpCfg<T, N, true>::G;
     constexpr bool SH = WarpCfg<T, N, true>::SHFL;
     if constexpr (N <= GPUQR_TINY_MAX) {
-        tiny_getri<T, N>(a, ainv, info, batch, n);
+        tiny_getri<T, N>(a, ainv, info, batch, n, status, ctl);
         return;
     }
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -429,7 +442,11 @@ getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info
         run_tiles<T, N>(a, ainv, batch, n, stages, vec != 0, tiles,
                         [&](T *t, long long first, int) {
             const int z = factor2d<T, N, G, true>(t, bc, nullptr, n, lane);
-            if (lane == 0) info[first] = z;
+            if (gpuqr_status::nan_result(z, ctl)) {         // warp-uniform; MW == 1 here
+                __syncwarp();
+                for (int e = lane; e < L::TILE; e += 32) t[e] = gpuqr_status::quiet_nan<T>();
+            }
+            if (lane == 0) info[first] = gpuqr_status::report_info(z, status, ctl);
         });
         return;
     }
@@ -496,11 +513,13 @@ getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info
             axpy_from<T, N>(row, buf, l, 0, k, k + 1);   // columns k, k+1 done above
         }
         // A^{-1}[pos][col(c)] = f * row[c]; col(c) = lane (in the segment) pivoting step c
+        if (gpuqr_status::nan_result(bad ? -1 : zinfo, ctl)) f = gpuqr_status::quiet_nan<T>();
 #pragma unroll
         for (int c = 0; c < N; ++c) {
             const int tc = __shfl_sync(0xffffffffu, mycol, base + c);
             if (active) t[(mloc * N + pos) * L::LD + tc] = f * row[c];
         }
-        if (active && r == 0) info[first + mloc] = bad ? -1 : zinfo;
+        if (active && r == 0)
+            info[first + mloc] = gpuqr_status::report_info(bad ? -1 : zinfo, status, ctl);
     });
 }

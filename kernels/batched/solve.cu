@@ -6,19 +6,19 @@
 // Both read the right-hand sides from b and write the solutions to x (b is
 // not modified; x needs no copy of b beforehand): matrix m's right-hand
 // sides start at b + m * bstride (bstride 0: the same b for every matrix).
-// status (null: no checks): the kernels look at every entry of the factor
-// and of b they load, with no extra memory traffic, and add to status[2]
-// (the factor holds an inf or NaN) and status[3] (b does) -- the slots of
-// status.cu -- for the public functions' check_finite.
+// status, ctl (status.cuh; null status: no checks): the kernels look at
+// every entry of the factor and of b they load, with no extra memory
+// traffic, and mark status slot 2 (the factor holds an inf or NaN) and slot 3
+// (b does) for the public functions' check_finite.
 #include "common.cuh"
+#include "status.cuh"
 
 namespace gpuqr_solve {
 
-// Nonzero per-thread counts into status[2] / status[3] (rare: one atomic per thread).
-__device__ __forceinline__ void report(unsigned long long *status, int bad_f, int bad_b) {
-    if (status == nullptr) return;
-    if (bad_f) atomicAdd(status + 2, 1ull);
-    if (bad_b) atomicAdd(status + 3, 1ull);
+__device__ __forceinline__ void report(unsigned long long *status, unsigned long long ctl,
+                                       int bad_f, int bad_b) {
+    if (bad_f) gpuqr_status::mark(status, ctl, 2);
+    if (bad_b) gpuqr_status::mark(status, ctl, 3);
 }
 
 }  // namespace gpuqr_solve
@@ -28,12 +28,16 @@ __device__ __forceinline__ void report(unsigned long long *status, int bad_f, in
 // input:  lu (batch, n, n), piv (batch, n) 0-based, b (see above)
 // output: x (batch, n, nrhs)
 // trans 0: A x = b; 1: A^T x = b
+// info (null: none): the factorization's info; with CTL_NAN_FILL in ctl a
+// matrix whose info is > 0 gets an all-NaN solution (solve_batched's
+// return_info=True) and is not solved.
 // ---------------------------------------------------------------------------
 template <typename T>
 __global__ void getrs_batched(const T *__restrict__ lu, const int *__restrict__ piv,
                               const T *__restrict__ b, T *__restrict__ x, int n, int nrhs,
                               long long batch, int trans, long long bstride,
-                              unsigned long long *__restrict__ status)
+                              unsigned long long *__restrict__ status, unsigned long long ctl,
+                              const int *__restrict__ info)
 {
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= batch * nrhs) return;
@@ -43,6 +47,15 @@ __global__ void getrs_batched(const T *__restrict__ lu, const int *__restrict__ 
     const int *pv = piv + mat * n;
     const T *B = b + mat * bstride + c;
     T *X = x + mat * (long long)n * nrhs + c;
+    if (info != nullptr && gpuqr_status::nan_result(info[mat], ctl)) {
+        bool bad = false;                                  // b is still checked
+        for (int k = 0; k < n; ++k) {
+            bad |= !isfinite(B[k * nrhs]);
+            X[k * nrhs] = gpuqr_status::quiet_nan<T>();
+        }
+        gpuqr_solve::report(status, ctl, false, bad);
+        return;
+    }
     bool bad_f = false, bad_b = false;
     for (int k = 0; k < n; ++k) {
         const T v = B[k * nrhs];
@@ -101,7 +114,7 @@ __global__ void getrs_batched(const T *__restrict__ lu, const int *__restrict__ 
             if (p != k) { T tmp = X[k * nrhs]; X[k * nrhs] = X[p * nrhs]; X[p * nrhs] = tmp; }
         }
     }
-    gpuqr_solve::report(status, bad_f, bad_b);
+    gpuqr_solve::report(status, ctl, bad_f, bad_b);
 }
 
 // ---------------------------------------------------------------------------
@@ -116,7 +129,7 @@ template <typename T>
 __global__ void potrs_batched(const T *__restrict__ cf, const T *__restrict__ b,
                               T *__restrict__ x, int n, int nrhs, long long batch,
                               int lower, long long bstride,
-                              unsigned long long *__restrict__ status)
+                              unsigned long long *__restrict__ status, unsigned long long ctl)
 {
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= batch * nrhs) return;
@@ -144,5 +157,5 @@ __global__ void potrs_batched(const T *__restrict__ cf, const T *__restrict__ b,
         for (int j = i + 1; j < n; ++j) s -= (lower ? C[j * n + i] : C[i * n + j]) * X[j * nrhs];
         X[i * nrhs] = s / C[i * n + i];
     }
-    gpuqr_solve::report(status, bad_f, bad_b);
+    gpuqr_solve::report(status, ctl, bad_f, bad_b);
 }

@@ -1,61 +1,38 @@
-// status.cu: the device-side summaries behind the batched public functions'
-// warnings and exceptions (scipy_gpuqr/batched/_gpu_common.py), so that no
-// per-matrix array is copied to the host: a call zeroes a status word of four
-// unsigned 64-bit counters (one memset), the kernels add to it, and the host
-// reads those 32 bytes once.
-//
-// status slots (STATUS_* in _gpu_common.py); a slot is zero when nothing was seen
-//   0: matrices with info > 0 (singular / not positive definite)
-//   1: matrices with info < 0 (an inf or NaN in the input, flagged by the kernels)
-//   2: non-finite entries seen in a factor (solves; nonzero, not an exact count)
-//   3: non-finite entries seen in a right-hand side (idem)
+// status.cu: the device-side passes behind the batched public functions'
+// warnings and exceptions where the kernels do not report themselves
+// (scipy_gpuqr/batched/_gpu_common.py): n > 32, the variable-size batches
+// and the Cholesky solve's unused triangle. The status word, its slots and
+// ctl (a generation and flags) are described in status.cuh; the factorization
+// kernels of n <= 32 report through the same helpers without these passes.
 #include "common.cuh"
-
-namespace gpuqr_status {
-
-template <typename T> __device__ __forceinline__ T quiet_nan();
-template <> __device__ __forceinline__ double quiet_nan<double>() {
-    return __longlong_as_double(0x7ff8000000000000LL);
-}
-template <> __device__ __forceinline__ float quiet_nan<float>() {
-    return __int_as_float(0x7fc00000);
-}
-
-// Sum of v over the 32 lanes of a warp (all lanes active), added to *slot by lane 0
-// when nonzero: one atomic per warp, and none at all on the common path.
-__device__ __forceinline__ void warp_add(unsigned long long *slot, unsigned long long v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0 && v != 0ull) atomicAdd(slot, v);
-}
-
-}  // namespace gpuqr_status
+#include "status.cuh"
 
 // ---------------------------------------------------------------------------
-// One pass over info (batch,): counts info > 0 into status[0] and info < 0 into
-// status[1] (status may be null: no counting); clear_neg: info < 0 becomes 0
-// (check_finite=False); x not null: every matrix with info > 0 gets nn NaNs at
-// x + m * nn (the NaN results of return_info=True), written by a whole warp.
+// One pass over info (batch,): marks status slot 0 when some info > 0 and
+// slot 1 when some info < 0 (status may be null: no marks); with
+// CTL_CLEAR_NEG info < 0 becomes 0; x not null and CTL_NAN_FILL: every
+// matrix with info > 0 gets nn NaNs at x + m * nn, written by a whole warp.
 // Block: a multiple of 32 threads; every warp walks whole groups of 32 matrices.
 // ---------------------------------------------------------------------------
 template <typename T>
 __global__ void info_scan(int *__restrict__ info, long long batch, T *__restrict__ x,
                           long long nn, unsigned long long *__restrict__ status,
-                          int clear_neg)
+                          unsigned long long ctl)
 {
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
-    unsigned long long npos = 0, nneg = 0;
+    bool pos = false, neg = false;
+    const bool fill = x != nullptr && (ctl & gpuqr_status::CTL_NAN_FILL);
     for (long long base = warp * 32; base < batch; base += warps * 32) {
         const long long m = base + lane;
         const int v = m < batch ? info[m] : 0;
-        if (v > 0) ++npos;
+        pos = pos || v > 0;
         if (v < 0) {
-            ++nneg;
-            if (clear_neg) info[m] = 0;
+            neg = true;
+            if (ctl & gpuqr_status::CTL_CLEAR_NEG) info[m] = 0;
         }
-        if (x != nullptr) {
+        if (fill) {
             unsigned bad = __ballot_sync(0xffffffffu, v > 0);
             while (bad) {
                 const int l = __ffs(bad) - 1;
@@ -65,28 +42,28 @@ __global__ void info_scan(int *__restrict__ info, long long batch, T *__restrict
             }
         }
     }
-    if (status != nullptr) {
-        gpuqr_status::warp_add(status, npos);
-        gpuqr_status::warp_add(status + 1, nneg);
-    }
+    if (__any_sync(0xffffffffu, pos) && lane == 0) gpuqr_status::mark(status, ctl, 0);
+    if (__any_sync(0xffffffffu, neg) && lane == 0) gpuqr_status::mark(status, ctl, 1);
 }
 
 // ---------------------------------------------------------------------------
-// status[slot] += the number of infs and NaNs among x[0 .. count) (contiguous).
+// Marks status[slot] when x[0 .. count) (contiguous) holds an inf or NaN.
 // Used where a solve kernel does not check its inputs itself.
 // ---------------------------------------------------------------------------
 template <typename T>
 __global__ void nonfinite_scan(const T *__restrict__ x, long long count,
-                               unsigned long long *__restrict__ status, int slot)
+                               unsigned long long *__restrict__ status,
+                               unsigned long long ctl, int slot)
 {
     const long long stride = (long long)gridDim.x * blockDim.x;
-    unsigned long long bad = 0;
-    // every thread of a warp runs the same number of iterations (warp_add needs all lanes)
+    bool bad = false;
+    // every thread of a warp runs the same number of iterations (__any_sync needs all lanes)
     const long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long first = start - (threadIdx.x & 31);
     for (long long i0 = first; i0 < count; i0 += stride) {
         const long long i = i0 + (threadIdx.x & 31);
-        if (i < count && !isfinite(x[i])) ++bad;
+        if (i < count && !isfinite(x[i])) bad = true;
     }
-    gpuqr_status::warp_add(status + slot, bad);
+    if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0)
+        gpuqr_status::mark(status, ctl, slot);
 }

@@ -144,11 +144,12 @@ def info_counts(info):
     """(matrices with info > 0, matrices with info < 0) of a NumPy or CuPy ``info``.
 
     CuPy: one pass on the device and one 32-byte read
-    (:func:`scipy_gpuqr.batched._gpu_common.read_status`).
+    (:func:`scipy_gpuqr.batched._gpu_common.read_status`), which tells only
+    whether there are any: the counts are then 0 or 1.
     """
     if is_cupy_array(info):
         st = gc.new_status()
-        gc.scan_info(info if info.flags.c_contiguous else info.copy(), st)
+        gc.scan_info(info if info.flags.c_contiguous else info.copy(), gc.report_args(st))
         counts = gc.read_status(st)
         return counts[gc.STATUS_SINGULAR], counts[gc.STATUS_NONFINITE]
     info = np.asarray(info)

@@ -48,43 +48,41 @@ __all__ = ["lu_factor_batched", "lu_solve_batched", "solve_batched",
 # GPU calls: info and the finiteness checks summarized on the device
 # ----------------------------------------------------------------------------
 #
-# A GPU call allocates each output once, launches its kernel(s) on the current
+# A GPU call allocates its outputs once, launches its kernel(s) on the current
 # stream and then, to warn or raise like SciPy, needs one fact from the
 # device: does any matrix have info != 0 (or an inf/NaN in a right-hand
-# side)? One pass over info (kernels/batched/status.cu, a few microseconds)
-# counts them into a 32-byte status word, and the host reads those 32 bytes:
-# that read is the call's only synchronization, and no per-matrix array is
-# copied. Only when something was found are the offending indices looked up
-# (on the device; the first MAX_NAMED come to the host for the message).
+# side)? The kernels mark a 32-byte status word themselves
+# (kernels/batched/status.cuh; for n > 32 one pass over info does), and the
+# host reads those 32 bytes: that read is the call's only synchronization,
+# and no per-matrix array is copied. Only when something was found are the
+# offending indices looked up (on the device; the first MAX_NAMED come to
+# the host for the message).
 #
 # return_info=True with check_finite=False needs nothing from the device: the
-# call is then fully asynchronous (info comes back on the device, the NaN
-# results of singular matrices are written by the same pass).
+# call is then fully asynchronous (info comes back on the device; the kernels
+# clear info < 0 and write the NaN results of singular matrices).
 
 def _dev(arr):
     """``arr`` on the device (NumPy input with ``backend='gpu'`` is copied there)."""
     return arr if is_cupy_array(arr) else to_device(arr)
 
 
-def _new_status(check_finite, return_info):
-    """The status word of a call that must wait to warn or raise (zeroed
-    before its kernels are queued); None for ``return_info`` without
-    ``check_finite``, which needs nothing from the device."""
-    return None if (return_info and not check_finite) else _gc.new_status()
+def _new_status(check_finite, return_info, nan_fill=False):
+    """(status word, kernel report) of a call: the word is None for
+    ``return_info`` without ``check_finite``, which needs nothing from the
+    device; the report clears ``info < 0`` without ``check_finite`` and,
+    with ``nan_fill`` and ``return_info``, gives singular matrices NaN results."""
+    st = None if (return_info and not check_finite) else _gc.new_status()
+    return st, _gc.report_args(st, clear_neg=not check_finite,
+                               nan_fill=nan_fill and return_info)
 
 
-def _gpu_status(where, info, batch_shape, check_finite, return_info, status, x=None):
-    """The counters of ``status`` (None: none, the call stays asynchronous)
-    after one pass over ``info``.
-
-    ``info < 0`` (an inf or NaN in the input) raises ValueError with
-    ``check_finite``, else becomes 0. With ``return_info`` the matrices of
-    ``x`` whose info is > 0 are set to NaN.
-    """
+def _gpu_status(where, info, batch_shape, check_finite, status):
+    """The slots of ``status`` (None: none, the call stays asynchronous),
+    read once after the call's kernels; ValueError naming the matrices with
+    ``info < 0`` (an inf or NaN in the input) with ``check_finite``."""
     if status is None:
-        _gc.scan_info(info, None, x if return_info else None, clear_neg=not check_finite)
         return None
-    _gc.scan_info(info, status, x if return_info else None, clear_neg=not check_finite)
     counts = _gc.read_status(status)
     if check_finite and counts[_gc.STATUS_NONFINITE]:
         first, total = bad_indices(info < 0)
@@ -182,9 +180,9 @@ def lu_factor_batched(a, *, overwrite_a=False, check_finite=True,
     n = arr.shape[-1]
     if gpu and gpu_supported(arr.dtype):
         cupy_in = is_cupy_array(a)
-        st = _new_status(check_finite, return_info)
-        lu, piv, info = _gpu.getrf(_dev(arr))
-        counts = _gpu_status(where, info, batch_shape, check_finite, return_info, st)
+        st, report = _new_status(check_finite, return_info)
+        lu, piv, info = _gpu.getrf(_dev(arr), report=report)
+        counts = _gpu_status(where, info, batch_shape, check_finite, st)
         if return_info:
             return restore(lu, cupy_in), restore(piv, cupy_in), restore(info, cupy_in)
         if _singular(counts):
@@ -323,7 +321,7 @@ def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
         lu3 = cp.asarray(arr, dtype=dt).reshape(bsz, n, n)
         piv2 = cp.asarray(pv, dtype=cp.int32).reshape(bsz, n)
         st = _gc.new_status() if check_finite else None
-        x = _gpu.getrs(lu3, piv2, bmat, trans, st)
+        x = _gpu.getrs(lu3, piv2, bmat, trans, _gc.report_args(st))
         if st is not None:
             _raise_nonfinite_inputs(where, _gc.read_status(st),
                                     ((_gc.STATUS_FACTOR, "lu"), (_gc.STATUS_RHS, "b")))
@@ -399,11 +397,12 @@ def solve_batched(a, b, *, check_finite=True, return_info=False,
     bsz = bmat.shape[0]
     if on_gpu:
         cupy_in = is_cupy_array(a)
-        st = _new_status(check_finite, return_info)
-        lu, piv, info = _gpu.getrf(_dev(arr))
+        st, report = _new_status(check_finite, return_info)
+        lu, piv, info = _gpu.getrf(_dev(arr), report=report)
         x = _gpu.getrs(lu.reshape(bsz, n, n), piv.reshape(bsz, n), bmat, 0,
-                       st if check_finite else None)
-        counts = _gpu_status(where, info, batch_shape, check_finite, return_info, st, x)
+                       _gc.report_args(st if check_finite else None, nan_fill=return_info),
+                       info.reshape(bsz) if return_info else None)
+        counts = _gpu_status(where, info, batch_shape, check_finite, st)
         if not return_info and _singular(counts):
             _raise_singular_names(where, _first_bad(info, batch_shape)[0])
         if check_finite:
@@ -465,9 +464,9 @@ def inv_batched(a, *, check_finite=True, return_info=False, backend=None):
     n = arr.shape[-1]
     if gpu and gpu_supported(arr.dtype):
         cupy_in = is_cupy_array(a)
-        st = _new_status(check_finite, return_info)
-        x, info = _gpu.getri(_dev(arr))
-        counts = _gpu_status(where, info, batch_shape, check_finite, return_info, st, x)
+        st, report = _new_status(check_finite, return_info, nan_fill=True)
+        x, info = _gpu.getri(_dev(arr), report=report)
+        counts = _gpu_status(where, info, batch_shape, check_finite, st)
         if not return_info and _singular(counts):
             _raise_singular_names(where, _first_bad(info, batch_shape)[0])
         x = restore(x, cupy_in)
@@ -553,9 +552,9 @@ def cho_factor_batched(a, lower=False, *, overwrite_a=False,
     n = arr.shape[-1]
     if gpu and gpu_supported(arr.dtype):
         cupy_in = is_cupy_array(a)
-        st = _new_status(check_finite, return_info)
-        c, info = _gpu.potrf(_dev(arr), lower)
-        counts = _gpu_status(where, info, batch_shape, check_finite, return_info, st)
+        st, report = _new_status(check_finite, return_info)
+        c, info = _gpu.potrf(_dev(arr), lower, report=report)
+        counts = _gpu_status(where, info, batch_shape, check_finite, st)
         if not return_info and _singular(counts):
             _raise_not_pd(where, *_first_bad(info, batch_shape))
         c = restore(c, cupy_in)
@@ -628,7 +627,7 @@ def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
         cp = _gc.cupy()
         c3 = cp.asarray(arr, dtype=dt).reshape(bsz, n, n)
         st = _gc.new_status() if check_finite else None
-        x = _gpu.potrs(c3, lower, bmat, st)
+        x = _gpu.potrs(c3, lower, bmat, _gc.report_args(st))
         if st is not None:
             _raise_nonfinite_inputs(where, _gc.read_status(st),
                                     ((_gc.STATUS_FACTOR, "c"), (_gc.STATUS_RHS, "b")))

@@ -8,8 +8,13 @@ input and write the output, a non-contiguous input is copied once); the
 solves take ``(B, n, n)`` factors and ``(B, n, k)`` right-hand sides.
 What does not depend on the batch (kernel, block, shared memory, resident
 blocks) is resolved once per (dtype, n, device) (:func:`_warp_plan`), so a
-launch costs little host time. Validation and the mapping of ``info`` to
-warnings and exceptions live in :mod:`scipy_gpuqr.batched._functions`.
+launch costs little host time. The factorizations and the inverse take a
+``report`` (:func:`scipy_gpuqr.batched._gpu_common.report_args`): the
+status word the kernels mark and the flags they apply to ``info`` and the
+results; for n <= 32 the kernels do it themselves (a call is one launch and
+one allocation), for n > 32 one pass over ``info`` does. Validation and the
+mapping of the status word to warnings and exceptions live in
+:mod:`scipy_gpuqr.batched._functions`.
 
 * n <= 32: ``batched/lu_warp.cu`` (LU, inverse: a warp per tile of matrices, a
   row per lane, persistent grid sized by the occupancy),
@@ -33,7 +38,7 @@ import numpy as np
 
 from . import _gpu_blocked as _blocked
 from . import _gpu_common as _common
-from ._gpu_common import device_id, dtname, solve_by_columns
+from ._gpu_common import NO_REPORT, device_id, dtname, solve_by_columns
 from ._kernel_registry import (MMA_SIZES, SMALL_FILES, SMALL_MAX, TINY_MAX,
                                padded_size, small_name)
 from .._kernels import load_module
@@ -247,8 +252,9 @@ def _warp_plan(op: str, dt: str, n: int, kernel, threads, stages, device: int):
             16 // np.dtype(dt).itemsize)
 
 
-def _launch_plan(plan, n: int, x, out, batch: int, args_head, args_tail) -> None:
-    """Launch a :func:`_warp_plan` over ``batch`` matrices of size n (persistent grid)."""
+def _launch_plan(plan, n: int, x, out, batch: int, args_head, args_tail, report) -> None:
+    """Launch a :func:`_warp_plan` over ``batch`` matrices of size n (persistent
+    grid); ``report``: the kernel's last two arguments (status, ctl)."""
     fn, size, threads, stages, smem, resident, mw, vw = plan
     if size <= TINY_MAX:
         # a thread per matrix: one matrix per thread beats the persistent grid
@@ -257,8 +263,8 @@ def _launch_plan(plan, n: int, x, out, batch: int, args_head, args_tail) -> None
         tasks = -(-batch // mw)
         grid = max(1, min(resident, -(-tasks // (threads // 32))))
     vec = np.int32((x.data.ptr % 16 == 0) and (out.data.ptr % 16 == 0) and n % vw == 0)
-    fn((grid,), (threads,), args_head + (np.int64(batch),) + args_tail + (stages, vec),
-       shared_mem=smem)
+    fn((grid,), (threads,), args_head + (np.int64(batch),) + args_tail + (stages, vec)
+       + report, shared_mem=smem)
 
 
 def _contiguous(a):
@@ -283,29 +289,33 @@ def _stack3(x, bsz: int, n: int):
 # ----------------------------------------------------------------------------
 
 def getrf(a, threads: int | None = None, stages: int | None = None,
-          kernel: str | None = None):
+          kernel: str | None = None, report=NO_REPORT):
     """LU of a stack ``a`` (..., n, n); returns (lu, piv int32, info int32)
     of shapes (..., n, n), (..., n) and (...).
 
     ``a`` is not modified (the kernels read it and write ``lu``; a
     non-contiguous ``a`` is copied once). ``info`` is -1 for a matrix
-    holding an inf or NaN. ``threads`` and ``stages`` tune the n <= 32
-    kernel (default: :func:`getrf_defaults`); ``kernel`` ('warp' or 'mma')
-    forces the kernel (:func:`getrf_kernel`).
+    holding an inf or NaN (0 with ``report``'s clearing flag). ``threads``
+    and ``stages`` tune the n <= 32 kernel (default:
+    :func:`getrf_defaults`); ``kernel`` ('warp' or 'mma') forces the kernel
+    (:func:`getrf_kernel`); ``report``: see the module docstring.
     """
     a = _contiguous(a)
     bsz, n, batch_shape = _batch(a)
-    piv = _common.alloc(batch_shape + (n,), np.int32)
-    info = _common.alloc(batch_shape, np.int32)
     if bsz == 0 or n == 0:
+        piv, info = _common.alloc_outputs(((batch_shape + (n,), np.int32),
+                                           (batch_shape, np.int32)))
         info.fill(0)
         return a.copy(), piv, info
     if n <= SMALL_MAX:
-        lu = _common.alloc(a.shape, a.dtype)
+        lu, piv, info = _common.alloc_outputs(((a.shape, a.dtype), (batch_shape + (n,), np.int32),
+                                       (batch_shape, np.int32)))
         plan = _warp_plan("lu", dtname(a.dtype), n, kernel, threads, stages, device_id())
-        _launch_plan(plan, n, a, lu, bsz, (a, lu, piv, info), ())
+        _launch_plan(plan, n, a, lu, bsz, (a, lu, piv, info), (), report)
         return lu, piv, info
+    piv, info = _common.alloc_outputs(((batch_shape + (n,), np.int32), (batch_shape, np.int32)))
     lu = _blocked.getrf(_stack3(a, bsz, n), piv.reshape(bsz, n), info.reshape(bsz))
+    _common.finish_report(info, report)
     return lu.reshape(a.shape), piv, info
 
 
@@ -313,45 +323,48 @@ def getrf(a, threads: int | None = None, stages: int | None = None,
 # solves and inverse
 # ----------------------------------------------------------------------------
 
-def getrs(lu, piv, b, trans: int = 0, status=None):
+def getrs(lu, piv, b, trans: int = 0, report=NO_REPORT, info=None):
     """Solve with LU factors ``lu`` (B, n, n), ``piv`` (B, n); ``b`` (B, n, k)
     (a batch stride of 0 broadcasts one b) is not modified.
 
-    ``trans`` 0: A x = b; 1 or 2 (real data): Aᵀ x = b. ``status`` (from
-    :func:`scipy_gpuqr.batched._gpu_common.new_status`): infs/NaNs of the
-    factor and of b are counted into it (in the solve kernel for n <= 32 and
-    n > 64, by a pass over each beside it for 32 < n <= 64).
+    ``trans`` 0: A x = b; 1 or 2 (real data): Aᵀ x = b. ``report`` (from
+    :func:`scipy_gpuqr.batched._gpu_common.report_args`): infs/NaNs of the
+    factor and of b mark its status word (in the solve kernel for n <= 32
+    and n > 64, by a pass over each beside it for 32 < n <= 64); with its
+    NaN flag and ``info`` (the factorization's, (B,)) the solutions of the
+    matrices whose ``info`` is > 0 are NaN.
     """
     if lu.shape[-1] > SMALL_MAX:
-        return _blocked.getrs(lu, piv, b, trans, status)
+        return _blocked.getrs(lu, piv, b, trans, report, info)
     cp = _common.cupy()
     factors = (_contiguous(lu), _contiguous(piv if piv.dtype == np.int32
                                             else piv.astype(cp.int32)))
     return solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0,
-                            status)
+                            report, info)
 
 
 def getri(a, threads: int | None = None, stages: int | None = None,
-          kernel: str | None = None):
+          kernel: str | None = None, report=NO_REPORT):
     """Inverse of every matrix of ``a`` (..., n, n); returns (inv, info) of
     shapes (..., n, n) and (...).
 
     ``info`` is k + 1 for the first exactly zero pivot (that matrix's
-    inverse is then meaningless) and -1 for a matrix holding an inf or NaN.
-    ``threads`` and ``stages`` tune the n <= 32 kernel; ``kernel`` ('warp'
-    or 'mma') forces it (:func:`getri_kernel`).
+    inverse is then meaningless, or all NaN with ``report``'s NaN flag) and
+    -1 for a matrix holding an inf or NaN. ``threads`` and ``stages`` tune
+    the n <= 32 kernel; ``kernel`` ('warp' or 'mma') forces it
+    (:func:`getri_kernel`).
     """
     a = _contiguous(a)
     bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:
         return a.copy(), _common.cupy().zeros(batch_shape, dtype=np.int32)
     if n <= SMALL_MAX:
-        out = _common.alloc(a.shape, a.dtype)
-        info = _common.alloc(batch_shape, np.int32)
+        out, info = _common.alloc_outputs(((a.shape, a.dtype), (batch_shape, np.int32)))
         plan = _warp_plan("inv", dtname(a.dtype), n, kernel, threads, stages, device_id())
-        _launch_plan(plan, n, a, out, bsz, (a, out, info), (np.int32(n),))
+        _launch_plan(plan, n, a, out, bsz, (a, out, info), (np.int32(n),), report)
         return out, info
     out, info = _blocked.inverse(_stack3(a, bsz, n))
+    _common.finish_report(info, report, out)
     return out.reshape(a.shape), info.reshape(batch_shape)
 
 
@@ -359,22 +372,23 @@ def getri(a, threads: int | None = None, stages: int | None = None,
 # Cholesky
 # ----------------------------------------------------------------------------
 
-def potrf(a, lower: bool, threads: int | None = None):
+def potrf(a, lower: bool, threads: int | None = None, report=NO_REPORT):
     """Cholesky of ``a`` (..., n, n) like LAPACK potrf; returns (c, info) of
-    shapes (..., n, n) and (...)."""
+    shapes (..., n, n) and (...); ``report``: see the module docstring."""
     a = _contiguous(a)
     bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:
         return a.copy(), _common.cupy().zeros(batch_shape, dtype=np.int32)
     if n <= SMALL_MAX:
         size = padded_size(n)
-        out = _common.alloc(a.shape, a.dtype)
-        info = _common.alloc(batch_shape, np.int32)
+        out, info = _common.alloc_outputs(((a.shape, a.dtype), (batch_shape, np.int32)))
         fn, block, per_block, smem = _potrf_plan(dtname(a.dtype), size, threads, device_id())
         fn((-(-bsz // per_block),), block, (a, out, info, np.int64(bsz), np.int32(n),
-                                           np.int32(1 if lower else 0)), shared_mem=smem)
+                                           np.int32(1 if lower else 0)) + report,
+           shared_mem=smem)
         return out, info
     c, info = _blocked.potrf(_stack3(a, bsz, n), lower)
+    _common.finish_report(info, report)
     return c.reshape(a.shape), info.reshape(batch_shape)
 
 
@@ -386,13 +400,13 @@ def _potrf_plan(dt: str, size: int, threads, device: int):
     return fn, block, block[0] // _seg(size), smem
 
 
-def potrs(c, lower: bool, b, status=None):
+def potrs(c, lower: bool, b, report=NO_REPORT):
     """Solve with a Cholesky factor from :func:`potrf` (``c`` (B, n, n));
-    ``b`` (B, n, k) is not modified; ``status`` as for :func:`getrs` (the
+    ``b`` (B, n, k) is not modified; ``report`` as for :func:`getrs` (the
     whole of c is checked, as SciPy's cho_solve does)."""
     if c.shape[-1] > SMALL_MAX:
-        return _blocked.potrs(c, lower, b, status)
+        return _blocked.potrs(c, lower, b, report)
     c = _contiguous(c)
-    if status is not None:       # the whole of c (the kernel reads one triangle)
-        _common.scan_nonfinite(c, status, _common.STATUS_FACTOR)
-    return solve_by_columns("potrs_batched", c.dtype, b, (c,), 1 if lower else 0, status)
+    if report[0] is not _common.NULL:     # the whole of c (the kernel reads one triangle)
+        _common.scan_nonfinite(c, report, _common.STATUS_FACTOR)
+    return solve_by_columns("potrs_batched", c.dtype, b, (c,), 1 if lower else 0, report)

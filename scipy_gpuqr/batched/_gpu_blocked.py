@@ -36,7 +36,7 @@ import functools
 import numpy as np
 
 from . import _gpu_common as _common
-from ._gpu_common import device_id, dtname, solve_by_columns
+from ._gpu_common import NO_REPORT, NULL, device_id, dtname, solve_by_columns
 from ._kernel_registry import (FUSED_MAX, KERNEL_VARIANTS, PANEL, PANEL_FILE,
                                ROWS_FILE, ROWS_MAX, ROWS_PANEL, ROWS_THREADS,
                                STAGE_COLS, panel_name, rows_name)
@@ -272,11 +272,12 @@ def potrf(a, lower: bool, method: str | None = None):
 # solves and inverse
 # ----------------------------------------------------------------------------
 
-def _solve_smem(f, piv, b, mode: int, identity: bool, status=None):
+def _solve_smem(f, piv, b, mode: int, identity: bool, report=NO_REPORT):
     """``solve_smem`` for n <= FUSED_MAX; ``b`` (B, n, k) or None for the identity.
 
-    ``status``: the factor's and b's infs/NaNs are counted into it by a pass
-    over each (this kernel does not check them itself).
+    ``report`` (:func:`scipy_gpuqr.batched._gpu_common.report_args`): the
+    factor's and b's infs/NaNs mark its status word through a pass over
+    each (this kernel does not check them itself).
     """
     cp = _common.cupy()
     bsz, n = f.shape[0], f.shape[-1]
@@ -289,10 +290,10 @@ def _solve_smem(f, piv, b, mode: int, identity: bool, status=None):
     f = cp.ascontiguousarray(f)
     piv = f if piv is None else cp.ascontiguousarray(piv, dtype=cp.int32)
     b = x if identity else cp.ascontiguousarray(b, dtype=f.dtype)
-    if status is not None:
-        _common.scan_nonfinite(f, status, _common.STATUS_FACTOR)
+    if report[0] is not NULL:
+        _common.scan_nonfinite(f, report, _common.STATUS_FACTOR)
         if not identity:
-            _common.scan_nonfinite(b, status, _common.STATUS_RHS)
+            _common.scan_nonfinite(b, report, _common.STATUS_RHS)
     smem = _with_smem(fn, 2 * FUSED_MAX * FUSED_MAX * f.itemsize)
     fn((bsz,), (FUSED_MAX,), (f, piv, b, x, np.int32(n), np.int32(k),
                               np.int32(mode), np.int32(1 if identity else 0)),
@@ -300,25 +301,29 @@ def _solve_smem(f, piv, b, mode: int, identity: bool, status=None):
     return x
 
 
-def getrs(lu, piv, b, trans: int = 0, status=None):
-    """Solve with LU factors (n > 32); ``b`` (B, n, k) is not modified."""
+def getrs(lu, piv, b, trans: int = 0, report=NO_REPORT, info=None):
+    """Solve with LU factors (n > 32); ``b`` (B, n, k) is not modified;
+    ``report`` and ``info`` as for :func:`scipy_gpuqr.batched._gpu.getrs`."""
     cp = _common.cupy()
     if lu.shape[-1] <= FUSED_MAX:
-        return _solve_smem(lu, piv, b, 1 if trans else 0, False, status)
+        x = _solve_smem(lu, piv, b, 1 if trans else 0, False, report)
+        if info is not None and int(report[1]) & _common.CTL_NAN_FILL:
+            _common.scan_info(info, (NULL, np.uint64(_common.CTL_NAN_FILL)), x)
+        return x
     factors = (cp.ascontiguousarray(lu), cp.ascontiguousarray(piv, dtype=cp.int32))
     return solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0,
-                            status)
+                            report, info)
 
 
-def potrs(c, lower: bool, b, status=None):
+def potrs(c, lower: bool, b, report=NO_REPORT):
     """Solve with a Cholesky factor from :func:`potrf` (n > 32); ``b`` (B, n, k)."""
     cp = _common.cupy()
     if c.shape[-1] <= FUSED_MAX:
-        return _solve_smem(c, None, b, 2 if lower else 3, False, status)
+        return _solve_smem(c, None, b, 2 if lower else 3, False, report)
     c = cp.ascontiguousarray(c)
-    if status is not None:       # the whole of c (the kernel reads one triangle)
-        _common.scan_nonfinite(c, status, _common.STATUS_FACTOR)
-    return solve_by_columns("potrs_batched", c.dtype, b, (c,), 1 if lower else 0, status)
+    if report[0] is not NULL:       # the whole of c (the kernel reads one triangle)
+        _common.scan_nonfinite(c, report, _common.STATUS_FACTOR)
+    return solve_by_columns("potrs_batched", c.dtype, b, (c,), 1 if lower else 0, report)
 
 
 def inverse(a, method: str | None = None):

@@ -1,17 +1,23 @@
 """Pieces shared by the GPU drivers of every order (``_gpu``, ``_gpu_blocked``).
 
-* :func:`alloc`: every output array of the drivers is allocated here (the
-  tests replace it to poison outputs with NaN before the kernels run);
+* :func:`alloc_outputs`: every output array of the drivers is allocated
+  here, the outputs of one call as views of one pool allocation (the tests
+  replace it to poison outputs with NaN before the kernels run);
 * :func:`dtname`, :func:`device_id`: the cache keys of compiled kernels;
 * :func:`solve_by_columns`: the solves with LU or Cholesky factors with a
   thread per (matrix, right-hand side column) of ``kernels/batched/solve.cu``,
   used for n <= 32 and n > 64;
-* the *status word* of a public call (``kernels/batched/status.cu``):
-  :func:`new_status` (four uint64 counters, one memset), :func:`scan_info`
-  (one pass over ``info``: counts, ``check_finite=False`` clearing, NaN results
-  of singular matrices), :func:`scan_nonfinite`, and :func:`read_status`, the
-  one small device-to-host read (a synchronization) that the public functions
-  need to warn or raise like SciPy; no per-matrix array is copied to the host.
+* the *status word* of a public call (``kernels/batched/status.cuh``):
+  :func:`new_status` (four uint64 slots, never cleared: a call takes a new
+  generation and the kernels write it into the slots of what they saw, so
+  nothing is launched to reset it), :func:`report_args` (the ``status, ctl``
+  arguments every factorization kernel of n <= 32 takes: it marks the word,
+  clears ``info < 0`` for ``check_finite=False`` and writes the NaN results of
+  singular matrices itself), :func:`scan_info` (the same as one pass over
+  ``info``, for the drivers whose kernels do not report), :func:`scan_nonfinite`,
+  and :func:`read_status`, the one small device-to-host read (a
+  synchronization) that the public functions need to warn or raise like
+  SciPy; no per-matrix array is copied to the host.
 
 Everything runs on the current device and stream. CuPy is imported only when
 a function runs.
@@ -20,6 +26,7 @@ a function runs.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 
 import numpy as np
@@ -29,10 +36,10 @@ from ._kernel_registry import (KERNEL_VARIANTS, SOLVE_FILE, STATUS_FILE, solve_n
 from .._gpu import import_cupy
 from .._kernels import load_module
 
-__all__ = ["alloc", "dtname", "device_id", "solve_by_columns", "cupy",
-           "new_status", "scan_info", "scan_nonfinite", "read_status",
-           "STATUS_SINGULAR", "STATUS_NONFINITE", "STATUS_FACTOR", "STATUS_RHS",
-           "rhs_operand"]
+__all__ = ["alloc", "alloc_outputs", "dtname", "device_id", "solve_by_columns", "cupy",
+           "new_status", "report_args", "NO_REPORT", "finish_report", "scan_info",
+           "scan_nonfinite", "read_status", "STATUS_SINGULAR", "STATUS_NONFINITE",
+           "STATUS_FACTOR", "STATUS_RHS", "CTL_CLEAR_NEG", "CTL_NAN_FILL", "rhs_operand"]
 
 #: Threads per block of the solves by columns.
 SOLVE_THREADS = 128
@@ -41,13 +48,25 @@ SOLVE_THREADS = 128
 SCAN_THREADS = 256
 SCAN_MAX_BLOCKS = 8192
 
-#: Slots of the status word (kernels/batched/status.cu): matrices with
-#: info > 0, matrices with info < 0 (inf/NaN input), an inf/NaN seen in a
+#: Slots of the status word (kernels/batched/status.cuh): some matrix has
+#: info > 0, some has info < 0 (inf/NaN input), an inf/NaN seen in a
 #: factor, an inf/NaN seen in a right-hand side.
 STATUS_SINGULAR, STATUS_NONFINITE, STATUS_FACTOR, STATUS_RHS = range(4)
 
+#: Flags of a kernel's ``ctl`` argument (its low two bits; the generation of
+#: the status word above them): ``info < 0`` stored as 0; all-NaN results for
+#: the matrices with ``info > 0``.
+CTL_CLEAR_NEG, CTL_NAN_FILL = 1, 2
+
 #: A null pointer kernel argument.
 NULL = np.uint64(0)
+
+#: ``(status, ctl)`` of a driver call that reports nothing and sets no flag.
+NO_REPORT = (NULL, np.uint64(0))
+
+#: Alignment of the outputs inside one allocation (the kernels' 16-byte
+#: vector paths need 16; 256 as CuPy's pool gives).
+_ALIGN = 256
 
 _CUPY = None
 
@@ -60,9 +79,24 @@ def cupy():
     return _CUPY
 
 
+def alloc_outputs(specs):
+    """Uninitialized output arrays of ``specs`` ((shape, dtype), ...): views
+    of one allocation from CuPy's pool, each 256-byte aligned (the tests
+    replace this to poison outputs)."""
+    cp = cupy()
+    offsets, total = [], 0
+    for shape, dtype in specs:
+        offsets.append(total)
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        total += -(-nbytes // _ALIGN) * _ALIGN
+    mem = cp.cuda.alloc(max(total, 1))
+    return [cp.ndarray(shape, dtype, memptr=mem + off)
+            for (shape, dtype), off in zip(specs, offsets)]
+
+
 def alloc(shape, dtype):
-    """An uninitialized output array (tests replace this to poison outputs)."""
-    return cupy().empty(shape, dtype=dtype)
+    """One uninitialized output array (:func:`alloc_outputs`)."""
+    return alloc_outputs(((shape, dtype),))[0]
 
 
 def dtname(dtype) -> str:
@@ -102,14 +136,18 @@ def rhs_operand(b, dtype):
     return b, n * k
 
 
-def solve_by_columns(kernel: str, dtype, b, factors: tuple, flag: int, status=None):
+def solve_by_columns(kernel: str, dtype, b, factors: tuple, flag: int,
+                     report=NO_REPORT, info=None):
     """``kernel`` (``getrs_batched`` / ``potrs_batched``: a thread per matrix and
     right-hand side column, any n): the solutions of ``b`` (B, n, k) in a new array.
 
     The kernel's arguments: ``factors`` (contiguous), b, the solution, n, k,
-    B, ``flag`` (transposed / lower), b's batch stride and ``status`` (None:
-    no finiteness checks; else the factor's and b's infs/NaNs are counted
-    into its slots :data:`STATUS_FACTOR` and :data:`STATUS_RHS`).
+    B, ``flag`` (transposed / lower), b's batch stride and ``report``
+    (:func:`report_args`; a null status: no finiteness checks, else the
+    factor's and b's infs/NaNs mark its slots :data:`STATUS_FACTOR` and
+    :data:`STATUS_RHS`). ``info`` (``getrs_batched`` only): with
+    :data:`CTL_NAN_FILL` in the report the solutions of the matrices whose
+    ``info`` is > 0 are NaN.
     """
     bsz, n, k = b.shape
     x = alloc((bsz, n, k), dtype)
@@ -118,9 +156,10 @@ def solve_by_columns(kernel: str, dtype, b, factors: tuple, flag: int, status=No
     src, bstride = rhs_operand(b, dtype)
     fn = _solve_function(kernel, dtname(dtype), device_id())
     grid = -(-(bsz * k) // SOLVE_THREADS)
+    tail = (NULL if info is None else info,) if kernel == "getrs_batched" else ()
     fn((grid,), (SOLVE_THREADS,),
        factors + (src, x, np.int32(n), np.int32(k), np.int64(bsz), np.int32(flag),
-                  np.int64(bstride), NULL if status is None else status))
+                  np.int64(bstride)) + tuple(report) + tail)
     return x
 
 
@@ -138,53 +177,87 @@ def _scan_grid(count: int) -> int:
     return max(1, min(SCAN_MAX_BLOCKS, -(-count // SCAN_THREADS)))
 
 
-#: The status word of each device, per thread: a public call zeroes it, its
-#: kernels add to it and it reads it back before returning, so one thread's
-#: calls never overlap on it (each is synchronous from the memset to the read).
+class _StatusWord:
+    """The status word of one thread on one device: four uint64 slots on the
+    device and the generation of the call using it."""
+
+    __slots__ = ("buf", "gen")
+
+    def __init__(self, buf):
+        self.buf = buf
+        self.gen = 0
+
+
+#: The status words of this thread, by device: a public call takes the next
+#: generation and reads the word back before returning, so one thread's
+#: calls never overlap on it.
 _STATUS = threading.local()
 
 
 def new_status():
-    """Four zeroed uint64 counters on the device (slots ``STATUS_*``): one memset
-    on the current stream (the buffer is this thread's, reused)."""
-    cp = cupy()
-    bufs = getattr(_STATUS, "bufs", None)
-    if bufs is None:
-        bufs = _STATUS.bufs = {}
+    """The status word for a new call (a new generation; nothing is launched:
+    slots hold the generation of the call that last marked them)."""
+    words = getattr(_STATUS, "words", None)
+    if words is None:
+        words = _STATUS.words = {}
     dev = device_id()
-    st = bufs.get(dev)
+    st = words.get(dev)
     if st is None:
-        st = bufs[dev] = cp.empty(4, dtype=cp.uint64)
-    cp.cuda.runtime.memsetAsync(st.data.ptr, 0, 32, cp.cuda.get_current_stream().ptr)
+        st = words[dev] = _StatusWord(cupy().zeros(4, dtype=np.uint64))
+    st.gen += 1
     return st
 
 
-def scan_info(info, status=None, x=None, clear_neg: bool = False) -> None:
+def report_args(status, clear_neg: bool = False, nan_fill: bool = False) -> tuple:
+    """``(status, ctl)``, the last two arguments of the reporting kernels.
+
+    ``status``: a word of :func:`new_status` or None (nothing is marked, the
+    flags still apply); ``clear_neg``: ``info < 0`` is stored as 0;
+    ``nan_fill``: matrices with ``info > 0`` get all-NaN results.
+    """
+    flags = (CTL_CLEAR_NEG if clear_neg else 0) | (CTL_NAN_FILL if nan_fill else 0)
+    if status is None:
+        return (NULL, np.uint64(flags))
+    return (status.buf, np.uint64((status.gen << 2) | flags))
+
+
+def finish_report(info, report, x=None) -> None:
+    """For drivers whose kernels do not report: one pass over ``info``
+    applying ``report`` (:func:`scan_info`); nothing for :data:`NO_REPORT`."""
+    if report[0] is NULL and int(report[1]) == 0:
+        return
+    scan_info(info, report, x)
+
+
+def scan_info(info, report, x=None) -> None:
     """One pass over ``info`` (contiguous int32, any shape, one entry per matrix).
 
-    Counts ``info > 0`` and ``info < 0`` into ``status`` (None: no counting);
-    ``clear_neg``: ``info < 0`` (inf/NaN input) becomes 0; ``x`` (contiguous,
-    ``info.size`` matrices): the matrices with ``info > 0`` are filled with NaN.
+    Marks ``report``'s status word (:func:`report_args`) when some
+    ``info > 0`` / ``info < 0`` and applies its flags: ``info < 0`` becomes 0,
+    the matrices of ``x`` (contiguous, ``info.size`` matrices) with
+    ``info > 0`` are filled with NaN.
     """
     batch = info.size
-    if batch == 0 or (status is None and x is None and not clear_neg):
+    if batch == 0:
         return
     nn = x.size // batch if x is not None else 0
     fn = _status_function("info_scan", dtname(x.dtype) if x is not None else "float64",
                           device_id())
     fn((_scan_grid(batch),), (SCAN_THREADS,),
-       (info, np.int64(batch), NULL if x is None or nn == 0 else x, np.int64(nn),
-        NULL if status is None else status, np.int32(1 if clear_neg else 0)))
+       (info, np.int64(batch), NULL if x is None or nn == 0 else x, np.int64(nn))
+       + tuple(report))
 
 
-def scan_nonfinite(x, status, slot: int) -> None:
-    """Add the number of infs and NaNs of ``x`` (float32/float64) to ``status[slot]``."""
+def scan_nonfinite(x, report, slot: int) -> None:
+    """Mark ``slot`` of ``report``'s status word when ``x`` (float32/float64)
+    holds an inf or NaN."""
     if x.size == 0:
         return
     cp = cupy()
     x = x if x.flags.c_contiguous else cp.ascontiguousarray(x)
     fn = _status_function("nonfinite_scan", dtname(x.dtype), device_id())
-    fn((_scan_grid(x.size),), (SCAN_THREADS,), (x, np.int64(x.size), status, np.int32(slot)))
+    fn((_scan_grid(x.size),), (SCAN_THREADS,),
+       (x, np.int64(x.size)) + tuple(report) + (np.int32(slot),))
 
 
 #: A pinned host buffer per thread for :func:`read_status` (a direct DMA, no
@@ -193,11 +266,13 @@ _PINNED = threading.local()
 
 
 def read_status(status) -> list:
-    """The four counters as Python ints: one 32-byte copy to the host (waits
-    for the work queued before it on the current stream)."""
+    """The four slots of a :func:`new_status` word as 0/1 (1: marked by this
+    call's kernels): one 32-byte copy to the host (waits for the work queued
+    before it on the current stream)."""
     buf = getattr(_PINNED, "buf", None)
     if buf is None:
         import cupyx
         buf = _PINNED.buf = cupyx.empty_pinned((4,), dtype=np.uint64)
-    status.get(out=buf)
-    return buf.tolist()
+    status.buf.get(out=buf)
+    gen = status.gen
+    return [1 if v == gen else 0 for v in buf.tolist()]

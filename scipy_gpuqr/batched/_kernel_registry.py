@@ -14,7 +14,7 @@ __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "small_name", "panel_name", "solve_name", "padded_size", "SMALL_FILES",
            "FUSED_MAX", "ROWS_MAX", "ROWS_PANEL", "ROWS_THREADS", "STAGE_COLS",
            "rows_name", "MMA_SIZES", "MMA_FILE", "ROWS_FILE", "PANEL_FILE",
-           "SOLVE_FILE", "STATUS_FILE", "status_name"]
+           "SOLVE_FILE", "STATUS_FILE", "status_name", "VB_FILE", "vb_name"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
 SMALL_MAX = 32
@@ -73,6 +73,10 @@ SOLVE_FILE = "batched/solve.cu"
 #: back instead of a per-matrix array.
 STATUS_FILE = "batched/status.cu"
 
+#: Source file of the gathers and scatters of the variable-size batches
+#: (``vb_gather``, ``vb_scatter``; float, double and int for the pivots).
+VB_FILE = "batched/vbatched.cu"
+
 #: Source file of each n <= 32 kernel family (each variant is compiled on
 #: its own, when first used).
 SMALL_FILES = {"getrf_warp": "batched/lu_warp.cu", "getri_warp": "batched/lu_warp.cu",
@@ -102,6 +106,11 @@ def status_name(kernel: str, dtype: str) -> str:
     return f"{kernel}<{_CTYPES[dtype]}>"
 
 
+def vb_name(kernel: str, dtype: str) -> str:
+    """``vb_gather<double>``, ``vb_scatter<int>``."""
+    return f"{kernel}<{dict(_CTYPES, int32='int')[dtype]}>"
+
+
 def rows_name(kernel: str, dtype: str, nb: int, maxt: int) -> str:
     """``getrf_rows<double, 32, 512>``, ``solve_smem<float, 64>``, ..."""
     if kernel in ("solve_smem", "trsm_lunit"):
@@ -129,6 +138,9 @@ KERNEL_VARIANTS = {
         solve_name(k, dt) for k in ("getrs_batched", "potrs_batched") for dt in _CTYPES),
     STATUS_FILE: tuple(
         status_name(k, dt) for k in ("info_scan", "nonfinite_scan") for dt in _CTYPES),
+    VB_FILE: tuple(
+        vb_name(k, dt) for k in ("vb_gather", "vb_scatter")
+        for dt in ("float32", "float64", "int32")),
     ROWS_FILE: tuple(
         rows_name(k, dt, nb, maxt)
         for dt in _CTYPES

@@ -21,24 +21,35 @@ Two input forms, the output takes the input's form:
   padded stacks with the identity (zero for right-hand sides and solutions,
   ``piv[k, j] = j``) outside each matrix.
 
-Gathering and scattering are one vectorized index computation per class
-(no Python loop over matrices, apart from reading a list's arrays). On the
-GPU nothing per matrix comes to the host: each class's ``info`` (and
-finiteness flags) is written into one device array, summarized once at the
+Gathering and scattering are one kernel launch per class on the GPU
+(``kernels/batched/vbatched.cu``: a thread per element, each padded region
+written once, so outputs need no fill beforehand) and one vectorized index
+computation per class on the CPU; no Python loop over matrices, apart from
+reading a list's arrays. On the GPU nothing per matrix comes to the host: a
+padded stack's size classes are counted on the device (one small read,
+which also validates ``sizes``), a batch whose matrices all fill the stack
+is passed to the fixed-size routine as it is (no gather, no scatter), each
+class's ``info`` is written into one device array, summarized once at the
 end (:func:`scipy_gpuqr.batched._common.info_counts`: one pass, one 32-byte
-read), and only the offending indices of an error are looked up.
+read), and only the offending indices of an error are looked up. The
+fixed-size routine checks finiteness itself; only when it finds an inf or
+NaN is the class redone without the check to flag each matrix.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
 from scipy.linalg import LinAlgError, LinAlgWarning
 
+from . import _gpu_common as _gc
 from ._common import (NONFINITE, as_stack, bad_indices, batch_names, info_counts,
                       result_dtype)
+from ._kernel_registry import KERNEL_VARIANTS, VB_FILE, vb_name
 from .._gpu import import_cupy, is_cupy_array
+from .._kernels import load_module
 
 __all__ = ["lu_factor", "solve", "inv", "cho_factor", "SIZE_CLASSES",
            "size_class"]
@@ -58,22 +69,63 @@ def size_class(n):
     return out if out.ndim else int(out)
 
 
+#: Threads per block of the gather/scatter kernels, and most blocks (grid-stride).
+_VB_THREADS = 256
+_VB_MAX_BLOCKS = 65536
+
+#: Pad values of the gather/scatter kernels: zeros, the identity, the row index.
+PAD_ZERO, PAD_IDENTITY, PAD_ROW = 0, 1, 2
+
+_VB_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32))
+
+
+@functools.lru_cache(maxsize=None)
+def _vb_function(kernel: str, dt: str, device: int):
+    module = load_module(VB_FILE, KERNEL_VARIANTS[VB_FILE])
+    return module.get_function(vb_name(kernel, dt))
+
+
+def _launch_vb(kernel: str, dtype, total: int, args) -> None:
+    if total == 0:
+        return
+    fn = _vb_function(kernel, np.dtype(dtype).name, _gc.device_id())
+    grid = max(1, min(_VB_MAX_BLOCKS, -(-total // _VB_THREADS)))
+    fn((grid,), (_VB_THREADS,), args)
+
+
 class _Ragged:
     """Matrices (or right-hand sides) of different shapes in one flat buffer.
 
     Item ``k`` is ``flat[off[k] + r * stride[k] + c]`` for ``r < rows[k]``
     and ``c < cols[k]``. ``padded`` is the (B, R, C) shape of the padded
-    input form, None for a list.
+    input form, None for a list. On the GPU the four per-item arrays may be
+    CuPy arrays (a padded stack's, built on the device).
     """
 
     def __init__(self, xp, flat, off, rows, cols, stride, padded):
         self.xp, self.flat, self.off = xp, flat, off
         self.rows, self.cols, self.stride = rows, cols, stride
         self.padded = padded
+        self._meta = None
 
     @property
     def count(self) -> int:
-        return len(self.rows)
+        return self.padded[0] if self.padded is not None else len(self.rows)
+
+    def _kernels(self, dtype) -> bool:
+        """True when the GPU kernels gather/scatter ``dtype`` for this layout."""
+        return self.xp is not np and np.dtype(dtype) in _VB_DTYPES
+
+    def _device_meta(self):
+        """(off, rows, cols, stride) as int64 device arrays (made once)."""
+        if self._meta is None:
+            cp = self.xp
+            self._meta = tuple(cp.asarray(v, dtype=cp.int64) for v in
+                               (self.off, self.rows, self.cols, self.stride))
+        return self._meta
+
+    def _idx_dev(self, idx):
+        return _gc.NULL if idx is None else self.xp.asarray(idx, dtype=np.int64)
 
     def index(self, idx, nr: int, nc: int):
         """(valid, src) of shape (len(idx), nr, nc) for the items ``idx``."""
@@ -89,8 +141,19 @@ class _Ragged:
         return valid, src
 
     def gather(self, idx, nr: int, nc: int, dtype, identity: bool):
-        """Items ``idx`` as a (len(idx), nr, nc) stack, padded with I or 0."""
+        """Items ``idx`` (None: all) as a (len(idx), nr, nc) stack, padded with I or 0."""
         xp = self.xp
+        if self._kernels(dtype):
+            count = self.count if idx is None else len(idx)
+            stack = xp.empty((count, nr, nc), dtype=dtype)
+            flat = self.flat if self.flat.dtype == dtype else self.flat.astype(dtype)
+            _launch_vb("vb_gather", dtype, stack.size,
+                       (flat,) + self._device_meta() +
+                       (self._idx_dev(idx), np.int64(count), stack, np.int32(nr),
+                        np.int32(nc), np.int32(PAD_IDENTITY if identity else PAD_ZERO)))
+            return stack
+        if idx is None:
+            idx = np.arange(self.count)
         valid, src = self.index(idx, nr, nc)
         if identity:
             pad = (xp.arange(nr)[:, None] == xp.arange(nc)[None, :]).astype(dtype)
@@ -98,19 +161,37 @@ class _Ragged:
             pad = xp.zeros((), dtype=dtype)
         return xp.where(valid, self.flat[src].astype(dtype, copy=False), pad)
 
-    def empty_like(self, dtype, identity: bool):
-        """An output buffer of this layout (padded form: filled with I or 0)."""
+    def empty_like(self, dtype, pad: int):
+        """An output buffer of this layout (padded form: filled with ``pad``,
+        except where :meth:`scatter`'s kernel writes every region itself)."""
         xp = self.xp
         if self.padded is None:
             return xp.empty(int((self.rows * self.cols).sum()), dtype=dtype)
+        if self._kernels(dtype):
+            return xp.empty(int(np.prod(self.padded)), dtype=dtype)
         out = xp.zeros(self.padded, dtype=dtype)
-        if identity:
+        if pad == PAD_IDENTITY:
             k = min(self.padded[1:])
             out[:, xp.arange(k), xp.arange(k)] = 1
+        elif pad == PAD_ROW:
+            out[...] = xp.arange(self.padded[1], dtype=dtype)[None, :, None]
         return out.reshape(-1)
 
-    def scatter(self, out, idx, stack) -> None:
-        """Write the padded stack of items ``idx`` back into ``out``."""
+    def scatter(self, out, idx, stack, pad: int) -> None:
+        """Write the padded stack of items ``idx`` (None: all) back into
+        ``out`` (the kernel also writes the padding, ``pad``, of a padded form)."""
+        if self._kernels(out.dtype):
+            count = self.count if idx is None else len(idx)
+            pr, pc = (self.padded[1], self.padded[2]) if self.padded is not None else (0, 0)
+            stack = self.xp.ascontiguousarray(stack, dtype=out.dtype)
+            per = (pr * pc) if pr else stack.shape[1] * stack.shape[2]
+            _launch_vb("vb_scatter", out.dtype, count * per,
+                       (out,) + self._device_meta() +
+                       (self._idx_dev(idx), np.int64(count), stack, np.int32(stack.shape[1]),
+                        np.int32(stack.shape[2]), np.int32(pr), np.int32(pc), np.int32(pad)))
+            return
+        if idx is None:
+            idx = np.arange(self.count)
         valid, src = self.index(idx, stack.shape[1], stack.shape[2])
         out[src[valid]] = stack[valid]
 
@@ -169,18 +250,20 @@ def _matrices(a, sizes, where: str):
         raise ValueError(f"{where}: a padded stack needs sizes (the order of "
                          "each matrix)")
     big_n = arr.shape[-1]
-    sz = np.asarray(sizes.get() if is_cupy_array(sizes) else sizes)
+    on_gpu = is_cupy_array(arr)
+    xp = import_cupy() if on_gpu else np
+    # on the GPU the sizes stay on the device (validated by _classes' one read)
+    sz = xp.asarray(sizes) if on_gpu else np.asarray(
+        sizes.get() if is_cupy_array(sizes) else sizes)
     if sz.shape != batch or (sz.size and sz.dtype.kind not in "iu"):
         raise ValueError(f"{where}: sizes must be integers of shape {batch}, "
                          f"got {sz.dtype} of shape {sz.shape}")
     sz = sz.astype(np.int64)
-    if sz.size and (sz.min() < 0 or sz.max() > big_n):
+    if not on_gpu and sz.size and (sz.min() < 0 or sz.max() > big_n):
         raise ValueError(f"{where}: sizes must lie in [0, {big_n}]")
-    on_gpu = is_cupy_array(arr)
-    xp = import_cupy() if on_gpu else np
     flat = xp.ascontiguousarray(arr).reshape(-1)
-    off = np.arange(len(sz), dtype=np.int64) * big_n * big_n
-    stride = np.full(len(sz), big_n, dtype=np.int64)
+    off = xp.arange(len(sz), dtype=np.int64) * (big_n * big_n)
+    stride = xp.full(len(sz), big_n, dtype=np.int64)
     return (_Ragged(xp, flat, off, sz, sz, stride, (len(sz), big_n, big_n)),
             arr.dtype, on_gpu)
 
@@ -192,15 +275,56 @@ def _vectors_of(mats: _Ragged):
         off = np.concatenate(([0], np.cumsum(n)[:-1])).astype(np.int64) if len(n) else n
         return _Ragged(mats.xp, None, off, n, np.ones_like(n), np.ones_like(n), None)
     big_n = mats.padded[1]
-    off = np.arange(len(n), dtype=np.int64) * big_n
-    return _Ragged(mats.xp, None, off, n, np.ones_like(n), np.ones_like(n),
-                   (len(n), big_n, 1))
+    xp = mats.xp
+    off = xp.arange(len(n), dtype=np.int64) * big_n
+    one = xp.ones(len(n), dtype=np.int64)
+    return _Ragged(xp, None, off, n, one, one, (len(n), big_n, 1))
 
 
-def _classes(sizes):
-    """{class order: indices of the matrices in it}, ascending."""
-    cls = size_class(sizes) if len(sizes) else np.zeros(0, dtype=np.int64)
-    return {int(c): np.flatnonzero(cls == c) for c in np.unique(cls)}
+def _classes(mats: _Ragged, where: str):
+    """({class order: indices of its matrices}, whole) in ascending order.
+
+    ``whole``: the matrices fill a padded stack exactly (one class, every
+    size N): the stack itself is that class's stack. On the GPU a padded
+    stack's classes are counted on the device (one small read, which also
+    validates the sizes); the only class of such a call gets None (all
+    matrices) instead of an index array.
+    """
+    sizes = mats.rows
+    if mats.padded is None or mats.xp is np:
+        cls = size_class(sizes) if len(sizes) else np.zeros(0, dtype=np.int64)
+        out = {int(c): np.flatnonzero(cls == c) for c in np.unique(cls)}
+        whole = (mats.padded is not None and len(out) == 1 and
+                 bool((sizes == mats.padded[1]).all()))
+        return out, whole
+    cp = mats.xp
+    big_n = mats.padded[1]
+    table = list(SIZE_CLASSES) + list(range(SIZE_CLASSES[-1] + 128, big_n + 128, 128))
+    cls_dev = cp.searchsorted(cp.asarray(table, dtype=np.int64), sizes)
+    invalid = (sizes < 0) | (sizes > big_n)
+    cls_dev = cp.where(invalid, len(table), cls_dev)
+    counts = cp.bincount(cls_dev, minlength=len(table) + 1)
+    full = cp.count_nonzero(sizes == big_n).reshape(1)
+    host = cp.concatenate([counts, full.astype(counts.dtype)]).get()
+    if host[len(table)]:
+        raise ValueError(f"{where}: sizes must lie in [0, {big_n}]")
+    present = np.flatnonzero(host[:len(table)])
+    if len(present) == 1:
+        return {int(table[present[0]]): None}, int(host[-1]) == mats.count
+    return {int(table[i]): cp.flatnonzero(cls_dev == i) for i in present}, False
+
+
+def _run(call, check_finite: bool, *stacks):
+    """``call(check_finite)`` (a fixed-size routine with ``return_info=True``)
+    and the finiteness flags to store: None when it ran with the check and
+    found nothing; when it found an inf or NaN (ValueError) it runs again
+    without the check and the flags of each of ``stacks`` are returned."""
+    try:
+        return call(check_finite), None
+    except ValueError:
+        if not check_finite:
+            raise
+    return call(False), [_finite(st) for st in stacks]
 
 
 def _finite(stack):
@@ -215,13 +339,22 @@ def _square_stack(mats: _Ragged, idx, order: int, dt):
     return mats.gather(idx, order, order, dt, identity=True)
 
 
+def _whole_stack(mats: _Ragged, dt):
+    """A padded stack whose matrices fill it, as the (B, N, N) stack itself."""
+    return mats.flat.reshape(mats.padded).astype(dt, copy=False)
+
+
 def _store_info(info, idx, inf, ok=None, code: int = -1) -> None:
-    """``info[idx] = inf``, with ``code`` where ``ok`` (finiteness flags) is False."""
+    """``info[idx] = inf`` (idx None: all), with ``code`` where ``ok``
+    (finiteness flags) is False."""
     xp = import_cupy() if is_cupy_array(info) else np
     inf = xp.asarray(inf)
     if ok is not None:
         inf = xp.where(ok, inf, code)
-    info[idx] = inf
+    if idx is None:
+        info[...] = inf.reshape(info.shape)
+    else:
+        info[idx] = inf
 
 
 def _summarize(info, where: str, check_finite: bool, names=((-1, "a"),)):
@@ -262,18 +395,24 @@ def lu_factor(a, sizes, *, batched, check_finite, return_info, backend):
     mats, dt, on_gpu = _matrices(a, sizes, where)
     vecs = _vectors_of(mats)
     xp = mats.xp
-    lu_out = mats.empty_like(dt, identity=True)
-    piv_out = vecs.empty_like(np.int32, identity=False)
-    if vecs.padded is not None:
-        piv_out[...] = xp.tile(xp.arange(vecs.padded[1], dtype=np.int32), mats.count)
+    classes, whole = _classes(mats, where)
+    if whole:
+        lu_out = piv_out = None
+    else:
+        lu_out = mats.empty_like(dt, PAD_IDENTITY)
+        piv_out = vecs.empty_like(np.int32, PAD_ROW)
     info = xp.zeros(mats.count, dtype=np.int32)
-    for order, idx in _classes(mats.rows).items():
-        stack = _square_stack(mats, idx, order, dt)
-        lu, piv, inf = batched(stack, check_finite=False, return_info=True,
-                               backend=backend)
-        mats.scatter(lu_out, idx, xp.asarray(lu))
-        vecs.scatter(piv_out, idx, xp.asarray(piv)[:, :, None])
-        _store_info(info, idx, inf, _finite(stack) if check_finite else None)
+    for order, idx in classes.items():
+        stack = _whole_stack(mats, dt) if whole else _square_stack(mats, idx, order, dt)
+        (lu, piv, inf), ok = _run(
+            lambda cf, stack=stack: batched(stack, check_finite=cf, return_info=True,
+                                            backend=backend), check_finite, stack)
+        if whole:
+            lu_out, piv_out = xp.asarray(lu).reshape(-1), xp.asarray(piv).reshape(-1)
+        else:
+            mats.scatter(lu_out, idx, xp.asarray(lu), PAD_IDENTITY)
+            vecs.scatter(piv_out, idx, xp.asarray(piv)[:, :, None], PAD_ROW)
+        _store_info(info, idx, inf, ok and ok[0])
     singular = _summarize(info, where, check_finite)
     lu_res, piv_res = mats.unpack(lu_out), vecs.unpack(piv_out, vector=True)
     if return_info:
@@ -320,8 +459,8 @@ def _rhs_layout(b, mats: _Ragged, where: str):
     vector = barr.ndim == 2
     k = 1 if vector else barr.shape[2]
     flat = xp.ascontiguousarray(barr).reshape(-1)
-    off = np.arange(big_b, dtype=np.int64) * big_n * k
-    cols = np.full(big_b, k, dtype=np.int64)
+    off = xp.arange(big_b, dtype=np.int64) * (big_n * k)
+    cols = xp.full(big_b, k, dtype=np.int64)
     return (_Ragged(xp, flat, off, mats.rows.copy(), cols, cols, (big_b, big_n, k)),
             vector, barr.dtype)
 
@@ -332,19 +471,30 @@ def solve(a, b, sizes, *, batched, check_finite, return_info, backend):
     mats, adt, on_gpu = _matrices(a, sizes, where)
     rhs, vector, bdt = _rhs_layout(b, mats, where)
     dt = np.promote_types(adt, result_dtype(bdt, where))
-    x_out = rhs.empty_like(dt, identity=False)
     xp = mats.xp
+    classes, whole = _classes(mats, where)
+    x_out = None if whole else rhs.empty_like(dt, PAD_ZERO)
     info = xp.zeros(mats.count, dtype=np.int32)
-    for order, idx in _classes(mats.rows).items():
-        stack = _square_stack(mats, idx, order, dt)
-        width = int(rhs.cols[idx].max()) if len(idx) else 1
-        bst = rhs.gather(idx, order, width, dt, identity=False)
-        x, inf = batched(stack, bst, check_finite=False, return_info=True,
-                         backend=backend)
-        rhs.scatter(x_out, idx, xp.asarray(x))
-        if check_finite:     # a's infs/NaNs -1, b's -2
-            inf = xp.where(_finite(bst), xp.asarray(inf), -2)
-        _store_info(info, idx, inf, _finite(stack) if check_finite else None)
+    for order, idx in classes.items():
+        if whole:
+            stack = _whole_stack(mats, dt)
+            bst = rhs.flat.reshape(rhs.padded).astype(dt, copy=False)
+        else:
+            stack = _square_stack(mats, idx, order, dt)
+            width = (rhs.padded[2] if rhs.padded is not None else
+                     int(rhs.cols[idx].max()) if len(idx) else 1)
+            bst = rhs.gather(idx, order, width, dt, identity=False)
+        (x, inf), ok = _run(
+            lambda cf, stack=stack, bst=bst: batched(stack, bst, check_finite=cf,
+                                                     return_info=True, backend=backend),
+            check_finite, stack, bst)
+        if whole:
+            x_out = xp.asarray(x).reshape(-1)
+        else:
+            rhs.scatter(x_out, idx, xp.asarray(x), PAD_ZERO)
+        if ok:               # a's infs/NaNs -1, b's -2
+            inf = xp.where(ok[1], xp.asarray(inf), -2)
+        _store_info(info, idx, inf, ok and ok[0])
     singular = _summarize(info, where, check_finite, ((-1, "a"), (-2, "b")))
     if singular and not return_info:
         _raise_if_singular(info, where)
@@ -360,14 +510,19 @@ def inv(a, sizes, *, batched, check_finite, return_info, backend):
     """:func:`scipy_gpuqr.inv_vbatched`; ``batched``: ``inv_batched``."""
     where = "inv_vbatched"
     mats, dt, on_gpu = _matrices(a, sizes, where)
-    out = mats.empty_like(dt, identity=True)
+    classes, whole = _classes(mats, where)
+    out = None if whole else mats.empty_like(dt, PAD_IDENTITY)
     info = mats.xp.zeros(mats.count, dtype=np.int32)
-    for order, idx in _classes(mats.rows).items():
-        stack = _square_stack(mats, idx, order, dt)
-        x, inf = batched(stack, check_finite=False, return_info=True,
-                         backend=backend)
-        mats.scatter(out, idx, mats.xp.asarray(x))
-        _store_info(info, idx, inf, _finite(stack) if check_finite else None)
+    for order, idx in classes.items():
+        stack = _whole_stack(mats, dt) if whole else _square_stack(mats, idx, order, dt)
+        (x, inf), ok = _run(
+            lambda cf, stack=stack: batched(stack, check_finite=cf, return_info=True,
+                                            backend=backend), check_finite, stack)
+        if whole:
+            out = mats.xp.asarray(x).reshape(-1)
+        else:
+            mats.scatter(out, idx, mats.xp.asarray(x), PAD_IDENTITY)
+        _store_info(info, idx, inf, ok and ok[0])
     singular = _summarize(info, where, check_finite)
     if singular and not return_info:
         _raise_if_singular(info, where)
@@ -381,14 +536,20 @@ def cho_factor(a, sizes, lower, *, batched, check_finite, return_info, backend):
     """:func:`scipy_gpuqr.cho_factor_vbatched`; ``batched``: ``cho_factor_batched``."""
     where = "cho_factor_vbatched"
     mats, dt, on_gpu = _matrices(a, sizes, where)
-    out = mats.empty_like(dt, identity=True)
+    classes, whole = _classes(mats, where)
+    out = None if whole else mats.empty_like(dt, PAD_IDENTITY)
     info = mats.xp.zeros(mats.count, dtype=np.int32)
-    for order, idx in _classes(mats.rows).items():
-        stack = _square_stack(mats, idx, order, dt)
-        c, _, inf = batched(stack, lower=lower, check_finite=False,
-                            return_info=True, backend=backend)
-        mats.scatter(out, idx, mats.xp.asarray(c))
-        _store_info(info, idx, inf, _finite(stack) if check_finite else None)
+    for order, idx in classes.items():
+        stack = _whole_stack(mats, dt) if whole else _square_stack(mats, idx, order, dt)
+        (c, _, inf), ok = _run(
+            lambda cf, stack=stack: batched(stack, lower=lower, check_finite=cf,
+                                            return_info=True, backend=backend),
+            check_finite, stack)
+        if whole:
+            out = mats.xp.asarray(c).reshape(-1)
+        else:
+            mats.scatter(out, idx, mats.xp.asarray(c), PAD_IDENTITY)
+        _store_info(info, idx, inf, ok and ok[0])
     singular = _summarize(info, where, check_finite)
     if singular and not return_info:
         names, first = _first_info(info)
