@@ -57,8 +57,10 @@ PANEL_METHODS = ("kernel", "geqrf")
 DEFAULT_PANEL_METHOD = "kernel"
 
 #: Factorize panel ``p+1`` on a second stream while panel ``p``'s trailing update
-#: runs (see :func:`factorize_cupy`).
-DEFAULT_LOOKAHEAD = True
+#: runs (see :func:`factorize_cupy`). Off by default: the panel kernel's grid
+#: needs whole SMs at once, so it rarely runs beside the trailing GEMM, and the
+#: extra high-priority stream slows the launches that overlap the dense fronts.
+DEFAULT_LOOKAHEAD = False
 
 
 def panels_of(fm: int, fn: int, stair, nb: int = DEFAULT_PANEL) -> list:
