@@ -266,3 +266,29 @@ def test_gpu_padded_stack_classes_on_device(rng):
     gs[8, 0, 30] = np.nan                          # beyond matrix 8 (order 29): ignored
     with pytest.raises(ValueError, match=r"infs or NaNs.*\[4, 8\]"):
         g.inv_vbatched(gs, gz)
+
+
+@pytest.mark.gpu
+def test_gpu_size_classes_counted_on_device():
+    """The device's size classes of a padded stack (kernels/batched/vbatched.cu)
+    are size_class's, the matrices filling the stack are recognized, sizes
+    outside [0, N] refused."""
+    import cupy as cp
+    big = 700
+    sizes = np.r_[np.arange(big + 1), np.full(40, 33), np.full(5, big)]
+    rag = vb._Ragged(cp, None, None, cp.asarray(sizes), None, None, (len(sizes), big, big))
+    classes, whole = vb._classes(rag, "x")
+    assert not whole
+    seen = np.zeros(len(sizes), dtype=int)
+    for order, idx in classes.items():
+        idx = _host(idx)
+        seen[idx] += 1
+        np.testing.assert_array_equal(vb.size_class(sizes[idx]), order)
+    assert (seen == 1).all()
+    rag = vb._Ragged(cp, None, None, cp.full(9, 24), None, None, (9, 24, 24))
+    assert vb._classes(rag, "x") == ({24: None}, True)
+    rag = vb._Ragged(cp, None, None, cp.full(9, 21), None, None, (9, 24, 24))
+    assert vb._classes(rag, "x") == ({24: None}, False)
+    rag = vb._Ragged(cp, None, None, cp.asarray([3, -1]), None, None, (2, 4, 4))
+    with pytest.raises(ValueError, match=r"lie in \[0, 4\]"):
+        vb._classes(rag, "x")

@@ -237,7 +237,7 @@ def _warp_plan(op: str, dt: str, n: int, kernel, threads, stages, device: int):
     """Everything of an n <= 32 LU (``op`` 'lu') or inverse ('inv') launch that
     does not depend on the batch, resolved once per (dtype, n, options, device):
     (function, register size, threads, stages, shared memory, resident blocks,
-    matrices per warp, elements per 16-byte vector)."""
+    matrices per warp, elements per 16-byte vector, CUfunction)."""
     if op == "lu":
         name, size = getrf_kernel(n, dt, kernel), n
     else:
@@ -248,23 +248,29 @@ def _warp_plan(op: str, dt: str, n: int, kernel, threads, stages, device: int):
         stages = d_stages if stages is None else stages
     threads = max(32, min(WARP_THREADS_MAX, (int(threads) // 32) * 32))
     fn, resident, smem, mw = _warp_config(name, dt, size, threads, int(stages), device)
-    return (fn, size, threads, np.int32(stages), smem, resident, mw,
-            16 // np.dtype(dt).itemsize)
+    return (fn, size, threads, int(stages), smem, resident, mw,
+            16 // np.dtype(dt).itemsize, fn.kernel.ptr)
 
 
 def _launch_plan(plan, n: int, x, out, batch: int, args_head, args_tail, report) -> None:
     """Launch a :func:`_warp_plan` over ``batch`` matrices of size n (persistent
-    grid); ``report``: the kernel's last two arguments (status, ctl)."""
-    fn, size, threads, stages, smem, resident, mw, vw = plan
+    grid): ``args_head`` (arrays), the batch, ``args_tail`` (ints), stages,
+    the vector flag and ``report`` (status, ctl), through
+    :func:`scipy_gpuqr.batched._gpu_common.launch`."""
+    fn, size, threads, stages, smem, resident, mw, vw, fptr = plan
     if size <= TINY_MAX:
         # a thread per matrix: one matrix per thread beats the persistent grid
         grid = max(1, -(-batch // threads))
     else:
         tasks = -(-batch // mw)
         grid = max(1, min(resident, -(-tasks // (threads // 32))))
-    vec = np.int32((x.data.ptr % 16 == 0) and (out.data.ptr % 16 == 0) and n % vw == 0)
-    fn((grid,), (threads,), args_head + (np.int64(batch),) + args_tail + (stages, vec)
-       + report, shared_mem=smem)
+    xp, op = x.data.ptr, out.data.ptr
+    vec = 1 if (xp % 16 == 0 and op % 16 == 0 and n % vw == 0) else 0
+    values = [a.data.ptr for a in args_head]
+    values.append(batch)
+    values.extend(int(v) for v in args_tail)
+    values += (stages, vec, _common.arg_value(report[0]), int(report[1]))
+    _common.launch(fptr, grid, threads, smem, values)
 
 
 def _contiguous(a):

@@ -39,7 +39,8 @@ from .._kernels import load_module
 __all__ = ["alloc", "alloc_outputs", "dtname", "device_id", "solve_by_columns", "cupy",
            "new_status", "report_args", "NO_REPORT", "finish_report", "scan_info",
            "scan_nonfinite", "read_status", "STATUS_SINGULAR", "STATUS_NONFINITE",
-           "STATUS_FACTOR", "STATUS_RHS", "CTL_CLEAR_NEG", "CTL_NAN_FILL", "rhs_operand"]
+           "STATUS_FACTOR", "STATUS_RHS", "CTL_CLEAR_NEG", "CTL_NAN_FILL", "rhs_operand",
+           "launch", "arg_value"]
 
 #: Threads per block of the solves by columns.
 SOLVE_THREADS = 128
@@ -99,14 +100,62 @@ def alloc(shape, dtype):
     return alloc_outputs(((shape, dtype),))[0]
 
 
+#: dtype -> its name, for the kernels' dtypes (``np.dtype.name`` is computed
+#: in Python on every access: a few microseconds of each launch).
+_DTNAMES = {np.dtype(t): np.dtype(t).name for t in (np.float32, np.float64, np.int32)}
+
+
 def dtname(dtype) -> str:
     """``'float32'`` / ``'float64'``: the dtype's part of a kernel's cache key."""
-    return np.dtype(dtype).name
+    name = _DTNAMES.get(dtype)
+    return name if name is not None else np.dtype(dtype).name
 
 
 def device_id() -> int:
     """The current CUDA device: a module loaded on one GPU is not usable on another."""
     return cupy().cuda.runtime.getDevice()
+
+
+class _LaunchArgs(threading.local):
+    """This thread's parameter block for :func:`launch`: 8-byte slots and the
+    array of their addresses that cuLaunchKernel reads (the driver copies the
+    values at the launch, so the block is reused)."""
+
+    SLOTS = 16
+
+    def __init__(self):
+        self.vals = np.zeros(self.SLOTS, dtype=np.uint64)
+        self.ptrs = (np.arange(self.SLOTS, dtype=np.uint64) * np.uint64(8)
+                     + np.uint64(self.vals.ctypes.data))
+        self.addr = int(self.ptrs.ctypes.data)
+
+
+_LAUNCH_ARGS = _LaunchArgs()
+
+
+def arg_value(x) -> int:
+    """A kernel argument as :func:`launch` takes it: a CuPy array's address,
+    else the integer itself."""
+    data = getattr(x, "data", None)
+    return data.ptr if data is not None and hasattr(data, "ptr") else int(x)
+
+
+def launch(fptr: int, grid: int, block: int, smem: int, values) -> None:
+    """cuLaunchKernel of the CUfunction ``fptr`` (``RawKernel.kernel.ptr``)
+    on the current stream, 1-D grid and block.
+
+    ``values``: the kernel's arguments as non-negative integers (addresses,
+    sizes, flags), each in an 8-byte slot from which a 4-byte parameter reads
+    its low half (little-endian). The hot n <= 32 launches take this path:
+    CuPy's kernel call converts each argument to a new object, which costs
+    several microseconds of host time per launch.
+    """
+    from cupy_backends.cuda.api import driver
+
+    buf = _LAUNCH_ARGS
+    buf.vals[:len(values)] = values
+    driver.launchKernel(fptr, grid, 1, 1, block, 1, 1, smem,
+                        cupy().cuda.get_current_stream().ptr, buf.addr, 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -269,10 +318,15 @@ def read_status(status) -> list:
     """The four slots of a :func:`new_status` word as 0/1 (1: marked by this
     call's kernels): one 32-byte copy to the host (waits for the work queued
     before it on the current stream)."""
+    cp = cupy()
     buf = getattr(_PINNED, "buf", None)
     if buf is None:
         import cupyx
         buf = _PINNED.buf = cupyx.empty_pinned((4,), dtype=np.uint64)
-    status.buf.get(out=buf)
+        _PINNED.addr = int(buf.ctypes.data)
+    rt = cp.cuda.runtime
+    stream = cp.cuda.get_current_stream()
+    rt.memcpyAsync(_PINNED.addr, status.buf.data.ptr, 32, rt.memcpyDeviceToHost, stream.ptr)
+    stream.synchronize()
     gen = status.gen
     return [1 if v == gen else 0 for v in buf.tolist()]

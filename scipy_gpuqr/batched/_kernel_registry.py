@@ -74,7 +74,8 @@ SOLVE_FILE = "batched/solve.cu"
 STATUS_FILE = "batched/status.cu"
 
 #: Source file of the gathers and scatters of the variable-size batches
-#: (``vb_gather``, ``vb_scatter``; float, double and int for the pivots).
+#: (``vb_gather``, ``vb_scatter``; float, double and int for the pivots) and
+#: of the size classes of a padded stack (``vb_classes``).
 VB_FILE = "batched/vbatched.cu"
 
 #: Source file of each n <= 32 kernel family (each variant is compiled on
@@ -140,7 +141,7 @@ KERNEL_VARIANTS = {
         status_name(k, dt) for k in ("info_scan", "nonfinite_scan") for dt in _CTYPES),
     VB_FILE: tuple(
         vb_name(k, dt) for k in ("vb_gather", "vb_scatter")
-        for dt in ("float32", "float64", "int32")),
+        for dt in ("float32", "float64", "int32")) + ("vb_classes",),
     ROWS_FILE: tuple(
         rows_name(k, dt, nb, maxt)
         for dt in _CTYPES

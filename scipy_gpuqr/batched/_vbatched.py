@@ -81,8 +81,9 @@ _VB_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32))
 
 @functools.lru_cache(maxsize=None)
 def _vb_function(kernel: str, dt: str, device: int):
+    """``kernel<dt>`` of ``kernels/batched/vbatched.cu`` (``dt`` '': not a template)."""
     module = load_module(VB_FILE, KERNEL_VARIANTS[VB_FILE])
-    return module.get_function(vb_name(kernel, dt))
+    return module.get_function(vb_name(kernel, dt) if dt else kernel)
 
 
 def _launch_vb(kernel: str, dtype, total: int, args) -> None:
@@ -99,14 +100,36 @@ class _Ragged:
     Item ``k`` is ``flat[off[k] + r * stride[k] + c]`` for ``r < rows[k]``
     and ``c < cols[k]``. ``padded`` is the (B, R, C) shape of the padded
     input form, None for a list. On the GPU the four per-item arrays may be
-    CuPy arrays (a padded stack's, built on the device).
+    CuPy arrays (a padded stack's, built on the device); in the padded form
+    ``off``, ``cols`` and ``stride`` may be None: ``k * R * C``, ``C`` and
+    ``C``, made when first needed (a stack passed as it is never needs them).
     """
 
     def __init__(self, xp, flat, off, rows, cols, stride, padded):
-        self.xp, self.flat, self.off = xp, flat, off
-        self.rows, self.cols, self.stride = rows, cols, stride
+        self.xp, self.flat, self._off = xp, flat, off
+        self.rows, self._cols, self._stride = rows, cols, stride
         self.padded = padded
         self._meta = None
+
+    def _default(self, name: str, value):
+        if value is None:
+            b, r, c = self.padded
+            value = (self.xp.arange(b, dtype=np.int64) * (r * c) if name == "off"
+                     else self.xp.full(b, c, dtype=np.int64))
+            setattr(self, "_" + name, value)
+        return value
+
+    @property
+    def off(self):
+        return self._default("off", self._off)
+
+    @property
+    def cols(self):
+        return self._default("cols", self._cols)
+
+    @property
+    def stride(self):
+        return self._default("stride", self._stride)
 
     @property
     def count(self) -> int:
@@ -258,13 +281,11 @@ def _matrices(a, sizes, where: str):
     if sz.shape != batch or (sz.size and sz.dtype.kind not in "iu"):
         raise ValueError(f"{where}: sizes must be integers of shape {batch}, "
                          f"got {sz.dtype} of shape {sz.shape}")
-    sz = sz.astype(np.int64)
+    sz = sz.astype(np.int64, copy=False)
     if not on_gpu and sz.size and (sz.min() < 0 or sz.max() > big_n):
         raise ValueError(f"{where}: sizes must lie in [0, {big_n}]")
     flat = xp.ascontiguousarray(arr).reshape(-1)
-    off = xp.arange(len(sz), dtype=np.int64) * (big_n * big_n)
-    stride = xp.full(len(sz), big_n, dtype=np.int64)
-    return (_Ragged(xp, flat, off, sz, sz, stride, (len(sz), big_n, big_n)),
+    return (_Ragged(xp, flat, None, sz, sz, None, (len(sz), big_n, big_n)),
             arr.dtype, on_gpu)
 
 
@@ -274,11 +295,7 @@ def _vectors_of(mats: _Ragged):
     if mats.padded is None:
         off = np.concatenate(([0], np.cumsum(n)[:-1])).astype(np.int64) if len(n) else n
         return _Ragged(mats.xp, None, off, n, np.ones_like(n), np.ones_like(n), None)
-    big_n = mats.padded[1]
-    xp = mats.xp
-    off = xp.arange(len(n), dtype=np.int64) * big_n
-    one = xp.ones(len(n), dtype=np.int64)
-    return _Ragged(xp, None, off, n, one, one, (len(n), big_n, 1))
+    return _Ragged(mats.xp, None, None, n, None, None, (mats.count, mats.padded[1], 1))
 
 
 def _classes(mats: _Ragged, where: str):
@@ -298,20 +315,23 @@ def _classes(mats: _Ragged, where: str):
                  bool((sizes == mats.padded[1]).all()))
         return out, whole
     cp = mats.xp
-    big_n = mats.padded[1]
-    table = list(SIZE_CLASSES) + list(range(SIZE_CLASSES[-1] + 128, big_n + 128, 128))
-    cls_dev = cp.searchsorted(cp.asarray(table, dtype=np.int64), sizes)
-    invalid = (sizes < 0) | (sizes > big_n)
-    cls_dev = cp.where(invalid, len(table), cls_dev)
-    counts = cp.bincount(cls_dev, minlength=len(table) + 1)
-    full = cp.count_nonzero(sizes == big_n).reshape(1)
-    host = cp.concatenate([counts, full.astype(counts.dtype)]).get()
-    if host[len(table)]:
+    big_n, count = mats.padded[1], mats.count
+    lim = int(size_class(max(big_n, 1))) + 1       # past the largest class
+    counts = cp.zeros(lim + 2, dtype=np.uint64)
+    cls = cp.empty(count, dtype=np.int32)
+    sizes = cp.ascontiguousarray(sizes, dtype=np.int64)
+    if count:
+        fn = _vb_function("vb_classes", "", _gc.device_id())
+        grid = max(1, min(_VB_MAX_BLOCKS, -(-count // _VB_THREADS)))
+        fn((grid,), (_VB_THREADS,), (sizes, np.int64(count), np.int64(big_n),
+                                     np.int32(lim), cls, counts))
+    host = counts.get()
+    if host[lim]:
         raise ValueError(f"{where}: sizes must lie in [0, {big_n}]")
-    present = np.flatnonzero(host[:len(table)])
+    present = np.flatnonzero(host[:lim])
     if len(present) == 1:
-        return {int(table[present[0]]): None}, int(host[-1]) == mats.count
-    return {int(table[i]): cp.flatnonzero(cls_dev == i) for i in present}, False
+        return {int(present[0]): None}, int(host[lim + 1]) == count
+    return {int(c): cp.flatnonzero(cls == c) for c in present}, False
 
 
 def _run(call, check_finite: bool, *stacks):
@@ -344,17 +364,18 @@ def _whole_stack(mats: _Ragged, dt):
     return mats.flat.reshape(mats.padded).astype(dt, copy=False)
 
 
-def _store_info(info, idx, inf, ok=None, code: int = -1) -> None:
-    """``info[idx] = inf`` (idx None: all), with ``code`` where ``ok``
-    (finiteness flags) is False."""
-    xp = import_cupy() if is_cupy_array(info) else np
+def _store_info(info, idx, inf, ok=None, code: int = -1):
+    """``info[idx] = inf``, with ``code`` where ``ok`` (finiteness flags) is
+    False; returns ``info``. ``info`` None (a stack passed as it is, one
+    class): ``inf`` itself is the call's info."""
+    xp = import_cupy() if is_cupy_array(inf) else np
     inf = xp.asarray(inf)
     if ok is not None:
-        inf = xp.where(ok, inf, code)
-    if idx is None:
-        info[...] = inf.reshape(info.shape)
-    else:
-        info[idx] = inf
+        inf = xp.where(ok, inf, code).astype(np.int32, copy=False)
+    if info is None:
+        return inf.reshape(-1)
+    info[idx] = inf
+    return info
 
 
 def _summarize(info, where: str, check_finite: bool, names=((-1, "a"),)):
@@ -401,7 +422,7 @@ def lu_factor(a, sizes, *, batched, check_finite, return_info, backend):
     else:
         lu_out = mats.empty_like(dt, PAD_IDENTITY)
         piv_out = vecs.empty_like(np.int32, PAD_ROW)
-    info = xp.zeros(mats.count, dtype=np.int32)
+    info = None if whole else xp.zeros(mats.count, dtype=np.int32)
     for order, idx in classes.items():
         stack = _whole_stack(mats, dt) if whole else _square_stack(mats, idx, order, dt)
         (lu, piv, inf), ok = _run(
@@ -412,7 +433,7 @@ def lu_factor(a, sizes, *, batched, check_finite, return_info, backend):
         else:
             mats.scatter(lu_out, idx, xp.asarray(lu), PAD_IDENTITY)
             vecs.scatter(piv_out, idx, xp.asarray(piv)[:, :, None], PAD_ROW)
-        _store_info(info, idx, inf, ok and ok[0])
+        info = _store_info(info, idx, inf, ok and ok[0])
     singular = _summarize(info, where, check_finite)
     lu_res, piv_res = mats.unpack(lu_out), vecs.unpack(piv_out, vector=True)
     if return_info:
@@ -459,9 +480,7 @@ def _rhs_layout(b, mats: _Ragged, where: str):
     vector = barr.ndim == 2
     k = 1 if vector else barr.shape[2]
     flat = xp.ascontiguousarray(barr).reshape(-1)
-    off = xp.arange(big_b, dtype=np.int64) * (big_n * k)
-    cols = xp.full(big_b, k, dtype=np.int64)
-    return (_Ragged(xp, flat, off, mats.rows.copy(), cols, cols, (big_b, big_n, k)),
+    return (_Ragged(xp, flat, None, mats.rows, None, None, (big_b, big_n, k)),
             vector, barr.dtype)
 
 
@@ -474,7 +493,7 @@ def solve(a, b, sizes, *, batched, check_finite, return_info, backend):
     xp = mats.xp
     classes, whole = _classes(mats, where)
     x_out = None if whole else rhs.empty_like(dt, PAD_ZERO)
-    info = xp.zeros(mats.count, dtype=np.int32)
+    info = None if whole else xp.zeros(mats.count, dtype=np.int32)
     for order, idx in classes.items():
         if whole:
             stack = _whole_stack(mats, dt)
@@ -494,7 +513,7 @@ def solve(a, b, sizes, *, batched, check_finite, return_info, backend):
             rhs.scatter(x_out, idx, xp.asarray(x), PAD_ZERO)
         if ok:               # a's infs/NaNs -1, b's -2
             inf = xp.where(ok[1], xp.asarray(inf), -2)
-        _store_info(info, idx, inf, ok and ok[0])
+        info = _store_info(info, idx, inf, ok and ok[0])
     singular = _summarize(info, where, check_finite, ((-1, "a"), (-2, "b")))
     if singular and not return_info:
         _raise_if_singular(info, where)
@@ -512,7 +531,7 @@ def inv(a, sizes, *, batched, check_finite, return_info, backend):
     mats, dt, on_gpu = _matrices(a, sizes, where)
     classes, whole = _classes(mats, where)
     out = None if whole else mats.empty_like(dt, PAD_IDENTITY)
-    info = mats.xp.zeros(mats.count, dtype=np.int32)
+    info = None if whole else mats.xp.zeros(mats.count, dtype=np.int32)
     for order, idx in classes.items():
         stack = _whole_stack(mats, dt) if whole else _square_stack(mats, idx, order, dt)
         (x, inf), ok = _run(
@@ -522,7 +541,7 @@ def inv(a, sizes, *, batched, check_finite, return_info, backend):
             out = mats.xp.asarray(x).reshape(-1)
         else:
             mats.scatter(out, idx, mats.xp.asarray(x), PAD_IDENTITY)
-        _store_info(info, idx, inf, ok and ok[0])
+        info = _store_info(info, idx, inf, ok and ok[0])
     singular = _summarize(info, where, check_finite)
     if singular and not return_info:
         _raise_if_singular(info, where)
@@ -538,7 +557,7 @@ def cho_factor(a, sizes, lower, *, batched, check_finite, return_info, backend):
     mats, dt, on_gpu = _matrices(a, sizes, where)
     classes, whole = _classes(mats, where)
     out = None if whole else mats.empty_like(dt, PAD_IDENTITY)
-    info = mats.xp.zeros(mats.count, dtype=np.int32)
+    info = None if whole else mats.xp.zeros(mats.count, dtype=np.int32)
     for order, idx in classes.items():
         stack = _whole_stack(mats, dt) if whole else _square_stack(mats, idx, order, dt)
         (c, _, inf), ok = _run(
@@ -549,7 +568,7 @@ def cho_factor(a, sizes, lower, *, batched, check_finite, return_info, backend):
             out = mats.xp.asarray(c).reshape(-1)
         else:
             mats.scatter(out, idx, mats.xp.asarray(c), PAD_IDENTITY)
-        _store_info(info, idx, inf, ok and ok[0])
+        info = _store_info(info, idx, inf, ok and ok[0])
     singular = _summarize(info, where, check_finite)
     if singular and not return_info:
         names, first = _first_info(info)
