@@ -237,6 +237,11 @@ class FactoredQR:
         out.update(shape=tuple(self.shape), transposed=self.transposed,
                    tol=self.tol, timings=dict(self.timings))
         if self.num is not None:
+            ran = self.num.info.get("backend")
+            if ran and ran != out["backend"] and self.num.info.get("fallback"):
+                out["backend"] = ran        # what ran (the planned engine fell back)
+                out["reasons"].append(f"{out['requested']!r} fell back: "
+                                      f"{self.num.info['fallback']}; {ran!r} ran")
             out["flops_backend"] = float(self.num.flops)
             out["backend_info"] = dict(self.num.info)
             out["rank_backend"] = int(self.num.rank)

@@ -51,6 +51,7 @@ from ..._kernels import load_module
 from ..._schedule.tasks import TASK_BYTES
 from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
 from ..host.simulate import execute_task, one_blas_thread
+from ..memory import CHECK_CHUNK, DeviceMemory, available_bytes
 from . import factorize_kernels as variants
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, NumpyRCopy, PinnedStaging,
                     staging_for)
@@ -76,14 +77,26 @@ class NumpyDevice:
         many elements (exercises the engine's restaging).
     rng : numpy.random.Generator, optional
         Run each launch's tasks in a random order.
+    memory_limit : int, optional
+        Bytes this stand-in device has: it counts what :class:`CupyDevice`
+        allocates (maps, VT pool; per stage the pool, S entries, records, R's
+        gather index and slots, the check's chunk, dense fronts' ``T`` and
+        workspaces, the gather buffer of leaving contribution blocks), reports
+        the rest as available (:meth:`memory`) and raises
+        :class:`DeviceOutOfMemory` past it (``peak`` records the most held).
     """
 
     name = "numpy (no GPU)"
 
     def __init__(self, tile: int, bundle: int, *, dtype=np.float64,
-                 fail_after: int | None = None, rng=None, debug: bool = False):
+                 fail_after: int | None = None, rng=None, debug: bool = False,
+                 memory_limit: int | None = None):
         self.tile, self.bundle, self.dtype = tile, bundle, np.dtype(dtype)
         self.fail_after = fail_after
+        self.memory_limit = None if memory_limit is None else int(memory_limit)
+        self.held = 0
+        self.peak = 0
+        self._stage_held = 0
         self.rng = rng
         self.debug = debug
         self.launches = 0
@@ -94,13 +107,37 @@ class NumpyDevice:
         self.dense_panel = DEFAULT_PANEL
         self.dense_done = []
 
+    def memory(self) -> DeviceMemory:
+        """The bytes left under ``memory_limit`` (None: unlimited)."""
+        if self.memory_limit is None:
+            return DeviceMemory(None, "none")
+        return DeviceMemory(self.memory_limit - self.held, "device limit",
+                            {"limit": self.memory_limit, "held": self.held})
+
+    def _take(self, nbytes: int, what: str) -> None:
+        nbytes = int(nbytes)
+        if self.memory_limit is not None and self.held + nbytes > self.memory_limit:
+            raise DeviceOutOfMemory(f"Out of memory allocating {nbytes:,} bytes for {what} "
+                                    f"(held {self.held:,}, limit {self.memory_limit:,})")
+        self.held += nbytes
+        self.peak = max(self.peak, self.held)
+
     def start(self, maps: np.ndarray, vt_size: int) -> None:
+        self.held = 0
+        self._take(maps.nbytes, "maps")
+        self._take(max(vt_size, 1) * self.dtype.itemsize, "the VT pool")
         self.maps = maps
         self.vt = np.full(max(vt_size, 1), np.nan, dtype=self.dtype)
 
     def begin_stage(self, st, s_index, s_value, carried):
         if self.fail_after is not None and st.pool_size > self.fail_after:
             raise DeviceOutOfMemory(f"stage pool of {st.pool_size} elements")
+        isz = self.dtype.itemsize
+        self._stage_start = self.held
+        self._take(st.pool_size * isz, "a stage pool")
+        self._take(len(s_index) * (8 + isz), "S entries")
+        self._take(max(int(st.launch_ptr[-1]) if len(st.launch_ptr) else 0, 1) * TASK_BYTES,
+                   "the task list")
         pool = np.zeros(st.pool_size, dtype=self.dtype)
         for off, cb in carried:
             pool[off: off + cb.size] = cb.ravel()
@@ -117,6 +154,11 @@ class NumpyDevice:
     def dense_factorize(self, h, off, fm, fn, stair):
         F = h["pool"][off: off + fm * fn].reshape(fm, fn)
         panels = panels_of(fm, fn, stair, self.dense_panel)
+        if self.memory_limit is not None:
+            nb, isz = self.dense_panel, self.dtype.itemsize
+            work = (3 * fm * nb + 2 * fn * nb + 4 * nb * nb) * isz
+            self._take(len(panels) * nb * nb * isz + work, "a dense front")
+            self.held -= work
         with one_blas_thread():         # as the simulate engine: the same rounding
             T = factorize_numpy(F, panels, self.dense_panel)
         self.dense_done.append((int(off), int(fm), int(fn)))
@@ -126,6 +168,8 @@ class NumpyDevice:
         pass
 
     def open_r_copy(self, pool, index, layout=None, final=None):
+        nslot = min(32 << 20, max(getattr(layout, "nnz", len(index)), 1) * 8)
+        self._take(len(index) * 8 + 2 * nslot, "R's copy")
         return NumpyRCopy(pool, index, final, dtype=self.dtype, counter=self.r_copies)
 
     def mark_kernels_end(self, h) -> None:
@@ -133,11 +177,16 @@ class NumpyDevice:
 
     def end_stage(self, h) -> np.ndarray:
         pool = h["pool"]
+        self._take(min(pool.size, CHECK_CHUNK), "the finite check")
+        self.held -= min(pool.size, CHECK_CHUNK)
         if not np.isfinite(pool).all():
             raise GpuEngineError("non-finite values in the front pool after the stage")
         return pool
 
     def fetch(self, pool, segments) -> np.ndarray:
+        n = int(sum(k for _, k in segments)) * self.dtype.itemsize
+        self._take(n, "leaving contribution blocks")
+        self.held -= n
         parts = [pool[a: a + n] for a, n in segments]
         return np.concatenate(parts) if parts else np.zeros(0, self.dtype)
 
@@ -145,13 +194,14 @@ class NumpyDevice:
         return pool
 
     def release(self, pool) -> None:
-        pass
+        """The stage's allocations end (its pool, S entries, records, R's copy)."""
+        self.held = getattr(self, "_stage_start", self.held)
 
     def vt_host(self) -> np.ndarray:
         return self.vt
 
     def close(self) -> None:
-        pass
+        self.held = 0
 
 
 class CupyDevice:
@@ -244,6 +294,12 @@ class CupyDevice:
             self.stream.synchronize()
         except cp.cuda.runtime.CUDARuntimeError as exc:
             raise GpuEngineError(f"CUDA error {what}: {exc}") from exc
+
+    def memory(self) -> DeviceMemory:
+        """What a factorization may allocate on this device now
+        (:func:`scipy_gpuqr._engine.memory.available_bytes`)."""
+        with self.cp.cuda.Device(self.device_id):
+            return available_bytes(self.cp)
 
     # -- the four calls -------------------------------------------------------------
     def launch_times(self) -> list:
@@ -403,8 +459,10 @@ class CupyDevice:
         if e1 is None:
             e1 = cp.cuda.Event()
             e1.record(stream)
-        with stream:
-            ok = cp.isfinite(pool).all()
+        with stream:            # by chunks: a bool temporary of CHECK_CHUNK at most
+            flags = [cp.isfinite(pool[a: a + CHECK_CHUNK]).all()
+                     for a in range(0, pool.size, CHECK_CHUNK)]
+            ok = cp.stack(flags).all() if flags else cp.asarray(True)
         self._check(f"in stage {st.fronts}")
         h["keep"] = None
         h["host"] = None

@@ -19,11 +19,21 @@ per stage :meth:`~_StageLoop.begin`, :meth:`~_StageLoop.launch_all`,
 :meth:`~_StageLoop.keep_reflector_records`, :meth:`~_StageLoop.retire_pool`),
 then assembles R (:func:`_assemble_R`) and the :class:`GpuQR`.
 
+Memory: the stages are planned for the memory the device really has now
+(the CuPy pool's limit, free device memory; :mod:`scipy_gpuqr._engine.memory`
+counts every allocation of a stage), within ``max_gpu_memory`` when given;
+the built schedule's exact bytes are checked before the first allocation. A
+device out-of-memory during a run frees everything the attempt held and
+restages for a smaller peak (:data:`MAX_RESTAGE` times). When no plan fits (a
+front alone exceeds the memory) SuiteSparseQR answers on the CPU with a
+:class:`GpuFallbackWarning`, and ``info`` says ``backend`` 'cpu' and why
+(``fallback``). A staged factorization whose last pool would not fit beside
+an earlier one sends it to the host too, so that ``Q`` replays on the device
+one stage pool at a time.
+
 Faults: a CUDA error or a non-finite value in a front pool after a stage
 (A is checked finite first) raises :class:`GpuEngineError`, never a silently
-wrong R; device out of memory restages with half the budget (down to
-single-front stages) and then falls back to the reference engine with a
-warning. ``debug`` (``GpuqrOptions.debug`` / ``SCIPY_GPUQR_DEBUG=1``)
+wrong R. ``debug`` (``GpuqrOptions.debug`` / ``SCIPY_GPUQR_DEBUG=1``)
 synchronizes and checks after every launch.
 
 Dense fronts (:mod:`scipy_gpuqr._schedule.dense`: the largest fronts, chosen
@@ -38,6 +48,7 @@ without a CUDA device it is replayed on the host (:func:`.solve.host_matmul`).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -48,14 +59,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ... import _gpu
+from ..._cpu import spqr
 from ..._errors import DeviceOutOfMemory, GpuEngineError, GpuFallbackWarning
-from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
+from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH, dense_front_mask
 from ..._schedule.sparse import build_schedule
-from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
+from ..._schedule.tasks import DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
 from ..._symbolic import analyze
 from ..dense_front import DenseFront
 from ..host.reference import answer_with_rank_detection, reference_factorize
 from ..inputs import engine_csc
+from ..memory import (DeviceMemory, GpuMemoryExhausted, front_needs, min_budget, plan_for_memory,
+                      stage_bytes, vt_elements)
 from ..tasklist_qr import TaskListQR
 from . import solve as gpu_solve
 from .device import CupyDevice
@@ -69,6 +83,9 @@ _log = logging.getLogger("scipy_gpuqr")
 
 #: Restaging attempts after device out-of-memory before the CPU fallback.
 MAX_RESTAGE = 6
+#: After an out-of-memory, the next plan's peak is at most this fraction of the
+#: failed plan's.
+RESTAGE_SHRINK = 0.7
 
 #: Record types that keep reflectors (replayed for ``Q``).
 _FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
@@ -179,14 +196,25 @@ def _debug_default() -> bool:
     return os.environ.get("SCIPY_GPUQR_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+class _PlanOver(DeviceOutOfMemory):
+    """The built schedule needs ``excess`` bytes more than its plan was made for."""
+
+    def __init__(self, excess: int, msg: str):
+        super().__init__(msg)
+        self.excess = int(excess)
+
+
+def _device_memory(device):
+    """:class:`~scipy_gpuqr._engine.memory.DeviceMemory` of the device layer now
+    (no limit for a layer that cannot tell)."""
+    memory = getattr(device, "memory", None)
+    return memory() if memory is not None else DeviceMemory(None, "none")
+
+
 def _default_budget(device) -> int | None:
-    """Free device memory minus a margin (None for the NumPy device)."""
-    cp = getattr(device, "cp", None)
-    if cp is None:
-        return None
-    free, _ = cp.cuda.runtime.memGetInfo()
-    pool = cp.get_default_memory_pool()
-    return int(0.85 * (free + pool.free_bytes()))
+    """Bytes a factorization may use on the layer's device now (None: no limit
+    known, the NumPy device); see :func:`scipy_gpuqr._engine.memory.available_bytes`."""
+    return _device_memory(device).available
 
 
 def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = None,
@@ -208,8 +236,11 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         ``backend='gpu'`` entry points instead factorize without it here and
         apply SuiteSparseQR's rule to R on the GPU.
     max_gpu_memory : int, optional
-        Byte budget of the staging plan (default: 85 % of the free device
-        memory). Small values force many stages.
+        Byte budget of the analysis' staging model
+        (``analysis.stage_plan(max_gpu_memory)``): small values force many
+        stages. Whatever it says, the stages are also sized for the memory the
+        device has now (:mod:`scipy_gpuqr._engine.memory`: the CuPy pool's
+        limit, the free device memory, every allocation of a stage counted).
     tile, bundle, pipelining, max_tasks
         Scheduler tunables (an uberkernel variant must exist for tile/bundle:
         ``factorize_kernels.ENGINE_VARIANTS``).
@@ -219,8 +250,11 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         A device layer (:class:`~.device.NumpyDevice` runs the host logic
         without a GPU); default the CUDA device.
     fallback : bool
-        After repeated device out-of-memory, fall back to the reference engine
-        with a warning (False: raise MemoryError).
+        When no stage plan fits the device (a front alone too large, or out of
+        memory down to the smallest plan), SuiteSparseQR answers on the CPU
+        with a :class:`GpuFallbackWarning` (``info``: ``backend`` 'cpu',
+        ``requested_backend`` 'gpu', ``fallback`` the reason); False: raise
+        :class:`~scipy_gpuqr._engine.memory.GpuMemoryExhausted` (a MemoryError).
     dense_flops : float or None
         Fronts of at least this many Householder flops are dense fronts
         (blocked QR through cuSOLVER/cuBLAS instead of tile tasks; see
@@ -233,6 +267,9 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     Returns
     -------
     GpuQR
+        ``info["memory"]``: the bytes available and what limited them, the
+        fixed and per-stage bytes planned, out-of-memory events met;
+        ``info["restaged"]``: attempts before the one that ran.
         ``info["launches"]`` counts every launch of the schedule (the global
         launch numbering of ``Q``'s replay), the empty ones a dense front
         defers its parent's pack by included; ``info["launches_with_tasks"]``
@@ -255,64 +292,120 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
             return _no_gpu(Ac, analysis, f"no usable GPU ({gi.get('reason', '?')})")
         prefetch_engine_kernels(dev_dtype, tile, bundle)     # the solves' compile meanwhile
         device = CupyDevice(tile, bundle, dtype=dev_dtype, debug=debug)
-    budget = max_gpu_memory if max_gpu_memory is not None else _default_budget(device)
     t_an = time.perf_counter()
-    last_exc = None
+    dense = dense_front_mask(analysis, dense_flops)
+    vt = vt_elements(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
+                     granule=DEFAULT_APPLY_GRANULE, dense=dense)
+    needs = front_needs(analysis, np.dtype(dev_dtype).itemsize, tile=tile, vt_elems=vt,
+                        dense=dense, panel=getattr(device, "dense_panel", 256))
+    mem = _device_memory(device)
+    available, limited_by = mem.available, mem.limited_by
+    floor = min_budget(analysis, needs)
+    why = None
+    oom = []
     for attempt in range(MAX_RESTAGE + 1):
+        mplan = plan_for_memory(analysis, needs, available, max_gpu_memory)
+        if not mplan.feasible:
+            why = (f"front {mplan.oversized[0]} alone needs more device memory than "
+                   f"{available:,} bytes ({limited_by}; the smallest stage plan needs "
+                   f"{floor:,})")
+            break
         try:
-            out = _factorize(Ac, analysis, device, budget=budget, tile=tile, bundle=bundle,
-                             pipelining=pipelining, max_tasks=max_tasks,
-                             dense_flops=dense_flops,
-                             dense_cpl=dense_columns_per_launch)
-        except DeviceOutOfMemory as exc:
-            last_exc = exc
-            _free_device_pools(device)
-            plan = analysis.stage_plan(budget)
-            biggest = max(plan.stage_bytes) if plan.stage_bytes else 0
-            if plan.oversized or len(plan.stages) >= analysis.fronts.nfronts:
+            out = _factorize(Ac, analysis, device, budget=max_gpu_memory, tile=tile,
+                             bundle=bundle, pipelining=pipelining, max_tasks=max_tasks,
+                             dense_flops=dense_flops, dense_cpl=dense_columns_per_launch,
+                             mplan=mplan, needs=needs)
+        except MemoryError as exc:      # DeviceOutOfMemory, or CuPy's from a worker
+            if not (isinstance(exc, DeviceOutOfMemory)
+                    or type(exc).__name__ == "OutOfMemoryError"):
+                raise
+            over = getattr(exc, "excess", 0)
+            if not over:
+                oom.append(str(exc))
+            del exc
+            _release_attempt(device)
+            now = _device_memory(device).available
+            if over:                        # the built schedule's exact count: just that less
+                available -= over
+                continue
+            if mplan.peak <= floor:         # the smallest plan did not fit either
                 break
-            budget = int(max(biggest, 1) // 2)
-            _log.info("GPU out of memory (%s): restaging with %d bytes", exc, budget)
+            smaller = max(int(RESTAGE_SHRINK * mplan.peak), floor)
+            available = smaller if now is None else min(now, smaller)
+            limited_by = "restaged after out of memory"
+            _log.info("GPU out of memory (%s): restaging for %d bytes", oom[-1], available)
             continue
         out.info["restaged"] = attempt
+        out.info["memory"] = {"available": available, "limited_by": limited_by,
+                              "detail": mem.detail, "fixed": mplan.fixed,
+                              "stage_bytes": list(mplan.need),
+                              "planned_peak": mplan.peak, "min_budget": floor,
+                              "max_gpu_memory": max_gpu_memory, "out_of_memory": oom}
         out.info["seconds"]["total"] = time.perf_counter() - t_start
         out.info["seconds"]["validate"] = t_an - t_start
         return out
-    msg = f"the GPU ran out of memory even with small stages ({last_exc})"
+    if oom:
+        why = (f"the GPU ran out of memory ({len(oom)} attempts, the last: {oom[-1]})"
+               + (f"; {why}" if why else ""))
+    why = why or "no stage plan fit the device memory"
+    _release_attempt(device)
     if not fallback:
-        raise MemoryError(msg)
-    warnings.warn(msg + "; falling back to the reference CPU engine", RuntimeWarning,
-                  stacklevel=2)
-    out = reference_factorize(Ac, analysis, tol=None)
-    out.info["requested_backend"] = "gpu"
-    out.info["fallback"] = msg
-    return out
+        raise GpuMemoryExhausted(why)
+    return _cpu_fallback(Ac, analysis, why, stacklevel=3)
 
 
 def _no_gpu(Ac, analysis, why):
-    """The reference engine answers, with a GpuFallbackWarning (never silently)."""
-    warnings.warn(f"backend 'gpu': {why}; the reference CPU engine answers",
-                  GpuFallbackWarning, stacklevel=3)
-    out = reference_factorize(Ac, analysis, tol=None)
+    """SuiteSparseQR answers, with a GpuFallbackWarning (never silently)."""
+    return _cpu_fallback(Ac, analysis, f"no usable GPU ({why})" if not why.startswith("no usable")
+                         else why, stacklevel=4)
+
+
+def _cpu_fallback(Ac, analysis, why: str, *, stacklevel: int = 3):
+    """The fastest CPU path answers for a GPU that cannot: SuiteSparseQR (all
+    the BLAS library's threads) in the analysis' column order, else the
+    reference engine; ``info`` says what ran (``backend``), that the GPU was
+    asked for (``requested_backend``) and why not (``fallback``)."""
+    ok, lib = spqr.spqr_available()
+    if ok:
+        ran = "SuiteSparseQR on the CPU"
+        warnings.warn(f"backend 'gpu': {why}; {ran} answers", GpuFallbackWarning,
+                      stacklevel=stacklevel)
+        out = spqr.spqr_factorize(Ac, colperm=np.asarray(analysis.colperm, dtype=np.int64),
+                                  tol=None)
+    else:
+        ran = f"the reference CPU engine (SuiteSparseQR unavailable: {lib})"
+        warnings.warn(f"backend 'gpu': {why}; {ran} answers", GpuFallbackWarning,
+                      stacklevel=stacklevel)
+        out = reference_factorize(Ac, analysis, tol=None)
     out.info["requested_backend"] = "gpu"
     out.info["fallback"] = why
+    out.info["fallback_ran"] = ran
     return out
 
 
-def _free_device_pools(device) -> None:
+def _release_attempt(device) -> None:
+    """Free what a failed attempt held on the device (its VT pool and maps, its
+    stage pools once unreachable) and the pool's cached blocks."""
+    close = getattr(device, "close", None)
+    if close is not None:
+        close()
+    gc.collect()                    # frames of the failed attempt hold its pools
     cp = getattr(device, "cp", None)
     if cp is not None:
         cp.get_default_memory_pool().free_all_blocks()
 
 
 def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_tasks,
-               dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH):
-    """One attempt under ``budget``: the schedule, R's layout on a worker, the stages.
+               dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH, mplan=None, needs=None):
+    """One attempt with the stages of ``mplan`` (a
+    :class:`~scipy_gpuqr._engine.memory.MemoryPlan`; default
+    ``analysis.stage_plan(budget)``): the schedule, R's layout on a worker, the stages.
 
     Raises
     ------
     DeviceOutOfMemory
-        A stage did not fit (the caller restages).
+        A stage did not fit, or the built schedule needs more than
+        ``mplan.available`` (the caller restages).
     """
     t0 = time.perf_counter()
     # lazy: a schedule built before for this analysis (refactor, a warm call) comes from
@@ -320,7 +413,35 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     # iter_launches' worker while the GPU runs the launches before.
     sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
                            max_gpu_memory=budget, max_tasks=max_tasks, lazy=True,
-                           dense_flops=dense_flops, dense_columns_per_launch=dense_cpl)
+                           dense_flops=dense_flops, dense_columns_per_launch=dense_cpl,
+                           plan=None if mplan is None else mplan.plan)
+    keep_last = cache_dense = True
+    if mplan is not None and mplan.available is not None:
+        isz = np.dtype(device.dtype).itemsize
+        exact = stage_bytes(sched, analysis, needs, isz)
+        fixed = needs.fixed
+        if fixed + max(exact, default=0) > mplan.available:
+            raise _PlanOver(fixed + max(exact) - mplan.available,
+                            f"the schedule's largest stage needs {fixed + max(exact):,} "
+                            f"bytes, {mplan.available:,} available")
+        # the solves (Q's replay, R's triangular solves) upload an earlier stage's
+        # pool at a time, beside the last one unless that goes to the host too
+        if len(sched.stages) > 1:
+            pools = [int(st.pool_size) * isz for st in sched.stages]
+            dense_b = _dense_bytes(analysis, sched, isz)
+            solve = fixed + _solve_bytes(analysis, sched) + max(dense_b.values(), default=0)
+            keep_last = solve + pools[-1] + max(pools[:-1]) <= mplan.available
+            # dense fronts of stages sent to the host are uploaded for each use,
+            # unless their device copies (kept once made) all fit
+            last = len(sched.stages) - 1
+            away = sum(b for f, b in dense_b.items()
+                       if not (keep_last and sched.stages[last].foff[f] >= 0))
+            cache_dense = (solve + away + max(pools[:-1])
+                           + (pools[-1] if keep_last else 0)) <= mplan.available
+            if solve + max(pools) > mplan.available:
+                raise _PlanOver(solve + max(pools) - mplan.available,
+                                f"the solves need {solve + max(pools):,} bytes, "
+                                f"{mplan.available:,} available")
     cold = not all(st.materialized for st in sched.stages)
     t1 = time.perf_counter()
     # R's layout (pattern, gather maps; cached with the analysis) is built on a worker
@@ -331,9 +452,20 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
                               cold)
     try:
         return _run(Ac, analysis, device, sched, host_side, cold, t0, t1, budget=budget,
-                    tile=tile, bundle=bundle, pipelining=pipelining)
+                    tile=tile, bundle=bundle, pipelining=pipelining, keep_last=keep_last,
+                    cache_dense=cache_dense)
     finally:
         helper.shutdown(wait=True)
+
+
+def _solve_bytes(analysis, sched) -> int:
+    """Device bytes of the solves besides the fixed bytes and the stage pools: the
+    replay's records and row map, a few vectors of length m + n, the largest
+    front's R blocks copied for cuBLAS (float64)."""
+    fs = analysis.fronts
+    big = int((fs.frank.astype(np.int64) * fs.fn.astype(np.int64)).max()) if fs.nfronts else 0
+    return (int(sched.ntasks) * 96 + 8 * (int(analysis.m) + int(analysis.n)) * 8
+            + 2 * big * 8)
 
 
 def _host_side(analysis, sched, plan_stages, cold):
@@ -348,7 +480,7 @@ def _host_side(analysis, sched, plan_stages, cold):
 
 
 def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, bundle,
-         pipelining):
+         pipelining, keep_last=True, cache_dense=True):
     """Run every stage on ``device``, then assemble R and the :class:`GpuQR`.
 
     ``host_side``: the future of :func:`_host_side`; ``t0``/``t1``: start and
@@ -357,7 +489,7 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     m, n = Ac.shape
     dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     loop = _StageLoop(Ac, analysis, device, sched, host_side, cold, tile=tile, bundle=bundle,
-                      pipelining=pipelining)
+                      pipelining=pipelining, keep_last=keep_last)
     for sid, st in enumerate(sched.stages):
         loop.run_stage(sid, st)
     t2 = time.perf_counter()
@@ -367,7 +499,7 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     R = _assemble_R(Ac, layout, loop.r_parts, dtype, loop.pattern)
     t3 = time.perf_counter()
     slots_of = layout.slots_of
-    dense = _dense_fronts(sched, loop.dense_parts, slots_of)
+    dense = _dense_fronts(sched, loop.dense_parts, slots_of, cache_device=cache_dense)
     fronts = loop.front_list(slots_of)
     info = loop.info(budget=budget, dense_fronts=len(dense),
                      seconds={"schedule": t1 - t0, "factorize": t2 - t1, "assemble_R": t3 - t2})
@@ -392,7 +524,7 @@ class _StageLoop:
     """
 
     def __init__(self, Ac, analysis, device, sched, host_side, cold, *, tile, bundle,
-                 pipelining):
+                 pipelining, keep_last=True):
         fs = analysis.fronts
         nf = fs.nfronts
         self.analysis, self.fs, self.device, self.sched = analysis, fs, device, sched
@@ -423,6 +555,7 @@ class _StageLoop:
         self.fkey = (tuple(self.plan_stages), int(tile), int(bundle), bool(pipelining),
                      sched.ntasks, sched.dense_flops)
         self.progressive = 0
+        self.keep_last = bool(keep_last)    # the last stage's pool stays on the device
 
     # -- one stage ---------------------------------------------------------------------
     def run_stage(self, sid: int, st) -> None:
@@ -580,8 +713,9 @@ class _StageLoop:
 
     def retire_pool(self, sid: int, st, pool) -> None:
         """An earlier stage's pool to the host (its dense fronts' data with it) and off
-        the device; the last stage's stays there for ``Q``."""
-        if sid + 1 >= self.nstage:
+        the device; the last stage's stays there for ``Q`` (unless ``keep_last`` is
+        off: then ``Q`` uploads one pool at a time)."""
+        if sid + 1 >= self.nstage and self.keep_last:
             self.stage_pools[sid] = pool
             return
         fs = self.fs
@@ -630,19 +764,46 @@ class _StageLoop:
                             "launch_loop": dev_s.get("launch_loop", 0.0),
                             "wait_gpu": dev_s.get("wait", 0.0),
                             "wait_r_copy": self.t_r_wait},
-                "r_copy_progressive": bool(self.progressive)}
+                "r_copy_progressive": bool(self.progressive),
+                "last_pool_on_device": bool(self.keep_last)}
 
 
-def _dense_fronts(sched, dense_parts, slots_of) -> dict:
+class _UploadedDense(DenseFront):
+    """A dense front left on the host whose device copy is made for each use and
+    dropped after it (a staged factorization whose dense fronts' copies would not
+    all fit beside the solves)."""
+
+    def _get(self, store, xp):
+        if xp is np or xp.__name__ in store:
+            return super()._get(store, xp)
+        return xp.asarray(next(iter(store.values())))
+
+
+def _dense_bytes(analysis, sched, itemsize: int) -> dict:
+    """Front → device bytes of each dense front (its values and ``T``)."""
+    fs = analysis.fronts
+    out = {}
+    for st in sched.stages:
+        for f in st.dense:
+            fm, fn = int(fs.fm[f]), int(fs.fn[f])
+            npan = -(-min(fm, fn) // 256)
+            out[f] = (fm * fn + npan * 256 * 256) * int(itemsize)
+    return out
+
+
+def _dense_fronts(sched, dense_parts, slots_of, *, cache_device: bool = True) -> dict:
     """``GpuQR._dense``: a :class:`~scipy_gpuqr._engine.dense_front.DenseFront` per
-    dense front, with its global launch (checked against the schedule's)."""
+    dense front, with its global launch (checked against the schedule's); without
+    ``cache_device`` those left on the host are uploaded per use
+    (:class:`_UploadedDense`)."""
     launch0 = np.concatenate(([0], np.cumsum([st.nlaunch for st in sched.stages])))
     dense = {}
     for f, (sid, Fv, panels, T) in dense_parts.items():
         Ld = int(launch0[sid]) + sched.stages[sid].dense[f]
         if Ld != sched.dense[f]:
             raise GpuEngineError(f"dense front {f}: launch {Ld} != {sched.dense[f]}")
-        dense[f] = DenseFront(Fv, panels, T, slots=slots_of[f], after_launch=Ld)
+        kind = DenseFront if cache_device or hasattr(Fv, "get") else _UploadedDense
+        dense[f] = kind(Fv, panels, T, slots=slots_of[f], after_launch=Ld)
     return dense
 
 

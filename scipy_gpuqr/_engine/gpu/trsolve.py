@@ -138,6 +138,7 @@ class FrontTriangular:
         for i in order:
             sid = self.fronts[i][0]
             if sid != sid_cur:
+                pool = None             # the previous stage's upload goes first
                 pool, sid_cur = self.pools(sid), sid
             self.step(i, Y, pool, trans=trans)
 

@@ -1,0 +1,167 @@
+"""Staging under a real memory limit: the GPU engine with CuPy's pool limited.
+
+Run on the GPU machine::
+
+    source .dev/remote-setup.sh
+    python3 bench/staging.py --json $OUT/staging.json [--only grid40,ch7-8-b3] [--fracs 2,4,8]
+
+Per matrix: the one-stage need (this engine's count of every allocation,
+:mod:`scipy_gpuqr._engine.memory`) and the smallest plan's; then the public
+call ``QRFactorization(A, backend='gpu')`` + ``solve(b)`` (wall time, the
+device synchronized) without a limit and with the pool limited to 1/2, 1/4,
+1/8 of the one-stage need: one warm-up (kernels, the plan's schedule) then
+the median of ``--repeat`` runs; what ran (``info['backend']``), stages,
+planned peak, the pool's bytes in use after ``free`` (leak check), the
+backward error of the least-squares answer; and the CPU path
+(``backend='cpu'``: SuiteSparseQR, OpenBLAS on all cores) once. A limit
+whose plan is infeasible answers on the CPU: it runs once (no repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _matrices(only):
+    from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
+    gens = {"grid40": lambda: grid3d_least_squares(40),
+            "ch7-8-b3": lambda: chessboard_boundary(7, 8, 3),
+            "grid24": lambda: grid3d_least_squares(24)}
+    for name in (only or ["grid40", "ch7-8-b3"]):
+        yield name, gens[name]()
+
+
+def _one_stage(A):
+    from scipy_gpuqr._engine.memory import (front_needs, min_budget, plan_for_memory,
+                                            vt_elements)
+    from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS, dense_front_mask
+    from scipy_gpuqr._schedule.tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE,
+                                             DEFAULT_TILE)
+    from scipy_gpuqr._symbolic import analyze
+    an = analyze(A)
+    dense = dense_front_mask(an, DEFAULT_DENSE_FLOPS)
+    vt = vt_elements(an, tile=DEFAULT_TILE, bundle=DEFAULT_BUNDLE, pipelining=True,
+                     granule=DEFAULT_APPLY_GRANULE, dense=dense)
+    needs = front_needs(an, 8, tile=DEFAULT_TILE, vt_elems=vt, dense=dense)
+    return an, plan_for_memory(an, needs, None).peak, min_budget(an, needs)
+
+
+def _once(A, b, backend):
+    import cupy as cp
+    from scipy_gpuqr import QRFactorization
+    cp.cuda.Device().synchronize()
+    t = time.perf_counter()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        F = QRFactorization(A, backend=backend)
+        x = F.solve(b)
+    cp.cuda.Device().synchronize()
+    dt = time.perf_counter() - t
+    info = F.info
+    bi = info["backend_info"]
+    r = A @ x - b
+    berr = float(np.linalg.norm(A.T @ r) / (np.linalg.norm(A.T @ b) or 1.0))
+    row = {"seconds": dt, "backend": info["backend"], "stages": bi.get("stages"),
+           "restaged": bi.get("restaged"), "fallback": bi.get("fallback"),
+           "planned_peak": (bi.get("memory") or {}).get("planned_peak"),
+           "limited_by": (bi.get("memory") or {}).get("limited_by"),
+           "normal_eq_residual": berr,
+           "warnings": [str(w.message)[:160] for w in seen]}
+    F.free()
+    del F
+    gc.collect()
+    return row, x
+
+
+def _run(A, b, backend, repeat, limit=None):
+    import cupy as cp
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    base = pool.used_bytes()
+    if limit is not None:
+        pool.set_limit(size=base + int(limit))
+    try:
+        first, x = _once(A, b, backend)
+        rows = [first]
+        if first["backend"] == "gpu":
+            rows = [_once(A, b, backend)[0] for _ in range(repeat)]
+    finally:
+        pool.set_limit(size=0)
+    out = dict(rows[-1])
+    out["seconds"] = statistics.median(r["seconds"] for r in rows)
+    out["first_seconds"] = first["seconds"]
+    out["runs"] = len(rows)
+    out["pool_used_after"] = int(pool.used_bytes() - base)
+    return out, x
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default="")
+    p.add_argument("--fracs", default="2,4,8")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--no-cpu", action="store_true")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    import cupy as cp
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    report = {"device": name, "cores": os.cpu_count(), "matrices": {}}
+    print(f"device {name}, {os.cpu_count()} cores", flush=True)
+    fracs = [int(f) for f in args.fracs.split(",") if f]
+    for mname, A in _matrices([s for s in args.only.split(",") if s]):
+        A.sort_indices()
+        b = np.cos(np.arange(A.shape[0]))
+        an, need, floor = _one_stage(A)
+        rec = {"shape": list(A.shape), "nnz": int(A.nnz), "one_stage_need": int(need),
+               "smallest_plan": int(floor), "analysis_gpu_bytes": int(an.gpu_bytes), "runs": {}}
+        print(f"{mname}: one stage needs {need / 1e9:.2f} GB, the smallest plan "
+              f"{floor / 1e9:.2f} GB", flush=True)
+        base, x0 = _run(A, b, "gpu", args.repeat)
+        rec["runs"]["unlimited"] = base
+        print(f"  unlimited  {base['seconds']:7.2f} s  {base['backend']} stages {base['stages']}"
+              f"  (first {base['first_seconds']:.2f} s)", flush=True)
+        for frac in fracs:
+            row, x = _run(A, b, "gpu", args.repeat, limit=need // frac)
+            row["limit"] = int(need // frac)
+            row["x_rel_diff"] = float(np.linalg.norm(x - x0) / np.linalg.norm(x0))
+            row["vs_unlimited"] = row["seconds"] / base["seconds"]
+            rec["runs"][f"1/{frac}"] = row
+            report["matrices"][mname] = rec
+            _write(args.json, report)
+            print(f"  1/{frac} ({row['limit'] / 1e9:.2f} GB) {row['seconds']:7.2f} s  "
+                  f"{row['backend']} stages {row['stages']}  x{row['vs_unlimited']:.2f}  "
+                  f"restaged {row['restaged']}  leak {row['pool_used_after']}  "
+                  f"dx {row['x_rel_diff']:.1e}"
+                  + (f"  [{row['fallback'][:90]}]" if row["fallback"] else ""), flush=True)
+        if not args.no_cpu:
+            row, x = _run(A, b, "cpu", 0)
+            row["x_rel_diff"] = float(np.linalg.norm(x - x0) / np.linalg.norm(x0))
+            rec["runs"]["cpu"] = row
+            print(f"  cpu (SuiteSparseQR) {row['seconds']:7.2f} s", flush=True)
+            report["matrices"][mname] = rec
+            _write(args.json, report)
+        report["matrices"][mname] = rec
+        _write(args.json, report)
+
+
+def _write(path, report):
+    """The report so far (a run cut short still leaves what it measured)."""
+    if path:
+        Path(path).write_text(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""Staging under a real memory limit (host logic, NumPy device layer).
+
+The NumPy device layer counts what the CUDA layer allocates and fails past its
+``memory_limit`` like a limited CuPy pool, so the memory plan, the restaging
+after out-of-memory and the CPU fallback run here without a GPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from scipy_gpuqr._engine.gpu.device import NumpyDevice
+from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+from scipy_gpuqr._engine.memory import (CHECK_CHUNK, POOL_USABLE, RESERVE, USABLE,
+                                        DeviceMemory, GpuMemoryExhausted, available_bytes,
+                                        front_needs, min_budget, plan_for_memory, plan_need,
+                                        stage_bytes, vt_elements)
+from scipy_gpuqr._errors import DeviceOutOfMemory, GpuFallbackWarning
+from scipy_gpuqr._schedule.dense import dense_front_mask
+from scipy_gpuqr._schedule.sparse import build_schedule
+from scipy_gpuqr._schedule.tasks import DEFAULT_APPLY_GRANULE
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
+                                           random_least_squares, random_values)
+
+TILE, BUNDLE = 32, 3
+
+
+def _needs(an, dense_flops=None):
+    dense = dense_front_mask(an, dense_flops)
+    vt = vt_elements(an, tile=TILE, bundle=BUNDLE, pipelining=True,
+                     granule=DEFAULT_APPLY_GRANULE, dense=dense)
+    return front_needs(an, 8, tile=TILE, vt_elems=vt, dense=dense)
+
+
+def _one_stage_need(an, dense_flops=None):
+    return plan_for_memory(an, _needs(an, dense_flops), None).peak
+
+
+def _cases(big=False):
+    rng = np.random.default_rng(7)
+    out = [("grid7", random_values(grid3d_least_squares(7), rng)),
+           ("chessboard", random_values(chessboard_boundary(4, 5, 2), rng))]
+    if big:
+        out.append(("randls", random_least_squares(3000, 1000, density=0.003, seed=3)))
+    return out
+
+
+def _limit(an, frac, dense_flops=None):
+    """A limit ``1/frac`` of the way from the smallest plan to one stage (small
+    problems' roots make the smallest plan a large share of one stage)."""
+    need = _one_stage_need(an, dense_flops)
+    floor = min_budget(an, _needs(an, dense_flops))
+    return floor + (need - floor) // frac
+
+
+# -- what the device has ------------------------------------------------------------------
+class _Pool:
+    def __init__(self, used, cached, limit):
+        self.used, self.cached, self.limit = used, cached, limit
+
+    def used_bytes(self):
+        return self.used
+
+    def free_bytes(self):
+        return self.cached
+
+    def get_limit(self):
+        return self.limit
+
+
+class _FakeCupy:
+    """Just what :func:`available_bytes` reads."""
+
+    def __init__(self, free, total, pool):
+        runtime = type("R", (), {"memGetInfo": staticmethod(lambda: (free, total))})
+        self.cuda = type("C", (), {"runtime": runtime})
+        self._pool = pool
+
+    def get_default_memory_pool(self):
+        return self._pool
+
+
+def test_available_bytes_reads_the_pool_limit_and_free_memory():
+    gb = 1 << 30
+    # no limit: free memory plus the pool's cached blocks, less the reserve
+    m = available_bytes(_FakeCupy(40 * gb, 80 * gb, _Pool(3 * gb, 2 * gb, 0)))
+    assert m.limited_by == "free device memory"
+    assert m.available == int(USABLE * (42 * gb - RESERVE))
+    assert m.detail["pool_cached"] == 2 * gb
+    # a pool limit below: the limit less what the pool holds in use
+    m = available_bytes(_FakeCupy(40 * gb, 80 * gb, _Pool(1 * gb, 2 * gb, 4 * gb)))
+    assert m.limited_by == "pool limit"
+    assert m.available == int(POOL_USABLE * 3 * gb)
+    # another process took the device: free memory wins over a generous limit
+    m = available_bytes(_FakeCupy(1 * gb, 80 * gb, _Pool(0, 0, 60 * gb)))
+    assert m.limited_by == "free device memory"
+    assert m.available == int(USABLE * (gb - RESERVE))
+
+
+# -- the plan ------------------------------------------------------------------------------
+def test_plan_counts_every_buffer_of_a_stage():
+    for name, A in _cases(big=True):
+        an = analyze(A)
+        needs = _needs(an)
+        sched_vt = build_schedule(an, tile=TILE, bundle=BUNDLE, cache=False).vt_size
+        # the VT pool is exact (it does not depend on the plan), the maps too
+        fs = an.fronts
+        assert needs.fixed == sched_vt * 8 + (len(fs.rimap) + len(fs.rjmap)) * 8, name
+        for frac in (1, 2, 4, 1000):
+            available = _limit(an, frac)
+            mp = plan_for_memory(an, needs, available)
+            assert mp.feasible and mp.peak <= available, (name, frac)
+            sched = build_schedule(an, tile=TILE, bundle=BUNDLE, plan=mp.plan, cache=False)
+            exact = stage_bytes(sched, an, needs, 8)
+            # the schedule's pools (carried blocks included) and records are within the plan
+            assert all(e <= p for e, p in zip(exact, mp.need)), (name, frac, exact, mp.need)
+            # and every stage holds at least its fronts and S entries
+            for st, e in zip(sched.stages, exact):
+                a, b = st.fronts
+                assert e >= st.pool_size * 8 + int(np.diff(fs.s_ptr)[a:b + 1].sum()) * 16
+
+
+def test_smallest_plan_is_the_largest_single_front_stage():
+    A = _cases()[0][1]
+    an = analyze(A)
+    needs = _needs(an)
+    floor = min_budget(an, needs)
+    assert plan_for_memory(an, needs, floor).feasible
+    below = plan_for_memory(an, needs, floor - 1)
+    assert not below.feasible and below.oversized
+    # a stage per front at the floor or close to it; never more stages than fronts
+    assert plan_for_memory(an, needs, floor).plan.nstages <= an.fronts.nfronts
+    # the analysis' forced stages (max_gpu_memory) still split the memory plan
+    forced = an.stage_plan(20000)
+    mp = plan_for_memory(an, needs, 10 * floor, max_gpu_memory=20000)
+    starts = {a for a, _ in mp.plan.stages}
+    assert {a for a, _ in forced.stages} <= starts
+
+
+def test_no_limit_keeps_the_analysis_plan():
+    A = _cases()[0][1]
+    an = analyze(A)
+    for budget in (None, 20000):
+        mp = plan_for_memory(an, _needs(an), None, budget)
+        assert mp.plan.stages == an.stage_plan(budget).stages
+        assert mp.need == plan_need(an, _needs(an), mp.plan)
+
+
+# -- the engine under a limit ---------------------------------------------------------------
+@pytest.mark.parametrize("frac", [2, 4, 8])
+def test_staged_under_a_device_limit_matches_the_unlimited_run(frac):
+    for name, A in _cases():
+        an = analyze(A)
+        ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
+        limit = _limit(an, frac)
+        dev = NumpyDevice(TILE, BUNDLE, memory_limit=limit)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            g = gpu_factorize(A, an, device=dev, dense_flops=None)
+        assert g.info["backend"] == "gpu" and g.info["restaged"] == 0, name
+        assert g.info["stages"] > 1, (name, frac)
+        assert dev.peak <= limit, (name, frac, dev.peak, limit)
+        mem = g.info["memory"]
+        assert mem["limited_by"] == "device limit" and mem["planned_peak"] <= limit
+        assert dev.peak <= mem["planned_peak"], (name, frac)
+        scale = abs(ref.R).max()
+        assert abs(g.R - ref.R).max() <= 1e-12 * scale, (name, frac)
+        b = np.cos(np.arange(A.shape[0]))
+        np.testing.assert_allclose(g.qt_matmul(b), ref.qt_matmul(b), rtol=0,
+                                   atol=1e-12 * np.linalg.norm(b))
+        g.free()
+        assert dev.held == 0
+
+
+def test_dense_fronts_are_counted_under_a_limit():
+    A = random_values(grid3d_least_squares(7), np.random.default_rng(1))
+    an = analyze(A)
+    tiny = 1e5                         # some fronts are dense fronts
+    assert dense_front_mask(an, tiny).any()
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE), dense_flops=tiny)
+    limit = _limit(an, 3, tiny)
+    dev = NumpyDevice(TILE, BUNDLE, memory_limit=limit)
+    g = gpu_factorize(A, an, device=dev, dense_flops=tiny)
+    assert g.info["restaged"] == 0 and g.info["stages"] > 1 and dev.peak <= limit
+    assert g.info["dense_fronts"] > 0
+    assert abs(g.R - ref.R).max() <= 1e-12 * abs(ref.R).max()
+
+
+class _Liar(NumpyDevice):
+    """Reports more memory than it has (as another process taking memory meanwhile)."""
+
+    def memory(self):
+        return DeviceMemory(4 * self.memory_limit, "free device memory")
+
+
+def test_out_of_memory_during_a_run_restages_and_frees_everything():
+    A = _cases()[0][1]
+    an = analyze(A)
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
+    limit = _limit(an, 3)
+    dev = _Liar(TILE, BUNDLE, memory_limit=limit)
+    g = gpu_factorize(A, an, device=dev)
+    assert g.info["backend"] == "gpu" and g.info["restaged"] >= 1
+    assert g.info["memory"]["out_of_memory"] and g.info["memory"]["limited_by"].startswith(
+        "restaged")
+    assert dev.peak <= limit
+    assert abs(g.R - ref.R).max() <= 1e-12 * abs(ref.R).max()
+    g.free()
+    assert dev.held == 0
+
+
+def test_impossible_on_the_gpu_falls_back_to_the_cpu_truthfully():
+    A = _cases()[0][1]
+    an = analyze(A)
+    floor = min_budget(an, _needs(an))
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
+    dev = NumpyDevice(TILE, BUNDLE, memory_limit=floor - 1)
+    with pytest.warns(GpuFallbackWarning, match="alone needs more device memory"):
+        g = gpu_factorize(A, an, device=dev)
+    assert g.info["backend"] in ("cpu", "reference")
+    assert g.info["requested_backend"] == "gpu"
+    assert "device memory" in g.info["fallback"] and g.info["fallback_ran"]
+    assert dev.held == 0 and dev.launches == 0
+    # the same R up to the rows' signs (same column order)
+    d = np.sign(ref.R.diagonal()) * np.sign(g.R.diagonal())
+    Rg = sp.diags(d) @ sp.csr_array(g.R)
+    assert abs(Rg - ref.R).max() <= 1e-10 * abs(ref.R).max()
+    with pytest.raises(GpuMemoryExhausted):
+        gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=floor - 1),
+                      fallback=False)
+    # a device that always runs out falls back after restaging, with the reason
+    with pytest.warns(GpuFallbackWarning, match="out of memory"):
+        g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, fail_after=0))
+    assert g.info["backend"] in ("cpu", "reference") and "out of memory" in g.info["fallback"]
+
+
+def test_public_call_reports_what_ran(monkeypatch):
+    from scipy_gpuqr import QRFactorization
+    from scipy_gpuqr._dispatch import plan as _dispatch
+
+    A = _cases()[0][1]
+    an = analyze(A)
+    floor = min_budget(an, _needs(an))
+
+    def factorize(A, analysis=None, **kw):
+        return gpu_factorize(A, analysis, device=NumpyDevice(TILE, BUNDLE,
+                                                             memory_limit=floor - 1), **kw)
+    monkeypatch.setattr(_dispatch, "gpu_engine", lambda: (factorize, "ok"))
+    b = np.cos(np.arange(A.shape[0]))
+    with pytest.warns(GpuFallbackWarning):
+        F = QRFactorization(A, backend="gpu")
+    x = F.solve(b)
+    xr = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    assert np.linalg.norm(x - xr) <= 1e-9 * np.linalg.norm(xr)
+    info = F.info
+    assert info["backend"] != "gpu" and info["backend_info"]["requested_backend"] == "gpu"
+    assert any("fell back" in r for r in info["reasons"])
+
+
+def test_check_chunk_is_a_bound_not_a_floor():
+    # a small problem's smallest plan is far below the check's chunk
+    A = _cases()[0][1]
+    an = analyze(A)
+    assert min_budget(an, _needs(an)) < CHECK_CHUNK
+
+
+def test_device_layer_raises_past_its_limit():
+    dev = NumpyDevice(TILE, BUNDLE, memory_limit=1000)
+    with pytest.raises(DeviceOutOfMemory):
+        dev.start(np.zeros(200, dtype=np.int64), 10)
