@@ -156,7 +156,7 @@ class Timer:
             times.append(cp.cuda.get_elapsed_time(s, e))
         return statistics.median(times)
 
-    def host_us(self, fn, reps=10):
+    def host_us(self, fn, reps=30):
         cp = self.cp
         fn()
         cp.cuda.Device().synchronize()
@@ -315,7 +315,7 @@ def public_bench(args) -> int:
     ops = args.public_ops.split(",")
     rng = cp.random.default_rng(7)
 
-    def work_us(fn, reps=10):
+    def work_us(fn, reps=30):
         """Host time of fn() less its wait in the status read, the GPU busy."""
         fn()
         cp.cuda.Device().synchronize()

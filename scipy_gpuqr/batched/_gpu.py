@@ -264,12 +264,11 @@ def _launch_plan(plan, n: int, x, out, batch: int, args_head, args_tail, report)
     else:
         tasks = -(-batch // mw)
         grid = max(1, min(resident, -(-tasks // (threads // 32))))
-    xp, op = x.data.ptr, out.data.ptr
-    vec = 1 if (xp % 16 == 0 and op % 16 == 0 and n % vw == 0) else 0
+    vec = 1 if (x.data.ptr % 16 == 0 and out.data.ptr % 16 == 0 and n % vw == 0) else 0
     values = [a.data.ptr for a in args_head]
     values.append(batch)
-    values.extend(int(v) for v in args_tail)
-    values += (stages, vec, _common.arg_value(report[0]), int(report[1]))
+    values += args_tail
+    values += (stages, vec, _common.arg_value(report[0]), report[1])
     _common.launch(fptr, grid, threads, smem, values)
 
 

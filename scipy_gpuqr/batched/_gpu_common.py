@@ -128,6 +128,13 @@ class _LaunchArgs(threading.local):
         self.ptrs = (np.arange(self.SLOTS, dtype=np.uint64) * np.uint64(8)
                      + np.uint64(self.vals.ctypes.data))
         self.addr = int(self.ptrs.ctypes.data)
+        self.launch_kernel = None          # CuPy's, looked up at the first launch
+
+    def bind(self) -> None:
+        from cupy_backends.cuda.api import driver
+
+        self.launch_kernel = driver.launchKernel
+        self.current_stream = cupy().cuda.get_current_stream
 
 
 _LAUNCH_ARGS = _LaunchArgs()
@@ -150,12 +157,12 @@ def launch(fptr: int, grid: int, block: int, smem: int, values) -> None:
     CuPy's kernel call converts each argument to a new object, which costs
     several microseconds of host time per launch.
     """
-    from cupy_backends.cuda.api import driver
-
     buf = _LAUNCH_ARGS
+    if buf.launch_kernel is None:
+        buf.bind()
     buf.vals[:len(values)] = values
-    driver.launchKernel(fptr, grid, 1, 1, block, 1, 1, smem,
-                        cupy().cuda.get_current_stream().ptr, buf.addr, 0)
+    buf.launch_kernel(fptr, grid, 1, 1, block, 1, 1, smem, buf.current_stream().ptr,
+                      buf.addr, 0)
 
 
 @functools.lru_cache(maxsize=None)
