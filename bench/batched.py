@@ -3,12 +3,18 @@
 
     python3 bench/batched.py [--quick] [--json out.json] [--warm]
     python3 bench/batched.py --public [--public-sizes 8,32] [--dtypes float64]
+                             [--public-ops lu,inv,...] [--sequential] [--reps 5]
                              [--pkg-root DIR] [--tag before] [--json out.json]
+    python3 bench/batched.py --host-profile [--public-sizes 8]
 
 ``--public``: the functions users call (``lu_factor_batched``,
-``inv_batched``, ``solve_batched``, ``cho_factor_batched`` with CuPy input,
-2**20 matrices of each n), timed like the kernels beside them (the driver
-alone), with cuBLAS and torch in the same run: ``kern ms`` (the driver of
+``inv_batched``, ``solve_batched``, ``cho_factor_batched``, the solves and
+``inv_vbatched`` (``--public-ops``, ``PUBLIC_OPS``) with CuPy input, 2**20
+matrices of each n, bound once as a caller binds them), timed like the
+kernels beside them (the driver alone), the calls of the three timed
+functions taken in turn (``--sequential``: one function after another, which
+lets a drift of the GPU's clocks pass for a difference), with cuBLAS and
+torch in the same run: ``kern ms`` (the driver of
 ``scipy_gpuqr.batched._gpu``), ``pub ms`` (the public call with its
 defaults: it waits once to warn or raise), ``async ms`` (``return_info=True,
 check_finite=False``: no wait), ``host us`` (host time of the asynchronous
