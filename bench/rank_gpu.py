@@ -7,6 +7,15 @@ naive solve ``R⁻¹ Qᵀ b`` that the original engine returns (‖x‖ huge), a
 SuiteSparseQR's (same column order). Times are wall-clock medians after a
 warm-up. Run on the GPU machine:
 ``python3 bench/rank_gpu.py [--only ch7-8-b3] [--json out.json]``.
+
+``--decisions`` (issue 16 item 3): for grid 40³ least squares and ch7-8-b3,
+the public ``lsqr(A, b, backend='gpu')`` (first call on the matrix in a
+process warm on another one, then the median of repeats) and the rank
+decision's phase (``info['timings']['rank_decision']``, with the device
+solves' setup, which the solve reuses, timed apart), with the decisions
+through R's solves (:mod:`scipy_gpuqr._factor.solve_rank`) and without them
+(``SOLVE_RANK_MIN_ORDER`` raised: the previous rules), interleaved in one
+process; ranks, ‖x‖ and the backward errors of both.
 """
 
 from __future__ import annotations
@@ -66,13 +75,116 @@ def run(name, A, *, spqr_rank: bool):
     return row
 
 
+def _sync():
+    import cupy
+    cupy.cuda.Device().synchronize()
+
+
+def _decision_row(name, A, reps, profile=False):
+    """One problem of ``--decisions``: new and previous rules, interleaved."""
+    from scipy_gpuqr import QRFactorization, lsqr
+    from scipy_gpuqr._factor import lstsq as rules
+    b = np.random.default_rng(1).standard_normal(A.shape[0])
+    normA = sp.linalg.norm(A)
+    default = rules.SOLVE_RANK_MIN_ORDER
+    row = {"problem": name, "shape": list(A.shape)}
+    for label in ("new", "old", "new", "old"):
+        rules.SOLVE_RANK_MIN_ORDER = default if label == "new" else 10 ** 12
+        try:
+            lsqr_s, phase, setup = [], [], []
+            for rep in range(reps):
+                _sync()
+                t0 = time.perf_counter()
+                x = lsqr(A, b, backend="gpu")[0]
+                _sync()
+                lsqr_s.append(time.perf_counter() - t0)
+                F = QRFactorization(A, backend="gpu")
+                t1 = time.perf_counter()
+                F._core.device_solves()
+                _sync()
+                t2 = time.perf_counter()
+                F._core.rank_decision()
+                _sync()
+                setup.append(t2 - t1)
+                phase.append(time.perf_counter() - t2)
+            dec = F.info["rank_decision"]
+            r = b - A @ x
+            out = {"lsqr_first_s": lsqr_s[0], "lsqr_median_s": float(np.median(lsqr_s[1:] or lsqr_s)),
+                   "rank_decision_median_s": float(np.median(phase)),
+                   "device_solves_setup_s": float(np.median(setup)),
+                   "method": dec["method"], "device": dec.get("device"), "rank": dec["rank"],
+                   "sigma_min": dec["sigma_min"], "sigma_max": dec["sigma_max"],
+                   "x_norm": float(np.linalg.norm(x)),
+                   "backward_error": float(np.linalg.norm(A.T @ r) / (normA * np.linalg.norm(r)))}
+            row.setdefault(label, out)
+            if label == "new":
+                row["_x_new"] = x
+            else:
+                row["_x_old"] = x
+            F.free()
+        finally:
+            rules.SOLVE_RANK_MIN_ORDER = default
+    xn, xo = row.pop("_x_new"), row.pop("_x_old")
+    row["x_rel_diff"] = float(np.linalg.norm(xn - xo) / np.linalg.norm(xo))
+    if profile:                         # where the new decision's time goes
+        import cProfile
+        import io
+        import pstats
+        F = QRFactorization(A, backend="gpu")
+        F._core.device_solves()
+        prof = cProfile.Profile()
+        prof.enable()
+        F._core.rank_decision()
+        _sync()
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(18)
+        print(out.getvalue()[-3500:], flush=True)
+        F.free()
+    return row
+
+
+def decisions(only, reps, profile=False):
+    from scipy_gpuqr import lsqr
+    from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
+    warm = grid3d_least_squares(16)
+    lsqr(warm, np.ones(warm.shape[0]), backend="gpu")    # the process warm on another matrix
+    probs = {"grid40": lambda: grid3d_least_squares(40),
+             "ch7-8-b3": lambda: chessboard_boundary(7, 8, 3)}
+    rows = []
+    for name, make in probs.items():
+        if only and name not in only:
+            continue
+        rows.append(_decision_row(name, make(), reps, profile))
+        print(json.dumps(rows[-1], default=float), flush=True)
+    print("| problem | rules | lsqr first s | lsqr median s | rank decision s | solves setup s |"
+          " method/device | rank | ‖x‖ | backward err |")
+    for r in rows:
+        for label in ("old", "new"):
+            d = r[label]
+            print(f"| {r['problem']} | {label} | {d['lsqr_first_s']:.3f} | {d['lsqr_median_s']:.3f} | "
+                  f"{d['rank_decision_median_s']:.3f} | {d['device_solves_setup_s']:.3f} | "
+                  f"{d['method']}/{d['device']} | {d['rank']} | {d['x_norm']:.6g} | "
+                  f"{d['backward_error']:.1e} |")
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--decisions", action="store_true")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--profile", action="store_true")
     ap.add_argument("--only", default="")
     ap.add_argument("--no-spqr", action="store_true")
     ap.add_argument("--json", default="")
     a = ap.parse_args(argv)
     only = [s for s in a.only.split(",") if s]
+    if a.decisions:
+        rows = decisions(only, a.reps, a.profile)
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(rows, fh, indent=1, default=float)
+        return
     rows = []
     for name, make in _problems(only).items():
         rows.append(run(name, make(), spqr_rank=not a.no_spqr))

@@ -172,3 +172,50 @@ def test_sigma_min_upper_device_equals_host(rng, decades):
         assert dev.bound == host.bound
         assert dev.value == pytest.approx(host.value, rel=1e-8)
     assert norm2_lanczos(cupy.asarray(T)) == pytest.approx(np.linalg.norm(T, 2), rel=1e-10)
+
+
+def test_full_rank_probe_through_the_device_solves(monkeypatch, rng):
+    """Beyond DENSE_LIMIT and SOLVE_RANK_MIN_ORDER full rank is confirmed by the
+    randomized probe through the GPU's solves (no host solve, no 1-norm estimate)."""
+    from scipy_gpuqr._factor.solve_rank import PROBE_MARGIN
+    from scipy_gpuqr._testing_matrices import grid3d_least_squares
+
+    def no_host(*args, **kwargs):
+        raise AssertionError("host triangular solves used")
+    A = grid3d_least_squares(16)                          # n = 4096
+    b = rng.standard_normal(A.shape[0])
+    x_ref = QRFactorization(A, backend="cpu").solve(b)
+    monkeypatch.setattr(_lstsq, "UpperTriangular", no_host)
+    monkeypatch.setattr(_lstsq, "_host_triangular", no_host)
+    F = QRFactorization(A, backend="gpu")
+    x = F.solve(b)
+    dec = F.info["rank_decision"]
+    assert dec["method"] == "triangular" and np.isnan(dec["rcond_estimate"])
+    assert dec["sigma_max"] == pytest.approx(sp.linalg.norm(A), rel=1e-10)
+    lam = 3 * (2 - 2 * np.cos(np.pi / 17))
+    smin = np.hypot(lam, 0.1)
+    assert smin * (1 - 1e-9) <= dec["sigma_min"] <= PROBE_MARGIN * smin
+    assert np.linalg.norm(x - x_ref) <= 1e-10 * np.linalg.norm(x_ref)
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_nullspace_cod_on_the_device(monkeypatch, rng, wide):
+    """A chessboard's dependent columns: rank and minimum-norm solution from a few
+    block solves on the device (no dense COD), equal to lstsq's."""
+    import cupy
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
+    monkeypatch.setattr(_lstsq, "DenseCOD", None)        # must not be reached
+    A = chessboard_boundary(5, 7, 3)                      # 4200×2100, rank 1714
+    if wide:
+        A = sp.csc_array(A.T)
+    b = rng.standard_normal(A.shape[0])
+    F = QRFactorization(A, backend="gpu")
+    x = F.solve(b)
+    solver = F._core.rank_decision()
+    assert solver.method == "nullspace_cod" and solver.cod_device == "gpu"
+    assert isinstance(solver._cod._v, cupy.ndarray)
+    assert F.rank == 1714
+    x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+    x2 = lsqr(A, b, backend="gpu")[0]
+    assert np.linalg.norm(x2 - x_ref) <= 1e-9 * np.linalg.norm(x_ref)

@@ -96,6 +96,8 @@ from scipy.sparse.linalg import LinearOperator, onenormest
 
 from .. import _gpu
 from .dense_cod import DenseCOD, dense_from_sparse, sigma_max_estimate
+from .solve_rank import (PROBE_MARGIN, NullspaceCOD, NullspaceRefused, abs_diagonal, frobenius,
+                         probe_norm)
 from .subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
 from .triangular import DENSE_SIGMA_LIMIT, UpperTriangular, norm2_lanczos, sigma_min_upper
 
@@ -148,6 +150,16 @@ _DENSE_SIGMA_MARGIN = 1.05
 #: Largest fraction of nonzero entries of R for which the sparse complete
 #: orthogonal decomposition is tried before a dense refinement.
 SPARSE_COD_MAX_DENSITY = 0.05
+
+#: Smallest order of a square R whose rank is decided through its triangular solves
+#: first (:mod:`scipy_gpuqr._factor.solve_rank`: the randomized full-rank probe
+#: beyond DENSE_LIMIT, the null-space COD of a few dependent columns).
+SOLVE_RANK_MIN_ORDER = 3000
+
+#: Largest number of tiny pivots (and fraction of q) the null-space COD takes on:
+#: two solves with that many columns and thin QRs of q × d blocks.
+NULLSPACE_MAX_DEAD = 4096
+NULLSPACE_MAX_FRACTION = 0.25
 
 #: Largest ``rows × dead columns`` of the dense block formed to check the
 #: sparse COD's rank (8 bytes each: 400 MB).
@@ -301,6 +313,8 @@ class MinNormSolver:
     _svd: tuple = field(init=False, default=None, repr=False)
     _cod: tuple = field(init=False, default=None, repr=False)
     _tri: Optional[UpperTriangular] = field(init=False, default=None, repr=False)
+    _fro: Optional[float] = field(init=False, default=None, repr=False)
+    _rtri: Optional[UpperTriangular] = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
         R = sp.csc_array(self.R)
@@ -319,13 +333,15 @@ class MinNormSolver:
             self.method, self.rank = "zero", 0
             self.sigma_max = self.sigma_min = 0.0
             return
-        d = np.abs(R.diagonal())
+        d = abs_diagonal(R)
         square_ok = (k == q and np.all(np.isfinite(d)) and np.all(d > 0))
         # σ_min(R) <= min|r_ii| and σ_max(R) >= max|r_ii|: a small diagonal
         # entry proves the deficiency, and no full-rank test is tried
         if square_ok and d.min() > self.cutoff * d.max():
             if self._full_rank_confirmed():
                 return
+        if square_ok and q >= SOLVE_RANK_MIN_ORDER and self._prepare_nullspace_cod(d):
+            return
         if self._sparse_cod_first() and self._prepare_gap_checked_cod():
             return
         if max(k, q) <= DENSE_LIMIT or self.factorize is None:
@@ -353,6 +369,8 @@ class MinNormSolver:
         """
         R = self.R
         q = R.shape[0]
+        if q > DENSE_LIMIT and q >= SOLVE_RANK_MIN_ORDER and self._full_rank_probed():
+            return True
         Rgpu = self._dense_on_gpu(as_g=False) if q <= DENSE_LIMIT else None
         if Rgpu is not None:
             # R densely on the GPU: the σ test itself costs a few cuBLAS calls
@@ -373,6 +391,73 @@ class MinNormSolver:
             self.method, self.rank = "triangular", q
             return True
         return False
+
+    # -- decisions through R's triangular solves (scipy_gpuqr._factor.solve_rank) --
+    def _solve_ops(self) -> tuple:
+        """``(C ↦ R⁻¹C, C ↦ R⁻ᵀC, xp)``: the given solves (the GPU's, blocks kept
+        on the device where the dense refinements run there) or the host's."""
+        if self.solves is not None:
+            up, upt = self.solves
+            xp = np
+            if self.dense_device == "gpu" and _gpu.gpu_available():
+                xp = _gpu.import_cupy()
+            return up, upt, xp
+        if self._rtri is None:
+            self._rtri = UpperTriangular(self.R)
+        up, upt = self._rtri.solves()
+        return up, upt, np
+
+    def _frobenius(self) -> float:
+        if self._fro is None:
+            self._fro = frobenius(self.R)
+        return self._fro
+
+    def _full_rank_probed(self) -> bool:
+        """Full rank by :func:`~scipy_gpuqr._factor.solve_rank.probe_norm`: ν ≈
+        ``‖R⁻¹‖₂`` from a few block solves, confirmed where ``M·ν·cutoff·‖R‖_F < 1``
+        (σ_min ≥ 1/(Mν) except with probability PROBE_FAILURE, σ_max ≤ ‖R‖_F)."""
+        up, upt, xp = self._solve_ops()
+        q = self.R.shape[0]
+        nu = probe_norm(up, upt, q, xp=xp)
+        fro = self._frobenius()
+        if not (np.isfinite(nu) and nu > 0 and PROBE_MARGIN * nu * self.cutoff * fro < 1.0):
+            return False
+        self.method, self.rank = "triangular", q
+        self.sigma_min, self.sigma_max = 1.0 / nu, fro
+        self._tri = self._rtri          # the host's solves, set up for the probe (or None)
+        return True
+
+    def _prepare_nullspace_cod(self, d: np.ndarray) -> bool:
+        """lstsq's rank and solution where a few tiny pivots leave a clear gap
+        (:class:`~scipy_gpuqr._factor.solve_rank.NullspaceCOD`); False where it
+        does not apply (pivots near the cutoff, too many, no gap, a zero pivot).
+
+        The cutoff is bracketed by ``max|r_ii| <= σ_max <= ‖R‖_F``; only where the
+        checks depend on where σ_max lies in that range is σ_max estimated by
+        Lanczos.
+        """
+        q = self.R.shape[0]
+        lo = self.cutoff * float(d.max())
+        hi = self.cutoff * self._frobenius()
+        dead = int(np.count_nonzero(d <= hi))
+        if (dead == 0 or dead != int(np.count_nonzero(d <= lo))
+                or dead > min(NULLSPACE_MAX_DEAD, NULLSPACE_MAX_FRACTION * q)):
+            return False
+        up, upt, xp = self._solve_ops()
+        try:
+            cod = NullspaceCOD(up, upt, q, dead, (lo, hi), transposed=self.transposed, xp=xp)
+        except NullspaceRefused:
+            return False
+        smax = self._fro
+        if not cod.certain():
+            smax = sigma_max_lanczos(self.R)
+            if not cod.holds(self.cutoff * smax):
+                return False
+        self.method, self.rank = "nullspace_cod", int(cod.rank)
+        self.sigma_max, self.sigma_min = float(smax), float(cod.sigma_min)
+        self.cod_device = "gpu" if xp is not np else "cpu"
+        self._cod = cod
+        return True
 
     # -- sparse COD whose rank is checked against lstsq's rule --------------------
     def _sparse_cod_first(self) -> bool:
@@ -596,7 +681,7 @@ class MinNormSolver:
                 Cd = cupy.asarray(C)
                 return (Vt.T @ ((U.T @ Cd) / cupy.asarray(s)[:, None])).get()
             return Vt.T @ ((U.T @ C) / s[:, None])
-        if self.method == "subspace_cod":
+        if self.method in ("subspace_cod", "nullspace_cod"):
             return self._cod.solve(C)
         if self.method == "dense_cod":
             cod = self._cod
@@ -631,7 +716,7 @@ class MinNormSolver:
             return 1.0
         if self.method == "triangular" and np.isfinite(self.rcond) and self.rcond > 0:
             return 1.0 / self.rcond
-        if (self.method in ("svd", "dense_cod", "subspace_cod", "triangular")
+        if (self.method in ("svd", "dense_cod", "subspace_cod", "nullspace_cod", "triangular")
                 and self.sigma_min > 0):
             return float(self.sigma_max / self.sigma_min)
         return float("inf")

@@ -1,0 +1,300 @@
+"""Rank decisions of a square triangular factor through its triangular solves alone.
+
+Used by :class:`scipy_gpuqr._factor.lstsq.MinNormSolver` for large square R
+with a nonzero diagonal. Everything here touches R only through ``C ↦ R⁻¹C``
+and ``C ↦ R⁻ᵀC`` on blocks of a few (or ``d``) columns — on the device when
+the factorization ran there (the GPU engine's front-structured solves read R
+where it lies) — plus two O(nnz) host passes (R's diagonal and ``‖R‖_F``),
+so a decision costs a few solves with R instead of a dense refinement of
+all of R (O(q³)).
+
+:func:`probe_norm` (full rank)
+    A randomized power estimate of ``‖S‖₂`` for an operator ``S`` given with
+    its transpose (``S = R⁻¹``: ``1/σ_min(R)``). For a start uniformly
+    distributed on the sphere, Kuczyński and Woźniakowski (SIAM J. Matrix
+    Anal. Appl. 13, 1992) bound the probability that k steps of the power
+    method on a symmetric positive semidefinite ``B = SSᵀ`` return less than
+    ``(1 − ε)λ_max(B)`` by roughly ``√q (1 − ε)^(k − 1/2)``, for every
+    spectrum. With ``p`` independent Gaussian columns, ``1 − ε = 1/M²`` (M =
+    :data:`PROBE_MARGIN`) and k chosen so that ``(√q M^(1−2k))^p`` is below
+    :data:`PROBE_FAILURE`, the estimate ν satisfies ``‖S‖ / M <= ν <= ‖S‖``
+    except with that probability. With ``‖R‖₂ <= ‖R‖_F``, ``σ_min(R) >=
+    1/(M ν) > cutoff·‖R‖_F`` confirms lstsq's full rank. The cost: ``2k − 1``
+    solves with p columns (k = 3, p = 4 up to q ≈ 4·10⁵).
+
+:class:`NullspaceCOD` (a few exactly dependent columns, a clear gap)
+    R of an unpivoted QR of a rank-deficient A has tiny pivots at the d
+    dependent columns; where the singular values have a clear gap at the
+    cutoff the small left and right singular subspaces are found by one step
+    of block inverse iteration with exactly d columns, ``Z = R⁻ᵀΩ``,
+    ``U_d = orth(Z)``, ``Y = R⁻¹Z``, ``V_d = orth(Y) = Y R_y⁻¹`` (the gap
+    makes one step converge to rounding). Then
+
+    * ``σ_{q−d+1} <= ‖R V_d‖₂ <= ‖Z R_y⁻¹‖_F`` (+ the solve's backward
+      error, below lstsq's cutoff): d singular values are below the cutoff
+      when that is at most half of it;
+    * the minimum-norm solution of the truncated problem is
+      ``S c = P_V R⁻¹ P_U c`` (``P_U = I − U_d U_dᵀ``, ``P_V = I − V_d V_dᵀ``;
+      for G = Rᵀ the transpose, ``P_U R⁻ᵀ P_V``): with exact subspaces
+      ``S = V_r Σ_r⁻¹ U_rᵀ``, the truncated pseudo-inverse;
+    * ``σ_{q−d}`` above the cutoff: ``1/‖S‖₂`` estimates it, and
+      :func:`probe_norm` of S with the margin M decides. Inaccurate
+      subspaces leak the amplified components ``R⁻¹ U_d`` into S and make
+      ``‖S‖`` large, so the test fails (and a dense rule answers) rather
+      than passing wrongly.
+
+    Where the singular values have no gap at the cutoff (bayer10) the checks
+    fail and :mod:`scipy_gpuqr._factor.subspace_cod` or an SVD answers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import scipy.linalg as la
+import scipy.sparse as sp
+
+from .dense_cod import solve_triangular
+
+__all__ = ["PROBE_COLUMNS", "PROBE_MARGIN", "PROBE_FAILURE", "probe_steps", "probe_norm",
+           "abs_diagonal", "frobenius", "NullspaceCOD", "NullspaceRefused"]
+
+#: Columns of the random block of :func:`probe_norm`.
+PROBE_COLUMNS = 4
+
+#: Margin M of :func:`probe_norm`: its estimate is within a factor M of ``‖S‖₂``
+#: except with probability :data:`PROBE_FAILURE`.
+PROBE_MARGIN = 10.0
+
+#: Bound on the probability that :func:`probe_norm` underestimates by more than M.
+PROBE_FAILURE = 1e-10
+
+
+class NullspaceRefused(Exception):
+    """The solve-based decision does not apply; a dense rule must decide."""
+
+
+def _xp_of(a):
+    if type(a).__module__.startswith("cupy"):
+        import cupy                 # optional dependency
+        return cupy
+    return np
+
+
+def _host(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def abs_diagonal(R: sp.csc_array) -> np.ndarray:
+    """``|diag(R)|`` of square upper triangular CSC R.
+
+    O(q) where every column's last stored entry lies on the diagonal (R
+    upper triangular with sorted row indices, as the factorizations store
+    it), else SciPy's O(nnz) ``diagonal``.
+    """
+    k, q = R.shape
+    if k == q and q and R.nnz:
+        last = R.indptr[1:] - 1
+        if np.all(np.diff(R.indptr) > 0) and np.array_equal(R.indices[last], np.arange(q)):
+            return np.abs(R.data[last])
+    return np.abs(R.diagonal())
+
+
+def frobenius(R: sp.csc_array) -> float:
+    """``‖R‖_F`` (an upper bound of ``‖R‖₂``): one pass over R's values."""
+    data = np.asarray(R.data, dtype=np.float64)
+    return float(np.sqrt(np.dot(data, data)))
+
+
+def probe_steps(q: int, columns: int = PROBE_COLUMNS, margin: float = PROBE_MARGIN,
+                failure: float = PROBE_FAILURE) -> int:
+    """Power steps k of :func:`probe_norm`: the least k with
+    ``(√q · M^(1 − 2k))^p <= failure``."""
+    per_column = failure ** (1.0 / columns)
+    k = 1
+    while math.sqrt(max(q, 1)) * margin ** (1 - 2 * k) > per_column:
+        k += 1
+    return k
+
+
+def probe_norm(apply: Callable, apply_t: Callable, q: int, *, xp=np, seed: int = 0,
+               columns: int = PROBE_COLUMNS, steps: Optional[int] = None) -> float:
+    """Randomized lower estimate ν of ``‖S‖₂`` (``‖S‖/M <= ν`` with high probability).
+
+    Parameters
+    ----------
+    apply, apply_t : callable
+        ``C ↦ S C`` and ``C ↦ Sᵀ C`` on (q, p) arrays of ``xp`` (results of
+        either module are accepted).
+    q : int
+        Order of S.
+    xp : module
+        NumPy or CuPy: where the block lives.
+    seed : int
+        Seed of the Gaussian start (the same operator gives the same answer).
+    columns : int
+        Block columns p.
+    steps : int, optional
+        Power steps k; default :func:`probe_steps`.
+
+    Returns
+    -------
+    float
+        ν = max over the block's columns of ``‖Sᵀ y‖ / ‖y‖`` at the last
+        iterate y (power method on ``S Sᵀ``); ``inf`` when a solve produced a
+        non-finite value (a zero pivot: no finite norm to confirm).
+    """
+    if q == 0:
+        return 0.0
+    k = probe_steps(q, columns) if steps is None else steps
+    p = min(columns, q)
+    Y = xp.asarray(np.random.default_rng(seed).standard_normal((q, p)))
+    nu = 0.0
+    for step in range(k):
+        Y = Y / xp.linalg.norm(Y, axis=0)
+        Z = xp.asarray(apply_t(Y))                  # Sᵀ y
+        zn = _host(xp.linalg.norm(Z, axis=0))
+        if not np.all(np.isfinite(zn)):
+            return float("inf")
+        nu = max(nu, float(zn.max()))
+        if step + 1 < k:
+            Y = xp.asarray(apply(Z))                # S Sᵀ y
+            if not bool(xp.all(xp.isfinite(Y))):
+                return float("inf")
+            if not bool(xp.all(xp.linalg.norm(Y, axis=0) > 0)):
+                break                               # a column in S's null space
+    return nu
+
+
+def _orth_r(X, xp):
+    """Thin QR ``X = Q R`` on ``xp`` (X is consumed)."""
+    if xp is np:
+        return la.qr(np.asfortranarray(X), mode="economic", overwrite_a=True,
+                     check_finite=False)
+    return xp.linalg.qr(X, mode="reduced")
+
+
+@dataclass
+class NullspaceCOD:
+    """Minimum-norm solves with G = R or Rᵀ when d dependent columns leave a clear gap.
+
+    Parameters
+    ----------
+    inv, inv_t : callable
+        ``C ↦ R⁻¹C`` and ``C ↦ R⁻ᵀC`` (host or device arrays in, either out).
+    q : int
+        Order of R.
+    d : int
+        Number of singular values taken as below the cutoff (the count of
+        tiny pivots); 1 <= d < q.
+    tol_range : (float, float)
+        Bounds ``lo <= tol <= hi`` of lstsq's absolute cutoff ``eps·max(m,
+        n)·σ_max`` (σ_max between ``max|r_ii|`` and ``‖R‖_F`` before an
+        accurate estimate is paid for): the checks that fail for every tol in
+        the range raise, :meth:`certain` and :meth:`holds` decide.
+    transposed : bool
+        Solve with ``G = Rᵀ``.
+    xp : module
+        NumPy or CuPy: where the q×d blocks live.
+    seed : int
+        Seed of the random block.
+
+    Raises
+    ------
+    NullspaceRefused
+        No clear gap for any tol in the range, or a non-finite solve.
+
+    Attributes
+    ----------
+    rank : int
+        ``q − d``.
+    residual : float
+        The bound ``‖Z R_y⁻¹‖_F`` of ``σ_{q−d+1}``.
+    nu : float
+        :func:`probe_norm`'s estimate of ``‖S‖₂``, ``1/σ_{q−d}``.
+    sigma_min : float
+        ``1/nu``: estimate of the smallest kept singular value ``σ_{q−d}``.
+    """
+
+    inv: Callable
+    inv_t: Callable
+    q: int
+    d: int
+    tol_range: tuple
+    transposed: bool = False
+    xp: object = np
+    seed: int = 0
+    rank: int = field(init=False, default=0)
+    residual: float = field(init=False, default=float("nan"))
+    nu: float = field(init=False, default=float("nan"))
+    sigma_min: float = field(init=False, default=float("nan"))
+    _u: object = field(init=False, default=None, repr=False)
+    _v: object = field(init=False, default=None, repr=False)
+
+    def __post_init__(self):
+        xp, q, d = self.xp, self.q, self.d
+        lo, hi = self.tol_range
+        if not (0 < d < q):
+            raise NullspaceRefused(f"{d} dead columns of {q}")
+        omega = xp.asarray(np.random.default_rng(self.seed).standard_normal((q, d)))
+        Z = xp.asarray(self.inv_t(omega))
+        if not bool(xp.all(xp.isfinite(Z))):
+            raise NullspaceRefused("non-finite solve (zero pivot)")
+        Y = xp.asarray(self.inv(Z))
+        if not bool(xp.all(xp.isfinite(Y))):
+            raise NullspaceRefused("non-finite solve (zero pivot)")
+        # one scale for all columns (Y is linear in Ω): R V = Z R_y⁻¹ is unchanged
+        s = float(xp.abs(Y).max())
+        if not s > 0:
+            raise NullspaceRefused("zero block")
+        U, _ = _orth_r(Z.copy(), xp)
+        V, Ry = _orth_r(Y / s, xp)
+        RV = solve_triangular(Ry, (Z / s).T, trans=True).T   # Z R_y⁻¹ (R_y upper)
+        self.residual = float(xp.linalg.norm(RV))
+        if not (np.isfinite(self.residual) and self.residual <= 0.5 * hi):
+            raise NullspaceRefused(f"‖R V_d‖ {self.residual:.3g} above half the cutoff "
+                                   f"{hi:.3g}: no clear gap")
+        self._u, self._v = U, V
+        self.nu = probe_norm(self._apply, self._apply_t, q, xp=xp, seed=self.seed + 1)
+        if not (np.isfinite(self.nu) and self.nu > 0 and PROBE_MARGIN * self.nu * lo < 1.0):
+            raise NullspaceRefused(f"σ_(q-d) not clearly above the cutoff {lo:.3g}")
+        self.sigma_min = 1.0 / self.nu
+        self.rank = q - d
+
+    def holds(self, tol: float) -> bool:
+        """d singular values ``<= tol`` (``‖R V_d‖ <= tol/2``) and the others
+        clearly above it (``M·ν·tol < 1``), for this cutoff."""
+        return bool(self.residual <= 0.5 * tol and PROBE_MARGIN * self.nu * tol < 1.0)
+
+    def certain(self) -> bool:
+        """:meth:`holds` for every cutoff in ``tol_range``."""
+        lo, hi = self.tol_range
+        return bool(self.residual <= 0.5 * lo and PROBE_MARGIN * self.nu * hi < 1.0)
+
+    # S = P_V R⁻¹ P_U and Sᵀ = P_U R⁻ᵀ P_V (projections twice: Gram–Schmidt with
+    # reorthogonalization against a block whose components the solves amplify)
+    def _project(self, B, C):
+        for _ in range(2):
+            C = C - B @ (B.T @ C)
+        return C
+
+    def _apply(self, C):
+        xp = self.xp
+        Y = xp.asarray(self.inv(self._project(self._u, xp.asarray(C))))
+        return self._project(self._v, Y)
+
+    def _apply_t(self, C):
+        xp = self.xp
+        Y = xp.asarray(self.inv_t(self._project(self._v, xp.asarray(C))))
+        return self._project(self._u, Y)
+
+    def solve(self, C) -> np.ndarray:
+        """Minimum-norm ``Y`` with ``G Y ≈ C`` under the decided rank; C of shape (q, p)."""
+        C = np.asarray(C, dtype=np.float64)
+        if C.shape[1] == 0:
+            return np.zeros((self.q, 0))
+        Y = self._apply_t(C) if self.transposed else self._apply(C)
+        return np.ascontiguousarray(_host(Y))

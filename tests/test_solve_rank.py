@@ -1,0 +1,193 @@
+"""Rank decisions through R's triangular solves (scipy_gpuqr._factor.solve_rank), on the host.
+
+The same code runs on the device with CuPy blocks and the GPU engine's solves
+(tests/test_gpu_rank.py); here NumPy blocks and SuperLU's sweeps. Answers are
+judged against numpy.linalg.lstsq (rank, minimum-norm solution).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg as la
+import scipy.sparse as sp
+
+from scipy_gpuqr import QRFactorization
+from scipy_gpuqr._factor import lstsq as _lstsq
+from scipy_gpuqr._factor.solve_rank import (PROBE_MARGIN, NullspaceCOD, NullspaceRefused,
+                                            abs_diagonal, frobenius, probe_norm, probe_steps)
+from scipy_gpuqr._factor.triangular import UpperTriangular
+from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
+
+EPS = np.finfo(np.float64).eps
+
+
+def _graded_triangle(rng, q, decades):
+    U, _ = np.linalg.qr(rng.standard_normal((q, q)))
+    V, _ = np.linalg.qr(rng.standard_normal((q, q)))
+    return np.triu(la.qr((U * np.logspace(0, -decades, q)) @ V.T, mode="r")[0])
+
+
+def test_probe_steps_meet_the_failure_bound():
+    for q in (10, 4096, 64000, 10 ** 6, 10 ** 8):
+        k = probe_steps(q)
+        assert (np.sqrt(q) * PROBE_MARGIN ** (1 - 2 * k)) ** 4 <= 1e-10
+        assert k == 1 or (np.sqrt(q) * PROBE_MARGIN ** (3 - 2 * k)) ** 4 > 1e-10
+    assert probe_steps(64000) == 3
+
+
+@pytest.mark.parametrize("decades", [0.5, 4, 10])
+def test_probe_norm_within_the_margin(rng, decades):
+    """ν ≤ ‖T⁻¹‖₂ always (a Rayleigh quotient) and ≥ ‖T⁻¹‖₂/M (here far closer)."""
+    T = _graded_triangle(rng, 300, decades)
+    exact = 1.0 / np.linalg.svd(T, compute_uv=False)[-1]
+
+    def inv(C):
+        return la.solve_triangular(T, C)
+
+    def inv_t(C):
+        return la.solve_triangular(T, C, trans=1)
+    for seed in range(3):
+        nu = probe_norm(inv, inv_t, 300, seed=seed)
+        assert exact / PROBE_MARGIN <= nu <= exact * (1 + 1e-12)
+
+
+def test_probe_norm_zero_pivot_is_infinite():
+    T = np.triu(np.ones((5, 5)))
+    T[2, 2] = 0.0
+
+    def back(M, C, lower):                  # substitution that divides by the zero
+        X = np.array(C, dtype=float)
+        order = range(5) if lower else range(4, -1, -1)
+        for i in order:
+            others = [j for j in range(5) if j != i]
+            X[i] = (X[i] - M[i, others] @ X[others]) / M[i, i]
+        return X
+    with np.errstate(all="ignore"):
+        nu = probe_norm(lambda C: back(T, C, False), lambda C: back(T.T, C, True), 5)
+    assert nu == np.inf
+
+
+def test_abs_diagonal_fast_path_and_fallback(rng):
+    R = sp.csc_array(sp.triu(sp.random_array((50, 50), density=0.2, rng=rng)) + sp.eye_array(50))
+    R.sort_indices()
+    assert np.array_equal(abs_diagonal(R), np.abs(R.diagonal()))
+    # unsorted rows in a column: the last entry is not the diagonal
+    Ru = R.copy()
+    j = 10
+    a, b = Ru.indptr[j], Ru.indptr[j + 1]
+    Ru.indices[a:b] = Ru.indices[a:b][::-1]
+    Ru.data[a:b] = Ru.data[a:b][::-1]
+    assert np.array_equal(abs_diagonal(Ru), np.abs(R.diagonal()))
+    # a column without its diagonal entry
+    D = R.toarray()
+    D[7, 7] = 0.0
+    Rz = sp.csc_array(D)
+    assert np.array_equal(abs_diagonal(Rz), np.abs(D.diagonal()))
+    assert frobenius(R) == pytest.approx(np.linalg.norm(R.toarray()), rel=1e-14)
+
+
+def _chess_r(shape):
+    A = chessboard_boundary(*shape)
+    F = QRFactorization(A, backend="cpu")
+    return A, F._core.num, sp.csc_array(F._core.num.R)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_nullspace_cod_is_lstsq_on_exact_dependencies(rng, transposed):
+    A, num, R = _chess_r((5, 6, 2))                     # 1200×300, rank 271
+    q = R.shape[0]
+    Rd = R.toarray()
+    smax = np.linalg.norm(Rd, 2)
+    cutoff = _lstsq.lstsq_cutoff(*A.shape)
+    d = abs_diagonal(R)
+    dead = int(np.count_nonzero(d <= cutoff * frobenius(R)))
+    tri = UpperTriangular(R)
+    up, upt = tri.solves()
+    cod = NullspaceCOD(up, upt, q, dead, (cutoff * d.max(), cutoff * frobenius(R)),
+                       transposed=transposed)
+    assert cod.rank == 271 == np.linalg.matrix_rank(A.toarray())
+    assert cod.certain() and cod.holds(cutoff * smax)
+    s = np.linalg.svd(Rd, compute_uv=False)
+    assert s[cod.rank - 1] * (1 - 1e-9) <= cod.sigma_min <= PROBE_MARGIN * s[cod.rank - 1]
+    assert cod.residual <= 0.5 * cutoff * smax
+    C = rng.standard_normal((q, 3))
+    G = Rd.T if transposed else Rd
+    Y = cod.solve(C)
+    Yref = np.linalg.lstsq(G, C, rcond=cutoff)[0]
+    assert np.linalg.norm(Y - Yref) <= 1e-10 * np.linalg.norm(Yref)
+
+
+def test_nullspace_cod_refuses_without_a_gap(rng):
+    """Singular values logspace(0, -14): no gap at the cutoff, the checks refuse."""
+    T = _graded_triangle(rng, 200, 14)
+    R = sp.csc_array(T)
+    cutoff = 200 * EPS
+    d = abs_diagonal(R)
+    dead = max(1, int(np.count_nonzero(d <= cutoff * frobenius(R))))
+    up, upt = UpperTriangular(R).solves()
+    with pytest.raises(NullspaceRefused):
+        NullspaceCOD(up, upt, 200, dead, (cutoff * d.max(), cutoff * frobenius(R)))
+
+
+@pytest.mark.parametrize("shape,wide", [((5, 6, 2), False), ((5, 6, 2), True),
+                                        ((4, 6, 2), False)])
+def test_solver_takes_the_nullspace_cod(rng, monkeypatch, shape, wide):
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 100)
+    A = chessboard_boundary(*shape)
+    if wide:
+        A = sp.csc_array(A.T)
+    b = rng.standard_normal(A.shape[0])
+    F = QRFactorization(A, backend="cpu")
+    x = F.solve(b)
+    dec = F.info["rank_decision"]
+    assert dec["method"] == "nullspace_cod" and dec["device"] == "cpu"
+    x_ref, _, rank, _ = np.linalg.lstsq(A.toarray(), b, rcond=None)
+    assert F.rank == rank
+    assert np.linalg.norm(x - x_ref) <= 1e-10 * np.linalg.norm(x_ref)
+
+
+def test_solver_zero_pivot_leaves_the_nullspace_cod(rng, monkeypatch):
+    """An empty column gives an exactly zero pivot: the dense rules decide."""
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 10)
+    A = sp.random_array((120, 60), density=0.2, rng=rng, format="lil")
+    A[:, 7] = 0.0
+    A = sp.csc_array(A)
+    b = rng.standard_normal(120)
+    F = QRFactorization(A, backend="cpu")
+    x = F.solve(b)
+    assert F.info["rank_decision"]["method"] != "nullspace_cod"
+    x_ref, _, rank, _ = np.linalg.lstsq(A.toarray(), b, rcond=None)
+    assert F.rank == rank
+    assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+
+
+def test_full_rank_probe_confirms_a_grid(rng):
+    """4096 columns (beyond DENSE_LIMIT and SOLVE_RANK_MIN_ORDER): the probe decides,
+    σ_max is reported as ‖R‖_F (an upper bound), σ_min as 1/ν (within the margin)."""
+    A = grid3d_least_squares(16)
+    b = rng.standard_normal(A.shape[0])
+    F = QRFactorization(A, backend="cpu")
+    x = F.solve(b)
+    dec = F.info["rank_decision"]
+    assert dec["method"] == "triangular" and np.isnan(dec["rcond_estimate"])
+    assert dec["sigma_max"] == pytest.approx(sp.linalg.norm(A), rel=1e-12)
+    # σ_min(A) of this grid: the 7-point Laplacian's least eigenvalue over the shift
+    lam = 3 * (2 - 2 * np.cos(np.pi / 17))
+    smin = np.hypot(lam, 0.1)
+    assert smin * (1 - 1e-9) <= dec["sigma_min"] <= PROBE_MARGIN * smin
+    R = sp.csc_array(F._core.num.R)
+    y = UpperTriangular(R).solve(np.asarray(F._core.num.qt_matmul(b[:, None]))[:R.shape[0]])
+    x_ref = np.empty_like(x)
+    x_ref[F.perm] = y.ravel()
+    assert np.linalg.norm(x - x_ref) <= 1e-12 * np.linalg.norm(x_ref)
+
+
+def test_inconclusive_probe_falls_back(rng, monkeypatch):
+    """A probe that cannot confirm (forced: ν = inf) leaves the previous estimates to decide."""
+    monkeypatch.setattr(_lstsq, "probe_norm", lambda *a, **k: float("inf"))
+    A = grid3d_least_squares(16)
+    F = QRFactorization(A, backend="cpu")
+    F.solve(np.ones(A.shape[0]))
+    dec = F.info["rank_decision"]
+    assert dec["method"] == "triangular" and np.isfinite(dec["rcond_estimate"])
