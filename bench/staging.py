@@ -4,6 +4,7 @@ Run on the GPU machine::
 
     source .dev/remote-setup.sh
     python3 bench/staging.py --json $OUT/staging.json [--only grid40,ch7-8-b3] [--fracs 2,4,8]
+    python3 bench/staging.py --predict      # the plans only, on any machine
 
 Per matrix: the one-stage need (this engine's count of every allocation,
 :mod:`scipy_gpuqr._engine.memory`) and the smallest plan's; then the public
@@ -56,6 +57,35 @@ def _one_stage(A):
                      granule=DEFAULT_APPLY_GRANULE, dense=dense)
     needs = front_needs(an, 8, tile=DEFAULT_TILE, vt_elems=vt, dense=dense)
     return an, plan_for_memory(an, needs, None).peak, min_budget(an, needs)
+
+
+def _predict(an, limit):
+    """What the engine will do under a pool limit of ``limit`` bytes (no GPU needed):
+    the plan after the built schedule's checks, as ``gpu_factorize`` makes it."""
+    from scipy_gpuqr._engine.gpu import driver
+    from scipy_gpuqr._engine.memory import POOL_USABLE, front_needs, plan_for_memory, vt_elements
+    from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS, dense_front_mask
+    from scipy_gpuqr._schedule.sparse import build_schedule
+    from scipy_gpuqr._schedule.tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE,
+                                             DEFAULT_TILE)
+    dense = dense_front_mask(an, DEFAULT_DENSE_FLOPS)
+    vt = vt_elements(an, tile=DEFAULT_TILE, bundle=DEFAULT_BUNDLE, pipelining=True,
+                     granule=DEFAULT_APPLY_GRANULE, dense=dense)
+    needs = front_needs(an, 8, tile=DEFAULT_TILE, vt_elems=vt, dense=dense)
+    avail = int(POOL_USABLE * limit)
+    for _ in range(driver.MAX_RESTAGE + 1):
+        mp = plan_for_memory(an, needs, avail)
+        if not mp.feasible:
+            return {"backend": "cpu", "why": f"front {mp.oversized[0]} does not fit"}
+        sched = build_schedule(an, plan=mp.plan, dense_flops=DEFAULT_DENSE_FLOPS, lazy=True)
+        try:
+            keep, cache = driver._memory_checks(an, sched, mp, needs, 8)
+        except driver._PlanOver as exc:
+            avail -= exc.excess
+            continue
+        return {"backend": "gpu", "stages": mp.plan.nstages, "planned_peak": mp.peak,
+                "last_pool_on_device": keep, "dense_copies_kept": cache}
+    return {"backend": "cpu", "why": "no plan passed the checks"}
 
 
 def _once(A, b, backend):
@@ -113,14 +143,23 @@ def main(argv=None):
     p.add_argument("--fracs", default="2,4,8")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-cpu", action="store_true")
+    p.add_argument("--predict", action="store_true",
+                   help="only print what each limit will run (no GPU needed)")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    fracs = [int(f) for f in args.fracs.split(",") if f]
+    if args.predict:
+        for mname, A in _matrices([s for s in args.only.split(",") if s]):
+            an, need, floor = _one_stage(A)
+            print(f"{mname}: one stage {need / 1e9:.2f} GB, smallest plan {floor / 1e9:.2f} GB")
+            for frac in fracs:
+                print(f"  1/{frac} ({need // frac / 1e9:.2f} GB): {_predict(an, need // frac)}")
+        return
     import cupy as cp
     props = cp.cuda.runtime.getDeviceProperties(0)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     report = {"device": name, "cores": os.cpu_count(), "matrices": {}}
     print(f"device {name}, {os.cpu_count()} cores", flush=True)
-    fracs = [int(f) for f in args.fracs.split(",") if f]
     for mname, A in _matrices([s for s in args.only.split(",") if s]):
         A.sort_indices()
         b = np.cos(np.arange(A.shape[0]))

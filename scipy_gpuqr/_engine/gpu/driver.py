@@ -417,31 +417,8 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
                            plan=None if mplan is None else mplan.plan)
     keep_last = cache_dense = True
     if mplan is not None and mplan.available is not None:
-        isz = np.dtype(device.dtype).itemsize
-        exact = stage_bytes(sched, analysis, needs, isz)
-        fixed = needs.fixed
-        if fixed + max(exact, default=0) > mplan.available:
-            raise _PlanOver(fixed + max(exact) - mplan.available,
-                            f"the schedule's largest stage needs {fixed + max(exact):,} "
-                            f"bytes, {mplan.available:,} available")
-        # the solves (Q's replay, R's triangular solves) upload an earlier stage's
-        # pool at a time, beside the last one unless that goes to the host too
-        if len(sched.stages) > 1:
-            pools = [int(st.pool_size) * isz for st in sched.stages]
-            dense_b = _dense_bytes(analysis, sched, isz)
-            solve = fixed + _solve_bytes(analysis, sched) + max(dense_b.values(), default=0)
-            keep_last = solve + pools[-1] + max(pools[:-1]) <= mplan.available
-            # dense fronts of stages sent to the host are uploaded for each use,
-            # unless their device copies (kept once made) all fit
-            last = len(sched.stages) - 1
-            away = sum(b for f, b in dense_b.items()
-                       if not (keep_last and sched.stages[last].foff[f] >= 0))
-            cache_dense = (solve + away + max(pools[:-1])
-                           + (pools[-1] if keep_last else 0)) <= mplan.available
-            if solve + max(pools) > mplan.available:
-                raise _PlanOver(solve + max(pools) - mplan.available,
-                                f"the solves need {solve + max(pools):,} bytes, "
-                                f"{mplan.available:,} available")
+        keep_last, cache_dense = _memory_checks(analysis, sched, mplan, needs,
+                                                np.dtype(device.dtype).itemsize)
     cold = not all(st.materialized for st in sched.stages)
     t1 = time.perf_counter()
     # R's layout (pattern, gather maps; cached with the analysis) is built on a worker
@@ -458,14 +435,54 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
         helper.shutdown(wait=True)
 
 
-def _solve_bytes(analysis, sched) -> int:
-    """Device bytes of the solves besides the fixed bytes and the stage pools: the
-    replay's records and row map, a few vectors of length m + n, the largest
-    front's R blocks copied for cuBLAS (float64)."""
+def _memory_checks(analysis, sched, mplan, needs, isz: int) -> tuple:
+    """``(keep_last, cache_dense)`` for a built schedule under ``mplan.available``.
+
+    Raises :class:`_PlanOver` when the schedule's exact bytes (a stage) or the
+    solves' exceed it: Q's replay and R's triangular solves upload one stage's
+    pool at a time and, beside it, one of its dense fronts (sent to the host
+    with it) or the copy of its largest triangle of R for cuBLAS.
+    ``keep_last``: the last stage's pool stays on the device beside an uploaded
+    one; ``cache_dense``: device copies of the dense fronts sent to the host are
+    kept once made.
+    """
+    keep_last = cache_dense = True
+    exact = stage_bytes(sched, analysis, needs, isz)
+    fixed = needs.fixed
+    if fixed + max(exact, default=0) > mplan.available:
+        raise _PlanOver(fixed + max(exact) - mplan.available,
+                        f"the schedule's largest stage needs {fixed + max(exact):,} "
+                        f"bytes, {mplan.available:,} available")
+    if len(sched.stages) < 2:
+        return keep_last, cache_dense
     fs = analysis.fronts
-    big = int((fs.frank.astype(np.int64) * fs.fn.astype(np.int64)).max()) if fs.nfronts else 0
-    return (int(sched.ntasks) * 96 + 8 * (int(analysis.m) + int(analysis.n)) * 8
-            + 2 * big * 8)
+    rk = fs.frank.astype(np.int64)
+    dense_b = _dense_bytes(analysis, sched, isz)
+    base = fixed + _solve_bytes(analysis, sched)
+    per = []                    # a stage's pool uploaded, with its largest companion
+    for st in sched.stages:
+        a, b = st.fronts
+        side = max([dense_b[f] for f in st.dense] + [int((rk[a:b + 1] ** 2).max()) * 8])
+        per.append(int(st.pool_size) * isz + side)
+    last_pool = int(sched.stages[-1].pool_size) * isz
+    keep_last = base + last_pool + max(per[:-1]) <= mplan.available
+    solve = base + max(per) if not keep_last else base + last_pool + max(per[:-1])
+    if solve > mplan.available:
+        raise _PlanOver(solve - mplan.available,
+                        f"the solves need {solve:,} bytes, {mplan.available:,} available")
+    # dense fronts of stages sent to the host are uploaded for each use, unless
+    # their device copies (kept once made) all fit
+    away = sum(v for f, v in dense_b.items()
+               if not (keep_last and sched.stages[-1].foff[f] >= 0))
+    cache_dense = solve + away <= mplan.available
+    return keep_last, cache_dense
+
+
+def _solve_bytes(analysis, sched) -> int:
+    """Device bytes of the solves besides the fixed bytes, the stage pools and a
+    front's companions (:func:`_memory_checks`): the replay's records and row
+    map, a few vectors of length m + n (float64)."""
+    return int(sched.ntasks) * 96 + 8 * (int(analysis.m) + int(analysis.n)) * 8
 
 
 def _host_side(analysis, sched, plan_stages, cold):
