@@ -176,7 +176,7 @@ class _Ragged:
                         np.int32(nc), np.int32(PAD_IDENTITY if identity else PAD_ZERO)))
             return stack
         if idx is None:
-            idx = np.arange(self.count)
+            idx = self.xp.arange(self.count)
         valid, src = self.index(idx, nr, nc)
         if identity:
             pad = (xp.arange(nr)[:, None] == xp.arange(nc)[None, :]).astype(dtype)
@@ -214,7 +214,7 @@ class _Ragged:
                         np.int32(stack.shape[2]), np.int32(pr), np.int32(pc), np.int32(pad)))
             return
         if idx is None:
-            idx = np.arange(self.count)
+            idx = self.xp.arange(self.count)
         valid, src = self.index(idx, stack.shape[1], stack.shape[2])
         out[src[valid]] = stack[valid]
 
