@@ -273,3 +273,67 @@ def test_device_layer_raises_past_its_limit():
     dev = NumpyDevice(TILE, BUNDLE, memory_limit=1000)
     with pytest.raises(DeviceOutOfMemory):
         dev.start(np.zeros(200, dtype=np.int64), 10)
+
+
+def test_solves_needs_decide_where_the_last_pool_stays(monkeypatch):
+    """Under a limit the last stage's pool goes to the host too when it would not
+    fit beside an uploaded one (the solves upload one stage pool at a time); the
+    factors answer the same either way."""
+    import dataclasses
+
+    from scipy_gpuqr._engine.gpu import driver
+    A = _cases()[0][1]
+    an = analyze(A)
+    needs = _needs(an)
+    mp = plan_for_memory(an, needs, _limit(an, 8))
+    sched = build_schedule(an, tile=TILE, bundle=BUNDLE, plan=mp.plan)
+    assert len(sched.stages) > 1
+    pools = [st.pool_size * 8 for st in sched.stages]
+    base = needs.fixed + driver._solve_bytes(an, sched)
+    rk = an.fronts.frank.astype(np.int64)
+    side = [int((rk[a:b + 1] ** 2).max()) * 8 for a, b in (st.fronts for st in sched.stages)]
+    per = [p + s_ for p, s_ in zip(pools, side)]
+    both = base + pools[-1] + max(per[:-1])
+    alone = base + max(per)
+    stage = needs.fixed + max(stage_bytes(sched, an, needs, 8))
+
+    def check(available):
+        return driver._memory_checks(an, sched, dataclasses.replace(mp, available=available),
+                                     needs, 8)
+    assert check(max(both, stage))[0]
+    if both - 1 >= stage:               # the last pool alone does not fit beside another
+        assert not check(both - 1)[0]
+    for av in (stage - 1000, alone - 1000):     # the stage's count first, then the solves'
+        with pytest.raises(driver._PlanOver) as exc:
+            check(av)
+        assert exc.value.excess == (stage - av if av < stage else alone - av)
+    # the engine with the last pool sent to the host answers the same
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
+    monkeypatch.setattr(driver, "_memory_checks", lambda *a, **k: (False, False))
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 8)))
+    assert g.info["stages"] > 1 and not g.info["last_pool_on_device"] and not g._stage_pools
+    b = np.cos(np.arange(A.shape[0]))
+    np.testing.assert_allclose(g.qt_matmul(b), ref.qt_matmul(b), rtol=0,
+                               atol=1e-12 * np.linalg.norm(b))
+    assert abs(g.R - ref.R).max() <= 1e-12 * abs(ref.R).max()
+
+
+def test_dense_fronts_left_on_the_host_are_uploaded_per_use():
+    from scipy_gpuqr._engine.dense_front import factorize_numpy, panels_of
+    from scipy_gpuqr._engine.gpu.driver import _UploadedDense
+
+    class _Xp:                          # a device array module: copies on asarray
+        __name__ = "devicexp"
+
+        @staticmethod
+        def asarray(a):
+            return np.array(a)
+
+    rng = np.random.default_rng(0)
+    F = rng.standard_normal((12, 5))
+    panels = panels_of(12, 5, None, 4)
+    T = factorize_numpy(F, panels, 4)
+    d = _UploadedDense(F, panels, T)
+    one, two = d._get(d._front, _Xp), d._get(d._front, _Xp)
+    assert one is not two and "devicexp" not in d._front and "devicexp" not in d._T
+    assert d._get(d._front, np) is F
