@@ -80,6 +80,16 @@ def _sync():
     cupy.cuda.Device().synchronize()
 
 
+def _release():
+    """Give the memory pool's cached blocks back (the engine sizes its stages from
+    the device's free memory, which cached blocks of an earlier call hide)."""
+    import gc
+
+    import cupy
+    gc.collect()
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
 def _decision_row(name, A, reps, profile=False):
     """One problem of ``--decisions``: new and previous rules, interleaved."""
     from scipy_gpuqr import QRFactorization, lsqr
@@ -93,11 +103,13 @@ def _decision_row(name, A, reps, profile=False):
         try:
             lsqr_s, phase, setup = [], [], []
             for rep in range(reps):
+                _release()
                 _sync()
                 t0 = time.perf_counter()
                 x = lsqr(A, b, backend="gpu")[0]
                 _sync()
                 lsqr_s.append(time.perf_counter() - t0)
+                _release()
                 F = QRFactorization(A, backend="gpu")
                 t1 = time.perf_counter()
                 F._core.device_solves()
@@ -107,6 +119,8 @@ def _decision_row(name, A, reps, profile=False):
                 _sync()
                 setup.append(t2 - t1)
                 phase.append(time.perf_counter() - t2)
+                if rep + 1 < reps:
+                    F.free()
             dec = F.info["rank_decision"]
             r = b - A @ x
             out = {"lsqr_first_s": lsqr_s[0], "lsqr_median_s": float(np.median(lsqr_s[1:] or lsqr_s)),
@@ -144,6 +158,47 @@ def _decision_row(name, A, reps, profile=False):
     return row
 
 
+def trsolve_thresholds(A, thresholds=(512, 256, 128, 64), reps=5):
+    """Device triangular solves of A's R (front by front) with 1 and 8 columns, for
+    several ``BIG_FRONT_ROWS`` (fronts with that many rows of R or more go through
+    cuBLAS instead of the level kernel): median ms per solve, results compared."""
+    import cupy
+    from scipy_gpuqr import QRFactorization
+    from scipy_gpuqr._engine.gpu import trsolve
+    from scipy_gpuqr._engine.gpu.solve import device_solve_of
+    F = QRFactorization(A, backend="gpu")
+    num = F._core.num
+    q = min(num.R.shape)
+    default = trsolve.BIG_FRONT_ROWS
+    ref = {}
+    out = []
+    try:
+        for t in thresholds:
+            trsolve.BIG_FRONT_ROWS = t
+            ds = device_solve_of(num)
+            for k in (1, 8):
+                C = cupy.asarray(np.random.default_rng(k).standard_normal((q, k)))
+                for name, f in (("upper", ds.upper), ("upper_T", ds.upper_transposed)):
+                    f(C)
+                    ts = []
+                    for _ in range(reps):
+                        _sync()
+                        t0 = time.perf_counter()
+                        Y = f(C)
+                        _sync()
+                        ts.append(time.perf_counter() - t0)
+                    key = (name, k)
+                    ref.setdefault(key, Y)
+                    diff = float(cupy.linalg.norm(Y - ref[key]) / cupy.linalg.norm(ref[key]))
+                    out.append({"big_front_rows": t, "solve": name, "columns": k,
+                                "ms": 1e3 * float(np.median(ts)), "rel_diff": diff})
+                    print(json.dumps(out[-1]), flush=True)
+    finally:
+        trsolve.BIG_FRONT_ROWS = default
+        F.free()
+    return out
+
+
 def decisions(only, reps, profile=False):
     from scipy_gpuqr import lsqr
     from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
@@ -152,6 +207,10 @@ def decisions(only, reps, profile=False):
     probs = {"grid40": lambda: grid3d_least_squares(40),
              "ch7-8-b3": lambda: chessboard_boundary(7, 8, 3)}
     rows = []
+    if "trsolve" in only:
+        trsolve_thresholds(grid3d_least_squares(40))
+        _release()
+        only = [o for o in only if o != "trsolve"] or list(probs)
     for name, make in probs.items():
         if only and name not in only:
             continue

@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 from scipy_gpuqr import QRFactorization
 from scipy_gpuqr._factor import lstsq as _lstsq
-from scipy_gpuqr._factor.solve_rank import (PROBE_MARGIN, NullspaceCOD, NullspaceRefused,
+from scipy_gpuqr._factor.solve_rank import (PROBE_COLUMNS, PROBE_MARGIN, NullspaceCOD, NullspaceRefused,
                                             abs_diagonal, frobenius, probe_norm, probe_steps)
 from scipy_gpuqr._factor.triangular import UpperTriangular
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
@@ -31,9 +31,9 @@ def _graded_triangle(rng, q, decades):
 def test_probe_steps_meet_the_failure_bound():
     for q in (10, 4096, 64000, 10 ** 6, 10 ** 8):
         k = probe_steps(q)
-        assert (np.sqrt(q) * PROBE_MARGIN ** (1 - 2 * k)) ** 4 <= 1e-10
-        assert k == 1 or (np.sqrt(q) * PROBE_MARGIN ** (3 - 2 * k)) ** 4 > 1e-10
-    assert probe_steps(64000) == 3
+        assert (np.sqrt(q) * PROBE_MARGIN ** (1 - 2 * k)) ** PROBE_COLUMNS <= 1e-10
+        assert k == 1 or (np.sqrt(q) * PROBE_MARGIN ** (3 - 2 * k)) ** PROBE_COLUMNS > 1e-10
+    assert probe_steps(64000) == 2 and probe_steps(10 ** 8) == 3
 
 
 @pytest.mark.parametrize("decades", [0.5, 4, 10])
@@ -142,9 +142,18 @@ def test_solver_takes_the_nullspace_cod(rng, monkeypatch, shape, wide):
     x = F.solve(b)
     dec = F.info["rank_decision"]
     assert dec["method"] == "nullspace_cod" and dec["device"] == "cpu"
-    x_ref, _, rank, _ = np.linalg.lstsq(A.toarray(), b, rcond=None)
+    Ad = A.toarray()
+    x_ref, _, rank, s = np.linalg.lstsq(Ad, b, rcond=None)
     assert F.rank == rank
-    assert np.linalg.norm(x - x_ref) <= 1e-10 * np.linalg.norm(x_ref)
+    assert np.linalg.norm(x - x_ref) <= 1e-12 * np.linalg.norm(x_ref)
+
+    def backward(y):                    # least squares (tall) or consistent (wide)
+        r = b - Ad @ y
+        if wide:
+            return np.linalg.norm(r) / (s[0] * np.linalg.norm(y) + np.linalg.norm(b))
+        return np.linalg.norm(Ad.T @ r) / (s[0] * np.linalg.norm(r))
+    # the refinement with R's residual brings it to lstsq's level
+    assert backward(x) <= max(10 * backward(x_ref), 10 * EPS)
 
 
 def test_solver_zero_pivot_leaves_the_nullspace_cod(rng, monkeypatch):

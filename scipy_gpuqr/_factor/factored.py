@@ -261,18 +261,21 @@ class FactoredQR:
                 and self.rank_decision().method == "triangular")
 
     def _device_triangular(self):
-        """Host-array wrappers of the device's ``R⁻¹·`` and ``R⁻ᵀ·`` (GPU factors,
-        no rank detection), for the rank decision's estimates; else None."""
+        """Wrappers of the device's ``R⁻¹·`` and ``R⁻ᵀ·`` (GPU factors, no rank
+        detection) for the rank decision: host arrays in → host out, CuPy in →
+        CuPy out (blocks kept on the device); else None."""
         if self.tol is not None or not self.on_device():
             return None
         import cupy as cp               # optional dependency: GPU factors only
         ds = self.device_solves()
 
         def up(C):
-            return ds.upper(cp.asarray(C, dtype=np.float64)).get()
+            Y = ds.upper(cp.asarray(C, dtype=np.float64))
+            return Y if isinstance(C, cp.ndarray) else Y.get()
 
         def upt(C):
-            return ds.upper_transposed(cp.asarray(C, dtype=np.float64)).get()
+            Y = ds.upper_transposed(cp.asarray(C, dtype=np.float64))
+            return Y if isinstance(C, cp.ndarray) else Y.get()
         return up, upt
 
     def device_solves(self):

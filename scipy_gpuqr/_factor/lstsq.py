@@ -326,14 +326,15 @@ class MinNormSolver:
             self.method, self.rank = "empty", 0
             self.sigma_max = self.sigma_min = 0.0
             return
-        if not np.any(R.data):
+        d = abs_diagonal(R)
+        # a nonzero diagonal entry settles ‖R‖ > 0 without a pass over R's values
+        if not (d.size and d.max() > 0) and not np.any(R.data):
             # ‖R‖ = 0 (no entries, or explicit zeros only): rank 0, x = 0. Decided
             # here because the estimates below cannot run on a zero operator
             # (ARPACK's Lanczos stops with "Starting vector is zero").
             self.method, self.rank = "zero", 0
             self.sigma_max = self.sigma_min = 0.0
             return
-        d = abs_diagonal(R)
         square_ok = (k == q and np.all(np.isfinite(d)) and np.all(d > 0))
         # σ_min(R) <= min|r_ii| and σ_max(R) >= max|r_ii|: a small diagonal
         # entry proves the deficiency, and no full-rank test is tried
@@ -681,7 +682,10 @@ class MinNormSolver:
                 Cd = cupy.asarray(C)
                 return (Vt.T @ ((U.T @ Cd) / cupy.asarray(s)[:, None])).get()
             return Vt.T @ ((U.T @ C) / s[:, None])
-        if self.method in ("subspace_cod", "nullspace_cod"):
+        if self.method == "nullspace_cod":
+            G = self.R.T if self.transposed else self.R
+            return self._cod.solve(C, matmul=lambda Y: G @ Y)
+        if self.method == "subspace_cod":
             return self._cod.solve(C)
         if self.method == "dense_cod":
             cod = self._cod
