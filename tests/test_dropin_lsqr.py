@@ -167,17 +167,19 @@ def test_auto_is_scipy_for_every_input_kind(kind, patient):
 @pytest.mark.parametrize("name", ["Groebner_id2003_aug", "Franz6_id1959_aug"])
 @pytest.mark.parametrize("method", ["lsqr", "lsmr"])
 def test_auto_is_scipy_on_real_matrices(matrices_dir, name, method, decisions):
-    """Well-conditioned problems that converge in a few iterations: no analysis, no QR.
+    """Well-conditioned problems that converge in a few iterations: SciPy's answer, no QR.
 
     Groebner_id2003_aug's factorization costs seconds; SciPy's LSQR answers in
-    about a millisecond.
+    about a millisecond. (Whether the analysis ran depends on the machine's
+    load: three iterations of a busy process can outlast the analysis'
+    deferral; the answer must be SciPy's either way.)
     """
     A = _mtx(matrices_dir, name)
     b = A @ np.ones(A.shape[1]) + 1e-3 * _rhs(A.shape[0], 0)
     ours, theirs = OURS[method](A, b), SCIPY[method](A, b)
     _assert_scipy_tuple(ours, theirs)
     line = _answered(decisions, method)
-    assert f"{method.upper()} on CPU answered" in line and "no analysis" in line
+    assert f": {method.upper()} on CPU answered;" in line
 
 
 @pytest.mark.parametrize("method", ["lsqr", "lsmr"])
@@ -272,7 +274,7 @@ def test_conlim_gives_the_exact_answer(method, decisions):
     assert "QR on CPU" in _answered(decisions, method)
 
 
-@pytest.mark.parametrize("kwargs", [{"atol": 0, "btol": 0}, {"conlim": 0},
+@pytest.mark.parametrize("kwargs", [{"atol": 0, "btol": 0},
                                     {"atol": 0, "btol": 0, "conlim": 0}])
 def test_zero_tolerances_give_the_exact_answer_at_once(kwargs, decisions):
     A = _ill_conditioned(smallest=1e-6)
@@ -284,6 +286,19 @@ def test_zero_tolerances_give_the_exact_answer_at_once(kwargs, decisions):
         line = _answered(decisions, method)
         assert "maximum precision" in line and "QR on CPU" in line
         assert f"{method.upper()} on" not in line      # no iteration ran
+
+
+@pytest.mark.parametrize("method", ["lsqr", "lsmr"])
+@pytest.mark.parametrize("conlim", [0, -1.0])
+def test_conlim_zero_alone_is_scipys_run(method, conlim, decisions):
+    """conlim <= 0 only turns SciPy's condition limit off: SciPy still iterates to its
+    tolerances, and so does auto (SciPy's tuple, bit for bit)."""
+    A, b = _random(300, 100, 31), _rhs(300, 32)
+    theirs = SCIPY[method](A, b, conlim=conlim)
+    assert theirs[1] in (1, 2)
+    _assert_scipy_tuple(OURS[method](A, b, conlim=conlim), theirs)
+    line = _answered(decisions, method)
+    assert f"{method.upper()} on CPU answered" in line and "maximum precision" not in line
 
 
 def test_hopeless_iterations_end_in_the_qr(rng, decisions):
@@ -386,14 +401,24 @@ def _feed(watch, states):
     return None
 
 
-def test_allowance_stops_at_projected_iteration_limit():
-    watch = Allowance(iter_lim=100, atol=1e-6, conlim=1e8, analysis=1e-3,
-                      plan=lambda: pytest.fail("no analysis needed"))
+def test_allowance_stops_at_projected_iteration_limit(monkeypatch):
+    """A projection far past iter_lim stops the run (after the analysis, confirmed at two
+    checkpoints); one just past it does not while the QR costs more than the
+    iterations to iter_lim (LSQR often speeds up late)."""
+    monkeypatch.setattr(policy, "predicted_seconds", lambda backend, flops, gpu: 1e-3)
     # test1/rtol falls by a factor 10 per 100 iterations: about 600 more needed
     states = [_State(k, 1e-4 * k, 1e-6 * 10 ** (6 - k / 100)) for k in range(1, 100)]
+    watch = Allowance(iter_lim=100, atol=1e-6, conlim=1e8, analysis=1e-3,
+                      plan=lambda: (None, _Plan(1e6)))
     stopped = _feed(watch, states)
     assert stopped is not None and stopped >= policy.PROJECTION_WINDOW
     assert "exceed iter_lim 100" in watch.reason
+    # about 30 % past iter_lim 500, the QR predicted at 10 s: SciPy's run goes on
+    monkeypatch.setattr(policy, "predicted_seconds", lambda backend, flops, gpu: 10.0)
+    states = [_State(k, 1e-4 * k, 1e-6 * 10 ** (6.5 - k / 100)) for k in range(1, 500)]
+    watch = Allowance(iter_lim=500, atol=1e-6, conlim=1e8, analysis=1e-3,
+                      plan=lambda: (None, _Plan(1e6)))
+    assert _feed(watch, states) is None
 
 
 def test_allowance_defers_the_analysis_then_bounds_the_iterations(monkeypatch):
@@ -407,7 +432,7 @@ def test_allowance_defers_the_analysis_then_bounds_the_iterations(monkeypatch):
     stopped = _feed(watch, states)
     assert plans == [1] and watch.analysed_at[1] <= deferral + 1e-3
     assert watch.predicted == 0.05 and stopped is not None
-    assert "predicted factorization" in watch.reason
+    assert "the QR's predicted" in watch.reason
 
 
 def test_allowance_lets_a_converging_run_finish_without_analysis():
@@ -442,8 +467,8 @@ def test_allowance_conlim_projection_is_a_power_law():
 
 
 def test_zero_tolerances_rule():
-    assert zero_tolerances(0, 0, 1e8) and zero_tolerances(1e-6, 1e-6, 0)
-    assert zero_tolerances(1e-6, 1e-6, -1.0)
+    assert zero_tolerances(0, 0, 1e8) and zero_tolerances(0, 0, 0)
+    assert zero_tolerances(1e-6, 1e-6, 0) is None and zero_tolerances(1e-6, 1e-6, -1.0) is None
     assert zero_tolerances(0, 1e-6, 1e8) is None and zero_tolerances(1e-6, 0, 1e8) is None
 
 
@@ -504,3 +529,25 @@ def test_gpu_stalled_iterations_end_in_the_qr(matrices_dir, decisions):
     _assert_lstsq(A, out[0].get(), b)
     line = _answered(decisions, "lsqr")
     assert "LSQR on GPU" in line and "QR on" in line
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["lsqr", "lsmr"])
+@pytest.mark.parametrize("where", ["cupyx A", "host A"])
+def test_gpu_qr_answer_keeps_b_and_x_on_the_device(method, where, monkeypatch, decisions):
+    """The QR's answer (here: atol = btol = 0) for a CuPy b: CuPy x, and b is never
+    copied to the host (the problem's host copy of b is not asked for)."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from scipy_gpuqr._factor.least_squares import LeastSquaresProblem
+
+    def no_host_b(self):
+        raise AssertionError("b was copied to the host")
+    monkeypatch.setattr(LeastSquaresProblem, "host_b", no_host_b)
+    A, b = _random(3000, 1000, 25), _rhs(3000, 26)
+    Ad = csp.csr_matrix(sp.csr_matrix(A)) if where == "cupyx A" else A
+    out = OURS[method](Ad, cp.asarray(b), atol=0, btol=0, backend="gpu")
+    assert isinstance(out[0], cp.ndarray) and out[2] == 0
+    _assert_lstsq(A, out[0].get(), b)
+    assert "QR on GPU" in _answered(decisions, method)

@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._factor.least_squares import (StoppingRules, check_problem, iterate, log_answer,
-                                     solve_least_squares, start, trivial_answer)
+                                     solve_least_squares, start_problem, trivial_answer,
+                                     vector_norm)
 from .._iterative._common import stopping_code
 from .._options import resolve_settings
 from .._validate import to_output, unsupported_reason
@@ -119,8 +120,9 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
     atol, btol, conlim : float
         SciPy's stopping tolerances: they stop SciPy's iterations; for the
         QR's answer, SciPy's tests applied to the final x give ``istop``.
-        ``atol = btol = 0`` or ``conlim = 0`` ask for maximum precision: the
-        QR answers.
+        ``atol = btol = 0`` asks for maximum precision: the QR answers.
+        ``conlim = 0`` alone turns the condition limit off, as in SciPy
+        (whose run then answers as usual).
     iter_lim : int or None
         SciPy's iteration limit (``2 n`` by default). A run that reaches it,
         or is projected to, is answered by the QR instead.
@@ -164,18 +166,16 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
             _show("LSQR", problem.shape, out[1], out[2], found.who,
                   zip(("r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm"), out[3:9]))
         return out
-    mi = problem.matrix()
     n = problem.shape[1]
-    x0v = problem.host_x0()
-    begin = start(mi.A, problem.host_b(), x0v)
+    begin = start_problem(problem)      # where b lies: a CuPy b stays on its device
     if begin.trivial:                   # SciPy: x = x0 (or 0), istop 0
-        ans = trivial_answer(begin, x0v, n)
+        ans = trivial_answer(begin, problem.x0, n)
         istop, xnorm = 0, 0.0
         out = (ans.x, 0, 0, ans.r1norm, ans.r2norm, 0, 0, 0.0, 0, ans.var)
     else:
         ans = solve_least_squares(problem, begin, calc_var=calc_var, settings=settings,
                                   planned=planned)
-        xnorm = float(np.linalg.norm(ans.dx))
+        xnorm = vector_norm(ans.dx)
         ctol = 1 / conlim if conlim > 0 else 0
         tests = _tests(ans.r2norm, ans.arnorm, ans.anorm, ans.acond, xnorm,
                        ans.bnorm, atol, btol, lsmr=False)
@@ -230,22 +230,20 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
             _show("LSMR", problem.shape, out[1], out[2], found.who, zip(names, out[3:8]))
         x = out[0]
         return (x if x.dtype == dtype else x.astype(dtype),) + tuple(out[1:])
-    mi = problem.matrix()
     n = problem.shape[1]
-    x0v = problem.host_x0()
-    begin = start(mi.A, problem.host_b(), x0v)
+    begin = start_problem(problem)      # where b lies: a CuPy b stays on its device
     ans = None
     if begin.trivial:  # SciPy: x = x0 (or 0), istop 0
-        x = np.zeros(n) if x0v is None else x0v
+        x = trivial_answer(begin, problem.x0, n).x
         out, istop = (x, 0, 0, begin.beta, 0.0, begin.alfa, 1, 0), 0
     elif begin.bnorm == 0:  # SciPy returns x = 0 when b = 0 (even with x0)
-        out, istop = (np.zeros(n), 0, 0, begin.beta, begin.alfa * begin.beta, begin.alfa,
-                      1, 0), 0
+        x = trivial_answer(begin, None, n).x
+        out, istop = (x, 0, 0, begin.beta, begin.alfa * begin.beta, begin.alfa, 1, 0), 0
     else:
         ans = solve_least_squares(problem, begin, calc_var=False, settings=settings,
                                   planned=planned)
         normr = ans.r2norm
-        normx = float(np.linalg.norm(ans.x))
+        normx = vector_norm(ans.x)
         ctol = 1 / conlim if conlim > 0 else 0
         tests = _tests(normr, ans.arnorm, ans.anorm, ans.acond, normx, ans.bnorm,
                        atol, btol, lsmr=True)
@@ -255,5 +253,5 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
     log_answer("lsmr", problem, who, why)
     if show:
         _show("LSMR", problem.shape, istop, 0, who, zip(names, out[3:8]), ans)
-    x = np.asarray(out[0]).astype(dtype, copy=False)
+    x = out[0].astype(dtype, copy=False)
     return (to_output(x, problem.on_gpu),) + out[1:]

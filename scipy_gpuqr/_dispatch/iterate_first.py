@@ -23,28 +23,46 @@ solvers' per-iteration callback (:class:`Allowance`), which measures the
 seconds per iteration and projects the iterations still needed from the
 trend of SciPy's two tolerance tests over the last
 :data:`PROJECTION_WINDOW` iterations (and the growth of the condition
-estimate towards ``conlim``):
+estimate towards ``conlim``). The projection is a straight line through a
+quantity that often bends (LSQR and LSMR speed up late, or plateau for a
+while), and the QR's predicted time leaves out what only the factorization
+shows; so the rule leaves SciPy's run alone unless the evidence is clear:
 
-1. A projection past ``iter_lim`` or past ``conlim`` stops the run at once:
-   SciPy's run would end without converging.
-2. Before the symbolic analysis (which the factorization needs anyway, and
+1. Before the symbolic analysis (which the factorization needs anyway, and
    which the prediction needs) the run goes on while its projected total
    time stays within :data:`ANALYSIS_DEFERRAL` times the analysis' estimated
    cost (:func:`analysis_seconds`): a problem that converges that soon is
    answered without analysis, and one that needs the analysis pays at most
    ``1 / ANALYSIS_DEFERRAL`` of its iteration time for it.
-3. Then the plan is made and the factorization's time T predicted
-   (:func:`scipy_gpuqr._dispatch.cost_model.predicted_seconds`). The run goes on
-   while its projected remaining time is below T and its projected total
-   within the allowance, :data:`ALLOWANCE_SHARE` × T; a run without a
-   projection (its tests not falling) gets a probe of :data:`PROBE_SHARE` × T.
-   The allowance bounds what iterating can add to the factorization when
-   the projection is wrong; when it is right, a run that the QR answers has
-   cost the iterations of one projection window or one probe more.
+2. Then the plan is made and the QR's time Q predicted: the factorization
+   and solve (:func:`scipy_gpuqr._dispatch.cost_model.predicted_seconds`),
+   plus the rank decision's dense work (:func:`rank_decision_seconds`) where
+   the run shows the matrix may be ill-conditioned or rank deficient
+   (:func:`rank_risk`: its condition estimate passed
+   :data:`RANK_RISK_COND`, or it has run :data:`RANK_RISK_SHARE` of the
+   columns' count of iterations; before that, :data:`RANK_PRIOR` of it). On
+   such matrices the rank decision costs up to hundreds of factorizations.
+3. SciPy's run stops only on a verdict that holds at
+   :data:`CONFIRMATIONS` checkpoints in a row:
+
+   * its projection passes ``iter_lim`` by :data:`ITER_LIM_MARGIN`, or
+     passes it at all while the iterations to ``iter_lim`` cost more than
+     Q (SciPy's run would end without converging; the QR answers anyway);
+   * its condition estimate projects past ``conlim`` before convergence;
+   * the projected remaining iterations cost more than
+     :data:`SWITCH_MARGIN` × Q (the margin covers the prediction's error);
+   * its tests have not fallen over a whole window (no projection) and it
+     has spent Q (:data:`STALL_SHARE` × Q);
+   * it has spent :data:`ALLOWANCE_SHARE` × Q and its projection does not
+     promise convergence within Q.
 
 Checks run at checkpoints spaced by :data:`CHECK_GROWTH` of the elapsed time
 (at least :data:`CHECK_INTERVAL_S`), so that watching costs little more than
-the callback itself.
+the callback itself. The seconds per iteration are the lower of the
+window's rate and the run's average, and the run's time is at most its
+iterations at the fastest one's pace, so that a process descheduled for a
+moment on a busy machine does not turn a converging run into a "stalling"
+one (nor set off the analysis early).
 
 Where the iterations run: :func:`iterate_on_gpu`.
 
@@ -66,11 +84,13 @@ from .cost_model import predicted_seconds
 
 __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_RATE",
            "ANALYSIS_FIXED_S", "ANALYSIS_S_PER_LINE", "ANALYSIS_S_PER_ENTRY",
-           "ANALYSIS_DEFERRAL", "PROBE_SHARE", "ALLOWANCE_SHARE", "PROJECTION_WINDOW",
+           "ANALYSIS_DEFERRAL", "STALL_SHARE", "ALLOWANCE_SHARE", "SWITCH_MARGIN",
+           "ITER_LIM_MARGIN", "CONFIRMATIONS", "RANK_RISK_COND", "RANK_RISK_SHARE",
+           "RANK_PRIOR", "RANK_S_PER_CUBE", "RANK_DENSE_LIMIT", "PROJECTION_WINDOW",
            "CHECK_GROWTH", "CHECK_INTERVAL_S",
            "CONVERGED", "iteration_flops", "cpu_iteration_seconds", "gpu_iteration_seconds",
            "iterate_on_gpu", "analysis_seconds", "needs_watching", "zero_tolerances",
-           "Allowance"]
+           "rank_risk", "rank_decision_seconds", "Allowance"]
 
 _EPS = float(np.finfo(np.float64).eps)
 
@@ -99,13 +119,48 @@ ANALYSIS_FIXED_S, ANALYSIS_S_PER_LINE, ANALYSIS_S_PER_ENTRY = 1e-3, 1.5e-6, 5e-9
 #: most this many analysis times: the analysis then costs at most a tenth
 #: of what iterating costs.
 ANALYSIS_DEFERRAL = 10.0
-#: Share of the factorization's predicted time a run without a projection
-#: (its tests not falling) may spend before the factorization answers.
-PROBE_SHARE = 0.05
-#: Share of the factorization's predicted time that the run's total, spent or
-#: projected, may reach: what iterating can add to the factorization when
-#: the projections are wrong.
-ALLOWANCE_SHARE = 1.0
+#: Share of the QR's predicted time a run whose tests have not fallen over a
+#: whole window may spend before the QR answers.
+STALL_SHARE = 1.0
+#: Share of the QR's predicted time after which a run stops unless its
+#: projection promises convergence within the QR's time: what iterating can
+#: add to the QR when the projections are wrong.
+ALLOWANCE_SHARE = 3.0
+#: The projected remaining iterations must cost more than this many times the
+#: QR's predicted time before the QR answers instead: the prediction leaves
+#: out parts of the QR's call (measured 1-5 times the factorization end to
+#: end), and a converging run stopped wrongly costs the whole QR.
+SWITCH_MARGIN = 3.0
+#: A projection passes ``iter_lim`` clearly when it passes this many times
+#: ``iter_lim`` (LSQR's tests often fall faster late in a run: projections
+#: 5-20 % past ``iter_lim`` were seen on runs that converged before it).
+ITER_LIM_MARGIN = 2.0
+#: Consecutive checkpoints that must reach the same verdict before a run is
+#: stopped (one window's projection can be an outlier).
+CONFIRMATIONS = 2
+#: A run whose condition estimate reaches this is treated as one on a matrix
+#: that may be ill-conditioned or rank deficient (LSQR's estimate grows
+#: towards cond(A) but stays far below it: 1e5-3e6 at SciPy's stop on
+#: matrices with cond 1e11-1e13).
+RANK_RISK_COND = 1e4
+#: ... and so is a run that has taken this share of min(m, n) iterations
+#: (well-conditioned problems converge in a small fraction of it).
+RANK_RISK_SHARE = 0.1
+#: Weight of the rank decision's predicted time before :func:`rank_risk` holds:
+#: early in a run nothing tells an ill-conditioned matrix (whose rank decision
+#: costs up to hundreds of factorizations) from a well-conditioned one, and
+#: stopping a converging run for a QR that turns out that slow costs far more
+#: than iterating on a stalling one a little longer.
+RANK_PRIOR = 0.1
+#: Seconds per q³ of the rank decision's dense work on an order-q R (SVD,
+#: dense COD or the subspace iteration with its Lanczos estimates; measured
+#: 0.4-2e-9 s on 2 cores on ill-conditioned shared matrices of order
+#: 480-1800: nnc1374, adder_dcop_05, reorientation_1, dwt_878, west0479).
+RANK_S_PER_CUBE = 2e-10
+#: Largest order of R whose rank is decided by dense work on the host
+#: (``scipy_gpuqr._factor.lstsq.DENSE_COD_HOST_LIMIT``); beyond it a second,
+#: rank-revealing sparse factorization of R, costed as one more factorization.
+RANK_DENSE_LIMIT = 14000
 #: Iterations of test history a projection is fitted to (and the fewest
 #: after which a projection is trusted).
 PROJECTION_WINDOW = 20
@@ -192,19 +247,39 @@ def zero_tolerances(atol: float, btol: float, conlim: float) -> Optional[str]:
 
     SciPy: "maximum precision can be obtained by setting atol = btol =
     conlim = 0" — the run then goes on until the machine-precision tests or
-    ``iter_lim`` stop it. ``atol = btol = 0`` or ``conlim = 0`` (SciPy's
-    meaning: ``conlim <= 0`` disables the condition limit) asks for the
-    answer at working precision, which the factorization gives at once.
+    ``iter_lim`` stop it. ``atol = btol = 0`` asks for the answer at working
+    precision, which the factorization gives at once. ``conlim = 0`` alone
+    only turns the condition limit off (SciPy still stops at ``atol``,
+    ``btol``): SciPy's run answers as usual.
     """
     if not (atol > 0) and not (btol > 0):
-        return "atol = btol = 0 asks for maximum precision"
-    if not (conlim > 0):
-        return "conlim = 0 (no condition limit) asks for maximum precision"
+        why = "atol = btol = 0 asks for maximum precision"
+        return why + (" (and conlim = 0: no condition limit)" if not (conlim > 0) else "")
     return None
 
 
+def rank_risk(conda: float, itn: int, order: int) -> bool:
+    """Whether a run's course suggests an ill-conditioned or rank-deficient matrix.
+
+    Its condition estimate ``conda`` reached :data:`RANK_RISK_COND`, or it
+    has run ``itn >=`` :data:`RANK_RISK_SHARE` × ``order`` iterations
+    (``order = min(m, n)``).
+    """
+    return conda >= RANK_RISK_COND or itn >= RANK_RISK_SHARE * order
+
+
+def rank_decision_seconds(order: int, factorization: float) -> float:
+    """Predicted seconds of the rank decision on an order-``order`` R that is not clearly
+    of full rank: dense work, :data:`RANK_S_PER_CUBE` × order³, up to
+    :data:`RANK_DENSE_LIMIT`; beyond, one more factorization (``factorization``
+    seconds)."""
+    if order <= RANK_DENSE_LIMIT:
+        return RANK_S_PER_CUBE * float(order) ** 3
+    return factorization
+
+
 class Allowance:
-    """The iterations' watcher: a solver callback that stops a run the factorization should answer.
+    """The iterations' watcher: a solver callback that stops a run the QR should answer.
 
     Pass an instance as ``callback=`` to :func:`scipy_gpuqr._iterative.lsqr`
     or :func:`~scipy_gpuqr._iterative.lsmr`; it returns True (stop) when the
@@ -227,6 +302,10 @@ class Allowance:
         included), made at most once, when the rule needs the prediction. It
         may raise MemoryError (the QR cannot fit): the run then goes on to
         SciPy's stop.
+    order : int
+        ``min(m, n)`` of the matrix the QR factorizes: the order of R whose
+        rank the QR decides (:func:`rank_decision_seconds`); 0 leaves the
+        rank decision out of the prediction.
 
     Attributes
     ----------
@@ -236,6 +315,9 @@ class Allowance:
         The plan when it was made (the factorization reuses it).
     predicted : float or None
         The factorization's predicted seconds, once planned.
+    rank_s : float
+        The rank decision's predicted seconds, weighted by :data:`RANK_PRIOR`
+        until :func:`rank_risk` holds.
     plan_error : MemoryError or None
         Why the factorization cannot run, when the plan said so.
     analysis_s : float
@@ -243,78 +325,111 @@ class Allowance:
     """
 
     def __init__(self, *, iter_lim: int, atol: float, conlim: float, analysis: float,
-                 plan: Callable):
+                 plan: Callable, order: int = 0):
         self.iter_lim = int(iter_lim)
         self.log_atol = math.log(max(float(atol), _EPS))
         self.log_conlim = math.log(conlim) if conlim > 0 else None
         self.analysis_estimate = float(analysis)
         self.deferral = ANALYSIS_DEFERRAL * self.analysis_estimate
+        self.order = int(order)
         self._plan = plan
         self.history = deque(maxlen=PROJECTION_WINDOW)
         self.next_check = 0.0
         self.reason = ""
         self.planned = None
         self.predicted: Optional[float] = None
+        self.rank_s = 0.0
+        self.at_risk = False
         self.plan_error: Optional[MemoryError] = None
         self.analysis_s = 0.0
         self.analysed_at: Optional[tuple] = None
         self.projection: Optional[tuple] = None     # (itn, further iterations, s/iteration)
+        self._verdict = ("", 0)                    # (kind, consecutive checkpoints)
+        self._last: Optional[float] = None
+        self.fastest = math.inf                    # the fastest iteration's seconds
+
+    @property
+    def qr_seconds(self) -> Optional[float]:
+        """The QR's predicted seconds: factorization and solve, plus the rank decision
+        where :func:`rank_risk` held; None before the plan."""
+        return None if self.predicted is None else self.predicted + self.rank_s
 
     @property
     def allowance(self) -> Optional[float]:
-        """Seconds the iterations may spend in all, once the prediction is known."""
-        return None if self.predicted is None else ALLOWANCE_SHARE * self.predicted
+        """Seconds after which the run stops unless its projection promises convergence
+        within the QR's time."""
+        q = self.qr_seconds
+        return None if q is None else ALLOWANCE_SHARE * q
 
     def __call__(self, state) -> bool:
         """Record iteration ``state.itn``; at a checkpoint, decide whether to stop."""
         self.history.append(state)
+        if self._last is not None:
+            self.fastest = min(self.fastest, state.seconds - self._last)
+        self._last = state.seconds
         t = state.seconds - self.analysis_s
         if t < self.next_check:
             return False
         self.next_check = max(t * (1 + CHECK_GROWTH), t + CHECK_INTERVAL_S)
-        return self.decide(state.itn, t)
+        # a process paused by a busy machine: its iterations did not take that long
+        return self.decide(state.itn, min(t, state.itn * self.fastest))
 
     # -- the rule ------------------------------------------------------------
 
     def decide(self, itn: int, t: float) -> bool:
         """The rule at a checkpoint: ``itn`` iterations done in ``t`` seconds of iterating."""
         further, per_iteration = self._project(itn, t)
+        trusted = itn >= PROJECTION_WINDOW
+        if not self.at_risk and self.history:
+            self.at_risk = rank_risk(self.history[-1].conda, itn, self.order)
         if further is not None:
             self.projection = (itn, further, per_iteration)
-            if itn + further > self.iter_lim:
-                return self._stop(f"projected {itn + further} iterations exceed "
-                                  f"iter_lim {self.iter_lim}")
             why = self._conlim_reached(further)
             if why:
-                return self._stop(why)
-        trusted = itn >= PROJECTION_WINDOW
+                return self._confirm("conlim", why)
         remaining = (further * per_iteration if further is not None
                      else (math.inf if trusted else None))
         if self.predicted is None and self.plan_error is None:
-            if t < self.deferral and (remaining is None or t + remaining <= self.deferral):
-                return False
+            past_limit = further is not None and itn + further > ITER_LIM_MARGIN * self.iter_lim
+            if not past_limit and t < self.deferral and \
+                    (remaining is None or t + remaining <= self.deferral):
+                return self._confirm("", "")
             self._analyse(itn, t)
-        if self.plan_error is not None:
+        if self.plan_error is not None:         # the QR cannot run: SciPy's run goes on
             self.next_check = math.inf
             return False
-        allowance = self.allowance
-        if t >= allowance:
-            return self._stop(f"the allowance ({allowance:.3g} s = {ALLOWANCE_SHARE:g} x the "
-                              f"predicted factorization) is spent")
-        if further is not None and (remaining >= self.predicted or t + remaining > allowance):
-            return self._stop(f"projected {further} more iterations ({remaining:.3g} s) cost "
-                              f"more than the predicted factorization ({self.predicted:.3g} s) "
-                              f"or exceed the allowance ({allowance:.3g} s = "
-                              f"{ALLOWANCE_SHARE:g} x the prediction)")
-        if further is None and trusted and t >= PROBE_SHARE * self.predicted:
-            return self._stop(f"the tests are not falling after {itn} iterations "
-                              f"(probe {PROBE_SHARE * self.predicted:.3g} s = "
-                              f"{PROBE_SHARE:g} x the predicted factorization)")
-        return False
+        if self.order:
+            self.rank_s = rank_decision_seconds(self.order, self.predicted) * \
+                (1.0 if self.at_risk else RANK_PRIOR)
+        q = self.qr_seconds
+        if further is not None and itn + further > self.iter_lim:
+            to_limit = (self.iter_lim - itn) * per_iteration
+            if itn + further > ITER_LIM_MARGIN * self.iter_lim or to_limit > q:
+                return self._confirm("iter_lim", f"projected {itn + further} iterations exceed "
+                                     f"iter_lim {self.iter_lim}")
+        if further is not None and remaining > SWITCH_MARGIN * q:
+            return self._confirm("cost", f"projected {further} more iterations ({remaining:.3g} "
+                                 f"s) cost more than {SWITCH_MARGIN:g} x the QR's predicted "
+                                 f"{q:.3g} s")
+        if further is None and trusted and t >= STALL_SHARE * q:
+            return self._confirm("stall", f"the tests are not falling after {itn} iterations "
+                                 f"({t:.3g} s, the QR's predicted {q:.3g} s)")
+        if t >= ALLOWANCE_SHARE * q and (further is None or remaining > q):
+            return self._confirm("allowance", f"the allowance ({ALLOWANCE_SHARE * q:.3g} s = "
+                                 f"{ALLOWANCE_SHARE:g} x the QR's predicted {q:.3g} s) is "
+                                 f"spent without a projection to converge within it")
+        return self._confirm("", "")
 
-    def _stop(self, reason: str) -> bool:
-        self.reason = reason
-        return True
+    def _confirm(self, kind: str, reason: str) -> bool:
+        """Stop once verdict ``kind`` held at :data:`CONFIRMATIONS` checkpoints in a row
+        ('' clears it)."""
+        last, count = self._verdict
+        count = count + 1 if kind and kind == last else (1 if kind else 0)
+        self._verdict = (kind, count)
+        if kind and count >= CONFIRMATIONS:
+            self.reason = reason
+            return True
+        return False
 
     def _analyse(self, itn: int, t: float) -> None:
         t0 = time.perf_counter()
@@ -336,17 +451,20 @@ class Allowance:
         A least-squares line through ``log(test1/rtol)`` and
         ``log(test2/atol)`` over the last :data:`PROJECTION_WINDOW`
         iterations (consecutive, so the slope is a fixed weighting of the
-        values, :data:`_SLOPE_WEIGHTS`); the sooner of the two. The seconds per iteration are
-        those of the same window (the first iterations carry set-up costs).
+        values, :data:`_SLOPE_WEIGHTS`); the sooner of the two. The seconds
+        per iteration are the lower of the window's (the first iterations
+        carry set-up costs) and the run's average (a pause of the process
+        inside the window would inflate the window's).
         """
         h = self.history
+        average = t / max(itn, 1)
         if len(h) < PROJECTION_WINDOW:
-            return None, t / max(itn, 1)
+            return None, average
         first, last = h[0], h[-1]
         seconds = last.seconds - first.seconds
         if self.analysed_at is not None and first.itn < self.analysed_at[0] <= last.itn:
             seconds -= self.analysis_s
-        per_iteration = seconds / max(last.itn - first.itn, 1)
+        per_iteration = min(seconds / max(last.itn - first.itn, 1), average)
         best = None
         for column in (self._log_test1(h), self._log_test2(h)):
             if column[-1] <= 0:
@@ -395,8 +513,8 @@ class Allowance:
             itn, t = self.analysed_at
             parts.append(f"analysed after {itn} iterations ({t:.3g} s) in "
                          f"{self.analysis_s:.3g} s; predicted factorization "
-                         f"{self.predicted:.3g} s on {self.planned[1].backend!r}, "
-                         f"allowance {self.allowance:.3g} s")
+                         f"{self.predicted:.3g} s on {self.planned[1].backend!r}"
+                         + (f" + rank decision {self.rank_s:.3g} s" if self.rank_s else ""))
         elif self.plan_error is not None:
             parts.append(f"the QR cannot run ({self.plan_error})")
         else:

@@ -40,7 +40,8 @@ from .factored import FactoredQR, factorize, plan_for
 from .lstsq import MinNormSolver
 
 __all__ = ["LeastSquaresProblem", "check_problem", "StoppingRules", "IterativeAnswer",
-           "LstsqStart", "LstsqAnswer", "DampedNorms", "damped_norms", "start",
+           "LstsqStart", "LstsqAnswer", "DampedNorms", "damped_norms", "start", "start_problem",
+           "vector_norm",
            "trivial_answer", "iterate", "solve_least_squares", "acond_estimate", "variance",
            "VARIANCE_DENSE_LIMIT"]
 
@@ -92,6 +93,7 @@ class LeastSquaresProblem:
     damp: float
     _mi: Optional[MatrixInput] = field(default=None, repr=False)
     _qr: Optional[MatrixInput] = field(default=None, repr=False)
+    _Ad: object = field(default=None, repr=False)
 
     def matrix(self) -> MatrixInput:
         """The canonical float64 CSC copy of A (made once, on the host)."""
@@ -113,6 +115,26 @@ class LeastSquaresProblem:
 
     def host_b(self) -> np.ndarray:
         return _host(self.b)
+
+    @property
+    def b_on_device(self) -> bool:
+        """b lies on a CUDA device (the caller's CuPy b): the QR's answer stays there."""
+        return is_cupy_array(self.b)
+
+    def device_matrix(self):
+        """A as a float64 cupyx CSR matrix on the current device: the caller's own
+        (cupyx) matrix when it is one, else the canonical copy uploaded once."""
+        if self._Ad is None:
+            import cupyx.scipy.sparse as csp        # optional dependency: b is CuPy
+            A = self.A
+            if is_cupy_sparse(A):
+                A = A.tocsr()
+                self._Ad = A if A.dtype == np.float64 else A.astype(np.float64)
+            elif is_cupy_array(A):
+                self._Ad = csp.csr_matrix(A.astype(np.float64))
+            else:
+                self._Ad = csp.csr_matrix(sp.csr_matrix(self.matrix().A, dtype=np.float64))
+        return self._Ad
 
     def host_x0(self) -> Optional[np.ndarray]:
         return None if self.x0 is None else _host(self.x0)
@@ -247,8 +269,9 @@ def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
         SciPy's answer, or None: the QR answers.
     planned : (M, Plan) or None
         The factorization's plan when the rule made it.
-    why : str
-        What happened, for the log.
+    why : object
+        What happened, for the log: its ``str()`` is the text (formatted only
+        when the log is written).
     """
     if settings.backend != "auto":
         return None, None, f"backend {settings.backend!r} from {settings.source}"
@@ -269,7 +292,8 @@ def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
     analysis = analysis_seconds(m + (n if damped else 0), n,
                                 problem.nnz + (n if damped else 0))
     watch = Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
-                      analysis=analysis, plan=lambda: plan_for(problem.qr_matrix(), settings))
+                      analysis=analysis, plan=lambda: plan_for(problem.qr_matrix(), settings),
+                      order=n if damped else min(m, n))
     callback = watch if needs_watching(iter_lim, m, n, problem.nnz, on_gpu=on_device,
                                        analysis=analysis) else None
     A, b, x0 = _operands(problem, on_device)
@@ -287,22 +311,38 @@ def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
         return None, watch.planned, f"{name} ran out of memory ({exc}); {where}"
     seconds = time.perf_counter() - t0
     istop, itn = res.istop, res.itn
-    how = (f"istop {istop} after {itn} iterations in {seconds:.3g} s"
-           + (f" ({watch.analysis_s:.3g} s of it analysing)" if watch.analysis_s else "")
-           + f"; {where}; "
-           + (watch.summary() if callback else "unwatched: too short for the rule to act"))
+    how = _RunNote(istop, itn, seconds, where, watch if callback else None)
     if istop in CONVERGED or (istop == 0 and itn == 0):
-        note = "" if istop else "x0 (or 0) is exact: "
-        return IterativeAnswer(_scipy_result(res, problem, method), name), watch.planned, \
-            note + how
+        how.prefix = "" if istop else "x0 (or 0) is exact: "
+        return IterativeAnswer(_scipy_result(res, problem, method), name), watch.planned, how
     if watch.plan_error is not None:
-        return IterativeAnswer(_scipy_result(res, problem, method), name), None, \
-            f"the QR cannot run, so SciPy's answer stands: {how}"
+        how.prefix = "the QR cannot run, so SciPy's answer stands: "
+        return IterativeAnswer(_scipy_result(res, problem, method), name), None, how
     stopped = (f"stopped by auto's rule: {watch.reason}" if istop == 0 else
                {3: "stopped: the condition estimate reached conlim",
                 6: "stopped: the condition estimate reached 1/eps",
                 7: "stopped: the iteration limit was reached"}.get(istop, f"istop {istop}"))
-    return None, watch.planned, f"{name} {stopped}; {how}"
+    how.prefix = f"{name} {stopped}; "
+    return None, watch.planned, how
+
+
+class _RunNote:
+    """What a run did, for the decision log: formatted only when the log is written
+    (a millisecond call would otherwise spend tens of microseconds on it)."""
+
+    def __init__(self, istop: int, itn: int, seconds: float, where: str, watch):
+        self.istop, self.itn, self.seconds, self.where, self.watch = istop, itn, seconds, where, \
+            watch
+        self.prefix = ""
+
+    def __str__(self) -> str:
+        w = self.watch
+        return (f"{self.prefix}istop {self.istop} after {self.itn} iterations in "
+                f"{self.seconds:.3g} s"
+                + (f" ({w.analysis_s:.3g} s of it analysing)" if w is not None and w.analysis_s
+                   else "")
+                + f"; {self.where}; "
+                + (w.summary() if w is not None else "unwatched: too short for the rule to act"))
 
 
 def _scipy_result(res, problem: LeastSquaresProblem, method: str) -> tuple:
@@ -351,6 +391,32 @@ def start(A, b: np.ndarray, x0: Optional[np.ndarray]) -> LstsqStart:
     return LstsqStart(r0, bnorm, beta, alfa)
 
 
+def start_problem(problem: LeastSquaresProblem) -> LstsqStart:
+    """:func:`start` of a checked problem, where its b lies: on the device for a CuPy b
+    (``r0`` a CuPy vector, A used as :meth:`LeastSquaresProblem.device_matrix`;
+    only the three norms come to the host), else on the host."""
+    if not problem.b_on_device:
+        return start(problem.matrix().A, problem.b, problem.host_x0())
+    cp = import_cupy()
+    x0 = problem.x0
+    if x0 is not None and not is_cupy_array(x0):
+        x0 = cp.asarray(x0, dtype=np.float64)
+    Ad = problem.device_matrix()
+    b = problem.b
+    bnorm = float(cp.linalg.norm(b))
+    r0 = b if x0 is None else b - Ad @ x0
+    beta = float(cp.linalg.norm(r0))
+    alfa = float(cp.linalg.norm(Ad.T @ r0)) if beta > 0 else 0.0
+    return LstsqStart(r0, bnorm, beta, alfa)
+
+
+def vector_norm(v) -> float:
+    """‖v‖₂ of a NumPy or CuPy vector, as a Python float."""
+    if is_cupy_array(v):
+        return float(import_cupy().linalg.norm(v))
+    return float(np.linalg.norm(v))
+
+
 class LstsqAnswer(NamedTuple):
     """A least-squares answer of the QR and the norms SciPy reports with it."""
 
@@ -387,10 +453,14 @@ def damped_norms(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> DampedNorms:
 
 
 def trivial_answer(begin: LstsqStart, x0: Optional[np.ndarray], n: int) -> LstsqAnswer:
-    """The answer of a ``trivial`` problem: x0 (or 0), as SciPy's lsqr gives it."""
-    x = np.zeros(n) if x0 is None else x0.copy()
-    return LstsqAnswer(x, np.zeros(n), begin.beta, begin.beta, 0.0, 0.0, 0.0, begin.bnorm,
-                       np.zeros(n), None)
+    """The answer of a ``trivial`` problem: x0 (or 0), as SciPy's lsqr gives it (CuPy
+    arrays when ``begin`` was made on the device)."""
+    xp = import_cupy() if is_cupy_array(begin.r0) else np
+    if x0 is not None and xp is np:
+        x0 = _host(x0)
+    x = xp.zeros(n) if x0 is None else xp.array(x0, dtype=np.float64)
+    return LstsqAnswer(x, xp.zeros(n), begin.beta, begin.beta, 0.0, 0.0, 0.0, begin.bnorm,
+                       xp.zeros(n), None)
 
 
 def solve_least_squares(problem: LeastSquaresProblem, begin: LstsqStart, *, calc_var: bool,
@@ -411,18 +481,54 @@ def solve_least_squares(problem: LeastSquaresProblem, begin: LstsqStart, *, calc
     """
     mi = problem.matrix()
     A, n, damp = mi.A, problem.shape[1], problem.damp
+    Mi = problem.qr_matrix()
+    F = factorize(Mi, settings, tol=None, planned=planned)
+    if is_cupy_array(begin.r0):
+        return _device_answer(problem, begin, F, Mi, calc_var=calc_var)
     r0 = begin.r0
     x0 = problem.host_x0()
     x_start = np.zeros(n) if x0 is None else x0.copy()
-    Mi = problem.qr_matrix()
     rhs = np.concatenate([r0, np.zeros(n)]) if damp != 0 else r0
-    F = factorize(Mi, settings, tol=None, planned=planned)
     dx = F.least_squares(rhs[:, None])[:, 0]
     norms = damped_norms(A, r0, dx, damp)
     acond = acond_estimate(F.rank_decision(), norms.anorm)
     var = variance(F, Mi.A) if calc_var else np.zeros(n)
     return LstsqAnswer(x_start + dx, dx, norms.r1norm, norms.r2norm, norms.anorm, acond,
                        norms.arnorm, begin.bnorm, var, F)
+
+
+def _device_answer(problem: LeastSquaresProblem, begin: LstsqStart, F: FactoredQR, Mi,
+                   *, calc_var: bool) -> LstsqAnswer:
+    """:func:`solve_least_squares` for a b on the device: CuPy x (and dx, var).
+
+    Where the factors are on the GPU and lstsq's rule finds R of full rank
+    (:meth:`~scipy_gpuqr._factor.factored.FactoredQR.device_least_squares_ok`),
+    b, r0, dx and x never leave the device; only norms come to the host.
+    Otherwise the rank rules run on the host (:mod:`scipy_gpuqr._factor.lstsq`):
+    r0 goes there and the correction comes back.
+    """
+    cp = import_cupy()
+    n, damp = problem.shape[1], problem.damp
+    r0 = begin.r0
+    if F.device_least_squares_ok():
+        rhs = cp.concatenate([r0, cp.zeros(n)]) if damp != 0 else r0
+        dx = F.device_least_squares(cp.ascontiguousarray(rhs[:, None]))[:, 0]
+    else:
+        rh = r0.get()
+        rhs = np.concatenate([rh, np.zeros(n)]) if damp != 0 else rh
+        dx = cp.asarray(F.least_squares(rhs[:, None])[:, 0])
+    Ad = problem.device_matrix()
+    r = r0 - Ad @ dx
+    r1norm = float(cp.linalg.norm(r))
+    dxnorm = float(cp.linalg.norm(dx))
+    anorm = float(np.sqrt(sp.linalg.norm(problem.matrix().A, "fro") ** 2 + damp ** 2 * n))
+    arnorm = float(cp.linalg.norm(Ad.T @ r - damp ** 2 * dx))
+    acond = acond_estimate(F.rank_decision(), anorm)
+    var = cp.asarray(variance(F, Mi.A)) if calc_var else cp.zeros(n)
+    x0 = problem.x0
+    x = dx.copy() if x0 is None else cp.asarray(x0, dtype=np.float64) + dx
+    return LstsqAnswer(x, dx, r1norm, float(np.hypot(r1norm, damp * dxnorm)), anorm, acond,
+                       arnorm, begin.bnorm, var, F)
 
 
 def log_answer(method: str, problem: LeastSquaresProblem, who: str, why: str) -> None:

@@ -44,6 +44,11 @@ import scipy.sparse as sp
 
 from .._gpu import import_cupy, is_cupy_array, is_cupy_sparse
 
+try:        # SciPy's compiled sparse kernels (private: used where found, see _compressed_products)
+    from scipy.sparse import _sparsetools
+except ImportError:     # pragma: no cover - every SciPy release so far has it
+    _sparsetools = None
+
 __all__ = ["EPS", "RunInfo", "IterationState", "Problem", "NumpyOps", "CupyOps", "make_ops",
            "GolubKahan", "SLOT_DEFERRED",
            "givens", "stopping_code", "Progress", "Clock", "drive", "run_info",
@@ -206,7 +211,12 @@ class Problem:
     Attributes
     ----------
     xp : module
-    A, AT : operators
+    A : operator
+    AT : operator or None
+        Aᵀ, where the products go through ``@`` (None where SciPy's kernels
+        are called directly).
+    matvec, rmatvec : callable
+        ``v -> A v`` and ``u -> Aᵀ u``.
     b : array, shape (m,), float64
     x0 : array, shape (n,), float64 (a private copy), or None
     m, n : int
@@ -225,7 +235,13 @@ class Problem:
         if _is_complex(getattr(A, "dtype", None)):
             raise TypeError("complex A is not supported (SciPy's lsqr/lsmr handle it)")
         self.A = A
-        self.AT = _transpose(A, xp)
+        fast = _compressed_products(A) if xp is np else None
+        if fast is None:
+            self.AT = _transpose(A, xp)
+            self.matvec, self.rmatvec = A.__matmul__, self.AT.__matmul__
+        else:
+            self.AT = None
+            self.matvec, self.rmatvec = fast
         self.b = self._vector(b, self.m, "b")
         self.x0 = None if x0 is None else self._vector(x0, self.n, "x0", copy=True)
 
@@ -252,6 +268,40 @@ def _to_device(A, cp):
         A = A.tocsr()
         return A if A.dtype == np.float64 else A.astype(np.float64)
     return A
+
+
+def _compressed_products(A):
+    """``(A @ v, Aᵀ @ u)`` for a float64 SciPy CSR/CSC A on NumPy vectors, or None.
+
+    The products are SciPy's own kernels (``_sparsetools.csr_matvec`` /
+    ``csc_matvec``) called with the arrays ``A @ v`` and ``A.T @ u`` pass them,
+    so the results are the same bits; what is skipped is the per-call
+    dispatch and the transposed matrix object (its constructor's checks),
+    which cost more than the product on small matrices. None (the generic
+    ``@``) for other formats and dtypes, or where SciPy's private kernels
+    are not found.
+    """
+    fmt = getattr(A, "format", None)
+    if not sp.issparse(A) or fmt not in ("csr", "csc") or A.dtype != np.float64 \
+            or getattr(A, "ndim", 2) != 2:
+        return None
+    forward = getattr(_sparsetools, fmt + "_matvec", None)
+    backward = getattr(_sparsetools, ("csc" if fmt == "csr" else "csr") + "_matvec", None)
+    if forward is None or backward is None:
+        return None
+    m, n = (int(s) for s in A.shape)
+    indptr, indices, data = A.indptr, A.indices, A.data
+
+    def matvec(v):
+        out = np.zeros(m)
+        forward(m, n, indptr, indices, data, v, out)
+        return out
+
+    def rmatvec(u):
+        out = np.zeros(n)
+        backward(n, m, indptr, indices, data, u, out)
+        return out
+    return matvec, rmatvec
 
 
 def _transpose(A, xp):
@@ -448,7 +498,7 @@ class GolubKahan:
         self._candidate = None
 
     def _product(self, op, vec, size):
-        y = op @ vec
+        y = op(vec)
         if y.dtype != np.float64 or y.ndim != 1:
             y = self.xp.asarray(y, dtype=np.float64).reshape(size)
         return y
@@ -461,11 +511,11 @@ class GolubKahan:
         p, ops = self.p, self.ops
         b = p.b
         ops.sumsq(b, SLOT_B)
-        r = b.copy() if x is None else b - self._product(p.A, x, p.m)
+        r = b.copy() if x is None else b - self._product(p.matvec, x, p.m)
         ops.sumsq(r, SLOT_BETA)
         ops.scale_by_inverse_root(r, SLOT_BETA)
         self.u = r
-        self._candidate = self._product(p.AT, r, p.n)
+        self._candidate = self._product(p.rmatvec, r, p.n)
         ops.sumsq(self._candidate, SLOT_ALPHA)
         return SLOT_B, SLOT_BETA, SLOT_ALPHA
 
@@ -475,12 +525,12 @@ class GolubKahan:
         Returns the slots ``(beta², alpha_new²)`` to fetch.
         """
         p, ops = self.p, self.ops
-        t = self._product(p.A, self.v, p.m)
+        t = self._product(p.matvec, self.v, p.m)
         ops.subtract_scaled(t, self.u, alpha)
         ops.sumsq(t, SLOT_BETA)
         ops.scale_by_inverse_root(t, SLOT_BETA)
         self.u = t
-        c = self._product(p.AT, t, p.n)
+        c = self._product(p.rmatvec, t, p.n)
         ops.subtract_root_scaled(c, self.v, SLOT_BETA)
         ops.sumsq(c, SLOT_ALPHA)
         self._candidate = c
