@@ -14,8 +14,9 @@ import scipy.sparse as sp
 
 from scipy_gpuqr import QRFactorization
 from scipy_gpuqr._factor import lstsq as _lstsq
-from scipy_gpuqr._factor.solve_rank import (PROBE_COLUMNS, PROBE_MARGIN, NullspaceCOD, NullspaceRefused,
-                                            abs_diagonal, frobenius, probe_norm, probe_steps)
+from scipy_gpuqr._factor.solve_rank import (PROBE_COLUMNS, PROBE_FAILURE, NullspaceCOD,
+                                            NullspaceRefused, abs_diagonal, frobenius,
+                                            probe_margin, probe_norm)
 from scipy_gpuqr._factor.triangular import UpperTriangular
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
@@ -28,28 +29,41 @@ def _graded_triangle(rng, q, decades):
     return np.triu(la.qr((U * np.logspace(0, -decades, q)) @ V.T, mode="r")[0])
 
 
-def test_probe_steps_meet_the_failure_bound():
+def test_probe_margin_meets_the_failure_bound():
     for q in (10, 4096, 64000, 10 ** 6, 10 ** 8):
-        k = probe_steps(q)
-        assert (np.sqrt(q) * PROBE_MARGIN ** (1 - 2 * k)) ** PROBE_COLUMNS <= 1e-10
-        assert k == 1 or (np.sqrt(q) * PROBE_MARGIN ** (3 - 2 * k)) ** PROBE_COLUMNS > 1e-10
-    assert probe_steps(64000) == 2 and probe_steps(10 ** 8) == 3
+        for k in (1, 2, 3):
+            m = probe_margin(q, k)
+            bound = (np.sqrt(q) * m ** (1 - 2 * k)) ** PROBE_COLUMNS
+            assert bound == pytest.approx(PROBE_FAILURE, rel=1e-9)
+    assert probe_margin(64000, 1) == pytest.approx(4500, rel=0.01)
+    assert probe_margin(64000, 2) == pytest.approx(16.5, rel=0.01)
 
 
 @pytest.mark.parametrize("decades", [0.5, 4, 10])
 def test_probe_norm_within_the_margin(rng, decades):
-    """ν ≤ ‖T⁻¹‖₂ always (a Rayleigh quotient) and ≥ ‖T⁻¹‖₂/M (here far closer)."""
+    """ν ≤ ‖T⁻¹‖₂ always (a Rayleigh quotient) and ≥ ‖T⁻¹‖₂/M (here far closer);
+    ``accept`` stops early, with the margin of the step it stopped at."""
     T = _graded_triangle(rng, 300, decades)
     exact = 1.0 / np.linalg.svd(T, compute_uv=False)[-1]
+    calls = []
 
     def inv(C):
+        calls.append(1)
         return la.solve_triangular(T, C)
 
     def inv_t(C):
+        calls.append(1)
         return la.solve_triangular(T, C, trans=1)
     for seed in range(3):
-        nu = probe_norm(inv, inv_t, 300, seed=seed)
-        assert exact / PROBE_MARGIN <= nu <= exact * (1 + 1e-12)
+        for steps in (1, 2, 3):
+            calls.clear()
+            nu, margin = probe_norm(inv, inv_t, 300, seed=seed, steps=steps)
+            assert len(calls) == 2 * steps - 1
+            assert margin == pytest.approx(probe_margin(300, steps))
+            assert exact / margin <= nu <= exact * (1 + 1e-12)
+        calls.clear()
+        nu, margin = probe_norm(inv, inv_t, 300, seed=seed, accept=lambda n, m: True)
+        assert len(calls) == 1 and margin == pytest.approx(probe_margin(300, 1))
 
 
 def test_probe_norm_zero_pivot_is_infinite():
@@ -64,7 +78,7 @@ def test_probe_norm_zero_pivot_is_infinite():
             X[i] = (X[i] - M[i, others] @ X[others]) / M[i, i]
         return X
     with np.errstate(all="ignore"):
-        nu = probe_norm(lambda C: back(T, C, False), lambda C: back(T.T, C, True), 5)
+        nu, _ = probe_norm(lambda C: back(T, C, False), lambda C: back(T.T, C, True), 5)
     assert nu == np.inf
 
 
@@ -109,7 +123,7 @@ def test_nullspace_cod_is_lstsq_on_exact_dependencies(rng, transposed):
     assert cod.rank == 271 == np.linalg.matrix_rank(A.toarray())
     assert cod.certain() and cod.holds(cutoff * smax)
     s = np.linalg.svd(Rd, compute_uv=False)
-    assert s[cod.rank - 1] * (1 - 1e-9) <= cod.sigma_min <= PROBE_MARGIN * s[cod.rank - 1]
+    assert s[cod.rank - 1] * (1 - 1e-9) <= cod.sigma_min <= cod.margin * s[cod.rank - 1]
     assert cod.residual <= 0.5 * cutoff * smax
     C = rng.standard_normal((q, 3))
     G = Rd.T if transposed else Rd
@@ -171,20 +185,29 @@ def test_solver_zero_pivot_leaves_the_nullspace_cod(rng, monkeypatch):
     assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
 
 
-def test_full_rank_probe_confirms_a_grid(rng):
+def test_full_rank_probe_confirms_a_grid(rng, monkeypatch):
     """4096 columns (beyond DENSE_LIMIT and SOLVE_RANK_MIN_ORDER): the probe decides,
     σ_max is reported as ‖R‖_F (an upper bound), σ_min as 1/ν (within the margin)."""
     A = grid3d_least_squares(16)
     b = rng.standard_normal(A.shape[0])
+    seen = []
+
+    def recorded(*args, **kwargs):
+        out = probe_norm(*args, **kwargs)
+        seen.append(out)
+        return out
+    monkeypatch.setattr(_lstsq, "probe_norm", recorded)
     F = QRFactorization(A, backend="cpu")
     x = F.solve(b)
     dec = F.info["rank_decision"]
     assert dec["method"] == "triangular" and np.isnan(dec["rcond_estimate"])
+    # well conditioned: one solve with the block confirms (the first step's margin)
+    assert len(seen) == 1 and seen[0][1] == pytest.approx(probe_margin(4096, 1))
     assert dec["sigma_max"] == pytest.approx(sp.linalg.norm(A), rel=1e-12)
     # σ_min(A) of this grid: the 7-point Laplacian's least eigenvalue over the shift
     lam = 3 * (2 - 2 * np.cos(np.pi / 17))
     smin = np.hypot(lam, 0.1)
-    assert smin * (1 - 1e-9) <= dec["sigma_min"] <= PROBE_MARGIN * smin
+    assert smin * (1 - 1e-9) <= dec["sigma_min"] <= probe_margin(4096, 1) * smin
     R = sp.csc_array(F._core.num.R)
     y = UpperTriangular(R).solve(np.asarray(F._core.num.qt_matmul(b[:, None]))[:R.shape[0]])
     x_ref = np.empty_like(x)
@@ -194,7 +217,7 @@ def test_full_rank_probe_confirms_a_grid(rng):
 
 def test_inconclusive_probe_falls_back(rng, monkeypatch):
     """A probe that cannot confirm (forced: ν = inf) leaves the previous estimates to decide."""
-    monkeypatch.setattr(_lstsq, "probe_norm", lambda *a, **k: float("inf"))
+    monkeypatch.setattr(_lstsq, "probe_norm", lambda *a, **k: (float("inf"), 1.0))
     A = grid3d_least_squares(16)
     F = QRFactorization(A, backend="cpu")
     F.solve(np.ones(A.shape[0]))

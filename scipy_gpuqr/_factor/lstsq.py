@@ -96,8 +96,7 @@ from scipy.sparse.linalg import LinearOperator, onenormest
 
 from .. import _gpu
 from .dense_cod import DenseCOD, dense_from_sparse, sigma_max_estimate
-from .solve_rank import (PROBE_MARGIN, NullspaceCOD, NullspaceRefused, abs_diagonal, frobenius,
-                         probe_norm)
+from .solve_rank import NullspaceCOD, NullspaceRefused, abs_diagonal, frobenius, probe_norm
 from .subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
 from .triangular import DENSE_SIGMA_LIMIT, UpperTriangular, norm2_lanczos, sigma_min_upper
 
@@ -415,16 +414,17 @@ class MinNormSolver:
 
     def _full_rank_probed(self) -> bool:
         """Full rank by :func:`~scipy_gpuqr._factor.solve_rank.probe_norm`: ν ≈
-        ``‖R⁻¹‖₂`` from a few block solves, confirmed where ``M·ν·cutoff·‖R‖_F < 1``
-        (σ_min ≥ 1/(Mν) except with probability PROBE_FAILURE, σ_max ≤ ‖R‖_F)."""
+        ``‖R⁻¹‖₂`` from one to three block solves, confirmed where ``M·ν·cutoff·‖R‖_F
+        < 1`` (σ_min ≥ 1/(Mν) except with probability PROBE_FAILURE per step,
+        σ_max ≤ ‖R‖_F; M the margin of the step)."""
         up, upt, xp = self._solve_ops()
         q = self.R.shape[0]
-        nu = probe_norm(up, upt, q, xp=xp)
-        fro = self._frobenius()
-        if not (np.isfinite(nu) and nu > 0 and PROBE_MARGIN * nu * self.cutoff * fro < 1.0):
+        bound = self.cutoff * self._frobenius()
+        nu, margin = probe_norm(up, upt, q, xp=xp, accept=lambda nu, m: m * nu * bound < 1.0)
+        if not (np.isfinite(nu) and nu > 0 and margin * nu * bound < 1.0):
             return False
         self.method, self.rank = "triangular", q
-        self.sigma_min, self.sigma_max = 1.0 / nu, fro
+        self.sigma_min, self.sigma_max = 1.0 / nu, self._fro
         self._tri = self._rtri          # the host's solves, set up for the probe (or None)
         return True
 

@@ -15,12 +15,16 @@ all of R (O(q³)).
     Anal. Appl. 13, 1992) bound the probability that k steps of the power
     method on a symmetric positive semidefinite ``B = SSᵀ`` return less than
     ``(1 − ε)λ_max(B)`` by roughly ``√q (1 − ε)^(k − 1/2)``, for every
-    spectrum. With ``p`` independent Gaussian columns, ``1 − ε = 1/M²`` (M =
-    :data:`PROBE_MARGIN`) and k chosen so that ``(√q M^(1−2k))^p`` is below
-    :data:`PROBE_FAILURE`, the estimate ν satisfies ``‖S‖ / M <= ν <= ‖S‖``
-    except with that probability. With ``‖R‖₂ <= ‖R‖_F``, ``σ_min(R) >=
-    1/(M ν) > cutoff·‖R‖_F`` confirms lstsq's full rank. The cost: ``2k − 1``
-    solves with p columns (k = 2, p = 8 up to q ≈ 10⁷).
+    spectrum. With ``p`` independent Gaussian columns and ``1 − ε = 1/M²``,
+    the estimate ν after k steps satisfies ``‖S‖ / M <= ν <= ‖S‖`` except
+    with probability ``(√q M^(1−2k))^p``; :func:`probe_margin` is the M that
+    makes this :data:`PROBE_FAILURE`. The caller tests after every step with
+    that step's margin and stops when its test passes: with ``‖R‖₂ <=
+    ‖R‖_F``, ``σ_min(R) >= 1/(M ν) > cutoff·‖R‖_F`` confirms lstsq's full
+    rank. A well-conditioned R is confirmed by one solve with p columns
+    (margin ``√q·PROBE_FAILURE^(−1/p)``, 4500 at q = 64000), harder ones
+    after two or three steps (margins 16.5 and 5.4 there); at most ``2k − 1``
+    solves (k = :data:`PROBE_MAX_STEPS`).
 
 :class:`NullspaceCOD` (a few exactly dependent columns, a clear gap)
     R of an unpivoted QR of a rank-deficient A has tiny pivots at the d
@@ -38,7 +42,7 @@ all of R (O(q³)).
       for G = Rᵀ the transpose, ``P_U R⁻ᵀ P_V``): with exact subspaces
       ``S = V_r Σ_r⁻¹ U_rᵀ``, the truncated pseudo-inverse;
     * ``σ_{q−d}`` above the cutoff: ``1/‖S‖₂`` estimates it, and
-      :func:`probe_norm` of S with the margin M decides. Inaccurate
+      :func:`probe_norm` of S with its margin decides. Inaccurate
       subspaces leak the amplified components ``R⁻¹ U_d`` into S and make
       ``‖S‖`` large, so the test fails (and a dense rule answers) rather
       than passing wrongly.
@@ -59,19 +63,19 @@ import scipy.sparse as sp
 
 from .dense_cod import solve_triangular
 
-__all__ = ["PROBE_COLUMNS", "PROBE_MARGIN", "PROBE_FAILURE", "probe_steps", "probe_norm",
+__all__ = ["PROBE_COLUMNS", "PROBE_MAX_STEPS", "PROBE_FAILURE", "probe_margin", "probe_norm",
            "abs_diagonal", "frobenius", "NullspaceCOD", "NullspaceRefused"]
 
 #: Columns of the random block of :func:`probe_norm` (a solve with a few columns
 #: costs about what one with a single column costs: the GPU's are launch-bound).
 PROBE_COLUMNS = 8
 
-#: Margin M of :func:`probe_norm`: its estimate is within a factor M of ``‖S‖₂``
-#: except with probability :data:`PROBE_FAILURE` (with 8 columns, two power
-#: steps — three solves — suffice up to q ≈ 10⁷).
-PROBE_MARGIN = 30.0
+#: Most power steps of :func:`probe_norm` (``2k − 1`` solves); its margin after k
+#: steps is :func:`probe_margin` (q = 64000, 8 columns: 4500, 16.5, 5.4).
+PROBE_MAX_STEPS = 3
 
-#: Bound on the probability that :func:`probe_norm` underestimates by more than M.
+#: Bound on the probability that :func:`probe_norm` underestimates by more than
+#: its margin, per step tested.
 PROBE_FAILURE = 1e-10
 
 
@@ -111,20 +115,17 @@ def frobenius(R: sp.csc_array) -> float:
     return float(np.sqrt(np.dot(data, data)))
 
 
-def probe_steps(q: int, columns: int = PROBE_COLUMNS, margin: float = PROBE_MARGIN,
-                failure: float = PROBE_FAILURE) -> int:
-    """Power steps k of :func:`probe_norm`: the least k with
-    ``(√q · M^(1 − 2k))^p <= failure``."""
-    per_column = failure ** (1.0 / columns)
-    k = 1
-    while math.sqrt(max(q, 1)) * margin ** (1 - 2 * k) > per_column:
-        k += 1
-    return k
+def probe_margin(q: int, steps: int, columns: int = PROBE_COLUMNS,
+                 failure: float = PROBE_FAILURE) -> float:
+    """Margin M after k power steps: the least M with ``(√q · M^(1 − 2k))^p <= failure``."""
+    return (math.sqrt(max(q, 1)) * failure ** (-1.0 / columns)) ** (1.0 / (2 * steps - 1))
 
 
 def probe_norm(apply: Callable, apply_t: Callable, q: int, *, xp=np, seed: int = 0,
-               columns: int = PROBE_COLUMNS, steps: Optional[int] = None) -> float:
-    """Randomized lower estimate ν of ``‖S‖₂`` (``‖S‖/M <= ν`` with high probability).
+               columns: int = PROBE_COLUMNS, steps: int = PROBE_MAX_STEPS,
+               accept: Optional[Callable] = None) -> tuple:
+    """Randomized lower estimate ν of ``‖S‖₂`` and its margin M (``‖S‖/M <= ν``
+    except with probability :data:`PROBE_FAILURE` per step).
 
     Parameters
     ----------
@@ -139,36 +140,41 @@ def probe_norm(apply: Callable, apply_t: Callable, q: int, *, xp=np, seed: int =
         Seed of the Gaussian start (the same operator gives the same answer).
     columns : int
         Block columns p.
-    steps : int, optional
-        Power steps k; default :func:`probe_steps`.
+    steps : int
+        Most power steps k (``2k − 1`` applications of S or Sᵀ).
+    accept : callable, optional
+        ``accept(nu, margin) -> bool``, asked after every step: True stops
+        (the caller's test passed with that step's margin, :func:`probe_margin`).
 
     Returns
     -------
-    float
-        ν = max over the block's columns of ``‖Sᵀ y‖ / ‖y‖`` at the last
-        iterate y (power method on ``S Sᵀ``); ``inf`` when a solve produced a
-        non-finite value (a zero pivot: no finite norm to confirm).
+    (float, float)
+        ν = max over the block's columns and steps of ``‖Sᵀ y‖ / ‖y‖`` (power
+        method on ``S Sᵀ``), and the margin of the step it stopped at; ν is
+        ``inf`` when a solve produced a non-finite value (a zero pivot: no
+        finite norm to confirm).
     """
     if q == 0:
-        return 0.0
-    k = probe_steps(q, columns) if steps is None else steps
+        return 0.0, 1.0
     p = min(columns, q)
     Y = _gaussian(xp, seed, (q, p))
-    nu = 0.0
-    for step in range(k):
+    nu, margin = 0.0, float("inf")
+    for step in range(1, steps + 1):
         Y = Y / xp.linalg.norm(Y, axis=0)
         Z = xp.asarray(apply_t(Y))                  # Sᵀ y
         zn = _host(xp.linalg.norm(Z, axis=0))
         if not np.all(np.isfinite(zn)):
-            return float("inf")
+            return float("inf"), margin
         nu = max(nu, float(zn.max()))
-        if step + 1 < k:
-            Y = xp.asarray(apply(Z))                # S Sᵀ y
-            if not bool(xp.all(xp.isfinite(Y))):
-                return float("inf")
-            if not bool(xp.all(xp.linalg.norm(Y, axis=0) > 0)):
-                break                               # a column in S's null space
-    return nu
+        margin = probe_margin(q, step, p)
+        if step == steps or (accept is not None and accept(nu, margin)):
+            break
+        Y = xp.asarray(apply(Z))                    # S Sᵀ y
+        if not bool(xp.all(xp.isfinite(Y))):
+            return float("inf"), margin
+        if not bool(xp.all(xp.linalg.norm(Y, axis=0) > 0)):
+            break                                   # a column in S's null space
+    return nu, margin
 
 
 def _gaussian(xp, seed: int, shape: tuple):
@@ -222,8 +228,8 @@ class NullspaceCOD:
         ``q − d``.
     residual : float
         The bound ``‖Z R_y⁻¹‖_F`` of ``σ_{q−d+1}``.
-    nu : float
-        :func:`probe_norm`'s estimate of ``‖S‖₂``, ``1/σ_{q−d}``.
+    nu, margin : float
+        :func:`probe_norm`'s estimate of ``‖S‖₂`` (``1/σ_{q−d}``) and its margin.
     sigma_min : float
         ``1/nu``: estimate of the smallest kept singular value ``σ_{q−d}``.
     """
@@ -239,6 +245,7 @@ class NullspaceCOD:
     rank: int = field(init=False, default=0)
     residual: float = field(init=False, default=float("nan"))
     nu: float = field(init=False, default=float("nan"))
+    margin: float = field(init=False, default=float("inf"))
     sigma_min: float = field(init=False, default=float("nan"))
     _u: object = field(init=False, default=None, repr=False)
     _v: object = field(init=False, default=None, repr=False)
@@ -267,8 +274,10 @@ class NullspaceCOD:
             raise NullspaceRefused(f"‖R V_d‖ {self.residual:.3g} above half the cutoff "
                                    f"{hi:.3g}: no clear gap")
         self._u, self._v = U, V
-        self.nu = probe_norm(self._apply, self._apply_t, q, xp=xp, seed=self.seed + 1)
-        if not (np.isfinite(self.nu) and self.nu > 0 and PROBE_MARGIN * self.nu * lo < 1.0):
+        self.nu, self.margin = probe_norm(self._apply, self._apply_t, q, xp=xp,
+                                          seed=self.seed + 1,
+                                          accept=lambda nu, m: m * nu * hi < 1.0)
+        if not (np.isfinite(self.nu) and self.nu > 0 and self.margin * self.nu * lo < 1.0):
             raise NullspaceRefused(f"σ_(q-d) not clearly above the cutoff {lo:.3g}")
         self.sigma_min = 1.0 / self.nu
         self.rank = q - d
@@ -276,12 +285,12 @@ class NullspaceCOD:
     def holds(self, tol: float) -> bool:
         """d singular values ``<= tol`` (``‖R V_d‖ <= tol/2``) and the others
         clearly above it (``M·ν·tol < 1``), for this cutoff."""
-        return bool(self.residual <= 0.5 * tol and PROBE_MARGIN * self.nu * tol < 1.0)
+        return bool(self.residual <= 0.5 * tol and self.margin * self.nu * tol < 1.0)
 
     def certain(self) -> bool:
         """:meth:`holds` for every cutoff in ``tol_range``."""
         lo, hi = self.tol_range
-        return bool(self.residual <= 0.5 * lo and PROBE_MARGIN * self.nu * hi < 1.0)
+        return bool(self.residual <= 0.5 * lo and self.margin * self.nu * hi < 1.0)
 
     # S = P_V R⁻¹ P_U and Sᵀ = P_U R⁻ᵀ P_V (projections twice: Gram–Schmidt with
     # reorthogonalization against a block whose components the solves amplify)
