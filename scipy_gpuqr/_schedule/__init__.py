@@ -10,6 +10,8 @@ the records the uberkernel runs, launch after launch:
 * :mod:`.sparse`: the sparse scheduler across fronts (state machines,
   stages, assembly records, launches), with :mod:`.dense` choosing the
   fronts that leave the tile tasks;
+* :mod:`.devices`: fronts mapped to the GPUs of one host (proportional
+  mapping of subtrees), the stages and transfers that follow;
 * :mod:`.native`: the compiled twin of the schedulers' loops (``_native.c``,
   built on first use; the NumPy code runs where there is no compiler);
 * :mod:`.cache`: one cache store on disk for the tile schedules and the

@@ -3,6 +3,9 @@
 * :mod:`.driver` — :func:`~.driver.gpu_factorize` and its result
   :class:`~.driver.GpuQR`: the stage loop (schedule, launches, dense fronts,
   restaging after out-of-memory, R's assembly);
+* :mod:`.multi_device` — :func:`~.multi_device.multi_gpu_factorize`: the
+  subtrees of a device plan on several GPUs of one host (one device layer
+  each, contribution blocks peer to peer), ``Q`` kept on the first;
 * :mod:`.device` — the device layers the driver calls: CUDA through CuPy
   (:class:`~.device.CupyDevice`) and a NumPy stand-in running the same
   records (:class:`~.device.NumpyDevice`, the host logic's tests);
