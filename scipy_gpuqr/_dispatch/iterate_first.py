@@ -45,9 +45,10 @@ shows; so the rule leaves SciPy's run alone unless the evidence is clear:
 3. SciPy's run stops only on a verdict that holds at
    :data:`CONFIRMATIONS` checkpoints in a row:
 
-   * its projection passes ``iter_lim`` by :data:`ITER_LIM_MARGIN`, or
-     passes it at all while the iterations to ``iter_lim`` cost more than
-     Q (SciPy's run would end without converging; the QR answers anyway);
+   * its projection passes ``iter_lim`` and the iterations to ``iter_lim``
+     cost more than Q (going on would cost more than the QR if the
+     projection is right; projections past ``iter_lim``, even twice past
+     it, were seen on runs that converged well before it);
    * its condition estimate projects past ``conlim`` before convergence;
    * the projected remaining iterations cost more than
      :data:`SWITCH_MARGIN` × Q (the margin covers the prediction's error);
@@ -131,9 +132,9 @@ ALLOWANCE_SHARE = 3.0
 #: out parts of the QR's call (measured 1-5 times the factorization end to
 #: end), and a converging run stopped wrongly costs the whole QR.
 SWITCH_MARGIN = 3.0
-#: A projection passes ``iter_lim`` clearly when it passes this many times
-#: ``iter_lim`` (LSQR's tests often fall faster late in a run: projections
-#: 5-20 % past ``iter_lim`` were seen on runs that converged before it).
+#: A projection this many times past ``iter_lim`` makes the rule analyse the
+#: matrix at once (for the prediction the iter_lim verdict needs) rather than
+#: after the deferral.
 ITER_LIM_MARGIN = 2.0
 #: Consecutive checkpoints that must reach the same verdict before a run is
 #: stopped (one window's projection can be an outlier).
@@ -403,10 +404,14 @@ class Allowance:
                 (1.0 if self.at_risk else RANK_PRIOR)
         q = self.qr_seconds
         if further is not None and itn + further > self.iter_lim:
+            # stopping costs q; going on costs the iterations to iter_lim more than q if
+            # the projection is right, and saves q if it is wrong (it often is)
             to_limit = (self.iter_lim - itn) * per_iteration
-            if itn + further > ITER_LIM_MARGIN * self.iter_lim or to_limit > q:
+            if to_limit > q:
                 return self._confirm("iter_lim", f"projected {itn + further} iterations exceed "
-                                     f"iter_lim {self.iter_lim}")
+                                     f"iter_lim {self.iter_lim}, and the {self.iter_lim - itn} "
+                                     f"to it cost more ({to_limit:.3g} s) than the QR's "
+                                     f"predicted {q:.3g} s")
         if further is not None and remaining > SWITCH_MARGIN * q:
             return self._confirm("cost", f"projected {further} more iterations ({remaining:.3g} "
                                  f"s) cost more than {SWITCH_MARGIN:g} x the QR's predicted "
