@@ -372,3 +372,33 @@ def test_larger_than_one_device_runs_within_the_sum():
     _same_answer(A, simulate_factorize(A, an), many)
     peaks = [d["peak_bytes"] for d in many.info["devices"]["devices"]]
     assert max(peaks) <= budget < sum(peaks)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_gpu_driver_unstaged_where_one_device_stages(k):
+    """Under a device memory limit that makes the one-GPU engine stage through the
+    host, the multi-GPU driver runs on k devices of that limit unstaged (NumPy
+    layers counting the CUDA layer's allocations), with the same R; past what the
+    devices hold together it falls back to the first device, staged."""
+    import warnings
+
+    A = grid3d_least_squares(8)
+    an = analyze(A)
+    free = NumpyDevice(32, 3)
+    one = gpu_factorize(A, an, device=free)
+    limit = int(0.85 * free.peak)
+    staged = gpu_factorize(A, an, device=NumpyDevice(32, 3, memory_limit=limit))
+    assert staged.info["stages"] >= 2
+    layers = [NumpyDevice(32, 3, memory_limit=limit) for _ in range(k)]
+    many = multi_gpu_factorize(A, an, layers=layers)
+    assert "multi_device_fallback" not in many.info
+    assert many.info["stages"] == map_devices(an, k, device_memory=limit).nstages
+    assert max(layer.peak for layer in layers) <= limit < sum(layer.peak for layer in layers)
+    _same_answer(A, one, many)
+    tiny = [NumpyDevice(32, 3, memory_limit=int(0.7 * free.peak)) for _ in range(k)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        back = multi_gpu_factorize(A, an, layers=tiny)
+    assert "multi_device_fallback" in back.info
+    assert back.info["backend"] == "gpu" and back.info["stages"] >= 2
+    _same_answer(A, one, back)

@@ -236,8 +236,9 @@ class DevicePlan:
     device_bytes : ndarray of int64 (ndevices,)
         GPU bytes each device holds when all its stages stay on it: its
         fronts (with their S entries and task queues), the contribution
-        blocks carried into them, two R/H staging buffers of its largest
-        front, and all the maps and VT tiles (every device holds them whole).
+        blocks carried into them, the gather index of their entries of R,
+        two R/H staging buffers of its largest front, and all the maps and
+        VT tiles (every device holds them whole).
     weight : str
         What the mapping balanced: ``'flops'``, ``'flops+bytes'``, either
         with ``', upper tree by bytes'``.
@@ -373,6 +374,8 @@ def _plan_of(fs, owner, upper, upper_device, ndev, flops, gpu, itemsize, weight,
                          minlength=ndev).astype(np.float64)
     dbytes += float(shared.sum())
     dbytes += np.bincount(owner[par[carried]], weights=gpu["cb"][carried], minlength=ndev)
+    # R's values leave each stage through a gather index (one int64 per entry)
+    dbytes += 8 * np.bincount(owner, weights=gpu["nnz_R"], minlength=ndev)
     stg = np.zeros(ndev)
     np.maximum.at(stg, owner, gpu["staging"].astype(np.float64))
     dbytes = (dbytes + 2 * stg).astype(np.int64)
@@ -406,7 +409,8 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
     flops = np.asarray(analysis.front_flops, dtype=np.float64)
     gpu = {"additive": np.asarray(analysis.front_gpu_additive, dtype=np.int64),
            "cb": np.asarray(analysis.front_gpu_cb, dtype=np.int64),
-           "staging": np.asarray(analysis.front_gpu_staging, dtype=np.int64)}
+           "staging": np.asarray(analysis.front_gpu_staging, dtype=np.int64),
+           "nnz_R": np.asarray(analysis.front_nnz_R, dtype=np.float64)}
     itemsize = int(getattr(analysis, "itemsize", 8))
     budget = None if device_memory is None else int(device_memory)
     args = (fs.parent, fs.child_ptr, fs.children)

@@ -270,8 +270,8 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
             raise MemoryError(msg) from exc
         warnings.warn(msg + "; factorizing on the first device alone", RuntimeWarning,
                       stacklevel=2)
-        with _on(layers[0]):
-            out = driver.gpu_factorize(Ac, analysis, **one_gpu)
+        with _on(layers[0]):         # its layer again (a fresh start), staged as it needs
+            out = driver.gpu_factorize(Ac, analysis, device=layers[0], **one_gpu)
         out.info["multi_device_fallback"] = msg
         return out
     out.info["budget"] = budget
