@@ -52,11 +52,13 @@ def _compare(A, one, many):
 
 
 def _run(ids):
+    import cupy as cp
     for name, A in _cases():
         an = analyze(A)
-        one = gpu_factorize(A, an)
-        many = multi_gpu_factorize(A, an, devices=ids)
-        _compare(A, one, many)
+        with cp.cuda.Device(ids[0]):        # Q and the solves run with the first device current
+            one = gpu_factorize(A, an)
+            many = multi_gpu_factorize(A, an, devices=ids)
+            _compare(A, one, many)
         per = many.info["devices"]["devices"]
         assert [d["device"] for d in per] == list(ids), name
         assert sum(d["stages"] for d in per) == many.info["stages"]

@@ -197,8 +197,10 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
     analysis : SymbolicAnalysis, optional
         From :func:`~scipy_gpuqr._symbolic.analyze` (computed when None).
     devices : sequence of int or DevicePlan
-        CUDA device ids (the first runs the roots and keeps ``Q``; repeats:
-        several devices simulated on one GPU), or a plan for ``layers``.
+        CUDA device ids (the first runs the roots and keeps ``Q``: apply
+        ``Q`` and solve with it current, as with the one-GPU engine's device;
+        repeats: several devices simulated on one GPU), or a plan for
+        ``layers``.
     layers : list, optional
         Device layers instead of ``devices`` (e.g.
         :class:`~.device.NumpyDevice` objects: the host logic without a GPU).
