@@ -198,15 +198,17 @@ def test_lazy_launches_equal_materialized_stage():
         assert b._maker.records(1, b.nlaunch).tobytes() == a.tasks[a.launch_ptr[1]:].tobytes()
 
 
-def test_schedule_cached_per_analysis():
+def test_schedule_cached_per_pattern():
     an = analyze(_grid3d(5))
     a = build_schedule(an, tile=16)
     assert build_schedule(an, tile=16) is a
     assert build_schedule(an, tile=16, pipelining=False) is not a
     b = build_schedule(an, tile=16, cache=False)
     assert b is not a and b.stages[0].tasks.tobytes() == a.stages[0].tasks.tobytes()
-    an2 = analyze(_grid3d(5))
-    assert build_schedule(an2, tile=16) is not a
+    an2 = analyze(_grid3d(5))        # a new analysis of the same pattern shares it
+    assert an2 is not an and build_schedule(an2, tile=16) is a
+    an3 = analyze(_grid3d(5), cache=False)      # no pattern key: its own schedule
+    assert build_schedule(an3, tile=16) is not a
 
 
 @pytest.mark.parametrize("name,A", _families() + [("grid3d_6", None)],
