@@ -24,8 +24,21 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
        DENSE_LIMIT; Lanczos on ``(RᵀR)⁻¹`` through triangular solves beyond,
        trusted with a margin of 4) decide. Then ``R⁻¹`` answers
        (SuperLU's triangular sweeps, :class:`~scipy_gpuqr._factor.triangular.UpperTriangular`).
+       From :data:`SOLVE_RANK_MIN_ORDER` columns (beyond DENSE_LIMIT) a
+       randomized probe through R's solves comes first
+       (:func:`~scipy_gpuqr._factor.solve_rank.probe_norm`: σ_min ≥ 1/(Mν)
+       with probability 1 − 1e-10, σ_max ≤ ‖R‖_F; one to three solves with 8
+       columns, on the device for GPU factors); the tests above answer where
+       it is inconclusive.
     2. Otherwise the rank is decided on ``R`` alone (it has A's singular
        values), with ``cutoff·σ_max`` as the absolute threshold ``tol``.
+       From :data:`SOLVE_RANK_MIN_ORDER` columns, where R is square with a
+       nonzero diagonal and a few tiny pivots leave a clear gap, the
+       **null-space COD** answers
+       (:class:`~scipy_gpuqr._factor.solve_rank.NullspaceCOD`: two solves
+       with d columns give the small singular subspaces, checked by
+       ``‖R V_d‖ <= tol/2`` and a probe of σ_{q−d}; ``x = P_V R⁻¹ P_U c``
+       refined once with R's residual), on the device for GPU factors.
        First, where R is sparse (at most :data:`SPARSE_COD_MAX_DENSITY`
        nonzero) and the alternative is a dense refinement on the host, a
        **gap-checked sparse COD**: a rank-detecting sparse QR of R at
