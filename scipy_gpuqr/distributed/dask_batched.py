@@ -186,6 +186,7 @@ def _starts(offsets) -> tuple:
 
 
 def _chunk_range(starts, chunk_batch) -> str:
+    """A chunk's batch range as text, e.g. ``[6:9, 0:4]``."""
     return "[" + ", ".join(f"{s}:{s + c}" for s, c in zip(starts, chunk_batch)) + "]"
 
 
@@ -222,6 +223,7 @@ def _bad(info, starts, batch_shape):
 # ----------------------------------------------------------------------------
 
 def _lu_factor_chunk(a, *offsets, batch_shape, return_info, **kw):
+    """(lu, piv[, info]) of one chunk; warns about its singular matrices by global index."""
     starts = _starts(offsets)
     with _in_chunk(starts, a.shape[:-2]):
         lu, piv, info = _f.lu_factor_batched(a, return_info=True, **kw)
@@ -237,11 +239,13 @@ def _lu_factor_chunk(a, *offsets, batch_shape, return_info, **kw):
 
 
 def _raise_singular(where, bad):
+    """LinAlgError naming a chunk's singular matrices (``bad`` from :func:`_bad`)."""
     raise LinAlgError(f"{where}: singular matrix at batch index {bad[0]} "
                       f"(U[k, k] exactly zero; {bad[2]})")
 
 
 def _inv_chunk(a, *offsets, batch_shape, return_info, **kw):
+    """The inverses of one chunk[, info]; LinAlgError for a singular one (global index)."""
     starts = _starts(offsets)
     with _in_chunk(starts, a.shape[:-2]):
         x, info = _f.inv_batched(a, return_info=True, **kw)
@@ -254,6 +258,7 @@ def _inv_chunk(a, *offsets, batch_shape, return_info, **kw):
 
 
 def _solve_chunk(a, b, *offsets, batch_shape, return_info, **kw):
+    """x of one chunk[, info]; LinAlgError for a singular matrix (global index)."""
     starts = _starts(offsets)
     with _in_chunk(starts, a.shape[:-2]):
         x, info = _f.solve_batched(a, b, return_info=True, **kw)
@@ -266,6 +271,7 @@ def _solve_chunk(a, b, *offsets, batch_shape, return_info, **kw):
 
 
 def _cho_factor_chunk(a, *offsets, batch_shape, return_info, lower, **kw):
+    """c of one chunk[, info]; LinAlgError for a matrix not positive definite (global index)."""
     starts = _starts(offsets)
     with _in_chunk(starts, a.shape[:-2]):
         c, _, info = _f.cho_factor_batched(a, lower, return_info=True, **kw)
@@ -280,11 +286,13 @@ def _cho_factor_chunk(a, *offsets, batch_shape, return_info, lower, **kw):
 
 
 def _lu_solve_chunk(lu, piv, b, *offsets, batch_shape, trans, **kw):
+    """x of one chunk from its LU factors."""
     with _in_chunk(_starts(offsets), lu.shape[:-2]):
         return _f.lu_solve_batched((lu, piv), b, trans, **kw)
 
 
 def _cho_solve_chunk(c, b, *offsets, batch_shape, lower, **kw):
+    """x of one chunk from its Cholesky factor."""
     with _in_chunk(_starts(offsets), c.shape[:-2]):
         return _f.cho_solve_batched((c, lower), b, **kw)
 
