@@ -103,9 +103,19 @@ def problems(quick: bool) -> list:
 
 
 def rhs(A) -> np.ndarray:
-    m = A.shape[0]
-    b = np.asarray(A @ np.ones(A.shape[1]), dtype=np.float64)
-    return b + 1e-2 * np.linalg.norm(b) / np.sqrt(max(m, 1)) * np.cos(np.arange(m))
+    """``b = A x + e``: x = 1 + 0.5 sin(k) (not in A's null space for the
+    boundary matrices, whose A @ ones is 0) and a perturbation e (cosine) of
+    1e-2 ‖A x‖ in norm, so that the residual is not zero either."""
+    m, n = A.shape
+    x = 1.0 + 0.5 * np.sin(np.arange(n, dtype=np.float64))
+    ax = np.asarray(A @ x, dtype=np.float64).ravel()
+    nax = float(np.linalg.norm(ax))
+    if not nax > 0:
+        raise ValueError("rhs: A x is zero")
+    e = np.cos(np.arange(m, dtype=np.float64))
+    b = ax + 1e-2 * nax * e / np.linalg.norm(e)
+    assert np.linalg.norm(b) > 0
+    return b
 
 
 def backward_error(A, x, b) -> float:
