@@ -85,12 +85,16 @@ __all__ = sorted(_PUBLIC) + list(_SUBMODULES) + ["__version__"]
 
 
 def __getattr__(name: str):
+    # Called only for names not yet in the module's namespace: the loaded
+    # object is bound there, so later lookups are plain attribute reads.
     if name in _PUBLIC:
-        module = importlib.import_module(_PUBLIC[name], __name__)
-        return getattr(module, name)
-    if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'scipy_gpuqr' has no attribute {name!r}")
+        value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module 'scipy_gpuqr' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def __dir__():
