@@ -15,12 +15,17 @@
  * vt2 mult) and the (nrow, MAXS) row-tile slots; per pattern its row and record
  * pointers (nlaunch + 1 each, local) and (nlaunch, nvt, first row, past-the-last
  * row).
+ *
+ * Also: sgq_arith_runs32/64, the expansion of arithmetic runs end to end that
+ * R's layout (rlayout.py) makes of its column segments (row indices, gather
+ * index), one pass over the output per range of runs (the caller splits the
+ * runs over threads; ctypes releases the GIL).
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define SGQ_ABI 5
+#define SGQ_ABI 6
 #define MAXB 5  /* MAX_BUNDLE (tasks.py) */
 #define MAXS 6  /* MAX_SLOTS (tasks.py) */
 #define NCOL 12
@@ -719,4 +724,30 @@ int64_t sgq_assembly(int64_t first, int64_t last, int64_t sid, const int64_t *s_
         }
     }
     return n;
+}
+
+/* ------------------------------------------------------------------ arithmetic runs */
+
+/* rlayout._arith_runs for runs [i0, i1): out[start[i] + k] = first[i] + step[i] * k,
+ * k < length[i] (run i's entries, end to end; one write per entry). */
+void sgq_arith_runs32(int64_t i0, int64_t i1, const int64_t *first, const int64_t *step,
+                      const int64_t *length, const int64_t *start, int32_t *out)
+{
+    for (int64_t i = i0; i < i1; i++) {
+        int32_t *o = out + start[i];
+        int64_t v = first[i], d = step[i], n = length[i];
+        for (int64_t k = 0; k < n; k++, v += d)
+            o[k] = (int32_t)v;
+    }
+}
+
+void sgq_arith_runs64(int64_t i0, int64_t i1, const int64_t *first, const int64_t *step,
+                      const int64_t *length, const int64_t *start, int64_t *out)
+{
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t *o = out + start[i];
+        int64_t v = first[i], d = step[i], n = length[i];
+        for (int64_t k = 0; k < n; k++, v += d)
+            o[k] = v;
+    }
 }

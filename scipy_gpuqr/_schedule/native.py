@@ -13,7 +13,9 @@ path with the NumPy one):
 * ``sgq_tile_buckets``: :func:`.bucket.many_tile_buckets`;
 * ``sgq_element_rows``: :func:`.bucket.element_rows_of`;
 * ``sgq_assembly``: ``sparse._assembly_tasks``, sorted by launch;
-* ``sgq_fill``: the factorization records of ``sparse._StageMaker.records``.
+* ``sgq_fill``: the factorization records of ``sparse._StageMaker.records``;
+* ``sgq_arith_runs32`` / ``sgq_arith_runs64``: arithmetic runs end to end
+  (:func:`arith_runs`, R's layout in :mod:`scipy_gpuqr._engine.gpu.rlayout`).
 
 It is plain C99 without Python headers, so any system C compiler builds it
 (a wheel stays pure Python; where none exists the NumPy code runs):
@@ -72,13 +74,13 @@ from .tasks import MAX_SLOTS
 
 __all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "MANIFEST_SUFFIX", "NativeUnavailable", "mode",
            "library", "handle", "status", "simulate", "tile_buckets", "element_rows", "assembly",
-           "fill"]
+           "fill", "arith_runs", "RUNS_PER_THREAD"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
 MODES = ("auto", "c", "numpy")
 #: Interface version of ``_native.c`` (``sgq_abi()``).
-ABI = 5
+ABI = 6
 #: Row columns the library writes, in its order (then ``rows``).
 COLS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop", "vt",
         "vt2", "mult")
@@ -364,6 +366,9 @@ def _open(path: Path):
     lib.sgq_assembly.argtypes = [i64, i64, i64] + [ptr] * 8 + [i64] + [ptr] * 6 + \
         [i64, i64, i64, ptr, ptr, ptr]
     lib.sgq_assembly.restype = i64
+    for name in ("sgq_arith_runs32", "sgq_arith_runs64"):
+        getattr(lib, name).argtypes = [i64, i64] + [ptr] * 5
+        getattr(lib, name).restype = None
     got = lib.sgq_abi()
     if got != ABI:
         raise OSError(f"ABI {got}, expected {ABI}")
@@ -524,3 +529,48 @@ def assembly(lib, fs, first: int, last: int, sid: int, stage_of, foff, carried: 
     out_L = np.empty(n, dtype=np.int64)
     lib.sgq_assembly(*args, out.ctypes.data, out_L.ctypes.data)
     return out, out_L
+
+
+#: Fewest entries per thread of :func:`arith_runs` (below: one thread).
+RUNS_PER_THREAD = 1 << 21
+
+
+def arith_runs(lib, first, step, length, start, total: int, dtype, threads: int = 0):
+    """Runs ``first[i] + step[i] * (0 .. length[i]-1)`` end to end (run ``i`` at
+    ``start[i]``, the runs covering ``[0, total)`` in order) compiled, as
+    ``dtype`` (int32 or int64; int32 values must fit).
+
+    The runs are split into ``threads`` ranges of about equal entries (0: up to
+    the CPU count, at least :data:`RUNS_PER_THREAD` entries each) written by
+    as many threads at once (the calls release the GIL, and the first touch of
+    the output's pages, most of the cost of a large output, is shared too).
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise ValueError(f"arith_runs: int32 or int64, got {dtype}")
+    a = [np.ascontiguousarray(x, dtype=np.int64) for x in (first, step, length, start)]
+    n = len(a[0])
+    if any(len(x) != n for x in a):
+        raise ValueError("arith_runs: runs of different lengths")
+    total = int(total)
+    out = np.empty(total, dtype=dtype)
+    if (n and (int(a[3][-1]) + int(a[2][-1]) != total or int(a[3][0]) != 0)) or \
+            (not n and total):
+        raise ValueError("arith_runs: the runs do not cover the output")
+    fn = lib.sgq_arith_runs32 if dtype == np.int32 else lib.sgq_arith_runs64
+    args = [x.ctypes.data for x in a] + [out.ctypes.data]
+    if threads <= 0:
+        threads = min(os.cpu_count() or 1, 16, max(1, total // RUNS_PER_THREAD))
+    if threads <= 1 or n < 2:
+        fn(0, n, *args)
+        return out
+    # equal shares of the entries: the run holding each cut starts its range
+    cuts = np.searchsorted(a[3], np.linspace(0, total, threads + 1)[1:-1], side="right") - 1
+    bounds = [0] + sorted(set(int(c) for c in cuts if 0 < c < n)) + [n]
+    workers = [threading.Thread(target=fn, args=(i0, i1, *args), daemon=True)
+               for i0, i1 in zip(bounds[:-1], bounds[1:])]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return out

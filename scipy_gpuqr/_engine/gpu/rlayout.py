@@ -27,12 +27,14 @@ new factorization of the same pattern.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
 
+from ..._schedule import native
 from ..._schedule.pattern_cache import PerPattern
 
 __all__ = ["RLayout", "r_layout", "r_layout_cached", "clear_r_layout_cache",
@@ -148,7 +150,7 @@ class RLayout:
 
     def pattern_copy(self) -> tuple:
         """Fresh ``(indices, indptr)`` for one R (the cached ones stay read-only)."""
-        return self.indices.copy(), self.indptr.copy()
+        return _copy(self.indices), self.indptr.copy()
 
     def csc(self, data: np.ndarray, pattern: tuple | None = None):
         """R as a ``scipy.sparse.csc_array`` over ``data``.
@@ -159,6 +161,29 @@ class RLayout:
         R = sp.csc_array((data, ind, ptr), shape=self.shape)
         R.has_sorted_indices = True
         return R
+
+
+#: Fewest elements per thread of :func:`_copy` (below: one plain copy).
+COPY_PER_THREAD = 1 << 22
+
+
+def _copy(a: np.ndarray) -> np.ndarray:
+    """A copy of the 1-D array ``a``; a large one in slices on several threads
+    (NumPy's copies release the GIL; a fresh array's first touch, most of the
+    cost, is shared by the threads)."""
+    n = len(a)
+    threads = min(os.cpu_count() or 1, 8, n // COPY_PER_THREAD)
+    if threads <= 1:
+        return a.copy()
+    out = np.empty_like(a)
+    cut = [n * i // threads for i in range(threads + 1)]
+    workers = [threading.Thread(target=np.copyto, args=(out[i0:i1], a[i0:i1]), daemon=True)
+               for i0, i1 in zip(cut[:-1], cut[1:])]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return out
 
 
 def _layout_nbytes(lay) -> int:
@@ -314,9 +339,21 @@ def _build_segments(analysis) -> RLayout:
 def _arith_runs(first, step, length, start, total, dtype) -> np.ndarray:
     """Runs ``first[i] + step[i] * (0 .. length[i]-1)`` end to end (lengths >= 1).
 
-    Two passes over the output (the steps, then their running sum in place),
-    in ``dtype`` (int32 wraps in the intermediate sums but every value fits).
+    Compiled (:func:`scipy_gpuqr._schedule.native.arith_runs`: one write per
+    entry, on several threads, off the GIL) when the schedule's native
+    library is loaded, else :func:`_arith_runs_numpy`; both give the same
+    array.
     """
+    lib = native.handle()
+    if lib is not None and total:
+        return native.arith_runs(lib, first, step, length, start, total, dtype)
+    return _arith_runs_numpy(first, step, length, start, total, dtype)
+
+
+def _arith_runs_numpy(first, step, length, start, total, dtype) -> np.ndarray:
+    """:func:`_arith_runs` in NumPy: two passes over the output (the steps, then
+    their running sum in place), in ``dtype`` (int32 wraps in the intermediate
+    sums but every value fits)."""
     out = np.repeat(step.astype(dtype), length) if len(length) else np.zeros(0, dtype)
     if total:
         jump = first.copy()
