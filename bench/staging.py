@@ -12,7 +12,9 @@ call ``QRFactorization(A, backend='gpu')`` + ``solve(b)`` (wall time, the
 device synchronized) without a limit and with the pool limited to 1/2, 1/4,
 1/8 of the one-stage need: one warm-up (kernels, the plan's schedule) then
 the median of ``--repeat`` runs; what ran (``info['backend']``), stages,
-planned peak, the pool's bytes in use after ``free`` (leak check), the
+planned peak, the fronts run on the host (dense fronts that alone exceed the
+limit: ``info['host_fronts']``) and their seconds, the pool's bytes in use
+after ``free`` (leak check), the
 backward error of the least-squares answer; and the CPU path
 (``backend='cpu'``: SuiteSparseQR, OpenBLAS on all cores) once. A limit
 whose plan is infeasible answers on the CPU: it runs once (no repeats).
@@ -83,8 +85,10 @@ def _predict(an, limit):
         except driver._PlanOver as exc:
             avail -= exc.excess
             continue
+        fs = an.fronts
         return {"backend": "gpu", "stages": mp.plan.nstages, "planned_peak": mp.peak,
-                "last_pool_on_device": keep, "dense_copies_kept": cache}
+                "last_pool_on_device": keep, "dense_copies_kept": cache,
+                "host_fronts": [f"{int(fs.fm[f])}x{int(fs.fn[f])}" for f in mp.host]}
     return {"backend": "cpu", "why": "no plan passed the checks"}
 
 
@@ -107,6 +111,8 @@ def _once(A, b, backend):
            "restaged": bi.get("restaged"), "fallback": bi.get("fallback"),
            "planned_peak": (bi.get("memory") or {}).get("planned_peak"),
            "limited_by": (bi.get("memory") or {}).get("limited_by"),
+           "host_fronts": [h["shape"] for h in bi.get("host_fronts") or []],
+           "host_front_seconds": (bi.get("seconds") or {}).get("host_fronts"),
            "normal_eq_residual": berr,
            "warnings": [str(w.message)[:160] for w in seen]}
     F.free()
@@ -184,6 +190,8 @@ def main(argv=None):
                   f"{row['backend']} stages {row['stages']}  x{row['vs_unlimited']:.2f}  "
                   f"restaged {row['restaged']}  leak {row['pool_used_after']}  "
                   f"dx {row['x_rel_diff']:.1e}"
+                  + (f"  host fronts {row['host_fronts']} {row['host_front_seconds']:.2f} s"
+                     if row["host_fronts"] else "")
                   + (f"  [{row['fallback'][:90]}]" if row["fallback"] else ""), flush=True)
         if not args.no_cpu:
             row, x = _run(A, b, "cpu", 0)

@@ -17,7 +17,8 @@ from scipy_gpuqr._engine.gpu.device import NumpyDevice
 from scipy_gpuqr._engine.gpu.driver import gpu_factorize
 from scipy_gpuqr._engine.memory import (CHECK_CHUNK, POOL_USABLE, RESERVE, USABLE,
                                         DeviceMemory, GpuMemoryExhausted, available_bytes,
-                                        front_needs, min_budget, plan_for_memory, plan_need,
+                                        front_needs, min_budget, min_budget_of_front,
+                                        plan_for_memory, plan_need,
                                         stage_bytes, vt_elements)
 from scipy_gpuqr._errors import DeviceOutOfMemory, GpuFallbackWarning
 from scipy_gpuqr._schedule.dense import dense_front_mask
@@ -337,3 +338,128 @@ def test_dense_fronts_left_on_the_host_are_uploaded_per_use():
     one, two = d._get(d._front, _Xp), d._get(d._front, _Xp)
     assert one is not two and "devicexp" not in d._front and "devicexp" not in d._T
     assert d._get(d._front, np) is F
+
+
+# -- host fronts: a dense front that alone exceeds the device -------------------------------
+_HOST_FLOPS = 1e6               # grid 8³'s largest fronts are dense fronts
+
+
+def _host_case():
+    A = random_values(grid3d_least_squares(8), np.random.default_rng(7))
+    an = analyze(A)
+    needs = _needs(an, _HOST_FLOPS)
+    assert needs.hostable is not None and needs.hostable.any()
+    return A, an, needs
+
+
+def test_plan_puts_a_dense_front_too_large_alone_on_the_host():
+    A, an, needs = _host_case()
+    floor, floor_all = min_budget(an, needs), min_budget(an, needs, host=False)
+    assert floor < floor_all
+    mp = plan_for_memory(an, needs, floor)
+    assert mp.feasible and mp.host
+    for f in mp.host:
+        assert needs.hostable[f]
+        assert min_budget_of_front(an, needs, f) > floor       # it alone does not fit
+    hs = mp.host_stages()
+    assert sorted(hs.values()) == sorted(mp.host)
+    for sid, f in hs.items():
+        assert mp.plan.stages[sid] == (f, f) and mp.need[sid] == 0
+    # every front in exactly one stage, in postorder
+    flat = [f for a, b in mp.plan.stages for f in range(a, b + 1)]
+    assert flat == list(range(an.fronts.nfronts))
+    assert mp.need == plan_need(an, needs, mp.plan, mp.host)
+    assert all(b <= floor - needs.fixed for b in mp.need)
+    # without host fronts the same budget is infeasible
+    assert not plan_for_memory(an, needs, floor, host=False).feasible
+    # the fronts that alone fit stay on the device
+    big = max(min_budget_of_front(an, needs, f) for f in mp.host)
+    assert not plan_for_memory(an, needs, big).host
+
+
+@pytest.mark.parametrize("where", ["floor", "between"])
+def test_front_too_large_for_the_device_runs_on_the_host(where, monkeypatch):
+    A, an, needs = _host_case()
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE), dense_flops=_HOST_FLOPS)
+    assert not ref.info["host_fronts"]
+    floor = min_budget(an, needs)
+    alone = sorted(min_budget_of_front(an, needs, f) for f in np.flatnonzero(needs.hostable))
+    limit = floor if where == "floor" else (alone[-1] + alone[-2]) // 2
+    dev = NumpyDevice(TILE, BUNDLE, memory_limit=limit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # no CPU fallback
+        g = gpu_factorize(A, an, device=dev, dense_flops=_HOST_FLOPS)
+    info = g.info
+    assert info["backend"] == "gpu" and "fallback" not in info
+    hf = info["host_fronts"]
+    assert hf and dev.peak <= limit
+    fs = an.fronts
+    for h in hf:
+        f = h["front"]
+        assert h["shape"] == [int(fs.fm[f]), int(fs.fn[f])]
+        assert h["device_bytes_alone"] > info["memory"]["available"]
+        assert "host" in h["why"]
+        # factorized on the host, not on the device layer
+        assert all(fn_ != int(fs.fn[f]) or fm_ != int(fs.fm[f]) for _, fm_, fn_ in dev.dense_done)
+    if where == "between":
+        assert [h["front"] for h in hf] == [int(np.argmax(
+            [min_budget_of_front(an, needs, f) for f in range(fs.nfronts)]))]
+    assert info["seconds"]["host_fronts"] > 0
+    # the same factorization within rounding: R's Gram matrix, Q R = A P, Qᵀ, the solves
+    R0, R1 = ref.R.toarray(), g.R.toarray()
+    scale = np.abs(R0).max() ** 2
+    assert np.abs(R0.T @ R0 - R1.T @ R1).max() <= 1e-12 * scale
+    assert np.abs(R0 - R1).max() <= 1e-10 * np.abs(R0).max()
+    m, n = A.shape
+    QR = g.q_matmul(np.vstack([R1, np.zeros((m - R1.shape[0], n))]))
+    AP = A.toarray()[:, g.colperm]
+    assert np.abs(QR - AP).max() <= 1e-12 * np.abs(AP).max() * m
+    b = np.cos(np.arange(m))
+    np.testing.assert_allclose(g.qt_matmul(b), ref.qt_matmul(b), rtol=0,
+                               atol=1e-12 * np.linalg.norm(b))
+    np.testing.assert_allclose(g.q_matmul(g.qt_matmul(b)), b, rtol=0,
+                               atol=1e-12 * np.linalg.norm(b))
+    g.free()
+    assert dev.held == 0
+    # the public call's solve under the same limit, against the unlimited one's
+    from scipy_gpuqr import QRFactorization
+    from scipy_gpuqr._dispatch import plan as _dispatch
+
+    def factorize(A, analysis=None, **kw):
+        kw["dense_flops"] = _HOST_FLOPS
+        return gpu_factorize(A, analysis, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                             **kw)
+    monkeypatch.setattr(_dispatch, "gpu_engine", lambda: (factorize, "ok"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        F = QRFactorization(A, backend="gpu")
+    assert F.info["backend"] == "gpu" and F.info["backend_info"]["host_fronts"]
+    x = F.solve(b)
+    xr = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    np.testing.assert_allclose(x, xr, rtol=0, atol=1e-10 * np.linalg.norm(xr))
+
+
+def test_host_dense_front_applies_a_device_block_on_the_host():
+    from scipy_gpuqr._engine.dense_front import HostDenseFront, factorize_numpy, panels_of
+
+    class _DeviceBlock(np.ndarray):     # what HostDenseFront reads of a CuPy block
+        def get(self):
+            return np.array(self)
+
+        def set(self, a):
+            self[...] = a
+
+    rng = np.random.default_rng(1)
+    F = rng.standard_normal((20, 7))
+    panels = panels_of(20, 7, None, 4)
+    T = factorize_numpy(F, panels, 4)
+    d = HostDenseFront(F, panels, T)
+    Y = rng.standard_normal((20, 3))
+    Yd = Y.copy().view(_DeviceBlock)
+    d.apply_qt(Yd)
+    ref = Y.copy()
+    d.apply_qt(ref)
+    np.testing.assert_array_equal(np.asarray(Yd), ref)
+    d.apply_q(Yd)
+    np.testing.assert_allclose(np.asarray(Yd), Y, atol=1e-13)
+    assert set(d._front) == {"numpy"} and set(d._T) == {"numpy"}

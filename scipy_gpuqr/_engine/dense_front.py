@@ -45,7 +45,7 @@ from .gpu.dense_panel import PANEL_WIDTH, panel_kernel, panel_qr_numpy
 
 __all__ = ["DEFAULT_PANEL", "PANEL_METHODS", "DEFAULT_PANEL_METHOD", "DEFAULT_LOOKAHEAD",
            "panels_of",
-           "DenseFront", "factorize_numpy", "factorize_blocked_numpy", "factorize_cupy"]
+           "DenseFront", "HostDenseFront", "factorize_numpy", "factorize_blocked_numpy", "factorize_cupy"]
 
 #: Columns per panel of the blocked factorization (a tunable).
 DEFAULT_PANEL = 256
@@ -196,6 +196,32 @@ class DenseFront:
         for j, rows, V, T in reversed(list(self._reflectors(xp))):
             Z = Y[j:j + rows]
             Z -= (V @ (T @ (V.T @ Z))).astype(Y.dtype, copy=False)
+
+
+class HostDenseFront(DenseFront):
+    """A dense front whose Householder data stay on the host (a *host front*: too
+    large for the device's memory, factorized there by :func:`factorize_numpy`).
+
+    ``apply_qt``/``apply_q`` of a device block copy the front's rows of it to
+    the host, transform them there (all the BLAS library's threads) and copy
+    them back: the front is never uploaded.
+    """
+
+    def _apply(self, Y, trans: bool) -> None:
+        if isinstance(Y, np.ndarray):
+            (super().apply_qt if trans else super().apply_q)(Y)
+            return
+        Yh = Y.get()
+        (super().apply_qt if trans else super().apply_q)(Yh)
+        Y.set(Yh)
+
+    def apply_qt(self, Y) -> None:
+        """``Y ← Qᵀ Y`` in place, computed on the host."""
+        self._apply(Y, True)
+
+    def apply_q(self, Y) -> None:
+        """``Y ← Q Y`` in place, computed on the host."""
+        self._apply(Y, False)
 
 
 # ------------------------------------------------------------------------ NumPy / LAPACK

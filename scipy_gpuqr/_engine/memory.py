@@ -34,7 +34,12 @@ scaled by :data:`USABLE` (pool fragmentation).
 paper's §3.4, closing a stage when the next front would not fit; with
 ``max_gpu_memory`` a stage also closes where the analysis' own plan for that
 budget does (so that knob still forces the same stages as the NumPy
-executor's). A front that alone does not fit makes the plan infeasible
+executor's). A dense front that alone does not fit becomes a *host front*: a
+stage of its own that runs on the host (assembled there from its S entries and
+its children's contribution blocks, factorized by LAPACK, its own contribution
+block handed on like any other stage's; the engine's host stage), holding
+nothing on the device but the fixed bytes (:attr:`MemoryPlan.host`). Any other
+front that alone does not fit makes the plan infeasible
 (:attr:`MemoryPlan.feasible`): the engine then answers on the CPU.
 """
 
@@ -53,7 +58,7 @@ from .dense_front import DEFAULT_PANEL
 __all__ = ["USABLE", "POOL_USABLE", "RESERVE", "CHECK_CHUNK", "R_SLOT_BYTES",
            "DENSE_STREAMS", "DeviceMemory", "FrontNeeds", "MemoryPlan", "GpuMemoryExhausted",
            "available_bytes", "vt_elements", "front_needs", "plan_for_memory", "plan_need",
-           "stage_bytes", "min_budget"]
+           "stage_bytes", "min_budget", "min_budget_of_front"]
 
 #: Fraction of the available bytes a plan may use (the pool's rounding and
 #: fragmentation, CuPy's temporaries of small reductions).
@@ -143,6 +148,10 @@ class FrontNeeds:
     per_stage : int
         R's two copy slots (the check's chunk, a byte per pool element up to
         :data:`CHECK_CHUNK`, is added per stage).
+    hostable : ndarray of bool, optional
+        Fronts that may run on the host when they alone do not fit (the dense
+        fronts: no tile tasks, so the host runs only their assembly and a
+        LAPACK factorization); None: none.
     """
 
     front: np.ndarray
@@ -154,6 +163,11 @@ class FrontNeeds:
     fixed: int
     per_stage: int
     itemsize: int = 8
+    hostable: np.ndarray | None = None
+
+    def may_host(self, f: int) -> bool:
+        """Whether front ``f`` may run on the host (:attr:`hostable`)."""
+        return self.hostable is not None and bool(self.hostable[f])
 
     @property
     def own(self) -> np.ndarray:
@@ -228,7 +242,8 @@ def front_needs(analysis, itemsize: int, *, tile: int, vt_elems, dense=None,
     r_slots = 2 * min(R_SLOT_BYTES, max(int(analysis.nnz_R), 1) * 8)
     return FrontNeeds(front=fm * fn * isz, known=known, records=records, carried=cb * isz,
                       leaving=cm * fn * isz, dense_work=work, fixed=vt + int(maps),
-                      per_stage=int(r_slots), itemsize=isz)
+                      per_stage=int(r_slots), itemsize=isz,
+                      hostable=None if dense is None else np.asarray(dense, dtype=bool).copy())
 
 
 @dataclass(frozen=True)
@@ -246,7 +261,12 @@ class MemoryPlan:
     fixed : int
     oversized : tuple of int
         Fronts that alone (with what their stage must hold) exceed
-        ``available``; the plan is infeasible when any.
+        ``available`` and may not run on the host; the plan is infeasible
+        when any.
+    host : tuple of int
+        Host fronts: dense fronts that alone exceed ``available``, each the
+        only front of its stage, which runs on the host (0 device bytes in
+        ``need`` besides the fixed ones).
     """
 
     plan: StagePlan
@@ -254,6 +274,12 @@ class MemoryPlan:
     available: int | None
     fixed: int
     oversized: tuple
+    host: tuple = ()
+
+    def host_stages(self) -> dict:
+        """Stage → its host front."""
+        hs = set(self.host)
+        return {sid: a for sid, (a, b) in enumerate(self.plan.stages) if a == b and a in hs}
 
     @property
     def feasible(self) -> bool:
@@ -265,9 +291,11 @@ class MemoryPlan:
         return self.fixed + (max(self.need) if self.need else 0)
 
 
-def plan_need(analysis, needs: FrontNeeds, plan: StagePlan) -> tuple:
-    """Bytes each stage of ``plan`` allocates by this module's count."""
+def plan_need(analysis, needs: FrontNeeds, plan: StagePlan, host=()) -> tuple:
+    """Bytes each stage of ``plan`` allocates by this module's count (0 for a
+    stage whose only front is a host front, in ``host``)."""
     fs = analysis.fronts
+    hs = set(host)
     chp, ch = fs.child_ptr.tolist(), fs.children.tolist()
     stage_of = np.zeros(fs.nfronts, dtype=np.int64)
     for sid, (a, b) in enumerate(plan.stages):
@@ -275,6 +303,9 @@ def plan_need(analysis, needs: FrontNeeds, plan: StagePlan) -> tuple:
     so = stage_of.tolist()
     out = []
     for sid, (a, b) in enumerate(plan.stages):
+        if a == b and a in hs:
+            out.append(0)
+            continue
         cur = _Stage(needs)
         bytes_ = 0
         for f in range(a, b + 1):
@@ -318,8 +349,12 @@ class _Stage:
 
 
 def plan_for_memory(analysis, needs: FrontNeeds, available: int | None,
-                    max_gpu_memory: int | None = None) -> MemoryPlan:
+                    max_gpu_memory: int | None = None, *, host: bool = True) -> MemoryPlan:
     """Stages in postorder whose every allocation fits ``available`` bytes.
+
+    A front that alone does not fit runs on the host, in a stage of its own,
+    when ``host`` and :meth:`FrontNeeds.may_host` allow (:attr:`MemoryPlan.host`);
+    otherwise it makes the plan infeasible.
 
     Parameters
     ----------
@@ -344,7 +379,7 @@ def plan_for_memory(analysis, needs: FrontNeeds, available: int | None,
     forced = {a for a, _ in model.stages}      # the model's stage starts
     chp, ch = fs.child_ptr.tolist(), fs.children.tolist()
     stage_of = [0] * nf
-    stages, sbytes, oversized = [], [], []
+    stages, sbytes, oversized, on_host = [], [], [], []
     cur = _Stage(needs)
     start, sid, last_bytes = 0, 0, 0
     for f in range(nf):
@@ -365,40 +400,72 @@ def plan_for_memory(analysis, needs: FrontNeeds, available: int | None,
             cur = _Stage(needs)
         cb_in = sum(int(needs.carried[c]) for c in kids if stage_of[c] < sid)
         b, state = cur.with_front(f, [], cb_in)
+        stage_of[f] = sid
+        if b > cap and host and needs.may_host(f):
+            # a stage of its own on the host; the next front opens a new stage
+            on_host.append(f)
+            stages.append((f, f))
+            sbytes.append(0)
+            sid += 1
+            start = f + 1
+            cur = _Stage(needs)
+            continue
         cur.take(state)
-        stage_of[f], last_bytes = sid, b
+        last_bytes = b
         if b > cap:
             oversized.append(f)
-    stages.append((start, nf - 1))
-    sbytes.append(last_bytes)
+    if start < nf:
+        stages.append((start, nf - 1))
+        sbytes.append(last_bytes)
     plan = StagePlan(int(available), tuple(stages), tuple(int(b) for b in sbytes),
                      tuple(oversized))
-    return MemoryPlan(plan, plan.stage_bytes, int(available), needs.fixed, tuple(oversized))
+    return MemoryPlan(plan, plan.stage_bytes, int(available), needs.fixed, tuple(oversized),
+                      tuple(on_host))
 
 
-def min_budget(analysis, needs: FrontNeeds) -> int:
-    """The smallest ``available`` with a feasible plan: the fixed bytes and the
-    largest single-front stage (the front, its children's carried blocks, its
-    own gather buffer, its workspace and the per-stage buffers)."""
+def _alone(analysis, needs: FrontNeeds) -> np.ndarray:
+    """Device bytes of each front alone in a stage (the front, its children's
+    carried blocks, its own gather buffer, its workspace, the per-stage buffers),
+    the fixed bytes excluded."""
     fs = analysis.fronts
-    if fs.nfronts == 0:
-        return needs.fixed
     kids_cb = np.zeros(fs.nfronts, dtype=np.int64)
     par = fs.parent
     has = par >= 0
     np.add.at(kids_cb, par[has], needs.carried[np.flatnonzero(has)])
     el = (needs.front + kids_cb) // needs.itemsize
-    one = (needs.own + kids_cb + needs.leaving + needs.dense_work + needs.per_stage
-           + np.minimum(el, CHECK_CHUNK))
-    return int(needs.fixed + one.max())
+    return (needs.own + kids_cb + needs.leaving + needs.dense_work + needs.per_stage
+            + np.minimum(el, CHECK_CHUNK))
 
 
-def stage_bytes(sched, analysis, needs: FrontNeeds, itemsize: int) -> list:
+def min_budget(analysis, needs: FrontNeeds, *, host: bool = True) -> int:
+    """The smallest ``available`` with a feasible plan: the fixed bytes and the
+    largest single-front stage (the front, its children's carried blocks, its
+    own gather buffer, its workspace and the per-stage buffers) of the fronts
+    that may not run on the host (all of them without ``host``)."""
+    if analysis.fronts.nfronts == 0:
+        return needs.fixed
+    one = _alone(analysis, needs)
+    if host and needs.hostable is not None:
+        one = one[~needs.hostable]
+    return int(needs.fixed + (one.max() if len(one) else 0))
+
+
+def min_budget_of_front(analysis, needs: FrontNeeds, f: int) -> int:
+    """Device bytes of a stage holding front ``f`` alone, the fixed bytes included."""
+    return int(needs.fixed + _alone(analysis, needs)[int(f)])
+
+
+def stage_bytes(sched, analysis, needs: FrontNeeds, itemsize: int, host=()) -> list:
     """Bytes of each stage of a built schedule: its exact pool (fronts and carried
-    blocks) and records, with ``needs``' other parts (see :func:`plan_for_memory`)."""
+    blocks) and records, with ``needs``' other parts (see :func:`plan_for_memory`);
+    0 for the stages in ``host`` (stage indices: they run on the host)."""
     fs = analysis.fronts
+    hs = set(host)
     out = []
-    for st in sched.stages:
+    for sid, st in enumerate(sched.stages):
+        if sid in hs:
+            out.append(0)
+            continue
         first, last = st.fronts
         sl = slice(first, last + 1)
         par = fs.parent[sl]

@@ -48,7 +48,7 @@ import numpy as np
 from ..._errors import DeviceOutOfMemory, GpuEngineError
 from ..._gpu import import_cupy
 from ..._kernels import load_module
-from ..._schedule.tasks import TASK_BYTES
+from ..._schedule.tasks import TASK_BYTES, TaskType
 from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
 from ..host.simulate import execute_task, one_blas_thread
 from ..memory import CHECK_CHUNK, DeviceMemory, available_bytes
@@ -56,7 +56,8 @@ from . import factorize_kernels as variants
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, NumpyRCopy, PinnedStaging,
                     staging_for)
 
-__all__ = ["GpuEngineError", "DeviceOutOfMemory", "CupyDevice", "NumpyDevice"]
+__all__ = ["GpuEngineError", "DeviceOutOfMemory", "CupyDevice", "NumpyDevice",
+           "HostFrontDevice"]
 
 #: Threads per block of the engine's uberkernel variants.
 ENGINE_THREADS = variants.ENGINE_THREADS
@@ -202,6 +203,48 @@ class NumpyDevice:
 
     def close(self) -> None:
         self.held = 0
+
+
+class HostFrontDevice(NumpyDevice):
+    """The device calls for a host stage: one dense front too large for the device.
+
+    The engine's memory plan (:mod:`scipy_gpuqr._engine.memory`) gives such a
+    front a stage of its own; this layer runs that stage's records (its
+    S-Assemble and its children's Pack-Assemble: a dense front has no tile
+    tasks, which this layer refuses) on its host pool, factorizes the front with
+    LAPACK ``geqrf`` panels and BLAS trailing updates using all the BLAS
+    library's threads (:func:`~scipy_gpuqr._engine.dense_front.factorize_numpy`),
+    and hands R's rows and the contribution block on like a device stage.
+    It allocates nothing on the device and has no memory limit.
+    """
+
+    name = "host (LAPACK)"
+
+    #: Record types a host stage may hold.
+    ALLOWED = (int(TaskType.S_ASSEMBLE), int(TaskType.PACK_ASSEMBLE), int(TaskType.NONE))
+
+    def __init__(self, tile: int, bundle: int, *, dtype=np.float64):
+        super().__init__(tile, bundle, dtype=dtype)
+
+    def launch(self, h, L, records) -> None:
+        if len(records):
+            bad = ~np.isin(records["type"], self.ALLOWED)
+            if bad.any():
+                raise GpuEngineError(f"a host stage holds a record of type "
+                                     f"{int(records['type'][bad][0])} (assembly only)")
+        t0 = time.perf_counter()
+        super().launch(h, L, records)
+        self.seconds["kernels"] += time.perf_counter() - t0
+
+    def dense_factorize(self, h, off, fm, fn, stair):
+        """The front factorized in place with the BLAS library's threads."""
+        t0 = time.perf_counter()
+        F = h["pool"][off: off + fm * fn].reshape(fm, fn)
+        panels = panels_of(fm, fn, stair, self.dense_panel)
+        T = factorize_numpy(F, panels, self.dense_panel)
+        self.dense_done.append((int(off), int(fm), int(fn)))
+        self.seconds["dense"] = self.seconds.get("dense", 0.0) + time.perf_counter() - t0
+        return F, panels, T, None
 
 
 class CupyDevice:

@@ -24,8 +24,16 @@ Memory: the stages are planned for the memory the device really has now
 counts every allocation of a stage), within ``max_gpu_memory`` when given;
 the built schedule's exact bytes are checked before the first allocation. A
 device out-of-memory during a run frees everything the attempt held and
-restages for a smaller peak (:data:`MAX_RESTAGE` times). When no plan fits (a
-front alone exceeds the memory) SuiteSparseQR answers on the CPU with a
+restages for a smaller peak (:data:`MAX_RESTAGE` times). A dense front that
+alone exceeds the memory is a *host front* (:attr:`.memory.MemoryPlan.host`):
+its stage runs on the host (:class:`~.device.HostFrontDevice`: assembled from
+its S entries and its children's contribution blocks, factorized by LAPACK
+with all the BLAS threads, R's rows gathered and its contribution block handed
+on as a device stage's), its Householder data stay on the host
+(:class:`~scipy_gpuqr._engine.dense_front.HostDenseFront`: ``Q`` applies it
+there) and R's solves use its rows of R there too; ``info["host_fronts"]`` says
+which and why. When no plan fits (any other front alone exceeds the memory)
+SuiteSparseQR answers on the CPU with a
 :class:`GpuFallbackWarning`, and ``info`` says ``backend`` 'cpu' and why
 (``fallback``). A staged factorization whose last pool would not fit beside
 an earlier one sends it to the host too, so that ``Q`` replays on the device
@@ -65,14 +73,14 @@ from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH, de
 from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
 from ..._symbolic import analyze
-from ..dense_front import DenseFront
+from ..dense_front import DenseFront, HostDenseFront
 from ..host.reference import answer_with_rank_detection, reference_factorize
 from ..inputs import engine_csc
-from ..memory import (DeviceMemory, GpuMemoryExhausted, front_needs, min_budget, plan_for_memory,
-                      stage_bytes, vt_elements)
+from ..memory import (DeviceMemory, GpuMemoryExhausted, front_needs, min_budget,
+                      min_budget_of_front, plan_for_memory, stage_bytes, vt_elements)
 from ..tasklist_qr import TaskListQR
 from . import solve as gpu_solve
-from .device import CupyDevice
+from .device import CupyDevice, HostFrontDevice
 from .factorize_kernels import prefetch_engine_kernels
 from .rcopy import final_entries_cached
 from .rlayout import r_layout, r_layout_cached
@@ -129,6 +137,9 @@ class GpuQR(TaskListQR):
     _replay : dict
         What :mod:`.solve` caches for this factorization (replay plan,
         executors, ``qorder`` per array module).
+    _host_stages : dict
+        Stage → its host front (a dense front too large for the device, whose
+        pool stays in ``_host_pools``: the solves use it on the host).
     """
 
     _device: object = field(default=None, repr=False)
@@ -139,6 +150,7 @@ class GpuQR(TaskListQR):
     _front_launch: list = field(default_factory=list, repr=False)
     _launch_base: list = field(default_factory=list, repr=False)
     _replay: dict = field(default_factory=dict, repr=False)
+    _host_stages: dict = field(default_factory=dict, repr=False)
 
     def on_device(self) -> bool:
         """True when Q is applied on a CUDA device (the factorization's)."""
@@ -269,7 +281,8 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     GpuQR
         ``info["memory"]``: the bytes available and what limited them, the
         fixed and per-stage bytes planned, out-of-memory events met;
-        ``info["restaged"]``: attempts before the one that ran.
+        ``info["restaged"]``: attempts before the one that ran;
+        ``info["host_fronts"]``: the fronts that ran on the host and why.
         ``info["launches"]`` counts every launch of the schedule (the global
         launch numbering of ``Q``'s replay), the empty ones a dense front
         defers its parent's pack by included; ``info["launches_with_tasks"]``
@@ -336,6 +349,7 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
             _log.info("GPU out of memory (%s): restaging for %d bytes", oom[-1], available)
             continue
         out.info["restaged"] = attempt
+        out.info["host_fronts"] = _host_front_info(analysis, needs, mplan, limited_by)
         out.info["memory"] = {"available": available, "limited_by": limited_by,
                               "detail": mem.detail, "fixed": mplan.fixed,
                               "stage_bytes": list(mplan.need),
@@ -352,6 +366,21 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     if not fallback:
         raise GpuMemoryExhausted(why)
     return _cpu_fallback(Ac, analysis, why, stacklevel=3)
+
+
+def _host_front_info(analysis, needs, mplan, limited_by) -> list:
+    """``info["host_fronts"]``: per host front its shape, its bytes alone on the
+    device and why it ran on the host."""
+    fs = analysis.fronts
+    out = []
+    for f in mplan.host:
+        fm, fn = int(fs.fm[f]), int(fs.fn[f])
+        alone = min_budget_of_front(analysis, needs, f)
+        out.append({"front": int(f), "shape": [fm, fn], "device_bytes_alone": alone,
+                    "why": f"alone it needs {alone:,} bytes of device memory, "
+                           f"{mplan.available:,} available ({limited_by}): factorized on "
+                           f"the host (LAPACK)"})
+    return out
 
 
 def _no_gpu(Ac, analysis, why):
@@ -416,6 +445,7 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
                            dense_flops=dense_flops, dense_columns_per_launch=dense_cpl,
                            plan=None if mplan is None else mplan.plan)
     keep_last = cache_dense = True
+    host_stages = mplan.host_stages() if mplan is not None else {}
     if mplan is not None and mplan.available is not None:
         keep_last, cache_dense = _memory_checks(analysis, sched, mplan, needs,
                                                 np.dtype(device.dtype).itemsize)
@@ -430,7 +460,7 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     try:
         return _run(Ac, analysis, device, sched, host_side, cold, t0, t1, budget=budget,
                     tile=tile, bundle=bundle, pipelining=pipelining, keep_last=keep_last,
-                    cache_dense=cache_dense)
+                    cache_dense=cache_dense, host_stages=host_stages)
     finally:
         helper.shutdown(wait=True)
 
@@ -441,13 +471,16 @@ def _memory_checks(analysis, sched, mplan, needs, isz: int) -> tuple:
     Raises :class:`_PlanOver` when the schedule's exact bytes (a stage) or the
     solves' exceed it: Q's replay and R's triangular solves upload one stage's
     pool at a time and, beside it, one of its dense fronts (sent to the host
-    with it) or the copy of its largest triangle of R for cuBLAS.
+    with it) or the copy of its largest triangle of R for cuBLAS. A host
+    stage (``mplan.host``) holds nothing on the device, neither while it runs
+    nor in the solves (its front's ``Q`` and R are applied on the host).
     ``keep_last``: the last stage's pool stays on the device beside an uploaded
     one; ``cache_dense``: device copies of the dense fronts sent to the host are
     kept once made.
     """
     keep_last = cache_dense = True
-    exact = stage_bytes(sched, analysis, needs, isz)
+    hstage = mplan.host_stages()
+    exact = stage_bytes(sched, analysis, needs, isz, host=hstage)
     fixed = needs.fixed
     if fixed + max(exact, default=0) > mplan.available:
         raise _PlanOver(fixed + max(exact) - mplan.available,
@@ -460,20 +493,25 @@ def _memory_checks(analysis, sched, mplan, needs, isz: int) -> tuple:
     dense_b = _dense_bytes(analysis, sched, isz)
     base = fixed + _solve_bytes(analysis, sched)
     per = []                    # a stage's pool uploaded, with its largest companion
-    for st in sched.stages:
+    for sid, st in enumerate(sched.stages):
         a, b = st.fronts
+        if sid in hstage:           # solved and applied on the host
+            per.append(0)
+            continue
         side = max([dense_b[f] for f in st.dense] + [int((rk[a:b + 1] ** 2).max()) * 8])
         per.append(int(st.pool_size) * isz + side)
     last_pool = int(sched.stages[-1].pool_size) * isz
-    keep_last = base + last_pool + max(per[:-1]) <= mplan.available
+    keep_last = (len(sched.stages) - 1 not in hstage
+                 and base + last_pool + max(per[:-1]) <= mplan.available)
     solve = base + max(per) if not keep_last else base + last_pool + max(per[:-1])
     if solve > mplan.available:
         raise _PlanOver(solve - mplan.available,
                         f"the solves need {solve:,} bytes, {mplan.available:,} available")
     # dense fronts of stages sent to the host are uploaded for each use, unless
     # their device copies (kept once made) all fit
+    hostf = set(hstage.values())
     away = sum(v for f, v in dense_b.items()
-               if not (keep_last and sched.stages[-1].foff[f] >= 0))
+               if f not in hostf and not (keep_last and sched.stages[-1].foff[f] >= 0))
     cache_dense = solve + away <= mplan.available
     return keep_last, cache_dense
 
@@ -497,7 +535,7 @@ def _host_side(analysis, sched, plan_stages, cold):
 
 
 def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, bundle,
-         pipelining, keep_last=True, cache_dense=True):
+         pipelining, keep_last=True, cache_dense=True, host_stages=None):
     """Run every stage on ``device``, then assemble R and the :class:`GpuQR`.
 
     ``host_side``: the future of :func:`_host_side`; ``t0``/``t1``: start and
@@ -505,8 +543,9 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     """
     m, n = Ac.shape
     dtype = np.float32 if Ac.dtype == np.float32 else np.float64
+    host_stages = dict(host_stages or {})
     loop = _StageLoop(Ac, analysis, device, sched, host_side, cold, tile=tile, bundle=bundle,
-                      pipelining=pipelining, keep_last=keep_last)
+                      pipelining=pipelining, keep_last=keep_last, host_stages=host_stages)
     for sid, st in enumerate(sched.stages):
         loop.run_stage(sid, st)
     t2 = time.perf_counter()
@@ -516,7 +555,8 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     R = _assemble_R(Ac, layout, loop.r_parts, dtype, loop.pattern)
     t3 = time.perf_counter()
     slots_of = layout.slots_of
-    dense = _dense_fronts(sched, loop.dense_parts, slots_of, cache_device=cache_dense)
+    dense = _dense_fronts(sched, loop.dense_parts, slots_of, cache_device=cache_dense,
+                          host=set(host_stages.values()))
     fronts = loop.front_list(slots_of)
     info = loop.info(budget=budget, dense_fronts=len(dense),
                      seconds={"schedule": t1 - t0, "factorize": t2 - t1, "assemble_R": t3 - t2})
@@ -526,7 +566,8 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
                  _fronts=fronts, _vt=None, _dense=dense, _device=device,
                  _pending=loop.pending, _stage_pools=loop.stage_pools,
                  _host_pools=loop.host_pools, _front_loc=loop.front_loc,
-                 _front_launch=loop.front_launch, _launch_base=loop.launch_base)
+                 _front_launch=loop.front_launch, _launch_base=loop.launch_base,
+                 _host_stages=host_stages)
 
 
 class _StageLoop:
@@ -538,10 +579,15 @@ class _StageLoop:
     lie (``front_tasks``, ``front_launch``, ``front_loc``, ``pending``), the
     pools kept for ``Q`` (``stage_pools`` on the device, ``host_pools``) and
     the dense fronts (``dense_parts``).
+
+    A host stage (``host_stages``: stage → its only front, a dense front) runs
+    every call of the stage on a :class:`~.device.HostFrontDevice` instead of
+    the device: its pool is a host array from the start and joins
+    ``host_pools``.
     """
 
     def __init__(self, Ac, analysis, device, sched, host_side, cold, *, tile, bundle,
-                 pipelining, keep_last=True):
+                 pipelining, keep_last=True, host_stages=None):
         fs = analysis.fronts
         nf = fs.nfronts
         self.analysis, self.fs, self.device, self.sched = analysis, fs, device, sched
@@ -573,6 +619,21 @@ class _StageLoop:
                      sched.ntasks, sched.dense_flops)
         self.progressive = 0
         self.keep_last = bool(keep_last)    # the last stage's pool stays on the device
+        self.host_stages = dict(host_stages or {})
+        self.host_dev = None
+        self.t_host = 0.0
+        for sid, f in self.host_stages.items():
+            st = sched.stages[sid]
+            if tuple(st.fronts) != (f, f) or f not in st.dense:
+                raise GpuEngineError(f"host stage {sid}: {st.fronts} is not dense front {f} "
+                                     f"alone")
+        if self.host_stages:
+            self.host_dev = HostFrontDevice(tile, bundle, dtype=device.dtype)
+            self.host_dev.start(np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64), 0)
+
+    def dev(self, sid: int):
+        """The layer that runs stage ``sid`` (the host's for a host stage)."""
+        return self.host_dev if sid in self.host_stages else self.device
 
     # -- one stage ---------------------------------------------------------------------
     def run_stage(self, sid: int, st) -> None:
@@ -582,7 +643,8 @@ class _StageLoop:
         told the launches are done and the stage is waited for and checked
         (``device.end_stage``); a failure aborts the copier.
         """
-        device = self.device
+        device = self.dev(sid)
+        t_host = time.perf_counter()
         h = self.begin(sid, st)
         copier, pos = self.open_progressive_copy(sid, st, h)
         try:
@@ -602,16 +664,18 @@ class _StageLoop:
         self.r_parts.append((pos, copier.result()))
         self.t_r_wait += time.perf_counter() - tw
         del copier
-        self.carry_contribution_blocks(st, pool)
+        self.carry_contribution_blocks(st, pool, device)
         self.keep_reflector_records(sid, st, fac_parts, fac_launch)
         self.retire_pool(sid, st, pool)
+        if sid in self.host_stages:
+            self.t_host += time.perf_counter() - t_host
 
     def begin(self, sid: int, st) -> dict:
         """The stage's pool on the device: zeroed, carried contribution blocks and S entries in."""
         fs = self.fs
         carried = [(off, self.host_cb.pop(c)) for c, off in st.carried.items()]
         s0, s1 = st.s_range
-        h = self.device.begin_stage(st, fs.s_index[s0:s1], self.vals[s0:s1], carried)
+        h = self.dev(sid).begin_stage(st, fs.s_index[s0:s1], self.vals[s0:s1], carried)
         self.launch_base.append(int(sum(s_.nlaunch for s_ in self.sched.stages[:sid])))
         return h
 
@@ -626,7 +690,7 @@ class _StageLoop:
         def _final(st=st, lay=self.warm):
             return final_entries_cached(self.analysis, lay, self.sched, st, self.tile,
                                         self.fkey)
-        copier = self.device.open_r_copy(h["pool"], gidx, self.warm, final=_final)
+        copier = self.dev(sid).open_r_copy(h["pool"], gidx, self.warm, final=_final)
         self.progressive += 1
         return copier, pos
 
@@ -639,7 +703,7 @@ class _StageLoop:
         records met and their global launch indices (a cold schedule's records
         exist only as launched).
         """
-        fs, device = self.fs, self.device
+        fs, device = self.fs, self.dev(sid)
         dense_at, join_at = {}, {}
         for f, Ld in st.dense.items():
             dense_at.setdefault(Ld, []).append(f)
@@ -677,9 +741,10 @@ class _StageLoop:
             self.layout, self.gmaps, self.pattern = self.host_side.result()
             self.t_wait_host += time.perf_counter() - tw
 
-    def carry_contribution_blocks(self, st, pool) -> None:
+    def carry_contribution_blocks(self, st, pool, device=None) -> None:
         """Contribution blocks of the stage's fronts whose parent lies in a later stage,
-        fetched in one transfer (upper trapezoidal, packed) into ``host_cb``."""
+        fetched in one transfer (upper trapezoidal, packed) into ``host_cb`` (from
+        ``device``, default the engine's layer)."""
         fs = self.fs
         first, last = st.fronts
         members = np.arange(first, last + 1)
@@ -691,7 +756,7 @@ class _StageLoop:
         rk, fnm = fs.frank[members].astype(np.int64), self.fn[members]
         cmm = fs.cm[members].astype(np.int64)
         segs = [(int(foff[i] + rk[i] * fnm[i]), int(cmm[i] * fnm[i])) for i in later]
-        host = self.device.fetch(pool, segs)
+        host = (device or self.device).fetch(pool, segs)
         p = 0
         for j, i in enumerate(later.tolist()):
             f = first + i
@@ -732,6 +797,10 @@ class _StageLoop:
         """An earlier stage's pool to the host (its dense fronts' data with it) and off
         the device; the last stage's stays there for ``Q`` (unless ``keep_last`` is
         off: then ``Q`` uploads one pool at a time)."""
+        if sid in self.host_stages:     # already on the host, dense data with it
+            self.host_pools[sid] = pool
+            self.host_dev.release(pool)
+            return
         if sid + 1 >= self.nstage and self.keep_last:
             self.stage_pools[sid] = pool
             return
@@ -780,9 +849,11 @@ class _StageLoop:
                             "download": dev_s.get("download", 0.0),
                             "launch_loop": dev_s.get("launch_loop", 0.0),
                             "wait_gpu": dev_s.get("wait", 0.0),
-                            "wait_r_copy": self.t_r_wait},
+                            "wait_r_copy": self.t_r_wait,
+                            "host_fronts": self.t_host},
                 "r_copy_progressive": bool(self.progressive),
-                "last_pool_on_device": bool(self.keep_last)}
+                "last_pool_on_device": bool(self.keep_last
+                                            and self.nstage - 1 not in self.host_stages)}
 
 
 class _UploadedDense(DenseFront):
@@ -808,11 +879,13 @@ def _dense_bytes(analysis, sched, itemsize: int) -> dict:
     return out
 
 
-def _dense_fronts(sched, dense_parts, slots_of, *, cache_device: bool = True) -> dict:
+def _dense_fronts(sched, dense_parts, slots_of, *, cache_device: bool = True,
+                  host=()) -> dict:
     """``GpuQR._dense``: a :class:`~scipy_gpuqr._engine.dense_front.DenseFront` per
     dense front, with its global launch (checked against the schedule's); without
     ``cache_device`` those left on the host are uploaded per use
-    (:class:`_UploadedDense`)."""
+    (:class:`_UploadedDense`); host fronts (``host``) are applied on the host
+    (:class:`~scipy_gpuqr._engine.dense_front.HostDenseFront`)."""
     launch0 = np.concatenate(([0], np.cumsum([st.nlaunch for st in sched.stages])))
     dense = {}
     for f, (sid, Fv, panels, T) in dense_parts.items():
@@ -820,6 +893,8 @@ def _dense_fronts(sched, dense_parts, slots_of, *, cache_device: bool = True) ->
         if Ld != sched.dense[f]:
             raise GpuEngineError(f"dense front {f}: launch {Ld} != {sched.dense[f]}")
         kind = DenseFront if cache_device or hasattr(Fv, "get") else _UploadedDense
+        if f in host:
+            kind = HostDenseFront
         dense[f] = kind(Fv, panels, T, slots=slots_of[f], after_launch=Ld)
     return dense
 

@@ -534,6 +534,8 @@ def _device_pools(qr):
         pool = qr._stage_pools.get(sid)
         if pool is not None:
             return pool
+        if sid in getattr(qr, "_host_stages", {}):
+            return qr._host_pools[sid]      # a host front's: used on the host
         return cp.asarray(qr._host_pools[sid])    # an earlier stage, uploaded
     return pools
 

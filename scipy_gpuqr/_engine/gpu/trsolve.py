@@ -117,6 +117,9 @@ class FrontTriangular:
 
     def step(self, i: int, Y, pool, *, trans: bool) -> None:
         """Front ``self.fronts[i]`` of the solve, in place on Y (dense solvers)."""
+        if self.xp is not np and isinstance(pool, np.ndarray):
+            self._host_step(i, Y, pool, trans=trans)
+            return
         sid, off, fm, fn, rk, a, b = self.fronts[i]
         U, S = self._blocks(sid, off, fm, fn, rk, pool)
         piv = self.cols[a: a + rk]
@@ -131,6 +134,24 @@ class FrontTriangular:
         if fn > rk:
             o = self.cols[a + rk: b]
             Y[o] -= S.T @ y
+
+    def _host_step(self, i: int, Y, pool, *, trans: bool) -> None:
+        """A front whose values stay on the host (a host front of a GPU
+        factorization, too large for the device): its columns of the device Y
+        solved on the host and copied back."""
+        sid, off, fm, fn, rk, a, b = self.fronts[i]
+        U, S = self._blocks(sid, off, fm, fn, rk, pool)
+        U = U.astype(np.float64, copy=False)
+        cols = self.cols[a: b]
+        y = Y[cols].get()
+        if not trans:
+            rhs = y[:rk] - S @ y[rk:] if fn > rk else y[:rk]
+            Y[cols[:rk]] = self.xp.asarray(host_solve_triangular(U, rhs, lower=False))
+            return
+        z = host_solve_triangular(U, y[:rk], lower=False, trans=1)
+        Y[cols[:rk]] = self.xp.asarray(z)
+        if fn > rk:
+            Y[cols[rk:]] = self.xp.asarray(y[rk:] - S.T @ z)
 
     def _loop(self, Y, trans: bool) -> None:
         sid_cur, pool = None, None
