@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 import tempfile
 import threading
@@ -51,8 +52,8 @@ import numpy as np
 from ._cachedir import cache_dir
 
 __all__ = ["ENV", "folder", "source_stamp", "narrow", "unlink", "touch", "publish", "files",
-           "bound", "write_behind", "flush", "write_arrays", "read_aligned", "decode_arrays",
-           "Foreign"]
+           "bound", "write_behind", "flush", "write_arrays", "read_aligned", "read_mapped",
+           "decode_arrays", "Foreign"]
 
 #: Environment variable naming the folder (or ``off``).
 ENV = "SCIPY_GPUQR_SCHEDULE_CACHE"
@@ -279,6 +280,25 @@ def read_aligned(path: Path):
     except OSError:
         return None
     return data
+
+
+def read_mapped(path: Path):
+    """The bytes of ``path`` mapped read-only (a memoryview of an ``mmap``), or None.
+
+    For large entries: their arrays are views of the page cache, made without
+    reading or copying (and without first touches of fresh memory); the
+    mapping stays valid when the file is replaced or deleted (the store never
+    truncates a file in place). Arrays decoded from it are read-only.
+    """
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                return None
+            mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    return memoryview(mm)
 
 
 class Foreign(ValueError):

@@ -36,6 +36,8 @@ import scipy.sparse as sp
 
 from ..._schedule import native
 from ..._schedule.pattern_cache import PerPattern
+from ..._store import write_behind
+from . import rlayout_store
 
 __all__ = ["RLayout", "r_layout", "r_layout_cached", "clear_r_layout_cache",
            "MEMORY_ENTRIES", "MEMORY_BYTES"]
@@ -82,6 +84,8 @@ class RLayout:
     qorder: np.ndarray
     slots_of: list
     _segs: tuple | None = field(default=None, repr=False)
+    _r1_src: np.ndarray | None = field(default=None, repr=False)
+    _store_at: object = field(default=None, repr=False)
     _stage_maps: dict = field(default_factory=dict, repr=False)
     _extras: dict = field(default_factory=dict, repr=False)
     _lock: object = field(default_factory=threading.RLock, repr=False)
@@ -94,8 +98,14 @@ class RLayout:
     def src(self) -> np.ndarray:
         with self._lock:
             if self._src is None:
-                first, step, length, start = self._segs
-                self._src = _arith_runs(first, step, length, start, self.nnz, np.int64)
+                if self._segs is not None:
+                    first, step, length, start = self._segs
+                    self._src = _arith_runs(first, step, length, start, self.nnz, np.int64)
+                else:       # read from disk: the one-stage map, singleton entries apart
+                    key = ((0, len(self.fbase) - 2),)
+                    src = self._stage_maps[key][0][1].astype(np.int64)
+                    src[self.r1_pos] = self._r1_src
+                    self._src = src
                 self._src.flags.writeable = False
             return self._src
 
@@ -138,6 +148,9 @@ class RLayout:
             out.append((pos, (src[pos] - lo).astype(itype)))
         with self._lock:
             self._stage_maps = {key: out}
+            at, self._store_at = self._store_at, None
+        if at is not None and len(key) == 1:    # the usual one-stage plan: kept on disk
+            write_behind(_save, at, self, out[0][1])
         return out
 
     def extra(self, key, make):
@@ -215,15 +228,63 @@ def r_layout_cached(analysis) -> RLayout | None:
 
 
 def r_layout(analysis, cache: bool = True) -> RLayout:
-    """R's layout for ``analysis`` (built once per pattern, cached)."""
+    """R's layout for ``analysis`` (built once per pattern, cached).
+
+    With ``cache``, also on disk between processes (:mod:`.rlayout_store`):
+    a layout read back maps its file; one built here is written once its
+    one-stage gather map is made (:meth:`RLayout.stage_maps`).
+    """
     if cache:
         hit = _CACHE.get(analysis)
         if hit is not None:
             return hit
-    out = _build(analysis)
+    at = rlayout_store.slot(analysis) if cache else None
+    out = rlayout_store.load(at, analysis, _from_arrays)
+    if out is None:
+        out = _build(analysis)
+        out._store_at = None if at is None else (at, analysis)
     if cache:
         _CACHE.put(analysis, None, out)
     return out
+
+
+def _save(at, lay: "RLayout", map1: np.ndarray) -> bool:
+    """Write ``lay`` with its one-stage gather map ``map1`` (write-behind thread;
+    ``at``: the file and the analysis, :func:`.rlayout_store.slot`)."""
+    path, analysis = at
+    if lay._segs is not None:       # singleton-row entries: the negative sources
+        r1_src = lay._segs[0][lay._segs[0] < 0]
+    else:
+        r1_src = lay.src[lay.r1_pos]
+    sl = lay.slots_of
+    slots_ptr = np.zeros(len(sl) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in sl], out=slots_ptr[1:])
+    slots = np.concatenate(sl) if sl else np.zeros(0, dtype=np.int64)
+    arrays = {"indptr": lay.indptr, "indices": lay.indices, "map1": map1,
+              "fbase": lay.fbase, "r1_pos": lay.r1_pos, "r1_nz": lay.r1_nz,
+              "r1_src": r1_src, "qorder": lay.qorder, "slots": slots,
+              "slots_ptr": slots_ptr}
+    return rlayout_store.save(path, analysis, arrays, {"shape": [int(x) for x in lay.shape]})
+
+
+def _from_arrays(a: dict, facts: dict) -> "RLayout":
+    """A layout of the arrays :func:`_save` wrote (read-only views of the file);
+    ValueError when they do not fit together."""
+    shape = tuple(int(x) for x in facts["shape"])
+    indptr, indices, map1 = a["indptr"], a["indices"], a["map1"]
+    fbase, sp_ = a["fbase"], a["slots_ptr"]
+    nf = len(fbase) - 1
+    if (len(shape) != 2 or len(indptr) != shape[1] + 1 or nf < 0
+            or int(indptr[-1]) != len(indices) or len(map1) != len(indices)
+            or len(sp_) != nf + 1 or int(sp_[-1]) != len(a["slots"])
+            or len(a["r1_pos"]) != len(a["r1_src"]) or len(a["r1_nz"]) != len(a["r1_pos"])):
+        raise ValueError("layout file: arrays that do not fit together")
+    slots, bounds = a["slots"], sp_.tolist()
+    slots_of = [slots[bounds[f]:bounds[f + 1]] for f in range(nf)]
+    return RLayout(shape=shape, indptr=indptr, indices=indices, _src=None, fbase=fbase,
+                   r1_pos=a["r1_pos"], r1_nz=a["r1_nz"], qorder=a["qorder"],
+                   slots_of=slots_of, _r1_src=a["r1_src"],
+                   _stage_maps={((0, nf - 1),): [(None, map1)]})
 
 
 def row_slots(analysis) -> list:
