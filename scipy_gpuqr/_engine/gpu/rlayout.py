@@ -22,7 +22,11 @@ The GPU engine gathers a stage's R values on the device, in CSC order, and
 copies back exactly nnz(R) values (no host-side sort or transpose per
 factorization). The layout is built on a worker thread while the GPU runs
 the first factorization's launches, and reused by ``refactor`` and by every
-new factorization of the same pattern.
+new factorization of the same pattern; a new process maps it back from the
+disk store (:mod:`.rlayout_store`). Its two arrays of nnz(R) entries (row
+indices, the one-stage gather index) are expanded from column segments by
+the compiled runs of :mod:`scipy_gpuqr._schedule.native` when loaded (on
+several threads, off the GIL: the worker shares the CPU with the launch loop).
 """
 
 from __future__ import annotations
