@@ -82,14 +82,17 @@ class GpuqrOptions:
         ``auto`` use the GPU sparse QR; below it SciPy's own function
         (SuperLU) answers. None means the value calibrated against SuperLU
         for this GPU model, or :data:`DEFAULT_SPSOLVE_THRESHOLD`.
-    devices : None, int or sequence of int
+    devices : None, 'auto', int or sequence of int
         GPUs of this host the sparse QR runs on (subtrees of the elimination
         tree mapped to devices, see ``scipy_gpuqr._schedule.devices``). None:
-        every visible GPU when the factorization has at least
-        ``MULTI_DEVICE_MIN_FLOPS`` flops (1e11) or does not fit one GPU's
-        memory but fits their sum, else one; an int: the first that many
-        GPUs; a sequence: those device ids, the first running the upper tree
-        and keeping ``Q`` (repeats run several simulated devices on one GPU).
+        one GPU (the current device). ``'auto'``: every visible GPU when the
+        factorization has at least ``MULTI_DEVICE_MIN_FLOPS`` flops (1e11)
+        and its front tree promises a speedup, or does not fit one GPU's
+        memory but fits their sum, else one. None stays the default until
+        the several-GPU engine has been measured on a host with several
+        GPUs. An int: the first that many GPUs; a sequence: those device
+        ids, the first running the upper tree and keeping ``Q`` (repeats run
+        several simulated devices on one GPU).
     """
 
     backend: Optional[str] = None
@@ -101,7 +104,7 @@ class GpuqrOptions:
     debug: Optional[bool] = None
     iterate_first: bool = True
     spsolve_threshold: Optional[float] = None
-    devices: Union[None, int, Tuple[int, ...]] = None
+    devices: Union[None, str, int, Tuple[int, ...]] = None
 
     def __post_init__(self):
         if self.backend is not None:
@@ -127,10 +130,12 @@ class GpuqrOptions:
 
 
 def _check_devices(value):
-    """``devices`` as a positive int or a non-empty tuple of device ids (>= 0)."""
+    """``devices`` as ``'auto'``, a positive int or a non-empty tuple of device ids (>= 0)."""
+    if value == "auto":
+        return value
     if isinstance(value, bool) or isinstance(value, (str, bytes)):
-        raise TypeError(f"GpuqrOptions.devices must be an int or a sequence of ints, "
-                        f"got {value!r}")
+        raise TypeError(f"GpuqrOptions.devices must be 'auto', an int or a sequence of "
+                        f"ints, got {value!r}")
     if isinstance(value, numbers.Integral):
         if int(value) < 1:
             raise ValueError(f"GpuqrOptions.devices must be >= 1, got {value!r}")

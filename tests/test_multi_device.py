@@ -155,15 +155,17 @@ def test_memory_weight_when_flops_overflow_a_device():
 
 def test_devices_rule():
     big = MULTI_DEVICE_MIN_FLOPS
-    assert devices_for(None, 1, 10 * big, 0, None)[0] == [0]
-    assert devices_for(None, 4, 10 * big, 0, None)[0] == [0, 1, 2, 3]
-    assert devices_for(None, 4, big / 10, 0, None)[0] == [0]
+    # None: one GPU whatever the problem; 'auto' applies the rule
+    assert devices_for(None, 4, 10 * big, 300, 100)[0] == [0]
+    assert devices_for("auto", 1, 10 * big, 0, None)[0] == [0]
+    assert devices_for("auto", 4, 10 * big, 0, None)[0] == [0, 1, 2, 3]
+    assert devices_for("auto", 4, big / 10, 0, None)[0] == [0]
     # a tree whose work is one chain gains nothing from more GPUs
-    assert devices_for(None, 4, 10 * big, 0, None, speedup=lambda k: 1.02)[0] == [0]
-    assert devices_for(None, 4, 10 * big, 0, None, speedup=lambda k: 1.5)[0] == [0, 1, 2, 3]
+    assert devices_for("auto", 4, 10 * big, 0, None, speedup=lambda k: 1.02)[0] == [0]
+    assert devices_for("auto", 4, 10 * big, 0, None, speedup=lambda k: 1.5)[0] == [0, 1, 2, 3]
     # too big for one GPU but within the sum: all of them, whatever the flops
-    assert devices_for(None, 2, 1.0, 150, 100)[0] == [0, 1]
-    assert devices_for(None, 2, 1.0, 250, 100)[0] == [0]
+    assert devices_for("auto", 2, 1.0, 150, 100)[0] == [0, 1]
+    assert devices_for("auto", 2, 1.0, 250, 100)[0] == [0]
     assert devices_for(2, 4, 1.0, 0, None)[0] == [0, 1]
     assert devices_for([0, 0], 1, 1.0, 0, None)[0] == [0, 0]
     for bad in (0, 5, [], [7]):
@@ -173,10 +175,11 @@ def test_devices_rule():
 
 def test_options_devices():
     assert GpuqrOptions().devices is None
+    assert GpuqrOptions(devices="auto").devices == "auto"
     assert GpuqrOptions(devices=[0, 1]).devices == (0, 1)
     assert GpuqrOptions(devices=2).devices == 2
     hash(GpuqrOptions(devices=[0, 0]))
-    for bad in (0, -1, [], [-1], "0", [0.5]):
+    for bad in (0, -1, [], [-1], "0", "all", [0.5]):
         with pytest.raises((ValueError, TypeError)):
             GpuqrOptions(devices=bad)
 
@@ -302,7 +305,7 @@ def test_gpu_driver_host_logic_dense_fronts():
 # ---------------------------------------------------------------- the public wiring
 
 def test_dispatch_picks_the_multi_gpu_engine(monkeypatch):
-    """With several GPUs visible (faked), ``devices`` and the default rule reach the
+    """With several GPUs visible (faked), ``devices`` and the ``'auto'`` rule reach the
     multi-GPU engine; a request the host cannot meet warns and stays on one GPU."""
     import warnings
 
@@ -320,7 +323,8 @@ def test_dispatch_picks_the_multi_gpu_engine(monkeypatch):
     got = plan_mod._gpu_devices(one, an, GpuqrOptions(devices=[0, 1]), reasons)
     assert got is not one and "GPUs [0, 1]" in reasons[-1]
     reasons = []
-    assert plan_mod._gpu_devices(one, an, GpuqrOptions(), reasons) is one  # small: one GPU
+    auto = GpuqrOptions(devices="auto")
+    assert plan_mod._gpu_devices(one, an, auto, reasons) is one  # small: one GPU
     class Big:                  # an analysis whose flop count passes the threshold
         def __init__(self, an):
             self.an, self.flops = an, 10 * MULTI_DEVICE_MIN_FLOPS
@@ -329,9 +333,10 @@ def test_dispatch_picks_the_multi_gpu_engine(monkeypatch):
             return getattr(self.an, name)
 
     tree = Big(analyze(grid3d_least_squares(12)))
-    assert plan_mod._gpu_devices(one, tree, GpuqrOptions(), reasons) is not one
+    assert plan_mod._gpu_devices(one, tree, auto, reasons) is not one
+    assert plan_mod._gpu_devices(one, tree, GpuqrOptions(), reasons) is one  # default: one
     dense = Big(analyze(sp.csc_array(np.random.default_rng(0).standard_normal((60, 40)))))
-    assert plan_mod._gpu_devices(one, dense, GpuqrOptions(), reasons) is one  # one front
+    assert plan_mod._gpu_devices(one, dense, auto, reasons) is one  # one front
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         assert plan_mod._gpu_devices(one, an, GpuqrOptions(devices=3), reasons) is one

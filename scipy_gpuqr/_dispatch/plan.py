@@ -394,9 +394,11 @@ def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
 
 
 def _gpu_devices(factorize_fn, analysis, options, reasons):
-    """The multi-GPU engine instead of the one-GPU one when ``options.devices`` or the
-    default rule (:func:`~scipy_gpuqr._schedule.devices.devices_for`) name several
-    GPUs; a request this host cannot meet warns and stays on one GPU."""
+    """The multi-GPU engine instead of the one-GPU one when ``options.devices`` (or,
+    for ``'auto'``, the rule of :func:`~scipy_gpuqr._schedule.devices.devices_for`)
+    names several GPUs; a request this host cannot meet warns and stays on one GPU."""
+    if options.devices is None:
+        return factorize_fn
     gi = _gpu.gpu_info()
     visible = int(gi.get("device_count", 0)) if gi.get("available") else 0
     mem = gi.get("total_memory")
@@ -411,8 +413,7 @@ def _gpu_devices(factorize_fn, analysis, options, reasons):
         reasons.append(f"devices not usable ({exc}): one GPU")
         return factorize_fn
     if len(ids) < 2:
-        if options.devices is not None:
-            reasons.append(why)
+        reasons.append(why)
         return factorize_fn
     reasons.append(f"GPUs {ids}: {why}")
     return _wrap_engine(functools.partial(gpu_multi.multi_gpu_factorize, devices=ids,

@@ -54,7 +54,7 @@ DEFAULT_BALANCE_TOLERANCE = 0.05
 MAX_SPLITS_PER_DEVICE = 64
 
 #: Factorizations of at least this many flops use every visible GPU by default
-#: (``GpuqrOptions(devices=None)``); smaller ones run on one. Below about 1e11
+#: (``GpuqrOptions(devices='auto')``); smaller ones run on one. Below about 1e11
 #: flops a factorization takes tens of milliseconds on one GPU, where a second
 #: device's setup and the transfers cost more than they save; a first value,
 #: to be calibrated on the multi-GPU machines (``bench/multi_gpu.py``).
@@ -62,7 +62,7 @@ MULTI_DEVICE_MIN_FLOPS = 1e11
 
 
 #: Least modelled speedup (:attr:`DevicePlan.modelled_speedup`) for which the
-#: default rule uses several GPUs: a front tree whose work lies on one chain
+#: rule of devices='auto' uses several GPUs: a front tree whose work lies on one chain
 #: (one dense front, a chain of large separators) gains nothing from them.
 MULTI_DEVICE_MIN_SPEEDUP = 1.1
 
@@ -458,8 +458,8 @@ def devices_for(requested, visible: int, flops: float, gpu_bytes: int,
 
     Parameters
     ----------
-    requested : None, int or sequence of int
-        ``GpuqrOptions.devices``: None picks (below); an int, the first that
+    requested : None, 'auto', int or sequence of int
+        ``GpuqrOptions.devices``: None, one GPU; ``'auto'`` picks (below); an int, the first that
         many visible devices; a sequence, those device ids (repeats allowed:
         several simulated devices on one GPU).
     visible : int
@@ -470,7 +470,7 @@ def devices_for(requested, visible: int, flops: float, gpu_bytes: int,
         Bytes one device may hold.
     speedup : callable, optional
         ``speedup(k)``: the modelled speedup of ``k`` devices
-        (:attr:`DevicePlan.modelled_speedup`), consulted by the default rule.
+        (:attr:`DevicePlan.modelled_speedup`), consulted by the 'auto' rule.
 
     Returns
     -------
@@ -479,13 +479,15 @@ def devices_for(requested, visible: int, flops: float, gpu_bytes: int,
 
     Notes
     -----
-    The default rule: every visible GPU when the factorization does not fit
+    The rule of ``'auto'``: every visible GPU when the factorization does not fit
     one GPU's memory but does fit the sum, or when it has at least
     :data:`MULTI_DEVICE_MIN_FLOPS` flops and its front tree promises a
     modelled speedup of at least :data:`MULTI_DEVICE_MIN_SPEEDUP`; otherwise
     one GPU.
     """
-    if requested is not None:
+    if requested is None:
+        return [0], "one GPU (GpuqrOptions.devices is None)"
+    if requested != "auto":
         if isinstance(requested, (int, np.integer)):
             k = int(requested)
             if k < 1:
