@@ -197,3 +197,56 @@ def test_prefetch_compiles_the_groups_a_call_uses():
                                         mod.options, mod.digest)
         assert mod.get_function(needed[0]) is not None
     assert fk.prefetch_engine_kernels(np.float64) == []     # compiled: no thread again
+
+
+class _GatedDevice(NumpyDevice):
+    """Launch ``gate_at`` waits for ``gate`` (an Event) first; ``done`` is set after
+    the last launch."""
+
+    def __init__(self, *a, gate=None, gate_at=0, **k):
+        super().__init__(*a, **k)
+        import threading
+        self.gate, self.gate_at, self.done = gate, gate_at, threading.Event()
+        self.nlaunched = 0
+
+    def launch(self, h, L, records):
+        if self.gate is not None and L == self.gate_at:
+            assert self.gate.wait(60)
+        super().launch(h, L, records)
+        self.nlaunched += 1
+        if L == h["st"].nlaunch - 1:
+            self.done.set()
+
+
+@pytest.mark.parametrize("late", [True, False])
+def test_cold_one_stage_run_copies_R_once_the_layout_is_ready(monkeypatch, late):
+    """A first (cold) one-stage factorization opens the progressive R copy as soon as
+    the worker made R's layout (here: before launch 1), else copies R after the last
+    launch; R is the same either way."""
+    import threading
+
+    from scipy_gpuqr._engine.gpu import driver
+    rng = np.random.default_rng(3)
+    A = random_values(grid3d_least_squares(6), rng)
+    an = analyze(A, cache=False)                # keyless: cold schedule and layout
+    ready = threading.Event()
+    real = driver._host_side
+    dev_box = {}
+
+    def host_side(*a):
+        if not late:                            # the layout only after every launch
+            assert dev_box["dev"].done.wait(60)
+        out = real(*a)
+        ready.set()
+        return out
+
+    monkeypatch.setattr(driver, "_host_side", host_side)
+    dev = _GatedDevice(32, 3, gate=ready if late else None, gate_at=1)
+    dev_box["dev"] = dev
+    g = gpu_factorize(A, an, device=dev)
+    assert g.info["schedule_cold"] and g.info["stages"] == 1
+    assert g.info["r_copy_progressive"] is late
+    if late:
+        assert len(dev.r_copies) >= 2           # ranges copied after launches, then the rest
+    assert abs(g.R - simulate_factorize(A, an).R).max() == 0.0
+    g.free()

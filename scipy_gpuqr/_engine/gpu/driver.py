@@ -618,6 +618,10 @@ class _StageLoop:
         self.fkey = (tuple(self.plan_stages), int(tile), int(bundle), bool(pipelining),
                      sched.ntasks, sched.dense_flops)
         self.progressive = 0
+        # a cold one-stage run opens that copier once R's layout is ready (the worker
+        # done), for the launches left: ``(copier, positions)`` once open
+        self.late = self.nstage == 1 and self.warm is None
+        self.late_copier = None
         self.keep_last = bool(keep_last)    # the last stage's pool stays on the device
         self.host_stages = dict(host_stages or {})
         self.host_dev = None
@@ -649,6 +653,8 @@ class _StageLoop:
         copier, pos = self.open_progressive_copy(sid, st, h)
         try:
             fac_parts, fac_launch = self.launch_all(sid, st, h, copier)
+            if copier is None and self.late_copier is not None:
+                copier, pos = self.late_copier
             device.mark_kernels_end(h)
             self.wait_host_side()
             if copier is None:
@@ -657,6 +663,8 @@ class _StageLoop:
             copier.launches_done()
             pool = device.end_stage(h)
         except BaseException:
+            if copier is None and self.late_copier is not None:
+                copier = self.late_copier[0]
             if copier is not None:
                 copier.abort()
             raise
@@ -694,6 +702,24 @@ class _StageLoop:
         self.progressive += 1
         return copier, pos
 
+    def open_late_copy(self, sid: int, st, h):
+        """A cold one-stage run's progressive copier, opened after launch ``L`` once the
+        worker made R's layout and the schedule's records: its first range is
+        everything final by then (:func:`~.rcopy.final_entries`)."""
+        self.late = False
+        if sid in self.host_stages:
+            return None
+        self.wait_host_side()
+        pos, gidx = self.gmaps[sid]
+
+        def _final(st=st, lay=self.layout):
+            return final_entries_cached(self.analysis, lay, self.sched, st, self.tile,
+                                        self.fkey)
+        copier = self.dev(sid).open_r_copy(h["pool"], gidx, self.layout, final=_final)
+        self.late_copier = (copier, pos)
+        self.progressive += 1
+        return copier
+
     def launch_all(self, sid: int, st, h, copier) -> tuple:
         """Every launch of the stage, in order.
 
@@ -724,6 +750,8 @@ class _StageLoop:
             if L == st.nlaunch - 1:             # the stage ends with every dense front
                 for done in join_at.pop(st.nlaunch, ()):
                     device.dense_join(h, done)
+            if copier is None and self.late and self.host_side.done():
+                copier = self.open_late_copy(sid, st, h)
             if copier is not None:
                 copier.after_launch(L)
             if self.cold and len(rec):
