@@ -250,3 +250,59 @@ def test_cold_one_stage_run_copies_R_once_the_layout_is_ready(monkeypatch, late)
         assert len(dev.r_copies) >= 2           # ranges copied after launches, then the rest
     assert abs(g.R - simulate_factorize(A, an).R).max() == 0.0
     g.free()
+
+
+@pytest.mark.parametrize("dense_flops", [None, 2e5])
+def test_replay_plan_kept_with_the_schedule(dense_flops):
+    """A new factorization of a known pattern reuses the replay plan's arrays (kept
+    with the schedule) with its own dense fronts, and applies the same Qᵀ as a plan
+    built afresh."""
+    from scipy_gpuqr._engine.gpu import solve as gs
+    rng = np.random.default_rng(11)
+    A = random_values(grid3d_least_squares(6), rng)
+    clear_schedule_cache()
+    clear_r_layout_cache()
+    kw = {} if dense_flops is None else {"dense_flops": dense_flops}
+    g1 = gpu_factorize(A, analyze(A), device=NumpyDevice(32, 3), **kw)
+    p1 = gs.plan_of(g1)
+    A2 = random_values(A, rng)
+    g2 = gpu_factorize(A2, analyze(A), device=NumpyDevice(32, 3), **kw)
+    assert g2.schedule is g1.schedule
+    if dense_flops is not None:
+        assert g2._dense
+    p2 = gs.plan_of(g2)
+    assert p1.records.tobytes() == p2.records.tobytes()
+    kept = [v for k, v in g2.schedule.extras.items() if k[0] == "replay_plan"]
+    assert len(kept) == 1 and not kept[0].records.flags.writeable
+    calls = []
+    real = gs.build_replay_plan
+    gs.build_replay_plan = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        g3 = gpu_factorize(A2, analyze(A), device=NumpyDevice(32, 3), **kw)
+        p3 = gs.plan_of(g3)
+    finally:
+        gs.build_replay_plan = real
+    assert not calls and p3.records.tobytes() == p2.records.tobytes()    # kept, not rebuilt
+    g3.free()
+    fronts = []
+    for f, (slots, _, tasks) in enumerate(g2._fronts):
+        sid, off = g2._front_loc[f]
+        fronts.append((slots, tasks, g2._front_launch[f], sid, off))
+    fresh = gs.build_replay_plan(g2.shape[0], fronts, tile=32, bundle=3,
+                                 launch_base=g2._launch_base, dense=g2._dense, verify=True)
+    assert p2.records.tobytes() == fresh.records.tobytes()
+    for k in ("rowmap", "level_ptr", "level_stage"):
+        np.testing.assert_array_equal(getattr(p2, k), getattr(fresh, k))
+    assert p2.level_dense.keys() == fresh.level_dense.keys()
+    for lv, objs in fresh.level_dense.items():
+        assert [id(o) for o in p2.level_dense[lv]] == [id(o) for o in objs]
+    def pools(sid):
+        pool = g2._stage_pools.get(sid)
+        return pool if pool is not None else g2._host_pools[sid]
+    B = rng.standard_normal((A.shape[0], 2))
+    for trans in (True, False):
+        got = gs.apply_plan(g2, B, trans, gs.NumpyExecutor(p2, pools, g2._device.vt))
+        ref = gs.host_matmul(g2, B, trans=trans)
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+    g1.free()
+    g2.free()

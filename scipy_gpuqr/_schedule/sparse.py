@@ -219,6 +219,9 @@ class SparseSchedule:
     seconds: float
     dense_flops: float | None = None
     dense: dict = field(default_factory=dict)
+    #: Objects the engines derive from this schedule alone and keep with it (as it is
+    #: cached per pattern): e.g. the GPU engine's replay plans (``solve.plan_of``).
+    extras: dict = field(default_factory=dict, repr=False)
 
     @property
     def nlaunch(self) -> int:
@@ -284,6 +287,10 @@ MEMORY_BYTES = 1 << 30
 def schedule_nbytes(sched) -> int:
     """Bytes of a schedule's arrays (its records only once materialized)."""
     total = int(sched.vt_base.nbytes + sched.nfact.nbytes)
+    for v in list(getattr(sched, "extras", {}).values()):
+        for a in vars(v).values() if hasattr(v, "__dict__") else ():
+            if isinstance(a, np.ndarray):
+                total += int(a.nbytes)
     for st in sched.stages:
         total += int(st.launch_ptr.nbytes + st.foff.nbytes)
         if st._tasks is not None:

@@ -149,6 +149,7 @@ class ReplayPlan:
     level_ptr: np.ndarray
     level_stage: np.ndarray
     level_dense: dict = field(default_factory=dict)
+    level_dense_fronts: dict = field(default_factory=dict)
 
     @property
     def nlevels(self) -> int:
@@ -245,9 +246,14 @@ def build_replay_plan(m: int, fronts: list, *, tile: int, bundle: int,
     has = ptr[1:] > ptr[:-1]
     level_stage[has] = stg[ptr[:-1][has]]
     level_dense = {i: dense_at[int(L)] for i, L in enumerate(keys.tolist()) if L in dense_at}
+    fronts_at: dict = {}
+    for f in sorted(dense):
+        fronts_at.setdefault(int(dense[f].after_launch), []).append(int(f))
     plan = ReplayPlan(m=int(m), tile=int(tile), bundle=int(bundle), records=rec,
                       rowmap=rowmap, level_ptr=ptr, level_stage=level_stage.astype(np.int64),
-                      level_dense=level_dense)
+                      level_dense=level_dense,
+                      level_dense_fronts={i: fronts_at[int(L)] for i, L in
+                                          enumerate(keys.tolist()) if L in fronts_at})
     if verify:
         check_levels(plan)
     return plan
@@ -473,17 +479,51 @@ class DeviceSolve:
 # ----------------------------------------------------------------------------- GpuQR glue
 
 def plan_of(qr) -> ReplayPlan:
-    """The replay plan of a :class:`~scipy_gpuqr._engine.gpu.driver.GpuQR` (built once)."""
+    """The replay plan of a :class:`~scipy_gpuqr._engine.gpu.driver.GpuQR` (built once).
+
+    Its arrays depend on the schedule, R's layout (the fronts' row slots) and
+    where each front lies, not on the values: they are kept with the schedule
+    (cached per pattern, :func:`~scipy_gpuqr._schedule.sparse.build_schedule`)
+    under those, so a new factorization of a known pattern only attaches its
+    own dense fronts to the levels.
+    """
     plan = qr._replay.get("plan")
     if plan is None:
-        fronts = []
-        for f, (slots, _, tasks) in enumerate(qr._fronts):
-            sid, off = qr._front_loc[f]
-            fronts.append((slots, tasks, qr._front_launch[f], sid, off))
-        plan = build_replay_plan(qr.shape[0], fronts, tile=qr.schedule.tile,
-                                 bundle=qr.schedule.bundle, launch_base=qr._launch_base,
-                                 dense=getattr(qr, "_dense", {}),
-                                 verify=bool(getattr(qr._device, "debug", False)))
+        dense = getattr(qr, "_dense", {}) or {}
+        sched = qr.schedule
+        kept = getattr(sched, "extras", None)
+        key = ("replay_plan", int(qr.shape[0]), tuple(qr._launch_base),
+               tuple(tuple(x) for x in qr._front_loc),
+               tuple(sorted((int(f), int(d.after_launch)) for f, d in dense.items())))
+        hit = kept.get(key) if kept is not None else None
+        if hit is not None:
+            plan = ReplayPlan(m=hit.m, tile=hit.tile, bundle=hit.bundle,   # own copies
+                              records=hit.records.copy(), rowmap=hit.rowmap.copy(),
+                              level_ptr=hit.level_ptr.copy(),
+                              level_stage=hit.level_stage.copy(),
+                              level_dense={i: [dense[f] for f in fl]
+                                           for i, fl in hit.level_dense_fronts.items()},
+                              level_dense_fronts=hit.level_dense_fronts)
+            if bool(getattr(qr._device, "debug", False)):
+                check_levels(plan)
+        else:
+            fronts = []
+            for f, (slots, _, tasks) in enumerate(qr._fronts):
+                sid, off = qr._front_loc[f]
+                fronts.append((slots, tasks, qr._front_launch[f], sid, off))
+            plan = build_replay_plan(qr.shape[0], fronts, tile=sched.tile,
+                                     bundle=sched.bundle, launch_base=qr._launch_base,
+                                     dense=dense,
+                                     verify=bool(getattr(qr._device, "debug", False)))
+            if kept is not None:            # read-only copies, shared by later factorizations
+                arr = [a.copy() for a in (plan.records, plan.rowmap, plan.level_ptr,
+                                          plan.level_stage)]
+                for a in arr:
+                    a.flags.writeable = False
+                kept[key] = ReplayPlan(m=plan.m, tile=plan.tile, bundle=plan.bundle,
+                                       records=arr[0], rowmap=arr[1], level_ptr=arr[2],
+                                       level_stage=arr[3],
+                                       level_dense_fronts=plan.level_dense_fronts)
         qr._replay["plan"] = plan
     return plan
 
