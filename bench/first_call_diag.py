@@ -128,10 +128,13 @@ def new_object(k: int) -> dict:
     from scipy_gpuqr._engine.gpu.rlayout import clear_r_layout_cache
     from scipy_gpuqr._schedule.sparse import clear_schedule_cache
     out = {}
+    env0 = os.environ.get("SCIPY_GPUQR_SCHEDULE_CACHE")
     for i in range(5):
         if i >= 3:          # as before the per-pattern caches: nothing kept for A
             clear_schedule_cache()
             clear_r_layout_cache()
+            if i == 4:      # nor on disk (i == 3: what a new process finds there)
+                os.environ["SCIPY_GPUQR_SCHEDULE_CACHE"] = "off"
         t = time.perf_counter()
         F = sg.QRFactorization(A, backend="gpu")
         tf = time.perf_counter() - t
@@ -142,6 +145,10 @@ def new_object(k: int) -> dict:
                            "backend": F.info["backend_info"].get("seconds"),
                            "cold": F.info["backend_info"].get("schedule_cold")}
         F.free()
+    if env0 is None:
+        os.environ.pop("SCIPY_GPUQR_SCHEDULE_CACHE", None)
+    else:
+        os.environ["SCIPY_GPUQR_SCHEDULE_CACHE"] = env0
     an = analyze(A)
     for i in range(3):
         t = time.perf_counter()
