@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.sparse as sp
 
 from ..._errors import DeviceOutOfMemory
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS
@@ -35,9 +34,9 @@ from ..._symbolic import analyze
 from ..dense_front import DEFAULT_PANEL, DenseFront, factorize_numpy, panels_of
 from ..inputs import engine_csc
 from .reference import answer_with_rank_detection
-from .simulate import SimulateQR, execute_task, one_blas_thread
+from .simulate import SimulateQR, assemble_r, execute_task, front_slots, one_blas_thread
 
-__all__ = ["SimulatedDevice", "simulate_multi_device", "front_slots", "assemble_r"]
+__all__ = ["SimulatedDevice", "simulate_multi_device"]
 
 _FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
 
@@ -97,67 +96,6 @@ class SimulatedDevice:
                                     f"{what} (held {self.held:,}, limit {self.limit:,})")
         self.held += int(nbytes)
         self.peak = max(self.peak, self.held)
-
-
-def front_slots(analysis, f: int, slots_of: list) -> np.ndarray:
-    """Global row slot of each row of front ``f`` (its children's slots known)."""
-    fs = analysis.fronts
-    fm = int(fs.fm[f])
-    slots = np.empty(fm, dtype=np.int64)
-    a0, a1 = fs.arow_ptr[f], fs.arow_ptr[f + 1]
-    slots[fs.arow_local[a0:a1]] = analysis.rowperm[a0:a1]
-    for c in fs.children[fs.child_ptr[f]:fs.child_ptr[f + 1]]:
-        c = int(c)
-        rk, cmc = int(fs.frank[c]), int(fs.cm[c])
-        slots[fs.rimap[fs.rimap_ptr[c]:fs.rimap_ptr[c + 1]]] = slots_of[c][rk:rk + cmc]
-    return slots
-
-
-def assemble_r(Ac, analysis, values: list, slots_of: list, dtype):
-    """R (rows keyed by pivot column) and ``qorder`` from each front's factorized values.
-
-    ``values[f]``: front f row-major (``fm × fn``); the singleton rows of A
-    (the analysis' R1 block) are rows of R as they stand.
-    """
-    fs = analysis.fronts
-    m, n = Ac.shape
-    rowperm = analysis.rowperm
-    r1 = int(getattr(analysis, "n1rows", 0))
-    rows_l, cols_l, vals_l, piv_l, slot_l = [], [], [], [], []
-    if r1:
-        rows_l.append(np.repeat(analysis.r1_pivot, np.diff(analysis.r1_ptr)))
-        cols_l.append(analysis.r1_cols)
-        vals_l.append(Ac.data[analysis.r1_nz].astype(np.float64))
-        piv_l.append(analysis.r1_pivot)
-        slot_l.append(rowperm[:r1])
-    for f in range(fs.nfronts):
-        fm, fn, rk = int(fs.fm[f]), int(fs.fn[f]), int(fs.frank[f])
-        if rk == 0:
-            continue
-        cols = fs.cols[fs.col_ptr[f]:fs.col_ptr[f + 1]]
-        Rf = values[f].reshape(fm, fn)[:rk]
-        rr, cc = np.nonzero(np.arange(fn)[None, :] >= np.arange(rk)[:, None])
-        rows_l.append(cols[rr])
-        cols_l.append(cols[cc])
-        vals_l.append(Rf[rr, cc])
-        piv_l.append(cols[:rk])
-        slot_l.append(slots_of[f][:rk])
-    piv = np.concatenate(piv_l) if piv_l else np.zeros(0, np.int64)
-    live = np.argsort(piv)
-    rowof = np.full(n, -1, dtype=np.int64)
-    rowof[piv[live]] = np.arange(len(piv))
-    slots_r = (np.concatenate(slot_l) if slot_l else np.zeros(0, np.int64))[live]
-    rest = np.ones(m, dtype=bool)
-    rest[slots_r] = False
-    qorder = np.concatenate([slots_r, np.flatnonzero(rest)]).astype(np.int64)
-    if rows_l:
-        Rr, Rc, Rv = rowof[np.concatenate(rows_l)], np.concatenate(cols_l), np.concatenate(vals_l)
-    else:
-        Rr = Rc = np.zeros(0, np.int64)
-        Rv = np.zeros(0)
-    R = sp.csc_array(sp.coo_array((Rv.astype(dtype), (Rr, Rc)), shape=(min(m, n), n)))
-    R.sort_indices()
-    return R, qorder
 
 
 def _vt_ranges(sched, nf: int) -> tuple[np.ndarray, np.ndarray]:

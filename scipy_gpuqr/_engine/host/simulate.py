@@ -38,7 +38,7 @@ from ..inputs import engine_csc
 from ..tasklist_qr import TaskListQR
 from .reference import answer_with_rank_detection
 
-__all__ = ["householder_tile", "execute_task", "execute_launches", "apply_qt_front",
+__all__ = ["householder_tile", "front_slots", "assemble_r", "execute_task", "execute_launches", "apply_qt_front",
            "apply_qt_records", "apply_q_records", "one_blas_thread", "launch_conflicts",
            "simulate_factorize", "SimulateQR"]
 
@@ -419,6 +419,67 @@ def apply_q_records(tasks, fpool, vtpool, tile, B) -> None:
         B[idx[ok]] = X[ok]
 
 
+def front_slots(analysis, f: int, slots_of: list) -> np.ndarray:
+    """Global row slot of each row of front ``f`` (its children's slots known)."""
+    fs = analysis.fronts
+    fm = int(fs.fm[f])
+    slots = np.empty(fm, dtype=np.int64)
+    a0, a1 = fs.arow_ptr[f], fs.arow_ptr[f + 1]
+    slots[fs.arow_local[a0:a1]] = analysis.rowperm[a0:a1]
+    for c in fs.children[fs.child_ptr[f]:fs.child_ptr[f + 1]]:
+        c = int(c)
+        rk, cmc = int(fs.frank[c]), int(fs.cm[c])
+        slots[fs.rimap[fs.rimap_ptr[c]:fs.rimap_ptr[c + 1]]] = slots_of[c][rk:rk + cmc]
+    return slots
+
+
+def assemble_r(Ac, analysis, values: list, slots_of: list, dtype):
+    """R (rows keyed by pivot column) and ``qorder`` from each front's factorized values.
+
+    ``values[f]``: front f row-major (``fm × fn``); the singleton rows of A
+    (the analysis' R1 block) are rows of R as they stand.
+    """
+    fs = analysis.fronts
+    m, n = Ac.shape
+    rowperm = analysis.rowperm
+    r1 = int(getattr(analysis, "n1rows", 0))
+    rows_l, cols_l, vals_l, piv_l, slot_l = [], [], [], [], []
+    if r1:
+        rows_l.append(np.repeat(analysis.r1_pivot, np.diff(analysis.r1_ptr)))
+        cols_l.append(analysis.r1_cols)
+        vals_l.append(Ac.data[analysis.r1_nz].astype(np.float64))
+        piv_l.append(analysis.r1_pivot)
+        slot_l.append(rowperm[:r1])
+    for f in range(fs.nfronts):
+        fm, fn, rk = int(fs.fm[f]), int(fs.fn[f]), int(fs.frank[f])
+        if rk == 0:
+            continue
+        cols = fs.cols[fs.col_ptr[f]:fs.col_ptr[f + 1]]
+        Rf = values[f].reshape(fm, fn)[:rk]
+        rr, cc = np.nonzero(np.arange(fn)[None, :] >= np.arange(rk)[:, None])
+        rows_l.append(cols[rr])
+        cols_l.append(cols[cc])
+        vals_l.append(Rf[rr, cc])
+        piv_l.append(cols[:rk])
+        slot_l.append(slots_of[f][:rk])
+    piv = np.concatenate(piv_l) if piv_l else np.zeros(0, np.int64)
+    live = np.argsort(piv)
+    rowof = np.full(n, -1, dtype=np.int64)
+    rowof[piv[live]] = np.arange(len(piv))
+    slots_r = (np.concatenate(slot_l) if slot_l else np.zeros(0, np.int64))[live]
+    rest = np.ones(m, dtype=bool)
+    rest[slots_r] = False
+    qorder = np.concatenate([slots_r, np.flatnonzero(rest)]).astype(np.int64)
+    if rows_l:
+        Rr, Rc, Rv = rowof[np.concatenate(rows_l)], np.concatenate(cols_l), np.concatenate(vals_l)
+    else:
+        Rr = Rc = np.zeros(0, np.int64)
+        Rv = np.zeros(0)
+    R = sp.csc_array(sp.coo_array((Rv.astype(dtype), (Rr, Rc)), shape=(min(m, n), n)))
+    R.sort_indices()
+    return R, qorder
+
+
 def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
                        max_gpu_memory: int | None = None, tile: int = DEFAULT_TILE,
                        bundle: int = DEFAULT_BUNDLE, max_tasks: int | None = None,
@@ -492,7 +553,6 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
     host_cb = {}                 # CBs crossing stages: front -> packed cm × cn array
     fronts = [None] * nf
     ftasks_of = [[] for _ in range(nf)]
-    rowperm = analysis.rowperm
     slots_of = [None] * nf
     nlaunch = 0
     dense = {}                   # front -> (panels, T)
@@ -533,14 +593,7 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
                 ft["F"] = 0
                 ftasks_of[f] = None
                 fronts[f] = (Ff, ft)
-                slots = np.empty(fm, dtype=np.int64)
-                a0, a1 = fs.arow_ptr[f], fs.arow_ptr[f + 1]
-                slots[fs.arow_local[a0:a1]] = rowperm[a0:a1]
-                for c in fs.children[fs.child_ptr[f]:fs.child_ptr[f + 1]]:
-                    c = int(c)
-                    rk, cmc = int(fs.frank[c]), int(fs.cm[c])
-                    slots[fs.rimap[fs.rimap_ptr[c]:fs.rimap_ptr[c + 1]]] = slots_of[c][rk:rk + cmc]
-                slots_of[f] = slots
+                slots_of[f] = front_slots(analysis, f, slots_of)
                 p = int(fs.parent[f])
                 if p >= 0 and p > last:
                     rk, cmc, fp = int(fs.frank[f]), int(fs.cm[f]), int(fs.fp[f])
@@ -549,47 +602,7 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
     t2 = time.perf_counter()
 
     # ---- R (rows keyed by pivot column, as the reference) -----------------------
-    # singleton rows of A (the analysis' R1 block, if any) are rows of R as they stand
-    r1 = int(getattr(analysis, "n1rows", 0))
-    rows_l, cols_l, vals_l, piv_l, slot_l = [], [], [], [], []
-    if r1:
-        rows_l.append(np.repeat(analysis.r1_pivot, np.diff(analysis.r1_ptr)))
-        cols_l.append(analysis.r1_cols)
-        vals_l.append(Ac.data[analysis.r1_nz].astype(np.float64))
-        piv_l.append(analysis.r1_pivot)
-        slot_l.append(rowperm[:r1])
-    for f in range(nf):
-        Ff, _ = fronts[f]
-        fm, fn = int(fs.fm[f]), int(fs.fn[f])
-        rk = int(fs.frank[f])
-        if rk == 0:
-            continue
-        cols = fs.cols[fs.col_ptr[f]:fs.col_ptr[f + 1]]
-        Rf = Ff.reshape(fm, fn)[:rk]
-        rr, cc = np.nonzero(np.arange(fn)[None, :] >= np.arange(rk)[:, None])
-        rows_l.append(cols[rr])
-        cols_l.append(cols[cc])
-        vals_l.append(Rf[rr, cc])
-        piv_l.append(cols[:rk])
-        slot_l.append(slots_of[f][:rk])
-    piv = np.concatenate(piv_l) if piv_l else np.zeros(0, np.int64)
-    live = np.argsort(piv)
-    rowof = np.full(n, -1, dtype=np.int64)
-    rowof[piv[live]] = np.arange(len(piv))
-    slots_r = (np.concatenate(slot_l) if slot_l else np.zeros(0, np.int64))[live]
-    rest = np.ones(m, dtype=bool)
-    rest[slots_r] = False
-    qorder = np.concatenate([slots_r, np.flatnonzero(rest)]).astype(np.int64)
-    k = min(m, n)
-    if rows_l:
-        Rr = rowof[np.concatenate(rows_l)]
-        Rc = np.concatenate(cols_l)
-        Rv = np.concatenate(vals_l)
-    else:
-        Rr = Rc = np.zeros(0, np.int64)
-        Rv = np.zeros(0)
-    R = sp.csc_array(sp.coo_array((Rv.astype(dtype), (Rr, Rc)), shape=(k, n)))
-    R.sort_indices()
+    R, qorder = assemble_r(Ac, analysis, [fronts[f][0] for f in range(nf)], slots_of, dtype)
     t3 = time.perf_counter()
     info = {"backend": "simulate", "ordering": analysis.ordering_used,
             "nfronts": int(nf), "stages": len(sched.stages), "launches": int(nlaunch),
@@ -599,7 +612,7 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
             "dense_fronts": len(dense), "dense_flops": sched.dense_flops,
             "seconds": {"schedule": t1 - t0, "execute": t2 - t1, "assemble_R": t3 - t2}}
     return SimulateQR(shape=(m, n), R=R, colperm=analysis.colperm.astype(np.int64),
-                      rank=int(k), tol=None, flops=float(analysis.flops), info=info,
+                      rank=int(min(m, n)), tol=None, flops=float(analysis.flops), info=info,
                       analysis=analysis, qorder=qorder, schedule=sched,
                       _fronts=[(slots_of[f], fronts[f][0], fronts[f][1]) for f in range(nf)],
                       _vt=vtpool,
