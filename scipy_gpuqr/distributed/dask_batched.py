@@ -55,7 +55,7 @@ from dask.array.utils import meta_from_array
 from scipy.linalg import LinAlgError, LinAlgWarning
 
 from ..batched import _functions as _f
-from ..batched._common import bad_indices, batch_names, info_counts, to_host
+from ..batched._common import bad_indices, batch_names, info_counts
 
 __all__ = ["lu_factor_batched", "lu_solve_batched", "solve_batched",
            "inv_batched", "cho_factor_batched", "cho_solve_batched"]
@@ -399,14 +399,9 @@ def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
 
 def _lower(lower, where) -> bool:
     """The one ``lower`` flag of a ``(c, lower)`` pair (a bool or an array of equal bools)."""
-    if isinstance(lower, (bool, np.bool_)):
-        return bool(lower)
     if is_dask_collection(lower):
         lower = lower.compute()
-    low = np.unique(to_host(lower))
-    if low.size != 1:
-        raise ValueError(f"{where}: mixed 'lower' flags are not supported")
-    return bool(low[0])
+    return _f._lower_flag(lower, where)
 
 
 def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
