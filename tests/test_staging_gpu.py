@@ -4,6 +4,9 @@ Limits at 1/2, 1/4 and 1/8 of the one-stage need (this engine's count,
 :mod:`scipy_gpuqr._engine.memory`): a plan that fits runs staged on the GPU, one
 that cannot answers on the CPU with the reason in ``info``; both give the
 unlimited run's answer within rounding and leave the pool as they found it.
+At 1/4 and 1/8 of grid 30³'s need (its largest fronts dense) the root front
+alone exceeds the pool: it runs on the host (``info['host_fronts']``), the rest
+staged on the GPU, with the same R, Q and solves.
 """
 
 from __future__ import annotations
@@ -130,3 +133,106 @@ def test_out_of_memory_mid_run_restages_without_leaking(problem, monkeypatch):
     h = driver.gpu_factorize(A, an)
     np.testing.assert_allclose(h.qt_matmul(b), y, rtol=0, atol=1e-9 * np.linalg.norm(b))
     h.free()
+
+
+# -- host fronts: the root front alone exceeds the pool limit ---------------------------------
+_HOST_FLOPS = 1e9       # grid 30³'s largest fronts are dense fronts at this threshold
+
+
+@pytest.fixture(scope="module")
+def host_problem():
+    import cupy as cp
+
+    from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+    A = grid3d_least_squares(30)
+    an = analyze(A)
+    dense = dense_front_mask(an, _HOST_FLOPS)
+    vt = vt_elements(an, tile=DEFAULT_TILE, bundle=DEFAULT_BUNDLE, pipelining=True,
+                     granule=DEFAULT_APPLY_GRANULE, dense=dense)
+    needs = front_needs(an, 8, tile=DEFAULT_TILE, vt_elems=vt, dense=dense)
+    need = plan_for_memory(an, needs, None).peak
+    b = np.cos(np.arange(A.shape[0]))
+    ref = gpu_factorize(A, an, dense_flops=_HOST_FLOPS)
+    assert ref.info["backend"] == "gpu" and not ref.info["host_fronts"]
+    out = {"R": ref.R, "qtb": ref.qt_matmul(b)}
+    ref.free()
+    del ref
+    gc.collect()
+    cp.get_default_memory_pool().free_all_blocks()
+    return A, b, an, needs, need, out
+
+
+@pytest.mark.parametrize("frac", [4, 8])
+def test_root_front_too_large_for_the_pool_runs_on_the_host(host_problem, frac, monkeypatch):
+    import cupy as cp
+    import scipy.sparse as sp
+    import scipy.sparse.linalg as spla
+
+    from scipy_gpuqr import QRFactorization
+    from scipy_gpuqr._dispatch import plan as _dispatch
+    from scipy_gpuqr._engine.gpu import solve as gpu_solve
+    from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+    from scipy_gpuqr._engine.memory import min_budget_of_front
+    A, b, an, needs, need, ref = host_problem
+    fs = an.fronts
+    root = int(np.flatnonzero(fs.parent < 0)[-1])
+    limit = need // frac
+    assert min_budget_of_front(an, needs, root) > POOL_USABLE * limit   # the root alone
+    mp = plan_for_memory(an, needs, int(POOL_USABLE * limit))
+    assert mp.feasible and root in mp.host
+    m, n = A.shape
+    pool, base = _limited(limit)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GpuFallbackWarning)
+            g = gpu_factorize(A, an, dense_flops=_HOST_FLOPS)
+        info = g.info
+        assert info["backend"] == "gpu" and "fallback" not in info
+        assert info["memory"]["limited_by"] in ("pool limit", "restaged after out of memory")
+        assert info["memory"]["planned_peak"] <= limit
+        hosted = [h["front"] for h in info["host_fronts"]]
+        assert root in hosted and info["seconds"]["host_fronts"] > 0
+        for h in info["host_fronts"]:
+            assert h["shape"] == [int(fs.fm[h["front"]]), int(fs.fn[h["front"]])]
+            assert h["device_bytes_alone"] > info["memory"]["available"]
+        # R within rounding (rows' signs aside), |Qᵀ b|, Q (R v) = A P v
+        R0, R1 = sp.csc_array(ref["R"]), sp.csc_array(g.R)
+        d = np.sign(R0.diagonal()) * np.sign(R1.diagonal())
+        assert abs(sp.diags(d) @ R1 - R0).max() <= 1e-10 * abs(R0).max()
+        qtb = g.qt_matmul(b)
+        np.testing.assert_allclose(np.abs(qtb[:n]), np.abs(ref["qtb"][:n]), rtol=0,
+                                   atol=1e-9 * np.linalg.norm(b))
+        v = np.sin(np.arange(n))
+        Rv = np.zeros(m)
+        Rv[:R1.shape[0]] = R1 @ v
+        np.testing.assert_allclose(g.q_matmul(Rv), A[:, g.colperm] @ v, rtol=0,
+                                   atol=1e-10 * np.linalg.norm(Rv))
+        # R's solves with the device's front blocks (the host front's on the host)
+        ds = gpu_solve.device_solve_of(g)
+        C = np.stack([np.cos(np.arange(n)), np.sin(np.arange(n))], axis=1)
+        nR = spla.norm(R1)
+        y = ds.fronts.upper(cp.asarray(C)).get()
+        assert np.linalg.norm(R1 @ y - C) <= 1e-12 * nR * np.linalg.norm(y)
+        yt = ds.fronts.upper_transposed(cp.asarray(C)).get()
+        assert np.linalg.norm(R1.T @ yt - C) <= 1e-12 * nR * np.linalg.norm(yt)
+        del ds
+        g.free()
+        del g
+        gc.collect()
+
+        # the public call's least-squares solve under the same limit
+        def factorize(A, analysis=None, **kw):
+            kw.setdefault("dense_flops", _HOST_FLOPS)
+            return gpu_factorize(A, analysis, **kw)
+        monkeypatch.setattr(_dispatch, "gpu_engine", lambda: (factorize, "ok"))
+        F = QRFactorization(A, backend="gpu")
+        assert F.info["backend"] == "gpu" and F.info["backend_info"]["host_fronts"]
+        x = F.solve(b)
+        r = A @ x - b
+        assert np.linalg.norm(A.T @ r) <= 1e-10 * np.linalg.norm(A.T @ b)
+        F.free()
+        del F
+        gc.collect()
+    finally:
+        pool.set_limit(size=0)
+    assert pool.used_bytes() <= base, (pool.used_bytes(), base)

@@ -45,7 +45,8 @@ from .gpu.dense_panel import PANEL_WIDTH, panel_kernel, panel_qr_numpy
 
 __all__ = ["DEFAULT_PANEL", "PANEL_METHODS", "DEFAULT_PANEL_METHOD", "DEFAULT_LOOKAHEAD",
            "panels_of",
-           "DenseFront", "HostDenseFront", "factorize_numpy", "factorize_blocked_numpy", "factorize_cupy"]
+           "DenseFront", "HostDenseFront", "factorize_numpy", "factorize_blocked_numpy",
+           "factorize_cupy"]
 
 #: Columns per panel of the blocked factorization (a tunable).
 DEFAULT_PANEL = 256
