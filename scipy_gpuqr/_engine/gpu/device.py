@@ -41,10 +41,12 @@ records with the NumPy executor:
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
 
+from ..._cpu.blas_threads import SINGLE_THREAD_FLOPS
 from ..._errors import DeviceOutOfMemory, GpuEngineError
 from ..._gpu import import_cupy
 from ..._kernels import load_module
@@ -215,7 +217,10 @@ class HostFrontDevice(NumpyDevice):
     LAPACK ``geqrf`` panels and BLAS trailing updates using all the BLAS
     library's threads (:func:`~scipy_gpuqr._engine.dense_front.factorize_numpy`),
     and hands R's rows and the contribution block on like a device stage.
-    It allocates nothing on the device and has no memory limit.
+    It allocates nothing on the device and has no memory limit. A front of
+    fewer than :data:`~scipy_gpuqr._cpu.blas_threads.SINGLE_THREAD_FLOPS`
+    Householder flops runs on one BLAS thread (a pool of spinning workers
+    costs such a front more than it gains).
     """
 
     name = "host (LAPACK)"
@@ -241,7 +246,9 @@ class HostFrontDevice(NumpyDevice):
         t0 = time.perf_counter()
         F = h["pool"][off: off + fm * fn].reshape(fm, fn)
         panels = panels_of(fm, fn, stair, self.dense_panel)
-        T = factorize_numpy(F, panels, self.dense_panel)
+        flops = sum(2.0 * rows * b * (b + 2 * (fn - j - b)) for j, rows, b in panels)
+        with (one_blas_thread() if flops < SINGLE_THREAD_FLOPS else contextlib.nullcontext()):
+            T = factorize_numpy(F, panels, self.dense_panel)
         self.dense_done.append((int(off), int(fm), int(fn)))
         self.seconds["dense"] = self.seconds.get("dense", 0.0) + time.perf_counter() - t0
         return F, panels, T, None
