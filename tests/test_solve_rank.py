@@ -223,3 +223,32 @@ def test_inconclusive_probe_falls_back(rng, monkeypatch):
     F.solve(np.ones(A.shape[0]))
     dec = F.info["rank_decision"]
     assert dec["method"] == "triangular" and np.isfinite(dec["rcond_estimate"])
+
+
+def test_probe_out_of_memory_falls_back(rng, monkeypatch):
+    """Blocks of the probe or the null-space COD that do not fit (a GPU under a pool
+    limit raises CuPy's OutOfMemoryError, a MemoryError) leave the one-column rules
+    to decide, with the same answer."""
+    def no_memory(*args, **kwargs):
+        raise MemoryError("out of memory allocating the probe's block")
+
+    A = grid3d_least_squares(16)
+    b = rng.standard_normal(A.shape[0])
+    x_ref = QRFactorization(A, backend="cpu").solve(b)
+    monkeypatch.setattr(_lstsq, "probe_norm", no_memory)
+    F = QRFactorization(A, backend="cpu")
+    x = F.solve(b)
+    dec = F.info["rank_decision"]
+    assert dec["method"] == "triangular" and np.isfinite(dec["rcond_estimate"])
+    assert np.linalg.norm(x - x_ref) <= 1e-12 * np.linalg.norm(x_ref)
+
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 100)
+    monkeypatch.setattr(_lstsq, "NullspaceCOD", no_memory)
+    C = chessboard_boundary(5, 6, 2)
+    c = rng.standard_normal(C.shape[0])
+    G = QRFactorization(C, backend="cpu")
+    y = G.solve(c)
+    assert G.info["rank_decision"]["method"] != "nullspace_cod"
+    y_ref, _, rank, _ = np.linalg.lstsq(C.toarray(), c, rcond=None)
+    assert G.rank == rank
+    assert np.linalg.norm(y - y_ref) <= 1e-9 * np.linalg.norm(y_ref)

@@ -433,7 +433,14 @@ class MinNormSolver:
         up, upt, xp = self._solve_ops()
         q = self.R.shape[0]
         bound = self.cutoff * self._frobenius()
-        nu, margin = probe_norm(up, upt, q, xp=xp, accept=lambda nu, m: m * nu * bound < 1.0)
+        try:
+            nu, margin = probe_norm(up, upt, q, xp=xp,
+                                    accept=lambda nu, m: m * nu * bound < 1.0)
+        except MemoryError:
+            # the probe's blocks do not fit beside the factors (a GPU under a
+            # memory limit; CuPy's OutOfMemoryError is a MemoryError): the
+            # one-column rules below decide instead
+            return False
         if not (np.isfinite(nu) and nu > 0 and margin * nu * bound < 1.0):
             return False
         self.method, self.rank = "triangular", q
@@ -460,7 +467,7 @@ class MinNormSolver:
         up, upt, xp = self._solve_ops()
         try:
             cod = NullspaceCOD(up, upt, q, dead, (lo, hi), transposed=self.transposed, xp=xp)
-        except NullspaceRefused:
+        except (NullspaceRefused, MemoryError):     # no gap, or its blocks do not fit
             return False
         smax = self._fro
         if not cod.certain():
