@@ -37,6 +37,7 @@ from .._options import Settings
 from .._validate import MatrixInput, as_matrix
 from .lstsq import MinNormSolver, exact_solve, lstsq_cutoff
 from .rank_refine import factorizer, with_rank_detection
+from .triangular import UpperTriangular
 
 __all__ = ["FactoredQR", "factorize", "plan_for", "plan_matrix", "least_squares_probe",
            "prefetch_kernels", "REFINE_ABOVE", "REFINE_STEPS"]
@@ -263,20 +264,31 @@ class FactoredQR:
     def _device_triangular(self):
         """Wrappers of the device's ``R⁻¹·`` and ``R⁻ᵀ·`` (GPU factors, no rank
         detection) for the rank decision: host arrays in → host out, CuPy in →
-        CuPy out (blocks kept on the device); else None."""
+        CuPy out (blocks kept on the device); else None.
+
+        A solve that runs out of device memory (a GPU under a pool limit, or
+        shared with other work; CuPy's OutOfMemoryError is a MemoryError)
+        hands this and every later solve to the host's solves with R."""
         if self.tol is not None or not self.on_device():
             return None
         import cupy as cp               # optional dependency: GPU factors only
         ds = self.device_solves()
+        host = []                       # the host's (up, upt), once the device ran out
 
-        def up(C):
-            Y = ds.upper(cp.asarray(C, dtype=np.float64))
-            return Y if isinstance(C, cp.ndarray) else Y.get()
-
-        def upt(C):
-            Y = ds.upper_transposed(cp.asarray(C, dtype=np.float64))
-            return Y if isinstance(C, cp.ndarray) else Y.get()
-        return up, upt
+        def solves_with(device_solve, which: int):
+            def solve(C):
+                if not host:
+                    try:
+                        Y = device_solve(cp.asarray(C, dtype=np.float64))
+                        return Y if isinstance(C, cp.ndarray) else Y.get()
+                    except MemoryError:
+                        cp.get_default_memory_pool().free_all_blocks()
+                        host.extend(UpperTriangular(sp.csc_array(self.num.R)).solves())
+                on_device = isinstance(C, cp.ndarray)
+                Y = host[which](C.get() if on_device else np.asarray(C, dtype=np.float64))
+                return cp.asarray(Y) if on_device else Y
+            return solve
+        return solves_with(ds.upper, 0), solves_with(ds.upper_transposed, 1)
 
     def device_solves(self):
         """The GPU engine's triangular solves with these factors (made once)."""
@@ -361,7 +373,10 @@ class FactoredQR:
         NumPy in and out; a full-rank problem on GPU factors is solved on the device."""
         if B.shape[1] and self.device_least_squares_ok():
             import cupy as cp           # optional dependency: GPU factors only
-            return self.device_least_squares(cp.asarray(B, dtype=np.float64)).get()
+            try:
+                return self.device_least_squares(cp.asarray(B, dtype=np.float64)).get()
+            except MemoryError:         # the device's solves do not fit: the host's answer
+                cp.get_default_memory_pool().free_all_blocks()
         t0 = time.perf_counter()
         num = self.num
         solver = self.rank_decision()
