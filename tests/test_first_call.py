@@ -177,7 +177,8 @@ def test_prefetch_needs_a_gpu(monkeypatch):
 def test_a_variant_group_compiles_alone_with_nvrtc():
     """The float64 group of each engine file compiles by itself (what a float64 call
     compiles) and is smaller than the whole file."""
-    pytest.importorskip("cupy")
+    pytest.importorskip("cupy", reason="NVRTC check needs the kernel-check extra "
+                        "(pip install -e '.[kernel-check]')")
     for f, declared, needed in fk.engine_kernels(np.float64):
         group = _kernels.variant_group(needed[0], declared)
         one = _kernels._compile_one(f, "sm_90", group)
