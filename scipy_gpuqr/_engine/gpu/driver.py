@@ -46,8 +46,8 @@ synchronizes and checks after every launch.
 
 Dense fronts (:mod:`scipy_gpuqr._schedule.dense`: the largest fronts, chosen
 from the analysis) are assembled by the launches but factorized by a blocked
-Householder QR through cuSOLVER/cuBLAS (:mod:`scipy_gpuqr._engine.dense_front`)
-on a side stream, right after the launch that completes their assembly; their
+Householder QR (:mod:`scipy_gpuqr._engine.dense_front`: panels in one launch
+each, trailing updates by cuBLAS) on a side stream, right after the launch that completes their assembly; their
 Householder data stay on the device (``GpuQR._dense``).
 
 ``Q`` is applied on the GPU from the kept reflectors (:mod:`.solve`);
@@ -72,10 +72,8 @@ from ..._errors import DeviceOutOfMemory, GpuEngineError, GpuFallbackWarning
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH, dense_front_mask
 from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
-from ..._symbolic import analyze
 from ..dense_front import DenseFront, HostDenseFront
-from ..host.reference import answer_with_rank_detection, reference_factorize
-from ..inputs import engine_csc
+from ..host.reference import reference_factorize, task_list_input
 from ..memory import (DeviceMemory, GpuMemoryExhausted, front_needs, min_budget,
                       min_budget_of_front, plan_for_memory, stage_bytes, vt_elements)
 from ..tasklist_qr import TaskListQR
@@ -269,7 +267,7 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         :class:`~scipy_gpuqr._engine.memory.GpuMemoryExhausted` (a MemoryError).
     dense_flops : float or None
         Fronts of at least this many Householder flops are dense fronts
-        (blocked QR through cuSOLVER/cuBLAS instead of tile tasks; see
+        (blocked QR, panel kernel and cuBLAS, instead of tile tasks; see
         :mod:`scipy_gpuqr._schedule.dense`); None: none.
     dense_columns_per_launch : int
         A dense front runs on a side stream while the launches go on; its
@@ -289,14 +287,10 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         those that run the uberkernel.
     """
     t_start = time.perf_counter()
-    Ac = engine_csc(A, "gpu_factorize")
-    out = answer_with_rank_detection(Ac, analysis, tol, max_gpu_memory, "gpu")
+    Ac, analysis, out = task_list_input(A, analysis, tol, max_gpu_memory, "gpu",
+                                        "gpu_factorize")
     if out is not None:
         return out
-    if analysis is None:
-        analysis = analyze(Ac)
-    elif not analysis.matches_pattern(Ac):
-        raise ValueError("gpu_factorize: the analysis was made for another pattern")
     debug = _debug_default() if debug is None else bool(debug)
     dev_dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     if device is None:

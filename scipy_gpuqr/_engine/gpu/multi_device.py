@@ -52,10 +52,8 @@ from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
 from ..._schedule.devices import DevicePlan, map_devices
 from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
-from ..._symbolic import analyze
 from ..dense_front import DenseFront
-from ..host.reference import answer_with_rank_detection
-from ..inputs import engine_csc
+from ..host.reference import task_list_input
 from . import driver
 from .device import CupyDevice
 from .rlayout import r_layout
@@ -229,14 +227,10 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         devices ``(child, source, target, bytes)``.
     """
     t_start = time.perf_counter()
-    Ac = engine_csc(A, "multi_gpu_factorize")
-    out = answer_with_rank_detection(Ac, analysis, tol, max_gpu_memory, "gpu")
+    Ac, analysis, out = task_list_input(A, analysis, tol, max_gpu_memory, "gpu",
+                                        "multi_gpu_factorize")
     if out is not None:
         return out
-    if analysis is None:
-        analysis = analyze(Ac)
-    elif not analysis.matches_pattern(Ac):
-        raise ValueError("multi_gpu_factorize: the analysis was made for another pattern")
     debug = _debug_default() if debug is None else bool(debug)
     dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     given_plan = devices if isinstance(devices, DevicePlan) else None
@@ -464,7 +458,7 @@ class _MultiStageRun:
     def _gather_q(self):
         """The home layer's VT pool completed with the other devices' tiles; each
         stage's pool where the home device reads it (device) or on the host."""
-        sched, fs = self.sched, self.fs
+        sched = self.sched
         home = self.layers[0]
         lo = np.asarray(sched.vt_base, dtype=np.int64)
         hi = np.append(lo[1:], sched.vt_size)

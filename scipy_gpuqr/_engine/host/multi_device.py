@@ -30,10 +30,8 @@ from ..._schedule.dense import DEFAULT_DENSE_FLOPS
 from ..._schedule.devices import DevicePlan, map_devices
 from ..._schedule.sparse import build_schedule, record_flops
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
-from ..._symbolic import analyze
 from ..dense_front import DEFAULT_PANEL, DenseFront, factorize_numpy, panels_of
-from ..inputs import engine_csc
-from .reference import answer_with_rank_detection
+from .reference import task_list_input
 from .simulate import SimulateQR, assemble_r, execute_task, front_slots, one_blas_thread
 
 __all__ = ["SimulatedDevice", "simulate_multi_device"]
@@ -282,16 +280,12 @@ def simulate_multi_device(A, analysis=None, *, devices: int | DevicePlan = 2,
         turn)`` of every contribution block moved between devices.
     """
     t0 = time.perf_counter()
-    Ac = engine_csc(A, "simulate_multi_device")
-    dtype = np.float32 if Ac.dtype == np.float32 else np.float64
-    out = answer_with_rank_detection(Ac, analysis, tol, None, "simulate")
+    Ac, analysis, out = task_list_input(A, analysis, tol, None, "simulate",
+                                        "simulate_multi_device")
     if out is not None:
         return out
+    dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     m, n = Ac.shape
-    if analysis is None:
-        analysis = analyze(Ac)
-    elif not analysis.matches_pattern(Ac):
-        raise ValueError("simulate_multi_device: the analysis was made for another pattern")
     plan = devices if isinstance(devices, DevicePlan) else map_devices(
         analysis, int(devices), device_memory=device_memory)
     sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,

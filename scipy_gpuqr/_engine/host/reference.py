@@ -298,6 +298,33 @@ def answer_with_rank_detection(Ac, analysis, tol, max_gpu_memory, backend: str):
     return out
 
 
+def task_list_input(A, analysis, tol, max_gpu_memory, backend: str, caller: str):
+    """What every task-list engine does first.
+
+    A as the engines' canonical CSC (:func:`~scipy_gpuqr._engine.inputs.engine_csc`);
+    the reference engine's answer where a tolerance asks for rank detection
+    (:func:`answer_with_rank_detection`); else the analysis, made here or
+    checked against A's pattern.
+
+    Returns
+    -------
+    Ac : scipy.sparse.csc_array
+    analysis : SymbolicAnalysis or None
+        None only where ``answer`` is given (and none was passed).
+    answer : NumericQR or None
+        The reference engine's factorization, when it answered.
+    """
+    Ac = engine_csc(A, caller)
+    out = answer_with_rank_detection(Ac, analysis, tol, max_gpu_memory, backend)
+    if out is not None:
+        return Ac, analysis, out
+    if analysis is None:
+        analysis = analyze(Ac)
+    elif not analysis.matches_pattern(Ac):
+        raise ValueError(f"{caller}: the analysis was made for another pattern")
+    return Ac, analysis, None
+
+
 def resolve_tol(tol, Ac, dtype):
     """Absolute dead-column tolerance for ``tol`` (None, 'default', a number; < 0: off)."""
     if isinstance(tol, str):

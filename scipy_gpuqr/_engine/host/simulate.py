@@ -32,11 +32,9 @@ import scipy.sparse as sp
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS
 from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
-from ..._symbolic import analyze
 from ..dense_front import DEFAULT_PANEL, DenseFront, factorize_numpy, panels_of
-from ..inputs import engine_csc
 from ..tasklist_qr import TaskListQR
-from .reference import answer_with_rank_detection
+from .reference import task_list_input
 
 __all__ = ["householder_tile", "front_slots", "assemble_r", "execute_task", "execute_launches", "apply_qt_front",
            "apply_qt_records", "apply_q_records", "one_blas_thread", "launch_conflicts",
@@ -531,16 +529,12 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
         ``info["launches_with_tasks"]`` those with at least one record.
     """
     t0 = time.perf_counter()
-    Ac = engine_csc(A, "simulate_factorize")
-    dtype = np.float32 if Ac.dtype == np.float32 else np.float64
-    out = answer_with_rank_detection(Ac, analysis, tol, max_gpu_memory, "simulate")
+    Ac, analysis, out = task_list_input(A, analysis, tol, max_gpu_memory, "simulate",
+                                        "simulate_factorize")
     if out is not None:
         return out
+    dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     m, n = Ac.shape
-    if analysis is None:
-        analysis = analyze(Ac)
-    elif not analysis.matches_pattern(Ac):
-        raise ValueError("simulate_factorize: the analysis was made for another pattern")
     sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
                            max_gpu_memory=max_gpu_memory, max_tasks=max_tasks,
                            dense_flops=dense_flops)
