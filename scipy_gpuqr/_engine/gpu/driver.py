@@ -47,8 +47,9 @@ synchronizes and checks after every launch.
 Dense fronts (:mod:`scipy_gpuqr._schedule.dense`: the largest fronts, chosen
 from the analysis) are assembled by the launches but factorized by a blocked
 Householder QR (:mod:`scipy_gpuqr._engine.dense_front`: panels in one launch
-each, trailing updates by cuBLAS) on a side stream, right after the launch that completes their assembly; their
-Householder data stay on the device (``GpuQR._dense``).
+each, trailing updates by cuBLAS) on a side stream, right after the launch
+that completes their assembly; their Householder data stay on the device
+(``GpuQR._dense``).
 
 ``Q`` is applied on the GPU from the kept reflectors (:mod:`.solve`);
 without a CUDA device it is replayed on the host (:func:`.solve.host_matmul`).
