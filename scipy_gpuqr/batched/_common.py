@@ -97,16 +97,31 @@ def as_stack(a, where: str, name: str = "a"):
         if arr.dtype == object or arr.dtype.kind in "SUVM":
             raise ValueError(f"{where}: {name} must be numeric, got dtype "
                              f"{arr.dtype}")
-    if arr.ndim < 2:
-        raise ValueError(f"{where}: expected {name} of shape (..., n, n), got "
-                         f"shape {tuple(arr.shape)}")
-    if arr.shape[-1] != arr.shape[-2]:
-        raise ValueError(f"{where}: expected square matrices, got {name}.shape="
-                         f"{tuple(arr.shape)}")
+    check_square_stack(arr.shape, where, name)
     dt = result_dtype(arr.dtype, where)
     if arr.dtype != dt:
         arr = arr.astype(dt)
     return arr, tuple(arr.shape[:-2])
+
+
+def check_square_stack(shape, where: str, name: str = "a") -> None:
+    """Raise ValueError unless ``shape`` is that of a stack ``(..., n, n)``."""
+    if len(shape) < 2:
+        raise ValueError(f"{where}: expected {name} of shape (..., n, n), got "
+                         f"shape {tuple(shape)}")
+    if shape[-1] != shape[-2]:
+        raise ValueError(f"{where}: expected square matrices, got {name}.shape="
+                         f"{tuple(shape)}")
+
+
+def cholesky_pair(c_and_lower, where: str):
+    """``(c, lower)`` from the pair :func:`cho_factor_batched` returns (ValueError if not one)."""
+    try:
+        c, lower = c_and_lower
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: c_and_lower must be the pair (c, lower) "
+                         "returned by cho_factor_batched") from None
+    return c, lower
 
 
 def batch_names(indices, batch_shape, total: int | None = None) -> str:

@@ -33,7 +33,7 @@ from scipy.linalg import LinAlgError, LinAlgWarning
 from . import _cpu, _gpu, _jacobi, _vbatched
 from . import _gpu_common as _gc
 from ._common import (NONFINITE, as_stack, bad_indices, batch_names, check_finite_np,
-                      gpu_supported, require_finite, restore,
+                      cholesky_pair, gpu_supported, require_finite, restore,
                       result_dtype, to_device, to_host, use_gpu)
 from .._gpu import is_cupy_array
 from .._options import log_decision
@@ -609,11 +609,7 @@ def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
     x : ndarray, shape (..., n) or (..., n, k)
     """
     where = "cho_solve_batched"
-    try:
-        c, lower = c_and_lower
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: c_and_lower must be the pair (c, lower) "
-                         "returned by cho_factor_batched") from None
+    c, lower = cholesky_pair(c_and_lower, where)
     lower = _lower_flag(lower, where)
     arr, batch_shape = as_stack(c, where, "c")
     n = arr.shape[-1]

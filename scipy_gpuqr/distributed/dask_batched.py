@@ -55,7 +55,8 @@ from dask.array.utils import meta_from_array
 from scipy.linalg import LinAlgError, LinAlgWarning
 
 from ..batched import _functions as _f
-from ..batched._common import bad_indices, batch_names, info_counts
+from ..batched._common import (bad_indices, batch_names, check_square_stack, cholesky_pair,
+                               info_counts)
 
 __all__ = ["lu_factor_batched", "lu_solve_batched", "solve_batched",
            "inv_batched", "cho_factor_batched", "cho_solve_batched"]
@@ -100,12 +101,7 @@ def _whole_matrices(x: da.Array, core: int) -> da.Array:
 def _stack(a, name: str, where: str) -> da.Array:
     """A validated Dask stack ``(..., n, n)`` with whole matrices in its chunks."""
     a = _as_dask(a, name, where)
-    if a.ndim < 2:
-        raise ValueError(f"{where}: expected {name} of shape (..., n, n), got "
-                         f"shape {tuple(a.shape)}")
-    if a.shape[-1] != a.shape[-2]:
-        raise ValueError(f"{where}: expected square matrices, got {name}.shape="
-                         f"{tuple(a.shape)}")
+    check_square_stack(a.shape, where, name)
     return _whole_matrices(a, 2)
 
 
@@ -408,11 +404,7 @@ def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
                       backend=None):
     """:func:`scipy_gpuqr.cho_solve_batched` with a Dask factor or ``b``: Dask ``x``."""
     where = "cho_solve_batched"
-    try:
-        c, lower = c_and_lower
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: c_and_lower must be the pair (c, lower) "
-                         "returned by cho_factor_batched") from None
+    c, lower = cholesky_pair(c_and_lower, where)
     lower = _lower(lower, where)
     c = _stack(c, "c", where)
     nb, n = c.ndim - 2, c.shape[-1]
