@@ -51,7 +51,7 @@ except ImportError:     # pragma: no cover - every SciPy release so far has it
 
 __all__ = ["EPS", "RunInfo", "IterationState", "Problem", "NumpyOps", "CupyOps", "make_ops",
            "GolubKahan", "SLOT_DEFERRED",
-           "givens", "stopping_code", "Progress", "Clock", "drive", "run_info",
+           "givens", "stopping_code", "Progress", "Clock", "drive", "run_info", "Start", "begin",
            "print_summary", "result_class"]
 
 #: float64 machine epsilon, as SciPy's lsqr/lsmr use it.
@@ -741,6 +741,50 @@ def run_info(run: dict, istop: int, itn: int, progress: Progress, clock: Clock,
                 stopped_by_callback=run.get("stopped_by_callback", False),
                 projected_iterations=projected, seconds=clock.elapsed(),
                 host_syncs=link.count)
+
+
+@dataclass
+class Start:
+    """LSQR's and LSMR's common beginning: the checked problem, its array
+    module's operations, the clock and progress record of the call, and the
+    first Golub-Kahan step (``‖b − A x0‖``, β₁, α₁ from one host copy)."""
+
+    clock: Clock
+    problem: Problem
+    link: Any
+    progress: Progress
+    gk: GolubKahan
+    x: Any
+    normb: float
+    beta: float
+    alpha: float
+
+    def iterate(self, solver, iter_lim: int, *, pipelined: Optional[bool],
+                callback: Optional[Callable]) -> dict:
+        """:func:`drive` the solver's recurrences (pipelined None: on for CuPy, off for NumPy)."""
+        if pipelined is None:
+            pipelined = self.problem.xp is not np
+        return drive(solver, self.link, iter_lim, pipelined=pipelined, clock=self.clock,
+                     callback=callback, progress=self.progress)
+
+    def run_info(self, run: dict, istop: int, itn: int, exact_start: bool) -> dict:
+        """:func:`run_info` of this call."""
+        return run_info(run, istop, itn, self.progress, self.clock, self.link,
+                        exact_start=exact_start)
+
+
+def begin(A, b, x0, xp, *, atol: float, max_seconds: Optional[float]) -> Start:
+    """Check the problem and take the first Golub-Kahan step (:class:`Start`)."""
+    clock = Clock(max_seconds)
+    problem = Problem(A, b, x0, xp)
+    link = make_ops(problem.xp, problem.n)
+    progress = Progress(atol)
+    gk = GolubKahan(problem, link)
+    x = problem.x0 if problem.x0 is not None else problem.xp.zeros(problem.n)
+    bb, beta_sq, alpha_sq = link.fetch(*gk.start(problem.x0))
+    beta = np.sqrt(beta_sq)
+    alpha = gk.adopt(beta, alpha_sq, 0)
+    return Start(clock, problem, link, progress, gk, x, np.sqrt(bb), beta, alpha)
 
 
 def print_summary(name: str, m: int, n: int, istop: int, itn: int, lines: list) -> None:

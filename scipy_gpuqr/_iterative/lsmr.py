@@ -19,9 +19,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ._common import (SLOT_DEFERRED, Clock, GolubKahan, IterationState, Problem, Progress,
-                      drive, givens, make_ops, print_summary, result_class, run_info,
-                      stopping_code)
+from ._common import (SLOT_DEFERRED, GolubKahan, IterationState, begin, givens,
+                      print_summary, result_class, stopping_code)
 
 __all__ = ["lsmr", "LSMRResult"]
 
@@ -222,32 +221,23 @@ def _lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=F
           x0=None, *, xp=None, max_seconds=None, callback=None,
           pipelined: Optional[bool] = None):
     """:func:`lsmr`, with the pipelining choice open (None: on for CuPy, off for NumPy)."""
-    clock = Clock(max_seconds)
-    problem = Problem(A, b, x0, xp)
-    xp, m, n = problem.xp, problem.m, problem.n
-    link = make_ops(xp, n)
-    progress = Progress(atol)
+    start = begin(A, b, x0, xp, atol=atol, max_seconds=max_seconds)
+    problem, gk, x = start.problem, start.gk, start.x
+    m, n = problem.m, problem.n
     maxiter = min(m, n) if maxiter is None else int(maxiter)
-
-    gk = GolubKahan(problem, link)
-    x = problem.x0 if problem.x0 is not None else xp.zeros(n)
-    normb2, beta_sq, alpha_sq = link.fetch(*gk.start(problem.x0))
-    normb, beta = np.sqrt(normb2), np.sqrt(beta_sq)
-    alpha = gk.adopt(beta, alpha_sq, 0)
-    if not beta > 0:
-        gk.v = xp.zeros(n)
+    if not start.beta > 0:
+        gk.v = problem.xp.zeros(n)
     state = _LSMRState(gk, x, damp=float(damp), atol=atol, btol=btol, conlim=conlim,
-                       iter_lim=maxiter, normb=normb, beta=beta, alpha=alpha)
+                       iter_lim=maxiter, normb=start.normb, beta=start.beta, alpha=start.alpha)
 
-    if state.normar == 0 or normb == 0:
+    if state.normar == 0 or start.normb == 0:
         # b - A x0 = 0 or Aᵀ(b - A x0) = 0: x0 (or 0) is the answer; b = 0: x = 0 (SciPy's rule)
         if not state.normar == 0:
             x[...] = 0
         run, exact = {}, True
     else:
-        run, exact = drive(state, link, maxiter,
-                           pipelined=(xp is not np) if pipelined is None else pipelined,
-                           clock=clock, callback=callback, progress=progress), False
+        run = start.iterate(state, maxiter, pipelined=pipelined, callback=callback)
+        exact = False
     istop, itn = run.get("istop", 0), run.get("itn", 0)
     fields = (state.x, istop, itn, float(state.normr), float(state.normar),
               float(state.normA), float(state.condA), float(state.normx))
@@ -256,5 +246,4 @@ def _lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=F
                       [("normr", state.normr), ("normar", state.normar),
                        ("normA", state.normA), ("condA", state.condA),
                        ("normx", state.normx)])
-    return LSMRResult.build(fields, run_info(run, istop, itn, progress, clock, link,
-                                             exact_start=exact))
+    return LSMRResult.build(fields, start.run_info(run, istop, itn, exact))

@@ -20,9 +20,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ._common import (EPS, SLOT_DEFERRED, Clock, GolubKahan, IterationState, Problem, Progress,
-                      drive, givens, make_ops, print_summary, result_class, run_info,
-                      stopping_code)
+from ._common import (EPS, SLOT_DEFERRED, GolubKahan, IterationState, begin, givens,
+                      print_summary, result_class, stopping_code)
 
 __all__ = ["lsqr", "LSQRResult"]
 
@@ -237,30 +236,21 @@ def _lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=
           calc_var=False, x0=None, *, xp=None, max_seconds=None, callback=None,
           pipelined: Optional[bool] = None):
     """:func:`lsqr`, with the pipelining choice open (None: on for CuPy, off for NumPy)."""
-    clock = Clock(max_seconds)
-    problem = Problem(A, b, x0, xp)
-    xp, n = problem.xp, problem.n
-    link = make_ops(xp, n)
-    progress = Progress(atol)
+    start = begin(A, b, x0, xp, atol=atol, max_seconds=max_seconds)
+    problem, gk, x = start.problem, start.gk, start.x
+    n = problem.n
     iter_lim = 2 * n if iter_lim is None else int(iter_lim)
-    damp = float(damp)
-
-    gk = GolubKahan(problem, link)
-    x = problem.x0 if problem.x0 is not None else xp.zeros(n)
-    bb, beta_sq, alfa_sq = link.fetch(*gk.start(problem.x0))
-    bnorm, beta = np.sqrt(bb), np.sqrt(beta_sq)
-    alfa = gk.adopt(beta, alfa_sq, 0)
-    if not beta > 0:
+    if not start.beta > 0:
         gk.v = x.copy()
-    state = _LSQRState(gk, x, damp=damp, atol=atol, btol=btol, conlim=conlim,
-                       iter_lim=iter_lim, calc_var=calc_var, bnorm=bnorm, beta=beta, alfa=alfa)
+    state = _LSQRState(gk, x, damp=float(damp), atol=atol, btol=btol, conlim=conlim,
+                       iter_lim=iter_lim, calc_var=calc_var, bnorm=start.normb,
+                       beta=start.beta, alfa=start.alpha)
 
     if state.arnorm == 0:               # b - A x0 = 0, or Aᵀ(b - A x0) = 0
         run, exact = {}, True
     else:
-        run, exact = drive(state, link, iter_lim,
-                           pipelined=(xp is not np) if pipelined is None else pipelined,
-                           clock=clock, callback=callback, progress=progress), False
+        run = start.iterate(state, iter_lim, pipelined=pipelined, callback=callback)
+        exact = False
     istop, itn = run.get("istop", 0), run.get("itn", 0)
     fields = (state.x, istop, itn, float(state.r1norm), float(state.r2norm),
               float(state.anorm), float(state.acond), float(state.arnorm),
@@ -270,5 +260,4 @@ def _lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=
                       [("r1norm", state.r1norm), ("r2norm", state.r2norm),
                        ("anorm", state.anorm), ("acond", state.acond),
                        ("arnorm", state.arnorm), ("xnorm", state.xnorm)])
-    return LSQRResult.build(fields, run_info(run, istop, itn, progress, clock, link,
-                                             exact_start=exact))
+    return LSQRResult.build(fields, start.run_info(run, istop, itn, exact))
