@@ -71,7 +71,7 @@ _PUBLIC = {
     "inv_batched": ".distributed._batched_api",
     "cho_factor_batched": ".distributed._batched_api",
     "cho_solve_batched": ".distributed._batched_api",
-    "block_jacobi": ".batched._functions",
+    "block_jacobi": ".distributed._batched_api",
     "lu_factor_vbatched": ".batched._functions",
     "solve_vbatched": ".batched._functions",
     "inv_vbatched": ".batched._functions",

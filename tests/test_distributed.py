@@ -228,6 +228,111 @@ def test_bad_shapes_raise_when_the_graph_is_built(rng):
 
 
 # ----------------------------------------------------------------------------
+# block-Jacobi of a Dask matrix or a Dask stack of diagonal blocks
+# ----------------------------------------------------------------------------
+
+def _jacobi_matrix(rng, n, density=0.15):
+    A = sps.random(n, n, density=density, random_state=int(rng.integers(1 << 30)),
+                   format="csr")
+    return (A + A.T + 4 * sps.eye(n, format="csr")).tocsr()
+
+
+@pytest.mark.parametrize("n, bs, chunks", [
+    (103, 8, (30, 30)),         # ragged last block, chunk ends inside blocks
+    (96, 8, (32, 32)),          # chunks aligned with blocks: no data moves
+    (103, 8, (50, 103)),        # row panels
+    (100, 7, (13, 40)),         # chunks smaller than two blocks, non-square
+    (5, 8, (3, 3)),             # one ragged block only
+])
+@pytest.mark.parametrize("form", ["dense", "sparse"])
+def test_block_jacobi_equals_numpy(client, rng, n, bs, chunks, form):
+    A = _jacobi_matrix(rng, n)
+    ref = g.block_jacobi(A, bs)
+    D = (da.from_array(A.toarray(), chunks=chunks) if form == "dense"
+         else da.from_array(A, chunks=chunks, asarray=False))
+    M = g.block_jacobi(D, bs)
+    from scipy_gpuqr.distributed.dask_jacobi import DaskBlockJacobi
+    assert isinstance(M, DaskBlockJacobi) and M.shape == ref.shape and M.dtype == ref.dtype
+    assert isinstance(M.blocks, da.Array) and M.blocks.shape == (n // bs, bs, bs)
+    assert (M.last is None) == (n % bs == 0)
+    x = rng.standard_normal(n)
+    X = rng.standard_normal((n, 3))
+    _same(M.matvec(x), ref.matvec(x))
+    _same(M @ X, ref @ X)
+    y = M @ da.from_array(x, chunks=17)              # Dask in, Dask out (lazy)
+    assert isinstance(y, da.Array) and y.shape == (n,)
+    _same(y.compute(), ref.matvec(x))
+    Y = M.matmat(da.from_array(X, chunks=(40, 2)))
+    assert isinstance(Y, da.Array)
+    _same(client.compute(Y, sync=True), ref.matmat(X))
+    _same(M.persist().matvec(x), ref.matvec(x))
+
+
+def test_block_jacobi_of_a_stack_of_blocks(client, rng):
+    """The diagonal blocks given as a Dask stack: the operator of their block diagonal."""
+    blocks = _stack(rng, (11,), 6).astype(np.float32)
+    d = da.from_array(blocks, chunks=(4, 6, 6))
+    ref = g.block_jacobi(sps.block_diag(list(blocks), format="csr"), 6)
+    M = g.block_jacobi(d, 6)
+    assert M.shape == (66, 66) and M.dtype == ref.dtype == np.float32
+    assert M.blocks.chunks[0] == (4, 4, 3) and M.last is None
+    x = rng.standard_normal(66).astype(np.float32)
+    _same(M.matvec(x), ref.matvec(x))
+    _same((M @ da.from_array(x, chunks=30)).compute(), ref.matvec(x))
+    with pytest.raises(ValueError, match="needs block_size=6"):
+        g.block_jacobi(d, 5)
+
+
+def test_block_jacobi_in_cg_like_numpy(client, rng):
+    """SciPy's cg with the Dask operator (persisted) runs the NumPy operator's iterations."""
+    import scipy.sparse.linalg as spla
+    A = _jacobi_matrix(rng, 120, density=0.05)
+    b = rng.standard_normal(120)
+    M = g.block_jacobi(da.from_array(A.toarray(), chunks=(50, 50)), 10).persist()
+    counts = {}
+    for name, pre in (("dask", M), ("numpy", g.block_jacobi(A, 10))):
+        it = [0]
+        x, info = spla.cg(A, b, M=pre, rtol=1e-10, maxiter=500,
+                          callback=lambda _: it.__setitem__(0, it[0] + 1))
+        assert info == 0
+        counts[name] = (it[0], x)
+    assert counts["dask"][0] == counts["numpy"][0]
+    np.testing.assert_allclose(counts["dask"][1], counts["numpy"][1], rtol=1e-12, atol=1e-14)
+
+
+def test_block_jacobi_singular_blocks_named(client):
+    d = np.eye(40)
+    d[21, 21] = 0                                   # block 5 (rows 20:24)
+    M = g.block_jacobi(da.from_array(d, chunks=(16, 16)), 4)     # lazy: nothing raised
+    with pytest.raises(LinAlgError, match=r"singular diagonal block.*block index \[5\]"
+                                          r".*Dask chunk of batch indices \[4:8\]"):
+        M.persist()
+    with pytest.raises(LinAlgError, match="singular diagonal block"):
+        M.matvec(np.ones(40))
+    d = np.eye(10)
+    d[9, 9] = 0
+    with pytest.raises(LinAlgError, match=r"ragged last diagonal block \(block index 2, "
+                                          r"rows 8:10\)"):
+        g.block_jacobi(da.from_array(d, chunks=(5, 5)), 4).persist()
+    d = np.eye(8)
+    d[3, 3] = np.inf
+    with pytest.raises(ValueError, match="infs or NaNs"):
+        g.block_jacobi(da.from_array(d, chunks=(4, 4)), 4).persist()
+
+
+def test_block_jacobi_bad_input(rng):
+    with pytest.raises(ValueError, match="square"):
+        g.block_jacobi(da.zeros((6, 4), chunks=2), 2)
+    with pytest.raises(TypeError, match="block_size must be an int"):
+        g.block_jacobi(da.eye(4, chunks=2), 2.0)
+    with pytest.raises(ValueError, match="block_size must be >= 1"):
+        g.block_jacobi(da.eye(4, chunks=2), 0)
+    M = g.block_jacobi(da.eye(6, chunks=3), 2)
+    with pytest.raises(ValueError, match="dimension mismatch"):
+        M @ da.ones(5, chunks=5)
+
+
+# ----------------------------------------------------------------------------
 # the dispatch leaves non-Dask calls alone
 # ----------------------------------------------------------------------------
 
@@ -235,10 +340,10 @@ def test_non_dask_input_unaffected(rng):
     import scipy_gpuqr.batched as b
     from scipy_gpuqr.batched import _functions
     a = _stack(rng, (4,), 3)
-    for name in ("lu_factor_batched", "inv_batched", "cho_factor_batched"):
+    for name in ("lu_factor_batched", "inv_batched", "cho_factor_batched", "block_jacobi"):
         fn = getattr(g, name)
         assert fn is getattr(b, name) and fn.__wrapped__ is getattr(_functions, name)
-        assert "Dask arrays" in fn.__doc__ and "Parameters" in fn.__doc__
+        assert "Dask" in fn.__doc__ and "Parameters" in fn.__doc__
         assert pickle.loads(pickle.dumps(fn)) is fn
     x = g.inv_batched(a)
     assert type(x) is np.ndarray
@@ -372,3 +477,21 @@ def test_cupy_chunks_on_one_gpu_worker(rng):
         assert type(xi) is np.ndarray
         np.testing.assert_allclose(xi, np.linalg.inv(np.delete(a, 13, axis=0)),
                                    rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.gpu
+def test_block_jacobi_cupy_chunks(rng):
+    """CuPy chunks: the inverses on the GPU, CuPy vectors in and out, as block_jacobi(CuPy)."""
+    import cupy as cp
+    A = _jacobi_matrix(rng, 70).toarray()
+    ref = g.block_jacobi(cp.asarray(A), 8)
+    M = g.block_jacobi(da.from_array(cp.asarray(A), chunks=(24, 24)), 8).persist()
+    assert type(M.blocks._meta).__module__.startswith("cupy")
+    x = rng.standard_normal(70)
+    y = M.matvec(cp.asarray(x))
+    assert type(y) is cp.ndarray
+    cp.testing.assert_allclose(y, ref.matvec(cp.asarray(x)), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(M.matvec(x), ref.matvec(cp.asarray(x)).get(), rtol=1e-12,
+                               atol=1e-12)
+    yd = (M @ da.from_array(cp.asarray(x), chunks=30)).compute()
+    cp.testing.assert_allclose(yd, y, rtol=0, atol=0)

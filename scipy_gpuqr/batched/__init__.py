@@ -51,12 +51,12 @@ import importlib
 #: the fixed-size functions exported Dask-aware: the functions of ._functions
 #: behind a type check that sends Dask arrays to scipy_gpuqr.distributed
 _DASK_AWARE = ("lu_factor_batched", "lu_solve_batched", "solve_batched",
-               "inv_batched", "cho_factor_batched", "cho_solve_batched")
+               "inv_batched", "cho_factor_batched", "cho_solve_batched", "block_jacobi")
 
 #: public name -> module that defines it
 _PUBLIC = {
     name: "..distributed._batched_api" if name in _DASK_AWARE else "._functions"
-    for name in _DASK_AWARE + ("block_jacobi", "lu_factor_vbatched", "solve_vbatched",
+    for name in _DASK_AWARE + ("lu_factor_vbatched", "solve_vbatched",
                                "inv_vbatched", "cho_factor_vbatched")
 }
 

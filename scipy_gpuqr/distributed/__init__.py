@@ -11,6 +11,9 @@ networking.
   call per chunk, on the worker (and GPU) holding it
   (:mod:`scipy_gpuqr.distributed.dask_batched`; the public functions send
   Dask input there from :mod:`scipy_gpuqr.distributed._batched_api`).
+* :func:`scipy_gpuqr.block_jacobi` of a Dask matrix ``(n, n)`` or of a Dask
+  stack of diagonal blocks gives an operator whose inverses are a Dask array
+  (:mod:`scipy_gpuqr.distributed.dask_jacobi`).
 * :func:`solve_many` solves a list or a Dask bag of independent ``(A, b)``
   problems, one task each calling :func:`scipy_gpuqr.lsqr`, ``lsmr`` or
   ``spsolve`` on its worker.
@@ -25,6 +28,9 @@ _batched_api
     The Dask-aware public batched functions (a type check, no Dask import).
 dask_batched
     Their Dask versions: validation, one task per chunk, ``info`` per chunk.
+dask_jacobi
+    ``block_jacobi`` on Dask: diagonal blocks gathered per row chunk,
+    inverted per chunk, the operator applied to Dask, NumPy or CuPy vectors.
 _many
     :func:`solve_many`.
 
