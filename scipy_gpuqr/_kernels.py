@@ -8,7 +8,10 @@ At run time a call compiles only what it uses: a file's variants are
 compiled when first asked for, with the file's other variants of the same
 value type only (:class:`LazyModule`, :func:`variant_group`), and what a call
 will need next can be compiled meanwhile on worker threads (:func:`prefetch`;
-NVRTC releases the GIL, so modules compile in parallel).
+NVRTC releases the GIL, so modules compile in parallel). A file whose kernels
+need a cooperative launch (a grid-wide barrier: every block resident) is
+declared so by its module (``COOPERATIVE_FILES``) and loaded with
+``cooperative=True``; it compiles to the same cubin (and cache entry).
 
 Sources are *flattened* before compilation: every ``#include "x.cuh"`` of a
 file in ``kernels/`` is replaced by that file's text, recursively. The text
@@ -28,21 +31,23 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 __all__ = ["kernels_dir", "kernel_files", "flatten_source", "COMPILE_OPTIONS",
-           "registered_variants", "load_module", "check_compile",
-           "source_hash", "LazyModule", "variant_group", "prefetch"]
+           "registered_variants", "registered_cooperative", "load_module", "check_compile",
+           "source_hash", "LazyModule", "KernelUse", "variant_group", "prefetch"]
 
 #: NVRTC options used by the run time and the check alike.
 COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17",)
 
-#: Modules that declare ``KERNEL_VARIANTS = {"file.cu": ("name<expr>", ...)}``.
+#: Modules that declare ``KERNEL_VARIANTS = {"file.cu": ("name<expr>", ...)}``
+#: (and, optionally, ``COOPERATIVE_FILES``: files launched cooperatively).
 #: Each feature adds its module here; the modules must import without cupy.
 VARIANT_MODULES: tuple[str, ...] = (
     "scipy_gpuqr.batched._kernel_registry",
     "scipy_gpuqr._engine.gpu.factorize_kernels",
     "scipy_gpuqr._engine.gpu.solve_kernels",
+    "scipy_gpuqr._engine.gpu.dense_panel",
 )
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
@@ -117,6 +122,19 @@ def source_hash(name: str) -> str:
     return hashlib.sha256(flatten_source(name).encode()).hexdigest()[:16]
 
 
+def _variant_modules() -> list:
+    """The modules of :data:`VARIANT_MODULES` that exist."""
+    mods = []
+    for modname in VARIANT_MODULES:
+        try:
+            mods.append(importlib.import_module(modname))
+        except ModuleNotFoundError as exc:
+            if exc.name and modname.startswith(exc.name):
+                continue
+            raise
+    return mods
+
+
 def registered_variants() -> dict[str, tuple[str, ...]]:
     """Collect ``{file: name_expressions}`` from :data:`VARIANT_MODULES`.
 
@@ -124,16 +142,17 @@ def registered_variants() -> dict[str, tuple[str, ...]]:
     gets the union of their expressions.
     """
     out: dict[str, tuple[str, ...]] = {}
-    for modname in VARIANT_MODULES:
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as exc:
-            if exc.name and modname.startswith(exc.name):
-                continue
-            raise
+    for mod in _variant_modules():
         for fname, exprs in getattr(mod, "KERNEL_VARIANTS", {}).items():
             out[fname] = tuple(dict.fromkeys(out.get(fname, ()) + tuple(exprs)))
     return out
+
+
+def registered_cooperative() -> frozenset:
+    """The files whose kernels are launched cooperatively (``COOPERATIVE_FILES``
+    of :data:`VARIANT_MODULES`)."""
+    return frozenset(f for mod in _variant_modules()
+                     for f in getattr(mod, "COOPERATIVE_FILES", ()))
 
 
 #: C type names that tell a variant's value type apart (a call runs in one).
@@ -163,20 +182,34 @@ def variant_group(expr: str, name_expressions: Sequence[str]) -> tuple[str, ...]
 
 
 class _Compiled:
-    """One ``cupy.RawModule`` per (file, group, options, source), compiled once per
-    process even when several threads ask at once (one lock per module)."""
+    """One ``cupy.RawModule`` per (file, group, options, source, cooperative),
+    compiled once per process even when several threads ask at once (one lock
+    per module)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._modules: dict = {}
 
-    def ready(self, name: str, group: tuple, options: tuple, digest: str) -> bool:
+    def ready(self, name: str, group: tuple, options: tuple, digest: str,
+              cooperative: bool = False) -> bool:
         """Whether that module was compiled already (or is being compiled)."""
         with self._lock:
-            return (name, group, options, digest) in self._modules
+            return (name, group, options, digest, bool(cooperative)) in self._modules
 
-    def get(self, name: str, group: tuple, options: tuple, digest: str, device: int | None):
-        key = (name, group, options, digest)
+    def claim(self, name: str, group: tuple, options: tuple, digest: str,
+              cooperative: bool = False) -> bool:
+        """Mark that module as being compiled; False when it was already (then
+        nobody else need start it)."""
+        key = (name, group, options, digest, bool(cooperative))
+        with self._lock:
+            if key in self._modules:
+                return False
+            self._modules[key] = [threading.Lock(), None]
+            return True
+
+    def get(self, name: str, group: tuple, options: tuple, digest: str, device: int | None,
+            cooperative: bool = False):
+        key = (name, group, options, digest, bool(cooperative))
         with self._lock:
             entry = self._modules.get(key)
             if entry is None:
@@ -186,7 +219,8 @@ class _Compiled:
                 import cupy
                 with cupy.cuda.Device(device):
                     mod = cupy.RawModule(code=flatten_source(name), options=options,
-                                         name_expressions=group or None)
+                                         name_expressions=group or None,
+                                         enable_cooperative_groups=bool(cooperative))
                     mod.compile()                   # compiles (or loads the cubin) now
                 entry[1] = mod
             return entry[1]
@@ -209,17 +243,26 @@ class LazyModule:
     value type) and nothing else; :meth:`prefetch` starts compiling groups on
     worker threads (NVRTC runs without the GIL, so independent modules compile
     in parallel); :meth:`compile` compiles every group (the cache warm-up).
+    With ``cooperative``, its kernels launch with ``cuLaunchCooperativeKernel``.
     """
 
-    def __init__(self, name: str, name_expressions: tuple, options: tuple, digest: str):
+    def __init__(self, name: str, name_expressions: tuple, options: tuple, digest: str,
+                 cooperative: bool = False):
         self.name = name
         self.name_expressions = name_expressions
         self.options = options
         self.digest = digest
+        self.cooperative = bool(cooperative)
 
     def _module(self, expr: str, device=None):
         group = variant_group(expr, self.name_expressions)
-        return _COMPILED.get(self.name, group, self.options, self.digest, device)
+        return _COMPILED.get(self.name, group, self.options, self.digest, device,
+                             self.cooperative)
+
+    def ready(self, expr: str) -> bool:
+        """Whether the group of ``expr`` was compiled in this process (or is being)."""
+        return _COMPILED.ready(self.name, variant_group(expr, self.name_expressions),
+                               self.options, self.digest, self.cooperative)
 
     def get_function(self, expr: str):
         """The kernel ``expr`` (a declared name expression, or an ``extern "C"`` name)."""
@@ -230,12 +273,15 @@ class LazyModule:
         returns the threads (a later :meth:`get_function` waits for its module)."""
         import cupy
         device = cupy.cuda.Device().id
-        groups = [g for g in dict.fromkeys(variant_group(e, self.name_expressions)
-                                           for e in exprs)
-                  if not _COMPILED.ready(self.name, g, self.options, self.digest)]
+        first: dict = {}                    # a group (() for a whole file) -> an expr of it
+        for e in exprs:
+            first.setdefault(variant_group(e, self.name_expressions), e)
         threads = []
-        for group in groups:
-            t = threading.Thread(target=_quiet, args=(self._module, group[0], device),
+        for group, expr in first.items():
+            if not _COMPILED.claim(self.name, group, self.options, self.digest,
+                                   self.cooperative):
+                continue                    # compiled, or a thread compiles it already
+            t = threading.Thread(target=_quiet, args=(self._module, expr, device),
                                  name="gpuqr-nvrtc", daemon=True)
             t.start()
             threads.append(t)
@@ -261,12 +307,13 @@ def _quiet(fn, *args) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _load_module_cached(name: str, name_expressions: tuple[str, ...],
-                        options: tuple[str, ...], digest: str) -> LazyModule:
-    return LazyModule(name, name_expressions, options, digest)
+                        options: tuple[str, ...], digest: str,
+                        cooperative: bool) -> LazyModule:
+    return LazyModule(name, name_expressions, options, digest, cooperative)
 
 
 def load_module(name: str, name_expressions: Sequence[str] = (),
-                options: Sequence[str] = ()) -> LazyModule:
+                options: Sequence[str] = (), *, cooperative: bool = False) -> LazyModule:
     """``kernels/name`` as a :class:`LazyModule`: each variant compiled (or fetched
     from the cache) on first use, with its group only.
 
@@ -284,26 +331,48 @@ def load_module(name: str, name_expressions: Sequence[str] = (),
         of the same value type (:func:`variant_group`).
     options : sequence of str
         NVRTC options in addition to :data:`COMPILE_OPTIONS`.
+    cooperative : bool
+        The file's kernels need a cooperative launch (``cuLaunchCooperativeKernel``:
+        all blocks resident, for a grid-wide barrier). The same cubin either way.
     """
     opts = tuple(COMPILE_OPTIONS) + tuple(options)
-    return _load_module_cached(name, tuple(name_expressions), opts, source_hash(name))
+    return _load_module_cached(name, tuple(name_expressions), opts, source_hash(name),
+                               bool(cooperative))
 
 
-def prefetch(modules: Iterable[tuple[str, Sequence[str], Sequence[str]]]) -> list:
+class KernelUse(NamedTuple):
+    """What a call compiles of one kernel file (for :func:`prefetch`)."""
+
+    #: File name in ``kernels/``.
+    file: str
+    #: The file's declared name expressions (``()``: none, the whole file).
+    declared: tuple
+    #: The kernels the call asks for (their groups are compiled).
+    needed: tuple
+    #: The kernels launch cooperatively (:func:`load_module`).
+    cooperative: bool = False
+
+    def module(self) -> LazyModule:
+        """The file as :func:`load_module` gives it."""
+        return load_module(self.file, self.declared, cooperative=self.cooperative)
+
+
+def prefetch(modules: Iterable[KernelUse]) -> list:
     """Start compiling what a call will need, in parallel, on worker threads.
 
     Parameters
     ----------
-    modules : iterable of (file, declared name expressions, expressions needed)
-        As :func:`load_module` takes them, and the variants the call will ask for.
+    modules : iterable of KernelUse
+        The files, their declared variants and the variants the call will ask for.
 
     Returns
     -------
     list of threading.Thread
+        One per module not compiled (nor being compiled) yet in this process.
     """
     threads = []
-    for name, declared, needed in modules:
-        threads += load_module(name, declared).prefetch(needed)
+    for use in modules:
+        threads += KernelUse(*use).module().prefetch(use[2])
     return threads
 
 
@@ -389,12 +458,13 @@ def warm_cache(cache_dir: str | None = None) -> list[dict]:
     if cache_dir is not None:
         os.environ["CUPY_CACHE_DIR"] = str(cache_dir)
     variants = registered_variants()
+    cooperative = registered_cooperative()
     t0 = time.perf_counter()
     started = []
     for path in kernel_files():
         name = _relative_name(path)
         exprs = variants.get(name, ())
-        module = load_module(name, exprs)
+        module = load_module(name, exprs, cooperative=name in cooperative)
         started.append((name, exprs, module, module.prefetch(exprs or ("",))))
     out = []
     for name, exprs, module, threads in started:

@@ -15,7 +15,10 @@ users (it imports neither):
 * writes: a temporary file in the same folder, then ``os.replace``
   (:func:`publish`), so a reader sees a whole file or none and processes
   writing at once lose nothing; done by a worker thread (:func:`write_behind`,
-  off the caller's path; :func:`flush` waits for it);
+  off the caller's path, its checksums and writes included; :func:`flush`
+  waits for it; the interpreter's exit waits for a write under way); the
+  temporary file of a writer that was killed is deleted by a later
+  :func:`bound` of its folder once it is :data:`STALE_SECONDS` old;
 * damage: a reader ignores a file it cannot read or whose checks fail, and
   deletes one of its own format and stamp that fails them;
 * bounds: each kind keeps at most so many bytes in so many files
@@ -42,6 +45,7 @@ import mmap
 import os
 import tempfile
 import threading
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,14 +55,16 @@ import numpy as np
 
 from ._cachedir import cache_dir
 
-__all__ = ["ENV", "folder", "source_stamp", "narrow", "unlink", "touch", "publish", "files",
-           "bound", "write_behind", "flush", "write_arrays", "read_aligned", "read_mapped",
-           "decode_arrays", "Foreign"]
+__all__ = ["ENV", "STALE_SECONDS", "folder", "source_stamp", "narrow", "unlink", "touch",
+           "publish", "files", "bound", "write_behind", "flush", "write_arrays",
+           "read_aligned", "read_mapped", "decode_arrays", "Foreign"]
 
 #: Environment variable naming the folder (or ``off``).
 ENV = "SCIPY_GPUQR_SCHEDULE_CACHE"
 _OFF = ("0", "off", "no", "false", "none")
 _ALIGN = 64
+#: A temporary file (``tmp-*.part``) this old is a killed writer's: :func:`bound` deletes it.
+STALE_SECONDS = 3600
 
 
 def folder(environ: Mapping[str, str] = os.environ) -> Path | None:
@@ -160,7 +166,9 @@ def bound(where: Path, prefix: str, keep: Path, max_bytes: int, max_files: int,
     """Delete entry files ``{prefix}*.bin`` of ``where`` (never ``keep``) until at
     most ``max_bytes`` in ``max_files`` files are left: first those whose name
     does not start with ``current`` (other stamps; when given), then the least
-    recently used."""
+    recently used. Temporary files older than :data:`STALE_SECONDS` (left by a
+    writer that was killed) are deleted too."""
+    _drop_stale(where)
     found = []
     for p in files(where, prefix):
         try:
@@ -183,6 +191,22 @@ def bound(where: Path, prefix: str, keep: Path, max_bytes: int, max_files: int,
             continue
         total -= size
         n -= 1
+
+
+def _drop_stale(where: Path) -> None:
+    """Delete the temporary files of ``where`` older than :data:`STALE_SECONDS`."""
+    try:
+        tmps = [p for p in where.iterdir()
+                if p.name.startswith("tmp-") and p.name.endswith(".part")]
+    except OSError:
+        return
+    now = time.time()
+    for p in tmps:
+        try:
+            if now - p.stat().st_mtime > STALE_SECONDS:
+                p.unlink()
+        except OSError:
+            continue
 
 
 # ------------------------------------------------------------ writing behind

@@ -142,13 +142,125 @@ def test_variant_group_takes_one_value_type():
 
 
 def test_engine_kernels_name_what_a_call_uses():
-    for dt, c in ((np.float64, "double"), (np.float32, "float")):
+    """The factorization's, its dense fronts' and its solves' kernels, of the call's
+    value type only (no other variant, no experiment)."""
+    from scipy_gpuqr._engine.gpu import dense_panel as dp
+    for dt, c, panel in ((np.float64, "double", "panel_qr_f64"),
+                         (np.float32, "float", "panel_qr_f32")):
         got = fk.engine_kernels(dt)
-        assert [f for f, _, _ in got] == [fk.UBERKERNEL_FILE, sk.APPLYQ_FILE, sk.RSOLVE_FILE]
-        for f, declared, needed in got:
-            assert set(needed) <= set(declared) and all(c in e for e in needed)
+        assert [u.file for u in got] == [fk.UBERKERNEL_FILE, dp.PANEL_FILE, sk.APPLYQ_FILE,
+                                         sk.RSOLVE_FILE]
+        for u in got:
+            if u.declared:
+                assert set(u.needed) <= set(u.declared) and all(c in e for e in u.needed)
+                group = _kernels.variant_group(u.needed[0], u.declared)
+                other = "float" if c == "double" else "double"
+                assert all(other not in e.split("<")[1] for e in group)
+            assert u.cooperative == (u.file in dp.COOPERATIVE_FILES)
+        assert got[1].needed == (panel,) and got[1].declared == () and got[1].cooperative
     assert fk.engine_kernels(np.float64, tile=17) == []
-    assert len(fk.engine_kernels(np.float64, solve=False)) == 1
+    assert [u.file for u in fk.engine_kernels(np.float64, solve=False)] == [
+        fk.UBERKERNEL_FILE, dp.PANEL_FILE]
+    assert len(fk.engine_kernels(np.float64, solve=False, dense=False)) == 1
+    assert _kernels.registered_cooperative() == frozenset(dp.COOPERATIVE_FILES)
+
+
+class _FakeDevice:
+    """``cupy.cuda.Device()`` without a GPU: device 0, usable as a context."""
+
+    id = 0
+
+    def __init__(self, *a):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+class _FakeModule:
+    def __init__(self, key):
+        self.key = key
+
+    def get_function(self, name):
+        return (self.key, name)
+
+
+class _RecordingCompiled(_kernels._Compiled):
+    """The module table with the compile replaced by a record of what was asked
+    for, and by which thread."""
+
+    def __init__(self):
+        super().__init__()
+        import threading
+        self.made, self.lock = [], threading.Lock()
+
+    def get(self, name, group, options, digest, device, cooperative=False):
+        import threading
+        key = (name, group, options, digest, bool(cooperative))
+        with self._lock:
+            entry = self._modules.setdefault(key, [threading.Lock(), None])
+        with entry[0]:
+            if entry[1] is None:
+                with self.lock:
+                    self.made.append((key, threading.current_thread().name))
+                entry[1] = _FakeModule(key)
+            return entry[1]
+
+
+@pytest.fixture
+def fake_compile(monkeypatch):
+    """No GPU, no NVRTC: record the modules prefetch and the engine's users compile."""
+    cupy = pytest.importorskip("cupy", reason="the prefetch imports cupy")
+    table = _RecordingCompiled()
+    monkeypatch.setattr(_kernels, "_COMPILED", table)
+    monkeypatch.setattr(cupy.cuda, "Device", _FakeDevice)
+    monkeypatch.setattr(fk, "prefetch_libraries", lambda: None)
+    return table
+
+
+def test_prefetch_schedules_every_module_of_a_call_once(fake_compile):
+    """One thread per module the call uses (the dense panel kernel included); a
+    second prefetch, while or after they compile, starts none; the panel kernel a
+    dense front asks for is the module prefetched (no compile on the call's path)."""
+    from scipy_gpuqr._engine.gpu import dense_panel as dp
+    threads = fk.prefetch_engine_kernels(np.float64)
+    assert len(threads) == 4 and all(t.name == "gpuqr-nvrtc" for t in threads)
+    assert fk.prefetch_engine_kernels(np.float64) == []       # claimed: none again
+    for t in threads:
+        t.join()
+    made = fake_compile.made
+    assert len(made) == 4 and all(name == "gpuqr-nvrtc" for _, name in made)
+    want = set()
+    for u in fk.engine_kernels(np.float64):
+        m = u.module()
+        want.add((u.file, _kernels.variant_group(u.needed[0], u.declared), m.options,
+                  m.digest, u.cooperative))
+    assert {k for k, _ in made} == want
+    assert fk.prefetch_engine_kernels(np.float64) == []
+    # what the engine's users ask for: the same modules, nothing compiled again
+    dp._panel_kernel.cache_clear()
+    try:
+        import unittest.mock as um
+        with um.patch.object(dp, "_device_limits", lambda d: (132, 227 * 1024)):
+            k = dp.panel_kernel(np.float64)
+        assert k.fn[1] == "panel_qr_f64" and k.fn[0][-1] is True and k.fn[0][1] == ()
+    finally:
+        dp._panel_kernel.cache_clear()
+    for u in fk.engine_kernels(np.float64):
+        _kernels.load_module(u.file, u.declared,
+                             cooperative=u.cooperative).get_function(u.needed[0])
+    assert len(made) == 4
+    # a float32 call compiles its own groups only (the panel file, one module for
+    # both value types, is compiled already)
+    t32 = fk.prefetch_engine_kernels(np.float32)
+    for t in t32:
+        t.join()
+    new = [k for k, _ in made[4:]]
+    assert len(t32) == len(new) == 3 and dp.PANEL_FILE not in [k[0] for k in new]
+    assert all("double" not in " ".join(k[1]) for k in new)
 
 
 def test_load_module_compiles_nothing_until_asked():
@@ -175,16 +287,20 @@ def test_prefetch_needs_a_gpu(monkeypatch):
 
 @pytest.mark.slow
 def test_a_variant_group_compiles_alone_with_nvrtc():
-    """The float64 group of each engine file compiles by itself (what a float64 call
-    compiles) and is smaller than the whole file."""
+    """The float64 group of each file a float64 call prefetches (the dense panel
+    kernel included) compiles by itself with NVRTC, and for a file with declared
+    variants is smaller than the whole file."""
     pytest.importorskip("cupy", reason="NVRTC check needs the kernel-check extra "
                         "(pip install -e '.[kernel-check]')")
-    for f, declared, needed in fk.engine_kernels(np.float64):
-        group = _kernels.variant_group(needed[0], declared)
-        one = _kernels._compile_one(f, "sm_90", group)
+    uses = fk.engine_kernels(np.float64)
+    assert "sparse_qr/panel_qr.cu" in [u.file for u in uses]
+    for u in uses:
+        group = _kernels.variant_group(u.needed[0], u.declared)
+        one = _kernels._compile_one(u.file, "sm_90", group)
         assert one["ok"], one["log"]
-        whole = _kernels._compile_one(f, "sm_90", tuple(declared))
-        assert one["cubin_bytes"] < whole["cubin_bytes"]
+        if u.declared:
+            whole = _kernels._compile_one(u.file, "sm_90", tuple(u.declared))
+            assert one["cubin_bytes"] < whole["cubin_bytes"]
 
 
 @pytest.mark.gpu
@@ -192,11 +308,10 @@ def test_prefetch_compiles_the_groups_a_call_uses():
     threads = fk.prefetch_engine_kernels(np.float64)
     for t in threads:
         t.join()
-    for f, declared, needed in fk.engine_kernels(np.float64):
-        mod = _kernels.load_module(f, declared)
-        assert _kernels._COMPILED.ready(f, _kernels.variant_group(needed[0], declared),
-                                        mod.options, mod.digest)
-        assert mod.get_function(needed[0]) is not None
+    for u in fk.engine_kernels(np.float64):
+        mod = u.module()
+        assert mod.ready(u.needed[0])
+        assert mod.get_function(u.needed[0]) is not None
     assert fk.prefetch_engine_kernels(np.float64) == []     # compiled: no thread again
 
 
@@ -307,3 +422,78 @@ def test_replay_plan_kept_with_the_schedule(dense_flops):
         np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
     g1.free()
     g2.free()
+
+
+# ------------------------------------------------------------------ disk writes
+
+def test_layout_file_is_written_behind_the_call(tmp_path, monkeypatch):
+    """The call that makes R's one-stage gather map returns before the layout file
+    (checksums and writes) is written, on the writer thread; the file appears
+    whole (written under a temporary name, then renamed) and loads back."""
+    import threading
+
+    from scipy_gpuqr import _store
+    from scipy_gpuqr._engine.gpu import rlayout_store
+    monkeypatch.setenv(_store.ENV, str(tmp_path))
+    A = grid3d_least_squares(5)
+    an = analyze(A)
+    clear_r_layout_cache()
+    go, seen = threading.Event(), []
+    real = rlayout_store.save
+
+    def slow_save(*a):
+        seen.append(threading.current_thread())
+        assert go.wait(60)
+        return real(*a)
+
+    monkeypatch.setattr(rlayout_store, "save", slow_save)
+    try:
+        lay = r_layout(an)
+        nf = len(lay.fbase) - 1
+        lay.stage_maps([(0, nf - 1)])           # returns with the write still held
+        path = rlayout_store.slot(an)
+        assert not path.exists()
+    finally:
+        go.set()
+        _store.flush()
+    assert seen and all(t is not threading.main_thread() for t in seen)
+    assert path.is_file() and not list(path.parent.glob("tmp-*.part"))
+    clear_r_layout_cache()
+    back = r_layout(analyze(A))
+    assert back is not lay and back._stage_maps            # mapped from the file, map and all
+    assert np.array_equal(back.indices, lay.indices)
+    clear_r_layout_cache()
+
+
+def test_bound_deletes_a_killed_writers_temporary_files(tmp_path):
+    import os
+    import time
+
+    from scipy_gpuqr import _store
+    old, new = tmp_path / "tmp-old.part", tmp_path / "tmp-new.part"
+    entry = tmp_path / "lay-x.bin"
+    for p in (old, new, entry):
+        p.write_bytes(b"x")
+    past = time.time() - _store.STALE_SECONDS - 10
+    os.utime(old, (past, past))
+    _store.bound(tmp_path, "lay-", entry, 1 << 20, 4)
+    assert not old.exists() and new.exists() and entry.exists()
+
+
+def test_library_loading_starts_once_on_its_own_thread(monkeypatch):
+    """The CUDA libraries' modules are imported on one daemon thread per process,
+    started by the prefetch (a module that cannot load is left for its user)."""
+    import importlib
+
+    done = []
+    monkeypatch.setattr(importlib, "import_module", lambda name: done.append(name))
+    fk.prefetch_libraries.cache_clear()
+    try:
+        t = fk.prefetch_libraries()
+        assert t.daemon and t.name == "gpuqr-libraries"
+        assert fk.prefetch_libraries() is t
+        t.join(30)
+        assert done == list(fk.ENGINE_LIBRARIES)
+    finally:
+        fk.prefetch_libraries.cache_clear()
+    fk._import_all(("scipy_gpuqr.no_such_module",))       # no error

@@ -20,17 +20,21 @@ import functools
 
 import numpy as np
 
-from ..._kernels import COMPILE_OPTIONS, flatten_source, source_hash
+from ..._kernels import KernelUse, load_module
 
-__all__ = ["NORM_RANGE", "PANEL_FILE", "KERNEL_VARIANTS", "PANEL_WIDTH", "PANEL_THREADS",
-           "PANEL_SMEM_EXTRA", "panel_smem_bytes", "panel_rows_per_block",
-           "panel_qr_numpy", "PanelWorkspace", "PanelKernel", "panel_kernel"]
+__all__ = ["NORM_RANGE", "PANEL_FILE", "KERNEL_VARIANTS", "COOPERATIVE_FILES", "PANEL_WIDTH",
+           "PANEL_THREADS", "PANEL_SMEM_EXTRA", "panel_smem_bytes", "panel_rows_per_block",
+           "panel_qr_numpy", "PanelWorkspace", "PanelKernel", "panel_kernel",
+           "panel_kernel_name", "panel_kernel_use"]
 
 #: The kernel source (relative to ``kernels/``); its entry points are ``extern "C"``.
 PANEL_FILE = "sparse_qr/panel_qr.cu"
 
 #: Name expressions per file (none: the kernels are not templates).
 KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {PANEL_FILE: ()}
+
+#: Files whose kernels launch cooperatively (the grid barrier needs every block resident).
+COOPERATIVE_FILES: tuple[str, ...] = (PANEL_FILE,)
 
 #: Widest panel of one launch (a lane per column), threads per block.
 PANEL_WIDTH, PANEL_THREADS = 32, 512
@@ -154,12 +158,19 @@ def panel_qr_numpy(P: np.ndarray, rows_per_block: int = MIN_ROWS_PER_BLOCK):
     return V, tau, T
 
 
-@functools.lru_cache(maxsize=None)
-def _module(digest: str):
-    """The panel kernels as a cooperative-launch ``cupy.RawModule`` (cached per source)."""
-    import cupy
-    return cupy.RawModule(code=flatten_source(PANEL_FILE), options=tuple(COMPILE_OPTIONS),
-                          enable_cooperative_groups=True)
+def panel_kernel_name(dtype) -> str:
+    """The entry point of the panel kernel for ``dtype`` values (float64 or float32)."""
+    dt = np.dtype(dtype)
+    if dt not in (np.float64, np.float32):
+        raise TypeError(f"panel QR: float64 or float32, not {dt}")
+    return "panel_qr_f64" if dt == np.float64 else "panel_qr_f32"
+
+
+def panel_kernel_use(dtype) -> KernelUse:
+    """What a dense front of ``dtype`` values compiles (for
+    :func:`scipy_gpuqr._kernels.prefetch`): the whole file, launched cooperatively."""
+    return KernelUse(PANEL_FILE, KERNEL_VARIANTS[PANEL_FILE], (panel_kernel_name(dtype),),
+                     cooperative=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -211,10 +222,8 @@ class PanelKernel:
         import cupy as cp
         self.cp = cp
         self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.float64, np.float32):
-            raise TypeError(f"panel QR: float64 or float32, not {self.dtype}")
-        name = "panel_qr_f64" if self.dtype == np.float64 else "panel_qr_f32"
-        self.fn = _module(source_hash(PANEL_FILE)).get_function(name)
+        use = panel_kernel_use(self.dtype)
+        self.fn = use.module().get_function(use.needed[0])   # prefetched, or compiled now
         self.sms, self.smem_limit = _device_limits(cp.cuda.Device().id)
         self.blocks = self.sms if max_blocks is None else max(1, min(int(max_blocks), self.sms))
 

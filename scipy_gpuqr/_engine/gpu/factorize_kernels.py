@@ -6,20 +6,27 @@ value type, the tile edge, the bundle size and the threads per block.
 kernels reporting their shared memory are the only ones declared
 (``KERNEL_VARIANTS``, read by :mod:`scipy_gpuqr._kernels`); at run time a
 call compiles the variants of its value type only, and
-:func:`prefetch_engine_kernels` compiles what a factorization and its solves
-use in parallel threads before they are asked for. Imports without cupy.
+:func:`prefetch_engine_kernels` compiles what a factorization (its dense
+fronts' panel kernel included) and its solves use in parallel threads before
+they are asked for, and loads the CUDA libraries the call uses on another
+thread meanwhile. Imports without cupy.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import threading
+
 import numpy as np
 
-from ..._kernels import prefetch
+from ..._kernels import KernelUse, prefetch
 from . import solve_kernels as sk
+from .dense_panel import panel_kernel_use
 
 __all__ = ["KERNEL_VARIANTS", "ENGINE_VARIANTS", "ENGINE_THREADS", "UBERKERNEL_FILE",
            "kernel_name", "smem_kernel_name", "tile_smem_bytes", "engine_kernels",
-           "prefetch_engine_kernels"]
+           "prefetch_engine_kernels", "ENGINE_LIBRARIES", "prefetch_libraries"]
 
 #: The uberkernel's source file (relative to ``kernels/``).
 UBERKERNEL_FILE = "sparse_qr/uberkernel.cu"
@@ -65,27 +72,70 @@ def _all_names() -> tuple[str, ...]:
 KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {UBERKERNEL_FILE: _all_names()}
 
 
-def engine_kernels(dtype, tile: int = 32, bundle: int = 3, *, solve: bool = True) -> list:
-    """What a GPU factorization of ``dtype`` values (and, with ``solve``, its
-    solves) compiles: ``(file, declared variants, variants used)`` per kernel
-    file, for :func:`scipy_gpuqr._kernels.prefetch` (nothing for a variant the
-    engine does not have)."""
+def engine_kernels(dtype, tile: int = 32, bundle: int = 3, *, solve: bool = True,
+                   dense: bool = True) -> list:
+    """What a GPU factorization of ``dtype`` values (with ``dense``, its dense
+    fronts' panel kernel; with ``solve``, its solves) compiles: a
+    :class:`~scipy_gpuqr._kernels.KernelUse` per kernel file, for
+    :func:`scipy_gpuqr._kernels.prefetch` (nothing for a variant the engine
+    does not have). Only the value type's own variant groups, the ones the
+    engine launches."""
     ctype = "float" if np.dtype(dtype) == np.float32 else "double"
     if (ctype, tile, bundle, ENGINE_THREADS) not in ENGINE_VARIANTS:
         return []
-    out = [(UBERKERNEL_FILE, KERNEL_VARIANTS[UBERKERNEL_FILE],
-            (kernel_name(ctype, tile, bundle, ENGINE_THREADS),))]
+    out = [KernelUse(UBERKERNEL_FILE, KERNEL_VARIANTS[UBERKERNEL_FILE],
+                     (kernel_name(ctype, tile, bundle, ENGINE_THREADS),))]
+    if dense:
+        out.append(panel_kernel_use(np.float32 if ctype == "float" else np.float64))
     if solve:
         if (ctype, tile, bundle) in sk.APPLYQ_VARIANTS:
-            out.append((sk.APPLYQ_FILE, sk.KERNEL_VARIANTS[sk.APPLYQ_FILE],
-                        (sk.applyq_name(ctype, tile, bundle, True),)))
-        out.append((sk.RSOLVE_FILE, sk.KERNEL_VARIANTS[sk.RSOLVE_FILE],
-                    (sk.rsolve_name(ctype, False),)))
+            out.append(KernelUse(sk.APPLYQ_FILE, sk.KERNEL_VARIANTS[sk.APPLYQ_FILE],
+                                 (sk.applyq_name(ctype, tile, bundle, True),)))
+        out.append(KernelUse(sk.RSOLVE_FILE, sk.KERNEL_VARIANTS[sk.RSOLVE_FILE],
+                             (sk.rsolve_name(ctype, False),)))
     return out
 
 
 def prefetch_engine_kernels(dtype, tile: int = 32, bundle: int = 3, *,
-                            solve: bool = True) -> list:
+                            solve: bool = True, dense: bool = True) -> list:
     """Start compiling :func:`engine_kernels` on worker threads, in parallel (each
-    module once per process; nothing when compiled already). Needs a GPU."""
-    return prefetch(engine_kernels(dtype, tile, bundle, solve=solve))
+    module once per process; nothing when compiled or being compiled already),
+    and loading :data:`ENGINE_LIBRARIES` on one more (once per process).
+    Needs a GPU. Returns the compiling threads."""
+    prefetch_libraries()
+    return prefetch(engine_kernels(dtype, tile, bundle, solve=solve, dense=dense))
+
+
+#: Modules of CuPy a GPU factorization and its solves import when first used;
+#: importing one loads its CUDA libraries (cuBLAS and cuBLASLt, cuSOLVER,
+#: cuSPARSE), which takes a few tenths of a second in a new process.
+ENGINE_LIBRARIES: tuple[str, ...] = (
+    "cupy_backends.cuda.libs.cublas",       # dense fronts' GEMMs (dense_front._Cublas)
+    "cupy_backends.cuda.libs.cusolver",     # geqrf panels, dense rank decisions
+    "cupyx.scipy.linalg",                   # solve_triangular (T factors, triangular solves)
+    "cupy_backends.cuda.libs.cusparse",     # products with R's singleton block
+    "cupyx.scipy.sparse",                   # R's singleton block, CuPy right-hand sides
+)
+
+
+@functools.lru_cache(maxsize=1)
+def prefetch_libraries() -> threading.Thread:
+    """Import :data:`ENGINE_LIBRARIES` on a daemon thread, once per process.
+
+    Only imports (the libraries' loading); no handle or context is made there,
+    CuPy's handles being per thread. A module the main thread imports
+    meanwhile waits for that import to finish (Python's per-module import
+    lock). A failure is left for the code that imports the module itself.
+    """
+    t = threading.Thread(target=_import_all, args=(ENGINE_LIBRARIES,),
+                         name="gpuqr-libraries", daemon=True)
+    t.start()
+    return t
+
+
+def _import_all(names) -> None:
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - raised again where the module is used
+            pass
