@@ -244,7 +244,14 @@ def resolve_settings(backend=None, gpuqr_options=None,
     The options are read first (a bad object raises TypeError), then the
     backend by the precedence rule (:func:`resolve_backend`).
     """
+    if gpuqr_options is None:
+        return settings_for(backend, _DEFAULT_OPTIONS, environ)
     return settings_for(backend, resolve_options(gpuqr_options), environ)
+
+
+#: The settings of a call that names no backend and passes no options, with no
+#: ``SCIPY_GPUQR_BACKEND`` set (immutable, so one instance serves every such call).
+_DEFAULT_SETTINGS = Settings(backend="auto", source="default", options=_DEFAULT_OPTIONS)
 
 
 def settings_for(backend, options: GpuqrOptions,
@@ -254,6 +261,8 @@ def settings_for(backend, options: GpuqrOptions,
         requested, source = _check_backend(backend, "backend"), "keyword"
     else:
         requested, source = _backend_of(options, environ)
+        if source == "default" and options is _DEFAULT_OPTIONS:
+            return _DEFAULT_SETTINGS
     return Settings(backend=requested, source=source, options=options)
 
 

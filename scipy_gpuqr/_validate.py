@@ -86,7 +86,8 @@ def scipy_float_dtype(dtype) -> np.dtype:
 
 
 def _is_pydata_sparse(x) -> bool:
-    return type(x).__module__.split(".")[0] == "sparse" and hasattr(x, "to_scipy_sparse")
+    module = type(x).__module__
+    return (module == "sparse" or module.startswith("sparse.")) and hasattr(x, "to_scipy_sparse")
 
 
 def unsupported_reason(A, *others) -> str | None:
@@ -101,17 +102,22 @@ def unsupported_reason(A, *others) -> str | None:
     """
     if isinstance(A, LinearOperator):
         return "A is a LinearOperator (no explicit matrix to factorize)"
-    if _is_pydata_sparse(A) or any(_is_pydata_sparse(o) for o in others):
-        return "pydata/sparse arrays are served by SciPy"
-    for name, x in (("A", A),) + tuple(("b", o) for o in others):
+    args = (A,) + others
+    for x in args:
+        if _is_pydata_sparse(x):
+            return "pydata/sparse arrays are served by SciPy"
+    for i, x in enumerate(args):
         dtype = getattr(x, "dtype", None)
         if dtype is None and x is not None and not sp.issparse(x):
             try:
                 dtype = np.asarray(x).dtype
             except Exception:
                 dtype = None
-        if dtype is not None and np.dtype(dtype).kind == "c":
-            return f"complex dtype ({name}: {np.dtype(dtype)}) is not supported yet"
+        if dtype is not None:
+            if not isinstance(dtype, np.dtype):
+                dtype = np.dtype(dtype)
+            if dtype.kind == "c":
+                return f"complex dtype ({'b' if i else 'A'}: {dtype}) is not supported yet"
     return None
 
 

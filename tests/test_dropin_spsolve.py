@@ -190,7 +190,7 @@ def test_factorized_auto_without_gpu_is_scipys(no_gpu, scipy_calls, rng, fmt, dt
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SparseEfficiencyWarning)
         solve = factorized(A)
-    assert solve.info["backend"] == "superlu" and "no device (test)" in solve.info["reasons"][0]
+    assert solve.info["backend"] == "superlu" and "stored entries, below" in solve.info["reasons"][0]
     assert type(solve.factorization).__name__ == "SuperLU"
 
 
@@ -228,9 +228,11 @@ def test_singular_rajat01_warns_and_nans_like_scipy(no_gpu, matrices_dir):
 
 
 def test_auto_without_gpu_runs_no_analysis_and_logs(no_gpu, monkeypatch, rng, caplog):
+    """Above the size gate, no GPU is the reason SciPy answers (still without analysis)."""
     def no_analysis(*args, **kwargs):
         raise AssertionError("the symbolic analysis ran")
     monkeypatch.setattr(_dispatch, "symbolic_analyze", no_analysis)
+    monkeypatch.setattr(_dispatch, "SUPERLU_ALWAYS_NNZ", 0)
     A = _square(rng, 20)
     with caplog.at_level(logging.INFO, logger="scipy_gpuqr"):
         spsolve(A, np.ones(20))
@@ -242,9 +244,34 @@ def test_auto_without_gpu_runs_no_analysis_and_logs(no_gpu, monkeypatch, rng, ca
                     "no GPU: no device (test)"]
 
 
+def test_small_systems_never_ask_for_a_gpu(monkeypatch, scipy_calls, rng, caplog):
+    """Below the size gate the size alone decides: neither gpu_info nor the engine is
+    asked (their cost would be most of our per-call overhead), and the log says so."""
+    monkeypatch.delenv("SCIPY_GPUQR_BACKEND", raising=False)
+    monkeypatch.setattr(gpu_mod, "gpu_info", lambda: pytest.fail("asked gpu_info"))
+    monkeypatch.setattr(_dispatch, "gpu_engine", lambda: pytest.fail("asked gpu_engine"))
+    A = _square(rng, 20)
+    with caplog.at_level(logging.INFO, logger="scipy_gpuqr"):
+        assert_same_as_scipy(lambda: spsolve(A, np.ones(20)),
+                             lambda: original("spsolve")(A, np.ones(20)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SparseEfficiencyWarning)
+            solve = factorized(A.toarray())     # dense: its size counts
+    why = "stored entries, below 200000 where the GPU QR cannot pay off (GPU not consulted)"
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"spsolve: SuperLU (SciPy) answered: backend 'auto' from default; "
+                    f"{A.nnz} {why}",
+                    f"factorized: SuperLU (SciPy) answered: backend 'auto' from default; "
+                    f"400 {why}"]
+    assert solve.info["reasons"] == [f"backend 'auto' from default; 400 {why}",
+                                     "SciPy's SuperLU answers"]
+    assert scipy_calls == ["spsolve", "factorized"]
+
+
 def test_auto_without_gpu_engine_is_scipys(monkeypatch, scipy_calls, rng):
     """No CuPy (so no GPU engine): SciPy answers, whatever gpu_info would say."""
     monkeypatch.delenv("SCIPY_GPUQR_BACKEND", raising=False)
+    monkeypatch.setattr(_dispatch, "SUPERLU_ALWAYS_NNZ", 0)
     monkeypatch.setattr(_dispatch, "gpu_engine", lambda: (None, "cupy is absent (test)"))
     monkeypatch.setattr(gpu_mod, "gpu_info", lambda: {"available": True, "reason": "ok",
                                                       **DEVICE})

@@ -6,9 +6,11 @@ SciPy's parameters are an exact prefix of ours; ``backend`` and
 Who answers
     Under ``auto`` (the default, what patched code gets) SciPy's own
     function (SuperLU, the original saved in :mod:`scipy_gpuqr._api.originals`)
-    answers unless the GPU sparse QR is faster: without a GPU at once, with
-    one when the QR analysis' arithmetic intensity is below the threshold
-    calibrated against SuperLU
+    answers unless the GPU sparse QR is faster: at once for a system below
+    :data:`~scipy_gpuqr._dispatch.plan.SUPERLU_ALWAYS_NNZ` stored entries
+    (the GPU not even asked: our own work stays a few microseconds beside
+    SciPy's call) or without a GPU, else when the QR analysis' arithmetic
+    intensity is below the threshold calibrated against SuperLU
     (:func:`scipy_gpuqr._dispatch.plan.spsolve_threshold`). Its answer is
     SciPy's: the same x bits, warnings and exceptions, except that inf/NaN
     in A or b raise ValueError first (DESIGN §10) and an input SciPy would
@@ -92,7 +94,11 @@ def _spsolve_dtype(a_dtype, b_dtype) -> np.dtype:
 
 def _on_device(A, b=None) -> bool:
     """A or b is CuPy/cupyx data (SciPy cannot take it: the QR answers on the device)."""
-    return is_cupy_array(A) or is_cupy_sparse(A) or is_cupy_array(b) or is_cupy_sparse(b)
+    for x in (A, b):
+        # the module's name first: it rules out NumPy and SciPy objects at once
+        if type(x).__module__.startswith("cupy") and (is_cupy_array(x) or is_cupy_sparse(x)):
+            return True
+    return False
 
 
 def _check_finite_as_given(x, name: str) -> None:
@@ -154,10 +160,13 @@ def _scipy_spsolve(A, b, permc_spec, use_umfpack):
     """SciPy's own ``spsolve`` answers (its result, warnings and exceptions)."""
     _check_finite_as_given(A, "A")
     _check_finite_as_given(b, "b")
+    A = _unshared(A, ("csc", "csr"))
+    if not sp.issparse(b):
+        # SciPy's spsolve calls factorized only for a sparse b
+        return original("spsolve")(A, b, permc_spec=permc_spec, use_umfpack=use_umfpack)
     token = _SCIPY_ANSWERING.set(True)
     try:
-        return original("spsolve")(_unshared(A, ("csc", "csr")), b, permc_spec=permc_spec,
-                                   use_umfpack=use_umfpack)
+        return original("spsolve")(A, b, permc_spec=permc_spec, use_umfpack=use_umfpack)
     finally:
         _SCIPY_ANSWERING.reset(token)
 

@@ -37,8 +37,9 @@ Square solves (``spsolve``, ``factorized``)
     whose backend is :data:`SUPERLU` (no factorize callable; the caller
     hands the call to SciPy) unless the GPU QR is at least as fast by the
     threshold calibrated against SuperLU (:func:`spsolve_threshold`).
-    Without a GPU, a GPU engine or a supported dtype, that is known before
-    any analysis (:func:`superlu_at_once`), so SuperLU answers at once.
+    For a small system (the size alone, the GPU not asked) and without a
+    GPU, a GPU engine or a supported dtype, that is known before any
+    analysis (:func:`superlu_at_once`), so SuperLU answers at once.
     The decision is logged as ``SuperLU (SciPy) answered: <why>`` or
     ``QR on GPU: <why>``. Explicit backends always factorize with the QR.
 """
@@ -444,22 +445,28 @@ def superlu_at_once(settings: Settings, A=None) -> Optional[str]:
     """Why SciPy's SuperLU answers a square solve at once, or None when it may not.
 
     For ``spsolve``/``factorized`` before their input is validated or
-    analysed: under ``auto`` without a GPU engine or a GPU that answers, or
-    for a matrix ``A`` with fewer than :data:`SUPERLU_ALWAYS_NNZ` stored
-    entries, SciPy's own function answers, so no analysis runs. None for
-    explicit backends (always the QR) and where a GPU may pay off (the
-    intensity decides, :func:`plan_factorization` with ``cpu_side='superlu'``).
+    analysed: under ``auto``, for a matrix ``A`` with fewer than
+    :data:`SUPERLU_ALWAYS_NNZ` stored entries (read first: the GPU is not
+    asked about, since no GPU could change the answer), or without a GPU
+    engine or a GPU that answers, SciPy's own function answers, so no
+    analysis runs. None for explicit backends (always the QR) and where a
+    GPU may pay off (the intensity decides, :func:`plan_factorization` with
+    ``cpu_side='superlu'``).
     """
     if settings.backend != "auto":
         return None
-    why = _gpu_unusable(None)[0]
-    if why is None:
-        nnz = getattr(A, "nnz", None) if A is not None else None
-        if nnz is None and A is not None:
+    nnz = None
+    if A is not None:
+        nnz = getattr(A, "nnz", None)
+        if nnz is None:
             nnz = int(np.size(A))
-        if nnz is None or nnz >= SUPERLU_ALWAYS_NNZ:
+    if nnz is not None and nnz < SUPERLU_ALWAYS_NNZ:
+        why = (f"{nnz} stored entries, below {SUPERLU_ALWAYS_NNZ} where the GPU QR cannot "
+               "pay off (GPU not consulted)")
+    else:
+        why = _gpu_unusable(None)[0]
+        if why is None:
             return None
-        why = f"{nnz} stored entries, below {SUPERLU_ALWAYS_NNZ} where the GPU QR cannot pay off"
     return f"backend 'auto' from {settings.source}; {why}"
 
 
