@@ -145,11 +145,12 @@ def test_engine_kernels_name_what_a_call_uses():
     """The factorization's, its dense fronts' and its solves' kernels, of the call's
     value type only (no other variant, no experiment)."""
     from scipy_gpuqr._engine.gpu import dense_panel as dp
+    from scipy_gpuqr._engine.gpu import finite_check as fc
     for dt, c, panel in ((np.float64, "double", "panel_qr_f64"),
                          (np.float32, "float", "panel_qr_f32")):
         got = fk.engine_kernels(dt)
-        assert [u.file for u in got] == [fk.UBERKERNEL_FILE, dp.PANEL_FILE, sk.APPLYQ_FILE,
-                                         sk.RSOLVE_FILE]
+        assert [u.file for u in got] == [fk.UBERKERNEL_FILE, fc.CHECK_FILE, dp.PANEL_FILE,
+                                         sk.APPLYQ_FILE, sk.RSOLVE_FILE]
         for u in got:
             if u.declared:
                 assert set(u.needed) <= set(u.declared) and all(c in e for e in u.needed)
@@ -157,11 +158,11 @@ def test_engine_kernels_name_what_a_call_uses():
                 other = "float" if c == "double" else "double"
                 assert all(other not in e.split("<")[1] for e in group)
             assert u.cooperative == (u.file in dp.COOPERATIVE_FILES)
-        assert got[1].needed == (panel,) and got[1].declared == () and got[1].cooperative
+        assert got[2].needed == (panel,) and got[2].declared == () and got[2].cooperative
     assert fk.engine_kernels(np.float64, tile=17) == []
     assert [u.file for u in fk.engine_kernels(np.float64, solve=False)] == [
-        fk.UBERKERNEL_FILE, dp.PANEL_FILE]
-    assert len(fk.engine_kernels(np.float64, solve=False, dense=False)) == 1
+        fk.UBERKERNEL_FILE, fc.CHECK_FILE, dp.PANEL_FILE]
+    assert len(fk.engine_kernels(np.float64, solve=False, dense=False)) == 2
     assert _kernels.registered_cooperative() == frozenset(dp.COOPERATIVE_FILES)
 
 
@@ -226,13 +227,14 @@ def test_prefetch_schedules_every_module_of_a_call_once(fake_compile):
     second prefetch, while or after they compile, starts none; the panel kernel a
     dense front asks for is the module prefetched (no compile on the call's path)."""
     from scipy_gpuqr._engine.gpu import dense_panel as dp
+    n = len(fk.engine_kernels(np.float64))
     threads = fk.prefetch_engine_kernels(np.float64)
-    assert len(threads) == 4 and all(t.name == "gpuqr-nvrtc" for t in threads)
+    assert len(threads) == n == 5 and all(t.name == "gpuqr-nvrtc" for t in threads)
     assert fk.prefetch_engine_kernels(np.float64) == []       # claimed: none again
     for t in threads:
         t.join()
     made = fake_compile.made
-    assert len(made) == 4 and all(name == "gpuqr-nvrtc" for _, name in made)
+    assert len(made) == n and all(name == "gpuqr-nvrtc" for _, name in made)
     want = set()
     for u in fk.engine_kernels(np.float64):
         m = u.module()
@@ -252,14 +254,20 @@ def test_prefetch_schedules_every_module_of_a_call_once(fake_compile):
     for u in fk.engine_kernels(np.float64):
         _kernels.load_module(u.file, u.declared,
                              cooperative=u.cooperative).get_function(u.needed[0])
-    assert len(made) == 4
+    from scipy_gpuqr._engine.gpu import finite_check as fc
+    fc._finite_check.cache_clear()
+    try:
+        assert fc.finite_check(np.float64).fn[1] == fc.nonfinite_name(np.float64)
+    finally:
+        fc._finite_check.cache_clear()
+    assert len(made) == n
     # a float32 call compiles its own groups only (the panel file, one module for
     # both value types, is compiled already)
     t32 = fk.prefetch_engine_kernels(np.float32)
     for t in t32:
         t.join()
-    new = [k for k, _ in made[4:]]
-    assert len(t32) == len(new) == 3 and dp.PANEL_FILE not in [k[0] for k in new]
+    new = [k for k, _ in made[n:]]
+    assert len(t32) == len(new) == n - 1 and dp.PANEL_FILE not in [k[0] for k in new]
     assert all("double" not in " ".join(k[1]) for k in new)
 
 
@@ -497,3 +505,41 @@ def test_library_loading_starts_once_on_its_own_thread(monkeypatch):
     finally:
         fk.prefetch_libraries.cache_clear()
     fk._import_all(("scipy_gpuqr.no_such_module",))       # no error
+
+
+def test_finite_check_model_and_names():
+    from scipy_gpuqr._engine.gpu import finite_check as fc
+    assert fc.nonfinite_flag_numpy(np.zeros(0)) == 0
+    x = np.arange(10.0)
+    assert fc.nonfinite_flag_numpy(x) == 0
+    for bad in (np.nan, np.inf, -np.inf):
+        y = x.copy()
+        y[7] = bad
+        assert fc.nonfinite_flag_numpy(y) == 1
+    assert fc.nonfinite_name(np.float32) == "gpuqr::nonfinite_flag<float>"
+    with pytest.raises(TypeError):
+        fc.nonfinite_name(np.int32)
+    assert fc.CHECK_FILE in _kernels.registered_variants()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gpu_finite_check_matches_the_model(dtype):
+    import cupy as cp
+
+    from scipy_gpuqr._engine.gpu import finite_check as fc
+    check = fc.finite_check(dtype)
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 255, 256, 257, 100_003, fc.MAX_BLOCKS * fc.CHECK_THREADS * 3 + 17):
+        x = rng.standard_normal(n).astype(dtype)
+        cases = [x]
+        for pos in {0, n // 2, n - 1} if n else ():
+            for bad in (np.nan, np.inf, -np.inf):
+                y = x.copy()
+                y[pos] = bad
+                cases.append(y)
+        for h in cases:
+            d = cp.asarray(h)
+            want = fc.nonfinite_flag_numpy(h)
+            assert int(check.enqueue(d).get()[0]) == want
+            assert check(d) == (want == 0)

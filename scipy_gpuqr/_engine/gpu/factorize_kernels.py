@@ -23,6 +23,7 @@ import numpy as np
 from ..._kernels import KernelUse, prefetch
 from . import solve_kernels as sk
 from .dense_panel import panel_kernel_use
+from .finite_check import finite_check_use
 
 __all__ = ["KERNEL_VARIANTS", "ENGINE_VARIANTS", "ENGINE_THREADS", "UBERKERNEL_FILE",
            "kernel_name", "smem_kernel_name", "tile_smem_bytes", "engine_kernels",
@@ -74,8 +75,9 @@ KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {UBERKERNEL_FILE: _all_names()}
 
 def engine_kernels(dtype, tile: int = 32, bundle: int = 3, *, solve: bool = True,
                    dense: bool = True) -> list:
-    """What a GPU factorization of ``dtype`` values (with ``dense``, its dense
-    fronts' panel kernel; with ``solve``, its solves) compiles: a
+    """What a GPU factorization of ``dtype`` values (its stages' finite check;
+    with ``dense``, its dense fronts' panel kernel; with ``solve``, its solves)
+    compiles: a
     :class:`~scipy_gpuqr._kernels.KernelUse` per kernel file, for
     :func:`scipy_gpuqr._kernels.prefetch` (nothing for a variant the engine
     does not have). Only the value type's own variant groups, the ones the
@@ -83,10 +85,12 @@ def engine_kernels(dtype, tile: int = 32, bundle: int = 3, *, solve: bool = True
     ctype = "float" if np.dtype(dtype) == np.float32 else "double"
     if (ctype, tile, bundle, ENGINE_THREADS) not in ENGINE_VARIANTS:
         return []
+    value = np.float32 if ctype == "float" else np.float64
     out = [KernelUse(UBERKERNEL_FILE, KERNEL_VARIANTS[UBERKERNEL_FILE],
-                     (kernel_name(ctype, tile, bundle, ENGINE_THREADS),))]
+                     (kernel_name(ctype, tile, bundle, ENGINE_THREADS),)),
+           finite_check_use(value)]
     if dense:
-        out.append(panel_kernel_use(np.float32 if ctype == "float" else np.float64))
+        out.append(panel_kernel_use(value))
     if solve:
         if (ctype, tile, bundle) in sk.APPLYQ_VARIANTS:
             out.append(KernelUse(sk.APPLYQ_FILE, sk.KERNEL_VARIANTS[sk.APPLYQ_FILE],
