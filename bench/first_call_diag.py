@@ -4,8 +4,28 @@ sequential against parallel threads) and a new ``QRFactorization`` of a known
 pattern against the warm engine (issue 16, items 2 and 4).
 
     python bench/first_call_diag.py --json out.json [--grid 40]
+    python bench/first_call_diag.py --compiles [--grid 40] [--json out.json]
+    python bench/first_call_diag.py --nvrtc            # no GPU needed
 
 Each compilation step runs in a fresh process with an empty kernel cache.
+
+``--compiles``: the first ``lsqr(A, b, backend='gpu')`` of a grid in a new
+process, twice: with empty caches (kernels and disk store) and again in a new
+process with the caches the first left; every kernel compile or cache load
+(CuPy's ``_compile_with_cache_cuda``, NVRTC runs among them) and every
+``dlopen`` is recorded with its thread, its start within the call, its
+seconds and the package line that caused it. What runs on the main thread
+is on the call's path; the prefetch threads' work is not (a profiler such as
+cProfile on Python >= 3.12 counts every thread's calls, so its cumulative
+times mix the two).
+
+``--store``: R's layout file of a grid (no GPU): the main thread's time in
+the call that hands the write to the writer thread, the writer's time (CRC-32
+and writes), the file's size and the time to map it back with its checks.
+
+``--nvrtc``: NVRTC compile seconds of the modules a float64 call prefetches
+(:func:`~scipy_gpuqr._engine.gpu.factorize_kernels.engine_kernels`), one after
+the other against on parallel threads, for sm_90, without a GPU.
 """
 
 from __future__ import annotations
@@ -163,13 +183,246 @@ def new_object(k: int) -> dict:
     return out
 
 
+_TRACE = r"""
+import json, os, re, sys, threading, time, traceback
+import _ctypes
+T = {"t0": None}
+events = []
+lock = threading.Lock()
+
+def where():
+    for fr in reversed(traceback.extract_stack()[:-3]):
+        if "scipy_gpuqr" in fr.filename and "first_call_diag" not in fr.filename:
+            return f"{fr.filename.split('scipy_gpuqr/')[-1]}:{fr.lineno} {fr.name}"
+    return "?"
+
+def rec(kind, name, t):
+    d = time.perf_counter() - t
+    if T["t0"] is None:
+        return
+    th = threading.current_thread()
+    with lock:
+        events.append({"kind": kind, "name": name, "thread": th.name,
+                       "main": th is threading.main_thread(),
+                       "start": round(t - T["t0"], 4), "seconds": round(d, 4),
+                       "where": where()})
+
+_dl = _ctypes.dlopen
+def dlopen(name, *a):
+    t = time.perf_counter()
+    try:
+        return _dl(name, *a)
+    finally:
+        rec("dlopen", str(name), t)
+_ctypes.dlopen = dlopen
+
+_NAME = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)")
+def names(src):
+    return ",".join(dict.fromkeys(_NAME.findall(src or "")))[:120] or "?"
+
+import numpy as np
+import cupy
+from cupy.cuda import compiler
+_cc = compiler._compile_with_cache_cuda
+def cc(source, *a, **k):
+    t = time.perf_counter()
+    try:
+        return _cc(source, *a, **k)
+    finally:
+        rec("compile_or_load", names(source), t)
+compiler._compile_with_cache_cuda = cc
+_nv = compiler._compile_using_nvrtc_no_warning
+def nv(source, *a, **k):
+    t = time.perf_counter()
+    try:
+        return _nv(source, *a, **k)
+    finally:
+        rec("nvrtc", names(source), t)
+compiler._compile_using_nvrtc_no_warning = nv
+
+import scipy_gpuqr as sg
+from scipy_gpuqr._testing_matrices import grid3d_least_squares
+k = int(sys.argv[1])
+A = grid3d_least_squares(k)
+b = np.asarray(A @ np.ones(A.shape[1]))
+from scipy_gpuqr._gpu import gpu_info
+out = {"grid": k, "gpu": gpu_info().get("available"), "calls": []}
+for i in range(2):
+    events.clear()
+    T["t0"] = time.perf_counter()
+    x = sg.lsqr(A, b, backend="gpu")[0]
+    wall = time.perf_counter() - T["t0"]
+    T["t0"] = None
+    time.sleep(0.5)                      # let the prefetch threads report
+    with lock:
+        ev = sorted(events, key=lambda e: e["start"])
+    def tot(kind, main):
+        return round(sum(e["seconds"] for e in ev if e["kind"] == kind and e["main"] == main), 3)
+    out["calls"].append({
+        "wall": round(wall, 3),
+        "relative_residual": float(np.linalg.norm(A.T @ (A @ x - b)) / np.linalg.norm(A.T @ b)),
+        "main_compile_or_load_s": tot("compile_or_load", True),
+        "main_nvrtc_s": tot("nvrtc", True), "main_dlopen_s": tot("dlopen", True),
+        "worker_compile_or_load_s": tot("compile_or_load", False),
+        "worker_nvrtc_s": tot("nvrtc", False), "worker_dlopen_s": tot("dlopen", False),
+        "events": ev})
+print(json.dumps(out))
+"""
+
+
+def compiles(grid: int) -> dict:
+    """The first and second ``lsqr`` of a grid in a new process: empty caches,
+    then the caches the first process left (see the module's notes)."""
+    out = {}
+    with tempfile.TemporaryDirectory() as kc, tempfile.TemporaryDirectory() as store:
+        for label in ("cold_caches", "warm_caches"):
+            env = dict(os.environ, CUPY_CACHE_DIR=kc, SCIPY_GPUQR_SCHEDULE_CACHE=store)
+            r = subprocess.run([sys.executable, "-c", _TRACE, str(grid)], env=env,
+                               capture_output=True, text=True, timeout=500)
+            out[label] = (json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0
+                          else {"error": r.stderr[-3000:]})
+    return out
+
+
+def print_compiles(res: dict) -> None:
+    """A table per process: each call's wall time and compile time on the main
+    thread and on workers, then the main thread's events (the call's path)."""
+    for label, r in res.items():
+        if "error" in r:
+            print(f"{label}: error\n{r['error']}")
+            continue
+        print(f"== {label} (grid {r['grid']}^3{'' if r.get('gpu') else ', NO GPU: the CPU path'})")
+        print("call | wall s | main: compile/load, nvrtc, dlopen s | workers: compile/load, "
+              "nvrtc, dlopen s | rel. residual")
+        for i, c in enumerate(r["calls"]):
+            print(f"{i + 1} | {c['wall']:.2f} | {c['main_compile_or_load_s']:.2f}, "
+                  f"{c['main_nvrtc_s']:.2f}, {c['main_dlopen_s']:.2f} | "
+                  f"{c['worker_compile_or_load_s']:.2f}, {c['worker_nvrtc_s']:.2f}, "
+                  f"{c['worker_dlopen_s']:.2f} | {c['relative_residual']:.1e}")
+        for i, c in enumerate(r["calls"]):
+            ev = [e for e in c["events"] if e["seconds"] >= 0.005]
+            if ev:
+                print(f"-- call {i + 1}: events of 5 ms or more (start s, seconds, thread, "
+                      "kind, kernels or library, where)")
+            for e in ev:
+                print(f"  {e['start']:7.3f} {e['seconds']:6.3f} {e['thread'][:16]:16s} "
+                      f"{e['kind']:15s} {e['name'][:48]:48s} {e['where']}")
+
+
+def nvrtc_times(arch: str = "sm_90", reps: int = 2) -> dict:
+    """NVRTC seconds of the modules a float64 call prefetches: each alone, all one
+    after the other, all on parallel threads (no GPU; best of ``reps``)."""
+    import threading
+
+    import numpy as np
+
+    from scipy_gpuqr import _kernels
+    from scipy_gpuqr._engine.gpu import factorize_kernels as fk
+    jobs = [(u.file, _kernels.variant_group(u.needed[0], u.declared))
+            for u in fk.engine_kernels(np.float64)]
+    _kernels._compile_one(*jobs[-1][:1], arch, jobs[-1][1])       # NVRTC loaded
+    best: dict = {}
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        each = {f: _kernels._compile_one(f, arch, g)["seconds"] for f, g in jobs}
+        seq = time.perf_counter() - t0
+        res: dict = {}
+        threads = [threading.Thread(target=lambda f=f, g=g: res.__setitem__(
+            f, _kernels._compile_one(f, arch, g)["ok"])) for f, g in jobs]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        par = time.perf_counter() - t0
+        assert all(res.values())
+        row = dict(each, sequential=seq, threads=par)
+        best = {k: min(v, best.get(k, v)) for k, v in row.items()}
+    return {k: round(v, 3) for k, v in best.items()}
+
+
+def store_times(grid: int) -> dict:
+    """R's layout written behind the call and read back (see the module's notes)."""
+    import threading
+    import zlib
+
+    import numpy as np
+
+    from scipy_gpuqr import _store
+    from scipy_gpuqr._engine.gpu import rlayout_store
+    from scipy_gpuqr._engine.gpu.rlayout import clear_r_layout_cache, r_layout
+    from scipy_gpuqr._symbolic import analyze
+    from scipy_gpuqr._testing_matrices import grid3d_least_squares
+    out = {"grid": grid}
+    with tempfile.TemporaryDirectory() as d:
+        os.environ[_store.ENV] = d
+        try:
+            A = grid3d_least_squares(grid)
+            an = analyze(A)
+            clear_r_layout_cache()
+            lay = r_layout(an)
+            out["nnz_R"] = lay.nnz
+            real, times = rlayout_store.save, {}
+
+            def timed(*a):
+                t = time.perf_counter()
+                try:
+                    return real(*a)
+                finally:
+                    times["writer_s"] = time.perf_counter() - t
+                    times["thread"] = threading.current_thread().name
+            rlayout_store.save = timed
+            try:
+                t = time.perf_counter()
+                lay.stage_maps([(0, len(lay.fbase) - 2)])
+                out["main_thread_s"] = time.perf_counter() - t
+                _store.flush()
+            finally:
+                rlayout_store.save = real
+            out.update(times)
+            path = rlayout_store.slot(an)
+            out["file_MB"] = path.stat().st_size / 1e6
+            data = path.read_bytes()
+            t = time.perf_counter()
+            zlib.crc32(data)
+            out["crc32_s"] = time.perf_counter() - t
+            clear_r_layout_cache()
+            t = time.perf_counter()
+            back = r_layout(analyze(A))
+            out["map_back_s"] = time.perf_counter() - t
+            assert back._stage_maps and np.array_equal(back.indices, lay.indices)
+            clear_r_layout_cache()
+        finally:
+            os.environ.pop(_store.ENV, None)
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json")
     p.add_argument("--grid", type=int, default=40)
     p.add_argument("--skip-compile", action="store_true")
+    p.add_argument("--compiles", action="store_true",
+                   help="compiles and library loads of a first lsqr, by thread")
+    p.add_argument("--nvrtc", action="store_true",
+                   help="NVRTC seconds of a call's modules, sequential and threads (no GPU)")
+    p.add_argument("--store", action="store_true",
+                   help="R's layout file written behind the call and read back (no GPU)")
     a = p.parse_args(argv)
     res = {}
+    if a.nvrtc or a.compiles or a.store:
+        if a.store:
+            res["store"] = store_times(a.grid)
+            print(json.dumps(res["store"], indent=1), flush=True)
+        if a.nvrtc:
+            res["nvrtc"] = nvrtc_times()
+            print(json.dumps(res["nvrtc"], indent=1), flush=True)
+        if a.compiles:
+            res["compiles"] = compiles(a.grid)
+            print_compiles(res["compiles"])
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+        return 0
     if not a.skip_compile:
         res["compile"] = compile_times()
         print(json.dumps(res["compile"], indent=1), flush=True)
