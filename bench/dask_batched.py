@@ -4,7 +4,9 @@
     python3 bench/dask_batched.py [--count 16777216] [--n 32] [--chunk 1048576]
                                   [--workers 1,2,4] [--dtype float64] [--reps 3]
                                   [--json out.json]
+    python3 bench/dask_batched.py --quick --json out.json   # 2**22 on 1 and 2 GPU workers
     python3 bench/dask_batched.py --cpu [--count 65536 --n 8 --chunk 8192]   # smoke test
+    python3 bench/dask_batched.py --cpu --pinned --workers 2   # the pinned cluster, no GPU
 
 The work: ``count`` random ``n x n`` matrices (``n`` added to the diagonal)
 as a Dask array of CuPy chunks of ``chunk`` matrices, each
@@ -18,7 +20,8 @@ the client, which is what the timed ``compute()`` waits for.
 Workers: one per GPU, a single thread each — dask-cuda's
 ``LocalCUDACluster`` when ``dask_cuda`` is installed, else a ``SpecCluster``
 of ``Nanny`` workers each started with ``CUDA_VISIBLE_DEVICES`` set to its
-GPU (what LocalCUDACluster does). Per worker count: the cluster is started,
+GPU (what LocalCUDACluster does; ``--pinned`` forces it), each worker
+reporting the PCI bus id of the GPU it sees. Per worker count: the cluster is started,
 every worker compiles the kernels and fills its memory pool (one untimed
 chunk on each worker, then one untimed run of one chunk per worker), then ``--reps`` timed runs of the
 whole count; the median wall time of ``compute()`` gives the throughput.
@@ -47,6 +50,9 @@ import numpy as np  # noqa: E402
 
 #: the scheduler and workers listen here: one host, no network needed
 HOST = "127.0.0.1"
+
+#: what --quick runs (2**22 float64 32 x 32 matrices are 32 GiB: 16 chunks of 2 GiB)
+QUICK = {"count": 1 << 22, "n": 32, "chunk": 1 << 18, "workers": "1,2", "reps": 3}
 
 # ----------------------------------------------------------------------------
 # run on the workers (and by the direct baseline)
@@ -78,12 +84,18 @@ def checksum(lu, piv):
 
 
 def warm(n: int, dtype: str, size: int, gpu: bool) -> str:
-    """Compile the kernels and fill this worker's memory pool with one chunk's needs."""
+    """Compile the kernels and fill this worker's memory pool with one chunk's needs;
+    returns what this worker sees (its ``CUDA_VISIBLE_DEVICES`` and its GPU's PCI bus
+    id, which tells physical GPUs apart)."""
     import scipy_gpuqr as gq
     a = make_chunk(0, size=size, n=n, dt=dtype, gpu=gpu)
     lu, piv = gq.lu_factor_batched(a)
     checksum(lu, piv)
-    return os.environ.get("CUDA_VISIBLE_DEVICES", "-")
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES", "-")
+    if gpu:
+        import cupy
+        seen += f" bus {cupy.cuda.Device().pci_bus_id} of {cupy.cuda.runtime.getDeviceCount()}"
+    return seen
 
 
 # ----------------------------------------------------------------------------
@@ -121,8 +133,28 @@ def gpu_ids(gpu: bool, limit: int) -> list[str]:
     return [str(i) for i in range(cupy.cuda.runtime.getDeviceCount())]
 
 
-def start_cluster(ids: list[str], gpu: bool):
-    """(cluster, kind): one single-threaded worker per id (GPU or CPU process)."""
+def pinned_cluster(ids: list[str]):
+    """A ``SpecCluster`` of one single-threaded ``Nanny`` worker process per id, each
+    started with ``CUDA_VISIBLE_DEVICES`` set to its id (what dask-cuda's
+    ``LocalCUDACluster`` does): the worker's CUDA context (made when its first task
+    imports CuPy) sees that one GPU as device 0."""
+    from dask.distributed import Nanny, Scheduler, SpecCluster
+    workers = {f"gpu{d}": {"cls": Nanny,
+                           "options": {"nthreads": 1, "host": HOST,
+                                       "env": {"CUDA_VISIBLE_DEVICES": str(d)}}}
+               for d in ids}
+    return SpecCluster(workers=workers,
+                       scheduler={"cls": Scheduler,
+                                  "options": {"dashboard_address": ":0", "host": HOST}})
+
+
+def start_cluster(ids: list[str], gpu: bool, pinned: bool = False):
+    """(cluster, kind): one single-threaded worker per id (GPU or CPU process).
+
+    ``pinned``: the :func:`pinned_cluster` even where dask_cuda is installed (or,
+    with CPU chunks, to check it without a GPU)."""
+    if pinned:
+        return pinned_cluster(ids), "SpecCluster of Nanny workers, CUDA_VISIBLE_DEVICES per worker"
     if not gpu:
         from dask.distributed import LocalCluster
         return LocalCluster(n_workers=len(ids), threads_per_worker=1, processes=True,
@@ -130,25 +162,18 @@ def start_cluster(ids: list[str], gpu: bool):
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError:
-        from dask.distributed import Nanny, Scheduler, SpecCluster
-        workers = {f"gpu{d}": {"cls": Nanny,
-                               "options": {"nthreads": 1, "host": HOST,
-                                           "env": {"CUDA_VISIBLE_DEVICES": d}}}
-                   for d in ids}
-        return SpecCluster(workers=workers,
-                           scheduler={"cls": Scheduler,
-                                      "options": {"dashboard_address": ":0",
-                                                  "host": HOST}}), \
-            "SpecCluster of Nanny workers, CUDA_VISIBLE_DEVICES per worker"
+        return pinned_cluster(ids), "SpecCluster of Nanny workers, CUDA_VISIBLE_DEVICES per worker"
     return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(ids), threads_per_worker=1,
                             host=HOST, dashboard_address=":0"), "dask_cuda.LocalCUDACluster"
 
 
 def run_workers(k: int, ids: list[str], args, gpu: bool) -> dict:
     from dask.distributed import Client
-    cluster, kind = start_cluster(ids[:k], gpu)
+    t0 = time.perf_counter()
+    cluster, kind = start_cluster(ids[:k], gpu, args.pinned)
     with cluster, Client(cluster) as client:
         client.wait_for_workers(k)
+        t_start = time.perf_counter() - t0
         seen = client.gather([client.submit(warm, args.n, args.dtype, args.chunk, gpu,
                                             workers=[w], pure=False)
                               for w in client.scheduler_info()["workers"]])
@@ -160,8 +185,11 @@ def run_workers(k: int, ids: list[str], args, gpu: bool) -> dict:
             t0 = time.perf_counter()
             values.append(float(total.compute()))
             times.append(time.perf_counter() - t0)
+    if gpu and len(set(s.split(" bus ")[-1] for s in seen)) != len(seen):
+        print(f"  WARNING: workers share a GPU: {seen}", flush=True)
     return {"workers": k, "cluster": kind, "devices": sorted(seen),
-            "chunks": nchunks, "times_s": times, "median_s": statistics.median(times),
+            "start_seconds": t_start, "chunks": nchunks, "times_s": times,
+            "median_s": statistics.median(times),
             "checksum": values[0],
             "checksums_equal": max(values) - min(values) <= 1e-12 * abs(values[0])}
 
@@ -212,8 +240,19 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--cpu", action="store_true", help="NumPy chunks on CPU worker processes")
     p.add_argument("--no-direct", action="store_true", help="skip the no-Dask baseline")
+    p.add_argument("--pinned", action="store_true",
+                   help="Nanny workers with CUDA_VISIBLE_DEVICES each even if dask_cuda exists")
+    p.add_argument("--quick", action="store_true",
+                   help=f"{QUICK['count']} matrices in chunks of {QUICK['chunk']} over "
+                        f"{QUICK['workers']} worker(s), {QUICK['reps']} repetitions")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
+    if args.quick and args.cpu:
+        p.error("--quick is sized for GPU workers (32 GiB of matrices); drop --cpu")
+    if args.quick:
+        for key, value in QUICK.items():
+            if getattr(args, key) in (None, p.get_default(key)):
+                setattr(args, key, value)
     # the workers inherit this: Dask's INFO lines would bury the table
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     gpu = not args.cpu

@@ -3,7 +3,9 @@
 Run on the multi-GPU machine::
 
     source .dev/remote-setup.sh
-    python3 bench/multi_gpu.py --json $OUT/multi_gpu.json [--gpus 1,2,4] [--only grid40,ch7-8-b3]
+    python3 bench/multi_gpu.py --json $OUT/multi_gpu.json [--gpus 1,2,4] [--only grid40,...]
+    python3 bench/multi_gpu.py --quick --json $OUT/multi_gpu.json   # grid 40³, ch7-8-b3; 1, 2 GPUs
+    python3 bench/multi_gpu.py --numpy                              # the script without a GPU
 
 Per matrix: the analysis, then per device count ``k`` the device plan
 (``scipy_gpuqr._schedule.devices.map_devices``: stages, contribution blocks
@@ -12,8 +14,12 @@ factorization and ``--reps`` timed ones: wall time of the engine call until
 R is a host ``csc_array`` (``gpu_factorize`` for one GPU,
 ``multi_gpu_factorize`` for several), medians; per device its busy time
 (CUDA events around its stages' kernels, from the arrival of the carried
-blocks), launches and flops; the speedup against one GPU from the same run
-and R's largest difference from the one-GPU R. ``--public`` also times
+blocks), launches and flops; the speedup against one GPU from the same run.
+The answers are checked against the first device count's (one GPU): R's
+largest difference after matching the signs of its rows (a dense front
+factorized elsewhere may flip some), and ``Qᵀ b`` of one right-hand side
+(applied on the first device, reading the other devices' front pools peer
+to peer), both relative to their largest entry. ``--public`` also times
 ``QRFactorization(A, backend='gpu', gpuqr_options=GpuqrOptions(devices=...))``
 plus one solve.
 
@@ -22,6 +28,12 @@ of each matrix (``max_gpu_memory``): one GPU then stages through host memory,
 while the devices together may hold it unstaged (the table says the stages
 of each run and whether the plan fits). ``--simulate`` runs ``k`` device
 layers on GPU 0 (streams of one GPU: checks the path, no speedup expected).
+``--numpy`` runs ``k`` NumPy device layers on the host (a small grid; checks
+this script where there is no GPU; its times mean nothing).
+
+``--quick``: grid 40³ and ch7-8-b3 on 1 and 2 GPUs, 2 timed repetitions,
+and a time budget (``--max-seconds``, 200 by default there) past which the
+remaining runs are skipped (and listed as such).
 """
 
 from __future__ import annotations
@@ -37,8 +49,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+#: what --quick runs
+QUICK = {"only": "grid40,ch7-8-b3", "gpus": "1,2", "reps": 2, "max_seconds": 200.0}
 
-def _matrices(only):
+
+def _matrices(only, numpy_layers=False):
     from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
                                                random_least_squares)
     gens = {
@@ -51,41 +66,97 @@ def _matrices(only):
         "randls-60k": lambda: random_least_squares(60000, 12000, density=0.0004,
                                                    dense_rows=60, seed=2),
     }
+    if numpy_layers:
+        gens = {"grid8": lambda: grid3d_least_squares(8),
+                "randls": lambda: random_least_squares(600, 250, 0.01, seed=3)}
     names = [n for n in gens if not only or n in only]
     return [(n, gens[n]) for n in names]
 
 
-def _free():
-    import cupy as cp
-    for d in range(cp.cuda.runtime.getDeviceCount()):
-        with cp.cuda.Device(d):
-            cp.cuda.Device(d).synchronize()
-            cp.get_default_memory_pool().free_all_blocks()
-            cp.get_default_pinned_memory_pool().free_all_blocks()
+class _Runner:
+    """The engine calls on CUDA devices, or on NumPy device layers (``--numpy``)."""
+
+    def __init__(self, numpy_layers: bool):
+        self.numpy = numpy_layers
+
+    def device_context(self, ids):
+        """The first device current (Q and the solves run there)."""
+        if self.numpy:
+            import contextlib
+            return contextlib.nullcontext()
+        import cupy as cp
+        return cp.cuda.Device(ids[0])
+
+    def factorize(self, A, an, ids, budget):
+        from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+        from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
+        if self.numpy:
+            from scipy_gpuqr._engine.gpu.device import NumpyDevice
+            from scipy_gpuqr._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE
+
+            def layer():
+                return NumpyDevice(DEFAULT_TILE, DEFAULT_BUNDLE)
+            if len(ids) == 1:
+                return gpu_factorize(A, an, max_gpu_memory=budget, device=layer())
+            return multi_gpu_factorize(A, an, layers=[layer() for _ in ids],
+                                       max_gpu_memory=budget)
+        with self.device_context(ids):
+            if len(ids) == 1:
+                return gpu_factorize(A, an, max_gpu_memory=budget)
+            return multi_gpu_factorize(A, an, devices=ids, max_gpu_memory=budget)
+
+    def free(self):
+        if self.numpy:
+            return
+        import cupy as cp
+        for d in range(cp.cuda.runtime.getDeviceCount()):
+            with cp.cuda.Device(d):
+                cp.cuda.Device(d).synchronize()
+                cp.get_default_memory_pool().free_all_blocks()
+        cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
-def _factorize(A, an, ids, budget):
-    from scipy_gpuqr._engine.gpu.driver import gpu_factorize
-    from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
-    if len(ids) == 1:
-        return gpu_factorize(A, an, max_gpu_memory=budget)
-    return multi_gpu_factorize(A, an, devices=ids, max_gpu_memory=budget)
-
-
-def _public(A, ids, reps):
+def _public(A, ids, reps, runner):
     from scipy_gpuqr import GpuqrOptions, QRFactorization
     b = np.random.default_rng(0).standard_normal(A.shape[0])
     times = []
     for _ in range(reps + 1):
         t0 = time.perf_counter()
-        with QRFactorization(A, backend="gpu", gpuqr_options=GpuqrOptions(devices=ids)) as F:
+        with runner.device_context(ids), \
+                QRFactorization(A, backend="gpu",
+                                gpuqr_options=GpuqrOptions(devices=tuple(ids))) as F:
             F.solve(b)
         times.append(time.perf_counter() - t0)
-        _free()
+        runner.free()
     return statistics.median(times[1:])
 
 
-def run_one(name, make, counts, reps, *, simulate, budget_fraction, public):
+def _answers(qr, ids, b, runner):
+    """What the checks compare: R (host), its diagonal's signs, ``Qᵀ b`` (host)."""
+    with runner.device_context(ids):
+        qtb = np.asarray(qr.qt_matmul(b.reshape(-1, 1))).ravel()
+    return {"R": qr.R, "sign": np.sign(qr.R.diagonal()), "qtb": qtb}
+
+
+def _differences(got, ref) -> dict:
+    """R and ``Qᵀ b`` against the reference's, rows matched by sign, relative."""
+    flip = np.where(got["sign"] == ref["sign"], 1.0, -1.0)
+    flip[got["sign"] == 0] = 1.0
+    import scipy.sparse as sp
+    R = sp.diags_array(flip) @ got["R"]
+    scale = max(float(abs(ref["R"]).max()), 1.0)
+    k = ref["R"].shape[0]
+    q1, q2 = ref["qtb"], got["qtb"]
+    qscale = max(float(np.abs(q1).max()), 1.0)
+    return {"R_diff": float(abs(R - ref["R"]).max() / scale),
+            "qtb_diff": float(np.abs(flip * q2[:k] - q1[:k]).max() / qscale),
+            # the rest spans R's orthogonal complement: its norm is the residual's
+            "residual_norm_diff": float(abs(np.linalg.norm(q2[k:]) - np.linalg.norm(q1[k:]))
+                                        / max(float(np.linalg.norm(q1)), 1.0))}
+
+
+def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runner,
+            deadline=None):
     from scipy_gpuqr._schedule.devices import map_devices
     from scipy_gpuqr._symbolic import analyze
     A = make()
@@ -94,35 +165,46 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public):
     row = {"matrix": name, "shape": list(A.shape), "nnz": int(A.nnz),
            "flops": float(an.flops), "gpu_bytes": int(an.gpu_bytes),
            "analysis_seconds": time.perf_counter() - t0, "runs": []}
+    print(f"{name}: {A.shape[0]}x{A.shape[1]}, nnz {A.nnz}, {an.flops / 1e12:.2f} TFlop, "
+          f"analysis {row['analysis_seconds']:.1f} s", flush=True)
     budget = int(budget_fraction * an.gpu_bytes) if budget_fraction else None
-    R1 = None
+    b = np.random.default_rng(7).standard_normal(A.shape[0])
+    ref = None
     base = None
     for k in counts:
-        ids = [0] * k if simulate else list(range(k))
+        ids = [0] * k if (simulate or runner.numpy) else list(range(k))
         plan = map_devices(an, k, device_memory=budget)
         run = {"gpus": k, "devices": ids, "plan": plan.as_dict()}
+        if deadline is not None and time.perf_counter() > deadline:
+            run["skipped"] = "time budget spent"
+            row["runs"].append(run)
+            print(f"{name:12s} {k} GPU(s): skipped (time budget spent)", flush=True)
+            continue
         try:
-            qr = _factorize(A, an, ids, budget)          # warm-up (kernels, schedule, R layout)
+            qr = runner.factorize(A, an, ids, budget)    # warm-up (kernels, schedule, layout)
             qr.free()
-            _free()
+            runner.free()
             times, infos = [], []
             for rep in range(reps):
                 t = time.perf_counter()
-                qr = _factorize(A, an, ids, budget)
+                qr = runner.factorize(A, an, ids, budget)
                 times.append(time.perf_counter() - t)
                 infos.append(qr.info)
-                if k == counts[0] and R1 is None:
-                    R1 = qr.R
-                elif R1 is not None and rep == 0:
-                    scale = max(abs(R1).max(), 1.0)
-                    run["R_diff"] = float(abs(qr.R - R1).max() / scale)
+                if rep == 0:
+                    got = _answers(qr, ids, b, runner)
+                    if ref is None:
+                        ref = got
+                    else:
+                        run.update(_differences(got, ref))
                 qr.free()
-                _free()
+                runner.free()
         except Exception as exc:                          # noqa: BLE001 - report, go on
+            import traceback
             run["error"] = f"{type(exc).__name__}: {exc}"
+            run["traceback"] = traceback.format_exc(limit=8)
             row["runs"].append(run)
-            print(f"{name:12s} {k} GPU(s): {run['error']}", flush=True)
-            _free()
+            print(f"{name:12s} {k} GPU(s): {run['error']}\n{run['traceback']}", flush=True)
+            runner.free()
             continue
         med = statistics.median(times)
         info = infos[len(infos) // 2]
@@ -131,12 +213,15 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public):
                    staged=bool(k == 1 and int(info.get("stages", 1)) > 1),
                    launches=int(info.get("launches", 0)),
                    transfers=len(info.get("transfers", [])),
-                   transfer_bytes=int(sum(t[3] for t in info.get("transfers", []))))
+                   transfer_bytes=int(sum(t[3] for t in info.get("transfers", []))),
+                   engine_seconds=info.get("seconds", {}))
+        if "multi_device_fallback" in info:
+            run["fallback"] = info["multi_device_fallback"]
         per = info.get("devices", {}).get("devices")
         if per:
             run["per_device"] = per
         else:                                             # one GPU: its kernel time
-            run["per_device"] = [{"device": 0, "busy_seconds":
+            run["per_device"] = [{"device": ids[0], "busy_seconds":
                                   info.get("seconds", {}).get("gpu_kernels", float("nan")),
                                   "launches": int(info.get("launches_with_tasks", 0)),
                                   "flops": float(an.flops)}]
@@ -145,16 +230,18 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public):
         run["speedup"] = base / med if base else float("nan")
         if public:
             try:
-                run["public_seconds"] = _public(A, ids, max(1, reps - 1))
+                run["public_seconds"] = _public(A, ids, max(1, reps - 1), runner)
             except Exception as exc:                      # noqa: BLE001
                 run["public_error"] = f"{type(exc).__name__}: {exc}"
         row["runs"].append(run)
         busy = " ".join(f"{d.get('busy_seconds', float('nan')):.3f}" for d in run["per_device"])
+        check = (f"  R diff {run['R_diff']:.1e} Qtb diff {run['qtb_diff']:.1e}"
+                 if "R_diff" in run else "")
         print(f"{name:12s} {k} GPU(s) {med:8.3f} s  x{run['speedup']:.2f} "
               f"(model x{plan.modelled_speedup:.2f})  {run['tflops']:.2f} TF/s  "
               f"stages {run['stages']}  busy [{busy}] s  "
-              f"moved {run['transfer_bytes'] / 1e6:.1f} MB  fits {plan.fits}"
-              + (f"  R diff {run['R_diff']:.1e}" if "R_diff" in run else ""), flush=True)
+              f"moved {run['transfer_bytes'] / 1e6:.1f} MB  fits {plan.fits}{check}"
+              + ("  FELL BACK to one GPU" if "fallback" in run else ""), flush=True)
     return row
 
 
@@ -164,35 +251,58 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="")
     p.add_argument("--gpus", default="1,2,4")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--quick", action="store_true",
+                   help="grid40 and ch7-8-b3 on 1 and 2 GPUs, 2 repetitions, a time budget")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="skip the runs that would start after this many seconds")
     p.add_argument("--simulate", action="store_true",
                    help="k device layers on GPU 0 instead of k GPUs")
+    p.add_argument("--numpy", action="store_true",
+                   help="k NumPy device layers on the host (checks the script; no GPU)")
     p.add_argument("--budget-fraction", type=float, default=0.0,
                    help="per-device budget as a fraction of the one-stage GPU bytes")
     p.add_argument("--public", action="store_true")
     a = p.parse_args(argv)
-    from scipy_gpuqr._engine.gpu.multi_device import device_count
-    visible = device_count()
-    if visible < 1:
-        print("no GPU visible", file=sys.stderr)
-        return 1
+    if a.quick:
+        a.only = a.only or QUICK["only"]
+        a.gpus = QUICK["gpus"] if a.gpus == p.get_default("gpus") else a.gpus
+        a.reps = QUICK["reps"] if a.reps == p.get_default("reps") else a.reps
+        a.max_seconds = QUICK["max_seconds"] if a.max_seconds is None else a.max_seconds
+    t_start = time.perf_counter()
+    deadline = None if a.max_seconds is None else t_start + a.max_seconds
     counts = [int(x) for x in a.gpus.split(",") if x]
-    if not a.simulate:
-        counts = [k for k in counts if k <= visible]
-    import cupy as cp
-    names = [cp.cuda.runtime.getDeviceProperties(d)["name"] for d in range(visible)]
-    names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-    print(f"{visible} GPU(s): {', '.join(names)}; counts {counts}"
+    if a.numpy:
+        names = ["numpy (no GPU)"]
+    else:
+        from scipy_gpuqr._engine.gpu.multi_device import device_count
+        visible = device_count()
+        if visible < 1:
+            print("no GPU visible", file=sys.stderr)
+            return 1
+        if not a.simulate:
+            counts = [k for k in counts if k <= visible]
+        import cupy as cp
+        names = [cp.cuda.runtime.getDeviceProperties(d)["name"] for d in range(visible)]
+        names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+        peer = {f"{i}->{j}": bool(cp.cuda.runtime.deviceCanAccessPeer(i, j))
+                for i in range(visible) for j in range(visible) if i != j}
+        print(f"peer access possible: {peer}", flush=True)
+    print(f"{len(names)} device(s): {', '.join(names)}; counts {counts}"
           + (" (simulated on GPU 0)" if a.simulate else ""), flush=True)
     only = {x for x in a.only.split(",") if x}
+    runner = _Runner(a.numpy)
     rows = [run_one(n, make, counts, a.reps, simulate=a.simulate,
-                    budget_fraction=a.budget_fraction, public=a.public)
-            for n, make in _matrices(only)]
+                    budget_fraction=a.budget_fraction, public=a.public, runner=runner,
+                    deadline=deadline)
+            for n, make in _matrices(only, a.numpy)]
+    print(f"total {time.perf_counter() - t_start:.1f} s", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"gpus": names, "counts": counts,
-                                            "simulate": a.simulate,
+                                            "simulate": a.simulate, "numpy": a.numpy,
                                             "budget_fraction": a.budget_fraction,
-                                            "rows": rows}, indent=1))
-    return 0
+                                            "rows": rows}, indent=1, default=str))
+    bad = [(r["matrix"], run["gpus"]) for r in rows for run in r["runs"] if "error" in run]
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -59,19 +59,36 @@ def _compare(A, one, many):
     assert np.abs(many.q_matmul(Y) - AP).max() <= 1e-10 * max(1.0, np.abs(AP).max())
 
 
+def _peers(ids) -> bool:
+    """Whether the first device can read every other one's memory (peer access)."""
+    import cupy as cp
+    return all(d == ids[0] or cp.cuda.runtime.deviceCanAccessPeer(ids[0], d) for d in ids)
+
+
 def _run(ids):
     import cupy as cp
+    crossed = 0
     for name, A in _cases():
         an = analyze(A)
         with cp.cuda.Device(ids[0]):        # Q and the solves run with the first device current
             one = gpu_factorize(A, an)
             many = multi_gpu_factorize(A, an, devices=ids)
             _compare(A, one, many)
-        per = many.info["devices"]["devices"]
+        info = many.info
+        assert "multi_device_fallback" not in info, (name, info.get("multi_device_fallback"))
+        per = info["devices"]["devices"]
         assert [d["device"] for d in per] == list(ids), name
-        assert sum(d["stages"] for d in per) == many.info["stages"]
+        assert sum(d["stages"] for d in per) == info["stages"]
         assert all(d["busy_seconds"] >= 0 for d in per)
-        many.free()
+        assert info["q_device"] == ids[0]
+        if _peers(ids):                     # Q reads the other devices' pools in place
+            assert info["q_pools_on_host"] == [], name
+        crossed += sum(1 for _, s, t, _ in info["transfers"] if ids[s] != ids[t])
+        with cp.cuda.Device(ids[0]):
+            many.free()
+            one.free()
+    if len(set(ids)) > 1:                   # blocks really moved between GPUs
+        assert crossed > 0
 
 
 @pytest.mark.parametrize("ids", [(0, 0), (0, 0, 0), (0, 0, 0, 0)])
@@ -92,12 +109,18 @@ def test_four_gpus():
     _run((0, 1, 2, 3))
 
 
-def test_dense_fronts_across_devices():
+@pytest.mark.parametrize("ids", [(0, 0), (0, 1)])
+def test_dense_fronts_across_devices(ids):
+    """Dense fronts (cuSOLVER/cuBLAS) on every device; those of another GPU copied to
+    the first for Q's products."""
+    if len(set(ids)) > device_count():
+        pytest.skip("needs 2 GPUs")
     A = grid3d_least_squares(14)
     an = analyze(A)
     one = gpu_factorize(A, an, dense_flops=1e7)
-    many = multi_gpu_factorize(A, an, devices=(0, 0), dense_flops=1e7)
+    many = multi_gpu_factorize(A, an, devices=ids, dense_flops=1e7)
     assert many.info["dense_fronts"] == one.info["dense_fronts"] > 0
+    assert "multi_device_fallback" not in many.info
     _compare(A, one, many)
 
 
@@ -114,3 +137,17 @@ def test_public_solve_with_devices(k):
     assert np.abs(x - ref).max() <= 1e-9 * max(1.0, np.abs(ref).max())
     r = A @ x - b
     assert np.linalg.norm(A.T @ r) <= 1e-10 * sp.linalg.norm(A) * np.linalg.norm(r) * 10
+
+
+def test_public_solve_first_device_not_current():
+    """``GpuqrOptions(devices=(1, 0))``: device 1 keeps Q while device 0 is current
+    (the caller's), so the solves must run on the device that holds Q."""
+    if device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    A = random_values(grid3d_least_squares(10), np.random.default_rng(3))
+    b = np.random.default_rng(4).standard_normal(A.shape[0])
+    ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    with QRFactorization(A, backend="gpu", gpuqr_options=GpuqrOptions(devices=(1, 0))) as F:
+        x = F.solve(b)
+        assert F.info["backend_info"]["q_device"] == 1
+    assert np.abs(x - ref).max() <= 1e-9 * max(1.0, np.abs(ref).max())

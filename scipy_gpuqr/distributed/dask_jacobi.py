@@ -169,7 +169,7 @@ def _to_rows(y):
 
 def _apply(inv: da.Array, x: da.Array, dtype) -> da.Array:
     """``blockdiag(inv) @ x`` for Dask ``inv`` ``(nb, bs, bs)`` and ``x`` ``(nb * bs, k)``."""
-    nb, bs = inv.shape[0], inv.shape[-1]
+    bs = inv.shape[-1]
     k = x.shape[1]
     rows = tuple(c * bs for c in inv.chunks[0])
     x = x.rechunk((rows, (k,)))

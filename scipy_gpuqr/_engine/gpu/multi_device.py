@@ -316,8 +316,23 @@ def _to_home(arr, home):
         cp.cuda.Device(src).synchronize()
     with cp.cuda.Device(home.device_id):
         out = cp.empty(arr.shape, dtype=arr.dtype)
-    cp.cuda.runtime.memcpyPeer(out.data.ptr, home.device_id, arr.data.ptr, src, arr.nbytes)
+        cp.cuda.runtime.memcpyPeer(out.data.ptr, home.device_id, arr.data.ptr, src,
+                                   arr.nbytes)
+    _settle(cp, (src, home.device_id))
     return out
+
+
+def _settle(cp, device_ids) -> None:
+    """Wait for the copies issued on the legacy default stream of these devices.
+
+    ``cudaMemcpy``/``cudaMemcpyPeer`` between device buffers may return before
+    the copy is done, and the layers' streams are non-blocking (not ordered
+    after the default stream): work enqueued on them later must not read the
+    destination before this returns.
+    """
+    for d in dict.fromkeys(int(i) for i in device_ids):
+        with cp.cuda.Device(d):
+            cp.cuda.Device(d).synchronize()
 
 
 class _MultiStageRun:
@@ -463,6 +478,7 @@ class _MultiStageRun:
         lo = np.asarray(sched.vt_base, dtype=np.int64)
         hi = np.append(lo[1:], sched.vt_size)
         stage_pools, host_pools = {}, {}
+        copied = set()
         for sid, st in enumerate(sched.stages):
             k, layer = self.layer_of(sid)
             first, last = st.fronts
@@ -483,12 +499,15 @@ class _MultiStageRun:
                                                        home.device_id,
                                                        layer.vt.data.ptr + a * isz,
                                                        layer.device_id, (b - a) * isz)
+                    copied.update((home.device_id, layer.device_id))
             pool = self.pools[sid]
             if getattr(home, "cp", None) is None or self._home_reaches(home, layer):
                 stage_pools[sid] = pool
             else:
                 with _on(layer):
                     host_pools[sid] = layer.to_host(pool)
+        if copied:                          # the VT copies done before Q's launches
+            _settle(home.cp, copied)
         for layer in self.layers[1:]:       # their pools live on in ``stage_pools``
             if layer is not home:
                 with _on(layer):
