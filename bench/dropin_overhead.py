@@ -17,9 +17,10 @@ back to back). The garbage collector is off while timing.
 
 Cases: ``spsolve`` on a 2-D Laplacian of 500 unknowns (CSC) and on
 494_bus (``tests/data/matrices``, when present); ``factorized(A)`` followed
-by one ``solve(b)`` on the Laplacian; ``lsqr`` and ``lsmr`` on a random
-sparse 2000×500 least-squares problem (density 1 %, SciPy's default
-tolerances; b random, seed fixed).
+by one ``solve(b)`` on the Laplacian; ``lsqr`` and ``lsmr`` on random
+sparse least-squares problems, 2000×500 (density 1 %) and 200×100 (5 %),
+each plus the identity on top (SciPy's default tolerances; b random, seed
+fixed).
 """
 
 from __future__ import annotations
@@ -75,16 +76,22 @@ def cases():
                 lambda: spla.lsqr(L, c), lambda: scipy_gpuqr.lsqr(L, c)))
     out.append(("lsmr, random 2000x500 (1 %)",
                 lambda: spla.lsmr(L, c), lambda: scipy_gpuqr.lsmr(L, c)))
+    S = sp.random(200, 100, density=0.05, format="csr", random_state=2) + \
+        sp.eye(200, 100, format="csr")
+    d = rng.standard_normal(S.shape[0])
+    out.append(("lsqr, random 200x100 (5 %)",
+                lambda: spla.lsqr(S, d), lambda: scipy_gpuqr.lsqr(S, d)))
+    out.append(("lsmr, random 200x100 (5 %)",
+                lambda: spla.lsmr(S, d), lambda: scipy_gpuqr.lsmr(S, d)))
     return out
 
 
-def measure(scipy_call, our_call, calls: int, warmup: int = 50):
+def measure(scipy_call, our_call, calls: int, warmup: int = 50, clock=time.perf_counter):
     """Median seconds of SciPy's and our call, and the median per-round difference."""
     for _ in range(warmup):
         scipy_call()
         our_call()
     ts, to, diff = [], [], []
-    clock = time.perf_counter
     gc.disable()
     try:
         for i in range(calls):
@@ -108,16 +115,22 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=2000, help="timed rounds per case")
     parser.add_argument("--only", default=None, help="run the cases whose name contains this")
+    parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                        help="wall: time.perf_counter; thread: this thread's CPU time "
+                             "(time.thread_time, not counting time the thread was not "
+                             "running: steadier on a loaded host)")
     args = parser.parse_args(argv)
+    clock = time.perf_counter if args.clock == "wall" else time.thread_time
     if os.environ.get("SCIPY_GPUQR_BACKEND"):
         print("SCIPY_GPUQR_BACKEND is set: unset it to measure auto", file=sys.stderr)
         return 2
-    print(f"# {os.cpu_count()} cores, gpu: {scipy_gpuqr.gpu_info()['reason']}", file=sys.stderr)
+    print(f"# {os.cpu_count()} cores, clock {args.clock}, load average "
+          f"{os.getloadavg()[0]:.2f}, gpu: {scipy_gpuqr.gpu_info()['reason']}", file=sys.stderr)
     rows = []
     for name, scipy_call, our_call in cases():
         if args.only and args.only not in name:
             continue
-        s, o, d = measure(scipy_call, our_call, args.calls)
+        s, o, d = measure(scipy_call, our_call, args.calls, clock=clock)
         rows.append((name, s, o, d))
         print(f"{name:42s} scipy {s * 1e6:9.1f} us  ours {o * 1e6:9.1f} us  "
               f"ours-scipy {d * 1e6:7.1f} us  ratio {o / s:5.3f}", file=sys.stderr)

@@ -125,11 +125,15 @@ def _check_finite_as_given(x, name: str) -> None:
 def _check_finite_castable(b, dtype) -> None:
     """:func:`_check_finite_as_given` for the b of SciPy's ``factorized`` solver, only
     where SuperLU's TypeError (b does not cast safely to ``dtype``) does not come first."""
-    try:
-        arr = np.asarray(b)
-    except Exception:               # noqa: BLE001 - SciPy raises its own error for it
-        return
-    if (arr.dtype.kind in "fc" and np.can_cast(arr.dtype, dtype, casting="safe")
+    if type(b) is np.ndarray:
+        arr = b
+    else:
+        try:
+            arr = np.asarray(b)
+        except Exception:           # noqa: BLE001 - SciPy raises its own error for it
+            return
+    if (arr.dtype.kind in "fc" and (arr.dtype == dtype or np.can_cast(arr.dtype, dtype,
+                                                                      casting="safe"))
             and not np.isfinite(arr).all()):
         check_finite(arr, "b")
 
