@@ -257,6 +257,47 @@ def test_device_q_matches_host_replay(budget):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("budget", [None, 20000])
+def test_triangular_solves_by_levels_per_stage(budget):
+    """R's solves by the level kernel stage by stage (earlier stages from compact
+    copies of their rows of R in pinned memory) equal SciPy's sparse triangular
+    solves with R, and the front-by-front loop."""
+    from scipy.sparse.linalg import spsolve_triangular
+    cp = _cp()
+    rng = np.random.default_rng()
+    stages = []
+    for name, A in engine_families(rng):
+        g = _factor_gpu(A, budget)
+        stages.append(g.info["stages"])
+        n = A.shape[1]
+        R = sp.csr_array(g.R)
+        d = np.abs(R.diagonal()) if R.shape[0] == n else np.zeros(1)
+        if A.dtype != np.float64 or d.min() <= 1e-6 * d.max():
+            g.free()                        # R not square, or not safely invertible
+            continue
+        ds = gs.device_solve_of(g)
+        assert ds.fronts._stages is not None
+        compact = [st for st in ds.fronts._stages if st[3] is not None]
+        assert len(compact) == (g.info["stages"] - 1 if budget else 0), name
+        C = rng.standard_normal((n, 3))
+        cp.cuda.Device().synchronize()
+        y = ds.upper(cp.asarray(C)).get()
+        z = ds.upper_transposed(cp.asarray(C)).get()
+        yr = spsolve_triangular(R, C, lower=False)
+        zr = spsolve_triangular(sp.csr_array(R.T), C, lower=True)
+        assert np.abs(y - yr).max() <= 1e-9 * np.abs(yr).max(), name
+        assert np.abs(z - zr).max() <= 1e-9 * np.abs(zr).max(), name
+        ds.fronts._stages = None            # the front-by-front loop, whole pools
+        yl = ds.upper(cp.asarray(C)).get()
+        zl = ds.upper_transposed(cp.asarray(C)).get()
+        assert np.abs(y - yl).max() <= 1e-10 * np.abs(yl).max(), name
+        assert np.abs(z - zl).max() <= 1e-10 * np.abs(zl).max(), name
+        g.free()
+    if budget is not None:
+        assert max(stages) > 1, stages
+
+
+@pytest.mark.gpu
 def test_dense_fronts_on_device_q_and_triangular_solve():
     cp = _cp()
     from scipy.sparse.linalg import spsolve_triangular
@@ -277,7 +318,7 @@ def test_dense_fronts_on_device_q_and_triangular_solve():
     assert np.abs(y - yr).max() <= 1e-9 * np.abs(yr).max()
     assert np.abs(z - zr).max() <= 1e-9 * np.abs(zr).max()
     # the level kernel (one pool) against the front-by-front loop, 3 columns
-    assert ds.fronts._kernel is not None
+    assert ds.fronts._stages is not None and len(ds.fronts._stages) == 1
     C3 = cp.asarray(rng.standard_normal((n, 3)))
     yk, zk = ds.fronts.upper(C3), ds.fronts.upper_transposed(C3)
     from scipy_gpuqr._engine.gpu import trsolve as gpu_trsolve
@@ -285,11 +326,11 @@ def test_dense_fronts_on_device_q_and_triangular_solve():
     try:                                   # levels with their big fronts through cuBLAS
         gpu_trsolve.BIG_FRONT_ROWS = 16
         dh = gs.device_solve_of(g)
-        assert any(any(b) for b in dh.fronts._kernel.levels[False][2])
+        assert any(any(b) for b in dh.fronts._stages[0][2].levels[False][2])
         yh, zh = dh.fronts.upper(C3), dh.fronts.upper_transposed(C3)
     finally:
         gpu_trsolve.BIG_FRONT_ROWS = big
-    ds.fronts._kernel = None
+    ds.fronts._stages = None
     yl, zl = ds.fronts.upper(C3), ds.fronts.upper_transposed(C3)
     for yy, zz in ((yk, zk), (yh, zh)):
         assert float(cp.abs(yy - yl).max()) <= 1e-10 * float(cp.abs(yl).max())

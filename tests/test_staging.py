@@ -495,7 +495,7 @@ def test_triangular_solves_of_host_fronts_on_the_host():
     assert g.info["host_fronts"]
     g._materialize()
     ft = FrontTriangular(g, lambda sid: g._host_pools[sid], _Xp)
-    assert ft._kernel is None
+    assert ft._stages is None
     n = A.shape[1]
     C = np.stack([np.cos(np.arange(n)), np.sin(np.arange(n))], axis=1)
     R = sp.csc_array(g.R)

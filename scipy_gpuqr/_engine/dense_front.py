@@ -170,6 +170,10 @@ class DenseFront:
         self._get(self._T, np)
         return self
 
+    def has_device_copy(self) -> bool:
+        """Whether a copy of the front lies on the device."""
+        return any(name != "numpy" for name in self._front)
+
     def drop_device(self) -> None:
         """Forget device copies (a host copy is made first)."""
         self.host()

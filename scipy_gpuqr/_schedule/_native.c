@@ -20,12 +20,14 @@
  * R's layout (rlayout.py) makes of its column segments (row indices, gather
  * index), one pass over the output per range of runs (the caller splits the
  * runs over threads; ctypes releases the GIL).
+ * And sgq_scatter: out[pos[i]] = src[i] over a range of i (4- or 8-byte items),
+ * R's values of a staged factorization put in place by several threads.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define SGQ_ABI 6
+#define SGQ_ABI 7
 #define MAXB 5  /* MAX_BUNDLE (tasks.py) */
 #define MAXS 6  /* MAX_SLOTS (tasks.py) */
 #define NCOL 12
@@ -749,5 +751,19 @@ void sgq_arith_runs64(int64_t i0, int64_t i1, const int64_t *first, const int64_
         int64_t v = first[i], d = step[i], n = length[i];
         for (int64_t k = 0; k < n; k++, v += d)
             o[k] = v;
+    }
+}
+
+void sgq_scatter(int64_t i0, int64_t i1, const int64_t *pos, const void *src, void *out,
+                 int32_t itemsize)
+{
+    if (itemsize == 8) {
+        const uint64_t *a = (const uint64_t *)src;
+        uint64_t *o = (uint64_t *)out;
+        for (int64_t i = i0; i < i1; i++) o[pos[i]] = a[i];
+    } else {
+        const uint32_t *a = (const uint32_t *)src;
+        uint32_t *o = (uint32_t *)out;
+        for (int64_t i = i0; i < i1; i++) o[pos[i]] = a[i];
     }
 }

@@ -15,7 +15,9 @@ path with the NumPy one):
 * ``sgq_assembly``: ``sparse._assembly_tasks``, sorted by launch;
 * ``sgq_fill``: the factorization records of ``sparse._StageMaker.records``;
 * ``sgq_arith_runs32`` / ``sgq_arith_runs64``: arithmetic runs end to end
-  (:func:`arith_runs`, R's layout in :mod:`scipy_gpuqr._engine.gpu.rlayout`).
+  (:func:`arith_runs`, R's layout in :mod:`scipy_gpuqr._engine.gpu.rlayout`);
+* ``sgq_scatter``: ``out[pos] = values`` on several threads (:func:`scatter`,
+  R's values of a staged GPU factorization).
 
 It is plain C99 without Python headers, so any system C compiler builds it
 (a wheel stays pure Python; where none exists the NumPy code runs):
@@ -74,13 +76,13 @@ from .tasks import MAX_SLOTS
 
 __all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "MANIFEST_SUFFIX", "NativeUnavailable", "mode",
            "library", "handle", "status", "simulate", "tile_buckets", "element_rows", "assembly",
-           "fill", "arith_runs", "RUNS_PER_THREAD"]
+           "fill", "arith_runs", "RUNS_PER_THREAD", "scatter"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
 MODES = ("auto", "c", "numpy")
 #: Interface version of ``_native.c`` (``sgq_abi()``).
-ABI = 6
+ABI = 7
 #: Row columns the library writes, in its order (then ``rows``).
 COLS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop", "vt",
         "vt2", "mult")
@@ -369,6 +371,8 @@ def _open(path: Path):
     for name in ("sgq_arith_runs32", "sgq_arith_runs64"):
         getattr(lib, name).argtypes = [i64, i64] + [ptr] * 5
         getattr(lib, name).restype = None
+    lib.sgq_scatter.argtypes = [i64, i64, ptr, ptr, ptr, i32]
+    lib.sgq_scatter.restype = None
     got = lib.sgq_abi()
     if got != ABI:
         raise OSError(f"ABI {got}, expected {ABI}")
@@ -574,3 +578,40 @@ def arith_runs(lib, first, step, length, start, total: int, dtype, threads: int 
     for w in workers:
         w.join()
     return out
+
+
+def _ranges(n: int, threads: int, per_thread: int) -> list:
+    """``threads`` (0: up to the CPU count, at least ``per_thread`` items each)
+    contiguous ranges of about equal length covering ``[0, n)``."""
+    if threads <= 0:
+        threads = min(os.cpu_count() or 1, 16, max(1, n // per_thread))
+    cuts = np.linspace(0, n, max(threads, 1) + 1).astype(np.int64)
+    return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+
+def scatter(lib, out: np.ndarray, pos: np.ndarray, values: np.ndarray,
+            threads: int = 0) -> None:
+    """``out[pos] = values`` compiled, split over threads (the calls release the
+    GIL; positions must be distinct and in range, as R's layout makes them).
+
+    ``out`` and ``values`` share a 4- or 8-byte dtype; ``pos`` is int64.
+    """
+    if out.dtype != values.dtype or out.dtype.itemsize not in (4, 8):
+        raise ValueError(f"scatter: {out.dtype} into {values.dtype}")
+    if not (out.flags.c_contiguous and values.flags.c_contiguous):
+        raise ValueError("scatter: contiguous arrays only")
+    pos = np.ascontiguousarray(pos, dtype=np.int64)
+    if len(pos) != len(values):
+        raise ValueError("scatter: positions and values of different lengths")
+    args = (pos.ctypes.data, values.ctypes.data, out.ctypes.data, out.dtype.itemsize)
+    parts = _ranges(len(pos), threads, RUNS_PER_THREAD)
+    if len(parts) <= 1:
+        for a, b in parts:
+            lib.sgq_scatter(a, b, *args)
+        return
+    workers = [threading.Thread(target=lib.sgq_scatter, args=(a, b, *args), daemon=True)
+               for a, b in parts]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()

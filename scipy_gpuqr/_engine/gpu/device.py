@@ -228,8 +228,12 @@ class HostFrontDevice(NumpyDevice):
     #: Record types a host stage may hold.
     ALLOWED = (int(TaskType.S_ASSEMBLE), int(TaskType.PACK_ASSEMBLE), int(TaskType.NONE))
 
-    def __init__(self, tile: int, bundle: int, *, dtype=np.float64):
+    def __init__(self, tile: int, bundle: int, *, dtype=np.float64, gpu=None):
         super().__init__(tile, bundle, dtype=dtype)
+        #: the engine's :class:`CupyDevice` (None: LAPACK only)
+        self.gpu = gpu
+        #: per front factorized, where: ``"gpu"`` or ``"host"`` (and why)
+        self.factorized_on = []
 
     def launch(self, h, L, records) -> None:
         if len(records):
@@ -242,16 +246,45 @@ class HostFrontDevice(NumpyDevice):
         self.seconds["kernels"] += time.perf_counter() - t0
 
     def dense_factorize(self, h, off, fm, fn, stair):
-        """The front factorized in place with the BLAS library's threads."""
+        """The front factorized in place: on the GPU alone when it fits there (the
+        front assembled here is uploaded, factorized as a device dense front and
+        copied back: the stage's other data never reach the device), else with
+        the BLAS library's threads."""
         t0 = time.perf_counter()
         F = h["pool"][off: off + fm * fn].reshape(fm, fn)
         panels = panels_of(fm, fn, stair, self.dense_panel)
-        flops = sum(2.0 * rows * b * (b + 2 * (fn - j - b)) for j, rows, b in panels)
-        with (one_blas_thread() if flops < SINGLE_THREAD_FLOPS else contextlib.nullcontext()):
-            T = factorize_numpy(F, panels, self.dense_panel)
+        T, why = (None, "no GPU layer") if self.gpu is None else self._on_gpu(F, panels)
+        if T is None:
+            flops = sum(2.0 * rows * b * (b + 2 * (fn - j - b)) for j, rows, b in panels)
+            with (one_blas_thread() if flops < SINGLE_THREAD_FLOPS
+                  else contextlib.nullcontext()):
+                T = factorize_numpy(F, panels, self.dense_panel)
+            self.factorized_on.append(f"host (LAPACK): {why}")
+        else:
+            self.factorized_on.append("gpu (front alone uploaded)")
         self.dense_done.append((int(off), int(fm), int(fn)))
         self.seconds["dense"] = self.seconds.get("dense", 0.0) + time.perf_counter() - t0
         return F, panels, T, None
+
+    def _on_gpu(self, F, panels):
+        """``(T, "")`` after factorizing ``F`` (a host view, overwritten) on the GPU,
+        or ``(None, why not)`` when the device has no room for it (nothing left
+        allocated there)."""
+        gpu = self.gpu
+        cp = gpu.cp
+        try:
+            with gpu.stream:
+                Fd = cp.empty(F.shape, dtype=F.dtype)
+                Fd.set(F, stream=gpu.stream)
+                Td = factorize_cupy(Fd, panels, self.dense_panel, stream=gpu.stream)
+                Fd.get(stream=gpu.stream, out=F)
+                T = Td.get(stream=gpu.stream)
+            gpu.stream.synchronize()
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            return None, f"the front alone does not fit the device ({exc})"
+        finally:
+            Fd = Td = None
+        return T, ""
 
 
 class CupyDevice:
@@ -379,7 +412,7 @@ class CupyDevice:
         try:
             for off, cb in carried:
                 buf = self._pinned(cb.size, self.dtype)
-                buf[...] = cb.ravel()
+                buf.reshape(cb.shape)[...] = cb     # one copy, from a strided view
                 pool[off: off + cb.size].set(buf, stream=stream)
                 keep.append(buf)
             sidx, b1 = self._upload(np.ascontiguousarray(s_index, dtype=np.int64))
@@ -546,9 +579,19 @@ class CupyDevice:
         return host
 
     def to_host(self, pool) -> np.ndarray:
-        """The whole pool on the host (pageable)."""
+        """The whole pool on the host, in pinned memory (a pageable copy runs at a
+        fraction of the link's speed, and so would every upload of it for the
+        solves) unless no pinned memory can be had."""
         t0 = time.perf_counter()
-        out = pool.get(stream=self.stream)
+        try:
+            out = self._pinned(pool.size, pool.dtype)
+        except Exception:       # cudaHostAlloc refused: pageable still works
+            out = None
+        if out is None:
+            out = pool.get(stream=self.stream)
+        else:
+            pool.get(stream=self.stream, out=out)
+            self.stream.synchronize()
         self._check("copying a front pool back")
         self.seconds["download_pool"] = self.seconds.get("download_pool", 0.0) + (
             time.perf_counter() - t0)

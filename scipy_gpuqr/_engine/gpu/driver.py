@@ -70,6 +70,7 @@ import numpy as np
 from ... import _gpu
 from ..._cpu import spqr
 from ..._errors import DeviceOutOfMemory, GpuEngineError, GpuFallbackWarning
+from ..._schedule import native
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH, dense_front_mask
 from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
@@ -344,7 +345,9 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
             _log.info("GPU out of memory (%s): restaging for %d bytes", oom[-1], available)
             continue
         out.info["restaged"] = attempt
-        out.info["host_fronts"] = _host_front_info(analysis, needs, mplan, limited_by)
+        out.info["host_fronts"] = _host_front_info(analysis, needs, mplan, limited_by,
+                                                   out.info.pop("host_fronts_factorized_on",
+                                                                []))
         out.info["memory"] = {"available": available, "limited_by": limited_by,
                               "detail": mem.detail, "fixed": mplan.fixed,
                               "stage_bytes": list(mplan.need),
@@ -363,18 +366,23 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     return _cpu_fallback(Ac, analysis, why, stacklevel=3)
 
 
-def _host_front_info(analysis, needs, mplan, limited_by) -> list:
+def _host_front_info(analysis, needs, mplan, limited_by, factorized_on=()) -> list:
     """``info["host_fronts"]``: per host front its shape, its bytes alone on the
-    device and why it ran on the host."""
+    device (with its children's blocks and workspace), why its stage ran on the
+    host and where the front itself was factorized (``factorized_on``, in the
+    order the stages ran: the GPU when the assembled front alone fit there)."""
     fs = analysis.fronts
     out = []
-    for f in mplan.host:
+    where = list(factorized_on)
+    for i, f in enumerate(sorted(int(f) for f in mplan.host)):
         fm, fn = int(fs.fm[f]), int(fs.fn[f])
         alone = min_budget_of_front(analysis, needs, f)
-        out.append({"front": int(f), "shape": [fm, fn], "device_bytes_alone": alone,
-                    "why": f"alone it needs {alone:,} bytes of device memory, "
-                           f"{mplan.available:,} available ({limited_by}): factorized on "
-                           f"the host (LAPACK)"})
+        on = where[i] if i < len(where) else "host (LAPACK)"
+        out.append({"front": f, "shape": [fm, fn], "device_bytes_alone": alone,
+                    "factorized_on": on,
+                    "why": f"with its children's blocks it needs {alone:,} bytes of device "
+                           f"memory, {mplan.available:,} available ({limited_by}): assembled "
+                           f"on the host, factorized on the {on}"})
     return out
 
 
@@ -627,7 +635,9 @@ class _StageLoop:
                 raise GpuEngineError(f"host stage {sid}: {st.fronts} is not dense front {f} "
                                      f"alone")
         if self.host_stages:
-            self.host_dev = HostFrontDevice(tile, bundle, dtype=device.dtype)
+            self.host_dev = HostFrontDevice(tile, bundle, dtype=device.dtype,
+                                            gpu=device if isinstance(device, CupyDevice)
+                                            else None)
             self.host_dev.start(np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64), 0)
 
     def dev(self, sid: int):
@@ -766,8 +776,8 @@ class _StageLoop:
 
     def carry_contribution_blocks(self, st, pool, device=None) -> None:
         """Contribution blocks of the stage's fronts whose parent lies in a later stage,
-        fetched in one transfer (upper trapezoidal, packed) into ``host_cb`` (from
-        ``device``, default the engine's layer)."""
+        fetched in one transfer into ``host_cb`` (views of it; from ``device``,
+        default the engine's layer)."""
         fs = self.fs
         first, last = st.fronts
         members = np.arange(first, last + 1)
@@ -784,8 +794,10 @@ class _StageLoop:
         for j, i in enumerate(later.tolist()):
             f = first + i
             size = segs[j][1]
-            blk = host[p: p + size].reshape(int(fs.cm[f]), int(fs.fn[f]))[:, int(fs.fp[f]):]
-            self.host_cb[f] = np.triu(blk)
+            # as is (Householder data below its diagonal): Pack-Assemble copies only
+            # its upper trapezoid (``nfrows`` 1), so no triangle is cut out here
+            self.host_cb[f] = host[p: p + size].reshape(int(fs.cm[f]),
+                                                        int(fs.fn[f]))[:, int(fs.fp[f]):]
             p += size
 
     def keep_reflector_records(self, sid: int, st, fac_parts, fac_launch) -> None:
@@ -874,6 +886,8 @@ class _StageLoop:
                             "wait_gpu": dev_s.get("wait", 0.0),
                             "wait_r_copy": self.t_r_wait,
                             "host_fronts": self.t_host},
+                "host_fronts_factorized_on": ([] if self.host_dev is None
+                                              else list(self.host_dev.factorized_on)),
                 "r_copy_progressive": bool(self.progressive),
                 "last_pool_on_device": bool(self.keep_last
                                             and self.nstage - 1 not in self.host_stages)}
@@ -936,9 +950,13 @@ def _assemble_R(Ac, layout, r_parts, dtype, pattern):
             data[layout.r1_pos] = Ac.data[layout.r1_nz]
     else:
         data = np.zeros(layout.nnz, dtype=dtype)
+        lib = native.handle()
         for pos, v in r_parts:
+            v = np.ascontiguousarray(v, dtype=dtype)
             if pos is None:
                 data[:len(v)] = v
+            elif lib is not None:   # several threads: most of a staged run's R time
+                native.scatter(lib, data, pos, v)
             else:
                 data[pos] = v
         if len(layout.r1_pos):

@@ -576,7 +576,10 @@ def _device_pools(qr):
             return pool
         if sid in getattr(qr, "_host_stages", {}):
             return qr._host_pools[sid]      # a host front's: used on the host
-        return cp.asarray(qr._host_pools[sid])    # an earlier stage, uploaded
+        host = qr._host_pools[sid]          # an earlier stage, uploaded (from pinned
+        dev = cp.empty(host.shape, dtype=host.dtype)    # memory: at the link's speed)
+        dev.set(host)
+        return dev
     return pools
 
 
@@ -611,12 +614,20 @@ def device_matmul(qr, B, *, trans: bool, float64: bool = False):
         B = np.asarray(B)
     _check_rhs(B, qr.shape[0], what)
     B2 = B.reshape(B.shape[0], -1) if B.ndim == 2 else B.reshape(-1, 1)
-    try:
-        out = apply_plan(qr, cp.asarray(B2), trans, _cupy_executor(qr))
-    except cp.cuda.memory.OutOfMemoryError as exc:
-        logging.getLogger("scipy_gpuqr").info(
-            "%s: device out of memory (%s); Q applied on the host", what, exc)
-        qr._replay.pop("cupy", None)
+    log = logging.getLogger("scipy_gpuqr")
+    out = None
+    for attempt in range(2):
+        try:
+            out = apply_plan(qr, cp.asarray(B2), trans, _cupy_executor(qr))
+            break
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            qr._replay.pop("cupy", None)
+            if attempt == 0 and _make_room(qr):
+                log.info("%s: device out of memory (%s); pools and dense fronts moved "
+                         "to the host, applied on the device again", what, exc)
+                continue
+            log.info("%s: device out of memory (%s); Q applied on the host", what, exc)
+    if out is None:
         qr._materialize()
         host = host_matmul(qr, B.get() if on_gpu else B, trans=trans)
         return cp.asarray(host) if on_gpu else host
@@ -624,6 +635,21 @@ def device_matmul(qr, B, *, trans: bool, float64: bool = False):
         out = out.astype(qr.R.dtype, copy=False)
     out = out.reshape(B.shape)
     return out if on_gpu else out.get()
+
+
+def _make_room(qr) -> bool:
+    """Free what a factorization keeps on the device beyond its VT pool (the
+    kept stage pool goes to the host, device copies of dense fronts are
+    dropped, the memory pool's cached blocks released), so that ``Q`` is
+    applied uploading one pool at a time. False when nothing could be freed."""
+    freed = bool(qr._stage_pools)
+    qr._materialize()
+    for d in (getattr(qr, "_dense", {}) or {}).values():
+        if d.has_device_copy():
+            d.drop_device()
+            freed = True
+    qr._device.cp.get_default_memory_pool().free_all_blocks()
+    return freed
 
 
 def host_matmul(qr, B, *, trans: bool):

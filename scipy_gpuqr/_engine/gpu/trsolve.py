@@ -15,17 +15,19 @@ solve reads them where they are instead of a sparse copy of R:
 with the singleton block ``R1 = [R11 R12]`` (rows of A that are rows of R,
 taken from R's sparse copy) last (first for ``Rᵀ``).
 
-On the device, when every front lies in one pool (one-stage factorizations,
-the usual case), ``kernels/sparse_qr/rsolve.cu`` solves one tree level per
-launch, one thread block per front and right-hand-side column: ``R``'s
-levels by depth from the root (a front reads only its ancestors' values),
-``Rᵀ``'s by height from the leaves (a front pushes into its ancestors'
-columns with atomic adds); fronts of :data:`BIG_FRONT_ROWS` rows of R or
-more go through cuBLAS within their level. Otherwise (several stages, or
-NumPy on the host for CI) one dense triangular solve and one matrix product
-per front (cuBLAS through CuPy, or SciPy), float64. The level kernel is the
-fast path: a loop over the fronts pays one CuPy call overhead per front, and
-a sparse triangular solve on a copy of R redoes its analysis on every call.
+On the device, ``kernels/sparse_qr/rsolve.cu`` solves one tree level of a
+stage per launch, one thread block per front and right-hand-side column:
+``R``'s levels by depth from the root (a front reads only its ancestors'
+values), ``Rᵀ``'s by height from the leaves (a front pushes into its
+ancestors' columns with atomic adds); fronts of :data:`BIG_FRONT_ROWS` rows
+of R or more go through cuBLAS within their level. Stages are contiguous
+ranges of the postorder, so ``Rᵀ`` runs them first to last and ``R`` last to
+first. A stage whose pool left the device (staged factorizations) is solved
+from a compact copy of its rows of R, gathered once into pinned host memory
+and uploaded per solve: a fraction of the pool, at the link's speed. Host
+fronts, and NumPy on the host (CI), take one dense triangular solve and one
+matrix product per front (SciPy); the loop pays one call overhead per
+front, which is why the level kernels exist.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ class FrontTriangular:
         an = qr.analysis
         fs = an.fronts
         self.n = int(qr.R.shape[1])
-        self.fronts = []
+        self.fronts = []            # (stage, offset, fm, fn, rk, first col, end col)
+        self.front_ids = []         # the front of each entry
         for f in range(fs.nfronts):
             rk = int(fs.frank[f])
             if rk == 0:
@@ -68,11 +71,12 @@ class FrontTriangular:
             a, b = int(fs.col_ptr[f]), int(fs.col_ptr[f + 1])
             sid, off = qr._front_loc[f]
             self.fronts.append((sid, int(off), int(fs.fm[f]), int(fs.fn[f]), rk, a, b))
+            self.front_ids.append(f)
         self.cols = xp.asarray(np.asarray(fs.cols, dtype=np.int64))
-        self._kernel = None
-        sids = {fr[0] for fr in self.fronts}
-        if xp is not np and len(sids) == 1 and next(iter(sids)) in qr._stage_pools:
-            self._kernel = _LevelKernel(self, fs, qr._stage_pools[next(iter(sids))])
+        # the level kernels need CuPy itself (another array module: the loop)
+        self._stages = None
+        if getattr(xp, "__name__", "") == "cupy":
+            self._stages = _staged_levels(self, fs, qr)
         n1 = int(getattr(an, "n1cols", 0))
         self.n1 = n1
         self.R11 = self.R11T = self.R12 = self.R12T = None
@@ -110,18 +114,23 @@ class FrontTriangular:
             from cupyx.scipy.sparse.linalg import spsolve_triangular
         return spsolve_triangular(M, B, lower=lower)
 
-    def _blocks(self, sid, off, fm, fn, rk, pool):
-        Fv = pool[off: off + fm * fn].reshape(fm, fn)
-        # the triangular solvers read U's upper triangle only (Householder data below)
-        return Fv[:rk, :rk], Fv[:rk, rk:].astype(np.float64, copy=False)
+    def _blocks(self, off, fn, rk, pool):
+        # R's rows are the front's first rk rows (row major: contiguous from its
+        # offset); the solvers read U's upper triangle only (Householder data below)
+        Fv = pool[off: off + rk * fn].reshape(rk, fn)
+        return Fv[:, :rk], Fv[:, rk:].astype(np.float64, copy=False)
 
-    def step(self, i: int, Y, pool, *, trans: bool) -> None:
-        """Front ``self.fronts[i]`` of the solve, in place on Y (dense solvers)."""
+    def step(self, i: int, Y, pool, *, trans: bool, off: int | None = None) -> None:
+        """Front ``self.fronts[i]`` of the solve, in place on Y (dense solvers).
+
+        ``off``: the front's offset in ``pool`` when that is not its place in
+        the stage's pool (a compact copy of R's rows, :class:`_StageRows`).
+        """
         if self.xp is not np and isinstance(pool, np.ndarray):
             self._host_step(i, Y, pool, trans=trans)
             return
-        sid, off, fm, fn, rk, a, b = self.fronts[i]
-        U, S = self._blocks(sid, off, fm, fn, rk, pool)
+        sid, foff, fm, fn, rk, a, b = self.fronts[i]
+        U, S = self._blocks(foff if off is None else off, fn, rk, pool)
         piv = self.cols[a: a + rk]
         if not trans:
             rhs = Y[piv]
@@ -140,7 +149,7 @@ class FrontTriangular:
         factorization, too large for the device): its columns of the device Y
         solved on the host and copied back."""
         sid, off, fm, fn, rk, a, b = self.fronts[i]
-        U, S = self._blocks(sid, off, fm, fn, rk, pool)
+        U, S = self._blocks(off, fn, rk, pool)
         U = U.astype(np.float64, copy=False)
         cols = self.cols[a: b]
         y = Y[cols].get()
@@ -166,8 +175,8 @@ class FrontTriangular:
     def upper(self, C):
         """``R⁻¹ C``; C of shape (n, k), float64 (not modified)."""
         Y = self.xp.array(C, dtype=np.float64, order="C", copy=True)
-        if self._kernel is not None:
-            self._kernel.run(Y, trans=False)
+        if self._stages is not None:
+            _run_stages(self, self._stages, Y, trans=False)
         else:
             self._loop(Y, False)
         if self.n1:
@@ -183,8 +192,8 @@ class FrontTriangular:
             n1 = self.n1
             Y[:n1] = self._sptri(self.R11T, Y[:n1], lower=True)
             Y[n1:] -= self.R12T @ Y[:n1]
-        if self._kernel is not None:
-            self._kernel.run(Y, trans=True)
+        if self._stages is not None:
+            _run_stages(self, self._stages, Y, trans=True)
         else:
             self._loop(Y, True)
         return Y
@@ -195,34 +204,48 @@ class FrontTriangular:
 BIG_FRONT_ROWS = 512
 
 
-class _LevelKernel:
-    """The fronts of a one-pool factorization as levels of ``kernels/sparse_qr/rsolve.cu``.
+def _tree_levels(fs) -> tuple[np.ndarray, np.ndarray]:
+    """Each front's depth from its root and height from its leaves (postorder fronts)."""
+    nf = fs.nfronts
+    parent = np.asarray(fs.parent, dtype=np.int64)
+    depth = np.zeros(nf, dtype=np.int64)
+    height = np.zeros(nf, dtype=np.int64)
+    for f in range(nf - 1, -1, -1):         # postorder: parents after children
+        if parent[f] >= 0:
+            depth[f] = depth[parent[f]] + 1
+    for f in range(nf):
+        if parent[f] >= 0:
+            height[parent[f]] = max(height[parent[f]], height[f] + 1)
+    return depth, height
 
-    Fronts of :data:`BIG_FRONT_ROWS` rows of R or more are solved in their level
-    by :meth:`FrontTriangular.step` (cuBLAS) instead.
+
+class _LevelKernel:
+    """The fronts of one stage as levels of ``kernels/sparse_qr/rsolve.cu``.
+
+    ``members``: indices into ``ft.fronts`` (one stage's fronts, a contiguous
+    range of the postorder); ``offsets``: where each member's rows lie in the
+    array :meth:`run` is given (the stage's pool, or a compact copy of its
+    rows of R). Levels by depth for ``R`` and by height for ``Rᵀ`` keep the
+    order within the stage; the stages themselves run in postorder for
+    ``Rᵀ`` and in reverse for ``R`` (:func:`_run_stages`), since a front only
+    reads its ancestors' values (``R``) or pushes into its ancestors' columns
+    (``Rᵀ``). Fronts of :data:`BIG_FRONT_ROWS` rows of R or more are solved in
+    their level by :meth:`FrontTriangular.step` (cuBLAS) instead.
     """
 
-    def __init__(self, ft, fs, pool):
+    def __init__(self, ft, depth, height, members, offsets, dtype):
         import cupy as cp
-        self.cp, self.pool, self.cols, self.ft = cp, pool, ft.cols, ft
-        nf = fs.nfronts
-        parent = np.asarray(fs.parent, dtype=np.int64)
-        depth = np.zeros(nf, dtype=np.int64)
-        height = np.zeros(nf, dtype=np.int64)
-        for f in range(nf - 1, -1, -1):         # postorder: parents after children
-            if parent[f] >= 0:
-                depth[f] = depth[parent[f]] + 1
-        for f in range(nf):
-            if parent[f] >= 0:
-                height[parent[f]] = max(height[parent[f]], height[f] + 1)
-        idx = {}
-        for i, (sid, off, fm, fn, rk, a, b) in enumerate(ft.fronts):
-            idx[i] = (off, fn, rk, a)
-        fr = np.array([idx[i] for i in range(len(ft.fronts))], dtype=np.int64).reshape(-1, 4)
-        which = np.flatnonzero(np.asarray(fs.frank) > 0)     # ft.fronts' front indices
+        self.cp, self.cols, self.ft = cp, ft.cols, ft
+        members = np.asarray(members, dtype=np.int64)
+        fr = np.array([(offsets[j], ft.fronts[i][3], ft.fronts[i][4], ft.fronts[i][5])
+                       for j, i in enumerate(members.tolist())],
+                      dtype=np.int64).reshape(-1, 4)
+        which = np.asarray(ft.front_ids, dtype=np.int64)[members]
+        self.off_of = {int(i): int(offsets[j]) for j, i in enumerate(members.tolist())}
         big = fr[:, 2] >= BIG_FRONT_ROWS
         self.levels = {}
         for trans, key in ((False, depth[which]), (True, height[which])):
+            key = key - (int(key.min()) if len(key) else 0)
             nlev = int(key.max()) + 1 if len(key) else 0
             small = np.flatnonzero(~big)
             order = small[np.argsort(key[small], kind="stable")]
@@ -230,15 +253,15 @@ class _LevelKernel:
             ptr = np.concatenate(([0], np.cumsum(cnt))).astype(np.int64)
             desc = cp.asarray(np.ascontiguousarray(fr[order]).reshape(-1, 4))
             bigs = [[] for _ in range(nlev)]
-            for i in np.flatnonzero(big).tolist():
-                bigs[int(key[i])].append(i)
+            for j in np.flatnonzero(big).tolist():
+                bigs[int(key[j])].append(int(members[j]))
             self.levels[trans] = (desc, ptr, bigs)
-        ctype = "double" if pool.dtype == np.float64 else "float"
+        ctype = "double" if np.dtype(dtype) == np.float64 else "float"
         mod = load_module(av.RSOLVE_FILE, av.KERNEL_VARIANTS[av.RSOLVE_FILE])
         self.kern = {tr: mod.get_function(av.rsolve_name(ctype, tr)) for tr in (False, True)}
         self.threads = av.RSOLVE_THREADS
 
-    def run(self, Y, *, trans: bool) -> None:
+    def run(self, Y, pool, *, trans: bool) -> None:
         """One launch per level, in place on Y (n × k, C order, float64)."""
         desc, ptr, bigs = self.levels[trans]
         k = Y.shape[1]
@@ -246,6 +269,87 @@ class _LevelKernel:
             a, b = int(ptr[lv]), int(ptr[lv + 1])
             if b > a and k:
                 self.kern[trans]((b - a, k), (self.threads,),
-                                 (desc[a:], self.pool, self.cols, Y, np.int32(k)))
+                                 (desc[a:], pool, self.cols, Y, np.int32(k)))
             for i in bigs[lv]:
-                self.ft.step(i, Y, self.pool, trans=trans)
+                self.ft.step(i, Y, pool, trans=trans, off=self.off_of[i])
+
+
+class _StageRows:
+    """R's rows of one stage's fronts, copied compactly out of its pool on the host.
+
+    A stage whose pool left the device holds R's rows of its fronts (their
+    first ``rk`` rows) beside far more Householder data and contribution
+    blocks; the solves upload only the rows, gathered once into pinned host
+    memory (fast, asynchronous transfers) the first time they are needed.
+    """
+
+    def __init__(self, ft, members, host_pool):
+        sizes = np.array([ft.fronts[i][4] * ft.fronts[i][3] for i in members], dtype=np.int64)
+        self.offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        self.total = int(sizes.sum())
+        self._segments = [(ft.fronts[i][1], int(n)) for i, n in zip(members, sizes.tolist())]
+        self._host_pool = host_pool
+        self._host = None
+        self.cp = ft.xp
+
+    def _gather(self) -> np.ndarray:
+        pool = self._host_pool
+        try:
+            import cupyx
+            out = cupyx.empty_pinned((self.total,), dtype=pool.dtype)
+        except Exception:           # no pinned memory left: pageable still works
+            out = np.empty(self.total, dtype=pool.dtype)
+        for (off, n), at in zip(self._segments, self.offsets.tolist()):
+            out[at: at + n] = pool[off: off + n]
+        return out
+
+    def upload(self):
+        """The rows on the device (a new array on the current stream)."""
+        if self._host is None:
+            self._host = self._gather()
+            self._host_pool = None
+        dev = self.cp.empty(self.total, dtype=self._host.dtype)
+        dev.set(self._host)
+        return dev
+
+
+def _staged_levels(ft, fs, qr):
+    """Per stage, in postorder: ``(stage, members, level kernel, rows)``.
+
+    ``rows`` is a :class:`_StageRows` for a stage whose pool is on the host,
+    None for the pool kept on the device; a host stage (a host front, solved
+    on the host by :meth:`FrontTriangular._host_step`) has no kernel.
+    """
+    host_stages = set(getattr(qr, "_host_stages", {}) or {})
+    by_stage = {}
+    for i, fr in enumerate(ft.fronts):
+        by_stage.setdefault(fr[0], []).append(i)
+    depth, height = _tree_levels(fs)
+    dtype = qr._device.dtype
+    out = []
+    for sid in sorted(by_stage):
+        members = by_stage[sid]
+        if sid in host_stages:
+            out.append((sid, members, None, None))
+        elif sid in qr._stage_pools:
+            offsets = [ft.fronts[i][1] for i in members]
+            out.append((sid, members, _LevelKernel(ft, depth, height, members, offsets, dtype),
+                        None))
+        else:
+            rows = _StageRows(ft, members, qr._host_pools[sid])
+            out.append((sid, members,
+                        _LevelKernel(ft, depth, height, members, rows.offsets, dtype), rows))
+    return out
+
+
+def _run_stages(ft, stages, Y, *, trans: bool) -> None:
+    """``R``'s (``trans`` False: stages from the last) or ``Rᵀ``'s solve over the stages."""
+    for sid, members, kern, rows in (stages if trans else reversed(stages)):
+        if kern is None:
+            pool = ft.pools(sid)
+            for i in (members if trans else reversed(members)):
+                ft.step(i, Y, pool, trans=trans)
+            continue
+        pool = rows.upload() if rows is not None else ft.pools(sid)
+        kern.run(Y, pool, trans=trans)
+        del pool

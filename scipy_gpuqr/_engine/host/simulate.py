@@ -591,8 +591,8 @@ def simulate_factorize(A, analysis=None, *, tol=None, pipelining: bool = True,
                 p = int(fs.parent[f])
                 if p >= 0 and p > last:
                     rk, cmc, fp = int(fs.frank[f]), int(fs.cm[f]), int(fs.fp[f])
-                    blk = Ff.reshape(fm, fn)[rk:rk + cmc, fp:]
-                    host_cb[f] = np.triu(blk)
+                    # as is: Pack-Assemble copies only its upper trapezoid
+                    host_cb[f] = Ff.reshape(fm, fn)[rk:rk + cmc, fp:]
     t2 = time.perf_counter()
 
     # ---- R (rows keyed by pivot column, as the reference) -----------------------
