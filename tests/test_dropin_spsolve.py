@@ -557,3 +557,33 @@ def test_spsolve_ladder_spans_the_default_threshold():
     A = _calibrate.convection_diffusion(7, 2)
     assert A.shape == (49, 49) and A.nnz == 49 + 4 * 42
     assert (A != A.T).nnz > 0       # unsymmetric, like the systems spsolve is given
+
+
+def test_unsupported_reason_names_what_goes_to_scipy():
+    """The inputs we hand to SciPy's original and why: LinearOperators, pydata/sparse
+    arrays (anywhere among the arguments, before any dtype), complex data (A or b)."""
+    from scipy_gpuqr._validate import unsupported_reason
+
+    class FakePydata:               # what pydata/sparse's arrays look like to the check
+        __module__ = "sparse._coo.core"
+        dtype = np.dtype(np.complex128)
+
+        def to_scipy_sparse(self):
+            raise AssertionError("not converted")
+
+    A = sp.eye_array(3, format="csc")
+    assert unsupported_reason(A, np.ones(3)) is None
+    assert unsupported_reason(A, np.ones(3), None) is None
+    assert unsupported_reason(A.toarray().tolist(), [1, 2, 3]) is None
+    assert "LinearOperator" in unsupported_reason(ssl.aslinearoperator(A), np.ones(3))
+    assert unsupported_reason(A, FakePydata()) == "pydata/sparse arrays are served by SciPy"
+    assert unsupported_reason(A * 1j, np.ones(3), FakePydata()) == \
+        "pydata/sparse arrays are served by SciPy"
+    assert unsupported_reason(A * 1j, np.ones(3)) == \
+        "complex dtype (A: complex128) is not supported yet"
+    assert unsupported_reason(A, [1j, 0, 0]) == "complex dtype (b: complex128) is not supported yet"
+    assert unsupported_reason(None, np.ones(3, np.complex64)) == \
+        "complex dtype (b: complex64) is not supported yet"
+    assert unsupported_reason(A, None, np.ones(3, np.complex64)) == \
+        "complex dtype (b: complex64) is not supported yet"
+    assert unsupported_reason(A, "not an array") is None     # SciPy's own error follows

@@ -1,5 +1,7 @@
 """Options object, the backend precedence rule, and settings resolved once per call."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -71,6 +73,21 @@ def test_settings_apply_the_precedence_rule():
         resolve_settings("cpu", 42, {})          # the options are read first
     with pytest.raises(ValueError, match="must be one of"):
         resolve_settings("cuda", None, {})
+
+
+def test_default_settings_are_one_immutable_object_and_the_environment_is_read_each_call():
+    """Calls naming nothing share one frozen Settings (no per-call construction on the
+    drop-in path), yet each call still reads ``SCIPY_GPUQR_BACKEND`` afresh."""
+    first = resolve_settings(None, None, {})
+    assert first == Settings("auto", "default", GpuqrOptions())
+    assert resolve_settings(None, None, {}) is first
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.backend = "cpu"
+    env = {"SCIPY_GPUQR_BACKEND": "cpu"}
+    assert resolve_settings(None, None, env) == Settings("cpu", "environment", GpuqrOptions())
+    env.clear()
+    assert resolve_settings(None, None, env) is first
+    assert resolve_settings("auto", None, {}) == Settings("auto", "keyword", GpuqrOptions())
 
 
 @pytest.mark.parametrize("call", ["lsqr", "lsqr_cpu", "lsmr", "spsolve", "qr",

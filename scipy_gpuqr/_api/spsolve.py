@@ -101,6 +101,12 @@ def _on_device(A, b=None) -> bool:
     return False
 
 
+def _all_finite(data) -> bool:
+    """Every entry of the floating ndarray ``data`` is finite (one C reduction, not
+    ``ndarray.all``'s Python wrapper: this runs on every call SciPy answers)."""
+    return bool(np.logical_and.reduce(np.isfinite(data), axis=None))
+
+
 def _check_finite_as_given(x, name: str) -> None:
     """DESIGN §10's ValueError for inf/NaN in A or b, before SciPy converts x.
 
@@ -118,7 +124,7 @@ def _check_finite_as_given(x, name: str) -> None:
             data = np.asarray(x)
         except Exception:           # noqa: BLE001 - SciPy raises its own error for it
             return
-    if data.dtype.kind in "fc" and not np.isfinite(data).all():
+    if data.dtype.kind in "fc" and not _all_finite(data):
         check_finite(data, name, shape=x.shape if sp.issparse(x) else data.shape)
 
 
@@ -134,7 +140,7 @@ def _check_finite_castable(b, dtype) -> None:
             return
     if (arr.dtype.kind in "fc" and (arr.dtype == dtype or np.can_cast(arr.dtype, dtype,
                                                                       casting="safe"))
-            and not np.isfinite(arr).all()):
+            and not _all_finite(arr)):
         check_finite(arr, "b")
 
 
