@@ -275,6 +275,9 @@ def main(argv=None) -> int:
     rows = []
     for k in counts:
         rows.append(run_workers(k, ids, args, gpu))
+        if args.json:                   # after each count: a run cut short keeps the rest
+            Path(args.json).write_text(json.dumps({"device": device, "args": vars(args),
+                                                   "rows": rows, "direct": None}, indent=1))
         r = rows[-1]
         print(f"  {k} worker(s): {r['median_s'] * 1e3:9.1f} ms  ({r['cluster']}; "
               f"devices {r['devices']}; checksums equal: {r['checksums_equal']})", flush=True)

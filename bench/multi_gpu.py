@@ -291,16 +291,17 @@ def main(argv=None) -> int:
           + (" (simulated on GPU 0)" if a.simulate else ""), flush=True)
     only = {x for x in a.only.split(",") if x}
     runner = _Runner(a.numpy)
-    rows = [run_one(n, make, counts, a.reps, simulate=a.simulate,
-                    budget_fraction=a.budget_fraction, public=a.public, runner=runner,
-                    deadline=deadline)
-            for n, make in _matrices(only, a.numpy)]
+    rows = []
+    for n, make in _matrices(only, a.numpy):
+        rows.append(run_one(n, make, counts, a.reps, simulate=a.simulate,
+                            budget_fraction=a.budget_fraction, public=a.public,
+                            runner=runner, deadline=deadline))
+        if a.json:                      # after each matrix: a run cut short keeps the rest
+            Path(a.json).write_text(json.dumps({"gpus": names, "counts": counts,
+                                                "simulate": a.simulate, "numpy": a.numpy,
+                                                "budget_fraction": a.budget_fraction,
+                                                "rows": rows}, indent=1, default=str))
     print(f"total {time.perf_counter() - t_start:.1f} s", flush=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps({"gpus": names, "counts": counts,
-                                            "simulate": a.simulate, "numpy": a.numpy,
-                                            "budget_fraction": a.budget_fraction,
-                                            "rows": rows}, indent=1, default=str))
     bad = [(r["matrix"], run["gpus"]) for r in rows for run in r["runs"] if "error" in run]
     return 1 if bad else 0
 

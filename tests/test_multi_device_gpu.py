@@ -96,11 +96,11 @@ def test_simulated_devices_on_one_gpu(ids):
     _run(ids)
 
 
-def test_two_gpus():
+@pytest.mark.parametrize("ids", [(0, 1), (1, 0)])
+def test_two_gpus(ids):
     if device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    _run((0, 1))
-    _run((1, 0))
+    _run(ids)
 
 
 def test_four_gpus():
