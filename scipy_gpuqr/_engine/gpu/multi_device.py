@@ -462,10 +462,18 @@ class _MultiStageRun:
         cp = home.cp
         if not cp.cuda.runtime.deviceCanAccessPeer(home.device_id, layer.device_id):
             return False
+        rt = cp.cuda.runtime
         with cp.cuda.Device(home.device_id):
             try:
-                cp.cuda.runtime.deviceEnablePeerAccess(layer.device_id)
-            except cp.cuda.runtime.CUDARuntimeError as exc:
+                # CuPy's variant clears the runtime's last error when access was
+                # enabled already (left set, it would surface in a later library
+                # call that checks cudaGetLastError, e.g. Thrust's)
+                ensure = getattr(rt, "_deviceEnsurePeerAccess", None)
+                if ensure is not None:
+                    ensure(layer.device_id)
+                else:
+                    rt.deviceEnablePeerAccess(layer.device_id)
+            except rt.CUDARuntimeError as exc:
                 if "PeerAccessAlreadyEnabled" not in str(exc):
                     return False
         return True
