@@ -163,7 +163,8 @@ def test_spsolve_auto_without_gpu_is_scipys(no_gpu, scipy_calls, rng, fmt, dtype
 def test_spsolve_auto_errors_are_scipys(no_gpu, rng):
     A = _square(rng, 8)
     for args in [(A, np.ones(7)), (A, np.ones((8, 2, 2))), (_square(rng, 8)[:, :6], np.ones(8)),
-                 (A, np.ones(8), "BOGUS"), (A, np.array(["x"] * 8))]:
+                 (A, np.ones(8), "BOGUS"), (A, np.array(["x"] * 8)),
+                 ([[1.0, 2.0], [3.0]], np.ones(2))]:    # ragged: not even its size is known
         outcome = assert_same_as_scipy(lambda: spsolve(*args),
                                        lambda: original("spsolve")(*args))
         assert outcome[0] == "raised"

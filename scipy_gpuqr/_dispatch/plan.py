@@ -459,7 +459,10 @@ def superlu_at_once(settings: Settings, A=None) -> Optional[str]:
     if A is not None:
         nnz = getattr(A, "nnz", None)
         if nnz is None:
-            nnz = int(np.size(A))
+            try:
+                nnz = int(np.size(A))
+            except Exception:       # noqa: BLE001 - not array-like: SciPy's own error follows
+                nnz = None
     if nnz is not None and nnz < SUPERLU_ALWAYS_NNZ:
         why = (f"{nnz} stored entries, below {SUPERLU_ALWAYS_NNZ} where the GPU QR cannot "
                "pay off (GPU not consulted)")
