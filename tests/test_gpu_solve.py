@@ -298,6 +298,37 @@ def test_triangular_solves_by_levels_per_stage(budget):
 
 
 @pytest.mark.gpu
+def test_staged_dense_fronts_read_in_their_uploaded_pool():
+    """A staged factorization with dense fronts: Q on the device reads each dense
+    front inside its stage's uploaded pool (no copy of its own) and equals the
+    host replay; R's staged solves equal SciPy's."""
+    from scipy.sparse.linalg import spsolve_triangular
+    cp = _cp()
+    rng = np.random.default_rng()
+    A = random_values(grid3d_least_squares(9), rng)
+    an = analyze(A)
+    g = gpu_factorize(A, an, dense_flops=2e6, max_gpu_memory=an.gpu_bytes // 4, debug=True)
+    assert g.info["stages"] > 1 and g.info.get("dense_fronts", 0) > 0, g.info
+    away = [d for d in g._dense.values() if d.pool_at[0] < g.info["stages"] - 1]
+    assert away, "no dense front in an earlier stage"
+    m, n = A.shape
+    B = rng.standard_normal((m, 3))
+    qt_d, q_d = g.qt_matmul(cp.asarray(B)).get(), g.q_matmul(cp.asarray(B)).get()
+    assert not any(d.has_device_copy() for d in away)
+    C = rng.standard_normal((n, 2))
+    ds = gs.device_solve_of(g)
+    y = ds.upper(cp.asarray(C)).get()
+    R = sp.csr_array(g.R)
+    yr = spsolve_triangular(R, C, lower=False)
+    assert np.abs(y - yr).max() <= 1e-9 * np.abs(yr).max()
+    g._materialize()
+    tol = 100 * EPS * np.abs(B).max() * m
+    assert np.abs(qt_d - gs.host_matmul(g, B, trans=True)).max() <= tol
+    assert np.abs(q_d - gs.host_matmul(g, B, trans=False)).max() <= tol
+    g.free()
+
+
+@pytest.mark.gpu
 def test_dense_fronts_on_device_q_and_triangular_solve():
     cp = _cp()
     from scipy.sparse.linalg import spsolve_triangular

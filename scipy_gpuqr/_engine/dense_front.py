@@ -180,25 +180,28 @@ class DenseFront:
         self._front = {"numpy": self._front["numpy"]}
         self._T = {"numpy": self._T["numpy"]}
 
-    def _reflectors(self, xp):
-        F = self._get(self._front, xp)
+    def _reflectors(self, xp, front=None):
+        F = self._get(self._front, xp) if front is None else front
         T = self._get(self._T, xp)
         for p, (j, rows, b) in enumerate(self.panels):
             V = xp.tril(F[j:j + rows, j:j + b], -1)
             V[xp.arange(b), xp.arange(b)] = 1
             yield j, rows, V, T[p, :b, :b]
 
-    def apply_qt(self, Y) -> None:
-        """``Y ← Qᵀ Y`` in place (``Y``: the front's rows, ``fm × k``)."""
+    def apply_qt(self, Y, front=None) -> None:
+        """``Y ← Qᵀ Y`` in place (``Y``: the front's rows, ``fm × k``; ``front``:
+        the factorized front in Y's array module when the caller has it at hand,
+        e.g. a view of its uploaded stage pool, instead of a copy made here)."""
         xp = _xp_of(Y)
-        for j, rows, V, T in self._reflectors(xp):
+        for j, rows, V, T in self._reflectors(xp, front):
             Z = Y[j:j + rows]
             Z -= (V @ (T.T @ (V.T @ Z))).astype(Y.dtype, copy=False)
 
-    def apply_q(self, Y) -> None:
-        """``Y ← Q Y`` in place (reflectors in reverse order)."""
+    def apply_q(self, Y, front=None) -> None:
+        """``Y ← Q Y`` in place (reflectors in reverse order; ``front`` as in
+        :meth:`apply_qt`)."""
         xp = _xp_of(Y)
-        for j, rows, V, T in reversed(list(self._reflectors(xp))):
+        for j, rows, V, T in reversed(list(self._reflectors(xp, front))):
             Z = Y[j:j + rows]
             Z -= (V @ (T @ (V.T @ Z))).astype(Y.dtype, copy=False)
 
@@ -220,12 +223,12 @@ class HostDenseFront(DenseFront):
         (super().apply_qt if trans else super().apply_q)(Yh)
         Y.set(Yh)
 
-    def apply_qt(self, Y) -> None:
-        """``Y ← Qᵀ Y`` in place, computed on the host."""
+    def apply_qt(self, Y, front=None) -> None:
+        """``Y ← Qᵀ Y`` in place, computed on the host (``front`` is not used)."""
         self._apply(Y, True)
 
-    def apply_q(self, Y) -> None:
-        """``Y ← Q Y`` in place, computed on the host."""
+    def apply_q(self, Y, front=None) -> None:
+        """``Y ← Q Y`` in place, computed on the host (``front`` is not used)."""
         self._apply(Y, False)
 
 

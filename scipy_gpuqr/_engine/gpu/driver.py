@@ -933,6 +933,8 @@ def _dense_fronts(sched, dense_parts, slots_of, *, cache_device: bool = True,
         if f in host:
             kind = HostDenseFront
         dense[f] = kind(Fv, panels, T, slots=slots_of[f], after_launch=Ld)
+        if kind is not HostDenseFront:  # Q on the device reads it in its stage's pool
+            dense[f].pool_at = (int(sid), int(sched.stages[sid].foff[f]))
     return dense
 
 

@@ -377,18 +377,23 @@ class CupyExecutor:
         a, b = int(p.level_ptr[lv]), int(p.level_ptr[lv + 1])
         if b <= a:
             return
-        sid = int(p.level_stage[lv])
-        if sid != self._pool_sid:
-            self._pool = None           # drop an uploaded pool before the next
-            self._pool = self.pools(sid)
-            self._pool_sid = sid
+        pool = self.stage_pool(int(p.level_stage[lv]))
         k = X.shape[1]
         grid = (b - a, (k + av.APPLYQ_COLUMNS - 1) // av.APPLYQ_COLUMNS)
         with self.stream:
             self.kern[bool(trans)](grid, (av.APPLYQ_THREADS,),
-                                   (self.d_rec[a * TASK_BYTES:], self._pool, self.vt,
+                                   (self.d_rec[a * TASK_BYTES:], pool, self.vt,
                                     self.d_map, X, np.int32(k), np.int64(k)),
                                    shared_mem=self.smem)
+
+    def stage_pool(self, sid: int):
+        """Stage ``sid``'s pool on the device (an earlier stage's uploaded, the
+        previous upload dropped first)."""
+        if sid != self._pool_sid:
+            self._pool = None           # drop an uploaded pool before the next
+            self._pool = self.pools(sid)
+            self._pool_sid = sid
+        return self._pool
 
     def done(self) -> None:
         """Release an uploaded pool."""
@@ -407,19 +412,33 @@ def replay(plan: ReplayPlan, executor, X, trans: bool) -> None:
         for lv in order:
             objs = plan.level_dense.get(lv, [])
             if not trans:
-                _dense(objs, X, trans)
+                _dense(objs, X, trans, executor)
             executor.level(lv, X, trans)
             if trans:
-                _dense(objs, X, trans)
+                _dense(objs, X, trans, executor)
     finally:
         executor.done()
 
 
-def _dense(objs, X, trans):
+def _dense(objs, X, trans, executor=None):
+    """The dense fronts ``objs`` of a level on X; one whose values lie in a stage
+    pool (``pool_at``) reads them there through the executor's device pool (no
+    second copy of the front beside its uploaded pool)."""
+    stage_pool = getattr(executor, "stage_pool", None)
     for obj in (objs if trans else objs[::-1]):
         s = obj.slots
         Y = X[s]
-        (obj.apply_qt if trans else obj.apply_q)(Y)
+        front = None
+        at = getattr(obj, "pool_at", None)
+        if at is not None and stage_pool is not None:
+            sid, off = at
+            fm, fn = obj.shape
+            front = stage_pool(sid)[off: off + fm * fn].reshape(fm, fn)
+        apply = obj.apply_qt if trans else obj.apply_q
+        if front is None:
+            apply(Y)
+        else:
+            apply(Y, front=front)
         X[s] = Y
 
 
