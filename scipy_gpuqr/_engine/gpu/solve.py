@@ -455,14 +455,19 @@ class DeviceSolve:
         Column permutation of the factorization.
     fronts : FrontTriangular
         R's blocks read from the front pools (:mod:`.trsolve`).
+    device_id : int, optional
+        The CUDA device holding the factors: every solve runs there, whichever
+        device is current (default: the current one).
     """
 
-    def __init__(self, R, colperm, fronts):
+    def __init__(self, R, colperm, fronts, device_id: int | None = None):
         import cupy as cp
         self.cp = cp
+        self.device_id = cp.cuda.Device().id if device_id is None else int(device_id)
         self.q = min(R.shape)
         self.fronts = fronts
-        self.perm = cp.asarray(np.asarray(colperm, dtype=np.int64))
+        with cp.cuda.Device(self.device_id):
+            self.perm = cp.asarray(np.asarray(colperm, dtype=np.int64))
 
     def upper(self, C):
         """``R⁻¹ C`` (C: cupy (q, k) float64)."""
@@ -473,26 +478,32 @@ class DeviceSolve:
         return self._triangular(C, transposed=True)
 
     def _triangular(self, C, transposed: bool):
-        if self.q == 0 or C.shape[1] == 0:
-            return self.cp.zeros((self.q, C.shape[1]))
-        return self.fronts.upper_transposed(C) if transposed else self.fronts.upper(C)
+        cp = self.cp
+        with cp.cuda.Device(self.device_id):
+            if self.q == 0 or C.shape[1] == 0:
+                return cp.zeros((self.q, C.shape[1]))
+            C = _here(cp, cp.asarray(C))
+            return self.fronts.upper_transposed(C) if transposed else self.fronts.upper(C)
 
     def forward(self, qt_matmul, B, n: int):
         """``X[perm] = R⁻¹ (Qᵀ B)[:q]``: least squares of tall A, or ``A X = B``."""
         cp = self.cp
-        C = cp.ascontiguousarray(qt_matmul(B)[: self.q])
-        Y = self.upper(C)
-        X = cp.empty((n, B.shape[1]), dtype=np.float64)
-        X[self.perm] = Y
-        return X
+        with cp.cuda.Device(self.device_id):
+            C = cp.ascontiguousarray(qt_matmul(B)[: self.q])
+            Y = self.upper(C)
+            X = cp.empty((n, B.shape[1]), dtype=np.float64)
+            X[self.perm] = Y
+            return X
 
     def backward(self, q_matmul, B, mq: int):
         """``X = Q [R⁻ᵀ B[perm]; 0]`` (Q of order ``mq``): minimum-norm of wide A, or ``Aᵀ X = B``."""
         cp = self.cp
-        Z = self.upper_transposed(cp.ascontiguousarray(B[self.perm]))
-        pad = cp.zeros((mq, B.shape[1]), dtype=np.float64)
-        pad[: Z.shape[0]] = Z
-        return q_matmul(pad)
+        with cp.cuda.Device(self.device_id):
+            B = _here(cp, cp.asarray(B))
+            Z = self.upper_transposed(cp.ascontiguousarray(B[self.perm]))
+            pad = cp.zeros((mq, B.shape[1]), dtype=np.float64)
+            pad[: Z.shape[0]] = Z
+            return q_matmul(pad)
 
 
 # ----------------------------------------------------------------------------- GpuQR glue
@@ -602,9 +613,17 @@ def _device_pools(qr):
     return pools
 
 
+def _device_of(qr):
+    """A context making the factorization's CUDA device current."""
+    dev = qr._device
+    return dev.cp.cuda.Device(getattr(dev, "device_id", dev.cp.cuda.Device().id))
+
+
 def device_solve_of(qr) -> DeviceSolve:
     """The :class:`DeviceSolve` of a full-rank GPU factorization (R from the pools)."""
-    return DeviceSolve(qr.R, qr.colperm, FrontTriangular(qr, _device_pools(qr), qr._device.cp))
+    with _device_of(qr) as d:
+        return DeviceSolve(qr.R, qr.colperm, FrontTriangular(qr, _device_pools(qr), qr._device.cp),
+                           device_id=d.id)
 
 
 def _cupy_executor(qr):
@@ -633,11 +652,20 @@ def device_matmul(qr, B, *, trans: bool, float64: bool = False):
         B = np.asarray(B)
     _check_rhs(B, qr.shape[0], what)
     B2 = B.reshape(B.shape[0], -1) if B.ndim == 2 else B.reshape(-1, 1)
+    with _device_of(qr):
+        return _device_matmul_here(qr, B, B2, trans=trans, float64=float64, on_gpu=on_gpu,
+                                   what=what)
+
+
+def _device_matmul_here(qr, B, B2, *, trans, float64, on_gpu, what):
+    """:func:`device_matmul` with the factorization's device current."""
+    cp = qr._device.cp
     log = logging.getLogger("scipy_gpuqr")
+    Bd = _here(cp, B2) if on_gpu else cp.asarray(B2)
     out = None
     for attempt in range(2):
         try:
-            out = apply_plan(qr, cp.asarray(B2), trans, _cupy_executor(qr))
+            out = apply_plan(qr, Bd, trans, _cupy_executor(qr))
             break
         except cp.cuda.memory.OutOfMemoryError as exc:
             qr._replay.pop("cupy", None)
@@ -654,6 +682,17 @@ def device_matmul(qr, B, *, trans: bool, float64: bool = False):
         out = out.astype(qr.R.dtype, copy=False)
     out = out.reshape(B.shape)
     return out if on_gpu else out.get()
+
+
+def _here(cp, X):
+    """CuPy array ``X`` on the current device (copied there from another GPU)."""
+    if X.device.id == cp.cuda.Device().id:
+        return X
+    with X.device:
+        X = cp.ascontiguousarray(X)
+    out = cp.empty(X.shape, dtype=X.dtype)
+    out.data.copy_from_device(X.data, X.nbytes)
+    return out
 
 
 def _make_room(qr) -> bool:
