@@ -55,6 +55,7 @@ from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels
 from ..host.simulate import execute_task, one_blas_thread
 from ..memory import CHECK_CHUNK, DeviceMemory, available_bytes
 from . import factorize_kernels as variants
+from .finite_check import finite_check
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, NumpyRCopy, PinnedStaging,
                     staging_for)
 
@@ -462,8 +463,7 @@ class CupyDevice:
         self.launches += 1
         if self.debug:
             self._check(f"after launch {L} of stage {h['st'].fronts}")
-            with stream:
-                ok = bool(cp.isfinite(h["pool"]).all())
+            ok = finite_check(h["pool"].dtype)(h["pool"], stream)
             if not ok:
                 raise GpuEngineError(f"non-finite values after launch {L} of stage "
                                      f"{h['st'].fronts}")
@@ -542,14 +542,11 @@ class CupyDevice:
         if e1 is None:
             e1 = cp.cuda.Event()
             e1.record(stream)
-        with stream:            # by chunks: a bool temporary of CHECK_CHUNK at most
-            flags = [cp.isfinite(pool[a: a + CHECK_CHUNK]).all()
-                     for a in range(0, pool.size, CHECK_CHUNK)]
-            ok = cp.stack(flags).all() if flags else cp.asarray(True)
+        flag = finite_check(pool.dtype).enqueue(pool, stream)   # one launch, no temporary
         self._check(f"in stage {st.fronts}")
         h["keep"] = None
         h["host"] = None
-        if not bool(ok.get()):
+        if int(flag.get(stream=stream)[0]):
             raise GpuEngineError(f"non-finite values in the front pool of stage {st.fronts}")
         self.kernel_events.append((h["e0"], e1))
         self.seconds["kernels"] += cp.cuda.get_elapsed_time(h["e0"], e1) / 1e3
