@@ -54,6 +54,7 @@ from ..._schedule.tasks import TASK_BYTES, TaskType
 from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
 from ..host.simulate import execute_task, one_blas_thread
 from ..memory import CHECK_CHUNK, DeviceMemory, available_bytes
+from ..slab_front import CupySlabs, NumpySlabs, factorize_in_slabs, slab_columns
 from . import factorize_kernels as variants
 from .finite_check import finite_check
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, NumpyRCopy, PinnedStaging,
@@ -254,23 +255,25 @@ class HostFrontDevice(NumpyDevice):
         t0 = time.perf_counter()
         F = h["pool"][off: off + fm * fn].reshape(fm, fn)
         panels = panels_of(fm, fn, stair, self.dense_panel)
-        T, why = (None, "no GPU layer") if self.gpu is None else self._on_gpu(F, panels)
+        T, how = (None, "no GPU layer") if self.gpu is None else self._on_gpu(F, panels)
         if T is None:
             flops = sum(2.0 * rows * b * (b + 2 * (fn - j - b)) for j, rows, b in panels)
             with (one_blas_thread() if flops < SINGLE_THREAD_FLOPS
                   else contextlib.nullcontext()):
                 T = factorize_numpy(F, panels, self.dense_panel)
-            self.factorized_on.append(f"host (LAPACK): {why}")
+            self.factorized_on.append(f"host (LAPACK): {how}")
         else:
-            self.factorized_on.append("gpu (front alone uploaded)")
+            self.factorized_on.append(f"gpu ({how})")
         self.dense_done.append((int(off), int(fm), int(fn)))
         self.seconds["dense"] = self.seconds.get("dense", 0.0) + time.perf_counter() - t0
         return F, panels, T, None
 
     def _on_gpu(self, F, panels):
-        """``(T, "")`` after factorizing ``F`` (a host view, overwritten) on the GPU,
-        or ``(None, why not)`` when the device has no room for it (nothing left
-        allocated there)."""
+        """``(T, where)`` after factorizing ``F`` (a host view, overwritten) on the
+        GPU: whole when it fits there, else in column slabs
+        (:mod:`~scipy_gpuqr._engine.slab_front`; slabs that still run out of
+        memory, and the rest, with LAPACK); ``(None, why not)`` when not even
+        one panel's slab fits (nothing left allocated there)."""
         gpu = self.gpu
         cp = gpu.cp
         try:
@@ -281,11 +284,22 @@ class HostFrontDevice(NumpyDevice):
                 Fd.get(stream=gpu.stream, out=F)
                 T = Td.get(stream=gpu.stream)
             gpu.stream.synchronize()
+            return T, "front alone uploaded"
         except cp.cuda.memory.OutOfMemoryError as exc:
-            return None, f"the front alone does not fit the device ({exc})"
+            whole = f"the front alone does not fit the device ({exc})"
         finally:
             Fd = Td = None
-        return T, ""
+        cp.get_default_memory_pool().free_all_blocks()
+        avail = gpu.memory().available
+        nb = self.dense_panel
+        w = slab_columns(F.shape[0], nb, F.dtype.itemsize, avail) if avail is not None else 0
+        if not w:
+            return None, f"{whole}; not even a slab of one panel fits ({avail} bytes)"
+        host = NumpySlabs()
+        T = factorize_in_slabs(F, panels, nb, w, CupySlabs(cp, gpu.stream), fallback=host)
+        return T, (f"in column slabs of {w} (the front alone does not fit)"
+                   + (f"; its last {host.slabs} slabs on the host (LAPACK/BLAS) after running "
+                      f"out of device memory" if host.slabs else ""))
 
 
 class CupyDevice:

@@ -1,0 +1,141 @@
+"""A host front factorized in column slabs (``scipy_gpuqr._engine.slab_front``):
+the slabs cover the front, and the left-looking slab factorization equals the
+right-looking blocked one (``factorize_numpy``) to rounding: R, each panel's T,
+the reflectors, Q Qᵀ on the front."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
+from scipy_gpuqr._engine.slab_front import (NumpySlabs, factorize_in_slabs, slab_columns,
+                                            slab_ranges)
+
+EPS = np.finfo(np.float64).eps
+
+
+def _staircase_front(fm, fn, rng):
+    lead = np.sort(rng.integers(0, max(fn, 1), size=fm))
+    lead[:min(fm, 3)] = 0
+    lead = np.sort(lead)
+    F = rng.standard_normal((fm, fn))
+    F[np.arange(fn)[None, :] < lead[:, None]] = 0.0
+    return F, np.searchsorted(lead, np.arange(fn), side="right")
+
+
+@pytest.mark.parametrize("fm,fn,nb,width", [(60, 25, 8, 8), (60, 25, 8, 17), (25, 60, 8, 16),
+                                            (25, 60, 8, 9), (90, 90, 16, 40), (70, 33, 7, 7),
+                                            (40, 40, 16, 1000), (1, 5, 4, 4), (7, 1, 4, 4)])
+def test_slabs_equal_the_blocked_factorization(fm, fn, nb, width):
+    rng = np.random.default_rng()
+    F0, stair = _staircase_front(fm, fn, rng)
+    panels = panels_of(fm, fn, stair, nb)
+    ref = F0.copy()
+    T_ref = factorize_numpy(ref, panels, nb)
+    F = F0.copy()
+    T = factorize_in_slabs(F, panels, nb, width, NumpySlabs())
+    scale = max(np.abs(F0).max(), 1.0)
+    tol = 100 * max(fm, fn) * EPS * scale
+    np.testing.assert_allclose(F, ref, atol=tol)
+    np.testing.assert_allclose(T, T_ref, atol=100 * max(fm, fn) * EPS)
+    k = min(fm, fn)
+    d = DenseFront(F, panels, T)
+    Y = F0.copy()
+    d.apply_qt(Y)                       # Qᵀ F0 = [R; 0]
+    want = np.zeros_like(F0)
+    want[:k] = np.triu(F[:k])
+    np.testing.assert_allclose(Y, want, atol=tol)
+    d.apply_q(Y)
+    np.testing.assert_allclose(Y, F0, atol=tol)
+
+
+@pytest.mark.parametrize("fm,fn,nb,width", [(60, 25, 8, 8), (25, 60, 8, 20), (90, 90, 16, 33),
+                                            (10, 100, 4, 30), (5, 0, 4, 4)])
+def test_slabs_cover_the_front_by_whole_panels(fm, fn, nb, width):
+    panels = panels_of(fm, fn, None, nb)
+    slabs = slab_ranges(panels, fn, width)
+    cols = [c for c0, c1, _, _ in slabs for c in range(c0, c1)]
+    assert cols == list(range(fn))
+    got = [p for _, _, p0, p1 in slabs for p in range(p0, p1)]
+    assert got == list(range(len(panels)))
+    for c0, c1, p0, p1 in slabs:
+        assert c1 - c0 <= max(width, nb)
+        if p1 > p0:
+            assert panels[p0][0] == c0 and panels[p1 - 1][0] + panels[p1 - 1][2] == c1
+
+
+def test_slab_columns_fit_the_bytes_given():
+    fm, nb, isz = 20000, 256, 8
+    avail = 2 * 10 ** 9
+    w = slab_columns(fm, nb, isz, avail)
+    assert w >= nb
+    assert (fm * w + 4 * fm * nb + 2 * w * nb + 5 * nb * nb) * isz <= avail
+    assert slab_columns(fm, nb, isz, fm * nb * isz) == 0     # not even one panel
+    with pytest.raises(ValueError):
+        slab_ranges([], 10, 0)
+
+
+@pytest.mark.gpu
+def test_slabs_on_the_gpu_equal_the_blocked_factorization():
+    """The CUDA slab operations (panel kernel, cuBLAS) against LAPACK's blocked QR."""
+    import cupy as cp
+
+    from scipy_gpuqr._engine.slab_front import CupySlabs
+    rng = np.random.default_rng()
+    fm, fn, nb = 1500, 1100, 256
+    F0, stair = _staircase_front(fm, fn, rng)
+    panels = panels_of(fm, fn, stair, nb)
+    ref = F0.copy()
+    T_ref = factorize_numpy(ref, panels, nb)
+    F = np.full_like(F0, np.nan)            # poisoned, then the front written in
+    F[...] = F0
+    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True))
+    T = factorize_in_slabs(F, panels, nb, 300, dev)
+    assert dev.slabs == len(slab_ranges(panels, fn, 300)) > 2
+    tol = 1e3 * fm * EPS * np.abs(F0).max()
+    # R up to row signs (the panel kernel's and LAPACK's reflectors agree to rounding)
+    k = min(fm, fn)
+    np.testing.assert_allclose(np.abs(np.triu(F[:k])), np.abs(np.triu(ref[:k])), atol=tol)
+    d = DenseFront(F, panels, T)
+    Y = F0.copy()
+    d.apply_qt(Y)
+    want = np.zeros_like(F0)
+    want[:k] = np.triu(F[:k])
+    np.testing.assert_allclose(Y, want, atol=tol)
+    assert T.shape == T_ref.shape
+
+
+@pytest.mark.gpu
+def test_host_front_too_large_alone_goes_through_the_gpu_in_slabs():
+    """Under a pool limit below the front itself, the host front's factorization
+    runs in slabs on the GPU and says so; its Q and R are right."""
+    import types
+
+    import cupy as cp
+
+    from scipy_gpuqr._engine.gpu.device import HostFrontDevice
+    from scipy_gpuqr._engine.memory import available_bytes
+    rng = np.random.default_rng()
+    fm, fn, nb = 3000, 4000, 256
+    F0, stair = _staircase_front(fm, fn, rng)
+    panels = panels_of(fm, fn, stair, nb)
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    gpu = types.SimpleNamespace(cp=cp, stream=cp.cuda.Stream(non_blocking=True),
+                                memory=lambda: available_bytes(cp))
+    hd = HostFrontDevice(32, 3, gpu=gpu)
+    F = F0.copy()
+    pool.set_limit(size=pool.used_bytes() + 60 * 2 ** 20)   # the front alone: 96 MB
+    try:
+        T, how = hd._on_gpu(F, panels)
+    finally:
+        pool.set_limit(size=0)
+    assert T is not None and how.startswith("in column slabs"), how
+    k = min(fm, fn)
+    d = DenseFront(F, panels, T)
+    Y = F0.copy()
+    d.apply_qt(Y)
+    want = np.zeros_like(F0)
+    want[:k] = np.triu(F[:k])
+    np.testing.assert_allclose(Y, want, atol=1e3 * fm * EPS * np.abs(F0).max())
