@@ -18,7 +18,7 @@ from scipy.linalg import LinAlgError
 
 from .._gpu import import_cupy, is_cupy_array, is_cupy_sparse
 
-__all__ = ["build"]
+__all__ = ["build", "check_block_size"]
 
 
 def _blocks(rows, cols, vals, n, bs, xp, dtype):
@@ -37,14 +37,20 @@ def _blocks(rows, cols, vals, n, bs, xp, dtype):
     return full, last
 
 
-def build(A, block_size, inv_batched, *, check_finite=True, backend=None):
-    """:func:`scipy_gpuqr.block_jacobi`, inverting the blocks with ``inv_batched``."""
+def check_block_size(block_size) -> int:
+    """``block_size`` as an int of at least 1 (TypeError, ValueError otherwise)."""
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
         raise TypeError(f"block_jacobi: block_size must be an int, got "
                         f"{type(block_size).__name__}")
     bs = int(block_size)
     if bs < 1:
         raise ValueError(f"block_jacobi: block_size must be >= 1, got {bs}")
+    return bs
+
+
+def build(A, block_size, inv_batched, *, check_finite=True, backend=None):
+    """:func:`scipy_gpuqr.block_jacobi`, inverting the blocks with ``inv_batched``."""
+    bs = check_block_size(block_size)
     on_gpu = is_cupy_sparse(A) or is_cupy_array(A)
     if on_gpu:
         xp = import_cupy()

@@ -313,20 +313,10 @@ class DaskBlockJacobi(spla.LinearOperator):
 # the Dask version of the public function
 # ----------------------------------------------------------------------------
 
-def _check_block_size(block_size) -> int:
-    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
-        raise TypeError(f"{WHERE}: block_size must be an int, got "
-                        f"{type(block_size).__name__}")
-    bs = int(block_size)
-    if bs < 1:
-        raise ValueError(f"{WHERE}: block_size must be >= 1, got {bs}")
-    return bs
-
-
 def block_jacobi(A, block_size, *, check_finite=True, backend=None) -> DaskBlockJacobi:
     """:func:`scipy_gpuqr.block_jacobi` of a Dask matrix ``(n, n)`` or a Dask stack of
     diagonal blocks ``(nblocks, bs, bs)``: a :class:`DaskBlockJacobi` (nothing computed)."""
-    bs = _check_block_size(block_size)
+    bs = _jacobi.check_block_size(block_size)
     A = _as_dask(A, "A", WHERE)
     if A.ndim == 3:
         if A.shape[-1] != bs or A.shape[-2] != bs:
