@@ -139,3 +139,39 @@ def test_host_front_too_large_alone_goes_through_the_gpu_in_slabs():
     want = np.zeros_like(F0)
     want[:k] = np.triu(F[:k])
     np.testing.assert_allclose(Y, want, atol=1e3 * fm * EPS * np.abs(F0).max())
+
+
+def test_a_failing_device_slab_is_redone_on_the_host(caplog):
+    """A slab that fails on the device (out of memory, or another error: logged) is
+    redone from the front's unchanged columns on the host, with every later one."""
+    rng = np.random.default_rng()
+    fm, fn, nb = 50, 40, 8
+    F0, stair = _staircase_front(fm, fn, rng)
+    panels = panels_of(fm, fn, stair, nb)
+    ref = F0.copy()
+    T_ref = factorize_numpy(ref, panels, nb)
+
+    class _Failing(NumpySlabs):
+        def __init__(self, after, error):
+            super().__init__()
+            self.after, self.error = after, error
+
+        def factorize(self, S, c0, moved, nb):
+            if self.slabs > self.after:
+                S[...] = np.nan          # a half-done slab never reaches F
+                raise self.error
+            return super().factorize(S, c0, moved, nb)
+
+    for error in (MemoryError("device full"), RuntimeError("launch failed")):
+        F = F0.copy()
+        host = NumpySlabs()
+        dev = _Failing(1, error)
+        with caplog.at_level("WARNING", logger="scipy_gpuqr"):
+            T = factorize_in_slabs(F, panels, nb, 16, dev, fallback=host)
+        assert dev.slabs == 2 and host.slabs == len(slab_ranges(panels, fn, 16)) - 1
+        np.testing.assert_allclose(F, ref, atol=1e3 * fm * EPS)
+        np.testing.assert_allclose(T, T_ref, atol=1e3 * fm * EPS)
+        assert ("launch failed" in caplog.text) == isinstance(error, RuntimeError)
+        caplog.clear()
+    with pytest.raises(MemoryError):
+        factorize_in_slabs(F0.copy(), panels, nb, 16, _Failing(0, MemoryError("full")))

@@ -30,6 +30,8 @@ slab: with slabs of ``w`` columns about ``fm · fn² / (2 w)`` elements.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from .dense_front import factorize_cupy, factorize_numpy
@@ -100,9 +102,10 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
     dev : NumpySlabs or CupySlabs
         Where the slabs are worked on.
     fallback : NumpySlabs, optional
-        Where a slab that ran out of ``dev``'s memory (``MemoryError``) and
-        every later one are worked on instead (a slab's columns of ``F`` change
-        only once it is done, so it is redone from them).
+        Where a slab that failed on ``dev`` (out of its memory, or any error
+        of the device path, logged) and every later one are worked on instead:
+        a slab's columns of ``F`` change only once it is done, so it is redone
+        from them. Without it the error propagates.
 
     Returns
     -------
@@ -113,9 +116,14 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
     for c0, c1, p0, p1 in slab_ranges(panels, F.shape[1], max(int(width), nb)):
         try:
             _one_slab(F, T, panels, nb, c0, c1, p0, p1, dev)
-        except MemoryError:
-            if fallback is None:
+        except Exception as exc:        # noqa: BLE001 - redone on the host, see above
+            if fallback is None or dev is fallback:
                 raise
+            if not isinstance(exc, MemoryError):
+                logging.getLogger("scipy_gpuqr").warning(
+                    "slab [%d, %d) of a %dx%d front failed on the device (%s: %s); it and the "
+                    "rest run on the host", c0, c1, F.shape[0], F.shape[1],
+                    type(exc).__name__, exc)
             dev = fallback
             _one_slab(F, T, panels, nb, c0, c1, p0, p1, dev)
     return T

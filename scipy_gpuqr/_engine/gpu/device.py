@@ -298,8 +298,8 @@ class HostFrontDevice(NumpyDevice):
         host = NumpySlabs()
         T = factorize_in_slabs(F, panels, nb, w, CupySlabs(cp, gpu.stream), fallback=host)
         return T, (f"in column slabs of {w} (the front alone does not fit)"
-                   + (f"; its last {host.slabs} slabs on the host (LAPACK/BLAS) after running "
-                      f"out of device memory" if host.slabs else ""))
+                   + (f"; its last {host.slabs} slabs on the host (LAPACK/BLAS) after the "
+                      f"device failed one (log)" if host.slabs else ""))
 
 
 class CupyDevice:
