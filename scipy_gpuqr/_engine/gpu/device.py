@@ -248,10 +248,11 @@ class HostFrontDevice(NumpyDevice):
         self.seconds["kernels"] += time.perf_counter() - t0
 
     def dense_factorize(self, h, off, fm, fn, stair):
-        """The front factorized in place: on the GPU alone when it fits there (the
-        front assembled here is uploaded, factorized as a device dense front and
-        copied back: the stage's other data never reach the device), else with
-        the BLAS library's threads."""
+        """The front factorized in place: on the GPU when a GPU layer is given (the
+        front assembled here uploaded whole, or in column slabs when it alone
+        does not fit: :meth:`_on_gpu`; the stage's other data never reach the
+        device), else, or when not even one slab fits, with the BLAS library's
+        threads. ``factorized_on`` records which and why."""
         t0 = time.perf_counter()
         F = h["pool"][off: off + fm * fn].reshape(fm, fn)
         panels = panels_of(fm, fn, stair, self.dense_panel)
