@@ -440,20 +440,34 @@ class _MultiStageRun:
         self.xfer.keep = []
 
     def gather_r(self, layout, gmaps) -> list:
-        """R's values of every stage, from its device."""
-        parts = []
+        """R's values of every stage, from its device: one thread per device copies
+        that device's stages in order, so the devices copy at once (and each holds
+        one pinned staging buffer at a time)."""
+        by_device = {}
         for sid in range(len(self.sched.stages)):
-            _, layer = self.layer_of(sid)
-            pos, gidx = gmaps[sid]
-            with _on(layer):
-                copier = layer.open_r_copy(self.pools[sid], gidx, layout)
-                try:
-                    copier.launches_done()
-                    parts.append((pos, copier.result()))
-                except BaseException:
-                    copier.abort()
-                    raise
-        return parts
+            by_device.setdefault(self.layer_of(sid)[0], []).append(sid)
+
+        def one_device(sids):
+            out = []
+            for sid in sids:
+                _, layer = self.layer_of(sid)
+                pos, gidx = gmaps[sid]
+                with _on(layer):
+                    copier = layer.open_r_copy(self.pools[sid], gidx, layout)
+                    try:
+                        copier.launches_done()
+                        out.append((sid, pos, copier.result()))
+                    except BaseException:
+                        copier.abort()
+                        raise
+            return out
+
+        if len(by_device) == 1:
+            done = one_device(next(iter(by_device.values())))
+        else:
+            with ThreadPoolExecutor(max_workers=len(by_device)) as pool:
+                done = [p for part in pool.map(one_device, by_device.values()) for p in part]
+        return [(pos, vals) for _, pos, vals in sorted(done, key=lambda t: t[0])]
 
     def _home_reaches(self, home, layer) -> bool:
         """Whether the home layer's kernels can read the layer's memory."""
