@@ -504,3 +504,13 @@ def test_triangular_solves_of_host_fronts_on_the_host():
     assert np.linalg.norm(R @ y - C) <= 1e-12 * nR * np.linalg.norm(y)
     yt = np.asarray(ft.upper_transposed(_Xp.asarray(C)))
     assert np.linalg.norm(R.T @ yt - C) <= 1e-12 * nR * np.linalg.norm(yt)
+
+
+def test_pinned_pool_cap_is_a_share_of_host_memory():
+    """Stage pools sent to the host are pinned up to a share of the physical memory."""
+    import os
+
+    from scipy_gpuqr._engine.gpu.device import PINNED_POOL_SHARE, pinned_pool_cap
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < pinned_pool_cap() <= total
+    assert pinned_pool_cap() == int(PINNED_POOL_SHARE * total)

@@ -42,6 +42,7 @@ records with the NumPy executor:
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import numpy as np
@@ -68,6 +69,21 @@ ENGINE_THREADS = variants.ENGINE_THREADS
 #: Side streams on which dense fronts run (concurrently with the launches and
 #: with each other).
 DENSE_STREAMS = 4
+
+
+#: Share of the host's physical memory one factorization may pin for the stage
+#: pools it sends to the host (pinned pages cannot be swapped or reclaimed).
+PINNED_POOL_SHARE = 0.25
+
+
+def pinned_pool_cap() -> int:
+    """Bytes of stage pools one factorization may keep in pinned host memory:
+    :data:`PINNED_POOL_SHARE` of the physical memory (0 when it cannot be read)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+    return int(PINNED_POOL_SHARE * total)
 
 
 class NumpyDevice:
@@ -361,6 +377,8 @@ class CupyDevice:
         self.r_copy_slot_bytes = SLOT_BYTES
         self.r_copy_min_chunk_bytes = MIN_CHUNK_BYTES
         self.r_copies = 0
+        #: bytes of stage pools this factorization keeps in pinned host memory
+        self.pinned_pools = 0
 
     # -- helpers ---------------------------------------------------------------------
     def _pinned(self, n: int, dtype) -> np.ndarray:
@@ -593,12 +611,16 @@ class CupyDevice:
     def to_host(self, pool) -> np.ndarray:
         """The whole pool on the host, in pinned memory (a pageable copy runs at a
         fraction of the link's speed, and so would every upload of it for the
-        solves) unless no pinned memory can be had."""
+        solves) while this factorization's pinned pools stay within
+        :func:`pinned_pool_cap` and pinned memory can be had; else pageable."""
         t0 = time.perf_counter()
-        try:
-            out = self._pinned(pool.size, pool.dtype)
-        except Exception:       # cudaHostAlloc refused: pageable still works
-            out = None
+        out = None
+        if self.pinned_pools + pool.nbytes <= pinned_pool_cap():
+            try:
+                out = self._pinned(pool.size, pool.dtype)
+                self.pinned_pools += pool.nbytes
+            except Exception:       # cudaHostAlloc refused: pageable still works
+                out = None
         if out is None:
             out = pool.get(stream=self.stream)
         else:
