@@ -24,6 +24,19 @@ def _staircase_front(fm, fn, rng):
     return F, np.searchsorted(lead, np.arange(fn), side="right")
 
 
+def _check_q(F0, F, panels, T, tol) -> None:
+    """Qᵀ F0 = [R; 0] and Q (Qᵀ F0) = F0 with the reflectors and T factors in F, T."""
+    k = min(F0.shape)
+    d = DenseFront(F, panels, T)
+    Y = F0.copy()
+    d.apply_qt(Y)
+    want = np.zeros_like(F0)
+    want[:k] = np.triu(F[:k])
+    np.testing.assert_allclose(Y, want, atol=tol)
+    d.apply_q(Y)
+    np.testing.assert_allclose(Y, F0, atol=tol)
+
+
 @pytest.mark.parametrize("fm,fn,nb,width", [(60, 25, 8, 8), (60, 25, 8, 17), (25, 60, 8, 16),
                                             (25, 60, 8, 9), (90, 90, 16, 40), (70, 33, 7, 7),
                                             (40, 40, 16, 1000), (1, 5, 4, 4), (7, 1, 4, 4)])
@@ -39,15 +52,7 @@ def test_slabs_equal_the_blocked_factorization(fm, fn, nb, width):
     tol = 100 * max(fm, fn) * EPS * scale
     np.testing.assert_allclose(F, ref, atol=tol)
     np.testing.assert_allclose(T, T_ref, atol=100 * max(fm, fn) * EPS)
-    k = min(fm, fn)
-    d = DenseFront(F, panels, T)
-    Y = F0.copy()
-    d.apply_qt(Y)                       # Qᵀ F0 = [R; 0]
-    want = np.zeros_like(F0)
-    want[:k] = np.triu(F[:k])
-    np.testing.assert_allclose(Y, want, atol=tol)
-    d.apply_q(Y)
-    np.testing.assert_allclose(Y, F0, atol=tol)
+    _check_q(F0, F, panels, T, tol)
 
 
 @pytest.mark.parametrize("fm,fn,nb,width", [(60, 25, 8, 8), (25, 60, 8, 20), (90, 90, 16, 33),
@@ -88,8 +93,7 @@ def test_slabs_on_the_gpu_equal_the_blocked_factorization():
     panels = panels_of(fm, fn, stair, nb)
     ref = F0.copy()
     T_ref = factorize_numpy(ref, panels, nb)
-    F = np.full_like(F0, np.nan)            # poisoned, then the front written in
-    F[...] = F0
+    F = F0.copy()
     dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True))
     T = factorize_in_slabs(F, panels, nb, 300, dev)
     assert dev.slabs == len(slab_ranges(panels, fn, 300)) > 2
@@ -97,13 +101,8 @@ def test_slabs_on_the_gpu_equal_the_blocked_factorization():
     # R up to row signs (the panel kernel's and LAPACK's reflectors agree to rounding)
     k = min(fm, fn)
     np.testing.assert_allclose(np.abs(np.triu(F[:k])), np.abs(np.triu(ref[:k])), atol=tol)
-    d = DenseFront(F, panels, T)
-    Y = F0.copy()
-    d.apply_qt(Y)
-    want = np.zeros_like(F0)
-    want[:k] = np.triu(F[:k])
-    np.testing.assert_allclose(Y, want, atol=tol)
     assert T.shape == T_ref.shape
+    _check_q(F0, F, panels, T, tol)
 
 
 @pytest.mark.gpu
@@ -132,13 +131,7 @@ def test_host_front_too_large_alone_goes_through_the_gpu_in_slabs():
     finally:
         pool.set_limit(size=0)
     assert T is not None and how.startswith("in column slabs"), how
-    k = min(fm, fn)
-    d = DenseFront(F, panels, T)
-    Y = F0.copy()
-    d.apply_qt(Y)
-    want = np.zeros_like(F0)
-    want[:k] = np.triu(F[:k])
-    np.testing.assert_allclose(Y, want, atol=1e3 * fm * EPS * np.abs(F0).max())
+    _check_q(F0, F, panels, T, 1e3 * fm * EPS * np.abs(F0).max())
 
 
 def test_a_failing_device_slab_is_redone_on_the_host(caplog):
