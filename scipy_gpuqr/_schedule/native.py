@@ -76,7 +76,7 @@ from .tasks import MAX_SLOTS
 
 __all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "MANIFEST_SUFFIX", "NativeUnavailable", "mode",
            "library", "handle", "status", "simulate", "tile_buckets", "element_rows", "assembly",
-           "fill", "arith_runs", "RUNS_PER_THREAD", "scatter"]
+           "fill", "arith_runs", "RUNS_PER_THREAD", "scatter", "thread_count", "run_ranges"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
@@ -564,29 +564,37 @@ def arith_runs(lib, first, step, length, start, total: int, dtype, threads: int 
     fn = lib.sgq_arith_runs32 if dtype == np.int32 else lib.sgq_arith_runs64
     args = [x.ctypes.data for x in a] + [out.ctypes.data]
     if threads <= 0:
-        threads = min(os.cpu_count() or 1, 16, max(1, total // RUNS_PER_THREAD))
+        threads = thread_count(total, RUNS_PER_THREAD)
     if threads <= 1 or n < 2:
         fn(0, n, *args)
         return out
     # equal shares of the entries: the run holding each cut starts its range
     cuts = np.searchsorted(a[3], np.linspace(0, total, threads + 1)[1:-1], side="right") - 1
-    bounds = [0] + sorted(set(int(c) for c in cuts if 0 < c < n)) + [n]
+    run_ranges(fn, [0] + sorted(set(int(c) for c in cuts if 0 < c < n)) + [n], *args)
+    return out
+
+
+def thread_count(n: int, per_thread: int, most: int = 16) -> int:
+    """Threads for ``n`` items: up to the CPU count and ``most``, each with at
+    least ``per_thread`` items (1 at least)."""
+    return min(os.cpu_count() or 1, most, max(1, n // per_thread))
+
+
+def run_ranges(fn, bounds, *args) -> None:
+    """``fn(i0, i1, *args)`` for each range ``[i0, i1)`` between consecutive
+    ``bounds``, one thread per range (``fn`` releases the GIL: a compiled call
+    through ctypes, a NumPy copy), or in this thread when there is one range."""
+    pairs = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    if len(pairs) <= 1:
+        for i0, i1 in pairs:
+            fn(i0, i1, *args)
+        return
     workers = [threading.Thread(target=fn, args=(i0, i1, *args), daemon=True)
-               for i0, i1 in zip(bounds[:-1], bounds[1:])]
+               for i0, i1 in pairs]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
-    return out
-
-
-def _ranges(n: int, threads: int, per_thread: int) -> list:
-    """``threads`` (0: up to the CPU count, at least ``per_thread`` items each)
-    contiguous ranges of about equal length covering ``[0, n)``."""
-    if threads <= 0:
-        threads = min(os.cpu_count() or 1, 16, max(1, n // per_thread))
-    cuts = np.linspace(0, n, max(threads, 1) + 1).astype(np.int64)
-    return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
 
 def scatter(lib, out: np.ndarray, pos: np.ndarray, values: np.ndarray,
@@ -604,14 +612,7 @@ def scatter(lib, out: np.ndarray, pos: np.ndarray, values: np.ndarray,
     if len(pos) != len(values):
         raise ValueError("scatter: positions and values of different lengths")
     args = (pos.ctypes.data, values.ctypes.data, out.ctypes.data, out.dtype.itemsize)
-    parts = _ranges(len(pos), threads, RUNS_PER_THREAD)
-    if len(parts) <= 1:
-        for a, b in parts:
-            lib.sgq_scatter(a, b, *args)
-        return
-    workers = [threading.Thread(target=lib.sgq_scatter, args=(a, b, *args), daemon=True)
-               for a, b in parts]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    n = len(pos)
+    if threads <= 0:
+        threads = thread_count(n, RUNS_PER_THREAD)
+    run_ranges(lib.sgq_scatter, np.linspace(0, n, threads + 1).astype(np.int64), *args)

@@ -31,7 +31,6 @@ several threads, off the GIL: the worker shares the CPU with the launch loop).
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 
@@ -189,17 +188,14 @@ def _copy(a: np.ndarray) -> np.ndarray:
     (NumPy's copies release the GIL; a fresh array's first touch, most of the
     cost, is shared by the threads)."""
     n = len(a)
-    threads = min(os.cpu_count() or 1, 8, n // COPY_PER_THREAD)
+    threads = native.thread_count(n, COPY_PER_THREAD, most=8)
     if threads <= 1:
         return a.copy()
     out = np.empty_like(a)
-    cut = [n * i // threads for i in range(threads + 1)]
-    workers = [threading.Thread(target=np.copyto, args=(out[i0:i1], a[i0:i1]), daemon=True)
-               for i0, i1 in zip(cut[:-1], cut[1:])]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+
+    def part(i0, i1):
+        np.copyto(out[i0:i1], a[i0:i1])
+    native.run_ranges(part, [n * i // threads for i in range(threads + 1)])
     return out
 
 
