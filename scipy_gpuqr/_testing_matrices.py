@@ -25,7 +25,8 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = ["small_families", "chessboard_boundary", "chessboard_shape", "engine_families",
-           "grid3d_least_squares", "random_least_squares", "random_values", "singleton_rich"]
+           "grid3d_least_squares", "random_least_squares", "random_values", "singleton_rich",
+           "staircase_front"]
 
 
 def chessboard_shape(m: int, n: int, k: int) -> tuple[int, int]:
@@ -214,6 +215,26 @@ def small_families():
     yield "zero_matrix", sp.csc_array((4, 3))
     yield "singletons", singleton_rich(60, 40, seed=3)
     yield "singletons_wide", singleton_rich(30, 50, seed=4)
+
+
+def staircase_front(fm: int, fn: int, rng, dense_rows: int = 0) -> tuple:
+    """A random dense ``fm × fn`` front in staircase order and its staircase.
+
+    Row ``i``'s leading nonzero column is drawn at random (the first
+    ``dense_rows`` rows start at column 0) and the rows are sorted by it;
+    ``stair[c]`` counts the rows whose leading column is at most ``c`` (the
+    dense-front tests' input, :func:`~scipy_gpuqr._engine.dense_front.panels_of`).
+
+    Returns
+    -------
+    (ndarray of shape (fm, fn), ndarray of shape (fn,))
+    """
+    lead = np.sort(rng.integers(0, max(fn, 1), size=fm))
+    lead[:dense_rows] = 0
+    lead = np.sort(lead)
+    F = rng.standard_normal((fm, fn))
+    F[np.arange(fn)[None, :] < lead[:, None]] = 0.0
+    return F, np.searchsorted(lead, np.arange(fn), side="right")
 
 
 def random_values(A, rng) -> sp.csc_array:

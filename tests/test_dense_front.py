@@ -23,22 +23,12 @@ from scipy_gpuqr._schedule.sparse import build_schedule
 from scipy_gpuqr._schedule.tasks import TaskType
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._symbolic.counts import front_work
-from scipy_gpuqr._testing_matrices import engine_families, grid3d_least_squares, random_values
+from scipy_gpuqr._testing_matrices import (engine_families, grid3d_least_squares, random_values,
+                                          staircase_front)
 
 EPS = np.finfo(np.float64).eps
 #: Small enough that the larger fronts of the small test problems are dense.
 TINY = 2e4
-
-
-def _staircase_front(fm, fn, rng, dense_rows=0):
-    """A random fm × fn front in staircase order and its stair (rows ≤ column)."""
-    lead = np.sort(rng.integers(0, max(fn, 1), size=fm))
-    lead[:dense_rows] = 0
-    lead = np.sort(lead)
-    F = rng.standard_normal((fm, fn))
-    F[np.arange(fn)[None, :] < lead[:, None]] = 0.0
-    stair = np.searchsorted(lead, np.arange(fn), side="right")
-    return F, stair
 
 
 def _check_front(F0, F, panels, T, tol):
@@ -60,7 +50,7 @@ def _check_front(F0, F, panels, T, tol):
                                       (7, 1, 4), (90, 33, 128), (64, 64, 7)])
 def test_blocked_staircase_qr_matches_a_dense_qr(fm, fn, nb):
     rng = np.random.default_rng()
-    F0, stair = _staircase_front(fm, fn, rng, dense_rows=min(fm, 3))
+    F0, stair = staircase_front(fm, fn, rng, dense_rows=min(fm, 3))
     F = F0.copy()
     panels = panels_of(fm, fn, stair, nb)
     T = factorize_numpy(F, panels, nb)
@@ -223,7 +213,7 @@ def test_cupy_blocked_qr_matches_lapack(dtype):
     eps = np.finfo(dtype).eps
     for fm, fn, nb in [(700, 300, 64), (300, 700, 64), (513, 513, 128), (2000, 257, 96),
                        (5, 3, 128)]:
-        F0, stair = _staircase_front(fm, fn, rng, dense_rows=3)
+        F0, stair = staircase_front(fm, fn, rng, dense_rows=3)
         F0 = F0.astype(dtype)
         panels = panels_of(fm, fn, stair, nb)
         pool = cp.full(fm * fn + 11, cp.nan, dtype=dtype)     # poisoned around the front

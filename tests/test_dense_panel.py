@@ -22,6 +22,7 @@ from scipy_gpuqr._engine.dense_front import (DenseFront, factorize_blocked_numpy
 from scipy_gpuqr._engine.gpu import dense_panel as dp
 from scipy_gpuqr._engine.host import simulate
 from scipy_gpuqr._kernels import kernels_dir
+from scipy_gpuqr._testing_matrices import staircase_front
 
 EPS = np.finfo(np.float64).eps
 
@@ -141,16 +142,6 @@ def test_rows_per_block_plan():
     assert dp.panel_rows_per_block(132 * 900, 132, limit, 4) is not None
 
 
-def _staircase_front(fm, fn, rng, dense_rows=0):
-    lead = np.sort(rng.integers(0, max(fn, 1), size=fm))
-    lead[:dense_rows] = 0
-    lead = np.sort(lead)
-    F = rng.standard_normal((fm, fn))
-    F[np.arange(fn)[None, :] < lead[:, None]] = 0.0
-    stair = np.searchsorted(lead, np.arange(fn), side="right")
-    return F, stair
-
-
 def _check_front(F0, F, panels, T, tol):
     fm, fn = F0.shape
     k = min(fm, fn)
@@ -172,7 +163,7 @@ def _check_front(F0, F, panels, T, tol):
                                       (400, 100, 70)])
 def test_blocked_panels_match_the_lapack_blocked_qr(fm, fn, nb):
     rng = np.random.default_rng()
-    F0, stair = _staircase_front(fm, fn, rng, dense_rows=min(fm, 3))
+    F0, stair = staircase_front(fm, fn, rng, dense_rows=min(fm, 3))
     panels = panels_of(fm, fn, stair, nb)
     F1, F2 = F0.copy(), F0.copy()
     T1 = factorize_numpy(F1, panels, nb)
@@ -293,7 +284,7 @@ def test_gpu_blocked_qr_by_panel_method(dtype, method):
     eps = np.finfo(dtype).eps
     for fm, fn, nb in [(3000, 700, 256), (700, 1500, 128), (513, 513, 96), (2000, 257, 70),
                        (5, 3, 256)]:
-        F0, stair = _staircase_front(fm, fn, rng, dense_rows=3)
+        F0, stair = staircase_front(fm, fn, rng, dense_rows=3)
         F0 = F0.astype(dtype)
         panels = panels_of(fm, fn, stair, nb)
         pool = cp.full(fm * fn + 11, cp.nan, dtype=dtype)
@@ -338,7 +329,7 @@ def test_gpu_fronts_on_concurrent_streams():
     jobs = []
     for k in range(4):
         fm, fn = (20000, 1200) if k % 2 == 0 else (6000, 900)
-        F0, stair = _staircase_front(fm, fn, rng, dense_rows=3)
+        F0, stair = staircase_front(fm, fn, rng, dense_rows=3)
         panels = panels_of(fm, fn, stair, 256)
         jobs.append((F0, panels, cp.asarray(F0), cp.cuda.Stream(non_blocking=True)))
     cp.cuda.Device().synchronize()

@@ -11,17 +11,18 @@ import pytest
 from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
 from scipy_gpuqr._engine.slab_front import (NumpySlabs, factorize_in_slabs, slab_columns,
                                             slab_ranges)
+from scipy_gpuqr._testing_matrices import staircase_front
 
 EPS = np.finfo(np.float64).eps
 
 
-def _staircase_front(fm, fn, rng):
-    lead = np.sort(rng.integers(0, max(fn, 1), size=fm))
-    lead[:min(fm, 3)] = 0
-    lead = np.sort(lead)
-    F = rng.standard_normal((fm, fn))
-    F[np.arange(fn)[None, :] < lead[:, None]] = 0.0
-    return F, np.searchsorted(lead, np.arange(fn), side="right")
+def _front_and_blocked_qr(fm, fn, nb, rng) -> tuple:
+    """A staircase front, its panels of ``nb`` columns, and LAPACK's blocked QR of a
+    copy with its T factors (the reference)."""
+    F0, stair = staircase_front(fm, fn, rng, dense_rows=min(fm, 3))
+    panels = panels_of(fm, fn, stair, nb)
+    ref = F0.copy()
+    return F0, panels, ref, factorize_numpy(ref, panels, nb)
 
 
 def _check_q(F0, F, panels, T, tol) -> None:
@@ -42,10 +43,7 @@ def _check_q(F0, F, panels, T, tol) -> None:
                                             (40, 40, 16, 1000), (1, 5, 4, 4), (7, 1, 4, 4)])
 def test_slabs_equal_the_blocked_factorization(fm, fn, nb, width):
     rng = np.random.default_rng()
-    F0, stair = _staircase_front(fm, fn, rng)
-    panels = panels_of(fm, fn, stair, nb)
-    ref = F0.copy()
-    T_ref = factorize_numpy(ref, panels, nb)
+    F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
     F = F0.copy()
     T = factorize_in_slabs(F, panels, nb, width, NumpySlabs())
     scale = max(np.abs(F0).max(), 1.0)
@@ -89,10 +87,7 @@ def test_slabs_on_the_gpu_equal_the_blocked_factorization():
     from scipy_gpuqr._engine.slab_front import CupySlabs
     rng = np.random.default_rng()
     fm, fn, nb = 1500, 1100, 256
-    F0, stair = _staircase_front(fm, fn, rng)
-    panels = panels_of(fm, fn, stair, nb)
-    ref = F0.copy()
-    T_ref = factorize_numpy(ref, panels, nb)
+    F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
     F = F0.copy()
     dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True))
     T = factorize_in_slabs(F, panels, nb, 300, dev)
@@ -117,7 +112,7 @@ def test_host_front_too_large_alone_goes_through_the_gpu_in_slabs():
     from scipy_gpuqr._engine.memory import available_bytes
     rng = np.random.default_rng()
     fm, fn, nb = 3000, 4000, 256
-    F0, stair = _staircase_front(fm, fn, rng)
+    F0, stair = staircase_front(fm, fn, rng, dense_rows=min(fm, 3))
     panels = panels_of(fm, fn, stair, nb)
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
@@ -139,10 +134,7 @@ def test_a_failing_device_slab_is_redone_on_the_host(caplog):
     redone from the front's unchanged columns on the host, with every later one."""
     rng = np.random.default_rng()
     fm, fn, nb = 50, 40, 8
-    F0, stair = _staircase_front(fm, fn, rng)
-    panels = panels_of(fm, fn, stair, nb)
-    ref = F0.copy()
-    T_ref = factorize_numpy(ref, panels, nb)
+    F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
 
     class _Failing(NumpySlabs):
         def __init__(self, after, error):
