@@ -114,6 +114,16 @@ def check_square_stack(shape, where: str, name: str = "a") -> None:
                          f"{tuple(shape)}")
 
 
+def lu_pair(lu_and_piv, where: str):
+    """``(lu, piv)`` from the pair :func:`lu_factor_batched` returns (ValueError if not one)."""
+    try:
+        lu, piv = lu_and_piv
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: lu_and_piv must be the pair (lu, piv) "
+                         "returned by lu_factor_batched") from None
+    return lu, piv
+
+
 def cholesky_pair(c_and_lower, where: str):
     """``(c, lower)`` from the pair :func:`cho_factor_batched` returns (ValueError if not one)."""
     try:

@@ -33,7 +33,7 @@ from scipy.linalg import LinAlgError, LinAlgWarning
 from . import _cpu, _gpu, _jacobi, _vbatched
 from . import _gpu_common as _gc
 from ._common import (NONFINITE, as_stack, bad_indices, batch_names, check_finite_np,
-                      cholesky_pair, gpu_supported, require_finite, restore,
+                      cholesky_pair, gpu_supported, lu_pair, require_finite, restore,
                       result_dtype, to_device, to_host, use_gpu)
 from .._gpu import is_cupy_array
 from .._options import log_decision
@@ -296,11 +296,7 @@ def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
     x : ndarray, shape (..., n) or (..., n, k)
     """
     where = "lu_solve_batched"
-    try:
-        lu, piv = lu_and_piv
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: lu_and_piv must be the pair (lu, piv) "
-                         "returned by lu_factor_batched") from None
+    lu, piv = lu_pair(lu_and_piv, where)
     if trans not in (0, 1, 2, "N", "T", "C"):
         raise ValueError(f"{where}: trans must be 0, 1 or 2, got {trans!r}")
     trans = {"N": 0, "T": 1, "C": 2}.get(trans, trans)

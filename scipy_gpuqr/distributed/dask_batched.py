@@ -56,7 +56,7 @@ from scipy.linalg import LinAlgError, LinAlgWarning
 
 from ..batched import _functions as _f
 from ..batched._common import (bad_indices, batch_names, check_square_stack, cholesky_pair,
-                               info_counts)
+                               info_counts, lu_pair)
 
 __all__ = ["lu_factor_batched", "lu_solve_batched", "solve_batched",
            "inv_batched", "cho_factor_batched", "cho_solve_batched"]
@@ -371,11 +371,7 @@ def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
                      check_finite=True, backend=None):
     """:func:`scipy_gpuqr.lu_solve_batched` with Dask factors or ``b``: Dask ``x``."""
     where = "lu_solve_batched"
-    try:
-        lu, piv = lu_and_piv
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: lu_and_piv must be the pair (lu, piv) "
-                         "returned by lu_factor_batched") from None
+    lu, piv = lu_pair(lu_and_piv, where)
     lu = _stack(lu, "lu", where)
     nb, n = lu.ndim - 2, lu.shape[-1]
     piv = _whole_matrices(_as_dask(piv, "piv", where), 1)
