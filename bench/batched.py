@@ -516,9 +516,11 @@ def main(argv=None) -> int:
     ap.add_argument("--large", help="comma-separated n:batch pairs for n > 32 "
                     "(default 64:100000,128:20000,256:4000,512:2000)")
     ap.add_argument("--methods", default="default",
-                    help="n > 32 methods to time: comma-separated of fused, rows, "
-                    "panel, default")
+                    help="n > 32 methods to time: comma-separated of fused, mma64, "
+                    "rows, panel, default")
     ap.add_argument("--dtypes", default="float64,float32")
+    ap.add_argument("--ops", default="lu,inv,chol",
+                    help="operations of the kernel table, of lu, inv, chol")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--warm", action="store_true", help="only compile the kernels")
     ap.add_argument("--no-tune", action="store_true")
@@ -582,11 +584,13 @@ def main(argv=None) -> int:
             return lambda a: bb.inverse(a, method)
         return lambda a: bb.potrf(a, True, method)
 
-    def methods_for(n):
+    def methods_for(n, op, dtype):
         out = []
         for m in args.methods.split(","):
             m = None if m == "default" else m
             if m == "fused" and n > bb.FUSED_MAX or m == "rows" and n > bb.ROWS_MAX:
+                continue
+            if m == "mma64" and (n > bb.FUSED_MAX or op == "chol" or dtype != np.float64):
                 continue
             out.append(m)
         return out or [None]
@@ -602,13 +606,13 @@ def main(argv=None) -> int:
                 spd = cp.matmul(a, a.transpose(0, 2, 1))
                 spd += n * cp.eye(n, dtype=dtype)
             item = a.itemsize
-            for op in ("lu", "inv", "chol"):
+            for op in args.ops.split(","):
                 if op == "inv" and n > 64 or op == "chol" and n <= 32:
                     continue
                 call = bg.getrf if op == "lu" else bg.getri
                 if n > 32:
                     default = (None, None)
-                    choices = [(m, "m") for m in methods_for(n)]
+                    choices = [(m, "m") for m in methods_for(n, op, dtype)]
                     if op == "chol":
                         a_op, a = a, spd
                     res = {}

@@ -161,11 +161,9 @@ def mma_smem_bytes(size: int, warps: int, stages: int, inverse: bool = False) ->
     return warps * (stages * size * ldu * 2 + (80 if inverse else 48)) * 8
 
 
-@functools.lru_cache(maxsize=None)
 def _has_mma(device: int) -> bool:
     """FP64 tensor cores (mma.m8n8k4.f64): compute capability 8.0 or newer."""
-    cc = _common.cupy().cuda.Device(device).compute_capability
-    return int(cc) >= 80
+    return _blocked.has_mma(device)
 
 
 def getrf_kernel(n: int, dtype, kernel: str | None = None) -> str:

@@ -11,6 +11,9 @@ operation, :func:`default_method`):
   kernel, one thread per row holding the row in registers
   (``getrf_rows<T, 64, 64>`` / ``potrf_rows<T, 64, 64>`` of
   ``kernels/batched/rows.cu``).
+* ``'mma64'`` (float64, n <= 64, sm_80+): one warp per matrix, the
+  matrix in shared memory, panels of 8 columns with the trailing updates on
+  the FP64 tensor cores (``getrf_mma64`` of ``kernels/batched/lu_mma64.cu``).
 * ``'rows'`` (n <= 512): blocked right-looking, the panels factorized by a
   kernel with one thread per panel row. LU: panels of 64 columns, each
   factorized as two halves of 32 (nested blocking: the left half, a GEMM on
@@ -37,16 +40,16 @@ import numpy as np
 
 from . import _gpu_common as _common
 from ._gpu_common import NO_REPORT, NULL, device_id, dtname, solve_by_columns
-from ._kernel_registry import (FUSED_MAX, KERNEL_VARIANTS, PANEL, PANEL_FILE,
-                               ROWS_FILE, ROWS_MAX, ROWS_PANEL, ROWS_THREADS,
+from ._kernel_registry import (FUSED_MAX, KERNEL_VARIANTS, MMA64_FILE, MMA64_NAME,
+                               MMA64_SMEM, PANEL, PANEL_FILE, ROWS_FILE, ROWS_MAX, ROWS_PANEL, ROWS_THREADS,
                                STAGE_COLS, panel_name, rows_name)
 from .._kernels import load_module
 
 __all__ = ["getrf", "potrf", "getrs", "potrs", "inverse", "default_method",
-           "METHODS", "CHOL_SPLIT"]
+           "METHODS", "CHOL_SPLIT", "has_mma"]
 
 #: Factorization methods, see the module docstring.
-METHODS = ("fused", "rows", "panel")
+METHODS = ("fused", "mma64", "rows", "panel")
 
 #: Threads per block of the panel kernels (GPUQR_PANEL_THREADS of panel.cu).
 PANEL_THREADS = 256
@@ -63,10 +66,21 @@ def default_method(n: int, op: str = "lu") -> str:
     return "rows" if n <= ROWS_MAX else "panel"
 
 
-def _check_method(method, n: int, op: str = "lu") -> str:
+@functools.lru_cache(maxsize=None)
+def has_mma(device: int) -> bool:
+    """FP64 tensor cores (mma.m8n8k4.f64): compute capability 8.0 or newer."""
+    cc = _common.cupy().cuda.Device(device).compute_capability
+    return int(cc) >= 80
+
+
+def _check_method(method, n: int, op: str = "lu", dtype=None) -> str:
     method = default_method(n, op) if method is None else method
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "mma64" and (op != "lu" or n > FUSED_MAX or dtype != np.float64
+                              or not has_mma(device_id())):
+        raise ValueError(f"method 'mma64' is the float64 LU of n <= {FUSED_MAX} on "
+                         f"sm_80+, got n={n}, {np.dtype(dtype).name}, op {op!r}")
     if method == "fused" and n > FUSED_MAX:
         raise ValueError(f"method 'fused' handles n <= {FUSED_MAX}, got n={n}")
     if method == "rows" and n > ROWS_MAX:
@@ -78,6 +92,11 @@ def _check_method(method, n: int, op: str = "lu") -> str:
 def _rows_function(kernel: str, dt: str, nb: int, maxt: int, device: int):
     module = load_module(ROWS_FILE, KERNEL_VARIANTS[ROWS_FILE])
     return module.get_function(rows_name(kernel, dt, nb, maxt))
+
+
+@functools.lru_cache(maxsize=None)
+def _mma64_function(device: int):
+    return load_module(MMA64_FILE, KERNEL_VARIANTS[MMA64_FILE]).get_function(MMA64_NAME)
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,9 +208,16 @@ def getrf(a, piv, info, method: str | None = None):
     for a matrix holding an inf or NaN). ``a`` is not modified.
     """
     bsz, n = a.shape[0], a.shape[-1]
-    method = _check_method(method, n)
+    method = _check_method(method, n, "lu", a.dtype)
     dt = dtname(a.dtype)
     dev = device_id()
+    if method == "mma64":
+        lu = _common.alloc(a.shape, a.dtype)
+        vec = n == FUSED_MAX and a.data.ptr % 16 == 0 and lu.data.ptr % 16 == 0
+        _mma64_function(dev)((bsz,), (32,), (a, lu, piv, info, np.int32(n),
+                                             np.int32(1 if vec else 0)),
+                             shared_mem=MMA64_SMEM)
+        return lu
     if method == "fused":
         lu = _common.alloc(a.shape, a.dtype)
         fn = _rows_function("getrf_rows", dt, FUSED_MAX, FUSED_MAX, dev)

@@ -14,7 +14,8 @@ __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "small_name", "panel_name", "solve_name", "padded_size", "SMALL_FILES",
            "FUSED_MAX", "ROWS_MAX", "ROWS_PANEL", "ROWS_THREADS", "STAGE_COLS",
            "rows_name", "MMA_SIZES", "MMA_FILE", "ROWS_FILE", "PANEL_FILE",
-           "SOLVE_FILE", "STATUS_FILE", "status_name", "VB_FILE", "vb_name"]
+           "SOLVE_FILE", "STATUS_FILE", "status_name", "VB_FILE", "vb_name",
+           "MMA64_FILE", "MMA64_NAME", "MMA64_SMEM"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
 SMALL_MAX = 32
@@ -57,6 +58,15 @@ MMA_SIZES = (32,)
 
 #: Source file of the tensor-core LU and inverse.
 MMA_FILE = "batched/lu_mma.cu"
+
+#: Source file of the float64 LU of 32 < n <= 64 on the FP64 tensor cores,
+#: a warp per matrix (``getrf_mma64<double>``), and its one instantiation.
+MMA64_FILE = "batched/lu_mma64.cu"
+MMA64_NAME = "getrf_mma64<double>"
+
+#: Its dynamic shared memory per block (kSmemBytes of that file: the padded
+#: 64 x 66 tile, two 10-double broadcast buffers, 128 ints).
+MMA64_SMEM = (64 * 66 + 2 * 10) * 8 + 2 * 64 * 4
 
 #: Source file of the n > 32 kernels with a row per thread (LU and Cholesky
 #: panels, one-kernel LU for n <= FUSED_MAX, solves in shared memory).
@@ -129,6 +139,7 @@ KERNEL_VARIANTS = {
         small_name("getrf_warp", dt, n)
         for dt in _CTYPES for n in range(1, SMALL_MAX + 1)) + tuple(
         small_name("getri_warp", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
+    MMA64_FILE: (MMA64_NAME,),
     MMA_FILE: tuple(small_name(k, "float64", n)
                     for k in ("getrf_mma", "getri_mma") for n in MMA_SIZES),
     "batched/cholesky.cu": tuple(

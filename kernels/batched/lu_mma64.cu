@@ -1,0 +1,312 @@
+// lu_mma64.cu: LU with partial pivoting of many float64 matrices of order
+// 32 < n <= 64, a warp per matrix, the matrix in shared memory, blocked by
+// panels of 8 columns with the trailing updates on the FP64 tensor cores
+// (mma.m8n8k4.f64, sm_80+).
+//
+// Why: the one-kernel LU with a row per thread (getrf_rows<T, 64, 64> of
+// rows.cu) needs two warps and a block-wide barrier per column, 176
+// registers per thread (five matrices per SM) and a fully unrolled 64-column
+// body (instruction fetch). Here a warp owns a matrix: no block barrier, the
+// pivot search is warp reductions, a lane receives only the 7 other entries
+// of the pivot row inside the panel, and the rest of the matrix is updated
+// once per panel by DMMA. Same scheme as getrf_mma of lu_mma.cu (n <= 32,
+// see its header for the E = -L L11^{-1} bookkeeping), with two rows per
+// lane and a plain padded row layout.
+//
+// The 64 x 64 tile (the matrix padded with the identity when n < 64: the
+// padding rows never win a pivot search before step n, their entries in
+// the first n columns being zero and their positions larger) stays in
+// shared memory; lane l holds rows l and l + 32. Per panel p (columns 8p ..
+// 8p + 7):
+//   1. each lane reads its two rows' 8 panel entries into registers (P);
+//   2. 8 pivot steps: the lane's better candidate of its two rows, warp
+//      max-reduction of the high key of |x|, ballot, exact tie breaks (low
+//      key, then the smaller LAPACK position, as LAPACK's idamax on the
+//      swapped column); the pivot lane publishes the pivot row's 8 entries
+//      and the pivot's reciprocal through shared memory (one __syncwarp per
+//      step). A candidate row takes nl = -x / pivot (x * (1 / pivot) when
+//      |pivot| >= sfmin, else the division, as LAPACK), P[j] += nl * prow[j]
+//      for j != s and P[s] = nl: slots left of the diagonal then hold the
+//      coefficients E of the original (start-of-panel) trailing rows of the
+//      panel's pivots. Lazy row swaps: rows never move; each keeps its
+//      LAPACK position (the swap of step k exchanges positions k and piv[k]);
+//   3. trailing columns, all rows: C += E * B, B the pivot rows' trailing
+//      parts at the start of the panel (2 DMMA per 8 x 8 tile). A pivot row
+//      of step t has E = its slots left of t, which turns it into U's row
+//      t; rows pivoted in earlier panels have E = 0;
+//   4. the panel's final entries (L left of the row's pivot step, U from
+//      it) go back to the tile.
+// At the end row r is copied to its LAPACK position (coalesced stores).
+// piv and info as LAPACK's getrf (0-based pivots; info = k + 1 for the
+// first exactly zero pivot, -1 for an inf or NaN in the input, checked on
+// the values as they are first read).
+//
+// Launch: one warp (32 threads) per block, a block per matrix; dynamic
+// shared memory kSmemBytes (below; under 48 KiB). vec != 0: n == 64 and
+// both pointers 16-byte aligned (16-byte copies).
+#include "warp.cuh"
+
+namespace gpuqr_mma64 {
+
+using namespace gpuqr_warp;
+
+constexpr int N = 64;                 // tile order
+constexpr int LD = 66;                // doubles per stored row (odd 16-byte units)
+constexpr int NP = N / 8;             // panels of 8 columns
+constexpr int TILE = N * LD;          // doubles of the tile
+constexpr int BC = 10;                // pivot row broadcast: 8 entries, 1 / pivot, pad
+// tile, two broadcast buffers, steps[64] and perm[64] (ints)
+constexpr int kSmemBytes = (TILE + 2 * BC) * 8 + 2 * N * 4;
+
+__device__ __forceinline__ void dmma(double &d0, double &d1, double a, double b) {
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+                 : "+d"(d0), "+d"(d1) : "d"(a), "d"(b));
+}
+
+__device__ __forceinline__ unsigned long long key64(double x) {
+    return (unsigned long long)__double_as_longlong(x) & 0x7fffffffffffffffull;
+}
+
+// Row r's 8 entries of panel p <-> registers (four 16-byte accesses).
+__device__ __forceinline__ void panel_read(double (&v)[8], const double *t, int r, int p) {
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+        const double2 w = *reinterpret_cast<const double2 *>(t + r * LD + 8 * p + 2 * h);
+        v[2 * h] = w.x;
+        v[2 * h + 1] = w.y;
+    }
+}
+__device__ __forceinline__ void panel_write(double *t, const double (&v)[8], int r, int p) {
+#pragma unroll
+    for (int h = 0; h < 4; ++h)
+        *reinterpret_cast<double2 *>(t + r * LD + 8 * p + 2 * h) =
+            make_double2(v[2 * h], v[2 * h + 1]);
+}
+
+}  // namespace gpuqr_mma64
+
+// ---------------------------------------------------------------------------
+// input, not modified:  a (batch, n, n) float64, 32 < n <= 64
+// output:               lu (batch, n, n), piv (batch, n), info (batch)
+// block: 32 threads; grid: batch; dynamic shared memory kSmemBytes
+// ---------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(32)
+getrf_mma64(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
+            int *__restrict__ info, int n, int vec)
+{
+    static_assert(sizeof(T) == 8, "float64 only (FP64 tensor cores)");
+    using namespace gpuqr_mma64;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    double *t = reinterpret_cast<double *>(smem_raw);
+    double *bcast = t + TILE;
+    int *steps = reinterpret_cast<int *>(bcast + 2 * BC);
+    int *perm = steps + N;
+    const int lane = threadIdx.x & 31;
+    const long long mat = blockIdx.x;
+    const long long nn = (long long)n * n;
+    const double *src = a + mat * nn;
+
+    // ---- copy in (the identity beyond n)
+    if (vec) {
+#pragma unroll 4
+        for (int c = lane; c < N * N / 2; c += 32) {
+            const int i = c >> 5, u = c & 31;
+            cp_async16(t + i * LD + 2 * u, src + 2 * c);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+    } else {
+#pragma unroll 4
+        for (int e = lane; e < N * N; e += 32) {
+            const int i = e >> 6, j = e & 63;
+            t[i * LD + j] = (i < n && j < n) ? src[i * n + j] : (i == j ? 1.0 : 0.0);
+        }
+    }
+    __syncwarp();
+
+    double P[2][8], L[2][8];
+    bool cand[2] = {true, true};
+    int pos[2] = {lane, lane + 32};
+    bool fin = true;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        panel_read(P[h], t, lane + 32 * h, 0);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            fin = fin && finite_bits(P[h][j]);
+            L[h][j] = 0.0;
+        }
+    }
+    const int fg = lane >> 2, fq = lane & 3;           // mma fragment coordinates
+
+#pragma unroll 1
+    for (int p = 0; p < NP; ++p) {
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            const int k = 8 * p + s;
+            // the lane's better candidate (larger |x|, then smaller position)
+            int bh = -1;
+            unsigned long long best = 0ull;
+            int bpos = 0x7fffffff;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned long long key = key64(P[h][s]);
+                if (cand[h] && (bh < 0 || key > best || (key == best && pos[h] < bpos))) {
+                    bh = h;
+                    best = key;
+                    bpos = pos[h];
+                }
+            }
+            const bool valid = bh >= 0;
+            const double x = bh == 0 ? P[0][s] : (bh == 1 ? P[1][s] : 1.0);
+            const double rinv = __drcp_rn(x);          // speculative: the pivot lane's is used
+            const unsigned hi = valid ? (unsigned)(best >> 32) : 0u;
+            const unsigned mh = __reduce_max_sync(0xffffffffu, hi);
+            const bool c1 = valid && hi == mh;
+            unsigned b = __ballot_sync(0xffffffffu, c1);
+            if (__popc(b) != 1) {                      // warp-uniform: ties in the high key
+                const unsigned lo = (unsigned)best;
+                const unsigned ml = __reduce_max_sync(0xffffffffu, c1 ? lo : 0u);
+                const bool c2 = c1 && lo == ml;
+                const unsigned mp = __reduce_min_sync(0xffffffffu,
+                                                      c2 ? (unsigned)bpos : 0xffffffffu);
+                b = __ballot_sync(0xffffffffu, c2 && (unsigned)bpos == mp);
+            }
+            const int pl = __ffs(b) - 1;
+            double *w = bcast + BC * (s & 1);
+            if (lane == pl) {
+                // the pivot row's 8 entries (the pivot itself in slot s) and 1 / pivot
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (h == bh) {
+#pragma unroll
+                        for (int q = 0; q < 4; ++q)
+                            *reinterpret_cast<double2 *>(w + 2 * q) =
+                                make_double2(P[h][2 * q], P[h][2 * q + 1]);
+                        cand[h] = false;
+                    }
+                }
+                w[8] = rinv;
+                steps[k] = (lane + 32 * bh) | (bpos << 8);
+            }
+            __syncwarp();
+            double bv[8];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const double2 v = *reinterpret_cast<const double2 *>(w + 2 * q);
+                bv[2 * q] = v.x;
+                bv[2 * q + 1] = v.y;
+            }
+            const double ri = w[8];
+            const int st = steps[k];
+            const int prow = st & 255, pp = st >> 8;
+            const double pv = bv[s];
+            const bool zero = pv == 0.0;               // warp-uniform
+            const bool small = fabs(pv) < gpuqr_sfmin<double>();
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (cand[h]) {
+                    const double xr = P[h][s];
+                    double nl;
+                    if (!small) nl = -(xr * ri);          // warp-uniform branches
+                    else if (!zero) nl = -(xr / pv);
+                    else nl = 0.0;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j)
+                        if (j != s) P[h][j] = fma(nl, bv[j], P[h][j]);
+                    P[h][s] = nl;
+                    L[h][s] = nl;
+                }
+                if (pos[h] == k) pos[h] = pp;
+                else if (lane + 32 * h == prow) pos[h] = k;
+            }
+        }
+
+        // E (the A operand) and the panel's final entries O
+        double O[2][8];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int st = min(max(pos[h] - 8 * p, -1), 8);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                O[h][j] = (j < st) ? -L[h][j] : P[h][j];
+                P[h][j] = (j < st) ? P[h][j] : 0.0;       // E
+            }
+        }
+        if (p + 1 < NP) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) panel_write(t, P[h], lane + 32 * h, p);
+            __syncwarp();
+            double af[NP][2];
+#pragma unroll
+            for (int I = 0; I < NP; ++I)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+                    af[I][hh] = t[(8 * I + fg) * LD + 8 * p + 4 * hh + fq];
+            const int pr0 = steps[8 * p + fq] & 255;       // rows pivoting steps fq, 4 + fq
+            const int pr1 = steps[8 * p + 4 + fq] & 255;
+            __syncwarp();
+#pragma unroll
+            for (int h = 0; h < 2; ++h) panel_write(t, O[h], lane + 32 * h, p);
+#pragma unroll 1
+            for (int J = p + 1; J < NP; ++J) {
+                const double b0 = t[pr0 * LD + 8 * J + fg];
+                const double b1 = t[pr1 * LD + 8 * J + fg];
+                __syncwarp();
+#pragma unroll
+                for (int I = 0; I < NP; ++I) {
+                    double2 *c = reinterpret_cast<double2 *>(t + (8 * I + fg) * LD + 8 * J + 2 * fq);
+                    double2 v = *c;
+                    if (p == 0) fin = fin && finite_bits(v.x) && finite_bits(v.y);
+                    dmma(v.x, v.y, af[I][0], b0);
+                    dmma(v.x, v.y, af[I][1], b1);
+                    *c = v;
+                }
+            }
+            __syncwarp();
+#pragma unroll
+            for (int h = 0; h < 2; ++h) panel_read(P[h], t, lane + 32 * h, p + 1);
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) panel_write(t, O[h], lane + 32 * h, p);
+        }
+    }
+    __syncwarp();
+
+    // info: the first exactly zero pivot (row r is U's row pos[r])
+    unsigned zmin = 0xffffu;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = lane + 32 * h;
+        if (t[r * LD + pos[h]] == 0.0) zmin = min(zmin, (unsigned)pos[h]);
+        perm[pos[h]] = r;
+    }
+    const unsigned z = __reduce_min_sync(0xffffffffu, zmin);
+    const bool bad = __ballot_sync(0xffffffffu, !fin) != 0u;
+    __syncwarp();
+    int *pv_out = piv + mat * n;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int k = lane + 32 * h;
+        if (k < n) pv_out[k] = steps[k] >> 8;
+    }
+    if (lane == 0) info[mat] = bad ? -1 : ((int)z < n ? (int)z + 1 : 0);
+
+    // ---- copy out: row perm[i] of the tile is row i of the factor
+    double *dst = lu + mat * nn;
+    if (vec) {
+#pragma unroll 4
+        for (int c = lane; c < N * N / 2; c += 32) {
+            const int i = c >> 5, u = c & 31;
+            reinterpret_cast<double2 *>(dst)[c] =
+                *reinterpret_cast<const double2 *>(t + perm[i] * LD + 2 * u);
+        }
+    } else {
+#pragma unroll 4
+        for (int e = lane; e < n * n; e += 32) {
+            const int i = e / n, j = e - i * n;
+            dst[e] = t[perm[i] * LD + j];
+        }
+    }
+}
