@@ -514,3 +514,43 @@ def test_pinned_pool_cap_is_a_share_of_host_memory():
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert 0 < pinned_pool_cap() <= total
     assert pinned_pool_cap() == int(PINNED_POOL_SHARE * total)
+
+
+def test_dense_cod_steps_to_the_host_when_the_device_runs_out(monkeypatch):
+    """A rank decision whose dense COD runs out of device memory (a pool limit the
+    estimate missed) decides on the host instead, with lstsq's rank and answer."""
+    from scipy_gpuqr import QRFactorization
+    from scipy_gpuqr._factor import lstsq as _lstsq
+
+    class _Pool:
+        def free_all_blocks(self):
+            pass
+
+    real_import = _lstsq._gpu.import_cupy
+
+    class _Cupy:            # CuPy, but a pool that needs no driver to be emptied
+        @staticmethod
+        def get_default_memory_pool():
+            return _Pool()
+
+        def __getattr__(self, name):
+            return getattr(real_import(), name)
+
+    def _out_of_memory(R, xp):
+        raise MemoryError("out of memory allocating the dense copy of R")
+
+    rng = np.random.default_rng(7)
+    A = sp.random_array((80, 50), density=0.15, rng=rng, format="csc")
+    A = sp.hstack([A, A[:, :5] + A[:, 5:10]], format="csc")      # rank deficient by 5
+    b = rng.standard_normal(80)
+    monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 10)
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_dense_cod_device", lambda self: "gpu")
+    monkeypatch.setattr(_lstsq, "dense_from_sparse", _out_of_memory)
+    monkeypatch.setattr(_lstsq._gpu, "import_cupy", _Cupy)
+    F = QRFactorization(A)
+    x = F.solve(b)
+    decision = F.info["rank_decision"]
+    assert (decision["method"], decision["device"]) == ("dense_cod", "cpu")
+    assert F.rank == np.linalg.matrix_rank(A.toarray())
+    x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)

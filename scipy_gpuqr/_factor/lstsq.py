@@ -108,6 +108,7 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator, onenormest
 
 from .. import _gpu
+from .._engine.memory import available_bytes
 from .dense_cod import DenseCOD, dense_from_sparse, sigma_max_estimate
 from .solve_rank import NullspaceCOD, NullspaceRefused, abs_diagonal, frobenius, probe_norm
 from .subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
@@ -361,6 +362,16 @@ class MinNormSolver:
             self._prepare_svd(self._dense_on_gpu())
             return
         device = self._dense_cod_device()
+        if device == "gpu":
+            try:
+                self._prepare_dense_cod(device)
+                return
+            except MemoryError:
+                # the device's memory is shared or limited (CuPy's pool limit;
+                # CuPy's OutOfMemoryError is a MemoryError): the host's COD
+                # where it fits, else the sparse COD below
+                _gpu.import_cupy().get_default_memory_pool().free_all_blocks()
+                device = "cpu" if max(self.R.shape) <= DENSE_COD_HOST_LIMIT else None
         if device is not None:
             self._prepare_dense_cod(device)
             return
@@ -581,13 +592,15 @@ class MinNormSolver:
 
     # -- dense refinement beyond the SVD: blocked Heath COD (host or GPU) -------
     def _dense_cod_device(self) -> Optional[str]:
-        """Where a dense COD of G fits: 'gpu', 'cpu' or None (use the sparse COD)."""
+        """Where a dense COD of G fits: 'gpu' (within half of what the device may
+        give now: free memory and CuPy's pool limit), 'cpu' or None (use the
+        sparse COD)."""
         k, q = self.R.shape
         need = 8 * (3 * k * q + min(k, q) ** 2)      # G, its backup, Q₂ and R₂
         if self.dense_device == "gpu":
             if _gpu.gpu_available():
-                free, _ = _gpu.import_cupy().cuda.runtime.memGetInfo()
-                if need <= DENSE_COD_GPU_FRACTION * free:
+                avail = available_bytes(_gpu.import_cupy()).available
+                if need <= DENSE_COD_GPU_FRACTION * avail:
                     return "gpu"
         if max(k, q) <= DENSE_COD_HOST_LIMIT:
             return "cpu"
