@@ -517,7 +517,7 @@ def main(argv=None) -> int:
                     "(default 64:100000,128:20000,256:4000,512:2000)")
     ap.add_argument("--methods", default="default",
                     help="n > 32 methods to time: comma-separated of fused, mma64, "
-                    "rows, panel, default")
+                    "rows, rows_mma, panel, default")
     ap.add_argument("--dtypes", default="float64,float32")
     ap.add_argument("--ops", default="lu,inv,chol",
                     help="operations of the kernel table, of lu, inv, chol")
@@ -591,6 +591,8 @@ def main(argv=None) -> int:
             if m == "fused" and n > bb.FUSED_MAX or m == "rows" and n > bb.ROWS_MAX:
                 continue
             if m == "mma64" and (n > bb.FUSED_MAX or op == "chol" or dtype != np.float64):
+                continue
+            if m == "rows_mma" and (n > bb.ROWS_MAX or op == "chol" or dtype != np.float64):
                 continue
             out.append(m)
         return out or [None]

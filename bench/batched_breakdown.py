@@ -22,7 +22,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="128:20000,256:4000,512:2000")
     ap.add_argument("--ops", default="lu,chol")
-    ap.add_argument("--method", default=None)
+    ap.add_argument("--methods", default="default",
+                    help="comma-separated methods of the LU (default: the default)")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args(argv)
 
@@ -58,6 +59,10 @@ def main(argv=None) -> int:
                 setattr(self.fn, name, value)
 
     orig_rows, orig_panel, orig_gemm = bb._rows_function, bb._panel_function, bb._gemm_strided
+    orig_mma = bb._mma64_function
+
+    def mma_function(device, name=bb.MMA64_NAME):
+        return Wrapped(orig_mma(device, name), name)
 
     def rows_function(kernel, dt, nb, maxt, device):
         return Wrapped(orig_rows(kernel, dt, nb, maxt, device), f"{kernel}<{nb}>")
@@ -83,16 +88,19 @@ def main(argv=None) -> int:
         a = rng.standard_normal((bsz, n, n), dtype=np.float64)
         spd = cp.matmul(a, a.transpose(0, 2, 1))
         spd += n * cp.eye(n)
-        for op in args.ops.split(","):
+        runs = [(op, None if m == "default" else m)
+                for op in args.ops.split(",")
+                for m in (args.methods.split(",") if op == "lu" else ["default"])]
+        for op, method in runs:
             if op == "lu":
                 piv = cp.empty((bsz, n), dtype=cp.int32)
                 info = cp.empty((bsz,), dtype=cp.int32)
 
                 def call():
-                    return bb.getrf(a, piv, info, args.method)
+                    return bb.getrf(a, piv, info, method)
             else:
                 def call():
-                    return bb.potrf(spd, True, args.method)
+                    return bb.potrf(spd, True, None)
             call()
             times = []
             for _ in range(args.reps):
@@ -106,6 +114,7 @@ def main(argv=None) -> int:
             counts.clear()
             bb._rows_function, bb._panel_function, bb._gemm_strided = (
                 rows_function, panel_function, gemm)
+            bb._mma64_function = mma_function
             try:
                 for _ in range(args.reps):
                     call()
@@ -113,8 +122,9 @@ def main(argv=None) -> int:
             finally:
                 bb._rows_function, bb._panel_function, bb._gemm_strided = (
                     orig_rows, orig_panel, orig_gemm)
+                bb._mma64_function = orig_mma
             total = sum(acc.values()) / args.reps
-            print(f"n={n} batch={bsz} {op}: whole call {statistics.median(times):.3f} ms, "
+            print(f"n={n} batch={bsz} {op} {method or 'default'}: whole call {statistics.median(times):.3f} ms, "
                   f"sum of steps {total:.3f} ms")
             for label in sorted(acc, key=lambda x: -acc[x]):
                 print(f"    {label:28} {acc[label] / args.reps:8.3f} ms "

@@ -41,14 +41,16 @@ CASES = [("fused", 33), ("fused", 47), ("fused", 64), ("rows", 33), ("rows", 64)
          ("rows", 511), ("rows", 512), ("panel", 100)]
 
 
-#: the tensor-core LU of n <= 64 (float64 only)
-MMA64_CASES = [("mma64", 33), ("mma64", 47), ("mma64", 63), ("mma64", 64)]
+#: the tensor-core LU of n <= 64 and the tensor-core panels (float64 only)
+MMA64_CASES = [("mma64", 33), ("mma64", 47), ("mma64", 63), ("mma64", 64),
+               ("rows_mma", 65), ("rows_mma", 100), ("rows_mma", 128), ("rows_mma", 200),
+               ("rows_mma", 256), ("rows_mma", 511), ("rows_mma", 512)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("method,n", CASES + MMA64_CASES)
 def test_lu_methods_match_lapack(rng, method, n, dtype):
-    if method == "mma64" and dtype != np.float64:
+    if method in ("mma64", "rows_mma") and dtype != np.float64:
         pytest.skip("float64 only")
     batch = 5 if n > 256 else 13
     a = random_batch(rng, (batch,), n, dtype)
@@ -64,7 +66,7 @@ def test_lu_methods_match_lapack(rng, method, n, dtype):
 
 @pytest.mark.parametrize("method,n", [("fused", 40), ("fused", 64), ("rows", 64),
                                       ("rows", 150), ("rows", 300), ("mma64", 40),
-                                      ("mma64", 64)])
+                                      ("mma64", 64), ("rows_mma", 150), ("rows_mma", 300)])
 def test_lu_methods_singular_and_ties(rng, method, n):
     a = singular_batch(rng, 6, n, np.float64)
     a[1] = np.round(a[1])                     # many exact ties in |a_ij|
@@ -78,7 +80,8 @@ def test_lu_methods_singular_and_ties(rng, method, n):
 
 
 @pytest.mark.parametrize("method,n", [("fused", 50), ("rows", 64), ("rows", 300),
-                                      ("rows", 97), ("mma64", 50), ("mma64", 64)])
+                                      ("rows", 97), ("mma64", 50), ("mma64", 64),
+                                      ("rows_mma", 97), ("rows_mma", 300)])
 @pytest.mark.parametrize("where", ["first", "last"])
 def test_lu_methods_flag_nonfinite(rng, method, n, where):
     a = random_batch(rng, (4,), n, np.float64)

@@ -63,6 +63,14 @@ __device__ __forceinline__ void dmma(double &d0, double &d1, double a, double b)
                  : "+d"(d0), "+d"(d1) : "d"(a), "d"(b));
 }
 
+// Panel kernel (getrf_mma_rows): width, stored row, sub-panels, warps.
+constexpr int PW = 32;                // panel width (ROWS_PANEL of the driver)
+constexpr int PLD = 34;               // doubles per stored panel row (odd 16-byte units)
+constexpr int PNP = PW / 8;           // sub-panels of 8 columns
+constexpr int MAXW = 8;               // warps of 64 rows: panels of up to 512 rows
+constexpr int SLOT = 10;              // a warp's candidate row: 8 entries, 1 / pivot, pad
+constexpr int kStage = 32;            // columns of the parallel swap's staging buffer
+
 __device__ __forceinline__ unsigned long long key64(double x) {
     return (unsigned long long)__double_as_longlong(x) & 0x7fffffffffffffffull;
 }
@@ -83,6 +91,24 @@ __device__ __forceinline__ void panel_write(double *t, const double (&v)[8], int
             make_double2(v[2 * h], v[2 * h + 1]);
 }
 
+// The same with a row stride of LDX doubles.
+template <int LDX>
+__device__ __forceinline__ void panel_read_ld(double (&v)[8], const double *t, int r, int p) {
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+        const double2 w = *reinterpret_cast<const double2 *>(t + r * LDX + 8 * p + 2 * h);
+        v[2 * h] = w.x;
+        v[2 * h + 1] = w.y;
+    }
+}
+template <int LDX>
+__device__ __forceinline__ void panel_write_ld(double *t, const double (&v)[8], int r, int p) {
+#pragma unroll
+    for (int h = 0; h < 4; ++h)
+        *reinterpret_cast<double2 *>(t + r * LDX + 8 * p + 2 * h) =
+            make_double2(v[2 * h], v[2 * h + 1]);
+}
+
 }  // namespace gpuqr_mma64
 
 // ---------------------------------------------------------------------------
@@ -97,6 +123,7 @@ getrf_mma64(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
 {
     static_assert(sizeof(T) == 8, "float64 only (FP64 tensor cores)");
     using namespace gpuqr_mma64;
+    static_assert(kSmemBytes <= 48 * 1024, "no opt-in to more shared memory");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     double *t = reinterpret_cast<double *>(smem_raw);
     double *bcast = t + TILE;
@@ -308,5 +335,295 @@ getrf_mma64(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
             const int i = e / n, j = e - i * n;
             dst[e] = t[perm[i] * LD + j];
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One panel step of the blocked LU for 64 < n <= 512 (the driver's 'rows_mma'
+// method): getrf_rows<double, 32, 512> of rows.cu without its solve of U12
+// (the driver's trsm_lunit does it: in this kernel it would need more than
+// 255 registers), with the scheme above inside: the panel
+// A[k0:n, k0:k0+nb] (nb = min(32, n - k0)) in shared memory, W = ceil((n -
+// k0) / 64) warps, lane l of warp w holding rows 64w + l and 64w + l + 32
+// (rows beyond n - k0 are zero and never candidates); sub-panels of 8
+// columns; per pivot step each warp's best candidate publishes its 8 entries,
+// 1 / pivot, key and position in the warp's slot, one __syncthreads, every
+// thread picks the block's winner from the W slots (larger |x|, then the
+// smaller LAPACK position); per sub-panel the other sub-panels' columns of
+// every warp's rows by DMMA (C += E * B, B read by all warps before a
+// barrier, then written). Then, as getrf_rows: the panel to its final rows
+// and the moved rows in the columns outside the panel (staged: a parallel
+// swap).
+// input:  src (batch, n, n) (the panel is read from here, may equal dst)
+// output: dst, piv (batch, n) entries k0 .. k0 + nb - 1 (0-based, LAPACK
+//         order), info (batch): read when k0 > 0, written
+// block:  W = ceil((n - k0) / 64) warps (<= 8); dynamic shared memory
+//         (64 W * PLD + 2 * MAXW * SLOT + 2 * PW * kStage) * 8 bytes
+//         (mma_rows_smem in scipy_gpuqr/batched/_gpu_blocked.py)
+// ---------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(256)
+getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ info,
+               int n, int k0)
+{
+    static_assert(sizeof(T) == 8, "float64 only (FP64 tensor cores)");
+    using namespace gpuqr_mma64;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __shared__ unsigned long long skey[2][MAXW];
+    __shared__ int smeta[2][MAXW];                     // row | pos << 16
+    __shared__ int spiv[PW];
+    __shared__ int perm[64 * MAXW];
+    __shared__ int msrc[2 * PW], mdst[2 * PW];
+    __shared__ int mcount;
+
+    const int tid = threadIdx.x, nth = blockDim.x, nw = nth >> 5;
+    const int lane = tid & 31, warp = tid >> 5;
+    const long long mat = blockIdx.x;
+    const T *S = src + mat * (long long)n * n;
+    T *A = dst + mat * (long long)n * n;
+    const int m = n - k0;
+    const int nb = min(PW, m);
+    const int MR = 64 * nw;
+    double *t = reinterpret_cast<double *>(smem_raw);  // MR x PLD
+    double *slots = t + MR * PLD;                       // [2][MAXW][SLOT]
+    double *stage = slots + 2 * MAXW * SLOT;            // 2 PW x kStage
+    if (tid == 0) mcount = 0;
+
+    for (int e = tid; e < MR * PW; e += nth) {
+        const int i = e >> 5, j = e & 31;
+        t[i * PLD + j] = (i < m && j < nb) ? S[(long long)(k0 + i) * n + k0 + j] : 0.0;
+    }
+    __syncthreads();
+
+    const int rb = 64 * warp + lane;                    // row of h = 0
+    double P[2][8], L[2][8];
+    bool cand[2];
+    int pos[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        cand[h] = rb + 32 * h < m;
+        pos[h] = rb + 32 * h;
+        panel_read_ld<PLD>(P[h], t, rb + 32 * h, 0);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) L[h][j] = 0.0;
+    }
+    const int fg = lane >> 2, fq = lane & 3;
+    int zk = 0;                                         // first zero pivot + 1 (panel)
+
+#pragma unroll 1
+    for (int p = 0; p < PNP; ++p) {
+        if (8 * p >= nb) break;
+        int pr0 = 0, pr1 = 0;                           // rows pivoting steps fq, 4 + fq
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            const int k = 8 * p + s;
+            if (k >= nb) break;                         // block-uniform
+            int bh = -1;
+            unsigned long long best = 0ull;
+            int bpos = 0x7fff;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned long long key = key64(P[h][s]);
+                if (cand[h] && (bh < 0 || key > best || (key == best && pos[h] < bpos))) {
+                    bh = h;
+                    best = key;
+                    bpos = pos[h];
+                }
+            }
+            const bool valid = bh >= 0;
+            const double x = bh == 0 ? P[0][s] : (bh == 1 ? P[1][s] : 1.0);
+            const double rinv = __drcp_rn(x);
+            const unsigned hi = valid ? (unsigned)(best >> 32) : 0u;
+            const unsigned mh = __reduce_max_sync(0xffffffffu, hi);
+            const bool c1 = valid && hi == mh;
+            unsigned b = __ballot_sync(0xffffffffu, c1);
+            if (__popc(b) != 1) {
+                const unsigned lo = (unsigned)best;
+                const unsigned ml = __reduce_max_sync(0xffffffffu, c1 ? lo : 0u);
+                const bool c2 = c1 && lo == ml;
+                const unsigned mp = __reduce_min_sync(0xffffffffu,
+                                                      c2 ? (unsigned)bpos : 0xffffffffu);
+                b = __ballot_sync(0xffffffffu, c2 && (unsigned)bpos == mp);
+            }
+            const int pl = __ffs(b) - 1;                // -1: no candidate in this warp
+            const int buf = s & 1;
+            double *w = slots + (buf * MAXW + warp) * SLOT;
+            if (lane == pl) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (h == bh) {
+#pragma unroll
+                        for (int q = 0; q < 4; ++q)
+                            *reinterpret_cast<double2 *>(w + 2 * q) =
+                                make_double2(P[h][2 * q], P[h][2 * q + 1]);
+                    }
+                }
+                w[8] = rinv;
+                skey[buf][warp] = best;
+                smeta[buf][warp] = (rb + 32 * bh) | (bpos << 16);
+            }
+            if (pl < 0 && lane == 0) {
+                skey[buf][warp] = 0ull;
+                smeta[buf][warp] = 0x7fff << 16;
+            }
+            __syncthreads();
+            // the block's winner: larger key, then smaller position
+            unsigned long long bk = skey[buf][0];
+            int bm = smeta[buf][0], bw = 0;
+            for (int v = 1; v < nw; ++v) {
+                const unsigned long long kv = skey[buf][v];
+                const int mv = smeta[buf][v];
+                if (kv > bk || (kv == bk && (mv >> 16) < (bm >> 16))) {
+                    bk = kv;
+                    bm = mv;
+                    bw = v;
+                }
+            }
+            const int prow = bm & 0xffff, pp = bm >> 16;
+            const double *wb = slots + (buf * MAXW + bw) * SLOT;
+            double bv[8];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const double2 v = *reinterpret_cast<const double2 *>(wb + 2 * q);
+                bv[2 * q] = v.x;
+                bv[2 * q + 1] = v.y;
+            }
+            const double ri = wb[8];
+            const double pv = bv[s];
+            const bool zero = pv == 0.0;                // block-uniform
+            const bool small = fabs(pv) < gpuqr_sfmin<double>();
+            if (zero && zk == 0) zk = k + 1;
+            if (tid == 0) spiv[k] = pp;
+            if (fq == s) pr0 = prow;
+            if (fq + 4 == s) pr1 = prow;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (rb + 32 * h == prow) cand[h] = false;
+                if (cand[h]) {
+                    const double xr = P[h][s];
+                    double nl;
+                    if (!small) nl = -(xr * ri);
+                    else if (!zero) nl = -(xr / pv);
+                    else nl = 0.0;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j)
+                        if (j != s) P[h][j] = fma(nl, bv[j], P[h][j]);
+                    P[h][s] = nl;
+                    L[h][s] = nl;
+                }
+                if (pos[h] == k) pos[h] = pp;
+                else if (rb + 32 * h == prow) pos[h] = k;
+            }
+        }
+
+        double O[2][8];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int st = min(max(pos[h] - 8 * p, -1), 8);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                O[h][j] = (j < st) ? -L[h][j] : P[h][j];
+                P[h][j] = (j < st) ? P[h][j] : 0.0;       // E
+            }
+        }
+        if (8 * (p + 1) < nb) {                            // block-uniform
+            // B: the pivot rows' entries of the later sub-panels, read by
+            // every warp before any warp writes them
+            double bf[PNP - 1][2];
+#pragma unroll
+            for (int jj = 0; jj < PNP - 1; ++jj) {
+                const int J = p + 1 + jj;
+                const bool use = J < PNP && 8 * J < nb;
+                bf[jj][0] = use ? t[pr0 * PLD + 8 * J + fg] : 0.0;
+                bf[jj][1] = use ? t[pr1 * PLD + 8 * J + fg] : 0.0;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int h = 0; h < 2; ++h) panel_write_ld<PLD>(t, P[h], rb + 32 * h, p);
+            __syncwarp();
+            double af[8][2];
+#pragma unroll
+            for (int I = 0; I < 8; ++I)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+                    af[I][hh] = t[(64 * warp + 8 * I + fg) * PLD + 8 * p + 4 * hh + fq];
+            __syncwarp();
+#pragma unroll
+            for (int h = 0; h < 2; ++h) panel_write_ld<PLD>(t, O[h], rb + 32 * h, p);
+#pragma unroll
+            for (int jj = 0; jj < PNP - 1; ++jj) {
+                const int J = p + 1 + jj;
+                if (J < PNP && 8 * J < nb) {
+#pragma unroll
+                    for (int I = 0; I < 8; ++I) {
+                        double2 *c = reinterpret_cast<double2 *>(
+                            t + (64 * warp + 8 * I + fg) * PLD + 8 * J + 2 * fq);
+                        double2 v = *c;
+                        dmma(v.x, v.y, af[I][0], bf[jj][0]);
+                        dmma(v.x, v.y, af[I][1], bf[jj][1]);
+                        *c = v;
+                    }
+                }
+            }
+            __syncwarp();
+#pragma unroll
+            for (int h = 0; h < 2; ++h) panel_read_ld<PLD>(P[h], t, rb + 32 * h, p + 1);
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) panel_write_ld<PLD>(t, O[h], rb + 32 * h, p);
+        }
+    }
+
+    // the panel to its final rows; the rows that changed place
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = rb + 32 * h;
+        if (r < m) {
+            perm[pos[h]] = r;
+            if (pos[h] != r) {
+                const int sidx = atomicAdd(&mcount, 1);
+                msrc[sidx] = r;
+                mdst[sidx] = pos[h];
+            }
+        }
+    }
+    __syncthreads();
+    bool bad = false;
+    for (int e = tid; e < m * nb; e += nth) {
+        const int i = e / nb, j = e - i * nb;
+        const double v = t[perm[i] * PLD + j];
+        bad = bad || !isfinite(v);
+        A[(long long)(k0 + i) * n + k0 + j] = v;
+    }
+    if (tid < nb) piv[mat * n + k0 + tid] = k0 + spiv[tid];
+
+    if (nb < n) {
+        // parallel swap: the moved rows, in the columns outside the panel
+        const int cnt = mcount;
+        const int oc = n - nb;
+        for (int t0 = 0; t0 < oc && cnt > 0; t0 += kStage) {
+            for (int e = tid; e < cnt * kStage; e += nth) {
+                const int kk = e / kStage, tt = t0 + e % kStage;
+                if (tt < oc) {
+                    const int c = tt < k0 ? tt : tt + nb;
+                    stage[e] = A[(long long)(k0 + msrc[kk]) * n + c];
+                }
+            }
+            __syncthreads();
+            for (int e = tid; e < cnt * kStage; e += nth) {
+                const int kk = e / kStage, tt = t0 + e % kStage;
+                if (tt < oc) {
+                    const int c = tt < k0 ? tt : tt + nb;
+                    A[(long long)(k0 + mdst[kk]) * n + c] = stage[e];
+                }
+            }
+            __syncthreads();
+        }
+    }
+    bad = __syncthreads_or(bad);
+    if (tid == 0) {
+        const int prev = k0 > 0 ? info[mat] : 0;
+        const int zinfo = zk ? k0 + zk : 0;
+        info[mat] = (prev < 0 || bad) ? -1 : (prev > 0 ? prev : zinfo);
     }
 }

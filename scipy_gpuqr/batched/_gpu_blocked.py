@@ -14,6 +14,10 @@ operation, :func:`default_method`):
 * ``'mma64'`` (float64, n <= 64, sm_80+): one warp per matrix, the
   matrix in shared memory, panels of 8 columns with the trailing updates on
   the FP64 tensor cores (``getrf_mma64`` of ``kernels/batched/lu_mma64.cu``).
+* ``'rows_mma'`` (float64, n <= 512, sm_80+): as ``'rows'`` with the panel
+  kernel ``getrf_mma_rows`` (same file: a warp per 64 panel rows, sub-panels
+  of 8 columns updated by DMMA, one barrier per column) and U12 solved by
+  ``trsm_lunit``.
 * ``'rows'`` (n <= 512): blocked right-looking, the panels factorized by a
   kernel with one thread per panel row. LU: panels of 64 columns, each
   factorized as two halves of 32 (nested blocking: the left half, a GEMM on
@@ -41,7 +45,7 @@ import numpy as np
 from . import _gpu_common as _common
 from ._gpu_common import NO_REPORT, NULL, device_id, dtname, solve_by_columns
 from ._kernel_registry import (FUSED_MAX, KERNEL_VARIANTS, MMA64_FILE, MMA64_NAME,
-                               MMA64_SMEM, PANEL, PANEL_FILE, ROWS_FILE, ROWS_MAX, ROWS_PANEL, ROWS_THREADS,
+                               MMA64_SMEM, MMA_ROWS_NAME, PANEL, mma_rows_smem, PANEL_FILE, ROWS_FILE, ROWS_MAX, ROWS_PANEL, ROWS_THREADS,
                                STAGE_COLS, panel_name, rows_name)
 from .._kernels import load_module
 
@@ -49,7 +53,7 @@ __all__ = ["getrf", "potrf", "getrs", "potrs", "inverse", "default_method",
            "METHODS", "CHOL_SPLIT", "has_mma"]
 
 #: Factorization methods, see the module docstring.
-METHODS = ("fused", "mma64", "rows", "panel")
+METHODS = ("fused", "mma64", "rows", "rows_mma", "panel")
 
 #: Threads per block of the panel kernels (GPUQR_PANEL_THREADS of panel.cu).
 PANEL_THREADS = 256
@@ -77,10 +81,11 @@ def _check_method(method, n: int, op: str = "lu", dtype=None) -> str:
     method = default_method(n, op) if method is None else method
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if method == "mma64" and (op != "lu" or n > FUSED_MAX or dtype != np.float64
-                              or not has_mma(device_id())):
-        raise ValueError(f"method 'mma64' is the float64 LU of n <= {FUSED_MAX} on "
-                         f"sm_80+, got n={n}, {np.dtype(dtype).name}, op {op!r}")
+    if method in ("mma64", "rows_mma"):
+        nmax = FUSED_MAX if method == "mma64" else ROWS_MAX
+        if op != "lu" or n > nmax or dtype != np.float64 or not has_mma(device_id()):
+            raise ValueError(f"method {method!r} is the float64 LU of n <= {nmax} on "
+                             f"sm_80+, got n={n}, {np.dtype(dtype).name}, op {op!r}")
     if method == "fused" and n > FUSED_MAX:
         raise ValueError(f"method 'fused' handles n <= {FUSED_MAX}, got n={n}")
     if method == "rows" and n > ROWS_MAX:
@@ -95,8 +100,8 @@ def _rows_function(kernel: str, dt: str, nb: int, maxt: int, device: int):
 
 
 @functools.lru_cache(maxsize=None)
-def _mma64_function(device: int):
-    return load_module(MMA64_FILE, KERNEL_VARIANTS[MMA64_FILE]).get_function(MMA64_NAME)
+def _mma64_function(device: int, name: str = MMA64_NAME):
+    return load_module(MMA64_FILE, KERNEL_VARIANTS[MMA64_FILE]).get_function(name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -225,8 +230,8 @@ def getrf(a, piv, info, method: str | None = None):
            (a, lu, piv, info, np.int32(n), np.int32(0), np.int32(n)))
         return lu
     lu = a.copy()
-    if method == "rows":
-        _rows_lu(lu, piv, info)
+    if method in ("rows", "rows_mma"):
+        _rows_lu(lu, piv, info, method == "rows_mma")
         return lu
     info.fill(0)
     fn = _panel_function("getrf_panel", dt, dev)
@@ -238,7 +243,7 @@ def getrf(a, piv, info, method: str | None = None):
     return lu
 
 
-def _rows_lu(lu, piv, info) -> None:
+def _rows_lu(lu, piv, info, mma: bool = False) -> None:
     """Blocked LU of ``lu`` in place with panels of 2 * ROWS_PANEL = 64 columns.
 
     A panel of 64 is factorized as two halves (LAPACK's recursive getrf2 one
@@ -246,21 +251,34 @@ def _rows_lu(lu, piv, info) -> None:
     the right), a GEMM on the right half's columns, the right half (row
     swaps only), then for the columns right of the panel a GEMM on the right
     half's rows and their solve with its L11; one GEMM with k = 64 updates
-    the trailing matrix.
+    the trailing matrix. ``mma``: the panels by ``getrf_mma_rows`` (float64,
+    sm_80+), whose U12 is solved by ``trsm_lunit`` after it.
     """
     bsz, n = lu.shape[0], lu.shape[-1]
     outer = 2 * ROWS_PANEL
     dt = dtname(lu.dtype)
     dev = device_id()
-    fn = _rows_function("getrf_rows", dt, ROWS_PANEL, ROWS_THREADS, dev)
-    smem = _with_smem(fn, (ROWS_PANEL * ROWS_PANEL + 2 * ROWS_PANEL * STAGE_COLS)
-                      * lu.itemsize)
     tr = _rows_function("trsm_lunit", dt, ROWS_PANEL, ROWS_THREADS, dev)
+    if mma:
+        pfn = _mma64_function(dev, MMA_ROWS_NAME)
 
-    def panel(k0: int, trsm_end: int) -> None:
-        fn((bsz,), (_rows_threads(n - k0),),
-           (lu, lu, piv, info, np.int32(n), np.int32(k0), np.int32(trsm_end)),
-           shared_mem=smem)
+        def panel(k0: int, trsm_end: int) -> None:
+            warps = -(-(n - k0) // 64)
+            pfn((bsz,), (32 * warps,), (lu, lu, piv, info, np.int32(n), np.int32(k0)),
+                shared_mem=_with_smem(pfn, mma_rows_smem(warps)))
+            c0 = k0 + ROWS_PANEL
+            if c0 < trsm_end:
+                tr((bsz,), (_rows_threads(n - c0),),
+                   (lu, info, np.int32(n), np.int32(k0), np.int32(ROWS_PANEL), np.int32(c0)))
+    else:
+        fn = _rows_function("getrf_rows", dt, ROWS_PANEL, ROWS_THREADS, dev)
+        smem = _with_smem(fn, (ROWS_PANEL * ROWS_PANEL + 2 * ROWS_PANEL * STAGE_COLS)
+                          * lu.itemsize)
+
+        def panel(k0: int, trsm_end: int) -> None:
+            fn((bsz,), (_rows_threads(n - k0),),
+               (lu, lu, piv, info, np.int32(n), np.int32(k0), np.int32(trsm_end)),
+               shared_mem=smem)
 
     for k0 in range(0, n, outer):
         w = min(outer, n - k0)

@@ -15,7 +15,7 @@ __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "FUSED_MAX", "ROWS_MAX", "ROWS_PANEL", "ROWS_THREADS", "STAGE_COLS",
            "rows_name", "MMA_SIZES", "MMA_FILE", "ROWS_FILE", "PANEL_FILE",
            "SOLVE_FILE", "STATUS_FILE", "status_name", "VB_FILE", "vb_name",
-           "MMA64_FILE", "MMA64_NAME", "MMA64_SMEM"]
+           "MMA64_FILE", "MMA64_NAME", "MMA64_SMEM", "MMA_ROWS_NAME", "mma_rows_smem"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
 SMALL_MAX = 32
@@ -67,6 +67,17 @@ MMA64_NAME = "getrf_mma64<double>"
 #: Its dynamic shared memory per block (kSmemBytes of that file: the padded
 #: 64 x 66 tile, two 10-double broadcast buffers, 128 ints).
 MMA64_SMEM = (64 * 66 + 2 * 10) * 8 + 2 * 64 * 4
+
+#: The panel step of the blocked float64 LU on the FP64 tensor cores (same
+#: file): getrf_rows's panel of 32 columns, a warp per 64 rows.
+MMA_ROWS_NAME = "getrf_mma_rows<double>"
+
+
+def mma_rows_smem(warps: int) -> int:
+    """Dynamic shared memory of ``getrf_mma_rows`` with ``warps`` warps: the
+    (64 warps) x 34 panel, 2 x 8 candidate slots of 10 doubles, the 64 x 32
+    staging buffer of the row swaps."""
+    return (64 * warps * 34 + 2 * 8 * 10 + 64 * 32) * 8
 
 #: Source file of the n > 32 kernels with a row per thread (LU and Cholesky
 #: panels, one-kernel LU for n <= FUSED_MAX, solves in shared memory).
@@ -139,7 +150,7 @@ KERNEL_VARIANTS = {
         small_name("getrf_warp", dt, n)
         for dt in _CTYPES for n in range(1, SMALL_MAX + 1)) + tuple(
         small_name("getri_warp", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
-    MMA64_FILE: (MMA64_NAME,),
+    MMA64_FILE: (MMA64_NAME, MMA_ROWS_NAME),
     MMA_FILE: tuple(small_name(k, "float64", n)
                     for k in ("getrf_mma", "getri_mma") for n in MMA_SIZES),
     "batched/cholesky.cu": tuple(
