@@ -25,7 +25,10 @@ threshold (``off``: every front through the uberkernel; see
 threshold that has dense fronts. ``--panel-method kernel,geqrf`` repeats each
 threshold's row per way of factorizing the dense fronts' panels
 (``scipy_gpuqr._engine.dense_front.PANEL_METHODS``; default: the default one;
-``kernel:noahead`` without the look-ahead stream). ``--once`` only factorizes each matrix once
+``kernel:noahead`` without the look-ahead stream). ``--apply scalar,mma-blocked``
+repeats each row per Apply variant of the uberkernel
+(``factorize_kernels.APPLY_VARIANTS``, through ``SCIPY_GPUQR_APPLY``; each
+variant's kernels compiled before its timings). ``--once`` only factorizes each matrix once
 (first threshold; for a profiler wrapped around the script, e.g.
 ``ncu -k regex:uberkernel --launch-skip 600 --launch-count 3 python3
 bench/sparse_qr.py --once --only ch7-8-b3 --dense-flops off``).
@@ -147,8 +150,17 @@ def _dense_arg(x):
     return (None if thr in ("off", "none", "") else float(thr)), (int(cpl) if cpl else None)
 
 
+def _apply_env(apply):
+    """Set ``SCIPY_GPUQR_APPLY`` to ``apply`` (None: unset); returns the old value."""
+    from scipy_gpuqr._engine.gpu.factorize_kernels import ENV_APPLY
+    old = os.environ.pop(ENV_APPLY, None)
+    if apply:
+        os.environ[ENV_APPLY] = apply
+    return old
+
+
 def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), panels=(),
-            methods=(None,)):
+            methods=(None,), applies=(None,)):
     """One matrix: analysis, then per dense threshold a row (see the module notes)."""
     from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
     from scipy_gpuqr._symbolic import analyze
@@ -165,10 +177,15 @@ def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), p
     row["make_seconds"] = t1 - t0
     row["flops"] = float(an.flops)
     row["nfronts"] = int(an.fronts.nfronts)
-    # compile the kernels outside the timings (a tiny problem)
+    # compile the kernels outside the timings (a tiny problem, per Apply variant)
     from scipy_gpuqr._engine.gpu.driver import gpu_factorize
     from scipy_gpuqr._testing_matrices import grid3d_least_squares
-    gpu_factorize(grid3d_least_squares(3), dense_flops=1.0).free()
+    for ap in applies:
+        old = _apply_env(ap)
+        try:
+            gpu_factorize(grid3d_least_squares(3), dense_flops=1.0).free()
+        finally:
+            _apply_env(old)
     rows = []
     from scipy_gpuqr._engine import dense_front
     default_method = dense_front.DEFAULT_PANEL_METHOD
@@ -176,16 +193,20 @@ def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), p
     for d in dense:
         thr, cpl = (DEFAULT_DENSE_FLOPS, None) if d == "default" else _dense_arg(d)
         for method in methods:
-            name_m, _, opt = (method or default_method).partition(":")
-            r = dict(row, dense_flops=thr, dense_cpl=cpl, panel_method=method or default_method)
-            dense_front.DEFAULT_PANEL_METHOD = name_m
-            dense_front.DEFAULT_LOOKAHEAD = default_ahead and opt != "noahead"
-            try:
-                _gpu_runs(A, an, r, reps, thr, cpl)
-            finally:
-                dense_front.DEFAULT_PANEL_METHOD = default_method
-                dense_front.DEFAULT_LOOKAHEAD = default_ahead
-            rows.append(r)
+            for ap in applies:
+                name_m, _, opt = (method or default_method).partition(":")
+                r = dict(row, dense_flops=thr, dense_cpl=cpl,
+                         panel_method=method or default_method, apply=ap or "default")
+                dense_front.DEFAULT_PANEL_METHOD = name_m
+                dense_front.DEFAULT_LOOKAHEAD = default_ahead and opt != "noahead"
+                old = _apply_env(ap)
+                try:
+                    _gpu_runs(A, an, r, reps, thr, cpl)
+                finally:
+                    dense_front.DEFAULT_PANEL_METHOD = default_method
+                    dense_front.DEFAULT_LOOKAHEAD = default_ahead
+                    _apply_env(old)
+                rows.append(r)
     if panels:
         thr = next((r["dense_flops"] for r in rows if r.get("dense_fronts")), None)
         if thr is not None:
@@ -273,12 +294,15 @@ def main(argv=None) -> int:
     p.add_argument("--panels", default="", help="comma list of dense panel widths")
     p.add_argument("--panel-method", default="",
                    help="comma list of dense panel methods (kernel, geqrf; default: default)")
+    p.add_argument("--apply", default="",
+                   help="comma list of uberkernel Apply variants (scalar, mma-tile, mma-blocked, mma-async)")
     p.add_argument("--once", action="store_true",
                    help="one factorization per matrix, nothing timed (for profilers)")
     args = p.parse_args(argv)
     dense = [x for x in args.dense_flops.split(",") if x]
     panels = [int(x) for x in args.panels.split(",") if x]
     methods = tuple(x for x in args.panel_method.split(",") if x) or (None,)
+    applies = tuple(x for x in args.apply.split(",") if x) or (None,)
     only = {x for x in args.only.split(",") if x}
     spqr = {x for x in args.spqr.split(",") if x}
     rows = []
@@ -293,7 +317,8 @@ def main(argv=None) -> int:
         return 0
     for name, make in _matrices(only, os.environ.get("SHARED_MATRICES")):
         try:
-            got = run_one(name, make, spqr, args.reps, args.spqr_only, dense, panels, methods)
+            got = run_one(name, make, spqr, args.reps, args.spqr_only, dense, panels, methods,
+                          applies)
         except Exception as exc:  # noqa: BLE001 - report and go on
             import traceback
             traceback.print_exc()
@@ -323,6 +348,8 @@ def main(argv=None) -> int:
         if r.get("dense_fronts"):
             pm = r.get("panel_method", "?")
             tag = f"{tag}/{pm[0]}{'-' if 'noahead' in pm else ''}"
+        if r.get("apply", "default") != "default":
+            tag = f"{tag}/{r['apply'].replace('mma-', '')[:5]}"
         print(f"{r['matrix'][:14]:14s} {tag:>8s} "
               f"{r.get('dense_fronts', 0):3d} "
               f"{r['flops'] / 1e12:6.3f} {r['analysis_seconds']:5.2f} "

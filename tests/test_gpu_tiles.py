@@ -3,7 +3,8 @@
 GPU tests (marker ``gpu``): a front's bucket schedule runs launch by launch on
 the GPU and in NumPy from the same fresh random data; after every launch the
 front pools and the VT tiles must agree. The VT pool starts poisoned (NaN).
-Every float64 variant the engine launches is tested.
+Every float64 variant the engine launches is tested, with every Apply variant
+(``factorize_kernels.APPLY_VARIANTS``: scalar loops, FP64 tensor cores).
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ from scipy_gpuqr._engine.host.simulate import execute_launches
 from scipy_gpuqr._schedule import bucket
 
 #: (TILE, BUNDLE, threads) of the engine's float64 uberkernel variants.
-FLOAT64_VARIANTS = [(t, b, n) for c, t, b, n in variants.ENGINE_VARIANTS if c == "double"]
+FLOAT64_VARIANTS = [(t, b, n, a) for c, t, b, n in variants.ENGINE_VARIANTS if c == "double"
+                    for a in sorted(set(variants.APPLY_VARIANTS.values()))]
 
 EPS = np.finfo(float).eps
 
 
-def _kernel(tile, bund, threads):
+def _kernel(tile, bund, threads, apply):
     from scipy_gpuqr._kernels import load_module
     mod = load_module(variants.UBERKERNEL_FILE, variants.KERNEL_VARIANTS[variants.UBERKERNEL_FILE])
-    k = mod.get_function(variants.kernel_name("double", tile, bund, threads))
-    smem = variants.tile_smem_bytes(tile, bund)
+    k = mod.get_function(variants.kernel_name("double", tile, bund, threads, apply))
+    smem = variants.tile_smem_bytes(tile, bund, apply=apply)
     k.max_dynamic_shared_size_bytes = smem
     return k, smem, mod
 
@@ -44,11 +46,11 @@ def _launch(kern, smem, threads, tasks, F, VT):
     kern((len(tasks),), (threads,), (d, F, VT, *_none_args()), shared_mem=smem)
 
 
-def _check_smem_formula(mod, tile, bund):
+def _check_smem_formula(mod, tile, bund, apply):
     import cupy as cp
     out = cp.zeros(1, dtype=cp.int64)
-    mod.get_function(variants.smem_kernel_name("double", tile, bund))((1,), (1,), (out,))
-    assert int(out[0]) == variants.tile_smem_bytes(tile, bund)
+    mod.get_function(variants.smem_kernel_name("double", tile, bund, apply))((1,), (1,), (out,))
+    assert int(out[0]) == variants.tile_smem_bytes(tile, bund, apply=apply)
 
 
 def _front(rng, fm, fn, staircase):
@@ -71,9 +73,9 @@ CASES = [(500, 300, False), (1000, 64, False), (64, 700, False), (333, 200, True
 @pytest.mark.parametrize("pipelining", [False, True])
 def test_tile_kernels_match_numpy_launch_by_launch(variant, pipelining):
     import cupy as cp
-    tile, bund, threads = variant
-    kern, smem, mod = _kernel(tile, bund, threads)
-    _check_smem_formula(mod, tile, bund)
+    tile, bund, threads, apply = variant
+    kern, smem, mod = _kernel(tile, bund, threads, apply)
+    _check_smem_formula(mod, tile, bund, apply)
     rng = np.random.default_rng()
     for fm, fn, stair_on in CASES:
         A, stair = _front(rng, fm, fn, stair_on)
@@ -105,8 +107,8 @@ def test_tile_kernels_keep_q_orthogonal_with_tiny_columns(variant, pipelining):
     # overflow): the norm is rescaled (NormRange), so every reflector stays
     # orthogonal and ‖R x‖ = ‖A x‖ holds for the normal-sized columns
     import cupy as cp
-    tile, bund, threads = variant
-    kern, smem, _ = _kernel(tile, bund, threads)
+    tile, bund, threads, apply = variant
+    kern, smem, _ = _kernel(tile, bund, threads, apply)
     rng = np.random.default_rng()
     fm, fn = 300, 200
     A = rng.standard_normal((fm, fn))

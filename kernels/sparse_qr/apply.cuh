@@ -1,14 +1,16 @@
 // Apply task: block Householder update A <- A - V (T^T (V^T A)) of the bundle's
 // column tiles [c0, c1), V and T from the VT tile (top slot) and the front.
+// The template argument APPLY picks how a double-precision TILE-32 Apply with
+// 256 threads does its three products: 0 scalar loops, 1 FP64 tensor cores a
+// warp per 8x8 output tile (apply_chunk_mma), 2 FP64 tensor cores with each
+// warp holding a block of output tiles (apply_chunk_mma_blocked), 3 the same
+// with the next column chunk copied in (cp.async) while a chunk's last two
+// products run; any other
+// type, tile or thread count runs the scalar loops. The host side names the
+// variant (scipy_gpuqr/_engine/gpu/factorize_kernels.py).
 #pragma once
 
 #include "task.cuh"
-
-// GPUQR_APPLY_MMA=1 runs the three products of a double-precision TILE-32 Apply
-// on the FP64 tensor cores (apply_chunk_mma below); 0 keeps the scalar loops.
-#ifndef GPUQR_APPLY_MMA
-#define GPUQR_APPLY_MMA 0
-#endif
 
 namespace gpuqr {
 
@@ -96,11 +98,155 @@ __device__ __forceinline__ void apply_chunk_mma(const Task& t, double* __restric
     }
 }
 
-template <int TILE, int BUNDLE>
+// The Apply variant a kernel runs: 1, 2 and 3 need double, TILE 32 and 256 threads.
+template <typename T, int TILE, int NT, int APPLY>
+struct ApplyKind {
+    static constexpr int value =
+        (ApplyIsDouble<T>::value && TILE == 32 && NT == 256 && APPLY >= 1 && APPLY <= 3)
+            ? APPLY : 0;
+};
+
+// Start copying the W = 32 columns [cc, cc + 32) of the bundle's M rows into
+// A (row stride LDW) without registers (cp.async, 8 bytes a thread at a time);
+// rows >= fm and columns >= cend are zero-filled. Visible after
+// apply_async_wait() and a barrier.
+template <int NT, int LDW>
+__device__ __forceinline__ void apply_async_load(const Task& t, const double* __restrict__ F,
+                                                 double* A, int M, int cc, int cend) {
+    const int fm = t.fm, fn = t.fn;
+    const long long F0 = t.F;
+    for (int idx = threadIdx.x; idx < M * 32; idx += NT) {
+        const int i = idx >> 5, j = idx & 31;
+        const int r = t.rows[i >> 5] + (i & 31), c = cc + j;
+        const bool in = r < fm && c < cend;
+        const double* src = F + (in ? F0 + (long long)r * fn + c : 0);
+        const unsigned dst = (unsigned)__cvta_generic_to_shared(A + i * LDW + j);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
+                     :: "r"(dst), "l"(src), "r"(in ? 8 : 0) : "memory");
+    }
+}
+
+__device__ __forceinline__ void apply_async_wait() {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+// One W-column chunk of the Apply on the tensor cores, 8 warps, each holding a
+// block of output tiles so that an operand fragment read from shared memory
+// feeds two or more mma: C = V^T A (warp w: rows 8 (w/2) .. +8, columns
+// 16 (w%2) .. +16), C = -T^T C (the same tiles), A -= V C (rows of na 8-row
+// blocks, the same 16 columns; A's tiles held in registers from the start).
+// Row strides LD, LDW = 4 (mod 16) make every fragment load conflict-free.
+// Products skip what is zero by structure: V^T's rows above the diagonal of
+// the top tile, T^T's above its diagonal, every k at or past nref (rounded to
+// the k-step of 4; V and T are zero there). The result goes to F for rows < fm
+// and columns < cend. A's buffer is free once the first product is done; the
+// next chunk may load it while slow warps finish the last product (the caller
+// syncs after the load). With ASYNC the chunk at ncc (if < cend) starts
+// loading into A right after the first product (apply_async_load).
+template <int LD, int LDW, bool ASYNC>
+__device__ __forceinline__ void apply_chunk_mma_blocked(const Task& t, double* __restrict__ F,
+                                                        const double* V, const double* Tm,
+                                                        double* A, double* C, int M,
+                                                        int nref, int cc, int cend, int ncc) {
+    static_assert(LD % 16 == 4 && LDW % 16 == 4, "apply_chunk_mma_blocked: padding");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int I = warp >> 1, j0 = (warp & 1) * 16;
+    const int na = M >> 5;
+    const int kr = (nref + 3) & ~3;
+    double acc[3][4];
+#pragma unroll
+    for (int u = 0; u < 3; ++u) {
+        if (u < na) {
+            const double* a = A + ((I * na + u) * 8 + g) * LDW + j0 + 2 * q;
+            acc[u][0] = a[0];
+            acc[u][1] = a[1];
+            acc[u][2] = a[8];
+            acc[u][3] = a[9];
+        }
+    }
+    // C = V^T A: A-operand V^T[i][k] = V[k][i], B-operand A[k][j]
+    double c0 = 0.0, c1 = 0.0, c2 = 0.0, c3 = 0.0;
+    if (I * 8 < nref) {
+        const double* v = V + q * LD + I * 8 + g;
+        const double* b = A + q * LDW + j0 + g;
+#pragma unroll 4
+        for (int k0 = I * 8; k0 < M; k0 += 4) {
+            const double a = v[k0 * LD];
+            apply_dmma(c0, c1, a, b[k0 * LDW]);
+            apply_dmma(c2, c3, a, b[k0 * LDW + 8]);
+        }
+    }
+    double* crow = C + (I * 8 + g) * LDW + j0 + 2 * q;
+    crow[0] = c0;
+    crow[1] = c1;
+    crow[8] = c2;
+    crow[9] = c3;
+    __syncthreads();
+    if constexpr (ASYNC) {
+        if (ncc < cend) apply_async_load<256, LDW>(t, F, A, M, ncc, cend);
+    }
+    // C = -T^T C: A-operand T^T[i][k] = Tm[k][i], zero for k > i
+    c0 = c1 = c2 = c3 = 0.0;
+    {
+        const int kt = (I + 1) * 8 < kr ? (I + 1) * 8 : kr;
+        const double* tm = Tm + q * LD + I * 8 + g;
+        const double* b = C + q * LDW + j0 + g;
+#pragma unroll 2
+        for (int k0 = 0; k0 < kt; k0 += 4) {
+            const double a = -tm[k0 * LD];
+            apply_dmma(c0, c1, a, b[k0 * LDW]);
+            apply_dmma(c2, c3, a, b[k0 * LDW + 8]);
+        }
+    }
+    __syncthreads();
+    crow[0] = c0;
+    crow[1] = c1;
+    crow[8] = c2;
+    crow[9] = c3;
+    __syncthreads();
+    // A += V C (C holds -T^T V^T A): A-operand V[i][k], B-operand C[k][j]
+    {
+        const double* b = C + q * LDW + j0 + g;
+        const double* v = V + (I * na * 8 + g) * LD + q;
+#pragma unroll 2
+        for (int k0 = 0; k0 < kr; k0 += 4) {
+            const double b0 = b[k0 * LDW], b1 = b[k0 * LDW + 8];
+#pragma unroll
+            for (int u = 0; u < 3; ++u) {
+                if (u < na) {
+                    const double a = v[u * 8 * LD + k0];
+                    apply_dmma(acc[u][0], acc[u][1], a, b0);
+                    apply_dmma(acc[u][2], acc[u][3], a, b1);
+                }
+            }
+        }
+    }
+    const int fm = t.fm, fn = t.fn;
+    const long long F0 = t.F;
+    const int c = cc + j0 + 2 * q;
+#pragma unroll
+    for (int u = 0; u < 3; ++u) {
+        if (u < na) {
+            const int i = (I * na + u) * 8 + g;
+            const int r = t.rows[i >> 5] + (i & 31);
+            if (r < fm) {
+                double* f = F + F0 + (long long)r * fn + c;
+                if (c < cend) f[0] = acc[u][0];
+                if (c + 1 < cend) f[1] = acc[u][1];
+                if (c + 8 < cend) f[8] = acc[u][2];
+                if (c + 9 < cend) f[9] = acc[u][3];
+            }
+        }
+    }
+}
+
+template <typename Tv, int TILE, int BUNDLE, int APPLY>
 struct ApplySmem {
-    static constexpr int LD = TILE + 1;
+    static constexpr int LD = (APPLY == 2 || APPLY == 3) && ApplyIsDouble<Tv>::value && TILE == 32
+                                  ? TILE + 4 : TILE + 1;
     static constexpr int W = TILE >= 64 ? 32 : TILE;   // columns per chunk
-    static constexpr int LDW = W + 1;
+    static constexpr int LDW = LD == TILE + 4 ? W + 4 : W + 1;
     static constexpr int V = BUNDLE * TILE * LD;
     static constexpr int T = TILE * LD;
     static constexpr int A = BUNDLE * TILE * LDW;
@@ -108,10 +254,12 @@ struct ApplySmem {
     static constexpr int TOTAL = V + T + A + C;
 };
 
-template <typename T, int TILE, int BUNDLE, int NT>
+template <typename T, int TILE, int BUNDLE, int NT, int APPLY>
 __device__ void apply_bundle(const Task& t, T* __restrict__ F,
                              const T* __restrict__ VTpool, T* smem) {
-    using S = ApplySmem<TILE, BUNDLE>;
+    constexpr int KIND = ApplyKind<T, TILE, NT, APPLY>::value;
+    static_assert(KIND < 2 || BUNDLE <= 3, "apply_chunk_mma_blocked: at most 3 row tiles");
+    using S = ApplySmem<T, TILE, BUNDLE, APPLY>;
     constexpr int LD = S::LD, W = S::W, LDW = S::LDW;
     T* V = smem;
     T* Tm = V + S::V;
@@ -121,6 +269,10 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
     const int fm = t.fm, fn = t.fn, col = t.col, nref = t.nref, na = t.napply;
     const long long F0 = t.F, vt = t.vt;
     const int M = na * TILE;
+    const int cend = t.c1 < fn ? t.c1 : fn;
+    if constexpr (KIND == 3) {      // the first chunk's copy runs while V and T load
+        if (t.c0 < cend) apply_async_load<NT, LDW>(t, F, A, M, t.c0, cend);
+    }
     for (int idx = tid; idx < M * TILE; idx += NT) {
         const int i = idx / TILE, j = idx - i * TILE;
         T v = 0.0;
@@ -138,8 +290,15 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
         const int i = idx / TILE, j = idx - i * TILE;
         Tm[i * LD + j] = (i <= j && j < nref) ? VTpool[vt + idx] : 0.0;
     }
+    if constexpr (KIND == 3) {
+        for (int cc = t.c0; cc < cend; cc += W) {
+            apply_async_wait();
+            __syncthreads();
+            apply_chunk_mma_blocked<LD, LDW, true>(t, F, V, Tm, A, C, M, nref, cc, cend, cc + W);
+        }
+        return;
+    }
     __syncthreads();
-    const int cend = t.c1 < fn ? t.c1 : fn;
     for (int cc = t.c0; cc < cend; cc += W) {
         for (int idx = tid; idx < M * W; idx += NT) {
             const int i = idx / W, j = idx - i * W;
@@ -147,7 +306,10 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
             A[i * LDW + j] = (r < fm && c < cend) ? F[F0 + (long long)r * fn + c] : 0.0;
         }
         __syncthreads();
-        if constexpr (GPUQR_APPLY_MMA && ApplyIsDouble<T>::value && TILE == 32 && W == 32) {
+        if constexpr (KIND == 2) {
+            apply_chunk_mma_blocked<LD, LDW, false>(t, F, V, Tm, A, C, M, nref, cc, cend, cend);
+            continue;   // A is free: the next chunk's load needs no barrier first
+        } else if constexpr (KIND == 1) {
             apply_chunk_mma<TILE, NT, LD, LDW>(t, F, V, Tm, A, C, M, cc, cend);
         } else {
             for (int idx = tid; idx < nref * W; idx += NT) {          // C = V^T A

@@ -1,7 +1,8 @@
 // The sparse-QR uberkernel: one thread block per task record, a switch on the
 // task type, one header per task family. The record is task.cuh (mirror of
 // scipy_gpuqr/_schedule/tasks.py); the variants compiled (dtype, TILE, BUNDLE,
-// threads) are listed in scipy_gpuqr/_engine/gpu/factorize_kernels.py.
+// threads, Apply variant: apply.cuh) are listed in
+// scipy_gpuqr/_engine/gpu/factorize_kernels.py.
 #include "task.cuh"
 #include "factorize.cuh"
 #include "apply.cuh"
@@ -11,7 +12,7 @@ namespace gpuqr {
 
 // tasks: the launch's records; F: front pool; VT: VT tile pool; s_index/s_value:
 // the stage's S entries; maps: Rimap entries then Rjmap entries (int64).
-template <typename T, int TILE, int BUNDLE, int NT>
+template <typename T, int TILE, int BUNDLE, int NT, int APPLY>
 __global__ void __launch_bounds__(NT)
 uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT,
            const long long* __restrict__ s_index, const T* __restrict__ s_value,
@@ -26,10 +27,10 @@ uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT
         factorize_bundle<T, TILE, BUNDLE, NT>(task, F, VT, task.col, task.nref, task.vt, smem);
         break;
     case TASK_APPLY:
-        apply_bundle<T, TILE, BUNDLE, NT>(task, F, VT, smem);
+        apply_bundle<T, TILE, BUNDLE, NT, APPLY>(task, F, VT, smem);
         break;
     case TASK_APPLY_FACTORIZE:
-        apply_bundle<T, TILE, BUNDLE, NT>(task, F, VT, smem);
+        apply_bundle<T, TILE, BUNDLE, NT, APPLY>(task, F, VT, smem);
         __syncthreads();
         factorize_bundle<T, TILE, BUNDLE, NT>(task, F, VT, task.c0, (int)task.aux, task.vt2,
                                               smem);
@@ -46,9 +47,9 @@ uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT
 }
 
 // Shared memory (bytes) a variant needs, for the host to set the opt-in limit.
-template <typename T, int TILE, int BUNDLE>
+template <typename T, int TILE, int BUNDLE, int APPLY>
 __global__ void uberkernel_smem_bytes(long long* out) {
-    const int f = FactorizeSmem<TILE, BUNDLE>::TOTAL, a = ApplySmem<TILE, BUNDLE>::TOTAL;
+    const int f = FactorizeSmem<TILE, BUNDLE>::TOTAL, a = ApplySmem<T, TILE, BUNDLE, APPLY>::TOTAL;
     out[0] = (long long)sizeof(T) * (f > a ? f : a);
 }
 

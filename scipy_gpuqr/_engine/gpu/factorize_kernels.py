@@ -1,7 +1,9 @@
 """Kernel variants of the sparse-QR factorization (``build_kernels.py --check`` compiles them).
 
 The uberkernel (``kernels/sparse_qr/uberkernel.cu``) is a template over the
-value type, the tile edge, the bundle size and the threads per block.
+value type, the tile edge, the bundle size, the threads per block and the way
+a float64 TILE-32 Apply does its products (:data:`APPLY_VARIANTS`: scalar
+loops or the FP64 tensor cores; :func:`apply_variant`).
 ``ENGINE_VARIANTS`` are the instantiations the engine launches; they and the
 kernels reporting their shared memory are the only ones declared
 (``KERNEL_VARIANTS``, read by :mod:`scipy_gpuqr._kernels`); at run time a
@@ -16,17 +18,20 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import threading
+from typing import Mapping
 
 import numpy as np
 
 from ..._kernels import KernelUse, prefetch
 from . import solve_kernels as sk
+from .array_ops import array_ops_use
 from .dense_panel import panel_kernel_use
 from .finite_check import finite_check_use
 
 __all__ = ["KERNEL_VARIANTS", "ENGINE_VARIANTS", "ENGINE_THREADS", "UBERKERNEL_FILE",
-           "kernel_name", "smem_kernel_name", "tile_smem_bytes", "engine_kernels",
+           "APPLY_VARIANTS", "DEFAULT_APPLY", "ENV_APPLY", "apply_variant", "kernel_name", "smem_kernel_name", "tile_smem_bytes", "engine_kernels",
            "prefetch_engine_kernels", "ENGINE_LIBRARIES", "prefetch_libraries"]
 
 #: The uberkernel's source file (relative to ``kernels/``).
@@ -42,23 +47,60 @@ ENGINE_VARIANTS: tuple[tuple[str, int, int, int], ...] = (
 
 _CTYPE = {"float64": "double", "float32": "float", "double": "double", "float": "float"}
 
+#: How a float64 TILE-32 Apply does its three products (the kernel's ``APPLY``
+#: template argument, ``kernels/sparse_qr/apply.cuh``): ``scalar`` loops, one
+#: FMA per two shared-memory loads; ``mma-tile``: FP64 tensor cores, a warp
+#: per 8x8 output tile; ``mma-blocked``: FP64 tensor cores, a warp per block
+#: of output tiles, padded conflict-free shared arrays, one barrier fewer;
+#: ``mma-async``: ``mma-blocked`` with the next column chunk copied into shared
+#: memory (``cp.async``) while a chunk's last two products run.
+APPLY_VARIANTS: dict[str, int] = {"scalar": 0, "mma-tile": 1, "mma-blocked": 2, "mma-async": 3}
 
-def kernel_name(ctype: str, tile: int, bundle: int, threads: int) -> str:
-    """Name expression of an uberkernel variant (``ctype``: 'double'/'float' or a dtype name)."""
-    return f"gpuqr::uberkernel<{_CTYPE[str(ctype)]}, {tile}, {bundle}, {threads}>"
+#: The Apply variant the engine runs (:data:`APPLY_VARIANTS`).
+DEFAULT_APPLY = "scalar"
+
+#: Environment variable naming another Apply variant (for comparisons).
+ENV_APPLY = "SCIPY_GPUQR_APPLY"
 
 
-def smem_kernel_name(ctype: str, tile: int, bundle: int) -> str:
+def apply_variant(ctype: str, tile: int, environ: Mapping[str, str] = os.environ) -> int:
+    """The ``APPLY`` template argument of a variant: the one :data:`ENV_APPLY`
+    names (:data:`DEFAULT_APPLY` when unset) for float64 with TILE 32, 0 (the
+    scalar loops, the only kind there) for any other type or tile."""
+    if _CTYPE[str(ctype)] != "double" or tile != 32:
+        return 0
+    name = environ.get(ENV_APPLY, "").strip() or DEFAULT_APPLY
+    if name not in APPLY_VARIANTS:
+        raise ValueError(f"{ENV_APPLY}={name!r}: one of {sorted(APPLY_VARIANTS)}")
+    return APPLY_VARIANTS[name]
+
+
+def kernel_name(ctype: str, tile: int, bundle: int, threads: int,
+                apply: int | None = None) -> str:
+    """Name expression of an uberkernel variant (``ctype``: 'double'/'float' or a
+    dtype name; ``apply``: the ``APPLY`` argument, None: :func:`apply_variant`)."""
+    c = _CTYPE[str(ctype)]
+    a = apply_variant(c, tile) if apply is None else int(apply)
+    return f"gpuqr::uberkernel<{c}, {tile}, {bundle}, {threads}, {a}>"
+
+
+def smem_kernel_name(ctype: str, tile: int, bundle: int, apply: int | None = None) -> str:
     """Name expression of the kernel reporting a variant's shared memory."""
-    return f"gpuqr::uberkernel_smem_bytes<{_CTYPE[str(ctype)]}, {tile}, {bundle}>"
+    c = _CTYPE[str(ctype)]
+    a = apply_variant(c, tile) if apply is None else int(apply)
+    return f"gpuqr::uberkernel_smem_bytes<{c}, {tile}, {bundle}, {a}>"
 
 
-def tile_smem_bytes(tile: int, bundle: int, itemsize: int = 8) -> int:
-    """Dynamic shared memory (bytes) of a variant (mirrors the kernel's ``*Smem`` structs)."""
+def tile_smem_bytes(tile: int, bundle: int, itemsize: int = 8, apply: int | None = None) -> int:
+    """Dynamic shared memory (bytes) of a variant (mirrors the kernel's ``*Smem``
+    structs; the blocked tensor-core Apply pads its rows to 4 mod 16)."""
     ld = tile + 1
     fac = bundle * tile * ld + 2 * tile * ld + 64 + tile
+    ctype = "double" if itemsize == 8 else "float"
+    a = apply_variant(ctype, tile) if apply is None else int(apply)
+    pad = 4 if (a in (2, 3) and ctype == "double" and tile == 32) else 1
     w = 32 if tile >= 64 else tile
-    app = bundle * tile * ld + tile * ld + bundle * tile * (w + 1) + tile * (w + 1)
+    app = (bundle * tile + tile) * (tile + pad) + (bundle * tile + tile) * (w + pad)
     return itemsize * max(fac, app)
 
 
@@ -88,7 +130,7 @@ def engine_kernels(dtype, tile: int = 32, bundle: int = 3, *, solve: bool = True
     value = np.float32 if ctype == "float" else np.float64
     out = [KernelUse(UBERKERNEL_FILE, KERNEL_VARIANTS[UBERKERNEL_FILE],
                      (kernel_name(ctype, tile, bundle, ENGINE_THREADS),)),
-           finite_check_use(value)]
+           finite_check_use(value), array_ops_use()]
     if dense:
         out.append(panel_kernel_use(value))
     if solve:
