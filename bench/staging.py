@@ -112,6 +112,7 @@ def _once(A, b, backend):
            "planned_peak": (bi.get("memory") or {}).get("planned_peak"),
            "limited_by": (bi.get("memory") or {}).get("limited_by"),
            "host_fronts": [h["shape"] for h in bi.get("host_fronts") or []],
+           "host_fronts_on": [h.get("factorized_on") for h in bi.get("host_fronts") or []],
            "host_front_seconds": (bi.get("seconds") or {}).get("host_fronts"),
            "normal_eq_residual": berr,
            "warnings": [str(w.message)[:160] for w in seen]}
@@ -191,6 +192,7 @@ def main(argv=None):
                   f"restaged {row['restaged']}  leak {row['pool_used_after']}  "
                   f"dx {row['x_rel_diff']:.1e}"
                   + (f"  host fronts {row['host_fronts']} {row['host_front_seconds']:.2f} s"
+                     f" on {row['host_fronts_on']}"
                      if row["host_fronts"] else "")
                   + (f"  [{row['fallback'][:90]}]" if row["fallback"] else ""), flush=True)
         if not args.no_cpu:

@@ -10,7 +10,7 @@ import pytest
 
 from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
 from scipy_gpuqr._engine.slab_front import (NumpySlabs, factorize_in_slabs, slab_columns,
-                                            slab_ranges)
+                                            slab_ranges, whole_front_fits)
 from scipy_gpuqr._testing_matrices import staircase_front
 
 EPS = np.finfo(np.float64).eps
@@ -73,8 +73,12 @@ def test_slab_columns_fit_the_bytes_given():
     avail = 2 * 10 ** 9
     w = slab_columns(fm, nb, isz, avail)
     assert w >= nb
-    assert (fm * w + 4 * fm * nb + 2 * w * nb + 5 * nb * nb) * isz <= avail
+    # the slab, an earlier block as wide, a panel's reflectors and the workspace
+    assert (2 * fm * w + 5 * fm * nb + 2 * w * nb + 5 * nb * nb) * isz <= avail
     assert slab_columns(fm, nb, isz, fm * nb * isz) == 0     # not even one panel
+    fn = 3 * w
+    assert not whole_front_fits(fm, fn, nb, isz, avail)
+    assert whole_front_fits(fm, w // 2, nb, isz, avail)
     with pytest.raises(ValueError):
         slab_ranges([], 10, 0)
 

@@ -9,21 +9,26 @@ panels, so only one slab of columns lies on the device at a time:
 for each slab ``[c0, c1)`` (consecutive panels, or a block of the trailing
 columns past ``min(fm, fn)``):
 
-1. its columns ``F[:, c0:c1]`` are uploaded;
-2. every earlier panel's reflectors (``V`` from the host front, where the
-   earlier slabs left them, and its ``T``) are applied to them in order,
-   ``C ← C - V Tᵀ (Vᵀ C)`` on the panel's active rows: the same updates, in the
-   same order, that the right-looking factorization gives these columns;
+1. its columns ``F[:, c0:c1]`` are uploaded (one strided copy,
+   ``cudaMemcpy2DAsync``: at the link's speed when ``F`` is pinned);
+2. every earlier slab comes up the same way, as one block (its rows from its
+   first panel's diagonal down: where its reflectors ``V`` are), and its
+   panels' reflectors are applied to the slab in order, ``C ← C - V Tᵀ (Vᵀ C)``
+   on each panel's active rows, ``V`` taken out of the block on the device:
+   the same updates, in the same order, that the right-looking factorization
+   gives these columns;
 3. the slab's own panels are factorized as a front of their own, its
    diagonal at ``(c0, c0)``: rows ``c0 ..`` of the slab with the panels moved
    by ``c0`` (the device dense path, panel kernel and cuBLAS);
-4. the slab goes back to the host.
+4. the slab goes back to the host (queued; the copies and the work of one
+   slab stay in one stream's order).
 
 The result is the representation :class:`~scipy_gpuqr._engine.dense_front.DenseFront`
 applies (V below each panel's diagonal, one ``T`` per panel), equal to
 :func:`~scipy_gpuqr._engine.dense_front.factorize_numpy`'s to rounding.
-The extra traffic is the earlier panels' reflectors, uploaded once per later
-slab: with slabs of ``w`` columns about ``fm · fn² / (2 w)`` elements.
+The device holds two slabs (the one being worked on and one earlier block)
+and the dense path's workspace. The extra traffic is the earlier slabs,
+uploaded once per later slab: with ``s`` slabs about ``s/2`` times the front.
 :func:`factorize_in_slabs` is written against a small device interface
 (:class:`NumpySlabs` runs it on the host for CI, :class:`CupySlabs` on a GPU).
 """
@@ -36,7 +41,8 @@ import numpy as np
 
 from .dense_front import factorize_cupy, factorize_numpy
 
-__all__ = ["slab_ranges", "slab_columns", "factorize_in_slabs", "NumpySlabs", "CupySlabs"]
+__all__ = ["slab_ranges", "slab_columns", "whole_front_fits", "factorize_in_slabs", "NumpySlabs",
+           "CupySlabs"]
 
 
 def slab_ranges(panels: list, fn: int, width: int) -> list:
@@ -77,11 +83,18 @@ def slab_ranges(panels: list, fn: int, width: int) -> list:
 
 def slab_columns(fm: int, nb: int, itemsize: int, available: int) -> int:
     """Most columns of a slab of an ``fm``-row front in ``available`` device bytes
-    (the slab, one earlier panel's reflectors, the dense path's workspace; 10 %
-    left for the allocator), or 0 when not even one panel fits."""
-    fixed = (4 * fm * nb + 5 * nb * nb) * itemsize
-    w = (0.9 * available - fixed) // ((fm + 2 * nb) * itemsize)
+    (the slab and one earlier block of as many columns, one panel's reflectors,
+    the products of the updates and the dense path's workspace; 10 % left for
+    the allocator), or 0 when not even one panel fits."""
+    fixed = (5 * fm * nb + 5 * nb * nb) * itemsize
+    w = (0.9 * available - fixed) // ((2 * fm + 2 * nb) * itemsize)
     return int(w) if w >= nb else 0
+
+
+def whole_front_fits(fm: int, fn: int, nb: int, itemsize: int, available: int) -> bool:
+    """Whether an ``fm × fn`` front and the dense path's workspace fit
+    ``available`` device bytes (10 % left for the allocator)."""
+    return (fm * fn + 5 * fm * nb + 2 * fn * nb + 5 * nb * nb) * itemsize <= 0.9 * available
 
 
 def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
@@ -113,38 +126,56 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
         Each panel's compact-WY factor ``T`` (host).
     """
     T = np.zeros((len(panels), nb, nb), dtype=F.dtype)
-    for c0, c1, p0, p1 in slab_ranges(panels, F.shape[1], max(int(width), nb)):
-        try:
-            _one_slab(F, T, panels, nb, c0, c1, p0, p1, dev)
-        except Exception as exc:        # noqa: BLE001 - redone on the host, see above
-            if fallback is None or dev is fallback:
-                raise
-            if not isinstance(exc, MemoryError):
-                logging.getLogger("scipy_gpuqr").warning(
-                    "slab [%d, %d) of a %dx%d front failed on the device (%s: %s); it and the "
-                    "rest run on the host", c0, c1, F.shape[0], F.shape[1],
-                    type(exc).__name__, exc)
-            dev = fallback
-            _one_slab(F, T, panels, nb, c0, c1, p0, p1, dev)
+    slabs = slab_ranges(panels, F.shape[1], max(int(width), nb))
+    try:
+        for k, slab in enumerate(slabs):
+            try:
+                _one_slab(F, T, panels, slabs[:k], slab, dev)
+            except Exception as exc:    # noqa: BLE001 - redone on the host, see above
+                if fallback is None or dev is fallback:
+                    raise
+                if not isinstance(exc, MemoryError):
+                    logging.getLogger("scipy_gpuqr").warning(
+                        "slab [%d, %d) of a %dx%d front failed on the device (%s: %s); it and "
+                        "the rest run on the host", slab[0], slab[1], F.shape[0], F.shape[1],
+                        type(exc).__name__, exc)
+                dev.finish()            # the earlier slabs' results are in F
+                dev = fallback
+                _one_slab(F, T, panels, slabs[:k], slab, dev)
+    finally:
+        dev.finish()
     return T
 
 
-def _one_slab(F, T, panels, nb, c0, c1, p0, p1, dev) -> None:
-    """Slab ``[c0, c1)`` with panels ``p0 .. p1-1``: up, earlier reflectors, its
+def _one_slab(F, T, panels, earlier, slab, dev) -> None:
+    """Slab ``(c0, c1, p0, p1)``: up, every earlier slab's reflectors, its
     panels, back into ``F`` (and their ``T``)."""
-    S = dev.upload(np.ascontiguousarray(F[:, c0:c1]))
-    for q in range(p0):                 # the earlier panels' reflectors, in order
-        j, rows, b = panels[q]
-        V = np.tril(F[j:j + rows, j:j + b], -1)
-        V[np.arange(b), np.arange(b)] = 1
-        dev.apply(S, j, rows, V, T[q, :b, :b])
+    c0, c1, p0, p1 = slab
+    S = dev.upload(F, 0, F.shape[0], c0, c1, "slab")
+    for e0, e1, q0, q1 in earlier:
+        if q1 == q0:
+            continue
+        r0 = panels[q0][0]
+        r1 = max(j + rows for j, rows, _ in panels[q0:q1])
+        E = dev.upload(F, r0, r1, e0, e1, "earlier")
+        for q in range(q0, q1):
+            j, rows, b = panels[q]
+            dev.apply(S, j, rows, E, j - r0, j - e0, b, T[q, :b, :b])
     Tp = None
     if p1 > p0:                         # the slab's own panels, diagonal at (c0, c0)
         moved = [(j - c0, rows, b) for j, rows, b in panels[p0:p1]]
-        Tp = dev.factorize(S, c0, moved, nb)
-    F[:, c0:c1] = dev.download(S)
+        Tp = dev.factorize(S, c0, moved, nb=T.shape[1])
+    dev.download(S, F, c0, c1)
     if Tp is not None:
         T[p0:p1] = Tp
+
+
+def _reflectors(xp, E, i0: int, k0: int, rows: int, b: int):
+    """A panel's ``V`` (rows × b, unit lower trapezoid) out of a block of the front
+    holding it from row ``i0``, column ``k0``."""
+    V = xp.tril(E[i0:i0 + rows, k0:k0 + b], -1)
+    V[xp.arange(b), xp.arange(b)] = 1
+    return V
 
 
 class NumpySlabs:
@@ -154,15 +185,19 @@ class NumpySlabs:
     def __init__(self):
         self.slabs = 0
 
-    def upload(self, a: np.ndarray) -> np.ndarray:
-        self.slabs += 1
-        return a.copy()
+    def upload(self, F: np.ndarray, r0: int, r1: int, c0: int, c1: int, slot: str):
+        """``F[r0:r1, c0:c1]`` where the slabs are worked on (a copy)."""
+        self.slabs += slot == "slab"
+        return F[r0:r1, c0:c1].copy()
 
-    def download(self, S: np.ndarray) -> np.ndarray:
-        return S
+    def download(self, S, F: np.ndarray, c0: int, c1: int) -> None:
+        """The worked slab back into ``F[:, c0:c1]``."""
+        F[:, c0:c1] = S
 
-    def apply(self, S, j: int, rows: int, V: np.ndarray, T: np.ndarray) -> None:
-        """``C ← C - V Tᵀ (Vᵀ C)`` on rows ``[j, j+rows)`` of the slab."""
+    def apply(self, S, j: int, rows: int, E, i0: int, k0: int, b: int, T) -> None:
+        """``C ← C - V Tᵀ (Vᵀ C)`` on rows ``[j, j+rows)`` of the slab, V a panel's
+        reflectors at ``(i0, k0)`` of the earlier block ``E``."""
+        V = _reflectors(np, E, i0, k0, rows, b)
         C = S[j:j + rows]
         C -= V @ (T.T @ (V.T @ C))
 
@@ -170,34 +205,66 @@ class NumpySlabs:
         """The slab's panels (``panels`` relative to ``(c0, c0)``); their ``T``."""
         return factorize_numpy(S[c0:], panels, nb)
 
+    def finish(self) -> None:
+        pass
+
 
 class CupySlabs:
-    """The slab operations on a CUDA device, on ``stream`` (synchronized per slab);
-    ``slabs`` counts the slabs started there."""
+    """The slab operations on a CUDA device, on ``stream``: two device buffers
+    (the slab, an earlier block) reused for every slab, strided copies queued on
+    the stream (``F`` pinned makes them asynchronous), one synchronization per
+    slab for its ``T``; ``slabs`` counts the slabs started there."""
 
     def __init__(self, cp, stream):
         self.cp, self.stream = cp, stream
         self.slabs = 0
+        self._buffers = {}
 
-    def upload(self, a: np.ndarray):
-        self.slabs += 1
-        out = self.cp.empty(a.shape, dtype=a.dtype)
-        out.set(a, stream=self.stream)
+    def _buffer(self, slot: str, shape: tuple, dtype):
+        n = shape[0] * shape[1]
+        buf = self._buffers.get(slot)
+        if buf is None or buf.size < n or buf.dtype != dtype:
+            self._buffers.pop(slot, None)       # freed before the larger one is taken
+            buf = self._buffers[slot] = self.cp.empty(max(n, 1), dtype=dtype)
+        return buf[:n].reshape(shape)
+
+    def upload(self, F: np.ndarray, r0: int, r1: int, c0: int, c1: int, slot: str):
+        """``F[r0:r1, c0:c1]`` into the slot's device buffer (one 2-D copy)."""
+        self.slabs += slot == "slab"
+        out = self._buffer(slot, (r1 - r0, c1 - c0), F.dtype)
+        isz = F.itemsize
+        rt = self.cp.cuda.runtime
+        rt.memcpy2DAsync(out.data.ptr, (c1 - c0) * isz,
+                         F.ctypes.data + (r0 * F.shape[1] + c0) * isz, F.shape[1] * isz,
+                         (c1 - c0) * isz, r1 - r0, rt.memcpyHostToDevice, self.stream.ptr)
         return out
 
-    def download(self, S) -> np.ndarray:
-        out = S.get(stream=self.stream)
-        self.stream.synchronize()
-        return out
+    def download(self, S, F: np.ndarray, c0: int, c1: int) -> None:
+        """The worked slab back into ``F[:, c0:c1]`` (queued: :meth:`finish`)."""
+        isz = F.itemsize
+        rt = self.cp.cuda.runtime
+        rt.memcpy2DAsync(F.ctypes.data + c0 * isz, F.shape[1] * isz, S.data.ptr,
+                         (c1 - c0) * isz, (c1 - c0) * isz, F.shape[0],
+                         rt.memcpyDeviceToHost, self.stream.ptr)
 
-    def apply(self, S, j: int, rows: int, V: np.ndarray, T: np.ndarray) -> None:
+    def apply(self, S, j: int, rows: int, E, i0: int, k0: int, b: int, T) -> None:
+        """As :meth:`NumpySlabs.apply`, the last product accumulated into the slab
+        by cuBLAS (no temporary of the slab's size)."""
         cp = self.cp
+        from cupy import cublas         # optional dependency, present with cupy
         with self.stream:
-            Vd, Td = cp.asarray(V), cp.asarray(T)
-            C = S[j:j + rows]
-            C -= Vd @ (Td.T @ (Vd.T @ C))
+            V = _reflectors(cp, E, i0, k0, rows, b)
+            W = cp.asarray(T).T @ (V.T @ S[j:j + rows])
+            cublas.gemm("N", "N", V, W, out=S[j:j + rows], alpha=-1.0, beta=1.0)
 
     def factorize(self, S, c0: int, panels: list, nb: int) -> np.ndarray:
         with self.stream:
             Td = factorize_cupy(S[c0:], panels, nb, stream=self.stream)
         return Td.get(stream=self.stream)
+
+    def finish(self) -> None:
+        """Every queued copy done; the buffers given back."""
+        try:
+            self.stream.synchronize()
+        finally:
+            self._buffers.clear()

@@ -51,11 +51,13 @@ from ..._cpu.blas_threads import SINGLE_THREAD_FLOPS
 from ..._errors import DeviceOutOfMemory, GpuEngineError
 from ..._gpu import import_cupy
 from ..._kernels import load_module
+from ..._schedule.native import run_ranges, thread_count
 from ..._schedule.tasks import TASK_BYTES, TaskType
 from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
 from ..host.simulate import execute_task, one_blas_thread
 from ..memory import CHECK_CHUNK, DeviceMemory, available_bytes
-from ..slab_front import CupySlabs, NumpySlabs, factorize_in_slabs, slab_columns
+from ..slab_front import (CupySlabs, NumpySlabs, factorize_in_slabs, slab_columns,
+                          whole_front_fits)
 from . import factorize_kernels as variants
 from .finite_check import finite_check
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, NumpyRCopy, PinnedStaging,
@@ -159,10 +161,14 @@ class NumpyDevice:
         self._take(len(s_index) * (8 + isz), "S entries")
         self._take(max(int(st.launch_ptr[-1]) if len(st.launch_ptr) else 0, 1) * TASK_BYTES,
                    "the task list")
-        pool = np.zeros(st.pool_size, dtype=self.dtype)
+        pool = self._zeroed_pool(st.pool_size)
         for off, cb in carried:
             pool[off: off + cb.size] = cb.ravel()
         return {"pool": pool, "spool": (s_index, s_value.astype(self.dtype)), "st": st}
+
+    def _zeroed_pool(self, n: int) -> np.ndarray:
+        """A stage's pool of ``n`` zeros."""
+        return np.zeros(n, dtype=self.dtype)
 
     def launch(self, h, L, records) -> None:
         n = len(records)
@@ -253,6 +259,22 @@ class HostFrontDevice(NumpyDevice):
         #: per front factorized, where: ``"gpu"`` or ``"host"`` (and why)
         self.factorized_on = []
 
+    def _zeroed_pool(self, n: int) -> np.ndarray:
+        """The stage's pool: in pinned memory when a GPU layer is given and its
+        pinned budget allows (the front goes up and down whole or in slabs at
+        the link's speed only from pinned pages), zeroed by threads."""
+        pinned = getattr(self.gpu, "pinned_within_cap", None)
+        pool = pinned(n, self.dtype) if pinned is not None else None
+        if pool is None:
+            return np.zeros(n, dtype=self.dtype)
+
+        def zero(i0, i1):
+            pool[i0:i1] = 0             # NumPy releases the GIL for the fill
+
+        threads = thread_count(n, 1 << 24)
+        run_ranges(zero, np.linspace(0, n, threads + 1).astype(np.int64))
+        return pool
+
     def launch(self, h, L, records) -> None:
         if len(records):
             bad = ~np.isin(records["type"], self.ALLOWED)
@@ -293,23 +315,27 @@ class HostFrontDevice(NumpyDevice):
         one panel's slab fits (nothing left allocated there)."""
         gpu = self.gpu
         cp = gpu.cp
-        try:
-            with gpu.stream:
-                Fd = cp.empty(F.shape, dtype=F.dtype)
-                Fd.set(F, stream=gpu.stream)
-                Td = factorize_cupy(Fd, panels, self.dense_panel, stream=gpu.stream)
-                Fd.get(stream=gpu.stream, out=F)
-                T = Td.get(stream=gpu.stream)
-            gpu.stream.synchronize()
-            return T, "front alone uploaded"
-        except cp.cuda.memory.OutOfMemoryError as exc:
-            whole = f"the front alone does not fit the device ({exc})"
-        finally:
-            Fd = Td = None
-        cp.get_default_memory_pool().free_all_blocks()
+        nb, isz = self.dense_panel, F.dtype.itemsize
         avail = gpu.memory().available
-        nb = self.dense_panel
-        w = slab_columns(F.shape[0], nb, F.dtype.itemsize, avail) if avail is not None else 0
+        whole = (f"the front and its workspace do not fit the device ({avail:,} bytes "
+                 f"available)")
+        if avail is None or whole_front_fits(*F.shape, nb, isz, avail):
+            try:
+                with gpu.stream:
+                    Fd = cp.empty(F.shape, dtype=F.dtype)
+                    Fd.set(F, stream=gpu.stream)
+                    Td = factorize_cupy(Fd, panels, nb, stream=gpu.stream)
+                    Fd.get(stream=gpu.stream, out=F)
+                    T = Td.get(stream=gpu.stream)
+                gpu.stream.synchronize()
+                return T, "front alone uploaded"
+            except cp.cuda.memory.OutOfMemoryError as exc:
+                whole = f"the front alone does not fit the device ({exc})"
+            finally:
+                Fd = Td = None
+            cp.get_default_memory_pool().free_all_blocks()
+            avail = gpu.memory().available
+        w = slab_columns(F.shape[0], nb, isz, avail) if avail is not None else 0
         if not w:
             return None, f"{whole}; not even a slab of one panel fits ({avail} bytes)"
         host = NumpySlabs()
@@ -608,19 +634,27 @@ class CupyDevice:
         self.seconds["download"] += time.perf_counter() - t0
         return host
 
+    def pinned_within_cap(self, n: int, dtype):
+        """``n`` elements of pinned host memory, or None where this factorization's
+        pinned pools would exceed :func:`pinned_pool_cap` or the driver refuses
+        (pageable memory still works, slower)."""
+        nbytes = int(n) * np.dtype(dtype).itemsize
+        if self.pinned_pools + nbytes > pinned_pool_cap():
+            return None
+        try:
+            out = self._pinned(n, dtype)
+        except Exception:           # noqa: BLE001 - cudaHostAlloc refused
+            return None
+        self.pinned_pools += nbytes
+        return out
+
     def to_host(self, pool) -> np.ndarray:
         """The whole pool on the host, in pinned memory (a pageable copy runs at a
         fraction of the link's speed, and so would every upload of it for the
         solves) while this factorization's pinned pools stay within
         :func:`pinned_pool_cap` and pinned memory can be had; else pageable."""
         t0 = time.perf_counter()
-        out = None
-        if self.pinned_pools + pool.nbytes <= pinned_pool_cap():
-            try:
-                out = self._pinned(pool.size, pool.dtype)
-                self.pinned_pools += pool.nbytes
-            except Exception:       # cudaHostAlloc refused: pageable still works
-                out = None
+        out = self.pinned_within_cap(pool.size, pool.dtype)
         if out is None:
             out = pool.get(stream=self.stream)
         else:
