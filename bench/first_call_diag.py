@@ -11,13 +11,16 @@ Each compilation step runs in a fresh process with an empty kernel cache.
 
 ``--compiles``: the first ``lsqr(A, b, backend='gpu')`` of a grid in a new
 process, twice: with empty caches (kernels and disk store) and again in a new
-process with the caches the first left; every kernel compile or cache load
+process with the caches the first left (``--warm-runs``: that many); every
+kernel compile or cache load
 (CuPy's ``_compile_with_cache_cuda``, NVRTC runs among them) and every
 ``dlopen`` is recorded with its thread, its start within the call, its
 seconds and the package line that caused it. What runs on the main thread
 is on the call's path; the prefetch threads' work is not (a profiler such as
 cProfile on Python >= 3.12 counts every thread's calls, so its cumulative
-times mix the two).
+times mix the two). The main thread is also sampled every 2 ms: its seconds
+per innermost package function (and line, and innermost frame of any module),
+first call against second, and the first call's timeline.
 
 ``--store``: R's layout file of a grid (no GPU): the main thread's time in
 the call that hands the write to the writer thread, the writer's time (CRC-32
@@ -240,6 +243,55 @@ def nv(source, *a, **k):
         rec("nvrtc", names(source), t)
 compiler._compile_using_nvrtc_no_warning = nv
 
+SAMPLES = []
+PERIOD = 0.002
+
+def _pkg(fn):
+    return "scipy_gpuqr" in fn and "first_call_diag" not in fn
+
+def sampler(stop):
+    main = threading.main_thread().ident
+    last = None
+    while not stop.is_set():
+        fr = sys._current_frames().get(main)
+        t0 = T["t0"]
+        now = time.perf_counter()
+        if fr is not None and t0 is not None:
+            inner = f"{fr.f_code.co_filename.split('/')[-1]}:{fr.f_code.co_name}"
+            line = func = None
+            f = fr
+            while f is not None:
+                if _pkg(f.f_code.co_filename):
+                    name = f.f_code.co_filename.split("scipy_gpuqr/")[-1]
+                    line = f"{name}:{f.f_lineno} {f.f_code.co_name}"
+                    func = f"{name}:{f.f_code.co_name}"
+                    break
+                f = f.f_back
+            dt = PERIOD if last is None else min(now - last, 0.05)
+            SAMPLES.append((round(now - t0, 4), dt, func or "?", line or "?", inner))
+            last = now
+        else:
+            last = None
+        stop.wait(PERIOD)
+
+def profile(samples):
+    # main-thread seconds by innermost package function, package line and
+    # innermost frame, and the timeline of package functions (runs >= 20 ms)
+    out = {}
+    for key, i in (("by_function", 2), ("by_line", 3), ("by_frame", 4)):
+        acc = {}
+        for smp in samples:
+            acc[smp[i]] = acc.get(smp[i], 0.0) + smp[1]
+        out[key] = sorted(([k, round(v, 4)] for k, v in acc.items()), key=lambda r: -r[1])[:40]
+    runs = []
+    for smp in samples:
+        if runs and runs[-1][2] == smp[2]:
+            runs[-1][1] = round(runs[-1][1] + smp[1], 4)
+        else:
+            runs.append([smp[0], smp[1], smp[2]])
+    out["timeline"] = [r for r in runs if r[1] >= 0.02]
+    return out
+
 import scipy_gpuqr as sg
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
 k = int(sys.argv[1])
@@ -247,12 +299,16 @@ A = grid3d_least_squares(k)
 b = np.asarray(A @ np.ones(A.shape[1]))
 from scipy_gpuqr._gpu import gpu_info
 out = {"grid": k, "gpu": gpu_info().get("available"), "calls": []}
+stop = threading.Event()
+threading.Thread(target=sampler, args=(stop,), name="diag-sampler", daemon=True).start()
 for i in range(2):
     events.clear()
+    SAMPLES.clear()
     T["t0"] = time.perf_counter()
     x = sg.lsqr(A, b, backend="gpu")[0]
     wall = time.perf_counter() - T["t0"]
     T["t0"] = None
+    prof = profile(list(SAMPLES))
     time.sleep(0.5)                      # let the prefetch threads report
     with lock:
         ev = sorted(events, key=lambda e: e["start"])
@@ -265,17 +321,21 @@ for i in range(2):
         "main_nvrtc_s": tot("nvrtc", True), "main_dlopen_s": tot("dlopen", True),
         "worker_compile_or_load_s": tot("compile_or_load", False),
         "worker_nvrtc_s": tot("nvrtc", False), "worker_dlopen_s": tot("dlopen", False),
-        "events": ev})
+        "events": ev, "main_profile": prof})
+stop.set()
 print(json.dumps(out))
 """
 
 
-def compiles(grid: int) -> dict:
+def compiles(grid: int, warm_runs: int = 1) -> dict:
     """The first and second ``lsqr`` of a grid in a new process: empty caches,
-    then the caches the first process left (see the module's notes)."""
+    then the caches the first process left (``warm_runs`` new processes; see the
+    module's notes)."""
     out = {}
+    labels = ["cold_caches"] + [f"warm_caches{'' if i == 0 else f'_{i + 1}'}"
+                                for i in range(warm_runs)]
     with tempfile.TemporaryDirectory() as kc, tempfile.TemporaryDirectory() as store:
-        for label in ("cold_caches", "warm_caches"):
+        for label in labels:
             env = dict(os.environ, CUPY_CACHE_DIR=kc, SCIPY_GPUQR_SCHEDULE_CACHE=store)
             r = subprocess.run([sys.executable, "-c", _TRACE, str(grid)], env=env,
                                capture_output=True, text=True, timeout=500)
@@ -307,6 +367,31 @@ def print_compiles(res: dict) -> None:
             for e in ev:
                 print(f"  {e['start']:7.3f} {e['seconds']:6.3f} {e['thread'][:16]:16s} "
                       f"{e['kind']:15s} {e['name'][:48]:48s} {e['where']}")
+        print_profiles(r["calls"])
+
+
+def print_profiles(calls: list) -> None:
+    """The main thread's sampled seconds per package function, first call against
+    second, largest differences first; then the first call's timeline."""
+    if not calls or "main_profile" not in calls[0]:
+        return
+    first = dict(map(tuple, calls[0]["main_profile"]["by_function"]))
+    second = (dict(map(tuple, calls[1]["main_profile"]["by_function"]))
+              if len(calls) > 1 else {})
+    rows = sorted(set(first) | set(second),
+                  key=lambda k: -(first.get(k, 0.0) - second.get(k, 0.0)))
+    print("-- main thread, sampled: innermost package function | call 1 s | call 2 s | diff")
+    for k in rows[:25]:
+        a, b = first.get(k, 0.0), second.get(k, 0.0)
+        if max(a, b) >= 0.01:
+            print(f"  {k[:70]:70s} {a:6.3f} {b:6.3f} {a - b:+6.3f}")
+    print("-- call 1, innermost frames (any module) of 10 ms or more")
+    for k, v in calls[0]["main_profile"]["by_frame"][:20]:
+        if v >= 0.01:
+            print(f"  {k[:70]:70s} {v:6.3f}")
+    print("-- call 1 timeline (main thread, package function runs of 20 ms or more)")
+    for t, d, f in calls[0]["main_profile"]["timeline"]:
+        print(f"  {t:7.3f} {d:6.3f} {f}")
 
 
 def nvrtc_times(arch: str = "sm_90", reps: int = 2) -> dict:
@@ -403,7 +488,10 @@ def main(argv=None) -> int:
     p.add_argument("--grid", type=int, default=40)
     p.add_argument("--skip-compile", action="store_true")
     p.add_argument("--compiles", action="store_true",
-                   help="compiles and library loads of a first lsqr, by thread")
+                   help="compiles and library loads of a first lsqr, by thread, and the "
+                        "main thread's sampled profile")
+    p.add_argument("--warm-runs", type=int, default=1,
+                   help="new processes with warm caches after the cold one (--compiles)")
     p.add_argument("--nvrtc", action="store_true",
                    help="NVRTC seconds of a call's modules, sequential and threads (no GPU)")
     p.add_argument("--store", action="store_true",
@@ -418,7 +506,7 @@ def main(argv=None) -> int:
             res["nvrtc"] = nvrtc_times()
             print(json.dumps(res["nvrtc"], indent=1), flush=True)
         if a.compiles:
-            res["compiles"] = compiles(a.grid)
+            res["compiles"] = compiles(a.grid, a.warm_runs)
             print_compiles(res["compiles"])
         if a.json:
             Path(a.json).write_text(json.dumps(res, indent=1, default=str))

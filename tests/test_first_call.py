@@ -144,13 +144,14 @@ def test_variant_group_takes_one_value_type():
 def test_engine_kernels_name_what_a_call_uses():
     """The factorization's, its dense fronts' and its solves' kernels, of the call's
     value type only (no other variant, no experiment)."""
+    from scipy_gpuqr._engine.gpu import array_ops as ao
     from scipy_gpuqr._engine.gpu import dense_panel as dp
     from scipy_gpuqr._engine.gpu import finite_check as fc
     for dt, c, panel in ((np.float64, "double", "panel_qr_f64"),
                          (np.float32, "float", "panel_qr_f32")):
         got = fk.engine_kernels(dt)
-        assert [u.file for u in got] == [fk.UBERKERNEL_FILE, fc.CHECK_FILE, dp.PANEL_FILE,
-                                         sk.APPLYQ_FILE, sk.RSOLVE_FILE]
+        assert [u.file for u in got] == [fk.UBERKERNEL_FILE, fc.CHECK_FILE, ao.OPS_FILE,
+                                         dp.PANEL_FILE, sk.APPLYQ_FILE, sk.RSOLVE_FILE]
         for u in got:
             if u.declared:
                 assert set(u.needed) <= set(u.declared) and all(c in e for e in u.needed)
@@ -158,11 +159,12 @@ def test_engine_kernels_name_what_a_call_uses():
                 other = "float" if c == "double" else "double"
                 assert all(other not in e.split("<")[1] for e in group)
             assert u.cooperative == (u.file in dp.COOPERATIVE_FILES)
-        assert got[2].needed == (panel,) and got[2].declared == () and got[2].cooperative
+        assert got[3].needed == (panel,) and got[3].declared == () and got[3].cooperative
+        assert got[2] == ao.array_ops_use() and got[2].declared == ()
     assert fk.engine_kernels(np.float64, tile=17) == []
     assert [u.file for u in fk.engine_kernels(np.float64, solve=False)] == [
-        fk.UBERKERNEL_FILE, fc.CHECK_FILE, dp.PANEL_FILE]
-    assert len(fk.engine_kernels(np.float64, solve=False, dense=False)) == 2
+        fk.UBERKERNEL_FILE, fc.CHECK_FILE, ao.OPS_FILE, dp.PANEL_FILE]
+    assert len(fk.engine_kernels(np.float64, solve=False, dense=False)) == 3
     assert _kernels.registered_cooperative() == frozenset(dp.COOPERATIVE_FILES)
 
 
@@ -229,7 +231,7 @@ def test_prefetch_schedules_every_module_of_a_call_once(fake_compile):
     from scipy_gpuqr._engine.gpu import dense_panel as dp
     n = len(fk.engine_kernels(np.float64))
     threads = fk.prefetch_engine_kernels(np.float64)
-    assert len(threads) == n == 5 and all(t.name == "gpuqr-nvrtc" for t in threads)
+    assert len(threads) == n == 6 and all(t.name == "gpuqr-nvrtc" for t in threads)
     assert fk.prefetch_engine_kernels(np.float64) == []       # claimed: none again
     for t in threads:
         t.join()
@@ -261,13 +263,15 @@ def test_prefetch_schedules_every_module_of_a_call_once(fake_compile):
     finally:
         fc._finite_check.cache_clear()
     assert len(made) == n
-    # a float32 call compiles its own groups only (the panel file, one module for
-    # both value types, is compiled already)
+    # a float32 call compiles its own groups only (the panel file and the array
+    # operations, one module each for both value types, are compiled already)
+    from scipy_gpuqr._engine.gpu import array_ops as ao
     t32 = fk.prefetch_engine_kernels(np.float32)
     for t in t32:
         t.join()
     new = [k for k, _ in made[n:]]
-    assert len(t32) == len(new) == n - 1 and dp.PANEL_FILE not in [k[0] for k in new]
+    assert len(t32) == len(new) == n - 2
+    assert not {dp.PANEL_FILE, ao.OPS_FILE} & {k[0] for k in new}
     assert all("double" not in " ".join(k[1]) for k in new)
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import get_lapack_funcs, solve_triangular
 
+from .gpu import array_ops as ops
 from .gpu.dense_panel import PANEL_WIDTH, panel_kernel, panel_qr_numpy
 
 __all__ = ["DEFAULT_PANEL", "PANEL_METHODS", "DEFAULT_PANEL_METHOD", "DEFAULT_LOOKAHEAD",
@@ -184,8 +185,11 @@ class DenseFront:
         F = self._get(self._front, xp) if front is None else front
         T = self._get(self._T, xp)
         for p, (j, rows, b) in enumerate(self.panels):
-            V = xp.tril(F[j:j + rows, j:j + b], -1)
-            V[xp.arange(b), xp.arange(b)] = 1
+            if xp is np:
+                V = np.tril(F[j:j + rows, j:j + b], -1)
+                V[np.arange(b), np.arange(b)] = 1
+            else:       # the same values by a prefetched kernel (nothing compiled here)
+                V = ops.unit_triangle(F[j:j + rows, j:j + b], lower=True)
             yield j, rows, V, T[p, :b, :b]
 
     def apply_qt(self, Y, front=None) -> None:
@@ -195,7 +199,10 @@ class DenseFront:
         xp = _xp_of(Y)
         for j, rows, V, T in self._reflectors(xp, front):
             Z = Y[j:j + rows]
-            Z -= (V @ (T.T @ (V.T @ Z))).astype(Y.dtype, copy=False)
+            if xp is np:
+                Z -= (V @ (T.T @ (V.T @ Z))).astype(Y.dtype, copy=False)
+            else:
+                _wy_apply_device(Z, V, T, trans=True)
 
     def apply_q(self, Y, front=None) -> None:
         """``Y ← Q Y`` in place (reflectors in reverse order; ``front`` as in
@@ -203,7 +210,22 @@ class DenseFront:
         xp = _xp_of(Y)
         for j, rows, V, T in reversed(list(self._reflectors(xp, front))):
             Z = Y[j:j + rows]
-            Z -= (V @ (T @ (V.T @ Z))).astype(Y.dtype, copy=False)
+            if xp is np:
+                Z -= (V @ (T @ (V.T @ Z))).astype(Y.dtype, copy=False)
+            else:
+                _wy_apply_device(Z, V, T, trans=False)
+
+
+def _wy_apply_device(Z, V, T, *, trans: bool) -> None:
+    """``Z -= V op(T) Vᵀ Z`` on the device (``op(T)``: ``Tᵀ`` with ``trans``): the
+    generic path's products (CuPy's matmul, cuBLAS) on the operands it would pass
+    (:func:`~scipy_gpuqr._engine.gpu.array_ops.matmul_operand`), the update by a
+    prefetched kernel: no CuPy kernel is compiled (the generic path compiles a
+    copy and a subtraction on first use)."""
+    dt = Z.dtype
+    W = ops.matmul_operand(V.T, dt, left=True) @ ops.matmul_operand(Z, left=False)
+    W = ops.matmul_operand(T.T if trans else T, dt, left=True) @ W
+    ops.subtract_into(Z, ops.matmul_operand(V, dt, left=True) @ W)
 
 
 class HostDenseFront(DenseFront):
@@ -432,12 +454,13 @@ class _PanelFactor:
     ``Vᵀ`` into the given buffer and ``T`` into the given nb × nb slice."""
 
     def __init__(self, cp, dt, method, rmax, nb, work):
-        from cupyx.scipy.linalg import solve_triangular
-        self.cp, self.solve = cp, solve_triangular
+        self.cp = cp
         self.work = work
         self.kern = panel_kernel(dt) if method == "kernel" else None
         self.ws = self.kern.workspace() if self.kern is not None else None
         self.Tq = cp.empty((PANEL_WIDTH, PANEL_WIDTH), dtype=dt)
+        self.M = cp.empty(nb * nb, dtype=dt)            # T's system, row-major b × b
+        self.D = cp.empty(nb * nb, dtype=dt)            # diag(tau), then T
         self.geq = None
         self.rmax, self.nb, self.dt = rmax, nb, dt
 
@@ -451,7 +474,22 @@ class _PanelFactor:
             if self.geq is None:
                 self.geq = _GeqrfPanel(cp, self.work.blas, self.dt, self.rmax, self.nb)
             self.geq(F, j, rows, b, tau, Vt)
-        Tp[:b, :b] = _t_factor(cp, self.solve, Vt.T, tau[:b])
+        self._t_factor(Vt, tau[:b], Tp[:b, :b])
+
+    def _t_factor(self, Vt, tau, Tb):
+        """:func:`_t_factor` on the device into ``Tb`` (b × b), the same operations
+        without CuPy's elementwise kernels: ``G = VᵀV`` (cuBLAS), M and diag(tau) by
+        a prefetched kernel, the triangular solve by cuBLAS ``trsm`` as
+        ``cupyx.scipy.linalg.solve_triangular`` calls it (``Mᵀ`` column-major is
+        M row-major; the solution, column-major, is ``T`` row-major)."""
+        b = int(Vt.shape[0])
+        V = Vt.T
+        G = V.T @ V
+        M = self.M[:b * b].reshape(b, b)
+        D = self.D[:b * b].reshape(b, b)
+        ops.wy_system(G, tau, M, D)
+        ops.trsm_left(M, b, D, b, b, b, lower=True, trans=False, unit=True)
+        ops.copy_into(Tb, D)
 
 
 class _GeqrfPanel:
@@ -465,15 +503,14 @@ class _GeqrfPanel:
         self.work = cp.empty(max(self.lwork, 1), dtype=dt)
 
     def __call__(self, F, j, rows, b, tau, Vt):
-        cp, blas = self.cp, self.blas
+        blas = self.blas
         Pc = self.P[:b * rows].reshape(b, rows)             # = column-major rows × b
-        Pc[...] = F[j:j + rows, j:j + b].T
+        ops.copy_into(Pc, F[j:j + rows, j:j + b].T)
         with blas:
             blas.geqrf(blas.hs, rows, b, Pc.data.ptr, rows, tau.data.ptr,
                        self.work.data.ptr, self.lwork, self.info.data.ptr)
-        F[j:j + rows, j:j + b] = Pc.T
-        Vt[...] = cp.triu(Pc, 1)                            # Vᵀ (b × rows), unit diagonal
-        Vt[cp.arange(b), cp.arange(b)] = 1
+        ops.copy_into(F[j:j + rows, j:j + b], Pc.T)
+        ops.unit_triangle(Pc, lower=False, out=Vt)          # Vᵀ (b × rows), unit diagonal
 
 
 def _panel_by_kernel(work, kern, ws, Tq, F, j, rows, b, tau, Vt):

@@ -61,6 +61,7 @@ import numpy as np
 import scipy.linalg as la
 import scipy.sparse as sp
 
+from .._engine.gpu import array_ops
 from .dense_cod import solve_triangular
 
 __all__ = ["PROBE_COLUMNS", "PROBE_MAX_STEPS", "PROBE_FAILURE", "probe_margin", "probe_norm",
@@ -159,6 +160,8 @@ def probe_norm(apply: Callable, apply_t: Callable, q: int, *, xp=np, seed: int =
     p = min(columns, q)
     Y = _gaussian(xp, seed, (q, p))
     nu, margin = 0.0, float("inf")
+    if xp is not np:
+        return _probe_norm_device(xp, apply, apply_t, q, Y, steps, p, accept)
     for step in range(1, steps + 1):
         Y = Y / xp.linalg.norm(Y, axis=0)
         Z = xp.asarray(apply_t(Y))                  # Sᵀ y
@@ -173,6 +176,40 @@ def probe_norm(apply: Callable, apply_t: Callable, q: int, *, xp=np, seed: int =
         if not bool(xp.all(xp.isfinite(Y))):
             return float("inf"), margin
         if not bool(xp.all(xp.linalg.norm(Y, axis=0) > 0)):
+            break                                   # a column in S's null space
+    return nu, margin
+
+
+def _probe_norm_device(xp, apply, apply_t, q, Y, steps, p, accept) -> tuple:
+    """:func:`probe_norm`'s steps on the device with the prefetched column-norm
+    and scaling kernels (:mod:`scipy_gpuqr._engine.gpu.array_ops`; CuPy's norm,
+    division and checks would compile five kernels on the call's thread); the
+    norms of a block are taken once per step (the finite and nonzero checks and
+    the next step's scaling share them)."""
+    nu, margin = 0.0, float("inf")
+
+    def dense(X):
+        X = xp.asarray(X)
+        return array_ops.fresh_float64(X) if (
+            X.dtype != np.float64 or not X.flags.c_contiguous or X.ndim != 2) else X
+
+    Y = dense(Y)
+    norms, _ = array_ops.column_norms(Y)
+    for step in range(1, steps + 1):
+        Y = array_ops.divide_columns(Y, norms)
+        Z = dense(apply_t(Y))                       # Sᵀ y
+        zn = _host(array_ops.column_norms(Z)[0])
+        if not np.all(np.isfinite(zn)):
+            return float("inf"), margin
+        nu = max(nu, float(zn.max()))
+        margin = probe_margin(q, step, p)
+        if step == steps or (accept is not None and accept(nu, margin)):
+            break
+        Y = dense(apply(Z))                         # S Sᵀ y
+        norms, bad = array_ops.column_norms(Y)
+        if _host(bad).any():
+            return float("inf"), margin
+        if not np.all(_host(norms) > 0):
             break                                   # a column in S's null space
     return nu, margin
 

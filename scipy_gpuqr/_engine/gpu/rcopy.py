@@ -17,7 +17,7 @@ Two parts:
   last writing launch; per column, the maximum over the fronts holding it;
   a running maximum over columns gives the final prefix of ``data``.
 * the copiers: :class:`CupyRCopy` gathers each final range on a side stream
-  (``take`` over R's gather index, uploaded on that stream while the kernels
+  (a prefetched gather kernel over R's gather index, uploaded on that stream while the kernels
   run) into a device slot, copies it into one of two slots of a pinned
   staging buffer (allocated once per process, see :func:`staging_for`) and
   from there into an ordinary NumPy array, double buffered, on a worker
@@ -36,6 +36,7 @@ import time
 import numpy as np
 
 from ..._schedule.tasks import TaskType
+from .array_ops import take_rows
 
 __all__ = ["final_entries", "final_entries_cached", "staging_for", "PinnedStaging",
            "NumpyRCopy", "CupyRCopy", "SLOT_BYTES", "MIN_CHUNK_BYTES"]
@@ -333,9 +334,9 @@ class CupyRCopy:
                             s = k % 2
                             if len(pending) == 2:
                                 self._drain(pending.pop(0), hslots)
-                            with cs:
-                                cp.take(self.pool, didx[issued: issued + m],
-                                        out=dslots[s][:m])
+                            with cs:        # a prefetched gather (no CuPy take compiled)
+                                take_rows(self.pool, didx[issued: issued + m],
+                                          out=dslots[s][:m])
                             dslots[s][:m].get(stream=cs, out=hslots[s][:m])
                             e = cp.cuda.Event(disable_timing=True)
                             e.record(cs)

@@ -54,6 +54,7 @@ import numpy as np
 from ..._kernels import load_module
 from ..._schedule.tasks import TASK_BYTES, TaskType, empty_tasks
 from ..host.simulate import apply_q_records, apply_qt_records, one_blas_thread
+from . import array_ops
 from . import solve_kernels as av
 from .trsolve import FrontTriangular
 
@@ -425,9 +426,10 @@ def _dense(objs, X, trans, executor=None):
     pool (``pool_at``) reads them there through the executor's device pool (no
     second copy of the front beside its uploaded pool)."""
     stage_pool = getattr(executor, "stage_pool", None)
+    host = isinstance(X, np.ndarray) or not X.flags.c_contiguous   # else prefetched kernels
     for obj in (objs if trans else objs[::-1]):
         s = obj.slots
-        Y = X[s]
+        Y = X[s] if host else array_ops.take_rows(X, s)
         front = None
         at = getattr(obj, "pool_at", None)
         if at is not None and stage_pool is not None:
@@ -439,7 +441,10 @@ def _dense(objs, X, trans, executor=None):
             apply(Y)
         else:
             apply(Y, front=front)
-        X[s] = Y
+        if host:
+            X[s] = Y
+        else:
+            array_ops.put_rows(X, s, Y)
 
 
 # ----------------------------------------------------------------------------- solve

@@ -38,6 +38,7 @@ from scipy.linalg import solve_triangular as host_solve_triangular
 from scipy.sparse.linalg import spsolve_triangular as host_spsolve_triangular
 
 from ..._kernels import load_module
+from . import array_ops as ops
 from . import solve_kernels as av
 
 __all__ = ["FrontTriangular"]
@@ -129,6 +130,9 @@ class FrontTriangular:
         if self.xp is not np and isinstance(pool, np.ndarray):
             self._host_step(i, Y, pool, trans=trans)
             return
+        if self.xp is not np and Y.flags.c_contiguous and Y.ndim == 2:
+            self._device_step(i, Y, pool, trans=trans, off=off)
+            return
         sid, foff, fm, fn, rk, a, b = self.fronts[i]
         U, S = self._blocks(foff if off is None else off, fn, rk, pool)
         piv = self.cols[a: a + rk]
@@ -143,6 +147,37 @@ class FrontTriangular:
         if fn > rk:
             o = self.cols[a + rk: b]
             Y[o] -= S.T @ y
+
+    def _device_step(self, i: int, Y, pool, *, trans: bool, off: int | None) -> None:
+        """:meth:`step` on the device with the same operations and layouts as its
+        generic path (row gathers, CuPy's matmul on contiguous operands, cuBLAS
+        ``trsm`` on column-major copies, as ``cupyx.scipy.linalg.solve_triangular``
+        calls it), the gathers, copies and updates by prefetched kernels
+        (:mod:`.array_ops`): nothing is compiled on the call's thread."""
+        sid, foff, fm, fn, rk, a, b = self.fronts[i]
+        o = foff if off is None else off
+        Fv = pool[o: o + rk * fn].reshape(rk, fn)
+        piv = self.cols[a: a + rk]
+        k = int(Y.shape[1])
+        Uf = ops.contiguous_copy(Fv[:, :rk], np.float64, order="F")
+        Bf = ops.take_rows(Y, piv, order="F")               # Y[piv], column-major
+        if fn > rk:
+            o_cols = self.cols[a + rk: b]
+            if pool.dtype == np.float64:
+                S = Fv[:, rk:]
+            else:                                           # _blocks' float64 copy
+                S = ops.contiguous_copy(Fv[:, rk:], np.float64)
+        if not trans:
+            if fn > rk:
+                prod = ops.matmul_operand(S, left=True) @ ops.take_rows(Y, o_cols)
+                ops.subtract_into(Bf, prod)
+            ops.trsm_left(Uf, rk, Bf, rk, rk, k, lower=False, trans=False, unit=False)
+            ops.put_rows(Y, piv, Bf)
+            return
+        ops.trsm_left(Uf, rk, Bf, rk, rk, k, lower=False, trans=True, unit=False)
+        ops.put_rows(Y, piv, Bf)
+        if fn > rk:
+            ops.put_rows(Y, o_cols, ops.matmul_operand(S.T, left=True) @ Bf, subtract=True)
 
     def _host_step(self, i: int, Y, pool, *, trans: bool) -> None:
         """A front whose values stay on the host (a host front of a GPU
@@ -172,9 +207,16 @@ class FrontTriangular:
                 pool, sid_cur = self.pools(sid), sid
             self.step(i, Y, pool, trans=trans)
 
+    def _fresh(self, C):
+        """A C-ordered float64 copy of C (on the device by memcpy or a prefetched
+        kernel: no CuPy copy kernel compiled on the call's thread)."""
+        if self.xp is np:
+            return np.array(C, dtype=np.float64, order="C", copy=True)
+        return ops.fresh_float64(self.xp.asarray(C))
+
     def upper(self, C):
         """``R⁻¹ C``; C of shape (n, k), float64 (not modified)."""
-        Y = self.xp.array(C, dtype=np.float64, order="C", copy=True)
+        Y = self._fresh(C)
         if self._stages is not None:
             _run_stages(self, self._stages, Y, trans=False)
         else:
@@ -187,7 +229,7 @@ class FrontTriangular:
 
     def upper_transposed(self, C):
         """``R⁻ᵀ C``; C of shape (n, k), float64 (not modified)."""
-        Y = self.xp.array(C, dtype=np.float64, order="C", copy=True)
+        Y = self._fresh(C)
         if self.n1:
             n1 = self.n1
             Y[:n1] = self._sptri(self.R11T, Y[:n1], lower=True)

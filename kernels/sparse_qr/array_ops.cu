@@ -1,0 +1,177 @@
+// Small array operations of a GPU call's host-side glue, as plain kernels.
+//
+// The dense fronts' compact-WY factors, their Q application, R's triangular
+// solves through cuBLAS for large fronts, R's copy to the host and the full-rank
+// probe need a handful of array operations (strided copies, a unit triangle, row
+// gathers and scatters, column norms). Done with CuPy's generic array functions,
+// each compiles one or more kernels the first time a process uses it, on the
+// call's own thread; here they are one module, compiled with the engine's other
+// modules on a worker thread before the call needs it. Every operation computes
+// element by element what the generic functions did (the same IEEE operation per
+// element: copies, one multiply and one add, one subtract, one divide), except the
+// column norms (a sum of squares in another order). Host side:
+// scipy_gpuqr/_engine/gpu/array_ops.py. Kernels are extern "C" (no templates to
+// name): suffix _f64 / _f32 for double / float values, _i64 / _i32 for the index type.
+
+namespace gpuqr_ops {
+
+typedef long long ll;
+
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+
+// dst[r, c] = src[r, c] (mode 0) or dst[r, c] -= src[r, c] (mode 1), element strides.
+template <typename D, typename S>
+__device__ void ew2d(D* __restrict__ dst, ll drs, ll dcs, const S* __restrict__ src, ll srs,
+                     ll scs, ll rows, ll cols, int mode) {
+    const ll n = rows * cols;
+    const ll stride = (ll)gridDim.x * blockDim.x;
+    for (ll e = (ll)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+        const ll r = e / cols, c = e - r * cols;
+        const D v = (D)src[r * srs + c * scs];
+        D* d = dst + r * drs + c * dcs;
+        *d = mode ? sub_rn(*d, v) : v;
+    }
+}
+
+// dst = the unit triangle of src: lower: src strictly below the diagonal, 1 on it,
+// 0 above (tril(src, -1) with a unit diagonal); upper: the same above the diagonal.
+template <typename T>
+__device__ void unit_tri(T* __restrict__ dst, ll drs, ll dcs, const T* __restrict__ src,
+                         ll srs, ll scs, ll rows, ll cols, int lower) {
+    const ll n = rows * cols;
+    const ll stride = (ll)gridDim.x * blockDim.x;
+    for (ll e = (ll)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+        const ll r = e / cols, c = e - r * cols;
+        const bool keep = lower ? (r > c) : (c > r);
+        dst[r * drs + c * dcs] = keep ? src[r * srs + c * scs] : (r == c ? T(1) : T(0));
+    }
+}
+
+// The compact-WY system of b reflectors from G = V^T V (b x b, row-major) and tau:
+// M = triu(G, 1) * tau[None, :] + I (row-major b x b, the product and the sum rounded
+// as two operations) and D = diag(tau) (b x b).
+template <typename T>
+__device__ void wy_system(const T* __restrict__ G, const T* __restrict__ tau, ll b,
+                          T* __restrict__ M, T* __restrict__ D) {
+    const ll n = b * b;
+    const ll stride = (ll)gridDim.x * blockDim.x;
+    for (ll e = (ll)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+        const ll i = e / b, j = e - i * b;
+        const T g = j > i ? G[e] : T(0);
+        M[e] = add_rn(mul_rn(g, tau[j]), i == j ? T(1) : T(0));
+        D[e] = i == j ? tau[i] : T(0);
+    }
+}
+
+// out[r, c] = src[idx[r] * k + c] (rows of a row-major n x k array), out with strides.
+template <typename T, typename I>
+__device__ void gather_rows(T* __restrict__ out, ll ors, ll ocs, const T* __restrict__ src,
+                            ll k, const I* __restrict__ idx, ll nrows) {
+    const ll n = nrows * k;
+    const ll stride = (ll)gridDim.x * blockDim.x;
+    for (ll e = (ll)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+        const ll r = e / k, c = e - r * k;
+        out[r * ors + c * ocs] = src[(ll)idx[r] * k + c];
+    }
+}
+
+// dst[idx[r] * k + c] = src[r, c] (mode 0) or -= src[r, c] (mode 1); idx distinct.
+template <typename T, typename I>
+__device__ void scatter_rows(T* __restrict__ dst, ll k, const I* __restrict__ idx,
+                             const T* __restrict__ src, ll srs, ll scs, ll nrows, int mode) {
+    const ll n = nrows * k;
+    const ll stride = (ll)gridDim.x * blockDim.x;
+    for (ll e = (ll)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+        const ll r = e / k, c = e - r * k;
+        const T v = src[r * srs + c * scs];
+        T* d = dst + (ll)idx[r] * k + c;
+        *d = mode ? sub_rn(*d, v) : v;
+    }
+}
+
+// One block per column c of Y (q x p, row-major): norms[c] = sqrt(sum of squares),
+// bad[c] = 1 when the column holds a NaN or an infinity, else 0. 256 threads.
+template <typename T>
+__device__ void column_norms(const T* __restrict__ Y, ll q, ll p, T* __restrict__ norms,
+                             int* __restrict__ bad) {
+    __shared__ T part[8];
+    const ll c = blockIdx.x;
+    T s = T(0);
+    int nf = 0;
+    for (ll i = threadIdx.x; i < q; i += blockDim.x) {
+        const T v = Y[i * p + c];
+        nf |= !isfinite(v);
+        s += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) part[warp] = s;
+    nf = __syncthreads_or(nf);
+    if (threadIdx.x == 0) {
+        T t = T(0);
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t += part[w];
+        norms[c] = sqrt(t);
+        bad[c] = nf;
+    }
+}
+
+// out[i, c] = Y[i, c] / d[c] (Y, out row-major q x p; out may be Y).
+template <typename T>
+__device__ void divide_columns(T* out, const T* Y, ll q, ll p, const T* __restrict__ d) {
+    const ll n = q * p;
+    const ll stride = (ll)gridDim.x * blockDim.x;
+    for (ll e = (ll)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride)
+        out[e] = Y[e] / d[e % p];
+}
+
+}  // namespace gpuqr_ops
+
+using gpuqr_ops::ll;
+
+#define OPS_EW2D(SUF, D, S)                                                               \
+    extern "C" __global__ void __launch_bounds__(256) ew2d_##SUF(                         \
+        D* dst, ll drs, ll dcs, const S* src, ll srs, ll scs, ll rows, ll cols, int mode) { \
+        gpuqr_ops::ew2d<D, S>(dst, drs, dcs, src, srs, scs, rows, cols, mode);            \
+    }
+OPS_EW2D(f64_f64, double, double)
+OPS_EW2D(f32_f32, float, float)
+OPS_EW2D(f64_f32, double, float)
+
+#define OPS_VALUE(SUF, T)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) unit_tri_##SUF(                     \
+        T* dst, ll drs, ll dcs, const T* src, ll srs, ll scs, ll rows, ll cols, int lower) { \
+        gpuqr_ops::unit_tri<T>(dst, drs, dcs, src, srs, scs, rows, cols, lower);          \
+    }                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) wy_system_##SUF(                    \
+        const T* G, const T* tau, ll b, T* M, T* D) {                                     \
+        gpuqr_ops::wy_system<T>(G, tau, b, M, D);                                         \
+    }                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) column_norms_##SUF(                 \
+        const T* Y, ll q, ll p, T* norms, int* bad) {                                     \
+        gpuqr_ops::column_norms<T>(Y, q, p, norms, bad);                                  \
+    }                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) divide_columns_##SUF(               \
+        T* out, const T* Y, ll q, ll p, const T* d) {                                     \
+        gpuqr_ops::divide_columns<T>(out, Y, q, p, d);                                    \
+    }
+OPS_VALUE(f64, double)
+OPS_VALUE(f32, float)
+
+#define OPS_INDEX(SUF, T, I)                                                              \
+    extern "C" __global__ void __launch_bounds__(256) gather_rows_##SUF(                  \
+        T* out, ll ors, ll ocs, const T* src, ll k, const I* idx, ll nrows) {             \
+        gpuqr_ops::gather_rows<T, I>(out, ors, ocs, src, k, idx, nrows);                  \
+    }                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) scatter_rows_##SUF(                 \
+        T* dst, ll k, const I* idx, const T* src, ll srs, ll scs, ll nrows, int mode) {   \
+        gpuqr_ops::scatter_rows<T, I>(dst, k, idx, src, srs, scs, nrows, mode);           \
+    }
+OPS_INDEX(f64_i64, double, long long)
+OPS_INDEX(f64_i32, double, int)
+OPS_INDEX(f32_i64, float, long long)
+OPS_INDEX(f32_i32, float, int)

@@ -1,0 +1,270 @@
+"""Small device array operations of a GPU call, as prefetched kernels
+(``kernels/sparse_qr/array_ops.cu``).
+
+The dense fronts (their compact-WY factors and ``Q``), R's triangular solves
+of large fronts, R's copy to the host and the full-rank probe need strided
+copies, unit triangles, row gathers and scatters and column norms. CuPy's
+generic array functions compile a kernel per operation, layout and type the
+first time a process uses them, on the call's thread (a tenth of a second
+each); these kernels are one module that
+:func:`~scipy_gpuqr._engine.gpu.factorize_kernels.engine_kernels` compiles on a
+worker thread with the engine's other modules. Each function gives the values
+the generic operation gave (the same IEEE operation per element), except
+:func:`column_norms` (a sum of squares in another order). Strides are taken
+from the CuPy arrays, so views work as they are.
+
+Imports without CuPy; the functions need it (CuPy arrays in, on the current
+stream). ``trsm`` and the cuBLAS helpers call the library directly (no
+compilation).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._kernels import KernelUse, load_module
+
+__all__ = ["OPS_FILE", "OPS_THREADS", "array_ops_use", "copy_into", "subtract_into",
+           "contiguous_copy", "matmul_operand", "fresh_float64", "unit_triangle", "wy_system", "take_rows",
+           "put_rows", "column_norms", "divide_columns", "trsm_left"]
+
+#: The kernel source (relative to ``kernels/``): ``extern "C"`` kernels, one module.
+OPS_FILE = "sparse_qr/array_ops.cu"
+
+#: Threads per block (the kernels' ``__launch_bounds__``).
+OPS_THREADS = 256
+
+#: Most blocks of one launch (grid-stride loops cover the rest).
+MAX_BLOCKS = 4096
+
+_VALUE = {np.dtype(np.float64): "f64", np.dtype(np.float32): "f32"}
+_INDEX = {np.dtype(np.int64): "i64", np.dtype(np.int32): "i32"}
+
+
+def array_ops_use() -> KernelUse:
+    """What a call compiles of the file (the whole file: both value types, for
+    :func:`scipy_gpuqr._kernels.prefetch`)."""
+    return KernelUse(OPS_FILE, (), ("ew2d_f64_f64",))
+
+
+def _fn(name: str):
+    return load_module(OPS_FILE).get_function(name)
+
+
+def _blocks(n: int) -> int:
+    return max(1, min(MAX_BLOCKS, -(-int(n) // OPS_THREADS)))
+
+
+def _estrides(a) -> tuple:
+    """Element strides of a 2-D (or 1-D: a column) CuPy array."""
+    isz = a.dtype.itemsize
+    if a.ndim == 1:
+        return int(a.strides[0]) // isz, 0
+    return int(a.strides[0]) // isz, int(a.strides[1]) // isz
+
+
+def _shape2(a) -> tuple:
+    return (int(a.shape[0]), 1) if a.ndim == 1 else (int(a.shape[0]), int(a.shape[1]))
+
+
+def _launch(name: str, n: int, args: tuple) -> None:
+    if n:
+        _fn(name)((_blocks(n),), (OPS_THREADS,), args)
+
+
+def _ew2d(dst, src, mode: int) -> None:
+    vd, vs = np.dtype(dst.dtype), np.dtype(src.dtype)
+    if vd not in _VALUE or vs not in _VALUE or (vd != vs and mode) or (
+            vd == np.float32 and vs == np.float64):
+        raise TypeError(f"array_ops: no kernel for {vs} -> {vd} (mode {mode})")
+    if _shape2(dst) != _shape2(src):
+        raise ValueError(f"array_ops: shapes {dst.shape} and {src.shape} differ")
+    rows, cols = _shape2(dst)
+    drs, dcs = _estrides(dst)
+    srs, scs = _estrides(src)
+    _launch(f"ew2d_{_VALUE[vd]}_{_VALUE[vs]}", rows * cols,
+            (dst, np.int64(drs), np.int64(dcs), src, np.int64(srs), np.int64(scs),
+             np.int64(rows), np.int64(cols), np.int32(mode)))
+
+
+def copy_into(dst, src) -> None:
+    """``dst[...] = src`` for 1-D or 2-D arrays of one shape, any strides
+    (float64/float32, or float32 into float64)."""
+    _ew2d(dst, src, 0)
+
+
+def subtract_into(dst, src) -> None:
+    """``dst -= src`` for 1-D or 2-D arrays of one shape and value type, any strides."""
+    _ew2d(dst, src, 1)
+
+
+def contiguous_copy(a, dtype=None, order: str = "C"):
+    """A new ``order``-contiguous copy of the 2-D (or 1-D) array ``a``, in
+    ``dtype`` (default ``a``'s; float32 → float64 allowed)."""
+    import cupy as cp
+    out = cp.empty(a.shape, dtype=a.dtype if dtype is None else dtype, order=order)
+    copy_into(out, a)
+    return out
+
+
+def matmul_operand(a, dtype=None, *, left: bool):
+    """``a`` (2-D) as CuPy's matmul hands it to cuBLAS, made by these kernels: cast
+    to ``dtype`` in ``a``'s own layout (``astype(order='K')``), and a
+    non-contiguous operand copied, column-major on the left (CuPy copies the
+    transposed left operand in C order), row-major on the right. The product of
+    the results is then the same cuBLAS call as the product of the originals,
+    without CuPy's copy kernel."""
+    dt = np.dtype(a.dtype if dtype is None else dtype)
+    if np.dtype(a.dtype) != dt:
+        if a.flags.c_contiguous:
+            order = "C"
+        elif a.flags.f_contiguous:
+            order = "F"
+        else:
+            order = "F" if abs(int(a.strides[0])) < abs(int(a.strides[1])) else "C"
+        return contiguous_copy(a, dt, order)
+    if a.flags.c_contiguous or a.flags.f_contiguous:
+        return a
+    return contiguous_copy(a, order="F" if left else "C")
+
+
+def fresh_float64(C):
+    """``cupy.array(C, dtype=float64, order='C', copy=True)`` for a 1-D or 2-D
+    float64/float32 CuPy array (a contiguous float64 array is copied by memcpy);
+    other arrays go through CuPy."""
+    import cupy as cp
+    dt = np.dtype(C.dtype)
+    if C.ndim in (1, 2) and dt in _VALUE:
+        out = cp.empty(C.shape, dtype=np.float64)
+        if dt == np.float64 and C.flags.c_contiguous:
+            if C.size:
+                out.data.copy_from_device_async(C.data, C.nbytes)
+        else:
+            copy_into(out, C)
+        return out
+    return cp.array(C, dtype=np.float64, order="C", copy=True)
+
+
+def unit_triangle(src, lower: bool, out=None):
+    """``src``'s strict lower (``lower``) or upper triangle, a unit diagonal, zeros
+    elsewhere (``tril(src, -1)`` or ``triu(src, 1)`` with ones on the diagonal),
+    into ``out`` (same shape and value type, any strides) or a new C-contiguous
+    array."""
+    import cupy as cp
+    if out is None:
+        out = cp.empty(src.shape, dtype=src.dtype)
+    if _shape2(out) != _shape2(src) or np.dtype(out.dtype) != np.dtype(src.dtype):
+        raise ValueError(f"unit_triangle: {src.shape} {src.dtype} into {out.shape} {out.dtype}")
+    rows, cols = _shape2(src)
+    srs, scs = _estrides(src)
+    drs, dcs = _estrides(out)
+    _launch(f"unit_tri_{_VALUE[np.dtype(src.dtype)]}", rows * cols,
+            (out, np.int64(drs), np.int64(dcs), src, np.int64(srs), np.int64(scs),
+             np.int64(rows), np.int64(cols), np.int32(1 if lower else 0)))
+    return out
+
+
+def wy_system(G, tau, M, D) -> None:
+    """``M = triu(G, 1) * tau[None, :] + I`` and ``D = diag(tau)`` (all b × b
+    C-contiguous but ``tau``, contiguous of length b)."""
+    b = int(G.shape[0])
+    _launch(f"wy_system_{_VALUE[np.dtype(G.dtype)]}", b * b,
+            (G, tau, np.int64(b), M, D))
+
+
+def _index(idx):
+    import cupy as cp
+    idx = cp.asarray(idx)
+    if np.dtype(idx.dtype) not in _INDEX:
+        idx = idx.astype(np.int64)
+    if not idx.flags.c_contiguous:
+        idx = cp.ascontiguousarray(idx)
+    return idx
+
+
+def take_rows(src, idx, out=None, order: str = "C"):
+    """``src[idx]`` for a C-contiguous 1-D or 2-D ``src`` (rows of it), into
+    ``out`` (any strides, shape ``(len(idx),) + src.shape[1:]``) or a new
+    ``order``-contiguous array."""
+    import cupy as cp
+    if not src.flags.c_contiguous:
+        raise ValueError("take_rows: a C-contiguous source")
+    idx = _index(idx)
+    nrows = int(idx.size)
+    k = 1 if src.ndim == 1 else int(src.shape[1])
+    if out is None:
+        out = cp.empty((nrows,) + tuple(src.shape[1:]), dtype=src.dtype, order=order)
+    ors, ocs = _estrides(out)
+    _launch(f"gather_rows_{_VALUE[np.dtype(src.dtype)]}_{_INDEX[np.dtype(idx.dtype)]}",
+            nrows * k, (out, np.int64(ors), np.int64(ocs), src, np.int64(k), idx,
+                        np.int64(nrows)))
+    return out
+
+
+def put_rows(dst, idx, src, subtract: bool = False) -> None:
+    """``dst[idx] = src`` (or ``dst[idx] -= src``) for a C-contiguous 1-D or 2-D
+    ``dst`` and distinct ``idx``; ``src`` of any strides."""
+    if not dst.flags.c_contiguous:
+        raise ValueError("put_rows: a C-contiguous destination")
+    if np.dtype(src.dtype) != np.dtype(dst.dtype):
+        raise TypeError(f"put_rows: {src.dtype} into {dst.dtype}")
+    idx = _index(idx)
+    nrows = int(idx.size)
+    k = 1 if dst.ndim == 1 else int(dst.shape[1])
+    if _shape2(src) != (nrows, k):
+        raise ValueError(f"put_rows: {src.shape} into {nrows} rows of {k}")
+    srs, scs = _estrides(src)
+    _launch(f"scatter_rows_{_VALUE[np.dtype(dst.dtype)]}_{_INDEX[np.dtype(idx.dtype)]}",
+            nrows * k, (dst, np.int64(k), idx, src, np.int64(srs), np.int64(scs),
+                        np.int64(nrows), np.int32(1 if subtract else 0)))
+
+
+def column_norms(Y):
+    """``(norms, bad)`` of a C-contiguous ``Y`` (q × p): each column's 2-norm and
+    1 where the column holds a NaN or an infinity (device arrays)."""
+    import cupy as cp
+    q, p = _shape2(Y)
+    norms = cp.empty(p, dtype=Y.dtype)
+    bad = cp.empty(p, dtype=np.int32)
+    if p:
+        _fn(f"column_norms_{_VALUE[np.dtype(Y.dtype)]}")(
+            (p,), (OPS_THREADS,), (Y, np.int64(q), np.int64(p), norms, bad))
+    return norms, bad
+
+
+def divide_columns(Y, d, out=None):
+    """``Y / d[None, :]`` for a C-contiguous ``Y`` (q × p) and ``d`` (p values), into
+    ``out`` (may be ``Y``) or a new array."""
+    import cupy as cp
+    q, p = _shape2(Y)
+    out = cp.empty_like(Y) if out is None else out
+    _launch(f"divide_columns_{_VALUE[np.dtype(Y.dtype)]}", q * p,
+            (out, Y, np.int64(q), np.int64(p), d))
+    return out
+
+
+def trsm_left(A, lda: int, B, ldb: int, m: int, n: int, *, lower: bool, trans: bool,
+              unit: bool) -> None:
+    """cuBLAS ``trsm`` (side left, column-major, alpha 1, host pointer mode) on the
+    current stream: ``B ← op(A)⁻¹ B`` with ``A`` m × m and ``B`` m × n given by
+    CuPy arrays of one value type (float64/float32) holding them, as
+    ``cupyx.scipy.linalg.solve_triangular`` calls it."""
+    import cupy as cp
+    from cupy_backends.cuda.libs import cublas
+    dt = np.dtype(A.dtype)
+    if np.dtype(B.dtype) != dt or dt not in _VALUE:
+        raise TypeError(f"trsm_left: {A.dtype} and {B.dtype}")
+    h = cp.cuda.device.get_cublas_handle()
+    cublas.setStream(h, cp.cuda.get_current_stream().ptr)
+    mode = cublas.getPointerMode(h)
+    cublas.setPointerMode(h, cublas.CUBLAS_POINTER_MODE_HOST)
+    one = np.array(1, dtype=dt)
+    try:
+        (cublas.dtrsm if dt == np.float64 else cublas.strsm)(
+            h, cublas.CUBLAS_SIDE_LEFT,
+            cublas.CUBLAS_FILL_MODE_LOWER if lower else cublas.CUBLAS_FILL_MODE_UPPER,
+            cublas.CUBLAS_OP_T if trans else cublas.CUBLAS_OP_N,
+            cublas.CUBLAS_DIAG_UNIT if unit else cublas.CUBLAS_DIAG_NON_UNIT,
+            int(m), int(n), one.ctypes.data, A.data.ptr, int(lda), B.data.ptr, int(ldb))
+    finally:
+        cublas.setPointerMode(h, mode)
