@@ -183,13 +183,17 @@ def _index(idx):
 
 
 def take_rows(src, idx, out=None, order: str = "C"):
-    """``src[idx]`` for a C-contiguous 1-D or 2-D ``src`` (rows of it), into
-    ``out`` (any strides, shape ``(len(idx),) + src.shape[1:]``) or a new
-    ``order``-contiguous array."""
+    """``src[idx]`` (rows of a 1-D or 2-D ``src``) into ``out`` (any strides, shape
+    ``(len(idx),) + src.shape[1:]``) or a new ``order``-contiguous array; by the
+    prefetched kernel for a C-contiguous ``src`` (CuPy's indexing else)."""
     import cupy as cp
-    if not src.flags.c_contiguous:
-        raise ValueError("take_rows: a C-contiguous source")
     idx = _index(idx)
+    if not src.flags.c_contiguous or src.ndim > 2:         # CuPy's own gather
+        got = src[idx]
+        if out is None:
+            return cp.array(got, order=order)
+        out[...] = got
+        return out
     nrows = int(idx.size)
     k = 1 if src.ndim == 1 else int(src.shape[1])
     if out is None:
@@ -202,13 +206,17 @@ def take_rows(src, idx, out=None, order: str = "C"):
 
 
 def put_rows(dst, idx, src, subtract: bool = False) -> None:
-    """``dst[idx] = src`` (or ``dst[idx] -= src``) for a C-contiguous 1-D or 2-D
-    ``dst`` and distinct ``idx``; ``src`` of any strides."""
-    if not dst.flags.c_contiguous:
-        raise ValueError("put_rows: a C-contiguous destination")
-    if np.dtype(src.dtype) != np.dtype(dst.dtype):
-        raise TypeError(f"put_rows: {src.dtype} into {dst.dtype}")
+    """``dst[idx] = src`` (or ``dst[idx] -= src``) for distinct ``idx``, ``src`` of
+    any strides; by the prefetched kernel for a C-contiguous 1-D or 2-D ``dst`` of
+    ``src``'s value type (CuPy's indexing else)."""
     idx = _index(idx)
+    if (not dst.flags.c_contiguous or dst.ndim > 2
+            or np.dtype(src.dtype) != np.dtype(dst.dtype)):  # CuPy's own scatter
+        if subtract:
+            dst[idx] -= src
+        else:
+            dst[idx] = src
+        return
     nrows = int(idx.size)
     k = 1 if dst.ndim == 1 else int(dst.shape[1])
     if _shape2(src) != (nrows, k):
