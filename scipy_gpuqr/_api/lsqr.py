@@ -2,8 +2,11 @@
 
 SciPy's parameters (names, order, defaults) are an exact prefix of ours;
 what we add (``backend``, ``gpuqr_options``) is keyword-only. Each function
-checks its inputs (:func:`scipy_gpuqr._factor.least_squares.check_problem`),
-resolves its settings once, and answers:
+checks its inputs (:func:`scipy_gpuqr._factor.least_squares.check_problem`;
+for the commonest input, a SciPy CSR/CSC float64 A and a float64 vector b
+under ``auto``, only what that input needs, by
+:func:`scipy_gpuqr._factor.quick_iterate.quick_iterate`, the full check
+waiting until the QR needs it), resolves its settings once, and answers:
 
 * under backend ``'auto'``: SciPy's own algorithm with the caller's
   arguments when its convergence tests stop it within ``auto``'s allowance —
@@ -26,6 +29,7 @@ import numpy as np
 from .._factor.least_squares import (StoppingRules, check_problem, iterate, log_answer,
                                      solve_least_squares, start_problem, trivial_answer,
                                      vector_norm)
+from .._factor.quick_iterate import quick_iterate
 from .._iterative._common import stopping_code
 from .._options import resolve_settings
 from .._validate import to_output, unsupported_reason
@@ -150,22 +154,31 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         retained part (exact from an SVD of R when one was needed, otherwise
         an estimate).
     """
-    reason = unsupported_reason(A, b, x0)
-    if reason is not None:
-        return fallback("lsqr", reason, A, b, damp=damp, atol=atol, btol=btol,
-                        conlim=conlim, iter_lim=iter_lim, show=show,
-                        calc_var=calc_var, x0=x0)
-    problem = check_problem(A, b, x0, damp, func="lsqr")
-    settings = resolve_settings(backend, gpuqr_options)
-    found, planned, why = iterate(problem, "lsqr", StoppingRules(atol, btol, conlim, iter_lim,
-                                                                 calc_var), settings)
-    if found is not None:
-        log_answer("lsqr", problem, found.who, why)
-        out = found.result
-        if show:
-            _show("LSQR", problem.shape, out[1], out[2], found.who,
-                  zip(("r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm"), out[3:9]))
-        return out
+    rules = StoppingRules(atol, btol, conlim, iter_lim, calc_var)
+    quick = None if show else quick_iterate("lsqr", A, b, x0, damp, rules, backend,
+                                            gpuqr_options)
+    if quick is not None:
+        if quick.found is not None:
+            return quick.found.result
+        problem, settings = quick.problem(), quick.settings
+        planned, why = quick.planned, quick.why
+    else:
+        reason = unsupported_reason(A, b, x0)
+        if reason is not None:
+            return fallback("lsqr", reason, A, b, damp=damp, atol=atol, btol=btol,
+                            conlim=conlim, iter_lim=iter_lim, show=show,
+                            calc_var=calc_var, x0=x0)
+        problem = check_problem(A, b, x0, damp, func="lsqr")
+        settings = resolve_settings(backend, gpuqr_options)
+        found, planned, why = iterate(problem, "lsqr", rules, settings)
+        if found is not None:
+            log_answer("lsqr", problem, found.who, why)
+            out = found.result
+            if show:
+                _show("LSQR", problem.shape, out[1], out[2], found.who,
+                      zip(("r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm"),
+                          out[3:9]))
+            return out
     n = problem.shape[1]
     begin = start_problem(problem)      # where b lies: a CuPy b stays on its device
     if begin.trivial:                   # SciPy: x = x0 (or 0), istop 0
@@ -209,27 +222,36 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         float64 here). From the QR: ``itn = 0``; ``normx`` is ``‖x‖``;
         ``conda`` as lsqr's ``acond``.
     """
-    reason = unsupported_reason(A, b, x0)
-    if reason is not None:
-        return fallback("lsmr", reason, A, b, damp=damp, atol=atol, btol=btol,
-                        conlim=conlim, maxiter=maxiter, show=show, x0=x0)
-    problem = check_problem(A, b, x0, damp, func="lsmr")
-    dtypes = [problem.dtype, problem.b_dtype] + ([np.asarray(x0).dtype] if x0 is not None
-                                                 and not hasattr(x0, "device") else [])
-    dtype = np.result_type(*dtypes, np.float32)
-    if dtype.kind != "f":
-        dtype = np.dtype(np.float64)
-    settings = resolve_settings(backend, gpuqr_options)
+    rules = StoppingRules(atol, btol, conlim, maxiter)
     names = ("normr", "normar", "norma", "conda", "normx")
-    found, planned, why = iterate(problem, "lsmr", StoppingRules(atol, btol, conlim, maxiter),
-                                  settings)
-    if found is not None:
-        log_answer("lsmr", problem, found.who, why)
-        out = found.result
-        if show:
-            _show("LSMR", problem.shape, out[1], out[2], found.who, zip(names, out[3:8]))
-        x = out[0]
-        return (x if x.dtype == dtype else x.astype(dtype),) + tuple(out[1:])
+    quick = None if show else quick_iterate("lsmr", A, b, x0, damp, rules, backend,
+                                            gpuqr_options)
+    if quick is not None:       # float64 A and b: x is float64, as SciPy's
+        if quick.found is not None:
+            return quick.found.result
+        problem, settings = quick.problem(), quick.settings
+        planned, why = quick.planned, quick.why
+        dtype = np.dtype(np.float64)
+    else:
+        reason = unsupported_reason(A, b, x0)
+        if reason is not None:
+            return fallback("lsmr", reason, A, b, damp=damp, atol=atol, btol=btol,
+                            conlim=conlim, maxiter=maxiter, show=show, x0=x0)
+        problem = check_problem(A, b, x0, damp, func="lsmr")
+        dtypes = [problem.dtype, problem.b_dtype] + ([np.asarray(x0).dtype] if x0 is not None
+                                                     and not hasattr(x0, "device") else [])
+        dtype = np.result_type(*dtypes, np.float32)
+        if dtype.kind != "f":
+            dtype = np.dtype(np.float64)
+        settings = resolve_settings(backend, gpuqr_options)
+        found, planned, why = iterate(problem, "lsmr", rules, settings)
+        if found is not None:
+            log_answer("lsmr", problem, found.who, why)
+            out = found.result
+            if show:
+                _show("LSMR", problem.shape, out[1], out[2], found.who, zip(names, out[3:8]))
+            x = out[0]
+            return (x if x.dtype == dtype else x.astype(dtype),) + tuple(out[1:])
     n = problem.shape[1]
     begin = start_problem(problem)      # where b lies: a CuPy b stays on its device
     ans = None

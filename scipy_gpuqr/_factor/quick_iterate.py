@@ -1,0 +1,155 @@
+"""``auto``'s iterations on the commonest input, with as little around them as SciPy has.
+
+Most patched calls of ``lsqr``/``lsmr`` pass a SciPy CSR or CSC matrix of
+float64 values and a float64 vector b, with no ``x0``, no damping and no
+backend. For those, :func:`quick_iterate` runs SciPy's algorithm
+(:mod:`scipy_gpuqr._iterative`, on the caller's own matrix: bit for bit
+SciPy's result) under ``auto``'s rule (:mod:`scipy_gpuqr._dispatch.iterate_first`)
+after the few checks such input needs: its types, shapes and dtypes are seen
+from the objects themselves, and DESIGN §10's finite check is one C
+reduction per array. The full check of the problem
+(:func:`~scipy_gpuqr._factor.least_squares.check_problem`: a canonical copy of
+A, b copied) is made only when the QR is needed: when the rule plans the
+factorization, or when the run ends without converging.
+
+On a call of a few hundred microseconds the checks, the settings and the
+decision around SciPy's algorithm are what separates ``auto`` from SciPy's
+own function; this keeps that to a handful of calls. Every other input, and
+runs that would iterate on a GPU, take the general path
+(:func:`~scipy_gpuqr._factor.least_squares.iterate`), which answers alike.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+import scipy.sparse as sp
+
+from .._dispatch.iterate_first import (CONVERGED, Allowance, analysis_seconds,
+                                       cpu_iteration_seconds, gpu_iteration_seconds,
+                                       needs_watching)
+from .._iterative import lsmr as iterative_lsmr
+from .._iterative import lsqr as iterative_lsqr
+from .._options import Settings, log_decision, resolve_settings
+from .._validate import all_finite
+from .factored import plan_for
+from .least_squares import (IterativeAnswer, LeastSquaresProblem, StoppingRules, _RunNote,
+                            check_problem)
+
+__all__ = ["QuickRun", "quick_iterate"]
+
+#: The SciPy classes whose products our solvers run through SciPy's own kernels.
+_COMPRESSED = (sp.csr_array, sp.csr_matrix, sp.csc_array, sp.csc_matrix)
+
+_F64 = np.dtype(np.float64)
+
+
+class QuickRun(NamedTuple):
+    """What :func:`quick_iterate` did: SciPy's answer, or what the QR needs to answer."""
+
+    found: Optional[IterativeAnswer]    # SciPy's tuple, or None: the QR answers
+    planned: object                     # the factorization's plan, when the rule made it
+    why: object                         # what happened, for the log (str() formats it)
+    settings: Settings
+    problem: Callable[[], LeastSquaresProblem]  # the checked problem (made on first call)
+
+
+def _eligible(A, b, x0, damp, backend, gpuqr_options) -> bool:
+    """The input is the common one: SciPy CSR/CSC float64 A with entries, float64 b of
+    shape (m,), no x0, no damping, no backend or options named."""
+    if backend is not None or gpuqr_options is not None or x0 is not None:
+        return False
+    if type(A) not in _COMPRESSED or type(b) is not np.ndarray:
+        return False
+    if not (type(damp) in (float, int) and damp == 0):
+        return False
+    m, n = A.shape
+    return (m > 0 and n > 0 and A.data.dtype == _F64 and b.dtype == _F64
+            and b.shape == (m,))
+
+
+def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
+                  gpuqr_options) -> Optional[QuickRun]:
+    """``auto``'s iterations for the common input, or None: the general path serves it.
+
+    None when the input is not the common one (:func:`_eligible`), when A or
+    b holds inf or NaN (the general path raises DESIGN §10's ValueError with
+    its message), when the settings are not ``auto`` with ``iterate_first``
+    (a backend from the environment), when the tolerances or the iteration
+    limit leave nothing to iterate, or when a GPU iteration could beat a CPU
+    one (the general path asks for the GPU).
+
+    Parameters
+    ----------
+    method : {'lsqr', 'lsmr'}
+    A, b, x0, damp
+        The caller's arguments.
+    rules : StoppingRules
+    backend, gpuqr_options
+        The caller's keyword-only additions.
+
+    Returns
+    -------
+    QuickRun or None
+    """
+    if not _eligible(A, b, x0, damp, backend, gpuqr_options):
+        return None
+    if not (all_finite(A.data) and all_finite(b)):
+        return None
+    settings = resolve_settings(None, None)
+    if settings.backend != "auto" or not settings.options.iterate_first:
+        return None
+    if not (rules.atol > 0 or rules.btol > 0):      # maximum precision: the QR answers
+        return None
+    m, n = A.shape
+    nnz = int(A.indptr[-1])
+    if rules.iter_lim is None:
+        iter_lim = 2 * n if method == "lsqr" else min(m, n)
+    else:
+        iter_lim = int(rules.iter_lim)
+    if iter_lim <= 0:
+        return None
+    cpu_s = cpu_iteration_seconds(m, n, nnz)
+    if cpu_s > gpu_iteration_seconds(m, n, nnz):
+        return None
+    checked = []
+
+    def problem() -> LeastSquaresProblem:
+        if not checked:
+            checked.append(check_problem(A, b, None, damp, func=method))
+        return checked[0]
+
+    analysis = analysis_seconds(m, n, nnz)
+    watch = callback = None
+    if needs_watching(iter_lim, m, n, nnz, on_gpu=False, analysis=analysis):
+        watch = callback = Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
+                                     analysis=analysis,
+                                     plan=lambda: plan_for(problem().qr_matrix(), settings),
+                                     order=min(m, n))
+    if method == "lsqr":
+        res = iterative_lsqr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
+                             rules.calc_var, None, xp=np, callback=callback)
+    else:
+        res = iterative_lsmr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
+                             None, xp=np, callback=callback)
+    istop, itn = res.istop, res.itn
+    where = f"CPU: a CPU iteration (about {cpu_s:.2g} s) beats a GPU one"
+    how = _RunNote(istop, itn, res.seconds, where, watch)
+    name = f"{method.upper()} on CPU"
+    planned = None if watch is None else watch.planned
+    if istop in CONVERGED or (istop == 0 and itn == 0):
+        how.prefix = "" if istop else "x0 (or 0) is exact: "
+        log_decision("%s %dx%d nnz=%d: %s answered; %s", method, m, n, nnz, name, how)
+        return QuickRun(IterativeAnswer(res.scipy_tuple(), name), planned, how, settings,
+                        problem)
+    if watch is not None and watch.plan_error is not None:
+        how.prefix = "the QR cannot run, so SciPy's answer stands: "
+        log_decision("%s %dx%d nnz=%d: %s answered; %s", method, m, n, nnz, name, how)
+        return QuickRun(IterativeAnswer(res.scipy_tuple(), name), None, how, settings, problem)
+    stopped = (f"stopped by auto's rule: {watch.reason}" if istop == 0 else
+               {3: "stopped: the condition estimate reached conlim",
+                6: "stopped: the condition estimate reached 1/eps",
+                7: "stopped: the iteration limit was reached"}.get(istop, f"istop {istop}"))
+    how.prefix = f"{name} {stopped}; "
+    return QuickRun(None, planned, how, settings, problem)
