@@ -326,15 +326,25 @@ class _Cublas:
         self.geqrf = cusolver.sgeqrf if single else cusolver.dgeqrf
         self.geqrf_size = cusolver.sgeqrf_bufferSize if single else cusolver.dgeqrf_bufferSize
         self.hb = cp.cuda.device.get_cublas_handle()
-        self.hs = cp.cuda.device.get_cusolver_handle()
+        self._hs = None             # cuSOLVER's handle, made when a geqrf panel needs it
         self.one = np.ones(1, dtype=self.dtype)
         self.zero = np.zeros(1, dtype=self.dtype)
         self.mone = -np.ones(1, dtype=self.dtype)
 
+    @property
+    def hs(self):
+        """cuSOLVER's handle (made on first use: a new process pays a tenth of a
+        second or more for it, and the kernel panels never need it)."""
+        if self._hs is None:
+            self._hs = self.cp.cuda.device.get_cusolver_handle()
+            self.cs.setStream(self._hs, self.cp.cuda.get_current_stream().ptr)
+        return self._hs
+
     def __enter__(self):
         s = self.cp.cuda.get_current_stream().ptr
         self.cb.setStream(self.hb, s)
-        self.cs.setStream(self.hs, s)
+        if self._hs is not None:
+            self.cs.setStream(self._hs, s)
         self.mode = self.cb.getPointerMode(self.hb)
         self.cb.setPointerMode(self.hb, self.cb.CUBLAS_POINTER_MODE_HOST)
         return self
