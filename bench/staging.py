@@ -114,6 +114,11 @@ def _once(A, b, backend):
            "host_fronts": [h["shape"] for h in bi.get("host_fronts") or []],
            "host_fronts_on": [h.get("factorized_on") for h in bi.get("host_fronts") or []],
            "host_front_seconds": (bi.get("seconds") or {}).get("host_fronts"),
+           "timings": {k: round(v, 4) for k, v in (info.get("timings") or {}).items()},
+           "engine_seconds": {k: round(v, 4) for k, v in (bi.get("seconds") or {}).items()
+                              if isinstance(v, float)},
+           "host_front_phases": {k: round(v, 4)
+                                 for k, v in (bi.get("host_front_seconds") or {}).items()},
            "normal_eq_residual": berr,
            "warnings": [str(w.message)[:160] for w in seen]}
     F.free()
@@ -179,6 +184,7 @@ def main(argv=None):
         rec["runs"]["unlimited"] = base
         print(f"  unlimited  {base['seconds']:7.2f} s  {base['backend']} stages {base['stages']}"
               f"  (first {base['first_seconds']:.2f} s)", flush=True)
+        print(f"    phases {base['timings']}\n    engine {base['engine_seconds']}", flush=True)
         for frac in fracs:
             row, x = _run(A, b, "gpu", args.repeat, limit=need // frac)
             row["limit"] = int(need // frac)
@@ -195,6 +201,9 @@ def main(argv=None):
                      f" on {row['host_fronts_on']}"
                      if row["host_fronts"] else "")
                   + (f"  [{row['fallback'][:90]}]" if row["fallback"] else ""), flush=True)
+            print(f"    phases {row['timings']}\n    engine {row['engine_seconds']}"
+                  + (f"\n    host fronts {row['host_front_phases']}" if row["host_fronts"] else ""),
+                  flush=True)
         if not args.no_cpu:
             row, x = _run(A, b, "cpu", 0)
             row["x_rel_diff"] = float(np.linalg.norm(x - x0) / np.linalg.norm(x0))

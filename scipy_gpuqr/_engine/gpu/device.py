@@ -88,6 +88,26 @@ def pinned_pool_cap() -> int:
     return int(PINNED_POOL_SHARE * total)
 
 
+def _all_finite(pool: np.ndarray) -> bool:
+    """Whether every value of a host pool is finite: chunks of
+    :data:`CHECK_CHUNK` on threads (no temporary of the pool's size; a host
+    front's pool can hold gigabytes)."""
+    n = pool.size
+    bounds = np.arange(0, n + CHECK_CHUNK, CHECK_CHUNK).clip(max=n)
+    bad = []
+
+    def check(c0, c1):
+        for a in range(int(c0), int(c1)):
+            if not np.isfinite(pool[bounds[a]:bounds[a + 1]]).all():
+                bad.append(a)
+                return
+
+    chunks = len(bounds) - 1
+    threads = thread_count(chunks, 1)
+    run_ranges(check, np.linspace(0, chunks, threads + 1).astype(np.int64))
+    return not bad
+
+
 class NumpyDevice:
     """The device calls over NumPy arrays (CI and the host-logic tests).
 
@@ -206,7 +226,7 @@ class NumpyDevice:
         pool = h["pool"]
         self._take(min(pool.size, CHECK_CHUNK), "the finite check")
         self.held -= min(pool.size, CHECK_CHUNK)
-        if not np.isfinite(pool).all():
+        if not _all_finite(pool):
             raise GpuEngineError("non-finite values in the front pool after the stage")
         return pool
 
@@ -284,6 +304,18 @@ class HostFrontDevice(NumpyDevice):
         t0 = time.perf_counter()
         super().launch(h, L, records)
         self.seconds["kernels"] += time.perf_counter() - t0
+
+    def begin_stage(self, st, s_index, s_value, carried):
+        t0 = time.perf_counter()
+        h = super().begin_stage(st, s_index, s_value, carried)
+        self.seconds["begin"] = self.seconds.get("begin", 0.0) + time.perf_counter() - t0
+        return h
+
+    def end_stage(self, h) -> np.ndarray:
+        t0 = time.perf_counter()
+        pool = super().end_stage(h)
+        self.seconds["check"] = self.seconds.get("check", 0.0) + time.perf_counter() - t0
+        return pool
 
     def dense_factorize(self, h, off, fm, fn, stair):
         """The front factorized in place: on the GPU when a GPU layer is given (the

@@ -888,6 +888,8 @@ class _StageLoop:
                             "host_fronts": self.t_host},
                 "host_fronts_factorized_on": ([] if self.host_dev is None
                                               else list(self.host_dev.factorized_on)),
+                "host_front_seconds": ({} if self.host_dev is None
+                                       else dict(self.host_dev.seconds)),
                 "r_copy_progressive": bool(self.progressive),
                 "last_pool_on_device": bool(self.keep_last
                                             and self.nstage - 1 not in self.host_stages)}
