@@ -43,15 +43,16 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse import SparseEfficiencyWarning
 
-from .._dispatch.plan import SUPERLU, Plan, plan_factorization, superlu_at_once
+from .._dispatch.plan import (SUPERLU, SUPERLU_ALWAYS_NNZ, Plan, plan_factorization,
+                              superlu_at_once)
 from .._factor.factored import FactoredQR, factorize
 from .._factor.factorization import wrap
 from .._factor.lstsq import exactly_singular
 from .._factor.rank_refine import with_rank_detection
 from .._gpu import is_cupy_array, is_cupy_sparse
 from .._options import log_decision, resolve_settings
-from .._validate import (SOLVE_RHS, SPSOLVE_RHS, as_matrix, check_finite, check_rhs,
-                         check_superlu_cast, to_output, unsupported_reason)
+from .._validate import (SOLVE_RHS, SPSOLVE_RHS, all_finite, as_matrix, check_finite,
+                         check_rhs, check_superlu_cast, to_output, unsupported_reason)
 from .fallback import fallback
 from .originals import MatrixRankWarning, original
 
@@ -66,6 +67,9 @@ _SCIPY_ANSWERING = contextvars.ContextVar("scipy_gpuqr_scipy_answering", default
 
 #: Sparse formats whose ``data`` holds exactly the stored entries.
 _DATA_FORMATS = ("csr", "csc", "coo", "bsr")
+
+#: SciPy's CSR/CSC classes: the input SciPy's spsolve and factorized take as it is.
+_COMPRESSED = (sp.csr_array, sp.csr_matrix, sp.csc_array, sp.csc_matrix)
 
 #: SciPy's permc_spec → our column ordering (MMD_* → AMD: SuperLU's minimum
 #: degree on AᵀA or Aᵀ+A; AMD is the same family).
@@ -101,12 +105,6 @@ def _on_device(A, b=None) -> bool:
     return False
 
 
-def _all_finite(data) -> bool:
-    """Every entry of the floating ndarray ``data`` is finite (one C reduction, not
-    ``ndarray.all``'s Python wrapper: this runs on every call SciPy answers)."""
-    return bool(np.logical_and.reduce(np.isfinite(data), axis=None))
-
-
 def _check_finite_as_given(x, name: str) -> None:
     """DESIGN §10's ValueError for inf/NaN in A or b, before SciPy converts x.
 
@@ -124,7 +122,7 @@ def _check_finite_as_given(x, name: str) -> None:
             data = np.asarray(x)
         except Exception:           # noqa: BLE001 - SciPy raises its own error for it
             return
-    if data.dtype.kind in "fc" and not _all_finite(data):
+    if not all_finite(data):
         check_finite(data, name, shape=x.shape if sp.issparse(x) else data.shape)
 
 
@@ -140,7 +138,7 @@ def _check_finite_castable(b, dtype) -> None:
             return
     if (arr.dtype.kind in "fc" and (arr.dtype == dtype or np.can_cast(arr.dtype, dtype,
                                                                       casting="safe"))
-            and not _all_finite(arr)):
+            and not all_finite(arr)):
         check_finite(arr, "b")
 
 
@@ -164,6 +162,23 @@ def _unshared(A, formats):
     if sp.issparse(A) and A.format in formats and not A.has_canonical_format:
         return A.copy()
     return A
+
+
+def _small_real_csx(A, backend, gpuqr_options):
+    """The settings of a call SciPy's SuperLU answers at once, seen from A alone, or None.
+
+    The common call: a SciPy CSR/CSC A of real values and fewer than
+    :data:`~scipy_gpuqr._dispatch.plan.SUPERLU_ALWAYS_NNZ` entries, no
+    backend or options named, ``auto`` from the default or the environment.
+    The general path would reach the same answer (SciPy's) through checks
+    that cannot fail for such an A; this skips them.
+    """
+    if backend is not None or gpuqr_options is not None or type(A) not in _COMPRESSED:
+        return None
+    if A.data.dtype.kind not in "biuf" or not A.indptr[-1] < SUPERLU_ALWAYS_NNZ:
+        return None
+    settings = resolve_settings(None, None)
+    return settings if settings.backend == "auto" else None
 
 
 def _scipy_spsolve(A, b, permc_spec, use_umfpack):
@@ -275,6 +290,11 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
         dtype ``promote_types(A, b)`` after SciPy's float upcast; shape (n,)
         for a vector b, (n, k) otherwise.
     """
+    if type(b) is np.ndarray and b.dtype.kind in "biuf":
+        settings = _small_real_csx(A, backend, gpuqr_options)
+        if settings is not None:
+            log_decision("spsolve: SuperLU (SciPy) answered: %s", superlu_at_once(settings, A))
+            return _scipy_spsolve(A, b, permc_spec, use_umfpack)
     reason = unsupported_reason(A, b)
     if reason is not None:
         return fallback("spsolve", reason, A, b, permc_spec=permc_spec,
@@ -369,14 +389,18 @@ def factorized(A, *, backend=None, gpuqr_options=None):
     ``solve.factorization`` is the :class:`~scipy_gpuqr.QRFactorization`.
     Either way ``solve.info`` says what answered and why.
     """
-    reason = unsupported_reason(A)
-    if reason is not None:
-        return fallback("factorized", reason, A)
+    settings = _small_real_csx(A, backend, gpuqr_options)
+    small = settings is not None        # SciPy's SuperLU answers at once
+    if not small:
+        reason = unsupported_reason(A)
+        if reason is not None:
+            return fallback("factorized", reason, A)
     if _SCIPY_ANSWERING.get():
         # SciPy's own spsolve (answering one of our calls) factorizes a sparse b's A
         return original("factorized")(A)
-    settings = resolve_settings(backend, gpuqr_options)
-    on_device = _on_device(A)
+    if not small:
+        settings = resolve_settings(backend, gpuqr_options)
+    on_device = not small and _on_device(A)
     if not on_device:
         why = superlu_at_once(settings, A)
         if why is not None:
