@@ -54,12 +54,14 @@ VARIANT_MODULES: tuple[str, ...] = (
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 
+@functools.lru_cache(maxsize=None)
 def kernels_dir() -> Path:
     """The folder holding the ``.cu``/``.cuh`` sources.
 
     In an installed wheel it is the package data folder
     ``scipy_gpuqr/kernels``; in a source checkout (or editable install) it is
-    the top-level ``kernels/`` beside the package.
+    the top-level ``kernels/`` beside the package. Looked up once per process
+    (every module lookup asks for it).
     """
     here = Path(__file__).resolve().parent
     for candidate in (here / "kernels", here.parent / "kernels"):

@@ -20,6 +20,8 @@ compilation).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..._kernels import KernelUse, load_module
@@ -48,6 +50,14 @@ def array_ops_use() -> KernelUse:
 
 
 def _fn(name: str):
+    """The kernel ``name`` on the current device (looked up once: a module lookup
+    flattens and hashes the source, far more than a launch)."""
+    import cupy
+    return _kernel(name, cupy.cuda.runtime.getDevice())
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name: str, device: int):
     return load_module(OPS_FILE).get_function(name)
 
 

@@ -497,7 +497,7 @@ class DeviceSolve:
             C = cp.ascontiguousarray(qt_matmul(B)[: self.q])
             Y = self.upper(C)
             X = cp.empty((n, B.shape[1]), dtype=np.float64)
-            X[self.perm] = Y
+            array_ops.put_rows(X, self.perm, Y)     # X[perm] = Y, a prefetched kernel
             return X
 
     def backward(self, q_matmul, B, mq: int):
@@ -587,17 +587,30 @@ def apply_plan(qr, B2, trans: bool, executor):
     if qorder is None:
         qorder = xp.asarray(qr.qorder)
         qr._replay[("qorder", xp.__name__)] = qorder
+    host = xp is np         # on the device: prefetched kernels, no CuPy copy kernels
     for c0 in range(0, k, step):
         c1 = min(k, c0 + step)
         if trans:
-            X = xp.array(B2[:, c0:c1], dtype=np.float64, order="C")
+            if host:
+                X = xp.array(B2[:, c0:c1], dtype=np.float64, order="C")
+            else:
+                X = array_ops.fresh_float64(B2[:, c0:c1])
             replay(plan, executor, X, True)
-            out[:, c0:c1] = X[qorder]
+            if host:
+                out[:, c0:c1] = X[qorder]
+            else:
+                array_ops.take_rows(X, qorder, out=out[:, c0:c1])
         else:
             X = xp.zeros((m, c1 - c0), dtype=np.float64)
-            X[qorder] = B2[:, c0:c1]
+            if host:
+                X[qorder] = B2[:, c0:c1]
+            else:
+                array_ops.put_rows(X, qorder, B2[:, c0:c1])
             replay(plan, executor, X, False)
-            out[:, c0:c1] = X
+            if host:
+                out[:, c0:c1] = X
+            else:
+                array_ops.copy_into(out[:, c0:c1], X)
     return out
 
 
