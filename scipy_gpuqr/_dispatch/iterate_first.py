@@ -42,6 +42,13 @@ shows; so the rule leaves SciPy's run alone unless the evidence is clear:
    :data:`RANK_RISK_COND`, or it has run :data:`RANK_RISK_SHARE` of the
    columns' count of iterations; before that, :data:`RANK_PRIOR` of it). On
    such matrices the rank decision costs up to hundreds of factorizations.
+   Where the rank decision is what keeps the QR from answering (the run
+   looks as if it will not converge soon, and the factorization alone would
+   be cheaper than iterating on), the factorization is made at once, once,
+   if the caller can (``speculate``): when its R is clearly of full rank
+   (lstsq's cheap first test passes) the rank decision costs a triangular
+   condition estimate, not dense work, and the QR's remaining cost is its
+   solve; otherwise the prediction stands and the factors wait for the QR.
 3. SciPy's run stops only on a verdict that holds at
    :data:`CONFIRMATIONS` checkpoints in a row:
 
@@ -307,6 +314,12 @@ class Allowance:
         ``min(m, n)`` of the matrix the QR factorizes: the order of R whose
         rank the QR decides (:func:`rank_decision_seconds`); 0 leaves the
         rank decision out of the prediction.
+    speculate : callable, optional
+        ``speculate(planned) -> (planned, clear)``: factorize now with the
+        plan, returning the plan that hands those factors to the QR, and
+        whether R is clearly of full rank (its rank decision then costs no
+        dense work). Called at most once, where the rank decision's
+        prediction alone keeps the QR from answering. None: never.
 
     Attributes
     ----------
@@ -322,11 +335,15 @@ class Allowance:
     plan_error : MemoryError or None
         Why the factorization cannot run, when the plan said so.
     analysis_s : float
-        Seconds the analysis took (inside the run, not counted as iterating).
+        Seconds the analysis (and a speculative factorization) took, inside
+        the run, not counted as iterating.
+    speculated : bool or None
+        None before a speculative factorization; then whether R was clearly
+        of full rank.
     """
 
     def __init__(self, *, iter_lim: int, atol: float, conlim: float, analysis: float,
-                 plan: Callable, order: int = 0):
+                 plan: Callable, order: int = 0, speculate: Optional[Callable] = None):
         self.iter_lim = int(iter_lim)
         self.log_atol = math.log(max(float(atol), _EPS))
         self.log_conlim = math.log(conlim) if conlim > 0 else None
@@ -334,6 +351,10 @@ class Allowance:
         self.deferral = ANALYSIS_DEFERRAL * self.analysis_estimate
         self.order = int(order)
         self._plan = plan
+        self._speculate = speculate
+        self.speculated: Optional[bool] = None
+        self.speculation_s = 0.0
+        self.speculated_at = 0.0
         self.history = deque(maxlen=PROJECTION_WINDOW)
         self.next_check = 0.0
         self.reason = ""
@@ -399,9 +420,13 @@ class Allowance:
         if self.plan_error is not None:         # the QR cannot run: SciPy's run goes on
             self.next_check = math.inf
             return False
-        if self.order:
+        if self.order and not self.speculated:
             self.rank_s = rank_decision_seconds(self.order, self.predicted) * \
                 (1.0 if self.at_risk else RANK_PRIOR)
+        if self.rank_s and self.speculated is None and self._speculate is not None and \
+                self._would_stop(itn, t, further, per_iteration, remaining, self.predicted):
+            self._speculation()
+            self.speculated_at = t
         q = self.qr_seconds
         if further is not None and itn + further > self.iter_lim:
             # stopping costs q; going on costs the iterations to iter_lim more than q if
@@ -416,6 +441,13 @@ class Allowance:
             return self._confirm("cost", f"projected {further} more iterations ({remaining:.3g} "
                                  f"s) cost more than {SWITCH_MARGIN:g} x the QR's predicted "
                                  f"{q:.3g} s")
+        if self.speculated and t - self.speculated_at >= q:
+            # the factors are made and R is clearly of full rank: the run has had as long
+            # as the rest of the QR costs (ski rental: at most twice the better choice;
+            # a projection of convergence flickers on runs that stall)
+            return self._confirm("ahead", f"the factors are made (R clearly of full rank) "
+                                 f"and {t - self.speculated_at:.3g} s of iterations since "
+                                 f"have not converged (the QR's rest: about {q:.3g} s)")
         if further is None and trusted and t >= STALL_SHARE * q:
             return self._confirm("stall", f"the tests are not falling after {itn} iterations "
                                  f"({t:.3g} s, the QR's predicted {q:.3g} s)")
@@ -424,6 +456,35 @@ class Allowance:
                                  f"{ALLOWANCE_SHARE:g} x the QR's predicted {q:.3g} s) is "
                                  f"spent without a projection to converge within it")
         return self._confirm("", "")
+
+    def _would_stop(self, itn: int, t: float, further, per_iteration: float, remaining,
+                    q: float) -> bool:
+        """Whether a verdict of :meth:`decide` would stop the run if the QR cost ``q``."""
+        trusted = itn >= PROJECTION_WINDOW
+        if further is not None and itn + further > self.iter_lim and \
+                (self.iter_lim - itn) * per_iteration > q:
+            return True
+        if further is not None and remaining > SWITCH_MARGIN * q:
+            return True
+        return further is None and trusted and t >= STALL_SHARE * q
+
+    def _speculation(self) -> None:
+        """Factorize now (:attr:`speculate`); where R is clearly of full rank, the QR's
+        remaining cost is its solve and a cheap rank test, not the predicted dense work."""
+        t0 = time.perf_counter()
+        try:
+            self.planned, clear = self._speculate(self.planned)
+        except MemoryError as exc:
+            self.plan_error = exc
+            clear = False
+        spent = time.perf_counter() - t0
+        self.analysis_s += spent
+        self.speculation_s = spent
+        self.speculated = bool(clear)
+        if clear:
+            self.rank_s = 0.0
+            # what is left of the QR: its cheap rank test and solve
+            self.predicted = max(self.predicted - spent, 0.1 * min(spent, self.predicted))
 
     def _confirm(self, kind: str, reason: str) -> bool:
         """Stop once verdict ``kind`` held at :data:`CONFIRMATIONS` checkpoints in a row
@@ -520,6 +581,10 @@ class Allowance:
                          f"{self.analysis_s:.3g} s; predicted factorization "
                          f"{self.predicted:.3g} s on {self.planned[1].backend!r}"
                          + (f" + rank decision {self.rank_s:.3g} s" if self.rank_s else ""))
+            if self.speculated is not None:
+                parts.append(f"factorized ahead in {self.speculation_s:.3g} s: R "
+                             + ("clearly of full rank (no dense rank work)" if self.speculated
+                                else "not clearly of full rank"))
         elif self.plan_error is not None:
             parts.append(f"the QR cannot run ({self.plan_error})")
         else:

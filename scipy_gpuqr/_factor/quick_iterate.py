@@ -21,6 +21,7 @@ runs that would iterate on a GPU, take the general path
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -36,8 +37,9 @@ from .._validate import all_finite
 from .factored import plan_for
 from .least_squares import (IterativeAnswer, LeastSquaresProblem, StoppingRules, _RunNote,
                             check_problem)
+from .lstsq import _rcond_estimate, lstsq_cutoff
 
-__all__ = ["QuickRun", "quick_iterate"]
+__all__ = ["QuickRun", "quick_iterate", "clearly_full_rank", "speculate"]
 
 #: The SciPy classes whose products our solvers run through SciPy's own kernels.
 _COMPRESSED = (sp.csr_array, sp.csr_matrix, sp.csc_array, sp.csc_matrix)
@@ -53,6 +55,45 @@ class QuickRun(NamedTuple):
     why: object                         # what happened, for the log (str() formats it)
     settings: Settings
     problem: Callable[[], LeastSquaresProblem]  # the checked problem (made on first call)
+
+
+#: Backends whose factors are on the host, where R's condition is estimated.
+_HOST_BACKENDS = ("cpu", "reference", "simulate")
+
+
+def clearly_full_rank(R, cutoff: float) -> bool:
+    """Whether square triangular R passes lstsq's first, cheap full-rank test.
+
+    The test :class:`~scipy_gpuqr._factor.lstsq.MinNormSolver` makes first on
+    a square R with a finite nonzero diagonal whose smallest entry is above
+    the cutoff: the 1-norm reciprocal condition estimate at least
+    ``10·q·cutoff``. Where it passes, the rank decision ends there (rank q,
+    R⁻¹ solves), with no dense work.
+    """
+    R = sp.csc_array(R)
+    k, q = R.shape
+    if k != q or q == 0:
+        return False
+    d = np.abs(R.diagonal())
+    if not (np.all(np.isfinite(d)) and d.min() > 0 and d.min() > cutoff * d.max()):
+        return False
+    return _rcond_estimate(R) >= 10.0 * q * cutoff
+
+
+def speculate(planned, shape) -> tuple:
+    """Factorize with ``planned = (M, plan)`` now: ``(planned', clear)``.
+
+    ``planned'`` hands the factors made here to the QR (its factorization
+    returns them instead of factorizing again); ``clear`` says whether R is
+    clearly of full rank (:func:`clearly_full_rank` with lstsq's cutoff for
+    an A of ``shape``). Factors on a GPU are not examined (``clear`` False).
+    """
+    M, plan = planned
+    num = plan.factorize(M, tol=None)
+    kept = (M, dataclasses.replace(plan, factorize_fn=lambda *args, **kwargs: num))
+    if plan.backend not in _HOST_BACKENDS:
+        return kept, False
+    return kept, clearly_full_rank(num.R, lstsq_cutoff(*shape))
 
 
 def _eligible(A, b, x0, damp, backend, gpuqr_options) -> bool:
@@ -126,7 +167,8 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         watch = callback = Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
                                      analysis=analysis,
                                      plan=lambda: plan_for(problem().qr_matrix(), settings),
-                                     order=min(m, n))
+                                     order=min(m, n),
+                                     speculate=lambda planned: speculate(planned, (m, n)))
     if method == "lsqr":
         res = iterative_lsqr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
                              rules.calc_var, None, xp=np, callback=callback)

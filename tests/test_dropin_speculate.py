@@ -1,0 +1,183 @@
+"""The speculative factorization of ``auto``'s rule: stalling runs whose QR is cheap.
+
+When only the predicted dense rank work keeps the QR from answering a run
+that will not converge soon, :class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`
+factorizes once, ahead (``speculate``); an R that is clearly of full rank
+(:func:`~scipy_gpuqr._factor.quick_iterate.clearly_full_rank`) lets the QR
+answer at once. The recorded histories of ``tests/data/lsqr_histories.npz``
+are replayed on the fixed clock of ``tests/test_dropin_rule.py``; what
+``speculate`` says per matrix was measured on 2 cores (lstsq's first
+full-rank test on R of ``lsqr(backend='cpu')``). End to end, 494_bus and
+olm500 (square, full rank, LSQR stalls until iter_lim) are answered exactly
+from the factors made ahead, without a second factorization.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import types
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from scipy_gpuqr import lsqr
+from scipy_gpuqr._dispatch import iterate_first as policy
+from scipy_gpuqr._dispatch.iterate_first import Allowance, analysis_seconds, iteration_flops
+from scipy_gpuqr._factor import quick_iterate
+from scipy_gpuqr._factor.quick_iterate import clearly_full_rank
+from scipy_gpuqr.io import mmread
+from test_dropin_rule import HISTORIES, QR, _Plan, _State
+
+#: lstsq's cheap full-rank test on R, per matrix (measured; 2 cores)
+CLEAR = {"494_bus": True, "olm500": True, "lp_share1b": True, "lp_e226": True,
+         "rajat19": False, "bp_1200": False, "rajat01": False, "hangGlider_2": False,
+         "nnc1374": False, "adder_dcop_05": False, "bayer10": False, "dwt_878": False,
+         "reorientation_1": False, "Groebner_id2003_aug": False, "grid16": True,
+         "west0479": True, "west0497": True, "tumorAntiAngiogenesis_2": True}
+#: seconds of the QR once its factors are made and R is clearly of full rank: the solve
+CHEAP_SOLVE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def histories():
+    with np.load(HISTORIES) as data:
+        return {k: data[k] for k in data.files}
+
+
+@pytest.fixture
+def nominal(monkeypatch):
+    monkeypatch.setattr(policy, "predicted_seconds",
+                        lambda backend, flops, gpu=None: 3e-3 + flops / 8e9)
+    monkeypatch.setattr(policy, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
+
+
+def replay(histories, key):
+    """``(stopped at, auto's seconds, SciPy's seconds, istop, speculations)`` with speculation."""
+    name, method = key.rsplit(".", 1)
+    m, n, nnz, istop, itn = (int(v) for v in histories[key + ".meta"])
+    h = histories[key].astype(np.float64)
+    per_iteration = 1.5e-5 + iteration_flops(m, n, nnz) / 1e9
+    flops, qr = QR[name]
+    factorization = 3e-3 + flops / 8e9
+    calls = []
+
+    def speculate(planned):
+        calls.append(planned)
+        return planned, CLEAR[name]
+
+    iter_lim = 2 * n if method == "lsqr" else min(m, n)
+    watch = Allowance(iter_lim=iter_lim, atol=1e-6, conlim=1e8,
+                      analysis=analysis_seconds(m, n, nnz), plan=lambda: (None, _Plan(flops)),
+                      order=min(m, n), speculate=speculate)
+    stopped = None
+    for k, row in enumerate(h, start=1):
+        if watch(_State(k, k * per_iteration, *row)):
+            stopped = k
+            break
+    scipy = itn * per_iteration
+    # the QR's cost after the run: its solve when factorized ahead with a clear R
+    after = (CHEAP_SOLVE if watch.speculated else qr)
+    ahead = factorization if calls else 0.0
+    if stopped is not None:
+        spent = stopped * per_iteration + ahead + after
+    elif len(h) < itn:
+        spent = len(h) * per_iteration + ahead + after
+    else:
+        spent = scipy + ahead + (0.0 if istop in (1, 2) else after)
+    return stopped, spent, scipy, istop, len(calls)
+
+
+def _keys(histories):
+    return sorted(k for k in histories if not k.endswith(".meta"))
+
+
+@pytest.mark.parametrize("key", ["494_bus.lsqr", "olm500.lsqr"])
+def test_stalling_run_with_a_clearly_full_rank_r_ends_early(histories, nominal, key):
+    """SciPy's iter_lim ends these runs; R is clearly of full rank: the QR answers
+    well before iter_lim, for less than SciPy's run."""
+    stopped, spent, scipy, istop, calls = replay(histories, key)
+    assert istop == 7 and calls == 1
+    assert stopped is not None and spent < scipy, (stopped, spent, scipy)
+
+
+def test_speculation_happens_at_most_once_and_keeps_converging_runs(histories, nominal):
+    """Every converging run whose R is not clearly of full rank (the QR's rank decision
+    is dear there) is still SciPy's; a speculation costs one factorization, once."""
+    kept = 0
+    for key in _keys(histories):
+        stopped, spent, scipy, istop, calls = replay(histories, key)
+        assert calls <= 1, key
+        if istop in (1, 2) and not CLEAR[key.split(".")[0]]:
+            assert stopped is None, key
+            kept += 1
+    assert kept >= 5
+
+
+def test_stalling_runs_cost_at_most_scipys_run_and_the_qr_with_speculation(histories, nominal):
+    for key in _keys(histories):
+        stopped, spent, scipy, istop, calls = replay(histories, key)
+        if istop == 7:
+            name = key.split(".")[0]
+            factorization = 3e-3 + QR[name][0] / 8e9
+            assert spent <= scipy + QR[name][1] + factorization + 1e-12, key
+
+
+def test_no_speculation_without_rank_risk(monkeypatch):
+    """A run whose QR prediction carries no rank work never factorizes ahead."""
+    monkeypatch.setattr(policy, "predicted_seconds", lambda backend, flops, gpu=None: 1e-3)
+    watch = Allowance(iter_lim=100, atol=1e-6, conlim=1e8, analysis=1e-3,
+                      plan=lambda: (None, _Plan(1e6)), order=0,
+                      speculate=lambda planned: pytest.fail("no speculation"))
+    for k in range(1, 100):
+        if watch(_State(k, 1e-4 * k, 1e-6 * 10 ** (6 - k / 100), 1.0, 1e-6, 10.0)):
+            break
+    assert watch.speculated is None
+
+
+def test_clearly_full_rank():
+    rng = np.random.default_rng(0)
+    R = sp.csc_array(np.triu(rng.standard_normal((30, 30))) + 10 * np.eye(30))
+    assert clearly_full_rank(R, 1e-14)
+    D = R.toarray()
+    D[5, 5] = 0.0
+    assert not clearly_full_rank(sp.csc_array(D), 1e-14)           # a zero pivot
+    D[5, 5] = 1e-20
+    assert not clearly_full_rank(sp.csc_array(D), 1e-14)           # below the cutoff
+    assert not clearly_full_rank(sp.csc_array(np.triu(np.ones((3, 4)))), 1e-14)  # not square
+
+
+@pytest.fixture
+def decisions(caplog):
+    caplog.set_level(logging.INFO, logger="scipy_gpuqr")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "scipy_gpuqr"]
+
+
+@pytest.mark.parametrize("name", ["494_bus", "olm500"])
+def test_stalling_square_problems_end_in_the_factors_made_ahead(matrices_dir, name,
+                                                                  decisions, monkeypatch):
+    """End to end: the QR answers (working precision) from the factors made ahead (its
+    factorization is the kept plan's, which hands them over)."""
+    calls = []
+    real = quick_iterate.speculate
+
+    def counting(planned, shape):
+        planned, clear = real(planned, shape)
+        M, plan = planned
+        inner = plan.factorize_fn
+
+        def once(*args, **kwargs):
+            calls.append(1)
+            return inner(*args, **kwargs)
+        return (M, dataclasses.replace(plan, factorize_fn=once)), clear
+    monkeypatch.setattr(quick_iterate, "speculate", counting)
+    A = sp.csc_array(mmread(str(matrices_dir / f"{name}.mtx"))).astype(np.float64)
+    b = np.random.default_rng(1).standard_normal(A.shape[0])
+    x, istop, itn = lsqr(A, b)[:3]
+    message = decisions()[-1]
+    assert "QR on CPU" in message and "clearly of full rank" in message, message
+    assert itn == 0 and calls == [1]
+    r = b - A @ x           # a consistent square system: backward error at working precision
+    assert np.linalg.norm(r) <= 1e-13 * (sp.linalg.norm(A) * np.linalg.norm(x)
+                                         + np.linalg.norm(b))
