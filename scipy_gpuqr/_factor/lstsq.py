@@ -49,8 +49,13 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
        COD's by a perturbation below the cutoff). Exactly dependent columns
        of a large sparse R are so decided far more cheaply than by any dense
        refinement. Where the check fails (no gap, or Heath's greedy rule
-       misses singular values below the cutoff), the dense rules below
-       answer:
+       misses singular values below the cutoff) and the dense rules would run
+       on the host beyond DENSE_LIMIT, a square R with a nonzero diagonal is
+       decided from its small singular subspace through its sparse triangular
+       solves (:mod:`scipy_gpuqr._factor.sparse_subspace`: the subspace
+       iteration below, then ``x = P_V R⁻¹ P_U c`` refined with R's residual;
+       no dense copy of R, cost proportional to nnz(R) times the block).
+       Where that refuses, the dense rules below answer:
 
        * q ≤ :data:`DENSE_LIMIT`: a dense SVD of ``R`` gives exactly lstsq's
          rank and the pseudo-inverse solution (on the GPU from
@@ -112,6 +117,7 @@ from .._engine.memory import available_bytes
 from .dense_cod import DenseCOD, dense_from_sparse, sigma_max_estimate
 from .solve_rank import NullspaceCOD, NullspaceRefused, abs_diagonal, frobenius, probe_norm
 from .subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
+from .sparse_subspace import decide as sparse_subspace_decide
 from .triangular import DENSE_SIGMA_LIMIT, UpperTriangular, norm2_lanczos, sigma_min_upper
 
 __all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver",
@@ -357,6 +363,8 @@ class MinNormSolver:
         if square_ok and q >= SOLVE_RANK_MIN_ORDER and self._prepare_nullspace_cod(d):
             return
         if self._sparse_cod_first() and self._prepare_gap_checked_cod():
+            return
+        if square_ok and self._prepare_sparse_subspace(d):
             return
         if max(k, q) <= DENSE_LIMIT or self.factorize is None:
             self._prepare_svd(self._dense_on_gpu())
@@ -680,6 +688,24 @@ class MinNormSolver:
         self.sigma_max = smax
         self.method, self.rank = "subspace_cod", int(cod.rank)
         self.sigma_min = cod.sigma_min
+        self.cod_device = "cpu"
+        self._cod = cod
+        return True
+
+    def _prepare_sparse_subspace(self, d: np.ndarray) -> bool:
+        """lstsq's rank and solutions from R's small singular subspace through R's
+        sparse triangular solves (:func:`scipy_gpuqr._factor.sparse_subspace.decide`),
+        where the dense rules would run on the host beyond DENSE_LIMIT."""
+        q = self.R.shape[0]
+        if self.dense_device != "cpu" or q <= DENSE_LIMIT or self.factorize is None:
+            return False
+        cod = sparse_subspace_decide(self.R, self.cutoff, d, transposed=self.transposed,
+                                     upper=self._rtri, block=SUBSPACE_BLOCK,
+                                     max_block=SUBSPACE_MAX_BLOCK)
+        if cod is None:
+            return False
+        self.method, self.rank = "subspace_cod", int(cod.rank)
+        self.sigma_max, self.sigma_min = cod.sigma_max, cod.sigma_min
         self.cod_device = "cpu"
         self._cod = cod
         return True

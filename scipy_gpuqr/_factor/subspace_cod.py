@@ -21,6 +21,11 @@ Method (orthogonal transformations throughout):
    Ritz values change by less than :data:`RITZ_RTOL` per step and the count
    below the cutoff is stable. ``d`` = that count: lstsq's nullity (Ritz
    values are upper bounds, so an unconverged block can only undercount).
+   The tall blocks are factored by Cholesky QR on unit-scaled columns
+   (:func:`orth_r`, :func:`triangular_factor`: Gram matrices and triangular
+   solves at GEMM speed; Householder where a block is ill-conditioned).
+   The iteration (:func:`small_subspace`) takes only the two solves, so
+   :mod:`scipy_gpuqr._factor.sparse_subspace` runs it on a sparse R.
 2. **Deflation**: the d Ritz vectors ``V_d`` are moved out with one block
    Householder reflector ``H = I − Ỹ T Ỹᵀ`` (the QR of ``V_d`` with its rows
    reversed, so H's *last* d columns span ``V_d``): ``R H = [R W  R V_d]``
@@ -68,8 +73,9 @@ from scipy.sparse.linalg import LinearOperator, eigsh
 
 from .._errors import SubspaceTooLarge
 
-__all__ = ["SubspaceCOD", "SubspaceTooLarge", "STRADDLE", "WINDOW", "RITZ_RTOL", "MAX_STEPS",
-           "sigma_max_lanczos"]
+__all__ = ["SubspaceCOD", "SubspaceTooLarge", "SmallSubspace", "small_subspace", "orth_r",
+           "triangular_factor", "gemm", "STRADDLE", "WINDOW", "RITZ_RTOL", "RITZ_NOISE_LIMIT",
+           "MAX_STEPS", "CHOLQR_ORTH", "GRAM_COND", "sigma_max_lanczos"]
 
 #: The block's largest Ritz value must exceed STRADDLE × cutoff.
 STRADDLE = 2.0
@@ -83,6 +89,22 @@ RITZ_RTOL = 1e-10
 
 #: Steps after which the iteration gives up (SubspaceTooLarge).
 MAX_STEPS = 60
+
+#: Largest relative error of the Ritz values at the cutoff that the iteration
+#: accepts (``eps·tol/σ_min``: the SVD of ``R⁻ᵀX`` resolves its values to
+#: ``eps·θ_max``, ``θ_max = 1/σ_min``); beyond, SubspaceTooLarge. Near that
+#: level the convergence test allows 10× this noise instead of RITZ_RTOL.
+RITZ_NOISE_LIMIT = 1e-8
+
+EPS = float(np.finfo(np.float64).eps)
+
+#: Largest deviation from the identity (max entry) of the second Gram matrix of
+#: :func:`orth_r`'s Cholesky QR for its result to be taken.
+CHOLQR_ORTH = 0.1
+
+#: Largest condition estimate of a unit-scaled block for one Cholesky QR pass
+#: (its Gram matrix loses ``eps·cond²``: 2e-12 at 100).
+GRAM_COND = 100.0
 
 
 def _lwork(routine, *args, **kwargs) -> int:
@@ -163,8 +185,196 @@ def _apply_windows(windows: list, C: np.ndarray, *, transpose: bool) -> np.ndarr
     return C
 
 
+def gemm(A: np.ndarray, B: np.ndarray, trans_a: bool = False) -> np.ndarray:
+    """``A B`` (``Aᵀ B``) through SciPy's BLAS, Fortran order in and out.
+
+    The iteration's dense steps all go to one BLAS (SciPy's, which also runs
+    its LAPACK calls): alternating with NumPy's own OpenBLAS, each library's
+    idle threads spin on the cores the other needs (measured: a Gram product
+    and a small Cholesky 3.5× slower alternating than apart on 2 cores).
+    """
+    return la.blas.dgemm(1.0, np.asfortranarray(A), np.asfortranarray(B), trans_a=trans_a)
+
+
+def _gram(Y: np.ndarray) -> np.ndarray:
+    """``YᵀY`` (upper triangle; the lower one is not referenced by the callers)."""
+    return la.blas.dsyrk(1.0, np.asfortranarray(Y), trans=1, lower=0)
+
+
+def _scaled_cholesky(Y: np.ndarray):
+    """``(Ŷ, U, s)``: ``Ŷ = Y / s`` (unit columns), ``ŶᵀŶ = UᵀU``; None where the
+    columns are zero or not finite, or the Gram matrix is not numerically
+    positive definite."""
+    s = np.linalg.norm(Y, axis=0)
+    if not (Y.shape[1] and np.all(s > 0) and np.all(np.isfinite(s))):
+        return None
+    Ys = np.asfortranarray(Y / s)
+    try:
+        U = la.cholesky(_gram(Ys), lower=False, check_finite=False)
+    except np.linalg.LinAlgError:
+        return None
+    return Ys, U, s
+
+
+def _cond_upper(U: np.ndarray) -> float:
+    """1-norm condition estimate of an upper triangular U (LAPACK ``trcon``)."""
+    rcond, info = la.lapack.dtrcon(U, norm="1", uplo="U", diag="N")
+    return 1.0 / rcond if info == 0 and rcond > 0 else float("inf")
+
+
+def triangular_factor(Y: np.ndarray) -> np.ndarray:
+    """The triangular factor T of a thin QR ``Y = Q T``, without Q.
+
+    One Cholesky QR pass on the unit-scaled columns (a Gram matrix: one GEMM)
+    where that block is well conditioned (:data:`GRAM_COND`): T's singular
+    values are then Y's to about ``eps·cond²`` relative to each; otherwise
+    :func:`orth_r`.
+    """
+    Y = np.asarray(Y, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        f = _scaled_cholesky(Y)
+    if f is not None and _cond_upper(f[1]) <= GRAM_COND:
+        return f[1] * f[2]
+    return orth_r(Y)[1]
+
+
+def orth_r(Y: np.ndarray) -> tuple:
+    """Thin QR ``Y = Q T`` of a tall block (Q orthonormal, T upper triangular).
+
+    Columns are scaled to unit norm first (the blocks of the subspace
+    iteration have nearly orthogonal columns of very different lengths once
+    they converge: scaled, they are well conditioned), then Cholesky QR
+    (Gram matrices and triangular solves, at GEMM speed, where a
+    Householder QR of a tall block runs at BLAS-2 speed): one pass where
+    the scaled block's condition estimate is at most :data:`GRAM_COND`
+    (orthogonality lost ≈ ``eps·cond²``), else two, the second accepted
+    where its Gram matrix is within :data:`CHOLQR_ORTH` of the identity (the
+    second pass then leaves Q orthonormal to rounding). Otherwise
+    (ill-conditioned blocks: a random start, a block that grew)
+    Householder QR answers.
+    """
+    Y = np.asarray(Y, dtype=np.float64)
+    p = Y.shape[1]
+    with np.errstate(all="ignore"):
+        f = _scaled_cholesky(Y)
+        if f is not None:
+            Ys, U1, s = f
+            Q = la.blas.dtrsm(1.0, U1, Ys, side=1, lower=0)
+            if _cond_upper(U1) <= GRAM_COND:
+                return Q, U1 * s
+            G2 = _gram(Q)
+            if (np.all(np.isfinite(np.triu(G2)))
+                    and np.abs(np.triu(G2) - np.eye(p)).max() <= CHOLQR_ORTH):
+                try:
+                    U2 = la.cholesky(G2, lower=False, check_finite=False)
+                except np.linalg.LinAlgError:
+                    U2 = None
+                if U2 is not None:
+                    Q = la.blas.dtrsm(1.0, U2, Q, side=1, lower=0)
+                    return Q, (U2 @ U1) * s
+    return la.qr(np.asfortranarray(Y), mode="economic", check_finite=False)
+
+
 def _orth(X: np.ndarray) -> np.ndarray:
-    return np.linalg.qr(X, mode="reduced")[0]
+    return orth_r(X)[0]
+
+
+@dataclass(frozen=True)
+class SmallSubspace:
+    """Result of :func:`small_subspace`.
+
+    Attributes
+    ----------
+    vectors : ndarray, shape (q, p)
+        Right Ritz vectors ``V`` (orthonormal), ascending Ritz values.
+    ritz : ndarray, shape (p,)
+        Ritz values (ascending), upper bounds of R's p smallest singular values.
+    steps, block : int
+        Steps taken and the final block size.
+    """
+
+    vectors: np.ndarray
+    ritz: np.ndarray
+    steps: int
+    block: int
+
+
+def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
+                   max_block: int = 1024, seed: int = 0) -> SmallSubspace:
+    """R's small right singular subspace by block inverse subspace iteration.
+
+    ``X ← orth(R⁻¹ R⁻ᵀ X W)`` with Rayleigh–Ritz on ``R⁻ᵀ X = P Θ Wᵀ`` each
+    step (the SVD of the triangular factor of ``R⁻ᵀ X``, :func:`triangular_factor`);
+    the block grows (doubling, new random columns) until its largest Ritz
+    value exceeds :data:`STRADDLE` × ``tol``; converged when the Ritz values
+    up to :data:`WINDOW` × ``tol`` change by less than :data:`RITZ_RTOL` per
+    step and their count below ``tol`` is stable. The rotation by W keeps
+    the next block's columns near R's singular vectors (nearly orthogonal:
+    Cholesky QR orthonormalizes them, :func:`orth_r`).
+
+    Parameters
+    ----------
+    inv, inv_t : callable
+        ``C ↦ R⁻¹C`` and ``C ↦ R⁻ᵀC`` on (q, p) float64 arrays.
+    q : int
+        Order of R.
+    tol : float
+        Absolute cutoff.
+    block, max_block : int
+        First and largest block.
+    seed : int
+        Seed of the random start.
+
+    Raises
+    ------
+    SubspaceTooLarge
+        The block would exceed ``max_block``, a solve was not finite, or no
+        convergence in :data:`MAX_STEPS` steps.
+    """
+    rng = np.random.default_rng(seed)
+    p = min(q, max(1, block))
+    X = _orth(rng.standard_normal((q, p)))
+    prev = None
+    prev_d = -1
+    for step in range(1, MAX_STEPS + 1):
+        Z = np.asarray(inv_t(X))                     # R⁻ᵀ X = U Σ⁻¹ Vᵀ X
+        if not np.all(np.isfinite(Z)):
+            raise SubspaceTooLarge("non-finite triangular solve")
+        _, th, Wt = la.svd(triangular_factor(Z), full_matrices=False, check_finite=False)
+        ritz = 1.0 / th                              # ascending
+        # the SVD resolves θ to eps·θ_max: Ritz values at the cutoff to about
+        # eps·tol/σ_min relative (ritz[0] >= σ_min: a lower bound of that)
+        noise = EPS * WINDOW * tol / ritz[0] if ritz[0] > 0 else np.inf
+        if not noise <= RITZ_NOISE_LIMIT:
+            raise SubspaceTooLarge(
+                f"smallest singular value {ritz[0] / tol:.3g} × cutoff: the Ritz values "
+                f"at the cutoff are determined only to {noise:.3g}")
+        d = int(np.count_nonzero(ritz <= tol))
+        window = ritz <= WINDOW * tol
+        straddles = ritz[-1] > STRADDLE * tol or p == q
+        rtol = max(RITZ_RTOL, 10.0 * noise)
+        settled = (prev is not None and prev.size == ritz.size and d == prev_d
+                   and np.all(np.abs(ritz[window] - prev[window]) <= rtol * ritz[window]))
+        if settled and straddles:
+            return SmallSubspace(gemm(X, Wt.T), ritz, step, p)
+        if not straddles and step >= 2:
+            p_new = min(q, 2 * p)
+            if p_new > max_block:
+                raise SubspaceTooLarge(
+                    f"block of {p} columns: largest Ritz value "
+                    f"{ritz[-1] / tol:.3g} × cutoff")
+            X = gemm(X, Wt.T)
+            extra = rng.standard_normal((q, p_new - p))
+            extra -= gemm(X, gemm(X, extra, trans_a=True))
+            X = _orth(np.hstack([X, extra]))
+            p, prev, prev_d = p_new, None, -1
+            continue
+        prev, prev_d = ritz, d
+        Y = np.asarray(inv(gemm(Z, Wt.T)))           # R⁻¹ R⁻ᵀ X W = R⁻¹ P Θ
+        if not np.all(np.isfinite(Y)):
+            raise SubspaceTooLarge("non-finite triangular solve")
+        X = _orth(Y)
+    raise SubspaceTooLarge(f"no convergence in {MAX_STEPS} steps (block {p})")
 
 
 @dataclass
@@ -217,7 +427,12 @@ class SubspaceCOD:
         R = np.asfortranarray(self.R, dtype=np.float64)
         self.R = None
         q = R.shape[0]
-        X = self._iterate(R)
+        sub = small_subspace(
+            lambda Y: la.solve_triangular(R, Y, trans=0, lower=False, check_finite=False),
+            lambda Y: la.solve_triangular(R, Y, trans=1, lower=False, check_finite=False),
+            q, self.tol, block=self.block, max_block=self.max_block, seed=self.seed)
+        X = sub.vectors
+        self.ritz, self.steps, self.block_used = sub.ritz, sub.steps, sub.block
         d = int(np.count_nonzero(self.ritz <= self.tol))
         self.rank = q - d
         kept = self.ritz[d:]
@@ -237,53 +452,6 @@ class SubspaceCOD:
         U = (R @ Yt) @ T                                # R H = R − U Ỹᵀ
         self._windows = _retriangularize(R, U, Yt)
         self._r3 = R
-    # -- step 1: block inverse subspace iteration ---------------------------------
-    def _iterate(self, R: np.ndarray) -> np.ndarray:
-        """Converged Ritz vectors (q × p, ascending Ritz values in ``self.ritz``)."""
-        q = R.shape[0]
-        inv = lambda Y: la.solve_triangular(R, Y, trans=0, lower=False,      # noqa: E731
-                                            check_finite=False)
-        inv_t = lambda Y: la.solve_triangular(R, Y, trans=1, lower=False,    # noqa: E731
-                                              check_finite=False)
-        rng = np.random.default_rng(self.seed)
-        p = min(q, max(1, self.block))
-        X = _orth(rng.standard_normal((q, p)))
-        prev = None
-        prev_d = -1
-        for step in range(1, MAX_STEPS + 1):
-            Z = inv_t(X)                                 # R⁻ᵀ X = U Σ⁻¹ Vᵀ X
-            if not np.all(np.isfinite(Z)):
-                raise SubspaceTooLarge("non-finite triangular solve")
-            P, th, Wt = la.svd(Z, full_matrices=False, check_finite=False)
-            ritz = 1.0 / th                              # ascending
-            X = X @ Wt.T                                 # right Ritz vectors
-            d = int(np.count_nonzero(ritz <= self.tol))
-            window = ritz <= WINDOW * self.tol
-            straddles = ritz[-1] > STRADDLE * self.tol or p == q
-            settled = (prev is not None and prev.size == ritz.size and d == prev_d
-                       and np.all(np.abs(ritz[window] - prev[window])
-                                  <= RITZ_RTOL * ritz[window]))
-            self.ritz, self.steps, self.block_used = ritz, step, p
-            if settled and straddles:
-                return X
-            if not straddles and step >= 2:
-                p_new = min(q, 2 * p)
-                if p_new > self.max_block:
-                    raise SubspaceTooLarge(
-                        f"block of {p} columns: largest Ritz value "
-                        f"{ritz[-1] / self.tol:.3g} × cutoff")
-                extra = rng.standard_normal((q, p_new - p))
-                extra -= X @ (X.T @ extra)
-                X = _orth(np.hstack([X, extra]))
-                p, prev, prev_d = p_new, None, -1
-                continue
-            prev, prev_d = ritz, d
-            Y = inv(P * th)                              # R⁻¹ R⁻ᵀ X W
-            if not np.all(np.isfinite(Y)):
-                raise SubspaceTooLarge("non-finite triangular solve")
-            X = _orth(Y)
-        raise SubspaceTooLarge(f"no convergence in {MAX_STEPS} steps (block {p})")
-
     # -- steps 2 and 3 ---------------------------------------------------------------
     def _apply_h(self, C: np.ndarray, trans: str) -> np.ndarray:
         """``H C`` or ``Hᵀ C`` (H = J Hq J, Hq the reflectors of J V_d)."""

@@ -1,0 +1,285 @@
+"""lstsq's rank and minimum-norm solves of a large square R through its triangular solves.
+
+Used by :class:`scipy_gpuqr._factor.lstsq.MinNormSolver` on the host where the
+rank must be decided on R itself without a gap at the cutoff (Heath's rule
+and the null-space COD cannot decide: bayer10), for square R with a nonzero
+diagonal. It needs only ``C ↦ R⁻¹C``, ``C ↦ R⁻ᵀC`` (R kept sparse: SuperLU's
+compiled sweeps, :class:`~scipy_gpuqr._factor.triangular.UpperTriangular`)
+and ``Y ↦ R Y``; nothing of size q² is formed. Cost: per step of the
+iteration two solves with p columns (``4·p·nnz(R)`` flops) and a few q × p
+Gram products and triangular solves (``≈ 6·q·p²``); per right-hand side
+three solves and four projections on q × d blocks. The dense alternative
+(:mod:`scipy_gpuqr._factor.subspace_cod`) forms R (q² doubles) and
+re-triangularizes it in ``O(q²·d)``.
+
+Method:
+
+1. **Small singular subspace**: :func:`~scipy_gpuqr._factor.subspace_cod.small_subspace`
+   (block inverse subspace iteration with Rayleigh–Ritz, the rules and
+   constants of :mod:`scipy_gpuqr._factor.subspace_cod`) gives the Ritz
+   values ``ritz`` and the right Ritz vectors; ``d`` = the number of Ritz
+   values ``<=`` tol (lstsq's nullity), ``V_d`` their vectors.
+2. **The rank-r problem without deflating R.** For ``x ⟂ V_d`` the products
+   ``R x`` are exactly the vectors orthogonal to ``R⁻ᵀ V_d`` (``(R⁻ᵀV_d)ᵀ R x
+   = V_dᵀ x = 0``, and both spaces have dimension q − d). So with ``U_d =
+   orth(R⁻ᵀ V_d)`` the least-squares problem ``min ‖R x − c‖, x ⟂ V_d`` is
+   solved by ``x = R⁻¹ P_U c`` (``P_U = I − U_d U_dᵀ``): the same solution
+   as the dense path's ``x = W (R W)⁺ c`` with ``W ⟂ V_d``, i.e. the
+   truncated SVD's up to the Ritz vectors' accuracy. For ``G = Rᵀ`` the
+   roles swap: ``y ⟂ U_d`` and ``y = R⁻ᵀ P_V c`` with ``V_d' = orth(R⁻¹ U_d)``.
+3. **Rounding**: the solve with R is backward stable, so its error along
+   the tiny singular directions is amplified by ``1/σ_i``; those directions
+   are ``V_d``'s, which ``P_V`` (applied after the solve, twice: the
+   projected block's components are large) removes:
+   ``S = P_V R⁻¹ P_U`` (``Sᵀ = P_U R⁻ᵀ P_V`` for Rᵀ). What the projection
+   leaves (the Ritz vectors' error times the amplified component) lies in
+   the kept directions, where R's residual sees it: one refinement step
+   ``x += S (c − G x)`` takes it to the truncated problem's rounding level.
+4. **Check**: ``‖S‖₂`` must be ``1/σ_r`` (σ_r the smallest kept Ritz value);
+   a leak of the amplified components makes it far larger. A randomized
+   power estimate (:func:`~scipy_gpuqr._factor.solve_rank.probe_norm`, a
+   lower bound of ``‖S‖``) above :data:`LEAK_FACTOR`/σ_r refuses
+   (:class:`~scipy_gpuqr._errors.SubspaceTooLarge`), and the dense rules answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+import scipy.linalg as la
+import scipy.sparse as sp
+
+from .._errors import SubspaceTooLarge
+from .solve_rank import probe_norm
+from .subspace_cod import gemm, orth_r, sigma_max_lanczos, small_subspace
+from .triangular import SUPERLU_MAX_NNZ, UpperTriangular
+
+__all__ = ["SparseSubspaceCOD", "decide", "chunked", "LEAK_FACTOR", "SOLVE_CHUNK",
+           "DENSE_SOLVES_DENSITY"]
+
+#: Largest ``‖S‖₂·σ_r`` (lower estimate) accepted: exactly 1 for exact subspaces.
+LEAK_FACTOR = 2.0
+
+#: Columns per sparse triangular solve: SuperLU's sweeps run over all
+#: right-hand sides per column of R, and slow down once the block leaves the
+#: cache (bayer10: 210 columns at once 6× slower than in pieces of 32).
+SOLVE_CHUNK = 32
+
+
+#: Fraction of nonzero entries of the upper triangle from which R is formed
+#: densely and solved with BLAS-3 triangular solves (a sparse sweep runs a
+#: few GFlop/s, ``trsm`` ten times that).
+DENSE_SOLVES_DENSITY = 0.1
+
+
+def chunked(solve: Callable, chunk: int = SOLVE_CHUNK) -> Callable:
+    """``solve`` applied to column pieces of at most ``chunk`` columns."""
+    def run(C):
+        C = np.asarray(C, dtype=np.float64)
+        if C.ndim == 1 or C.shape[1] <= chunk:
+            return np.asarray(solve(C))
+        out = np.empty(C.shape, order="F")
+        for j in range(0, C.shape[1], chunk):
+            out[:, j:j + chunk] = np.asarray(solve(np.asfortranarray(C[:, j:j + chunk])))
+        return out
+    return run
+
+
+def _project(B: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """``(I − B Bᵀ) C`` twice (reorthogonalization: C's components along B are large)."""
+    for _ in range(2):
+        C = C - gemm(B, gemm(B, C, trans_a=True))
+    return C
+
+
+@dataclass
+class SparseSubspaceCOD:
+    """Minimum-norm solves with G = R or Rᵀ under lstsq's absolute cutoff, R left as it is.
+
+    Parameters
+    ----------
+    inv, inv_t : callable
+        ``C ↦ R⁻¹C`` and ``C ↦ R⁻ᵀC`` on (q, p) float64 arrays (host).
+    matmul : callable
+        ``(Y, transposed) ↦ G Y`` with ``G = Rᵀ`` when ``transposed`` (R's residuals).
+    q : int
+        Order of R.
+    tol : float
+        Absolute cutoff: singular values ``<= tol`` are dropped.
+    transposed : bool
+        Solve with ``G = Rᵀ``.
+    block, max_block : int
+        First and largest block of the iteration.
+    seed : int
+        Seed of the random blocks.
+
+    Raises
+    ------
+    SubspaceTooLarge
+        The iteration needs a block over ``max_block`` or does not settle, or
+        the check of ``‖S‖`` fails.
+
+    Attributes
+    ----------
+    rank : int
+        ``q − d``.
+    ritz : ndarray
+        Converged Ritz values (ascending).
+    sigma_min : float
+        Smallest kept Ritz value σ_r (inf where the block kept none).
+    steps, block_used : int
+        Iteration steps and final block size.
+    leak : float
+        ``ν·σ_r`` of the check (ν the lower estimate of ``‖S‖₂``).
+    """
+
+    inv: Callable
+    inv_t: Callable
+    matmul: Callable
+    q: int
+    tol: float
+    transposed: bool = False
+    block: int = 64
+    max_block: int = 1024
+    seed: int = 0
+    rank: int = field(init=False, default=0)
+    sigma_max: float = field(init=False, default=float("nan"))
+    ritz: np.ndarray = field(init=False, default=None, repr=False)
+    sigma_min: float = field(init=False, default=float("nan"))
+    steps: int = field(init=False, default=0)
+    block_used: int = field(init=False, default=0)
+    leak: float = field(init=False, default=float("nan"))
+    _u: np.ndarray = field(init=False, default=None, repr=False)
+    _v: np.ndarray = field(init=False, default=None, repr=False)
+
+    def __post_init__(self):
+        q = self.q
+        sub = small_subspace(self.inv, self.inv_t, q, self.tol, block=self.block,
+                             max_block=self.max_block, seed=self.seed)
+        self.ritz, self.steps, self.block_used = sub.ritz, sub.steps, sub.block
+        d = int(np.count_nonzero(sub.ritz <= self.tol))
+        self.rank = q - d
+        kept = sub.ritz[d:]
+        self.sigma_min = float(kept[0]) if kept.size else float("inf")
+        if d == 0:
+            return
+        # the pair (primary space, orth of its image under the inverse): the
+        # primary space is G's right small singular subspace
+        if not self.transposed:
+            V = orth_r(sub.vectors[:, :d])[0]
+            U = orth_r(self._finite(self.inv_t(V)))[0]
+        else:
+            U = orth_r(self._finite(self.inv_t(sub.vectors[:, :d])))[0]
+            V = orth_r(self._finite(self.inv(U)))[0]
+        self._u, self._v = U, V
+        if self.rank:
+            nu, _ = probe_norm(self._apply, self._apply_t, q, seed=self.seed + 1, steps=2)
+            self.leak = float(nu * self.sigma_min)
+            if not (np.isfinite(self.leak) and self.leak <= LEAK_FACTOR):
+                raise SubspaceTooLarge(f"‖S‖·σ_r = {self.leak:.3g}: the projections leak "
+                                       "amplified components")
+
+    @staticmethod
+    def _finite(Y) -> np.ndarray:
+        Y = np.asarray(Y, dtype=np.float64)
+        if not np.all(np.isfinite(Y)):
+            raise SubspaceTooLarge("non-finite triangular solve")
+        return Y
+
+    # S = P_V R⁻¹ P_U and Sᵀ = P_U R⁻ᵀ P_V
+    def _apply(self, C):
+        C = np.asarray(C, dtype=np.float64)
+        if self._u is None:
+            return np.asarray(self.inv(C))
+        return _project(self._v, np.asarray(self.inv(_project(self._u, C))))
+
+    def _apply_t(self, C):
+        C = np.asarray(C, dtype=np.float64)
+        if self._u is None:
+            return np.asarray(self.inv_t(C))
+        return _project(self._u, np.asarray(self.inv_t(_project(self._v, C))))
+
+    def solve(self, C: np.ndarray) -> np.ndarray:
+        """Minimum-norm ``Y`` with ``G Y ≈ C`` under the cutoff; C of shape (q, p).
+
+        ``Y = S C`` (``Sᵀ C`` for Rᵀ), then one step ``Y += S (C − G Y)`` with
+        G's own residual (see the module notes).
+        """
+        C = np.asarray(C, dtype=np.float64)
+        if C.ndim == 1:
+            C = C[:, None]
+        if C.shape[1] == 0 or self.rank == 0:
+            return np.zeros((self.q, C.shape[1]))
+        apply = self._apply_t if self.transposed else self._apply
+        Y = np.array(apply(C), dtype=np.float64)
+        Y += apply(C - np.asarray(self.matmul(Y, self.transposed)))
+        return Y
+
+
+def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool = False,
+           upper: UpperTriangular = None, block: int = 64, max_block: int = 1024,
+           seed: int = 0):
+    """:class:`SparseSubspaceCOD` of square upper triangular R under lstsq's rule, or None.
+
+    Parameters
+    ----------
+    R : scipy.sparse.csc_array, shape (q, q)
+        Upper triangular, nonzero finite diagonal ``diag`` (``|r_ii|``).
+    cutoff : float
+        Relative cutoff; the absolute one is ``cutoff·σ_max`` (σ_max by Lanczos).
+    diag : ndarray
+        ``|r_ii|``: the pivots at most the cutoff size the first block
+        (``2·count + block``).
+    transposed : bool
+        Solve with ``Rᵀ``.
+    upper : UpperTriangular, optional
+        R's sparse solves where already set up. ``R⁻ᵀC`` is solved with
+        ``Rᵀ``'s own (SuperLU's sweep without transposition: twice as fast
+        as the transposed one on bayer10). Both are applied to pieces of
+        :data:`SOLVE_CHUNK` columns.
+    block, max_block : int
+        The iteration's block increment and largest block (at most q/3).
+    seed : int
+        Seed of the random blocks.
+
+    Returns
+    -------
+    SparseSubspaceCOD or None
+        None where it does not apply: R beyond SuperLU's limit while sparse,
+        a first block over ``min(max_block, q/3)``, or the iteration or the
+        check refused.
+    """
+    q = R.shape[0]
+    smax = sigma_max_lanczos(R)
+    if not smax > 0:
+        return None
+    tol = cutoff * smax
+    first = 2 * int(np.count_nonzero(diag <= tol)) + block
+    if first > min(max_block, q // 3):
+        return None
+    if R.nnz > DENSE_SOLVES_DENSITY * q * (q + 1) / 2:
+        Rd = np.asfortranarray(R.toarray())
+        inv = lambda C: la.solve_triangular(Rd, C, lower=False, check_finite=False)  # noqa: E731
+        inv_t = lambda C: la.solve_triangular(Rd, C, trans=1, lower=False,        # noqa: E731
+                                              check_finite=False)
+        G = Rd
+    else:
+        if R.nnz > SUPERLU_MAX_NNZ:        # SciPy's slow sweeps would answer
+            return None
+        upper = upper if upper is not None else UpperTriangular(R)
+        lower = UpperTriangular(sp.csc_array(R.T))          # works for any triangle
+        if lower._lu is None or upper._lu is None:
+            return None
+        inv, inv_t = chunked(upper.solve), chunked(lower.solve)
+        G = R
+    try:
+        cod = SparseSubspaceCOD(inv, inv_t, lambda Y, t: (G.T @ Y) if t else (G @ Y), q, tol,
+                                transposed=transposed, block=first,
+                                max_block=min(max_block, q // 3), seed=seed)
+    except SubspaceTooLarge:
+        return None
+    cod.sigma_max = smax
+    return cod
