@@ -98,12 +98,13 @@ __device__ __forceinline__ void apply_chunk_mma(const Task& t, double* __restric
     }
 }
 
-// The Apply variant a kernel runs: 1, 2 and 3 need double, TILE 32 and 256 threads.
+// The Apply variant a kernel runs: 1 to 4 need double, TILE 32 and 256 threads
+// (4: the Apply of 3 with the lean Factorize, factorize.cuh).
 template <typename T, int TILE, int NT, int APPLY>
 struct ApplyKind {
     static constexpr int value =
-        (ApplyIsDouble<T>::value && TILE == 32 && NT == 256 && APPLY >= 1 && APPLY <= 3)
-            ? APPLY : 0;
+        (ApplyIsDouble<T>::value && TILE == 32 && NT == 256 && APPLY >= 1 && APPLY <= 4)
+            ? (APPLY == 4 ? 3 : APPLY) : 0;
 };
 
 // Start copying the W = 32 columns [cc, cc + 32) of the bundle's M rows into
@@ -243,7 +244,7 @@ __device__ __forceinline__ void apply_chunk_mma_blocked(const Task& t, double* _
 
 template <typename Tv, int TILE, int BUNDLE, int APPLY>
 struct ApplySmem {
-    static constexpr int LD = (APPLY == 2 || APPLY == 3) && ApplyIsDouble<Tv>::value && TILE == 32
+    static constexpr int LD = APPLY >= 2 && APPLY <= 4 && ApplyIsDouble<Tv>::value && TILE == 32
                                   ? TILE + 4 : TILE + 1;
     static constexpr int W = TILE >= 64 ? 32 : TILE;   // columns per chunk
     static constexpr int LDW = LD == TILE + 4 ? W + 4 : W + 1;

@@ -88,9 +88,94 @@ __device__ T column_norm_below(const T* A, int LD, int k, int M, T* scr) {
     return scale * sqrt(sq);                // thread 0
 }
 
+// The column loop of factorize_bundle<..., LEAN = true> on the stacked tile A
+// (M rows, stride TILE + 1): reflectors into A (V below the diagonal, beta on
+// it), tau; Y's row 0 and scr as scratch. Three barriers per column.
+template <typename T, int TILE, int NT>
+__device__ void factorize_columns_lean(T* A, T* Y, T* scr, T* tau, int M, int nref) {
+    constexpr int LD = TILE + 1, NW = NT / 32;
+    static_assert(NW <= 16, "factorize_columns_lean: too many warps for the scratch");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    T prev = T(0);                  // scale of column k - 1 (0: not scaled)
+    for (int k = 0; k < nref; ++k) {
+        if (prev != T(0))           // column k - 1 becomes V (no one reads it in column k)
+            for (int i = k + tid; i < M; i += NT) A[i * LD + k - 1] *= prev;
+        const T alpha = A[k * LD + k];
+        T p = 0.0, mx = 0.0;
+        for (int i = k + 1 + tid; i < M; i += NT) {
+            const T x = A[i * LD + k];
+            p += x * x;
+            mx = fmax(mx, fabs(x));
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            p += __shfl_down_sync(0xffffffffu, p, o);
+            mx = fmax(mx, __shfl_down_sync(0xffffffffu, mx, o));
+        }
+        if (lane == 0) { scr[warp] = p; scr[36 + warp] = mx; }
+        __syncthreads();
+        T ss = 0.0, m = 0.0;
+        for (int w = 0; w < NW; ++w) { ss += scr[w]; m = fmax(m, scr[36 + w]); }
+        T xnorm = m == T(0) ? T(0) : sqrt(ss);
+        if (!(m == T(0) || (ss >= NormRange<T>::LO && ss <= NormRange<T>::HI))) {
+            // squares out of range: the scaled second pass (uniform branch)
+            T q = 0.0;
+            for (int i = k + 1 + tid; i < M; i += NT) {
+                const T x = A[i * LD + k] / m;
+                q += x * x;
+            }
+            for (int o = 16; o > 0; o >>= 1) q += __shfl_down_sync(0xffffffffu, q, o);
+            if (lane == 0) scr[16 + warp] = q;
+            __syncthreads();
+            T sq = 0.0;
+            for (int w = 0; w < NW; ++w) sq += scr[16 + w];
+            xnorm = m * sqrt(sq);
+        }
+        T tk = 0.0, scale = 0.0;
+        const T nrm = xnorm > T(0) ? hypot(alpha, xnorm) : T(0);
+        // a column below NormRange::TINY is left alone (identity reflector, tau = 0)
+        if (nrm >= NormRange<T>::TINY) {
+            const T beta = alpha >= 0.0 ? -nrm : nrm;
+            tk = (beta - alpha) / beta;
+            scale = T(1) / (alpha - beta);
+            if (tid == 0) A[k * LD + k] = beta;
+        }
+        if (tid == 0) tau[k] = tk;
+        prev = tk != 0.0 ? scale : T(0);
+        if (tk != 0.0) {
+            // w_j = A[k][j] + sum_{i>k} v_i A[i][j], v_i = scale A[i][k] (the column
+            // scaled on the fly: unscaled products of 1e160 columns would overflow)
+            for (int j = k + 1 + warp; j < TILE; j += NW) {
+                T w = 0.0;
+                for (int i = k + 1 + lane; i < M; i += 32)
+                    w += (scale * A[i * LD + k]) * A[i * LD + j];
+                for (int o = 16; o > 0; o >>= 1) w += __shfl_down_sync(0xffffffffu, w, o);
+                if (lane == 0) Y[j] = tk * (w + A[k * LD + j]);
+            }
+            __syncthreads();
+            const int ncol = TILE - k - 1;
+            for (int idx = tid; idx < (M - k) * ncol; idx += NT) {
+                const int ii = idx / ncol, j = k + 1 + idx - ii * ncol, i = k + ii;
+                const T v = (i == k) ? T(1) : scale * A[i * LD + k];
+                A[i * LD + j] -= v * Y[j];
+            }
+        }
+        __syncthreads();
+    }
+    if (prev != T(0)) {
+        for (int i = nref + tid; i < M; i += NT) A[i * LD + nref - 1] *= prev;
+        __syncthreads();
+    }
+}
+
 // Factorize the column tile starting at column `col` (nref reflectors) of the row
 // tiles rows[fs .. fs+nf), the slot `ftop` being the top tile; VT written at vtoff.
-template <typename T, int TILE, int BUNDLE, int NT>
+// LEAN: the same reflectors, T and stores with fewer barriers: per column one
+// after the partial sums, one after w, one after the update (every thread
+// forms the reflector from the partials itself; column k is scaled into V at
+// the start of column k + 1, w and the update using scale * A[i][k]), and
+// T built a row per thread (row l needs only its own earlier entries), no
+// barrier per column.
+template <typename T, int TILE, int BUNDLE, int NT, bool LEAN = false>
 __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
                                  T* __restrict__ VTpool, int col, int nref,
                                  long long vtoff, T* smem) {
@@ -120,6 +205,9 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
     }
     for (int idx = tid; idx < TILE * LD; idx += NT) Tm[idx] = 0.0;
     __syncthreads();
+    if constexpr (LEAN) {
+        factorize_columns_lean<T, TILE, NT>(A, Y, scr, tau, M, nref);
+    } else {
     for (int k = 0; k < nref; ++k) {
         const T xnorm = column_norm_below<T, NT>(A, LD, k, M, scr);
         if (tid == 0) {
@@ -161,6 +249,7 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
         }
         __syncthreads();
     }
+    }
     // Y[a][b] = V[:,a]^T V[:,b] for a < b < nref (V unit lower in the top tile)
     for (int idx = tid; idx < nref * nref; idx += NT) {
         const int a = idx / nref, b = idx - a * nref;
@@ -171,6 +260,21 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
         }
     }
     __syncthreads();
+    if constexpr (LEAN) {
+        // T[i][k] = -tau_k sum_{l=i}^{k-1} T[i][l] Y[l][k]: row i reads only its own
+        // earlier entries, so a thread per row needs no barrier (same sums, same order)
+        if (tid < nref) {
+            Tm[tid * LD + tid] = tau[tid];
+            for (int k = tid + 1; k < nref; ++k) {
+                const T tk = tau[k];
+                T s = 0.0;
+                if (tk != 0.0)
+                    for (int l = tid; l < k; ++l) s += Tm[tid * LD + l] * Y[l * LD + k];
+                Tm[tid * LD + k] = -tk * s;
+            }
+        }
+        __syncthreads();
+    } else {
     for (int k = 0; k < nref; ++k) {
         const T tk = tau[k];
         // T[i][k] = -tk * sum_{l=i}^{k-1} T[i][l] Y[l][k]
@@ -182,6 +286,7 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
         }
         if (tid == 0) Tm[k * LD + k] = tk;
         __syncthreads();
+    }
     }
     // store: VT tile, top tile's R, other tiles' V (and updated columns >= nref)
     for (int idx = tid; idx < TILE * TILE; idx += NT) {

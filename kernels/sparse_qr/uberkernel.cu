@@ -17,6 +17,7 @@ __global__ void __launch_bounds__(NT)
 uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT,
            const long long* __restrict__ s_index, const T* __restrict__ s_value,
            const long long* __restrict__ maps) {
+    constexpr bool Lean = APPLY == 4 && ApplyIsDouble<T>::value && TILE == 32 && NT == 256;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* smem = reinterpret_cast<T*>(smem_raw);
     __shared__ Task task;
@@ -24,7 +25,8 @@ uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT
     __syncthreads();
     switch (task.type) {
     case TASK_FACTORIZE:
-        factorize_bundle<T, TILE, BUNDLE, NT>(task, F, VT, task.col, task.nref, task.vt, smem);
+        factorize_bundle<T, TILE, BUNDLE, NT, Lean>(task, F, VT, task.col, task.nref, task.vt,
+                                                    smem);
         break;
     case TASK_APPLY:
         apply_bundle<T, TILE, BUNDLE, NT, APPLY>(task, F, VT, smem);
@@ -32,8 +34,8 @@ uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT
     case TASK_APPLY_FACTORIZE:
         apply_bundle<T, TILE, BUNDLE, NT, APPLY>(task, F, VT, smem);
         __syncthreads();
-        factorize_bundle<T, TILE, BUNDLE, NT>(task, F, VT, task.c0, (int)task.aux, task.vt2,
-                                              smem);
+        factorize_bundle<T, TILE, BUNDLE, NT, Lean>(task, F, VT, task.c0, (int)task.aux,
+                                                    task.vt2, smem);
         break;
     case TASK_S_ASSEMBLE:
         s_assemble<T, NT>(task, F, s_index, s_value);

@@ -53,8 +53,10 @@ _CTYPE = {"float64": "double", "float32": "float", "double": "double", "float": 
 #: per 8x8 output tile; ``mma-blocked``: FP64 tensor cores, a warp per block
 #: of output tiles, padded conflict-free shared arrays, one barrier fewer;
 #: ``mma-async``: ``mma-blocked`` with the next column chunk copied into shared
-#: memory (``cp.async``) while a chunk's last two products run.
-APPLY_VARIANTS: dict[str, int] = {"scalar": 0, "mma-tile": 1, "mma-blocked": 2, "mma-async": 3}
+#: memory (``cp.async``) while a chunk's last two products run; ``mma-async-lean``:
+#: ``mma-async`` with the Factorize of fewer barriers (``factorize.cuh``, LEAN).
+APPLY_VARIANTS: dict[str, int] = {"scalar": 0, "mma-tile": 1, "mma-blocked": 2, "mma-async": 3,
+                                  "mma-async-lean": 4}
 
 #: The Apply variant the engine runs (:data:`APPLY_VARIANTS`).
 DEFAULT_APPLY = "scalar"
@@ -98,7 +100,7 @@ def tile_smem_bytes(tile: int, bundle: int, itemsize: int = 8, apply: int | None
     fac = bundle * tile * ld + 2 * tile * ld + 64 + tile
     ctype = "double" if itemsize == 8 else "float"
     a = apply_variant(ctype, tile) if apply is None else int(apply)
-    pad = 4 if (a in (2, 3) and ctype == "double" and tile == 32) else 1
+    pad = 4 if (a in (2, 3, 4) and ctype == "double" and tile == 32) else 1
     w = 32 if tile >= 64 else tile
     app = (bundle * tile + tile) * (tile + pad) + (bundle * tile + tile) * (w + pad)
     return itemsize * max(fac, app)
