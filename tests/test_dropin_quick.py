@@ -138,3 +138,89 @@ def test_environment_backend_takes_the_general_path(monkeypatch, decisions):
     assert quick.quick_iterate("lsqr", A, b, None, 0.0, StoppingRules(1e-6, 1e-6, 1e8, None),
                                None, None) is None
     assert lsqr(A, b)[2] == 0           # the QR answered
+
+
+# ---------------------------------------------------------------------------
+# host data on a machine with a GPU: the CPU first, the GPU after one upload (ski rental)
+
+from scipy_gpuqr._dispatch import iterate_first as policy   # noqa: E402
+from scipy_gpuqr._dispatch.iterate_first import (HostFirst, host_first_budget,  # noqa: E402
+                                                  upload_seconds)
+
+
+class _State:
+    def __init__(self, itn, seconds):
+        self.itn, self.seconds = itn, seconds
+
+
+def test_upload_cost_model():
+    assert upload_seconds(10, 10, 0) == pytest.approx(policy.UPLOAD_FIXED_S, rel=1e-3)
+    assert upload_seconds(4967, 2456, 173670) > upload_seconds(4967, 2456, 1000)
+    extra = upload_seconds(10, 10, 10 ** 9) - upload_seconds(10, 10, 0)
+    assert extra == pytest.approx(12e9 / policy.UPLOAD_BYTES_PER_S)
+
+
+def test_budget_only_where_a_gpu_iteration_is_faster(monkeypatch):
+    assert host_first_budget(3, 2, 4) is None           # tiny: the CPU's iteration is cheaper
+    m, n, nnz = 4967, 2456, 173670                      # Groebner_id2003_aug's sizes
+    assert policy.gpu_iteration_seconds(m, n, nnz) < policy.cpu_iteration_seconds(m, n, nnz)
+    assert host_first_budget(m, n, nnz) == upload_seconds(m, n, nnz)
+    monkeypatch.setattr(policy, "GPU_ITERATION_S", 1.0)     # a slow GPU: stay on the CPU
+    assert host_first_budget(m, n, nnz) is None
+
+
+def test_host_first_moves_after_one_upload():
+    """Iterations at 1 ms against an upload of 2.5 ms: the third iteration moves."""
+    rule = HostFirst(2.5e-3)
+    stops = [rule(_State(k, 1e-3 * k)) for k in range(1, 4)]
+    assert stops == [False, False, True] and rule.moved
+    assert rule.seconds == pytest.approx(3e-3)
+
+
+def test_host_first_lets_the_watcher_stop_first_and_discounts_its_analysis():
+    class Watch:
+        analysis_s = 0.0
+
+        def __call__(self, state):
+            self.analysis_s = 5e-3              # analysed during this iteration
+            return state.itn == 3
+
+    rule = HostFirst(2.5e-3, Watch())
+    assert not rule(_State(1, 1e-3))
+    assert not rule(_State(2, 7e-3))            # 7 ms, 5 of them analysing: 2 ms iterating
+    assert rule(_State(3, 8e-3)) and rule.moved  # 3 ms iterating: the budget is spent
+    rule = HostFirst(1.0, Watch())
+    assert rule(_State(3, 1e-3)) and not rule.moved   # the watcher's stop (the QR)
+
+
+@pytest.fixture
+def gpu_pays(monkeypatch):
+    """A machine where a GPU answers and its iterations would beat the CPU's on any size:
+    what the rule sees on the GPU host, without touching a GPU."""
+    monkeypatch.setattr(quick, "gpu_available", lambda: True)
+    monkeypatch.setattr(policy, "GPU_ITERATION_S", 0.0)
+    monkeypatch.setattr(policy, "GPU_MATVEC_RATE", 1e30)
+
+
+@pytest.mark.parametrize("method", ["lsqr", "lsmr"])
+def test_short_run_on_host_data_ends_on_the_cpu(method, gpu_pays, decisions):
+    """A run of a few iterations costs less than one upload: SciPy's bits, from the CPU."""
+    A, b = _problem(120, 30, seed=21)
+    run = quick.quick_iterate(method, A, b, None, 0.0, StoppingRules(1e-6, 1e-6, 1e8, None),
+                              None, None)
+    assert run is not None and run.found is not None
+    _same_tuple(run.found.result, SCIPY[method](A, b))
+    assert "CPU first" in str(run.why)
+
+
+@pytest.mark.parametrize("method", ["lsqr", "lsmr"])
+def test_long_run_on_host_data_moves_to_the_gpu(method, gpu_pays, monkeypatch, decisions):
+    """A run still going after one upload's worth of CPU time hands over (None: the general
+    path runs SciPy's algorithm again, on the GPU) and the log says so."""
+    monkeypatch.setattr(policy, "UPLOAD_FIXED_S", 0.0)
+    monkeypatch.setattr(policy, "UPLOAD_BYTES_PER_S", 1e30)   # an upload costs nothing
+    A, b = _problem(300, 200, seed=23)
+    run = quick.quick_iterate(method, A, b, None, 0.0,
+                              StoppingRules(1e-14, 1e-14, 1e8, 10 ** 4), None, None)
+    assert run is None
+    assert "moves to the GPU after 1 iterations" in decisions()[-1]

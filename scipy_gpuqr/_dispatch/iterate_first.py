@@ -72,7 +72,14 @@ iterations at the fastest one's pace, so that a process descheduled for a
 moment on a busy machine does not turn a converging run into a "stalling"
 one (nor set off the analysis early).
 
-Where the iterations run: :func:`iterate_on_gpu`.
+Where the iterations run: :func:`iterate_on_gpu`. A run on the caller's
+host matrix whose iterations a GPU would make faster starts on the CPU all
+the same and moves to the GPU only once it has cost as much as putting A
+there (:func:`upload_seconds`, :class:`HostFirst`: ski rental). A run of a
+few iterations, which the upload alone would make several times slower
+(Groebner_id2003_aug: 3 iterations, about 1 ms on 2 cores), ends on the CPU;
+a long one pays at most one upload's worth of CPU time more than starting on
+the GPU would have.
 
 Explicit backends (``gpu``, ``cpu``, ``reference``, ``simulate``) and
 ``GpuqrOptions(iterate_first=False)`` always factorize.
@@ -95,7 +102,8 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "ANALYSIS_DEFERRAL", "STALL_SHARE", "ALLOWANCE_SHARE", "SWITCH_MARGIN",
            "ITER_LIM_MARGIN", "CONFIRMATIONS", "RANK_RISK_COND", "RANK_RISK_SHARE",
            "RANK_PRIOR", "RANK_S_PER_CUBE", "RANK_DENSE_LIMIT", "PROJECTION_WINDOW",
-           "CHECK_GROWTH", "CHECK_INTERVAL_S",
+           "CHECK_GROWTH", "CHECK_INTERVAL_S", "UPLOAD_FIXED_S", "UPLOAD_BYTES_PER_S",
+           "upload_seconds", "host_first_budget", "HostFirst",
            "CONVERGED", "iteration_flops", "cpu_iteration_seconds", "gpu_iteration_seconds",
            "iterate_on_gpu", "analysis_seconds", "needs_watching", "zero_tolerances",
            "rank_risk", "rank_decision_seconds", "Allowance"]
@@ -114,6 +122,13 @@ GPU_ITERATION_S = 5e-4
 #: Flop rate of the GPU's products and updates (memory bound as well, on
 #: several times the bandwidth).
 GPU_MATVEC_RATE = 1e11
+
+#: Fixed seconds of putting a host matrix on the GPU for the iterations: the
+#: cupyx CSR matrix, its explicit transpose made on the device, and the first
+#: launches of the iteration's kernels.
+UPLOAD_FIXED_S = 2e-3
+#: Bytes per second of the host-to-device copy of the matrix (pageable memory).
+UPLOAD_BYTES_PER_S = 5e9
 
 #: Estimated seconds of the symbolic analysis (ordering, elimination tree,
 #: column counts, fronts, assembly maps) of the matrix factorized: a fixed
@@ -227,6 +242,53 @@ def iterate_on_gpu(m: int, n: int, nnz: int, *, on_gpu: bool) -> tuple[bool, str
     if on_gpu:
         return True, "GPU: the data is there"
     return True, f"GPU: a GPU iteration (about {gpu_s:.2g} s) beats a CPU one ({cpu_s:.2g} s)"
+
+
+def upload_seconds(m: int, n: int, nnz: int) -> float:
+    """Estimated seconds of putting an m×n host matrix with ``nnz`` entries on the GPU for the
+    iterations (CSR with 4-byte indices and 8-byte values; :data:`UPLOAD_FIXED_S`,
+    :data:`UPLOAD_BYTES_PER_S`)."""
+    return UPLOAD_FIXED_S + (12.0 * nnz + 4.0 * (m + 1)) / UPLOAD_BYTES_PER_S
+
+
+def host_first_budget(m: int, n: int, nnz: int) -> Optional[float]:
+    """Seconds a run on host data iterates on the CPU before it moves to the GPU, or None.
+
+    None where a GPU iteration does not beat a CPU one (the run stays on the
+    CPU). Otherwise one upload of A (:func:`upload_seconds`): the ski-rental
+    rule. Iterating on the CPU until the run has cost what the upload costs,
+    then moving, spends at most about twice what the better of "all on the
+    CPU" and "upload at once" would have: a run that ends first never paid
+    for the upload; one that moves paid the upload's worth once more.
+    """
+    if gpu_iteration_seconds(m, n, nnz) >= cpu_iteration_seconds(m, n, nnz):
+        return None
+    return upload_seconds(m, n, nnz)
+
+
+class HostFirst:
+    """The callback of a CPU run on host data that may move to the GPU (ski rental).
+
+    Stops the run (returns True, :attr:`moved` set) once it has iterated
+    ``budget`` seconds (:func:`host_first_budget`), not counting the time
+    ``watch`` spent analysing; until then the run is ``watch``'s
+    (:class:`Allowance`, or None: unwatched). The caller then runs SciPy's
+    algorithm again from the start on the GPU, so the answer follows SciPy's
+    iterates there as it would have without the CPU's head start.
+    """
+
+    def __init__(self, budget: float, watch: Optional["Allowance"] = None):
+        self.budget = float(budget)
+        self.watch = watch
+        self.moved = False
+        self.seconds = 0.0
+
+    def __call__(self, state) -> bool:
+        spent = state.seconds - (self.watch.analysis_s if self.watch is not None else 0.0)
+        if spent >= self.budget:
+            self.moved, self.seconds = True, spent
+            return True
+        return bool(self.watch(state)) if self.watch is not None else False
 
 
 def analysis_seconds(m: int, n: int, nnz: int) -> float:

@@ -15,8 +15,8 @@ factorization, or when the run ends without converging.
 On a call of a few hundred microseconds the checks, the settings and the
 decision around SciPy's algorithm are what separates ``auto`` from SciPy's
 own function; this keeps that to a handful of calls. Every other input, and
-runs that would iterate on a GPU, take the general path
-(:func:`~scipy_gpuqr._factor.least_squares.iterate`), which answers alike.
+runs that move to a GPU after their head start on the CPU, take the general
+path (:func:`~scipy_gpuqr._factor.least_squares.iterate`), which answers alike.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 import scipy.sparse as sp
 
-from .._dispatch.iterate_first import (CONVERGED, Allowance, analysis_seconds,
-                                       cpu_iteration_seconds, gpu_iteration_seconds,
+from .._dispatch.iterate_first import (CONVERGED, Allowance, HostFirst, analysis_seconds,
+                                       cpu_iteration_seconds, host_first_budget,
                                        needs_watching)
+from .._gpu import gpu_available
 from .._iterative import lsmr as iterative_lsmr
 from .._iterative import lsqr as iterative_lsqr
 from .._options import Settings, log_decision, resolve_settings
@@ -118,8 +119,11 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     b holds inf or NaN (the general path raises DESIGN §10's ValueError with
     its message), when the settings are not ``auto`` with ``iterate_first``
     (a backend from the environment), when the tolerances or the iteration
-    limit leave nothing to iterate, or when a GPU iteration could beat a CPU
-    one (the general path asks for the GPU).
+    limit leave nothing to iterate, or when the run moved to the GPU: where
+    a GPU iteration beats a CPU one and a GPU answers, the run starts on the
+    CPU and stops once it has cost one upload of A
+    (:class:`~scipy_gpuqr._dispatch.iterate_first.HostFirst`); the general
+    path then runs SciPy's algorithm from the start on the GPU.
 
     Parameters
     ----------
@@ -152,8 +156,14 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     if iter_lim <= 0:
         return None
     cpu_s = cpu_iteration_seconds(m, n, nnz)
-    if cpu_s > gpu_iteration_seconds(m, n, nnz):
-        return None
+    budget = host_first_budget(m, n, nnz)
+    if budget is None:
+        where = f"CPU: a CPU iteration (about {cpu_s:.2g} s) beats a GPU one"
+    elif not gpu_available():
+        budget, where = None, "CPU: no GPU"
+    else:
+        where = (f"CPU first: A is host data; the GPU takes over once the run has cost "
+                 f"one upload of A (about {budget:.2g} s)")
     checked = []
 
     def problem() -> LeastSquaresProblem:
@@ -164,11 +174,12 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     analysis = analysis_seconds(m, n, nnz)
     watch = callback = None
     if needs_watching(iter_lim, m, n, nnz, on_gpu=False, analysis=analysis):
-        watch = callback = Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
+        watch = Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
                                      analysis=analysis,
                                      plan=lambda: plan_for(problem().qr_matrix(), settings),
                                      order=min(m, n),
                                      speculate=lambda planned: speculate(planned, (m, n)))
+    callback = watch if budget is None else HostFirst(budget, watch)
     if method == "lsqr":
         res = iterative_lsqr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
                              rules.calc_var, None, xp=np, callback=callback)
@@ -176,7 +187,11 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         res = iterative_lsmr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
                              None, xp=np, callback=callback)
     istop, itn = res.istop, res.itn
-    where = f"CPU: a CPU iteration (about {cpu_s:.2g} s) beats a GPU one"
+    if budget is not None and callback.moved and istop == 0:
+        # the general path starts SciPy's algorithm again, on the GPU
+        log_decision("%s %dx%d nnz=%d: LSQR/LSMR on CPU moves to the GPU after %d iterations "
+                     "(%.3g s, one upload of A)", method, m, n, nnz, itn, callback.seconds)
+        return None
     how = _RunNote(istop, itn, res.seconds, where, watch)
     name = f"{method.upper()} on CPU"
     planned = None if watch is None else watch.planned
