@@ -103,7 +103,8 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "ITER_LIM_MARGIN", "CONFIRMATIONS", "RANK_RISK_COND", "RANK_RISK_SHARE",
            "RANK_PRIOR", "RANK_S_PER_CUBE", "RANK_DENSE_LIMIT", "PROJECTION_WINDOW",
            "CHECK_GROWTH", "CHECK_INTERVAL_S", "UPLOAD_FIXED_S", "UPLOAD_BYTES_PER_S",
-           "upload_seconds", "host_first_budget", "HostFirst",
+           "upload_seconds", "host_first_budget", "HostFirst", "SPECULATION_S_PER_ENTRY",
+           "SPECULATION_MARGIN",
            "CONVERGED", "iteration_flops", "cpu_iteration_seconds", "gpu_iteration_seconds",
            "iterate_on_gpu", "analysis_seconds", "needs_watching", "zero_tolerances",
            "rank_risk", "rank_decision_seconds", "Allowance"]
@@ -129,6 +130,17 @@ GPU_MATVEC_RATE = 1e11
 UPLOAD_FIXED_S = 2e-3
 #: Bytes per second of the host-to-device copy of the matrix (pageable memory).
 UPLOAD_BYTES_PER_S = 5e9
+
+#: Seconds per entry of an order-q R (q² of them) of the cheap full-rank test a
+#: speculative factorization makes (R made dense, LAPACK's triangular
+#: condition estimate: measured 2-15 ms at q = 800-1800 on 2 cores, the
+#: first call in a process the dearest).
+SPECULATION_S_PER_ENTRY = 3e-9
+#: A speculative factorization is made only where the iterations it may save
+#: cost at least this many times what it costs (the factorization's
+#: prediction and the full-rank test): on a run whose R turns out not to be
+#: clearly of full rank, it adds at most that share of the run.
+SPECULATION_MARGIN = 2.0
 
 #: Estimated seconds of the symbolic analysis (ordering, elimination tree,
 #: column counts, fronts, assembly maps) of the matrix factorized: a fixed
@@ -486,7 +498,8 @@ class Allowance:
             self.rank_s = rank_decision_seconds(self.order, self.predicted) * \
                 (1.0 if self.at_risk else RANK_PRIOR)
         if self.rank_s and self.speculated is None and self._speculate is not None and \
-                self._would_stop(itn, t, further, per_iteration, remaining, self.predicted):
+                self._would_stop(itn, t, further, per_iteration, remaining, self.predicted) \
+                and self._worth_speculating(itn, further, per_iteration):
             self._speculation()
             self.speculated_at = t
         q = self.qr_seconds
@@ -529,6 +542,14 @@ class Allowance:
         if further is not None and remaining > SWITCH_MARGIN * q:
             return True
         return further is None and trusted and t >= STALL_SHARE * q
+
+    def _worth_speculating(self, itn: int, further, per_iteration: float) -> bool:
+        """Whether the iterations left (to the projection, or to ``iter_lim``) cost
+        :data:`SPECULATION_MARGIN` times the speculation (the factorization's
+        prediction and :data:`SPECULATION_S_PER_ENTRY` × order²)."""
+        left = self.iter_lim - itn if further is None else min(further, self.iter_lim - itn)
+        cost = self.predicted + SPECULATION_S_PER_ENTRY * float(self.order) ** 2
+        return left * per_iteration >= SPECULATION_MARGIN * cost
 
     def _speculation(self) -> None:
         """Factorize now (:attr:`speculate`); where R is clearly of full rank, the QR's

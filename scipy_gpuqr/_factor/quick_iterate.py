@@ -38,7 +38,7 @@ from .._validate import all_finite
 from .factored import plan_for
 from .least_squares import (IterativeAnswer, LeastSquaresProblem, StoppingRules, _RunNote,
                             check_problem)
-from .lstsq import _rcond_estimate, lstsq_cutoff
+from .lstsq import DENSE_LIMIT, _rcond_estimate, lstsq_cutoff
 
 __all__ = ["QuickRun", "quick_iterate", "clearly_full_rank", "speculate"]
 
@@ -69,11 +69,14 @@ def clearly_full_rank(R, cutoff: float) -> bool:
     a square R with a finite nonzero diagonal whose smallest entry is above
     the cutoff: the 1-norm reciprocal condition estimate at least
     ``10·q·cutoff``. Where it passes, the rank decision ends there (rank q,
-    R⁻¹ solves), with no dense work.
+    R⁻¹ solves), with no dense work. Made here only up to lstsq's
+    ``DENSE_LIMIT`` (LAPACK's estimate on R made dense, a few milliseconds);
+    beyond, the estimate takes sparse triangular solves whose cost is not
+    bounded by the iterations' (False).
     """
     R = sp.csc_array(R)
     k, q = R.shape
-    if k != q or q == 0:
+    if k != q or q == 0 or q > DENSE_LIMIT:
         return False
     d = np.abs(R.diagonal())
     if not (np.all(np.isfinite(d)) and d.min() > 0 and d.min() > cutoff * d.max()):
@@ -178,7 +181,8 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
                                      analysis=analysis,
                                      plan=lambda: plan_for(problem().qr_matrix(), settings),
                                      order=min(m, n),
-                                     speculate=lambda planned: speculate(planned, (m, n)))
+                                     speculate=(lambda planned: speculate(planned, (m, n)))
+                                     if min(m, n) <= DENSE_LIMIT else None)
     callback = watch if budget is None else HostFirst(budget, watch)
     if method == "lsqr":
         res = iterative_lsqr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
