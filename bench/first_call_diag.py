@@ -385,6 +385,10 @@ def print_profiles(calls: list) -> None:
         a, b = first.get(k, 0.0), second.get(k, 0.0)
         if max(a, b) >= 0.01:
             print(f"  {k[:70]:70s} {a:6.3f} {b:6.3f} {a - b:+6.3f}")
+    print("-- main thread, sampled, by kind: call 1 s | call 2 s")
+    kinds = [_kinds(c["main_profile"]["by_frame"]) for c in calls[:2]]
+    for k in kinds[0]:
+        print(f"  {k:40s} {kinds[0][k]:6.3f} {kinds[-1].get(k, 0.0):6.3f}")
     print("-- call 1, innermost frames (any module) of 10 ms or more")
     for k, v in calls[0]["main_profile"]["by_frame"][:20]:
         if v >= 0.01:
@@ -392,6 +396,24 @@ def print_profiles(calls: list) -> None:
     print("-- call 1 timeline (main thread, package function runs of 20 ms or more)")
     for t, d, f in calls[0]["main_profile"]["timeline"]:
         print(f"  {t:7.3f} {d:6.3f} {f}")
+
+
+def _kinds(by_frame) -> dict:
+    """Sampled seconds grouped: Python imports, waits for a prefetched module,
+    waits for worker threads (the R copy, store writes), the rest (the top 40
+    innermost frames only)."""
+    out = {"imports": 0.0, "waiting for a prefetched module": 0.0,
+           "waiting for a worker thread": 0.0, "other (top frames)": 0.0}
+    for frame, sec in by_frame:
+        if frame.startswith("<frozen importlib") or "importlib" in frame:
+            out["imports"] += sec
+        elif frame == "_kernels.py:get":
+            out["waiting for a prefetched module"] += sec
+        elif frame.startswith("threading.py:"):
+            out["waiting for a worker thread"] += sec
+        else:
+            out["other (top frames)"] += sec
+    return {k: round(v, 3) for k, v in out.items()}
 
 
 def nvrtc_times(arch: str = "sm_90", reps: int = 2) -> dict:
