@@ -119,6 +119,8 @@ def _once(A, b, backend):
                               if isinstance(v, float)},
            "host_front_phases": {k: round(v, 4)
                                  for k, v in (bi.get("host_front_seconds") or {}).items()},
+           "rank_decision": {k: info.get("rank_decision", {}).get(k)
+                             for k in ("method", "rank", "device")},
            "normal_eq_residual": berr,
            "warnings": [str(w.message)[:160] for w in seen]}
     F.free()
@@ -201,7 +203,8 @@ def main(argv=None):
                      f" on {row['host_fronts_on']}"
                      if row["host_fronts"] else "")
                   + (f"  [{row['fallback'][:90]}]" if row["fallback"] else ""), flush=True)
-            print(f"    phases {row['timings']}\n    engine {row['engine_seconds']}"
+            print(f"    phases {row['timings']} rank {row['rank_decision']}"
+                  f"\n    engine {row['engine_seconds']}"
                   + (f"\n    host fronts {row['host_front_phases']}" if row["host_fronts"] else ""),
                   flush=True)
         if not args.no_cpu:

@@ -88,6 +88,20 @@ def pinned_pool_cap() -> int:
     return int(PINNED_POOL_SHARE * total)
 
 
+#: Elements of one piece when a host pool is filled by threads.
+_FILL_PIECE = 1 << 23
+
+
+def _record_elements(records) -> np.ndarray:
+    """Elements each assembly record writes (its Pack-Assemble piece or its
+    S entries): the work by which a host stage's records are dealt to threads."""
+    rows = records["rows"]
+    pack = (rows[:, 1] - rows[:, 0]).clip(min=0) * (records["c1"] - records["c0"]).clip(min=0)
+    s_entries = records["vt2"] - records["vt"]
+    return np.where(records["type"] == int(TaskType.PACK_ASSEMBLE), pack,
+                    np.where(records["type"] == int(TaskType.S_ASSEMBLE), s_entries, 0))
+
+
 def _all_finite(pool: np.ndarray) -> bool:
     """Whether every value of a host pool is finite: chunks of
     :data:`CHECK_CHUNK` on threads (no temporary of the pool's size; a host
@@ -181,14 +195,16 @@ class NumpyDevice:
         self._take(len(s_index) * (8 + isz), "S entries")
         self._take(max(int(st.launch_ptr[-1]) if len(st.launch_ptr) else 0, 1) * TASK_BYTES,
                    "the task list")
-        pool = self._zeroed_pool(st.pool_size)
-        for off, cb in carried:
-            pool[off: off + cb.size] = cb.ravel()
+        pool = self._stage_pool(st.pool_size, carried)
         return {"pool": pool, "spool": (s_index, s_value.astype(self.dtype)), "st": st}
 
-    def _zeroed_pool(self, n: int) -> np.ndarray:
-        """A stage's pool of ``n`` zeros."""
-        return np.zeros(n, dtype=self.dtype)
+    def _stage_pool(self, n: int, carried) -> np.ndarray:
+        """A stage's pool of ``n`` zeros with the carried contribution blocks
+        (``(offset, block)`` pairs) in."""
+        pool = np.zeros(n, dtype=self.dtype)
+        for off, cb in carried:
+            pool[off: off + cb.size] = cb.ravel()
+        return pool
 
     def launch(self, h, L, records) -> None:
         n = len(records)
@@ -279,20 +295,34 @@ class HostFrontDevice(NumpyDevice):
         #: per front factorized, where: ``"gpu"`` or ``"host"`` (and why)
         self.factorized_on = []
 
-    def _zeroed_pool(self, n: int) -> np.ndarray:
-        """The stage's pool: in pinned memory when a GPU layer is given and its
-        pinned budget allows (the front goes up and down whole or in slabs at
-        the link's speed only from pinned pages), zeroed by threads."""
+    def _stage_pool(self, n: int, carried) -> np.ndarray:
+        """The stage's pool (zeros, the carried blocks in): in pinned memory when a
+        GPU layer is given and its pinned budget allows (the front goes up and
+        down, whole or in slabs, at the link's speed only from pinned pages),
+        filled by threads in pieces (the pool of a host front holds gigabytes)."""
         pinned = getattr(self.gpu, "pinned_within_cap", None)
         pool = pinned(n, self.dtype) if pinned is not None else None
         if pool is None:
-            return np.zeros(n, dtype=self.dtype)
+            pool = np.empty(n, dtype=self.dtype)
+        jobs, pos = [], 0                   # (start, stop, source or None: zeros)
+        for off, cb in sorted(((int(o), cb.ravel()) for o, cb in carried),
+                              key=lambda oc: oc[0]):
+            if off < pos:
+                raise GpuEngineError("carried contribution blocks overlap in a host pool")
+            jobs.append((pos, off, None))
+            jobs.append((off, off + cb.size, cb))
+            pos = off + cb.size
+        jobs.append((pos, n, None))
+        pieces = [(a + k, min(b, a + k + _FILL_PIECE), None if src is None
+                   else src[k: k + _FILL_PIECE])
+                  for a, b, src in jobs for k in range(0, b - a, _FILL_PIECE)]
 
-        def zero(i0, i1):
-            pool[i0:i1] = 0             # NumPy releases the GIL for the fill
+        def fill(i0, i1):
+            for a, b, src in pieces[i0:i1]:
+                pool[a:b] = 0 if src is None else src   # NumPy releases the GIL
 
-        threads = thread_count(n, 1 << 24)
-        run_ranges(zero, np.linspace(0, n, threads + 1).astype(np.int64))
+        threads = thread_count(len(pieces), 1)
+        run_ranges(fill, np.linspace(0, len(pieces), threads + 1).astype(np.int64))
         return pool
 
     def launch(self, h, L, records) -> None:
@@ -302,7 +332,24 @@ class HostFrontDevice(NumpyDevice):
                 raise GpuEngineError(f"a host stage holds a record of type "
                                      f"{int(records['type'][bad][0])} (assembly only)")
         t0 = time.perf_counter()
-        super().launch(h, L, records)
+        n = len(records)
+        threads = thread_count(n, 1)
+        if threads <= 1:
+            super().launch(h, L, records)
+        else:
+            # a launch's records write disjoint parts of the pool (the device runs
+            # them concurrently): on threads, the largest first, dealt round-robin
+            order = np.argsort(-_record_elements(records), kind="stable")
+            groups = [order[t::threads] for t in range(threads)]
+
+            def run(g0, g1):
+                for g in groups[g0:g1]:
+                    for k in g:
+                        execute_task(records[k], h["pool"], self.vt, self.tile,
+                                     spool=h["spool"], maps=self.maps)
+
+            run_ranges(run, np.arange(threads + 1))
+            self.launches += 1
         self.seconds["kernels"] += time.perf_counter() - t0
 
     def begin_stage(self, st, s_index, s_value, carried):
