@@ -519,6 +519,9 @@ def main(argv=None) -> int:
                     help="n > 32 methods to time: comma-separated of fused, mma64, "
                     "rows, rows_mma, panel, default")
     ap.add_argument("--dtypes", default="float64,float32")
+    ap.add_argument("--chol-finish", default="cupy",
+                    help="how the n > 32 Cholesky assembles its result: cupy or kernel "
+                    "(scipy_gpuqr.batched._gpu_blocked.CHOL_FINISH)")
     ap.add_argument("--ops", default="lu,inv,chol",
                     help="operations of the kernel table, of lu, inv, chol")
     ap.add_argument("--json", help="write the rows as JSON here")
@@ -582,7 +585,7 @@ def main(argv=None) -> int:
             return lu
         if op == "inv":
             return lambda a: bb.inverse(a, method)
-        return lambda a: bb.potrf(a, True, method)
+        return lambda a: bb.potrf(a, True, method, args.chol_finish)
 
     def methods_for(n, op, dtype):
         out = []
@@ -630,7 +633,7 @@ def main(argv=None) -> int:
                     t_ms = torch_ms(torch, timer, a, op)
                     if op == "chol":
                         a = a_op
-                    dmeth = bb.default_method(n, "chol" if op == "chol" else "lu")
+                    dmeth = bb.default_method(n, "chol" if op == "chol" else "lu", dtype)
                     cfg = best_cfg[0] or dmeth
                     row = dict(dtype=dtype.name, n=n, batch=bsz, op=op, method=cfg,
                                ms=best, default_ms=dflt, default_method=dmeth,

@@ -25,6 +25,7 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default="default",
                     help="comma-separated methods of the LU (default: the default)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--chol-finish", default="cupy", help="cupy or kernel")
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
                     return bb.getrf(a, piv, info, method)
             else:
                 def call():
-                    return bb.potrf(spd, True, None)
+                    return bb.potrf(spd, True, None, args.chol_finish)
             call()
             times = []
             for _ in range(args.reps):

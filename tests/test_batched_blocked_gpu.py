@@ -97,16 +97,19 @@ def test_lu_methods_flag_nonfinite(rng, method, n, where):
 @pytest.mark.parametrize("method,n", [("fused", 33), ("fused", 64), ("rows", 64),
                                       ("rows", 97), ("rows", 256), ("rows", 512)])
 @pytest.mark.parametrize("lower", [False, True])
-def test_cholesky_methods(rng, method, n, dtype, lower):
+@pytest.mark.parametrize("finish", ["cupy", "kernel"])
+def test_cholesky_methods(rng, method, n, dtype, lower, finish):
     import cupy as cp
     from scipy_gpuqr.batched import _gpu_blocked as bb
     s = spd_batch(rng, 7, n, dtype)
     s[2, n // 2, n // 2] = -1e4                           # not positive definite
+    s[5, n - 1, 0] = np.nan                               # info -1
     sd = cp.asarray(s)
-    c, info = bb.potrf(sd, lower, method)
+    c, info = bb.potrf(sd, lower, method, finish)
     np.testing.assert_array_equal(sd.get(), s)           # input untouched
     c, info = c.get(), info.get()
-    ref_info = [sl.lapack.get_lapack_funcs("potrf", (m,))(m, lower=lower)[1] for m in s]
+    ref_info = [-1 if not np.isfinite(m).all() else
+                sl.lapack.get_lapack_funcs("potrf", (m,))(m, lower=lower)[1] for m in s]
     np.testing.assert_array_equal(info, ref_info)
     tri = np.tril if lower else np.triu
     for i in (0, 3, 6):

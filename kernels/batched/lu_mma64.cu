@@ -358,7 +358,7 @@ getrf_mma64(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
 // output: dst, piv (batch, n) entries k0 .. k0 + nb - 1 (0-based, LAPACK
 //         order), info (batch): read when k0 > 0, written
 // block:  W = ceil((n - k0) / 64) warps (<= 8); dynamic shared memory
-//         (64 W * PLD + 2 * MAXW * SLOT + 2 * PW * kStage) * 8 bytes
+//         (64 W * PLD + 2 * PW * kStage + 2 * MAXW * SLOT) * 8 bytes
 //         (mma_rows_smem in scipy_gpuqr/batched/_gpu_blocked.py)
 // ---------------------------------------------------------------------------
 template <typename T>
@@ -385,14 +385,18 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
     const int nb = min(PW, m);
     const int MR = 64 * nw;
     double *t = reinterpret_cast<double *>(smem_raw);  // MR x PLD
-    double *slots = t + MR * PLD;                       // [2][MAXW][SLOT]
-    double *stage = slots + 2 * MAXW * SLOT;            // 2 PW x kStage
+    double *stage = t + MR * PLD;                       // 2 PW x kStage, after t
+    double *slots = stage + 2 * PW * kStage;            // [2][MAXW][SLOT]
     if (tid == 0) mcount = 0;
 
+    // copy in (cp.async: every load in flight at once), zero beyond the panel
     for (int e = tid; e < MR * PW; e += nth) {
         const int i = e >> 5, j = e & 31;
-        t[i * PLD + j] = (i < m && j < nb) ? S[(long long)(k0 + i) * n + k0 + j] : 0.0;
+        if (i < m && j < nb) cp_async_elem(t + i * PLD + j, S + (long long)(k0 + i) * n + k0 + j);
+        else t[i * PLD + j] = 0.0;
     }
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
 
     const int rb = 64 * warp + lane;                    // row of h = 0
@@ -470,9 +474,10 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
             // the block's winner: larger key, then smaller position
             unsigned long long bk = skey[buf][0];
             int bm = smeta[buf][0], bw = 0;
-            for (int v = 1; v < nw; ++v) {
-                const unsigned long long kv = skey[buf][v];
-                const int mv = smeta[buf][v];
+#pragma unroll
+            for (int v = 1; v < MAXW; ++v) {
+                const unsigned long long kv = v < nw ? skey[buf][v] : 0ull;
+                const int mv = v < nw ? smeta[buf][v] : 0x7fff << 16;
                 if (kv > bk || (kv == bk && (mv >> 16) < (bm >> 16))) {
                     bk = kv;
                     bm = mv;
@@ -598,23 +603,29 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
     if (tid < nb) piv[mat * n + k0 + tid] = k0 + spiv[tid];
 
     if (nb < n) {
-        // parallel swap: the moved rows, in the columns outside the panel
+        // parallel swap: the moved rows, in the columns outside the panel,
+        // staged through the panel's buffer (free now) in rounds of cw
+        // columns, the loads by cp.async (all in flight at once)
         const int cnt = mcount;
         const int oc = n - nb;
-        for (int t0 = 0; t0 < oc && cnt > 0; t0 += kStage) {
-            for (int e = tid; e < cnt * kStage; e += nth) {
-                const int kk = e / kStage, tt = t0 + e % kStage;
+        const int cw = cnt > 0 ? min(oc, (MR * PLD + 2 * PW * kStage) / cnt) : oc;
+        __syncthreads();                                    // the panel's copy out read t
+        for (int t0 = 0; t0 < oc && cnt > 0; t0 += cw) {
+            for (int e = tid; e < cnt * cw; e += nth) {
+                const int kk = e / cw, tt = t0 + e - kk * cw;
                 if (tt < oc) {
                     const int c = tt < k0 ? tt : tt + nb;
-                    stage[e] = A[(long long)(k0 + msrc[kk]) * n + c];
+                    cp_async_elem(t + e, A + (long long)(k0 + msrc[kk]) * n + c);
                 }
             }
+            cp_async_commit();
+            cp_async_wait<0>();
             __syncthreads();
-            for (int e = tid; e < cnt * kStage; e += nth) {
-                const int kk = e / kStage, tt = t0 + e % kStage;
+            for (int e = tid; e < cnt * cw; e += nth) {
+                const int kk = e / cw, tt = t0 + e - kk * cw;
                 if (tt < oc) {
                     const int c = tt < k0 ? tt : tt + nb;
-                    A[(long long)(k0 + mdst[kk]) * n + c] = stage[e];
+                    A[(long long)(k0 + mdst[kk]) * n + c] = t[e];
                 }
             }
             __syncthreads();

@@ -359,6 +359,46 @@ potrf_rows(T *__restrict__ w, int *__restrict__ info, int n, int k0)
 }
 
 // ---------------------------------------------------------------------------
+// The end of a blocked Cholesky: c (batch, n, n) holds the factor in one
+// triangle and the input in the other, except within `band` of the diagonal,
+// where the trailing GEMMs of the diagonal blocks also wrote the other
+// triangle: those entries are copied back from a (upper != 0: 0 < j - i <
+// band, else 0 < i - j < band). info[mat] = -1 when a holds an inf or NaN
+// anywhere (what SciPy's check_finite reads). Grid: one block per 32 rows of
+// each matrix (batch * ceil(n / 32) blocks, matrix-major); 256 threads.
+// ---------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(256)
+chol_finish(const T *__restrict__ a, T *__restrict__ c, int *__restrict__ info,
+            int n, int upper, int band)
+{
+    const int chunks = (n + 31) >> 5;
+    const long long mat = blockIdx.x / chunks;
+    const int r0 = (int)(blockIdx.x - mat * chunks) * 32;
+    const int rows = min(32, n - r0);
+    const T *A = a + mat * (long long)n * n;
+    T *C = c + mat * (long long)n * n;
+    const int tid = threadIdx.x;
+    bool bad = false;
+    const T *Ar = A + (long long)r0 * n;
+    const int cnt = rows * n;
+#pragma unroll 8
+    for (int e = tid; e < cnt; e += 256) bad = bad | !isfinite(Ar[e]);
+    const int bw = band - 1;
+    if (bw > 0) {
+#pragma unroll 4
+        for (int e = tid; e < rows * bw; e += 256) {
+            const int q = e / bw;
+            const int i = r0 + q, d = 1 + e - q * bw;
+            const int j = upper ? i + d : i - d;
+            if (j >= 0 && j < n) C[(long long)i * n + j] = A[(long long)i * n + j];
+        }
+    }
+    bad = __syncthreads_or(bad);
+    if (tid == 0 && bad) info[mat] = -1;
+}
+
+// ---------------------------------------------------------------------------
 // Solves for n <= NMAX with the factor in shared memory (one block per matrix,
 // NMAX threads, one right-hand side column per thread, chunks of NMAX).
 // S holds the factor arranged so that the forward solve uses S's lower and

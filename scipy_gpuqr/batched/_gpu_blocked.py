@@ -7,11 +7,12 @@ stream; :mod:`scipy_gpuqr.batched._gpu` calls them for n > 32.
 Methods of the factorizations (``method=``; the default by n and
 operation, :func:`default_method`):
 
-* ``'fused'`` (n <= 64; the default for LU): the whole factorization in one
+* ``'fused'`` (n <= 64; the default for the float32 LU, and for float64
+  without FP64 tensor cores): the whole factorization in one
   kernel, one thread per row holding the row in registers
   (``getrf_rows<T, 64, 64>`` / ``potrf_rows<T, 64, 64>`` of
   ``kernels/batched/rows.cu``).
-* ``'mma64'`` (float64, n <= 64, sm_80+): one warp per matrix, the
+* ``'mma64'`` (float64, n <= 64, sm_80+; the default there): one warp per matrix, the
   matrix in shared memory, panels of 8 columns with the trailing updates on
   the FP64 tensor cores (``getrf_mma64`` of ``kernels/batched/lu_mma64.cu``).
 * ``'rows_mma'`` (float64, n <= 512, sm_80+): as ``'rows'`` with the panel
@@ -50,7 +51,7 @@ from ._kernel_registry import (FUSED_MAX, KERNEL_VARIANTS, MMA64_FILE, MMA64_NAM
 from .._kernels import load_module
 
 __all__ = ["getrf", "potrf", "getrs", "potrs", "inverse", "default_method",
-           "METHODS", "CHOL_SPLIT", "has_mma"]
+           "METHODS", "CHOL_SPLIT", "CHOL_FINISH", "has_mma"]
 
 #: Factorization methods, see the module docstring.
 METHODS = ("fused", "mma64", "rows", "rows_mma", "panel")
@@ -59,13 +60,18 @@ METHODS = ("fused", "mma64", "rows", "rows_mma", "panel")
 PANEL_THREADS = 256
 
 
-def default_method(n: int, op: str = "lu") -> str:
-    """The factorization method for n > 32 (``op`` 'lu' or 'chol') unless one is asked for.
+def default_method(n: int, op: str = "lu", dtype=None) -> str:
+    """The factorization method for n > 32 (``op`` 'lu' or 'chol', ``dtype``
+    the matrices') unless one is asked for.
 
-    Cholesky uses panels for every n <= 512: its one-kernel variant (255
-    registers per thread, spilling) is slower at n = 64.
+    The float64 LU of n <= 64 runs on the FP64 tensor cores (``'mma64'``)
+    where the device has them (sm_80+). Cholesky uses panels for every
+    n <= 512: its one-kernel variant (255 registers per thread, spilling) is
+    slower at n = 64.
     """
     if n <= FUSED_MAX and op == "lu":
+        if dtype is not None and dtype == np.float64 and has_mma(device_id()):
+            return "mma64"
         return "fused"
     return "rows" if n <= ROWS_MAX else "panel"
 
@@ -78,7 +84,7 @@ def has_mma(device: int) -> bool:
 
 
 def _check_method(method, n: int, op: str = "lu", dtype=None) -> str:
-    method = default_method(n, op) if method is None else method
+    method = default_method(n, op, dtype) if method is None else method
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method in ("mma64", "rows_mma"):
@@ -300,18 +306,31 @@ def _rows_lu(lu, piv, info, mma: bool = False) -> None:
 # Cholesky
 # ----------------------------------------------------------------------------
 
-def potrf(a, lower: bool, method: str | None = None):
-    """Cholesky of ``a`` (B, n, n), n > 32, like LAPACK potrf; returns (c, info)."""
+#: How :func:`potrf` assembles its result (``finish=``): ``'cupy'`` (the
+#: default) checks finiteness with ``cupy.isfinite`` and takes the other
+#: triangle from ``a`` with ``cupy.where`` (three passes over the stack);
+#: ``'kernel'`` one kernel (``chol_finish`` of rows.cu) that reads ``a`` once,
+#: sets ``info`` and copies back only the band near the diagonal that the
+#: diagonal blocks' GEMMs overwrote.
+CHOL_FINISH = ("cupy", "kernel")
+
+
+def potrf(a, lower: bool, method: str | None = None, finish: str = "cupy"):
+    """Cholesky of ``a`` (B, n, n), n > 32, like LAPACK potrf; returns (c, info).
+
+    ``finish``: one of :data:`CHOL_FINISH`.
+    """
     cp = _common.cupy()
     bsz, n = a.shape[0], a.shape[-1]
     method = _check_method(method, n, "chol")
+    if finish not in CHOL_FINISH:
+        raise ValueError(f"finish must be one of {CHOL_FINISH}, got {finish!r}")
     dt = dtname(a.dtype)
     dev = device_id()
+    a = cp.ascontiguousarray(a)
+    finite = cp.isfinite(a).all(axis=(1, 2)) if finish == "cupy" else None
     # on the lower triangle of the Hermitian matrix potrf reads
-    finite = cp.isfinite(a).all(axis=(1, 2))
-    w = cp.ascontiguousarray(a if lower else a.transpose(0, 2, 1))
-    if w is a:
-        w = a.copy()
+    w = a.copy() if lower else cp.ascontiguousarray(a.transpose(0, 2, 1))
     info = cp.zeros((bsz,), dtype=np.int32)
     if method == "fused":
         fn = _rows_function("potrf_rows", dt, FUSED_MAX, FUSED_MAX, dev)
@@ -328,6 +347,16 @@ def potrf(a, lower: bool, method: str | None = None):
             fn((bsz,), (PANEL_THREADS,), (w, info, np.int32(n), np.int32(k0)),
                shared_mem=smem)
             _chol_update(w, n, k0, min(PANEL, n - k0))
+    if finish == "kernel":
+        # the other triangle is a's but near the diagonal (the diagonal
+        # blocks' GEMMs, at most CHOL_SPLIT wide, wrote it): copied back;
+        # info -1 for an inf or NaN anywhere in a
+        c = w if lower else cp.ascontiguousarray(w.transpose(0, 2, 1))
+        fin = _rows_function("chol_finish", dt, 0, 0, dev)
+        fin((bsz * -(-n // 32),), (256,),
+            (a, c, info, np.int32(n), np.int32(1 if lower else 0),
+             np.int32(min(n, max(CHOL_SPLIT, PANEL)))))
+        return c, info
     tri = cp.tril(cp.ones((n, n), dtype=bool))
     if lower:
         c = cp.where(tri, w, a)

@@ -134,9 +134,12 @@ def vb_name(kernel: str, dtype: str) -> str:
 
 
 def rows_name(kernel: str, dtype: str, nb: int, maxt: int) -> str:
-    """``getrf_rows<double, 32, 512>``, ``solve_smem<float, 64>``, ..."""
+    """``getrf_rows<double, 32, 512>``, ``solve_smem<float, 64>``,
+    ``chol_finish<double>`` (nb, maxt unused), ..."""
     if kernel in ("solve_smem", "trsm_lunit"):
         return f"{kernel}<{_CTYPES[dtype]}, {nb}>"
+    if kernel == "chol_finish":
+        return f"{kernel}<{_CTYPES[dtype]}>"
     return f"{kernel}<{_CTYPES[dtype]}, {nb}, {maxt}>"
 
 
@@ -170,5 +173,6 @@ KERNEL_VARIANTS = {
         for k in ("getrf_rows", "potrf_rows")
         for nb, maxt in ((FUSED_MAX, FUSED_MAX), (ROWS_PANEL, ROWS_THREADS))) + tuple(
         rows_name("solve_smem", dt, FUSED_MAX, FUSED_MAX) for dt in _CTYPES) + tuple(
-        rows_name("trsm_lunit", dt, ROWS_PANEL, ROWS_THREADS) for dt in _CTYPES),
+        rows_name("trsm_lunit", dt, ROWS_PANEL, ROWS_THREADS) for dt in _CTYPES) + tuple(
+        rows_name("chol_finish", dt, 0, 0) for dt in _CTYPES),
 }
