@@ -44,6 +44,7 @@ Method:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -57,7 +58,7 @@ from .solve_rank import probe_norm
 from .subspace_cod import gemm, orth_r, sigma_max_lanczos, small_subspace
 from .triangular import SUPERLU_MAX_NNZ, UpperTriangular
 
-__all__ = ["SparseSubspaceCOD", "decide", "chunked", "LEAK_FACTOR", "SOLVE_CHUNK",
+__all__ = ["SparseSubspaceCOD", "decide", "chunked", "one_blas_thread", "LEAK_FACTOR", "SOLVE_CHUNK",
            "DENSE_SOLVES_DENSITY"]
 
 #: Largest ``‖S‖₂·σ_r`` (lower estimate) accepted: exactly 1 for exact subspaces.
@@ -86,6 +87,26 @@ def chunked(solve: Callable, chunk: int = SOLVE_CHUNK) -> Callable:
             out[:, j:j + chunk] = np.asarray(solve(np.asfortranarray(C[:, j:j + chunk])))
         return out
     return run
+
+
+def one_blas_thread():
+    """Context running SciPy's and NumPy's BLAS on one thread (threadpoolctl, where
+    installed; otherwise nothing changes).
+
+    The iteration's dense steps are q × p Gram products and triangular solves
+    and p × p factorizations, between sparse solves that run on one core: on
+    2 cores one thread is as fast when the machine is idle, and OpenBLAS
+    threads that wait for a busy core make the small calls ten times slower
+    (bayer10's decision measured at 1.2–2.0 s with one thread, 1.2–22 s with
+    two, on a loaded 2-core host). The same rule as the reference engine's
+    panel products (``scipy_gpuqr._engine.host.reference``); OpenBLAS's count
+    is process-wide, so a speed effect on other threads for the call's length.
+    """
+    try:
+        from threadpoolctl import threadpool_limits        # optional
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _project(B: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -214,8 +235,9 @@ class SparseSubspaceCOD:
         if C.shape[1] == 0 or self.rank == 0:
             return np.zeros((self.q, C.shape[1]))
         apply = self._apply_t if self.transposed else self._apply
-        Y = np.array(apply(C), dtype=np.float64)
-        Y += apply(C - np.asarray(self.matmul(Y, self.transposed)))
+        with one_blas_thread():         # q × d products with a few columns
+            Y = np.array(apply(C), dtype=np.float64)
+            Y += apply(C - np.asarray(self.matmul(Y, self.transposed)))
         return Y
 
 
@@ -276,9 +298,10 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
         inv, inv_t = chunked(upper.solve), chunked(lower.solve)
         G = R
     try:
-        cod = SparseSubspaceCOD(inv, inv_t, lambda Y, t: (G.T @ Y) if t else (G @ Y), q, tol,
-                                transposed=transposed, block=first,
-                                max_block=min(max_block, q // 3), seed=seed)
+        with one_blas_thread():
+            cod = SparseSubspaceCOD(inv, inv_t, lambda Y, t: (G.T @ Y) if t else (G @ Y), q,
+                                    tol, transposed=transposed, block=first,
+                                    max_block=min(max_block, q // 3), seed=seed)
     except SubspaceTooLarge:
         return None
     cod.sigma_max = smax

@@ -18,7 +18,8 @@ Method (orthogonal transformations throughout):
    largest Ritz value exceeds :data:`STRADDLE` × the cutoff, so that every
    singular value up to :data:`WINDOW` × the cutoff converges at a rate of
    at most ``(WINDOW/STRADDLE)²`` per step; the iteration stops when those
-   Ritz values change by less than :data:`RITZ_RTOL` per step and the count
+   Ritz values change by less than :data:`RITZ_RTOL` per step (or, converging
+   geometrically, are predicted within it of their limit) and the count
    below the cutoff is stable. ``d`` = that count: lstsq's nullity (Ritz
    values are upper bounds, so an unconverged block can only undercount).
    The tall blocks are factored by Cholesky QR on unit-scaled columns
@@ -75,7 +76,7 @@ from .._errors import SubspaceTooLarge
 
 __all__ = ["SubspaceCOD", "SubspaceTooLarge", "SmallSubspace", "small_subspace", "orth_r",
            "triangular_factor", "gemm", "STRADDLE", "WINDOW", "RITZ_RTOL", "RITZ_NOISE_LIMIT",
-           "MAX_STEPS", "CHOLQR_ORTH", "GRAM_COND", "sigma_max_lanczos"]
+           "RATE_MAX", "RATE_MARGIN", "MAX_STEPS", "CHOLQR_ORTH", "GRAM_COND", "sigma_max_lanczos"]
 
 #: The block's largest Ritz value must exceed STRADDLE × cutoff.
 STRADDLE = 2.0
@@ -86,6 +87,12 @@ WINDOW = 1.25
 
 #: Relative change per step of the Ritz values in the window at convergence.
 RITZ_RTOL = 1e-10
+
+#: Largest ratio of successive changes of the Ritz values for which the
+#: iteration extrapolates their distance to the limit (geometric convergence),
+#: and the margin below RITZ_RTOL that the extrapolated distance must keep.
+RATE_MAX = 0.5
+RATE_MARGIN = 10.0
 
 #: Steps after which the iteration gives up (SubspaceTooLarge).
 MAX_STEPS = 60
@@ -308,7 +315,9 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
     the block grows (doubling, new random columns) until its largest Ritz
     value exceeds :data:`STRADDLE` × ``tol``; converged when the Ritz values
     up to :data:`WINDOW` × ``tol`` change by less than :data:`RITZ_RTOL` per
-    step and their count below ``tol`` is stable. The rotation by W keeps
+    step, or converge geometrically (rate ρ <= :data:`RATE_MAX` between the
+    last two changes) with a predicted distance to their limit ``change·ρ/(1 −
+    ρ)`` :data:`RATE_MARGIN` times below it, and their count below ``tol`` is stable. The rotation by W keeps
     the next block's columns near R's singular vectors (nearly orthogonal:
     Cholesky QR orthonormalizes them, :func:`orth_r`).
 
@@ -336,6 +345,7 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
     X = _orth(rng.standard_normal((q, p)))
     prev = None
     prev_d = -1
+    prev_change = np.inf
     for step in range(1, MAX_STEPS + 1):
         Z = np.asarray(inv_t(X))                     # R⁻ᵀ X = U Σ⁻¹ Vᵀ X
         if not np.all(np.isfinite(Z)):
@@ -353,8 +363,18 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
         window = ritz <= WINDOW * tol
         straddles = ritz[-1] > STRADDLE * tol or p == q
         rtol = max(RITZ_RTOL, 10.0 * noise)
-        settled = (prev is not None and prev.size == ritz.size and d == prev_d
-                   and np.all(np.abs(ritz[window] - prev[window]) <= rtol * ritz[window]))
+        change = np.inf
+        if prev is not None and prev.size == ritz.size:
+            change = float(np.max(np.abs(ritz[window] - prev[window]) / ritz[window],
+                                  initial=0.0))
+        # converged: the last change within rtol, or (geometric convergence at
+        # rate ρ = change / previous change <= RATE_MAX) the distance to the
+        # limit it predicts, change·ρ/(1 − ρ)
+        rate = (change / prev_change if np.isfinite(prev_change) and prev_change > 0
+                else np.inf)
+        settled = d == prev_d and (change <= rtol or (
+            rate <= RATE_MAX and change * rate / (1.0 - rate) <= rtol / RATE_MARGIN))
+        prev_change = change
         if settled and straddles:
             return SmallSubspace(gemm(X, Wt.T), ritz, step, p)
         if not straddles and step >= 2:
@@ -367,7 +387,7 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
             extra = rng.standard_normal((q, p_new - p))
             extra -= gemm(X, gemm(X, extra, trans_a=True))
             X = _orth(np.hstack([X, extra]))
-            p, prev, prev_d = p_new, None, -1
+            p, prev, prev_d, prev_change = p_new, None, -1, np.inf
             continue
         prev, prev_d = ritz, d
         Y = np.asarray(inv(gemm(Z, Wt.T)))           # R⁻¹ R⁻ᵀ X W = R⁻¹ P Θ
