@@ -25,7 +25,7 @@ threshold (``off``: every front through the uberkernel; see
 threshold that has dense fronts. ``--panel-method kernel,geqrf`` repeats each
 threshold's row per way of factorizing the dense fronts' panels
 (``scipy_gpuqr._engine.dense_front.PANEL_METHODS``; default: the default one;
-``kernel:noahead`` without the look-ahead stream). ``--apply scalar,mma-blocked``
+``kernel:noahead`` without the look-ahead stream). ``--apply scalar,mma-async``
 repeats each row per Apply variant of the uberkernel
 (``factorize_kernels.APPLY_VARIANTS``, through ``SCIPY_GPUQR_APPLY``; each
 variant's kernels compiled before its timings). ``--once`` only factorizes each matrix once
@@ -295,7 +295,7 @@ def main(argv=None) -> int:
     p.add_argument("--panel-method", default="",
                    help="comma list of dense panel methods (kernel, geqrf; default: default)")
     p.add_argument("--apply", default="",
-                   help="comma list of uberkernel Apply variants (scalar, mma-tile, mma-blocked, mma-async, mma-async-lean)")
+                   help="comma list of uberkernel Apply variants (scalar, mma-async, mma-async-lean)")
     p.add_argument("--once", action="store_true",
                    help="one factorization per matrix, nothing timed (for profilers)")
     args = p.parse_args(argv)
@@ -349,7 +349,7 @@ def main(argv=None) -> int:
             pm = r.get("panel_method", "?")
             tag = f"{tag}/{pm[0]}{'-' if 'noahead' in pm else ''}"
         if r.get("apply", "default") != "default":
-            tag = f"{tag}/{r['apply'].replace('mma-', '')[:5]}"
+            tag = f"{tag}/{r['apply'].replace('mma-async', 'mma')[:8]}"
         print(f"{r['matrix'][:14]:14s} {tag:>8s} "
               f"{r.get('dense_fronts', 0):3d} "
               f"{r['flops'] / 1e12:6.3f} {r['analysis_seconds']:5.2f} "

@@ -1,13 +1,11 @@
 // Apply task: block Householder update A <- A - V (T^T (V^T A)) of the bundle's
 // column tiles [c0, c1), V and T from the VT tile (top slot) and the front.
 // The template argument APPLY picks how a double-precision TILE-32 Apply with
-// 256 threads does its three products: 0 scalar loops, 1 FP64 tensor cores a
-// warp per 8x8 output tile (apply_chunk_mma), 2 FP64 tensor cores with each
-// warp holding a block of output tiles (apply_chunk_mma_blocked), 3 the same
-// with the next column chunk copied in (cp.async) while a chunk's last two
-// products run; any other
-// type, tile or thread count runs the scalar loops. The host side names the
-// variant (scipy_gpuqr/_engine/gpu/factorize_kernels.py).
+// 256 threads does its three products: 3 or 4 on the FP64 tensor cores
+// (apply_chunk_mma_blocked, the next column chunk copied in by cp.async
+// meanwhile; 4 also picks the lean Factorize, factorize.cuh), 0 scalar loops.
+// Any other type, tile or thread count runs the scalar loops. The host side
+// names the variant (scipy_gpuqr/_engine/gpu/factorize_kernels.py).
 #pragma once
 
 #include "task.cuh"
@@ -24,87 +22,13 @@ __device__ __forceinline__ void apply_dmma(double& d0, double& d1, double a, dou
                  : "+d"(d0), "+d"(d1) : "d"(a), "d"(b));
 }
 
-// One W-column chunk of the Apply on the tensor cores (TILE = W = 32, a warp per
-// 8x8 output tile at a time), the same three products as the scalar loops:
-//   C = V^T A (32 x 32, k = M), C = T^T C (k = 32), A -= V C (M x 32, k = 32),
-// V zero above its diagonal and right of nref, T zero outside its upper triangle
-// of nref columns, so the rows of C past nref come out zero and nothing needs
-// masking. The result goes to F for rows < fm and columns < cend.
-template <int TILE, int NT, int LD, int LDW>
-__device__ __forceinline__ void apply_chunk_mma(const Task& t, double* __restrict__ F,
-                                                const double* V, const double* Tm,
-                                                const double* A, double* C, int M,
-                                                int cc, int cend) {
-    static_assert(TILE == 32 && NT % 32 == 0 && 16 % (NT / 32) == 0, "apply_chunk_mma: TILE 32");
-    constexpr int NW = NT / 32, TPW = 16 / NW;      // warps, C tiles per warp
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, q = lane & 3;
-    const int fm = t.fm, fn = t.fn;
-    const long long F0 = t.F;
-    double d[TPW][2];
-    // C = V^T A: tile (I, J) of C, A-operand V^T[i][k] = V[k][i], B-operand A[k][j]
-#pragma unroll
-    for (int u = 0; u < TPW; ++u) {
-        const int tile = warp + u * NW;
-        const int i = (tile >> 2) * 8 + g, j = (tile & 3) * 8;
-        double d0 = 0.0, d1 = 0.0;
-        for (int k0 = 0; k0 < M; k0 += 4)
-            apply_dmma(d0, d1, V[(k0 + q) * LD + i], A[(k0 + q) * LDW + j + g]);
-        d[u][0] = d0;
-        d[u][1] = d1;
-    }
-#pragma unroll
-    for (int u = 0; u < TPW; ++u) {
-        const int tile = warp + u * NW;
-        const int i = (tile >> 2) * 8 + g, j = (tile & 3) * 8 + 2 * q;
-        C[i * LDW + j] = d[u][0];
-        C[i * LDW + j + 1] = d[u][1];
-    }
-    __syncthreads();
-    // C = T^T C: A-operand T^T[i][k] = Tm[k][i], B-operand C[k][j]
-#pragma unroll
-    for (int u = 0; u < TPW; ++u) {
-        const int tile = warp + u * NW;
-        const int i = (tile >> 2) * 8 + g, j = (tile & 3) * 8;
-        double d0 = 0.0, d1 = 0.0;
-#pragma unroll
-        for (int k0 = 0; k0 < TILE; k0 += 4)
-            apply_dmma(d0, d1, Tm[(k0 + q) * LD + i], C[(k0 + q) * LDW + j + g]);
-        d[u][0] = d0;
-        d[u][1] = d1;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int u = 0; u < TPW; ++u) {
-        const int tile = warp + u * NW;
-        const int i = (tile >> 2) * 8 + g, j = (tile & 3) * 8 + 2 * q;
-        C[i * LDW + j] = d[u][0];
-        C[i * LDW + j + 1] = d[u][1];
-    }
-    __syncthreads();
-    // A -= V C: D starts as A's tile, A-operand -V[i][k], B-operand C[k][j]
-    const int ntiles = (M / 8) * 4;
-    for (int tile = warp; tile < ntiles; tile += NW) {
-        const int i = (tile >> 2) * 8 + g, j = (tile & 3) * 8;
-        double d0 = A[i * LDW + j + 2 * q], d1 = A[i * LDW + j + 2 * q + 1];
-#pragma unroll
-        for (int k0 = 0; k0 < TILE; k0 += 4)
-            apply_dmma(d0, d1, -V[i * LD + k0 + q], C[(k0 + q) * LDW + j + g]);
-        const int r = t.rows[i / TILE] + (i % TILE), c = cc + j + 2 * q;
-        if (r < fm) {
-            if (c < cend) F[F0 + (long long)r * fn + c] = d0;
-            if (c + 1 < cend) F[F0 + (long long)r * fn + c + 1] = d1;
-        }
-    }
-}
-
-// The Apply variant a kernel runs: 1 to 4 need double, TILE 32 and 256 threads
-// (4: the Apply of 3 with the lean Factorize, factorize.cuh).
+// The Apply a kernel runs: 3 (tensor cores) needs double, TILE 32 and 256
+// threads; 4 is 3's Apply with the lean Factorize (factorize.cuh).
 template <typename T, int TILE, int NT, int APPLY>
 struct ApplyKind {
     static constexpr int value =
-        (ApplyIsDouble<T>::value && TILE == 32 && NT == 256 && APPLY >= 1 && APPLY <= 4)
-            ? (APPLY == 4 ? 3 : APPLY) : 0;
+        (ApplyIsDouble<T>::value && TILE == 32 && NT == 256 && (APPLY == 3 || APPLY == 4))
+            ? 3 : 0;
 };
 
 // Start copying the W = 32 columns [cc, cc + 32) of the bundle's M rows into
@@ -140,11 +64,10 @@ __device__ __forceinline__ void apply_async_wait() {
 // Products skip what is zero by structure: V^T's rows above the diagonal of
 // the top tile, T^T's above its diagonal, every k at or past nref (rounded to
 // the k-step of 4; V and T are zero there). The result goes to F for rows < fm
-// and columns < cend. A's buffer is free once the first product is done; the
-// next chunk may load it while slow warps finish the last product (the caller
-// syncs after the load). With ASYNC the chunk at ncc (if < cend) starts
-// loading into A right after the first product (apply_async_load).
-template <int LD, int LDW, bool ASYNC>
+// and columns < cend. A's buffer is free once the first product is done: the
+// chunk at ncc (if < cend) starts loading into it then (apply_async_load),
+// while this chunk's last two products run.
+template <int LD, int LDW>
 __device__ __forceinline__ void apply_chunk_mma_blocked(const Task& t, double* __restrict__ F,
                                                         const double* V, const double* Tm,
                                                         double* A, double* C, int M,
@@ -184,9 +107,7 @@ __device__ __forceinline__ void apply_chunk_mma_blocked(const Task& t, double* _
     crow[8] = c2;
     crow[9] = c3;
     __syncthreads();
-    if constexpr (ASYNC) {
-        if (ncc < cend) apply_async_load<256, LDW>(t, F, A, M, ncc, cend);
-    }
+    if (ncc < cend) apply_async_load<256, LDW>(t, F, A, M, ncc, cend);
     // C = -T^T C: A-operand T^T[i][k] = Tm[k][i], zero for k > i
     c0 = c1 = c2 = c3 = 0.0;
     {
@@ -244,7 +165,7 @@ __device__ __forceinline__ void apply_chunk_mma_blocked(const Task& t, double* _
 
 template <typename Tv, int TILE, int BUNDLE, int APPLY>
 struct ApplySmem {
-    static constexpr int LD = APPLY >= 2 && APPLY <= 4 && ApplyIsDouble<Tv>::value && TILE == 32
+    static constexpr int LD = (APPLY == 3 || APPLY == 4) && ApplyIsDouble<Tv>::value && TILE == 32
                                   ? TILE + 4 : TILE + 1;
     static constexpr int W = TILE >= 64 ? 32 : TILE;   // columns per chunk
     static constexpr int LDW = LD == TILE + 4 ? W + 4 : W + 1;
@@ -259,7 +180,7 @@ template <typename T, int TILE, int BUNDLE, int NT, int APPLY>
 __device__ void apply_bundle(const Task& t, T* __restrict__ F,
                              const T* __restrict__ VTpool, T* smem) {
     constexpr int KIND = ApplyKind<T, TILE, NT, APPLY>::value;
-    static_assert(KIND < 2 || BUNDLE <= 3, "apply_chunk_mma_blocked: at most 3 row tiles");
+    static_assert(KIND != 3 || BUNDLE <= 3, "apply_chunk_mma_blocked: at most 3 row tiles");
     using S = ApplySmem<T, TILE, BUNDLE, APPLY>;
     constexpr int LD = S::LD, W = S::W, LDW = S::LDW;
     T* V = smem;
@@ -295,7 +216,7 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
         for (int cc = t.c0; cc < cend; cc += W) {
             apply_async_wait();
             __syncthreads();
-            apply_chunk_mma_blocked<LD, LDW, true>(t, F, V, Tm, A, C, M, nref, cc, cend, cc + W);
+            apply_chunk_mma_blocked<LD, LDW>(t, F, V, Tm, A, C, M, nref, cc, cend, cc + W);
         }
         return;
     }
@@ -307,46 +228,39 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
             A[i * LDW + j] = (r < fm && c < cend) ? F[F0 + (long long)r * fn + c] : 0.0;
         }
         __syncthreads();
-        if constexpr (KIND == 2) {
-            apply_chunk_mma_blocked<LD, LDW, false>(t, F, V, Tm, A, C, M, nref, cc, cend, cend);
-            continue;   // A is free: the next chunk's load needs no barrier first
-        } else if constexpr (KIND == 1) {
-            apply_chunk_mma<TILE, NT, LD, LDW>(t, F, V, Tm, A, C, M, cc, cend);
-        } else {
-            for (int idx = tid; idx < nref * W; idx += NT) {          // C = V^T A
-                const int i = idx / W, j = idx - i * W;
-                T s = 0.0;
-                for (int r = i; r < M; ++r) s += V[r * LD + i] * A[r * LDW + j];
-                C[i * LDW + j] = s;
-            }
-            __syncthreads();
-            constexpr int PER = (TILE * W + NT - 1) / NT;                // C = T^T C
-            T acc[PER];
+        for (int idx = tid; idx < nref * W; idx += NT) {          // C = V^T A
+            const int i = idx / W, j = idx - i * W;
+            T s = 0.0;
+            for (int r = i; r < M; ++r) s += V[r * LD + i] * A[r * LDW + j];
+            C[i * LDW + j] = s;
+        }
+        __syncthreads();
+        constexpr int PER = (TILE * W + NT - 1) / NT;                // C = T^T C
+        T acc[PER];
 #pragma unroll
-            for (int q = 0; q < PER; ++q) {
-                const int idx = tid + q * NT;
-                acc[q] = 0.0;
-                if (idx < nref * W) {
-                    const int i = idx / W, j = idx - i * W;
-                    for (int l = 0; l <= i; ++l) acc[q] += Tm[l * LD + i] * C[l * LDW + j];
-                }
-            }
-            __syncthreads();
-#pragma unroll
-            for (int q = 0; q < PER; ++q) {
-                const int idx = tid + q * NT;
-                if (idx < nref * W) C[(idx / W) * LDW + (idx % W)] = acc[q];
-            }
-            __syncthreads();
-            for (int idx = tid; idx < M * W; idx += NT) {              // A -= V C
+        for (int q = 0; q < PER; ++q) {
+            const int idx = tid + q * NT;
+            acc[q] = 0.0;
+            if (idx < nref * W) {
                 const int i = idx / W, j = idx - i * W;
-                const int r = t.rows[i / TILE] + (i % TILE), c = cc + j;
-                if (r < fm && c < cend) {
-                    T s = A[i * LDW + j];
-                    const int lmax = (i < TILE ? (i + 1 < nref ? i + 1 : nref) : nref);
-                    for (int l = 0; l < lmax; ++l) s -= V[i * LD + l] * C[l * LDW + j];
-                    F[F0 + (long long)r * fn + c] = s;
-                }
+                for (int l = 0; l <= i; ++l) acc[q] += Tm[l * LD + i] * C[l * LDW + j];
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < PER; ++q) {
+            const int idx = tid + q * NT;
+            if (idx < nref * W) C[(idx / W) * LDW + (idx % W)] = acc[q];
+        }
+        __syncthreads();
+        for (int idx = tid; idx < M * W; idx += NT) {              // A -= V C
+            const int i = idx / W, j = idx - i * W;
+            const int r = t.rows[i / TILE] + (i % TILE), c = cc + j;
+            if (r < fm && c < cend) {
+                T s = A[i * LDW + j];
+                const int lmax = (i < TILE ? (i + 1 < nref ? i + 1 : nref) : nref);
+                for (int l = 0; l < lmax; ++l) s -= V[i * LD + l] * C[l * LDW + j];
+                F[F0 + (long long)r * fn + c] = s;
             }
         }
         __syncthreads();

@@ -47,21 +47,22 @@ ENGINE_VARIANTS: tuple[tuple[str, int, int, int], ...] = (
 
 _CTYPE = {"float64": "double", "float32": "float", "double": "double", "float": "float"}
 
-#: How a float64 TILE-32 Apply does its three products (the kernel's ``APPLY``
-#: template argument, ``kernels/sparse_qr/apply.cuh``): ``scalar`` loops, one
-#: FMA per two shared-memory loads; ``mma-tile``: FP64 tensor cores, a warp
-#: per 8x8 output tile; ``mma-blocked``: FP64 tensor cores, a warp per block
-#: of output tiles, padded conflict-free shared arrays, one barrier fewer;
-#: ``mma-async``: ``mma-blocked`` with the next column chunk copied into shared
-#: memory (``cp.async``) while a chunk's last two products run; ``mma-async-lean``:
-#: ``mma-async`` with the Factorize of fewer barriers (``factorize.cuh``, LEAN).
-APPLY_VARIANTS: dict[str, int] = {"scalar": 0, "mma-tile": 1, "mma-blocked": 2, "mma-async": 3,
-                                  "mma-async-lean": 4}
+#: How a float64 TILE-32 uberkernel does its Apply (the kernel's ``APPLY``
+#: template argument, ``kernels/sparse_qr/apply.cuh``): ``mma-async`` on the
+#: FP64 tensor cores (``mma.sync`` m8n8k4, a warp per block of output tiles,
+#: padded conflict-free shared arrays, the next column chunk copied into shared
+#: memory by ``cp.async`` while a chunk's last two products run);
+#: ``mma-async-lean``: the same Apply with a Factorize of fewer barriers
+#: (``factorize.cuh``, LEAN; checked on the CPU against its NumPy model only,
+#: not yet run on a GPU); ``scalar``: the scalar loops (float32 and other tiles
+#: always run these).
+APPLY_VARIANTS: dict[str, int] = {"scalar": 0, "mma-async": 3, "mma-async-lean": 4}
 
 #: The Apply variant the engine runs (:data:`APPLY_VARIANTS`).
-DEFAULT_APPLY = "scalar"
+DEFAULT_APPLY = "mma-async"
 
-#: Environment variable naming another Apply variant (for comparisons).
+#: Environment variable naming another Apply variant (for comparisons: benchmarks
+#: and tests), read when a kernel is named.
 ENV_APPLY = "SCIPY_GPUQR_APPLY"
 
 
@@ -95,12 +96,12 @@ def smem_kernel_name(ctype: str, tile: int, bundle: int, apply: int | None = Non
 
 def tile_smem_bytes(tile: int, bundle: int, itemsize: int = 8, apply: int | None = None) -> int:
     """Dynamic shared memory (bytes) of a variant (mirrors the kernel's ``*Smem``
-    structs; the blocked tensor-core Apply pads its rows to 4 mod 16)."""
+    structs; the tensor-core Apply pads its rows to 4 mod 16)."""
     ld = tile + 1
     fac = bundle * tile * ld + 2 * tile * ld + 64 + tile
     ctype = "double" if itemsize == 8 else "float"
     a = apply_variant(ctype, tile) if apply is None else int(apply)
-    pad = 4 if (a in (2, 3, 4) and ctype == "double" and tile == 32) else 1
+    pad = 4 if (a in (3, 4) and ctype == "double" and tile == 32) else 1
     w = 32 if tile >= 64 else tile
     app = (bundle * tile + tile) * (tile + pad) + (bundle * tile + tile) * (w + pad)
     return itemsize * max(fac, app)
@@ -108,12 +109,16 @@ def tile_smem_bytes(tile: int, bundle: int, itemsize: int = 8, apply: int | None
 
 def _all_names() -> tuple[str, ...]:
     combos = sorted(set(ENGINE_VARIANTS))
-    names = [kernel_name(*c) for c in combos]
-    names += sorted({smem_kernel_name(c, t, b) for c, t, b, _ in combos})
+    default = {}            # the default Apply, whatever the environment says
+    names = [kernel_name(*c, apply=apply_variant(c[0], c[1], default)) for c in combos]
+    names += sorted({smem_kernel_name(c, t, b, apply_variant(c, t, default))
+                     for c, t, b, _ in combos})
     return tuple(names)
 
 
-#: Name expressions to compile, per source file (relative to ``kernels/``).
+#: Name expressions to compile, per source file (relative to ``kernels/``): the
+#: engine's variants with the default Apply (another one :data:`ENV_APPLY`
+#: names is compiled on its own when asked for).
 KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {UBERKERNEL_FILE: _all_names()}
 
 
