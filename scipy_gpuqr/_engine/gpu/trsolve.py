@@ -38,6 +38,7 @@ from scipy.linalg import solve_triangular as host_solve_triangular
 from scipy.sparse.linalg import spsolve_triangular as host_spsolve_triangular
 
 from ..._kernels import load_module
+from ..memory import available_bytes
 from . import array_ops as ops
 from . import solve_kernels as av
 
@@ -316,6 +317,11 @@ class _LevelKernel:
                 self.ft.step(i, Y, pool, trans=trans, off=self.off_of[i])
 
 
+#: Share of the device memory available (:func:`~scipy_gpuqr._engine.memory.available_bytes`)
+#: that one stage's uploaded rows of R may keep between solves.
+KEEP_SHARE = 0.25
+
+
 class _StageRows:
     """R's rows of one stage's fronts, copied compactly out of its pool on the host.
 
@@ -323,6 +329,9 @@ class _StageRows:
     first ``rk`` rows) beside far more Householder data and contribution
     blocks; the solves upload only the rows, gathered once into pinned host
     memory (fast, asynchronous transfers) the first time they are needed.
+    The uploaded rows stay on the device while they take at most
+    :data:`KEEP_SHARE` of what it may give (a rank decision solves many
+    times: each solve would otherwise upload R again).
     """
 
     def __init__(self, ft, members, host_pool):
@@ -332,6 +341,7 @@ class _StageRows:
         self._segments = [(ft.fronts[i][1], int(n)) for i, n in zip(members, sizes.tolist())]
         self._host_pool = host_pool
         self._host = None
+        self._kept = None
         self.cp = ft.xp
 
     def _gather(self) -> np.ndarray:
@@ -346,12 +356,18 @@ class _StageRows:
         return out
 
     def upload(self):
-        """The rows on the device (a new array on the current stream)."""
+        """The rows on the device (uploaded on the current stream, or kept from an
+        earlier solve)."""
+        if self._kept is not None:
+            return self._kept
         if self._host is None:
             self._host = self._gather()
             self._host_pool = None
         dev = self.cp.empty(self.total, dtype=self._host.dtype)
         dev.set(self._host)
+        avail = available_bytes(self.cp).available
+        if avail is not None and dev.nbytes <= KEEP_SHARE * avail:
+            self._kept = dev
         return dev
 
 
