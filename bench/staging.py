@@ -129,7 +129,9 @@ def _once(A, b, backend):
     return row, x
 
 
-def _run(A, b, backend, repeat, limit=None):
+def _run(A, b, backend, repeat, limit=None, profile=None):
+    """``_once`` first, then ``repeat`` more (GPU); with ``profile`` (a path) one
+    more under cProfile, its cumulative profile appended to that file."""
     import cupy as cp
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
@@ -141,6 +143,18 @@ def _run(A, b, backend, repeat, limit=None):
         rows = [first]
         if first["backend"] == "gpu":
             rows = [_once(A, b, backend)[0] for _ in range(repeat)]
+        if profile:
+            import cProfile
+            import io
+            import pstats
+            prof = cProfile.Profile()
+            prof.enable()
+            _once(A, b, backend)
+            prof.disable()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(70)
+            with open(profile, "a") as fh:
+                fh.write(f"==== {A.shape}, limit {limit}\n{text.getvalue()}\n")
     finally:
         pool.set_limit(size=0)
     out = dict(rows[-1])
@@ -160,6 +174,8 @@ def main(argv=None):
     p.add_argument("--predict", action="store_true",
                    help="only print what each limit will run (no GPU needed)")
     p.add_argument("--json")
+    p.add_argument("--profile", help="append a cProfile of one more run at the first "
+                                     "limit of each matrix to this file")
     args = p.parse_args(argv)
     fracs = [int(f) for f in args.fracs.split(",") if f]
     if args.predict:
@@ -188,7 +204,8 @@ def main(argv=None):
               f"  (first {base['first_seconds']:.2f} s)", flush=True)
         print(f"    phases {base['timings']}\n    engine {base['engine_seconds']}", flush=True)
         for frac in fracs:
-            row, x = _run(A, b, "gpu", args.repeat, limit=need // frac)
+            row, x = _run(A, b, "gpu", args.repeat, limit=need // frac,
+                          profile=args.profile if frac == fracs[0] else None)
             row["limit"] = int(need // frac)
             row["x_rel_diff"] = float(np.linalg.norm(x - x0) / np.linalg.norm(x0))
             row["vs_unlimited"] = row["seconds"] / base["seconds"]
