@@ -242,14 +242,17 @@ BAYER10_LSTSQ = {"rank": 13303, "norm_x": 1.01340288563e8, "norm_a": 14142.79896
 
 @pytest.mark.slow
 def test_bayer10_host_rank_is_lstsq_rank(matrices_dir):
-    """The host path beyond its SVD limit reveals lstsq's rank (a few minutes here)."""
+    """The host path beyond its SVD limit reveals lstsq's rank, through R's sparse
+    triangular solves (no dense copy of R: scipy_gpuqr._factor.sparse_subspace)."""
     from scipy_gpuqr import QRFactorization
+    from scipy_gpuqr._factor.sparse_subspace import SparseSubspaceCOD
     A = _read(matrices_dir, "bayer10").astype(np.float64)
     b = np.random.default_rng(7).standard_normal(A.shape[0])
     F = QRFactorization(A, backend="cpu")
     x = F.solve(b)
     dec = F.info["rank_decision"]
     assert dec["method"] == "subspace_cod" and dec["rank_revealed"], dec
+    assert isinstance(F._core.rank_decision()._cod, SparseSubspaceCOD)
     assert F.rank == BAYER10_LSTSQ["rank"]
     assert abs(np.linalg.norm(x) / BAYER10_LSTSQ["norm_x"] - 1) <= 1e-5
     r = b - A @ x

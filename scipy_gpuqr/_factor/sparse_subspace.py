@@ -3,14 +3,17 @@
 Used by :class:`scipy_gpuqr._factor.lstsq.MinNormSolver` on the host where the
 rank must be decided on R itself without a gap at the cutoff (Heath's rule
 and the null-space COD cannot decide: bayer10), for square R with a nonzero
-diagonal. It needs only ``C ↦ R⁻¹C``, ``C ↦ R⁻ᵀC`` (R kept sparse: SuperLU's
-compiled sweeps, :class:`~scipy_gpuqr._factor.triangular.UpperTriangular`)
-and ``Y ↦ R Y``; nothing of size q² is formed. Cost: per step of the
-iteration two solves with p columns (``4·p·nnz(R)`` flops) and a few q × p
-Gram products and triangular solves (``≈ 6·q·p²``); per right-hand side
-three solves and four projections on q × d blocks. The dense alternative
-(:mod:`scipy_gpuqr._factor.subspace_cod`) forms R (q² doubles) and
-re-triangularizes it in ``O(q²·d)``.
+diagonal. It needs only ``C ↦ R⁻¹C``, ``C ↦ R⁻ᵀC`` and ``Y ↦ R Y``: R kept
+sparse, SuperLU's compiled sweeps
+(:class:`~scipy_gpuqr._factor.triangular.UpperTriangular` of R, and of Rᵀ for
+``R⁻ᵀ``, its untransposed sweep being the faster one), in pieces of
+:data:`SOLVE_CHUNK` columns; nothing of size q² is formed (unless R is
+itself dense, :data:`DENSE_SOLVES_DENSITY`: then BLAS triangular solves).
+Cost: per step of the iteration two solves with p columns (``4·p·nnz(R)``
+flops) and a few q × p Gram products, products and triangular solves
+(``≈ 5·q·p²``); per right-hand side two solves and eight projections on
+q × d blocks. The dense alternative (:mod:`scipy_gpuqr._factor.subspace_cod`)
+forms R (q² doubles) and re-triangularizes it in ``O(q²·d)``.
 
 Method:
 
@@ -49,24 +52,30 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-
 import scipy.linalg as la
 import scipy.sparse as sp
 
+from .._dispatch.plan import available_host_memory
 from .._errors import SubspaceTooLarge
 from .solve_rank import probe_norm
 from .subspace_cod import gemm, orth_r, sigma_max_lanczos, small_subspace
 from .triangular import SUPERLU_MAX_NNZ, UpperTriangular
 
-__all__ = ["SparseSubspaceCOD", "decide", "chunked", "one_blas_thread", "LEAK_FACTOR", "SOLVE_CHUNK",
-           "DENSE_SOLVES_DENSITY"]
+__all__ = ["SparseSubspaceCOD", "decide", "chunked", "one_blas_thread", "LEAK_FACTOR",
+           "SOLVE_CHUNK", "DENSE_SOLVES_DENSITY", "BLOCK_COPIES", "HOST_MEMORY_FRACTION"]
 
 #: Largest ``‖S‖₂·σ_r`` (lower estimate) accepted: exactly 1 for exact subspaces.
 LEAK_FACTOR = 2.0
 
+#: q × p blocks alive at once in the iteration (X, Z, Y, scaled copies, products),
+#: and the fraction of the host's available memory they may take: the block
+#: limit is lowered to fit.
+BLOCK_COPIES = 8
+HOST_MEMORY_FRACTION = 0.25
+
 #: Columns per sparse triangular solve: SuperLU's sweeps run over all
 #: right-hand sides per column of R, and slow down once the block leaves the
-#: cache (bayer10: 210 columns at once 6× slower than in pieces of 32).
+#: cache.
 SOLVE_CHUNK = 32
 
 
@@ -94,11 +103,10 @@ def one_blas_thread():
     installed; otherwise nothing changes).
 
     The iteration's dense steps are q × p Gram products and triangular solves
-    and p × p factorizations, between sparse solves that run on one core: on
-    2 cores one thread is as fast when the machine is idle, and OpenBLAS
-    threads that wait for a busy core make the small calls ten times slower
-    (bayer10's decision measured at 1.2–2.0 s with one thread, 1.2–22 s with
-    two, on a loaded 2-core host). The same rule as the reference engine's
+    and p × p factorizations, between sparse solves that run on one core: a
+    second thread gains little on them, and OpenBLAS threads that wait for a
+    busy core make the small calls many times slower on a loaded machine
+    (bench/RESULTS.md, issue 16 item 3). The same rule as the reference engine's
     panel products (``scipy_gpuqr._engine.host.reference``); OpenBLAS's count
     is process-wide, so a speed effect on other threads for the call's length.
     """
@@ -259,11 +267,13 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
         Solve with ``Rᵀ``.
     upper : UpperTriangular, optional
         R's sparse solves where already set up. ``R⁻ᵀC`` is solved with
-        ``Rᵀ``'s own (SuperLU's sweep without transposition: twice as fast
-        as the transposed one on bayer10). Both are applied to pieces of
+        ``Rᵀ``'s own (SuperLU's sweep without transposition is the faster
+        one). Both are applied to pieces of
         :data:`SOLVE_CHUNK` columns.
     block, max_block : int
-        The iteration's block increment and largest block (at most q/3).
+        The iteration's block increment and largest block (at most q/3, and
+        as many columns as :data:`BLOCK_COPIES` q × p blocks fit in
+        :data:`HOST_MEMORY_FRACTION` of the available host memory).
     seed : int
         Seed of the random blocks.
 
@@ -275,12 +285,16 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
         check refused.
     """
     q = R.shape[0]
+    max_block = min(max_block, q // 3)
+    avail = available_host_memory()
+    if avail is not None:
+        max_block = min(max_block, int(HOST_MEMORY_FRACTION * avail / (8 * BLOCK_COPIES * q)))
     smax = sigma_max_lanczos(R)
     if not smax > 0:
         return None
     tol = cutoff * smax
     first = 2 * int(np.count_nonzero(diag <= tol)) + block
-    if first > min(max_block, q // 3):
+    if first > max_block:
         return None
     if R.nnz > DENSE_SOLVES_DENSITY * q * (q + 1) / 2:
         Rd = np.asfortranarray(R.toarray())
@@ -301,7 +315,7 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
         with one_blas_thread():
             cod = SparseSubspaceCOD(inv, inv_t, lambda Y, t: (G.T @ Y) if t else (G @ Y), q,
                                     tol, transposed=transposed, block=first,
-                                    max_block=min(max_block, q // 3), seed=seed)
+                                    max_block=max_block, seed=seed)
     except SubspaceTooLarge:
         return None
     cod.sigma_max = smax

@@ -110,7 +110,7 @@ EPS = float(np.finfo(np.float64).eps)
 CHOLQR_ORTH = 0.1
 
 #: Largest condition estimate of a unit-scaled block for one Cholesky QR pass
-#: (its Gram matrix loses ``eps·cond²``: 2e-12 at 100).
+#: (its Gram matrix loses ``eps·cond²`` of orthogonality).
 GRAM_COND = 100.0
 
 
@@ -197,8 +197,7 @@ def gemm(A: np.ndarray, B: np.ndarray, trans_a: bool = False) -> np.ndarray:
 
     The iteration's dense steps all go to one BLAS (SciPy's, which also runs
     its LAPACK calls): alternating with NumPy's own OpenBLAS, each library's
-    idle threads spin on the cores the other needs (measured: a Gram product
-    and a small Cholesky 3.5× slower alternating than apart on 2 cores).
+    idle threads spin on the cores the other needs.
     """
     return la.blas.dgemm(1.0, np.asfortranarray(A), np.asfortranarray(B), trans_a=trans_a)
 
