@@ -375,8 +375,11 @@ def _staged_levels(ft, fs, qr):
     """Per stage, in postorder: ``(stage, members, level kernel, rows)``.
 
     ``rows`` is a :class:`_StageRows` for a stage whose pool is on the host,
-    None for the pool kept on the device; a host stage (a host front, solved
-    on the host by :meth:`FrontTriangular._host_step`) has no kernel.
+    None for the pool kept on the device. A host stage (a host front) is solved
+    on the device the same way, from its rows of R uploaded, where three times
+    their bytes (the rows, a column-major copy of the block cuBLAS solves with,
+    the right-hand sides' room) fit what the device may give now; else it has
+    no kernel and is solved on the host (:meth:`FrontTriangular._host_step`).
     """
     host_stages = set(getattr(qr, "_host_stages", {}) or {})
     by_stage = {}
@@ -388,7 +391,13 @@ def _staged_levels(ft, fs, qr):
     for sid in sorted(by_stage):
         members = by_stage[sid]
         if sid in host_stages:
-            out.append((sid, members, None, None))
+            rows = _StageRows(ft, members, qr._host_pools[sid])
+            avail = available_bytes(ft.xp).available
+            if avail is None or 3 * rows.total * np.dtype(dtype).itemsize > avail:
+                out.append((sid, members, None, None))
+                continue
+            out.append((sid, members,
+                        _LevelKernel(ft, depth, height, members, rows.offsets, dtype), rows))
         elif sid in qr._stage_pools:
             offsets = [ft.fronts[i][1] for i in members]
             out.append((sid, members, _LevelKernel(ft, depth, height, members, offsets, dtype),
