@@ -587,7 +587,7 @@ def apply_plan(qr, B2, trans: bool, executor):
     if qorder is None:
         qorder = xp.asarray(qr.qorder)
         qr._replay[("qorder", xp.__name__)] = qorder
-    host = xp is np         # on the device: prefetched kernels, no CuPy copy kernels
+    host = getattr(xp, "__name__", "") != "cupy"     # CuPy: prefetched kernels, no CuPy copies
     for c0 in range(0, k, step):
         c1 = min(k, c0 + step)
         if trans:

@@ -77,7 +77,8 @@ class FrontTriangular:
         self.cols = xp.asarray(np.asarray(fs.cols, dtype=np.int64))
         # the level kernels need CuPy itself (another array module: the loop)
         self._stages = None
-        if getattr(xp, "__name__", "") == "cupy":
+        self._cupy = getattr(xp, "__name__", "") == "cupy"
+        if self._cupy:
             self._stages = _staged_levels(self, fs, qr)
         n1 = int(getattr(an, "n1cols", 0))
         self.n1 = n1
@@ -131,7 +132,7 @@ class FrontTriangular:
         if self.xp is not np and isinstance(pool, np.ndarray):
             self._host_step(i, Y, pool, trans=trans)
             return
-        if self.xp is not np and Y.flags.c_contiguous and Y.ndim == 2:
+        if self._cupy and Y.flags.c_contiguous and Y.ndim == 2:
             self._device_step(i, Y, pool, trans=trans, off=off)
             return
         sid, foff, fm, fn, rk, a, b = self.fronts[i]
@@ -211,8 +212,8 @@ class FrontTriangular:
     def _fresh(self, C):
         """A C-ordered float64 copy of C (on the device by memcpy or a prefetched
         kernel: no CuPy copy kernel compiled on the call's thread)."""
-        if self.xp is np:
-            return np.array(C, dtype=np.float64, order="C", copy=True)
+        if not self._cupy:
+            return self.xp.array(C, dtype=np.float64, order="C", copy=True)
         return ops.fresh_float64(self.xp.asarray(C))
 
     def upper(self, C):
