@@ -232,18 +232,47 @@ class HostDenseFront(DenseFront):
     """A dense front whose Householder data stay on the host (a *host front*: too
     large for the device's memory, factorized there by :func:`factorize_numpy`).
 
-    ``apply_qt``/``apply_q`` of a device block copy the front's rows of it to
-    the host, transform them there (all the BLAS library's threads) and copy
-    them back: the front is never uploaded.
+    ``apply_qt``/``apply_q`` of a device block bring the front's panels to it
+    one at a time (one strided copy each, at the link's speed from the pinned
+    pool a host front lies in): the front is never uploaded whole, and the
+    block never leaves the device. Where even that runs out of device memory,
+    the block's rows go to the host and are transformed there (all the BLAS
+    library's threads).
     """
 
     def _apply(self, Y, trans: bool) -> None:
         if isinstance(Y, np.ndarray):
             (super().apply_qt if trans else super().apply_q)(Y)
             return
+        try:
+            self._apply_by_panels(Y, trans)
+            return
+        except MemoryError:     # CuPy's OutOfMemoryError: on the host below
+            import cupy as cp
+            cp.get_default_memory_pool().free_all_blocks()
         Yh = Y.get()
         (super().apply_qt if trans else super().apply_q)(Yh)
         Y.set(Yh)
+
+    def _apply_by_panels(self, Y, trans: bool) -> None:
+        """``Y ← Qᵀ Y`` / ``Q Y`` on the device, each panel's reflectors uploaded
+        from the host front when its turn comes (a panel's values change only in
+        place: a panel applied twice reads the same values)."""
+        import cupy as cp
+        F = self._get(self._front, np)
+        T = self._get(self._T, np)
+        if F.strides[1] != F.itemsize:
+            F = np.ascontiguousarray(F)
+        rt = cp.cuda.runtime
+        stream = cp.cuda.get_current_stream()
+        isz, pitch = F.itemsize, F.strides[0]
+        order = list(enumerate(self.panels))
+        for p, (j, rows, b) in (order if trans else order[::-1]):
+            block = cp.empty((rows, b), dtype=F.dtype)
+            rt.memcpy2DAsync(block.data.ptr, b * isz, F.ctypes.data + j * pitch + j * isz,
+                             pitch, b * isz, rows, rt.memcpyHostToDevice, stream.ptr)
+            V = ops.unit_triangle(block, lower=True, out=block)    # elementwise: in place
+            _wy_apply_device(Y[j:j + rows], V, cp.asarray(T[p, :b, :b]), trans=trans)
 
     def apply_qt(self, Y, front=None) -> None:
         """``Y ← Qᵀ Y`` in place, computed on the host (``front`` is not used)."""
