@@ -1,7 +1,8 @@
 // lu_mma64.cu: LU with partial pivoting of many float64 matrices of order
 // 32 < n <= 64, a warp per matrix, the matrix in shared memory, blocked by
 // panels of 8 columns with the trailing updates on the FP64 tensor cores
-// (mma.m8n8k4.f64, sm_80+).
+// (mma.m8n8k4.f64, sm_80+) (getrf_mma64); and the same scheme as the panel
+// step of the blocked LU of 64 < n <= 512 (getrf_mma_rows, at the end).
 //
 // Why: the one-kernel LU with a row per thread (getrf_rows<T, 64, 64> of
 // rows.cu) needs two warps and a block-wide barrier per column, 176

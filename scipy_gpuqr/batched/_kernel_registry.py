@@ -60,7 +60,8 @@ MMA_SIZES = (32,)
 MMA_FILE = "batched/lu_mma.cu"
 
 #: Source file of the float64 LU of 32 < n <= 64 on the FP64 tensor cores,
-#: a warp per matrix (``getrf_mma64<double>``), and its one instantiation.
+#: a warp per matrix (``getrf_mma64<double>``, the name below), and of the
+#: panel step of the blocked LU on them (``getrf_mma_rows<double>``).
 MMA64_FILE = "batched/lu_mma64.cu"
 MMA64_NAME = "getrf_mma64<double>"
 
