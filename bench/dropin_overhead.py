@@ -15,12 +15,21 @@ the median time of each, and the median of the per-round difference ours −
 SciPy (the overhead; robust to drift because both calls of a round run
 back to back). The garbage collector is off while timing.
 
+``--cold`` times each call from cold caches instead, as ``bench/dropin.py``
+times its ladder: ``gc.collect()`` before every call (it walks the whole
+heap, so the code and data a call touches are out of the CPU's caches), the
+collector otherwise on. There the cost of a call grows with how much code it
+touches; hot, with how much it runs::
+
+    python3 bench/dropin_overhead.py --calls 1000 --cold --clock thread
+
 Cases: ``spsolve`` on a 2-D Laplacian of 500 unknowns (CSC) and on
 494_bus (``tests/data/matrices``, when present); ``factorized(A)`` followed
 by one ``solve(b)`` on the Laplacian; ``lsqr`` and ``lsmr`` on random
 sparse least-squares problems, 2000×500 (density 1 %) and 200×100 (5 %),
 each plus the identity on top (SciPy's default tolerances; b random, seed
-fixed).
+fixed); and the tiniest calls (a 3×2 least-squares problem and a 4×4 system,
+every entry stored), where a fixed cost weighs most.
 """
 
 from __future__ import annotations
@@ -83,28 +92,49 @@ def cases():
                 lambda: spla.lsqr(S, d), lambda: scipy_gpuqr.lsqr(S, d)))
     out.append(("lsmr, random 200x100 (5 %)",
                 lambda: spla.lsmr(S, d), lambda: scipy_gpuqr.lsmr(S, d)))
+    T = sp.csc_array(rng.standard_normal((3, 2)))
+    e = rng.standard_normal(3)
+    out.append(("lsqr, dense-stored 3x2", lambda: spla.lsqr(T, e),
+                lambda: scipy_gpuqr.lsqr(T, e)))
+    out.append(("lsmr, dense-stored 3x2", lambda: spla.lsmr(T, e),
+                lambda: scipy_gpuqr.lsmr(T, e)))
+    Q = sp.csc_array(rng.standard_normal((4, 4)) + 4 * np.eye(4))
+    f = rng.standard_normal(4)
+    out.append(("spsolve, dense-stored 4x4", lambda: spla.spsolve(Q, f),
+                lambda: scipy_gpuqr.spsolve(Q, f)))
     return out
 
 
-def measure(scipy_call, our_call, calls: int, warmup: int = 50, clock=time.perf_counter):
-    """Median seconds of SciPy's and our call, and the median per-round difference."""
+def measure(scipy_call, our_call, calls: int, warmup: int = 50, clock=time.perf_counter,
+            cold: bool = False):
+    """Median seconds of SciPy's and our call, and the median per-round difference
+    (``cold``: ``gc.collect()`` before each call, the collector otherwise on)."""
     for _ in range(warmup):
         scipy_call()
         our_call()
+
+    def timed(call):
+        if cold:
+            gc.collect()
+        t0 = clock()
+        call()
+        return clock() - t0
+
     ts, to, diff = [], [], []
-    gc.disable()
+    if not cold:
+        gc.disable()
     try:
         for i in range(calls):
             if i % 2:
-                t0 = clock(); our_call(); t1 = clock(); scipy_call(); t2 = clock()  # noqa: E702
-                o, s = t1 - t0, t2 - t1
+                o = timed(our_call)
+                s = timed(scipy_call)
             else:
-                t0 = clock(); scipy_call(); t1 = clock(); our_call(); t2 = clock()  # noqa: E702
-                s, o = t1 - t0, t2 - t1
+                s = timed(scipy_call)
+                o = timed(our_call)
             ts.append(s)
             to.append(o)
             diff.append(o - s)
-            if i % 200 == 199:
+            if not cold and i % 200 == 199:
                 gc.collect()
     finally:
         gc.enable()
@@ -119,18 +149,21 @@ def main(argv=None) -> int:
                         help="wall: time.perf_counter; thread: this thread's CPU time "
                              "(time.thread_time, not counting time the thread was not "
                              "running: steadier on a loaded host)")
+    parser.add_argument("--cold", action="store_true",
+                        help="gc.collect() before every call (cold caches, as bench/dropin.py)")
     args = parser.parse_args(argv)
     clock = time.perf_counter if args.clock == "wall" else time.thread_time
     if os.environ.get("SCIPY_GPUQR_BACKEND"):
         print("SCIPY_GPUQR_BACKEND is set: unset it to measure auto", file=sys.stderr)
         return 2
-    print(f"# {os.cpu_count()} cores, clock {args.clock}, load average "
+    print(f"# {os.cpu_count()} cores, clock {args.clock}, {'cold' if args.cold else 'hot'}, "
+          f"load average "
           f"{os.getloadavg()[0]:.2f}, gpu: {scipy_gpuqr.gpu_info()['reason']}", file=sys.stderr)
     rows = []
     for name, scipy_call, our_call in cases():
         if args.only and args.only not in name:
             continue
-        s, o, d = measure(scipy_call, our_call, args.calls, clock=clock)
+        s, o, d = measure(scipy_call, our_call, args.calls, clock=clock, cold=args.cold)
         rows.append((name, s, o, d))
         print(f"{name:42s} scipy {s * 1e6:9.1f} us  ours {o * 1e6:9.1f} us  "
               f"ours-scipy {d * 1e6:7.1f} us  ratio {o / s:5.3f}", file=sys.stderr)

@@ -26,6 +26,7 @@ them to SciPy's original function.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,7 @@ from scipy.sparse.linalg import LinearOperator
 
 from ._gpu import import_cupy, is_cupy_array, is_cupy_sparse
 
-__all__ = ["MatrixInput", "as_matrix", "unsupported_reason", "to_host", "all_finite", "check_finite",
+__all__ = ["MatrixInput", "as_matrix", "unsupported_reason", "to_host", "SMALL_FINITE_CHECK", "all_finite", "check_finite",
            "check_x0", "check_damp", "check_tol", "RhsRule", "Rhs", "LSTSQ_RHS",
            "SPSOLVE_RHS", "SOLVE_RHS", "check_rhs", "check_superlu_cast", "to_output",
            "scipy_float_dtype"]
@@ -196,11 +197,26 @@ def as_matrix(A, *, name: str = "A") -> MatrixInput:
                        was_sparse=was_sparse, fmt=fmt, sparse_class=sparse_class)
 
 
+#: Up to this many entries, :func:`all_finite` tests Python floats one by one:
+#: from cold caches (a call after the garbage collector has walked the heap)
+#: NumPy's ufunc and reduction machinery costs tens of microseconds before it
+#: has read one value, far more than the loop over a few dozen floats.
+SMALL_FINITE_CHECK = 64
+
+
 def all_finite(x: np.ndarray) -> bool:
     """Whether every entry of the NumPy array ``x`` is finite (integer and boolean
-    arrays are): one ufunc and one C reduction, not ``ndarray.all``'s Python
-    wrapper (this runs on every call, beside sub-millisecond SciPy calls)."""
-    return x.dtype.kind not in "fc" or bool(np.logical_and.reduce(np.isfinite(x), axis=None))
+    arrays are).
+
+    One ufunc and one C reduction (not ``ndarray.all``'s Python wrapper), or
+    for a small real array (:data:`SMALL_FINITE_CHECK`) ``math.isfinite``
+    over its values: this runs on every call, beside sub-millisecond SciPy
+    calls.
+    """
+    kind = x.dtype.kind
+    if kind == "f" and x.size <= SMALL_FINITE_CHECK:
+        return all(map(math.isfinite, (x if x.ndim == 1 else x.ravel()).tolist()))
+    return kind not in "fc" or bool(np.logical_and.reduce(np.isfinite(x), axis=None))
 
 
 def check_finite(x: np.ndarray, name: str, *, shape: tuple | None = None) -> None:

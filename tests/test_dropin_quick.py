@@ -224,3 +224,30 @@ def test_long_run_on_host_data_moves_to_the_gpu(method, gpu_pays, monkeypatch, d
                               StoppingRules(1e-14, 1e-14, 1e8, 10 ** 4), None, None)
     assert run is None
     assert "moves to the GPU after 1 iterations" in decisions()[-1]
+
+
+# ---------------------------------------------------------------------------
+# the finite check every call makes
+
+from scipy_gpuqr._validate import SMALL_FINITE_CHECK, all_finite  # noqa: E402
+
+
+@pytest.mark.parametrize("size", [1, 5, SMALL_FINITE_CHECK, SMALL_FINITE_CHECK + 1, 1000])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_all_finite_small_and_large(size, dtype):
+    x = np.ones(size, dtype=dtype)
+    assert all_finite(x)
+    for value in (np.nan, np.inf, -np.inf):
+        y = x.copy()
+        y[size // 2] = value
+        assert not all_finite(y)
+        assert not all_finite(y.reshape(1, -1).T)          # 2-D, not contiguous by rows
+    big = np.full(size, np.finfo(dtype).max, dtype=dtype)
+    assert all_finite(big)                                  # no overflow, no warning
+
+
+def test_all_finite_other_kinds():
+    assert all_finite(np.arange(5)) and all_finite(np.array([True, False]))
+    assert not all_finite(np.array([1 + 1j, complex(np.nan, 0)]))
+    assert all_finite(np.array([1 + 1j, 2j])) and all_finite(np.array([], dtype=float))
+    assert not all_finite(np.ones((8, 8))[:, ::3] * np.nan)

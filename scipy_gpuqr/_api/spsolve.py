@@ -294,7 +294,14 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
         settings = _small_real_csx(A, backend, gpuqr_options)
         if settings is not None:
             log_decision("spsolve: SuperLU (SciPy) answered: %s", superlu_at_once(settings, A))
-            return _scipy_spsolve(A, b, permc_spec, use_umfpack)
+            # SciPy's call for CSR/CSC A and a dense b (no sparse b: no inner factorized)
+            if not all_finite(A.data):
+                check_finite(A.data, "A", shape=A.shape)
+            if not all_finite(b):
+                check_finite(b, "b")
+            if not A.has_canonical_format:
+                A = A.copy()            # SciPy would sum the caller's duplicates in place
+            return original("spsolve")(A, b, permc_spec=permc_spec, use_umfpack=use_umfpack)
     reason = unsupported_reason(A, b)
     if reason is not None:
         return fallback("spsolve", reason, A, b, permc_spec=permc_spec,
