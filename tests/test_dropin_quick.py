@@ -111,7 +111,7 @@ def test_inputs_untouched_even_with_duplicates():
 
 
 @pytest.mark.parametrize("args", [
-    dict(x0=np.zeros(6)), dict(damp=0.5), dict(backend="auto"),
+    dict(x0=np.zeros(6)), dict(damp=0.5), dict(backend="cpu"),
     dict(gpuqr_options=GpuqrOptions()),
 ])
 def test_other_arguments_take_the_general_path(args):
@@ -130,6 +130,14 @@ def test_other_inputs_take_the_general_path(make):
     A, b = make(*_problem(10, 6, seed=15))
     assert quick.quick_iterate("lsmr", A, b, None, 0.0, StoppingRules(1e-6, 1e-6, 1e8, None),
                                None, None) is None
+
+
+def test_auto_named_takes_the_short_path():
+    A, b = _problem(10, 6, seed=19)
+    run = quick.quick_iterate("lsqr", A, b, None, 0.0, StoppingRules(1e-6, 1e-6, 1e8, None),
+                              "auto", None)
+    assert run is not None and run.found is not None
+    _same_tuple(lsqr(A, b, backend="auto"), SCIPY["lsqr"](A, b))
 
 
 def test_environment_backend_takes_the_general_path(monkeypatch, decisions):

@@ -169,15 +169,15 @@ def _small_real_csx(A, backend, gpuqr_options):
 
     The common call: a SciPy CSR/CSC A of real values and fewer than
     :data:`~scipy_gpuqr._dispatch.plan.SUPERLU_ALWAYS_NNZ` entries, no
-    backend or options named, ``auto`` from the default or the environment.
+    options object, ``auto`` named, from the environment or by default.
     The general path would reach the same answer (SciPy's) through checks
     that cannot fail for such an A; this skips them.
     """
-    if backend is not None or gpuqr_options is not None or type(A) not in _COMPRESSED:
+    if gpuqr_options is not None or type(A) not in _COMPRESSED:
         return None
     if A.data.dtype.kind not in "biuf" or not A.indptr[-1] < SUPERLU_ALWAYS_NNZ:
         return None
-    settings = resolve_settings(None, None)
+    settings = resolve_settings(backend, None)
     return settings if settings.backend == "auto" else None
 
 

@@ -2,7 +2,7 @@
 
 Most patched calls of ``lsqr``/``lsmr`` pass a SciPy CSR or CSC matrix of
 float64 values and a float64 vector b, with no ``x0``, no damping and no
-backend. For those, :func:`quick_iterate` runs SciPy's algorithm
+options object, under ``auto`` (by default or named). For those, :func:`quick_iterate` runs SciPy's algorithm
 (:mod:`scipy_gpuqr._iterative`, on the caller's own matrix: bit for bit
 SciPy's result) under ``auto``'s rule (:mod:`scipy_gpuqr._dispatch.iterate_first`)
 after the few checks such input needs: its types, shapes and dtypes are seen
@@ -100,10 +100,10 @@ def speculate(planned, shape) -> tuple:
     return kept, clearly_full_rank(num.R, lstsq_cutoff(*shape))
 
 
-def _eligible(A, b, x0, damp, backend, gpuqr_options) -> bool:
+def _eligible(A, b, x0, damp, gpuqr_options) -> bool:
     """The input is the common one: SciPy CSR/CSC float64 A with entries, float64 b of
-    shape (m,), no x0, no damping, no backend or options named."""
-    if backend is not None or gpuqr_options is not None or x0 is not None:
+    shape (m,), no x0, no damping, no options object."""
+    if gpuqr_options is not None or x0 is not None:
         return False
     if type(A) not in _COMPRESSED or type(b) is not np.ndarray:
         return False
@@ -121,7 +121,7 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     None when the input is not the common one (:func:`_eligible`), when A or
     b holds inf or NaN (the general path raises DESIGN §10's ValueError with
     its message), when the settings are not ``auto`` with ``iterate_first``
-    (a backend from the environment), when the tolerances or the iteration
+    (a backend named or from the environment), when the tolerances or the iteration
     limit leave nothing to iterate, or when the run moved to the GPU: where
     a GPU iteration beats a CPU one and a GPU answers, the run starts on the
     CPU and stops once it has cost one upload of A
@@ -141,11 +141,11 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     -------
     QuickRun or None
     """
-    if not _eligible(A, b, x0, damp, backend, gpuqr_options):
+    if not _eligible(A, b, x0, damp, gpuqr_options):
         return None
     if not (all_finite(A.data) and all_finite(b)):
         return None
-    settings = resolve_settings(None, None)
+    settings = resolve_settings(backend, None)
     if settings.backend != "auto" or not settings.options.iterate_first:
         return None
     if not (rules.atol > 0 or rules.btol > 0):      # maximum precision: the QR answers
