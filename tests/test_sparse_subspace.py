@@ -205,7 +205,8 @@ def test_orth_r_and_triangular_factor(rng, spread):
     T_ref *= np.sign(np.diag(T_ref))[:, None]
     for T in (triangular_factor(Y), orth_r(Y)[1]):
         assert np.all(np.linalg.norm(T - T_ref, axis=0) <= 1e-12 * scale)
-    bad = rng.standard_normal((q, 5)) @ rng.standard_normal((5, p)) + 1e-12 * rng.standard_normal((q, p))
+    bad = (rng.standard_normal((q, 5)) @ rng.standard_normal((5, p))
+           + 1e-12 * rng.standard_normal((q, p)))
     Q, T = orth_r(bad)
     assert np.abs(Q.T @ Q - np.eye(p)).max() <= 1e-12
     assert np.linalg.norm(Q @ T - bad) <= 1e-13 * np.linalg.norm(bad)

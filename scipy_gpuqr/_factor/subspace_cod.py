@@ -316,9 +316,10 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
     up to :data:`WINDOW` × ``tol`` change by less than :data:`RITZ_RTOL` per
     step, or converge geometrically (rate ρ <= :data:`RATE_MAX` between the
     last two changes) with a predicted distance to their limit ``change·ρ/(1 −
-    ρ)`` :data:`RATE_MARGIN` times below it, and their count below ``tol`` is stable. The rotation by W keeps
-    the next block's columns near R's singular vectors (nearly orthogonal:
-    Cholesky QR orthonormalizes them, :func:`orth_r`).
+    ρ)`` :data:`RATE_MARGIN` times below it, and their count below ``tol``
+    is stable. The rotation by W keeps the next block's columns near R's
+    singular vectors (nearly orthogonal: Cholesky QR orthonormalizes them,
+    :func:`orth_r`).
 
     Parameters
     ----------
