@@ -76,10 +76,9 @@ Where the iterations run: :func:`iterate_on_gpu`. A run on the caller's
 host matrix whose iterations a GPU would make faster starts on the CPU all
 the same and moves to the GPU only once it has cost as much as putting A
 there (:func:`upload_seconds`, :class:`HostFirst`: ski rental). A run of a
-few iterations, which the upload alone would make several times slower
-(Groebner_id2003_aug: 3 iterations, about 1 ms on 2 cores), ends on the CPU;
-a long one pays at most one upload's worth of CPU time more than starting on
-the GPU would have.
+few iterations, which the upload alone would make several times slower,
+ends on the CPU; a long one pays at most one upload's worth of CPU time more
+than starting on the GPU would have.
 
 Explicit backends (``gpu``, ``cpu``, ``reference``, ``simulate``) and
 ``GpuqrOptions(iterate_first=False)`` always factorize.
@@ -133,8 +132,7 @@ UPLOAD_BYTES_PER_S = 5e9
 
 #: Seconds per entry of an order-q R (q² of them) of the cheap full-rank test a
 #: speculative factorization makes (R made dense, LAPACK's triangular
-#: condition estimate: measured 2-15 ms at q = 800-1800 on 2 cores, the
-#: first call in a process the dearest).
+#: condition estimate; the first call in a process is the dearest).
 SPECULATION_S_PER_ENTRY = 3e-9
 #: A speculative factorization is made only where the iterations it may save
 #: cost at least this many times what it costs (the factorization's
