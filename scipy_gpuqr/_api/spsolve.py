@@ -43,7 +43,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse import SparseEfficiencyWarning
 
-from .._dispatch.plan import (SUPERLU, SUPERLU_ALWAYS_NNZ, Plan, plan_factorization,
+from .._dispatch import plan as dispatch_plan
+from .._dispatch.plan import (SIZE_GATE_REASON, SUPERLU, Plan, plan_factorization,
                               superlu_at_once)
 from .._factor.factored import FactoredQR, factorize
 from .._factor.factorization import wrap
@@ -70,6 +71,11 @@ _DATA_FORMATS = ("csr", "csc", "coo", "bsr")
 
 #: SciPy's CSR/CSC classes: the input SciPy's spsolve and factorized take as it is.
 _COMPRESSED = (sp.csr_array, sp.csr_matrix, sp.csc_array, sp.csc_matrix)
+
+#: The decision line of a small system SuperLU answers at once (formatted only when
+#: logged): ``superlu_at_once``'s text, with the settings' source, A's entries, the gate.
+_SMALL_SYSTEM_LOG = "spsolve: SuperLU (SciPy) answered: backend 'auto' from %s; " + \
+    SIZE_GATE_REASON
 
 #: SciPy's permc_spec → our column ordering (MMD_* → AMD: SuperLU's minimum
 #: degree on AᵀA or Aᵀ+A; AMD is the same family).
@@ -168,14 +174,15 @@ def _small_real_csx(A, backend, gpuqr_options):
     """The settings of a call SciPy's SuperLU answers at once, seen from A alone, or None.
 
     The common call: a SciPy CSR/CSC A of real values and fewer than
-    :data:`~scipy_gpuqr._dispatch.plan.SUPERLU_ALWAYS_NNZ` entries, no
+    :data:`~scipy_gpuqr._dispatch.plan.SUPERLU_ALWAYS_NNZ` entries (read from
+    its module at each call, like :func:`~scipy_gpuqr._dispatch.plan.superlu_at_once`), no
     options object, ``auto`` named, from the environment or by default.
     The general path would reach the same answer (SciPy's) through checks
     that cannot fail for such an A; this skips them.
     """
     if gpuqr_options is not None or type(A) not in _COMPRESSED:
         return None
-    if A.data.dtype.kind not in "biuf" or not A.indptr[-1] < SUPERLU_ALWAYS_NNZ:
+    if A.data.dtype.kind not in "biuf" or not A.indptr[-1] < dispatch_plan.SUPERLU_ALWAYS_NNZ:
         return None
     settings = resolve_settings(backend, None)
     return settings if settings.backend == "auto" else None
@@ -293,7 +300,8 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
     if type(b) is np.ndarray and b.dtype.kind in "biuf":
         settings = _small_real_csx(A, backend, gpuqr_options)
         if settings is not None:
-            log_decision("spsolve: SuperLU (SciPy) answered: %s", superlu_at_once(settings, A))
+            log_decision(_SMALL_SYSTEM_LOG, settings.source, A.indptr[-1],
+                         dispatch_plan.SUPERLU_ALWAYS_NNZ)
             # SciPy's call for CSR/CSC A and a dense b (no sparse b: no inner factorized)
             if not all_finite(A.data):
                 check_finite(A.data, "A", shape=A.shape)

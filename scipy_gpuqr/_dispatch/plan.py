@@ -72,7 +72,8 @@ from .calibration import load_calibration
 
 __all__ = ["GpuFallbackWarning", "Plan", "plan_factorization",
            "backend_factorizer", "absolute_tol", "available_host_memory", "gpu_engine",
-           "auto_threshold", "spsolve_threshold", "superlu_at_once", "SUPERLU"]
+           "auto_threshold", "spsolve_threshold", "superlu_at_once", "SUPERLU",
+           "SUPERLU_ALWAYS_NNZ", "SIZE_GATE_REASON"]
 
 #: The backend of a square-solve plan that SciPy's own function answers (SuperLU).
 SUPERLU = "superlu"
@@ -440,6 +441,10 @@ def _superlu_plan(A, requested, source, reasons, ordering, *, analysis=None,
 #: exceed SuperLU's whole solve there, whatever the intensity says.
 SUPERLU_ALWAYS_NNZ = 200_000
 
+#: Why SuperLU answers a small system at once (``%`` arguments: stored entries, the
+#: gate): the text of :func:`superlu_at_once`, for callers that log it lazily.
+SIZE_GATE_REASON = "%d stored entries, below %d where the GPU QR cannot pay off (GPU not consulted)"
+
 
 def superlu_at_once(settings: Settings, A=None) -> Optional[str]:
     """Why SciPy's SuperLU answers a square solve at once, or None when it may not.
@@ -464,8 +469,7 @@ def superlu_at_once(settings: Settings, A=None) -> Optional[str]:
             except Exception:       # noqa: BLE001 - not array-like: SciPy's own error follows
                 nnz = None
     if nnz is not None and nnz < SUPERLU_ALWAYS_NNZ:
-        why = (f"{nnz} stored entries, below {SUPERLU_ALWAYS_NNZ} where the GPU QR cannot "
-               "pay off (GPU not consulted)")
+        why = SIZE_GATE_REASON % (nnz, SUPERLU_ALWAYS_NNZ)
     else:
         why = _gpu_unusable(None)[0]
         if why is None:
