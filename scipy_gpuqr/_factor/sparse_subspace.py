@@ -155,6 +155,8 @@ class SparseSubspaceCOD:
     ----------
     rank : int
         ``q − d``.
+    sigma_max : float
+        σ_max of R as the caller estimated it (:func:`decide`: Lanczos), NaN otherwise.
     ritz : ndarray
         Converged Ritz values (ascending).
     sigma_min : float
