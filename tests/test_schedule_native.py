@@ -357,3 +357,39 @@ def test_damaged_library_without_compiler_numpy_path(built, tmp_path):
     assert got["status"].startswith("unavailable: compiler failed"), got
     assert not so.exists() and not native._manifest_path(so).exists()
     assert _child(env)["build_s"] is not None and _manifest_matches(so)   # compiler back
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_pack_equals_the_numpy_pack_assemble(loader, dtype):
+    """A launch's Pack-Assemble records compiled (``native.pack``, on threads) write
+    what ``simulate.execute_task`` writes, the upper trapezoid of the triangle
+    pieces only, and nothing else of the pool."""
+    from scipy_gpuqr._engine.host.simulate import execute_task
+    from scipy_gpuqr._schedule.tasks import TASK_DTYPE, TaskType
+    lib = loader[0].get(True, loader[1])
+    rng = np.random.default_rng(3)
+    cm, cn, pm, pn = 70, 50, 120, 90          # a child's block and its parent front
+    C, P = 0, cm * cn + 17
+    rows_of = rng.permutation(pm)[:cm]        # block rows -> parent rows, distinct
+    cols_of = np.sort(rng.permutation(pn)[:cn])
+    maps = np.concatenate((rows_of, cols_of)).astype(np.int64)
+    recs = np.zeros(0, TASK_DTYPE)
+    for r0 in range(0, cm, 32):
+        for c0 in range(0, cn, 32):
+            rec = np.zeros(1, TASK_DTYPE)
+            rec["type"] = int(TaskType.PACK_ASSEMBLE)
+            rec["F"], rec["fn"], rec["vt"], rec["col"] = P, pn, C, cn
+            rec["vt2"], rec["aux"] = 0, cm
+            rec["rows"][0, :2] = (r0, min(cm, r0 + 32))
+            rec["c0"], rec["c1"] = c0, min(cn, c0 + 32)
+            rec["nfrows"] = int(r0 == c0)     # the diagonal pieces: triangles
+            recs = np.concatenate((recs, rec))
+    pool = rng.standard_normal(P + pm * pn).astype(dtype)
+    before = pool.copy()
+    want = pool.copy()
+    for rec in recs:
+        execute_task(rec, want, np.zeros(1, dtype), 32, maps=maps)
+    native.pack(lib, pool, maps, recs)
+    np.testing.assert_array_equal(pool, want)
+    moved = np.count_nonzero(pool != before)
+    assert moved >= cm * cn // 2              # the trapezoid reached the parent

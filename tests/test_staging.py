@@ -554,3 +554,19 @@ def test_dense_cod_steps_to_the_host_when_the_device_runs_out(monkeypatch):
     assert F.rank == np.linalg.matrix_rank(A.toarray())
     x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
     assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+
+
+def test_host_stage_assembly_compiled_equals_numpy(monkeypatch):
+    """A host stage's Pack-Assemble records run compiled on threads
+    (``native.pack``) give the factorization the NumPy records give, bit for bit."""
+    from scipy_gpuqr._schedule import native
+    A, an, needs = _host_case()
+    limit = min_budget(an, needs)
+    Rs = {}
+    for how in ("numpy", "c"):
+        monkeypatch.setenv(native.ENV, how)
+        g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                          dense_flops=_HOST_FLOPS)
+        assert g.info["host_fronts"]
+        Rs[how] = g.R.toarray()
+    np.testing.assert_array_equal(Rs["c"], Rs["numpy"])

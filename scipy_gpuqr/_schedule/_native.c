@@ -22,12 +22,15 @@
  * runs over threads; ctypes releases the GIL).
  * And sgq_scatter: out[pos[i]] = src[i] over a range of i (4- or 8-byte items),
  * R's values of a staged factorization put in place by several threads.
+ * And sgq_pack: Pack-Assemble records of a host stage (simulate.py's _pack) over
+ * a range of records, a child's contribution-block piece copied into its parent
+ * through the row and column maps (the upper trapezoid only where tri[k]).
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define SGQ_ABI 7
+#define SGQ_ABI 8
 #define MAXB 5  /* MAX_BUNDLE (tasks.py) */
 #define MAXS 6  /* MAX_SLOTS (tasks.py) */
 #define NCOL 12
@@ -765,5 +768,31 @@ void sgq_scatter(int64_t i0, int64_t i1, const int64_t *pos, const void *src, vo
         const uint32_t *a = (const uint32_t *)src;
         uint32_t *o = (uint32_t *)out;
         for (int64_t i = i0; i < i1; i++) o[pos[i]] = a[i];
+    }
+}
+
+/* Records k0..k1-1 of one launch (their writes are disjoint, as on the device):
+ * rows r0[k]..r1[k]-1 and columns c0[k]..c1[k]-1 of the block at cb[k] (row
+ * stride cld[k]) go to pool[par[k] + maps[ri[k] + r] * pld[k] + maps[rj[k] + c]],
+ * only columns c >= r where tri[k]. 4- or 8-byte items. */
+void sgq_pack(int64_t k0, int64_t k1, const int64_t *par, const int64_t *pld,
+              const int64_t *cb, const int64_t *cld, const int64_t *ri, const int64_t *rj,
+              const int64_t *r0, const int64_t *r1, const int64_t *c0, const int64_t *c1,
+              const int64_t *tri, const int64_t *maps, void *pool, int32_t itemsize)
+{
+    for (int64_t k = k0; k < k1; k++) {
+        for (int64_t r = r0[k]; r < r1[k]; r++) {
+            int64_t dst = par[k] + maps[ri[k] + r] * pld[k];
+            int64_t src = cb[k] + r * cld[k];
+            int64_t c = tri[k] && r > c0[k] ? r : c0[k];
+            const int64_t *cm = maps + rj[k];
+            if (itemsize == 8) {
+                uint64_t *o = (uint64_t *)pool;
+                for (; c < c1[k]; c++) o[dst + cm[c]] = o[src + c];
+            } else {
+                uint32_t *o = (uint32_t *)pool;
+                for (; c < c1[k]; c++) o[dst + cm[c]] = o[src + c];
+            }
+        }
     }
 }

@@ -17,7 +17,9 @@ path with the NumPy one):
 * ``sgq_arith_runs32`` / ``sgq_arith_runs64``: arithmetic runs end to end
   (:func:`arith_runs`, R's layout in :mod:`scipy_gpuqr._engine.gpu.rlayout`);
 * ``sgq_scatter``: ``out[pos] = values`` on several threads (:func:`scatter`,
-  R's values of a staged GPU factorization).
+  R's values of a staged GPU factorization);
+* ``sgq_pack``: a host stage's Pack-Assemble records on several threads
+  (:func:`pack`, ``simulate._pack``'s copies).
 
 It is plain C99 without Python headers, so any system C compiler builds it
 (a wheel stays pure Python; where none exists the NumPy code runs):
@@ -76,13 +78,14 @@ from .tasks import MAX_SLOTS
 
 __all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "MANIFEST_SUFFIX", "NativeUnavailable", "mode",
            "library", "handle", "status", "simulate", "tile_buckets", "element_rows", "assembly",
-           "fill", "arith_runs", "RUNS_PER_THREAD", "scatter", "thread_count", "run_ranges"]
+           "fill", "arith_runs", "RUNS_PER_THREAD", "scatter", "pack", "thread_count",
+           "run_ranges"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
 MODES = ("auto", "c", "numpy")
 #: Interface version of ``_native.c`` (``sgq_abi()``).
-ABI = 7
+ABI = 8
 #: Row columns the library writes, in its order (then ``rows``).
 COLS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop", "vt",
         "vt2", "mult")
@@ -373,6 +376,8 @@ def _open(path: Path):
         getattr(lib, name).restype = None
     lib.sgq_scatter.argtypes = [i64, i64, ptr, ptr, ptr, i32]
     lib.sgq_scatter.restype = None
+    lib.sgq_pack.argtypes = [i64, i64] + [ptr] * 12 + [ptr, i32]
+    lib.sgq_pack.restype = None
     got = lib.sgq_abi()
     if got != ABI:
         raise OSError(f"ABI {got}, expected {ABI}")
@@ -616,3 +621,36 @@ def scatter(lib, out: np.ndarray, pos: np.ndarray, values: np.ndarray,
     if threads <= 0:
         threads = thread_count(n, RUNS_PER_THREAD)
     run_ranges(lib.sgq_scatter, np.linspace(0, n, threads + 1).astype(np.int64), *args)
+
+
+#: Pack-Assemble record fields :func:`pack` passes, in ``sgq_pack``'s order:
+#: parent offset, parent row length, block offset, block row length, row map and
+#: column map bases (``simulate._pack``'s reading of the record).
+_PACK_FIELDS = ("F", "fn", "vt", "col", "vt2", "aux")
+
+
+def pack(lib, pool: np.ndarray, maps: np.ndarray, records: np.ndarray) -> None:
+    """A launch's Pack-Assemble ``records`` (TASK_DTYPE) run compiled on ``pool``,
+    the records split over threads by their size (writes of one launch are
+    disjoint, as on the device); the same copies as ``simulate._pack``.
+    """
+    if pool.dtype.itemsize not in (4, 8) or not pool.flags.c_contiguous:
+        raise ValueError(f"pack: a contiguous pool of 4- or 8-byte items, got {pool.dtype}")
+    n = len(records)
+    if n == 0:
+        return
+    cols = [np.ascontiguousarray(records[f], dtype=np.int64) for f in _PACK_FIELDS]
+    rows = np.asarray(records["rows"], dtype=np.int64)
+    r0, r1 = np.ascontiguousarray(rows[:, 0]), np.ascontiguousarray(rows[:, 1])
+    c0 = np.ascontiguousarray(records["c0"], dtype=np.int64)
+    c1 = np.ascontiguousarray(records["c1"], dtype=np.int64)
+    tri = np.ascontiguousarray(records["nfrows"] == 1, dtype=np.int64)
+    maps = np.ascontiguousarray(maps, dtype=np.int64)
+    arrays = cols + [r0, r1, c0, c1, tri, maps]
+    size = (r1 - r0).clip(min=0) * (c1 - c0).clip(min=0)
+    threads = thread_count(int(size.sum()), 1 << 20)
+    cum = np.cumsum(size)
+    bounds = np.searchsorted(cum, np.linspace(0, cum[-1], threads + 1)[1:-1], side="right")
+    bounds = np.unique(np.concatenate(([0], bounds, [n]))).astype(np.int64)
+    run_ranges(lib.sgq_pack, bounds, *[a.ctypes.data for a in arrays], pool.ctypes.data,
+               pool.dtype.itemsize)

@@ -51,6 +51,7 @@ from ..._cpu.blas_threads import SINGLE_THREAD_FLOPS
 from ..._errors import DeviceOutOfMemory, GpuEngineError
 from ..._gpu import import_cupy
 from ..._kernels import load_module
+from ..._schedule import native
 from ..._schedule.native import run_ranges, thread_count
 from ..._schedule.tasks import TASK_BYTES, TaskType
 from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
@@ -90,16 +91,6 @@ def pinned_pool_cap() -> int:
 
 #: Elements of one piece when a host pool is filled by threads.
 _FILL_PIECE = 1 << 23
-
-
-def _record_elements(records) -> np.ndarray:
-    """Elements each assembly record writes (its Pack-Assemble piece or its
-    S entries): the work by which a host stage's records are dealt to threads."""
-    rows = records["rows"]
-    pack = (rows[:, 1] - rows[:, 0]).clip(min=0) * (records["c1"] - records["c0"]).clip(min=0)
-    s_entries = records["vt2"] - records["vt"]
-    return np.where(records["type"] == int(TaskType.PACK_ASSEMBLE), pack,
-                    np.where(records["type"] == int(TaskType.S_ASSEMBLE), s_entries, 0))
 
 
 def _all_finite(pool: np.ndarray) -> bool:
@@ -304,22 +295,29 @@ class HostFrontDevice(NumpyDevice):
         pool = pinned(n, self.dtype) if pinned is not None else None
         if pool is None:
             pool = np.empty(n, dtype=self.dtype)
-        jobs, pos = [], 0                   # (start, stop, source or None: zeros)
-        for off, cb in sorted(((int(o), cb.ravel()) for o, cb in carried),
-                              key=lambda oc: oc[0]):
+        pieces, pos = [], 0                 # (start, stop, source rows or None: zeros)
+
+        def zeros(a, b):
+            pieces.extend((k, min(b, k + _FILL_PIECE), None) for k in range(a, b, _FILL_PIECE))
+
+        for off, cb in sorted(((int(o), cb) for o, cb in carried), key=lambda oc: oc[0]):
             if off < pos:
                 raise GpuEngineError("carried contribution blocks overlap in a host pool")
-            jobs.append((pos, off, None))
-            jobs.append((off, off + cb.size, cb))
+            zeros(pos, off)
+            rows = cb.reshape(len(cb), -1) if cb.ndim > 1 else cb.reshape(-1, 1)
+            ncol = max(rows.shape[1], 1)    # whole rows a piece (a view: no copy)
+            step = max(1, _FILL_PIECE // ncol)
+            pieces.extend((off + r * ncol, off + min(len(rows), r + step) * ncol, rows[r:r + step])
+                          for r in range(0, len(rows), step))
             pos = off + cb.size
-        jobs.append((pos, n, None))
-        pieces = [(a + k, min(b, a + k + _FILL_PIECE), None if src is None
-                   else src[k: k + _FILL_PIECE])
-                  for a, b, src in jobs for k in range(0, b - a, _FILL_PIECE)]
+        zeros(pos, n)
 
         def fill(i0, i1):
-            for a, b, src in pieces[i0:i1]:
-                pool[a:b] = 0 if src is None else src   # NumPy releases the GIL
+            for a, b, src in pieces[i0:i1]:             # NumPy releases the GIL
+                if src is None:
+                    pool[a:b] = 0
+                else:
+                    pool[a:b].reshape(src.shape)[...] = src
 
         threads = thread_count(len(pieces), 1)
         run_ranges(fill, np.linspace(0, len(pieces), threads + 1).astype(np.int64))
@@ -332,23 +330,18 @@ class HostFrontDevice(NumpyDevice):
                 raise GpuEngineError(f"a host stage holds a record of type "
                                      f"{int(records['type'][bad][0])} (assembly only)")
         t0 = time.perf_counter()
-        n = len(records)
-        threads = thread_count(n, 1)
-        if threads <= 1:
+        lib = native.handle() if len(records) else None
+        if lib is None:
             super().launch(h, L, records)
         else:
-            # a launch's records write disjoint parts of the pool (the device runs
-            # them concurrently): on threads, the largest first, dealt round-robin
-            order = np.argsort(-_record_elements(records), kind="stable")
-            groups = [order[t::threads] for t in range(threads)]
-
-            def run(g0, g1):
-                for g in groups[g0:g1]:
-                    for k in g:
-                        execute_task(records[k], h["pool"], self.vt, self.tile,
-                                     spool=h["spool"], maps=self.maps)
-
-            run_ranges(run, np.arange(threads + 1))
+            # Pack-Assemble compiled on threads (a root's blocks come in
+            # thousands of pieces: one NumPy call chain each costs more than
+            # its copy); the S entries as the NumPy device does them
+            pack = records["type"] == int(TaskType.PACK_ASSEMBLE)
+            native.pack(lib, h["pool"], self.maps, records[pack])
+            for rec in records[~pack]:
+                execute_task(rec, h["pool"], self.vt, self.tile, spool=h["spool"],
+                             maps=self.maps)
             self.launches += 1
         self.seconds["kernels"] += time.perf_counter() - t0
 

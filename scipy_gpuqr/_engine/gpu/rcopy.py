@@ -35,6 +35,7 @@ import time
 
 import numpy as np
 
+from ..._schedule.native import run_ranges, thread_count
 from ..._schedule.tasks import TaskType
 from .array_ops import take_rows
 
@@ -205,7 +206,13 @@ class NumpyRCopy:
 
     def _copy(self, b):
         if b > self.done:
-            self.out[self.done:b] = self.pool[self.index[self.done:b]]
+            a = self.done
+
+            def gather(i0, i1):         # NumPy's take releases the GIL
+                np.take(self.pool, self.index[i0:i1], out=self.out[i0:i1])
+
+            threads = thread_count(b - a, 1 << 22)
+            run_ranges(gather, np.linspace(a, b, threads + 1).astype(np.int64))
             self.done = b
             self.copies += 1
             if self.counter is not None:

@@ -318,9 +318,24 @@ class _LevelKernel:
                 self.ft.step(i, Y, pool, trans=trans, off=self.off_of[i])
 
 
-#: Share of the device memory available (:func:`~scipy_gpuqr._engine.memory.available_bytes`)
-#: that one stage's uploaded rows of R may keep between solves.
+#: Share of the device memory available when the solves are set up
+#: (:func:`~scipy_gpuqr._engine.memory.available_bytes`) that the stages' uploaded
+#: rows of R may keep between solves, all stages together.
 KEEP_SHARE = 0.25
+
+
+class _KeepBudget:
+    """Bytes the stages' uploaded rows of R may still keep on the device (one
+    budget shared by every stage of a factorization's solves)."""
+
+    def __init__(self, nbytes: int):
+        self.left = int(nbytes)
+
+    def take(self, nbytes: int) -> bool:
+        if nbytes > self.left:
+            return False
+        self.left -= int(nbytes)
+        return True
 
 
 class _StageRows:
@@ -330,12 +345,12 @@ class _StageRows:
     first ``rk`` rows) beside far more Householder data and contribution
     blocks; the solves upload only the rows, gathered once into pinned host
     memory (fast, asynchronous transfers) the first time they are needed.
-    The uploaded rows stay on the device while they take at most
-    :data:`KEEP_SHARE` of what it may give (a rank decision solves many
-    times: each solve would otherwise upload R again).
+    The uploaded rows stay on the device while ``keep`` (a :class:`_KeepBudget`
+    shared by the stages) allows: a rank decision solves many times, and each
+    solve would otherwise upload R again.
     """
 
-    def __init__(self, ft, members, host_pool):
+    def __init__(self, ft, members, host_pool, keep):
         sizes = np.array([ft.fronts[i][4] * ft.fronts[i][3] for i in members], dtype=np.int64)
         self.offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         self.total = int(sizes.sum())
@@ -343,6 +358,7 @@ class _StageRows:
         self._host_pool = host_pool
         self._host = None
         self._kept = None
+        self._keep = keep
         self.cp = ft.xp
 
     def _gather(self) -> np.ndarray:
@@ -366,8 +382,7 @@ class _StageRows:
             self._host_pool = None
         dev = self.cp.empty(self.total, dtype=self._host.dtype)
         dev.set(self._host)
-        avail = available_bytes(self.cp).available
-        if avail is not None and dev.nbytes <= KEEP_SHARE * avail:
+        if self._keep.take(dev.nbytes):
             self._kept = dev
         return dev
 
@@ -388,12 +403,13 @@ def _staged_levels(ft, fs, qr):
         by_stage.setdefault(fr[0], []).append(i)
     depth, height = _tree_levels(fs)
     dtype = qr._device.dtype
+    avail = available_bytes(ft.xp).available
+    keep = _KeepBudget(0 if avail is None else KEEP_SHARE * avail)
     out = []
     for sid in sorted(by_stage):
         members = by_stage[sid]
         if sid in host_stages:
-            rows = _StageRows(ft, members, qr._host_pools[sid])
-            avail = available_bytes(ft.xp).available
+            rows = _StageRows(ft, members, qr._host_pools[sid], keep)
             if avail is None or 3 * rows.total * np.dtype(dtype).itemsize > avail:
                 out.append((sid, members, None, None))
                 continue
@@ -404,7 +420,7 @@ def _staged_levels(ft, fs, qr):
             out.append((sid, members, _LevelKernel(ft, depth, height, members, offsets, dtype),
                         None))
         else:
-            rows = _StageRows(ft, members, qr._host_pools[sid])
+            rows = _StageRows(ft, members, qr._host_pools[sid], keep)
             out.append((sid, members,
                         _LevelKernel(ft, depth, height, members, rows.offsets, dtype), rows))
     return out
