@@ -570,3 +570,13 @@ def test_host_stage_assembly_compiled_equals_numpy(monkeypatch):
         assert g.info["host_fronts"]
         Rs[how] = g.R.toarray()
     np.testing.assert_array_equal(Rs["c"], Rs["numpy"])
+
+
+def test_staged_solves_keep_rows_within_one_shared_budget():
+    """The stages' uploaded rows of R stay on the device only within one budget for
+    all stages (each stage asking against what is left would keep most of it)."""
+    from scipy_gpuqr._engine.gpu.trsolve import _KeepBudget
+    keep = _KeepBudget(100)
+    assert keep.take(60)
+    assert not keep.take(50)        # refused: the rows are uploaded for each solve
+    assert keep.take(40) and keep.left == 0
