@@ -64,16 +64,19 @@ def default_method(n: int, op: str = "lu", dtype=None) -> str:
     """The factorization method for n > 32 (``op`` 'lu' or 'chol', ``dtype``
     the matrices') unless one is asked for.
 
-    The float64 LU of n <= 64 runs on the FP64 tensor cores (``'mma64'``)
-    where the device has them (sm_80+). Cholesky uses panels for every
-    n <= 512: its one-kernel variant (255 registers per thread, spilling) is
-    slower at n = 64.
+    The float64 LU runs on the FP64 tensor cores where the device has them
+    (sm_80+): the whole matrix in one warp's registers and shared memory for
+    n <= 64 (``'mma64'``), the row panels' updates for n <= 512
+    (``'rows_mma'``). Cholesky uses panels for every n <= 512: its one-kernel
+    variant (255 registers per thread, spilling) is slower at n = 64.
     """
+    tensor = (op == "lu" and dtype is not None and dtype == np.float64
+              and has_mma(device_id()))
     if n <= FUSED_MAX and op == "lu":
-        if dtype is not None and dtype == np.float64 and has_mma(device_id()):
-            return "mma64"
-        return "fused"
-    return "rows" if n <= ROWS_MAX else "panel"
+        return "mma64" if tensor else "fused"
+    if n <= ROWS_MAX:
+        return "rows_mma" if tensor else "rows"
+    return "panel"
 
 
 @functools.lru_cache(maxsize=None)
