@@ -263,15 +263,18 @@ class HostFrontDevice(NumpyDevice):
 
     The engine's memory plan (:mod:`scipy_gpuqr._engine.memory`) gives such a
     front a stage of its own; this layer runs that stage's records (its
-    S-Assemble and its children's Pack-Assemble: a dense front has no tile
-    tasks, which this layer refuses) on its host pool, factorizes the front with
-    LAPACK ``geqrf`` panels and BLAS trailing updates using all the BLAS
-    library's threads (:func:`~scipy_gpuqr._engine.dense_front.factorize_numpy`),
-    and hands R's rows and the contribution block on like a device stage.
-    It allocates nothing on the device and has no memory limit. A front of
-    fewer than :data:`~scipy_gpuqr._cpu.blas_threads.SINGLE_THREAD_FLOPS`
-    Householder flops runs on one BLAS thread (a pool of spinning workers
-    costs such a front more than it gains).
+    S-Assemble and its children's Pack-Assemble, compiled on threads where the
+    schedule's native library is loaded: a dense front has no tile tasks, which
+    this layer refuses) on its host pool (pinned when a GPU layer is given),
+    factorizes the front on the GPU when one is given (whole, or in column
+    slabs: :meth:`_on_gpu`), else with LAPACK ``geqrf`` panels and BLAS
+    trailing updates using all the BLAS library's threads
+    (:func:`~scipy_gpuqr._engine.dense_front.factorize_numpy`), and hands R's
+    rows and the contribution block on like a device stage. The stage's data
+    never stay on the device. A front of fewer than
+    :data:`~scipy_gpuqr._cpu.blas_threads.SINGLE_THREAD_FLOPS` Householder
+    flops runs on one BLAS thread (a pool of spinning workers costs such a
+    front more than it gains).
     """
 
     name = "host (LAPACK)"
@@ -389,8 +392,7 @@ class HostFrontDevice(NumpyDevice):
         cp = gpu.cp
         nb, isz = self.dense_panel, F.dtype.itemsize
         avail = gpu.memory().available
-        whole = (f"the front and its workspace do not fit the device ({avail:,} bytes "
-                 f"available)")
+        whole = f"the front and its workspace do not fit the device ({avail} bytes available)"
         if avail is None or whole_front_fits(*F.shape, nb, isz, avail):
             try:
                 with gpu.stream:
