@@ -522,19 +522,7 @@ def test_dense_cod_steps_to_the_host_when_the_device_runs_out(monkeypatch):
     from scipy_gpuqr import QRFactorization
     from scipy_gpuqr._factor import lstsq as _lstsq
 
-    class _Pool:
-        def free_all_blocks(self):
-            pass
-
-    real_import = _lstsq._gpu.import_cupy
-
-    class _Cupy:            # CuPy, but a pool that needs no driver to be emptied
-        @staticmethod
-        def get_default_memory_pool():
-            return _Pool()
-
-        def __getattr__(self, name):
-            return getattr(real_import(), name)
+    freed = []
 
     def _out_of_memory(R, xp):
         raise MemoryError("out of memory allocating the dense copy of R")
@@ -546,11 +534,12 @@ def test_dense_cod_steps_to_the_host_when_the_device_runs_out(monkeypatch):
     monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 10)
     monkeypatch.setattr(_lstsq.MinNormSolver, "_dense_cod_device", lambda self: "gpu")
     monkeypatch.setattr(_lstsq, "dense_from_sparse", _out_of_memory)
-    monkeypatch.setattr(_lstsq._gpu, "import_cupy", _Cupy)
+    monkeypatch.setattr(_lstsq, "_free_device_pool", lambda: freed.append(1))
     F = QRFactorization(A)
     x = F.solve(b)
     decision = F.info["rank_decision"]
     assert (decision["method"], decision["device"]) == ("dense_cod", "cpu")
+    assert freed == [1]                 # the device's cached blocks given back first
     assert F.rank == np.linalg.matrix_rank(A.toarray())
     x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
     assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)

@@ -281,6 +281,14 @@ Factorize = Callable[..., object]  # factorize(A, *, tol) -> NumericQR
 
 
 @dataclass
+def _free_device_pool() -> None:
+    """CuPy's cached device blocks given back (after a device step ran out of
+    memory, before the host takes over)."""
+    cp = _gpu.import_cupy()
+    if cp is not None:
+        cp.get_default_memory_pool().free_all_blocks()
+
+
 class MinNormSolver:
     """Minimum-norm least-squares solves with a fixed k×q matrix G = R or Rᵀ.
 
@@ -378,7 +386,7 @@ class MinNormSolver:
                 # the device's memory is shared or limited (CuPy's pool limit;
                 # CuPy's OutOfMemoryError is a MemoryError): the host's COD
                 # where it fits, else the sparse COD below
-                _gpu.import_cupy().get_default_memory_pool().free_all_blocks()
+                _free_device_pool()
                 device = "cpu" if max(self.R.shape) <= DENSE_COD_HOST_LIMIT else None
         if device is not None:
             self._prepare_dense_cod(device)
