@@ -280,7 +280,6 @@ def _clearly_above(est, order: int, threshold: float) -> bool:
 Factorize = Callable[..., object]  # factorize(A, *, tol) -> NumericQR
 
 
-@dataclass
 def _free_device_pool() -> None:
     """CuPy's cached device blocks given back (after a device step ran out of
     memory, before the host takes over)."""
@@ -289,6 +288,7 @@ def _free_device_pool() -> None:
         cp.get_default_memory_pool().free_all_blocks()
 
 
+@dataclass
 class MinNormSolver:
     """Minimum-norm least-squares solves with a fixed k×q matrix G = R or Rᵀ.
 
