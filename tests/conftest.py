@@ -1,4 +1,5 @@
-"""Shared fixtures: the GPU marker's skip rule and the shared test matrices."""
+"""Shared fixtures: the GPU marker's skip rule, the shared test matrices, and the
+recorded LSQR/LSMR histories the drop-in rule's tests replay."""
 
 from __future__ import annotations
 
@@ -75,3 +76,26 @@ def matrices_dir() -> Path:
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261122)
+
+
+#: Residual histories of SciPy's LSQR/LSMR on the shared matrices
+#: (``bench/lsqr_histories.py``), replayed by the drop-in rule's tests.
+LSQR_HISTORIES = Path(__file__).resolve().parent / "data" / "lsqr_histories.npz"
+
+
+@pytest.fixture(scope="module")
+def histories():
+    with np.load(LSQR_HISTORIES) as data:
+        return {k: data[k] for k in data.files}
+
+
+@pytest.fixture
+def nominal(monkeypatch):
+    """The factorization's prediction of a 2-core machine without calibration, and a
+    rule whose analysis takes no time (the replay's clock is the only one)."""
+    import types
+
+    from scipy_gpuqr._dispatch import iterate_first as policy
+    monkeypatch.setattr(policy, "predicted_seconds",
+                        lambda backend, flops, gpu=None: 3e-3 + flops / 8e9)
+    monkeypatch.setattr(policy, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))

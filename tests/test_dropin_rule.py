@@ -18,8 +18,6 @@ decision from a dear one before factorizing, and errs towards iterating).
 from __future__ import annotations
 
 import math
-import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +26,6 @@ from scipy_gpuqr._dispatch import iterate_first as policy
 from scipy_gpuqr._dispatch.iterate_first import (Allowance, analysis_seconds, iteration_flops,
                                                   rank_decision_seconds, rank_risk)
 
-HISTORIES = Path(__file__).resolve().parent / "data" / "lsqr_histories.npz"
 
 #: (analysis flops, seconds of lsqr(backend='cpu')) measured on a 2-core machine
 #: (the second includes the rank decision: 'svd', 'cod' or 'triangular').
@@ -56,21 +53,6 @@ class _Plan:
         self.analysis = _Analysis()
         self.analysis.flops = flops
         self.backend, self.gpu_name = "cpu", None
-
-
-@pytest.fixture(scope="module")
-def histories():
-    with np.load(HISTORIES) as data:
-        return {k: data[k] for k in data.files}
-
-
-@pytest.fixture
-def nominal(monkeypatch):
-    """The factorization's prediction of a 2-core machine without calibration, and a
-    rule whose analysis takes no time (the replay's clock is the only one)."""
-    monkeypatch.setattr(policy, "predicted_seconds",
-                        lambda backend, flops, gpu=None: 3e-3 + flops / 8e9)
-    monkeypatch.setattr(policy, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
 
 
 def replay(histories, key):

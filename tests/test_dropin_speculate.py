@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import types
 
 import numpy as np
 import pytest
@@ -28,7 +27,7 @@ from scipy_gpuqr._dispatch.iterate_first import Allowance, analysis_seconds, ite
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._factor.quick_iterate import clearly_full_rank
 from scipy_gpuqr.io import mmread
-from test_dropin_rule import HISTORIES, QR, _Plan, _State
+from test_dropin_rule import QR, _Plan, _State
 
 #: lstsq's cheap full-rank test on R, per matrix (measured; 2 cores)
 CLEAR = {"494_bus": True, "olm500": True, "lp_share1b": True, "lp_e226": True,
@@ -38,19 +37,6 @@ CLEAR = {"494_bus": True, "olm500": True, "lp_share1b": True, "lp_e226": True,
          "west0479": True, "west0497": True, "tumorAntiAngiogenesis_2": True}
 #: seconds of the QR once its factors are made and R is clearly of full rank: the solve
 CHEAP_SOLVE = 1e-3
-
-
-@pytest.fixture(scope="module")
-def histories():
-    with np.load(HISTORIES) as data:
-        return {k: data[k] for k in data.files}
-
-
-@pytest.fixture
-def nominal(monkeypatch):
-    monkeypatch.setattr(policy, "predicted_seconds",
-                        lambda backend, flops, gpu=None: 3e-3 + flops / 8e9)
-    monkeypatch.setattr(policy, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
 
 
 def replay(histories, key):
