@@ -18,6 +18,7 @@ decision from a dear one before factorizing, and errs towards iterating).
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 import pytest
@@ -55,8 +56,12 @@ class _Plan:
         self.backend, self.gpu_name = "cpu", None
 
 
-def replay(histories, key):
-    """``(stopped at, seconds auto spends, SciPy's seconds, the QR's seconds, istop)``."""
+def watch_recording(histories, key, speculate=None):
+    """The rule (:class:`Allowance`) watching a recorded run at the nominal costs;
+    ``speculate`` as the Allowance takes it. Returns a namespace: ``stopped``
+    (the iteration the rule stopped at, or None), ``watch``, ``per_iteration``,
+    ``recorded`` (iterations in the recording), SciPy's ``itn`` and ``istop``,
+    the QR's ``flops`` and seconds ``qr``."""
     name, method = key.rsplit(".", 1)
     m, n, nnz, istop, itn = (int(v) for v in histories[key + ".meta"])
     h = histories[key].astype(np.float64)
@@ -65,20 +70,27 @@ def replay(histories, key):
     iter_lim = 2 * n if method == "lsqr" else min(m, n)
     watch = Allowance(iter_lim=iter_lim, atol=1e-6, conlim=1e8,
                       analysis=analysis_seconds(m, n, nnz), plan=lambda: (None, _Plan(flops)),
-                      order=min(m, n))
+                      order=min(m, n), speculate=speculate)
     stopped = None
     for k, row in enumerate(h, start=1):
         if watch(_State(k, k * per_iteration, *row)):
             stopped = k
             break
-    scipy = itn * per_iteration
-    if stopped is not None:
-        spent = stopped * per_iteration + qr
-    elif len(h) < itn:              # the recording was cut: the rule let it run that far
-        spent = len(h) * per_iteration + qr
+    return types.SimpleNamespace(stopped=stopped, watch=watch, per_iteration=per_iteration,
+                                 recorded=len(h), itn=itn, istop=istop, flops=flops, qr=qr)
+
+
+def replay(histories, key):
+    """``(stopped at, seconds auto spends, SciPy's seconds, the QR's seconds, istop)``."""
+    r = watch_recording(histories, key)
+    scipy = r.itn * r.per_iteration
+    if r.stopped is not None:
+        spent = r.stopped * r.per_iteration + r.qr
+    elif r.recorded < r.itn:        # the recording was cut: the rule let it run that far
+        spent = r.recorded * r.per_iteration + r.qr
     else:
-        spent = scipy + (0.0 if istop in (1, 2) else qr)
-    return stopped, spent, scipy, qr, istop
+        spent = scipy + (0.0 if r.istop in (1, 2) else r.qr)
+    return r.stopped, spent, scipy, r.qr, r.istop
 
 
 def _keys(histories):

@@ -23,11 +23,11 @@ import scipy.sparse as sp
 
 from scipy_gpuqr import lsqr
 from scipy_gpuqr._dispatch import iterate_first as policy
-from scipy_gpuqr._dispatch.iterate_first import Allowance, analysis_seconds, iteration_flops
+from scipy_gpuqr._dispatch.iterate_first import Allowance
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._factor.quick_iterate import clearly_full_rank
 from scipy_gpuqr.io import mmread
-from test_dropin_rule import QR, _Plan, _State
+from test_dropin_rule import QR, _keys, _Plan, _State, watch_recording
 
 #: lstsq's cheap full-rank test on R, per matrix (measured; 2 cores)
 CLEAR = {"494_bus": True, "olm500": True, "lp_share1b": True, "lp_e226": True,
@@ -41,42 +41,25 @@ CHEAP_SOLVE = 1e-3
 
 def replay(histories, key):
     """``(stopped at, auto's seconds, SciPy's seconds, istop, speculations)`` with speculation."""
-    name, method = key.rsplit(".", 1)
-    m, n, nnz, istop, itn = (int(v) for v in histories[key + ".meta"])
-    h = histories[key].astype(np.float64)
-    per_iteration = 1.5e-5 + iteration_flops(m, n, nnz) / 1e9
-    flops, qr = QR[name]
-    factorization = 3e-3 + flops / 8e9
+    name = key.rsplit(".", 1)[0]
     calls = []
 
     def speculate(planned):
         calls.append(planned)
         return planned, CLEAR[name]
 
-    iter_lim = 2 * n if method == "lsqr" else min(m, n)
-    watch = Allowance(iter_lim=iter_lim, atol=1e-6, conlim=1e8,
-                      analysis=analysis_seconds(m, n, nnz), plan=lambda: (None, _Plan(flops)),
-                      order=min(m, n), speculate=speculate)
-    stopped = None
-    for k, row in enumerate(h, start=1):
-        if watch(_State(k, k * per_iteration, *row)):
-            stopped = k
-            break
-    scipy = itn * per_iteration
+    r = watch_recording(histories, key, speculate)
+    scipy = r.itn * r.per_iteration
     # the QR's cost after the run: its solve when factorized ahead with a clear R
-    after = (CHEAP_SOLVE if watch.speculated else qr)
-    ahead = factorization if calls else 0.0
-    if stopped is not None:
-        spent = stopped * per_iteration + ahead + after
-    elif len(h) < itn:
-        spent = len(h) * per_iteration + ahead + after
+    after = (CHEAP_SOLVE if r.watch.speculated else r.qr)
+    ahead = (3e-3 + r.flops / 8e9) if calls else 0.0      # nominal's factorization
+    if r.stopped is not None:
+        spent = r.stopped * r.per_iteration + ahead + after
+    elif r.recorded < r.itn:
+        spent = r.recorded * r.per_iteration + ahead + after
     else:
-        spent = scipy + ahead + (0.0 if istop in (1, 2) else after)
-    return stopped, spent, scipy, istop, len(calls)
-
-
-def _keys(histories):
-    return sorted(k for k in histories if not k.endswith(".meta"))
+        spent = scipy + ahead + (0.0 if r.istop in (1, 2) else after)
+    return r.stopped, spent, scipy, r.istop, len(calls)
 
 
 @pytest.mark.parametrize("key", ["494_bus.lsqr", "olm500.lsqr"])
