@@ -79,7 +79,7 @@ from .tasks import MAX_SLOTS
 __all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "MANIFEST_SUFFIX", "NativeUnavailable", "mode",
            "library", "handle", "status", "simulate", "tile_buckets", "element_rows", "assembly",
            "fill", "arith_runs", "RUNS_PER_THREAD", "scatter", "pack", "thread_count",
-           "run_ranges"]
+           "run_ranges", "run_split"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
@@ -600,6 +600,14 @@ def run_ranges(fn, bounds, *args) -> None:
         w.start()
     for w in workers:
         w.join()
+
+
+def run_split(fn, start: int, stop: int, per_thread: int, *args) -> None:
+    """``fn(i0, i1, *args)`` over ``[start, stop)`` cut into equal ranges, one
+    thread each (:func:`thread_count` threads of at least ``per_thread`` items;
+    :func:`run_ranges`)."""
+    threads = thread_count(int(stop) - int(start), per_thread)
+    run_ranges(fn, np.linspace(start, stop, threads + 1).astype(np.int64), *args)
 
 
 def scatter(lib, out: np.ndarray, pos: np.ndarray, values: np.ndarray,

@@ -52,7 +52,7 @@ from ..._errors import DeviceOutOfMemory, GpuEngineError
 from ..._gpu import import_cupy
 from ..._kernels import load_module
 from ..._schedule import native
-from ..._schedule.native import run_ranges, thread_count
+from ..._schedule.native import run_split
 from ..._schedule.tasks import TASK_BYTES, TaskType
 from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
 from ..host.simulate import execute_task, one_blas_thread
@@ -107,9 +107,7 @@ def _all_finite(pool: np.ndarray) -> bool:
                 bad.append(a)
                 return
 
-    chunks = len(bounds) - 1
-    threads = thread_count(chunks, 1)
-    run_ranges(check, np.linspace(0, chunks, threads + 1).astype(np.int64))
+    run_split(check, 0, len(bounds) - 1, 1)
     return not bad
 
 
@@ -322,8 +320,7 @@ class HostFrontDevice(NumpyDevice):
                 else:
                     pool[a:b].reshape(src.shape)[...] = src
 
-        threads = thread_count(len(pieces), 1)
-        run_ranges(fill, np.linspace(0, len(pieces), threads + 1).astype(np.int64))
+        run_split(fill, 0, len(pieces), 1)
         return pool
 
     def launch(self, h, L, records) -> None:

@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from ..._schedule.native import run_ranges, thread_count
+from ..._schedule.native import run_split
 from ..._schedule.tasks import TaskType
 from .array_ops import take_rows
 
@@ -211,8 +211,7 @@ class NumpyRCopy:
             def gather(i0, i1):         # NumPy's take releases the GIL
                 np.take(self.pool, self.index[i0:i1], out=self.out[i0:i1])
 
-            threads = thread_count(b - a, 1 << 22)
-            run_ranges(gather, np.linspace(a, b, threads + 1).astype(np.int64))
+            run_split(gather, a, b, 1 << 22)
             self.done = b
             self.copies += 1
             if self.counter is not None:
