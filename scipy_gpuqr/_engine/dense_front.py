@@ -263,14 +263,11 @@ class HostDenseFront(DenseFront):
         T = self._get(self._T, np)
         if F.strides[1] != F.itemsize:
             F = np.ascontiguousarray(F)
-        rt = cp.cuda.runtime
         stream = cp.cuda.get_current_stream()
-        isz, pitch = F.itemsize, F.strides[0]
         order = list(enumerate(self.panels))
         for p, (j, rows, b) in (order if trans else order[::-1]):
             block = cp.empty((rows, b), dtype=F.dtype)
-            rt.memcpy2DAsync(block.data.ptr, b * isz, F.ctypes.data + j * pitch + j * isz,
-                             pitch, b * isz, rows, rt.memcpyHostToDevice, stream.ptr)
+            ops.upload_block(F, j, j + rows, j, j + b, block, stream)
             V = ops.unit_triangle(block, lower=True, out=block)    # elementwise: in place
             _wy_apply_device(Y[j:j + rows], V, cp.asarray(T[p, :b, :b]), trans=trans)
 

@@ -40,6 +40,7 @@ import logging
 import numpy as np
 
 from .dense_front import factorize_cupy, factorize_numpy
+from .gpu.array_ops import upload_block
 
 __all__ = ["slab_ranges", "slab_columns", "whole_front_fits", "factorize_in_slabs", "NumpySlabs",
            "CupySlabs"]
@@ -232,11 +233,7 @@ class CupySlabs:
         """``F[r0:r1, c0:c1]`` into the slot's device buffer (one 2-D copy)."""
         self.slabs += slot == "slab"
         out = self._buffer(slot, (r1 - r0, c1 - c0), F.dtype)
-        isz = F.itemsize
-        rt = self.cp.cuda.runtime
-        rt.memcpy2DAsync(out.data.ptr, (c1 - c0) * isz,
-                         F.ctypes.data + (r0 * F.shape[1] + c0) * isz, F.shape[1] * isz,
-                         (c1 - c0) * isz, r1 - r0, rt.memcpyHostToDevice, self.stream.ptr)
+        upload_block(F, r0, r1, c0, c1, out, self.stream)
         return out
 
     def download(self, S, F: np.ndarray, c0: int, c1: int) -> None:

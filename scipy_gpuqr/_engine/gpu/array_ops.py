@@ -28,7 +28,7 @@ from ..._kernels import KernelUse, load_module
 
 __all__ = ["OPS_FILE", "OPS_THREADS", "array_ops_use", "copy_into", "subtract_into",
            "contiguous_copy", "matmul_operand", "fresh_float64", "unit_triangle", "wy_system", "take_rows",
-           "put_rows", "column_norms", "divide_columns", "trsm_left"]
+           "put_rows", "column_norms", "divide_columns", "trsm_left", "upload_block"]
 
 #: The kernel source (relative to ``kernels/``): ``extern "C"`` kernels, one module.
 OPS_FILE = "sparse_qr/array_ops.cu"
@@ -136,6 +136,20 @@ def matmul_operand(a, dtype=None, *, left: bool):
     if a.flags.c_contiguous or a.flags.f_contiguous:
         return a
     return contiguous_copy(a, order="F" if left else "C")
+
+
+def upload_block(F: np.ndarray, r0: int, r1: int, c0: int, c1: int, out, stream) -> None:
+    """``F[r0:r1, c0:c1]`` of a host array whose rows are contiguous into the
+    C-contiguous device array ``out`` (that shape and dtype) by one
+    ``cudaMemcpy2DAsync`` on ``stream``: asynchronous, at the link's speed, when
+    ``F`` is pinned (no host copy of the block is made either way)."""
+    import cupy as cp
+    isz = F.itemsize
+    if F.strides[1] != isz:
+        raise ValueError("upload_block: F's rows must be contiguous")
+    rt = cp.cuda.runtime
+    rt.memcpy2DAsync(out.data.ptr, (c1 - c0) * isz, F.ctypes.data + r0 * F.strides[0] + c0 * isz,
+                     F.strides[0], (c1 - c0) * isz, r1 - r0, rt.memcpyHostToDevice, stream.ptr)
 
 
 def fresh_float64(C):
