@@ -128,9 +128,13 @@ def test_stalling_square_problems_end_in_the_factors_made_ahead(matrices_dir, na
                                                                   decisions, monkeypatch):
     """End to end: the QR answers (working precision) from the factors made ahead (its
     factorization is the kept plan's, which hands them over). The factorization's
-    prediction is fixed at the measured order (0.3 ms) so that whether the
-    speculation pays does not depend on the machine's load."""
+    prediction is fixed at the measured order (0.3 ms), and the analysis' estimate
+    small enough that the rule analyses within the first iterations, so that
+    whether the speculation pays does not depend on the machine's load (on a
+    fast host the run came within 1.5 % of its analysis deferral: analysed
+    near iter_lim, the iterations left no longer paid for a speculation)."""
     monkeypatch.setattr(policy, "predicted_seconds", lambda backend, flops, gpu=None: 3e-4)
+    monkeypatch.setattr(quick_iterate, "analysis_seconds", lambda m, n, nnz: 1e-5)
     calls = []
     real = quick_iterate.speculate
 
