@@ -22,6 +22,7 @@ the run time compiles, with the same options.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
 import importlib
@@ -29,7 +30,6 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
@@ -85,8 +85,12 @@ def flatten_source(name: str, directory: Path | None = None) -> str:
     ``kernels/`` itself. Each header is inlined once (later includes of the same header are
     dropped, as ``#pragma once`` would do).
     """
-    directory = kernels_dir() if directory is None else directory
-    seen: set[str] = set()
+    return _flatten(name, kernels_dir() if directory is None else directory)[0]
+
+
+def _flatten(name: str, directory: Path) -> tuple[str, tuple[str, ...]]:
+    """:func:`flatten_source`'s text and the files it read (relative names)."""
+    seen: dict[str, None] = {}
 
     def locate(inc: str, including: str) -> str:
         # beside the including file first (kernels/sparse_qr/, kernels/batched/),
@@ -104,7 +108,7 @@ def flatten_source(name: str, directory: Path | None = None) -> str:
         path = directory / fname
         if not path.is_file():
             raise FileNotFoundError(f"kernel source {fname!r} not found in {directory}")
-        seen.add(fname)
+        seen[fname] = None
         text = path.read_text()
         text = re.sub(r"^\s*#\s*pragma\s+once\s*$", "", text, flags=re.MULTILINE)
 
@@ -117,12 +121,60 @@ def flatten_source(name: str, directory: Path | None = None) -> str:
 
         return _INCLUDE.sub(repl, text)
 
-    return expand(name, ())
+    return expand(name, ()), tuple(seen)
+
+
+def _stamp(directory: Path, files: Sequence[str]) -> tuple | None:
+    """(modification time, size) of each file; None when one is gone."""
+    try:
+        return tuple((st.st_mtime_ns, st.st_size)
+                     for st in (os.stat(directory / f) for f in files))
+    except OSError:
+        return None
+
+
+class _Hashes:
+    """Source hashes of this process, each kept with the files it was made
+    from and their (modification time, size): a later :func:`source_hash`
+    of the same file stats them instead of reading and flattening them again
+    (an edited header still gives a new hash). A hash whose files changed in
+    the last :data:`_RACY_SECONDS` is not kept (an edit in the same clock tick
+    as the read would keep the stamp of a text that was not hashed)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._table: dict = {}
+
+    def get(self, name: str, directory: Path) -> str:
+        key = (str(directory), name)
+        with self._lock:
+            got = self._table.get(key)
+        if got is not None and _stamp(directory, got[0]) == got[1]:
+            return got[2]
+        text, files = _flatten(name, directory)
+        stamp = _stamp(directory, files)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        recent = time.time_ns() - _RACY_SECONDS * 10**9
+        if stamp is not None and all(t < recent for t, _ in stamp):
+            with self._lock:
+                self._table[key] = (files, stamp, digest)
+        return digest
+
+
+#: Files modified this recently are hashed again at every lookup.
+_RACY_SECONDS = 2
+
+_HASHES = _Hashes()
 
 
 def source_hash(name: str) -> str:
-    """Short SHA-256 of the flattened source (changes with any header)."""
-    return hashlib.sha256(flatten_source(name).encode()).hexdigest()[:16]
+    """Short SHA-256 of the flattened source (changes with any header).
+
+    Made once per process per file set: later calls compare the files'
+    modification times and sizes (a module lookup on a call's path stats a
+    dozen files instead of reading and flattening them).
+    """
+    return _HASHES.get(name, kernels_dir())
 
 
 def _variant_modules() -> list:
@@ -192,6 +244,15 @@ class _Compiled:
     def __init__(self):
         self._lock = threading.Lock()
         self._modules: dict = {}
+        self._requested: set = set()
+
+    def request(self, keys: Iterable) -> list:
+        """The keys of ``keys`` (what :func:`prefetch` was asked for: a kernel use
+        and a device) not asked for before in this process; marks them asked."""
+        with self._lock:
+            new = [k for k in dict.fromkeys(keys) if k not in self._requested]
+            self._requested.update(new)
+            return new
 
     def ready(self, name: str, group: tuple, options: tuple, digest: str,
               cooperative: bool = False) -> bool:
@@ -231,6 +292,7 @@ class _Compiled:
     def clear(self) -> None:
         with self._lock:
             self._modules.clear()
+            self._requested.clear()
 
 
 #: The compiled modules of this process (kernels are made once per process; the
@@ -271,11 +333,13 @@ class LazyModule:
         """The kernel ``expr`` (a declared name expression, or an ``extern "C"`` name)."""
         return self._module(expr).get_function(expr)
 
-    def prefetch(self, exprs: Sequence[str]) -> list:
-        """Compile the groups of ``exprs`` on daemon threads, for the current device;
-        returns the threads (a later :meth:`get_function` waits for its module)."""
-        import cupy
-        device = cupy.cuda.Device().id
+    def prefetch(self, exprs: Sequence[str], device: int | None = None) -> list:
+        """Compile the groups of ``exprs`` on daemon threads, for ``device`` (default
+        the current one); returns the threads (a later :meth:`get_function` waits
+        for its module)."""
+        if device is None:
+            import cupy
+            device = cupy.cuda.Device().id
         first: dict = {}                    # a group (() for a whole file) -> an expr of it
         for e in exprs:
             first.setdefault(variant_group(e, self.name_expressions), e)
@@ -363,6 +427,13 @@ class KernelUse(NamedTuple):
 def prefetch(modules: Iterable[KernelUse]) -> list:
     """Start compiling what a call will need, in parallel, on worker threads.
 
+    The calling thread only starts one thread (``gpuqr-prefetch``), which looks
+    the modules up (their sources flattened and hashed: file reads that took
+    tens of milliseconds of a new process's first call on a slow file system)
+    and starts one compiling thread (``gpuqr-nvrtc``) per module not compiled,
+    nor being compiled, yet in this process, then waits for them. A use asked
+    for before (same file, variants and device) is not looked up again.
+
     Parameters
     ----------
     modules : iterable of KernelUse
@@ -371,12 +442,32 @@ def prefetch(modules: Iterable[KernelUse]) -> list:
     Returns
     -------
     list of threading.Thread
-        One per module not compiled (nor being compiled) yet in this process.
+        The one looking up and waiting for the compiles (joined: every module
+        asked for is compiled), or none when every use was asked for before.
     """
+    import cupy
+    device = cupy.cuda.Device().id
+    uses = [KernelUse(*use) for use in modules]
+    new = _COMPILED.request((use, device) for use in uses)
+    if not new:
+        return []
+    t = threading.Thread(target=_prefetch_uses, args=([use for use, _ in new], device),
+                         name="gpuqr-prefetch", daemon=True)
+    t.start()
+    return [t]
+
+
+def _prefetch_uses(uses: Sequence[KernelUse], device: int) -> None:
+    """:func:`prefetch`'s thread: look each module up, start its compiles, wait
+    for them. A failure is left for the caller's own lookup or compile."""
     threads = []
-    for use in modules:
-        threads += KernelUse(*use).module().prefetch(use[2])
-    return threads
+    for use in uses:
+        try:
+            threads += use.module().prefetch(use.needed, device=device)
+        except Exception:  # noqa: BLE001 - raised again where the module is used
+            pass
+    for t in threads:
+        t.join()
 
 
 def _compile_one(fname: str, arch: str, exprs: tuple[str, ...]) -> dict:
@@ -434,7 +525,9 @@ def check_compile(archs: Iterable[str] = ("sm_80", "sm_90"),
     jobs = min(len(work), jobs or os.cpu_count() or 1)
     if jobs <= 1:
         return [_compile_one(*w) for w in work]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    # (the attribute, not a module-level name: concurrent.futures imports its process
+    # pool, and multiprocessing with it, only when asked for it)
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(_compile_one, *zip(*work)))
 
 

@@ -225,14 +225,15 @@ def fake_compile(monkeypatch):
 
 
 def test_prefetch_schedules_every_module_of_a_call_once(fake_compile):
-    """One thread per module the call uses (the dense panel kernel included); a
-    second prefetch, while or after they compile, starts none; the panel kernel a
-    dense front asks for is the module prefetched (no compile on the call's path)."""
+    """One thread looks the modules up, one thread per module the call uses (the
+    dense panel kernel included) compiles it; a second prefetch, while or after
+    they compile, starts none; the panel kernel a dense front asks for is the
+    module prefetched (no compile on the call's path)."""
     from scipy_gpuqr._engine.gpu import dense_panel as dp
     n = len(fk.engine_kernels(np.float64))
     threads = fk.prefetch_engine_kernels(np.float64)
-    assert len(threads) == n == 6 and all(t.name == "gpuqr-nvrtc" for t in threads)
-    assert fk.prefetch_engine_kernels(np.float64) == []       # claimed: none again
+    assert len(threads) == 1 and threads[0].name == "gpuqr-prefetch" and threads[0].daemon
+    assert fk.prefetch_engine_kernels(np.float64) == []       # asked for: none again
     for t in threads:
         t.join()
     made = fake_compile.made
@@ -270,9 +271,70 @@ def test_prefetch_schedules_every_module_of_a_call_once(fake_compile):
     for t in t32:
         t.join()
     new = [k for k, _ in made[n:]]
-    assert len(t32) == len(new) == n - 2
+    assert len(t32) == 1 and len(new) == n - 2
+    assert all(name == "gpuqr-nvrtc" for _, name in made[n:])
     assert not {dp.PANEL_FILE, ao.OPS_FILE} & {k[0] for k in new}
     assert all("double" not in " ".join(k[1]) for k in new)
+
+
+def test_prefetch_looks_modules_up_off_the_calling_thread(fake_compile, monkeypatch):
+    """The calling thread starts one thread; the sources are read and hashed there."""
+    import threading
+    seen = []
+    real = _kernels._HASHES.get
+
+    def get(name, directory):
+        seen.append(threading.current_thread().name)
+        return real(name, directory)
+    monkeypatch.setattr(_kernels._HASHES, "get", get)
+    for t in fk.prefetch_engine_kernels(np.float64):
+        t.join()
+    assert seen and set(seen) == {"gpuqr-prefetch"}
+
+
+def test_source_hash_is_kept_until_a_file_changes(tmp_path, monkeypatch):
+    """A module lookup stats the files of its last hash instead of reading them;
+    an edited header (or a file edited within the last seconds) is hashed again."""
+    import os
+    import time
+    monkeypatch.setattr(_kernels, "kernels_dir", lambda: tmp_path)
+    monkeypatch.setattr(_kernels, "_HASHES", _kernels._Hashes())
+    (tmp_path / "h.cuh").write_text("int x;\n")
+    (tmp_path / "k.cu").write_text('#include "h.cuh"\n')
+    past = time.time() - 60
+    for f in ("h.cuh", "k.cu"):
+        os.utime(tmp_path / f, (past, past))
+    reads = []
+    real = _kernels._flatten
+    monkeypatch.setattr(_kernels, "_flatten", lambda *a: reads.append(a) or real(*a))
+    h1 = _kernels.source_hash("k.cu")
+    assert _kernels.source_hash("k.cu") == h1 and len(reads) == 1
+    (tmp_path / "h.cuh").write_text("int yy;\n")          # edited just now
+    h2 = _kernels.source_hash("k.cu")
+    assert h2 != h1 and len(reads) == 2
+    assert _kernels.source_hash("k.cu") == h2 and len(reads) == 3     # too recent to keep
+    os.utime(tmp_path / "h.cuh", (past + 1, past + 1))
+    assert _kernels.source_hash("k.cu") == h2 and len(reads) == 4
+    assert _kernels.source_hash("k.cu") == h2 and len(reads) == 4     # kept
+    assert h2 == _kernels.hashlib.sha256(
+        _kernels.flatten_source("k.cu").encode()).hexdigest()[:16]
+
+
+def test_colamd_loads_without_cffi():
+    """COLAMD (an analysis' ordering, and its key on a cache hit) goes through
+    ctypes: no C declarations parsed by cffi in a new process."""
+    import subprocess
+    import sys
+    code = ("import sys, scipy.sparse as sp, numpy as np\n"
+            "from scipy_gpuqr._cpu.colamd import colamd, colamd_available\n"
+            "ok, why = colamd_available()\n"
+            "if ok:\n"
+            "    p = colamd(sp.random_array((60, 40), density=0.1, rng=1))\n"
+            "    assert sorted(p.tolist()) == list(range(40))\n"
+            "print(ok, 'cffi' in sys.modules, 'pycparser' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[1:] == ["False", "False"], out
 
 
 def test_load_module_compiles_nothing_until_asked():

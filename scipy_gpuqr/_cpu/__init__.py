@@ -1,8 +1,8 @@
-"""SuiteSparse (COLAMD, AMD, SuiteSparseQR) through cffi in ABI mode, loaded at run time.
+"""SuiteSparse (COLAMD through ctypes; AMD, SuiteSparseQR through cffi in ABI mode), loaded at run time.
 
 No compiler and no SuiteSparse headers are needed: the libraries are opened
 when first used (:mod:`._libs` finds them, ``SUITESPARSE_LIBDIR`` overrides),
 and a missing library is a :class:`~scipy_gpuqr._errors.LibraryNotFound`
-that callers turn into a fallback. This part imports numpy, scipy, cffi and
+that callers turn into a fallback. This part imports numpy, scipy, ctypes, cffi and
 ``scipy_gpuqr._errors`` only; nothing in it knows about the GPU.
 """

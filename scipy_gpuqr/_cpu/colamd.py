@@ -1,23 +1,27 @@
-"""COLAMD column ordering through cffi (ABI mode, no compiler needed)."""
+"""COLAMD column ordering through ctypes (no compiler needed).
+
+Three functions of a C library with plain integer and pointer arguments:
+ctypes declares them in microseconds, where a cffi ``cdef`` parses C
+declarations with pycparser first (a tenth of a second in some new
+processes, paid by every first analysis of a process, cache hits included,
+since an analysis' key names the ordering library).
+"""
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
-import cffi
 import numpy as np
 import scipy.sparse as sp
 
-from ._libs import LibraryNotFound, open_library
+from ._libs import LibraryNotFound, find_library
 
 __all__ = ["colamd", "colamd_available"]
 
-_CDEF = """
-size_t colamd_l_recommended(int64_t nnz, int64_t n_row, int64_t n_col);
-void colamd_l_set_defaults(double knobs[20]);
-int64_t colamd_l(int64_t n_row, int64_t n_col, int64_t Alen, int64_t A[],
-                 int64_t p[], double knobs[20], int64_t stats[20]);
-"""
+_KNOBS = ctypes.c_double * 20
+_STATS = ctypes.c_int64 * 20
+_I64P = ctypes.POINTER(ctypes.c_int64)
 
 _COLAMD_STATUS = 3
 _COLAMD_DENSE_ROW = 0
@@ -25,11 +29,22 @@ _COLAMD_DENSE_COL = 1
 
 
 @functools.lru_cache(maxsize=1)
-def _lib():
-    # The handle is immutable once opened; caching it is not mutable state.
-    ffi = cffi.FFI()
-    ffi.cdef(_CDEF)
-    return ffi, open_library(ffi, "colamd")
+def _lib() -> ctypes.CDLL:
+    """The COLAMD library with its three functions declared (once per process:
+    the handle is immutable once opened, caching it is not mutable state)."""
+    path = find_library("colamd")
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as exc:
+        raise LibraryNotFound(f"could not open {path}: {exc}") from exc
+    i64 = ctypes.c_int64
+    lib.colamd_l_recommended.argtypes = [i64, i64, i64]
+    lib.colamd_l_recommended.restype = ctypes.c_size_t
+    lib.colamd_l_set_defaults.argtypes = [_KNOBS]
+    lib.colamd_l_set_defaults.restype = None
+    lib.colamd_l.argtypes = [i64, i64, i64, _I64P, _I64P, _KNOBS, _STATS]
+    lib.colamd_l.restype = i64
+    return lib
 
 
 def colamd_available() -> tuple[bool, str]:
@@ -64,7 +79,7 @@ def colamd(A, dense_row: float | None = None, dense_col: float | None = None) ->
     RuntimeError
         When COLAMD reports an error (its status code is included).
     """
-    ffi, lib = _lib()
+    lib = _lib()
     A = sp.csc_array(A)
     m, n = A.shape
     if n == 0:
@@ -79,15 +94,16 @@ def colamd(A, dense_row: float | None = None, dense_col: float | None = None) ->
     work = np.zeros(alen, dtype=np.int64)
     work[:nnz] = A.indices
     p = np.ascontiguousarray(A.indptr, dtype=np.int64)
-    knobs = ffi.new("double[20]")
+    knobs = _KNOBS()
     lib.colamd_l_set_defaults(knobs)
     if dense_row is not None:
         knobs[_COLAMD_DENSE_ROW] = float(dense_row)
     if dense_col is not None:
         knobs[_COLAMD_DENSE_COL] = float(dense_col)
-    stats = ffi.new("int64_t[20]")
-    ok = lib.colamd_l(m, n, alen, ffi.from_buffer("int64_t[]", work),
-                      ffi.from_buffer("int64_t[]", p), knobs, stats)
+    stats = _STATS()
+    # ctypes releases the GIL for the call (COLAMD runs while other threads go on)
+    ok = lib.colamd_l(m, n, alen, work.ctypes.data_as(_I64P), p.ctypes.data_as(_I64P),
+                      knobs, stats)
     if not ok:
         raise RuntimeError(f"colamd failed with status {stats[_COLAMD_STATUS]} on a "
                            f"{m}x{n} matrix with {nnz} entries")
