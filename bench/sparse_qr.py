@@ -18,14 +18,16 @@ into launches by size and estimates bytes moved per task type.
 SuiteSparseQR (COLAMD, no rank detection, OpenBLAS threads = cores) runs
 once on the matrices named by ``--spqr`` (``--spqr-only``: only that).
 
-``--dense-flops 'off,1e11,1e10'`` repeats the GPU part per dense-front
-threshold (``off``: every front through the uberkernel; see
-``scipy_gpuqr._schedule.dense``) in the same run, one row each;
+``--dense-flops 'off,1e11,1e10,rule'`` repeats the GPU part per dense-front
+threshold (``off``: every front through the uberkernel; ``rule``: the time
+model's choice, ``dense.DENSE_RULE``; ``default``: the engines' default; see
+``scipy_gpuqr._schedule.dense``) in the same run, one row each, with the
+model's predicted time for that row's dense fronts (``model_seconds``);
 ``--panels 64,128,256`` adds warm runs per dense panel width at the first
 threshold that has dense fronts. ``--panel-method kernel,geqrf`` repeats each
 threshold's row per way of factorizing the dense fronts' panels
 (``scipy_gpuqr._engine.dense_front.PANEL_METHODS``; default: the default one;
-``kernel:noahead`` without the look-ahead stream). ``--apply scalar,mma-async``
+``kernel:noahead`` without the look-ahead stream, ``kernel:ahead`` with it). ``--apply scalar,mma-async``
 repeats each row per Apply variant of the uberkernel
 (``factorize_kernels.APPLY_VARIANTS``, through ``SCIPY_GPUQR_APPLY``; each
 variant's kernels compiled before its timings). ``--once`` only factorizes each matrix once
@@ -54,6 +56,7 @@ def _matrices(only, shared_dir):
     gens = {
         "ch7-8-b3": lambda: chessboard_boundary(7, 8, 3),
         "grid40": lambda: grid3d_least_squares(40),
+        "grid48": lambda: grid3d_least_squares(48),
         "grid24": lambda: grid3d_least_squares(24),
         "randls-20k": lambda: random_least_squares(20000, 4000, density=0.0012, dense_rows=40,
                                                    seed=1),
@@ -124,7 +127,8 @@ def _profile(A, an, dense_flops=None, cpl=None):
            "median_launch_us": float(np.median(secs) * 1e6) if len(secs) else 0.0,
            "bytes_estimate": _bytes_estimate(g.schedule),
            "dense_seconds": float(sum(t for _, _, t in dts)),
-           "dense_fronts": [(m, n, t) for m, n, t in sorted(dts, key=lambda x: -x[2])[:6]]}
+           "dense_fronts": [(m, n, t) for m, n, t in sorted(dts, key=lambda x: -x[2])[:6]],
+           "dense_all": [(m, n, t) for m, n, t in dts]}
     g.free()
     return out
 
@@ -146,7 +150,10 @@ def run_spqr(name, A, row):
 
 def _dense_arg(x):
     """'off' | threshold | threshold:columns-per-launch -> (threshold, cpl or None)."""
+    from scipy_gpuqr._schedule.dense import DENSE_RULE
     thr, _, cpl = x.partition(":")
+    if thr == "rule":
+        return DENSE_RULE, (int(cpl) if cpl else None)
     return (None if thr in ("off", "none", "") else float(thr)), (int(cpl) if cpl else None)
 
 
@@ -198,7 +205,7 @@ def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), p
                 r = dict(row, dense_flops=thr, dense_cpl=cpl,
                          panel_method=method or default_method, apply=ap or "default")
                 dense_front.DEFAULT_PANEL_METHOD = name_m
-                dense_front.DEFAULT_LOOKAHEAD = default_ahead and opt != "noahead"
+                dense_front.DEFAULT_LOOKAHEAD = (default_ahead or opt == "ahead") and opt != "noahead"
                 old = _apply_env(ap)
                 try:
                     _gpu_runs(A, an, r, reps, thr, cpl)
@@ -275,6 +282,10 @@ def _gpu_runs(A, an, row, reps, thr, cpl=None):
     row["stages"] = info["stages"]
     row["device"] = info["device"]
     row["dense_fronts"] = info.get("dense_fronts", 0)
+    from scipy_gpuqr._schedule.dense import dense_front_mask, rule_prediction
+    pred = rule_prediction(an, dense_front_mask(an, thr))
+    row["model_seconds"] = pred["seconds"]
+    row["model_dense_seconds"] = pred["dense_seconds"]
     row["tflops_end_to_end"] = an.flops / med["wall"] / 1e12
     row["tflops_factorize"] = an.flops / med["factorize"] / 1e12
     row["tflops_kernels"] = an.flops / med["gpu_kernels"] / 1e12
@@ -332,7 +343,7 @@ def main(argv=None) -> int:
                 json.dump(rows, fh, indent=1)
     print(f"\n{'matrix':14s} {'dense':>8s} {'nd':>3s} {'TFlop':>6s} {'anal':>5s} {'1st':>6s} "
           f"{'e2e':>6s} {'device':>6s} {'kern':>6s} {'dns s':>6s} {'R tail':>6s} {'TF/s':>5s} "
-          f"{'TF/s k':>6s} {'launch':>6s} {'spqr':>6s} {'x':>5s}")
+          f"{'TF/s k':>6s} {'launch':>6s} {'spqr':>6s} {'x':>5s} {'model':>6s}")
     for r in rows:
         if "error" in r:
             print(f"{r['matrix']:14s} ERROR {r['error']}")
@@ -342,7 +353,7 @@ def main(argv=None) -> int:
             continue
         s = r["seconds"]
         thr = r.get("dense_flops")
-        tag = "off" if thr is None else f"{thr:.0e}"
+        tag = "off" if thr is None else ("rule" if thr < 0 else f"{thr:.0e}")
         if r.get("dense_cpl") is not None:
             tag = f"{thr:.0e}:{r['dense_cpl']}"
         if r.get("dense_fronts"):
@@ -358,7 +369,8 @@ def main(argv=None) -> int:
               f"{s['assemble_R']:6.3f} {r['tflops_end_to_end']:5.2f} "
               f"{r['tflops_kernels']:6.2f} {r['launches']:6d} "
               f"{r.get('spqr_seconds', float('nan')):6.2f} "
-              f"{r.get('speedup_vs_spqr', float('nan')):5.1f}")
+              f"{r.get('speedup_vs_spqr', float('nan')):5.1f} "
+              f"{r.get('model_seconds', float('nan')):6.3f}")
         big = r["profile"].get("dense_fronts") or []
         if big:
             m, n, t = big[0]

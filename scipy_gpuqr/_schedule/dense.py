@@ -1,14 +1,22 @@
 """Which fronts leave the bucket scheduler: *dense fronts*, chosen from the analysis.
 
-The uberkernel's tile tasks run every front of a launch at once, but their
-Apply is bound by scalar fused multiply-adds, while a blocked Householder QR
-whose trailing updates are cuBLAS GEMMs runs a large front at the tensor
-cores' rate. A front whose Householder work (staircase honoured, the analysis'
-count, :func:`scipy_gpuqr._symbolic.counts.front_work`) reaches
-:data:`DEFAULT_DENSE_FLOPS` is therefore not bucket-scheduled: the
-uberkernel still assembles it (S-Assemble, Pack-Assemble of its children),
-the engine factorizes it right after the launch that completes its
-assembly (:mod:`scipy_gpuqr._engine.dense_front`), and its parent packs its
+The uberkernel's tile tasks run every front of a launch at once, but a front
+of ``nfact`` columns is a chain of about ``nfact / TILE`` launches; a blocked
+Householder QR whose trailing updates are cuBLAS GEMMs runs a large front at
+the tensor cores' rate, at a cost per column for its panels. The engines ask
+:func:`dense_front_mask` which fronts go that way, either by a constant
+threshold on a front's Householder work (the analysis' count,
+:func:`scipy_gpuqr._symbolic.counts.front_work`) or, by default
+(:data:`DEFAULT_DENSE_FLOPS` is :data:`DENSE_RULE`), by a time model of both
+paths and of the elimination tree's critical path (:func:`dense_rule_mask`,
+:class:`DenseModel`): a front is a dense front only where that shortens the
+modelled factorization, so one that would end last on its slower path stays
+with the tile tasks.
+
+A dense front is not bucket-scheduled: the uberkernel still assembles it
+(S-Assemble, Pack-Assemble of its children), the engine factorizes it right
+after the launch that completes its assembly
+(:mod:`scipy_gpuqr._engine.dense_front`), and its parent packs its
 contribution block later. In the front state machine such a front is
 *factorized externally*: its local launches carry no task, they only defer
 the parent's Pack-Assemble (:func:`dense_defer` launches) so that the GPU
@@ -18,17 +26,69 @@ subtrees run; the launch that packs it waits for it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .._symbolic.counts import front_work
+from .tasks import DEFAULT_TILE
 
-__all__ = ["DEFAULT_DENSE_FLOPS", "DENSE_COLUMNS_PER_LAUNCH", "dense_front_mask",
+__all__ = ["DENSE_RULE", "DEFAULT_DENSE_FLOPS", "DENSE_COLUMNS_PER_LAUNCH", "DenseModel",
+           "dense_front_mask", "dense_rule_mask", "dense_path_seconds", "rule_prediction",
            "dense_defer"]
 
-#: Householder flops (analysis count) from which a front is factorized as a dense
-#: front (where the blocked QR beats the tile tasks, measured); ``None`` or ``inf``
-#: turns the path off.
-DEFAULT_DENSE_FLOPS = 1e10
+#: The ``dense_flops`` value that asks the time model (:func:`dense_rule_mask`)
+#: instead of a threshold. A float, so that it passes wherever a threshold does
+#: (schedule keys, plan files); no threshold is negative.
+DENSE_RULE = -1.0
+
+#: What the engines pass by default: the time model. A float threshold
+#: (Householder flops, the analysis' count) chooses by size alone; ``None`` or
+#: ``inf`` turns the path off.
+DEFAULT_DENSE_FLOPS = DENSE_RULE
+
+
+@dataclass(frozen=True)
+class DenseModel:
+    """Time model of a front on either path, for :func:`dense_rule_mask` (seconds).
+
+    The tile tasks: every launch of the uberkernel costs at least
+    ``launch_seconds`` (the Factorize chain of a column tile) plus the flops it
+    carries at ``uber_rate``; a front of ``nfact`` columns is a chain of
+    ``ceil(nfact / tile)`` launches (plus its assembly), so the launches of a
+    factorization are the tree's longest chain of such launches and their
+    time is ``launches * launch_seconds + flops / uber_rate``.
+    The dense path, per panel of ``panel`` columns and ``rows`` rows (the
+    staircase honoured as :func:`scipy_gpuqr._engine.dense_front.panels_of`
+    does): ``panel_seconds``, per column ``column_seconds + row_seconds *
+    rows`` (the panel kernel's grid-wide exchange; ``geqrf_column_seconds`` for
+    panels taller than ``kernel_max_rows``), and the panel's GEMM flops at
+    ``gemm_rate``. Dense fronts run one after another in effect (the panel
+    kernel's grid and the GEMMs fill the device), and beside the launches and
+    each other they take ``dense_contention`` times their time alone: their
+    sum, so scaled, bounds the factorization from below.
+    The defaults are fitted to one H200 (bench/RESULTS.md, issue 18: the panel
+    kernel alone, dense fronts alone, and whole factorizations with every
+    front in the uberkernel).
+    """
+
+    tile: int = DEFAULT_TILE
+    launch_seconds: float = 177e-6
+    uber_rate: float = 9.45e12
+    panel: int = 256
+    panel_seconds: float = 30e-6
+    column_seconds: float = 4.5e-6
+    row_seconds: float = 1.0e-10
+    kernel_max_rows: int = 110_000
+    geqrf_column_seconds: float = 30e-6
+    gemm_rate: float = 34.7e12
+    dense_contention: float = 1.28
+    #: fronts considered: at least this many columns and flops, the largest first
+    min_columns: int = 256
+    min_flops: float = 1e9
+    max_candidates: int = 64
+    #: a dense front is added only when it shortens the modelled time by this share
+    min_gain: float = 0.02
 
 
 #: A dense front defers its parent's Pack-Assemble by one launch per this many of its
@@ -61,7 +121,9 @@ def dense_front_mask(analysis, min_flops) -> np.ndarray:
     ----------
     analysis : SymbolicAnalysis
     min_flops : float or None
-        Threshold on a front's Householder flops (None: no dense front).
+        Threshold on a front's Householder flops (None: no dense front), or
+        :data:`DENSE_RULE` (any negative value): the time model's choice,
+        :func:`dense_rule_mask`.
 
     Returns
     -------
@@ -71,8 +133,203 @@ def dense_front_mask(analysis, min_flops) -> np.ndarray:
     nf = fs.nfronts
     if min_flops is None or not np.isfinite(min_flops) or nf == 0:
         return np.zeros(nf, dtype=bool)
+    if min_flops < 0:
+        return dense_rule_mask(analysis)
     flops = getattr(analysis, "front_flops", None)     # the analysis' own count
     if flops is None or len(flops) != nf:
         flops = front_work(fs)["flops"]
     nfact = np.minimum(fs.fm, fs.fn)
     return (flops >= float(min_flops)) & (nfact > 0)
+
+
+def dense_path_seconds(fm: int, fn: int, stair, model: DenseModel = DenseModel()) -> float:
+    """Modelled seconds of one front on the dense path (:class:`DenseModel`).
+
+    Parameters
+    ----------
+    fm, fn : int
+        Front shape.
+    stair : array_like of int, shape (fn,), or None
+        The front's staircase (None: dense).
+    model : DenseModel
+    """
+    fm, fn = int(fm), int(fn)
+    nfact = min(fm, fn)
+    if nfact <= 0:
+        return 0.0
+    nb = int(model.panel)
+    j = np.arange(0, nfact, nb, dtype=np.int64)
+    b = np.minimum(nb, nfact - j)
+    if stair is None:
+        t = np.full(len(j), fm, dtype=np.int64)
+    else:
+        st = np.asarray(stair, dtype=np.int64)
+        t = np.minimum(np.maximum(st[j + b - 1], j + b), fm)
+    rows = (t - j).astype(np.float64)
+    per_col = np.where(rows > model.kernel_max_rows, model.geqrf_column_seconds,
+                       model.column_seconds + model.row_seconds * rows)
+    flops = 4.0 * rows * b * (fn - j - b) + 2.0 * rows * b * b
+    return float(np.sum(model.panel_seconds + b * per_col + flops / model.gemm_rate))
+
+
+def _depth_order(parent: np.ndarray) -> list:
+    """Fronts by depth (roots first): a list of index arrays, one per level."""
+    nf = len(parent)
+    depth = np.zeros(nf, dtype=np.int64)
+    up = parent.copy()
+    while True:
+        has = up >= 0
+        if not has.any():
+            break
+        depth[has] += 1
+        up[has] = parent[up[has]]
+    order = np.argsort(depth, kind="stable")
+    cuts = np.flatnonzero(np.diff(depth[order])) + 1
+    return np.split(order, cuts)
+
+
+class _RuleProblem:
+    """The candidates of one analysis, reduced to what the model's time needs.
+
+    Every front belongs to the group of its lowest candidate ancestor (itself
+    included; group ``K``: none); a path's modelled time depends on which of
+    that group's chain of candidates are dense, so the longest launch chain per
+    group (``lmax``) stands for all of its fronts.
+    """
+
+    def __init__(self, analysis, model: DenseModel):
+        fs = analysis.fronts
+        nf = fs.nfronts
+        flops = getattr(analysis, "front_flops", None)
+        if flops is None or len(flops) != nf:
+            flops = front_work(fs)["flops"]
+        flops = np.asarray(flops, dtype=np.float64)
+        parent = np.asarray(fs.parent, dtype=np.int64)
+        nfact = np.minimum(fs.fm, fs.fn).astype(np.int64)
+        nl = -(-nfact // int(model.tile)) + 1        # a front's launches, assembly included
+        ok = np.flatnonzero((nfact >= model.min_columns) & (flops >= model.min_flops))
+        cand = ok[np.argsort(-flops[ok], kind="stable")][:model.max_candidates]
+        K = len(cand)
+        self.cand, self.model, self.total_flops = cand, model, float(flops.sum())
+        self.flops_k = flops[cand]
+        self.nl_k = nl[cand].astype(np.float64)
+        self.dense_k = np.array([dense_path_seconds(
+            fs.fm[f], fs.fn[f], fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]], model)
+            for f in cand.tolist()], dtype=np.float64)
+        # launches on the path from every front to its root
+        L = nl.copy()
+        up = parent.copy()
+        while True:
+            has = up >= 0
+            if not has.any():
+                break
+            L[has] += nl[up[has]]
+            up[has] = parent[up[has]]
+        # lowest candidate ancestor (self included) of every front; K: none
+        kof = np.full(nf, K, dtype=np.int64)
+        kof[cand] = np.arange(K)
+        low = np.full(nf, K, dtype=np.int64)
+        for lev in _depth_order(parent):
+            p = parent[lev]
+            inherited = np.where(p >= 0, low[np.maximum(p, 0)], K)
+            low[lev] = np.where(kof[lev] < K, kof[lev], inherited)
+        self.lmax = np.zeros(K + 1, dtype=np.float64)
+        if nf:
+            np.maximum.at(self.lmax, low, L.astype(np.float64))
+        # chain[g, k]: candidate k is an ancestor of group g's candidate (itself included)
+        chain = np.zeros((K + 1, K), dtype=np.float64)
+        for k, f in enumerate(cand.tolist()):
+            a = f
+            while a >= 0:
+                if kof[a] < K:
+                    chain[k, kof[a]] = 1.0
+                a = int(parent[a])
+        self.chain = chain
+
+    def seconds(self, D: np.ndarray) -> np.ndarray:
+        """Modelled seconds for each row of ``D`` (sets × K, 0/1 floats)."""
+        m = self.model
+        D = np.atleast_2d(D)
+        lu = self.lmax[None, :] - D @ (self.chain * self.nl_k).T       # sets × groups
+        sd = D @ (self.chain * self.dense_k).T
+        n_u = np.maximum(lu.max(axis=1), 1.0)
+        w_u = self.total_flops - D @ self.flops_k
+        tau = m.launch_seconds + w_u / (m.uber_rate * n_u)
+        fin = (tau[:, None] * lu + sd).max(axis=1)
+        serial = m.dense_contention * (D @ self.dense_k)
+        return np.maximum(fin, serial)
+
+    def choose(self) -> np.ndarray:
+        """Greedy: add the candidate that shortens the modelled time most, while
+        it shortens it by at least ``min_gain``."""
+        K = len(self.cand)
+        D = np.zeros(K)
+        best = float(self.seconds(D)[0])
+        eye = np.eye(K)
+        while K and D.sum() < K:
+            trial = np.minimum(D[None, :] + eye, 1.0)
+            t = self.seconds(trial)
+            t[D > 0] = np.inf
+            k = int(np.argmin(t))
+            if not t[k] < best * (1.0 - self.model.min_gain):
+                break
+            D, best = trial[k], float(t[k])
+        return D
+
+
+def dense_rule_mask(analysis, model: DenseModel | None = None) -> np.ndarray:
+    """Boolean mask over the fronts: those the time model makes dense fronts.
+
+    Starting from every front in the uberkernel, the candidate whose dense
+    path shortens the modelled factorization most is made dense, and so on
+    while each step gains at least ``model.min_gain``; the model
+    (:class:`DenseModel`) counts the tree's longest chain of launches and
+    dense fronts (a dense front starts when its subtree is done and its
+    ancestors' launches wait for it), the launches' flops, and the dense
+    fronts' sum (they run one after another in effect).
+
+    Parameters
+    ----------
+    analysis : SymbolicAnalysis
+    model : DenseModel, optional
+        Default :class:`DenseModel` ().
+
+    Returns
+    -------
+    ndarray of bool, shape (nfronts,)
+    """
+    model = DenseModel() if model is None else model
+    nf = analysis.fronts.nfronts
+    out = np.zeros(nf, dtype=bool)
+    if nf == 0:
+        return out
+    prob = _RuleProblem(analysis, model)
+    if len(prob.cand):
+        out[prob.cand[prob.choose() > 0]] = True
+    return out
+
+
+def rule_prediction(analysis, mask, model: DenseModel | None = None) -> dict:
+    """The model's view of a choice of dense fronts (for benchmarks and tests).
+
+    Parameters
+    ----------
+    analysis : SymbolicAnalysis
+    mask : ndarray of bool, shape (nfronts,)
+        Dense fronts; those outside the model's candidates are ignored.
+    model : DenseModel, optional
+
+    Returns
+    -------
+    dict
+        ``seconds`` (modelled), ``dense_seconds`` (per dense candidate front:
+        its modelled dense-path seconds), ``candidates``.
+    """
+    model = DenseModel() if model is None else model
+    prob = _RuleProblem(analysis, model)
+    D = np.asarray(mask, dtype=bool)[prob.cand].astype(np.float64)
+    return {"seconds": float(prob.seconds(D)[0]) if len(prob.cand) else
+            float(prob.seconds(np.zeros((1, 0)))[0]),
+            "dense_seconds": {int(f): float(t) for f, t, d in
+                              zip(prob.cand, prob.dense_k, D) if d},
+            "candidates": int(len(prob.cand))}
