@@ -221,6 +221,7 @@ def fake_compile(monkeypatch):
     monkeypatch.setattr(_kernels, "_COMPILED", table)
     monkeypatch.setattr(cupy.cuda, "Device", _FakeDevice)
     monkeypatch.setattr(fk, "prefetch_libraries", lambda: None)
+    monkeypatch.setattr(fk, "start_blas_warmup", lambda device, dtype: None)
     return table
 
 

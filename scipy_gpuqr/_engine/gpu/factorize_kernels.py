@@ -27,6 +27,7 @@ import numpy as np
 from ..._kernels import KernelUse, prefetch
 from . import solve_kernels as sk
 from .array_ops import array_ops_use
+from .blas_warmup import start_blas_warmup
 from .dense_panel import panel_kernel_use
 from .finite_check import finite_check_use
 
@@ -153,9 +154,12 @@ def prefetch_engine_kernels(dtype, tile: int = 32, bundle: int = 3, *,
                             solve: bool = True, dense: bool = True) -> list:
     """Start compiling :func:`engine_kernels` on worker threads, in parallel (each
     module once per process; nothing when compiled or being compiled already),
-    and loading :data:`ENGINE_LIBRARIES` on one more (once per process).
+    loading :data:`ENGINE_LIBRARIES` on one more and setting cuBLAS up on
+    another (:mod:`.blas_warmup`; both once per process).
     Needs a GPU. Returns the compiling threads."""
+    import cupy
     prefetch_libraries()
+    start_blas_warmup(cupy.cuda.Device().id, np.dtype(dtype).name)
     return prefetch(engine_kernels(dtype, tile, bundle, solve=solve, dense=dense))
 
 
