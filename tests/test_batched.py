@@ -52,6 +52,36 @@ def test_lu_singular_warns_and_info(rng, n, dtype):
     assert lu_backward_error(a, lu, piv) < 20 * n * eps(dtype)
 
 
+@pytest.mark.parametrize("n", [8, 32, 40])
+def test_one_singular_warns_once_naming_it(rng, n):
+    """CPU path of the check the GPU test of the same name makes: one exactly
+    singular matrix in a 2-D batch, lu_factor_batched warns once naming its
+    index and its info, inv_batched / solve_batched raise naming it, and
+    return_info gives that info for that matrix only (no warning)."""
+    import warnings
+    batch = (24, 40)
+    a = random_batch(rng, batch, n, np.float64) + 3 * np.eye(n)
+    a[17, 33, :, 5] = 0
+    ref_info = lapack_getrf(a[17, 33][None])[2][0]
+    assert ref_info == 6
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g.lu_factor_batched(a)
+    assert len(caught) == 1 and issubclass(caught[0].category, LinAlgWarning)
+    msg = str(caught[0].message)
+    assert "[(17, 33)]" in msg and "diagonal number 6 " in msg, msg
+    with pytest.raises(LinAlgError, match=r"\[\(17, 33\)\]"):
+        g.inv_batched(a)
+    with pytest.raises(LinAlgError, match=r"\[\(17, 33\)\]"):
+        g.solve_batched(a, np.ones(n))
+    expect = np.zeros(batch, dtype=np.int32)
+    expect[17, 33] = ref_info
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, _, info = g.lu_factor_batched(a, return_info=True)
+    np.testing.assert_array_equal(info, expect)
+
+
 def test_lu_names_at_most_ten(rng):
     a = np.zeros((25, 3, 3))
     with pytest.warns(LinAlgWarning, match="and 15 more"):

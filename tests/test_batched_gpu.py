@@ -229,6 +229,44 @@ def test_gpu_lu_solve_and_solve(rng, n, trans, k):
     assert v.shape == (9, n)
 
 
+@pytest.mark.parametrize("n", [5, 32, 70])
+@pytest.mark.parametrize("bshape", ["vector", "matrix", "batch1", "batch3", "float32"])
+def test_gpu_solves_right_hand_side_shapes(rng, n, bshape):
+    """The solves' short path for CuPy b (read in place: one b for every
+    matrix at batch stride 0, or per-matrix b) on a 2-D batch, and the
+    general path (b of another dtype, cast): SciPy's answers in the shape
+    NumPy's broadcasting gives, b untouched."""
+    import cupy as cp
+    batch = (3, 4)
+    a = random_batch(rng, batch, n, np.float64) + 2 * np.sqrt(n) * np.eye(n)
+    spd = spd_batch(rng, 12, n, np.float64).reshape(batch + (n, n))
+    b = {"vector": rng.standard_normal(n), "matrix": rng.standard_normal((n, 2)),
+         "batch1": rng.standard_normal(batch + (n, 1)),
+         "batch3": rng.standard_normal(batch + (n, 3)),
+         "float32": rng.standard_normal(batch + (n, 2)).astype(np.float32)}[bshape]
+    bb = b.astype(np.float64)
+    full = np.broadcast_to(bb if bb.ndim > 1 else bb[:, None], batch + bb.shape[-2:]
+                           if bb.ndim > 1 else batch + (n, 1))
+    ref = np.linalg.solve(a, full)
+    ref_c = np.linalg.solve(spd, full)
+    if bb.ndim == 1:
+        ref, ref_c = ref[..., 0], ref_c[..., 0]
+    gb = cp.asarray(b)
+    lu, piv = g.lu_factor_batched(cp.asarray(a))
+    c, low = g.cho_factor_batched(cp.asarray(spd))
+    tol = dict(rtol=1e-9, atol=1e-9)
+    for x in (g.solve_batched(cp.asarray(a), gb), g.lu_solve_batched((lu, piv), gb)):
+        assert x.shape == ref.shape and x.dtype == np.float64
+        np.testing.assert_allclose(x.get(), ref, **tol)
+    x = g.cho_solve_batched((c, low), gb)
+    assert x.shape == ref.shape
+    np.testing.assert_allclose(x.get(), ref_c, **tol)
+    x, info = g.solve_batched(cp.asarray(a), gb, check_finite=False, return_info=True)
+    np.testing.assert_allclose(x.get(), ref, **tol)
+    assert info.shape == batch and not info.get().any()
+    np.testing.assert_array_equal(gb.get(), b)
+
+
 @pytest.mark.parametrize("lower", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 13, 16, 20, 32, 33, 64, 100])
@@ -333,7 +371,7 @@ def _host(x):
     return cp.ndarray.get(x)         # the base class's get: past the guard
 
 
-@pytest.mark.parametrize("n", [8, 32, 40])
+@pytest.mark.parametrize("n", [8, 32, 40, 100])
 def test_gpu_one_singular_warns_once_without_host_copy_of_info(rng, monkeypatch, n):
     """One exactly singular matrix in a 2-D batch: lu_factor_batched warns
     once naming its index (and its info), inv_batched / solve_batched raise

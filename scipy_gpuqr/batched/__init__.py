@@ -64,8 +64,12 @@ __all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name: str):
+    # Called only for names not yet in the module's namespace: the loaded
+    # function is bound there, so later lookups are plain attribute reads.
     if name in _PUBLIC:
-        return getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+        value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

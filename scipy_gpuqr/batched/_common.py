@@ -22,7 +22,7 @@ from .._options import ENV_BACKEND, log_decision, resolve_backend
 
 __all__ = ["MAX_NAMED", "NONFINITE", "result_dtype", "use_gpu", "as_stack",
            "batch_names", "check_finite_np", "require_finite", "to_host",
-           "to_device", "restore", "gpu_supported",
+           "to_device", "restore", "gpu_supported", "cupy_stack", "gpu_rhs",
            "bad_indices", "info_counts"]
 
 #: How many offending indices an error message names.
@@ -225,3 +225,53 @@ _GPU_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 def gpu_supported(dtype) -> bool:
     """The GPU kernels take float32 and float64 (other dtypes run on the CPU)."""
     return (dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)) in _GPU_DTYPES
+
+
+def cupy_stack(a) -> bool:
+    """``a`` is a CuPy float32/float64 stack ``(..., n, n)``: a valid input of
+    the GPU kernels as it is (the public functions' short path, without
+    :func:`as_stack`'s conversions and :func:`use_gpu`'s backend rules, which
+    send such input to the GPU when no backend is named)."""
+    if not is_cupy_array(a):
+        return False
+    shape = a.shape
+    return len(shape) >= 2 and shape[-1] == shape[-2] and a.dtype in _GPU_DTYPES
+
+
+def gpu_rhs(b, batch_shape: tuple, n: int, dtype):
+    """Right-hand sides as the GPU solves read them, without a copy:
+    ``(b as a (B, n, k) CuPy array, the solution's shape)``.
+
+    Only for a C-contiguous CuPy ``b`` of ``dtype`` shaped ``(n,)`` or
+    ``(n, k)`` (one for every matrix: read at batch stride 0) or
+    ``batch_shape + (n, k)``, with ``B``, ``n`` and ``k`` positive; None for
+    anything else (the general path validates, casts and broadcasts it).
+    """
+    if not is_cupy_array(b) or b.dtype != dtype or not b._c_contiguous:
+        return None
+    shape = b.shape
+    nd = len(shape)
+    if nd == 1:
+        if shape[0] != n:
+            return None
+        k, out = 1, batch_shape + (n,)
+    elif nd == 2:
+        if shape[0] != n:
+            return None
+        k = shape[1]
+        out = batch_shape + (n, k)
+    elif shape[:-2] == batch_shape and shape[-2] == n:
+        k, out = shape[-1], shape
+        if nd == 3:
+            return (b, out) if k and n and shape[0] else None
+    else:
+        return None
+    bsz = 1
+    for d in batch_shape:
+        bsz *= d
+    if not (bsz and n and k):
+        return None
+    item = b.itemsize
+    view = gc.cupy().ndarray((bsz, n, k), dtype, memptr=b.data,
+                             strides=((0 if nd < 3 else n * k * item), k * item, item))
+    return view, out

@@ -33,8 +33,8 @@ from scipy.linalg import LinAlgError, LinAlgWarning
 from . import _cpu, _gpu, _jacobi, _vbatched
 from . import _gpu_common as _gc
 from ._common import (NONFINITE, as_stack, bad_indices, batch_names, check_finite_np,
-                      cholesky_pair, gpu_supported, lu_pair, require_finite, restore,
-                      result_dtype, to_device, to_host, use_gpu)
+                      cholesky_pair, cupy_stack, gpu_rhs, gpu_supported, lu_pair,
+                      require_finite, restore, result_dtype, to_device, to_host, use_gpu)
 from .._gpu import is_cupy_array
 from .._options import log_decision
 
@@ -67,12 +67,13 @@ def _dev(arr):
     return arr if is_cupy_array(arr) else to_device(arr)
 
 
-def _new_status(check_finite, return_info, nan_fill=False):
-    """(status word, kernel report) of a call: the word is None for
-    ``return_info`` without ``check_finite``, which needs nothing from the
-    device; the report clears ``info < 0`` without ``check_finite`` and,
-    with ``nan_fill`` and ``return_info``, gives singular matrices NaN results."""
-    st = None if (return_info and not check_finite) else _gc.new_status()
+def _new_status(check_finite, return_info, nan_fill=False, device=None):
+    """(status word, kernel report) of a call on ``device`` (default: the
+    current one): the word is None for ``return_info`` without
+    ``check_finite``, which needs nothing from the device; the report clears
+    ``info < 0`` without ``check_finite`` and, with ``nan_fill`` and
+    ``return_info``, gives singular matrices NaN results."""
+    st = None if (return_info and not check_finite) else _gc.new_status(device)
     return st, _gc.report_args(st, clear_neg=not check_finite,
                                nan_fill=nan_fill and return_info)
 
@@ -124,11 +125,11 @@ def _lu_core(arr, batch_shape, gpu: bool, where: str, check_finite: bool):
     return lu, piv, info
 
 
-def _warn_singular(where, names, first):
+def _warn_singular(where, names, first, stacklevel=3):
     warnings.warn(f"{where}: exactly singular matrices at batch index "
                   f"{names} (first: diagonal number "
                   f"{first} is exactly zero). Singular matrix.",
-                  LinAlgWarning, stacklevel=3)
+                  LinAlgWarning, stacklevel=stacklevel)
 
 
 def lu_factor_batched(a, *, overwrite_a=False, check_finite=True,
@@ -175,19 +176,28 @@ def lu_factor_batched(a, *, overwrite_a=False, check_finite=True,
     check_finite=False`` does not wait at all (fully asynchronous).
     """
     where = "lu_factor_batched"
-    arr, batch_shape = as_stack(a, where)
-    gpu = use_gpu(a, backend, where)
+    if backend is None and cupy_stack(a):        # the common GPU call, validated
+        arr, batch_shape, cupy_in = a, a.shape[:-2], True
+    else:
+        arr, batch_shape = as_stack(a, where)
+        gpu = use_gpu(a, backend, where)
+        if not (gpu and gpu_supported(arr.dtype)):
+            return _lu_factor_cpu(a, arr, batch_shape, gpu, where, check_finite, return_info)
+        arr, cupy_in = _dev(arr), is_cupy_array(a)
+    dev = _gc.device_id()
+    st, report = _new_status(check_finite, return_info, device=dev)
+    lu, piv, info = _gpu.getrf(arr, report=report, device=dev)
+    counts = _gpu_status(where, info, batch_shape, check_finite, st)
+    if return_info:
+        return restore(lu, cupy_in), restore(piv, cupy_in), restore(info, cupy_in)
+    if _singular(counts):
+        _warn_singular(where, *_first_bad(info, batch_shape))
+    return restore(lu, cupy_in), restore(piv, cupy_in)
+
+
+def _lu_factor_cpu(a, arr, batch_shape, gpu, where, check_finite, return_info):
+    """:func:`lu_factor_batched` of a validated stack on the CPU."""
     n = arr.shape[-1]
-    if gpu and gpu_supported(arr.dtype):
-        cupy_in = is_cupy_array(a)
-        st, report = _new_status(check_finite, return_info)
-        lu, piv, info = _gpu.getrf(_dev(arr), report=report)
-        counts = _gpu_status(where, info, batch_shape, check_finite, st)
-        if return_info:
-            return restore(lu, cupy_in), restore(piv, cupy_in), restore(info, cupy_in)
-        if _singular(counts):
-            _warn_singular(where, *_first_bad(info, batch_shape))
-        return restore(lu, cupy_in), restore(piv, cupy_in)
     lu, piv, info = _lu_core(arr, batch_shape, gpu, where, check_finite)
     lu = restore(lu.reshape(arr.shape), is_cupy_array(a))
     piv = restore(piv.reshape(batch_shape + (n,)), is_cupy_array(a))
@@ -197,7 +207,7 @@ def lu_factor_batched(a, *, overwrite_a=False, check_finite=True,
     bad = np.flatnonzero(info.reshape(-1) > 0)
     if bad.size:
         _warn_singular(where, batch_names(bad, batch_shape),
-                       int(info.reshape(-1)[bad[0]]))
+                       int(info.reshape(-1)[bad[0]]), stacklevel=4)
     return lu, piv
 
 
@@ -259,6 +269,20 @@ def _rhs(b, batch_shape, n, where, xp_gpu: bool, dtype=None):
     return mat, shape_out
 
 
+#: lu_solve_batched's trans by its LAPACK letter
+_TRANS = {"N": 0, "T": 1, "C": 2}
+
+
+def _stack3(x):
+    """A contiguous stack (..., n, n) as (B, n, n) (itself when it has that shape)."""
+    return x if x.ndim == 3 else x.reshape(math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1])
+
+
+def _stack2(x):
+    """A contiguous (..., n) array as (B, n)."""
+    return x if x.ndim == 2 else x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+
+
 def _solve_dtype(a_dtype, b_dtype, where):
     return np.promote_types(a_dtype, result_dtype(b_dtype, where))
 
@@ -299,7 +323,21 @@ def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
     lu, piv = lu_pair(lu_and_piv, where)
     if trans not in (0, 1, 2, "N", "T", "C"):
         raise ValueError(f"{where}: trans must be 0, 1 or 2, got {trans!r}")
-    trans = {"N": 0, "T": 1, "C": 2}.get(trans, trans)
+    trans = _TRANS.get(trans, trans)
+    if backend is None and cupy_stack(lu) and is_cupy_array(piv):
+        # the common GPU call: factors as lu_factor_batched gives them, b as the
+        # solve kernel reads it (no copy, no cast)
+        shape = lu.shape
+        if piv.dtype == np.int32 and piv.shape == shape[:-1] and piv._c_contiguous:
+            rhs = gpu_rhs(b, shape[:-2], shape[-1], lu.dtype)
+            if rhs is not None:
+                bmat, out_shape = rhs
+                st = _gc.new_status() if check_finite else None
+                x = _gpu.getrs(_stack3(lu), _stack2(piv), bmat, trans, _gc.report_args(st))
+                if st is not None:
+                    _raise_nonfinite_inputs(where, _gc.read_status(st),
+                                            ((_gc.STATUS_FACTOR, "lu"), (_gc.STATUS_RHS, "b")))
+                return x if x.shape == out_shape else x.reshape(out_shape)
     arr, batch_shape = as_stack(lu, where, "lu")
     n = arr.shape[-1]
     pv = piv if is_cupy_array(piv) else np.asarray(piv)
@@ -379,32 +417,52 @@ def solve_batched(a, b, *, check_finite=True, return_info=False,
     32-byte summary; none with ``return_info=True, check_finite=False``.
     """
     where = "solve_batched"
-    arr, batch_shape = as_stack(a, where)
-    gpu = use_gpu(a, backend, where)
+    rhs = None
+    if backend is None and cupy_stack(a):          # the common GPU call
+        shape = a.shape
+        rhs = gpu_rhs(b, shape[:-2], shape[-1], a.dtype)
+    if rhs is not None:
+        arr, batch_shape, cupy_in = a, a.shape[:-2], True
+        bmat, out_shape = rhs
+
+        def shape_out(x):
+            return x if x.shape == out_shape else x.reshape(out_shape)
+    else:
+        arr, batch_shape = as_stack(a, where)
+        gpu = use_gpu(a, backend, where)
+        n = arr.shape[-1]
+        bdt = b.dtype if hasattr(b, "dtype") else np.asarray(b).dtype
+        dt = _solve_dtype(arr.dtype, bdt, where)
+        on_gpu = gpu and gpu_supported(dt)
+        bmat, shape_out = _rhs(b, batch_shape, n, where, on_gpu, dt)
+        if check_finite and not on_gpu:
+            check_finite_np(to_host(bmat), (bmat.shape[0],), where, "b")
+        if arr.dtype != dt:
+            arr = arr.astype(dt)
+        if not on_gpu:
+            return _solve_cpu(a, arr, bmat, shape_out, batch_shape, gpu, dt, where,
+                              check_finite, return_info)
+        arr, cupy_in = _dev(arr), is_cupy_array(a)
+    dev = _gc.device_id()
+    st, report = _new_status(check_finite, return_info, device=dev)
+    lu, piv, info = _gpu.getrf(arr, report=report, device=dev)
+    x = _gpu.getrs(_stack3(lu), _stack2(piv), bmat, 0,
+                   _gc.report_args(st if check_finite else None, nan_fill=return_info),
+                   info.reshape(-1) if return_info else None)
+    counts = _gpu_status(where, info, batch_shape, check_finite, st)
+    if not return_info and _singular(counts):
+        _raise_singular_names(where, _first_bad(info, batch_shape)[0])
+    if check_finite:
+        _raise_nonfinite_inputs(where, counts, ((_gc.STATUS_RHS, "b"),))
+    x = restore(shape_out(x), cupy_in)
+    return (x, restore(info, cupy_in)) if return_info else x
+
+
+def _solve_cpu(a, arr, bmat, shape_out, batch_shape, gpu, dt, where, check_finite,
+               return_info):
+    """:func:`solve_batched` of a validated stack and right-hand sides on the CPU."""
     n = arr.shape[-1]
-    bdt = b.dtype if hasattr(b, "dtype") else np.asarray(b).dtype
-    dt = _solve_dtype(arr.dtype, bdt, where)
-    on_gpu = gpu and gpu_supported(dt)
-    bmat, shape_out = _rhs(b, batch_shape, n, where, on_gpu, dt)
-    if check_finite and not on_gpu:
-        check_finite_np(to_host(bmat), (bmat.shape[0],), where, "b")
-    if arr.dtype != dt:
-        arr = arr.astype(dt)
     bsz = bmat.shape[0]
-    if on_gpu:
-        cupy_in = is_cupy_array(a)
-        st, report = _new_status(check_finite, return_info)
-        lu, piv, info = _gpu.getrf(_dev(arr), report=report)
-        x = _gpu.getrs(lu.reshape(bsz, n, n), piv.reshape(bsz, n), bmat, 0,
-                       _gc.report_args(st if check_finite else None, nan_fill=return_info),
-                       info.reshape(bsz) if return_info else None)
-        counts = _gpu_status(where, info, batch_shape, check_finite, st)
-        if not return_info and _singular(counts):
-            _raise_singular_names(where, _first_bad(info, batch_shape)[0])
-        if check_finite:
-            _raise_nonfinite_inputs(where, counts, ((_gc.STATUS_RHS, "b"),))
-        x = restore(shape_out(x), cupy_in)
-        return (x, restore(info, cupy_in)) if return_info else x
     lu, piv, info = _lu_core(arr, batch_shape, gpu, where, check_finite)
     if not return_info:
         _raise_singular(where, info, batch_shape)
@@ -455,18 +513,27 @@ def inv_batched(a, *, check_finite=True, return_info=False, backend=None):
     none with ``return_info=True, check_finite=False``.
     """
     where = "inv_batched"
-    arr, batch_shape = as_stack(a, where)
-    gpu = use_gpu(a, backend, where)
+    if backend is None and cupy_stack(a):        # the common GPU call, validated
+        arr, batch_shape, cupy_in = a, a.shape[:-2], True
+    else:
+        arr, batch_shape = as_stack(a, where)
+        gpu = use_gpu(a, backend, where)
+        if not (gpu and gpu_supported(arr.dtype)):
+            return _inv_cpu(a, arr, batch_shape, gpu, where, check_finite, return_info)
+        arr, cupy_in = _dev(arr), is_cupy_array(a)
+    dev = _gc.device_id()
+    st, report = _new_status(check_finite, return_info, nan_fill=True, device=dev)
+    x, info = _gpu.getri(arr, report=report, device=dev)
+    counts = _gpu_status(where, info, batch_shape, check_finite, st)
+    if not return_info and _singular(counts):
+        _raise_singular_names(where, _first_bad(info, batch_shape)[0])
+    x = restore(x, cupy_in)
+    return (x, restore(info, cupy_in)) if return_info else x
+
+
+def _inv_cpu(a, arr, batch_shape, gpu, where, check_finite, return_info):
+    """:func:`inv_batched` of a validated stack on the CPU."""
     n = arr.shape[-1]
-    if gpu and gpu_supported(arr.dtype):
-        cupy_in = is_cupy_array(a)
-        st, report = _new_status(check_finite, return_info, nan_fill=True)
-        x, info = _gpu.getri(_dev(arr), report=report)
-        counts = _gpu_status(where, info, batch_shape, check_finite, st)
-        if not return_info and _singular(counts):
-            _raise_singular_names(where, _first_bad(info, batch_shape)[0])
-        x = restore(x, cupy_in)
-        return (x, restore(info, cupy_in)) if return_info else x
     bsz = int(np.prod(batch_shape, dtype=np.int64))
     host = to_host(arr).reshape(bsz, n, n)
     if check_finite:
@@ -542,19 +609,29 @@ def cho_factor_batched(a, lower=False, *, overwrite_a=False,
     32-byte summary; none with ``return_info=True, check_finite=False``.
     """
     where = "cho_factor_batched"
-    arr, batch_shape = as_stack(a, where)
-    gpu = use_gpu(a, backend, where)
     lower = bool(lower)
+    if backend is None and cupy_stack(a):        # the common GPU call, validated
+        arr, batch_shape, cupy_in = a, a.shape[:-2], True
+    else:
+        arr, batch_shape = as_stack(a, where)
+        gpu = use_gpu(a, backend, where)
+        if not (gpu and gpu_supported(arr.dtype)):
+            return _cho_factor_cpu(a, arr, batch_shape, gpu, lower, where, check_finite,
+                                   return_info)
+        arr, cupy_in = _dev(arr), is_cupy_array(a)
+    dev = _gc.device_id()
+    st, report = _new_status(check_finite, return_info, device=dev)
+    c, info = _gpu.potrf(arr, lower, report=report, device=dev)
+    counts = _gpu_status(where, info, batch_shape, check_finite, st)
+    if not return_info and _singular(counts):
+        _raise_not_pd(where, *_first_bad(info, batch_shape))
+    c = restore(c, cupy_in)
+    return (c, lower, restore(info, cupy_in)) if return_info else (c, lower)
+
+
+def _cho_factor_cpu(a, arr, batch_shape, gpu, lower, where, check_finite, return_info):
+    """:func:`cho_factor_batched` of a validated stack on the CPU."""
     n = arr.shape[-1]
-    if gpu and gpu_supported(arr.dtype):
-        cupy_in = is_cupy_array(a)
-        st, report = _new_status(check_finite, return_info)
-        c, info = _gpu.potrf(_dev(arr), lower, report=report)
-        counts = _gpu_status(where, info, batch_shape, check_finite, st)
-        if not return_info and _singular(counts):
-            _raise_not_pd(where, *_first_bad(info, batch_shape))
-        c = restore(c, cupy_in)
-        return (c, lower, restore(info, cupy_in)) if return_info else (c, lower)
     bsz = int(np.prod(batch_shape, dtype=np.int64))
     host = to_host(arr).reshape(bsz, n, n)
     if check_finite:
@@ -607,6 +684,17 @@ def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
     where = "cho_solve_batched"
     c, lower = cholesky_pair(c_and_lower, where)
     lower = _lower_flag(lower, where)
+    if backend is None and cupy_stack(c):          # the common GPU call
+        shape = c.shape
+        rhs = gpu_rhs(b, shape[:-2], shape[-1], c.dtype)
+        if rhs is not None:
+            bmat, out_shape = rhs
+            st = _gc.new_status() if check_finite else None
+            x = _gpu.potrs(_stack3(c), lower, bmat, _gc.report_args(st))
+            if st is not None:
+                _raise_nonfinite_inputs(where, _gc.read_status(st),
+                                        ((_gc.STATUS_FACTOR, "c"), (_gc.STATUS_RHS, "b")))
+            return x if x.shape == out_shape else x.reshape(out_shape)
     arr, batch_shape = as_stack(c, where, "c")
     n = arr.shape[-1]
     gpu = use_gpu(c, backend, where)

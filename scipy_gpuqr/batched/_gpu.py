@@ -250,28 +250,53 @@ def _warp_plan(op: str, dt: str, n: int, kernel, threads, stages, device: int):
             16 // np.dtype(dt).itemsize, fn.kernel.ptr)
 
 
+def _grid(plan, batch: int) -> int:
+    """Blocks of a :func:`_warp_plan` launch over ``batch`` matrices (persistent grid)."""
+    fn, size, threads, stages, smem, resident, mw, vw, fptr = plan
+    if size <= TINY_MAX:
+        # a thread per matrix: one matrix per thread beats the persistent grid
+        return max(1, -(-batch // threads))
+    tasks = -(-batch // mw)
+    return max(1, min(resident, -(-tasks // (threads // 32))))
+
+
+@functools.lru_cache(maxsize=512)
+def _small_call(op: str, shape: tuple, dtype, kernel, threads, stages, device: int):
+    """Everything of an n <= 32 call of ``op`` ('lu', 'inv' or 'chol') on a
+    C-contiguous stack of ``shape`` and ``dtype`` that does not depend on
+    the arrays, resolved once: (output specs for
+    :func:`scipy_gpuqr.batched._gpu_common.alloc_outputs`, CUfunction, grid,
+    threads, shared memory, matrices, stages, whether n allows the kernels'
+    16-byte vector path). A call is then one allocation and one launch."""
+    n = shape[-1]
+    batch_shape = shape[:-2]
+    bsz = math.prod(batch_shape)
+    dt = dtname(dtype)
+    if op == "chol":
+        fptr, block, per_block, smem = _potrf_plan(dt, padded_size(n), threads, device)
+        return (((shape, dtype), (batch_shape, np.int32)), fptr, -(-bsz // per_block),
+                block, smem, bsz, 0, False)
+    plan = _warp_plan(op, dt, n, kernel, threads, stages, device)
+    specs = ((shape, dtype), (batch_shape + (n,), np.int32), (batch_shape, np.int32)) \
+        if op == "lu" else ((shape, dtype), (batch_shape, np.int32))
+    return specs, plan[8], _grid(plan, bsz), plan[2], plan[4], bsz, plan[3], n % plan[7] == 0
+
+
 def _launch_plan(plan, n: int, x, out, batch: int, args_head, args_tail, report) -> None:
     """Launch a :func:`_warp_plan` over ``batch`` matrices of size n (persistent
     grid): ``args_head`` (arrays), the batch, ``args_tail`` (ints), stages,
     the vector flag and ``report`` (status, ctl), through
     :func:`scipy_gpuqr.batched._gpu_common.launch`."""
-    fn, size, threads, stages, smem, resident, mw, vw, fptr = plan
-    if size <= TINY_MAX:
-        # a thread per matrix: one matrix per thread beats the persistent grid
-        grid = max(1, -(-batch // threads))
-    else:
-        tasks = -(-batch // mw)
-        grid = max(1, min(resident, -(-tasks // (threads // 32))))
-    vec = 1 if (x.data.ptr % 16 == 0 and out.data.ptr % 16 == 0 and n % vw == 0) else 0
+    vec = 1 if (x.data.ptr % 16 == 0 and out.data.ptr % 16 == 0 and n % plan[7] == 0) else 0
     values = [a.data.ptr for a in args_head]
     values.append(batch)
     values += args_tail
-    values += (stages, vec, _common.arg_value(report[0]), report[1])
-    _common.launch(fptr, grid, threads, smem, values)
+    values += (plan[3], vec, _common.arg_value(report[0]), report[1])
+    _common.launch(plan[8], _grid(plan, batch), plan[2], plan[4], values)
 
 
 def _contiguous(a):
-    return a if a.flags.c_contiguous else _common.cupy().ascontiguousarray(a)
+    return a if a._c_contiguous else _common.cupy().ascontiguousarray(a)
 
 
 def _batch(a):
@@ -292,7 +317,7 @@ def _stack3(x, bsz: int, n: int):
 # ----------------------------------------------------------------------------
 
 def getrf(a, threads: int | None = None, stages: int | None = None,
-          kernel: str | None = None, report=NO_REPORT):
+          kernel: str | None = None, report=NO_REPORT, device: int | None = None):
     """LU of a stack ``a`` (..., n, n); returns (lu, piv int32, info int32)
     of shapes (..., n, n), (..., n) and (...).
 
@@ -301,21 +326,28 @@ def getrf(a, threads: int | None = None, stages: int | None = None,
     holding an inf or NaN (0 with ``report``'s clearing flag). ``threads``
     and ``stages`` tune the n <= 32 kernel (default:
     :func:`getrf_defaults`); ``kernel`` ('warp' or 'mma') forces the kernel
-    (:func:`getrf_kernel`); ``report``: see the module docstring.
+    (:func:`getrf_kernel`); ``report``: see the module docstring; ``device``:
+    the current device's id when the caller has it.
     """
     a = _contiguous(a)
+    n = a.shape[-1]
+    if 0 < n <= SMALL_MAX and a.size:
+        specs, fptr, grid, thr, smem, bsz, stg, vec = _small_call(
+            "lu", a.shape, a.dtype, kernel, threads, stages,
+            device_id() if device is None else device)
+        lu, piv, info = _common.alloc_outputs(specs)
+        src, dst = a.data.ptr, lu.data.ptr
+        _common.launch(fptr, grid, thr, smem,
+                       (src, dst, piv.data.ptr, info.data.ptr, bsz, stg,
+                        1 if vec and not (src | dst) & 15 else 0,
+                        _common.arg_value(report[0]), report[1]))
+        return lu, piv, info
     bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:
         piv, info = _common.alloc_outputs(((batch_shape + (n,), np.int32),
                                            (batch_shape, np.int32)))
         info.fill(0)
         return a.copy(), piv, info
-    if n <= SMALL_MAX:
-        lu, piv, info = _common.alloc_outputs(((a.shape, a.dtype), (batch_shape + (n,), np.int32),
-                                       (batch_shape, np.int32)))
-        plan = _warp_plan("lu", dtname(a.dtype), n, kernel, threads, stages, device_id())
-        _launch_plan(plan, n, a, lu, bsz, (a, lu, piv, info), (), report)
-        return lu, piv, info
     piv, info = _common.alloc_outputs(((batch_shape + (n,), np.int32), (batch_shape, np.int32)))
     lu = _blocked.getrf(_stack3(a, bsz, n), piv.reshape(bsz, n), info.reshape(bsz))
     _common.finish_report(info, report)
@@ -347,7 +379,7 @@ def getrs(lu, piv, b, trans: int = 0, report=NO_REPORT, info=None):
 
 
 def getri(a, threads: int | None = None, stages: int | None = None,
-          kernel: str | None = None, report=NO_REPORT):
+          kernel: str | None = None, report=NO_REPORT, device: int | None = None):
     """Inverse of every matrix of ``a`` (..., n, n); returns (inv, info) of
     shapes (..., n, n) and (...).
 
@@ -358,14 +390,21 @@ def getri(a, threads: int | None = None, stages: int | None = None,
     (:func:`getri_kernel`).
     """
     a = _contiguous(a)
+    n = a.shape[-1]
+    if 0 < n <= SMALL_MAX and a.size:
+        specs, fptr, grid, thr, smem, bsz, stg, vec = _small_call(
+            "inv", a.shape, a.dtype, kernel, threads, stages,
+            device_id() if device is None else device)
+        out, info = _common.alloc_outputs(specs)
+        src, dst = a.data.ptr, out.data.ptr
+        _common.launch(fptr, grid, thr, smem,
+                       (src, dst, info.data.ptr, bsz, n, stg,
+                        1 if vec and not (src | dst) & 15 else 0,
+                        _common.arg_value(report[0]), report[1]))
+        return out, info
     bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:
         return a.copy(), _common.cupy().zeros(batch_shape, dtype=np.int32)
-    if n <= SMALL_MAX:
-        out, info = _common.alloc_outputs(((a.shape, a.dtype), (batch_shape, np.int32)))
-        plan = _warp_plan("inv", dtname(a.dtype), n, kernel, threads, stages, device_id())
-        _launch_plan(plan, n, a, out, bsz, (a, out, info), (np.int32(n),), report)
-        return out, info
     out, info = _blocked.inverse(_stack3(a, bsz, n))
     _common.finish_report(info, report, out)
     return out.reshape(a.shape), info.reshape(batch_shape)
@@ -375,21 +414,24 @@ def getri(a, threads: int | None = None, stages: int | None = None,
 # Cholesky
 # ----------------------------------------------------------------------------
 
-def potrf(a, lower: bool, threads: int | None = None, report=NO_REPORT):
+def potrf(a, lower: bool, threads: int | None = None, report=NO_REPORT,
+          device: int | None = None):
     """Cholesky of ``a`` (..., n, n) like LAPACK potrf; returns (c, info) of
-    shapes (..., n, n) and (...); ``report``: see the module docstring."""
+    shapes (..., n, n) and (...); ``report``, ``device``: see :func:`getrf`."""
     a = _contiguous(a)
+    n = a.shape[-1]
+    if 0 < n <= SMALL_MAX and a.size:
+        specs, fptr, grid, block, smem, bsz, _, _ = _small_call(
+            "chol", a.shape, a.dtype, None, threads, None,
+            device_id() if device is None else device)
+        out, info = _common.alloc_outputs(specs)
+        _common.launch(fptr, grid, block, smem,
+                       (a.data.ptr, out.data.ptr, info.data.ptr, bsz, n, 1 if lower else 0,
+                        _common.arg_value(report[0]), report[1]))
+        return out, info
     bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:
         return a.copy(), _common.cupy().zeros(batch_shape, dtype=np.int32)
-    if n <= SMALL_MAX:
-        size = padded_size(n)
-        out, info = _common.alloc_outputs(((a.shape, a.dtype), (batch_shape, np.int32)))
-        fn, block, per_block, smem = _potrf_plan(dtname(a.dtype), size, threads, device_id())
-        fn((-(-bsz // per_block),), block, (a, out, info, np.int64(bsz), np.int32(n),
-                                           np.int32(1 if lower else 0)) + report,
-           shared_mem=smem)
-        return out, info
     c, info = _blocked.potrf(_stack3(a, bsz, n), lower)
     _common.finish_report(info, report)
     return c.reshape(a.shape), info.reshape(batch_shape)
@@ -397,10 +439,11 @@ def potrf(a, lower: bool, threads: int | None = None, report=NO_REPORT):
 
 @functools.lru_cache(maxsize=None)
 def _potrf_plan(dt: str, size: int, threads, device: int):
-    """(function, block, matrices per block, shared memory) of ``potrf_small``."""
+    """(CUfunction, threads per block, matrices per block, shared memory) of
+    ``potrf_small``."""
     fn = _small_function_cached("potrf_small", dt, size, device)
     grid, block, smem = small_launch(fn, size, 1, np.dtype(dt).itemsize, threads)
-    return fn, block, block[0] // _seg(size), smem
+    return fn.kernel.ptr, block[0], block[0] // _seg(size), smem
 
 
 def potrs(c, lower: bool, b, report=NO_REPORT):

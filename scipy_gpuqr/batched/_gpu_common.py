@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 import threading
 
 import numpy as np
@@ -80,19 +81,32 @@ def cupy():
     return _CUPY
 
 
+@functools.lru_cache(maxsize=512)
+def _layout(specs) -> tuple:
+    """((shape, dtype, byte offset), ...) and the total bytes of ``specs``
+    in one allocation (a pure function of the shapes and dtypes)."""
+    out, total = [], 0
+    for shape, dtype in specs:
+        dt = np.dtype(dtype)
+        out.append((tuple(shape), dt, total))
+        nbytes = math.prod(shape) * dt.itemsize
+        total += -(-nbytes // _ALIGN) * _ALIGN
+    return tuple(out), max(total, 1)
+
+
 def alloc_outputs(specs):
     """Uninitialized output arrays of ``specs`` ((shape, dtype), ...): views
     of one allocation from CuPy's pool, each 256-byte aligned (the tests
     replace this to poison outputs)."""
     cp = cupy()
-    offsets, total = [], 0
-    for shape, dtype in specs:
-        offsets.append(total)
-        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        total += -(-nbytes // _ALIGN) * _ALIGN
-    mem = cp.cuda.alloc(max(total, 1))
-    return [cp.ndarray(shape, dtype, memptr=mem + off)
-            for (shape, dtype), off in zip(specs, offsets)]
+    try:
+        layout, total = _layout(specs)
+    except TypeError:                     # unhashable shapes (lists)
+        layout, total = _layout(tuple((tuple(s), d) for s, d in specs))
+    mem = cp.cuda.alloc(total)
+    nd = cp.ndarray
+    return [nd(shape, dt, memptr=mem + off) if off else nd(shape, dt, memptr=mem)
+            for shape, dt, off in layout]
 
 
 def alloc(shape, dtype):
@@ -128,6 +142,8 @@ class _LaunchArgs(threading.local):
         self.ptrs = (np.arange(self.SLOTS, dtype=np.uint64) * np.uint64(8)
                      + np.uint64(self.vals.ctypes.data))
         self.addr = int(self.ptrs.ctypes.data)
+        #: pack_into of k little-endian uint64 values, by k
+        self.pack = [struct.Struct(f"<{k}Q").pack_into for k in range(self.SLOTS + 1)]
         self.launch_kernel = None          # CuPy's, looked up at the first launch
 
     def bind(self) -> None:
@@ -143,6 +159,8 @@ _LAUNCH_ARGS = _LaunchArgs()
 def arg_value(x) -> int:
     """A kernel argument as :func:`launch` takes it: a CuPy array's address,
     else the integer itself."""
+    if x is NULL:
+        return 0
     data = getattr(x, "data", None)
     return data.ptr if data is not None and hasattr(data, "ptr") else int(x)
 
@@ -152,15 +170,15 @@ def launch(fptr: int, grid: int, block: int, smem: int, values) -> None:
     on the current stream, 1-D grid and block.
 
     ``values``: the kernel's arguments as non-negative integers (addresses,
-    sizes, flags), each in an 8-byte slot from which a 4-byte parameter reads
-    its low half (little-endian). The hot n <= 32 launches take this path:
-    CuPy's kernel call converts each argument to a new object, which costs
-    several microseconds of host time per launch.
+    sizes, flags; NumPy integer scalars too), each in an 8-byte slot from
+    which a 4-byte parameter reads its low half (little-endian). The public
+    calls' launches take this path: CuPy's kernel call converts each argument
+    to a new object, which costs several microseconds of host time per launch.
     """
     buf = _LAUNCH_ARGS
     if buf.launch_kernel is None:
         buf.bind()
-    buf.vals[:len(values)] = values
+    buf.pack[len(values)](buf.vals, 0, *values)
     buf.launch_kernel(fptr, grid, 1, 1, block, 1, 1, smem, buf.current_stream().ptr,
                       buf.addr, 0)
 
@@ -212,10 +230,12 @@ def solve_by_columns(kernel: str, dtype, b, factors: tuple, flag: int,
     src, bstride = rhs_operand(b, dtype)
     fn = _solve_function(kernel, dtname(dtype), device_id())
     grid = -(-(bsz * k) // SOLVE_THREADS)
-    tail = (NULL if info is None else info,) if kernel == "getrs_batched" else ()
-    fn((grid,), (SOLVE_THREADS,),
-       factors + (src, x, np.int32(n), np.int32(k), np.int64(bsz), np.int32(flag),
-                  np.int64(bstride)) + tuple(report) + tail)
+    values = [f.data.ptr for f in factors]
+    values += (src.data.ptr, x.data.ptr, n, k, bsz, flag, bstride,
+               arg_value(report[0]), report[1])
+    if kernel == "getrs_batched":
+        values.append(0 if info is None else info.data.ptr)
+    launch(fn.kernel.ptr, grid, SOLVE_THREADS, 0, values)
     return x
 
 
@@ -237,10 +257,11 @@ class _StatusWord:
     """The status word of one thread on one device: four uint64 slots on the
     device and the generation of the call using it."""
 
-    __slots__ = ("buf", "gen")
+    __slots__ = ("buf", "ptr", "gen")
 
     def __init__(self, buf):
         self.buf = buf
+        self.ptr = buf.data.ptr
         self.gen = 0
 
 
@@ -250,13 +271,14 @@ class _StatusWord:
 _STATUS = threading.local()
 
 
-def new_status():
-    """The status word for a new call (a new generation; nothing is launched:
-    slots hold the generation of the call that last marked them)."""
+def new_status(device: int | None = None):
+    """The status word for a new call on ``device`` (default: the current
+    one) (a new generation; nothing is launched: slots hold the generation
+    of the call that last marked them)."""
     words = getattr(_STATUS, "words", None)
     if words is None:
         words = _STATUS.words = {}
-    dev = device_id()
+    dev = device_id() if device is None else device
     st = words.get(dev)
     if st is None:
         st = words[dev] = _StatusWord(cupy().zeros(4, dtype=np.uint64))
@@ -299,9 +321,9 @@ def scan_info(info, report, x=None) -> None:
     nn = x.size // batch if x is not None else 0
     fn = _status_function("info_scan", dtname(x.dtype) if x is not None else "float64",
                           device_id())
-    fn((_scan_grid(batch),), (SCAN_THREADS,),
-       (info, np.int64(batch), NULL if x is None or nn == 0 else x, np.int64(nn))
-       + tuple(report))
+    launch(fn.kernel.ptr, _scan_grid(batch), SCAN_THREADS, 0,
+           (info.data.ptr, batch, 0 if x is None or nn == 0 else x.data.ptr, nn,
+            arg_value(report[0]), report[1]))
 
 
 def scan_nonfinite(x, report, slot: int) -> None:
@@ -312,8 +334,8 @@ def scan_nonfinite(x, report, slot: int) -> None:
     cp = cupy()
     x = x if x.flags.c_contiguous else cp.ascontiguousarray(x)
     fn = _status_function("nonfinite_scan", dtname(x.dtype), device_id())
-    fn((_scan_grid(x.size),), (SCAN_THREADS,),
-       (x, np.int64(x.size)) + tuple(report) + (np.int32(slot),))
+    launch(fn.kernel.ptr, _scan_grid(x.size), SCAN_THREADS, 0,
+           (x.data.ptr, x.size, arg_value(report[0]), report[1], slot))
 
 
 #: A pinned host buffer per thread for :func:`read_status` (a direct DMA, no
@@ -325,15 +347,18 @@ def read_status(status) -> list:
     """The four slots of a :func:`new_status` word as 0/1 (1: marked by this
     call's kernels): one 32-byte copy to the host (waits for the work queued
     before it on the current stream)."""
-    cp = cupy()
-    buf = getattr(_PINNED, "buf", None)
+    pinned = _PINNED
+    buf = getattr(pinned, "buf", None)
     if buf is None:
         import cupyx
-        buf = _PINNED.buf = cupyx.empty_pinned((4,), dtype=np.uint64)
-        _PINNED.addr = int(buf.ctypes.data)
-    rt = cp.cuda.runtime
-    stream = cp.cuda.get_current_stream()
-    rt.memcpyAsync(_PINNED.addr, status.buf.data.ptr, 32, rt.memcpyDeviceToHost, stream.ptr)
-    stream.synchronize()
+        rt = cupy().cuda.runtime
+        buf = pinned.buf = cupyx.empty_pinned((4,), dtype=np.uint64)
+        pinned.addr = int(buf.ctypes.data)
+        pinned.copy, pinned.wait = rt.memcpyAsync, rt.streamSynchronize
+        pinned.kind = rt.memcpyDeviceToHost
+        pinned.stream = cupy().cuda.get_current_stream
+    stream = pinned.stream().ptr
+    pinned.copy(pinned.addr, status.ptr, 32, pinned.kind, stream)
+    pinned.wait(stream)
     gen = status.gen
     return [1 if v == gen else 0 for v in buf.tolist()]

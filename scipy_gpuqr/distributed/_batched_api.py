@@ -46,23 +46,17 @@ def is_dask(x) -> bool:
     return type(x).__module__.startswith("dask")
 
 
-def _is_dask_or_pair(x) -> bool:
-    """``x``, or an element of a pair such as ``(lu, piv)``, is a Dask collection."""
-    t = type(x)
-    if t.__module__.startswith("dask"):
-        return True
-    return (t is tuple or t is list) and len(x) == 2 and (is_dask(x[0]) or is_dask(x[1]))
-
-
 def _has_dask(args, kwargs) -> bool:
-    """Whether an argument of a call is (or holds, as a pair) a Dask collection."""
-    for x in args:
-        if _is_dask_or_pair(x):
+    """Whether an argument of a call is (or holds, as a pair) a Dask collection.
+
+    The type's module name is read once per argument in one loop (no call per
+    argument): this check runs before every NumPy or CuPy call.
+    """
+    for x in (args + tuple(kwargs.values())) if kwargs else args:
+        t = type(x)
+        if t.__module__.startswith("dask") or ((t is tuple or t is list) and len(x) == 2
+                                               and (is_dask(x[0]) or is_dask(x[1]))):
             return True
-    if kwargs:
-        for x in kwargs.values():
-            if _is_dask_or_pair(x):
-                return True
     return False
 
 

@@ -1,0 +1,337 @@
+#!/usr/bin/env python3
+"""Host work of the public batched calls on CuPy input, and where it goes.
+
+    python3 bench/batched_host.py [--n 8] [--batch 1048576] [--calls 200]
+                                  [--rounds 5] [--pkg-root DIR] [--tag after]
+                                  [--steps] [--profile] [--json out.json]
+
+Per public function (``scipy_gpuqr.<name>`` looked up on every call, as a
+caller who writes ``g.lu_factor_batched(a)`` does) and per variant:
+
+* ``async``: ``return_info=True, check_finite=False`` (the solves:
+  ``check_finite=False``), which reads nothing back. A kernel that spins for
+  a while is queued first, then ``--calls`` calls are timed one by one
+  (``perf_counter_ns`` around each), so that every call finds the GPU busy
+  and nothing on the host waits; the median over all calls of ``--rounds``
+  rounds, and the rounds' medians' spread.
+* ``default``: the defaults (one 32-byte status read, a wait for the
+  call's kernels); ``work`` = the call's time less the time spent waiting in
+  that read (the stream synchronization is timed by a wrapper; in a tree
+  without the wrapper's hook the whole read is taken out), median of
+  ``--calls`` / 2 calls. ``inv_vbatched`` is timed this way in both
+  variants: it reads its size classes first (one small copy, a wait that
+  stays in its time).
+
+References measured in the same process (the host's speed): an empty
+Python call, ``cupy.cuda.alloc`` from the pool, ``cupy.ndarray`` on given
+memory, ``cuLaunchKernel`` of an empty kernel through CuPy's driver binding,
+CuPy's call of the same empty kernel (7 arguments), ``getDevice``.
+
+``--steps``: the host time of each step of a public LU call of this tree
+(median of 2000 in batches of 100); ``--profile``: cProfile of 300
+asynchronous LU calls (top 15 by own time). ``--pkg-root`` imports
+``scipy_gpuqr`` from another tree (before/after in one run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}
+extern "C" __global__ void noop(const double *a, double *b, int *c, int *d,
+                                long long n, int s, int v) {}
+"""
+
+
+def _median_us(samples_ns) -> float:
+    return statistics.median(samples_ns) / 1e3
+
+
+class Bench:
+    """The inputs of every public call for one n, and the busy-GPU timing."""
+
+    def __init__(self, cp, g, n: int, batch: int):
+        self.cp, self.g, self.n, self.batch = cp, g, n, batch
+        rng = cp.random.default_rng(7)
+        a = rng.standard_normal((batch, n, n))
+        a += n * cp.eye(n)
+        self.a = a
+        self.spd = cp.matmul(a, a.transpose(0, 2, 1))
+        self.b = rng.standard_normal((batch, n, 1))
+        self.v = rng.standard_normal(n)
+        self.lu, self.piv = g.lu_factor_batched(a)
+        self.c, _ = g.cho_factor_batched(self.spd)
+        self.sizes = cp.full((batch,), n, dtype=cp.int64)
+        mod = cp.RawModule(code=SPIN)
+        self.spin = mod.get_function("spin")
+        self.noop = mod.get_function("noop")
+        cp.cuda.Device().synchronize()
+        # clock rate: cycles per ms, for the spin kernel
+        self.cycles_per_ms = cp.cuda.Device().attributes["ClockRate"]  # kHz
+
+    def busy(self, ms: float) -> None:
+        """Queue a one-block kernel that spins for ``ms`` milliseconds."""
+        self.spin((1,), (1,), (np.int64(self.cycles_per_ms * ms),))
+
+    def calls(self):
+        """(name, variant, callable) of every timed public call."""
+        g, a, b, v = self.g, self.a, self.b, self.v
+        lu, piv, c, spd, sizes = self.lu, self.piv, self.c, self.spd, self.sizes
+        return [
+            ("lu_factor_batched", "async",
+             lambda: g.lu_factor_batched(a, check_finite=False, return_info=True)),
+            ("lu_factor_batched", "default", lambda: g.lu_factor_batched(a)),
+            ("inv_batched", "async",
+             lambda: g.inv_batched(a, check_finite=False, return_info=True)),
+            ("inv_batched", "default", lambda: g.inv_batched(a)),
+            ("solve_batched", "async",
+             lambda: g.solve_batched(a, b, check_finite=False, return_info=True)),
+            ("solve_batched", "default", lambda: g.solve_batched(a, b)),
+            ("solve_batched b=(n,)", "async",
+             lambda: g.solve_batched(a, v, check_finite=False, return_info=True)),
+            ("cho_factor_batched", "async",
+             lambda: g.cho_factor_batched(spd, check_finite=False, return_info=True)),
+            ("cho_factor_batched", "default", lambda: g.cho_factor_batched(spd)),
+            ("lu_solve_batched", "async",
+             lambda: g.lu_solve_batched((lu, piv), b, check_finite=False)),
+            ("lu_solve_batched", "default", lambda: g.lu_solve_batched((lu, piv), b)),
+            ("cho_solve_batched", "async",
+             lambda: g.cho_solve_batched((c, False), b, check_finite=False)),
+            ("cho_solve_batched", "default", lambda: g.cho_solve_batched((c, False), b)),
+            ("inv_vbatched (one order)", "async",
+             lambda: g.inv_vbatched(a, sizes, check_finite=False, return_info=True)),
+            ("inv_vbatched (one order)", "default", lambda: g.inv_vbatched(a, sizes)),
+        ]
+
+    def host_async(self, fn, calls: int, rounds: int):
+        """(median µs over all calls, list of the rounds' medians), the GPU busy."""
+        cp = self.cp
+        fn()
+        cp.cuda.Device().synchronize()
+        every, per_round = [], []
+        for _ in range(rounds):
+            self.busy(20.0)                 # far longer than `calls` calls' host work
+            samples = []
+            for _ in range(calls):
+                t0 = time.perf_counter_ns()
+                fn()
+                samples.append(time.perf_counter_ns() - t0)
+            cp.cuda.Device().synchronize()
+            every += samples
+            per_round.append(_median_us(samples))
+        return _median_us(every), per_round
+
+    def host_default(self, fn, calls: int, waited):
+        """Median µs of the call less its wait in the status read."""
+        cp = self.cp
+        fn()
+        cp.cuda.Device().synchronize()
+        samples = []
+        for _ in range(calls):
+            waited[0] = 0
+            t0 = time.perf_counter_ns()
+            fn()
+            samples.append(time.perf_counter_ns() - t0 - waited[0])
+        cp.cuda.Device().synchronize()
+        return _median_us(samples)
+
+
+def hook_waits(gc):
+    """Time the status read's wait; returns (the accumulator [ns], what is timed)."""
+    waited = [0]
+    pinned = getattr(gc, "_PINNED", None)
+    if pinned is not None and "wait" in gc.read_status.__code__.co_names:
+        # this tree: read_status calls _PINNED.wait (streamSynchronize); prime it
+        st = gc.new_status()
+        gc.read_status(st)
+        real = pinned.wait
+
+        def wait(stream):
+            t0 = time.perf_counter_ns()
+            try:
+                return real(stream)
+            finally:
+                waited[0] += time.perf_counter_ns() - t0
+        pinned.wait = wait
+        return waited, "the stream synchronization"
+    real_read = gc.read_status
+
+    def read(st):
+        t0 = time.perf_counter_ns()
+        try:
+            return real_read(st)
+        finally:
+            waited[0] += time.perf_counter_ns() - t0
+    gc.read_status = read
+    return waited, "the whole status read"
+
+
+def references(cp, bench, reps: int = 2000):
+    """Host µs of the references (median of batches of 100)."""
+    from cupy_backends.cuda.api import driver
+    a = bench.a
+    stream = cp.cuda.get_current_stream()
+    kptr = bench.noop.kernel.ptr
+    params = np.zeros(8, dtype=np.uint64)
+    ptrs = (np.arange(8, dtype=np.uint64) * np.uint64(8) + np.uint64(params.ctypes.data))
+    paddr = int(ptrs.ctypes.data)
+    out = {}
+
+    def empty():
+        return None
+    items = [
+        ("empty Python call", empty),
+        ("cupy.cuda.runtime.getDevice()", cp.cuda.runtime.getDevice),
+        ("cupy.cuda.alloc(a.nbytes) from the pool", lambda: cp.cuda.alloc(a.nbytes)),
+        ("cupy.ndarray(shape, dtype, memptr)", lambda: cp.ndarray(a.shape, a.dtype,
+                                                                  memptr=a.data)),
+        ("cuLaunchKernel, empty kernel (driver binding)",
+         lambda: driver.launchKernel(kptr, 1, 1, 1, 32, 1, 1, 0, stream.ptr, paddr, 0)),
+        ("CuPy call of the empty kernel, 7 args",
+         lambda: bench.noop((1,), (32,), (a, a, bench.piv, bench.piv, np.int64(1),
+                                          np.int32(1), np.int32(1)))),
+    ]
+    for name, fn in items:
+        out[name] = timed_loop(cp, fn, reps)
+    return out
+
+
+def timed_loop(cp, fn, reps: int, batch: int = 100) -> float:
+    """Median µs of ``fn`` timed in batches of ``batch`` calls."""
+    fn()
+    cp.cuda.Device().synchronize()
+    meds = []
+    for _ in range(max(1, reps // batch)):
+        t0 = time.perf_counter_ns()
+        for _ in range(batch):
+            fn()
+        meds.append((time.perf_counter_ns() - t0) / batch)
+        cp.cuda.Device().synchronize()
+    return statistics.median(meds) / 1e3
+
+
+def steps(cp, g, bench, reps: int = 2000):
+    """Host µs of each step of a public LU call (this tree's internals)."""
+    from scipy_gpuqr.batched import _common as bc
+    from scipy_gpuqr.batched import _gpu as bg
+    from scipy_gpuqr.batched import _gpu_common as gc
+    from scipy_gpuqr.distributed import _batched_api as api
+    a = bench.a
+    dev = gc.device_id()
+    st = gc.new_status(dev)
+    rep = gc.report_args(st)
+    call = bg._small_call("lu", a.shape, a.dtype, None, None, None, dev)
+    specs, fptr, grid, thr, smem, bsz, stg, vec = call
+    lu, piv, info = gc.alloc_outputs(specs)
+    values = (a.data.ptr, lu.data.ptr, piv.data.ptr, info.data.ptr, bsz, stg, 1,
+              gc.arg_value(rep[0]), rep[1])
+    items = [
+        ("scipy_gpuqr.lu_factor_batched lookup", lambda: g.lu_factor_batched),
+        ("Dask check of the arguments", lambda: api._has_dask((a,), {"check_finite": False})),
+        ("cupy_stack(a)", lambda: bc.cupy_stack(a)),
+        ("device_id()", gc.device_id),
+        ("new_status + report_args", lambda: gc.report_args(gc.new_status(dev))),
+        ("_small_call lookup", lambda: bg._small_call("lu", a.shape, a.dtype, None, None,
+                                                      None, dev)),
+        ("alloc_outputs (lu, piv, info)", lambda: gc.alloc_outputs(specs)),
+        ("launch (values given)", lambda: gc.launch(fptr, grid, thr, smem, values)),
+        ("driver getrf (alloc + launch)", lambda: bg.getrf(a, report=rep, device=dev)),
+        ("read_status (GPU idle)", lambda: gc.read_status(st)),
+        ("public async call", lambda: g.lu_factor_batched(a, check_finite=False,
+                                                          return_info=True)),
+    ]
+    out = {}
+    for name, fn in items:
+        out[name] = timed_loop(cp, fn, reps)
+    del lu, piv, info
+    return out
+
+
+def profile(g, bench) -> None:
+    import cProfile
+    import pstats
+    a, cp = bench.a, bench.cp
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(300):
+        g.lu_factor_batched(a, check_finite=False, return_info=True)
+        cp.cuda.Device().synchronize()
+    pr.disable()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(15)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=1 << 20)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--pkg-root", help="import scipy_gpuqr from this tree")
+    ap.add_argument("--tag", default="after")
+    ap.add_argument("--only", help="comma-separated function names to time")
+    ap.add_argument("--steps", action="store_true")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(args.pkg_root).resolve() if args.pkg_root
+                           else Path(__file__).resolve().parents[1]))
+    import cupy as cp
+    import scipy_gpuqr as g
+    from scipy_gpuqr.batched import _gpu_common as gc
+    from scipy_gpuqr._gpu import gpu_info
+
+    bench = Bench(cp, g, args.n, args.batch)
+    waited, what = hook_waits(gc)
+    print(f"device: {gpu_info().get('name')}  [{args.tag}: scipy_gpuqr from "
+          f"{Path(g.__file__).resolve().parent}]  n={args.n} batch={args.batch}, "
+          f"{args.calls} calls x {args.rounds} rounds; default: {what} taken out", flush=True)
+    rows = []
+    refs = references(cp, bench)
+    for name, us in refs.items():
+        print(f"  ref  {name:48} {us:7.1f} us", flush=True)
+    only = set(args.only.split(",")) if args.only else None
+    print(f"{'tag':6} {'function':28} {'variant':8} {'host us':>8}  rounds' medians")
+    for name, variant, fn in bench.calls():
+        if only and name.split(" ")[0] not in only:
+            continue
+        try:
+            if variant == "async" and "vbatched" not in name:
+                med, per_round = bench.host_async(fn, args.calls, args.rounds)
+            else:
+                med = bench.host_default(fn, max(50, args.calls // 2), waited)
+                per_round = []
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            print(f"{args.tag:6} {name:28} {variant:8} failed: {type(exc).__name__}: "
+                  f"{str(exc)[:160]}", flush=True)
+            continue
+        rows.append(dict(tag=args.tag, function=name, variant=variant, host_us=med,
+                         rounds=per_round, n=args.n, batch=args.batch))
+        print(f"{args.tag:6} {name:28} {variant:8} {med:8.1f}  "
+              + " ".join(f"{x:.1f}" for x in per_round), flush=True)
+    out = dict(references=refs, rows=rows)
+    if args.steps:
+        st = steps(cp, g, bench)
+        print("steps of a public LU call (us, median of batches of 100):")
+        for name, us in st.items():
+            print(f"  {name:40} {us:7.2f}", flush=True)
+        out["steps"] = st
+    if args.profile:
+        profile(g, bench)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
