@@ -292,6 +292,140 @@ def test_gpu_driver_host_logic_on_numpy_layers(k):
             {t[0] for t in map_devices(an, k).transfers}
 
 
+def test_defer_carried_packs():
+    """Carried blocks' Pack-Assemble records move from a stage's first launch to the
+    launch before their parent is first read; nothing else changes."""
+    from scipy_gpuqr._schedule.devices import defer_carried_packs
+    from scipy_gpuqr._schedule.sparse import build_schedule
+    from scipy_gpuqr._schedule.tasks import TaskType
+
+    moved_some = False
+    for n, k, kw in ((8, 2, {}), (8, 4, {}), (10, 3, {"max_tasks": 9}),
+                     (9, 3, {"dense_flops": 2e5})):
+        an = analyze(grid3d_least_squares(n))
+        fs = an.fronts
+        sched = build_schedule(an, plan=map_devices(an, k).stage_plan(), **kw)
+        for st in sched.stages:
+            new, at = defer_carried_packs(st, fs.parent)
+            assert set(at) == set(st.carried)
+            assert new.nlaunch == st.nlaunch and new.ntasks == st.ntasks
+            words = st.tasks.dtype.itemsize
+
+            def rows(t):
+                return sorted(bytes(r) for r in t.view(np.uint8).reshape(len(t), words))
+            assert rows(new.tasks) == rows(st.tasks)
+            lp0, lp1 = st.launch_ptr, new.launch_ptr
+            for L in range(st.nlaunch):
+                old_t = st.tasks[lp0[L]:lp0[L + 1]]
+                new_t = new.tasks[lp1[L]:lp1[L + 1]]
+                carried_pack = ((old_t["type"] == TaskType.PACK_ASSEMBLE)
+                                & np.isin(old_t["front"], list(st.carried)))
+                assert not carried_pack.any() or L == 0
+                # every other record stays in its launch, in its order
+                keep_new = ~((new_t["type"] == TaskType.PACK_ASSEMBLE)
+                             & np.isin(new_t["front"], list(st.carried)))
+                assert new_t[keep_new].tobytes() == old_t[~carried_pack].tobytes()
+                for c in np.unique(new_t["front"][~keep_new]).tolist():
+                    assert at[c] == L
+            for c, L in at.items():
+                p = int(fs.parent[c])
+                t = new.tasks
+                launch = np.repeat(np.arange(new.nlaunch), np.diff(lp1))
+                reads = launch[(t["front"] == p) & (t["type"] != TaskType.S_ASSEMBLE)]
+                if len(reads):
+                    assert L < reads.min()
+                if p in new.dense:
+                    assert L <= new.dense[p]
+                moved_some |= L > 0
+    assert moved_some
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_gpu_driver_threads_progressive_r(monkeypatch, k):
+    """Each layer on its own thread, R copied while the launches run (R's layout ready
+    before the first launch: the helper runs at once), blocks packed late: the
+    one-device answer, and R's copies really happened in several pieces."""
+    import concurrent.futures as cf
+
+    from scipy_gpuqr._engine.gpu import multi_device as md
+
+    class _AtOnce:
+        def __init__(self, max_workers=None):
+            pass
+
+        def submit(self, fn, *a, **kw):
+            f = cf.Future()
+            f.set_result(fn(*a, **kw))
+            return f
+
+        def shutdown(self, wait=True):
+            pass
+
+    monkeypatch.setattr(md, "ThreadPoolExecutor", _AtOnce)
+    for name, A in list(_executor_cases())[:3]:
+        an = analyze(A)
+        one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
+        layers = [NumpyDevice(32, 3) for _ in range(k)]
+        many = multi_gpu_factorize(A, an, layers=layers)
+        _same_answer(A, one, many)
+        assert many.info["r_copy_progressive"] == many.info["stages"], name
+        if name == "grid7":
+            # some stage's copy came in more than one piece (ranges final early)
+            assert max(len(layer.r_copies) for layer in layers) > many.info["stages"]
+        per = many.info["devices"]["devices"]
+        assert all(d["enqueue_seconds"] >= d["wait_blocks_seconds"] >= 0 for d in per)
+
+
+def test_gpu_driver_failure_on_one_device_stops_the_others():
+    """A device that runs out of memory mid-factorization: the threads of the others
+    (waiting for its blocks) stop, and the fallback gives the one-device answer."""
+    import warnings
+
+    A = grid3d_least_squares(8)
+    an = analyze(A)
+    one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
+    plan = map_devices(an, 2)
+    layers = [NumpyDevice(32, 3) for _ in range(2)]
+    # the device of the first stage fails in its first stage: the other waits for its block
+    bad = int(plan.stage_device[0])
+
+    def boom(*a, **k):
+        from scipy_gpuqr._errors import DeviceOutOfMemory
+        raise DeviceOutOfMemory("test: no memory")
+
+    assert bad != 0             # the fallback runs on the first layer, a sound one
+    layers[bad].launch = boom
+
+    def within(fn, seconds=120):
+        """``fn()`` on a thread, failing the test rather than hanging it."""
+        import threading
+        out = {}
+
+        def go():
+            try:
+                out["value"] = fn()
+            except BaseException as exc:   # noqa: BLE001 - re-raised below
+                out["error"] = exc
+        t = threading.Thread(target=go, daemon=True)
+        t.start()
+        t.join(seconds)
+        assert not t.is_alive(), "the multi-device threads hung"
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
+
+    with pytest.raises(MemoryError):
+        broken = [NumpyDevice(32, 3), NumpyDevice(32, 3)]
+        broken[bad].launch = boom
+        within(lambda: multi_gpu_factorize(A, an, layers=broken, devices=plan,
+                                           fallback=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        back = within(lambda: multi_gpu_factorize(A, an, layers=layers, devices=plan))
+    assert "multi_device_fallback" in back.info
+    _same_answer(A, one, back)
+
+
 def test_gpu_driver_host_logic_dense_fronts():
     A = grid3d_least_squares(7)
     an = analyze(A)

@@ -37,15 +37,17 @@ run the plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .._symbolic.counts import GpuMemoryModel
 from .._symbolic.staging import StagePlan
+from .tasks import TaskType
 
 __all__ = ["DevicePlan", "map_devices", "map_fronts", "subtree_weights",
-           "makespan", "DEFAULT_BALANCE_TOLERANCE", "MULTI_DEVICE_MIN_FLOPS", "MULTI_DEVICE_MIN_SPEEDUP", "devices_for"]
+           "makespan", "DEFAULT_BALANCE_TOLERANCE", "MULTI_DEVICE_MIN_FLOPS", "MULTI_DEVICE_MIN_SPEEDUP", "devices_for",
+           "defer_carried_packs"]
 
 #: Loads within this fraction of the mean end the splitting of subtrees.
 DEFAULT_BALANCE_TOLERANCE = 0.05
@@ -518,3 +520,92 @@ def devices_for(requested, visible: int, flops: float, gpu_bytes: int,
     return list(range(visible)), (f"{flops:.3g} flops >= {MULTI_DEVICE_MIN_FLOPS:.3g}"
                                   + ("" if gain is None else f", modelled speedup {gain:.2f}")
                                   + f": {visible} GPUs")
+
+
+def defer_carried_packs(st, parent) -> tuple:
+    """A stage whose carried contribution blocks are packed as late as their parents allow.
+
+    The sparse scheduler packs every carried block into its parent in the
+    stage's first launch (one device stages through the host: the blocks are
+    there before the stage starts). Across devices a block arrives when its
+    device has factorized the child's subtree; a stage that packs it in
+    launch 0 cannot start its own subtrees before. Here each carried child's
+    Pack-Assemble records move to the last launch before its parent is read:
+    the launch before the first record of the parent that is not its
+    S-Assemble (its factorization, or its own Pack-Assemble into a parent of
+    the stage), at most the launch after which a dense parent is factorized,
+    at most the stage's last launch. Pack-Assemble writes the child's rows of
+    the parent, which no other record of those launches touches, so the
+    stage computes the same values.
+
+    Parameters
+    ----------
+    st : StageSchedule
+        A stage of :func:`~scipy_gpuqr._schedule.sparse.build_schedule`
+        (its records are materialized).
+    parent : ndarray of int
+        Parent of every front (-1: a root).
+
+    Returns
+    -------
+    (StageSchedule, dict)
+        The stage with the records moved (``st`` itself when nothing moves)
+        and ``child -> launch`` before which each carried block must be in
+        the stage's pool.
+    """
+    if not st.carried:
+        return st, {}
+    nl = st.nlaunch
+    kids = np.fromiter(st.carried.keys(), dtype=np.int64, count=len(st.carried))
+    if nl == 0:
+        return st, {int(c): 0 for c in kids}
+    t = st.tasks
+    lp = np.asarray(st.launch_ptr, dtype=np.int64)
+    par = np.asarray(parent, dtype=np.int64)[kids]
+    front = t["front"]
+    # the first launch reading each parent: any record of it but its S-Assemble
+    read = {}
+    for p in np.unique(par).tolist():
+        idx = np.flatnonzero(front == p)
+        idx = idx[t["type"][idx] != TaskType.S_ASSEMBLE]
+        first = nl
+        if len(idx):
+            first = int(np.searchsorted(lp, idx[0], side="right")) - 1
+        if p in st.dense:               # factorized right after its assembly launch
+            first = min(first, int(st.dense[p]) + 1)
+        read[p] = max(first - 1, 0)
+    at = {int(c): read[int(p)] for c, p in zip(kids.tolist(), par.tolist())}
+    # only launch 0 holds carried packs (any elsewhere would stay where they are)
+    head = t[lp[0]:lp[1]]
+    move = (head["type"] == TaskType.PACK_ASSEMBLE) & np.isin(head["front"], kids)
+    if not move.any():
+        return st, at
+    moved = head[move]
+    dest = np.asarray([at[int(c)] for c in moved["front"].tolist()], dtype=np.int64)
+    order = np.argsort(dest, kind="stable")
+    moved, dest = moved[order], dest[order]
+    counts = np.bincount(dest, minlength=nl)
+    cuts = np.concatenate(([0], np.cumsum(counts)))
+    # the new records, filled piece by piece through a plain view (a copy at memory speed)
+    words = t.dtype.itemsize // 8
+    src = t.view(np.int64).reshape(-1, words)
+    mv = moved.view(np.int64).reshape(-1, words)
+    out = np.empty_like(src)
+    keep = head[~move].view(np.int64).reshape(-1, words)
+    out[:len(keep)] = keep
+    w = len(keep)
+    done = int(lp[1])                   # records of the original stage placed so far
+    for L in np.flatnonzero(counts).tolist():   # each target launch: its records, then the moved
+        n = int(lp[L + 1]) - done
+        out[w:w + n] = src[done:lp[L + 1]]
+        w, done = w + n, int(lp[L + 1])
+        m = int(counts[L])
+        out[w:w + m] = mv[cuts[L]:cuts[L + 1]]
+        w += m
+    out[w:] = src[done:]
+    tasks = out.view(t.dtype).ravel()
+    sizes = np.diff(lp).copy()
+    sizes[0] -= int(move.sum())
+    sizes += counts
+    new_lp = np.concatenate(([0], np.cumsum(sizes))).astype(lp.dtype)
+    return replace(st, launch_ptr=new_lp, _tasks=tasks, _maker=None), at

@@ -11,16 +11,24 @@ pool and memory pool), and runs the per-stage calls of the one-GPU engine
 (``begin_stage``, ``launch``, ``dense_factorize``, ``end_stage``, R's
 copy). Every stage stays on its device: nothing is staged through the host.
 
-The stages are enqueued on their devices' streams without waiting (each
-device takes its stages in postorder; the devices take turns of a few
-launches, so a full launch queue on one never starves another): the devices
-run concurrently. A stage's carried contribution blocks
-come from the end of an earlier stage: cut (upper trapezoidal, packed) on
-the source device's stream, an event recorded there, the target's stream
-waits for it and copies the block into the stage's pool, peer to peer
-(``cudaMemcpyPeerAsync``) between devices, a device copy within one. Only
-after every stage is enqueued are the stages waited for and checked, and R's
-values gathered.
+Each device has its own host thread (its CUDA device current there, its
+own CuPy handles) that enqueues its stages in postorder on its stream and
+never waits for the GPU while enqueueing. A stage's carried contribution
+blocks come from the end of an earlier stage: cut (upper trapezoidal,
+packed) on the source device's stream by the source's thread, an event
+recorded there; the target's thread waits (on the host) only until the
+block is cut, then makes its stream wait for the event and copies the block
+into the stage's pool, peer to peer (``cudaMemcpyPeerAsync``) between
+devices, a device copy within one. The copy comes right before the launch
+that packs the block into its parent
+(:func:`~scipy_gpuqr._schedule.devices.defer_carried_packs` moves those
+records from the stage's first launch to the last one before the parent is
+read), so a device runs its own subtrees while another still factorizes the
+child. R's values of a stage are copied to the host while its launches run,
+each range once final (:func:`~.rcopy.final_entries` of the stage, cut to
+the stage's entries), and scattered into R's ``data`` by the device's
+thread as soon as its copy ends; after every thread ended only the
+singleton rows and the CSC wrapper remain.
 
 ``Q`` and the solves run on the first device of the list (the one of the
 roots): the other devices' VT tiles are copied into its VT pool, and their
@@ -40,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -47,15 +56,17 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ... import _gpu
-from ..._errors import DeviceOutOfMemory, GpuEngineError
+from ..._errors import DeviceOutOfMemory
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
-from ..._schedule.devices import DevicePlan, map_devices
+from ..._schedule import native
+from ..._schedule.devices import DevicePlan, defer_carried_packs, map_devices
 from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
 from ..dense_front import DenseFront
 from ..host.reference import task_list_input
 from . import driver
 from .device import CupyDevice
+from .rcopy import final_entries
 from .rlayout import r_layout
 
 __all__ = ["multi_gpu_factorize", "cupy_layers", "device_count"]
@@ -66,10 +77,6 @@ _FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
 
 #: ``cudaMemcpyDeviceToDevice``
 _D2D = 3
-
-#: Launches one device enqueues before the next device's turn.
-LAUNCHES_PER_TURN = 8
-
 
 def device_count() -> int:
     """CUDA devices visible to the process (0 without CuPy or a driver)."""
@@ -129,13 +136,29 @@ def _debug_default() -> bool:
     return os.environ.get("SCIPY_GPUQR_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+class _Aborted(Exception):
+    """Another device's thread failed: this one stops."""
+
+
 class _Transfers:
-    """Contribution blocks cut at the end of a stage, and their copies into later stages."""
+    """Contribution blocks cut at the end of a stage, and their copies into later stages.
+
+    Each device's thread cuts the blocks of its stages (:meth:`put`) and
+    takes those its stages carry (:meth:`into`), waiting on the host until
+    the source's thread cut them; :meth:`fail` wakes every waiting thread.
+    """
 
     def __init__(self):
         self.blocks = {}            # front -> (buffer, event, source layer index)
         self.keep = []              # buffers held until the factorization ends
         self.log = []               # (child, source, target, bytes)
+        self.cv = threading.Condition()
+        self.failed = False
+
+    def fail(self) -> None:
+        with self.cv:
+            self.failed = True
+            self.cv.notify_all()
 
     def cut(self, k, layer, pool, base, cm, fn, fp):
         """Front's block ``pool[base:].reshape(cm, fn)[:, fp:]``, upper trapezoidal, packed."""
@@ -154,21 +177,38 @@ class _Transfers:
 
     def put(self, c, k, layer, pool, base, cm, fn, fp):
         buf, ev = self.cut(k, layer, pool, base, cm, fn, fp)
-        self.blocks[c] = (buf, ev, k)
+        with self.cv:
+            self.blocks[c] = (buf, ev, k)
+            self.cv.notify_all()
+
+    def take(self, c):
+        """The block of front ``c`` once cut (blocks the calling thread until then)."""
+        with self.cv:
+            while c not in self.blocks:
+                if self.failed:
+                    raise _Aborted()
+                self.cv.wait()
+            return self.blocks.pop(c)
 
     def into(self, c, k, layer, pool, off, layers):
-        """Block of front ``c`` into ``pool[off:]`` on layer ``k`` (after its cut)."""
-        buf, ev, src = self.blocks.pop(c)
+        """Block of front ``c`` into ``pool[off:]`` on layer ``k`` (after its cut).
+
+        Returns the events around the stream's wait and copy on a CUDA layer
+        (their interval is time the device did not compute), else None.
+        """
+        buf, ev, src = self.take(c)
         n = int(buf.size)
         if src != k:
             self.log.append((int(c), int(src), int(k), n * buf.itemsize))
         cp = getattr(layer, "cp", None)
         if cp is None:
             pool[off: off + n] = buf.ravel()
-            return
+            return None
         self.keep.append(buf)
         if n == 0:
-            return
+            return None
+        a = cp.cuda.Event()
+        a.record(layer.stream)
         layer.stream.wait_event(ev)
         dst = pool.data.ptr + off * pool.itemsize
         s_id, d_id = layers[src].device_id, layer.device_id
@@ -178,6 +218,9 @@ class _Transfers:
         else:
             cp.cuda.runtime.memcpyPeerAsync(dst, d_id, buf.data.ptr, s_id, n * buf.itemsize,
                                             layer.stream.ptr)
+        b = cp.cuda.Event()
+        b.record(layer.stream)
+        return a, b
 
 
 def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=None,
@@ -221,8 +264,12 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
     -------
     GpuQR
         ``info["devices"]``: the plan (:meth:`~scipy_gpuqr._schedule.devices.DevicePlan.as_dict`)
-        and per device its id, name, stages, launches and busy seconds (its
-        stages' kernels, from events after the carried blocks arrived);
+        and per device its id, name, stages, launches, busy seconds (its
+        stages' kernels from events, less the stream's waits for other
+        devices' blocks and their copies), and its thread's seconds
+        enqueueing (``enqueue_seconds``; of them ``wait_blocks_seconds``
+        waiting for blocks to be cut) and waiting for R's copies after its
+        stages ended (``wait_r_copy_seconds``);
         ``info["transfers"]``: every contribution block moved between
         devices ``(child, source, target, bytes)``.
     """
@@ -284,20 +331,18 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
     helper = ThreadPoolExecutor(max_workers=1)
     try:
         host_side = helper.submit(_host_side, analysis, [st.fronts for st in sched.stages])
-        run = _MultiStageRun(Ac, analysis, plan, layers, sched)
-        run.enqueue_all()
-        t_enq = time.perf_counter()
-        run.finish()
+        run = _MultiStageRun(Ac, analysis, plan, layers, sched, host_side, dtype)
+        run.run_devices()
         t2 = time.perf_counter()
-        layout, gmaps, pattern = host_side.result()
+        layout, _, pattern = host_side.result()
     finally:
         helper.shutdown(wait=True)
-    r_parts = run.gather_r(layout, gmaps)
-    R = driver._assemble_R(Ac, layout, r_parts, dtype, pattern)
+    R = run.finish_r(Ac, layout, pattern)
     t3 = time.perf_counter()
     return run.result(Ac, layout, R, seconds={
-        "schedule": t1 - t0, "enqueue": t_enq - t1, "factorize": t2 - t1,
-        "assemble_R": t3 - t2, "total": t3 - t_start})
+        "schedule": t1 - t0, "enqueue": max(run.t_enqueue, default=0.0),
+        "factorize": t2 - t1, "assemble_R": t3 - t2, "total": t3 - t_start,
+        "wait_blocks": max(run.t_wait_blocks, default=0.0)})
 
 
 def _host_side(analysis, plan_stages):
@@ -338,136 +383,202 @@ def _settle(cp, device_ids) -> None:
 class _MultiStageRun:
     """The stages of one factorization on their devices, and what they leave for R and Q."""
 
-    def __init__(self, Ac, analysis, plan, layers, sched):
+    def __init__(self, Ac, analysis, plan, layers, sched, host_side, dtype):
         fs = analysis.fronts
         self.analysis, self.fs, self.plan, self.layers, self.sched = (analysis, fs, plan,
                                                                      layers, sched)
+        self.host_side, self.dtype = host_side, dtype
         self.vals = Ac.data.astype(layers[0].dtype)[fs.s_nz]
         maps = np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64)
         for layer in layers:
             with _on(layer):
                 layer.start(maps, sched.vt_size)
         self.xfer = _Transfers()
-        self.handles = {}
         self.pools = {}
         self.dense_parts = {}
         self.launch_base = np.concatenate(
             ([0], np.cumsum([st.nlaunch for st in sched.stages]))).astype(np.int64)
-        self.busy = [0.0] * len(layers)
-        self.launches = [0] * len(layers)
+        nd = len(layers)
+        self.busy = [0.0] * nd
+        self.launches = [0] * nd
+        self.t_enqueue = [0.0] * nd         # each thread: enqueueing its stages
+        self.t_wait_blocks = [0.0] * nd     # of that, waiting for other devices' blocks
+        self.t_wait_r = [0.0] * nd          # each thread: R's copies after its stages ended
+        self.progressive = 0                # stages whose R copy started during the launches
+        self.data = None                    # R's values (made once R's layout is known)
+        self._data_lock = threading.Lock()
+        self.fkey = (tuple(tuple(int(x) for x in st.fronts) for st in sched.stages),
+                     int(sched.tile), int(sched.bundle), bool(sched.pipelining),
+                     int(sched.ntasks), sched.dense_flops)
 
     def layer_of(self, sid):
         k = int(self.plan.stage_device[sid])
         return k, self.layers[k]
 
-    def enqueue_all(self) -> None:
-        """Every stage on its device's stream, nothing waited for.
+    # -- the devices' threads ----------------------------------------------------------
+    def run_devices(self) -> None:
+        """Every device's stages on its own thread; returns when all ended.
 
-        Each device takes its stages in postorder, a stage once every block it
-        carries has been cut; the devices take turns, :data:`LAUNCHES_PER_TURN`
-        launches each, so that a full launch queue of one device (the host
-        then blocks in the launch) never leaves another without work.
+        A failure on one device stops the others (at their next wait for a
+        block, or after their stages) and is raised here.
         """
         nd = len(self.layers)
-        todo = [list(self.plan.device_stages(k)) for k in range(nd)]
-        active = [None] * nd
-        while any(todo) or any(a is not None for a in active):
-            moved = False
-            for k, layer in enumerate(self.layers):
-                if active[k] is None and todo[k]:
-                    st = self.sched.stages[todo[k][0]]
-                    if all(c in self.xfer.blocks for c in st.carried):
-                        sid = todo[k].pop(0)
-                        active[k] = self._stage(sid, st, k, layer)
-                if active[k] is None:
-                    continue
-                moved = True
-                with _on(layer):
-                    for _ in range(LAUNCHES_PER_TURN):
-                        if next(active[k], None) is None:
-                            active[k] = None
-                            break
-            if not moved:
-                raise GpuEngineError("multi-GPU enqueue stalled: a stage waits for a "
-                                     "contribution block no device will cut")
+        errors = [None] * nd
+
+        def one(k):
+            try:
+                self._device(k)
+            except BaseException as exc:    # noqa: BLE001 - raised below, after the join
+                errors[k] = exc
+                self.xfer.fail()
+
+        if nd == 1:
+            one(0)
+        else:
+            threads = [threading.Thread(target=one, args=(k,), name=f"gpuqr-device-{k}",
+                                        daemon=True) for k in range(nd)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        self.xfer.keep = []
+        real = [e for e in errors if e is not None and not isinstance(e, _Aborted)]
+        if real:
+            oom = [e for e in real if isinstance(e, DeviceOutOfMemory)]
+            raise (oom or real)[0]
+
+    def _device(self, k) -> None:
+        """Device ``k``'s thread: its stages enqueued in postorder, then each waited
+        for and checked, its R values scattered into R's data."""
+        layer = self.layers[k]
+        open_ = []
+        t0 = time.perf_counter()
+        try:
+            with _on(layer):
+                for sid in self.plan.device_stages(k):
+                    open_.append(self._stage(sid, self.sched.stages[sid], k, layer))
+                self.t_enqueue[k] = time.perf_counter() - t0
+                while open_:
+                    sid, h, copier, pos, idle = open_[0]
+                    before = layer.seconds.get("kernels", 0.0)
+                    self.pools[sid] = layer.end_stage(h)
+                    busy = layer.seconds.get("kernels", 0.0) - before
+                    for a, b in idle:       # waits for other devices' blocks, and the copies
+                        busy -= layer.cp.cuda.get_elapsed_time(a, b) / 1e3
+                    self.busy[k] += max(busy, 0.0)
+                    tw = time.perf_counter()
+                    vals = copier.result()
+                    open_.pop(0)
+                    self._put_r(pos, vals)
+                    self.t_wait_r[k] += time.perf_counter() - tw
+        except BaseException:
+            for item in open_:
+                item[2].abort()
+            raise
+
+    def _copier(self, sid, st, layer, h):
+        """R's copier of the stage, progressive (``final`` per launch): (copier, pos)."""
+        layout, gmaps, _ = self.host_side.result()
+        pos, gidx = gmaps[sid]
+        key = ("multi_device_final", self.fkey, int(sid), int(st.nlaunch), int(st.ntasks),
+               hash(np.asarray(st.launch_ptr).tobytes()))
+
+        def _final(st=st, lay=layout, pos=pos):
+            def make():
+                g = final_entries(self.analysis, lay, st, int(self.sched.tile))
+                return g if pos is None else np.searchsorted(pos, g).astype(np.int64)
+            return lay.extra(key, make)
+        return layer.open_r_copy(h["pool"], gidx, layout, final=_final), pos
 
     def _stage(self, sid, st, k, layer):
-        """Enqueue one stage on its layer; a generator that yields after each launch
-        (and ends once the stage's outgoing blocks are cut)."""
+        """Enqueue one stage on its layer (its thread, its device current).
+
+        Returns ``(sid, handle, copier, positions, idle events)``; the stage's
+        outgoing blocks are cut at its end.
+        """
         fs = self.fs
+        st, carry_at = defer_carried_packs(st, fs.parent)
         s0, s1 = st.s_range
         h = layer.begin_stage(st, fs.s_index[s0:s1], self.vals[s0:s1], [])
-        for c, off in st.carried.items():
-            self.xfer.into(c, k, layer, h["pool"], off, self.layers)
-        if "e0" in h:                       # busy time from here: blocks arrived
-            h["e0"] = layer.cp.cuda.Event()
-            h["e0"].record(layer.stream)
-        dense_at, join_at = {}, {}
-        for f, Ld in st.dense.items():
-            dense_at.setdefault(Ld, []).append(f)
-        for L in range(st.nlaunch):
-            for done in join_at.pop(L, ()):
+        copier = pos = None
+        idle = []
+        try:
+            dense_at, join_at, into_at = {}, {}, {}
+            for f, Ld in st.dense.items():
+                dense_at.setdefault(Ld, []).append(f)
+            for c, L in carry_at.items():
+                into_at.setdefault(L, []).append(c)
+            for L in range(st.nlaunch):
+                for c in into_at.pop(L, ()):        # a block its launch L packs
+                    tw = time.perf_counter()
+                    ev = self.xfer.into(c, k, layer, h["pool"], st.carried[c], self.layers)
+                    self.t_wait_blocks[k] += time.perf_counter() - tw
+                    if ev is not None:
+                        idle.append(ev)
+                for done in join_at.pop(L, ()):
+                    layer.dense_join(h, done)
+                layer.launch(h, L, st.launch_tasks(L))
+                for f in dense_at.get(L, ()):
+                    Fv, panels, T, done = layer.dense_factorize(
+                        h, int(st.foff[f]), int(fs.fm[f]), int(fs.fn[f]),
+                        fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]])
+                    self.dense_parts[f] = (sid, Fv, panels, T)
+                    join_at.setdefault(min(st.dense_join[f], st.nlaunch), []).append(done)
+                if L == st.nlaunch - 1:
+                    for done in join_at.pop(st.nlaunch, ()):
+                        layer.dense_join(h, done)
+                if copier is None and self.host_side.done():
+                    copier, pos = self._copier(sid, st, layer, h)
+                    self.progressive += 1
+                if copier is not None:
+                    copier.after_launch(L)
+            for c in [c for v in into_at.values() for c in v]:     # a stage without launches
+                self.xfer.into(c, k, layer, h["pool"], st.carried[c], self.layers)
+            for done in [d for v in join_at.values() for d in v]:
                 layer.dense_join(h, done)
-            layer.launch(h, L, st.launch_tasks(L))
-            for f in dense_at.get(L, ()):
-                Fv, panels, T, done = layer.dense_factorize(
-                    h, int(st.foff[f]), int(fs.fm[f]), int(fs.fn[f]),
-                    fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]])
-                self.dense_parts[f] = (sid, Fv, panels, T)
-                join_at.setdefault(min(st.dense_join[f], st.nlaunch), []).append(done)
-            yield L
-        for done in [d for v in join_at.values() for d in v]:
-            layer.dense_join(h, done)
-        layer.mark_kernels_end(h)
-        self.launches[k] += int(np.count_nonzero(np.diff(st.launch_ptr)))
-        first, last = st.fronts
-        for f in range(first, last + 1):         # blocks for later stages
-            p = int(fs.parent[f])
-            if p > last and int(fs.cm[f]) > 0 and int(fs.fn[f]) > int(fs.fp[f]):
-                base = int(st.foff[f]) + int(fs.frank[f]) * int(fs.fn[f])
-                self.xfer.put(f, k, layer, h["pool"], base, int(fs.cm[f]), int(fs.fn[f]),
-                              int(fs.fp[f]))
-        self.handles[sid] = h
+            layer.mark_kernels_end(h)
+            if copier is None:
+                copier, pos = self._copier(sid, st, layer, h)
+            copier.launches_done()
+            self.launches[k] += int(np.count_nonzero(np.diff(st.launch_ptr)))
+            first, last = st.fronts
+            for f in range(first, last + 1):         # blocks for later stages
+                p = int(fs.parent[f])
+                if p > last and int(fs.cm[f]) > 0 and int(fs.fn[f]) > int(fs.fp[f]):
+                    base = int(st.foff[f]) + int(fs.frank[f]) * int(fs.fn[f])
+                    self.xfer.put(f, k, layer, h["pool"], base, int(fs.cm[f]),
+                                  int(fs.fn[f]), int(fs.fp[f]))
+        except BaseException:
+            if copier is not None:
+                copier.abort()
+            raise
+        return sid, h, copier, pos, idle
 
-    def finish(self) -> None:
-        """Wait for every stage and check it (CUDA errors, non-finite pools)."""
-        for sid in range(len(self.sched.stages)):
-            k, layer = self.layer_of(sid)
-            with _on(layer):
-                before = layer.seconds.get("kernels", 0.0)
-                self.pools[sid] = layer.end_stage(self.handles.pop(sid))
-                self.busy[k] += layer.seconds.get("kernels", 0.0) - before
-        self.xfer.keep = []
-
-    def gather_r(self, layout, gmaps) -> list:
-        """R's values of every stage, from its device: one thread per device copies
-        that device's stages in order, so the devices copy at once (and each holds
-        one pinned staging buffer at a time)."""
-        by_device = {}
-        for sid in range(len(self.sched.stages)):
-            by_device.setdefault(self.layer_of(sid)[0], []).append(sid)
-
-        def one_device(sids):
-            out = []
-            for sid in sids:
-                _, layer = self.layer_of(sid)
-                pos, gidx = gmaps[sid]
-                with _on(layer):
-                    copier = layer.open_r_copy(self.pools[sid], gidx, layout)
-                    try:
-                        copier.launches_done()
-                        out.append((sid, pos, copier.result()))
-                    except BaseException:
-                        copier.abort()
-                        raise
-            return out
-
-        if len(by_device) == 1:
-            done = one_device(next(iter(by_device.values())))
+    # -- R ------------------------------------------------------------------------------
+    def _put_r(self, pos, vals) -> None:
+        """A stage's R values into R's ``data`` (its positions; all of it for None)."""
+        with self._data_lock:
+            if self.data is None:
+                layout = self.host_side.result()[0]
+                self.data = np.zeros(layout.nnz, dtype=self.dtype)
+        data = self.data
+        v = np.ascontiguousarray(vals, dtype=self.dtype)
+        if pos is None:
+            data[:len(v)] = v
+            return
+        lib = native.handle()
+        if lib is not None:         # threads, the GIL released
+            native.scatter(lib, data, pos, v)
         else:
-            with ThreadPoolExecutor(max_workers=len(by_device)) as pool:
-                done = [p for part in pool.map(one_device, by_device.values()) for p in part]
-        return [(pos, vals) for _, pos, vals in sorted(done, key=lambda t: t[0])]
+            data[pos] = v
+
+    def finish_r(self, Ac, layout, pattern):
+        """R from the scattered values: the singleton rows' entries from A."""
+        data = self.data if self.data is not None else np.zeros(layout.nnz, self.dtype)
+        self.data = None
+        if len(layout.r1_pos):
+            data[layout.r1_pos] = Ac.data[layout.r1_nz]
+        return layout.csc(data, pattern)
 
     def _home_reaches(self, home, layer) -> bool:
         """Whether the home layer's kernels can read the layer's memory."""
@@ -580,6 +691,9 @@ class _MultiStageRun:
                         "name": getattr(layer, "name", "?"),
                         "stages": len(plan.device_stages(k)), "launches": self.launches[k],
                         "busy_seconds": self.busy[k],
+                        "enqueue_seconds": self.t_enqueue[k],
+                        "wait_blocks_seconds": self.t_wait_blocks[k],
+                        "wait_r_copy_seconds": self.t_wait_r[k],
                         "flops": float(plan.device_flops[k])})
         info = {"backend": "gpu", "device": getattr(self.layers[0], "name", "?"),
                 "ordering": self.analysis.ordering_used, "nfronts": int(fs.nfronts),
@@ -592,6 +706,7 @@ class _MultiStageRun:
                 "transfers": list(self.xfer.log),
                 "q_device": getattr(self.layers[0], "device_id", 0),
                 "q_pools_on_host": sorted(host_pools),
+                "r_copy_progressive": int(self.progressive),
                 "restaged": 0, "seconds": seconds}
         return driver.GpuQR(shape=(m, n), R=R, colperm=self.analysis.colperm.astype(np.int64),
                             rank=int(min(m, n)), tol=None, flops=float(self.analysis.flops),
