@@ -32,11 +32,17 @@ chunks generated, factorized and summed one after another in this process
 ``--cpu`` runs the same pipeline on NumPy chunks over CPU worker processes
 (for checking the script where there is no GPU; its numbers mean nothing
 for the GPU question).
+
+``--max-seconds T``: the client and every worker dump the stacks of all
+their threads after ``T`` seconds (``faulthandler``), and the client exits
+then: a hang shows where it waits instead of ending without output. Each
+step prints the seconds since the start.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import statistics
@@ -96,6 +102,21 @@ def warm(n: int, dtype: str, size: int, gpu: bool) -> str:
         import cupy
         seen += f" bus {cupy.cuda.Device().pci_bus_id} of {cupy.cuda.runtime.getDeviceCount()}"
     return seen
+
+
+def arm_stack_dump(seconds: float) -> str:
+    """Dump every thread's stack to stderr after ``seconds`` (this process; the
+    process goes on). Run on the workers through ``Client.run``."""
+    if seconds > 0:
+        faulthandler.dump_traceback_later(seconds, exit=False, file=sys.stderr)
+    return f"pid {os.getpid()}"
+
+
+_T0 = time.perf_counter()
+
+
+def _say(msg: str) -> None:
+    print(f"[{time.perf_counter() - _T0:7.1f} s] {msg}", flush=True)
 
 
 # ----------------------------------------------------------------------------
@@ -170,21 +191,29 @@ def start_cluster(ids: list[str], gpu: bool, pinned: bool = False):
 def run_workers(k: int, ids: list[str], args, gpu: bool) -> dict:
     from dask.distributed import Client
     t0 = time.perf_counter()
+    _say(f"{k} worker(s): starting the cluster")
     cluster, kind = start_cluster(ids[:k], gpu, args.pinned)
     with cluster, Client(cluster) as client:
-        client.wait_for_workers(k)
+        client.wait_for_workers(k, timeout=120)
         t_start = time.perf_counter() - t0
+        _say(f"{k} worker(s): {kind} up in {t_start:.1f} s")
+        if args.max_seconds:
+            left = args.max_seconds - (time.perf_counter() - _T0)
+            client.run(arm_stack_dump, max(left - 2, 1))
         seen = client.gather([client.submit(warm, args.n, args.dtype, args.chunk, gpu,
                                             workers=[w], pure=False)
                               for w in client.scheduler_info()["workers"]])
+        _say(f"{k} worker(s): warm ({seen})")
         warmup, _ = pipeline(k * args.chunk, args.n, args.chunk, args.dtype, gpu, seed0=10**6)
         warmup.compute()
+        _say(f"{k} worker(s): warm-up run done")
         total, nchunks = pipeline(args.count, args.n, args.chunk, args.dtype, gpu)
         times, values = [], []
         for _ in range(args.reps):
             t0 = time.perf_counter()
             values.append(float(total.compute()))
             times.append(time.perf_counter() - t0)
+        _say(f"{k} worker(s): timed runs {['%.3f' % x for x in times]} s")
     if gpu and len(set(s.split(" bus ")[-1] for s in seen)) != len(seen):
         print(f"  WARNING: workers share a GPU: {seen}", flush=True)
     return {"workers": k, "cluster": kind, "devices": sorted(seen),
@@ -246,7 +275,11 @@ def main(argv=None) -> int:
                    help=f"{QUICK['count']} matrices in chunks of {QUICK['chunk']} over "
                         f"{QUICK['workers']} worker(s), {QUICK['reps']} repetitions")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--max-seconds", type=float, default=0.0,
+                   help="dump every thread's stack (client and workers) and exit after this")
     args = p.parse_args(argv)
+    if args.max_seconds:
+        faulthandler.dump_traceback_later(args.max_seconds, exit=True, file=sys.stderr)
     if args.quick and args.cpu:
         p.error("--quick is sized for GPU workers (32 GiB of matrices); drop --cpu")
     if args.quick:
@@ -282,20 +315,25 @@ def main(argv=None) -> int:
         print(f"  {k} worker(s): {r['median_s'] * 1e3:9.1f} ms  ({r['cluster']}; "
               f"devices {r['devices']}; checksums equal: {r['checksums_equal']})", flush=True)
     direct = None if args.no_direct else run_direct(args, gpu)
+    if direct:
+        _say(f"direct run (no Dask): {direct['median_s']:.3f} s")
     base = next((r for r in rows if r["workers"] == 1), None)
-    print(f"\n| workers | wall ms | Mmatrices/s | speedup vs 1 worker | efficiency |")
-    print("|---|---|---|---|---|")
+    print("\n| workers | wall ms | Mmatrices/s | speedup vs 1 worker | efficiency | "
+          "efficiency vs direct one GPU |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         sp = base["median_s"] / r["median_s"] if base else float("nan")
         r["matrices_per_s"] = args.count / r["median_s"]
         r["speedup"], r["efficiency"] = sp, sp / r["workers"]
+        eff_d = (direct["median_s"] / r["median_s"] / r["workers"]) if direct else float("nan")
+        r["efficiency_vs_direct"] = eff_d
         print(f"| {r['workers']} | {r['median_s'] * 1e3:.1f} | {r['matrices_per_s'] / 1e6:.1f} | "
-              f"{sp:.2f} | {sp / r['workers']:.2f} |")
+              f"{sp:.2f} | {sp / r['workers']:.2f} | {eff_d:.2f} |")
     if direct:
         print(f"| direct (no Dask, one {'GPU' if gpu else 'process'}) | {direct['median_s'] * 1e3:.1f} | "
-              f"{args.count / direct['median_s'] / 1e6:.1f} | | |")
+              f"{args.count / direct['median_s'] / 1e6:.1f} | | | |")
         print(f"| of which LU calls only | {direct['lu_only_s'] * 1e3:.1f} | "
-              f"{args.count / direct['lu_only_s'] / 1e6:.1f} | | |")
+              f"{args.count / direct['lu_only_s'] / 1e6:.1f} | | | |")
         same = all(abs(r["checksum"] - direct["checksum"]) <= 1e-9 * abs(direct["checksum"])
                    for r in rows)
         print(f"checksums of the Dask runs equal the direct run's: {same}")

@@ -34,13 +34,26 @@ this script where there is no GPU; its times mean nothing).
 ``--quick``: grid 40³ and ch7-8-b3 on 1 and 2 GPUs, 2 timed repetitions,
 and a time budget (``--max-seconds``, 200 by default there) past which the
 remaining runs are skipped (and listed as such).
+
+Per device the table gives its busy time and its host thread's time
+enqueueing (each device's launches are enqueued by a thread of its own;
+``wait`` is the part of it spent waiting for another device's contribution
+blocks to be cut). At the end a summary table per matrix and device count.
+
+``--dask 1,2,4`` then measures the Dask throughput of batched LU
+(``bench/dask_batched.py``: 2**24 float64 32 x 32 matrices by default,
+``--dask-count``) over that many GPU workers against one, in a separate
+process killed after ``--dask-seconds`` (it dumps every thread's stack
+shortly before), and adds its table and JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,6 +71,7 @@ def _matrices(only, numpy_layers=False):
                                                random_least_squares)
     gens = {
         "grid40": lambda: grid3d_least_squares(40),
+        "grid48": lambda: grid3d_least_squares(48),
         "grid50": lambda: grid3d_least_squares(50),
         "grid60": lambda: grid3d_least_squares(60),
         "ch7-8-b3": lambda: chessboard_boundary(7, 8, 3),
@@ -235,6 +249,11 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                 run["public_error"] = f"{type(exc).__name__}: {exc}"
         row["runs"].append(run)
         busy = " ".join(f"{d.get('busy_seconds', float('nan')):.3f}" for d in run["per_device"])
+        if k > 1:
+            busy += "; enqueue " + " ".join(
+                f"{d.get('enqueue_seconds', float('nan')):.3f}"
+                f"(wait {d.get('wait_blocks_seconds', float('nan')):.3f})"
+                for d in run["per_device"])
         check = (f"  R diff {run['R_diff']:.1e} Qtb diff {run['qtb_diff']:.1e}"
                  if "R_diff" in run else "")
         print(f"{name:12s} {k} GPU(s) {med:8.3f} s  x{run['speedup']:.2f} "
@@ -243,6 +262,57 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
               f"moved {run['transfer_bytes'] / 1e6:.1f} MB  fits {plan.fits}{check}"
               + ("  FELL BACK to one GPU" if "fallback" in run else ""), flush=True)
     return row
+
+
+def summary(rows) -> str:
+    """A Markdown table: per matrix and device count the median seconds, the speedup,
+    busy and enqueue seconds per device, and the check against one GPU."""
+    out = ["| matrix | TFlop | GPUs | s | x 1 GPU (model) | busy s per GPU | enqueue s per GPU "
+           "(of it waiting for blocks) | R assembled after s | check vs 1 GPU |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for run in r["runs"]:
+            head = f"| {r['matrix']} | {r['flops'] / 1e12:.2f} | {run['gpus']} |"
+            if "seconds" not in run:
+                out.append(head + f" {run.get('skipped') or run.get('error', '?')} | | | | | |")
+                continue
+            per = run.get("per_device", [])
+            busy = " / ".join(f"{d.get('busy_seconds', float('nan')):.3f}" for d in per)
+            enq = " / ".join(f"{d['enqueue_seconds']:.3f} ({d['wait_blocks_seconds']:.3f})"
+                             for d in per if "enqueue_seconds" in d) or "-"
+            eng = run.get("engine_seconds", {})
+            check = (f"R {run['R_diff']:.1e}, Qtb {run['qtb_diff']:.1e}"
+                     if "R_diff" in run else "-")
+            model = run.get("plan", {}).get("modelled_speedup", float("nan"))
+            out.append(head + f" {run['seconds']:.3f} | {run['speedup']:.2f} ({model:.2f}) | "
+                       f"{busy} | {enq} | {eng.get('assemble_R', float('nan')):.3f} | "
+                       f"{check}" + (" FELL BACK" if "fallback" in run else "") + " |")
+    return "\n".join(out)
+
+
+def run_dask(workers: str, count: int, chunk: int, seconds: float, json_path,
+             cpu: bool = False) -> dict:
+    """``bench/dask_batched.py`` in its own process, killed after ``seconds``
+    (``cpu``: NumPy chunks on CPU workers, a check of the script without a GPU)."""
+    cmd = [sys.executable, str(Path(__file__).with_name("dask_batched.py")),
+           "--workers", workers, "--count", str(count), "--chunk", str(chunk),
+           "--max-seconds", str(max(seconds - 10, 10))] + (["--cpu", "--n", "8"] if cpu else [])
+    if json_path:
+        cmd += ["--json", str(json_path)]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds,
+                           env=dict(os.environ))
+        out, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as exc:
+        raw = (exc.stdout or b"") + (exc.stderr or b"")
+        out = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        rc = "killed"
+    print(out[-12000:], flush=True)
+    res = {"command": " ".join(cmd), "rc": rc, "seconds": time.perf_counter() - t0}
+    if json_path and Path(json_path).exists():
+        res["result"] = json.loads(Path(json_path).read_text())
+    return res
 
 
 def main(argv=None) -> int:
@@ -262,6 +332,12 @@ def main(argv=None) -> int:
     p.add_argument("--budget-fraction", type=float, default=0.0,
                    help="per-device budget as a fraction of the one-stage GPU bytes")
     p.add_argument("--public", action="store_true")
+    p.add_argument("--dask", default="",
+                   help="then the Dask batched-LU throughput over these GPU worker counts")
+    p.add_argument("--dask-count", type=int, default=1 << 24)
+    p.add_argument("--dask-chunk", type=int, default=1 << 19,
+                   help="matrices per chunk (2**19 float64 32 x 32: 4 GiB)")
+    p.add_argument("--dask-seconds", type=float, default=150.0)
     a = p.parse_args(argv)
     if a.quick:
         a.only = a.only or QUICK["only"]
@@ -301,6 +377,16 @@ def main(argv=None) -> int:
                                                 "simulate": a.simulate, "numpy": a.numpy,
                                                 "budget_fraction": a.budget_fraction,
                                                 "rows": rows}, indent=1, default=str))
+    print("\n" + summary(rows), flush=True)
+    dask = None
+    if a.dask:
+        runner.free()
+        dj = (Path(a.json).with_name(Path(a.json).stem + "_dask.json") if a.json else None)
+        dask = run_dask(a.dask, a.dask_count, a.dask_chunk, a.dask_seconds, dj, cpu=a.numpy)
+        if a.json:
+            doc = json.loads(Path(a.json).read_text())
+            doc["dask"] = dask
+            Path(a.json).write_text(json.dumps(doc, indent=1, default=str))
     print(f"total {time.perf_counter() - t_start:.1f} s", flush=True)
     bad = [(r["matrix"], run["gpus"]) for r in rows for run in r["runs"] if "error" in run]
     return 1 if bad else 0

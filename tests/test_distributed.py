@@ -444,11 +444,38 @@ def test_worker_processes(rng):
 
 
 # ----------------------------------------------------------------------------
-# CuPy chunks on the GPU
+# CuPy chunks on the GPU (each in a fresh process with a time limit: a hang
+# fails the test with every thread's stack instead of stopping the run)
 # ----------------------------------------------------------------------------
 
-@pytest.mark.gpu
-def test_cupy_chunks_on_one_gpu_worker(rng):
+#: Seconds a GPU Dask test may take (a cold kernel cache included).
+GPU_TEST_SECONDS = 150
+
+
+def _in_subprocess(body: str, seconds: float = GPU_TEST_SECONDS) -> None:
+    """Run ``body()`` of this module in a new Python process, within ``seconds``.
+
+    The child dumps the stacks of all its threads and exits shortly before
+    the limit (``faulthandler``); past the limit it is killed. Either way the
+    test fails with what the child wrote.
+    """
+    import os
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import faulthandler, sys\n"
+            f"faulthandler.dump_traceback_later({max(seconds - 20, 5)}, exit=True)\n"
+            f"sys.path.insert(0, {here!r})\n"
+            "import numpy as np, test_distributed as t\n"
+            f"t.{body}(np.random.default_rng(20261122))\n")
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=seconds)
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        pytest.fail(f"{body} killed after {seconds} s; its output:\n{err[-8000:]}")
+    assert p.returncode == 0, f"{body} failed (rc {p.returncode}):\n{p.stderr[-8000:]}"
+
+
+def _cupy_chunks_on_one_gpu_worker(rng):
     import cupy as cp
     a = _stack(rng, (20,), 16)
     a[13, :, 3] = 0
@@ -480,8 +507,11 @@ def test_cupy_chunks_on_one_gpu_worker(rng):
 
 
 @pytest.mark.gpu
-def test_block_jacobi_cupy_chunks(rng):
-    """CuPy chunks: the inverses on the GPU, CuPy vectors in and out, as block_jacobi(CuPy)."""
+def test_cupy_chunks_on_one_gpu_worker():
+    _in_subprocess("_cupy_chunks_on_one_gpu_worker")
+
+
+def _block_jacobi_cupy_chunks(rng):
     import cupy as cp
     A = _jacobi_matrix(rng, 70).toarray()
     ref = g.block_jacobi(cp.asarray(A), 8)
@@ -495,3 +525,50 @@ def test_block_jacobi_cupy_chunks(rng):
                                atol=1e-12)
     yd = (M @ da.from_array(cp.asarray(x), chunks=30)).compute()
     cp.testing.assert_allclose(yd, y, rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.gpu
+def test_block_jacobi_cupy_chunks():
+    """CuPy chunks: the inverses on the GPU, CuPy vectors in and out, as block_jacobi(CuPy)."""
+    _in_subprocess("_block_jacobi_cupy_chunks")
+
+
+def _gpu_worker_processes(rng):
+    """Two worker processes, each with CUDA_VISIBLE_DEVICES set to one GPU (GPU 0 twice
+    where there is one): CuPy chunks made on the workers, LU and checksums back."""
+    import cupy as cp
+    ngpu = cp.cuda.runtime.getDeviceCount()
+    ids = [str(i % ngpu) for i in range(2)]
+    workers = {f"gpu{i}": {"cls": distributed.Nanny,
+                           "options": {"nthreads": 1, "host": "127.0.0.1",
+                                       "env": {"CUDA_VISIBLE_DEVICES": d}}}
+               for i, d in enumerate(ids)}
+    with distributed.SpecCluster(workers=workers,
+                                 scheduler={"cls": distributed.Scheduler,
+                                            "options": {"dashboard_address": ":0",
+                                                        "host": "127.0.0.1"}}) as cluster, \
+            distributed.Client(cluster) as c:
+        c.wait_for_workers(2, timeout=60)
+
+        def make(seed, block_info=None):
+            import cupy
+            n = block_info[None]["chunk-shape"][0]
+            r = np.random.default_rng(int(np.asarray(seed).ravel()[0]))
+            return cupy.asarray(r.standard_normal((n, 8, 8)) + 8 * np.eye(8))
+
+        seeds = da.from_array(np.arange(4), chunks=1)
+        a = seeds.map_blocks(make, new_axis=[1, 2], chunks=((5,) * 4, (8,), (8,)),
+                             meta=cp.empty((0, 0, 0)))
+        lu, piv = g.lu_factor_batched(a)
+        got = c.compute(lu.map_blocks(lambda x: x.get(), meta=np.empty((0, 0, 0))),
+                        sync=True)
+        ref = np.concatenate([np.random.default_rng(s).standard_normal((5, 8, 8))
+                              + 8 * np.eye(8) for s in range(4)])
+        np.testing.assert_allclose(got, g.lu_factor_batched(ref)[0], rtol=1e-12,
+                                   atol=1e-12)
+
+
+@pytest.mark.gpu
+def test_gpu_worker_processes():
+    """Worker processes pinned to GPUs (what the benchmark and dask-cuda run)."""
+    _in_subprocess("_gpu_worker_processes")
