@@ -465,47 +465,6 @@ def test_host_dense_front_applies_a_device_block_on_the_host():
     assert set(d._front) == {"numpy"} and set(d._T) == {"numpy"}
 
 
-def test_triangular_solves_of_host_fronts_on_the_host():
-    """R's solves with a device block (a stand-in module whose arrays have ``get``):
-    the fronts whose pool is a host array are solved on the host (as a host front's
-    under CuPy), and ``R y = C``, ``Rᵀ y = C`` hold."""
-    import scipy.sparse.linalg as spla
-
-    from scipy_gpuqr._engine.gpu.trsolve import FrontTriangular
-
-    class _DeviceBlock(np.ndarray):
-        def get(self):
-            return np.array(self)
-
-    class _Xp:
-        __name__ = "devicexp"
-
-        @staticmethod
-        def asarray(a, dtype=None):
-            return np.asarray(a, dtype=dtype).view(_DeviceBlock)
-
-        @staticmethod
-        def array(a, dtype=None, order="K", copy=True):
-            return np.array(a, dtype=dtype, order=order, copy=copy).view(_DeviceBlock)
-
-    A, an, needs = _host_case()
-    assert int(getattr(an, "n1cols", 0)) == 0
-    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=min_budget(an, needs)),
-                      dense_flops=_HOST_FLOPS)
-    assert g.info["host_fronts"]
-    g._materialize()
-    ft = FrontTriangular(g, lambda sid: g._host_pools[sid], _Xp)
-    assert ft._stages is None
-    n = A.shape[1]
-    C = np.stack([np.cos(np.arange(n)), np.sin(np.arange(n))], axis=1)
-    R = sp.csc_array(g.R)
-    nR = spla.norm(R)
-    y = np.asarray(ft.upper(_Xp.asarray(C)))
-    assert np.linalg.norm(R @ y - C) <= 1e-12 * nR * np.linalg.norm(y)
-    yt = np.asarray(ft.upper_transposed(_Xp.asarray(C)))
-    assert np.linalg.norm(R.T @ yt - C) <= 1e-12 * nR * np.linalg.norm(yt)
-
-
 def test_pinned_pool_cap_is_a_share_of_host_memory():
     """Stage pools sent to the host are pinned up to a share of the physical memory."""
     import os
@@ -569,3 +528,12 @@ def test_staged_solves_keep_rows_within_one_shared_budget():
     assert keep.take(60)
     assert not keep.take(50)        # refused: the rows are uploaded for each solve
     assert keep.take(40) and keep.left == 0
+
+
+def test_panel_rows_follow_the_memory_and_stay_in_range():
+    from scipy_gpuqr._engine.gpu.trsolve import STREAM_MIN_ROWS, _panel_rows
+    assert _panel_rows(1000, 800, 24 * 1000 * 400 * 4) == 400   # a quarter for 3 copies
+    assert _panel_rows(1000, 800, 1 << 40) == 800                # never past the front
+    assert _panel_rows(1000, 800, 0) == STREAM_MIN_ROWS
+    assert _panel_rows(1000, 10, 0) == 10
+    assert 1 <= _panel_rows(10 ** 6, 5000, None) <= 5000

@@ -236,3 +236,48 @@ def test_root_front_too_large_for_the_pool_runs_on_the_host(host_problem, frac, 
     finally:
         pool.set_limit(size=0)
     assert pool.used_bytes() <= base, (pool.used_bytes(), base)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_streamed_solve_of_a_host_front_equals_the_dense_solve(dtype, monkeypatch):
+    # a host front's rows of R go up in row panels (a ragged last one); R y = c and
+    # Rᵀ y = c over its columns equal the whole block's solves, other rows untouched
+    import cupy as cp
+    import cupyx
+    from scipy.linalg import solve_triangular
+
+    from scipy_gpuqr._engine.gpu import trsolve
+    rng = np.random.default_rng()
+    n, fn, rk, a, off = 300, 170, 150, 40, 7
+    F = rng.standard_normal((rk, fn))
+    F[:, :rk] += 20 * np.eye(rk)
+    F = F.astype(dtype)
+    pool = cupyx.empty_pinned(off + rk * fn + 5, dtype=dtype)
+    pool[:] = np.nan                         # poison: only the front's rows may be read
+    pool[off: off + rk * fn] = F.ravel()
+    ft = trsolve.FrontTriangular.__new__(trsolve.FrontTriangular)
+    ft.xp, ft._cupy = cp, True
+    cols = rng.permutation(n)
+    ft.cols = cp.asarray(cols)
+    ft.fronts = [(0, off, fn + 10, fn, rk, a, a + fn)]
+    monkeypatch.setattr(trsolve, "_panel_rows", lambda fn, rk, avail: 37)
+    F64 = F.astype(np.float64)
+    U, S = np.triu(F64[:, :rk]), F64[:, rk:]
+    piv, rest = cols[a: a + rk], cols[a + rk: a + fn]
+    for trans in (False, True):
+        Y0 = rng.standard_normal((n, 3))
+        Y = cp.asarray(Y0)
+        ft.step(0, Y, pool, trans=trans)
+        want = Y0.copy()
+        if trans:
+            z = solve_triangular(U, want[piv], trans=1)
+            want[piv] = z
+            want[rest] -= S.T @ z
+        else:
+            want[piv] = solve_triangular(U, want[piv] - S @ want[rest])
+        got = Y.get()
+        assert np.all(np.isfinite(got))
+        assert np.abs(got - want).max() <= 1e-12 * np.abs(want).max(), trans
+        outside = np.setdiff1d(np.arange(n), cols[a: a + fn])
+        assert np.array_equal(got[outside], Y0[outside])
+

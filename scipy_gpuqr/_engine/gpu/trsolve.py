@@ -24,10 +24,11 @@ of R or more go through cuBLAS within their level. Stages are contiguous
 ranges of the postorder, so ``Rᵀ`` runs them first to last and ``R`` last to
 first. A stage whose pool left the device (staged factorizations) is solved
 from a compact copy of its rows of R, gathered once into pinned host memory
-and uploaded per solve: a fraction of the pool, at the link's speed. Host
-fronts, and NumPy on the host (CI), take one dense triangular solve and one
-matrix product per front (SciPy); the loop pays one call overhead per
-front, which is why the level kernels exist.
+and uploaded per solve: a fraction of the pool, at the link's speed. A host
+front too large to upload whole goes up in row panels of its R
+(:meth:`FrontTriangular.streamed_step`). NumPy on the host (CI) takes one
+dense triangular solve and one matrix product per front (SciPy); the loop
+pays one call overhead per front, which is why the level kernels exist.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class FrontTriangular:
         the stage's pool (a compact copy of R's rows, :class:`_StageRows`).
         """
         if self.xp is not np and isinstance(pool, np.ndarray):
-            self._host_step(i, Y, pool, trans=trans)
+            self.streamed_step(i, Y, pool, trans=trans)
             return
         if self._cupy and Y.flags.c_contiguous and Y.ndim == 2:
             self._device_step(i, Y, pool, trans=trans, off=off)
@@ -181,23 +182,47 @@ class FrontTriangular:
         if fn > rk:
             ops.put_rows(Y, o_cols, ops.matmul_operand(S.T, left=True) @ Bf, subtract=True)
 
-    def _host_step(self, i: int, Y, pool, *, trans: bool) -> None:
-        """A front whose values stay on the host (a host front of a GPU
-        factorization, too large for the device): its columns of the device Y
-        solved on the host and copied back."""
+    def streamed_step(self, i: int, Y, pool, *, trans: bool) -> None:
+        """:meth:`step` on the device for a front whose rows of R stay on the host
+        (``pool``, NumPy, best pinned; a host front too large for the device).
+
+        Its rows go up a panel at a time (:func:`_panel_rows`); the panel's
+        diagonal block solves (cuBLAS ``trsm``) and its right part updates the
+        rest (one product per panel). ``R``'s panels run from the last (back
+        substitution: a panel reads the values solved below it), ``Rᵀ``'s from
+        the first (each pushes into the columns after it), so the device holds
+        one panel of the front, never the front: the solve runs at the link's
+        speed where a host solve would copy the whole block per call.
+        """
+        import cupy as cp
         sid, off, fm, fn, rk, a, b = self.fronts[i]
-        U, S = self._blocks(off, fn, rk, pool)
-        U = U.astype(np.float64, copy=False)
-        cols = self.cols[a: b]
-        y = Y[cols].get()
-        if not trans:
-            rhs = y[:rk] - S @ y[rk:] if fn > rk else y[:rk]
-            Y[cols[:rk]] = self.xp.asarray(host_solve_triangular(U, rhs, lower=False))
-            return
-        z = host_solve_triangular(U, y[:rk], lower=False, trans=1)
-        Y[cols[:rk]] = self.xp.asarray(z)
-        if fn > rk:
-            Y[cols[rk:]] = self.xp.asarray(y[rk:] - S.T @ z)
+        F = pool[off: off + rk * fn].reshape(rk, fn)
+        k = int(Y.shape[1])
+        stream = cp.cuda.get_current_stream()
+        panel_rows = _panel_rows(fn, rk, available_bytes(cp).available)
+        starts = list(range(0, rk, panel_rows))
+        for r0 in (starts if trans else reversed(starts)):
+            r1 = min(rk, r0 + panel_rows)
+            h = r1 - r0
+            up = cp.empty((h, fn - r0), dtype=F.dtype)
+            ops.upload_block(F, r0, r1, r0, fn, up, stream)
+            P = up if up.dtype == np.float64 else ops.contiguous_copy(up, np.float64)
+            Uf = ops.contiguous_copy(P[:, :h], order="F")
+            piv = self.cols[a + r0: a + r1]
+            Bf = ops.take_rows(Y, piv, order="F")
+            rest = self.cols[a + r1: b]
+            if not trans:
+                if r1 < fn:
+                    ops.subtract_into(Bf, ops.matmul_operand(P[:, h:], left=True)
+                                      @ ops.take_rows(Y, rest))
+                ops.trsm_left(Uf, h, Bf, h, h, k, lower=False, trans=False, unit=False)
+                ops.put_rows(Y, piv, Bf)
+                continue
+            ops.trsm_left(Uf, h, Bf, h, h, k, lower=False, trans=True, unit=False)
+            ops.put_rows(Y, piv, Bf)
+            if r1 < fn:
+                ops.put_rows(Y, rest, ops.matmul_operand(P[:, h:].T, left=True) @ Bf,
+                             subtract=True)
 
     def _loop(self, Y, trans: bool) -> None:
         sid_cur, pool = None, None
@@ -241,6 +266,26 @@ class FrontTriangular:
         else:
             self._loop(Y, True)
         return Y
+
+
+#: Share of the device memory available at a streamed solve's start
+#: (:meth:`FrontTriangular.streamed_step`) that one panel of a host front's rows of
+#: R may take, with its float64 and column-major copies (three panel sizes).
+STREAM_SHARE = 0.25
+
+#: The panel a streamed solve uploads when the available memory is not known.
+STREAM_DEFAULT_BYTES = 256 << 20
+
+#: The fewest rows of R per streamed panel (smaller panels cost launches, not memory).
+STREAM_MIN_ROWS = 32
+
+
+def _panel_rows(fn: int, rk: int, avail) -> int:
+    """Rows of R per uploaded panel of a host front of ``fn`` columns and ``rk``
+    rows of R, given ``avail`` bytes of device memory (None: unknown)."""
+    budget = STREAM_DEFAULT_BYTES if avail is None else STREAM_SHARE * avail
+    rows = int(budget // (3 * 8 * max(fn, 1)))
+    return max(1, min(rk, max(STREAM_MIN_ROWS, rows)))
 
 
 #: Fronts with at least this many rows of R are solved by cuBLAS (one thread block
@@ -395,7 +440,8 @@ def _staged_levels(ft, fs, qr):
     on the device the same way, from its rows of R uploaded, where three times
     their bytes (the rows, a column-major copy of the block cuBLAS solves with,
     the right-hand sides' room) fit what the device may give now; else it has
-    no kernel and is solved on the host (:meth:`FrontTriangular._host_step`).
+    no kernel, and its fronts are solved on the device from the host pool in row
+    panels (:meth:`FrontTriangular.streamed_step`).
     """
     host_stages = set(getattr(qr, "_host_stages", {}) or {})
     by_stage = {}
