@@ -6,6 +6,7 @@ pattern against the warm engine (issue 16, items 2 and 4).
     python bench/first_call_diag.py --json out.json [--grid 40]
     python bench/first_call_diag.py --compiles [--grid 40] [--json out.json]
     python bench/first_call_diag.py --nvrtc            # no GPU needed
+    python bench/first_call_diag.py --new-process ch7-8-b3,grid40 [--procs 4]
 
 Each compilation step runs in a fresh process with an empty kernel cache.
 
@@ -25,6 +26,10 @@ first call against second, and the first call's timeline.
 ``--store``: R's layout file of a grid (no GPU): the main thread's time in
 the call that hands the write to the writer thread, the writer's time (CRC-32
 and writes), the file's size and the time to map it back with its checks.
+
+``--new-process ch7-8-b3,grid40 [--procs 4]``: a new process's first ``lsqr``
+with warm caches against its warm calls (:func:`new_process_gap`), the
+package's import apart, with and without the cuBLAS warm-up.
 
 ``--nvrtc``: NVRTC compile seconds of the modules a float64 call prefetches
 (:func:`~scipy_gpuqr._engine.gpu.factorize_kernels.engine_kernels`), one after
@@ -186,10 +191,63 @@ def new_object(k: int) -> dict:
     return out
 
 
+_SAMPLER = r"""
+SAMPLES = []
+PERIOD = 0.002
+
+def _pkg(fn):
+    return "scipy_gpuqr" in fn and "first_call_diag" not in fn
+
+def sampler(stop):
+    main = threading.main_thread().ident
+    last = None
+    while not stop.is_set():
+        fr = sys._current_frames().get(main)
+        t0 = T["t0"]
+        now = time.perf_counter()
+        if fr is not None and t0 is not None:
+            inner = f"{fr.f_code.co_filename.split('/')[-1]}:{fr.f_code.co_name}"
+            line = func = None
+            f = fr
+            while f is not None:
+                if _pkg(f.f_code.co_filename):
+                    name = f.f_code.co_filename.split("scipy_gpuqr/")[-1]
+                    line = f"{name}:{f.f_lineno} {f.f_code.co_name}"
+                    func = f"{name}:{f.f_code.co_name}"
+                    break
+                f = f.f_back
+            dt = PERIOD if last is None else min(now - last, 0.05)
+            SAMPLES.append((round(now - t0, 4), dt, func or "?", line or "?", inner))
+            last = now
+        else:
+            last = None
+        stop.wait(PERIOD)
+
+def profile(samples):
+    # main-thread seconds by innermost package function, package line and
+    # innermost frame, and the timeline of package functions (runs >= 20 ms)
+    out = {}
+    for key, i in (("by_function", 2), ("by_line", 3), ("by_frame", 4)):
+        acc = {}
+        for smp in samples:
+            acc[smp[i]] = acc.get(smp[i], 0.0) + smp[1]
+        out[key] = sorted(([k, round(v, 4)] for k, v in acc.items()), key=lambda r: -r[1])[:40]
+    runs = []
+    for smp in samples:
+        if runs and runs[-1][2] == smp[2]:
+            runs[-1][1] = round(runs[-1][1] + smp[1], 4)
+        else:
+            runs.append([smp[0], smp[1], smp[2]])
+    out["timeline"] = [r for r in runs if r[1] >= 0.02]
+    return out
+
+"""
+
 _TRACE = r"""
 import json, os, re, sys, threading, time, traceback
 import _ctypes
 T = {"t0": None}
+""" + _SAMPLER + r"""
 events = []
 lock = threading.Lock()
 
@@ -243,55 +301,6 @@ def nv(source, *a, **k):
         rec("nvrtc", names(source), t)
 compiler._compile_using_nvrtc_no_warning = nv
 
-SAMPLES = []
-PERIOD = 0.002
-
-def _pkg(fn):
-    return "scipy_gpuqr" in fn and "first_call_diag" not in fn
-
-def sampler(stop):
-    main = threading.main_thread().ident
-    last = None
-    while not stop.is_set():
-        fr = sys._current_frames().get(main)
-        t0 = T["t0"]
-        now = time.perf_counter()
-        if fr is not None and t0 is not None:
-            inner = f"{fr.f_code.co_filename.split('/')[-1]}:{fr.f_code.co_name}"
-            line = func = None
-            f = fr
-            while f is not None:
-                if _pkg(f.f_code.co_filename):
-                    name = f.f_code.co_filename.split("scipy_gpuqr/")[-1]
-                    line = f"{name}:{f.f_lineno} {f.f_code.co_name}"
-                    func = f"{name}:{f.f_code.co_name}"
-                    break
-                f = f.f_back
-            dt = PERIOD if last is None else min(now - last, 0.05)
-            SAMPLES.append((round(now - t0, 4), dt, func or "?", line or "?", inner))
-            last = now
-        else:
-            last = None
-        stop.wait(PERIOD)
-
-def profile(samples):
-    # main-thread seconds by innermost package function, package line and
-    # innermost frame, and the timeline of package functions (runs >= 20 ms)
-    out = {}
-    for key, i in (("by_function", 2), ("by_line", 3), ("by_frame", 4)):
-        acc = {}
-        for smp in samples:
-            acc[smp[i]] = acc.get(smp[i], 0.0) + smp[1]
-        out[key] = sorted(([k, round(v, 4)] for k, v in acc.items()), key=lambda r: -r[1])[:40]
-    runs = []
-    for smp in samples:
-        if runs and runs[-1][2] == smp[2]:
-            runs[-1][1] = round(runs[-1][1] + smp[1], 4)
-        else:
-            runs.append([smp[0], smp[1], smp[2]])
-    out["timeline"] = [r for r in runs if r[1] >= 0.02]
-    return out
-
 import scipy_gpuqr as sg
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
 k = int(sys.argv[1])
@@ -325,6 +334,115 @@ for i in range(2):
 stop.set()
 print(json.dumps(out))
 """
+
+
+_NEWPROC = r"""
+import json, sys, threading, time
+T = {"t0": None}
+""" + _SAMPLER + r"""
+t0 = time.perf_counter()
+import numpy as np
+import scipy.sparse as sp
+user_imports = time.perf_counter() - t0
+spec, warmup_on, backend = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
+A = chessboard_boundary(7, 8, 3) if spec == "ch7-8-b3" else grid3d_least_squares(int(spec[4:]))
+A = sp.csc_array(A)
+A.sort_indices()
+b = np.asarray(A @ (1.0 + 0.5 * np.sin(np.arange(A.shape[1])))) + 1e-3 * np.cos(np.arange(A.shape[0]))
+pre = set(sys.modules)
+t = time.perf_counter()
+from scipy_gpuqr import lsqr
+out = {"problem": spec, "blas_warmup": warmup_on, "user_imports": user_imports,
+       "import_lsqr": time.perf_counter() - t, "import_lsqr_modules": len(set(sys.modules) - pre),
+       "cupy_imported_before_call": "cupy" in sys.modules, "calls": []}
+if not warmup_on:           # the A/B of blas_warmup (after the import, so both time the same)
+    from scipy_gpuqr._engine.gpu import factorize_kernels as fk
+    fk.start_blas_warmup = lambda *a: None
+stop = threading.Event()
+threading.Thread(target=sampler, args=(stop,), name="diag-sampler", daemon=True).start()
+for i in range(3):
+    SAMPLES.clear()
+    pre = set(sys.modules)
+    T["t0"] = time.perf_counter()
+    x = lsqr(A, b, backend=backend)[0]
+    wall = time.perf_counter() - T["t0"]
+    T["t0"] = None
+    out["calls"].append({
+        "wall": wall, "modules_imported": len(set(sys.modules) - pre),
+        "relative_residual": float(np.linalg.norm(A.T @ (A @ x - b)) / np.linalg.norm(A.T @ b)),
+        "main_profile": profile(list(SAMPLES))})
+    time.sleep(0.3)         # worker threads (store writes, prefetches) end between calls
+stop.set()
+print(json.dumps(out))
+"""
+
+
+def new_process_gap(problems: list, procs: int = 4, store: str | None = None,
+                    backend: str = "gpu") -> dict:
+    """A new process's first ``lsqr(A, b, backend='gpu')`` with warm caches against
+    its warm calls (issue 16 item 4: at most 0.3 s above), per problem.
+
+    Per problem one process fills the caches (the kernel cache of
+    ``CUPY_CACHE_DIR`` as given, an empty analysis/plan store), then ``procs``
+    new processes find them warm, alternately with and without
+    :mod:`~scipy_gpuqr._engine.gpu.blas_warmup` (the A/B of the cuBLAS set-up
+    on a worker thread). Each process times the user's imports (NumPy,
+    SciPy sparse), ``from scipy_gpuqr import lsqr`` (the package's modules,
+    at the user's import line), then three calls; the gap is the first call
+    less the faster of the other two. The main thread is sampled every 2 ms
+    (the first call against the second, as ``--compiles``). ``backend``
+    other than 'gpu': a dry run of the script (no GPU).
+    """
+    out = {}
+    for spec in problems:
+        rows = []
+        with tempfile.TemporaryDirectory() as d:
+            env = dict(os.environ, SCIPY_GPUQR_SCHEDULE_CACHE=store or d)
+            for i in range(procs + 1):
+                on = i == 0 or i % 2 == 1
+                r = subprocess.run([sys.executable, "-c", _NEWPROC, spec, "1" if on else "0",
+                                    backend],
+                                   env=env, capture_output=True, text=True, timeout=300)
+                row = (json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0
+                       else {"error": r.stderr[-3000:]})
+                row["label"] = "fills the caches" if i == 0 else f"warm caches {i}"
+                rows.append(row)
+        out[spec] = rows
+    return out
+
+
+def print_new_process(res: dict) -> None:
+    """Per problem: each process's import and calls, the gap; the medians with
+    and without the cuBLAS warm-up; the main thread's profile of the first
+    warm-cache process with it (call 1 against call 2)."""
+    for spec, rows in res.items():
+        print(f"== new process, {spec}: lsqr(A, b)")
+        print("process | blas warm-up | user imports s | import lsqr s (modules) | call 1 | "
+              "call 2 | call 3 | gap s | rel. residual")
+        gaps = {True: [], False: []}
+        for r in rows:
+            if "error" in r:
+                print(f"{r['label']}: error\n{r['error']}")
+                continue
+            w = [c["wall"] for c in r["calls"]]
+            gap = w[0] - min(w[1:])
+            if r["label"] != "fills the caches":
+                gaps[r["blas_warmup"]].append(gap)
+            print(f"{r['label']} | {'on' if r['blas_warmup'] else 'off'} | "
+                  f"{r['user_imports']:.2f} | {r['import_lsqr']:.2f} ({r['import_lsqr_modules']}) | "
+                  f"{w[0]:.3f} | {w[1]:.3f} | {w[2]:.3f} | {gap:+.3f} | "
+                  f"{r['calls'][0]['relative_residual']:.1e}")
+        for on in (True, False):
+            if gaps[on]:
+                g = sorted(gaps[on])
+                print(f"  gap with the warm-up {'on' if on else 'off'}: median "
+                      f"{g[len(g) // 2]:+.3f} s over {len(g)} processes ({', '.join(f'{x:+.3f}' for x in g)})")
+        first = next((r for r in rows if "error" not in r and r["blas_warmup"]
+                      and r["label"] != "fills the caches"), None)
+        if first is not None:
+            print(f"-- {first['label']} (warm-up on), main thread:")
+            print_profiles(first["calls"])
 
 
 def compiles(grid: int, warm_runs: int = 1) -> dict:
@@ -518,8 +636,23 @@ def main(argv=None) -> int:
                    help="NVRTC seconds of a call's modules, sequential and threads (no GPU)")
     p.add_argument("--store", action="store_true",
                    help="R's layout file written behind the call and read back (no GPU)")
+    p.add_argument("--new-process", metavar="PROBLEMS",
+                   help="the new-process gap with warm caches, for these problems "
+                        "(comma-separated: ch7-8-b3, grid40, ...)")
+    p.add_argument("--procs", type=int, default=4,
+                   help="warm-cache processes per problem (--new-process; alternately "
+                        "with and without the cuBLAS warm-up)")
+    p.add_argument("--backend", default="gpu",
+                   help="--new-process: the calls' backend (another than gpu: a dry run)")
     a = p.parse_args(argv)
     res = {}
+    if a.new_process:
+        res["new_process"] = new_process_gap(a.new_process.split(","), a.procs,
+                                             backend=a.backend)
+        print_new_process(res["new_process"])
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+        return 0
     if a.nvrtc or a.compiles or a.store:
         if a.store:
             res["store"] = store_times(a.grid)
