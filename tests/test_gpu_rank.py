@@ -219,3 +219,32 @@ def test_nullspace_cod_on_the_device(monkeypatch, rng, wide):
     assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
     x2 = lsqr(A, b, backend="gpu")[0]
     assert np.linalg.norm(x2 - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+
+
+def test_nullspace_cod_blocks_on_the_host_when_the_device_is_full(monkeypatch, rng):
+    """The device's q × d blocks do not fit (an out-of-memory forced): the blocks
+    stay on the host, the solves still run on the device, rank and minimum-norm
+    solution are lstsq's (no dense COD)."""
+    import cupy
+    real = _lstsq.NullspaceCOD
+    tried = []
+
+    def tight(*args, xp=np, **kwargs):
+        tried.append(xp)
+        if xp is cupy:
+            raise MemoryError("forced: the blocks do not fit")
+        return real(*args, xp=xp, **kwargs)
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
+    monkeypatch.setattr(_lstsq, "NullspaceCOD", tight)
+    monkeypatch.setattr(_lstsq, "DenseCOD", None)        # must not be reached
+    A = chessboard_boundary(5, 7, 3)                      # 4200×2100, rank 1714
+    b = rng.standard_normal(A.shape[0])
+    F = QRFactorization(A, backend="gpu")
+    x = F.solve(b)
+    solver = F._core.rank_decision()
+    assert tried == [cupy, np]
+    assert solver.method == "nullspace_cod" and solver.cod_device == "gpu"
+    assert isinstance(solver._cod._v, np.ndarray)
+    assert F.rank == 1714
+    x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)

@@ -258,3 +258,40 @@ def test_bayer10_host_rank_is_lstsq_rank(matrices_dir):
     r = b - A @ x
     berr = np.linalg.norm(A.T @ r) / (BAYER10_LSTSQ["norm_a"] * np.linalg.norm(r))
     assert berr <= 10 * BAYER10_LSTSQ["berr"]
+
+
+def test_nullspace_blocks_stay_on_the_host_when_the_device_is_full(monkeypatch):
+    """A device whose q × d blocks do not fit beside the factors (MemoryError):
+    the nullspace COD runs again with host blocks (the solves' results copied
+    back), not the dense COD of all of R, and answers as lstsq."""
+    from scipy_gpuqr import QRFactorization
+    from scipy_gpuqr._testing_matrices import chessboard_boundary
+
+    class _FullDevice:                  # stands for CuPy: no block fits
+        pass
+    full = _FullDevice()
+    real = _lstsq.NullspaceCOD
+    tried = []
+
+    def tight(*args, xp=np, **kwargs):
+        tried.append(xp)
+        if xp is full:
+            raise MemoryError("the q × d blocks do not fit")
+        return real(*args, xp=xp, **kwargs)
+
+    solve_ops = _lstsq.MinNormSolver._solve_ops
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 100)
+    monkeypatch.setattr(_lstsq, "NullspaceCOD", tight)
+    monkeypatch.setattr(_lstsq, "_free_device_pool", lambda: None)
+    monkeypatch.setattr(_lstsq, "DenseCOD", None)           # must not be reached
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_solve_ops",
+                        lambda self: solve_ops(self)[:2] + (full,))
+    A = chessboard_boundary(5, 6, 2)
+    b = np.random.default_rng(5).standard_normal(A.shape[0])
+    F = QRFactorization(A, backend="cpu")
+    x = F.solve(b)
+    assert tried == [full, np]
+    assert F.info["rank_decision"]["method"] == "nullspace_cod"
+    x_ref, _, rank, _ = np.linalg.lstsq(A.toarray(), b, rcond=None)
+    assert F.rank == rank
+    assert np.linalg.norm(x - x_ref) <= 1e-12 * np.linalg.norm(x_ref)

@@ -288,6 +288,15 @@ def _free_device_pool() -> None:
         cp.get_default_memory_pool().free_all_blocks()
 
 
+def _results_on_host(solve: Callable) -> Callable:
+    """``solve`` (a device solve: host or device blocks in) with its result copied
+    to the host, for blocks kept in host memory."""
+    def on_host(C):
+        Y = solve(C)
+        return Y.get() if hasattr(Y, "get") else Y
+    return on_host
+
+
 @dataclass
 class MinNormSolver:
     """Minimum-norm least-squares solves with a fixed k×q matrix G = R or Rᵀ.
@@ -492,10 +501,25 @@ class MinNormSolver:
                 or dead > min(NULLSPACE_MAX_DEAD, NULLSPACE_MAX_FRACTION * q)):
             return False
         up, upt, xp = self._solve_ops()
+        on_host = False             # device solves whose blocks stay on the host
         try:
             cod = NullspaceCOD(up, upt, q, dead, (lo, hi), transposed=self.transposed, xp=xp)
-        except (NullspaceRefused, MemoryError):     # no gap, or its blocks do not fit
+        except NullspaceRefused:                    # no clear gap
             return False
+        except MemoryError:
+            if xp is np:
+                return False
+            # the q × d blocks do not fit beside the factors (a GPU under a memory
+            # limit; CuPy's OutOfMemoryError is a MemoryError): they stay on the
+            # host and the device solves them one call at a time, far cheaper
+            # than the dense COD of all of R that would answer instead
+            _free_device_pool()
+            up, upt, on_host = _results_on_host(up), _results_on_host(upt), True
+            try:
+                cod = NullspaceCOD(up, upt, q, dead, (lo, hi), transposed=self.transposed,
+                                   xp=np)
+            except (NullspaceRefused, MemoryError):
+                return False
         smax = self._fro
         if not cod.certain():
             smax = sigma_max_lanczos(self.R)
@@ -503,7 +527,7 @@ class MinNormSolver:
                 return False
         self.method, self.rank = "nullspace_cod", int(cod.rank)
         self.sigma_max, self.sigma_min = float(smax), float(cod.sigma_min)
-        self.cod_device = "gpu" if xp is not np else "cpu"
+        self.cod_device = "gpu" if xp is not np or on_host else "cpu"
         self._cod = cod
         return True
 
