@@ -449,7 +449,7 @@ def test_worker_processes(rng):
 # ----------------------------------------------------------------------------
 
 #: Seconds a GPU Dask test may take (a cold kernel cache included).
-GPU_TEST_SECONDS = 150
+GPU_TEST_SECONDS = 60
 
 
 def _in_subprocess(body: str, seconds: float = GPU_TEST_SECONDS) -> None:

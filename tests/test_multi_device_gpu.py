@@ -80,6 +80,8 @@ def _run(ids):
         assert [d["device"] for d in per] == list(ids), name
         assert sum(d["stages"] for d in per) == info["stages"]
         assert all(d["busy_seconds"] >= 0 for d in per)
+        assert all(d["enqueue_seconds"] >= d["wait_blocks_seconds"] >= 0 for d in per)
+        assert 0 <= info["r_copy_progressive"] <= info["stages"]
         assert info["q_device"] == ids[0]
         if _peers(ids):                     # Q reads the other devices' pools in place
             assert info["q_pools_on_host"] == [], name

@@ -419,6 +419,9 @@ class _MultiStageRun:
     def run_devices(self) -> None:
         """Every device's stages on its own thread; returns when all ended.
 
+        The upper tree's device runs on the calling thread (its cuBLAS and
+        cuSOLVER handles, which the upper tree's dense fronts use most, are
+        made once per thread and kept), every other device on a new thread.
         A failure on one device stops the others (at their next wait for a
         block, or after their stages) and is raised here.
         """
@@ -432,15 +435,14 @@ class _MultiStageRun:
                 errors[k] = exc
                 self.xfer.fail()
 
-        if nd == 1:
-            one(0)
-        else:
-            threads = [threading.Thread(target=one, args=(k,), name=f"gpuqr-device-{k}",
-                                        daemon=True) for k in range(nd)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+        here = int(self.plan.upper_device) if 0 <= int(self.plan.upper_device) < nd else 0
+        threads = [threading.Thread(target=one, args=(k,), name=f"gpuqr-device-{k}",
+                                    daemon=True) for k in range(nd) if k != here]
+        for t in threads:
+            t.start()
+        one(here)
+        for t in threads:
+            t.join()
         self.xfer.keep = []
         real = [e for e in errors if e is not None and not isinstance(e, _Aborted)]
         if real:
