@@ -335,24 +335,35 @@ class LazyModule:
 
     def prefetch(self, exprs: Sequence[str], device: int | None = None) -> list:
         """Compile the groups of ``exprs`` on daemon threads, for ``device`` (default
-        the current one); returns the threads (a later :meth:`get_function` waits
-        for its module)."""
+        the current one), and look the kernels ``exprs`` up there; returns the
+        threads (a later :meth:`get_function` waits for its module)."""
         if device is None:
             import cupy
             device = cupy.cuda.Device().id
-        first: dict = {}                    # a group (() for a whole file) -> an expr of it
+        asked: dict = {}                    # a group (() for a whole file) -> its exprs asked for
         for e in exprs:
-            first.setdefault(variant_group(e, self.name_expressions), e)
+            asked.setdefault(variant_group(e, self.name_expressions), []).append(e)
         threads = []
-        for group, expr in first.items():
+        for group, group_exprs in asked.items():
             if not _COMPILED.claim(self.name, group, self.options, self.digest,
                                    self.cooperative):
                 continue                    # compiled, or a thread compiles it already
-            t = threading.Thread(target=_quiet, args=(self._module, expr, device),
+            t = threading.Thread(target=_quiet, args=(self._load, group_exprs, device),
                                  name="gpuqr-nvrtc", daemon=True)
             t.start()
             threads.append(t)
         return threads
+
+    def _load(self, exprs: Sequence[str], device) -> None:
+        """Compile the group of ``exprs[0]`` and look its kernels ``exprs`` up (a
+        kernel is loaded into the context when first looked up, with CUDA's lazy
+        loading: on this thread, not at the caller's first launch)."""
+        mod = self._module(exprs[0], device)
+        import cupy
+        with cupy.cuda.Device(device):
+            for e in exprs:
+                if e:
+                    mod.get_function(e)
 
     def compile(self) -> None:
         """Compile every declared variant (all groups)."""

@@ -186,8 +186,11 @@ class _FakeDevice:
 class _FakeModule:
     def __init__(self, key):
         self.key = key
+        self.looked_up = []
 
     def get_function(self, name):
+        import threading
+        self.looked_up.append((name, threading.current_thread().name))
         return (self.key, name)
 
 
@@ -245,6 +248,12 @@ def test_prefetch_schedules_every_module_of_a_call_once(fake_compile):
         want.add((u.file, _kernels.variant_group(u.needed[0], u.declared), m.options,
                   m.digest, u.cooperative))
     assert {k for k, _ in made} == want
+    for u in fk.engine_kernels(np.float64):       # each kernel asked for looked up there
+        m = u.module()
+        key = (u.file, _kernels.variant_group(u.needed[0], u.declared), m.options, m.digest,
+               u.cooperative)
+        looked = fake_compile._modules[key][1].looked_up
+        assert {(e, "gpuqr-nvrtc") for e in u.needed} <= set(looked)
     assert fk.prefetch_engine_kernels(np.float64) == []
     # what the engine's users ask for: the same modules, nothing compiled again
     dp._panel_kernel.cache_clear()
