@@ -882,6 +882,7 @@ class _StageLoop:
                             "gpu_kernels": dev_s.get("kernels", 0.0),
                             "upload": dev_s.get("upload", 0.0),
                             "download": dev_s.get("download", 0.0),
+                            "download_pool": dev_s.get("download_pool", 0.0),
                             "launch_loop": dev_s.get("launch_loop", 0.0),
                             "wait_gpu": dev_s.get("wait", 0.0),
                             "wait_r_copy": self.t_r_wait,
