@@ -356,6 +356,9 @@ from scipy_gpuqr import lsqr
 out = {"problem": spec, "blas_warmup": warmup_on, "user_imports": user_imports,
        "import_lsqr": time.perf_counter() - t, "import_lsqr_modules": len(set(sys.modules) - pre),
        "cupy_imported_before_call": "cupy" in sys.modules, "calls": []}
+t = time.perf_counter()
+import cupy                 # timed apart: a user passing CuPy arrays has imported it already
+out["import_cupy"] = time.perf_counter() - t
 if not warmup_on:           # the A/B of blas_warmup (after the import, so both time the same)
     from scipy_gpuqr._engine.gpu import factorize_kernels as fk
     fk.start_blas_warmup = lambda *a: None
@@ -389,8 +392,9 @@ def new_process_gap(problems: list, procs: int = 4, store: str | None = None,
     :mod:`~scipy_gpuqr._engine.gpu.blas_warmup` (the A/B of the cuBLAS set-up
     on a worker thread). Each process times the user's imports (NumPy,
     SciPy sparse), ``from scipy_gpuqr import lsqr`` (the package's modules,
-    at the user's import line), then three calls; the gap is the first call
-    less the faster of the other two. The main thread is sampled every 2 ms
+    at the user's import line), ``import cupy`` (apart: the call would
+    import it otherwise), then three calls; the gap is the first call less
+    the faster of the other two. The main thread is sampled every 2 ms
     (the first call against the second, as ``--compiles``). ``backend``
     other than 'gpu': a dry run of the script (no GPU).
     """
@@ -418,8 +422,8 @@ def print_new_process(res: dict) -> None:
     warm-cache process with it (call 1 against call 2)."""
     for spec, rows in res.items():
         print(f"== new process, {spec}: lsqr(A, b)")
-        print("process | blas warm-up | user imports s | import lsqr s (modules) | call 1 | "
-              "call 2 | call 3 | gap s | rel. residual")
+        print("process | blas warm-up | user imports s | import lsqr s (modules) | import cupy s | "
+              "call 1 | call 2 | call 3 | gap s | rel. residual")
         gaps = {True: [], False: []}
         for r in rows:
             if "error" in r:
@@ -431,7 +435,7 @@ def print_new_process(res: dict) -> None:
                 gaps[r["blas_warmup"]].append(gap)
             print(f"{r['label']} | {'on' if r['blas_warmup'] else 'off'} | "
                   f"{r['user_imports']:.2f} | {r['import_lsqr']:.2f} ({r['import_lsqr_modules']}) | "
-                  f"{w[0]:.3f} | {w[1]:.3f} | {w[2]:.3f} | {gap:+.3f} | "
+                  f"{r['import_cupy']:.2f} | {w[0]:.3f} | {w[1]:.3f} | {w[2]:.3f} | {gap:+.3f} | "
                   f"{r['calls'][0]['relative_residual']:.1e}")
         for on in (True, False):
             if gaps[on]:
