@@ -96,12 +96,18 @@ def test_slabs_on_the_gpu_equal_the_blocked_factorization():
     dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True))
     T = factorize_in_slabs(F, panels, nb, 300, dev)
     assert dev.slabs == len(slab_ranges(panels, fn, 300)) > 2
+    assert dev.all_finite()
     tol = 1e3 * fm * EPS * np.abs(F0).max()
     # R up to row signs (the panel kernel's and LAPACK's reflectors agree to rounding)
     k = min(fm, fn)
     np.testing.assert_allclose(np.abs(np.triu(F[:k])), np.abs(np.triu(ref[:k])), atol=tol)
     assert T.shape == T_ref.shape
     _check_q(F0, F, panels, T, tol)
+    F = F0.copy()
+    F[fm - 1, fn - 1] = np.nan                  # in the last slab's trailing columns
+    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True))
+    factorize_in_slabs(F, panels, nb, 300, dev)
+    assert not dev.all_finite()
 
 
 @pytest.mark.gpu

@@ -537,3 +537,23 @@ def test_panel_rows_follow_the_memory_and_stay_in_range():
     assert _panel_rows(1000, 800, 0) == STREAM_MIN_ROWS
     assert _panel_rows(1000, 10, 0) == 10
     assert 1 <= _panel_rows(10 ** 6, 5000, None) <= 5000
+
+
+def test_host_stage_check_skips_only_what_the_device_checked():
+    """A host front factorized on the GPU was checked there (its span in
+    ``device_checked``): end_stage reads the rest of the pool, not the span,
+    and refuses a span the device found non-finite."""
+    from scipy_gpuqr._engine.gpu.device import GpuEngineError, HostFrontDevice
+    dev = HostFrontDevice(32, 1)
+    pool = np.zeros(1000)
+    pool[500] = np.nan                                   # inside the checked span
+    h = {"pool": pool, "device_checked": [(400, 700, True)]}
+    assert dev.end_stage(h) is pool
+    pool[900] = np.inf                                   # outside it
+    with pytest.raises(GpuEngineError, match="front pool"):
+        dev.end_stage(h)
+    pool[900] = 0.0
+    with pytest.raises(GpuEngineError, match="on the device"):
+        dev.end_stage({"pool": pool, "device_checked": [(400, 700, False)]})
+    with pytest.raises(GpuEngineError, match="front pool"):
+        dev.end_stage({"pool": pool})                    # nothing checked: all read

@@ -41,6 +41,7 @@ import numpy as np
 
 from .dense_front import factorize_cupy, factorize_numpy
 from .gpu.array_ops import upload_block
+from .gpu.finite_check import finite_check
 
 __all__ = ["slab_ranges", "slab_columns", "whole_front_fits", "factorize_in_slabs", "NumpySlabs",
            "CupySlabs"]
@@ -214,12 +215,16 @@ class CupySlabs:
     """The slab operations on a CUDA device, on ``stream``: two device buffers
     (the slab, an earlier block) reused for every slab, strided copies queued on
     the stream (``F`` pinned makes them asynchronous), one synchronization per
-    slab for its ``T``; ``slabs`` counts the slabs started there."""
+    slab for its ``T``; ``slabs`` counts the slabs started there. Each worked
+    slab is checked for non-finite values before it goes back (one launch
+    reading it where it lies: :meth:`all_finite`), so the host need not read the
+    front again."""
 
     def __init__(self, cp, stream):
         self.cp, self.stream = cp, stream
         self.slabs = 0
         self._buffers = {}
+        self._flags = []
 
     def _buffer(self, slot: str, shape: tuple, dtype):
         n = shape[0] * shape[1]
@@ -240,6 +245,7 @@ class CupySlabs:
         """The worked slab back into ``F[:, c0:c1]`` (queued: :meth:`finish`)."""
         isz = F.itemsize
         rt = self.cp.cuda.runtime
+        self._flags.append(finite_check(S.dtype).enqueue(S, self.stream))
         rt.memcpy2DAsync(F.ctypes.data + c0 * isz, F.shape[1] * isz, S.data.ptr,
                          (c1 - c0) * isz, (c1 - c0) * isz, F.shape[0],
                          rt.memcpyDeviceToHost, self.stream.ptr)
@@ -265,3 +271,8 @@ class CupySlabs:
             self.stream.synchronize()
         finally:
             self._buffers.clear()
+
+    def all_finite(self) -> bool:
+        """Whether every slab sent back so far held finite values only (after
+        :meth:`finish`)."""
+        return not any(int(f.get(stream=self.stream)[0]) for f in self._flags)

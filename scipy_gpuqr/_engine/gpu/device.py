@@ -352,8 +352,20 @@ class HostFrontDevice(NumpyDevice):
         return h
 
     def end_stage(self, h) -> np.ndarray:
+        """The stage's pool after the check for non-finite values: a front
+        factorized on the GPU was checked there before it came back (its span
+        in ``h['device_checked']``), the rest of the pool is read here."""
         t0 = time.perf_counter()
-        pool = super().end_stage(h)
+        pool = h["pool"]
+        spans = sorted(h.get("device_checked", ()))
+        if not all(ok for _, _, ok in spans):
+            raise GpuEngineError("non-finite values in a host front after its factorization "
+                                 "on the device")
+        pos = 0
+        for a, b in [(a, b) for a, b, _ in spans] + [(pool.size, pool.size)]:
+            if a > pos and not _all_finite(pool[pos:a]):
+                raise GpuEngineError("non-finite values in the front pool after the stage")
+            pos = max(pos, b)
         self.seconds["check"] = self.seconds.get("check", 0.0) + time.perf_counter() - t0
         return pool
 
@@ -366,7 +378,9 @@ class HostFrontDevice(NumpyDevice):
         t0 = time.perf_counter()
         F = h["pool"][off: off + fm * fn].reshape(fm, fn)
         panels = panels_of(fm, fn, stair, self.dense_panel)
-        T, how = (None, "no GPU layer") if self.gpu is None else self._on_gpu(F, panels)
+        T, how, ok = (None, "no GPU layer", None) if self.gpu is None else self._on_gpu(F, panels)
+        if ok is not None:                  # checked on the device: end_stage skips it
+            h.setdefault("device_checked", []).append((int(off), int(off + fm * fn), ok))
         if T is None:
             flops = sum(2.0 * rows * b * (b + 2 * (fn - j - b)) for j, rows, b in panels)
             with (one_blas_thread() if flops < SINGLE_THREAD_FLOPS
@@ -380,11 +394,13 @@ class HostFrontDevice(NumpyDevice):
         return F, panels, T, None
 
     def _on_gpu(self, F, panels):
-        """``(T, where)`` after factorizing ``F`` (a host view, overwritten) on the
-        GPU: whole when it fits there, else in column slabs
+        """``(T, where, finite)`` after factorizing ``F`` (a host view, overwritten)
+        on the GPU: whole when it fits there, else in column slabs
         (:mod:`~scipy_gpuqr._engine.slab_front`; slabs that still run out of
-        memory, and the rest, with LAPACK); ``(None, why not)`` when not even
-        one panel's slab fits (nothing left allocated there)."""
+        memory, and the rest, with LAPACK); ``(None, why not, None)`` when not
+        even one panel's slab fits (nothing left allocated there). ``finite``:
+        whether the factorized front holds finite values only, read on the
+        device before it came back (None where part of it ran on the host)."""
         gpu = self.gpu
         cp = gpu.cp
         nb, isz = self.dense_panel, F.dtype.itemsize
@@ -396,10 +412,11 @@ class HostFrontDevice(NumpyDevice):
                     Fd = cp.empty(F.shape, dtype=F.dtype)
                     Fd.set(F, stream=gpu.stream)
                     Td = factorize_cupy(Fd, panels, nb, stream=gpu.stream)
+                    flag = finite_check(Fd.dtype).enqueue(Fd, gpu.stream)
                     Fd.get(stream=gpu.stream, out=F)
                     T = Td.get(stream=gpu.stream)
                 gpu.stream.synchronize()
-                return T, "front alone uploaded"
+                return T, "front alone uploaded", not int(flag.get(stream=gpu.stream)[0])
             except cp.cuda.memory.OutOfMemoryError as exc:
                 whole = f"the front alone does not fit the device ({exc})"
             finally:
@@ -408,12 +425,14 @@ class HostFrontDevice(NumpyDevice):
             avail = gpu.memory().available
         w = slab_columns(F.shape[0], nb, isz, avail) if avail is not None else 0
         if not w:
-            return None, f"{whole}; not even a slab of one panel fits ({avail} bytes)"
+            return None, f"{whole}; not even a slab of one panel fits ({avail} bytes)", None
         host = NumpySlabs()
-        T = factorize_in_slabs(F, panels, nb, w, CupySlabs(cp, gpu.stream), fallback=host)
+        slabs = CupySlabs(cp, gpu.stream)
+        T = factorize_in_slabs(F, panels, nb, w, slabs, fallback=host)
         return T, (f"in column slabs of {w} (the front alone does not fit)"
                    + (f"; its last {host.slabs} slabs on the host (LAPACK/BLAS) after the "
-                      f"device failed one (log)" if host.slabs else ""))
+                      f"device failed one (log)" if host.slabs else "")), \
+            (None if host.slabs else slabs.all_finite())
 
 
 class CupyDevice:
