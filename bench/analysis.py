@@ -34,8 +34,12 @@ unpacked as ``DIR/scipy_gpuqr_base`` (``git archive COMMIT scipy_gpuqr | tar
 -x -C DIR && mv DIR/scipy_gpuqr DIR/scipy_gpuqr_base``): the host's speed
 drifts too much between processes to compare otherwise.
 
+``--new-process-hit N``: also the first ``analyze`` of N new processes that
+find the analysis on disk (what a new process's first call pays for it: the
+key's first computation, the file mapped and checked).
+
 Usage: ``PYTHONPATH=. python3 bench/analysis.py [--repeat 5] [--base DIR]
-[--only grid40]``.
+[--only grid40] [--new-process-hit 3]``.
 """
 
 from __future__ import annotations
@@ -170,12 +174,54 @@ def _hit_cost(A) -> tuple:
     return statistics.median(mem), statistics.median(disk)
 
 
+_FIRST_HIT = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[2])
+from analysis import problems
+A = problems()[sys.argv[1]]()
+from scipy_gpuqr._symbolic import analysis_cache, analyze
+t = time.perf_counter()
+an = analyze(A)
+first = time.perf_counter() - t
+t = time.perf_counter()
+analyze(A)
+print(json.dumps({"first": first, "second": time.perf_counter() - t,
+                  "hit": "cache" in an.timings}))
+analysis_cache.flush()
+"""
+
+
+def first_hit_in_new_process(name: str, procs: int = 3) -> list:
+    """Wall seconds of the first ``analyze`` of a new process that finds the
+    analysis on disk (its imports and the matrix apart: what a new process's
+    first call pays), in ``procs`` processes after one that wrote it; the
+    entries go to a temporary folder."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+    here = str(Path(__file__).resolve().parent)
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, SCIPY_GPUQR_SCHEDULE_CACHE=d)
+        for i in range(procs + 1):
+            r = subprocess.run([sys.executable, "-c", _FIRST_HIT, name, here], env=env,
+                               capture_output=True, text=True, timeout=300, check=True)
+            got = json.loads(r.stdout.strip().splitlines()[-1])
+            if i:
+                assert got["hit"], "the new process did not find the analysis on disk"
+                out.append(got["first"])
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--base", help="folder holding an older tree as scipy_gpuqr_base")
     ap.add_argument("--only", nargs="*", help="problem names")
     ap.add_argument("--no-hit", action="store_true", help="skip the cache-hit measure")
+    ap.add_argument("--new-process-hit", type=int, default=0, metavar="PROCS",
+                    help="also the first (disk) hit of that many new processes")
     args = ap.parse_args(argv)
     trees = [("new", "scipy_gpuqr")]
     if args.base:
@@ -184,6 +230,7 @@ def main(argv=None) -> int:
     timers = {tree: _Timer(pkg) for tree, pkg in trees}
     rows = []
     hits = {}
+    first_hits = {}
     for name, make in problems().items():
         if args.only and name not in args.only:
             continue
@@ -199,14 +246,23 @@ def main(argv=None) -> int:
         print(f"{name}: {A.shape[0]}x{A.shape[1]}, nnz {A.nnz}", flush=True)
         if not args.no_hit:
             hits[name] = _hit_cost(A)
+        if args.new_process_hit:
+            hits.setdefault(name, None)
+            first_hits[name] = first_hit_in_new_process(name, args.new_process_hit)
     print("\ncold analysis, CPU seconds per phase (minimum of "
           f"{args.repeat}; total: minimum of the totals)")
     _table(rows)
     if hits:
         print("\ncache hit, wall time (memory: median of 20; disk, the per-process table "
               "cleared: median of 5)")
-        for name, (mem, disk) in hits.items():
-            print(f"{name:16s} memory {mem * 1e3:7.2f} ms   disk {disk * 1e3:7.2f} ms")
+        for name, got in hits.items():
+            if got is not None:
+                mem, disk = got
+                print(f"{name:16s} memory {mem * 1e3:7.2f} ms   disk {disk * 1e3:7.2f} ms")
+    if first_hits:
+        print("\nfirst analyze() of a new process, found on disk (wall ms, one per process)")
+        for name, secs in first_hits.items():
+            print(f"{name:16s} " + "  ".join(f"{v * 1e3:7.2f}" for v in secs))
     return 0
 
 

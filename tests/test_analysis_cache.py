@@ -242,6 +242,24 @@ def test_every_input_form_of_one_pattern_hits(count_analyses):
     assert len(count_analyses) == 1
 
 
+def test_key_reads_int32_indices_without_a_copy_and_matches_int64():
+    """The pattern's checksums are of the int32 values where every index fits
+    (a SciPy matrix's own arrays, no copy), the same for int64 arrays."""
+    A = sp.csc_array(random_least_squares(90, 40, 0.08, seed=4))
+    opts = dict(ordering="colamd", colperm=None, max_gpu_memory=None, itemsize=8,
+                amalgamation=Amalgamation(), singletons=True, singleton_tol=None)
+    k32 = analysis_cache.key(A.shape, A.indptr.astype(np.int32), A.indices.astype(np.int32),
+                             None, opts)
+    k64 = analysis_cache.key(A.shape, A.indptr.astype(np.int64), A.indices.astype(np.int64),
+                             None, opts)
+    assert k32.digest == k64.digest
+    ix = A.indices.astype(np.int32)
+    assert analysis_cache._narrow(ix, True) is ix or np.shares_memory(
+        analysis_cache._narrow(ix, True), ix)
+    big = analysis_cache._narrow(A.indices.astype(np.int32), False)
+    assert big.dtype == np.dtype("<i8") and np.array_equal(big, A.indices)
+
+
 def test_arrays_are_read_only_and_the_cache_unchanged(count_analyses):
     A = grid3d_least_squares(4)
     an = analyze(A)

@@ -16,7 +16,7 @@ tolerance, the mask of the entries above it), the analysis code's stamp
 (:func:`code_stamp`: its sources, the COLAMD wrapper's, the package version)
 and the ordering library that would run (which COLAMD, AMD or METIS is
 installed, or its fallback). The pattern itself (the canonical CSC's
-``indptr`` and ``indices`` as int64) enters through CRC-32 checksums, which
+``indptr`` and ``indices`` as int32 where they fit, else int64) enters through CRC-32 checksums, which
 are cheap; they only spread the entries: a hit is confirmed by comparing
 the pattern **exactly** with the one the analysis holds (``a_indptr``,
 ``a_indices``), so a checksum collision costs a new analysis, never another
@@ -219,13 +219,23 @@ def key(shape, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | None,
                 return None
             above = np.abs(data) > float(options["singleton_tol"])
             h.update(b"mask" + _digest(np.packbits(above)))
-        ip = np.asarray(indptr).astype("<i8", copy=False)
-        ix = np.asarray(indices).astype("<i8", copy=False)
+        small = max(int(shape[0]), len(indices)) < 2**31     # every index fits in int32
+        ip, ix = _narrow(indptr, small), _narrow(indices, small)
         h.update(zlib.crc32(ip).to_bytes(4, "little") + zlib.crc32(ix).to_bytes(4, "little"))
     except (TypeError, ValueError, KeyError, OverflowError):
         return None
     return AnalysisKey(h.hexdigest(), (int(shape[0]), int(shape[1])), indptr, indices,
                        int(len(indices)))
+
+
+def _narrow(a, small: bool) -> np.ndarray:
+    """An index array as little-endian int32 when ``small`` (its values fit:
+    the usual SciPy index type, no copy then), else int64: the same bytes
+    for the same values whatever the caller's index type (a value beyond the
+    bound only spreads the key; a hit compares the pattern exactly)."""
+    a = np.asarray(a)
+    want = np.dtype("<i4") if small else np.dtype("<i8")
+    return np.ascontiguousarray(a) if a.dtype == want else a.astype(want)
 
 
 def _matches(k: AnalysisKey, an) -> bool:
