@@ -519,9 +519,9 @@ def main(argv=None) -> int:
                     help="n > 32 methods to time: comma-separated of fused, mma64, "
                     "rows, rows_mma, panel, default")
     ap.add_argument("--dtypes", default="float64,float32")
-    ap.add_argument("--chol-finish", default="cupy",
+    ap.add_argument("--chol-finish", default=None,
                     help="how the n > 32 Cholesky assembles its result: cupy or kernel "
-                    "(scipy_gpuqr.batched._gpu_blocked.CHOL_FINISH)")
+                    "(scipy_gpuqr.batched._gpu_blocked.CHOL_FINISH; default: the library's)")
     ap.add_argument("--ops", default="lu,inv,chol",
                     help="operations of the kernel table, of lu, inv, chol")
     ap.add_argument("--json", help="write the rows as JSON here")

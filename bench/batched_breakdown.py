@@ -25,7 +25,8 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default="default",
                     help="comma-separated methods of the LU (default: the default)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--chol-finish", default="cupy", help="cupy or kernel")
+    ap.add_argument("--chol-finish", default=None,
+                    help="cupy or kernel (default: the library's)")
     args = ap.parse_args(argv)
 
     import cupy as cp

@@ -22,7 +22,7 @@ from .._options import ENV_BACKEND, log_decision, resolve_backend
 
 __all__ = ["MAX_NAMED", "NONFINITE", "result_dtype", "use_gpu", "as_stack",
            "batch_names", "check_finite_np", "require_finite", "to_host",
-           "to_device", "restore", "gpu_supported", "cupy_stack", "gpu_rhs",
+           "to_device", "restore", "gpu_supported", "cupy_stack", "gpu_rhs", "rhs_view",
            "bad_indices", "info_counts"]
 
 #: How many offending indices an error message names.
@@ -240,12 +240,13 @@ def cupy_stack(a) -> bool:
 
 def gpu_rhs(b, batch_shape: tuple, n: int, dtype):
     """Right-hand sides as the GPU solves read them, without a copy:
-    ``(b as a (B, n, k) CuPy array, the solution's shape)``.
+    ``(b, its batch stride in elements, B, k, the solution's shape)``.
 
     Only for a C-contiguous CuPy ``b`` of ``dtype`` shaped ``(n,)`` or
-    ``(n, k)`` (one for every matrix: read at batch stride 0) or
-    ``batch_shape + (n, k)``, with ``B``, ``n`` and ``k`` positive; None for
-    anything else (the general path validates, casts and broadcasts it).
+    ``(n, k)`` (one for every matrix: batch stride 0) or
+    ``batch_shape + (n, k)``, with ``B`` (the matrices), ``n`` and ``k``
+    positive; None for anything else (the general path validates, casts and
+    broadcasts it). :func:`rhs_view` makes the (B, n, k) array of the drivers.
     """
     if not is_cupy_array(b) or b.dtype != dtype or not b._c_contiguous:
         return None
@@ -254,16 +255,15 @@ def gpu_rhs(b, batch_shape: tuple, n: int, dtype):
     if nd == 1:
         if shape[0] != n:
             return None
-        k, out = 1, batch_shape + (n,)
+        k, out, stride = 1, batch_shape + (n,), 0
     elif nd == 2:
         if shape[0] != n:
             return None
         k = shape[1]
-        out = batch_shape + (n, k)
+        out, stride = batch_shape + (n, k), 0
     elif shape[:-2] == batch_shape and shape[-2] == n:
         k, out = shape[-1], shape
-        if nd == 3:
-            return (b, out) if k and n and shape[0] else None
+        stride = n * k
     else:
         return None
     bsz = 1
@@ -271,7 +271,14 @@ def gpu_rhs(b, batch_shape: tuple, n: int, dtype):
         bsz *= d
     if not (bsz and n and k):
         return None
+    return b, stride, bsz, k, out
+
+
+def rhs_view(b, stride: int, bsz: int, n: int, k: int):
+    """``b`` of :func:`gpu_rhs` as a (bsz, n, k) CuPy array read at batch
+    stride ``stride`` elements (a view: no copy)."""
+    if b.ndim == 3 and stride:
+        return b
     item = b.itemsize
-    view = gc.cupy().ndarray((bsz, n, k), dtype, memptr=b.data,
-                             strides=((0 if nd < 3 else n * k * item), k * item, item))
-    return view, out
+    return gc.cupy().ndarray((bsz, n, k), b.dtype, memptr=b.data,
+                             strides=(stride * item, k * item, item))

@@ -34,7 +34,9 @@ from . import _cpu, _gpu, _jacobi, _vbatched
 from . import _gpu_common as _gc
 from ._common import (NONFINITE, as_stack, bad_indices, batch_names, check_finite_np,
                       cholesky_pair, cupy_stack, gpu_rhs, gpu_supported, lu_pair,
-                      require_finite, restore, result_dtype, to_device, to_host, use_gpu)
+                      require_finite, restore, result_dtype, rhs_view, to_device, to_host,
+                      use_gpu)
+from ._kernel_registry import SMALL_MAX
 from .._gpu import is_cupy_array
 from .._options import log_decision
 
@@ -331,13 +333,22 @@ def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
         if piv.dtype == np.int32 and piv.shape == shape[:-1] and piv._c_contiguous:
             rhs = gpu_rhs(b, shape[:-2], shape[-1], lu.dtype)
             if rhs is not None:
-                bmat, out_shape = rhs
+                bsrc, bstride, bsz, k, out_shape = rhs
+                n = shape[-1]
                 st = _gc.new_status() if check_finite else None
-                x = _gpu.getrs(_stack3(lu), _stack2(piv), bmat, trans, _gc.report_args(st))
+                report = _gc.report_args(st)
+                if n <= SMALL_MAX and lu._c_contiguous:
+                    x = _gc.alloc(out_shape, lu.dtype)
+                    _gc.solve_columns("getrs_batched", lu.dtype, x, bsrc, bstride, bsz, n, k,
+                                      (lu.data.ptr, piv.data.ptr), 1 if trans else 0, report)
+                else:
+                    x = _gpu.getrs(_stack3(lu), _stack2(piv),
+                                   rhs_view(bsrc, bstride, bsz, n, k), trans, report)
+                    x = x if x.shape == out_shape else x.reshape(out_shape)
                 if st is not None:
                     _raise_nonfinite_inputs(where, _gc.read_status(st),
                                             ((_gc.STATUS_FACTOR, "lu"), (_gc.STATUS_RHS, "b")))
-                return x if x.shape == out_shape else x.reshape(out_shape)
+                return x
     arr, batch_shape = as_stack(lu, where, "lu")
     n = arr.shape[-1]
     pv = piv if is_cupy_array(piv) else np.asarray(piv)
@@ -423,10 +434,6 @@ def solve_batched(a, b, *, check_finite=True, return_info=False,
         rhs = gpu_rhs(b, shape[:-2], shape[-1], a.dtype)
     if rhs is not None:
         arr, batch_shape, cupy_in = a, a.shape[:-2], True
-        bmat, out_shape = rhs
-
-        def shape_out(x):
-            return x if x.shape == out_shape else x.reshape(out_shape)
     else:
         arr, batch_shape = as_stack(a, where)
         gpu = use_gpu(a, backend, where)
@@ -445,16 +452,26 @@ def solve_batched(a, b, *, check_finite=True, return_info=False,
         arr, cupy_in = _dev(arr), is_cupy_array(a)
     dev = _gc.device_id()
     st, report = _new_status(check_finite, return_info, device=dev)
-    lu, piv, info = _gpu.getrf(arr, report=report, device=dev)
-    x = _gpu.getrs(_stack3(lu), _stack2(piv), bmat, 0,
-                   _gc.report_args(st if check_finite else None, nan_fill=return_info),
-                   info.reshape(-1) if return_info else None)
+    solve_report = _gc.report_args(st if check_finite else None, nan_fill=return_info)
+    if rhs is not None and arr.shape[-1] <= SMALL_MAX:
+        # one allocation; the LU kernel, then the solve kernel reading b in place
+        x, info = _gpu.gesv(arr, rhs, report, solve_report, return_info, dev)
+    else:
+        if rhs is not None:
+            bsrc, bstride, bsz, k, out_shape = rhs
+            bmat = rhs_view(bsrc, bstride, bsz, arr.shape[-1], k)
+
+            def shape_out(x):
+                return x if x.shape == out_shape else x.reshape(out_shape)
+        lu, piv, info = _gpu.getrf(arr, report=report, device=dev)
+        x = shape_out(_gpu.getrs(_stack3(lu), _stack2(piv), bmat, 0, solve_report,
+                                 info.reshape(-1) if return_info else None))
     counts = _gpu_status(where, info, batch_shape, check_finite, st)
     if not return_info and _singular(counts):
         _raise_singular_names(where, _first_bad(info, batch_shape)[0])
     if check_finite:
         _raise_nonfinite_inputs(where, counts, ((_gc.STATUS_RHS, "b"),))
-    x = restore(shape_out(x), cupy_in)
+    x = restore(x, cupy_in)
     return (x, restore(info, cupy_in)) if return_info else x
 
 
@@ -688,13 +705,23 @@ def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
         shape = c.shape
         rhs = gpu_rhs(b, shape[:-2], shape[-1], c.dtype)
         if rhs is not None:
-            bmat, out_shape = rhs
+            bsrc, bstride, bsz, k, out_shape = rhs
+            n = shape[-1]
             st = _gc.new_status() if check_finite else None
-            x = _gpu.potrs(_stack3(c), lower, bmat, _gc.report_args(st))
+            report = _gc.report_args(st)
+            if n <= SMALL_MAX and c._c_contiguous:
+                if st is not None:      # the whole of c, as SciPy (the kernel reads one triangle)
+                    _gc.scan_nonfinite(c, report, _gc.STATUS_FACTOR)
+                x = _gc.alloc(out_shape, c.dtype)
+                _gc.solve_columns("potrs_batched", c.dtype, x, bsrc, bstride, bsz, n, k,
+                                  (c.data.ptr,), 1 if lower else 0, report)
+            else:
+                x = _gpu.potrs(_stack3(c), lower, rhs_view(bsrc, bstride, bsz, n, k), report)
+                x = x if x.shape == out_shape else x.reshape(out_shape)
             if st is not None:
                 _raise_nonfinite_inputs(where, _gc.read_status(st),
                                         ((_gc.STATUS_FACTOR, "c"), (_gc.STATUS_RHS, "b")))
-            return x if x.shape == out_shape else x.reshape(out_shape)
+            return x
     arr, batch_shape = as_stack(c, where, "c")
     n = arr.shape[-1]
     gpu = use_gpu(c, backend, where)

@@ -43,7 +43,7 @@ from ._kernel_registry import (MMA_SIZES, SMALL_FILES, SMALL_MAX, TINY_MAX,
                                padded_size, small_name)
 from .._kernels import load_module
 
-__all__ = ["getrf", "getri", "getrs", "potrf", "potrs", "DEFAULT_THREADS",
+__all__ = ["getrf", "getri", "getrs", "gesv", "potrf", "potrs", "DEFAULT_THREADS",
            "small_launch", "warp_defaults", "warp_smem_bytes", "mma_smem_bytes",
            "getrf_kernel", "getri_kernel", "getrf_defaults", "MMA_KERNELS"]
 
@@ -376,6 +376,33 @@ def getrs(lu, piv, b, trans: int = 0, report=NO_REPORT, info=None):
                                             else piv.astype(cp.int32)))
     return solve_by_columns("getrs_batched", lu.dtype, b, factors, 1 if trans else 0,
                             report, info)
+
+
+def gesv(a, rhs, report=NO_REPORT, solve_report=NO_REPORT, nan_info: bool = False,
+         device: int | None = None):
+    """LU and solve of a stack ``a`` (..., n, n), 0 < n <= 32, with one
+    allocation for the factors, ``info`` and the solutions: returns (x, info).
+
+    ``rhs``: the right-hand sides as
+    :func:`scipy_gpuqr.batched._common.gpu_rhs` gives them (b, batch stride,
+    matrices, k, the solution's shape); ``report``: the LU kernel's,
+    ``solve_report``: the solve kernel's (:func:`getrs`); ``nan_info``: the
+    solve reads ``info`` (NaN solutions for singular matrices, with the NaN
+    flag of ``solve_report``).
+    """
+    a = _contiguous(a)
+    b, bstride, bsz, k, out_shape = rhs
+    dev = device_id() if device is None else device
+    specs, fptr, grid, thr, smem, bsz, stg, vec = _small_call(
+        "lu", a.shape, a.dtype, None, None, None, dev)
+    lu, piv, info, x = _common.alloc_outputs(specs + ((out_shape, a.dtype),))
+    src, dst, pv, inf = a.data.ptr, lu.data.ptr, piv.data.ptr, info.data.ptr
+    _common.launch(fptr, grid, thr, smem,
+                   (src, dst, pv, inf, bsz, stg, 1 if vec and not (src | dst) & 15 else 0,
+                    _common.arg_value(report[0]), report[1]))
+    _common.solve_columns("getrs_batched", a.dtype, x, b, bstride, bsz, a.shape[-1], k,
+                          (dst, pv), 0, solve_report, inf if nan_info else 0, dev)
+    return x, info
 
 
 def getri(a, threads: int | None = None, stages: int | None = None,

@@ -309,23 +309,26 @@ def _rows_lu(lu, piv, info, mma: bool = False) -> None:
 # Cholesky
 # ----------------------------------------------------------------------------
 
-#: How :func:`potrf` assembles its result (``finish=``): ``'cupy'`` (the
-#: default) checks finiteness with ``cupy.isfinite`` and takes the other
-#: triangle from ``a`` with ``cupy.where`` (three passes over the stack);
-#: ``'kernel'`` one kernel (``chol_finish`` of rows.cu) that reads ``a`` once,
-#: sets ``info`` and copies back only the band near the diagonal that the
-#: diagonal blocks' GEMMs overwrote.
+#: How :func:`potrf` assembles its result (``finish=``): ``'cupy'`` checks
+#: finiteness with ``cupy.isfinite`` and takes the other triangle from ``a``
+#: with ``cupy.where`` (three passes over the stack); ``'kernel'`` (the
+#: default for n <= ROWS_MAX) one kernel (``chol_finish`` of rows.cu) that
+#: reads ``a`` once, sets ``info`` and copies back only the band near the
+#: diagonal that the diagonal blocks' GEMMs overwrote.
 CHOL_FINISH = ("cupy", "kernel")
 
 
-def potrf(a, lower: bool, method: str | None = None, finish: str = "cupy"):
+def potrf(a, lower: bool, method: str | None = None, finish: str | None = None):
     """Cholesky of ``a`` (B, n, n), n > 32, like LAPACK potrf; returns (c, info).
 
-    ``finish``: one of :data:`CHOL_FINISH`.
+    ``finish``: one of :data:`CHOL_FINISH` (None: ``'kernel'`` for
+    n <= ROWS_MAX, ``'cupy'`` beyond).
     """
     cp = _common.cupy()
     bsz, n = a.shape[0], a.shape[-1]
     method = _check_method(method, n, "chol")
+    if finish is None:
+        finish = "kernel" if n <= ROWS_MAX else "cupy"
     if finish not in CHOL_FINISH:
         raise ValueError(f"finish must be one of {CHOL_FINISH}, got {finish!r}")
     dt = dtname(a.dtype)

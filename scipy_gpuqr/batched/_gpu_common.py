@@ -37,7 +37,8 @@ from ._kernel_registry import (KERNEL_VARIANTS, SOLVE_FILE, STATUS_FILE, solve_n
 from .._gpu import import_cupy
 from .._kernels import load_module
 
-__all__ = ["alloc", "alloc_outputs", "dtname", "device_id", "solve_by_columns", "cupy",
+__all__ = ["alloc", "alloc_outputs", "dtname", "device_id", "solve_by_columns",
+           "solve_columns", "cupy",
            "new_status", "report_args", "NO_REPORT", "finish_report", "scan_info",
            "scan_nonfinite", "read_status", "STATUS_SINGULAR", "STATUS_NONFINITE",
            "STATUS_FACTOR", "STATUS_RHS", "CTL_CLEAR_NEG", "CTL_NAN_FILL", "rhs_operand",
@@ -228,15 +229,26 @@ def solve_by_columns(kernel: str, dtype, b, factors: tuple, flag: int,
     if x.size == 0:
         return x
     src, bstride = rhs_operand(b, dtype)
-    fn = _solve_function(kernel, dtname(dtype), device_id())
-    grid = -(-(bsz * k) // SOLVE_THREADS)
-    values = [f.data.ptr for f in factors]
-    values += (src.data.ptr, x.data.ptr, n, k, bsz, flag, bstride,
+    solve_columns(kernel, dtype, x, src, bstride, bsz, n, k,
+                  tuple(f.data.ptr for f in factors), flag, report,
+                  0 if info is None else info.data.ptr)
+    return x
+
+
+def solve_columns(kernel: str, dtype, x, b, bstride: int, bsz: int, n: int, k: int,
+                  factors: tuple, flag: int, report=NO_REPORT, info: int = 0,
+                  device: int | None = None) -> None:
+    """The launch of :func:`solve_by_columns` into ``x`` (contiguous, ``bsz * n * k``
+    elements, any shape): ``b`` read at batch stride ``bstride`` (each
+    matrix's (n, k) block C-contiguous), ``factors`` and ``info`` as device
+    addresses (``info`` 0: none), ``bsz``, ``n`` and ``k`` positive."""
+    fn = _solve_function(kernel, dtname(dtype), device_id() if device is None else device)
+    values = list(factors)
+    values += (b.data.ptr, x.data.ptr, n, k, bsz, flag, bstride,
                arg_value(report[0]), report[1])
     if kernel == "getrs_batched":
-        values.append(0 if info is None else info.data.ptr)
-    launch(fn.kernel.ptr, grid, SOLVE_THREADS, 0, values)
-    return x
+        values.append(info)
+    launch(fn.kernel.ptr, -(-(bsz * k) // SOLVE_THREADS), SOLVE_THREADS, 0, values)
 
 
 # ----------------------------------------------------------------------------

@@ -61,6 +61,10 @@ SIZE_CLASSES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56,
 
 def size_class(n):
     """The padded order of matrices of order ``n`` (int or integer array)."""
+    if isinstance(n, int):              # one order: no array machinery
+        if n <= SIZE_CLASSES[-1]:
+            return next(c for c in SIZE_CLASSES if c >= n)
+        return -(-n // 128) * 128
     n = np.asarray(n, dtype=np.int64)
     classes = np.asarray(SIZE_CLASSES, dtype=np.int64)
     idx = np.minimum(np.searchsorted(classes, n), len(classes) - 1)
@@ -368,7 +372,7 @@ def _store_info(info, idx, inf, ok=None, code: int = -1):
     """``info[idx] = inf``, with ``code`` where ``ok`` (finiteness flags) is
     False; returns ``info``. ``info`` None (a stack passed as it is, one
     class): ``inf`` itself is the call's info."""
-    xp = import_cupy() if is_cupy_array(inf) else np
+    xp = _gc.cupy() if is_cupy_array(inf) else np
     inf = xp.asarray(inf)
     if ok is not None:
         inf = xp.where(ok, inf, code).astype(np.int32, copy=False)
@@ -434,8 +438,10 @@ def lu_factor(a, sizes, *, batched, check_finite, return_info, backend):
             mats.scatter(lu_out, idx, xp.asarray(lu), PAD_IDENTITY)
             vecs.scatter(piv_out, idx, xp.asarray(piv)[:, :, None], PAD_ROW)
         info = _store_info(info, idx, inf, ok and ok[0])
-    singular = _summarize(info, where, check_finite)
     lu_res, piv_res = mats.unpack(lu_out), vecs.unpack(piv_out, vector=True)
+    if return_info and not check_finite:       # nothing to raise or warn: no summary
+        return lu_res, piv_res, info
+    singular = _summarize(info, where, check_finite)
     if return_info:
         return lu_res, piv_res, info
     if singular:
@@ -514,9 +520,10 @@ def solve(a, b, sizes, *, batched, check_finite, return_info, backend):
         if ok:               # a's infs/NaNs -1, b's -2
             inf = xp.where(ok[1], xp.asarray(inf), -2)
         info = _store_info(info, idx, inf, ok and ok[0])
-    singular = _summarize(info, where, check_finite, ((-1, "a"), (-2, "b")))
-    if singular and not return_info:
-        _raise_if_singular(info, where)
+    if check_finite or not return_info:        # else nothing to raise: no summary
+        singular = _summarize(info, where, check_finite, ((-1, "a"), (-2, "b")))
+        if singular and not return_info:
+            _raise_if_singular(info, where)
     res = rhs.unpack(x_out)
     if vector:
         res = res[..., 0] if rhs.padded is not None else [v.reshape(-1) for v in res]
@@ -542,9 +549,10 @@ def inv(a, sizes, *, batched, check_finite, return_info, backend):
         else:
             mats.scatter(out, idx, mats.xp.asarray(x), PAD_IDENTITY)
         info = _store_info(info, idx, inf, ok and ok[0])
-    singular = _summarize(info, where, check_finite)
-    if singular and not return_info:
-        _raise_if_singular(info, where)
+    if check_finite or not return_info:        # else nothing to raise: no summary
+        singular = _summarize(info, where, check_finite)
+        if singular and not return_info:
+            _raise_if_singular(info, where)
     res = mats.unpack(out)
     if return_info:
         return res, info
@@ -569,12 +577,13 @@ def cho_factor(a, sizes, lower, *, batched, check_finite, return_info, backend):
         else:
             mats.scatter(out, idx, mats.xp.asarray(c), PAD_IDENTITY)
         info = _store_info(info, idx, inf, ok and ok[0])
-    singular = _summarize(info, where, check_finite)
-    if singular and not return_info:
-        names, first = _first_info(info)
-        raise LinAlgError(f"{where}: not positive definite at index {names} "
-                          f"(the {first}-th leading minor of the "
-                          "first is not positive definite)")
+    if check_finite or not return_info:        # else nothing to raise: no summary
+        singular = _summarize(info, where, check_finite)
+        if singular and not return_info:
+            names, first = _first_info(info)
+            raise LinAlgError(f"{where}: not positive definite at index {names} "
+                              f"(the {first}-th leading minor of the "
+                              "first is not positive definite)")
     res = mats.unpack(out)
     if return_info:
         return res, bool(lower), info
