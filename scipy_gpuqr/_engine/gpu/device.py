@@ -286,39 +286,58 @@ class HostFrontDevice(NumpyDevice):
         self.gpu = gpu
         #: per front factorized, where: ``"gpu"`` or ``"host"`` (and why)
         self.factorized_on = []
+        self._ready = {}                # elements -> futures of zeroed pools (prepare)
 
-    def _stage_pool(self, n: int, carried) -> np.ndarray:
-        """The stage's pool (zeros, the carried blocks in): in pinned memory when a
-        GPU layer is given and its pinned budget allows (the front goes up and
-        down, whole or in slabs, at the link's speed only from pinned pages),
-        filled by threads in pieces (the pool of a host front holds gigabytes)."""
+    def prepare(self, sizes) -> None:
+        """Start making zeroed pools of ``sizes`` elements (the host stages') on a
+        worker thread: the earlier stages keep the device busy meanwhile, and a
+        host front's pool takes gigabytes of zeros. :meth:`_stage_pool` takes
+        one of the right size (a pool never taken is dropped with this layer)."""
+        import concurrent.futures as cf
+        sizes = [int(n) for n in sizes]
+        if not sizes:
+            return
+        ex = cf.ThreadPoolExecutor(1, thread_name_prefix="gpuqr-host-pool")
+        for n in sizes:
+            self._ready.setdefault(n, []).append(ex.submit(self._zeroed, n))
+        ex.shutdown(wait=False)
+
+    def _zeroed(self, n: int) -> np.ndarray:
+        """``n`` zeros: pinned when a GPU layer is given and its pinned budget
+        allows (the front goes up and down, whole or in slabs, at the link's speed
+        only from pinned pages), filled by threads in pieces."""
         pinned = getattr(self.gpu, "pinned_within_cap", None)
         pool = pinned(n, self.dtype) if pinned is not None else None
         if pool is None:
             pool = np.empty(n, dtype=self.dtype)
-        pieces, pos = [], 0                 # (start, stop, source rows or None: zeros)
 
-        def zeros(a, b):
-            pieces.extend((k, min(b, k + _FILL_PIECE), None) for k in range(a, b, _FILL_PIECE))
+        def zeros(i0, i1):
+            for k in range(int(i0), int(i1)):           # NumPy releases the GIL
+                pool[k * _FILL_PIECE: (k + 1) * _FILL_PIECE] = 0
 
+        run_split(zeros, 0, -(-n // _FILL_PIECE), 1)
+        return pool
+
+    def _stage_pool(self, n: int, carried) -> np.ndarray:
+        """The stage's pool: zeros (made ahead by :meth:`prepare`, else now) with
+        the carried blocks copied in by threads in pieces (the pool of a host
+        front holds gigabytes)."""
+        ready = self._ready.get(int(n))
+        pool = ready.pop(0).result() if ready else self._zeroed(n)
+        pieces, pos = [], 0                 # (start, stop, source rows)
         for off, cb in sorted(((int(o), cb) for o, cb in carried), key=lambda oc: oc[0]):
             if off < pos:
                 raise GpuEngineError("carried contribution blocks overlap in a host pool")
-            zeros(pos, off)
             rows = cb.reshape(len(cb), -1) if cb.ndim > 1 else cb.reshape(-1, 1)
             ncol = max(rows.shape[1], 1)    # whole rows a piece (a view: no copy)
             step = max(1, _FILL_PIECE // ncol)
             pieces.extend((off + r * ncol, off + min(len(rows), r + step) * ncol, rows[r:r + step])
                           for r in range(0, len(rows), step))
             pos = off + cb.size
-        zeros(pos, n)
 
         def fill(i0, i1):
             for a, b, src in pieces[i0:i1]:             # NumPy releases the GIL
-                if src is None:
-                    pool[a:b] = 0
-                else:
-                    pool[a:b].reshape(src.shape)[...] = src
+                pool[a:b].reshape(src.shape)[...] = src
 
         run_split(fill, 0, len(pieces), 1)
         return pool

@@ -639,6 +639,7 @@ class _StageLoop:
                                             gpu=device if isinstance(device, CupyDevice)
                                             else None)
             self.host_dev.start(np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64), 0)
+            self.host_dev.prepare(sched.stages[sid].pool_size for sid in self.host_stages)
 
     def dev(self, sid: int):
         """The layer that runs stage ``sid`` (the host's for a host stage)."""
