@@ -15,12 +15,15 @@ caller who writes ``g.lu_factor_batched(a)`` does) and per variant:
   and nothing on the host waits; the median over all calls of ``--rounds``
   rounds, and the rounds' medians' spread.
 * ``default``: the defaults (one 32-byte status read, a wait for the
-  call's kernels); ``work`` = the call's time less the time spent waiting in
-  that read (the stream synchronization is timed by a wrapper; in a tree
-  without the wrapper's hook the whole read is taken out), median of
-  ``--calls`` / 2 calls. ``inv_vbatched`` is timed this way in both
-  variants: it reads its size classes first (one small copy, a wait that
-  stays in its time).
+  call's kernels): the call's time less its wait, median of ``--calls`` / 4
+  (at least 50) calls, twice: less the stream synchronization in the read
+  (``-sync``; a tree without the hook: the whole read) and less the whole
+  read (``-read``); with the GPU idle when the call starts, and busy (a spin
+  of 0.3 ms queued before it) with each way of fetching the status word
+  (``STATUS_FETCH`` of ``_gpu_common``: a copy call, or a kernel storing
+  into mapped host memory). ``inv_vbatched`` is timed this way (idle) in
+  both variants: it reads its size classes first (one small copy, a wait
+  that stays in its time).
 
 References measured in the same process (the host's speed): an empty
 Python call, ``cupy.cuda.alloc`` from the pool, ``cupy.ndarray`` on given
@@ -28,7 +31,8 @@ memory, ``cuLaunchKernel`` of an empty kernel through CuPy's driver binding,
 CuPy's call of the same empty kernel (7 arguments), ``getDevice``.
 
 ``--steps``: the host time of each step of a public LU call of this tree
-(median of 2000 in batches of 100); ``--profile``: cProfile of 300
+(median of 2000 in batches of 100), and of the status read's pieces with the
+GPU busy and idle; ``--profile``: cProfile of 300
 asynchronous LU calls (top 15 by own time). ``--pkg-root`` imports
 ``scipy_gpuqr`` from another tree (before/after in one run).
 """
@@ -135,49 +139,59 @@ class Bench:
             per_round.append(_median_us(samples))
         return _median_us(every), per_round
 
-    def host_default(self, fn, calls: int, waited):
-        """Median µs of the call less its wait in the status read."""
+    def host_default(self, fn, calls: int, acc, busy_ms: float = 0.0):
+        """Medians (µs) of the call less its wait in the status read's stream
+        synchronization, and less the whole status read; ``busy_ms``: a spin
+        of that long is queued before each call (its launches then find the
+        GPU busy), else the GPU is idle when the call starts."""
         cp = self.cp
         fn()
         cp.cuda.Device().synchronize()
-        samples = []
+        less_wait, less_read = [], []
         for _ in range(calls):
-            waited[0] = 0
+            if busy_ms:
+                self.busy(busy_ms)
+            acc["wait"] = acc["read"] = 0
             t0 = time.perf_counter_ns()
             fn()
-            samples.append(time.perf_counter_ns() - t0 - waited[0])
+            dt = time.perf_counter_ns() - t0
+            less_wait.append(dt - acc["wait"])
+            less_read.append(dt - acc["read"])
         cp.cuda.Device().synchronize()
-        return _median_us(samples)
+        return _median_us(less_wait), _median_us(less_read)
 
 
-def hook_waits(gc):
-    """Time the status read's wait; returns (the accumulator [ns], what is timed)."""
-    waited = [0]
-    pinned = getattr(gc, "_PINNED", None)
-    if pinned is not None and "wait" in gc.read_status.__code__.co_names:
-        # this tree: read_status calls _PINNED.wait (streamSynchronize); prime it
-        st = gc.new_status()
-        gc.read_status(st)
-        real = pinned.wait
-
-        def wait(stream):
-            t0 = time.perf_counter_ns()
-            try:
-                return real(stream)
-            finally:
-                waited[0] += time.perf_counter_ns() - t0
-        pinned.wait = wait
-        return waited, "the stream synchronization"
+def hook_reads(gc):
+    """Time the status reads: ``acc['read']`` (ns in read_status) and, in a
+    tree whose reads wait through ``_READER.wait``, ``acc['wait']`` (ns in the
+    stream synchronization; else the whole read); returns (acc, has the wait hook)."""
+    acc = {"read": 0, "wait": 0}
     real_read = gc.read_status
+    reader = getattr(gc, "_READER", None)
 
     def read(st):
         t0 = time.perf_counter_ns()
         try:
             return real_read(st)
         finally:
-            waited[0] += time.perf_counter_ns() - t0
+            dt = time.perf_counter_ns() - t0
+            acc["read"] += dt
+            if reader is None:
+                acc["wait"] += dt
     gc.read_status = read
-    return waited, "the whole status read"
+    if reader is not None:
+        if not reader.ready:
+            reader.bind()
+        real_wait = reader.wait
+
+        def wait(stream):
+            t0 = time.perf_counter_ns()
+            try:
+                return real_wait(stream)
+            finally:
+                acc["wait"] += time.perf_counter_ns() - t0
+        reader.wait = wait
+    return acc, reader is not None
 
 
 def references(cp, bench, reps: int = 2000):
@@ -213,18 +227,36 @@ def references(cp, bench, reps: int = 2000):
     return out
 
 
-def timed_loop(cp, fn, reps: int, batch: int = 100) -> float:
-    """Median µs of ``fn`` timed in batches of ``batch`` calls."""
+def timed_loop(cp, fn, reps: int, batch: int = 100, pre=None) -> float:
+    """Median µs of ``fn`` timed in batches of ``batch`` calls (``pre()``
+    before each batch, not timed)."""
     fn()
     cp.cuda.Device().synchronize()
     meds = []
     for _ in range(max(1, reps // batch)):
+        if pre is not None:
+            pre()
         t0 = time.perf_counter_ns()
         for _ in range(batch):
             fn()
         meds.append((time.perf_counter_ns() - t0) / batch)
         cp.cuda.Device().synchronize()
     return statistics.median(meds) / 1e3
+
+
+def timed_single(cp, fn, reps: int = 200, pre=None) -> float:
+    """Median µs of single calls of ``fn``, ``pre()`` (not timed) before each."""
+    fn()
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(reps):
+        if pre is not None:
+            pre()
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - t0)
+    cp.cuda.Device().synchronize()
+    return _median_us(times)
 
 
 def steps(cp, g, bench, reps: int = 2000):
@@ -261,6 +293,38 @@ def steps(cp, g, bench, reps: int = 2000):
     for name, fn in items:
         try:
             out[name] = timed_loop(cp, fn, reps)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            print(f"  step {name} failed: {type(exc).__name__}: {exc}")
+    # the status read's pieces, with the GPU busy (a spin queued before each
+    # batch of 100) and idle
+    r = gc._READER
+    if not r.ready:
+        r.bind()
+    sync = cp.cuda.Device().synchronize
+    fetch = gc._fetch_function(dev)
+    stream = cp.cuda.get_current_stream().ptr
+    busy = [
+        ("memcpyAsync 32 B to pinned, GPU busy",
+         lambda: r.copy(r.addr, st.ptr, 32, r.kind, stream)),
+        ("status_fetch launch, GPU busy",
+         lambda: gc.launch(fetch, 1, 32, 0, (st.ptr, r.mapped_addr))),
+        ("getrf launch, GPU busy", lambda: gc.launch(fptr, grid, thr, smem, values)),
+    ]
+    for name, fn in busy:
+        try:
+            out[name] = timed_loop(cp, fn, 1000, pre=lambda: bench.busy(5.0))
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            print(f"  step {name} failed: {type(exc).__name__}: {exc}")
+    idle = [
+        ("memcpyAsync 32 B to pinned, GPU idle",
+         lambda: r.copy(r.addr, st.ptr, 32, r.kind, stream)),
+        ("status_fetch launch, GPU idle",
+         lambda: gc.launch(fetch, 1, 32, 0, (st.ptr, r.mapped_addr))),
+        ("getrf launch, GPU idle", lambda: gc.launch(fptr, grid, thr, smem, values)),
+    ]
+    for name, fn in idle:
+        try:
+            out[name] = timed_single(cp, fn, 200, pre=sync)
         except Exception as exc:  # noqa: BLE001 - report and go on
             print(f"  step {name} failed: {type(exc).__name__}: {exc}")
     del lu, piv, info
@@ -301,33 +365,49 @@ def main(argv=None) -> int:
     from scipy_gpuqr._gpu import gpu_info
 
     bench = Bench(cp, g, args.n, args.batch)
-    waited, what = hook_waits(gc)
+    acc, has_wait = hook_reads(gc)
+    fetches = [m for m in ("copy", "kernel") if has_wait and hasattr(gc, "STATUS_FETCH")]
     print(f"device: {gpu_info().get('name')}  [{args.tag}: scipy_gpuqr from "
           f"{Path(g.__file__).resolve().parent}]  n={args.n} batch={args.batch}, "
-          f"{args.calls} calls x {args.rounds} rounds; default: {what} taken out", flush=True)
+          f"{args.calls} calls x {args.rounds} rounds", flush=True)
     rows = []
     refs = references(cp, bench)
     for name, us in refs.items():
         print(f"  ref  {name:48} {us:7.1f} us", flush=True)
     only = set(args.only.split(",")) if args.only else None
-    print(f"{'tag':6} {'function':28} {'variant':8} {'host us':>8}  rounds' medians")
+    print("async: host us of the call (GPU busy), median of all calls, then the rounds' medians")
+    print("default: host us of the call less its wait (-sync: the stream synchronization; "
+          "-read: the whole status read), GPU idle / busy at the call's start, by status fetch")
     for name, variant, fn in bench.calls():
         if only and name.split(" ")[0] not in only:
             continue
+        row = dict(tag=args.tag, function=name, variant=variant, n=args.n, batch=args.batch)
         try:
             if variant == "async" and "vbatched" not in name:
                 med, per_round = bench.host_async(fn, args.calls, args.rounds)
+                row.update(host_us=med, rounds=per_round)
+                text = f"{med:8.1f}  " + " ".join(f"{x:.1f}" for x in per_round)
             else:
-                med = bench.host_default(fn, max(50, args.calls // 2), waited)
-                per_round = []
+                calls = max(50, args.calls // 4)
+                w, r = bench.host_default(fn, calls, acc)
+                row.update(idle_less_sync_us=w, idle_less_read_us=r)
+                text = f"idle -sync {w:6.1f} -read {r:6.1f}"
+                if "vbatched" not in name:
+                    for mode in fetches or [None]:
+                        if mode:
+                            gc.STATUS_FETCH = mode
+                        w, r = bench.host_default(fn, calls, acc, busy_ms=0.3)
+                        key = f"busy_{mode or 'read'}"
+                        row.update({key + "_less_sync_us": w, key + "_less_read_us": r})
+                        text += f" | busy {mode or ''} -sync {w:6.1f} -read {r:6.1f}"
+                    if fetches:
+                        gc.STATUS_FETCH = "copy"
         except Exception as exc:  # noqa: BLE001 - report and go on
             print(f"{args.tag:6} {name:28} {variant:8} failed: {type(exc).__name__}: "
                   f"{str(exc)[:160]}", flush=True)
             continue
-        rows.append(dict(tag=args.tag, function=name, variant=variant, host_us=med,
-                         rounds=per_round, n=args.n, batch=args.batch))
-        print(f"{args.tag:6} {name:28} {variant:8} {med:8.1f}  "
-              + " ".join(f"{x:.1f}" for x in per_round), flush=True)
+        rows.append(row)
+        print(f"{args.tag:6} {name:28} {variant:8} {text}", flush=True)
     out = dict(references=refs, rows=rows)
     if args.steps:
         st = steps(cp, g, bench)

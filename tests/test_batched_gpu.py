@@ -411,6 +411,42 @@ def test_gpu_one_singular_warns_once_without_host_copy_of_info(rng, monkeypatch,
     assert reads == [4]
 
 
+@pytest.mark.parametrize("fetch", ["copy", "kernel"])
+@pytest.mark.parametrize("n", [8, 40])
+def test_gpu_status_fetch(rng, monkeypatch, fetch, n):
+    """Both ways of bringing the status word to the host (a copy call, or
+    status_fetch storing into mapped pinned memory) give each call its own
+    marks: a singular matrix warns (named), an inf raises (named), the solves
+    name b and the factor, a clean call after them neither warns nor raises,
+    and inv_vbatched's one-pass summary names its singular matrix."""
+    import warnings
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu_common
+    monkeypatch.setattr(_gpu_common, "STATUS_FETCH", fetch)
+    a = random_batch(rng, (12,), n, np.float64) + 3 * np.eye(n)
+    bad = a.copy()
+    bad[7, :, 2] = 0
+    with pytest.warns(LinAlgWarning, match=r"\[7\]"):
+        g.lu_factor_batched(cp.asarray(bad))
+    bad[3, 1, 1] = np.inf
+    with pytest.raises(ValueError, match=r"infs or NaNs.*\[3\]"):
+        g.inv_batched(cp.asarray(bad))
+    lu, piv = g.lu_factor_batched(cp.asarray(a))
+    b = rng.standard_normal((12, n, 1))
+    b[5, 0, 0] = np.nan
+    with pytest.raises(ValueError, match=r"in b"):
+        g.lu_solve_batched((lu, piv), cp.asarray(b))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        x = g.solve_batched(cp.asarray(a), cp.ones(n))
+    np.testing.assert_allclose(x.get(), np.linalg.solve(a, np.ones((12, n, 1)))[..., 0],
+                               rtol=1e-9, atol=1e-9)
+    vb = a[:7].copy()
+    vb[6, :, 2] = 0
+    with pytest.raises(LinAlgError, match=r"index \[6\]"):
+        g.inv_vbatched(cp.asarray(vb), cp.full(7, n))
+
+
 @pytest.mark.parametrize("n", [3, 8, 32, 40])
 def test_gpu_return_info_without_check_finite_is_asynchronous(rng, monkeypatch, n):
     """return_info=True, check_finite=False reads nothing back: info (with

@@ -25,6 +25,7 @@ a function runs.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 import struct
@@ -350,27 +351,64 @@ def scan_nonfinite(x, report, slot: int) -> None:
            (x.data.ptr, x.size, arg_value(report[0]), report[1], slot))
 
 
-#: A pinned host buffer per thread for :func:`read_status` (a direct DMA, no
-#: staging through pageable memory; reused: the read completes before it returns).
-_PINNED = threading.local()
+#: How :func:`read_status` brings a status word to the host: ``'copy'``
+#: (cudaMemcpyAsync into a pinned buffer) or ``'kernel'`` (``status_fetch``
+#: of status.cu stores the 32 bytes into mapped pinned memory; the host only
+#: waits for the stream).
+STATUS_FETCH = "copy"
+
+
+@functools.lru_cache(maxsize=None)
+def _fetch_function(device: int) -> int:
+    """The CUfunction of ``status_fetch`` on ``device``."""
+    module = load_module(STATUS_FILE, KERNEL_VARIANTS[STATUS_FILE])
+    return module.get_function("status_fetch").kernel.ptr
+
+
+class _Reader(threading.local):
+    """This thread's means of reading status words, made at its first read:
+    a pinned buffer (``'copy'``), 32 bytes of pinned memory mapped into the
+    devices' address space (``'kernel'``; unified addressing: the host
+    pointer is the device pointer), the stream lookup and the wait. Reused:
+    a read completes before it returns."""
+
+    def __init__(self):
+        self.ready = False
+
+    def bind(self) -> None:
+        import cupyx
+        from cupy.cuda.pinned_memory import PinnedMemory
+        cp = cupy()
+        rt = cp.cuda.runtime
+        self.buf = cupyx.empty_pinned((4,), dtype=np.uint64)
+        self.addr = int(self.buf.ctypes.data)
+        self.copy, self.wait = rt.memcpyAsync, rt.streamSynchronize
+        self.kind = rt.memcpyDeviceToHost
+        self.stream = cp.cuda.get_current_stream
+        self.mapped = PinnedMemory(32, rt.hostAllocMapped | rt.hostAllocPortable)
+        self.mapped_addr = int(self.mapped.ptr)
+        self.view = (ctypes.c_uint64 * 4).from_address(self.mapped_addr)
+        self.ready = True
+
+
+_READER = _Reader()
 
 
 def read_status(status) -> list:
     """The four slots of a :func:`new_status` word as 0/1 (1: marked by this
-    call's kernels): one 32-byte copy to the host (waits for the work queued
-    before it on the current stream)."""
-    pinned = _PINNED
-    buf = getattr(pinned, "buf", None)
-    if buf is None:
-        import cupyx
-        rt = cupy().cuda.runtime
-        buf = pinned.buf = cupyx.empty_pinned((4,), dtype=np.uint64)
-        pinned.addr = int(buf.ctypes.data)
-        pinned.copy, pinned.wait = rt.memcpyAsync, rt.streamSynchronize
-        pinned.kind = rt.memcpyDeviceToHost
-        pinned.stream = cupy().cuda.get_current_stream
-    stream = pinned.stream().ptr
-    pinned.copy(pinned.addr, status.ptr, 32, pinned.kind, stream)
-    pinned.wait(stream)
+    call's kernels): 32 bytes to the host (:data:`STATUS_FETCH`), after the
+    work queued before them on the current stream (a wait)."""
+    r = _READER
+    if not r.ready:
+        r.bind()
+    stream = r.stream().ptr
+    if STATUS_FETCH == "kernel":
+        launch(_fetch_function(device_id()), 1, 32, 0, (status.ptr, r.mapped_addr))
+        r.wait(stream)
+        vals = r.view[:]
+    else:
+        r.copy(r.addr, status.ptr, 32, r.kind, stream)
+        r.wait(stream)
+        vals = r.buf.tolist()
     gen = status.gen
-    return [1 if v == gen else 0 for v in buf.tolist()]
+    return [1 if v == gen else 0 for v in vals]
