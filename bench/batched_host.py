@@ -300,6 +300,8 @@ def steps(cp, g, bench, reps: int = 2000):
     r = gc._READER
     if not r.ready:
         r.bind()
+    if r.mapped is None:
+        r.bind_mapped()
     sync = cp.cuda.Device().synchronize
     fetch = gc._fetch_function(dev)
     stream = cp.cuda.get_current_stream().ptr

@@ -374,10 +374,10 @@ class _Reader(threading.local):
 
     def __init__(self):
         self.ready = False
+        self.mapped = None
 
     def bind(self) -> None:
         import cupyx
-        from cupy.cuda.pinned_memory import PinnedMemory
         cp = cupy()
         rt = cp.cuda.runtime
         self.buf = cupyx.empty_pinned((4,), dtype=np.uint64)
@@ -385,10 +385,15 @@ class _Reader(threading.local):
         self.copy, self.wait = rt.memcpyAsync, rt.streamSynchronize
         self.kind = rt.memcpyDeviceToHost
         self.stream = cp.cuda.get_current_stream
+        self.ready = True
+
+    def bind_mapped(self) -> None:
+        """The mapped buffer of the ``'kernel'`` fetch (made at its first use)."""
+        from cupy.cuda.pinned_memory import PinnedMemory
+        rt = cupy().cuda.runtime
         self.mapped = PinnedMemory(32, rt.hostAllocMapped | rt.hostAllocPortable)
         self.mapped_addr = int(self.mapped.ptr)
         self.view = (ctypes.c_uint64 * 4).from_address(self.mapped_addr)
-        self.ready = True
 
 
 _READER = _Reader()
@@ -403,6 +408,8 @@ def read_status(status) -> list:
         r.bind()
     stream = r.stream().ptr
     if STATUS_FETCH == "kernel":
+        if r.mapped is None:
+            r.bind_mapped()
         launch(_fetch_function(device_id()), 1, 32, 0, (status.ptr, r.mapped_addr))
         r.wait(stream)
         vals = r.view[:]
