@@ -557,3 +557,24 @@ def test_host_stage_check_skips_only_what_the_device_checked():
         dev.end_stage({"pool": pool, "device_checked": [(400, 700, False)]})
     with pytest.raises(GpuEngineError, match="front pool"):
         dev.end_stage({"pool": pool})                    # nothing checked: all read
+
+
+def test_fronts_the_time_model_keeps_but_no_stage_fits_become_host_fronts(monkeypatch):
+    """Under the dense-front time model a front too large for any stage is a tile
+    front (no plan, the CPU would answer); the engine then takes dense fronts by
+    size (STAGED_DENSE_FLOPS) and runs the too-large one on the host instead."""
+    from scipy_gpuqr._engine.gpu import driver
+    from scipy_gpuqr._schedule.dense import DENSE_RULE
+    A, an, needs = _host_case()
+    floor = min_budget(an, needs)
+    assert not plan_for_memory(an, _needs(an, DENSE_RULE), floor).feasible
+    monkeypatch.setattr(driver, "STAGED_DENSE_FLOPS", _HOST_FLOPS)
+    dev = NumpyDevice(TILE, BUNDLE, memory_limit=floor)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # no CPU fallback
+        g = gpu_factorize(A, an, device=dev, dense_flops=DENSE_RULE)
+    assert g.info["backend"] == "gpu" and g.info["host_fronts"] and dev.peak <= floor
+    assert g.info["dense_flops"] == _HOST_FLOPS
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE), dense_flops=_HOST_FLOPS)
+    R0, R1 = ref.R.toarray(), g.R.toarray()
+    assert np.abs(R0.T @ R0 - R1.T @ R1).max() <= 1e-12 * np.abs(R0).max() ** 2

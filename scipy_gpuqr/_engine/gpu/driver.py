@@ -89,6 +89,12 @@ __all__ = ["gpu_factorize", "GpuQR", "GpuEngineError"]
 
 _log = logging.getLogger("scipy_gpuqr")
 
+#: The dense-front threshold (Householder flops) of a factorization whose time
+#: model's choice (:data:`~scipy_gpuqr._schedule.dense.DENSE_RULE`) leaves a
+#: front that fits no stage plan: by size, the large fronts become dense fronts,
+#: and a dense front too large for the device runs as a host front.
+STAGED_DENSE_FLOPS = 1e10
+
 #: Restaging attempts after device out-of-memory before the CPU fallback.
 MAX_RESTAGE = 6
 #: After an out-of-memory, the next plan's peak is at most this fraction of the
@@ -302,13 +308,24 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         prefetch_engine_kernels(dev_dtype, tile, bundle)     # the solves' compile meanwhile
         device = CupyDevice(tile, bundle, dtype=dev_dtype, debug=debug)
     t_an = time.perf_counter()
-    dense = dense_front_mask(analysis, dense_flops)
-    vt = vt_elements(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
-                     granule=DEFAULT_APPLY_GRANULE, dense=dense)
-    needs = front_needs(analysis, np.dtype(dev_dtype).itemsize, tile=tile, vt_elems=vt,
-                        dense=dense, panel=getattr(device, "dense_panel", 256))
+
+    def needs_for(flops):
+        dense = dense_front_mask(analysis, flops)
+        vt = vt_elements(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
+                         granule=DEFAULT_APPLY_GRANULE, dense=dense)
+        return front_needs(analysis, np.dtype(dev_dtype).itemsize, tile=tile, vt_elems=vt,
+                           dense=dense, panel=getattr(device, "dense_panel", 256))
+
+    needs = needs_for(dense_flops)
     mem = _device_memory(device)
     available, limited_by = mem.available, mem.limited_by
+    if (dense_flops is not None and dense_flops < 0
+            and not plan_for_memory(analysis, needs, available, max_gpu_memory).feasible):
+        # the time model kept a front too large for any stage with the tile tasks:
+        # by size, such fronts are dense fronts, which may run as host fronts
+        staged = needs_for(STAGED_DENSE_FLOPS)
+        if plan_for_memory(analysis, staged, available, max_gpu_memory).feasible:
+            dense_flops, needs = STAGED_DENSE_FLOPS, staged
     floor = min_budget(analysis, needs)
     why = None
     oom = []
