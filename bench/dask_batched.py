@@ -160,8 +160,11 @@ def pinned_cluster(ids: list[str]):
     ``LocalCUDACluster`` does): the worker's CUDA context (made when its first task
     imports CuPy) sees that one GPU as device 0."""
     from dask.distributed import Nanny, Scheduler, SpecCluster
+    # memory_limit 0: no host-memory management. Its default ("auto": the host's
+    # memory times nthreads / cores, 8 GiB of 512 on a 64-core host) counts the CuPy
+    # chunks too and spilled them, pickled, to disk: minutes per run
     workers = {f"gpu{d}": {"cls": Nanny,
-                           "options": {"nthreads": 1, "host": HOST,
+                           "options": {"nthreads": 1, "host": HOST, "memory_limit": 0,
                                        "env": {"CUDA_VISIBLE_DEVICES": str(d)}}}
                for d in ids}
     return SpecCluster(workers=workers,
@@ -185,7 +188,8 @@ def start_cluster(ids: list[str], gpu: bool, pinned: bool = False):
     except ImportError:
         return pinned_cluster(ids), "SpecCluster of Nanny workers, CUDA_VISIBLE_DEVICES per worker"
     return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(ids), threads_per_worker=1,
-                            host=HOST, dashboard_address=":0"), "dask_cuda.LocalCUDACluster"
+                            host=HOST, dashboard_address=":0",
+                            memory_limit=0), "dask_cuda.LocalCUDACluster"
 
 
 def run_workers(k: int, ids: list[str], args, gpu: bool) -> dict:

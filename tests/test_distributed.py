@@ -540,7 +540,7 @@ def _gpu_worker_processes(rng):
     ngpu = cp.cuda.runtime.getDeviceCount()
     ids = [str(i % ngpu) for i in range(2)]
     workers = {f"gpu{i}": {"cls": distributed.Nanny,
-                           "options": {"nthreads": 1, "host": "127.0.0.1",
+                           "options": {"nthreads": 1, "host": "127.0.0.1", "memory_limit": 0,
                                        "env": {"CUDA_VISIBLE_DEVICES": d}}}
                for i, d in enumerate(ids)}
     with distributed.SpecCluster(workers=workers,

@@ -5,6 +5,10 @@ pools and front pools, contribution blocks copied between them) run on any
 GPU machine; the real multi-GPU cases need 2 and 4 visible GPUs and skip
 otherwise. Each compares with the one-GPU engine: R (to rounding), Q R = A P,
 Qᵀ and Q, and the public solves through ``gpuqr_options=GpuqrOptions(devices=...)``.
+
+Run them with ``-o faulthandler_timeout=45`` under a time limit: a test that
+takes longer prints every thread's stack (the per-device threads included)
+to the real stderr, so a hang shows where it waits.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squ
                                            random_least_squares, random_values)
 
 pytestmark = pytest.mark.gpu
+
 
 
 def _cases():

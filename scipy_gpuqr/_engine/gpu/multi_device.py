@@ -508,8 +508,9 @@ class _MultiStageRun:
             dense_at, join_at, into_at = {}, {}, {}
             for f, Ld in st.dense.items():
                 dense_at.setdefault(Ld, []).append(f)
-            for c, L in carry_at.items():
-                into_at.setdefault(L, []).append(c)
+            for c, L in carry_at.items():       # empty blocks are never cut nor copied
+                if int(fs.cm[c]) > 0 and int(fs.fn[c]) > int(fs.fp[c]):
+                    into_at.setdefault(L, []).append(c)
             for L in range(st.nlaunch):
                 for c in into_at.pop(L, ()):        # a block its launch L packs
                     tw = time.perf_counter()
