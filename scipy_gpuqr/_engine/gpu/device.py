@@ -60,6 +60,7 @@ from ..memory import CHECK_CHUNK, DeviceMemory, available_bytes
 from ..slab_front import (CupySlabs, NumpySlabs, factorize_in_slabs, slab_columns,
                           whole_front_fits)
 from . import factorize_kernels as variants
+from .array_ops import upload_block
 from .finite_check import finite_check
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, NumpyRCopy, PinnedStaging,
                     staging_for)
@@ -580,6 +581,15 @@ class CupyDevice:
         whole = bool(getattr(st, "materialized", True))
         try:
             for off, cb in carried:
+                rows = cb.reshape(len(cb), -1) if cb.ndim > 1 else cb.reshape(1, -1)
+                if (cb.size and cb.dtype == self.dtype
+                        and rows.strides[1] == rows.itemsize):
+                    # rows contiguous (a fetched block's upper trapezoid, a view of
+                    # pinned memory): one strided copy, no host copy of the block
+                    upload_block(rows, 0, rows.shape[0], 0, rows.shape[1],
+                                 pool[off: off + cb.size].reshape(rows.shape), stream)
+                    keep.append(cb)
+                    continue
                 buf = self._pinned(cb.size, self.dtype)
                 buf.reshape(cb.shape)[...] = cb     # one copy, from a strided view
                 pool[off: off + cb.size].set(buf, stream=stream)
