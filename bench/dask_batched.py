@@ -34,9 +34,11 @@ chunks generated, factorized and summed one after another in this process
 for the GPU question).
 
 ``--max-seconds T``: the client and every worker dump the stacks of all
-their threads after ``T`` seconds (``faulthandler``), and the client exits
-then: a hang shows where it waits instead of ending without output. Each
-step prints the seconds since the start.
+their threads after ``T`` seconds (``faulthandler``); then the client kills
+its worker processes (a killed client leaves them running: they held a GPU
+and the disk while the next command ran) and exits. A hang shows where it
+waits instead of ending without output. Each step prints the seconds since
+the start.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -113,6 +116,25 @@ def arm_stack_dump(seconds: float) -> str:
 
 
 _T0 = time.perf_counter()
+
+
+def _bail(seconds: float) -> None:
+    """After ``seconds``: every thread's stack, the child processes killed, exit 3."""
+    def go():
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        try:
+            import psutil
+            for c in psutil.Process().children(recursive=True):
+                c.kill()
+        except Exception as exc:           # noqa: BLE001 - exiting anyway
+            print(f"could not kill the workers: {exc}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(3)
+    t = threading.Timer(seconds, go)
+    t.daemon = True
+    t.start()
+    # should the GIL never come back to that timer, dump and exit from C
+    faulthandler.dump_traceback_later(seconds + 15, exit=True, file=sys.stderr)
 
 
 def _say(msg: str) -> None:
@@ -283,7 +305,7 @@ def main(argv=None) -> int:
                    help="dump every thread's stack (client and workers) and exit after this")
     args = p.parse_args(argv)
     if args.max_seconds:
-        faulthandler.dump_traceback_later(args.max_seconds, exit=True, file=sys.stderr)
+        _bail(args.max_seconds)
     if args.quick and args.cpu:
         p.error("--quick is sized for GPU workers (32 GiB of matrices); drop --cpu")
     if args.quick:

@@ -300,13 +300,16 @@ def run_dask(workers: str, count: int, chunk: int, seconds: float, json_path,
     if json_path:
         cmd += ["--json", str(json_path)]
     t0 = time.perf_counter()
+    # a session of its own: on the time limit its whole group (the Dask workers too) goes
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=dict(os.environ), start_new_session=True)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds,
-                           env=dict(os.environ))
-        out, rc = p.stdout + p.stderr, p.returncode
-    except subprocess.TimeoutExpired as exc:
-        raw = (exc.stdout or b"") + (exc.stderr or b"")
-        out = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        out, _ = p.communicate(timeout=seconds)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        import signal
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
         rc = "killed"
     print(out[-12000:], flush=True)
     res = {"command": " ".join(cmd), "rc": rc, "seconds": time.perf_counter() - t0}
