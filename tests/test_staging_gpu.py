@@ -131,7 +131,14 @@ def test_out_of_memory_mid_run_restages_without_leaking(problem, monkeypatch):
     # the process stays usable: an unlimited run answers the same
     monkeypatch.setattr(driver, "_device_memory", real)
     h = driver.gpu_factorize(A, an)
-    np.testing.assert_allclose(h.qt_matmul(b), y, rtol=0, atol=1e-9 * np.linalg.norm(b))
+    # the same Qᵀb up to the signs of R's rows (a staged run sums the fronts'
+    # contributions in another order: a pivot that cancels to rounding may take
+    # the other sign), and the same residual norm below R's rows
+    n = A.shape[1]
+    z = h.qt_matmul(b)
+    np.testing.assert_allclose(np.abs(z[:n]), np.abs(y[:n]), rtol=0,
+                               atol=1e-9 * np.linalg.norm(b))
+    assert abs(np.linalg.norm(z[n:]) - np.linalg.norm(y[n:])) <= 1e-9 * np.linalg.norm(b)
     h.free()
 
 
