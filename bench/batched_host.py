@@ -19,9 +19,7 @@ caller who writes ``g.lu_factor_batched(a)`` does) and per variant:
   (at least 50) calls, twice: less the stream synchronization in the read
   (``-sync``; a tree without the hook: the whole read) and less the whole
   read (``-read``); with the GPU idle when the call starts, and busy (a spin
-  of 0.3 ms queued before it) with each way of fetching the status word
-  (``STATUS_FETCH`` of ``_gpu_common``: a copy call, or a kernel storing
-  into mapped host memory). ``inv_vbatched`` is timed this way (idle) in
+  of 0.3 ms queued before it). ``inv_vbatched`` is timed this way (idle) in
   both variants: it reads its size classes first (one small copy, a wait
   that stays in its time).
 
@@ -300,16 +298,11 @@ def steps(cp, g, bench, reps: int = 2000):
     r = gc._READER
     if not r.ready:
         r.bind()
-    if r.mapped is None:
-        r.bind_mapped()
     sync = cp.cuda.Device().synchronize
-    fetch = gc._fetch_function(dev)
     stream = cp.cuda.get_current_stream().ptr
     busy = [
         ("memcpyAsync 32 B to pinned, GPU busy",
          lambda: r.copy(r.addr, st.ptr, 32, r.kind, stream)),
-        ("status_fetch launch, GPU busy",
-         lambda: gc.launch(fetch, 1, 32, 0, (st.ptr, r.mapped_addr))),
         ("getrf launch, GPU busy", lambda: gc.launch(fptr, grid, thr, smem, values)),
     ]
     for name, fn in busy:
@@ -320,8 +313,6 @@ def steps(cp, g, bench, reps: int = 2000):
     idle = [
         ("memcpyAsync 32 B to pinned, GPU idle",
          lambda: r.copy(r.addr, st.ptr, 32, r.kind, stream)),
-        ("status_fetch launch, GPU idle",
-         lambda: gc.launch(fetch, 1, 32, 0, (st.ptr, r.mapped_addr))),
         ("getrf launch, GPU idle", lambda: gc.launch(fptr, grid, thr, smem, values)),
     ]
     for name, fn in idle:
@@ -367,8 +358,7 @@ def main(argv=None) -> int:
     from scipy_gpuqr._gpu import gpu_info
 
     bench = Bench(cp, g, args.n, args.batch)
-    acc, has_wait = hook_reads(gc)
-    fetches = [m for m in ("copy", "kernel") if has_wait and hasattr(gc, "STATUS_FETCH")]
+    acc, _ = hook_reads(gc)
     print(f"device: {gpu_info().get('name')}  [{args.tag}: scipy_gpuqr from "
           f"{Path(g.__file__).resolve().parent}]  n={args.n} batch={args.batch}, "
           f"{args.calls} calls x {args.rounds} rounds", flush=True)
@@ -379,7 +369,7 @@ def main(argv=None) -> int:
     only = set(args.only.split(",")) if args.only else None
     print("async: host us of the call (GPU busy), median of all calls, then the rounds' medians")
     print("default: host us of the call less its wait (-sync: the stream synchronization; "
-          "-read: the whole status read), GPU idle / busy at the call's start, by status fetch")
+          "-read: the whole status read), GPU idle / busy at the call's start")
     for name, variant, fn in bench.calls():
         if only and name.split(" ")[0] not in only:
             continue
@@ -395,15 +385,9 @@ def main(argv=None) -> int:
                 row.update(idle_less_sync_us=w, idle_less_read_us=r)
                 text = f"idle -sync {w:6.1f} -read {r:6.1f}"
                 if "vbatched" not in name:
-                    for mode in fetches or [None]:
-                        if mode:
-                            gc.STATUS_FETCH = mode
-                        w, r = bench.host_default(fn, calls, acc, busy_ms=0.3)
-                        key = f"busy_{mode or 'read'}"
-                        row.update({key + "_less_sync_us": w, key + "_less_read_us": r})
-                        text += f" | busy {mode or ''} -sync {w:6.1f} -read {r:6.1f}"
-                    if fetches:
-                        gc.STATUS_FETCH = "copy"
+                    w, r = bench.host_default(fn, calls, acc, busy_ms=0.3)
+                    row.update(busy_less_sync_us=w, busy_less_read_us=r)
+                    text += f" | busy -sync {w:6.1f} -read {r:6.1f}"
         except Exception as exc:  # noqa: BLE001 - report and go on
             print(f"{args.tag:6} {name:28} {variant:8} failed: {type(exc).__name__}: "
                   f"{str(exc)[:160]}", flush=True)

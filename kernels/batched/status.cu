@@ -67,16 +67,3 @@ __global__ void nonfinite_scan(const T *__restrict__ x, long long count,
     if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0)
         gpuqr_status::mark(status, ctl, slot);
 }
-
-// ---------------------------------------------------------------------------
-// Copies the four slots of a status word into `host`, pinned host memory
-// mapped into the device's address space (read_status's 'kernel' fetch): the
-// host then waits for the stream and reads its own memory, without a copy call.
-// One block of 32 threads.
-// ---------------------------------------------------------------------------
-extern "C" __global__ void status_fetch(const unsigned long long *__restrict__ status,
-                                        volatile unsigned long long *host)
-{
-    const int t = threadIdx.x;
-    if (t < 4) host[t] = status[t];
-}

@@ -25,7 +25,6 @@ a function runs.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 import struct
@@ -351,30 +350,14 @@ def scan_nonfinite(x, report, slot: int) -> None:
            (x.data.ptr, x.size, arg_value(report[0]), report[1], slot))
 
 
-#: How :func:`read_status` brings a status word to the host: ``'copy'``
-#: (cudaMemcpyAsync into a pinned buffer) or ``'kernel'`` (``status_fetch``
-#: of status.cu stores the 32 bytes into mapped pinned memory; the host only
-#: waits for the stream).
-STATUS_FETCH = "copy"
-
-
-@functools.lru_cache(maxsize=None)
-def _fetch_function(device: int) -> int:
-    """The CUfunction of ``status_fetch`` on ``device``."""
-    module = load_module(STATUS_FILE, KERNEL_VARIANTS[STATUS_FILE])
-    return module.get_function("status_fetch").kernel.ptr
-
-
 class _Reader(threading.local):
     """This thread's means of reading status words, made at its first read:
-    a pinned buffer (``'copy'``), 32 bytes of pinned memory mapped into the
-    devices' address space (``'kernel'``; unified addressing: the host
-    pointer is the device pointer), the stream lookup and the wait. Reused:
-    a read completes before it returns."""
+    a pinned buffer (a direct DMA, no staging through pageable memory), the
+    copy call, the stream lookup and the wait. Reused: a read completes
+    before it returns."""
 
     def __init__(self):
         self.ready = False
-        self.mapped = None
 
     def bind(self) -> None:
         import cupyx
@@ -387,35 +370,20 @@ class _Reader(threading.local):
         self.stream = cp.cuda.get_current_stream
         self.ready = True
 
-    def bind_mapped(self) -> None:
-        """The mapped buffer of the ``'kernel'`` fetch (made at its first use)."""
-        from cupy.cuda.pinned_memory import PinnedMemory
-        rt = cupy().cuda.runtime
-        self.mapped = PinnedMemory(32, rt.hostAllocMapped | rt.hostAllocPortable)
-        self.mapped_addr = int(self.mapped.ptr)
-        self.view = (ctypes.c_uint64 * 4).from_address(self.mapped_addr)
-
 
 _READER = _Reader()
 
 
 def read_status(status) -> list:
     """The four slots of a :func:`new_status` word as 0/1 (1: marked by this
-    call's kernels): 32 bytes to the host (:data:`STATUS_FETCH`), after the
-    work queued before them on the current stream (a wait)."""
+    call's kernels): one 32-byte copy to the host (cudaMemcpyAsync into
+    pinned memory), then a wait for the work queued before it on the current
+    stream."""
     r = _READER
     if not r.ready:
         r.bind()
     stream = r.stream().ptr
-    if STATUS_FETCH == "kernel":
-        if r.mapped is None:
-            r.bind_mapped()
-        launch(_fetch_function(device_id()), 1, 32, 0, (status.ptr, r.mapped_addr))
-        r.wait(stream)
-        vals = r.view[:]
-    else:
-        r.copy(r.addr, status.ptr, 32, r.kind, stream)
-        r.wait(stream)
-        vals = r.buf.tolist()
+    r.copy(r.addr, status.ptr, 32, r.kind, stream)
+    r.wait(stream)
     gen = status.gen
-    return [1 if v == gen else 0 for v in vals]
+    return [1 if v == gen else 0 for v in r.buf.tolist()]

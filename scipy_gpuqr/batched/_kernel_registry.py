@@ -164,8 +164,7 @@ KERNEL_VARIANTS = {
     SOLVE_FILE: tuple(
         solve_name(k, dt) for k in ("getrs_batched", "potrs_batched") for dt in _CTYPES),
     STATUS_FILE: tuple(
-        status_name(k, dt) for k in ("info_scan", "nonfinite_scan") for dt in _CTYPES)
-    + ("status_fetch",),
+        status_name(k, dt) for k in ("info_scan", "nonfinite_scan") for dt in _CTYPES),
     VB_FILE: tuple(
         vb_name(k, dt) for k in ("vb_gather", "vb_scatter")
         for dt in ("float32", "float64", "int32")) + ("vb_classes",),
