@@ -146,9 +146,12 @@ class Bench:
         fn()
         cp.cuda.Device().synchronize()
         less_wait, less_read = [], []
+        sync = cp.cuda.Device().synchronize
         for _ in range(calls):
             if busy_ms:
                 self.busy(busy_ms)
+            else:
+                sync()                    # idle: nothing of the previous call left
             acc["wait"] = acc["read"] = 0
             t0 = time.perf_counter_ns()
             fn()
