@@ -121,3 +121,33 @@ def test_calibration_points_and_the_rules_choice_on_ch7_8_b3():
     assert rule[root]                                   # 49340 x 9375, ~2.5x faster dense
     assert rule.sum() < dense_front_mask(an, 1e10).sum()
     assert rule_prediction(an, rule)["seconds"] < min(off, old)
+
+
+def _chain(nf, w=300):
+    """A chain of ``nf`` fronts of 2w x w (a banded matrix's tree)."""
+    from types import SimpleNamespace
+    parent = np.arange(1, nf + 1, dtype=np.int64)
+    parent[-1] = -1
+    fs = SimpleNamespace(nfronts=nf, parent=parent, fm=np.full(nf, 2 * w), fn=np.full(nf, w),
+                         col_ptr=np.arange(nf + 1, dtype=np.int64) * w,
+                         stair=np.full(nf * w, 2 * w, dtype=np.int64))
+    return SimpleNamespace(fronts=fs, front_flops=np.linspace(1e9, 4e9, nf))
+
+
+def test_a_deep_tree_is_walked_in_log_steps():
+    import time
+    an = _chain(20000)          # no per-level loop over 20 000 levels
+    t = time.perf_counter()
+    dense_rule_mask(an)
+    rule_prediction(an, np.ones(20000, dtype=bool))
+    assert time.perf_counter() - t < 2.0
+    # on a shorter chain, the candidate groups give the walk's time
+    an = _chain(300)
+    prob = dense._RuleProblem(an, DenseModel())
+    assert len(prob.cand) == 64
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        mask = np.zeros(300, dtype=bool)
+        mask[prob.cand[rng.random(64) < 0.5]] = True
+        assert rule_prediction(an, mask)["seconds"] == pytest.approx(
+            _brute_seconds(an, mask, DenseModel()), rel=1e-12)

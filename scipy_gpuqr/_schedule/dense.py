@@ -172,20 +172,36 @@ def dense_path_seconds(fm: int, fn: int, stair, model: DenseModel = DenseModel()
     return float(np.sum(model.panel_seconds + b * per_col + flops / model.gemm_rate))
 
 
-def _depth_order(parent: np.ndarray) -> list:
-    """Fronts by depth (roots first): a list of index arrays, one per level."""
-    nf = len(parent)
-    depth = np.zeros(nf, dtype=np.int64)
+def _path_sums(parent: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``w`` summed over the path from every front to its root (pointer jumping:
+    log2 of the tree's height steps)."""
+    s = np.asarray(w).copy()
     up = parent.copy()
     while True:
         has = up >= 0
         if not has.any():
-            break
-        depth[has] += 1
-        up[has] = parent[up[has]]
-    order = np.argsort(depth, kind="stable")
-    cuts = np.flatnonzero(np.diff(depth[order])) + 1
-    return np.split(order, cuts)
+            return s
+        s[has] += s[up[has]]
+        up[has] = up[up[has]]
+
+
+def _nearest_marked(parent: np.ndarray, marked: np.ndarray) -> np.ndarray:
+    """The nearest marked ancestor of every front, itself included (-1: none),
+    by pointer jumping."""
+    nxt = np.where(marked, np.arange(len(parent)), parent)
+    while True:
+        m = nxt >= 0
+        new = nxt.copy()
+        new[m] = nxt[nxt[m]]
+        if np.array_equal(new, nxt):
+            return nxt
+        nxt = new
+
+
+def _candidates(flops: np.ndarray, nfact: np.ndarray, model: DenseModel) -> np.ndarray:
+    """The fronts the rule considers, the largest first (see :class:`DenseModel`)."""
+    ok = np.flatnonzero((nfact >= model.min_columns) & (flops >= model.min_flops))
+    return ok[np.argsort(-flops[ok], kind="stable")][:model.max_candidates]
 
 
 class _RuleProblem:
@@ -207,8 +223,7 @@ class _RuleProblem:
         parent = np.asarray(fs.parent, dtype=np.int64)
         nfact = np.minimum(fs.fm, fs.fn).astype(np.int64)
         nl = -(-nfact // int(model.tile)) + 1        # a front's launches, assembly included
-        ok = np.flatnonzero((nfact >= model.min_columns) & (flops >= model.min_flops))
-        cand = ok[np.argsort(-flops[ok], kind="stable")][:model.max_candidates]
+        cand = _candidates(flops, nfact, model)
         K = len(cand)
         self.cand, self.model, self.total_flops = cand, model, float(flops.sum())
         self.flops_k = flops[cand]
@@ -217,33 +232,24 @@ class _RuleProblem:
             fs.fm[f], fs.fn[f], fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]], model)
             for f in cand.tolist()], dtype=np.float64)
         # launches on the path from every front to its root
-        L = nl.copy()
-        up = parent.copy()
-        while True:
-            has = up >= 0
-            if not has.any():
-                break
-            L[has] += nl[up[has]]
-            up[has] = parent[up[has]]
+        L = _path_sums(parent, nl)
         # lowest candidate ancestor (self included) of every front; K: none
+        marked = np.zeros(nf, dtype=bool)
+        marked[cand] = True
+        near = _nearest_marked(parent, marked)
         kof = np.full(nf, K, dtype=np.int64)
         kof[cand] = np.arange(K)
-        low = np.full(nf, K, dtype=np.int64)
-        for lev in _depth_order(parent):
-            p = parent[lev]
-            inherited = np.where(p >= 0, low[np.maximum(p, 0)], K)
-            low[lev] = np.where(kof[lev] < K, kof[lev], inherited)
+        low = np.where(near >= 0, kof[np.maximum(near, 0)], K)
         self.lmax = np.zeros(K + 1, dtype=np.float64)
-        if nf:
-            np.maximum.at(self.lmax, low, L.astype(np.float64))
+        np.maximum.at(self.lmax, low, L.astype(np.float64))
         # chain[g, k]: candidate k is an ancestor of group g's candidate (itself included)
+        above = [int(low[parent[f]]) if parent[f] >= 0 else K for f in cand.tolist()]
         chain = np.zeros((K + 1, K), dtype=np.float64)
-        for k, f in enumerate(cand.tolist()):
-            a = f
-            while a >= 0:
-                if kof[a] < K:
-                    chain[k, kof[a]] = 1.0
-                a = int(parent[a])
+        for k in range(K):
+            j = k
+            while j < K:
+                chain[k, j] = 1.0
+                j = above[j]
         self.chain = chain
 
     def seconds(self, D: np.ndarray) -> np.ndarray:
@@ -303,9 +309,15 @@ def dense_rule_mask(analysis, model: DenseModel | None = None) -> np.ndarray:
     out = np.zeros(nf, dtype=bool)
     if nf == 0:
         return out
+    fs = analysis.fronts
+    flops = getattr(analysis, "front_flops", None)
+    if flops is None or len(flops) != nf:
+        flops = front_work(fs)["flops"]
+    if not len(_candidates(np.asarray(flops, dtype=np.float64), np.minimum(fs.fm, fs.fn),
+                           model)):
+        return out                      # nothing large enough: no tree walk
     prob = _RuleProblem(analysis, model)
-    if len(prob.cand):
-        out[prob.cand[prob.choose() > 0]] = True
+    out[prob.cand[prob.choose() > 0]] = True
     return out
 
 
