@@ -73,8 +73,8 @@ def test_slab_columns_fit_the_bytes_given():
     avail = 2 * 10 ** 9
     w = slab_columns(fm, nb, isz, avail)
     assert w >= nb
-    # the slab, an earlier block as wide, a panel's reflectors and the workspace
-    assert (2 * fm * w + 5 * fm * nb + 2 * w * nb + 5 * nb * nb) * isz <= avail
+    # the slab, two earlier panels, a panel's reflectors and the workspace
+    assert (fm * w + 7 * fm * nb + 2 * w * nb + 5 * nb * nb) * isz <= avail
     assert slab_columns(fm, nb, isz, fm * nb * isz) == 0     # not even one panel
     fn = 3 * w
     assert not whole_front_fits(fm, fn, nb, isz, avail)

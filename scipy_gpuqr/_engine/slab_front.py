@@ -11,12 +11,12 @@ columns past ``min(fm, fn)``):
 
 1. its columns ``F[:, c0:c1]`` are uploaded (one strided copy,
    ``cudaMemcpy2DAsync``: at the link's speed when ``F`` is pinned);
-2. every earlier slab comes up the same way, as one block (its rows from its
-   first panel's diagonal down: where its reflectors ``V`` are), and its
-   panels' reflectors are applied to the slab in order, ``C ← C - V Tᵀ (Vᵀ C)``
-   on each panel's active rows, ``V`` taken out of the block on the device:
-   the same updates, in the same order, that the right-looking factorization
-   gives these columns;
+2. every earlier panel comes up the same way (its active rows from its
+   diagonal down: where its reflectors ``V`` are), one panel while the one
+   before is applied (two buffers, the copies on a stream of their own), and
+   is applied to the slab, ``C ← C - V Tᵀ (Vᵀ C)`` on its active rows, ``V``
+   taken out of the block on the device: the same updates, in the same order,
+   that the right-looking factorization gives these columns;
 3. the slab's own panels are factorized as a front of their own, its
    diagonal at ``(c0, c0)``: rows ``c0 ..`` of the slab with the panels moved
    by ``c0`` (the device dense path, panel kernel and cuBLAS);
@@ -26,9 +26,9 @@ columns past ``min(fm, fn)``):
 The result is the representation :class:`~scipy_gpuqr._engine.dense_front.DenseFront`
 applies (V below each panel's diagonal, one ``T`` per panel), equal to
 :func:`~scipy_gpuqr._engine.dense_front.factorize_numpy`'s to rounding.
-The device holds two slabs (the one being worked on and one earlier block)
-and the dense path's workspace. The extra traffic is the earlier slabs,
-uploaded once per later slab: with ``s`` slabs about ``s/2`` times the front.
+The device holds the slab being worked on, two earlier panels and the dense
+path's workspace. The extra traffic is the earlier panels, uploaded once per
+later slab: with ``s`` slabs about ``s/2`` times the front.
 :func:`factorize_in_slabs` is written against a small device interface
 (:class:`NumpySlabs` runs it on the host for CI, :class:`CupySlabs` on a GPU).
 """
@@ -85,11 +85,11 @@ def slab_ranges(panels: list, fn: int, width: int) -> list:
 
 def slab_columns(fm: int, nb: int, itemsize: int, available: int) -> int:
     """Most columns of a slab of an ``fm``-row front in ``available`` device bytes
-    (the slab and one earlier block of as many columns, one panel's reflectors,
-    the products of the updates and the dense path's workspace; 10 % left for
-    the allocator), or 0 when not even one panel fits."""
-    fixed = (5 * fm * nb + 5 * nb * nb) * itemsize
-    w = (0.9 * available - fixed) // ((2 * fm + 2 * nb) * itemsize)
+    (the slab, two earlier panels, one panel's reflectors, the products of the
+    updates and the dense path's workspace; 10 % left for the allocator), or 0
+    when not even one panel fits."""
+    fixed = (7 * fm * nb + 5 * nb * nb) * itemsize
+    w = (0.9 * available - fixed) // ((fm + 2 * nb) * itemsize)
     return int(w) if w >= nb else 0
 
 
@@ -154,15 +154,12 @@ def _one_slab(F, T, panels, earlier, slab, dev) -> None:
     panels, back into ``F`` (and their ``T``)."""
     c0, c1, p0, p1 = slab
     S = dev.upload(F, 0, F.shape[0], c0, c1, "slab")
-    for e0, e1, q0, q1 in earlier:
-        if q1 == q0:
-            continue
-        r0 = panels[q0][0]
-        r1 = max(j + rows for j, rows, _ in panels[q0:q1])
-        E = dev.upload(F, r0, r1, e0, e1, "earlier")
-        for q in range(q0, q1):
-            j, rows, b = panels[q]
-            dev.apply(S, j, rows, E, j - r0, j - e0, b, T[q, :b, :b])
+    for q in range(p0):                 # every earlier slab's panels, in order
+        j, rows, b = panels[q]
+        slot = ("earlier", q % 2)       # uploaded while the previous one is applied
+        E = dev.upload(F, j, j + rows, j, j + b, slot)
+        dev.apply(S, j, rows, E, 0, 0, b, T[q, :b, :b])
+        dev.release(slot)
     Tp = None
     if p1 > p0:                         # the slab's own panels, diagonal at (c0, c0)
         moved = [(j - c0, rows, b) for j, rows, b in panels[p0:p1]]
@@ -187,10 +184,13 @@ class NumpySlabs:
     def __init__(self):
         self.slabs = 0
 
-    def upload(self, F: np.ndarray, r0: int, r1: int, c0: int, c1: int, slot: str):
+    def upload(self, F: np.ndarray, r0: int, r1: int, c0: int, c1: int, slot):
         """``F[r0:r1, c0:c1]`` where the slabs are worked on (a copy)."""
         self.slabs += slot == "slab"
         return F[r0:r1, c0:c1].copy()
+
+    def release(self, slot) -> None:
+        """The block of ``slot`` is no longer read (its buffer may be refilled)."""
 
     def download(self, S, F: np.ndarray, c0: int, c1: int) -> None:
         """The worked slab back into ``F[:, c0:c1]``."""
@@ -212,34 +212,57 @@ class NumpySlabs:
 
 
 class CupySlabs:
-    """The slab operations on a CUDA device, on ``stream``: two device buffers
-    (the slab, an earlier block) reused for every slab, strided copies queued on
-    the stream (``F`` pinned makes them asynchronous), one synchronization per
-    slab for its ``T``; ``slabs`` counts the slabs started there. Each worked
-    slab is checked for non-finite values before it goes back (one launch
-    reading it where it lies: :meth:`all_finite`), so the host need not read the
-    front again."""
+    """The slab operations on a CUDA device, on ``stream``: device buffers (the
+    slab, two earlier panels) reused for every slab, strided copies queued (``F``
+    pinned makes them asynchronous; the earlier panels' on a copy stream of
+    their own, each buffer refilled once the work reading it has passed), one
+    synchronization per slab for its ``T``; ``slabs`` counts the slabs started
+    there. Each worked slab is checked for non-finite values before it goes back
+    (one launch reading it where it lies: :meth:`all_finite`), so the host need
+    not read the front again."""
 
     def __init__(self, cp, stream):
         self.cp, self.stream = cp, stream
+        self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self.slabs = 0
         self._buffers = {}
+        self._read = {}                 # slot -> event: the last work reading its buffer
         self._flags = []
 
-    def _buffer(self, slot: str, shape: tuple, dtype):
+    def _buffer(self, slot, shape: tuple, dtype):
         n = shape[0] * shape[1]
         buf = self._buffers.get(slot)
         if buf is None or buf.size < n or buf.dtype != dtype:
+            if buf is not None:         # a buffer in use on either stream is not freed
+                self.stream.synchronize()
+                self.copy_stream.synchronize()
             self._buffers.pop(slot, None)       # freed before the larger one is taken
             buf = self._buffers[slot] = self.cp.empty(max(n, 1), dtype=dtype)
         return buf[:n].reshape(shape)
 
-    def upload(self, F: np.ndarray, r0: int, r1: int, c0: int, c1: int, slot: str):
-        """``F[r0:r1, c0:c1]`` into the slot's device buffer (one 2-D copy)."""
+    def upload(self, F: np.ndarray, r0: int, r1: int, c0: int, c1: int, slot):
+        """``F[r0:r1, c0:c1]`` into the slot's device buffer (one 2-D copy): the
+        slab's on the work stream; an earlier panel's on the copy stream, after
+        the work that read the buffer last, the work stream waiting for it."""
         self.slabs += slot == "slab"
         out = self._buffer(slot, (r1 - r0, c1 - c0), F.dtype)
-        upload_block(F, r0, r1, c0, c1, out, self.stream)
+        if slot == "slab":
+            upload_block(F, r0, r1, c0, c1, out, self.stream)
+            return out
+        read = self._read.pop(slot, None)
+        if read is not None:
+            self.copy_stream.wait_event(read)
+        upload_block(F, r0, r1, c0, c1, out, self.copy_stream)
+        ready = self.cp.cuda.Event(disable_timing=True)
+        ready.record(self.copy_stream)
+        self.stream.wait_event(ready)
         return out
+
+    def release(self, slot) -> None:
+        """The work queued so far is the last to read ``slot``'s buffer."""
+        read = self.cp.cuda.Event(disable_timing=True)
+        read.record(self.stream)
+        self._read[slot] = read
 
     def download(self, S, F: np.ndarray, c0: int, c1: int) -> None:
         """The worked slab back into ``F[:, c0:c1]`` (queued: :meth:`finish`)."""
@@ -268,9 +291,11 @@ class CupySlabs:
     def finish(self) -> None:
         """Every queued copy done; the buffers given back."""
         try:
+            self.copy_stream.synchronize()
             self.stream.synchronize()
         finally:
             self._buffers.clear()
+            self._read.clear()
 
     def all_finite(self) -> bool:
         """Whether every slab sent back so far held finite values only (after
