@@ -151,3 +151,12 @@ def test_a_deep_tree_is_walked_in_log_steps():
         mask[prob.cand[rng.random(64) < 0.5]] = True
         assert rule_prediction(an, mask)["seconds"] == pytest.approx(
             _brute_seconds(an, mask, DenseModel()), rel=1e-12)
+
+
+def test_the_choice_is_kept_per_pattern_and_handed_out_as_a_copy():
+    an = analyze(grid3d_least_squares(12))
+    first = dense_rule_mask(an, SMALL)
+    assert first.any()
+    first[:] = ~first                                   # the caller's copy only
+    again = dense_rule_mask(analyze(grid3d_least_squares(12)), SMALL)
+    assert np.array_equal(again, ~first)

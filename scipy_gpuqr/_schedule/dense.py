@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._symbolic.counts import front_work
+from .pattern_cache import PerPattern
 from .tasks import DEFAULT_TILE
 
 __all__ = ["DENSE_RULE", "DEFAULT_DENSE_FLOPS", "DENSE_COLUMNS_PER_LAUNCH", "DenseModel",
@@ -87,8 +88,8 @@ class DenseModel:
     min_columns: int = 256
     min_flops: float = 1e9
     max_candidates: int = 64
-    #: a dense front is added only when it shortens the modelled time by this share
-    min_gain: float = 0.02
+    #: the fewest dense fronts whose modelled time is within this share of the best
+    min_gain: float = 0.05
 
 
 #: A dense front defers its parent's Pack-Assemble by one launch per this many of its
@@ -266,29 +267,40 @@ class _RuleProblem:
         return np.maximum(fin, serial)
 
     def choose(self) -> np.ndarray:
-        """Greedy: add the candidate that shortens the modelled time most, while
-        it shortens it by at least ``min_gain``."""
+        """Greedy order: from no dense front, add the candidate whose dense path
+        gives the shortest modelled time, until every candidate is in (also
+        through steps that lose, so that a chain whose fronts pay only together
+        is found); then the shortest prefix whose time is within ``min_gain``
+        of the best prefix's (fewer dense fronts where the model cannot tell)."""
         K = len(self.cand)
         D = np.zeros(K)
-        best = float(self.seconds(D)[0])
+        sets, times = [D], [float(self.seconds(D)[0])]
         eye = np.eye(K)
-        while K and D.sum() < K:
+        for _ in range(K):
             trial = np.minimum(D[None, :] + eye, 1.0)
             t = self.seconds(trial)
             t[D > 0] = np.inf
             k = int(np.argmin(t))
-            if not t[k] < best * (1.0 - self.model.min_gain):
-                break
-            D, best = trial[k], float(t[k])
-        return D
+            D = trial[k]
+            sets.append(D)
+            times.append(float(t[k]))
+        times = np.asarray(times)
+        ok = np.flatnonzero(times <= times.min() * (1.0 + self.model.min_gain))
+        return sets[int(ok[0])]
+
+
+#: The rule's choices, per analysis pattern and model (every call of an engine
+#: asks; a choice is a boolean per front).
+_RULE_MASKS = PerPattern(256, 64 << 20, lambda m: int(m.nbytes))
 
 
 def dense_rule_mask(analysis, model: DenseModel | None = None) -> np.ndarray:
     """Boolean mask over the fronts: those the time model makes dense fronts.
 
     Starting from every front in the uberkernel, the candidate whose dense
-    path shortens the modelled factorization most is made dense, and so on
-    while each step gains at least ``model.min_gain``; the model
+    path gives the shortest modelled factorization is made dense, and so on
+    through every candidate; of that sequence the shortest prefix within
+    ``model.min_gain`` of the best time is chosen. The model
     (:class:`DenseModel`) counts the tree's longest chain of launches and
     dense fronts (a dense front starts when its subtree is done and its
     ancestors' launches wait for it), the launches' flops, and the dense
@@ -309,6 +321,9 @@ def dense_rule_mask(analysis, model: DenseModel | None = None) -> np.ndarray:
     out = np.zeros(nf, dtype=bool)
     if nf == 0:
         return out
+    hit = _RULE_MASKS.get(analysis, model)
+    if hit is not None and len(hit) == nf:
+        return hit.copy()
     fs = analysis.fronts
     flops = getattr(analysis, "front_flops", None)
     if flops is None or len(flops) != nf:
@@ -318,6 +333,7 @@ def dense_rule_mask(analysis, model: DenseModel | None = None) -> np.ndarray:
         return out                      # nothing large enough: no tree walk
     prob = _RuleProblem(analysis, model)
     out[prob.cand[prob.choose() > 0]] = True
+    _RULE_MASKS.put(analysis, model, out.copy())
     return out
 
 
