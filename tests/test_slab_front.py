@@ -132,10 +132,11 @@ def test_host_front_too_large_alone_goes_through_the_gpu_in_slabs():
     F = F0.copy()
     pool.set_limit(size=pool.used_bytes() + 60 * 2 ** 20)   # the front alone: 96 MB
     try:
-        T, how = hd._on_gpu(F, panels)
+        T, how, finite = hd._on_gpu(F, panels)
     finally:
         pool.set_limit(size=0)
     assert T is not None and how.startswith("in column slabs"), how
+    assert finite is True                   # checked on the device, slab by slab
     _check_q(F0, F, panels, T, 1e3 * fm * EPS * np.abs(F0).max())
 
 
