@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -294,11 +295,10 @@ class HostFrontDevice(NumpyDevice):
         worker thread: the earlier stages keep the device busy meanwhile, and a
         host front's pool takes gigabytes of zeros. :meth:`_stage_pool` takes
         one of the right size (a pool never taken is dropped with this layer)."""
-        import concurrent.futures as cf
         sizes = [int(n) for n in sizes]
         if not sizes:
             return
-        ex = cf.ThreadPoolExecutor(1, thread_name_prefix="gpuqr-host-pool")
+        ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-host-pool")
         for n in sizes:
             self._ready.setdefault(n, []).append(ex.submit(self._zeroed, n))
         ex.shutdown(wait=False)
