@@ -99,3 +99,20 @@ def nominal(monkeypatch):
     monkeypatch.setattr(policy, "predicted_seconds",
                         lambda backend, flops, gpu=None: 3e-3 + flops / 8e9)
     monkeypatch.setattr(policy, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
+
+
+def nullspace_blocks_fail_on(monkeypatch, device_xp) -> list:
+    """Make the nullspace COD's blocks on ``device_xp`` raise MemoryError, as on a
+    device whose memory the factors fill; returns the array modules it was tried
+    with, in order."""
+    from scipy_gpuqr._factor import lstsq as _lstsq
+    real = _lstsq.NullspaceCOD
+    tried = []
+
+    def tight(*args, xp=np, **kwargs):
+        tried.append(xp)
+        if xp is device_xp:
+            raise MemoryError("the q × d blocks do not fit")
+        return real(*args, xp=xp, **kwargs)
+    monkeypatch.setattr(_lstsq, "NullspaceCOD", tight)
+    return tried

@@ -21,6 +21,8 @@ from scipy_gpuqr._factor.rank_refine import factorizer
 from scipy_gpuqr._engine.host.reference import default_tol
 from scipy_gpuqr._testing_matrices import chessboard_boundary
 
+from conftest import nullspace_blocks_fail_on
+
 pytestmark = pytest.mark.gpu
 
 EPS = np.finfo(np.float64).eps
@@ -226,16 +228,8 @@ def test_nullspace_cod_blocks_on_the_host_when_the_device_is_full(monkeypatch, r
     stay on the host, the solves still run on the device, rank and minimum-norm
     solution are lstsq's (no dense COD)."""
     import cupy
-    real = _lstsq.NullspaceCOD
-    tried = []
-
-    def tight(*args, xp=np, **kwargs):
-        tried.append(xp)
-        if xp is cupy:
-            raise MemoryError("forced: the blocks do not fit")
-        return real(*args, xp=xp, **kwargs)
+    tried = nullspace_blocks_fail_on(monkeypatch, cupy)
     monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
-    monkeypatch.setattr(_lstsq, "NullspaceCOD", tight)
     monkeypatch.setattr(_lstsq, "DenseCOD", None)        # must not be reached
     A = chessboard_boundary(5, 7, 3)                      # 4200×2100, rank 1714
     b = rng.standard_normal(A.shape[0])

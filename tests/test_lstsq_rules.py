@@ -19,6 +19,8 @@ from scipy_gpuqr import lsmr, lsqr, spsolve
 from scipy_gpuqr._factor import lstsq as _lstsq
 from scipy_gpuqr._api.originals import original
 
+from conftest import nullspace_blocks_fail_on
+
 EPS = np.finfo(np.float64).eps
 
 # (name, slow): dense lstsq must stay affordable; Groebner_id2003_aug (4967x2456:
@@ -270,18 +272,9 @@ def test_nullspace_blocks_stay_on_the_host_when_the_device_is_full(monkeypatch):
     class _FullDevice:                  # stands for CuPy: no block fits
         pass
     full = _FullDevice()
-    real = _lstsq.NullspaceCOD
-    tried = []
-
-    def tight(*args, xp=np, **kwargs):
-        tried.append(xp)
-        if xp is full:
-            raise MemoryError("the q × d blocks do not fit")
-        return real(*args, xp=xp, **kwargs)
-
+    tried = nullspace_blocks_fail_on(monkeypatch, full)
     solve_ops = _lstsq.MinNormSolver._solve_ops
     monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 100)
-    monkeypatch.setattr(_lstsq, "NullspaceCOD", tight)
     monkeypatch.setattr(_lstsq, "_free_device_pool", lambda: None)
     monkeypatch.setattr(_lstsq, "DenseCOD", None)           # must not be reached
     monkeypatch.setattr(_lstsq.MinNormSolver, "_solve_ops",
