@@ -26,6 +26,12 @@ column of row i (``n`` for an empty row).
   node of ``[u, v)`` whose subtree starts first (the latest such node on
   ties), a range-minimum query answered from a sparse table in two look-ups.
   Cost O((nnz(A) + n) log n), all vectorized.
+
+Where the compiled library of :mod:`.native` is at hand, :func:`column_etree`,
+:func:`postorder` (without weights) and :func:`column_counts` run its loops
+instead (Liu's algorithm on the star edges, a depth-first postorder, the same
+skeleton formula with a union-find for the LCAs): the same arrays, the NumPy
+code above (``*_numpy``) being the reference and the fallback.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import minimum_spanning_tree
 
+from . import native
 from ._arrays import first_descendants, stable_argsort, subtree_sums
 
 __all__ = ["leftmost_columns", "column_etree", "postorder", "column_counts",
+           "column_etree_numpy", "postorder_numpy", "column_counts_numpy",
            "subtree_sizes", "subtree_sums"]
 
 
@@ -63,6 +71,18 @@ def _star_edges(indptr, indices, leftmost, n):
 
 def column_etree(indptr: np.ndarray, indices: np.ndarray, n: int,
                  leftmost: np.ndarray | None = None) -> np.ndarray:
+    """Column elimination tree of an m×n pattern given by rows (compiled where
+    available, else :func:`column_etree_numpy`; same parameters and result)."""
+    if leftmost is None:
+        leftmost = leftmost_columns(indptr, indices, n)
+    lib = native.library()
+    if lib is not None:
+        return native.column_etree(lib, indptr, indices, n, leftmost)
+    return column_etree_numpy(indptr, indices, n, leftmost)
+
+
+def column_etree_numpy(indptr: np.ndarray, indices: np.ndarray, n: int,
+                       leftmost: np.ndarray | None = None) -> np.ndarray:
     """Column elimination tree of an m×n pattern given by rows.
 
     Parameters
@@ -112,6 +132,16 @@ def column_etree(indptr: np.ndarray, indices: np.ndarray, n: int,
 
 
 def postorder(parent: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+    """A postorder of a forest (compiled where available and without ``weight``,
+    else :func:`postorder_numpy`; same parameters and result)."""
+    if weight is None and len(parent):
+        lib = native.library()
+        if lib is not None:
+            return native.postorder(lib, parent)
+    return postorder_numpy(parent, weight)
+
+
+def postorder_numpy(parent: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
     """A postorder of a forest.
 
     Children are visited in increasing ``weight`` (ties: increasing label),
@@ -203,6 +233,17 @@ def _postorder_lca(parent: np.ndarray, first: np.ndarray, u: np.ndarray,
 
 def column_counts(indptr: np.ndarray, indices: np.ndarray, parent: np.ndarray,
                   leftmost: np.ndarray) -> np.ndarray:
+    """Nonzeros of each row of R (compiled where available, else
+    :func:`column_counts_numpy`; same parameters and result)."""
+    if len(parent):
+        lib = native.library()
+        if lib is not None:
+            return native.column_counts(lib, indptr, indices, parent, leftmost)
+    return column_counts_numpy(indptr, indices, parent, leftmost)
+
+
+def column_counts_numpy(indptr: np.ndarray, indices: np.ndarray, parent: np.ndarray,
+                        leftmost: np.ndarray) -> np.ndarray:
     """Nonzeros of each row of R (diagonal included), for a postordered tree.
 
     Parameters

@@ -1,0 +1,195 @@
+/* The symbolic analysis' tree loops in C (see native.py): the column
+ * elimination tree, its postorder and the column counts of R.
+ *
+ * Each function computes exactly what its NumPy twin in etree.py computes (a
+ * test compares them on many matrices); the NumPy code stays the reference and
+ * runs wherever this library cannot be built. Plain C99, no Python headers,
+ * all indices int64. Built by native.py with the system C compiler into the
+ * package cache folder and loaded with ctypes (the calls release the GIL).
+ *
+ * Patterns are given by rows (CSR, column indices sorted within each row);
+ * leftmost[i] is the first column of row i (n for an empty row).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#define SGS_ABI 1
+
+enum { SGS_OK = 0, SGS_NOMEM = 1 };
+
+int sgs_abi(void) { return SGS_ABI; }
+
+/* Column elimination tree (the elimination tree of B'B) of an m x n pattern.
+ *
+ * Row i makes its columns a clique of B'B; the star of edges (leftmost[i], j)
+ * has the same filled graph. The edges are bucketed by their larger end j and
+ * Liu's algorithm with path compression (virtual ancestors anc[]) runs on them
+ * column by column: the walk from the smaller end climbs to the root of its
+ * current subtree, which becomes a child of j. parent[j] > j or -1.
+ */
+int sgs_column_etree(int64_t m, int64_t n, const int64_t *indptr, const int64_t *indices,
+                     const int64_t *leftmost, int64_t *parent)
+{
+    int64_t *ptr = calloc((size_t)n + 1, sizeof(int64_t));
+    int64_t *anc = malloc(((size_t)n + 1) * sizeof(int64_t));
+    int64_t nnz = indptr[m] - indptr[0];
+    int64_t *lo = malloc(((size_t)nnz + 1) * sizeof(int64_t));
+    if (!ptr || !anc || !lo) {
+        free(ptr); free(anc); free(lo);
+        return SGS_NOMEM;
+    }
+    for (int64_t i = 0; i < m; i++) {
+        int64_t l = leftmost[i];
+        for (int64_t p = indptr[i]; p < indptr[i + 1]; p++)
+            if (indices[p] > l)
+                ptr[indices[p]]++;
+    }
+    int64_t s = 0;
+    for (int64_t j = 0; j < n; j++) {       /* ptr[j]: start of bucket j */
+        int64_t c = ptr[j];
+        ptr[j] = s;
+        s += c;
+    }
+    ptr[n] = s;
+    for (int64_t i = 0; i < m; i++) {       /* fill (ptr[j] advances to the end) */
+        int64_t l = leftmost[i];
+        for (int64_t p = indptr[i]; p < indptr[i + 1]; p++)
+            if (indices[p] > l)
+                lo[ptr[indices[p]]++] = l;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        parent[j] = -1;
+        anc[j] = -1;
+    }
+    int64_t start = 0;
+    for (int64_t k = 0; k < n; k++) {       /* bucket k is lo[start .. ptr[k]) */
+        for (int64_t q = start; q < ptr[k]; q++) {
+            int64_t j = lo[q];
+            while (j != -1 && j < k) {
+                int64_t nxt = anc[j];
+                anc[j] = k;
+                if (nxt == -1)
+                    parent[j] = k;
+                j = nxt;
+            }
+        }
+        start = ptr[k];
+    }
+    free(ptr); free(anc); free(lo);
+    return SGS_OK;
+}
+
+/* Postorder of a forest, children (and roots) in increasing label order:
+ * post[t] is the node visited t-th. Depth-first with an explicit stack. */
+int sgs_postorder(int64_t n, const int64_t *parent, int64_t *post)
+{
+    int64_t *head = malloc(((size_t)n + 1) * sizeof(int64_t));
+    int64_t *next = malloc(((size_t)n + 1) * sizeof(int64_t));
+    int64_t *stack = malloc(((size_t)n + 1) * sizeof(int64_t));
+    if (!head || !next || !stack) {
+        free(head); free(next); free(stack);
+        return SGS_NOMEM;
+    }
+    for (int64_t j = 0; j <= n; j++)
+        head[j] = -1;
+    for (int64_t j = n - 1; j >= 0; j--) {  /* lists in increasing order; n: the roots */
+        int64_t p = parent[j] < 0 ? n : parent[j];
+        next[j] = head[p];
+        head[p] = j;
+    }
+    int64_t t = 0, top = 0;
+    stack[0] = n;
+    while (top >= 0) {
+        int64_t v = stack[top];
+        int64_t c = head[v];
+        if (c == -1) {                       /* every child done: leave v */
+            top--;
+            if (v != n)
+                post[t++] = v;
+        } else {                             /* enter the next child */
+            head[v] = next[c];
+            stack[++top] = c;
+        }
+    }
+    free(head); free(next); free(stack);
+    return SGS_OK;
+}
+
+static int64_t find(int64_t *anc, int64_t x)
+{
+    int64_t r = x;
+    while (anc[r] != r)
+        r = anc[r];
+    while (anc[x] != r) {                    /* path compression */
+        int64_t nx = anc[x];
+        anc[x] = r;
+        x = nx;
+    }
+    return r;
+}
+
+/* Column counts of R (rows of R = columns of chol(B'B)) for a postordered tree.
+ *
+ * Column k of R has the pattern T_k, the union of the tree paths from p to k
+ * over its "leaves" p: k itself and leftmost[i] for every row i holding k.
+ * Skeleton formula: +1 at each distinct leaf, -1 at the LCA of consecutive
+ * leaves (in postorder), -1 at parent(k), then subtree sums. Leaves are
+ * visited in increasing label (rows bucketed by leftmost column), so each
+ * column's consecutive pair is (its previous leaf, this one); when leaf p is
+ * visited every node < p has been joined to its parent in a union-find, and
+ * the set of the previous leaf is then their LCA (the lowest ancestor >= p).
+ */
+int sgs_column_counts(int64_t m, int64_t n, const int64_t *indptr, const int64_t *indices,
+                      const int64_t *parent, const int64_t *leftmost, int64_t *counts)
+{
+    int64_t *rptr = calloc((size_t)n + 2, sizeof(int64_t));
+    int64_t *rows = malloc(((size_t)m + 1) * sizeof(int64_t));
+    int64_t *prev = malloc(((size_t)n + 1) * sizeof(int64_t));
+    int64_t *anc = malloc(((size_t)n + 1) * sizeof(int64_t));
+    if (!rptr || !rows || !prev || !anc) {
+        free(rptr); free(rows); free(prev); free(anc);
+        return SGS_NOMEM;
+    }
+    for (int64_t i = 0; i < m; i++)         /* rows by leftmost column (empty: n) */
+        rptr[leftmost[i] + 1]++;
+    for (int64_t j = 0; j <= n; j++)
+        rptr[j + 1] += rptr[j];
+    for (int64_t i = 0; i < m; i++)
+        rows[rptr[leftmost[i]]++] = i;       /* rptr[j] moves to bucket j's end */
+    for (int64_t j = 0; j < n; j++) {
+        prev[j] = -1;
+        anc[j] = j;
+        counts[j] = 0;
+    }
+    int64_t start = 0;
+    for (int64_t p = 0; p < n; p++) {
+        /* the diagonal: p is a leaf of column p */
+        int64_t k = p;
+        counts[p]++;
+        if (prev[k] != -1)
+            counts[find(anc, prev[k])]--;
+        prev[k] = p;
+        for (int64_t r = start; r < rptr[p]; r++) {
+            int64_t i = rows[r];
+            for (int64_t q = indptr[i]; q < indptr[i + 1]; q++) {
+                k = indices[q];
+                if (prev[k] == p)
+                    continue;                /* leaf p already counted for k */
+                counts[p]++;
+                if (prev[k] != -1)
+                    counts[find(anc, prev[k])]--;
+                prev[k] = p;
+            }
+        }
+        start = rptr[p];
+        if (parent[p] >= 0) {
+            counts[parent[p]]--;
+            anc[p] = parent[p];              /* p is done: join it to its parent */
+        }
+    }
+    for (int64_t j = 0; j < n; j++)          /* subtree sums (children before parents) */
+        if (parent[j] >= 0)
+            counts[parent[j]] += counts[j];
+    free(rptr); free(rows); free(prev); free(anc);
+    return SGS_OK;
+}

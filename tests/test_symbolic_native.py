@@ -1,0 +1,186 @@
+"""The compiled tree loops of the analysis give the NumPy functions' arrays (CPU only).
+
+The library is built into temporary folders here (never the user's cache).
+Skipped only where no C compiler exists; a compiler that fails is a failure.
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from scipy_gpuqr._symbolic import analyze, etree, native
+from scipy_gpuqr._symbolic.ordering import column_ordering
+from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
+
+pytestmark = pytest.mark.skipif(native._compiler(os.environ) is None, reason="no C compiler")
+
+
+def _env(folder, **kw):
+    env = dict(os.environ)
+    env["SCIPY_GPUQR_CACHE_DIR"] = str(folder)
+    env.update(kw)
+    return env
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    ld = native._Loader()
+    got = ld.get(True, _env(tmp_path_factory.mktemp("symnative")))
+    assert got is not None, ld.status()
+    return got
+
+
+def _matrices():
+    rng = np.random.default_rng(3)
+    out = {
+        "grid12": grid3d_least_squares(12),
+        "ch5-6-b2": chessboard_boundary(5, 6, 2),
+        "diag": sp.eye(7, format="csc"),
+        "one": sp.csc_array(np.ones((1, 1))),
+        "dense-row": sp.csc_array(np.vstack([np.ones((1, 40)), np.eye(40)])),
+    }
+    for k, (m, n, d) in enumerate([(300, 120, 0.02), (120, 120, 0.03), (80, 200, 0.02),
+                                   (500, 60, 0.005), (60, 60, 0.2)]):
+        A = sp.random(m, n, density=d, random_state=int(rng.integers(1 << 30)), format="csc")
+        A = A + sp.csc_array((np.ones(min(m, n) // 3), (np.arange(min(m, n) // 3),
+                                                         np.arange(min(m, n) // 3))),
+                             shape=(m, n))
+        out[f"rand{k}-{m}x{n}"] = sp.csc_array(A)
+    out["empty-rows-cols"] = sp.csc_array(sp.random(50, 40, density=0.03, random_state=9))
+    return out
+
+
+MATRICES = _matrices()
+
+
+def _rows(A, order):
+    A = sp.csc_array(A)
+    A.sort_indices()
+    perm, _ = column_ordering(A, order)
+    B = sp.csr_array(A[:, perm])
+    B.sort_indices()
+    return B
+
+
+@pytest.mark.parametrize("order", ["colamd", "natural"])
+@pytest.mark.parametrize("name", sorted(MATRICES))
+def test_tree_loops_equal_numpy(lib, name, order):
+    B = _rows(MATRICES[name], order)
+    n = B.shape[1]
+    left = etree.leftmost_columns(B.indptr, B.indices, n)
+    parent = etree.column_etree_numpy(B.indptr, B.indices, n, left)
+    got = native.column_etree(lib, B.indptr, B.indices, n, left)
+    np.testing.assert_array_equal(got, parent)
+    post = etree.postorder_numpy(parent)
+    np.testing.assert_array_equal(native.postorder(lib, parent), post)
+    # the counts on the postordered labels, as the analysis calls them
+    inv = np.empty(n, dtype=np.int64)
+    inv[post] = np.arange(n)
+    par = np.where(parent[post] >= 0, inv[np.maximum(parent[post], 0)], -1)
+    B2 = sp.csr_array((B.data, inv[B.indices], B.indptr), shape=B.shape)
+    B2.has_sorted_indices = False
+    B2.sort_indices()
+    left2 = etree.leftmost_columns(B2.indptr, B2.indices, n)
+    want = etree.column_counts_numpy(B2.indptr, B2.indices, par, left2)
+    np.testing.assert_array_equal(native.column_counts(lib, B2.indptr, B2.indices, par, left2),
+                                  want)
+    # the dispatching function, on SciPy's own index arrays
+    np.testing.assert_array_equal(etree.column_counts(B2.indptr, B2.indices, par, left2), want)
+
+
+def test_postorder_of_random_forests(lib):
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 17, 300):
+        parent = np.array([int(rng.integers(j + 1, n + 1)) if j < n - 1 else n
+                           for j in range(n)], dtype=np.int64)
+        parent[parent >= n] = -1
+        parent[rng.random(n) < 0.1] = -1                  # several roots
+        np.testing.assert_array_equal(native.postorder(lib, parent),
+                                      etree.postorder_numpy(parent))
+
+
+def _fields(an):
+    fs = an.fronts
+    out = {k: getattr(an, k) for k in ("colperm", "rowperm", "leftmost", "etree", "col_counts",
+                                       "r1_ptr", "r1_cols", "r1_nz", "front_flops")}
+    out.update({f"fronts.{k}": v for k, v in vars(fs).items() if isinstance(v, np.ndarray)})
+    return out
+
+
+@pytest.mark.parametrize("name", ["grid12", "ch5-6-b2", "rand0-300x120", "rand2-80x200",
+                                  "dense-row", "empty-rows-cols"])
+def test_analysis_same_with_either_path(lib, monkeypatch, tmp_path, name):
+    A = MATRICES[name]
+    monkeypatch.setenv(native.ENV, "numpy")
+    ref = analyze(A, cache=False)
+    monkeypatch.setattr(native, "_LOADER", _Preloaded(lib))
+    monkeypatch.setenv(native.ENV, "c")
+    got = analyze(A, cache=False)
+    a, b = _fields(ref), _fields(got)
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(b[k], a[k], err_msg=k)
+    assert (got.flops, got.nnz_R, got.nnz_H, got.nfronts) == \
+        (ref.flops, ref.nnz_R, ref.nnz_H, ref.nfronts)
+
+
+class _Preloaded:
+    """A loader holding the module's test library."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def get(self, wait, environ=os.environ):
+        return self._lib
+
+    def status(self):
+        return "loaded"
+
+
+def test_numpy_mode_and_no_compiler_take_the_numpy_path(tmp_path):
+    assert native.library(_env(tmp_path, **{native.ENV: "numpy"})) is None
+    ld = native._Loader()
+    env = _env(tmp_path, CC=str(tmp_path / "no-such-compiler"))
+    assert ld.get(True, env) is None
+    assert ld.status().startswith("unavailable")
+    with pytest.raises(ValueError):
+        native.mode({native.ENV: "fortran"})
+
+
+def test_damaged_or_old_library_is_built_again(tmp_path):
+    env = _env(tmp_path)
+    ld = native._Loader()
+    assert ld.get(True, env) is not None
+    path, _ = native._Loader._where(env)
+    assert path.is_file() and native._intact(path)
+    # overwritten bytes: the manifest no longer matches, so it is rebuilt, never opened
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert not native._intact(path)
+    ld2 = native._Loader()
+    assert ld2.get(True, env) is not None and native._intact(path)
+    # a library of another interface version (its manifest intact) is refused and rebuilt
+    src = Path(native._SOURCE).read_text().replace("#define SGS_ABI 1", "#define SGS_ABI 0")
+    old = tmp_path / "old.c"
+    old.write_text(src)
+    cmd = native._compiler(env)
+    subprocess.run(cmd + list(native._FLAGS) + ["-o", str(path), str(old)], check=True)
+    size, digest = native._checksum(path)
+    native._manifest_path(path).write_text(f"size {size}\nsha256 {digest}\n")
+    with pytest.raises(OSError):
+        native._open(path)
+    ld3 = native._Loader()
+    lib = ld3.get(True, env)
+    assert lib is not None and lib.sgs_abi() == native.ABI
+
+
+def test_auto_mode_builds_in_the_background(tmp_path):
+    ld = native._Loader()
+    env = _env(tmp_path)
+    assert ld.get(False, env) is None                     # nothing built yet: NumPy path now
+    assert ld.get(True, env) is not None                  # the build finishes
