@@ -165,7 +165,8 @@ def test_damaged_or_old_library_is_built_again(tmp_path):
     ld2 = native._Loader()
     assert ld2.get(True, env) is not None and native._intact(path)
     # a library of another interface version (its manifest intact) is refused and rebuilt
-    src = Path(native._SOURCE).read_text().replace("#define SGS_ABI 1", "#define SGS_ABI 0")
+    src = Path(native._SOURCE).read_text().replace(
+        f"#define SGS_ABI {native.ABI}", f"#define SGS_ABI {native.ABI + 100}")
     old = tmp_path / "old.c"
     old.write_text(src)
     cmd = native._compiler(env)
@@ -184,3 +185,45 @@ def test_auto_mode_builds_in_the_background(tmp_path):
     env = _env(tmp_path)
     assert ld.get(False, env) is None                     # nothing built yet: NumPy path now
     assert ld.get(True, env) is not None                  # the build finishes
+
+
+def _front_inputs(A):
+    """build_fronts' arguments for A, captured from an analysis."""
+    from scipy_gpuqr._symbolic import analysis, fronts
+    got = {}
+    real = fronts.build_fronts
+
+    def spy(*args):
+        got["args"] = args
+        return real(*args)
+
+    orig = analysis.build_fronts
+    analysis.build_fronts = spy
+    try:
+        analyze(A, cache=False)
+    finally:
+        analysis.build_fronts = orig
+    return got["args"]
+
+
+@pytest.mark.parametrize("name", ["grid12", "ch5-6-b2", "rand0-300x120", "rand4-60x60"])
+def test_front_columns_equal_numpy_and_both_refuse_wrong_counts(lib, monkeypatch, name):
+    from scipy_gpuqr._symbolic import fronts
+    args = _front_inputs(MATRICES[name])
+    monkeypatch.setenv(native.ENV, "numpy")
+    ref = fronts.build_fronts(*args)
+    monkeypatch.setattr(native, "_LOADER", _Preloaded(lib))
+    monkeypatch.setenv(native.ENV, "c")
+    got = fronts.build_fronts(*args)
+    for k, v in vars(ref).items():
+        np.testing.assert_array_equal(getattr(got, k), v, err_msg=k)
+    # column counts one too large at a front's last column: both paths refuse alike
+    front_ptr, parent, counts = args[0], args[1], np.array(args[2])
+    counts[front_ptr[1] - 1] += 1
+    bad = (front_ptr, parent, counts) + tuple(args[3:])
+    with pytest.raises(AssertionError, match="non-pivot columns") as c_err:
+        fronts.build_fronts(*bad)
+    monkeypatch.setenv(native.ENV, "numpy")
+    with pytest.raises(AssertionError, match="non-pivot columns") as np_err:
+        fronts.build_fronts(*bad)
+    assert str(c_err.value) == str(np_err.value)

@@ -1,5 +1,6 @@
 /* The symbolic analysis' tree loops in C (see native.py): the column
- * elimination tree, its postorder and the column counts of R.
+ * elimination tree, its postorder, the column counts of R and the fronts'
+ * column lists with their maps.
  *
  * Each function computes exactly what its NumPy twin in etree.py computes (a
  * test compares them on many matrices); the NumPy code stays the reference and
@@ -13,9 +14,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define SGS_ABI 1
+#define SGS_ABI 2
 
-enum { SGS_OK = 0, SGS_NOMEM = 1 };
+enum { SGS_OK = 0, SGS_NOMEM = 1, SGS_COUNTS = 2 };
 
 int sgs_abi(void) { return SGS_ABI; }
 
@@ -191,5 +192,100 @@ int sgs_column_counts(int64_t m, int64_t n, const int64_t *indptr, const int64_t
         if (parent[j] >= 0)
             counts[parent[j]] += counts[j];
     free(rptr); free(rows); free(prev); free(anc);
+    return SGS_OK;
+}
+
+static int cmp64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The fronts' column lists, their children's Rjmap, the S entries' local
+ * columns, fm and cm (fronts.build_fronts' level loop), front after front in
+ * postorder (children first). Front f's columns: its pivots, then the sorted
+ * distinct columns past them of its S entries and of its children's non-pivot
+ * columns; a column's local index is its place in that list. fm[f] = its S
+ * rows + its children's contribution-block rows; cm[f] = min(fm - min(fm, fp),
+ * fn - fp). The list must have fn - fp non-pivot columns (the column counts):
+ * otherwise SGS_COUNTS with bad[0] = the front and bad[1] = the count found.
+ */
+int sgs_front_columns(int64_t nf, int64_t n, const int64_t *front_ptr, const int64_t *fn,
+                      const int64_t *col_ptr, const int64_t *s_ptr, const int64_t *s_indices,
+                      const int64_t *child_ptr, const int64_t *children, const int64_t *na,
+                      const int64_t *rjmap_ptr, int64_t *cols, int64_t *rjmap,
+                      int64_t *ent_col, int64_t *fm, int64_t *cm, int64_t *bad)
+{
+    int64_t cap = 1;
+    for (int64_t f = 0; f < nf; f++) {       /* the largest candidate list of a front */
+        int64_t c = s_ptr[f + 1] - s_ptr[f];
+        for (int64_t q = child_ptr[f]; q < child_ptr[f + 1]; q++)
+            c += col_ptr[children[q] + 1] - col_ptr[children[q]];
+        if (c > cap)
+            cap = c;
+    }
+    int64_t *mark = malloc(((size_t)n + 1) * sizeof(int64_t));
+    int64_t *where = malloc(((size_t)n + 1) * sizeof(int64_t));
+    int64_t *buf = malloc((size_t)cap * sizeof(int64_t));
+    if (!mark || !where || !buf) {
+        free(mark); free(where); free(buf);
+        return SGS_NOMEM;
+    }
+    for (int64_t j = 0; j <= n; j++)
+        mark[j] = -1;
+    for (int64_t f = 0; f < nf; f++) {
+        int64_t lo = front_ptr[f], hi = front_ptr[f + 1], fp = hi - lo;
+        int64_t c0 = col_ptr[f], ncb = fn[f] - fp, nb = 0;
+        for (int64_t e = s_ptr[f]; e < s_ptr[f + 1]; e++) {
+            int64_t j = s_indices[e];
+            if (j >= hi && mark[j] != f) {
+                mark[j] = f;
+                buf[nb++] = j;
+            }
+        }
+        for (int64_t q = child_ptr[f]; q < child_ptr[f + 1]; q++) {
+            int64_t c = children[q];
+            int64_t cfp = front_ptr[c + 1] - front_ptr[c];
+            for (int64_t t = col_ptr[c] + cfp; t < col_ptr[c + 1]; t++) {
+                int64_t j = cols[t];
+                if (j >= hi && mark[j] != f) {
+                    mark[j] = f;
+                    buf[nb++] = j;
+                }
+            }
+        }
+        if (nb != ncb) {
+            bad[0] = f;
+            bad[1] = nb;
+            free(mark); free(where); free(buf);
+            return SGS_COUNTS;
+        }
+        qsort(buf, (size_t)nb, sizeof(int64_t), cmp64);
+        for (int64_t t = 0; t < fp; t++)
+            cols[c0 + t] = lo + t;
+        for (int64_t t = 0; t < nb; t++) {
+            cols[c0 + fp + t] = buf[t];
+            where[buf[t]] = fp + t;
+        }
+        for (int64_t e = s_ptr[f]; e < s_ptr[f + 1]; e++) {
+            int64_t j = s_indices[e];
+            ent_col[e] = j < hi ? j - lo : where[j];
+        }
+        int64_t m_f = na[f];
+        for (int64_t q = child_ptr[f]; q < child_ptr[f + 1]; q++) {
+            int64_t c = children[q];
+            int64_t cfp = front_ptr[c + 1] - front_ptr[c];
+            int64_t r0 = rjmap_ptr[c], t0 = col_ptr[c] + cfp;
+            for (int64_t t = t0; t < col_ptr[c + 1]; t++) {
+                int64_t j = cols[t];
+                rjmap[r0 + t - t0] = j < hi ? j - lo : where[j];
+            }
+            m_f += cm[c];
+        }
+        fm[f] = m_f;
+        int64_t k = m_f < fp ? m_f : fp;
+        cm[f] = (m_f - k) < ncb ? (m_f - k) : ncb;
+    }
+    free(mark); free(where); free(buf);
     return SGS_OK;
 }

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import native
 from ._arrays import depths, ranges, stable_argsort, stable_sort
 
 __all__ = ["Amalgamation", "fundamental_supernodes", "relaxed_amalgamation",
@@ -190,6 +191,9 @@ def build_fronts(front_ptr: np.ndarray, parent: np.ndarray, counts: np.ndarray,
     for the whole level at once; the same sort gives every such column its
     local position, hence the Rjmap of the children and the S entries' local
     columns. The front rows, staircases and maps follow without a loop.
+    Where the compiled library of :mod:`.native` is at hand, the column lists
+    and maps are made front after front in C instead (the same arrays; the
+    level loop, :func:`_front_columns_numpy`, is the reference and fallback).
 
     Parameters
     ----------
@@ -233,10 +237,71 @@ def build_fronts(front_ptr: np.ndarray, parent: np.ndarray, counts: np.ndarray,
     col_ptr = _pointer(fn)
     ncb_cols = fn - fp
     rjmap_ptr = _pointer(ncb_cols)
+    lib = native.library() if nf else None
+    if lib is not None:
+        got, bad = native.front_columns(lib, front_ptr, fn, col_ptr, s_ptr, s_indices,
+                                        child_ptr, children, na, rjmap_ptr, n,
+                                        int(s_indptr[ns_rows]))
+        if bad is not None:
+            raise AssertionError(f"front {bad[0]}: column list has {bad[1]} non-pivot "
+                                 f"columns, column counts say {int(ncb_cols[bad[0]])}")
+        cols, rjmap, ent_col, fm, cm = got
+    else:
+        cols, rjmap, ent_col, fm, cm = _front_columns_numpy(
+            nf, n, front_ptr, fp, fn, fparent, col_ptr, ncb_cols, rjmap_ptr, s_ptr, s_indices,
+            children, child_ptr, na, int(s_indptr[ns_rows]))
+    frank = np.minimum(fm, fp)
+
+    # ---- front rows and staircases ---------------------------------------------
+    # Each row of a front sits in the slot of its leftmost local column (S rows:
+    # leftmost - first pivot column; row ci of a child's contribution block:
+    # Rjmap[ci]), slots numbered like ``cols``. Rows go by slot; in one slot the
+    # S rows first (in S order), then the children's rows (child order, then
+    # row order). S rows come sorted by slot already; the children's rows are
+    # sorted stably. A row's place among all rows is its rank among its kind
+    # plus the rows of the other kind in the slots before (and, for a child's
+    # row, the S rows of its own slot).
+    rimap_ptr = _pointer(cm)
+    s_slot = col_ptr[row_front] + leftmost[s_rows] - front_ptr[row_front]
+    # child c's row ci: slot Rjmap[ci] of its parent (a root front has no such rows)
+    cb_slot = (np.repeat(col_ptr[fparent], cm)
+               + rjmap[ranges(rjmap_ptr[:-1], rjmap_ptr[:-1] + cm)])
+    nslots = len(cols)
+    s_cum = np.cumsum(np.bincount(s_slot, minlength=nslots))          # S rows up to a slot
+    cb_count = np.bincount(cb_slot, minlength=nslots)
+    cb_cum = np.cumsum(cb_count)                                      # child rows up to it
+    row_start = np.zeros(nf, dtype=i64)                   # rows before each front
+    row_start[1:] = (s_cum + cb_cum)[col_ptr[1:-1] - 1]
+    arow_local = (np.arange(ns_rows, dtype=i64) + (cb_cum - cb_count)[s_slot]
+                  - row_start[row_front])
+    slot_sorted, order = stable_sort(cb_slot, nslots)
+    rimap = np.empty(len(order), dtype=i64)
+    rimap[order] = np.arange(len(order), dtype=i64) + s_cum[slot_sorted]
+    rimap -= np.repeat(row_start[fparent], cm)
+    # staircase: rows up to each slot, within its front
+    stair = s_cum + cb_cum - np.repeat(row_start, fn)
+
+    # ---- S-assembly map ------------------------------------------------------
+    nent = np.diff(s_indptr[:ns_rows + 1])
+    s_index = np.repeat(arow_local * fn[row_front], nent) + ent_col
+
+    return FrontStructure(
+        nfronts=nf, pivot_ptr=front_ptr, parent=fparent, child_ptr=child_ptr,
+        children=children, col_ptr=col_ptr, cols=cols, stair=stair, fm=fm, fn=fn, fp=fp,
+        frank=frank, cm=cm, arow_ptr=arow_ptr, arow_local=arow_local, s_ptr=s_ptr,
+        s_index=s_index, s_nz=np.asarray(s_nz[:s_indptr[ns_rows]], dtype=i64),
+        rjmap_ptr=rjmap_ptr, rjmap=rjmap, rimap_ptr=rimap_ptr, rimap=rimap)
+
+
+def _front_columns_numpy(nf, n, front_ptr, fp, fn, fparent, col_ptr, ncb_cols, rjmap_ptr,
+                         s_ptr, s_indices, children, child_ptr, na, n_entries) -> tuple:
+    """:func:`build_fronts`' level loop in NumPy (the reference of
+    :func:`.native.front_columns`): ``(cols, rjmap, ent_col, fm, cm)``."""
+    i64 = np.int64
     cols = np.empty(int(col_ptr[-1]), dtype=i64)
     cols[ranges(col_ptr[:-1], col_ptr[:-1] + fp)] = np.arange(front_ptr[0], front_ptr[-1])
     rjmap = np.empty(int(rjmap_ptr[-1]), dtype=i64)
-    ent_col = np.empty(int(s_indptr[ns_rows]), dtype=i64)    # local column of each S entry
+    ent_col = np.empty(n_entries, dtype=i64)    # local column of each S entry
     fm = np.zeros(nf, dtype=i64)
     cm = np.zeros(nf, dtype=i64)
 
@@ -292,47 +357,7 @@ def build_fronts(front_ptr: np.ndarray, parent: np.ndarray, counts: np.ndarray,
         m_f = na[F] + kid_cm[ends] - kid_cm[ends - nk]
         fm[F] = m_f
         cm[F] = np.minimum(m_f - np.minimum(m_f, fp[F]), ncb_cols[F])
-    frank = np.minimum(fm, fp)
-
-    # ---- front rows and staircases ---------------------------------------------
-    # Each row of a front sits in the slot of its leftmost local column (S rows:
-    # leftmost - first pivot column; row ci of a child's contribution block:
-    # Rjmap[ci]), slots numbered like ``cols``. Rows go by slot; in one slot the
-    # S rows first (in S order), then the children's rows (child order, then
-    # row order). S rows come sorted by slot already; the children's rows are
-    # sorted stably. A row's place among all rows is its rank among its kind
-    # plus the rows of the other kind in the slots before (and, for a child's
-    # row, the S rows of its own slot).
-    rimap_ptr = _pointer(cm)
-    s_slot = col_ptr[row_front] + leftmost[s_rows] - front_ptr[row_front]
-    # child c's row ci: slot Rjmap[ci] of its parent (a root front has no such rows)
-    cb_slot = (np.repeat(col_ptr[fparent], cm)
-               + rjmap[ranges(rjmap_ptr[:-1], rjmap_ptr[:-1] + cm)])
-    nslots = len(cols)
-    s_cum = np.cumsum(np.bincount(s_slot, minlength=nslots))          # S rows up to a slot
-    cb_count = np.bincount(cb_slot, minlength=nslots)
-    cb_cum = np.cumsum(cb_count)                                      # child rows up to it
-    row_start = np.zeros(nf, dtype=i64)                   # rows before each front
-    row_start[1:] = (s_cum + cb_cum)[col_ptr[1:-1] - 1]
-    arow_local = (np.arange(ns_rows, dtype=i64) + (cb_cum - cb_count)[s_slot]
-                  - row_start[row_front])
-    slot_sorted, order = stable_sort(cb_slot, nslots)
-    rimap = np.empty(len(order), dtype=i64)
-    rimap[order] = np.arange(len(order), dtype=i64) + s_cum[slot_sorted]
-    rimap -= np.repeat(row_start[fparent], cm)
-    # staircase: rows up to each slot, within its front
-    stair = s_cum + cb_cum - np.repeat(row_start, fn)
-
-    # ---- S-assembly map ------------------------------------------------------
-    nent = np.diff(s_indptr[:ns_rows + 1])
-    s_index = np.repeat(arow_local * fn[row_front], nent) + ent_col
-
-    return FrontStructure(
-        nfronts=nf, pivot_ptr=front_ptr, parent=fparent, child_ptr=child_ptr,
-        children=children, col_ptr=col_ptr, cols=cols, stair=stair, fm=fm, fn=fn, fp=fp,
-        frank=frank, cm=cm, arow_ptr=arow_ptr, arow_local=arow_local, s_ptr=s_ptr,
-        s_index=s_index, s_nz=np.asarray(s_nz[:s_indptr[ns_rows]], dtype=i64),
-        rjmap_ptr=rjmap_ptr, rjmap=rjmap, rimap_ptr=rimap_ptr, rimap=rimap)
+    return cols, rjmap, ent_col, fm, cm
 
 
 def _one_front(f, front_ptr, fp, fn, col_ptr, cols, s_ptr, s_indices, children, child_ptr,

@@ -2,16 +2,21 @@
 
 Liu's algorithm for the column elimination tree walks the tree edge by edge
 with path compression: a Python loop (one step per edge and climb), the
-largest sequential part of an analysis. ``_native.c`` runs it, the tree's
-postorder and the column counts of R in plain loops, giving the same arrays
-as the NumPy functions of :mod:`.etree` (the reference; tests compare both):
+largest sequential part of an analysis; the fronts' column lists take a sort
+per tree level of every entry. ``_native.c`` runs these in plain loops,
+giving the same arrays as the NumPy functions of :mod:`.etree` and
+:mod:`.fronts` (the reference; tests compare both):
 
 * ``sgs_column_etree``: :func:`.etree.column_etree` (Liu's algorithm on the
   star edges directly, no spanning forest needed);
 * ``sgs_postorder``: :func:`.etree.postorder` without weights;
 * ``sgs_column_counts``: :func:`.etree.column_counts` (the same skeleton
   formula, the least common ancestors from a union-find as the leaves are
-  visited in postorder).
+  visited in postorder);
+* ``sgs_front_columns``: the level loop of :func:`.fronts.build_fronts` (the
+  fronts' column lists, their children's Rjmap, the S entries' local columns,
+  ``fm`` and ``cm``), front after front with a scratch map from a column to
+  its local index instead of a sort per tree level.
 
 The library is built and loaded the way :mod:`scipy_gpuqr._schedule.native`
 builds its own (that module is above this part of the package, so its loader
@@ -54,13 +59,13 @@ from .._cachedir import cache_dir
 from .._errors import NativeUnavailable
 
 __all__ = ["ENV", "ABI", "MODES", "MANIFEST_SUFFIX", "NativeUnavailable", "mode", "library",
-           "status", "column_etree", "postorder", "column_counts"]
+           "status", "column_etree", "postorder", "column_counts", "front_columns"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SYMBOLIC_NATIVE"
 MODES = ("auto", "c", "numpy")
 #: Interface version of ``_native.c`` (``sgs_abi()``).
-ABI = 1
+ABI = 2
 #: Suffix added to a library's file name to name its manifest (size and SHA-256).
 MANIFEST_SUFFIX = ".sha256"
 _SOURCE = Path(__file__).resolve().with_name("_native.c")
@@ -143,7 +148,8 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.sgs_column_etree.argtypes = [i64, i64, ptr, ptr, ptr, ptr]
     lib.sgs_postorder.argtypes = [i64, ptr, ptr]
     lib.sgs_column_counts.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr]
-    for name in ("sgs_column_etree", "sgs_postorder", "sgs_column_counts"):
+    lib.sgs_front_columns.argtypes = [i64, i64] + [ptr] * 15
+    for name in ("sgs_column_etree", "sgs_postorder", "sgs_column_counts", "sgs_front_columns"):
         getattr(lib, name).restype = ctypes.c_int
     return lib
 
@@ -320,3 +326,27 @@ def column_counts(lib, indptr, indices, parent, leftmost) -> np.ndarray:
                                  indices.ctypes.data, parent.ctypes.data, leftmost.ctypes.data,
                                  counts.ctypes.data), "column_counts")
     return counts
+
+
+def front_columns(lib, front_ptr, fn, col_ptr, s_ptr, s_indices, child_ptr, children, na,
+                  rjmap_ptr, n: int, n_entries: int) -> tuple:
+    """:func:`.fronts.build_fronts`' level loop in C: ``(cols, rjmap, ent_col, fm,
+    cm)``, or ``(front, count)`` of the first front whose column list disagrees
+    with the column counts (then the other arrays are None)."""
+    front_ptr, fn, col_ptr, s_ptr, s_indices, child_ptr, children, na, rjmap_ptr = (
+        _i64(x) for x in (front_ptr, fn, col_ptr, s_ptr, s_indices, child_ptr, children, na,
+                          rjmap_ptr))
+    nf = len(front_ptr) - 1
+    cols = np.empty(int(col_ptr[-1]), dtype=np.int64)
+    rjmap = np.empty(int(rjmap_ptr[-1]), dtype=np.int64)
+    ent_col = np.empty(int(n_entries), dtype=np.int64)
+    fm = np.zeros(nf, dtype=np.int64)
+    cm = np.zeros(nf, dtype=np.int64)
+    bad = np.zeros(2, dtype=np.int64)
+    rc = lib.sgs_front_columns(nf, n, *(x.ctypes.data for x in (
+        front_ptr, fn, col_ptr, s_ptr, s_indices, child_ptr, children, na, rjmap_ptr, cols,
+        rjmap, ent_col, fm, cm, bad)))
+    if rc == 2:
+        return None, (int(bad[0]), int(bad[1]))
+    _check(rc, "front_columns")
+    return (cols, rjmap, ent_col, fm, cm), None
