@@ -89,7 +89,7 @@ class DenseModel:
     min_flops: float = 1e9
     max_candidates: int = 64
     #: the fewest dense fronts whose modelled time is within this share of the best
-    min_gain: float = 0.05
+    tolerance: float = 0.05
 
 
 #: A dense front defers its parent's Pack-Assemble by one launch per this many of its
@@ -270,7 +270,7 @@ class _RuleProblem:
         """Greedy order: from no dense front, add the candidate whose dense path
         gives the shortest modelled time, until every candidate is in (also
         through steps that lose, so that a chain whose fronts pay only together
-        is found); then the shortest prefix whose time is within ``min_gain``
+        is found); then the shortest prefix whose time is within ``tolerance``
         of the best prefix's (fewer dense fronts where the model cannot tell)."""
         K = len(self.cand)
         D = np.zeros(K)
@@ -285,7 +285,7 @@ class _RuleProblem:
             sets.append(D)
             times.append(float(t[k]))
         times = np.asarray(times)
-        ok = np.flatnonzero(times <= times.min() * (1.0 + self.model.min_gain))
+        ok = np.flatnonzero(times <= times.min() * (1.0 + self.model.tolerance))
         return sets[int(ok[0])]
 
 
@@ -300,7 +300,7 @@ def dense_rule_mask(analysis, model: DenseModel | None = None) -> np.ndarray:
     Starting from every front in the uberkernel, the candidate whose dense
     path gives the shortest modelled factorization is made dense, and so on
     through every candidate; of that sequence the shortest prefix within
-    ``model.min_gain`` of the best time is chosen. The model
+    ``model.tolerance`` of the best time is chosen. The model
     (:class:`DenseModel`) counts the tree's longest chain of launches and
     dense fronts (a dense front starts when its subtree is done and its
     ancestors' launches wait for it), the launches' flops, and the dense
