@@ -17,7 +17,8 @@ import sys
 from typing import Mapping, Optional, Tuple, Union
 
 __all__ = ["BACKENDS", "ORDERINGS", "GpuqrOptions", "Settings", "resolve_backend",
-           "resolve_options", "resolve_settings", "settings_for", "logger", "log_decision"]
+           "resolve_options", "resolve_settings", "settings_for", "auto_source", "auto_settings", "logger",
+           "log_decision"]
 
 #: Every backend name a caller may ask for.
 BACKENDS = ("auto", "gpu", "cpu", "reference", "simulate")
@@ -264,6 +265,38 @@ def settings_for(backend, options: GpuqrOptions,
         if source == "default" and options is _DEFAULT_OPTIONS:
             return _DEFAULT_SETTINGS
     return Settings(backend=requested, source=source, options=options)
+
+
+def auto_source(backend, environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """Where ``auto`` came from for a call without an options object, or None.
+
+    The precedence rule of :func:`resolve_backend` for the commonest call,
+    without building :class:`Settings`: ``'keyword'`` when ``backend`` names
+    ``auto``, ``'environment'`` when it is None and ``SCIPY_GPUQR_BACKEND``
+    says ``auto``, ``'default'`` when neither names a backend. None for every
+    other backend, and for a value that is not a backend (the caller's
+    general path, through :func:`resolve_settings`, raises its ValueError).
+    Reads the environment at most once.
+    """
+    if backend is not None:
+        if backend == "auto" or (isinstance(backend, str) and backend.lower() == "auto"):
+            return "keyword"
+        return None
+    env = environ.get(ENV_BACKEND)
+    if not env or not (env := env.strip()):
+        return "default"
+    return "environment" if env.lower() == "auto" else None
+
+
+#: The settings of ``auto`` without an options object, by source (immutable).
+_AUTO_SETTINGS = {source: Settings(backend="auto", source=source, options=_DEFAULT_OPTIONS)
+                  for source in ("keyword", "environment")} | {"default": _DEFAULT_SETTINGS}
+
+
+def auto_settings(source: str) -> Settings:
+    """The :class:`Settings` of ``auto`` from ``source`` (as :func:`auto_source` says it)
+    without an options object: what :func:`resolve_settings` gives such a call."""
+    return _AUTO_SETTINGS[source]
 
 
 def log_decision(message: str, *args,

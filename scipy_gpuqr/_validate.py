@@ -31,11 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.linalg.blas import ddot as _ddot
 from scipy.sparse.linalg import LinearOperator
 
 from ._gpu import import_cupy, is_cupy_array, is_cupy_sparse
 
-__all__ = ["MatrixInput", "as_matrix", "unsupported_reason", "to_host", "SMALL_FINITE_CHECK", "all_finite", "check_finite",
+__all__ = ["MatrixInput", "as_matrix", "unsupported_reason", "to_host", "SMALL_FINITE_CHECK",
+           "DOT_FINITE_CHECK", "all_finite", "check_finite",
            "check_x0", "check_damp", "check_tol", "RhsRule", "Rhs", "LSTSQ_RHS",
            "SPSOLVE_RHS", "SOLVE_RHS", "check_rhs", "check_superlu_cast", "to_output",
            "scipy_float_dtype"]
@@ -202,20 +204,32 @@ def as_matrix(A, *, name: str = "A") -> MatrixInput:
 #: NumPy's ufunc and reduction machinery costs tens of microseconds before it
 #: has read one value, far more than the loop over a few dozen floats.
 SMALL_FINITE_CHECK = 64
+#: Real vectors up to this many entries are checked by their dot product first
+#: (below the length where BLAS splits a dot product over threads).
+DOT_FINITE_CHECK = 8192
 
 
 def all_finite(x: np.ndarray) -> bool:
     """Whether every entry of the NumPy array ``x`` is finite (integer and boolean
     arrays are).
 
-    One ufunc and one C reduction (not ``ndarray.all``'s Python wrapper), or
-    for a small real array (:data:`SMALL_FINITE_CHECK`) ``math.isfinite``
-    over its values: this runs on every call, beside sub-millisecond SciPy
-    calls.
+    One ufunc and one C reduction (not ``ndarray.all``'s Python wrapper); for
+    a small real array (:data:`SMALL_FINITE_CHECK`) ``math.isfinite`` over its
+    values, and for a real vector up to :data:`DOT_FINITE_CHECK` entries its
+    dot product with itself first: this runs on every call, beside
+    sub-millisecond SciPy calls.
     """
     kind = x.dtype.kind
-    if kind == "f" and x.size <= SMALL_FINITE_CHECK:
-        return all(map(math.isfinite, (x if x.ndim == 1 else x.ravel()).tolist()))
+    if kind == "f":
+        if x.size <= SMALL_FINITE_CHECK:
+            return all(map(math.isfinite, (x if x.ndim == 1 else x.ravel()).tolist()))
+        # x·x is finite only if every entry is (squares cannot cancel an inf, a NaN
+        # stays NaN): one BLAS call (SciPy's wrapper, which leaves the floating-point
+        # flags alone: no overflow warning), far less code than the ufunc machinery.
+        # Not finite: an inf or NaN, or a sum that overflowed; the exact test decides.
+        if x.ndim == 1 and x.dtype == np.float64 and x.size <= DOT_FINITE_CHECK \
+                and math.isfinite(_ddot(x, x)):
+            return True
     return kind not in "fc" or bool(np.logical_and.reduce(np.isfinite(x), axis=None))
 
 

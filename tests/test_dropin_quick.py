@@ -10,6 +10,7 @@ caller's arrays untouched, and every other input left to the general path.
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy as np
 import pytest
@@ -237,10 +238,11 @@ def test_long_run_on_host_data_moves_to_the_gpu(method, gpu_pays, monkeypatch, d
 # ---------------------------------------------------------------------------
 # the finite check every call makes
 
-from scipy_gpuqr._validate import SMALL_FINITE_CHECK, all_finite  # noqa: E402
+from scipy_gpuqr._validate import DOT_FINITE_CHECK, SMALL_FINITE_CHECK, all_finite  # noqa: E402
 
 
-@pytest.mark.parametrize("size", [1, 5, SMALL_FINITE_CHECK, SMALL_FINITE_CHECK + 1, 1000])
+@pytest.mark.parametrize("size", [1, 5, SMALL_FINITE_CHECK, SMALL_FINITE_CHECK + 1, 1000,
+                                  DOT_FINITE_CHECK, DOT_FINITE_CHECK + 1])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_all_finite_small_and_large(size, dtype):
     x = np.ones(size, dtype=dtype)
@@ -259,3 +261,43 @@ def test_all_finite_other_kinds():
     assert not all_finite(np.array([1 + 1j, complex(np.nan, 0)]))
     assert all_finite(np.array([1 + 1j, 2j])) and all_finite(np.array([], dtype=float))
     assert not all_finite(np.ones((8, 8))[:, ::3] * np.nan)
+
+
+@pytest.mark.parametrize("where", [0, 77, DOT_FINITE_CHECK - 1])
+def test_all_finite_dot_path_sees_every_entry(where):
+    """The dot-product test of real vectors: an inf or NaN anywhere, both infinities at
+    once, a strided view; an overflowing sum of finite values is finite, with no warning."""
+    x = np.random.default_rng(where).standard_normal(DOT_FINITE_CHECK)
+    assert all_finite(x) and all_finite(x[::3])
+    for bad in ([np.nan], [np.inf], [-np.inf], [np.inf, -np.inf]):
+        y = x.copy()
+        y[where:where + len(bad)] = bad[:DOT_FINITE_CHECK - where]
+        assert not all_finite(y)
+    z = x[::2].copy()
+    z[where // 2] = np.nan
+    assert not all_finite(z)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        huge = np.full(DOT_FINITE_CHECK, 1e200)
+        assert all_finite(huge) and all_finite(-huge)
+
+
+from scipy_gpuqr._options import (ENV_BACKEND, auto_settings, auto_source,  # noqa: E402
+                                  resolve_settings)
+
+
+@pytest.mark.parametrize("backend", [None, "auto", "AUTO", "cpu", "gpu", "bad", 3])
+@pytest.mark.parametrize("env", [None, "auto", " Auto ", "  ", "cpu", "bad"])
+def test_auto_source_is_the_precedence_rule(backend, env):
+    """The short paths' reading of the settings agrees with resolve_settings: the source
+    of auto, and None for every other backend and for values it refuses."""
+    environ = {} if env is None else {ENV_BACKEND: env}
+    try:
+        settings = resolve_settings(backend, None, environ)
+    except ValueError:
+        settings = None
+    source = auto_source(backend, environ)
+    if settings is None or settings.backend != "auto":
+        assert source is None
+    else:
+        assert source == settings.source and auto_settings(source) == settings

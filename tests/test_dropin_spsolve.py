@@ -588,3 +588,21 @@ def test_unsupported_reason_names_what_goes_to_scipy():
     assert unsupported_reason(A, None, np.ones(3, np.complex64)) == \
         "complex dtype (b: complex64) is not supported yet"
     assert unsupported_reason(A, "not an array") is None     # SciPy's own error follows
+
+
+@pytest.mark.parametrize("backend, env, source", [(None, None, "default"),
+                                                  ("auto", "cpu", "keyword"),
+                                                  (None, "auto", "environment")])
+def test_short_path_info_is_the_plans_summary(monkeypatch, rng, backend, env, source):
+    """factorized's short path (CSR/CSC A below the size gate) says what the general
+    path's SuperLU plan says, with the source of auto as the precedence rule gives it."""
+    if env is None:
+        monkeypatch.delenv("SCIPY_GPUQR_BACKEND", raising=False)
+    else:
+        monkeypatch.setenv("SCIPY_GPUQR_BACKEND", env)
+    A = _square(rng, 12)
+    info = factorized(A, backend=backend).info
+    why = (f"backend 'auto' from {source}; {A.nnz} stored entries, below "
+           f"{_dispatch.SUPERLU_ALWAYS_NNZ} where the GPU QR cannot pay off (GPU not consulted)")
+    assert info == _dispatch.Plan(backend=_dispatch.SUPERLU, requested="auto", source=source,
+                                  reasons=[why, "SciPy's SuperLU answers"]).summary()

@@ -51,7 +51,7 @@ from .._factor.factorization import wrap
 from .._factor.lstsq import exactly_singular
 from .._factor.rank_refine import with_rank_detection
 from .._gpu import is_cupy_array, is_cupy_sparse
-from .._options import log_decision, resolve_settings
+from .._options import auto_source, log_decision, resolve_settings
 from .._validate import (SOLVE_RHS, SPSOLVE_RHS, all_finite, as_matrix, check_finite,
                          check_rhs, check_superlu_cast, to_output, unsupported_reason)
 from .fallback import fallback
@@ -170,13 +170,15 @@ def _unshared(A, formats):
     return A
 
 
-def _small_real_csx(A, backend, gpuqr_options):
-    """The settings of a call SciPy's SuperLU answers at once, seen from A alone, or None.
+def _superlu_source(A, backend, gpuqr_options):
+    """Where ``auto`` came from, for a call SciPy's SuperLU answers at once seen from A alone,
+    or None.
 
     The common call: a SciPy CSR/CSC A of real values and fewer than
     :data:`~scipy_gpuqr._dispatch.plan.SUPERLU_ALWAYS_NNZ` entries (read from
     its module at each call, like :func:`~scipy_gpuqr._dispatch.plan.superlu_at_once`), no
-    options object, ``auto`` named, from the environment or by default.
+    options object, ``auto`` named, from the environment or by default
+    (:func:`~scipy_gpuqr._options.auto_source`: the environment read once).
     The general path would reach the same answer (SciPy's) through checks
     that cannot fail for such an A; this skips them.
     """
@@ -184,8 +186,15 @@ def _small_real_csx(A, backend, gpuqr_options):
         return None
     if A.data.dtype.kind not in "biuf" or not A.indptr[-1] < dispatch_plan.SUPERLU_ALWAYS_NNZ:
         return None
-    settings = resolve_settings(backend, None)
-    return settings if settings.backend == "auto" else None
+    return auto_source(backend)
+
+
+def _superlu_info(source: str, why: str) -> dict:
+    """``solve.info`` of a ``factorized`` SciPy's SuperLU answers at once (the summary of
+    its plan: :meth:`~scipy_gpuqr._dispatch.plan.Plan.summary` of a SuperLU plan)."""
+    return {"backend": SUPERLU, "requested": "auto", "source": source,
+            "reasons": [why, "SciPy's SuperLU answers"], "ordering": "colamd",
+            "analyze_time": 0.0}
 
 
 def _scipy_spsolve(A, b, permc_spec, use_umfpack):
@@ -298,9 +307,9 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
         for a vector b, (n, k) otherwise.
     """
     if type(b) is np.ndarray and b.dtype.kind in "biuf":
-        settings = _small_real_csx(A, backend, gpuqr_options)
-        if settings is not None:
-            log_decision(_SMALL_SYSTEM_LOG, settings.source, A.indptr[-1],
+        source = _superlu_source(A, backend, gpuqr_options)
+        if source is not None:
+            log_decision(_SMALL_SYSTEM_LOG, source, A.indptr[-1],
                          dispatch_plan.SUPERLU_ALWAYS_NNZ)
             # SciPy's call for CSR/CSC A and a dense b (no sparse b: no inner factorized)
             if not all_finite(A.data):
@@ -309,7 +318,7 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
                 check_finite(b, "b")
             if not A.has_canonical_format:
                 A = A.copy()            # SciPy would sum the caller's duplicates in place
-            return original("spsolve")(A, b, permc_spec=permc_spec, use_umfpack=use_umfpack)
+            return original("spsolve")(A, b, permc_spec, use_umfpack)
     reason = unsupported_reason(A, b)
     if reason is not None:
         return fallback("spsolve", reason, A, b, permc_spec=permc_spec,
@@ -404,18 +413,22 @@ def factorized(A, *, backend=None, gpuqr_options=None):
     ``solve.factorization`` is the :class:`~scipy_gpuqr.QRFactorization`.
     Either way ``solve.info`` says what answered and why.
     """
-    settings = _small_real_csx(A, backend, gpuqr_options)
-    small = settings is not None        # SciPy's SuperLU answers at once
-    if not small:
-        reason = unsupported_reason(A)
-        if reason is not None:
-            return fallback("factorized", reason, A)
+    source = _superlu_source(A, backend, gpuqr_options)
+    if source is not None:              # SciPy's SuperLU answers at once
+        if _SCIPY_ANSWERING.get():
+            # SciPy's own spsolve (answering one of our calls) factorizes a sparse b's A
+            return original("factorized")(A)
+        why = f"backend 'auto' from {source}; " + SIZE_GATE_REASON % (
+            A.indptr[-1], dispatch_plan.SUPERLU_ALWAYS_NNZ)
+        log_decision("factorized: SuperLU (SciPy) answered: %s", why)
+        return _scipy_factorized(A, _superlu_info(source, why))
+    reason = unsupported_reason(A)
+    if reason is not None:
+        return fallback("factorized", reason, A)
     if _SCIPY_ANSWERING.get():
-        # SciPy's own spsolve (answering one of our calls) factorizes a sparse b's A
         return original("factorized")(A)
-    if not small:
-        settings = resolve_settings(backend, gpuqr_options)
-    on_device = not small and _on_device(A)
+    settings = resolve_settings(backend, gpuqr_options)
+    on_device = _on_device(A)
     if not on_device:
         why = superlu_at_once(settings, A)
         if why is not None:

@@ -33,7 +33,7 @@ from .._dispatch.iterate_first import (CONVERGED, Allowance, HostFirst, analysis
 from .._gpu import gpu_available
 from .._iterative import lsmr as iterative_lsmr
 from .._iterative import lsqr as iterative_lsqr
-from .._options import Settings, log_decision, resolve_settings
+from .._options import Settings, auto_settings, auto_source, log_decision
 from .._validate import all_finite
 from .factored import plan_for
 from .least_squares import (IterativeAnswer, LeastSquaresProblem, StoppingRules, _RunNote,
@@ -145,9 +145,10 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         return None
     if not (all_finite(A.data) and all_finite(b)):
         return None
-    settings = resolve_settings(backend, None)
-    if settings.backend != "auto" or not settings.options.iterate_first:
+    source = auto_source(backend)       # no options object: iterate_first is on
+    if source is None:
         return None
+    settings = auto_settings(source)
     if not (rules.atol > 0 or rules.btol > 0):      # maximum precision: the QR answers
         return None
     m, n = A.shape
