@@ -13,6 +13,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define SGS_ABI 2
 
@@ -195,10 +196,37 @@ int sgs_column_counts(int64_t m, int64_t n, const int64_t *indptr, const int64_t
     return SGS_OK;
 }
 
-static int cmp64(const void *a, const void *b)
+/* Sort a[0..k) of values in [0, 2^(8*passes)): insertion sort for short
+ * lists, else least-significant-digit radix sort by bytes through tmp. */
+static void sort_small_ints(int64_t *a, int64_t k, int64_t *tmp, int passes)
 {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
+    if (k <= 32) {
+        for (int64_t i = 1; i < k; i++) {
+            int64_t v = a[i], j = i - 1;
+            while (j >= 0 && a[j] > v) {
+                a[j + 1] = a[j];
+                j--;
+            }
+            a[j + 1] = v;
+        }
+        return;
+    }
+    int64_t *src = a, *dst = tmp;
+    for (int d = 0; d < passes; d++) {
+        int64_t count[257] = {0};
+        int shift = 8 * d;
+        for (int64_t i = 0; i < k; i++)
+            count[((src[i] >> shift) & 255) + 1]++;
+        for (int b = 0; b < 256; b++)
+            count[b + 1] += count[b];
+        for (int64_t i = 0; i < k; i++)
+            dst[count[(src[i] >> shift) & 255]++] = src[i];
+        int64_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a)
+        memcpy(a, src, (size_t)k * sizeof(int64_t));
 }
 
 /* The fronts' column lists, their children's Rjmap, the S entries' local
@@ -227,10 +255,14 @@ int sgs_front_columns(int64_t nf, int64_t n, const int64_t *front_ptr, const int
     int64_t *mark = malloc(((size_t)n + 1) * sizeof(int64_t));
     int64_t *where = malloc(((size_t)n + 1) * sizeof(int64_t));
     int64_t *buf = malloc((size_t)cap * sizeof(int64_t));
-    if (!mark || !where || !buf) {
-        free(mark); free(where); free(buf);
+    int64_t *tmp = malloc((size_t)cap * sizeof(int64_t));
+    if (!mark || !where || !buf || !tmp) {
+        free(mark); free(where); free(buf); free(tmp);
         return SGS_NOMEM;
     }
+    int passes = 1;
+    while (passes < 8 && (n >> (8 * passes)) > 0)
+        passes++;
     for (int64_t j = 0; j <= n; j++)
         mark[j] = -1;
     for (int64_t f = 0; f < nf; f++) {
@@ -257,10 +289,10 @@ int sgs_front_columns(int64_t nf, int64_t n, const int64_t *front_ptr, const int
         if (nb != ncb) {
             bad[0] = f;
             bad[1] = nb;
-            free(mark); free(where); free(buf);
+            free(mark); free(where); free(buf); free(tmp);
             return SGS_COUNTS;
         }
-        qsort(buf, (size_t)nb, sizeof(int64_t), cmp64);
+        sort_small_ints(buf, nb, tmp, passes);
         for (int64_t t = 0; t < fp; t++)
             cols[c0 + t] = lo + t;
         for (int64_t t = 0; t < nb; t++) {
@@ -286,6 +318,6 @@ int sgs_front_columns(int64_t nf, int64_t n, const int64_t *front_ptr, const int
         int64_t k = m_f < fp ? m_f : fp;
         cm[f] = (m_f - k) < ncb ? (m_f - k) : ncb;
     }
-    free(mark); free(where); free(buf);
+    free(mark); free(where); free(buf); free(tmp);
     return SGS_OK;
 }
