@@ -227,3 +227,19 @@ def test_front_columns_equal_numpy_and_both_refuse_wrong_counts(lib, monkeypatch
     with pytest.raises(AssertionError, match="non-pivot columns") as np_err:
         fronts.build_fronts(*bad)
     assert str(c_err.value) == str(np_err.value)
+
+
+@pytest.mark.parametrize("params", [dict(), dict(nrelax=(1, 2, 3), zrelax=(0.5, 0.05, 0.01)),
+                                    dict(nrelax=(8, 64, 256), zrelax=(0.9, 0.3, 0.2))])
+@pytest.mark.parametrize("name", ["grid12", "ch5-6-b2", "rand1-120x120", "dense-row"])
+def test_relaxed_amalgamation_equal_python(lib, monkeypatch, name, params):
+    from scipy_gpuqr._symbolic import fronts
+    args = _front_inputs(MATRICES[name])
+    parent, counts = args[1], args[2]
+    sup = fronts.fundamental_supernodes(parent, counts)
+    am = fronts.Amalgamation(**params)
+    monkeypatch.setenv(native.ENV, "numpy")
+    ref = fronts.relaxed_amalgamation(parent, counts, sup, am)
+    monkeypatch.setattr(native, "_LOADER", _Preloaded(lib))
+    monkeypatch.setenv(native.ENV, "c")
+    np.testing.assert_array_equal(fronts.relaxed_amalgamation(parent, counts, sup, am), ref)

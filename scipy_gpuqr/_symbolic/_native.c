@@ -1,6 +1,6 @@
 /* The symbolic analysis' tree loops in C (see native.py): the column
- * elimination tree, its postorder, the column counts of R and the fronts'
- * column lists with their maps.
+ * elimination tree, its postorder, the column counts of R, the relaxed
+ * amalgamation of the supernodes and the fronts' column lists with their maps.
  *
  * Each function computes exactly what its NumPy twin in etree.py computes (a
  * test compares them on many matrices); the NumPy code stays the reference and
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SGS_ABI 2
+#define SGS_ABI 3
 
 enum { SGS_OK = 0, SGS_NOMEM = 1, SGS_COUNTS = 2 };
 
@@ -320,4 +320,52 @@ int sgs_front_columns(int64_t nf, int64_t n, const int64_t *front_ptr, const int
     }
     free(mark); free(where); free(buf); free(tmp);
     return SGS_OK;
+}
+
+/* Relaxed amalgamation (fronts.relaxed_amalgamation's loop, the same rule and
+ * arithmetic): supernodes from the last to the first, j merged into the group
+ * headed by j+1 when that group holds its parent and the merged front passes
+ * the nrelax/zrelax test. nscol, snz and zeros are updated in place (the
+ * group's values live at its head); keep[j] = 0 for a merged-away head. */
+void sgs_relaxed_amalgamation(int64_t ns_total, const int64_t *sparent, int64_t *nscol,
+                              int64_t *snz, int64_t *zeros, const int64_t *nrelax,
+                              const double *zrelax, int8_t *keep)
+{
+    int64_t end = ns_total;
+    for (int64_t j = 0; j < ns_total; j++)
+        keep[j] = 1;
+    for (int64_t j = ns_total - 2; j >= 0; j--) {
+        int64_t p = sparent[j];
+        if (p < 0 || p >= end) {
+            end = j + 1;
+            continue;
+        }
+        p = j + 1;
+        int64_t c0 = nscol[j], c1 = nscol[p], ns = c0 + c1;
+        int64_t lnz0 = snz[j], lnz1 = snz[p];
+        int64_t totzeros = zeros[p];
+        int merge;
+        if (ns <= nrelax[0]) {
+            merge = 1;
+        } else {
+            int64_t newzeros = c0 * (lnz1 + c0 - lnz0);
+            if (newzeros == 0) {
+                merge = 1;
+            } else {
+                totzeros += newzeros;
+                double size = (double)(ns * (ns + 1)) / 2.0 + (double)(ns * (lnz1 - c1));
+                double z = (double)totzeros / size;
+                merge = (ns <= nrelax[1] && z < zrelax[0]) || (ns <= nrelax[2] && z < zrelax[1])
+                        || z < zrelax[2];
+            }
+        }
+        if (merge) {
+            nscol[j] = ns;
+            snz[j] = c0 + lnz1;
+            zeros[j] = totzeros;
+            keep[p] = 0;
+        } else {
+            end = j + 1;
+        }
+    }
 }

@@ -97,7 +97,9 @@ def relaxed_amalgamation(parent: np.ndarray, counts: np.ndarray, super_ptr: np.n
     Supernodes are visited from the last to the first; supernode j is merged
     with the group immediately after it when that group holds j's parent (so
     merged pivot columns stay contiguous). One scalar loop over supernodes; a
-    group is a contiguous range, so no union-find is needed to find j's.
+    group is a contiguous range, so no union-find is needed to find j's. The
+    loop runs in C where :mod:`.native`'s library is at hand (the same rule
+    and float arithmetic), else in Python.
     """
     ns_total = len(super_ptr) - 1
     if ns_total <= 1 or not params.enabled:
@@ -107,7 +109,13 @@ def relaxed_amalgamation(parent: np.ndarray, counts: np.ndarray, super_ptr: np.n
     last = super_ptr[1:] - 1
     snode = np.repeat(np.arange(ns_total), np.diff(super_ptr))
     par_last = parent[last]
-    sparent = np.where(par_last >= 0, snode[np.maximum(par_last, 0)], -1).tolist()
+    sparent = np.where(par_last >= 0, snode[np.maximum(par_last, 0)], -1)
+    lib = native.library()
+    if lib is not None:
+        keep = native.relaxed_amalgamation(lib, sparent, np.diff(super_ptr), counts[first],
+                                           params.nrelax, params.zrelax)
+        return np.append(super_ptr[np.flatnonzero(keep)], n).astype(np.int64)
+    sparent = sparent.tolist()
     nscol = np.diff(super_ptr).tolist()
     snz = counts[first].tolist()              # rows of the R block of the first column
     zeros = [0] * ns_total

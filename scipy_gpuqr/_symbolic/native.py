@@ -13,6 +13,8 @@ giving the same arrays as the NumPy functions of :mod:`.etree` and
 * ``sgs_column_counts``: :func:`.etree.column_counts` (the same skeleton
   formula, the least common ancestors from a union-find as the leaves are
   visited in postorder);
+* ``sgs_relaxed_amalgamation``: the scalar loop of
+  :func:`.fronts.relaxed_amalgamation` (the same rule and float arithmetic);
 * ``sgs_front_columns``: the level loop of :func:`.fronts.build_fronts` (the
   fronts' column lists, their children's Rjmap, the S entries' local columns,
   ``fm`` and ``cm``), front after front with a scratch map from a column to
@@ -59,13 +61,14 @@ from .._cachedir import cache_dir
 from .._errors import NativeUnavailable
 
 __all__ = ["ENV", "ABI", "MODES", "MANIFEST_SUFFIX", "NativeUnavailable", "mode", "library",
-           "status", "column_etree", "postorder", "column_counts", "front_columns"]
+           "status", "column_etree", "postorder", "column_counts", "front_columns",
+           "relaxed_amalgamation"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SYMBOLIC_NATIVE"
 MODES = ("auto", "c", "numpy")
 #: Interface version of ``_native.c`` (``sgs_abi()``).
-ABI = 2
+ABI = 3
 #: Suffix added to a library's file name to name its manifest (size and SHA-256).
 MANIFEST_SUFFIX = ".sha256"
 _SOURCE = Path(__file__).resolve().with_name("_native.c")
@@ -149,6 +152,8 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.sgs_postorder.argtypes = [i64, ptr, ptr]
     lib.sgs_column_counts.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr]
     lib.sgs_front_columns.argtypes = [i64, i64] + [ptr] * 15
+    lib.sgs_relaxed_amalgamation.argtypes = [i64] + [ptr] * 7
+    lib.sgs_relaxed_amalgamation.restype = None
     for name in ("sgs_column_etree", "sgs_postorder", "sgs_column_counts", "sgs_front_columns"):
         getattr(lib, name).restype = ctypes.c_int
     return lib
@@ -350,3 +355,18 @@ def front_columns(lib, front_ptr, fn, col_ptr, s_ptr, s_indices, child_ptr, chil
         return None, (int(bad[0]), int(bad[1]))
     _check(rc, "front_columns")
     return (cols, rjmap, ent_col, fm, cm), None
+
+
+def relaxed_amalgamation(lib, sparent, nscol, snz, nrelax, zrelax) -> np.ndarray:
+    """:func:`.fronts.relaxed_amalgamation`'s loop in C: the supernodes that stay
+    group heads (bool array)."""
+    ns_total = len(sparent)
+    sparent = _i64(sparent)
+    nscol, snz = np.array(nscol, dtype=np.int64), np.array(snz, dtype=np.int64)
+    zeros = np.zeros(ns_total, dtype=np.int64)
+    nr = np.array([int(v) for v in nrelax], dtype=np.int64)
+    zr = np.array([float(v) for v in zrelax], dtype=np.float64)
+    keep = np.empty(ns_total, dtype=np.int8)
+    lib.sgs_relaxed_amalgamation(ns_total, *(x.ctypes.data for x in (
+        sparent, nscol, snz, zeros, nr, zr, keep)))
+    return keep.view(bool)
