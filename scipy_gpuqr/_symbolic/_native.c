@@ -1,6 +1,7 @@
 /* The symbolic analysis' tree loops in C (see native.py): the column
  * elimination tree, its postorder, the column counts of R, the relaxed
- * amalgamation of the supernodes and the fronts' column lists with their maps.
+ * amalgamation of the supernodes, the fronts' column lists with their maps and
+ * their rows (staircases, row maps, the S-assembly map).
  *
  * Each function computes exactly what its NumPy twin in etree.py computes (a
  * test compares them on many matrices); the NumPy code stays the reference and
@@ -15,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SGS_ABI 3
+#define SGS_ABI 4
 
 enum { SGS_OK = 0, SGS_NOMEM = 1, SGS_COUNTS = 2 };
 
@@ -368,4 +369,67 @@ void sgs_relaxed_amalgamation(int64_t ns_total, const int64_t *sparent, int64_t 
             end = j + 1;
         }
     }
+}
+
+/* The fronts' rows (fronts.build_fronts after its column lists): each row of
+ * front f sits in the slot of its leftmost local column (S row s: leftmost[s]
+ * - first pivot; row ci of child c: Rjmap_c[ci]); rows go by slot, in one slot
+ * the S rows first (S order), then the children's rows (child order, then
+ * row order). Writes stair (rows up to each slot, within the front),
+ * arow_local (each S row's place), rimap (each child row's place in its
+ * parent) and s_index (each S entry's row-major position in its front).
+ * cnt and nxt: scratch of the largest fn. */
+int sgs_front_rows(int64_t nf, const int64_t *front_ptr, const int64_t *fn,
+                   const int64_t *col_ptr, const int64_t *arow_ptr, const int64_t *leftmost,
+                   const int64_t *s_indptr, const int64_t *ent_col, const int64_t *child_ptr,
+                   const int64_t *children, const int64_t *cm, const int64_t *rjmap_ptr,
+                   const int64_t *rjmap, const int64_t *rimap_ptr, int64_t *stair,
+                   int64_t *arow_local, int64_t *rimap, int64_t *s_index)
+{
+    int64_t most = 1;
+    for (int64_t f = 0; f < nf; f++)
+        if (fn[f] > most)
+            most = fn[f];
+    int64_t *scnt = malloc((size_t)most * sizeof(int64_t));
+    int64_t *snext = malloc((size_t)most * sizeof(int64_t));
+    int64_t *cnext = malloc((size_t)most * sizeof(int64_t));
+    if (!scnt || !snext || !cnext) {
+        free(scnt); free(snext); free(cnext);
+        return SGS_NOMEM;
+    }
+    for (int64_t f = 0; f < nf; f++) {
+        int64_t lo = front_ptr[f], w = fn[f], c0 = col_ptr[f];
+        int64_t *st = stair + c0;
+        for (int64_t k = 0; k < w; k++) {
+            scnt[k] = 0;
+            st[k] = 0;                       /* the children's rows per slot, for now */
+        }
+        for (int64_t r = arow_ptr[f]; r < arow_ptr[f + 1]; r++)
+            scnt[leftmost[r] - lo]++;
+        for (int64_t q = child_ptr[f]; q < child_ptr[f + 1]; q++) {
+            int64_t c = children[q];
+            for (int64_t ci = 0; ci < cm[c]; ci++)
+                st[rjmap[rjmap_ptr[c] + ci]]++;
+        }
+        int64_t before = 0;                  /* rows in the slots before k */
+        for (int64_t k = 0; k < w; k++) {
+            snext[k] = before;
+            cnext[k] = before + scnt[k];
+            before += scnt[k] + st[k];
+            st[k] = before;
+        }
+        for (int64_t r = arow_ptr[f]; r < arow_ptr[f + 1]; r++) {
+            int64_t loc = snext[leftmost[r] - lo]++;
+            arow_local[r] = loc;
+            for (int64_t e = s_indptr[r]; e < s_indptr[r + 1]; e++)
+                s_index[e] = loc * w + ent_col[e];
+        }
+        for (int64_t q = child_ptr[f]; q < child_ptr[f + 1]; q++) {
+            int64_t c = children[q];
+            for (int64_t ci = 0; ci < cm[c]; ci++)
+                rimap[rimap_ptr[c] + ci] = cnext[rjmap[rjmap_ptr[c] + ci]]++;
+        }
+    }
+    free(scnt); free(snext); free(cnext);
+    return SGS_OK;
 }

@@ -270,6 +270,28 @@ def build_fronts(front_ptr: np.ndarray, parent: np.ndarray, counts: np.ndarray,
     # plus the rows of the other kind in the slots before (and, for a child's
     # row, the S rows of its own slot).
     rimap_ptr = _pointer(cm)
+    if lib is not None:
+        stair, arow_local, rimap, s_index = native.front_rows(
+            lib, front_ptr, fn, col_ptr, arow_ptr, leftmost[:ns_rows], s_indptr[:ns_rows + 1],
+            ent_col, child_ptr, children, cm, rjmap_ptr, rjmap, rimap_ptr)
+    else:
+        stair, arow_local, rimap, s_index = _front_rows_numpy(
+            nf, front_ptr, fn, fparent, col_ptr, cols, row_front, leftmost, s_rows, ns_rows,
+            s_indptr, ent_col, cm, rjmap_ptr, rjmap, rimap_ptr)
+
+    return FrontStructure(
+        nfronts=nf, pivot_ptr=front_ptr, parent=fparent, child_ptr=child_ptr,
+        children=children, col_ptr=col_ptr, cols=cols, stair=stair, fm=fm, fn=fn, fp=fp,
+        frank=frank, cm=cm, arow_ptr=arow_ptr, arow_local=arow_local, s_ptr=s_ptr,
+        s_index=s_index, s_nz=np.asarray(s_nz[:s_indptr[ns_rows]], dtype=i64),
+        rjmap_ptr=rjmap_ptr, rjmap=rjmap, rimap_ptr=rimap_ptr, rimap=rimap)
+
+
+def _front_rows_numpy(nf, front_ptr, fn, fparent, col_ptr, cols, row_front, leftmost, s_rows,
+                      ns_rows, s_indptr, ent_col, cm, rjmap_ptr, rjmap, rimap_ptr) -> tuple:
+    """:func:`build_fronts`' rows in NumPy (the reference of :func:`.native.front_rows`):
+    ``(stair, arow_local, rimap, s_index)``."""
+    i64 = np.int64
     s_slot = col_ptr[row_front] + leftmost[s_rows] - front_ptr[row_front]
     # child c's row ci: slot Rjmap[ci] of its parent (a root front has no such rows)
     cb_slot = (np.repeat(col_ptr[fparent], cm)
@@ -292,13 +314,7 @@ def build_fronts(front_ptr: np.ndarray, parent: np.ndarray, counts: np.ndarray,
     # ---- S-assembly map ------------------------------------------------------
     nent = np.diff(s_indptr[:ns_rows + 1])
     s_index = np.repeat(arow_local * fn[row_front], nent) + ent_col
-
-    return FrontStructure(
-        nfronts=nf, pivot_ptr=front_ptr, parent=fparent, child_ptr=child_ptr,
-        children=children, col_ptr=col_ptr, cols=cols, stair=stair, fm=fm, fn=fn, fp=fp,
-        frank=frank, cm=cm, arow_ptr=arow_ptr, arow_local=arow_local, s_ptr=s_ptr,
-        s_index=s_index, s_nz=np.asarray(s_nz[:s_indptr[ns_rows]], dtype=i64),
-        rjmap_ptr=rjmap_ptr, rjmap=rjmap, rimap_ptr=rimap_ptr, rimap=rimap)
+    return stair, arow_local, rimap, s_index
 
 
 def _front_columns_numpy(nf, n, front_ptr, fp, fn, fparent, col_ptr, ncb_cols, rjmap_ptr,

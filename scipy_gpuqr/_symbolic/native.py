@@ -18,7 +18,10 @@ giving the same arrays as the NumPy functions of :mod:`.etree` and
 * ``sgs_front_columns``: the level loop of :func:`.fronts.build_fronts` (the
   fronts' column lists, their children's Rjmap, the S entries' local columns,
   ``fm`` and ``cm``), front after front with a scratch map from a column to
-  its local index instead of a sort per tree level.
+  its local index instead of a sort per tree level;
+* ``sgs_front_rows``: the rest of :func:`.fronts.build_fronts` (staircases,
+  the S rows' and the children's rows' places, the S-assembly map), front
+  after front by counting the rows per slot.
 
 The library is built and loaded the way :mod:`scipy_gpuqr._schedule.native`
 builds its own (that module is above this part of the package, so its loader
@@ -62,13 +65,13 @@ from .._errors import NativeUnavailable
 
 __all__ = ["ENV", "ABI", "MODES", "MANIFEST_SUFFIX", "NativeUnavailable", "mode", "library",
            "status", "column_etree", "postorder", "column_counts", "front_columns",
-           "relaxed_amalgamation"]
+           "relaxed_amalgamation", "front_rows"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SYMBOLIC_NATIVE"
 MODES = ("auto", "c", "numpy")
 #: Interface version of ``_native.c`` (``sgs_abi()``).
-ABI = 3
+ABI = 4
 #: Suffix added to a library's file name to name its manifest (size and SHA-256).
 MANIFEST_SUFFIX = ".sha256"
 _SOURCE = Path(__file__).resolve().with_name("_native.c")
@@ -153,6 +156,8 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.sgs_column_counts.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr]
     lib.sgs_front_columns.argtypes = [i64, i64] + [ptr] * 15
     lib.sgs_relaxed_amalgamation.argtypes = [i64] + [ptr] * 7
+    lib.sgs_front_rows.argtypes = [i64] + [ptr] * 17
+    lib.sgs_front_rows.restype = ctypes.c_int
     lib.sgs_relaxed_amalgamation.restype = None
     for name in ("sgs_column_etree", "sgs_postorder", "sgs_column_counts", "sgs_front_columns"):
         getattr(lib, name).restype = ctypes.c_int
@@ -370,3 +375,19 @@ def relaxed_amalgamation(lib, sparent, nscol, snz, nrelax, zrelax) -> np.ndarray
     lib.sgs_relaxed_amalgamation(ns_total, *(x.ctypes.data for x in (
         sparent, nscol, snz, zeros, nr, zr, keep)))
     return keep.view(bool)
+
+
+def front_rows(lib, front_ptr, fn, col_ptr, arow_ptr, leftmost, s_indptr, ent_col, child_ptr,
+               children, cm, rjmap_ptr, rjmap, rimap_ptr) -> tuple:
+    """The rows of :func:`.fronts.build_fronts` in C: ``(stair, arow_local, rimap,
+    s_index)`` (``leftmost`` and ``s_indptr`` of S's non-empty rows, in order)."""
+    args = [_i64(x) for x in (front_ptr, fn, col_ptr, arow_ptr, leftmost, s_indptr, ent_col,
+                               child_ptr, children, cm, rjmap_ptr, rjmap, rimap_ptr)]
+    nf = len(args[0]) - 1
+    stair = np.empty(int(args[2][-1]), dtype=np.int64)
+    arow_local = np.empty(int(args[3][-1]), dtype=np.int64)
+    rimap = np.empty(int(args[12][-1]), dtype=np.int64)
+    s_index = np.empty(len(args[6]), dtype=np.int64)
+    _check(lib.sgs_front_rows(nf, *(x.ctypes.data for x in args + [stair, arow_local, rimap,
+                                                                      s_index])), "front_rows")
+    return stair, arow_local, rimap, s_index
