@@ -45,6 +45,9 @@ def test_size_classes():
     assert vb.size_class(512) == 512 and vb.size_class(513) == 640
     np.testing.assert_array_equal(vb.size_class(np.array([1, 30, 200])), [1, 32, 224])
     assert all(vb.size_class(c) == c for c in vb.SIZE_CLASSES)
+    # one Python int (the GPU path's largest order) and an array agree everywhere
+    orders = np.arange(0, 1100)
+    np.testing.assert_array_equal([vb.size_class(int(k)) for k in orders], vb.size_class(orders))
 
 
 @pytest.mark.parametrize("on_gpu", [False, GPU])
