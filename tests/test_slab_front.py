@@ -84,15 +84,20 @@ def test_slab_columns_fit_the_bytes_given():
 
 
 @pytest.mark.gpu
-def test_slabs_on_the_gpu_equal_the_blocked_factorization():
-    """The CUDA slab operations (panel kernel, cuBLAS) against LAPACK's blocked QR."""
+@pytest.mark.parametrize("fm,fn", [(1500, 1100), (12000, 1400)])
+def test_slabs_on_the_gpu_equal_the_blocked_factorization(fm, fn):
+    """The CUDA slab operations (panel kernel, cuBLAS) against LAPACK's blocked QR;
+    F pinned, as a host front's pool is (the copies asynchronous: a slab's earlier
+    panels read F only after the slab before came back)."""
     import cupy as cp
+    import cupyx
 
     from scipy_gpuqr._engine.slab_front import CupySlabs
     rng = np.random.default_rng()
-    fm, fn, nb = 1500, 1100, 256
+    nb = 256
     F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
-    F = F0.copy()
+    F = cupyx.empty_pinned(F0.shape, dtype=F0.dtype)
+    F[...] = F0
     dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True))
     T = factorize_in_slabs(F, panels, nb, 300, dev)
     assert dev.slabs == len(slab_ranges(panels, fn, 300)) > 2

@@ -215,7 +215,8 @@ class CupySlabs:
     """The slab operations on a CUDA device, on ``stream``: device buffers (the
     slab, two earlier panels) reused for every slab, strided copies queued (``F``
     pinned makes them asynchronous; the earlier panels' on a copy stream of
-    their own, each buffer refilled once the work reading it has passed), one
+    their own, after the last slab's copy back into ``F``, each buffer refilled
+    once the work reading it has passed), one
     synchronization per slab for its ``T``; ``slabs`` counts the slabs started
     there. Each worked slab is checked for non-finite values before it goes back
     (one launch reading it where it lies: :meth:`all_finite`), so the host need
@@ -227,6 +228,7 @@ class CupySlabs:
         self.slabs = 0
         self._buffers = {}
         self._read = {}                 # slot -> event: the last work reading its buffer
+        self._written = None            # event: the last slab's copy back into F
         self._flags = []
 
     def _buffer(self, slot, shape: tuple, dtype):
@@ -252,6 +254,8 @@ class CupySlabs:
         read = self._read.pop(slot, None)
         if read is not None:
             self.copy_stream.wait_event(read)
+        if self._written is not None:   # the earlier slabs' values are back in F
+            self.copy_stream.wait_event(self._written)
         upload_block(F, r0, r1, c0, c1, out, self.copy_stream)
         ready = self.cp.cuda.Event(disable_timing=True)
         ready.record(self.copy_stream)
@@ -272,6 +276,8 @@ class CupySlabs:
         rt.memcpy2DAsync(F.ctypes.data + c0 * isz, F.shape[1] * isz, S.data.ptr,
                          (c1 - c0) * isz, (c1 - c0) * isz, F.shape[0],
                          rt.memcpyDeviceToHost, self.stream.ptr)
+        self._written = self.cp.cuda.Event(disable_timing=True)
+        self._written.record(self.stream)
 
     def apply(self, S, j: int, rows: int, E, i0: int, k0: int, b: int, T) -> None:
         """As :meth:`NumpySlabs.apply`, the last product accumulated into the slab
@@ -296,6 +302,7 @@ class CupySlabs:
         finally:
             self._buffers.clear()
             self._read.clear()
+            self._written = None
 
     def all_finite(self) -> bool:
         """Whether every slab sent back so far held finite values only (after

@@ -581,9 +581,10 @@ class CupyDevice:
         whole = bool(getattr(st, "materialized", True))
         try:
             for off, cb in carried:
+                if cb.size == 0:
+                    continue
                 rows = cb.reshape(len(cb), -1) if cb.ndim > 1 else cb.reshape(1, -1)
-                if (cb.size and cb.dtype == self.dtype
-                        and rows.strides[1] == rows.itemsize):
+                if cb.dtype == self.dtype and rows.strides[1] == rows.itemsize:
                     # rows contiguous (a fetched block's upper trapezoid, a view of
                     # pinned memory): one strided copy, no host copy of the block
                     upload_block(rows, 0, rows.shape[0], 0, rows.shape[1],
