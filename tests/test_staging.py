@@ -578,3 +578,12 @@ def test_fronts_the_time_model_keeps_but_no_stage_fits_become_host_fronts(monkey
     ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE), dense_flops=_HOST_FLOPS)
     R0, R1 = ref.R.toarray(), g.R.toarray()
     assert np.abs(R0.T @ R0 - R1.T @ R1).max() <= 1e-12 * np.abs(R0).max() ** 2
+
+
+def test_kept_rows_of_r_leave_room_for_the_largest_uploaded_pool():
+    from scipy_gpuqr._engine.gpu.trsolve import (KEEP_MAX_SHARE, KEEP_SHARE, QT_POOL_ROOM,
+                                                 keep_bytes)
+    assert keep_bytes(None, [10]) == 0
+    assert keep_bytes(1000, []) == KEEP_MAX_SHARE * 1000    # nothing to upload for Q
+    assert keep_bytes(1000, [100, 300]) == 1000 - QT_POOL_ROOM * 300   # room beside it
+    assert keep_bytes(1000, [900]) == KEEP_SHARE * 1000     # a large pool: the share

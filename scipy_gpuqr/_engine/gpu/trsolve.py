@@ -365,8 +365,28 @@ class _LevelKernel:
 
 #: Share of the device memory available when the solves are set up
 #: (:func:`~scipy_gpuqr._engine.memory.available_bytes`) that the stages' uploaded
-#: rows of R may keep between solves, all stages together.
+#: rows of R may keep between solves, all stages together, at least.
 KEEP_SHARE = 0.25
+
+#: The most of it they may keep: the rest holds the solves' blocks (a rank
+#: decision's q × d blocks, a host front's streamed panels).
+KEEP_MAX_SHARE = 0.6
+
+#: What ``Q``'s replay needs beside the kept rows, in sizes of the largest stage
+#: pool it uploads (one pool at a time, with the right-hand sides and the
+#: allocator's slack): the rows may keep the rest, within the two shares.
+QT_POOL_ROOM = 1.5
+
+
+def keep_bytes(avail, pool_bytes) -> int:
+    """Bytes the stages' uploaded rows of R may keep on the device, given
+    ``avail`` bytes available (None: unknown, nothing kept) and the bytes of the
+    pools ``Q``'s replay uploads one at a time: what the largest pool leaves,
+    between :data:`KEEP_SHARE` and :data:`KEEP_MAX_SHARE` of ``avail``."""
+    if avail is None:
+        return 0
+    room = avail - QT_POOL_ROOM * max(pool_bytes, default=0)
+    return int(min(max(room, KEEP_SHARE * avail), KEEP_MAX_SHARE * avail))
 
 
 class _KeepBudget:
@@ -450,7 +470,9 @@ def _staged_levels(ft, fs, qr):
     depth, height = _tree_levels(fs)
     dtype = qr._device.dtype
     avail = available_bytes(ft.xp).available
-    keep = _KeepBudget(0 if avail is None else KEEP_SHARE * avail)
+    uploaded = [int(qr._host_pools[sid].nbytes) for sid in by_stage
+                if sid not in host_stages and sid not in qr._stage_pools]
+    keep = _KeepBudget(keep_bytes(avail, uploaded))
     out = []
     for sid in sorted(by_stage):
         members = by_stage[sid]
