@@ -557,6 +557,12 @@ def test_host_stage_check_skips_only_what_the_device_checked():
         dev.end_stage({"pool": pool, "device_checked": [(400, 700, False)]})
     with pytest.raises(GpuEngineError, match="front pool"):
         dev.end_stage({"pool": pool})                    # nothing checked: all read
+    # the carried blocks after the fronts (from checked stages) are not read again
+    assert dev.end_stage({"pool": pool, "fronts_end": 600,
+                          "device_checked": [(400, 700, True)]}) is pool
+    pool[300] = np.nan                                   # a front's value, unchecked
+    with pytest.raises(GpuEngineError, match="front pool"):
+        dev.end_stage({"pool": pool, "fronts_end": 600, "device_checked": [(400, 700, True)]})
 
 
 def test_fronts_the_time_model_keeps_but_no_stage_fits_become_host_fronts(monkeypatch):

@@ -367,23 +367,28 @@ class HostFrontDevice(NumpyDevice):
 
     def begin_stage(self, st, s_index, s_value, carried):
         t0 = time.perf_counter()
+        carried = list(carried)
         h = super().begin_stage(st, s_index, s_value, carried)
+        # the carried blocks lie after the fronts; they were checked in their stages
+        h["fronts_end"] = min((int(off) for off, _ in carried), default=h["pool"].size)
         self.seconds["begin"] = self.seconds.get("begin", 0.0) + time.perf_counter() - t0
         return h
 
     def end_stage(self, h) -> np.ndarray:
-        """The stage's pool after the check for non-finite values: a front
-        factorized on the GPU was checked there before it came back (its span
-        in ``h['device_checked']``), the rest of the pool is read here."""
+        """The stage's pool after the check for non-finite values of its fronts: a
+        front factorized on the GPU was checked there before it came back (its
+        span in ``h['device_checked']``), the rest of the fronts are read here;
+        the carried blocks after them come from stages checked already."""
         t0 = time.perf_counter()
         pool = h["pool"]
+        end = int(h.get("fronts_end", pool.size))
         spans = sorted(h.get("device_checked", ()))
         if not all(ok for _, _, ok in spans):
             raise GpuEngineError("non-finite values in a host front after its factorization "
                                  "on the device")
         pos = 0
-        for a, b in [(a, b) for a, b, _ in spans] + [(pool.size, pool.size)]:
-            if a > pos and not _all_finite(pool[pos:a]):
+        for a, b in [(a, b) for a, b, _ in spans] + [(end, end)]:
+            if min(a, end) > pos and not _all_finite(pool[pos:min(a, end)]):
                 raise GpuEngineError("non-finite values in the front pool after the stage")
             pos = max(pos, b)
         self.seconds["check"] = self.seconds.get("check", 0.0) + time.perf_counter() - t0
