@@ -151,6 +151,14 @@ def test_numpy_mode_and_no_compiler_take_the_numpy_path(tmp_path):
         native.mode({native.ENV: "fortran"})
 
 
+def _replace(path, data):
+    """Put ``data`` at ``path`` as a new file (a library this process has mapped
+    keeps its own bytes: writing into it in place would change mapped code)."""
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def test_damaged_or_old_library_is_built_again(tmp_path):
     env = _env(tmp_path)
     ld = native._Loader()
@@ -160,7 +168,7 @@ def test_damaged_or_old_library_is_built_again(tmp_path):
     # overwritten bytes: the manifest no longer matches, so it is rebuilt, never opened
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
+    _replace(path, bytes(data))
     assert not native._intact(path)
     ld2 = native._Loader()
     assert ld2.get(True, env) is not None and native._intact(path)
@@ -170,7 +178,9 @@ def test_damaged_or_old_library_is_built_again(tmp_path):
     old = tmp_path / "old.c"
     old.write_text(src)
     cmd = native._compiler(env)
-    subprocess.run(cmd + list(native._FLAGS) + ["-o", str(path), str(old)], check=True)
+    built = tmp_path / "old.so"
+    subprocess.run(cmd + list(native._FLAGS) + ["-o", str(built), str(old)], check=True)
+    _replace(path, built.read_bytes())
     size, digest = native._checksum(path)
     native._manifest_path(path).write_text(f"size {size}\nsha256 {digest}\n")
     with pytest.raises(OSError):
