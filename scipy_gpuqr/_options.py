@@ -17,8 +17,8 @@ import sys
 from typing import Mapping, Optional, Tuple, Union
 
 __all__ = ["BACKENDS", "ORDERINGS", "GpuqrOptions", "Settings", "resolve_backend",
-           "resolve_options", "resolve_settings", "settings_for", "auto_source", "auto_settings", "logger",
-           "log_decision"]
+           "resolve_options", "resolve_settings", "settings_for", "auto_source", "auto_settings",
+           "logger", "log_decision"]
 
 #: Every backend name a caller may ask for.
 BACKENDS = ("auto", "gpu", "cpu", "reference", "simulate")

@@ -42,7 +42,7 @@ from .lstsq import MinNormSolver
 __all__ = ["LeastSquaresProblem", "check_problem", "StoppingRules", "IterativeAnswer",
            "LstsqStart", "LstsqAnswer", "DampedNorms", "damped_norms", "start", "start_problem",
            "vector_norm",
-           "trivial_answer", "iterate", "solve_least_squares", "acond_estimate", "variance",
+           "trivial_answer", "iterate", "settle", "solve_least_squares", "acond_estimate", "variance",
            "VARIANCE_DENSE_LIMIT"]
 
 _EPS = float(np.finfo(np.float64).eps)
@@ -310,20 +310,37 @@ def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
             raise
         return None, watch.planned, f"{name} ran out of memory ({exc}); {where}"
     seconds = time.perf_counter() - t0
-    istop, itn = res.istop, res.itn
-    how = _RunNote(istop, itn, seconds, where, watch if callback else None)
-    if istop in CONVERGED or (istop == 0 and itn == 0):
+    how = _RunNote(res.istop, res.itn, seconds, where, watch if callback else None)
+    outcome = settle(how, name, watch)
+    if outcome == "qr":
+        return None, watch.planned, how
+    return (IterativeAnswer(_scipy_result(res, problem, method), name),
+            watch.planned if outcome == "scipy" else None, how)
+
+
+def settle(how: "_RunNote", name: str, watch) -> str:
+    """Who answers a finished run, with the log's prefix set on ``how``.
+
+    ``'scipy'``: SciPy's tests stopped it (or the start was already exact),
+    its tuple answers. ``'stands'``: it did not converge but the QR cannot run
+    (the plan said so), so SciPy's tuple answers all the same. ``'qr'``: the
+    QR answers (``istop`` 3, 6, 7, or ``auto``'s rule stopped the run).
+    ``watch`` is the run's :class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`
+    (None: unwatched).
+    """
+    istop = how.istop
+    if istop in CONVERGED or (istop == 0 and how.itn == 0):
         how.prefix = "" if istop else "x0 (or 0) is exact: "
-        return IterativeAnswer(_scipy_result(res, problem, method), name), watch.planned, how
-    if watch.plan_error is not None:
+        return "scipy"
+    if watch is not None and watch.plan_error is not None:
         how.prefix = "the QR cannot run, so SciPy's answer stands: "
-        return IterativeAnswer(_scipy_result(res, problem, method), name), None, how
+        return "stands"
     stopped = (f"stopped by auto's rule: {watch.reason}" if istop == 0 else
                {3: "stopped: the condition estimate reached conlim",
                 6: "stopped: the condition estimate reached 1/eps",
                 7: "stopped: the iteration limit was reached"}.get(istop, f"istop {istop}"))
     how.prefix = f"{name} {stopped}; "
-    return None, watch.planned, how
+    return "qr"
 
 
 class _RunNote:

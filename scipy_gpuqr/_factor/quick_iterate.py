@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 import scipy.sparse as sp
 
-from .._dispatch.iterate_first import (CONVERGED, Allowance, HostFirst, analysis_seconds,
+from .._dispatch.iterate_first import (Allowance, HostFirst, analysis_seconds,
                                        cpu_iteration_seconds, host_first_budget,
                                        needs_watching)
 from .._gpu import gpu_available
@@ -37,7 +37,7 @@ from .._options import Settings, auto_settings, auto_source, log_decision
 from .._validate import all_finite
 from .factored import plan_for
 from .least_squares import (IterativeAnswer, LeastSquaresProblem, StoppingRules, _RunNote,
-                            check_problem)
+                            check_problem, settle)
 from .lstsq import DENSE_LIMIT, _rcond_estimate, lstsq_cutoff
 
 __all__ = ["QuickRun", "quick_iterate", "clearly_full_rank", "speculate"]
@@ -199,19 +199,9 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         return None
     how = _RunNote(istop, itn, res.seconds, where, watch)
     name = f"{method.upper()} on CPU"
-    planned = None if watch is None else watch.planned
-    if istop in CONVERGED or (istop == 0 and itn == 0):
-        how.prefix = "" if istop else "x0 (or 0) is exact: "
-        log_decision("%s %dx%d nnz=%d: %s answered; %s", method, m, n, nnz, name, how)
-        return QuickRun(IterativeAnswer(res.scipy_tuple(), name), planned, how, settings,
-                        problem)
-    if watch is not None and watch.plan_error is not None:
-        how.prefix = "the QR cannot run, so SciPy's answer stands: "
-        log_decision("%s %dx%d nnz=%d: %s answered; %s", method, m, n, nnz, name, how)
-        return QuickRun(IterativeAnswer(res.scipy_tuple(), name), None, how, settings, problem)
-    stopped = (f"stopped by auto's rule: {watch.reason}" if istop == 0 else
-               {3: "stopped: the condition estimate reached conlim",
-                6: "stopped: the condition estimate reached 1/eps",
-                7: "stopped: the iteration limit was reached"}.get(istop, f"istop {istop}"))
-    how.prefix = f"{name} {stopped}; "
-    return QuickRun(None, planned, how, settings, problem)
+    outcome = settle(how, name, watch)
+    if outcome == "qr":
+        return QuickRun(None, None if watch is None else watch.planned, how, settings, problem)
+    log_decision("%s %dx%d nnz=%d: %s answered; %s", method, m, n, nnz, name, how)
+    planned = None if watch is None or outcome == "stands" else watch.planned
+    return QuickRun(IterativeAnswer(res.scipy_tuple(), name), planned, how, settings, problem)
