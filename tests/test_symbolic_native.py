@@ -253,3 +253,20 @@ def test_relaxed_amalgamation_equal_python(lib, monkeypatch, name, params):
     monkeypatch.setattr(native, "_LOADER", _Preloaded(lib))
     monkeypatch.setenv(native.ENV, "c")
     np.testing.assert_array_equal(fronts.relaxed_amalgamation(parent, counts, sup, am), ref)
+
+
+def test_old_builds_pruned(tmp_path):
+    folder = tmp_path / "native"
+    folder.mkdir()
+    old = []
+    for i in range(native.MAX_BUILDS + 3):
+        p = folder / f"{native._PREFIX}{i:016x}.so"
+        p.write_bytes(b"x")
+        native._manifest_path(p).write_text("size 1\n")
+        os.utime(p, (1000 + i, 1000 + i))
+        old.append(p)
+    keep = old[0]                                          # the oldest, but the one in use
+    native._prune(folder, keep)
+    left = sorted(folder.glob(f"{native._PREFIX}*.so"))
+    assert len(left) == native.MAX_BUILDS and keep in left
+    assert not native._manifest_path(old[1]).exists()

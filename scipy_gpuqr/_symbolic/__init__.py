@@ -14,7 +14,9 @@ folder), and ``analyze`` answers from it when it can.
 Imports: NumPy and SciPy, :mod:`scipy_gpuqr._cpu` for the SuiteSparse
 orderings (COLAMD, AMD; pymetis, optional, when METIS is asked for) and
 :mod:`scipy_gpuqr._store` for the disk cache's rules; nothing above it (no
-scheduler, engine or dispatch). Its command-line report is
+scheduler, engine or dispatch). The tree and front loops run compiled where a
+C compiler is at hand (:mod:`.native`, built on first use into the package
+cache folder; the NumPy code otherwise, with the same results). Its command-line report is
 ``scipy-gpuqr analyze`` (:mod:`scipy_gpuqr._cli.analyze`).
 """
 

@@ -33,7 +33,7 @@ temporary file that is loaded, then published with its manifest (size and
 SHA-256, :data:`MANIFEST_SUFFIX`) by ``os.replace``; a library on disk is
 opened only when it matches its manifest (``dlopen`` of a damaged file can kill
 the process), else it is deleted and built again. Loaded with ``ctypes`` and
-checked by ``sgs_abi()``.
+checked by ``sgs_abi()``; at most :data:`MAX_BUILDS` builds are kept.
 
 ``$SCIPY_GPUQR_SYMBOLIC_NATIVE`` (:data:`ENV`) picks the path: ``auto``
 (default: compiled when it is at hand; while it is being built, on a worker
@@ -63,7 +63,7 @@ import numpy as np
 from .._cachedir import cache_dir
 from .._errors import NativeUnavailable
 
-__all__ = ["ENV", "ABI", "MODES", "MANIFEST_SUFFIX", "NativeUnavailable", "mode", "library",
+__all__ = ["ENV", "ABI", "MODES", "MANIFEST_SUFFIX", "MAX_BUILDS", "NativeUnavailable", "mode", "library",
            "status", "column_etree", "postorder", "column_counts", "front_columns",
            "relaxed_amalgamation", "front_rows"]
 
@@ -142,6 +142,21 @@ def _discard(path: Path) -> None:
             p.unlink()
         except OSError:
             pass
+
+
+#: Most built libraries kept (other sources or compilers: other package versions).
+MAX_BUILDS = 8
+
+
+def _prune(folder: Path, keep: Path) -> None:
+    """Delete the oldest builds past :data:`MAX_BUILDS` with their manifests (best
+    effort: a library in use stays mapped where it is open)."""
+    try:
+        builds = sorted(folder.glob(f"{_PREFIX}*.so"), key=lambda p: p.stat().st_mtime)
+        for p in [p for p in builds if p != keep][:max(len(builds) - MAX_BUILDS, 0)]:
+            _discard(p)
+    except OSError:
+        pass
 
 
 def _open(path: Path) -> ctypes.CDLL:
@@ -259,6 +274,7 @@ class _Loader:
                 tmp_m = None
                 os.replace(tmp, path)
                 tmp = None
+                _prune(path.parent, keep=path)
         except Exception as exc:                   # noqa: BLE001 - NumPy path instead
             err, lib = f"build failed: {exc}", None
         finally:
