@@ -25,3 +25,19 @@ def test_ci_runs_the_readme_commands_verbatim():
     for command in commands:
         assert command in ci, f".ci/run does not run the README's command {command!r}"
     assert "--upgrade" not in ci, "a newcomer's venv keeps its stock pip and setuptools"
+
+
+def test_readme_states_the_drop_in_promise_with_its_table():
+    """Issue 15 item 5: the promise in one paragraph, followed by the ladder's table
+    (ours/SciPy per group of rows, from bench/dropin.py), naming the machine it ran on."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("**The drop-in promise.**")
+    paragraph, rest = text[start:].split("\n\n", 1)
+    for word in ("atol", "iter_lim", "lsqr", "spsolve", "SuperLU", "minimum 2-norm",
+                 "bench/dropin.py", "SCIPY_GPUQR_VERBOSE"):
+        assert word in paragraph, word
+    table = rest.split("\n\n", 1)[0].splitlines()
+    assert table[0].startswith("|") and "ours/SciPy" in table[0], table[:2]
+    assert set(table[1]) <= set("|-: ") and len(table) >= 3
+    assert all(row.startswith("|") and row.count("|") == table[0].count("|") for row in table)
+    assert any("core" in row for row in table), "the table names its machine"
