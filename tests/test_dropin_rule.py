@@ -165,3 +165,20 @@ def test_a_pause_of_the_process_does_not_stop_a_converging_run(monkeypatch):
             break
     assert stopped is None, watch.reason
     assert math.isfinite(watch.qr_seconds or 0.0)
+
+
+@pytest.mark.parametrize("iter_lim, analyses", [(120, False), (250, True)])
+def test_a_projection_past_iter_lim_analyses_early_only_where_it_can_repay(iter_lim, analyses):
+    """A projection twice past iter_lim on a short run whose projected total stays within
+    the analysis deferral: the analysis is made at once only where the iterations left to
+    iter_lim cost more than the analysis (at the checkpoint after 1 ms, iteration 64 at
+    16 us each: 56 left, 0.9 ms, against a 1.2 ms analysis; or 186 left, 3 ms)."""
+    planned = []
+    watch = Allowance(iter_lim=iter_lim, atol=1e-6, conlim=1e8, analysis=1.2e-3,
+                      plan=lambda: planned.append(1) or (None, _Plan(1e6)), order=62)
+    for k in range(1, iter_lim):
+        # test2 falls tenfold every 100 iterations: about 540 more projected at 64
+        if watch(_State(k, 1.6e-5 * k, 1.0, 10 ** (-k / 100), 1e-6, 10.0)):
+            break
+        if k == 64:
+            assert bool(planned) is analyses, watch.summary()

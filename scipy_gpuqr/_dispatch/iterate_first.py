@@ -166,7 +166,8 @@ ALLOWANCE_SHARE = 3.0
 SWITCH_MARGIN = 3.0
 #: A projection this many times past ``iter_lim`` makes the rule analyse the
 #: matrix at once (for the prediction the iter_lim verdict needs) rather than
-#: after the deferral.
+#: after the deferral, where the iterations left to ``iter_lim`` cost more than
+#: the analysis' estimate (only stopping before ``iter_lim`` repays it).
 ITER_LIM_MARGIN = 2.0
 #: Consecutive checkpoints that must reach the same verdict before a run is
 #: stopped (one window's projection can be an outlier).
@@ -484,7 +485,10 @@ class Allowance:
         remaining = (further * per_iteration if further is not None
                      else (math.inf if trusted else None))
         if self.predicted is None and self.plan_error is None:
-            past_limit = further is not None and itn + further > ITER_LIM_MARGIN * self.iter_lim
+            # analysing early pays only by stopping before iter_lim: not where the
+            # iterations left to it cost less than the analysis itself
+            past_limit = (further is not None and itn + further > ITER_LIM_MARGIN * self.iter_lim
+                          and (self.iter_lim - itn) * per_iteration > self.analysis_estimate)
             if not past_limit and t < self.deferral and \
                     (remaining is None or t + remaining <= self.deferral):
                 return self._confirm("", "")
