@@ -39,6 +39,9 @@ FORBIDDEN = {
     "tiled": ("_factor", "_dispatch", "_api", "_cli", "_engine"),
     "distributed": ("_cli",),
     "_errors": ("",),
+    # builds the compiled loops of _symbolic and _schedule: below every part
+    "_native_build": ("_symbolic", "_schedule", "_engine", "_factor", "_dispatch", "_api",
+                      "_cli", "_iterative", "_cpu", "batched", "tiled", "distributed"),
 }
 
 

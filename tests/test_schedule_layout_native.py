@@ -4,8 +4,6 @@ The library is built into a temporary folder (never the user's cache).
 Skipped only where no C compiler exists.
 """
 
-import os
-
 import numpy as np
 import pytest
 
@@ -15,17 +13,14 @@ from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
                                            random_least_squares)
 
-pytestmark = pytest.mark.skipif(native._compiler(os.environ) is None,
-                                reason="no C compiler")
+from _native_helpers import built_loader, needs_compiler
+
+pytestmark = needs_compiler
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    ld = native._Loader()
-    env = dict(os.environ, SCIPY_GPUQR_CACHE_DIR=str(tmp_path_factory.mktemp("native")))
-    got = ld.get(True, env)
-    assert got is not None, ld.status()
-    return ld
+    return built_loader(native, tmp_path_factory.mktemp("native"))[0]
 
 
 def _runs(rng, n, dtype):

@@ -11,30 +11,21 @@ import sys
 import numpy as np
 import pytest
 
+from scipy_gpuqr import _native_build
 from scipy_gpuqr._schedule import bucket, native
 from scipy_gpuqr._schedule.sparse import build_schedule, schedule_digest
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
+from _native_helpers import built_loader, env_with_cache as _env, needs_compiler
 from test_schedule_build import _random_patterns, _schedule_bytes
 
-pytestmark = pytest.mark.skipif(native._compiler(os.environ) is None,
-                                reason="no C compiler")
-
-
-def _env(folder, **kw):
-    env = dict(os.environ)
-    env["SCIPY_GPUQR_CACHE_DIR"] = str(folder)
-    env.update(kw)
-    return env
+pytestmark = needs_compiler
 
 
 @pytest.fixture(scope="module")
 def loader(tmp_path_factory):
-    ld = native._Loader()
-    env = _env(tmp_path_factory.mktemp("native"))
-    assert ld.get(True, env) is not None, ld.status()
-    return ld, env
+    return built_loader(native, tmp_path_factory.mktemp("native"))
 
 
 @pytest.fixture
@@ -171,7 +162,7 @@ def test_mode_and_fallback(tmp_path, monkeypatch):
     with pytest.raises(ValueError):
         native.mode({native.ENV: "fortran"})
     # a compiler that fails: the NumPy path (auto), an error (c)
-    ld = native._Loader()
+    ld = _native_build.Loader(native._SPEC)
     env = _env(tmp_path, CC=f"{sys.executable} -c 'raise SystemExit(3)'")
     assert ld.get(True, env) is None
     assert ld.status().startswith("unavailable: compiler failed")
@@ -193,24 +184,24 @@ def test_mode_and_fallback(tmp_path, monkeypatch):
 
 def test_built_once_then_loaded_and_damage_rebuilt(tmp_path):
     env = _env(tmp_path)
-    first = native._Loader()
+    first = _native_build.Loader(native._SPEC)
     assert first.get(False, env) is None or first.status() == "loaded"   # built on a thread
     assert first.get(True, env) is not None and first.build_s is not None
     so, = (tmp_path / "native").glob("native-*.so")
     assert sorted(p.name for p in (tmp_path / "native").iterdir()) == \
         [so.name, so.name + native.MANIFEST_SUFFIX]
-    assert native._intact(so)
-    second = native._Loader()
+    assert _native_build.intact(so)
+    second = _native_build.Loader(native._SPEC)
     assert second.get(False, env) is not None and second.build_s is None  # loaded, not built
     # a damaged file (another folder: the loader maps a path once per process)
     other = tmp_path / "other"
     (other / "native").mkdir(parents=True)
     (other / "native" / so.name).write_bytes(b"not a library")
-    third = native._Loader()
+    third = _native_build.Loader(native._SPEC)
     assert third.get(True, _env(other)) is not None and third.build_s is not None
     assert sorted(p.name for p in (other / "native").iterdir()) == \
         [so.name, so.name + native.MANIFEST_SUFFIX]
-    assert native._intact(other / "native" / so.name)
+    assert _native_build.intact(other / "native" / so.name)
 
 
 def test_nothing_built_at_import(tmp_path):
@@ -225,13 +216,13 @@ def test_old_builds_pruned(tmp_path):
     for k in range(native.MAX_BUILDS + 3):
         p = d / f"native-old{k:02d}.so"
         p.write_bytes(b"x")
-        (d / (p.name + native.MANIFEST_SUFFIX)).write_text(native._manifest_text(1, "0" * 64))
+        _native_build.manifest_path(p).write_text(_native_build.manifest_text(1, "0" * 64))
         os.utime(p, (1000 + k, 1000 + k))
     for name in (".native-dead.so", ".native-dead.sha256", "native-gone.so.sha256"):
         (d / name).write_bytes(b"x")
         os.utime(d / name, (1000, 1000))
     (d / "native-young.so.sha256").write_bytes(b"x")       # maybe a build between renames
-    ld = native._Loader()
+    ld = _native_build.Loader(native._SPEC)
     assert ld.get(True, _env(tmp_path)) is not None
     left = sorted(p.name for p in d.glob("native-*.so"))
     assert len(left) == native.MAX_BUILDS
@@ -288,7 +279,7 @@ def _manifest_matches(so):
     """The manifest beside ``so`` records its size and SHA-256 (computed here)."""
     import hashlib
     data = so.read_bytes()
-    return native._read_manifest(so) == (len(data), hashlib.sha256(data).hexdigest())
+    return _native_build.read_manifest(so) == (len(data), hashlib.sha256(data).hexdigest())
 
 
 @pytest.fixture
@@ -327,13 +318,13 @@ def test_overwritten_library_rebuilt(built):
 
 def test_missing_manifest_rebuilt(built):
     env, so, good = built
-    native._manifest_path(so).unlink()
+    _native_build.manifest_path(so).unlink()
     _rebuilt(env, so, good)
 
 
 def test_damaged_manifest_rebuilt(built):
     env, so, good = built
-    m = native._manifest_path(so)
+    m = _native_build.manifest_path(so)
     m.write_text(m.read_text().replace("size ", "size 1"))
     _rebuilt(env, so, good)
     m.write_text("garbage")
@@ -346,7 +337,7 @@ def test_damaged_library_without_compiler_numpy_path(built, tmp_path):
     env, so, good = built
     import shlex
     cc = tmp_path / "cc.sh"
-    real = shlex.join(native._compiler(os.environ))
+    real = shlex.join(_native_build.compiler(os.environ))
     cc.write_text(f'#!/bin/sh\n[ -n "$SGQ_TEST_CC_FAIL" ] && exit 3\nexec {real} "$@"\n')
     cc.chmod(0o755)
     env = dict(env, CC=str(cc), **{native.ENV: "auto"})
@@ -355,7 +346,7 @@ def test_damaged_library_without_compiler_numpy_path(built, tmp_path):
     os.truncate(so, len(so.read_bytes()) // 2)
     got = _child(dict(env, SGQ_TEST_CC_FAIL="1"))
     assert got["status"].startswith("unavailable: compiler failed"), got
-    assert not so.exists() and not native._manifest_path(so).exists()
+    assert not so.exists() and not _native_build.manifest_path(so).exists()
     assert _child(env)["build_s"] is not None and _manifest_matches(so)   # compiler back
 
 

@@ -6,32 +6,25 @@ Skipped only where no C compiler exists; a compiler that fails is a failure.
 
 import os
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from scipy_gpuqr import _native_build
 from scipy_gpuqr._symbolic import analyze, etree, native
 from scipy_gpuqr._symbolic.ordering import column_ordering
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
-pytestmark = pytest.mark.skipif(native._compiler(os.environ) is None, reason="no C compiler")
+from _native_helpers import built_loader, env_with_cache as _env, needs_compiler
 
-
-def _env(folder, **kw):
-    env = dict(os.environ)
-    env["SCIPY_GPUQR_CACHE_DIR"] = str(folder)
-    env.update(kw)
-    return env
+pytestmark = needs_compiler
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    ld = native._Loader()
-    got = ld.get(True, _env(tmp_path_factory.mktemp("symnative")))
-    assert got is not None, ld.status()
-    return got
+    ld, _ = built_loader(native, tmp_path_factory.mktemp("symnative"))
+    return ld.get(True)
 
 
 def _matrices():
@@ -143,7 +136,7 @@ class _Preloaded:
 
 def test_numpy_mode_and_no_compiler_take_the_numpy_path(tmp_path):
     assert native.library(_env(tmp_path, **{native.ENV: "numpy"})) is None
-    ld = native._Loader()
+    ld = _native_build.Loader(native._SPEC)
     env = _env(tmp_path, CC=str(tmp_path / "no-such-compiler"))
     assert ld.get(True, env) is None
     assert ld.status().startswith("unavailable")
@@ -161,37 +154,37 @@ def _replace(path, data):
 
 def test_damaged_or_old_library_is_built_again(tmp_path):
     env = _env(tmp_path)
-    ld = native._Loader()
+    ld = _native_build.Loader(native._SPEC)
     assert ld.get(True, env) is not None
-    path, _ = native._Loader._where(env)
-    assert path.is_file() and native._intact(path)
+    path, _ = native._SPEC.where(env)
+    assert path.is_file() and _native_build.intact(path)
     # overwritten bytes: the manifest no longer matches, so it is rebuilt, never opened
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     _replace(path, bytes(data))
-    assert not native._intact(path)
-    ld2 = native._Loader()
-    assert ld2.get(True, env) is not None and native._intact(path)
+    assert not _native_build.intact(path)
+    ld2 = _native_build.Loader(native._SPEC)
+    assert ld2.get(True, env) is not None and _native_build.intact(path)
     # a library of another interface version (its manifest intact) is refused and rebuilt
-    src = Path(native._SOURCE).read_text().replace(
+    src = native._SPEC.source.read_text().replace(
         f"#define SGS_ABI {native.ABI}", f"#define SGS_ABI {native.ABI + 100}")
     old = tmp_path / "old.c"
     old.write_text(src)
-    cmd = native._compiler(env)
+    cmd = _native_build.compiler(env)
     built = tmp_path / "old.so"
-    subprocess.run(cmd + list(native._FLAGS) + ["-o", str(built), str(old)], check=True)
+    subprocess.run(cmd + list(_native_build.FLAGS) + ["-o", str(built), str(old)], check=True)
     _replace(path, built.read_bytes())
-    size, digest = native._checksum(path)
-    native._manifest_path(path).write_text(f"size {size}\nsha256 {digest}\n")
+    size, digest = _native_build.checksum(path)
+    _native_build.manifest_path(path).write_text(_native_build.manifest_text(size, digest))
     with pytest.raises(OSError):
-        native._open(path)
-    ld3 = native._Loader()
+        native._SPEC.open(path)
+    ld3 = _native_build.Loader(native._SPEC)
     lib = ld3.get(True, env)
     assert lib is not None and lib.sgs_abi() == native.ABI
 
 
 def test_auto_mode_builds_in_the_background(tmp_path):
-    ld = native._Loader()
+    ld = _native_build.Loader(native._SPEC)
     env = _env(tmp_path)
     assert ld.get(False, env) is None                     # nothing built yet: NumPy path now
     assert ld.get(True, env) is not None                  # the build finishes
@@ -256,17 +249,23 @@ def test_relaxed_amalgamation_equal_python(lib, monkeypatch, name, params):
 
 
 def test_old_builds_pruned(tmp_path):
+    # the schedule loops' builds share the folder: never pruned with these
     folder = tmp_path / "native"
     folder.mkdir()
+    others = [folder / f"native-old{i:02d}.so" for i in range(native.MAX_BUILDS + 3)]
+    for i, p in enumerate(others):
+        p.write_bytes(b"x")
+        os.utime(p, (500 + i, 500 + i))
     old = []
     for i in range(native.MAX_BUILDS + 3):
-        p = folder / f"{native._PREFIX}{i:016x}.so"
+        p = folder / f"{native._SPEC.prefix}{i:016x}.so"
         p.write_bytes(b"x")
-        native._manifest_path(p).write_text("size 1\n")
+        _native_build.manifest_path(p).write_text("size 1\n")
         os.utime(p, (1000 + i, 1000 + i))
         old.append(p)
     keep = old[0]                                          # the oldest, but the one in use
-    native._prune(folder, keep)
-    left = sorted(folder.glob(f"{native._PREFIX}*.so"))
+    _native_build.prune(folder, keep, native._SPEC.prefix)
+    left = sorted(folder.glob(f"{native._SPEC.prefix}*.so"))
     assert len(left) == native.MAX_BUILDS and keep in left
-    assert not native._manifest_path(old[1]).exists()
+    assert not _native_build.manifest_path(old[1]).exists()
+    assert all(p.exists() for p in others)

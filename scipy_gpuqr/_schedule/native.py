@@ -21,58 +21,30 @@ path with the NumPy one):
 * ``sgq_pack``: a host stage's Pack-Assemble records on several threads
   (:func:`pack`, ``simulate._pack``'s copies).
 
-It is plain C99 without Python headers, so any system C compiler builds it
-(a wheel stays pure Python; where none exists the NumPy code runs):
-
-* when: on the first use in a process that finds no built library (never at
-  import); in mode ``auto`` the build runs on a worker thread and the plan
-  meanwhile takes the NumPy path (no plan waits for the compiler, which runs
-  once per machine and source), in mode ``c`` the caller waits;
-* where: ``native/`` in the package cache folder
-  (:func:`scipy_gpuqr._cachedir.cache_dir`), file ``native-{key}.so``, the
-  key a hash of the source, :data:`ABI`, the platform and the compiler
-  command; compiled into a temporary file of that folder, loaded from there,
-  and moved into place (``os.replace``), so processes building at once never
-  load a partial file; at most :data:`MAX_BUILDS` builds are kept;
-* check: beside each library a manifest ``native-{key}.so.sha256``
-  (:data:`MANIFEST_SUFFIX`: size and SHA-256 of the complete library, also
-  published by ``os.replace``, before the library). A library is loaded only
-  when its size and checksum match its manifest (cheap: the library is
-  small): ``dlopen`` maps the file, so a truncated one kills the process with SIGBUS
-  and one with overwritten bytes with an illegal instruction or a loader
-  error, which no ``try`` can catch. A missing manifest or a mismatch deletes
-  both files and builds again (no compiler or a failed build: the NumPy
-  path);
-* how: ``$CC`` (split like a shell command) or the first of ``cc``, ``gcc``,
-  ``clang`` found, with ``-O2 -shared -fPIC``; loaded with ``ctypes`` (cffi's
-  ABI mode would parse declarations first, on the path to launch 0) and
-  checked by the library's ``sgq_abi()``; the calls release the GIL.
+It is plain C99 without Python headers, built on the first use in a process
+that finds no built library (never at import) into ``native/`` of the package
+cache folder as ``native-{key}.so``, checked against its manifest before it is
+loaded, by :mod:`scipy_gpuqr._native_build` (which says when, where and how);
+the calls release the GIL.
 
 ``$SCIPY_GPUQR_SCHEDULE_SIM`` (:data:`ENV`) picks the path: ``auto``
-(default: compiled when it can be had, else NumPy), ``c`` (compiled or
-:class:`NativeUnavailable`), ``numpy``. No compiler, no cache folder, a failed
-build or load: the NumPy path (``auto``), decided once per process.
+(default: compiled when it can be had, else NumPy; while it is being built on a
+worker thread the plan takes the NumPy path, so no plan waits for the
+compiler), ``c`` (compiled or :class:`NativeUnavailable`), ``numpy``. No
+compiler, no cache folder, a failed build or load: the NumPy path (``auto``),
+decided once per process.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
-import time
-from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
-from .._cachedir import cache_dir
+from .. import _native_build
 from .._errors import NativeUnavailable
 from .tasks import MAX_SLOTS
 
@@ -83,280 +55,23 @@ __all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "MANIFEST_SUFFIX", "NativeUnavai
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
-MODES = ("auto", "c", "numpy")
+MODES = _native_build.MODES
 #: Interface version of ``_native.c`` (``sgq_abi()``).
 ABI = 8
 #: Row columns the library writes, in its order (then ``rows``).
 COLS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop", "vt",
         "vt2", "mult")
-_SOURCE = Path(__file__).resolve().with_name("_native.c")
-_FLAGS = ("-O2", "-shared", "-fPIC")
 _NOMEM, _FINAL, _INPUT = 1, 2, 3
 #: Suffix added to a library's file name to name its manifest (size and SHA-256).
-MANIFEST_SUFFIX = ".sha256"
-
-
-def mode(environ: Mapping[str, str] = os.environ) -> str:
-    """The simulation path asked for by :data:`ENV` (``auto`` when unset)."""
-    v = environ.get(ENV, "").strip().lower() or "auto"
-    if v not in MODES:
-        raise ValueError(f"{ENV} must be one of {', '.join(MODES)}, got {v!r}")
-    return v
-
-
-def _compiler(environ: Mapping[str, str]) -> list | None:
-    cc = environ.get("CC", "").strip()
-    if cc:
-        return shlex.split(cc)
-    for name in ("cc", "gcc", "clang"):
-        path = shutil.which(name)
-        if path:
-            return [path]
-    return None
-
-
-def _key(cmd: list, source: bytes) -> str:
-    h = hashlib.sha1()
-    for part in (source, str(ABI).encode(), sys.platform.encode(),
-                 platform.machine().encode(), "\0".join(cmd + list(_FLAGS)).encode()):
-        h.update(part + b"\0")
-    return h.hexdigest()[:16]
-
-
-class _Loader:
-    """The process' library: found on disk, or built once (thread-safe)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._lib = None
-        self._error: str | None = None
-        self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
-        self.build_s: float | None = None        # seconds the build took here, if it ran
-
-    def status(self) -> str:
-        if self._lib is not None:
-            return "loaded"
-        if self._error is not None:
-            return f"unavailable: {self._error}"
-        return "building" if self._thread is not None else "not loaded"
-
-    def get(self, wait: bool, environ: Mapping[str, str] = os.environ):
-        """The library (``ctypes.CDLL``); None when it cannot be had, or (``wait``
-        False) while it is being built.
-
-        A library on disk is loaded only when :func:`_intact` (its manifest's
-        size and SHA-256); otherwise it and its manifest are deleted and built
-        again, on a worker thread that this call joins when ``wait``.
-        """
-        with self._lock:
-            if self._pid != os.getpid():          # a forked child: no build thread here
-                self._pid, self._thread = os.getpid(), None
-            if self._lib is not None or self._error is not None:
-                return self._lib
-            th = self._thread
-            if th is None:
-                try:
-                    path, cmd = self._where(environ)
-                except _Fail as exc:
-                    self._error = str(exc)
-                    return None
-                if path.is_file() or _manifest_path(path).is_file():
-                    if _intact(path):              # never dlopen a damaged file
-                        self._load(path)
-                        if self._lib is not None:
-                            return self._lib
-                    self._error = None             # damaged or unloadable: build again
-                    _discard(path)
-                th = threading.Thread(target=self._build, args=(path, cmd),
-                                      name="scipy_gpuqr-native-build")
-                self._thread = th
-                th.start()
-        if not wait:
-            return None
-        th.join()
-        return self._lib
-
-    def _where(self, environ):
-        cmd = _compiler(environ)
-        if cmd is None:
-            raise _Fail("no C compiler (cc, gcc, clang; or $CC)")
-        base = cache_dir(environ)
-        if base is None:
-            raise _Fail("no cache folder")
-        try:
-            source = _SOURCE.read_bytes()
-        except OSError as exc:
-            raise _Fail(f"cannot read {_SOURCE.name}: {exc}") from None
-        return base / "native" / f"native-{_key(cmd, source)}.so", cmd
-
-    def _load(self, path: Path) -> None:
-        """Open ``path`` (under the lock); on failure remember why."""
-        try:
-            lib = _open(path)
-        except Exception as exc:                   # noqa: BLE001 - NumPy path instead
-            self._error = f"cannot load {path}: {exc}"
-            return
-        self._lib = lib
-
-    def _build(self, path: Path, cmd: list) -> None:
-        """Compile into a temporary file beside ``path``, load that file, then
-        publish its manifest and it (``os.replace`` each, the manifest first);
-        the outcome (library or error) is set under the lock.
-
-        Loading the temporary file, not ``path``, maps exactly the bytes the
-        manifest describes, whatever another process publishes meanwhile; a
-        library that does not load is never published.
-        """
-        t0 = time.perf_counter()
-        err = lib = None
-        tmp = tmp_m = None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".native-", suffix=".so", dir=path.parent)
-            os.close(fd)
-            r = subprocess.run(cmd + list(_FLAGS) + ["-o", tmp, str(_SOURCE)],
-                               stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
-            if r.returncode != 0:
-                msg = (r.stderr or r.stdout).decode(errors="replace").strip()
-                err = f"compiler failed ({r.returncode}): {msg[-300:]}"
-            else:
-                size, digest = _checksum(Path(tmp), sync=True)
-                lib = _open(Path(tmp))
-                fd, tmp_m = tempfile.mkstemp(prefix=".native-", suffix=MANIFEST_SUFFIX,
-                                             dir=path.parent)
-                with os.fdopen(fd, "w") as f:
-                    f.write(_manifest_text(size, digest))
-                    f.flush()
-                    os.fsync(f.fileno())
-                # readable by whoever may read the library (mkstemp makes 0600)
-                os.chmod(tmp_m, os.stat(tmp).st_mode & 0o666)
-                os.replace(tmp_m, _manifest_path(path))
-                tmp_m = None
-                os.replace(tmp, path)
-                tmp = None
-                _prune(path.parent, keep=path)
-        except Exception as exc:                  # noqa: BLE001 - NumPy path instead
-            err, lib = f"build failed: {exc}", None
-        finally:
-            for t in (tmp, tmp_m):
-                if t is not None:
-                    try:
-                        os.unlink(t)
-                    except OSError:
-                        pass
-        with self._lock:
-            if err is None:
-                self._lib = lib
-            else:
-                self._error = err
-            self.build_s = time.perf_counter() - t0
-            self._thread = None
-
-
-class _Fail(Exception):
-    pass
-
-
+MANIFEST_SUFFIX = _native_build.MANIFEST_SUFFIX
 #: Most built libraries kept (other sources or compilers: other package versions).
-MAX_BUILDS = 8
+MAX_BUILDS = _native_build.MAX_BUILDS
 
 
-def _prune(folder: Path, keep: Path) -> None:
-    """Delete the oldest builds past :data:`MAX_BUILDS` with their manifests,
-    and, over an hour old, temporary files of builds that died and manifests
-    without a library (younger ones may be a build between its two renames);
-    best effort: a library in use stays mapped where it is open."""
-    try:
-        builds = sorted(folder.glob("native-*.so"), key=lambda p: p.stat().st_mtime)
-        for p in [p for p in builds if p != keep][:max(len(builds) - MAX_BUILDS, 0)]:
-            _discard(p)
-        old = time.time() - 3600
-        for m in folder.glob("native-*.so" + MANIFEST_SUFFIX):
-            if not m.with_name(m.name[:-len(MANIFEST_SUFFIX)]).exists() and \
-                    m.stat().st_mtime < old:
-                m.unlink()
-        for p in folder.glob(".native-*"):
-            if p.stat().st_mtime < old:
-                p.unlink()
-    except OSError:
-        pass
-
-
-def _manifest_path(path: Path) -> Path:
-    """The manifest beside the library ``path`` (``path`` + :data:`MANIFEST_SUFFIX`)."""
-    return path.with_name(path.name + MANIFEST_SUFFIX)
-
-
-def _manifest_text(size: int, digest: str) -> str:
-    """A manifest's text: the library's size in bytes and its SHA-256 (hex)."""
-    return f"size {size}\nsha256 {digest}\n"
-
-
-def _read_manifest(path: Path) -> tuple[int, str] | None:
-    """``(size, sha256 hex)`` of the manifest of the library ``path``; None when
-    it is missing, unreadable or malformed."""
-    try:
-        text = _manifest_path(path).read_text(encoding="ascii")
-        fields = dict(line.split(" ", 1) for line in text.splitlines())
-        size, digest = int(fields["size"]), fields["sha256"]
-    except (OSError, ValueError, KeyError, UnicodeDecodeError):
-        return None
-    if size < 0 or len(digest) != 64 or digest.strip("0123456789abcdef"):
-        return None
-    return size, digest
-
-
-def _checksum(path: Path, sync: bool = False) -> tuple[int, str]:
-    """``(size, sha256 hex)`` of the file ``path``, read through one descriptor;
-    ``sync`` also flushes it to disk first (a build, before it is published).
-
-    Raises
-    ------
-    OSError
-        The file cannot be opened or read.
-    """
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        if sync:
-            os.fsync(f.fileno())
-        size = 0
-        while chunk := f.read(1 << 16):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
-
-
-def _intact(path: Path) -> bool:
-    """Whether the library ``path`` has the size, then the SHA-256, that its
-    manifest records (False when either file is missing or unreadable)."""
-    want = _read_manifest(path)
-    if want is None:
-        return False
-    try:
-        if path.stat().st_size != want[0]:
-            return False
-        return _checksum(path) == want
-    except OSError:
-        return False
-
-
-def _discard(path: Path) -> None:
-    """Delete the library ``path`` and its manifest (best effort: one gone
-    already, or another process' rebuild racing, is no error)."""
-    for p in (path, _manifest_path(path)):
-        try:
-            p.unlink()
-        except OSError:
-            pass
-
-
-def _open(path: Path):
-    """The library at ``path`` with its functions typed (ctypes: no declarations
-    to parse, unlike cffi's ``cdef``)."""
-    lib = ctypes.CDLL(str(path))
+def _declare(lib: ctypes.CDLL) -> None:
+    """Type the library's functions (ctypes: no declarations to parse, unlike
+    cffi's ``cdef``)."""
     i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
-    lib.sgq_abi.argtypes, lib.sgq_abi.restype = [], ctypes.c_int
     lib.sgq_simulate.argtypes = [i64, ptr, ptr, ptr, ptr, i32, i32, i32, ptr]
     lib.sgq_simulate.restype = ptr
     lib.sgq_fetch.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i64]
@@ -378,13 +93,16 @@ def _open(path: Path):
     lib.sgq_scatter.restype = None
     lib.sgq_pack.argtypes = [i64, i64] + [ptr] * 12 + [ptr, i32]
     lib.sgq_pack.restype = None
-    got = lib.sgq_abi()
-    if got != ABI:
-        raise OSError(f"ABI {got}, expected {ABI}")
-    return lib
 
 
-_LOADER = _Loader()
+#: The library: ``_native.c`` beside this module, built as ``native-{key}.so``.
+_SPEC = _native_build.NativeLibrary.beside(__file__, "native-", ABI, "sgq_abi", ENV, _declare)
+_LOADER = _native_build.Loader(_SPEC)
+
+
+def mode(environ: Mapping[str, str] = os.environ) -> str:
+    """The simulation path asked for by :data:`ENV` (``auto`` when unset)."""
+    return _SPEC.mode(environ)
 
 
 def library(wait: bool = True, environ: Mapping[str, str] = os.environ):
@@ -403,13 +121,7 @@ def handle(environ: Mapping[str, str] = os.environ):
     NativeUnavailable
         Mode ``c`` and no library.
     """
-    m = mode(environ)
-    if m == "numpy":
-        return None
-    lib = _LOADER.get(m == "c", environ)
-    if lib is None and m == "c":
-        raise NativeUnavailable(f"compiled schedule loops: {status()}")
-    return lib
+    return _native_build.choose(_LOADER, mode(environ), "compiled schedule loops", environ)
 
 
 def status() -> str:

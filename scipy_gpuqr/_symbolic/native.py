@@ -23,17 +23,11 @@ giving the same arrays as the NumPy functions of :mod:`.etree` and
   the S rows' and the children's rows' places, the S-assembly map), front
   after front by counting the rows per slot.
 
-The library is built and loaded the way :mod:`scipy_gpuqr._schedule.native`
-builds its own (that module is above this part of the package, so its loader
-cannot be shared from here): plain C99 without Python headers, compiled by
-``$CC`` or the first of ``cc``, ``gcc``, ``clang`` with ``-O2 -shared -fPIC``
-into ``native/`` of the package cache folder as ``symbolic-{key}.so`` (key: a
-hash of the source, :data:`ABI`, the platform and the command), into a
-temporary file that is loaded, then published with its manifest (size and
-SHA-256, :data:`MANIFEST_SUFFIX`) by ``os.replace``; a library on disk is
-opened only when it matches its manifest (``dlopen`` of a damaged file can kill
-the process), else it is deleted and built again. Loaded with ``ctypes`` and
-checked by ``sgs_abi()``; at most :data:`MAX_BUILDS` builds are kept.
+The library is plain C99 without Python headers, built on the first use in a
+process that finds no built library (never at import) into ``native/`` of the
+package cache folder as ``symbolic-{key}.so``, checked against its manifest
+before it is loaded, by :mod:`scipy_gpuqr._native_build` (which says when,
+where and how), as :mod:`scipy_gpuqr._schedule.native` builds its own.
 
 ``$SCIPY_GPUQR_SYMBOLIC_NATIVE`` (:data:`ENV`) picks the path: ``auto``
 (default: compiled when it is at hand; while it is being built, on a worker
@@ -46,125 +40,31 @@ old library (another ABI): the NumPy path, decided once per process.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
-import threading
-from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
-from .._cachedir import cache_dir
+from .. import _native_build
 from .._errors import NativeUnavailable
 
-__all__ = ["ENV", "ABI", "MODES", "MANIFEST_SUFFIX", "MAX_BUILDS", "NativeUnavailable", "mode", "library",
-           "status", "column_etree", "postorder", "column_counts", "front_columns",
+__all__ = ["ENV", "ABI", "MODES", "MANIFEST_SUFFIX", "MAX_BUILDS", "NativeUnavailable", "mode",
+           "library", "status", "column_etree", "postorder", "column_counts", "front_columns",
            "relaxed_amalgamation", "front_rows"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SYMBOLIC_NATIVE"
-MODES = ("auto", "c", "numpy")
+MODES = _native_build.MODES
 #: Interface version of ``_native.c`` (``sgs_abi()``).
 ABI = 4
 #: Suffix added to a library's file name to name its manifest (size and SHA-256).
-MANIFEST_SUFFIX = ".sha256"
-_SOURCE = Path(__file__).resolve().with_name("_native.c")
-_FLAGS = ("-O2", "-shared", "-fPIC")
-_PREFIX = "symbolic-"
-
-
-def mode(environ: Mapping[str, str] = os.environ) -> str:
-    """The path asked for by :data:`ENV` (``auto`` when unset)."""
-    v = environ.get(ENV, "").strip().lower() or "auto"
-    if v not in MODES:
-        raise ValueError(f"{ENV} must be one of {', '.join(MODES)}, got {v!r}")
-    return v
-
-
-def _compiler(environ: Mapping[str, str]) -> list | None:
-    cc = environ.get("CC", "").strip()
-    if cc:
-        return shlex.split(cc)
-    for name in ("cc", "gcc", "clang"):
-        path = shutil.which(name)
-        if path:
-            return [path]
-    return None
-
-
-def _key(cmd: list, source: bytes) -> str:
-    h = hashlib.sha1()
-    for part in (source, str(ABI).encode(), sys.platform.encode(),
-                 platform.machine().encode(), "\0".join(cmd + list(_FLAGS)).encode()):
-        h.update(part + b"\0")
-    return h.hexdigest()[:16]
-
-
-def _manifest_path(path: Path) -> Path:
-    return path.with_name(path.name + MANIFEST_SUFFIX)
-
-
-def _checksum(path: Path, sync: bool = False) -> tuple[int, str]:
-    """``(size, sha256 hex)`` of ``path`` (``sync``: flushed to disk first)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        if sync:
-            os.fsync(f.fileno())
-        size = 0
-        while chunk := f.read(1 << 16):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
-
-
-def _intact(path: Path) -> bool:
-    """Whether ``path`` has the size and SHA-256 its manifest records."""
-    try:
-        fields = dict(line.split(" ", 1)
-                      for line in _manifest_path(path).read_text(encoding="ascii").splitlines())
-        want = (int(fields["size"]), fields["sha256"])
-        if path.stat().st_size != want[0]:
-            return False
-        return _checksum(path) == want
-    except (OSError, ValueError, KeyError, UnicodeDecodeError):
-        return False
-
-
-def _discard(path: Path) -> None:
-    for p in (_manifest_path(path), path):
-        try:
-            p.unlink()
-        except OSError:
-            pass
-
-
+MANIFEST_SUFFIX = _native_build.MANIFEST_SUFFIX
 #: Most built libraries kept (other sources or compilers: other package versions).
-MAX_BUILDS = 8
+MAX_BUILDS = _native_build.MAX_BUILDS
 
 
-def _prune(folder: Path, keep: Path) -> None:
-    """Delete the oldest builds past :data:`MAX_BUILDS` with their manifests (best
-    effort: a library in use stays mapped where it is open)."""
-    try:
-        builds = sorted(folder.glob(f"{_PREFIX}*.so"), key=lambda p: p.stat().st_mtime)
-        for p in [p for p in builds if p != keep][:max(len(builds) - MAX_BUILDS, 0)]:
-            _discard(p)
-    except OSError:
-        pass
-
-
-def _open(path: Path) -> ctypes.CDLL:
-    """Open the library and declare its functions; refuse another ABI."""
-    lib = ctypes.CDLL(str(path))
-    lib.sgs_abi.argtypes, lib.sgs_abi.restype = [], ctypes.c_int
-    if lib.sgs_abi() != ABI:
-        raise OSError(f"ABI {lib.sgs_abi()} instead of {ABI}")
+def _declare(lib: ctypes.CDLL) -> None:
+    """Type the library's tree loops (each returns 0, or nonzero on failure)."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.sgs_column_etree.argtypes = [i64, i64, ptr, ptr, ptr, ptr]
     lib.sgs_postorder.argtypes = [i64, ptr, ptr]
@@ -176,123 +76,16 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.sgs_relaxed_amalgamation.restype = None
     for name in ("sgs_column_etree", "sgs_postorder", "sgs_column_counts", "sgs_front_columns"):
         getattr(lib, name).restype = ctypes.c_int
-    return lib
 
 
-class _Fail(Exception):
-    pass
+#: The library: ``_native.c`` beside this module, built as ``symbolic-{key}.so``.
+_SPEC = _native_build.NativeLibrary.beside(__file__, "symbolic-", ABI, "sgs_abi", ENV, _declare)
+_LOADER = _native_build.Loader(_SPEC)
 
 
-class _Loader:
-    """The process' library: found on disk, or built once (thread-safe)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._lib = None
-        self._error: str | None = None
-        self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
-
-    def status(self) -> str:
-        if self._lib is not None:
-            return "loaded"
-        if self._error is not None:
-            return f"unavailable: {self._error}"
-        return "building" if self._thread is not None else "not loaded"
-
-    def get(self, wait: bool, environ: Mapping[str, str] = os.environ):
-        """The library; None when it cannot be had or (``wait`` False) while it
-        is being built on a worker thread."""
-        with self._lock:
-            if self._pid != os.getpid():          # a forked child: no build thread here
-                self._pid, self._thread = os.getpid(), None
-            if self._lib is not None or self._error is not None:
-                return self._lib
-            th = self._thread
-            if th is None:
-                try:
-                    path, cmd = self._where(environ)
-                except _Fail as exc:
-                    self._error = str(exc)
-                    return None
-                if path.is_file() or _manifest_path(path).is_file():
-                    if _intact(path):              # never dlopen a damaged file
-                        try:
-                            self._lib = _open(path)
-                            return self._lib
-                        except Exception:          # noqa: BLE001 - built again below
-                            pass
-                    _discard(path)
-                th = threading.Thread(target=self._build, args=(path, cmd),
-                                      name="scipy_gpuqr-symbolic-build")
-                self._thread = th
-                th.start()
-        if not wait:
-            return None
-        th.join()
-        return self._lib
-
-    @staticmethod
-    def _where(environ):
-        cmd = _compiler(environ)
-        if cmd is None:
-            raise _Fail("no C compiler (cc, gcc, clang; or $CC)")
-        base = cache_dir(environ)
-        if base is None:
-            raise _Fail("no cache folder")
-        try:
-            source = _SOURCE.read_bytes()
-        except OSError as exc:
-            raise _Fail(f"cannot read {_SOURCE.name}: {exc}") from None
-        return base / "native" / f"{_PREFIX}{_key(cmd, source)}.so", cmd
-
-    def _build(self, path: Path, cmd: list) -> None:
-        """Compile into a temporary file beside ``path``, load it, then publish
-        its manifest and it (``os.replace``, the manifest first)."""
-        err = lib = None
-        tmp = tmp_m = None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{_PREFIX}", suffix=".so", dir=path.parent)
-            os.close(fd)
-            r = subprocess.run(cmd + list(_FLAGS) + ["-o", tmp, str(_SOURCE)],
-                               stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
-            if r.returncode != 0:
-                msg = (r.stderr or r.stdout).decode(errors="replace").strip()
-                err = f"compiler failed ({r.returncode}): {msg[-300:]}"
-            else:
-                size, digest = _checksum(Path(tmp), sync=True)
-                lib = _open(Path(tmp))
-                fd, tmp_m = tempfile.mkstemp(prefix=f".{_PREFIX}", suffix=MANIFEST_SUFFIX,
-                                             dir=path.parent)
-                with os.fdopen(fd, "w") as f:
-                    f.write(f"size {size}\nsha256 {digest}\n")
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.chmod(tmp_m, os.stat(tmp).st_mode & 0o666)
-                os.replace(tmp_m, _manifest_path(path))
-                tmp_m = None
-                os.replace(tmp, path)
-                tmp = None
-                _prune(path.parent, keep=path)
-        except Exception as exc:                   # noqa: BLE001 - NumPy path instead
-            err, lib = f"build failed: {exc}", None
-        finally:
-            for t in (tmp, tmp_m):
-                if t is not None:
-                    try:
-                        os.unlink(t)
-                    except OSError:
-                        pass
-        with self._lock:
-            if err is None:
-                self._lib = lib
-            else:
-                self._error = err
-            self._thread = None
-
-
-_LOADER = _Loader()
+def mode(environ: Mapping[str, str] = os.environ) -> str:
+    """The path asked for by :data:`ENV` (``auto`` when unset)."""
+    return _SPEC.mode(environ)
 
 
 def library(environ: Mapping[str, str] = os.environ):
@@ -303,13 +96,8 @@ def library(environ: Mapping[str, str] = os.environ):
     NativeUnavailable
         Mode ``c`` and the library cannot be had.
     """
-    m = mode(environ)
-    if m == "numpy":
-        return None
-    lib = _LOADER.get(m == "c", environ)
-    if lib is None and m == "c":
-        raise NativeUnavailable(f"compiled symbolic analysis unavailable: {_LOADER.status()}")
-    return lib
+    return _native_build.choose(_LOADER, mode(environ),
+                                "compiled symbolic analysis unavailable", environ)
 
 
 def status() -> str:

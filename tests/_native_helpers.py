@@ -1,0 +1,37 @@
+"""Helpers of the tests of the package's compiled libraries (the compiled
+schedule loops and analysis tree loops, :mod:`scipy_gpuqr._native_build`).
+
+Their libraries are built into temporary cache folders (never the user's);
+their tests are skipped only where no C compiler exists.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from scipy_gpuqr import _native_build
+
+#: Mark for a module whose tests need a C compiler (skipped where none exists;
+#: a compiler that fails is a failure).
+needs_compiler = pytest.mark.skipif(_native_build.compiler(os.environ) is None,
+                                    reason="no C compiler")
+
+
+def env_with_cache(folder, **kw) -> dict:
+    """This process' environment with the package cache folder at ``folder``
+    and the variables ``kw`` set."""
+    env = dict(os.environ)
+    env["SCIPY_GPUQR_CACHE_DIR"] = str(folder)
+    env.update(kw)
+    return env
+
+
+def built_loader(native, folder) -> tuple:
+    """``(loader, environment)``: a fresh loader of the ``native`` module's
+    library that built (or found) it in the cache folder ``folder``."""
+    ld = _native_build.Loader(native._SPEC)
+    env = env_with_cache(folder)
+    assert ld.get(True, env) is not None, ld.status()
+    return ld, env
