@@ -1,11 +1,12 @@
 """The package's user cache folder (light: no SciPy, nothing done at import).
 
 ``$SCIPY_GPUQR_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/scipy_gpuqr``,
-else ``~/.cache/scipy_gpuqr``. Used by the schedule caches
-(:mod:`scipy_gpuqr._schedule.cache`: tile schedules and whole plans),
-the compiled libraries (:mod:`scipy_gpuqr._native_build`: the schedule's bucket
-simulation and the symbolic analysis' tree loops), the analysis cache, the
-sparse calibration (:mod:`scipy_gpuqr._dispatch.calibrate`) and the tiled QR's
+else ``~/.cache/scipy_gpuqr``. Used by the disk store (:mod:`scipy_gpuqr._store`)
+of the schedule caches (:mod:`scipy_gpuqr._schedule.cache`: tile schedules
+and whole plans) and of the analyses
+(:mod:`scipy_gpuqr._symbolic.analysis_cache`), the compiled libraries
+(:mod:`scipy_gpuqr._native_build`: the schedule's bucket simulation and the
+symbolic analysis' tree loops), the sparse calibration (:mod:`scipy_gpuqr._dispatch.calibrate`) and the tiled QR's
 (:func:`scipy_gpuqr.tiled._calibrate.cache_dir`).
 """
 
