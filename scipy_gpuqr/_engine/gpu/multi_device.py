@@ -64,6 +64,7 @@ from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
 from ..dense_front import DenseFront
 from ..host.reference import task_list_input
+from ..host.simulate import one_blas_thread
 from . import driver
 from .device import CupyDevice
 from .rcopy import final_entries
@@ -438,11 +439,17 @@ class _MultiStageRun:
         here = int(self.plan.upper_device) if 0 <= int(self.plan.upper_device) < nd else 0
         threads = [threading.Thread(target=one, args=(k,), name=f"gpuqr-device-{k}",
                                     daemon=True) for k in range(nd) if k != here]
-        for t in threads:
-            t.start()
-        one(here)
-        for t in threads:
-            t.join()
+        # host layers (NumPy) run their dense fronts under one BLAS thread; the
+        # limit is set once for all of them here, since changing OpenBLAS's
+        # thread count while another thread is inside it corrupts that call's
+        # results (seen: a dense front's T, so Q differed and R did not)
+        host = all(getattr(layer, "cp", None) is None for layer in self.layers)
+        with one_blas_thread() if host else contextlib.nullcontext():
+            for t in threads:
+                t.start()
+            one(here)
+            for t in threads:
+                t.join()
         self.xfer.keep = []
         real = [e for e in errors if e is not None and not isinstance(e, _Aborted)]
         if real:
