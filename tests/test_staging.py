@@ -593,3 +593,23 @@ def test_kept_rows_of_r_leave_room_for_the_largest_uploaded_pool():
     assert keep_bytes(1000, []) == KEEP_MAX_SHARE * 1000    # nothing to upload for Q
     assert keep_bytes(1000, [100, 300]) == 1000 - QT_POOL_ROOM * 300   # room beside it
     assert keep_bytes(1000, [900]) == KEEP_SHARE * 1000     # a large pool: the share
+
+
+def test_release_kept_drops_the_rows_of_r_kept_between_solves():
+    """A solve out of device memory first drops the stages' kept rows of R (they
+    are uploaded per solve from then on: the shared budget keeps nothing more)."""
+    from scipy_gpuqr._engine.gpu.trsolve import FrontTriangular, _KeepBudget, _StageRows
+    budget = _KeepBudget(1000)
+    rows = []
+    for kept in ("device rows", None):
+        r = _StageRows.__new__(_StageRows)
+        r._kept, r._keep = kept, budget
+        rows.append(r)
+    ft = FrontTriangular.__new__(FrontTriangular)
+    ft._stages = [(0, [0], "kernel", rows[0]), (1, [1], "kernel", rows[1]),
+                  (2, [2], "kernel", None)]          # a pool kept whole: nothing to drop
+    assert ft.release_kept()
+    assert all(r._kept is None for r in rows) and not budget.take(1)
+    assert not ft.release_kept()
+    ft._stages = None                                # host solves (NumPy): no stages
+    assert not ft.release_kept()

@@ -24,6 +24,7 @@ the device, the rest through the host).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pickle
 import time
 
@@ -267,8 +268,11 @@ class FactoredQR:
         CuPy out (blocks kept on the device); else None.
 
         A solve that runs out of device memory (a GPU under a pool limit, or
-        shared with other work; CuPy's OutOfMemoryError is a MemoryError)
-        hands this and every later solve to the host's solves with R."""
+        shared with other work; CuPy's OutOfMemoryError is a MemoryError) is
+        tried once more after the rows of R kept on the device between solves
+        are dropped (staged factorizations); failing again, it hands this and
+        every later solve to the host's solves with R (logged: they cost far
+        more on a large R)."""
         if self.tol is not None or not self.on_device():
             return None
         import cupy as cp               # optional dependency: GPU factors only
@@ -277,13 +281,22 @@ class FactoredQR:
 
         def solves_with(device_solve, which: int):
             def solve(C):
-                if not host:
+                for attempt in range(2):
+                    if host:
+                        break
                     try:
                         Y = device_solve(cp.asarray(C, dtype=np.float64))
                         return Y if isinstance(C, cp.ndarray) else Y.get()
-                    except MemoryError:
+                    except MemoryError as exc:
                         cp.get_default_memory_pool().free_all_blocks()
+                        release = getattr(ds, "release_kept", None)
+                        if attempt == 0 and release is not None and release():
+                            continue        # the kept rows of R made room: once more
+                        logging.getLogger("scipy_gpuqr").info(
+                            "R's solves: the device ran out of memory (%s); the host's "
+                            "solves with R answer from now on", exc)
                         host.extend(UpperTriangular(sp.csc_array(self.num.R)).solves())
+                        break
                 on_device = isinstance(C, cp.ndarray)
                 Y = host[which](C.get() if on_device else np.asarray(C, dtype=np.float64))
                 return cp.asarray(Y) if on_device else Y

@@ -478,6 +478,11 @@ class DeviceSolve:
         """``R⁻¹ C`` (C: cupy (q, k) float64)."""
         return self._triangular(C, transposed=False)
 
+    def release_kept(self) -> bool:
+        """Drop the rows of R kept on the device between solves (staged
+        factorizations); whether any were kept."""
+        return self.fronts.release_kept()
+
     def upper_transposed(self, C):
         """``R⁻ᵀ C``."""
         return self._triangular(C, transposed=True)

@@ -241,6 +241,18 @@ class FrontTriangular:
             return self.xp.array(C, dtype=np.float64, order="C", copy=True)
         return ops.fresh_float64(self.xp.asarray(C))
 
+    def release_kept(self) -> bool:
+        """Drop the stages' rows of R kept on the device (they are uploaded per
+        solve from now on); whether any were kept. For a solve that ran out of
+        device memory beside them."""
+        freed = False
+        for _, _, _, rows in self._stages or ():
+            if rows is not None:
+                rows._keep.close()
+                freed = freed or rows._kept is not None
+                rows._kept = None
+        return freed
+
     def upper(self, C):
         """``R⁻¹ C``; C of shape (n, k), float64 (not modified)."""
         Y = self._fresh(C)
@@ -401,6 +413,10 @@ class _KeepBudget:
             return False
         self.left -= int(nbytes)
         return True
+
+    def close(self) -> None:
+        """Nothing more is kept."""
+        self.left = 0
 
 
 class _StageRows:
