@@ -69,6 +69,21 @@ def _dev(arr):
     return arr if is_cupy_array(arr) else to_device(arr)
 
 
+def _gpu_stack(a, backend, where) -> tuple:
+    """``(arr, batch_shape, cupy_in, gpu)`` of a one-stack call: a validated CuPy
+    stack takes the short path; else ``a`` is validated, and ``cupy_in`` is None
+    where the CPU answers (``gpu``: whether a GPU was asked for or chosen; NumPy
+    input without one, or a dtype the kernels lack), else ``arr`` is on the
+    device."""
+    if backend is None and cupy_stack(a):        # the common GPU call, validated
+        return a, a.shape[:-2], True, True
+    arr, batch_shape = as_stack(a, where)
+    gpu = use_gpu(a, backend, where)
+    if not (gpu and gpu_supported(arr.dtype)):
+        return arr, batch_shape, None, gpu
+    return _dev(arr), batch_shape, is_cupy_array(a), True
+
+
 def _new_status(check_finite, return_info, nan_fill=False, device=None):
     """(status word, kernel report) of a call on ``device`` (default: the
     current one): the word is None for ``return_info`` without
@@ -178,14 +193,9 @@ def lu_factor_batched(a, *, overwrite_a=False, check_finite=True,
     check_finite=False`` does not wait at all (fully asynchronous).
     """
     where = "lu_factor_batched"
-    if backend is None and cupy_stack(a):        # the common GPU call, validated
-        arr, batch_shape, cupy_in = a, a.shape[:-2], True
-    else:
-        arr, batch_shape = as_stack(a, where)
-        gpu = use_gpu(a, backend, where)
-        if not (gpu and gpu_supported(arr.dtype)):
-            return _lu_factor_cpu(a, arr, batch_shape, gpu, where, check_finite, return_info)
-        arr, cupy_in = _dev(arr), is_cupy_array(a)
+    arr, batch_shape, cupy_in, gpu = _gpu_stack(a, backend, where)
+    if cupy_in is None:
+        return _lu_factor_cpu(a, arr, batch_shape, gpu, where, check_finite, return_info)
     dev = _gc.device_id()
     st, report = _new_status(check_finite, return_info, device=dev)
     lu, piv, info = _gpu.getrf(arr, report=report, device=dev)
@@ -530,14 +540,9 @@ def inv_batched(a, *, check_finite=True, return_info=False, backend=None):
     none with ``return_info=True, check_finite=False``.
     """
     where = "inv_batched"
-    if backend is None and cupy_stack(a):        # the common GPU call, validated
-        arr, batch_shape, cupy_in = a, a.shape[:-2], True
-    else:
-        arr, batch_shape = as_stack(a, where)
-        gpu = use_gpu(a, backend, where)
-        if not (gpu and gpu_supported(arr.dtype)):
-            return _inv_cpu(a, arr, batch_shape, gpu, where, check_finite, return_info)
-        arr, cupy_in = _dev(arr), is_cupy_array(a)
+    arr, batch_shape, cupy_in, gpu = _gpu_stack(a, backend, where)
+    if cupy_in is None:
+        return _inv_cpu(a, arr, batch_shape, gpu, where, check_finite, return_info)
     dev = _gc.device_id()
     st, report = _new_status(check_finite, return_info, nan_fill=True, device=dev)
     x, info = _gpu.getri(arr, report=report, device=dev)
@@ -627,15 +632,10 @@ def cho_factor_batched(a, lower=False, *, overwrite_a=False,
     """
     where = "cho_factor_batched"
     lower = bool(lower)
-    if backend is None and cupy_stack(a):        # the common GPU call, validated
-        arr, batch_shape, cupy_in = a, a.shape[:-2], True
-    else:
-        arr, batch_shape = as_stack(a, where)
-        gpu = use_gpu(a, backend, where)
-        if not (gpu and gpu_supported(arr.dtype)):
-            return _cho_factor_cpu(a, arr, batch_shape, gpu, lower, where, check_finite,
-                                   return_info)
-        arr, cupy_in = _dev(arr), is_cupy_array(a)
+    arr, batch_shape, cupy_in, gpu = _gpu_stack(a, backend, where)
+    if cupy_in is None:
+        return _cho_factor_cpu(a, arr, batch_shape, gpu, lower, where, check_finite,
+                               return_info)
     dev = _gc.device_id()
     st, report = _new_status(check_finite, return_info, device=dev)
     c, info = _gpu.potrf(arr, lower, report=report, device=dev)
