@@ -158,60 +158,69 @@ def probe_norm(apply: Callable, apply_t: Callable, q: int, *, xp=np, seed: int =
     if q == 0:
         return 0.0, 1.0
     p = min(columns, q)
-    Y = _gaussian(xp, seed, (q, p))
+    blocks = _DeviceBlocks(xp) if getattr(xp, "__name__", "") == "cupy" else _HostBlocks
+    Y = blocks.dense(_gaussian(xp, seed, (q, p)))
+    norms, _ = blocks.norms(Y)
     nu, margin = 0.0, float("inf")
-    if getattr(xp, "__name__", "") == "cupy":
-        return _probe_norm_device(xp, apply, apply_t, q, Y, steps, p, accept)
     for step in range(1, steps + 1):
-        Y = Y / xp.linalg.norm(Y, axis=0)
-        Z = xp.asarray(apply_t(Y))                  # Sᵀ y
-        zn = _host(xp.linalg.norm(Z, axis=0))
+        Y = blocks.scaled(Y, norms)
+        Z = blocks.dense(apply_t(Y))                # Sᵀ y
+        zn = _host(blocks.norms(Z)[0])
         if not np.all(np.isfinite(zn)):
             return float("inf"), margin
         nu = max(nu, float(zn.max()))
         margin = probe_margin(q, step, p)
         if step == steps or (accept is not None and accept(nu, margin)):
             break
-        Y = xp.asarray(apply(Z))                    # S Sᵀ y
-        if not bool(xp.all(xp.isfinite(Y))):
-            return float("inf"), margin
-        if not bool(xp.all(xp.linalg.norm(Y, axis=0) > 0)):
-            break                                   # a column in S's null space
-    return nu, margin
-
-
-def _probe_norm_device(xp, apply, apply_t, q, Y, steps, p, accept) -> tuple:
-    """:func:`probe_norm`'s steps on the device with the prefetched column-norm
-    and scaling kernels (:mod:`scipy_gpuqr._engine.gpu.array_ops`; CuPy's norm,
-    division and checks would compile five kernels on the call's thread); the
-    norms of a block are taken once per step (the finite and nonzero checks and
-    the next step's scaling share them)."""
-    nu, margin = 0.0, float("inf")
-
-    def dense(X):
-        X = xp.asarray(X)
-        return array_ops.fresh_float64(X) if (
-            X.dtype != np.float64 or not X.flags.c_contiguous or X.ndim != 2) else X
-
-    Y = dense(Y)
-    norms, _ = array_ops.column_norms(Y)
-    for step in range(1, steps + 1):
-        Y = array_ops.divide_columns(Y, norms)
-        Z = dense(apply_t(Y))                       # Sᵀ y
-        zn = _host(array_ops.column_norms(Z)[0])
-        if not np.all(np.isfinite(zn)):
-            return float("inf"), margin
-        nu = max(nu, float(zn.max()))
-        margin = probe_margin(q, step, p)
-        if step == steps or (accept is not None and accept(nu, margin)):
-            break
-        Y = dense(apply(Z))                         # S Sᵀ y
-        norms, bad = array_ops.column_norms(Y)
+        Y = blocks.dense(apply(Z))                  # S Sᵀ y
+        norms, bad = blocks.norms(Y)
         if _host(bad).any():
             return float("inf"), margin
         if not np.all(_host(norms) > 0):
             break                                   # a column in S's null space
     return nu, margin
+
+
+class _HostBlocks:
+    """:func:`probe_norm`'s block operations on NumPy arrays."""
+
+    @staticmethod
+    def dense(X):
+        return np.asarray(X)
+
+    @staticmethod
+    def norms(Y):
+        """``(norms, bad)``: each column's 2-norm, and whether it holds a NaN or an
+        infinity."""
+        return np.linalg.norm(Y, axis=0), ~np.isfinite(Y).all(axis=0)
+
+    @staticmethod
+    def scaled(Y, norms):
+        return Y / norms
+
+
+class _DeviceBlocks:
+    """:func:`probe_norm`'s block operations on the device with the prefetched
+    column-norm and scaling kernels (:mod:`scipy_gpuqr._engine.gpu.array_ops`;
+    CuPy's norm, division and checks would compile five kernels on the call's
+    thread); a block's norms are taken once per step (the finite and nonzero
+    checks and the next step's scaling share them)."""
+
+    def __init__(self, xp):
+        self.xp = xp
+
+    def dense(self, X):
+        X = self.xp.asarray(X)
+        return array_ops.fresh_float64(X) if (
+            X.dtype != np.float64 or not X.flags.c_contiguous or X.ndim != 2) else X
+
+    @staticmethod
+    def norms(Y):
+        return array_ops.column_norms(Y)
+
+    @staticmethod
+    def scaled(Y, norms):
+        return array_ops.divide_columns(Y, norms)
 
 
 def _gaussian(xp, seed: int, shape: tuple):
