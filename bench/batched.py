@@ -267,11 +267,16 @@ def cublas_lu(cp, a, inverse: bool):
     return run
 
 
-#: The public functions timed by ``--public`` (``inv_v``: inv_vbatched on a
-#: padded stack whose matrices all have order n; ``inv_vmix``: orders drawn
-#: from n/2+1 .. n, several size classes, beside the kernel of the whole
-#: stack) and the driver of each one's kernel.
-PUBLIC_OPS = ("lu", "inv", "solve", "chol", "lu_solve", "cho_solve", "inv_v", "inv_vmix")
+#: The public functions timed by ``--public`` (``inv_v``, ``lu_v``,
+#: ``solve_v``, ``cho_v``: the ``*_vbatched`` functions on a padded stack
+#: whose matrices all have order n, beside the fixed-size kernel of the
+#: stack; ``inv_vmix``: orders drawn from n/2+1 .. n, several size classes,
+#: beside the kernel of the whole stack; ``jacobi``: block_jacobi of the
+#: block-diagonal CSR matrix made of the stack, blocks of n, beside the
+#: inverse kernel of the stack (its block gather is extra work the kernel
+#: column does not hold)) and the driver of each one's kernel.
+PUBLIC_OPS = ("lu", "inv", "solve", "chol", "lu_solve", "cho_solve", "inv_v", "inv_vmix",
+              "lu_v", "solve_v", "cho_v", "jacobi")
 
 
 def public_bench(args) -> int:
@@ -300,12 +305,23 @@ def public_bench(args) -> int:
             finally:
                 waited[0] += time.perf_counter() - t0
         gc.read_status = timed_read
+        if hasattr(gc, "read_words"):         # the vbatched size classes' read
+            read_w = gc.read_words
+
+            def timed_words(arr):
+                t0 = time.perf_counter()
+                try:
+                    return read_w(arr)
+                finally:
+                    waited[0] += time.perf_counter() - t0
+            gc.read_words = timed_words
 
     # the functions bound once, as a caller does (``from scipy_gpuqr import ...``):
     # the package's lazy attribute lookup is not part of a call
     fns = types.SimpleNamespace(**{name: getattr(g, name) for name in (
         "lu_factor_batched", "inv_batched", "solve_batched", "lu_solve_batched",
-        "cho_solve_batched", "cho_factor_batched", "inv_vbatched")})
+        "cho_solve_batched", "cho_factor_batched", "inv_vbatched", "lu_factor_vbatched",
+        "solve_vbatched", "cho_factor_vbatched", "block_jacobi")})
     info = gpu_info()
     timer = Timer(cp)
     tag = args.tag or ("after" if has_status else "before")
@@ -313,7 +329,7 @@ def public_bench(args) -> int:
           f"{Path(g.__file__).resolve().parent}]")
     print(f"cupy {cp.__version__}, torch {getattr(torch, '__version__', None)}")
     hdr = (f"{'tag':6} {'dtype':7} {'n':>3} {'batch':>8} {'op':9} {'kern ms':>8} {'pub ms':>8} "
-           f"{'pub/k':>6} {'async ms':>8} {'k host':>6} {'host us':>7} {'work us':>7} "
+           f"{'pub/k':>6} {'async ms':>8} {'as/k':>5} {'k host':>6} {'host us':>7} {'work us':>7} "
            f"{'e2e ms':>7} {'cuBLAS':>7} {'torch':>7}")
     print(hdr, flush=True)
     rows = []
@@ -382,6 +398,42 @@ def public_bench(args) -> int:
                     pub = lambda vsz=vsz: fns.inv_vbatched(a, vsz)                 # noqa: E731
                     asy = lambda vsz=vsz: fns.inv_vbatched(                        # noqa: E731
                         a, vsz, check_finite=False, return_info=True)
+                elif op == "lu_v":
+                    vsz = cp.full((bsz,), n, dtype=cp.int64)
+                    kern = lambda: bg.getrf(a)                                   # noqa: E731
+                    pub = lambda vsz=vsz: fns.lu_factor_vbatched(a, vsz)           # noqa: E731
+                    asy = lambda vsz=vsz: fns.lu_factor_vbatched(                  # noqa: E731
+                        a, vsz, check_finite=False, return_info=True)
+                elif op == "solve_v":
+                    vsz = cp.full((bsz,), n, dtype=cp.int64)
+                    b = rng.standard_normal((bsz, n), dtype=dtype)
+
+                    def kern(b=b):
+                        lu, piv, _ = bg.getrf(a)
+                        return bg.getrs(lu.reshape(bsz, n, n), piv.reshape(bsz, n),
+                                        b.reshape(bsz, n, 1))
+                    pub = lambda b=b, vsz=vsz: fns.solve_vbatched(a, b, vsz)       # noqa: E731
+                    asy = lambda b=b, vsz=vsz: fns.solve_vbatched(                 # noqa: E731
+                        a, b, vsz, check_finite=False, return_info=True)
+                elif op == "cho_v":
+                    vsz = cp.full((bsz,), n, dtype=cp.int64)
+                    spd = cp.matmul(a, a.transpose(0, 2, 1))
+                    kern = lambda spd=spd: bg.potrf(spd, False)                   # noqa: E731
+                    pub = lambda spd=spd, vsz=vsz: fns.cho_factor_vbatched(spd, vsz)  # noqa: E731
+                    asy = lambda spd=spd, vsz=vsz: fns.cho_factor_vbatched(        # noqa: E731
+                        spd, vsz, check_finite=False, return_info=True)
+                elif op == "jacobi":
+                    import cupyx.scipy.sparse as xsp
+                    nn = bsz * n
+                    cols = (cp.arange(nn, dtype=cp.int64)[:, None] // n * n
+                            + cp.arange(n, dtype=cp.int64)[None, :]).ravel()
+                    spd = xsp.csr_matrix((a.ravel(), cols.astype(cp.int32),
+                                          cp.arange(0, nn * n + 1, n, dtype=cp.int32)),
+                                         shape=(nn, nn))
+                    cols = None
+                    kern = lambda: bg.getri(a)                                   # noqa: E731
+                    pub = lambda A=spd: fns.block_jacobi(A, n)                     # noqa: E731
+                    asy = lambda A=spd: fns.block_jacobi(A, n, check_finite=False)  # noqa: E731
                 else:
                     spd = cp.matmul(a, a.transpose(0, 2, 1))
                     kern = lambda spd=spd: bg.potrf(spd, False)                   # noqa: E731
@@ -408,6 +460,7 @@ def public_bench(args) -> int:
                 cb = (cublas_ms(cp, timer, a, op) if op in ("lu", "inv")
                       else float("nan"))
                 tt = (torch_ms(torch, timer, a, op) if op in ("lu", "inv")
+                      else torch_ms(torch, timer, spd, "chol") if op == "chol"
                       else float("nan"))
                 row = dict(tag=tag, dtype=dtype.name, n=n, batch=bsz, op=op,
                            kernel_ms=k_ms, public_ms=p_ms, async_ms=a_ms,
@@ -416,7 +469,7 @@ def public_bench(args) -> int:
                            torch_ms=tt, device=info.get("name"))
                 rows.append(row)
                 print(f"{tag:6} {dtype.name:7} {n:>3} {bsz:>8} {op:9} {k_ms:8.3f} {p_ms:8.3f} "
-                      f"{p_ms / k_ms:6.2f} {a_ms:8.3f} {k_host:6.0f} {host:7.0f} {work:7.0f} "
+                      f"{p_ms / k_ms:6.2f} {a_ms:8.3f} {a_ms / k_ms:5.2f} {k_host:6.0f} {host:7.0f} {work:7.0f} "
                       f"{e2e:7.3f} {cb:7.3f} {tt:7.3f}", flush=True)
                 if args.json:
                     Path(args.json).write_text(json.dumps(rows, indent=1))

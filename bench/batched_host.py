@@ -75,6 +75,8 @@ class Bench:
         self.lu, self.piv = g.lu_factor_batched(a)
         self.c, _ = g.cho_factor_batched(self.spd)
         self.sizes = cp.full((batch,), n, dtype=cp.int64)
+        self.b2 = self.b.reshape(batch, n)
+        self._csr = None
         mod = cp.RawModule(code=SPIN)
         self.spin = mod.get_function("spin")
         self.noop = mod.get_function("noop")
@@ -84,6 +86,20 @@ class Bench:
             self.cycles_per_ms = int(cp.cuda.Device().attributes["ClockRate"]) or 2_000_000
         except Exception:  # noqa: BLE001 - an attribute a CUDA version dropped
             self.cycles_per_ms = 2_000_000
+
+    @property
+    def csr(self):
+        """The stack as a block-diagonal CSR matrix (made when first used)."""
+        if self._csr is None:
+            import cupyx.scipy.sparse as xsp
+            cp, n = self.cp, self.n
+            nn = self.batch * n
+            cols = (cp.arange(nn, dtype=cp.int64)[:, None] // n * n
+                    + cp.arange(n, dtype=cp.int64)[None, :]).ravel().astype(cp.int32)
+            self._csr = xsp.csr_matrix(
+                (self.a.ravel(), cols, cp.arange(0, nn * n + 1, n, dtype=cp.int32)),
+                shape=(nn, nn))
+        return self._csr
 
     def busy(self, ms: float) -> None:
         """Queue a one-block kernel that spins for ``ms`` milliseconds."""
@@ -117,6 +133,23 @@ class Bench:
             ("inv_vbatched (one order)", "async",
              lambda: g.inv_vbatched(a, sizes, check_finite=False, return_info=True)),
             ("inv_vbatched (one order)", "default", lambda: g.inv_vbatched(a, sizes)),
+            ("lu_factor_vbatched (one order)", "async",
+             lambda: g.lu_factor_vbatched(a, sizes, check_finite=False, return_info=True)),
+            ("lu_factor_vbatched (one order)", "default",
+             lambda: g.lu_factor_vbatched(a, sizes)),
+            ("solve_vbatched (one order)", "async",
+             lambda: g.solve_vbatched(a, self.b2, sizes, check_finite=False,
+                                      return_info=True)),
+            ("solve_vbatched (one order)", "default",
+             lambda: g.solve_vbatched(a, self.b2, sizes)),
+            ("cho_factor_vbatched (one order)", "async",
+             lambda: g.cho_factor_vbatched(spd, sizes, check_finite=False,
+                                           return_info=True)),
+            ("cho_factor_vbatched (one order)", "default",
+             lambda: g.cho_factor_vbatched(spd, sizes)),
+            ("block_jacobi (CSR)", "async",
+             lambda: g.block_jacobi(self.csr, self.n, check_finite=False)),
+            ("block_jacobi (CSR)", "default", lambda: g.block_jacobi(self.csr, self.n)),
         ]
 
     def host_async(self, fn, calls: int, rounds: int):
@@ -327,6 +360,69 @@ def steps(cp, g, bench, reps: int = 2000):
     return out
 
 
+def _python_work(k: int = 300) -> int:
+    """A fixed pure-Python workload (no CUDA): the host's own speed."""
+    d, t = {}, 0
+    for i in range(k):
+        d[i & 15] = i
+        t += len(str(i)) + d[i & 15]
+    return t
+
+
+def after_wait(cp, g, bench, reps: int = 60, waits=(0.1, 1.0, 6.0)) -> dict:
+    """Host µs of one asynchronous LU call and of a pure-Python workload of
+    about the same length, each timed right after the host has waited ``w``
+    ms in one of three ways: a stream synchronization on a spin kernel of
+    ``w`` ms (what a default call's status read does), ``time.sleep(w)``
+    (the thread off the CPU) and a busy Python loop of ``w`` ms (the thread
+    on the CPU throughout); and with no wait (calls back to back). If the
+    Python workload slows after a wait as much as the call does, the
+    default calls' extra host time is the CPU's state after the wait, not
+    the package's code."""
+    a = bench.a
+    sync = cp.cuda.get_current_stream().synchronize
+
+    def lu():
+        g.lu_factor_batched(a, check_finite=False, return_info=True)
+
+    def spin_wait(ms):
+        bench.busy(ms)
+        sync()
+
+    def sleep_wait(ms):
+        time.sleep(ms / 1e3)
+
+    def busy_loop(ms):
+        end = time.perf_counter() + ms / 1e3
+        while time.perf_counter() < end:
+            pass
+
+    out = {}
+    for what, fn in (("async LU call", lu), ("pure-Python work", _python_work)):
+        fn()
+        fn()
+        sync()
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter_ns()
+            fn()
+            samples.append(time.perf_counter_ns() - t0)
+        sync()
+        out[f"{what}, back to back"] = _median_us(samples)
+        for ms in waits:
+            for label, wait in (("stream sync on a spin", spin_wait),
+                                ("time.sleep", sleep_wait), ("busy Python loop", busy_loop)):
+                samples = []
+                for _ in range(reps):
+                    wait(ms)
+                    t0 = time.perf_counter_ns()
+                    fn()
+                    samples.append(time.perf_counter_ns() - t0)
+                    sync()
+                out[f"{what}, after {ms:g} ms {label}"] = _median_us(samples)
+    return out
+
+
 def profile(g, bench) -> None:
     import cProfile
     import pstats
@@ -351,6 +447,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", help="comma-separated function names to time")
     ap.add_argument("--steps", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--after-wait", action="store_true",
+                    help="host time of a call and of pure-Python work after waits of "
+                         "three kinds (why the default calls are slower)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(args.pkg_root).resolve() if args.pkg_root
@@ -378,7 +477,8 @@ def main(argv=None) -> int:
             continue
         row = dict(tag=args.tag, function=name, variant=variant, n=args.n, batch=args.batch)
         try:
-            if variant == "async" and "vbatched" not in name:
+            sync_call = "vbatched" in name or "jacobi" in name   # they wait inside
+            if variant == "async" and not sync_call:
                 med, per_round = bench.host_async(fn, args.calls, args.rounds)
                 row.update(host_us=med, rounds=per_round)
                 text = f"{med:8.1f}  " + " ".join(f"{x:.1f}" for x in per_round)
@@ -387,7 +487,7 @@ def main(argv=None) -> int:
                 w, r = bench.host_default(fn, calls, acc)
                 row.update(idle_less_sync_us=w, idle_less_read_us=r)
                 text = f"idle -sync {w:6.1f} -read {r:6.1f}"
-                if "vbatched" not in name:
+                if not sync_call:
                     w, r = bench.host_default(fn, calls, acc, busy_ms=0.3)
                     row.update(busy_less_sync_us=w, busy_less_read_us=r)
                     text += f" | busy -sync {w:6.1f} -read {r:6.1f}"
@@ -404,6 +504,12 @@ def main(argv=None) -> int:
         for name, us in st.items():
             print(f"  {name:40} {us:7.2f}", flush=True)
         out["steps"] = st
+    if args.after_wait:
+        aw = after_wait(cp, g, bench)
+        print("after a wait (us, median; the call: async LU; the work: pure Python):")
+        for name, us in aw.items():
+            print(f"  {name:60} {us:8.1f}", flush=True)
+        out["after_wait"] = aw
     if args.profile:
         profile(g, bench)
     if args.json:

@@ -70,7 +70,8 @@ def lu_backward_error(a, lu, piv):
 
 
 def poison_gpu_outputs(monkeypatch, view_type=None) -> None:
-    """Make the GPU drivers allocate outputs filled with NaN (ints: -12345),
+    """Make the GPU drivers allocate outputs filled with NaN (ints: -12345,
+    unsigned: 12345),
     each on its own (``view_type``: a cupy.ndarray subclass to return them as)."""
     import cupy as cp
     from scipy_gpuqr.batched import _gpu_common
@@ -79,7 +80,8 @@ def poison_gpu_outputs(monkeypatch, view_type=None) -> None:
         outs = []
         for shape, dtype in specs:
             out = cp.empty(shape, dtype=dtype)
-            out.fill(np.nan if np.dtype(dtype).kind == "f" else -12345)
+            kind = np.dtype(dtype).kind
+            out.fill(np.nan if kind == "f" else 12345 if kind == "u" else -12345)
             outs.append(out if view_type is None else out.view(type=view_type))
         return outs
     monkeypatch.setattr(_gpu_common, "alloc_outputs", alloc_outputs)

@@ -97,6 +97,39 @@ def test_gpu_lu_n32_both_kernels(rng, kernel):
         assert lu_backward_error(a[sing], lu[sing], piv[sing]) < 20 * n * eps(np.float64)
 
 
+@pytest.mark.parametrize("op", ["lu", "inv"])
+def test_gpu_mma_block_sizes_give_the_same_bits(rng, op):
+    """The n = 32 tensor-core LU and inverse at every block size (the default
+    MMA_THREADS among them) give the same outputs bit for bit, on a batch
+    larger than the resident warps (each warp loops over several matrices),
+    and the default block size's LU matches LAPACK on a sample."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu as bg
+    if bg.getrf_kernel(32, np.float64) != "getrf_mma":
+        pytest.skip("no FP64 tensor cores")
+    n = 32
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    batch = 3 * 32 * sms + 7
+    a = random_batch(rng, (batch,), n, np.float64)
+    a[3, :, 5] = 0                               # one exactly singular matrix
+    ga = cp.asarray(a)
+    run = ((lambda t: bg.getrf(ga, threads=t, kernel="mma")) if op == "lu" else
+           (lambda t: bg.getri(ga, threads=t, kernel="mma")))
+    ref = [x.get() for x in run(bg.MMA_THREADS)]
+    for t in (32, 64, 96, 128, 160, 256):
+        out = [x.get() for x in run(t)]
+        for x, y in zip(ref, out):
+            np.testing.assert_array_equal(x, y)
+    info = ref[-1]
+    assert info[3] > 0 and (np.delete(info, 3) == 0).all()
+    if op == "lu":
+        sel = np.r_[0:5, batch - 5:batch]
+        rl, rp, _ = lapack_getrf(a[sel])
+        np.testing.assert_array_equal(ref[1][sel], rp)
+        np.testing.assert_allclose(ref[0][sel], rl, rtol=0,
+                                   atol=50 * n * eps(np.float64) * np.abs(rl).max())
+
+
 @pytest.mark.parametrize("n", [3, 32, 70])
 def test_gpu_nonfinite_flagged_by_kernel(rng, n):
     a = random_batch(rng, (5,), n, np.float64)

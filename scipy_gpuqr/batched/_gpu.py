@@ -58,6 +58,13 @@ WARP_THREADS_MAX = 256
 #: The tensor-core kernels of kernels/batched/lu_mma.cu (a warp per matrix).
 MMA_KERNELS = ("getrf_mma", "getri_mma")
 
+#: Threads per block of those kernels. At 80 registers a thread (their
+#: build) an SM holds 25 warps' registers; shared memory (8.4 / 8.6 KiB a
+#: warp, 1 KiB reserved a block, 228 KiB an sm_90 SM) holds 25 warps in
+#: blocks of 5 warps, but only 24 in blocks of 1, 2, 3, 4 or 8 warps (and
+#: 21 in blocks of 7): 160 threads is the one block size that reaches 25.
+MMA_THREADS = 160
+
 #: Shared memory an sm_90 SM gives its blocks (the stage rule of warp_defaults).
 _SMEM_PER_SM = 227 * 1024
 
@@ -201,12 +208,11 @@ def getrf_defaults(n: int, dt: str, kernel: str = "getrf_warp") -> tuple[int, in
     """(threads per block, stages) that :func:`getrf` / :func:`getri` use for
     ``kernel`` (``n``: the kernel's register size).
 
-    ``getrf_mma`` / ``getri_mma``: 256 threads and one matrix in flight per
-    warp (80 registers: 24 warps per SM, 8.4 KiB of shared memory each; two
-    stages would leave room for 8 warps only).
+    ``getrf_mma`` / ``getri_mma``: one matrix in flight per warp (two stages
+    would leave room for 8 warps only) and blocks of :data:`MMA_THREADS`.
     """
     if kernel in MMA_KERNELS:
-        return 256, 1
+        return MMA_THREADS, 1
     return warp_defaults(n, dt)
 
 

@@ -42,7 +42,7 @@ __all__ = ["alloc", "alloc_outputs", "dtname", "device_id", "solve_by_columns",
            "new_status", "report_args", "NO_REPORT", "finish_report", "scan_info",
            "scan_nonfinite", "read_status", "STATUS_SINGULAR", "STATUS_NONFINITE",
            "STATUS_FACTOR", "STATUS_RHS", "CTL_CLEAR_NEG", "CTL_NAN_FILL", "rhs_operand",
-           "launch", "arg_value"]
+           "launch", "arg_value", "read_words"]
 
 #: Threads per block of the solves by columns.
 SOLVE_THREADS = 128
@@ -365,6 +365,8 @@ class _Reader(threading.local):
         rt = cp.cuda.runtime
         self.buf = cupyx.empty_pinned((4,), dtype=np.uint64)
         self.addr = int(self.buf.ctypes.data)
+        self.empty_pinned = cupyx.empty_pinned
+        self.words = self.buf                 # read_words' buffer, grown on demand
         self.copy, self.wait = rt.memcpyAsync, rt.streamSynchronize
         self.kind = rt.memcpyDeviceToHost
         self.stream = cp.cuda.get_current_stream
@@ -387,3 +389,21 @@ def read_status(status) -> list:
     r.wait(stream)
     gen = status.gen
     return [1 if v == gen else 0 for v in r.buf.tolist()]
+
+
+def read_words(arr) -> np.ndarray:
+    """A small contiguous uint64 device array on the host (a new NumPy array),
+    read as :func:`read_status` reads a status word: one copy into this
+    thread's pinned buffer on the current stream and a wait for the work
+    queued before it (``ndarray.get`` stages through pageable memory and
+    makes a new host array each call)."""
+    r = _READER
+    if not r.ready:
+        r.bind()
+    count = arr.size
+    if r.words.size < count:
+        r.words = r.empty_pinned((max(count, 2 * r.words.size),), dtype=np.uint64)
+    stream = r.stream().ptr
+    r.copy(int(r.words.ctypes.data), arr.data.ptr, 8 * count, r.kind, stream)
+    r.wait(stream)
+    return r.words[:count].copy()

@@ -320,22 +320,32 @@ def _classes(mats: _Ragged, where: str):
         return out, whole
     cp = mats.xp
     big_n, count = mats.padded[1], mats.count
-    lim = int(size_class(max(big_n, 1))) + 1       # past the largest class
-    counts = cp.zeros(lim + 2, dtype=np.uint64)
-    cls = cp.empty(count, dtype=np.int32)
-    sizes = cp.ascontiguousarray(sizes, dtype=np.int64)
+    lim = _class_limit(big_n)                      # past the largest class
+    # the counts and the classes in one allocation, the launch by cuLaunchKernel
+    # and the counts' read through a pinned buffer: a call's host work
+    counts, cls = _gc.alloc_outputs((((lim + 2,), np.uint64), ((count,), np.int32)))
+    counts.data.memset_async(0, counts.nbytes)
+    if not (sizes._c_contiguous and sizes.dtype == np.int64):
+        sizes = cp.ascontiguousarray(sizes, dtype=np.int64)
     if count:
         fn = _vb_function("vb_classes", "", _gc.device_id())
         grid = max(1, min(_VB_MAX_BLOCKS, -(-count // _VB_THREADS)))
-        fn((grid,), (_VB_THREADS,), (sizes, np.int64(count), np.int64(big_n),
-                                     np.int32(lim), cls, counts))
-    host = counts.get()
+        _gc.launch(fn.kernel.ptr, grid, _VB_THREADS, 0,
+                   (sizes.data.ptr, count, big_n, lim, cls.data.ptr, counts.data.ptr))
+    host = _gc.read_words(counts)
     if host[lim]:
         raise ValueError(f"{where}: sizes must lie in [0, {big_n}]")
     present = np.flatnonzero(host[:lim])
     if len(present) == 1:
         return {int(present[0]): None}, int(host[lim + 1]) == count
     return {int(c): cp.flatnonzero(cls == c) for c in present}, False
+
+
+@functools.lru_cache(maxsize=256)
+def _class_limit(big_n: int) -> int:
+    """One past the largest size class of a padded stack of order ``big_n``
+    (the length of ``vb_classes``' counts less its two extra slots)."""
+    return int(size_class(max(int(big_n), 1))) + 1
 
 
 def _run(call, check_finite: bool, *stacks):

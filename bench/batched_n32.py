@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Block size of the n = 32 tensor-core LU and inverse, and their public calls.
+
+    python3 bench/batched_n32.py [--ops lu,inv] [--threads 256,160,128,64]
+                                 [--reps 7] [--batch 1048576] [--json out.json]
+
+``getrf_mma`` / ``getri_mma`` (kernels/batched/lu_mma.cu) run one warp per
+matrix in a persistent grid; how many warps an SM holds depends on the block
+size (registers and shared memory are both near their limits: see
+``MMA_THREADS`` in scipy_gpuqr/batched/_gpu.py). For each op, on 2**20
+float64 matrices of order 32 (CuPy, well conditioned):
+
+* every block size of ``--threads`` is run once and its outputs compared,
+  bit for bit, with those of the first (the per-matrix arithmetic does not
+  depend on the block: any difference is a bug);
+* then the driver at each block size, the public function with its defaults
+  (``lu_factor_batched(a)`` / ``inv_batched(a)``: the status read and its
+  wait included) and the asynchronous public call (``return_info=True,
+  check_finite=False``) are timed interleaved (bench/batched.py's Timer:
+  CUDA events behind busy copies, medians of ``--reps``), and cuBLAS
+  getrfBatched (+ getriBatched) and torch after them in the same process.
+
+Printed per row: device ms, resident warps per SM (the occupancy API), and
+the ratio to cuBLAS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from batched import Timer, cublas_ms, torch_ms  # noqa: E402  (bench/batched.py)
+
+
+def warps_per_sm(op: str, threads: int) -> int:
+    """Resident warps per SM of the n = 32 float64 kernel of ``op`` at ``threads``."""
+    from scipy_gpuqr.batched import _gpu as bg
+    plan = bg._warp_plan(op, "float64", 32, "mma", threads, 1, bg.device_id())
+    import cupy as cp
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    return plan[5] // sms * (plan[2] // 32)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", default="lu,inv")
+    ap.add_argument("--threads", default="256,160,128,64")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--batch", type=int, default=1 << 20)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    import cupy as cp
+    import scipy_gpuqr as g
+    from scipy_gpuqr._gpu import gpu_info
+    from scipy_gpuqr.batched import _gpu as bg
+    try:
+        import torch
+    except Exception:  # torch is optional
+        torch = None
+    n, bsz = 32, args.batch
+    threads = [int(t) for t in args.threads.split(",")]
+    print(f"device: {gpu_info().get('name')}, n = {n}, batch = {bsz}, "
+          f"default threads {bg.MMA_THREADS}", flush=True)
+    timer = Timer(cp)
+    rng = cp.random.default_rng(32)
+    a = rng.standard_normal((bsz, n, n))
+    a += n * cp.eye(n)
+    rows = []
+    for op in args.ops.split(","):
+        if op == "lu":
+            def drv(t):
+                return lambda: bg.getrf(a, threads=t, kernel="mma")
+            pub = lambda: g.lu_factor_batched(a)                            # noqa: E731
+            asy = lambda: g.lu_factor_batched(a, check_finite=False,        # noqa: E731
+                                              return_info=True)
+        else:
+            def drv(t):
+                return lambda: bg.getri(a, threads=t, kernel="mma")
+            pub = lambda: g.inv_batched(a)                                  # noqa: E731
+            asy = lambda: g.inv_batched(a, check_finite=False,              # noqa: E731
+                                        return_info=True)
+        ref = drv(threads[0])()
+        same = {}
+        for t in threads[1:]:
+            out = drv(t)()
+            same[t] = all(bool(cp.array_equal(x, y)) for x, y in zip(ref, out))
+            del out
+        del ref
+        fns = [drv(t) for t in threads] + [pub, asy]
+        times = timer.device_interleaved(fns, reps=args.reps)
+        cb = cublas_ms(cp, timer, a, op)
+        tt = torch_ms(torch, timer, a, op)
+        cp.get_default_memory_pool().free_all_blocks()
+        for t, ms in zip(threads, times):
+            w = warps_per_sm(op, t)
+            row = dict(op=op, what=f"driver {t} threads", threads=t, warps_per_sm=w, ms=ms,
+                       same_as_first=same.get(t, True), cublas_ms=cb, torch_ms=tt)
+            rows.append(row)
+            print(f"{op:4} driver threads {t:4}  warps/SM {w:3}  {ms:8.3f} ms  "
+                  f"{cb / ms:5.2f}x cuBLAS  same as {threads[0]}: {row['same_as_first']}",
+                  flush=True)
+        for what, ms in (("public (defaults)", times[-2]), ("public async", times[-1])):
+            rows.append(dict(op=op, what=what, ms=ms, cublas_ms=cb, torch_ms=tt))
+            print(f"{op:4} {what:30} {ms:8.3f} ms  {cb / ms:5.2f}x cuBLAS", flush=True)
+        print(f"{op:4} cuBLAS {cb:8.3f} ms   torch {tt:8.3f} ms", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+    bad = [r for r in rows if r.get("same_as_first") is False]
+    if bad:
+        print(f"MISMATCH between block sizes: {bad}", flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
