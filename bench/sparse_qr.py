@@ -20,9 +20,11 @@ once on the matrices named by ``--spqr`` (``--spqr-only``: only that).
 
 ``--dense-flops 'off,1e11,1e10,rule'`` repeats the GPU part per dense-front
 threshold (``off``: every front through the uberkernel; ``rule``: the time
-model's choice, ``dense.DENSE_RULE``; ``default``: the engines' default; see
-``scipy_gpuqr._schedule.dense``) in the same run, one row each, with the
-model's predicted time for that row's dense fronts (``model_seconds``);
+model's choice, ``dense.DENSE_RULE``; ``shadow``: the choice of the model
+whose dense fronts hide in the launches' shadow, :data:`SHADOW_MODEL`;
+``default``: the engines' default; see ``scipy_gpuqr._schedule.dense``) in
+the same run, one row each, with the model's predicted time for that row's
+dense fronts (``model_seconds``: kernels and R's wait; ``model_kernel_seconds``);
 ``--panels 64,128,256`` adds warm runs per dense panel width at the first
 threshold that has dense fronts. ``--panel-method kernel,geqrf`` repeats each
 threshold's row per way of factorizing the dense fronts' panels
@@ -39,6 +41,7 @@ bench/sparse_qr.py --once --only ch7-8-b3 --dense-flops off``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -148,13 +151,45 @@ def run_spqr(name, A, row):
     return row
 
 
+def _shadow_model():
+    """The dense-front model whose dense fronts hide in the launches' shadow (only
+    their paths and their sum bound the time), with its fitted contention and
+    tolerance: the rule's first version, for comparisons in one run."""
+    from scipy_gpuqr._schedule.dense import DenseModel
+    return DenseModel(dense_contention=1.28, launch_share=0.0, r_copy_rate=float("inf"),
+                      tolerance=0.05)
+
+
+#: ``dense_flops`` of the ``shadow`` rows: negative (the engines ask the rule) and
+#: not :data:`~scipy_gpuqr._schedule.dense.DENSE_RULE`, so that no schedule cached
+#: for the default rule is taken for it.
+SHADOW_FLOPS = -2.0
+
+
 def _dense_arg(x):
-    """'off' | threshold | threshold:columns-per-launch -> (threshold, cpl or None)."""
+    """'off' | 'rule' | 'shadow' | threshold, each optionally ':columns-per-launch'
+    -> (threshold, cpl or None)."""
     from scipy_gpuqr._schedule.dense import DENSE_RULE
     thr, _, cpl = x.partition(":")
-    if thr == "rule":
-        return DENSE_RULE, (int(cpl) if cpl else None)
+    if thr in ("rule", "shadow"):
+        return (DENSE_RULE if thr == "rule" else SHADOW_FLOPS), (int(cpl) if cpl else None)
     return (None if thr in ("off", "none", "") else float(thr)), (int(cpl) if cpl else None)
+
+
+@contextlib.contextmanager
+def _rule_model(thr):
+    """For the ``shadow`` rows, the engines' rule answers with the shadow model."""
+    from scipy_gpuqr._schedule import dense
+    if thr != SHADOW_FLOPS:
+        yield None
+        return
+    model = _shadow_model()
+    orig = dense.dense_rule_mask
+    dense.dense_rule_mask = lambda an, m=None: orig(an, model if m is None else m)
+    try:
+        yield model
+    finally:
+        dense.dense_rule_mask = orig
 
 
 def _apply_env(apply):
@@ -208,7 +243,8 @@ def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), p
                 dense_front.DEFAULT_LOOKAHEAD = (default_ahead or opt == "ahead") and opt != "noahead"
                 old = _apply_env(ap)
                 try:
-                    _gpu_runs(A, an, r, reps, thr, cpl)
+                    with _rule_model(thr):
+                        _gpu_runs(A, an, r, reps, thr, cpl)
                 finally:
                     dense_front.DEFAULT_PANEL_METHOD = default_method
                     dense_front.DEFAULT_LOOKAHEAD = default_ahead
@@ -285,6 +321,9 @@ def _gpu_runs(A, an, row, reps, thr, cpl=None):
     from scipy_gpuqr._schedule.dense import dense_front_mask, rule_prediction
     pred = rule_prediction(an, dense_front_mask(an, thr))
     row["model_seconds"] = pred["seconds"]
+    row["model_kernel_seconds"] = pred["kernel_seconds"]
+    row["model_terms"] = {k: pred[k] for k in ("launch_seconds", "dense_sum_seconds",
+                                               "r_copy_seconds")}
     row["model_dense_seconds"] = pred["dense_seconds"]
     row["tflops_end_to_end"] = an.flops / med["wall"] / 1e12
     row["tflops_factorize"] = an.flops / med["factorize"] / 1e12
@@ -322,7 +361,8 @@ def main(argv=None) -> int:
         from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
         thr = DEFAULT_DENSE_FLOPS if dense[0] == "default" else _dense_arg(dense[0])[0]
         for name, make in _matrices(only, os.environ.get("SHARED_MATRICES")):
-            g = gpu_factorize(make(), dense_flops=thr)
+            with _rule_model(thr):
+                g = gpu_factorize(make(), dense_flops=thr)
             print(name, g.info["launches"], "launches", g.info["seconds"]["gpu_kernels"], "s")
             g.free()
         return 0
@@ -343,7 +383,7 @@ def main(argv=None) -> int:
                 json.dump(rows, fh, indent=1)
     print(f"\n{'matrix':14s} {'dense':>8s} {'nd':>3s} {'TFlop':>6s} {'anal':>5s} {'1st':>6s} "
           f"{'e2e':>6s} {'device':>6s} {'kern':>6s} {'dns s':>6s} {'R tail':>6s} {'TF/s':>5s} "
-          f"{'TF/s k':>6s} {'launch':>6s} {'spqr':>6s} {'x':>5s} {'model':>6s}")
+          f"{'TF/s k':>6s} {'launch':>6s} {'spqr':>6s} {'x':>5s} {'model':>6s} {'mod k':>6s}")
     for r in rows:
         if "error" in r:
             print(f"{r['matrix']:14s} ERROR {r['error']}")
@@ -353,7 +393,8 @@ def main(argv=None) -> int:
             continue
         s = r["seconds"]
         thr = r.get("dense_flops")
-        tag = "off" if thr is None else ("rule" if thr < 0 else f"{thr:.0e}")
+        tag = "off" if thr is None else (
+            "shadow" if thr == SHADOW_FLOPS else "rule" if thr < 0 else f"{thr:.0e}")
         if r.get("dense_cpl") is not None:
             tag = f"{thr:.0e}:{r['dense_cpl']}"
         if r.get("dense_fronts"):
@@ -370,7 +411,8 @@ def main(argv=None) -> int:
               f"{r['tflops_kernels']:6.2f} {r['launches']:6d} "
               f"{r.get('spqr_seconds', float('nan')):6.2f} "
               f"{r.get('speedup_vs_spqr', float('nan')):5.1f} "
-              f"{r.get('model_seconds', float('nan')):6.3f}")
+              f"{r.get('model_seconds', float('nan')):6.3f} "
+              f"{r.get('model_kernel_seconds', float('nan')):6.3f}")
         big = r["profile"].get("dense_fronts") or []
         if big:
             m, n, t = big[0]

@@ -8,9 +8,10 @@ the tensor cores' rate, at a cost per column for its panels. The engines ask
 threshold on a front's Householder work (the analysis' count,
 :func:`scipy_gpuqr._symbolic.counts.front_work`) or, by default
 (:data:`DEFAULT_DENSE_FLOPS` is :data:`DENSE_RULE`), by a time model of both
-paths and of the elimination tree's critical path (:func:`dense_rule_mask`,
-:class:`DenseModel`): a front is a dense front only where that shortens the
-modelled factorization, so one that would end last on its slower path stays
+paths, of the elimination tree's critical path and of the device both share
+(:func:`dense_rule_mask`, :class:`DenseModel`): a front is a dense front only
+where that shortens the modelled call, so one that would end last on its
+slower path, or whose dense path costs more than the launches it saves, stays
 with the tile tasks.
 
 A dense front is not bucket-scheduled: the uberkernel still assembles it
@@ -64,13 +65,26 @@ class DenseModel:
     does): ``panel_seconds``, per column ``column_seconds + row_seconds *
     rows`` (the panel kernel's grid-wide exchange; ``geqrf_column_seconds`` for
     panels taller than ``kernel_max_rows``), and the panel's GEMM flops at
-    ``gemm_rate``. Dense fronts run one after another in effect (the panel
-    kernel's grid and the GEMMs fill the device), and beside the launches and
-    each other they take ``dense_contention`` times their time alone: their
-    sum, so scaled, bounds the factorization from below.
+    ``gemm_rate``.
+
+    The kernels' time has two bounds from below: the tree's longest path of
+    launches and dense fronts (a dense front starts when its subtree is done,
+    its ancestors' launches wait for it), and the device's: the panel
+    kernel's grid, the trailing GEMMs and the uberkernel's launches each fill
+    the device, so a dense front does not run in the launches' shadow but
+    takes turns with them, and the kernels last at least ``launch_share`` of
+    the launches' time plus ``dense_contention`` times the dense fronts' sum
+    (their time alone; beside the launches they run slower).
+    A dense front's rows of R become final only when it ends, all at once,
+    where a tile front's stream out while its later column tiles run: the
+    call waits for them after the kernels, at ``r_copy_rate`` (bytes per
+    second).
+
     The defaults are fitted to one H200 (bench/RESULTS.md, issue 18: the panel
-    kernel alone, dense fronts alone, and whole factorizations with every
-    front in the uberkernel).
+    kernel alone, dense fronts alone, whole factorizations with every front in
+    the uberkernel, and with the dense fronts of a threshold and of the rule).
+    ``launch_share=0`` and ``r_copy_rate=inf`` leave the dense fronts in the
+    launches' shadow (only their paths and their sum bound the time).
     """
 
     tile: int = DEFAULT_TILE
@@ -83,13 +97,17 @@ class DenseModel:
     kernel_max_rows: int = 110_000
     geqrf_column_seconds: float = 30e-6
     gemm_rate: float = 34.7e12
-    dense_contention: float = 1.28
+    dense_contention: float = 1.14
+    launch_share: float = 1.0
+    r_copy_rate: float = 6.9e9
     #: fronts considered: at least this many columns and flops, the largest first
     min_columns: int = 256
     min_flops: float = 1e9
     max_candidates: int = 64
     #: the fewest dense fronts whose modelled time is within this share of the best
-    tolerance: float = 0.05
+    #: (about the model's spread against measured times, bench/RESULTS.md: a dense
+    #: front must pay beyond what the model cannot tell)
+    tolerance: float = 0.10
 
 
 #: A dense front defers its parent's Pack-Assemble by one launch per this many of its
@@ -218,8 +236,11 @@ class _RuleProblem:
         fs = analysis.fronts
         nf = fs.nfronts
         flops = getattr(analysis, "front_flops", None)
-        if flops is None or len(flops) != nf:
-            flops = front_work(fs)["flops"]
+        nnz_r = getattr(analysis, "front_nnz_R", None)
+        if flops is None or len(flops) != nf or nnz_r is None or len(nnz_r) != nf:
+            work = front_work(fs)
+            flops = work["flops"] if flops is None or len(flops) != nf else flops
+            nnz_r = work["nnz_R"] if nnz_r is None or len(nnz_r) != nf else nnz_r
         flops = np.asarray(flops, dtype=np.float64)
         parent = np.asarray(fs.parent, dtype=np.int64)
         nfact = np.minimum(fs.fm, fs.fn).astype(np.int64)
@@ -232,6 +253,9 @@ class _RuleProblem:
         self.dense_k = np.array([dense_path_seconds(
             fs.fm[f], fs.fn[f], fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]], model)
             for f in cand.tolist()], dtype=np.float64)
+        # bytes of R each candidate hands to the host after its dense path
+        self.rbytes_k = (np.asarray(nnz_r, dtype=np.float64)[cand]
+                         * float(getattr(analysis, "itemsize", 8)))
         # launches on the path from every front to its root
         L = _path_sums(parent, nl)
         # lowest candidate ancestor (self included) of every front; K: none
@@ -253,8 +277,12 @@ class _RuleProblem:
                 j = above[j]
         self.chain = chain
 
-    def seconds(self, D: np.ndarray) -> np.ndarray:
-        """Modelled seconds for each row of ``D`` (sets × K, 0/1 floats)."""
+    def parts(self, D: np.ndarray) -> dict:
+        """The model's terms for each row of ``D`` (sets × K, 0/1 floats):
+        ``path`` (the longest path of launches and dense fronts), ``launches``
+        (the launches' longest chain, in seconds), ``dense`` (the dense fronts'
+        sum alone), ``kernels`` (the bound of the three) and ``r_copy`` (the
+        wait for the dense fronts' rows of R after the kernels)."""
         m = self.model
         D = np.atleast_2d(D)
         lu = self.lmax[None, :] - D @ (self.chain * self.nl_k).T       # sets × groups
@@ -262,9 +290,19 @@ class _RuleProblem:
         n_u = np.maximum(lu.max(axis=1), 1.0)
         w_u = self.total_flops - D @ self.flops_k
         tau = m.launch_seconds + w_u / (m.uber_rate * n_u)
-        fin = (tau[:, None] * lu + sd).max(axis=1)
-        serial = m.dense_contention * (D @ self.dense_k)
-        return np.maximum(fin, serial)
+        path = (tau[:, None] * lu + sd).max(axis=1)
+        launches = tau * n_u
+        dsum = D @ self.dense_k
+        kernels = np.maximum(path, m.launch_share * launches + m.dense_contention * dsum)
+        r_copy = (D @ self.rbytes_k) / m.r_copy_rate
+        return {"path": path, "launches": launches, "dense": dsum, "kernels": kernels,
+                "r_copy": r_copy}
+
+    def seconds(self, D: np.ndarray) -> np.ndarray:
+        """Modelled seconds for each row of ``D`` (sets × K, 0/1 floats): the
+        kernels and the wait for R's rows after them (:meth:`parts`)."""
+        p = self.parts(D)
+        return p["kernels"] + p["r_copy"]
 
     def choose(self) -> np.ndarray:
         """Greedy order: from no dense front, add the candidate whose dense path
@@ -303,8 +341,9 @@ def dense_rule_mask(analysis, model: DenseModel | None = None) -> np.ndarray:
     ``model.tolerance`` of the best time is chosen. The model
     (:class:`DenseModel`) counts the tree's longest chain of launches and
     dense fronts (a dense front starts when its subtree is done and its
-    ancestors' launches wait for it), the launches' flops, and the dense
-    fronts' sum (they run one after another in effect).
+    ancestors' launches wait for it), the launches' flops, the launches and
+    the dense fronts taking turns on the device, and the dense fronts' rows
+    of R copied after them.
 
     Parameters
     ----------
@@ -350,14 +389,19 @@ def rule_prediction(analysis, mask, model: DenseModel | None = None) -> dict:
     Returns
     -------
     dict
-        ``seconds`` (modelled), ``dense_seconds`` (per dense candidate front:
-        its modelled dense-path seconds), ``candidates``.
+        ``seconds`` (modelled: kernels and R's wait), its terms ``kernel_seconds``,
+        ``launch_seconds`` (the launches' longest chain), ``dense_sum_seconds``
+        (the dense fronts alone, summed), ``r_copy_seconds``; ``dense_seconds``
+        (per dense candidate front: its modelled dense-path seconds),
+        ``candidates``.
     """
     model = DenseModel() if model is None else model
     prob = _RuleProblem(analysis, model)
-    D = np.asarray(mask, dtype=bool)[prob.cand].astype(np.float64)
-    return {"seconds": float(prob.seconds(D)[0]) if len(prob.cand) else
-            float(prob.seconds(np.zeros((1, 0)))[0]),
+    D = np.asarray(mask, dtype=bool)[prob.cand].astype(np.float64)[None, :]
+    p = {k: float(v[0]) for k, v in prob.parts(D).items()}
+    return {"seconds": p["kernels"] + p["r_copy"],
+            "kernel_seconds": p["kernels"], "launch_seconds": p["launches"],
+            "dense_sum_seconds": p["dense"], "r_copy_seconds": p["r_copy"],
             "dense_seconds": {int(f): float(t) for f, t, d in
-                              zip(prob.cand, prob.dense_k, D) if d},
+                              zip(prob.cand, prob.dense_k, D[0]) if d},
             "candidates": int(len(prob.cand))}
