@@ -613,3 +613,52 @@ def test_release_kept_drops_the_rows_of_r_kept_between_solves():
     assert not ft.release_kept()
     ft._stages = None                                # host solves (NumPy): no stages
     assert not ft.release_kept()
+
+
+def test_q_out_of_memory_drops_the_kept_rows_of_r_and_the_last_pool():
+    """``Q``'s device replay out of memory makes room before it gives up on the
+    device: the last stage's pool goes to the host, device copies of dense
+    fronts are dropped and so are the rows of R the solves keep (known to the
+    factorization weakly); nothing to free: False (the host replays ``Q``)."""
+    import types
+    import weakref
+
+    from scipy_gpuqr._engine.gpu.solve import _make_room
+    calls = []
+
+    class Solves:
+        def __init__(self, kept):
+            self.kept = kept
+
+        def release_kept(self):
+            calls.append("rows")
+            kept, self.kept = self.kept, False
+            return kept
+
+    class Dense:
+        def __init__(self):
+            self.copy = True
+
+        def has_device_copy(self):
+            return self.copy
+
+        def drop_device(self):
+            calls.append("dense")
+            self.copy = False
+
+    pool = types.SimpleNamespace(free_all_blocks=lambda: calls.append("free"))
+    cp = types.SimpleNamespace(get_default_memory_pool=lambda: pool)
+    gone = Solves(True)
+    solves = [Solves(True), gone]
+    pending = [True]
+
+    def pools_to_host():
+        had, pending[0] = pending[0], False
+        return had
+    qr = types.SimpleNamespace(pools_to_host=pools_to_host, _dense={3: Dense()},
+                               _device=types.SimpleNamespace(cp=cp),
+                               _replay={"kept_rows": [weakref.ref(s) for s in solves]})
+    del solves[1], gone                       # a solve object already collected
+    assert _make_room(qr) and calls == ["dense", "rows", "free"]
+    calls.clear()
+    assert not _make_room(qr) and calls == ["rows", "free"]     # nothing left to free

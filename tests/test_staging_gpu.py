@@ -170,7 +170,8 @@ def host_problem():
 
 
 @pytest.mark.parametrize("frac", [4, 8])
-def test_root_front_too_large_for_the_pool_runs_on_the_host(host_problem, frac, monkeypatch):
+def test_root_front_too_large_for_the_pool_runs_on_the_host(host_problem, frac, monkeypatch,
+                                                            caplog):
     import cupy as cp
     import scipy.sparse as sp
     import scipy.sparse.linalg as spla
@@ -236,9 +237,14 @@ def test_root_front_too_large_for_the_pool_runs_on_the_host(host_problem, frac, 
         bi = F.info["backend_info"]
         assert F.info["backend"] == "gpu" and bi["host_fronts"], (
             bi.get("stages"), bi.get("dense_flops"), bi.get("memory"), F.info.get("timings"))
-        x = F.solve(b)
+        with caplog.at_level("INFO", logger="scipy_gpuqr"):
+            x = F.solve(b)
         r = A @ x - b
         assert np.linalg.norm(A.T @ r) <= 1e-10 * np.linalg.norm(A.T @ b)
+        # Q and R stay on the device: the rank decision's kept rows of R make room
+        # for Q's pool uploads instead of sending Q's replay to the host
+        assert not [r.message for r in caplog.records if "on the host" in r.message
+                    or "host's solves" in r.message]
         F.free()
         del F
         gc.collect()

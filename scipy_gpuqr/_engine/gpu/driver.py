@@ -169,22 +169,29 @@ class GpuQR(TaskListQR):
             raise RuntimeError("the factorization was freed")
         if self._vt is None:
             self._vt = self._device.vt_host()
-        if self._pending:
-            pools = {}
-            fronts = list(self._fronts)
-            for f, (sid, off, size) in self._pending.items():
-                if sid not in pools:
-                    pools[sid] = self._device.to_host(self._stage_pools[sid])
-                slots, _, ft = fronts[f]
-                fronts[f] = (slots, pools[sid][off: off + size], ft)
-                d = self._dense.get(f)
-                if d is not None:       # the host copy of its front (V), fetched anyway
-                    d.set_front(fronts[f][1].reshape(d.shape))
-                    d.host()
-            self._fronts = fronts
-            self._host_pools.update(pools)
-            self._pending = {}
-            self._stage_pools = {}
+        self.pools_to_host()
+
+    def pools_to_host(self) -> bool:
+        """Fetch the fronts still in a device pool (the last stage's) to the host
+        and drop that pool; whether there was one. The VT pool stays where it is."""
+        if not self._pending:
+            return False
+        pools = {}
+        fronts = list(self._fronts)
+        for f, (sid, off, size) in self._pending.items():
+            if sid not in pools:
+                pools[sid] = self._device.to_host(self._stage_pools[sid])
+            slots, _, ft = fronts[f]
+            fronts[f] = (slots, pools[sid][off: off + size], ft)
+            d = self._dense.get(f)
+            if d is not None:       # the host copy of its front (V), fetched anyway
+                d.set_front(fronts[f][1].reshape(d.shape))
+                d.host()
+        self._fronts = fronts
+        self._host_pools.update(pools)
+        self._pending = {}
+        self._stage_pools = {}
+        return True
 
     def qt_matmul(self, B):
         if self.on_device():

@@ -47,6 +47,7 @@ against the host replay, no GPU needed).
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -643,10 +644,15 @@ def _device_of(qr):
 
 
 def device_solve_of(qr) -> DeviceSolve:
-    """The :class:`DeviceSolve` of a full-rank GPU factorization (R from the pools)."""
+    """The :class:`DeviceSolve` of a full-rank GPU factorization (R from the pools).
+
+    Its rows of R kept on the device between solves are known to the
+    factorization (``_replay['kept_rows']``, weakly): ``Q``'s replay drops them
+    when it runs out of device memory (:func:`_make_room`)."""
     with _device_of(qr) as d:
-        return DeviceSolve(qr.R, qr.colperm, FrontTriangular(qr, _device_pools(qr), qr._device.cp),
-                           device_id=d.id)
+        fronts = FrontTriangular(qr, _device_pools(qr), qr._device.cp)
+        qr._replay.setdefault("kept_rows", []).append(weakref.ref(fronts))
+        return DeviceSolve(qr.R, qr.colperm, fronts, device_id=d.id)
 
 
 def _cupy_executor(qr):
@@ -721,13 +727,17 @@ def _here(cp, X):
 def _make_room(qr) -> bool:
     """Free what a factorization keeps on the device beyond its VT pool (the
     kept stage pool goes to the host, device copies of dense fronts are
-    dropped, the memory pool's cached blocks released), so that ``Q`` is
-    applied uploading one pool at a time. False when nothing could be freed."""
-    freed = bool(qr._stage_pools)
-    qr._materialize()
+    dropped, the rows of R its solves keep between calls are dropped, the
+    memory pool's cached blocks released), so that ``Q`` is applied uploading
+    one pool at a time. False when nothing could be freed."""
+    freed = qr.pools_to_host()
     for d in (getattr(qr, "_dense", {}) or {}).values():
         if d.has_device_copy():
             d.drop_device()
+            freed = True
+    for ref in qr._replay.get("kept_rows", ()):
+        solves = ref()
+        if solves is not None and solves.release_kept():
             freed = True
     qr._device.cp.get_default_memory_pool().free_all_blocks()
     return freed
