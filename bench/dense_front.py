@@ -10,8 +10,9 @@ Run on the GPU machine::
 Per shape (a dense random row-major front, float64 unless ``--dtype``): for each
 panel method of ``scipy_gpuqr._engine.dense_front.factorize_cupy`` (``:noahead``:
 without look-ahead) and panel width, the factorization time (CUDA events around the call, fresh copy each
-time, after one warm-up call; median of ``--reps``) and TF/s of the Householder
-flops ``2mn² - 2n³/3``; then ``cupy.linalg.qr(mode='r')`` (cuSOLVER ``geqrf``
+time, after one warm-up call; median of ``--reps``), TF/s of the Householder
+flops ``2mn² - 2n³/3`` and the dense-front rule's modelled time of the front
+alone (``model``); then ``cupy.linalg.qr(mode='r')`` (cuSOLVER ``geqrf``
 on the whole matrix) the same way. Every factorization is checked: R's Gram
 matrix against ``AᵀA`` (max error relative to max ``|AᵀA|``), ``Qᵀ A[:, :8] =
 [R[:, :8]; 0]`` and the norms of ``Qᵀ X`` for random ``X``.
@@ -62,6 +63,15 @@ def _check(cp, A, F, panels, T):
     return {"gram_rel": gram, "qta_rel": qa, "qtx_norm_rel": orth}
 
 
+def _model_seconds(m, n, nb):
+    """The dense-front rule's time of this front alone
+    (``scipy_gpuqr._schedule.dense.dense_path_seconds``, panel width ``nb``)."""
+    from dataclasses import replace
+
+    from scipy_gpuqr._schedule.dense import DenseModel, dense_path_seconds
+    return dense_path_seconds(m, n, None, replace(DenseModel(), panel=int(nb)))
+
+
 def run_shape(cp, m, n, dtype, methods, panels, reps):
     from scipy_gpuqr._engine.dense_front import factorize_cupy, panels_of
     flops = 2.0 * m * n * n - 2.0 * n ** 3 / 3 if m >= n else 2.0 * n * m * m - 2.0 * m ** 3 / 3
@@ -77,7 +87,7 @@ def run_shape(cp, m, n, dtype, methods, panels, reps):
                                     reps, A.copy)
             r = {"shape": [m, n], "dtype": np.dtype(dtype).name, "method": method, "panel": nb,
                  "seconds": med, "all": all_, "tflops": flops / med / 1e12,
-                 **_check(cp, A, F, pn, T)}
+                 "model_seconds": _model_seconds(m, n, nb), **_check(cp, A, F, pn, T)}
             print(json.dumps(r), flush=True)
             rows.append(r)
             del F, T
@@ -146,11 +156,12 @@ def main(argv=None) -> int:
         print(f"panel kernel alone, {r['kernel_only_m']} x 32 on {r['blocks']} blocks: "
               f"{r['us_per_column']:.2f} us per column")
     print(f"{'shape':>12s} {'method':>18s} {'nb':>4s} {'s':>8s} {'TF/s':>6s} {'gram':>8s} "
-          f"{'QtA':>8s} {'QtX':>8s}")
+          f"{'QtA':>8s} {'QtX':>8s} {'model':>8s}")
     for r in rows:
         print(f"{'x'.join(map(str, r['shape'])):>12s} {r['method']:>18s} {str(r['panel']):>4s} "
               f"{r['seconds']:8.4f} {r['tflops']:6.2f} {r['gram_rel']:8.1e} "
-              f"{r.get('qta_rel', float('nan')):8.1e} {r.get('qtx_norm_rel', float('nan')):8.1e}")
+              f"{r.get('qta_rel', float('nan')):8.1e} {r.get('qtx_norm_rel', float('nan')):8.1e} "
+              f"{r.get('model_seconds', float('nan')):8.4f}")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"device": dev, "rows": rows, "kernel_only": kern}, fh, indent=1)
