@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import math
+import sys
 import warnings
 
 import numpy as np
@@ -26,7 +27,7 @@ import scipy_gpuqr
 from scipy_gpuqr import GpuqrOptions, QRFactorization, factorized, spsolve
 from scipy_gpuqr import _gpu as gpu_mod
 from scipy_gpuqr._api import spsolve as _spsolve_module
-from scipy_gpuqr._api.originals import MatrixRankWarning, original
+from scipy_gpuqr._api.originals import MatrixRankWarning, original, spsolve_gssv
 from scipy_gpuqr._dispatch import calibrate as _calibrate
 from scipy_gpuqr._dispatch import plan as _dispatch
 from scipy_gpuqr._dispatch.calibrate import LadderProblem, calibrate_sparse, format_table
@@ -82,7 +83,8 @@ def test_small_systems_are_superlu_without_analysis(fake_gpu, scipy_calls, monke
 
 @pytest.fixture
 def scipy_calls(monkeypatch):
-    """The names of SciPy's originals our spsolve module called, in order."""
+    """The names of SciPy's originals our spsolve module called, in order ('spsolve'
+    also for SciPy's spsolve's own SuperLU call made directly, :func:`spsolve_gssv`)."""
     calls = []
 
     def spy(name):
@@ -90,7 +92,18 @@ def scipy_calls(monkeypatch):
             calls.append(name)
             return original(name)(*args, **kwargs)
         return f
+
+    def gssv_spy(use_umfpack):
+        gssv = spsolve_gssv(use_umfpack)
+        if gssv is None:
+            return None
+
+        def f(*args, **kwargs):
+            calls.append("spsolve")
+            return gssv(*args, **kwargs)
+        return f
     monkeypatch.setattr(_spsolve_module, "original", spy)
+    monkeypatch.setattr(_spsolve_module, "spsolve_gssv", gssv_spy)
     return calls
 
 
@@ -158,6 +171,38 @@ def test_spsolve_auto_without_gpu_is_scipys(no_gpu, scipy_calls, rng, fmt, dtype
             assert_same_as_scipy(lambda: spsolve(A, b, permc_spec=permc),
                                  lambda: original("spsolve")(A, b, permc_spec=permc))
     assert set(scipy_calls) == {"spsolve"}
+
+
+def test_spsolve_vector_is_scipys_superlu_call(no_gpu, scipy_calls, rng, monkeypatch):
+    """A float64 vector b with canonical CSR/CSC float64 A: SciPy's one SuperLU call made
+    directly (the same bits); a singular A: SciPy's warning, pointing at the caller's
+    line as SciPy's does, and NaN; UMFPACK turned on: SciPy's spsolve itself (here its
+    RuntimeError, scikit-umfpack being absent)."""
+    for fmt in ("csc", "csr"):
+        A = _square(rng, 30, fmt=fmt)
+        b = rng.standard_normal(30)
+        assert_same_as_scipy(lambda: spsolve(A, b), lambda: original("spsolve")(A, b))
+    assert scipy_calls == ["spsolve", "spsolve"]
+    S = sp.csc_array(np.array([[1.0, 2.0], [2.0, 4.0]]))
+    assert_same_as_scipy(lambda: spsolve(S, np.ones(2)),
+                         lambda: original("spsolve")(S, np.ones(2)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        x = spsolve(S, np.ones(2))
+    assert np.isnan(x).all() and x.shape == (2,)
+    assert [(w.category, w.filename, w.lineno) for w in caught] == \
+        [(MatrixRankWarning, __file__, line)]
+    linsolve = sys.modules["scipy.sparse.linalg._dsolve.linsolve"]
+    monkeypatch.setattr(linsolve.useUmfpack, "u", True, raising=False)
+    del scipy_calls[:]
+    A = _square(rng, 10)
+    outcome = assert_same_as_scipy(lambda: spsolve(A, np.ones(10)),
+                                   lambda: original("spsolve")(A, np.ones(10)))
+    assert outcome[0] == "raised" if linsolve.noScikit else outcome[0] == "returned"
+    assert scipy_calls == ["spsolve"]
+    np.testing.assert_array_equal(spsolve(A, np.ones(10), use_umfpack=False),
+                                  original("spsolve")(A, np.ones(10), use_umfpack=False))
 
 
 def test_spsolve_auto_errors_are_scipys(no_gpu, rng):

@@ -24,7 +24,7 @@ _linsolve = importlib.import_module("scipy.sparse.linalg._dsolve.linsolve")
 _lsmr_module = importlib.import_module("scipy.sparse.linalg._isolve.lsmr")
 _lsqr_module = importlib.import_module("scipy.sparse.linalg._isolve.lsqr")
 
-__all__ = ["ORIGINALS", "original", "MatrixRankWarning"]
+__all__ = ["ORIGINALS", "original", "MatrixRankWarning", "spsolve_gssv"]
 
 
 def _capture(module, name: str):
@@ -59,3 +59,25 @@ def original(name: str):
         For a name that is not one of :data:`ORIGINALS`.
     """
     return ORIGINALS[name]
+
+
+def spsolve_gssv(use_umfpack: bool):
+    """SuperLU's driver ``gssv`` as SciPy's ``spsolve`` calls it for a vector b, or None.
+
+    SciPy's ``spsolve`` answers a vector b with one call of its SuperLU
+    module's ``gssv``, unless it would use UMFPACK (``use_umfpack`` and
+    scikit-umfpack installed, and not turned off through
+    ``linsolve.useUmfpack.u``). None there, and where this SciPy's module
+    does not have the names (another SciPy layout): the caller then calls
+    SciPy's ``spsolve`` itself.
+    """
+    gssv = getattr(getattr(_linsolve, "_superlu", None), "gssv", None)
+    if gssv is None:
+        return None
+    if use_umfpack:
+        u = getattr(getattr(_linsolve, "useUmfpack", None), "u", None)
+        if u is None:               # SciPy sets it on its first call, from noScikit
+            u = not getattr(_linsolve, "noScikit", False)
+        if u:
+            return None
+    return gssv

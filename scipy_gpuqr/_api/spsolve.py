@@ -55,7 +55,7 @@ from .._options import auto_source, log_decision, resolve_settings
 from .._validate import (SOLVE_RHS, SPSOLVE_RHS, all_finite, as_matrix, check_finite,
                          check_rhs, check_superlu_cast, to_output, unsupported_reason)
 from .fallback import fallback
-from .originals import MatrixRankWarning, original
+from .originals import MatrixRankWarning, original, spsolve_gssv
 
 __all__ = ["spsolve", "factorized", "PERMC_ORDERINGS", "spsolve_probe"]
 
@@ -189,6 +189,34 @@ def _superlu_source(A, backend, gpuqr_options):
     return auto_source(backend)
 
 
+def _scipy_vector_solve(A, b, permc_spec, use_umfpack):
+    """SciPy's ``spsolve(A, b)`` for canonical CSR/CSC A and a dense b, as SciPy answers it.
+
+    For float64 A and a float64 vector b of A's order, SciPy's ``spsolve``
+    converts nothing and makes one call of SuperLU's ``gssv``
+    (:func:`~scipy_gpuqr._api.originals.spsolve_gssv`); that call is made
+    here with SciPy's arguments (the same x bits, SciPy's singular-matrix
+    warning and NaN), without the Python around it, which on a system of a
+    few hundred unknowns costs as much as our own checks. Every other input
+    (another dtype, a 2-D b, a shape SciPy rejects, UMFPACK) goes to SciPy's
+    ``spsolve`` itself.
+    """
+    n = A.shape[0]
+    gssv = None
+    if (b.ndim == 1 and A.shape[1] == n and b.shape[0] == n and A.data.dtype == np.float64
+            and b.dtype == np.float64):
+        gssv = spsolve_gssv(use_umfpack)
+    if gssv is None:
+        return original("spsolve")(A, b, permc_spec, use_umfpack)
+    x, info = gssv(n, int(A.indptr[-1]), A.data, A.indices.astype(np.intc, copy=False),
+                   A.indptr.astype(np.intc, copy=False), b, 1 if A.format == "csc" else 0,
+                   options={"ColPerm": permc_spec})
+    if info != 0:
+        warnings.warn("Matrix is exactly singular", MatrixRankWarning, stacklevel=3)
+        x.fill(np.nan)
+    return x
+
+
 def _superlu_info(source: str, why: str) -> dict:
     """``solve.info`` of a ``factorized`` SciPy's SuperLU answers at once (the summary of
     its plan: :meth:`~scipy_gpuqr._dispatch.plan.Plan.summary` of a SuperLU plan)."""
@@ -318,7 +346,8 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
                 check_finite(b, "b")
             if not A.has_canonical_format:
                 A = A.copy()            # SciPy would sum the caller's duplicates in place
-            return original("spsolve")(A, b, permc_spec, use_umfpack)
+                A.sum_duplicates()      # as SciPy's spsolve does, on our copy
+            return _scipy_vector_solve(A, b, permc_spec, use_umfpack)
     reason = unsupported_reason(A, b)
     if reason is not None:
         return fallback("spsolve", reason, A, b, permc_spec=permc_spec,

@@ -29,7 +29,9 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
        (:func:`~scipy_gpuqr._factor.solve_rank.probe_norm`: σ_min ≥ 1/(Mν)
        with probability 1 − 1e-10, σ_max ≤ ‖R‖_F; one to three solves with 8
        columns, on the device for GPU factors); the tests above answer where
-       it is inconclusive.
+       it is inconclusive. Below that order, on the host, the same probe runs
+       where the 1-norm estimate is inconclusive, before the σ test (whose
+       dense inverse costs q³/3 flops against a few sparse solves).
     2. Otherwise the rank is decided on ``R`` alone (it has A's singular
        values), with ``cutoff·σ_max`` as the absolute threshold ``tol``.
        From :data:`SOLVE_RANK_MIN_ORDER` columns, where R is square with a
@@ -409,7 +411,10 @@ class MinNormSolver:
         """Decide that square R with a nonzero diagonal has full rank under lstsq's rule.
 
         First the 1-norm condition estimate (cheap, with the factor ``10·q``
-        for the 1-norm/2-norm gap); failing that, σ_max by Lanczos and σ_min
+        for the 1-norm/2-norm gap); failing that, the randomized probe through
+        R's solves (:meth:`_full_rank_probed`; first of all from
+        :data:`SOLVE_RANK_MIN_ORDER` columns beyond DENSE_LIMIT); failing
+        that, σ_max by Lanczos and σ_min
         by :func:`~scipy_gpuqr._factor.triangular.sigma_min_upper` (a guaranteed
         lower bound or an accurate estimate for q ≤ DENSE_LIMIT, Lanczos with
         the margin :data:`_SIGMA_MARGIN` beyond). Where the dense refinements
@@ -418,7 +423,8 @@ class MinNormSolver:
         """
         R = self.R
         q = R.shape[0]
-        if q > DENSE_LIMIT and q >= SOLVE_RANK_MIN_ORDER and self._full_rank_probed():
+        probe_first = q > DENSE_LIMIT and q >= SOLVE_RANK_MIN_ORDER
+        if probe_first and self._full_rank_probed():
             return True
         Rgpu = self._dense_on_gpu(as_g=False) if q <= DENSE_LIMIT else None
         if Rgpu is not None:
@@ -432,6 +438,11 @@ class MinNormSolver:
             self.rcond = _rcond_estimate(R, self.solves)
             if self.rcond >= 10.0 * q * self.cutoff:
                 self.method, self.rank = "triangular", q
+                return True
+            # the probe through R's sparse solves (a few solves with 8 columns)
+            # before the σ test (R⁻¹ made dense, q³/3 flops): on ill-conditioned
+            # full-rank R the 1-norm estimate misses by its factor 10·q
+            if not probe_first and self._full_rank_probed():
                 return True
             smax = sigma_max_lanczos(R)
             est = sigma_min_upper(R, self.cutoff * smax, solves=self.solves)

@@ -39,6 +39,8 @@ from .factored import plan_for
 from .least_squares import (IterativeAnswer, LeastSquaresProblem, StoppingRules, _RunNote,
                             check_problem, settle)
 from .lstsq import DENSE_LIMIT, _rcond_estimate, lstsq_cutoff
+from .solve_rank import frobenius, probe_norm
+from .triangular import UpperTriangular
 
 __all__ = ["QuickRun", "quick_iterate", "clearly_full_rank", "speculate"]
 
@@ -63,16 +65,18 @@ _HOST_BACKENDS = ("cpu", "reference", "simulate")
 
 
 def clearly_full_rank(R, cutoff: float) -> bool:
-    """Whether square triangular R passes lstsq's first, cheap full-rank test.
+    """Whether square triangular R passes one of lstsq's cheap full-rank tests.
 
-    The test :class:`~scipy_gpuqr._factor.lstsq.MinNormSolver` makes first on
+    The tests :class:`~scipy_gpuqr._factor.lstsq.MinNormSolver` makes first on
     a square R with a finite nonzero diagonal whose smallest entry is above
     the cutoff: the 1-norm reciprocal condition estimate at least
-    ``10·q·cutoff``. Where it passes, the rank decision ends there (rank q,
-    R⁻¹ solves), with no dense work. Made here only up to lstsq's
-    ``DENSE_LIMIT`` (LAPACK's estimate on R made dense, a few milliseconds);
-    beyond, the estimate takes sparse triangular solves whose cost is not
-    bounded by the iterations' (False).
+    ``10·q·cutoff``, else the randomized probe of ``‖R⁻¹‖₂`` through R's
+    sparse triangular solves (:func:`~scipy_gpuqr._factor.solve_rank.probe_norm`:
+    ``M·ν·cutoff·‖R‖_F < 1``, a few solves with 8 columns). Where one passes,
+    the rank decision ends there (rank q, R⁻¹ solves), with no dense work.
+    Made here only up to lstsq's ``DENSE_LIMIT`` (LAPACK's estimate on R
+    made dense, a few milliseconds); beyond, the estimate takes sparse
+    triangular solves whose cost is not bounded by the iterations' (False).
     """
     R = sp.csc_array(R)
     k, q = R.shape
@@ -81,7 +85,12 @@ def clearly_full_rank(R, cutoff: float) -> bool:
     d = np.abs(R.diagonal())
     if not (np.all(np.isfinite(d)) and d.min() > 0 and d.min() > cutoff * d.max()):
         return False
-    return _rcond_estimate(R) >= 10.0 * q * cutoff
+    if _rcond_estimate(R) >= 10.0 * q * cutoff:
+        return True
+    up, upt = UpperTriangular(R).solves()
+    bound = cutoff * frobenius(R)
+    nu, margin = probe_norm(up, upt, q, accept=lambda nu, m: m * nu * bound < 1.0)
+    return bool(np.isfinite(nu) and nu > 0 and margin * nu * bound < 1.0)
 
 
 def speculate(planned, shape) -> tuple:
