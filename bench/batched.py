@@ -370,9 +370,18 @@ def public_bench(args) -> int:
                 elif op == "solve":
                     b = rng.standard_normal((bsz, n, 1), dtype=dtype)
 
-                    def kern(b=b):
+                    def two(b=b):            # the LU kernel, then the solve kernel
                         lu, piv, _ = bg.getrf(a)
                         return bg.getrs(lu.reshape(bsz, n, n), piv.reshape(bsz, n), b)
+                    if n <= 32 and getattr(bg, "FUSED_GESV", False):
+                        from scipy_gpuqr.batched._common import gpu_rhs
+                        rhs = gpu_rhs(b, (bsz,), n, dtype)
+                        kern = lambda rhs=rhs: bg.gesv(a, rhs)                   # noqa: E731
+                        print(f"{tag:6} {dtype.name:7} {n:>3} {bsz:>8} {'solve':9} "
+                              f"LU kernel + solve kernel: {timer.device(two, reps=args.reps):8.3f} ms",
+                              flush=True)
+                    else:
+                        kern = two
                     pub = lambda b=b: fns.solve_batched(a, b)                      # noqa: E731
                     asy = lambda b=b: fns.solve_batched(a, b, check_finite=False,  # noqa: E731
                                                       return_info=True)
@@ -409,6 +418,9 @@ def public_bench(args) -> int:
                     b = rng.standard_normal((bsz, n), dtype=dtype)
 
                     def kern(b=b):
+                        if n <= 32 and getattr(bg, "FUSED_GESV", False):
+                            from scipy_gpuqr.batched._common import gpu_rhs
+                            return bg.gesv(a, gpu_rhs(b.reshape(bsz, n, 1), (bsz,), n, dtype))
                         lu, piv, _ = bg.getrf(a)
                         return bg.getrs(lu.reshape(bsz, n, n), piv.reshape(bsz, n),
                                         b.reshape(bsz, n, 1))

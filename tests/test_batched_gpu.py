@@ -262,6 +262,62 @@ def test_gpu_lu_solve_and_solve(rng, n, trans, k):
     assert v.shape == (9, n)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 17, 24, 31, 32])
+def test_gpu_gesv_one_kernel_matches_two(rng, n, dtype):
+    """solve_batched's one-kernel LU and solve (gesv_warp / gesv_mma) against
+    the LU kernel followed by the solve kernel and against NumPy: per-matrix
+    and broadcast right-hand sides, one and several columns, more matrices
+    than a warp's tile; singular matrices get NaN solutions (with the NaN
+    flag) and their info; an inf in b marks the right-hand side slot."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _common as bcm
+    from scipy_gpuqr.batched import _gpu as bg
+    from scipy_gpuqr.batched import _gpu_common as gc
+    batch = (7, 11)
+    a = random_batch(rng, batch, n, dtype) + (2 * np.sqrt(n) * np.eye(n)).astype(dtype)
+    a[2, 3, :, 0] = 0                                  # exactly singular
+    ref_info = np.zeros(batch, dtype=np.int32)
+    ref_info[2, 3] = lapack_getrf(a[2, 3][None])[2][0]
+    ga = cp.asarray(a)
+    tol = 200 * n * eps(dtype)
+    for bshape in [batch + (n, 1), batch + (n, 3), (n,), (n, 2)]:
+        b = rng.standard_normal(bshape).astype(dtype)
+        rhs = bcm.gpu_rhs(cp.asarray(b), batch, n, np.dtype(dtype))
+        outs = []
+        for fused in (True, False):
+            st = gc.new_status()
+            x, info = bg.gesv(ga, rhs, gc.report_args(st),
+                              gc.report_args(st, nan_fill=True), True, fused=fused)
+            counts = gc.read_status(st)
+            outs.append(_host(x))
+            np.testing.assert_array_equal(_host(info), ref_info)
+            assert counts[gc.STATUS_SINGULAR] == 1 and counts[gc.STATUS_RHS] == 0
+        x1, x2 = outs
+        assert np.isnan(x1[2, 3]).all() and np.isnan(x2[2, 3]).all()
+        ok = np.ones(batch, dtype=bool)
+        ok[2, 3] = False
+        bb = b if b.ndim > 1 else b[:, None]
+        full = np.broadcast_to(bb, batch + bb.shape[-2:]) if b.ndim <= 2 else bb
+        ref = np.linalg.solve(a[ok].astype(np.float64), full[ok].astype(np.float64))
+        got = x1[ok].reshape(ref.shape)
+        scale = np.abs(ref).max()
+        np.testing.assert_allclose(got, ref, rtol=0, atol=tol * max(1.0, scale))
+        np.testing.assert_allclose(got, x2[ok].reshape(ref.shape), rtol=0,
+                                   atol=tol * max(1.0, scale))
+    # an inf in b: the right-hand side slot, the solutions of the others still exact
+    b = rng.standard_normal(batch + (n, 1)).astype(dtype)
+    b[4, 5, n - 1, 0] = np.inf
+    st = gc.new_status()
+    rhs = bcm.gpu_rhs(cp.asarray(b), batch, n, np.dtype(dtype))
+    x, info = bg.gesv(ga, rhs, gc.report_args(st), gc.report_args(st), False, fused=True)
+    counts = gc.read_status(st)
+    assert counts[gc.STATUS_RHS] == 1
+    ref = np.linalg.solve(a[0, 0].astype(np.float64), b[0, 0].astype(np.float64))
+    np.testing.assert_allclose(_host(x)[0, 0], ref, rtol=0,
+                               atol=tol * max(1.0, np.abs(ref).max()))
+
+
 @pytest.mark.parametrize("n", [5, 32, 70])
 @pytest.mark.parametrize("bshape", ["vector", "matrix", "batch1", "batch3", "float32"])
 def test_gpu_solves_right_hand_side_shapes(rng, n, bshape):

@@ -384,10 +384,13 @@ __device__ __forceinline__ int panel_step(int pos, int p) {
 // LU of the tile with the shared pivot chain (see the header). Per-warp
 // scratch: perm (32 ints), steps (32 ints), bc (16 doubles). Returns getrf's
 // info (before the non-finite check); writes perm (rowx of the row of the
-// tile that goes to LAPACK row i) and piv[lane] for lane < N.
+// tile that goes to LAPACK row i), piv[lane] for lane < N (piv not null)
+// and mypos (the LAPACK row of tile row `lane`; steps[j] & 255 is the tile
+// row of LAPACK row j).
 template <int N, int SB>
 __device__ __forceinline__ int factor_mma(double *t, int *perm, int *steps, double *bc,
-                                          int *__restrict__ piv, bool &bad, int lane) {
+                                          int *__restrict__ piv, bool &bad, int &mypos,
+                                          int lane) {
     typedef MmaTile<N> M;
     constexpr int NP = M::NP;
     const bool active = lane < N;
@@ -464,8 +467,9 @@ __device__ __forceinline__ int factor_mma(double *t, int *perm, int *steps, doub
     const unsigned z = __reduce_min_sync(0xffffffffu, zd ? (unsigned)pos : 0xffffu);
     if (active) perm[pos] = rowx<N>(lane);
     bad = __ballot_sync(0xffffffffu, !fin) != 0u;
+    mypos = pos;
     __syncwarp();
-    if (active) piv[lane] = steps[lane] >> 8;
+    if (active && piv != nullptr) piv[lane] = steps[lane] >> 8;
     return z == 0xffffu ? 0 : (int)z + 1;
 }
 
@@ -558,11 +562,15 @@ __device__ __forceinline__ int invert_mma(double *t, int *perm, int *steps, doub
 // input, not modified:  a (batch, N, N) float64
 // output:               lu (batch, N, N), piv (batch, N), info (batch)
 // ---------------------------------------------------------------------------
-template <typename T, int N, int V = 1>
-__global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
-getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
-          int *__restrict__ info, long long batch, int stages, int vec,
-          unsigned long long *__restrict__ status, unsigned long long ctl)
+// SOLVE: gesv_mma (lu and piv null; the solves of sv after each matrix's LU,
+// lu_solve_rows with the factors read from the tile).
+template <typename T, int N, int V, bool SOLVE>
+__device__ __forceinline__ void lu_mma_run(const T *__restrict__ a, T *__restrict__ lu,
+                                           int *__restrict__ piv, int *__restrict__ info,
+                                           long long batch, int stages, int vec,
+                                           unsigned long long *__restrict__ status,
+                                           unsigned long long ctl,
+                                           const gpuqr_warp::GesvArgs<T> &sv)
 {
     static_assert(sizeof(T) == 8, "float64 only (FP64 tensor cores)");
     using namespace gpuqr_mma;
@@ -600,12 +608,64 @@ getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
         }
         __syncwarp();
         bool bad;
-        const int z = factor_mma<N, V>(t, perm, steps, bc, piv + m * N, bad, lane);
-        if (lane == 0) info[m] = gpuqr_status::report_info(bad ? -1 : z, status, ctl);
-        mma_store<N>(lu + m * (N * N), t, perm, v, opaque(lane));
+        int mypos;
+        const int z = factor_mma<N, V>(t, perm, steps, bc, SOLVE ? nullptr : piv + m * N, bad,
+                                       mypos, lane);
+        const int got = bad ? -1 : z;
+        if (lane == 0) info[m] = gpuqr_status::report_info(got, status, ctl);
+        if constexpr (SOLVE) {
+            const int rx = rowx<N>(lane);                  // N = 32: every lane a row
+            const double d = t[rx ^ mypos];
+            const double rd = 1.0 / d;
+            const bool nan = gpuqr_status::nan_result(gpuqr_status::stored_info(got, ctl),
+                                                      sv.ctl);
+            bool badb = false;
+#pragma unroll 1
+            for (int c = 0; c < sv.nrhs; ++c) {
+                const double s0 = sv.b[m * sv.bstride + (long long)lane * sv.nrhs + c];
+                badb |= !finite_bits(s0);
+                const double xv = lu_solve_rows<double, N>(
+                    s0, mypos, d, rd, [&](int j) { return t[rx ^ j]; },
+                    [&](int j) { return steps[j] & 255; });
+                sv.x[(m * N + mypos) * sv.nrhs + c] = nan ? gpuqr_status::quiet_nan<double>() : xv;
+            }
+            if (badb) gpuqr_status::mark(sv.status, sv.ctl, 3);
+        } else {
+            mma_store<N>(lu + m * (N * N), t, perm, v, opaque(lane));
+        }
         __syncwarp();
         if (stages == 2) cur ^= 1;
     }
+}
+
+template <typename T, int N, int V = 1>
+__global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
+getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
+          int *__restrict__ info, long long batch, int stages, int vec,
+          unsigned long long *__restrict__ status, unsigned long long ctl)
+{
+    lu_mma_run<T, N, V, false>(a, lu, piv, info, batch, stages, vec, status, ctl,
+                               gpuqr_warp::GesvArgs<T>{nullptr, nullptr, 0, 0, nullptr, 0});
+}
+
+// ---------------------------------------------------------------------------
+// LU and solve (solve_batched) of float64 N x N matrices: getrf_mma's
+// factorization, then the solves of each matrix's right-hand sides with the
+// factors still in the tile (a row per lane, lu_solve_rows of warp.cuh); lu
+// and piv are not written.
+// input, not modified:  a (batch, N, N), b (GesvArgs of warp.cuh)
+// output:               info (batch), x (batch, N, nrhs)
+// status, ctl: the factorization's report; sstatus, sctl: the solve's.
+// ---------------------------------------------------------------------------
+template <typename T, int N, int V = 1>
+__global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
+gesv_mma(const T *__restrict__ a, int *__restrict__ info, long long batch, int stages,
+         int vec, unsigned long long *__restrict__ status, unsigned long long ctl,
+         const T *__restrict__ b, T *__restrict__ x, int nrhs, long long bstride,
+         unsigned long long *__restrict__ sstatus, unsigned long long sctl)
+{
+    lu_mma_run<T, N, V, true>(a, nullptr, nullptr, info, batch, stages, vec, status, ctl,
+                              gpuqr_warp::GesvArgs<T>{b, x, nrhs, bstride, sstatus, sctl});
 }
 
 // ---------------------------------------------------------------------------

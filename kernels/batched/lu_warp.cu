@@ -21,6 +21,10 @@
 // kernels report to the status word themselves (status, ctl: status.cuh):
 // no pass over info follows them.
 //
+// gesv_warp: the LU of getrf_warp and the solves with it in the same launch
+// (solve_batched): the factors stay on chip, only info and the solutions are
+// written (see lu_solve_rows).
+//
 // Launch: blockDim.x a multiple of 32 (<= GPUQR_WARP_THREADS), any grid (the
 // warps loop over tiles); stages 1 or 2 (tiles in flight per warp); vec != 0
 // when both pointers are 16-byte aligned. Dynamic shared memory, from
@@ -293,6 +297,56 @@ __device__ __forceinline__ void tiny_getri(const T *__restrict__ a, T *__restric
     }
 }
 
+// A thread per matrix (N <= GPUQR_TINY_MAX): LU as tiny_getrf, then the
+// solves in registers (the row swaps as selects on compile-time indices).
+template <typename T, int N>
+__device__ __forceinline__ void tiny_gesv(const T *__restrict__ a, int *__restrict__ info,
+                                          long long batch, unsigned long long *status,
+                                          unsigned long long ctl, const GesvArgs<T> &sv) {
+    const bool vec = aligned16(a);
+    for (long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x; m < batch;
+         m += (long long)gridDim.x * blockDim.x) {
+        T v[N][N];
+        tiny_load<T, N>(v, a + m * (N * N), N, vec);
+        const bool fin = tiny_finite<T, N>(v);
+        int pv[N];
+        const int z = tiny_lu<T, N>(v, pv);
+        const int got = fin ? z : -1;
+        info[m] = gpuqr_status::report_info(got, status, ctl);
+        const bool nan = gpuqr_status::nan_result(gpuqr_status::stored_info(got, ctl), sv.ctl);
+        bool badb = false;
+        for (int c = 0; c < sv.nrhs; ++c) {
+            T y[N];
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+                y[i] = sv.b[m * sv.bstride + (long long)i * sv.nrhs + c];
+                badb |= !finite_bits(y[i]);
+            }
+#pragma unroll
+            for (int k = 0; k < N; ++k) {             // y = P b
+#pragma unroll
+                for (int i = k + 1; i < N; ++i) {
+                    if (pv[k] == i) { const T w = y[k]; y[k] = y[i]; y[i] = w; }
+                }
+            }
+#pragma unroll
+            for (int i = 1; i < N; ++i)
+#pragma unroll
+                for (int j = 0; j < i; ++j) y[i] = fma(-v[i][j], y[j], y[i]);
+#pragma unroll
+            for (int i = N - 1; i >= 0; --i) {
+#pragma unroll
+                for (int j = i + 1; j < N; ++j) y[i] = fma(-v[i][j], y[j], y[i]);
+                y[i] = y[i] / v[i][i];
+            }
+#pragma unroll
+            for (int i = 0; i < N; ++i)
+                sv.x[(m * N + i) * sv.nrhs + c] = nan ? gpuqr_status::quiet_nan<T>() : y[i];
+        }
+        if (badb) gpuqr_status::mark(sv.status, sv.ctl, 3);
+    }
+}
+
 }  // namespace gpuqr_warp
 
 // ---------------------------------------------------------------------------
@@ -300,18 +354,22 @@ __device__ __forceinline__ void tiny_getri(const T *__restrict__ a, T *__restric
 // input, not modified:  a (batch, N, N)
 // output:               lu (batch, N, N), piv (batch, N), info (batch)
 // ---------------------------------------------------------------------------
-template <typename T, int N>
-__global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, false>::MINB))
-getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
-           int *__restrict__ info, long long batch, int stages, int vec,
-           unsigned long long *__restrict__ status, unsigned long long ctl)
+// SOLVE: gesv_warp (lu and piv null; the solves of sv after each tile's LU).
+template <typename T, int N, bool SOLVE>
+__device__ __forceinline__ void lu_warp_run(const T *__restrict__ a, T *__restrict__ lu,
+                                            int *__restrict__ piv, int *__restrict__ info,
+                                            long long batch, int stages, int vec,
+                                            unsigned long long *__restrict__ status,
+                                            unsigned long long ctl, const GesvArgs<T> &sv)
 {
     typedef Layout<T, N> L;
     constexpr int SEG = L::SEG;
     constexpr int G = WarpCfg<T, N, false>::G;
     constexpr bool SH = WarpCfg<T, N, false>::SHFL;
+    static_assert(!(SOLVE && G > 1), "the fused solve needs a row per lane");
     if constexpr (N <= GPUQR_TINY_MAX) {
-        tiny_getrf<T, N>(a, lu, piv, info, batch, status, ctl);
+        if constexpr (SOLVE) tiny_gesv<T, N>(a, info, batch, status, ctl, sv);
+        else tiny_getrf<T, N>(a, lu, piv, info, batch, status, ctl);
         return;
     }
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -324,7 +382,7 @@ getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
     const int r = lane & (SEG - 1);
     const int mloc = lane / SEG;
 
-    if constexpr (G > 1) {
+    if constexpr (G > 1 && !SOLVE) {
         run_tiles<T, N>(a, lu, batch, N, stages, vec != 0, tiles,
                         [&](T *t, long long first, int) {
             const int z = factor2d<T, N, G, false>(t, bc, piv + first * N, N, lane);
@@ -349,6 +407,7 @@ getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
 
         bool cand = active;
         int pos = r, mypiv = r, zinfo = 0;
+        T diag = T(1);                                          // SOLVE: U[pos][pos]
         unsigned hi = key_hi(row[0]);
         unsigned bal = pivot_start<SEG>(cand, hi);
 #pragma unroll
@@ -384,6 +443,7 @@ getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
             if (upd) row[k] = l;
             if (k + 1 < N) row[k + 1 < N ? k + 1 : 0] = fma(-l, b1, row[k + 1 < N ? k + 1 : 0]);
             cand = cand && !is_piv;
+            if (SOLVE && is_piv) diag = x;
             if (pos == k) pos = p; else if (is_piv) pos = k;
             if (r == k) mypiv = p;
             if (pv == T(0) && zinfo == 0) zinfo = k + 1;
@@ -394,13 +454,69 @@ getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
             if constexpr (SH) __syncwarp();
             axpy_from<T, N>(row, buf, l, k + 2, -1, -1);
         }
-        if (active) {
+        if constexpr (SOLVE) {
+            const int got = bad ? -1 : zinfo;
+            if (active && r == 0) info[first + mloc] = gpuqr_status::report_info(got, status, ctl);
+            // the lane of each LAPACK row, in the matrix's part of the (free) broadcast buffer
+            __syncwarp();
+            int *at = reinterpret_cast<int *>(bc + mloc * L::NBUF);
+            if (active) at[pos] = r;
+            __syncwarp();
+            const int base = lane & ~(SEG - 1);
+            const long long m = first + mloc;
+            const bool nan = gpuqr_status::nan_result(gpuqr_status::stored_info(got, ctl), sv.ctl);
+            const T rd = T(1) / diag;
+            bool badb = false;
+#pragma unroll 1
+            for (int c = 0; c < sv.nrhs; ++c) {
+                T s0 = T(0);
+                if (active) {
+                    s0 = sv.b[m * sv.bstride + (long long)r * sv.nrhs + c];
+                    badb |= !finite_bits(s0);
+                }
+                const T xv = lu_solve_rows<T, N>(s0, pos, diag, rd,
+                                                 [&](int j) { return row[j]; },
+                                                 [&](int j) { return base + (at[j] & (SEG - 1)); });
+                if (active)
+                    sv.x[(m * N + pos) * sv.nrhs + c] = nan ? gpuqr_status::quiet_nan<T>() : xv;
+            }
+            if (badb) gpuqr_status::mark(sv.status, sv.ctl, 3);
+        } else if (active) {
             row_write<T, N>(t + (mloc * N + pos) * L::LD, row);
             piv[(first + mloc) * N + r] = mypiv;
             if (r == 0) info[first + mloc] = gpuqr_status::report_info(bad ? -1 : zinfo,
                                                                        status, ctl);
         }
     });
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, false>::MINB))
+getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
+           int *__restrict__ info, long long batch, int stages, int vec,
+           unsigned long long *__restrict__ status, unsigned long long ctl)
+{
+    lu_warp_run<T, N, false>(a, lu, piv, info, batch, stages, vec, status, ctl,
+                             GesvArgs<T>{nullptr, nullptr, 0, 0, nullptr, 0});
+}
+
+// ---------------------------------------------------------------------------
+// LU and solve (solve_batched): getrf_warp's factorization, then per matrix
+// the solves of its right-hand sides with the factors still in registers
+// (lu_solve_rows); lu and piv are not written.
+// input, not modified:  a (batch, N, N), b (see GesvArgs)
+// output:               info (batch), x (batch, N, nrhs)
+// status, ctl: the factorization's report; sstatus, sctl: the solve's.
+// ---------------------------------------------------------------------------
+template <typename T, int N>
+__global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, false>::MINB))
+gesv_warp(const T *__restrict__ a, int *__restrict__ info, long long batch, int stages,
+          int vec, unsigned long long *__restrict__ status, unsigned long long ctl,
+          const T *__restrict__ b, T *__restrict__ x, int nrhs, long long bstride,
+          unsigned long long *__restrict__ sstatus, unsigned long long sctl)
+{
+    lu_warp_run<T, N, true>(a, nullptr, nullptr, info, batch, stages, vec, status, ctl,
+                            GesvArgs<T>{b, x, nrhs, bstride, sstatus, sctl});
 }
 
 // ---------------------------------------------------------------------------

@@ -58,6 +58,11 @@ __device__ __forceinline__ int report_info(int v, unsigned long long *status,
     return v;
 }
 
+// The info report_info stores for `v`, without marking the status word.
+__device__ __forceinline__ int stored_info(int v, unsigned long long ctl) {
+    return (v < 0 && (ctl & CTL_CLEAR_NEG)) ? 0 : v;
+}
+
 // True when the result of a matrix with found info `v` is to be all NaN.
 __device__ __forceinline__ bool nan_result(int v, unsigned long long ctl) {
     return (ctl & CTL_NAN_FILL) && v > 0;

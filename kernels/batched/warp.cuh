@@ -289,8 +289,51 @@ __device__ __forceinline__ int pivot_finish(unsigned ballot, bool cand, unsigned
 
 namespace gpuqr_warp {
 
+// The right-hand sides of a fused solve (gesv_warp, gesv_mma): matrix m's
+// nrhs columns start at b + m * bstride (bstride 0: one b for every matrix),
+// row-major (n, nrhs); its solution goes to x + m * n * nrhs. status, ctl:
+// the solve's report (status.cuh): an inf or NaN in b marks slot 3; with
+// CTL_NAN_FILL a matrix whose stored info is > 0 gets an all-NaN solution.
+template <typename T>
+struct GesvArgs {
+    const T *b;
+    T *x;
+    int nrhs;
+    long long bstride;
+    unsigned long long *status;
+    unsigned long long ctl;
+};
+
+// The triangular solves of one right-hand side column with LU factors held a
+// row per lane: the lane of LAPACK row pos holds that row's L (columns < pos)
+// and U (columns >= pos) entries in lu(j) (j a compile-time index), its
+// diagonal's reciprocal rd and diagonal d, and starts with s = b[r], the
+// entry of its original row r ((P b)[pos] = b[r]: lazy swaps). at(j): the
+// warp lane holding LAPACK row j. Forward (unit L), then backward (U); each
+// step's finished entry reaches the other rows by one shuffle. Returns x[pos].
+// Every lane of the warp must call it (inactive lanes with any values).
+template <typename T, int N, typename Lu, typename At>
+__device__ __forceinline__ T lu_solve_rows(T s, int pos, T d, T rd, Lu lu, At at) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        const T yj = __shfl_sync(0xffffffffu, s, at(j));
+        if (pos > j) s = fma(-lu(j), yj, s);
+    }
+#pragma unroll
+    for (int j = N - 1; j >= 0; --j) {
+        if (pos == j) {                       // s / d: the reciprocal and one correction
+            const T q = s * rd;
+            s = fma(fma(-q, d, s), rd, q);
+        }
+        const T xj = __shfl_sync(0xffffffffu, s, at(j));
+        if (pos < j) s = fma(-lu(j), xj, s);
+    }
+    return s;
+}
+
 // Grid-stride loop of a warp over its tiles: copy in (one tile ahead when
-// stages == 2), proc(tile, first matrix, number of matrices), copy out.
+// stages == 2), proc(tile, first matrix, number of matrices), copy out
+// (none when out is null: the fused solves keep only their solutions).
 // Shared memory of the warp: stages tiles starting at `tiles`.
 template <typename T, int N, typename Proc>
 __device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict__ out,
@@ -331,7 +374,7 @@ __device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict
         __syncwarp();
         proc(t, first, nv);
         __syncwarp();
-        tile_store<T, N>(out + first * nn, t, nv, n, vec, lane);
+        if (out != nullptr) tile_store<T, N>(out + first * nn, t, nv, n, vec, lane);
         __syncwarp();
         if (stages == 2) cur ^= 1;
     }

@@ -433,9 +433,10 @@ def solve_batched(a, b, *, check_finite=True, return_info=False,
 
     Notes
     -----
-    On the GPU: the LU kernel, the solve kernel (which reads ``b`` in place
-    of a copy and checks it) and one pass over ``info``, then one wait for a
-    32-byte summary; none with ``return_info=True, check_finite=False``.
+    On the GPU: for n <= 32 and CuPy ``b`` of ``a``'s dtype one kernel (the
+    LU and the solves, the factors kept on chip, ``b`` read in place and
+    checked), else the LU kernel and the solve kernel; then one wait for a
+    32-byte summary, none with ``return_info=True, check_finite=False``.
     """
     where = "solve_batched"
     rhs = None

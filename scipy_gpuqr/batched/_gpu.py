@@ -26,7 +26,9 @@ mapping of the status word to warnings and exceptions live in
   n <= 64, panels with a row per thread and cuBLAS strided-batched GEMM
   updates up to n = 512, panels with a thread block per matrix beyond).
 * Solves (n <= 32): ``getrs_batched`` / ``potrs_batched``
-  (:func:`scipy_gpuqr.batched._gpu_common.solve_by_columns`).
+  (:func:`scipy_gpuqr.batched._gpu_common.solve_by_columns`); the LU and
+  solve of ``solve_batched`` in one kernel (:func:`gesv`: ``gesv_warp`` /
+  ``gesv_mma``, the factors kept on chip).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ WARP_THREADS_MAX = 256
 
 
 #: The tensor-core kernels of kernels/batched/lu_mma.cu (a warp per matrix).
-MMA_KERNELS = ("getrf_mma", "getri_mma")
+MMA_KERNELS = ("getrf_mma", "getri_mma", "gesv_mma")
 
 #: Threads per block of those kernels. At 80 registers a thread (their
 #: build) an SM holds 25 warps' registers; shared memory (8.4 / 8.6 KiB a
@@ -238,12 +240,14 @@ def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
 
 @functools.lru_cache(maxsize=None)
 def _warp_plan(op: str, dt: str, n: int, kernel, threads, stages, device: int):
-    """Everything of an n <= 32 LU (``op`` 'lu') or inverse ('inv') launch that
-    does not depend on the batch, resolved once per (dtype, n, options, device):
-    (function, register size, threads, stages, shared memory, resident blocks,
+    """Everything of an n <= 32 LU (``op`` 'lu'), LU and solve ('gesv') or
+    inverse ('inv') launch that does not depend on the batch, resolved once
+    per (dtype, n, options, device): (function, register size, threads, stages, shared memory, resident blocks,
     matrices per warp, elements per 16-byte vector, CUfunction)."""
     if op == "lu":
         name, size = getrf_kernel(n, dt, kernel), n
+    elif op == "gesv":                    # the LU kernel's fused twin
+        name, size = "gesv" + getrf_kernel(n, dt, kernel)[5:], n
     else:
         name, size = getri_kernel(n, dt, kernel), padded_size(n)
     if threads is None or stages is None:
@@ -268,7 +272,7 @@ def _grid(plan, batch: int) -> int:
 
 @functools.lru_cache(maxsize=512)
 def _small_call(op: str, shape: tuple, dtype, kernel, threads, stages, device: int):
-    """Everything of an n <= 32 call of ``op`` ('lu', 'inv' or 'chol') on a
+    """Everything of an n <= 32 call of ``op`` ('lu', 'gesv', 'inv' or 'chol') on a
     C-contiguous stack of ``shape`` and ``dtype`` that does not depend on
     the arrays, resolved once: (output specs for
     :func:`scipy_gpuqr.batched._gpu_common.alloc_outputs`, CUfunction, grid,
@@ -283,8 +287,9 @@ def _small_call(op: str, shape: tuple, dtype, kernel, threads, stages, device: i
         return (((shape, dtype), (batch_shape, np.int32)), fptr, -(-bsz // per_block),
                 block, smem, bsz, 0, False)
     plan = _warp_plan(op, dt, n, kernel, threads, stages, device)
-    specs = ((shape, dtype), (batch_shape + (n,), np.int32), (batch_shape, np.int32)) \
-        if op == "lu" else ((shape, dtype), (batch_shape, np.int32))
+    specs = (((shape, dtype), (batch_shape + (n,), np.int32), (batch_shape, np.int32))
+             if op == "lu" else ((batch_shape, np.int32),) if op == "gesv"
+             else ((shape, dtype), (batch_shape, np.int32)))
     return specs, plan[8], _grid(plan, bsz), plan[2], plan[4], bsz, plan[3], n % plan[7] == 0
 
 
@@ -384,21 +389,41 @@ def getrs(lu, piv, b, trans: int = 0, report=NO_REPORT, info=None):
                             report, info)
 
 
+#: solve_batched of n <= 32 by one kernel (``gesv_warp`` / ``gesv_mma``: the
+#: LU and the solves with the factors on chip, neither written); False: the
+#: LU kernel, then the solve kernel (``getrs_batched``) on the written factors.
+FUSED_GESV = True
+
+
 def gesv(a, rhs, report=NO_REPORT, solve_report=NO_REPORT, nan_info: bool = False,
-         device: int | None = None):
+         device: int | None = None, fused: bool | None = None):
     """LU and solve of a stack ``a`` (..., n, n), 0 < n <= 32, with one
-    allocation for the factors, ``info`` and the solutions: returns (x, info).
+    allocation for the outputs: returns (x, info).
 
     ``rhs``: the right-hand sides as
     :func:`scipy_gpuqr.batched._common.gpu_rhs` gives them (b, batch stride,
-    matrices, k, the solution's shape); ``report``: the LU kernel's,
-    ``solve_report``: the solve kernel's (:func:`getrs`); ``nan_info``: the
-    solve reads ``info`` (NaN solutions for singular matrices, with the NaN
-    flag of ``solve_report``).
+    matrices, k, the solution's shape); ``report``: the factorization's,
+    ``solve_report``: the solve's (:func:`getrs`: an inf or NaN in b marks
+    :data:`~scipy_gpuqr.batched._gpu_common.STATUS_RHS`); ``nan_info``:
+    singular matrices get NaN solutions (with the NaN flag of
+    ``solve_report``). ``fused`` (default :data:`FUSED_GESV`): one launch
+    (the factors stay on chip; the factor's own finiteness is not looked at,
+    ``solve_batched`` does not ask for it), else two.
     """
     a = _contiguous(a)
     b, bstride, bsz, k, out_shape = rhs
     dev = device_id() if device is None else device
+    if FUSED_GESV if fused is None else fused:
+        specs, fptr, grid, thr, smem, bsz, stg, vec = _small_call(
+            "gesv", a.shape, a.dtype, None, None, None, dev)
+        info, x = _common.alloc_outputs(specs + ((out_shape, a.dtype),))
+        src = a.data.ptr
+        _common.launch(fptr, grid, thr, smem,
+                       (src, info.data.ptr, bsz, stg, 1 if vec and not src & 15 else 0,
+                        _common.arg_value(report[0]), report[1], b.data.ptr, x.data.ptr, k,
+                        bstride, _common.arg_value(solve_report[0]),
+                        solve_report[1] if nan_info else solve_report[1] & ~_CTL_NAN))
+        return x, info
     specs, fptr, grid, thr, smem, bsz, stg, vec = _small_call(
         "lu", a.shape, a.dtype, None, None, None, dev)
     lu, piv, info, x = _common.alloc_outputs(specs + ((out_shape, a.dtype),))
@@ -409,6 +434,9 @@ def gesv(a, rhs, report=NO_REPORT, solve_report=NO_REPORT, nan_info: bool = Fals
     _common.solve_columns("getrs_batched", a.dtype, x, b, bstride, bsz, a.shape[-1], k,
                           (dst, pv), 0, solve_report, inf if nan_info else 0, dev)
     return x, info
+
+
+_CTL_NAN = np.uint64(_common.CTL_NAN_FILL)
 
 
 def getri(a, threads: int | None = None, stages: int | None = None,

@@ -103,8 +103,9 @@ VB_FILE = "batched/vbatched.cu"
 #: Source file of each n <= 32 kernel family (each variant is compiled on
 #: its own, when first used).
 SMALL_FILES = {"getrf_warp": "batched/lu_warp.cu", "getri_warp": "batched/lu_warp.cu",
+               "gesv_warp": "batched/lu_warp.cu",
                "potrf_small": "batched/cholesky.cu", "getrf_mma": MMA_FILE,
-               "getri_mma": MMA_FILE}
+               "getri_mma": MMA_FILE, "gesv_mma": MMA_FILE}
 
 _CTYPES = {"float32": "float", "float64": "double"}
 
@@ -151,12 +152,12 @@ def padded_size(n: int) -> int:
 
 KERNEL_VARIANTS = {
     "batched/lu_warp.cu": tuple(
-        small_name("getrf_warp", dt, n)
+        small_name(k, dt, n) for k in ("getrf_warp", "gesv_warp")
         for dt in _CTYPES for n in range(1, SMALL_MAX + 1)) + tuple(
         small_name("getri_warp", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
     MMA64_FILE: (MMA64_NAME, MMA_ROWS_NAME),
     MMA_FILE: tuple(small_name(k, "float64", n)
-                    for k in ("getrf_mma", "getri_mma") for n in MMA_SIZES),
+                    for k in ("getrf_mma", "getri_mma", "gesv_mma") for n in MMA_SIZES),
     "batched/cholesky.cu": tuple(
         small_name("potrf_small", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
     PANEL_FILE: tuple(
