@@ -139,7 +139,7 @@ def test_warmup_stays_in_its_buffer_and_frees_everything(recorder, dtype):
     bw.warmup(0, dtype)
     gemms = [c for c in recorder.calls if c[0] == "gemm"]
     assert len(gemms) == len(bw.GEMM_SHAPES)
-    assert len([c for c in recorder.calls if c[0] == "trsm"]) == 2 * len(bw.TRSM_SIZES)
+    assert not [c for c in recorder.calls if c[0] == "trsm"]      # see the module's notes
     assert recorder.live == {} and recorder.handles == set()
     (_, size, s), = [c for c in recorder.calls if c[0] == "malloc"]
     assert s == _Stream.PTR and size == 3 * bw.EDGE ** 2 * np.dtype(dtype).itemsize
@@ -166,7 +166,15 @@ def test_warmup_starts_once_and_fails_quietly(monkeypatch):
 
 @pytest.mark.gpu
 def test_warmup_runs_on_the_gpu():
+    """After a triangular solve on CuPy's handle (as a call's R solves do; a
+    warm-up ``trsm`` on its own handle then faulted), the warm-up leaves the
+    context usable."""
     cp = pytest.importorskip("cupy")
+    from scipy_gpuqr._engine.gpu import array_ops as ao
+    U = cp.asfortranarray(cp.eye(150) * 3 + cp.triu(cp.ones((150, 150))))
+    B = cp.asfortranarray(cp.ones((150, 4)))
+    ao.trsm_left(U, 150, B, 150, 150, 4, lower=False, trans=False, unit=False)
+    cp.cuda.Device().synchronize()
     for dt in (np.float64, np.float32):
         bw.warmup(cp.cuda.Device().id, dt)
         a = cp.arange(12, dtype=dt).reshape(3, 4)

@@ -238,7 +238,8 @@ class CupySlabs:
             if buf is not None:         # a buffer in use on either stream is not freed
                 self.stream.synchronize()
                 self.copy_stream.synchronize()
-            self._buffers.pop(slot, None)       # freed before the larger one is taken
+            buf = None                  # freed before the larger one is taken
+            self._buffers.pop(slot, None)
             buf = self._buffers[slot] = self.cp.empty(max(n, 1), dtype=dtype)
         return buf[:n].reshape(shape)
 
@@ -295,7 +296,10 @@ class CupySlabs:
         return Td.get(stream=self.stream)
 
     def finish(self) -> None:
-        """Every queued copy done; the buffers given back."""
+        """Every queued copy done; the buffers given back to the device, not only
+        to CuPy's pool: a slab buffer is most of the device, and a cached block
+        that later small arrays are cut from stays taken as a whole until all of
+        them are freed (the solves' uploads would find no room)."""
         try:
             self.copy_stream.synchronize()
             self.stream.synchronize()
@@ -303,6 +307,7 @@ class CupySlabs:
             self._buffers.clear()
             self._read.clear()
             self._written = None
+            self.cp.get_default_memory_pool().free_all_blocks()
 
     def all_finite(self) -> bool:
         """Whether every slab sent back so far held finite values only (after

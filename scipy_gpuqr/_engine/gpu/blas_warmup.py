@@ -6,11 +6,14 @@ module loading): together a tenth of a second or more on the call's thread,
 at its first dense front. :func:`start_blas_warmup` does that set-up on a
 daemon thread instead, once per process, device and value type, while the
 call's thread goes on (schedule, first launches, a kernel compile): a handle
-of its own, on a non-blocking stream of its own, runs the products and the
-triangular solve the dense fronts and R's small solves run, on operands of
-the same kinds of shapes (:data:`GEMM_SHAPES`) in a scratch buffer of the
-stream-ordered allocator, then frees everything. The loaded kernels and the
-library's state are the context's, so the call's own handle finds them.
+of its own, on a non-blocking stream of its own, runs the products the dense
+fronts run, on operands of the same kinds of shapes (:data:`GEMM_SHAPES`) in
+a scratch buffer of the stream-ordered allocator, then frees everything. The
+loaded kernels and the library's state are the context's, so the call's own
+handle finds them. Triangular solves (``trsm``) are not warmed up: cuBLAS's
+``trsm`` on this thread's handle, after or beside a ``trsm`` on the call's
+handle, read out of bounds on an H200 (an illegal address that ends the
+process's CUDA context), while its products did not.
 
 Nothing here changes a result: the thread writes only its own buffer, never
 the call's arrays, never CuPy's memory pool, and never waits for the device
@@ -26,7 +29,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["GEMM_SHAPES", "TRSM_SIZES", "EDGE", "start_blas_warmup"]
+__all__ = ["GEMM_SHAPES", "EDGE", "start_blas_warmup"]
 
 #: The largest dimension of a warm-up operand (a front's rows and columns are
 #: capped at it: the kernels cuBLAS picks for larger ones are of the same
@@ -45,11 +48,6 @@ GEMM_SHAPES: tuple = (
     ("N", "N", 32, 32, "E"), ("N", "T", 32, 32, 32), ("N", "T", 32, "E", 32),
     ("T", "N", 256, 256, "E"),
 )
-
-#: Orders of the lower unit triangular solves (``trsm``, side left) of a panel's
-#: T factor, and of an upper one with R's diagonal blocks.
-TRSM_SIZES: tuple = (256, 32)
-
 
 def _dim(d) -> int:
     return EDGE if d == "E" else int(d)
@@ -81,7 +79,6 @@ def warmup(device: int, dtype) -> None:
     dtype = np.dtype(dtype)
     single = dtype == np.float32
     gemm = cublas.sgemm if single else cublas.dgemm
-    trsm = cublas.strsm if single else cublas.dtrsm
     op = {"N": cublas.CUBLAS_OP_N, "T": cublas.CUBLAS_OP_T}
     one, zero = np.ones(1, dtype=dtype), np.zeros(1, dtype=dtype)
     isz = dtype.itemsize
@@ -103,13 +100,6 @@ def warmup(device: int, dtype) -> None:
                     ldb = k if tb == "N" else n
                     gemm(handle, op[ta], op[tb], m, n, k, one.ctypes.data, A, lda, B, ldb,
                          zero.ctypes.data, C, m)
-                for b in TRSM_SIZES:
-                    for fill, diag in ((cublas.CUBLAS_FILL_MODE_LOWER, cublas.CUBLAS_DIAG_UNIT),
-                                       (cublas.CUBLAS_FILL_MODE_UPPER,
-                                        cublas.CUBLAS_DIAG_NON_UNIT)):
-                        _unit_diagonal(rt, A, b, dtype, stream)
-                        trsm(handle, cublas.CUBLAS_SIDE_LEFT, fill, cublas.CUBLAS_OP_N, diag,
-                             b, b, one.ctypes.data, A, b, B, b)
                 stream.synchronize()
             finally:
                 rt.freeAsync(ptr, stream.ptr)
@@ -117,10 +107,3 @@ def warmup(device: int, dtype) -> None:
         finally:
             cublas.destroy(handle)
 
-
-def _unit_diagonal(rt, A: int, b: int, dtype: np.dtype, stream) -> None:
-    """Ones on the diagonal of the b × b column-major matrix at ``A`` (a
-    nonsingular triangle for the solves), copied from the host."""
-    eye = np.eye(b, dtype=dtype).ravel(order="F")
-    rt.memcpyAsync(A, eye.ctypes.data, eye.nbytes, rt.memcpyHostToDevice, stream.ptr)
-    stream.synchronize()            # the host array lives until the copy is done
