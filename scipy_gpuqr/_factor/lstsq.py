@@ -353,6 +353,8 @@ class MinNormSolver:
     _tri: Optional[UpperTriangular] = field(init=False, default=None, repr=False)
     _fro: Optional[float] = field(init=False, default=None, repr=False)
     _rtri: Optional[UpperTriangular] = field(init=False, default=None, repr=False)
+    # σ_max of R by sigma_max_lanczos once a rule computed it (the next rules reuse it)
+    _smax_lanczos: Optional[float] = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
         R = sp.csc_array(self.R)
@@ -444,7 +446,7 @@ class MinNormSolver:
             # full-rank R the 1-norm estimate misses by its factor 10·q
             if not probe_first and self._full_rank_probed():
                 return True
-            smax = sigma_max_lanczos(R)
+            smax = self._smax_lanczos = sigma_max_lanczos(R)
             est = sigma_min_upper(R, self.cutoff * smax, solves=self.solves)
         self.sigma_min, self.sigma_max = float(est.value), smax
         if _clearly_above(est, q, self.cutoff * smax):
@@ -575,7 +577,8 @@ class MinNormSolver:
         """
         G = sp.csc_array(self.R.T) if self.transposed else self.R
         kG, qG = G.shape
-        smax = sigma_max_lanczos(G)
+        smax = self._smax_lanczos = (self._smax_lanczos if self._smax_lanczos is not None
+                                     else sigma_max_lanczos(G))
         if not smax > 0:
             return False
         tol = self.cutoff * smax
@@ -744,7 +747,8 @@ class MinNormSolver:
             return False
         cod = sparse_subspace_decide(self.R, self.cutoff, d, transposed=self.transposed,
                                      upper=self._rtri, block=SUBSPACE_BLOCK,
-                                     max_block=SUBSPACE_MAX_BLOCK)
+                                     max_block=SUBSPACE_MAX_BLOCK,
+                                     sigma_max=self._smax_lanczos)
         if cod is None:
             return False
         self.method, self.rank = "subspace_cod", int(cod.rank)

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import scipy.linalg as la
@@ -57,6 +57,7 @@ import scipy.sparse as sp
 
 from .._dispatch.plan import available_host_memory
 from .._errors import SubspaceTooLarge
+from .host_lanes import SERIAL, Lanes, host_lanes
 from .solve_rank import probe_norm
 from .subspace_cod import gemm, orth_r, sigma_max_lanczos, small_subspace
 from .triangular import SUPERLU_MAX_NNZ, UpperTriangular
@@ -85,17 +86,10 @@ SOLVE_CHUNK = 32
 DENSE_SOLVES_DENSITY = 0.1
 
 
-def chunked(solve: Callable, chunk: int = SOLVE_CHUNK) -> Callable:
-    """``solve`` applied to column pieces of at most ``chunk`` columns."""
-    def run(C):
-        C = np.asarray(C, dtype=np.float64)
-        if C.ndim == 1 or C.shape[1] <= chunk:
-            return np.asarray(solve(C))
-        out = np.empty(C.shape, order="F")
-        for j in range(0, C.shape[1], chunk):
-            out[:, j:j + chunk] = np.asarray(solve(np.asfortranarray(C[:, j:j + chunk])))
-        return out
-    return run
+def chunked(solve: Callable, chunk: int = SOLVE_CHUNK, lanes: Lanes = SERIAL) -> Callable:
+    """``solve`` applied to column pieces of at most ``chunk`` columns (shared
+    among ``lanes``' threads)."""
+    return lanes.columns(solve, chunk)
 
 
 def one_blas_thread():
@@ -117,10 +111,10 @@ def one_blas_thread():
     return threadpool_limits(limits=1, user_api="blas")
 
 
-def _project(B: np.ndarray, C: np.ndarray) -> np.ndarray:
+def _project(B: np.ndarray, C: np.ndarray, lanes: Lanes = SERIAL) -> np.ndarray:
     """``(I − B Bᵀ) C`` twice (reorthogonalization: C's components along B are large)."""
     for _ in range(2):
-        C = C - gemm(B, gemm(B, C, trans_a=True))
+        C = C - gemm(B, gemm(B, C, trans_a=True, lanes=lanes), lanes=lanes)
     return C
 
 
@@ -144,6 +138,13 @@ class SparseSubspaceCOD:
         First and largest block of the iteration.
     seed : int
         Seed of the random blocks.
+    lanes : Lanes
+        Threads for the decision's block solves and q × p products
+        (:mod:`scipy_gpuqr._factor.host_lanes`); given back to one lane once
+        the decision is made (the threads do not outlive it).
+    chunk : int, optional
+        Columns per call of ``inv``/``inv_t`` (:data:`SOLVE_CHUNK` for SuperLU's
+        sweeps); None: one call per lane.
 
     Raises
     ------
@@ -176,6 +177,8 @@ class SparseSubspaceCOD:
     block: int = 64
     max_block: int = 1024
     seed: int = 0
+    lanes: Lanes = field(default=SERIAL, repr=False)
+    chunk: Optional[int] = None
     rank: int = field(init=False, default=0)
     sigma_max: float = field(init=False, default=float("nan"))
     ritz: np.ndarray = field(init=False, default=None, repr=False)
@@ -187,9 +190,21 @@ class SparseSubspaceCOD:
     _v: np.ndarray = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
-        q = self.q
-        sub = small_subspace(self.inv, self.inv_t, q, self.tol, block=self.block,
-                             max_block=self.max_block, seed=self.seed)
+        try:
+            self._decide()
+        finally:
+            self.lanes = SERIAL
+
+    def _inv(self, C):
+        return self.lanes.columns(self.inv, self.chunk)(C)
+
+    def _inv_t(self, C):
+        return self.lanes.columns(self.inv_t, self.chunk)(C)
+
+    def _decide(self):
+        q, lanes = self.q, self.lanes
+        sub = small_subspace(self._inv, self._inv_t, q, self.tol, block=self.block,
+                             max_block=self.max_block, seed=self.seed, lanes=lanes)
         self.ritz, self.steps, self.block_used = sub.ritz, sub.steps, sub.block
         d = int(np.count_nonzero(sub.ritz <= self.tol))
         self.rank = q - d
@@ -198,13 +213,16 @@ class SparseSubspaceCOD:
         if d == 0:
             return
         # the pair (primary space, orth of its image under the inverse): the
-        # primary space is G's right small singular subspace
+        # primary space is G's right small singular subspace. R⁻ᵀ of the right
+        # Ritz vectors came with the iteration's last step (sub.images: the
+        # same span as R⁻ᵀ V for V = orth(vectors), whose columns differ by a
+        # triangular factor within rounding of I)
+        images = sub.images if sub.images is not None else self._inv_t(sub.vectors[:, :d])
+        U = orth_r(self._finite(images), lanes)[0]
         if not self.transposed:
-            V = orth_r(sub.vectors[:, :d])[0]
-            U = orth_r(self._finite(self.inv_t(V)))[0]
+            V = orth_r(sub.vectors[:, :d], lanes)[0]
         else:
-            U = orth_r(self._finite(self.inv_t(sub.vectors[:, :d])))[0]
-            V = orth_r(self._finite(self.inv(U)))[0]
+            V = orth_r(self._finite(self._inv(U)), lanes)[0]
         self._u, self._v = U, V
         if self.rank:
             nu, _ = probe_norm(self._apply, self._apply_t, q, seed=self.seed + 1, steps=2)
@@ -224,14 +242,16 @@ class SparseSubspaceCOD:
     def _apply(self, C):
         C = np.asarray(C, dtype=np.float64)
         if self._u is None:
-            return np.asarray(self.inv(C))
-        return _project(self._v, np.asarray(self.inv(_project(self._u, C))))
+            return np.asarray(self._inv(C))
+        lanes = self.lanes
+        return _project(self._v, np.asarray(self._inv(_project(self._u, C, lanes))), lanes)
 
     def _apply_t(self, C):
         C = np.asarray(C, dtype=np.float64)
         if self._u is None:
-            return np.asarray(self.inv_t(C))
-        return _project(self._u, np.asarray(self.inv_t(_project(self._v, C))))
+            return np.asarray(self._inv_t(C))
+        lanes = self.lanes
+        return _project(self._u, np.asarray(self._inv_t(_project(self._v, C, lanes))), lanes)
 
     def solve(self, C: np.ndarray) -> np.ndarray:
         """Minimum-norm ``Y`` with ``G Y ≈ C`` under the cutoff; C of shape (q, p).
@@ -253,7 +273,7 @@ class SparseSubspaceCOD:
 
 def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool = False,
            upper: UpperTriangular = None, block: int = 64, max_block: int = 1024,
-           seed: int = 0):
+           seed: int = 0, sigma_max: Optional[float] = None, lanes: Optional[int] = None):
     """:class:`SparseSubspaceCOD` of square upper triangular R under lstsq's rule, or None.
 
     Parameters
@@ -261,7 +281,8 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
     R : scipy.sparse.csc_array, shape (q, q)
         Upper triangular, nonzero finite diagonal ``diag`` (``|r_ii|``).
     cutoff : float
-        Relative cutoff; the absolute one is ``cutoff·σ_max`` (σ_max by Lanczos).
+        Relative cutoff; the absolute one is ``cutoff·σ_max`` (σ_max by Lanczos,
+        :func:`~scipy_gpuqr._factor.subspace_cod.sigma_max_lanczos`).
     diag : ndarray
         ``|r_ii|``: the pivots at most the cutoff size the first block
         (``2·count + block``).
@@ -278,6 +299,14 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
         :data:`HOST_MEMORY_FRACTION` of the available host memory).
     seed : int
         Seed of the random blocks.
+    sigma_max : float, optional
+        σ_max of R where the caller already has
+        :func:`~scipy_gpuqr._factor.subspace_cod.sigma_max_lanczos`'s value
+        (not recomputed).
+    lanes : int, optional
+        Threads of the decision (:func:`~scipy_gpuqr._factor.host_lanes.host_lanes`:
+        one per core, at most :data:`~scipy_gpuqr._factor.host_lanes.MAX_LANES`,
+        where BLAS is held to one thread).
 
     Returns
     -------
@@ -291,7 +320,7 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
     avail = available_host_memory()
     if avail is not None:
         max_block = min(max_block, int(HOST_MEMORY_FRACTION * avail / (8 * BLOCK_COPIES * q)))
-    smax = sigma_max_lanczos(R)
+    smax = sigma_max_lanczos(R) if sigma_max is None else float(sigma_max)
     if not smax > 0:
         return None
     tol = cutoff * smax
@@ -303,7 +332,7 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
         inv = lambda C: la.solve_triangular(Rd, C, lower=False, check_finite=False)  # noqa: E731
         inv_t = lambda C: la.solve_triangular(Rd, C, trans=1, lower=False,        # noqa: E731
                                               check_finite=False)
-        G = Rd
+        G, chunk = Rd, None
     else:
         if R.nnz > SUPERLU_MAX_NNZ:        # SciPy's slow sweeps would answer
             return None
@@ -311,13 +340,14 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
         lower = UpperTriangular(sp.csc_array(R.T))          # works for any triangle
         if lower._lu is None or upper._lu is None:
             return None
-        inv, inv_t = chunked(upper.solve), chunked(lower.solve)
-        G = R
+        inv, inv_t = upper.solve, lower.solve
+        G, chunk = R, SOLVE_CHUNK
+    limit = one_blas_thread()
     try:
-        with one_blas_thread():
+        with limit, host_lanes(not isinstance(limit, contextlib.nullcontext), lanes) as ln:
             cod = SparseSubspaceCOD(inv, inv_t, lambda Y, t: (G.T @ Y) if t else (G @ Y), q,
                                     tol, transposed=transposed, block=first,
-                                    max_block=max_block, seed=seed)
+                                    max_block=max_block, seed=seed, lanes=ln, chunk=chunk)
     except SubspaceTooLarge:
         return None
     cod.sigma_max = smax

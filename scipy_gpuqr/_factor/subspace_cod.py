@@ -73,6 +73,7 @@ import scipy.linalg as la
 from scipy.sparse.linalg import LinearOperator, eigsh
 
 from .._errors import SubspaceTooLarge
+from .host_lanes import SERIAL, Lanes
 
 __all__ = ["SubspaceCOD", "SubspaceTooLarge", "SmallSubspace", "small_subspace", "orth_r",
            "triangular_factor", "gemm", "STRADDLE", "WINDOW", "RITZ_RTOL", "RITZ_NOISE_LIMIT",
@@ -192,34 +193,51 @@ def _apply_windows(windows: list, C: np.ndarray, *, transpose: bool) -> np.ndarr
     return C
 
 
-def gemm(A: np.ndarray, B: np.ndarray, trans_a: bool = False) -> np.ndarray:
+def gemm(A: np.ndarray, B: np.ndarray, trans_a: bool = False,
+         lanes: Lanes = SERIAL) -> np.ndarray:
     """``A B`` (``Aᵀ B``) through SciPy's BLAS, Fortran order in and out.
 
     The iteration's dense steps all go to one BLAS (SciPy's, which also runs
     its LAPACK calls): alternating with NumPy's own OpenBLAS, each library's
-    idle threads spin on the cores the other needs.
+    idle threads spin on the cores the other needs. ``lanes`` splits a tall
+    A by rows (:class:`~scipy_gpuqr._factor.host_lanes.Lanes`).
     """
-    return la.blas.dgemm(1.0, np.asfortranarray(A), np.asfortranarray(B), trans_a=trans_a)
+    return lanes.gemm(A, B, trans_a=trans_a)
 
 
-def _gram(Y: np.ndarray) -> np.ndarray:
-    """``YᵀY`` (upper triangle; the lower one is not referenced by the callers)."""
-    return la.blas.dsyrk(1.0, np.asfortranarray(Y), trans=1, lower=0)
+#: Column norms outside this range are scaled before their Gram matrix is
+#: formed (its entries would overflow or lose digits to underflow).
+_GRAM_SAFE = (1e-140, 1e140)
 
 
-def _scaled_cholesky(Y: np.ndarray):
-    """``(Ŷ, U, s)``: ``Ŷ = Y / s`` (unit columns), ``ŶᵀŶ = UᵀU``; None where the
+def _scaled_cholesky(Y: np.ndarray, lanes: Lanes = SERIAL):
+    """``(U, s)``: ``Ŷ = Y / s`` has unit columns and ``ŶᵀŶ = UᵀU``; None where the
     columns are zero or not finite, or the Gram matrix is not numerically
-    positive definite."""
-    s = np.linalg.norm(Y, axis=0)
-    if not (Y.shape[1] and np.all(s > 0) and np.all(np.isfinite(s))):
+    positive definite.
+
+    The Gram matrix is formed from Y and scaled afterwards (``ŶᵀŶ = D⁻¹ YᵀY D⁻¹``,
+    the same rounding relative to each entry), so no scaled copy of Y is made,
+    unless Y's column norms are outside :data:`_GRAM_SAFE`.
+    """
+    if not Y.shape[1]:
         return None
-    Ys = np.asfortranarray(Y / s)
+    G = lanes.gram(Y)
+    s = np.sqrt(np.diag(G).copy())
+    if not (np.all(np.isfinite(s)) and s.min() > _GRAM_SAFE[0] and s.max() < _GRAM_SAFE[1]):
+        n = np.linalg.norm(Y, axis=0)
+        if not (np.all(n > 0) and np.all(np.isfinite(n))):
+            return None
+        Gs = lanes.gram(Y / n)
+        s = n
+    else:
+        Gs = G / s[:, None] / s[None, :]
     try:
-        U = la.cholesky(_gram(Ys), lower=False, check_finite=False)
+        U = la.cholesky(Gs, lower=False, check_finite=False)
     except np.linalg.LinAlgError:
         return None
-    return Ys, U, s
+    if not np.all(np.isfinite(U)):
+        return None
+    return U, s
 
 
 def _cond_upper(U: np.ndarray) -> float:
@@ -228,7 +246,7 @@ def _cond_upper(U: np.ndarray) -> float:
     return 1.0 / rcond if info == 0 and rcond > 0 else float("inf")
 
 
-def triangular_factor(Y: np.ndarray) -> np.ndarray:
+def triangular_factor(Y: np.ndarray, lanes: Lanes = SERIAL) -> np.ndarray:
     """The triangular factor T of a thin QR ``Y = Q T``, without Q.
 
     One Cholesky QR pass on the unit-scaled columns (a Gram matrix: one GEMM)
@@ -238,13 +256,13 @@ def triangular_factor(Y: np.ndarray) -> np.ndarray:
     """
     Y = np.asarray(Y, dtype=np.float64)
     with np.errstate(all="ignore"):
-        f = _scaled_cholesky(Y)
-    if f is not None and _cond_upper(f[1]) <= GRAM_COND:
-        return f[1] * f[2]
-    return orth_r(Y)[1]
+        f = _scaled_cholesky(Y, lanes)
+    if f is not None and _cond_upper(f[0]) <= GRAM_COND:
+        return f[0] * f[1]
+    return orth_r(Y, lanes)[1]
 
 
-def orth_r(Y: np.ndarray) -> tuple:
+def orth_r(Y: np.ndarray, lanes: Lanes = SERIAL) -> tuple:
     """Thin QR ``Y = Q T`` of a tall block (Q orthonormal, T upper triangular).
 
     Columns are scaled to unit norm first (the blocks of the subspace
@@ -257,32 +275,31 @@ def orth_r(Y: np.ndarray) -> tuple:
     where its Gram matrix is within :data:`CHOLQR_ORTH` of the identity (the
     second pass then leaves Q orthonormal to rounding). Otherwise
     (ill-conditioned blocks: a random start, a block that grew)
-    Householder QR answers.
+    Householder QR answers. The scaling is folded into the triangular
+    factor (``Q = Y (U D)⁻¹``); ``lanes`` splits the tall products by rows.
     """
     Y = np.asarray(Y, dtype=np.float64)
     p = Y.shape[1]
     with np.errstate(all="ignore"):
-        f = _scaled_cholesky(Y)
+        f = _scaled_cholesky(Y, lanes)
         if f is not None:
-            Ys, U1, s = f
-            Q = la.blas.dtrsm(1.0, U1, Ys, side=1, lower=0)
-            if _cond_upper(U1) <= GRAM_COND:
-                return Q, U1 * s
-            G2 = _gram(Q)
-            if (np.all(np.isfinite(np.triu(G2)))
-                    and np.abs(np.triu(G2) - np.eye(p)).max() <= CHOLQR_ORTH):
-                try:
-                    U2 = la.cholesky(G2, lower=False, check_finite=False)
-                except np.linalg.LinAlgError:
-                    U2 = None
-                if U2 is not None:
-                    Q = la.blas.dtrsm(1.0, U2, Q, side=1, lower=0)
-                    return Q, (U2 @ U1) * s
+            U1, s = f
+            T1 = U1 * s                          # Ŷ = Y D⁻¹ = Q U1: Y = Q (U1 D)
+            Q = lanes.solve_right_upper(T1, Y)
+            if np.all(np.isfinite(Q)):
+                if _cond_upper(U1) <= GRAM_COND:
+                    return Q, T1
+                G2 = lanes.gram(Q)
+                if (np.all(np.isfinite(np.triu(G2)))
+                        and np.abs(np.triu(G2) - np.eye(p)).max() <= CHOLQR_ORTH):
+                    try:
+                        U2 = la.cholesky(G2, lower=False, check_finite=False)
+                    except np.linalg.LinAlgError:
+                        U2 = None
+                    if U2 is not None:
+                        Q = lanes.solve_right_upper(U2, Q)
+                        return Q, U2 @ T1
     return la.qr(np.asfortranarray(Y), mode="economic", check_finite=False)
-
-
-def _orth(X: np.ndarray) -> np.ndarray:
-    return orth_r(X)[0]
 
 
 @dataclass(frozen=True)
@@ -297,16 +314,22 @@ class SmallSubspace:
         Ritz values (ascending), upper bounds of R's p smallest singular values.
     steps, block : int
         Steps taken and the final block size.
+    images : ndarray, shape (q, d)
+        ``R⁻ᵀ V[:, :d]`` for the d Ritz values at most the cutoff, from the last
+        step's solve (its columns are orthogonal: R's left Ritz vectors scaled
+        by the inverse Ritz values).
     """
 
     vectors: np.ndarray
     ritz: np.ndarray
     steps: int
     block: int
+    images: np.ndarray = None
 
 
 def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
-                   max_block: int = 1024, seed: int = 0) -> SmallSubspace:
+                   max_block: int = 1024, seed: int = 0,
+                   lanes: Lanes = SERIAL) -> SmallSubspace:
     """R's small right singular subspace by block inverse subspace iteration.
 
     ``X ← orth(R⁻¹ R⁻ᵀ X W)`` with Rayleigh–Ritz on ``R⁻ᵀ X = P Θ Wᵀ`` each
@@ -333,6 +356,8 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
         First and largest block.
     seed : int
         Seed of the random start.
+    lanes : Lanes
+        Threads for the q × p products (:mod:`scipy_gpuqr._factor.host_lanes`).
 
     Raises
     ------
@@ -342,7 +367,7 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
     """
     rng = np.random.default_rng(seed)
     p = min(q, max(1, block))
-    X = _orth(rng.standard_normal((q, p)))
+    X = orth_r(rng.standard_normal((q, p)), lanes)[0]
     prev = None
     prev_d = -1
     prev_change = np.inf
@@ -350,7 +375,7 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
         Z = np.asarray(inv_t(X))                     # R⁻ᵀ X = U Σ⁻¹ Vᵀ X
         if not np.all(np.isfinite(Z)):
             raise SubspaceTooLarge("non-finite triangular solve")
-        _, th, Wt = la.svd(triangular_factor(Z), full_matrices=False, check_finite=False)
+        _, th, Wt = la.svd(triangular_factor(Z, lanes), full_matrices=False, check_finite=False)
         ritz = 1.0 / th                              # ascending
         # the SVD resolves θ to eps·θ_max: Ritz values at the cutoff to about
         # eps·tol/σ_min relative (ritz[0] >= σ_min: a lower bound of that)
@@ -376,24 +401,26 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
             rate <= RATE_MAX and change * rate / (1.0 - rate) <= rtol / RATE_MARGIN))
         prev_change = change
         if settled and straddles:
-            return SmallSubspace(gemm(X, Wt.T), ritz, step, p)
+            Wd = Wt[:d].T
+            return SmallSubspace(lanes.gemm(X, Wt.T), ritz, step, p,
+                                 lanes.gemm(Z, Wd) if d else Z[:, :0])
         if not straddles and step >= 2:
             p_new = min(q, 2 * p)
             if p_new > max_block:
                 raise SubspaceTooLarge(
                     f"block of {p} columns: largest Ritz value "
                     f"{ritz[-1] / tol:.3g} × cutoff")
-            X = gemm(X, Wt.T)
+            X = lanes.gemm(X, Wt.T)
             extra = rng.standard_normal((q, p_new - p))
-            extra -= gemm(X, gemm(X, extra, trans_a=True))
-            X = _orth(np.hstack([X, extra]))
+            extra -= lanes.gemm(X, lanes.gemm(X, extra, trans_a=True))
+            X = orth_r(np.hstack([X, extra]), lanes)[0]
             p, prev, prev_d, prev_change = p_new, None, -1, np.inf
             continue
         prev, prev_d = ritz, d
-        Y = np.asarray(inv(gemm(Z, Wt.T)))           # R⁻¹ R⁻ᵀ X W = R⁻¹ P Θ
+        Y = np.asarray(inv(lanes.gemm(Z, Wt.T)))           # R⁻¹ R⁻ᵀ X W = R⁻¹ P Θ
         if not np.all(np.isfinite(Y)):
             raise SubspaceTooLarge("non-finite triangular solve")
-        X = _orth(Y)
+        X = orth_r(Y, lanes)[0]
     raise SubspaceTooLarge(f"no convergence in {MAX_STEPS} steps (block {p})")
 
 
