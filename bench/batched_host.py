@@ -372,8 +372,9 @@ def _python_work(k: int = 300) -> int:
 def after_wait(cp, g, bench, reps: int = 60, waits=(0.1, 1.0, 6.0)) -> dict:
     """Host µs of one asynchronous LU call and of a pure-Python workload of
     about the same length, each timed right after the host has waited ``w``
-    ms in one of three ways: a stream synchronization on a spin kernel of
-    ``w`` ms (what a default call's status read does), ``time.sleep(w)``
+    ms in one of four ways: a stream synchronization on a spin kernel of
+    ``w`` ms (what a default call's status read does), cudaStreamQuery
+    polled until that kernel is done (``STATUS_WAIT = "poll"``), ``time.sleep(w)``
     (the thread off the CPU) and a busy Python loop of ``w`` ms (the thread
     on the CPU throughout); and with no wait (calls back to back). If the
     Python workload slows after a wait as much as the call does, the
@@ -397,6 +398,12 @@ def after_wait(cp, g, bench, reps: int = 60, waits=(0.1, 1.0, 6.0)) -> dict:
         while time.perf_counter() < end:
             pass
 
+    def poll_wait(ms):
+        bench.busy(ms)
+        stream = cp.cuda.get_current_stream().ptr
+        while cp.cuda.runtime.streamQuery(stream) != 0:
+            pass
+
     out = {}
     for what, fn in (("async LU call", lu), ("pure-Python work", _python_work)):
         fn()
@@ -411,6 +418,7 @@ def after_wait(cp, g, bench, reps: int = 60, waits=(0.1, 1.0, 6.0)) -> dict:
         out[f"{what}, back to back"] = _median_us(samples)
         for ms in waits:
             for label, wait in (("stream sync on a spin", spin_wait),
+                                ("streamQuery polling on a spin", poll_wait),
                                 ("time.sleep", sleep_wait), ("busy Python loop", busy_loop)):
                 samples = []
                 for _ in range(reps):
@@ -497,6 +505,25 @@ def main(argv=None) -> int:
             continue
         rows.append(row)
         print(f"{args.tag:6} {name:28} {variant:8} {text}", flush=True)
+    if hasattr(gc, "STATUS_WAIT"):
+        # the default calls again with the status read polling instead of synchronizing
+        saved = gc.STATUS_WAIT
+        gc.STATUS_WAIT = "poll"
+        try:
+            for name, variant, fn in bench.calls():
+                if variant != "default" or (only and name.split(" ")[0] not in only) \
+                        or "vbatched" in name or "jacobi" in name:
+                    continue
+                calls = max(50, args.calls // 4)
+                w, r = bench.host_default(fn, calls, acc)
+                w2, r2 = bench.host_default(fn, calls, acc, busy_ms=0.3)
+                rows.append(dict(tag=args.tag, function=name, variant="default-poll", n=args.n,
+                                 batch=args.batch, idle_less_sync_us=w, idle_less_read_us=r,
+                                 busy_less_sync_us=w2, busy_less_read_us=r2))
+                print(f"{args.tag:6} {name:28} {'dflt-poll':8} idle -sync {w:6.1f} -read {r:6.1f}"
+                      f" | busy -sync {w2:6.1f} -read {r2:6.1f}", flush=True)
+        finally:
+            gc.STATUS_WAIT = saved
     out = dict(references=refs, rows=rows)
     if args.steps:
         st = steps(cp, g, bench)

@@ -648,6 +648,25 @@ def test_gpu_small_calls_are_one_launch_without_info_pass(rng, monkeypatch, n):
     assert scans == []
 
 
+def test_gpu_status_read_by_polling(rng, monkeypatch):
+    """STATUS_WAIT = "poll" (cudaStreamQuery in a loop instead of a stream
+    synchronization): the same warnings, errors and results."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu_common as gc
+    monkeypatch.setattr(gc, "STATUS_WAIT", "poll")
+    a = random_batch(rng, (30,), 8, np.float64) + 3 * np.eye(8)
+    a[4, :, 1] = 0
+    ga = cp.asarray(a)
+    with pytest.warns(LinAlgWarning, match=r"\[4\]"):
+        lu, piv = g.lu_factor_batched(ga)
+    np.testing.assert_array_equal(_host(piv)[5:], lapack_getrf(a[5:])[1])
+    with pytest.raises(LinAlgError, match=r"\[4\]"):
+        g.solve_batched(ga, cp.ones(8))
+    good = cp.asarray(a[5:])
+    np.testing.assert_allclose(_host(g.solve_batched(good, cp.ones(8))),
+                               np.linalg.solve(a[5:], np.ones(8)), rtol=1e-10, atol=1e-10)
+
+
 def test_gpu_status_marks_of_earlier_calls_are_ignored(rng):
     """A status word holds the marks of whichever call last saw something:
     a later call on good matrices neither warns nor raises, even after a

@@ -42,7 +42,7 @@ __all__ = ["alloc", "alloc_outputs", "dtname", "device_id", "solve_by_columns",
            "new_status", "report_args", "NO_REPORT", "finish_report", "scan_info",
            "scan_nonfinite", "read_status", "STATUS_SINGULAR", "STATUS_NONFINITE",
            "STATUS_FACTOR", "STATUS_RHS", "CTL_CLEAR_NEG", "CTL_NAN_FILL", "rhs_operand",
-           "launch", "arg_value", "read_words"]
+           "launch", "arg_value", "read_words", "STATUS_WAIT"]
 
 #: Threads per block of the solves by columns.
 SOLVE_THREADS = 128
@@ -350,6 +350,15 @@ def scan_nonfinite(x, report, slot: int) -> None:
            (x.data.ptr, x.size, arg_value(report[0]), report[1], slot))
 
 
+#: How a status read waits for the device: ``"sync"``, cudaStreamSynchronize
+#: (the driver's wait); ``"poll"``, cudaStreamQuery in a loop (the thread
+#: stays on its CPU while the kernels run).
+STATUS_WAIT = "sync"
+
+#: cudaErrorNotReady, what cudaStreamQuery answers while work is pending.
+_NOT_READY = 600
+
+
 class _Reader(threading.local):
     """This thread's means of reading status words, made at its first read:
     a pinned buffer (a direct DMA, no staging through pageable memory), the
@@ -367,10 +376,23 @@ class _Reader(threading.local):
         self.addr = int(self.buf.ctypes.data)
         self.empty_pinned = cupyx.empty_pinned
         self.words = self.buf                 # read_words' buffer, grown on demand
-        self.copy, self.wait = rt.memcpyAsync, rt.streamSynchronize
+        self.copy, self.sync, self.query = rt.memcpyAsync, rt.streamSynchronize, rt.streamQuery
+        self.wait = self._wait
         self.kind = rt.memcpyDeviceToHost
         self.stream = cp.cuda.get_current_stream
         self.ready = True
+
+    def _wait(self, stream) -> None:
+        """Wait for the work queued on ``stream`` (:data:`STATUS_WAIT`)."""
+        if STATUS_WAIT == "poll":
+            query = self.query
+            while True:
+                code = query(stream)
+                if code == 0:
+                    return
+                if code != _NOT_READY:
+                    break                 # an error: the synchronization raises it
+        self.sync(stream)
 
 
 _READER = _Reader()
