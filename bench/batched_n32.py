@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Block size of the n = 32 tensor-core LU and inverse, and their public calls.
 
-    python3 bench/batched_n32.py [--ops lu,inv] [--threads 256,160,128,64]
+    python3 bench/batched_n32.py [--ops lu,inv] [--threads 256,160,128,64] [--variants split0]
                                  [--reps 7] [--batch 1048576] [--json out.json]
 
 ``getrf_mma`` / ``getri_mma`` (kernels/batched/lu_mma.cu) run one warp per
@@ -13,6 +13,10 @@ float64 matrices of order 32 (CuPy, well conditioned):
 * every block size of ``--threads`` is run once and its outputs compared,
   bit for bit, with those of the first (the per-matrix arithmetic does not
   depend on the block: any difference is a bug);
+* ``--variants``: the LU kernel compiled with other values of the macros of
+  lu_mma.cu (``VARIANTS``; e.g. ``GPUQR_MMA_SPLIT=0``, one cp.async group for
+  the copy in) at each block size, its outputs compared bit for bit with
+  the library kernel's and timed with the others;
 * then the driver at each block size, the public function with its defaults
   (``lu_factor_batched(a)`` / ``inv_batched(a)``: the status read and its
   wait included) and the asynchronous public call (``return_info=True,
@@ -37,6 +41,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batched import Timer, cublas_ms, torch_ms  # noqa: E402  (bench/batched.py)
 
 
+#: Compile-time variants of the LU kernel: label -> NVRTC options.
+VARIANTS = {"split0": ("-DGPUQR_MMA_SPLIT=0",)}
+
+
+def variant_lu(label: str, a, threads: int):
+    """A launcher of ``getrf_mma<double, 32>`` compiled with ``VARIANTS[label]``
+    on the stack ``a`` at ``threads`` (the library's grid and shared memory)."""
+    import cupy as cp
+    from scipy_gpuqr import _kernels
+    from scipy_gpuqr.batched import _gpu as bg
+    from scipy_gpuqr.batched import _gpu_common as gc
+    name = "getrf_mma<double, 32>"
+    fn = _kernels.load_module("batched/lu_mma.cu", (name,), VARIANTS[label]).get_function(name)
+    plan = bg._warp_plan("lu", "float64", 32, "mma", threads, 1, bg.device_id())
+    smem = plan[4]
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    bsz = a.shape[0]
+    grid = bg._grid(plan, bsz)
+
+    def run():
+        lu = cp.empty_like(a)
+        piv = cp.empty((bsz, 32), dtype=cp.int32)
+        info = cp.empty((bsz,), dtype=cp.int32)
+        vec = int(a.data.ptr % 16 == 0 and lu.data.ptr % 16 == 0)
+        gc.launch(fn.kernel.ptr, grid, threads, smem,
+                  (a.data.ptr, lu.data.ptr, piv.data.ptr, info.data.ptr, bsz, 1, vec, 0, 0))
+        return lu, piv, info
+    return run
+
+
 def warps_per_sm(op: str, threads: int) -> int:
     """Resident warps per SM of the n = 32 float64 kernel of ``op`` at ``threads``."""
     from scipy_gpuqr.batched import _gpu as bg
@@ -52,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="256,160,128,64")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--batch", type=int, default=1 << 20)
+    ap.add_argument("--variants", default="split0",
+                    help="comma-separated labels of VARIANTS ('' for none)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import cupy as cp
@@ -90,9 +127,21 @@ def main(argv=None) -> int:
             out = drv(t)()
             same[t] = all(bool(cp.array_equal(x, y)) for x, y in zip(ref, out))
             del out
+        var = []                        # (label, threads, launcher) of the LU variants
+        if op == "lu":
+            for label in [v for v in args.variants.split(",") if v]:
+                for t in threads[:2]:
+                    run = variant_lu(label, a, t)
+                    out = run()
+                    same[(label, t)] = all(bool(cp.array_equal(x, y))
+                                           for x, y in zip(ref, out))
+                    del out
+                    var.append((label, t, run))
         del ref
-        fns = [drv(t) for t in threads] + [pub, asy]
+        fns = [drv(t) for t in threads] + [pub, asy] + [run for _, _, run in var]
         times = timer.device_interleaved(fns, reps=args.reps)
+        vtimes = times[len(threads) + 2:]
+        times = times[:len(threads) + 2]
         cb = cublas_ms(cp, timer, a, op)
         tt = torch_ms(torch, timer, a, op)
         cp.get_default_memory_pool().free_all_blocks()
@@ -104,6 +153,12 @@ def main(argv=None) -> int:
             print(f"{op:4} driver threads {t:4}  warps/SM {w:3}  {ms:8.3f} ms  "
                   f"{cb / ms:5.2f}x cuBLAS  same as {threads[0]}: {row['same_as_first']}",
                   flush=True)
+        for (label, t, _), ms in zip(var, vtimes):
+            row = dict(op=op, what=f"variant {label} {t} threads", threads=t, ms=ms,
+                       same_as_first=same[(label, t)], cublas_ms=cb, torch_ms=tt)
+            rows.append(row)
+            print(f"{op:4} variant {label:8} threads {t:4}  {ms:8.3f} ms  {cb / ms:5.2f}x cuBLAS  "
+                  f"same as library: {row['same_as_first']}", flush=True)
         for what, ms in (("public (defaults)", times[-2]), ("public async", times[-1])):
             rows.append(dict(op=op, what=what, ms=ms, cublas_ms=cb, torch_ms=tt))
             print(f"{op:4} {what:30} {ms:8.3f} ms  {cb / ms:5.2f}x cuBLAS", flush=True)

@@ -62,6 +62,12 @@
 #ifndef GPUQR_MMA_MINB
 #define GPUQR_MMA_MINB 3
 #endif
+// 1: the LU's copy in (one matrix in flight, 16-byte path) in two cp.async
+// groups, the first panel's columns first: the pivot chain of panel 0 starts
+// while the other 24 columns are still arriving (mma_load_split).
+#ifndef GPUQR_MMA_SPLIT
+#define GPUQR_MMA_SPLIT 1
+#endif
 
 namespace gpuqr_mma {
 
@@ -130,6 +136,33 @@ __device__ __forceinline__ void mma_load(double *t, const double *__restrict__ s
             cp_async_elem(t + at<N>(i, e - i * N), src + e);
         }
     }
+}
+
+// mma_load (16-byte path) in two cp.async groups, each committed: the first
+// panel's 8 columns (units 0..3) of every row, then the other units. The
+// caller waits for the first (cp_async_wait<1>), factor_mma for the second
+// before its first trailing update (rest_pending).
+template <int N>
+__device__ __forceinline__ void mma_load_split(double *t, const double *__restrict__ src,
+                                               int lane) {
+    typedef MmaTile<N> M;
+    constexpr int P0 = 4;
+    constexpr int REST = M::UNITS - P0;
+    lane &= 31;
+#pragma unroll
+    for (int c = lane; c < N * P0; c += 32) {
+        const int i = c / P0;
+        const int u = c - i * P0;
+        cp_async16(t + (rowx<N>(i) ^ (2 * u)), src + i * N + 2 * u);
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int c = lane; c < N * REST; c += 32) {
+        const int i = c / REST;
+        const int u = P0 + (c - i * REST);
+        cp_async16(t + (rowx<N>(i) ^ (2 * u)), src + i * N + 2 * u);
+    }
+    cp_async_commit();
 }
 
 // Copy the tile to dst, tile row r_i to row i (coalesced); perm[i] =
@@ -390,9 +423,10 @@ __device__ __forceinline__ int panel_step(int pos, int p) {
 template <int N, int SB>
 __device__ __forceinline__ int factor_mma(double *t, int *perm, int *steps, double *bc,
                                           int *__restrict__ piv, bool &bad, int &mypos,
-                                          int lane) {
+                                          bool rest_pending, int lane) {
     typedef MmaTile<N> M;
     constexpr int NP = M::NP;
+    static_assert(NP > 1, "the wait for the rest of the tile is in the first update");
     const bool active = lane < N;
     const int row = active ? lane : 0;
 
@@ -440,6 +474,10 @@ __device__ __forceinline__ int factor_mma(double *t, int *perm, int *steps, doub
                 for (int h = 0; h < 2; ++h) a[I][h] = t[f.a(p, h) + 8 * I * Frag<N>::LD];
             __syncwarp();
             if (active) panel_write<N>(t, O, row, p);
+            if (p == 0 && rest_pending) {       // the columns right of panel 0 (mma_load_split)
+                cp_async_wait<0>();
+                __syncwarp();
+            }
 #pragma unroll 1
             for (int J = p + 1; J < NP; ++J) {
                 const double b0 = t[Frag<N>::b(br0, pr0, J)];
@@ -601,6 +639,9 @@ __device__ __forceinline__ void lu_mma_run(const T *__restrict__ a, T *__restric
             } else {
                 cp_async_wait<0>();
             }
+        } else if (GPUQR_MMA_SPLIT && v) {
+            mma_load_split<N>(t, a + m * (N * N), opaque(lane));
+            cp_async_wait<1>();
         } else {
             mma_load<N>(t, a + m * (N * N), v, opaque(lane));
             cp_async_commit();
@@ -610,7 +651,7 @@ __device__ __forceinline__ void lu_mma_run(const T *__restrict__ a, T *__restric
         bool bad;
         int mypos;
         const int z = factor_mma<N, V>(t, perm, steps, bc, SOLVE ? nullptr : piv + m * N, bad,
-                                       mypos, lane);
+                                       mypos, GPUQR_MMA_SPLIT && v && stages != 2, lane);
         const int got = bad ? -1 : z;
         if (lane == 0) info[m] = gpuqr_status::report_info(got, status, ctl);
         if constexpr (SOLVE) {
