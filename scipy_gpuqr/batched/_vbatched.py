@@ -109,10 +109,11 @@ class _Ragged:
     ``C``, made when first needed (a stack passed as it is never needs them).
     """
 
-    def __init__(self, xp, flat, off, rows, cols, stride, padded):
+    def __init__(self, xp, flat, off, rows, cols, stride, padded, stack=None):
         self.xp, self.flat, self._off = xp, flat, off
         self.rows, self._cols, self._stride = rows, cols, stride
         self.padded = padded
+        self.stack = stack           # the padded form's (B, R, C) array, when contiguous
         self._meta = None
 
     def _default(self, name: str, value):
@@ -226,7 +227,7 @@ class _Ragged:
         """``out`` in the input's form: a list of arrays or a padded stack."""
         if self.padded is not None:
             shape = self.padded[:2] if vector else self.padded
-            return out.reshape(shape)
+            return out if out.shape == shape else out.reshape(shape)
         items = []
         for k in range(self.count):
             o, r, c = int(self.off[k]), int(self.rows[k]), int(self.cols[k])
@@ -288,8 +289,8 @@ def _matrices(a, sizes, where: str):
     sz = sz.astype(np.int64, copy=False)
     if not on_gpu and sz.size and (sz.min() < 0 or sz.max() > big_n):
         raise ValueError(f"{where}: sizes must lie in [0, {big_n}]")
-    flat = xp.ascontiguousarray(arr).reshape(-1)
-    return (_Ragged(xp, flat, None, sz, sz, None, (len(sz), big_n, big_n)),
+    arr = xp.ascontiguousarray(arr)
+    return (_Ragged(xp, arr.reshape(-1), None, sz, sz, None, (len(sz), big_n, big_n), arr),
             arr.dtype, on_gpu)
 
 
@@ -375,7 +376,8 @@ def _square_stack(mats: _Ragged, idx, order: int, dt):
 
 def _whole_stack(mats: _Ragged, dt):
     """A padded stack whose matrices fill it, as the (B, N, N) stack itself."""
-    return mats.flat.reshape(mats.padded).astype(dt, copy=False)
+    st = mats.flat.reshape(mats.padded) if mats.stack is None else mats.stack
+    return st if st.dtype == dt else st.astype(dt)
 
 
 def _store_info(info, idx, inf, ok=None, code: int = -1):
@@ -387,7 +389,7 @@ def _store_info(info, idx, inf, ok=None, code: int = -1):
     if ok is not None:
         inf = xp.where(ok, inf, code).astype(np.int32, copy=False)
     if info is None:
-        return inf.reshape(-1)
+        return inf if inf.ndim == 1 else inf.reshape(-1)
     info[idx] = inf
     return info
 
@@ -443,7 +445,7 @@ def lu_factor(a, sizes, *, batched, check_finite, return_info, backend):
             lambda cf, stack=stack: batched(stack, check_finite=cf, return_info=True,
                                             backend=backend), check_finite, stack)
         if whole:
-            lu_out, piv_out = xp.asarray(lu).reshape(-1), xp.asarray(piv).reshape(-1)
+            lu_out, piv_out = xp.asarray(lu), xp.asarray(piv)
         else:
             mats.scatter(lu_out, idx, xp.asarray(lu), PAD_IDENTITY)
             vecs.scatter(piv_out, idx, xp.asarray(piv)[:, :, None], PAD_ROW)
@@ -524,7 +526,7 @@ def solve(a, b, sizes, *, batched, check_finite, return_info, backend):
                                                      return_info=True, backend=backend),
             check_finite, stack, bst)
         if whole:
-            x_out = xp.asarray(x).reshape(-1)
+            x_out = xp.asarray(x)
         else:
             rhs.scatter(x_out, idx, xp.asarray(x), PAD_ZERO)
         if ok:               # a's infs/NaNs -1, b's -2
@@ -555,7 +557,7 @@ def inv(a, sizes, *, batched, check_finite, return_info, backend):
             lambda cf, stack=stack: batched(stack, check_finite=cf, return_info=True,
                                             backend=backend), check_finite, stack)
         if whole:
-            out = mats.xp.asarray(x).reshape(-1)
+            out = mats.xp.asarray(x)
         else:
             mats.scatter(out, idx, mats.xp.asarray(x), PAD_IDENTITY)
         info = _store_info(info, idx, inf, ok and ok[0])
@@ -583,7 +585,7 @@ def cho_factor(a, sizes, lower, *, batched, check_finite, return_info, backend):
                                             return_info=True, backend=backend),
             check_finite, stack)
         if whole:
-            out = mats.xp.asarray(c).reshape(-1)
+            out = mats.xp.asarray(c)
         else:
             mats.scatter(out, idx, mats.xp.asarray(c), PAD_IDENTITY)
         info = _store_info(info, idx, inf, ok and ok[0])
