@@ -692,17 +692,17 @@ def _device_matmul_here(qr, B, B2, *, trans, float64, on_gpu, what):
     log = logging.getLogger("scipy_gpuqr")
     Bd = _here(cp, B2) if on_gpu else cp.asarray(B2)
     out = None
-    for attempt in range(2):
+    while out is None:
         try:
             out = apply_plan(qr, Bd, trans, _cupy_executor(qr))
-            break
         except cp.cuda.memory.OutOfMemoryError as exc:
             qr._replay.pop("cupy", None)
-            if attempt == 0 and _make_room(qr):
-                log.info("%s: device out of memory (%s); pools and dense fronts moved "
-                         "to the host, applied on the device again", what, exc)
-                continue
-            log.info("%s: device out of memory (%s); Q applied on the host", what, exc)
+            freed = _make_room(qr)
+            if freed is None:
+                log.info("%s: device out of memory (%s); Q applied on the host", what, exc)
+                break
+            log.info("%s: device out of memory (%s); %s, applied on the device again",
+                     what, exc, freed)
     if out is None:
         qr._materialize()
         host = host_matmul(qr, B.get() if on_gpu else B, trans=trans)
@@ -724,21 +724,24 @@ def _here(cp, X):
     return out
 
 
-def _make_room(qr) -> bool:
-    """Free what a factorization keeps on the device beyond its VT pool (the
-    kept stage pool goes to the host, device copies of dense fronts are
-    dropped, the rows of R its solves keep between calls are dropped, the
-    memory pool's cached blocks released), so that ``Q`` is applied uploading
-    one pool at a time. False when nothing could be freed."""
-    freed = qr.pools_to_host()
-    for d in (getattr(qr, "_dense", {}) or {}).values():
-        if d.has_device_copy():
-            d.drop_device()
-            freed = True
+def _make_room(qr) -> str | None:
+    """Free the next of what a factorization keeps on the device beyond its VT
+    pool, cheapest to lose first, so that ``Q`` is applied uploading one pool at
+    a time: the rows of R its solves keep between calls (uploaded again per
+    solve from then on), then the device copies of dense fronts and the kept
+    stage pool (to the host); the memory pool's cached blocks are released
+    either way. What was freed, or None when nothing was left to free."""
+    freed = None
     for ref in qr._replay.get("kept_rows", ()):
         solves = ref()
         if solves is not None and solves.release_kept():
-            freed = True
+            freed = "the rows of R kept by the solves dropped"
+    if freed is None:
+        dense = [d for d in (getattr(qr, "_dense", {}) or {}).values() if d.has_device_copy()]
+        for d in dense:
+            d.drop_device()
+        if qr.pools_to_host() or dense:
+            freed = "pools and dense fronts moved to the host"
     qr._device.cp.get_default_memory_pool().free_all_blocks()
     return freed
 

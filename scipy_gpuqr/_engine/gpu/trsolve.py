@@ -377,28 +377,18 @@ class _LevelKernel:
 
 #: Share of the device memory available when the solves are set up
 #: (:func:`~scipy_gpuqr._engine.memory.available_bytes`) that the stages' uploaded
-#: rows of R may keep between solves, all stages together, at least.
-KEEP_SHARE = 0.25
-
-#: The most of it they may keep: the rest holds the solves' blocks (a rank
-#: decision's q × d blocks, a host front's streamed panels).
-KEEP_MAX_SHARE = 0.6
-
-#: What ``Q``'s replay needs beside the kept rows, in sizes of the largest stage
-#: pool it uploads (one pool at a time, with the right-hand sides and the
-#: allocator's slack): the rows may keep the rest, within the two shares.
-QT_POOL_ROOM = 1.5
+#: rows of R may keep between solves, all stages together: the rest holds the
+#: solves' blocks (a rank decision's q × d blocks, a host front's streamed
+#: panels). ``Q``'s replay, which uploads whole stage pools, drops the kept rows
+#: when it needs their room (:func:`.solve._make_room`): they serve the rank
+#: decision's many solves, and a solve after that uploads its rows again.
+KEEP_SHARE = 0.6
 
 
-def keep_bytes(avail, pool_bytes) -> int:
+def keep_bytes(avail) -> int:
     """Bytes the stages' uploaded rows of R may keep on the device, given
-    ``avail`` bytes available (None: unknown, nothing kept) and the bytes of the
-    pools ``Q``'s replay uploads one at a time: what the largest pool leaves,
-    between :data:`KEEP_SHARE` and :data:`KEEP_MAX_SHARE` of ``avail``."""
-    if avail is None:
-        return 0
-    room = avail - QT_POOL_ROOM * max(pool_bytes, default=0)
-    return int(min(max(room, KEEP_SHARE * avail), KEEP_MAX_SHARE * avail))
+    ``avail`` bytes available (None: unknown, nothing kept)."""
+    return 0 if avail is None else int(KEEP_SHARE * avail)
 
 
 class _KeepBudget:
@@ -486,9 +476,7 @@ def _staged_levels(ft, fs, qr):
     depth, height = _tree_levels(fs)
     dtype = qr._device.dtype
     avail = available_bytes(ft.xp).available
-    uploaded = [int(qr._host_pools[sid].nbytes) for sid in by_stage
-                if sid not in host_stages and sid not in qr._stage_pools]
-    keep = _KeepBudget(keep_bytes(avail, uploaded))
+    keep = _KeepBudget(keep_bytes(avail))
     out = []
     for sid in sorted(by_stage):
         members = by_stage[sid]
