@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Block size of the n = 32 tensor-core LU and inverse, and their public calls.
 
-    python3 bench/batched_n32.py [--ops lu,inv] [--threads 256,160,128,64] [--variants split0]
+    python3 bench/batched_n32.py [--ops lu,inv] [--threads 256,160,128,64] [--variants split0,stcs]
                                  [--reps 7] [--batch 1048576] [--json out.json]
 
 ``getrf_mma`` / ``getri_mma`` (kernels/batched/lu_mma.cu) run one warp per
@@ -42,7 +42,7 @@ from batched import Timer, cublas_ms, torch_ms  # noqa: E402  (bench/batched.py)
 
 
 #: Compile-time variants of the LU kernel: label -> NVRTC options.
-VARIANTS = {"split0": ("-DGPUQR_MMA_SPLIT=0",)}
+VARIANTS = {"split0": ("-DGPUQR_MMA_SPLIT=0",), "stcs": ("-DGPUQR_MMA_STCS=1",)}
 
 
 def variant_lu(label: str, a, threads: int):
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="256,160,128,64")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--batch", type=int, default=1 << 20)
-    ap.add_argument("--variants", default="split0",
+    ap.add_argument("--variants", default="split0,stcs",
                     help="comma-separated labels of VARIANTS ('' for none)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)

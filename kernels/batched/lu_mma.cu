@@ -68,6 +68,11 @@
 #ifndef GPUQR_MMA_SPLIT
 #define GPUQR_MMA_SPLIT 1
 #endif
+// 1: the LU's copy out by streaming stores (st.global.cs: evict first from
+// L2); 0: plain stores.
+#ifndef GPUQR_MMA_STCS
+#define GPUQR_MMA_STCS 0
+#endif
 
 namespace gpuqr_mma {
 
@@ -177,8 +182,9 @@ __device__ __forceinline__ void mma_store(double *__restrict__ dst, const double
         for (int c = lane; c < N * M::UNITS; c += 32) {
             const int i = c / M::UNITS;
             const int u = c - i * M::UNITS;
-            reinterpret_cast<double2 *>(dst)[c] =
-                *reinterpret_cast<const double2 *>(t + (perm[i] ^ (2 * u)));
+            const double2 w = *reinterpret_cast<const double2 *>(t + (perm[i] ^ (2 * u)));
+            if (GPUQR_MMA_STCS) __stcs(reinterpret_cast<double2 *>(dst) + c, w);
+            else reinterpret_cast<double2 *>(dst)[c] = w;
         }
     } else {
 #pragma unroll 4
