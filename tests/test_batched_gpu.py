@@ -318,6 +318,58 @@ def test_gpu_gesv_one_kernel_matches_two(rng, n, dtype):
                                atol=tol * max(1.0, np.abs(ref).max()))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 17, 24, 31, 32])
+def test_gpu_getrs_warp_matches_columns(rng, monkeypatch, n, dtype):
+    """The LU solve of n <= 32 by getrs_warp (a row of the factor per lane)
+    against getrs_batched (a thread per column) and NumPy: several columns,
+    one b for every matrix, more matrices than a tile; an inf in the factor
+    and in b mark their status slots; NaN solutions for info > 0 with the
+    NaN flag."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu as bg
+    from scipy_gpuqr.batched import _gpu_common as gc
+    bsz = 45
+    a = random_batch(rng, (bsz,), n, dtype) + (2 * np.sqrt(n) * np.eye(n)).astype(dtype)
+    lu, piv, _ = bg.getrf(cp.asarray(a))
+    tol = 200 * n * eps(dtype)
+    for b in (rng.standard_normal((bsz, n, 3)), rng.standard_normal((1, n, 2))):
+        gb = cp.asarray(b.astype(dtype))
+        if b.shape[0] == 1:                          # batch stride 0
+            gb = cp.broadcast_to(gb, (bsz,) + b.shape[1:])
+        outs = []
+        for warp in (True, False):
+            monkeypatch.setattr(gc, "WARP_GETRS", warp)
+            outs.append(_host(bg.getrs(lu, piv, gb)))
+        ref = np.linalg.solve(a.astype(np.float64),
+                              np.broadcast_to(b, (bsz,) + b.shape[1:]).astype(np.float64))
+        scale = max(1.0, np.abs(ref).max())
+        np.testing.assert_allclose(outs[0], ref, rtol=0, atol=tol * scale)
+        np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=tol * scale)
+    monkeypatch.setattr(gc, "WARP_GETRS", True)
+    b = rng.standard_normal((bsz, n, 1)).astype(dtype)
+    for where in ("lu", "b"):
+        bad_lu, bad_b = lu.copy(), b.copy()
+        if where == "lu":
+            bad_lu[4, n - 1, n - 1] = np.inf
+        else:
+            bad_b[7, 0, 0] = np.nan
+        st = gc.new_status()
+        x = bg.getrs(bad_lu, piv, cp.asarray(bad_b), 0, gc.report_args(st))
+        counts = gc.read_status(st)
+        assert counts[gc.STATUS_FACTOR] == (where == "lu")
+        assert counts[gc.STATUS_RHS] == (where == "b")
+        good = _host(x)[20]
+        np.testing.assert_allclose(good, np.linalg.solve(a[20].astype(np.float64),
+                                                         b[20].astype(np.float64)),
+                                   rtol=0, atol=tol * max(1.0, np.abs(good).max()))
+    info = cp.zeros(bsz, dtype=cp.int32)
+    info[9] = 2
+    st = gc.new_status()
+    x = _host(bg.getrs(lu, piv, cp.asarray(b), 0, gc.report_args(st, nan_fill=True), info))
+    assert np.isnan(x[9]).all() and np.isfinite(np.delete(x, 9, axis=0)).all()
+
+
 @pytest.mark.parametrize("n", [5, 32, 70])
 @pytest.mark.parametrize("bshape", ["vector", "matrix", "batch1", "batch3", "float32"])
 def test_gpu_solves_right_hand_side_shapes(rng, n, bshape):

@@ -1,7 +1,8 @@
 // solve.cu: triangular solves with batched LU (getrs_batched) and Cholesky
 // (potrs_batched) factors, one thread per (matrix, right-hand side column),
 // any n. The drivers use them for n <= 32 and n > 64 (32 < n <= 64:
-// solve_smem of rows.cu, the factor in shared memory).
+// solve_smem of rows.cu, the factor in shared memory; LU solves without
+// transpose of n <= 32: getrs_warp of solve_warp.cu).
 //
 // Both read the right-hand sides from b and write the solutions to x (b is
 // not modified; x needs no copy of b beforehand): matrix m's right-hand

@@ -26,7 +26,8 @@ mapping of the status word to warnings and exceptions live in
   n <= 64, panels with a row per thread and cuBLAS strided-batched GEMM
   updates up to n = 512, panels with a thread block per matrix beyond).
 * Solves (n <= 32): ``getrs_batched`` / ``potrs_batched``
-  (:func:`scipy_gpuqr.batched._gpu_common.solve_by_columns`); the LU and
+  (:func:`scipy_gpuqr.batched._gpu_common.solve_by_columns`; LU solves
+  without transpose by ``getrs_warp``, a row of the factor per lane); the LU and
   solve of ``solve_batched`` in one kernel (:func:`gesv`: ``gesv_warp`` /
   ``gesv_mma``, the factors kept on chip).
 """

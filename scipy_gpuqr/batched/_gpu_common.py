@@ -32,8 +32,8 @@ import threading
 
 import numpy as np
 
-from ._kernel_registry import (KERNEL_VARIANTS, SOLVE_FILE, STATUS_FILE, solve_name,
-                               status_name)
+from ._kernel_registry import (KERNEL_VARIANTS, SMALL_FILES, SMALL_MAX, SOLVE_FILE,
+                               STATUS_FILE, small_name, solve_name, status_name)
 from .._gpu import import_cupy
 from .._kernels import load_module
 
@@ -42,7 +42,7 @@ __all__ = ["alloc", "alloc_outputs", "dtname", "device_id", "solve_by_columns",
            "new_status", "report_args", "NO_REPORT", "finish_report", "scan_info",
            "scan_nonfinite", "read_status", "STATUS_SINGULAR", "STATUS_NONFINITE",
            "STATUS_FACTOR", "STATUS_RHS", "CTL_CLEAR_NEG", "CTL_NAN_FILL", "rhs_operand",
-           "launch", "arg_value", "read_words", "STATUS_WAIT"]
+           "launch", "arg_value", "read_words", "STATUS_WAIT", "WARP_GETRS"]
 
 #: Threads per block of the solves by columns.
 SOLVE_THREADS = 128
@@ -235,14 +235,52 @@ def solve_by_columns(kernel: str, dtype, b, factors: tuple, flag: int,
     return x
 
 
+#: LU solves without transpose of n <= 32 by ``getrs_warp``
+#: (kernels/batched/solve_warp.cu: a row of the factor per lane, the
+#: triangular solves by shuffles) instead of ``getrs_batched`` (a thread per
+#: matrix and column).
+WARP_GETRS = True
+
+#: Threads per block of ``getrs_warp``.
+GETRS_WARP_THREADS = 256
+
+
+@functools.lru_cache(maxsize=None)
+def _getrs_warp_plan(dt: str, n: int, device: int):
+    """(CUfunction, resident blocks on the device, matrices per warp) of
+    ``getrs_warp<dt, n>`` (compiled on its own when first used)."""
+    from cupy_backends.cuda.api import driver
+
+    name = small_name("getrs_warp", dt, n)
+    fn = load_module(SMALL_FILES["getrs_warp"], (name,)).get_function(name)
+    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr,
+                                                              GETRS_WARP_THREADS, 0)
+    sms = cupy().cuda.Device(device).attributes["MultiProcessorCount"]
+    seg = 1
+    while seg < n:
+        seg *= 2
+    return fn.kernel.ptr, max(1, int(per_sm)) * sms, 32 // seg
+
+
 def solve_columns(kernel: str, dtype, x, b, bstride: int, bsz: int, n: int, k: int,
                   factors: tuple, flag: int, report=NO_REPORT, info: int = 0,
                   device: int | None = None) -> None:
     """The launch of :func:`solve_by_columns` into ``x`` (contiguous, ``bsz * n * k``
     elements, any shape): ``b`` read at batch stride ``bstride`` (each
     matrix's (n, k) block C-contiguous), ``factors`` and ``info`` as device
-    addresses (``info`` 0: none), ``bsz``, ``n`` and ``k`` positive."""
-    fn = _solve_function(kernel, dtname(dtype), device_id() if device is None else device)
+    addresses (``info`` 0: none), ``bsz``, ``n`` and ``k`` positive.
+    ``getrs_batched`` without transpose of n <= 32 runs ``getrs_warp``
+    instead (:data:`WARP_GETRS`): the same arguments, the same results."""
+    dev = device_id() if device is None else device
+    if kernel == "getrs_batched" and flag == 0 and n <= SMALL_MAX and WARP_GETRS:
+        fptr, resident, mw = _getrs_warp_plan(dtname(dtype), n, dev)
+        tasks = -(-bsz // mw)
+        grid = max(1, min(resident, -(-tasks // (GETRS_WARP_THREADS // 32))))
+        launch(fptr, grid, GETRS_WARP_THREADS, 0,
+               (factors[0], factors[1], b.data.ptr, x.data.ptr, k, bsz, bstride,
+                arg_value(report[0]), report[1], info))
+        return
+    fn = _solve_function(kernel, dtname(dtype), dev)
     values = list(factors)
     values += (b.data.ptr, x.data.ptr, n, k, bsz, flag, bstride,
                arg_value(report[0]), report[1])

@@ -103,7 +103,7 @@ VB_FILE = "batched/vbatched.cu"
 #: Source file of each n <= 32 kernel family (each variant is compiled on
 #: its own, when first used).
 SMALL_FILES = {"getrf_warp": "batched/lu_warp.cu", "getri_warp": "batched/lu_warp.cu",
-               "gesv_warp": "batched/lu_warp.cu",
+               "gesv_warp": "batched/lu_warp.cu", "getrs_warp": "batched/solve_warp.cu",
                "potrf_small": "batched/cholesky.cu", "getrf_mma": MMA_FILE,
                "getri_mma": MMA_FILE, "gesv_mma": MMA_FILE}
 
@@ -164,6 +164,8 @@ KERNEL_VARIANTS = {
         panel_name(k, dt) for k in ("getrf_panel", "potrf_panel") for dt in _CTYPES),
     SOLVE_FILE: tuple(
         solve_name(k, dt) for k in ("getrs_batched", "potrs_batched") for dt in _CTYPES),
+    "batched/solve_warp.cu": tuple(
+        small_name("getrs_warp", dt, n) for dt in _CTYPES for n in range(1, SMALL_MAX + 1)),
     STATUS_FILE: tuple(
         status_name(k, dt) for k in ("info_scan", "nonfinite_scan") for dt in _CTYPES),
     VB_FILE: tuple(
