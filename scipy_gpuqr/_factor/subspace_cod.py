@@ -22,6 +22,9 @@ Method (orthogonal transformations throughout):
    geometrically, are predicted within it of their limit) and the count
    below the cutoff is stable. ``d`` = that count: lstsq's nullity (Ritz
    values are upper bounds, so an unconverged block can only undercount).
+   Ritz values far below the cutoff converge first (at ``(σ/σ_{p+1})⁴`` per
+   step): they are locked (taken out of the block) once settled, and the
+   remaining steps run on the rest.
    The tall blocks are factored by Cholesky QR on unit-scaled columns
    (:func:`orth_r`, :func:`triangular_factor`: Gram matrices and triangular
    solves at GEMM speed; Householder where a block is ill-conditioned).
@@ -94,6 +97,20 @@ RITZ_RTOL = 1e-10
 #: and the margin below RITZ_RTOL that the extrapolated distance must keep.
 RATE_MAX = 0.5
 RATE_MARGIN = 10.0
+
+#: Locking: once a step leaves the smallest Ritz values (at most LOCK_RATIO ×
+#: the cutoff) changed by at most LOCK_RTOL, their vectors leave the block (no
+#: more solves or products with them: the block's later steps work on the rest,
+#: kept orthogonal to them), in runs of at least LOCK_MIN columns and a quarter
+#: of the block. They converge at ``(σ/σ_{p+1})⁴`` per step, at most
+#: ``(LOCK_RATIO/STRADDLE)⁴`` = 6e-6 once the block straddles.
+LOCK_RATIO = 0.1
+LOCK_RTOL = 1e-8
+LOCK_MIN = 16
+
+#: A column of the block whose norm the deflation against the locked vectors
+#: divides by more than this is deflated a second time.
+DEFLATE_REPEAT = 1e3
 
 #: Steps after which the iteration gives up (SubspaceTooLarge).
 MAX_STEPS = 60
@@ -327,6 +344,54 @@ class SmallSubspace:
     images: np.ndarray = None
 
 
+def _hcat(*blocks: np.ndarray) -> np.ndarray:
+    """Blocks side by side, in Fortran order (the BLAS calls' layout)."""
+    out = np.empty((blocks[0].shape[0], sum(b.shape[1] for b in blocks)), order="F")
+    j = 0
+    for b in blocks:
+        out[:, j:j + b.shape[1]] = b
+        j += b.shape[1]
+    return out
+
+
+def _lockable(active: np.ndarray, moved: np.ndarray, tol: float, a: int) -> int:
+    """How many of the smallest active Ritz values to lock: the leading run at most
+    :data:`LOCK_RATIO` × ``tol`` whose last change was at most :data:`LOCK_RTOL`;
+    none where that run is shorter than :data:`LOCK_MIN` or a quarter of the block."""
+    ok = (active <= LOCK_RATIO * tol) & (moved <= LOCK_RTOL)
+    k = int(np.argmin(ok)) if not ok.all() else ok.size
+    return k if k >= max(LOCK_MIN, a // 4) and k < a else 0
+
+
+def _deflate(L: np.ndarray, Y: np.ndarray, lanes: Lanes) -> np.ndarray:
+    """``(I − L Lᵀ) Y`` for orthonormal L, a second pass for the columns the first
+    one shrank by more than :data:`DEFLATE_REPEAT` (their components along L
+    dominated: one pass leaves ``eps·‖Lᵀy‖`` of them)."""
+    before = np.linalg.norm(Y, axis=0)
+    Y = Y - lanes.gemm(L, lanes.gemm(L, Y, trans_a=True))
+    after = np.linalg.norm(Y, axis=0)
+    again = np.flatnonzero(after * DEFLATE_REPEAT < before)
+    if again.size:
+        Ya = np.asfortranarray(Y[:, again])
+        Y[:, again] = Ya - lanes.gemm(L, lanes.gemm(L, Ya, trans_a=True))
+    return Y
+
+
+def _finish(L, Lz, lritz, X, Z, Wt, active, tol, step, p, lanes) -> "SmallSubspace":
+    """The converged block: locked and active Ritz pairs in ascending order, with
+    ``R⁻ᵀ`` of the vectors at most ``tol``."""
+    V = _hcat(L, lanes.gemm(X, Wt.T))
+    ritz = np.concatenate([lritz, active])
+    order = np.argsort(ritz, kind="stable")
+    d = int(np.count_nonzero(ritz <= tol))
+    da = int(np.count_nonzero(active <= tol))
+    images = _hcat(Lz, lanes.gemm(Z, Wt[:da].T)) if da else Lz
+    if not np.array_equal(order, np.arange(order.size)):
+        V = np.asfortranarray(V[:, order])
+        images = np.asfortranarray(images[:, order[:d]])
+    return SmallSubspace(V, ritz[order], step, p, images[:, :d])
+
+
 def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
                    max_block: int = 1024, seed: int = 0,
                    lanes: Lanes = SERIAL) -> SmallSubspace:
@@ -342,7 +407,12 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
     ρ)`` :data:`RATE_MARGIN` times below it, and their count below ``tol``
     is stable. The rotation by W keeps the next block's columns near R's
     singular vectors (nearly orthogonal: Cholesky QR orthonormalizes them,
-    :func:`orth_r`).
+    :func:`orth_r`). **Locking**: once the block straddles, the smallest Ritz
+    values (at most :data:`LOCK_RATIO` × ``tol``, their last change at most
+    :data:`LOCK_RTOL`) leave the block with their vectors and their images
+    ``R⁻ᵀ v`` (see :func:`_lockable`): the later steps solve and multiply only
+    the rest, deflated against them after each ``R⁻¹`` (:func:`_deflate`);
+    their Ritz values count as settled.
 
     Parameters
     ----------
@@ -368,6 +438,8 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
     rng = np.random.default_rng(seed)
     p = min(q, max(1, block))
     X = orth_r(rng.standard_normal((q, p)), lanes)[0]
+    # locked Ritz pairs: vectors L ⟂ X, their images R⁻ᵀL, their Ritz values
+    L, Lz, lritz = np.empty((q, 0), order="F"), np.empty((q, 0), order="F"), np.empty(0)
     prev = None
     prev_d = -1
     prev_change = np.inf
@@ -376,22 +448,25 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
         if not np.all(np.isfinite(Z)):
             raise SubspaceTooLarge("non-finite triangular solve")
         _, th, Wt = la.svd(triangular_factor(Z, lanes), full_matrices=False, check_finite=False)
-        ritz = 1.0 / th                              # ascending
+        active = 1.0 / th                            # ascending
+        ritz = np.concatenate([lritz, active])       # locked first, then the active block
+        low = min(ritz[0], active[0])
         # the SVD resolves θ to eps·θ_max: Ritz values at the cutoff to about
         # eps·tol/σ_min relative (ritz[0] >= σ_min: a lower bound of that)
-        noise = EPS * WINDOW * tol / ritz[0] if ritz[0] > 0 else np.inf
+        noise = EPS * WINDOW * tol / low if low > 0 else np.inf
         if not noise <= RITZ_NOISE_LIMIT:
             raise SubspaceTooLarge(
-                f"smallest singular value {ritz[0] / tol:.3g} × cutoff: the Ritz values "
+                f"smallest singular value {low / tol:.3g} × cutoff: the Ritz values "
                 f"at the cutoff are determined only to {noise:.3g}")
         d = int(np.count_nonzero(ritz <= tol))
         window = ritz <= WINDOW * tol
-        straddles = ritz[-1] > STRADDLE * tol or p == q
+        straddles = active[-1] > STRADDLE * tol or p == q
         rtol = max(RITZ_RTOL, 10.0 * noise)
         change = np.inf
+        moved = None
         if prev is not None and prev.size == ritz.size:
-            change = float(np.max(np.abs(ritz[window] - prev[window]) / ritz[window],
-                                  initial=0.0))
+            moved = np.abs(ritz - prev) / ritz
+            change = float(np.max(moved[window], initial=0.0))
         # converged: the last change within rtol, or (geometric convergence at
         # rate ρ = change / previous change <= RATE_MAX) the distance to the
         # limit it predicts, change·ρ/(1 − ρ)
@@ -401,9 +476,7 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
             rate <= RATE_MAX and change * rate / (1.0 - rate) <= rtol / RATE_MARGIN))
         prev_change = change
         if settled and straddles:
-            Wd = Wt[:d].T
-            return SmallSubspace(lanes.gemm(X, Wt.T), ritz, step, p,
-                                 lanes.gemm(Z, Wd) if d else Z[:, :0])
+            return _finish(L, Lz, lritz, X, Z, Wt, active, tol, step, p, lanes)
         if not straddles and step >= 2:
             p_new = min(q, 2 * p)
             if p_new > max_block:
@@ -411,15 +484,26 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
                     f"block of {p} columns: largest Ritz value "
                     f"{ritz[-1] / tol:.3g} × cutoff")
             X = lanes.gemm(X, Wt.T)
+            B = _hcat(L, X)
             extra = rng.standard_normal((q, p_new - p))
-            extra -= lanes.gemm(X, lanes.gemm(X, extra, trans_a=True))
-            X = orth_r(np.hstack([X, extra]), lanes)[0]
+            extra -= lanes.gemm(B, lanes.gemm(B, extra, trans_a=True))
+            X = orth_r(_hcat(X, extra), lanes)[0]
             p, prev, prev_d, prev_change = p_new, None, -1, np.inf
             continue
         prev, prev_d = ritz, d
-        Y = np.asarray(inv(lanes.gemm(Z, Wt.T)))           # R⁻¹ R⁻ᵀ X W = R⁻¹ P Θ
+        k = 0
+        if moved is not None and straddles:
+            k = _lockable(active, moved[lritz.size:], tol, X.shape[1])
+        if k:
+            Wk = np.asfortranarray(Wt[:k].T)
+            L = _hcat(L, lanes.gemm(X, Wk))
+            Lz = _hcat(Lz, lanes.gemm(Z, Wk))
+            lritz = np.concatenate([lritz, active[:k]])
+        Y = np.asarray(inv(lanes.gemm(Z, Wt[k:].T)))    # R⁻¹ R⁻ᵀ X W = R⁻¹ P Θ
         if not np.all(np.isfinite(Y)):
             raise SubspaceTooLarge("non-finite triangular solve")
+        if L.shape[1]:
+            Y = _deflate(L, Y, lanes)
         X = orth_r(Y, lanes)[0]
     raise SubspaceTooLarge(f"no convergence in {MAX_STEPS} steps (block {p})")
 
