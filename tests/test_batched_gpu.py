@@ -370,6 +370,58 @@ def test_gpu_getrs_warp_matches_columns(rng, monkeypatch, n, dtype):
     assert np.isnan(x[9]).all() and np.isfinite(np.delete(x, 9, axis=0)).all()
 
 
+@pytest.mark.parametrize("lower", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 16, 24, 32])
+def test_gpu_potrs_warp_matches_columns(rng, monkeypatch, n, dtype, lower):
+    """The Cholesky solve of n <= 32 by potrs_warp against potrs_batched and
+    NumPy (several columns, one b for every matrix); an inf in the triangle
+    the solve does not use still marks the factor's slot (SciPy checks all
+    of c), an inf in b the right-hand side's."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu as bg
+    from scipy_gpuqr.batched import _gpu_common as gc
+    bsz = 45
+    s = spd_batch(rng, bsz, n, dtype)
+    c, _ = bg.potrf(cp.asarray(s), lower)
+    tol = 300 * n * eps(dtype)
+    for b in (rng.standard_normal((bsz, n, 3)), rng.standard_normal((1, n, 2))):
+        gb = cp.asarray(b.astype(dtype))
+        if b.shape[0] == 1:
+            gb = cp.broadcast_to(gb, (bsz,) + b.shape[1:])
+        outs = []
+        for warp in (True, False):
+            monkeypatch.setattr(gc, "WARP_POTRS", warp)
+            outs.append(_host(bg.potrs(c, lower, gb)))
+        ref = np.linalg.solve(s.astype(np.float64),
+                              np.broadcast_to(b, (bsz,) + b.shape[1:]).astype(np.float64))
+        scale = max(1.0, np.abs(ref).max())
+        np.testing.assert_allclose(outs[0], ref, rtol=0, atol=tol * scale)
+        np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=tol * scale)
+    monkeypatch.setattr(gc, "WARP_POTRS", True)
+    b = rng.standard_normal((bsz, n, 1)).astype(dtype)
+    for where in ("c", "b"):
+        bad_c, bad_b = c.copy(), b.copy()
+        if where == "c":
+            if n == 1:
+                bad_c[4, 0, 0] = np.inf
+            elif lower:
+                bad_c[4, 0, n - 1] = np.inf             # the unused (upper) triangle
+            else:
+                bad_c[4, n - 1, 0] = np.inf             # the unused (lower) triangle
+        else:
+            bad_b[7, n - 1, 0] = np.nan
+        st = gc.new_status()
+        x = bg.potrs(bad_c, lower, cp.asarray(bad_b), gc.report_args(st))
+        counts = gc.read_status(st)
+        assert counts[gc.STATUS_FACTOR] == (where == "c")
+        assert counts[gc.STATUS_RHS] == (where == "b")
+        good = _host(x)[20]
+        np.testing.assert_allclose(good, np.linalg.solve(s[20].astype(np.float64),
+                                                         b[20].astype(np.float64)),
+                                   rtol=0, atol=tol * max(1.0, np.abs(good).max()))
+
+
 @pytest.mark.parametrize("n", [5, 32, 70])
 @pytest.mark.parametrize("bshape", ["vector", "matrix", "batch1", "batch3", "float32"])
 def test_gpu_solves_right_hand_side_shapes(rng, n, bshape):

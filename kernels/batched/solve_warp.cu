@@ -1,5 +1,5 @@
-// solve_warp.cu: solves A x = b with batched LU factors (getrs, no
-// transpose), n <= 32: a warp per tile of 32 / SEG matrices, SEG = next power
+// solve_warp.cu: solves A x = b with batched LU factors (getrs_warp, no
+// transpose) and with Cholesky factors (potrs_warp), n <= 32: a warp per tile of 32 / SEG matrices, SEG = next power
 // of two >= N lanes per matrix, lane r holding row r of the factor in
 // registers (N is a template parameter: every loop unrolls).
 //
@@ -89,6 +89,94 @@ getrs_warp(const T *__restrict__ lu, const int *__restrict__ piv, const T *__res
                                              [&](int j) { return base + j; });
             if (active)
                 x[(m * N + r) * (long long)nrhs + c] = nan ? gpuqr_status::quiet_nan<T>() : xv;
+        }
+    }
+    if (bad_f) gpuqr_status::mark(status, ctl, 2);
+    if (bad_b) gpuqr_status::mark(status, ctl, 3);
+}
+
+// ---------------------------------------------------------------------------
+// Solves with a Cholesky factor c (lower: A = L L^T, L in the lower
+// triangle; else A = U^T U, U in the upper one): G y = b, then G^T x = y,
+// G = L or U^T. Lane r keeps g[j] = G[r][j] for j <= r (its row of G) and
+// G[j][r] for j > r (its column of G): N registers, what both sweeps need
+// (forward: row r left of the diagonal; backward: column r below it). Each
+// lane also reads the rest of its row of c, so that the whole of c is
+// checked for infs and NaNs (slot 2), as SciPy's cho_solve checks it, with
+// no pass of its own; b marks slot 3.
+// input, not modified: c (batch, N, N), b (as getrs_warp)
+// output: x (batch, N, nrhs)
+// ---------------------------------------------------------------------------
+template <typename T, int N>
+__global__ void __launch_bounds__(256)
+potrs_warp(const T *__restrict__ c, const T *__restrict__ b, T *__restrict__ x, int nrhs,
+           long long batch, int lower, long long bstride,
+           unsigned long long *__restrict__ status, unsigned long long ctl)
+{
+    constexpr int SEG = Seg<N>::value;
+    constexpr int MW = 32 / SEG;
+    const int lane = threadIdx.x & 31;
+    const int r = lane & (SEG - 1);
+    const int base = lane & ~(SEG - 1);
+    const int mloc = lane / SEG;
+    const long long ntask = (batch + MW - 1) / MW;
+    const long long stride = (long long)gridDim.x * (blockDim.x >> 5);
+    bool bad_f = false, bad_b = false;
+    for (long long task = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+         task < ntask; task += stride) {
+        const long long m = task * MW + mloc;
+        const bool active = m < batch && r < N;
+        T g[N];
+        if (active) {
+            const T *M = c + m * N * N;
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                const T v = __ldg(M + r * N + j);              // row r of c
+                bad_f |= !finite_bits(v);
+                // lower: G row r = c row r (j <= r); upper: G column r = c row r (j >= r)
+                g[j] = v;
+            }
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                // lower: G column r below the diagonal = c column r (j > r);
+                // upper: G row r left of the diagonal = c column r (j < r)
+                if (lower ? j > r : j < r) g[j] = __ldg(M + j * N + r);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < N; ++j) g[j] = T(j == r);
+        }
+        T d = T(1);
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+            if (j == r) d = g[j];
+        const T rd = T(1) / d;
+#pragma unroll 1
+        for (int col = 0; col < nrhs; ++col) {
+            T s = T(0);
+            if (active) {
+                s = __ldg(b + m * bstride + (long long)r * nrhs + col);
+                bad_b |= !finite_bits(s);
+            }
+#pragma unroll
+            for (int j = 0; j < N; ++j) {                     // G y = b
+                if (r == j) {
+                    const T q = s * rd;
+                    s = fma(fma(-q, d, s), rd, q);
+                }
+                const T yj = __shfl_sync(0xffffffffu, s, base + j);
+                if (r > j) s = fma(-g[j], yj, s);
+            }
+#pragma unroll
+            for (int j = N - 1; j >= 0; --j) {                // G^T x = y
+                if (r == j) {
+                    const T q = s * rd;
+                    s = fma(fma(-q, d, s), rd, q);
+                }
+                const T xj = __shfl_sync(0xffffffffu, s, base + j);
+                if (r < j) s = fma(-g[j], xj, s);
+            }
+            if (active) x[(m * N + r) * (long long)nrhs + col] = s;
         }
     }
     if (bad_f) gpuqr_status::mark(status, ctl, 2);

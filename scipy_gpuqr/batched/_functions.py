@@ -711,7 +711,8 @@ def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
             st = _gc.new_status() if check_finite else None
             report = _gc.report_args(st)
             if n <= SMALL_MAX and c._c_contiguous:
-                if st is not None:      # the whole of c, as SciPy (the kernel reads one triangle)
+                if st is not None and not _gc.potrs_checks_all(n):
+                    # the whole of c, as SciPy (the kernel reads one triangle)
                     _gc.scan_nonfinite(c, report, _gc.STATUS_FACTOR)
                 x = _gc.alloc(out_shape, c.dtype)
                 _gc.solve_columns("potrs_batched", c.dtype, x, bsrc, bstride, bsz, n, k,

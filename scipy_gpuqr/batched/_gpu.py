@@ -515,6 +515,7 @@ def potrs(c, lower: bool, b, report=NO_REPORT):
     if c.shape[-1] > SMALL_MAX:
         return _blocked.potrs(c, lower, b, report)
     c = _contiguous(c)
-    if report[0] is not _common.NULL:     # the whole of c (the kernel reads one triangle)
+    if report[0] is not _common.NULL and not _common.potrs_checks_all(c.shape[-1]):
+        # the whole of c (the kernel reads one triangle)
         _common.scan_nonfinite(c, report, _common.STATUS_FACTOR)
     return solve_by_columns("potrs_batched", c.dtype, b, (c,), 1 if lower else 0, report)

@@ -42,7 +42,8 @@ __all__ = ["alloc", "alloc_outputs", "dtname", "device_id", "solve_by_columns",
            "new_status", "report_args", "NO_REPORT", "finish_report", "scan_info",
            "scan_nonfinite", "read_status", "STATUS_SINGULAR", "STATUS_NONFINITE",
            "STATUS_FACTOR", "STATUS_RHS", "CTL_CLEAR_NEG", "CTL_NAN_FILL", "rhs_operand",
-           "launch", "arg_value", "read_words", "STATUS_WAIT", "WARP_GETRS"]
+           "launch", "arg_value", "read_words", "STATUS_WAIT", "WARP_GETRS",
+           "WARP_POTRS", "potrs_checks_all"]
 
 #: Threads per block of the solves by columns.
 SOLVE_THREADS = 128
@@ -235,24 +236,33 @@ def solve_by_columns(kernel: str, dtype, b, factors: tuple, flag: int,
     return x
 
 
-#: LU solves without transpose of n <= 32 by ``getrs_warp``
-#: (kernels/batched/solve_warp.cu: a row of the factor per lane, the
-#: triangular solves by shuffles) instead of ``getrs_batched`` (a thread per
-#: matrix and column).
+#: LU solves without transpose of n <= 32 by ``getrs_warp`` and Cholesky
+#: solves of n <= 32 by ``potrs_warp`` (kernels/batched/solve_warp.cu: a
+#: row of the factor per lane, the triangular solves by shuffles) instead of
+#: ``getrs_batched`` / ``potrs_batched`` (a thread per matrix and column).
 WARP_GETRS = True
+WARP_POTRS = True
 
-#: Threads per block of ``getrs_warp``.
+#: Threads per block of ``getrs_warp`` / ``potrs_warp``.
 GETRS_WARP_THREADS = 256
 
 
+def potrs_checks_all(n: int) -> bool:
+    """Whether the Cholesky solve of order ``n`` looks at the whole factor
+    for infs and NaNs itself (``potrs_warp``), so that the caller needs no
+    :func:`scan_nonfinite` pass for SciPy's check of all of ``c``."""
+    return WARP_POTRS and n <= SMALL_MAX
+
+
 @functools.lru_cache(maxsize=None)
-def _getrs_warp_plan(dt: str, n: int, device: int):
+def _getrs_warp_plan(dt: str, n: int, device: int, kernel: str = "getrs_warp"):
     """(CUfunction, resident blocks on the device, matrices per warp) of
-    ``getrs_warp<dt, n>`` (compiled on its own when first used)."""
+    ``kernel<dt, n>`` (``getrs_warp`` / ``potrs_warp``, compiled on its own
+    when first used)."""
     from cupy_backends.cuda.api import driver
 
-    name = small_name("getrs_warp", dt, n)
-    fn = load_module(SMALL_FILES["getrs_warp"], (name,)).get_function(name)
+    name = small_name(kernel, dt, n)
+    fn = load_module(SMALL_FILES[kernel], (name,)).get_function(name)
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr,
                                                               GETRS_WARP_THREADS, 0)
     sms = cupy().cuda.Device(device).attributes["MultiProcessorCount"]
@@ -270,15 +280,23 @@ def solve_columns(kernel: str, dtype, x, b, bstride: int, bsz: int, n: int, k: i
     matrix's (n, k) block C-contiguous), ``factors`` and ``info`` as device
     addresses (``info`` 0: none), ``bsz``, ``n`` and ``k`` positive.
     ``getrs_batched`` without transpose of n <= 32 runs ``getrs_warp``
-    instead (:data:`WARP_GETRS`): the same arguments, the same results."""
+    instead (:data:`WARP_GETRS`), ``potrs_batched`` of n <= 32
+    ``potrs_warp`` (:data:`WARP_POTRS`; it also checks the whole factor:
+    :func:`potrs_checks_all`): the same arguments, the same results."""
     dev = device_id() if device is None else device
-    if kernel == "getrs_batched" and flag == 0 and n <= SMALL_MAX and WARP_GETRS:
-        fptr, resident, mw = _getrs_warp_plan(dtname(dtype), n, dev)
+    if n <= SMALL_MAX and ((kernel == "getrs_batched" and flag == 0 and WARP_GETRS)
+                           or (kernel == "potrs_batched" and WARP_POTRS)):
+        warp = "getrs_warp" if kernel == "getrs_batched" else "potrs_warp"
+        fptr, resident, mw = _getrs_warp_plan(dtname(dtype), n, dev, warp)
         tasks = -(-bsz // mw)
         grid = max(1, min(resident, -(-tasks // (GETRS_WARP_THREADS // 32))))
-        launch(fptr, grid, GETRS_WARP_THREADS, 0,
-               (factors[0], factors[1], b.data.ptr, x.data.ptr, k, bsz, bstride,
-                arg_value(report[0]), report[1], info))
+        if warp == "getrs_warp":
+            values = (factors[0], factors[1], b.data.ptr, x.data.ptr, k, bsz, bstride,
+                      arg_value(report[0]), report[1], info)
+        else:
+            values = (factors[0], b.data.ptr, x.data.ptr, k, bsz, flag, bstride,
+                      arg_value(report[0]), report[1])
+        launch(fptr, grid, GETRS_WARP_THREADS, 0, values)
         return
     fn = _solve_function(kernel, dtname(dtype), dev)
     values = list(factors)

@@ -104,6 +104,7 @@ VB_FILE = "batched/vbatched.cu"
 #: its own, when first used).
 SMALL_FILES = {"getrf_warp": "batched/lu_warp.cu", "getri_warp": "batched/lu_warp.cu",
                "gesv_warp": "batched/lu_warp.cu", "getrs_warp": "batched/solve_warp.cu",
+               "potrs_warp": "batched/solve_warp.cu",
                "potrf_small": "batched/cholesky.cu", "getrf_mma": MMA_FILE,
                "getri_mma": MMA_FILE, "gesv_mma": MMA_FILE}
 
@@ -165,7 +166,8 @@ KERNEL_VARIANTS = {
     SOLVE_FILE: tuple(
         solve_name(k, dt) for k in ("getrs_batched", "potrs_batched") for dt in _CTYPES),
     "batched/solve_warp.cu": tuple(
-        small_name("getrs_warp", dt, n) for dt in _CTYPES for n in range(1, SMALL_MAX + 1)),
+        small_name(k, dt, n) for k in ("getrs_warp", "potrs_warp")
+        for dt in _CTYPES for n in range(1, SMALL_MAX + 1)),
     STATUS_FILE: tuple(
         status_name(k, dt) for k in ("info_scan", "nonfinite_scan") for dt in _CTYPES),
     VB_FILE: tuple(
