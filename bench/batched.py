@@ -452,6 +452,15 @@ def public_bench(args) -> int:
                     pub = lambda spd=spd: fns.cho_factor_batched(spd)              # noqa: E731
                     asy = lambda spd=spd: fns.cho_factor_batched(                  # noqa: E731
                         spd, check_finite=False, return_info=True)
+                flag = {"lu_solve": "WARP_GETRS", "cho_solve": "WARP_POTRS"}.get(op)
+                if flag and n <= 32 and gc is not None and hasattr(gc, flag):
+                    setattr(gc, flag, False)     # the thread-per-column kernel, for the record
+                    try:
+                        old_ms = timer.device(kern, reps=args.reps)
+                    finally:
+                        setattr(gc, flag, True)
+                    print(f"{tag:6} {dtype.name:7} {n:>3} {bsz:>8} {op:9} "
+                          f"thread-per-column kernel: {old_ms:8.3f} ms", flush=True)
                 try:
                     if args.sequential:       # the older way: each function's calls in a row
                         k_ms, p_ms, a_ms = (timer.device(f, reps=args.reps)
