@@ -663,3 +663,46 @@ def test_q_out_of_memory_drops_the_kept_rows_of_r_and_the_last_pool():
     assert "pools" in _make_room(qr) and calls == ["rows", "dense", "pools", "free"]
     calls.clear()
     assert _make_room(qr) is None and calls == ["rows", "pools", "free"]  # nothing left
+
+
+def test_r_solves_out_of_memory_go_in_column_blocks():
+    """A device solve of R that runs out of memory drops the kept rows once, then
+    halves its block of columns down to one column before the host's solves are
+    needed (None); the blocks' answers are the whole solve's."""
+    import types
+
+    from scipy_gpuqr._factor.factored import _solve_in_column_blocks
+
+    class Dev(np.ndarray):                 # stands for a CuPy array (``get``)
+        def get(self):
+            return np.asarray(self).copy()
+
+    freed = []
+    cp = types.SimpleNamespace(
+        ndarray=Dev, asarray=lambda X, dtype=None: np.asarray(X, dtype=dtype).view(Dev),
+        get_default_memory_pool=lambda: types.SimpleNamespace(
+            free_all_blocks=lambda: freed.append(1)))
+    U = np.triu(np.random.default_rng(3).standard_normal((6, 6))) + 6 * np.eye(6)
+    seen = []
+
+    def solve_upto(limit):
+        def solve(C):
+            seen.append(C.shape[1])
+            if C.shape[1] > limit:
+                raise MemoryError("out of memory")
+            return np.linalg.solve(U, np.asarray(C)).view(Dev)
+        return solve
+    C = np.random.default_rng(4).standard_normal((6, 7))
+    kept = [True]
+
+    def release():
+        had, kept[0] = kept[0], False
+        return had
+    Y = _solve_in_column_blocks(solve_upto(2), C, release, cp)
+    assert type(Y) is np.ndarray and np.allclose(U @ Y, C)
+    assert seen[:4] == [7, 7, 3, 1] and not kept[0] and freed
+    seen.clear()
+    Yd = _solve_in_column_blocks(solve_upto(7), C.view(Dev), None, cp)   # device in, out
+    assert isinstance(Yd, Dev) and seen == [7] and np.allclose(U @ Yd, C)
+    assert _solve_in_column_blocks(solve_upto(0), C, None, cp) is None
+    assert np.allclose(U @ _solve_in_column_blocks(solve_upto(0), C[:, :0], None, cp), 0)

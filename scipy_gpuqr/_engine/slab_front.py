@@ -140,7 +140,7 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
                     logging.getLogger("scipy_gpuqr").warning(
                         "slab [%d, %d) of a %dx%d front failed on the device (%s: %s); it and "
                         "the rest run on the host", slab[0], slab[1], F.shape[0], F.shape[1],
-                        type(exc).__name__, exc)
+                        type(exc).__name__, str(exc))
                 dev.finish()            # the earlier slabs' results are in F
                 dev = fallback
                 _one_slab(F, T, panels, slabs[:k], slab, dev)

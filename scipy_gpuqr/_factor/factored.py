@@ -269,10 +269,11 @@ class FactoredQR:
 
         A solve that runs out of device memory (a GPU under a pool limit, or
         shared with other work; CuPy's OutOfMemoryError is a MemoryError) is
-        tried once more after the rows of R kept on the device between solves
-        are dropped (staged factorizations); failing again, it hands this and
-        every later solve to the host's solves with R (logged: they cost far
-        more on a large R)."""
+        tried again after the rows of R kept on the device between solves are
+        dropped (staged factorizations), then on blocks of its columns
+        (:func:`_solve_in_column_blocks`); only where not even one column fits
+        does it hand this and every later solve to the host's solves with R
+        (logged: they cost far more on a large R)."""
         if self.tol is not None or not self.on_device():
             return None
         import cupy as cp               # optional dependency: GPU factors only
@@ -281,22 +282,15 @@ class FactoredQR:
 
         def solves_with(device_solve, which: int):
             def solve(C):
-                for attempt in range(2):
-                    if host:
-                        break
-                    try:
-                        Y = device_solve(cp.asarray(C, dtype=np.float64))
-                        return Y if isinstance(C, cp.ndarray) else Y.get()
-                    except MemoryError as exc:
-                        cp.get_default_memory_pool().free_all_blocks()
-                        release = getattr(ds, "release_kept", None)
-                        if attempt == 0 and release is not None and release():
-                            continue        # the kept rows of R made room: once more
-                        logging.getLogger("scipy_gpuqr").info(
-                            "R's solves: the device ran out of memory (%s); the host's "
-                            "solves with R answer from now on", exc)
-                        host.extend(UpperTriangular(sp.csc_array(self.num.R)).solves())
-                        break
+                if not host:
+                    Y = _solve_in_column_blocks(device_solve, C, getattr(ds, "release_kept", None),
+                                                cp)
+                    if Y is not None:
+                        return Y
+                    logging.getLogger("scipy_gpuqr").info(
+                        "R's solves: the device ran out of memory even for one column; the "
+                        "host's solves with R answer from now on")
+                    host.extend(UpperTriangular(sp.csc_array(self.num.R)).solves())
                 on_device = isinstance(C, cp.ndarray)
                 Y = host[which](C.get() if on_device else np.asarray(C, dtype=np.float64))
                 return cp.asarray(Y) if on_device else Y
@@ -456,3 +450,39 @@ class FactoredQR:
         self.plan = Plan(factorize_fn=factorize_fn, **fields)
         if refactor:
             self._run(self.M)
+
+
+def _solve_in_column_blocks(device_solve, C, release, cp):
+    """``device_solve(C)`` (C on the host or the device, (q, k); the answer where C
+    lies), on blocks of C's columns when the device cannot hold them all.
+
+    After an out-of-memory (CuPy's OutOfMemoryError is a MemoryError) the pool's
+    cached blocks are released and, once, ``release`` (dropping what the solves
+    keep on the device; whether it freed anything) is called before the same
+    block is tried again; otherwise the block is halved. The blocks' answers are
+    gathered on the host. None when not even one column fits.
+    """
+    on_device = isinstance(C, cp.ndarray)
+    k = C.shape[1] if C.ndim == 2 else 1
+    step, c0, out = max(k, 1), 0, None
+    while c0 < k or out is None:
+        c1 = min(k, c0 + step)
+        whole = c0 == 0 and c1 == k
+        try:
+            Y = device_solve(cp.asarray(C if whole else C[:, c0:c1], dtype=np.float64))
+        except MemoryError:
+            cp.get_default_memory_pool().free_all_blocks()
+            if release is not None and release():
+                release = None          # the kept rows made room: the same block again
+            elif step > 1:
+                step //= 2
+            else:
+                return None
+            continue
+        if whole:
+            return Y if on_device else Y.get()
+        if out is None:
+            out = np.empty((Y.shape[0], k), dtype=np.float64)
+        out[:, c0:c1] = Y.get()
+        c0 = c1
+    return cp.asarray(out) if on_device else out

@@ -699,10 +699,10 @@ def _device_matmul_here(qr, B, B2, *, trans, float64, on_gpu, what):
             qr._replay.pop("cupy", None)
             freed = _make_room(qr)
             if freed is None:
-                log.info("%s: device out of memory (%s); Q applied on the host", what, exc)
+                log.info("%s: device out of memory (%s); Q applied on the host", what, str(exc))
                 break
             log.info("%s: device out of memory (%s); %s, applied on the device again",
-                     what, exc, freed)
+                     what, str(exc), freed)    # the text: a record keeps no frames alive
     if out is None:
         qr._materialize()
         host = host_matmul(qr, B.get() if on_gpu else B, trans=trans)
