@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Tuple, Union
 
 __all__ = ["BACKENDS", "ORDERINGS", "GpuqrOptions", "Settings", "resolve_backend",
            "resolve_options", "resolve_settings", "settings_for", "auto_source", "auto_settings",
-           "logger", "log_decision"]
+           "getenv", "logger", "log_decision"]
 
 #: Every backend name a caller may ask for.
 BACKENDS = ("auto", "gpu", "cpu", "reference", "simulate")
@@ -267,6 +267,23 @@ def settings_for(backend, options: GpuqrOptions,
     return Settings(backend=requested, source=source, options=options)
 
 
+def getenv(name: str, environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """``environ.get(name)``: for ``os.environ`` a look-up in the table its ``get`` reads.
+
+    ``os.environ.get`` of a name that is not set raises and catches a
+    KeyError inside ``Mapping.get``, several microseconds from cold caches on
+    every short call (``spsolve`` of a small system takes 50-100 µs); the
+    table is the one ``os.environ`` keeps in step with the environment.
+    Any other mapping (or an ``os.environ`` without that table) answers
+    through its own ``get``.
+    """
+    data = getattr(environ, "_data", None)
+    if environ is os.environ and type(data) is dict:
+        value = data.get(environ.encodekey(name))
+        return None if value is None else environ.decodevalue(value)
+    return environ.get(name)
+
+
 def auto_source(backend, environ: Mapping[str, str] = os.environ) -> Optional[str]:
     """Where ``auto`` came from for a call without an options object, or None.
 
@@ -282,7 +299,7 @@ def auto_source(backend, environ: Mapping[str, str] = os.environ) -> Optional[st
         if backend == "auto" or (isinstance(backend, str) and backend.lower() == "auto"):
             return "keyword"
         return None
-    env = environ.get(ENV_BACKEND)
+    env = getenv(ENV_BACKEND, environ)
     if not env or not (env := env.strip()):
         return "default"
     return "environment" if env.lower() == "auto" else None
@@ -307,6 +324,6 @@ def log_decision(message: str, *args,
     the logging configuration of the host program.
     """
     logger.info(message, *args)
-    if environ.get(ENV_VERBOSE, "") not in ("", "0"):
+    if getenv(ENV_VERBOSE, environ) not in (None, "", "0"):
         text = message % args if args else message
         print(f"scipy_gpuqr: {text}", file=sys.stderr)

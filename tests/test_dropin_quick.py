@@ -301,3 +301,26 @@ def test_auto_source_is_the_precedence_rule(backend, env):
         assert source is None
     else:
         assert source == settings.source and auto_settings(source) == settings
+
+
+@pytest.mark.parametrize("value", [None, "", "auto", " cpu ", "1", "é-ü", "0"])
+def test_getenv_reads_what_os_environ_get_reads(monkeypatch, value):
+    """The short paths' environment read (os.environ's own table, no KeyError for a
+    missing name) gives what os.environ.get gives, after setenv/delenv, and the
+    precedence rule reads the real environment through it."""
+    import os
+
+    from scipy_gpuqr._options import getenv
+    name = "SCIPY_GPUQR_TEST_GETENV"
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
+    assert getenv(name) == os.environ.get(name)
+    assert getenv(name, {name: "x"}) == "x" and getenv(name, {}) is None
+    monkeypatch.setenv(ENV_BACKEND, "cpu")
+    assert auto_source(None) is None and auto_source("auto") == "keyword"
+    monkeypatch.setenv(ENV_BACKEND, " auto")
+    assert auto_source(None) == "environment"
+    monkeypatch.delenv(ENV_BACKEND)
+    assert auto_source(None) == "default"
