@@ -17,29 +17,36 @@ import scipy.linalg as la
 import scipy.sparse as sp
 
 from scipy_gpuqr._factor import lstsq as _lstsq
+from scipy_gpuqr._factor import subspace_cod as _subspace_cod
+from scipy_gpuqr._factor.host_lanes import SERIAL, host_lanes
 from scipy_gpuqr._factor.sparse_subspace import SparseSubspaceCOD, chunked, decide
 from scipy_gpuqr._factor.subspace_cod import (SubspaceCOD, orth_r, sigma_max_lanczos,
-                                              triangular_factor)
+                                              small_subspace, triangular_factor)
 from scipy_gpuqr._factor.triangular import UpperTriangular
 
 EPS = np.finfo(np.float64).eps
 
 
-def _gapless_sparse(rng, blocks=24, size=32, lo=-13.5, rotations=30):
+def _gapless_sparse(rng, blocks=24, size=32, lo=-13.5, rotations=30, tiny=0):
     """Sparse square A (``blocks·size`` columns) whose singular values have no gap
     at lstsq's cutoff: a block diagonal of dense blocks with interleaved
     geometric spectra from 1 to about ``10^lo``, its columns mixed by random
     rotations between blocks, its rows permuted. With the defaults 64 of 768
     singular values lie below the cutoff, the nearest 0.986 and 1.028 × it
     (none within 10·eps·σ_max), σ_min = 0.07 × it; SuiteSparseQR's R has 6.6 %
-    of its upper triangle nonzero."""
-    q = blocks * size
+    of its upper triangle nonzero. ``tiny``: one more block of that many singular
+    values from 0.01 to 0.05 × the cutoff (the iteration locks them)."""
+    q = blocks * size + tiny
     parts = []
     for k in range(blocks):
         U, _ = np.linalg.qr(rng.standard_normal((size, size)))
         V, _ = np.linalg.qr(rng.standard_normal((size, size)))
         s = np.logspace(0, lo, size) * 10 ** (lo * k / (blocks * (size - 1)))
         parts.append((U * s) @ V.T)
+    if tiny:
+        U, _ = np.linalg.qr(rng.standard_normal((tiny, tiny)))
+        V, _ = np.linalg.qr(rng.standard_normal((tiny, tiny)))
+        parts.append((U * np.logspace(-2, -1.3, tiny) * EPS * q) @ V.T)
     At = sp.lil_array(sp.block_diag(parts, format="csr").T)      # rows: A's columns
     for _ in range(rotations):
         i, j = rng.choice(q, 2, replace=False)
@@ -50,10 +57,10 @@ def _gapless_sparse(rng, blocks=24, size=32, lo=-13.5, rotations=30):
     return sp.csc_array(sp.csc_array(At.T)[rng.permutation(q)])
 
 
-def _gapless_sparse_r(rng):
+def _gapless_sparse_r(rng, **kwargs):
     """SuiteSparseQR's R of :func:`_gapless_sparse` (sparse, upper triangular)."""
     from scipy_gpuqr import QRFactorization
-    R = sp.csc_array(QRFactorization(_gapless_sparse(rng), backend="cpu").R)
+    R = sp.csc_array(QRFactorization(_gapless_sparse(rng, **kwargs), backend="cpu").R)
     R.sort_indices()
     return R
 
@@ -210,3 +217,84 @@ def test_orth_r_and_triangular_factor(rng, spread):
     Q, T = orth_r(bad)
     assert np.abs(Q.T @ Q - np.eye(p)).max() <= 1e-12
     assert np.linalg.norm(Q @ T - bad) <= 1e-13 * np.linalg.norm(bad)
+
+
+# -- locking, the threads ------------------------------------------------------------
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_locked_ritz_pairs_keep_the_truncated_svd(rng, monkeypatch, transposed):
+    """48 singular values far below the cutoff besides the gapless ones: they are
+    locked after a few steps, and the Ritz values, the rank and the solution are
+    the truncated SVD's, as close to it as without locking."""
+    R = _gapless_sparse_r(rng, tiny=48)
+    q = R.shape[0]
+    Rd = R.toarray()
+    smax = np.linalg.norm(Rd, 2)
+    tol = EPS * q * smax
+    G = Rd.T if transposed else Rd
+    C = rng.standard_normal((q, 2))
+    r, s, Y_ref = _truncated(G, C, tol)
+    assert np.count_nonzero(s <= 0.06 * tol) >= 48
+    up, low = UpperTriangular(R), UpperTriangular(sp.csc_array(R.T))
+    sub = small_subspace(up.solve, low.solve, q, tol, block=160, max_block=q // 3)
+    assert sub.locked >= 48
+    np.testing.assert_allclose(sub.ritz[:q - r], s[r:][::-1], rtol=0, atol=10 * EPS * smax)
+    # images: R⁻ᵀ of the Ritz vectors at most the cutoff (a backward error of a solve)
+    Vd = sub.vectors[:, :q - r]
+    assert np.all(np.linalg.norm(Rd.T @ sub.images - Vd, axis=0)
+                  <= 100 * EPS * smax * np.linalg.norm(sub.images, axis=0))
+    cod = _cod(R, tol, transposed, block=160)
+    assert cod.rank == r
+    Y = cod.solve(C)
+    monkeypatch.setattr(_subspace_cod, "LOCK_RATIO", 0.0)          # no locking
+    unlocked = _cod(R, tol, transposed, block=160)
+    assert unlocked.rank == r
+    Y_unlocked = unlocked.solve(C)
+    assert np.linalg.norm(Y - Y_ref) <= 2 * np.linalg.norm(Y_unlocked - Y_ref)
+    assert np.linalg.norm(Y - Y_ref) <= 1e-3 * np.linalg.norm(Y_ref)
+    for j in range(C.shape[1]):
+        assert _ls_berr(G, Y[:, j], C[:, j], smax) <= 2 * _ls_berr(G, Y_ref[:, j], C[:, j], smax)
+
+
+def test_lanes_split_the_same_products(rng, monkeypatch):
+    """Row pieces on threads: the products, Gram matrices, right triangular solves and
+    column-piece solves of one lane to rounding; one lane without a BLAS limit."""
+    from scipy_gpuqr._factor import host_lanes as hl
+    monkeypatch.setattr(hl, "MIN_ROWS_PER_LANE", 100)
+    A = rng.standard_normal((1001, 40))
+    B = rng.standard_normal((40, 7))
+    C = rng.standard_normal((1001, 7))
+    U = np.triu(rng.standard_normal((40, 40))) + 10 * np.eye(40)
+    with host_lanes(False) as one:
+        assert one is SERIAL
+    with host_lanes(True, lanes=3) as ln:
+        assert ln.n == 3
+        np.testing.assert_allclose(ln.gemm(A, B), A @ B, rtol=1e-13, atol=1e-12)
+        np.testing.assert_allclose(ln.gemm(A, C, trans_a=True), A.T @ C, rtol=1e-13, atol=1e-11)
+        np.testing.assert_allclose(np.triu(ln.gram(A)), np.triu(A.T @ A), rtol=1e-13,
+                                   atol=1e-11)
+        np.testing.assert_allclose(ln.solve_right_upper(U, A), A @ np.linalg.inv(U),
+                                   rtol=1e-12, atol=1e-13)
+        seen = []
+
+        def solve(X):
+            seen.append(X.shape[1])
+            return 2.0 * X
+        np.testing.assert_array_equal(ln.columns(solve, 3)(C), 2.0 * C)
+        assert sorted(seen) == [1, 3, 3]
+        np.testing.assert_array_equal(ln.columns(solve, None)(C), 2.0 * C)
+
+
+def test_decide_on_threads_is_decide_on_one(rng):
+    """The same rank, Ritz values and solution with two lanes as with one."""
+    R = _gapless_sparse_r(rng)
+    q = R.shape[0]
+    d = np.abs(R.diagonal())
+    one = decide(R, EPS * q, d, block=32, max_block=q // 3, lanes=1)
+    two = decide(R, EPS * q, d, block=32, max_block=q // 3, lanes=2)
+    assert one is not None and two is not None
+    assert one.rank == two.rank < q
+    np.testing.assert_allclose(one.ritz, two.ritz, rtol=1e-9)
+    c = rng.standard_normal(q)
+    y1, y2 = one.solve(c), two.solve(c)
+    assert np.linalg.norm(y1 - y2) <= 1e-6 * np.linalg.norm(y1)

@@ -335,6 +335,8 @@ class SmallSubspace:
         ``R⁻ᵀ V[:, :d]`` for the d Ritz values at most the cutoff, from the last
         step's solve (its columns are orthogonal: R's left Ritz vectors scaled
         by the inverse Ritz values).
+    locked : int
+        Ritz pairs locked before the last step (:data:`LOCK_RATIO`).
     """
 
     vectors: np.ndarray
@@ -342,6 +344,7 @@ class SmallSubspace:
     steps: int
     block: int
     images: np.ndarray = None
+    locked: int = 0
 
 
 def _hcat(*blocks: np.ndarray) -> np.ndarray:
@@ -389,7 +392,7 @@ def _finish(L, Lz, lritz, X, Z, Wt, active, tol, step, p, lanes) -> "SmallSubspa
     if not np.array_equal(order, np.arange(order.size)):
         V = np.asfortranarray(V[:, order])
         images = np.asfortranarray(images[:, order[:d]])
-    return SmallSubspace(V, ritz[order], step, p, images[:, :d])
+    return SmallSubspace(V, ritz[order], step, p, images[:, :d], L.shape[1])
 
 
 def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
