@@ -706,3 +706,22 @@ def test_r_solves_out_of_memory_go_in_column_blocks():
     assert isinstance(Yd, Dev) and seen == [7] and np.allclose(U @ Yd, C)
     assert _solve_in_column_blocks(solve_upto(0), C, None, cp) is None
     assert np.allclose(U @ _solve_in_column_blocks(solve_upto(0), C[:, :0], None, cp), 0)
+
+
+@pytest.mark.parametrize("piece", [1, 3, 7, 1 << 22])
+def test_stage_rows_gathered_by_threads_in_equal_pieces(monkeypatch, piece):
+    """The stages' rows of R gathered from their host pool by threads, each a
+    run of equal bytes of the output cutting across fronts: the fronts' rows
+    concatenated, empty fronts included."""
+    from scipy_gpuqr._engine.gpu import trsolve
+    monkeypatch.setattr(trsolve, "GATHER_PIECE", piece)
+    rng = np.random.default_rng(0)
+    sizes = [0, 5, 1, 0, 17, 3, 100, 0, 7]
+    offs = np.sort(rng.choice(2000, len(sizes), replace=False)) * 3
+    pool = rng.standard_normal(8000)
+    rows = trsolve._StageRows.__new__(trsolve._StageRows)
+    rows._segments = list(zip(offs.tolist(), sizes))
+    rows.offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    rows.total, rows._host_pool = sum(sizes), pool
+    want = np.concatenate([pool[o:o + n] for o, n in zip(offs, sizes)])
+    assert np.array_equal(np.asarray(rows._gather()), want)

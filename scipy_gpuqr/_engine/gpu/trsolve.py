@@ -39,6 +39,7 @@ from scipy.linalg import solve_triangular as host_solve_triangular
 from scipy.sparse.linalg import spsolve_triangular as host_spsolve_triangular
 
 from ..._kernels import load_module
+from ..._schedule.native import run_split
 from ..memory import available_bytes
 from . import array_ops as ops
 from . import solve_kernels as av
@@ -409,6 +410,11 @@ class _KeepBudget:
         self.left = 0
 
 
+#: Elements of a stage's rows of R a gathering thread copies at least
+#: (:meth:`_StageRows._gather`).
+GATHER_PIECE = 1 << 22
+
+
 class _StageRows:
     """R's rows of one stage's fronts, copied compactly out of its pool on the host.
 
@@ -433,14 +439,31 @@ class _StageRows:
         self.cp = ft.xp
 
     def _gather(self) -> np.ndarray:
+        """The fronts' rows of R, concatenated in pinned memory by threads (a
+        stage's rows are up to a gigabyte: one thread copies at a fraction of
+        the host's memory bandwidth; NumPy's copies release the GIL)."""
         pool = self._host_pool
         try:
             import cupyx
             out = cupyx.empty_pinned((self.total,), dtype=pool.dtype)
         except Exception:           # no pinned memory left: pageable still works
             out = np.empty(self.total, dtype=pool.dtype)
-        for (off, n), at in zip(self._segments, self.offsets.tolist()):
-            out[at: at + n] = pool[off: off + n]
+        src = np.array([off for off, _ in self._segments], dtype=np.int64)
+        dst = self.offsets
+        piece = GATHER_PIECE
+
+        def copy(p0, p1):               # output pieces [p0, p1): equal bytes a thread
+            a, b = p0 * piece, min(p1 * piece, self.total)
+            i = max(int(np.searchsorted(dst, a, side="right")) - 1, 0)
+            while a < b:
+                end = min(b, int(dst[i + 1]) if i + 1 < len(dst) else self.total)
+                if end > a:
+                    s0 = int(src[i]) + a - int(dst[i])
+                    out[a:end] = pool[s0: s0 + end - a]
+                a = max(a, end)
+                i += 1
+
+        run_split(copy, 0, -(-self.total // piece), 1)
         return out
 
     def upload(self):
