@@ -326,18 +326,20 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     needs = needs_for(dense_flops)
     mem = _device_memory(device)
     available, limited_by = mem.available, mem.limited_by
-    if (dense_flops is not None and dense_flops < 0
-            and not plan_for_memory(analysis, needs, available, max_gpu_memory).feasible):
+    mplan = plan_for_memory(analysis, needs, available, max_gpu_memory)
+    if dense_flops is not None and dense_flops < 0 and not mplan.feasible:
         # the time model kept a front too large for any stage with the tile tasks:
         # by size, such fronts are dense fronts, which may run as host fronts
         staged = needs_for(STAGED_DENSE_FLOPS)
-        if plan_for_memory(analysis, staged, available, max_gpu_memory).feasible:
-            dense_flops, needs = STAGED_DENSE_FLOPS, staged
+        splan = plan_for_memory(analysis, staged, available, max_gpu_memory)
+        if splan.feasible:
+            dense_flops, needs, mplan = STAGED_DENSE_FLOPS, staged, splan
     floor = min_budget(analysis, needs)
     why = None
     oom = []
     for attempt in range(MAX_RESTAGE + 1):
-        mplan = plan_for_memory(analysis, needs, available, max_gpu_memory)
+        if attempt:                     # the memory available changed: a new plan
+            mplan = plan_for_memory(analysis, needs, available, max_gpu_memory)
         if not mplan.feasible:
             why = (f"front {mplan.oversized[0]} alone needs more device memory than "
                    f"{available:,} bytes ({limited_by}; the smallest stage plan needs "
