@@ -33,9 +33,14 @@ __all__ = ["Lanes", "SERIAL", "host_lanes", "MAX_LANES", "MIN_ROWS_PER_LANE"]
 #: Most threads a decision uses (each one runs single-threaded BLAS).
 MAX_LANES = 4
 
-#: Fewest rows of a tall operand per lane: below, one call (a thread's hand-over
-#: costs tens of microseconds).
-MIN_ROWS_PER_LANE = 2048
+#: Fewest rows of a tall operand per piece: below, fewer pieces (a thread's
+#: hand-over costs tens of microseconds).
+MIN_ROWS_PER_LANE = 1024
+
+#: Pieces per lane: the threads take them from one queue, so a lane whose core
+#: is busy with another process takes fewer (with one piece per lane the
+#: operation waits for the slowest).
+PIECES_PER_LANE = 4
 
 
 def _cores() -> int:
@@ -61,7 +66,9 @@ class Lanes:
         self.n = n if pool is not None else 1
 
     def _bounds(self, rows: int, min_rows: int = MIN_ROWS_PER_LANE) -> list:
-        k = max(1, min(self.n, rows // max(1, min_rows)))
+        if self.n == 1:
+            return [(0, rows)]
+        k = max(1, min(self.n * PIECES_PER_LANE, rows // max(1, min_rows)))
         edges = np.linspace(0, rows, k + 1).astype(int)
         return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
 
@@ -73,29 +80,23 @@ class Lanes:
 
     def gemm(self, A: np.ndarray, B: np.ndarray, trans_a: bool = False) -> np.ndarray:
         """``A B`` (tall A, rows split) or ``Aᵀ B`` (tall A and B, sum over row pieces);
-        Fortran order in and out (SciPy's BLAS)."""
+        Fortran order out. NumPy's ``matmul`` takes the pieces of Fortran-ordered
+        operands as they lie (SciPy's wrappers would copy each one)."""
         A = np.asfortranarray(A)
         B = np.asfortranarray(B)
         parts = self._bounds(A.shape[0])
-        if len(parts) == 1:
-            return la.blas.dgemm(1.0, A, B, trans_a=trans_a)
         if trans_a:
-            pieces = self.map(lambda ab: la.blas.dgemm(1.0, A[ab[0]:ab[1]], B[ab[0]:ab[1]],
-                                                       trans_a=True), parts)
+            pieces = self.map(lambda ab: A[ab[0]:ab[1]].T @ B[ab[0]:ab[1]], parts)
             return np.asfortranarray(sum(pieces[1:], pieces[0]))
         out = np.empty((A.shape[0], B.shape[1]), order="F")
-
-        def piece(ab):
-            out[ab[0]:ab[1]] = la.blas.dgemm(1.0, A[ab[0]:ab[1]], B)
-        self.map(piece, parts)
+        self.map(lambda ab: np.matmul(A[ab[0]:ab[1]], B, out=out[ab[0]:ab[1]]), parts)
         return out
 
     def gram(self, Y: np.ndarray) -> np.ndarray:
-        """``YᵀY``, upper triangle (the lower one is not referenced by the callers)."""
+        """``YᵀY`` (symmetric; NumPy's ``matmul`` runs ``syrk`` on ``Y[a:b].T @ Y[a:b]``)."""
         Y = np.asfortranarray(Y)
         parts = self._bounds(Y.shape[0])
-        pieces = self.map(lambda ab: la.blas.dsyrk(1.0, Y[ab[0]:ab[1]], trans=1, lower=0),
-                          parts)
+        pieces = self.map(lambda ab: Y[ab[0]:ab[1]].T @ Y[ab[0]:ab[1]], parts)
         return np.asfortranarray(sum(pieces[1:], pieces[0]))
 
     def solve_right_upper(self, U: np.ndarray, Y: np.ndarray) -> np.ndarray:
@@ -118,7 +119,8 @@ class Lanes:
         that release the GIL: SuperLU's sweeps, BLAS)."""
         def run(C):
             C = np.asarray(C, dtype=np.float64)
-            width = chunk if chunk is not None else -(-C.shape[-1] // self.n)
+            width = (chunk if chunk is not None
+                     else -(-C.shape[-1] // (self.n * (PIECES_PER_LANE if self.n > 1 else 1))))
             if C.ndim == 1 or C.shape[1] <= width:
                 return np.asarray(solve(C))
             out = np.empty(C.shape, order="F")

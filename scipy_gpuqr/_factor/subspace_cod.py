@@ -212,12 +212,11 @@ def _apply_windows(windows: list, C: np.ndarray, *, transpose: bool) -> np.ndarr
 
 def gemm(A: np.ndarray, B: np.ndarray, trans_a: bool = False,
          lanes: Lanes = SERIAL) -> np.ndarray:
-    """``A B`` (``Aᵀ B``) through SciPy's BLAS, Fortran order in and out.
-
-    The iteration's dense steps all go to one BLAS (SciPy's, which also runs
-    its LAPACK calls): alternating with NumPy's own OpenBLAS, each library's
-    idle threads spin on the cores the other needs. ``lanes`` splits a tall
-    A by rows (:class:`~scipy_gpuqr._factor.host_lanes.Lanes`).
+    """``A B`` (``Aᵀ B``), Fortran order out; ``lanes`` splits a tall A by rows
+    (:meth:`~scipy_gpuqr._factor.host_lanes.Lanes.gemm`). The iteration runs
+    under a limit of one BLAS thread for every BLAS library loaded
+    (:func:`~scipy_gpuqr._factor.sparse_subspace.one_blas_thread`), so NumPy's
+    and SciPy's BLAS do not spin on each other's cores.
     """
     return lanes.gemm(A, B, trans_a=trans_a)
 
