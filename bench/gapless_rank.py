@@ -1,6 +1,7 @@
 """Host rank decision without a gap at lstsq's cutoff, against numpy.linalg.lstsq (issue 2).
 
     python bench/gapless_rank.py             # synthetic gapless problems (about 10 minutes)
+    python bench/gapless_rank.py --only 3 4 --lanes 1   # two of them, the decision on one thread
     python bench/gapless_rank.py --bayer10   # bayer10 on the host (lstsq's answer cached)
     python bench/gapless_rank.py --svd 3000 5000   # SVD fallback vs subspace decision on R
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -56,9 +58,11 @@ def ours(A, b):
     return F, x, time.perf_counter() - t
 
 
-def synthetic():
+def synthetic(only=None):
     _lstsq.DENSE_LIMIT = 1000        # let the 1500-column problems reach the dense COD path
     for i, (m, n, below, cluster) in enumerate(CASES):
+        if only is not None and i not in only:
+            continue
         rng = np.random.default_rng(100 + i)
         A = gapless(rng, m, n, below, cluster)
         b = rng.standard_normal(m)
@@ -75,7 +79,7 @@ def synthetic():
             dnorm=float(np.linalg.norm(x) / np.linalg.norm(x_ref) - 1),
             berr=berr(A, x, b, s[0]), berr_lstsq=berr(A, x_ref, b, s[0]),
             t_rank=round(F.info["timings"]["rank_decision"], 2), t_ours=round(t_ours, 2),
-            t_lstsq=round(t_ref, 2))), flush=True)
+            t_lstsq=round(t_ref, 2), load=round(os.getloadavg()[0], 2))), flush=True)
 
 
 def svd_crossover(sizes):
@@ -124,13 +128,23 @@ def main():
     ap.add_argument("--svd", type=int, nargs="+", metavar="Q")
     ap.add_argument("--matrices", default="../shared/matrices")
     ap.add_argument("--cache", default=".dev/tmp/bayer10_lstsq.npz")
+    ap.add_argument("--only", type=int, nargs="+", metavar="CASE",
+                    help="indices into CASES (default: all)")
+    ap.add_argument("--lanes", type=int, default=None,
+                    help="threads of the host rank decision (trees without host_lanes ignore it)")
     args = ap.parse_args()
+    if args.lanes is not None:
+        try:
+            from scipy_gpuqr._factor import host_lanes
+            host_lanes.MAX_LANES = args.lanes
+        except ImportError:
+            pass
     if args.bayer10:
         bayer10(Path(args.matrices), Path(args.cache))
     elif args.svd:
         svd_crossover(args.svd)
     else:
-        synthetic()
+        synthetic(args.only)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ sparse, SuperLU's compiled sweeps
 ``R⁻ᵀ``, its untransposed sweep being the faster one), in pieces of
 :data:`SOLVE_CHUNK` columns; nothing of size q² is formed (unless R is
 itself dense, :data:`DENSE_SOLVES_DENSITY`: then BLAS triangular solves).
+The pieces, and the row pieces of the q × p products, run on one thread per
+core (:mod:`scipy_gpuqr._factor.host_lanes`) with BLAS held to one thread.
 Cost: per step of the iteration two solves with p columns (``4·p·nnz(R)``
 flops) and a few q × p Gram products, products and triangular solves
 (``≈ 5·q·p²``); per right-hand side two solves and eight projections on
