@@ -65,7 +65,8 @@ from .subspace_cod import gemm, orth_r, sigma_max_lanczos, small_subspace
 from .triangular import SUPERLU_MAX_NNZ, UpperTriangular
 
 __all__ = ["SparseSubspaceCOD", "decide", "chunked", "one_blas_thread", "LEAK_FACTOR",
-           "SOLVE_CHUNK", "DENSE_SOLVES_DENSITY", "BLOCK_COPIES", "HOST_MEMORY_FRACTION"]
+           "SOLVE_CHUNK", "DENSE_SOLVES_DENSITY", "DENSE_SOLVE_CHUNK", "BLOCK_COPIES",
+           "HOST_MEMORY_FRACTION"]
 
 #: Largest ``‖S‖₂·σ_r`` (lower estimate) accepted: exactly 1 for exact subspaces.
 LEAK_FACTOR = 2.0
@@ -86,6 +87,10 @@ SOLVE_CHUNK = 32
 #: densely and solved with BLAS-3 triangular solves (a sparse sweep runs a
 #: few GFlop/s, ``trsm`` ten times that).
 DENSE_SOLVES_DENSITY = 0.1
+
+#: Columns per dense triangular solve on a lane (each piece reads all of R:
+#: fewer, wider pieces than the sparse sweeps').
+DENSE_SOLVE_CHUNK = 64
 
 
 def chunked(solve: Callable, chunk: int = SOLVE_CHUNK, lanes: Lanes = SERIAL) -> Callable:
@@ -334,7 +339,7 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
         inv = lambda C: la.solve_triangular(Rd, C, lower=False, check_finite=False)  # noqa: E731
         inv_t = lambda C: la.solve_triangular(Rd, C, trans=1, lower=False,        # noqa: E731
                                               check_finite=False)
-        G, chunk = Rd, None
+        G, chunk = Rd, DENSE_SOLVE_CHUNK
     else:
         if R.nnz > SUPERLU_MAX_NNZ:        # SciPy's slow sweeps would answer
             return None
