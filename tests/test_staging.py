@@ -7,6 +7,7 @@ after out-of-memory and the CPU fallback run here without a GPU.
 
 from __future__ import annotations
 
+import types
 import warnings
 
 import numpy as np
@@ -708,20 +709,21 @@ def test_r_solves_out_of_memory_go_in_column_blocks():
     assert np.allclose(U @ _solve_in_column_blocks(solve_upto(0), C[:, :0], None, cp), 0)
 
 
-@pytest.mark.parametrize("piece", [1, 3, 7, 1 << 22])
-def test_stage_rows_gathered_by_threads_in_equal_pieces(monkeypatch, piece):
-    """The stages' rows of R gathered from their host pool by threads, each a
-    run of equal bytes of the output cutting across fronts: the fronts' rows
-    concatenated, empty fronts included."""
+def test_stage_rows_uploaded_compactly_from_the_host_pool():
+    """A stage's rows of R copied front by front out of its host pool into one
+    compact array (empty fronts included), kept while the shared budget allows."""
     from scipy_gpuqr._engine.gpu import trsolve
-    monkeypatch.setattr(trsolve, "GATHER_PIECE", piece)
     rng = np.random.default_rng(0)
     sizes = [0, 5, 1, 0, 17, 3, 100, 0, 7]
     offs = np.sort(rng.choice(2000, len(sizes), replace=False)) * 3
     pool = rng.standard_normal(8000)
-    rows = trsolve._StageRows.__new__(trsolve._StageRows)
-    rows._segments = list(zip(offs.tolist(), sizes))
-    rows.offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-    rows.total, rows._host_pool = sum(sizes), pool
+    ft = types.SimpleNamespace(xp=np, fronts=[(0, int(o), 0, 1, n) for o, n in zip(offs, sizes)])
+    budget = trsolve._KeepBudget(8 * sum(sizes))
+    rows = trsolve._StageRows(ft, list(range(len(sizes))), pool, budget)
     want = np.concatenate([pool[o:o + n] for o, n in zip(offs, sizes)])
-    assert np.array_equal(np.asarray(rows._gather()), want)
+    up = rows.upload()
+    assert np.array_equal(up, want) and rows.upload() is up and budget.left == 0
+    other = trsolve._StageRows(ft, [4, 6], pool, budget)          # budget spent: not kept
+    assert np.array_equal(other.upload(), np.concatenate([pool[offs[4]:offs[4] + 17],
+                                                          pool[offs[6]:offs[6] + 100]]))
+    assert other._kept is None

@@ -39,7 +39,6 @@ from scipy.linalg import solve_triangular as host_solve_triangular
 from scipy.sparse.linalg import spsolve_triangular as host_spsolve_triangular
 
 from ..._kernels import load_module
-from ..._schedule.native import run_split
 from ..memory import available_bytes
 from . import array_ops as ops
 from . import solve_kernels as av
@@ -410,19 +409,15 @@ class _KeepBudget:
         self.left = 0
 
 
-#: Elements of a stage's rows of R a gathering thread copies at least
-#: (:meth:`_StageRows._gather`).
-GATHER_PIECE = 1 << 22
-
-
 class _StageRows:
     """R's rows of one stage's fronts, copied compactly out of its pool on the host.
 
     A stage whose pool left the device holds R's rows of its fronts (their
     first ``rk`` rows) beside far more Householder data and contribution
-    blocks; the solves upload only the rows, gathered once into pinned host
-    memory (fast, asynchronous transfers) the first time they are needed.
-    The uploaded rows stay on the device while ``keep`` (a :class:`_KeepBudget`
+    blocks; the solves upload only the rows, one copy per front straight from
+    the host pool (pinned where the factorization could have it: DMA at the
+    link's speed, no host copy first) into one compact device array. The
+    uploaded rows stay on the device while ``keep`` (a :class:`_KeepBudget`
     shared by the stages) allows: a rank decision solves many times, and each
     solve would otherwise upload R again.
     """
@@ -432,50 +427,30 @@ class _StageRows:
         self.offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         self.total = int(sizes.sum())
         self._segments = [(ft.fronts[i][1], int(n)) for i, n in zip(members, sizes.tolist())]
-        self._host_pool = host_pool
-        self._host = None
+        self._host_pool = np.ascontiguousarray(host_pool)
         self._kept = None
         self._keep = keep
         self.cp = ft.xp
 
-    def _gather(self) -> np.ndarray:
-        """The fronts' rows of R, concatenated in pinned memory by threads (a
-        stage's rows are up to a gigabyte: one thread copies at a fraction of
-        the host's memory bandwidth; NumPy's copies release the GIL)."""
-        pool = self._host_pool
-        try:
-            import cupyx
-            out = cupyx.empty_pinned((self.total,), dtype=pool.dtype)
-        except Exception:           # no pinned memory left: pageable still works
-            out = np.empty(self.total, dtype=pool.dtype)
-        src = np.array([off for off, _ in self._segments], dtype=np.int64)
-        dst = self.offsets
-        piece = GATHER_PIECE
-
-        def copy(p0, p1):               # output pieces [p0, p1): equal bytes a thread
-            a, b = p0 * piece, min(p1 * piece, self.total)
-            i = max(int(np.searchsorted(dst, a, side="right")) - 1, 0)
-            while a < b:
-                end = min(b, int(dst[i + 1]) if i + 1 < len(dst) else self.total)
-                if end > a:
-                    s0 = int(src[i]) + a - int(dst[i])
-                    out[a:end] = pool[s0: s0 + end - a]
-                a = max(a, end)
-                i += 1
-
-        run_split(copy, 0, -(-self.total // piece), 1)
-        return out
-
     def upload(self):
-        """The rows on the device (uploaded on the current stream, or kept from an
+        """The rows on the device (copied on the current stream, or kept from an
         earlier solve)."""
         if self._kept is not None:
             return self._kept
-        if self._host is None:
-            self._host = self._gather()
-            self._host_pool = None
-        dev = self.cp.empty(self.total, dtype=self._host.dtype)
-        dev.set(self._host)
+        xp, pool = self.cp, self._host_pool
+        dev = xp.empty(self.total, dtype=pool.dtype)
+        pieces = [(int(off), int(n), int(at))
+                  for (off, n), at in zip(self._segments, self.offsets.tolist()) if n]
+        if getattr(xp, "__name__", "") != "cupy":       # the NumPy model of a device
+            for off, n, at in pieces:
+                dev[at: at + n] = pool[off: off + n]
+        else:
+            rt = xp.cuda.runtime
+            stream = xp.cuda.get_current_stream().ptr
+            isz, host, to = pool.itemsize, pool.ctypes.data, dev.data.ptr
+            for off, n, at in pieces:
+                rt.memcpyAsync(to + at * isz, host + off * isz, n * isz,
+                               rt.memcpyHostToDevice, stream)
         if self._keep.take(dev.nbytes):
             self._kept = dev
         return dev
