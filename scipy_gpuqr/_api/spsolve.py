@@ -66,6 +66,8 @@ __all__ = ["spsolve", "factorized", "PERMC_ORDERINGS", "spsolve_probe"]
 #: Context-local: set and reset around that one call.
 _SCIPY_ANSWERING = contextvars.ContextVar("scipy_gpuqr_scipy_answering", default=False)
 
+_F64 = np.dtype(np.float64)
+
 #: Sparse formats whose ``data`` holds exactly the stored entries.
 _DATA_FORMATS = ("csr", "csc", "coo", "bsr")
 
@@ -184,7 +186,8 @@ def _superlu_source(A, backend, gpuqr_options):
     """
     if gpuqr_options is not None or type(A) not in _COMPRESSED:
         return None
-    if A.data.dtype.kind not in "biuf" or not A.indptr[-1] < dispatch_plan.SUPERLU_ALWAYS_NNZ:
+    if A.data.dtype.kind not in "biuf" or \
+            not int(A.indptr[-1]) < dispatch_plan.SUPERLU_ALWAYS_NNZ:
         return None
     return auto_source(backend)
 
@@ -203,8 +206,10 @@ def _scipy_vector_solve(A, b, permc_spec, use_umfpack):
     """
     n = A.shape[0]
     gssv = None
-    if (b.ndim == 1 and A.shape[1] == n and b.shape[0] == n and A.data.dtype == np.float64
-            and b.dtype == np.float64):
+    # float64 by identity with NumPy's own descriptor (a dtype equal to it but not it,
+    # rare, takes SciPy's call; comparing with the type np.float64 converts it first)
+    if (b.ndim == 1 and A.shape[1] == n and b.shape[0] == n and A.data.dtype is _F64
+            and b.dtype is _F64):
         gssv = spsolve_gssv(use_umfpack)
     if gssv is None:
         return original("spsolve")(A, b, permc_spec, use_umfpack)
@@ -334,14 +339,18 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
         dtype ``promote_types(A, b)`` after SciPy's float upcast; shape (n,)
         for a vector b, (n, k) otherwise.
     """
-    if type(b) is np.ndarray and b.dtype.kind in "biuf":
-        source = _superlu_source(A, backend, gpuqr_options)
+    if type(b) is np.ndarray and gpuqr_options is None and type(A) in _COMPRESSED:
+        # the common call, SciPy's SuperLU at once below the size gate (written out
+        # here rather than through _superlu_source: each call level costs
+        # microseconds from cold caches beside a 50 µs SciPy call)
+        data, nnz, gate = A.data, int(A.indptr[-1]), dispatch_plan.SUPERLU_ALWAYS_NNZ
+        source = (auto_source(backend) if nnz < gate and data.dtype.kind in "biuf"
+                  and b.dtype.kind in "biuf" else None)
         if source is not None:
-            log_decision(_SMALL_SYSTEM_LOG, source, A.indptr[-1],
-                         dispatch_plan.SUPERLU_ALWAYS_NNZ)
+            log_decision(_SMALL_SYSTEM_LOG, source, nnz, gate)
             # SciPy's call for CSR/CSC A and a dense b (no sparse b: no inner factorized)
-            if not all_finite(A.data):
-                check_finite(A.data, "A", shape=A.shape)
+            if not all_finite(data):
+                check_finite(data, "A", shape=A.shape)
             if not all_finite(b):
                 check_finite(b, "b")
             if not A.has_canonical_format:

@@ -46,7 +46,8 @@ shows; so the rule leaves SciPy's run alone unless the evidence is clear:
    looks as if it will not converge soon, and the factorization alone would
    be cheaper than iterating on), the factorization is made at once, once,
    if the caller can (``speculate``): when its R is clearly of full rank
-   (lstsq's cheap first test passes) the rank decision costs a triangular
+   (one of lstsq's cheap tests passes: the 1-norm condition estimate, or the
+   randomized probe through R's sparse solves) the rank decision costs a triangular
    condition estimate, not dense work, and the QR's remaining cost is its
    solve; otherwise the prediction stands and the factors wait for the QR.
 3. SciPy's run stops only on a verdict that holds at
@@ -130,9 +131,10 @@ UPLOAD_FIXED_S = 2e-3
 #: Bytes per second of the host-to-device copy of the matrix (pageable memory).
 UPLOAD_BYTES_PER_S = 5e9
 
-#: Seconds per entry of an order-q R (q² of them) of the cheap full-rank test a
+#: Seconds per entry of an order-q R (q² of them) of the cheap full-rank tests a
 #: speculative factorization makes (R made dense, LAPACK's triangular
-#: condition estimate; the first call in a process is the dearest).
+#: condition estimate, then a few sparse solves with R of 8 columns each where
+#: that is inconclusive; the first call in a process is the dearest).
 SPECULATION_S_PER_ENTRY = 3e-9
 #: A speculative factorization is made only where the iterations it may save
 #: cost at least this many times what it costs (the factorization's
