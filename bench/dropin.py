@@ -23,7 +23,8 @@ clock, for a host that other jobs load). GPU calls synchronize the device before
 Reported per row: SciPy's seconds, istop/itn and backward error; ours
 (seconds, backward error, what answered, from the ``scipy_gpuqr`` log); the
 ratio ours/SciPy. Backward error: ‖r‖/(‖A‖_F‖x‖+‖b‖) for a consistent
-system, for tall A the smaller of that and ‖Aᵀr‖/(‖A‖_F‖r‖).
+system, for tall or square A the smaller of that and ‖Aᵀr‖/(‖A‖_F‖r‖) (a
+singular square A with a random b is an inconsistent least-squares problem).
 
 A row *converges* when SciPy's iterations stop by its convergence tests
 (lsqr/lsmr istop 1 or 2) within 1000 iterations, or for ``spsolve``; the
@@ -105,7 +106,7 @@ def backward_error(A, x, b, afro: float) -> float:
     r = b - A @ x
     rn = float(np.linalg.norm(r))
     consistent = rn / (afro * float(np.linalg.norm(x)) + float(np.linalg.norm(b)))
-    if A.shape[0] > A.shape[1] and rn > 0:
+    if A.shape[0] >= A.shape[1] and rn > 0:
         return min(consistent, float(np.linalg.norm(A.T @ r)) / (afro * rn))
     return consistent
 
