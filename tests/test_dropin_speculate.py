@@ -192,3 +192,35 @@ def test_full_rank_by_the_probe_without_a_dense_inverse(matrices_dir, name, monk
 def scipy_gpuqr_qr(A):
     from scipy_gpuqr import QRFactorization
     return QRFactorization(A, backend="cpu")
+
+
+def test_a_probe_that_cannot_pass_is_not_run_to_its_end(matrices_dir, monkeypatch):
+    """Speculation on converging runs whose R is not of full rank under lstsq's rule
+    (they pay for it): nnc1374's 1-norm estimate alone shows ‖R⁻¹‖₂ too large, so no
+    probe runs; adder_dcop_05's probe stops once its estimate, which only grows, fails
+    the last step's margin (3 solves, not 5). The verdict is the full probe's."""
+    from scipy_gpuqr._factor.lstsq import lstsq_cutoff
+    from scipy_gpuqr._factor.solve_rank import frobenius, probe_norm
+    from scipy_gpuqr._factor.triangular import UpperTriangular
+    calls = []
+
+    def counting(apply, apply_t, q, **kwargs):
+        def a(C):
+            calls.append(1)
+            return apply(C)
+
+        def at(C):
+            calls.append(1)
+            return apply_t(C)
+        return probe_norm(a, at, q, **kwargs)
+    monkeypatch.setattr(quick_iterate, "probe_norm", counting)
+    for name, solves in (("nnc1374", 0), ("adder_dcop_05", 3)):
+        A = sp.csc_array(mmread(str(matrices_dir / f"{name}.mtx"))).astype(np.float64)
+        R = sp.csc_array(scipy_gpuqr_qr(A).R)
+        cutoff = lstsq_cutoff(*A.shape)
+        del calls[:]
+        assert not clearly_full_rank(R, cutoff)
+        assert len(calls) == solves, name
+        up, upt = UpperTriangular(R).solves()        # the whole probe fails as well
+        nu, margin = probe_norm(up, upt, R.shape[0])
+        assert margin * nu * cutoff * frobenius(R) >= 1.0

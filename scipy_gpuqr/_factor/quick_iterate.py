@@ -22,6 +22,7 @@ path (:func:`~scipy_gpuqr._factor.least_squares.iterate`), which answers alike.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -39,7 +40,8 @@ from .factored import plan_for
 from .least_squares import (IterativeAnswer, LeastSquaresProblem, StoppingRules, _RunNote,
                             check_problem, settle)
 from .lstsq import DENSE_LIMIT, _rcond_estimate, lstsq_cutoff
-from .solve_rank import frobenius, probe_norm
+from .solve_rank import (PROBE_COLUMNS, PROBE_MAX_STEPS, frobenius, probe_margin,
+                         probe_norm)
 from .triangular import UpperTriangular
 
 __all__ = ["QuickRun", "quick_iterate", "clearly_full_rank", "speculate"]
@@ -85,12 +87,39 @@ def clearly_full_rank(R, cutoff: float) -> bool:
     d = np.abs(R.diagonal())
     if not (np.all(np.isfinite(d)) and d.min() > 0 and d.min() > cutoff * d.max()):
         return False
-    if _rcond_estimate(R) >= 10.0 * q * cutoff:
+    rcond = _rcond_estimate(R)
+    if rcond >= 10.0 * q * cutoff:
         return True
-    up, upt = UpperTriangular(R).solves()
     bound = cutoff * frobenius(R)
-    nu, margin = probe_norm(up, upt, q, accept=lambda nu, m: m * nu * bound < 1.0)
+    # LAPACK's estimate of ‖R⁻¹‖₁ never exceeds it, so ‖R⁻¹‖₂ >= 1/(√q·rcond·‖R‖₁):
+    # where that alone reaches 1/bound the probe cannot pass (but with its failure
+    # probability), and is not run
+    lower = 1.0 / (math.sqrt(q) * rcond * _norm1(R)) if rcond > 0 else math.inf
+    if lower * bound >= 1.0:
+        return False
+    up, upt = UpperTriangular(R).solves()
+    last = probe_margin(q, PROBE_MAX_STEPS, min(PROBE_COLUMNS, q))
+
+    def accept(nu: float, margin: float) -> bool:
+        if margin * nu * bound < 1.0:
+            return True
+        if last * nu * bound >= 1.0:    # ν only grows and the margins only shrink
+            raise _Hopeless
+        return False
+    try:
+        nu, margin = probe_norm(up, upt, q, accept=accept)
+    except _Hopeless:
+        return False
     return bool(np.isfinite(nu) and nu > 0 and margin * nu * bound < 1.0)
+
+
+class _Hopeless(Exception):
+    """The probe of :func:`clearly_full_rank` can no longer pass its test."""
+
+
+def _norm1(R: sp.csc_array) -> float:
+    """‖R‖₁: the largest column sum of magnitudes."""
+    return float(np.abs(R).sum(axis=0).max()) if R.nnz else 0.0
 
 
 def speculate(planned, shape) -> tuple:
