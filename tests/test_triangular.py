@@ -15,6 +15,7 @@ import scipy.sparse as sp
 from scipy_gpuqr import QRFactorization
 from scipy_gpuqr._factor import lstsq as _lstsq
 from scipy_gpuqr._factor import triangular as _triangular
+from scipy_gpuqr._factor.solve_rank import probe_margin
 from scipy_gpuqr._factor.triangular import UpperTriangular, sigma_min_upper
 
 
@@ -100,8 +101,12 @@ def _graded(rng, n, decades, m=None):
     return sp.csc_array((U * np.logspace(0, -decades, n)) @ V.T)
 
 
-def test_full_rank_confirmed_by_sigma_min(rng):
-    """cond 1e12: the 1-norm test (rcond ≥ 10·q·cutoff) fails, σ_min decides full rank."""
+@pytest.mark.parametrize("probe", [True, False])
+def test_full_rank_confirmed_by_sigma_min(rng, probe, monkeypatch):
+    """cond 1e12: the 1-norm test (rcond ≥ 10·q·cutoff) fails; the probe through R's
+    solves (1/ν, ν ≤ ‖R⁻¹‖₂ within its margin) or, without it, σ_min decides full rank."""
+    if not probe:
+        monkeypatch.setattr(_lstsq.MinNormSolver, "_full_rank_probed", lambda self: False)
     A = _graded(rng, 120, 12, m=160)
     b = rng.standard_normal(160)
     F = QRFactorization(A, backend="cpu")
@@ -109,10 +114,14 @@ def test_full_rank_confirmed_by_sigma_min(rng):
     info = F.info["rank_decision"]
     cutoff = _lstsq.lstsq_cutoff(160, 120)
     assert info["method"] == "triangular"
-    assert info["rcond_estimate"] < 10 * 120 * cutoff      # the σ_min route was taken
+    assert info["rcond_estimate"] < 10 * 120 * cutoff      # the 1-norm test failed
     s = np.linalg.svd(A.toarray(), compute_uv=False)
-    # σ_min: the bound 1/‖R⁻¹‖_F (within √q below) or the Lanczos value
-    assert s[-1] / np.sqrt(120) * (1 - 1e-8) <= info["sigma_min"] <= s[-1] * (1 + 1e-6)
+    if probe:
+        # 1/ν: never below σ_min, at most the probe's first margin above it
+        assert s[-1] * (1 - 1e-8) <= info["sigma_min"] <= s[-1] * probe_margin(120, 1)
+    else:
+        # σ_min: the bound 1/‖R⁻¹‖_F (within √q below) or the Lanczos value
+        assert s[-1] / np.sqrt(120) * (1 - 1e-8) <= info["sigma_min"] <= s[-1] * (1 + 1e-6)
     x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
     assert np.linalg.norm(x - x_ref) <= 1e-3 * np.linalg.norm(x_ref)
 

@@ -29,9 +29,9 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
        (:func:`~scipy_gpuqr._factor.solve_rank.probe_norm`: σ_min ≥ 1/(Mν)
        with probability 1 − 1e-10, σ_max ≤ ‖R‖_F; one to three solves with 8
        columns, on the device for GPU factors); the tests above answer where
-       it is inconclusive. Below that order, on the host, the same probe runs
-       where the 1-norm estimate is inconclusive, before the σ test (whose
-       dense inverse costs q³/3 flops against a few sparse solves).
+       it is inconclusive. Below that order, with R's solves on the host, the
+       same probe runs where the 1-norm estimate is inconclusive, before the σ
+       test (whose dense inverse costs q³/3 flops against a few sparse solves).
     2. Otherwise the rank is decided on ``R`` alone (it has A's singular
        values), with ``cutoff·σ_max`` as the absolute threshold ``tol``.
        From :data:`SOLVE_RANK_MIN_ORDER` columns, where R is square with a
@@ -441,10 +441,11 @@ class MinNormSolver:
             if self.rcond >= 10.0 * q * self.cutoff:
                 self.method, self.rank = "triangular", q
                 return True
-            # the probe through R's sparse solves (a few solves with 8 columns)
-            # before the σ test (R⁻¹ made dense, q³/3 flops): on ill-conditioned
-            # full-rank R the 1-norm estimate misses by its factor 10·q
-            if not probe_first and self._full_rank_probed():
+            # the probe through R's sparse solves on the host (a few solves with 8
+            # columns) before the σ test (R⁻¹ made dense, q³/3 flops): on
+            # ill-conditioned full-rank R the 1-norm estimate misses by its factor
+            # 10·q (given solves, a GPU's, keep the σ test: not measured there)
+            if not probe_first and self.solves is None and self._full_rank_probed():
                 return True
             smax = self._smax_lanczos = sigma_max_lanczos(R)
             est = sigma_min_upper(R, self.cutoff * smax, solves=self.solves)
