@@ -651,7 +651,8 @@ def device_solve_of(qr) -> DeviceSolve:
     when it runs out of device memory (:func:`_make_room`)."""
     with _device_of(qr) as d:
         fronts = FrontTriangular(qr, _device_pools(qr), qr._device.cp)
-        qr._replay.setdefault("kept_rows", []).append(weakref.ref(fronts))
+        live = [r for r in qr._replay.get("kept_rows", ()) if r() is not None]
+        qr._replay["kept_rows"] = live + [weakref.ref(fronts)]
         return DeviceSolve(qr.R, qr.colperm, fronts, device_id=d.id)
 
 
