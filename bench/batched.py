@@ -295,26 +295,20 @@ def public_bench(args) -> int:
     except ImportError:
         gc, has_status = None, False
     waited = [0.0]
-    if has_status:
-        read = gc.read_status
 
-        def timed_read(st):
+    def timed(read):
+        """``read`` with its wall time added to ``waited``."""
+        def call(arg):
             t0 = time.perf_counter()
             try:
-                return read(st)
+                return read(arg)
             finally:
                 waited[0] += time.perf_counter() - t0
-        gc.read_status = timed_read
+        return call
+    if has_status:
+        gc.read_status = timed(gc.read_status)
         if hasattr(gc, "read_words"):         # the vbatched size classes' read
-            read_w = gc.read_words
-
-            def timed_words(arr):
-                t0 = time.perf_counter()
-                try:
-                    return read_w(arr)
-                finally:
-                    waited[0] += time.perf_counter() - t0
-            gc.read_words = timed_words
+            gc.read_words = timed(gc.read_words)
 
     # the functions bound once, as a caller does (``from scipy_gpuqr import ...``):
     # the package's lazy attribute lookup is not part of a call

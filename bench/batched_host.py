@@ -324,11 +324,14 @@ def steps(cp, g, bench, reps: int = 2000):
                                                           return_info=True)),
     ]
     out = {}
-    for name, fn in items:
+
+    def record(name, run):
         try:
-            out[name] = timed_loop(cp, fn, reps)
+            out[name] = run()
         except Exception as exc:  # noqa: BLE001 - report and go on
             print(f"  step {name} failed: {type(exc).__name__}: {exc}")
+    for name, fn in items:
+        record(name, lambda fn=fn: timed_loop(cp, fn, reps))
     # the status read's pieces, with the GPU busy (a spin queued before each
     # batch of 100) and idle
     r = gc._READER
@@ -336,26 +339,15 @@ def steps(cp, g, bench, reps: int = 2000):
         r.bind()
     sync = cp.cuda.Device().synchronize
     stream = cp.cuda.get_current_stream().ptr
-    busy = [
-        ("memcpyAsync 32 B to pinned, GPU busy",
-         lambda: r.copy(r.addr, st.ptr, 32, r.kind, stream)),
-        ("getrf launch, GPU busy", lambda: gc.launch(fptr, grid, thr, smem, values)),
+    pieces = [
+        ("memcpyAsync 32 B to pinned", lambda: r.copy(r.addr, st.ptr, 32, r.kind, stream)),
+        ("getrf launch", lambda: gc.launch(fptr, grid, thr, smem, values)),
     ]
-    for name, fn in busy:
-        try:
-            out[name] = timed_loop(cp, fn, 1000, pre=lambda: bench.busy(5.0))
-        except Exception as exc:  # noqa: BLE001 - report and go on
-            print(f"  step {name} failed: {type(exc).__name__}: {exc}")
-    idle = [
-        ("memcpyAsync 32 B to pinned, GPU idle",
-         lambda: r.copy(r.addr, st.ptr, 32, r.kind, stream)),
-        ("getrf launch, GPU idle", lambda: gc.launch(fptr, grid, thr, smem, values)),
-    ]
-    for name, fn in idle:
-        try:
-            out[name] = timed_single(cp, fn, 200, pre=sync)
-        except Exception as exc:  # noqa: BLE001 - report and go on
-            print(f"  step {name} failed: {type(exc).__name__}: {exc}")
+    for name, fn in pieces:
+        record(f"{name}, GPU busy",
+               lambda fn=fn: timed_loop(cp, fn, 1000, pre=lambda: bench.busy(5.0)))
+    for name, fn in pieces:
+        record(f"{name}, GPU idle", lambda fn=fn: timed_single(cp, fn, 200, pre=sync))
     del lu, piv, info
     return out
 

@@ -318,6 +318,29 @@ def test_gpu_gesv_one_kernel_matches_two(rng, n, dtype):
                                atol=tol * max(1.0, np.abs(ref).max()))
 
 
+def _warp_solves_agree(rng, monkeypatch, flag, solve, A, dtype, tol):
+    """``solve(b)`` with the warp kernel (``flag`` of ``_gpu_common`` on) and without,
+    for a b per matrix (3 columns) and one b for all (2 columns, batch stride 0),
+    each against NumPy's solve with ``A``; the flag left on."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu_common as gc
+    bsz, n = A.shape[:2]
+    for b in (rng.standard_normal((bsz, n, 3)), rng.standard_normal((1, n, 2))):
+        gb = cp.asarray(b.astype(dtype))
+        if b.shape[0] == 1:                          # batch stride 0
+            gb = cp.broadcast_to(gb, (bsz,) + b.shape[1:])
+        outs = []
+        for warp in (True, False):
+            monkeypatch.setattr(gc, flag, warp)
+            outs.append(_host(solve(gb)))
+        ref = np.linalg.solve(A.astype(np.float64),
+                              np.broadcast_to(b, (bsz,) + b.shape[1:]).astype(np.float64))
+        scale = max(1.0, np.abs(ref).max())
+        np.testing.assert_allclose(outs[0], ref, rtol=0, atol=tol * scale)
+        np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=tol * scale)
+    monkeypatch.setattr(gc, flag, True)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 17, 24, 31, 32])
 def test_gpu_getrs_warp_matches_columns(rng, monkeypatch, n, dtype):
@@ -333,20 +356,8 @@ def test_gpu_getrs_warp_matches_columns(rng, monkeypatch, n, dtype):
     a = random_batch(rng, (bsz,), n, dtype) + (2 * np.sqrt(n) * np.eye(n)).astype(dtype)
     lu, piv, _ = bg.getrf(cp.asarray(a))
     tol = 200 * n * eps(dtype)
-    for b in (rng.standard_normal((bsz, n, 3)), rng.standard_normal((1, n, 2))):
-        gb = cp.asarray(b.astype(dtype))
-        if b.shape[0] == 1:                          # batch stride 0
-            gb = cp.broadcast_to(gb, (bsz,) + b.shape[1:])
-        outs = []
-        for warp in (True, False):
-            monkeypatch.setattr(gc, "WARP_GETRS", warp)
-            outs.append(_host(bg.getrs(lu, piv, gb)))
-        ref = np.linalg.solve(a.astype(np.float64),
-                              np.broadcast_to(b, (bsz,) + b.shape[1:]).astype(np.float64))
-        scale = max(1.0, np.abs(ref).max())
-        np.testing.assert_allclose(outs[0], ref, rtol=0, atol=tol * scale)
-        np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=tol * scale)
-    monkeypatch.setattr(gc, "WARP_GETRS", True)
+    _warp_solves_agree(rng, monkeypatch, "WARP_GETRS", lambda gb: bg.getrs(lu, piv, gb), a,
+                       dtype, tol)
     b = rng.standard_normal((bsz, n, 1)).astype(dtype)
     for where in ("lu", "b"):
         bad_lu, bad_b = lu.copy(), b.copy()
@@ -385,20 +396,8 @@ def test_gpu_potrs_warp_matches_columns(rng, monkeypatch, n, dtype, lower):
     s = spd_batch(rng, bsz, n, dtype)
     c, _ = bg.potrf(cp.asarray(s), lower)
     tol = 300 * n * eps(dtype)
-    for b in (rng.standard_normal((bsz, n, 3)), rng.standard_normal((1, n, 2))):
-        gb = cp.asarray(b.astype(dtype))
-        if b.shape[0] == 1:
-            gb = cp.broadcast_to(gb, (bsz,) + b.shape[1:])
-        outs = []
-        for warp in (True, False):
-            monkeypatch.setattr(gc, "WARP_POTRS", warp)
-            outs.append(_host(bg.potrs(c, lower, gb)))
-        ref = np.linalg.solve(s.astype(np.float64),
-                              np.broadcast_to(b, (bsz,) + b.shape[1:]).astype(np.float64))
-        scale = max(1.0, np.abs(ref).max())
-        np.testing.assert_allclose(outs[0], ref, rtol=0, atol=tol * scale)
-        np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=tol * scale)
-    monkeypatch.setattr(gc, "WARP_POTRS", True)
+    _warp_solves_agree(rng, monkeypatch, "WARP_POTRS", lambda gb: bg.potrs(c, lower, gb), s,
+                       dtype, tol)
     b = rng.standard_normal((bsz, n, 1)).astype(dtype)
     for where in ("c", "b"):
         bad_c, bad_b = c.copy(), b.copy()
