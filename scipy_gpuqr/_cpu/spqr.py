@@ -118,22 +118,39 @@ def spqr_available() -> tuple[bool, str]:
         what failed and how to install SuiteSparse.
     """
     try:
-        libs = _libs()
-        with Common(libs.ffi, libs.cholmod):
-            pass
+        return True, _usable()
     except ImportError as exc:
         return False, f"cffi is not importable ({exc}); pip install cffi"
     except LibraryNotFound as exc:
         return False, str(exc)
     except (_cholmod.CholmodLayoutError, RuntimeError, OSError) as exc:
         return False, f"{exc}; {INSTALL_HINT}"
-    return True, f"SuiteSparseQR ({libs.spqr_path}), CHOLMOD {_cholmod_version(libs)}"
+
+
+@functools.lru_cache(maxsize=1)
+def _usable() -> str:
+    """What :func:`spqr_available` says of a library that loads and whose
+    ``cholmod_common`` has the layout we know: checked once per process (the
+    library handle is opened once, :func:`_libs`); a failure raises and is
+    checked again on the next call."""
+    libs = _libs()
+    with Common(libs.ffi, libs.cholmod):
+        pass
+    return f"SuiteSparseQR ({libs.spqr_path}), CHOLMOD {_cholmod_version(libs)}"
 
 
 def _cholmod_version(libs: _Libs) -> str:
     v = libs.ffi.new("int[3]")
     libs.cholmod.cholmod_l_version(v)
     return f"{v[0]}.{v[1]}.{v[2]}"
+
+
+@functools.lru_cache(maxsize=1)
+def _library_facts() -> tuple[str, str]:
+    """``(library, cholmod_version)`` of the loaded library for ``info`` (per process)."""
+    libs = _libs()
+    return (f"SuiteSparseQR ({libs.spqr_path}, SPQR major {major_version(libs.spqr_path)})",
+            _cholmod_version(libs))
 
 
 # --------------------------------------------------------------------------
@@ -151,9 +168,15 @@ def _as_csc(A) -> sp.csc_array:
         raise TypeError(f"SuiteSparseQR binding supports real matrices only, got {dtype}")
     if not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
         raise TypeError(f"matrix of non-numeric dtype {dtype}")
-    C = sp.csc_array(A, dtype=np.float64, copy=True)
-    C.sum_duplicates()  # also sorts indices
-    C.sort_indices()
+    if type(A) in (sp.csc_array, sp.csc_matrix) and dtype == np.float64 \
+            and A.has_canonical_format:
+        # already canonical: a copy of its arrays, without SciPy's conversions
+        C = sp.csc_array((A.data.copy(), A.indices.astype(np.int64),
+                          A.indptr.astype(np.int64)), shape=A.shape, copy=False)
+    else:
+        C = sp.csc_array(A, dtype=np.float64, copy=True)
+        C.sum_duplicates()  # also sorts indices
+        C.sort_indices()
     C.indptr = C.indptr.astype(np.int64, copy=False)
     C.indices = C.indices.astype(np.int64, copy=False)
     if not np.isfinite(C.data).all():
@@ -447,10 +470,11 @@ def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default",
                 R = R[:, trap]
                 E = E[trap]
     perm = E if user_perm is None else user_perm[E]
+    library, cholmod_version = _library_facts()
     info = {
         "backend": "cpu",
-        "library": f"SuiteSparseQR ({libs.spqr_path}, SPQR major {major_version(libs.spqr_path)})",
-        "cholmod_version": _cholmod_version(libs),
+        "library": library,
+        "cholmod_version": cholmod_version,
         "ordering_requested": "given" if user_perm is not None else ordering,
         "ordering_used": _ORDERING_NAMES.get(stats["istat"]["ordering_used"], "unknown"),
         "rank_spqr": int(spqr_rank),

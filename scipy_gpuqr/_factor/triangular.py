@@ -5,7 +5,10 @@ every call, and a rank decision makes tens of such calls (Lanczos, condition
 estimates). :class:`UpperTriangular` factors R once with SuperLU in its
 natural order with diagonal pivots — for a triangular matrix that is
 ``L = I``, ``U = R``, no fill — and then every solve is SuperLU's compiled
-triangular sweep, an order of magnitude faster.
+triangular sweep, an order of magnitude faster. A small triangle (order up
+to :data:`DENSE_SOLVE_LIMIT`) is made dense instead and solved by LAPACK's
+``trtrs``: SuperLU's set-up (its symbolic pass and work arrays) costs more
+there than the dense solves.
 
 :func:`sigma_min_upper` answers "is σ_min(T) above a threshold?" for the
 rank rules of :mod:`scipy_gpuqr._factor.lstsq`: a guaranteed lower bound
@@ -24,12 +27,16 @@ from scipy.sparse.linalg import (ArpackError, ArpackNoConvergence, LinearOperato
                                  eigsh, splu, spsolve_triangular)
 
 __all__ = ["UpperTriangular", "sigma_min_upper", "SigmaMin", "DENSE_SIGMA_LIMIT",
-           "norm2_lanczos"]
+           "DENSE_SOLVE_LIMIT", "norm2_lanczos"]
 
 #: Most entries of T handed to SuperLU: it sizes its work arrays from the
 #: entries with 32-bit counts and a fill guess, and runs out of memory on
 #: larger factors. Beyond, SciPy's spsolve_triangular answers.
 SUPERLU_MAX_NNZ = 30_000_000
+
+#: Largest order of T solved densely (LAPACK's ``trtrs`` on T made dense: q² doubles,
+#: q²·k flops per solve with k columns) instead of through SuperLU.
+DENSE_SOLVE_LIMIT = 300
 
 #: Largest order of T whose σ_min is decided densely (its inverse by a
 #: triangular solve with the identity: q³/3 flops, q² doubles).
@@ -55,17 +62,25 @@ class UpperTriangular:
     diagonal pivots, so its factors are ``L = I`` and ``U = T`` (no fill);
     should SuperLU refuse (it reports exact singularity on a zero pivot, or
     runs out of memory) or T exceed :data:`SUPERLU_MAX_NNZ` entries, SciPy's
-    ``spsolve_triangular`` answers instead.
+    ``spsolve_triangular`` answers instead. A float64 T of order up to
+    :data:`DENSE_SOLVE_LIMIT` whose pattern is upper or lower triangular and
+    whose diagonal is finite and nonzero is solved densely
+    (:class:`_DenseTriangle`; SuperLU is not set up).
     """
 
     T: sp.csc_array
     _lu: object = field(init=False, default=None, repr=False)
+    _dense: object = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
         self.T = sp.csc_array(self.T)
         q = self.T.shape[0]
         if q == 0 or self.T.nnz > SUPERLU_MAX_NNZ:
             return
+        if q <= DENSE_SOLVE_LIMIT:
+            self._dense = _DenseTriangle.of(self.T)
+            if self._dense is not None:
+                return
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", sp.SparseEfficiencyWarning)
@@ -87,6 +102,8 @@ class UpperTriangular:
         C = _as_2d(np.asarray(C, dtype=np.float64))
         if self.order == 0 or C.shape[1] == 0:
             return np.zeros((self.order, C.shape[1]))
+        if self._dense is not None:
+            return self._dense.solve(C, trans="T" if trans else "N")
         if self._lu is not None:
             return self._lu.solve(np.ascontiguousarray(C) if C.shape[1] == 1
                                   else np.asfortranarray(C), trans="T" if trans else "N")
@@ -97,6 +114,39 @@ class UpperTriangular:
     def solves(self) -> tuple:
         """``(C ↦ T⁻¹C, C ↦ T⁻ᵀC)``, the pair :mod:`scipy_gpuqr._factor.lstsq` passes around."""
         return (lambda C: self.solve(C), lambda C: self.solve(C, trans=True))
+
+
+class _DenseTriangle:
+    """A small triangle made dense, solved by LAPACK's ``trtrs``."""
+
+    def __init__(self, Td: np.ndarray, lower: bool):
+        self.Td, self.lower = Td, lower
+
+    @classmethod
+    def of(cls, T: sp.csc_array):
+        """The dense triangle of a float64 CSC T whose pattern lies on one side of the
+        diagonal and whose diagonal is finite and nonzero; None otherwise."""
+        if T.dtype != np.float64:
+            return None
+        q = T.shape[0]
+        cols = np.repeat(np.arange(q, dtype=T.indices.dtype), np.diff(T.indptr))
+        rows = T.indices
+        if np.all(rows <= cols):
+            lower = False
+        elif np.all(rows >= cols):
+            lower = True
+        else:
+            return None
+        Td = T.toarray(order="F")
+        d = np.diagonal(Td)
+        if not (np.all(np.isfinite(d)) and np.all(d != 0)):
+            return None
+        return cls(Td, lower)
+
+    def solve(self, B: np.ndarray, trans: str = "N") -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return la.solve_triangular(self.Td, B, trans=0 if trans == "N" else 1,
+                                       lower=self.lower, check_finite=False)
 
 
 @dataclass(frozen=True)
@@ -156,12 +206,15 @@ def norm2_lanczos(X, rtol: float = 1e-12) -> float:
 
 
 def _dense_inverse(Td):
-    """T⁻¹ of dense upper triangular T (NumPy: SciPy's trsm with I, several
-    times faster than LAPACK's trtri; CuPy: cuBLAS trsm)."""
+    """T⁻¹ of dense upper triangular T (NumPy: LAPACK's ``trtri``, faster than a
+    triangular solve with I and as accurate for ‖T⁻¹‖; not finite where T is
+    singular. CuPy: cuBLAS trsm with I)."""
     q = Td.shape[0]
     if _module_of(Td) is np:
+        trtri, = la.get_lapack_funcs(("trtri",), (Td,))
         with np.errstate(all="ignore"):
-            return la.solve_triangular(Td, np.eye(q), lower=False, check_finite=False)
+            X, info = trtri(np.asfortranarray(Td), lower=0)
+        return X if info == 0 else np.full((q, q), np.inf)
     import cupy
     from cupyx.scipy.linalg import solve_triangular
     return solve_triangular(Td, cupy.eye(q), lower=False)

@@ -55,6 +55,7 @@ and its page faults cost more than the check).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import json
@@ -101,9 +102,15 @@ def code_stamp() -> str:
     """A hash of the sources that decide an analysis (this folder's modules, the
     COLAMD wrapper, the package version); made once per process, empty when a
     source cannot be read (then nothing is kept on disk)."""
+    return _store.source_stamp(_HERE, _stamp_sources())
+
+
+@functools.lru_cache(maxsize=1)
+def _stamp_sources() -> tuple:
+    """The files :func:`code_stamp` hashes, relative to this folder (the folder is
+    listed once per process, as the stamp is made once)."""
     names = sorted(p.name for p in _HERE.glob("*.py"))
-    return _store.source_stamp(_HERE, tuple(names) + ("../_cpu/colamd.py", "../_cpu/_libs.py",
-                                                     "../_version.py"))
+    return tuple(names) + ("../_cpu/colamd.py", "../_cpu/_libs.py", "../_version.py")
 
 
 _TAGS: dict = {}
