@@ -41,8 +41,8 @@ def test_every_kernel_the_functions_launch_is_in_the_source():
     defined = set(re.findall(r"(\w+)_##SUF", src))
     sufs = {k: set(re.findall(rf"^{m}\((\w+),", src, flags=re.MULTILINE))
             for k, m in (("ew2d", "OPS_EW2D"), ("value", "OPS_VALUE"), ("index", "OPS_INDEX"))}
-    assert defined == {"ew2d", "unit_tri", "wy_system", "column_norms", "divide_columns",
-                       "gather_rows", "scatter_rows"}
+    assert defined == {"ew2d", "unit_tri", "wy_system", "column_norms", "column_absmax",
+                       "divide_columns", "gather_rows", "scatter_rows"}
     assert set(sufs["ew2d"]) == {"f64_f64", "f32_f32", "f64_f32"}
     assert set(sufs["value"]) == set(ao._VALUE.values())
     assert set(sufs["index"]) == {f"{v}_{i}" for v in ao._VALUE.values()
@@ -178,6 +178,42 @@ def test_column_norms_and_scaling():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_column_maxima_triangles_and_thin_qr_match_cupy(dtype):
+    """The null-space rank decision's operations: column maxima and finite flags,
+    a triangle with its own diagonal, and the thin QR by cuSOLVER called directly,
+    equal to ``abs(Y).max(axis=0)``, ``triu``/``tril`` and ``cupy.linalg.qr``."""
+    cp = _cp()
+    rng = np.random.default_rng(7)
+    Y = cp.asarray(rng.standard_normal((3001, 5)).astype(dtype))
+    amax, bad = ao.column_absmax(Y)
+    _same(amax, cp.abs(Y).max(axis=0))
+    assert not bad.get().any()
+    Y[5, 1] = np.inf
+    Y[3000, 4] = np.nan
+    amax, bad = ao.column_absmax(Y)
+    assert bad.get().tolist() == [0, 1, 0, 0, 1]
+    F = cp.asarray(rng.standard_normal((40, 30)).astype(dtype))
+    for P in (F, F[2:25, 3:20], F[:20].T):
+        _same(ao.unit_triangle(P, lower=False, unit=False), cp.triu(P))
+        _same(ao.unit_triangle(P, lower=True, unit=False), cp.tril(P))
+    for m, n in ((500, 7), (64, 64), (2000, 130)):
+        X = cp.asarray(rng.standard_normal((m, n)).astype(dtype))
+        X0 = X.copy()
+        Q, R = ao.thin_qr(X)
+        Qw, Rw = cp.linalg.qr(X, mode="reduced")
+        _same(X, X0)
+        assert Q.flags.f_contiguous and R.flags.f_contiguous
+        _same(Q, cp.asfortranarray(Qw))
+        _same(R, cp.asfortranarray(Rw))
+        Q2, none = ao.thin_qr(X, want_r=False)
+        _same(Q2, Q)
+        assert none is None
+    with pytest.raises(ValueError):
+        ao.thin_qr(X[:5])
+
+
+@pytest.mark.gpu
 def test_matmul_operands_give_the_same_products_and_trsm_the_same_solves():
     cp = _cp()
     from cupyx.scipy.linalg import solve_triangular
@@ -217,12 +253,24 @@ def cc(source, *a, **k):
     return _cc(source, *a, **k)
 compiler._compile_with_cache_cuda = cc
 import scipy_gpuqr as sg
-from scipy_gpuqr._testing_matrices import grid3d_least_squares
-A = grid3d_least_squares(int(sys.argv[1]))
-b = np.asarray(A @ np.ones(A.shape[1]))
+from scipy_gpuqr._factor import lstsq as _lstsq
+from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
+spec = sys.argv[1]
+cods = []
+if spec.startswith("grid"):
+    A = grid3d_least_squares(int(spec[4:]))
+else:                       # a chessboard: the null-space COD on the device decides
+    A = chessboard_boundary(*(int(v) for v in spec[2:].split("-")))
+    _lstsq.SOLVE_RANK_MIN_ORDER = 1000
+    real = _lstsq.NullspaceCOD
+    def recorded(*a, xp=np, **k):
+        cods.append(getattr(xp, "__name__", "?"))
+        return real(*a, xp=xp, **k)
+    _lstsq.NullspaceCOD = recorded
+b = np.asarray(A @ (1.0 + np.sin(np.arange(A.shape[1])))) + 1e-3 * np.cos(np.arange(A.shape[0]))
 x = sg.lsqr(A, b, backend="gpu")[0]
 res = float(np.linalg.norm(A.T @ (A @ x - b)) / np.linalg.norm(A.T @ b))
-print(json.dumps({"main_thread_compiles": seen, "residual": res}))
+print(json.dumps({"main_thread_compiles": seen, "residual": res, "cods": cods}))
 """
 
 #: Files whose CuPy operations on a call's path the prefetched kernels replaced.
@@ -231,17 +279,21 @@ _REPLACED = ("_engine/dense_front.py", "_engine/gpu/rcopy.py", "_engine/gpu/trso
 
 
 @pytest.mark.gpu
-def test_a_first_gpu_lsqr_compiles_no_cupy_kernel_of_the_replaced_operations():
+@pytest.mark.parametrize("problem", ["grid24", "ch5-7-3"])
+def test_a_first_gpu_lsqr_compiles_no_cupy_kernel_of_the_replaced_operations(problem):
     """In a new process (the kernel cache as the session left it: a compile or a
     cache load alike goes through CuPy's compiler entry), the first GPU ``lsqr``
-    of a grid with dense fronts and large fronts of R asks CuPy for no kernel on
-    the calling thread from the files whose operations the prefetched module
-    does (our modules are compiled on worker threads)."""
+    asks CuPy for no kernel on the calling thread from the files whose
+    operations the prefetched module does (our modules are compiled on worker
+    threads): a grid with dense fronts and large fronts of R (full rank), and a
+    chessboard whose rank the null-space COD decides on the device."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", _FIRST_CALL, "24"], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", _FIRST_CALL, problem], capture_output=True,
                        text=True, timeout=600, env=env, cwd=str(REPO))
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["residual"] < 1e-10
     print("main-thread CuPy compiles:", out["main_thread_compiles"])
+    if problem.startswith("ch"):
+        assert "cupy" in out["cods"]
     assert [w for w in out["main_thread_compiles"] if w.startswith(_REPLACED)] == []

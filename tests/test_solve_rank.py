@@ -252,3 +252,148 @@ def test_probe_out_of_memory_falls_back(rng, monkeypatch):
     y_ref, _, rank, _ = np.linalg.lstsq(C.toarray(), c, rcond=None)
     assert G.rank == rank
     assert np.linalg.norm(y - y_ref) <= 1e-9 * np.linalg.norm(y_ref)
+
+
+# ------------------------------------------------ the device path's block operations
+
+def _colmajor(X, ld, rows, cols):
+    """The column-major rows × cols matrix with leading dimension ``ld`` at the start
+    of X's memory (a view: writes go to X), as cuBLAS reads a device pointer."""
+    mem = X.ravel(order="K")
+    assert np.shares_memory(mem, X)
+    return np.lib.stride_tricks.as_strided(mem, shape=(rows, cols),
+                                           strides=(mem.itemsize, mem.itemsize * ld))
+
+
+def _fake_device(monkeypatch):
+    """A stand-in for CuPy (NumPy arrays, a module named 'cupy') and for
+    ``array_ops`` (each operation by NumPy on the arrays' memory as the kernels and
+    the libraries read it); returns the names of the operations called."""
+    import types
+
+    from scipy_gpuqr._factor import solve_rank as sr
+    called = []
+
+    def op(fn):
+        def run(*a, **k):
+            called.append(fn.__name__)
+            return fn(*a, **k)
+        return run
+
+    def fresh_float64(C):
+        return np.array(C, dtype=np.float64, order="C", copy=True)
+
+    def column_norms(Y):
+        return np.linalg.norm(Y, axis=0), (~np.isfinite(Y).all(axis=0)).astype(np.int32)
+
+    def column_absmax(Y):
+        fin = np.isfinite(Y)
+        return np.where(fin, np.abs(Y), 0.0).max(axis=0), (~fin.all(axis=0)).astype(np.int32)
+
+    def divide_columns(Y, d, out=None):
+        assert Y.flags.c_contiguous and d.shape == (Y.shape[1],)
+        return Y / d[None, :]
+
+    def subtract_into(dst, src):
+        dst -= src
+
+    def thin_qr(X, want_r=True):
+        Q, R = la.qr(np.array(X, order="F"), mode="economic")
+        return np.asfortranarray(Q), (np.asfortranarray(R) if want_r else None)
+
+    def trsm_left(A, lda, B, ldb, m, n, *, lower, trans, unit):
+        a, b = _colmajor(A, lda, m, m), _colmajor(B, ldb, m, n)
+        b[...] = la.solve_triangular(a.copy(), b.copy(), lower=lower, trans=1 if trans else 0,
+                                     unit_diagonal=unit)
+
+    fake = types.SimpleNamespace(**{f.__name__: op(f) for f in (
+        fresh_float64, column_norms, column_absmax, divide_columns, subtract_into, thin_qr,
+        trsm_left)})
+    monkeypatch.setattr(sr, "array_ops", fake)
+    xp = types.ModuleType("cupy")
+    xp.asarray = np.asarray
+    return xp, called
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_device_blocks_give_the_host_answers(rng, monkeypatch, transposed):
+    """The device path's operations (prefetched kernels, cuSOLVER's QR and cuBLAS's
+    trsm called directly, host-drawn Gaussian blocks), each emulated by NumPy on the
+    memory the device would read, give the host path's rank, estimates and
+    solutions: the same draws, the same layouts as the operations they replace."""
+    A, num, R = _chess_r((5, 6, 2))                     # 1200×300, rank 271
+    q = R.shape[0]
+    cutoff = _lstsq.lstsq_cutoff(*A.shape)
+    d = abs_diagonal(R)
+    dead = int(np.count_nonzero(d <= cutoff * frobenius(R)))
+    up, upt = UpperTriangular(R).solves()
+    tol = (cutoff * d.max(), cutoff * frobenius(R))
+    host = NullspaceCOD(up, upt, q, dead, tol, transposed=transposed)
+    xp, called = _fake_device(monkeypatch)
+    dev = NullspaceCOD(up, upt, q, dead, tol, transposed=transposed, xp=xp)
+    assert {"thin_qr", "trsm_left", "column_absmax", "subtract_into"} <= set(called)
+    assert dev.rank == host.rank == 271
+    assert dev.residual == pytest.approx(host.residual, rel=1e-10)
+    assert dev.nu == pytest.approx(host.nu, rel=1e-10) and dev.margin == host.margin
+    C = rng.standard_normal((q, 3))
+    Y, Yh = dev.solve(C), host.solve(C)
+    assert np.linalg.norm(Y - Yh) <= 1e-12 * np.linalg.norm(Yh)
+    # the probe alone (a graded triangle): the same draws on either side
+    T = _graded_triangle(rng, 200, 4)
+
+    def inv(C):
+        return la.solve_triangular(T, C)
+
+    def inv_t(C):
+        return la.solve_triangular(T, C, trans=1)
+    for s in range(2):
+        assert probe_norm(inv, inv_t, 200, xp=xp, seed=s) == pytest.approx(
+            probe_norm(inv, inv_t, 200, seed=s), rel=1e-12)
+
+
+def test_device_blocks_refuse_non_finite_solves(monkeypatch):
+    """A NaN in a solve's block (a zero pivot) is refused on the device path too."""
+    T = np.triu(np.ones((6, 6))) + 5 * np.eye(6)
+
+    def inv(C):
+        return la.solve_triangular(T, C)
+
+    def inv_nan(C):
+        out = la.solve_triangular(T, C, trans=1)
+        out[2, 0] = np.nan
+        return out
+    xp, _ = _fake_device(monkeypatch)
+    with pytest.raises(NullspaceRefused, match="non-finite"):
+        NullspaceCOD(inv, inv_nan, 6, 1, (1e-12, 1e-12), xp=xp)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("transposed", [False, True])
+def test_device_blocks_on_a_gpu_give_the_host_answers(rng, transposed):
+    """With CuPy blocks (the solves: the host's, their results uploaded) the
+    null-space COD's rank, estimates and solutions are the host path's, to
+    rounding (cuSOLVER's QR and cuBLAS's products in place of LAPACK's)."""
+    cp = pytest.importorskip("cupy")
+    A, num, R = _chess_r((5, 6, 2))                     # 1200×300, rank 271
+    q = R.shape[0]
+    cutoff = _lstsq.lstsq_cutoff(*A.shape)
+    d = abs_diagonal(R)
+    dead = int(np.count_nonzero(d <= cutoff * frobenius(R)))
+    up, upt = UpperTriangular(R).solves()
+    tol = (cutoff * d.max(), cutoff * frobenius(R))
+    host = NullspaceCOD(up, upt, q, dead, tol, transposed=transposed)
+
+    def dev_up(C):
+        return cp.asarray(up(cp.asnumpy(C)))
+
+    def dev_upt(C):
+        return cp.asarray(upt(cp.asnumpy(C)))
+    dev = NullspaceCOD(dev_up, dev_upt, q, dead, tol, transposed=transposed, xp=cp)
+    assert isinstance(dev._u, cp.ndarray) and isinstance(dev._v, cp.ndarray)
+    assert dev.rank == host.rank == 271
+    assert dev.residual == pytest.approx(host.residual, rel=1e-6)
+    assert dev.nu == pytest.approx(host.nu, rel=1e-6)
+    C = rng.standard_normal((q, 3))
+    Y, Yh = dev.solve(C), host.solve(C)
+    assert isinstance(Y, np.ndarray)
+    assert np.linalg.norm(Y - Yh) <= 1e-10 * np.linalg.norm(Yh)

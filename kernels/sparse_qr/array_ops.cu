@@ -1,15 +1,15 @@
 // Small array operations of a GPU call's host-side glue, as plain kernels.
 //
 // The dense fronts' compact-WY factors, their Q application, R's triangular
-// solves through cuBLAS for large fronts, R's copy to the host and the full-rank
-// probe need a handful of array operations (strided copies, a unit triangle, row
-// gathers and scatters, column norms). Done with CuPy's generic array functions,
-// each compiles one or more kernels the first time a process uses it, on the
-// call's own thread; here they are one module, compiled with the engine's other
+// solves through cuBLAS for large fronts, R's copy to the host, the full-rank
+// probe and the null-space rank decision need a handful of array operations
+// (strided copies, triangles, row gathers and scatters, column norms and maxima).
+// Done with CuPy's generic array functions, each compiles one or more kernels the
+// first time a process uses it, on the call's own thread; here they are one module, compiled with the engine's other
 // modules on a worker thread before the call needs it. Every operation computes
 // element by element what the generic functions did (the same IEEE operation per
 // element: copies, one multiply and one add, one subtract, one divide), except the
-// column norms (a sum of squares in another order). Host side:
+// column norms (a sum of squares in another order; the maxima are exact). Host side:
 // scipy_gpuqr/_engine/gpu/array_ops.py. Kernels are extern "C" (no templates to
 // name): suffix _f64 / _f32 for double / float values, _i64 / _i32 for the index type.
 
@@ -38,16 +38,18 @@ __device__ void ew2d(D* __restrict__ dst, ll drs, ll dcs, const S* __restrict__ 
     }
 }
 
-// dst = the unit triangle of src: lower: src strictly below the diagonal, 1 on it,
-// 0 above (tril(src, -1) with a unit diagonal); upper: the same above the diagonal.
+// dst = a triangle of src. mode bit 0: lower (else upper); bit 1: src's own diagonal
+// (tril(src) / triu(src)), else a unit diagonal (tril(src, -1) / triu(src, 1) with
+// ones on it); zeros on the other side.
 template <typename T>
 __device__ void unit_tri(T* __restrict__ dst, ll drs, ll dcs, const T* __restrict__ src,
-                         ll srs, ll scs, ll rows, ll cols, int lower) {
+                         ll srs, ll scs, ll rows, ll cols, int mode) {
     const ll n = rows * cols;
     const ll stride = (ll)gridDim.x * blockDim.x;
+    const bool lower = mode & 1, own_diag = mode & 2;
     for (ll e = (ll)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
         const ll r = e / cols, c = e - r * cols;
-        const bool keep = lower ? (r > c) : (c > r);
+        const bool keep = (lower ? (r > c) : (c > r)) || (own_diag && r == c);
         dst[r * drs + c * dcs] = keep ? src[r * srs + c * scs] : (r == c ? T(1) : T(0));
     }
 }
@@ -120,6 +122,37 @@ __device__ void column_norms(const T* __restrict__ Y, ll q, ll p, T* __restrict_
     }
 }
 
+__device__ __forceinline__ double abs_max(double a, double b) { return fmax(a, fabs(b)); }
+__device__ __forceinline__ float abs_max(float a, float b) { return fmaxf(a, fabsf(b)); }
+
+// One block per column c of Y (q x p, row-major): amax[c] = the largest |Y[i, c]| of
+// its finite values (0 for none), bad[c] = 1 when the column holds a NaN or an
+// infinity, else 0. 256 threads. (A maximum is exact: any order gives the same.)
+template <typename T>
+__device__ void column_absmax(const T* __restrict__ Y, ll q, ll p, T* __restrict__ amax,
+                              int* __restrict__ bad) {
+    __shared__ T part[8];
+    const ll c = blockIdx.x;
+    T s = T(0);
+    int nf = 0;
+    for (ll i = threadIdx.x; i < q; i += blockDim.x) {
+        const T v = Y[i * p + c];
+        const bool fin = isfinite(v);
+        nf |= !fin;
+        if (fin) s = abs_max(s, v);
+    }
+    for (int o = 16; o > 0; o >>= 1) s = abs_max(s, __shfl_down_sync(0xffffffffu, s, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) part[warp] = s;
+    nf = __syncthreads_or(nf);
+    if (threadIdx.x == 0) {
+        T t = T(0);
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t = abs_max(t, part[w]);
+        amax[c] = t;
+        bad[c] = nf;
+    }
+}
+
 // out[i, c] = Y[i, c] / d[c] (Y, out row-major q x p; out may be Y).
 template <typename T>
 __device__ void divide_columns(T* out, const T* Y, ll q, ll p, const T* __restrict__ d) {
@@ -144,8 +177,8 @@ OPS_EW2D(f64_f32, double, float)
 
 #define OPS_VALUE(SUF, T)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) unit_tri_##SUF(                     \
-        T* dst, ll drs, ll dcs, const T* src, ll srs, ll scs, ll rows, ll cols, int lower) { \
-        gpuqr_ops::unit_tri<T>(dst, drs, dcs, src, srs, scs, rows, cols, lower);          \
+        T* dst, ll drs, ll dcs, const T* src, ll srs, ll scs, ll rows, ll cols, int mode) { \
+        gpuqr_ops::unit_tri<T>(dst, drs, dcs, src, srs, scs, rows, cols, mode);           \
     }                                                                                     \
     extern "C" __global__ void __launch_bounds__(256) wy_system_##SUF(                    \
         const T* G, const T* tau, ll b, T* M, T* D) {                                     \
@@ -154,6 +187,10 @@ OPS_EW2D(f64_f32, double, float)
     extern "C" __global__ void __launch_bounds__(256) column_norms_##SUF(                 \
         const T* Y, ll q, ll p, T* norms, int* bad) {                                     \
         gpuqr_ops::column_norms<T>(Y, q, p, norms, bad);                                  \
+    }                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) column_absmax_##SUF(                \
+        const T* Y, ll q, ll p, T* amax, int* bad) {                                      \
+        gpuqr_ops::column_absmax<T>(Y, q, p, amax, bad);                                  \
     }                                                                                     \
     extern "C" __global__ void __launch_bounds__(256) divide_columns_##SUF(               \
         T* out, const T* Y, ll q, ll p, const T* d) {                                     \

@@ -84,13 +84,6 @@ class NullspaceRefused(Exception):
     """The solve-based decision does not apply; a dense rule must decide."""
 
 
-def _xp_of(a):
-    if type(a).__module__.startswith("cupy"):
-        import cupy                 # optional dependency
-        return cupy
-    return np
-
-
 def _host(a) -> np.ndarray:
     return a.get() if hasattr(a, "get") else np.asarray(a)
 
@@ -158,8 +151,8 @@ def probe_norm(apply: Callable, apply_t: Callable, q: int, *, xp=np, seed: int =
     if q == 0:
         return 0.0, 1.0
     p = min(columns, q)
-    blocks = _DeviceBlocks(xp) if getattr(xp, "__name__", "") == "cupy" else _HostBlocks
-    Y = blocks.dense(_gaussian(xp, seed, (q, p)))
+    blocks = _blocks_of(xp)
+    Y = blocks.dense(blocks.gaussian(seed, (q, p)))
     norms, _ = blocks.norms(Y)
     nu, margin = 0.0, float("inf")
     for step in range(1, steps + 1):
@@ -182,7 +175,13 @@ def probe_norm(apply: Callable, apply_t: Callable, q: int, *, xp=np, seed: int =
 
 
 class _HostBlocks:
-    """:func:`probe_norm`'s block operations on NumPy arrays."""
+    """The block operations of :func:`probe_norm` and :class:`NullspaceCOD` on
+    NumPy arrays."""
+
+    @staticmethod
+    def gaussian(seed: int, shape: tuple):
+        """A seeded standard normal block."""
+        return np.random.default_rng(seed).standard_normal(shape)
 
     @staticmethod
     def dense(X):
@@ -198,18 +197,63 @@ class _HostBlocks:
     def scaled(Y, norms):
         return Y / norms
 
+    @staticmethod
+    def finite(X) -> bool:
+        return bool(np.all(np.isfinite(X)))
+
+    @staticmethod
+    def finite_absmax(X) -> float:
+        """``max|X|``, or NaN where X holds a NaN or an infinity."""
+        return float(np.abs(X).max()) if bool(np.all(np.isfinite(X))) else float("nan")
+
+    @staticmethod
+    def divided(X, s: float):
+        return X / s
+
+    @staticmethod
+    def orth(X, want_r: bool = True) -> tuple:
+        """Thin QR ``X = Q R`` (X is kept)."""
+        return la.qr(np.array(X, order="F"), mode="economic", overwrite_a=True,
+                     check_finite=False)
+
+    @staticmethod
+    def right_solve(Z, Ry):
+        """``Z R_y⁻¹`` (R_y upper triangular)."""
+        return solve_triangular(Ry, Z.T, trans=True).T
+
+    @staticmethod
+    def fro(X) -> float:
+        return float(np.linalg.norm(X))
+
+    @staticmethod
+    def project(B, C):
+        """``(I − B Bᵀ) C`` for orthonormal columns B, twice (Gram–Schmidt with
+        reorthogonalization); C is kept."""
+        for _ in range(2):
+            C = C - B @ (B.T @ C)
+        return C
+
 
 class _DeviceBlocks:
-    """:func:`probe_norm`'s block operations on the device with the prefetched
-    column-norm and scaling kernels (:mod:`scipy_gpuqr._engine.gpu.array_ops`;
-    CuPy's norm, division and checks would compile five kernels on the call's
-    thread); a block's norms are taken once per step (the finite and nonzero
-    checks and the next step's scaling share them)."""
+    """The same operations on CuPy arrays, none of which compiles a kernel on the
+    calling thread: the prefetched kernels of
+    :mod:`scipy_gpuqr._engine.gpu.array_ops` (column norms and maxima with
+    finite checks, scalings, copies, differences, triangles), cuSOLVER's
+    ``geqrf``/``orgqr`` and cuBLAS's ``trsm`` called directly, CuPy's products
+    of contiguous operands (cuBLAS), and Gaussian blocks drawn on the host by
+    NumPy's generator (the host path's draws: the same seed gives the same
+    block on either) and uploaded. A block's norms are taken once per step of
+    :func:`probe_norm` (the finite and nonzero checks and the next step's
+    scaling share them)."""
 
     def __init__(self, xp):
         self.xp = xp
 
+    def gaussian(self, seed: int, shape: tuple):
+        return self.xp.asarray(_HostBlocks.gaussian(seed, shape))
+
     def dense(self, X):
+        """X as a C-contiguous 2-D float64 device array (itself where it is one)."""
         X = self.xp.asarray(X)
         return array_ops.fresh_float64(X) if (
             X.dtype != np.float64 or not X.flags.c_contiguous or X.ndim != 2) else X
@@ -222,20 +266,45 @@ class _DeviceBlocks:
     def scaled(Y, norms):
         return array_ops.divide_columns(Y, norms)
 
+    @staticmethod
+    def finite(X) -> bool:
+        return not _host(array_ops.column_absmax(X)[1]).any()
 
-def _gaussian(xp, seed: int, shape: tuple):
-    """A seeded standard normal block, generated where it is used."""
-    if xp is np:
-        return np.random.default_rng(seed).standard_normal(shape)
-    return xp.random.default_rng(seed).standard_normal(shape, dtype=np.float64)
+    @staticmethod
+    def finite_absmax(X) -> float:
+        amax, bad = array_ops.column_absmax(X)
+        return float("nan") if _host(bad).any() else float(_host(amax).max(initial=0.0))
+
+    def divided(self, X, s: float):
+        return array_ops.divide_columns(X, self.xp.asarray(np.full(X.shape[1], s)))
+
+    @staticmethod
+    def orth(X, want_r: bool = True) -> tuple:
+        return array_ops.thin_qr(X, want_r=want_r)
+
+    @staticmethod
+    def right_solve(Z, Ry):
+        """``Z R_y⁻¹`` in place of Z (C-contiguous q × d): cuBLAS ``trsm`` with
+        ``R_yᵀ`` on the d × q column-major Zᵀ, the call cupyx's
+        ``solve_triangular(R_y, Z.T, trans=True)`` makes."""
+        d, q = int(Ry.shape[0]), int(Z.shape[0])
+        array_ops.trsm_left(Ry, d, Z, d, d, q, lower=False, trans=True, unit=False)
+        return Z
+
+    @staticmethod
+    def fro(X) -> float:
+        norms, _ = array_ops.column_norms(X)
+        return float(np.linalg.norm(_host(norms)))
+
+    def project(self, B, C):
+        C = array_ops.fresh_float64(self.xp.asarray(C))
+        for _ in range(2):
+            array_ops.subtract_into(C, B @ (B.T @ C))
+        return C
 
 
-def _orth_r(X, xp):
-    """Thin QR ``X = Q R`` on ``xp`` (X is consumed)."""
-    if xp is np:
-        return la.qr(np.asfortranarray(X), mode="economic", overwrite_a=True,
-                     check_finite=False)
-    return xp.linalg.qr(X, mode="reduced")
+def _blocks_of(xp):
+    return _DeviceBlocks(xp) if getattr(xp, "__name__", "") == "cupy" else _HostBlocks
 
 
 @dataclass
@@ -295,32 +364,34 @@ class NullspaceCOD:
     sigma_min: float = field(init=False, default=float("nan"))
     _u: object = field(init=False, default=None, repr=False)
     _v: object = field(init=False, default=None, repr=False)
+    _blocks: object = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
-        xp, q, d = self.xp, self.q, self.d
+        q, d = self.q, self.d
         lo, hi = self.tol_range
         if not (0 < d < q):
             raise NullspaceRefused(f"{d} dead columns of {q}")
-        omega = _gaussian(xp, self.seed, (q, d))
-        Z = xp.asarray(self.inv_t(omega))
-        if not bool(xp.all(xp.isfinite(Z))):
+        self._blocks = blocks = _blocks_of(self.xp)
+        omega = blocks.gaussian(self.seed, (q, d))
+        Z = blocks.dense(self.inv_t(omega))
+        if not blocks.finite(Z):
             raise NullspaceRefused("non-finite solve (zero pivot)")
-        Y = xp.asarray(self.inv(Z))
-        if not bool(xp.all(xp.isfinite(Y))):
-            raise NullspaceRefused("non-finite solve (zero pivot)")
+        Y = blocks.dense(self.inv(Z))
         # one scale for all columns (Y is linear in Ω): R V = Z R_y⁻¹ is unchanged
-        s = float(xp.abs(Y).max())
+        s = blocks.finite_absmax(Y)
+        if not np.isfinite(s):
+            raise NullspaceRefused("non-finite solve (zero pivot)")
         if not s > 0:
             raise NullspaceRefused("zero block")
-        U, _ = _orth_r(Z.copy(), xp)
-        V, Ry = _orth_r(Y / s, xp)
-        RV = solve_triangular(Ry, (Z / s).T, trans=True).T   # Z R_y⁻¹ (R_y upper)
-        self.residual = float(xp.linalg.norm(RV))
+        U, _ = blocks.orth(Z, want_r=False)
+        V, Ry = blocks.orth(blocks.divided(Y, s))
+        RV = blocks.right_solve(blocks.divided(Z, s), Ry)      # Z R_y⁻¹ (R_y upper)
+        self.residual = blocks.fro(RV)
         if not (np.isfinite(self.residual) and self.residual <= 0.5 * hi):
             raise NullspaceRefused(f"‖R V_d‖ {self.residual:.3g} above half the cutoff "
                                    f"{hi:.3g}: no clear gap")
         self._u, self._v = U, V
-        self.nu, self.margin = probe_norm(self._apply, self._apply_t, q, xp=xp,
+        self.nu, self.margin = probe_norm(self._apply, self._apply_t, q, xp=self.xp,
                                           seed=self.seed + 1,
                                           accept=lambda nu, m: m * nu * hi < 1.0)
         if not (np.isfinite(self.nu) and self.nu > 0 and self.margin * self.nu * lo < 1.0):
@@ -340,20 +411,13 @@ class NullspaceCOD:
 
     # S = P_V R⁻¹ P_U and Sᵀ = P_U R⁻ᵀ P_V (projections twice: Gram–Schmidt with
     # reorthogonalization against a block whose components the solves amplify)
-    def _project(self, B, C):
-        for _ in range(2):
-            C = C - B @ (B.T @ C)
-        return C
-
     def _apply(self, C):
-        xp = self.xp
-        Y = xp.asarray(self.inv(self._project(self._u, xp.asarray(C))))
-        return self._project(self._v, Y)
+        b = self._blocks
+        return b.project(self._v, b.dense(self.inv(b.project(self._u, b.dense(C)))))
 
     def _apply_t(self, C):
-        xp = self.xp
-        Y = xp.asarray(self.inv_t(self._project(self._v, xp.asarray(C))))
-        return self._project(self._u, Y)
+        b = self._blocks
+        return b.project(self._u, b.dense(self.inv_t(b.project(self._v, b.dense(C)))))
 
     def solve(self, C, matmul: Optional[Callable] = None) -> np.ndarray:
         """Minimum-norm ``Y`` with ``G Y ≈ C`` under the decided rank; C of shape (q, p).

@@ -2,11 +2,12 @@
 (``kernels/sparse_qr/array_ops.cu``).
 
 The dense fronts (their compact-WY factors and ``Q``), R's triangular solves
-of large fronts, R's copy to the host and the full-rank probe need strided
-copies, unit triangles, row gathers and scatters and column norms. CuPy's
-generic array functions compile a kernel per operation, layout and type the
-first time a process uses them, on the call's thread (a tenth of a second
-each); these kernels are one module that
+of large fronts, R's copy to the host, the full-rank probe and the null-space
+rank decision (:mod:`scipy_gpuqr._factor.solve_rank`) need strided copies,
+triangles, row gathers and scatters, column norms and maxima. CuPy's generic
+array functions compile a kernel per operation, layout and type the first
+time a process uses them, on the call's thread (a tenth of a second each);
+these kernels are one module that
 :func:`~scipy_gpuqr._engine.gpu.factorize_kernels.engine_kernels` compiles on a
 worker thread with the engine's other modules. Each function gives the values
 the generic operation gave (the same IEEE operation per element), except
@@ -14,7 +15,7 @@ the generic operation gave (the same IEEE operation per element), except
 from the CuPy arrays, so views work as they are.
 
 Imports without CuPy; the functions need it (CuPy arrays in, on the current
-stream). ``trsm`` and the cuBLAS helpers call the library directly (no
+stream). ``trsm_left`` and :func:`thin_qr` call cuBLAS and cuSOLVER directly (no
 compilation).
 """
 
@@ -28,7 +29,8 @@ from ..._kernels import KernelUse, load_module
 
 __all__ = ["OPS_FILE", "OPS_THREADS", "array_ops_use", "copy_into", "subtract_into",
            "contiguous_copy", "matmul_operand", "fresh_float64", "unit_triangle", "wy_system", "take_rows",
-           "put_rows", "column_norms", "divide_columns", "trsm_left", "upload_block"]
+           "put_rows", "column_norms", "column_absmax", "divide_columns", "trsm_left",
+           "thin_qr", "upload_block"]
 
 #: The kernel source (relative to ``kernels/``): ``extern "C"`` kernels, one module.
 OPS_FILE = "sparse_qr/array_ops.cu"
@@ -169,10 +171,11 @@ def fresh_float64(C):
     return cp.array(C, dtype=np.float64, order="C", copy=True)
 
 
-def unit_triangle(src, lower: bool, out=None):
+def unit_triangle(src, lower: bool, out=None, *, unit: bool = True):
     """``src``'s strict lower (``lower``) or upper triangle, a unit diagonal, zeros
-    elsewhere (``tril(src, -1)`` or ``triu(src, 1)`` with ones on the diagonal),
-    into ``out`` (same shape and value type, any strides) or a new C-contiguous
+    elsewhere (``tril(src, -1)`` or ``triu(src, 1)`` with ones on the diagonal;
+    ``unit=False``: ``src``'s own diagonal, ``tril(src)`` or ``triu(src)``), into
+    ``out`` (same shape and value type, any strides) or a new C-contiguous
     array."""
     import cupy as cp
     if out is None:
@@ -182,9 +185,10 @@ def unit_triangle(src, lower: bool, out=None):
     rows, cols = _shape2(src)
     srs, scs = _estrides(src)
     drs, dcs = _estrides(out)
+    mode = (1 if lower else 0) | (0 if unit else 2)
     _launch(f"unit_tri_{_VALUE[np.dtype(src.dtype)]}", rows * cols,
             (out, np.int64(drs), np.int64(dcs), src, np.int64(srs), np.int64(scs),
-             np.int64(rows), np.int64(cols), np.int32(1 if lower else 0)))
+             np.int64(rows), np.int64(cols), np.int32(mode)))
     return out
 
 
@@ -264,6 +268,21 @@ def column_norms(Y):
     return norms, bad
 
 
+def column_absmax(Y):
+    """``(amax, bad)`` of a C-contiguous ``Y`` (q × p): each column's largest
+    absolute finite value (0 for none; exact, as ``abs(Y).max(axis=0)`` of a
+    finite column) and 1 where the column holds a NaN or an infinity (device
+    arrays)."""
+    import cupy as cp
+    q, p = _shape2(Y)
+    amax = cp.empty(p, dtype=Y.dtype)
+    bad = cp.empty(p, dtype=np.int32)
+    if p:
+        _fn(f"column_absmax_{_VALUE[np.dtype(Y.dtype)]}")(
+            (p,), (OPS_THREADS,), (Y, np.int64(q), np.int64(p), amax, bad))
+    return amax, bad
+
+
 def divide_columns(Y, d, out=None):
     """``Y / d[None, :]`` for a C-contiguous ``Y`` (q × p) and ``d`` (p values), into
     ``out`` (may be ``Y``) or a new array."""
@@ -300,3 +319,41 @@ def trsm_left(A, lda: int, B, ldb: int, m: int, n: int, *, lower: bool, trans: b
             int(m), int(n), one.ctypes.data, A.data.ptr, int(lda), B.data.ptr, int(ldb))
     finally:
         cublas.setPointerMode(h, mode)
+
+
+def thin_qr(X, *, want_r: bool = True) -> tuple:
+    """``(Q, R)`` of ``X = Q R`` for a 2-D float64/float32 ``X`` (m × n, m >= n >= 1):
+    ``Q`` m × n with orthonormal columns and ``R`` n × n upper triangular (None
+    without ``want_r``), both F-contiguous, by cuSOLVER ``geqrf`` and ``orgqr``
+    called directly on the current stream. The same library calls on the same
+    column-major operand as ``cupy.linalg.qr(X, mode='reduced')``, so the same
+    values, without the copy and triangle kernels that function compiles on the
+    calling thread. ``X`` is not changed."""
+    import cupy as cp
+    from cupy_backends.cuda.libs import cusolver
+    dt = np.dtype(X.dtype)
+    m, n = _shape2(X)
+    if dt not in _VALUE or X.ndim != 2 or not m >= n >= 1:
+        raise ValueError(f"thin_qr: a tall float matrix, not {X.shape} {X.dtype}")
+    single = dt == np.float32
+    Q = cp.empty((m, n), dtype=dt, order="F")
+    copy_into(Q, X)
+    handle = cp.cuda.device.get_cusolver_handle()
+    cusolver.setStream(handle, cp.cuda.get_current_stream().ptr)
+    info = cp.empty(1, dtype=np.int32)
+    tau = cp.empty(n, dtype=dt)
+    size = (cusolver.sgeqrf_bufferSize if single else cusolver.dgeqrf_bufferSize)(
+        handle, m, n, Q.data.ptr, m)
+    work = cp.empty(size, dtype=dt)
+    (cusolver.sgeqrf if single else cusolver.dgeqrf)(
+        handle, m, n, Q.data.ptr, m, tau.data.ptr, work.data.ptr, size, info.data.ptr)
+    R = None
+    if want_r:
+        R = cp.empty((n, n), dtype=dt, order="F")
+        unit_triangle(Q[:n], lower=False, out=R, unit=False)
+    size = (cusolver.sorgqr_bufferSize if single else cusolver.dorgqr_bufferSize)(
+        handle, m, n, n, Q.data.ptr, m, tau.data.ptr)
+    work = cp.empty(size, dtype=dt)
+    (cusolver.sorgqr if single else cusolver.dorgqr)(
+        handle, m, n, n, Q.data.ptr, m, tau.data.ptr, work.data.ptr, size, info.data.ptr)
+    return Q, R
