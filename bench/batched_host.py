@@ -307,7 +307,7 @@ def steps(cp, g, bench, reps: int = 2000):
     specs, fptr, grid, thr, smem, bsz, stg, vec = call
     lu, piv, info = gc.alloc_outputs(specs)
     values = (a.data.ptr, lu.data.ptr, piv.data.ptr, info.data.ptr, bsz, stg, 1,
-              gc.arg_value(rep[0]), rep[1])
+              gc.arg_value(rep[0]), rep[1], 0, 0)
     items = [
         ("scipy_gpuqr.lu_factor_batched lookup", lambda: g.lu_factor_batched),
         ("Dask check of the arguments", lambda: api._has_dask((a,), {"check_finite": False})),
@@ -340,7 +340,7 @@ def steps(cp, g, bench, reps: int = 2000):
     sync = cp.cuda.Device().synchronize
     stream = cp.cuda.get_current_stream().ptr
     pieces = [
-        ("memcpyAsync 32 B to pinned", lambda: r.copy(r.addr, st.ptr, 32, r.kind, stream)),
+        ("memcpyAsync 40 B to pinned", lambda: r.copy(r.addr, st.ptr, 40, r.kind, stream)),
         ("getrf launch", lambda: gc.launch(fptr, grid, thr, smem, values)),
     ]
     for name, fn in pieces:

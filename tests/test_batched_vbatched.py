@@ -205,7 +205,8 @@ def test_gpu_padded_stack_of_one_order(rng, monkeypatch, n):
         return real(x, **kw)
     monkeypatch.setattr(_batched, "inv_batched", spy)
     inv = g.inv_vbatched(ga, sz)
-    assert calls == [ga.data.ptr]
+    # n <= 32: the fixed-size kernel itself, reading the sizes (no fixed-size call)
+    assert calls == ([] if n <= 32 else [ga.data.ptr])
     np.testing.assert_array_equal(_host(inv), _host(real(ga)))
     lu, piv = g.lu_factor_vbatched(ga, sz)
     rlu, rpiv = g.lu_factor_batched(ga)
@@ -295,3 +296,179 @@ def test_gpu_size_classes_counted_on_device():
     rag = vb._Ragged(cp, None, None, cp.asarray([3, -1]), None, None, (2, 4, 4))
     with pytest.raises(ValueError, match=r"lie in \[0, 4\]"):
         vb._classes(rag, "x")
+
+
+# ----------------------------------------------------------------------------
+# padded stacks of order <= 32 on the GPU: one kernel reading the sizes
+# ----------------------------------------------------------------------------
+
+def _padded_case(rng, big, dtype, batch=37, spd=False):
+    """A padded stack (junk outside each matrix: 7 and a NaN) and its sizes
+    (0 and ``big`` among them)."""
+    sizes = rng.integers(0, big + 1, size=batch)
+    sizes[:2] = (0, big)
+    mats = []
+    for n in sizes:
+        m = rng.standard_normal((n, n))
+        m = m @ m.T + n * np.eye(n) if spd else m + 2 * np.eye(n)
+        mats.append(m.astype(dtype))
+    stack = np.full((batch, big, big), 7.0, dtype=dtype)
+    for k, m in enumerate(mats):
+        stack[k, :len(m), :len(m)] = m
+        if len(m) < big:
+            stack[k, big - 1, 0] = np.nan                 # outside the matrix: ignored
+    return stack, sizes, mats
+
+
+def _identity_outside(x, n):
+    big = x.shape[-1]
+    np.testing.assert_array_equal(x[n:, n:], np.eye(big - n))
+    assert not x[:n, n:].any() and not x[n:, :n].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("big", [1, 2, 3, 8, 13, 24, 32])
+def test_gpu_padded_small_stack_per_matrix_orders(rng, monkeypatch, big, dtype):
+    """A padded CuPy stack of order <= 32: one kernel launch reads each
+    matrix's order (int32 or int64 sizes on the device, or host sizes),
+    no size classes, no gather; outputs poisoned beforehand; each matrix
+    as SciPy's, the identity (pivots: the row) and zero right-hand side
+    rows outside it, junk there ignored."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu_common
+    from test_batched_cases import poison_gpu_outputs
+    poison_gpu_outputs(monkeypatch)
+    launches = []
+    real_launch = _gpu_common.launch
+
+    def launch(*args):
+        launches.append(args[0])
+        return real_launch(*args)
+    monkeypatch.setattr(_gpu_common, "launch", launch)
+    monkeypatch.setattr(_gpu_common, "read_words", None)          # no size-class read
+    stack, sizes, mats = _padded_case(rng, big, dtype)
+    gs = cp.asarray(stack)
+    tol = 200 * big * eps(dtype)
+    for sz in (cp.asarray(sizes, dtype=cp.int32), cp.asarray(sizes), list(sizes)):
+        launches.clear()
+        lu, piv = g.lu_factor_vbatched(gs, sz)
+        assert len(launches) == 1
+        lu, piv = _host(lu), _host(piv)
+        assert lu.dtype == dtype and piv.dtype == np.int32
+        for k, m in enumerate(mats):
+            n = len(m)
+            _identity_outside(lu[k], n)
+            np.testing.assert_array_equal(piv[k, n:], np.arange(n, big))
+            if n:
+                ref, rpiv = sl.lu_factor(m)
+                np.testing.assert_array_equal(piv[k, :n], rpiv)
+                np.testing.assert_allclose(lu[k, :n, :n], ref, rtol=0,
+                                           atol=tol * np.abs(ref).max())
+    sz = cp.asarray(sizes)
+    inv = _host(g.inv_vbatched(gs, sz))
+    for k, m in enumerate(mats):
+        n = len(m)
+        _identity_outside(inv[k], n)
+        if n:
+            ref = np.linalg.inv(m.astype(np.float64))
+            cond = np.linalg.cond(m.astype(np.float64))
+            np.testing.assert_allclose(inv[k, :n, :n], ref, rtol=0,
+                                       atol=tol * cond * np.abs(ref).max())
+    for bshape in ((len(mats), big), (len(mats), big, 3)):
+        b = rng.standard_normal(bshape).astype(dtype)
+        for k, m in enumerate(mats):
+            b[k, len(m):] = np.inf                         # outside: ignored
+        launches.clear()
+        x = _host(g.solve_vbatched(gs, cp.asarray(b), sz))
+        assert len(launches) == 1 and x.shape == bshape and x.dtype == dtype
+        for k, m in enumerate(mats):
+            n = len(m)
+            assert not x[k, n:].any()
+            if n:
+                ref = np.linalg.solve(m.astype(np.float64), b[k, :n].astype(np.float64))
+                cond = np.linalg.cond(m.astype(np.float64))
+                np.testing.assert_allclose(x[k, :n], ref, rtol=0,
+                                           atol=tol * cond * max(1.0, np.abs(ref).max()))
+    spd_stack, _, spd = _padded_case(rng, big, dtype, spd=True)
+    spd_stack[:] = np.where(np.isnan(spd_stack), 7.0, spd_stack)
+    for k, m in enumerate(spd):
+        spd_stack[k, :len(m), :len(m)] = m
+    for lower in (False, True):
+        c, low = g.cho_factor_vbatched(cp.asarray(spd_stack),
+                                       cp.asarray([len(m) for m in spd]), lower=lower)
+        c = _host(c)
+        assert low is lower
+        tri = np.tril if lower else np.triu
+        for k, m in enumerate(spd):
+            n = len(m)
+            _identity_outside(c[k], n)
+            if n:
+                ref, _ = sl.cho_factor(m.astype(np.float64), lower=lower)
+                np.testing.assert_allclose(tri(c[k, :n, :n]), tri(ref), rtol=0,
+                                           atol=tol * np.abs(ref).max())
+                np.testing.assert_array_equal(c[k, :n, :n] - tri(c[k, :n, :n]), m - tri(m))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("big", [2, 8, 32])
+def test_gpu_padded_small_stack_errors(rng, monkeypatch, big):
+    """The padded kernels' status: singular matrices named (warning, errors,
+    info, NaN results), infs/NaNs inside a matrix named (a and b), sizes
+    outside [0, N] refused (device and host sizes) -- and the asynchronous
+    call reads nothing."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu_common
+    stack, sizes, mats = _padded_case(rng, big, np.float64, batch=12)
+    sizes[[3, 7]] = big
+    for k in (3, 7):
+        m = rng.standard_normal((big, big)) + 2 * np.eye(big)
+        m[:, big // 2] = 0                                  # singular: info = big // 2 + 1
+        stack[k] = m
+    gs, sz = cp.asarray(stack), cp.asarray(sizes)
+    with pytest.warns(LinAlgWarning, match=r"index \[3, 7\]"):
+        g.lu_factor_vbatched(gs, sz)
+    _, _, info = g.lu_factor_vbatched(gs, sz, return_info=True)
+    expect = np.zeros(len(sizes), dtype=np.int32)
+    expect[[3, 7]] = big // 2 + 1
+    np.testing.assert_array_equal(_host(info), expect)
+    with pytest.raises(LinAlgError, match=r"\[3, 7\]"):
+        g.inv_vbatched(gs, sz)
+    with pytest.raises(LinAlgError, match=r"\[3, 7\]"):
+        g.solve_vbatched(gs, cp.ones((len(sizes), big)), sz)
+    x, info = g.solve_vbatched(gs, cp.ones((len(sizes), big)), sz, return_info=True)
+    x = _host(x)
+    assert np.isnan(x[3]).all() and not np.isnan(np.delete(x, [3, 7], axis=0)).any()
+    inv, info = g.inv_vbatched(gs, sz, return_info=True)
+    assert np.isnan(_host(inv)[7]).all()
+    ok = stack.copy()
+    ok[[3, 7]] += 5 * np.eye(big)
+    k = int(np.flatnonzero(sizes > 0)[-1])
+    ok[k, 0, sizes[k] - 1] = np.inf
+    with pytest.raises(ValueError, match=rf"infs or NaNs.*a at index \[{k}\]"):
+        g.inv_vbatched(cp.asarray(ok), sz)
+    _, info = g.inv_vbatched(cp.asarray(ok), sz, check_finite=False, return_info=True)
+    assert not _host(info).any()
+    b = np.ones((len(sizes), big))
+    b[k, sizes[k] - 1] = np.nan
+    ok[k, 0, sizes[k] - 1] = 1.0
+    with pytest.raises(ValueError, match=rf"infs or NaNs.*b at index \[{k}\]"):
+        g.solve_vbatched(cp.asarray(ok), cp.asarray(b), sz)
+    for bad in (big + 1, -1):
+        wrong = sz.copy()
+        wrong[5] = bad
+        for fn in (g.lu_factor_vbatched, g.inv_vbatched, g.cho_factor_vbatched):
+            with pytest.raises(ValueError, match=rf"lie in \[0, {big}\]"):
+                fn(cp.asarray(ok), wrong)
+        with pytest.raises(ValueError, match=rf"lie in \[0, {big}\]"):
+            g.solve_vbatched(cp.asarray(ok), cp.ones((len(sizes), big)), wrong)
+        with pytest.raises(ValueError, match=rf"lie in \[0, {big}\]"):
+            g.lu_factor_vbatched(cp.asarray(ok), _host(wrong))
+    reads = []
+    real_read = _gpu_common.read_status
+    monkeypatch.setattr(_gpu_common, "read_status", lambda st: reads.append(1) or real_read(st))
+    g.lu_factor_vbatched(gs, sz, return_info=True, check_finite=False)
+    g.inv_vbatched(gs, sz, return_info=True, check_finite=False)
+    g.solve_vbatched(gs, cp.ones((len(sizes), big)), sz, return_info=True, check_finite=False)
+    g.cho_factor_vbatched(gs, sz, return_info=True, check_finite=False)
+    assert reads == []

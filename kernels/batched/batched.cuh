@@ -28,4 +28,29 @@ __device__ __forceinline__ unsigned seg_mask(int lane) {
     else return ((1u << SEG) - 1u) << (lane & ~(SEG - 1));
 }
 
+// Per-matrix orders of a padded stack (the *_vbatched calls): matrix m of a
+// stack of order n is its leading sizes[m] x sizes[m] block, the rest read as
+// the identity. sizes: int64 (szw == 8) or int32 entries, null for "every
+// matrix fills the stack". Returns the order of matrix m in [0, n], or -1
+// for a size outside [0, n] (slot 4 of the status word marked: the matrix is
+// then read as all NaN, so its info is -1 and its results NaN).
+__device__ __forceinline__ int matrix_order(const void *sizes, int szw, long long m, int n,
+                                            unsigned long long *status, unsigned long long ctl) {
+    if (sizes == nullptr) return n;
+    const long long k = szw == 8 ? __ldg(reinterpret_cast<const long long *>(sizes) + m)
+                                 : (long long)__ldg(reinterpret_cast<const int *>(sizes) + m);
+    if (k < 0 || k > n) {
+        gpuqr_status::mark(status, ctl, gpuqr_status::SLOT_SIZES);
+        return -1;
+    }
+    return (int)k;
+}
+
+// Entry (i, j) of a matrix of order nk (matrix_order) inside its stack: the
+// loaded value v, the identity outside nk x nk, NaN when nk < 0.
+template <typename T>
+__device__ __forceinline__ T order_masked(T v, int i, int j, int nk) {
+    return nk < 0 ? gpuqr_status::quiet_nan<T>() : (i < nk && j < nk) ? v : T(i == j);
+}
+
 }  // namespace gpuqr_batched

@@ -75,6 +75,13 @@
 #define GPUQR_MMA_STCS 0
 #endif
 
+// 1: getrf_mma tests its per-matrix sizes at run time in its one code path;
+// 0 (the default): a second code path for them, the fixed-size path compiled
+// without them (ptxas: 16 bytes of spill loads instead of 68-80).
+#ifndef GPUQR_MMA_ONE_PATH
+#define GPUQR_MMA_ONE_PATH 0
+#endif
+
 namespace gpuqr_mma {
 
 using namespace gpuqr_warp;
@@ -230,6 +237,30 @@ __device__ __forceinline__ void inv_load(double *t, const double *__restrict__ s
         if (i < n && j < n) cp_async_elem(d, src + i * n + j);
         else *d = (i == j) ? 1.0 : 0.0;
     }
+}
+
+// Matrix m of a padded stack with per-matrix orders (matrix_order of
+// batched.cuh; sizes null: none) in the tile t (order n, rows and columns
+// n .. N-1 already the identity): rows and columns from its order on set to
+// the identity, all NaN for a size outside [0, n]. Warp-uniform; waits for
+// every copy in flight when it masks (the split copy's second group too).
+template <int N>
+__device__ __forceinline__ void mma_mask(double *t, const void *sizes, int szw, long long m,
+                                         int n, unsigned long long *status,
+                                         unsigned long long ctl, int lane) {
+    if (sizes == nullptr) return;
+    const int nk = matrix_order(sizes, szw, m, n, status, ctl);
+    if (nk == n) return;
+    cp_async_wait<0>();
+    __syncwarp();
+#pragma unroll 1
+    for (int e = lane; e < n * n; e += 32) {
+        const int i = e / n;
+        const int j = e - i * n;
+        double *d = t + at<N>(i, j);
+        *d = order_masked(*d, i, j, nk);
+    }
+    __syncwarp();
 }
 
 // Inverse out of the tile: out[i][c] = fs[i] * t[r_i][pos(c)] for i, c < n,
@@ -609,13 +640,14 @@ __device__ __forceinline__ int invert_mma(double *t, int *perm, int *steps, doub
 // ---------------------------------------------------------------------------
 // SOLVE: gesv_mma (lu and piv null; the solves of sv after each matrix's LU,
 // lu_solve_rows with the factors read from the tile).
-template <typename T, int N, int V, bool SOLVE>
+template <typename T, int N, int V, bool SOLVE, bool VB>
 __device__ __forceinline__ void lu_mma_run(const T *__restrict__ a, T *__restrict__ lu,
                                            int *__restrict__ piv, int *__restrict__ info,
                                            long long batch, int stages, int vec,
                                            unsigned long long *__restrict__ status,
                                            unsigned long long ctl,
-                                           const gpuqr_warp::GesvArgs<T> &sv)
+                                           const gpuqr_warp::GesvArgs<T> &sv,
+                                           const void *sizes, int szw)
 {
     static_assert(sizeof(T) == 8, "float64 only (FP64 tensor cores)");
     using namespace gpuqr_mma;
@@ -655,6 +687,7 @@ __device__ __forceinline__ void lu_mma_run(const T *__restrict__ a, T *__restric
             cp_async_wait<0>();
         }
         __syncwarp();
+        if constexpr (VB) mma_mask<N>(t, sizes, szw, m, N, status, ctl, opaque(lane));
         bool bad;
         int mypos;
         const int z = factor_mma<N, V>(t, perm, steps, bc, SOLVE ? nullptr : piv + m * N, bad,
@@ -667,15 +700,20 @@ __device__ __forceinline__ void lu_mma_run(const T *__restrict__ a, T *__restric
             const double rd = 1.0 / d;
             const bool nan = gpuqr_status::nan_result(gpuqr_status::stored_info(got, ctl),
                                                       sv.ctl);
+            // the matrix's order (sizes): b's rows from it on read as zero, zero solution rows
+            int nk = VB ? matrix_order(sizes, szw, m, N, nullptr, 0ull) : N;
+            nk = nk < 0 ? N : nk;
             bool badb = false;
 #pragma unroll 1
             for (int c = 0; c < sv.nrhs; ++c) {
-                const double s0 = sv.b[m * sv.bstride + (long long)lane * sv.nrhs + c];
+                const double s0 = lane < nk ? sv.b[m * sv.bstride + (long long)lane * sv.nrhs + c]
+                                            : 0.0;
                 badb |= !finite_bits(s0);
                 const double xv = lu_solve_rows<double, N>(
                     s0, mypos, d, rd, [&](int j) { return t[rx ^ j]; },
                     [&](int j) { return steps[j] & 255; });
-                sv.x[(m * N + mypos) * sv.nrhs + c] = nan ? gpuqr_status::quiet_nan<double>() : xv;
+                sv.x[(m * N + mypos) * sv.nrhs + c] =
+                    mypos >= nk ? 0.0 : nan ? gpuqr_status::quiet_nan<double>() : xv;
             }
             if (badb) gpuqr_status::mark(sv.status, sv.ctl, 3);
         } else {
@@ -690,10 +728,18 @@ template <typename T, int N, int V = 1>
 __global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
 getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
           int *__restrict__ info, long long batch, int stages, int vec,
-          unsigned long long *__restrict__ status, unsigned long long ctl)
+          unsigned long long *__restrict__ status, unsigned long long ctl,
+          const void *__restrict__ sizes, int szw)
 {
-    lu_mma_run<T, N, V, false>(a, lu, piv, info, batch, stages, vec, status, ctl,
-                               gpuqr_warp::GesvArgs<T>{nullptr, nullptr, 0, 0, nullptr, 0});
+    // per-matrix orders: a code path of its own (GPUQR_MMA_ONE_PATH 0; 1: one
+    // path testing sizes at run time)
+    const gpuqr_warp::GesvArgs<T> none{nullptr, nullptr, 0, 0, nullptr, 0};
+    if (GPUQR_MMA_ONE_PATH == 0 && sizes == nullptr)
+        lu_mma_run<T, N, V, false, false>(a, lu, piv, info, batch, stages, vec, status, ctl,
+                                          none, nullptr, 0);
+    else
+        lu_mma_run<T, N, V, false, true>(a, lu, piv, info, batch, stages, vec, status, ctl,
+                                         none, sizes, szw);
 }
 
 // ---------------------------------------------------------------------------
@@ -710,10 +756,13 @@ __global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
 gesv_mma(const T *__restrict__ a, int *__restrict__ info, long long batch, int stages,
          int vec, unsigned long long *__restrict__ status, unsigned long long ctl,
          const T *__restrict__ b, T *__restrict__ x, int nrhs, long long bstride,
-         unsigned long long *__restrict__ sstatus, unsigned long long sctl)
+         unsigned long long *__restrict__ sstatus, unsigned long long sctl,
+         const void *__restrict__ sizes, int szw)
 {
-    lu_mma_run<T, N, V, true>(a, nullptr, nullptr, info, batch, stages, vec, status, ctl,
-                              gpuqr_warp::GesvArgs<T>{b, x, nrhs, bstride, sstatus, sctl});
+    // (one code path: two would spill)
+    lu_mma_run<T, N, V, true, true>(a, nullptr, nullptr, info, batch, stages, vec, status, ctl,
+                                    gpuqr_warp::GesvArgs<T>{b, x, nrhs, bstride, sstatus, sctl},
+                                    sizes, szw);
 }
 
 // ---------------------------------------------------------------------------
@@ -743,7 +792,8 @@ template <typename T, int N, int V = 1>
 __global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
 getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
           long long batch, int n, int stages, int vec,
-          unsigned long long *__restrict__ status, unsigned long long ctl)
+          unsigned long long *__restrict__ status, unsigned long long ctl,
+          const void *__restrict__ sizes, int szw)
 {
     static_assert(sizeof(T) == 8, "float64 only (FP64 tensor cores)");
     using namespace gpuqr_mma;
@@ -782,6 +832,7 @@ getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
             cp_async_wait<0>();
         }
         __syncwarp();
+        mma_mask<N>(t, sizes, szw, m, n, status, ctl, opaque(lane));
         bool bad;
         int mypos;
         const int z = invert_mma<N, V>(t, perm, steps, bc, fs, mypos, bad, lane);

@@ -249,20 +249,51 @@ __device__ __forceinline__ bool aligned16(const void *p) {
     return (reinterpret_cast<size_t>(p) & 15u) == 0;
 }
 
-// Grid-stride loops of the tiny kernels (any grid).
+// Rows and columns of v from the matrix's order on (matrix_order of
+// batched.cuh: sizes null, every matrix fills the stack) set to the
+// identity, all NaN for a size outside [0, n]; returns the order (-1: bad).
 template <typename T, int N>
-__device__ __forceinline__ void tiny_getrf(const T *__restrict__ a, T *__restrict__ lu,
-                                           int *__restrict__ piv, int *__restrict__ info,
-                                           long long batch, unsigned long long *status,
-                                           unsigned long long ctl) {
-    const bool vec = aligned16(a) && aligned16(lu);
+__device__ __forceinline__ int tiny_mask(T (&v)[N][N], const void *sizes, int szw,
+                                         long long m, int n, unsigned long long *status,
+                                         unsigned long long ctl) {
+    const int nk = matrix_order(sizes, szw, m, n, status, ctl);
+    if (nk != n) {
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+#pragma unroll
+            for (int j = 0; j < N; ++j) v[i][j] = order_masked(v[i][j], i, j, nk);
+    }
+    return nk;
+}
+
+// Grid-stride loop of the tiny LU kernels (a thread per matrix, any grid):
+// matrix m loaded (tiny_mask: its order), its LU in registers, then
+// body(m, v, pv, the info found (-1: an inf or NaN), the order (-1: bad)).
+template <typename T, int N, typename Body>
+__device__ __forceinline__ void tiny_lu_each(const T *__restrict__ a, long long batch, bool vec,
+                                             const void *sizes, int szw,
+                                             unsigned long long *status, unsigned long long ctl,
+                                             Body body) {
     for (long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x; m < batch;
          m += (long long)gridDim.x * blockDim.x) {
         T v[N][N];
         tiny_load<T, N>(v, a + m * (N * N), N, vec);
+        const int nk = tiny_mask<T, N>(v, sizes, szw, m, N, status, ctl);
         const bool fin = tiny_finite<T, N>(v);
         int pv[N];
         const int z = tiny_lu<T, N>(v, pv);
+        body(m, v, pv, fin ? z : -1, nk);
+    }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void tiny_getrf(const T *__restrict__ a, T *__restrict__ lu,
+                                           int *__restrict__ piv, int *__restrict__ info,
+                                           long long batch, unsigned long long *status,
+                                           unsigned long long ctl, const void *sizes, int szw) {
+    const bool vec = aligned16(a) && aligned16(lu);
+    tiny_lu_each<T, N>(a, batch, vec, sizes, szw, status, ctl,
+                       [&](long long m, const T (&v)[N][N], const int (&pv)[N], int got, int) {
         tiny_store<T, N>(lu + m * (N * N), v, N, vec);
         if constexpr (N == 2) {
             reinterpret_cast<int2 *>(piv)[m] = make_int2(pv[0], pv[1]);
@@ -270,20 +301,22 @@ __device__ __forceinline__ void tiny_getrf(const T *__restrict__ a, T *__restric
 #pragma unroll
             for (int k = 0; k < N; ++k) piv[m * N + k] = pv[k];
         }
-        info[m] = gpuqr_status::report_info(fin ? z : -1, status, ctl);
-    }
+        info[m] = gpuqr_status::report_info(got, status, ctl);
+    });
 }
 
 template <typename T, int N>
 __device__ __forceinline__ void tiny_getri(const T *__restrict__ a, T *__restrict__ ainv,
                                            int *__restrict__ info, long long batch, int n,
-                                           unsigned long long *status, unsigned long long ctl) {
+                                           unsigned long long *status, unsigned long long ctl,
+                                           const void *sizes, int szw) {
     const bool vec = aligned16(a) && aligned16(ainv) && n == N;
     const long long nn = (long long)n * n;
     for (long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x; m < batch;
          m += (long long)gridDim.x * blockDim.x) {
         T v[N][N], e[N][N];
         tiny_load<T, N>(v, a + m * nn, n, vec);
+        tiny_mask<T, N>(v, sizes, szw, m, n, status, ctl);
         const bool fin = tiny_finite<T, N>(v);
         const int z = tiny_inv<T, N>(v, e);
         if (gpuqr_status::nan_result(fin ? z : -1, ctl)) {
@@ -299,19 +332,17 @@ __device__ __forceinline__ void tiny_getri(const T *__restrict__ a, T *__restric
 
 // A thread per matrix (N <= GPUQR_TINY_MAX): LU as tiny_getrf, then the
 // solves in registers (the row swaps as selects on compile-time indices).
+// A matrix of order nk < N (sizes) reads b's rows from nk on as zero and
+// gets zero solution rows there.
 template <typename T, int N>
 __device__ __forceinline__ void tiny_gesv(const T *__restrict__ a, int *__restrict__ info,
                                           long long batch, unsigned long long *status,
-                                          unsigned long long ctl, const GesvArgs<T> &sv) {
-    const bool vec = aligned16(a);
-    for (long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x; m < batch;
-         m += (long long)gridDim.x * blockDim.x) {
-        T v[N][N];
-        tiny_load<T, N>(v, a + m * (N * N), N, vec);
-        const bool fin = tiny_finite<T, N>(v);
-        int pv[N];
-        const int z = tiny_lu<T, N>(v, pv);
-        const int got = fin ? z : -1;
+                                          unsigned long long ctl, const GesvArgs<T> &sv,
+                                          const void *sizes, int szw) {
+    tiny_lu_each<T, N>(a, batch, aligned16(a), sizes, szw, status, ctl,
+                       [&](long long m, const T (&v)[N][N], const int (&pv)[N], int got,
+                           int order) {
+        const int nk = order < 0 ? N : order;
         info[m] = gpuqr_status::report_info(got, status, ctl);
         const bool nan = gpuqr_status::nan_result(gpuqr_status::stored_info(got, ctl), sv.ctl);
         bool badb = false;
@@ -319,7 +350,7 @@ __device__ __forceinline__ void tiny_gesv(const T *__restrict__ a, int *__restri
             T y[N];
 #pragma unroll
             for (int i = 0; i < N; ++i) {
-                y[i] = sv.b[m * sv.bstride + (long long)i * sv.nrhs + c];
+                y[i] = i < nk ? sv.b[m * sv.bstride + (long long)i * sv.nrhs + c] : T(0);
                 badb |= !finite_bits(y[i]);
             }
 #pragma unroll
@@ -341,10 +372,11 @@ __device__ __forceinline__ void tiny_gesv(const T *__restrict__ a, int *__restri
             }
 #pragma unroll
             for (int i = 0; i < N; ++i)
-                sv.x[(m * N + i) * sv.nrhs + c] = nan ? gpuqr_status::quiet_nan<T>() : y[i];
+                sv.x[(m * N + i) * sv.nrhs + c] =
+                    i >= nk ? T(0) : nan ? gpuqr_status::quiet_nan<T>() : y[i];
         }
         if (badb) gpuqr_status::mark(sv.status, sv.ctl, 3);
-    }
+    });
 }
 
 }  // namespace gpuqr_warp
@@ -360,7 +392,8 @@ __device__ __forceinline__ void lu_warp_run(const T *__restrict__ a, T *__restri
                                             int *__restrict__ piv, int *__restrict__ info,
                                             long long batch, int stages, int vec,
                                             unsigned long long *__restrict__ status,
-                                            unsigned long long ctl, const GesvArgs<T> &sv)
+                                            unsigned long long ctl, const GesvArgs<T> &sv,
+                                            const void *sizes, int szw)
 {
     typedef Layout<T, N> L;
     constexpr int SEG = L::SEG;
@@ -368,8 +401,8 @@ __device__ __forceinline__ void lu_warp_run(const T *__restrict__ a, T *__restri
     constexpr bool SH = WarpCfg<T, N, false>::SHFL;
     static_assert(!(SOLVE && G > 1), "the fused solve needs a row per lane");
     if constexpr (N <= GPUQR_TINY_MAX) {
-        if constexpr (SOLVE) tiny_gesv<T, N>(a, info, batch, status, ctl, sv);
-        else tiny_getrf<T, N>(a, lu, piv, info, batch, status, ctl);
+        if constexpr (SOLVE) tiny_gesv<T, N>(a, info, batch, status, ctl, sv, sizes, szw);
+        else tiny_getrf<T, N>(a, lu, piv, info, batch, status, ctl, sizes, szw);
         return;
     }
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -383,14 +416,14 @@ __device__ __forceinline__ void lu_warp_run(const T *__restrict__ a, T *__restri
     const int mloc = lane / SEG;
 
     if constexpr (G > 1 && !SOLVE) {
-        run_tiles<T, N>(a, lu, batch, N, stages, vec != 0, tiles,
+        run_tiles<T, N>(a, lu, batch, N, stages, vec != 0, tiles, sizes, szw, status, ctl,
                         [&](T *t, long long first, int) {
             const int z = factor2d<T, N, G, false>(t, bc, piv + first * N, N, lane);
             if (lane == 0) info[first] = gpuqr_status::report_info(z, status, ctl);
         });
         return;
     }
-    run_tiles<T, N>(a, lu, batch, N, stages, vec != 0, tiles,
+    run_tiles<T, N>(a, lu, batch, N, stages, vec != 0, tiles, sizes, szw, status, ctl,
                     [&](T *t, long long first, int nv) {
         const bool active = mloc < nv && r < N;
         T row[N];
@@ -466,11 +499,14 @@ __device__ __forceinline__ void lu_warp_run(const T *__restrict__ a, T *__restri
             const long long m = first + mloc;
             const bool nan = gpuqr_status::nan_result(gpuqr_status::stored_info(got, ctl), sv.ctl);
             const T rd = T(1) / diag;
+            // the matrix's order (sizes): b's rows from it on read as zero, zero solution rows
+            int nk = active ? matrix_order(sizes, szw, m, N, nullptr, 0ull) : N;
+            nk = nk < 0 ? N : nk;
             bool badb = false;
 #pragma unroll 1
             for (int c = 0; c < sv.nrhs; ++c) {
                 T s0 = T(0);
-                if (active) {
+                if (active && r < nk) {
                     s0 = sv.b[m * sv.bstride + (long long)r * sv.nrhs + c];
                     badb |= !finite_bits(s0);
                 }
@@ -478,7 +514,8 @@ __device__ __forceinline__ void lu_warp_run(const T *__restrict__ a, T *__restri
                                                  [&](int j) { return row[j]; },
                                                  [&](int j) { return base + (at[j] & (SEG - 1)); });
                 if (active)
-                    sv.x[(m * N + pos) * sv.nrhs + c] = nan ? gpuqr_status::quiet_nan<T>() : xv;
+                    sv.x[(m * N + pos) * sv.nrhs + c] =
+                        pos >= nk ? T(0) : nan ? gpuqr_status::quiet_nan<T>() : xv;
             }
             if (badb) gpuqr_status::mark(sv.status, sv.ctl, 3);
         } else if (active) {
@@ -494,10 +531,11 @@ template <typename T, int N>
 __global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, false>::MINB))
 getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
            int *__restrict__ info, long long batch, int stages, int vec,
-           unsigned long long *__restrict__ status, unsigned long long ctl)
+           unsigned long long *__restrict__ status, unsigned long long ctl,
+           const void *__restrict__ sizes, int szw)
 {
     lu_warp_run<T, N, false>(a, lu, piv, info, batch, stages, vec, status, ctl,
-                             GesvArgs<T>{nullptr, nullptr, 0, 0, nullptr, 0});
+                             GesvArgs<T>{nullptr, nullptr, 0, 0, nullptr, 0}, sizes, szw);
 }
 
 // ---------------------------------------------------------------------------
@@ -513,10 +551,11 @@ __global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, false>::MIN
 gesv_warp(const T *__restrict__ a, int *__restrict__ info, long long batch, int stages,
           int vec, unsigned long long *__restrict__ status, unsigned long long ctl,
           const T *__restrict__ b, T *__restrict__ x, int nrhs, long long bstride,
-          unsigned long long *__restrict__ sstatus, unsigned long long sctl)
+          unsigned long long *__restrict__ sstatus, unsigned long long sctl,
+          const void *__restrict__ sizes, int szw)
 {
     lu_warp_run<T, N, true>(a, nullptr, nullptr, info, batch, stages, vec, status, ctl,
-                            GesvArgs<T>{b, x, nrhs, bstride, sstatus, sctl});
+                            GesvArgs<T>{b, x, nrhs, bstride, sstatus, sctl}, sizes, szw);
 }
 
 // ---------------------------------------------------------------------------
@@ -533,14 +572,15 @@ template <typename T, int N>
 __global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, true>::MINB))
 getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
            long long batch, int n, int stages, int vec,
-           unsigned long long *__restrict__ status, unsigned long long ctl)
+           unsigned long long *__restrict__ status, unsigned long long ctl,
+           const void *__restrict__ sizes, int szw)
 {
     typedef Layout<T, N> L;
     constexpr int SEG = L::SEG;
     constexpr int G = WarpCfg<T, N, true>::G;
     constexpr bool SH = WarpCfg<T, N, true>::SHFL;
     if constexpr (N <= GPUQR_TINY_MAX) {
-        tiny_getri<T, N>(a, ainv, info, batch, n, status, ctl);
+        tiny_getri<T, N>(a, ainv, info, batch, n, status, ctl, sizes, szw);
         return;
     }
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -555,7 +595,7 @@ getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info
     const int base = lane & ~(SEG - 1);
 
     if constexpr (G > 1) {
-        run_tiles<T, N>(a, ainv, batch, n, stages, vec != 0, tiles,
+        run_tiles<T, N>(a, ainv, batch, n, stages, vec != 0, tiles, sizes, szw, status, ctl,
                         [&](T *t, long long first, int) {
             const int z = factor2d<T, N, G, true>(t, bc, nullptr, n, lane);
             if (gpuqr_status::nan_result(z, ctl)) {         // warp-uniform; MW == 1 here
@@ -566,7 +606,7 @@ getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info
         });
         return;
     }
-    run_tiles<T, N>(a, ainv, batch, n, stages, vec != 0, tiles,
+    run_tiles<T, N>(a, ainv, batch, n, stages, vec != 0, tiles, sizes, szw, status, ctl,
                     [&](T *t, long long first, int nv) {
         const bool active = mloc < nv && r < N;
         T row[N];

@@ -2,11 +2,11 @@
 // (scipy_gpuqr/batched/_gpu_common.py), so that the call needs no pass over
 // info of its own and no per-matrix array is copied to the host.
 //
-// The status word is four unsigned 64-bit slots per host thread and device,
+// The status word is five unsigned 64-bit slots per host thread and device,
 // never cleared: each public call takes a new generation number g (> 0) and
 // a kernel that sees a condition writes g into its slot (a plain store: every
 // writer stores the same value, no atomics). After the call's kernels the
-// host reads the 32 bytes once; slot s "is set" when it holds g. A kernel
+// host reads the 40 bytes once; slot s "is set" when it holds g. A kernel
 // that ran for an earlier call left an older generation, never mistaken for
 // this one.
 //
@@ -15,6 +15,7 @@
 //   1: some matrix has info < 0 (an inf or NaN in its input)
 //   2: an inf or NaN was seen in a factor (solves)
 //   3: an inf or NaN was seen in a right-hand side (solves)
+//   4: a per-matrix size outside [0, n] (the *_vbatched calls: batched.cuh)
 //
 // ctl, the kernels' last argument: g << 2 | flags (g = 0: report nothing).
 //   CTL_CLEAR_NEG: info < 0 is stored as 0 (check_finite=False);
@@ -26,6 +27,7 @@ namespace gpuqr_status {
 
 constexpr unsigned long long CTL_CLEAR_NEG = 1ull;
 constexpr unsigned long long CTL_NAN_FILL = 2ull;
+constexpr int SLOT_SIZES = 4;
 
 template <typename T> __device__ __forceinline__ T quiet_nan();
 template <> __device__ __forceinline__ double quiet_nan<double>() {

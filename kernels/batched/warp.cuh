@@ -331,14 +331,45 @@ __device__ __forceinline__ T lu_solve_rows(T s, int pos, T d, T rd, Lu lu, At at
     return s;
 }
 
+// The matrices first .. first + nv - 1 of a tile (order n, row stride LD)
+// of a padded stack with per-matrix orders (matrix_order of batched.cuh):
+// rows and columns from each one's order on set to the identity, all NaN
+// for a size outside [0, n]. Nothing when sizes is null or every matrix
+// fills the stack (a warp-uniform test).
+template <typename T, int N>
+__device__ __forceinline__ void tile_mask(T *t, const void *sizes, int szw, long long first,
+                                          int nv, int n, unsigned long long *status,
+                                          unsigned long long ctl, int lane) {
+    typedef Layout<T, N> L;
+    if (sizes == nullptr) return;
+    const int nk = lane < nv ? matrix_order(sizes, szw, first + lane, n, status, ctl) : n;
+    if (__all_sync(0xffffffffu, nk == n)) return;
+#pragma unroll 1
+    for (int mm = 0; mm < nv; ++mm) {
+        const int k = __shfl_sync(0xffffffffu, nk, mm);
+        if (k == n) continue;
+#pragma unroll 1
+        for (int e = lane; e < n * n; e += 32) {
+            const int i = e / n;
+            const int j = e - i * n;
+            T *d = t + (mm * N + i) * L::LD + j;
+            *d = order_masked(*d, i, j, k);
+        }
+    }
+    __syncwarp();
+}
+
 // Grid-stride loop of a warp over its tiles: copy in (one tile ahead when
-// stages == 2), proc(tile, first matrix, number of matrices), copy out
-// (none when out is null: the fused solves keep only their solutions).
-// Shared memory of the warp: stages tiles starting at `tiles`.
+// stages == 2), tile_mask (per-matrix orders: sizes, szw; null: none),
+// proc(tile, first matrix, number of matrices), copy out (none when out is
+// null: the fused solves keep only their solutions). Shared memory of the
+// warp: stages tiles starting at `tiles`.
 template <typename T, int N, typename Proc>
 __device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict__ out,
                                           long long batch, int n, int stages, bool vec,
-                                          T *tiles, Proc proc) {
+                                          T *tiles, const void *sizes, int szw,
+                                          unsigned long long *status, unsigned long long ctl,
+                                          Proc proc) {
     typedef Layout<T, N> L;
     const int lane = threadIdx.x & 31;
     const long long ntask = (batch + L::MW - 1) / L::MW;
@@ -372,6 +403,7 @@ __device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict
             cp_async_wait<0>();
         }
         __syncwarp();
+        tile_mask<T, N>(t, sizes, szw, first, nv, n, status, ctl, lane);
         proc(t, first, nv);
         __syncwarp();
         if (out != nullptr) tile_store<T, N>(out + first * nn, t, nv, n, vec, lane);

@@ -791,7 +791,8 @@ def lu_factor_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
 
     Per matrix the result equals ``scipy.linalg.lu_factor`` (0-based pivots).
     Matrices are grouped into size classes, one :func:`lu_factor_batched`
-    call per class (:mod:`scipy_gpuqr.batched._vbatched`).
+    call per class (:mod:`scipy_gpuqr.batched._vbatched`); a padded CuPy
+    stack of order N <= 32 is one kernel that reads the sizes itself.
 
     Parameters
     ----------
@@ -799,6 +800,9 @@ def lu_factor_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
         All NumPy or all CuPy; a stack needs ``sizes``.
     sizes : array_like of int, shape (B,), optional
         Order of each matrix of a padded stack (``a[k, :n_k, :n_k]``).
+        Sizes outside [0, N] raise ValueError; on the device with
+        ``return_info=True, check_finite=False`` (a call that reads nothing
+        back) such a matrix gets NaN results instead.
     check_finite : bool
         Raise ValueError for infs or NaNs (naming the matrices).
     return_info : bool

@@ -46,7 +46,7 @@ from ._kernel_registry import (MMA_SIZES, SMALL_FILES, SMALL_MAX, TINY_MAX,
                                padded_size, small_name)
 from .._kernels import load_module
 
-__all__ = ["getrf", "getri", "getrs", "gesv", "potrf", "potrs", "DEFAULT_THREADS",
+__all__ = ["getrf", "getri", "getrs", "gesv", "potrf", "potrs", "DEFAULT_THREADS", "sizes_args",
            "small_launch", "warp_defaults", "warp_smem_bytes", "mma_smem_bytes",
            "getrf_kernel", "getri_kernel", "getrf_defaults", "MMA_KERNELS"]
 
@@ -303,8 +303,24 @@ def _launch_plan(plan, n: int, x, out, batch: int, args_head, args_tail, report)
     values = [a.data.ptr for a in args_head]
     values.append(batch)
     values += args_tail
-    values += (plan[3], vec, _common.arg_value(report[0]), report[1])
+    values += (plan[3], vec, _common.arg_value(report[0]), report[1], 0, 0)
     _common.launch(plan[8], _grid(plan, batch), plan[2], plan[4], values)
+
+
+#: The trailing ``sizes, szw`` arguments of the n <= 32 kernels: no
+#: per-matrix orders (every matrix fills the stack).
+_NO_SIZES = (0, 0)
+
+
+def sizes_args(sizes) -> tuple:
+    """``(address, entry width)``, the ``sizes, szw`` arguments of the n <= 32
+    factorization kernels, for per-matrix orders ``sizes`` (a C-contiguous
+    CuPy int32 or int64 array, one entry per matrix of the stack): matrix k is
+    the leading ``sizes[k]`` block, read (and written) as the identity
+    outside it; a size outside [0, n] marks slot
+    :data:`~scipy_gpuqr.batched._gpu_common.STATUS_SIZES` of the status word
+    and makes that matrix all NaN (kernels/batched/batched.cuh)."""
+    return (sizes.data.ptr, sizes.itemsize)
 
 
 def _contiguous(a):
@@ -329,7 +345,8 @@ def _stack3(x, bsz: int, n: int):
 # ----------------------------------------------------------------------------
 
 def getrf(a, threads: int | None = None, stages: int | None = None,
-          kernel: str | None = None, report=NO_REPORT, device: int | None = None):
+          kernel: str | None = None, report=NO_REPORT, device: int | None = None,
+          sizes=None):
     """LU of a stack ``a`` (..., n, n); returns (lu, piv int32, info int32)
     of shapes (..., n, n), (..., n) and (...).
 
@@ -339,7 +356,8 @@ def getrf(a, threads: int | None = None, stages: int | None = None,
     and ``stages`` tune the n <= 32 kernel (default:
     :func:`getrf_defaults`); ``kernel`` ('warp' or 'mma') forces the kernel
     (:func:`getrf_kernel`); ``report``: see the module docstring; ``device``:
-    the current device's id when the caller has it.
+    the current device's id when the caller has it; ``sizes``
+    (:func:`sizes_args`, 0 < n <= 32 only): per-matrix orders of a padded stack.
     """
     a = _contiguous(a)
     n = a.shape[-1]
@@ -352,7 +370,7 @@ def getrf(a, threads: int | None = None, stages: int | None = None,
         _common.launch(fptr, grid, thr, smem,
                        (src, dst, piv.data.ptr, info.data.ptr, bsz, stg,
                         1 if vec and not (src | dst) & 15 else 0,
-                        _common.arg_value(report[0]), report[1]))
+                        _common.arg_value(report[0]), report[1]) + (sizes or _NO_SIZES))
         return lu, piv, info
     bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:
@@ -397,7 +415,7 @@ FUSED_GESV = True
 
 
 def gesv(a, rhs, report=NO_REPORT, solve_report=NO_REPORT, nan_info: bool = False,
-         device: int | None = None, fused: bool | None = None):
+         device: int | None = None, fused: bool | None = None, sizes=None):
     """LU and solve of a stack ``a`` (..., n, n), 0 < n <= 32, with one
     allocation for the outputs: returns (x, info).
 
@@ -409,7 +427,10 @@ def gesv(a, rhs, report=NO_REPORT, solve_report=NO_REPORT, nan_info: bool = Fals
     singular matrices get NaN solutions (with the NaN flag of
     ``solve_report``). ``fused`` (default :data:`FUSED_GESV`): one launch
     (the factors stay on chip; the factor's own finiteness is not looked at,
-    ``solve_batched`` does not ask for it), else two.
+    ``solve_batched`` does not ask for it), else two. ``sizes``
+    (:func:`sizes_args`): per-matrix orders of a padded stack (fused only:
+    b's rows from a matrix's order on are read as zero, its solution's
+    rows there are zero).
     """
     a = _contiguous(a)
     b, bstride, bsz, k, out_shape = rhs
@@ -423,15 +444,18 @@ def gesv(a, rhs, report=NO_REPORT, solve_report=NO_REPORT, nan_info: bool = Fals
                        (src, info.data.ptr, bsz, stg, 1 if vec and not src & 15 else 0,
                         _common.arg_value(report[0]), report[1], b.data.ptr, x.data.ptr, k,
                         bstride, _common.arg_value(solve_report[0]),
-                        solve_report[1] if nan_info else solve_report[1] & ~_CTL_NAN))
+                        solve_report[1] if nan_info else solve_report[1] & ~_CTL_NAN)
+                       + (sizes or _NO_SIZES))
         return x, info
+    if sizes is not None:
+        raise ValueError("gesv: per-matrix sizes need the fused kernel")
     specs, fptr, grid, thr, smem, bsz, stg, vec = _small_call(
         "lu", a.shape, a.dtype, None, None, None, dev)
     lu, piv, info, x = _common.alloc_outputs(specs + ((out_shape, a.dtype),))
     src, dst, pv, inf = a.data.ptr, lu.data.ptr, piv.data.ptr, info.data.ptr
     _common.launch(fptr, grid, thr, smem,
                    (src, dst, pv, inf, bsz, stg, 1 if vec and not (src | dst) & 15 else 0,
-                    _common.arg_value(report[0]), report[1]))
+                    _common.arg_value(report[0]), report[1], 0, 0))
     _common.solve_columns("getrs_batched", a.dtype, x, b, bstride, bsz, a.shape[-1], k,
                           (dst, pv), 0, solve_report, inf if nan_info else 0, dev)
     return x, info
@@ -441,7 +465,8 @@ _CTL_NAN = np.uint64(_common.CTL_NAN_FILL)
 
 
 def getri(a, threads: int | None = None, stages: int | None = None,
-          kernel: str | None = None, report=NO_REPORT, device: int | None = None):
+          kernel: str | None = None, report=NO_REPORT, device: int | None = None,
+          sizes=None):
     """Inverse of every matrix of ``a`` (..., n, n); returns (inv, info) of
     shapes (..., n, n) and (...).
 
@@ -449,7 +474,7 @@ def getri(a, threads: int | None = None, stages: int | None = None,
     inverse is then meaningless, or all NaN with ``report``'s NaN flag) and
     -1 for a matrix holding an inf or NaN. ``threads`` and ``stages`` tune
     the n <= 32 kernel; ``kernel`` ('warp' or 'mma') forces it
-    (:func:`getri_kernel`).
+    (:func:`getri_kernel`); ``sizes`` as for :func:`getrf`.
     """
     a = _contiguous(a)
     n = a.shape[-1]
@@ -462,7 +487,7 @@ def getri(a, threads: int | None = None, stages: int | None = None,
         _common.launch(fptr, grid, thr, smem,
                        (src, dst, info.data.ptr, bsz, n, stg,
                         1 if vec and not (src | dst) & 15 else 0,
-                        _common.arg_value(report[0]), report[1]))
+                        _common.arg_value(report[0]), report[1]) + (sizes or _NO_SIZES))
         return out, info
     bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:
@@ -477,9 +502,10 @@ def getri(a, threads: int | None = None, stages: int | None = None,
 # ----------------------------------------------------------------------------
 
 def potrf(a, lower: bool, threads: int | None = None, report=NO_REPORT,
-          device: int | None = None):
+          device: int | None = None, sizes=None):
     """Cholesky of ``a`` (..., n, n) like LAPACK potrf; returns (c, info) of
-    shapes (..., n, n) and (...); ``report``, ``device``: see :func:`getrf`."""
+    shapes (..., n, n) and (...); ``report``, ``device``, ``sizes``: see
+    :func:`getrf`."""
     a = _contiguous(a)
     n = a.shape[-1]
     if 0 < n <= SMALL_MAX and a.size:
@@ -489,7 +515,7 @@ def potrf(a, lower: bool, threads: int | None = None, report=NO_REPORT,
         out, info = _common.alloc_outputs(specs)
         _common.launch(fptr, grid, block, smem,
                        (a.data.ptr, out.data.ptr, info.data.ptr, bsz, n, 1 if lower else 0,
-                        _common.arg_value(report[0]), report[1]))
+                        _common.arg_value(report[0]), report[1]) + (sizes or _NO_SIZES))
         return out, info
     bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:

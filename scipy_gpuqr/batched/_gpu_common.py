@@ -8,14 +8,14 @@
   thread per (matrix, right-hand side column) of ``kernels/batched/solve.cu``,
   used for n <= 32 and n > 64;
 * the *status word* of a public call (``kernels/batched/status.cuh``):
-  :func:`new_status` (four uint64 slots, never cleared: a call takes a new
+  :func:`new_status` (five uint64 slots, never cleared: a call takes a new
   generation and the kernels write it into the slots of what they saw, so
   nothing is launched to reset it), :func:`report_args` (the ``status, ctl``
   arguments every factorization kernel of n <= 32 takes: it marks the word,
   clears ``info < 0`` for ``check_finite=False`` and writes the NaN results of
   singular matrices itself), :func:`scan_info` (the same as one pass over
   ``info``, for the drivers whose kernels do not report), :func:`scan_nonfinite`,
-  and :func:`read_status`, the one small device-to-host read (a
+  and :func:`read_status`, the one small (40-byte) device-to-host read (a
   synchronization) that the public functions need to warn or raise like
   SciPy; no per-matrix array is copied to the host.
 
@@ -41,7 +41,8 @@ __all__ = ["alloc", "alloc_outputs", "dtname", "device_id", "solve_by_columns",
            "solve_columns", "cupy",
            "new_status", "report_args", "NO_REPORT", "finish_report", "scan_info",
            "scan_nonfinite", "read_status", "STATUS_SINGULAR", "STATUS_NONFINITE",
-           "STATUS_FACTOR", "STATUS_RHS", "CTL_CLEAR_NEG", "CTL_NAN_FILL", "rhs_operand",
+           "STATUS_FACTOR", "STATUS_RHS", "STATUS_SIZES", "STATUS_SLOTS", "CTL_CLEAR_NEG",
+           "CTL_NAN_FILL", "rhs_operand",
            "launch", "arg_value", "read_words", "STATUS_WAIT", "WARP_GETRS",
            "WARP_POTRS", "potrs_checks_all"]
 
@@ -54,8 +55,12 @@ SCAN_MAX_BLOCKS = 8192
 
 #: Slots of the status word (kernels/batched/status.cuh): some matrix has
 #: info > 0, some has info < 0 (inf/NaN input), an inf/NaN seen in a
-#: factor, an inf/NaN seen in a right-hand side.
-STATUS_SINGULAR, STATUS_NONFINITE, STATUS_FACTOR, STATUS_RHS = range(4)
+#: factor, an inf/NaN seen in a right-hand side, a per-matrix size of a
+#: padded stack outside [0, n] (the ``*_vbatched`` calls).
+STATUS_SINGULAR, STATUS_NONFINITE, STATUS_FACTOR, STATUS_RHS, STATUS_SIZES = range(5)
+
+#: Slots of a status word.
+STATUS_SLOTS = 5
 
 #: Flags of a kernel's ``ctl`` argument (its low two bits; the generation of
 #: the status word above them): ``info < 0`` stored as 0; all-NaN results for
@@ -322,8 +327,8 @@ def _scan_grid(count: int) -> int:
 
 
 class _StatusWord:
-    """The status word of one thread on one device: four uint64 slots on the
-    device and the generation of the call using it."""
+    """The status word of one thread on one device: :data:`STATUS_SLOTS`
+    uint64 slots on the device and the generation of the call using it."""
 
     __slots__ = ("buf", "ptr", "gen")
 
@@ -349,7 +354,7 @@ def new_status(device: int | None = None):
     dev = device_id() if device is None else device
     st = words.get(dev)
     if st is None:
-        st = words[dev] = _StatusWord(cupy().zeros(4, dtype=np.uint64))
+        st = words[dev] = _StatusWord(cupy().zeros(STATUS_SLOTS, dtype=np.uint64))
     st.gen += 1
     return st
 
@@ -428,7 +433,7 @@ class _Reader(threading.local):
         import cupyx
         cp = cupy()
         rt = cp.cuda.runtime
-        self.buf = cupyx.empty_pinned((4,), dtype=np.uint64)
+        self.buf = cupyx.empty_pinned((STATUS_SLOTS,), dtype=np.uint64)
         self.addr = int(self.buf.ctypes.data)
         self.empty_pinned = cupyx.empty_pinned
         self.words = self.buf                 # read_words' buffer, grown on demand
@@ -455,15 +460,15 @@ _READER = _Reader()
 
 
 def read_status(status) -> list:
-    """The four slots of a :func:`new_status` word as 0/1 (1: marked by this
-    call's kernels): one 32-byte copy to the host (cudaMemcpyAsync into
+    """The slots of a :func:`new_status` word as 0/1 (1: marked by this
+    call's kernels): one 40-byte copy to the host (cudaMemcpyAsync into
     pinned memory), then a wait for the work queued before it on the current
     stream."""
     r = _READER
     if not r.ready:
         r.bind()
     stream = r.stream().ptr
-    r.copy(r.addr, status.ptr, 32, r.kind, stream)
+    r.copy(r.addr, status.ptr, 8 * STATUS_SLOTS, r.kind, stream)
     r.wait(stream)
     gen = status.gen
     return [1 if v == gen else 0 for v in r.buf.tolist()]

@@ -21,6 +21,18 @@ Two input forms, the output takes the input's form:
   padded stacks with the identity (zero for right-hand sides and solutions,
   ``piv[k, j] = j``) outside each matrix.
 
+A padded CuPy stack of order N <= 32 (float32 or float64) takes a shorter
+path on the GPU: one launch of the fixed-size kernel of order N that reads
+each matrix's order from ``sizes`` on the device and treats everything
+outside it as the identity (``kernels/batched/batched.cuh``,
+``matrix_order``; right-hand sides as zero), so there is no grouping, no
+gather or scatter and no read of the sizes: the call costs what the
+fixed-size call costs (:func:`_padded_call`). Sizes given on the host are
+checked there; sizes on the device are checked by the kernels, which mark
+the status word that the call reads anyway -- except in the asynchronous
+call (``return_info=True, check_finite=False``), which reads nothing: a size
+outside [0, N] then gives that matrix NaN results.
+
 Gathering and scattering are one kernel launch per class on the GPU
 (``kernels/batched/vbatched.cu``: a thread per element, each padded region
 written once, so outputs need no fill beforehand) and one vectorized index
@@ -44,10 +56,11 @@ import warnings
 import numpy as np
 from scipy.linalg import LinAlgError, LinAlgWarning
 
+from . import _gpu
 from . import _gpu_common as _gc
-from ._common import (NONFINITE, as_stack, bad_indices, batch_names, info_counts,
-                      result_dtype)
-from ._kernel_registry import KERNEL_VARIANTS, VB_FILE, vb_name
+from ._common import (NONFINITE, as_stack, bad_indices, batch_names, cupy_stack,
+                      info_counts, result_dtype)
+from ._kernel_registry import KERNEL_VARIANTS, SMALL_MAX, VB_FILE, vb_name
 from .._gpu import import_cupy, is_cupy_array
 from .._kernels import load_module
 
@@ -426,9 +439,145 @@ def _name(indices, total=None) -> str:
     return batch_names(indices, (int(indices.max(initial=0)) + 1,), total)
 
 
+# ----------------------------------------------------------------------------
+# padded CuPy stacks of order <= 32: one kernel with per-matrix orders
+# ----------------------------------------------------------------------------
+
+_SIZE_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def _padded_call(a, sizes, backend, where):
+    """``(sizes on the device, N)`` when ``a`` is a CuPy float32/float64
+    padded stack (B, N, N), B > 0, 0 < N <= 32, that the kernels take with
+    per-matrix orders; None for anything else (the size-class path).
+
+    ``sizes`` stays on the device when it is a C-contiguous CuPy int32/int64
+    array of shape (B,) (the kernels check its range); other integer sizes
+    are checked here and copied to the device.
+    """
+    if backend not in (None, "gpu") or not cupy_stack(a):
+        return None
+    shape = a.shape
+    big_n = shape[-1]
+    if len(shape) != 3 or not shape[0] or not 0 < big_n <= SMALL_MAX or sizes is None:
+        return None
+    if is_cupy_array(sizes):
+        if sizes.shape != shape[:1] or sizes.dtype.kind not in "iu":
+            return None                     # the general path's messages
+        if sizes.dtype not in _SIZE_DTYPES or not sizes._c_contiguous:
+            sizes = sizes.astype(np.int64, order="C")
+        return sizes, big_n
+    host = np.asarray(sizes)
+    if host.shape != shape[:1] or host.dtype.kind not in "iu":
+        return None
+    if host.min() < 0 or host.max() > big_n:
+        raise ValueError(f"{where}: sizes must lie in [0, {big_n}]")
+    return _gc.cupy().asarray(host, dtype=np.int64), big_n
+
+
+def _padded_status(where, counts, big_n, info, check_finite, b_bad=None):
+    """Raise for what the status word of a padded call says: a size outside
+    [0, N]; with ``check_finite`` an inf or NaN in ``a`` (``info < 0``,
+    named) or in the right-hand sides (``b_bad()``: their flags per matrix)."""
+    if counts is None:
+        return
+    if counts[_gc.STATUS_SIZES]:
+        raise ValueError(f"{where}: sizes must lie in [0, {big_n}]")
+    if not check_finite:
+        return
+    if counts[_gc.STATUS_NONFINITE]:
+        first, total = bad_indices(info < 0)
+        raise ValueError(f"{where}: {NONFINITE} (a at index {_name(first, total)})")
+    if b_bad is not None and counts[_gc.STATUS_RHS]:
+        first, total = bad_indices(b_bad())
+        raise ValueError(f"{where}: {NONFINITE} (b at index {_name(first, total)})")
+
+
+def _padded_report(check_finite, return_info, device, nan_fill=False):
+    """(status word or None, kernel report) as the fixed-size calls make them."""
+    st = None if (return_info and not check_finite) else _gc.new_status(device)
+    return st, _gc.report_args(st, clear_neg=not check_finite,
+                               nan_fill=nan_fill and return_info)
+
+
+def _lu_padded(a, sz, big_n, check_finite, return_info, where):
+    dev = _gc.device_id()
+    st, report = _padded_report(check_finite, return_info, dev)
+    lu, piv, info = _gpu.getrf(a, report=report, device=dev, sizes=_gpu.sizes_args(sz))
+    counts = None if st is None else _gc.read_status(st)
+    _padded_status(where, counts, big_n, info, check_finite)
+    if return_info:
+        return lu, piv, info
+    if counts[_gc.STATUS_SINGULAR]:
+        names, first = _first_info(info)
+        warnings.warn(f"{where}: exactly singular matrices at index {names} "
+                      f"(first: diagonal number {first} is exactly "
+                      "zero). Singular matrix.", LinAlgWarning, stacklevel=3)
+    return lu, piv
+
+
+def _inv_padded(a, sz, big_n, check_finite, return_info, where):
+    dev = _gc.device_id()
+    st, report = _padded_report(check_finite, return_info, dev, nan_fill=True)
+    x, info = _gpu.getri(a, report=report, device=dev, sizes=_gpu.sizes_args(sz))
+    counts = None if st is None else _gc.read_status(st)
+    _padded_status(where, counts, big_n, info, check_finite)
+    if not return_info and counts[_gc.STATUS_SINGULAR]:
+        _raise_if_singular(info, where)
+    return (x, info) if return_info else x
+
+
+def _cho_padded(a, sz, big_n, lower, check_finite, return_info, where):
+    dev = _gc.device_id()
+    st, report = _padded_report(check_finite, return_info, dev)
+    c, info = _gpu.potrf(a, lower, report=report, device=dev, sizes=_gpu.sizes_args(sz))
+    counts = None if st is None else _gc.read_status(st)
+    _padded_status(where, counts, big_n, info, check_finite)
+    if not return_info and counts[_gc.STATUS_SINGULAR]:
+        names, first = _first_info(info)
+        raise LinAlgError(f"{where}: not positive definite at index {names} "
+                          f"(the {first}-th leading minor of the "
+                          "first is not positive definite)")
+    return (c, bool(lower), info) if return_info else (c, bool(lower))
+
+
+def _solve_padded(a, b, sz, big_n, check_finite, return_info, where):
+    """:func:`solve` of a padded stack (N <= 32) by one fused kernel; None
+    when ``b`` is not a CuPy (B, N) or (B, N, k) array (the general path)."""
+    if not is_cupy_array(b) or b.ndim not in (2, 3) or b.shape[:2] != a.shape[:2] \
+            or (b.ndim == 3 and not b.shape[2]):
+        return None
+    dt = np.promote_types(a.dtype, result_dtype(b.dtype, where))
+    if not (dt == a.dtype or dt == np.float64):
+        return None
+    cp = _gc.cupy()
+    if a.dtype != dt:
+        a = a.astype(dt)
+    if b.dtype != dt or not b._c_contiguous:
+        b = cp.ascontiguousarray(b, dtype=dt)
+    k = 1 if b.ndim == 2 else b.shape[2]
+    dev = _gc.device_id()
+    st, report = _padded_report(check_finite, return_info, dev)
+    solve_report = _gc.report_args(st if check_finite else None, nan_fill=return_info)
+    x, info = _gpu.gesv(a, (b, big_n * k, a.shape[0], k, b.shape), report, solve_report,
+                        return_info, dev, fused=True, sizes=_gpu.sizes_args(sz))
+    counts = None if st is None else _gc.read_status(st)
+
+    def b_bad():
+        rows = cp.arange(big_n)[None, :] < sz[:, None]
+        return (~cp.isfinite(b.reshape(a.shape[0], big_n, k)) & rows[:, :, None]).any(axis=(1, 2))
+    _padded_status(where, counts, big_n, info, check_finite, b_bad)
+    if not return_info and counts[_gc.STATUS_SINGULAR]:
+        _raise_if_singular(info, where)
+    return (x, info) if return_info else x
+
+
 def lu_factor(a, sizes, *, batched, check_finite, return_info, backend):
     """:func:`scipy_gpuqr.lu_factor_vbatched`; ``batched``: ``lu_factor_batched``."""
     where = "lu_factor_vbatched"
+    fast = _padded_call(a, sizes, backend, where)
+    if fast is not None:
+        return _lu_padded(a, *fast, check_finite, return_info, where)
     mats, dt, on_gpu = _matrices(a, sizes, where)
     vecs = _vectors_of(mats)
     xp = mats.xp
@@ -505,6 +654,11 @@ def _rhs_layout(b, mats: _Ragged, where: str):
 def solve(a, b, sizes, *, batched, check_finite, return_info, backend):
     """:func:`scipy_gpuqr.solve_vbatched`; ``batched``: ``solve_batched``."""
     where = "solve_vbatched"
+    fast = _padded_call(a, sizes, backend, where)
+    if fast is not None:
+        res = _solve_padded(a, b, *fast, check_finite, return_info, where)
+        if res is not None:
+            return res
     mats, adt, on_gpu = _matrices(a, sizes, where)
     rhs, vector, bdt = _rhs_layout(b, mats, where)
     dt = np.promote_types(adt, result_dtype(bdt, where))
@@ -547,6 +701,9 @@ def solve(a, b, sizes, *, batched, check_finite, return_info, backend):
 def inv(a, sizes, *, batched, check_finite, return_info, backend):
     """:func:`scipy_gpuqr.inv_vbatched`; ``batched``: ``inv_batched``."""
     where = "inv_vbatched"
+    fast = _padded_call(a, sizes, backend, where)
+    if fast is not None:
+        return _inv_padded(a, *fast, check_finite, return_info, where)
     mats, dt, on_gpu = _matrices(a, sizes, where)
     classes, whole = _classes(mats, where)
     out = None if whole else mats.empty_like(dt, PAD_IDENTITY)
@@ -574,6 +731,9 @@ def inv(a, sizes, *, batched, check_finite, return_info, backend):
 def cho_factor(a, sizes, lower, *, batched, check_finite, return_info, backend):
     """:func:`scipy_gpuqr.cho_factor_vbatched`; ``batched``: ``cho_factor_batched``."""
     where = "cho_factor_vbatched"
+    fast = _padded_call(a, sizes, backend, where)
+    if fast is not None:
+        return _cho_padded(a, *fast, lower, check_finite, return_info, where)
     mats, dt, on_gpu = _matrices(a, sizes, where)
     classes, whole = _classes(mats, where)
     out = None if whole else mats.empty_like(dt, PAD_IDENTITY)
