@@ -6,7 +6,8 @@ pattern against the warm engine (issue 16, items 2 and 4).
     python bench/first_call_diag.py --json out.json [--grid 40]
     python bench/first_call_diag.py --compiles [--grid 40] [--json out.json]
     python bench/first_call_diag.py --nvrtc            # no GPU needed
-    python bench/first_call_diag.py --new-process ch7-8-b3,grid40 [--procs 4]
+    python bench/first_call_diag.py --new-process ch7-8-b3,grid40 [--procs 4] [--cold]
+        [--tree DIR]
 
 Each compilation step runs in a fresh process with an empty kernel cache.
 
@@ -29,7 +30,9 @@ and writes), the file's size and the time to map it back with its checks.
 
 ``--new-process ch7-8-b3,grid40 [--procs 4]``: a new process's first ``lsqr``
 with warm caches against its warm calls (:func:`new_process_gap`), the
-package's import apart, with and without the cuBLAS warm-up.
+package's import apart, with and without the cuBLAS warm-up; ``--cold``: the
+first process of each problem with an empty kernel cache (a cold first call);
+``--tree DIR``: the package imported from DIR (a baseline in the same run).
 
 ``--nvrtc``: NVRTC compile seconds of the modules a float64 call prefetches
 (:func:`~scipy_gpuqr._engine.gpu.factorize_kernels.engine_kernels`), one after
@@ -243,11 +246,7 @@ def profile(samples):
 
 """
 
-_TRACE = r"""
-import json, os, re, sys, threading, time, traceback
-import _ctypes
-T = {"t0": None}
-""" + _SAMPLER + r"""
+_HOOKS = r"""
 events = []
 lock = threading.Lock()
 
@@ -301,6 +300,15 @@ def nv(source, *a, **k):
         rec("nvrtc", names(source), t)
 compiler._compile_using_nvrtc_no_warning = nv
 
+"""
+
+
+_TRACE = r"""
+import json, os, re, sys, threading, time, traceback
+import _ctypes
+T = {"t0": None}
+""" + _SAMPLER + r"""
+""" + _HOOKS + r"""
 import scipy_gpuqr as sg
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
 k = int(sys.argv[1])
@@ -337,13 +345,17 @@ print(json.dumps(out))
 
 
 _NEWPROC = r"""
-import json, sys, threading, time
+import json, re, sys, threading, time, traceback
+import _ctypes
 T = {"t0": None}
 """ + _SAMPLER + r"""
 t0 = time.perf_counter()
 import numpy as np
 import scipy.sparse as sp
 user_imports = time.perf_counter() - t0
+t = time.perf_counter()
+""" + _HOOKS + r"""
+cupy_import = time.perf_counter() - t
 spec, warmup_on, backend = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 A = chessboard_boundary(7, 8, 3) if spec == "ch7-8-b3" else grid3d_least_squares(int(spec[4:]))
@@ -355,10 +367,10 @@ t = time.perf_counter()
 from scipy_gpuqr import lsqr
 out = {"problem": spec, "blas_warmup": warmup_on, "user_imports": user_imports,
        "import_lsqr": time.perf_counter() - t, "import_lsqr_modules": len(set(sys.modules) - pre),
-       "cupy_imported_before_call": "cupy" in sys.modules, "calls": []}
-t = time.perf_counter()
-import cupy                 # timed apart: a user passing CuPy arrays has imported it already
-out["import_cupy"] = time.perf_counter() - t
+       "cupy_imported_before_call": "cupy" in sys.modules, "calls": [],
+       "package": sys.modules["scipy_gpuqr"].__file__}
+out["import_cupy"] = cupy_import     # timed apart (with the compile hooks, before the
+                                    # package): a user passing CuPy arrays has imported it
 if not warmup_on:           # the A/B of blas_warmup (after the import, so both time the same)
     from scipy_gpuqr._engine.gpu import factorize_kernels as fk
     fk.start_blas_warmup = lambda *a: None
@@ -366,23 +378,36 @@ stop = threading.Event()
 threading.Thread(target=sampler, args=(stop,), name="diag-sampler", daemon=True).start()
 for i in range(3):
     SAMPLES.clear()
+    with lock:
+        events.clear()
     pre = set(sys.modules)
     T["t0"] = time.perf_counter()
     x = lsqr(A, b, backend=backend)[0]
     wall = time.perf_counter() - T["t0"]
+    prof = profile(list(SAMPLES))
+    time.sleep(0.3)         # worker threads (store writes, prefetches) end between calls
     T["t0"] = None
+    with lock:
+        ev = sorted(events, key=lambda e: e["start"])
+    def tot(kind, main):
+        return round(sum(e["seconds"] for e in ev if e["kind"] == kind and e["main"] == main), 4)
     out["calls"].append({
         "wall": wall, "modules_imported": len(set(sys.modules) - pre),
         "relative_residual": float(np.linalg.norm(A.T @ (A @ x - b)) / np.linalg.norm(A.T @ b)),
-        "main_profile": profile(list(SAMPLES))})
-    time.sleep(0.3)         # worker threads (store writes, prefetches) end between calls
+        "main_compile_or_load_s": tot("compile_or_load", True),
+        "main_nvrtc_s": tot("nvrtc", True), "main_dlopen_s": tot("dlopen", True),
+        "worker_compile_or_load_s": tot("compile_or_load", False),
+        "worker_nvrtc_s": tot("nvrtc", False), "worker_dlopen_s": tot("dlopen", False),
+        "main_events": [e for e in ev if e["main"] and e["kind"] != "nvrtc"],
+        "main_profile": prof})
 stop.set()
 print(json.dumps(out))
 """
 
 
 def new_process_gap(problems: list, procs: int = 4, store: str | None = None,
-                    backend: str = "gpu") -> dict:
+                    backend: str = "gpu", *, cold: bool = False,
+                    tree: str | None = None) -> dict:
     """A new process's first ``lsqr(A, b, backend='gpu')`` with warm caches against
     its warm calls (issue 16 item 4: at most 0.3 s above), per problem.
 
@@ -397,20 +422,37 @@ def new_process_gap(problems: list, procs: int = 4, store: str | None = None,
     the faster of the other two. The main thread is sampled every 2 ms
     (the first call against the second, as ``--compiles``). ``backend``
     other than 'gpu': a dry run of the script (no GPU).
+
+    ``cold``: each problem's processes get an empty kernel cache of their own
+    (``CUPY_CACHE_DIR``), so its first process is a cold first call (with
+    empty caches of every kind). ``tree``: the processes import the package
+    from that folder (a ``git archive`` of another commit: the baseline in the
+    same run) instead of this checkout. Every compile or kernel-cache load and
+    every ``dlopen`` on the main thread is listed per call (with the package
+    line that asked for it).
     """
     out = {}
     for spec in problems:
         rows = []
         with tempfile.TemporaryDirectory() as d:
-            env = dict(os.environ, SCIPY_GPUQR_SCHEDULE_CACHE=store or d)
+            env = dict(os.environ, SCIPY_GPUQR_SCHEDULE_CACHE=store or f"{d}/store")
+            if cold:
+                env["CUPY_CACHE_DIR"] = f"{d}/kernels"
+            cwd = None
+            if tree:
+                cwd = str(Path(tree).resolve())
+                env["PYTHONPATH"] = cwd + os.pathsep + env.get("PYTHONPATH", "")
             for i in range(procs + 1):
                 on = i == 0 or i % 2 == 1
                 r = subprocess.run([sys.executable, "-c", _NEWPROC, spec, "1" if on else "0",
                                     backend],
-                                   env=env, capture_output=True, text=True, timeout=300)
+                                   env=env, capture_output=True, text=True, timeout=300,
+                                   cwd=cwd)
                 row = (json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0
                        else {"error": r.stderr[-3000:]})
-                row["label"] = "fills the caches" if i == 0 else f"warm caches {i}"
+                row["label"] = ((("cold caches" if cold else "fills the caches") if i == 0
+                                 else f"warm caches {i}"))
+                row["tree"] = tree or "."
                 rows.append(row)
         out[spec] = rows
     return out
@@ -421,7 +463,8 @@ def print_new_process(res: dict) -> None:
     and without the cuBLAS warm-up; the main thread's profile of the first
     warm-cache process with it (call 1 against call 2)."""
     for spec, rows in res.items():
-        print(f"== new process, {spec}: lsqr(A, b)")
+        pkg = next((r.get("package") for r in rows if "package" in r), "?")
+        print(f"== new process, {spec}: lsqr(A, b) (package {pkg})")
         print("process | blas warm-up | user imports s | import lsqr s (modules) | import cupy s | "
               "call 1 | call 2 | call 3 | gap s | rel. residual")
         gaps = {True: [], False: []}
@@ -431,7 +474,7 @@ def print_new_process(res: dict) -> None:
                 continue
             w = [c["wall"] for c in r["calls"]]
             gap = w[0] - min(w[1:])
-            if r["label"] != "fills the caches":
+            if r["label"].startswith("warm"):
                 gaps[r["blas_warmup"]].append(gap)
             print(f"{r['label']} | {'on' if r['blas_warmup'] else 'off'} | "
                   f"{r['user_imports']:.2f} | {r['import_lsqr']:.2f} ({r['import_lsqr_modules']}) | "
@@ -442,8 +485,19 @@ def print_new_process(res: dict) -> None:
                 g = sorted(gaps[on])
                 print(f"  gap with the warm-up {'on' if on else 'off'}: median "
                       f"{g[len(g) // 2]:+.3f} s over {len(g)} processes ({', '.join(f'{x:+.3f}' for x in g)})")
+        for r in rows:
+            if "error" in r or "main_events" not in r["calls"][0]:
+                continue
+            c = r["calls"][0]
+            print(f"-- {r['label']}, call 1: main thread compile/load {c['main_compile_or_load_s']:.3f} s, "
+                  f"dlopen {c['main_dlopen_s']:.3f} s; workers: compile/load "
+                  f"{c['worker_compile_or_load_s']:.3f} s, nvrtc {c['worker_nvrtc_s']:.3f} s")
+            for e in c["main_events"]:
+                if e["kind"] == "compile_or_load" or e["seconds"] >= 0.005:
+                    print(f"  {e['start']:7.3f} {e['seconds']:6.3f} {e['kind']:15s} "
+                          f"{e['name'][:48]:48s} {e['where']}")
         first = next((r for r in rows if "error" not in r and r["blas_warmup"]
-                      and r["label"] != "fills the caches"), None)
+                      and r["label"].startswith("warm")), None)
         if first is not None:
             print(f"-- {first['label']} (warm-up on), main thread:")
             print_profiles(first["calls"])
@@ -646,13 +700,19 @@ def main(argv=None) -> int:
     p.add_argument("--procs", type=int, default=4,
                    help="warm-cache processes per problem (--new-process; alternately "
                         "with and without the cuBLAS warm-up)")
+    p.add_argument("--cold", action="store_true",
+                   help="--new-process: an empty kernel cache per problem (its first "
+                        "process a cold first call)")
+    p.add_argument("--tree", metavar="DIR",
+                   help="--new-process: import the package from DIR (a git archive of "
+                        "another commit: the baseline in the same run)")
     p.add_argument("--backend", default="gpu",
                    help="--new-process: the calls' backend (another than gpu: a dry run)")
     a = p.parse_args(argv)
     res = {}
     if a.new_process:
         res["new_process"] = new_process_gap(a.new_process.split(","), a.procs,
-                                             backend=a.backend)
+                                             backend=a.backend, cold=a.cold, tree=a.tree)
         print_new_process(res["new_process"])
         if a.json:
             Path(a.json).write_text(json.dumps(res, indent=1, default=str))
