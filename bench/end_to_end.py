@@ -3,7 +3,7 @@
 
     python bench/end_to_end.py [--quick] [--json out.json] [--no-subprocess]
         [--only NAME ...] [--subprocess-for NAME ...] [--no-cold] [--warm-runs N]
-        [--rank-cols N]
+        [--rank-cols N] [--free-parent-pool]
 
 Per problem, in one run (one GPU):
 
@@ -215,7 +215,7 @@ def public_rows(A, b, reps: int, backend: str = "gpu") -> dict:
 
 
 _CHILD = r"""
-import json, sys, time
+import json, logging, sys, time
 t0 = time.perf_counter()
 sys.path.insert(0, sys.argv[2])
 sys.path.insert(0, sys.argv[2] + "/bench")
@@ -225,25 +225,105 @@ A = make(sys.argv[1]); b = rhs(A)
 t1 = time.perf_counter()
 from scipy_gpuqr import lsqr
 t2 = time.perf_counter()
-calls = []
+# per call, what the device's memory looked like to the package: every read of it
+# (DeviceMemory: available, what limited it, free, this process's pool) with the
+# function that asked, every stage plan made (stages, peak, host fronts), and the
+# package's log lines (restaging, Q on the host, ...)
+from scipy_gpuqr._engine import memory as _mem
+reads, plans, logs = [], [], []
+_dm_init = _mem.DeviceMemory.__init__
+def _dm(self, *a, **k):
+    _dm_init(self, *a, **k)
+    f1, f2 = sys._getframe(1), sys._getframe(2)
+    d = self.detail or {}
+    reads.append({"available": self.available, "limited_by": self.limited_by,
+                  "free": d.get("free"), "pool_used": d.get("pool_used"),
+                  "pool_cached": d.get("pool_cached"),
+                  "by": f"{f1.f_code.co_name} < {f2.f_code.co_filename.split('/')[-1]}:"
+                        f"{f2.f_code.co_name}"})
+_mem.DeviceMemory.__init__ = _dm
+_pfm = _mem.plan_for_memory
+def _plan(analysis, needs, available, *a, **k):
+    p = _pfm(analysis, needs, available, *a, **k)
+    plans.append({"available": available, "stages": len(p.need), "peak": p.peak,
+                  "fixed": p.fixed, "host_fronts": len(p.host), "feasible": not p.oversized})
+    return p
+for m in list(sys.modules.values()):
+    if getattr(m, "plan_for_memory", None) is _pfm:
+        m.plan_for_memory = _plan
+_mem.plan_for_memory = _plan
+class _Logs(logging.Handler):
+    def emit(self, r):
+        logs.append(f"{r.levelname} {r.name}: {r.getMessage()}"[:300])
+_lg = logging.getLogger("scipy_gpuqr")
+_lg.addHandler(_Logs())
+_lg.setLevel(logging.INFO)
+calls, memory = [], []
 for _ in range(3):
+    del reads[:], plans[:], logs[:]
     t = time.perf_counter()
     lsqr(A, b, backend=sys.argv[3])
     calls.append(time.perf_counter() - t)
+    memory.append({"reads": list(reads), "plans": list(plans), "logs": list(logs)})
 print(json.dumps({"setup": t1 - t0, "import": t2 - t1, "first": calls[0], "second": calls[1],
-                  "third": calls[2], "gap": calls[0] - min(calls[1:])}))
+                  "third": calls[2], "gap": calls[0] - min(calls[1:]), "memory": memory}))
 """
 
 
+def parent_memory() -> dict:
+    """This process's CuPy pool and the device's free memory (bytes) as the new
+    processes start: what the parent holds is not free for them."""
+    from scipy_gpuqr._gpu import gpu_info, import_cupy
+    if not gpu_info().get("available"):
+        return {}
+    cp = import_cupy()
+    pool = cp.get_default_memory_pool()
+    free, total = cp.cuda.runtime.memGetInfo()
+    return {"pool_used": int(pool.used_bytes()), "pool_held": int(pool.total_bytes()),
+            "device_free": int(free), "device_total": int(total)}
+
+
+def print_child_memory(name: str, child: dict) -> None:
+    """One line per call of a new process: its time, the stage plans made (stages,
+    peak, for how many bytes), the smallest 'available' any read of the device's
+    memory gave and who read it, and the package's log lines."""
+    for i, (key, m) in enumerate(zip(("first", "second", "third"), child.get("memory", []))):
+        plans = "; ".join(f"{p['stages']} stage(s), peak {p['peak'] / 2**30:.2f} GiB of "
+                          f"{(p['available'] or 0) / 2**30:.1f}, host fronts {p['host_fronts']}"
+                          for p in m["plans"]) or "no plan"
+        reads = [r for r in m["reads"] if r["available"] is not None]
+        low = min(reads, key=lambda r: r["available"], default=None)
+        lowest = (f"least available {low['available'] / 2**30:.1f} GiB ({low['limited_by']}, free "
+                  f"{(low['free'] or 0) / 2**30:.1f}, own pool cached "
+                  f"{(low['pool_cached'] or 0) / 2**30:.1f}; {low['by']}) of {len(reads)} reads"
+                  if low else "no reads")
+        print(f"  {name} call {i + 1}: {child[key]:.2f} s | {plans} | {lowest}")
+        for line in m["logs"]:
+            print(f"    log: {line}")
+
+
 def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
-                warm_runs: int = 1) -> dict:
+                warm_runs: int = 1, free_parent_pool: bool = False) -> dict:
     """First lsqr in fresh processes: empty caches (``cold``), then ``warm_runs``
     processes with the caches it left; without ``cold`` the processes use the
     environment's caches (``CUPY_CACHE_DIR``, the analysis/plan store), which
     this run's own calls on the problem filled. Each process times its setup
     (imports, the matrix), ``from scipy_gpuqr import lsqr`` (``import``) and
-    three calls; ``gap`` is the first less the faster of the other two."""
-    out = {}
+    three calls; ``gap`` is the first less the faster of the other two.
+    Each process also reports, per call, the device memory it saw and the
+    stage plans it made (:func:`print_child_memory`); ``parent_memory`` is
+    what this process held meanwhile (``free_parent_pool``: its CuPy pool's
+    cached blocks given back first)."""
+    if free_parent_pool and backend == "gpu":
+        from scipy_gpuqr._gpu import import_cupy
+        import_cupy().get_default_memory_pool().free_all_blocks()
+    out = {"parent_memory": parent_memory()}
+    pm = out["parent_memory"]
+    if pm:
+        print(f"  {spec}: the parent holds {pm['pool_held'] / 2**30:.2f} GiB in its CuPy pool "
+              f"({pm['pool_used'] / 2**30:.2f} in use); device free "
+              f"{pm['device_free'] / 2**30:.1f} of {pm['device_total'] / 2**30:.1f} GiB",
+              flush=True)
     with tempfile.TemporaryDirectory() as d:
         env = (dict(os.environ, CUPY_CACHE_DIR=f"{d}/kernels",
                     SCIPY_GPUQR_SCHEDULE_CACHE=f"{d}/store") if cold else dict(os.environ))
@@ -257,13 +337,14 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
                 out[name] = {"error": r.stderr[-1500:]}
                 continue
             out[name] = json.loads(r.stdout.strip().splitlines()[-1])
+            print_child_memory(f"{spec} {name}", out[name])
     return out
 
 
 # ----------------------------------------------------------------------------- main
 
 def run_problem(name, spec, *, reps, subprocs, rank_cols=RANK_MAX_COLS,
-                backend="gpu", cold=True, warm_runs=1) -> dict:
+                backend="gpu", cold=True, warm_runs=1, free_parent_pool=False) -> dict:
     t0 = time.perf_counter()
     A = make(spec)
     A = sp.csc_array(A)
@@ -274,7 +355,8 @@ def run_problem(name, spec, *, reps, subprocs, rank_cols=RANK_MAX_COLS,
     row["engine"] = engine_rows(A, b, reps, backend)
     row["lstsq_rank"] = lstsq_rank(A, rank_cols)
     if subprocs:
-        row["new_process"] = new_process(spec, backend, cold=cold, warm_runs=warm_runs)
+        row["new_process"] = new_process(spec, backend, cold=cold, warm_runs=warm_runs,
+                                         free_parent_pool=free_parent_pool)
     row["bench_seconds"] = time.perf_counter() - t0
     return row
 
@@ -348,6 +430,10 @@ def main(argv=None) -> int:
                         "environment's CUPY_CACHE_DIR and store, filled by its own calls)")
     p.add_argument("--warm-runs", type=int, default=1,
                    help="new processes with warm caches per problem (the gap: median)")
+    p.add_argument("--free-parent-pool", action="store_true",
+                   help="give this process's cached CuPy pool blocks back before the new "
+                        "processes start (else it holds them meanwhile, as a user's "
+                        "process would)")
     p.add_argument("--rank-cols", type=int,
                    help="lstsq's rank (dense SVD) only up to this many columns "
                         f"(default {RANK_MAX_COLS}, --quick 5000; 0: none)")
@@ -380,7 +466,8 @@ def main(argv=None) -> int:
             row = run_problem(name, spec, reps=reps, subprocs=subprocs,
                               rank_cols=(a.rank_cols if a.rank_cols is not None
                                          else 5000 if a.quick else RANK_MAX_COLS),
-                              backend=a.backend, cold=not a.no_cold, warm_runs=a.warm_runs)
+                              backend=a.backend, cold=not a.no_cold, warm_runs=a.warm_runs,
+                              free_parent_pool=a.free_parent_pool)
         except Exception as exc:  # noqa: BLE001 - a row says what failed, the run goes on
             row = {"problem": name, "spec": spec, "error": f"{type(exc).__name__}: {exc}"}
             print(f"{name}: {row['error']}", flush=True)
