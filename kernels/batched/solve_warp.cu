@@ -20,7 +20,8 @@
 // with CTL_NAN_FILL a matrix whose info is > 0 gets an all-NaN solution and
 // its factor is not looked at. Pivots out of [0, N) are clamped (garbage
 // results, no access outside the matrix's rows).
-// Launch: blockDim.x a multiple of 32 (<= 256), any grid (grid-stride over tiles).
+// Launch: blockDim.x a multiple of 32 (<= 256), any grid (grid-stride over
+// tiles: warp_row_tasks of warp.cuh).
 #include "warp.cuh"
 
 using namespace gpuqr_warp;
@@ -32,19 +33,8 @@ getrs_warp(const T *__restrict__ lu, const int *__restrict__ piv, const T *__res
            unsigned long long *__restrict__ status, unsigned long long ctl,
            const int *__restrict__ info)
 {
-    constexpr int SEG = Seg<N>::value;
-    constexpr int MW = 32 / SEG;
-    const int lane = threadIdx.x & 31;
-    const int r = lane & (SEG - 1);
-    const int base = lane & ~(SEG - 1);
-    const int mloc = lane / SEG;
-    const long long ntask = (batch + MW - 1) / MW;
-    const long long stride = (long long)gridDim.x * (blockDim.x >> 5);
     bool bad_f = false, bad_b = false;
-    for (long long task = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-         task < ntask; task += stride) {
-        const long long m = task * MW + mloc;
-        const bool active = m < batch && r < N;
+    warp_row_tasks<N>(batch, [&](long long m, bool active, int r, int base) {
         const bool nan = active && info != nullptr && gpuqr_status::nan_result(info[m], ctl);
         T row[N];
         int pv = r;
@@ -90,7 +80,7 @@ getrs_warp(const T *__restrict__ lu, const int *__restrict__ piv, const T *__res
             if (active)
                 x[(m * N + r) * (long long)nrhs + c] = nan ? gpuqr_status::quiet_nan<T>() : xv;
         }
-    }
+    });
     if (bad_f) gpuqr_status::mark(status, ctl, 2);
     if (bad_b) gpuqr_status::mark(status, ctl, 3);
 }
@@ -113,19 +103,8 @@ potrs_warp(const T *__restrict__ c, const T *__restrict__ b, T *__restrict__ x, 
            long long batch, int lower, long long bstride,
            unsigned long long *__restrict__ status, unsigned long long ctl)
 {
-    constexpr int SEG = Seg<N>::value;
-    constexpr int MW = 32 / SEG;
-    const int lane = threadIdx.x & 31;
-    const int r = lane & (SEG - 1);
-    const int base = lane & ~(SEG - 1);
-    const int mloc = lane / SEG;
-    const long long ntask = (batch + MW - 1) / MW;
-    const long long stride = (long long)gridDim.x * (blockDim.x >> 5);
     bool bad_f = false, bad_b = false;
-    for (long long task = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-         task < ntask; task += stride) {
-        const long long m = task * MW + mloc;
-        const bool active = m < batch && r < N;
+    warp_row_tasks<N>(batch, [&](long long m, bool active, int r, int base) {
         T g[N];
         if (active) {
             const T *M = c + m * N * N;
@@ -178,7 +157,7 @@ potrs_warp(const T *__restrict__ c, const T *__restrict__ b, T *__restrict__ x, 
             }
             if (active) x[(m * N + r) * (long long)nrhs + col] = s;
         }
-    }
+    });
     if (bad_f) gpuqr_status::mark(status, ctl, 2);
     if (bad_b) gpuqr_status::mark(status, ctl, 3);
 }

@@ -359,6 +359,28 @@ __device__ __forceinline__ void tile_mask(T *t, const void *sizes, int szw, long
     __syncwarp();
 }
 
+// Grid-stride loop of a warp over tiles of MW = 32 / SEG matrices held a
+// row per lane in registers (the solves of solve_warp.cu): per tile,
+// body(m, active, r, base) with m the lane's matrix, active (m < batch and
+// r < N), r its row and base its segment's first lane. Every lane of the
+// warp calls body (shuffles inside it stay legal).
+template <int N, typename Body>
+__device__ __forceinline__ void warp_row_tasks(long long batch, Body body) {
+    constexpr int SEG = Seg<N>::value;
+    constexpr int MW = 32 / SEG;
+    const int lane = threadIdx.x & 31;
+    const int r = lane & (SEG - 1);
+    const int base = lane & ~(SEG - 1);
+    const int mloc = lane / SEG;
+    const long long ntask = (batch + MW - 1) / MW;
+    const long long stride = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long task = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+         task < ntask; task += stride) {
+        const long long m = task * MW + mloc;
+        body(m, m < batch && r < N, r, base);
+    }
+}
+
 // Grid-stride loop of a warp over its tiles: copy in (one tile ahead when
 // stages == 2), tile_mask (per-matrix orders: sizes, szw; null: none),
 // proc(tile, first matrix, number of matrices), copy out (none when out is

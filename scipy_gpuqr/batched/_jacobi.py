@@ -1,7 +1,9 @@
 """Block-Jacobi preconditioner built on a batched inverse.
 
 The diagonal blocks of a sparse (or dense) square matrix are gathered into a
-stack ``(nblocks, bs, bs)`` in one vectorized scatter, inverted in one batched
+stack ``(nblocks, bs, bs)`` -- on the GPU by one kernel over the rows of a
+CSR matrix (``kernels/batched/jacobi.cu``) or a strided copy of a dense one,
+on the CPU in one vectorized scatter --, inverted in one batched
 call (plus one for a ragged last block), and applied by a batched
 matrix-vector product, on the device that holds ``A``. The inverse
 (:func:`scipy_gpuqr.inv_batched`) is passed in by
@@ -16,9 +18,61 @@ import scipy.sparse as sps
 import scipy.sparse.linalg as spla
 from scipy.linalg import LinAlgError
 
+import functools
+
+from . import _gpu_common as _gc
+from ._kernel_registry import JACOBI_FILE, KERNEL_VARIANTS, jacobi_name
 from .._gpu import import_cupy, is_cupy_array, is_cupy_sparse
+from .._kernels import load_module
 
 __all__ = ["build", "check_block_size"]
+
+#: Threads per block and most blocks of the CSR gather (grid-stride over rows).
+_GATHER_THREADS = 256
+_GATHER_MAX_BLOCKS = 65536
+
+
+@functools.lru_cache(maxsize=None)
+def _gather_function(dt: str, ix: str, device: int) -> int:
+    """The CUfunction of ``jacobi_gather<dt, ix>`` on ``device``."""
+    module = load_module(JACOBI_FILE, KERNEL_VARIANTS[JACOBI_FILE])
+    return module.get_function(jacobi_name(dt, ix)).kernel.ptr
+
+
+def _gpu_blocks(A, n, bs, dtype):
+    """(full, last) of a CuPy matrix on the device without a COO detour, or
+    None (complex data: the general path). A sparse ``A`` goes through CSR
+    (one kernel reads each row once); a dense C-contiguous one is copied
+    through a strided view of its diagonal blocks."""
+    cp = import_cupy()
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return None
+    nfull = n // bs
+    split = nfull * bs
+    rest = n - split
+    if not is_cupy_sparse(A):
+        a = cp.asarray(A)
+        if not a.flags.c_contiguous:
+            return None
+        item = a.itemsize
+        full = cp.lib.stride_tricks.as_strided(
+            a, shape=(nfull, bs, bs), strides=((n + 1) * bs * item, n * item, item))
+        return (cp.ascontiguousarray(full, dtype=dt),
+                cp.ascontiguousarray(a[split:, split:], dtype=dt))
+    csr = A if A.format == "csr" else A.tocsr()
+    data = csr.data if csr.data.dtype == dt else csr.data.astype(dt)
+    indptr, indices = csr.indptr, csr.indices
+    if indptr.dtype != indices.dtype or indices.dtype not in (np.int32, np.int64):
+        indptr, indices = indptr.astype(np.int64), indices.astype(np.int64)
+    full, last = _gc.alloc_outputs((((nfull, bs, bs), dt), ((rest, rest), dt)))
+    if n:
+        grid = max(1, min(_GATHER_MAX_BLOCKS, -(-n // _GATHER_THREADS)))
+        _gc.launch(_gather_function(dt.name, indices.dtype.name, _gc.device_id()), grid,
+                   _GATHER_THREADS, 0,
+                   (indptr.data.ptr, indices.data.ptr, data.data.ptr, n, bs, split,
+                    full.data.ptr, last.data.ptr))
+    return full, last
 
 
 def _blocks(rows, cols, vals, n, bs, xp, dtype):
@@ -55,20 +109,26 @@ def build(A, block_size, inv_batched, *, check_finite=True, backend=None):
     if on_gpu:
         xp = import_cupy()
         from cupyx.scipy.sparse.linalg import LinearOperator
-        import cupyx.scipy.sparse as xsp
-        coo = xsp.coo_matrix(A) if is_cupy_sparse(A) else xsp.coo_matrix(xp.asarray(A))
+        shape, adt = A.shape, A.dtype
     else:
         xp = np
         LinearOperator = spla.LinearOperator
-        coo = sps.coo_matrix(A)
-    if coo.ndim != 2 or coo.shape[0] != coo.shape[1]:
-        raise ValueError(f"block_jacobi: A must be square, got shape {coo.shape}")
-    n = coo.shape[0]
-    dtype = np.promote_types(coo.dtype, np.float32)
+        A = sps.coo_matrix(A)
+        shape, adt = A.shape, A.dtype
+    if len(shape) != 2 or shape[0] != shape[1]:
+        raise ValueError(f"block_jacobi: A must be square, got shape {tuple(shape)}")
+    n = shape[0]
+    dtype = np.promote_types(adt, np.float32)
     if np.dtype(dtype).kind not in "fc":
         dtype = np.float64
-    full, last = _blocks(coo.row.astype(np.int64), coo.col.astype(np.int64),
-                         coo.data, n, bs, xp, dtype)
+    blocks = _gpu_blocks(A, n, bs, dtype) if on_gpu else None
+    if blocks is None:
+        if on_gpu:
+            import cupyx.scipy.sparse as xsp
+            A = xsp.coo_matrix(A) if is_cupy_sparse(A) else xsp.coo_matrix(xp.asarray(A))
+        blocks = _blocks(A.row.astype(np.int64), A.col.astype(np.int64), A.data, n, bs,
+                         xp, dtype)
+    full, last = blocks
     nfull = full.shape[0]
     try:
         inv_full = inv_batched(full, check_finite=check_finite,

@@ -15,7 +15,8 @@ __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "FUSED_MAX", "ROWS_MAX", "ROWS_PANEL", "ROWS_THREADS", "STAGE_COLS",
            "rows_name", "MMA_SIZES", "MMA_FILE", "ROWS_FILE", "PANEL_FILE",
            "SOLVE_FILE", "STATUS_FILE", "status_name", "VB_FILE", "vb_name",
-           "MMA64_FILE", "MMA64_NAME", "MMA64_SMEM", "MMA_ROWS_NAME", "mma_rows_smem"]
+           "MMA64_FILE", "MMA64_NAME", "MMA64_SMEM", "MMA_ROWS_NAME", "mma_rows_smem",
+           "JACOBI_FILE", "jacobi_name"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
 SMALL_MAX = 32
@@ -95,6 +96,16 @@ SOLVE_FILE = "batched/solve.cu"
 #: back instead of a per-matrix array.
 STATUS_FILE = "batched/status.cu"
 
+#: Source file of block_jacobi's gather of a CSR matrix's diagonal blocks
+#: (``jacobi_gather<T, I>``: float/double data, int/long long indices).
+JACOBI_FILE = "batched/jacobi.cu"
+
+
+def jacobi_name(dtype: str, index: str) -> str:
+    """``jacobi_gather<double, int>`` and friends (``index``: 'int32' or 'int64')."""
+    return f"jacobi_gather<{_CTYPES[dtype]}, {dict(int32='int', int64='long long')[index]}>"
+
+
 #: Source file of the gathers and scatters of the variable-size batches
 #: (``vb_gather``, ``vb_scatter``; float, double and int for the pivots) and
 #: of the size classes of a padded stack (``vb_classes``).
@@ -170,6 +181,7 @@ KERNEL_VARIANTS = {
         for dt in _CTYPES for n in range(1, SMALL_MAX + 1)),
     STATUS_FILE: tuple(
         status_name(k, dt) for k in ("info_scan", "nonfinite_scan") for dt in _CTYPES),
+    JACOBI_FILE: tuple(jacobi_name(dt, ix) for dt in _CTYPES for ix in ("int32", "int64")),
     VB_FILE: tuple(
         vb_name(k, dt) for k in ("vb_gather", "vb_scatter")
         for dt in ("float32", "float64", "int32")) + ("vb_classes",),
