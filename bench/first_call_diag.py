@@ -407,7 +407,7 @@ print(json.dumps(out))
 
 def new_process_gap(problems: list, procs: int = 4, store: str | None = None,
                     backend: str = "gpu", *, cold: bool = False,
-                    tree: str | None = None) -> dict:
+                    tree: str | None = None, ab: bool = True) -> dict:
     """A new process's first ``lsqr(A, b, backend='gpu')`` with warm caches against
     its warm calls (issue 16 item 4: at most 0.3 s above), per problem.
 
@@ -429,7 +429,7 @@ def new_process_gap(problems: list, procs: int = 4, store: str | None = None,
     from that folder (a ``git archive`` of another commit: the baseline in the
     same run) instead of this checkout. Every compile or kernel-cache load and
     every ``dlopen`` on the main thread is listed per call (with the package
-    line that asked for it).
+    line that asked for it). ``ab`` False: the warm-up on in every process.
     """
     out = {}
     for spec in problems:
@@ -443,7 +443,7 @@ def new_process_gap(problems: list, procs: int = 4, store: str | None = None,
                 cwd = str(Path(tree).resolve())
                 env["PYTHONPATH"] = cwd + os.pathsep + env.get("PYTHONPATH", "")
             for i in range(procs + 1):
-                on = i == 0 or i % 2 == 1
+                on = i == 0 or i % 2 == 1 or not ab
                 r = subprocess.run([sys.executable, "-c", _NEWPROC, spec, "1" if on else "0",
                                     backend],
                                    env=env, capture_output=True, text=True, timeout=300,
@@ -703,6 +703,8 @@ def main(argv=None) -> int:
     p.add_argument("--cold", action="store_true",
                    help="--new-process: an empty kernel cache per problem (its first "
                         "process a cold first call)")
+    p.add_argument("--no-ab", action="store_true",
+                   help="--new-process: the cuBLAS warm-up on in every process (no A/B)")
     p.add_argument("--tree", metavar="DIR",
                    help="--new-process: import the package from DIR (a git archive of "
                         "another commit: the baseline in the same run)")
@@ -712,7 +714,8 @@ def main(argv=None) -> int:
     res = {}
     if a.new_process:
         res["new_process"] = new_process_gap(a.new_process.split(","), a.procs,
-                                             backend=a.backend, cold=a.cold, tree=a.tree)
+                                             backend=a.backend, cold=a.cold, tree=a.tree,
+                                             ab=not a.no_ab)
         print_new_process(res["new_process"])
         if a.json:
             Path(a.json).write_text(json.dumps(res, indent=1, default=str))
