@@ -6,6 +6,7 @@ pattern against the warm engine (issue 16, items 2 and 4).
     python bench/first_call_diag.py --json out.json [--grid 40]
     python bench/first_call_diag.py --compiles [--grid 40] [--json out.json]
     python bench/first_call_diag.py --nvrtc            # no GPU needed
+    python bench/first_call_diag.py --handles          # CUDA set-up step by step
     python bench/first_call_diag.py --new-process ch7-8-b3,grid40 [--procs 4] [--cold]
         [--tree DIR]
 
@@ -405,6 +406,57 @@ print(json.dumps(out))
 """
 
 
+_HANDLES = r"""
+import json, sys, threading, time
+T = {}
+def lap(k, t):
+    T[k] = round(time.perf_counter() - t, 4)
+t = time.perf_counter(); import cupy; lap("import_cupy", t)
+t = time.perf_counter(); cupy.cuda.runtime.getDeviceCount(); lap("cuInit_device_count", t)
+t = time.perf_counter(); cupy.cuda.Device(0).use(); cupy.empty(1); lap("context_and_first_alloc", t)
+t = time.perf_counter(); cupy.cuda.runtime.memGetInfo(); lap("memGetInfo", t)
+t = time.perf_counter()
+from cupy_backends.cuda.libs import cublas, cusolver
+lap("import_cublas_cusolver", t)
+if sys.argv[1] == "worker":       # a worker thread sets the libraries up first
+    def work():
+        t = time.perf_counter()
+        h = cusolver.create(); cusolver.destroy(h)
+        lap("worker_cusolver_create", t)
+        t = time.perf_counter()
+        h = cublas.create(); cublas.destroy(h)
+        lap("worker_cublas_create", t)
+    th = threading.Thread(target=work); th.start(); th.join()
+t = time.perf_counter(); cupy.cuda.device.get_cublas_handle(); lap("main_cublas_handle", t)
+t = time.perf_counter(); cupy.cuda.device.get_cusolver_handle(); lap("main_cusolver_handle", t)
+x = cupy.ones((2000, 8))
+t = time.perf_counter()
+from scipy_gpuqr._engine.gpu import array_ops as ao
+cupy.cuda.Device().synchronize(); lap("import_array_ops", t)
+t = time.perf_counter(); ao.thin_qr(x); cupy.cuda.Device().synchronize(); lap("first_thin_qr", t)
+t = time.perf_counter(); ao.thin_qr(x); cupy.cuda.Device().synchronize(); lap("second_thin_qr", t)
+print(json.dumps(T))
+"""
+
+
+def handle_costs(reps: int = 2) -> dict:
+    """A new process's CUDA set-up, step by step on the main thread (seconds):
+    the driver, the context, the cuBLAS and cuSOLVER libraries' import, the
+    thread's cuBLAS and cuSOLVER handles, a first and second ``thin_qr``
+    (its kernels from the warm cache); ``worker``: a worker thread creates and
+    destroys a handle of each library first (whether that makes the main
+    thread's cheaper)."""
+    out = {}
+    for mode in ("main", "worker"):
+        out[mode] = []
+        for _ in range(reps):
+            r = subprocess.run([sys.executable, "-c", _HANDLES, mode], capture_output=True,
+                               text=True, timeout=120)
+            out[mode].append(json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0
+                             else {"error": r.stderr[-1500:]})
+    return out
+
+
 def new_process_gap(problems: list, procs: int = 4, store: str | None = None,
                     backend: str = "gpu", *, cold: bool = False,
                     tree: str | None = None, ab: bool = True) -> dict:
@@ -710,8 +762,20 @@ def main(argv=None) -> int:
                         "another commit: the baseline in the same run)")
     p.add_argument("--backend", default="gpu",
                    help="--new-process: the calls' backend (another than gpu: a dry run)")
+    p.add_argument("--handles", action="store_true",
+                   help="a new process's CUDA context, library imports and handles, step "
+                        "by step (with and without a worker thread's handles first)")
     a = p.parse_args(argv)
     res = {}
+    if a.handles:
+        res["handles"] = handle_costs()
+        for mode, rows in res["handles"].items():
+            for r in rows:
+                print(f"handles ({mode}): {json.dumps(r)}", flush=True)
+        if a.json and not a.new_process:
+            Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+        if not a.new_process:
+            return 0
     if a.new_process:
         res["new_process"] = new_process_gap(a.new_process.split(","), a.procs,
                                              backend=a.backend, cold=a.cold, tree=a.tree,
