@@ -19,9 +19,10 @@ caller who writes ``g.lu_factor_batched(a)`` does) and per variant:
   (at least 50) calls, twice: less the stream synchronization in the read
   (``-sync``; a tree without the hook: the whole read) and less the whole
   read (``-read``); with the GPU idle when the call starts, and busy (a spin
-  of 0.3 ms queued before it). ``inv_vbatched`` is timed this way (idle) in
-  both variants: it reads its size classes first (one small copy, a wait
-  that stays in its time).
+  of 0.3 ms queued before it). The ``*_vbatched`` functions of a tree
+  without the one-kernel path of padded stacks (n <= 32) are timed this way
+  (idle) in both variants: they read their size classes first (one small
+  copy, a wait that stays in their time).
 
 References measured in the same process (the host's speed): an empty
 Python call, ``cupy.cuda.alloc`` from the pool, ``cupy.ndarray`` on given
@@ -459,6 +460,8 @@ def main(argv=None) -> int:
     from scipy_gpuqr.batched import _gpu_common as gc
     from scipy_gpuqr._gpu import gpu_info
 
+    from scipy_gpuqr.batched import _vbatched
+    padded = hasattr(_vbatched, "_padded_call") and args.n <= 32
     bench = Bench(cp, g, args.n, args.batch)
     acc, _ = hook_reads(gc)
     print(f"device: {gpu_info().get('name')}  [{args.tag}: scipy_gpuqr from "
@@ -477,7 +480,9 @@ def main(argv=None) -> int:
             continue
         row = dict(tag=args.tag, function=name, variant=variant, n=args.n, batch=args.batch)
         try:
-            sync_call = "vbatched" in name or "jacobi" in name   # they wait inside
+            # they wait inside (the vbatched size classes' read: a tree without
+            # the padded stacks' one-kernel path)
+            sync_call = "jacobi" in name or ("vbatched" in name and not padded)
             if variant == "async" and not sync_call:
                 med, per_round = bench.host_async(fn, args.calls, args.rounds)
                 row.update(host_us=med, rounds=per_round)

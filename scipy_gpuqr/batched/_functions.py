@@ -833,7 +833,9 @@ def solve_vbatched(a, b, sizes=None, *, check_finite=True, return_info=False,
     """Solve ``a_k x_k = b_k`` for matrices of different orders.
 
     One :func:`solve_batched` call per size class
-    (:mod:`scipy_gpuqr.batched._vbatched`).
+    (:mod:`scipy_gpuqr.batched._vbatched`); a padded CuPy stack of order
+    N <= 32 is one kernel that reads the sizes itself (see
+    :func:`lu_factor_vbatched` for sizes outside [0, N]).
 
     Parameters
     ----------
@@ -864,7 +866,9 @@ def inv_vbatched(a, sizes=None, *, check_finite=True, return_info=False,
     """Inverse of matrices of different orders (``scipy.linalg.inv`` each).
 
     One :func:`inv_batched` call per size class
-    (:mod:`scipy_gpuqr.batched._vbatched`).
+    (:mod:`scipy_gpuqr.batched._vbatched`); a padded CuPy stack of order
+    N <= 32 is one kernel that reads the sizes itself (see
+    :func:`lu_factor_vbatched` for sizes outside [0, N]).
 
     Parameters
     ----------
@@ -893,7 +897,9 @@ def cho_factor_vbatched(a, sizes=None, lower=False, *, check_finite=True,
     Per matrix the result equals ``scipy.linalg.cho_factor`` (the factor in
     the selected triangle, ``a``'s entries in the other one). One
     :func:`cho_factor_batched` call per size class
-    (:mod:`scipy_gpuqr.batched._vbatched`).
+    (:mod:`scipy_gpuqr.batched._vbatched`); a padded CuPy stack of order
+    N <= 32 is one kernel that reads the sizes itself (see
+    :func:`lu_factor_vbatched` for sizes outside [0, N]).
 
     Parameters
     ----------

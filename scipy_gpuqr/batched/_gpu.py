@@ -68,6 +68,11 @@ MMA_KERNELS = ("getrf_mma", "getri_mma", "gesv_mma")
 #: 6 % slower; 64 and 128 threads hold 24 warps too and ran 2 % slower.
 MMA_THREADS = 256
 
+#: Preferred shared-memory carveout (percent of the SM's unified L1/shared
+#: storage) set on those kernels before the occupancy is asked; None: the
+#: driver's choice.
+MMA_CARVEOUT = None
+
 #: Shared memory an sm_90 SM gives its blocks (the stage rule of warp_defaults).
 _SMEM_PER_SM = 227 * 1024
 
@@ -233,6 +238,8 @@ def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
         smem = warp_smem_bytes(size, np.dtype(dt).itemsize, threads // 32, stages)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
+    if kernel in MMA_KERNELS and MMA_CARVEOUT is not None:
+        fn.preferred_shared_memory_carveout = MMA_CARVEOUT
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, smem)
     sms = cp.cuda.Device(device).attributes["MultiProcessorCount"]
     mw = 1 if kernel in MMA_KERNELS else 32 if size <= TINY_MAX else 32 // _seg(size)
