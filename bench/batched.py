@@ -270,13 +270,13 @@ def cublas_lu(cp, a, inverse: bool):
 #: The public functions timed by ``--public`` (``inv_v``, ``lu_v``,
 #: ``solve_v``, ``cho_v``: the ``*_vbatched`` functions on a padded stack
 #: whose matrices all have order n, beside the fixed-size kernel of the
-#: stack; ``inv_vmix``: orders drawn from n/2+1 .. n, several size classes,
-#: beside the kernel of the whole stack; ``jacobi``: block_jacobi of the
+#: stack; ``inv_vmix``, ``lu_vmix``: orders drawn from n/2+1 .. n, several
+#: size classes, beside the kernel of the whole stack; ``jacobi``: block_jacobi of the
 #: block-diagonal CSR matrix made of the stack, blocks of n, beside the
 #: inverse kernel of the stack (its block gather is extra work the kernel
 #: column does not hold)) and the driver of each one's kernel.
 PUBLIC_OPS = ("lu", "inv", "solve", "chol", "lu_solve", "cho_solve", "inv_v", "inv_vmix",
-              "lu_v", "solve_v", "cho_v", "jacobi")
+              "lu_v", "lu_vmix", "solve_v", "cho_v", "jacobi")
 
 
 def public_bench(args) -> int:
@@ -401,8 +401,9 @@ def public_bench(args) -> int:
                     pub = lambda vsz=vsz: fns.inv_vbatched(a, vsz)                 # noqa: E731
                     asy = lambda vsz=vsz: fns.inv_vbatched(                        # noqa: E731
                         a, vsz, check_finite=False, return_info=True)
-                elif op == "lu_v":
-                    vsz = cp.full((bsz,), n, dtype=cp.int64)
+                elif op in ("lu_v", "lu_vmix"):
+                    vsz = (cp.full((bsz,), n, dtype=cp.int64) if op == "lu_v" else
+                           cp.random.randint(n // 2 + 1, n + 1, size=bsz).astype(cp.int64))
                     kern = lambda: bg.getrf(a)                                   # noqa: E731
                     pub = lambda vsz=vsz: fns.lu_factor_vbatched(a, vsz)           # noqa: E731
                     asy = lambda vsz=vsz: fns.lu_factor_vbatched(                  # noqa: E731
