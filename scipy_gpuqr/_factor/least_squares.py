@@ -53,6 +53,8 @@ VARIANCE_DENSE_LIMIT = 4_000_000
 #: Sparse formats whose ``data`` array holds every stored value (checked in place).
 _DATA_FORMATS = ("csr", "csc", "coo", "bsr")
 
+_CSC_CLASSES = (sp.csc_array, sp.csc_matrix)
+
 
 # ---------------------------------------------------------------------------
 # the checked problem
@@ -98,7 +100,7 @@ class LeastSquaresProblem:
     def matrix(self) -> MatrixInput:
         """The canonical float64 CSC copy of A (made once, on the host)."""
         if self._mi is None:
-            self._mi = as_matrix(self.A)
+            self._mi = _canonical_copy(self.A) or as_matrix(self.A)
         return self._mi
 
     def qr_matrix(self) -> MatrixInput:
@@ -142,6 +144,21 @@ class LeastSquaresProblem:
 
 def _host(v) -> np.ndarray:
     return v.get() if is_cupy_array(v) else v
+
+
+def _canonical_copy(A) -> Optional[MatrixInput]:
+    """:func:`~scipy_gpuqr._validate.as_matrix` of a SciPy CSC float64 A already in
+    canonical format with finite values: a copy of its three arrays, without
+    SciPy's format conversions; None for any other A (``as_matrix`` answers)."""
+    if type(A) not in _CSC_CLASSES or A.dtype != np.float64 or not A.has_canonical_format:
+        return None
+    if not np.isfinite(A.data).all():
+        return None
+    C = sp.csc_array((A.data.copy(), A.indices.copy(), A.indptr.copy()), shape=A.shape,
+                     copy=False)
+    C.has_canonical_format = True
+    return MatrixInput(A=C, dtype=np.dtype(np.float64), on_gpu=False, was_sparse=True,
+                       fmt="csc", sparse_class=type(A))
 
 
 def _as_given(A) -> tuple[object, int] | None:
@@ -561,12 +578,21 @@ def acond_estimate(solver: MinNormSolver, anorm: float) -> float:
         return 0.0
     smin = s.sigma_min
     if not (smin > 0) and s.rcond == s.rcond and s.rcond > 0:
-        R = sp.csc_array(s.R)
-        norm1 = float(abs(R).sum(axis=0).max())
-        smin = s.rcond * norm1  # 1/‖R⁻¹‖₁, within a factor sqrt(q) of σ_min
+        smin = s.rcond * _norm1(s.R)  # 1/‖R⁻¹‖₁, within a factor sqrt(q) of σ_min
     if not (smin > 0):
         smin = s.cutoff * s.sigma_max
     return anorm / smin if smin > 0 else np.inf
+
+
+def _norm1(R) -> float:
+    """‖R‖₁ (the largest column sum of magnitudes) of a sparse R, from its arrays
+    when it is CSC (no sparse copies; the column sums are SciPy's, in its order)."""
+    if type(R) not in _CSC_CLASSES:
+        R = sp.csc_array(R)
+    if not R.nnz:
+        return 0.0
+    filled = np.flatnonzero(np.diff(R.indptr))
+    return float(np.add.reduceat(np.abs(R.data), R.indptr[filled]).max())
 
 
 def variance(F: FactoredQR, M: sp.csc_array) -> np.ndarray:
