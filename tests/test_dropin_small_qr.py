@@ -125,6 +125,11 @@ def test_canonical_copy_leaves_other_input_to_as_matrix(rng):
     dup = sp.csc_array((np.ones(2), np.array([1, 1]), np.array([0, 2] + [2] * 7)),
                        shape=(10, 8))
     assert _canonical_copy(dup) is None
+    wide = sp.csc_matrix(A)
+    wide.indices, wide.indptr = wide.indices.astype(np.int64), wide.indptr.astype(np.int64)
+    assert _canonical_copy(wide) is None          # as_matrix narrows its indices
+    mine = _canonical_copy(sp.csc_array(wide))
+    assert mine.A.indices.dtype == as_matrix(sp.csc_array(wide)).A.indices.dtype
 
 
 def test_spqr_input_copy_of_a_canonical_matrix(rng):

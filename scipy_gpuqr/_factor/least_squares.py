@@ -149,8 +149,11 @@ def _host(v) -> np.ndarray:
 def _canonical_copy(A) -> Optional[MatrixInput]:
     """:func:`~scipy_gpuqr._validate.as_matrix` of a SciPy CSC float64 A already in
     canonical format with finite values: a copy of its three arrays, without
-    SciPy's format conversions; None for any other A (``as_matrix`` answers)."""
+    SciPy's format conversions; None for any other A (``as_matrix`` answers;
+    also for a ``csc_matrix`` with 64-bit indices, which its conversion narrows)."""
     if type(A) not in _CSC_CLASSES or A.dtype != np.float64 or not A.has_canonical_format:
+        return None
+    if type(A) is sp.csc_matrix and A.indices.dtype != np.int32:
         return None
     if not np.isfinite(A.data).all():
         return None
