@@ -215,7 +215,7 @@ def start_cluster(ids: list[str], gpu: bool, pinned: bool = False):
 
 
 def run_workers(k: int, ids: list[str], args, gpu: bool) -> dict:
-    from dask.distributed import Client
+    from dask.distributed import Client, get_task_stream
     t0 = time.perf_counter()
     _say(f"{k} worker(s): starting the cluster")
     cluster, kind = start_cluster(ids[:k], gpu, args.pinned)
@@ -235,18 +235,36 @@ def run_workers(k: int, ids: list[str], args, gpu: bool) -> dict:
         _say(f"{k} worker(s): warm-up run done")
         total, nchunks = pipeline(args.count, args.n, args.chunk, args.dtype, gpu)
         times, values = [], []
-        for _ in range(args.reps):
-            t0 = time.perf_counter()
-            values.append(float(total.compute()))
-            times.append(time.perf_counter() - t0)
+        for rep in range(args.reps):
+            with get_task_stream(client) as stream:
+                t0 = time.perf_counter()
+                values.append(float(total.compute()))
+                times.append(time.perf_counter() - t0)
+            if rep == args.reps - 1:
+                phases = task_phases(stream.data, k)
         _say(f"{k} worker(s): timed runs {['%.3f' % x for x in times]} s")
+        _say(f"{k} worker(s): seconds per worker in the last run, by task and action: "
+             + ", ".join(f"{name} {sec:.3f}" for name, sec in phases.items()))
     if gpu and len(set(s.split(" bus ")[-1] for s in seen)) != len(seen):
         print(f"  WARNING: workers share a GPU: {seen}", flush=True)
     return {"workers": k, "cluster": kind, "devices": sorted(seen),
             "start_seconds": t_start, "chunks": nchunks, "times_s": times,
             "median_s": statistics.median(times),
-            "checksum": values[0],
+            "checksum": values[0], "task_phases_s": phases,
             "checksums_equal": max(values) - min(values) <= 1e-12 * abs(values[0])}
+
+
+def task_phases(records, workers: int) -> dict:
+    """Seconds per worker of one ``compute()`` by task name and action (``compute``,
+    ``transfer``, ``disk-read``...), from Dask's task stream: where a worker's wall
+    time goes, against the direct run's per-chunk costs."""
+    from dask.utils import key_split
+    sums: dict = {}
+    for rec in records:
+        for ss in rec.get("startstops", ()):
+            name = f"{key_split(rec['key'])}:{ss['action']}"
+            sums[name] = sums.get(name, 0.0) + (ss["stop"] - ss["start"]) / workers
+    return dict(sorted(sums.items(), key=lambda kv: -kv[1]))
 
 
 def run_direct(args, gpu: bool) -> dict:
@@ -255,15 +273,19 @@ def run_direct(args, gpu: bool) -> dict:
     sizes = [args.chunk] * (args.count // args.chunk) + \
         ([args.count % args.chunk] if args.count % args.chunk else [])
     warm(args.n, args.dtype, args.chunk, gpu)
-    walls, lus, value = [], [], 0.0
+    walls, lus, makes, value = [], [], [], 0.0
     if gpu:
         import cupy
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     for _ in range(args.reps):
-        value, lu_s = 0.0, 0.0
+        value, lu_s, make_s = 0.0, 0.0, 0.0
         t0 = time.perf_counter()
         for i, s in enumerate(sizes):
+            t1 = time.perf_counter()
             a = make_chunk(1 + i, size=s, n=args.n, dt=args.dtype, gpu=gpu)
+            if gpu:
+                cupy.cuda.get_current_stream().synchronize()
+            make_s += time.perf_counter() - t1
             if gpu:
                 start.record()
             t1 = time.perf_counter()
@@ -278,10 +300,11 @@ def run_direct(args, gpu: bool) -> dict:
             del a, lu, piv
         walls.append(time.perf_counter() - t0)
         lus.append(lu_s)
+        makes.append(make_s)
     if gpu:
         cupy.get_default_memory_pool().free_all_blocks()
     return {"median_s": statistics.median(walls), "lu_only_s": statistics.median(lus),
-            "checksum": value}
+            "make_chunks_s": statistics.median(makes), "checksum": value}
 
 
 def main(argv=None) -> int:
@@ -360,6 +383,7 @@ def main(argv=None) -> int:
               f"{args.count / direct['median_s'] / 1e6:.1f} | | | |")
         print(f"| of which LU calls only | {direct['lu_only_s'] * 1e3:.1f} | "
               f"{args.count / direct['lu_only_s'] / 1e6:.1f} | | | |")
+        print(f"| of which making the chunks | {direct['make_chunks_s'] * 1e3:.1f} | | | | |")
         same = all(abs(r["checksum"] - direct["checksum"]) <= 1e-9 * abs(direct["checksum"])
                    for r in rows)
         print(f"checksums of the Dask runs equal the direct run's: {same}")

@@ -44,8 +44,11 @@ def _compare(A, one, many):
     # Gram of R (R unique up to row signs: a dense front whose rows were
     # assembled in another order, or factorized by another routine, may flip
     # some; the same records give the same R)
-    G1 = (one.R.T @ one.R).toarray()
-    G2 = (many.R.T @ many.R).toarray()
+    # (dense products: R of the chessboard case holds most of its upper triangle,
+    # where a sparse product R.T @ R takes the better part of a minute)
+    R1, R2 = one.R.toarray(), many.R.toarray()
+    G1 = R1.T @ R1
+    G2 = R2.T @ R2
     assert np.abs(G1 - G2).max() <= 1e-11 * scale * scale
     k = one.R.shape[0]
     sign = np.where(np.sign(many.R.diagonal()) == np.sign(one.R.diagonal()), 1.0, -1.0)
