@@ -727,3 +727,64 @@ def test_stage_rows_uploaded_compactly_from_the_host_pool():
     assert np.array_equal(other.upload(), np.concatenate([pool[offs[4]:offs[4] + 17],
                                                           pool[offs[6]:offs[6] + 100]]))
     assert other._kept is None
+
+
+def test_pools_sent_down_during_their_stage_are_exact(monkeypatch):
+    """A warm staged run sends each retiring pool down in ranges as launches finish
+    them (the NumPy layer copies each range right after its launch ran); R, Qᵀb,
+    the crossing blocks and the dense fronts read from those copies equal the
+    unlimited run's. A finality that claims the whole pool after launch 0 gives
+    another R: the check sees stale ranges."""
+    from scipy_gpuqr._engine.gpu import driver
+    for name, A in _cases(big=True):
+        an = analyze(A)
+        ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
+        b = np.cos(np.arange(A.shape[0]))
+        for _ in range(2):              # the second run's schedule is warm
+            g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE,
+                                                        memory_limit=_limit(an, 4)))
+        sent = g.info["pool_ranges_sent_during_stages"]
+        assert not g.info["schedule_cold"] and len(sent) == g.info["stages"] - 1, name
+        assert max(sent) > 1, (name, sent)          # ranges before the stage's end
+        assert abs(g.R - ref.R).max() <= 1e-12 * abs(ref.R).max(), name
+        np.testing.assert_allclose(g.qt_matmul(b), ref.qt_matmul(b), rtol=0,
+                                   atol=1e-12 * np.linalg.norm(b))
+    A = _cases()[0][1]
+    an = analyze(A)
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
+    gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
+    monkeypatch.setattr(driver, "pool_final",
+                        lambda fs, st: np.full(st.nlaunch, st.pool_size, dtype=np.int64))
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
+    assert g.info["pool_ranges_sent_during_stages"]
+    assert abs(g.R - ref.R).max() > 1e-6 * abs(ref.R).max()
+
+
+def test_pool_final_is_a_nondecreasing_prefix_of_whole_fronts():
+    """Each launch's final prefix ends at a front's end (or the pool's), never
+    decreases, covers the pool after the last launch, and never passes a front
+    that a later launch still writes."""
+    from scipy_gpuqr._engine.gpu.pool_copy import pool_final
+    from scipy_gpuqr._schedule.tasks import TaskType
+    A = _cases()[0][1]
+    an = analyze(A)
+    sched = build_schedule(an, tile=TILE, bundle=BUNDLE, plan=an.stage_plan(20000))
+    fs = an.fronts
+    assert len(sched.stages) > 1
+    for st in sched.stages:
+        first, last = st.fronts
+        final = pool_final(fs, st)
+        ends = set((st.foff[first:last + 1] + fs.fm[first:last + 1] * fs.fn[first:last + 1])
+                   .tolist()) | {0, int(st.pool_size)}
+        assert np.all(np.diff(final) >= 0) and final[-1] == st.pool_size
+        assert set(final.tolist()) <= ends
+        t = st.tasks
+        launch = np.repeat(np.arange(st.nlaunch), np.diff(st.launch_ptr))
+        written = t["front"].astype(np.int64)
+        pack = t["type"] == TaskType.PACK_ASSEMBLE
+        written = np.where(pack, fs.parent[written], written)
+        for L in range(st.nlaunch - 1):
+            later = written[launch > L]
+            later = later[(later >= first) & (later <= last)]
+            if len(later):
+                assert final[L] <= st.foff[later.min()], (st.fronts, L)

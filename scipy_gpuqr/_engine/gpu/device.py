@@ -35,6 +35,9 @@ records with the NumPy executor:
     non-finite values on the device.
 ``fetch(pool, segments)``, ``to_host(pool)``, ``release(pool)``
     contribution blocks and pools for later stages and for Q.
+``open_pool_copy(pool, final)`` (optional)
+    a pool that leaves the device after its stage, sent down in ranges as
+    the launches finish them (:mod:`.pool_copy`), or None.
 ``vt_host()``, ``close()``
     the VT pool on the host (lazily, for Q); device memory released.
 """
@@ -63,6 +66,7 @@ from ..slab_front import (CupySlabs, NumpySlabs, factorize_in_slabs, slab_column
 from . import factorize_kernels as variants
 from .array_ops import upload_block
 from .finite_check import finite_check
+from .pool_copy import CupyPoolCopy, NumpyPoolCopy
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, NumpyRCopy, PinnedStaging,
                     staging_for)
 
@@ -225,6 +229,11 @@ class NumpyDevice:
         nslot = min(32 << 20, max(getattr(layout, "nnz", len(index)), 1) * 8)
         self._take(len(index) * 8 + 2 * nslot, "R's copy")
         return NumpyRCopy(pool, index, final, dtype=self.dtype, counter=self.r_copies)
+
+    def open_pool_copy(self, pool, final):
+        """The stage's pool copied to a host array range by range as launches finish
+        (:class:`~.pool_copy.NumpyPoolCopy`)."""
+        return NumpyPoolCopy(pool, final)
 
     def mark_kernels_end(self, h) -> None:
         pass
@@ -694,6 +703,13 @@ class CupyDevice:
         cp = self.cp
         return [(m, n, cp.cuda.get_elapsed_time(a, b) / 1e3)
                 for m, n, a, b in self.dense_events]
+
+    def open_pool_copy(self, pool, final):
+        """The stage's pool sent to pinned host memory in ranges as launches finish
+        them (:class:`~.pool_copy.CupyPoolCopy`); None where this factorization's
+        pinned pools would pass their cap or pinned memory cannot be had."""
+        host = self.pinned_within_cap(pool.size, pool.dtype)
+        return None if host is None else CupyPoolCopy(self, pool, host, final)
 
     def mark_kernels_end(self, h) -> None:
         """Record the end of the stage's kernels (kernel time excludes the copies)."""

@@ -82,7 +82,8 @@ from ..tasklist_qr import TaskListQR
 from . import solve as gpu_solve
 from .device import CupyDevice, HostFrontDevice
 from .factorize_kernels import prefetch_engine_kernels
-from .rcopy import final_entries_cached
+from .pool_copy import pool_final
+from .rcopy import NumpyRCopy, final_entries_cached
 from .rlayout import r_layout, r_layout_cached
 
 __all__ = ["gpu_factorize", "GpuQR", "GpuEngineError"]
@@ -640,6 +641,8 @@ class _StageLoop:
         self.layout = self.gmaps = self.pattern = None
         self.t_wait_host = 0.0
         self.t_r_wait = 0.0
+        self.t_pool_wait = 0.0         # waiting for pools sent down during their stage
+        self.pool_copies = []           # per pool sent down so: its ranges
         # a warm one-stage run copies R's final columns while later launches run
         # (R's layout and the schedule's records known before the first launch)
         self.warm = r_layout_cached(analysis) if (self.nstage == 1 and not cold) else None
@@ -683,30 +686,41 @@ class _StageLoop:
         t_host = time.perf_counter()
         h = self.begin(sid, st)
         copier, pos = self.open_progressive_copy(sid, st, h)
+        down = self.open_pool_copy(sid, st, h)
         try:
-            fac_parts, fac_launch = self.launch_all(sid, st, h, copier)
+            fac_parts, fac_launch = self.launch_all(sid, st, h, copier, down)
             if copier is None and self.late_copier is not None:
                 copier, pos = self.late_copier
             device.mark_kernels_end(h)
             self.wait_host_side()
-            if copier is None:
+            if copier is None and down is None:
                 pos, gidx = self.gmaps[sid]
                 copier = device.open_r_copy(h["pool"], gidx, self.layout)
-            copier.launches_done()
+            for c in (copier, down):
+                if c is not None:
+                    c.launches_done()
             pool = device.end_stage(h)
         except BaseException:
             if copier is None and self.late_copier is not None:
                 copier = self.late_copier[0]
-            if copier is not None:
-                copier.abort()
+            for c in (copier, down):
+                if c is not None:
+                    c.abort()
             raise
         tw = time.perf_counter()
+        host = None
+        if down is not None:            # R's values read from the pool sent down
+            host = down.result()
+            self.pool_copies.append(down.copies)
+            self.t_pool_wait += time.perf_counter() - tw
+            pos, gidx = self.gmaps[sid]
+            copier = NumpyRCopy(host, gidx, dtype=host.dtype)
         self.r_parts.append((pos, copier.result()))
         self.t_r_wait += time.perf_counter() - tw
-        del copier
-        self.carry_contribution_blocks(st, pool, device)
+        del copier, down
+        self.carry_contribution_blocks(st, pool, device, host)
         self.keep_reflector_records(sid, st, fac_parts, fac_launch)
-        self.retire_pool(sid, st, pool)
+        self.retire_pool(sid, st, pool, host)
         if sid in self.host_stages:
             self.t_host += time.perf_counter() - t_host
 
@@ -734,6 +748,20 @@ class _StageLoop:
         self.progressive += 1
         return copier, pos
 
+    def open_pool_copy(self, sid: int, st, h):
+        """A pool that goes to the host after its stage, sent down in ranges while the
+        launches run (:mod:`.pool_copy`; its R values and crossing blocks then come
+        from the host pool); None for a stage whose pool stays (the last one, a
+        host stage), a cold schedule (records known only as launched) or a layer
+        that cannot (no pinned memory left)."""
+        if (sid in self.host_stages or self.cold
+                or (sid + 1 >= self.nstage and self.keep_last)):
+            return None
+        opener = getattr(self.device, "open_pool_copy", None)
+        if opener is None:
+            return None
+        return opener(h["pool"], pool_final(self.fs, st))
+
     def open_late_copy(self, sid: int, st, h):
         """A cold one-stage run's progressive copier, opened after launch ``L`` once the
         worker made R's layout and the schedule's records: its first range is
@@ -752,7 +780,7 @@ class _StageLoop:
         self.progressive += 1
         return copier
 
-    def launch_all(self, sid: int, st, h, copier) -> tuple:
+    def launch_all(self, sid: int, st, h, copier, down=None) -> tuple:
         """Every launch of the stage, in order.
 
         A dense front is factorized right after the launch that completes its
@@ -786,6 +814,8 @@ class _StageLoop:
                 copier = self.open_late_copy(sid, st, h)
             if copier is not None:
                 copier.after_launch(L)
+            if down is not None:
+                down.after_launch(L)
             if self.cold and len(rec):
                 sel = np.isin(rec["type"], _FACTORIZE_TYPES)
                 if sel.any():
@@ -801,10 +831,11 @@ class _StageLoop:
             self.layout, self.gmaps, self.pattern = self.host_side.result()
             self.t_wait_host += time.perf_counter() - tw
 
-    def carry_contribution_blocks(self, st, pool, device=None) -> None:
+    def carry_contribution_blocks(self, st, pool, device=None, host=None) -> None:
         """Contribution blocks of the stage's fronts whose parent lies in a later stage,
         fetched in one transfer into ``host_cb`` (views of it; from ``device``,
-        default the engine's layer)."""
+        default the engine's layer), or views of ``host``, the pool already sent
+        down."""
         fs = self.fs
         first, last = st.fronts
         members = np.arange(first, last + 1)
@@ -816,16 +847,18 @@ class _StageLoop:
         rk, fnm = fs.frank[members].astype(np.int64), self.fn[members]
         cmm = fs.cm[members].astype(np.int64)
         segs = [(int(foff[i] + rk[i] * fnm[i]), int(cmm[i] * fnm[i])) for i in later]
-        host = (device or self.device).fetch(pool, segs)
-        p = 0
+        if host is None:
+            host = (device or self.device).fetch(pool, segs)
+            starts = np.cumsum([0] + [n for _, n in segs[:-1]]).tolist()
+        else:
+            starts = [a for a, _ in segs]
         for j, i in enumerate(later.tolist()):
             f = first + i
-            size = segs[j][1]
+            p, size = starts[j], segs[j][1]
             # as is (Householder data below its diagonal): Pack-Assemble copies only
             # its upper trapezoid (``nfrows`` 1), so no triangle is cut out here
             self.host_cb[f] = host[p: p + size].reshape(int(fs.cm[f]),
                                                         int(fs.fn[f]))[:, int(fs.fp[f]):]
-            p += size
 
     def keep_reflector_records(self, sid: int, st, fac_parts, fac_launch) -> None:
         """Each front's Factorize / Apply+Factorize records (``F = 0``), their global
@@ -855,10 +888,10 @@ class _StageLoop:
             self.front_loc[f] = (sid, int(foff[i]))
             self.pending[f] = (sid, int(foff[i]), int(fmm[i] * self.fn[f]))
 
-    def retire_pool(self, sid: int, st, pool) -> None:
-        """An earlier stage's pool to the host (its dense fronts' data with it) and off
-        the device; the last stage's stays there for ``Q`` (unless ``keep_last`` is
-        off: then ``Q`` uploads one pool at a time)."""
+    def retire_pool(self, sid: int, st, pool, host=None) -> None:
+        """An earlier stage's pool to the host (its dense fronts' data with it; ``host``:
+        already sent down) and off the device; the last stage's stays there for
+        ``Q`` (unless ``keep_last`` is off: then ``Q`` uploads one pool at a time)."""
         if sid in self.host_stages:     # already on the host, dense data with it
             self.host_pools[sid] = pool
             self.host_dev.release(pool)
@@ -867,7 +900,9 @@ class _StageLoop:
             self.stage_pools[sid] = pool
             return
         fs = self.fs
-        host = self.host_pools[sid] = self.device.to_host(pool)
+        if host is None:
+            host = self.device.to_host(pool)
+        self.host_pools[sid] = host
         for f, (s_, Fv, panels, T) in list(self.dense_parts.items()):
             if s_ == sid:           # the stage's pool leaves the device
                 off, size = int(st.foff[f]), int(fs.fm[f] * fs.fn[f])
@@ -913,12 +948,14 @@ class _StageLoop:
                             "launch_loop": dev_s.get("launch_loop", 0.0),
                             "wait_gpu": dev_s.get("wait", 0.0),
                             "wait_r_copy": self.t_r_wait,
+                            "wait_pool_copy": self.t_pool_wait,
                             "host_fronts": self.t_host},
                 "host_fronts_factorized_on": ([] if self.host_dev is None
                                               else list(self.host_dev.factorized_on)),
                 "host_front_seconds": ({} if self.host_dev is None
                                        else dict(self.host_dev.seconds)),
                 "r_copy_progressive": bool(self.progressive),
+                "pool_ranges_sent_during_stages": list(self.pool_copies),
                 "last_pool_on_device": bool(self.keep_last
                                             and self.nstage - 1 not in self.host_stages)}
 

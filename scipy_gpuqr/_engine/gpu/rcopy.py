@@ -343,7 +343,9 @@ class CupyRCopy:
                             with cs:        # a prefetched gather (no CuPy take compiled)
                                 take_rows(self.pool, didx[issued: issued + m],
                                           out=dslots[s][:m])
-                            dslots[s][:m].get(stream=cs, out=hslots[s][:m])
+                            # not blocking (CuPy's default waits): two slots in flight
+                            dslots[s][:m].get(stream=cs, out=hslots[s][:m],
+                                              blocking=False)
                             e = cp.cuda.Event(disable_timing=True)
                             e.record(cs)
                             pending.append((s, issued, m, e))
