@@ -4,6 +4,7 @@
     python bench/gapless_rank.py --only 3 4 --lanes 1   # two of them, the decision on one thread
     python bench/gapless_rank.py --bayer10   # bayer10 on the host (lstsq's answer cached)
     python bench/gapless_rank.py --svd 3000 5000   # SVD fallback vs subspace decision on R
+    python bench/gapless_rank.py --full-rank 1.5 3 10 50 [--sparse]   # full rank, ill-conditioned
 
 Synthetic: singular values geometric from 1 down past the cutoff (a fraction
 ``below`` of them under it), random singular vectors; ``cluster``: 40 of them
@@ -19,6 +20,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import scipy.sparse as sp
@@ -46,6 +48,69 @@ def gapless(rng, m, n, below, cluster=False):
     return (U * s) @ V.T
 
 
+def full_rank(rng, n, above, sparse=False, m=None):
+    """Full rank, ill-conditioned: singular values geometric from 1 down to ``above``
+    × lstsq's cutoff (n × n, or m × n). ``sparse``: a block diagonal of 30 dense
+    blocks with interleaved spectra, rows and columns permuted (R stays sparse)."""
+    m = m or n
+    cut = EPS * max(m, n)
+    if not sparse:
+        A = gapless(rng, m, n, 0.0)
+        U, s, Vt = np.linalg.svd(A, full_matrices=False)
+        s = np.logspace(0, np.log10(above * cut), n)
+        return (U * s) @ Vt
+    blocks, size = 30, n // 30
+    lo = np.log10(above * cut)
+    parts = []
+    for k in range(blocks):
+        U, _ = np.linalg.qr(rng.standard_normal((size, size)))
+        V, _ = np.linalg.qr(rng.standard_normal((size, size)))
+        # block k holds every 30th value of one geometric sequence from 1 to 10^lo
+        s = np.logspace(0, lo, blocks * size)[k::blocks]
+        parts.append((U * s) @ V.T)
+    A = sp.block_diag(parts, format="csc")
+    return sp.csc_array(A[rng.permutation(n)][:, rng.permutation(n)])
+
+
+def full_rank_cases(aboves, sparse, cache=None):
+    """Full-rank, ill-conditioned R beyond DENSE_LIMIT: σ_min at ``above`` × the cutoff."""
+    _lstsq.DENSE_LIMIT = 1000
+    for above in aboves:
+        rng = np.random.default_rng(int(above * 1000))
+        A = full_rank(rng, 3000, above, sparse)
+        m, n = A.shape
+        b = rng.standard_normal(m)
+        Ad = A.toarray() if sp.issparse(A) else A
+        x_ref, rank, s, t_ref = lstsq_ref(Ad, b, f"full{above:g}{'s' if sparse else ''}", cache)
+        F, x, t_ours = ours(A, b)
+        dec = F.info["rank_decision"]
+        print(json.dumps(dict(
+            m=m, n=n, above=above, sparse=sparse, nnz_R=int(sp.csc_array(F.R).nnz),
+            smin_over_cut=float(s[-1] / (EPS * max(m, n) * s[0])),
+            rank_lstsq=int(rank), rank=int(F.rank), method=dec["method"],
+            sigma_min_reported=dec["sigma_min"],
+            dx=float(np.linalg.norm(x - x_ref) / np.linalg.norm(x_ref)),
+            berr=berr(Ad, x, b, s[0]), berr_lstsq=berr(Ad, x_ref, b, s[0]),
+            t_rank=round(F.info["timings"]["rank_decision"], 3), t_ours=round(t_ours, 2),
+            t_lstsq=round(t_ref, 2), load=round(os.getloadavg()[0], 2))), flush=True)
+
+
+def lstsq_ref(A, b, key: str, cache: Optional[Path]):
+    """numpy.linalg.lstsq's (x, rank, s, seconds), kept under ``cache/key.npz`` when
+    given (the same generated problem is timed before and after a change)."""
+    f = cache / f"{key}.npz" if cache is not None else None
+    if f is not None and f.exists():
+        z = np.load(f)
+        return z["x"], int(z["rank"]), z["s"], float(z["seconds"])
+    t = time.perf_counter()
+    x, _, rank, s = np.linalg.lstsq(A, b, rcond=None)
+    seconds = time.perf_counter() - t
+    if f is not None:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(f, x=x, rank=rank, s=s, seconds=seconds)
+    return x, int(rank), s, seconds
+
+
 def berr(A, x, b, norm_a):
     r = b - A @ x
     return float(np.linalg.norm(A.T @ r) / (norm_a * np.linalg.norm(r)))
@@ -58,7 +123,7 @@ def ours(A, b):
     return F, x, time.perf_counter() - t
 
 
-def synthetic(only=None):
+def synthetic(only=None, cache=None):
     _lstsq.DENSE_LIMIT = 1000        # let the 1500-column problems reach the dense COD path
     for i, (m, n, below, cluster) in enumerate(CASES):
         if only is not None and i not in only:
@@ -66,9 +131,7 @@ def synthetic(only=None):
         rng = np.random.default_rng(100 + i)
         A = gapless(rng, m, n, below, cluster)
         b = rng.standard_normal(m)
-        t = time.perf_counter()
-        x_ref, _, rank, s = np.linalg.lstsq(A, b, rcond=None)
-        t_ref = time.perf_counter() - t
+        x_ref, rank, s, t_ref = lstsq_ref(A, b, f"case{i}", cache)
         F, x, t_ours = ours(A, b)
         cut = EPS * max(m, n) * s[0]
         dec = F.info["rank_decision"]
@@ -128,6 +191,12 @@ def main():
     ap.add_argument("--svd", type=int, nargs="+", metavar="Q")
     ap.add_argument("--matrices", default="../shared/matrices")
     ap.add_argument("--cache", default=".dev/tmp/bayer10_lstsq.npz")
+    ap.add_argument("--ref-cache", type=Path, default=None, metavar="DIR",
+                    help="keep lstsq's answers of the synthetic cases here (timed once)")
+    ap.add_argument("--full-rank", type=float, nargs="+", metavar="ABOVE",
+                    help="full-rank 3000-column cases, σ_min at ABOVE × the cutoff")
+    ap.add_argument("--sparse", action="store_true",
+                    help="with --full-rank: block-diagonal A (R stays sparse)")
     ap.add_argument("--only", type=int, nargs="+", metavar="CASE",
                     help="indices into CASES (default: all)")
     ap.add_argument("--lanes", type=int, default=None,
@@ -139,12 +208,14 @@ def main():
             host_lanes.MAX_LANES = args.lanes
         except ImportError:
             pass
-    if args.bayer10:
+    if args.full_rank:
+        full_rank_cases(args.full_rank, args.sparse, args.ref_cache)
+    elif args.bayer10:
         bayer10(Path(args.matrices), Path(args.cache))
     elif args.svd:
         svd_crossover(args.svd)
     else:
-        synthetic(args.only)
+        synthetic(args.only, args.ref_cache)
 
 
 if __name__ == "__main__":

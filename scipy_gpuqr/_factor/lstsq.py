@@ -115,8 +115,10 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator, onenormest
 
 from .. import _gpu
+from .._dispatch.plan import available_host_memory
 from .._engine.memory import available_bytes
 from .dense_cod import DenseCOD, dense_from_sparse, sigma_max_estimate
+from .dense_upper import DenseUpper, stored_densely
 from .solve_rank import NullspaceCOD, NullspaceRefused, abs_diagonal, frobenius, probe_norm
 from .subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
 from .sparse_subspace import decide as sparse_subspace_decide
@@ -181,6 +183,11 @@ SOLVE_RANK_MIN_ORDER = 3000
 #: two solves with that many columns and thin QRs of q × d blocks.
 NULLSPACE_MAX_DEAD = 4096
 NULLSPACE_MAX_FRACTION = 0.25
+
+#: Largest fraction of the available host memory that a dense copy of R beyond
+#: DENSE_LIMIT, stored densely, may take for BLAS solves and products
+#: (:class:`~scipy_gpuqr._factor.dense_upper.DenseUpper`).
+DENSE_UPPER_MEMORY_FRACTION = 0.25
 
 #: Largest ``rows × dead columns`` of the dense block formed to check the
 #: sparse COD's rank (8 bytes each: 400 MB).
@@ -352,9 +359,12 @@ class MinNormSolver:
     _cod: tuple = field(init=False, default=None, repr=False)
     _tri: Optional[UpperTriangular] = field(init=False, default=None, repr=False)
     _fro: Optional[float] = field(init=False, default=None, repr=False)
-    _rtri: Optional[UpperTriangular] = field(init=False, default=None, repr=False)
+    # R's host solves once set up (SuperLU's sweeps, or BLAS on a dense copy: _host_upper)
+    _rtri: Optional[object] = field(init=False, default=None, repr=False)
     # σ_max of R by sigma_max_lanczos once a rule computed it (the next rules reuse it)
     _smax_lanczos: Optional[float] = field(init=False, default=None, repr=False)
+    # (ν, margin) of a probe of ‖R⁻¹‖₂ that did not confirm full rank
+    _probe: Optional[tuple] = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
         R = sp.csc_array(self.R)
@@ -405,7 +415,7 @@ class MinNormSolver:
             self._prepare_dense_cod(device)
             return
         if not np.isfinite(self.sigma_max):
-            self.sigma_max = sigma_max_lanczos(R)
+            self.sigma_max = self._sigma_max()
         self._prepare_cod()
 
     # -- full rank: R⁻¹ answers --------------------------------------------------
@@ -422,6 +432,15 @@ class MinNormSolver:
         the margin :data:`_SIGMA_MARGIN` beyond). Where the dense refinements
         run on the GPU (``dense_device``, q from :data:`SVD_GPU_MIN_ORDER` to
         DENSE_LIMIT) the σ test runs there directly.
+
+        Where the probe ran and failed, its ν (a lower bound of ``‖R⁻¹‖₂``,
+        so ``σ_min <= 1/ν`` for certain) is tested again with σ_max by Lanczos
+        in place of its bound ``‖R‖_F`` (:meth:`_probe_settles`): it confirms
+        full rank where ``M·ν·cutoff·σ_max < 1``, and where ``1/ν`` is already
+        within the σ test's margin of the cutoff no σ_min estimate can
+        legitimately pass, so none is computed (the rank-deficiency rules
+        decide, and they also find full rank where σ_min lies just above the
+        cutoff).
         """
         R = self.R
         q = R.shape[0]
@@ -437,23 +456,62 @@ class MinNormSolver:
             est = sigma_min_upper(Rgpu, self.cutoff * smax)
             del Rgpu
         else:
-            self.rcond = _rcond_estimate(R, self.solves)
-            if self.rcond >= 10.0 * q * self.cutoff:
-                self.method, self.rank = "triangular", q
-                return True
+            solves = self._estimate_solves()
+            # a probe that failed with a margin M < 10 proves ‖R‖₁‖R⁻¹‖₁ >=
+            # 1/(M·q·cutoff) (‖R‖_F <= √q‖R‖₁, ‖R⁻¹‖₂ <= √q‖R⁻¹‖₁): the 1-norm test
+            # below could pass only by its estimate's shortfall, so it is not run
+            probed = self._probe is not None and self._probe[1] < 10.0
+            if not probed:
+                self.rcond = _rcond_estimate(R, solves)
+                if self.rcond >= 10.0 * q * self.cutoff:
+                    self.method, self.rank = "triangular", q
+                    return True
             # the probe through R's sparse solves on the host (a few solves with 8
             # columns) before the σ test (R⁻¹ made dense, q³/3 flops): on
             # ill-conditioned full-rank R the 1-norm estimate misses by its factor
             # 10·q (given solves, a GPU's, keep the σ test: not measured there)
             if not probe_first and self.solves is None and self._full_rank_probed():
                 return True
-            smax = self._smax_lanczos = sigma_max_lanczos(R)
-            est = sigma_min_upper(R, self.cutoff * smax, solves=self.solves)
+            smax = self._sigma_max()
+            settled = self._probe_settles(smax)
+            if settled is not None:
+                return settled
+            est = sigma_min_upper(R, self.cutoff * smax, solves=solves)
         self.sigma_min, self.sigma_max = float(est.value), smax
         if _clearly_above(est, q, self.cutoff * smax):
             self.method, self.rank = "triangular", q
             return True
         return False
+
+    def _estimate_solves(self) -> Optional[tuple]:
+        """R's solves for the 1-norm and σ_min estimates: the given ones, else the
+        host's already set up for the probe (None: each estimate sets up its own)."""
+        if self.solves is not None:
+            return self.solves
+        return self._rtri.solves() if self._rtri is not None else None
+
+    def _probe_settles(self, smax: float) -> Optional[bool]:
+        """The failed probe's ν tested with σ_max (Lanczos): True (full rank, as
+        :meth:`_full_rank_probed` with ``σ_max`` for ``‖R‖_F``), False (``σ_min <=
+        1/ν`` within the σ test's margin of the cutoff: that test cannot confirm),
+        None (no probe, or the σ test decides)."""
+        if self._probe is None:
+            return None
+        nu, margin = self._probe
+        q = self.R.shape[0]
+        tol = self.cutoff * smax
+        if not (np.isfinite(nu) and nu > 0 and tol > 0):
+            return None
+        if margin * nu * tol < 1.0:
+            self.method, self.rank = "triangular", q
+            self.sigma_min, self.sigma_max = 1.0 / nu, smax
+            self._tri = self._rtri
+            return True
+        sigma_margin = _DENSE_SIGMA_MARGIN if q <= DENSE_LIMIT else _SIGMA_MARGIN
+        if 1.0 / nu <= sigma_margin * tol:
+            self.sigma_min, self.sigma_max = 1.0 / nu, smax     # σ_min at most this
+            return False
+        return None
 
     # -- decisions through R's triangular solves (scipy_gpuqr._factor.solve_rank) --
     def _solve_ops(self) -> tuple:
@@ -465,10 +523,31 @@ class MinNormSolver:
             if self.dense_device == "gpu" and _gpu.gpu_available():
                 xp = _gpu.import_cupy()
             return up, upt, xp
-        if self._rtri is None:
-            self._rtri = UpperTriangular(self.R)
-        up, upt = self._rtri.solves()
+        up, upt = self._host_upper().solves()
         return up, upt, np
+
+    def _host_upper(self):
+        """R's solves on the host, set up once: BLAS on a dense copy where R is
+        stored densely beyond DENSE_LIMIT and the copy fits
+        (:class:`~scipy_gpuqr._factor.dense_upper.DenseUpper`), else SuperLU's
+        sweeps (:class:`~scipy_gpuqr._factor.triangular.UpperTriangular`)."""
+        if self._rtri is None:
+            R = self.R
+            q = R.shape[0]
+            avail = available_host_memory()
+            fits = avail is None or 8 * q * q <= DENSE_UPPER_MEMORY_FRACTION * avail
+            dense = q > DENSE_LIMIT and stored_densely(R) and fits
+            self._rtri = DenseUpper(R) if dense else UpperTriangular(R)
+        return self._rtri
+
+    def _sigma_max(self) -> float:
+        """σ_max of R by Lanczos to 1e-12, computed once per decision (BLAS
+        products on R's dense copy where :meth:`_host_upper` made one)."""
+        if self._smax_lanczos is None:
+            tri = self._rtri
+            self._smax_lanczos = (tri.sigma_max() if isinstance(tri, DenseUpper)
+                                  else sigma_max_lanczos(self.R))
+        return self._smax_lanczos
 
     def _frobenius(self) -> float:
         if self._fro is None:
@@ -491,7 +570,10 @@ class MinNormSolver:
             # memory limit; CuPy's OutOfMemoryError is a MemoryError): the
             # one-column rules below decide instead
             return False
-        if not (np.isfinite(nu) and nu > 0 and margin * nu * bound < 1.0):
+        if not (np.isfinite(nu) and nu > 0):
+            return False                # a non-finite solve: nothing learnt
+        if not margin * nu * bound < 1.0:
+            self._probe = (float(nu), float(margin))
             return False
         self.method, self.rank = "triangular", q
         self.sigma_min, self.sigma_max = 1.0 / nu, self._fro
@@ -536,7 +618,7 @@ class MinNormSolver:
                 return False
         smax = self._fro
         if not cod.certain():
-            smax = sigma_max_lanczos(self.R)
+            smax = self._sigma_max()
             if not cod.holds(self.cutoff * smax):
                 return False
         self.method, self.rank = "nullspace_cod", int(cod.rank)
@@ -578,8 +660,7 @@ class MinNormSolver:
         """
         G = sp.csc_array(self.R.T) if self.transposed else self.R
         kG, qG = G.shape
-        smax = self._smax_lanczos = (self._smax_lanczos if self._smax_lanczos is not None
-                                     else sigma_max_lanczos(G))
+        smax = self._sigma_max()            # σ_max(Rᵀ) = σ_max(R)
         if not smax > 0:
             return False
         tol = self.cutoff * smax
@@ -725,7 +806,7 @@ class MinNormSolver:
         if blocks is None:
             return False
         # lstsq's cutoff needs σ_max far more accurately than Heath's rule does
-        smax = sigma_max_lanczos(self.R)
+        smax = self._sigma_max()
         try:
             cod = SubspaceCOD(self.R.toarray(order="F"), self.cutoff * smax,
                               transposed=self.transposed, block=blocks[0],
@@ -746,10 +827,13 @@ class MinNormSolver:
         q = self.R.shape[0]
         if self.dense_device != "cpu" or q <= DENSE_LIMIT or self.factorize is None:
             return False
+        tri = self._host_upper()
         cod = sparse_subspace_decide(self.R, self.cutoff, d, transposed=self.transposed,
-                                     upper=self._rtri, block=SUBSPACE_BLOCK,
+                                     upper=tri if isinstance(tri, UpperTriangular) else None,
+                                     dense=tri.dense if isinstance(tri, DenseUpper) else None,
+                                     block=SUBSPACE_BLOCK,
                                      max_block=SUBSPACE_MAX_BLOCK,
-                                     sigma_max=self._smax_lanczos)
+                                     sigma_max=self._sigma_max())
         if cod is None:
             return False
         self.method, self.rank = "subspace_cod", int(cod.rank)

@@ -280,7 +280,8 @@ class SparseSubspaceCOD:
 
 def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool = False,
            upper: UpperTriangular = None, block: int = 64, max_block: int = 1024,
-           seed: int = 0, sigma_max: Optional[float] = None, lanes: Optional[int] = None):
+           seed: int = 0, sigma_max: Optional[float] = None, lanes: Optional[int] = None,
+           dense: Optional[np.ndarray] = None):
     """:class:`SparseSubspaceCOD` of square upper triangular R under lstsq's rule, or None.
 
     Parameters
@@ -310,6 +311,9 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
         σ_max of R where the caller already has
         :func:`~scipy_gpuqr._factor.subspace_cod.sigma_max_lanczos`'s value
         (not recomputed).
+    dense : ndarray, optional
+        R as a dense Fortran-ordered array where the caller already made one
+        (used where R is stored densely, :data:`DENSE_SOLVES_DENSITY`).
     lanes : int, optional
         Threads of the decision (:func:`~scipy_gpuqr._factor.host_lanes.host_lanes`:
         one per core, at most :data:`~scipy_gpuqr._factor.host_lanes.MAX_LANES`,
@@ -335,7 +339,7 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
     if first > max_block:
         return None
     if R.nnz > DENSE_SOLVES_DENSITY * q * (q + 1) / 2:
-        Rd = np.asfortranarray(R.toarray())
+        Rd = dense if dense is not None else np.asfortranarray(R.toarray())
         inv = lambda C: la.solve_triangular(Rd, C, lower=False, check_finite=False)  # noqa: E731
         inv_t = lambda C: la.solve_triangular(Rd, C, trans=1, lower=False,        # noqa: E731
                                               check_finite=False)

@@ -1,0 +1,199 @@
+"""The full-rank test after a failed probe, and R's dense host solves (issue 16, item 3).
+
+Beyond DENSE_LIMIT on the host, :class:`scipy_gpuqr._factor.lstsq.MinNormSolver`
+tests a failed probe's ν again with σ_max by Lanczos: full rank where
+``M·ν·cutoff·σ_max < 1``; where ``1/ν`` (never below σ_min) lies within the σ
+test's margin of the cutoff, neither the 1-norm nor the σ_min estimate runs
+and the rank-deficiency rules decide (the subspace decision, which also finds
+full rank just above the cutoff). A densely stored R is solved with BLAS on
+one dense copy (:class:`scipy_gpuqr._factor.dense_upper.DenseUpper`).
+Checked against numpy.linalg.lstsq on dense matrices generated here, with
+DENSE_LIMIT and SOLVE_RANK_MIN_ORDER lowered so that small problems take the
+large-R rules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from scipy_gpuqr import QRFactorization, lsqr
+from scipy_gpuqr._factor import lstsq as _lstsq
+from scipy_gpuqr._factor.dense_upper import DenseUpper, stored_densely
+from scipy_gpuqr._factor.solve_rank import probe_margin
+from scipy_gpuqr._factor.subspace_cod import sigma_max_lanczos
+from scipy_gpuqr._factor.triangular import UpperTriangular
+
+EPS = np.finfo(np.float64).eps
+
+
+def _graded(rng, m, n, low):
+    """Dense m × n A with singular values geometric from 1 down to ``low``, random
+    singular vectors (no gap anywhere)."""
+    U, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    V, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    return (U * np.logspace(0, np.log10(low), n)) @ V.T
+
+
+def _large_rules(monkeypatch, probe_first=True):
+    """600 columns take the rules of R beyond DENSE_LIMIT (and, with
+    ``probe_first``, from SOLVE_RANK_MIN_ORDER: the probe before the 1-norm test)."""
+    monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 200)
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 300 if probe_first else 10_000)
+
+
+def _spy(monkeypatch, name):
+    calls = []
+    original = getattr(_lstsq, name)
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(_lstsq, name, spy)
+    return calls
+
+
+def _berr(A, x, b, smax):
+    r = b - A @ x
+    return np.linalg.norm(A.T @ r) / (smax * np.linalg.norm(r))
+
+
+@pytest.mark.parametrize("probe_first", [True, False])
+def test_gapless_skips_the_sigma_tests_and_matches_lstsq(rng, monkeypatch, probe_first):
+    """Rank-deficient without a gap (σ_min about half the cutoff): the failed probe's
+    1/ν lies within the σ test's margin of the cutoff, so neither σ_min nor (after
+    a probe that ran first) the 1-norm estimate is computed; the subspace decision
+    answers with lstsq's rank, its ‖x‖ and a backward error no worse than 10× its."""
+    _large_rules(monkeypatch, probe_first)
+    m, n = 800, 600
+    cut = EPS * m
+    # 12 of the 600 values below the cutoff, the nearest half a step (1.3 %) from it
+    A = _graded(rng, m, n, cut ** (599 / 587.5))
+    b = rng.standard_normal(m)
+    sigma_calls = _spy(monkeypatch, "sigma_min_upper")
+    rcond_calls = _spy(monkeypatch, "_rcond_estimate")
+    F = QRFactorization(sp.csc_array(A), backend="cpu")
+    x = F.solve(b)
+    dec = F.info["rank_decision"]
+    assert dec["method"] == "subspace_cod" and dec["rank_revealed"], dec
+    assert not sigma_calls
+    assert len(rcond_calls) == (0 if probe_first else 1)
+    assert isinstance(F._core.rank_decision()._rtri, DenseUpper)
+    x_ref, _, rank, s = np.linalg.lstsq(A, b, rcond=None)
+    assert np.min(np.abs(s - cut * s[0])) > 10 * EPS * s[0]      # no value at the cutoff
+    assert F.rank == rank < n
+    assert abs(np.linalg.norm(x) / np.linalg.norm(x_ref) - 1) <= 1e-3
+    assert _berr(A, x, b, s[0]) <= 10 * _berr(A, x_ref, b, s[0])
+    y = lsqr(sp.csc_array(A), b, backend="cpu")[0]
+    assert np.linalg.norm(y - x) <= 1e-8 * np.linalg.norm(x)
+
+
+def test_full_rank_ill_conditioned_confirmed_by_the_probe_and_sigma_max(rng, monkeypatch):
+    """σ_min = 6 × the cutoff: the probe's test with ‖R‖_F fails (‖R‖_F ≈ 3.4 σ_max),
+    the same ν with σ_max by Lanczos confirms full rank; no 1-norm or σ_min
+    estimate; the answer is R⁻¹'s, lstsq's to the problem's conditioning."""
+    _large_rules(monkeypatch)
+    m, n = 800, 600
+    cut = EPS * m
+    A = _graded(rng, m, n, 6 * cut)
+    b = rng.standard_normal(m)
+    sigma_calls = _spy(monkeypatch, "sigma_min_upper")
+    rcond_calls = _spy(monkeypatch, "_rcond_estimate")
+    F = QRFactorization(sp.csc_array(A), backend="cpu")
+    x = F.solve(b)
+    dec = F.info["rank_decision"]
+    assert dec["method"] == "triangular" and F.rank == n, dec
+    assert not sigma_calls and not rcond_calls
+    R = sp.csc_array(F.R)
+    smax = sigma_max_lanczos(R)
+    M = probe_margin(n, 3)
+    # the probe's own test failed, the one with σ_max passed: 1/ν between the two
+    assert M * cut * smax < dec["sigma_min"] <= M * cut * np.sqrt((R.data ** 2).sum())
+    s = np.linalg.svd(A, compute_uv=False)
+    assert s[-1] * (1 - 1e-8) <= dec["sigma_min"] <= M * s[-1]   # 1/ν: σ_min to M
+    assert dec["sigma_max"] == pytest.approx(s[0], rel=1e-12)
+    x_ref, _, rank, _ = np.linalg.lstsq(A, b, rcond=None)
+    assert rank == n
+    # cond 2.5e11: x to the problem's sensitivity, the backward error no worse
+    assert abs(np.linalg.norm(x) / np.linalg.norm(x_ref) - 1) <= 1e-4
+    assert _berr(A, x, b, s[0]) <= 10 * _berr(A, x_ref, b, s[0])
+
+
+@pytest.mark.parametrize("above", [1.3, 2.5])
+def test_full_rank_just_above_the_cutoff_decided_by_the_subspace(rng, monkeypatch, above):
+    """σ_min = 1.3 or 2.5 × the cutoff: 1/ν within the σ test's margin 4 (that test could
+    not confirm either), so the subspace decision answers: full rank, lstsq's x."""
+    _large_rules(monkeypatch)
+    m, n = 800, 600
+    cut = EPS * m
+    A = _graded(rng, m, n, above * cut)
+    b = rng.standard_normal(m)
+    sigma_calls = _spy(monkeypatch, "sigma_min_upper")
+    F = QRFactorization(sp.csc_array(A), backend="cpu")
+    x = F.solve(b)
+    dec = F.info["rank_decision"]
+    assert not sigma_calls
+    assert dec["method"] == "subspace_cod" and F.rank == n, dec
+    x_ref, _, rank, s = np.linalg.lstsq(A, b, rcond=None)
+    assert rank == n
+    # the converged Ritz value: σ_min of R, within eps·‖A‖ (1e-3 of it here) of A's
+    assert dec["sigma_min"] == pytest.approx(s[-1], rel=1e-2)
+    assert abs(np.linalg.norm(x) / np.linalg.norm(x_ref) - 1) <= 1e-4
+    assert _berr(A, x, b, s[0]) <= 10 * _berr(A, x_ref, b, s[0])
+
+
+def test_sigma_test_still_decides_between_its_margin_and_the_probes(rng, monkeypatch):
+    """Where 1/ν lies above the σ test's margin but the probe's margin M (with σ_max)
+    still fails, the σ_min estimate runs as before and confirms full rank.
+
+    Forced: a probe returning ν = 1/(4.5·tol) with margin 5 (so M·ν·tol > 1 and
+    1/ν > 4·tol), on an R whose σ_min is 10 × the cutoff."""
+    _large_rules(monkeypatch)
+    m, n = 800, 600
+    cut = EPS * m
+    A = _graded(rng, m, n, 10 * cut)
+    R0 = sp.csc_array(QRFactorization(sp.csc_array(A), backend="cpu").R)
+    tol = cut * sigma_max_lanczos(R0)
+    monkeypatch.setattr(_lstsq, "probe_norm", lambda *a, **k: (1 / (4.5 * tol), 5.0))
+    sigma_calls = _spy(monkeypatch, "sigma_min_upper")
+    F = QRFactorization(sp.csc_array(A), backend="cpu")
+    F.solve(np.ones(m))
+    dec = F.info["rank_decision"]
+    assert sigma_calls and dec["method"] == "triangular" and F.rank == n
+    s = np.linalg.svd(A, compute_uv=False)
+    # σ_min as the σ test found it: here the bound 1/‖R⁻¹‖_F (at most √q below)
+    assert s[-1] / np.sqrt(n) * (1 - 1e-2) <= dec["sigma_min"] <= s[-1] * 1.01
+
+
+def test_dense_upper_is_upper_triangular(rng):
+    """BLAS on the dense copy: UpperTriangular's solves and sigma_max_lanczos's σ_max."""
+    q = 300
+    T = np.triu(rng.standard_normal((q, q))) / np.sqrt(q) + 2 * np.eye(q)
+    R = sp.csc_array(T)
+    assert stored_densely(R) and not stored_densely(sp.csc_array(np.diag(np.diag(T))))
+    D, S = DenseUpper(R), UpperTriangular(R)
+    C = rng.standard_normal((q, 5))
+    for trans in (False, True):
+        assert np.allclose(D.solve(C, trans=trans), S.solve(C, trans=trans), rtol=1e-12,
+                           atol=0)
+    up, upt = D.solves()
+    assert np.allclose(T @ up(C), C) and np.allclose(T.T @ upt(C), C)
+    assert D.solve(C[:, 0]).shape == (q, 1)
+    assert D.sigma_max() == pytest.approx(sigma_max_lanczos(R), rel=1e-12)
+    assert D.sigma_max() == pytest.approx(np.linalg.norm(T, 2), rel=1e-12)
+
+
+def test_host_upper_dense_only_beyond_dense_limit(rng, monkeypatch):
+    """The solver's host solves: BLAS for a densely stored R beyond DENSE_LIMIT,
+    SuperLU's sweeps for a sparse one or a small one."""
+    q = 300
+    T = sp.csc_array(np.triu(rng.standard_normal((q, q))) / np.sqrt(q) + 2 * np.eye(q))
+    S = sp.csc_array(sp.diags(rng.uniform(1, 2, q)) + sp.random_array(
+        (q, q), density=0.01, rng=rng)).tocsc()
+    S = sp.csc_array(sp.triu(S))
+    monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 200)
+    assert isinstance(_lstsq.MinNormSolver(T, EPS * q)._host_upper(), DenseUpper)
+    assert isinstance(_lstsq.MinNormSolver(S, EPS * q)._host_upper(), UpperTriangular)
+    monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 400)
+    assert isinstance(_lstsq.MinNormSolver(T, EPS * q)._host_upper(), UpperTriangular)
