@@ -788,3 +788,34 @@ def test_pool_final_is_a_nondecreasing_prefix_of_whole_fronts():
             later = later[(later >= first) & (later <= last)]
             if len(later):
                 assert final[L] <= st.foff[later.min()], (st.fronts, L)
+
+
+def test_q_replay_reads_only_the_uploaded_reflector_columns():
+    """The pieces of an earlier stage's pool that ``Q``'s replay uploads (its
+    fronts' reflector columns, :mod:`.reflector_upload`) hold everything the
+    replay reads: with every other element NaN, Qᵀb and Q y equal the replay
+    from the whole pools; and large fronts send fewer elements than whole."""
+    from scipy_gpuqr._engine.gpu import solve
+    from scipy_gpuqr._engine.gpu.reflector_upload import reflector_pieces, upload_reflectors
+    for name, A in _cases(big=True):
+        an = analyze(A)
+        g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
+        assert g.info["stages"] > 1
+        g._materialize()
+        plan = solve.plan_of(g)
+        sent = 0
+        uploaded = {}
+        for sid, host in g._host_pools.items():
+            runs, blocks = reflector_pieces(plan, sid, small=64)
+            uploaded[sid] = upload_reflectors(host, runs, blocks, np)
+            sent += sum(n for _, n in runs) + sum(m * w for _, m, w, _ in blocks)
+        assert sent < sum(h.size for h in g._host_pools.values()), name
+        rng = np.random.default_rng(1)
+        for trans in (True, False):
+            X = rng.standard_normal((A.shape[0], 2))
+            Y = X.copy()
+            solve.replay(plan, solve.NumpyExecutor(plan, g._host_pools.__getitem__, g._vt),
+                         X, trans)
+            solve.replay(plan, solve.NumpyExecutor(plan, uploaded.__getitem__, g._vt),
+                         Y, trans)
+            np.testing.assert_array_equal(X, Y)

@@ -57,6 +57,7 @@ from ..._schedule.tasks import TASK_BYTES, TaskType, empty_tasks
 from ..host.simulate import apply_q_records, apply_qt_records, one_blas_thread
 from . import array_ops
 from . import solve_kernels as av
+from .reflector_upload import reflector_pieces, upload_reflectors
 from .trsolve import FrontTriangular
 
 __all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay",
@@ -393,7 +394,8 @@ class CupyExecutor:
         previous upload dropped first)."""
         if sid != self._pool_sid:
             self._pool = None           # drop an uploaded pool before the next
-            self._pool = self.pools(sid)
+            with self.stream:           # an upload goes before the level's kernels
+                self._pool = self.pools(sid)
             self._pool_sid = sid
         return self._pool
 
@@ -637,6 +639,26 @@ def _device_pools(qr):
     return pools
 
 
+def _reflector_pools(qr):
+    """``pools(stage)`` for ``Q``'s replay: :func:`_device_pools`, except that an
+    earlier stage's pool goes up with only what the replay reads of it, its
+    fronts' reflector columns (:mod:`.reflector_upload`)."""
+    cp = qr._device.cp
+
+    def pools(sid):
+        pool = qr._stage_pools.get(sid)
+        if pool is not None:
+            return pool
+        if sid in getattr(qr, "_host_stages", {}):
+            return qr._host_pools[sid]
+        key = ("reflector_pieces", sid)
+        pieces = qr._replay.get(key)
+        if pieces is None:
+            pieces = qr._replay[key] = reflector_pieces(plan_of(qr), sid)
+        return upload_reflectors(qr._host_pools[sid], *pieces, cp)
+    return pools
+
+
 def _device_of(qr):
     """A context making the factorization's CUDA device current."""
     dev = qr._device
@@ -661,8 +683,7 @@ def _cupy_executor(qr):
     if ex is None:
         dev = qr._device
         cp = dev.cp
-        pools = _device_pools(qr)
-        ex = CupyExecutor(plan_of(qr), pools, dev.vt, dev.dtype)
+        ex = CupyExecutor(plan_of(qr), _reflector_pools(qr), dev.vt, dev.dtype)
         ex.xp = cp
         qr._replay["cupy"] = ex
     return ex
