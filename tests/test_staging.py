@@ -790,23 +790,48 @@ def test_pool_final_is_a_nondecreasing_prefix_of_whole_fronts():
                 assert final[L] <= st.foff[later.min()], (st.fronts, L)
 
 
-def test_q_replay_reads_only_the_uploaded_reflector_columns():
+class _PoolExecutor:
+    """The NumPy replay whose dense fronts are read in their stage's pool (as the
+    CUDA executor reads them in its uploaded pools)."""
+
+    xp = np
+
+    def __init__(self, plan, pools, vt):
+        from scipy_gpuqr._engine.gpu import solve
+        self._levels = solve.NumpyExecutor(plan, pools, vt)
+        self.stage_pool = pools
+
+    def level(self, lv, X, trans):
+        self._levels.level(lv, X, trans)
+
+    def done(self):
+        pass
+
+
+@pytest.mark.parametrize("dense_flops", [None, 2e5])
+def test_q_replay_reads_only_the_uploaded_reflector_columns(dense_flops):
     """The pieces of an earlier stage's pool that ``Q``'s replay uploads (its
-    fronts' reflector columns, :mod:`.reflector_upload`) hold everything the
-    replay reads: with every other element NaN, Qᵀb and Q y equal the replay
-    from the whole pools; and large fronts send fewer elements than whole."""
+    fronts' reflector columns, its dense fronts whole, :mod:`.reflector_upload`)
+    hold everything the replay reads: with every other element NaN, Qᵀb and
+    Q y equal the replay from the whole pools; and large fronts send fewer
+    elements than whole."""
     from scipy_gpuqr._engine.gpu import solve
     from scipy_gpuqr._engine.gpu.reflector_upload import reflector_pieces, upload_reflectors
+    dense_seen = 0
     for name, A in _cases(big=True):
         an = analyze(A)
-        g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
+        g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)),
+                          dense_flops=dense_flops)
         assert g.info["stages"] > 1
         g._materialize()
         plan = solve.plan_of(g)
         sent = 0
         uploaded = {}
         for sid, host in g._host_pools.items():
-            runs, blocks = reflector_pieces(plan, sid, small=64)
+            whole = [(d.pool_at[1], d.shape[0] * d.shape[1]) for d in g._dense.values()
+                     if getattr(d, "pool_at", (None,))[0] == sid]
+            dense_seen += len(whole) * (sid < g.info["stages"] - 1)
+            runs, blocks = reflector_pieces(plan, sid, small=64, whole=whole)
             uploaded[sid] = upload_reflectors(host, runs, blocks, np)
             sent += sum(n for _, n in runs) + sum(m * w for _, m, w, _ in blocks)
         assert sent < sum(h.size for h in g._host_pools.values()), name
@@ -814,8 +839,7 @@ def test_q_replay_reads_only_the_uploaded_reflector_columns():
         for trans in (True, False):
             X = rng.standard_normal((A.shape[0], 2))
             Y = X.copy()
-            solve.replay(plan, solve.NumpyExecutor(plan, g._host_pools.__getitem__, g._vt),
-                         X, trans)
-            solve.replay(plan, solve.NumpyExecutor(plan, uploaded.__getitem__, g._vt),
-                         Y, trans)
+            solve.replay(plan, _PoolExecutor(plan, g._host_pools.__getitem__, g._vt), X, trans)
+            solve.replay(plan, _PoolExecutor(plan, uploaded.__getitem__, g._vt), Y, trans)
             np.testing.assert_array_equal(X, Y)
+    assert dense_seen > 0 if dense_flops else dense_seen == 0

@@ -24,7 +24,7 @@ __all__ = ["reflector_pieces", "upload_reflectors", "SMALL_FRONT"]
 SMALL_FRONT = 1 << 15
 
 
-def reflector_pieces(plan, sid: int, small: int = SMALL_FRONT) -> tuple:
+def reflector_pieces(plan, sid: int, small: int = SMALL_FRONT, whole=()) -> tuple:
     """What ``Q``'s replay reads of stage ``sid``'s pool.
 
     Parameters
@@ -35,6 +35,9 @@ def reflector_pieces(plan, sid: int, small: int = SMALL_FRONT) -> tuple:
         The stage.
     small : int
         See :data:`SMALL_FRONT`.
+    whole : iterable of (int, int)
+        ``(start, length)`` of fronts read whole (the stage's dense fronts,
+        which the replay applies from their place in the pool).
 
     Returns
     -------
@@ -51,8 +54,7 @@ def reflector_pieces(plan, sid: int, small: int = SMALL_FRONT) -> tuple:
     # a record's first row tile comes from the VT pool: the pool is read only
     # for its later tiles (``rows[1:napply]``)
     rec = rec[rec["napply"] > 1]
-    if not len(rec):
-        return [], []
+    whole = sorted((int(a), int(n)) for a, n in whole)
     F0 = rec["F"].astype(np.int64)
     order = np.argsort(F0, kind="stable")
     F0 = F0[order]
@@ -62,19 +64,20 @@ def reflector_pieces(plan, sid: int, small: int = SMALL_FRONT) -> tuple:
     rows = rec["rows"].astype(np.int64)
     used = (np.arange(rows.shape[1]) >= 1) & (np.arange(rows.shape[1]) < rec["napply"][:, None])
     row1 = np.where(used, rows, np.iinfo(np.int64).max).min(axis=1)[order]
-    first = np.flatnonzero(np.r_[True, F0[1:] != F0[:-1]])
+    first = np.flatnonzero(np.r_[True, F0[1:] != F0[:-1]]) if len(F0) else F0
     width = np.minimum(np.maximum.reduceat(cend, first), fn[first])
     top = np.minimum.reduceat(row1, first)
+    fronts = [(a, m * n, (a + r * n, m - r, w, n)) if w < n and m * n > small else (a, m * n, None)
+              for a, m, n, w, r in zip(F0[first].tolist(), fm[first].tolist(),
+                                       fn[first].tolist(), width.tolist(), top.tolist())]
     runs, blocks = [], []
-    for a, m, n, w, r in zip(F0[first].tolist(), fm[first].tolist(), fn[first].tolist(),
-                             width.tolist(), top.tolist()):
-        if w >= n or m * n <= small:
-            if runs and a - (runs[-1][0] + runs[-1][1]) <= small:
-                runs[-1] = (runs[-1][0], a + m * n - runs[-1][0])
-            else:
-                runs.append((a, m * n))
+    for a, size, block in sorted(fronts + [(a, n, None) for a, n in whole]):
+        if block is not None:
+            blocks.append(block)
+        elif runs and a - (runs[-1][0] + runs[-1][1]) <= small:
+            runs[-1] = (runs[-1][0], max(runs[-1][0] + runs[-1][1], a + size) - runs[-1][0])
         else:
-            blocks.append((a + r * n, m - r, w, n))
+            runs.append((a, size))
     return runs, blocks
 
 

@@ -642,7 +642,8 @@ def _device_pools(qr):
 def _reflector_pools(qr):
     """``pools(stage)`` for ``Q``'s replay: :func:`_device_pools`, except that an
     earlier stage's pool goes up with only what the replay reads of it, its
-    fronts' reflector columns (:mod:`.reflector_upload`)."""
+    fronts' reflector columns and its dense fronts whole
+    (:mod:`.reflector_upload`)."""
     cp = qr._device.cp
 
     def pools(sid):
@@ -654,7 +655,13 @@ def _reflector_pools(qr):
         key = ("reflector_pieces", sid)
         pieces = qr._replay.get(key)
         if pieces is None:
-            pieces = qr._replay[key] = reflector_pieces(plan_of(qr), sid)
+            whole = []
+            for d in (getattr(qr, "_dense", {}) or {}).values():
+                at = getattr(d, "pool_at", None)
+                if at is not None and at[0] == sid:
+                    fm, fn = d.shape
+                    whole.append((at[1], fm * fn))
+            pieces = qr._replay[key] = reflector_pieces(plan_of(qr), sid, whole=whole)
         return upload_reflectors(qr._host_pools[sid], *pieces, cp)
     return pools
 
