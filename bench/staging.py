@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import statistics
 import sys
@@ -92,17 +93,37 @@ def _predict(an, limit):
     return {"backend": "cpu", "why": "no plan passed the checks"}
 
 
+class _Lines(logging.Handler):
+    """The package's log lines of one call (out-of-memory steps, fallbacks), as text."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage()[:300])
+
+
 def _once(A, b, backend):
     import cupy as cp
     from scipy_gpuqr import QRFactorization
     cp.cuda.Device().synchronize()
     t = time.perf_counter()
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        F = QRFactorization(A, backend=backend)
-        x = F.solve(b)
-    cp.cuda.Device().synchronize()
-    dt = time.perf_counter() - t
+    log = logging.getLogger("scipy_gpuqr")
+    lines = _Lines()
+    log.addHandler(lines)
+    level = log.level
+    log.setLevel(logging.INFO)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            F = QRFactorization(A, backend=backend)
+            x = F.solve(b)
+        cp.cuda.Device().synchronize()
+        dt = time.perf_counter() - t
+    finally:
+        log.removeHandler(lines)
+        log.setLevel(level)
     info = F.info
     bi = info["backend_info"]
     r = A @ x - b
@@ -122,7 +143,8 @@ def _once(A, b, backend):
            "rank_decision": {k: info.get("rank_decision", {}).get(k)
                              for k in ("method", "rank", "device")},
            "normal_eq_residual": berr,
-           "warnings": [str(w.message)[:160] for w in seen]}
+           "warnings": [str(w.message)[:160] for w in seen],
+           "log": lines.messages}
     F.free()
     del F
     gc.collect()
@@ -222,7 +244,8 @@ def main(argv=None):
                   + (f"  [{row['fallback'][:90]}]" if row["fallback"] else ""), flush=True)
             print(f"    phases {row['timings']} rank {row['rank_decision']}"
                   f"\n    engine {row['engine_seconds']}"
-                  + (f"\n    host fronts {row['host_front_phases']}" if row["host_fronts"] else ""),
+                  + (f"\n    host fronts {row['host_front_phases']}" if row["host_fronts"] else "")
+                  + "".join(f"\n    log: {line}" for line in row["log"][:8]),
                   flush=True)
         if not args.no_cpu:
             row, x = _run(A, b, "cpu", 0)
