@@ -308,7 +308,7 @@ def steps(cp, g, bench, reps: int = 2000):
     specs, fptr, grid, thr, smem, bsz, stg, vec = call
     lu, piv, info = gc.alloc_outputs(specs)
     values = (a.data.ptr, lu.data.ptr, piv.data.ptr, info.data.ptr, bsz, stg, 1,
-              gc.arg_value(rep[0]), rep[1], 0, 0)
+              gc.arg_value(rep[0]), rep[1])
     items = [
         ("scipy_gpuqr.lu_factor_batched lookup", lambda: g.lu_factor_batched),
         ("Dask check of the arguments", lambda: api._has_dask((a,), {"check_finite": False})),

@@ -40,9 +40,6 @@ from batched import Timer  # noqa: E402  (bench/batched.py, beside this script)
 from lapack_check import compare_getrf  # noqa: E402
 from scipy_gpuqr.batched._gpu_common import NO_REPORT  # noqa: E402
 
-#: The kernels' trailing ``sizes, szw`` arguments: no per-matrix orders.
-NO_SIZES = (np.uint64(0), np.int32(0))
-
 CONFIGS = ((64, 1), (128, 1), (256, 1), (64, 2), (128, 2), (256, 2))
 BATCH = 1 << 20
 
@@ -101,8 +98,7 @@ def launch_inverse(cp, fn, a, out, info, threads: int, stages: int) -> int:
     grid = max(1, min(max(1, per_sm) * sms, -(-bsz // (threads // 32))))
     vec = int(a.data.ptr % 16 == 0 and out.data.ptr % 16 == 0 and n % 2 == 0)
     fn((grid,), (threads,), (a, out, info, np.int64(bsz), np.int32(n),
-                             np.int32(stages), np.int32(vec)) + NO_REPORT + NO_SIZES,
-       shared_mem=smem)
+                             np.int32(stages), np.int32(vec)) + NO_REPORT, shared_mem=smem)
     return per_sm
 
 
@@ -219,8 +215,7 @@ def launch(cp, fn, a, outs, threads: int, stages: int) -> int:
     grid = max(1, min(max(1, per_sm) * sms, -(-bsz // (threads // 32))))
     vec = int(a.data.ptr % 16 == 0 and outs[0].data.ptr % 16 == 0)
     fn((grid,), (threads,), (a, outs[0], outs[1], outs[2], np.int64(bsz),
-                             np.int32(stages), np.int32(vec)) + NO_REPORT + NO_SIZES,
-       shared_mem=smem)
+                             np.int32(stages), np.int32(vec)) + NO_REPORT, shared_mem=smem)
     return per_sm
 
 
@@ -281,8 +276,7 @@ def tiny_grids(cp, timer, dtype=np.float64) -> dict:
         grid = -(-BATCH // thr)
         out[f"full grid {thr}"] = timer.device(
             lambda thr=thr, grid=grid: fn((grid,), (thr,), (a, lu, piv, info, np.int64(BATCH),
-                                                            np.int32(1), np.int32(1))
-                                          + NO_REPORT + NO_SIZES))
+                                                            np.int32(1), np.int32(1)) + NO_REPORT))
     ref_lu, ref_piv, _ = bg.getrf(a)
     assert bool((lu == ref_lu).all()) and bool((piv == ref_piv).all())
     work = a.copy()

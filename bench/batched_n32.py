@@ -46,7 +46,7 @@ from batched import Timer, cublas_ms, torch_ms  # noqa: E402  (bench/batched.py)
 
 #: Compile-time variants of the LU kernel: label -> NVRTC options.
 VARIANTS = {"split0": ("-DGPUQR_MMA_SPLIT=0",), "split1": ("-DGPUQR_MMA_SPLIT=1",),
-            "stcs": ("-DGPUQR_MMA_STCS=1",), "onepath": ("-DGPUQR_MMA_ONE_PATH=1",)}
+            "stcs": ("-DGPUQR_MMA_STCS=1",)}
 
 
 def variant_lu(label: str, a, threads: int):
@@ -71,8 +71,7 @@ def variant_lu(label: str, a, threads: int):
         info = cp.empty((bsz,), dtype=cp.int32)
         vec = int(a.data.ptr % 16 == 0 and lu.data.ptr % 16 == 0)
         gc.launch(fn.kernel.ptr, grid, threads, smem,
-                  (a.data.ptr, lu.data.ptr, piv.data.ptr, info.data.ptr, bsz, 1, vec, 0, 0,
-                   0, 0))
+                  (a.data.ptr, lu.data.ptr, piv.data.ptr, info.data.ptr, bsz, 1, vec, 0, 0))
         return lu, piv, info
     return run
 

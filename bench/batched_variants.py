@@ -31,9 +31,6 @@ from batched import Timer  # noqa: E402  (bench/batched.py, beside this script)
 from lapack_check import compare_getrf  # noqa: E402
 from scipy_gpuqr.batched._gpu_common import NO_REPORT  # noqa: E402
 
-#: The kernels' trailing ``sizes, szw`` arguments: no per-matrix orders.
-NO_SIZES = (np.uint64(0), np.int32(0))
-
 OPTIONS = {
     "default": (),
     "g1": ("-DGPUQR_G_LU=1", "-DGPUQR_G_GJ=1"),
@@ -134,7 +131,7 @@ def launch(cp, fn, op, size, n, a, outs, threads, stages, tiny):
         args = (a, outs[0], outs[1], outs[2], np.int64(bsz))
     else:
         args = (a, outs[0], outs[1], np.int64(bsz), np.int32(n))
-    fn((grid,), (threads,), args + (np.int32(stages), np.int32(vec)) + NO_REPORT + NO_SIZES,
+    fn((grid,), (threads,), args + (np.int32(stages), np.int32(vec)) + NO_REPORT,
        shared_mem=smem)
     return per_sm
 

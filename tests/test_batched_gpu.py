@@ -571,7 +571,7 @@ def _guarded_outputs(monkeypatch):
     """Outputs poisoned and of a cupy.ndarray subclass whose get() refuses more
     than MAX_NAMED elements (a host copy of info or of a result; the indices
     an error message names may come over); returns the list of status reads
-    the calls make (each the size of the word read: 4 slots)."""
+    the calls make (each the size of the word read: STATUS_SLOTS slots)."""
     import cupy as cp
     from scipy_gpuqr.batched import _gpu_common
 
@@ -596,11 +596,15 @@ def _host(x):
     return cp.ndarray.get(x)         # the base class's get: past the guard
 
 
+#: Slots of a status word (one read of the public calls).
+_SLOTS = 5
+
+
 @pytest.mark.parametrize("n", [8, 32, 40, 100])
 def test_gpu_one_singular_warns_once_without_host_copy_of_info(rng, monkeypatch, n):
     """One exactly singular matrix in a 2-D batch: lu_factor_batched warns
     once naming its index (and its info), inv_batched / solve_batched raise
-    naming it; each call reads one 32-byte status word and copies no
+    naming it; each call reads one status word (40 bytes) and copies no
     per-matrix array (info, results) to the host."""
     import warnings
     import cupy as cp
@@ -617,13 +621,13 @@ def test_gpu_one_singular_warns_once_without_host_copy_of_info(rng, monkeypatch,
     assert len(caught) == 1 and issubclass(caught[0].category, LinAlgWarning)
     msg = str(caught[0].message)
     assert "[(17, 33)]" in msg and "diagonal number 6 " in msg, msg
-    assert reads == [4]
+    assert reads == [_SLOTS]
     del reads[:]
     with pytest.raises(LinAlgError, match=r"\[\(17, 33\)\]"):
         g.inv_batched(ga)
     with pytest.raises(LinAlgError, match=r"\[\(17, 33\)\]"):
         g.solve_batched(ga, cp.ones(n))
-    assert reads == [4, 4]
+    assert reads == [_SLOTS, _SLOTS]
     # return_info: info stays on the device, the singular matrix's results are NaN
     del reads[:]
     x, info = g.inv_batched(ga, return_info=True)
@@ -633,7 +637,7 @@ def test_gpu_one_singular_warns_once_without_host_copy_of_info(rng, monkeypatch,
     xh = _host(x)
     assert np.isnan(xh[17, 33]).all() and np.isfinite(np.delete(xh.reshape(-1, n, n),
                                                                 17 * 40 + 33, 0)).all()
-    assert reads == [4]
+    assert reads == [_SLOTS]
 
 
 @pytest.mark.parametrize("n", [8, 40])
@@ -702,7 +706,7 @@ def test_gpu_return_info_without_check_finite_is_asynchronous(rng, monkeypatch, 
     # with check_finite the non-finite matrix is named (one status read)
     with pytest.raises(ValueError, match=r"infs or NaNs.*\[5\]"):
         g.inv_batched(ga, return_info=True)
-    assert reads == [4]
+    assert reads == [_SLOTS]
 
 
 @pytest.mark.parametrize("n", [5, 40, 70])

@@ -26,17 +26,17 @@ using namespace gpuqr_batched;
 // Cholesky (potrf). lower != 0: A = L L^T from the lower triangle, L written
 // there; lower == 0: A = U^T U from the upper triangle, U written there. The
 // other triangle keeps the input (as LAPACK leaves it).
-// sizes, szw (null: none): per-matrix orders of a padded stack
+// VB (potrf_small_vb): sizes, szw, per-matrix orders of a padded stack
 // (matrix_order of batched.cuh): matrix m is read, and written, as the
 // identity outside its leading sizes[m] x sizes[m] block (both triangles).
 // input, not modified:  a (batch, n, n)
 // output:               c (batch, n, n), info (batch)
 // ---------------------------------------------------------------------------
-template <typename T, int N>
-__global__ void potrf_small(const T *__restrict__ a, T *__restrict__ c,
-                            int *__restrict__ info, long long batch, int n, int lower,
-                            unsigned long long *__restrict__ status, unsigned long long ctl,
-                            const void *__restrict__ sizes, int szw)
+template <typename T, int N, bool VB>
+__device__ __forceinline__ void potrf_small_run(const T *__restrict__ a, T *__restrict__ c,
+                                                int *__restrict__ info, long long batch, int n,
+                                                int lower, unsigned long long *__restrict__ status,
+                                                unsigned long long ctl, const void *sizes, int szw)
 {
     constexpr int SEG = Seg<N>::value;
     constexpr int LD = Ld<N>::value;
@@ -63,7 +63,7 @@ __global__ void potrf_small(const T *__restrict__ a, T *__restrict__ c,
     T *msm = sm + mloc * N * LD;
 
     // this matrix's order (sizes; -1: outside [0, n], read as NaN)
-    const int nk = active ? matrix_order(sizes, szw, first + mloc, n, status, ctl) : n;
+    const int nk = (VB && active) ? matrix_order(sizes, szw, first + mloc, n, status, ctl) : n;
     // row r of the lower (Hermitian) matrix: entries j <= r
     T row[N];
     bool fin = true;
@@ -71,7 +71,7 @@ __global__ void potrf_small(const T *__restrict__ a, T *__restrict__ c,
     for (int j = 0; j < N; ++j) {
         T v = T(0);
         if (active && j <= r) v = (r >= n) ? T(r == j) : lower ? msm[r * LD + j] : msm[j * LD + r];
-        if (nk != n) v = order_masked(v, r, j, nk);
+        if (VB && nk != n) v = order_masked(v, r, j, nk);
         row[j] = v;
         fin = fin && finite(v);
     }
@@ -109,7 +109,7 @@ __global__ void potrf_small(const T *__restrict__ a, T *__restrict__ c,
         __syncwarp();
     }
     __syncthreads();
-    if (active && r < n && nk != n) {
+    if (VB && active && r < n && nk != n) {
         // the identity outside the matrix's order, in both triangles (rows
         // and columns from nk on: disjoint from what the rows below nk write)
         for (int j = 0; j < n; ++j) {
@@ -119,7 +119,7 @@ __global__ void potrf_small(const T *__restrict__ a, T *__restrict__ c,
     if (active && r < n) {
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-            if (j <= r && (r < nk || nk == n)) {
+            if (j <= r && (!VB || r < nk || nk == n)) {
                 if (lower) msm[r * LD + j] = row[j];
                 else msm[j * LD + r] = row[j];
             }
@@ -128,4 +128,21 @@ __global__ void potrf_small(const T *__restrict__ a, T *__restrict__ c,
     }
     __syncthreads();
     stage_out_n<T, N>(c + first * n * n, sm, nmat, n);
+}
+
+template <typename T, int N>
+__global__ void potrf_small(const T *__restrict__ a, T *__restrict__ c,
+                            int *__restrict__ info, long long batch, int n, int lower,
+                            unsigned long long *__restrict__ status, unsigned long long ctl)
+{
+    potrf_small_run<T, N, false>(a, c, info, batch, n, lower, status, ctl, nullptr, 0);
+}
+
+template <typename T, int N>
+__global__ void potrf_small_vb(const T *__restrict__ a, T *__restrict__ c,
+                               int *__restrict__ info, long long batch, int n, int lower,
+                               unsigned long long *__restrict__ status, unsigned long long ctl,
+                               const void *__restrict__ sizes, int szw)
+{
+    potrf_small_run<T, N, true>(a, c, info, batch, n, lower, status, ctl, sizes, szw);
 }

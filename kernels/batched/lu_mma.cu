@@ -75,13 +75,6 @@
 #define GPUQR_MMA_STCS 0
 #endif
 
-// 1: getrf_mma tests its per-matrix sizes at run time in its one code path;
-// 0 (the default): a second code path for them, the fixed-size path compiled
-// without them (ptxas: 16 bytes of spill loads instead of 68-80).
-#ifndef GPUQR_MMA_ONE_PATH
-#define GPUQR_MMA_ONE_PATH 0
-#endif
-
 namespace gpuqr_mma {
 
 using namespace gpuqr_warp;
@@ -239,26 +232,27 @@ __device__ __forceinline__ void inv_load(double *t, const double *__restrict__ s
     }
 }
 
-// Matrix m of a padded stack with per-matrix orders (matrix_order of
-// batched.cuh; sizes null: none) in the tile t (order n, rows and columns
-// n .. N-1 already the identity): rows and columns from its order on set to
-// the identity, all NaN for a size outside [0, n]. Warp-uniform; waits for
-// every copy in flight when it masks (the split copy's second group too).
+// A matrix of a padded stack of order n (<= N; rows and columns n .. N-1 of
+// the tile already the identity) whose own order is nk != n (matrix_order
+// of batched.cuh): its rows and columns from nk on set to the identity in
+// the tile, all NaN for nk < 0. A row per lane, the 16-byte units that
+// change only. Call after the tile's copy has landed.
 template <int N>
-__device__ __forceinline__ void mma_mask(double *t, const void *sizes, int szw, long long m,
-                                         int n, unsigned long long *status,
-                                         unsigned long long ctl, int lane) {
-    if (sizes == nullptr) return;
-    const int nk = matrix_order(sizes, szw, m, n, status, ctl);
-    if (nk == n) return;
-    cp_async_wait<0>();
-    __syncwarp();
-#pragma unroll 1
-    for (int e = lane; e < n * n; e += 32) {
-        const int i = e / n;
-        const int j = e - i * n;
-        double *d = t + at<N>(i, j);
-        *d = order_masked(*d, i, j, nk);
+__device__ __forceinline__ void mma_mask(double *t, int nk, int n, int lane) {
+    lane &= 31;
+    if (lane < n) {
+        const int i = lane;
+#pragma unroll
+        for (int u = 0; u < N / 2; ++u) {
+            const int j = 2 * u;
+            if (j < n && (i >= nk || j + 1 >= nk)) {
+                double2 *p = reinterpret_cast<double2 *>(t + (rowx<N>(i) ^ j));
+                double2 v = *p;
+                v.x = order_masked(v.x, i, j, nk);
+                if (j + 1 < n) v.y = order_masked(v.y, i, j + 1, nk);
+                *p = v;
+            }
+        }
     }
     __syncwarp();
 }
@@ -669,29 +663,34 @@ __device__ __forceinline__ void lu_mma_run(const T *__restrict__ a, T *__restric
     }
     for (; m < batch; m += stride) {
         double *t = tiles + cur * M::TILE;
+        // the matrix's order (sizes; N without): read before the wait for its copy
+        int order = N;
         if (stages == 2) {
             const long long next = m + stride;
             if (next < batch) {
                 mma_load<N>(tiles + (cur ^ 1) * M::TILE, a + next * (N * N), v, opaque(lane));
                 cp_async_commit();
+                if constexpr (VB) order = matrix_order(sizes, szw, m, N, status, ctl);
                 cp_async_wait<1>();
             } else {
+                if constexpr (VB) order = matrix_order(sizes, szw, m, N, status, ctl);
                 cp_async_wait<0>();
             }
-        } else if (GPUQR_MMA_SPLIT && v) {
+        } else if (GPUQR_MMA_SPLIT && v && !VB) {
             mma_load_split<N>(t, a + m * (N * N), opaque(lane));
             cp_async_wait<1>();
         } else {
             mma_load<N>(t, a + m * (N * N), v, opaque(lane));
             cp_async_commit();
+            if constexpr (VB) order = matrix_order(sizes, szw, m, N, status, ctl);
             cp_async_wait<0>();
         }
         __syncwarp();
-        if constexpr (VB) mma_mask<N>(t, sizes, szw, m, N, status, ctl, opaque(lane));
+        if (VB && order != N) mma_mask<N>(t, order, N, opaque(lane));
         bool bad;
         int mypos;
         const int z = factor_mma<N, V>(t, perm, steps, bc, SOLVE ? nullptr : piv + m * N, bad,
-                                       mypos, GPUQR_MMA_SPLIT && v && stages != 2, lane);
+                                       mypos, GPUQR_MMA_SPLIT && v && stages != 2 && !VB, lane);
         const int got = bad ? -1 : z;
         if (lane == 0) info[m] = gpuqr_status::report_info(got, status, ctl);
         if constexpr (SOLVE) {
@@ -701,19 +700,18 @@ __device__ __forceinline__ void lu_mma_run(const T *__restrict__ a, T *__restric
             const bool nan = gpuqr_status::nan_result(gpuqr_status::stored_info(got, ctl),
                                                       sv.ctl);
             // the matrix's order (sizes): b's rows from it on read as zero, zero solution rows
-            int nk = VB ? matrix_order(sizes, szw, m, N, nullptr, 0ull) : N;
-            nk = nk < 0 ? N : nk;
+            const int nk = order < 0 ? N : order;
             bool badb = false;
 #pragma unroll 1
             for (int c = 0; c < sv.nrhs; ++c) {
-                const double s0 = lane < nk ? sv.b[m * sv.bstride + (long long)lane * sv.nrhs + c]
-                                            : 0.0;
+                const double s0 = (!VB || lane < nk)
+                                      ? sv.b[m * sv.bstride + (long long)lane * sv.nrhs + c] : 0.0;
                 badb |= !finite_bits(s0);
                 const double xv = lu_solve_rows<double, N>(
                     s0, mypos, d, rd, [&](int j) { return t[rx ^ j]; },
                     [&](int j) { return steps[j] & 255; });
                 sv.x[(m * N + mypos) * sv.nrhs + c] =
-                    mypos >= nk ? 0.0 : nan ? gpuqr_status::quiet_nan<double>() : xv;
+                    (VB && mypos >= nk) ? 0.0 : nan ? gpuqr_status::quiet_nan<double>() : xv;
             }
             if (badb) gpuqr_status::mark(sv.status, sv.ctl, 3);
         } else {
@@ -728,18 +726,25 @@ template <typename T, int N, int V = 1>
 __global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
 getrf_mma(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
           int *__restrict__ info, long long batch, int stages, int vec,
-          unsigned long long *__restrict__ status, unsigned long long ctl,
-          const void *__restrict__ sizes, int szw)
+          unsigned long long *__restrict__ status, unsigned long long ctl)
 {
-    // per-matrix orders: a code path of its own (GPUQR_MMA_ONE_PATH 0; 1: one
-    // path testing sizes at run time)
-    const gpuqr_warp::GesvArgs<T> none{nullptr, nullptr, 0, 0, nullptr, 0};
-    if (GPUQR_MMA_ONE_PATH == 0 && sizes == nullptr)
-        lu_mma_run<T, N, V, false, false>(a, lu, piv, info, batch, stages, vec, status, ctl,
-                                          none, nullptr, 0);
-    else
-        lu_mma_run<T, N, V, false, true>(a, lu, piv, info, batch, stages, vec, status, ctl,
-                                         none, sizes, szw);
+    lu_mma_run<T, N, V, false, false>(a, lu, piv, info, batch, stages, vec, status, ctl,
+                                      gpuqr_warp::GesvArgs<T>{nullptr, nullptr, 0, 0, nullptr, 0},
+                                      nullptr, 0);
+}
+
+// getrf_mma of a padded stack with per-matrix orders (getrf_warp_vb of
+// lu_warp.cu: sizes, szw; the identity outside each matrix's order).
+template <typename T, int N, int V = 1>
+__global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
+getrf_mma_vb(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
+             int *__restrict__ info, long long batch, int stages, int vec,
+             unsigned long long *__restrict__ status, unsigned long long ctl,
+             const void *__restrict__ sizes, int szw)
+{
+    lu_mma_run<T, N, V, false, true>(a, lu, piv, info, batch, stages, vec, status, ctl,
+                                     gpuqr_warp::GesvArgs<T>{nullptr, nullptr, 0, 0, nullptr, 0},
+                                     sizes, szw);
 }
 
 // ---------------------------------------------------------------------------
@@ -756,10 +761,22 @@ __global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
 gesv_mma(const T *__restrict__ a, int *__restrict__ info, long long batch, int stages,
          int vec, unsigned long long *__restrict__ status, unsigned long long ctl,
          const T *__restrict__ b, T *__restrict__ x, int nrhs, long long bstride,
-         unsigned long long *__restrict__ sstatus, unsigned long long sctl,
-         const void *__restrict__ sizes, int szw)
+         unsigned long long *__restrict__ sstatus, unsigned long long sctl)
 {
-    // (one code path: two would spill)
+    lu_mma_run<T, N, V, true, false>(a, nullptr, nullptr, info, batch, stages, vec, status, ctl,
+                                     gpuqr_warp::GesvArgs<T>{b, x, nrhs, bstride, sstatus, sctl},
+                                     nullptr, 0);
+}
+
+// gesv_mma with per-matrix orders (gesv_warp_vb of lu_warp.cu).
+template <typename T, int N, int V = 1>
+__global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
+gesv_mma_vb(const T *__restrict__ a, int *__restrict__ info, long long batch, int stages,
+            int vec, unsigned long long *__restrict__ status, unsigned long long ctl,
+            const T *__restrict__ b, T *__restrict__ x, int nrhs, long long bstride,
+            unsigned long long *__restrict__ sstatus, unsigned long long sctl,
+            const void *__restrict__ sizes, int szw)
+{
     lu_mma_run<T, N, V, true, true>(a, nullptr, nullptr, info, batch, stages, vec, status, ctl,
                                     gpuqr_warp::GesvArgs<T>{b, x, nrhs, bstride, sstatus, sctl},
                                     sizes, szw);
@@ -788,12 +805,12 @@ gesv_mma(const T *__restrict__ a, int *__restrict__ info, long long batch, int s
 // Dynamic shared memory per warp: stages * N * LDU * 16 bytes + 80 doubles
 // (mma_smem_bytes(..., inverse=True) in scipy_gpuqr/batched/_gpu.py).
 // ---------------------------------------------------------------------------
-template <typename T, int N, int V = 1>
-__global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
-getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
-          long long batch, int n, int stages, int vec,
-          unsigned long long *__restrict__ status, unsigned long long ctl,
-          const void *__restrict__ sizes, int szw)
+template <typename T, int N, int V, bool VB>
+__device__ __forceinline__ void getri_mma_run(const T *__restrict__ a, T *__restrict__ ainv,
+                                              int *__restrict__ info, long long batch, int n,
+                                              int stages, int vec,
+                                              unsigned long long *__restrict__ status,
+                                              unsigned long long ctl, const void *sizes, int szw)
 {
     static_assert(sizeof(T) == 8, "float64 only (FP64 tensor cores)");
     using namespace gpuqr_mma;
@@ -817,22 +834,27 @@ getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
     }
     for (; m < batch; m += stride) {
         double *t = tiles + cur * M::TILE;
+        // the matrix's order (sizes; n without): read before the wait for its copy
+        int order = n;
         if (stages == 2) {
             const long long next = m + stride;
             if (next < batch) {
                 inv_load<N>(tiles + (cur ^ 1) * M::TILE, a + next * nn, n, v, opaque(lane));
                 cp_async_commit();
+                if constexpr (VB) order = matrix_order(sizes, szw, m, n, status, ctl);
                 cp_async_wait<1>();
             } else {
+                if constexpr (VB) order = matrix_order(sizes, szw, m, n, status, ctl);
                 cp_async_wait<0>();
             }
         } else {
             inv_load<N>(t, a + m * nn, n, v, opaque(lane));
             cp_async_commit();
+            if constexpr (VB) order = matrix_order(sizes, szw, m, n, status, ctl);
             cp_async_wait<0>();
         }
         __syncwarp();
-        mma_mask<N>(t, sizes, szw, m, n, status, ctl, opaque(lane));
+        if (VB && order != n) mma_mask<N>(t, order, n, opaque(lane));
         bool bad;
         int mypos;
         const int z = invert_mma<N, V>(t, perm, steps, bc, fs, mypos, bad, lane);
@@ -846,4 +868,24 @@ getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
         __syncwarp();
         if (stages == 2) cur ^= 1;
     }
+}
+
+template <typename T, int N, int V = 1>
+__global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
+getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
+          long long batch, int n, int stages, int vec,
+          unsigned long long *__restrict__ status, unsigned long long ctl)
+{
+    getri_mma_run<T, N, V, false>(a, ainv, info, batch, n, stages, vec, status, ctl, nullptr, 0);
+}
+
+// getri_mma of a padded stack (order n) with per-matrix orders (getrf_mma_vb).
+template <typename T, int N, int V = 1>
+__global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
+getri_mma_vb(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
+             long long batch, int n, int stages, int vec,
+             unsigned long long *__restrict__ status, unsigned long long ctl,
+             const void *__restrict__ sizes, int szw)
+{
+    getri_mma_run<T, N, V, true>(a, ainv, info, batch, n, stages, vec, status, ctl, sizes, szw);
 }

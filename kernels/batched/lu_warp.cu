@@ -387,7 +387,9 @@ __device__ __forceinline__ void tiny_gesv(const T *__restrict__ a, int *__restri
 // output:               lu (batch, N, N), piv (batch, N), info (batch)
 // ---------------------------------------------------------------------------
 // SOLVE: gesv_warp (lu and piv null; the solves of sv after each tile's LU).
-template <typename T, int N, bool SOLVE>
+// VB: per-matrix orders (sizes, szw: getrf_warp_vb, gesv_warp_vb); without
+// it sizes is not looked at.
+template <typename T, int N, bool SOLVE, bool VB>
 __device__ __forceinline__ void lu_warp_run(const T *__restrict__ a, T *__restrict__ lu,
                                             int *__restrict__ piv, int *__restrict__ info,
                                             long long batch, int stages, int vec,
@@ -401,8 +403,8 @@ __device__ __forceinline__ void lu_warp_run(const T *__restrict__ a, T *__restri
     constexpr bool SH = WarpCfg<T, N, false>::SHFL;
     static_assert(!(SOLVE && G > 1), "the fused solve needs a row per lane");
     if constexpr (N <= GPUQR_TINY_MAX) {
-        if constexpr (SOLVE) tiny_gesv<T, N>(a, info, batch, status, ctl, sv, sizes, szw);
-        else tiny_getrf<T, N>(a, lu, piv, info, batch, status, ctl, sizes, szw);
+        if constexpr (SOLVE) tiny_gesv<T, N>(a, info, batch, status, ctl, sv, VB ? sizes : nullptr, szw);
+        else tiny_getrf<T, N>(a, lu, piv, info, batch, status, ctl, VB ? sizes : nullptr, szw);
         return;
     }
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -416,19 +418,23 @@ __device__ __forceinline__ void lu_warp_run(const T *__restrict__ a, T *__restri
     const int mloc = lane / SEG;
 
     if constexpr (G > 1 && !SOLVE) {
-        run_tiles<T, N>(a, lu, batch, N, stages, vec != 0, tiles, sizes, szw, status, ctl,
-                        [&](T *t, long long first, int) {
+        run_tiles<T, N, VB, true>(a, lu, batch, N, stages, vec != 0, tiles, sizes, szw, status,
+                                  ctl, [&](T *t, long long first, int, int) {
             const int z = factor2d<T, N, G, false>(t, bc, piv + first * N, N, lane);
             if (lane == 0) info[first] = gpuqr_status::report_info(z, status, ctl);
         });
         return;
     }
-    run_tiles<T, N>(a, lu, batch, N, stages, vec != 0, tiles, sizes, szw, status, ctl,
-                    [&](T *t, long long first, int nv) {
+    run_tiles<T, N, VB, false>(a, lu, batch, N, stages, vec != 0, tiles, sizes, szw, status,
+                               ctl, [&](T *t, long long first, int nv, int order) {
         const bool active = mloc < nv && r < N;
         T row[N];
         if (active) {
             row_read<T, N>(row, t + (mloc * N + r) * L::LD);
+            if (VB && order != N) {             // per-matrix orders: the identity outside
+#pragma unroll
+                for (int j = 0; j < N; ++j) row[j] = order_masked(row[j], r, j, order);
+            }
         } else {
 #pragma unroll
             for (int j = 0; j < N; ++j) row[j] = T(0);
@@ -500,13 +506,12 @@ __device__ __forceinline__ void lu_warp_run(const T *__restrict__ a, T *__restri
             const bool nan = gpuqr_status::nan_result(gpuqr_status::stored_info(got, ctl), sv.ctl);
             const T rd = T(1) / diag;
             // the matrix's order (sizes): b's rows from it on read as zero, zero solution rows
-            int nk = active ? matrix_order(sizes, szw, m, N, nullptr, 0ull) : N;
-            nk = nk < 0 ? N : nk;
+            const int nk = order < 0 ? N : order;
             bool badb = false;
 #pragma unroll 1
             for (int c = 0; c < sv.nrhs; ++c) {
                 T s0 = T(0);
-                if (active && r < nk) {
+                if (active && (!VB || r < nk)) {
                     s0 = sv.b[m * sv.bstride + (long long)r * sv.nrhs + c];
                     badb |= !finite_bits(s0);
                 }
@@ -515,7 +520,7 @@ __device__ __forceinline__ void lu_warp_run(const T *__restrict__ a, T *__restri
                                                  [&](int j) { return base + (at[j] & (SEG - 1)); });
                 if (active)
                     sv.x[(m * N + pos) * sv.nrhs + c] =
-                        pos >= nk ? T(0) : nan ? gpuqr_status::quiet_nan<T>() : xv;
+                        (VB && pos >= nk) ? T(0) : nan ? gpuqr_status::quiet_nan<T>() : xv;
             }
             if (badb) gpuqr_status::mark(sv.status, sv.ctl, 3);
         } else if (active) {
@@ -531,11 +536,25 @@ template <typename T, int N>
 __global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, false>::MINB))
 getrf_warp(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
            int *__restrict__ info, long long batch, int stages, int vec,
-           unsigned long long *__restrict__ status, unsigned long long ctl,
-           const void *__restrict__ sizes, int szw)
+           unsigned long long *__restrict__ status, unsigned long long ctl)
 {
-    lu_warp_run<T, N, false>(a, lu, piv, info, batch, stages, vec, status, ctl,
-                             GesvArgs<T>{nullptr, nullptr, 0, 0, nullptr, 0}, sizes, szw);
+    lu_warp_run<T, N, false, false>(a, lu, piv, info, batch, stages, vec, status, ctl,
+                                    GesvArgs<T>{nullptr, nullptr, 0, 0, nullptr, 0}, nullptr, 0);
+}
+
+// getrf_warp of a padded stack with per-matrix orders: matrix m is the
+// leading sizes[m] x sizes[m] block of its N x N slot, the rest read (and
+// written) as the identity (matrix_order of batched.cuh; szw: 4 or 8, the
+// entries' width). The *_vb kernels below take the same two extra arguments.
+template <typename T, int N>
+__global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, false>::MINB))
+getrf_warp_vb(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
+              int *__restrict__ info, long long batch, int stages, int vec,
+              unsigned long long *__restrict__ status, unsigned long long ctl,
+              const void *__restrict__ sizes, int szw)
+{
+    lu_warp_run<T, N, false, true>(a, lu, piv, info, batch, stages, vec, status, ctl,
+                                   GesvArgs<T>{nullptr, nullptr, 0, 0, nullptr, 0}, sizes, szw);
 }
 
 // ---------------------------------------------------------------------------
@@ -551,11 +570,24 @@ __global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, false>::MIN
 gesv_warp(const T *__restrict__ a, int *__restrict__ info, long long batch, int stages,
           int vec, unsigned long long *__restrict__ status, unsigned long long ctl,
           const T *__restrict__ b, T *__restrict__ x, int nrhs, long long bstride,
-          unsigned long long *__restrict__ sstatus, unsigned long long sctl,
-          const void *__restrict__ sizes, int szw)
+          unsigned long long *__restrict__ sstatus, unsigned long long sctl)
 {
-    lu_warp_run<T, N, true>(a, nullptr, nullptr, info, batch, stages, vec, status, ctl,
-                            GesvArgs<T>{b, x, nrhs, bstride, sstatus, sctl}, sizes, szw);
+    lu_warp_run<T, N, true, false>(a, nullptr, nullptr, info, batch, stages, vec, status, ctl,
+                                   GesvArgs<T>{b, x, nrhs, bstride, sstatus, sctl}, nullptr, 0);
+}
+
+// gesv_warp with per-matrix orders (getrf_warp_vb): b's rows from a
+// matrix's order on are read as zero, its solution's rows there are zero.
+template <typename T, int N>
+__global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, false>::MINB))
+gesv_warp_vb(const T *__restrict__ a, int *__restrict__ info, long long batch, int stages,
+             int vec, unsigned long long *__restrict__ status, unsigned long long ctl,
+             const T *__restrict__ b, T *__restrict__ x, int nrhs, long long bstride,
+             unsigned long long *__restrict__ sstatus, unsigned long long sctl,
+             const void *__restrict__ sizes, int szw)
+{
+    lu_warp_run<T, N, true, true>(a, nullptr, nullptr, info, batch, stages, vec, status, ctl,
+                                  GesvArgs<T>{b, x, nrhs, bstride, sstatus, sctl}, sizes, szw);
 }
 
 // ---------------------------------------------------------------------------
@@ -568,19 +600,19 @@ gesv_warp(const T *__restrict__ a, int *__restrict__ info, long long batch, int 
 // input, not modified:  a (batch, n, n)
 // output:               ainv (batch, n, n), info (batch)
 // ---------------------------------------------------------------------------
-template <typename T, int N>
-__global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, true>::MINB))
-getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
-           long long batch, int n, int stages, int vec,
-           unsigned long long *__restrict__ status, unsigned long long ctl,
-           const void *__restrict__ sizes, int szw)
+template <typename T, int N, bool VB>
+__device__ __forceinline__ void getri_warp_run(const T *__restrict__ a, T *__restrict__ ainv,
+                                               int *__restrict__ info, long long batch, int n,
+                                               int stages, int vec,
+                                               unsigned long long *__restrict__ status,
+                                               unsigned long long ctl, const void *sizes, int szw)
 {
     typedef Layout<T, N> L;
     constexpr int SEG = L::SEG;
     constexpr int G = WarpCfg<T, N, true>::G;
     constexpr bool SH = WarpCfg<T, N, true>::SHFL;
     if constexpr (N <= GPUQR_TINY_MAX) {
-        tiny_getri<T, N>(a, ainv, info, batch, n, status, ctl, sizes, szw);
+        tiny_getri<T, N>(a, ainv, info, batch, n, status, ctl, VB ? sizes : nullptr, szw);
         return;
     }
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -595,8 +627,8 @@ getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info
     const int base = lane & ~(SEG - 1);
 
     if constexpr (G > 1) {
-        run_tiles<T, N>(a, ainv, batch, n, stages, vec != 0, tiles, sizes, szw, status, ctl,
-                        [&](T *t, long long first, int) {
+        run_tiles<T, N, VB, true>(a, ainv, batch, n, stages, vec != 0, tiles, sizes, szw, status,
+                                  ctl, [&](T *t, long long first, int, int) {
             const int z = factor2d<T, N, G, true>(t, bc, nullptr, n, lane);
             if (gpuqr_status::nan_result(z, ctl)) {         // warp-uniform; MW == 1 here
                 __syncwarp();
@@ -606,15 +638,17 @@ getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info
         });
         return;
     }
-    run_tiles<T, N>(a, ainv, batch, n, stages, vec != 0, tiles, sizes, szw, status, ctl,
-                    [&](T *t, long long first, int nv) {
+    run_tiles<T, N, VB, false>(a, ainv, batch, n, stages, vec != 0, tiles, sizes, szw, status,
+                               ctl, [&](T *t, long long first, int nv, int order) {
         const bool active = mloc < nv && r < N;
         T row[N];
         if (active) row_read<T, N>(row, t + (mloc * N + r) * L::LD);
         bool fin = true;
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-            row[j] = (active && r < n && j < n) ? row[j] : T(r == j);
+            // the identity outside the matrix's order (n, or its size; NaN: a bad size)
+            if constexpr (VB) row[j] = active ? order_masked(row[j], r, j, order) : T(r == j);
+            else row[j] = (active && r < n && j < n) ? row[j] : T(r == j);
             fin = fin && finite_bits(row[j]);
         }
         const bool bad = seg_bits<SEG>(__ballot_sync(0xffffffffu, !fin), lane) != 0u;
@@ -678,4 +712,24 @@ getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info
         if (active && r == 0)
             info[first + mloc] = gpuqr_status::report_info(bad ? -1 : zinfo, status, ctl);
     });
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, true>::MINB))
+getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
+           long long batch, int n, int stages, int vec,
+           unsigned long long *__restrict__ status, unsigned long long ctl)
+{
+    getri_warp_run<T, N, false>(a, ainv, info, batch, n, stages, vec, status, ctl, nullptr, 0);
+}
+
+// getri_warp of a padded stack (order n) with per-matrix orders (getrf_warp_vb).
+template <typename T, int N>
+__global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, true>::MINB))
+getri_warp_vb(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
+              long long batch, int n, int stages, int vec,
+              unsigned long long *__restrict__ status, unsigned long long ctl,
+              const void *__restrict__ sizes, int szw)
+{
+    getri_warp_run<T, N, true>(a, ainv, info, batch, n, stages, vec, status, ctl, sizes, szw);
 }

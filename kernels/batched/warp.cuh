@@ -331,34 +331,6 @@ __device__ __forceinline__ T lu_solve_rows(T s, int pos, T d, T rd, Lu lu, At at
     return s;
 }
 
-// The matrices first .. first + nv - 1 of a tile (order n, row stride LD)
-// of a padded stack with per-matrix orders (matrix_order of batched.cuh):
-// rows and columns from each one's order on set to the identity, all NaN
-// for a size outside [0, n]. Nothing when sizes is null or every matrix
-// fills the stack (a warp-uniform test).
-template <typename T, int N>
-__device__ __forceinline__ void tile_mask(T *t, const void *sizes, int szw, long long first,
-                                          int nv, int n, unsigned long long *status,
-                                          unsigned long long ctl, int lane) {
-    typedef Layout<T, N> L;
-    if (sizes == nullptr) return;
-    const int nk = lane < nv ? matrix_order(sizes, szw, first + lane, n, status, ctl) : n;
-    if (__all_sync(0xffffffffu, nk == n)) return;
-#pragma unroll 1
-    for (int mm = 0; mm < nv; ++mm) {
-        const int k = __shfl_sync(0xffffffffu, nk, mm);
-        if (k == n) continue;
-#pragma unroll 1
-        for (int e = lane; e < n * n; e += 32) {
-            const int i = e / n;
-            const int j = e - i * n;
-            T *d = t + (mm * N + i) * L::LD + j;
-            *d = order_masked(*d, i, j, k);
-        }
-    }
-    __syncwarp();
-}
-
 // Grid-stride loop of a warp over tiles of MW = 32 / SEG matrices held a
 // row per lane in registers (the solves of solve_warp.cu): per tile,
 // body(m, active, r, base) with m the lane's matrix, active (m < batch and
@@ -381,12 +353,45 @@ __device__ __forceinline__ void warp_row_tasks(long long batch, Body body) {
     }
 }
 
+// The orders of a tile's matrices (padded stacks with per-matrix orders,
+// matrix_order of batched.cuh): lane l < nv gets matrix first + l's, the
+// others (and every lane without sizes) n. Issued before the wait for the
+// tile's copy, so that the load's latency hides under it.
+__device__ __forceinline__ int tile_orders(const void *sizes, int szw, long long first, int nv,
+                                           int n, unsigned long long *status,
+                                           unsigned long long ctl, int lane) {
+    return (sizes != nullptr && lane < nv) ? matrix_order(sizes, szw, first + lane, n, status, ctl)
+                                           : n;
+}
+
+// The tile's matrices (order n, row stride LD) with rows and columns from
+// each one's order on set to the identity, all NaN for a bad size; nk:
+// tile_orders' value (lane l: matrix l's order). A row per lane (the
+// kernels whose proc reads the tile itself; the others mask in registers).
+template <typename T, int N>
+__device__ __forceinline__ void tile_mask(T *t, int nk, int nv, int n, int lane) {
+    typedef Layout<T, N> L;
+    const int mm = lane / L::SEG;
+    const int r = lane & (L::SEG - 1);
+    const int k = __shfl_sync(0xffffffffu, nk, mm);
+    if (mm < nv && r < n && k != n) {
+        T *row = t + (mm * N + r) * L::LD;
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+            if (j < n) row[j] = order_masked(row[j], r, j, k);
+    }
+    __syncwarp();
+}
+
 // Grid-stride loop of a warp over its tiles: copy in (one tile ahead when
-// stages == 2), tile_mask (per-matrix orders: sizes, szw; null: none),
-// proc(tile, first matrix, number of matrices), copy out (none when out is
-// null: the fused solves keep only their solutions). Shared memory of the
-// warp: stages tiles starting at `tiles`.
-template <typename T, int N, typename Proc>
+// stages == 2), proc(tile, first matrix, number of matrices, the order of
+// the lane's matrix: tile_orders; n without sizes), copy out (none when out
+// is null: the fused solves keep only their solutions). VB: per-matrix
+// orders (sizes, szw; without VB they are not looked at and proc gets n);
+// MASK: tile_mask before proc (procs that read the tile rather than a row
+// per lane in registers). Shared memory of the warp: stages tiles starting
+// at `tiles`.
+template <typename T, int N, bool VB, bool MASK, typename Proc>
 __device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict__ out,
                                           long long batch, int n, int stages, bool vec,
                                           T *tiles, const void *sizes, int szw,
@@ -408,6 +413,7 @@ __device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict
         const long long first = task * L::MW;
         const int nv = (int)min((long long)L::MW, batch - first);
         T *t = tiles + cur * L::TILE;
+        int nk = n;
         if (stages == 2) {
             const long long next = task + stride;
             if (next < ntask) {
@@ -415,18 +421,25 @@ __device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict
                 tile_load<T, N>(tiles + (cur ^ 1) * L::TILE, a + f * nn,
                                 (int)min((long long)L::MW, batch - f), n, vec, lane);
                 cp_async_commit();
+                if constexpr (VB) nk = tile_orders(sizes, szw, first, nv, n, status, ctl, lane);
                 cp_async_wait<1>();
             } else {
+                if constexpr (VB) nk = tile_orders(sizes, szw, first, nv, n, status, ctl, lane);
                 cp_async_wait<0>();
             }
         } else {
             tile_load<T, N>(t, a + first * nn, nv, n, vec, lane);
             cp_async_commit();
+            if constexpr (VB) nk = tile_orders(sizes, szw, first, nv, n, status, ctl, lane);
             cp_async_wait<0>();
         }
         __syncwarp();
-        tile_mask<T, N>(t, sizes, szw, first, nv, n, status, ctl, lane);
-        proc(t, first, nv);
+        if constexpr (VB) {
+            if constexpr (MASK) tile_mask<T, N>(t, nk, nv, n, lane);
+            proc(t, first, nv, __shfl_sync(0xffffffffu, nk, lane / L::SEG));
+        } else {
+            proc(t, first, nv, n);
+        }
         __syncwarp();
         if (out != nullptr) tile_store<T, N>(out + first * nn, t, nv, n, vec, lane);
         __syncwarp();

@@ -42,7 +42,7 @@ import numpy as np
 from . import _gpu_blocked as _blocked
 from . import _gpu_common as _common
 from ._gpu_common import NO_REPORT, device_id, dtname, solve_by_columns
-from ._kernel_registry import (MMA_SIZES, SMALL_FILES, SMALL_MAX, TINY_MAX,
+from ._kernel_registry import (MMA_SIZES, SMALL_FILES, SMALL_MAX, TINY_MAX, VB_SUFFIX,
                                padded_size, small_name)
 from .._kernels import load_module
 
@@ -58,20 +58,18 @@ DEFAULT_THREADS = 128
 WARP_THREADS_MAX = 256
 
 
-#: The tensor-core kernels of kernels/batched/lu_mma.cu (a warp per matrix).
-MMA_KERNELS = ("getrf_mma", "getri_mma", "gesv_mma")
+#: The tensor-core kernels of kernels/batched/lu_mma.cu (a warp per matrix;
+#: their twins with per-matrix orders too).
+MMA_KERNELS = ("getrf_mma", "getri_mma", "gesv_mma") + tuple(
+    k + VB_SUFFIX for k in ("getrf_mma", "getri_mma", "gesv_mma"))
 
 #: Threads per block of those kernels: 24 warps per SM (3 blocks; 80
 #: registers a thread, 8.4 / 8.6 KiB of shared memory a warp). Blocks of 160
 #: threads would fit 25 warps by registers and by the SM's 228 KiB, but the
-#: occupancy API gives them 4 blocks (20 warps) on an H200 and the LU ran
-#: 6 % slower; 64 and 128 threads hold 24 warps too and ran 2 % slower.
+#: occupancy API gives them 4 blocks (20 warps) on an H200, also with the
+#: preferred shared-memory carveout at 100 %, and the LU ran 6 % slower; 64
+#: and 128 threads hold 24 warps too and ran 2 % slower.
 MMA_THREADS = 256
-
-#: Preferred shared-memory carveout (percent of the SM's unified L1/shared
-#: storage) set on those kernels before the occupancy is asked; None: the
-#: driver's choice.
-MMA_CARVEOUT = None
 
 #: Shared memory an sm_90 SM gives its blocks (the stage rule of warp_defaults).
 _SMEM_PER_SM = 227 * 1024
@@ -233,13 +231,11 @@ def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
 
     fn = _small_function_cached(kernel, dt, size, device)
     if kernel in MMA_KERNELS:
-        smem = mma_smem_bytes(size, threads // 32, stages, inverse=kernel == "getri_mma")
+        smem = mma_smem_bytes(size, threads // 32, stages, inverse=kernel.startswith("getri"))
     else:
         smem = warp_smem_bytes(size, np.dtype(dt).itemsize, threads // 32, stages)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
-    if kernel in MMA_KERNELS and MMA_CARVEOUT is not None:
-        fn.preferred_shared_memory_carveout = MMA_CARVEOUT
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, smem)
     sms = cp.cuda.Device(device).attributes["MultiProcessorCount"]
     mw = 1 if kernel in MMA_KERNELS else 32 if size <= TINY_MAX else 32 // _seg(size)
@@ -247,11 +243,14 @@ def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
 
 
 @functools.lru_cache(maxsize=None)
-def _warp_plan(op: str, dt: str, n: int, kernel, threads, stages, device: int):
+def _warp_plan(op: str, dt: str, n: int, kernel, threads, stages, device: int,
+               vb: bool = False):
     """Everything of an n <= 32 LU (``op`` 'lu'), LU and solve ('gesv') or
     inverse ('inv') launch that does not depend on the batch, resolved once
-    per (dtype, n, options, device): (function, register size, threads, stages, shared memory, resident blocks,
-    matrices per warp, elements per 16-byte vector, CUfunction)."""
+    per (dtype, n, options, device): (function, register size, threads,
+    stages, shared memory, resident blocks, matrices per warp, elements per
+    16-byte vector, CUfunction). ``vb``: the kernel's twin with per-matrix
+    orders (same block, stages and shared memory)."""
     if op == "lu":
         name, size = getrf_kernel(n, dt, kernel), n
     elif op == "gesv":                    # the LU kernel's fused twin
@@ -263,7 +262,8 @@ def _warp_plan(op: str, dt: str, n: int, kernel, threads, stages, device: int):
         threads = d_threads if threads is None else threads
         stages = d_stages if stages is None else stages
     threads = max(32, min(WARP_THREADS_MAX, (int(threads) // 32) * 32))
-    fn, resident, smem, mw = _warp_config(name, dt, size, threads, int(stages), device)
+    fn, resident, smem, mw = _warp_config(name + (VB_SUFFIX if vb else ""), dt, size,
+                                          threads, int(stages), device)
     return (fn, size, threads, int(stages), smem, resident, mw,
             16 // np.dtype(dt).itemsize, fn.kernel.ptr)
 
@@ -279,22 +279,24 @@ def _grid(plan, batch: int) -> int:
 
 
 @functools.lru_cache(maxsize=512)
-def _small_call(op: str, shape: tuple, dtype, kernel, threads, stages, device: int):
+def _small_call(op: str, shape: tuple, dtype, kernel, threads, stages, device: int,
+                vb: bool = False):
     """Everything of an n <= 32 call of ``op`` ('lu', 'gesv', 'inv' or 'chol') on a
     C-contiguous stack of ``shape`` and ``dtype`` that does not depend on
     the arrays, resolved once: (output specs for
     :func:`scipy_gpuqr.batched._gpu_common.alloc_outputs`, CUfunction, grid,
     threads, shared memory, matrices, stages, whether n allows the kernels'
-    16-byte vector path). A call is then one allocation and one launch."""
+    16-byte vector path). A call is then one allocation and one launch.
+    ``vb``: the kernels with per-matrix orders (:func:`sizes_args`)."""
     n = shape[-1]
     batch_shape = shape[:-2]
     bsz = math.prod(batch_shape)
     dt = dtname(dtype)
     if op == "chol":
-        fptr, block, per_block, smem = _potrf_plan(dt, padded_size(n), threads, device)
+        fptr, block, per_block, smem = _potrf_plan(dt, padded_size(n), threads, device, vb)
         return (((shape, dtype), (batch_shape, np.int32)), fptr, -(-bsz // per_block),
                 block, smem, bsz, 0, False)
-    plan = _warp_plan(op, dt, n, kernel, threads, stages, device)
+    plan = _warp_plan(op, dt, n, kernel, threads, stages, device, vb)
     specs = (((shape, dtype), (batch_shape + (n,), np.int32), (batch_shape, np.int32))
              if op == "lu" else ((batch_shape, np.int32),) if op == "gesv"
              else ((shape, dtype), (batch_shape, np.int32)))
@@ -310,18 +312,14 @@ def _launch_plan(plan, n: int, x, out, batch: int, args_head, args_tail, report)
     values = [a.data.ptr for a in args_head]
     values.append(batch)
     values += args_tail
-    values += (plan[3], vec, _common.arg_value(report[0]), report[1], 0, 0)
+    values += (plan[3], vec, _common.arg_value(report[0]), report[1])
     _common.launch(plan[8], _grid(plan, batch), plan[2], plan[4], values)
-
-
-#: The trailing ``sizes, szw`` arguments of the n <= 32 kernels: no
-#: per-matrix orders (every matrix fills the stack).
-_NO_SIZES = (0, 0)
 
 
 def sizes_args(sizes) -> tuple:
     """``(address, entry width)``, the ``sizes, szw`` arguments of the n <= 32
-    factorization kernels, for per-matrix orders ``sizes`` (a C-contiguous
+    factorization kernels' twins with per-matrix orders (``<name>_vb``), for
+    ``sizes`` (a C-contiguous
     CuPy int32 or int64 array, one entry per matrix of the stack): matrix k is
     the leading ``sizes[k]`` block, read (and written) as the identity
     outside it; a size outside [0, n] marks slot
@@ -371,13 +369,13 @@ def getrf(a, threads: int | None = None, stages: int | None = None,
     if 0 < n <= SMALL_MAX and a.size:
         specs, fptr, grid, thr, smem, bsz, stg, vec = _small_call(
             "lu", a.shape, a.dtype, kernel, threads, stages,
-            device_id() if device is None else device)
+            device_id() if device is None else device, sizes is not None)
         lu, piv, info = _common.alloc_outputs(specs)
         src, dst = a.data.ptr, lu.data.ptr
         _common.launch(fptr, grid, thr, smem,
                        (src, dst, piv.data.ptr, info.data.ptr, bsz, stg,
                         1 if vec and not (src | dst) & 15 else 0,
-                        _common.arg_value(report[0]), report[1]) + (sizes or _NO_SIZES))
+                        _common.arg_value(report[0]), report[1]) + (sizes or ()))
         return lu, piv, info
     bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:
@@ -444,7 +442,7 @@ def gesv(a, rhs, report=NO_REPORT, solve_report=NO_REPORT, nan_info: bool = Fals
     dev = device_id() if device is None else device
     if FUSED_GESV if fused is None else fused:
         specs, fptr, grid, thr, smem, bsz, stg, vec = _small_call(
-            "gesv", a.shape, a.dtype, None, None, None, dev)
+            "gesv", a.shape, a.dtype, None, None, None, dev, sizes is not None)
         info, x = _common.alloc_outputs(specs + ((out_shape, a.dtype),))
         src = a.data.ptr
         _common.launch(fptr, grid, thr, smem,
@@ -452,7 +450,7 @@ def gesv(a, rhs, report=NO_REPORT, solve_report=NO_REPORT, nan_info: bool = Fals
                         _common.arg_value(report[0]), report[1], b.data.ptr, x.data.ptr, k,
                         bstride, _common.arg_value(solve_report[0]),
                         solve_report[1] if nan_info else solve_report[1] & ~_CTL_NAN)
-                       + (sizes or _NO_SIZES))
+                       + (sizes or ()))
         return x, info
     if sizes is not None:
         raise ValueError("gesv: per-matrix sizes need the fused kernel")
@@ -462,7 +460,7 @@ def gesv(a, rhs, report=NO_REPORT, solve_report=NO_REPORT, nan_info: bool = Fals
     src, dst, pv, inf = a.data.ptr, lu.data.ptr, piv.data.ptr, info.data.ptr
     _common.launch(fptr, grid, thr, smem,
                    (src, dst, pv, inf, bsz, stg, 1 if vec and not (src | dst) & 15 else 0,
-                    _common.arg_value(report[0]), report[1], 0, 0))
+                    _common.arg_value(report[0]), report[1]))
     _common.solve_columns("getrs_batched", a.dtype, x, b, bstride, bsz, a.shape[-1], k,
                           (dst, pv), 0, solve_report, inf if nan_info else 0, dev)
     return x, info
@@ -488,13 +486,13 @@ def getri(a, threads: int | None = None, stages: int | None = None,
     if 0 < n <= SMALL_MAX and a.size:
         specs, fptr, grid, thr, smem, bsz, stg, vec = _small_call(
             "inv", a.shape, a.dtype, kernel, threads, stages,
-            device_id() if device is None else device)
+            device_id() if device is None else device, sizes is not None)
         out, info = _common.alloc_outputs(specs)
         src, dst = a.data.ptr, out.data.ptr
         _common.launch(fptr, grid, thr, smem,
                        (src, dst, info.data.ptr, bsz, n, stg,
                         1 if vec and not (src | dst) & 15 else 0,
-                        _common.arg_value(report[0]), report[1]) + (sizes or _NO_SIZES))
+                        _common.arg_value(report[0]), report[1]) + (sizes or ()))
         return out, info
     bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:
@@ -518,11 +516,11 @@ def potrf(a, lower: bool, threads: int | None = None, report=NO_REPORT,
     if 0 < n <= SMALL_MAX and a.size:
         specs, fptr, grid, block, smem, bsz, _, _ = _small_call(
             "chol", a.shape, a.dtype, None, threads, None,
-            device_id() if device is None else device)
+            device_id() if device is None else device, sizes is not None)
         out, info = _common.alloc_outputs(specs)
         _common.launch(fptr, grid, block, smem,
                        (a.data.ptr, out.data.ptr, info.data.ptr, bsz, n, 1 if lower else 0,
-                        _common.arg_value(report[0]), report[1]) + (sizes or _NO_SIZES))
+                        _common.arg_value(report[0]), report[1]) + (sizes or ()))
         return out, info
     bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:
@@ -533,10 +531,10 @@ def potrf(a, lower: bool, threads: int | None = None, report=NO_REPORT,
 
 
 @functools.lru_cache(maxsize=None)
-def _potrf_plan(dt: str, size: int, threads, device: int):
+def _potrf_plan(dt: str, size: int, threads, device: int, vb: bool = False):
     """(CUfunction, threads per block, matrices per block, shared memory) of
-    ``potrf_small``."""
-    fn = _small_function_cached("potrf_small", dt, size, device)
+    ``potrf_small`` (``vb``: its twin with per-matrix orders)."""
+    fn = _small_function_cached("potrf_small" + (VB_SUFFIX if vb else ""), dt, size, device)
     grid, block, smem = small_launch(fn, size, 1, np.dtype(dt).itemsize, threads)
     return fn.kernel.ptr, block[0], block[0] // _seg(size), smem
 

@@ -16,7 +16,7 @@ __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "rows_name", "MMA_SIZES", "MMA_FILE", "ROWS_FILE", "PANEL_FILE",
            "SOLVE_FILE", "STATUS_FILE", "status_name", "VB_FILE", "vb_name",
            "MMA64_FILE", "MMA64_NAME", "MMA64_SMEM", "MMA_ROWS_NAME", "mma_rows_smem",
-           "JACOBI_FILE", "jacobi_name"]
+           "JACOBI_FILE", "jacobi_name", "VB_SUFFIX"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
 SMALL_MAX = 32
@@ -119,6 +119,14 @@ SMALL_FILES = {"getrf_warp": "batched/lu_warp.cu", "getri_warp": "batched/lu_war
                "potrf_small": "batched/cholesky.cu", "getrf_mma": MMA_FILE,
                "getri_mma": MMA_FILE, "gesv_mma": MMA_FILE}
 
+#: The factorization kernels of n <= 32 with per-matrix orders of a padded
+#: stack (``<name>_vb``: two more arguments, the sizes and their width; the
+#: ``*_vbatched`` functions), each in its fixed-size twin's file.
+VB_SUFFIX = "_vb"
+SMALL_FILES.update({k + VB_SUFFIX: SMALL_FILES[k] for k in
+                    ("getrf_warp", "getri_warp", "gesv_warp", "potrf_small", "getrf_mma",
+                     "getri_mma", "gesv_mma")})
+
 _CTYPES = {"float32": "float", "float64": "double"}
 
 
@@ -164,14 +172,16 @@ def padded_size(n: int) -> int:
 
 KERNEL_VARIANTS = {
     "batched/lu_warp.cu": tuple(
-        small_name(k, dt, n) for k in ("getrf_warp", "gesv_warp")
+        small_name(k + v, dt, n) for v in ("", VB_SUFFIX) for k in ("getrf_warp", "gesv_warp")
         for dt in _CTYPES for n in range(1, SMALL_MAX + 1)) + tuple(
-        small_name("getri_warp", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
+        small_name("getri_warp" + v, dt, n) for v in ("", VB_SUFFIX) for dt in _CTYPES
+        for n in PADDED_SIZES),
     MMA64_FILE: (MMA64_NAME, MMA_ROWS_NAME),
-    MMA_FILE: tuple(small_name(k, "float64", n)
+    MMA_FILE: tuple(small_name(k + v, "float64", n) for v in ("", VB_SUFFIX)
                     for k in ("getrf_mma", "getri_mma", "gesv_mma") for n in MMA_SIZES),
     "batched/cholesky.cu": tuple(
-        small_name("potrf_small", dt, n) for dt in _CTYPES for n in PADDED_SIZES),
+        small_name("potrf_small" + v, dt, n) for v in ("", VB_SUFFIX) for dt in _CTYPES
+        for n in PADDED_SIZES),
     PANEL_FILE: tuple(
         panel_name(k, dt) for k in ("getrf_panel", "potrf_panel") for dt in _CTYPES),
     SOLVE_FILE: tuple(
