@@ -14,9 +14,10 @@ import scipy.sparse as sp
 
 from scipy_gpuqr import QRFactorization
 from scipy_gpuqr._factor import lstsq as _lstsq
+from scipy_gpuqr._factor import solve_rank as _sr
 from scipy_gpuqr._factor.solve_rank import (PROBE_COLUMNS, PROBE_FAILURE, NullspaceCOD,
                                             NullspaceRefused, abs_diagonal, frobenius,
-                                            probe_margin, probe_norm)
+                                            gaussian_block, probe_margin, probe_norm)
 from scipy_gpuqr._factor.triangular import UpperTriangular
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
@@ -64,6 +65,26 @@ def test_probe_norm_within_the_margin(rng, decades):
         calls.clear()
         nu, margin = probe_norm(inv, inv_t, 300, seed=seed, accept=lambda n, m: True)
         assert len(calls) == 1 and margin == pytest.approx(probe_margin(300, 1))
+
+
+def test_gaussian_block_is_one_block_whatever_the_threads(monkeypatch):
+    """The pieces lie where the block's size puts them: one, two or eight threads
+    draw the same numbers; another seed, other numbers; standard normal moments."""
+    shape = (3 * _sr.DRAW_CHUNK // 40 + 7, 40)            # four pieces, the last short
+    blocks = []
+    for threads in (1, 2, 8):
+        monkeypatch.setattr(_sr, "DRAW_THREADS", threads)
+        blocks.append(gaussian_block(5, shape))
+    assert all(np.array_equal(blocks[0], b) for b in blocks[1:])
+    X = blocks[0]
+    assert X.shape == shape and X.dtype == np.float64 and X.flags.c_contiguous
+    assert abs(X.mean()) < 5e-3 and abs(X.std() - 1) < 5e-3
+    flat = X.reshape(-1)
+    first = np.random.Generator(np.random.PCG64(np.random.SeedSequence(5).spawn(4)[0]))
+    assert np.array_equal(flat[:_sr.DRAW_CHUNK], first.standard_normal(_sr.DRAW_CHUNK))
+    assert not np.array_equal(gaussian_block(6, shape)[:5], X[:5])
+    assert gaussian_block(1, (0, 3)).shape == (0, 3)
+    assert np.array_equal(gaussian_block(2, (9, 8)), gaussian_block(2, (9, 8)))
 
 
 def test_probe_norm_zero_pivot_is_infinite():

@@ -54,6 +54,8 @@ all of R (O(q³)).
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -64,8 +66,9 @@ import scipy.sparse as sp
 from .._engine.gpu import array_ops
 from .dense_cod import solve_triangular
 
-__all__ = ["PROBE_COLUMNS", "PROBE_MAX_STEPS", "PROBE_FAILURE", "probe_margin", "probe_norm",
-           "abs_diagonal", "frobenius", "NullspaceCOD", "NullspaceRefused"]
+__all__ = ["PROBE_COLUMNS", "PROBE_MAX_STEPS", "PROBE_FAILURE", "DRAW_CHUNK", "DRAW_THREADS",
+           "probe_margin", "probe_norm", "gaussian_block", "abs_diagonal", "frobenius",
+           "NullspaceCOD", "NullspaceRefused"]
 
 #: Columns of the random block of :func:`probe_norm` (a solve with a few columns
 #: costs about what one with a single column costs: the GPU's are launch-bound).
@@ -78,6 +81,15 @@ PROBE_MAX_STEPS = 3
 #: Bound on the probability that :func:`probe_norm` underestimates by more than
 #: its margin, per step tested.
 PROBE_FAILURE = 1e-10
+
+
+#: Numbers per independently seeded piece of a Gaussian block
+#: (:func:`gaussian_block`). Where the pieces lie depends on the block's size
+#: alone, so a seed gives the same block whatever the number of threads.
+DRAW_CHUNK = 1 << 18
+
+#: Most threads drawing the pieces of one Gaussian block.
+DRAW_THREADS = 8
 
 
 class NullspaceRefused(Exception):
@@ -107,6 +119,36 @@ def frobenius(R: sp.csc_array) -> float:
     """``‖R‖_F`` (an upper bound of ``‖R‖₂``): one pass over R's values."""
     data = np.asarray(R.data, dtype=np.float64)
     return float(np.sqrt(np.dot(data, data)))
+
+
+def gaussian_block(seed: int, shape: tuple) -> np.ndarray:
+    """A seeded standard normal block (float64, C order), the same for a seed and
+    shape on any machine.
+
+    Drawn in pieces of :data:`DRAW_CHUNK` numbers, piece i by a PCG64
+    generator seeded with the i-th child of ``SeedSequence(seed)``, on up to
+    :data:`DRAW_THREADS` threads (NumPy's generators fill without the GIL):
+    the null-space COD's q × d block of a GPU call is millions of numbers,
+    a fifth of a second on one core.
+    """
+    out = np.empty(shape, dtype=np.float64)
+    flat = out.reshape(-1)
+    pieces = -(-flat.size // DRAW_CHUNK)
+    if not pieces:
+        return out
+    seqs = np.random.SeedSequence(seed).spawn(pieces)
+
+    def draw(i):
+        np.random.Generator(np.random.PCG64(seqs[i])).standard_normal(
+            out=flat[i * DRAW_CHUNK:(i + 1) * DRAW_CHUNK])
+    threads = min(pieces, DRAW_THREADS, os.cpu_count() or 1)
+    if threads <= 1:
+        for i in range(pieces):
+            draw(i)
+    else:
+        with ThreadPoolExecutor(threads, thread_name_prefix="gpuqr-draw") as ex:
+            list(ex.map(draw, range(pieces)))
+    return out
 
 
 def probe_margin(q: int, steps: int, columns: int = PROBE_COLUMNS,
@@ -180,8 +222,8 @@ class _HostBlocks:
 
     @staticmethod
     def gaussian(seed: int, shape: tuple):
-        """A seeded standard normal block."""
-        return np.random.default_rng(seed).standard_normal(shape)
+        """A seeded standard normal block (:func:`gaussian_block`)."""
+        return gaussian_block(seed, shape)
 
     @staticmethod
     def dense(X):
@@ -240,9 +282,9 @@ class _DeviceBlocks:
     :mod:`scipy_gpuqr._engine.gpu.array_ops` (column norms and maxima with
     finite checks, scalings, copies, differences, triangles), cuSOLVER's
     ``geqrf``/``orgqr`` and cuBLAS's ``trsm`` called directly, CuPy's products
-    of contiguous operands (cuBLAS), and Gaussian blocks drawn on the host by
-    NumPy's generator (the host path's draws: the same seed gives the same
-    block on either) and uploaded. A block's norms are taken once per step of
+    of contiguous operands (cuBLAS), and Gaussian blocks drawn on the host
+    (:func:`gaussian_block`, the host path's draws: the same seed gives the
+    same block on either) and uploaded. A block's norms are taken once per step of
     :func:`probe_norm` (the finite and nonzero checks and the next step's
     scaling share them)."""
 
