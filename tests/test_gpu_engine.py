@@ -155,7 +155,7 @@ def test_progressive_r_copy_takes_only_final_ranges(monkeypatch):
     an = analyze(A)
     gpu_factorize(A, an, device=NumpyDevice(32, 3)).free()
     monkeypatch.setattr(gpu_rcopy, "final_entries",
-                        lambda an_, lay, st, tile: np.full(st.nlaunch, lay.nnz))
+                        lambda an_, lay, st, tile, pos=None: np.full(st.nlaunch, lay.nnz))
     from scipy_gpuqr._engine.gpu.rlayout import clear_r_layout_cache
     clear_r_layout_cache(an)
     try:

@@ -843,3 +843,33 @@ def test_q_replay_reads_only_the_uploaded_reflector_columns(dense_flops):
             solve.replay(plan, _PoolExecutor(plan, uploaded.__getitem__, g._vt), Y, trans)
             np.testing.assert_array_equal(X, Y)
     assert dense_seen > 0 if dense_flops else dense_seen == 0
+
+
+def test_last_stage_copies_r_while_its_launches_run(monkeypatch):
+    """A warm staged run's last stage copies its entries of R as launches finish
+    them (:func:`~scipy_gpuqr._engine.gpu.rcopy.final_entries` over the stage's
+    own entries; the NumPy layer copies each range right after its launch):
+    the same R as unlimited. A finality that claims every entry after launch 0
+    gives another R."""
+    from scipy_gpuqr._engine.gpu import rcopy
+    A = _cases(big=True)[2][1]
+    an = analyze(A)
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
+    limit = _limit(an, 4)
+    for _ in range(2):
+        dev = NumpyDevice(TILE, BUNDLE, memory_limit=limit)
+        g = gpu_factorize(A, an, device=dev)
+    assert g.info["r_copy_progressive"] and len(dev.r_copies) > g.info["stages"] + 1
+    assert abs(g.R - ref.R).max() <= 1e-12 * abs(ref.R).max()
+    # every entry claimed final after launch 0
+    from scipy_gpuqr._engine.gpu import driver
+    exact = rcopy.final_entries
+
+    def at_once(analysis, layout, sched, stage, tile, key, pos=None):
+        out = exact(analysis, layout, stage, tile, pos)
+        out[:] = out[-1]
+        return out
+    monkeypatch.setattr(driver, "final_entries_cached", at_once)
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit))
+    assert g.info["stages"] > 1 and g.info["r_copy_progressive"]
+    assert abs(g.R - ref.R).max() > 1e-6 * abs(ref.R).max()

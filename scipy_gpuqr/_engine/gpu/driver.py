@@ -685,8 +685,8 @@ class _StageLoop:
         device = self.dev(sid)
         t_host = time.perf_counter()
         h = self.begin(sid, st)
-        copier, pos = self.open_progressive_copy(sid, st, h)
         down = self.open_pool_copy(sid, st, h)
+        copier, pos = (None, None) if down is not None else self.open_progressive_copy(sid, st, h)
         try:
             fac_parts, fac_launch = self.launch_all(sid, st, h, copier, down)
             if copier is None and self.late_copier is not None:
@@ -734,17 +734,23 @@ class _StageLoop:
         return h
 
     def open_progressive_copy(self, sid: int, st, h):
-        """A warm one-stage run's R copier, opened before the launches (each range of R
-        copied once final, :func:`~.rcopy.final_entries`): ``(copier, positions)``, else
-        ``(None, None)``."""
-        if self.warm is None:
+        """R's copier of a warm stage whose pool stays (a one-stage run, or a staged
+        run's last stage once R's layout is known), opened before the launches: each
+        range of the stage's entries is copied once final
+        (:func:`~.rcopy.final_entries`). ``(copier, positions)``, else ``(None, None)``."""
+        lay = self.warm
+        if lay is None and self.nstage > 1 and not self.cold and sid not in self.host_stages \
+                and self.layout is not None:
+            lay = self.layout
+        if lay is None:
             return None, None
-        pos, gidx = self.warm.stage_maps(self.plan_stages)[sid]
+        pos, gidx = (lay.stage_maps(self.plan_stages)[sid] if lay is self.warm
+                     else self.gmaps[sid])
 
-        def _final(st=st, lay=self.warm):
+        def _final(st=st, lay=lay, pos=pos):
             return final_entries_cached(self.analysis, lay, self.sched, st, self.tile,
-                                        self.fkey)
-        copier = self.dev(sid).open_r_copy(h["pool"], gidx, self.warm, final=_final)
+                                        self.fkey, pos)
+        copier = self.dev(sid).open_r_copy(h["pool"], gidx, lay, final=_final)
         self.progressive += 1
         return copier, pos
 

@@ -48,8 +48,8 @@ SLOT_BYTES = 32 << 20
 MIN_CHUNK_BYTES = 16 << 20
 
 
-def final_entries(analysis, layout, stage, tile: int) -> np.ndarray:
-    """Entries of R's ``data`` final after each launch of a one-stage schedule.
+def final_entries(analysis, layout, stage, tile: int, pos=None) -> np.ndarray:
+    """Entries of R's ``data`` final after each launch of a stage.
 
     Parameters
     ----------
@@ -57,15 +57,21 @@ def final_entries(analysis, layout, stage, tile: int) -> np.ndarray:
     layout : RLayout
         R's layout of ``analysis``.
     stage : StageSchedule
-        The only stage (materialized records, fronts ``0 .. nfronts-1``).
+        The stage (materialized records).
     tile : int
         Tile edge of the schedule.
+    pos : ndarray of int64, optional
+        Positions in R's ``data`` of the stage's own entries, increasing (its
+        gather map, :meth:`~.rlayout.RLayout.stage_maps`); None: the only
+        stage, whose entries are all of ``data``.
 
     Returns
     -------
     ndarray of int64, shape (nlaunch,)
-        ``data[:out[L]]`` is final once launch ``L`` completed (nondecreasing;
-        the last value is nnz(R)).
+        The stage's first ``out[L]`` entries (of ``data``, or of ``pos``) are
+        final once launch ``L`` completed (nondecreasing; the last value is
+        their count). Only the stage's fronts write its pool: the columns'
+        entries of fronts of other stages do not wait for its launches.
     """
     fs = analysis.fronts
     nf = fs.nfronts
@@ -73,7 +79,8 @@ def final_entries(analysis, layout, stage, tile: int) -> np.ndarray:
     t = stage.tasks
     lp = np.asarray(stage.launch_ptr, dtype=np.int64)
     nl = len(lp) - 1
-    out = np.full(nl, layout.nnz, dtype=np.int64)
+    total = layout.nnz if pos is None else len(pos)
+    out = np.full(nl, total, dtype=np.int64)
     if nl == 0 or nf == 0:
         return out
     launch_of = np.repeat(np.arange(nl, dtype=np.int64), np.diff(lp))
@@ -126,16 +133,18 @@ def final_entries(analysis, layout, stage, tile: int) -> np.ndarray:
     np.maximum.accumulate(col_final, out=col_final)
     cut = np.searchsorted(col_final, np.arange(nl, dtype=np.int64), side="right")
     ptr = np.asarray(layout.indptr, dtype=np.int64)
-    out[:] = ptr[cut]
-    out[-1] = layout.nnz
+    out[:] = ptr[cut] if pos is None else np.searchsorted(pos, ptr[cut], side="left")
+    out[-1] = total
     return out
 
 
-def final_entries_cached(analysis, layout, sched, stage, tile: int, key) -> np.ndarray:
+def final_entries_cached(analysis, layout, sched, stage, tile: int, key,
+                         pos=None) -> np.ndarray:
     """:func:`final_entries`, cached with the layout under ``key`` (the schedule's
-    identity: plan, tunables, launch and task counts)."""
-    full = ("final_entries", key, int(stage.nlaunch), int(stage.ntasks))
-    return layout.extra(full, lambda: final_entries(analysis, layout, stage, tile))
+    identity: plan, tunables, launch and task counts) and the stage."""
+    full = ("final_entries", key, tuple(int(f) for f in stage.fronts), int(stage.nlaunch),
+            int(stage.ntasks))
+    return layout.extra(full, lambda: final_entries(analysis, layout, stage, tile, pos))
 
 
 class PinnedStaging:
