@@ -143,6 +143,8 @@ def _once(A, b, backend):
            "rank_decision": {k: info.get("rank_decision", {}).get(k)
                              for k in ("method", "rank", "device")},
            "normal_eq_residual": berr,
+           "r_copy_stages": bi.get("r_copy_stages"),
+           "pool_ranges_sent_during_stages": bi.get("pool_ranges_sent_during_stages"),
            "warnings": [str(w.message)[:160] for w in seen],
            "log": lines.messages}
     F.free()
@@ -245,6 +247,8 @@ def main(argv=None):
             print(f"    phases {row['timings']} rank {row['rank_decision']}"
                   f"\n    engine {row['engine_seconds']}"
                   + (f"\n    host fronts {row['host_front_phases']}" if row["host_fronts"] else "")
+                  + f"\n    R copied per stage {row['r_copy_stages']}, pool ranges sent "
+                    f"during stages {row['pool_ranges_sent_during_stages']}"
                   + "".join(f"\n    log: {line}" for line in row["log"][:8]),
                   flush=True)
         if not args.no_cpu:

@@ -643,6 +643,7 @@ class _StageLoop:
         self.t_r_wait = 0.0
         self.t_pool_wait = 0.0         # waiting for pools sent down during their stage
         self.pool_copies = []           # per pool sent down so: its ranges
+        self.r_copy_stages = []         # per stage: how R's values came, seconds waited
         # a warm one-stage run copies R's final columns while later launches run
         # (R's layout and the schedule's records known before the first launch)
         self.warm = r_layout_cached(analysis) if (self.nstage == 1 and not cold) else None
@@ -709,14 +710,17 @@ class _StageLoop:
             raise
         tw = time.perf_counter()
         host = None
+        how = "progressive" if getattr(copier, "final", None) is not None else "after the launches"
         if down is not None:            # R's values read from the pool sent down
             host = down.result()
             self.pool_copies.append(down.copies)
             self.t_pool_wait += time.perf_counter() - tw
             pos, gidx = self.gmaps[sid]
             copier = NumpyRCopy(host, gidx, dtype=host.dtype)
+            how = "from the host pool"
         self.r_parts.append((pos, copier.result()))
         self.t_r_wait += time.perf_counter() - tw
+        self.r_copy_stages.append((how, round(time.perf_counter() - tw, 4)))
         del copier, down
         self.carry_contribution_blocks(st, pool, device, host)
         self.keep_reflector_records(sid, st, fac_parts, fac_launch)
@@ -962,6 +966,7 @@ class _StageLoop:
                                        else dict(self.host_dev.seconds)),
                 "r_copy_progressive": bool(self.progressive),
                 "pool_ranges_sent_during_stages": list(self.pool_copies),
+                "r_copy_stages": list(self.r_copy_stages),
                 "last_pool_on_device": bool(self.keep_last
                                             and self.nstage - 1 not in self.host_stages)}
 
