@@ -582,7 +582,7 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     if loop.layout is None:         # no stage at all
         loop.layout, loop.gmaps, loop.pattern = host_side.result()
     layout = loop.layout
-    R = _assemble_R(Ac, layout, loop.r_parts, dtype, loop.pattern)
+    R = _assemble_R(Ac, layout, loop.r_values(), dtype, loop.pattern)
     t3 = time.perf_counter()
     slots_of = layout.slots_of
     dense = _dense_fronts(sched, loop.dense_parts, slots_of, cache_device=cache_dense,
@@ -644,6 +644,8 @@ class _StageLoop:
         self.t_pool_wait = 0.0         # waiting for pools sent down during their stage
         self.pool_copies = []           # per pool sent down so: its ranges
         self.r_copy_stages = []         # per stage: how R's values came, seconds waited
+        self._gathers = None            # the worker gathering R's values from host pools
+        self.t_r_gather_wait = 0.0
         # a warm one-stage run copies R's final columns while later launches run
         # (R's layout and the schedule's records known before the first launch)
         self.warm = r_layout_cached(analysis) if (self.nstage == 1 and not cold) else None
@@ -711,14 +713,20 @@ class _StageLoop:
         tw = time.perf_counter()
         host = None
         how = "progressive" if getattr(copier, "final", None) is not None else "after the launches"
-        if down is not None:            # R's values read from the pool sent down
+        if down is not None:
+            # R's values gathered from the pool sent down, on a worker thread while
+            # the next stages run (:meth:`r_values` collects them)
             host = down.result()
             self.pool_copies.append(down.copies)
             self.t_pool_wait += time.perf_counter() - tw
             pos, gidx = self.gmaps[sid]
-            copier = NumpyRCopy(host, gidx, dtype=host.dtype)
+            if self._gathers is None:
+                self._gathers = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-r-gather")
+            values = self._gathers.submit(NumpyRCopy(host, gidx, dtype=host.dtype).result)
             how = "from the host pool"
-        self.r_parts.append((pos, copier.result()))
+        else:
+            values = copier.result()
+        self.r_parts.append((pos, values))
         self.t_r_wait += time.perf_counter() - tw
         self.r_copy_stages.append((how, round(time.perf_counter() - tw, 4)))
         del copier, down
@@ -757,6 +765,19 @@ class _StageLoop:
         copier = self.dev(sid).open_r_copy(h["pool"], gidx, lay, final=_final)
         self.progressive += 1
         return copier, pos
+
+    def r_values(self) -> list:
+        """``r_parts`` with the host pools' gathers waited for: per stage
+        ``(positions, values)``."""
+        tw = time.perf_counter()
+        try:
+            return [(pos, v.result() if hasattr(v, "result") else v)
+                    for pos, v in self.r_parts]
+        finally:
+            if self._gathers is not None:
+                self._gathers.shutdown(wait=False)
+                self._gathers = None
+            self.t_r_gather_wait += time.perf_counter() - tw
 
     def open_pool_copy(self, sid: int, st, h):
         """A pool that goes to the host after its stage, sent down in ranges while the
@@ -959,6 +980,7 @@ class _StageLoop:
                             "wait_gpu": dev_s.get("wait", 0.0),
                             "wait_r_copy": self.t_r_wait,
                             "wait_pool_copy": self.t_pool_wait,
+                            "wait_r_gather": self.t_r_gather_wait,
                             "host_fronts": self.t_host},
                 "host_fronts_factorized_on": ([] if self.host_dev is None
                                               else list(self.host_dev.factorized_on)),
