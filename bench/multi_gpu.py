@@ -60,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: another tree can be timed
 
 #: what --quick runs
 QUICK = {"only": "grid40,ch7-8-b3", "gpus": "1,2", "reps": 2, "max_seconds": 200.0}

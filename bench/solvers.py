@@ -67,7 +67,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: another tree can be timed
 
 from scipy_gpuqr._cli.solve_report import captured_decisions  # noqa: E402
 
