@@ -622,48 +622,43 @@ def apply_plan(qr, B2, trans: bool, executor):
     return out
 
 
-def _device_pools(qr):
-    """``pools(stage)``: the stage's pool on the device (earlier stages uploaded)."""
+def _device_pools(qr, *, reflectors_only: bool = False):
+    """``pools(stage)``: the stage's pool on the device (earlier stages uploaded,
+    from pinned memory at the link's speed; a host front's stays on the host).
+
+    ``reflectors_only``: for ``Q``'s replay, an earlier stage's pool goes up with
+    only what the replay reads of it, its fronts' reflector columns and its
+    dense fronts whole (:mod:`.reflector_upload`)."""
     cp = qr._device.cp
 
     def pools(sid):
         pool = qr._stage_pools.get(sid)
         if pool is not None:
             return pool
+        host = qr._host_pools[sid]
         if sid in getattr(qr, "_host_stages", {}):
-            return qr._host_pools[sid]      # a host front's: used on the host
-        host = qr._host_pools[sid]          # an earlier stage, uploaded (from pinned
-        dev = cp.empty(host.shape, dtype=host.dtype)    # memory: at the link's speed)
+            return host
+        if reflectors_only:
+            return upload_reflectors(host, *_reflector_pieces_of(qr, sid), cp)
+        dev = cp.empty(host.shape, dtype=host.dtype)
         dev.set(host)
         return dev
     return pools
 
 
-def _reflector_pools(qr):
-    """``pools(stage)`` for ``Q``'s replay: :func:`_device_pools`, except that an
-    earlier stage's pool goes up with only what the replay reads of it, its
-    fronts' reflector columns and its dense fronts whole
-    (:mod:`.reflector_upload`)."""
-    cp = qr._device.cp
-
-    def pools(sid):
-        pool = qr._stage_pools.get(sid)
-        if pool is not None:
-            return pool
-        if sid in getattr(qr, "_host_stages", {}):
-            return qr._host_pools[sid]
-        key = ("reflector_pieces", sid)
-        pieces = qr._replay.get(key)
-        if pieces is None:
-            whole = []
-            for d in (getattr(qr, "_dense", {}) or {}).values():
-                at = getattr(d, "pool_at", None)
-                if at is not None and at[0] == sid:
-                    fm, fn = d.shape
-                    whole.append((at[1], fm * fn))
-            pieces = qr._replay[key] = reflector_pieces(plan_of(qr), sid, whole=whole)
-        return upload_reflectors(qr._host_pools[sid], *pieces, cp)
-    return pools
+def _reflector_pieces_of(qr, sid: int) -> tuple:
+    """:func:`~.reflector_upload.reflector_pieces` of stage ``sid`` (made once)."""
+    key = ("reflector_pieces", sid)
+    pieces = qr._replay.get(key)
+    if pieces is None:
+        whole = []
+        for d in (getattr(qr, "_dense", {}) or {}).values():
+            at = getattr(d, "pool_at", None)
+            if at is not None and at[0] == sid:
+                fm, fn = d.shape
+                whole.append((at[1], fm * fn))
+        pieces = qr._replay[key] = reflector_pieces(plan_of(qr), sid, whole=whole)
+    return pieces
 
 
 def _device_of(qr):
@@ -690,7 +685,8 @@ def _cupy_executor(qr):
     if ex is None:
         dev = qr._device
         cp = dev.cp
-        ex = CupyExecutor(plan_of(qr), _reflector_pools(qr), dev.vt, dev.dtype)
+        ex = CupyExecutor(plan_of(qr), _device_pools(qr, reflectors_only=True), dev.vt,
+                           dev.dtype)
         ex.xp = cp
         qr._replay["cupy"] = ex
     return ex
