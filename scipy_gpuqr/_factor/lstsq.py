@@ -32,6 +32,16 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
        it is inconclusive. Below that order, with R's solves on the host, the
        same probe runs where the 1-norm estimate is inconclusive, before the σ
        test (whose dense inverse costs q³/3 flops against a few sparse solves).
+       A probe that fails leaves ν, a lower bound of ``‖R⁻¹‖₂`` (so σ_min ≤
+       1/ν for certain): with σ_max by Lanczos in place of ``‖R‖_F`` it
+       confirms full rank where ``M·ν·cutoff·σ_max < 1``; where 1/ν lies
+       within the σ test's margin of the cutoff that test cannot confirm and
+       is not run (rule 2 decides, full rank included); after a probe that
+       failed with a margin below 10 the 1-norm test is not run either (its
+       factor ``10·q`` exceeds what the probe leaves, see the code). Beyond
+       DENSE_LIMIT a densely stored R is solved with BLAS on one dense copy
+       (:class:`~scipy_gpuqr._factor.dense_upper.DenseUpper`), shared by
+       these tests and rule 2.
     2. Otherwise the rank is decided on ``R`` alone (it has A's singular
        values), with ``cutoff·σ_max`` as the absolute threshold ``tol``.
        From :data:`SOLVE_RANK_MIN_ORDER` columns, where R is square with a
