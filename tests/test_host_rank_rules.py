@@ -59,6 +59,16 @@ def _berr(A, x, b, smax):
     return np.linalg.norm(A.T @ r) / (smax * np.linalg.norm(r))
 
 
+
+def _decide(monkeypatch, A, b):
+    """``(F, x, decision, σ_min calls, 1-norm estimate calls)`` of a CPU
+    ``QRFactorization`` of dense ``A`` solving ``b``, the two estimates spied on."""
+    sigma_calls = _spy(monkeypatch, "sigma_min_upper")
+    rcond_calls = _spy(monkeypatch, "_rcond_estimate")
+    F = QRFactorization(sp.csc_array(A), backend="cpu")
+    x = F.solve(b)
+    return F, x, F.info["rank_decision"], sigma_calls, rcond_calls
+
 @pytest.mark.parametrize("probe_first", [True, False])
 def test_gapless_skips_the_sigma_tests_and_matches_lstsq(rng, monkeypatch, probe_first):
     """Rank-deficient without a gap (σ_min about half the cutoff): the failed probe's
@@ -71,11 +81,7 @@ def test_gapless_skips_the_sigma_tests_and_matches_lstsq(rng, monkeypatch, probe
     # 12 of the 600 values below the cutoff, the nearest half a step (1.3 %) from it
     A = _graded(rng, m, n, cut ** (599 / 587.5))
     b = rng.standard_normal(m)
-    sigma_calls = _spy(monkeypatch, "sigma_min_upper")
-    rcond_calls = _spy(monkeypatch, "_rcond_estimate")
-    F = QRFactorization(sp.csc_array(A), backend="cpu")
-    x = F.solve(b)
-    dec = F.info["rank_decision"]
+    F, x, dec, sigma_calls, rcond_calls = _decide(monkeypatch, A, b)
     assert dec["method"] == "subspace_cod" and dec["rank_revealed"], dec
     assert not sigma_calls
     assert len(rcond_calls) == (0 if probe_first else 1)
@@ -98,11 +104,7 @@ def test_full_rank_ill_conditioned_confirmed_by_the_probe_and_sigma_max(rng, mon
     cut = EPS * m
     A = _graded(rng, m, n, 6 * cut)
     b = rng.standard_normal(m)
-    sigma_calls = _spy(monkeypatch, "sigma_min_upper")
-    rcond_calls = _spy(monkeypatch, "_rcond_estimate")
-    F = QRFactorization(sp.csc_array(A), backend="cpu")
-    x = F.solve(b)
-    dec = F.info["rank_decision"]
+    F, x, dec, sigma_calls, rcond_calls = _decide(monkeypatch, A, b)
     assert dec["method"] == "triangular" and F.rank == n, dec
     assert not sigma_calls and not rcond_calls
     R = sp.csc_array(F.R)

@@ -128,6 +128,19 @@ def _chess_r(shape):
     return A, F._core.num, sp.csc_array(F._core.num.R)
 
 
+def _chess_cod(transposed):
+    """The null-space COD's inputs for a 1200×300 chessboard's R (rank 271) and the
+    host path's decision: ``(q, up, upt, dead, tol, host)``."""
+    A, num, R = _chess_r((5, 6, 2))
+    q = R.shape[0]
+    cutoff = _lstsq.lstsq_cutoff(*A.shape)
+    d = abs_diagonal(R)
+    dead = int(np.count_nonzero(d <= cutoff * frobenius(R)))
+    up, upt = UpperTriangular(R).solves()
+    tol = (cutoff * d.max(), cutoff * frobenius(R))
+    return q, up, upt, dead, tol, NullspaceCOD(up, upt, q, dead, tol, transposed=transposed)
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_nullspace_cod_is_lstsq_on_exact_dependencies(rng, transposed):
     A, num, R = _chess_r((5, 6, 2))                     # 1200×300, rank 271
@@ -342,14 +355,7 @@ def test_device_blocks_give_the_host_answers(rng, monkeypatch, transposed):
     trsm called directly, host-drawn Gaussian blocks), each emulated by NumPy on the
     memory the device would read, give the host path's rank, estimates and
     solutions: the same draws, the same layouts as the operations they replace."""
-    A, num, R = _chess_r((5, 6, 2))                     # 1200×300, rank 271
-    q = R.shape[0]
-    cutoff = _lstsq.lstsq_cutoff(*A.shape)
-    d = abs_diagonal(R)
-    dead = int(np.count_nonzero(d <= cutoff * frobenius(R)))
-    up, upt = UpperTriangular(R).solves()
-    tol = (cutoff * d.max(), cutoff * frobenius(R))
-    host = NullspaceCOD(up, upt, q, dead, tol, transposed=transposed)
+    q, up, upt, dead, tol, host = _chess_cod(transposed)
     xp, called = _fake_device(monkeypatch)
     dev = NullspaceCOD(up, upt, q, dead, tol, transposed=transposed, xp=xp)
     assert {"thin_qr", "trsm_left", "column_absmax", "subtract_into"} <= set(called)
@@ -395,14 +401,7 @@ def test_device_blocks_on_a_gpu_give_the_host_answers(rng, transposed):
     null-space COD's rank, estimates and solutions are the host path's, to
     rounding (cuSOLVER's QR and cuBLAS's products in place of LAPACK's)."""
     cp = pytest.importorskip("cupy")
-    A, num, R = _chess_r((5, 6, 2))                     # 1200×300, rank 271
-    q = R.shape[0]
-    cutoff = _lstsq.lstsq_cutoff(*A.shape)
-    d = abs_diagonal(R)
-    dead = int(np.count_nonzero(d <= cutoff * frobenius(R)))
-    up, upt = UpperTriangular(R).solves()
-    tol = (cutoff * d.max(), cutoff * frobenius(R))
-    host = NullspaceCOD(up, upt, q, dead, tol, transposed=transposed)
+    q, up, upt, dead, tol, host = _chess_cod(transposed)
 
     def dev_up(C):
         return cp.asarray(up(cp.asnumpy(C)))

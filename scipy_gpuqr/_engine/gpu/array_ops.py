@@ -255,17 +255,24 @@ def put_rows(dst, idx, src, subtract: bool = False) -> None:
                         np.int64(nrows), np.int32(1 if subtract else 0)))
 
 
+def _column_reduction(kind: str, Y):
+    """``(values, bad)`` of the kernel ``column_<kind>`` over a C-contiguous ``Y``
+    (q × p): one value per column and 1 where the column holds a NaN or an
+    infinity (device arrays)."""
+    import cupy as cp
+    q, p = _shape2(Y)
+    out = cp.empty(p, dtype=Y.dtype)
+    bad = cp.empty(p, dtype=np.int32)
+    if p:
+        _fn(f"column_{kind}_{_VALUE[np.dtype(Y.dtype)]}")(
+            (p,), (OPS_THREADS,), (Y, np.int64(q), np.int64(p), out, bad))
+    return out, bad
+
+
 def column_norms(Y):
     """``(norms, bad)`` of a C-contiguous ``Y`` (q × p): each column's 2-norm and
     1 where the column holds a NaN or an infinity (device arrays)."""
-    import cupy as cp
-    q, p = _shape2(Y)
-    norms = cp.empty(p, dtype=Y.dtype)
-    bad = cp.empty(p, dtype=np.int32)
-    if p:
-        _fn(f"column_norms_{_VALUE[np.dtype(Y.dtype)]}")(
-            (p,), (OPS_THREADS,), (Y, np.int64(q), np.int64(p), norms, bad))
-    return norms, bad
+    return _column_reduction("norms", Y)
 
 
 def column_absmax(Y):
@@ -273,14 +280,7 @@ def column_absmax(Y):
     absolute finite value (0 for none; exact, as ``abs(Y).max(axis=0)`` of a
     finite column) and 1 where the column holds a NaN or an infinity (device
     arrays)."""
-    import cupy as cp
-    q, p = _shape2(Y)
-    amax = cp.empty(p, dtype=Y.dtype)
-    bad = cp.empty(p, dtype=np.int32)
-    if p:
-        _fn(f"column_absmax_{_VALUE[np.dtype(Y.dtype)]}")(
-            (p,), (OPS_THREADS,), (Y, np.int64(q), np.int64(p), amax, bad))
-    return amax, bad
+    return _column_reduction("absmax", Y)
 
 
 def divide_columns(Y, d, out=None):
