@@ -33,7 +33,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: another tree can be timed
 
 import numpy as np  # noqa: E402
 from batched import Timer  # noqa: E402  (bench/batched.py, beside this script)

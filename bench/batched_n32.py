@@ -38,7 +38,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: another tree can be timed
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batched import Timer, cublas_ms, torch_ms  # noqa: E402  (bench/batched.py)
