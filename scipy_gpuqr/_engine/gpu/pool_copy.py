@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._schedule.tasks import TaskType
+from .rcopy import launch_of_records, whole_front_writes
 
 __all__ = ["pool_final", "CupyPoolCopy", "NumpyPoolCopy", "MIN_RANGE_BYTES"]
 
@@ -55,27 +55,12 @@ def pool_final(fs, stage) -> np.ndarray:
     out = np.full(nl, size, dtype=np.int64)
     if nl == 0:
         return out
-    nmem = last - first + 1
+    launch_of = launch_of_records(stage)
     t = stage.tasks
-    launch_of = np.repeat(np.arange(nl, dtype=np.int64),
-                          np.diff(np.asarray(stage.launch_ptr, dtype=np.int64)))
-    typ = t["type"].astype(np.int64)
-    front = t["front"].astype(np.int64)
-    last_write = np.full(nmem, -1, dtype=np.int64)
-
-    def mark(fronts, launches):
-        inside = (fronts >= first) & (fronts <= last)
-        np.maximum.at(last_write, fronts[inside] - first, launches[inside])
-
-    mark(front, launch_of)
-    pack = typ == TaskType.PACK_ASSEMBLE
-    if pack.any():
-        mark(np.asarray(fs.parent, dtype=np.int64)[front[pack]], launch_of[pack])
-    joins = getattr(stage, "dense_join", {})
-    for f, Ld in getattr(stage, "dense", {}).items():
-        if first <= f <= last:
-            j = min(int(joins.get(f, Ld + 1)), nl - 1)
-            last_write[f - first] = max(last_write[f - first], j)
+    # every record writes the front it names (Pack-Assemble: its parent too)
+    whole = whole_front_writes(fs, stage, launch_of, t["type"].astype(np.int64),
+                               t["front"].astype(np.int64), np.ones(len(t), dtype=bool))
+    last_write = whole[first:last + 1]
     np.maximum.accumulate(last_write, out=last_write)
     # fronts [first, first + k) are final after launch L, k = #(running max <= L)
     k = np.searchsorted(last_write, np.arange(nl, dtype=np.int64), side="right")

@@ -39,7 +39,7 @@ from ..._schedule.native import run_split
 from ..._schedule.tasks import TaskType
 from .array_ops import take_rows
 
-__all__ = ["final_entries", "final_entries_cached", "staging_for", "PinnedStaging",
+__all__ = ["final_entries", "final_entries_cached", "launch_of_records", "whole_front_writes", "staging_for", "PinnedStaging",
            "NumpyRCopy", "CupyRCopy", "SLOT_BYTES", "MIN_CHUNK_BYTES"]
 
 #: Bytes of one pinned staging slot (two slots per staging buffer).
@@ -77,13 +77,12 @@ def final_entries(analysis, layout, stage, tile: int, pos=None) -> np.ndarray:
     nf = fs.nfronts
     n = int(layout.shape[1])
     t = stage.tasks
-    lp = np.asarray(stage.launch_ptr, dtype=np.int64)
-    nl = len(lp) - 1
+    nl = int(stage.nlaunch)
     total = layout.nnz if pos is None else len(pos)
     out = np.full(nl, total, dtype=np.int64)
     if nl == 0 or nf == 0:
         return out
-    launch_of = np.repeat(np.arange(nl, dtype=np.int64), np.diff(lp))
+    launch_of = launch_of_records(stage)
     typ = t["type"].astype(np.int64)
     front = t["front"].astype(np.int64)
     fn = fs.fn.astype(np.int64)
@@ -91,19 +90,7 @@ def final_entries(analysis, layout, stage, tile: int, pos=None) -> np.ndarray:
     cellbase = np.zeros(nf + 1, dtype=np.int64)
     np.cumsum(ntile, out=cellbase[1:])
     cell_last = np.full(int(cellbase[-1]), -1, dtype=np.int64)
-    # whole-front writers: S-Assemble (the front), Pack-Assemble (child and parent)
-    whole = np.full(nf, -1, dtype=np.int64)
-    sel = typ == TaskType.S_ASSEMBLE
-    np.maximum.at(whole, front[sel], launch_of[sel])
-    sel = typ == TaskType.PACK_ASSEMBLE
-    if sel.any():
-        np.maximum.at(whole, front[sel], launch_of[sel])
-        par = np.asarray(fs.parent, dtype=np.int64)[front[sel]]
-        ok = par >= 0
-        np.maximum.at(whole, par[ok], launch_of[sel][ok])
-    joins = getattr(stage, "dense_join", {})
-    for f, Ld in getattr(stage, "dense", {}).items():
-        whole[f] = max(whole[f], min(joins.get(f, Ld + 1), nl - 1))
+    whole = whole_front_writes(fs, stage, launch_of, typ, front, typ == TaskType.S_ASSEMBLE)
     # column-tile writers
     fac = typ == TaskType.FACTORIZE
     app = (typ == TaskType.APPLY) | (typ == TaskType.APPLY_FACTORIZE)
@@ -136,6 +123,35 @@ def final_entries(analysis, layout, stage, tile: int, pos=None) -> np.ndarray:
     out[:] = ptr[cut] if pos is None else np.searchsorted(pos, ptr[cut], side="left")
     out[-1] = total
     return out
+
+
+def launch_of_records(stage) -> np.ndarray:
+    """The launch of each of a stage's records (int64, in record order)."""
+    lp = np.asarray(stage.launch_ptr, dtype=np.int64)
+    return np.repeat(np.arange(len(lp) - 1, dtype=np.int64), np.diff(lp))
+
+
+def whole_front_writes(fs, stage, launch_of, typ, front, own) -> np.ndarray:
+    """Per front (all of the analysis'), the last launch of a stage that writes
+    the whole front, -1 for none: of the stage's records (their ``launch_of``,
+    ``typ`` and ``front``, int64), those selected by ``own`` (bool) write the
+    front they name, a Pack-Assemble its parent (and, counted to be safe, the
+    child it reads), a dense front's factorization the front up to the launch
+    that joins it."""
+    nf = fs.nfronts
+    nl = int(stage.nlaunch)
+    whole = np.full(nf, -1, dtype=np.int64)
+    np.maximum.at(whole, front[own], launch_of[own])
+    sel = typ == TaskType.PACK_ASSEMBLE
+    if sel.any():
+        np.maximum.at(whole, front[sel], launch_of[sel])
+        par = np.asarray(fs.parent, dtype=np.int64)[front[sel]]
+        ok = par >= 0
+        np.maximum.at(whole, par[ok], launch_of[sel][ok])
+    joins = getattr(stage, "dense_join", {})
+    for f, Ld in getattr(stage, "dense", {}).items():
+        whole[f] = max(whole[f], min(joins.get(f, Ld + 1), nl - 1))
+    return whole
 
 
 def final_entries_cached(analysis, layout, sched, stage, tile: int, key,
