@@ -87,6 +87,71 @@ def test_new_factorization_object_runs_warm():
     g2.free()
 
 
+def test_first_call_of_a_stored_pattern_runs_warm(tmp_path, monkeypatch):
+    """A new process's first factorization of a pattern an earlier process stored
+    (analysis, schedule and R's layout on disk, nothing in memory) loads the layout
+    on its own thread from the call's start and runs as a warm call: records
+    materialized, R copied progressively from the first launch; the same R."""
+    import threading
+
+    from scipy_gpuqr import _store
+    from scipy_gpuqr._engine.gpu import driver, rlayout_store
+    monkeypatch.setenv(_store.ENV, str(tmp_path))
+    rng = np.random.default_rng(11)
+    A = random_values(grid3d_least_squares(6), rng)
+    clear_schedule_cache()
+    clear_r_layout_cache()
+    an1 = analyze(A)
+    assert driver.start_layout_load(an1) is None        # nothing stored yet
+    g1 = gpu_factorize(A, an1, device=NumpyDevice(32, 3))
+    assert g1.info["schedule_cold"]
+    _store.flush()
+    assert rlayout_store.stored(an1)
+    assert driver.start_layout_load(an1) is None        # in memory: nothing to load
+    clear_schedule_cache()                              # a new process: only the disk
+    clear_r_layout_cache()
+    loads = []
+    real = driver.r_layout
+
+    def spy(*a, **k):
+        loads.append(threading.current_thread().name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(driver, "r_layout", spy)
+    A2 = random_values(A, rng)
+    an2 = analyze(A2)
+    g2 = gpu_factorize(A2, an2, device=NumpyDevice(32, 3))
+    assert loads and loads[0].startswith("gpuqr-layout-load")
+    assert not g2.info["schedule_cold"] and g2.info["r_copy_progressive"]
+    assert abs(g2.R - simulate_factorize(A2, an2).R).max() == 0.0
+    g1.free()
+    g2.free()
+    clear_schedule_cache()
+    clear_r_layout_cache()
+
+
+def test_a_failed_early_layout_load_leaves_the_run_cold(monkeypatch):
+    """An early load that raises: the run stays cold (the worker makes the layout)
+    and R is the same."""
+    from concurrent.futures import Future
+
+    from scipy_gpuqr._engine.gpu import driver
+    rng = np.random.default_rng(12)
+    A = random_values(grid3d_least_squares(5), rng)
+    an = analyze(A, cache=False)
+
+    def broken(analysis):
+        f = Future()
+        f.set_exception(OSError("unreadable"))
+        return f
+
+    monkeypatch.setattr(driver, "start_layout_load", broken)
+    g = gpu_factorize(A, an, device=NumpyDevice(32, 3))
+    assert g.info["schedule_cold"]
+    assert abs(g.R - simulate_factorize(A, an).R).max() == 0.0
+    g.free()
+
+
 def test_keyless_analysis_keeps_its_own_schedule():
     A = grid3d_least_squares(4)
     an = analyze(A, cache=False)

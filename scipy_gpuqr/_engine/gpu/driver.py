@@ -84,6 +84,7 @@ from .device import CupyDevice, HostFrontDevice
 from .factorize_kernels import prefetch_engine_kernels
 from .pool_copy import pool_final
 from .rcopy import NumpyRCopy, final_entries_cached
+from . import rlayout_store
 from .rlayout import r_layout, r_layout_cached
 
 __all__ = ["gpu_factorize", "GpuQR", "GpuEngineError"]
@@ -309,6 +310,7 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         return out
     debug = _debug_default() if debug is None else bool(debug)
     dev_dtype = np.float32 if Ac.dtype == np.float32 else np.float64
+    early = start_layout_load(analysis)     # meanwhile: the device, the plan, the schedule
     if device is None:
         gi = _gpu.gpu_info()
         if not gi.get("available"):
@@ -350,7 +352,7 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
             out = _factorize(Ac, analysis, device, budget=max_gpu_memory, tile=tile,
                              bundle=bundle, pipelining=pipelining, max_tasks=max_tasks,
                              dense_flops=dense_flops, dense_cpl=dense_columns_per_launch,
-                             mplan=mplan, needs=needs)
+                             mplan=mplan, needs=needs, early=early)
         except MemoryError as exc:      # DeviceOutOfMemory, or CuPy's from a worker
             if not (isinstance(exc, DeviceOutOfMemory)
                     or type(exc).__name__ == "OutOfMemoryError"):
@@ -454,11 +456,57 @@ def _release_attempt(device) -> None:
         cp.get_default_memory_pool().free_all_blocks()
 
 
+def start_layout_load(analysis):
+    """Start loading R's layout of ``analysis`` from disk on a worker thread, or None.
+
+    A new process's first factorization of a pattern an earlier process
+    factorized finds the analysis and the schedule's plan on disk, but R's
+    layout only in its file (:mod:`.rlayout_store`): without it before the
+    first launch, the run copies R only once the layout is made (a cold run's
+    late copier) and waits for the rest of the copy at its end. Started at the
+    call's start, the load (the file mapped and checked) runs while the device,
+    the memory plan and the schedule are made. None when the layout is in
+    memory already or no file of it exists (nothing to wait for).
+    """
+    if r_layout_cached(analysis) is not None or not rlayout_store.stored(analysis):
+        return None
+    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-layout-load")
+    try:
+        return ex.submit(r_layout, analysis)
+    finally:
+        ex.shutdown(wait=False)
+
+
+def _early_layout(early):
+    """The layout an early load made, or None where it failed (made again then)."""
+    try:
+        return early.result()
+    except Exception:  # noqa: BLE001 - the worker builds it as without the early load
+        return None
+
+
+def _warm_from_disk(early, sched) -> bool:
+    """Make a one-stage schedule's run a warm one where R's layout came from disk:
+    the layout waited for (in memory once loaded) and the stage's records
+    materialized (from the schedule store, as the layout's pattern was
+    scheduled before), so R's copier runs from the first launch, as in a warm
+    call. False (the run stays cold) where the load failed."""
+    if _early_layout(early) is None:
+        return False
+    sched.materialize()
+    return True
+
+
 def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_tasks,
-               dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH, mplan=None, needs=None):
+               dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH, mplan=None, needs=None,
+               early=None):
     """One attempt with the stages of ``mplan`` (a
     :class:`~scipy_gpuqr._engine.memory.MemoryPlan`; default
     ``analysis.stage_plan(budget)``): the schedule, R's layout on a worker, the stages.
+
+    ``early``: the future of :func:`start_layout_load` (R's layout of a pattern an
+    earlier process factorized, loading from disk), or None. A one-stage schedule
+    then runs as in a warm call (:func:`_warm_from_disk`).
 
     Raises
     ------
@@ -480,13 +528,15 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
         keep_last, cache_dense = _memory_checks(analysis, sched, mplan, needs,
                                                 np.dtype(device.dtype).itemsize)
     cold = not all(st.materialized for st in sched.stages)
+    if cold and early is not None and len(sched.stages) == 1:
+        cold = not _warm_from_disk(early, sched)
     t1 = time.perf_counter()
     # R's layout (pattern, gather maps; cached with the analysis) is built on a worker
     # thread while the launches run; a cold schedule is materialized there too, so the
     # next factorization of this analysis finds it ready.
     helper = ThreadPoolExecutor(max_workers=1)
     host_side = helper.submit(_host_side, analysis, sched, [st.fronts for st in sched.stages],
-                              cold)
+                              cold, early)
     try:
         return _run(Ac, analysis, device, sched, host_side, cold, t0, t1, budget=budget,
                     tile=tile, bundle=bundle, pipelining=pipelining, keep_last=keep_last,
@@ -553,10 +603,12 @@ def _solve_bytes(analysis, sched) -> int:
     return int(sched.ntasks) * 96 + 8 * (int(analysis.m) + int(analysis.n)) * 8
 
 
-def _host_side(analysis, sched, plan_stages, cold):
+def _host_side(analysis, sched, plan_stages, cold, early=None):
     """R's layout, its gather maps for ``plan_stages`` and a fresh copy of its pattern
-    (and the records of a cold schedule, for the next factorization); on a worker."""
-    lay = r_layout(analysis)
+    (and the records of a cold schedule, for the next factorization); on a worker.
+    ``early``: a layout load already started (:func:`start_layout_load`)."""
+    lay = _early_layout(early) if early is not None else None
+    lay = r_layout(analysis) if lay is None else lay
     maps_ = lay.stage_maps(plan_stages)
     pattern = lay.pattern_copy()
     if cold:

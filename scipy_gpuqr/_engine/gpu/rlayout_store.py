@@ -34,8 +34,8 @@ import numpy as np
 
 from ... import _store
 
-__all__ = ["FORMAT", "MAX_BYTES", "MAX_FILES", "MAX_FILE_BYTES", "slot", "load", "save",
-           "folder"]
+__all__ = ["FORMAT", "MAX_BYTES", "MAX_FILES", "MAX_FILE_BYTES", "slot", "stored", "load",
+           "save", "folder"]
 
 #: File format version (bump when the layout of the file changes).
 FORMAT = 1
@@ -81,6 +81,16 @@ def slot(analysis) -> Path | None:
         return None
     h = hashlib.sha1(str(key).encode()).hexdigest()[:24]
     return d / f"lay-{_stamp()[:12]}-{h}.bin"
+
+
+def stored(analysis) -> bool:
+    """Whether a file for ``analysis``' layout exists (not read: :func:`load`
+    checks it). Never raises."""
+    try:
+        path = slot(analysis)
+        return path is not None and path.is_file()
+    except Exception:                          # noqa: BLE001 - best effort: no cache
+        return False
 
 
 def _fingerprint(analysis) -> dict:
