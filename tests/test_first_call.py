@@ -189,6 +189,50 @@ def test_staging_buffer_is_made_once_per_process(monkeypatch):
     assert s3.nbytes == rcopy.SLOT_BYTES and made == [8000, 80, rcopy.SLOT_BYTES]
 
 
+def test_staging_buffer_made_ahead_serves_any_copy(monkeypatch):
+    """prepare_staging makes the full-size buffer (on the thread that calls it): a
+    later copy of any layout takes it without allocating; start_staging runs it
+    once per device on its own daemon thread, quietly."""
+    import threading
+    made, seen = [], []
+
+    class Fake:
+        def __init__(self, nbytes):
+            self.nbytes = nbytes
+            self.lock = threading.Lock()
+            made.append(nbytes)
+
+    monkeypatch.setattr(rcopy, "PinnedStaging", Fake)
+    monkeypatch.setattr(rcopy, "_STAGING", rcopy._SharedStaging())
+
+    class Lay:
+        def __init__(self, nnz):
+            self.nnz = nnz
+
+    rcopy.prepare_staging()
+    assert made == [rcopy.SLOT_BYTES]
+    s = rcopy.staging_for(Lay(10 ** 9))
+    s.lock.release()
+    assert rcopy.staging_for(Lay(100)) is s and made == [rcopy.SLOT_BYTES]
+    s.lock.release()
+    rcopy.prepare_staging()                     # made already: nothing
+    assert made == [rcopy.SLOT_BYTES]
+
+    def fake_prepare(device=None, shared=None):
+        seen.append((device, threading.current_thread().name))
+        raise RuntimeError("no GPU")            # quiet
+
+    monkeypatch.setattr(rcopy, "prepare_staging", fake_prepare)
+    rcopy.start_staging.cache_clear()
+    try:
+        t = rcopy.start_staging(3)
+        assert t.daemon and rcopy.start_staging(3) is t
+        t.join(30)
+        assert seen == [(3, "gpuqr-staging")]
+    finally:
+        rcopy.start_staging.cache_clear()
+
+
 # ------------------------------------------------------------------------- kernels
 
 def test_variant_group_takes_one_value_type():
