@@ -102,7 +102,7 @@ def test_first_call_of_a_stored_pattern_runs_warm(tmp_path, monkeypatch):
     clear_schedule_cache()
     clear_r_layout_cache()
     an1 = analyze(A)
-    assert driver.start_layout_load(an1) is None        # nothing stored yet
+    assert driver.start_layout_load(an1).result() is None     # nothing stored yet
     g1 = gpu_factorize(A, an1, device=NumpyDevice(32, 3))
     assert g1.info["schedule_cold"]
     _store.flush()

@@ -465,20 +465,27 @@ def start_layout_load(analysis):
     first launch, the run copies R only once the layout is made (a cold run's
     late copier) and waits for the rest of the copy at its end. Started at the
     call's start, the load (the file mapped and checked) runs while the device,
-    the memory plan and the schedule are made. None when the layout is in
-    memory already or no file of it exists (nothing to wait for).
+    the memory plan and the schedule are made (the file's name, its sources'
+    stamp, is found there too). None when the layout is in memory already; the
+    future's result is None when no file of it exists.
     """
-    if r_layout_cached(analysis) is not None or not rlayout_store.stored(analysis):
+    if r_layout_cached(analysis) is not None:
         return None
     ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-layout-load")
     try:
-        return ex.submit(r_layout, analysis)
+        return ex.submit(_load_stored_layout, analysis)
     finally:
         ex.shutdown(wait=False)
 
 
+def _load_stored_layout(analysis):
+    """R's layout of ``analysis`` where a file of it exists (mapped, checked), else None."""
+    return r_layout(analysis) if rlayout_store.stored(analysis) else None
+
+
 def _early_layout(early):
-    """The layout an early load made, or None where it failed (made again then)."""
+    """The layout an early load made, or None where there was none to load or the
+    load failed (the worker makes it then)."""
     try:
         return early.result()
     except Exception:  # noqa: BLE001 - the worker builds it as without the early load
@@ -490,7 +497,7 @@ def _warm_from_disk(early, sched) -> bool:
     the layout waited for (in memory once loaded) and the stage's records
     materialized (from the schedule store, as the layout's pattern was
     scheduled before), so R's copier runs from the first launch, as in a warm
-    call. False (the run stays cold) where the load failed."""
+    call. False (the run stays cold) where there was no file or the load failed."""
     if _early_layout(early) is None:
         return False
     sched.materialize()
