@@ -439,6 +439,45 @@ def test_source_hash_is_kept_until_a_file_changes(tmp_path, monkeypatch):
         _kernels.flatten_source("k.cu").encode()).hexdigest()[:16]
 
 
+def test_module_compile_reuses_the_hashed_text(tmp_path, monkeypatch):
+    """A module's compile (or cache load) takes the flattened text its lookup hashed
+    (the files read once per process, not again on the compiling thread); a file
+    changed since: read again."""
+    import os
+    import time
+    cupy = pytest.importorskip("cupy")
+    monkeypatch.setattr(_kernels, "kernels_dir", lambda: tmp_path)
+    monkeypatch.setattr(_kernels, "_HASHES", _kernels._Hashes())
+    monkeypatch.setattr(_kernels, "_COMPILED", _kernels._Compiled())
+    monkeypatch.setattr(cupy.cuda, "Device", _FakeDevice)
+    codes = []
+
+    class Raw:
+        def __init__(self, code, **k):
+            codes.append(code)
+
+        def compile(self):
+            pass
+
+        def get_function(self, name):
+            return name
+
+    monkeypatch.setattr(cupy, "RawModule", Raw)
+    (tmp_path / "h.cuh").write_text("int x;\n")
+    (tmp_path / "k.cu").write_text('#include "h.cuh"\n')
+    past = time.time() - 60
+    for f in ("h.cuh", "k.cu"):
+        os.utime(tmp_path / f, (past, past))
+    reads = []
+    real = _kernels._flatten
+    monkeypatch.setattr(_kernels, "_flatten", lambda *a: reads.append(a) or real(*a))
+    m = _kernels.load_module("k.cu")
+    assert m.get_function("k") == "k" and len(reads) == 1
+    assert codes == [real("k.cu", tmp_path)[0]]
+    (tmp_path / "h.cuh").write_text("int yy;\n")
+    assert _kernels._HASHES.text("k.cu", tmp_path, m.digest) is None
+
+
 def test_colamd_loads_without_cffi():
     """COLAMD (an analysis' ordering, and its key on a cache hit) goes through
     ctypes: no C declarations parsed by cffi in a new process."""
