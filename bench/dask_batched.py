@@ -88,8 +88,9 @@ def make_chunk(seed, *, size: int, n: int, dt: str, gpu: bool, block_info=None):
 
 
 def checksum(lu, piv):
-    """One host float per chunk (the trace of every ``lu`` and the pivots, summed)."""
-    return np.array([float(lu.diagonal(axis1=1, axis2=2).sum()) + float(piv.sum())])
+    """One host float per chunk (the trace of every ``lu`` and the pivots, summed),
+    shaped ``(1, 1, 1)``."""
+    return np.array([float(lu.diagonal(axis1=1, axis2=2).sum()) + float(piv.sum())]).reshape(1, 1, 1)
 
 
 def warm(n: int, dtype: str, size: int, gpu: bool) -> str:
@@ -160,9 +161,12 @@ def pipeline(count: int, n: int, chunk: int, dtype: str, gpu: bool, seed0: int =
     a = seeds.map_blocks(make_chunk, size=chunk, n=n, dt=dtype, gpu=gpu, new_axis=[1, 2],
                          chunks=(tuple(sizes), (n,), (n,)), meta=meta)
     lu, piv = gq.lu_factor_batched(a)
-    sums = da.blockwise(checksum, "z", lu, "zij", piv, "zi", dtype=np.float64,
-                        adjust_chunks={"z": 1}, concatenate=True,
-                        meta=np.empty((0,), np.float64))
+    # indexed like lu (one element per chunk, no axis contracted): Dask fuses the
+    # pick of lu and piv from the factorization's task and the reduction's first
+    # step into this task
+    sums = da.blockwise(checksum, "zij", lu, "zij", piv, "zi", dtype=np.float64,
+                        adjust_chunks={"z": 1, "i": 1, "j": 1}, concatenate=True,
+                        meta=np.empty((0, 0, 0), np.float64))
     return sums.sum(), len(sizes)
 
 
@@ -296,7 +300,7 @@ def run_direct(args, gpu: bool) -> dict:
                 lu_s += cupy.cuda.get_elapsed_time(start, stop) / 1e3
             else:
                 lu_s += time.perf_counter() - t1
-            value += float(checksum(lu, piv)[0])
+            value += float(checksum(lu, piv).sum())
             del a, lu, piv
         walls.append(time.perf_counter() - t0)
         lus.append(lu_s)

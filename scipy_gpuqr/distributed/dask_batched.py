@@ -12,6 +12,23 @@ the caller computes or persists them. Shapes and dtypes are checked when the
 graph is built, by the public function itself on one identity matrix (which
 also gives the output dtypes).
 
+The graph: one task per chunk
+----------------------------
+Each chunk is one task: the public function's call, which returns a tuple
+when it has several outputs (``lu, piv[, info]``); each output array takes
+its item of that tuple. The task's blockwise index contracts no axis (the
+matrix axes are one chunk), and where a chunk starts along the batch axes
+comes from Dask's block-slice dependency, not from a task. So Dask's graph
+optimization fuses a blockwise producer of the input (``from_array``,
+``map_blocks``, elementwise arithmetic) into the task and the item pick
+into a blockwise consumer (``lu_solve_batched`` of ``lu, piv``, a
+``blockwise`` or ``map_blocks`` that keeps the batch and matrix axes): a
+chunk generated, factorized and solved is one task. On a
+``dask.distributed`` cluster every task costs a round trip through the
+scheduler between the tasks of a chain (GPU chunks: time in which the GPU
+waits), so the fewer the better; the output keys themselves stay, as
+aliases of the fused tasks.
+
 Right-hand sides ``b`` of shape ``(n,)`` go whole to every chunk; those of
 shape ``(..., n, k)`` are chunked like the stack (a batch axis of length 1
 is broadcast, as in the NumPy call). NumPy or CuPy arguments next to a Dask
@@ -33,9 +50,12 @@ inspects it itself when it runs, so the message names matrices by their
   range: other chunks may hold more, and results of chunks that succeeded
   may already have been computed.
 * ``lu_factor_batched`` warns (``LinAlgWarning``, global indices) where the
-  task runs: in the calling process under Dask's local schedulers, in the
-  worker's log on a ``dask.distributed`` cluster, where the client sees no
-  warning. Ask ``return_info=True`` to see singular matrices in the client.
+  task runs: in the calling process under Dask's local schedulers; on a
+  ``dask.distributed`` cluster in the worker and, through
+  ``distributed.warn``, in every client of the scheduler (the client's event
+  loop re-emits it, possibly just after ``compute`` returns). Only a chunk
+  with singular matrices sends anything; ``info`` itself stays on the worker.
+  Ask ``return_info=True`` for ``info`` as a Dask array.
 * With ``check_finite``, infs or NaNs raise ``ValueError`` from the chunk's
   task: the message is the public function's, whose indices count within the
   chunk, followed by the chunk's batch range.
@@ -45,13 +65,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
+import sys
 import warnings
 
 import dask.array as da
 from dask import is_dask_collection
 import numpy as np
+from dask.array.core import unify_chunks
 from dask.array.utils import meta_from_array
+from dask.layers import ArraySliceDep
 from scipy.linalg import LinAlgError, LinAlgWarning
 
 from ..batched import _functions as _f
@@ -66,8 +88,11 @@ __all__ = ["lu_factor_batched", "lu_solve_batched", "solve_batched",
 # inputs
 # ----------------------------------------------------------------------------
 
-#: blockwise indices of the matrix axes (rows, columns); "k" is b's columns
-IJ, I = ("i", "j"), ("i",)
+#: blockwise indices of the matrix axes (rows, columns); "k" is b's columns. A
+#: square input read by a task whose output has no "j" is indexed ``II``: its
+#: matrix axes are one chunk each, so the task contracts nothing and Dask
+#: fuses the input's producer into it (:func:`_build`)
+IJ, II, I = ("i", "j"), ("i", "i"), ("i",)
 
 
 def _batch_ind(nb: int) -> tuple:
@@ -137,38 +162,73 @@ def _probe_stack(n: int, dtype) -> np.ndarray:
 # the graph: one task per chunk, outputs taken from its tuple
 # ----------------------------------------------------------------------------
 
-def _build(where, chunk_fn, inputs, batch_shape, batch_chunks, outputs, like, **kwargs):
+def _build(where, chunk_fn, inputs, task_ind, outputs, like, **kwargs):
     """Dask arrays computed by ``chunk_fn`` once per batch chunk.
 
-    ``inputs``: (Dask array, blockwise index) pairs; every batch axis also
-    passes an ``arange`` chunk, from which ``chunk_fn`` knows where its chunk
-    starts. ``outputs``: (blockwise index, shape, dtype) of the matrix axes
-    of what ``chunk_fn`` returns (one array, or a tuple of them; the index
-    matters for one array only); ``like``: an array of the output type (NumPy
-    or CuPy) for the metadata.
+    ``inputs``: (Dask array, blockwise index) pairs. An index names the batch
+    axes ``b0, b1, ...`` (:func:`_batch_ind`) and the matrix axes by letters;
+    every matrix axis is one chunk (:func:`_whole_matrices`), so a letter
+    may name axes of different lengths or repeat within one index (a square
+    stack is ``(..., "i", "i")``). ``task_ind``: the index of the tasks, the
+    batch axes and every letter of the inputs (nothing is contracted). The
+    task is then a plain blockwise map of its inputs' blocks, which Dask's
+    graph optimization fuses with blockwise producers of the inputs (a chunk
+    generated or loaded by ``map_blocks`` or ``from_array`` is made inside
+    the task that factorizes it: one task and one scheduler round trip per
+    chunk instead of two or more).
+
+    ``chunk_fn(*blocks, loc, batch_shape=..., **kwargs)`` gets, after the
+    input blocks, the chunk's slices along the batch axes (from Dask's
+    block-slice dependency: no task of its own). ``outputs``: (letters of the
+    matrix axes, their lengths, dtype) of what it returns (one array, or a
+    tuple of them); ``like``: an array of the output type (NumPy or CuPy) for the
+    metadata. A single output whose index is ``task_ind`` is the tasks'
+    array itself; otherwise each output is its item of the tasks' tuple (a
+    getter that Dask fuses into blockwise consumers of that output, such as
+    :func:`lu_solve_batched` of ``lu_factor_batched``'s ``lu, piv``).
     """
-    nb = len(batch_shape)
-    bind = _batch_ind(nb)
-    args = []
-    for x, ind in inputs:
-        args += [x, ind]
-    for k in range(nb):
-        args += [da.arange(batch_shape[k], chunks=(batch_chunks[k],)), (bind[k],)]
-    kwargs["batch_shape"] = tuple(batch_shape)
-    if len(outputs) == 1:
-        (core_ind, core, dtype), = outputs
-        out = da.blockwise(chunk_fn, bind + core_ind, *args, token=where,
-                           dtype=dtype, meta=_meta(like, nb + len(core), dtype),
-                           concatenate=True, **kwargs)
-        return (out,)
-    tasks = da.blockwise(chunk_fn, bind, *args, token=where,
-                         meta=np.empty((0,) * nb, dtype=object), concatenate=True,
+    arrays, inds = [x for x, _ in inputs], [ind for _, ind in inputs]
+    chunkss, arrays = unify_chunks(*[v for pair in zip(arrays, inds) for v in pair])
+    bind = tuple(k for k in task_ind if k.startswith("b"))
+    batch_chunks = tuple(chunkss[k] for k in bind)
+    kwargs["batch_shape"] = tuple(sum(c) for c in batch_chunks)
+    args = [v for pair in zip(arrays, inds) for v in pair]
+    args += [ArraySliceDep(batch_chunks), bind]
+    core = {k: (c,) for ind, shape, _ in outputs for k, c in zip(ind, shape)}
+    adjust = {k: chunkss[k] for k in task_ind}
+    if len(outputs) == 1 and bind + tuple(outputs[0][0]) == tuple(task_ind):
+        (_, shape, dtype), = outputs
+        return (da.blockwise(chunk_fn, task_ind, *args, token=where, dtype=dtype,
+                             meta=_meta(like, len(task_ind), dtype), concatenate=True,
+                             align_arrays=False, adjust_chunks=adjust, **kwargs),)
+    tasks = da.blockwise(chunk_fn, task_ind, *args, token=where,
+                         meta=np.empty((0,) * len(task_ind), dtype=object),
+                         concatenate=True, align_arrays=False, adjust_chunks=adjust,
                          **kwargs)
-    return tuple(
-        tasks.map_blocks(operator.getitem, i, new_axis=list(range(nb, nb + len(core))) or None,
-                         chunks=tasks.chunks + tuple((c,) for c in core), dtype=dtype,
-                         meta=_meta(like, nb + len(core), dtype))
-        for i, (_, core, dtype) in enumerate(outputs))
+    out = []
+    for item, (core_ind, shape, dtype) in enumerate(outputs):
+        ind = bind + tuple(core_ind)
+        whole = set(ind) >= set(task_ind)
+        out.append(da.blockwise(
+            _item if whole else _item_of_list, ind, tasks, task_ind, item, None,
+            token=f"{where}-{item}", new_axes={k: core[k] for k in ind if k not in task_ind},
+            concatenate=True if whole else False, align_arrays=False,
+            adjust_chunks={k: core[k] for k in core_ind}, dtype=dtype,
+            meta=_meta(like, len(ind), dtype)))
+    return tuple(out)
+
+
+def _item(t, i):
+    """Item ``i`` of a task's tuple."""
+    return t[i]
+
+
+def _item_of_list(t, i):
+    """Item ``i`` of a task's tuple, passed in (nested) one-element lists: the
+    tasks' letters this output lacks (one chunk each) are contracted."""
+    while type(t) is list:
+        t, = t
+    return t[i]
 
 
 def _meta(like, ndim: int, dtype):
@@ -176,9 +236,9 @@ def _meta(like, ndim: int, dtype):
     return np.empty_like(meta_from_array(like, ndim=ndim), dtype=dtype)
 
 
-def _starts(offsets) -> tuple:
-    """Where a chunk starts along each batch axis (from its ``arange`` chunks)."""
-    return tuple(int(o[0]) if o.size else 0 for o in offsets)
+def _starts(loc) -> tuple:
+    """Where a chunk starts along each batch axis (from its slices ``loc``)."""
+    return tuple(s.start for s in loc)
 
 
 def _chunk_range(starts, chunk_batch) -> str:
@@ -218,20 +278,35 @@ def _bad(info, starts, batch_shape):
 # per-chunk calls (run by the workers)
 # ----------------------------------------------------------------------------
 
-def _lu_factor_chunk(a, *offsets, batch_shape, return_info, **kw):
+def _lu_factor_chunk(a, loc, *, batch_shape, return_info, **kw):
     """(lu, piv[, info]) of one chunk; warns about its singular matrices by global index."""
-    starts = _starts(offsets)
+    starts = _starts(loc)
     with _in_chunk(starts, a.shape[:-2]):
         lu, piv, info = _f.lu_factor_batched(a, return_info=True, **kw)
     if return_info:
         return lu, piv, info
     bad = _bad(info, starts, batch_shape)
     if bad:
-        warnings.warn(f"lu_factor_batched: exactly singular matrices at batch "
-                      f"index {bad[0]} (first: diagonal number {bad[1]} is "
-                      f"exactly zero; {bad[2]}). Singular matrix.", LinAlgWarning,
-                      stacklevel=2)
+        _warn(f"lu_factor_batched: exactly singular matrices at batch index {bad[0]} "
+              f"(first: diagonal number {bad[1]} is exactly zero; {bad[2]}). "
+              "Singular matrix.", LinAlgWarning)
     return lu, piv
+
+
+def _warn(message: str, category) -> None:
+    """``warnings.warn`` where the task runs; on a ``dask.distributed`` worker
+    also in the clients of its scheduler (``distributed.warn``: one small event,
+    sent only by a chunk that has something to report)."""
+    dist = sys.modules.get("distributed")   # imported in every worker process
+    if dist is not None:
+        try:
+            dist.get_worker()
+        except ValueError:                  # a local scheduler's thread
+            pass
+        else:
+            dist.warn(message, category)
+            return
+    warnings.warn(message, category, stacklevel=3)
 
 
 def _raise_singular(where, bad):
@@ -240,9 +315,9 @@ def _raise_singular(where, bad):
                       f"(U[k, k] exactly zero; {bad[2]})")
 
 
-def _inv_chunk(a, *offsets, batch_shape, return_info, **kw):
+def _inv_chunk(a, loc, *, batch_shape, return_info, **kw):
     """The inverses of one chunk[, info]; LinAlgError for a singular one (global index)."""
-    starts = _starts(offsets)
+    starts = _starts(loc)
     with _in_chunk(starts, a.shape[:-2]):
         x, info = _f.inv_batched(a, return_info=True, **kw)
     if return_info:
@@ -253,9 +328,9 @@ def _inv_chunk(a, *offsets, batch_shape, return_info, **kw):
     return x
 
 
-def _solve_chunk(a, b, *offsets, batch_shape, return_info, **kw):
+def _solve_chunk(a, b, loc, *, batch_shape, return_info, **kw):
     """x of one chunk[, info]; LinAlgError for a singular matrix (global index)."""
-    starts = _starts(offsets)
+    starts = _starts(loc)
     with _in_chunk(starts, a.shape[:-2]):
         x, info = _f.solve_batched(a, b, return_info=True, **kw)
     if return_info:
@@ -266,9 +341,9 @@ def _solve_chunk(a, b, *offsets, batch_shape, return_info, **kw):
     return x
 
 
-def _cho_factor_chunk(a, *offsets, batch_shape, return_info, lower, **kw):
+def _cho_factor_chunk(a, loc, *, batch_shape, return_info, lower, **kw):
     """c of one chunk[, info]; LinAlgError for a matrix not positive definite (global index)."""
-    starts = _starts(offsets)
+    starts = _starts(loc)
     with _in_chunk(starts, a.shape[:-2]):
         c, _, info = _f.cho_factor_batched(a, lower, return_info=True, **kw)
     if return_info:
@@ -281,15 +356,15 @@ def _cho_factor_chunk(a, *offsets, batch_shape, return_info, lower, **kw):
     return c
 
 
-def _lu_solve_chunk(lu, piv, b, *offsets, batch_shape, trans, **kw):
+def _lu_solve_chunk(lu, piv, b, loc, *, batch_shape, trans, **kw):
     """x of one chunk from its LU factors."""
-    with _in_chunk(_starts(offsets), lu.shape[:-2]):
+    with _in_chunk(_starts(loc), lu.shape[:-2]):
         return _f.lu_solve_batched((lu, piv), b, trans, **kw)
 
 
-def _cho_solve_chunk(c, b, *offsets, batch_shape, lower, **kw):
+def _cho_solve_chunk(c, b, loc, *, batch_shape, lower, **kw):
     """x of one chunk from its Cholesky factor."""
-    with _in_chunk(_starts(offsets), c.shape[:-2]):
+    with _in_chunk(_starts(loc), c.shape[:-2]):
         return _f.cho_solve_batched((c, lower), b, **kw)
 
 
@@ -316,8 +391,8 @@ def lu_factor_batched(a, *, overwrite_a=False, check_finite=True,
     lu, piv, info = _f.lu_factor_batched(_probe_stack(n, a.dtype), return_info=True,
                                          backend="cpu")
     outs = [(IJ, (n, n), lu.dtype), (I, (n,), piv.dtype)] + _info(return_info, info)
-    return _build(where, _lu_factor_chunk, [(a, _batch_ind(nb) + IJ)],
-                  a.shape[:-2], a.chunks[:-2], outs, a._meta,
+    bi = _batch_ind(nb)
+    return _build(where, _lu_factor_chunk, [(a, bi + II)], bi + I, outs, a._meta,
                   return_info=return_info, overwrite_a=overwrite_a,
                   check_finite=check_finite, backend=backend)
 
@@ -329,8 +404,9 @@ def inv_batched(a, *, check_finite=True, return_info=False, backend=None):
     nb, n = a.ndim - 2, a.shape[-1]
     x, info = _f.inv_batched(_probe_stack(n, a.dtype), return_info=True, backend="cpu")
     outs = [(IJ, (n, n), x.dtype)] + _info(return_info, info)
-    out = _build(where, _inv_chunk, [(a, _batch_ind(nb) + IJ)],
-                 a.shape[:-2], a.chunks[:-2], outs, a._meta, return_info=return_info,
+    bi = _batch_ind(nb)
+    out = _build(where, _inv_chunk, [(a, bi + IJ)], bi + IJ, outs, a._meta,
+                 return_info=return_info,
                  check_finite=check_finite, backend=backend)
     return out if return_info else out[0]
 
@@ -344,8 +420,9 @@ def solve_batched(a, b, *, check_finite=True, return_info=False, backend=None):
     x, info = _f.solve_batched(_probe_stack(n, a.dtype), bprobe, return_info=True,
                                backend="cpu")
     outs = _x(bind, x) + _info(return_info, info)
-    out = _build(where, _solve_chunk, [(a, _batch_ind(nb) + IJ), (b, bind)],
-                 a.shape[:-2], a.chunks[:-2], outs, a._meta, return_info=return_info,
+    bi = _batch_ind(nb)
+    out = _build(where, _solve_chunk, [(a, bi + II), (b, bind)], bi + outs[0][0], outs,
+                 a._meta, return_info=return_info,
                  check_finite=check_finite, backend=backend)
     return out if return_info else out[0]
 
@@ -360,8 +437,9 @@ def cho_factor_batched(a, lower=False, *, overwrite_a=False, check_finite=True,
     c, _, info = _f.cho_factor_batched(_probe_stack(n, a.dtype), lower,
                                        return_info=True, backend="cpu")
     outs = [(IJ, (n, n), c.dtype)] + _info(return_info, info)
-    out = _build(where, _cho_factor_chunk, [(a, _batch_ind(nb) + IJ)],
-                 a.shape[:-2], a.chunks[:-2], outs, a._meta, return_info=return_info,
+    bi = _batch_ind(nb)
+    out = _build(where, _cho_factor_chunk, [(a, bi + IJ)], bi + IJ, outs, a._meta,
+                 return_info=return_info,
                  lower=lower, overwrite_a=overwrite_a, check_finite=check_finite,
                  backend=backend)
     return (out[0], lower, out[1]) if return_info else (out[0], lower)
@@ -381,10 +459,9 @@ def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
     b, bind, bprobe = _rhs(b, lu.shape[:-2], where)
     x = _f.lu_solve_batched((_probe_stack(n, lu.dtype), np.arange(n, dtype=np.int32)[None]),
                             bprobe, trans, backend="cpu")
-    return _build(where, _lu_solve_chunk,
-                  [(lu, _batch_ind(nb) + IJ), (piv, _batch_ind(nb) + I),
-                   (b, bind)],
-                  lu.shape[:-2], lu.chunks[:-2], _x(bind, x), lu._meta,
+    bi, outs = _batch_ind(nb), _x(bind, x)
+    return _build(where, _lu_solve_chunk, [(lu, bi + II), (piv, bi + I), (b, bind)],
+                  bi + outs[0][0], outs, lu._meta,
                   trans=trans, overwrite_b=overwrite_b, check_finite=check_finite,
                   backend=backend)[0]
 
@@ -406,8 +483,8 @@ def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
     nb, n = c.ndim - 2, c.shape[-1]
     b, bind, bprobe = _rhs(b, c.shape[:-2], where)
     x = _f.cho_solve_batched((_probe_stack(n, c.dtype), lower), bprobe, backend="cpu")
-    return _build(where, _cho_solve_chunk,
-                  [(c, _batch_ind(nb) + IJ), (b, bind)],
-                  c.shape[:-2], c.chunks[:-2], _x(bind, x), c._meta,
+    bi, outs = _batch_ind(nb), _x(bind, x)
+    return _build(where, _cho_solve_chunk, [(c, bi + II), (b, bind)], bi + outs[0][0],
+                  outs, c._meta,
                   lower=lower, overwrite_b=overwrite_b, check_finite=check_finite,
                   backend=backend)[0]

@@ -122,9 +122,9 @@ def _result_dtype(dtype) -> np.dtype:
 # inversion, per chunk
 # ----------------------------------------------------------------------------
 
-def _inv_chunk(a, *offsets, batch_shape, bs, last_at, **kw):
+def _inv_chunk(a, loc, *, batch_shape, bs, last_at, **kw):
     """The inverses of one chunk of blocks; LinAlgError names a singular one globally."""
-    starts = _starts(offsets)
+    starts = _starts(loc)
     with _in_chunk(starts, a.shape[:1]):
         x, info = _f.inv_batched(a, return_info=True, **kw)
     bad = _bad(info, starts, batch_shape)
@@ -142,8 +142,8 @@ def _inv_chunk(a, *offsets, batch_shape, bs, last_at, **kw):
 def _invert(blocks: da.Array, bs: int, last_at, *, check_finite, backend) -> da.Array:
     """The Dask stack of the blocks' inverses (chunked like ``blocks``)."""
     n = blocks.shape[-1]
-    return _build(WHERE, _inv_chunk, [(blocks, ("b0", "i", "j"))], blocks.shape[:1],
-                  blocks.chunks[:1], [(("i", "j"), (n, n), blocks.dtype)], blocks._meta,
+    return _build(WHERE, _inv_chunk, [(blocks, ("b0", "i", "j"))], ("b0", "i", "j"),
+                  [(("i", "j"), (n, n), blocks.dtype)], blocks._meta,
                   bs=bs, last_at=last_at, check_finite=check_finite, backend=backend)[0]
 
 
