@@ -547,6 +547,37 @@ def test_prefetch_compiles_the_groups_a_call_uses():
     assert fk.prefetch_engine_kernels(np.float64) == []     # compiled: no thread again
 
 
+@pytest.mark.gpu
+def test_stored_pattern_runs_warm_on_the_gpu(tmp_path, monkeypatch):
+    """On the device: the first factorization of a stored pattern with nothing in
+    memory (a new process's) loads R's layout early and runs warm (progressive R
+    copy from the first launch); the uberkernel is looked up at the first launch,
+    not when the device layer is made; R as the cold run's, bit for bit."""
+    from scipy_gpuqr import _store
+    from scipy_gpuqr._engine.gpu.device import CupyDevice
+    monkeypatch.setenv(_store.ENV, str(tmp_path))
+    rng = np.random.default_rng(5)
+    A = random_values(grid3d_least_squares(10), rng)
+    clear_schedule_cache()
+    clear_r_layout_cache()
+    g1 = gpu_factorize(A, analyze(A))
+    assert g1.info["schedule_cold"]
+    R1 = g1.R.copy()
+    g1.free()
+    _store.flush()
+    clear_schedule_cache()
+    clear_r_layout_cache()
+    dev = CupyDevice(32, 3)
+    assert dev._kernel is None
+    g2 = gpu_factorize(A, analyze(A), device=dev)
+    assert dev._kernel is not None
+    assert not g2.info["schedule_cold"] and g2.info["r_copy_progressive"]
+    assert (g2.R != R1).nnz == 0
+    g2.free()
+    clear_schedule_cache()
+    clear_r_layout_cache()
+
+
 class _GatedDevice(NumpyDevice):
     """Launch ``gate_at`` waits for ``gate`` (an Event) first; ``done`` is set after
     the last launch."""
