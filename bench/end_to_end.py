@@ -3,7 +3,7 @@
 
     python bench/end_to_end.py [--quick] [--json out.json] [--no-subprocess]
         [--only NAME ...] [--subprocess-for NAME ...] [--no-cold] [--warm-runs N]
-        [--rank-cols N] [--free-parent-pool]
+        [--rank-cols N] [--free-parent-pool | --parent-pool-ab]
 
 Per problem, in one run (one GPU):
 
@@ -303,7 +303,8 @@ def print_child_memory(name: str, child: dict) -> None:
 
 
 def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
-                warm_runs: int = 1, free_parent_pool: bool = False) -> dict:
+                warm_runs: int = 1, free_parent_pool: bool = False,
+                pool_ab: bool = False) -> dict:
     """First lsqr in fresh processes: empty caches (``cold``), then ``warm_runs``
     processes with the caches it left; without ``cold`` the processes use the
     environment's caches (``CUPY_CACHE_DIR``, the analysis/plan store), which
@@ -313,7 +314,10 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
     Each process also reports, per call, the device memory it saw and the
     stage plans it made (:func:`print_child_memory`); ``parent_memory`` is
     what this process held meanwhile (``free_parent_pool``: its CuPy pool's
-    cached blocks given back first)."""
+    cached blocks given back first). ``pool_ab``: after the warm-cache
+    processes, this process's pool is given back and ``warm_runs`` more run
+    (``freed_pool``, ``freed_pool_2``, ...; not in the gap's median): whether
+    what the parent holds makes the new processes slower."""
     if free_parent_pool and backend == "gpu":
         from scipy_gpuqr._gpu import import_cupy
         import_cupy().get_default_memory_pool().free_all_blocks()
@@ -329,7 +333,17 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
                     SCIPY_GPUQR_SCHEDULE_CACHE=f"{d}/store") if cold else dict(os.environ))
         names = (["cold"] if cold else []) + [
             "warm_caches" if i == 0 else f"warm_caches_{i + 1}" for i in range(warm_runs)]
+        if pool_ab and backend == "gpu" and not free_parent_pool:
+            names += ["freed_pool" if i == 0 else f"freed_pool_{i + 1}"
+                      for i in range(warm_runs)]
         for name in names:
+            if name == "freed_pool":
+                from scipy_gpuqr._gpu import import_cupy
+                import_cupy().get_default_memory_pool().free_all_blocks()
+                out["parent_memory_freed"] = pm2 = parent_memory()
+                print(f"  {spec}: the parent's pool given back: it holds "
+                      f"{pm2['pool_held'] / 2**30:.2f} GiB; device free "
+                      f"{pm2['device_free'] / 2**30:.1f} GiB", flush=True)
             r = subprocess.run([sys.executable, "-c", _CHILD, spec, str(ROOT), backend],
                                env=env,
                                capture_output=True, text=True, timeout=300)
@@ -344,7 +358,8 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
 # ----------------------------------------------------------------------------- main
 
 def run_problem(name, spec, *, reps, subprocs, rank_cols=RANK_MAX_COLS,
-                backend="gpu", cold=True, warm_runs=1, free_parent_pool=False) -> dict:
+                backend="gpu", cold=True, warm_runs=1, free_parent_pool=False,
+                pool_ab=False) -> dict:
     t0 = time.perf_counter()
     A = make(spec)
     A = sp.csc_array(A)
@@ -356,7 +371,7 @@ def run_problem(name, spec, *, reps, subprocs, rank_cols=RANK_MAX_COLS,
     row["lstsq_rank"] = lstsq_rank(A, rank_cols)
     if subprocs:
         row["new_process"] = new_process(spec, backend, cold=cold, warm_runs=warm_runs,
-                                         free_parent_pool=free_parent_pool)
+                                         free_parent_pool=free_parent_pool, pool_ab=pool_ab)
     row["bench_seconds"] = time.perf_counter() - t0
     return row
 
@@ -375,6 +390,9 @@ def verdicts(row) -> dict:
     if gaps:
         row["new_process_gap"] = statistics.median(gaps)
         out["newproc<=+0.3s"] = row["new_process_gap"] <= 0.3
+    freed = [v["gap"] for k, v in np_.items() if k.startswith("freed_pool") and "gap" in v]
+    if freed:
+        row["new_process_gap_freed_pool"] = statistics.median(freed)
     if "cold" in np_ and "first" in np_["cold"]:
         out["cold<=5s"] = np_["cold"]["first"] <= 5.0
     if row.get("lstsq_rank") is not None and "qrf" in row:
@@ -434,6 +452,10 @@ def main(argv=None) -> int:
                    help="give this process's cached CuPy pool blocks back before the new "
                         "processes start (else it holds them meanwhile, as a user's "
                         "process would)")
+    p.add_argument("--parent-pool-ab", action="store_true",
+                   help="after the warm-cache processes (this process's pool held), give "
+                        "the pool back and run as many again (the A/B of what the parent "
+                        "holds)")
     p.add_argument("--rank-cols", type=int,
                    help="lstsq's rank (dense SVD) only up to this many columns "
                         f"(default {RANK_MAX_COLS}, --quick 5000; 0: none)")
@@ -467,7 +489,8 @@ def main(argv=None) -> int:
                               rank_cols=(a.rank_cols if a.rank_cols is not None
                                          else 5000 if a.quick else RANK_MAX_COLS),
                               backend=a.backend, cold=not a.no_cold, warm_runs=a.warm_runs,
-                              free_parent_pool=a.free_parent_pool)
+                              free_parent_pool=a.free_parent_pool,
+                              pool_ab=a.parent_pool_ab)
         except Exception as exc:  # noqa: BLE001 - a row says what failed, the run goes on
             row = {"problem": name, "spec": spec, "error": f"{type(exc).__name__}: {exc}"}
             print(f"{name}: {row['error']}", flush=True)
