@@ -38,6 +38,7 @@ cache.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -57,7 +58,7 @@ from ._cachedir import cache_dir
 
 __all__ = ["ENV", "STALE_SECONDS", "folder", "source_stamp", "narrow", "unlink", "touch",
            "publish", "files", "bound", "write_behind", "flush", "write_arrays",
-           "read_aligned", "read_mapped", "decode_arrays", "Foreign"]
+           "read_aligned", "read_mapped", "decode_arrays", "crc32", "crc32_combine", "Foreign"]
 
 #: Environment variable naming the folder (or ``off``).
 ENV = "SCIPY_GPUQR_SCHEDULE_CACHE"
@@ -325,6 +326,72 @@ def read_mapped(path: Path):
     return memoryview(mm)
 
 
+#: Payloads of at least this many bytes are checked by :func:`crc32` in pieces on
+#: threads (zlib releases the GIL); smaller ones in one pass.
+CRC_PARALLEL_BYTES = 64 << 20
+#: Bytes of one piece of :func:`crc32` (a power of two: one operator combines it).
+CRC_PIECE_LOG2 = 24
+#: Most threads of :func:`crc32`.
+CRC_THREADS = 8
+
+
+def crc32(data) -> int:
+    """``zlib.crc32(data)`` (``data``: a bytes-like object, e.g. a mapped file),
+    computed in pieces of ``2**CRC_PIECE_LOG2`` bytes on up to
+    :data:`CRC_THREADS` threads when ``data`` has at least
+    :data:`CRC_PARALLEL_BYTES` and combined (:func:`crc32_combine`): a large
+    layout file's check on a new process's first call, a tenth of a second in
+    one pass, is then bound by the page cache's reads."""
+    mv = memoryview(data).cast("B")
+    n = len(mv)
+    threads = min(CRC_THREADS, os.cpu_count() or 1)
+    if n < CRC_PARALLEL_BYTES or threads < 2:
+        return zlib.crc32(mv)
+    piece = 1 << CRC_PIECE_LOG2
+    starts = range(0, n, piece)
+    with ThreadPoolExecutor(threads, thread_name_prefix="gpuqr-crc") as ex:
+        crcs = list(ex.map(lambda a: zlib.crc32(mv[a:a + piece]), starts))
+    out = crcs[0]
+    for a, c in zip(starts[1:], crcs[1:]):
+        out = crc32_combine(out, c, min(piece, n - a))
+    return out
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC-32 of ``A + B`` from ``crc1 = crc32(A)``, ``crc2 = crc32(B)`` and
+    ``len2 = len(B)``: ``crc1`` carried over ``len2`` zero bytes (a product of
+    the GF(2) operators of :func:`_zeros_operator`, one per set bit of
+    ``len2``), xor ``crc2``."""
+    for k in range(max(int(len2), 0).bit_length()):
+        if len2 >> k & 1:
+            crc1 = _gf2_times(_zeros_operator(k), crc1)
+    return crc1 ^ crc2
+
+
+def _gf2_times(mat: tuple, vec: int) -> int:
+    out, i = 0, 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros_operator(k: int) -> tuple:
+    """The 32×32 GF(2) operator (columns as ints) that carries a CRC-32 over
+    ``2**k`` zero bytes (constants of the polynomial, made once per process)."""
+    if k == 0:
+        one_bit = (0xEDB88320,) + tuple(1 << n for n in range(31))   # one zero bit
+        mat = one_bit
+        for _ in range(3):                                           # 2, 4, 8 bits
+            mat = tuple(_gf2_times(mat, c) for c in mat)
+        return mat
+    half = _zeros_operator(k - 1)
+    return tuple(_gf2_times(half, c) for c in half)
+
+
 class Foreign(ValueError):
     """An array file of another kind, format, stamp or key (not damaged: not ours)."""
 
@@ -349,7 +416,7 @@ def decode_arrays(data, magic: bytes, want: dict, kinds: str = "iub") -> tuple:
         if h.get(k) != v:
             raise Foreign(f"file for another {k}")
     payload = memoryview(data)[16 + n:]
-    if len(payload) != h["size"] or zlib.crc32(payload) != h["crc"]:
+    if len(payload) != h["size"] or crc32(payload) != h["crc"]:
         raise ValueError("file damaged")
     a = {}
     for name, dt, shape, off in h["arrays"]:
