@@ -71,8 +71,9 @@ QUICK = {"count": 1 << 22, "n": 32, "chunk": 1 << 18, "workers": "1,2", "reps": 
 def make_chunk(seed, *, size: int, n: int, dt: str, gpu: bool, block_info=None):
     """``size`` random ``n x n`` matrices plus ``n`` on the diagonal, made where it runs.
 
-    ``seed``: an int, or the one-element chunk of seeds of a Dask map_blocks
-    call (whose ``block_info`` then gives the chunk's size).
+    ``seed``: an int; with ``block_info`` (a Dask ``map_blocks`` call without
+    input arrays) the seed is ``seed`` plus the chunk's index and the size is
+    the chunk's.
     """
     if gpu:
         import cupy as xp
@@ -80,8 +81,8 @@ def make_chunk(seed, *, size: int, n: int, dt: str, gpu: bool, block_info=None):
         xp = np
     if block_info is not None:
         size = block_info[None]["chunk-shape"][0]
-    seed = int(np.asarray(seed).reshape(-1)[0])
-    a = xp.random.default_rng(seed).standard_normal((size, n, n), dtype=np.dtype(dt))
+        seed = seed + block_info[None]["chunk-location"][0]
+    a = xp.random.default_rng(int(seed)).standard_normal((size, n, n), dtype=np.dtype(dt))
     i = xp.arange(n)
     a[:, i, i] += n
     return a
@@ -152,14 +153,15 @@ def pipeline(count: int, n: int, chunk: int, dtype: str, gpu: bool, seed0: int =
 
     import scipy_gpuqr as gq
     sizes = [chunk] * (count // chunk) + ([count % chunk] if count % chunk else [])
-    seeds = da.from_array(np.arange(seed0, seed0 + len(sizes)), chunks=1)
     if gpu:
         import cupy
         meta = cupy.empty((0, 0, 0), dtype=dtype)
     else:
         meta = np.empty((0, 0, 0), dtype=dtype)
-    a = seeds.map_blocks(make_chunk, size=chunk, n=n, dt=dtype, gpu=gpu, new_axis=[1, 2],
-                         chunks=(tuple(sizes), (n,), (n,)), meta=meta)
+    # no input array: the chunk's seed and size come from block_info, so the
+    # generation is a blockwise layer with no data or task of its own
+    a = da.map_blocks(make_chunk, seed=seed0, size=chunk, n=n, dt=dtype, gpu=gpu,
+                      chunks=(tuple(sizes), (n,), (n,)), dtype=dtype, meta=meta)
     lu, piv = gq.lu_factor_batched(a)
     # indexed like lu (one element per chunk, no axis contracted): Dask fuses the
     # pick of lu and piv from the factorization's task and the reduction's first
@@ -167,7 +169,9 @@ def pipeline(count: int, n: int, chunk: int, dtype: str, gpu: bool, seed0: int =
     sums = da.blockwise(checksum, "zij", lu, "zij", piv, "zi", dtype=np.float64,
                         adjust_chunks={"z": 1, "i": 1, "j": 1}, concatenate=True,
                         meta=np.empty((0, 0, 0), np.float64))
-    return sums.sum(), len(sizes)
+    # one aggregate of every chunk's sum (Dask's tree reduction would add a
+    # task per few chunks)
+    return sums.sum(split_every={0: max(len(sizes), 2), 1: 2, 2: 2}), len(sizes)
 
 
 def gpu_ids(gpu: bool, limit: int) -> list[str]:
@@ -180,7 +184,7 @@ def gpu_ids(gpu: bool, limit: int) -> list[str]:
     return [str(i) for i in range(cupy.cuda.runtime.getDeviceCount())]
 
 
-def pinned_cluster(ids: list[str]):
+def pinned_cluster(ids: list[str], threads: int = 1):
     """A ``SpecCluster`` of one single-threaded ``Nanny`` worker process per id, each
     started with ``CUDA_VISIBLE_DEVICES`` set to its id (what dask-cuda's
     ``LocalCUDACluster`` does): the worker's CUDA context (made when its first task
@@ -190,7 +194,7 @@ def pinned_cluster(ids: list[str]):
     # memory times nthreads / cores, 8 GiB of 512 on a 64-core host) counts the CuPy
     # chunks too and spilled them, pickled, to disk: minutes per run
     workers = {f"gpu{d}": {"cls": Nanny,
-                           "options": {"nthreads": 1, "host": HOST, "memory_limit": 0,
+                           "options": {"nthreads": threads, "host": HOST, "memory_limit": 0,
                                        "env": {"CUDA_VISIBLE_DEVICES": str(d)}}}
                for d in ids}
     return SpecCluster(workers=workers,
@@ -198,22 +202,22 @@ def pinned_cluster(ids: list[str]):
                                   "options": {"dashboard_address": ":0", "host": HOST}})
 
 
-def start_cluster(ids: list[str], gpu: bool, pinned: bool = False):
+def start_cluster(ids: list[str], gpu: bool, pinned: bool = False, threads: int = 1):
     """(cluster, kind): one single-threaded worker per id (GPU or CPU process).
 
     ``pinned``: the :func:`pinned_cluster` even where dask_cuda is installed (or,
     with CPU chunks, to check it without a GPU)."""
     if pinned:
-        return pinned_cluster(ids), "SpecCluster of Nanny workers, CUDA_VISIBLE_DEVICES per worker"
+        return pinned_cluster(ids, threads), "SpecCluster of Nanny workers, CUDA_VISIBLE_DEVICES per worker"
     if not gpu:
         from dask.distributed import LocalCluster
-        return LocalCluster(n_workers=len(ids), threads_per_worker=1, processes=True,
+        return LocalCluster(n_workers=len(ids), threads_per_worker=threads, processes=True,
                             host=HOST, dashboard_address=":0"), "LocalCluster (CPU processes)"
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError:
-        return pinned_cluster(ids), "SpecCluster of Nanny workers, CUDA_VISIBLE_DEVICES per worker"
-    return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(ids), threads_per_worker=1,
+        return pinned_cluster(ids, threads), "SpecCluster of Nanny workers, CUDA_VISIBLE_DEVICES per worker"
+    return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(ids), threads_per_worker=threads,
                             host=HOST, dashboard_address=":0",
                             memory_limit=0), "dask_cuda.LocalCUDACluster"
 
@@ -222,7 +226,10 @@ def run_workers(k: int, ids: list[str], args, gpu: bool) -> dict:
     from dask.distributed import Client, get_task_stream
     t0 = time.perf_counter()
     _say(f"{k} worker(s): starting the cluster")
-    cluster, kind = start_cluster(ids[:k], gpu, args.pinned)
+    import dask
+    # the scheduler runs in this process: its root-task queuing follows this setting
+    with dask.config.set({"distributed.scheduler.worker-saturation": args.saturation}):
+        cluster, kind = start_cluster(ids[:k], gpu, args.pinned, args.threads)
     with cluster, Client(cluster) as client:
         client.wait_for_workers(k, timeout=120)
         t_start = time.perf_counter() - t0
@@ -241,21 +248,65 @@ def run_workers(k: int, ids: list[str], args, gpu: bool) -> dict:
         times, values = [], []
         for rep in range(args.reps):
             with get_task_stream(client) as stream:
+                w0 = time.time()
                 t0 = time.perf_counter()
                 values.append(float(total.compute()))
                 times.append(time.perf_counter() - t0)
+                w1 = time.time()
             if rep == args.reps - 1:
                 phases = task_phases(stream.data, k)
+                idle = worker_idle(stream.data, w0, w1, nchunks)
         _say(f"{k} worker(s): timed runs {['%.3f' % x for x in times]} s")
         _say(f"{k} worker(s): seconds per worker in the last run, by task and action: "
              + ", ".join(f"{name} {sec:.3f}" for name, sec in phases.items()))
+        _say(f"{k} worker(s): last run per worker: " + "; ".join(
+            f"{w}: {d['tasks']} tasks ({d['tasks_per_chunk']:.2f} per chunk), busy "
+            f"{d['busy_s']:.3f} s, no task running {d['idle_s']:.3f} s of {d['wall_s']:.3f} "
+            f"({1e3 * d['idle_per_chunk_s']:.2f} ms per chunk; between tasks median "
+            f"{1e3 * d['gap_median_s']:.2f} ms, max {1e3 * d['gap_max_s']:.2f} ms; before "
+            f"the first {1e3 * d['lead_s']:.1f} ms, after the last {1e3 * d['tail_s']:.1f} ms)"
+            for w, d in idle.items()))
     if gpu and len(set(s.split(" bus ")[-1] for s in seen)) != len(seen):
         print(f"  WARNING: workers share a GPU: {seen}", flush=True)
     return {"workers": k, "cluster": kind, "devices": sorted(seen),
             "start_seconds": t_start, "chunks": nchunks, "times_s": times,
             "median_s": statistics.median(times),
-            "checksum": values[0], "task_phases_s": phases,
+            "checksum": values[0], "task_phases_s": phases, "worker_idle": idle,
+            "saturation": args.saturation, "threads": args.threads,
             "checksums_equal": max(values) - min(values) <= 1e-12 * abs(values[0])}
+
+
+def worker_idle(records, t0: float, t1: float, nchunks: int) -> dict:
+    """Per worker, of one ``compute()`` from ``t0`` to ``t1`` (``time.time()``,
+    the workers' clock on this host): its tasks, the seconds in which it ran
+    one (the union of their compute intervals) and in which it ran none, per
+    chunk, and the gaps between one task's end and the next one's start. A GPU
+    worker's idle time is time its GPU waits, unless the last task left work
+    queued on the device."""
+    by: dict = {}
+    for rec in records:
+        for ss in rec.get("startstops", ()):
+            if ss["action"] == "compute":
+                by.setdefault(rec.get("worker", "?"), []).append((ss["start"], ss["stop"]))
+    out = {}
+    workers = max(len(by), 1)
+    for w, spans in sorted(by.items()):
+        spans.sort()
+        busy, end, gaps = 0.0, None, []
+        for a, b in spans:
+            if end is not None:
+                gaps.append(max(a - end, 0.0))
+            lo = a if end is None else max(a, end)
+            busy += max(b - lo, 0.0)
+            end = b if end is None else max(end, b)
+        wall = t1 - t0
+        out[w] = {"tasks": len(spans), "tasks_per_chunk": len(spans) * workers / max(nchunks, 1),
+                  "busy_s": busy, "wall_s": wall, "idle_s": wall - busy,
+                  "idle_per_chunk_s": (wall - busy) * workers / max(nchunks, 1),
+                  "gap_median_s": statistics.median(gaps) if gaps else 0.0,
+                  "gap_max_s": max(gaps, default=0.0),
+                  "lead_s": spans[0][0] - t0, "tail_s": t1 - end}
+    return out
 
 
 def task_phases(records, workers: int) -> dict:
@@ -277,12 +328,12 @@ def run_direct(args, gpu: bool) -> dict:
     sizes = [args.chunk] * (args.count // args.chunk) + \
         ([args.count % args.chunk] if args.count % args.chunk else [])
     warm(args.n, args.dtype, args.chunk, gpu)
-    walls, lus, makes, value = [], [], [], 0.0
+    walls, lus, makes, calls, sums, value = [], [], [], [], [], 0.0
     if gpu:
         import cupy
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     for _ in range(args.reps):
-        value, lu_s, make_s = 0.0, 0.0, 0.0
+        value, lu_s, make_s, call_s, sum_s = 0.0, 0.0, 0.0, 0.0, 0.0
         t0 = time.perf_counter()
         for i, s in enumerate(sizes):
             t1 = time.perf_counter()
@@ -300,15 +351,22 @@ def run_direct(args, gpu: bool) -> dict:
                 lu_s += cupy.cuda.get_elapsed_time(start, stop) / 1e3
             else:
                 lu_s += time.perf_counter() - t1
+            call_s += time.perf_counter() - t1
+            t1 = time.perf_counter()
             value += float(checksum(lu, piv).sum())
+            sum_s += time.perf_counter() - t1
             del a, lu, piv
         walls.append(time.perf_counter() - t0)
         lus.append(lu_s)
         makes.append(make_s)
+        calls.append(call_s)
+        sums.append(sum_s)
     if gpu:
         cupy.get_default_memory_pool().free_all_blocks()
     return {"median_s": statistics.median(walls), "lu_only_s": statistics.median(lus),
-            "make_chunks_s": statistics.median(makes), "checksum": value}
+            "make_chunks_s": statistics.median(makes),
+            "lu_calls_wall_s": statistics.median(calls),
+            "checksums_s": statistics.median(sums), "checksum": value}
 
 
 def main(argv=None) -> int:
@@ -327,6 +385,11 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help=f"{QUICK['count']} matrices in chunks of {QUICK['chunk']} over "
                         f"{QUICK['workers']} worker(s), {QUICK['reps']} repetitions")
+    p.add_argument("--saturation", type=float, default=1.1,
+                   help="distributed.scheduler.worker-saturation (Dask's default 1.1: a "
+                        "worker holds at most ceil(1.1 x threads) root tasks, each further "
+                        "one sent after one finished; inf: all at once)")
+    p.add_argument("--threads", type=int, default=1, help="threads per worker")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--max-seconds", type=float, default=0.0,
                    help="dump every thread's stack (client and workers) and exit after this")
@@ -355,7 +418,10 @@ def main(argv=None) -> int:
         name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
         device = name.decode() if isinstance(name, bytes) else str(name)
     print(f"device: {device} x {len(ids)} visible; {args.count} matrices {args.n}x{args.n} "
-          f"{args.dtype}, chunks of {args.chunk}; median of {args.reps}", flush=True)
+          f"{args.dtype}, chunks of {args.chunk}; median of {args.reps}; {args.threads} "
+          f"thread(s) per worker, worker-saturation {args.saturation}", flush=True)
+    import scipy_gpuqr
+    print(f"scipy_gpuqr from {Path(scipy_gpuqr.__file__).parent}", flush=True)
     if skipped:
         print(f"skipped worker counts {skipped}: only {len(ids)} devices", flush=True)
     rows = []
@@ -388,6 +454,9 @@ def main(argv=None) -> int:
         print(f"| of which LU calls only | {direct['lu_only_s'] * 1e3:.1f} | "
               f"{args.count / direct['lu_only_s'] / 1e6:.1f} | | | |")
         print(f"| of which making the chunks | {direct['make_chunks_s'] * 1e3:.1f} | | | | |")
+        print(f"| of which LU calls, host wall (their GPU work awaited) | "
+              f"{direct['lu_calls_wall_s'] * 1e3:.1f} | | | | |")
+        print(f"| of which checksums | {direct['checksums_s'] * 1e3:.1f} | | | | |")
         same = all(abs(r["checksum"] - direct["checksum"]) <= 1e-9 * abs(direct["checksum"])
                    for r in rows)
         print(f"checksums of the Dask runs equal the direct run's: {same}")
