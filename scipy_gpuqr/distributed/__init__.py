@@ -18,9 +18,25 @@ networking.
   problems, one task each calling :func:`scipy_gpuqr.lsqr`, ``lsmr`` or
   ``spsolve`` on its worker.
 
-On a ``dask.distributed`` cluster run one worker per GPU (dask-cuda's
-``LocalCUDACluster``, or workers started with ``CUDA_VISIBLE_DEVICES`` set
-each to one GPU); every worker needs ``scipy_gpuqr`` installed.
+On a ``dask.distributed`` cluster run one worker per GPU, each with
+``scipy_gpuqr`` installed and one thread:
+
+* on one host, dask-cuda's ``LocalCUDACluster()`` (``pip install
+  dask-cuda``) starts them, each with ``CUDA_VISIBLE_DEVICES`` naming its
+  GPU first; ``dask cuda worker <scheduler>`` does the same on every host of
+  a larger cluster;
+* without dask-cuda, start ``dask worker <scheduler> --nworkers 1
+  --nthreads 1 --memory-limit 0`` once per GPU with ``CUDA_VISIBLE_DEVICES``
+  set to it (or a ``SpecCluster`` of such ``Nanny`` workers). A plain
+  worker counts CuPy chunks against its *host* memory limit and spills
+  them, pickled, to disk once past it (minutes per run with chunks of a few
+  GiB); dask-cuda's workers count them against the GPU's memory instead.
+
+Then ``Client(cluster)`` and Dask arrays of CuPy chunks made on the workers
+(``map_blocks`` of a function that makes or loads a chunk with CuPy, or
+``x.map_blocks(cupy.asarray)``): each chunk is factorized or solved by one
+task on the worker (and GPU) that holds it
+(:mod:`scipy_gpuqr.distributed.dask_batched` says how the tasks fuse).
 
 Modules
 -------
