@@ -811,13 +811,14 @@ class _PoolExecutor:
 @pytest.mark.parametrize("dense_flops", [None, 2e5])
 def test_q_replay_reads_only_the_uploaded_reflector_columns(dense_flops):
     """The pieces of an earlier stage's pool that ``Q``'s replay uploads (its
-    fronts' reflector columns, its dense fronts whole, :mod:`.reflector_upload`)
-    hold everything the replay reads: with every other element NaN, Qᵀb and
-    Q y equal the replay from the whole pools; and large fronts send fewer
-    elements than whole."""
+    fronts' reflector columns, its dense fronts whole, :mod:`.reflector_upload`),
+    packed into a buffer of their size with the stage's records pointed into
+    it, hold everything the replay reads: Qᵀb and Q y equal the replay from
+    the whole pools bit for bit; and large fronts send fewer elements than
+    whole."""
     from scipy_gpuqr._engine.gpu import solve
-    from scipy_gpuqr._engine.gpu.reflector_upload import reflector_pieces, upload_reflectors
-    dense_seen = 0
+    from scipy_gpuqr._engine.gpu.reflector_upload import reflector_layout, upload_reflectors
+    dense_seen = blocked = 0
     for name, A in _cases(big=True):
         an = analyze(A)
         g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)),
@@ -831,9 +832,13 @@ def test_q_replay_reads_only_the_uploaded_reflector_columns(dense_flops):
             whole = [(d.pool_at[1], d.shape[0] * d.shape[1]) for d in g._dense.values()
                      if getattr(d, "pool_at", (None,))[0] == sid]
             dense_seen += len(whole) * (sid < g.info["stages"] - 1)
-            runs, blocks = reflector_pieces(plan, sid, small=64, whole=whole)
-            uploaded[sid] = upload_reflectors(host, runs, blocks, np)
-            sent += sum(n for _, n in runs) + sum(m * w for _, m, w, _ in blocks)
+            layout = reflector_layout(plan, sid, small=64, whole=whole)
+            uploaded[sid] = upload_reflectors(host, layout, np)
+            assert uploaded[sid].values.size == layout.size
+            assert layout.size == (sum(n for _, n, _ in layout.runs)
+                                   + sum(m * w for _, m, w, _, _ in layout.blocks))
+            sent += layout.size
+            blocked += len(layout.blocks)
         assert sent < sum(h.size for h in g._host_pools.values()), name
         rng = np.random.default_rng(1)
         for trans in (True, False):
@@ -842,6 +847,7 @@ def test_q_replay_reads_only_the_uploaded_reflector_columns(dense_flops):
             solve.replay(plan, _PoolExecutor(plan, g._host_pools.__getitem__, g._vt), X, trans)
             solve.replay(plan, _PoolExecutor(plan, uploaded.__getitem__, g._vt), Y, trans)
             np.testing.assert_array_equal(X, Y)
+    assert blocked > 0
     assert dense_seen > 0 if dense_flops else dense_seen == 0
 
 

@@ -631,7 +631,7 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     end of the schedule's build (``info["seconds"]``).
     """
     m, n = Ac.shape
-    dtype = np.float32 if Ac.dtype == np.float32 else np.float64
+    dtype = _r_dtype(Ac)
     host_stages = dict(host_stages or {})
     loop = _StageLoop(Ac, analysis, device, sched, host_side, cold, tile=tile, bundle=bundle,
                       pipelining=pipelining, keep_last=keep_last, host_stages=host_stages)
@@ -641,7 +641,7 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     if loop.layout is None:         # no stage at all
         loop.layout, loop.gmaps, loop.pattern = host_side.result()
     layout = loop.layout
-    R = _assemble_R(Ac, layout, loop.r_values(), dtype, loop.pattern)
+    R = _assemble_R(Ac, layout, loop.r_values(), dtype, loop.pattern, data=loop.r_data)
     t3 = time.perf_counter()
     slots_of = layout.slots_of
     dense = _dense_fronts(sched, loop.dense_parts, slots_of, cache_device=cache_dense,
@@ -683,6 +683,7 @@ class _StageLoop:
         self.host_side, self.cold, self.tile = host_side, cold, tile
         self.bundle, self.pipelining = bundle, pipelining
         self.vals = Ac.data.astype(device.dtype)[fs.s_nz]
+        self.r_dtype = _r_dtype(Ac)
         device.start(np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64), sched.vt_size)
         self.fm, self.fn = fs.fm.astype(np.int64), fs.fn.astype(np.int64)
         self.host_cb = {}               # front -> its contribution block, for a later stage
@@ -704,6 +705,7 @@ class _StageLoop:
         self.pool_copies = []           # per pool sent down so: its ranges
         self.r_copy_stages = []         # per stage: how R's values came, seconds waited
         self._gathers = None            # the worker gathering R's values from host pools
+        self.r_data = None              # R's values, host pools' stages scattered by it
         self.t_r_gather_wait = 0.0
         # a warm one-stage run copies R's final columns while later launches run
         # (R's layout and the schedule's records known before the first launch)
@@ -781,7 +783,8 @@ class _StageLoop:
             pos, gidx = self.gmaps[sid]
             if self._gathers is None:
                 self._gathers = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-r-gather")
-            values = self._gathers.submit(NumpyRCopy(host, gidx, dtype=host.dtype).result)
+                self.r_data = np.zeros(self.layout.nnz, dtype=self.r_dtype)
+            values = self._gathers.submit(_gather_into, self.r_data, pos, host, gidx)
             how = "from the host pool"
         else:
             values = copier.result()
@@ -1097,29 +1100,50 @@ def _dense_fronts(sched, dense_parts, slots_of, *, cache_device: bool = True,
     return dense
 
 
-def _assemble_R(Ac, layout, r_parts, dtype, pattern):
+def _r_dtype(Ac):
+    """R's dtype for the matrix ``Ac``."""
+    return np.float32 if Ac.dtype == np.float32 else np.float64
+
+
+def _scatter(data, pos, v) -> None:
+    """``data[pos] = v`` (compiled and threaded where the library is built)."""
+    v = np.ascontiguousarray(v, dtype=data.dtype)
+    lib = native.handle()
+    if lib is not None:
+        native.scatter(lib, data, pos, v)
+    else:
+        data[pos] = v
+
+
+def _gather_into(data, pos, host, gidx) -> None:
+    """A host pool's values of R put straight into R's data array (the gather
+    thread, while later stages run): nothing is left for :func:`_assemble_R`."""
+    _scatter(data, pos, NumpyRCopy(host, gidx, dtype=host.dtype).result())
+
+
+def _assemble_R(Ac, layout, r_parts, dtype, pattern, data=None):
     """R (rows keyed by pivot column, as the reference) from the gathered values.
 
     ``r_parts``: per stage ``(pos, values)`` in R's CSC order (see
-    :mod:`.rlayout`); the singleton rows' values come from A.
+    :mod:`.rlayout`), values None for a stage already put into ``data``
+    (:func:`_gather_into`); the singleton rows' values come from A.
     """
-    if len(r_parts) == 1 and r_parts[0][0] is None:
+    if data is None and len(r_parts) == 1 and r_parts[0][0] is None:
         data = r_parts[0][1]    # every entry, singleton rows' placeholders included
         if data.dtype != dtype:
             data = data.astype(dtype)
         if len(layout.r1_pos):
             data[layout.r1_pos] = Ac.data[layout.r1_nz]
     else:
-        data = np.zeros(layout.nnz, dtype=dtype)
-        lib = native.handle()
+        if data is None:
+            data = np.zeros(layout.nnz, dtype=dtype)
         for pos, v in r_parts:
-            v = np.ascontiguousarray(v, dtype=dtype)
+            if v is None:
+                continue
             if pos is None:
-                data[:len(v)] = v
-            elif lib is not None:   # several threads: most of a staged run's R time
-                native.scatter(lib, data, pos, v)
+                data[:len(v)] = np.asarray(v, dtype=dtype)
             else:
-                data[pos] = v
+                _scatter(data, pos, v)
         if len(layout.r1_pos):
             data[layout.r1_pos] = Ac.data[layout.r1_nz]
     return layout.csc(data, pattern)

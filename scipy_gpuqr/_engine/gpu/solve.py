@@ -57,7 +57,7 @@ from ..._schedule.tasks import TASK_BYTES, TaskType, empty_tasks
 from ..host.simulate import apply_q_records, apply_qt_records, one_blas_thread
 from . import array_ops
 from . import solve_kernels as av
-from .reflector_upload import reflector_pieces, upload_reflectors
+from .reflector_upload import UploadedReflectors, reflector_layout, upload_reflectors
 from .trsolve import FrontTriangular
 
 __all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay",
@@ -302,8 +302,11 @@ class NumpyExecutor:
         if b <= a:
             return
         pool = self.pools(int(p.level_stage[lv]))
+        recs = p.records[a:b]
+        if isinstance(pool, UploadedReflectors):
+            recs, pool = pool.level_records(lv, b - a), pool.values
         tile = p.tile
-        for rec in p.records[a:b]:
+        for rec in recs:
             V, T, g = _load_reflector(rec, pool, self.vt, p.rowmap, tile)
             Y = X[g]
             C = V.T @ Y
@@ -381,11 +384,14 @@ class CupyExecutor:
         if b <= a:
             return
         pool = self.stage_pool(int(p.level_stage[lv]))
+        recs = self.d_rec[a * TASK_BYTES:]
+        if isinstance(pool, UploadedReflectors):
+            recs, pool = pool.level_records(lv, b - a), pool.values
         k = X.shape[1]
         grid = (b - a, (k + av.APPLYQ_COLUMNS - 1) // av.APPLYQ_COLUMNS)
         with self.stream:
             self.kern[bool(trans)](grid, (av.APPLYQ_THREADS,),
-                                   (self.d_rec[a * TASK_BYTES:], pool, self.vt,
+                                   (recs, pool, self.vt,
                                     self.d_map, X, np.int32(k), np.int64(k)),
                                    shared_mem=self.smem)
 
@@ -438,7 +444,9 @@ def _dense(objs, X, trans, executor=None):
         if at is not None and stage_pool is not None:
             sid, off = at
             fm, fn = obj.shape
-            front = stage_pool(sid)[off: off + fm * fn].reshape(fm, fn)
+            pool = stage_pool(sid)
+            front = (pool.front(off, fm * fn) if isinstance(pool, UploadedReflectors)
+                     else pool[off: off + fm * fn]).reshape(fm, fn)
         apply = obj.apply_qt if trans else obj.apply_q
         if front is None:
             apply(Y)
@@ -626,9 +634,10 @@ def _device_pools(qr, *, reflectors_only: bool = False):
     """``pools(stage)``: the stage's pool on the device (earlier stages uploaded,
     from pinned memory at the link's speed; a host front's stays on the host).
 
-    ``reflectors_only``: for ``Q``'s replay, an earlier stage's pool goes up with
-    only what the replay reads of it, its fronts' reflector columns and its
-    dense fronts whole (:mod:`.reflector_upload`)."""
+    ``reflectors_only``: for ``Q``'s replay, an earlier stage goes up as only
+    what the replay reads of its pool, its fronts' reflector columns and its
+    dense fronts whole, packed (:class:`~.reflector_upload.UploadedReflectors`,
+    with the stage's records pointed into it)."""
     cp = qr._device.cp
 
     def pools(sid):
@@ -639,26 +648,26 @@ def _device_pools(qr, *, reflectors_only: bool = False):
         if sid in getattr(qr, "_host_stages", {}):
             return host
         if reflectors_only:
-            return upload_reflectors(host, *_reflector_pieces_of(qr, sid), cp)
+            return upload_reflectors(host, _reflector_layout_of(qr, sid), cp)
         dev = cp.empty(host.shape, dtype=host.dtype)
         dev.set(host)
         return dev
     return pools
 
 
-def _reflector_pieces_of(qr, sid: int) -> tuple:
-    """:func:`~.reflector_upload.reflector_pieces` of stage ``sid`` (made once)."""
-    key = ("reflector_pieces", sid)
-    pieces = qr._replay.get(key)
-    if pieces is None:
+def _reflector_layout_of(qr, sid: int):
+    """:func:`~.reflector_upload.reflector_layout` of stage ``sid`` (made once)."""
+    key = ("reflector_layout", sid)
+    layout = qr._replay.get(key)
+    if layout is None:
         whole = []
         for d in (getattr(qr, "_dense", {}) or {}).values():
             at = getattr(d, "pool_at", None)
             if at is not None and at[0] == sid:
                 fm, fn = d.shape
                 whole.append((at[1], fm * fn))
-        pieces = qr._replay[key] = reflector_pieces(plan_of(qr), sid, whole=whole)
-    return pieces
+        layout = qr._replay[key] = reflector_layout(plan_of(qr), sid, whole=whole)
+    return layout
 
 
 def _device_of(qr):
