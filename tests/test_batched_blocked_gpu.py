@@ -152,3 +152,31 @@ def test_inverse_and_cholesky_solve(rng, n, dtype):
         refs = np.linalg.solve(s.astype(np.float64), b.astype(np.float64))
         np.testing.assert_allclose(xs, refs, rtol=0,
                                    atol=1e3 * n * eps(dtype) * np.abs(refs).max())
+
+
+@pytest.mark.parametrize("mma", [True, False])
+@pytest.mark.parametrize("n,outer", [(100, 128), (130, 128), (300, 128), (300, 256),
+                                     (512, 128), (512, 256), (512, 512), (200, 32)])
+def test_rows_lu_column_blocks_match_lapack(rng, mma, n, outer):
+    """Every column block of the blocked LU (its trailing updates' k) gives
+    LAPACK's pivots and factors; singular matrices, ties and NaN as well."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu_blocked as bb
+    a = random_batch(rng, (6,), n, np.float64)
+    a[1] = np.round(4 * a[1])                 # exact ties
+    a[2, :, 40:47] = 0                        # zero columns: info, zero pivots
+    a[3] = np.eye(n)[::-1]                    # a permutation
+    a[4, n // 2, n - 1] = np.nan              # info -1
+    lu = cp.asarray(a)
+    piv = cp.full((6, n), -7, dtype=cp.int32)
+    info = cp.full((6,), -7, dtype=cp.int32)           # the first panel sets it
+    bb._rows_lu(lu, piv, info, mma, outer)
+    lu, piv, info = lu.get(), piv.get(), info.get()
+    ref_lu, ref_piv, ref_info = lapack_getrf(a)
+    assert info[4] == -1
+    keep = [0, 1, 2, 3, 5]
+    np.testing.assert_array_equal(info[keep], ref_info[keep])
+    np.testing.assert_array_equal(piv[[0, 3, 5]], ref_piv[[0, 3, 5]])
+    tol = 50 * n * eps(np.float64) * max(1.0, np.abs(ref_lu[[0, 5]]).max())
+    np.testing.assert_allclose(lu[[0, 5]], ref_lu[[0, 5]], rtol=0, atol=tol)
+    assert lu_backward_error(a[keep], lu[keep], piv[keep]) < 20 * n * eps(np.float64)

@@ -70,7 +70,6 @@ constexpr int PLD = 34;               // doubles per stored panel row (odd 16-by
 constexpr int PNP = PW / 8;           // sub-panels of 8 columns
 constexpr int MAXW = 8;               // warps of 64 rows: panels of up to 512 rows
 constexpr int SLOT = 10;              // a warp's candidate row: 8 entries, 1 / pivot, pad
-constexpr int kStage = 32;            // columns of the parallel swap's staging buffer
 
 __device__ __forceinline__ unsigned long long key64(double x) {
     return (unsigned long long)__double_as_longlong(x) & 0x7fffffffffffffffull;
@@ -339,6 +338,22 @@ getrf_mma64(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
     }
 }
 
+// GPUQR_ROWS_CLOCK (a measurement build, bench/batched_lu_rows.py --clock):
+// thread 0 of every block of getrf_mma_rows adds its clock64 ticks per phase
+// (0 copy in, 1 pivot steps, 2 DMMA updates, 3 copy out, 4 row swaps) to
+// gpuqr_rows_clock, and the blocks' count to slot 7.
+#ifdef GPUQR_ROWS_CLOCK
+__device__ unsigned long long gpuqr_rows_clock[8];
+#define GPUQR_ROWS_TICK(i)                                                      \
+    if (threadIdx.x == 0) {                                                     \
+        const long long c_ = clock64();                                         \
+        atomicAdd(&gpuqr_rows_clock[i], (unsigned long long)(c_ - tick_));      \
+        tick_ = c_;                                                             \
+    }
+#else
+#define GPUQR_ROWS_TICK(i)
+#endif
+
 // ---------------------------------------------------------------------------
 // One panel step of the blocked LU for 64 < n <= 512 (the driver's 'rows_mma'
 // method): getrf_rows<double, 32, 512> of rows.cu without its solve of U12
@@ -358,9 +373,11 @@ getrf_mma64(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
 // input:  src (batch, n, n) (the panel is read from here, may equal dst)
 // output: dst, piv (batch, n) entries k0 .. k0 + nb - 1 (0-based, LAPACK
 //         order), info (batch): read when k0 > 0, written
-// block:  W = ceil((n - k0) / 64) warps (<= 8); dynamic shared memory
-//         (64 W * PLD + 2 * PW * kStage + 2 * MAXW * SLOT) * 8 bytes
-//         (mma_rows_smem in scipy_gpuqr/batched/_gpu_blocked.py)
+// block:  W = ceil((n - k0) / 64) warps (<= 8); dynamic shared memory at
+//         least (2 * MAXW * SLOT + 64 W * PLD) * 8 bytes (the candidate slots,
+//         then the panel); more only widens the swap's rounds, and keeping
+//         it to that lets more blocks share an SM (mma_rows_smem in
+//         scipy_gpuqr/batched/_kernel_registry.py)
 // ---------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(256)
@@ -373,8 +390,10 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
     __shared__ unsigned long long skey[2][MAXW];
     __shared__ int smeta[2][MAXW];                     // row | pos << 16
     __shared__ int spiv[PW];
-    __shared__ int perm[64 * MAXW];
-    __shared__ int msrc[2 * PW], mdst[2 * PW];
+    // row numbers < 512 as shorts: with 64 W * PLD doubles of panel, six
+    // blocks of two warps fit an SM's 228 KiB (ints: five)
+    __shared__ short perm[64 * MAXW];
+    __shared__ short msrc[2 * PW], mdst[2 * PW];
     __shared__ int mcount;
 
     const int tid = threadIdx.x, nth = blockDim.x, nw = nth >> 5;
@@ -385,10 +404,16 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
     const int m = n - k0;
     const int nb = min(PW, m);
     const int MR = 64 * nw;
-    double *t = reinterpret_cast<double *>(smem_raw);  // MR x PLD
-    double *stage = t + MR * PLD;                       // 2 PW x kStage, after t
-    double *slots = stage + 2 * PW * kStage;            // [2][MAXW][SLOT]
+    double *slots = reinterpret_cast<double *>(smem_raw);  // [2][MAXW][SLOT]
+    double *t = slots + 2 * MAXW * SLOT;                // MR x PLD, then spare room
+    unsigned dyn;                                       // bytes of dynamic shared memory
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    const int room = (int)(dyn / sizeof(double)) - 2 * MAXW * SLOT;  // t's doubles, >= MR PLD
     if (tid == 0) mcount = 0;
+#ifdef GPUQR_ROWS_CLOCK
+    long long tick_ = clock64();
+    if (tid == 0) atomicAdd(&gpuqr_rows_clock[7], 1ull);
+#endif
 
     // copy in (cp.async: every load in flight at once), zero beyond the panel
     for (int e = tid; e < MR * PW; e += nth) {
@@ -399,6 +424,7 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
+    GPUQR_ROWS_TICK(0)
 
     const int rb = 64 * warp + lane;                    // row of h = 0
     double P[2][8], L[2][8];
@@ -522,6 +548,7 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
             }
         }
 
+        GPUQR_ROWS_TICK(1)
         double O[2][8];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -578,6 +605,7 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
 #pragma unroll
             for (int h = 0; h < 2; ++h) panel_write_ld<PLD>(t, O[h], rb + 32 * h, p);
         }
+        GPUQR_ROWS_TICK(2)
     }
 
     // the panel to its final rows; the rows that changed place
@@ -585,11 +613,11 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
     for (int h = 0; h < 2; ++h) {
         const int r = rb + 32 * h;
         if (r < m) {
-            perm[pos[h]] = r;
+            perm[pos[h]] = (short)r;
             if (pos[h] != r) {
                 const int sidx = atomicAdd(&mcount, 1);
-                msrc[sidx] = r;
-                mdst[sidx] = pos[h];
+                msrc[sidx] = (short)r;
+                mdst[sidx] = (short)pos[h];
             }
         }
     }
@@ -602,14 +630,16 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
         A[(long long)(k0 + i) * n + k0 + j] = v;
     }
     if (tid < nb) piv[mat * n + k0 + tid] = k0 + spiv[tid];
+    GPUQR_ROWS_TICK(3)
 
     if (nb < n) {
         // parallel swap: the moved rows, in the columns outside the panel,
-        // staged through the panel's buffer (free now) in rounds of cw
-        // columns, the loads by cp.async (all in flight at once)
+        // staged through the panel's buffer (free now) and whatever dynamic
+        // shared memory follows it, in rounds of cw columns, the loads by
+        // cp.async (all in flight at once)
         const int cnt = mcount;
         const int oc = n - nb;
-        const int cw = cnt > 0 ? min(oc, (MR * PLD + 2 * PW * kStage) / cnt) : oc;
+        const int cw = cnt > 0 ? min(oc, room / cnt) : oc;
         __syncthreads();                                    // the panel's copy out read t
         for (int t0 = 0; t0 < oc && cnt > 0; t0 += cw) {
             for (int e = tid; e < cnt * cw; e += nth) {
@@ -633,6 +663,7 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
         }
     }
     bad = __syncthreads_or(bad);
+    GPUQR_ROWS_TICK(4)
     if (tid == 0) {
         const int prev = k0 > 0 ? info[mat] : 0;
         const int zinfo = zk ? k0 + zk : 0;

@@ -20,11 +20,11 @@ operation, :func:`default_method`):
   of 8 columns updated by DMMA, one barrier per column) and U12 solved by
   ``trsm_lunit``.
 * ``'rows'`` (n <= 512): blocked right-looking, the panels factorized by a
-  kernel with one thread per panel row. LU: panels of 64 columns, each
-  factorized as two halves of 32 (nested blocking: the left half, a GEMM on
-  the right half, the right half; one barrier per column, lazy row swaps,
-  the parallel swap and U12 = L11⁻¹ A12 in the same kernel), the trailing
-  update a cuBLAS strided-batched GEMM with k = 64. Cholesky: panels of 32
+  kernel with one thread per panel row. LU: blocks of :func:`rows_outer`
+  columns, each factorized as panels of 32 left-looking inside the block
+  (one barrier per column, lazy row swaps, the parallel swap and
+  U12 = L11⁻¹ A12 in the panel kernel of the block's first panel), the
+  trailing update a cuBLAS strided-batched GEMM with k = the block. Cholesky: panels of 32
   (L21 comes out of the same kernel), GEMM updates with k = 32.
 * ``'panel'`` (any n; the default for n > 512, beyond one thread per panel
   row): panel steps with a thread block per matrix and block-wide barriers
@@ -252,22 +252,48 @@ def getrf(a, piv, info, method: str | None = None):
     return lu
 
 
-def _rows_lu(lu, piv, info, mma: bool = False) -> None:
-    """Blocked LU of ``lu`` in place with panels of 2 * ROWS_PANEL = 64 columns.
+#: Column block of the blocked LU's trailing updates by n (``_rows_lu``'s
+#: ``outer``; the largest n up to which each applies, then the block): a
+#: wider block updates the trailing matrix fewer times (each update reads
+#: and writes all of it) at the cost of more narrow GEMMs inside the block.
+ROWS_OUTER = ((128, 2 * ROWS_PANEL), (ROWS_MAX, 4 * ROWS_PANEL))
 
-    A panel of 64 is factorized as two halves (LAPACK's recursive getrf2 one
-    level deep): the left half (its kernel also solves U12 for all columns to
-    the right), a GEMM on the right half's columns, the right half (row
-    swaps only), then for the columns right of the panel a GEMM on the right
-    half's rows and their solve with its L11; one GEMM with k = 64 updates
-    the trailing matrix. ``mma``: the panels by ``getrf_mma_rows`` (float64,
-    sm_80+), whose U12 is solved by ``trsm_lunit`` after it.
+
+def rows_outer(n: int) -> int:
+    """The column block ``outer`` of :func:`_rows_lu` for order ``n``."""
+    for nmax, outer in ROWS_OUTER:
+        if n <= nmax:
+            return outer
+    return ROWS_OUTER[-1][1]
+
+
+def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None) -> None:
+    """Blocked LU of ``lu`` in place: blocks of ``outer`` columns (a multiple
+    of ROWS_PANEL; None: :func:`rows_outer`), each factorized as panels of
+    ROWS_PANEL = 32 columns left-looking inside the block.
+
+    Panel j of a block starting at kb (columns kj = kb + 32 j ..): its columns
+    get the updates of the block's earlier panels (one GEMM, k = kj - kb),
+    the panel kernel factorizes it and swaps the rows in every other column,
+    then its rows of U right of it get the same updates (one GEMM) and are
+    solved with its L11 (``trsm_lunit``; the ``rows`` panel kernel of the
+    block's first panel solves them itself). One GEMM with k = outer then
+    updates the trailing matrix. ``outer = 64`` is LAPACK's recursive getrf2
+    one level deep. ``mma``: the panels by ``getrf_mma_rows`` (float64,
+    sm_80+).
     """
     bsz, n = lu.shape[0], lu.shape[-1]
-    outer = 2 * ROWS_PANEL
+    outer = rows_outer(n) if outer is None else outer
+    if outer <= 0 or outer % ROWS_PANEL:
+        raise ValueError(f"outer must be a positive multiple of {ROWS_PANEL}, got {outer}")
     dt = dtname(lu.dtype)
     dev = device_id()
     tr = _rows_function("trsm_lunit", dt, ROWS_PANEL, ROWS_THREADS, dev)
+
+    def trsm(r0: int, nb: int, c0: int) -> None:
+        tr((bsz,), (_rows_threads(n - c0),),
+           (lu, info, np.int32(n), np.int32(r0), np.int32(nb), np.int32(c0)))
+
     if mma:
         pfn = _mma64_function(dev, MMA_ROWS_NAME)
 
@@ -277,8 +303,7 @@ def _rows_lu(lu, piv, info, mma: bool = False) -> None:
                 shared_mem=_with_smem(pfn, mma_rows_smem(warps)))
             c0 = k0 + ROWS_PANEL
             if c0 < trsm_end:
-                tr((bsz,), (_rows_threads(n - c0),),
-                   (lu, info, np.int32(n), np.int32(k0), np.int32(ROWS_PANEL), np.int32(c0)))
+                trsm(k0, ROWS_PANEL, c0)
     else:
         fn = _rows_function("getrf_rows", dt, ROWS_PANEL, ROWS_THREADS, dev)
         smem = _with_smem(fn, (ROWS_PANEL * ROWS_PANEL + 2 * ROWS_PANEL * STAGE_COLS)
@@ -289,20 +314,20 @@ def _rows_lu(lu, piv, info, mma: bool = False) -> None:
                (lu, lu, piv, info, np.int32(n), np.int32(k0), np.int32(trsm_end)),
                shared_mem=smem)
 
-    for k0 in range(0, n, outer):
-        w = min(outer, n - k0)
-        end = k0 + w
-        panel(k0, n)
-        if w > ROWS_PANEL:
-            k1 = k0 + ROWS_PANEL
-            _gemm_rows(lu, n, k1, n - k1, k1, end - k1, k0, ROWS_PANEL)
-            panel(k1, end)
-            if end < n:
-                _gemm_rows(lu, n, k1, end - k1, end, n - end, k0, ROWS_PANEL)
-                tr((bsz,), (_rows_threads(n - end),),
-                   (lu, info, np.int32(n), np.int32(k1), np.int32(end - k1),
-                    np.int32(end)))
-        _gemm_rows(lu, n, end, n - end, end, n - end, k0, w)
+    for kb in range(0, n, outer):
+        end = min(kb + outer, n)
+        for kj in range(kb, end, ROWS_PANEL):
+            w = min(ROWS_PANEL, n - kj)
+            c0 = kj + w
+            if kj == kb:
+                panel(kj, n)                    # U right of it solved there
+                continue
+            _gemm_rows(lu, n, kj, n - kj, kj, w, kb, kj - kb)
+            panel(kj, c0)
+            if c0 < n:
+                _gemm_rows(lu, n, kj, w, c0, n - c0, kb, kj - kb)
+                trsm(kj, w, c0)
+        _gemm_rows(lu, n, end, n - end, end, n - end, kb, end - kb)
 
 
 # ----------------------------------------------------------------------------

@@ -76,10 +76,11 @@ MMA_ROWS_NAME = "getrf_mma_rows<double>"
 
 
 def mma_rows_smem(warps: int) -> int:
-    """Dynamic shared memory of ``getrf_mma_rows`` with ``warps`` warps: the
-    (64 warps) x 34 panel, 2 x 8 candidate slots of 10 doubles, the 64 x 32
-    staging buffer of the row swaps."""
-    return (64 * warps * 34 + 2 * 8 * 10 + 64 * 32) * 8
+    """Dynamic shared memory of ``getrf_mma_rows`` with ``warps`` warps: 2 x 8
+    candidate slots of 10 doubles and the (64 warps) x 34 panel, whose buffer
+    also stages the row swaps (no more: the kernel's swap takes as many rounds
+    as that room needs, and a smaller block lets more blocks share an SM)."""
+    return (2 * 8 * 10 + 64 * warps * 34) * 8
 
 #: Source file of the n > 32 kernels with a row per thread (LU and Cholesky
 #: panels, one-kernel LU for n <= FUSED_MAX, solves in shared memory).

@@ -1,0 +1,192 @@
+"""The blocked LU of 64 < n <= 512 by its two knobs: the column block of the
+trailing updates and the panel kernel's shared memory.
+
+For each ``--sizes`` n:batch, on one random float64 stack: ``_rows_lu`` of
+:mod:`scipy_gpuqr.batched._gpu_blocked` with the tensor-core panels and each
+``--outers`` column block, the panel kernel given only the room it needs
+(the library's ``mma_rows_smem``) or ``--extra`` more doubles of it (the
+kernel's earlier swap buffer: fewer blocks per SM); the float32 ``rows``
+path with the same blocks (``--f32``); cuBLAS getrfBatched in the same
+run. Device ms (CUDA events behind busy copies, the variants interleaved,
+median of ``--reps``); every variant's pivots and factors against the
+first variant's and, for a few matrices, against LAPACK; the panel
+kernel's registers, spills and resident blocks per SM (occupancy API).
+
+Usage::
+
+    python3 bench/batched_lu_rows.py --sizes 128:20000,256:4000,512:2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH
+sys.path.append(str(Path(__file__).resolve().parent))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="128:20000,256:4000,512:2000")
+    ap.add_argument("--outers", default="64,128,256")
+    ap.add_argument("--extra", type=int, default=2048,
+                    help="doubles of shared memory beyond the panel's (old kernel: 2048)")
+    ap.add_argument("--f32", action="store_true", help="also the float32 rows path")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--clock", action="store_true",
+                    help="only: the panel kernel's cycles per phase (GPUQR_ROWS_CLOCK build)")
+    args = ap.parse_args(argv)
+    if args.clock:
+        return clock(args)
+
+    import cupy as cp
+    import numpy as np
+    import scipy.linalg as sl
+    from cupy_backends.cuda.api import driver
+    from batched import Timer, cublas_lu
+    from scipy_gpuqr.batched import _gpu_blocked as bb
+    from scipy_gpuqr.batched._gpu_common import device_id
+
+    timer = Timer(cp)
+    base_smem = bb.mma_rows_smem
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
+    pfn = bb._mma64_function(device_id(), bb.MMA_ROWS_NAME)
+    for w in range(1, 9):
+        for extra in (0, args.extra):
+            smem = base_smem(w) + 8 * extra
+            bb._with_smem(pfn, smem)
+            try:
+                per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                    getattr(pfn, "kernel", pfn).ptr, 32 * w, smem)
+            except Exception as exc:  # noqa: BLE001
+                per_sm = f"? ({exc})"
+
+            print(f"  getrf_mma_rows warps={w} smem={smem} B: {per_sm} blocks/SM "
+                  f"(regs {pfn.num_regs}, spill {pfn.local_size_bytes} B)")
+
+    rng = cp.random.default_rng(7)
+    for spec in args.sizes.split(","):
+        n, bsz = (int(v) for v in spec.split(":"))
+        a = rng.standard_normal((bsz, n, n), dtype=np.float64)
+        outers = [o for o in (int(v) for v in args.outers.split(",")) if o <= max(n, 64)]
+        variants = []                      # (label, dtype, callable returning lu, piv)
+
+        def make(mma, outer, extra, dtype):
+            src = a if dtype == np.float64 else a.astype(dtype)
+            piv = cp.empty((bsz, n), dtype=cp.int32)
+            info = cp.empty((bsz,), dtype=cp.int32)
+
+            def call():
+                lu = src.copy()
+                if extra:
+                    bb.mma_rows_smem = lambda w: base_smem(w) + 8 * extra
+                try:
+                    bb._rows_lu(lu, piv, info, mma, outer)
+                finally:
+                    bb.mma_rows_smem = base_smem
+                return lu, piv
+            return call
+
+        for o in outers:
+            variants.append((f"rows_mma outer={o}", np.float64, make(True, o, 0, np.float64)))
+        variants.append((f"rows_mma outer=64 +{args.extra} smem", np.float64,
+                         make(True, 64, args.extra, np.float64)))
+        if args.f32:
+            for o in outers:
+                variants.append((f"rows f32 outer={o}", np.float32,
+                                 make(False, o, 0, np.float32)))
+        ref = {}
+        for label, dt, call in variants:
+            lu, piv = call()
+            lu, piv = lu[:64].get(), piv[:64].get()
+            key = np.dtype(dt).name
+            if key not in ref:
+                ref[key] = (lu, piv)
+                host = a[:3].get().astype(dt)
+                for i in range(3):
+                    rl, rp = sl.lu_factor(host[i])
+                    err = np.abs(rl - lu[i]).max() / max(1.0, np.abs(rl).max())
+                    print(f"  n={n} {label}: LAPACK matrix {i}: pivots "
+                          f"{'equal' if (rp == piv[i]).all() else 'DIFFER'}, rel err {err:.2e}")
+            rl, rp = ref[key]
+            same = (rp == piv).all(axis=1)
+            err = np.abs(rl[same] - lu[same]).max() if same.any() else float("nan")
+            print(f"  n={n} {label}: pivots equal in {same.sum()}/64, max diff {err:.2e}")
+        cb_work = a.copy()
+        fns = [c for _, _, c in variants] + [cublas_lu(cp, cb_work, False)]
+        times = timer.device_interleaved(fns, reps=args.reps)
+        cub = times[-1]
+        print(f"n={n} batch={bsz}: cuBLAS getrfBatched {cub:.3f} ms")
+        for (label, _, _), t in zip(variants, times):
+            print(f"  {label:34} {t:8.3f} ms   cuBLAS / this {cub / t:5.2f}")
+        a = cb_work = None
+        cp.get_default_memory_pool().free_all_blocks()
+    return 0
+
+
+PHASES = ("copy in", "pivots", "DMMA", "copy out", "swaps")
+
+
+def clock(args) -> int:
+    """Per panel launch of the default blocked LU: thread 0's clock64 ticks per
+    phase, averaged over the blocks, and the launch's device ms."""
+    import cupy as cp
+    import numpy as np
+    from scipy_gpuqr._kernels import load_module
+    from scipy_gpuqr.batched import _gpu_blocked as bb
+    from scipy_gpuqr.batched._kernel_registry import KERNEL_VARIANTS, MMA64_FILE
+
+    module = load_module(MMA64_FILE, KERNEL_VARIANTS[MMA64_FILE], ("-DGPUQR_ROWS_CLOCK",))
+    fn = module.get_function(bb.MMA_ROWS_NAME)
+    raw = module._module(bb.MMA_ROWS_NAME)
+    counters = raw.get_global("gpuqr_rows_clock")
+    slots = cp.ndarray((8,), dtype=cp.uint64, memptr=counters)
+    rows = []
+
+    class Clocked:
+        def __getattr__(self, name):
+            return getattr(fn, name)
+
+        def __setattr__(self, name, value):
+            setattr(fn, name, value)
+
+        def __call__(self, grid, block, kargs, shared_mem=0):
+            slots.fill(0)
+            s, e = cp.cuda.Event(), cp.cuda.Event()
+            s.record()
+            fn(grid, block, kargs, shared_mem=shared_mem)
+            e.record()
+            e.synchronize()
+            v = slots.get().astype(np.float64)
+            rows.append((int(kargs[5]), block[0] // 32, shared_mem,
+                         cp.cuda.get_elapsed_time(s, e), v[:5] / max(v[7], 1)))
+
+    orig = bb._mma64_function
+    bb._mma64_function = lambda dev, name=bb.MMA64_NAME: (
+        Clocked() if name == bb.MMA_ROWS_NAME else orig(dev, name))
+    rng = cp.random.default_rng(7)
+    try:
+        for spec in args.sizes.split(","):
+            n, bsz = (int(v) for v in spec.split(":"))
+            a = rng.standard_normal((bsz, n, n), dtype=np.float64)
+            piv = cp.empty((bsz, n), dtype=cp.int32)
+            info = cp.empty((bsz,), dtype=cp.int32)
+            for _ in range(2):
+                rows.clear()
+                lu = a.copy()
+                bb._rows_lu(lu, piv, info, True)
+            print(f"n={n} batch={bsz}: getrf_mma_rows per launch (thread 0's cycles per block)")
+            print("    k0 warps  smem    ms   " + "".join(f"{p:>10}" for p in PHASES))
+            for k0, w, smem, ms, v in rows:
+                print(f"  {k0:4d} {w:5d} {smem:6d} {ms:6.3f} " + "".join(f"{x:10.0f}" for x in v))
+            a = lu = None
+            cp.get_default_memory_pool().free_all_blocks()
+    finally:
+        bb._mma64_function = orig
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
