@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-__all__ = ["import_cupy", "gpu_available", "gpu_info", "device_properties", "is_cupy_array",
+__all__ = ["import_cupy", "gpu_available", "gpu_info", "is_cupy_array",
            "is_cupy_sparse"]
 
 
@@ -76,13 +76,6 @@ def gpu_info() -> dict:
     except Exception as exc:
         info["reason"] = f"CUDA device did not answer ({_short(exc)})"
     return info
-
-
-def device_properties(device_id: int) -> dict:
-    """The fixed properties of CUDA device ``device_id`` (a copy; read once per
-    process): ``name``, ``compute_capability``, ``total_memory``,
-    ``multiprocessors``, ``shared_memory_per_block_optin``. Needs a GPU."""
-    return dict(_device_properties(int(device_id)))
 
 
 @functools.lru_cache(maxsize=None)

@@ -135,10 +135,9 @@ def _stamp(directory: Path, files: Sequence[str]) -> tuple | None:
 
 class _Hashes:
     """Source hashes of this process, each kept with the files it was made
-    from, their (modification time, size) and the flattened text: a later
-    :func:`source_hash` of the same file stats them instead of reading and
-    flattening them again (an edited header still gives a new hash), and the
-    module's compile takes the text (:meth:`text`). A hash whose files changed in
+    from and their (modification time, size): a later :func:`source_hash`
+    of the same file stats them instead of reading and flattening them again
+    (an edited header still gives a new hash). A hash whose files changed in
     the last :data:`_RACY_SECONDS` is not kept (an edit in the same clock tick
     as the read would keep the stamp of a text that was not hashed)."""
 
@@ -158,18 +157,8 @@ class _Hashes:
         recent = time.time_ns() - _RACY_SECONDS * 10**9
         if stamp is not None and all(t < recent for t, _ in stamp):
             with self._lock:
-                self._table[key] = (files, stamp, digest, text)
+                self._table[key] = (files, stamp, digest)
         return digest
-
-    def text(self, name: str, directory: Path, digest: str) -> str | None:
-        """The flattened text of ``name`` whose hash is ``digest``, kept by the
-        lookup that hashed it (its files unchanged since), or None: a module's
-        compile (or cache load) then needs not read and flatten the files again."""
-        with self._lock:
-            got = self._table.get((str(directory), name))
-        if got is None or got[2] != digest or _stamp(directory, got[0]) != got[1]:
-            return None
-        return got[3]
 
 
 #: Files modified this recently are hashed again at every lookup.
@@ -292,11 +281,8 @@ class _Compiled:
         with entry[0]:
             if entry[1] is None:
                 import cupy
-                code = _HASHES.text(name, kernels_dir(), digest)
-                if code is None:
-                    code = flatten_source(name)
                 with cupy.cuda.Device(device):
-                    mod = cupy.RawModule(code=code, options=options,
+                    mod = cupy.RawModule(code=flatten_source(name), options=options,
                                          name_expressions=group or None,
                                          enable_cooperative_groups=bool(cooperative))
                     mod.compile()                   # compiles (or loads the cubin) now
@@ -483,28 +469,14 @@ def prefetch(modules: Iterable[KernelUse]) -> list:
 
 
 def _prefetch_uses(uses: Sequence[KernelUse], device: int) -> None:
-    """:func:`prefetch`'s thread: look the modules up, each on a thread of its own
-    (``gpuqr-prefetch``: a module's compile starts once its own sources are read
-    and hashed, not after the others'), which starts its compiles and waits for
-    them; wait for those. A failure is left for the caller's own lookup or
-    compile."""
-    if len(uses) == 1:
-        _prefetch_use(uses[0], device)
-        return
-    threads = [threading.Thread(target=_prefetch_use, args=(use, device),
-                                name="gpuqr-prefetch", daemon=True) for use in uses]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-
-
-def _prefetch_use(use: KernelUse, device: int) -> None:
-    """Look one module up, start its compiles and wait for them (quietly)."""
-    try:
-        threads = use.module().prefetch(use.needed, device=device)
-    except Exception:  # noqa: BLE001 - raised again where the module is used
-        return
+    """:func:`prefetch`'s thread: look each module up, start its compiles, wait
+    for them. A failure is left for the caller's own lookup or compile."""
+    threads = []
+    for use in uses:
+        try:
+            threads += use.module().prefetch(use.needed, device=device)
+        except Exception:  # noqa: BLE001 - raised again where the module is used
+            pass
     for t in threads:
         t.join()
 

@@ -189,50 +189,6 @@ def test_staging_buffer_is_made_once_per_process(monkeypatch):
     assert s3.nbytes == rcopy.SLOT_BYTES and made == [8000, 80, rcopy.SLOT_BYTES]
 
 
-def test_staging_buffer_made_ahead_serves_any_copy(monkeypatch):
-    """prepare_staging makes the full-size buffer (on the thread that calls it): a
-    later copy of any layout takes it without allocating; start_staging runs it
-    once per device on its own daemon thread, quietly."""
-    import threading
-    made, seen = [], []
-
-    class Fake:
-        def __init__(self, nbytes):
-            self.nbytes = nbytes
-            self.lock = threading.Lock()
-            made.append(nbytes)
-
-    monkeypatch.setattr(rcopy, "PinnedStaging", Fake)
-    monkeypatch.setattr(rcopy, "_STAGING", rcopy._SharedStaging())
-
-    class Lay:
-        def __init__(self, nnz):
-            self.nnz = nnz
-
-    rcopy.prepare_staging()
-    assert made == [rcopy.SLOT_BYTES]
-    s = rcopy.staging_for(Lay(10 ** 9))
-    s.lock.release()
-    assert rcopy.staging_for(Lay(100)) is s and made == [rcopy.SLOT_BYTES]
-    s.lock.release()
-    rcopy.prepare_staging()                     # made already: nothing
-    assert made == [rcopy.SLOT_BYTES]
-
-    def fake_prepare(device=None, shared=None):
-        seen.append((device, threading.current_thread().name))
-        raise RuntimeError("no GPU")            # quiet
-
-    monkeypatch.setattr(rcopy, "prepare_staging", fake_prepare)
-    rcopy.start_staging.cache_clear()
-    try:
-        t = rcopy.start_staging(3)
-        assert t.daemon and rcopy.start_staging(3) is t
-        t.join(30)
-        assert seen == [(3, "gpuqr-staging")]
-    finally:
-        rcopy.start_staging.cache_clear()
-
-
 # ------------------------------------------------------------------------- kernels
 
 def test_variant_group_takes_one_value_type():
@@ -439,45 +395,6 @@ def test_source_hash_is_kept_until_a_file_changes(tmp_path, monkeypatch):
         _kernels.flatten_source("k.cu").encode()).hexdigest()[:16]
 
 
-def test_module_compile_reuses_the_hashed_text(tmp_path, monkeypatch):
-    """A module's compile (or cache load) takes the flattened text its lookup hashed
-    (the files read once per process, not again on the compiling thread); a file
-    changed since: read again."""
-    import os
-    import time
-    cupy = pytest.importorskip("cupy")
-    monkeypatch.setattr(_kernels, "kernels_dir", lambda: tmp_path)
-    monkeypatch.setattr(_kernels, "_HASHES", _kernels._Hashes())
-    monkeypatch.setattr(_kernels, "_COMPILED", _kernels._Compiled())
-    monkeypatch.setattr(cupy.cuda, "Device", _FakeDevice)
-    codes = []
-
-    class Raw:
-        def __init__(self, code, **k):
-            codes.append(code)
-
-        def compile(self):
-            pass
-
-        def get_function(self, name):
-            return name
-
-    monkeypatch.setattr(cupy, "RawModule", Raw)
-    (tmp_path / "h.cuh").write_text("int x;\n")
-    (tmp_path / "k.cu").write_text('#include "h.cuh"\n')
-    past = time.time() - 60
-    for f in ("h.cuh", "k.cu"):
-        os.utime(tmp_path / f, (past, past))
-    reads = []
-    real = _kernels._flatten
-    monkeypatch.setattr(_kernels, "_flatten", lambda *a: reads.append(a) or real(*a))
-    m = _kernels.load_module("k.cu")
-    assert m.get_function("k") == "k" and len(reads) == 1
-    assert codes == [real("k.cu", tmp_path)[0]]
-    (tmp_path / "h.cuh").write_text("int yy;\n")
-    assert _kernels._HASHES.text("k.cu", tmp_path, m.digest) is None
-
-
 def test_colamd_loads_without_cffi():
     """COLAMD (an analysis' ordering, and its key on a cache hit) goes through
     ctypes: no C declarations parsed by cffi in a new process."""
@@ -551,10 +468,8 @@ def test_prefetch_compiles_the_groups_a_call_uses():
 def test_stored_pattern_runs_warm_on_the_gpu(tmp_path, monkeypatch):
     """On the device: the first factorization of a stored pattern with nothing in
     memory (a new process's) loads R's layout early and runs warm (progressive R
-    copy from the first launch); the uberkernel is looked up at the first launch,
-    not when the device layer is made; R as the cold run's, bit for bit."""
+    copy from the first launch); R as the cold run's, bit for bit."""
     from scipy_gpuqr import _store
-    from scipy_gpuqr._engine.gpu.device import CupyDevice
     monkeypatch.setenv(_store.ENV, str(tmp_path))
     rng = np.random.default_rng(5)
     A = random_values(grid3d_least_squares(10), rng)
@@ -567,10 +482,7 @@ def test_stored_pattern_runs_warm_on_the_gpu(tmp_path, monkeypatch):
     _store.flush()
     clear_schedule_cache()
     clear_r_layout_cache()
-    dev = CupyDevice(32, 3)
-    assert dev._kernel is None
-    g2 = gpu_factorize(A, analyze(A), device=dev)
-    assert dev._kernel is not None
+    g2 = gpu_factorize(A, analyze(A))
     assert not g2.info["schedule_cold"] and g2.info["r_copy_progressive"]
     assert (g2.R != R1).nnz == 0
     g2.free()

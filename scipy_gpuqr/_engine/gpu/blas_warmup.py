@@ -29,8 +29,6 @@ import threading
 
 import numpy as np
 
-from .rcopy import start_staging
-
 __all__ = ["GEMM_SHAPES", "EDGE", "start_blas_warmup"]
 
 #: The largest dimension of a warm-up operand (a front's rows and columns are
@@ -59,12 +57,7 @@ def _dim(d) -> int:
 def start_blas_warmup(device: int, dtype: str) -> threading.Thread:
     """Start the set-up of cuBLAS for ``device`` and ``dtype`` ('float64' or
     'float32') on a daemon thread (``gpuqr-blas-warmup``), once per process,
-    device and value type; returns the thread (the same one on later calls).
-
-    The process's pinned staging buffer for R's copies is made meanwhile on a
-    thread of its own (:func:`.rcopy.start_staging`, once per process): the
-    other host-side set-up a first call would do on its own thread."""
-    start_staging(int(device))
+    device and value type; returns the thread (the same one on later calls)."""
     t = threading.Thread(target=_quiet_warmup, args=(int(device), np.dtype(dtype)),
                          name="gpuqr-blas-warmup", daemon=True)
     t.start()

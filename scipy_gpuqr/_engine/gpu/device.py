@@ -53,7 +53,7 @@ import numpy as np
 
 from ..._cpu.blas_threads import SINGLE_THREAD_FLOPS
 from ..._errors import DeviceOutOfMemory, GpuEngineError
-from ..._gpu import device_properties, import_cupy
+from ..._gpu import import_cupy
 from ..._kernels import load_module
 from ..._schedule import native
 from ..._schedule.native import run_split
@@ -497,12 +497,16 @@ class CupyDevice:
         if (ctype, tile, bundle, threads) not in set(variants.ENGINE_VARIANTS):
             raise ValueError(f"no uberkernel variant for {ctype}, TILE {tile}, "
                              f"BUNDLE {bundle}, {threads} threads")
-        self._kernel_name = variants.kernel_name(ctype, tile, bundle, threads)
-        self._kernel = None             # looked up at the first launch (:attr:`kernel`)
+        mod = load_module(variants.UBERKERNEL_FILE,
+                          variants.KERNEL_VARIANTS[variants.UBERKERNEL_FILE])
+        self.kernel = mod.get_function(variants.kernel_name(ctype, tile, bundle, threads))
         self.smem = variants.tile_smem_bytes(tile, bundle, self.dtype.itemsize)
+        if self.smem > 48 * 1024:
+            self.kernel.max_dynamic_shared_size_bytes = self.smem
         dev = cp.cuda.Device()
         self.device_id = dev.id
-        self.name = device_properties(dev.id)["name"]
+        props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        self.name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self.launches = 0
@@ -525,22 +529,6 @@ class CupyDevice:
         self.r_copies = 0
         #: bytes of stage pools this factorization keeps in pinned host memory
         self.pinned_pools = 0
-
-    @property
-    def kernel(self):
-        """The uberkernel variant, looked up at its first use: in a new process its
-        module is still loading on a prefetch thread when the factorization starts
-        (:func:`~.factorize_kernels.prefetch_engine_kernels`), and the schedule,
-        R's layout and the uploads need not wait for it."""
-        if self._kernel is None:
-            with self.cp.cuda.Device(self.device_id):      # the module of this device
-                k = load_module(variants.UBERKERNEL_FILE,
-                                variants.KERNEL_VARIANTS[variants.UBERKERNEL_FILE]
-                                ).get_function(self._kernel_name)
-                if self.smem > 48 * 1024:
-                    k.max_dynamic_shared_size_bytes = self.smem
-            self._kernel = k
-        return self._kernel
 
     # -- helpers ---------------------------------------------------------------------
     def _pinned(self, n: int, dtype) -> np.ndarray:

@@ -29,7 +29,6 @@ Two parts:
 
 from __future__ import annotations
 
-import functools
 import queue
 import threading
 import time
@@ -41,7 +40,6 @@ from ..._schedule.tasks import TaskType
 from .array_ops import take_rows
 
 __all__ = ["final_entries", "final_entries_cached", "launch_of_records", "whole_front_writes", "staging_for", "PinnedStaging",
-           "prepare_staging", "start_staging",
            "NumpyRCopy", "CupyRCopy", "SLOT_BYTES", "MIN_CHUNK_BYTES"]
 
 #: Bytes of one pinned staging slot (two slots per staging buffer).
@@ -184,14 +182,6 @@ class _SharedStaging:
         self._lock = threading.Lock()
         self._buf = None
 
-    def prepare(self, nbytes: int) -> None:
-        """Make the buffer now (``nbytes`` a slot, unless one as large exists): a
-        later :meth:`take` of at most ``nbytes`` allocates nothing. A
-        :meth:`take` meanwhile waits for this one's allocation."""
-        with self._lock:
-            if self._buf is None or self._buf.nbytes < nbytes:
-                self._buf = PinnedStaging(nbytes)
-
     def take(self, nbytes: int) -> PinnedStaging:
         with self._lock:
             if self._buf is None or self._buf.nbytes < nbytes:
@@ -215,41 +205,6 @@ def staging_for(layout, nbytes: int = SLOT_BYTES):
     ``staging.lock.release()``."""
     nb = int(min(nbytes, max(layout.nnz, 1) * 8))
     return _STAGING.take(nb)
-
-
-def prepare_staging(device=None, shared=None) -> None:
-    """Make the process's staging buffer (slots of :data:`SLOT_BYTES`, the most
-    any copy asks for) on the calling thread, with ``device`` current (None: as
-    is). Pinning 64 MB of host memory takes tens of milliseconds; a new
-    process's first GPU call does it on a worker thread from its start
-    (:func:`start_staging`) instead of at its first R copy. ``shared``: the
-    buffer's holder (default the process's)."""
-    shared = _STAGING if shared is None else shared
-    if device is None:
-        shared.prepare(SLOT_BYTES)
-        return
-    import cupy
-    with cupy.cuda.Device(device):
-        shared.prepare(SLOT_BYTES)
-
-
-@functools.lru_cache(maxsize=None)
-def start_staging(device: int) -> threading.Thread:
-    """Run :func:`prepare_staging` on a daemon thread (``gpuqr-staging``), once per
-    process and device (the buffer serves every device's copies: after the
-    first, the thread finds it made); returns the thread. A failure is
-    silent: the first copy makes its buffer as without it."""
-    t = threading.Thread(target=_quiet_staging, args=(int(device),), name="gpuqr-staging",
-                         daemon=True)
-    t.start()
-    return t
-
-
-def _quiet_staging(device: int) -> None:
-    try:
-        prepare_staging(device)
-    except Exception:  # noqa: BLE001 - the first copy makes the buffer itself
-        pass
 
 
 class NumpyRCopy:
