@@ -4,10 +4,9 @@ trailing updates and the panel kernel's shared memory.
 For each ``--sizes`` n:batch, on one random float64 stack: ``_rows_lu`` of
 :mod:`scipy_gpuqr.batched._gpu_blocked` with the tensor-core panels and each
 ``--outers`` column block, the panel kernel given only the room it needs
-(the library's ``mma_rows_smem``) or ``--extra`` more doubles of it (the
-kernel's earlier swap buffer: fewer blocks per SM); the float32 ``rows``
-path with the same blocks (``--f32``); cuBLAS getrfBatched in the same
-run. Device ms (CUDA events behind busy copies, the variants interleaved,
+(the library's ``mma_rows_smem``; the occupancy table also with 2048
+more doubles, the swap buffer of the kernel before 92d1770); the float32
+``rows`` path (``--f32``); cuBLAS getrfBatched in the same run. Device ms (CUDA events behind busy copies, the variants interleaved,
 median of ``--reps``); every variant's pivots and factors against the
 first variant's and, for a few matrices, against LAPACK; the panel
 kernel's registers, spills and resident blocks per SM (occupancy API).
@@ -31,8 +30,6 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="128:20000,256:4000,512:2000")
     ap.add_argument("--outers", default="64,128,256")
-    ap.add_argument("--extra", type=int, default=2048,
-                    help="doubles of shared memory beyond the panel's (old kernel: 2048)")
     ap.add_argument("--f32", action="store_true", help="also the float32 rows path")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--clock", action="store_true",
@@ -54,7 +51,7 @@ def main(argv=None) -> int:
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
     pfn = bb._mma64_function(device_id(), bb.MMA_ROWS_NAME)
     for w in range(1, 9):
-        for extra in (0, args.extra):
+        for extra in (0, 2048):
             smem = base_smem(w) + 8 * extra
             bb._with_smem(pfn, smem)
             try:
@@ -73,30 +70,23 @@ def main(argv=None) -> int:
         outers = [o for o in (int(v) for v in args.outers.split(",")) if o <= max(n, 64)]
         variants = []                      # (label, dtype, callable returning lu, piv)
 
-        def make(mma, outer, extra, dtype):
+        def make(mma, outer, dtype):
             src = a if dtype == np.float64 else a.astype(dtype)
             piv = cp.empty((bsz, n), dtype=cp.int32)
             info = cp.empty((bsz,), dtype=cp.int32)
 
             def call():
                 lu = src.copy()
-                if extra:
-                    bb.mma_rows_smem = lambda w: base_smem(w) + 8 * extra
-                try:
-                    bb._rows_lu(lu, piv, info, mma, outer)
-                finally:
-                    bb.mma_rows_smem = base_smem
+                bb._rows_lu(lu, piv, info, mma, outer)
                 return lu, piv
             return call
 
         for o in outers:
-            variants.append((f"rows_mma outer={o}", np.float64, make(True, o, 0, np.float64)))
-        variants.append((f"rows_mma outer=64 +{args.extra} smem", np.float64,
-                         make(True, 64, args.extra, np.float64)))
+            variants.append((f"rows_mma outer={o}", np.float64, make(True, o, np.float64)))
         if args.f32:
-            for o in outers:
-                variants.append((f"rows f32 outer={o}", np.float32,
-                                 make(False, o, 0, np.float32)))
+            dflt = bb.rows_outer(n)
+            variants.append((f"rows f32 outer={dflt}", np.float32,
+                             make(False, dflt, np.float32)))
         ref = {}
         for label, dt, call in variants:
             lu, piv = call()

@@ -158,8 +158,9 @@ def test_inverse_and_cholesky_solve(rng, n, dtype):
 @pytest.mark.parametrize("n,outer", [(100, 128), (130, 128), (300, 128), (300, 256),
                                      (512, 128), (512, 256), (512, 512), (200, 32)])
 def test_rows_lu_column_blocks_match_lapack(rng, mma, n, outer):
-    """Every column block of the blocked LU (its trailing updates' k) gives
-    LAPACK's pivots and factors; singular matrices, ties and NaN as well."""
+    """Every column block of the blocked LU (its trailing updates' k), with
+    the tensor-core panels and rows_swap or the rows panels, gives LAPACK's
+    pivots and factors; singular matrices, ties and NaN as well."""
     import cupy as cp
     from scipy_gpuqr.batched import _gpu_blocked as bb
     a = random_batch(rng, (6,), n, np.float64)

@@ -70,6 +70,9 @@ constexpr int PLD = 34;               // doubles per stored panel row (odd 16-by
 constexpr int PNP = PW / 8;           // sub-panels of 8 columns
 constexpr int MAXW = 8;               // warps of 64 rows: panels of up to 512 rows
 constexpr int SLOT = 10;              // a warp's candidate row: 8 entries, 1 / pivot, pad
+constexpr int kMoveStride = 1 + 4 * PW;  // ints per matrix of a panel's row moves
+constexpr int kSwapCols = 64;         // columns per block of rows_swap
+constexpr int kSwapThreads = 256;
 
 __device__ __forceinline__ unsigned long long key64(double x) {
     return (unsigned long long)__double_as_longlong(x) & 0x7fffffffffffffffull;
@@ -340,7 +343,7 @@ getrf_mma64(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
 
 // GPUQR_ROWS_CLOCK (a measurement build, bench/batched_lu_rows.py --clock):
 // thread 0 of every block of getrf_mma_rows adds its clock64 ticks per phase
-// (0 copy in, 1 pivot steps, 2 DMMA updates, 3 copy out, 4 row swaps) to
+// (0 copy in, 1 pivot steps, 2 DMMA updates, 3 copy out, 4 the moves' list) to
 // gpuqr_rows_clock, and the blocks' count to slot 7.
 #ifdef GPUQR_ROWS_CLOCK
 __device__ unsigned long long gpuqr_rows_clock[8];
@@ -367,22 +370,24 @@ __device__ unsigned long long gpuqr_rows_clock[8];
 // thread picks the block's winner from the W slots (larger |x|, then the
 // smaller LAPACK position); per sub-panel the other sub-panels' columns of
 // every warp's rows by DMMA (C += E * B, B read by all warps before a
-// barrier, then written). Then, as getrf_rows: the panel to its final rows
-// and the moved rows in the columns outside the panel (staged: a parallel
-// swap).
+// barrier, then written). Then the panel goes to its final rows, and the
+// rows that changed place are listed in moves for rows_swap (below), which
+// moves them in the columns outside the panel: here the block's few warps
+// spent most of their time on those moves, and the shared memory to stage
+// them kept blocks off the SM.
 // input:  src (batch, n, n) (the panel is read from here, may equal dst)
-// output: dst, piv (batch, n) entries k0 .. k0 + nb - 1 (0-based, LAPACK
-//         order), info (batch): read when k0 > 0, written
-// block:  W = ceil((n - k0) / 64) warps (<= 8); dynamic shared memory at
-//         least (2 * MAXW * SLOT + 64 W * PLD) * 8 bytes (the candidate slots,
-//         then the panel); more only widens the swap's rounds, and keeping
-//         it to that lets more blocks share an SM (mma_rows_smem in
-//         scipy_gpuqr/batched/_kernel_registry.py)
+// output: dst (the panel's columns), piv (batch, n) entries k0 .. k0 + nb - 1
+//         (0-based, LAPACK order), info (batch): read when k0 > 0, written;
+//         moves (batch, kMoveStride): the count, then (source, destination)
+//         row pairs relative to k0
+// block:  W = ceil((n - k0) / 64) warps (<= 8); dynamic shared memory
+//         (2 * MAXW * SLOT + 64 W * PLD) * 8 bytes (the candidate slots, then
+//         the panel; mma_rows_smem in scipy_gpuqr/batched/_kernel_registry.py)
 // ---------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(256)
 getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ info,
-               int n, int k0)
+               int n, int k0, int *__restrict__ moves)
 {
     static_assert(sizeof(T) == 8, "float64 only (FP64 tensor cores)");
     using namespace gpuqr_mma64;
@@ -405,10 +410,7 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
     const int nb = min(PW, m);
     const int MR = 64 * nw;
     double *slots = reinterpret_cast<double *>(smem_raw);  // [2][MAXW][SLOT]
-    double *t = slots + 2 * MAXW * SLOT;                // MR x PLD, then spare room
-    unsigned dyn;                                       // bytes of dynamic shared memory
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    const int room = (int)(dyn / sizeof(double)) - 2 * MAXW * SLOT;  // t's doubles, >= MR PLD
+    double *t = slots + 2 * MAXW * SLOT;                // MR x PLD
     if (tid == 0) mcount = 0;
 #ifdef GPUQR_ROWS_CLOCK
     long long tick_ = clock64();
@@ -632,34 +634,14 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
     if (tid < nb) piv[mat * n + k0 + tid] = k0 + spiv[tid];
     GPUQR_ROWS_TICK(3)
 
-    if (nb < n) {
-        // parallel swap: the moved rows, in the columns outside the panel,
-        // staged through the panel's buffer (free now) and whatever dynamic
-        // shared memory follows it, in rounds of cw columns, the loads by
-        // cp.async (all in flight at once)
+    {
+        // the moves for rows_swap (mdst[i] takes row msrc[i], relative to k0)
+        int *mv = moves + mat * kMoveStride;
         const int cnt = mcount;
-        const int oc = n - nb;
-        const int cw = cnt > 0 ? min(oc, room / cnt) : oc;
-        __syncthreads();                                    // the panel's copy out read t
-        for (int t0 = 0; t0 < oc && cnt > 0; t0 += cw) {
-            for (int e = tid; e < cnt * cw; e += nth) {
-                const int kk = e / cw, tt = t0 + e - kk * cw;
-                if (tt < oc) {
-                    const int c = tt < k0 ? tt : tt + nb;
-                    cp_async_elem(t + e, A + (long long)(k0 + msrc[kk]) * n + c);
-                }
-            }
-            cp_async_commit();
-            cp_async_wait<0>();
-            __syncthreads();
-            for (int e = tid; e < cnt * cw; e += nth) {
-                const int kk = e / cw, tt = t0 + e - kk * cw;
-                if (tt < oc) {
-                    const int c = tt < k0 ? tt : tt + nb;
-                    A[(long long)(k0 + mdst[kk]) * n + c] = t[e];
-                }
-            }
-            __syncthreads();
+        if (tid == 0) mv[0] = cnt;
+        for (int e = tid; e < cnt; e += nth) {
+            mv[1 + 2 * e] = msrc[e];
+            mv[2 + 2 * e] = mdst[e];
         }
     }
     bad = __syncthreads_or(bad);
@@ -668,5 +650,55 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
         const int prev = k0 > 0 ? info[mat] : 0;
         const int zinfo = zk ? k0 + zk : 0;
         info[mat] = (prev < 0 || bad) ? -1 : (prev > 0 ? prev : zinfo);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The row moves of one getrf_mma_rows panel in the columns outside it
+// ([0, k0) and [k0 + nb, n)), out of the panel kernel, whose block of
+// ceil((n - k0) / 64) warps (one for the last panels) would move up to 64
+// rows of n - nb entries each: here a
+// block of 256 threads per 64 of those columns of a matrix, every moved
+// entry of its columns loaded (16 per thread at most, all in flight)
+// before any is stored, so the moves, a permutation of the moved rows, need
+// no staging.
+// input:  moves (batch, kMoveStride): count, then (source, destination)
+//         row pairs relative to k0, written by getrf_mma_rows
+// in/out: a (batch, n, n)
+// grid:   (batch, ceil((n - nb) / kSwapCols)); block kSwapThreads
+// ---------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(256)
+rows_swap(T *a, const int *__restrict__ moves, int n, int k0, int nb)
+{
+    using namespace gpuqr_mma64;
+    constexpr int PER = 2 * PW * kSwapCols / kSwapThreads;
+    const long long mat = blockIdx.x;
+    const int *mv = moves + mat * kMoveStride;
+    const int cnt = mv[0];
+    const int t0 = blockIdx.y * kSwapCols;
+    const int w = min(kSwapCols, n - nb - t0);
+    if (cnt <= 0 || w <= 0) return;                    // block-uniform
+    T *A = a + mat * (long long)n * n;
+    const int tid = threadIdx.x;
+    T v[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int e = tid + kSwapThreads * i;
+        const int kk = e / kSwapCols, tt = e - kk * kSwapCols;
+        if (kk < cnt && tt < w) {
+            const int c = t0 + tt < k0 ? t0 + tt : t0 + tt + nb;
+            v[i] = A[(long long)(k0 + mv[1 + 2 * kk]) * n + c];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int e = tid + kSwapThreads * i;
+        const int kk = e / kSwapCols, tt = e - kk * kSwapCols;
+        if (kk < cnt && tt < w) {
+            const int c = t0 + tt < k0 ? t0 + tt : t0 + tt + nb;
+            A[(long long)(k0 + mv[2 + 2 * kk]) * n + c] = v[i];
+        }
     }
 }

@@ -17,8 +17,8 @@ operation, :func:`default_method`):
   the FP64 tensor cores (``getrf_mma64`` of ``kernels/batched/lu_mma64.cu``).
 * ``'rows_mma'`` (float64, n <= 512, sm_80+): as ``'rows'`` with the panel
   kernel ``getrf_mma_rows`` (same file: a warp per 64 panel rows, sub-panels
-  of 8 columns updated by DMMA, one barrier per column) and U12 solved by
-  ``trsm_lunit``.
+  of 8 columns updated by DMMA, one barrier per column), the row moves
+  outside each panel by ``rows_swap`` and U12 solved by ``trsm_lunit``.
 * ``'rows'`` (n <= 512): blocked right-looking, the panels factorized by a
   kernel with one thread per panel row. LU: blocks of :func:`rows_outer`
   columns, each factorized as panels of 32 left-looking inside the block
@@ -46,7 +46,7 @@ import numpy as np
 from . import _gpu_common as _common
 from ._gpu_common import NO_REPORT, NULL, device_id, dtname, solve_by_columns
 from ._kernel_registry import (FUSED_MAX, KERNEL_VARIANTS, MMA64_FILE, MMA64_NAME,
-                               MMA64_SMEM, MMA_ROWS_NAME, PANEL, mma_rows_smem, PANEL_FILE, ROWS_FILE, ROWS_MAX, ROWS_PANEL, ROWS_THREADS,
+                               MMA64_SMEM, MMA_MOVE_STRIDE, MMA_ROWS_NAME, MMA_SWAP_NAME, PANEL, mma_rows_smem, PANEL_FILE, ROWS_FILE, ROWS_MAX, ROWS_PANEL, ROWS_THREADS,
                                STAGE_COLS, panel_name, rows_name)
 from .._kernels import load_module
 
@@ -280,7 +280,9 @@ def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None) -> None
     block's first panel solves them itself). One GEMM with k = outer then
     updates the trailing matrix. ``outer = 64`` is LAPACK's recursive getrf2
     one level deep. ``mma``: the panels by ``getrf_mma_rows`` (float64,
-    sm_80+).
+    sm_80+), each followed by ``rows_swap``, which moves the panel's pivot
+    rows in the columns outside it (a block of 256 threads per 64 columns,
+    not the panel kernel's few warps).
     """
     bsz, n = lu.shape[0], lu.shape[-1]
     outer = rows_outer(n) if outer is None else outer
@@ -296,11 +298,17 @@ def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None) -> None
 
     if mma:
         pfn = _mma64_function(dev, MMA_ROWS_NAME)
+        sfn = _mma64_function(dev, MMA_SWAP_NAME)
+        moves = _common.alloc((bsz, MMA_MOVE_STRIDE), np.int32)
 
         def panel(k0: int, trsm_end: int) -> None:
             warps = -(-(n - k0) // 64)
-            pfn((bsz,), (32 * warps,), (lu, lu, piv, info, np.int32(n), np.int32(k0)),
+            pfn((bsz,), (32 * warps,), (lu, lu, piv, info, np.int32(n), np.int32(k0), moves),
                 shared_mem=_with_smem(pfn, mma_rows_smem(warps)))
+            outside = n - min(ROWS_PANEL, n - k0)
+            if outside > 0:
+                sfn((bsz, -(-outside // 64)), (256,),
+                    (lu, moves, np.int32(n), np.int32(k0), np.int32(min(ROWS_PANEL, n - k0))))
             c0 = k0 + ROWS_PANEL
             if c0 < trsm_end:
                 trsm(k0, ROWS_PANEL, c0)

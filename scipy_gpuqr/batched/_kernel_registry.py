@@ -16,6 +16,7 @@ __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "rows_name", "MMA_SIZES", "MMA_FILE", "ROWS_FILE", "PANEL_FILE",
            "SOLVE_FILE", "STATUS_FILE", "status_name", "VB_FILE", "vb_name",
            "MMA64_FILE", "MMA64_NAME", "MMA64_SMEM", "MMA_ROWS_NAME", "mma_rows_smem",
+           "MMA_SWAP_NAME", "MMA_MOVE_STRIDE",
            "JACOBI_FILE", "jacobi_name", "VB_SUFFIX"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
@@ -74,12 +75,17 @@ MMA64_SMEM = (64 * 66 + 2 * 10) * 8 + 2 * 64 * 4
 #: file): getrf_rows's panel of 32 columns, a warp per 64 rows.
 MMA_ROWS_NAME = "getrf_mma_rows<double>"
 
+#: Its row moves in the columns outside the panel, a block per 64 of them
+#: (same file), and the ints per matrix of the moves it reads.
+MMA_SWAP_NAME = "rows_swap<double>"
+MMA_MOVE_STRIDE = 1 + 4 * 32
+
 
 def mma_rows_smem(warps: int) -> int:
     """Dynamic shared memory of ``getrf_mma_rows`` with ``warps`` warps: 2 x 8
-    candidate slots of 10 doubles and the (64 warps) x 34 panel, whose buffer
-    also stages the row swaps (no more: the kernel's swap takes as many rounds
-    as that room needs, and a smaller block lets more blocks share an SM)."""
+    candidate slots of 10 doubles and the (64 warps) x 34 panel (the row
+    moves outside the panel are ``rows_swap``'s: no staging buffer, more
+    blocks per SM)."""
     return (2 * 8 * 10 + 64 * warps * 34) * 8
 
 #: Source file of the n > 32 kernels with a row per thread (LU and Cholesky
@@ -177,7 +183,7 @@ KERNEL_VARIANTS = {
         for dt in _CTYPES for n in range(1, SMALL_MAX + 1)) + tuple(
         small_name("getri_warp" + v, dt, n) for v in ("", VB_SUFFIX) for dt in _CTYPES
         for n in PADDED_SIZES),
-    MMA64_FILE: (MMA64_NAME, MMA_ROWS_NAME),
+    MMA64_FILE: (MMA64_NAME, MMA_ROWS_NAME, MMA_SWAP_NAME),
     MMA_FILE: tuple(small_name(k + v, "float64", n) for v in ("", VB_SUFFIX)
                     for k in ("getrf_mma", "getri_mma", "gesv_mma") for n in MMA_SIZES),
     "batched/cholesky.cu": tuple(
