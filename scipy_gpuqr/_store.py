@@ -56,7 +56,7 @@ import numpy as np
 
 from ._cachedir import cache_dir
 
-__all__ = ["ENV", "STALE_SECONDS", "folder", "source_stamp", "narrow", "unlink", "touch",
+__all__ = ["ENV", "STALE_SECONDS", "folder", "source_stamp", "STAMPS_FILE", "narrow", "unlink", "touch",
            "publish", "files", "bound", "write_behind", "flush", "write_arrays",
            "read_aligned", "read_mapped", "decode_arrays", "crc32", "crc32_combine", "Foreign"]
 
@@ -82,24 +82,127 @@ def folder(environ: Mapping[str, str] = os.environ) -> Path | None:
 _STAMPS: dict = {}
 _STAMPS_LOCK = threading.Lock()
 
+#: The record of stamps in the store's folder: per set of source files, each
+#: file's (inode, modification time in ns, size) and the stamp of their contents.
+STAMPS_FILE = "source_stamps.json"
+#: Most sets of files the record keeps (the least recently made dropped first).
+STAMPS_MAX = 64
+#: A file modified this recently is read and hashed, and its set not recorded (an
+#: edit in the same clock tick as a read would keep the stamp of another text).
+STAMP_RACY_SECONDS = 2
+
+_RECORDS: dict = {}
+
 
 def source_stamp(base: Path, names) -> str:
     """A hash of the source files ``names`` (paths relative to the folder ``base``),
     made once per process; empty when one cannot be read (then no disk cache
-    is used)."""
+    is used).
+
+    A new process first looks the set up in the store's record
+    (:data:`STAMPS_FILE`): where every file has the inode, modification time
+    and size recorded with the stamp, the stamp is taken as it is and the
+    files are only stat'ed, not read (a dozen file reads a store, tens of
+    milliseconds of a first call on a slow file system); otherwise they are
+    read and hashed, and the set recorded (behind the caller)."""
     key = (str(base), tuple(names))
     got = _STAMPS.get(key)
     if got is None:
-        h = hashlib.sha1()
-        try:
-            for name in key[1]:
-                h.update(name.encode() + b"\0" + (Path(base) / name).read_bytes())
-            got = h.hexdigest()[:20]
-        except OSError:
-            got = ""
+        where = _record_folder()
+        ids = _file_ids(key)
+        got = _recorded_stamp(where, key, ids)
+        if got is None:
+            got = _hash_sources(key)
+            if got and where is not None and ids is not None:
+                _record_stamp(where, key, ids, got)
         with _STAMPS_LOCK:
             _STAMPS[key] = got
     return got
+
+
+def _hash_sources(key) -> str:
+    h = hashlib.sha1()
+    try:
+        for name in key[1]:
+            h.update(name.encode() + b"\0" + (Path(key[0]) / name).read_bytes())
+        return h.hexdigest()[:20]
+    except OSError:
+        return ""
+
+
+def _record_folder() -> Path | None:
+    try:
+        return folder()
+    except Exception:                          # noqa: BLE001 - best effort: no record
+        return None
+
+
+def _file_ids(key) -> list | None:
+    """``[inode, mtime_ns, size]`` of each file of the set; None where one cannot be
+    stat'ed or was modified in the last :data:`STAMP_RACY_SECONDS`."""
+    recent = time.time_ns() - STAMP_RACY_SECONDS * 10**9
+    out = []
+    try:
+        for name in key[1]:
+            st = os.stat(Path(key[0]) / name)
+            if st.st_mtime_ns >= recent:
+                return None
+            out.append([int(st.st_ino), int(st.st_mtime_ns), int(st.st_size)])
+    except OSError:
+        return None
+    return out
+
+
+def _set_name(key) -> str:
+    return json.dumps([key[0], list(key[1])])
+
+
+def _records(where: Path) -> dict:
+    """The record of ``where`` as this process read it (once) and added to."""
+    with _STAMPS_LOCK:
+        got = _RECORDS.get(str(where))
+        if got is None:
+            got = _read_records(where)
+            _RECORDS[str(where)] = got
+        return got
+
+
+def _read_records(where: Path) -> dict:
+    try:
+        data = json.loads((where / STAMPS_FILE).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _recorded_stamp(where, key, ids) -> str | None:
+    if where is None or ids is None:
+        return None
+    rec = _records(where).get(_set_name(key))
+    if not isinstance(rec, dict) or rec.get("ids") != ids:
+        return None
+    stamp = rec.get("stamp")
+    return stamp if isinstance(stamp, str) and stamp else None
+
+
+def _record_stamp(where: Path, key, ids, stamp: str) -> None:
+    table = _records(where)
+    with _STAMPS_LOCK:
+        table[_set_name(key)] = {"ids": ids, "stamp": stamp, "made": time.time()}
+    write_behind(_write_records, where)
+
+
+def _write_records(where: Path) -> None:
+    """Merge this process's records into the folder's (another process may have
+    written since) and write the file atomically, at most :data:`STAMPS_MAX` sets."""
+    mine = _records(where)
+    merged = _read_records(where)
+    with _STAMPS_LOCK:
+        merged.update(mine)
+    keep = sorted(merged.items(), key=lambda kv: -float(kv[1].get("made", 0))
+                  if isinstance(kv[1], dict) else 0.0)[:STAMPS_MAX]
+    text = json.dumps(dict(keep)).encode()
+    publish(where, lambda fh: fh.write(text), lambda tag: where / STAMPS_FILE)
 
 
 def narrow(a: np.ndarray) -> np.ndarray:
