@@ -7,6 +7,7 @@ pattern against the warm engine (issue 16, items 2 and 4).
     python bench/first_call_diag.py --compiles [--grid 40] [--json out.json]
     python bench/first_call_diag.py --nvrtc            # no GPU needed
     python bench/first_call_diag.py --handles          # CUDA set-up step by step
+    python bench/first_call_diag.py --layout-load ch7-8-b3,grid40 [--procs 3]   # no GPU
     python bench/first_call_diag.py --new-process ch7-8-b3,grid40 [--procs 4] [--cold]
         [--tree DIR]
 
@@ -732,6 +733,54 @@ def store_times(grid: int) -> dict:
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
 
 
+_LAYOUT_LOAD = r"""
+import json, sys, time
+import scipy.sparse as sp
+from scipy_gpuqr import _store
+from scipy_gpuqr._engine.gpu import driver, rlayout
+from scipy_gpuqr._schedule.sparse import build_schedule
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
+spec = sys.argv[1]
+A = chessboard_boundary(7, 8, 3) if spec == "ch7-8-b3" else grid3d_least_squares(int(spec[4:]))
+A = sp.csc_array(A)
+A.sort_indices()
+an = analyze(A)
+t = time.perf_counter(); early = driver.start_layout_load(an); t0 = time.perf_counter() - t
+t = time.perf_counter()
+s = build_schedule(an, tile=32, bundle=3, pipelining=True, lazy=True)
+t1 = time.perf_counter() - t
+t = time.perf_counter(); lay = early.result() if early is not None else None
+t2 = time.perf_counter() - t
+t = time.perf_counter(); s.materialize(); t3 = time.perf_counter() - t
+if lay is None:                     # the first process: make and store the layout
+    rlayout.r_layout(an).stage_maps([st.fronts for st in s.stages])
+_store.flush()
+print(json.dumps({"start": t0, "schedule": t1, "layout_wait": t2, "materialize": t3,
+                  "stored": lay is not None}))
+"""
+
+
+def layout_load_times(problems: list, procs: int = 3) -> dict:
+    """What the early layout load (:func:`~scipy_gpuqr._engine.gpu.driver.start_layout_load`)
+    leaves a new process's main thread to wait (no GPU): per problem, a process
+    fills an empty store, then ``procs`` new processes start the load, build the
+    schedule from disk, wait for the layout and materialize the records
+    (seconds of each)."""
+    out = {}
+    for spec in problems:
+        with tempfile.TemporaryDirectory() as d:
+            env = dict(os.environ, SCIPY_GPUQR_SCHEDULE_CACHE=f"{d}/store")
+            rows = []
+            for _ in range(procs + 1):
+                r = subprocess.run([sys.executable, "-c", _LAYOUT_LOAD, spec], env=env,
+                                   capture_output=True, text=True, timeout=600)
+                rows.append(json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0
+                            else {"error": r.stderr[-1500:]})
+        out[spec] = rows
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json")
@@ -762,11 +811,24 @@ def main(argv=None) -> int:
                         "another commit: the baseline in the same run)")
     p.add_argument("--backend", default="gpu",
                    help="--new-process: the calls' backend (another than gpu: a dry run)")
+    p.add_argument("--layout-load", metavar="PROBLEMS",
+                   help="the early layout load's wait in new processes (no GPU), for "
+                        "these problems (comma-separated)")
     p.add_argument("--handles", action="store_true",
                    help="a new process's CUDA context, library imports and handles, step "
                         "by step (with and without a worker thread's handles first)")
     a = p.parse_args(argv)
     res = {}
+    if a.layout_load:
+        res["layout_load"] = layout_load_times(a.layout_load.split(","), a.procs)
+        for spec, rows in res["layout_load"].items():
+            for r in rows:
+                print(f"{spec}: " + ("error " + r["error"] if "error" in r else
+                      f"schedule {r['schedule'] * 1e3:.1f} ms, layout wait {r['layout_wait'] * 1e3:.1f} "
+                      f"ms, materialize {r['materialize'] * 1e3:.1f} ms, stored {r['stored']}"))
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+        return 0
     if a.handles:
         res["handles"] = handle_costs()
         for mode, rows in res["handles"].items():
