@@ -13,7 +13,7 @@ graph is built, by the public function itself on one identity matrix (which
 also gives the output dtypes).
 
 The graph: one task per chunk
-----------------------------
+-----------------------------
 Each chunk is one task: the public function's call, which returns a tuple
 when it has several outputs (``lu, piv[, info]``); each output array takes
 its item of that tuple. The task's blockwise index contracts no axis (the
@@ -168,8 +168,8 @@ def _build(where, chunk_fn, inputs, task_ind, outputs, like, **kwargs):
     ``inputs``: (Dask array, blockwise index) pairs. An index names the batch
     axes ``b0, b1, ...`` (:func:`_batch_ind`) and the matrix axes by letters;
     every matrix axis is one chunk (:func:`_whole_matrices`), so a letter
-    may name axes of different lengths or repeat within one index (a square
-    stack is ``(..., "i", "i")``). ``task_ind``: the index of the tasks, the
+    may repeat within one index (a square stack read by a task whose output
+    has no column letter is ``(..., "i", "i")``). ``task_ind``: the index of the tasks, the
     batch axes and every letter of the inputs (nothing is contracted). The
     task is then a plain blockwise map of its inputs' blocks, which Dask's
     graph optimization fuses with blockwise producers of the inputs (a chunk
@@ -197,7 +197,7 @@ def _build(where, chunk_fn, inputs, task_ind, outputs, like, **kwargs):
     core = {k: (c,) for ind, shape, _ in outputs for k, c in zip(ind, shape)}
     adjust = {k: chunkss[k] for k in task_ind}
     if len(outputs) == 1 and bind + tuple(outputs[0][0]) == tuple(task_ind):
-        (_, shape, dtype), = outputs
+        (_, _, dtype), = outputs
         return (da.blockwise(chunk_fn, task_ind, *args, token=where, dtype=dtype,
                              meta=_meta(like, len(task_ind), dtype), concatenate=True,
                              align_arrays=False, adjust_chunks=adjust, **kwargs),)
