@@ -29,7 +29,7 @@ scheduler between the tasks of a chain (GPU chunks: time in which the GPU
 waits), so the fewer the better; the output keys themselves stay, as
 aliases of the fused tasks. A task on CuPy chunks waits for its GPU once,
 as the CuPy call does, to raise or warn; ``return_info=True,
-check_finite=False`` makes a chunk's factorization fully asynchronous (the
+check_finite=False`` makes a chunk's call fully asynchronous (the
 task returns once its kernels are queued).
 
 Right-hand sides ``b`` of shape ``(n,)`` go whole to every chunk; those of
