@@ -816,7 +816,7 @@ def test_q_replay_reads_only_the_uploaded_reflector_columns(dense_flops):
     it, hold everything the replay reads: Qᵀb and Q y equal the replay from
     the whole pools bit for bit; and large fronts send fewer elements than
     whole."""
-    from scipy_gpuqr._engine.gpu import solve
+    from scipy_gpuqr._engine.gpu import driver, solve
     from scipy_gpuqr._engine.gpu.reflector_upload import reflector_layout, upload_reflectors
     dense_seen = blocked = 0
     for name, A in _cases(big=True):
@@ -835,6 +835,9 @@ def test_q_replay_reads_only_the_uploaded_reflector_columns(dense_flops):
             layout = reflector_layout(plan, sid, small=64, whole=whole)
             uploaded[sid] = upload_reflectors(host, layout, np)
             assert uploaded[sid].values.size == layout.size
+            # the memory plan's bound, from the fronts' shapes alone, holds
+            st = g.schedule.stages[sid]
+            assert driver._stage_upload_elements(an.fronts, st, TILE) >= layout.size, (name, sid)
             assert layout.size == (sum(n for _, n, _ in layout.runs)
                                    + sum(m * w for _, m, w, _, _ in layout.blocks))
             sent += layout.size

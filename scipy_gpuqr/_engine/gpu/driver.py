@@ -84,6 +84,7 @@ from .device import CupyDevice, HostFrontDevice
 from .factorize_kernels import prefetch_engine_kernels
 from .pool_copy import pool_final
 from .rcopy import NumpyRCopy, final_entries_cached
+from .reflector_upload import packed_size_bound
 from . import rlayout_store
 from .rlayout import r_layout, r_layout_cached
 
@@ -556,9 +557,10 @@ def _memory_checks(analysis, sched, mplan, needs, isz: int) -> tuple:
     """``(keep_last, cache_dense)`` for a built schedule under ``mplan.available``.
 
     Raises :class:`_PlanOver` when the schedule's exact bytes (a stage) or the
-    solves' exceed it: Q's replay and R's triangular solves upload one stage's
-    pool at a time and, beside it, one of its dense fronts (sent to the host
-    with it) or the copy of its largest triangle of R for cuBLAS. A host
+    solves' exceed it: Q's replay and R's triangular solves upload what they
+    read of one stage's pool at a time (:func:`_stage_upload_elements`) and,
+    beside it, one of its dense fronts (sent to the host with it) or the copy
+    of its largest triangle of R for cuBLAS. A host
     stage (``mplan.host``) holds nothing on the device, neither while it runs
     nor in the solves (its front's ``Q`` and R are applied on the host).
     ``keep_last``: the last stage's pool stays on the device beside an uploaded
@@ -579,14 +581,14 @@ def _memory_checks(analysis, sched, mplan, needs, isz: int) -> tuple:
     rk = fs.frank.astype(np.int64)
     dense_b = _dense_bytes(analysis, sched, isz)
     base = fixed + _solve_bytes(analysis, sched)
-    per = []                    # a stage's pool uploaded, with its largest companion
+    per = []                    # a stage's uploads for the solves, with its largest companion
     for sid, st in enumerate(sched.stages):
         a, b = st.fronts
         if sid in hstage:           # solved and applied on the host
             per.append(0)
             continue
         side = max([dense_b[f] for f in st.dense] + [int((rk[a:b + 1] ** 2).max()) * 8])
-        per.append(int(st.pool_size) * isz + side)
+        per.append(_stage_upload_elements(fs, st, sched.tile) * isz + side)
     last_pool = int(sched.stages[-1].pool_size) * isz
     keep_last = (len(sched.stages) - 1 not in hstage
                  and base + last_pool + max(per[:-1]) <= mplan.available)
@@ -601,6 +603,20 @@ def _memory_checks(analysis, sched, mplan, needs, isz: int) -> tuple:
                if f not in hostf and not (keep_last and sched.stages[-1].foff[f] >= 0))
     cache_dense = solve + away <= mplan.available
     return keep_last, cache_dense
+
+
+def _stage_upload_elements(fs, st, tile: int) -> int:
+    """Elements the solves upload at once of a stage whose pool left the device:
+    ``Q``'s packed reflector pieces (:func:`~.reflector_upload.packed_size_bound`)
+    or R's compact rows (:class:`~.trsolve.FrontTriangular`), whichever is
+    larger; never more than the pool."""
+    a, b = st.fronts
+    f = np.arange(a, b + 1)
+    f = f[np.asarray(st.foff)[f] >= 0]
+    fm, fn, rk = (v[f].astype(np.int64) for v in (fs.fm, fs.fn, fs.frank))
+    whole = np.isin(f, np.asarray(list(st.dense), dtype=np.int64))
+    refl = packed_size_bound(np.asarray(st.foff)[f], fm, fn, whole, tile)
+    return min(int(st.pool_size), max(refl, int((rk * fn).sum())))
 
 
 def _solve_bytes(analysis, sched) -> int:

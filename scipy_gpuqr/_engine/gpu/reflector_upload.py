@@ -24,7 +24,7 @@ import numpy as np
 from ..._schedule.tasks import TASK_BYTES
 
 __all__ = ["ReflectorLayout", "UploadedReflectors", "reflector_layout", "reflector_pieces",
-           "upload_reflectors", "SMALL_FRONT"]
+           "upload_reflectors", "packed_size_bound", "SMALL_FRONT"]
 
 #: Fronts of at most this many elements go up whole (merged with their
 #: neighbours), and gaps of at most this many elements between them are sent
@@ -88,6 +88,37 @@ def reflector_pieces(plan, sid: int, small: int = SMALL_FRONT, whole=()) -> tupl
         else:
             runs.append((a, size))
     return runs, blocks
+
+
+def packed_size_bound(offset, fm, fn, whole, tile: int, small: int = SMALL_FRONT) -> int:
+    """Elements of a stage's :class:`ReflectorLayout` at most, from its fronts'
+    shapes alone (before the factorization, for the memory plan).
+
+    Parameters
+    ----------
+    offset, fm, fn : array of int
+        Each front's place in the stage's pool, its rows and columns (the
+        whole front is factorized, its contribution block included: its
+        reflectors lie in its first ``fm`` columns, rounded up to ``tile``).
+    whole : array of bool
+        Fronts uploaded whole (dense fronts).
+    tile : int
+    small : int
+        See :data:`SMALL_FRONT`.
+    """
+    offset, fm, fn = (np.asarray(v, dtype=np.int64) for v in (offset, fm, fn))
+    width = np.minimum(fn, -(-fm // tile) * tile)
+    size = fm * fn
+    run = np.asarray(whole, dtype=bool) | (width >= fn) | (size <= small)
+    total = int((fm * width)[~run].sum())
+    order = np.argsort(offset[run], kind="stable")
+    a, n = offset[run][order], size[run][order]
+    if len(a):
+        # runs merge across gaps of at most ``small`` elements, which go up too
+        end = np.maximum.accumulate(a + n)
+        gap = a[1:] - end[:-1]
+        total += int(n.sum()) + int(gap[(gap > 0) & (gap <= small)].sum())
+    return total
 
 
 @dataclass(frozen=True)
