@@ -882,3 +882,30 @@ def test_last_stage_copies_r_while_its_launches_run(monkeypatch):
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit))
     assert g.info["stages"] > 1 and g.info["r_copy_progressive"]
     assert abs(g.R - ref.R).max() > 1e-6 * abs(ref.R).max()
+
+
+def test_last_pool_sent_down_still_copies_r_progressively(monkeypatch):
+    """Where the last stage's pool cannot stay on the device for the solves (it is
+    sent to the host during its launches like the earlier ones), its R still
+    streams from the device as its entries become final (nothing is left to
+    overlap a host gather), the earlier stages' R comes from their host pools:
+    R and the solves equal the one-stage run's."""
+    from scipy_gpuqr._engine.gpu import driver
+    checks = driver._memory_checks
+
+    def send_last_down(*args, **kwargs):
+        return False, checks(*args, **kwargs)[1]
+    A = _cases(big=True)[0][1]
+    an = analyze(A)
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
+    monkeypatch.setattr(driver, "_memory_checks", send_last_down)
+    for _ in range(2):
+        g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
+    hows = [how for how, _ in g.info["r_copy_stages"]]
+    assert g.info["stages"] > 1 and not g.info["last_pool_on_device"]
+    assert hows == ["from the host pool"] * (len(hows) - 1) + ["progressive"], hows
+    assert len(g._host_pools) == g.info["stages"] and not g._stage_pools
+    assert abs(g.R - ref.R).max() <= 1e-12 * abs(ref.R).max()
+    b = np.cos(np.arange(A.shape[0]))
+    np.testing.assert_allclose(g.qt_matmul(b), ref.qt_matmul(b), rtol=0,
+                               atol=1e-12 * np.linalg.norm(b))

@@ -766,7 +766,12 @@ class _StageLoop:
         t_host = time.perf_counter()
         h = self.begin(sid, st)
         down = self.open_pool_copy(sid, st, h)
-        copier, pos = (None, None) if down is not None else self.open_progressive_copy(sid, st, h)
+        # R's values of a pool sent down come from the host pool on the gather thread,
+        # overlapping the next stage; the last stage has none to overlap, so its R is
+        # copied progressively from the device as for a pool that stays
+        last = sid + 1 >= self.nstage
+        copier, pos = ((None, None) if down is not None and not last
+                       else self.open_progressive_copy(sid, st, h))
         try:
             fac_parts, fac_launch = self.launch_all(sid, st, h, copier, down)
             if copier is None and self.late_copier is not None:
@@ -791,19 +796,20 @@ class _StageLoop:
         host = None
         how = "progressive" if getattr(copier, "final", None) is not None else "after the launches"
         if down is not None:
-            # R's values gathered from the pool sent down, on a worker thread while
-            # the next stages run (:meth:`r_values` collects them)
             host = down.result()
             self.pool_copies.append(down.copies)
             self.t_pool_wait += time.perf_counter() - tw
+        if copier is not None:
+            values = copier.result()
+        else:
+            # R's values gathered from the pool sent down, on a worker thread while
+            # the next stages run (:meth:`r_values` collects them)
             pos, gidx = self.gmaps[sid]
             if self._gathers is None:
                 self._gathers = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-r-gather")
                 self.r_data = np.zeros(self.layout.nnz, dtype=self.r_dtype)
             values = self._gathers.submit(_gather_into, self.r_data, pos, host, gidx)
             how = "from the host pool"
-        else:
-            values = copier.result()
         self.r_parts.append((pos, values))
         self.t_r_wait += time.perf_counter() - tw
         self.r_copy_stages.append((how, round(time.perf_counter() - tw, 4)))
