@@ -117,6 +117,17 @@ def least_squares_probe(A, analysis, backend: str):
     return run
 
 
+def _cod_factorizer(factorize_fn):
+    """The rank decision's sparse factorizer (``G, *, tol ↦ NumericQR``) over the plan's
+    ``factorize_fn``. It does not hold the :class:`FactoredQR`: a bound method there
+    made a reference cycle (factorization → solver → method → factorization), so a
+    finished call's factors, device memory included, lived until a collection."""
+    def factorize(G, *, tol):
+        return factorize_fn(sp.csc_array(G), ordering="colamd", colperm=None, tol=tol,
+                            analysis=None)
+    return factorize
+
+
 class FactoredQR:
     """The factors of one matrix and the solves built on them (float64, no input checks).
 
@@ -204,16 +215,13 @@ class FactoredQR:
             # the GPU's threshold) runs the dense refinements there too
             gpu_seen = self.plan.requested == "auto" and self.plan.gpu_name is not None
             self._solver = MinNormSolver(R, cutoff, transposed=self.transposed,
-                                         factorize=self._cod_factorize, device=device,
+                                         factorize=_cod_factorizer(self.plan.factorize_fn),
+                                         device=device,
                                          solves=self._device_triangular(),
                                          dense_device="gpu" if device == "gpu" or gpu_seen
                                          else "cpu")
             self.timings["rank_decision"] = time.perf_counter() - t0
         return self._solver
-
-    def _cod_factorize(self, G, *, tol):
-        return self.plan.factorize_fn(sp.csc_array(G), ordering="colamd", colperm=None,
-                                      tol=tol, analysis=None)
 
     def require(self):
         """Raise ValueError once the factors were freed."""

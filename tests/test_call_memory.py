@@ -1,0 +1,69 @@
+"""A finished call's factorization is freed when the call returns, not at Python's
+next cyclic collection: its device memory (gigabytes on large problems) must not
+outlive the call (issue 16: a new process's later calls planned with less memory)."""
+
+import gc
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import scipy_gpuqr as sg
+from scipy_gpuqr import _gpu
+from scipy_gpuqr._engine.gpu import driver
+from scipy_gpuqr._engine.gpu.device import NumpyDevice
+from scipy_gpuqr._factor import factored
+from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
+
+
+@pytest.fixture
+def numpy_gpu(monkeypatch):
+    """The GPU backend's path with the NumPy device layer (no GPU, no kernels)."""
+    info = {"available": True, "reason": "ok", "cupy_version": None, "device_count": 1,
+            "device_id": 0, "name": "numpy stand-in", "compute_capability": "90",
+            "total_memory": 80 << 30, "multiprocessors": 132,
+            "shared_memory_per_block_optin": 227 << 10}
+    monkeypatch.setattr(_gpu, "gpu_info", lambda: dict(info))
+    monkeypatch.setattr(driver, "prefetch_engine_kernels", lambda *a, **k: [])
+    monkeypatch.setattr(factored, "prefetch_engine_kernels", lambda *a, **k: [])
+    monkeypatch.setattr(driver, "CupyDevice",
+                        lambda tile, bundle, dtype=np.float64, debug=False:
+                        NumpyDevice(tile, bundle, dtype=dtype))
+
+
+def _alive(name):
+    return sum(type(o).__name__ == name for o in gc.get_objects())
+
+
+@pytest.mark.parametrize("which", ["grid", "chessboard"])
+def test_lsqr_frees_its_factorization_on_return(numpy_gpu, which):
+    """Full rank (grid) and rank-deficient (chessboard: the minimum-norm solver and
+    its sparse COD factorizer): no factorization object survives the call."""
+    A = sp.csc_array(grid3d_least_squares(5) if which == "grid"
+                     else chessboard_boundary(3, 4, 2))
+    b = np.asarray(A @ np.ones(A.shape[1])) + 0.01
+    gc.collect()
+    before = (_alive("GpuQR"), _alive("FactoredQR"))
+    gc.disable()
+    try:
+        x = sg.lsqr(A, b, backend="gpu")[0]
+        assert np.isfinite(x).all()
+        assert (_alive("GpuQR"), _alive("FactoredQR")) == before
+    finally:
+        gc.enable()
+
+
+def test_dropped_factorization_object_is_freed(numpy_gpu):
+    A = sp.csc_array(chessboard_boundary(3, 4, 2))
+    b = np.asarray(A @ np.ones(A.shape[1])) + 0.01
+    gc.collect()
+    before = _alive("GpuQR")
+    gc.disable()
+    try:
+        F = sg.QRFactorization(A, backend="gpu")
+        F.solve(b)
+        assert _alive("GpuQR") == before + 1
+        del F
+        assert _alive("GpuQR") == before
+    finally:
+        gc.enable()
