@@ -53,14 +53,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..._kernels import load_module
-from ..._schedule.tasks import TASK_BYTES, TaskType, empty_tasks
+from ..._schedule.tasks import TASK_BYTES, TASK_DTYPE, TaskType, empty_tasks
+from ..._store import write_behind
 from ..host.simulate import apply_q_records, apply_qt_records, one_blas_thread
 from . import array_ops
+from . import replay_store
 from . import solve_kernels as av
 from .reflector_upload import UploadedReflectors, reflector_layout, upload_reflectors
 from .trsolve import FrontTriangular
 
-__all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay",
+__all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay", "plan_of",
+           "plan_arrays", "plan_of_arrays",
            "NumpyExecutor", "CupyExecutor", "DeviceSolve", "CHUNK_ELEMENTS"]
 
 #: Largest X chunk (elements of float64) applied at once; more columns are
@@ -536,7 +539,9 @@ def plan_of(qr) -> ReplayPlan:
     where each front lies, not on the values: they are kept with the schedule
     (cached per pattern, :func:`~scipy_gpuqr._schedule.sparse.build_schedule`)
     under those, so a new factorization of a known pattern only attaches its
-    own dense fronts to the levels.
+    own dense fronts to the levels; and on disk (:mod:`.replay_store`), so a
+    new process's first solve of a pattern an earlier process solved maps them
+    instead of building them.
     """
     plan = qr._replay.get("plan")
     if plan is None:
@@ -547,6 +552,13 @@ def plan_of(qr) -> ReplayPlan:
                tuple(tuple(x) for x in qr._front_loc),
                tuple(sorted((int(f), int(d.after_launch)) for f, d in dense.items())))
         hit = kept.get(key) if kept is not None else None
+        where = None
+        if hit is None and kept is not None:    # a plan an earlier process stored
+            where = replay_store.slot(qr)
+            hit = replay_store.load(where, lambda a: _kept_plan(qr, a))
+            if hit is not None:
+                kept[key] = hit
+                where = None
         if hit is not None:
             plan = ReplayPlan(m=hit.m, tile=hit.tile, bundle=hit.bundle,   # own copies
                               records=hit.records.copy(), rowmap=hit.rowmap.copy(),
@@ -571,12 +583,67 @@ def plan_of(qr) -> ReplayPlan:
                                           plan.level_stage)]
                 for a in arr:
                     a.flags.writeable = False
-                kept[key] = ReplayPlan(m=plan.m, tile=plan.tile, bundle=plan.bundle,
-                                       records=arr[0], rowmap=arr[1], level_ptr=arr[2],
-                                       level_stage=arr[3],
-                                       level_dense_fronts=plan.level_dense_fronts)
+                shared = ReplayPlan(m=plan.m, tile=plan.tile, bundle=plan.bundle,
+                                    records=arr[0], rowmap=arr[1], level_ptr=arr[2],
+                                    level_stage=arr[3],
+                                    level_dense_fronts=plan.level_dense_fronts)
+                kept[key] = shared
+                if where is not None:       # written off the caller's path
+                    write_behind(replay_store.save, where, plan_arrays(shared))
         qr._replay["plan"] = plan
     return plan
+
+
+def plan_arrays(plan: ReplayPlan) -> dict:
+    """A plan's arrays as :mod:`.replay_store` keeps them (its dense-front objects
+    left out: only which fronts follow which level)."""
+    dl = sorted(plan.level_dense_fronts)
+    fl = [[int(f) for f in plan.level_dense_fronts[lv]] for lv in dl]
+    return {"records": np.ascontiguousarray(plan.records).view(np.uint8),
+            "rowmap": np.asarray(plan.rowmap, dtype=np.int64),
+            "level_ptr": np.asarray(plan.level_ptr, dtype=np.int64),
+            "level_stage": np.asarray(plan.level_stage, dtype=np.int64),
+            "dense_level": np.asarray(dl, dtype=np.int64),
+            "dense_ptr": np.cumsum([0] + [len(x) for x in fl], dtype=np.int64),
+            "dense_front": np.asarray([f for x in fl for f in x], dtype=np.int64)}
+
+
+def plan_of_arrays(a: dict, *, m: int, tile: int, bundle: int) -> ReplayPlan:
+    """The plan (no dense-front objects) of :func:`plan_arrays`' arrays, views of
+    them (read-only where they are).
+
+    Raises
+    ------
+    ValueError
+        Arrays that cannot be a plan's (a damaged file).
+    """
+    raw = a["records"]
+    if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size % TASK_BYTES:
+        raise ValueError("replay records: bad size")
+    records = raw.view(TASK_DTYPE)
+    ptr, stage, rowmap = a["level_ptr"], a["level_stage"], a["rowmap"]
+    for v in (ptr, stage, rowmap, a["dense_level"], a["dense_ptr"], a["dense_front"]):
+        if v.dtype != np.int64 or v.ndim != 1:
+            raise ValueError("replay arrays: bad dtype")
+    nl = len(stage)
+    if len(ptr) != nl + 1 or int(ptr[0]) != 0 or int(ptr[-1]) != len(records) \
+            or np.any(np.diff(ptr) < 0):
+        raise ValueError("replay levels: bad pointers")
+    if len(rowmap) and (int(rowmap.min()) < 0 or int(rowmap.max()) >= m):
+        raise ValueError("replay row map: rows out of range")
+    dl, dp, df = a["dense_level"], a["dense_ptr"], a["dense_front"]
+    if len(dp) != len(dl) + 1 or (len(dp) and int(dp[-1]) != len(df)):
+        raise ValueError("replay dense fronts: bad pointers")
+    dense = {int(lv): [int(f) for f in df[dp[i]:dp[i + 1]]] for i, lv in enumerate(dl.tolist())}
+    return ReplayPlan(m=int(m), tile=int(tile), bundle=int(bundle), records=records,
+                      rowmap=rowmap, level_ptr=ptr, level_stage=stage,
+                      level_dense_fronts=dense)
+
+
+def _kept_plan(qr, a: dict) -> ReplayPlan:
+    """:func:`plan_of_arrays` for ``qr`` (its rows, the schedule's tile and bundle)."""
+    return plan_of_arrays(a, m=int(qr.shape[0]), tile=int(qr.schedule.tile),
+                          bundle=int(qr.schedule.bundle))
 
 
 def _check_rhs(B, m: int, what: str):
