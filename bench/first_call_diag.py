@@ -8,6 +8,7 @@ pattern against the warm engine (issue 16, items 2 and 4).
     python bench/first_call_diag.py --nvrtc            # no GPU needed
     python bench/first_call_diag.py --handles          # CUDA set-up step by step
     python bench/first_call_diag.py --layout-load ch7-8-b3,grid40 [--procs 3]   # no GPU
+    python bench/first_call_diag.py --replay-plan 24,32 [--procs 2] [--reps 5] [--replay-gpu]
     python bench/first_call_diag.py --new-process ch7-8-b3,grid40 [--procs 4] [--cold]
         [--tree DIR]
 
@@ -781,6 +782,102 @@ def layout_load_times(problems: list, procs: int = 3) -> dict:
     return out
 
 
+_REPLAY = r"""
+import json, os, statistics, sys, time
+import numpy as np
+from scipy_gpuqr import _store
+from scipy_gpuqr._engine.gpu import driver, replay_store
+from scipy_gpuqr._engine.gpu import solve as gs
+from scipy_gpuqr._engine.gpu.device import NumpyDevice
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import grid3d_least_squares
+k, order, reps, backend = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+A = grid3d_least_squares(k)
+an = analyze(A)
+acc = {"keep": 0.0}
+real_keep = driver._StageLoop.keep_reflector_records
+def keep(self, *a):
+    t = time.perf_counter(); real_keep(self, *a); acc["keep"] += time.perf_counter() - t
+driver._StageLoop.keep_reflector_records = keep
+t = time.perf_counter()
+g = driver.gpu_factorize(A, an, **({} if backend == "gpu" else {"device": NumpyDevice(32, 3)}))
+out = {"factorize": time.perf_counter() - t, "keep_reflector_records": acc["keep"],
+       "schedule_cold": bool(g.info["schedule_cold"])}
+real_load, real_slot, real_save = replay_store.load, replay_store.slot, replay_store.save
+parts = {}
+def slot(qr):
+    t = time.perf_counter(); s = real_slot(qr); parts["slot"] = time.perf_counter() - t; return s
+def load(s, make):
+    t = time.perf_counter(); r = real_load(s, make); parts["load"] = time.perf_counter() - t
+    parts["hit"] = r is not None; return r
+replay_store.slot, replay_store.load = slot, load
+def once(mode):
+    g.schedule.extras.clear(); g._replay.pop("plan", None); parts.clear()
+    if mode == "build":          # no file read or written: the plan built
+        replay_store.load = lambda s, make: None
+        replay_store.save = lambda *a: False
+    t = time.perf_counter(); p = gs.plan_of(g); dt = time.perf_counter() - t
+    replay_store.load, replay_store.save = load, real_save
+    if mode == "load" and not parts.get("hit"):
+        _store.flush()           # the first process: written behind, then read
+    return dt, dict(parts), p
+first = {}
+plans = {}
+for mode in (("build", "load") if order == "build-first" else ("load", "build")):
+    dt, pr, plans[mode] = once(mode)
+    first[mode] = {"s": dt, **pr}
+out["first"] = first
+for mode in ("build", "load"):
+    ts = [once(mode)[0] for _ in range(reps)]
+    out[mode + "_median"] = statistics.median(ts)
+pb, pl = plans["build"], plans["load"]
+out["same"] = bool(first["load"].get("hit")) and pb.records.tobytes() == pl.records.tobytes() and all(
+    np.array_equal(getattr(pb, f), getattr(pl, f)) for f in ("rowmap", "level_ptr", "level_stage"))
+out["records"], out["levels"] = len(pb.records), pb.nlevels
+_store.flush()
+print(json.dumps(out))
+"""
+
+
+def replay_plan_times(grids: list, procs: int = 2, reps: int = 5, backend: str = "numpy") -> dict:
+    """``Q``'s replay plan in new processes with warm caches (:mod:`.replay_store`):
+    per grid, a process fills an empty store (its plan built and written), then
+    ``procs`` new processes factorize (the NumPy device layer unless ``backend``
+    is gpu) and time the first ``plan_of`` of the factorization built (no file
+    read) against mapped from the file (alternately first in the process), then
+    the medians of ``reps`` more of each."""
+    out = {}
+    for k in grids:
+        with tempfile.TemporaryDirectory() as d:
+            env = dict(os.environ, SCIPY_GPUQR_SCHEDULE_CACHE=f"{d}/store")
+            rows = []
+            for i in range(procs + 1):
+                order = "build-first" if i % 2 == 0 else "load-first"
+                r = subprocess.run([sys.executable, "-c", _REPLAY, str(k), order, str(reps),
+                                    backend], env=env, capture_output=True, text=True,
+                                   timeout=1800)
+                rows.append(json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0
+                            else {"error": r.stderr[-1500:]})
+        out[f"grid{k}"] = rows
+    return out
+
+
+def print_replay_plan(res: dict) -> None:
+    for name, rows in res.items():
+        for i, r in enumerate(rows):
+            if "error" in r:
+                print(f"{name}: error {r['error']}")
+                continue
+            f = r["first"]
+            print(f"{name} {'fill' if i == 0 else 'new process'}: {r['records']} records, "
+                  f"{r['levels']} levels; first plan_of built {f['build']['s'] * 1e3:.1f} ms, "
+                  f"from the file {f['load']['s'] * 1e3:.1f} ms (slot "
+                  f"{f['load'].get('slot', 0) * 1e3:.1f}, load {f['load'].get('load', 0) * 1e3:.1f}, "
+                  f"hit {f['load'].get('hit')}); medians built {r['build_median'] * 1e3:.1f} ms, "
+                  f"from the file {r['load_median'] * 1e3:.1f} ms; keep_reflector_records "
+                  f"{r['keep_reflector_records'] * 1e3:.1f} ms; same {r['same']}", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json")
@@ -814,11 +911,27 @@ def main(argv=None) -> int:
     p.add_argument("--layout-load", metavar="PROBLEMS",
                    help="the early layout load's wait in new processes (no GPU), for "
                         "these problems (comma-separated)")
+    p.add_argument("--replay-plan", metavar="GRIDS",
+                   help="Q's replay plan built against mapped from the store in new "
+                        "processes, for these grid sizes (comma-separated: 24,32; the NumPy "
+                        "device layer, no GPU, unless --backend gpu)")
+    p.add_argument("--reps", type=int, default=5, help="--replay-plan: timings per process")
+    p.add_argument("--replay-gpu", action="store_true",
+                   help="--replay-plan: factorize on the CUDA device (the plan's time is "
+                        "the host's either way)")
     p.add_argument("--handles", action="store_true",
                    help="a new process's CUDA context, library imports and handles, step "
                         "by step (with and without a worker thread's handles first)")
     a = p.parse_args(argv)
     res = {}
+    if a.replay_plan:
+        res["replay_plan"] = replay_plan_times([int(x) for x in a.replay_plan.split(",")],
+                                               a.procs, a.reps,
+                                               "gpu" if a.replay_gpu else "numpy")
+        print_replay_plan(res["replay_plan"])
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+        return 0
     if a.layout_load:
         res["layout_load"] = layout_load_times(a.layout_load.split(","), a.procs)
         for spec, rows in res["layout_load"].items():

@@ -287,3 +287,54 @@ def test_later_factorization_in_the_process_reads_no_file(store_dir, A, monkeypa
     monkeypatch.setattr(replay_store, "load", lambda *a: pytest.fail("read the file"))
     g = _factorize(A)
     _same_plan(gs.plan_of(g), _fresh(g))
+
+
+def _records_as_before(st, base):
+    """A warm stage's kept records and launches as the driver sorted them before
+    they were kept with the schedule (records copied, then sorted by front)."""
+    from scipy_gpuqr._engine.gpu.driver import _FACTORIZE_TYPES
+    t = st.tasks
+    kk = np.flatnonzero(np.isin(t["type"], _FACTORIZE_TYPES))
+    allf = t[kk]
+    alll = base + np.searchsorted(st.launch_ptr, kk, side="right") - 1
+    order = np.argsort(allf["front"], kind="stable")
+    allf = allf[order]
+    allf["F"] = 0
+    return allf, np.asarray(alll, dtype=np.int64)[order]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kept_reflector_records_made_once_per_schedule(A, monkeypatch, case):
+    """The records a warm factorization keeps for ``Q`` are made once per schedule
+    (kept with it, read-only, shared by later factorizations of the pattern) and
+    equal, front by front, the cold run's and those sorted as before."""
+    monkeypatch.setenv(_store.ENV, "off")
+    _forget()
+    kw = CASES[case]
+    g1 = _factorize(A, **kw)                    # cold: the records as launched
+    assert g1.info["schedule_cold"]
+    g2 = _factorize(A, **kw)
+    g3 = _factorize(A, **kw)
+    assert not g2.info["schedule_cold"] and g2.schedule is g3.schedule
+    assert (g2.info["stages"] > 1) == ("staged" in kw)
+    kept = []
+    for sid, st in enumerate(g2.schedule.stages):
+        base = g2._launch_base[sid]
+        ref_f, ref_l = _records_as_before(st, base)
+        k = g2.schedule.extras[("reflector_records", sid, base)]
+        assert k.records.tobytes() == ref_f.tobytes()
+        np.testing.assert_array_equal(k.launches, ref_l)
+        assert k.launches.dtype == np.int64
+        assert not k.records.flags.writeable and not k.launches.flags.writeable
+        kept.append(k.records)
+    for f in range(len(g1._fronts)):
+        r1, r2, r3 = g1._fronts[f][2], g2._fronts[f][2], g3._fronts[f][2]
+        assert r1.tobytes() == r2.tobytes() == r3.tobytes()
+        np.testing.assert_array_equal(g1._front_launch[f], g2._front_launch[f])
+        if len(r2):
+            k = kept[g2._front_loc[f][0]]
+            assert np.shares_memory(r2, k) and np.shares_memory(r3, k)
+    p3 = gs.plan_of(g3)
+    _same_plan(p3, _fresh(g3))
+    assert p3.records.tobytes() == _fresh(g1).records.tobytes()     # as from the cold run's
+    _forget()

@@ -61,6 +61,7 @@ import gc
 import logging
 import os
 import time
+import types
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -984,16 +985,13 @@ class _StageLoop:
         if self.cold:
             allf = np.concatenate(fac_parts) if fac_parts else st.tasks[:0]
             alll = np.concatenate(fac_launch) if fac_launch else np.zeros(0, np.int64)
+            order = np.argsort(allf["front"], kind="stable")
+            allf = allf[order]
+            alll = np.asarray(alll, dtype=np.int64)[order]
+            allf["F"] = 0
         else:
-            t = st.tasks
-            kk = np.flatnonzero(np.isin(t["type"], _FACTORIZE_TYPES))
-            allf = t[kk]
-            alll = (self.launch_base[-1]
-                    + np.searchsorted(st.launch_ptr, kk, side="right") - 1)
-        order = np.argsort(allf["front"], kind="stable")
-        allf = allf[order]
-        alll = np.asarray(alll, dtype=np.int64)[order]
-        allf["F"] = 0
+            kept = _stage_reflector_records(self.sched, sid, st, self.launch_base[-1])
+            allf, alll = kept.records, kept.launches
         cnt = np.bincount(allf["front"] - first, minlength=last - first + 1)
         ptr = np.concatenate(([0], np.cumsum(cnt)))
         fmm = self.fm[members]
@@ -1075,6 +1073,29 @@ class _StageLoop:
                 "r_copy_stages": list(self.r_copy_stages),
                 "last_pool_on_device": bool(self.keep_last
                                             and self.nstage - 1 not in self.host_stages)}
+
+
+def _stage_reflector_records(sched, sid: int, st, base: int):
+    """A materialized stage's Factorize / Apply+Factorize records sorted by front
+    (stable; ``F = 0``) and their global launches (``base``: the stage's first),
+    made once per schedule and kept with it (``sched.extras``, cached per
+    pattern): every factorization of the pattern shares them, read-only."""
+    extras = getattr(sched, "extras", None)
+    key = ("reflector_records", int(sid), int(base))
+    kept = extras.get(key) if extras is not None else None
+    if kept is None:
+        t = st.tasks
+        kk = np.flatnonzero(np.isin(t["type"], _FACTORIZE_TYPES))
+        kk = kk[np.argsort(t["front"][kk], kind="stable")]
+        allf = t[kk]
+        allf["F"] = 0
+        alll = int(base) + np.searchsorted(st.launch_ptr, kk, side="right").astype(np.int64) - 1
+        allf.flags.writeable = False
+        alll.flags.writeable = False
+        kept = types.SimpleNamespace(records=allf, launches=alll)
+        if extras is not None:
+            extras[key] = kept
+    return kept
 
 
 class _UploadedDense(DenseFront):
