@@ -8,6 +8,7 @@ from scipy_gpuqr import _store
 from scipy_gpuqr._engine.gpu import replay_store, rlayout
 from scipy_gpuqr._engine.gpu import solve as gs
 from scipy_gpuqr._engine.gpu.device import NumpyDevice
+from scipy_gpuqr._engine.gpu import driver
 from scipy_gpuqr._engine.gpu.driver import gpu_factorize
 from scipy_gpuqr._engine.memory import front_needs, min_budget, plan_for_memory, vt_elements
 from scipy_gpuqr._schedule.dense import dense_front_mask
@@ -337,4 +338,31 @@ def test_kept_reflector_records_made_once_per_schedule(A, monkeypatch, case):
     p3 = gs.plan_of(g3)
     _same_plan(p3, _fresh(g3))
     assert p3.records.tobytes() == _fresh(g1).records.tobytes()     # as from the cold run's
+    _forget()
+
+
+def test_kept_records_of_a_new_process_made_on_a_worker(A, monkeypatch):
+    """A warm run whose schedule holds no kept records yet (a new process's first
+    factorization of a known pattern) makes them on a worker thread while its
+    launches run, and keeps the same records."""
+    import threading
+    monkeypatch.setenv(_store.ENV, "off")
+    _forget()
+    g1 = _factorize(A)
+    ref = [r.tobytes() for _, _, r in g1._fronts]
+    g1.schedule.extras.clear()                  # as a schedule read back from disk
+    threads = []
+    real = driver._stage_reflector_records
+    def made(sched, sid, st, base):             # the threads that made them (not found)
+        if ("reflector_records", sid, base) not in sched.extras:
+            threads.append(threading.current_thread().name)
+        return real(sched, sid, st, base)
+    monkeypatch.setattr(driver, "_stage_reflector_records", made)
+    g2 = _factorize(A)
+    assert not g2.info["schedule_cold"]
+    assert len(threads) == 1 and threads[0].startswith("gpuqr-kept-records")
+    assert [r.tobytes() for _, _, r in g2._fronts] == ref
+    g3 = _factorize(A)                          # kept: no worker, nothing made
+    assert len(threads) == 1
+    assert [r.tobytes() for _, _, r in g3._fronts] == ref
     _forget()

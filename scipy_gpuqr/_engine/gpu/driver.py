@@ -707,6 +707,7 @@ class _StageLoop:
         self.front_tasks = [None] * nf
         self.front_launch = [None] * nf     # global launch index of each kept record
         self.front_loc = [None] * nf        # front -> (stage, offset) in its stage's pool
+        self.kept_jobs = {}                 # stage -> its kept records made on a worker
         self.launch_base = []               # first global launch index of each stage
         self.pending = {}                   # front -> (stage, offset, size) in a device pool
         self.stage_pools = {}
@@ -766,6 +767,7 @@ class _StageLoop:
         device = self.dev(sid)
         t_host = time.perf_counter()
         h = self.begin(sid, st)
+        self.start_reflector_records(sid)
         down = self.open_pool_copy(sid, st, h)
         # R's values of a pool sent down come from the host pool on the gather thread,
         # overlapping the next stage; the last stage has none to overlap, so its R is
@@ -976,6 +978,22 @@ class _StageLoop:
             self.host_cb[f] = host[p: p + size].reshape(int(fs.cm[f]),
                                                         int(fs.fn[f]))[:, int(fs.fp[f]):]
 
+    def start_reflector_records(self, sid: int) -> None:
+        """A warm stage's kept records (:func:`_stage_reflector_records`) made on a
+        worker thread while its launches run, where the schedule does not hold them
+        yet (a new process's first factorization of a known pattern):
+        :meth:`keep_reflector_records` then only waits for them."""
+        extras = getattr(self.sched, "extras", None)
+        base = self.launch_base[-1]
+        if self.cold or (extras is not None and ("reflector_records", sid, base) in extras):
+            return
+        ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-kept-records")
+        try:
+            self.kept_jobs[sid] = ex.submit(_stage_reflector_records, self.sched, sid,
+                                            self.sched.stages[sid], base)
+        finally:
+            ex.shutdown(wait=False)
+
     def keep_reflector_records(self, sid: int, st, fac_parts, fac_launch) -> None:
         """Each front's Factorize / Apply+Factorize records (``F = 0``), their global
         launches and where the front lies, for ``Q``'s replay."""
@@ -990,7 +1008,9 @@ class _StageLoop:
             alll = np.asarray(alll, dtype=np.int64)[order]
             allf["F"] = 0
         else:
-            kept = _stage_reflector_records(self.sched, sid, st, self.launch_base[-1])
+            job = self.kept_jobs.pop(sid, None)
+            kept = (job.result() if job is not None
+                    else _stage_reflector_records(self.sched, sid, st, self.launch_base[-1]))
             allf, alll = kept.records, kept.launches
         cnt = np.bincount(allf["front"] - first, minlength=last - first + 1)
         ptr = np.concatenate(([0], np.cumsum(cnt)))
@@ -1079,7 +1099,8 @@ def _stage_reflector_records(sched, sid: int, st, base: int):
     """A materialized stage's Factorize / Apply+Factorize records sorted by front
     (stable; ``F = 0``) and their global launches (``base``: the stage's first),
     made once per schedule and kept with it (``sched.extras``, cached per
-    pattern): every factorization of the pattern shares them, read-only."""
+    pattern): every factorization of the pattern shares them, read-only. May run
+    on a worker thread (:meth:`_StageLoop.start_reflector_records`)."""
     extras = getattr(sched, "extras", None)
     key = ("reflector_records", int(sid), int(base))
     kept = extras.get(key) if extras is not None else None
