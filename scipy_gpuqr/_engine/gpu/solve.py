@@ -23,7 +23,10 @@ Replay plan (host, NumPy; :func:`build_replay_plan`)
     after the records of the level of ``after_launch`` (several in front
     order, children first). Levels follow the launches rather than the rows
     each record touches: grouping by rows would save some launches but costs
-    far more host time per factorization than it saves on the device.
+    far more host time per factorization than it saves on the device. The
+    plan depends on the pattern and the schedule, not on the values: it is
+    made once per pattern, kept with the schedule in the process and on disk
+    between processes (:func:`plan_of`, :mod:`.replay_store`).
 
 Execution
     ``Qᵀ X``: levels in order, each the kernel (one block per record and 32
