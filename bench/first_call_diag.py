@@ -786,7 +786,7 @@ _REPLAY = r"""
 import json, os, statistics, sys, time
 import numpy as np
 from scipy_gpuqr import _store
-from scipy_gpuqr._engine.gpu import driver, replay_store
+from scipy_gpuqr._engine.gpu import driver, replay_store, stage_loop
 from scipy_gpuqr._engine.gpu import solve as gs
 from scipy_gpuqr._engine.gpu.device import NumpyDevice
 from scipy_gpuqr._symbolic import analyze
@@ -795,10 +795,10 @@ k, order, reps, backend = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.a
 A = grid3d_least_squares(k)
 an = analyze(A)
 acc = {"keep": 0.0}
-real_keep = driver._StageLoop.keep_reflector_records
+real_keep = stage_loop.StageLoop.keep_reflector_records
 def keep(self, *a):
     t = time.perf_counter(); real_keep(self, *a); acc["keep"] += time.perf_counter() - t
-driver._StageLoop.keep_reflector_records = keep
+stage_loop.StageLoop.keep_reflector_records = keep
 t = time.perf_counter()
 g = driver.gpu_factorize(A, an, **({} if backend == "gpu" else {"device": NumpyDevice(32, 3)}))
 out = {"factorize": time.perf_counter() - t, "keep_reflector_records": acc["keep"],

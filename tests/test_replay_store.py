@@ -5,10 +5,9 @@ import numpy as np
 import pytest
 
 from scipy_gpuqr import _store
-from scipy_gpuqr._engine.gpu import replay_store, rlayout
+from scipy_gpuqr._engine.gpu import replay_store, rlayout, stage_loop
 from scipy_gpuqr._engine.gpu import solve as gs
 from scipy_gpuqr._engine.gpu.device import NumpyDevice
-from scipy_gpuqr._engine.gpu import driver
 from scipy_gpuqr._engine.gpu.driver import gpu_factorize
 from scipy_gpuqr._engine.memory import front_needs, min_budget, plan_for_memory, vt_elements
 from scipy_gpuqr._schedule.dense import dense_front_mask
@@ -293,9 +292,9 @@ def test_later_factorization_in_the_process_reads_no_file(store_dir, A, monkeypa
 def _records_as_before(st, base):
     """A warm stage's kept records and launches as the driver sorted them before
     they were kept with the schedule (records copied, then sorted by front)."""
-    from scipy_gpuqr._engine.gpu.driver import _FACTORIZE_TYPES
+    from scipy_gpuqr._engine.gpu.stage_loop import FACTORIZE_TYPES
     t = st.tasks
-    kk = np.flatnonzero(np.isin(t["type"], _FACTORIZE_TYPES))
+    kk = np.flatnonzero(np.isin(t["type"], FACTORIZE_TYPES))
     allf = t[kk]
     alll = base + np.searchsorted(st.launch_ptr, kk, side="right") - 1
     order = np.argsort(allf["front"], kind="stable")
@@ -352,12 +351,12 @@ def test_kept_records_of_a_new_process_made_on_a_worker(A, monkeypatch):
     ref = [r.tobytes() for _, _, r in g1._fronts]
     g1.schedule.extras.clear()                  # as a schedule read back from disk
     threads = []
-    real = driver._stage_reflector_records
+    real = stage_loop.stage_reflector_records
     def made(sched, sid, st, base):             # the threads that made them (not found)
         if ("reflector_records", sid, base) not in sched.extras:
             threads.append(threading.current_thread().name)
         return real(sched, sid, st, base)
-    monkeypatch.setattr(driver, "_stage_reflector_records", made)
+    monkeypatch.setattr(stage_loop, "stage_reflector_records", made)
     g2 = _factorize(A)
     assert not g2.info["schedule_cold"]
     assert len(threads) == 1 and threads[0].startswith("gpuqr-kept-records")

@@ -735,7 +735,7 @@ def test_pools_sent_down_during_their_stage_are_exact(monkeypatch):
     the crossing blocks and the dense fronts read from those copies equal the
     unlimited run's. A finality that claims the whole pool after launch 0 gives
     another R: the check sees stale ranges."""
-    from scipy_gpuqr._engine.gpu import driver
+    from scipy_gpuqr._engine.gpu import stage_loop
     for name, A in _cases(big=True):
         an = analyze(A)
         ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
@@ -753,7 +753,7 @@ def test_pools_sent_down_during_their_stage_are_exact(monkeypatch):
     an = analyze(A)
     ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
     gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
-    monkeypatch.setattr(driver, "pool_final",
+    monkeypatch.setattr(stage_loop, "pool_final",
                         lambda fs, st: np.full(st.nlaunch, st.pool_size, dtype=np.int64))
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
     assert g.info["pool_ranges_sent_during_stages"]
@@ -871,14 +871,14 @@ def test_last_stage_copies_r_while_its_launches_run(monkeypatch):
     assert g.info["r_copy_progressive"] and len(dev.r_copies) > g.info["stages"] + 1
     assert abs(g.R - ref.R).max() <= 1e-12 * abs(ref.R).max()
     # every entry claimed final after launch 0
-    from scipy_gpuqr._engine.gpu import driver
+    from scipy_gpuqr._engine.gpu import stage_loop
     exact = rcopy.final_entries
 
     def at_once(analysis, layout, sched, stage, tile, key, pos=None):
         out = exact(analysis, layout, stage, tile, pos)
         out[:] = out[-1]
         return out
-    monkeypatch.setattr(driver, "final_entries_cached", at_once)
+    monkeypatch.setattr(stage_loop, "final_entries_cached", at_once)
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit))
     assert g.info["stages"] > 1 and g.info["r_copy_progressive"]
     assert abs(g.R - ref.R).max() > 1e-6 * abs(ref.R).max()

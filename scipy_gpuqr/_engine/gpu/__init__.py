@@ -1,8 +1,13 @@
 """The GPU engine: sparse multifrontal QR on a CUDA device, and its solves.
 
 * :mod:`.driver` — :func:`~.driver.gpu_factorize` and its result
-  :class:`~.driver.GpuQR`: the stage loop (schedule, launches, dense fronts,
-  restaging after out-of-memory, R's assembly);
+  :class:`~.driver.GpuQR`: the memory plan and its checks, the schedule,
+  restaging after out-of-memory; :mod:`.stage_loop` — the stages of one
+  attempt (launches, dense fronts, R's values, what ``Q`` keeps, retiring
+  pools) and R's assembly;
+* :mod:`.pool_copy` — a retiring stage's pool sent to the host while its
+  launches run; :mod:`.reflector_upload` — an earlier stage's reflectors
+  packed for ``Q``'s replay; :mod:`.replay_store` — the replay plan on disk;
 * :mod:`.multi_device` — :func:`~.multi_device.multi_gpu_factorize`: the
   subtrees of a device plan on several GPUs of one host (one device layer
   each, contribution blocks peer to peer), ``Q`` kept on the first;

@@ -59,7 +59,7 @@ MAX_FILE_BYTES = 1 << 30
 _MAGIC = b"SGQRRPL1"
 _HERE = Path(__file__).resolve().parent
 #: The sources that decide a plan besides the scheduler's (whose stamps are added).
-_SOURCES = ("solve.py", "replay_store.py", "driver.py", "rlayout.py")
+_SOURCES = ("solve.py", "replay_store.py", "driver.py", "stage_loop.py", "rlayout.py")
 #: Front arrays the scheduler and R's layout read (the fingerprint's).
 _FRONT = ("fm", "fn", "fp", "cm", "frank", "stair", "col_ptr", "cols", "parent", "child_ptr",
           "children", "s_ptr", "arow_ptr", "arow_local", "rimap_ptr", "rimap", "rjmap_ptr")

@@ -1,0 +1,528 @@
+"""The stages of one GPU factorization, and R's values gathered from them.
+
+:class:`StageLoop` runs a schedule's stages one after another on a device
+layer (:mod:`.device`: CuPy, or NumPy for CI): per stage
+:meth:`~StageLoop.begin` (its pool, the blocks it receives),
+:meth:`~StageLoop.launch_all` (every launch, R's copier and a retiring pool's
+copy told after each), :meth:`~StageLoop.wait_host_side` (R's layout from the
+worker), :meth:`~StageLoop.carry_contribution_blocks`,
+:meth:`~StageLoop.keep_reflector_records` (what ``Q``'s replay needs) and
+:meth:`~StageLoop.retire_pool` (an earlier stage's pool to the host). R's
+values come per stage progressively from the device, or from a pool sent to
+the host on a gather thread that scatters them straight into R's data
+(:func:`assemble_r` puts the rest in). :mod:`.driver` plans the memory,
+builds the schedule, makes the loop and the :class:`~.driver.GpuQR`.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..._errors import GpuEngineError
+from ..._schedule import native
+from ..._schedule.tasks import TaskType
+from .device import CupyDevice, HostFrontDevice
+from .pool_copy import pool_final
+from .rcopy import NumpyRCopy, final_entries_cached
+from .rlayout import r_layout_cached
+
+__all__ = ["StageLoop", "stage_reflector_records", "assemble_r", "r_dtype", "FACTORIZE_TYPES"]
+
+#: Record types whose Householder vectors ``Q``'s replay keeps.
+FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
+
+
+class StageLoop:
+    """The stages of one attempt on the device, and what they leave for R and ``Q``.
+
+    :meth:`run_stage` runs one stage; the attributes collect, over the
+    stages, R's values (``r_parts``), the contribution blocks crossing to a
+    later stage (``host_cb``), each front's kept records and where its values
+    lie (``front_tasks``, ``front_launch``, ``front_loc``, ``pending``), the
+    pools kept for ``Q`` (``stage_pools`` on the device, ``host_pools``) and
+    the dense fronts (``dense_parts``).
+
+    A host stage (``host_stages``: stage → its only front, a dense front) runs
+    every call of the stage on a :class:`~.device.HostFrontDevice` instead of
+    the device: its pool is a host array from the start and joins
+    ``host_pools``.
+    """
+
+    def __init__(self, Ac, analysis, device, sched, host_side, cold, *, tile, bundle,
+                 pipelining, keep_last=True, host_stages=None):
+        fs = analysis.fronts
+        nf = fs.nfronts
+        self.analysis, self.fs, self.device, self.sched = analysis, fs, device, sched
+        self.host_side, self.cold, self.tile = host_side, cold, tile
+        self.bundle, self.pipelining = bundle, pipelining
+        self.vals = Ac.data.astype(device.dtype)[fs.s_nz]
+        self.r_dtype = r_dtype(Ac)
+        device.start(np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64), sched.vt_size)
+        self.fm, self.fn = fs.fm.astype(np.int64), fs.fn.astype(np.int64)
+        self.host_cb = {}               # front -> its contribution block, for a later stage
+        self.front_tasks = [None] * nf
+        self.front_launch = [None] * nf     # global launch index of each kept record
+        self.front_loc = [None] * nf        # front -> (stage, offset) in its stage's pool
+        self.kept_jobs = {}                 # stage -> its kept records made on a worker
+        self.launch_base = []               # first global launch index of each stage
+        self.pending = {}                   # front -> (stage, offset, size) in a device pool
+        self.stage_pools = {}
+        self.host_pools = {}
+        self.dense_parts = {}               # front -> (stage, front view, panels, T)
+        self.r_parts = []                   # per stage (positions in R's data, values)
+        self.nstage = len(sched.stages)
+        self.launches = sched.iter_launches(prefetch=cold)
+        self.layout = self.gmaps = self.pattern = None
+        self.t_wait_host = 0.0
+        self.t_r_wait = 0.0
+        self.t_pool_wait = 0.0         # waiting for pools sent down during their stage
+        self.pool_copies = []           # per pool sent down so: its ranges
+        self.r_copy_stages = []         # per stage: how R's values came, seconds waited
+        self._gathers = None            # the worker gathering R's values from host pools
+        self.r_data = None              # R's values, host pools' stages scattered by it
+        self.t_r_gather_wait = 0.0
+        # a warm one-stage run copies R's final columns while later launches run
+        # (R's layout and the schedule's records known before the first launch)
+        self.warm = r_layout_cached(analysis) if (self.nstage == 1 and not cold) else None
+        self.plan_stages = [st.fronts for st in sched.stages]
+        self.fkey = (tuple(self.plan_stages), int(tile), int(bundle), bool(pipelining),
+                     sched.ntasks, sched.dense_flops)
+        self.progressive = 0
+        # a cold one-stage run opens that copier once R's layout is ready (the worker
+        # done), for the launches left: ``(copier, positions)`` once open
+        self.late = self.nstage == 1 and self.warm is None
+        self.late_copier = None
+        self.keep_last = bool(keep_last)    # the last stage's pool stays on the device
+        self.host_stages = dict(host_stages or {})
+        self.host_dev = None
+        self.t_host = 0.0
+        for sid, f in self.host_stages.items():
+            st = sched.stages[sid]
+            if tuple(st.fronts) != (f, f) or f not in st.dense:
+                raise GpuEngineError(f"host stage {sid}: {st.fronts} is not dense front {f} "
+                                     f"alone")
+        if self.host_stages:
+            self.host_dev = HostFrontDevice(tile, bundle, dtype=device.dtype,
+                                            gpu=device if isinstance(device, CupyDevice)
+                                            else None)
+            self.host_dev.start(np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64), 0)
+            self.host_dev.prepare(sched.stages[sid].pool_size for sid in self.host_stages)
+
+    def dev(self, sid: int):
+        """The layer that runs stage ``sid`` (the host's for a host stage)."""
+        return self.host_dev if sid in self.host_stages else self.device
+
+    # -- one stage ---------------------------------------------------------------------
+    def run_stage(self, sid: int, st) -> None:
+        """Stage ``sid``: its launches, R's values, the blocks it hands on, its pool.
+
+        After the last launch, R's copier (opened now unless progressive) is
+        told the launches are done and the stage is waited for and checked
+        (``device.end_stage``); a failure aborts the copier.
+        """
+        device = self.dev(sid)
+        t_host = time.perf_counter()
+        h = self.begin(sid, st)
+        self.start_reflector_records(sid)
+        down = self.open_pool_copy(sid, st, h)
+        # R's values of a pool sent down come from the host pool on the gather thread,
+        # overlapping the next stage; the last stage has none to overlap, so its R is
+        # copied progressively from the device as for a pool that stays
+        last = sid + 1 >= self.nstage
+        copier, pos = ((None, None) if down is not None and not last
+                       else self.open_progressive_copy(sid, st, h))
+        try:
+            fac_parts, fac_launch = self.launch_all(sid, st, h, copier, down)
+            if copier is None and self.late_copier is not None:
+                copier, pos = self.late_copier
+            device.mark_kernels_end(h)
+            self.wait_host_side()
+            if copier is None and down is None:
+                pos, gidx = self.gmaps[sid]
+                copier = device.open_r_copy(h["pool"], gidx, self.layout)
+            for c in (copier, down):
+                if c is not None:
+                    c.launches_done()
+            pool = device.end_stage(h)
+        except BaseException:
+            if copier is None and self.late_copier is not None:
+                copier = self.late_copier[0]
+            for c in (copier, down):
+                if c is not None:
+                    c.abort()
+            raise
+        tw = time.perf_counter()
+        host = None
+        how = "progressive" if getattr(copier, "final", None) is not None else "after the launches"
+        if down is not None:
+            host = down.result()
+            self.pool_copies.append(down.copies)
+            self.t_pool_wait += time.perf_counter() - tw
+        if copier is not None:
+            values = copier.result()
+        else:
+            # R's values gathered from the pool sent down, on a worker thread while
+            # the next stages run (:meth:`r_values` collects them)
+            pos, gidx = self.gmaps[sid]
+            if self._gathers is None:
+                self._gathers = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-r-gather")
+                self.r_data = np.zeros(self.layout.nnz, dtype=self.r_dtype)
+            values = self._gathers.submit(_gather_into, self.r_data, pos, host, gidx)
+            how = "from the host pool"
+        self.r_parts.append((pos, values))
+        self.t_r_wait += time.perf_counter() - tw
+        self.r_copy_stages.append((how, round(time.perf_counter() - tw, 4)))
+        del copier, down
+        self.carry_contribution_blocks(st, pool, device, host)
+        self.keep_reflector_records(sid, st, fac_parts, fac_launch)
+        self.retire_pool(sid, st, pool, host)
+        if sid in self.host_stages:
+            self.t_host += time.perf_counter() - t_host
+
+    def begin(self, sid: int, st) -> dict:
+        """The stage's pool on the device: zeroed, carried contribution blocks and S entries in."""
+        fs = self.fs
+        carried = [(off, self.host_cb.pop(c)) for c, off in st.carried.items()]
+        s0, s1 = st.s_range
+        h = self.dev(sid).begin_stage(st, fs.s_index[s0:s1], self.vals[s0:s1], carried)
+        self.launch_base.append(int(sum(s_.nlaunch for s_ in self.sched.stages[:sid])))
+        return h
+
+    def open_progressive_copy(self, sid: int, st, h):
+        """R's copier of a warm stage whose pool stays (a one-stage run, or a staged
+        run's last stage once R's layout is known), opened before the launches: each
+        range of the stage's entries is copied once final
+        (:func:`~.rcopy.final_entries`). ``(copier, positions)``, else ``(None, None)``."""
+        lay = self.warm
+        if lay is None and self.nstage > 1 and not self.cold and sid not in self.host_stages \
+                and self.layout is not None:
+            lay = self.layout
+        if lay is None:
+            return None, None
+        pos, gidx = (lay.stage_maps(self.plan_stages)[sid] if lay is self.warm
+                     else self.gmaps[sid])
+
+        def _final(st=st, lay=lay, pos=pos):
+            return final_entries_cached(self.analysis, lay, self.sched, st, self.tile,
+                                        self.fkey, pos)
+        copier = self.dev(sid).open_r_copy(h["pool"], gidx, lay, final=_final)
+        self.progressive += 1
+        return copier, pos
+
+    def r_values(self) -> list:
+        """``r_parts`` with the host pools' gathers waited for: per stage
+        ``(positions, values)``."""
+        tw = time.perf_counter()
+        try:
+            return [(pos, v.result() if hasattr(v, "result") else v)
+                    for pos, v in self.r_parts]
+        finally:
+            if self._gathers is not None:
+                self._gathers.shutdown(wait=False)
+                self._gathers = None
+            self.t_r_gather_wait += time.perf_counter() - tw
+
+    def open_pool_copy(self, sid: int, st, h):
+        """A pool that goes to the host after its stage, sent down in ranges while the
+        launches run (:mod:`.pool_copy`; its R values and crossing blocks then come
+        from the host pool); None for a stage whose pool stays (the last one, a
+        host stage), a cold schedule (records known only as launched) or a layer
+        that cannot (no pinned memory left)."""
+        if (sid in self.host_stages or self.cold
+                or (sid + 1 >= self.nstage and self.keep_last)):
+            return None
+        opener = getattr(self.device, "open_pool_copy", None)
+        if opener is None:
+            return None
+        return opener(h["pool"], pool_final(self.fs, st))
+
+    def open_late_copy(self, sid: int, st, h):
+        """A cold one-stage run's progressive copier, opened after launch ``L`` once the
+        worker made R's layout and the schedule's records: its first range is
+        everything final by then (:func:`~.rcopy.final_entries`)."""
+        self.late = False
+        if sid in self.host_stages:
+            return None
+        self.wait_host_side()
+        pos, gidx = self.gmaps[sid]
+
+        def _final(st=st, lay=self.layout):
+            return final_entries_cached(self.analysis, lay, self.sched, st, self.tile,
+                                        self.fkey)
+        copier = self.dev(sid).open_r_copy(h["pool"], gidx, self.layout, final=_final)
+        self.late_copier = (copier, pos)
+        self.progressive += 1
+        return copier
+
+    def launch_all(self, sid: int, st, h, copier, down=None) -> tuple:
+        """Every launch of the stage, in order.
+
+        A dense front is factorized right after the launch that completes its
+        assembly and joined before the launch that packs it into its parent
+        (or at the stage's end). Returns the Factorize / Apply+Factorize
+        records met and their global launch indices (a cold schedule's records
+        exist only as launched).
+        """
+        fs, device = self.fs, self.dev(sid)
+        dense_at, join_at = {}, {}
+        for f, Ld in st.dense.items():
+            dense_at.setdefault(Ld, []).append(f)
+        fac_parts, fac_launch = [], []
+        for _ in range(st.nlaunch):
+            i, L, rec = next(self.launches)
+            if i != sid:
+                raise GpuEngineError(f"launch {L} of stage {i} yielded in stage {sid}")
+            for done in join_at.pop(L, ()):     # its parent packs it now
+                device.dense_join(h, done)
+            device.launch(h, L, rec)
+            for f in dense_at.get(L, ()):       # assembled by launch L: factorize now
+                Fv, panels, T, done = device.dense_factorize(
+                    h, int(st.foff[f]), int(fs.fm[f]), int(fs.fn[f]),
+                    fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]])
+                self.dense_parts[f] = (sid, Fv, panels, T)
+                join_at.setdefault(min(st.dense_join[f], st.nlaunch), []).append(done)
+            if L == st.nlaunch - 1:             # the stage ends with every dense front
+                for done in join_at.pop(st.nlaunch, ()):
+                    device.dense_join(h, done)
+            if copier is None and self.late and self.host_side.done():
+                copier = self.open_late_copy(sid, st, h)
+            if copier is not None:
+                copier.after_launch(L)
+            if down is not None:
+                down.after_launch(L)
+            if self.cold and len(rec):
+                sel = np.isin(rec["type"], FACTORIZE_TYPES)
+                if sel.any():
+                    fac_parts.append(rec[sel])
+                    fac_launch.append(np.full(int(sel.sum()), self.launch_base[-1] + L))
+        return fac_parts, fac_launch
+
+    def wait_host_side(self) -> None:
+        """R's layout, gather maps and pattern from the worker (the first stage waits
+        here, after enqueueing its launches: the two overlap)."""
+        if self.layout is None:
+            tw = time.perf_counter()
+            self.layout, self.gmaps, self.pattern = self.host_side.result()
+            self.t_wait_host += time.perf_counter() - tw
+
+    def carry_contribution_blocks(self, st, pool, device=None, host=None) -> None:
+        """Contribution blocks of the stage's fronts whose parent lies in a later stage,
+        fetched in one transfer into ``host_cb`` (views of it; from ``device``,
+        default the engine's layer), or views of ``host``, the pool already sent
+        down."""
+        fs = self.fs
+        first, last = st.fronts
+        members = np.arange(first, last + 1)
+        foff = st.foff[members]
+        par = fs.parent[members]
+        later = np.flatnonzero((par >= 0) & (par > last))
+        if not len(later):
+            return
+        rk, fnm = fs.frank[members].astype(np.int64), self.fn[members]
+        cmm = fs.cm[members].astype(np.int64)
+        segs = [(int(foff[i] + rk[i] * fnm[i]), int(cmm[i] * fnm[i])) for i in later]
+        if host is None:
+            host = (device or self.device).fetch(pool, segs)
+            starts = np.cumsum([0] + [n for _, n in segs[:-1]]).tolist()
+        else:
+            starts = [a for a, _ in segs]
+        for j, i in enumerate(later.tolist()):
+            f = first + i
+            p, size = starts[j], segs[j][1]
+            # as is (Householder data below its diagonal): Pack-Assemble copies only
+            # its upper trapezoid (``nfrows`` 1), so no triangle is cut out here
+            self.host_cb[f] = host[p: p + size].reshape(int(fs.cm[f]),
+                                                        int(fs.fn[f]))[:, int(fs.fp[f]):]
+
+    def start_reflector_records(self, sid: int) -> None:
+        """A warm stage's kept records (:func:`stage_reflector_records`) made on a
+        worker thread while its launches run, where the schedule does not hold them
+        yet (a new process's first factorization of a known pattern):
+        :meth:`keep_reflector_records` then only waits for them."""
+        extras = getattr(self.sched, "extras", None)
+        base = self.launch_base[-1]
+        if self.cold or (extras is not None and ("reflector_records", sid, base) in extras):
+            return
+        ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-kept-records")
+        try:
+            self.kept_jobs[sid] = ex.submit(stage_reflector_records, self.sched, sid,
+                                            self.sched.stages[sid], base)
+        finally:
+            ex.shutdown(wait=False)
+
+    def keep_reflector_records(self, sid: int, st, fac_parts, fac_launch) -> None:
+        """Each front's Factorize / Apply+Factorize records (``F = 0``), their global
+        launches and where the front lies, for ``Q``'s replay."""
+        first, last = st.fronts
+        members = np.arange(first, last + 1)
+        foff = st.foff[members]
+        if self.cold:
+            allf = np.concatenate(fac_parts) if fac_parts else st.tasks[:0]
+            alll = np.concatenate(fac_launch) if fac_launch else np.zeros(0, np.int64)
+            order = np.argsort(allf["front"], kind="stable")
+            allf = allf[order]
+            alll = np.asarray(alll, dtype=np.int64)[order]
+            allf["F"] = 0
+        else:
+            job = self.kept_jobs.pop(sid, None)
+            kept = (job.result() if job is not None
+                    else stage_reflector_records(self.sched, sid, st, self.launch_base[-1]))
+            allf, alll = kept.records, kept.launches
+        cnt = np.bincount(allf["front"] - first, minlength=last - first + 1)
+        ptr = np.concatenate(([0], np.cumsum(cnt)))
+        fmm = self.fm[members]
+        for i, f in enumerate(members.tolist()):
+            self.front_tasks[f] = allf[ptr[i]:ptr[i + 1]]
+            self.front_launch[f] = alll[ptr[i]:ptr[i + 1]]
+            self.front_loc[f] = (sid, int(foff[i]))
+            self.pending[f] = (sid, int(foff[i]), int(fmm[i] * self.fn[f]))
+
+    def retire_pool(self, sid: int, st, pool, host=None) -> None:
+        """An earlier stage's pool to the host (its dense fronts' data with it; ``host``:
+        already sent down) and off the device; the last stage's stays there for
+        ``Q`` (unless ``keep_last`` is off: then ``Q`` uploads one pool at a time)."""
+        if sid in self.host_stages:     # already on the host, dense data with it
+            self.host_pools[sid] = pool
+            self.host_dev.release(pool)
+            return
+        if sid + 1 >= self.nstage and self.keep_last:
+            self.stage_pools[sid] = pool
+            return
+        fs = self.fs
+        if host is None:
+            host = self.device.to_host(pool)
+        self.host_pools[sid] = host
+        for f, (s_, Fv, panels, T) in list(self.dense_parts.items()):
+            if s_ == sid:           # the stage's pool leaves the device
+                off, size = int(st.foff[f]), int(fs.fm[f] * fs.fn[f])
+                Th = T.get() if hasattr(T, "get") else T
+                self.dense_parts[f] = (s_, host[off: off + size].reshape(Fv.shape), panels, Th)
+        self.device.release(pool)
+
+    # -- after the stages ----------------------------------------------------------------
+    def front_list(self, slots_of) -> list:
+        """``GpuQR._fronts``: per front ``(slots, values, records)``; the values of fronts
+        in host pools are views of them (such fronts leave ``pending``), the others None."""
+        fronts = []
+        for f in range(self.fs.nfronts):
+            sid, off, size = self.pending[f]
+            if sid in self.host_pools:
+                fronts.append((slots_of[f], self.host_pools[sid][off: off + size],
+                               self.front_tasks[f]))
+                del self.pending[f]
+            else:
+                fronts.append((slots_of[f], None, self.front_tasks[f]))
+        return fronts
+
+    def info(self, *, budget, dense_fronts: int, seconds: dict) -> dict:
+        """``GpuQR.info``: the schedule, the tunables and the timings (``seconds``:
+        schedule, factorize, assemble_R; the device's and the waits added)."""
+        analysis, sched, device = self.analysis, self.sched, self.device
+        dev_s = dict(device.seconds)
+        return {"backend": "gpu", "device": getattr(device, "name", "?"),
+                "ordering": analysis.ordering_used, "nfronts": int(self.fs.nfronts),
+                "stages": self.nstage, "launches": int(sched.nlaunch),
+                "launches_with_tasks": int(sched.nlaunch_with_tasks),
+                "tasks": int(sched.ntasks),
+                "tile": int(self.tile), "bundle": int(self.bundle),
+                "pipelining": bool(self.pipelining),
+                "budget": budget, "schedule_cold": bool(self.cold),
+                "dense_fronts": dense_fronts, "dense_flops": sched.dense_flops,
+                "seconds": {**seconds,
+                            "wait_host_side": self.t_wait_host,
+                            "gpu_kernels": dev_s.get("kernels", 0.0),
+                            "upload": dev_s.get("upload", 0.0),
+                            "download": dev_s.get("download", 0.0),
+                            "download_pool": dev_s.get("download_pool", 0.0),
+                            "launch_loop": dev_s.get("launch_loop", 0.0),
+                            "wait_gpu": dev_s.get("wait", 0.0),
+                            "wait_r_copy": self.t_r_wait,
+                            "wait_pool_copy": self.t_pool_wait,
+                            "wait_r_gather": self.t_r_gather_wait,
+                            "host_fronts": self.t_host},
+                "host_fronts_factorized_on": ([] if self.host_dev is None
+                                              else list(self.host_dev.factorized_on)),
+                "host_front_seconds": ({} if self.host_dev is None
+                                       else dict(self.host_dev.seconds)),
+                "r_copy_progressive": bool(self.progressive),
+                "pool_ranges_sent_during_stages": list(self.pool_copies),
+                "r_copy_stages": list(self.r_copy_stages),
+                "last_pool_on_device": bool(self.keep_last
+                                            and self.nstage - 1 not in self.host_stages)}
+
+
+def stage_reflector_records(sched, sid: int, st, base: int):
+    """A materialized stage's Factorize / Apply+Factorize records sorted by front
+    (stable; ``F = 0``) and their global launches (``base``: the stage's first),
+    made once per schedule and kept with it (``sched.extras``, cached per
+    pattern): every factorization of the pattern shares them, read-only. May run
+    on a worker thread (:meth:`StageLoop.start_reflector_records`)."""
+    extras = getattr(sched, "extras", None)
+    key = ("reflector_records", int(sid), int(base))
+    kept = extras.get(key) if extras is not None else None
+    if kept is None:
+        t = st.tasks
+        kk = np.flatnonzero(np.isin(t["type"], FACTORIZE_TYPES))
+        kk = kk[np.argsort(t["front"][kk], kind="stable")]
+        allf = t[kk]
+        allf["F"] = 0
+        alll = int(base) + np.searchsorted(st.launch_ptr, kk, side="right").astype(np.int64) - 1
+        allf.flags.writeable = False
+        alll.flags.writeable = False
+        kept = types.SimpleNamespace(records=allf, launches=alll)
+        if extras is not None:
+            extras[key] = kept
+    return kept
+
+
+def r_dtype(Ac):
+    """R's dtype for the matrix ``Ac``."""
+    return np.float32 if Ac.dtype == np.float32 else np.float64
+
+
+def _scatter(data, pos, v) -> None:
+    """``data[pos] = v`` (compiled and threaded where the library is built)."""
+    v = np.ascontiguousarray(v, dtype=data.dtype)
+    lib = native.handle()
+    if lib is not None:
+        native.scatter(lib, data, pos, v)
+    else:
+        data[pos] = v
+
+
+def _gather_into(data, pos, host, gidx) -> None:
+    """A host pool's values of R put straight into R's data array (the gather
+    thread, while later stages run): nothing is left for :func:`assemble_r`."""
+    _scatter(data, pos, NumpyRCopy(host, gidx, dtype=host.dtype).result())
+
+
+def assemble_r(Ac, layout, r_parts, dtype, pattern, data=None):
+    """R (rows keyed by pivot column, as the reference) from the gathered values.
+
+    ``r_parts``: per stage ``(pos, values)`` in R's CSC order (see
+    :mod:`.rlayout`), values None for a stage already put into ``data``
+    (:func:`_gather_into`); the singleton rows' values come from A.
+    """
+    if data is None and len(r_parts) == 1 and r_parts[0][0] is None:
+        data = r_parts[0][1]    # every entry, singleton rows' placeholders included
+        if data.dtype != dtype:
+            data = data.astype(dtype)
+        if len(layout.r1_pos):
+            data[layout.r1_pos] = Ac.data[layout.r1_nz]
+    else:
+        if data is None:
+            data = np.zeros(layout.nnz, dtype=dtype)
+        for pos, v in r_parts:
+            if v is None:
+                continue
+            if pos is None:
+                data[:len(v)] = np.asarray(v, dtype=dtype)
+            else:
+                _scatter(data, pos, v)
+        if len(layout.r1_pos):
+            data[layout.r1_pos] = Ac.data[layout.r1_nz]
+    return layout.csc(data, pattern)
