@@ -768,18 +768,23 @@ def layout_load_times(problems: list, procs: int = 3) -> dict:
     fills an empty store, then ``procs`` new processes start the load, build the
     schedule from disk, wait for the layout and materialize the records
     (seconds of each)."""
-    out = {}
-    for spec in problems:
-        with tempfile.TemporaryDirectory() as d:
-            env = dict(os.environ, SCIPY_GPUQR_SCHEDULE_CACHE=f"{d}/store")
-            rows = []
-            for _ in range(procs + 1):
-                r = subprocess.run([sys.executable, "-c", _LAYOUT_LOAD, spec], env=env,
-                                   capture_output=True, text=True, timeout=600)
-                rows.append(json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0
-                            else {"error": r.stderr[-1500:]})
-        out[spec] = rows
-    return out
+    return {spec: _in_one_fresh_store(_LAYOUT_LOAD, [[spec]] * (procs + 1), timeout=600)
+            for spec in problems}
+
+
+def _in_one_fresh_store(script: str, argvs: list, *, timeout: int) -> list:
+    """``python -c script *argv`` for each argv in turn, every process on one
+    empty store (``SCIPY_GPUQR_SCHEDULE_CACHE``): the first fills it, the others
+    find it warm. Each process's last stdout line as JSON, or its error."""
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, SCIPY_GPUQR_SCHEDULE_CACHE=f"{d}/store")
+        rows = []
+        for argv in argvs:
+            r = subprocess.run([sys.executable, "-c", script, *map(str, argv)], env=env,
+                               capture_output=True, text=True, timeout=timeout)
+            rows.append(json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0
+                        else {"error": r.stderr[-1500:]})
+    return rows
 
 
 _REPLAY = r"""
@@ -846,20 +851,10 @@ def replay_plan_times(grids: list, procs: int = 2, reps: int = 5, backend: str =
     is gpu) and time the first ``plan_of`` of the factorization built (no file
     read) against mapped from the file (alternately first in the process), then
     the medians of ``reps`` more of each."""
-    out = {}
-    for k in grids:
-        with tempfile.TemporaryDirectory() as d:
-            env = dict(os.environ, SCIPY_GPUQR_SCHEDULE_CACHE=f"{d}/store")
-            rows = []
-            for i in range(procs + 1):
-                order = "build-first" if i % 2 == 0 else "load-first"
-                r = subprocess.run([sys.executable, "-c", _REPLAY, str(k), order, str(reps),
-                                    backend], env=env, capture_output=True, text=True,
-                                   timeout=1800)
-                rows.append(json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0
-                            else {"error": r.stderr[-1500:]})
-        out[f"grid{k}"] = rows
-    return out
+    orders = ["build-first" if i % 2 == 0 else "load-first" for i in range(procs + 1)]
+    return {f"grid{k}": _in_one_fresh_store(_REPLAY, [[k, o, reps, backend] for o in orders],
+                                            timeout=1800)
+            for k in grids}
 
 
 def print_replay_plan(res: dict) -> None:

@@ -43,6 +43,7 @@ import numpy as np
 
 from ... import _store
 from ..._schedule import cache as schedule_store
+from .rlayout_store import analysis_fingerprint
 
 __all__ = ["FORMAT", "MAX_BYTES", "MAX_FILES", "MAX_FILE_BYTES", "ReplaySlot", "slot",
            "load", "save", "folder"]
@@ -59,7 +60,8 @@ MAX_FILE_BYTES = 1 << 30
 _MAGIC = b"SGQRRPL1"
 _HERE = Path(__file__).resolve().parent
 #: The sources that decide a plan besides the scheduler's (whose stamps are added).
-_SOURCES = ("solve.py", "replay_store.py", "driver.py", "stage_loop.py", "rlayout.py")
+_SOURCES = ("solve.py", "replay_store.py", "rlayout_store.py", "driver.py", "stage_loop.py",
+            "rlayout.py")
 #: Front arrays the scheduler and R's layout read (the fingerprint's).
 _FRONT = ("fm", "fn", "fp", "cm", "frank", "stair", "col_ptr", "cols", "parent", "child_ptr",
           "children", "s_ptr", "arow_ptr", "arow_local", "rimap_ptr", "rimap", "rjmap_ptr")
@@ -122,23 +124,6 @@ def _schedule_facts(qr) -> tuple:
     return facts, arrays
 
 
-def _analysis_fingerprint(analysis) -> dict:
-    fs = analysis.fronts
-    fp = {}
-    for k in _FRONT:
-        v = getattr(fs, k, None)
-        if v is not None:
-            fp["fs_" + k] = np.ascontiguousarray(v)
-    for k in _ANALYSIS:
-        v = getattr(analysis, k, None)
-        if v is not None:
-            fp["an_" + k] = np.ascontiguousarray(v)
-    fp["scalars"] = np.array([int(analysis.m), int(analysis.n),
-                              int(getattr(analysis, "n1rows", 0) or 0), int(fs.nfronts)],
-                             dtype=np.int64)
-    return fp
-
-
 def slot(qr) -> ReplaySlot | None:
     """The file of ``qr``'s replay plan (a :class:`~.driver.GpuQR`), or None (no disk
     cache, an analysis without a pattern key). Never raises."""
@@ -167,7 +152,7 @@ def _want(s: ReplaySlot) -> dict:
 
 
 def _fingerprint(s: ReplaySlot) -> dict:
-    fp = dict(_analysis_fingerprint(s.analysis))
+    fp = dict(analysis_fingerprint(s.analysis, _FRONT, _ANALYSIS))
     fp.update({"sc_" + k: v for k, v in s.fingerprint.items()})
     return fp
 

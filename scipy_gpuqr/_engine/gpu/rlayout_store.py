@@ -35,7 +35,7 @@ import numpy as np
 from ... import _store
 
 __all__ = ["FORMAT", "MAX_BYTES", "MAX_FILES", "MAX_FILE_BYTES", "slot", "stored", "load",
-           "save", "folder"]
+           "save", "folder", "analysis_fingerprint"]
 
 #: File format version (bump when the layout of the file changes).
 FORMAT = 1
@@ -93,14 +93,18 @@ def stored(analysis) -> bool:
         return False
 
 
-def _fingerprint(analysis) -> dict:
+def analysis_fingerprint(analysis, front_keys=_FRONT, analysis_keys=_ANALYSIS) -> dict:
+    """The arrays of ``analysis`` a stored file was made from: its fronts'
+    ``front_keys``, its own ``analysis_keys`` (those present) and its sizes. A
+    file is used only where they are equal (a pattern key's collision, or an
+    analysis of other parameters under the same key, is then refused)."""
     fs = analysis.fronts
     fp = {}
-    for k in _FRONT:
+    for k in front_keys:
         v = getattr(fs, k, None)
         if v is not None:
             fp["fs_" + k] = np.ascontiguousarray(v)
-    for k in _ANALYSIS:
+    for k in analysis_keys:
         v = getattr(analysis, k, None)
         if v is not None:
             fp["an_" + k] = np.ascontiguousarray(v)
@@ -129,7 +133,7 @@ def load(path: Path | None, analysis, make):
         return None
     try:
         h, a = _store.decode_arrays(data, _MAGIC, _want())
-        for k, v in _fingerprint(analysis).items():
+        for k, v in analysis_fingerprint(analysis).items():
             got = a.get("fp_" + k)
             if got is None or not np.array_equal(got, v):
                 return None                    # another analysis (same key): not damage
@@ -151,7 +155,7 @@ def save(path: Path | None, analysis, arrays: dict, facts: dict) -> bool:
     try:
         if sum(int(np.asarray(v).nbytes) for v in arrays.values()) > MAX_FILE_BYTES:
             return False
-        allv = {"fp_" + k: _store.narrow(v) for k, v in _fingerprint(analysis).items()}
+        allv = {"fp_" + k: _store.narrow(v) for k, v in analysis_fingerprint(analysis).items()}
         allv.update(arrays)
         header = dict(_want(), facts=facts)
         d = path.parent
