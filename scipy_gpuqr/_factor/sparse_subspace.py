@@ -60,6 +60,7 @@ import scipy.sparse as sp
 from .._dispatch.plan import available_host_memory
 from .._errors import SubspaceTooLarge
 from .host_lanes import SERIAL, Lanes, host_lanes
+from .nogil_blas import trsm_upper
 from .solve_rank import probe_norm
 from .subspace_cod import gemm, orth_r, sigma_max_lanczos, small_subspace
 from .triangular import SUPERLU_MAX_NNZ, UpperTriangular
@@ -339,10 +340,10 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
     if first > max_block:
         return None
     if R.nnz > DENSE_SOLVES_DENSITY * q * (q + 1) / 2:
-        Rd = dense if dense is not None else np.asfortranarray(R.toarray())
-        inv = lambda C: la.solve_triangular(Rd, C, lower=False, check_finite=False)  # noqa: E731
-        inv_t = lambda C: la.solve_triangular(Rd, C, trans=1, lower=False,        # noqa: E731
-                                              check_finite=False)
+        Rd = dense if dense is not None else np.asfortranarray(R.toarray(), dtype=np.float64)
+        # BLAS trsm without the interpreter lock: the lanes' pieces run side by side
+        inv = lambda C: trsm_upper(Rd, C)                    # noqa: E731
+        inv_t = lambda C: trsm_upper(Rd, C, trans=True)      # noqa: E731
         G, chunk = Rd, DENSE_SOLVE_CHUNK
     else:
         if R.nnz > SUPERLU_MAX_NNZ:        # SciPy's slow sweeps would answer
