@@ -1,11 +1,10 @@
-"""Triangular solves and products on SciPy's LAPACK/BLAS through ctypes (issue 16, item 3).
+"""Triangular block solves on SciPy's LAPACK through ctypes (issue 16, item 3).
 
-:mod:`scipy_gpuqr._factor.nogil_blas` calls SciPy's own LAPACK and BLAS (the
+:mod:`scipy_gpuqr._factor.nogil_blas` calls SciPy's own LAPACK (the
 pointers it exports for Cython) through ctypes so that the host rank decision's column
 pieces of a dense R's ``trsm`` run side by side on its threads. Checked: the
 same bits as ``scipy.linalg.solve_triangular`` (so every decision answers as
-before), products against NumPy on slices of a larger array, the fallbacks
-and LAPACK's errors, and the dense subspace decision against the one on
+before), the fallback to SciPy's wrapper and LAPACK's errors, and the dense subspace decision against the one on
 SciPy's wrapper. That the pieces then run side by side is measured in
 bench/RESULTS.md (a timing, not a test).
 """
@@ -20,7 +19,7 @@ import scipy.sparse as sp
 
 from scipy_gpuqr._factor import nogil_blas
 from scipy_gpuqr._factor import sparse_subspace as _ss
-from scipy_gpuqr._factor.nogil_blas import gemv, trsm_upper
+from scipy_gpuqr._factor.nogil_blas import trsm_upper
 
 EPS = np.finfo(np.float64).eps
 
@@ -39,7 +38,7 @@ def rng():
 
 
 def test_available_on_this_scipy():
-    """SciPy exports dtrsm and dgemv for Cython: the lock-free path is the one tested."""
+    """SciPy exports dtrtrs for Cython: the ctypes path is the one tested."""
     assert nogil_blas.available()
 
 
@@ -70,20 +69,6 @@ def test_trsm_upper_fallbacks_and_empty(rng):
     np.testing.assert_array_equal(trsm_upper(np.ascontiguousarray(R), C), ref)
     assert trsm_upper(R, np.empty((50, 0))).shape == (50, 0)
     assert trsm_upper(np.empty((0, 0), order="F"), np.empty((0, 3))).shape == (0, 3)
-
-
-@pytest.mark.parametrize("trans", [False, True])
-def test_gemv_on_slices(rng, trans):
-    """``A x`` and ``Aᵀ x`` for column slices of a Fortran array (lda from its
-    strides) and for C-ordered blocks (NumPy answers)."""
-    big = np.asfortranarray(rng.standard_normal((120, 90)))
-    for A in (big, big[10:70, 5:], big[:40, 30:31], np.ascontiguousarray(big[5:50, :20])):
-        x = rng.standard_normal(A.shape[0] if trans else A.shape[1])
-        ref = (A.T if trans else A) @ x
-        np.testing.assert_allclose(gemv(A, x, trans=trans), ref, rtol=1e-13, atol=1e-13)
-    out = np.full(90, np.nan)
-    gemv(big, rng.standard_normal(120), trans=True, out=out)     # β = 0: NaN overwritten
-    assert np.all(np.isfinite(out))
 
 
 def test_trsm_upper_calls_lapack_itself(rng, monkeypatch):

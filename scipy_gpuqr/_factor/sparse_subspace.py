@@ -54,7 +54,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
-import scipy.linalg as la
 import scipy.sparse as sp
 
 from .._dispatch.plan import available_host_memory
