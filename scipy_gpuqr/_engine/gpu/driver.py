@@ -13,8 +13,9 @@ to the host (earlier stages, to free device memory) or kept on the GPU (the
 last stage) for ``Q``. Contribution blocks cross stages through host memory.
 
 One attempt (:func:`_factorize`) builds the schedule, starts R's layout on a
-worker thread (:func:`_host_side`), runs the stages (:class:`~.stage_loop.StageLoop`), then assembles R
-(:func:`~.stage_loop.assemble_r`) and the :class:`GpuQR`.
+worker thread (:func:`_host_side`), runs the stages
+(:class:`~.stage_loop.StageLoop`), then assembles R (:func:`~.stage_loop.assemble_r`)
+and the :class:`GpuQR`.
 
 Memory: the stages are planned for the memory the device really has now
 (the CuPy pool's limit, free device memory; :mod:`scipy_gpuqr._engine.memory`

@@ -61,7 +61,7 @@ from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
 from ..._schedule import native
 from ..._schedule.devices import DevicePlan, defer_carried_packs, map_devices
 from ..._schedule.sparse import build_schedule
-from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
+from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE
 from ..dense_front import DenseFront
 from ..host.reference import task_list_input
 from ..host.simulate import one_blas_thread
@@ -69,12 +69,11 @@ from . import driver
 from .device import CupyDevice
 from .rcopy import final_entries
 from .rlayout import r_layout
+from .stage_loop import stage_reflector_records
 
 __all__ = ["multi_gpu_factorize", "cupy_layers", "device_count"]
 
 _log = logging.getLogger("scipy_gpuqr")
-
-_FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
 
 #: ``cudaMemcpyDeviceToDevice``
 _D2D = 3
@@ -665,13 +664,8 @@ class _MultiStageRun:
         slots_of = layout.slots_of
         fronts, front_loc, front_launch, pending = [], [], [], {}
         for sid, st in enumerate(sched.stages):
-            t = st.tasks
-            kk = np.flatnonzero(np.isin(t["type"], _FACTORIZE_TYPES))
-            allf = t[kk]
-            alll = self.launch_base[sid] + np.searchsorted(st.launch_ptr, kk, side="right") - 1
-            order = np.argsort(allf["front"], kind="stable")
-            allf, alll = allf[order], alll[order]
-            allf["F"] = 0
+            kept = stage_reflector_records(sched, sid, st, self.launch_base[sid])
+            allf, alll = kept.records, kept.launches
             first, last = st.fronts
             ptr = np.searchsorted(allf["front"], np.arange(first, last + 2))
             for i, f in enumerate(range(first, last + 1)):

@@ -39,8 +39,9 @@ from ..._schedule.native import run_split
 from ..._schedule.tasks import TaskType
 from .array_ops import take_rows
 
-__all__ = ["final_entries", "final_entries_cached", "launch_of_records", "whole_front_writes", "staging_for", "PinnedStaging",
-           "NumpyRCopy", "CupyRCopy", "SLOT_BYTES", "MIN_CHUNK_BYTES"]
+__all__ = ["final_entries", "final_entries_cached", "launch_of_records", "whole_front_writes",
+           "staging_for", "PinnedStaging", "NumpyRCopy", "CupyRCopy", "SLOT_BYTES",
+           "MIN_CHUNK_BYTES"]
 
 #: Bytes of one pinned staging slot (two slots per staging buffer).
 SLOT_BYTES = 32 << 20

@@ -193,10 +193,12 @@ class StageLoop:
         return h
 
     def open_progressive_copy(self, sid: int, st, h):
-        """R's copier of a warm stage whose pool stays (a one-stage run, or a staged
-        run's last stage once R's layout is known), opened before the launches: each
-        range of the stage's entries is copied once final
-        (:func:`~.rcopy.final_entries`). ``(copier, positions)``, else ``(None, None)``."""
+        """R's copier of a warm stage read from the device (a one-stage run, a staged
+        run's last stage whether its pool stays or is sent down, an earlier stage
+        whose pool could not be sent down during its launches; R's layout known),
+        opened before the launches: each range of the stage's entries is copied once
+        final (:func:`~.rcopy.final_entries`). ``(copier, positions)``, else
+        ``(None, None)``."""
         lay = self.warm
         if lay is None and self.nstage > 1 and not self.cold and sid not in self.host_stages \
                 and self.layout is not None:
