@@ -909,3 +909,62 @@ def test_last_pool_sent_down_still_copies_r_progressively(monkeypatch):
     b = np.cos(np.arange(A.shape[0]))
     np.testing.assert_allclose(g.qt_matmul(b), ref.qt_matmul(b), rtol=0,
                                atol=1e-12 * np.linalg.norm(b))
+
+
+def _r_copies_follow_the_rule(g) -> list:
+    """A warm run's R copies: a device stage's R streams as its entries become final
+    (the last stage always) or comes from its pool sent to the host; only a host
+    stage's R is gathered after its launches. Returns how each stage's came."""
+    hows = [how for how, _ in g.info["r_copy_stages"]]
+    n = g.info["stages"]
+    assert len(hows) == n, hows
+    for sid, how in enumerate(hows):
+        if sid in g._host_stages:
+            assert how == "after the launches", (sid, hows)
+        elif sid == n - 1:
+            assert how == "progressive", (sid, hows)
+        else:
+            assert how in ("progressive", "from the host pool"), (sid, hows)
+    assert g.info["r_copy_progressive"] == ("progressive" in hows), hows
+    return hows
+
+
+def test_warm_runs_copy_every_device_stage_r_during_its_launches(monkeypatch):
+    """Warm staged runs: earlier pools sent down give R from the host; where a pool
+    cannot be sent down during its stage (the CUDA layer's pinned cap), its R
+    streams from the device, the first stage's too (R's layout cached by the
+    earlier run); a host stage's R comes after its launches; a matrix without
+    fronts has no stage and copies nothing. R as the unlimited run's."""
+    A = _cases()[0][1]
+    an = analyze(A)
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
+    limit = _limit(an, 4)
+    for _ in range(2):
+        g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit))
+    hows = _r_copies_follow_the_rule(g)
+    assert len(hows) > 2 and hows[:-1] == ["from the host pool"] * (len(hows) - 1), hows
+    # no pool sent down during its stage
+    monkeypatch.setattr(NumpyDevice, "open_pool_copy", lambda self, pool, final: None)
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit))
+    assert _r_copies_follow_the_rule(g) == ["progressive"] * len(hows)
+    assert abs(g.R - ref.R).max() <= 1e-12 * abs(ref.R).max()
+    monkeypatch.undo()
+    # a host stage
+    A, an, needs = _host_case()
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE), dense_flops=_HOST_FLOPS)
+    for _ in range(2):
+        g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE,
+                                                    memory_limit=min_budget(an, needs)),
+                          dense_flops=_HOST_FLOPS)
+    hows = _r_copies_follow_the_rule(g)
+    assert g._host_stages and "after the launches" in hows
+    assert abs(g.R - ref.R).max() <= 1e-10 * abs(ref.R).max()
+    # every column a singleton: no front, no stage
+    W = sp.random(40, 90, density=0.08, random_state=0, format="csc")
+    A = sp.csc_array(W + sp.eye(40, 90, format="csc"))
+    an = analyze(A)
+    for budget in (None, 20000):
+        for _ in range(2):
+            g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE), max_gpu_memory=budget)
+        assert g.info["stages"] == 0 and _r_copies_follow_the_rule(g) == []
+        assert not g.info["r_copy_progressive"]

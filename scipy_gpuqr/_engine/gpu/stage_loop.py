@@ -195,18 +195,21 @@ class StageLoop:
     def open_progressive_copy(self, sid: int, st, h):
         """R's copier of a warm stage read from the device (a one-stage run, a staged
         run's last stage whether its pool stays or is sent down, an earlier stage
-        whose pool could not be sent down during its launches; R's layout known),
-        opened before the launches: each range of the stage's entries is copied once
-        final (:func:`~.rcopy.final_entries`). ``(copier, positions)``, else
-        ``(None, None)``."""
-        lay = self.warm
-        if lay is None and self.nstage > 1 and not self.cold and sid not in self.host_stages \
-                and self.layout is not None:
-            lay = self.layout
+        whose pool could not be sent down during its launches; R's layout known:
+        from the worker, or before it for the first stage, cached by an earlier
+        factorization of the pattern), opened before the launches: each range of
+        the stage's entries is copied once final (:func:`~.rcopy.final_entries`).
+        ``(copier, positions)``, else ``(None, None)``: a cold run, a host stage
+        (its R gathered after its launches)."""
+        lay, maps = self.warm, None
+        if lay is None and self.nstage > 1 and not self.cold and sid not in self.host_stages:
+            if self.layout is not None:
+                lay, maps = self.layout, self.gmaps
+            else:       # the first stage: the layout an earlier factorization made
+                lay = r_layout_cached(self.analysis)
         if lay is None:
             return None, None
-        pos, gidx = (lay.stage_maps(self.plan_stages)[sid] if lay is self.warm
-                     else self.gmaps[sid])
+        pos, gidx = (maps if maps is not None else lay.stage_maps(self.plan_stages))[sid]
 
         def _final(st=st, lay=lay, pos=pos):
             return final_entries_cached(self.analysis, lay, self.sched, st, self.tile,
