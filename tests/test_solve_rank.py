@@ -178,6 +178,40 @@ def test_nullspace_cod_refuses_without_a_gap(rng):
         NullspaceCOD(up, upt, 200, dead, (cutoff * d.max(), cutoff * frobenius(R)))
 
 
+def test_norm2_upper_bounds_the_two_norm(rng):
+    """The Gram bound is above ``‖X‖₂`` and, for columns in many directions,
+    well below ``‖X‖_F``; a non-finite Gram gives no bound."""
+    for q, d in ((2000, 30), (500, 1), (300, 200)):
+        X = rng.standard_normal((q, d)) * 1e-14
+        fro = np.linalg.norm(X)
+        bound = _sr.norm2_upper(X.T @ X, fro)
+        assert np.linalg.norm(X, 2) <= bound <= fro * (1 + 1e-3)
+        if d >= 30:
+            assert bound <= 0.5 * fro
+    assert _sr.norm2_upper(np.full((2, 2), np.nan), 1.0) == np.inf
+
+
+def test_nullspace_residual_two_norm_where_frobenius_does_not_decide():
+    """A cutoff range whose lower end lies between ``‖R V_d‖₂`` and ``‖R V_d‖_F``:
+    the Frobenius bound alone would not decide for every cutoff; the 2-norm from
+    the Gram matrix does, and it still bounds ``‖R V_d‖₂``."""
+    q, up, upt, dead, (lo, hi), host = _chess_cod(False)
+    assert host.certain()                       # decided by Frobenius alone
+    Z = upt(_sr.gaussian_block(host.seed, (q, dead)))   # the block COD's own R V_d
+    Y = up(Z)
+    scale = np.abs(Y).max()
+    _, Ry = la.qr(Y / scale, mode="economic")
+    RV = la.solve_triangular(Ry, (Z / scale).T, trans=True).T
+    fro = host.residual
+    assert fro == pytest.approx(np.linalg.norm(RV), rel=1e-8)
+    two = np.linalg.norm(RV, 2)
+    assert two < 0.5 * fro                      # 29 dead columns: room for √29
+    lo_between = 2 * np.sqrt(two * fro)         # ½·lo between the two norms
+    cod = NullspaceCOD(up, upt, q, dead, (lo_between, hi))
+    assert two * (1 - 1e-6) <= cod.residual <= 0.5 * lo_between < fro
+    assert cod.certain() and cod.rank == host.rank
+
+
 @pytest.mark.parametrize("shape,wide", [((5, 6, 2), False), ((5, 6, 2), True),
                                         ((4, 6, 2), False)])
 def test_solver_takes_the_nullspace_cod(rng, monkeypatch, shape, wide):

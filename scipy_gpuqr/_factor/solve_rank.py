@@ -34,9 +34,13 @@ all of R (O(q³)).
     ``U_d = orth(Z)``, ``Y = R⁻¹Z``, ``V_d = orth(Y) = Y R_y⁻¹`` (the gap
     makes one step converge to rounding). Then
 
-    * ``σ_{q−d+1} <= ‖R V_d‖₂ <= ‖Z R_y⁻¹‖_F`` (+ the solve's backward
-      error, below lstsq's cutoff): d singular values are below the cutoff
-      when that is at most half of it;
+    * ``σ_{q−d+1} <= ‖R V_d‖₂ = ‖Z R_y⁻¹‖₂ <= ‖Z R_y⁻¹‖_F`` (+ the solve's
+      backward error, below lstsq's cutoff): d singular values are below the
+      cutoff when that is at most half of it. The Frobenius norm is cheap;
+      where it is not small enough to decide for every cutoff in range, the
+      2-norm (up to √d smaller) is taken from the d × d Gram matrix, so that
+      rounding spread over many dead columns does not send the decision to a
+      dense rule;
     * the minimum-norm solution of the truncated problem is
       ``S c = P_V R⁻¹ P_U c`` (``P_U = I − U_d U_dᵀ``, ``P_V = I − V_d V_dᵀ``;
       for G = Rᵀ the transpose, ``P_U R⁻ᵀ P_V``): with exact subspaces
@@ -68,7 +72,7 @@ from .dense_cod import solve_triangular
 
 __all__ = ["PROBE_COLUMNS", "PROBE_MAX_STEPS", "PROBE_FAILURE", "DRAW_CHUNK", "DRAW_THREADS",
            "probe_margin", "probe_norm", "gaussian_block", "abs_diagonal", "frobenius",
-           "NullspaceCOD", "NullspaceRefused"]
+           "NORM2_MAX_COLUMNS", "norm2_upper", "NullspaceCOD", "NullspaceRefused"]
 
 #: Columns of the random block of :func:`probe_norm` (a solve with a few columns
 #: costs about what one with a single column costs: the GPU's are launch-bound).
@@ -90,6 +94,11 @@ DRAW_CHUNK = 1 << 18
 
 #: Most threads drawing the pieces of one Gaussian block.
 DRAW_THREADS = 8
+
+#: Most dead columns d for which :class:`NullspaceCOD` takes ``‖R V_d‖₂``
+#: from the d × d Gram matrix (host eigenvalues) where the Frobenius bound
+#: does not decide.
+NORM2_MAX_COLUMNS = 2048
 
 
 class NullspaceRefused(Exception):
@@ -268,6 +277,11 @@ class _HostBlocks:
         return float(np.linalg.norm(X))
 
     @staticmethod
+    def gram(X) -> np.ndarray:
+        """``XᵀX`` (host array)."""
+        return X.T @ X
+
+    @staticmethod
     def project(B, C):
         """``(I − B Bᵀ) C`` for orthonormal columns B, twice (Gram–Schmidt with
         reorthogonalization); C is kept."""
@@ -338,11 +352,34 @@ class _DeviceBlocks:
         norms, _ = array_ops.column_norms(X)
         return float(np.linalg.norm(_host(norms)))
 
+    @staticmethod
+    def gram(X) -> np.ndarray:
+        """``XᵀX`` by cuBLAS, copied to the host (d × d)."""
+        return _host(X.T @ X)
+
     def project(self, B, C):
         C = array_ops.fresh_float64(self.xp.asarray(C))
         for _ in range(2):
             array_ops.subtract_into(C, B @ (B.T @ C))
         return C
+
+
+def norm2_upper(gram: np.ndarray, fro: float) -> float:
+    """An upper bound of ``‖X‖₂`` (X of q rows) from the computed Gram matrix
+    ``XᵀX`` (d × d, host) and ``‖X‖_F``.
+
+    The Gram's rounding is ``|fl(XᵀX) − XᵀX| <= γ_q |X|ᵀ|X|``, whose 2-norm is
+    at most ``γ_q ‖X‖_F²`` (γ_q ≈ qε, below 1e-6 for any q up to 4·10⁹ rows);
+    the largest eigenvalue's own error is ε‖XᵀX‖. So ``λ_max + 1e-6·‖X‖_F²``
+    bounds ``‖X‖₂²`` while staying far below ``‖X‖_F²`` when the columns
+    spread over many directions, which is what the bound is for.
+    """
+    d = gram.shape[0]
+    if d == 0 or not np.all(np.isfinite(gram)):
+        return float("inf")
+    top = float(la.eigvalsh(gram, subset_by_index=[d - 1, d - 1],
+                            check_finite=False)[0])
+    return math.sqrt(max(top, 0.0) + 1e-6 * fro * fro)
 
 
 def _blocks_of(xp):
@@ -384,7 +421,9 @@ class NullspaceCOD:
     rank : int
         ``q − d``.
     residual : float
-        The bound ``‖Z R_y⁻¹‖_F`` of ``σ_{q−d+1}``.
+        The bound ``‖Z R_y⁻¹‖_F`` of ``σ_{q−d+1}``, or the tighter bound of
+        ``‖Z R_y⁻¹‖₂`` (:func:`norm2_upper`) where the Frobenius norm is above
+        half the lowest cutoff and d is at most :data:`NORM2_MAX_COLUMNS`.
     nu, margin : float
         :func:`probe_norm`'s estimate of ``‖S‖₂`` (``1/σ_{q−d}``) and its margin.
     sigma_min : float
@@ -429,6 +468,8 @@ class NullspaceCOD:
         V, Ry = blocks.orth(blocks.divided(Y, s))
         RV = blocks.right_solve(blocks.divided(Z, s), Ry)      # Z R_y⁻¹ (R_y upper)
         self.residual = blocks.fro(RV)
+        if self.residual > 0.5 * lo and d <= NORM2_MAX_COLUMNS:
+            self.residual = min(self.residual, norm2_upper(blocks.gram(RV), self.residual))
         if not (np.isfinite(self.residual) and self.residual <= 0.5 * hi):
             raise NullspaceRefused(f"‖R V_d‖ {self.residual:.3g} above half the cutoff "
                                    f"{hi:.3g}: no clear gap")
