@@ -10,7 +10,7 @@ import pytest
 
 from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
 from scipy_gpuqr._engine.slab_front import (NumpySlabs, factorize_in_slabs, slab_columns,
-                                            slab_ranges, whole_front_fits)
+                                            slab_parts, slab_ranges, whole_front_fits)
 from scipy_gpuqr._testing_matrices import staircase_front
 
 EPS = np.finfo(np.float64).eps
@@ -84,11 +84,13 @@ def test_slab_columns_fit_the_bytes_given():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fm,fn", [(1500, 1100), (12000, 1400)])
-def test_slabs_on_the_gpu_equal_the_blocked_factorization(fm, fn):
+@pytest.mark.parametrize("fm,fn,width", [(1500, 1100, 300), (12000, 1400, 300),
+                                         (12000, 2900, 1100), (3000, 4000, 1300)])
+def test_slabs_on_the_gpu_equal_the_blocked_factorization(fm, fn, width):
     """The CUDA slab operations (panel kernel, cuBLAS) against LAPACK's blocked QR;
     F pinned, as a host front's pool is (the copies asynchronous: a slab's earlier
-    panels read F only after the slab before came back)."""
+    panels read F only after the part that made them came back, a slab's parts
+    go up only after the slab before and the parts they overwrite came back)."""
     import cupy as cp
     import cupyx
 
@@ -99,8 +101,11 @@ def test_slabs_on_the_gpu_equal_the_blocked_factorization(fm, fn):
     F = cupyx.empty_pinned(F0.shape, dtype=F0.dtype)
     F[...] = F0
     dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True))
-    T = factorize_in_slabs(F, panels, nb, 300, dev)
-    assert dev.slabs == len(slab_ranges(panels, fn, 300)) > 2
+    T = factorize_in_slabs(F, panels, nb, width, dev)
+    slabs = slab_ranges(panels, fn, width)
+    assert dev.slabs == len(slabs) > 2
+    assert dev.parts == sum(len(slab_parts(panels, s)) for s in slabs)
+    assert (dev.parts > dev.slabs) == (width > 2 * nb)
     assert dev.all_finite()
     tol = 1e3 * fm * EPS * np.abs(F0).max()
     # R up to row signs (the panel kernel's and LAPACK's reflectors agree to rounding)
@@ -111,7 +116,7 @@ def test_slabs_on_the_gpu_equal_the_blocked_factorization(fm, fn):
     F = F0.copy()
     F[fm - 1, fn - 1] = np.nan                  # in the last slab's trailing columns
     dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True))
-    factorize_in_slabs(F, panels, nb, 300, dev)
+    factorize_in_slabs(F, panels, nb, width, dev)
     assert not dev.all_finite()
 
 
@@ -146,33 +151,70 @@ def test_host_front_too_large_alone_goes_through_the_gpu_in_slabs():
 
 
 def test_a_failing_device_slab_is_redone_on_the_host(caplog):
-    """A slab that fails on the device (out of memory, or another error: logged) is
-    redone from the front's unchanged columns on the host, with every later one."""
+    """A slab part that fails on the device (out of memory, or another error:
+    logged) is redone from the front's unchanged columns on the host, with every
+    later one; the parts before it (of its slab too) are kept."""
     rng = np.random.default_rng()
     fm, fn, nb = 50, 40, 8
     F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
+    slabs = slab_ranges(panels, fn, 16)
+    units = [u for s in slabs for u in slab_parts(panels, s)]
+    assert len(units) > len(slabs)
 
     class _Failing(NumpySlabs):
         def __init__(self, after, error):
             super().__init__()
-            self.after, self.error = after, error
+            self.after, self.error, self.calls = after, error, 0
 
-        def factorize(self, S, c0, moved, nb):
-            if self.slabs > self.after:
-                S[...] = np.nan          # a half-done slab never reaches F
+        def factorize(self, S, a0, moved, p0):
+            self.calls += 1
+            if self.calls > self.after:
+                S[...] = np.nan          # a half-done part never reaches F
                 raise self.error
-            return super().factorize(S, c0, moved, nb)
+            return super().factorize(S, a0, moved, p0)
 
-    for error in (MemoryError("device full"), RuntimeError("launch failed")):
-        F = F0.copy()
-        host = NumpySlabs()
-        dev = _Failing(1, error)
-        with caplog.at_level("WARNING", logger="scipy_gpuqr"):
-            T = factorize_in_slabs(F, panels, nb, 16, dev, fallback=host)
-        assert dev.slabs == 2 and host.slabs == len(slab_ranges(panels, fn, 16)) - 1
-        np.testing.assert_allclose(F, ref, atol=1e3 * fm * EPS)
-        np.testing.assert_allclose(T, T_ref, atol=1e3 * fm * EPS)
-        assert ("launch failed" in caplog.text) == isinstance(error, RuntimeError)
-        caplog.clear()
+    for after in (2, 3):
+        for error in (MemoryError("device full"), RuntimeError("launch failed")):
+            F = F0.copy()
+            host = NumpySlabs()
+            dev = _Failing(after, error)
+            with caplog.at_level("WARNING", logger="scipy_gpuqr"):
+                T = factorize_in_slabs(F, panels, nb, 16, dev, fallback=host)
+            assert dev.slabs == 2 and host.slabs == host.parts == len(units) - after
+            np.testing.assert_allclose(F, ref, atol=1e3 * fm * EPS)
+            np.testing.assert_allclose(T, T_ref, atol=1e3 * fm * EPS)
+            assert ("launch failed" in caplog.text) == isinstance(error, RuntimeError)
+            caplog.clear()
     with pytest.raises(MemoryError):
         factorize_in_slabs(F0.copy(), panels, nb, 16, _Failing(0, MemoryError("full")))
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4, 7])
+def test_slab_parts_cover_each_slab_by_whole_panels(parts):
+    """Parts of whole panels, in order, covering their slab; at most ``parts`` and
+    at least one panel each (a slab of trailing columns: blocks of at least a
+    panel's width); the factorization in parts equals the blocked one."""
+    rng = np.random.default_rng()
+    for fm, fn, nb, width in ((60, 25, 4, 16), (25, 60, 4, 20), (90, 90, 8, 60), (40, 9, 8, 8)):
+        F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
+        for slab in slab_ranges(panels, fn, width):
+            c0, c1, p0, p1 = slab
+            got = slab_parts(panels, slab, parts)
+            assert 1 <= len(got) <= parts
+            assert [c for a0, a1, _, _ in got for c in range(a0, a1)] == list(range(c0, c1))
+            if p1 > p0:
+                assert [q for _, _, q0, q1 in got for q in range(q0, q1)] == list(range(p0, p1))
+                for a0, a1, q0, q1 in got:
+                    assert q1 > q0 and panels[q0][0] == a0
+                    assert panels[q1 - 1][0] + panels[q1 - 1][2] == a1
+            else:
+                assert all(q0 == q1 == p0 for _, _, q0, q1 in got)
+                assert len(got) == 1 or min(a1 - a0 for a0, a1, _, _ in got) >= nb
+        F = F0.copy()
+        dev = NumpySlabs()
+        T = factorize_in_slabs(F, panels, nb, width, dev, parts=parts)
+        tol = 100 * max(fm, fn) * EPS * max(np.abs(F0).max(), 1.0)
+        np.testing.assert_allclose(F, ref, atol=tol)
+        np.testing.assert_allclose(T, T_ref, atol=100 * max(fm, fn) * EPS)
+        assert dev.parts == sum(len(slab_parts(panels, s, parts))
+                                for s in slab_ranges(panels, fn, width))

@@ -4,38 +4,46 @@ A host front (:mod:`scipy_gpuqr._engine.memory`: a dense front whose stage
 does not fit the device) is assembled on the host. When even the front alone
 does not fit, it still need not run on LAPACK: the blocked staircase QR of
 :mod:`scipy_gpuqr._engine.dense_front` is left-looking over slabs of whole
-panels, so only one slab of columns lies on the device at a time:
+panels, so only one slab of columns lies on the device at a time.
 
-for each slab ``[c0, c1)`` (consecutive panels, or a block of the trailing
-columns past ``min(fm, fn)``):
+A slab ``[c0, c1)`` (consecutive panels, or a block of the trailing columns
+past ``min(fm, fn)``) lies in one device buffer as *parts*
+(:func:`slab_parts`: up to :data:`SLAB_PARTS` runs of whole panels, each
+part's columns a C-contiguous block of the buffer of their own):
 
-1. its columns ``F[:, c0:c1]`` are uploaded (one strided copy,
-   ``cudaMemcpy2DAsync``: at the link's speed when ``F`` is pinned);
-2. every earlier panel comes up the same way (its active rows from its
-   diagonal down: where its reflectors ``V`` are), one panel while the one
-   before is applied (two buffers, the copies on a stream of their own), and
-   is applied to the slab, ``C ← C - V Tᵀ (Vᵀ C)`` on its active rows, ``V``
-   taken out of the block on the device: the same updates, in the same order,
-   that the right-looking factorization gives these columns;
-3. the slab's own panels are factorized as a front of their own, its
-   diagonal at ``(c0, c0)``: rows ``c0 ..`` of the slab with the panels moved
-   by ``c0`` (the device dense path, panel kernel and cuBLAS);
-4. the slab goes back to the host (queued; the copies and the work of one
-   slab stay in one stream's order).
+1. every part's columns ``F[:, a0:a1]`` are queued for upload at once (one
+   strided copy each, ``cudaMemcpy2DAsync``: at the link's speed when ``F``
+   is pinned), on a stream of their own; work on a part waits only for its
+   own copy, so the later parts arrive while the first is worked on;
+2. every earlier slab's panel comes up (its active rows from its diagonal
+   down: where its reflectors ``V`` are), one panel while the one before is
+   applied (two buffers, the copies on a stream of their own), and is applied
+   to each part, ``C ← C - V Tᵀ (Vᵀ C)`` on its active rows, ``V`` taken out
+   of the block on the device: the same updates, in the same order, that the
+   right-looking factorization gives these columns;
+3. part by part: the slab's panels of the parts before it, still on the
+   device, are applied to it the same way; its own panels are factorized as
+   a front of their own, its diagonal at ``(a0, a0)`` (the device dense path,
+   panel kernel and cuBLAS); it goes back to the host on a third stream
+   while the next part is worked on (the link carries both directions at
+   once). The next slab's parts go up into the buffer once the work of this
+   slab is done and the downloads of the parts they overwrite have landed.
 
 The result is the representation :class:`~scipy_gpuqr._engine.dense_front.DenseFront`
 applies (V below each panel's diagonal, one ``T`` per panel), equal to
 :func:`~scipy_gpuqr._engine.dense_front.factorize_numpy`'s to rounding.
-The device holds the slab being worked on, two earlier panels and the dense
-path's workspace. The extra traffic is the earlier panels, uploaded once per
-later slab: with ``s`` slabs about ``s/2`` times the front.
-:func:`factorize_in_slabs` is written against a small device interface
-(:class:`NumpySlabs` runs it on the host for CI, :class:`CupySlabs` on a GPU).
+The device holds the slab being worked on, two earlier panels, the panels'
+``T`` and the dense path's workspace. The extra traffic is the earlier
+panels, uploaded once per later slab: with ``s`` slabs about ``s/2`` times
+the front. :func:`factorize_in_slabs` is written against a small device
+interface (:class:`NumpySlabs` runs it on the host for CI, :class:`CupySlabs`
+on a GPU).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,8 +51,14 @@ from .dense_front import factorize_cupy, factorize_numpy
 from .gpu.array_ops import upload_block
 from .gpu.finite_check import finite_check
 
-__all__ = ["slab_ranges", "slab_columns", "whole_front_fits", "factorize_in_slabs", "NumpySlabs",
-           "CupySlabs"]
+__all__ = ["slab_ranges", "slab_parts", "slab_columns", "whole_front_fits",
+           "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS"]
+
+#: Most parts a slab is worked in (:func:`slab_parts`): part ``g`` goes back to
+#: the host while part ``g + 1`` is worked on, and part ``g + 1`` came up while
+#: part ``g`` was; only the first part's upload and the last part's download
+#: are not overlapped by work of the slab.
+SLAB_PARTS = 4
 
 
 def slab_ranges(panels: list, fn: int, width: int) -> list:
@@ -83,11 +97,39 @@ def slab_ranges(panels: list, fn: int, width: int) -> list:
     return out
 
 
+def slab_parts(panels: list, slab: tuple, parts: int = SLAB_PARTS) -> list:
+    """The parts ``(a0, a1, p0, p1)`` of ``slab`` (from :func:`slab_ranges`),
+    in order, covering its columns: up to ``parts`` runs of whole panels of
+    about equal width (a slab of trailing columns: up to ``parts`` column
+    blocks of at least a panel's width, or of its width when it has none)."""
+    c0, c1, p0, p1 = slab
+    parts = max(1, int(parts))
+    if p1 > p0:
+        k = min(parts, p1 - p0)
+        ends = [panels[q][0] + panels[q][2] for q in range(p0, p1)]
+        out, q = [], p0
+        for i in range(k):
+            if i == k - 1:
+                r = p1
+            else:       # the first panel ending at or past the i-th share of the width
+                goal = c0 + (c1 - c0) * (i + 1) / k
+                r = max(q + 1, min(p1 - (k - 1 - i), p0 + 1 + int(np.searchsorted(
+                    ends, goal, side="left"))))
+            out.append((panels[q][0], ends[r - 1 - p0], q, r))
+            q = r
+        return out
+    w = c1 - c0
+    least = panels[0][2] if panels else w
+    k = max(1, min(parts, w // max(least, 1)))
+    cuts = [c0 + (w * i) // k for i in range(k + 1)]
+    return [(cuts[i], cuts[i + 1], p0, p1) for i in range(k) if cuts[i + 1] > cuts[i]]
+
+
 def slab_columns(fm: int, nb: int, itemsize: int, available: int) -> int:
     """Most columns of a slab of an ``fm``-row front in ``available`` device bytes
     (the slab, two earlier panels, one panel's reflectors, the products of the
-    updates and the dense path's workspace; 10 % left for the allocator), or 0
-    when not even one panel fits."""
+    updates and the dense path's workspace; 10 % left for the allocator and
+    the panels' ``T``), or 0 when not even one panel fits."""
     fixed = (7 * fm * nb + 5 * nb * nb) * itemsize
     w = (0.9 * available - fixed) // ((fm + 2 * nb) * itemsize)
     return int(w) if w >= nb else 0
@@ -99,8 +141,23 @@ def whole_front_fits(fm: int, fn: int, nb: int, itemsize: int, available: int) -
     return (fm * fn + 5 * fm * nb + 2 * fn * nb + 5 * nb * nb) * itemsize <= 0.9 * available
 
 
+@dataclass
+class SlabPart:
+    """One part of a slab where it is worked on: its columns ``[a0, a1)`` of the
+    front as ``S`` (fm × (a1 - a0), C-contiguous), its panels ``p0 .. p1-1``,
+    its place ``at`` in the slab's buffer and the copy it waits for."""
+
+    S: object
+    a0: int
+    a1: int
+    p0: int
+    p1: int
+    at: int = 0
+    ready: object = None
+
+
 def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
-                       fallback=None) -> np.ndarray:
+                       fallback=None, parts: int = SLAB_PARTS) -> np.ndarray:
     """Blocked staircase QR of the host front ``F`` (fm × fn) in place, slab by slab
     through ``dev``'s memory.
 
@@ -117,56 +174,82 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
     dev : NumpySlabs or CupySlabs
         Where the slabs are worked on.
     fallback : NumpySlabs, optional
-        Where a slab that failed on ``dev`` (out of its memory, or any error
-        of the device path, logged) and every later one are worked on instead:
-        a slab's columns of ``F`` change only once it is done, so it is redone
-        from them. Without it the error propagates.
+        Where a part that failed on ``dev`` (out of its memory, or any error
+        of the device path, logged) and every later one are worked on instead,
+        each as a slab of its own: a part's columns of ``F`` change only once
+        it is done, so it is redone from them. Without it the error
+        propagates.
+    parts : int
+        Most parts per slab (:func:`slab_parts`).
 
     Returns
     -------
     ndarray, shape (npanels, nb, nb)
         Each panel's compact-WY factor ``T`` (host).
     """
-    T = np.zeros((len(panels), nb, nb), dtype=F.dtype)
     slabs = slab_ranges(panels, F.shape[1], max(int(width), nb))
+    plan = [(slab, slab_parts(panels, slab, parts)) for slab in slabs]
+    state = {"done": 0}             # parts whose columns went back into F
     try:
-        for k, slab in enumerate(slabs):
-            try:
-                _one_slab(F, T, panels, slabs[:k], slab, dev)
-            except Exception as exc:    # noqa: BLE001 - redone on the host, see above
-                if fallback is None or dev is fallback:
-                    raise
-                if not isinstance(exc, MemoryError):
-                    logging.getLogger("scipy_gpuqr").warning(
-                        "slab [%d, %d) of a %dx%d front failed on the device (%s: %s); it and "
-                        "the rest run on the host", slab[0], slab[1], F.shape[0], F.shape[1],
-                        type(exc).__name__, str(exc))
-                dev.finish()            # the earlier slabs' results are in F
-                dev = fallback
-                _one_slab(F, T, panels, slabs[:k], slab, dev)
+        dev.start(F, len(panels), nb)
+        for slab, pieces in plan:
+            _one_slab(F, panels, slab, pieces, dev, state)
+        dev.finish()
+        return dev.t_host()
+    except Exception as exc:        # noqa: BLE001 - redone on the host, see above
+        if fallback is None or dev is fallback:
+            raise
+        units = [piece for _, pieces in plan for piece in pieces]
+        if state["done"] >= len(units):     # every part went back: nothing to redo
+            raise
+        failed = units[state["done"]]
+        if not isinstance(exc, MemoryError):
+            logging.getLogger("scipy_gpuqr").warning(
+                "slab part [%d, %d) of a %dx%d front failed on the device (%s: %s); it and "
+                "the rest run on the host", failed[0], failed[1], F.shape[0], F.shape[1],
+                type(exc).__name__, str(exc))
+        dev.finish()                # the parts done before are in F, their T known
+        T = dev.t_host()
+        fallback.start(F, len(panels), nb, T=T)
+        for piece in units[state["done"]:]:     # each a slab of its own
+            _one_slab(F, panels, piece, [piece], fallback, {"done": 0})
+        fallback.finish()
+        return fallback.t_host()
     finally:
         dev.finish()
-    return T
 
 
-def _one_slab(F, T, panels, earlier, slab, dev) -> None:
-    """Slab ``(c0, c1, p0, p1)``: up, every earlier slab's reflectors, its
-    panels, back into ``F`` (and their ``T``)."""
+def _one_slab(F, panels, slab, pieces, dev, state) -> None:
+    """Slab ``(c0, c1, p0, p1)`` in ``pieces`` (:func:`slab_parts`): its parts up,
+    every earlier slab's reflectors, then part by part the slab's own panels
+    before it, its panels, back into ``F`` (``state['done']`` counts the parts
+    sent back)."""
     c0, c1, p0, p1 = slab
-    S = dev.upload(F, 0, F.shape[0], c0, c1, "slab")
+    buf = dev.slab_buffer(F, c0, c1)
+    at, work = 0, []
+    for a0, a1, q0, q1 in pieces:
+        work.append(dev.upload_part(F, buf, at, a0, a1, q0, q1))
+        at += F.shape[0] * (a1 - a0)
     for q in range(p0):                 # every earlier slab's panels, in order
         j, rows, b = panels[q]
         slot = ("earlier", q % 2)       # uploaded while the previous one is applied
-        E = dev.upload(F, j, j + rows, j, j + b, slot)
-        dev.apply(S, j, rows, E, 0, 0, b, T[q, :b, :b])
+        E = dev.upload_panel(F, q, j, j + rows, j, j + b, slot)
+        for part in work:
+            dev.ready(part)
+            dev.apply(part.S, j, rows, E, 0, 0, b, dev.t(q, b))
         dev.release(slot)
-    Tp = None
-    if p1 > p0:                         # the slab's own panels, diagonal at (c0, c0)
-        moved = [(j - c0, rows, b) for j, rows, b in panels[p0:p1]]
-        Tp = dev.factorize(S, c0, moved, nb=T.shape[1])
-    dev.download(S, F, c0, c1)
-    if Tp is not None:
-        T[p0:p1] = Tp
+    for g, part in enumerate(work):
+        dev.ready(part)
+        for h in work[:g]:              # the slab's panels before it, still here
+            for q in range(h.p0, h.p1):
+                j, rows, b = panels[q]
+                dev.apply(part.S, j, rows, h.S, j, j - h.a0, b, dev.t(q, b))
+        if part.p1 > part.p0:           # its own panels, diagonal at (a0, a0)
+            moved = [(j - part.a0, rows, b) for j, rows, b in panels[part.p0:part.p1]]
+            dev.factorize(part.S, part.a0, moved, part.p0)
+        dev.download(part, F)
+        state["done"] += 1
+    dev.end_slab()
 
 
 def _reflectors(xp, E, i0: int, k0: int, rows: int, b: int):
@@ -179,137 +262,234 @@ def _reflectors(xp, E, i0: int, k0: int, rows: int, b: int):
 
 class NumpySlabs:
     """The slab operations on the host (the CI model of :class:`CupySlabs`);
-    ``slabs`` counts the slabs worked on."""
+    ``slabs`` counts the slabs worked on, ``parts`` their parts."""
 
     def __init__(self):
         self.slabs = 0
+        self.parts = 0
+        self._T = None
 
-    def upload(self, F: np.ndarray, r0: int, r1: int, c0: int, c1: int, slot):
-        """``F[r0:r1, c0:c1]`` where the slabs are worked on (a copy)."""
-        self.slabs += slot == "slab"
+    def start(self, F: np.ndarray, npanels: int, nb: int, T=None) -> None:
+        """A factorization of ``F`` begins (``T``: the panels' factors known so far)."""
+        self._T = np.zeros((npanels, nb, nb), dtype=F.dtype) if T is None else T.copy()
+
+    def slab_buffer(self, F: np.ndarray, c0: int, c1: int):
+        """The buffer the slab ``[c0, c1)`` is worked in (its parts one after another)."""
+        self.slabs += 1
+        return np.empty(F.shape[0] * (c1 - c0), dtype=F.dtype)
+
+    def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int) -> SlabPart:
+        """``F[:, a0:a1]`` into ``buf`` from element ``at``: a :class:`SlabPart`."""
+        self.parts += 1
+        n = F.shape[0] * (a1 - a0)
+        S = buf[at: at + n].reshape(F.shape[0], a1 - a0)
+        S[...] = F[:, a0:a1]
+        return SlabPart(S, a0, a1, p0, p1, at)
+
+    def ready(self, part: SlabPart) -> None:
+        """Work on ``part`` may start (its columns are there)."""
+
+    def upload_panel(self, F: np.ndarray, q: int, r0: int, r1: int, c0: int, c1: int, slot):
+        """Panel ``q``'s block ``F[r0:r1, c0:c1]`` where the slabs are worked on (a copy)."""
         return F[r0:r1, c0:c1].copy()
 
     def release(self, slot) -> None:
         """The block of ``slot`` is no longer read (its buffer may be refilled)."""
 
-    def download(self, S, F: np.ndarray, c0: int, c1: int) -> None:
-        """The worked slab back into ``F[:, c0:c1]``."""
-        F[:, c0:c1] = S
+    def t(self, q: int, b: int):
+        """Panel ``q``'s ``T`` (b × b) where the slabs are worked on."""
+        return self._T[q, :b, :b]
 
     def apply(self, S, j: int, rows: int, E, i0: int, k0: int, b: int, T) -> None:
-        """``C ← C - V Tᵀ (Vᵀ C)`` on rows ``[j, j+rows)`` of the slab, V a panel's
-        reflectors at ``(i0, k0)`` of the earlier block ``E``."""
+        """``C ← C - V Tᵀ (Vᵀ C)`` on rows ``[j, j+rows)`` of the slab part, V a panel's
+        reflectors at ``(i0, k0)`` of the block ``E``."""
         V = _reflectors(np, E, i0, k0, rows, b)
         C = S[j:j + rows]
         C -= V @ (T.T @ (V.T @ C))
 
-    def factorize(self, S, c0: int, panels: list, nb: int) -> np.ndarray:
-        """The slab's panels (``panels`` relative to ``(c0, c0)``); their ``T``."""
-        return factorize_numpy(S[c0:], panels, nb)
+    def factorize(self, S, a0: int, panels: list, p0: int) -> None:
+        """The part's panels (``panels`` relative to ``(a0, a0)``); their ``T`` kept
+        as panels ``p0 ..``."""
+        Tp = factorize_numpy(S[a0:], panels, self._T.shape[1])
+        self._T[p0:p0 + len(panels)] = Tp
+
+    def download(self, part: SlabPart, F: np.ndarray) -> None:
+        """The worked part back into ``F[:, a0:a1]``."""
+        F[:, part.a0:part.a1] = part.S
+
+    def end_slab(self) -> None:
+        """The slab's work is all queued (its buffer may be refilled after it)."""
 
     def finish(self) -> None:
         pass
 
+    def t_host(self) -> np.ndarray:
+        """Every panel's ``T`` (npanels × nb × nb) on the host."""
+        return self._T.copy()
+
 
 class CupySlabs:
-    """The slab operations on a CUDA device, on ``stream``: device buffers (the
-    slab, two earlier panels) reused for every slab, strided copies queued (``F``
-    pinned makes them asynchronous; the earlier panels' on a copy stream of
-    their own, after the last slab's copy back into ``F``, each buffer refilled
-    once the work reading it has passed), one
-    synchronization per slab for its ``T``; ``slabs`` counts the slabs started
-    there. Each worked slab is checked for non-finite values before it goes back
-    (one launch reading it where it lies: :meth:`all_finite`), so the host need
-    not read the front again."""
+    """The slab operations on a CUDA device: the work on ``stream``, the parts'
+    uploads, the earlier panels' uploads and the parts' downloads on three
+    streams of their own, ordered by events (F pinned makes the copies
+    asynchronous). Buffers (the slab, two earlier panels) are reused for every
+    slab; the panels' ``T`` stay on the device until :meth:`t_host`; nothing
+    synchronizes before :meth:`finish`. ``slabs`` and ``parts`` count the slabs
+    and parts started there. Each worked part is checked for non-finite values
+    before it goes back (one launch reading it where it lies:
+    :meth:`all_finite`), so the host need not read the front again."""
 
     def __init__(self, cp, stream):
         self.cp, self.stream = cp, stream
-        self.copy_stream = cp.cuda.Stream(non_blocking=True)
+        self.copy_stream = cp.cuda.Stream(non_blocking=True)     # earlier panels up
+        self.up_stream = cp.cuda.Stream(non_blocking=True)       # slab parts up
+        self.down_stream = cp.cuda.Stream(non_blocking=True)     # slab parts down
         self.slabs = 0
+        self.parts = 0
         self._buffers = {}
         self._read = {}                 # slot -> event: the last work reading its buffer
-        self._written = None            # event: the last slab's copy back into F
+        self._landed = {}               # panel -> event: its part's copy back into F
+        self._regions = []              # (start, end, event): parts' copies back, per buffer
+        self._slab_end = None           # event: the last slab's work done
         self._flags = []
+        self._T = None
+        self._T_host = None
 
-    def _buffer(self, slot, shape: tuple, dtype):
-        n = shape[0] * shape[1]
+    def _event(self, stream):
+        ev = self.cp.cuda.Event(disable_timing=True)
+        ev.record(stream)
+        return ev
+
+    def _sync(self) -> None:
+        for s in (self.stream, self.copy_stream, self.up_stream, self.down_stream):
+            s.synchronize()
+
+    def _buffer(self, slot, n: int, dtype):
         buf = self._buffers.get(slot)
         if buf is None or buf.size < n or buf.dtype != dtype:
-            if buf is not None:         # a buffer in use on either stream is not freed
-                self.stream.synchronize()
-                self.copy_stream.synchronize()
+            if buf is not None:         # a buffer in use on any stream is not freed
+                self._sync()
+                if slot == "slab":
+                    self._regions = []
             buf = None                  # freed before the larger one is taken
             self._buffers.pop(slot, None)
             buf = self._buffers[slot] = self.cp.empty(max(n, 1), dtype=dtype)
-        return buf[:n].reshape(shape)
+        return buf[:n]
 
-    def upload(self, F: np.ndarray, r0: int, r1: int, c0: int, c1: int, slot):
-        """``F[r0:r1, c0:c1]`` into the slot's device buffer (one 2-D copy): the
-        slab's on the work stream; an earlier panel's on the copy stream, after
-        the work that read the buffer last, the work stream waiting for it."""
-        self.slabs += slot == "slab"
-        out = self._buffer(slot, (r1 - r0, c1 - c0), F.dtype)
-        if slot == "slab":
-            upload_block(F, r0, r1, c0, c1, out, self.stream)
-            return out
+    def start(self, F: np.ndarray, npanels: int, nb: int, T=None) -> None:
+        with self.stream:
+            self._T = (self.cp.zeros((max(npanels, 1), nb, nb), dtype=F.dtype) if T is None
+                       else self.cp.asarray(T))
+        self._T_host = None
+
+    def slab_buffer(self, F: np.ndarray, c0: int, c1: int):
+        self.slabs += 1
+        return self._buffer("slab", F.shape[0] * (c1 - c0), F.dtype)
+
+    def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int) -> SlabPart:
+        """``F[:, a0:a1]`` into ``buf`` from element ``at`` on the parts' stream
+        (one 2-D copy), once the last slab's work is done and the copies back
+        of the earlier parts it overwrites have landed."""
+        self.parts += 1
+        fm = F.shape[0]
+        n = fm * (a1 - a0)
+        S = buf[at: at + n].reshape(fm, a1 - a0)
+        if self._slab_end is not None:
+            self.up_stream.wait_event(self._slab_end)
+        for s, e, ev in self._regions:
+            if s < at + n and at < e:
+                self.up_stream.wait_event(ev)
+        upload_block(F, 0, fm, a0, a1, S, self.up_stream)
+        return SlabPart(S, a0, a1, p0, p1, at, self._event(self.up_stream))
+
+    def ready(self, part: SlabPart) -> None:
+        """The work stream waits for the part's upload (once)."""
+        if part.ready is not None:
+            self.stream.wait_event(part.ready)
+            part.ready = None
+
+    def upload_panel(self, F: np.ndarray, q: int, r0: int, r1: int, c0: int, c1: int, slot):
+        """Panel ``q``'s block into the slot's buffer (one 2-D copy) on the copy
+        stream, after the work that read the buffer last and the copy back of
+        the part that made the panel; the work stream waits for it."""
+        out = self._buffer(slot, (r1 - r0) * (c1 - c0), F.dtype).reshape(r1 - r0, c1 - c0)
         read = self._read.pop(slot, None)
         if read is not None:
             self.copy_stream.wait_event(read)
-        if self._written is not None:   # the earlier slabs' values are back in F
-            self.copy_stream.wait_event(self._written)
+        landed = self._landed.get(q)
+        if landed is not None:          # the panel's values are back in F
+            self.copy_stream.wait_event(landed)
         upload_block(F, r0, r1, c0, c1, out, self.copy_stream)
-        ready = self.cp.cuda.Event(disable_timing=True)
-        ready.record(self.copy_stream)
-        self.stream.wait_event(ready)
+        self.stream.wait_event(self._event(self.copy_stream))
         return out
 
     def release(self, slot) -> None:
         """The work queued so far is the last to read ``slot``'s buffer."""
-        read = self.cp.cuda.Event(disable_timing=True)
-        read.record(self.stream)
-        self._read[slot] = read
+        self._read[slot] = self._event(self.stream)
 
-    def download(self, S, F: np.ndarray, c0: int, c1: int) -> None:
-        """The worked slab back into ``F[:, c0:c1]`` (queued: :meth:`finish`)."""
-        isz = F.itemsize
-        rt = self.cp.cuda.runtime
-        self._flags.append(finite_check(S.dtype).enqueue(S, self.stream))
-        rt.memcpy2DAsync(F.ctypes.data + c0 * isz, F.shape[1] * isz, S.data.ptr,
-                         (c1 - c0) * isz, (c1 - c0) * isz, F.shape[0],
-                         rt.memcpyDeviceToHost, self.stream.ptr)
-        self._written = self.cp.cuda.Event(disable_timing=True)
-        self._written.record(self.stream)
+    def t(self, q: int, b: int):
+        return self._T[q, :b, :b]
 
     def apply(self, S, j: int, rows: int, E, i0: int, k0: int, b: int, T) -> None:
-        """As :meth:`NumpySlabs.apply`, the last product accumulated into the slab
-        by cuBLAS (no temporary of the slab's size)."""
+        """As :meth:`NumpySlabs.apply`, the last product accumulated into the part
+        by cuBLAS (no temporary of the part's size)."""
         cp = self.cp
         from cupy import cublas         # optional dependency, present with cupy
         with self.stream:
             V = _reflectors(cp, E, i0, k0, rows, b)
-            W = cp.asarray(T).T @ (V.T @ S[j:j + rows])
+            W = T.T @ (V.T @ S[j:j + rows])
             cublas.gemm("N", "N", V, W, out=S[j:j + rows], alpha=-1.0, beta=1.0)
 
-    def factorize(self, S, c0: int, panels: list, nb: int) -> np.ndarray:
+    def factorize(self, S, a0: int, panels: list, p0: int) -> None:
         with self.stream:
-            Td = factorize_cupy(S[c0:], panels, nb, stream=self.stream)
-        return Td.get(stream=self.stream)
+            Td = factorize_cupy(S[a0:], panels, self._T.shape[1], stream=self.stream)
+            self._T[p0:p0 + len(panels)] = Td
+
+    def download(self, part: SlabPart, F: np.ndarray) -> None:
+        """The worked part back into ``F[:, a0:a1]`` on the downloads' stream after
+        the work queued so far (its check for non-finite values first)."""
+        S, isz = part.S, F.itemsize
+        rt = self.cp.cuda.runtime
+        self._flags.append(finite_check(S.dtype).enqueue(S, self.stream))
+        self.down_stream.wait_event(self._event(self.stream))
+        w = part.a1 - part.a0
+        rt.memcpy2DAsync(F.ctypes.data + part.a0 * isz, F.shape[1] * isz, S.data.ptr,
+                         w * isz, w * isz, F.shape[0], rt.memcpyDeviceToHost,
+                         self.down_stream.ptr)
+        landed = self._event(self.down_stream)
+        self._regions.append((part.at, part.at + S.size, landed))
+        for q in range(part.p0, part.p1):
+            self._landed[q] = landed
+
+    def end_slab(self) -> None:
+        self._slab_end = self._event(self.stream)
 
     def finish(self) -> None:
-        """Every queued copy done; the buffers given back to the device, not only
-        to CuPy's pool: a slab buffer is most of the device, and a cached block
-        that later small arrays are cut from stays taken as a whole until all of
-        them are freed (the solves' uploads would find no room)."""
+        """Every queued copy done, the panels' ``T`` fetched; the buffers given back
+        to the device, not only to CuPy's pool: a slab buffer is most of the
+        device, and a cached block that later small arrays are cut from stays
+        taken as a whole until all of them are freed (the solves' uploads would
+        find no room)."""
         try:
-            self.copy_stream.synchronize()
-            self.stream.synchronize()
+            self._sync()
+            if self._T is not None:
+                self._T_host = self._T.get(stream=self.stream)
         finally:
             self._buffers.clear()
             self._read.clear()
-            self._written = None
+            self._landed.clear()
+            self._regions = []
+            self._slab_end = None
+            self._T = None
             self.cp.get_default_memory_pool().free_all_blocks()
 
+    def t_host(self) -> np.ndarray:
+        """Every panel's ``T`` on the host (after :meth:`finish`)."""
+        if self._T is not None:
+            self.finish()
+        return self._T_host
+
     def all_finite(self) -> bool:
-        """Whether every slab sent back so far held finite values only (after
+        """Whether every part sent back so far held finite values only (after
         :meth:`finish`)."""
         return not any(int(f.get(stream=self.stream)[0]) for f in self._flags)
