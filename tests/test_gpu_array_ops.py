@@ -49,6 +49,54 @@ def test_every_kernel_the_functions_launch_is_in_the_source():
                                   for i in ao._INDEX.values()}
 
 
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+def _philox4x32_10(c, key):
+    """Philox-4x32-10 of counters ``c`` (four uint64 arrays of 32-bit values)
+    under ``key`` (two ints), in NumPy (the kernel's reference)."""
+    c0, c1, c2, c3 = c
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    for _ in range(10):
+        p0, p1 = np.uint64(0xD2511F53) * c0, np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & _MASK32,
+                          (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & _MASK32)
+        k0 = (k0 + np.uint64(0x9E3779B9)) & _MASK32
+        k1 = (k1 + np.uint64(0xBB67AE85)) & _MASK32
+    return c0, c1, c2, c3
+
+
+def _normal_block_reference(seed: int, n: int) -> np.ndarray:
+    """What ``normal_block_f64`` draws: Box–Muller on Philox's 53-bit uniforms."""
+    k = np.arange((n + 1) // 2, dtype=np.uint64)
+    zero = np.zeros_like(k)
+    x0, x1, x2, x3 = _philox4x32_10((k & _MASK32, k >> np.uint64(32), zero, zero),
+                                    (seed & 0xFFFFFFFF, seed >> 32))
+    sh5, sh6 = np.uint64(5), np.uint64(6)
+    u1 = 1.0 - ((x0 >> sh5) * 67108864.0 + (x1 >> sh6)) / 2.0 ** 53
+    u2 = ((x2 >> sh5) * 67108864.0 + (x3 >> sh6)) / 2.0 ** 53
+    r = np.sqrt(-2.0 * np.log(u1))
+    out = np.empty(2 * k.size)
+    out[0::2], out[1::2] = r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2)
+    return out[:n]
+
+
+def test_philox_reference_known_answers():
+    """The reference generator is Philox-4x32-10 (the published known answers)
+    and its Box–Muller numbers look standard normal."""
+    one = [np.array([v], dtype=np.uint64) for v in (0, 0, 0, 0)]
+    assert [int(v[0]) for v in _philox4x32_10(one, (0, 0))] == [
+        0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    full = [np.array([0xFFFFFFFF], dtype=np.uint64)] * 4
+    assert [int(v[0]) for v in _philox4x32_10(full, (0xFFFFFFFF, 0xFFFFFFFF))] == [
+        0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+    z = _normal_block_reference(3, 200001)
+    assert z.size == 200001 and np.all(np.isfinite(z))
+    assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01
+    assert not np.array_equal(z[:100], _normal_block_reference(4, 100))
+    assert "normal_block_f64" in _kernels.flatten_source(ao.OPS_FILE)
+
+
 # ---------------------------------------------------------------- GPU
 
 def _cp():
@@ -161,6 +209,21 @@ def test_row_gathers_and_scatters_match_fancy_indexing():
     # a NumPy index is uploaded as CuPy would
     idx = rng.permutation(100)[:9]
     _same(ao.take_rows(X, idx), X[cp.asarray(idx)])
+
+
+@pytest.mark.gpu
+def test_normal_block_is_the_reference_generator():
+    """The device's Gaussian block equals the NumPy reference to rounding (the
+    device's log, sqrt and sincospi against NumPy's), odd sizes and 64-bit seeds
+    included; the memory it lands in held NaN before (the pool's freed block)."""
+    cp = _cp()
+    for seed, shape in ((0, (1001, 7)), (2 ** 40 + 5, (3, 1)), (7, (65536, 4))):
+        poison = cp.full(shape, np.nan)
+        del poison
+        got = ao.normal_block(seed, shape)
+        assert got.shape == shape and got.flags.c_contiguous
+        ref = _normal_block_reference(seed, int(np.prod(shape))).reshape(shape)
+        np.testing.assert_allclose(got.get(), ref, rtol=1e-13, atol=1e-13)
 
 
 @pytest.mark.gpu

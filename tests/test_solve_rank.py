@@ -374,9 +374,12 @@ def _fake_device(monkeypatch):
         b[...] = la.solve_triangular(a.copy(), b.copy(), lower=lower, trans=1 if trans else 0,
                                      unit_diagonal=unit)
 
+    def normal_block(seed, shape):          # the host's draws: the rest compared on the
+        return sr.gaussian_block(seed, shape)   # same block (the device's generator is
+                                                # test_gpu_array_ops')
     fake = types.SimpleNamespace(**{f.__name__: op(f) for f in (
         fresh_float64, column_norms, column_absmax, divide_columns, subtract_into, thin_qr,
-        trsm_left)})
+        trsm_left, normal_block)})
     monkeypatch.setattr(sr, "array_ops", fake)
     xp = types.ModuleType("cupy")
     xp.asarray = np.asarray
@@ -386,13 +389,15 @@ def _fake_device(monkeypatch):
 @pytest.mark.parametrize("transposed", [False, True])
 def test_device_blocks_give_the_host_answers(rng, monkeypatch, transposed):
     """The device path's operations (prefetched kernels, cuSOLVER's QR and cuBLAS's
-    trsm called directly, host-drawn Gaussian blocks), each emulated by NumPy on the
-    memory the device would read, give the host path's rank, estimates and
-    solutions: the same draws, the same layouts as the operations they replace."""
+    trsm called directly, Gaussian blocks drawn on the device), each emulated by
+    NumPy on the memory the device would read, give the host path's rank, estimates
+    and solutions on the same draws: the same layouts as the operations they
+    replace."""
     q, up, upt, dead, tol, host = _chess_cod(transposed)
     xp, called = _fake_device(monkeypatch)
     dev = NullspaceCOD(up, upt, q, dead, tol, transposed=transposed, xp=xp)
-    assert {"thin_qr", "trsm_left", "column_absmax", "subtract_into"} <= set(called)
+    assert {"thin_qr", "trsm_left", "column_absmax", "subtract_into",
+            "normal_block"} <= set(called)
     assert dev.rank == host.rank == 271
     assert dev.residual == pytest.approx(host.residual, rel=1e-10)
     assert dev.nu == pytest.approx(host.nu, rel=1e-10) and dev.margin == host.margin

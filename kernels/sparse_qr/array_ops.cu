@@ -162,9 +162,48 @@ __device__ void divide_columns(T* out, const T* Y, ll q, ll p, const T* __restri
         out[e] = Y[e] / d[e % p];
 }
 
+// Philox-4x32-10 (counter-based: the numbers of pair k depend on k and the key
+// alone, whatever the launch shape).
+__device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
+    for (int r = 0; r < 10; ++r) {
+        const unsigned hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+        const unsigned hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+        c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+        k.x += 0x9E3779B9u;
+        k.y += 0xBB67AE85u;
+    }
+    return c;
+}
+
+// out[0 .. n) = standard normal numbers: pair k = (out[2k], out[2k+1]) by Box-Muller
+// from the two 53-bit uniforms of Philox-4x32-10 at counter (k, 0) under the key
+// `seed`, u1 in (0, 1] (the radius), u2 in [0, 1) (the angle).
+__device__ void normal_block(double* __restrict__ out, ll n, unsigned long long seed) {
+    const ll pairs = (n + 1) / 2;
+    const ll stride = (ll)gridDim.x * blockDim.x;
+    const uint2 key = make_uint2((unsigned)seed, (unsigned)(seed >> 32));
+    for (ll k = (ll)blockIdx.x * blockDim.x + threadIdx.x; k < pairs; k += stride) {
+        const uint4 x = philox4x32_10(
+            make_uint4((unsigned)k, (unsigned)((unsigned long long)k >> 32), 0u, 0u), key);
+        const double two53 = 9007199254740992.0;
+        const double u1 = 1.0 - ((double)(x.x >> 5) * 67108864.0 + (double)(x.y >> 6)) / two53;
+        const double u2 = ((double)(x.z >> 5) * 67108864.0 + (double)(x.w >> 6)) / two53;
+        const double r = sqrt(-2.0 * log(u1));
+        double s, c;
+        sincospi(2.0 * u2, &s, &c);
+        out[2 * k] = r * c;
+        if (2 * k + 1 < n) out[2 * k + 1] = r * s;
+    }
+}
+
 }  // namespace gpuqr_ops
 
 using gpuqr_ops::ll;
+
+extern "C" __global__ void __launch_bounds__(256) normal_block_f64(
+    double* out, ll n, unsigned long long seed) {
+    gpuqr_ops::normal_block(out, n, seed);
+}
 
 #define OPS_EW2D(SUF, D, S)                                                               \
     extern "C" __global__ void __launch_bounds__(256) ew2d_##SUF(                         \

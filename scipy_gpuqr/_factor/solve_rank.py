@@ -137,8 +137,9 @@ def gaussian_block(seed: int, shape: tuple) -> np.ndarray:
     Drawn in pieces of :data:`DRAW_CHUNK` numbers, piece i by a PCG64
     generator seeded with the i-th child of ``SeedSequence(seed)``, on up to
     :data:`DRAW_THREADS` threads (NumPy's generators fill without the GIL):
-    the null-space COD's q × d block of a GPU call is millions of numbers,
-    a fifth of a second on one core.
+    the null-space COD's q × d block of a large R is millions of numbers,
+    a fifth of a second on one core. (A GPU call draws its blocks on the
+    device instead.)
     """
     out = np.empty(shape, dtype=np.float64)
     flat = out.reshape(-1)
@@ -296,17 +297,20 @@ class _DeviceBlocks:
     :mod:`scipy_gpuqr._engine.gpu.array_ops` (column norms and maxima with
     finite checks, scalings, copies, differences, triangles), cuSOLVER's
     ``geqrf``/``orgqr`` and cuBLAS's ``trsm`` called directly, CuPy's products
-    of contiguous operands (cuBLAS), and Gaussian blocks drawn on the host
-    (:func:`gaussian_block`, the host path's draws: the same seed gives the
-    same block on either) and uploaded. A block's norms are taken once per step of
+    of contiguous operands (cuBLAS), and Gaussian blocks drawn on the device
+    (:func:`~scipy_gpuqr._engine.gpu.array_ops.normal_block`: a q × d block is
+    millions of numbers, a tenth of a second drawn on the host and uploaded;
+    the device's numbers differ from the host path's, both standard normal).
+    A block's norms are taken once per step of
     :func:`probe_norm` (the finite and nonzero checks and the next step's
     scaling share them)."""
 
     def __init__(self, xp):
         self.xp = xp
 
-    def gaussian(self, seed: int, shape: tuple):
-        return self.xp.asarray(_HostBlocks.gaussian(seed, shape))
+    @staticmethod
+    def gaussian(seed: int, shape: tuple):
+        return array_ops.normal_block(seed, shape)
 
     def dense(self, X):
         """X as a C-contiguous 2-D float64 device array (itself where it is one)."""
