@@ -1,9 +1,13 @@
-"""The blocked LU of 64 < n <= 512 by its two knobs: the column block of the
-trailing updates and the panel kernel's shared memory.
+"""The blocked LU of 64 < n <= 512 by its knobs: the column block of the
+trailing updates, the panel kernel's shared memory, where the input is
+copied and when the L columns are swapped.
 
 For each ``--sizes`` n:batch, on one random float64 stack: ``_rows_lu`` of
 :mod:`scipy_gpuqr.batched._gpu_blocked` with the tensor-core panels and each
-``--outers`` column block, the panel kernel given only the room it needs
+``--outers`` column block (the library's scheme: the first panel reads the
+input, the earlier blocks' L columns swapped at the end); at the default
+block also with a copy of the input first, and with a copy and the L
+columns swapped by every panel; the panel kernel given only the room it needs
 (the library's ``mma_rows_smem``; the occupancy table also with 2048
 more doubles, the swap buffer of the kernel before 92d1770); the float32
 ``rows`` path (``--f32``); cuBLAS getrfBatched in the same run. Device ms (CUDA events behind busy copies, the variants interleaved,
@@ -70,23 +74,31 @@ def main(argv=None) -> int:
         outers = [o for o in (int(v) for v in args.outers.split(",")) if o <= max(n, 64)]
         variants = []                      # (label, dtype, callable returning lu, piv)
 
-        def make(mma, outer, dtype):
+        def make(mma, outer, dtype, scheme="from a"):
             src = a if dtype == np.float64 else a.astype(dtype)
             piv = cp.empty((bsz, n), dtype=cp.int32)
             info = cp.empty((bsz,), dtype=cp.int32)
 
             def call():
-                lu = src.copy()
-                bb._rows_lu(lu, piv, info, mma, outer)
+                if scheme == "from a":          # the library's: no copy, L swaps deferred
+                    lu = cp.empty_like(src)
+                    bb._rows_lu(lu, piv, info, mma, outer, src=src)
+                else:                           # a copy first; L swapped by every panel or not
+                    lu = src.copy()
+                    bb._rows_lu(lu, piv, info, mma, outer,
+                                defer_left=scheme == "copy, deferred L")
                 return lu, piv
             return call
 
         for o in outers:
             variants.append((f"rows_mma outer={o}", np.float64, make(True, o, np.float64)))
+        dflt = bb.rows_outer(n)
+        for scheme in ("copy, deferred L", "copy, L every panel"):
+            variants.append((f"rows_mma outer={dflt} {scheme}", np.float64,
+                             make(True, dflt, np.float64, scheme)))
         if args.f32:
-            dflt = bb.rows_outer(n)
             variants.append((f"rows f32 outer={dflt}", np.float32,
-                             make(False, dflt, np.float32)))
+                             make(False, dflt, np.float32, "copy")))
         ref = {}
         for label, dt, call in variants:
             lu, piv = call()

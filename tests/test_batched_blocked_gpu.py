@@ -154,13 +154,20 @@ def test_inverse_and_cholesky_solve(rng, n, dtype):
                                    atol=1e3 * n * eps(dtype) * np.abs(refs).max())
 
 
-@pytest.mark.parametrize("mma", [True, False])
+@pytest.mark.parametrize("mma,scheme", [(True, "from a"), (True, "in place"),
+                                        (True, "L every panel"), (False, "from a"),
+                                        (False, "in place")])
 @pytest.mark.parametrize("n,outer", [(100, 128), (130, 128), (300, 128), (300, 256),
-                                     (512, 128), (512, 256), (512, 512), (200, 32)])
-def test_rows_lu_column_blocks_match_lapack(rng, mma, n, outer):
+                                     (512, 128), (512, 256), (512, 512), (200, 32),
+                                     (65, 64), (130, 64), (200, 96)])
+def test_rows_lu_column_blocks_match_lapack(rng, mma, scheme, n, outer):
     """Every column block of the blocked LU (its trailing updates' k), with
     the tensor-core panels and rows_swap or the rows panels, gives LAPACK's
-    pivots and factors; singular matrices, ties and NaN as well."""
+    pivots and factors; singular matrices, ties and NaN as well. ``from a``:
+    the first panel reads the input (left untouched) and rows_copy_perm
+    writes the rest of a NaN-filled output; the earlier blocks' L columns
+    swapped at the end (rows_swap_left) or, ``L every panel``, by every
+    panel's rows_swap."""
     import cupy as cp
     from scipy_gpuqr.batched import _gpu_blocked as bb
     a = random_batch(rng, (6,), n, np.float64)
@@ -168,10 +175,16 @@ def test_rows_lu_column_blocks_match_lapack(rng, mma, n, outer):
     a[2, :, 40:47] = 0                        # zero columns: info, zero pivots
     a[3] = np.eye(n)[::-1]                    # a permutation
     a[4, n // 2, n - 1] = np.nan              # info -1
-    lu = cp.asarray(a)
     piv = cp.full((6, n), -7, dtype=cp.int32)
     info = cp.full((6,), -7, dtype=cp.int32)           # the first panel sets it
-    bb._rows_lu(lu, piv, info, mma, outer)
+    if scheme == "from a":
+        src = cp.asarray(a)
+        lu = cp.full(a.shape, np.nan)
+        bb._rows_lu(lu, piv, info, mma, outer, src=src)
+        np.testing.assert_array_equal(src.get(), a)
+    else:
+        lu = cp.asarray(a)
+        bb._rows_lu(lu, piv, info, mma, outer, defer_left=scheme == "in place")
     lu, piv, info = lu.get(), piv.get(), info.get()
     ref_lu, ref_piv, ref_info = lapack_getrf(a)
     assert info[4] == -1

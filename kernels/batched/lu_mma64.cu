@@ -464,8 +464,6 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
                 }
             }
             const bool valid = bh >= 0;
-            const double x = bh == 0 ? P[0][s] : (bh == 1 ? P[1][s] : 1.0);
-            const double rinv = __drcp_rn(x);
             const unsigned hi = valid ? (unsigned)(best >> 32) : 0u;
             const unsigned mh = __reduce_max_sync(0xffffffffu, hi);
             const bool c1 = valid && hi == mh;
@@ -482,6 +480,8 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
             const int buf = s & 1;
             double *w = slots + (buf * MAXW + warp) * SLOT;
             if (lane == pl) {
+                // 1 / pivot by the warp's candidate lane only (not on every lane)
+                w[8] = __drcp_rn(bh == 0 ? P[0][s] : P[1][s]);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     if (h == bh) {
@@ -491,7 +491,6 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
                                 make_double2(P[h][2 * q], P[h][2 * q + 1]);
                     }
                 }
-                w[8] = rinv;
                 skey[buf][warp] = best;
                 smeta[buf][warp] = (rb + 32 * bh) | (bpos << 16);
             }
@@ -500,13 +499,15 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
                 smeta[buf][warp] = 0x7fff << 16;
             }
             __syncthreads();
-            // the block's winner: larger key, then smaller position
+            // the block's winner: larger key, then smaller position (only
+            // the block's nw slots read)
             unsigned long long bk = skey[buf][0];
             int bm = smeta[buf][0], bw = 0;
 #pragma unroll
             for (int v = 1; v < MAXW; ++v) {
-                const unsigned long long kv = v < nw ? skey[buf][v] : 0ull;
-                const int mv = v < nw ? smeta[buf][v] : 0x7fff << 16;
+                if (v >= nw) break;                     // block-uniform
+                const unsigned long long kv = skey[buf][v];
+                const int mv = smeta[buf][v];
                 if (kv > bk || (kv == bk && (mv >> 16) < (bm >> 16))) {
                     bk = kv;
                     bm = mv;
@@ -655,21 +656,38 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
 
 // ---------------------------------------------------------------------------
 // The row moves of one getrf_mma_rows panel in the columns outside it
-// ([0, k0) and [k0 + nb, n)), out of the panel kernel, whose block of
+// ([c_lo, k0) and [k0 + nb, n)), out of the panel kernel, whose block of
 // ceil((n - k0) / 64) warps (one for the last panels) would move up to 64
-// rows of n - nb entries each: here a
-// block of 256 threads per 64 of those columns of a matrix, every moved
-// entry of its columns loaded (16 per thread at most, all in flight)
-// before any is stored, so the moves, a permutation of the moved rows, need
-// no staging.
+// rows of n - nb entries each: here a block of 256 threads per 64 of those
+// columns of a matrix, every moved entry of its columns loaded (16 per
+// thread at most, all in flight) before any is stored, so the moves, a
+// permutation of the moved rows, need no staging. c_lo > 0 leaves the L
+// columns left of c_lo (earlier column blocks, which no later step reads)
+// for rows_swap_left at the end.
 // input:  moves (batch, kMoveStride): count, then (source, destination)
 //         row pairs relative to k0, written by getrf_mma_rows
 // in/out: a (batch, n, n)
-// grid:   (batch, ceil((n - nb) / kSwapCols)); block kSwapThreads
+// grid:   (batch, ceil((n - nb - c_lo) / kSwapCols)); block kSwapThreads
 // ---------------------------------------------------------------------------
+namespace gpuqr_mma64 {
+
+// Offset in its matrix of entry e of rows_swap's block (row pair e / 64,
+// column e % 64 of the block's columns starting at t0 of the w outside the
+// panel, counted from c_lo), in the pair's source (side 1) or destination
+// (side 2) row; -1 beyond the cnt pairs or the w columns.
+__device__ __forceinline__ int swap_offset(const int *mv, int e, int side, int cnt, int w,
+                                           int t0, int c_lo, int k0, int nb, int n) {
+    const int kk = e / kSwapCols, tt = e - kk * kSwapCols;
+    if (kk >= cnt || tt >= w) return -1;
+    const int t = c_lo + t0 + tt;
+    return (k0 + mv[side + 2 * kk]) * n + (t < k0 ? t : t + nb);
+}
+
+}  // namespace gpuqr_mma64
+
 template <typename T>
 __global__ void __launch_bounds__(256)
-rows_swap(T *a, const int *__restrict__ moves, int n, int k0, int nb)
+rows_swap(T *a, const int *__restrict__ moves, int n, int k0, int nb, int c_lo)
 {
     using namespace gpuqr_mma64;
     constexpr int PER = 2 * PW * kSwapCols / kSwapThreads;
@@ -677,28 +695,123 @@ rows_swap(T *a, const int *__restrict__ moves, int n, int k0, int nb)
     const int *mv = moves + mat * kMoveStride;
     const int cnt = mv[0];
     const int t0 = blockIdx.y * kSwapCols;
-    const int w = min(kSwapCols, n - nb - t0);
+    const int w = min(kSwapCols, n - nb - c_lo - t0);
     if (cnt <= 0 || w <= 0) return;                    // block-uniform
     T *A = a + mat * (long long)n * n;
     const int tid = threadIdx.x;
     T v[PER];
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
-        const int e = tid + kSwapThreads * i;
-        const int kk = e / kSwapCols, tt = e - kk * kSwapCols;
-        if (kk < cnt && tt < w) {
-            const int c = t0 + tt < k0 ? t0 + tt : t0 + tt + nb;
-            v[i] = A[(long long)(k0 + mv[1 + 2 * kk]) * n + c];
-        }
+        const int o = swap_offset(mv, tid + kSwapThreads * i, 1, cnt, w, t0, c_lo, k0, nb, n);
+        if (o >= 0) v[i] = A[o];
     }
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
-        const int e = tid + kSwapThreads * i;
-        const int kk = e / kSwapCols, tt = e - kk * kSwapCols;
-        if (kk < cnt && tt < w) {
-            const int c = t0 + tt < k0 ? t0 + tt : t0 + tt + nb;
-            A[(long long)(k0 + mv[2 + 2 * kk]) * n + c] = v[i];
+        const int o = swap_offset(mv, tid + kSwapThreads * i, 2, cnt, w, t0, c_lo, k0, nb, n);
+        if (o >= 0) A[o] = v[i];
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The first panel's row moves as a copy: the blocked LU's first panel
+// (k0 = 0) read from the input src and written to dst, this kernel writes
+// the rest of dst (columns [nb, n)) as src's rows in the panel's order, in
+// place of a copy of the whole input and a rows_swap after the panel (one
+// pass over the matrix instead of two). A block per kCopyRows rows of a
+// matrix, a warp per row at a time, its lanes along the row.
+// input:  src (batch, n, n); moves as for rows_swap (k0 = 0)
+// output: dst (batch, n, n) columns [nb, n), every row
+// grid:   (batch, ceil(n / kCopyRows)); block kSwapThreads
+// ---------------------------------------------------------------------------
+namespace gpuqr_mma64 {
+constexpr int kCopyRows = 64;
+}  // namespace gpuqr_mma64
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+rows_copy_perm(const T *__restrict__ src, T *__restrict__ dst,
+               const int *__restrict__ moves, int n, int nb)
+{
+    using namespace gpuqr_mma64;
+    __shared__ short from[64 * MAXW];                   // dst row i is src row from[i]
+    const long long mat = blockIdx.x;
+    const int *mv = moves + mat * kMoveStride;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int i = tid; i < n; i += kSwapThreads) from[i] = (short)i;
+    __syncthreads();
+    const int cnt = mv[0];
+    for (int e = tid; e < cnt; e += kSwapThreads) from[mv[2 + 2 * e]] = (short)mv[1 + 2 * e];
+    __syncthreads();
+    const T *S = src + mat * (long long)n * n;
+    T *D = dst + mat * (long long)n * n;
+    const int r1 = min(n, (int)(blockIdx.y + 1) * kCopyRows);
+    for (int i = blockIdx.y * kCopyRows + warp; i < r1; i += kSwapThreads / 32) {
+        const T *s = S + from[i] * n;
+        T *d = D + i * n;
+#pragma unroll 4
+        for (int j = nb + lane; j < n; j += 32) d[j] = s[j];
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The deferred row swaps of the L columns of the blocked LU's earlier column
+// blocks: block b (columns [kb, kb + outer)) saw the swaps of its own panels
+// (rows_swap with c_lo = kb), its rows [kb + outer, n) get here every later
+// pivot at once, LAPACK's order (rows k and piv[k] exchanged for k = kb +
+// outer .. n - 1, composed by one thread in shared memory while the SM's
+// other blocks copy), by chunks of 8 or more columns (a power of 2, up to
+// dividing outer, as many as fit) staged in shared memory (a thread's few
+// registers: many blocks per SM). outer a multiple of 8.
+// input:  piv (batch, n), 0-based LAPACK pivots
+// in/out: a (batch, n, n)
+// grid:   (batch, ceil(n / outer) - 1); block kSwapThreads; outer >= 32
+// ---------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(256)
+rows_swap_left(T *a, const int *__restrict__ piv, int n, int outer)
+{
+    using namespace gpuqr_mma64;
+    constexpr int STAGE = (64 * MAXW - PW) * 8;         // 8 columns of every row moved
+    __shared__ short from[64 * MAXW];                   // row i takes row from[i]
+    __shared__ short sp[64 * MAXW];                     // the pivots
+    __shared__ T stage[STAGE];
+    const long long mat = blockIdx.x;
+    const int kb = blockIdx.y * outer, r0 = kb + outer;
+    const int tid = threadIdx.x;
+    for (int i = tid; i < n; i += kSwapThreads) {
+        from[i] = (short)i;
+        sp[i] = (short)piv[mat * n + i];
+    }
+    __syncthreads();
+    if (tid == 0) {
+        for (int k = r0; k < n; ++k) {
+            const int q = sp[k];
+            if (q != k) {
+                const short x = from[k];
+                from[k] = from[q];
+                from[q] = x;
+            }
         }
+    }
+    __syncthreads();
+    T *A = a + mat * (long long)n * n;
+    // chunks of 2^lc >= CH columns, as wide as the staging area allows
+    int lc = 3;
+    while (outer % (2 << lc) == 0 && (n - r0) * (2 << lc) <= STAGE) ++lc;
+    const int m = (n - r0) << lc, cm = (1 << lc) - 1;
+    for (int c0 = kb; c0 < r0; c0 += 1 << lc) {
+#pragma unroll 4
+        for (int e = tid; e < m; e += kSwapThreads) {
+            const int r = r0 + (e >> lc);
+            if (from[r] != r) stage[e] = A[from[r] * n + c0 + (e & cm)];
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int e = tid; e < m; e += kSwapThreads) {
+            const int r = r0 + (e >> lc);
+            if (from[r] != r) A[r * n + c0 + (e & cm)] = stage[e];
+        }
+        __syncthreads();
     }
 }

@@ -46,8 +46,10 @@ import numpy as np
 from . import _gpu_common as _common
 from ._gpu_common import NO_REPORT, NULL, device_id, dtname, solve_by_columns
 from ._kernel_registry import (FUSED_MAX, KERNEL_VARIANTS, MMA64_FILE, MMA64_NAME,
-                               MMA64_SMEM, MMA_MOVE_STRIDE, MMA_ROWS_NAME, MMA_SWAP_NAME, PANEL, mma_rows_smem, PANEL_FILE, ROWS_FILE, ROWS_MAX, ROWS_PANEL, ROWS_THREADS,
-                               STAGE_COLS, panel_name, rows_name)
+                               MMA64_SMEM, MMA_COPY_NAME, MMA_LEFT_NAME, MMA_MOVE_STRIDE,
+                               MMA_ROWS_NAME, MMA_SWAP_NAME, PANEL, PANEL_FILE, ROWS_FILE,
+                               ROWS_MAX, ROWS_PANEL, ROWS_THREADS, STAGE_COLS,
+                               mma_rows_smem, panel_name, rows_name)
 from .._kernels import load_module
 
 __all__ = ["getrf", "potrf", "getrs", "potrs", "inverse", "default_method",
@@ -238,9 +240,13 @@ def getrf(a, piv, info, method: str | None = None):
         fn((bsz,), (_rows_threads(n),),
            (a, lu, piv, info, np.int32(n), np.int32(0), np.int32(n)))
         return lu
+    if method == "rows_mma":                # the first panel reads a: no copy of it
+        lu = _common.alloc(a.shape, a.dtype)
+        _rows_lu(lu, piv, info, True, src=a)
+        return lu
     lu = a.copy()
-    if method in ("rows", "rows_mma"):
-        _rows_lu(lu, piv, info, method == "rows_mma")
+    if method == "rows":
+        _rows_lu(lu, piv, info, False)
         return lu
     info.fill(0)
     fn = _panel_function("getrf_panel", dt, dev)
@@ -267,10 +273,12 @@ def rows_outer(n: int) -> int:
     return ROWS_OUTER[-1][1]
 
 
-def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None) -> None:
-    """Blocked LU of ``lu`` in place: blocks of ``outer`` columns (a multiple
-    of ROWS_PANEL; None: :func:`rows_outer`), each factorized as panels of
-    ROWS_PANEL = 32 columns left-looking inside the block.
+def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None,
+             src=None, defer_left: bool = True) -> None:
+    """Blocked LU of ``lu`` in place (of ``src`` into ``lu`` where given):
+    blocks of ``outer`` columns (a multiple of ROWS_PANEL; None:
+    :func:`rows_outer`), each factorized as panels of ROWS_PANEL = 32
+    columns left-looking inside the block.
 
     Panel j of a block starting at kb (columns kj = kb + 32 j ..): its columns
     get the updates of the block's earlier panels (one GEMM, k = kj - kb),
@@ -283,6 +291,14 @@ def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None) -> None
     sm_80+), each followed by ``rows_swap``, which moves the panel's pivot
     rows in the columns outside it (a block of 256 threads per 64 columns,
     not the panel kernel's few warps).
+
+    ``src`` (``mma`` only; a stack of ``lu``'s shape, not modified): the
+    first panel reads it and ``rows_copy_perm`` writes the rest of ``lu``
+    as its rows in the panel's order (one pass instead of a copy and a
+    swap); ``lu``'s contents beforehand are not read. ``defer_left``
+    (``mma`` only): the panels swap the L columns of their own block only,
+    the earlier blocks' L columns (which no later step reads) get all
+    their later swaps at once at the end (``rows_swap_left``).
     """
     bsz, n = lu.shape[0], lu.shape[-1]
     outer = rows_outer(n) if outer is None else outer
@@ -296,6 +312,8 @@ def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None) -> None
         tr((bsz,), (_rows_threads(n - c0),),
            (lu, info, np.int32(n), np.int32(r0), np.int32(nb), np.int32(c0)))
 
+    if src is not None and not mma:
+        lu[...] = src
     if mma:
         pfn = _mma64_function(dev, MMA_ROWS_NAME)
         sfn = _mma64_function(dev, MMA_SWAP_NAME)
@@ -303,12 +321,19 @@ def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None) -> None
 
         def panel(k0: int, trsm_end: int) -> None:
             warps = -(-(n - k0) // 64)
-            pfn((bsz,), (32 * warps,), (lu, lu, piv, info, np.int32(n), np.int32(k0), moves),
+            nb = min(ROWS_PANEL, n - k0)
+            first = k0 == 0 and src is not None
+            pfn((bsz,), (32 * warps,), (src if first else lu, lu, piv, info, np.int32(n),
+                                        np.int32(k0), moves),
                 shared_mem=_with_smem(pfn, mma_rows_smem(warps)))
-            outside = n - min(ROWS_PANEL, n - k0)
-            if outside > 0:
+            c_lo = k0 - (k0 % outer) if defer_left else 0
+            outside = n - nb - c_lo
+            if first and n > nb:
+                _mma64_function(dev, MMA_COPY_NAME)(
+                    (bsz, -(-n // 64)), (256,), (src, lu, moves, np.int32(n), np.int32(nb)))
+            elif outside > 0:
                 sfn((bsz, -(-outside // 64)), (256,),
-                    (lu, moves, np.int32(n), np.int32(k0), np.int32(min(ROWS_PANEL, n - k0))))
+                    (lu, moves, np.int32(n), np.int32(k0), np.int32(nb), np.int32(c_lo)))
             c0 = k0 + ROWS_PANEL
             if c0 < trsm_end:
                 trsm(k0, ROWS_PANEL, c0)
@@ -336,6 +361,9 @@ def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None) -> None
                 _gemm_rows(lu, n, kj, w, c0, n - c0, kb, kj - kb)
                 trsm(kj, w, c0)
         _gemm_rows(lu, n, end, n - end, end, n - end, kb, end - kb)
+    if mma and defer_left and n > outer:
+        _mma64_function(dev, MMA_LEFT_NAME)(
+            (bsz, -(-n // outer) - 1), (256,), (lu, piv, np.int32(n), np.int32(outer)))
 
 
 # ----------------------------------------------------------------------------

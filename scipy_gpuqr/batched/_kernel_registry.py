@@ -16,7 +16,7 @@ __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "rows_name", "MMA_SIZES", "MMA_FILE", "ROWS_FILE", "PANEL_FILE",
            "SOLVE_FILE", "STATUS_FILE", "status_name", "VB_FILE", "vb_name",
            "MMA64_FILE", "MMA64_NAME", "MMA64_SMEM", "MMA_ROWS_NAME", "mma_rows_smem",
-           "MMA_SWAP_NAME", "MMA_MOVE_STRIDE",
+           "MMA_SWAP_NAME", "MMA_MOVE_STRIDE", "MMA_COPY_NAME", "MMA_LEFT_NAME",
            "JACOBI_FILE", "jacobi_name", "VB_SUFFIX"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
@@ -79,6 +79,12 @@ MMA_ROWS_NAME = "getrf_mma_rows<double>"
 #: (same file), and the ints per matrix of the moves it reads.
 MMA_SWAP_NAME = "rows_swap<double>"
 MMA_MOVE_STRIDE = 1 + 4 * 32
+
+#: The first panel's moves as a copy of the input's other columns in the
+#: panel's row order (no copy of the input beforehand), and the earlier
+#: column blocks' L columns swapped once at the end (same file).
+MMA_COPY_NAME = "rows_copy_perm<double>"
+MMA_LEFT_NAME = "rows_swap_left<double>"
 
 
 def mma_rows_smem(warps: int) -> int:
@@ -183,7 +189,7 @@ KERNEL_VARIANTS = {
         for dt in _CTYPES for n in range(1, SMALL_MAX + 1)) + tuple(
         small_name("getri_warp" + v, dt, n) for v in ("", VB_SUFFIX) for dt in _CTYPES
         for n in PADDED_SIZES),
-    MMA64_FILE: (MMA64_NAME, MMA_ROWS_NAME, MMA_SWAP_NAME),
+    MMA64_FILE: (MMA64_NAME, MMA_ROWS_NAME, MMA_SWAP_NAME, MMA_COPY_NAME, MMA_LEFT_NAME),
     MMA_FILE: tuple(small_name(k + v, "float64", n) for v in ("", VB_SUFFIX)
                     for k in ("getrf_mma", "getri_mma", "gesv_mma") for n in MMA_SIZES),
     "batched/cholesky.cu": tuple(
