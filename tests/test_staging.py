@@ -710,23 +710,104 @@ def test_r_solves_out_of_memory_go_in_column_blocks():
 
 
 def test_stage_rows_uploaded_compactly_from_the_host_pool():
-    """A stage's rows of R copied front by front out of its host pool into one
-    compact array (empty fronts included), kept while the shared budget allows."""
+    """A stage's rows of R copied out of its host pool into one compact array (empty
+    fronts included; fronts closer than ``ROWS_GAP`` in the pool in one copy, the
+    gap with them), kept while the shared budget allows."""
     from scipy_gpuqr._engine.gpu import trsolve
     rng = np.random.default_rng(0)
     sizes = [0, 5, 1, 0, 17, 3, 100, 0, 7]
-    offs = np.sort(rng.choice(2000, len(sizes), replace=False)) * 3
-    pool = rng.standard_normal(8000)
-    ft = types.SimpleNamespace(xp=np, fronts=[(0, int(o), 0, 1, n) for o, n in zip(offs, sizes)])
-    budget = trsolve._KeepBudget(8 * sum(sizes))
+    gaps = [0, 3, trsolve.ROWS_GAP + 1, 40, trsolve.ROWS_GAP, 9, 2 * trsolve.ROWS_GAP, 0, 1]
+    offs = np.cumsum(np.array(gaps) + np.array([0] + sizes[:-1]))
+    pool = rng.standard_normal(int(offs[-1]) + sizes[-1] + 5)
+    perm = [3, 0, 8, 1, 5, 2, 7, 4, 6]              # members not in pool order
+    ft = types.SimpleNamespace(xp=np, fronts=[(0, int(offs[i]), 0, 1, sizes[i]) for i in perm])
+    budget = trsolve._KeepBudget(10 ** 9)
     rows = trsolve._StageRows(ft, list(range(len(sizes))), pool, budget)
-    want = np.concatenate([pool[o:o + n] for o, n in zip(offs, sizes)])
     up = rows.upload()
-    assert np.array_equal(up, want) and rows.upload() is up and budget.left == 0
-    other = trsolve._StageRows(ft, [4, 6], pool, budget)          # budget spent: not kept
-    assert np.array_equal(other.upload(), np.concatenate([pool[offs[4]:offs[4] + 17],
-                                                          pool[offs[6]:offs[6] + 100]]))
-    assert other._kept is None
+    for j, i in enumerate(perm):
+        assert np.array_equal(up[rows.offsets[j]: rows.offsets[j] + sizes[i]],
+                              pool[offs[i]: offs[i] + sizes[i]])
+    runs = rows._runs
+    assert len(runs) == 3           # two gaps beyond ROWS_GAP split the copies
+    assert rows.total == sum(n for _, n, _ in runs) < pool.size
+    assert rows.upload() is up and budget.left == 10 ** 9 - up.nbytes
+    budget = trsolve._KeepBudget(rows.total * 8 - 1)
+    other = trsolve._StageRows(ft, [4, 6], pool, budget)        # fits the budget: kept
+    assert other.upload() is other._kept
+    again = trsolve._StageRows(ft, list(range(len(sizes))), pool, budget)
+    assert np.array_equal(again.upload(), up) and again._kept is None      # budget spent
+
+
+def test_rows_uploaded_as_the_factorization_ends_are_taken_over(monkeypatch):
+    """A staged factorization's rows of R of the stages sent down, uploaded early
+    (NumPy model of the device), equal what a stage's solves upload; the solves
+    take them over as kept rows where they match and the budget allows; ``Q``'s
+    replay dropping kept rows drops them; nothing to upload: None."""
+    from scipy_gpuqr._engine.gpu import trsolve
+    A = _cases()[0][1]
+    an = analyze(A)
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
+    assert g.info["stages"] > 2 and g._host_pools
+    monkeypatch.setattr(trsolve, "available_bytes",
+                        lambda xp: types.SimpleNamespace(available=10 ** 9))
+    segs = trsolve.stage_row_segments(g)
+    assert set(segs) == set(g._host_pools)
+    early = trsolve.upload_rows_early(g, np)
+    got = early.take()
+    assert set(got) == set(segs) and early.take() == {}
+    ft = trsolve.FrontTriangular(g, lambda sid: g._host_pools[sid], np)
+    by_stage = {}
+    for i, fr in enumerate(ft.fronts):
+        by_stage.setdefault(fr[0], []).append(i)
+    for sid, e in got.items():
+        budget = trsolve._KeepBudget(10 ** 9)
+        rows = trsolve._StageRows(ft, by_stage[sid], g._host_pools[sid], budget)
+        assert np.array_equal(e.array, rows.upload())      # the same compact array
+        fresh = trsolve._StageRows(ft, by_stage[sid], g._host_pools[sid],
+                                   trsolve._KeepBudget(10 ** 9))
+        assert fresh.adopt(e) and fresh.upload() is e.array
+        tight = trsolve._StageRows(ft, by_stage[sid], g._host_pools[sid],
+                                   trsolve._KeepBudget(e.array.nbytes - 1))
+        assert not tight.adopt(e) and tight._kept is None
+    other = next(iter(got.values()))
+    assert not trsolve._StageRows(ft, by_stage[min(got)][:1], g._host_pools[min(got)],
+                                  trsolve._KeepBudget(10 ** 9)).adopt(
+        trsolve._EarlyStageRows([(0, 1)], other.array, None))
+    # a small budget: only the stages that fit, in order
+    small = min(e.array.nbytes for e in got.values())
+    monkeypatch.setattr(trsolve, "keep_bytes", lambda avail, reserve=0: small)
+    part = trsolve.upload_rows_early(g, np).take()
+    assert len(part) >= 1 and sum(e.array.nbytes for e in part.values()) <= small
+    assert trsolve.upload_rows_early(g, np).release_kept()
+    one = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
+    assert trsolve.upload_rows_early(one, np) is None          # nothing left the device
+
+
+def test_kept_rows_leave_room_for_the_replay_uploads():
+    """The kept rows' budget leaves the largest packed reflector upload of ``Q``'s
+    replay free (bounded as the memory checks bound it); one stage: nothing to
+    leave."""
+    from scipy_gpuqr._engine.gpu import solve, trsolve
+    assert trsolve.keep_bytes(1000, 700) == 300 and trsolve.keep_bytes(1000, 2000) == 0
+    assert trsolve.keep_bytes(1000, 100) == int(trsolve.KEEP_SHARE * 1000)
+    A = _cases()[0][1]
+    an = analyze(A)
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
+    from scipy_gpuqr._engine.gpu.reflector_upload import packed_size_bound
+    fs = an.fronts
+    want = 0
+    for sid, st in enumerate(g.schedule.stages):
+        if sid not in g._host_pools:
+            continue
+        f = np.flatnonzero(np.asarray(st.foff) >= 0)
+        want = max(want, packed_size_bound(np.asarray(st.foff)[f], fs.fm[f], fs.fn[f],
+                                           np.isin(f, list(st.dense)), TILE))
+        # at least what the stage's packed layout really takes (the replay's buffer)
+        layout = solve._reflector_layout_of(g, sid)
+        assert trsolve.replay_upload_bytes(g) >= 8 * layout.size
+    assert trsolve.replay_upload_bytes(g) == 8 * want > 0
+    one = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
+    assert trsolve.replay_upload_bytes(one) == 0       # the pool stays on the device
 
 
 def test_pools_sent_down_during_their_stage_are_exact(monkeypatch):

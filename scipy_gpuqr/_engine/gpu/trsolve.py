@@ -33,6 +33,8 @@ pays one call overhead per front, which is why the level kernels exist.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import solve_triangular as host_solve_triangular
@@ -42,8 +44,9 @@ from ..._kernels import load_module
 from ..memory import available_bytes
 from . import array_ops as ops
 from . import solve_kernels as av
+from .reflector_upload import packed_size_bound
 
-__all__ = ["FrontTriangular"]
+__all__ = ["FrontTriangular", "upload_rows_early", "EarlyRows", "stage_row_segments"]
 
 
 class FrontTriangular:
@@ -379,16 +382,45 @@ class _LevelKernel:
 #: (:func:`~scipy_gpuqr._engine.memory.available_bytes`) that the stages' uploaded
 #: rows of R may keep between solves, all stages together: the rest holds the
 #: solves' blocks (a rank decision's q × d blocks, a host front's streamed
-#: panels). ``Q``'s replay, which uploads whole stage pools, drops the kept rows
-#: when it needs their room (:func:`.solve._make_room`): they serve the rank
-#: decision's many solves, and a solve after that uploads its rows again.
+#: panels). ``Q``'s replay uploads an earlier stage's reflectors packed
+#: (:mod:`.reflector_upload`); the kept rows leave room for the largest such
+#: upload (:func:`replay_upload_bytes`), and the replay drops them only when it
+#: still runs out of memory (:func:`.solve._make_room`).
 KEEP_SHARE = 0.6
 
 
-def keep_bytes(avail) -> int:
+def keep_bytes(avail, reserve: int = 0) -> int:
     """Bytes the stages' uploaded rows of R may keep on the device, given
-    ``avail`` bytes available (None: unknown, nothing kept)."""
-    return 0 if avail is None else int(KEEP_SHARE * avail)
+    ``avail`` bytes available (None: unknown, nothing kept) of which ``reserve``
+    stay free for ``Q``'s replay uploads."""
+    if avail is None:
+        return 0
+    return max(0, min(int(KEEP_SHARE * avail), int(avail) - int(reserve)))
+
+
+def replay_upload_bytes(qr) -> int:
+    """Device bytes ``Q``'s replay uploads at once for a stage whose pool left the
+    device: the largest bound of a stage's packed reflector pieces
+    (:func:`~.reflector_upload.packed_size_bound`, dense fronts whole) over the
+    stages whose pool is on the host, host stages (applied on the host) aside;
+    0 when there is none."""
+    sched = getattr(qr, "schedule", None)
+    if sched is None or not getattr(sched, "stages", None):
+        return 0
+    fs = qr.analysis.fronts
+    skip = set(getattr(qr, "_host_stages", {}) or {}) | set(getattr(qr, "_stage_pools", {}) or {})
+    isz = np.dtype(getattr(qr._device, "dtype", np.float64)).itemsize
+    most = 0
+    for sid, st in enumerate(sched.stages):
+        if sid in skip:
+            continue
+        a, b = st.fronts
+        f = np.arange(a, b + 1)
+        f = f[np.asarray(st.foff)[f] >= 0]
+        whole = np.isin(f, np.asarray(list(st.dense), dtype=np.int64))
+        most = max(most, packed_size_bound(np.asarray(st.foff)[f], fs.fm[f], fs.fn[f], whole,
+                                           sched.tile))
+    return most * isz
 
 
 class _KeepBudget:
@@ -409,51 +441,204 @@ class _KeepBudget:
         self.left = 0
 
 
+#: Elements of a stage's pool between two fronts' rows of R that go up with them
+#: (one copy instead of two: a copy call costs about what some tens of KB take on
+#: the link); the compact array then holds that gap too.
+ROWS_GAP = 4096
+
+
+def _row_runs(segments) -> tuple:
+    """``(runs, offsets, total)`` of a stage's rows of R: ``segments`` ``(pool
+    offset, elements)`` per front; ``runs`` ``(pool offset, elements, at)``, one
+    copy each, adjacent segments merged across gaps of at most :data:`ROWS_GAP`;
+    ``offsets`` each segment's place in the compact array of ``total`` elements."""
+    seg = np.asarray(segments, dtype=np.int64).reshape(-1, 2)
+    offsets = np.zeros(len(seg), dtype=np.int64)
+    runs, at = [], 0
+    order = np.argsort(seg[:, 0], kind="stable")
+    start = end = None
+    for i in order.tolist():
+        off, n = int(seg[i, 0]), int(seg[i, 1])
+        if start is not None and 0 <= off - end <= ROWS_GAP:
+            end = max(end, off + n)
+        else:
+            if start is not None:
+                runs.append((start, end - start, at))
+                at += end - start
+            start, end = off, off + n
+        offsets[i] = at + off - start
+    if start is not None:
+        runs.append((start, end - start, at))
+        at += end - start
+    return runs, offsets, at
+
+
 class _StageRows:
     """R's rows of one stage's fronts, copied compactly out of its pool on the host.
 
     A stage whose pool left the device holds R's rows of its fronts (their
     first ``rk`` rows) beside far more Householder data and contribution
-    blocks; the solves upload only the rows, one copy per front straight from
-    the host pool (pinned where the factorization could have it: DMA at the
-    link's speed, no host copy first) into one compact device array. The
-    uploaded rows stay on the device while ``keep`` (a :class:`_KeepBudget`
-    shared by the stages) allows: a rank decision solves many times, and each
-    solve would otherwise upload R again.
+    blocks; the solves upload only the rows (:func:`_row_runs`: one copy per
+    run of fronts, straight from the host pool, pinned where the factorization
+    could have it: DMA at the link's speed, no host copy first) into one compact
+    device array. The uploaded rows stay on the device while ``keep`` (a
+    :class:`_KeepBudget` shared by the stages) allows: a rank decision solves
+    many times, and each solve would otherwise upload R again. Rows uploaded
+    when the factorization ended (:func:`upload_rows_early`) are taken over as
+    kept (:meth:`adopt`).
     """
 
     def __init__(self, ft, members, host_pool, keep):
-        sizes = np.array([ft.fronts[i][4] * ft.fronts[i][3] for i in members], dtype=np.int64)
-        self.offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-        self.total = int(sizes.sum())
-        self._segments = [(ft.fronts[i][1], int(n)) for i, n in zip(members, sizes.tolist())]
+        self._segments = [(ft.fronts[i][1], ft.fronts[i][4] * ft.fronts[i][3]) for i in members]
+        self._runs, self.offsets, self.total = _row_runs(self._segments)
         self._host_pool = np.ascontiguousarray(host_pool)
         self._kept = None
+        self._ready = None          # the copy the kept rows wait for (adopted early)
         self._keep = keep
         self.cp = ft.xp
 
+    def adopt(self, early) -> bool:
+        """Take over ``early`` (:class:`_EarlyStageRows` of this stage's rows) as the
+        kept rows where they match and the budget allows; whether taken."""
+        if (early is None or early.array is None or early.segments != self._segments
+                or not self._keep.take(early.array.nbytes)):
+            return False
+        self._kept, self._ready = early.array, early.ready
+        return True
+
     def upload(self):
         """The rows on the device (copied on the current stream, or kept from an
-        earlier solve)."""
+        earlier solve or the factorization's end)."""
         if self._kept is not None:
+            if self._ready is not None:     # the early copy, on a stream of its own
+                self.cp.cuda.get_current_stream().wait_event(self._ready)
+                self._ready = None
             return self._kept
-        xp, pool = self.cp, self._host_pool
-        dev = xp.empty(self.total, dtype=pool.dtype)
-        pieces = [(int(off), int(n), int(at))
-                  for (off, n), at in zip(self._segments, self.offsets.tolist()) if n]
-        if getattr(xp, "__name__", "") != "cupy":       # the NumPy model of a device
-            for off, n, at in pieces:
-                dev[at: at + n] = pool[off: off + n]
-        else:
-            rt = xp.cuda.runtime
-            stream = xp.cuda.get_current_stream().ptr
-            isz, host, to = pool.itemsize, pool.ctypes.data, dev.data.ptr
-            for off, n, at in pieces:
-                rt.memcpyAsync(to + at * isz, host + off * isz, n * isz,
-                               rt.memcpyHostToDevice, stream)
+        dev = _copy_runs(self.cp, self._host_pool, self._runs, self.total, None)
         if self._keep.take(dev.nbytes):
             self._kept = dev
         return dev
+
+
+def _copy_runs(xp, pool, runs, total, stream):
+    """A device array of ``total`` elements with ``pool``'s ``runs`` (``(start,
+    elements, at)``) copied in, on ``stream`` (None: the current one)."""
+    dev = xp.empty(total, dtype=pool.dtype)
+    if getattr(xp, "__name__", "") != "cupy":       # the NumPy model of a device
+        for off, n, at in runs:
+            dev[at: at + n] = pool[off: off + n]
+        return dev
+    rt = xp.cuda.runtime
+    sp_ = (stream or xp.cuda.get_current_stream()).ptr
+    isz, host, to = pool.itemsize, pool.ctypes.data, dev.data.ptr
+    for off, n, at in runs:
+        if n:
+            rt.memcpyAsync(to + at * isz, host + off * isz, n * isz,
+                           rt.memcpyHostToDevice, sp_)
+    return dev
+
+
+class _EarlyStageRows:
+    """One stage's rows of R uploaded when the factorization ended: the segments
+    they hold (``(pool offset, elements)`` per front, as :class:`_StageRows`
+    makes them), the device array and the event of its copy."""
+
+    def __init__(self, segments, array, ready):
+        self.segments, self.array, self.ready = segments, array, ready
+
+
+class EarlyRows:
+    """The rows of R of every stage whose pool left the device, uploaded on a
+    worker thread and a stream of their own as the factorization returns
+    (:func:`upload_rows_early`), until the first solves take them over
+    (:meth:`take`). Known to ``Q``'s replay as kept rows (``release_kept``:
+    dropped when it needs their room)."""
+
+    def __init__(self, job):
+        self._job = job
+
+    def take(self) -> dict:
+        """Stage → :class:`_EarlyStageRows` (empty once taken or released)."""
+        job, self._job = self._job, None
+        if job is None:
+            return {}
+        try:
+            return job.result()
+        except Exception:  # noqa: BLE001 - the solves upload the rows themselves
+            return {}
+
+    def release_kept(self) -> bool:
+        """Drop the uploaded rows (waited for first); whether there were any."""
+        return any(e.array is not None for e in self.take().values())
+
+
+def stage_row_segments(qr) -> dict:
+    """Stage → its fronts' rows of R in its pool, ``(offset, elements)`` per front
+    (rank > 0, in front order), for the stages whose pool left the device (host
+    stages included): what :class:`_StageRows` uploads."""
+    fs = qr.analysis.fronts
+    out = {}
+    on_device = set(getattr(qr, "_stage_pools", {}) or {})
+    for f in range(fs.nfronts):
+        rk = int(fs.frank[f])
+        if rk == 0:
+            continue
+        sid, off = qr._front_loc[f]
+        if sid in on_device:
+            continue
+        out.setdefault(int(sid), []).append((int(off), rk * int(fs.fn[f])))
+    return out
+
+
+def upload_rows_early(qr, xp):
+    """Start uploading the rows of R of a staged factorization's stages whose pool
+    left the device (:func:`stage_row_segments`), as the solves will keep them,
+    while the caller goes on (a rank decision's host work comes before its first
+    solve): on a worker thread (one copy per run of fronts) and a stream of its
+    own, within :func:`keep_bytes` of what the device has now. An
+    :class:`EarlyRows`, or None when there is nothing to upload."""
+    segs = stage_row_segments(qr)
+    pools = getattr(qr, "_host_pools", {}) or {}
+    segs = {sid: s for sid, s in segs.items() if sid in pools}
+    if not segs:
+        return None
+    budget = keep_bytes(available_bytes(xp).available, replay_upload_bytes(qr))
+    device_id = xp.cuda.Device().id if getattr(xp, "__name__", "") == "cupy" else None
+
+    def job():
+        out = {}
+        left = budget
+        if device_id is None:
+            return _early_stages(xp, segs, pools, left, None)
+        with xp.cuda.Device(device_id):
+            stream = xp.cuda.Stream(non_blocking=True)
+            stream.wait_event(xp.cuda.get_current_stream().record())
+            out = _early_stages(xp, segs, pools, left, stream)
+        return out
+    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-early-rows")
+    try:
+        return EarlyRows(ex.submit(job))
+    finally:
+        ex.shutdown(wait=False)
+
+
+def _early_stages(xp, segs, pools, left, stream) -> dict:
+    """:func:`upload_rows_early`'s uploads, stage by stage while ``left`` bytes allow."""
+    out = {}
+    for sid in sorted(segs):
+        runs, _, total = _row_runs(segs[sid])
+        pool = np.ascontiguousarray(pools[sid])
+        nbytes = total * pool.itemsize
+        if nbytes > left:
+            continue
+        try:
+            arr = _copy_runs(xp, pool, runs, total, stream)
+        except MemoryError:
+            break
+        left -= nbytes
+        ready = stream.record() if stream is not None else None
+        out[sid] = _EarlyStageRows(segs[sid], arr, ready)
+    return out
 
 
 def _staged_levels(ft, fs, qr):
@@ -474,7 +659,12 @@ def _staged_levels(ft, fs, qr):
     depth, height = _tree_levels(fs)
     dtype = qr._device.dtype
     avail = available_bytes(ft.xp).available
-    keep = _KeepBudget(keep_bytes(avail))
+    early_rows = (getattr(qr, "_replay", None) or {}).pop("early_rows", None)
+    early = early_rows.take() if early_rows is not None else {}
+    early_bytes = sum(e.array.nbytes for e in early.values() if e.array is not None)
+    if avail is not None:
+        avail += early_bytes        # the early rows are what the budget keeps
+    keep = _KeepBudget(keep_bytes(avail, replay_upload_bytes(qr)))
     out = []
     for sid in sorted(by_stage):
         members = by_stage[sid]
@@ -483,6 +673,7 @@ def _staged_levels(ft, fs, qr):
             if avail is None or 3 * rows.total * np.dtype(dtype).itemsize > avail:
                 out.append((sid, members, None, None))
                 continue
+            rows.adopt(early.get(sid))
             out.append((sid, members,
                         _LevelKernel(ft, depth, height, members, rows.offsets, dtype), rows))
         elif sid in qr._stage_pools:
@@ -491,6 +682,7 @@ def _staged_levels(ft, fs, qr):
                         None))
         else:
             rows = _StageRows(ft, members, qr._host_pools[sid], keep)
+            rows.adopt(early.get(sid))
             out.append((sid, members,
                         _LevelKernel(ft, depth, height, members, rows.offsets, dtype), rows))
     return out
