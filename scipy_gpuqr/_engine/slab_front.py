@@ -378,7 +378,7 @@ class CupySlabs:
 
     def start(self, F: np.ndarray, npanels: int, nb: int, T=None) -> None:
         with self.stream:
-            self._T = (self.cp.zeros((max(npanels, 1), nb, nb), dtype=F.dtype) if T is None
+            self._T = (self.cp.zeros((npanels, nb, nb), dtype=F.dtype) if T is None
                        else self.cp.asarray(T))
         self._T_host = None
 

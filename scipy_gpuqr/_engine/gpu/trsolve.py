@@ -603,7 +603,10 @@ def upload_rows_early(qr, xp):
     if not segs:
         return None
     budget = keep_bytes(available_bytes(xp).available, replay_upload_bytes(qr))
-    device_id = xp.cuda.Device().id if getattr(xp, "__name__", "") == "cupy" else None
+    device_id = None
+    if getattr(xp, "__name__", "") == "cupy":
+        device_id = getattr(qr._device, "device_id", None)
+        device_id = xp.cuda.Device().id if device_id is None else device_id
 
     def job():
         out = {}
