@@ -40,11 +40,13 @@ def test_every_kernel_the_functions_launch_is_in_the_source():
     src = _kernels.flatten_source(ao.OPS_FILE)
     defined = set(re.findall(r"(\w+)_##SUF", src))
     sufs = {k: set(re.findall(rf"^{m}\((\w+),", src, flags=re.MULTILINE))
-            for k, m in (("ew2d", "OPS_EW2D"), ("value", "OPS_VALUE"), ("index", "OPS_INDEX"))}
+            for k, m in (("ew2d", "OPS_EW2D"), ("value", "OPS_VALUE"), ("index", "OPS_INDEX"),
+                         ("rmul", "OPS_RMUL"))}
     assert defined == {"ew2d", "unit_tri", "wy_system", "column_norms", "column_absmax",
-                       "divide_columns", "gather_rows", "scatter_rows"}
+                       "divide_columns", "gather_rows", "scatter_rows", "rmul_upper",
+                       "rmul_trans"}
     assert set(sufs["ew2d"]) == {"f64_f64", "f32_f32", "f64_f32"}
-    assert set(sufs["value"]) == set(ao._VALUE.values())
+    assert set(sufs["value"]) == set(sufs["rmul"]) == set(ao._VALUE.values())
     assert set(sufs["index"]) == {f"{v}_{i}" for v in ao._VALUE.values()
                                   for i in ao._INDEX.values()}
 

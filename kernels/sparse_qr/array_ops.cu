@@ -196,9 +196,70 @@ __device__ void normal_block(double* __restrict__ out, ll n, unsigned long long 
     }
 }
 
+// R's product with a block from R's front blocks (the rows the triangular solves
+// read: front f's rows are the first rk rows of its factorized front, row-major with
+// leading dimension fn at `off`, [U | S] over the front's columns cf = cols[c0 ..);
+// entries below U's diagonal hold Householder data and are never read). `desc` holds
+// 5 int64 per chunk of at most RMUL_ROWS rows of one front: off, fn, rk, c0, row0.
+// X and Y are n x k row-major; blockIdx.y is the column j.
+constexpr int RMUL_ROWS = 64;
+
+// Y[cf[i], j] = sum_{t >= i} F[i, t] X[cf[t], j] for the chunk's rows i: a warp per
+// row (rows of R are distinct pivot columns: plain stores).
+template <typename T>
+__device__ void rmul_upper(const ll* __restrict__ desc, const T* __restrict__ pool,
+                           const ll* __restrict__ cols, const double* __restrict__ X,
+                           double* __restrict__ Y, ll k) {
+    const ll* d = desc + 5 * (ll)blockIdx.x;
+    const T* F = pool + d[0];
+    const ll fn = d[1], rk = d[2];
+    const ll* cf = cols + d[3];
+    const ll row0 = d[4], row1 = min(rk, row0 + RMUL_ROWS);
+    const ll j = blockIdx.y;
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (ll i = row0 + (threadIdx.x >> 5); i < row1; i += warps) {
+        double s = 0.0;
+        for (ll t = i + lane; t < fn; t += 32) s += (double)F[i * fn + t] * X[cf[t] * k + j];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+        if (lane == 0) Y[cf[i] * k + j] = s;
+    }
+}
+
+// Y[cf[t], j] += sum_{i <= t, i in chunk} F[i, t] X[cf[i], j]: a thread per column t
+// (several fronts' chunks add into one column: atomic adds into a zeroed Y).
+template <typename T>
+__device__ void rmul_trans(const ll* __restrict__ desc, const T* __restrict__ pool,
+                           const ll* __restrict__ cols, const double* __restrict__ X,
+                           double* __restrict__ Y, ll k) {
+    const ll* d = desc + 5 * (ll)blockIdx.x;
+    const T* F = pool + d[0];
+    const ll fn = d[1], rk = d[2];
+    const ll* cf = cols + d[3];
+    const ll row0 = d[4], row1 = min(rk, row0 + RMUL_ROWS);
+    const ll j = blockIdx.y;
+    for (ll t = row0 + threadIdx.x; t < fn; t += blockDim.x) {
+        const ll last = min(row1 - 1, t);
+        double s = 0.0;
+        for (ll i = row0; i <= last; ++i) s += (double)F[i * fn + t] * X[cf[i] * k + j];
+        atomicAdd(&Y[cf[t] * k + j], s);
+    }
+}
+
 }  // namespace gpuqr_ops
 
 using gpuqr_ops::ll;
+
+#define OPS_RMUL(SUF, T)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) rmul_upper_##SUF(                   \
+        const ll* desc, const T* pool, const ll* cols, const double* X, double* Y, ll k) {  \
+        gpuqr_ops::rmul_upper<T>(desc, pool, cols, X, Y, k);                              \
+    }                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) rmul_trans_##SUF(                   \
+        const ll* desc, const T* pool, const ll* cols, const double* X, double* Y, ll k) {  \
+        gpuqr_ops::rmul_trans<T>(desc, pool, cols, X, Y, k);                              \
+    }
+OPS_RMUL(f64, double)
+OPS_RMUL(f32, float)
 
 extern "C" __global__ void __launch_bounds__(256) normal_block_f64(
     double* out, ll n, unsigned long long seed) {

@@ -218,6 +218,7 @@ class FactoredQR:
                                          factorize=_cod_factorizer(self.plan.factorize_fn),
                                          device=device,
                                          solves=self._device_triangular(),
+                                         products=self._device_products(),
                                          dense_device="gpu" if device == "gpu" or gpu_seen
                                          else "cpu")
             self.timings["rank_decision"] = time.perf_counter() - t0
@@ -304,6 +305,32 @@ class FactoredQR:
                 return cp.asarray(Y) if on_device else Y
             return solve
         return solves_with(ds.upper, 0), solves_with(ds.upper_transposed, 1)
+
+    def _device_products(self):
+        """Wrappers of the device's ``R·`` and ``Rᵀ·`` from R's rows on the device
+        (GPU factors, no rank detection) for the rank decision's refinements:
+        host arrays in and out; a wrapper answers None where the device cannot
+        form the product (R not square, a stage solved from the host in panels,
+        an engine without it) or runs out of memory, and the host multiplies
+        instead. None without GPU factors."""
+        if self.tol is not None or not self.on_device():
+            return None
+        import cupy as cp               # optional dependency: GPU factors only
+        ds = self.device_solves()
+        multiply = getattr(ds, "multiply", None)
+        if multiply is None:
+            return None
+
+        def product_with(transposed: bool):
+            def product(Y):
+                try:
+                    out = multiply(cp.asarray(np.ascontiguousarray(Y, dtype=np.float64)),
+                                   transposed)
+                except MemoryError:     # CuPy's OutOfMemoryError: the host's product
+                    return None
+                return None if out is None else out.get()
+            return product
+        return product_with(False), product_with(True)
 
     def device_solves(self):
         """The GPU engine's triangular solves with these factors (made once)."""

@@ -349,6 +349,11 @@ class MinNormSolver:
         ``C ↦ R⁻¹C`` and ``C ↦ R⁻ᵀC`` on host arrays for the condition and
         σ estimates of a square R (e.g. the GPU's front-structured solve);
         default SciPy's sparse triangular solves.
+    products : (callable, callable), optional
+        ``Y ↦ R Y`` and ``Y ↦ Rᵀ Y`` on host arrays for the refinement of the
+        null-space COD's solves (the GPU's, from R's rows on the device); one
+        that answers None leaves that product to R's sparse copy, as the
+        default does.
     """
 
     R: sp.csc_array
@@ -358,6 +363,7 @@ class MinNormSolver:
     device: str = "cpu"
     solves: Optional[tuple] = field(default=None, repr=False)
     dense_device: Optional[str] = None
+    products: Optional[tuple] = field(default=None, repr=False)
     method: str = field(init=False, default="")
     cod_device: str = field(init=False, default="cpu")
     revealed: bool = field(init=False, default=True)
@@ -535,6 +541,19 @@ class MinNormSolver:
             return up, upt, xp
         up, upt = self._host_upper().solves()
         return up, upt, np
+
+    def _g_product(self) -> Callable:
+        """``Y ↦ G Y`` on host arrays (G = R, or Rᵀ when transposed): the given
+        product where it answers, else R's sparse copy."""
+        G = self.R.T if self.transposed else self.R
+        given = self.products[1 if self.transposed else 0] if self.products else None
+        if given is None:
+            return lambda Y: G @ Y
+
+        def product(Y):
+            out = given(Y)
+            return G @ Y if out is None else out
+        return product
 
     def _host_upper(self):
         """R's solves on the host, set up once: BLAS on a dense copy where R is
@@ -884,8 +903,7 @@ class MinNormSolver:
                 return (Vt.T @ ((U.T @ Cd) / cupy.asarray(s)[:, None])).get()
             return Vt.T @ ((U.T @ C) / s[:, None])
         if self.method == "nullspace_cod":
-            G = self.R.T if self.transposed else self.R
-            return self._cod.solve(C, matmul=lambda Y: G @ Y)
+            return self._cod.solve(C, matmul=self._g_product())
         if self.method == "subspace_cod":
             return self._cod.solve(C)
         if self.method == "dense_cod":

@@ -63,6 +63,7 @@ from . import array_ops
 from . import replay_store
 from . import solve_kernels as av
 from .reflector_upload import UploadedReflectors, reflector_layout, upload_reflectors
+from .rproduct import FrontProduct
 from .trsolve import FrontTriangular
 
 __all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay", "plan_of",
@@ -487,7 +488,9 @@ class DeviceSolve:
         self.cp = cp
         self.device_id = cp.cuda.Device().id if device_id is None else int(device_id)
         self.q = min(R.shape)
+        self.square = R.shape[0] == R.shape[1]
         self.fronts = fronts
+        self._product = None        # FrontProduct, made on the first multiply (False: none)
         with cp.cuda.Device(self.device_id):
             self.perm = cp.asarray(np.asarray(colperm, dtype=np.int64))
 
@@ -503,6 +506,18 @@ class DeviceSolve:
     def upper_transposed(self, C):
         """``R⁻ᵀ C``."""
         return self._triangular(C, transposed=True)
+
+    def multiply(self, C, transposed: bool = False):
+        """``R C`` or ``Rᵀ C`` (C: cupy (q, k) float64) from the front blocks on the
+        device (:class:`.rproduct.FrontProduct`), or None where the device cannot
+        form it (R not square, a stage solved from the host in panels)."""
+        cp = self.cp
+        with cp.cuda.Device(self.device_id):
+            if self._product is None:
+                self._product = (FrontProduct.of(self.fronts) if self.square else None) or False
+            if self._product is False:
+                return None
+            return self._product.multiply(_here(cp, cp.asarray(C)), trans=transposed)
 
     def _triangular(self, C, transposed: bool):
         cp = self.cp
