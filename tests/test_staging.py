@@ -738,51 +738,6 @@ def test_stage_rows_uploaded_compactly_from_the_host_pool():
     assert np.array_equal(again.upload(), up) and again._kept is None      # budget spent
 
 
-def test_rows_uploaded_as_the_factorization_ends_are_taken_over(monkeypatch):
-    """A staged factorization's rows of R of the stages sent down, uploaded early
-    (NumPy model of the device), equal what a stage's solves upload; the solves
-    take them over as kept rows where they match and the budget allows; ``Q``'s
-    replay dropping kept rows drops them; nothing to upload: None."""
-    from scipy_gpuqr._engine.gpu import trsolve
-    A = _cases()[0][1]
-    an = analyze(A)
-    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
-    assert g.info["stages"] > 2 and g._host_pools
-    monkeypatch.setattr(trsolve, "available_bytes",
-                        lambda xp: types.SimpleNamespace(available=10 ** 9))
-    segs = trsolve.stage_row_segments(g)
-    assert set(segs) == set(g._host_pools)
-    early = trsolve.upload_rows_early(g, np)
-    got = early.take()
-    assert set(got) == set(segs) and early.take() == {}
-    ft = trsolve.FrontTriangular(g, lambda sid: g._host_pools[sid], np)
-    by_stage = {}
-    for i, fr in enumerate(ft.fronts):
-        by_stage.setdefault(fr[0], []).append(i)
-    for sid, e in got.items():
-        budget = trsolve._KeepBudget(10 ** 9)
-        rows = trsolve._StageRows(ft, by_stage[sid], g._host_pools[sid], budget)
-        assert np.array_equal(e.array, rows.upload())      # the same compact array
-        fresh = trsolve._StageRows(ft, by_stage[sid], g._host_pools[sid],
-                                   trsolve._KeepBudget(10 ** 9))
-        assert fresh.adopt(e) and fresh.upload() is e.array
-        tight = trsolve._StageRows(ft, by_stage[sid], g._host_pools[sid],
-                                   trsolve._KeepBudget(e.array.nbytes - 1))
-        assert not tight.adopt(e) and tight._kept is None
-    other = next(iter(got.values()))
-    assert not trsolve._StageRows(ft, by_stage[min(got)][:1], g._host_pools[min(got)],
-                                  trsolve._KeepBudget(10 ** 9)).adopt(
-        trsolve._EarlyStageRows([(0, 1)], other.array, None))
-    # a small budget: only the stages that fit, in order
-    small = min(e.array.nbytes for e in got.values())
-    monkeypatch.setattr(trsolve, "keep_bytes", lambda avail, reserve=0: small)
-    part = trsolve.upload_rows_early(g, np).take()
-    assert len(part) >= 1 and sum(e.array.nbytes for e in part.values()) <= small
-    assert trsolve.upload_rows_early(g, np).release_kept()
-    one = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
-    assert trsolve.upload_rows_early(one, np) is None          # nothing left the device
-
-
 def test_kept_rows_leave_room_for_the_replay_uploads():
     """The kept rows' budget leaves the largest packed reflector upload of ``Q``'s
     replay free (bounded as the memory checks bound it); one stage: nothing to

@@ -377,6 +377,13 @@ class CupySlabs:
         return buf[:n]
 
     def start(self, F: np.ndarray, npanels: int, nb: int, T=None) -> None:
+        """A factorization of ``F`` begins: CuPy's cached free blocks are given back
+        first. Under a pool limit CuPy counts them against the limit and raises
+        at once when a request does not fit beside them, yet reuses them only for
+        requests no larger, on the stream that freed them: the slab buffer, sized
+        for what the pool has not handed out (:func:`slab_columns`), would not
+        find room."""
+        self.cp.get_default_memory_pool().free_all_blocks()
         with self.stream:
             self._T = (self.cp.zeros((npanels, nb, nb), dtype=F.dtype) if T is None
                        else self.cp.asarray(T))

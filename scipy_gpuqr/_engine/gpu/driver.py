@@ -60,7 +60,6 @@ import logging
 import os
 import time
 import warnings
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -84,7 +83,6 @@ from .reflector_upload import packed_size_bound
 from . import rlayout_store
 from .rlayout import r_layout, r_layout_cached
 from .stage_loop import StageLoop, assemble_r, r_dtype
-from .trsolve import upload_rows_early
 
 __all__ = ["gpu_factorize", "GpuQR", "GpuEngineError"]
 
@@ -660,32 +658,14 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     fronts = loop.front_list(slots_of)
     info = loop.info(budget=budget, dense_fronts=len(dense),
                      seconds={"schedule": t1 - t0, "factorize": t2 - t1, "assemble_R": t3 - t2})
-    qr = GpuQR(shape=(m, n), R=R, colperm=analysis.colperm.astype(np.int64),
-               rank=int(min(m, n)), tol=None, flops=float(analysis.flops), info=info,
-               analysis=analysis, qorder=layout.qorder.copy(), schedule=sched,
-               _fronts=fronts, _vt=None, _dense=dense, _device=device,
-               _pending=loop.pending, _stage_pools=loop.stage_pools,
-               _host_pools=loop.host_pools, _front_loc=loop.front_loc,
-               _front_launch=loop.front_launch, _launch_base=loop.launch_base,
-               _host_stages=host_stages)
-    _start_early_rows(qr, device)
-    return qr
-
-
-def _start_early_rows(qr, device) -> None:
-    """A staged factorization on a CUDA device starts uploading the rows of R of
-    its stages sent to the host (:func:`~.trsolve.upload_rows_early`) as it
-    returns: the link is idle then, and a rank decision's host work comes before
-    its first solve, which takes them over as kept rows. ``Q``'s replay knows them
-    as kept rows (``_replay['kept_rows']``, weakly; they live in
-    ``_replay['early_rows']``) and drops them when it needs their room."""
-    cp = getattr(device, "cp", None)
-    if cp is None or not qr._host_pools:
-        return
-    early = upload_rows_early(qr, cp)
-    if early is not None:
-        qr._replay["early_rows"] = early
-        qr._replay["kept_rows"] = [weakref.ref(early)]
+    return GpuQR(shape=(m, n), R=R, colperm=analysis.colperm.astype(np.int64),
+                 rank=int(min(m, n)), tol=None, flops=float(analysis.flops), info=info,
+                 analysis=analysis, qorder=layout.qorder.copy(), schedule=sched,
+                 _fronts=fronts, _vt=None, _dense=dense, _device=device,
+                 _pending=loop.pending, _stage_pools=loop.stage_pools,
+                 _host_pools=loop.host_pools, _front_loc=loop.front_loc,
+                 _front_launch=loop.front_launch, _launch_base=loop.launch_base,
+                 _host_stages=host_stages)
 
 
 class _UploadedDense(DenseFront):

@@ -33,8 +33,6 @@ pays one call overhead per front, which is why the level kernels exist.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import solve_triangular as host_solve_triangular
@@ -46,7 +44,7 @@ from . import array_ops as ops
 from . import solve_kernels as av
 from .reflector_upload import packed_size_bound
 
-__all__ = ["FrontTriangular", "upload_rows_early", "EarlyRows", "stage_row_segments"]
+__all__ = ["FrontTriangular"]
 
 
 class FrontTriangular:
@@ -483,9 +481,7 @@ class _StageRows:
     could have it: DMA at the link's speed, no host copy first) into one compact
     device array. The uploaded rows stay on the device while ``keep`` (a
     :class:`_KeepBudget` shared by the stages) allows: a rank decision solves
-    many times, and each solve would otherwise upload R again. Rows uploaded
-    when the factorization ended (:func:`upload_rows_early`) are taken over as
-    kept (:meth:`adopt`).
+    many times, and each solve would otherwise upload R again.
     """
 
     def __init__(self, ft, members, host_pool, keep):
@@ -493,26 +489,13 @@ class _StageRows:
         self._runs, self.offsets, self.total = _row_runs(self._segments)
         self._host_pool = np.ascontiguousarray(host_pool)
         self._kept = None
-        self._ready = None          # the copy the kept rows wait for (adopted early)
         self._keep = keep
         self.cp = ft.xp
 
-    def adopt(self, early) -> bool:
-        """Take over ``early`` (:class:`_EarlyStageRows` of this stage's rows) as the
-        kept rows where they match and the budget allows; whether taken."""
-        if (early is None or early.array is None or early.segments != self._segments
-                or not self._keep.take(early.array.nbytes)):
-            return False
-        self._kept, self._ready = early.array, early.ready
-        return True
-
     def upload(self):
         """The rows on the device (copied on the current stream, or kept from an
-        earlier solve or the factorization's end)."""
+        earlier solve)."""
         if self._kept is not None:
-            if self._ready is not None:     # the early copy, on a stream of its own
-                self.cp.cuda.get_current_stream().wait_event(self._ready)
-                self._ready = None
             return self._kept
         dev = _copy_runs(self.cp, self._host_pool, self._runs, self.total, None)
         if self._keep.take(dev.nbytes):
@@ -538,112 +521,6 @@ def _copy_runs(xp, pool, runs, total, stream):
     return dev
 
 
-class _EarlyStageRows:
-    """One stage's rows of R uploaded when the factorization ended: the segments
-    they hold (``(pool offset, elements)`` per front, as :class:`_StageRows`
-    makes them), the device array and the event of its copy."""
-
-    def __init__(self, segments, array, ready):
-        self.segments, self.array, self.ready = segments, array, ready
-
-
-class EarlyRows:
-    """The rows of R of every stage whose pool left the device, uploaded on a
-    worker thread and a stream of their own as the factorization returns
-    (:func:`upload_rows_early`), until the first solves take them over
-    (:meth:`take`). Known to ``Q``'s replay as kept rows (``release_kept``:
-    dropped when it needs their room)."""
-
-    def __init__(self, job):
-        self._job = job
-
-    def take(self) -> dict:
-        """Stage → :class:`_EarlyStageRows` (empty once taken or released)."""
-        job, self._job = self._job, None
-        if job is None:
-            return {}
-        try:
-            return job.result()
-        except Exception:  # noqa: BLE001 - the solves upload the rows themselves
-            return {}
-
-    def release_kept(self) -> bool:
-        """Drop the uploaded rows (waited for first); whether there were any."""
-        return any(e.array is not None for e in self.take().values())
-
-
-def stage_row_segments(qr) -> dict:
-    """Stage → its fronts' rows of R in its pool, ``(offset, elements)`` per front
-    (rank > 0, in front order), for the stages whose pool left the device (host
-    stages included): what :class:`_StageRows` uploads."""
-    fs = qr.analysis.fronts
-    out = {}
-    on_device = set(getattr(qr, "_stage_pools", {}) or {})
-    for f in range(fs.nfronts):
-        rk = int(fs.frank[f])
-        if rk == 0:
-            continue
-        sid, off = qr._front_loc[f]
-        if sid in on_device:
-            continue
-        out.setdefault(int(sid), []).append((int(off), rk * int(fs.fn[f])))
-    return out
-
-
-def upload_rows_early(qr, xp):
-    """Start uploading the rows of R of a staged factorization's stages whose pool
-    left the device (:func:`stage_row_segments`), as the solves will keep them,
-    while the caller goes on (a rank decision's host work comes before its first
-    solve): on a worker thread (one copy per run of fronts) and a stream of its
-    own, within :func:`keep_bytes` of what the device has now. An
-    :class:`EarlyRows`, or None when there is nothing to upload."""
-    segs = stage_row_segments(qr)
-    pools = getattr(qr, "_host_pools", {}) or {}
-    segs = {sid: s for sid, s in segs.items() if sid in pools}
-    if not segs:
-        return None
-    budget = keep_bytes(available_bytes(xp).available, replay_upload_bytes(qr))
-    device_id = None
-    if getattr(xp, "__name__", "") == "cupy":
-        device_id = getattr(qr._device, "device_id", None)
-        device_id = xp.cuda.Device().id if device_id is None else device_id
-
-    def job():
-        out = {}
-        left = budget
-        if device_id is None:
-            return _early_stages(xp, segs, pools, left, None)
-        with xp.cuda.Device(device_id):
-            stream = xp.cuda.Stream(non_blocking=True)
-            stream.wait_event(xp.cuda.get_current_stream().record())
-            out = _early_stages(xp, segs, pools, left, stream)
-        return out
-    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-early-rows")
-    try:
-        return EarlyRows(ex.submit(job))
-    finally:
-        ex.shutdown(wait=False)
-
-
-def _early_stages(xp, segs, pools, left, stream) -> dict:
-    """:func:`upload_rows_early`'s uploads, stage by stage while ``left`` bytes allow."""
-    out = {}
-    for sid in sorted(segs):
-        runs, _, total = _row_runs(segs[sid])
-        pool = np.ascontiguousarray(pools[sid])
-        nbytes = total * pool.itemsize
-        if nbytes > left:
-            continue
-        try:
-            arr = _copy_runs(xp, pool, runs, total, stream)
-        except MemoryError:
-            break
-        left -= nbytes
-        ready = stream.record() if stream is not None else None
-        out[sid] = _EarlyStageRows(segs[sid], arr, ready)
-    return out
-
-
 def _staged_levels(ft, fs, qr):
     """Per stage, in postorder: ``(stage, members, level kernel, rows)``.
 
@@ -662,11 +539,6 @@ def _staged_levels(ft, fs, qr):
     depth, height = _tree_levels(fs)
     dtype = qr._device.dtype
     avail = available_bytes(ft.xp).available
-    early_rows = (getattr(qr, "_replay", None) or {}).pop("early_rows", None)
-    early = early_rows.take() if early_rows is not None else {}
-    early_bytes = sum(e.array.nbytes for e in early.values() if e.array is not None)
-    if avail is not None:
-        avail += early_bytes        # the early rows are what the budget keeps
     keep = _KeepBudget(keep_bytes(avail, replay_upload_bytes(qr)))
     out = []
     for sid in sorted(by_stage):
@@ -676,7 +548,6 @@ def _staged_levels(ft, fs, qr):
             if avail is None or 3 * rows.total * np.dtype(dtype).itemsize > avail:
                 out.append((sid, members, None, None))
                 continue
-            rows.adopt(early.get(sid))
             out.append((sid, members,
                         _LevelKernel(ft, depth, height, members, rows.offsets, dtype), rows))
         elif sid in qr._stage_pools:
@@ -685,7 +556,6 @@ def _staged_levels(ft, fs, qr):
                         None))
         else:
             rows = _StageRows(ft, members, qr._host_pools[sid], keep)
-            rows.adopt(early.get(sid))
             out.append((sid, members,
                         _LevelKernel(ft, depth, height, members, rows.offsets, dtype), rows))
     return out
