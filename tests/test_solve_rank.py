@@ -435,10 +435,12 @@ def test_device_blocks_refuse_non_finite_solves(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("transposed", [False, True])
-def test_device_blocks_on_a_gpu_give_the_host_answers(rng, transposed):
+def test_device_blocks_on_a_gpu_give_the_host_answers(rng, monkeypatch, transposed):
     """With CuPy blocks (the solves: the host's, their results uploaded) the
     null-space COD's rank, estimates and solutions are the host path's, to
-    rounding (cuSOLVER's QR and cuBLAS's products in place of LAPACK's)."""
+    rounding (cuSOLVER's QR and cuBLAS's products in place of LAPACK's), on the
+    host's draws; on the device's own draws the rank, the certainty and the
+    solutions are the same, ν (a randomized estimate) within its margin."""
     cp = pytest.importorskip("cupy")
     q, up, upt, dead, tol, host = _chess_cod(transposed)
 
@@ -447,14 +449,21 @@ def test_device_blocks_on_a_gpu_give_the_host_answers(rng, transposed):
 
     def dev_upt(C):
         return cp.asarray(upt(cp.asnumpy(C)))
-    dev = NullspaceCOD(dev_up, dev_upt, q, dead, tol, transposed=transposed, xp=cp)
+    own = NullspaceCOD(dev_up, dev_upt, q, dead, tol, transposed=transposed, xp=cp)
+    with monkeypatch.context() as mp:
+        mp.setattr(_sr._DeviceBlocks, "gaussian",
+                   staticmethod(lambda seed, shape: cp.asarray(_sr.gaussian_block(seed, shape))))
+        dev = NullspaceCOD(dev_up, dev_upt, q, dead, tol, transposed=transposed, xp=cp)
     assert isinstance(dev._u, cp.ndarray) and isinstance(dev._v, cp.ndarray)
-    assert dev.rank == host.rank == 271
-    assert dev.certain() and host.certain()
+    assert dev.rank == own.rank == host.rank == 271
+    assert dev.certain() and own.certain() and host.certain()
     # ‖R V_d‖ is rounding noise on either side; ν = ‖S‖ (the same draws) is not
-    assert dev.residual <= 0.5 * tol[0]
+    assert dev.residual <= 0.5 * tol[0] and own.residual <= 0.5 * tol[0]
     assert dev.nu == pytest.approx(host.nu, rel=1e-3)
+    s_kept = np.linalg.svd(_chess_r((5, 6, 2))[2].toarray(), compute_uv=False)[270]
+    assert own.nu <= (1 + 1e-9) / s_kept <= own.nu * own.margin
     C = rng.standard_normal((q, 3))
-    Y, Yh = dev.solve(C), host.solve(C)
+    Y, Yh, Yo = dev.solve(C), host.solve(C), own.solve(C)
     assert isinstance(Y, np.ndarray)
+    assert np.linalg.norm(Yo - Yh) <= 1e-9 * np.linalg.norm(Yh)
     assert np.linalg.norm(Y - Yh) <= 1e-9 * np.linalg.norm(Yh)
