@@ -1004,3 +1004,38 @@ def test_warm_runs_copy_every_device_stage_r_during_its_launches(monkeypatch):
             g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE), max_gpu_memory=budget)
         assert g.info["stages"] == 0 and _r_copies_follow_the_rule(g) == []
         assert not g.info["r_copy_progressive"]
+
+
+def test_make_room_frees_cached_blocks_only_where_a_limit_needs_it():
+    """Under a pool limit CuPy counts its cached blocks against the limit and does
+    not free them for a request that would pass it: a large buffer asks for room
+    first, which frees them only where the request would not fit beside them."""
+    from scipy_gpuqr._engine.memory import make_room
+
+    class Pool:
+        def __init__(self, used, cached, limit):
+            self.used, self.cached, self.limit, self.freed = used, cached, limit, 0
+
+        def get_limit(self):
+            return self.limit
+
+        def free_bytes(self):
+            return self.cached
+
+        def total_bytes(self):
+            return self.used + self.cached
+
+        def free_all_blocks(self):
+            self.freed += 1
+            self.cached = 0
+
+    def cp(pool):
+        return types.SimpleNamespace(get_default_memory_pool=lambda: pool)
+    for used, cached, limit, n, frees in ((100, 50, 0, 10 ** 9, 0),    # no limit: CuPy frees
+                                          (100, 0, 200, 150, 0),       # nothing cached
+                                          (100, 50, 200, 50, 0),       # fits beside them
+                                          (100, 50, 200, 51, 1),       # would not: freed
+                                          (100, 50, 200, 500, 1)):     # fails anyway: freed
+        pool = Pool(used, cached, limit)
+        assert make_room(cp(pool), n) == bool(frees) and pool.freed == frees
+        assert pool.used == used

@@ -57,7 +57,7 @@ from .dense_front import DEFAULT_PANEL
 
 __all__ = ["USABLE", "POOL_USABLE", "RESERVE", "CHECK_CHUNK", "R_SLOT_BYTES",
            "DENSE_STREAMS", "DeviceMemory", "FrontNeeds", "MemoryPlan", "GpuMemoryExhausted",
-           "available_bytes", "vt_elements", "front_needs", "plan_for_memory", "plan_need",
+           "available_bytes", "make_room", "vt_elements", "front_needs", "plan_for_memory", "plan_need",
            "stage_bytes", "min_budget", "min_budget_of_front"]
 
 #: Fraction of the available bytes a plan may use (the pool's rounding and
@@ -120,6 +120,33 @@ def available_bytes(cp) -> DeviceMemory:
         cands.append((int(POOL_USABLE * (limit - used)), "pool limit"))
     avail, why = min(cands)
     return DeviceMemory(max(avail, 0), why, detail)
+
+
+def make_room(cp, nbytes: int) -> bool:
+    """Give CuPy's cached free blocks back to the device where a request of
+    ``nbytes`` would not fit beside them under the pool's limit; whether it did.
+
+    Under a limit (``set_limit``) CuPy counts its cached blocks against it and
+    raises at once when a new allocation would pass it: it neither frees them
+    first (as it does when the device itself is full) nor reuses them for a
+    larger request or on another stream. :func:`available_bytes` counts them as
+    available, so a large buffer sized by it asks for room first.
+
+    Parameters
+    ----------
+    cp : module
+        CuPy.
+    nbytes : int
+        The request.
+    """
+    pool = cp.get_default_memory_pool()
+    limit = int(pool.get_limit())
+    if not limit or not int(pool.free_bytes()):
+        return False
+    if int(pool.total_bytes()) + int(nbytes) <= limit:
+        return False
+    pool.free_all_blocks()
+    return True
 
 
 @dataclass(frozen=True)

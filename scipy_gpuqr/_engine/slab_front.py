@@ -50,6 +50,7 @@ import numpy as np
 from .dense_front import factorize_cupy, factorize_numpy
 from .gpu.array_ops import upload_block
 from .gpu.finite_check import finite_check
+from .memory import make_room
 
 __all__ = ["slab_ranges", "slab_parts", "slab_columns", "whole_front_fits",
            "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS"]
@@ -373,17 +374,13 @@ class CupySlabs:
                     self._regions = []
             buf = None                  # freed before the larger one is taken
             self._buffers.pop(slot, None)
+            # sized for what the pool has not handed out (:func:`slab_columns`):
+            # CuPy's cached blocks would stand in its way under a pool limit
+            make_room(self.cp, max(n, 1) * np.dtype(dtype).itemsize)
             buf = self._buffers[slot] = self.cp.empty(max(n, 1), dtype=dtype)
         return buf[:n]
 
     def start(self, F: np.ndarray, npanels: int, nb: int, T=None) -> None:
-        """A factorization of ``F`` begins: CuPy's cached free blocks are given back
-        first. Under a pool limit CuPy counts them against the limit and raises
-        at once when a request does not fit beside them, yet reuses them only for
-        requests no larger, on the stream that freed them: the slab buffer, sized
-        for what the pool has not handed out (:func:`slab_columns`), would not
-        find room."""
-        self.cp.get_default_memory_pool().free_all_blocks()
         with self.stream:
             self._T = (self.cp.zeros((npanels, nb, nb), dtype=F.dtype) if T is None
                        else self.cp.asarray(T))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..._schedule.tasks import TASK_BYTES
+from ..memory import make_room
 
 __all__ = ["ReflectorLayout", "UploadedReflectors", "reflector_layout", "reflector_pieces",
            "upload_reflectors", "packed_size_bound", "SMALL_FRONT"]
@@ -259,6 +260,7 @@ def upload_reflectors(host: np.ndarray, layout: ReflectorLayout, xp) -> Uploaded
             dev[at: at + m * w].reshape(m, w)[:] = host[a: a + m * n].reshape(m, n)[:, :w]
         return UploadedReflectors(dev, layout, layout.records)
     rt = xp.cuda.runtime
+    make_room(xp, layout.size * host.itemsize)      # cached blocks under a pool limit
     dev = xp.empty(layout.size, dtype=host.dtype)
     stream = xp.cuda.get_current_stream().ptr
     isz, src, dst = host.itemsize, host.ctypes.data, dev.data.ptr

@@ -39,7 +39,7 @@ from scipy.linalg import solve_triangular as host_solve_triangular
 from scipy.sparse.linalg import spsolve_triangular as host_spsolve_triangular
 
 from ..._kernels import load_module
-from ..memory import available_bytes
+from ..memory import available_bytes, make_room
 from . import array_ops as ops
 from . import solve_kernels as av
 from .reflector_upload import packed_size_bound
@@ -506,11 +506,13 @@ class _StageRows:
 def _copy_runs(xp, pool, runs, total, stream):
     """A device array of ``total`` elements with ``pool``'s ``runs`` (``(start,
     elements, at)``) copied in, on ``stream`` (None: the current one)."""
-    dev = xp.empty(total, dtype=pool.dtype)
     if getattr(xp, "__name__", "") != "cupy":       # the NumPy model of a device
+        dev = xp.empty(total, dtype=pool.dtype)
         for off, n, at in runs:
             dev[at: at + n] = pool[off: off + n]
         return dev
+    make_room(xp, total * pool.itemsize)            # cached blocks under a pool limit
+    dev = xp.empty(total, dtype=pool.dtype)
     rt = xp.cuda.runtime
     sp_ = (stream or xp.cuda.get_current_stream()).ptr
     isz, host, to = pool.itemsize, pool.ctypes.data, dev.data.ptr
