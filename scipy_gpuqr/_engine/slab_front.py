@@ -158,7 +158,7 @@ class SlabPart:
 
 
 def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
-                       fallback=None, parts: int = SLAB_PARTS) -> np.ndarray:
+                       fallback=None, parts: int | None = None) -> np.ndarray:
     """Blocked staircase QR of the host front ``F`` (fm × fn) in place, slab by slab
     through ``dev``'s memory.
 
@@ -180,8 +180,8 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
         each as a slab of its own: a part's columns of ``F`` change only once
         it is done, so it is redone from them. Without it the error
         propagates.
-    parts : int
-        Most parts per slab (:func:`slab_parts`).
+    parts : int, optional
+        Most parts per slab (:func:`slab_parts`; default :data:`SLAB_PARTS`).
 
     Returns
     -------
@@ -189,6 +189,7 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
         Each panel's compact-WY factor ``T`` (host).
     """
     slabs = slab_ranges(panels, F.shape[1], max(int(width), nb))
+    parts = SLAB_PARTS if parts is None else parts
     plan = [(slab, slab_parts(panels, slab, parts)) for slab in slabs]
     state = {"done": 0}             # parts whose columns went back into F
     try:
