@@ -45,6 +45,7 @@ front that alone does not fit makes the plan infeasible
 
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass, field
 
@@ -196,9 +197,10 @@ class FrontNeeds:
         """Whether front ``f`` may run on the host (:attr:`hostable`)."""
         return self.hostable is not None and bool(self.hostable[f])
 
-    @property
+    @functools.cached_property
     def own(self) -> np.ndarray:
-        """Bytes held while its stage runs."""
+        """Bytes held while its stage runs (summed once: the stage plan reads one
+        front's value at a time, for every front)."""
         return self.front + self.known + self.records
 
 
