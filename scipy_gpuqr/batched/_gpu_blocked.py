@@ -18,7 +18,10 @@ operation, :func:`default_method`):
 * ``'rows_mma'`` (float64, n <= 512, sm_80+): as ``'rows'`` with the panel
   kernel ``getrf_mma_rows`` (same file: a warp per 64 panel rows, sub-panels
   of 8 columns updated by DMMA, one barrier per column), the row moves
-  outside each panel by ``rows_swap`` and U12 solved by ``trsm_lunit``.
+  outside each panel by ``rows_swap`` and U12 solved by ``trsm_lunit``; no
+  copy of the input (the first panel reads it, ``rows_copy_perm`` writes the
+  rest in the panel's row order) and the earlier column blocks' L columns
+  swapped once at the end (``rows_swap_left``).
 * ``'rows'`` (n <= 512): blocked right-looking, the panels factorized by a
   kernel with one thread per panel row. LU: blocks of :func:`rows_outer`
   columns, each factorized as panels of 32 left-looking inside the block
@@ -292,10 +295,11 @@ def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None,
     rows in the columns outside it (a block of 256 threads per 64 columns,
     not the panel kernel's few warps).
 
-    ``src`` (``mma`` only; a stack of ``lu``'s shape, not modified): the
-    first panel reads it and ``rows_copy_perm`` writes the rest of ``lu``
-    as its rows in the panel's order (one pass instead of a copy and a
-    swap); ``lu``'s contents beforehand are not read. ``defer_left``
+    ``src`` (a stack of ``lu``'s shape, not modified; ``lu``'s contents
+    beforehand are then not read): with ``mma`` the first panel reads it
+    and ``rows_copy_perm`` writes the rest of ``lu`` as its rows in the
+    panel's order (one pass instead of a copy and a swap); without, it is
+    copied into ``lu`` first. ``defer_left``
     (``mma`` only): the panels swap the L columns of their own block only,
     the earlier blocks' L columns (which no later step reads) get all
     their later swaps at once at the end (``rows_swap_left``).
