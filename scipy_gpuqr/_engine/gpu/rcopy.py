@@ -291,16 +291,30 @@ class CupyRCopy:
         self.copies = 0
         self.seconds = {}
         self._exc = None
+        self._min_chunk = max(getattr(device, "r_copy_min_chunk_bytes", MIN_CHUNK_BYTES)
+                              // self.dtype.itemsize, 1)
+        self._final_seen = None     # final_entries once the worker computed it
+        self._sent_cut = 0          # final entries at the last launch handed over
         self._thread = threading.Thread(target=self._work, name="gpuqr-rcopy", daemon=True)
         self._thread.start()
 
     # -- main thread ------------------------------------------------------------
     def after_launch(self, L: int) -> None:
-        """Launch ``L`` was enqueued: its end may release a range of R."""
-        if self.final is not None:
-            ev = self.cp.cuda.Event(disable_timing=True)
-            ev.record(self.dev.stream)
-            self.q.put((L, ev))
+        """Launch ``L`` was enqueued: its end may release a range of R. Once the
+        worker has the final entries, only a launch after which at least a chunk
+        more of R is final gets an event (the worker would copy nothing for the
+        others; an event per launch cost the launch loop tens of milliseconds)."""
+        if self.final is None:
+            return
+        seen = self._final_seen
+        if seen is not None:
+            cut = int(seen[L])
+            if cut - self._sent_cut < self._min_chunk:
+                return
+            self._sent_cut = cut
+        ev = self.cp.cuda.Event(disable_timing=True)
+        ev.record(self.dev.stream)
+        self.q.put((L, ev))
 
     def launches_done(self) -> None:
         """Every launch is enqueued: the rest after the last one."""
@@ -343,9 +357,9 @@ class CupyRCopy:
                     dslots = [cp.empty(slot_elems, dtype=self.dtype) for _ in range(2)]
                 hslots = [s.view(self.dtype)[:slot_elems] for s in self.staging.slots]
                 final = self.final() if self.final is not None else None
+                self._final_seen = final
                 self.seconds["prepare"] = time.perf_counter() - t0
-                min_chunk = max(getattr(self.dev, "r_copy_min_chunk_bytes", MIN_CHUNK_BYTES)
-                                // self.dtype.itemsize, 1)
+                min_chunk = self._min_chunk
                 issued = 0
                 k = 0
                 pending = []
