@@ -32,7 +32,12 @@ threshold's row per way of factorizing the dense fronts' panels
 ``kernel:noahead`` without the look-ahead stream, ``kernel:ahead`` with it). ``--apply scalar,mma-async``
 repeats each row per Apply variant of the uberkernel
 (``factorize_kernels.APPLY_VARIANTS``, through ``SCIPY_GPUQR_APPLY``; each
-variant's kernels compiled before its timings). ``--once`` only factorizes each matrix once
+variant's kernels compiled before its timings). ``--apply-split 1,4,8:2``
+repeats each row per cut of the Apply records of small launches
+(``max[:fill]`` through ``SCIPY_GPUQR_APPLY_SPLIT``, see
+``device.apply_split_setting``; 1: never cut). The profiled run's launches are
+summed by size (records against the device's resident blocks) and by pieces.
+``--once`` only factorizes each matrix once
 (first threshold; for a profiler wrapped around the script, e.g.
 ``ncu -k regex:uberkernel --launch-skip 600 --launch-count 3 python3
 bench/sparse_qr.py --once --only ch7-8-b3 --dense-flops off``).
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -119,15 +125,28 @@ def _profile(A, an, dense_flops=None, cpl=None):
     dts = dev.dense_times()
     tasks = np.array([x[2] for x in lt])
     secs = np.array([x[3] for x in lt])
+    split = np.array([x[4] if len(x) > 4 else 1 for x in lt])
     import cupy as cp
     sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     small = tasks < sms
+    slots = int(getattr(dev, "slots", 3 * sms))
+    by_size = {}
+    for lo, hi in ((0, sms), (sms, slots), (slots, 3 * slots), (3 * slots, 1 << 40)):
+        sel = (tasks >= lo) & (tasks < hi)
+        by_size[f"{lo}-{hi if hi < 1 << 40 else 'inf'}"] = {
+            "launches": int(sel.sum()), "seconds": float(secs[sel].sum()),
+            "median_us": float(np.median(secs[sel]) * 1e6) if sel.any() else 0.0,
+            "tasks": int(tasks[sel].sum())}
+    by_split = {int(k): {"launches": int((split == k).sum()),
+                         "seconds": float(secs[split == k].sum())}
+                for k in np.unique(split)}
     out = {"launches": len(lt), "sum_launch_seconds": float(secs.sum()),
            "wall_kernels_seconds": float(g.info["seconds"]["gpu_kernels"]),
            "launches_below_sms": int(small.sum()),
            "seconds_in_launches_below_sms": float(secs[small].sum()),
            "top10_launch_seconds": sorted(secs.tolist())[-10:],
            "median_launch_us": float(np.median(secs) * 1e6) if len(secs) else 0.0,
+           "slots": slots, "by_size": by_size, "by_split": by_split,
            "bytes_estimate": _bytes_estimate(g.schedule),
            "dense_seconds": float(sum(t for _, _, t in dts)),
            "dense_fronts": [(m, n, t) for m, n, t in sorted(dts, key=lambda x: -x[2])[:6]],
@@ -201,8 +220,26 @@ def _apply_env(apply):
     return old
 
 
+@contextlib.contextmanager
+def _split_env(split):
+    """``SCIPY_GPUQR_APPLY_SPLIT`` set to ``split`` (None: left as it is)."""
+    from scipy_gpuqr._engine.gpu.device import ENV_APPLY_SPLIT
+    if split is None:
+        yield
+        return
+    old = os.environ.get(ENV_APPLY_SPLIT)
+    os.environ[ENV_APPLY_SPLIT] = split
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV_APPLY_SPLIT, None)
+        else:
+            os.environ[ENV_APPLY_SPLIT] = old
+
+
 def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), panels=(),
-            methods=(None,), applies=(None,)):
+            methods=(None,), applies=(None,), splits=(None,)):
     """One matrix: analysis, then per dense threshold a row (see the module notes)."""
     from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
     from scipy_gpuqr._symbolic import analyze
@@ -234,22 +271,22 @@ def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), p
     default_ahead = dense_front.DEFAULT_LOOKAHEAD
     for d in dense:
         thr, cpl = (DEFAULT_DENSE_FLOPS, None) if d == "default" else _dense_arg(d)
-        for method in methods:
-            for ap in applies:
-                name_m, _, opt = (method or default_method).partition(":")
-                r = dict(row, dense_flops=thr, dense_cpl=cpl,
-                         panel_method=method or default_method, apply=ap or "default")
-                dense_front.DEFAULT_PANEL_METHOD = name_m
-                dense_front.DEFAULT_LOOKAHEAD = (default_ahead or opt == "ahead") and opt != "noahead"
-                old = _apply_env(ap)
-                try:
-                    with _rule_model(thr):
-                        _gpu_runs(A, an, r, reps, thr, cpl)
-                finally:
-                    dense_front.DEFAULT_PANEL_METHOD = default_method
-                    dense_front.DEFAULT_LOOKAHEAD = default_ahead
-                    _apply_env(old)
-                rows.append(r)
+        for method, ap, sp in itertools.product(methods, applies, splits):
+            name_m, _, opt = (method or default_method).partition(":")
+            r = dict(row, dense_flops=thr, dense_cpl=cpl,
+                     panel_method=method or default_method, apply=ap or "default",
+                     apply_split=sp or "default")
+            dense_front.DEFAULT_PANEL_METHOD = name_m
+            dense_front.DEFAULT_LOOKAHEAD = (default_ahead or opt == "ahead") and opt != "noahead"
+            old = _apply_env(ap)
+            try:
+                with _rule_model(thr), _split_env(sp):
+                    _gpu_runs(A, an, r, reps, thr, cpl)
+            finally:
+                dense_front.DEFAULT_PANEL_METHOD = default_method
+                dense_front.DEFAULT_LOOKAHEAD = default_ahead
+                _apply_env(old)
+            rows.append(r)
     if panels:
         thr = next((r["dense_flops"] for r in rows if r.get("dense_fronts")), None)
         if thr is not None:
@@ -346,6 +383,8 @@ def main(argv=None) -> int:
                    help="comma list of dense panel methods (kernel, geqrf; default: default)")
     p.add_argument("--apply", default="",
                    help="comma list of uberkernel Apply variants (scalar, mma-async, mma-async-lean)")
+    p.add_argument("--apply-split", default="",
+                   help="comma list of Apply cuts 'max[:fill]' (1: none; see the notes)")
     p.add_argument("--once", action="store_true",
                    help="one factorization per matrix, nothing timed (for profilers)")
     args = p.parse_args(argv)
@@ -353,6 +392,7 @@ def main(argv=None) -> int:
     panels = [int(x) for x in args.panels.split(",") if x]
     methods = tuple(x for x in args.panel_method.split(",") if x) or (None,)
     applies = tuple(x for x in args.apply.split(",") if x) or (None,)
+    splits = tuple(x for x in args.apply_split.split(",") if x) or (None,)
     only = {x for x in args.only.split(",") if x}
     spqr = {x for x in args.spqr.split(",") if x}
     rows = []
@@ -369,7 +409,7 @@ def main(argv=None) -> int:
     for name, make in _matrices(only, os.environ.get("SHARED_MATRICES")):
         try:
             got = run_one(name, make, spqr, args.reps, args.spqr_only, dense, panels, methods,
-                          applies)
+                          applies, splits)
         except Exception as exc:  # noqa: BLE001 - report and go on
             import traceback
             traceback.print_exc()
@@ -402,6 +442,8 @@ def main(argv=None) -> int:
             tag = f"{tag}/{pm[0]}{'-' if 'noahead' in pm else ''}"
         if r.get("apply", "default") != "default":
             tag = f"{tag}/{r['apply'].replace('mma-async', 'mma')[:8]}"
+        if r.get("apply_split", "default") != "default":
+            tag = f"{tag}/s{r['apply_split']}"
         print(f"{r['matrix'][:14]:14s} {tag:>8s} "
               f"{r.get('dense_fronts', 0):3d} "
               f"{r['flops'] / 1e12:6.3f} {r['analysis_seconds']:5.2f} "
@@ -413,6 +455,15 @@ def main(argv=None) -> int:
               f"{r.get('speedup_vs_spqr', float('nan')):5.1f} "
               f"{r.get('model_seconds', float('nan')):6.3f} "
               f"{r.get('model_kernel_seconds', float('nan')):6.3f}")
+        ph = {k: s.get(k, 0.0) for k in ("schedule", "upload", "launch_loop", "wait_gpu",
+                                          "wait_r_copy", "assemble_R", "wait_host_side")}
+        print("    phases s: " + ", ".join(f"{k} {v:.3f}" for k, v in ph.items()))
+        pr = r["profile"]
+        print("    launches by records (of %d resident blocks): " % pr.get("slots", 0)
+              + "; ".join(f"[{k}) {v['launches']} launches {v['seconds']:.3f} s "
+                          f"med {v['median_us']:.0f} us" for k, v in pr.get("by_size", {}).items())
+              + " | by pieces: " + "; ".join(f"{k}: {v['launches']} {v['seconds']:.3f} s"
+                                              for k, v in pr.get("by_split", {}).items()))
         big = r["profile"].get("dense_fronts") or []
         if big:
             m, n, t = big[0]

@@ -4,7 +4,10 @@ GPU tests (marker ``gpu``): a front's bucket schedule runs launch by launch on
 the GPU and in NumPy from the same fresh random data; after every launch the
 front pools and the VT tiles must agree. The VT pool starts poisoned (NaN).
 Every float64 variant the engine launches is tested, with every Apply variant
-(``factorize_kernels.APPLY_VARIANTS``: scalar loops, FP64 tensor cores).
+(``factorize_kernels.APPLY_VARIANTS``: scalar loops, FP64 tensor cores, and the
+tensor-core Apply with the lean and the lane-per-column Factorize); a launch
+on a grid that cuts Apply records into pieces (``gridDim.y``) must leave the
+same bits as one block per record.
 """
 
 from __future__ import annotations
@@ -133,3 +136,91 @@ def test_tile_kernels_keep_q_orthogonal_with_tiny_columns(variant, pipelining):
     Rc = np.triu(Fc.reshape(fm, fn)[:fn])
     scale = np.linalg.norm(A, axis=0)
     assert (np.linalg.norm(R - Rc, axis=0) <= 1e3 * EPS * scale).all()
+
+
+# -- Apply records cut into pieces (a launch on a grid of gridDim.y > 1) ---------------
+
+def _pieces_of(tasks, s, tile):
+    """The records with every Apply record replaced by its ``s`` pieces
+    (``tasks.apply_piece_columns``; empty pieces dropped): the work of a
+    launch on a grid of ``s`` blocks per record, written as records."""
+    from scipy_gpuqr._schedule.tasks import TaskType, apply_piece_columns
+    out = []
+    for rec in tasks:
+        if rec["type"] != TaskType.APPLY or s == 1:
+            out.append(rec)
+            continue
+        a, b = apply_piece_columns(rec["c0"], rec["c1"], np.arange(s), s, tile)
+        for x, y in zip(a.tolist(), b.tolist()):
+            if y > x:
+                p = rec.copy()
+                p["c0"], p["c1"] = x, y
+                out.append(p)
+    return np.array(out, dtype=tasks.dtype)
+
+
+def test_numpy_executor_gives_the_same_front_for_apply_pieces():
+    # the NumPy model of the cut: every column updated once, with the same reflector
+    rng = np.random.default_rng(3)
+    tile = 32
+    for fm, fn, stair_on in [(500, 600, False), (333, 700, True)]:
+        A, stair = _front(rng, fm, fn, stair_on)
+        tasks, launch, nvt = bucket.dense_front_tasks(fm, fn, None, stair, tile=tile,
+                                                      bundle=3, pipelining=True)
+        F1, V1 = A.ravel().copy(), np.full(max(nvt, 1) * tile * tile, np.nan)
+        F2, V2 = F1.copy(), V1.copy()
+        for L in range(int(launch[-1]) + 1):
+            sel = tasks[launch == L]
+            execute_launches(sel, np.zeros(len(sel), np.int32), F1, V1, tile)
+            cut = _pieces_of(sel, 2 + L % 7, tile)
+            execute_launches(cut, np.zeros(len(cut), np.int32), F2, V2, tile)
+        assert np.abs(F1 - F2).max() <= 100 * max(fm, fn) * EPS * np.abs(A).max()
+        assert np.array_equal(np.isnan(V1), np.isnan(V2))
+
+
+def test_resident_blocks_and_the_split_setting():
+    from scipy_gpuqr._engine.gpu import device
+    h200 = {"multiProcessorCount": 132, "maxThreadsPerMultiProcessor": 2048,
+            "sharedMemPerMultiprocessor": 233472, "regsPerMultiprocessor": 65536,
+            "maxBlocksPerMultiProcessor": 32}
+    smem = variants.tile_smem_bytes(32, 3, 8, apply=3)
+    assert device.resident_blocks(h200, 256, smem, 80) == 132 * 3
+    assert device.resident_blocks(h200, 256, 1024, 32) == 132 * 8        # by threads
+    assert device.resident_blocks(h200, 256, 1024, 128) == 132 * 2       # by registers
+    assert device.resident_blocks(h200, 256, 300000, 80) == 132           # at least one
+    assert device.resident_blocks({"multiProcessorCount": 4}, 256, 1024, 0) == 4 * 8
+    assert device.apply_split_setting({}) == (device.APPLY_SPLIT_MAX, device.APPLY_SPLIT_FILL)
+    assert device.apply_split_setting({device.ENV_APPLY_SPLIT: "8"}) == (8, device.APPLY_SPLIT_FILL)
+    assert device.apply_split_setting({device.ENV_APPLY_SPLIT: "4:2"}) == (4, 2.0)
+    assert device.apply_split_setting({device.ENV_APPLY_SPLIT: "0"})[0] == 1
+    for bad in ("x", "4:0", "4:y"):
+        with pytest.raises(ValueError):
+            device.apply_split_setting({device.ENV_APPLY_SPLIT: bad})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", FLOAT64_VARIANTS)
+def test_apply_pieces_on_the_gpu_match_whole_records_bit_for_bit(variant):
+    # a launch on a grid of s blocks per record (Apply records cut into s pieces, the
+    # other records in the blocks of y = 0) leaves the same bits as one block per record
+    import cupy as cp
+    tile, bund, threads, apply = variant
+    kern, smem, _ = _kernel(tile, bund, threads, apply)
+    rng = np.random.default_rng()
+    for fm, fn, stair_on in [(700, 600, False), (333, 700, True), (97, 33, False)]:
+        A, stair = _front(rng, fm, fn, stair_on)
+        tasks, launch, nvt = bucket.dense_front_tasks(fm, fn, None, stair, tile=tile,
+                                                      bundle=bund, pipelining=True)
+        F1, F2 = cp.asarray(A.ravel()), cp.asarray(A.ravel())
+        V1 = cp.full(max(nvt, 1) * tile * tile, cp.nan)
+        V2 = V1.copy()
+        for L in range(int(launch[-1]) + 1):
+            sel = tasks[launch == L]
+            if len(sel) == 0:
+                continue
+            s = (2, 3, 4, 8, 16, 1)[L % 6]
+            d = cp.asarray(np.ascontiguousarray(sel).view(np.uint8))
+            kern((len(sel),), (threads,), (d, F1, V1, *_none_args()), shared_mem=smem)
+            kern((len(sel), s), (threads,), (d, F2, V2, *_none_args()), shared_mem=smem)
+            assert cp.array_equal(F1, F2), (fm, fn, L, s)
+            assert bool(cp.all((V1 == V2) | (cp.isnan(V1) & cp.isnan(V2)))), (fm, fn, L, s)

@@ -50,3 +50,77 @@ def test_layout_check_can_fail():
     except Exception as exc:
         pytest.skip(f"NVRTC unavailable: {exc}")
     assert not ok
+
+
+# -- Apply records cut into pieces (the uberkernel's gridDim.y) ------------------------
+
+def _pieces_loop(c0, c1, s, tile):
+    """The pieces by a plain loop over the record's column tiles."""
+    nt = -(-(c1 - c0) // tile) if c1 > c0 else 0
+    out = []
+    for k in range(s):
+        t0, t1 = k * nt // s, (k + 1) * nt // s
+        out.append((c0 + t0 * tile, min(c0 + t1 * tile, c1)))
+    return out
+
+
+def test_apply_pieces_cover_the_record_in_tile_aligned_runs():
+    import numpy as np
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        tile = int(rng.choice([16, 32, 64]))
+        c0 = int(rng.integers(0, 3000))
+        c1 = c0 + int(rng.integers(0, 20 * tile))
+        s = int(rng.integers(1, 20))
+        a, b = tasks.apply_piece_columns(c0, c1, np.arange(s), s, tile)
+        assert [(int(x), int(y)) for x, y in zip(a, b)] == _pieces_loop(c0, c1, s, tile)
+        cols = np.concatenate([np.arange(x, y) for x, y in zip(a, b) if y > x] or [[]])
+        assert np.array_equal(cols, np.arange(c0, c1))       # every column once, in order
+        assert all((x - c0) % tile == 0 for x, y in zip(a, b) if y > x)
+        nt = -(-(c1 - c0) // tile)
+        widths = [-(-(y - x) // tile) for x, y in zip(a, b) if y > x]
+        if widths:
+            assert max(widths) - min(widths) <= 1 and max(widths) == -(-nt // s)
+
+
+def _launch_records(widths, others=0):
+    import numpy as np
+    t = tasks.empty_tasks(len(widths) + others)
+    t["type"][:len(widths)] = tasks.TaskType.APPLY
+    t["c1"][:len(widths)] = np.asarray(widths)
+    t["type"][len(widths):] = tasks.TaskType.APPLY_FACTORIZE
+    t["c1"][len(widths):] = 32
+    return t
+
+
+def test_apply_split_cuts_only_launches_that_leave_the_device_idle():
+    import numpy as np
+    f = tasks.apply_split
+    wide = _launch_records([512] * 100, others=50)
+    assert f(wide["type"], wide["c0"], wide["c1"], 396, 1) == 1          # never cut
+    assert f(wide["type"], wide["c0"], wide["c1"], 150, 8) == 1          # fills the device
+    s = f(wide["type"], wide["c0"], wide["c1"], 396, 8)
+    assert s == 4 and 50 + 100 * 4 >= 396 and 50 + 100 * 2 < 396      # smallest that fills
+    assert f(wide["type"], wide["c0"], wide["c1"], 10**6, 8) == 8       # capped
+    assert f(wide["type"], wide["c0"], wide["c1"], 10**6, 6) == 6       # cap not a power of 2
+    narrow = _launch_records([64] * 10)
+    assert f(narrow["type"], narrow["c0"], narrow["c1"], 396, 8) == 2   # 2 tiles: 2 pieces
+    one = _launch_records([20] * 10)
+    assert f(one["type"], one["c0"], one["c1"], 396, 8) == 1            # one tile: no cut
+    fac = _launch_records([], others=20)
+    assert f(fac["type"], fac["c0"], fac["c1"], 396, 8) == 1            # no Apply record
+    assert f(fac["type"][:0], fac["c0"][:0], fac["c1"][:0], 396, 8) == 1
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        w = rng.integers(1, 17, rng.integers(1, 300)) * 32 - rng.integers(0, 32)
+        t = _launch_records(w.tolist(), others=int(rng.integers(0, 100)))
+        slots, mx = int(rng.integers(50, 800)), int(rng.choice([2, 4, 8, 16]))
+        s = f(t["type"], t["c0"], t["c1"], slots, mx)
+        assert 1 <= s <= mx
+        nt = -(-w // 32)
+        busy = lambda k: (len(t) - len(w)) + int(np.minimum(nt, k).sum())  # noqa: E731
+        if len(t) >= slots:
+            assert s == 1
+        elif s > 1:
+            assert busy(s // 2) < slots or s // 2 >= nt.max()           # a smaller one fails
+            assert busy(s) >= slots or s == mx or s >= nt.max()

@@ -1,9 +1,9 @@
 // Apply task: block Householder update A <- A - V (T^T (V^T A)) of the bundle's
 // column tiles [c0, c1), V and T from the VT tile (top slot) and the front.
 // The template argument APPLY picks how a double-precision TILE-32 Apply with
-// 256 threads does its three products: 3 or 4 on the FP64 tensor cores
+// 256 threads does its three products: 3, 4 or 5 on the FP64 tensor cores
 // (apply_chunk_mma_blocked, the next column chunk copied in by cp.async
-// meanwhile; 4 also picks the lean Factorize, factorize.cuh), 0 scalar loops.
+// meanwhile; 4 and 5 also pick another Factorize, factorize.cuh), 0 scalar loops.
 // Any other type, tile or thread count runs the scalar loops. The host side
 // names the variant (scipy_gpuqr/_engine/gpu/factorize_kernels.py).
 #pragma once
@@ -23,11 +23,12 @@ __device__ __forceinline__ void apply_dmma(double& d0, double& d1, double a, dou
 }
 
 // The Apply a kernel runs: 3 (tensor cores) needs double, TILE 32 and 256
-// threads; 4 is 3's Apply with the lean Factorize (factorize.cuh).
+// threads; 4 and 5 are 3's Apply with the lean Factorize and the Factorize of a
+// lane per column (factorize.cuh).
 template <typename T, int TILE, int NT, int APPLY>
 struct ApplyKind {
     static constexpr int value =
-        (ApplyIsDouble<T>::value && TILE == 32 && NT == 256 && (APPLY == 3 || APPLY == 4))
+        (ApplyIsDouble<T>::value && TILE == 32 && NT == 256 && APPLY >= 3 && APPLY <= 5)
             ? 3 : 0;
 };
 
@@ -165,7 +166,7 @@ __device__ __forceinline__ void apply_chunk_mma_blocked(const Task& t, double* _
 
 template <typename Tv, int TILE, int BUNDLE, int APPLY>
 struct ApplySmem {
-    static constexpr int LD = (APPLY == 3 || APPLY == 4) && ApplyIsDouble<Tv>::value && TILE == 32
+    static constexpr int LD = APPLY >= 3 && APPLY <= 5 && ApplyIsDouble<Tv>::value && TILE == 32
                                   ? TILE + 4 : TILE + 1;
     static constexpr int W = TILE >= 64 ? 32 : TILE;   // columns per chunk
     static constexpr int LDW = LD == TILE + 4 ? W + 4 : W + 1;
@@ -176,9 +177,28 @@ struct ApplySmem {
     static constexpr int TOTAL = V + T + A + C;
 };
 
+// The columns [c0, c1) of an Apply record that piece `piece` of `pieces` updates:
+// the record's column tiles (TILE wide from t.c0, the last one clipped at t.c1)
+// cut into `pieces` runs of near-equal length, so that every column is updated by
+// one piece with exactly the arithmetic of the whole record (chunks stay aligned
+// to t.c0). An empty run (c0 >= c1) when the record has fewer tiles than pieces.
+// Mirror: scipy_gpuqr/_schedule/tasks.py, apply_piece_columns.
+template <int TILE>
+__device__ __forceinline__ void apply_piece_columns(const Task& t, int piece, int pieces,
+                                                    int& c0, int& c1) {
+    const int w = t.c1 - t.c0;
+    const int nt = w > 0 ? (w + TILE - 1) / TILE : 0;
+    const int t0 = (int)(((long long)piece * nt) / pieces);
+    const int t1 = (int)(((long long)(piece + 1) * nt) / pieces);
+    c0 = t.c0 + t0 * TILE;
+    c1 = t.c0 + t1 * TILE < t.c1 ? t.c0 + t1 * TILE : t.c1;
+}
+
+// The Apply of the record's columns [c0, c1) (the whole record: t.c0, t.c1; a
+// piece of it: apply_piece_columns).
 template <typename T, int TILE, int BUNDLE, int NT, int APPLY>
 __device__ void apply_bundle(const Task& t, T* __restrict__ F,
-                             const T* __restrict__ VTpool, T* smem) {
+                             const T* __restrict__ VTpool, T* smem, int c0, int c1) {
     constexpr int KIND = ApplyKind<T, TILE, NT, APPLY>::value;
     static_assert(KIND != 3 || BUNDLE <= 3, "apply_chunk_mma_blocked: at most 3 row tiles");
     using S = ApplySmem<T, TILE, BUNDLE, APPLY>;
@@ -191,9 +211,9 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
     const int fm = t.fm, fn = t.fn, col = t.col, nref = t.nref, na = t.napply;
     const long long F0 = t.F, vt = t.vt;
     const int M = na * TILE;
-    const int cend = t.c1 < fn ? t.c1 : fn;
+    const int cend = c1 < fn ? c1 : fn;
     if constexpr (KIND == 3) {      // the first chunk's copy runs while V and T load
-        if (t.c0 < cend) apply_async_load<NT, LDW>(t, F, A, M, t.c0, cend);
+        if (c0 < cend) apply_async_load<NT, LDW>(t, F, A, M, c0, cend);
     }
     for (int idx = tid; idx < M * TILE; idx += NT) {
         const int i = idx / TILE, j = idx - i * TILE;
@@ -213,7 +233,7 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
         Tm[i * LD + j] = (i <= j && j < nref) ? VTpool[vt + idx] : 0.0;
     }
     if constexpr (KIND == 3) {
-        for (int cc = t.c0; cc < cend; cc += W) {
+        for (int cc = c0; cc < cend; cc += W) {
             apply_async_wait();
             __syncthreads();
             apply_chunk_mma_blocked<LD, LDW>(t, F, V, Tm, A, C, M, nref, cc, cend, cc + W);
@@ -221,7 +241,7 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
         return;
     }
     __syncthreads();
-    for (int cc = t.c0; cc < cend; cc += W) {
+    for (int cc = c0; cc < cend; cc += W) {
         for (int idx = tid; idx < M * W; idx += NT) {
             const int i = idx / W, j = idx - i * W;
             const int r = t.rows[i / TILE] + (i % TILE), c = cc + j;

@@ -76,7 +76,8 @@ import numpy as np
 
 __all__ = ["TaskType", "TASK_DTYPE", "TASK_BYTES", "MAX_SLOTS",
            "MAX_BUNDLE", "DEFAULT_TILE", "DEFAULT_BUNDLE",
-           "DEFAULT_APPLY_GRANULE", "empty_tasks", "c_struct_asserts"]
+           "DEFAULT_APPLY_GRANULE", "empty_tasks", "c_struct_asserts",
+           "apply_piece_columns", "apply_split"]
 
 #: Default tile edge (a tunable: nothing may assume 32).
 DEFAULT_TILE = 32
@@ -156,3 +157,83 @@ def c_struct_asserts(struct: str = "gpuqr::Task") -> str:
     lines.append(f"static_assert(GPUQR_MAX_SLOTS == {MAX_SLOTS}, \"MAX_SLOTS\");")
     lines.append(f"static_assert(GPUQR_MAX_BUNDLE == {MAX_BUNDLE}, \"MAX_BUNDLE\");")
     return "\n".join(lines) + "\n"
+
+
+def apply_piece_columns(c0, c1, piece, pieces: int, tile: int = DEFAULT_TILE):
+    """Columns ``[a, b)`` of an Apply record that piece ``piece`` of ``pieces`` updates.
+
+    The uberkernel may run a launch on a grid of ``pieces`` blocks per record
+    (``gridDim.y``): an Apply record's column tiles (``tile`` wide from ``c0``,
+    the last one clipped at ``c1``) are cut into ``pieces`` runs of near-equal
+    length, one block each, so that chunks stay aligned to ``c0`` and every
+    column gets the arithmetic of the whole record. Mirror of the kernel's
+    ``apply_piece_columns`` (``kernels/sparse_qr/apply.cuh``).
+
+    Parameters
+    ----------
+    c0, c1 : int or ndarray of int
+        The record's columns ``[c0, c1)``.
+    piece : int or ndarray of int
+        ``0 <= piece < pieces``.
+    pieces : int
+    tile : int
+
+    Returns
+    -------
+    (a, b) : int or ndarray of int64
+        ``a >= b`` when the piece is empty (fewer tiles than pieces).
+    """
+    c0 = np.asarray(c0, dtype=np.int64)
+    c1 = np.asarray(c1, dtype=np.int64)
+    piece = np.asarray(piece, dtype=np.int64)
+    nt = np.where(c1 > c0, -(-(c1 - c0) // tile), 0)
+    t0 = piece * nt // pieces
+    t1 = (piece + 1) * nt // pieces
+    return c0 + t0 * tile, np.minimum(c0 + t1 * tile, c1)
+
+
+def apply_split(types, c0, c1, slots: int, max_split: int, tile: int = DEFAULT_TILE) -> int:
+    """Pieces per Apply record (the uberkernel's ``gridDim.y``) for one launch.
+
+    A launch lasts at least as long as its longest record; an Apply record
+    updates up to :data:`DEFAULT_APPLY_GRANULE` column tiles one after the
+    other, so a launch of fewer records than the device runs at once (its
+    ``slots``: SMs times resident blocks each) is a chain of those tiles with
+    part of the device idle. Cutting every Apply record into pieces (
+    :func:`apply_piece_columns`) gives the idle blocks work; each piece
+    reloads the record's ``V`` and ``T``, so a launch that fills the device
+    already is not cut. The answer is the smallest power of two (at most
+    ``max_split``) whose pieces with work, with the launch's other records,
+    reach ``slots`` (1: not cut); the doubling stops once the widest Apply
+    record has at most one tile a piece.
+
+    Parameters
+    ----------
+    types, c0, c1 : ndarray
+        The launch's records' ``type``, ``c0``, ``c1`` fields.
+    slots : int
+        Thread blocks the device runs at once.
+    max_split : int
+        Most pieces per record (1: never cut).
+    tile : int
+
+    Returns
+    -------
+    int
+    """
+    n = len(types)
+    if max_split <= 1 or n >= slots or n == 0:
+        return 1
+    app = np.asarray(types) == TaskType.APPLY
+    if not app.any():
+        return 1
+    w = np.asarray(c1, dtype=np.int64)[app] - np.asarray(c0, dtype=np.int64)[app]
+    nt = np.maximum(-(-w // tile), 0)
+    widest = int(nt.max())
+    other = n - int(app.sum())
+    s = 1
+    while s < max_split and s < widest:
+        s = min(2 * s, max_split)
+        if other + int(np.minimum(nt, s).sum()) >= slots:
+            break
+    return s

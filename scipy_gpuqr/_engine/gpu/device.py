@@ -57,7 +57,7 @@ from ..._gpu import import_cupy
 from ..._kernels import load_module
 from ..._schedule import native
 from ..._schedule.native import run_split
-from ..._schedule.tasks import TASK_BYTES, TaskType
+from ..._schedule.tasks import TASK_BYTES, TaskType, apply_split
 from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
 from ..host.simulate import execute_task, one_blas_thread
 from ..memory import CHECK_CHUNK, DeviceMemory, available_bytes
@@ -78,6 +78,49 @@ ENGINE_THREADS = variants.ENGINE_THREADS
 #: Side streams on which dense fronts run (concurrently with the launches and
 #: with each other).
 DENSE_STREAMS = 4
+
+
+#: Most pieces the uberkernel cuts an Apply record into in a launch of fewer
+#: records than the device runs at once (:func:`~scipy_gpuqr._schedule.tasks.apply_split`;
+#: 1: never cut, the default: a launch's time is bound by its Factorize records,
+#: not its Apply records, see bench/RESULTS.md).
+APPLY_SPLIT_MAX = 1
+#: A launch is cut until its blocks with work reach this many times the blocks
+#: the device runs at once.
+APPLY_SPLIT_FILL = 1.0
+#: Environment variable giving ``max[:fill]`` for comparisons (benchmarks, tests).
+ENV_APPLY_SPLIT = "SCIPY_GPUQR_APPLY_SPLIT"
+
+
+def apply_split_setting(environ=os.environ) -> tuple:
+    """``(max pieces, fill)``: :data:`ENV_APPLY_SPLIT` when set, else
+    :data:`APPLY_SPLIT_MAX`, :data:`APPLY_SPLIT_FILL`."""
+    raw = environ.get(ENV_APPLY_SPLIT, "").strip()
+    if not raw:
+        return APPLY_SPLIT_MAX, APPLY_SPLIT_FILL
+    mx, _, fill = raw.partition(":")
+    try:
+        out = (max(1, int(mx)), float(fill) if fill else APPLY_SPLIT_FILL)
+    except ValueError:
+        raise ValueError(f"{ENV_APPLY_SPLIT}={raw!r}: 'max' or 'max:fill'") from None
+    if not out[1] > 0:
+        raise ValueError(f"{ENV_APPLY_SPLIT}={raw!r}: fill must be > 0")
+    return out
+
+
+def resident_blocks(props: dict, threads: int, smem: int, regs: int) -> int:
+    """Thread blocks of ``threads`` threads, ``smem`` bytes of dynamic shared memory
+    and ``regs`` registers a thread the device runs at once (SMs times the
+    blocks an SM holds by threads, shared memory with its 1 KB reserved per
+    block, and registers; at least one per SM)."""
+    sms = int(props.get("multiProcessorCount", 1))
+    by_threads = int(props.get("maxThreadsPerMultiProcessor", 2048)) // max(threads, 1)
+    sm_smem = int(props.get("sharedMemPerMultiprocessor", 0))
+    by_smem = sm_smem // (smem + 1024) if sm_smem else by_threads
+    by_regs = (int(props.get("regsPerMultiprocessor", 65536)) // (max(regs, 1) * threads)
+               if regs else by_threads)
+    return sms * max(1, min(by_threads, by_smem, by_regs,
+                            int(props.get("maxBlocksPerMultiProcessor", 32))))
 
 
 #: Share of the host's physical memory one factorization may pin for the stage
@@ -507,6 +550,10 @@ class CupyDevice:
         self.device_id = dev.id
         props = cp.cuda.runtime.getDeviceProperties(dev.id)
         self.name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        #: blocks the device runs at once, and the Apply cut (:func:`apply_split_setting`)
+        self.slots = resident_blocks(props, threads, self.smem,
+                                     int(getattr(self.kernel, "num_regs", 0) or 0))
+        self.apply_split_max, self.apply_split_fill = apply_split_setting()
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self.launches = 0
@@ -570,10 +617,10 @@ class CupyDevice:
 
     # -- the four calls -------------------------------------------------------------
     def launch_times(self) -> list:
-        """(stage fronts, launch, tasks, seconds) of every profiled launch."""
+        """(stage fronts, launch, tasks, seconds, Apply pieces) of every profiled launch."""
         cp = self.cp
-        return [(fr, L, n, cp.cuda.get_elapsed_time(a, b) / 1e3)
-                for fr, L, n, a, b in self.launch_events]
+        return [(fr, L, n, cp.cuda.get_elapsed_time(a, b) / 1e3, k)
+                for fr, L, n, a, b, k in self.launch_events]
 
     def start(self, maps: np.ndarray, vt_size: int) -> None:
         t0 = time.perf_counter()
@@ -642,17 +689,22 @@ class CupyDevice:
             seg = h["host"][a * TASK_BYTES: b * TASK_BYTES]
             seg[...] = raw
             dt[a * TASK_BYTES: b * TASK_BYTES].set(seg, stream=stream)
+        split = 1
+        target = int(self.apply_split_fill * self.slots)
+        if self.apply_split_max > 1 and b - a < target:
+            split = apply_split(records["type"], records["c0"], records["c1"], target,
+                                self.apply_split_max, self.tile)
         with stream:  # RawKernel launches on the current stream
             if self.profile:
                 ea = cp.cuda.Event()
                 ea.record(stream)
-            self.kernel((b - a,), (self.threads,),
+            self.kernel((b - a, split), (self.threads,),
                         (dt[a * TASK_BYTES:], h["pool"], self.vt, h["sidx"], h["sval"],
                          self.maps), shared_mem=self.smem)
             if self.profile:
                 eb = cp.cuda.Event()
                 eb.record(stream)
-                self.launch_events.append((h["st"].fronts, L, b - a, ea, eb))
+                self.launch_events.append((h["st"].fronts, L, b - a, ea, eb, split))
         self.launches += 1
         if self.debug:
             self._check(f"after launch {L} of stage {h['st'].fronts}")
