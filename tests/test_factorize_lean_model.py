@@ -1,6 +1,8 @@
 """The lean Factorize's order of work (``factorize_columns_lean`` and the
-row-per-thread T of ``factorize_bundle<..., LEAN>`` in
-``kernels/sparse_qr/factorize.cuh``), on the CPU.
+row-per-thread T of ``factorize_bundle<..., KIND 1>`` in
+``kernels/sparse_qr/factorize.cuh``) and the lane-per-column one
+(``factorize_columns_lanes``, KIND 2: each warp's rows summed in order, the
+warps' partials in warp order, V scaled in place before w), on the CPU.
 
 Each barrier-separated phase of the kernel is one NumPy step here, with the
 kernel's index ranges: the reflector formed from the block's partial sums
@@ -55,7 +57,11 @@ def _lean(A, nref):
             A[k:, k + 1:] -= np.outer(v, Y)
     if prev != 0.0:
         A[nref:, nref - 1] *= prev
-    # Y[a][b] = V[:, a]ᵀ V[:, b] (a < b), then T a row per thread
+    return tau, _row_per_thread_T(A, tau, nref)
+
+
+def _row_per_thread_T(A, tau, nref):
+    """Y[a][b] = V[:, a]ᵀ V[:, b] (a < b), then T a row per thread."""
     Yg = np.zeros((TILE, TILE))
     for a in range(nref):
         for b in range(a + 1, nref):
@@ -69,13 +75,64 @@ def _lean(A, nref):
                 for l in range(row, k):
                     s += T[row, l] * Yg[l, k]
             T[row, k] = -tau[k] * s
-    return tau, T
+    return T
 
 
+def _lanes(A, nref, NW=8):
+    """``factorize_columns_lanes`` on the stacked tile ``A`` (M × TILE), in place:
+    a lane per column, warp ``w`` owning rows ``w, w + NW, ...``; each warp's
+    partial sums in its row order, the warps' partials added in warp order."""
+    M = A.shape[0]
+    tau = np.zeros(TILE)
+    rows = [np.arange(w, M, NW) for w in range(NW)]
+
+    def seq(vals):                      # a lane's sequential sum
+        s = 0.0
+        for x in vals:
+            s += x
+        return s
+
+    for k in range(nref):
+        ssw = [seq(A[i, k] * A[i, k] for i in rows[w] if i > k) for w in range(NW)]
+        mxw = [max([abs(A[i, k]) for i in rows[w] if i > k], default=0.0) for w in range(NW)]
+        ss, m = seq(ssw), max(mxw)
+        alpha = A[k, k]
+        xnorm = 0.0 if m == 0.0 else float(np.sqrt(ss))
+        if not (m == 0.0 or NORM_LO <= ss <= NORM_HI):
+            qw = [seq((A[i, k] / m) * (A[i, k] / m) for i in rows[w] if i > k)
+                  for w in range(NW)]
+            xnorm = m * float(np.sqrt(seq(qw)))
+        nrm = float(np.hypot(alpha, xnorm)) if xnorm > 0.0 else 0.0
+        tk = scale = 0.0
+        if nrm >= NORM_TINY:
+            beta = -nrm if alpha >= 0.0 else nrm
+            tk = (beta - alpha) / beta
+            scale = 1.0 / (alpha - beta)
+            A[k + 1:, k] *= scale
+            A[k, k] = beta
+        tau[k] = tk
+        if tk != 0.0:
+            wp = np.zeros((NW, TILE))
+            for w in range(NW):
+                for i in rows[w]:
+                    if i == k:
+                        wp[w] += A[k]
+                    elif i > k:
+                        wp[w] += A[i, k] * A[i]
+            wj = np.zeros(TILE)
+            for w in range(NW):
+                wj += wp[w]
+            wj *= tk
+            A[k, k + 1:] -= wj[k + 1:]
+            A[k + 1:, k + 1:] -= np.outer(A[k + 1:, k], wj[k + 1:])
+    return tau, _row_per_thread_T(A, tau, nref)
+
+
+@pytest.mark.parametrize("model", [_lean, _lanes])
 @pytest.mark.parametrize("M,nref,kind", [(96, 32, "plain"), (64, 32, "plain"), (32, 32, "plain"),
                                          (96, 17, "plain"), (96, 1, "plain"), (64, 32, "scaled"),
                                          (96, 32, "zeros"), (32, 9, "scaled")])
-def test_lean_factorize_matches_the_numpy_executor(M, nref, kind):
+def test_lean_factorize_matches_the_numpy_executor(M, nref, kind, model):
     rng = np.random.default_rng()
     A0 = rng.standard_normal((M, TILE))
     if kind == "scaled":                      # squares below and above the normal range
@@ -87,7 +144,7 @@ def test_lean_factorize_matches_the_numpy_executor(M, nref, kind):
     want, got = A0.copy(), A0.copy()
     with np.errstate(over="ignore"):          # squares of 1e160: the rescaled pass
         tau_w, T_w = householder_tile(want, nref)
-        tau_g, T_g = _lean(got, nref)
+        tau_g, T_g = model(got, nref)
     scale = np.maximum(np.abs(A0).max(axis=0), np.abs(want).max(axis=0))
     assert np.isfinite(got).all()
     np.testing.assert_allclose(tau_g[:nref], tau_w, rtol=1e-12, atol=1e-15)

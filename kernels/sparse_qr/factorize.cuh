@@ -167,15 +167,124 @@ __device__ void factorize_columns_lean(T* A, T* Y, T* scr, T* tau, int M, int nr
     }
 }
 
+// Column partials of column c for factorize_columns_lanes: lane c of every warp
+// sums the squares and takes the largest magnitude of its rows (i = warp + 8 r)
+// below c into P[warp], P[8 + warp]; the owner of row c puts A[c][c] into P[24].
+template <typename T, int TILE, int NW>
+__device__ __forceinline__ void lanes_column_partials(const T* A, int c, int M, T* P) {
+    constexpr int LD = TILE + 1;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane != c) return;
+    T p = 0.0, mx = 0.0;
+    for (int i = warp; i < M; i += NW) {
+        const T x = A[i * LD + c];
+        if (i > c) {
+            p += x * x;
+            mx = fmax(mx, fabs(x));
+        } else if (i == c) {
+            P[24] = x;
+        }
+    }
+    P[warp] = p;
+    P[8 + warp] = mx;
+}
+
+// The column loop of factorize_bundle<..., KIND 2> (TILE 32, 256 threads): a
+// lane per column (lane j updates column j) and a row set per warp (rows
+// i = warp + 8 r), so that no index is divided and no thread works alone while
+// the others wait. Per column two barriers: after the column's partial sums
+// (taken by lane k at the end of column k - 1, two buffers by parity), every
+// thread forms the same reflector from them (the scaled second pass, one more
+// barrier, where the sum of squares leaves NormRange); lane k scales its rows of
+// column k into V (beta on the diagonal), the warp synchronizes, each lane sums
+// v_i A[i][j] over the warp's rows into Y; after the barrier every lane adds its
+// column's eight partials in warp order and updates its rows. Same reflectors,
+// V, beta and tau as the other loops, to rounding (V scaled in place before w,
+// as the first loop does).
+template <typename T, int TILE, int NT>
+__device__ void factorize_columns_lanes(T* A, T* Y, T* scr, T* tau, int M, int nref) {
+    static_assert(TILE == 32 && NT == 256, "factorize_columns_lanes: TILE 32, 256 threads");
+    constexpr int LD = TILE + 1, NW = NT / 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (nref > 0) lanes_column_partials<T, TILE, NW>(A, 0, M, scr);
+    __syncthreads();
+    for (int k = 0; k < nref; ++k) {
+        T* P = scr + ((k & 1) ? 32 : 0);
+        T ss = 0.0, m = 0.0;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) { ss += P[w]; m = fmax(m, P[8 + w]); }
+        const T alpha = P[24];
+        T xnorm = m == T(0) ? T(0) : sqrt(ss);
+        if (!(m == T(0) || (ss >= NormRange<T>::LO && ss <= NormRange<T>::HI))) {
+            // squares out of range: the scaled second pass (uniform branch)
+            if (lane == k) {
+                T q = 0.0;
+                for (int i = warp; i < M; i += NW) {
+                    if (i > k) {
+                        const T x = A[i * LD + k] / m;
+                        q += x * x;
+                    }
+                }
+                P[16 + warp] = q;
+            }
+            __syncthreads();
+            T sq = 0.0;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) sq += P[16 + w];
+            xnorm = m * sqrt(sq);
+        }
+        T tk = 0.0, scale = 0.0;
+        const T nrm = xnorm > T(0) ? hypot(alpha, xnorm) : T(0);
+        // a column below NormRange::TINY is left alone (identity reflector, tau = 0)
+        if (nrm >= NormRange<T>::TINY) {
+            const T beta = alpha >= 0.0 ? -nrm : nrm;
+            tk = (beta - alpha) / beta;
+            scale = T(1) / (alpha - beta);
+            if (lane == k) {        // column k becomes V (rows of this warp), beta
+                for (int i = warp; i < M; i += NW) {
+                    if (i > k) A[i * LD + k] *= scale;
+                    else if (i == k) A[i * LD + k] = beta;
+                }
+            }
+        }
+        if (tid == 0) tau[k] = tk;
+        if (tk != 0.0) {            // uniform branch
+            __syncwarp();           // the warp's rows of V written by lane k
+            // w_j = A[k][j] + sum_{i>k} v_i A[i][j]: this warp's rows
+            T wp = 0.0;
+            for (int i = warp; i < M; i += NW) {
+                if (i == k) wp += A[i * LD + lane];
+                else if (i > k) wp += A[i * LD + k] * A[i * LD + lane];
+            }
+            Y[warp * TILE + lane] = wp;
+            __syncthreads();
+            if (lane > k) {
+                T w = 0.0;
+#pragma unroll
+                for (int q = 0; q < NW; ++q) w += Y[q * TILE + lane];
+                w *= tk;
+                for (int i = warp; i < M; i += NW) {
+                    if (i == k) A[i * LD + lane] -= w;
+                    else if (i > k) A[i * LD + lane] -= A[i * LD + k] * w;
+                }
+            }
+        }
+        if (k + 1 < nref)
+            lanes_column_partials<T, TILE, NW>(A, k + 1, M, scr + ((k & 1) ? 0 : 32));
+        __syncthreads();
+    }
+}
+
 // Factorize the column tile starting at column `col` (nref reflectors) of the row
 // tiles rows[fs .. fs+nf), the slot `ftop` being the top tile; VT written at vtoff.
-// LEAN: the same reflectors, T and stores with fewer barriers: per column one
+// KIND 1 (lean): the same reflectors, T and stores with fewer barriers: per column one
 // after the partial sums, one after w, one after the update (every thread
 // forms the reflector from the partials itself; column k is scaled into V at
 // the start of column k + 1, w and the update using scale * A[i][k]), and
 // T built a row per thread (row l needs only its own earlier entries), no
-// barrier per column.
-template <typename T, int TILE, int BUNDLE, int NT, bool LEAN = false>
+// barrier per column. KIND 2 (a lane per column, TILE 32 and 256 threads only):
+// the column loop factorize_columns_lanes, T a row per thread as KIND 1.
+template <typename T, int TILE, int BUNDLE, int NT, int KIND = 0>
 __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
                                  T* __restrict__ VTpool, int col, int nref,
                                  long long vtoff, T* smem) {
@@ -205,7 +314,9 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
     }
     for (int idx = tid; idx < TILE * LD; idx += NT) Tm[idx] = 0.0;
     __syncthreads();
-    if constexpr (LEAN) {
+    if constexpr (KIND == 2) {
+        factorize_columns_lanes<T, TILE, NT>(A, Y, scr, tau, M, nref);
+    } else if constexpr (KIND == 1) {
         factorize_columns_lean<T, TILE, NT>(A, Y, scr, tau, M, nref);
     } else {
     for (int k = 0; k < nref; ++k) {
@@ -260,7 +371,7 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
         }
     }
     __syncthreads();
-    if constexpr (LEAN) {
+    if constexpr (KIND != 0) {
         // T[i][k] = -tau_k sum_{l=i}^{k-1} T[i][l] Y[l][k]: row i reads only its own
         // earlier entries, so a thread per row needs no barrier (same sums, same order)
         if (tid < nref) {
