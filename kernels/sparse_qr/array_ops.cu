@@ -204,24 +204,37 @@ __device__ void normal_block(double* __restrict__ out, ll n, unsigned long long 
 // X and Y are n x k row-major; blockIdx.y is the column j.
 constexpr int RMUL_ROWS = 64;
 
+// This thread block's chunk (blockIdx.x) and column (blockIdx.y).
+template <typename T>
+struct RmulChunk {
+    const T* F;
+    const ll* cf;
+    ll fn, row0, row1, j;
+    __device__ RmulChunk(const ll* desc, const T* pool, const ll* cols) {
+        const ll* d = desc + 5 * (ll)blockIdx.x;
+        F = pool + d[0];
+        fn = d[1];
+        cf = cols + d[3];
+        row0 = d[4];
+        row1 = min(d[2], row0 + RMUL_ROWS);
+        j = blockIdx.y;
+    }
+};
+
 // Y[cf[i], j] = sum_{t >= i} F[i, t] X[cf[t], j] for the chunk's rows i: a warp per
 // row (rows of R are distinct pivot columns: plain stores).
 template <typename T>
 __device__ void rmul_upper(const ll* __restrict__ desc, const T* __restrict__ pool,
                            const ll* __restrict__ cols, const double* __restrict__ X,
                            double* __restrict__ Y, ll k) {
-    const ll* d = desc + 5 * (ll)blockIdx.x;
-    const T* F = pool + d[0];
-    const ll fn = d[1], rk = d[2];
-    const ll* cf = cols + d[3];
-    const ll row0 = d[4], row1 = min(rk, row0 + RMUL_ROWS);
-    const ll j = blockIdx.y;
+    const RmulChunk<T> c(desc, pool, cols);
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    for (ll i = row0 + (threadIdx.x >> 5); i < row1; i += warps) {
+    for (ll i = c.row0 + (threadIdx.x >> 5); i < c.row1; i += warps) {
         double s = 0.0;
-        for (ll t = i + lane; t < fn; t += 32) s += (double)F[i * fn + t] * X[cf[t] * k + j];
+        for (ll t = i + lane; t < c.fn; t += 32)
+            s += (double)c.F[i * c.fn + t] * X[c.cf[t] * k + c.j];
         for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-        if (lane == 0) Y[cf[i] * k + j] = s;
+        if (lane == 0) Y[c.cf[i] * k + c.j] = s;
     }
 }
 
@@ -231,17 +244,13 @@ template <typename T>
 __device__ void rmul_trans(const ll* __restrict__ desc, const T* __restrict__ pool,
                            const ll* __restrict__ cols, const double* __restrict__ X,
                            double* __restrict__ Y, ll k) {
-    const ll* d = desc + 5 * (ll)blockIdx.x;
-    const T* F = pool + d[0];
-    const ll fn = d[1], rk = d[2];
-    const ll* cf = cols + d[3];
-    const ll row0 = d[4], row1 = min(rk, row0 + RMUL_ROWS);
-    const ll j = blockIdx.y;
-    for (ll t = row0 + threadIdx.x; t < fn; t += blockDim.x) {
-        const ll last = min(row1 - 1, t);
+    const RmulChunk<T> c(desc, pool, cols);
+    for (ll t = c.row0 + threadIdx.x; t < c.fn; t += blockDim.x) {
+        const ll last = min(c.row1 - 1, t);
         double s = 0.0;
-        for (ll i = row0; i <= last; ++i) s += (double)F[i * fn + t] * X[cf[i] * k + j];
-        atomicAdd(&Y[cf[t] * k + j], s);
+        for (ll i = c.row0; i <= last; ++i)
+            s += (double)c.F[i * c.fn + t] * X[c.cf[i] * k + c.j];
+        atomicAdd(&Y[c.cf[t] * k + c.j], s);
     }
 }
 
