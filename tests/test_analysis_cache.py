@@ -406,3 +406,20 @@ def test_pattern_key_names_the_pattern_and_options():
     assert analyze(grid3d_least_squares(5)).pattern_key != first.pattern_key
     assert pickle.loads(pickle.dumps(hit)).pattern_key == hit.pattern_key
     assert dataclasses.replace(hit).pattern_key is None      # a changed copy is not keyed
+
+
+@pytest.mark.parametrize("name", ["colamd", "amd"])
+def test_ordering_library_file_from_the_loader_equals_the_mappings(monkeypatch, name):
+    """The ordering library's file in the key, asked of the loader (dlinfo), is the
+    one the process's mappings name (symbolic links resolved, size included); the
+    mappings answer where the loader cannot."""
+    from scipy_gpuqr._cpu._libs import LibraryNotFound, find_library
+    try:
+        soname = find_library(name)
+    except LibraryNotFound:
+        pytest.skip(f"no {name}")
+    asked = analysis_cache._library_file(soname)
+    path = analysis_cache._loaded_path(soname)
+    assert path is not None and asked.startswith(path.rsplit("/", 1)[-1] + ":")
+    monkeypatch.setattr(analysis_cache, "_loaded_path", lambda s: None)
+    assert analysis_cache._library_file(soname) == asked

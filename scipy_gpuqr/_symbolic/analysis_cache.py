@@ -54,10 +54,12 @@ and its page faults cost more than the check).
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import hashlib
 import importlib.util
+import os
 import threading
 import zlib
 from collections import OrderedDict
@@ -116,10 +118,44 @@ _TAGS: dict = {}
 _TAGS_LOCK = threading.Lock()
 
 
+class _LinkMap(ctypes.Structure):
+    """The head of glibc's ``struct link_map`` (``<link.h>``)."""
+    _fields_ = [("l_addr", ctypes.c_void_p), ("l_name", ctypes.c_char_p)]
+
+
+#: ``dlinfo`` request for the library's ``struct link_map``.
+_RTLD_DI_LINKMAP = 2
+
+
+def _loaded_path(soname: str) -> str | None:
+    """The file the dynamic loader opened for ``soname`` (symbolic links resolved,
+    as the kernel's mappings name it), asked of the loader (``dlinfo``:
+    microseconds), or None where it cannot say (no ``dlinfo``, a name without a
+    path)."""
+    try:
+        dlinfo = ctypes.CDLL(None).dlinfo
+        lib = ctypes.CDLL(soname)
+        head = ctypes.POINTER(_LinkMap)()
+        if dlinfo(ctypes.c_void_p(lib._handle), _RTLD_DI_LINKMAP, ctypes.byref(head)) != 0:
+            return None
+        name = head.contents.l_name
+    except (OSError, AttributeError, ValueError):
+        return None
+    return os.path.realpath(os.fsdecode(name)) if name else None
+
+
 def _library_file(soname: str) -> str:
     """The file the loader mapped for ``soname`` (its full version in the name)
-    and its size; the soname alone where the mappings cannot be read."""
+    and its size; the soname alone where the mappings cannot be read. The
+    loader is asked first (``/proc/self/maps`` of a process with CUDA loaded
+    lists thousands of mappings: tens of milliseconds to read)."""
     base = Path(soname).name
+    path = _loaded_path(soname)
+    if path and Path(path).name.startswith(base):
+        try:
+            return f"{Path(path).name}:{Path(path).stat().st_size}"
+        except OSError:
+            pass
     try:
         with open("/proc/self/maps") as fh:
             text = fh.read()
