@@ -30,7 +30,7 @@ from ..._kernels import KernelUse, load_module
 __all__ = ["OPS_FILE", "OPS_THREADS", "array_ops_use", "copy_into", "subtract_into",
            "contiguous_copy", "matmul_operand", "fresh_float64", "unit_triangle", "wy_system", "take_rows",
            "put_rows", "column_norms", "column_absmax", "divide_columns", "trsm_left",
-           "thin_qr", "upload_block", "normal_block"]
+           "thin_qr", "upload_block", "normal_block", "front_rows_product"]
 
 #: The kernel source (relative to ``kernels/``): ``extern "C"`` kernels, one module.
 OPS_FILE = "sparse_qr/array_ops.cu"
@@ -306,6 +306,22 @@ def normal_block(seed: int, shape: tuple):
     _launch("normal_block_f64", (n + 1) // 2,
             (out, np.int64(n), np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF)))
     return out
+
+
+def front_rows_product(desc, pool, cols, X, Y, *, trans: bool) -> None:
+    """R's product with X over the fronts ``desc`` describes, into Y: ``R X``
+    sets Y's rows of those fronts' pivots, ``Rᵀ X`` adds into Y's columns
+    atomically (Y holds zeros or earlier stages' sums). Kernels
+    ``rmul_upper``/``rmul_trans``; ``desc`` device int64, 5 per chunk of at
+    most 64 rows of one front (pool offset, fn, rk, first column in ``cols``,
+    first row); R's rows read in ``pool`` (float64/float32); X and Y float64
+    n × k C-contiguous device arrays."""
+    k = int(X.shape[1])
+    chunks = int(desc.shape[0])
+    if not (k and chunks):
+        return
+    name = f"rmul_{'trans' if trans else 'upper'}_{_VALUE[np.dtype(pool.dtype)]}"
+    _fn(name)((chunks, k), (OPS_THREADS,), (desc, pool, cols, X, Y, np.int64(k)))
 
 
 def trsm_left(A, lda: int, B, ldb: int, m: int, n: int, *, lower: bool, trans: bool,

@@ -30,12 +30,13 @@ import numpy as np
 
 from . import array_ops as ops
 
-__all__ = ["RMUL_ROWS", "FrontProduct"]
+__all__ = ["RMUL_ROWS", "MAX_COLUMNS", "FrontProduct"]
 
 #: Rows of one front per thread block (the kernels' ``RMUL_ROWS``).
 RMUL_ROWS = 64
 
-_SUFFIX = {np.dtype(np.float64): "f64", np.dtype(np.float32): "f32"}
+#: Most columns of X (a launch's ``gridDim.y``, one column each).
+MAX_COLUMNS = 65535
 
 
 class FrontProduct:
@@ -80,7 +81,10 @@ class FrontProduct:
 
     def multiply(self, X, *, trans: bool):
         """``Rᵀ X`` (``trans``) or ``R X`` for a device block X (n × k, float64,
-        C order); a new device array."""
+        C order); a new device array, or None for more columns than a grid's
+        second dimension holds (:data:`MAX_COLUMNS`)."""
+        if X.shape[1] > MAX_COLUMNS:
+            return None
         ft = self.ft
         cp = ft.xp
         X = ops.fresh_float64(cp.asarray(X)) if not (
@@ -89,12 +93,9 @@ class FrontProduct:
         Y = cp.zeros((n, k), dtype=np.float64)
         if k == 0:
             return Y
-        kind = "trans" if trans else "upper"
         for sid, rows, desc in self.stages:
             pool = rows.upload() if rows is not None else ft.pools(sid)
-            name = f"rmul_{kind}_{_SUFFIX[np.dtype(pool.dtype)]}"
-            ops._fn(name)((int(desc.shape[0]), k), (ops.OPS_THREADS,),
-                          (desc, pool, ft.cols, X, Y, np.int64(k)))
+            ops.front_rows_product(desc, pool, ft.cols, X, Y, trans=trans)
             del pool
         if ft.n1:
             self._singletons(X, Y, trans)
