@@ -25,6 +25,17 @@ TILE = 32
 NORM_LO, NORM_HI, NORM_TINY = 1e-280, 1e280, 1e-290
 
 
+def _reflector(alpha, xnorm):
+    """``(tau, scale, beta)`` of column k's reflector from its head ``alpha`` and the
+    norm ``xnorm`` of the rest, as both kernels form it: ``tau = 0`` (the column
+    left alone) below NORM_TINY."""
+    nrm = float(np.hypot(alpha, xnorm)) if xnorm > 0.0 else 0.0
+    if nrm < NORM_TINY:
+        return 0.0, 0.0, None
+    beta = -nrm if alpha >= 0.0 else nrm
+    return (beta - alpha) / beta, 1.0 / (alpha - beta), beta
+
+
 def _lean(A, nref):
     """The kernel's phases on the stacked tile ``A`` (M × TILE), in place."""
     M = A.shape[0]
@@ -41,12 +52,8 @@ def _lean(A, nref):
         if not (m == 0.0 or NORM_LO <= ss <= NORM_HI):
             xs = x / m
             xnorm = m * float(np.sqrt(xs @ xs))
-        nrm = float(np.hypot(alpha, xnorm)) if xnorm > 0.0 else 0.0
-        tk = scale = 0.0
-        if nrm >= NORM_TINY:
-            beta = -nrm if alpha >= 0.0 else nrm
-            tk = (beta - alpha) / beta
-            scale = 1.0 / (alpha - beta)
+        tk, scale, beta = _reflector(alpha, xnorm)
+        if tk != 0.0:
             A[k, k] = beta
         tau[k] = tk
         prev = scale if tk != 0.0 else 0.0
@@ -102,12 +109,8 @@ def _lanes(A, nref, NW=8):
             qw = [seq((A[i, k] / m) * (A[i, k] / m) for i in rows[w] if i > k)
                   for w in range(NW)]
             xnorm = m * float(np.sqrt(seq(qw)))
-        nrm = float(np.hypot(alpha, xnorm)) if xnorm > 0.0 else 0.0
-        tk = scale = 0.0
-        if nrm >= NORM_TINY:
-            beta = -nrm if alpha >= 0.0 else nrm
-            tk = (beta - alpha) / beta
-            scale = 1.0 / (alpha - beta)
+        tk, scale, beta = _reflector(alpha, xnorm)
+        if tk != 0.0:
             A[k + 1:, k] *= scale
             A[k, k] = beta
         tau[k] = tk
