@@ -49,6 +49,22 @@ template <> struct NormRange<float> {
     static constexpr float LO = 1e-30f, HI = 1e30f, TINY = 1e-36f;
 };
 
+// Column k's Householder reflector from its head alpha and the norm xnorm of the
+// entries below it: tau, scale = 1/(alpha - beta) and beta; false (tau = scale = 0)
+// for a column below NormRange::TINY, which is left alone (1/(alpha - beta) would
+// overflow; its entries stay as V with tau = 0, an identity reflector).
+template <typename T>
+__device__ __forceinline__ bool householder_of(T alpha, T xnorm, T& tk, T& scale, T& beta) {
+    tk = T(0);
+    scale = T(0);
+    const T nrm = xnorm > T(0) ? hypot(alpha, xnorm) : T(0);
+    if (!(nrm >= NormRange<T>::TINY)) return false;
+    beta = alpha >= 0.0 ? -nrm : nrm;
+    tk = (beta - alpha) / beta;
+    scale = T(1) / (alpha - beta);
+    return true;
+}
+
 // ||A[k+1:M, k]||_2 of the smem column k, valid in thread 0: one pass for the sum
 // of squares and the largest magnitude, a second scaled pass only where the sum
 // lies outside NormRange. scr[0..31] and scr[36..63] hold the warp partials.
@@ -130,15 +146,8 @@ __device__ void factorize_columns_lean(T* A, T* Y, T* scr, T* tau, int M, int nr
             for (int w = 0; w < NW; ++w) sq += scr[16 + w];
             xnorm = m * sqrt(sq);
         }
-        T tk = 0.0, scale = 0.0;
-        const T nrm = xnorm > T(0) ? hypot(alpha, xnorm) : T(0);
-        // a column below NormRange::TINY is left alone (identity reflector, tau = 0)
-        if (nrm >= NormRange<T>::TINY) {
-            const T beta = alpha >= 0.0 ? -nrm : nrm;
-            tk = (beta - alpha) / beta;
-            scale = T(1) / (alpha - beta);
-            if (tid == 0) A[k * LD + k] = beta;
-        }
+        T tk, scale, beta;
+        if (householder_of(alpha, xnorm, tk, scale, beta) && tid == 0) A[k * LD + k] = beta;
         if (tid == 0) tau[k] = tk;
         prev = tk != 0.0 ? scale : T(0);
         if (tk != 0.0) {
@@ -233,13 +242,8 @@ __device__ void factorize_columns_lanes(T* A, T* Y, T* scr, T* tau, int M, int n
             for (int w = 0; w < NW; ++w) sq += P[16 + w];
             xnorm = m * sqrt(sq);
         }
-        T tk = 0.0, scale = 0.0;
-        const T nrm = xnorm > T(0) ? hypot(alpha, xnorm) : T(0);
-        // a column below NormRange::TINY is left alone (identity reflector, tau = 0)
-        if (nrm >= NormRange<T>::TINY) {
-            const T beta = alpha >= 0.0 ? -nrm : nrm;
-            tk = (beta - alpha) / beta;
-            scale = T(1) / (alpha - beta);
+        T tk, scale, beta;
+        if (householder_of(alpha, xnorm, tk, scale, beta)) {
             if (lane == k) {        // column k becomes V (rows of this warp), beta
                 for (int i = warp; i < M; i += NW) {
                     if (i > k) A[i * LD + k] *= scale;
