@@ -58,7 +58,8 @@ from ._cachedir import cache_dir
 
 __all__ = ["ENV", "STALE_SECONDS", "folder", "source_stamp", "STAMPS_FILE", "narrow", "unlink", "touch",
            "publish", "files", "bound", "write_behind", "flush", "write_arrays",
-           "read_aligned", "read_mapped", "decode_arrays", "crc32", "crc32_combine", "Foreign"]
+           "read_aligned", "read_mapped", "decode_arrays", "crc32", "crc32_combine", "Foreign",
+           "load_fingerprinted", "save_fingerprinted"]
 
 #: Environment variable naming the folder (or ``off``).
 ENV = "SCIPY_GPUQR_SCHEDULE_CACHE"
@@ -529,3 +530,54 @@ def decode_arrays(data, magic: bytes, want: dict, kinds: str = "iub") -> tuple:
         a[name] = np.frombuffer(payload, dtype=dt, count=math.prod(shape),
                                 offset=off).reshape(shape)
     return h, a
+
+
+def load_fingerprinted(path: Path | None, magic: bytes, want: dict,
+                       fingerprint: Callable[[], dict], make: Callable):
+    """``make(header, arrays)`` of the array file at ``path`` whose ``fp_`` arrays
+    equal ``fingerprint()``'s (``arrays``: the others, read-only views of the
+    mapped file), or None: no file, one of another kind, format or stamp
+    (``want``), or another pattern's fingerprint (not damage: kept). A file that
+    does not decode, or whose arrays ``make`` raises on, is damaged and
+    deleted. A hit is touched (its age for :func:`bound`)."""
+    if path is None:
+        return None
+    data = read_mapped(path)
+    if data is None:
+        return None
+    try:
+        h, a = decode_arrays(data, magic, want)
+        for k, v in fingerprint().items():
+            got = a.get("fp_" + k)
+            if got is None or not np.array_equal(got, v):
+                return None
+        out = make(h, {k: v for k, v in a.items() if not k.startswith("fp_")})
+    except Foreign:
+        return None
+    except Exception:                          # noqa: BLE001 - damaged: drop it
+        unlink(path)
+        return None
+    touch(path)
+    return out
+
+
+def save_fingerprinted(path: Path | None, magic: bytes, header: dict,
+                       fingerprint: Callable[[], dict], arrays: dict, *, prefix: str, current: str, max_file_bytes: int,
+                       max_bytes: int, max_files: int) -> bool:
+    """Write ``arrays`` with ``fingerprint()`` (as ``fp_`` arrays, narrowed) and
+    ``header`` at ``path``, published atomically, then keep the folder's
+    ``prefix`` files within ``max_bytes`` and ``max_files`` (``current``: the
+    prefix of this stamp's files); nothing where the arrays exceed
+    ``max_file_bytes``. Whether written; never raises (best effort)."""
+    if path is None:
+        return False
+    try:
+        if sum(int(np.asarray(v).nbytes) for v in arrays.values()) > max_file_bytes:
+            return False
+        allv = {"fp_" + k: narrow(np.asarray(v)) for k, v in fingerprint().items()}
+        allv.update(arrays)
+        publish(path.parent, lambda fh: write_arrays(fh, magic, allv, header), lambda tag: path)
+        bound(path.parent, prefix, path, max_bytes, max_files, current=current)
+        return True
+    except Exception:                          # noqa: BLE001 - best effort: not written
+        return False

@@ -65,8 +65,6 @@ _SOURCES = ("solve.py", "replay_store.py", "rlayout_store.py", "driver.py", "sta
 #: Front arrays the scheduler and R's layout read (the fingerprint's).
 _FRONT = ("fm", "fn", "fp", "cm", "frank", "stair", "col_ptr", "cols", "parent", "child_ptr",
           "children", "s_ptr", "arow_ptr", "arow_local", "rimap_ptr", "rimap", "rjmap_ptr")
-#: Analysis arrays R's layout reads (those present).
-_ANALYSIS = ("rowperm", "r1_ptr", "r1_cols", "r1_nz", "r1_pivot")
 #: The plan's arrays in a file.
 PLAN_ARRAYS = ("records", "rowmap", "level_ptr", "level_stage", "dense_level", "dense_ptr",
                "dense_front")
@@ -152,7 +150,7 @@ def _want(s: ReplaySlot) -> dict:
 
 
 def _fingerprint(s: ReplaySlot) -> dict:
-    fp = dict(analysis_fingerprint(s.analysis, _FRONT, _ANALYSIS))
+    fp = dict(analysis_fingerprint(s.analysis, _FRONT))     # R's layout's analysis arrays
     fp.update({"sc_" + k: v for k, v in s.fingerprint.items()})
     return fp
 
@@ -167,23 +165,8 @@ def load(s: ReplaySlot | None, make):
     """
     if s is None:
         return None
-    data = _store.read_mapped(s.path)
-    if data is None:
-        return None
-    try:
-        h, a = _store.decode_arrays(data, _MAGIC, _want(s))
-        for k, v in _fingerprint(s).items():
-            got = a.get("fp_" + k)
-            if got is None or got.shape != v.shape or not np.array_equal(got, v):
-                return None                    # another analysis or schedule: not damage
-        out = make({k: a[k] for k in PLAN_ARRAYS})
-    except _store.Foreign:
-        return None
-    except Exception:                          # noqa: BLE001 - damaged: drop it
-        _store.unlink(s.path)
-        return None
-    _store.touch(s.path)
-    return out
+    return _store.load_fingerprinted(s.path, _MAGIC, _want(s), lambda: _fingerprint(s),
+                                     lambda h, a: make({k: a[k] for k in PLAN_ARRAYS}))
 
 
 def save(s: ReplaySlot | None, arrays: dict) -> bool:
@@ -192,15 +175,10 @@ def save(s: ReplaySlot | None, arrays: dict) -> bool:
     if s is None:
         return False
     try:
-        if sum(int(np.asarray(v).nbytes) for v in arrays.values()) > MAX_FILE_BYTES:
-            return False
-        allv = {"fp_" + k: _store.narrow(np.asarray(v).reshape(-1)).reshape(np.shape(v))
-                for k, v in _fingerprint(s).items()}
-        allv.update({k: arrays[k] for k in PLAN_ARRAYS})
-        d = s.path.parent
-        _store.publish(d, lambda fh: _store.write_arrays(fh, _MAGIC, allv, _want(s)),
-                       lambda tag: s.path)
-        _store.bound(d, "rpl-", s.path, MAX_BYTES, MAX_FILES, current=f"rpl-{_stamp()[:12]}")
-        return True
-    except Exception:                          # noqa: BLE001 - best effort: not written
+        plan = {k: arrays[k] for k in PLAN_ARRAYS}
+    except KeyError:
         return False
+    return _store.save_fingerprinted(
+        s.path, _MAGIC, _want(s), lambda: _fingerprint(s), plan, prefix="rpl-",
+        current=f"rpl-{_stamp()[:12]}", max_file_bytes=MAX_FILE_BYTES, max_bytes=MAX_BYTES,
+        max_files=MAX_FILES)

@@ -126,42 +126,15 @@ def load(path: Path | None, analysis, make):
     the mapped file) and the facts :func:`save` was given; any exception it
     raises counts as damage (the file is deleted).
     """
-    if path is None:
-        return None
-    data = _store.read_mapped(path)
-    if data is None:
-        return None
-    try:
-        h, a = _store.decode_arrays(data, _MAGIC, _want())
-        for k, v in analysis_fingerprint(analysis).items():
-            got = a.get("fp_" + k)
-            if got is None or not np.array_equal(got, v):
-                return None                    # another analysis (same key): not damage
-        out = make({k: v for k, v in a.items() if not k.startswith("fp_")}, h["facts"])
-    except _store.Foreign:
-        return None
-    except Exception:                          # noqa: BLE001 - damaged: drop it
-        _store.unlink(path)
-        return None
-    _store.touch(path)
-    return out
+    return _store.load_fingerprinted(path, _MAGIC, _want(),
+                                     lambda: analysis_fingerprint(analysis),
+                                     lambda h, a: make(a, h["facts"]))
 
 
 def save(path: Path | None, analysis, arrays: dict, facts: dict) -> bool:
     """Write a layout's ``arrays`` (integer arrays) and JSON ``facts`` at ``path``
     with ``analysis``' fingerprint (never raises: best effort)."""
-    if path is None:
-        return False
-    try:
-        if sum(int(np.asarray(v).nbytes) for v in arrays.values()) > MAX_FILE_BYTES:
-            return False
-        allv = {"fp_" + k: _store.narrow(v) for k, v in analysis_fingerprint(analysis).items()}
-        allv.update(arrays)
-        header = dict(_want(), facts=facts)
-        d = path.parent
-        _store.publish(d, lambda fh: _store.write_arrays(fh, _MAGIC, allv, header),
-                       lambda tag: path)
-        _store.bound(d, "lay-", path, MAX_BYTES, MAX_FILES, current=f"lay-{_stamp()[:12]}")
-        return True
-    except Exception:                          # noqa: BLE001 - best effort: not written
-        return False
+    return _store.save_fingerprinted(
+        path, _MAGIC, dict(_want(), facts=facts), lambda: analysis_fingerprint(analysis),
+        arrays, prefix="lay-", current=f"lay-{_stamp()[:12]}", max_file_bytes=MAX_FILE_BYTES,
+        max_bytes=MAX_BYTES, max_files=MAX_FILES)
