@@ -61,7 +61,7 @@ class FrontProduct:
     def of(cls, ft):
         """The product for ``ft``, or None where the device cannot form it: the
         NumPy layer (no stages), or a stage solved from the host in panels."""
-        staged = getattr(ft, "_stages", None)     # FrontTriangular's own stage set-up
+        staged = ft.stages
         if staged is None:
             return None
         cp = ft.xp

@@ -242,6 +242,14 @@ class FrontTriangular:
             return self.xp.array(C, dtype=np.float64, order="C", copy=True)
         return ops.fresh_float64(self.xp.asarray(C))
 
+    @property
+    def stages(self):
+        """Per stage, in postorder, ``(stage, members, level kernel, rows)`` as the
+        device solves run them (:func:`_staged_levels`; a kernel's ``off_of``
+        places each member's rows in the stage's pool or uploaded rows, ``rows``
+        uploads them); None on the NumPy layer."""
+        return self._stages
+
     def release_kept(self) -> bool:
         """Drop the stages' rows of R kept on the device (they are uploaded per
         solve from now on); whether any were kept. For a solve that ran out of
