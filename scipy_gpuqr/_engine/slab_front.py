@@ -205,11 +205,11 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
         if state["done"] >= len(units):     # every part went back: nothing to redo
             raise
         failed = units[state["done"]]
-        if not isinstance(exc, MemoryError):
-            logging.getLogger("scipy_gpuqr").warning(
-                "slab part [%d, %d) of a %dx%d front failed on the device (%s: %s); it and "
-                "the rest run on the host", failed[0], failed[1], F.shape[0], F.shape[1],
-                type(exc).__name__, str(exc))
+        logging.getLogger("scipy_gpuqr").log(
+            logging.INFO if isinstance(exc, MemoryError) else logging.WARNING,
+            "slab part [%d, %d) of a %dx%d front failed on the device (%s: %s); it and "
+            "the rest run on the host", failed[0], failed[1], F.shape[0], F.shape[1],
+            type(exc).__name__, str(exc))
         dev.finish()                # the parts done before are in F, their T known
         T = dev.t_host()
         fallback.start(F, len(panels), nb, T=T)
