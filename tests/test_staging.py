@@ -1039,3 +1039,37 @@ def test_make_room_frees_cached_blocks_only_where_a_limit_needs_it():
         pool = Pool(used, cached, limit)
         assert make_room(cp(pool), n) == bool(frees) and pool.freed == frees
         assert pool.used == used
+
+
+def test_largest_block_counts_cached_blocks_left_in_partly_used_chunks():
+    """A slab buffer is sized by what one allocation may take: CuPy gives back only
+    chunks that are wholly free, so the cached blocks left after ``free_all_blocks``
+    count against a pool limit (under 1/2 of ch7-8-b3's need on the H200: 1.2 GB in
+    use, 2.4 GB held, and the buffer sized from ``limit - used`` ran out of memory)."""
+    from scipy_gpuqr._engine.memory import POOL_USABLE, RESERVE, USABLE, largest_block_bytes
+
+    class Pool:
+        def __init__(self, used, releasable, stuck, limit):
+            self.used, self.cached, self.stuck, self.limit = used, releasable + stuck, stuck, limit
+
+        def get_limit(self):
+            return self.limit
+
+        def total_bytes(self):
+            return self.used + self.cached
+
+        def free_all_blocks(self):
+            self.cached = self.stuck        # blocks of partly used chunks stay
+
+    def cp(pool, free):
+        runtime = types.SimpleNamespace(memGetInfo=lambda: (free, 10 * free))
+        return types.SimpleNamespace(get_default_memory_pool=lambda: pool,
+                                     cuda=types.SimpleNamespace(runtime=runtime))
+    gb = 1 << 30
+    pool = Pool(used=gb, releasable=gb // 2, stuck=gb, limit=4 * gb)
+    assert largest_block_bytes(cp(pool, 100 * gb)) == int(POOL_USABLE * (2 * gb))
+    assert pool.cached == gb                # the releasable blocks went back
+    pool = Pool(used=gb, releasable=0, stuck=0, limit=0)        # no limit: the device's free
+    assert largest_block_bytes(cp(pool, 3 * gb)) == int(USABLE * (3 * gb - RESERVE))
+    pool = Pool(used=gb, releasable=0, stuck=3 * gb, limit=4 * gb)
+    assert largest_block_bytes(cp(pool, 100 * gb)) == 0

@@ -58,7 +58,7 @@ from .dense_front import DEFAULT_PANEL
 
 __all__ = ["USABLE", "POOL_USABLE", "RESERVE", "CHECK_CHUNK", "R_SLOT_BYTES",
            "DENSE_STREAMS", "DeviceMemory", "FrontNeeds", "MemoryPlan", "GpuMemoryExhausted",
-           "available_bytes", "make_room", "vt_elements", "front_needs", "plan_for_memory", "plan_need",
+           "available_bytes", "largest_block_bytes", "make_room", "vt_elements", "front_needs", "plan_for_memory", "plan_need",
            "stage_bytes", "min_budget", "min_budget_of_front"]
 
 #: Fraction of the available bytes a plan may use (the pool's rounding and
@@ -148,6 +148,31 @@ def make_room(cp, nbytes: int) -> bool:
         return False
     pool.free_all_blocks()
     return True
+
+
+def largest_block_bytes(cp) -> int:
+    """Bytes one new allocation of CuPy's default pool may take now, after its
+    cached free blocks went back to the device.
+
+    CuPy carves its blocks out of larger chunks and gives a chunk back only when
+    all of it is free: a cached block beside one in use stays counted against
+    a pool limit (``total_bytes``) while :func:`available_bytes` counts it as
+    available (``limit - used``). Reused for smaller requests, it is no room for
+    one large buffer, which this bound is for (a front's column slabs).
+
+    Parameters
+    ----------
+    cp : module
+        CuPy.
+    """
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    free, _ = cp.cuda.runtime.memGetInfo()
+    cands = [int(USABLE * (int(free) - RESERVE))]
+    limit = int(pool.get_limit())
+    if limit > 0:
+        cands.append(int(POOL_USABLE * (limit - int(pool.total_bytes()))))
+    return max(min(cands), 0)
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ from ..._schedule.native import run_split
 from ..._schedule.tasks import TASK_BYTES, TaskType, apply_split
 from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
 from ..host.simulate import execute_task, one_blas_thread
-from ..memory import CHECK_CHUNK, DeviceMemory, available_bytes
+from ..memory import CHECK_CHUNK, DeviceMemory, available_bytes, largest_block_bytes
 from ..slab_front import (CupySlabs, NumpySlabs, factorize_in_slabs, slab_columns,
                           whole_front_fits)
 from . import factorize_kernels as variants
@@ -498,8 +498,8 @@ class HostFrontDevice(NumpyDevice):
                 whole = f"the front alone does not fit the device ({exc})"
             finally:
                 Fd = Td = None
-            cp.get_default_memory_pool().free_all_blocks()
-            avail = gpu.memory().available
+        if avail is not None:           # one slab buffer: what one allocation may take
+            avail = min(avail, largest_block_bytes(cp))
         w = slab_columns(F.shape[0], nb, isz, avail) if avail is not None else 0
         if not w:
             return None, f"{whole}; not even a slab of one panel fits ({avail} bytes)", None
