@@ -198,6 +198,32 @@ def test_lazy_launches_equal_materialized_stage():
         assert b._maker.records(1, b.nlaunch).tobytes() == a.tasks[a.launch_ptr[1]:].tobytes()
 
 
+def test_launches_left_suspended_close_without_joining_a_thread(monkeypatch):
+    """The engine takes exactly the launches it needs, so ``iter_launches`` stays
+    suspended with its record builder alive and is closed later, possibly by the
+    garbage collector inside threading's own locked sections (a GPU test run
+    deadlocked there). Closing must not join a thread; the builder's thread ends
+    on its own."""
+    import threading
+
+    an = analyze(_grid3d(7))
+    lazy = build_schedule(an, max_gpu_memory=200_000, max_tasks=40, cache=False, lazy=True)
+    for taken in (1, lazy.nlaunch):
+        it = lazy.iter_launches(prefetch=True)
+        for _ in range(taken):
+            next(it)
+
+        def no_join(*args, **kwargs):
+            raise AssertionError("a thread was joined while the launches were closed")
+        with monkeypatch.context() as m:
+            m.setattr(threading.Thread, "join", no_join)
+            it.close()
+    for t in threading.enumerate():
+        if t.name.startswith("gpuqr-launch-records"):
+            t.join(timeout=10)
+            assert not t.is_alive()
+
+
 def test_schedule_cached_per_pattern():
     an = analyze(_grid3d(5))
     a = build_schedule(an, tile=16)

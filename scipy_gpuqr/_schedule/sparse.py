@@ -266,14 +266,23 @@ class SparseSchedule:
                 for L, rec in zip(range(job[1], job[2]), build(job)):
                     yield job[0], L, rec
             return
-        with ThreadPoolExecutor(max_workers=1) as pool:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-launch-records")
+        try:
             nxt = pool.submit(build, jobs[0])
             for k, job in enumerate(jobs):
                 cur = nxt.result()
                 if k + 1 < len(jobs):
                     nxt = pool.submit(build, jobs[k + 1])
+                else:
+                    pool.shutdown(wait=False)       # nothing left to build
                 for L, rec in zip(range(job[1], job[2]), cur):
                     yield job[0], L, rec
+        finally:
+            # Never a join here: a generator left suspended (its caller takes
+            # exactly the launches it needs) is closed by the garbage collector,
+            # which may run inside threading's own locked sections, where
+            # joining a thread deadlocks the process.
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 # ------------------------------------------------------------------ per-pattern cache

@@ -644,8 +644,11 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     host_stages = dict(host_stages or {})
     loop = StageLoop(Ac, analysis, device, sched, host_side, cold, tile=tile, bundle=bundle,
                       pipelining=pipelining, keep_last=keep_last, host_stages=host_stages)
-    for sid, st in enumerate(sched.stages):
-        loop.run_stage(sid, st)
+    try:
+        for sid, st in enumerate(sched.stages):
+            loop.run_stage(sid, st)
+    finally:
+        loop.launches.close()       # its record builder let go now, not by the collector
     t2 = time.perf_counter()
     if loop.layout is None:         # no stage at all
         loop.layout, loop.gmaps, loop.pattern = host_side.result()
