@@ -51,6 +51,14 @@ __device__ __forceinline__ void potrf_small_run(const T *__restrict__ a, T *__re
     const long long first = (long long)blockIdx.x * mpb;
     const int nmat = (int)min((long long)mpb, batch - first);
     if (nmat <= 0) return;
+    // VB: this matrix's order (sizes; -1: outside [0, n], read as NaN),
+    // loaded before the staging copy (its latency under the copy's)
+    int order = n;
+    if constexpr (VB) {
+        const int ml = threadIdx.x / SEG;
+        if (ml < nmat && threadIdx.x % SEG < N)
+            order = matrix_order(sizes, szw, first + ml, n, status, ctl);
+    }
     stage_in_n<T, N>(sm, a + first * n * n, nmat, n);
     __syncthreads();
 
@@ -62,8 +70,7 @@ __device__ __forceinline__ void potrf_small_run(const T *__restrict__ a, T *__re
     T *mybc = bc + (mloc < mpb ? mloc : 0) * 2 * NB;
     T *msm = sm + mloc * N * LD;
 
-    // this matrix's order (sizes; -1: outside [0, n], read as NaN)
-    const int nk = (VB && active) ? matrix_order(sizes, szw, first + mloc, n, status, ctl) : n;
+    const int nk = order;
     // row r of the lower (Hermitian) matrix: entries j <= r
     T row[N];
     bool fin = true;

@@ -314,18 +314,19 @@ class CupyRCopy:
 
     # -- main thread ------------------------------------------------------------
     def after_launch(self, L: int) -> None:
-        """Launch ``L`` was enqueued: its end may release a range of R. Once the
-        worker has the final entries, only a launch after which at least a chunk
-        more of R is final gets an event (the worker would copy nothing for the
-        others; an event per launch cost the launch loop tens of milliseconds)."""
-        if self.final is None:
-            return
+        """Launch ``L`` was enqueued: its end may release a range of R. Only a
+        launch after which at least a chunk more of R is final gets an event (the
+        worker would copy nothing for the others; an event per launch cost the
+        launch loop tens of milliseconds), and none before the worker knows the
+        final entries: the first event after that covers every range final by
+        then, as the worker copies up to the entries final at an event's launch."""
         seen = self._final_seen
-        if seen is not None:
-            cut = int(seen[L])
-            if cut - self._sent_cut < self._min_chunk:
-                return
-            self._sent_cut = cut
+        if self.final is None or seen is None:
+            return
+        cut = int(seen[L])
+        if cut - self._sent_cut < self._min_chunk:
+            return
+        self._sent_cut = cut
         ev = self.cp.cuda.Event(disable_timing=True)
         ev.record(self.dev.stream)
         self.q.put((L, ev))
