@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 import importlib
 
-__all__ = ["import_cupy", "gpu_available", "gpu_info", "is_cupy_array",
-           "is_cupy_sparse"]
+__all__ = ["import_cupy", "gpu_available", "gpu_info", "device_attributes", "device_name",
+           "is_cupy_array", "is_cupy_sparse"]
 
 
 def import_cupy():
@@ -41,8 +41,7 @@ def gpu_info() -> dict:
     Never raises. The result is a fresh dict on each call: the device count
     and the current device are asked each time (a device that appears later
     is seen); only the fixed properties of a device id are read once per
-    process (:func:`_device_properties`: ``cudaGetDeviceProperties`` costs
-    about a millisecond, and ``auto`` asks on every call).
+    process (:func:`_device_properties`).
 
     Returns
     -------
@@ -78,21 +77,79 @@ def gpu_info() -> dict:
     return info
 
 
+#: Device attributes read by :func:`device_attributes`, under the names
+#: ``cudaGetDeviceProperties`` gives them.
+_ATTRIBUTES = {
+    "multiProcessorCount": "cudaDevAttrMultiProcessorCount",
+    "sharedMemPerBlockOptin": "cudaDevAttrMaxSharedMemoryPerBlockOptin",
+    "maxThreadsPerMultiProcessor": "cudaDevAttrMaxThreadsPerMultiProcessor",
+    "sharedMemPerMultiprocessor": "cudaDevAttrMaxSharedMemoryPerMultiprocessor",
+    "regsPerMultiprocessor": "cudaDevAttrMaxRegistersPerMultiprocessor",
+    "maxBlocksPerMultiProcessor": "cudaDevAttrMaxBlocksPerMultiprocessor",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def device_attributes(device_id: int) -> dict:
+    """The occupancy facts of CUDA device ``device_id`` (multiprocessors, threads,
+    shared memory, registers and blocks per multiprocessor, opt-in shared memory
+    per block), keyed as ``cudaGetDeviceProperties`` names them, read once per
+    process by ``cudaDeviceGetAttribute``.
+
+    ``cudaGetDeviceProperties`` fills every property and took about 0.05 s of
+    a new process's first GPU call (a millisecond a call after that); one
+    attribute costs microseconds. Immutable hardware facts, not state.
+    """
+    rt = import_cupy().cuda.runtime
+    return {key: int(rt.deviceGetAttribute(getattr(rt, attr), device_id))
+            for key, attr in _ATTRIBUTES.items()}
+
+
+def device_name(device_id: int) -> str:
+    """The model name of CUDA device ``device_id`` (read once per process)."""
+    return _device_properties(device_id)["name"]
+
+
+def _driver_name_and_memory(device_id: int):
+    """``(name, total bytes)`` of device ``device_id`` from the CUDA driver
+    (``cuDeviceGetName``, ``cuDeviceTotalMem``: no property query), or None
+    where the driver library cannot be asked."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        dev, total = ctypes.c_int(), ctypes.c_size_t()
+        name = ctypes.create_string_buffer(256)
+        if (lib.cuInit(0) or lib.cuDeviceGet(ctypes.byref(dev), int(device_id))
+                or lib.cuDeviceGetName(name, len(name), dev)
+                or lib.cuDeviceTotalMem_v2(ctypes.byref(total), dev)):
+            return None
+    except (OSError, AttributeError):
+        return None
+    return name.value.decode(errors="replace"), int(total.value)
+
+
 @functools.lru_cache(maxsize=None)
 def _device_properties(device_id: int) -> dict:
     """The fixed properties of CUDA device ``device_id`` (read once per process).
 
     A cache of immutable hardware facts, not state: name, compute
     capability, memory size and multiprocessor count do not change while a
-    process runs. Callers receive a copy through :func:`gpu_info`.
+    process runs. Callers receive a copy through :func:`gpu_info`. The name
+    and memory size come from the driver and the rest from
+    :func:`device_attributes`; ``cudaGetDeviceProperties`` only where the
+    driver cannot be asked directly.
     """
     cp = import_cupy()
-    props = cp.cuda.runtime.getDeviceProperties(device_id)
-    return {"name": _decode(props.get("name", b"")),
+    attrs = device_attributes(device_id)
+    named = _driver_name_and_memory(device_id)
+    if named is None:
+        props = cp.cuda.runtime.getDeviceProperties(device_id)
+        named = _decode(props.get("name", b"")), int(props.get("totalGlobalMem", 0))
+    return {"name": named[0],
             "compute_capability": cp.cuda.Device(device_id).compute_capability,
-            "total_memory": int(props.get("totalGlobalMem", 0)),
-            "multiprocessors": int(props.get("multiProcessorCount", 0)),
-            "shared_memory_per_block_optin": int(props.get("sharedMemPerBlockOptin", 0))}
+            "total_memory": named[1],
+            "multiprocessors": attrs["multiProcessorCount"],
+            "shared_memory_per_block_optin": attrs["sharedMemPerBlockOptin"]}
 
 
 def is_cupy_array(x) -> bool:

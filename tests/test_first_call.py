@@ -2,6 +2,7 @@
 pattern, what is per process is made once, and a call compiles only the kernel
 variants it uses (CPU: the NumPy device layer and NVRTC, no GPU needed)."""
 
+import functools
 import gc
 import types
 
@@ -745,3 +746,48 @@ def test_r_copy_events_only_once_the_final_entries_are_known():
     stub.final = None                           # no progressive copy: never an event
     rcopy.CupyRCopy.after_launch(stub, 3)
     assert stub.q.empty() and len(recorded) == 3
+
+
+def test_device_facts_without_the_property_query(monkeypatch):
+    """The device's occupancy facts come from ``cudaDeviceGetAttribute`` and its
+    name and memory from the driver, once per process: ``cudaGetDeviceProperties``
+    (0.05 s of a new process's first GPU call) only where the driver cannot be
+    asked."""
+    from scipy_gpuqr import _gpu
+    named = _gpu._driver_name_and_memory(0)     # None without a driver or a device
+    if _gpu.gpu_info()["available"]:             # the driver's answers are the properties'
+        props = _gpu.import_cupy().cuda.runtime.getDeviceProperties(0)
+        assert named == (_gpu._decode(props["name"]), int(props["totalGlobalMem"]))
+    else:
+        assert named is None
+    asked = []
+
+    class Runtime:
+        def __init__(self):
+            for i, attr in enumerate(_gpu._ATTRIBUTES.values()):
+                setattr(self, attr, i)
+
+        def deviceGetAttribute(self, attr, device):
+            asked.append(("attr", attr, device))
+            return 100 + attr
+
+        def getDeviceProperties(self, device):
+            asked.append(("props", device))
+            return {"name": b"Model X", "totalGlobalMem": 7}
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        runtime=Runtime(), Device=lambda i: types.SimpleNamespace(compute_capability="90")))
+    monkeypatch.setattr(_gpu, "import_cupy", lambda: fake)
+    for fn in (_gpu.device_attributes, _gpu._device_properties):
+        monkeypatch.setattr(_gpu, fn.__name__, functools.lru_cache(maxsize=None)(fn.__wrapped__))
+    monkeypatch.setattr(_gpu, "_driver_name_and_memory", lambda d: ("Model D", 5 << 30))
+    attrs = _gpu.device_attributes(3)
+    assert attrs == {k: 100 + i for i, k in enumerate(_gpu._ATTRIBUTES)}
+    assert attrs["multiProcessorCount"] == 100
+    p = _gpu._device_properties(3)
+    assert p == {"name": "Model D", "compute_capability": "90", "total_memory": 5 << 30,
+                 "multiprocessors": 100, "shared_memory_per_block_optin": 101}
+    assert _gpu.device_name(3) == "Model D" and _gpu._device_properties(3) is p
+    assert not [a for a in asked if a[0] == "props"]
+    assert len(asked) == len(_gpu._ATTRIBUTES)          # read once
+    monkeypatch.setattr(_gpu, "_driver_name_and_memory", lambda d: None)
+    assert _gpu._device_properties(4)["name"] == "Model X" and ("props", 4) in asked

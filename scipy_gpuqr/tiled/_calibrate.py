@@ -27,7 +27,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from .._cachedir import require_cache_dir
-from .._gpu import import_cupy
+from .._gpu import device_name, import_cupy
 from . import _ops as ops
 from ._devices import make_device as _real_device
 from ._model import DeviceProfile
@@ -60,12 +60,7 @@ def device_key(name: str) -> str:
     """A key naming the hardware behind ``name`` (model, cores), not only its index."""
     if name == "cpu":
         return f"cpu[{os.cpu_count()} cores]"
-    cp = import_cupy()
-    index = int(name.split(":")[1])
-    props = cp.cuda.runtime.getDeviceProperties(index)
-    model = props.get("name", b"")
-    model = model.decode() if isinstance(model, bytes) else str(model)
-    return f"{name}[{model}]"
+    return f"{name}[{device_name(int(name.split(':')[1]))}]"
 
 
 def _median_time(fn, sync=lambda: None, reps: int = 3) -> float:

@@ -20,7 +20,8 @@ import functools
 
 import numpy as np
 
-from ..._kernels import KernelUse, load_module
+from ..._gpu import device_attributes
+from ..._kernels import KernelUse
 
 __all__ = ["NORM_RANGE", "PANEL_FILE", "KERNEL_VARIANTS", "COOPERATIVE_FILES", "PANEL_WIDTH",
            "PANEL_THREADS", "PANEL_SMEM_EXTRA", "panel_smem_bytes", "panel_rows_per_block",
@@ -173,12 +174,10 @@ def panel_kernel_use(dtype) -> KernelUse:
                      cooperative=True)
 
 
-@functools.lru_cache(maxsize=None)
 def _device_limits(device: int) -> tuple[int, int]:
     """(multiprocessors, opt-in shared memory per block) of a device."""
-    import cupy
-    props = cupy.cuda.runtime.getDeviceProperties(device)
-    return int(props["multiProcessorCount"]), int(props["sharedMemPerBlockOptin"])
+    attrs = device_attributes(device)
+    return attrs["multiProcessorCount"], attrs["sharedMemPerBlockOptin"]
 
 
 class PanelWorkspace:

@@ -53,7 +53,7 @@ import numpy as np
 
 from ..._cpu.blas_threads import SINGLE_THREAD_FLOPS
 from ..._errors import DeviceOutOfMemory, GpuEngineError
-from ..._gpu import import_cupy
+from ..._gpu import device_attributes, device_name, import_cupy
 from ..._kernels import load_module
 from ..._schedule import native
 from ..._schedule.native import run_split
@@ -548,10 +548,9 @@ class CupyDevice:
             self.kernel.max_dynamic_shared_size_bytes = self.smem
         dev = cp.cuda.Device()
         self.device_id = dev.id
-        props = cp.cuda.runtime.getDeviceProperties(dev.id)
-        self.name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self.name = device_name(dev.id)
         #: blocks the device runs at once, and the Apply cut (:func:`apply_split_setting`)
-        self.slots = resident_blocks(props, threads, self.smem,
+        self.slots = resident_blocks(device_attributes(dev.id), threads, self.smem,
                                      int(getattr(self.kernel, "num_regs", 0) or 0))
         self.apply_split_max, self.apply_split_fill = apply_split_setting()
         self.stream = cp.cuda.Stream(non_blocking=True)
