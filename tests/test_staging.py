@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import types
 import warnings
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -844,17 +845,21 @@ class _PoolExecutor:
         pass
 
 
-@pytest.mark.parametrize("dense_flops", [None, 2e5])
-def test_q_replay_reads_only_the_uploaded_reflector_columns(dense_flops):
+@pytest.mark.parametrize("dense_flops,band", [(None, 512), (2e5, 512), (None, 32),
+                                             (None, 64), (2e5, 32)])
+def test_q_replay_reads_only_the_uploaded_reflector_columns(dense_flops, band):
     """The pieces of an earlier stage's pool that ``Q``'s replay uploads (its
-    fronts' reflector columns, its dense fronts whole, :mod:`.reflector_upload`),
-    packed into a buffer of their size with the stage's records pointed into
-    it, hold everything the replay reads: Qᵀb and Q y equal the replay from
-    the whole pools bit for bit; and large fronts send fewer elements than
-    whole."""
+    fronts' reflector columns in column bands, its dense fronts whole,
+    :mod:`.reflector_upload`), packed into a buffer of their size with the
+    stage's records pointed into it, hold everything the replay reads: Qᵀb and
+    Q y equal the replay from the whole pools bit for bit; and large fronts
+    send fewer elements than whole. Narrow bands (one or two tiles) cut the
+    fronts into many bands, each record into the band holding its columns."""
     from scipy_gpuqr._engine.gpu import driver, solve
-    from scipy_gpuqr._engine.gpu.reflector_upload import reflector_layout, upload_reflectors
+    from scipy_gpuqr._engine.gpu.reflector_upload import (reflector_layout, reflector_pieces,
+                                                          upload_reflectors)
     dense_seen = blocked = 0
+    several = False
     for name, A in _cases(big=True):
         an = analyze(A)
         g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)),
@@ -868,8 +873,11 @@ def test_q_replay_reads_only_the_uploaded_reflector_columns(dense_flops):
             whole = [(d.pool_at[1], d.shape[0] * d.shape[1]) for d in g._dense.values()
                      if getattr(d, "pool_at", (None,))[0] == sid]
             dense_seen += len(whole) * (sid < g.info["stages"] - 1)
-            layout = reflector_layout(plan, sid, small=64, whole=whole)
+            layout = reflector_layout(plan, sid, small=64, whole=whole, band=band)
             uploaded[sid] = upload_reflectors(host, layout, np)
+            _, pieces = reflector_pieces(plan, sid, small=64, whole=whole, band=band)
+            bands = Counter(b[4] for b in pieces)
+            several = several or max(bands.values(), default=0) > 1
             assert uploaded[sid].values.size == layout.size
             # the memory plan's bound, from the fronts' shapes alone, holds
             st = g.schedule.stages[sid]
@@ -887,7 +895,37 @@ def test_q_replay_reads_only_the_uploaded_reflector_columns(dense_flops):
             solve.replay(plan, _PoolExecutor(plan, uploaded.__getitem__, g._vt), Y, trans)
             np.testing.assert_array_equal(X, Y)
     assert blocked > 0
+    assert several or band > 64 or dense_flops    # narrow bands: a front in several
     assert dense_seen > 0 if dense_flops else dense_seen == 0
+
+
+def test_reflector_layouts_are_kept_with_the_schedule():
+    """A stage's packed reflector layout is made once per schedule and replay plan:
+    a later factorization of the pattern under the same limit reads the same
+    (read-only) layout, and its replay from it equals the host's."""
+    from scipy_gpuqr._engine.gpu import solve
+    from scipy_gpuqr._engine.gpu.reflector_upload import upload_reflectors
+    A = _cases()[0][1]
+    an = analyze(A)
+    runs = [gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
+            for _ in range(3)]
+    g, h = runs[1], runs[2]             # warm schedules: the same object
+    assert g.schedule is h.schedule
+    away = [sid for sid in h._host_pools if sid not in getattr(h, "_host_stages", {})]
+    assert away
+    uploaded = {}
+    for sid in away:
+        a, b = solve._reflector_layout_of(g, sid), solve._reflector_layout_of(h, sid)
+        assert a is b and not b.records.flags.writeable
+        uploaded[sid] = upload_reflectors(h._host_pools[sid], b, np)
+    h._materialize()
+    plan = solve.plan_of(h)
+    pools = {**h._host_pools, **uploaded}
+    b = np.cos(np.arange(A.shape[0]))[:, None]
+    X = b.copy()
+    solve.replay(plan, _PoolExecutor(plan, pools.__getitem__, h._vt), X, True)
+    np.testing.assert_allclose(X[h.qorder][:, 0], h.qt_matmul(b[:, 0]), rtol=0,
+                               atol=1e-12 * np.linalg.norm(b))
 
 
 def test_last_stage_copies_r_while_its_launches_run(monkeypatch):

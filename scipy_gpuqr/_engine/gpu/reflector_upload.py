@@ -1,18 +1,21 @@
 """The Householder columns of a stage whose pool left the device, uploaded for ``Q``.
 
-``Q``'s replay reads, of each front, only the columns its reflectors occupy
-(columns below ``col + nref`` of its records, the pivot columns, from the
-second row tile of a record on: the first comes from the VT pool); the rest
-of a front — R's rows right of them and the contribution block — is never
-read by it, and for the large fronts of a 3-D problem that rest is most of
-the front. A staged factorization's earlier pools are uploaded again for
-every replay, so only those pieces go up, packed one after another into a
-buffer of their total size (:class:`ReflectorLayout`): a large front's
-reflector block with its width as row pitch (one strided copy,
-``cudaMemcpy2DAsync``), small fronts, fronts whose reflectors fill them and
-the dense fronts whole, in runs of contiguous copies. The stage's replay
-records are rewritten to point into that buffer (``F`` and, for a block,
-``fn`` its pitch), so the device never holds the stage's whole pool.
+``Q``'s replay reads, of each front, only its reflectors: of each record the
+columns ``[col, col + nref)`` of its row tiles after the first (the first comes
+from the VT pool). In a staircase front those lie in a lower staircase: the
+rows a column block's reflectors reach start near its diagonal and end at the
+staircase, so the rest of a front — R's rows right of its diagonal, the
+contribution block, the zeros below the staircase — is never read by it, and
+for the large fronts of a 3-D problem that rest is most of the front. A
+staged factorization's earlier pools are uploaded again for every replay, so
+only those pieces go up, packed one after another into a buffer of their
+total size (:class:`ReflectorLayout`): a large front's records in column bands
+of at most :data:`BAND_COLUMNS` columns, each band the rows its records read
+with its width as row pitch (one strided copy, ``cudaMemcpy2DAsync``); small
+fronts, fronts whose bands would hold most of them and the dense fronts whole,
+in runs of contiguous copies. The stage's replay records are rewritten to point
+into that buffer (``F``, and for a band ``fn`` its width and ``col`` from its
+first column), so the device never holds the stage's whole pool.
 """
 
 from __future__ import annotations
@@ -25,15 +28,58 @@ from ..._schedule.tasks import TASK_BYTES
 from ..memory import make_room
 
 __all__ = ["ReflectorLayout", "UploadedReflectors", "reflector_layout", "reflector_pieces",
-           "upload_reflectors", "packed_size_bound", "SMALL_FRONT"]
+           "upload_reflectors", "packed_size_bound", "SMALL_FRONT", "BAND_COLUMNS",
+           "WHOLE_SHARE"]
 
 #: Fronts of at most this many elements go up whole (merged with their
 #: neighbours), and gaps of at most this many elements between them are sent
 #: too: fewer, larger copies where a strided one would save little.
 SMALL_FRONT = 1 << 15
 
+#: Most columns of one band of a large front's reflectors (one strided copy each,
+#: :func:`reflector_pieces`). A band goes up from the first row its records read
+#: to the last, so it sends the triangle above its later columns' first rows too
+#: (about ``width² / 2`` elements) and one copy call per band: 512 columns keep
+#: that triangle a few per cent of a large front's reflectors and the copied
+#: rows 4 KB long (float64), where the copy engines run at the link's speed.
+BAND_COLUMNS = 512
 
-def reflector_pieces(plan, sid: int, small: int = SMALL_FRONT, whole=()) -> tuple:
+#: A large front whose bands hold more than this share of its elements goes up
+#: whole (one contiguous copy, merged with its neighbours).
+WHOLE_SHARE = 0.9
+
+
+def _record_extents(rec: np.ndarray, tile: int) -> tuple:
+    """Per record ``(first row, end row)`` of the pool rows it reads: its row tiles
+    after the first (``rows[1:napply]``), each up to ``tile`` rows, none past
+    ``fm`` (the first tile comes from the VT pool)."""
+    rows = rec["rows"].astype(np.int64)
+    used = (np.arange(rows.shape[1]) >= 1) & (np.arange(rows.shape[1]) < rec["napply"][:, None])
+    big = np.iinfo(np.int64).max
+    row1 = np.where(used, rows, big).min(axis=1)
+    fm = rec["fm"].astype(np.int64)
+    rend = np.where(used, np.minimum(rows + tile, fm[:, None]), -1).max(axis=1)
+    return row1, rend
+
+
+def _bands(col, cend, row1, rend, width: int) -> list:
+    """One large front's records (sorted by ``col``) cut into column bands of at
+    most ``width`` columns (a record wider than that: a band of its own):
+    ``(first record, end record, c0, c1, r0, r1)``, the band's columns
+    ``[c0, c1)`` and the rows ``[r0, r1)`` its records read."""
+    out, i, n = [], 0, len(col)
+    while i < n:
+        c0, j = int(col[i]), i + 1
+        while j < n and int(cend[j]) - c0 <= width:
+            j += 1
+        out.append((i, j, c0, int(cend[i:j].max()), int(row1[i:j].min()),
+                    int(rend[i:j].max())))
+        i = j
+    return out
+
+
+def reflector_pieces(plan, sid: int, small: int = SMALL_FRONT, whole=(),
+                     band: int = BAND_COLUMNS) -> tuple:
     """What ``Q``'s replay reads of stage ``sid``'s pool.
 
     Parameters
@@ -47,15 +93,18 @@ def reflector_pieces(plan, sid: int, small: int = SMALL_FRONT, whole=()) -> tupl
     whole : iterable of (int, int)
         ``(start, length)`` of fronts read whole (the stage's dense fronts,
         which the replay applies from their place in the pool).
+    band : int
+        See :data:`BAND_COLUMNS`.
 
     Returns
     -------
     runs : list of (int, int)
         Contiguous ``(start, length)`` ranges of the pool (elements).
-    blocks : list of (int, int, int, int, int, int)
-        ``(start, rows, width, pitch, front, top)``: the first ``width``
-        elements of ``rows`` rows ``pitch`` apart from ``start``, the
-        reflector columns of the front at ``front`` from its row ``top`` on.
+    blocks : list of (int, int, int, int, int, int, int)
+        ``(start, rows, width, pitch, front, c0, r0)``: the first ``width``
+        elements of ``rows`` rows ``pitch`` apart from ``start``, the band of
+        reflector columns ``[c0, c0 + width)`` of the front at ``front``, its
+        rows from ``r0`` on.
     """
     lp = np.asarray(plan.level_ptr, dtype=np.int64)
     stage = np.repeat(np.asarray(plan.level_stage, dtype=np.int64), np.diff(lp))
@@ -64,24 +113,31 @@ def reflector_pieces(plan, sid: int, small: int = SMALL_FRONT, whole=()) -> tupl
     # for its later tiles (``rows[1:napply]``)
     rec = rec[rec["napply"] > 1]
     whole = sorted((int(a), int(n)) for a, n in whole)
+    row1, rend = _record_extents(rec, int(plan.tile))
     F0 = rec["F"].astype(np.int64)
-    order = np.argsort(F0, kind="stable")
-    F0 = F0[order]
+    col = rec["col"].astype(np.int64)
+    order = np.lexsort((col, F0))
+    F0, col, row1, rend = F0[order], col[order], row1[order], rend[order]
     fm = rec["fm"].astype(np.int64)[order]
     fn = rec["fn"].astype(np.int64)[order]
-    cend = (rec["col"].astype(np.int64) + rec["nref"].astype(np.int64))[order]
-    rows = rec["rows"].astype(np.int64)
-    used = (np.arange(rows.shape[1]) >= 1) & (np.arange(rows.shape[1]) < rec["napply"][:, None])
-    row1 = np.where(used, rows, np.iinfo(np.int64).max).min(axis=1)[order]
+    cend = np.minimum(col + rec["nref"].astype(np.int64)[order], fn)
     first = np.flatnonzero(np.r_[True, F0[1:] != F0[:-1]]) if len(F0) else F0
-    width = np.minimum(np.maximum.reduceat(cend, first), fn[first])
-    top = np.minimum.reduceat(row1, first)
-    fronts = [(a, m * n, (a + r * n, m - r, w, n, a, r)) if w < n and m * n > small
-              else (a, m * n, None)
-              for a, m, n, w, r in zip(F0[first].tolist(), fm[first].tolist(),
-                                       fn[first].tolist(), width.tolist(), top.tolist())]
+    stop = np.r_[first[1:], len(F0)].astype(np.int64) if len(F0) else F0
+    pieces = [(a, n, None) for a, n in whole]
+    for s, e in zip(first.tolist(), stop.tolist()):
+        a, m, n = int(F0[s]), int(fm[s]), int(fn[s])
+        size = m * n
+        if size <= small:
+            pieces.append((a, size, None))
+            continue
+        bands = _bands(col[s:e], cend[s:e], row1[s:e], rend[s:e], band)
+        if sum((c1 - c0) * (r1 - r0) for _, _, c0, c1, r0, r1 in bands) > WHOLE_SHARE * size:
+            pieces.append((a, size, None))      # about the whole front: one copy
+            continue
+        pieces.extend((a + r0 * n + c0, 0, (a + r0 * n + c0, r1 - r0, c1 - c0, n, a, c0, r0))
+                      for _, _, c0, c1, r0, r1 in bands)
     runs, blocks = [], []
-    for a, size, block in sorted(fronts + [(a, n, None) for a, n in whole]):
+    for a, size, block in sorted(pieces, key=lambda p: (p[0], p[2] is not None)):
         if block is not None:
             blocks.append(block)
         elif runs and a - (runs[-1][0] + runs[-1][1]) <= small:
@@ -160,21 +216,23 @@ class ReflectorLayout:
         raise KeyError(f"pool element {start} was not uploaded whole")
 
 
-def reflector_layout(plan, sid: int, small: int = SMALL_FRONT, whole=()) -> ReflectorLayout:
+def reflector_layout(plan, sid: int, small: int = SMALL_FRONT, whole=(),
+                     band: int = BAND_COLUMNS) -> ReflectorLayout:
     """The :class:`ReflectorLayout` of stage ``sid`` (arguments as
     :func:`reflector_pieces`)."""
-    runs, blocks = reflector_pieces(plan, sid, small=small, whole=whole)
+    runs, blocks = reflector_pieces(plan, sid, small=small, whole=whole, band=band)
     at, packed_runs, packed_blocks = 0, [], []
-    block_of = {}
-    for piece in sorted([(a, n, None) for a, n in runs] + [(b[0], 0, b) for b in blocks]):
+    bands_of = {}                   # front -> [(c0, width, r0, at)] in column order
+    for piece in sorted([(a, n, None) for a, n in runs] + [(b[0], 0, b) for b in blocks],
+                        key=lambda p: (p[0], p[2] is not None)):
         a, n, block = piece
         if block is None:
             packed_runs.append((a, n, at))
             at += n
         else:
-            start, nrows, width, pitch, front, top = block
+            start, nrows, width, pitch, front, c0, r0 = block
             packed_blocks.append((start, nrows, width, pitch, at))
-            block_of[front] = (at, top, width)
+            bands_of.setdefault(front, []).append((c0, width, r0, at))
             at += nrows * width
     lp = np.asarray(plan.level_ptr, dtype=np.int64)
     levels = np.flatnonzero(np.asarray(plan.level_stage, dtype=np.int64) == sid)
@@ -184,27 +242,39 @@ def reflector_layout(plan, sid: int, small: int = SMALL_FRONT, whole=()) -> Refl
         parts.append(plan.records[lp[lv]: lp[lv + 1]])
         n += int(lp[lv + 1] - lp[lv])
     recs = (np.concatenate(parts) if parts else plan.records[:0]).copy()
-    _point_records(recs, packed_runs, block_of)
+    _point_records(recs, packed_runs, bands_of)
     return ReflectorLayout(packed_runs, packed_blocks, at, recs, level_start)
 
 
-def _point_records(recs: np.ndarray, runs: list, block_of: dict) -> None:
+def _point_records(recs: np.ndarray, runs: list, bands_of: dict) -> None:
     """Rewrite ``recs``' front bases for the packed buffer, in place; a record
-    that reads no pool element (one row tile) gets base 0."""
+    that reads no pool element (one row tile) gets base 0. A record of a front
+    sent in bands reads its band: base ``at - r0·width``, ``fn`` the band's
+    width as row pitch, ``col`` counted from the band's first column."""
     F = recs["F"].astype(np.int64)
     reads = recs["napply"] > 1
     newF = np.zeros(len(recs), dtype=np.int64)
     newfn = recs["fn"].astype(np.int64)
+    newcol = recs["col"].astype(np.int64)
     inblock = np.zeros(len(recs), dtype=bool)
-    if block_of:
-        fronts = np.fromiter(block_of, dtype=np.int64, count=len(block_of))
-        order = np.argsort(fronts)
-        fronts = fronts[order]
-        at, top, width = (np.array(v, dtype=np.int64)[order] for v in zip(*block_of.values()))
-        k = np.minimum(np.searchsorted(fronts, F), len(fronts) - 1)
-        inblock = reads & (fronts[k] == F)
-        newF[inblock] = at[k[inblock]] - top[k[inblock]] * width[k[inblock]]
-        newfn[inblock] = width[k[inblock]]
+    if bands_of:
+        col = recs["col"].astype(np.int64)
+        cend = col + recs["nref"].astype(np.int64)
+        order = np.argsort(F, kind="stable")
+        Fs = F[order]
+        for front, bands in bands_of.items():
+            a, b = np.searchsorted(Fs, [front, front + 1])
+            idx = order[a:b]
+            idx = idx[reads[idx]]
+            c0, w, r0, at = (np.array(v, dtype=np.int64) for v in zip(*sorted(bands)))
+            k = np.searchsorted(c0, col[idx], side="right") - 1
+            if np.any(k < 0) or np.any((cend[idx] > c0[k] + w[k])
+                                       & (cend[idx] <= recs["fn"][idx])):
+                raise AssertionError("reflector_layout: a record's columns outside its band")
+            inblock[idx] = True
+            newF[idx] = at[k] - r0[k] * w[k]
+            newfn[idx] = w[k]
+            newcol[idx] = col[idx] - c0[k]
     rest = np.flatnonzero(reads & ~inblock)
     if len(rest):
         starts = np.array([a for a, _, _ in runs], dtype=np.int64)
@@ -217,6 +287,7 @@ def _point_records(recs: np.ndarray, runs: list, block_of: dict) -> None:
         newF[rest] = F[rest] - starts[k] + ats[k]
     recs["F"] = newF
     recs["fn"] = newfn
+    recs["col"] = newcol
 
 
 @dataclass

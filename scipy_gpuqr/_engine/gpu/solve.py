@@ -566,9 +566,7 @@ def plan_of(qr) -> ReplayPlan:
         dense = getattr(qr, "_dense", {}) or {}
         sched = qr.schedule
         kept = getattr(sched, "extras", None)
-        key = ("replay_plan", int(qr.shape[0]), tuple(qr._launch_base),
-               tuple(tuple(x) for x in qr._front_loc),
-               tuple(sorted((int(f), int(d.after_launch)) for f, d in dense.items())))
+        key = _plan_key(qr)
         hit = kept.get(key) if kept is not None else None
         where = None
         if hit is None and kept is not None:    # a plan an earlier process stored
@@ -610,6 +608,20 @@ def plan_of(qr) -> ReplayPlan:
                     write_behind(replay_store.save, where, plan_arrays(shared))
         qr._replay["plan"] = plan
     return plan
+
+
+def _plan_key(qr) -> tuple:
+    """The key of ``qr``'s replay plan among those kept with its schedule: the
+    rows, the stages' first launches, where each front lies and which launch
+    each dense front follows."""
+    key = qr._replay.get("plan_key")
+    if key is None:
+        dense = getattr(qr, "_dense", {}) or {}
+        key = qr._replay["plan_key"] = (
+            "replay_plan", int(qr.shape[0]), tuple(qr._launch_base),
+            tuple(tuple(x) for x in qr._front_loc),
+            tuple(sorted((int(f), int(d.after_launch)) for f, d in dense.items())))
+    return key
 
 
 def plan_arrays(plan: ReplayPlan) -> dict:
@@ -741,7 +753,10 @@ def _device_pools(qr, *, reflectors_only: bool = False):
 
 
 def _reflector_layout_of(qr, sid: int):
-    """:func:`~.reflector_upload.reflector_layout` of stage ``sid`` (made once)."""
+    """:func:`~.reflector_upload.reflector_layout` of stage ``sid``: made once per
+    plan and kept with the schedule beside the plan (read-only, shared by the
+    later factorizations of the pattern: a staged stage's layout takes tens of
+    milliseconds of host time to make)."""
     key = ("reflector_layout", sid)
     layout = qr._replay.get(key)
     if layout is None:
@@ -750,8 +765,16 @@ def _reflector_layout_of(qr, sid: int):
             at = getattr(d, "pool_at", None)
             if at is not None and at[0] == sid:
                 fm, fn = d.shape
-                whole.append((at[1], fm * fn))
-        layout = qr._replay[key] = reflector_layout(plan_of(qr), sid, whole=whole)
+                whole.append((int(at[1]), int(fm * fn)))
+        kept = getattr(qr.schedule, "extras", None)
+        shared = (_plan_key(qr), "reflector_layout", int(sid), tuple(sorted(whole)))
+        layout = kept.get(shared) if kept is not None else None
+        if layout is None:
+            layout = reflector_layout(plan_of(qr), sid, whole=whole)
+            layout.records.flags.writeable = False
+            if kept is not None:
+                kept[shared] = layout
+        qr._replay[key] = layout
     return layout
 
 
