@@ -260,10 +260,7 @@ getrf_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ info,
 // ---------------------------------------------------------------------------
 // U12 = L11^{-1} A12 for the rows r0..r0+nb-1 and the columns c0..n-1, L11 the
 // unit lower triangle of A[r0:r0+nb, r0:r0+nb] (the second half of a 64-wide
-// panel, whose first half updated these rows first). One thread per column;
-// its column's loads are issued before L11's (both in flight at once), L11
-// is kept by columns (Lt[t * LTD + j] = L[j][t], rows 16-byte aligned) so
-// that a step's multipliers are read by vector loads.
+// panel, whose first half updated these rows first). One thread per column.
 // info (batch): set to -1 when a result is not finite.
 // block: ceil((n - c0) / 32) * 32 threads <= 512
 // ---------------------------------------------------------------------------
@@ -271,27 +268,26 @@ template <typename T, int NB>
 __global__ void __launch_bounds__(512)
 trsm_lunit(T *__restrict__ a, int *__restrict__ info, int n, int r0, int nb, int c0)
 {
-    constexpr int LTD = NB + 16 / sizeof(T);           // padded, 16-byte rows
-    __shared__ __align__(16) T Lt[NB * LTD];
+    __shared__ T L[NB * NB];
     const long long mat = blockIdx.x;
     T *A = a + mat * (long long)n * n;
     const int tid = threadIdx.x;
-    const int c = c0 + tid;
-    T y[NB];
-#pragma unroll
-    for (int j = 0; j < NB; ++j)
-        y[j] = (c < n && j < nb) ? A[(long long)(r0 + j) * n + c] : T(0);
     for (int e = tid; e < nb * nb; e += blockDim.x) {
-        const int r = e / nb, cc = e - r * nb;
-        Lt[cc * LTD + r] = A[(long long)(r0 + r) * n + r0 + cc];
+        const int r = e / nb, c = e - r * nb;
+        L[r * NB + c] = A[(long long)(r0 + r) * n + r0 + c];
     }
     __syncthreads();
     bool bad = false;
+    const int c = c0 + tid;
     if (c < n) {
+        T y[NB];
+#pragma unroll
+        for (int j = 0; j < NB; ++j)
+            y[j] = j < nb ? A[(long long)(r0 + j) * n + c] : T(0);
 #pragma unroll
         for (int t = 0; t < NB; ++t) {
 #pragma unroll
-            for (int j = t + 1; j < NB; ++j) y[j] = fma(-Lt[t * LTD + j], y[t], y[j]);
+            for (int j = t + 1; j < NB; ++j) y[j] = fma(-L[j * NB + t], y[t], y[j]);
         }
 #pragma unroll
         for (int j = 0; j < NB; ++j) {
