@@ -10,7 +10,9 @@
 ``--public``: the functions users call (``lu_factor_batched``,
 ``inv_batched``, ``solve_batched``, ``cho_factor_batched``, the solves and
 ``inv_vbatched`` (``--public-ops``, ``PUBLIC_OPS``) with CuPy input, 2**20
-matrices of each n, bound once as a caller binds them), timed like the
+matrices of each n <= 32 shifted by n I, for n > 32 the kernel table's batch
+of a plain random stack (LU exchanges rows as on general input; Cholesky on
+A A^T + n I), bound once as a caller binds them), timed like the
 kernels beside them (the driver alone), the calls of the three timed
 functions taken in turn (``--sequential``: one function after another, which
 lets a drift of the GPU's clocks pass for a difference), with cuBLAS and
@@ -349,7 +351,18 @@ def public_bench(args) -> int:
         for n in sizes:
             bsz = SMALL_BATCH if n <= 32 else dict(LARGE).get(n, 10000)
             a = rng.standard_normal((bsz, n, n), dtype=dtype)
-            a += n * cp.eye(n, dtype=dtype)          # well conditioned, SPD-able below
+            if n <= 32:
+                a += n * cp.eye(n, dtype=dtype)      # well conditioned, SPD-able below
+            # n > 32: the plain random stack of the kernel table and the
+            # breakdown (a shifted one is diagonally dominant: LU exchanges
+            # no rows and its row moves cost less than on a general stack)
+
+            def spd_of(a, n=n, dtype=dtype):
+                """A A^T (+ n I for n > 32, as the kernel table's Cholesky stack)."""
+                s = cp.matmul(a, a.transpose(0, 2, 1))
+                if n > 32:
+                    s += n * cp.eye(n, dtype=dtype)
+                return s
             for op in ops:
                 if op == "lu":
                     kern = lambda: bg.getrf(a)                                   # noqa: E731
@@ -388,7 +401,7 @@ def public_bench(args) -> int:
                         (lu, piv), b, check_finite=False)
                 elif op == "cho_solve":
                     b = rng.standard_normal((bsz, n, 1), dtype=dtype)
-                    spd = cp.matmul(a, a.transpose(0, 2, 1))
+                    spd = spd_of(a)
                     c, low = fns.cho_factor_batched(spd)
                     kern = lambda b=b, c=c: bg.potrs(c, False, b)                 # noqa: E731
                     pub = lambda b=b, c=c: fns.cho_solve_batched((c, False), b)    # noqa: E731
@@ -424,7 +437,7 @@ def public_bench(args) -> int:
                         a, b, vsz, check_finite=False, return_info=True)
                 elif op == "cho_v":
                     vsz = cp.full((bsz,), n, dtype=cp.int64)
-                    spd = cp.matmul(a, a.transpose(0, 2, 1))
+                    spd = spd_of(a)
                     kern = lambda spd=spd: bg.potrf(spd, False)                   # noqa: E731
                     pub = lambda spd=spd, vsz=vsz: fns.cho_factor_vbatched(spd, vsz)  # noqa: E731
                     asy = lambda spd=spd, vsz=vsz: fns.cho_factor_vbatched(        # noqa: E731
@@ -442,7 +455,7 @@ def public_bench(args) -> int:
                     pub = lambda A=spd: fns.block_jacobi(A, n)                     # noqa: E731
                     asy = lambda A=spd: fns.block_jacobi(A, n, check_finite=False)  # noqa: E731
                 else:
-                    spd = cp.matmul(a, a.transpose(0, 2, 1))
+                    spd = spd_of(a)
                     kern = lambda spd=spd: bg.potrf(spd, False)                   # noqa: E731
                     pub = lambda spd=spd: fns.cho_factor_batched(spd)              # noqa: E731
                     asy = lambda spd=spd: fns.cho_factor_batched(                  # noqa: E731
