@@ -522,6 +522,57 @@ def test_host_stage_assembly_compiled_equals_numpy(monkeypatch):
     np.testing.assert_array_equal(Rs["c"], Rs["numpy"])
 
 
+def test_host_stage_carried_blocks_placed_as_their_stages_end(monkeypatch):
+    """The contribution blocks a host front receives from device stages go into its
+    stage's pool as their own stages end (``place_blocks``), the rest of the
+    pool zeroed up to them only: the same R, bit for bit, as copying them in at
+    the host stage's start; and a placement one element off gives another R."""
+    from scipy_gpuqr._engine.gpu import stage_loop
+    A, an, needs = _host_case()
+    limit = min_budget(an, needs)
+    calls = []
+    real = NumpyDevice.place_blocks
+
+    def counted(self, pool, blocks, out):
+        calls.append(len(blocks))
+        return real(self, pool, blocks, out)
+    monkeypatch.setattr(NumpyDevice, "place_blocks", counted)
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                      dense_flops=_HOST_FLOPS)
+    assert g.info["host_fronts"] and sum(calls) > 0
+    sched = g.schedule
+    hosted = [sched.stages[sid] for sid in g._host_stages]
+    assert any(stage_loop._zero_end(an.fronts, st) < st.pool_size for st in hosted)
+    placed = g.R.toarray()
+    monkeypatch.setattr(stage_loop.StageLoop, "place_in_host_stages",
+                        lambda self, st, pool, device, later: later)
+    copied = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                           dense_flops=_HOST_FLOPS).R.toarray()
+    np.testing.assert_array_equal(placed, copied)
+
+    def off_by_one(self, pool, blocks, out):
+        return real(self, pool, [(a + 1, m, w, n, at) for a, m, w, n, at in blocks], out)
+    monkeypatch.undo()
+    monkeypatch.setattr(NumpyDevice, "place_blocks", off_by_one)
+    wrong = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                          dense_flops=_HOST_FLOPS).R.toarray()
+    assert np.abs(wrong - placed).max() > 1e-6 * np.abs(placed).max()
+
+
+def test_host_pool_zeroed_up_to_carried_blocks_that_fill_it():
+    """A host stage's pool is zeroed only up to its carried blocks where they fill
+    the rest of it without a gap; a gap, or blocks short of the end: all of it."""
+    from scipy_gpuqr._engine.gpu.stage_loop import _zero_end
+    fs = types.SimpleNamespace(cm=np.array([2, 3, 1]), fn=np.array([5, 4, 6]),
+                               fp=np.array([1, 2, 3]))      # blocks of 8, 6 and 3
+    st = types.SimpleNamespace(carried={0: 100, 1: 108, 2: 114}, pool_size=117)
+    assert _zero_end(fs, st) == 100
+    assert _zero_end(fs, types.SimpleNamespace(carried={0: 100, 1: 109, 2: 115},
+                                               pool_size=118)) == 118
+    assert _zero_end(fs, types.SimpleNamespace(carried={0: 100}, pool_size=117)) == 117
+    assert _zero_end(fs, types.SimpleNamespace(carried={}, pool_size=50)) == 50
+
+
 def test_staged_solves_keep_rows_within_one_shared_budget():
     """The stages' uploaded rows of R stay on the device only within one budget for
     all stages (each stage asking against what is left would keep most of it)."""

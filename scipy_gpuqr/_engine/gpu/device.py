@@ -233,12 +233,12 @@ class NumpyDevice:
         self._take(len(s_index) * (8 + isz), "S entries")
         self._take(max(int(st.launch_ptr[-1]) if len(st.launch_ptr) else 0, 1) * TASK_BYTES,
                    "the task list")
-        pool = self._stage_pool(st.pool_size, carried)
+        pool = self._stage_pool(st.pool_size, carried, key=tuple(st.fronts))
         return {"pool": pool, "spool": (s_index, s_value.astype(self.dtype)), "st": st}
 
-    def _stage_pool(self, n: int, carried) -> np.ndarray:
+    def _stage_pool(self, n: int, carried, key=None) -> np.ndarray:
         """A stage's pool of ``n`` zeros with the carried contribution blocks
-        (``(offset, block)`` pairs) in."""
+        (``(offset, block)`` pairs) in (``key``: the stage's fronts)."""
         pool = np.zeros(n, dtype=self.dtype)
         for off, cb in carried:
             pool[off: off + cb.size] = cb.ravel()
@@ -288,6 +288,21 @@ class NumpyDevice:
         if not _all_finite(pool):
             raise GpuEngineError("non-finite values in the front pool after the stage")
         return pool
+
+    def place_blocks(self, pool, blocks, out):
+        """Blocks of ``pool`` copied into the host array ``out``: per block
+        ``(start, rows, width, pitch, at)``, ``rows`` rows of ``width`` elements
+        ``pitch`` apart from ``start``, to ``out[at:]`` row after row. Returns
+        what to wait for before ``out`` is read there (None: done)."""
+        for a, m, w, n, at in blocks:
+            if not (m and w):
+                continue
+            if a + (m - 1) * n + w > pool.size:
+                raise ValueError("place_blocks: a block past the pool's end")
+            src = np.lib.stride_tricks.as_strided(pool[a:], shape=(m, w),
+                                                  strides=(n * pool.itemsize, pool.itemsize))
+            out[at: at + m * w].reshape(m, w)[...] = src
+        return None
 
     def fetch(self, pool, segments) -> np.ndarray:
         n = int(sum(k for _, k in segments)) * self.dtype.itemsize
@@ -340,43 +355,84 @@ class HostFrontDevice(NumpyDevice):
         self.gpu = gpu
         #: per front factorized, where: ``"gpu"`` or ``"host"`` (and why)
         self.factorized_on = []
-        self._ready = {}                # elements -> futures of zeroed pools (prepare)
+        self._ready = {}                # stage key -> (pool future, zeros future)
+        self._placed = {}               # stage key -> what its placed blocks wait for
 
-    def prepare(self, sizes) -> None:
-        """Start making zeroed pools of ``sizes`` elements (the host stages') on a
-        worker thread: the earlier stages keep the device busy meanwhile, and a
-        host front's pool takes gigabytes of zeros. :meth:`_stage_pool` takes
-        one of the right size (a pool never taken is dropped with this layer)."""
-        sizes = [int(n) for n in sizes]
-        if not sizes:
+    def prepare(self, stages) -> None:
+        """Start making the host stages' pools on a worker thread: ``stages``
+        ``(key, elements, zero_end)`` (``key`` the stage's fronts; elements
+        ``[0, zero_end)`` zeroed: its front, the carried blocks after it are
+        written whole). The earlier stages keep the device busy meanwhile, and a
+        host front's pool takes gigabytes. :meth:`take_pool` hands a pool out
+        once allocated (its zeros may still be written), :meth:`_stage_pool`
+        once zeroed (a pool never taken is dropped with this layer)."""
+        stages = [(tuple(k), int(n), int(z)) for k, n, z in stages]
+        if not stages:
             return
         ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-host-pool")
-        for n in sizes:
-            self._ready.setdefault(n, []).append(ex.submit(self._zeroed, n))
+        for key, n, z in stages:
+            made = ex.submit(self._allocated, n)
+            self._ready[key] = (made, ex.submit(self._zero, made, 0, min(z, n)), min(z, n))
         ex.shutdown(wait=False)
 
-    def _zeroed(self, n: int) -> np.ndarray:
-        """``n`` zeros: pinned when a GPU layer is given and its pinned budget
-        allows (the front goes up and down, whole or in slabs, at the link's speed
-        only from pinned pages), filled by threads in pieces."""
+    def take_pool(self, key, start: int):
+        """The pool :meth:`prepare` makes for the stage ``key``, for writing from
+        element ``start`` on (a carried block placed early, :meth:`placed`): once
+        allocated, and once zeroed where ``start`` lies in its zeroed part;
+        None when none was prepared."""
+        entry = self._ready.get(tuple(key))
+        if entry is None:
+            return None
+        if start < entry[2]:
+            entry[1].result()
+        return entry[0].result()
+
+    def placed(self, key, wait) -> None:
+        """A carried block was written into stage ``key``'s pool ahead of its
+        stage (``wait``: what to wait for before the pool is read, or None);
+        the stage then leaves it out of its ``carried``."""
+        self._placed.setdefault(tuple(key), []).append(wait)
+
+    def _allocated(self, n: int) -> np.ndarray:
+        """``n`` elements, not set: pinned when a GPU layer is given and its pinned
+        budget allows (the front goes up and down, whole or in slabs, at the
+        link's speed only from pinned pages)."""
         pinned = getattr(self.gpu, "pinned_within_cap", None)
         pool = pinned(n, self.dtype) if pinned is not None else None
-        if pool is None:
-            pool = np.empty(n, dtype=self.dtype)
+        return np.empty(n, dtype=self.dtype) if pool is None else pool
+
+    @staticmethod
+    def _zero(made, a: int, b: int) -> None:
+        """Zeros into ``[a, b)`` of the pool ``made`` gives, by threads in pieces."""
+        pool = made.result() if hasattr(made, "result") else made
 
         def zeros(i0, i1):
             for k in range(int(i0), int(i1)):           # NumPy releases the GIL
-                pool[k * _FILL_PIECE: (k + 1) * _FILL_PIECE] = 0
+                pool[a + k * _FILL_PIECE: min(b, a + (k + 1) * _FILL_PIECE)] = 0
 
-        run_split(zeros, 0, -(-n // _FILL_PIECE), 1)
+        run_split(zeros, 0, -(-(b - a) // _FILL_PIECE), 1)
+
+    def _zeroed(self, n: int) -> np.ndarray:
+        """``n`` zeros (:meth:`_allocated`, zeroed by threads)."""
+        pool = self._allocated(n)
+        self._zero(pool, 0, n)
         return pool
 
-    def _stage_pool(self, n: int, carried) -> np.ndarray:
+    def _stage_pool(self, n: int, carried, key=None) -> np.ndarray:
         """The stage's pool: zeros (made ahead by :meth:`prepare`, else now) with
         the carried blocks copied in by threads in pieces (the pool of a host
-        front holds gigabytes)."""
-        ready = self._ready.get(int(n))
-        pool = ready.pop(0).result() if ready else self._zeroed(n)
+        front holds gigabytes); blocks placed ahead (:meth:`placed`) waited for."""
+        t0 = time.perf_counter()
+        entry = self._ready.pop(tuple(key), None) if key is not None else None
+        if entry is None:
+            pool = self._zeroed(n)
+        else:
+            pool, _ = entry[0].result(), entry[1].result()
+        for wait in self._placed.pop(tuple(key), []) if key is not None else ():
+            if wait is not None:
+                wait.synchronize()
+        self.seconds["begin_wait"] = self.seconds.get("begin_wait", 0.0) + (
+            time.perf_counter() - t0)
         pieces, pos = [], 0                 # (start, stop, source rows)
         for off, cb in sorted(((int(o), cb) for o, cb in carried), key=lambda oc: oc[0]):
             if off < pos:
@@ -421,8 +477,10 @@ class HostFrontDevice(NumpyDevice):
         t0 = time.perf_counter()
         carried = list(carried)
         h = super().begin_stage(st, s_index, s_value, carried)
-        # the carried blocks lie after the fronts; they were checked in their stages
-        h["fronts_end"] = min((int(off) for off, _ in carried), default=h["pool"].size)
+        # the carried blocks lie after the fronts (those placed ahead too, left out
+        # of ``carried``); they were checked in their stages
+        h["fronts_end"] = min((int(off) for off in st.carried.values()),
+                              default=h["pool"].size)
         self.seconds["begin"] = self.seconds.get("begin", 0.0) + time.perf_counter() - t0
         return h
 
@@ -805,6 +863,26 @@ class CupyDevice:
             t1 - h["t_loop"])
         self.seconds["wait"] = self.seconds.get("wait", 0.0) + (time.perf_counter() - t1)
         return pool
+
+    def place_blocks(self, pool, blocks, out):
+        """Blocks of the device pool ``pool`` copied into the host array ``out``
+        (as :meth:`NumpyDevice.place_blocks`), one strided copy each
+        (``cudaMemcpy2DAsync``) on the stage's stream: asynchronous into pinned
+        memory, and before anything later on that stream may reuse the pool's
+        memory (CuPy hands a freed block out again on its stream only). Returns
+        the event to wait for before ``out`` is read."""
+        cp = self.cp
+        rt = cp.cuda.runtime
+        t0 = time.perf_counter()
+        isz = pool.itemsize
+        for a, m, w, n, at in blocks:
+            if m and w:
+                rt.memcpy2DAsync(out.ctypes.data + at * isz, w * isz, pool.data.ptr + a * isz,
+                                 n * isz, w * isz, m, rt.memcpyDeviceToHost, self.stream.ptr)
+        ev = cp.cuda.Event(disable_timing=True)
+        ev.record(self.stream)
+        self.seconds["download"] += time.perf_counter() - t0
+        return ev
 
     def fetch(self, pool, segments) -> np.ndarray:
         """Segments ``(start, length)`` of a device pool, gathered on the device and

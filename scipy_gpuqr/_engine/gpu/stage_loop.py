@@ -110,7 +110,12 @@ class StageLoop:
                                             gpu=device if isinstance(device, CupyDevice)
                                             else None)
             self.host_dev.start(np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64), 0)
-            self.host_dev.prepare(sched.stages[sid].pool_size for sid in self.host_stages)
+            self.host_dev.prepare((tuple(sched.stages[sid].fronts), sched.stages[sid].pool_size,
+                                   _zero_end(fs, sched.stages[sid]))
+                                  for sid in self.host_stages)
+        # the first front of each stage (a host stage's pool takes its carried
+        # blocks as their stages end: :meth:`carry_contribution_blocks`)
+        self.stage_first = np.array([st.fronts[0] for st in sched.stages], dtype=np.int64)
 
     def dev(self, sid: int):
         """The layer that runs stage ``sid`` (the host's for a host stage)."""
@@ -186,7 +191,8 @@ class StageLoop:
     def begin(self, sid: int, st) -> dict:
         """The stage's pool on the device: zeroed, carried contribution blocks and S entries in."""
         fs = self.fs
-        carried = [(off, self.host_cb.pop(c)) for c, off in st.carried.items()]
+        carried = [(off, cb) for c, off in st.carried.items()
+                   for cb in (self.host_cb.pop(c),) if cb is not _PLACED]
         s0, s1 = st.s_range
         h = self.dev(sid).begin_stage(st, fs.s_index[s0:s1], self.vals[s0:s1], carried)
         self.launch_base.append(int(sum(s_.nlaunch for s_ in self.sched.stages[:sid])))
@@ -318,13 +324,15 @@ class StageLoop:
         """Contribution blocks of the stage's fronts whose parent lies in a later stage,
         fetched in one transfer into ``host_cb`` (views of it; from ``device``,
         default the engine's layer), or views of ``host``, the pool already sent
-        down."""
+        down. A block whose parent is a host front's goes straight into that
+        stage's pool at its place (:meth:`place_in_host_stages`)."""
         fs = self.fs
         first, last = st.fronts
         members = np.arange(first, last + 1)
         foff = st.foff[members]
         par = fs.parent[members]
         later = np.flatnonzero((par >= 0) & (par > last))
+        later = self.place_in_host_stages(st, pool, device or self.device, later)
         if not len(later):
             return
         rk, fnm = fs.frank[members].astype(np.int64), self.fn[members]
@@ -342,6 +350,38 @@ class StageLoop:
             # its upper trapezoid (``nfrows`` 1), so no triangle is cut out here
             self.host_cb[f] = host[p: p + size].reshape(int(fs.cm[f]),
                                                         int(fs.fn[f]))[:, int(fs.fp[f]):]
+
+    def place_in_host_stages(self, st, pool, device, later):
+        """The contribution blocks (``later``: members of ``st`` whose parent lies in
+        a later stage) whose parent is a host stage's front, copied from this
+        stage's pool (on the device: one strided copy each, asynchronous on the
+        stage's stream) into the rows of that stage's pool they take there
+        (:meth:`~.device.HostFrontDevice.take_pool`): the host stage then neither
+        waits for a host copy of them nor makes one (a host front's carried blocks
+        are gigabytes). Returns the members left for ``host_cb``."""
+        place = getattr(device, "place_blocks", None)
+        if not self.host_stages or place is None or not len(later):
+            return later
+        fs = self.fs
+        first = st.fronts[0]
+        fr = first + later
+        psid = np.searchsorted(self.stage_first, fs.parent[fr], side="right") - 1
+        hosted = np.isin(psid, list(self.host_stages))
+        for sid in np.unique(psid[hosted]).tolist():
+            pst = self.sched.stages[sid]
+            kids = fr[psid == sid].tolist()
+            out = self.host_dev.take_pool(pst.fronts, min(int(pst.carried[f]) for f in kids))
+            if out is None:
+                continue
+            blocks = []
+            for f in kids:
+                m, n = int(fs.cm[f]), int(fs.fn[f])
+                start = int(st.foff[f]) + int(fs.frank[f]) * n + int(fs.fp[f])
+                blocks.append((start, m, n - int(fs.fp[f]), n, int(pst.carried[f])))
+                self.host_cb[f] = _PLACED
+            self.host_dev.placed(pst.fronts, place(pool, blocks, out))
+        return np.array([i for i in later.tolist() if self.host_cb.get(first + i) is not _PLACED],
+                        dtype=np.int64)
 
     def start_reflector_records(self, sid: int) -> None:
         """A warm stage's kept records (:func:`stage_reflector_records`) made on a
@@ -482,6 +522,26 @@ def stage_reflector_records(sched, sid: int, st, base: int):
         if extras is not None:
             extras[key] = kept
     return kept
+
+
+#: ``host_cb``'s mark of a block already in its host stage's pool.
+_PLACED = object()
+
+
+def _zero_end(fs, st) -> int:
+    """Elements of a host stage's pool that must start as zeros: up to its first
+    carried block when the carried blocks fill the rest of the pool without a
+    gap (each is written whole), else all of it."""
+    if not st.carried:
+        return int(st.pool_size)
+    span = sorted((int(off), int(fs.cm[c]) * (int(fs.fn[c]) - int(fs.fp[c])))
+                  for c, off in st.carried.items())
+    pos = span[0][0]
+    for off, size in span:
+        if off != pos:
+            return int(st.pool_size)
+        pos += size
+    return span[0][0] if pos == int(st.pool_size) else int(st.pool_size)
 
 
 def r_dtype(Ac):
