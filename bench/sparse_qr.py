@@ -33,7 +33,8 @@ threshold's row per way of factorizing the dense fronts' panels
 repeats each row per Apply variant of the uberkernel
 (``factorize_kernels.APPLY_VARIANTS``, through ``SCIPY_GPUQR_APPLY``; each
 variant's kernels compiled before its timings). ``--apply-split 1,4,8:2``
-repeats each row per cut of the Apply records of small launches
+repeats each row per cut of the Apply records (and of the Apply+Factorize
+records' Apply after their factorized tile) of small launches
 (``max[:fill]`` through ``SCIPY_GPUQR_APPLY_SPLIT``, see
 ``device.apply_split_setting``; 1: never cut). The profiled run's launches are
 summed by size (records against the device's resident blocks) and by pieces.

@@ -6,8 +6,8 @@ front pools and the VT tiles must agree. The VT pool starts poisoned (NaN).
 Every float64 variant the engine launches is tested, with every Apply variant
 (``factorize_kernels.APPLY_VARIANTS``: scalar loops, FP64 tensor cores, and the
 tensor-core Apply with the lean and the lane-per-column Factorize); a launch
-on a grid that cuts Apply records into pieces (``gridDim.y``) must leave the
-same bits as one block per record.
+on a grid that cuts Apply records and the Apply of Apply+Factorize records into
+pieces (``gridDim.y``) must leave the same bits as one block per record.
 """
 
 from __future__ import annotations
@@ -142,21 +142,58 @@ def test_tile_kernels_keep_q_orthogonal_with_tiny_columns(variant, pipelining):
 
 def _pieces_of(tasks, s, tile):
     """The records with every Apply record replaced by its ``s`` pieces
-    (``tasks.apply_piece_columns``; empty pieces dropped): the work of a
-    launch on a grid of ``s`` blocks per record, written as records."""
+    (``tasks.apply_piece_columns``; empty pieces dropped) and every
+    Apply+Factorize record by its piece 0 (the Apply of the column tile it
+    factorizes, then the Factorize) and Apply records of its other column tiles
+    cut into ``s - 1`` pieces: the work of a launch on a grid of ``s`` blocks
+    per record, written as records (mirror of the kernel's
+    ``apply_factorize_piece_columns``)."""
     from scipy_gpuqr._schedule.tasks import TaskType, apply_piece_columns
     out = []
-    for rec in tasks:
-        if rec["type"] != TaskType.APPLY or s == 1:
-            out.append(rec)
-            continue
-        a, b = apply_piece_columns(rec["c0"], rec["c1"], np.arange(s), s, tile)
-        for x, y in zip(a.tolist(), b.tolist()):
+
+    def add_pieces(rec, c0, c1, n):
+        a, b = apply_piece_columns(c0, c1, np.arange(n), n, tile)
+        for x, y in zip(np.atleast_1d(a).tolist(), np.atleast_1d(b).tolist()):
             if y > x:
                 p = rec.copy()
+                p["type"] = TaskType.APPLY
                 p["c0"], p["c1"] = x, y
                 out.append(p)
+
+    for rec in tasks:
+        if s == 1 or rec["type"] not in (TaskType.APPLY, TaskType.APPLY_FACTORIZE):
+            out.append(rec)
+        elif rec["type"] == TaskType.APPLY:
+            add_pieces(rec, int(rec["c0"]), int(rec["c1"]), s)
+        else:
+            first = rec.copy()
+            first["c1"] = min(int(rec["c0"]) + tile, int(rec["c1"]))
+            out.append(first)
+            add_pieces(rec, int(rec["c0"]) + tile, int(rec["c1"]), s - 1)
     return np.array(out, dtype=tasks.dtype)
+
+
+def test_pieces_model_cuts_apply_factorize_records_after_their_factorized_tile():
+    # the model itself: an Apply+Factorize record keeps its first column tile (and
+    # its Factorize), its other tiles become Apply records, every column once
+    from scipy_gpuqr._schedule.tasks import TaskType, empty_tasks
+    tile = 32
+    recs = empty_tasks(2)
+    recs["type"] = [TaskType.APPLY_FACTORIZE, TaskType.APPLY]
+    recs["c0"], recs["c1"] = [64, 0], [64 + 5 * tile - 7, 3 * tile]
+    recs["vt"], recs["vt2"] = [5, 5], [9, 9]
+    for s in (2, 3, 4, 8):
+        cut = _pieces_of(recs, s, tile)
+        af = cut[cut["type"] == TaskType.APPLY_FACTORIZE]
+        assert len(af) == 1 and (af["c0"][0], af["c1"][0]) == (64, 96)
+        assert af["vt2"][0] == 9
+        app = cut[cut["type"] == TaskType.APPLY]
+        from_af = app[app["c0"] >= 96]
+        cols = np.concatenate([np.arange(a, b) for a, b in zip(from_af["c0"], from_af["c1"])])
+        assert np.array_equal(np.sort(cols), np.arange(96, 64 + 5 * tile - 7))
+        assert ((from_af["c0"] - 64) % tile == 0).all()
+        assert len(from_af) == min(s - 1, 4)
+    assert np.array_equal(_pieces_of(recs, 1, tile), recs)
 
 
 def test_numpy_executor_gives_the_same_front_for_apply_pieces():
@@ -201,8 +238,9 @@ def test_resident_blocks_and_the_split_setting():
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", FLOAT64_VARIANTS)
 def test_apply_pieces_on_the_gpu_match_whole_records_bit_for_bit(variant):
-    # a launch on a grid of s blocks per record (Apply records cut into s pieces, the
-    # other records in the blocks of y = 0) leaves the same bits as one block per record
+    # a launch on a grid of s blocks per record (Apply records cut into s pieces,
+    # Apply+Factorize records' Apply likewise after the tile they factorize, the other
+    # records in the blocks of y = 0) leaves the same bits as one block per record
     import cupy as cp
     tile, bund, threads, apply = variant
     kern, smem, _ = _kernel(tile, bund, threads, apply)

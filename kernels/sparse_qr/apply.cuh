@@ -177,21 +177,46 @@ struct ApplySmem {
     static constexpr int TOTAL = V + T + A + C;
 };
 
-// The columns [c0, c1) of an Apply record that piece `piece` of `pieces` updates:
-// the record's column tiles (TILE wide from t.c0, the last one clipped at t.c1)
+// The columns [c0, c1) of the column range [a, b) that piece `piece` of `pieces`
+// updates: the range's column tiles (TILE wide from a, the last one clipped at b)
 // cut into `pieces` runs of near-equal length, so that every column is updated by
-// one piece with exactly the arithmetic of the whole record (chunks stay aligned
-// to t.c0). An empty run (c0 >= c1) when the record has fewer tiles than pieces.
+// one piece with exactly the arithmetic of the whole range (chunks stay aligned
+// to a). An empty run (c0 >= c1) when the range has fewer tiles than pieces.
 // Mirror: scipy_gpuqr/_schedule/tasks.py, apply_piece_columns.
 template <int TILE>
-__device__ __forceinline__ void apply_piece_columns(const Task& t, int piece, int pieces,
-                                                    int& c0, int& c1) {
-    const int w = t.c1 - t.c0;
+__device__ __forceinline__ void piece_columns(int a, int b, int piece, int pieces,
+                                              int& c0, int& c1) {
+    const int w = b - a;
     const int nt = w > 0 ? (w + TILE - 1) / TILE : 0;
     const int t0 = (int)(((long long)piece * nt) / pieces);
     const int t1 = (int)(((long long)(piece + 1) * nt) / pieces);
-    c0 = t.c0 + t0 * TILE;
-    c1 = t.c0 + t1 * TILE < t.c1 ? t.c0 + t1 * TILE : t.c1;
+    c0 = a + t0 * TILE;
+    c1 = a + t1 * TILE < b ? a + t1 * TILE : b;
+}
+
+// The columns [c0, c1) of an Apply record that piece `piece` of `pieces` updates
+// (piece_columns of the record's [t.c0, t.c1)).
+template <int TILE>
+__device__ __forceinline__ void apply_piece_columns(const Task& t, int piece, int pieces,
+                                                    int& c0, int& c1) {
+    piece_columns<TILE>(t.c0, t.c1, piece, pieces, c0, c1);
+}
+
+// The columns [c0, c1) of an Apply+Factorize record's Apply that piece `piece` of
+// `pieces` (>= 2) updates: piece 0 the column tile its Factorize takes (the first,
+// [t.c0, t.c0 + TILE) clipped at t.c1), pieces 1 .. pieces - 1 the record's other
+// column tiles (piece_columns of [t.c0 + TILE, t.c1) into pieces - 1 runs). The
+// Factorize reads only its own tile, so the others need not wait for it. Mirror:
+// _pieces_of in tests/test_gpu_tiles.py.
+template <int TILE>
+__device__ __forceinline__ void apply_factorize_piece_columns(const Task& t, int piece,
+                                                              int pieces, int& c0, int& c1) {
+    if (piece == 0) {
+        c0 = t.c0;
+        c1 = t.c0 + TILE < t.c1 ? t.c0 + TILE : t.c1;
+    } else {
+        piece_columns<TILE>(t.c0 + TILE, t.c1, piece - 1, pieces - 1, c0, c1);
+    }
 }
 
 // The Apply of the record's columns [c0, c1) (the whole record: t.c0, t.c1; a

@@ -15,8 +15,10 @@ namespace gpuqr {
 // Grid: blockIdx.x is the record; a grid of gridDim.y > 1 cuts every Apply
 // record's columns into gridDim.y pieces, one block each (apply_piece_columns;
 // the same arithmetic per column as one block doing all), so that a launch of
-// few wide Apply records fills the device; the other records run in the blocks
-// of blockIdx.y == 0 only.
+// few wide Apply records fills the device; an Apply+Factorize record's Apply
+// likewise, block 0 taking the column tile it factorizes and then its Factorize
+// (apply_factorize_piece_columns); the other records run in the blocks of
+// blockIdx.y == 0 only.
 template <typename T, int TILE, int BUNDLE, int NT, int APPLY>
 __global__ void __launch_bounds__(NT)
 uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT,
@@ -30,7 +32,7 @@ uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT
     __shared__ Task task;
     if (threadIdx.x == 0) task = tasks[blockIdx.x];
     __syncthreads();
-    if (blockIdx.y != 0 && task.type != TASK_APPLY) return;
+    if (blockIdx.y != 0 && task.type != TASK_APPLY && task.type != TASK_APPLY_FACTORIZE) return;
     switch (task.type) {
     case TASK_FACTORIZE:
         factorize_bundle<T, TILE, BUNDLE, NT, FK>(task, F, VT, task.col, task.nref, task.vt,
@@ -42,12 +44,18 @@ uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT
         if (c0 < c1) apply_bundle<T, TILE, BUNDLE, NT, APPLY>(task, F, VT, smem, c0, c1);
         break;
     }
-    case TASK_APPLY_FACTORIZE:
-        apply_bundle<T, TILE, BUNDLE, NT, APPLY>(task, F, VT, smem, task.c0, task.c1);
-        __syncthreads();
-        factorize_bundle<T, TILE, BUNDLE, NT, FK>(task, F, VT, task.c0, (int)task.aux,
-                                                  task.vt2, smem);
+    case TASK_APPLY_FACTORIZE: {
+        int c0 = task.c0, c1 = task.c1;
+        if (gridDim.y > 1)
+            apply_factorize_piece_columns<TILE>(task, blockIdx.y, gridDim.y, c0, c1);
+        if (c0 < c1) apply_bundle<T, TILE, BUNDLE, NT, APPLY>(task, F, VT, smem, c0, c1);
+        if (blockIdx.y == 0) {          // uniform in the block
+            __syncthreads();
+            factorize_bundle<T, TILE, BUNDLE, NT, FK>(task, F, VT, task.c0, (int)task.aux,
+                                                      task.vt2, smem);
+        }
         break;
+    }
     case TASK_S_ASSEMBLE:
         s_assemble<T, NT>(task, F, s_index, s_value);
         break;
