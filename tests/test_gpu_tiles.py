@@ -235,6 +235,20 @@ def test_resident_blocks_and_the_split_setting():
             device.apply_split_setting({device.ENV_APPLY_SPLIT: bad})
 
 
+def test_a_launch_of_wide_apply_factorize_records_is_cut():
+    # the tail launches hold Apply+Factorize records only: their Apply is cut as an
+    # Apply record's (min(tiles, s) pieces with work); one tile each: no cut
+    from scipy_gpuqr._schedule.tasks import TaskType, apply_split, empty_tasks
+    t = empty_tasks(20)
+    t["type"] = TaskType.APPLY_FACTORIZE
+    t["c0"], t["c1"] = 64, 64 + 16 * 32
+    assert apply_split(t["type"], t["c0"], t["c1"], 396, 8) == 8
+    assert apply_split(t["type"], t["c0"], t["c1"], 396, 1) == 1
+    assert apply_split(t["type"], t["c0"], t["c1"], 60, 8) == 4          # 20 * 4 >= 60
+    t["c1"] = 64 + 20
+    assert apply_split(t["type"], t["c0"], t["c1"], 396, 8) == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", FLOAT64_VARIANTS)
 def test_apply_pieces_on_the_gpu_match_whole_records_bit_for_bit(variant):

@@ -199,7 +199,8 @@ def apply_split(types, c0, c1, slots: int, max_split: int, tile: int = DEFAULT_T
     updates up to :data:`DEFAULT_APPLY_GRANULE` column tiles one after the
     other, so a launch of fewer records than the device runs at once (its
     ``slots``: SMs times resident blocks each) is a chain of those tiles with
-    part of the device idle. Cutting every Apply record into pieces (
+    part of the device idle. Cutting every Apply record (and an Apply+Factorize
+    record's Apply) into pieces (
     :func:`apply_piece_columns`) gives the idle blocks work; each piece
     reloads the record's ``V`` and ``T``, so a launch that fills the device
     already is not cut. The answer is the smallest power of two (at most
@@ -224,7 +225,9 @@ def apply_split(types, c0, c1, slots: int, max_split: int, tile: int = DEFAULT_T
     n = len(types)
     if max_split <= 1 or n >= slots or n == 0:
         return 1
-    app = np.asarray(types) == TaskType.APPLY
+    # an Apply+Factorize record's Apply is cut too (the tile it factorizes in piece 0,
+    # its other tiles in the rest): min(tiles, s) pieces with work, as an Apply's
+    app = np.isin(np.asarray(types), (TaskType.APPLY, TaskType.APPLY_FACTORIZE))
     if not app.any():
         return 1
     w = np.asarray(c1, dtype=np.int64)[app] - np.asarray(c0, dtype=np.int64)[app]
