@@ -273,7 +273,8 @@ def cublas_lu(cp, a, inverse: bool):
 #: ``solve_v``, ``cho_v``: the ``*_vbatched`` functions on a padded stack
 #: whose matrices all have order n, beside the fixed-size kernel of the
 #: stack; ``inv_vmix``, ``lu_vmix``: orders drawn from n/2+1 .. n, several
-#: size classes, beside the kernel of the whole stack; ``jacobi``: block_jacobi of the
+#: size classes, beside the kernel of the whole stack (and, a line of its own,
+#: that kernel on the stack with the identity outside each order); ``jacobi``: block_jacobi of the
 #: block-diagonal CSR matrix made of the stack, blocks of n, beside the
 #: inverse kernel of the stack (its block gather is extra work the kernel
 #: column does not hold)) and the driver of each one's kernel.
@@ -460,6 +461,20 @@ def public_bench(args) -> int:
                     pub = lambda spd=spd: fns.cho_factor_batched(spd)              # noqa: E731
                     asy = lambda spd=spd: fns.cho_factor_batched(                  # noqa: E731
                         spd, check_finite=False, return_info=True)
+                if op in ("inv_vmix", "lu_vmix"):
+                    # the fixed-size kernel on the stack as the _vb kernel reads it
+                    # (the identity outside each order): tells the data's own cost
+                    # (pivot ties, zeros) from the _vb kernel's masking
+                    ix = cp.arange(n)
+                    inside = ((ix[None, :, None] < vsz[:, None, None])
+                              & (ix[None, None, :] < vsz[:, None, None]))
+                    padded = cp.where(inside, a, cp.eye(n, dtype=dtype))
+                    inside = None
+                    fixed = bg.getri if op == "inv_vmix" else bg.getrf
+                    fk_ms = timer.device(lambda p=padded, f=fixed: f(p), reps=args.reps)
+                    print(f"{tag:6} {dtype.name:7} {n:>3} {bsz:>8} {op:9} "
+                          f"fixed kernel on the identity-padded stack: {fk_ms:8.3f} ms", flush=True)
+                    padded = None
                 flag = {"lu_solve": "WARP_GETRS", "cho_solve": "WARP_POTRS"}.get(op)
                 if flag and n <= 32 and gc is not None and hasattr(gc, flag):
                     setattr(gc, flag, False)     # the thread-per-column kernel, for the record
