@@ -1,9 +1,9 @@
 // Apply task: block Householder update A <- A - V (T^T (V^T A)) of the bundle's
 // column tiles [c0, c1), V and T from the VT tile (top slot) and the front.
 // The template argument APPLY picks how a double-precision TILE-32 Apply with
-// 256 threads does its three products: 3, 4 or 5 on the FP64 tensor cores
+// 256 threads does its three products: 3, 4, 5 or 6 on the FP64 tensor cores
 // (apply_chunk_mma_blocked, the next column chunk copied in by cp.async
-// meanwhile; 4 and 5 also pick another Factorize, factorize.cuh), 0 scalar loops.
+// meanwhile; 4, 5 and 6 also pick another Factorize, factorize.cuh), 0 scalar loops.
 // Any other type, tile or thread count runs the scalar loops. The host side
 // names the variant (scipy_gpuqr/_engine/gpu/factorize_kernels.py).
 #pragma once
@@ -23,12 +23,12 @@ __device__ __forceinline__ void apply_dmma(double& d0, double& d1, double a, dou
 }
 
 // The Apply a kernel runs: 3 (tensor cores) needs double, TILE 32 and 256
-// threads; 4 and 5 are 3's Apply with the lean Factorize and the Factorize of a
-// lane per column (factorize.cuh).
+// threads; 4, 5 and 6 are 3's Apply with the lean Factorize, the Factorize of a
+// lane per column and that one in registers (factorize.cuh).
 template <typename T, int TILE, int NT, int APPLY>
 struct ApplyKind {
     static constexpr int value =
-        (ApplyIsDouble<T>::value && TILE == 32 && NT == 256 && APPLY >= 3 && APPLY <= 5)
+        (ApplyIsDouble<T>::value && TILE == 32 && NT == 256 && APPLY >= 3 && APPLY <= 6)
             ? 3 : 0;
 };
 
@@ -166,7 +166,7 @@ __device__ __forceinline__ void apply_chunk_mma_blocked(const Task& t, double* _
 
 template <typename Tv, int TILE, int BUNDLE, int APPLY>
 struct ApplySmem {
-    static constexpr int LD = APPLY >= 3 && APPLY <= 5 && ApplyIsDouble<Tv>::value && TILE == 32
+    static constexpr int LD = APPLY >= 3 && APPLY <= 6 && ApplyIsDouble<Tv>::value && TILE == 32
                                   ? TILE + 4 : TILE + 1;
     static constexpr int W = TILE >= 64 ? 32 : TILE;   // columns per chunk
     static constexpr int LDW = LD == TILE + 4 ? W + 4 : W + 1;

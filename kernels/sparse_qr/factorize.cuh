@@ -279,6 +279,128 @@ __device__ void factorize_columns_lanes(T* A, T* Y, T* scr, T* tau, int M, int n
     }
 }
 
+// Column partials of column c for factorize_columns_regs: lane c of every warp
+// sums the squares and takes the largest magnitude of its rows (i = warp + NW r,
+// a[r] in registers) below c into P[warp], P[8 + warp]; the owner of row c puts
+// A[c][c] into P[24]. The order of lanes_column_partials.
+template <typename T, int R, int NW>
+__device__ __forceinline__ void regs_column_partials(const T (&a)[R], int c, int M, T* P) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane != c) return;
+    T p = 0.0, mx = 0.0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int i = warp + NW * r;
+        if (i < M) {
+            if (i > c) {
+                p += a[r] * a[r];
+                mx = fmax(mx, fabs(a[r]));
+            } else if (i == c) {
+                P[24] = a[r];
+            }
+        }
+    }
+    P[warp] = p;
+    P[8 + warp] = mx;
+}
+
+// The column loop of factorize_bundle<..., KIND 3> (TILE 32, 256 threads): the
+// order of work of factorize_columns_lanes (the same sums in the same order, so
+// the same bits) with each thread's entries in registers: lane j of warp w holds
+// A[w + NW r][j] for r < R = BUNDLE TILE / NW during the whole loop (zeros from
+// row M on), so that a column makes no pass over the tile in shared memory; lane
+// k's entries of V reach the warp's other lanes by shuffles, and the column's
+// partials and w's warp sums go through shared memory as in the lanes loop (two
+// barriers a column). A is read before the loop and written back after it.
+template <typename T, int TILE, int BUNDLE, int NT>
+__device__ void factorize_columns_regs(T* A, T* Y, T* scr, T* tau, int M, int nref) {
+    static_assert(TILE == 32 && NT == 256, "factorize_columns_regs: TILE 32, 256 threads");
+    constexpr int LD = TILE + 1, NW = NT / 32, R = BUNDLE * TILE / NW;
+    static_assert((BUNDLE * TILE) % NW == 0, "factorize_columns_regs: rows per warp");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    T a[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int i = warp + NW * r;
+        a[r] = i < M ? A[i * LD + lane] : T(0);
+    }
+    if (nref > 0) regs_column_partials<T, R, NW>(a, 0, M, scr);
+    __syncthreads();
+    for (int k = 0; k < nref; ++k) {
+        T* P = scr + ((k & 1) ? 32 : 0);
+        T ss = 0.0, m = 0.0;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) { ss += P[w]; m = fmax(m, P[8 + w]); }
+        const T alpha = P[24];
+        T xnorm = m == T(0) ? T(0) : sqrt(ss);
+        if (!(m == T(0) || (ss >= NormRange<T>::LO && ss <= NormRange<T>::HI))) {
+            // squares out of range: the scaled second pass (uniform branch)
+            if (lane == k) {
+                T q = 0.0;
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const int i = warp + NW * r;
+                    if (i < M && i > k) {
+                        const T x = a[r] / m;
+                        q += x * x;
+                    }
+                }
+                P[16 + warp] = q;
+            }
+            __syncthreads();
+            T sq = 0.0;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) sq += P[16 + w];
+            xnorm = m * sqrt(sq);
+        }
+        T tk, scale, beta;
+        if (householder_of(alpha, xnorm, tk, scale, beta) && lane == k) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {   // column k becomes V (this warp's rows), beta
+                const int i = warp + NW * r;
+                if (i < M && i > k) a[r] *= scale;
+                else if (i == k) a[r] = beta;
+            }
+        }
+        if (tid == 0) tau[k] = tk;
+        if (tk != 0.0) {                    // uniform branch
+            // w_j = A[k][j] + sum_{i>k} v_i A[i][j]: this warp's rows, v_i from lane k
+            T wp = 0.0;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int i = warp + NW * r;
+                const T v = __shfl_sync(0xffffffffu, a[r], k);
+                if (i == k) wp += a[r];
+                else if (i < M && i > k) wp += v * a[r];
+            }
+            Y[warp * TILE + lane] = wp;
+            __syncthreads();
+            T w = 0.0;
+#pragma unroll
+            for (int q = 0; q < NW; ++q) w += Y[q * TILE + lane];
+            w *= tk;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {   // every lane shuffles; lanes j > k update
+                const int i = warp + NW * r;
+                const T v = __shfl_sync(0xffffffffu, a[r], k);
+                if (lane > k) {
+                    if (i == k) a[r] -= w;
+                    else if (i < M && i > k) a[r] -= v * w;
+                }
+            }
+        }
+        if (k + 1 < nref)
+            regs_column_partials<T, R, NW>(a, k + 1, M, scr + ((k & 1) ? 0 : 32));
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int i = warp + NW * r;
+        if (i < M) A[i * LD + lane] = a[r];
+    }
+    __syncthreads();
+}
+
 // Factorize the column tile starting at column `col` (nref reflectors) of the row
 // tiles rows[fs .. fs+nf), the slot `ftop` being the top tile; VT written at vtoff.
 // KIND 1 (lean): the same reflectors, T and stores with fewer barriers: per column one
@@ -287,7 +409,8 @@ __device__ void factorize_columns_lanes(T* A, T* Y, T* scr, T* tau, int M, int n
 // the start of column k + 1, w and the update using scale * A[i][k]), and
 // T built a row per thread (row l needs only its own earlier entries), no
 // barrier per column. KIND 2 (a lane per column, TILE 32 and 256 threads only):
-// the column loop factorize_columns_lanes, T a row per thread as KIND 1.
+// the column loop factorize_columns_lanes, T a row per thread as KIND 1. KIND 3:
+// KIND 2's order of work with the tile in registers (factorize_columns_regs).
 template <typename T, int TILE, int BUNDLE, int NT, int KIND = 0>
 __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
                                  T* __restrict__ VTpool, int col, int nref,
@@ -318,7 +441,9 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
     }
     for (int idx = tid; idx < TILE * LD; idx += NT) Tm[idx] = 0.0;
     __syncthreads();
-    if constexpr (KIND == 2) {
+    if constexpr (KIND == 3) {
+        factorize_columns_regs<T, TILE, BUNDLE, NT>(A, Y, scr, tau, M, nref);
+    } else if constexpr (KIND == 2) {
         factorize_columns_lanes<T, TILE, NT>(A, Y, scr, tau, M, nref);
     } else if constexpr (KIND == 1) {
         factorize_columns_lean<T, TILE, NT>(A, Y, scr, tau, M, nref);
