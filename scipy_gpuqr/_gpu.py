@@ -8,6 +8,7 @@ that the package imports and runs its CPU path everywhere.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib
 
@@ -114,7 +115,6 @@ def _driver_name_and_memory(device_id: int):
     """``(name, total bytes)`` of device ``device_id`` from the CUDA driver
     (``cuDeviceGetName``, ``cuDeviceTotalMem``: no property query), or None
     where the driver library cannot be asked."""
-    import ctypes
     try:
         lib = ctypes.CDLL("libcuda.so.1")
         dev, total = ctypes.c_int(), ctypes.c_size_t()
