@@ -80,11 +80,12 @@ ENGINE_THREADS = variants.ENGINE_THREADS
 DENSE_STREAMS = 4
 
 
-#: Most pieces the uberkernel cuts an Apply record into in a launch of fewer
-#: records than the device runs at once (:func:`~scipy_gpuqr._schedule.tasks.apply_split`;
-#: 1: never cut, the default: a launch's time is bound by its Factorize records,
-#: not its Apply records, see bench/RESULTS.md).
-APPLY_SPLIT_MAX = 1
+#: Most pieces the uberkernel cuts an Apply record (and an Apply+Factorize
+#: record's Apply) into in a launch of fewer records than the device runs at once
+#: (:func:`~scipy_gpuqr._schedule.tasks.apply_split`; 1: never cut). A small
+#: launch's time is its longest record's chain of column tiles; the cut spreads
+#: them over the idle blocks.
+APPLY_SPLIT_MAX = 8
 #: A launch is cut until its blocks with work reach this many times the blocks
 #: the device runs at once.
 APPLY_SPLIT_FILL = 1.0
