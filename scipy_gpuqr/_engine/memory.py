@@ -58,8 +58,8 @@ from .dense_front import DEFAULT_PANEL
 
 __all__ = ["USABLE", "POOL_USABLE", "RESERVE", "CHECK_CHUNK", "R_SLOT_BYTES",
            "DENSE_STREAMS", "DeviceMemory", "FrontNeeds", "MemoryPlan", "GpuMemoryExhausted",
-           "available_bytes", "largest_block_bytes", "make_room", "vt_elements", "front_needs", "plan_for_memory", "plan_need",
-           "stage_bytes", "min_budget", "min_budget_of_front"]
+           "available_bytes", "largest_block_bytes", "make_room", "vt_elements", "front_needs",
+           "plan_for_memory", "plan_need", "stage_bytes", "min_budget", "min_budget_of_front"]
 
 #: Fraction of the available bytes a plan may use (the pool's rounding and
 #: fragmentation, CuPy's temporaries of small reductions).
