@@ -5,7 +5,7 @@ the GPU and in NumPy from the same fresh random data; after every launch the
 front pools and the VT tiles must agree. The VT pool starts poisoned (NaN).
 Every float64 variant the engine launches is tested, with every Apply variant
 (``factorize_kernels.APPLY_VARIANTS``: scalar loops, FP64 tensor cores, and the
-tensor-core Apply with the lean and the lane-per-column Factorize); a launch
+tensor-core Apply with the lean Factorize); a launch
 on a grid that cuts Apply records and the Apply of Apply+Factorize records into
 pieces (``gridDim.y``) must leave the same bits as one block per record.
 """

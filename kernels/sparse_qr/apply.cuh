@@ -23,12 +23,11 @@ __device__ __forceinline__ void apply_dmma(double& d0, double& d1, double a, dou
 }
 
 // The Apply a kernel runs: 3 (tensor cores) needs double, TILE 32 and 256
-// threads; 4, 5 and 6 are 3's Apply with the lean Factorize, the Factorize of a
-// lane per column and that one in registers (factorize.cuh).
+// threads; 4 is 3's Apply with the lean Factorize (factorize.cuh).
 template <typename T, int TILE, int NT, int APPLY>
 struct ApplyKind {
     static constexpr int value =
-        (ApplyIsDouble<T>::value && TILE == 32 && NT == 256 && APPLY >= 3 && APPLY <= 6)
+        (ApplyIsDouble<T>::value && TILE == 32 && NT == 256 && APPLY >= 3 && APPLY <= 4)
             ? 3 : 0;
 };
 
@@ -166,7 +165,7 @@ __device__ __forceinline__ void apply_chunk_mma_blocked(const Task& t, double* _
 
 template <typename Tv, int TILE, int BUNDLE, int APPLY>
 struct ApplySmem {
-    static constexpr int LD = APPLY >= 3 && APPLY <= 6 && ApplyIsDouble<Tv>::value && TILE == 32
+    static constexpr int LD = APPLY >= 3 && APPLY <= 4 && ApplyIsDouble<Tv>::value && TILE == 32
                                   ? TILE + 4 : TILE + 1;
     static constexpr int W = TILE >= 64 ? 32 : TILE;   // columns per chunk
     static constexpr int LDW = LD == TILE + 4 ? W + 4 : W + 1;

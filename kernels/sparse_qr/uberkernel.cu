@@ -24,10 +24,9 @@ __global__ void __launch_bounds__(NT)
 uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT,
            const long long* __restrict__ s_index, const T* __restrict__ s_value,
            const long long* __restrict__ maps) {
-    // the Factorize's column loop (factorize.cuh): 1 lean, 2 a lane per column, 3 a
-    // lane per column in registers, 0 the first one
+    // the Factorize's column loop (factorize.cuh): 1 lean, 0 the first one
     constexpr bool Mma = ApplyIsDouble<T>::value && TILE == 32 && NT == 256;
-    constexpr int FK = !Mma ? 0 : APPLY == 4 ? 1 : APPLY == 5 ? 2 : APPLY == 6 ? 3 : 0;
+    constexpr int FK = Mma && APPLY == 4 ? 1 : 0;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* smem = reinterpret_cast<T*>(smem_raw);
     __shared__ Task task;

@@ -54,14 +54,9 @@ _CTYPE = {"float64": "double", "float32": "float", "double": "double", "float": 
 #: padded conflict-free shared arrays, the next column chunk copied into shared
 #: memory by ``cp.async`` while a chunk's last two products run);
 #: ``mma-async-lean``: the same Apply with a Factorize of fewer barriers
-#: (``factorize.cuh``, KIND 1); ``mma-async-lanes``: the same Apply with the
-#: Factorize's column loop a lane per column and a row set per warp (two
-#: barriers a column, ``factorize_columns_lanes``); ``mma-async-regs``: the
-#: same Apply with that column loop's order of work on the tile held in
-#: registers (``factorize_columns_regs``); ``scalar``: the scalar
-#: loops (float32 and other tiles always run these).
-APPLY_VARIANTS: dict[str, int] = {"scalar": 0, "mma-async": 3, "mma-async-lean": 4,
-                                  "mma-async-lanes": 5, "mma-async-regs": 6}
+#: (``factorize.cuh``, KIND 1); ``scalar``: the scalar loops (float32 and
+#: other tiles always run these).
+APPLY_VARIANTS: dict[str, int] = {"scalar": 0, "mma-async": 3, "mma-async-lean": 4}
 
 #: The Apply variant the engine runs (:data:`APPLY_VARIANTS`).
 DEFAULT_APPLY = "mma-async"
@@ -106,7 +101,7 @@ def tile_smem_bytes(tile: int, bundle: int, itemsize: int = 8, apply: int | None
     fac = bundle * tile * ld + 2 * tile * ld + 64 + tile
     ctype = "double" if itemsize == 8 else "float"
     a = apply_variant(ctype, tile) if apply is None else int(apply)
-    pad = 4 if (a in (3, 4, 5, 6) and ctype == "double" and tile == 32) else 1
+    pad = 4 if (a in (3, 4) and ctype == "double" and tile == 32) else 1
     w = 32 if tile >= 64 else tile
     app = (bundle * tile + tile) * (tile + pad) + (bundle * tile + tile) * (w + pad)
     return itemsize * max(fac, app)
