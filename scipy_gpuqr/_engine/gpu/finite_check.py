@@ -16,7 +16,7 @@ import functools
 
 import numpy as np
 
-from ..._kernels import KernelUse, load_module
+from ..._kernels import KernelUse
 
 __all__ = ["CHECK_FILE", "KERNEL_VARIANTS", "CHECK_THREADS", "nonfinite_name",
            "finite_check_use", "nonfinite_flag_numpy", "FiniteCheck", "finite_check"]
