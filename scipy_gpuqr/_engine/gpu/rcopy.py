@@ -21,12 +21,13 @@ Two parts:
   run) into a device slot, copies it into one of two slots of a pinned
   staging buffer (allocated once per process, see :func:`staging_for`) and
   from there into an ordinary NumPy array, double buffered, on a worker
-  thread; the engine records an event after a launch that leaves a chunk
-  more of R final. The worker first touches every page of that array, on a
-  few threads, while the first launches run: a fresh array's page faults
-  cost the single-threaded copy out of a slot most of its time (about 2 GB/s
-  against ten times that on touched pages), at the factorization's end
-  where R's last range waits for them. The copies out of a slot are split
+  thread; once the worker knows which entries are final, the engine records
+  an event after a launch that leaves a chunk more of R final (none before:
+  the first one then covers every range final by its launch). The worker
+  first touches every page of that array, on a few threads, while the first
+  launches run: a fresh array's page faults cost the single-threaded copy out
+  of a slot most of its time (about 2 GB/s against ten times that on touched
+  pages), at the factorization's end where R's last range waits for them. The copies out of a slot are split
   over threads too. No pinned allocation per factorization, nothing of R
   outlives the returned array.
   :class:`NumpyRCopy` does the same synchronously for :class:`NumpyDevice`
