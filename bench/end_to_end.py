@@ -31,8 +31,9 @@ SVD, where n is small enough). Targets (issue 16): lsqr first call ch7-8-b3
 <= 1.0 s, lp_nug20ᵀ <= 1.0 s, grid 40³ <= 0.8 s; a repeated call <= 1.15x
 the engine's factorization + solve. The table printed last says which held.
 
-Problems: ch7-8-b3 (generated), ``lp_nug20.mtx`` transposed from
-``tests/data/matrices`` (skipped when absent), 3-D grid least squares 24³ up
+Problems: ch7-8-b3 (generated), lp_nug20ᵀ (``lp_nug20.mtx`` transposed from
+the matrices folder, else generated with its pattern by
+``qap_linearization(20)``), 3-D grid least squares 24³ up
 to 64³ (``--quick``: 24³ and 40³; the larger stop at the first that does not
 fit), random least squares well conditioned and rank deficient.
 """
@@ -66,16 +67,20 @@ RANK_MAX_COLS = 12000
 # ----------------------------------------------------------------------------- problems
 
 def make(spec: str):
-    """The matrix of a spec: ``grid:K``, ``ch:M,N,K``, ``rand:M,N,DENS,DUP,SEED``,
-    ``file:NAME[:T]`` (T: transposed)."""
+    """The matrix of a spec: ``grid:K``, ``ch:M,N,K``, ``qap:N[:T]``,
+    ``rand:M,N,DENS,DUP,SEED``, ``file:NAME[:T]`` (T: transposed)."""
     from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
-                                               random_least_squares)
+                                               qap_linearization, random_least_squares)
     kind, _, arg = spec.partition(":")
     if kind == "grid":
         return grid3d_least_squares(int(arg))
     if kind == "ch":
         m, n, k = (int(x) for x in arg.split(","))
         return chessboard_boundary(m, n, k)
+    if kind == "qap":
+        order, _, t = arg.partition(":")
+        A = qap_linearization(int(order))
+        return sp.csc_array(A.T) if t == "T" else A
     if kind == "rand":
         m, n, dens, dup, seed = arg.split(",")
         return random_least_squares(int(m), int(n), density=float(dens), dense_rows=20,
@@ -98,6 +103,8 @@ def problems(quick: bool) -> list:
         if (matrices_dir() / fname).exists():
             out.append(("lp_nug20T", f"file:{fname}:T"))
             break
+    else:
+        out.append(("lp_nug20T", "qap:20:T"))
     grids = (24, 40) if quick else (24, 32, 40, 48, 56, 64)
     out += [(f"grid{k}", f"grid:{k}") for k in grids]
     m, n, d = (20000, 4000, 0.0012) if quick else (40000, 8000, 0.0008)

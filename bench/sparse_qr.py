@@ -61,10 +61,13 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: 
 
 
 def _matrices(only, shared_dir):
+    import scipy.sparse as sp
+
     from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
-                                               random_least_squares)
+                                               qap_linearization, random_least_squares)
     gens = {
         "ch7-8-b3": lambda: chessboard_boundary(7, 8, 3),
+        "lp_nug20T": lambda: sp.csc_array(qap_linearization(20).T),
         "grid40": lambda: grid3d_least_squares(40),
         "grid48": lambda: grid3d_least_squares(48),
         "grid24": lambda: grid3d_least_squares(24),

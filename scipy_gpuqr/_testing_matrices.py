@@ -3,6 +3,10 @@
 * :func:`chessboard_boundary` -- boundary maps of chessboard complexes, the
   SuiteSparse ``ch{m}-{n}-b{k}`` family (``ch7-8-b3`` is the paper's 58800×11760
   problem with 235200 entries).
+* :func:`qap_linearization` -- the constraint matrix of the linearized
+  quadratic assignment LPs, Netlib's ``lp_nug{n}`` family (``lp_nug20`` is
+  15240×72600 with 304800 entries; its transpose is a rank-deficient
+  least-squares problem of issue 16's and 18's benchmarks).
 * :func:`grid3d_least_squares` -- the 7-point Laplacian on a k×k×k grid stacked
   over ``shift·I`` (a 2k³×k³ full-rank least-squares problem).
 * :func:`random_least_squares` -- random sparse matrices with optional dense
@@ -25,7 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = ["small_families", "chessboard_boundary", "chessboard_shape", "engine_families",
-           "grid3d_least_squares", "random_least_squares", "random_values", "singleton_rich",
+           "grid3d_least_squares", "qap_linearization", "qap_shape", "random_least_squares", "random_values", "singleton_rich",
            "staircase_front"]
 
 
@@ -105,6 +109,76 @@ def chessboard_boundary(m: int, n: int, k: int) -> sp.csc_array:
         vals.append(np.full(nrows, (-1.0) ** j))
     A = sp.coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                      shape=(nrows, ncols))
+    return sp.csc_array(A)
+
+
+def qap_shape(n: int) -> tuple[int, int]:
+    """Shape of :func:`qap_linearization` ``(n)`` without building it."""
+    pairs = n * n * (n - 1) * (n - 1) // 2
+    return 2 * n + 2 * n * n * (n - 1), n * n + pairs
+
+
+def qap_linearization(n: int) -> sp.csc_array:
+    """Constraint matrix of the linearized quadratic assignment LP of order n.
+
+    The LP relaxation of an n-facility quadratic assignment problem in the
+    Adams--Johnson linearization, whose constraint matrices are Netlib's
+    ``lp_nug{n}`` (and ``lp_qap{n}``) family; the flow and distance data enter
+    only the objective, so the matrix depends on n alone. The variables are
+    the assignments ``x[k, l]`` (facility k at location l; column ``k*n + l``)
+    followed by one ``y`` per unordered pair of assignments ``{(i, j), (k, l)}``
+    with ``i != k`` and ``j != l`` (in the order of the pair's smaller
+    assignment index, then the larger). The rows are
+
+    * ``sum_l x[k, l] = 1`` for each facility k (rows ``0 .. n-1``) and
+      ``sum_k x[k, l] = 1`` for each location l (rows ``n .. 2n-1``);
+    * for each assignment (k, l) and location ``j != l``:
+      ``sum_{i != k} y{(i, j), (k, l)} - x[k, l] = 0``;
+    * for each assignment (k, l) and facility ``i != k``:
+      ``sum_{j != l} y{(i, j), (k, l)} - x[k, l] = 0``.
+
+    ``qap_linearization(20)`` has lp_nug20's shape and entry count (15240 rows,
+    72600 columns, 304800 entries); Netlib's file may order rows and columns
+    differently, which an ordering such as COLAMD does not see. The matrix is
+    rank deficient (the two families of assignment rows have the same sum).
+
+    Parameters
+    ----------
+    n : int
+        Order of the assignment problem (n >= 2).
+
+    Returns
+    -------
+    scipy.sparse.csc_array of float64, shape ``qap_shape(n)``, entries ±1
+    """
+    if n < 2:
+        raise ValueError(f"n must be >= 2, got {n}")
+    nn = n * n
+    links = nn * (n - 1)                 # rows per family of linking constraints
+    base_col, base_row = 2 * n, 2 * n + links
+    # Ordered pairs of assignments a = (i, j), b = (k, l) with i != k and j != l.
+    i, j, k, l = (g.ravel() for g in np.meshgrid(*(np.arange(n),) * 4, indexing="ij"))
+    keep = (i != k) & (j != l)
+    i, j, k, l = i[keep], j[keep], k[keep], l[keep]
+    a, b = i * n + j, k * n + l
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    pair_keys = np.unique(lo[a < b] * nn + hi[a < b])
+    y_col = nn + np.searchsorted(pair_keys, lo * nn + hi)
+    # Each ordered pair (a, b) puts y{a, b} into b's two linking rows of a.
+    j_skip = np.where(j < l, j, j - 1)   # position of location j among j != l
+    i_skip = np.where(i < k, i, i - 1)
+    y_rows = np.concatenate([base_col + b * (n - 1) + j_skip, base_row + b * (n - 1) + i_skip])
+    y_cols = np.concatenate([y_col, y_col])
+    # x[k, l]: its two assignment rows and -1 in each of its 2(n - 1) linking rows.
+    x = np.arange(nn)
+    own = (x[:, None] * (n - 1) + np.arange(n - 1)[None, :]).ravel()
+    x_rows = np.concatenate([x // n, n + x % n, base_col + own, base_row + own])
+    x_cols = np.concatenate([x, x, np.repeat(x, n - 1), np.repeat(x, n - 1)])
+    x_vals = np.concatenate([np.ones(2 * nn), -np.ones(2 * links)])
+    rows = np.concatenate([x_rows, y_rows])
+    cols = np.concatenate([x_cols, y_cols])
+    vals = np.concatenate([x_vals, np.ones(len(y_rows))])
+    A = sp.coo_array((vals, (rows, cols)), shape=qap_shape(n))
     return sp.csc_array(A)
 
 

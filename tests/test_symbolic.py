@@ -351,6 +351,44 @@ def test_chessboard_shape():
     assert chessboard_shape(7, 8, 3) == (58800, 11760)
 
 
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_qap_linearization_is_the_assignment_lp(n):
+    """Counts of Netlib's lp_nug family, and every permutation with y = x ⊗ x
+    satisfies the constraints (ones on the assignment rows, zeros elsewhere)."""
+    from scipy_gpuqr._testing_matrices import qap_linearization, qap_shape
+    A = qap_linearization(n)
+    m, ncols = qap_shape(n)
+    assert A.shape == (m, ncols) and A.nnz == 2 * n * n + 2 * n * n * (n - 1) * n
+    col_counts = np.diff(A.indptr)
+    assert np.all(col_counts[:n * n] == 2 * n) and np.all(col_counts[n * n:] == 4)
+    assert np.all(A.data[A.indices >= 2 * n] != 0)
+    rng = np.random.default_rng(n)
+    perm = rng.permutation(n)
+    x = np.zeros((n, n))
+    x[np.arange(n), perm] = 1.0
+    xf = x.ravel()
+    v = np.concatenate([xf, np.zeros(ncols - n * n)])
+    # A y column's value is the product of its pair's two assignments: recover
+    # each pair from the column's linking rows (its two owners' x entries).
+    Ay = sp.csc_array(A[:, n * n:])
+    x_owner = sp.csc_array(A[:, :n * n]).tocsr()
+    for c in range(Ay.shape[1]):
+        rows = Ay.indices[Ay.indptr[c]:Ay.indptr[c + 1]]
+        owners = {int(x_owner.indices[x_owner.indptr[r]]) for r in rows}
+        assert len(owners) == 2
+        a, b = owners
+        v[n * n + c] = xf[a] * xf[b]
+    rhs = np.zeros(m)
+    rhs[:2 * n] = 1.0
+    np.testing.assert_array_equal(A @ v, rhs)
+
+
+def test_qap_linearization_has_lp_nug20s_shape():
+    from scipy_gpuqr._testing_matrices import qap_linearization
+    A = qap_linearization(20)
+    assert A.shape == (15240, 72600) and A.nnz == 304800
+
+
 def test_ch7_8_b3_analysis_time():
     A = chessboard_boundary(7, 8, 3)
     assert A.shape == (58800, 11760) and A.nnz == 235200
