@@ -67,3 +67,42 @@ def test_dropped_factorization_object_is_freed(numpy_gpu):
         assert _alive("GpuQR") == before
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("call", ["lsqr", "lsmr", "spsolve", "qr"])
+def test_public_calls_free_their_own_factorization(numpy_gpu, monkeypatch, call):
+    """Every factorization a call makes for itself is freed before the call returns
+    (not left to the collector: on a GPU its reference cycles hold device memory)."""
+    made, freed = [], []
+    orig_init, orig_free = factored.FactoredQR.__init__, factored.FactoredQR.free
+    orig_gpu_free = driver.GpuQR.free
+
+    def init(self, *a, **k):
+        made.append(id(self))
+        orig_init(self, *a, **k)
+
+    def free(self):
+        freed.append(id(self))
+        orig_free(self)
+
+    gpu_freed = []
+
+    def gpu_free(self):
+        gpu_freed.append(id(self))
+        orig_gpu_free(self)
+    monkeypatch.setattr(factored.FactoredQR, "__init__", init)
+    monkeypatch.setattr(factored.FactoredQR, "free", free)
+    monkeypatch.setattr(driver.GpuQR, "free", gpu_free)
+    A = sp.csc_array(grid3d_least_squares(5))
+    if call == "spsolve":
+        A = sp.csc_array(A[:A.shape[1]])
+    b = np.asarray(A @ np.ones(A.shape[1])) + 0.01
+    if call == "qr":
+        sg.qr(A, mode="economic", tol=None, backend="gpu")   # no rank refinement
+        assert len(gpu_freed) == 1
+        return
+    out = getattr(sg, call)(A, b, backend="gpu")
+    x = out if call == "spsolve" else out[0]
+    assert np.isfinite(x).all()
+    assert made and sorted(made) == sorted(set(freed))
+    assert len(gpu_freed) >= 1

@@ -86,6 +86,14 @@ def _show(name: str, shape, istop: int, itn: int, who: str, lines, ans=None) -> 
     print(" ")
 
 
+def _release(ans) -> None:
+    """Free the call's own factorization once its answer is read: its device
+    memory goes back now, not at Python's next cyclic collection."""
+    F = None if ans is None else ans.factorization
+    if F is not None:
+        F.free()
+
+
 def _qr_who(ans) -> str:
     F = ans.factorization
     if F is None:
@@ -200,6 +208,7 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
     if show:
         _show("LSQR", problem.shape, istop, 0, who,
               zip(("r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm"), out[3:9]), ans)
+    _release(ans)
     on_gpu = problem.on_gpu
     return (to_output(out[0], on_gpu),) + out[1:9] + (to_output(out[9], on_gpu),)
 
@@ -275,5 +284,6 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
     log_answer("lsmr", problem, who, why)
     if show:
         _show("LSMR", problem.shape, istop, 0, who, zip(names, out[3:8]), ans)
+    _release(ans)
     x = out[0].astype(dtype, copy=False)
     return (to_output(x, problem.on_gpu),) + out[1:]

@@ -85,7 +85,10 @@ def qr(A, *, mode="economic", ordering="colamd", tol="default", backend=None,
     else:
         Q = _householder_operator(num, m, mi.on_gpu)
     perm = np.asarray(num.colperm, dtype=np.int64)
-    return QRResult(Q, to_output(R, mi.on_gpu), to_output(perm, mi.on_gpu), int(num.rank))
+    rank = int(num.rank)
+    if mode != "householder":
+        num.free()      # nothing returned needs the kept reflectors: device memory back now
+    return QRResult(Q, to_output(R, mi.on_gpu), to_output(perm, mi.on_gpu), rank)
 
 
 def _householder_operator(num, m: int, on_gpu: bool):

@@ -46,7 +46,7 @@ from scipy.sparse import SparseEfficiencyWarning
 from .._dispatch import plan as dispatch_plan
 from .._dispatch.plan import (SIZE_GATE_REASON, SUPERLU, Plan, plan_factorization,
                               superlu_at_once)
-from .._factor.factored import FactoredQR, factorize
+from .._factor.factored import FactoredQR, factorize, released
 from .._factor.factorization import wrap
 from .._factor.lstsq import exactly_singular
 from .._factor.rank_refine import with_rank_detection
@@ -395,23 +395,23 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
         warnings.warn("spsolve is more efficient when sparse b is in the CSC matrix format",
                       SparseEfficiencyWarning, stacklevel=2)
     on_gpu = mi.on_gpu or rhs.on_gpu
-    F = factorize(mi, settings, planned=planned)
-    singular = exactly_singular(F.num.R, N)
-    if singular and rhs.is_sparse:
-        raise RuntimeError("Factor is exactly singular")
-    if singular:
-        warnings.warn("Matrix is exactly singular", MatrixRankWarning, stacklevel=2)
-        X = np.full(rhs.B.shape, np.nan)
-    else:
-        X = F.exact_solve(rhs.B)
-    X = X.astype(dtype, copy=False)
-    if rhs.is_vector:
-        return to_output(X[:, 0], on_gpu)
-    if rhs.is_sparse:
-        rows, cols = np.nonzero(X.T)
-        Xs = result_class((X[cols, rows], (cols, rows)), shape=X.shape, dtype=dtype)
-        return to_output(Xs, on_gpu)
-    return to_output(X, on_gpu)
+    with released(factorize(mi, settings, planned=planned)) as F:
+        singular = exactly_singular(F.num.R, N)
+        if singular and rhs.is_sparse:
+            raise RuntimeError("Factor is exactly singular")
+        if singular:
+            warnings.warn("Matrix is exactly singular", MatrixRankWarning, stacklevel=2)
+            X = np.full(rhs.B.shape, np.nan)
+        else:
+            X = F.exact_solve(rhs.B)
+        X = X.astype(dtype, copy=False)
+        if rhs.is_vector:
+            return to_output(X[:, 0], on_gpu)
+        if rhs.is_sparse:
+            rows, cols = np.nonzero(X.T)
+            Xs = result_class((X[cols, rows], (cols, rows)), shape=X.shape, dtype=dtype)
+            return to_output(Xs, on_gpu)
+        return to_output(X, on_gpu)
 
 
 def _spsolve_device_rhs(mi, b, settings, planned):
@@ -420,17 +420,17 @@ def _spsolve_device_rhs(mi, b, settings, planned):
     N = mi.shape[1]
     rhs = check_rhs(b, N, SPSOLVE_RHS, on_device=True)
     dtype = _spsolve_dtype(mi.dtype, rhs.dtype)
-    F = factorize(mi, settings, planned=planned)
-    if exactly_singular(F.num.R, N):
-        warnings.warn("Matrix is exactly singular", MatrixRankWarning, stacklevel=3)
-        import cupy as cp               # optional dependency: b is CuPy
-        X = cp.full(rhs.B.shape, cp.nan)
-    elif F.on_device():
-        X = F.exact_solve_device(rhs.B)
-    else:
-        X = to_output(F.exact_solve(rhs.B.get()), True)
-    X = X.astype(dtype, copy=False)
-    return X[:, 0] if rhs.is_vector else X
+    with released(factorize(mi, settings, planned=planned)) as F:
+        if exactly_singular(F.num.R, N):
+            warnings.warn("Matrix is exactly singular", MatrixRankWarning, stacklevel=3)
+            import cupy as cp               # optional dependency: b is CuPy
+            X = cp.full(rhs.B.shape, cp.nan)
+        elif F.on_device():
+            X = F.exact_solve_device(rhs.B)
+        else:
+            X = to_output(F.exact_solve(rhs.B.get()), True)
+        X = X.astype(dtype, copy=False)
+        return X[:, 0] if rhs.is_vector else X
 
 
 def factorized(A, *, backend=None, gpuqr_options=None):

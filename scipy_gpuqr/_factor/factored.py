@@ -23,6 +23,7 @@ the device, the rest through the host).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import pickle
@@ -99,6 +100,18 @@ def factorize(mi: MatrixInput, settings: Settings, *, ordering=None, tol=None,
     if planned is None:
         planned = plan_for(mi, settings, ordering=ordering)
     return FactoredQR(mi, planned, tol=tol, started=started)
+
+
+@contextlib.contextmanager
+def released(F):
+    """``with released(factorize(...)) as F:`` -- a call's own factorization,
+    freed when the block ends (normally or by an exception), so that its device
+    memory does not wait for Python's cyclic collector."""
+    try:
+        yield F
+    finally:
+        if F is not None:
+            F.free()
 
 
 def least_squares_probe(A, analysis, backend: str):
@@ -287,6 +300,7 @@ class FactoredQR:
             return None
         import cupy as cp               # optional dependency: GPU factors only
         ds = self.device_solves()
+        num = self.num                  # not self: the solver these go into is self's
         host = []                       # the host's (up, upt), once the device ran out
 
         def solves_with(device_solve, which: int):
@@ -299,7 +313,7 @@ class FactoredQR:
                     logging.getLogger("scipy_gpuqr").info(
                         "R's solves: the device ran out of memory even for one column; the "
                         "host's solves with R answer from now on")
-                    host.extend(UpperTriangular(sp.csc_array(self.num.R)).solves())
+                    host.extend(UpperTriangular(sp.csc_array(num.R)).solves())
                 on_device = isinstance(C, cp.ndarray)
                 Y = host[which](C.get() if on_device else np.asarray(C, dtype=np.float64))
                 return cp.asarray(Y) if on_device else Y
