@@ -3,7 +3,10 @@
 :func:`lsqr` and :func:`lsmr` run the recurrences and stopping tests of
 ``scipy.sparse.linalg.lsqr``/``lsmr`` with every vector in the array module
 of the problem: on a GPU, CuPy arrays and a cupyx sparse matrix, with one
-device→host copy of three scalars per iteration. Their results are SciPy's
+device→host copy of three scalars per iteration; on NumPy with a SciPy
+CSR/CSC float64 matrix, SciPy's statements one for one with less Python
+around them (:mod:`scipy_gpuqr._iterative.host`: SciPy's result bit for
+bit). Their results are SciPy's
 tuples (tuple subclasses that also carry how the run ended: a wall-clock
 allowance, a callback, a projection of the iterations still needed).
 """

@@ -50,6 +50,7 @@ except ImportError:     # pragma: no cover - every SciPy release so far has it
     _sparsetools = None
 
 __all__ = ["EPS", "RunInfo", "IterationState", "Problem", "NumpyOps", "CupyOps", "make_ops",
+           "compressed_kernels",
            "GolubKahan", "SLOT_DEFERRED",
            "givens", "stopping_code", "Progress", "Clock", "drive", "run_info", "Start", "begin",
            "print_summary", "result_class"]
@@ -273,25 +274,41 @@ def _to_device(A, cp):
     return A
 
 
-def _compressed_products(A):
-    """``(A @ v, Aᵀ @ u)`` for a float64 SciPy CSR/CSC A on NumPy vectors, or None.
+def compressed_kernels(A):
+    """SciPy's compiled kernels of ``A @ v`` and ``A.T @ u`` for a float64 SciPy CSR/CSC A, or None.
 
-    The products are SciPy's own kernels (``_sparsetools.csr_matvec`` /
-    ``csc_matvec``) called with the arrays ``A @ v`` and ``A.T @ u`` pass them,
-    so the results are the same bits; what is skipped is the per-call
-    dispatch and the transposed matrix object (its constructor's checks),
-    which cost more than the product on small matrices. None (the generic
-    ``@``) for other formats and dtypes, or where SciPy's private kernels
-    are not found.
+    ``(forward, backward)``: ``forward(m, n, indptr, indices, data, v, y)`` adds
+    ``A v`` into y and ``backward(n, m, indptr, indices, data, u, z)`` adds
+    ``Aᵀ u`` into z — the calls SciPy's ``A @ v`` makes (``_sparsetools.csr_matvec``
+    or ``csc_matvec`` into a vector of zeros), and ``A.T @ u`` (the same
+    arrays read as the transpose's format). None for other formats, dtypes
+    and dimensions, or where SciPy's private kernels are not found.
     """
     fmt = getattr(A, "format", None)
-    if not sp.issparse(A) or fmt not in ("csr", "csc") or A.dtype != np.float64 \
+    if fmt not in ("csr", "csc") or not sp.issparse(A) or A.dtype != np.float64 \
             or getattr(A, "ndim", 2) != 2:
         return None
     forward = getattr(_sparsetools, fmt + "_matvec", None)
     backward = getattr(_sparsetools, ("csc" if fmt == "csr" else "csr") + "_matvec", None)
     if forward is None or backward is None:
         return None
+    return forward, backward
+
+
+def _compressed_products(A):
+    """``(A @ v, Aᵀ @ u)`` for a float64 SciPy CSR/CSC A on NumPy vectors, or None.
+
+    The products are SciPy's own kernels (:func:`compressed_kernels`) called
+    with the arrays ``A @ v`` and ``A.T @ u`` pass them, so the results are
+    the same bits; what is skipped is the per-call dispatch and the
+    transposed matrix object (its constructor's checks), which cost more
+    than the product on small matrices. None (the generic ``@``) where
+    :func:`compressed_kernels` finds none.
+    """
+    kernels = compressed_kernels(A)
+    if kernels is None:
+        return None
+    forward, backward = kernels
     m, n = (int(s) for s in A.shape)
     indptr, indices, data = A.indptr, A.indices, A.data
 
@@ -608,16 +625,27 @@ def stopping_code(itn, iter_lim, test1, test2, test3, t1, rtol, atol, ctol) -> i
 
 
 class Progress:
-    """The recent values of the two tolerance tests, for :attr:`RunInfo.projected_iterations`."""
+    """The recent values of the two tolerance tests, for :attr:`RunInfo.projected_iterations`.
+
+    The values are kept as the run made them (:attr:`raw`: ``(test1, test2,
+    rtol)`` per iteration, appended by the solvers' loops) and turned into
+    logarithms only when a projection is asked for.
+    """
 
     def __init__(self, atol: float):
         self.atol = max(float(atol), EPS)
-        self.history = deque(maxlen=PROJECTION_WINDOW)
+        self.raw = deque(maxlen=PROJECTION_WINDOW)
 
     def record(self, test1, test2, rtol):
-        """Keep ``log(test1/rtol)`` and ``log(test2/atol)`` of one iteration (0 or less: met)."""
-        self.history.append((math.log(max(float(test1), 1e-300) / max(float(rtol), EPS)),
-                             math.log(max(float(test2), 1e-300) / self.atol)))
+        """Keep the tests of one iteration."""
+        self.raw.append((test1, test2, rtol))
+
+    @property
+    def history(self) -> list:
+        """``log(test1/rtol)`` and ``log(test2/atol)`` per kept iteration (0 or less: met)."""
+        return [(math.log(max(float(test1), 1e-300) / max(float(rtol), EPS)),
+                 math.log(max(float(test2), 1e-300) / self.atol))
+                for test1, test2, rtol in self.raw]
 
     def projected(self) -> Optional[int]:
         """Further iterations until a test is met at the fitted rate; None if no estimate."""

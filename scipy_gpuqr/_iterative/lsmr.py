@@ -21,6 +21,7 @@ import numpy as np
 
 from ._common import (SLOT_DEFERRED, GolubKahan, IterationState, begin, givens,
                       print_summary, result_class, stopping_code)
+from .host import host_problem, lsmr_host
 
 __all__ = ["lsmr", "LSMRResult"]
 
@@ -220,7 +221,22 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=Fa
 def _lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=False,
           x0=None, *, xp=None, max_seconds=None, callback=None,
           pipelined: Optional[bool] = None):
-    """:func:`lsmr`, with the pipelining choice open (None: on for CuPy, off for NumPy)."""
+    """:func:`lsmr`, with the driver open.
+
+    ``pipelined`` None (the default): on NumPy with a SciPy CSR/CSC float64
+    A, :func:`~scipy_gpuqr._iterative.host.lsmr_host` (SciPy's statements
+    with less Python around them); otherwise :func:`~scipy_gpuqr._iterative._common.drive`,
+    pipelined on CuPy and not on NumPy. True or False: ``drive``, pipelined
+    or not (the tests compare the two).
+    """
+    host = None if pipelined is not None else host_problem(A, b, x0, xp)
+    if host is not None:
+        fields, info = lsmr_host(host, damp, atol, btol, conlim, maxiter,
+                                 max_seconds=max_seconds, callback=callback)
+        if show:
+            print_summary("LSMR", host.m, host.n, fields[1], fields[2],
+                          list(zip(("normr", "normar", "normA", "condA", "normx"), fields[3:])))
+        return LSMRResult.build(fields, info)
     start = begin(A, b, x0, xp, atol=atol, max_seconds=max_seconds)
     problem, gk, x = start.problem, start.gk, start.x
     m, n = problem.m, problem.n

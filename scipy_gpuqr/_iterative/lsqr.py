@@ -22,6 +22,7 @@ import numpy as np
 
 from ._common import (EPS, SLOT_DEFERRED, GolubKahan, IterationState, begin, givens,
                       print_summary, result_class, stopping_code)
+from .host import host_problem, lsqr_host
 
 __all__ = ["lsqr", "LSQRResult"]
 
@@ -235,7 +236,23 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
 def _lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=False,
           calc_var=False, x0=None, *, xp=None, max_seconds=None, callback=None,
           pipelined: Optional[bool] = None):
-    """:func:`lsqr`, with the pipelining choice open (None: on for CuPy, off for NumPy)."""
+    """:func:`lsqr`, with the driver open.
+
+    ``pipelined`` None (the default): on NumPy with a SciPy CSR/CSC float64
+    A, :func:`~scipy_gpuqr._iterative.host.lsqr_host` (SciPy's statements
+    with less Python around them); otherwise :func:`~scipy_gpuqr._iterative._common.drive`,
+    pipelined on CuPy and not on NumPy. True or False: ``drive``, pipelined
+    or not (the tests compare the two).
+    """
+    host = None if pipelined is not None else host_problem(A, b, x0, xp)
+    if host is not None:
+        fields, info = lsqr_host(host, damp, atol, btol, conlim, iter_lim, calc_var,
+                                 max_seconds=max_seconds, callback=callback)
+        if show:
+            print_summary("LSQR", host.m, host.n, fields[1], fields[2],
+                          list(zip(("r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm"),
+                                   fields[3:9])))
+        return LSQRResult.build(fields, info)
     start = begin(A, b, x0, xp, atol=atol, max_seconds=max_seconds)
     problem, gk, x = start.problem, start.gk, start.x
     n = problem.n

@@ -1,0 +1,686 @@
+"""SciPy's LSQR and LSMR on the host, with less Python around each iteration.
+
+On NumPy, for a SciPy CSR or CSC matrix of float64 values, :func:`lsqr_host`
+and :func:`lsmr_host` run the statements of ``scipy.sparse.linalg.lsqr`` and
+``lsmr`` one for one — the same floating-point operations on the same values
+in the same order — so that every iterate, and the returned tuple, is
+SciPy's bit for bit. What differs is only what surrounds the arithmetic:
+
+* **Products.** SciPy's ``A.matvec(v)`` and ``A.rmatvec(u)`` end in one call
+  of SciPy's compiled kernel (``_sparsetools.csr_matvec``/``csc_matvec``,
+  the transpose's kernel for ``rmatvec``) that adds the products into a
+  vector of zeros. That call is made here directly, into a buffer set to
+  zero, without the LinearOperator's reshapes and checks.
+* **Vectors.** Every vector statement is made in place with the same
+  elementwise operation: ``x = x + t·w`` is ``tmp = t·w; x += tmp``,
+  ``u = A v − alfa·u`` is ``u *= alfa; u = Av − u`` (``a·u`` and ``u·a`` are
+  the same product, ``a − b`` the same difference). No new vector is made
+  per iteration.
+* **Norms.** ``numpy.linalg.norm(v)`` of a real vector is ``sqrt(v.dot(v))``;
+  the dot product is made with the same call (the same BLAS routine on the
+  same operands, so the same sum).
+* **Scalars.** SciPy's recurrences run on NumPy float64 scalars (its norms
+  return them); here they run on Python floats, whose ``+ − × ÷``, ``sqrt``
+  and ``**`` are the same IEEE operations (both call the C library's ``pow``
+  for ``**``) at a fraction of the cost. The two differ only where NumPy
+  returns inf or NaN with a warning and Python raises (division by zero,
+  ``**`` overflowing). When that happens the run is replayed from its start
+  with NumPy's scalars — exactly SciPy's statements on SciPy's types — and
+  the iterations already reported to the callback are not reported again.
+  Tolerances and damping of other types than Python float/int and NumPy
+  float64 (float32 promotes differently) take NumPy's scalars from the start.
+
+A callback sees the same :class:`~scipy_gpuqr._iterative._common.IterationState`
+per iteration as with :func:`~scipy_gpuqr._iterative._common.drive`, and
+stops the run the same way; the run attributes of the result
+(:class:`~scipy_gpuqr._iterative._common.RunInfo`) mean the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from time import perf_counter as _now
+from typing import Callable, Optional
+
+import numpy as np
+
+from ._common import Clock, IterationState, Progress, compressed_kernels, givens
+
+__all__ = ["HostProblem", "host_problem", "lsqr_host", "lsmr_host", "REPLAYS"]
+
+_F64 = np.dtype(np.float64)
+
+#: The scalar types whose arithmetic with Python floats is NumPy float64's.
+_PLAIN = (float, int, np.float64)
+
+
+class _Counter:
+    """How many runs were replayed with NumPy's scalars (for tests; never reset)."""
+
+    def __init__(self):
+        self.count = 0
+
+
+#: Runs replayed with NumPy scalars after Python's arithmetic raised (tests read it).
+REPLAYS = _Counter()
+
+
+class HostProblem:
+    """A SciPy CSR/CSC float64 A's kernel arguments, b and x0 (float64, 1-D).
+
+    Attributes
+    ----------
+    m, n : int
+    forward, backward : callable
+        SciPy's compiled kernels of ``A v`` and ``Aᵀ u``.
+    arrays : tuple
+        ``(indptr, indices, data)`` of A, as SciPy passes them.
+    b : ndarray, shape (m,)
+    x0 : ndarray, shape (n,), or None
+        A private copy.
+    """
+
+    __slots__ = ("m", "n", "forward", "backward", "arrays", "b", "x0")
+
+    def __init__(self, m, n, forward, backward, arrays, b, x0):
+        self.m, self.n = m, n
+        self.forward, self.backward, self.arrays = forward, backward, arrays
+        self.b, self.x0 = b, x0
+
+
+def _host_vector(v, size: int, copy: bool):
+    """``v`` as a float64 vector of ``size`` entries as the generic path makes it, or
+    None where it would not be one (the generic path then raises its error)."""
+    if type(v) is not np.ndarray:
+        if isinstance(v, np.ndarray) or hasattr(v, "__cuda_array_interface__"):
+            return None
+        v = np.asarray(v)
+    if v.dtype.kind == "c":
+        return None
+    v = np.atleast_1d(v)
+    if v.ndim > 1:
+        v = v.squeeze()
+    if v.shape != (size,):
+        return None
+    return v.astype(np.float64, copy=copy)
+
+
+def host_problem(A, b, x0, xp) -> Optional[HostProblem]:
+    """The problem for :func:`lsqr_host`/:func:`lsmr_host`, or None: the generic path runs.
+
+    Served: ``xp`` None or NumPy, A a SciPy CSR/CSC sparse matrix or array of
+    float64 values (two-dimensional) whose kernels are found, b and x0 NumPy
+    data (or lists) of real numbers with the right sizes. b and x0 are
+    converted as :class:`~scipy_gpuqr._iterative._common.Problem` converts
+    them (float64; x0 copied).
+    """
+    if xp is not None and xp is not np:
+        return None
+    kernels = compressed_kernels(A)
+    if kernels is None:
+        return None
+    m, n = (int(s) for s in A.shape)
+    bv = _host_vector(b, m, copy=False)
+    if bv is None:
+        return None
+    xv = None
+    if x0 is not None:
+        xv = _host_vector(x0, n, copy=True)
+        if xv is None:
+            return None
+    forward, backward = kernels
+    return HostProblem(m, n, forward, backward, (A.indptr, A.indices, A.data), bv, xv)
+
+
+def _plain(*values) -> bool:
+    """Whether Python-float arithmetic on ``values`` is NumPy float64's (see the module notes)."""
+    for value in values:
+        if type(value) not in _PLAIN or (type(value) is int and abs(value) > 2 ** 53):
+            return False
+    return True
+
+
+def _sign(a):
+    """``numpy.sign`` of a Python float: 1.0, -1.0, 0.0 (for either zero) or a itself (NaN)."""
+    if a > 0:
+        return 1.0
+    if a < 0:
+        return -1.0
+    return 0.0 if a == 0 else a
+
+
+def _givens_float(a, b):
+    """SciPy's ``_sym_ortho`` (:func:`~scipy_gpuqr._iterative._common.givens`) with
+    :func:`_sign` for ``numpy.sign``."""
+    if b == 0:
+        return _sign(a), 0, abs(a)
+    if a == 0:
+        return 0, _sign(b), abs(b)
+    if abs(b) > abs(a):
+        tau = a / b
+        s = _sign(b) / math.sqrt(1 + tau * tau)
+        return s * tau, s, b / s
+    tau = b / a
+    c = _sign(a) / math.sqrt(1 + tau * tau)
+    return c, c * tau, a / c
+
+
+class _FromCallback(Exception):
+    """Carries an arithmetic exception raised by the callback (it is not the run's)."""
+
+
+class _Run:
+    """What one call shares between its first run and a replay."""
+
+    __slots__ = ("clock", "callback", "watched", "progress", "reported", "allowance_spent",
+                 "stopped_by_callback", "atol")
+
+    def __init__(self, clock: Clock, callback, atol):
+        self.clock, self.callback = clock, callback
+        self.watched = callback is not None or clock.max_seconds is not None
+        self.progress = Progress(atol)
+        self.reported = 0               # iterations the callback and the clock have seen
+        self.allowance_spent = False
+        self.stopped_by_callback = False
+        self.atol = atol
+
+    def fresh_progress(self) -> deque:
+        self.progress = Progress(self.atol)
+        return self.progress.raw
+
+    def info(self, istop: int, itn: int, exact_start: bool) -> dict:
+        if exact_start or istop in (1, 2, 4, 5):
+            projected = 0
+        elif istop in (3, 6):
+            projected = None
+        else:
+            projected = self.progress.projected()
+        return dict(allowance_spent=self.allowance_spent,
+                    stopped_by_callback=self.stopped_by_callback,
+                    projected_iterations=projected, seconds=self.clock.elapsed(), host_syncs=0)
+
+
+def _report(run: _Run, values: tuple, exact: bool) -> bool:
+    """The callback and the allowance after an iteration: whether the run stops.
+
+    ``values``: ``(itn, x, istop, normr, normar, norma, conda, normx, test1,
+    test2, rtol)`` of the iteration (NumPy scalars under ``exact``: made floats).
+    """
+    itn, istop = values[0], values[2]
+    run.reported = itn
+    callback = run.callback
+    if callback is not None:
+        if exact:
+            values = values[:3] + tuple([float(value) for value in values[3:]])
+        state = tuple.__new__(IterationState, values + (_now() - run.clock.t0,))
+        try:
+            wants_stop = callback(state)
+        except (ZeroDivisionError, OverflowError) as exc:
+            raise _FromCallback(exc) from exc
+        if wants_stop and istop == 0:
+            run.stopped_by_callback = True
+            return True
+    if istop != 0:
+        return True
+    if run.clock.max_seconds is not None and run.clock.spent():
+        run.allowance_spent = True
+        return True
+    return False
+
+
+def _replaying(body, run: _Run, args: tuple):
+    """``body(*args, exact)`` with Python scalars, replayed with NumPy's where Python raised."""
+    exact = args[-1]
+    try:
+        return body(*args)
+    except _FromCallback as wrapped:
+        raise wrapped.args[0] from None
+    except (ZeroDivisionError, OverflowError):
+        if exact:
+            raise
+    REPLAYS.count += 1
+    try:
+        return body(*args[:-1], True)
+    except _FromCallback as wrapped:
+        raise wrapped.args[0] from None
+
+
+# ---------------------------------------------------------------------------
+# LSMR
+
+def lsmr_host(P: HostProblem, damp, atol, btol, conlim, maxiter, *,
+              max_seconds: Optional[float] = None, callback: Optional[Callable] = None):
+    """SciPy's LSMR on ``P`` (:func:`host_problem`): SciPy's tuple and the run's attributes.
+
+    Returns
+    -------
+    fields : tuple
+        ``(x, istop, itn, normr, normar, norma, conda, normx)`` (floats).
+    info : dict
+        The :class:`~scipy_gpuqr._iterative._common.RunInfo` attributes.
+    """
+    clock = Clock(max_seconds)
+    run = _Run(clock, callback, atol)
+    maxiter = min(P.m, P.n) if maxiter is None else int(maxiter)
+    exact = not _plain(damp, atol, btol, conlim)
+    if not exact:
+        damp, atol, btol, conlim = float(damp), float(atol), float(btol), float(conlim)
+    fields, exact_start = _replaying(_lsmr_body, run, (P, damp, atol, btol, conlim, maxiter,
+                                                       run, exact))
+    return fields, run.info(fields[1], fields[2], exact_start)
+
+
+def _lsmr_body(P, damp, atol, btol, conlim, maxiter, run, exact):
+    """SciPy's ``lsmr`` statements (scipy/sparse/linalg/_isolve/lsmr.py), one for one."""
+    sqrt = math.sqrt
+    if exact:
+        root, sym_ortho, sign = np.sqrt, givens, np.sign
+    else:
+        root, sym_ortho, sign = math.sqrt, _givens_float, _sign
+    undamped = damp == 0
+    m, n = P.m, P.n
+    forward, backward = P.forward, P.backward
+    indptr, indices, data = P.arrays
+    b = P.b
+    history = run.fresh_progress()
+    reported = run.reported
+    watched = run.watched
+
+    normb = root(b.dot(b))
+    t = np.empty(m)
+    if P.x0 is None:
+        x = np.zeros(n)
+        beta = normb
+        u = b
+    else:
+        x = P.x0.copy()
+        t.fill(0.0)
+        forward(m, n, indptr, indices, data, x, t)
+        u = b - t
+        beta = root(u.dot(u))
+    if beta > 0:
+        u = (1 / beta) * u
+        v = np.zeros(n)
+        backward(n, m, indptr, indices, data, u, v)
+        alpha = root(v.dot(v))
+    else:
+        u = u.copy()            # never the caller's b (SciPy's would be updated in place)
+        v = np.zeros(n)
+        alpha = 0
+    if alpha > 0:
+        v *= (1 / alpha)
+
+    itn = 0
+    zetabar = alpha * beta
+    alphabar = alpha
+    rho = 1
+    rhobar = 1
+    cbar = 1
+    sbar = 0
+    h = v.copy()
+    hbar = np.zeros(n)
+    betadd = beta
+    betad = 0
+    rhodold = 1
+    tautildeold = 0
+    thetatilde = 0
+    zeta = 0
+    d = 0
+    normA2 = alpha * alpha
+    maxrbar = 0
+    minrbar = 1e+100
+    normA = sqrt(normA2)
+    condA = 1
+    normx = 0
+    istop = 0
+    ctol = 0
+    if conlim > 0:
+        ctol = 1 / conlim
+    normr = beta
+    normar = alpha * beta
+    if normar == 0:
+        return (x, istop, itn, float(normr), float(normar), float(normA), float(condA),
+                float(normx)), True
+    if normb == 0:
+        x[()] = 0
+        return (x, istop, itn, float(normr), float(normar), float(normA), float(condA),
+                float(normx)), True
+
+    s_buf = np.empty(n)
+    tmp = np.empty(n)
+    mul = np.multiply
+    k = np.empty(())             # the scalar factor (a 0-d operand costs less than a float)
+    u_dot, v_dot, x_dot = u.dot, v.dot, x.dot
+    t_fill, s_fill = t.fill, s_buf.fill
+    remember = history.append
+    inf = np.inf
+    while itn < maxiter:
+        itn = itn + 1
+        # bidiagonalization: beta u = A v - alpha u, alpha v = Aᵀ u - beta v
+        k[()] = -alpha
+        mul(u, k, u)
+        t_fill(0.0)
+        forward(m, n, indptr, indices, data, v, t)
+        u += t
+        beta = root(u_dot(u))
+        if beta > 0:
+            k[()] = 1 / beta
+            mul(u, k, u)
+            k[()] = -beta
+            mul(v, k, v)
+            s_fill(0.0)
+            backward(n, m, indptr, indices, data, u, s_buf)
+            v += s_buf
+            alpha = root(v_dot(v))
+            if alpha > 0:
+                k[()] = 1 / alpha
+                mul(v, k, v)
+
+        if undamped:            # what _sym_ortho(alphabar, 0) returns
+            chat, shat, alphahat = sign(alphabar), 0, abs(alphabar)
+        else:
+            chat, shat, alphahat = sym_ortho(alphabar, damp)
+        rhoold = rho
+        c, s, rho = sym_ortho(alphahat, beta)
+        thetanew = s * alpha
+        alphabar = c * alpha
+        rhobarold = rhobar
+        zetaold = zeta
+        thetabar = sbar * rho
+        rhotemp = cbar * rho
+        cbar, sbar, rhobar = sym_ortho(cbar * rho, thetanew)
+        zeta = cbar * zetabar
+        zetabar = - sbar * zetabar
+
+        k[()] = - (thetabar * rho / (rhoold * rhobarold))
+        mul(hbar, k, hbar)
+        hbar += h
+        k[()] = zeta / (rho * rhobar)
+        mul(hbar, k, tmp)
+        x += tmp
+        k[()] = - (thetanew / rho)
+        mul(h, k, h)
+        h += v
+
+        betaacute = chat * betadd
+        betacheck = -shat * betadd
+        betahat = c * betaacute
+        betadd = -s * betaacute
+        thetatildeold = thetatilde
+        ctildeold, stildeold, rhotildeold = sym_ortho(rhodold, thetabar)
+        thetatilde = stildeold * rhobar
+        rhodold = ctildeold * rhobar
+        betad = - stildeold * betad + ctildeold * betahat
+        tautildeold = (zetaold - thetatildeold * tautildeold) / rhotildeold
+        taud = (zeta - thetatilde * tautildeold) / rhodold
+        d = d + betacheck * betacheck
+        normr = sqrt(d + (betad - taud)**2 + betadd * betadd)
+        normA2 = normA2 + beta * beta
+        normA = sqrt(normA2)
+        normA2 = normA2 + alpha * alpha
+        maxrbar = max(maxrbar, rhobarold)
+        if itn > 1:
+            minrbar = min(minrbar, rhobarold)
+        condA = max(maxrbar, rhotemp) / min(minrbar, rhotemp)
+        normar = abs(zetabar)
+        normx = root(x_dot(x))
+
+        test1 = normr / normb
+        if (normA * normr) != 0:
+            test2 = normar / (normA * normr)
+        else:
+            test2 = inf
+        test3 = 1 / condA
+        t1 = test1 / (1 + normA * normx / normb)
+        rtol = btol + atol * normA * normx / normb
+        if itn >= maxiter:
+            istop = 7
+        if 1 + test3 <= 1:
+            istop = 6
+        if 1 + test2 <= 1:
+            istop = 5
+        if 1 + t1 <= 1:
+            istop = 4
+        if test3 <= ctol:
+            istop = 3
+        if test2 <= atol:
+            istop = 2
+        if test1 <= rtol:
+            istop = 1
+        remember((test1, test2, rtol))
+        if watched and itn > reported:
+            if _report(run, (itn, x, istop, normr, normar, normA, condA, normx, test1, test2,
+                             rtol), exact):
+                break
+        elif istop > 0:
+            break
+    return (x, istop, itn, float(normr), float(normar), float(normA), float(condA),
+            float(normx)), False
+
+
+# ---------------------------------------------------------------------------
+# LSQR
+
+def lsqr_host(P: HostProblem, damp, atol, btol, conlim, iter_lim, calc_var, *,
+              max_seconds: Optional[float] = None, callback: Optional[Callable] = None):
+    """SciPy's LSQR on ``P`` (:func:`host_problem`): SciPy's tuple and the run's attributes.
+
+    Returns
+    -------
+    fields : tuple
+        ``(x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var)``.
+    info : dict
+        The :class:`~scipy_gpuqr._iterative._common.RunInfo` attributes.
+    """
+    clock = Clock(max_seconds)
+    run = _Run(clock, callback, atol)
+    iter_lim = 2 * P.n if iter_lim is None else int(iter_lim)
+    exact = not _plain(damp, atol, btol, conlim)
+    if not exact:
+        dampsq = float(damp ** 2)
+        damp, atol, btol, conlim = float(damp), float(atol), float(btol), float(conlim)
+    else:
+        dampsq = damp ** 2
+    fields, exact_start = _replaying(_lsqr_body, run, (P, damp, dampsq, atol, btol, conlim,
+                                                       iter_lim, bool(calc_var), run, exact))
+    return fields, run.info(fields[1], fields[2], exact_start)
+
+
+def _lsqr_body(P, damp, dampsq, atol, btol, conlim, iter_lim, calc_var, run, exact):
+    """SciPy's ``lsqr`` statements (scipy/sparse/linalg/_isolve/lsqr.py), one for one."""
+    sqrt = math.sqrt
+    if exact:
+        root, sym_ortho = np.sqrt, givens
+    else:
+        root, sym_ortho = math.sqrt, _givens_float
+    m, n = P.m, P.n
+    forward, backward = P.forward, P.backward
+    indptr, indices, data = P.arrays
+    b = P.b
+    history = run.fresh_progress()
+    reported = run.reported
+    watched = run.watched
+    eps = np.finfo(np.float64).eps         # SciPy's (a NumPy scalar)
+    if not exact:
+        eps = float(eps)
+
+    var = np.zeros(n)
+    itn = 0
+    istop = 0
+    ctol = 0
+    if conlim > 0:
+        ctol = 1 / conlim
+    anorm = 0
+    acond = 0
+    ddnorm = 0
+    res2 = 0
+    xnorm = 0
+    xxnorm = 0
+    z = 0
+    cs2 = -1
+    sn2 = 0
+
+    bnorm = root(b.dot(b))
+    t = np.empty(m)
+    if P.x0 is None:
+        x = np.zeros(n)
+        beta = bnorm
+        u = b
+    else:
+        x = P.x0.copy()
+        t.fill(0.0)
+        forward(m, n, indptr, indices, data, x, t)
+        u = b - t
+        beta = root(u.dot(u))
+    if beta > 0:
+        u = (1 / beta) * u
+        v = np.zeros(n)
+        backward(n, m, indptr, indices, data, u, v)
+        alfa = root(v.dot(v))
+    else:
+        u = u.copy()
+        v = x.copy()
+        alfa = 0
+    if alfa > 0:
+        v *= (1 / alfa)
+    w = v.copy()
+
+    rhobar = alfa
+    phibar = beta
+    rnorm = beta
+    r1norm = rnorm
+    r2norm = rnorm
+    arnorm = alfa * beta
+    if arnorm == 0:
+        return (x, istop, itn, float(r1norm), float(r2norm), float(anorm), float(acond),
+                float(arnorm), float(xnorm), var), True
+    if not exact and bnorm == 0:
+        # x0 with b = 0: SciPy's tests divide by ‖b‖ = 0 (inf and NaN; no warnings here)
+        raise ZeroDivisionError("‖b‖ = 0")
+    quiet = bnorm == 0
+
+    s_buf = np.empty(n)
+    tmp = np.empty(n)
+    dk = np.empty(n)
+    mul, sub = np.multiply, np.subtract
+    k = np.empty(())             # the scalar factor (a 0-d operand costs less than a float)
+    u_dot, v_dot, dk_dot = u.dot, v.dot, dk.dot
+    t_fill, s_fill = t.fill, s_buf.fill
+    remember = history.append
+    damped = damp > 0
+    while itn < iter_lim:
+        itn = itn + 1
+        # bidiagonalization: beta u = A v - alfa u, alfa v = Aᵀ u - beta v
+        t_fill(0.0)
+        forward(m, n, indptr, indices, data, v, t)
+        k[()] = alfa
+        mul(u, k, u)
+        sub(t, u, u)
+        beta = root(u_dot(u))
+        if beta > 0:
+            k[()] = 1 / beta
+            mul(u, k, u)
+            anorm = sqrt(anorm**2 + alfa**2 + beta**2 + dampsq)
+            s_fill(0.0)
+            backward(n, m, indptr, indices, data, u, s_buf)
+            k[()] = beta
+            mul(v, k, v)
+            sub(s_buf, v, v)
+            alfa = root(v_dot(v))
+            if alfa > 0:
+                k[()] = 1 / alfa
+                mul(v, k, v)
+
+        if damped:
+            rhobar1 = sqrt(rhobar**2 + dampsq)
+            cs1 = rhobar / rhobar1
+            sn1 = damp / rhobar1
+            psi = sn1 * phibar
+            phibar = cs1 * phibar
+        else:
+            rhobar1 = rhobar
+            psi = 0.
+        cs, sn, rho = sym_ortho(rhobar1, beta)
+        theta = sn * alfa
+        rhobar = -cs * alfa
+        phi = cs * phibar
+        phibar = sn * phibar
+        tau = sn * phi
+
+        t1 = phi / rho
+        t2 = -theta / rho
+        k[()] = 1 / rho
+        mul(w, k, dk)
+        k[()] = t1
+        mul(w, k, tmp)
+        x += tmp
+        k[()] = t2
+        mul(w, k, w)
+        w += v
+        ddnorm = ddnorm + root(dk_dot(dk))**2
+        if calc_var:
+            mul(dk, dk, tmp)
+            var += tmp
+
+        delta = sn2 * rho
+        gambar = -cs2 * rho
+        rhs = phi - delta * z
+        zbar = rhs / gambar
+        xnorm = sqrt(xxnorm + zbar**2)
+        gamma = sqrt(gambar**2 + theta**2)
+        cs2 = gambar / gamma
+        sn2 = theta / gamma
+        z = rhs / gamma
+        xxnorm = xxnorm + z**2
+
+        acond = anorm * sqrt(ddnorm)
+        res1 = phibar**2
+        res2 = res2 + psi**2
+        rnorm = sqrt(res1 + res2)
+        arnorm = alfa * abs(tau)
+        if damped:
+            r1sq = rnorm**2 - dampsq * xxnorm
+            r1norm = sqrt(abs(r1sq))
+            if r1sq < 0:
+                r1norm = -r1norm
+        else:
+            r1norm = rnorm
+        r2norm = rnorm
+
+        if not quiet:
+            test1 = rnorm / bnorm
+            test2 = arnorm / (anorm * rnorm + eps)
+            test3 = 1 / (acond + eps)
+            t1 = test1 / (1 + anorm * xnorm / bnorm)
+            rtol = btol + atol * anorm * xnorm / bnorm
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                test1 = rnorm / bnorm
+                test2 = arnorm / (anorm * rnorm + eps)
+                test3 = 1 / (acond + eps)
+                t1 = test1 / (1 + anorm * xnorm / bnorm)
+                rtol = btol + atol * anorm * xnorm / bnorm
+        if itn >= iter_lim:
+            istop = 7
+        if 1 + test3 <= 1:
+            istop = 6
+        if 1 + test2 <= 1:
+            istop = 5
+        if 1 + t1 <= 1:
+            istop = 4
+        if test3 <= ctol:
+            istop = 3
+        if test2 <= atol:
+            istop = 2
+        if test1 <= rtol:
+            istop = 1
+        remember((test1, test2, rtol))
+        if watched and itn > reported:
+            if _report(run, (itn, x, istop, r2norm, arnorm, anorm, acond, xnorm, test1, test2,
+                             rtol), exact):
+                break
+        elif istop != 0:
+            break
+    return (x, istop, itn, float(r1norm), float(r2norm), float(anorm), float(acond),
+            float(arnorm), float(xnorm), var), False
