@@ -96,24 +96,24 @@ def _predict(an, limit):
 class _Lines(logging.Handler):
     """The package's log lines of one call (out-of-memory steps, fallbacks), as text."""
 
-    def __init__(self):
-        super().__init__(logging.INFO)
+    def __init__(self, level=logging.INFO):
+        super().__init__(level)
         self.messages = []
 
     def emit(self, record):
-        self.messages.append(record.getMessage()[:300])
+        self.messages.append(record.getMessage()[:600])
 
 
-def _once(A, b, backend):
+def _once(A, b, backend, debug=False):
     import cupy as cp
     from scipy_gpuqr import QRFactorization
     cp.cuda.Device().synchronize()
     t = time.perf_counter()
     log = logging.getLogger("scipy_gpuqr")
-    lines = _Lines()
+    lines = _Lines(logging.DEBUG if debug else logging.INFO)
     log.addHandler(lines)
     level = log.level
-    log.setLevel(logging.INFO)
+    log.setLevel(logging.DEBUG if debug else logging.INFO)
     try:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
@@ -153,9 +153,10 @@ def _once(A, b, backend):
     return row, x
 
 
-def _run(A, b, backend, repeat, limit=None, profile=None):
+def _run(A, b, backend, repeat, limit=None, profile=None, debug=False):
     """``_once`` first, then ``repeat`` more (GPU); with ``profile`` (a path) one
-    more under cProfile, its cumulative profile appended to that file."""
+    more under cProfile, its cumulative profile appended to that file; with
+    ``debug`` the package's debug lines too (the slabs' timeline)."""
     import cupy as cp
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
@@ -163,10 +164,10 @@ def _run(A, b, backend, repeat, limit=None, profile=None):
     if limit is not None:
         pool.set_limit(size=base + int(limit))
     try:
-        first, x = _once(A, b, backend)
+        first, x = _once(A, b, backend, debug)
         rows = [first]
         if first["backend"] == "gpu":
-            rows = [_once(A, b, backend)[0] for _ in range(repeat)]
+            rows = [_once(A, b, backend, debug)[0] for _ in range(repeat)]
         if profile:
             import cProfile
             import io
@@ -200,6 +201,8 @@ def main(argv=None):
     p.add_argument("--json")
     p.add_argument("--profile", help="append a cProfile of one more run at the first "
                                      "limit of each matrix to this file")
+    p.add_argument("--debug-log", action="store_true",
+                   help="print the package's debug lines too (a host front's slab timeline)")
     args = p.parse_args(argv)
     fracs = [int(f) for f in args.fracs.split(",") if f]
     if args.predict:
@@ -229,7 +232,8 @@ def main(argv=None):
         print(f"    phases {base['timings']}\n    engine {base['engine_seconds']}", flush=True)
         for frac in fracs:
             row, x = _run(A, b, "gpu", args.repeat, limit=need // frac,
-                          profile=args.profile if frac == fracs[0] else None)
+                          profile=args.profile if frac == fracs[0] else None,
+                          debug=args.debug_log)
             row["limit"] = int(need // frac)
             row["x_rel_diff"] = float(np.linalg.norm(x - x0) / np.linalg.norm(x0))
             row["vs_unlimited"] = row["seconds"] / base["seconds"]

@@ -163,6 +163,7 @@ def test_a_failing_device_slab_is_redone_on_the_host(caplog):
     slabs = slab_ranges(panels, fn, 16)
     units = [u for s in slabs for u in slab_parts(panels, s)]
     assert len(units) > len(slabs)
+    first = np.cumsum([0] + [len(slab_parts(panels, s)) for s in slabs])[:-1]
 
     class _Failing(NumpySlabs):
         def __init__(self, after, error):
@@ -183,7 +184,9 @@ def test_a_failing_device_slab_is_redone_on_the_host(caplog):
             dev = _Failing(after, error)
             with caplog.at_level("WARNING", logger="scipy_gpuqr"):
                 T = factorize_in_slabs(F, panels, nb, 16, dev, fallback=host)
-            assert dev.slabs == 2 and host.slabs == host.parts == len(units) - after
+            # up to the slab of the failed part (part ``after``, from 0) on the device
+            assert dev.slabs == int((first <= after).sum())
+            assert host.slabs == host.parts == len(units) - after
             np.testing.assert_allclose(F, ref, atol=1e3 * fm * EPS)
             np.testing.assert_allclose(T, T_ref, atol=1e3 * fm * EPS)
             assert ("launch failed" in caplog.text) == isinstance(error, RuntimeError)
@@ -221,3 +224,82 @@ def test_slab_parts_cover_each_slab_by_whole_panels(parts):
         np.testing.assert_allclose(T, T_ref, atol=100 * max(fm, fn) * EPS)
         assert dev.parts == sum(len(slab_parts(panels, s, parts))
                                 for s in slab_ranges(panels, fn, width))
+
+
+@pytest.mark.parametrize("fn,width", [(9375, 5965), (9375, 2556), (2900, 1100), (1000, 1000),
+                                      (1000, 300)])
+def test_the_narrowest_slab_comes_first(fn, width):
+    """As few slabs as whole panels of at most ``width`` columns allow, the
+    narrowest first: the panels uploaded again for later slabs (the columns
+    before each later slab, from their diagonal down) are no more than with the
+    widest slabs first (ch7-8-b3's 49340 × 9375 root at 1/2 of its need: 3584
+    columns of panels before the second slab instead of 5888)."""
+    fm, nb = 49340, 256
+    panels = panels_of(fm, fn, None, nb)
+    slabs = slab_ranges(panels, fn, width)
+    counts = [p1 - p0 for _, _, p0, p1 in slabs]
+    assert counts[0] == min(counts)
+    assert max(c1 - c0 for c0, c1, _, _ in slabs) <= max(width, nb)
+    p, greedy = 0, 0                       # the fewest slabs: greedy from the first panel
+    while p < len(panels):
+        q = p + 1
+        while q < len(panels) and panels[q][0] + panels[q][2] - panels[p][0] <= width:
+            q += 1
+        greedy, p = greedy + 1, q
+
+    def again(slabs):                      # elements of earlier panels uploaded again
+        return sum(rows * b for c0, _, p0, _ in slabs for j, rows, b in panels[:p0])
+    assert len(slabs) == greedy
+    cuts, p = [], 0
+    while p < len(panels):                 # the widest slabs first, for comparison
+        q = p + 1
+        while q < len(panels) and panels[q][0] + panels[q][2] - panels[p][0] <= width:
+            q += 1
+        cuts.append((panels[p][0], 0, p, q))
+        p = q
+    assert again(slabs) <= again(cuts)
+    if counts != [p1 - p0 for _, _, p0, p1 in cuts]:
+        assert again(slabs) < again(cuts)
+    if (fn, width) == (9375, 5965):
+        assert [c0 for c0, _, _, _ in slabs] == [0, 3584]
+
+
+def test_slabs_alternate_ends_of_their_buffer():
+    """Each slab's parts lie in its buffer without overlap, the slabs from
+    alternate ends: the first part of a slab takes room the slab before did not
+    (its upload need not wait for that slab's work) where the buffer has it."""
+    rng = np.random.default_rng()
+    fm, fn, nb, width = 60, 56, 4, 24
+    F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
+
+    class _Placed(NumpySlabs):
+        def __init__(self):
+            super().__init__()
+            self.at = []
+
+        def slab_buffer(self, F, c0, c1, most=None):
+            self.at.append([])
+            self.size = F.shape[0] * max(c1 - c0, most or 0)
+            return super().slab_buffer(F, c0, c1, most)
+
+        def upload_part(self, F, buf, at, a0, a1, p0, p1):
+            assert buf.size == self.size
+            self.at[-1].append((at, at + F.shape[0] * (a1 - a0)))
+            return super().upload_part(F, buf, at, a0, a1, p0, p1)
+
+    F = F0.copy()
+    dev = _Placed()
+    T = factorize_in_slabs(F, panels, nb, width, dev)
+    np.testing.assert_allclose(F, ref, atol=100 * fm * EPS * max(np.abs(F0).max(), 1.0))
+    np.testing.assert_allclose(T, T_ref, atol=100 * fm * EPS)
+    slabs = slab_ranges(panels, fn, width)
+    assert len(dev.at) == len(slabs) == 3
+    for k, spans in enumerate(dev.at):
+        assert all(0 <= a < b <= dev.size for a, b in spans)
+        assert all(b1 <= a2 or b2 <= a1 for i, (a1, b1) in enumerate(spans)
+                   for a2, b2 in spans[i + 1:])
+        assert (spans[0][0] == 0) == (k % 2 == 0)
+        if k % 2:                           # from the end back
+            assert spans[0][1] == dev.size
+    used = max(b for _, b in dev.at[0])     # the narrow first slab left room at the end
+    assert dev.at[1][0][0] >= used

@@ -1162,3 +1162,63 @@ def test_largest_block_counts_cached_blocks_left_in_partly_used_chunks():
     assert largest_block_bytes(cp(pool, 3 * gb)) == int(USABLE * (3 * gb - RESERVE))
     pool = Pool(used=gb, releasable=0, stuck=3 * gb, limit=4 * gb)
     assert largest_block_bytes(cp(pool, 100 * gb)) == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gather_by_runs_equals_the_gather_by_index(dtype):
+    """``gather_runs`` gives ``pool[index]`` for any index: R's columns of a
+    row-major front (upper trapezoid, the rows of each column one stride apart),
+    runs too short for a block, columns not adjacent, a block past the pool's
+    end, a random index, an empty one."""
+    from scipy_gpuqr._engine.gpu.rcopy import RUN_MIN, gather_runs, strided_runs
+    rng = np.random.default_rng(5)
+    fm, fn, off = 700, 300, 37
+    pool = rng.standard_normal(off + fm * fn + 5).astype(dtype)
+    lens = np.minimum(np.arange(fn) + 1, 250)
+    col = np.repeat(np.arange(fn), lens)
+    row = np.arange(len(col)) - np.repeat(np.cumsum(lens) - lens, lens)
+    tri = off + row * fn + col
+    skip = tri[(col % 7 != 3)]                          # a column left out now and then
+    tail = np.arange(pool.size - 40 * 6, pool.size, 6)  # one run ending at the pool's end
+    cases = {"triangle": tri, "int32": tri.astype(np.int32), "gaps": skip,
+             "mixed": np.concatenate([rng.integers(0, pool.size, 500), tri[::-1][:900], tri]),
+             "tail": np.concatenate([tri[:2000], tail]), "random": rng.integers(0, pool.size, 5000),
+             "empty": np.zeros(0, dtype=np.int64)}
+    for name, index in cases.items():
+        stride = 6 if name == "tail" else fn
+        runs = strided_runs(index, stride)
+        out = np.empty(len(index), dtype=dtype)
+        gather_runs(pool, index, runs, out)
+        np.testing.assert_array_equal(out, pool[index], err_msg=name)
+        covered = np.zeros(len(index), dtype=int)
+        for s, m in zip(runs.start, runs.length):
+            assert m >= RUN_MIN and np.all(np.diff(index[s:s + m]) == stride)
+            covered[s:s + m] += 1
+        covered[runs.rest] += 1
+        assert np.all(covered == 1), name
+        if name in ("triangle", "int32"):
+            assert len(runs.rest) < RUN_MIN ** 2 and len(runs.block_ptr) > 2
+
+
+def test_host_stage_r_gathered_by_runs_equals_the_gather_by_index(monkeypatch):
+    """A host stage's R comes from its pool by the blocked gather of its runs (its
+    index cut once per layout), bit for bit the R of the gather by index."""
+    from scipy_gpuqr._engine.gpu import rcopy, stage_loop
+    A, an, needs = _host_case()
+    limit = min_budget(an, needs)
+    calls = []
+    real = rcopy.gather_runs
+
+    def counted(pool, index, runs, out):
+        calls.append(len(runs.start))
+        return real(pool, index, runs, out)
+    monkeypatch.setattr(rcopy, "gather_runs", counted)
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                      dense_flops=_HOST_FLOPS)
+    assert g.info["host_fronts"] and len(calls) == len(g.info["host_fronts"]) and max(calls) > 0
+    by_runs = g.R.toarray()
+    monkeypatch.setattr(stage_loop.StageLoop, "host_r_copy",
+                        lambda self, sid, pool, gidx: rcopy.NumpyRCopy(pool, gidx))
+    by_index = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                             dense_flops=_HOST_FLOPS).R.toarray()
+    np.testing.assert_array_equal(by_runs, by_index)

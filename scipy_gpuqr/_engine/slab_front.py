@@ -26,8 +26,11 @@ part's columns a C-contiguous block of the buffer of their own):
    a front of their own, its diagonal at ``(a0, a0)`` (the device dense path,
    panel kernel and cuBLAS); it goes back to the host on a third stream
    while the next part is worked on (the link carries both directions at
-   once). The next slab's parts go up into the buffer once the work of this
-   slab is done and the downloads of the parts they overwrite have landed.
+   once). The next slab's parts go up into the buffer once the work that
+   read the place they take is done and the downloads of the parts they
+   overwrite have landed: slabs are placed from alternate ends of the buffer,
+   so a part landing where the slab before did not lie goes up while that
+   slab is still worked on.
 
 The result is the representation :class:`~scipy_gpuqr._engine.dense_front.DenseFront`
 applies (V below each panel's diagonal, one ``T`` per panel), equal to
@@ -35,7 +38,8 @@ applies (V below each panel's diagonal, one ``T`` per panel), equal to
 The device holds the slab being worked on, two earlier panels, the panels'
 ``T`` and the dense path's workspace. The extra traffic is the earlier
 panels, uploaded once per later slab: with ``s`` slabs about ``s/2`` times
-the front. :func:`factorize_in_slabs` is written against a small device
+the front; the narrowest slab comes first (:func:`slab_ranges`), so the
+fewest panels go up again. :func:`factorize_in_slabs` is written against a small device
 interface (:class:`NumpySlabs` runs it on the host for CI, :class:`CupySlabs`
 on a GPU).
 """
@@ -66,8 +70,12 @@ def slab_ranges(panels: list, fn: int, width: int) -> list:
     """Column slabs ``(c0, c1, p0, p1)`` covering ``[0, fn)``.
 
     Consecutive panels ``p0 .. p1-1`` whose columns span at most ``width``
-    (one panel at least), then the columns past the last panel in blocks of
-    at most ``width`` (no panels: ``p0 == p1``).
+    (one panel at least), as few slabs as that allows, taken from the last
+    panel back: the first slab is the narrowest, since every later slab
+    uploads the panels of the slabs before it again (with two slabs of a
+    front of ``1.6 width`` columns, ``0.6 width`` columns of panels go up
+    twice instead of ``width``). Then the columns past the last panel in
+    blocks of at most ``width`` (no panels: ``p0 == p1``).
 
     Parameters
     ----------
@@ -81,15 +89,15 @@ def slab_ranges(panels: list, fn: int, width: int) -> list:
     if width < 1:
         raise ValueError(f"slab width must be >= 1, got {width}")
     out = []
-    p = 0
-    while p < len(panels):
-        c0 = panels[p][0]
-        q = p + 1
-        while q < len(panels) and panels[q][0] + panels[q][2] - c0 <= width:
-            q += 1
+    q = len(panels)
+    while q > 0:
         c1 = panels[q - 1][0] + panels[q - 1][2]
-        out.append((c0, c1, p, q))
-        p = q
+        p = q - 1
+        while p > 0 and c1 - panels[p - 1][0] <= width:
+            p -= 1
+        out.append((panels[p][0], c1, p, q))
+        q = p
+    out.reverse()
     c = panels[-1][0] + panels[-1][2] if panels else 0
     while c < fn:
         c1 = min(fn, c + width)
@@ -191,11 +199,12 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
     slabs = slab_ranges(panels, F.shape[1], max(int(width), nb))
     parts = SLAB_PARTS if parts is None else parts
     plan = [(slab, slab_parts(panels, slab, parts)) for slab in slabs]
+    most = max((c1 - c0 for c0, c1, _, _ in slabs), default=0)
     state = {"done": 0}             # parts whose columns went back into F
     try:
         dev.start(F, len(panels), nb)
-        for slab, pieces in plan:
-            _one_slab(F, panels, slab, pieces, dev, state)
+        for k, (slab, pieces) in enumerate(plan):
+            _one_slab(F, panels, slab, pieces, dev, state, most, down=k % 2 == 1)
         dev.finish()
         return dev.t_host()
     except Exception as exc:        # noqa: BLE001 - redone on the host, see above
@@ -221,17 +230,25 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
         dev.finish()
 
 
-def _one_slab(F, panels, slab, pieces, dev, state) -> None:
+def _one_slab(F, panels, slab, pieces, dev, state, most=None, down=False) -> None:
     """Slab ``(c0, c1, p0, p1)`` in ``pieces`` (:func:`slab_parts`): its parts up,
     every earlier slab's reflectors, then part by part the slab's own panels
     before it, its panels, back into ``F`` (``state['done']`` counts the parts
-    sent back)."""
+    sent back). The buffer holds ``most`` columns (the widest slab); the parts
+    lie from its start on, or with ``down`` from its end back (slabs
+    alternate: the first parts of a slab then take room the slab before did
+    not, and go up while it is worked on)."""
     c0, c1, p0, p1 = slab
-    buf = dev.slab_buffer(F, c0, c1)
-    at, work = 0, []
+    buf = dev.slab_buffer(F, c0, c1, most)
+    at = buf.size if down else 0
+    work = []
     for a0, a1, q0, q1 in pieces:
+        n = F.shape[0] * (a1 - a0)
+        if down:
+            at -= n
         work.append(dev.upload_part(F, buf, at, a0, a1, q0, q1))
-        at += F.shape[0] * (a1 - a0)
+        if not down:
+            at += n
     for q in range(p0):                 # every earlier slab's panels, in order
         j, rows, b = panels[q]
         slot = ("earlier", q % 2)       # uploaded while the previous one is applied
@@ -240,6 +257,8 @@ def _one_slab(F, panels, slab, pieces, dev, state) -> None:
             dev.ready(part)
             dev.apply(part.S, j, rows, E, 0, 0, b, dev.t(q, b))
         dev.release(slot)
+    if p0:
+        dev.mark("e")                   # the earlier slabs' panels applied
     for g, part in enumerate(work):
         dev.ready(part)
         for h in work[:g]:              # the slab's panels before it, still here
@@ -249,6 +268,7 @@ def _one_slab(F, panels, slab, pieces, dev, state) -> None:
         if part.p1 > part.p0:           # its own panels, diagonal at (a0, a0)
             moved = [(j - part.a0, rows, b) for j, rows, b in panels[part.p0:part.p1]]
             dev.factorize(part.S, part.a0, moved, part.p0)
+        dev.mark("p")
         dev.download(part, F)
         state["done"] += 1
     dev.end_slab()
@@ -275,10 +295,11 @@ class NumpySlabs:
         """A factorization of ``F`` begins (``T``: the panels' factors known so far)."""
         self._T = np.zeros((npanels, nb, nb), dtype=F.dtype) if T is None else T.copy()
 
-    def slab_buffer(self, F: np.ndarray, c0: int, c1: int):
-        """The buffer the slab ``[c0, c1)`` is worked in (its parts one after another)."""
+    def slab_buffer(self, F: np.ndarray, c0: int, c1: int, most=None):
+        """The buffer the slab ``[c0, c1)`` is worked in (its parts one after another;
+        ``most`` columns, at least the slab's)."""
         self.slabs += 1
-        return np.empty(F.shape[0] * (c1 - c0), dtype=F.dtype)
+        return np.empty(F.shape[0] * max(c1 - c0, most or 0), dtype=F.dtype)
 
     def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int) -> SlabPart:
         """``F[:, a0:a1]`` into ``buf`` from element ``at``: a :class:`SlabPart`."""
@@ -319,6 +340,10 @@ class NumpySlabs:
         """The worked part back into ``F[:, a0:a1]``."""
         F[:, part.a0:part.a1] = part.S
 
+    def mark(self, what: str) -> None:
+        """The work queued so far reached a point of the timeline (``e``: the
+        earlier slabs' panels applied, ``p``: a part factorized)."""
+
     def end_slab(self) -> None:
         """The slab's work is all queued (its buffer may be refilled after it)."""
 
@@ -352,15 +377,45 @@ class CupySlabs:
         self._read = {}                 # slot -> event: the last work reading its buffer
         self._landed = {}               # panel -> event: its part's copy back into F
         self._regions = []              # (start, end, event): parts' copies back, per buffer
-        self._slab_end = None           # event: the last slab's work done
+        self._worked = []               # (start, end, event): earlier slabs' parts, work done
+        self._current = []              # (start, end): the parts of the slab being queued
         self._flags = []
         self._T = None
         self._T_host = None
+        self._marks = []                # (what, timing event): :meth:`timeline`
+        #: the last factorization's timeline (:meth:`timeline`), for the log
+        self.last_timeline = ""
 
     def _event(self, stream):
         ev = self.cp.cuda.Event(disable_timing=True)
         ev.record(stream)
         return ev
+
+    def _timed(self, stream):
+        ev = self.cp.cuda.Event()
+        ev.record(stream)
+        return ev
+
+    def mark(self, what: str) -> None:
+        self._marks.append((what, self._timed(self.stream)))
+
+    def timeline(self) -> str:
+        """Milliseconds from the start, per slab: its parts up (``u``), the earlier
+        slabs' panels applied (``e``), its parts factorized (``p``) and back
+        (``d``); after :meth:`finish`'s synchronization."""
+        if len(self._marks) < 2:
+            return ""
+        t0 = self._marks[0][1]
+        out, cur = [], None
+        for what, ev in self._marks[1:]:
+            if what == "slab":
+                cur = [f"s{len(out)}"]
+                out.append(cur)
+                continue
+            ms = self.cp.cuda.get_elapsed_time(t0, ev)
+            if cur is not None:
+                cur.append(f"{what}{ms:.0f}")
+        return " | ".join(" ".join(c) for c in out)
 
     def _sync(self) -> None:
         for s in (self.stream, self.copy_stream, self.up_stream, self.down_stream):
@@ -372,7 +427,7 @@ class CupySlabs:
             if buf is not None:         # a buffer in use on any stream is not freed
                 self._sync()
                 if slot == "slab":
-                    self._regions = []
+                    self._regions, self._worked = [], []
             buf = None                  # freed before the larger one is taken
             self._buffers.pop(slot, None)
             # sized for what the pool has not handed out (:func:`slab_columns`):
@@ -382,29 +437,33 @@ class CupySlabs:
         return buf[:n]
 
     def start(self, F: np.ndarray, npanels: int, nb: int, T=None) -> None:
+        self._marks = [("start", self._timed(self.stream))]
         with self.stream:
             self._T = (self.cp.zeros((npanels, nb, nb), dtype=F.dtype) if T is None
                        else self.cp.asarray(T))
         self._T_host = None
 
-    def slab_buffer(self, F: np.ndarray, c0: int, c1: int):
+    def slab_buffer(self, F: np.ndarray, c0: int, c1: int, most=None):
+        """The slab buffer (``most`` columns, at least the slab's: the widest slab
+        sizes it once)."""
         self.slabs += 1
-        return self._buffer("slab", F.shape[0] * (c1 - c0), F.dtype)
+        self._marks.append(("slab", None))
+        return self._buffer("slab", F.shape[0] * max(c1 - c0, most or 0), F.dtype)
 
     def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int) -> SlabPart:
         """``F[:, a0:a1]`` into ``buf`` from element ``at`` on the parts' stream
-        (one 2-D copy), once the last slab's work is done and the copies back
-        of the earlier parts it overwrites have landed."""
+        (one 2-D copy), once the work of the earlier slabs' parts that lay there
+        is done and the copies back of the parts it overwrites have landed."""
         self.parts += 1
         fm = F.shape[0]
         n = fm * (a1 - a0)
         S = buf[at: at + n].reshape(fm, a1 - a0)
-        if self._slab_end is not None:
-            self.up_stream.wait_event(self._slab_end)
-        for s, e, ev in self._regions:
+        for s, e, ev in self._worked + self._regions:
             if s < at + n and at < e:
                 self.up_stream.wait_event(ev)
+        self._current.append((at, at + n))
         upload_block(F, 0, fm, a0, a1, S, self.up_stream)
+        self._marks.append(("u", self._timed(self.up_stream)))
         return SlabPart(S, a0, a1, p0, p1, at, self._event(self.up_stream))
 
     def ready(self, part: SlabPart) -> None:
@@ -462,12 +521,16 @@ class CupySlabs:
                          w * isz, w * isz, F.shape[0], rt.memcpyDeviceToHost,
                          self.down_stream.ptr)
         landed = self._event(self.down_stream)
+        self._marks.append(("d", self._timed(self.down_stream)))
         self._regions.append((part.at, part.at + S.size, landed))
         for q in range(part.p0, part.p1):
             self._landed[q] = landed
 
     def end_slab(self) -> None:
-        self._slab_end = self._event(self.stream)
+        """The slab's parts are read by no work queued later."""
+        ev = self._event(self.stream)
+        self._worked.extend((s, e, ev) for s, e in self._current)
+        self._current = []
 
     def finish(self) -> None:
         """Every queued copy done, the panels' ``T`` fetched; the buffers given back
@@ -479,12 +542,16 @@ class CupySlabs:
             self._sync()
             if self._T is not None:
                 self._T_host = self._T.get(stream=self.stream)
+            if len(self._marks) > 1:
+                self.last_timeline = self.timeline()
+                logging.getLogger("scipy_gpuqr").debug(
+                    "slabs, ms from the start: %s", self.last_timeline)
         finally:
             self._buffers.clear()
             self._read.clear()
             self._landed.clear()
-            self._regions = []
-            self._slab_end = None
+            self._regions, self._worked, self._current = [], [], []
+            self._marks = []
             self._T = None
             self.cp.get_default_memory_pool().free_all_blocks()
 

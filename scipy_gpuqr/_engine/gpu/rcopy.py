@@ -32,6 +32,12 @@ Two parts:
   outlives the returned array.
   :class:`NumpyRCopy` does the same synchronously for :class:`NumpyDevice`
   (CPU tests: a range copied before it is final would differ from R).
+* the host stage's gather (:func:`strided_runs`, :func:`gather_runs`): a host
+  front's R lies in its row-major pool, so R's CSC order walks down its
+  columns, one page per entry. Its gather index is cut once into runs of a
+  constant stride (a column's rows), runs of adjacent columns starting on one
+  row into blocks; a block is read a tile of whole row pieces at a time,
+  transposed in cache and copied out run by run, on threads.
 """
 
 from __future__ import annotations
@@ -39,16 +45,17 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..._schedule.native import run_split
+from ..._schedule.native import run_ranges, run_split, thread_count
 from ..._schedule.tasks import TaskType
 from .array_ops import take_rows
 
 __all__ = ["final_entries", "final_entries_cached", "launch_of_records", "whole_front_writes",
            "staging_for", "PinnedStaging", "NumpyRCopy", "CupyRCopy", "SLOT_BYTES",
-           "MIN_CHUNK_BYTES"]
+           "MIN_CHUNK_BYTES", "StridedRuns", "strided_runs", "gather_runs"]
 
 #: Bytes of one pinned staging slot (two slots per staging buffer).
 SLOT_BYTES = 32 << 20
@@ -57,6 +64,13 @@ HOST_COPY_PER_THREAD = 1 << 20
 
 #: A progressive copy is started once this many bytes of R became final.
 MIN_CHUNK_BYTES = 16 << 20
+
+#: Shortest run :func:`gather_runs` copies by blocks (shorter ones: by index).
+RUN_MIN = 32
+#: Most runs (adjacent columns) of one block of :func:`gather_runs`.
+BLOCK_RUNS = 128
+#: Rows of one tile of a block (transposed in cache).
+TILE_ROWS = 256
 
 
 def final_entries(analysis, layout, stage, tile: int, pos=None) -> np.ndarray:
@@ -218,6 +232,113 @@ def staging_for(layout, nbytes: int = SLOT_BYTES):
     return _STAGING.take(nb)
 
 
+@dataclass(frozen=True, eq=False)
+class StridedRuns:
+    """A gather index cut into runs of one stride (:func:`strided_runs`).
+
+    Attributes
+    ----------
+    stride : int
+        Pool elements between consecutive entries of a run (a front's row length).
+    start, src, length : ndarray of int64
+        Per run of at least :data:`RUN_MIN` entries: its first output entry, its
+        first pool element, its entries.
+    block_ptr : ndarray of int64
+        Blocks of runs ``block_ptr[b] .. block_ptr[b+1]-1``: adjacent pool
+        columns (``src`` one apart), at most :data:`BLOCK_RUNS`.
+    rest : ndarray of int64
+        Output entries in no such run (gathered by index).
+    """
+
+    stride: int
+    start: np.ndarray
+    src: np.ndarray
+    length: np.ndarray
+    block_ptr: np.ndarray
+    rest: np.ndarray
+
+
+def strided_runs(index: np.ndarray, stride: int, min_len: int = RUN_MIN,
+                 block: int = BLOCK_RUNS) -> StridedRuns:
+    """``index`` (pool element of each output entry) as runs of ``stride``
+    (see :class:`StridedRuns`): one pass over the index, made once per layout."""
+    index = np.asarray(index)
+    n = len(index)
+    stride = int(stride)
+    if n == 0 or stride <= 0:
+        z = np.zeros(0, dtype=np.int64)
+        return StridedRuns(stride, z, z, z, np.zeros(1, dtype=np.int64),
+                           np.arange(n, dtype=np.int64))
+    cut = np.flatnonzero(index[1:] - index[:-1] != stride)      # run ends before cut+1
+    starts = np.concatenate(([0], cut + 1)).astype(np.int64)
+    lens = np.diff(np.concatenate((starts, [n]))).astype(np.int64)
+    long_ = lens >= max(int(min_len), 1)
+    st, ln = starts[long_], lens[long_]
+    src = index[st].astype(np.int64)
+    short_s, short_l = starts[~long_], lens[~long_]
+    rest = (np.repeat(short_s - np.cumsum(short_l) + short_l, short_l)
+            + np.arange(int(short_l.sum()), dtype=np.int64))
+    # a new block where the columns are not adjacent, and every ``block`` runs
+    newb = np.ones(len(st), dtype=bool)
+    if len(st) > 1:
+        newb[1:] = src[1:] != src[:-1] + 1
+    bstart = np.flatnonzero(newb)
+    ptr = []
+    for a, b in zip(bstart.tolist(), bstart[1:].tolist() + [len(st)]):
+        ptr.extend(range(a, b, max(int(block), 1)))
+    ptr.append(len(st))
+    return StridedRuns(stride, st, src, ln, np.asarray(ptr, dtype=np.int64), rest)
+
+
+def gather_runs(pool: np.ndarray, index: np.ndarray, runs: StridedRuns,
+                out: np.ndarray) -> None:
+    """``out[:] = pool[index]`` with ``index`` cut into ``runs``
+    (:func:`strided_runs` of it): each block read in tiles of
+    :data:`TILE_ROWS` whole row pieces (one page each instead of one per entry),
+    transposed in a buffer of the thread's and copied out run by run; the
+    entries in no run by index. Blocks split over threads (NumPy's copies
+    release the GIL)."""
+    flat = pool.reshape(-1)
+    isz = flat.itemsize
+    stride = runs.stride
+    ptr = runs.block_ptr
+    nblock = len(ptr) - 1
+    if len(runs.rest):
+        out[runs.rest] = flat[np.asarray(index)[runs.rest]]
+    if nblock <= 0:
+        return
+    first = runs.src[ptr[:-1]]
+    height = np.maximum.reduceat(runs.length, ptr[:-1]) if len(runs.length) else first
+    width = np.diff(ptr)
+    fits = first + (height - 1) * stride + width <= flat.size
+
+    def blocks(b0, b1):
+        most = int((height[b0:b1] * width[b0:b1]).max(initial=0))
+        tmp = np.empty(max(most, 1), dtype=out.dtype)
+        for b in range(int(b0), int(b1)):
+            r0, r1 = int(ptr[b]), int(ptr[b + 1])
+            h, w = int(height[b]), int(width[b])
+            st, ln = runs.start[r0:r1], runs.length[r0:r1]
+            if not fits[b]:             # past the pool's end: by index
+                for s, m in zip(st.tolist(), ln.tolist()):
+                    np.take(flat, index[s:s + m], out=out[s:s + m])
+                continue
+            src = np.lib.stride_tricks.as_strided(flat[int(first[b]):], shape=(h, w),
+                                                  strides=(stride * isz, isz), writeable=False)
+            t = tmp[:h * w].reshape(w, h)
+            for i in range(0, h, TILE_ROWS):
+                np.copyto(t[:, i:i + TILE_ROWS], src[i:i + TILE_ROWS].T)
+            for c, (s, m) in enumerate(zip(st.tolist(), ln.tolist())):
+                out[s:s + m] = t[c, :m]
+
+    # threads of equal shares of entries, a block each at least
+    cum = np.concatenate(([0], np.cumsum(height * width)))
+    threads = thread_count(int(cum[-1]), 1 << 21)
+    cuts = np.searchsorted(cum, np.linspace(0, cum[-1], threads + 1)).clip(0, nblock)
+    cuts[0], cuts[-1] = 0, nblock
+    run_ranges(blocks, np.unique(cuts))
+
+
 class NumpyRCopy:
     """Synchronous stand-in of :class:`CupyRCopy` over a NumPy pool.
 
@@ -230,10 +351,14 @@ class NumpyRCopy:
     final : callable or None
         Returns :func:`final_entries` (copies after launches); None: all at
         the end.
+    runs : StridedRuns, optional
+        ``index`` cut into runs (:func:`strided_runs`): a copy of every entry
+        at once then goes by :func:`gather_runs`.
     """
 
-    def __init__(self, pool, index, final=None, dtype=np.float64, counter=None):
+    def __init__(self, pool, index, final=None, dtype=np.float64, counter=None, runs=None):
         self.counter = counter
+        self.runs = runs
         self.pool, self.index = pool, np.asarray(index)
         self.final = final() if final is not None else None
         self.out = np.empty(len(self.index), dtype=dtype)
@@ -247,7 +372,10 @@ class NumpyRCopy:
             def gather(i0, i1):         # NumPy's take releases the GIL
                 np.take(self.pool, self.index[i0:i1], out=self.out[i0:i1])
 
-            run_split(gather, a, b, 1 << 22)
+            if self.runs is not None and a == 0 and b == len(self.index):
+                gather_runs(self.pool, self.index, self.runs, self.out)
+            else:
+                run_split(gather, a, b, 1 << 22)
             self.done = b
             self.copies += 1
             if self.counter is not None:

@@ -27,7 +27,7 @@ from ..._schedule import native
 from ..._schedule.tasks import TaskType
 from .device import CupyDevice, HostFrontDevice
 from .pool_copy import pool_final
-from .rcopy import NumpyRCopy, final_entries_cached
+from .rcopy import NumpyRCopy, final_entries_cached, strided_runs
 from .rlayout import r_layout_cached
 
 __all__ = ["StageLoop", "stage_reflector_records", "assemble_r", "r_dtype", "FACTORIZE_TYPES"]
@@ -148,7 +148,8 @@ class StageLoop:
             self.wait_host_side()
             if copier is None and down is None:
                 pos, gidx = self.gmaps[sid]
-                copier = device.open_r_copy(h["pool"], gidx, self.layout)
+                copier = (self.host_r_copy(sid, h["pool"], gidx) if sid in self.host_stages
+                          else device.open_r_copy(h["pool"], gidx, self.layout))
             for c in (copier, down):
                 if c is not None:
                     c.launches_done()
@@ -223,6 +224,17 @@ class StageLoop:
         copier = self.dev(sid).open_r_copy(h["pool"], gidx, lay, final=_final)
         self.progressive += 1
         return copier, pos
+
+    def host_r_copy(self, sid: int, pool, gidx):
+        """R's copier of host stage ``sid``: its values gathered from the host pool
+        after the launches, down its front's columns in blocks of rows
+        (:func:`~.rcopy.gather_runs`; the index cut into runs once per layout)."""
+        f = self.host_stages[sid]
+        stride = int(self.fn[f])
+        runs = self.layout.extra(("host_r_runs", self.fkey, sid, stride),
+                                 lambda: strided_runs(gidx, stride))
+        return NumpyRCopy(pool, gidx, dtype=self.host_dev.dtype,
+                          counter=self.host_dev.r_copies, runs=runs)
 
     def r_values(self) -> list:
         """``r_parts`` with the host pools' gathers waited for: per stage
