@@ -98,6 +98,7 @@ from .._gpu import gpu_available
 from .cost_model import predicted_seconds
 
 __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_RATE",
+           "HOST_ITERATION_S", "host_iteration_seconds",
            "ANALYSIS_FIXED_S", "ANALYSIS_S_PER_LINE", "ANALYSIS_S_PER_ENTRY",
            "ANALYSIS_DEFERRAL", "STALL_SHARE", "ALLOWANCE_SHARE", "SWITCH_MARGIN",
            "ITER_LIM_MARGIN", "CONFIRMATIONS", "RANK_RISK_COND", "RANK_RISK_SHARE",
@@ -117,6 +118,12 @@ CPU_ITERATION_S = 1e-4
 #: Flop rate of the CPU's matrix-vector products and vector updates (one
 #: iteration is :func:`iteration_flops`): a memory-bound sparse product.
 CPU_MATVEC_RATE = 1e9
+#: Fixed seconds of one iteration of the host loops
+#: (:mod:`scipy_gpuqr._iterative.host`, SciPy CSR/CSC float64 A): SciPy's
+#: scalar recurrences on Python floats and some twenty in-place vector calls,
+#: without the LinearOperator's dispatch; still pessimistic, as
+#: :func:`needs_watching` needs.
+HOST_ITERATION_S = 2e-5
 #: Fixed seconds of one iteration on a GPU: the kernel launches and the one
 #: device-to-host copy of the scalars the recurrences need.
 GPU_ITERATION_S = 5e-4
@@ -227,6 +234,12 @@ def cpu_iteration_seconds(m: int, n: int, nnz: int) -> float:
     return CPU_ITERATION_S + iteration_flops(m, n, nnz) / CPU_MATVEC_RATE
 
 
+def host_iteration_seconds(m: int, n: int, nnz: int) -> float:
+    """Nominal seconds of one iteration of the host loops (:data:`HOST_ITERATION_S`,
+    :data:`CPU_MATVEC_RATE`)."""
+    return HOST_ITERATION_S + iteration_flops(m, n, nnz) / CPU_MATVEC_RATE
+
+
 def gpu_iteration_seconds(m: int, n: int, nnz: int) -> float:
     """Nominal seconds of one GPU iteration (:data:`GPU_ITERATION_S`, :data:`GPU_MATVEC_RATE`)."""
     return GPU_ITERATION_S + iteration_flops(m, n, nnz) / GPU_MATVEC_RATE
@@ -310,19 +323,23 @@ def analysis_seconds(m: int, n: int, nnz: int) -> float:
 
 
 def needs_watching(iter_lim: int, m: int, n: int, nnz: int, *, on_gpu: bool,
-                   analysis: float) -> bool:
+                   analysis: float, host_loop: bool = False) -> bool:
     """Whether a run could last long enough for :class:`Allowance` to act on it.
 
     A CPU run whose iterations up to ``iter_lim`` cost, at the nominal
     (pessimistic) rate, no more than the analysis deferral
     (:data:`ANALYSIS_DEFERRAL` × ``analysis``, the analysis' estimated
     seconds) ends before any rule could stop it: it runs unwatched, at
-    SciPy's own speed (the callback costs microseconds an iteration). GPU
-    runs are always watched.
+    SciPy's own speed (the callback costs about a microsecond an iteration,
+    a tenth of a host loop's). The rate is :func:`host_iteration_seconds`
+    where the run is a host loop (``host_loop``), else
+    :func:`cpu_iteration_seconds`. GPU runs are always watched.
     """
     if on_gpu:
         return True
-    return iter_lim * cpu_iteration_seconds(m, n, nnz) > ANALYSIS_DEFERRAL * analysis
+    per_iteration = (host_iteration_seconds(m, n, nnz) if host_loop
+                     else cpu_iteration_seconds(m, n, nnz))
+    return iter_lim * per_iteration > ANALYSIS_DEFERRAL * analysis
 
 
 def zero_tolerances(atol: float, btol: float, conlim: float) -> Optional[str]:

@@ -215,7 +215,7 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
 
     analysis = analysis_seconds(m, n, nnz)
     watch = callback = None
-    if needs_watching(iter_lim, m, n, nnz, on_gpu=False, analysis=analysis):
+    if needs_watching(iter_lim, m, n, nnz, on_gpu=False, analysis=analysis, host_loop=True):
         watch = Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
                                      analysis=analysis,
                                      plan=lambda: plan_for(problem().qr_matrix(), settings),

@@ -108,18 +108,33 @@ class RunInfo:
 
     allowance_spent: bool = False
     stopped_by_callback: bool = False
-    projected_iterations: Optional[int] = None
     seconds: float = 0.0
     host_syncs: int = 0
+
+    @property
+    def projected_iterations(self) -> Optional[int]:
+        """See the class notes (fitted when first read: the fit costs tens of microseconds,
+        and most callers never read it)."""
+        value = self.__dict__.get("_projected")
+        if callable(value):
+            value = self.__dict__["_projected"] = value()
+        return value
 
     def scipy_tuple(self) -> tuple:
         """The plain tuple SciPy's function returns, without the extra attributes."""
         return tuple(self)
 
+    def __getstate__(self):
+        self.projected_iterations       # a pickled result carries the value, not the fit
+        return self.__dict__
+
     @classmethod
     def build(cls, fields, info: dict):
-        """The result tuple ``cls(*fields)`` carrying the run attributes ``info``."""
+        """The result tuple ``cls(*fields)`` carrying the run attributes ``info``
+        (``projected_iterations`` may be a function of no arguments that gives it)."""
         out = cls(*fields)
+        info = dict(info)
+        out.__dict__["_projected"] = info.pop("projected_iterations", None)
         out.__dict__.update(info)
         return out
 

@@ -195,7 +195,7 @@ class _Run:
         elif istop in (3, 6):
             projected = None
         else:
-            projected = self.progress.projected()
+            projected = self.progress.projected     # fitted when first read
         return dict(allowance_spent=self.allowance_spent,
                     stopped_by_callback=self.stopped_by_callback,
                     projected_iterations=projected, seconds=self.clock.elapsed(), host_syncs=0)
