@@ -73,9 +73,10 @@ def _rows_copy_perm(grid, block, args, shared_mem=0):
 
 def _rows_swap_left(grid, block, args, shared_mem=0):
     """rows_swap_left: block y's L columns get the pivots from (y + 1) outer on."""
-    a, piv, n, outer = args
-    n, outer = int(n), int(outer)
+    a, piv, n, outer, stage = args
+    n, outer, stage = int(n), int(outer), int(stage)
     assert grid == (a.shape[0], -(-n // outer) - 1) and block == (256,)
+    assert stage >= 8 * (n - outer) and shared_mem == 8 * stage
     for b in range(a.shape[0]):
         for y in range(grid[1]):
             kb, r0 = y * outer, (y + 1) * outer

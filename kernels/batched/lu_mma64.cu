@@ -760,22 +760,25 @@ rows_copy_perm(const T *__restrict__ src, T *__restrict__ dst,
 // (rows_swap with c_lo = kb), its rows [kb + outer, n) get here every later
 // pivot at once, LAPACK's order (rows k and piv[k] exchanged for k = kb +
 // outer .. n - 1, composed by one thread in shared memory while the SM's
-// other blocks copy), by chunks of 8 or more columns (a power of 2, up to
-// dividing outer, as many as fit) staged in shared memory (a thread's few
-// registers: many blocks per SM). outer a multiple of 8.
+// other blocks copy), by chunks of columns staged in shared memory (a
+// thread's few registers: several blocks per SM): 2^lc columns, the widest
+// power of 2 dividing outer whose moved rows fit the stage (its rows read
+// and written as 2^lc-wide segments).
 // input:  piv (batch, n), 0-based LAPACK pivots
 // in/out: a (batch, n, n)
-// grid:   (batch, ceil(n / outer) - 1); block kSwapThreads; outer >= 32
+// grid:   (batch, ceil(n / outer) - 1); block kSwapThreads; outer a multiple
+//         of 8; dynamic shared memory stage * sizeof(T), stage >= 8 (n - outer)
+//         (left_stage in scipy_gpuqr/batched/_kernel_registry.py)
 // ---------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(256)
-rows_swap_left(T *a, const int *__restrict__ piv, int n, int outer)
+rows_swap_left(T *a, const int *__restrict__ piv, int n, int outer, int stage_elems)
 {
     using namespace gpuqr_mma64;
-    constexpr int STAGE = (64 * MAXW - PW) * 8;         // 8 columns of every row moved
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *stage = reinterpret_cast<T *>(smem_raw);
     __shared__ short from[64 * MAXW];                   // row i takes row from[i]
     __shared__ short sp[64 * MAXW];                     // the pivots
-    __shared__ T stage[STAGE];
     const long long mat = blockIdx.x;
     const int kb = blockIdx.y * outer, r0 = kb + outer;
     const int tid = threadIdx.x;
@@ -796,9 +799,8 @@ rows_swap_left(T *a, const int *__restrict__ piv, int n, int outer)
     }
     __syncthreads();
     T *A = a + mat * (long long)n * n;
-    // chunks of 2^lc >= CH columns, as wide as the staging area allows
     int lc = 3;
-    while (outer % (2 << lc) == 0 && (n - r0) * (2 << lc) <= STAGE) ++lc;
+    while (outer % (2 << lc) == 0 && (n - r0) * (2 << lc) <= stage_elems) ++lc;
     const int m = (n - r0) << lc, cm = (1 << lc) - 1;
     for (int c0 = kb; c0 < r0; c0 += 1 << lc) {
 #pragma unroll 4

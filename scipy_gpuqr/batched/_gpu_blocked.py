@@ -52,7 +52,7 @@ from ._kernel_registry import (FUSED_MAX, KERNEL_VARIANTS, MMA64_FILE, MMA64_NAM
                                MMA64_SMEM, MMA_COPY_NAME, MMA_LEFT_NAME, MMA_MOVE_STRIDE,
                                MMA_ROWS_NAME, MMA_SWAP_NAME, PANEL, PANEL_FILE, ROWS_FILE,
                                ROWS_MAX, ROWS_PANEL, ROWS_THREADS, STAGE_COLS,
-                               mma_rows_smem, panel_name, rows_name)
+                               left_stage, mma_rows_smem, panel_name, rows_name)
 from .._kernels import load_module
 
 __all__ = ["getrf", "potrf", "getrs", "potrs", "inverse", "default_method",
@@ -366,8 +366,11 @@ def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None,
                 trsm(kj, w, c0)
         _gemm_rows(lu, n, end, n - end, end, n - end, kb, end - kb)
     if mma and defer_left and n > outer:
-        _mma64_function(dev, MMA_LEFT_NAME)(
-            (bsz, -(-n // outer) - 1), (256,), (lu, piv, np.int32(n), np.int32(outer)))
+        lfn = _mma64_function(dev, MMA_LEFT_NAME)
+        stage = left_stage(n, outer)
+        lfn((bsz, -(-n // outer) - 1), (256,),
+            (lu, piv, np.int32(n), np.int32(outer), np.int32(stage)),
+            shared_mem=_with_smem(lfn, stage * lu.itemsize))
 
 
 # ----------------------------------------------------------------------------

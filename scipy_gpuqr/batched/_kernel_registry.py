@@ -16,7 +16,7 @@ __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "rows_name", "MMA_SIZES", "MMA_FILE", "ROWS_FILE", "PANEL_FILE",
            "SOLVE_FILE", "STATUS_FILE", "status_name", "VB_FILE", "vb_name",
            "MMA64_FILE", "MMA64_NAME", "MMA64_SMEM", "MMA_ROWS_NAME", "mma_rows_smem",
-           "MMA_SWAP_NAME", "MMA_MOVE_STRIDE", "MMA_COPY_NAME", "MMA_LEFT_NAME",
+           "MMA_SWAP_NAME", "MMA_MOVE_STRIDE", "MMA_COPY_NAME", "MMA_LEFT_NAME", "left_stage",
            "JACOBI_FILE", "jacobi_name", "VB_SUFFIX"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
@@ -85,6 +85,16 @@ MMA_MOVE_STRIDE = 1 + 4 * 32
 #: column blocks' L columns swapped once at the end (same file).
 MMA_COPY_NAME = "rows_copy_perm<double>"
 MMA_LEFT_NAME = "rows_swap_left<double>"
+
+
+def left_stage(n: int, outer: int) -> int:
+    """Doubles of ``rows_swap_left``'s staging area for order ``n`` and
+    column block ``outer``: 8 columns of a 512-row panel's moved rows
+    (30 KiB: six blocks share an SM), or 16 columns of the first block's
+    moved rows where they need more (n = 512 with blocks of 128: 48 KiB,
+    128-byte row segments). A larger stage at small n costs blocks per SM
+    and no time is won by the wider chunks there."""
+    return max((64 * 8 - 32) * 8, 16 * (n - outer))
 
 
 def mma_rows_smem(warps: int) -> int:
