@@ -200,13 +200,67 @@ def test_full_rank_probe_through_the_device_solves(monkeypatch, rng):
     assert np.linalg.norm(x - x_ref) <= 1e-10 * np.linalg.norm(x_ref)
 
 
+def test_cholesky_upper_on_the_device(rng):
+    """cuSOLVER's potrf as ``array_ops.cholesky_upper`` calls it: a C-contiguous
+    Gram's lower triangle becomes NumPy's Cholesky factor, the other triangle is
+    left, a matrix not positive definite gives the order of its first bad minor."""
+    import cupy
+    from scipy_gpuqr._engine.gpu import array_ops
+    n = 300
+    X = rng.standard_normal((2 * n, n))
+    G = X.T @ X
+    Gd = cupy.asarray(G)
+    assert array_ops.cholesky_upper(Gd) == 0
+    out = Gd.get()
+    L = np.linalg.cholesky(G)
+    assert np.max(np.abs(np.tril(out) - L)) <= 1e-12 * np.abs(L).max()
+    assert np.array_equal(np.triu(out, 1), np.triu(G, 1))
+    G[5, 5] = -1.0
+    assert array_ops.cholesky_upper(cupy.asarray(G)) == 6
+
+
+def test_device_thin_qr_by_cholesky_qr2(monkeypatch, rng):
+    """The null-space COD's thin QR on the device: CholeskyQR2 (no Householder) for
+    a block of condition 1e4, Householder for one of 1e12; either orthonormal with
+    ``X = Q R``, R read by ``right_solve`` as the factor it is."""
+    import cupy
+    from scipy_gpuqr._factor import solve_rank as sr
+    blocks = sr._DeviceBlocks(cupy)
+    q, d = 6000, 400
+    U, _ = np.linalg.qr(rng.standard_normal((q, d)))
+    V, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    real = sr.array_ops.thin_qr
+    for decades, householder in ((4, False), (12, True)):
+        X = np.ascontiguousarray((U * np.logspace(0, -decades, d)) @ V.T)
+        Xd = cupy.asarray(X)
+        calls = []
+        monkeypatch.setattr(sr.array_ops, "thin_qr",
+                            lambda *a, **k: calls.append(1) or real(*a, **k))
+        Q, R = blocks.orth(Xd)
+        assert bool(calls) == householder
+        assert np.array_equal(Xd.get(), X)
+        Qh, Rh = Q.get(), R.get()
+        assert np.linalg.norm(Qh.T @ Qh - np.eye(d)) <= 1e-13
+        assert np.array_equal(Rh, np.triu(Rh))
+        assert np.linalg.norm(Qh @ Rh - X) <= 1e-14 * np.sqrt(d)
+        if not householder:
+            back = blocks.right_solve(cupy.array(Xd), R).get()
+            assert np.linalg.norm(back - Qh) <= 1e-14 * 10 ** decades
+
+
 @pytest.mark.parametrize("wide", [False, True])
 def test_nullspace_cod_on_the_device(monkeypatch, rng, wide):
     """A chessboard's dependent columns: rank and minimum-norm solution from a few
-    block solves on the device (no dense COD), equal to lstsq's."""
+    block solves on the device (no dense COD), equal to lstsq's; the thin QRs are
+    CholeskyQR2's (no Householder fallback on these blocks)."""
     import cupy
+    from scipy_gpuqr._factor import solve_rank as sr
     monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
     monkeypatch.setattr(_lstsq, "DenseCOD", None)        # must not be reached
+    householder = []
+    real = sr.array_ops.thin_qr
+    monkeypatch.setattr(sr.array_ops, "thin_qr",
+                        lambda *a, **k: householder.append(1) or real(*a, **k))
     A = chessboard_boundary(5, 7, 3)                      # 4200×2100, rank 1714
     if wide:
         A = sp.csc_array(A.T)
@@ -216,6 +270,7 @@ def test_nullspace_cod_on_the_device(monkeypatch, rng, wide):
     solver = F._core.rank_decision()
     assert solver.method == "nullspace_cod" and solver.cod_device == "gpu"
     assert isinstance(solver._cod._v, cupy.ndarray)
+    assert not householder
     assert F.rank == 1714
     x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
     assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)

@@ -198,10 +198,14 @@ def test_nullspace_residual_two_norm_where_frobenius_does_not_decide():
     q, up, upt, dead, (lo, hi), host = _chess_cod(False)
     assert host.certain()                       # decided by Frobenius alone
     Z = upt(_sr.gaussian_block(host.seed, (q, dead)))   # the block COD's own R V_d
-    Y = up(Z)
+    U, _ = la.qr(Z / np.abs(Z).max(), mode="economic")
+    W = _sr.gaussian_block(host.seed + 1, (q, PROBE_COLUMNS))
+    W = W - U @ (U.T @ W)
+    W = W - U @ (U.T @ W)
+    Y = up(np.concatenate((U, W), axis=1))[:, :dead]    # solved beside the probe's start
     scale = np.abs(Y).max()
     _, Ry = la.qr(Y / scale, mode="economic")
-    RV = la.solve_triangular(Ry, (Z / scale).T, trans=True).T
+    RV = la.solve_triangular(Ry, (U / scale).T, trans=True).T
     fro = host.residual
     assert fro == pytest.approx(np.linalg.norm(RV), rel=1e-8)
     two = np.linalg.norm(RV, 2)
@@ -372,17 +376,36 @@ def _fake_device(monkeypatch):
     def trsm_left(A, lda, B, ldb, m, n, *, lower, trans, unit):
         a, b = _colmajor(A, lda, m, m), _colmajor(B, ldb, m, n)
         b[...] = la.solve_triangular(a.copy(), b.copy(), lower=lower, trans=1 if trans else 0,
-                                     unit_diagonal=unit)
+                                     unit_diagonal=unit, check_finite=False)
+
+    def cholesky_upper(G):                  # potrf: the upper triangle, column-major
+        n = G.shape[0]
+        a = _colmajor(G, n, n, n)
+        c, info = la.lapack.dpotrf(np.array(a), lower=0, clean=0)
+        iu = np.triu_indices(n)
+        a[iu] = c[iu]
+        return int(info)
+
+    def copy_into(dst, src):
+        dst[...] = src
+
+    def contiguous_copy(a, dtype=None, order="C"):
+        return np.array(a, dtype=a.dtype if dtype is None else dtype, order=order, copy=True)
+
+    def unit_triangle(src, lower, out=None, *, unit=True):
+        assert out is None and not unit
+        return np.ascontiguousarray(np.tril(src) if lower else np.triu(src))
 
     def normal_block(seed, shape):          # the host's draws: the rest compared on the
         return sr.gaussian_block(seed, shape)   # same block (the device's generator is
                                                 # test_gpu_array_ops')
     fake = types.SimpleNamespace(**{f.__name__: op(f) for f in (
         fresh_float64, column_norms, column_absmax, divide_columns, subtract_into, thin_qr,
-        trsm_left, normal_block)})
+        trsm_left, cholesky_upper, copy_into, contiguous_copy, unit_triangle, normal_block)})
     monkeypatch.setattr(sr, "array_ops", fake)
     xp = types.ModuleType("cupy")
     xp.asarray = np.asarray
+    xp.empty = np.empty
     return xp, called
 
 
@@ -392,14 +415,24 @@ def test_device_blocks_give_the_host_answers(rng, monkeypatch, transposed):
     trsm called directly, Gaussian blocks drawn on the device), each emulated by
     NumPy on the memory the device would read, give the host path's rank, estimates
     and solutions on the same draws: the same layouts as the operations they
-    replace."""
+    replace. The device's thin QRs are CholeskyQR2 (the host's Householder): the
+    bases differ by rounding, ``‖R V_d‖`` (rounding noise of R's dead singular
+    values) is compared with its true value for either basis."""
     q, up, upt, dead, tol, host = _chess_cod(transposed)
     xp, called = _fake_device(monkeypatch)
     dev = NullspaceCOD(up, upt, q, dead, tol, transposed=transposed, xp=xp)
-    assert {"thin_qr", "trsm_left", "column_absmax", "subtract_into",
-            "normal_block"} <= set(called)
+    assert {"cholesky_upper", "trsm_left", "column_absmax", "subtract_into", "copy_into",
+            "contiguous_copy", "unit_triangle", "normal_block"} <= set(called)
+    assert "thin_qr" not in called
     assert dev.rank == host.rank == 271
-    assert dev.residual == pytest.approx(host.residual, rel=1e-10)
+    Rd = _chess_r((5, 6, 2))[2].toarray()
+    for cod in (dev, host):
+        for B in (cod._u, cod._v):
+            assert np.linalg.norm(B.T @ B - np.eye(dead)) <= 1e-13
+        # the residual is ‖R V_d‖_F up to the solves' backward error (a few ulps of R)
+        assert abs(cod.residual - np.linalg.norm(Rd @ cod._v)) <= 100 * EPS * np.linalg.norm(Rd)
+        assert cod.certain() and cod.residual <= 0.5 * tol[0]
+    assert dev.residual == pytest.approx(host.residual, rel=1e-2)
     assert dev.nu == pytest.approx(host.nu, rel=1e-10) and dev.margin == host.margin
     C = rng.standard_normal((q, 3))
     Y, Yh = dev.solve(C), host.solve(C)
@@ -431,6 +464,90 @@ def test_device_blocks_refuse_non_finite_solves(monkeypatch):
     xp, _ = _fake_device(monkeypatch)
     with pytest.raises(NullspaceRefused, match="non-finite"):
         NullspaceCOD(inv, inv_nan, 6, 1, (1e-12, 1e-12), xp=xp)
+
+
+@pytest.mark.parametrize("decades", [0, 3, 6])
+def test_device_thin_qr_by_cholesky_qr2(rng, monkeypatch, decades):
+    """The device's thin QR (CholeskyQR2 on the emulated cuBLAS/cuSOLVER memory):
+    orthonormal Q, ``X = Q R`` with R upper triangular (read as ``right_solve``
+    reads it), X kept, no Householder, for condition numbers up to 1e6."""
+    xp, called = _fake_device(monkeypatch)
+    blocks = _sr._DeviceBlocks(xp)
+    q, d = 700, 60
+    Uq, _ = np.linalg.qr(rng.standard_normal((q, d)))
+    Vq, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    X = np.ascontiguousarray((Uq * np.logspace(0, -decades, d)) @ Vq.T)
+    X0 = X.copy()
+    Q, R = blocks.orth(X)
+    assert "thin_qr" not in called and called.count("cholesky_upper") == 2
+    assert np.array_equal(X, X0)
+    assert np.linalg.norm(Q.T @ Q - np.eye(d)) <= 1e-14
+    assert np.array_equal(R, np.triu(R)) and np.all(np.diag(R) > 0)
+    assert np.linalg.norm(Q @ R - X) <= 1e-14 * np.linalg.norm(X)
+    # R as right_solve reads it: X R⁻¹ = Q
+    assert np.linalg.norm(blocks.right_solve(X.copy(), R) - Q) <= 1e-14 * 10 ** decades
+    Q2, none = blocks.orth(X, want_r=False)
+    assert none is None and np.array_equal(Q2, Q)
+
+
+@pytest.mark.parametrize("how", ["cholesky fails", "departure", "rank-deficient",
+                                 "not finite"])
+def test_device_thin_qr_falls_back_to_householder(rng, monkeypatch, how):
+    """Where CholeskyQR2 would not be accurate (the Gram's Cholesky fails, or the
+    first pass leaves ``‖Q₁ᵀQ₁ − I‖_F`` above CHOLQR_MAX_DEPARTURE) the device's
+    thin QR is Householder's, the same as ``thin_qr`` alone."""
+    xp, called = _fake_device(monkeypatch)
+    blocks = _sr._DeviceBlocks(xp)
+    q, d = 500, 40
+    Uq, _ = np.linalg.qr(rng.standard_normal((q, d)))
+    Vq, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    s = np.logspace(0, -8.5 if how == "departure" else -11, d)
+    if how == "rank-deficient":
+        s[-5:] = 0.0
+    X = np.ascontiguousarray((Uq * s) @ Vq.T)
+    if how == "not finite":
+        X = rng.standard_normal((q, d))
+        X[3, 7] = np.inf
+    with np.errstate(all="ignore"):
+        assert blocks._cholesky_qr2(X, True) is None
+    if how == "departure":      # the first pass ran, its Q₁ too far from orthonormal
+        assert called.count("cholesky_upper") == called.count("trsm_left") == 1
+    if how == "not finite":
+        return                  # (the emulated Householder QR checks finiteness)
+    called.clear()
+    Q, R = blocks.orth(X)
+    assert "thin_qr" in called
+    if how in ("cholesky fails", "departure"):
+        assert np.linalg.norm(Q.T @ Q - np.eye(d)) <= 1e-13
+        assert np.linalg.norm(Q @ R - X) <= 1e-14
+
+
+def test_probe_norm_from_a_given_first_step(rng):
+    """A start block and its image given (solved by the caller with other columns):
+    the same estimate as the probe that draws and applies them itself, one
+    application fewer."""
+    T = _graded_triangle(rng, 300, 6)
+    calls = []
+
+    def inv(C):
+        calls.append(1)
+        return la.solve_triangular(T, C)
+
+    def inv_t(C):
+        calls.append(1)
+        return la.solve_triangular(T, C, trans=1)
+    for steps in (1, 2, 3):
+        calls.clear()
+        ref = probe_norm(inv, inv_t, 300, seed=4, steps=steps)
+        assert len(calls) == 2 * steps - 1
+        W = gaussian_block(4, (300, PROBE_COLUMNS))
+        image = la.solve_triangular(T, W, trans=1)
+        calls.clear()
+        got = probe_norm(inv, inv_t, 300, steps=steps, start=(W, image))
+        assert len(calls) == 2 * steps - 2
+        assert got[0] == pytest.approx(ref[0], rel=1e-12) and got[1] == ref[1]
+    with pytest.raises(ValueError):
+        probe_norm(inv, inv_t, 300, start=(W[:, :3], image[:, :3]))
 
 
 @pytest.mark.gpu

@@ -31,10 +31,12 @@ all of R (O(q³)).
     dependent columns; where the singular values have a clear gap at the
     cutoff the small left and right singular subspaces are found by one step
     of block inverse iteration with exactly d columns, ``Z = R⁻ᵀΩ``,
-    ``U_d = orth(Z)``, ``Y = R⁻¹Z``, ``V_d = orth(Y) = Y R_y⁻¹`` (the gap
-    makes one step converge to rounding). Then
+    ``U_d = orth(Z)``, ``Y = R⁻¹U_d``, ``V_d = orth(Y) = Y R_y⁻¹`` (the gap
+    makes one step converge to rounding; Y, an orthonormal block's image, is
+    as well conditioned as the dead singular values are clustered, where
+    ``R⁻¹Z`` would square their spread and add the random block's). Then
 
-    * ``σ_{q−d+1} <= ‖R V_d‖₂ = ‖Z R_y⁻¹‖₂ <= ‖Z R_y⁻¹‖_F`` (+ the solve's
+    * ``σ_{q−d+1} <= ‖R V_d‖₂ = ‖U_d R_y⁻¹‖₂ <= ‖U_d R_y⁻¹‖_F`` (+ the solve's
       backward error, below lstsq's cutoff): d singular values are below the
       cutoff when that is at most half of it. The Frobenius norm is cheap;
       where it is not small enough to decide for every cutoff in range, the
@@ -49,7 +51,9 @@ all of R (O(q³)).
       :func:`probe_norm` of S with its margin decides. Inaccurate
       subspaces leak the amplified components ``R⁻¹ U_d`` into S and make
       ``‖S‖`` large, so the test fails (and a dense rule answers) rather
-      than passing wrongly.
+      than passing wrongly. The probe's first step ``S W`` is solved with
+      ``R⁻¹U_d`` (one solve of d + p columns), so a clear case costs two
+      solves with R in all.
 
     Where the singular values have no gap at the cutoff (bayer10) the checks
     fail and :mod:`scipy_gpuqr._factor.subspace_cod` or an SVD answers.
@@ -72,7 +76,8 @@ from .dense_cod import solve_triangular
 
 __all__ = ["PROBE_COLUMNS", "PROBE_MAX_STEPS", "PROBE_FAILURE", "DRAW_CHUNK", "DRAW_THREADS",
            "probe_margin", "probe_norm", "gaussian_block", "abs_diagonal", "frobenius",
-           "NORM2_MAX_COLUMNS", "norm2_upper", "NullspaceCOD", "NullspaceRefused"]
+           "NORM2_MAX_COLUMNS", "CHOLQR_MAX_DEPARTURE", "norm2_upper", "NullspaceCOD",
+           "NullspaceRefused"]
 
 #: Columns of the random block of :func:`probe_norm` (a solve with a few columns
 #: costs about what one with a single column costs: the GPU's are launch-bound).
@@ -94,6 +99,10 @@ DRAW_CHUNK = 1 << 18
 
 #: Most threads drawing the pieces of one Gaussian block.
 DRAW_THREADS = 8
+
+#: Largest ``‖Q₁ᵀQ₁ − I‖_F`` after CholeskyQR's first pass for which the device's
+#: thin QR takes the second (``κ(Q₁)² <= 3`` then); beyond, Householder.
+CHOLQR_MAX_DEPARTURE = 0.5
 
 #: Most dead columns d for which :class:`NullspaceCOD` takes ``‖R V_d‖₂``
 #: from the d × d Gram matrix (host eigenvalues) where the Frobenius bound
@@ -169,7 +178,7 @@ def probe_margin(q: int, steps: int, columns: int = PROBE_COLUMNS,
 
 def probe_norm(apply: Callable, apply_t: Callable, q: int, *, xp=np, seed: int = 0,
                columns: int = PROBE_COLUMNS, steps: int = PROBE_MAX_STEPS,
-               accept: Optional[Callable] = None) -> tuple:
+               accept: Optional[Callable] = None, start: Optional[tuple] = None) -> tuple:
     """Randomized lower estimate ν of ``‖S‖₂`` and its margin M (``‖S‖/M <= ν``
     except with probability :data:`PROBE_FAILURE` per step).
 
@@ -191,6 +200,12 @@ def probe_norm(apply: Callable, apply_t: Callable, q: int, *, xp=np, seed: int =
     accept : callable, optional
         ``accept(nu, margin) -> bool``, asked after every step: True stops
         (the caller's test passed with that step's margin, :func:`probe_margin`).
+    start : (array, array), optional
+        ``(Ω, Sᵀ Ω)``: a Gaussian start block (q × p, p = min(columns, q),
+        unscaled: a draw like :func:`gaussian_block`'s) and its image, computed
+        by the caller together with other columns of the same solve; the first
+        step then applies nothing (Sᵀ is linear: the image is scaled by Ω's
+        column norms). ``seed`` is then unused.
 
     Returns
     -------
@@ -204,12 +219,22 @@ def probe_norm(apply: Callable, apply_t: Callable, q: int, *, xp=np, seed: int =
         return 0.0, 1.0
     p = min(columns, q)
     blocks = _blocks_of(xp)
-    Y = blocks.dense(blocks.gaussian(seed, (q, p)))
+    if start is None:
+        Y = blocks.dense(blocks.gaussian(seed, (q, p)))
+        image = None
+    else:
+        Y, image = blocks.dense(start[0]), blocks.dense(start[1])
+        if Y.shape != (q, p) or image.shape != (q, p):
+            raise ValueError(f"probe_norm: a start of {p} columns of {q} rows, not "
+                             f"{Y.shape} and {image.shape}")
     norms, _ = blocks.norms(Y)
     nu, margin = 0.0, float("inf")
     for step in range(1, steps + 1):
-        Y = blocks.scaled(Y, norms)
-        Z = blocks.dense(apply_t(Y))                # Sᵀ y
+        if image is not None:
+            Z, image = blocks.scaled(image, norms), None     # Sᵀ y, given
+        else:
+            Y = blocks.scaled(Y, norms)
+            Z = blocks.dense(apply_t(Y))            # Sᵀ y
         zn = _host(blocks.norms(Z)[0])
         if not np.all(np.isfinite(zn)):
             return float("inf"), margin
@@ -269,6 +294,16 @@ class _HostBlocks:
                      check_finite=False)
 
     @staticmethod
+    def stacked(A, B):
+        """``[A, B]`` (columns side by side), C-contiguous."""
+        return np.concatenate((A, B), axis=1)
+
+    @staticmethod
+    def split(Y, d: int) -> tuple:
+        """``(Y[:, :d], Y[:, d:])``, each C-contiguous."""
+        return np.ascontiguousarray(Y[:, :d]), np.ascontiguousarray(Y[:, d:])
+
+    @staticmethod
     def right_solve(Z, Ry):
         """``Z R_y⁻¹`` (R_y upper triangular)."""
         return solve_triangular(Ry, Z.T, trans=True).T
@@ -296,7 +331,8 @@ class _DeviceBlocks:
     calling thread: the prefetched kernels of
     :mod:`scipy_gpuqr._engine.gpu.array_ops` (column norms and maxima with
     finite checks, scalings, copies, differences, triangles), cuSOLVER's
-    ``geqrf``/``orgqr`` and cuBLAS's ``trsm`` called directly, CuPy's products
+    ``potrf`` (``geqrf``/``orgqr`` where CholeskyQR2 would not be accurate)
+    and cuBLAS's ``trsm`` called directly, CuPy's products
     of contiguous operands (cuBLAS), and Gaussian blocks drawn on the device
     (:func:`~scipy_gpuqr._engine.gpu.array_ops.normal_block`: a q × d block is
     millions of numbers, a tenth of a second drawn on the host and uploaded;
@@ -338,13 +374,78 @@ class _DeviceBlocks:
     def divided(self, X, s: float):
         return array_ops.divide_columns(X, self.xp.asarray(np.full(X.shape[1], s)))
 
+    def orth(self, X, want_r: bool = True) -> tuple:
+        """Thin QR ``X = Q R`` (X is kept): CholeskyQR2 (:meth:`_cholesky_qr2`)
+        where it is accurate, else Householder (cuSOLVER ``geqrf``/``orgqr``)."""
+        got = self._cholesky_qr2(X, want_r)
+        return got if got is not None else array_ops.thin_qr(X, want_r=want_r)
+
+    def _cholesky_qr2(self, X, want_r: bool) -> Optional[tuple]:
+        """``(Q, R)`` of ``X = Q R`` by CholeskyQR2, or None where it would not be
+        accurate (then Householder answers).
+
+        Two passes of ``G = QᵀQ`` (one GEMM), ``G = UᵀU`` (cuSOLVER ``potrf``),
+        ``Q ← Q U⁻¹`` (cuBLAS ``trsm``), starting from a copy of X: a few
+        BLAS-3 calls where ``geqrf``/``orgqr`` spend most of their time in
+        panel factorizations. The first pass leaves
+        ``‖Q₁ᵀQ₁ − I‖ ≈ κ(X)²·u``; the second is taken only where that departure
+        is at most :data:`CHOLQR_MAX_DEPARTURE` (then ``κ(Q₁)² <= 3``), and
+        gives ``Q`` orthonormal and ``X = Q R`` to working precision
+        (Yamamoto, Nakatsukasa, Yanagisawa, Fukaya, ETNA 44, 2015). A failed
+        Cholesky factorization, or a larger departure (X too ill-conditioned,
+        roughly κ(X) beyond 1e7, or not finite), returns None. ``Q`` is
+        C-contiguous, ``R = U₂U₁`` F-contiguous upper triangular.
+        """
+        xp = self.xp
+        q, d = int(X.shape[0]), int(X.shape[1])
+        if X.ndim != 2 or not q >= d >= 1:
+            return None
+        Q = array_ops.fresh_float64(xp.asarray(X))
+        factors = []
+        for step in range(2):
+            G = Q.T @ Q
+            if step and not self._near_identity(G, Q):
+                return None
+            if array_ops.cholesky_upper(G) != 0:
+                return None
+            # C-contiguous Q (q × d) is Qᵀ column-major; G's memory holds U
+            # column-major: Qᵀ ← U⁻ᵀ Qᵀ, i.e. Q ← Q U⁻¹
+            array_ops.trsm_left(G, d, Q, d, d, q, lower=False, trans=True, unit=False)
+            factors.append(G)
+        if not want_r:
+            return Q, None
+        # U column-major is Uᵀ in C order (lower): (U₂U₁)ᵀ = U₁ᵀU₂ᵀ in C order,
+        # whose transpose (an F-contiguous view) is U₂U₁
+        L1, L2 = (array_ops.unit_triangle(G, lower=True, unit=False) for G in factors)
+        return Q, (L1 @ L2).T
+
     @staticmethod
-    def orth(X, want_r: bool = True) -> tuple:
-        return array_ops.thin_qr(X, want_r=want_r)
+    def _near_identity(G, Q) -> bool:
+        """``‖G − I‖_F <= CHOLQR_MAX_DEPARTURE`` for ``G = QᵀQ`` (C-contiguous):
+        ``‖g_i − e_i‖² = ‖g_i‖² − 2‖q_i‖² + 1`` from the two blocks' column norms."""
+        gn, gbad = array_ops.column_norms(G)
+        qn, qbad = array_ops.column_norms(Q)
+        if _host(gbad).any() or _host(qbad).any():
+            return False
+        gn, qn = _host(gn), _host(qn)
+        departure = float(np.sum(gn * gn - 2.0 * (qn * qn) + 1.0))
+        return bool(np.isfinite(departure) and departure <= CHOLQR_MAX_DEPARTURE ** 2)
+
+    def stacked(self, A, B):
+        q, a, b = int(A.shape[0]), int(A.shape[1]), int(B.shape[1])
+        out = self.xp.empty((q, a + b), dtype=np.float64)
+        array_ops.copy_into(out[:, :a], A)
+        array_ops.copy_into(out[:, a:], B)
+        return out
+
+    @staticmethod
+    def split(Y, d: int) -> tuple:
+        return array_ops.contiguous_copy(Y[:, :d]), array_ops.contiguous_copy(Y[:, d:])
 
     @staticmethod
     def right_solve(Z, Ry):
-        """``Z R_y⁻¹`` in place of Z (C-contiguous q × d): cuBLAS ``trsm`` with
+        """``Z R_y⁻¹`` in place of Z (C-contiguous q × d; R_y upper triangular, its
+        memory read column-major, as :meth:`orth` gives it): cuBLAS ``trsm`` with
         ``R_yᵀ`` on the d × q column-major Zᵀ, the call cupyx's
         ``solve_triangular(R_y, Z.T, trans=True)`` makes."""
         d, q = int(Ry.shape[0]), int(Z.shape[0])
@@ -425,8 +526,8 @@ class NullspaceCOD:
     rank : int
         ``q − d``.
     residual : float
-        The bound ``‖Z R_y⁻¹‖_F`` of ``σ_{q−d+1}``, or the tighter bound of
-        ``‖Z R_y⁻¹‖₂`` (:func:`norm2_upper`) where the Frobenius norm is above
+        The bound ``‖U_d R_y⁻¹‖_F`` of ``σ_{q−d+1}``, or the tighter bound of
+        ``‖U_d R_y⁻¹‖₂`` (:func:`norm2_upper`) where the Frobenius norm is above
         half the lowest cutoff and d is at most :data:`NORM2_MAX_COLUMNS`.
     nu, margin : float
         :func:`probe_norm`'s estimate of ``‖S‖₂`` (``1/σ_{q−d}``) and its margin.
@@ -457,20 +558,27 @@ class NullspaceCOD:
         if not (0 < d < q):
             raise NullspaceRefused(f"{d} dead columns of {q}")
         self._blocks = blocks = _blocks_of(self.xp)
-        omega = blocks.gaussian(self.seed, (q, d))
-        Z = blocks.dense(self.inv_t(omega))
-        if not blocks.finite(Z):
+        Z = blocks.dense(self.inv_t(blocks.gaussian(self.seed, (q, d))))
+        sz = blocks.finite_absmax(Z)
+        if not np.isfinite(sz):
             raise NullspaceRefused("non-finite solve (zero pivot)")
-        Y = blocks.dense(self.inv(Z))
-        # one scale for all columns (Y is linear in Ω): R V = Z R_y⁻¹ is unchanged
+        if not sz > 0:
+            raise NullspaceRefused("zero block")
+        U, _ = blocks.orth(blocks.divided(Z, sz), want_r=False)
+        del Z
+        U = blocks.dense(U)
+        # one solve for V's block R⁻¹U and the probe's first step R⁻¹ P_U W
+        W = blocks.gaussian(self.seed + 1, (q, min(PROBE_COLUMNS, q)))
+        Y, YW = blocks.split(blocks.dense(self.inv(blocks.stacked(U, blocks.project(U, W)))), d)
+        # one scale for all columns: R V = U R_y⁻¹ is unchanged
         s = blocks.finite_absmax(Y)
         if not np.isfinite(s):
             raise NullspaceRefused("non-finite solve (zero pivot)")
         if not s > 0:
             raise NullspaceRefused("zero block")
-        U, _ = blocks.orth(Z, want_r=False)
         V, Ry = blocks.orth(blocks.divided(Y, s))
-        RV = blocks.right_solve(blocks.divided(Z, s), Ry)      # Z R_y⁻¹ (R_y upper)
+        del Y
+        RV = blocks.right_solve(blocks.divided(U, s), Ry)      # U R_y⁻¹ (R_y upper)
         self.residual = blocks.fro(RV)
         if self.residual > 0.5 * lo and d <= NORM2_MAX_COLUMNS:
             self.residual = min(self.residual, norm2_upper(blocks.gram(RV), self.residual))
@@ -478,9 +586,11 @@ class NullspaceCOD:
             raise NullspaceRefused(f"‖R V_d‖ {self.residual:.3g} above half the cutoff "
                                    f"{hi:.3g}: no clear gap")
         self._u, self._v = U, V
-        self.nu, self.margin = probe_norm(self._apply, self._apply_t, q, xp=self.xp,
-                                          seed=self.seed + 1,
-                                          accept=lambda nu, m: m * nu * hi < 1.0)
+        # ‖S‖ by the power method on SᵀS, its first step S W = P_V (R⁻¹ P_U W) from
+        # the solve above
+        self.nu, self.margin = probe_norm(self._apply_t, self._apply, q, xp=self.xp,
+                                          accept=lambda nu, m: m * nu * hi < 1.0,
+                                          start=(W, blocks.project(V, YW)))
         if not (np.isfinite(self.nu) and self.nu > 0 and self.margin * self.nu * lo < 1.0):
             raise NullspaceRefused(f"σ_(q-d) not clearly above the cutoff {lo:.3g}")
         self.sigma_min = 1.0 / self.nu

@@ -15,8 +15,8 @@ the generic operation gave (the same IEEE operation per element), except
 from the CuPy arrays, so views work as they are.
 
 Imports without CuPy; the functions need it (CuPy arrays in, on the current
-stream). ``trsm_left`` and :func:`thin_qr` call cuBLAS and cuSOLVER directly (no
-compilation).
+stream). ``trsm_left``, :func:`cholesky_upper` and :func:`thin_qr` call cuBLAS and
+cuSOLVER directly (no compilation).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..._kernels import KernelUse, load_module
 __all__ = ["OPS_FILE", "OPS_THREADS", "array_ops_use", "copy_into", "subtract_into",
            "contiguous_copy", "matmul_operand", "fresh_float64", "unit_triangle", "wy_system", "take_rows",
            "put_rows", "column_norms", "column_absmax", "divide_columns", "trsm_left",
-           "thin_qr", "upload_block", "normal_block", "front_rows_product"]
+           "cholesky_upper", "thin_qr", "upload_block", "normal_block", "front_rows_product"]
 
 #: The kernel source (relative to ``kernels/``): ``extern "C"`` kernels, one module.
 OPS_FILE = "sparse_qr/array_ops.cu"
@@ -349,6 +349,37 @@ def trsm_left(A, lda: int, B, ldb: int, m: int, n: int, *, lower: bool, trans: b
             int(m), int(n), one.ctypes.data, A.data.ptr, int(lda), B.data.ptr, int(ldb))
     finally:
         cublas.setPointerMode(h, mode)
+
+
+def cholesky_upper(G) -> int:
+    """cuSOLVER ``potrf`` (upper, column-major) in place on the square float64/float32
+    CuPy array ``G`` on the current stream: the upper triangle of G's memory read
+    column-major becomes ``U`` with ``UᵀU`` = the symmetric matrix it held (for a
+    C-contiguous G: ``G``'s lower triangle becomes ``Uᵀ``, the call
+    ``cupy.linalg.cholesky`` makes), the other triangle is left as it was.
+    Returns LAPACK's info, read back (0: done; k > 0: the leading minor of order
+    k is not positive definite and the factor is incomplete)."""
+    import cupy as cp
+    from cupy_backends.cuda.libs import cublas, cusolver
+    dt = np.dtype(G.dtype)
+    n = int(G.shape[0])
+    if dt not in _VALUE or G.ndim != 2 or int(G.shape[1]) != n or not (
+            G.flags.c_contiguous or G.flags.f_contiguous):
+        raise ValueError(f"cholesky_upper: a contiguous square float matrix, not {G.shape} "
+                         f"{G.dtype}")
+    if n == 0:
+        return 0
+    single = dt == np.float32
+    handle = cp.cuda.device.get_cusolver_handle()
+    cusolver.setStream(handle, cp.cuda.get_current_stream().ptr)
+    upper = cublas.CUBLAS_FILL_MODE_UPPER
+    size = (cusolver.spotrf_bufferSize if single else cusolver.dpotrf_bufferSize)(
+        handle, upper, n, G.data.ptr, n)
+    work = cp.empty(max(int(size), 1), dtype=dt)
+    info = cp.empty(1, dtype=np.int32)
+    (cusolver.spotrf if single else cusolver.dpotrf)(
+        handle, upper, n, G.data.ptr, n, work.data.ptr, size, info.data.ptr)
+    return int(info.get()[0])
 
 
 def thin_qr(X, *, want_r: bool = True) -> tuple:
