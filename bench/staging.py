@@ -203,6 +203,9 @@ def main(argv=None):
                                      "limit of each matrix to this file")
     p.add_argument("--debug-log", action="store_true",
                    help="print the package's debug lines too (a host front's slab timeline)")
+    p.add_argument("--slab-panels", default=None,
+                   help="how a host front's slabs bring earlier panels up "
+                        "(slab_front.PANEL_UPLOADS; default: the package's)")
     args = p.parse_args(argv)
     fracs = [int(f) for f in args.fracs.split(",") if f]
     if args.predict:
@@ -213,6 +216,11 @@ def main(argv=None):
                 print(f"  1/{frac} ({need // frac / 1e9:.2f} GB): {_predict(an, need // frac)}")
         return
     import cupy as cp
+    if args.slab_panels:
+        from scipy_gpuqr._engine import slab_front
+        if args.slab_panels not in slab_front.PANEL_UPLOADS:
+            p.error(f"--slab-panels: one of {slab_front.PANEL_UPLOADS}")
+        slab_front.PANEL_UPLOAD = args.slab_panels
     props = cp.cuda.runtime.getDeviceProperties(0)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     report = {"device": name, "cores": os.cpu_count(), "matrices": {}}

@@ -10,7 +10,8 @@ import pytest
 
 from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
 from scipy_gpuqr._engine.slab_front import (NumpySlabs, factorize_in_slabs, slab_columns,
-                                            slab_parts, slab_ranges, whole_front_fits)
+                                            slab_parts, slab_ranges, slab_sides,
+                                            whole_front_fits)
 from scipy_gpuqr._testing_matrices import staircase_front
 
 EPS = np.finfo(np.float64).eps
@@ -84,13 +85,16 @@ def test_slab_columns_fit_the_bytes_given():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("upload", ["copy2d", "mapped", "mapped-all"])
 @pytest.mark.parametrize("fm,fn,width", [(1500, 1100, 300), (12000, 1400, 300),
                                          (12000, 2900, 1100), (3000, 4000, 1300)])
-def test_slabs_on_the_gpu_equal_the_blocked_factorization(fm, fn, width):
+def test_slabs_on_the_gpu_equal_the_blocked_factorization(fm, fn, width, upload):
     """The CUDA slab operations (panel kernel, cuBLAS) against LAPACK's blocked QR;
     F pinned, as a host front's pool is (the copies asynchronous: a slab's earlier
     panels read F only after the part that made them came back, a slab's parts
-    go up only after the slab before and the parts they overwrite came back)."""
+    go up only after the work that read their place and the parts they
+    overwrite came back); the earlier panels by the 2-D copy or read by a
+    kernel where the pinned front lies (``upload``)."""
     import cupy as cp
     import cupyx
 
@@ -100,8 +104,9 @@ def test_slabs_on_the_gpu_equal_the_blocked_factorization(fm, fn, width):
     F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
     F = cupyx.empty_pinned(F0.shape, dtype=F0.dtype)
     F[...] = F0
-    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True))
+    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True), panel_upload=upload)
     T = factorize_in_slabs(F, panels, nb, width, dev)
+    assert (dev.mapped_panels > 0) == (upload != "copy2d")
     slabs = slab_ranges(panels, fn, width)
     assert dev.slabs == len(slabs) > 2
     assert dev.parts == sum(len(slab_parts(panels, s)) for s in slabs)
@@ -115,7 +120,7 @@ def test_slabs_on_the_gpu_equal_the_blocked_factorization(fm, fn, width):
     _check_q(F0, F, panels, T, tol)
     F = F0.copy()
     F[fm - 1, fn - 1] = np.nan                  # in the last slab's trailing columns
-    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True))
+    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True), panel_upload=upload)
     factorize_in_slabs(F, panels, nb, width, dev)
     assert not dev.all_finite()
 
@@ -264,42 +269,68 @@ def test_the_narrowest_slab_comes_first(fn, width):
         assert [c0 for c0, _, _, _ in slabs] == [0, 3584]
 
 
-def test_slabs_alternate_ends_of_their_buffer():
-    """Each slab's parts lie in its buffer without overlap, the slabs from
-    alternate ends: the first part of a slab takes room the slab before did not
-    (its upload need not wait for that slab's work) where the buffer has it."""
+
+@pytest.mark.parametrize("width,want", [(5965, [False, True]), (2556, [False] * 4)])
+def test_slab_sides_of_ch7_8_b3s_root(width, want):
+    """ch7-8-b3's 49340 × 9375 root: at 1/2 of its need (slabs of at most 5965
+    columns) the narrow first slab leaves room at the buffer's end, where the
+    second slab's first part goes (up while the first slab runs); at 1/4 (2556)
+    no slab leaves room and every slab lies from the start, its first part in
+    place of the first part of the slab before (the first to come back)."""
+    fm, fn, nb = 49340, 9375, 256
+    panels = panels_of(fm, fn, None, nb)
+    plan = [(sl, slab_parts(panels, sl)) for sl in slab_ranges(panels, fn, width)]
+    most = max(c1 - c0 for c0, c1, _, _ in slab_ranges(panels, fn, width))
+    assert slab_sides(plan, most) == want
+
+
+def test_slabs_take_the_side_their_first_part_finds_free():
+    """In the slab buffer each slab's parts lie without overlap, from its start
+    or from its end back (:func:`slab_sides`); a slab's first part takes room
+    the slab before did not where the buffer has it, else the side of the slab
+    before; the factorization is the blocked one."""
     rng = np.random.default_rng()
-    fm, fn, nb, width = 60, 56, 4, 24
-    F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
+    downs = 0
+    for fm, fn, nb, width in ((60, 56, 4, 24), (60, 48, 4, 16), (50, 90, 4, 30)):
+        F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
 
-    class _Placed(NumpySlabs):
-        def __init__(self):
-            super().__init__()
-            self.at = []
+        class _Placed(NumpySlabs):
+            def __init__(self):
+                super().__init__()
+                self.at = []
 
-        def slab_buffer(self, F, c0, c1, most=None):
-            self.at.append([])
-            self.size = F.shape[0] * max(c1 - c0, most or 0)
-            return super().slab_buffer(F, c0, c1, most)
+            def slab_buffer(self, F, c0, c1, most=None):
+                self.at.append([])
+                self.size = F.shape[0] * max(c1 - c0, most or 0)
+                return super().slab_buffer(F, c0, c1, most)
 
-        def upload_part(self, F, buf, at, a0, a1, p0, p1):
-            assert buf.size == self.size
-            self.at[-1].append((at, at + F.shape[0] * (a1 - a0)))
-            return super().upload_part(F, buf, at, a0, a1, p0, p1)
+            def upload_part(self, F, buf, at, a0, a1, p0, p1):
+                assert buf.size == self.size
+                self.at[-1].append((at, at + F.shape[0] * (a1 - a0)))
+                return super().upload_part(F, buf, at, a0, a1, p0, p1)
 
-    F = F0.copy()
-    dev = _Placed()
-    T = factorize_in_slabs(F, panels, nb, width, dev)
-    np.testing.assert_allclose(F, ref, atol=100 * fm * EPS * max(np.abs(F0).max(), 1.0))
-    np.testing.assert_allclose(T, T_ref, atol=100 * fm * EPS)
-    slabs = slab_ranges(panels, fn, width)
-    assert len(dev.at) == len(slabs) == 3
-    for k, spans in enumerate(dev.at):
-        assert all(0 <= a < b <= dev.size for a, b in spans)
-        assert all(b1 <= a2 or b2 <= a1 for i, (a1, b1) in enumerate(spans)
-                   for a2, b2 in spans[i + 1:])
-        assert (spans[0][0] == 0) == (k % 2 == 0)
-        if k % 2:                           # from the end back
-            assert spans[0][1] == dev.size
-    used = max(b for _, b in dev.at[0])     # the narrow first slab left room at the end
-    assert dev.at[1][0][0] >= used
+        F = F0.copy()
+        dev = _Placed()
+        T = factorize_in_slabs(F, panels, nb, width, dev)
+        np.testing.assert_allclose(F, ref, atol=100 * fm * EPS * max(np.abs(F0).max(), 1.0))
+        np.testing.assert_allclose(T, T_ref, atol=100 * fm * EPS)
+        slabs = slab_ranges(panels, fn, width)
+        assert len(dev.at) == len(slabs) > 1
+        plan = [(sl, slab_parts(panels, sl)) for sl in slabs]
+        want = slab_sides(plan, max(c1 - c0 for c0, c1, _, _ in slabs))
+        assert want[0] is False
+        downs += sum(want)
+        for k, spans in enumerate(dev.at):
+            assert all(0 <= a < b <= dev.size for a, b in spans)
+            assert all(b1 <= a2 or b2 <= a1 for i, (a1, b1) in enumerate(spans)
+                       for a2, b2 in spans[i + 1:])
+            # from the start: the first part at 0; from the end back: the first at the end
+            assert (spans[0][0] != 0) == want[k]
+            assert (min(a for a, _ in spans) == 0) or max(b for _, b in spans) == dev.size
+            if k:
+                plo = min(a for a, _ in dev.at[k - 1])
+                phi = max(b for _, b in dev.at[k - 1])
+                a, b = spans[0]
+                room = b - a <= plo or dev.size - (b - a) >= phi
+                assert (b <= plo or a >= phi) == room
+    assert downs > 0

@@ -28,9 +28,9 @@ part's columns a C-contiguous block of the buffer of their own):
    while the next part is worked on (the link carries both directions at
    once). The next slab's parts go up into the buffer once the work that
    read the place they take is done and the downloads of the parts they
-   overwrite have landed: slabs are placed from alternate ends of the buffer,
-   so a part landing where the slab before did not lie goes up while that
-   slab is still worked on.
+   overwrite have landed (:func:`slab_sides`: a slab whose first part fits
+   where the slab before did not lie goes there, and up while that slab is
+   still worked on).
 
 The result is the representation :class:`~scipy_gpuqr._engine.dense_front.DenseFront`
 applies (V below each panel's diagonal, one ``T`` per panel), equal to
@@ -56,14 +56,26 @@ from .gpu.array_ops import upload_block
 from .gpu.finite_check import finite_check
 from .memory import make_room
 
-__all__ = ["slab_ranges", "slab_parts", "slab_columns", "whole_front_fits",
-           "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS"]
+__all__ = ["slab_ranges", "slab_parts", "slab_sides", "slab_columns", "whole_front_fits",
+           "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS", "PANEL_UPLOADS",
+           "PANEL_UPLOAD"]
 
 #: Most parts a slab is worked in (:func:`slab_parts`): part ``g`` goes back to
 #: the host while part ``g + 1`` is worked on, and part ``g + 1`` came up while
 #: part ``g`` was; only the first part's upload and the last part's download
 #: are not overlapped by work of the slab.
 SLAB_PARTS = 4
+
+#: How :class:`CupySlabs` brings an earlier panel up: ``"copy2d"``, one
+#: ``cudaMemcpy2DAsync`` (a panel's rows are 2 KB pieces of the front's rows:
+#: the copy engine runs below the link's speed on pieces that small), or
+#: ``"mapped"``, a copy kernel reading the pinned front where it lies (a pinned
+#: host array is addressable from the device under unified addressing;
+#: pageable memory always takes the 2-D copy); ``"mapped-all"``: the slabs'
+#: parts too.
+PANEL_UPLOADS = ("copy2d", "mapped", "mapped-all")
+#: The default of :data:`PANEL_UPLOADS`.
+PANEL_UPLOAD = "copy2d"
 
 
 def slab_ranges(panels: list, fn: int, width: int) -> list:
@@ -134,6 +146,37 @@ def slab_parts(panels: list, slab: tuple, parts: int = SLAB_PARTS) -> list:
     return [(cuts[i], cuts[i + 1], p0, p1) for i in range(k) if cuts[i + 1] > cuts[i]]
 
 
+def slab_sides(plan: list, most: int) -> list:
+    """Per slab of ``plan`` (``(slab, parts)``, :func:`slab_parts`), whether its
+    parts lie from the end of a buffer of ``most`` columns back (True) or from
+    its start on (False).
+
+    The first slab lies from the start. A later one takes the side where its
+    first part does not meet the columns the slab before took, so that part
+    goes up while that slab is still worked on (a narrow first slab leaves
+    room at the end); where neither side has that room, the side of the slab
+    before: its first part then takes the place of that slab's first part,
+    the first to come back to the host (the other side's would wait for its
+    last part)."""
+    out, prev = [], None
+    for (c0, c1, _, _), parts in plan:
+        first = parts[0][1] - parts[0][0] if parts else c1 - c0
+        if prev is None:
+            down = False
+        else:
+            lo, hi, was = prev
+            if first <= lo:
+                down = False
+            elif most - first >= hi:
+                down = True
+            else:
+                down = was
+        width = c1 - c0
+        prev = (most - width, most, down) if down else (0, width, down)
+        out.append(down)
+    return out
+
+
 def slab_columns(fm: int, nb: int, itemsize: int, available: int) -> int:
     """Most columns of a slab of an ``fm``-row front in ``available`` device bytes
     (the slab, two earlier panels, one panel's reflectors, the products of the
@@ -200,11 +243,12 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
     parts = SLAB_PARTS if parts is None else parts
     plan = [(slab, slab_parts(panels, slab, parts)) for slab in slabs]
     most = max((c1 - c0 for c0, c1, _, _ in slabs), default=0)
+    sides = slab_sides(plan, most)
     state = {"done": 0}             # parts whose columns went back into F
     try:
         dev.start(F, len(panels), nb)
-        for k, (slab, pieces) in enumerate(plan):
-            _one_slab(F, panels, slab, pieces, dev, state, most, down=k % 2 == 1)
+        for (slab, pieces), down in zip(plan, sides):
+            _one_slab(F, panels, slab, pieces, dev, state, most, down=down)
         dev.finish()
         return dev.t_host()
     except Exception as exc:        # noqa: BLE001 - redone on the host, see above
@@ -235,9 +279,8 @@ def _one_slab(F, panels, slab, pieces, dev, state, most=None, down=False) -> Non
     every earlier slab's reflectors, then part by part the slab's own panels
     before it, its panels, back into ``F`` (``state['done']`` counts the parts
     sent back). The buffer holds ``most`` columns (the widest slab); the parts
-    lie from its start on, or with ``down`` from its end back (slabs
-    alternate: the first parts of a slab then take room the slab before did
-    not, and go up while it is worked on)."""
+    lie from its start on, or with ``down`` from its end back
+    (:func:`slab_sides`)."""
     c0, c1, p0, p1 = slab
     buf = dev.slab_buffer(F, c0, c1, most)
     at = buf.size if down else 0
@@ -362,12 +405,20 @@ class CupySlabs:
     asynchronous). Buffers (the slab, two earlier panels) are reused for every
     slab; the panels' ``T`` stay on the device until :meth:`t_host`; nothing
     synchronizes before :meth:`finish`. ``slabs`` and ``parts`` count the slabs
-    and parts started there. Each worked part is checked for non-finite values
+    and parts started there. ``panel_upload``: one of :data:`PANEL_UPLOADS`
+    (default :data:`PANEL_UPLOAD`). Each worked part is checked for non-finite values
     before it goes back (one launch reading it where it lies:
     :meth:`all_finite`), so the host need not read the front again."""
 
-    def __init__(self, cp, stream):
+    def __init__(self, cp, stream, panel_upload: str | None = None):
         self.cp, self.stream = cp, stream
+        self.panel_upload = PANEL_UPLOAD if panel_upload is None else panel_upload
+        if self.panel_upload not in PANEL_UPLOADS:
+            raise ValueError(f"panel_upload must be one of {PANEL_UPLOADS}, "
+                             f"got {self.panel_upload!r}")
+        self._mapped = None             # (host base pointer, its device view) of the front
+        #: earlier panels read by a kernel from the pinned front (``"mapped"``)
+        self.mapped_panels = 0
         self.copy_stream = cp.cuda.Stream(non_blocking=True)     # earlier panels up
         self.up_stream = cp.cuda.Stream(non_blocking=True)       # slab parts up
         self.down_stream = cp.cuda.Stream(non_blocking=True)     # slab parts down
@@ -462,7 +513,12 @@ class CupySlabs:
             if s < at + n and at < e:
                 self.up_stream.wait_event(ev)
         self._current.append((at, at + n))
-        upload_block(F, 0, fm, a0, a1, S, self.up_stream)
+        src = self._device_view(F) if self.panel_upload == "mapped-all" else None
+        if src is None:
+            upload_block(F, 0, fm, a0, a1, S, self.up_stream)
+        else:
+            with self.up_stream:
+                self.cp.copyto(S, src[:, a0:a1])
         self._marks.append(("u", self._timed(self.up_stream)))
         return SlabPart(S, a0, a1, p0, p1, at, self._event(self.up_stream))
 
@@ -483,9 +539,34 @@ class CupySlabs:
         landed = self._landed.get(q)
         if landed is not None:          # the panel's values are back in F
             self.copy_stream.wait_event(landed)
-        upload_block(F, r0, r1, c0, c1, out, self.copy_stream)
+        src = self._device_view(F) if self.panel_upload != "copy2d" else None
+        if src is None:
+            upload_block(F, r0, r1, c0, c1, out, self.copy_stream)
+        else:
+            self.mapped_panels += 1
+            with self.copy_stream:
+                self.cp.copyto(out, src[r0:r1, c0:c1])
         self.stream.wait_event(self._event(self.copy_stream))
         return out
+
+    def _device_view(self, F: np.ndarray):
+        """``F`` as a device array over the same host memory (read over the link
+        by kernels), or None where ``F`` is not pinned host memory."""
+        cp = self.cp
+        key = (F.ctypes.data, F.shape, F.strides)
+        if self._mapped is None or self._mapped[0] != key:
+            view = None
+            try:
+                attrs = cp.cuda.runtime.pointerGetAttributes(F.ctypes.data)
+                if int(attrs.type) == 1:            # cudaMemoryTypeHost: pinned, mapped
+                    mem = cp.cuda.UnownedMemory(F.ctypes.data, F.nbytes, F,
+                                                cp.cuda.Device().id)
+                    view = cp.ndarray(F.shape, dtype=F.dtype,
+                                      memptr=cp.cuda.MemoryPointer(mem, 0), strides=F.strides)
+            except cp.cuda.runtime.CUDARuntimeError:
+                view = None
+            self._mapped = (key, view)
+        return self._mapped[1]
 
     def release(self, slot) -> None:
         """The work queued so far is the last to read ``slot``'s buffer."""
@@ -552,6 +633,7 @@ class CupySlabs:
             self._landed.clear()
             self._regions, self._worked, self._current = [], [], []
             self._marks = []
+            self._mapped = None
             self._T = None
             self.cp.get_default_memory_pool().free_all_blocks()
 
