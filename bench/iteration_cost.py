@@ -41,7 +41,7 @@ ROWS = [("lp_e226", "lsmr"), ("lp_e226_transposed", "lsmr"), ("lp_share1b", "lsm
 
 
 def problem(name: str):
-    """The ladder's matrix (CSC float64) and b (seeded by the name, as bench/dropin.py)."""
+    """The ladder's matrix (CSC float64) and b (seeded by its name, as in bench/dropin.py)."""
     if name == "grid16":
         from scipy_gpuqr._testing_matrices import grid3d_least_squares
         A = grid3d_least_squares(16)

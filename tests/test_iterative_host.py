@@ -339,3 +339,31 @@ def test_host_loop_matches_the_generic_driver(solver):
         assert [s[:-1] for s in states[mode][0]] == [s[:-1] for s in states[None][0]]
         assert_same(states[mode][1], states[None][1])
         assert states[mode][1].projected_iterations == states[None][1].projected_iterations
+
+
+# ---------------------------------------------------------------------------
+# what the Python-float arithmetic relies on
+
+def test_givens_on_python_floats_is_scipys_sym_ortho():
+    """Every branch of SciPy's ``_sym_ortho`` (signed zeros, NaN, infinities, either
+    magnitude larger): the same three values to the bit."""
+    from scipy.sparse.linalg._isolve.lsqr import _sym_ortho
+    rng = np.random.default_rng(11)
+    special = [0.0, -0.0, 1.5, -2.5, np.inf, -np.inf, np.nan, 1e-310, -1e300]
+    pairs = [(a, b) for a in special for b in special]
+    scale = 10.0 ** rng.integers(-8, 8, (2000, 2))
+    pairs += [tuple(v) for v in rng.standard_normal((2000, 2)) * scale]
+    with np.errstate(all="ignore"):
+        for a, b in pairs:
+            ours = host._givens_float(float(a), float(b))
+            theirs = _sym_ortho(np.float64(a), np.float64(b))
+            assert [_bits(v) for v in ours] == [_bits(v) for v in theirs], (a, b, ours, theirs)
+
+
+def test_python_float_power_is_numpys():
+    """``x ** 2`` on a Python float and on a NumPy float64 call the same C ``pow`` (which is
+    not always ``x * x``): the loops rely on it."""
+    rng = np.random.default_rng(12)
+    values = rng.standard_normal(20000) * 10.0 ** rng.integers(-150, 150, 20000)
+    for x in values.tolist():
+        assert _bits(x ** 2) == _bits(np.float64(x) ** 2), x
