@@ -1202,7 +1202,8 @@ def test_gather_by_runs_equals_the_gather_by_index(dtype):
 
 def test_host_stage_r_gathered_by_runs_equals_the_gather_by_index(monkeypatch):
     """A host stage's R comes from its pool by the blocked gather of its runs (its
-    index cut once per layout), bit for bit the R of the gather by index."""
+    index cut once per layout) into an array made and touched while the stage's
+    launches run, bit for bit the R of the gather by index into a new array."""
     from scipy_gpuqr._engine.gpu import rcopy, stage_loop
     A, an, needs = _host_case()
     limit = min_budget(an, needs)
@@ -1213,9 +1214,20 @@ def test_host_stage_r_gathered_by_runs_equals_the_gather_by_index(monkeypatch):
         calls.append(len(runs.start))
         return real(pool, index, runs, out)
     monkeypatch.setattr(rcopy, "gather_runs", counted)
+    made = []
+    real_touched = stage_loop.touched
+
+    def touched(n, dtype):                  # the values' array, made during the launches
+        out = real_touched(n, dtype)
+        assert not out.any()
+        out[...] = np.nan                   # every value must be written by the gather
+        made.append(out)
+        return out
+    monkeypatch.setattr(stage_loop, "touched", touched)
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                       dense_flops=_HOST_FLOPS)
     assert g.info["host_fronts"] and len(calls) == len(g.info["host_fronts"]) and max(calls) > 0
+    assert len(made) == len(calls) and all(np.isfinite(v).all() for v in made)
     by_runs = g.R.toarray()
     monkeypatch.setattr(stage_loop.StageLoop, "host_r_copy",
                         lambda self, sid, pool, gidx: rcopy.NumpyRCopy(pool, gidx))

@@ -55,7 +55,7 @@ from .array_ops import take_rows
 
 __all__ = ["final_entries", "final_entries_cached", "launch_of_records", "whole_front_writes",
            "staging_for", "PinnedStaging", "NumpyRCopy", "CupyRCopy", "SLOT_BYTES",
-           "MIN_CHUNK_BYTES", "StridedRuns", "strided_runs", "gather_runs"]
+           "MIN_CHUNK_BYTES", "StridedRuns", "strided_runs", "gather_runs", "touched"]
 
 #: Bytes of one pinned staging slot (two slots per staging buffer).
 SLOT_BYTES = 32 << 20
@@ -354,14 +354,22 @@ class NumpyRCopy:
     runs : StridedRuns, optional
         ``index`` cut into runs (:func:`strided_runs`): a copy of every entry
         at once then goes by :func:`gather_runs`.
+    out : ndarray, optional
+        Where the values go (``len(index)`` entries of ``dtype``; default a new
+        array): one made and touched ahead (:func:`touched`) spares the copy
+        its page faults.
     """
 
-    def __init__(self, pool, index, final=None, dtype=np.float64, counter=None, runs=None):
+    def __init__(self, pool, index, final=None, dtype=np.float64, counter=None, runs=None,
+                 out=None):
         self.counter = counter
         self.runs = runs
         self.pool, self.index = pool, np.asarray(index)
         self.final = final() if final is not None else None
-        self.out = np.empty(len(self.index), dtype=dtype)
+        if out is not None and (out.shape != (len(self.index),) or out.dtype != np.dtype(dtype)):
+            raise ValueError(f"NumpyRCopy: out of shape {out.shape} and {out.dtype} for "
+                             f"{len(self.index)} values of {np.dtype(dtype)}")
+        self.out = np.empty(len(self.index), dtype=dtype) if out is None else out
         self.done = 0
         self.copies = 0
 
@@ -400,6 +408,15 @@ class NumpyRCopy:
 def _zero_range(i0: int, i1: int, out: np.ndarray) -> None:
     """Touch ``out[i0:i1]``'s pages (zeros; NumPy's fill releases the GIL)."""
     out[i0:i1] = 0
+
+
+def touched(n: int, dtype) -> np.ndarray:
+    """``n`` zeros of ``dtype``, every page touched by a few threads: a fresh
+    array's first writes fault its pages in one at a time, a cost a copy into
+    it then need not pay (made ahead, on a worker, while the GPU runs)."""
+    out = np.empty(int(n), dtype=dtype)
+    run_split(_zero_range, 0, int(n), HOST_COPY_PER_THREAD, out)
+    return out
 
 
 class CupyRCopy:

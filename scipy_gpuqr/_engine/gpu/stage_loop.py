@@ -27,7 +27,7 @@ from ..._schedule import native
 from ..._schedule.tasks import TaskType
 from .device import CupyDevice, HostFrontDevice
 from .pool_copy import pool_final
-from .rcopy import NumpyRCopy, final_entries_cached, strided_runs
+from .rcopy import NumpyRCopy, final_entries_cached, strided_runs, touched
 from .rlayout import r_layout_cached
 
 __all__ = ["StageLoop", "stage_reflector_records", "assemble_r", "r_dtype", "FACTORIZE_TYPES"]
@@ -85,6 +85,7 @@ class StageLoop:
         self._gathers = None            # the worker gathering R's values from host pools
         self.r_data = None              # R's values, host pools' stages scattered by it
         self.t_r_gather_wait = 0.0
+        self.r_out_jobs = {}            # host stage -> its R values' array, made ahead
         # a warm one-stage run copies R's final columns while later launches run
         # (R's layout and the schedule's records known before the first launch)
         self.warm = r_layout_cached(analysis) if (self.nstage == 1 and not cold) else None
@@ -140,6 +141,7 @@ class StageLoop:
         last = sid + 1 >= self.nstage
         copier, pos = ((None, None) if down is not None and not last
                        else self.open_progressive_copy(sid, st, h))
+        self.make_host_r_out(sid)
         try:
             fac_parts, fac_launch = self.launch_all(sid, st, h, copier, down)
             if copier is None and self.late_copier is not None:
@@ -225,16 +227,33 @@ class StageLoop:
         self.progressive += 1
         return copier, pos
 
+    def make_host_r_out(self, sid: int) -> None:
+        """Host stage ``sid``'s array of R's values made and its pages touched on a
+        worker while its launches and dense front run (the gather after them then
+        writes touched pages: :func:`~.rcopy.touched`); nothing where R's layout
+        is not known yet."""
+        if sid not in self.host_stages or self.layout is None:
+            return
+        n = len(self.gmaps[sid][1])
+        ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-r-out")
+        try:
+            self.r_out_jobs[sid] = ex.submit(touched, n, self.host_dev.dtype)
+        finally:
+            ex.shutdown(wait=False)
+
     def host_r_copy(self, sid: int, pool, gidx):
         """R's copier of host stage ``sid``: its values gathered from the host pool
         after the launches, down its front's columns in blocks of rows
-        (:func:`~.rcopy.gather_runs`; the index cut into runs once per layout)."""
+        (:func:`~.rcopy.gather_runs`; the index cut into runs once per layout),
+        into the array made ahead (:meth:`make_host_r_out`) where there is one."""
         f = self.host_stages[sid]
         stride = int(self.fn[f])
         runs = self.layout.extra(("host_r_runs", self.fkey, sid, stride),
                                  lambda: strided_runs(gidx, stride))
+        job = self.r_out_jobs.pop(sid, None)
+        out = job.result() if job is not None else None
         return NumpyRCopy(pool, gidx, dtype=self.host_dev.dtype,
-                          counter=self.host_dev.r_copies, runs=runs)
+                          counter=self.host_dev.r_copies, runs=runs, out=out)
 
     def r_values(self) -> list:
         """``r_parts`` with the host pools' gathers waited for: per stage
