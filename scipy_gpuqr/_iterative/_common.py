@@ -104,12 +104,17 @@ class RunInfo:
         Device→host copies made (0 on NumPy): one per iteration, plus one
         for the start and one that carries the last iteration's stopping
         test (``itn + 2`` in all; 1 when the start already decides).
+    replayed : bool
+        The host loop (:mod:`scipy_gpuqr._iterative.host`) ran the recurrences
+        again on NumPy scalars after Python's float arithmetic raised where
+        NumPy's returns inf or NaN (the result is the same either way).
     """
 
     allowance_spent: bool = False
     stopped_by_callback: bool = False
     seconds: float = 0.0
     host_syncs: int = 0
+    replayed: bool = False
 
     @property
     def projected_iterations(self) -> Optional[int]:

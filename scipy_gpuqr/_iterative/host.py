@@ -47,23 +47,12 @@ import numpy as np
 
 from ._common import Clock, IterationState, Progress, compressed_kernels, givens
 
-__all__ = ["HostProblem", "host_problem", "lsqr_host", "lsmr_host", "REPLAYS"]
+__all__ = ["HostProblem", "host_problem", "lsqr_host", "lsmr_host"]
 
 _F64 = np.dtype(np.float64)
 
 #: The scalar types whose arithmetic with Python floats is NumPy float64's.
 _PLAIN = (float, int, np.float64)
-
-
-class _Counter:
-    """How many runs were replayed with NumPy's scalars (for tests; never reset)."""
-
-    def __init__(self):
-        self.count = 0
-
-
-#: Runs replayed with NumPy scalars after Python's arithmetic raised (tests read it).
-REPLAYS = _Counter()
 
 
 class HostProblem:
@@ -174,7 +163,7 @@ class _Run:
     """What one call shares between its first run and a replay."""
 
     __slots__ = ("clock", "callback", "watched", "progress", "reported", "allowance_spent",
-                 "stopped_by_callback", "atol")
+                 "stopped_by_callback", "atol", "replayed")
 
     def __init__(self, clock: Clock, callback, atol):
         self.clock, self.callback = clock, callback
@@ -184,6 +173,7 @@ class _Run:
         self.allowance_spent = False
         self.stopped_by_callback = False
         self.atol = atol
+        self.replayed = False
 
     def fresh_progress(self) -> deque:
         self.progress = Progress(self.atol)
@@ -198,7 +188,8 @@ class _Run:
             projected = self.progress.projected     # fitted when first read
         return dict(allowance_spent=self.allowance_spent,
                     stopped_by_callback=self.stopped_by_callback,
-                    projected_iterations=projected, seconds=self.clock.elapsed(), host_syncs=0)
+                    projected_iterations=projected, seconds=self.clock.elapsed(), host_syncs=0,
+                    replayed=self.replayed)
 
 
 def _report(run: _Run, values: tuple, exact: bool) -> bool:
@@ -239,7 +230,7 @@ def _replaying(body, run: _Run, args: tuple):
     except (ZeroDivisionError, OverflowError):
         if exact:
             raise
-    REPLAYS.count += 1
+    run.replayed = True
     try:
         return body(*args[:-1], True)
     except _FromCallback as wrapped:
