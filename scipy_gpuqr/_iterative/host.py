@@ -49,8 +49,6 @@ from ._common import Clock, IterationState, Progress, compressed_kernels, givens
 
 __all__ = ["HostProblem", "host_problem", "lsqr_host", "lsmr_host"]
 
-_F64 = np.dtype(np.float64)
-
 #: The scalar types whose arithmetic with Python floats is NumPy float64's.
 _PLAIN = (float, int, np.float64)
 
@@ -85,7 +83,7 @@ def _host_vector(v, size: int, copy: bool):
         if isinstance(v, np.ndarray) or hasattr(v, "__cuda_array_interface__"):
             return None
         v = np.asarray(v)
-    if v.dtype.kind == "c":
+    if v.dtype.kind not in "biuf":     # complex, object, text: the generic path decides
         return None
     v = np.atleast_1d(v)
     if v.ndim > 1:
