@@ -477,12 +477,13 @@ class Allowance:
 
     def __call__(self, state) -> bool:
         """Record iteration ``state.itn``; at a checkpoint, decide whether to stop."""
+        seconds = state.seconds
         self.history.append(state)
-        if self._last is not None:
-            self.fastest = min(self.fastest, state.seconds - self._last)
-        self._last = state.seconds
-        t = state.seconds - self.analysis_s
-        if t < self.next_check:
+        last, self._last = self._last, seconds
+        if last is not None and seconds - last < self.fastest:
+            self.fastest = seconds - last
+        t = seconds - self.analysis_s
+        if t < self.next_check:             # most iterations: nothing more to do
             return False
         self.next_check = max(t * (1 + CHECK_GROWTH), t + CHECK_INTERVAL_S)
         # a process paused by a busy machine: its iterations did not take that long

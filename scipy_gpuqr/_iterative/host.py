@@ -190,32 +190,11 @@ class _Run:
                     replayed=self.replayed)
 
 
-def _report(run: _Run, values: tuple, exact: bool) -> bool:
-    """The callback and the allowance after an iteration: whether the run stops.
-
-    ``values``: ``(itn, x, istop, normr, normar, norma, conda, normx, test1,
-    test2, rtol)`` of the iteration (NumPy scalars under ``exact``: made floats).
-    """
-    itn, istop = values[0], values[2]
-    run.reported = itn
-    callback = run.callback
-    if callback is not None:
-        if exact:
-            values = values[:3] + tuple([float(value) for value in values[3:]])
-        state = tuple.__new__(IterationState, values + (_now() - run.clock.t0,))
-        try:
-            wants_stop = callback(state)
-        except (ZeroDivisionError, OverflowError) as exc:
-            raise _FromCallback(exc) from exc
-        if wants_stop and istop == 0:
-            run.stopped_by_callback = True
-            return True
-    if istop != 0:
-        return True
-    if run.clock.max_seconds is not None and run.clock.spent():
-        run.allowance_spent = True
-        return True
-    return False
+def _floats(values: tuple) -> tuple:
+    """An iteration's ``(itn, x, istop, norms..., tests..., seconds)`` with its NumPy scalars
+    made floats (the replay's; :class:`~scipy_gpuqr._iterative._common.IterationState`
+    holds floats)."""
+    return values[:3] + tuple([float(value) for value in values[3:]])
 
 
 def _replaying(body, run: _Run, args: tuple):
@@ -275,6 +254,9 @@ def _lsmr_body(P, damp, atol, btol, conlim, maxiter, run, exact):
     history = run.fresh_progress()
     reported = run.reported
     watched = run.watched
+    callback, clock = run.callback, run.clock
+    t0, timed = clock.t0, clock.max_seconds is not None
+    new_state = tuple.__new__
 
     normb = root(b.dot(b))
     t = np.empty(m)
@@ -439,8 +421,22 @@ def _lsmr_body(P, damp, atol, btol, conlim, maxiter, run, exact):
             istop = 1
         remember((test1, test2, rtol))
         if watched and itn > reported:
-            if _report(run, (itn, x, istop, normr, normar, normA, condA, normx, test1, test2,
-                             rtol), exact):
+            run.reported = itn
+            if callback is not None:
+                values = (itn, x, istop, normr, normar, normA, condA, normx, test1, test2, rtol,
+                          _now() - t0)
+                state = new_state(IterationState, _floats(values) if exact else values)
+                try:
+                    wants_stop = callback(state)
+                except (ZeroDivisionError, OverflowError) as exc:
+                    raise _FromCallback(exc) from exc
+                if wants_stop and istop == 0:
+                    run.stopped_by_callback = True
+                    break
+            if istop != 0:
+                break
+            if timed and clock.spent():
+                run.allowance_spent = True
                 break
         elif istop > 0:
             break
@@ -490,6 +486,9 @@ def _lsqr_body(P, damp, dampsq, atol, btol, conlim, iter_lim, calc_var, run, exa
     history = run.fresh_progress()
     reported = run.reported
     watched = run.watched
+    callback, clock = run.callback, run.clock
+    t0, timed = clock.t0, clock.max_seconds is not None
+    new_state = tuple.__new__
     eps = np.finfo(np.float64).eps         # SciPy's (a NumPy scalar)
     if not exact:
         eps = float(eps)
@@ -666,8 +665,22 @@ def _lsqr_body(P, damp, dampsq, atol, btol, conlim, iter_lim, calc_var, run, exa
             istop = 1
         remember((test1, test2, rtol))
         if watched and itn > reported:
-            if _report(run, (itn, x, istop, r2norm, arnorm, anorm, acond, xnorm, test1, test2,
-                             rtol), exact):
+            run.reported = itn
+            if callback is not None:
+                values = (itn, x, istop, r2norm, arnorm, anorm, acond, xnorm, test1, test2, rtol,
+                          _now() - t0)
+                state = new_state(IterationState, _floats(values) if exact else values)
+                try:
+                    wants_stop = callback(state)
+                except (ZeroDivisionError, OverflowError) as exc:
+                    raise _FromCallback(exc) from exc
+                if wants_stop and istop == 0:
+                    run.stopped_by_callback = True
+                    break
+            if istop != 0:
+                break
+            if timed and clock.spent():
+                run.allowance_spent = True
                 break
         elif istop != 0:
             break
