@@ -329,9 +329,8 @@ def needs_watching(iter_lim: int, m: int, n: int, nnz: int, *, on_gpu: bool,
     A CPU run whose iterations up to ``iter_lim`` cost, at the nominal
     (pessimistic) rate, no more than the analysis deferral
     (:data:`ANALYSIS_DEFERRAL` × ``analysis``, the analysis' estimated
-    seconds) ends before any rule could stop it: it runs unwatched, at
-    SciPy's own speed (the callback costs about a microsecond an iteration,
-    a tenth of a host loop's). The rate is :func:`host_iteration_seconds`
+    seconds) ends before any rule could stop it: it runs unwatched, without
+    the callback's cost on every iteration. The rate is :func:`host_iteration_seconds`
     where the run is a host loop (``host_loop``), else
     :func:`cpu_iteration_seconds`. GPU runs are always watched.
     """

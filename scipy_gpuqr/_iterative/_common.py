@@ -118,8 +118,8 @@ class RunInfo:
 
     @property
     def projected_iterations(self) -> Optional[int]:
-        """See the class notes (fitted when first read: the fit costs tens of microseconds,
-        and most callers never read it)."""
+        """See the class notes (fitted when first read: most callers never read it, and the
+        fit costs as much as many iterations of a small problem)."""
         value = self.__dict__.get("_projected")
         if callable(value):
             value = self.__dict__["_projected"] = value()
