@@ -182,3 +182,63 @@ def test_a_projection_past_iter_lim_analyses_early_only_where_it_can_repay(iter_
             break
         if k == 64:
             assert bool(planned) is analyses, watch.summary()
+
+
+#: Clock models of the replay: fixed seconds of an iteration 2-30 us (every 0.5 us) at a
+#: product rate of 1e9 or 2e9 flop/s (the host loops, SciPy's own loop, busier machines).
+CLOCK_MODELS = [(fixed * 1e-6, rate) for rate in (1e9, 2e9)
+                for fixed in np.arange(2.0, 30.01, 0.5)]
+
+
+def stops_over_clock_models(histories, key):
+    """The iteration at which the rule stops the recorded run, per clock model (None: never)."""
+    name, method = key.rsplit(".", 1)
+    m, n, nnz, istop, itn = (int(v) for v in histories[key + ".meta"])
+    h = histories[key].astype(np.float64)
+    flops = QR[name][0]
+    iter_lim = 2 * n if method == "lsqr" else min(m, n)
+    stops = []
+    for fixed, rate in CLOCK_MODELS:
+        per_iteration = fixed + iteration_flops(m, n, nnz) / rate
+        watch = Allowance(iter_lim=iter_lim, atol=1e-6, conlim=1e8,
+                          analysis=analysis_seconds(m, n, nnz),
+                          plan=lambda: (None, _Plan(flops)), order=min(m, n))
+        stopped = None
+        for k, row in enumerate(h, start=1):
+            if watch(_State(k, k * per_iteration, *row)):
+                stopped = k
+                break
+        stops.append(stopped)
+    return stops
+
+
+def test_a_flicker_of_one_window_does_not_stop_a_converging_run(histories, nominal):
+    """dwt_878's LSQR run converges (istop 2 at 1524), but one window's projection
+    jumped to 10 000+ further iterations at two checkpoints in a row (its test2 jumps
+    by factors between iterations): over every clock model the long trend, which
+    projects SciPy's stop before iter_lim, keeps the run."""
+    assert len(CLOCK_MODELS) == 114
+    stops = stops_over_clock_models(histories, "dwt_878.lsqr")
+    assert stops == [None] * len(CLOCK_MODELS)
+
+
+def test_the_trend_keeps_every_converging_run_whose_qr_is_slower(histories, nominal):
+    for key in _keys(histories):
+        stopped, spent, scipy, qr, istop = replay(histories, key)
+        if istop in (1, 2) and qr > scipy:
+            assert stops_over_clock_models(histories, key) == [None] * len(CLOCK_MODELS), key
+
+
+def test_the_trend_stops_no_stalling_run_later(histories, nominal, monkeypatch):
+    """On every run SciPy's iter_lim ends, over every clock model, the rule stops at
+    the same iteration as the rule that weighs one window's projection alone (the
+    trend only keeps runs it projects to converge before iter_lim)."""
+    keys = [k for k in _keys(histories) if int(histories[k + ".meta"][3]) == 7]
+    with_trend = {key: stops_over_clock_models(histories, key) for key in keys}
+    monkeypatch.setattr(Allowance, "_lasting", lambda self, further: further)
+    stopped = 0
+    for key in keys:
+        alone = stops_over_clock_models(histories, key)
+        assert with_trend[key] == alone, key
+        stopped += sum(s is not None for s in alone)
+    assert stopped >= 100       # lp_share1b and olm500 lsqr in most models

@@ -59,7 +59,11 @@ shows; so the rule leaves SciPy's run alone unless the evidence is clear:
      it, were seen on runs that converged well before it);
    * its condition estimate projects past ``conlim`` before convergence;
    * the projected remaining iterations cost more than
-     :data:`SWITCH_MARGIN` × Q (the margin covers the prediction's error);
+     :data:`SWITCH_MARGIN` × Q (the margin covers the prediction's error),
+     and so do those of the long trend where it projects SciPy's stop
+     before ``iter_lim`` (:meth:`Allowance._trend`: the line through the
+     window's mean values now and half the run ago, which one window's noise
+     does not move);
    * its tests have not fallen over a whole window (no projection) and it
      has spent Q (:data:`STALL_SHARE` × Q);
    * it has spent :data:`ALLOWANCE_SHARE` × Q and its projection does not
@@ -457,6 +461,9 @@ class Allowance:
         self.analysis_s = 0.0
         self.analysed_at: Optional[tuple] = None
         self.projection: Optional[tuple] = None     # (itn, further iterations, s/iteration)
+        self.trend: Optional[int] = None           # further iterations by the long trend
+        self._marks: list = []                     # (window centre, mean log tests) per checkpoint
+        self._itn = 0                              # the iteration of the last projection
         self._verdict = ("", 0)                    # (kind, consecutive checkpoints)
         self._last: Optional[float] = None
         self.fastest = math.inf                    # the fastest iteration's seconds
@@ -533,10 +540,10 @@ class Allowance:
                                      f"iter_lim {self.iter_lim}, and the {self.iter_lim - itn} "
                                      f"to it cost more ({to_limit:.3g} s) than the QR's "
                                      f"predicted {q:.3g} s")
-        if further is not None and remaining > SWITCH_MARGIN * q:
-            return self._confirm("cost", f"projected {further} more iterations ({remaining:.3g} "
-                                 f"s) cost more than {SWITCH_MARGIN:g} x the QR's predicted "
-                                 f"{q:.3g} s")
+        if further is not None and self._lasting(further) * per_iteration > SWITCH_MARGIN * q:
+            return self._confirm("cost", f"projected {self._lasting(further)} more iterations "
+                                 f"({self._lasting(further) * per_iteration:.3g} s) cost more "
+                                 f"than {SWITCH_MARGIN:g} x the QR's predicted {q:.3g} s")
         if self.speculated and t - self.speculated_at >= q:
             # the factors are made and R is clearly of full rank: the run has had as long
             # as the rest of the QR costs (ski rental: at most twice the better choice;
@@ -560,9 +567,19 @@ class Allowance:
         if further is not None and itn + further > self.iter_lim and \
                 (self.iter_lim - itn) * per_iteration > q:
             return True
-        if further is not None and remaining > SWITCH_MARGIN * q:
+        if further is not None and self._lasting(further) * per_iteration > SWITCH_MARGIN * q:
             return True
         return further is None and trusted and t >= STALL_SHARE * q
+
+    def _lasting(self, further: int) -> int:
+        """The iterations the cost verdict weighs: the window's projection, or the long
+        trend's (:meth:`_trend`) where that is sooner and ends before ``iter_lim`` — a
+        run whose trend says SciPy's own stop comes first is not stopped on one
+        window's flicker; a trend past ``iter_lim`` promises nothing."""
+        trend = self.trend
+        if trend is None or trend >= further or self._itn + trend > self.iter_lim:
+            return further
+        return trend
 
     def _worth_speculating(self, itn: int, further, per_iteration: float) -> bool:
         """Whether the iterations left (to the projection, or to ``iter_lim``) cost
@@ -624,7 +641,8 @@ class Allowance:
         values, :data:`_SLOPE_WEIGHTS`); the sooner of the two. The seconds
         per iteration are the lower of the window's (the first iterations
         carry set-up costs) and the run's average (a pause of the process
-        inside the window would inflate the window's).
+        inside the window would inflate the window's). Each projection also
+        records the window's mean values (:attr:`trend`, :meth:`_trend`).
         """
         h = self.history
         average = t / max(itn, 1)
@@ -636,16 +654,55 @@ class Allowance:
             seconds -= self.analysis_s
         per_iteration = min(seconds / max(last.itn - first.itn, 1), average)
         best = None
+        means = []
         for column in (self._log_test1(h), self._log_test2(h)):
+            finite = all(map(math.isfinite, column))
+            means.append(sum(column) / PROJECTION_WINDOW if finite else None)
             if column[-1] <= 0:
                 return 0, per_iteration
-            if not all(map(math.isfinite, column)):
+            if not finite:
                 continue
             slope = sum(w * y for w, y in zip(_SLOPE_WEIGHTS, column))
             if slope < 0:
                 need = math.ceil(column[-1] / -slope)
                 best = need if best is None else min(best, need)
+        self._itn = itn
+        self.trend = self._trend((first.itn + last.itn) / 2.0, itn, means)
         return best, per_iteration
+
+    def _trend(self, center: float, itn: int, means: list) -> Optional[int]:
+        """Further iterations by the long trend (None: no estimate), and the window's
+        means kept for later checkpoints.
+
+        The straight line through the window's mean values now and those of
+        the checkpoint whose window lay nearest to half as many iterations ago
+        (at least :data:`PROJECTION_WINDOW` before): the mean of 20 values
+        and a slope over hundreds of iterations do not flicker with the tests'
+        noise as one window's slope does (LSQR's ``test2`` jumps by factors of
+        ten between iterations on some matrices), and still follow a run that
+        speeds up late (the trend spans the later half of the run only).
+        """
+        marks = self._marks
+        best = None
+        if marks:
+            goal = center / 2.0
+            then = None
+            for mark in marks:
+                if center - mark[0] < PROJECTION_WINDOW:
+                    break
+                if then is None or abs(mark[0] - goal) <= abs(then[0] - goal):
+                    then = mark
+            if then is not None:
+                span = center - then[0]
+                for now_y, then_y in zip(means, then[1:]):
+                    if now_y is None or then_y is None or now_y >= then_y:
+                        continue
+                    need = math.ceil(now_y / ((then_y - now_y) / span) - (itn - center))
+                    need = max(need, 0)
+                    best = need if best is None else min(best, need)
+        if not marks or marks[-1][0] < center:
+            marks.append((center, *means))
+        return best
 
     @staticmethod
     def _log_test1(h):
