@@ -117,7 +117,7 @@ def test_lsmr_tuple_and_dtype(rng):
     assert np.linalg.norm(x - sc[0]) <= 1e-6 * np.linalg.norm(sc[0])
     assert np.isclose(out[7], np.linalg.norm(x))
     x32 = lsmr(A.astype(np.float32), b.astype(np.float32))[0]
-    assert x32.dtype == np.float32
+    assert x32.dtype == ORIGINALS["lsmr"](A.astype(np.float32), b.astype(np.float32))[0].dtype
     assert lsmr(A.astype(np.float32), b)[0].dtype == np.float64
     assert lsqr(A.astype(np.float32), b.astype(np.float32))[0].dtype == np.float64
 

@@ -217,13 +217,80 @@ def test_trivial_problems_are_scipys(rng):
 def test_float32_keeps_scipys_dtypes():
     A, b = _random(120, 40, 9), _rhs(120, 10)
     A32, b32 = A.astype(np.float32), b.astype(np.float32)
-    x, istop = lsmr(A32, b32)[:2]
-    assert x.dtype == np.float32 and istop in (1, 2)
-    assert lsmr(A32, b)[0].dtype == np.float64
-    assert lsqr(A32, b32)[0].dtype == np.float64
     with np.errstate(over="ignore"):        # SciPy's float32 run overflows its 1e100 start
-        reference = SCIPY["lsmr"](A32, b32)[0]
-    np.testing.assert_allclose(x, reference, rtol=1e-4, atol=1e-5)
+        theirs = SCIPY["lsmr"](A32, b32)
+        ours = lsmr(A32, b32)
+    _assert_scipy_tuple(ours, theirs)
+    assert ours[1] in (1, 2)
+    assert lsmr(A32, b)[0].dtype == SCIPY["lsmr"](A32, b)[0].dtype == np.float64
+    assert lsqr(A32, b32)[0].dtype == np.float64
+
+
+def _kinds(m, n):
+    """(name, A, b, damp, x0) of arguments whose narrower types SciPy keeps, and of
+    their neighbours that our iterations serve bit for bit."""
+    A, b = _random(m, n, 21, density=0.2), _rhs(m, 22)
+    x0 = np.random.default_rng(23).standard_normal(n)
+    return [("float32 damp", A, b, np.float32(0.3), None),
+            ("float16 damp", A, b, np.float16(0.3), None),
+            ("float32 b", A, b.astype(np.float32), 0.0, None),
+            ("float16 b", A, b.astype(np.float16), 0.0, None),
+            ("float32 b, damp", A, b.astype(np.float32), 0.3, None),
+            ("float32 x0", A, b, 0.0, x0.astype(np.float32)),
+            ("float32 A, float32 x0", A.astype(np.float32), b, 0.0, x0.astype(np.float32)),
+            ("dense float32 A", A.toarray().astype(np.float32), b, 0.0, None),
+            ("dense int A", (10 * A.toarray()).astype(np.int64), b, 0.0, None),
+            ("float32 A, bool b", A.astype(np.float32), b > 0, 0.0, None),
+            ("float64 0-d damp", A, b, np.array(0.3), None),
+            ("numpy int damp", A, b, np.int64(1), None),
+            ("int b", A, (10 * b).astype(np.int64), 0.0, None),
+            ("float64 x0, damp", A, b, 0.3, x0)]
+
+
+@pytest.mark.parametrize("method", ["lsqr", "lsmr"])
+@pytest.mark.parametrize("index", range(14))
+def test_auto_is_scipys_tuple_for_narrow_types(method, index, decisions):
+    """Under auto on the CPU SciPy's exact tuple is the promise: what our float64
+    iterations cannot match bit for bit (SciPy keeps a float32 damp, b, dense A or x0
+    in its type) is iterated by SciPy's own function, and the log says so."""
+    name, A, b, damp, x0 = _kinds(60, 25)[index]
+    with np.errstate(over="ignore"):
+        theirs = SCIPY[method](A, b, damp=damp, x0=x0)
+        ours = OURS[method](A, b, damp=damp, x0=x0)
+    assert theirs[1] in (1, 2), name
+    _assert_scipy_tuple(ours, theirs)
+    line = _answered(decisions, method)
+    narrow = ("float32" in name or "float16" in name or "dense" in name) and \
+        name != "float32 A, bool b"
+    assert ("SciPy's own function" in line) is narrow, (name, line)
+
+
+def test_scipys_own_run_that_stalls_ends_in_the_qr(decisions):
+    """A float32 b whose SciPy run its iteration limit ends: the QR answers."""
+    A, b = _ill_conditioned(), _rhs(150, 5)
+    out = lsqr(A, b.astype(np.float32), iter_lim=5)
+    assert out[2] == 0
+    line = _answered(decisions, "lsqr")
+    assert "SciPy's own function (a float32 b)" in line and "QR" in line
+    _assert_lstsq(A, out[0], b.astype(np.float32).astype(np.float64))
+
+
+def test_general_path_runs_the_host_loop_unwatched_when_short(monkeypatch):
+    """The general path (here: an x0) weighs a host loop's run at the host loop's rate
+    (needs_watching(host_loop=True)), as the short path does."""
+    from scipy_gpuqr._factor import least_squares
+    seen = []
+    real = least_squares.needs_watching
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("host_loop"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(least_squares, "needs_watching", spy)
+    A, b = _random(300, 100, 4), _rhs(300, 5)
+    x0 = np.zeros(100)
+    _assert_scipy_tuple(lsqr(A, b, x0=x0), SCIPY["lsqr"](A, b, x0=x0))
+    lsqr(sla.aslinearoperator(A).matmat(np.eye(100)), b, x0=x0)     # dense: the generic driver
+    assert seen == [True, False]
 
 
 # ---------------------------------------------------------------------------

@@ -24,7 +24,10 @@ answered and why (logger ``scipy_gpuqr``).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
+import scipy.sparse as sp
 
 from .._factor.least_squares import (StoppingRules, check_problem, iterate, log_answer,
                                      solve_least_squares, start_problem, trivial_answer,
@@ -34,6 +37,7 @@ from .._iterative._common import stopping_code
 from .._options import resolve_settings
 from .._validate import to_output, unsupported_reason
 from .fallback import fallback
+from .originals import original
 
 __all__ = ["lsqr", "lsmr"]
 
@@ -84,6 +88,61 @@ def _show(name: str, shape, istop: int, itn: int, who: str, lines, ans=None) -> 
     if F is not None:
         print(f"rank   ={F.rank:8g}   ({F.info.get('rank_decision', {}).get('method', '')})")
     print(" ")
+
+
+def _floating(value) -> Optional[np.dtype]:
+    """The dtype of ``value`` (an array, a NumPy scalar, a list or a number) where it is
+    a floating one other than float64; else None."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None and value is not None and not sp.issparse(value):
+        dtype = np.asarray(value).dtype
+    dtype = np.dtype(dtype) if dtype is not None else None
+    return dtype if dtype is not None and dtype.kind == "f" and dtype != np.float64 else None
+
+
+def _not_bitwise(method: str, A, b, x0, damp) -> Optional[str]:
+    """Why our iterations on the CPU would not be SciPy's bit for bit on these
+    arguments, or None.
+
+    Ours iterate in float64 on the checked problem; SciPy keeps the caller's
+    narrower floating types where NumPy's promotion keeps them: a float32 (or
+    float16) ``damp`` is squared in its own type, a float32 b makes u and v
+    float32 vectors (a different ``itn``), a dense A other than float64 is
+    multiplied by NumPy (float32 products; BLAS on integers made float), and
+    a float32 ``x0`` meets A's products in float32 (lsmr's x stays float32).
+    Sparse A of any dtype and integer or boolean b are served bit for bit.
+    """
+    for what, value in (("damp", damp), ("b", b)):
+        dtype = _floating(value)
+        if dtype is not None:
+            return f"a {dtype} {what}"
+    if isinstance(A, np.ndarray) and A.dtype != np.float64:
+        return f"a dense {A.dtype} A (NumPy's product, not ours)"
+    if x0 is not None and _floating(x0) is not None:
+        return f"a {_floating(x0)} x0"
+    return None
+
+
+def _own(method: str, A, b, x0, damp, rules: StoppingRules):
+    """``iterate``'s ``own``: SciPy's own function where ours would not be bit for bit
+    (:func:`_not_bitwise`), else None."""
+    reason = _not_bitwise(method, A, b, x0, damp)
+    if reason is None:
+        return None
+    scipy_function = original(method)
+
+    def run(iter_lim: int):
+        kwargs = dict(damp=damp, atol=rules.atol, btol=rules.btol, conlim=rules.conlim,
+                      show=False, x0=x0)
+        if method == "lsqr":
+            kwargs.update(iter_lim=iter_lim, calc_var=rules.calc_var)
+        else:
+            kwargs.update(maxiter=iter_lim)
+        try:
+            return scipy_function(A, b, **kwargs)
+        except TypeError:       # NumPy's casting refused (lsmr: an integer x0, a bool damp)
+            return None
+    return run, reason
 
 
 def _release(ans) -> None:
@@ -178,7 +237,8 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
                             calc_var=calc_var, x0=x0)
         problem = check_problem(A, b, x0, damp, func="lsqr")
         settings = resolve_settings(backend, gpuqr_options)
-        found, planned, why = iterate(problem, "lsqr", rules, settings)
+        own = None if problem.on_gpu else _own("lsqr", A, b, x0, damp, rules)
+        found, planned, why = iterate(problem, "lsqr", rules, settings, own)
         if found is not None:
             log_answer("lsqr", problem, found.who, why)
             out = found.result
@@ -226,9 +286,11 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
     Returns
     -------
     x, istop, itn, normr, normar, norma, conda, normx
-        SciPy's 8-tuple; x has dtype ``result_type(A, b, x0, float)`` like
-        SciPy's lsmr (float32 in, float32 out; SciPy's iterations run in
-        float64 here). From the QR: ``itn = 0``; ``normx`` is ``‖x‖``;
+        SciPy's 8-tuple; x has the dtype of SciPy's lsmr: ``x0``'s where
+        one is given, else ``result_type(A, b, float)`` (float64 for real
+        data). Under ``auto`` on the CPU, arguments whose narrower floating
+        types SciPy keeps (a float32 ``damp``, b, dense A or ``x0``) are
+        iterated by SciPy's own function: its tuple exactly. From the QR: ``itn = 0``; ``normx`` is ``‖x‖``;
         ``conda`` as lsqr's ``acond``.
     """
     rules = StoppingRules(atol, btol, conlim, maxiter)
@@ -247,19 +309,23 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
             return fallback("lsmr", reason, A, b, damp=damp, atol=atol, btol=btol,
                             conlim=conlim, maxiter=maxiter, show=show, x0=x0)
         problem = check_problem(A, b, x0, damp, func="lsmr")
-        dtypes = [problem.dtype, problem.b_dtype] + ([np.asarray(x0).dtype] if x0 is not None
-                                                     and not hasattr(x0, "device") else [])
-        dtype = np.result_type(*dtypes, np.float32)
+        # SciPy's x: zeros of result_type(A, b, float), or a copy of x0 in x0's dtype
+        given = None if x0 is None or hasattr(x0, "device") else np.asarray(x0).dtype
+        dtype = given if given is not None else np.result_type(problem.dtype, problem.b_dtype,
+                                                               float)
         if dtype.kind != "f":
             dtype = np.dtype(np.float64)
         settings = resolve_settings(backend, gpuqr_options)
-        found, planned, why = iterate(problem, "lsmr", rules, settings)
+        own = None if problem.on_gpu else _own("lsmr", A, b, x0, damp, rules)
+        found, planned, why = iterate(problem, "lsmr", rules, settings, own)
         if found is not None:
             log_answer("lsmr", problem, found.who, why)
             out = found.result
             if show:
                 _show("LSMR", problem.shape, out[1], out[2], found.who, zip(names, out[3:8]))
             x = out[0]
+            if found.who.startswith("SciPy's"):     # SciPy's own tuple, its x's dtype
+                return tuple(out)
             return (x if x.dtype == dtype else x.astype(dtype),) + tuple(out[1:])
     n = problem.shape[1]
     begin = start_problem(problem)      # where b lies: a CuPy b stays on its device

@@ -33,6 +33,7 @@ from .._dispatch.iterate_first import (CONVERGED, Allowance, analysis_seconds,
 from .._gpu import import_cupy, is_cupy_array, is_cupy_sparse
 from .._iterative import lsmr as iterative_lsmr
 from .._iterative import lsqr as iterative_lsqr
+from .._iterative.host import host_problem
 from .._options import Settings, log_decision
 from .._validate import (LSTSQ_RHS, MatrixInput, as_matrix, check_damp, check_rhs, check_x0,
                          scipy_float_dtype, to_output)
@@ -266,7 +267,7 @@ def _default_iter_lim(method: str, shape) -> int:
 
 
 def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
-            settings: Settings) -> tuple[Optional[IterativeAnswer], object, str]:
+            settings: Settings, own=None) -> tuple[Optional[IterativeAnswer], object, str]:
     """SciPy's algorithm within ``auto``'s allowance (:mod:`~scipy_gpuqr._dispatch.iterate_first`).
 
     Our LSQR/LSMR (:mod:`scipy_gpuqr._iterative`) runs with the caller's
@@ -282,6 +283,12 @@ def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
     rules : StoppingRules
     settings : Settings
         Only ``'auto'`` with ``iterate_first`` on iterates.
+    own : (callable, str), optional
+        ``(run, why)``: SciPy's own function for a run on the CPU where ours
+        would not be SciPy's bit for bit (``why`` says which argument);
+        ``run(iter_lim)`` returns SciPy's tuple, or None where SciPy refused
+        the arguments (ours then runs). It runs unwatched (SciPy's functions
+        take no callback).
 
     Returns
     -------
@@ -314,9 +321,22 @@ def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
     watch = Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
                       analysis=analysis, plan=lambda: plan_for(problem.qr_matrix(), settings),
                       order=n if damped else min(m, n))
-    callback = watch if needs_watching(iter_lim, m, n, problem.nnz, on_gpu=on_device,
-                                       analysis=analysis) else None
+    out = None
+    if own is not None and not on_device:
+        run, reason = own
+        t0 = time.perf_counter()
+        out = run(iter_lim)
+    if out is not None:
+        how = _RunNote(out[1], out[2], time.perf_counter() - t0,
+                       f"{where}; SciPy's own function ({reason})", None)
+        name = f"SciPy's {method} on CPU"
+        if settle(how, name, None) == "qr":
+            return None, None, how
+        return IterativeAnswer(tuple(out), name), None, how
     A, b, x0 = _operands(problem, on_device)
+    host_loop = not on_device and host_problem(A, b, x0, np) is not None
+    callback = watch if needs_watching(iter_lim, m, n, problem.nnz, on_gpu=on_device,
+                                       analysis=analysis, host_loop=host_loop) else None
     t0 = time.perf_counter()
     try:
         if method == "lsqr":
