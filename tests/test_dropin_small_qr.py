@@ -10,6 +10,8 @@ SciPy's conversions, and what is per process checked once.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import scipy.linalg as la
@@ -38,6 +40,7 @@ def test_small_triangles_are_solved_densely_and_agree_with_superlu(rng, monkeypa
     tri = UpperTriangular(T)
     assert tri._dense is not None and tri._lu is None
     monkeypatch.setattr(triangular, "DENSE_SOLVE_LIMIT", 0)
+    monkeypatch.setattr(triangular, "DENSE_SOLVE_FILL", math.inf)
     ref = UpperTriangular(T)
     assert ref._dense is None and ref._lu is not None
     Td = T.toarray()
@@ -50,6 +53,26 @@ def test_small_triangles_are_solved_densely_and_agree_with_superlu(rng, monkeypa
     assert one.shape == (q, 1)
     np.testing.assert_allclose(one[:, 0], la.solve_triangular(Td, C[:, 0], lower=lower),
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("density, dense", [(0.7, True), (0.05, False)])
+def test_a_larger_triangle_is_solved_densely_where_it_fills_half(rng, monkeypatch, density,
+                                                                  dense):
+    """Beyond DENSE_SOLVE_LIMIT (up to DENSE_SIGMA_LIMIT) a triangle filling half its
+    places (an R like hangGlider_2's, 84 % of its triangle) is solved by LAPACK, a
+    sparse one by SuperLU; the dense solves agree with SuperLU's."""
+    q = DENSE_SOLVE_LIMIT + 100
+    T = _triangle(rng, q, density=density)
+    assert (T.nnz >= triangular.DENSE_SOLVE_FILL * q * q) is dense
+    tri = UpperTriangular(T)
+    assert (tri._dense is not None) is dense and (tri._lu is None) is dense
+    monkeypatch.setattr(triangular, "DENSE_SOLVE_FILL", math.inf)
+    ref = UpperTriangular(T)
+    assert ref._dense is None and ref._lu is not None
+    C = rng.standard_normal((q, 4))
+    for trans in (False, True):
+        np.testing.assert_allclose(tri.solve(C, trans=trans), ref.solve(C, trans=trans),
+                                   rtol=1e-10, atol=1e-12)
 
 
 def test_triangles_the_dense_path_does_not_take(rng):

@@ -6,9 +6,10 @@ estimates). :class:`UpperTriangular` factors R once with SuperLU in its
 natural order with diagonal pivots — for a triangular matrix that is
 ``L = I``, ``U = R``, no fill — and then every solve is SuperLU's compiled
 triangular sweep, an order of magnitude faster. A small triangle (order up
-to :data:`DENSE_SOLVE_LIMIT`) is made dense instead and solved by LAPACK's
-``trtrs``: SuperLU's set-up (its symbolic pass and work arrays) costs more
-there than the dense solves.
+to :data:`DENSE_SOLVE_LIMIT`, or a larger one up to :data:`DENSE_SIGMA_LIMIT`
+that fills half its triangle, :data:`DENSE_SOLVE_FILL`) is made dense instead
+and solved by LAPACK's ``trtrs``: SuperLU's set-up (its symbolic pass and
+work arrays) and sweeps cost more there than the dense solves.
 
 :func:`sigma_min_upper` answers "is σ_min(T) above a threshold?" for the
 rank rules of :mod:`scipy_gpuqr._factor.lstsq`: a guaranteed lower bound
@@ -37,6 +38,10 @@ SUPERLU_MAX_NNZ = 30_000_000
 #: Largest order of T solved densely (LAPACK's ``trtrs`` on T made dense: q² doubles,
 #: q²·k flops per solve with k columns) instead of through SuperLU.
 DENSE_SOLVE_LIMIT = 300
+#: A larger T, up to :data:`DENSE_SIGMA_LIMIT`, is solved densely as well where it
+#: fills at least this share of q² (half its triangle): SuperLU's set-up and sweeps
+#: then cost several times the dense copy and BLAS's solves.
+DENSE_SOLVE_FILL = 0.25
 
 #: Largest order of T whose σ_min is decided densely (its inverse by a
 #: triangular solve with the identity: q³/3 flops, q² doubles).
@@ -63,7 +68,8 @@ class UpperTriangular:
     should SuperLU refuse (it reports exact singularity on a zero pivot, or
     runs out of memory) or T exceed :data:`SUPERLU_MAX_NNZ` entries, SciPy's
     ``spsolve_triangular`` answers instead. A float64 T of order up to
-    :data:`DENSE_SOLVE_LIMIT` whose pattern is upper or lower triangular and
+    :data:`DENSE_SOLVE_LIMIT` (or up to :data:`DENSE_SIGMA_LIMIT` filling
+    :data:`DENSE_SOLVE_FILL` of q²) whose pattern is upper or lower triangular and
     whose diagonal is finite and nonzero is solved densely
     (:class:`_DenseTriangle`; SuperLU is not set up).
     """
@@ -77,7 +83,8 @@ class UpperTriangular:
         q = self.T.shape[0]
         if q == 0 or self.T.nnz > SUPERLU_MAX_NNZ:
             return
-        if q <= DENSE_SOLVE_LIMIT:
+        if q <= DENSE_SOLVE_LIMIT or (q <= DENSE_SIGMA_LIMIT
+                                      and self.T.nnz >= DENSE_SOLVE_FILL * q * q):
             self._dense = _DenseTriangle.of(self.T)
             if self._dense is not None:
                 return
