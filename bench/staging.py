@@ -206,6 +206,9 @@ def main(argv=None):
     p.add_argument("--slab-panels", default=None,
                    help="how a host front's slabs bring earlier panels up "
                         "(slab_front.PANEL_UPLOADS; default: the package's)")
+    p.add_argument("--solve-upload", default=None,
+                   help="how Q's solve brings a host front's panels up "
+                        "(dense_front.REFLECTOR_UPLOADS; default: the package's)")
     args = p.parse_args(argv)
     fracs = [int(f) for f in args.fracs.split(",") if f]
     if args.predict:
@@ -221,10 +224,17 @@ def main(argv=None):
         if args.slab_panels not in slab_front.PANEL_UPLOADS:
             p.error(f"--slab-panels: one of {slab_front.PANEL_UPLOADS}")
         slab_front.PANEL_UPLOAD = args.slab_panels
+    if args.solve_upload:
+        from scipy_gpuqr._engine import dense_front
+        if args.solve_upload not in dense_front.REFLECTOR_UPLOADS:
+            p.error(f"--solve-upload: one of {dense_front.REFLECTOR_UPLOADS}")
+        dense_front.REFLECTOR_UPLOAD = args.solve_upload
     props = cp.cuda.runtime.getDeviceProperties(0)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    report = {"device": name, "cores": os.cpu_count(), "matrices": {}}
-    print(f"device {name}, {os.cpu_count()} cores", flush=True)
+    from scipy_gpuqr._engine import dense_front, slab_front
+    uploads = {"slab_panels": slab_front.PANEL_UPLOAD, "solve_upload": dense_front.REFLECTOR_UPLOAD}
+    report = {"device": name, "cores": os.cpu_count(), "uploads": uploads, "matrices": {}}
+    print(f"device {name}, {os.cpu_count()} cores, uploads {uploads}", flush=True)
     for mname, A in _matrices([s for s in args.only.split(",") if s]):
         A.sort_indices()
         b = np.cos(np.arange(A.shape[0]))

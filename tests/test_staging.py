@@ -950,6 +950,28 @@ def test_q_replay_reads_only_the_uploaded_reflector_columns(dense_flops, band):
     assert dense_seen > 0 if dense_flops else dense_seen == 0
 
 
+def test_reflector_band_ending_the_pool_is_packed():
+    """A band whose last row ends where the host pool ends (shorter than a whole
+    pitch) is packed as the 2-D copy reads it: ``rows`` rows of ``width``
+    elements, ``pitch`` apart; a band reaching past the pool is refused."""
+    from scipy_gpuqr._engine.gpu.reflector_upload import ReflectorLayout, upload_reflectors
+    from scipy_gpuqr._schedule.tasks import TASK_DTYPE
+    host = np.arange(10_000, dtype=np.float64)
+    m, w, pitch = 30, 20, 300
+    a = host.size - (m - 1) * pitch - w
+    blocks = [(a, m, w, pitch, 5), (0, 4, 3, 7, 5 + m * w)]
+    layout = ReflectorLayout([(100, 5, 0)], blocks, 5 + m * w + 12,
+                             np.zeros(0, dtype=TASK_DTYPE), {})
+    got = upload_reflectors(host, layout, np).values
+    want = np.concatenate([host[100:105]]
+                          + [host[a + i * pitch: a + i * pitch + w] for i in range(m)]
+                          + [host[i * 7: i * 7 + 3] for i in range(4)])
+    np.testing.assert_array_equal(got, want)
+    past = ReflectorLayout([], [(a + 1, m, w, pitch, 0)], m * w, np.zeros(0, dtype=TASK_DTYPE), {})
+    with pytest.raises(ValueError, match="past a pool"):
+        upload_reflectors(host, past, np)
+
+
 def test_reflector_layouts_are_kept_with_the_schedule():
     """A stage's packed reflector layout is made once per schedule and replay plan:
     a later factorization of the pattern under the same limit reads the same

@@ -296,3 +296,53 @@ def test_streamed_solve_of_a_host_front_equals_the_dense_solve(dtype, monkeypatc
         outside = np.setdiff1d(np.arange(n), cols[a: a + fn])
         assert np.array_equal(got[outside], Y0[outside])
 
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_host_front_panels_read_where_the_pinned_front_lies(dtype):
+    # Qᵀ / Q of a device block with a host front's panels brought up by the copy
+    # kernel reading the pinned front (a staircase front inside a poisoned pool,
+    # as a stage's host pool holds it) equal the 2-D copies' bit for bit and the
+    # host's within rounding; a pageable front takes the copy
+    import cupy as cp
+    import cupyx
+
+    from scipy_gpuqr._engine.dense_front import (DenseFront, HostDenseFront, factorize_numpy,
+                                                 panels_of)
+    from scipy_gpuqr._testing_matrices import staircase_front
+    rng = np.random.default_rng(3)
+    fm, fn, nb, off = 700, 300, 64, 11
+    F0, stair = staircase_front(fm, fn, rng, dense_rows=5)
+    F0 = F0.astype(dtype)
+    panels = panels_of(fm, fn, stair, nb)
+    Fh = F0.copy()
+    T = factorize_numpy(Fh, panels, nb)
+    pool = cupyx.empty_pinned(off + fm * fn + 7, dtype=dtype)
+    pool[:] = np.nan                    # only the panels' lower triangles may be read
+    front = pool[off: off + fm * fn].reshape(fm, fn)
+    front[...] = Fh
+    rows = np.arange(fm)[:, None]
+    for j, r, b in panels:              # the rows below a panel's staircase: never read
+        front[j + r:, j:j + b] = np.nan
+    front[np.triu(np.ones((fm, fn), dtype=bool)) & (rows < fn)] = np.nan   # R: never read
+    Y0 = rng.standard_normal((fm, 3)).astype(dtype)
+    want = Y0.astype(np.float64)
+    DenseFront(Fh.astype(np.float64), panels, T.astype(np.float64)).apply_qt(want)
+    got = {}
+    for how, src in (("mapped", front), ("copy2d", front), ("pageable", Fh)):
+        d = HostDenseFront(src, panels, T, upload="copy2d" if how == "copy2d" else "mapped")
+        Y = cp.asarray(Y0)
+        d.apply_qt(Y)
+        assert d.mapped_panels == (len(panels) if how == "mapped" else 0), how
+        got[how] = Y.get()
+        tol = (1e-12 if dtype == np.float64 else 1e-4) * np.abs(want).max()
+        assert np.all(np.isfinite(got[how])), how
+        assert np.abs(got[how] - want).max() <= tol, how
+        d.apply_q(Y)
+        assert np.abs(Y.get() - Y0).max() <= tol, how
+    if dtype == np.float64:
+        np.testing.assert_array_equal(got["mapped"], got["copy2d"])
+        np.testing.assert_array_equal(got["mapped"], got["pageable"])
+    with pytest.raises(ValueError, match="upload must be one of"):
+        HostDenseFront(Fh, panels, T, upload="bogus")
+

@@ -43,8 +43,10 @@ from scipy.linalg import get_lapack_funcs, solve_triangular
 
 from .gpu import array_ops as ops
 from .gpu.dense_panel import PANEL_WIDTH, panel_kernel, panel_qr_numpy
+from .gpu.mapped import device_view
 
 __all__ = ["DEFAULT_PANEL", "PANEL_METHODS", "DEFAULT_PANEL_METHOD", "DEFAULT_LOOKAHEAD",
+           "REFLECTOR_UPLOADS", "REFLECTOR_UPLOAD",
            "panels_of",
            "DenseFront", "HostDenseFront", "factorize_numpy", "factorize_blocked_numpy",
            "factorize_cupy"]
@@ -63,6 +65,16 @@ DEFAULT_PANEL_METHOD = "kernel"
 #: needs whole SMs at once, so it rarely runs beside the trailing GEMM, and the
 #: extra high-priority stream slows the launches that overlap the dense fronts.
 DEFAULT_LOOKAHEAD = False
+
+#: How :class:`HostDenseFront` brings a panel's reflectors to a device block:
+#: ``"mapped"``, a copy kernel reading them where the pinned front lies (a
+#: pinned host array is addressable from the device under unified addressing:
+#: :func:`~scipy_gpuqr._engine.gpu.mapped.device_view`), or ``"copy2d"``, one
+#: ``cudaMemcpy2DAsync`` (a panel's rows are short pieces of the front's rows,
+#: which the copy engines bring up below the link's speed).
+REFLECTOR_UPLOADS = ("mapped", "copy2d")
+#: The default of :data:`REFLECTOR_UPLOADS`.
+REFLECTOR_UPLOAD = "mapped"
 
 
 def panels_of(fm: int, fn: int, stair, nb: int = DEFAULT_PANEL) -> list:
@@ -233,12 +245,24 @@ class HostDenseFront(DenseFront):
     large for the device's memory, factorized there by :func:`factorize_numpy`).
 
     ``apply_qt``/``apply_q`` of a device block bring the front's panels to it
-    one at a time (one strided copy each, at the link's speed from the pinned
-    pool a host front lies in): the front is never uploaded whole, and the
-    block never leaves the device. Where even that runs out of device memory,
-    the block's rows go to the host and are transformed there (all the BLAS
-    library's threads).
+    one at a time into one buffer (``upload``, default
+    :data:`REFLECTOR_UPLOAD`: ``"mapped"``, a copy kernel reading the panel's
+    lower triangle where the pinned front lies, unit diagonal and zeros
+    written on the way; ``"copy2d"``, one strided copy, then the triangle in
+    place; a pageable front always takes the copy): the front is never
+    uploaded whole, and the block never leaves the device. Where even that
+    runs out of device memory, the block's rows go to the host and are
+    transformed there (all the BLAS library's threads).
     """
+
+    def __init__(self, front, panels, T, slots=None, after_launch: int = -1,
+                 upload: str | None = None):
+        super().__init__(front, panels, T, slots=slots, after_launch=after_launch)
+        if upload is not None and upload not in REFLECTOR_UPLOADS:
+            raise ValueError(f"upload must be one of {REFLECTOR_UPLOADS}, got {upload!r}")
+        self.upload = upload
+        #: panels read by the copy kernel from the pinned front (the last apply)
+        self.mapped_panels = 0
 
     def _apply(self, Y, trans: bool) -> None:
         if isinstance(Y, np.ndarray):
@@ -255,21 +279,32 @@ class HostDenseFront(DenseFront):
         Y.set(Yh)
 
     def _apply_by_panels(self, Y, trans: bool) -> None:
-        """``Y ← Qᵀ Y`` / ``Q Y`` on the device, each panel's reflectors uploaded
-        from the host front when its turn comes (a panel's values change only in
-        place: a panel applied twice reads the same values)."""
+        """``Y ← Qᵀ Y`` / ``Q Y`` on the device, each panel's reflectors brought
+        up from the host front when its turn comes (a panel's values change only
+        in place: a panel applied twice reads the same values)."""
         import cupy as cp
         F = self._get(self._front, np)
         T = self._get(self._T, np)
-        if F.strides[1] != F.itemsize:
+        if not self.panels:
+            return
+        how = REFLECTOR_UPLOAD if self.upload is None else self.upload
+        view = device_view(cp, F) if how == "mapped" else None
+        if view is None and F.strides[1] != F.itemsize:
             F = np.ascontiguousarray(F)
         stream = cp.cuda.get_current_stream()
+        Td = cp.asarray(T)
+        buf = cp.empty(max(rows * b for _, rows, b in self.panels), dtype=F.dtype)
+        self.mapped_panels = 0
         order = list(enumerate(self.panels))
         for p, (j, rows, b) in (order if trans else order[::-1]):
-            block = cp.empty((rows, b), dtype=F.dtype)
-            ops.upload_block(F, j, j + rows, j, j + b, block, stream)
-            V = ops.unit_triangle(block, lower=True, out=block)    # elementwise: in place
-            _wy_apply_device(Y[j:j + rows], V, cp.asarray(T[p, :b, :b]), trans=trans)
+            V = buf[:rows * b].reshape(rows, b)
+            if view is not None:    # read over the link, the triangle made on the way
+                ops.unit_triangle(view[j:j + rows, j:j + b], lower=True, out=V)
+                self.mapped_panels += 1
+            else:
+                ops.upload_block(F, j, j + rows, j, j + b, V, stream)
+                ops.unit_triangle(V, lower=True, out=V)     # elementwise: in place
+            _wy_apply_device(Y[j:j + rows], V, Td[p, :b, :b], trans=trans)
 
     def apply_qt(self, Y, front=None) -> None:
         """``Y ← Qᵀ Y`` in place, computed on the host (``front`` is not used)."""

@@ -54,6 +54,7 @@ import numpy as np
 from .dense_front import factorize_cupy, factorize_numpy
 from .gpu.array_ops import upload_block
 from .gpu.finite_check import finite_check
+from .gpu.mapped import device_view
 from .memory import make_room
 
 __all__ = ["slab_ranges", "slab_parts", "slab_sides", "slab_columns", "whole_front_fits",
@@ -551,21 +552,11 @@ class CupySlabs:
 
     def _device_view(self, F: np.ndarray):
         """``F`` as a device array over the same host memory (read over the link
-        by kernels), or None where ``F`` is not pinned host memory."""
-        cp = self.cp
+        by kernels), or None where ``F`` is not pinned host memory
+        (:func:`~scipy_gpuqr._engine.gpu.mapped.device_view`, once per front)."""
         key = (F.ctypes.data, F.shape, F.strides)
         if self._mapped is None or self._mapped[0] != key:
-            view = None
-            try:
-                attrs = cp.cuda.runtime.pointerGetAttributes(F.ctypes.data)
-                if int(attrs.type) == 1:            # cudaMemoryTypeHost: pinned, mapped
-                    mem = cp.cuda.UnownedMemory(F.ctypes.data, F.nbytes, F,
-                                                cp.cuda.Device().id)
-                    view = cp.ndarray(F.shape, dtype=F.dtype,
-                                      memptr=cp.cuda.MemoryPointer(mem, 0), strides=F.strides)
-            except cp.cuda.runtime.CUDARuntimeError:
-                view = None
-            self._mapped = (key, view)
+            self._mapped = (key, device_view(self.cp, F))
         return self._mapped[1]
 
     def release(self, slot) -> None:

@@ -320,6 +320,18 @@ class UploadedReflectors:
         return self.values[at: at + size]
 
 
+def _band(host: np.ndarray, a: int, m: int, w: int, n: int) -> np.ndarray:
+    """A band's ``m`` rows of ``w`` elements, ``n`` apart from ``host[a]``, as a
+    read-only view (its last row may end where the pool does: ``host[a:a+m*n]``
+    may be shorter than ``m`` whole rows)."""
+    flat = host.reshape(-1)
+    isz = flat.itemsize
+    if m and a + (m - 1) * n + w > flat.size:
+        raise ValueError(f"band of {m} x {w} (pitch {n}) from {a} past a pool of {flat.size}")
+    return np.lib.stride_tricks.as_strided(flat[a:], shape=(m, w), strides=(n * isz, isz),
+                                           writeable=False)
+
+
 def upload_reflectors(host: np.ndarray, layout: ReflectorLayout, xp) -> UploadedReflectors:
     """``host``'s pieces packed as ``layout`` says, copied on the current stream
     (asynchronous from pinned memory); ``xp`` NumPy gives the model."""
@@ -327,8 +339,8 @@ def upload_reflectors(host: np.ndarray, layout: ReflectorLayout, xp) -> Uploaded
         dev = np.empty(layout.size, dtype=host.dtype)
         for a, n, at in layout.runs:
             dev[at: at + n] = host[a: a + n]
-        for a, m, w, n, at in layout.blocks:
-            dev[at: at + m * w].reshape(m, w)[:] = host[a: a + m * n].reshape(m, n)[:, :w]
+        for a, m, w, n, at in layout.blocks:     # a band's last row may end the pool
+            dev[at: at + m * w].reshape(m, w)[:] = _band(host, a, m, w, n)
         return UploadedReflectors(dev, layout, layout.records)
     rt = xp.cuda.runtime
     make_room(xp, layout.size * host.itemsize)      # cached blocks under a pool limit
