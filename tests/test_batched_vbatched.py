@@ -472,3 +472,55 @@ def test_gpu_padded_small_stack_errors(rng, monkeypatch, big):
     g.solve_vbatched(gs, cp.ones((len(sizes), big)), sz, return_info=True, check_finite=False)
     g.cho_factor_vbatched(gs, sz, return_info=True, check_finite=False)
     assert reads == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("big, dtype", [(8, np.float64), (13, np.float32), (24, np.float64),
+                                        (32, np.float64), (32, np.float32)])
+def test_gpu_padded_stack_larger_than_the_grid(big, dtype):
+    """A padded stack of many more matrices than the persistent grid has warps
+    (each warp then loops, the orders of its next tile or matrix loaded one
+    ahead and, at N = 32 in float64, only each matrix's own block copied):
+    every output equals the fixed-size call's on the stack with the identity
+    outside each order, junk (NaN, inf, 7) there ignored; a bad size in the
+    last matrix is still found."""
+    import cupy as cp
+    batch = 60000 if big <= 13 else 24000
+    rs = cp.random.RandomState(5)
+    sizes = rs.randint(0, big + 1, size=batch).astype(cp.int64)
+    sizes[:3] = cp.asarray([0, big, big // 2])
+    ix = cp.arange(big)
+    inside = (ix[None, :, None] < sizes[:, None, None]) & (ix[None, None, :] < sizes[:, None, None])
+    eye = cp.eye(big, dtype=dtype)
+    a = (rs.standard_normal((batch, big, big)) + 2 * cp.eye(big)).astype(dtype)
+    ident = cp.where(inside, a, eye)
+    junk = cp.where(inside, a, cp.asarray([7.0, np.nan, np.inf], dtype=dtype)[ix % 3][None, :, None])
+    tol = 64 * eps(dtype)
+
+    def close(got, ref):
+        got, ref = _host(got), _host(ref)
+        np.testing.assert_allclose(got, ref, rtol=0, atol=tol * max(1.0, np.abs(ref).max()))
+
+    for sz in (sizes, sizes.astype(cp.int32)):
+        lu, piv = g.lu_factor_vbatched(junk, sz)
+        rlu, rpiv = g.lu_factor_batched(ident)
+        np.testing.assert_array_equal(_host(piv), _host(rpiv))
+        close(lu, rlu)
+    close(g.inv_vbatched(junk, sizes), g.inv_batched(ident))
+    b = rs.standard_normal((batch, big)).astype(dtype)
+    inb = ix[None, :] < sizes[:, None]
+    x = g.solve_vbatched(junk, cp.where(inb, b, np.inf).astype(dtype), sizes)
+    close(x, g.solve_batched(ident, cp.where(inb, b, 0).astype(dtype)[..., None])[..., 0])
+    spd_id = cp.where(inside, cp.matmul(ident, ident.transpose(0, 2, 1)) + big * eye, eye)
+    for lower in (False, True):
+        c, _ = g.cho_factor_vbatched(cp.where(inside, spd_id, junk), sizes, lower=lower)
+        rc, _ = g.cho_factor_batched(spd_id, lower=lower)
+        close(c, rc)
+    wrong = sizes.copy()
+    wrong[-1] = big + 1
+    for fn in (g.lu_factor_vbatched, g.inv_vbatched, g.cho_factor_vbatched):
+        with pytest.raises(ValueError, match=rf"lie in \[0, {big}\]"):
+            fn(ident, wrong)
+    lu, piv, info = g.lu_factor_vbatched(ident, wrong, check_finite=False, return_info=True)
+    lu = _host(lu)
+    assert np.isnan(lu[-1]).all() and not np.isnan(lu[:-1]).any()
