@@ -265,6 +265,16 @@ def test_auto_is_scipys_tuple_for_narrow_types(method, index, decisions):
     assert ("SciPy's own function" in line) is narrow, (name, line)
 
 
+@pytest.mark.parametrize("method", ["lsqr", "lsmr"])
+def test_a_sparse_float32_b_is_still_ours(method, decisions):
+    """SciPy's functions take no sparse b; ours does, whatever its dtype (SciPy's own
+    function is not asked)."""
+    A, b = _random(60, 25, 21, density=0.2), _rhs(60, 22)
+    out = OURS[method](A, sp.csr_array(b.astype(np.float32)[:, None]))
+    assert out[1] in (1, 2)
+    assert "SciPy's own function" not in _answered(decisions, method)
+
+
 def test_scipys_own_run_that_stalls_ends_in_the_qr(decisions):
     """A float32 b whose SciPy run its iteration limit ends: the QR answers."""
     A, b = _ill_conditioned(), _rhs(150, 5)

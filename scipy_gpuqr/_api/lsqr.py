@@ -92,9 +92,12 @@ def _show(name: str, shape, istop: int, itn: int, who: str, lines, ans=None) -> 
 
 def _floating(value) -> Optional[np.dtype]:
     """The dtype of ``value`` (an array, a NumPy scalar, a list or a number) where it is
-    a floating one other than float64; else None."""
+    a floating one other than float64; else None (sparse data too: SciPy's lsqr and
+    lsmr take no sparse b, ours does)."""
+    if value is None or sp.issparse(value):
+        return None
     dtype = getattr(value, "dtype", None)
-    if dtype is None and value is not None and not sp.issparse(value):
+    if dtype is None:
         dtype = np.asarray(value).dtype
     dtype = np.dtype(dtype) if dtype is not None else None
     return dtype if dtype is not None and dtype.kind == "f" and dtype != np.float64 else None
@@ -140,7 +143,9 @@ def _own(method: str, A, b, x0, damp, rules: StoppingRules):
             kwargs.update(maxiter=iter_lim)
         try:
             return scipy_function(A, b, **kwargs)
-        except TypeError:       # NumPy's casting refused (lsmr: an integer x0, a bool damp)
+        except (TypeError, ValueError):
+            # SciPy refuses what the checks accepted (lsmr: NumPy's casting of an
+            # integer x0 or a bool damp): ours answers, as for every such input
             return None
     return run, reason
 
