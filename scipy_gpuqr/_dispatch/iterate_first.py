@@ -62,8 +62,8 @@ shows; so the rule leaves SciPy's run alone unless the evidence is clear:
      :data:`SWITCH_MARGIN` × Q (the margin covers the prediction's error),
      and so do those of the long trend where it projects SciPy's stop
      before ``iter_lim`` (:meth:`Allowance._trend`: the line through the
-     window's mean values now and half the run ago, which one window's noise
-     does not move);
+     window's mean values now and at half the iterations, which one window's
+     noise does not move);
    * its tests have not fallen over a whole window (no projection) and it
      has spent Q (:data:`STALL_SHARE` × Q);
    * it has spent :data:`ALLOWANCE_SHARE` × Q and its projection does not
@@ -675,8 +675,9 @@ class Allowance:
         means kept for later checkpoints.
 
         The straight line through the window's mean values now and those of
-        the checkpoint whose window lay nearest to half as many iterations ago
-        (at least :data:`PROJECTION_WINDOW` before): the mean of 20 values
+        the checkpoint whose window's centre lay nearest half the iterations of
+        the current one's (at least :data:`PROJECTION_WINDOW` before it),
+        extended from the current centre: the mean of 20 values
         and a slope over hundreds of iterations do not flicker with the tests'
         noise as one window's slope does (LSQR's ``test2`` jumps by factors of
         ten between iterations on some matrices), and still follow a run that
