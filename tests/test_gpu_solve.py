@@ -14,6 +14,7 @@ forced multi-stage factorizations, wide A and float32.
 
 from __future__ import annotations
 
+import types
 import warnings
 
 import numpy as np
@@ -188,6 +189,87 @@ def test_front_triangular_matches_sparse_solve(budget):
         g.free()
 
 
+def _colmajor(X, ld, rows, cols):
+    """The column-major rows × cols matrix with leading dimension ``ld`` at the start
+    of X's memory (a view), as cuBLAS reads a device pointer."""
+    mem = X.ravel(order="K")
+    assert np.shares_memory(mem, X)
+    return np.lib.stride_tricks.as_strided(mem, shape=(rows, cols),
+                                           strides=(mem.itemsize, mem.itemsize * ld))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_device_step_reads_r_where_it_lies(monkeypatch, dtype):
+    """:meth:`FrontTriangular._device_step` with its device operations done by NumPy
+    on the memory they would read (cuBLAS ``trsm`` column-major with the leading
+    dimension it is given): a float64 pool's rows of R are solved in place (read
+    as Uᵀ, lower, leading dimension fn: no copy of U), a float32 pool's from a
+    float64 column-major copy; front by front, both solves equal SciPy's."""
+    from scipy.linalg import solve_triangular
+    from scipy.sparse.linalg import spsolve_triangular
+
+    from scipy_gpuqr._engine.gpu import trsolve as gt
+    rng = np.random.default_rng(3)
+    A = random_least_squares(400, 150, density=0.03, dense_rows=3, seed=11)
+    an = analyze(A)
+    g = gpu_factorize(A, an, device=NumpyDevice(32, 3))
+    copies = []
+
+    def take_rows(src, idx, out=None, order="C"):
+        return np.array(src[np.asarray(idx)], order=order)
+
+    def put_rows(dst, idx, src, subtract=False):
+        if subtract:
+            dst[np.asarray(idx)] -= src
+        else:
+            dst[np.asarray(idx)] = src
+
+    def subtract_into(dst, src):
+        dst -= src
+
+    def matmul_operand(a, dtype=None, *, left):
+        return np.asarray(a, dtype=a.dtype if dtype is None else dtype)
+
+    def contiguous_copy(a, dtype=None, order="C"):
+        copies.append(a.shape)
+        return np.array(a, dtype=a.dtype if dtype is None else dtype, order=order)
+
+    def trsm_left(Am, lda, B, ldb, m, n, *, lower, trans, unit):
+        assert Am.dtype == B.dtype == np.float64
+        a, b = _colmajor(Am, lda, m, m), _colmajor(B, ldb, m, n)
+        b[...] = solve_triangular(a.copy(), b.copy(), lower=lower, trans=1 if trans else 0,
+                                  unit_diagonal=unit, check_finite=False)
+    fake = types.SimpleNamespace(take_rows=take_rows, put_rows=put_rows,
+                                 subtract_into=subtract_into, matmul_operand=matmul_operand,
+                                 contiguous_copy=contiguous_copy, trsm_left=trsm_left)
+    monkeypatch.setattr(gt, "ops", fake)
+
+    def pools(sid):
+        pool = g._stage_pools.get(sid, g._host_pools.get(sid))
+        return np.asarray(pool, dtype=dtype)
+    ft = gt.FrontTriangular(g, pools, np)
+    assert not ft.n1
+    R = sp.csr_array(g.R)
+    n = R.shape[1]
+    C = rng.standard_normal((n, 3))
+    out = {}
+    for trans in (False, True):
+        Y = C.copy()
+        order = range(len(ft.fronts)) if trans else range(len(ft.fronts) - 1, -1, -1)
+        for i in order:
+            ft._device_step(i, Y, pools(ft.fronts[i][0]), trans=trans, off=None)
+        out[trans] = Y
+    yr = spsolve_triangular(R, C, lower=False)
+    zr = spsolve_triangular(sp.csr_array(R.T), C, lower=True)
+    tol = 1e-10 if dtype == np.float64 else 1e-4
+    assert np.abs(out[False] - yr).max() <= tol * np.abs(yr).max()
+    assert np.abs(out[True] - zr).max() <= tol * np.abs(zr).max()
+    # U copied only from a float32 pool (one copy per front and solve, and S's)
+    fronts_u = {(f[4], f[4]) for f in ft.fronts}
+    assert (not any(c in fronts_u for c in copies)) == (dtype == np.float64)
+    g.free()
+
+
 def test_smem_mirror_matches_the_kernel_layout():
     from scipy_gpuqr._engine.gpu import solve_kernels as av
     # ApplyQSmem<32, 3>: V + T + X + C doubles
@@ -295,6 +377,45 @@ def test_triangular_solves_by_levels_per_stage(budget):
         g.free()
     if budget is not None:
         assert max(stages) > 1, stages
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [3, 40])
+def test_level_kernel_gathers_long_rows_in_chunks_and_big_fronts_solve_in_place(k):
+    """Fronts whose rows of R reach past their pivots by more than the level
+    kernel's shared-memory chunk (``RSOLVE_CHUNK``, 1024 values: several chunks per
+    row) and a big front solved by cuBLAS from its rows where they lie (no copy of
+    U): R's solves equal SciPy's and the front-by-front loop's."""
+    from scipy.sparse.linalg import spsolve_triangular
+
+    from scipy_gpuqr._engine.gpu import trsolve as gpu_trsolve
+    cp = _cp()
+    rng = np.random.default_rng(7)
+    A = random_values(chessboard_boundary(6, 7, 3), rng)
+    an = analyze(A)
+    fs = an.fronts
+    rk, fn = np.asarray(fs.frank), np.asarray(fs.fn)
+    small = (rk > 0) & (rk < gpu_trsolve.BIG_FRONT_ROWS)
+    assert (fn - rk)[small].max() > 2 * 1024 and (rk >= gpu_trsolve.BIG_FRONT_ROWS).any()
+    g = gpu_factorize(A, an)
+    R = sp.csr_array(g.R)
+    n = A.shape[1]
+    d = np.abs(R.diagonal())
+    assert R.shape[0] == n and d.min() > 1e-8 * d.max()
+    ds = gs.device_solve_of(g)
+    C = rng.standard_normal((n, k))
+    y = ds.upper(cp.asarray(C)).get()
+    z = ds.upper_transposed(cp.asarray(C)).get()
+    yr = spsolve_triangular(R, C, lower=False)
+    zr = spsolve_triangular(sp.csr_array(R.T), C, lower=True)
+    assert np.abs(y - yr).max() <= 1e-9 * np.abs(yr).max()
+    assert np.abs(z - zr).max() <= 1e-9 * np.abs(zr).max()
+    ds.fronts._stages = None            # every front by cuBLAS, from its rows
+    yl = ds.upper(cp.asarray(C)).get()
+    zl = ds.upper_transposed(cp.asarray(C)).get()
+    assert np.abs(yl - yr).max() <= 1e-9 * np.abs(yr).max()
+    assert np.abs(zl - zr).max() <= 1e-9 * np.abs(zr).max()
+    g.free()
 
 
 @pytest.mark.gpu

@@ -470,7 +470,9 @@ def test_device_blocks_refuse_non_finite_solves(monkeypatch):
 def test_device_thin_qr_by_cholesky_qr2(rng, monkeypatch, decades):
     """The device's thin QR (CholeskyQR2 on the emulated cuBLAS/cuSOLVER memory):
     orthonormal Q, ``X = Q R`` with R upper triangular (read as ``right_solve``
-    reads it), X kept, no Householder, for condition numbers up to 1e6."""
+    reads it), X kept, no Householder, for condition numbers up to 1e6; one pass
+    where the first leaves Q orthonormal to working precision (condition 1),
+    two otherwise, the departure measured exactly (``G − I``, G restored)."""
     xp, called = _fake_device(monkeypatch)
     blocks = _sr._DeviceBlocks(xp)
     q, d = 700, 60
@@ -479,9 +481,15 @@ def test_device_thin_qr_by_cholesky_qr2(rng, monkeypatch, decades):
     X = np.ascontiguousarray((Uq * np.logspace(0, -decades, d)) @ Vq.T)
     X0 = X.copy()
     Q, R = blocks.orth(X)
-    assert "thin_qr" not in called and called.count("cholesky_upper") == 2
+    assert "thin_qr" not in called
+    assert called.count("cholesky_upper") == (1 if decades == 0 else 2)
     assert np.array_equal(X, X0)
-    assert np.linalg.norm(Q.T @ Q - np.eye(d)) <= 1e-14
+    assert np.linalg.norm(Q.T @ Q - np.eye(d)) <= (
+        _sr.CHOLQR_ONE_PASS * d * EPS if decades == 0 else 1e-14)
+    G = Q.T @ Q
+    G0 = G.copy()
+    assert blocks._departure(G) == pytest.approx(np.linalg.norm(G0 - np.eye(d)), rel=1e-6)
+    assert np.array_equal(G, G0)
     assert np.array_equal(R, np.triu(R)) and np.all(np.diag(R) > 0)
     assert np.linalg.norm(Q @ R - X) <= 1e-14 * np.linalg.norm(X)
     # R as right_solve reads it: X R⁻¹ = Q
@@ -584,3 +592,154 @@ def test_device_blocks_on_a_gpu_give_the_host_answers(rng, monkeypatch, transpos
     assert isinstance(Y, np.ndarray)
     assert np.linalg.norm(Yo - Yh) <= 1e-9 * np.linalg.norm(Yh)
     assert np.linalg.norm(Y - Yh) <= 1e-9 * np.linalg.norm(Yh)
+
+
+@pytest.mark.parametrize("device,transposed", [(False, False), (True, False), (False, True)])
+def test_nullspace_cod_solves_the_given_rhs_with_its_blocks(rng, monkeypatch, device, transposed):
+    """``rhs`` (G = R): its ``R⁻¹ P_U C`` comes with the decision's solve with
+    ``R⁻¹`` (one solve with R in all, the same as without), and the first solve
+    of C uses it: no solve of its own without refinement, one with it; the
+    answers equal those of a COD without ``rhs``; another C, or C again, is
+    solved afresh. For G = Rᵀ (solves start with ``R⁻ᵀ``) ``rhs`` is not asked."""
+    q, up, upt, dead, tol, host = _chess_cod(transposed)
+    xp = np
+    if device:
+        xp, _ = _fake_device(monkeypatch)
+    calls = []
+
+    def inv(C):
+        calls.append(("inv", C.shape[1]))
+        return up(C)
+
+    def inv_t(C):
+        calls.append(("inv_t", C.shape[1]))
+        return upt(C)
+    C = rng.standard_normal((q, 2))
+    asked = []
+
+    def rhs():
+        asked.append(1)
+        return C
+    plain = NullspaceCOD(up, upt, q, dead, tol, transposed=transposed, xp=xp)
+    cod = NullspaceCOD(inv, inv_t, q, dead, tol, transposed=transposed, xp=xp, rhs=rhs)
+    assert cod.rhs is None and cod.rank == plain.rank == 271
+    if transposed:
+        assert not asked and cod._first is None
+        return
+    assert asked == [1]
+    assert calls == [("inv_t", dead), ("inv", dead + PROBE_COLUMNS + 2)]
+    G = _chess_r((5, 6, 2))[2]
+    ref = plain.solve(C, matmul=lambda Y: G @ Y)
+    calls.clear()
+    Y = cod.solve(C, matmul=lambda Y: G @ Y)
+    assert calls == [("inv", 2)]                    # the refinement's solve only
+    assert np.linalg.norm(Y - ref) <= 1e-12 * np.linalg.norm(ref)
+    calls.clear()
+    Y2 = cod.solve(C)                               # again: solved afresh
+    assert calls == [("inv", 2)]
+    assert np.linalg.norm(Y2 - plain.solve(C)) <= 1e-12 * np.linalg.norm(Y2)
+    # a different block of the same shape is not taken for the given one
+    cod2 = NullspaceCOD(inv, inv_t, q, dead, tol, xp=xp, rhs=rhs)
+    calls.clear()
+    D = C + 1.0
+    assert np.linalg.norm(cod2.solve(D) - plain.solve(D)) <= 1e-12 * np.linalg.norm(plain.solve(D))
+    assert calls == [("inv", 2)]
+
+
+def test_nullspace_cod_takes_its_upper_cutoff_late(rng):
+    """``tol_range``'s hi given as a callable: called once, after the first solve,
+    its value kept; one that raises NullspaceRefused refuses."""
+    q, up, upt, dead, tol, host = _chess_cod(False)
+    order = []
+
+    def upt_logged(C):
+        order.append("solve")
+        return upt(C)
+
+    def hi():
+        order.append("hi")
+        return tol[1]
+    cod = NullspaceCOD(up, upt_logged, q, dead, (tol[0], hi))
+    assert order == ["solve", "hi"] and cod.tol_range == tol
+    assert cod.rank == host.rank and cod.certain() == host.certain()
+
+    def refuse():
+        raise NullspaceRefused("pivots between the cutoff's bounds")
+    with pytest.raises(NullspaceRefused, match="between"):
+        NullspaceCOD(up, upt, q, dead, (tol[0], refuse))
+
+
+def test_solver_upper_cutoff_computed_aside(monkeypatch):
+    """MinNormSolver's late upper cutoff: ``cutoff·‖R‖_F`` from the worker's pass,
+    refused where a pivot lies between the bounds (the dead count taken with the
+    lower one differs), and no pass left running once the decision is made."""
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 100)
+    A, num, R = _chess_r((5, 6, 2))
+    cutoff = _lstsq.lstsq_cutoff(*A.shape)
+    s = _lstsq.MinNormSolver(R, cutoff)
+    assert s.method == "nullspace_cod" and s._fro_pending is None
+    assert s._fro == pytest.approx(frobenius(R), rel=1e-15)
+    s._fro = None
+    d = abs_diagonal(R)
+    dead = int(np.count_nonzero(d <= cutoff * d.max()))
+    hi = s._late_upper_cutoff(d, dead)
+    assert s._fro_pending is not None
+    assert hi() == pytest.approx(cutoff * frobenius(R), rel=1e-15)
+    assert s._fro_pending is None
+    between = d.copy()
+    between[0] = 0.5 * (cutoff * d.max() + cutoff * frobenius(R))     # one more under hi
+    with pytest.raises(NullspaceRefused):
+        s._late_upper_cutoff(between, dead)()
+
+
+def test_least_squares_takes_qtb_into_the_decision(rng, monkeypatch):
+    """A tall rank-deficient ``QRFactorization.solve`` on the host: the decision's
+    solve with ``R⁻¹`` takes Qᵀb (computed once), the solution's first step needs no
+    solve with R of its own; lstsq's rank and minimum-norm answer."""
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 100)
+    A = chessboard_boundary(5, 6, 2)
+    b = rng.standard_normal(A.shape[0])
+    widths = []
+    qt = []
+    orig_ops = _lstsq.MinNormSolver._solve_ops
+
+    def ops(self):
+        up, upt, xp = orig_ops(self)
+
+        def counted(C):
+            widths.append(C.shape[1])
+            return up(C)
+        return counted, upt, xp
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_solve_ops", ops)
+    F = QRFactorization(A, backend="cpu")
+    orig_qt = type(F._core.num).qt_matmul
+
+    def qt_matmul(self, B):
+        qt.append(B.shape)
+        return orig_qt(self, B)
+    monkeypatch.setattr(type(F._core.num), "qt_matmul", qt_matmul)
+    x = F.solve(b)
+    assert F.info["rank_decision"]["method"] == "nullspace_cod"
+    q = A.shape[1]
+    dead = q - F.rank
+    assert widths[0] == dead + PROBE_COLUMNS + 1       # U, the probe's W, Qᵀb
+    assert widths[1:] == [1]                           # the refinement's solve
+    assert len(qt) == 1 and F._core._qtb is None
+    x_ref, _, rank, _ = np.linalg.lstsq(A.toarray(), b, rcond=None)
+    assert F.rank == rank
+    assert np.linalg.norm(x - x_ref) <= 1e-12 * np.linalg.norm(x_ref)
+
+
+def test_nullspace_cod_leaves_many_rhs_to_the_solve(rng):
+    """Over RHS_MAX_COLUMNS right-hand sides: not taken into the decision's solve
+    (its blocks stay q × (d + 8 + p)); the first solve solves them itself."""
+    q, up, upt, dead, tol, host = _chess_cod(False)
+    widths = []
+
+    def inv(C):
+        widths.append(C.shape[1])
+        return up(C)
+    C = rng.standard_normal((q, _sr.RHS_MAX_COLUMNS + 1))
+    cod = NullspaceCOD(inv, upt, q, dead, tol, rhs=lambda: C)
+    assert widths == [dead + PROBE_COLUMNS] and cod._first is None
+    assert np.linalg.norm(cod.solve(C) - host.solve(C)) <= 1e-12 * np.linalg.norm(host.solve(C))

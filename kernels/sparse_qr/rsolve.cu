@@ -20,20 +20,30 @@
 
 namespace gpuqr {
 
+// Values of Y[cols_o] a block of rsolve_upper holds in shared memory at a time.
+constexpr int RSOLVE_CHUNK = 1024;
+
 template <typename T, int NT>
 __device__ void rsolve_upper(const T* __restrict__ F, int fn, int rk,
                              const long long* __restrict__ cf, double* __restrict__ Y,
                              int k, int j, double* red) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (fn > rk) {                           // Y[piv] -= S Y[cols_o], one warp per row
+    // Y[piv] -= S Y[cols_o], one warp per row; Y[cols_o] gathered once per block into
+    // shared memory, RSOLVE_CHUNK values at a time (each row's warp would otherwise
+    // gather all of them from global memory again: rk times the gathers)
+    __shared__ double ys[RSOLVE_CHUNK];
+    for (int t0 = rk; t0 < fn; t0 += RSOLVE_CHUNK) {
+        const int tn = min(RSOLVE_CHUNK, fn - t0);
+        for (int t = tid; t < tn; t += NT) ys[t] = Y[cf[t0 + t] * k + j];
+        __syncthreads();
         for (int i = warp; i < rk; i += NT / 32) {
+            const T* Fi = F + (long long)i * fn + t0;
             double s = 0.0;
-            for (int t = rk + lane; t < fn; t += 32)
-                s += (double)F[(long long)i * fn + t] * Y[cf[t] * k + j];
+            for (int t = lane; t < tn; t += 32) s += (double)Fi[t] * ys[t];
             for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
             if (lane == 0) Y[cf[i] * k + j] -= s;
         }
-        __syncthreads();
+        __syncthreads();                     // ys is read before the next chunk fills it
     }
     for (int i = rk - 1; i >= 0; --i) {      // back substitution, row i contiguous
         double p = 0.0;

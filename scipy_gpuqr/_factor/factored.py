@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import pickle
 import time
+from typing import Optional
 
 import numpy as np
 import scipy.sparse as sp
@@ -192,6 +193,7 @@ class FactoredQR:
         self._Md = None
         self._solver = None
         self._dsolve = None
+        self._qtb = None                # (B, (QᵀB)[:rows of R]) within a least_squares call
         self._run(M)
 
     # -- phases ----------------------------------------------------------------
@@ -209,8 +211,13 @@ class FactoredQR:
         self.dtype = dtype
         self._run(M)
 
-    def rank_decision(self) -> MinNormSolver:
-        """The rank decision and minimum-norm solver, made once per factorization."""
+    def rank_decision(self, rhs: Optional[np.ndarray] = None) -> MinNormSolver:
+        """The rank decision and minimum-norm solver, made once per factorization.
+
+        ``rhs``: the host B (m × k) that :meth:`least_squares` solves next, for a
+        decision that solves with R anyway to take ``Qᵀb`` into that solve
+        (:class:`~scipy_gpuqr._factor.lstsq.MinNormSolver`'s ``rhs``; tall A, lstsq's
+        rule): ``Qᵀb`` is then computed during the decision, once."""
         if self._solver is None:
             t0 = time.perf_counter()
             num = self.num
@@ -227,13 +234,17 @@ class FactoredQR:
             # auto that factorized on the CPU with a GPU present (it consulted
             # the GPU's threshold) runs the dense refinements there too
             gpu_seen = self.plan.requested == "auto" and self.plan.gpu_name is not None
+            given = None
+            if rhs is not None and rhs.shape[1] and not self.transposed and self.tol is None:
+                def given():
+                    return self._qt_rows(rhs)
             self._solver = MinNormSolver(R, cutoff, transposed=self.transposed,
                                          factorize=_cod_factorizer(self.plan.factorize_fn),
                                          device=device,
                                          solves=self._device_triangular(),
                                          products=self._device_products(),
                                          dense_device="gpu" if device == "gpu" or gpu_seen
-                                         else "cpu")
+                                         else "cpu", rhs=given)
             self.timings["rank_decision"] = time.perf_counter() - t0
         return self._solver
 
@@ -427,6 +438,14 @@ class FactoredQR:
         """Float64 (n, k) minimum-norm least-squares solution for float64 B of shape (m, k).
 
         NumPy in and out; a full-rank problem on GPU factors is solved on the device."""
+        try:
+            return self._least_squares(B)
+        finally:
+            self._qtb = None            # Qᵀb of this call's B (_qt_rows) not kept
+
+    def _least_squares(self, B: np.ndarray) -> np.ndarray:
+        if B.shape[1] and self._solver is None:
+            self.rank_decision(rhs=B)   # Qᵀb taken into its solve where one runs
         if B.shape[1] and self.device_least_squares_ok():
             import cupy as cp           # optional dependency: GPU factors only
             try:
@@ -451,15 +470,24 @@ class FactoredQR:
         self.timings["solve"] = time.perf_counter() - t0
         return X
 
+    def _qt_rows(self, B: np.ndarray) -> np.ndarray:
+        """``(Qᵀ B)[:rows of R]`` (host), computed once for the B of one
+        :meth:`least_squares` call (the rank decision may ask for it first)."""
+        cached = getattr(self, "_qtb", None)
+        if cached is not None and cached[0] is B:
+            return cached[1]
+        k = self.num.R.shape[0]
+        C = self.num.qt_matmul(B)[:k] if B.shape[1] else np.zeros((k, 0))
+        self._qtb = (B, C)
+        return C
+
     def _tall_host(self, B: np.ndarray, solver: MinNormSolver) -> np.ndarray:
         """``X[colperm] = G⁺ (Qᵀ B)[:rows of G]`` on the host (m >= n)."""
-        num = self.num
-        k = num.R.shape[0]
-        C = num.qt_matmul(B)[:k] if B.shape[1] else np.zeros((k, 0))
+        C = self._qt_rows(B)
         if self.tol is not None:
             C = C[:solver.R.shape[0]]
         X = np.empty((self.shape[1], B.shape[1]))
-        X[num.colperm] = solver.solve(C)
+        X[self.num.colperm] = solver.solve(C)
         return X
 
     def free(self) -> None:
@@ -477,6 +505,7 @@ class FactoredQR:
         state["_solver"] = None
         state["_dsolve"] = None
         state["_Md"] = None
+        state["_qtb"] = None
         num = state.get("num")
         plan = state["plan"]
         state["plan_fields"] = {k: getattr(plan, k) for k in

@@ -116,6 +116,7 @@ Exact solves (``spsolve``, ``factorized``)
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -354,6 +355,12 @@ class MinNormSolver:
         null-space COD's solves (the GPU's, from R's rows on the device); one
         that answers None leaves that product to R's sparse copy, as the
         default does.
+    rhs : callable, optional
+        ``rhs()``: the right-hand sides C (rows of G × p, host) the first
+        :meth:`solve` will be given, fetched only by a rule that solves with
+        ``R⁻¹`` anyway and takes them into that solve (the null-space COD of
+        G = R): that first solve then costs no solve with R of its own. Not
+        kept once the decision is made.
     """
 
     R: sp.csc_array
@@ -364,6 +371,7 @@ class MinNormSolver:
     solves: Optional[tuple] = field(default=None, repr=False)
     dense_device: Optional[str] = None
     products: Optional[tuple] = field(default=None, repr=False)
+    rhs: Optional[Callable] = field(default=None, repr=False)
     method: str = field(init=False, default="")
     cod_device: str = field(init=False, default="cpu")
     revealed: bool = field(init=False, default=True)
@@ -381,8 +389,18 @@ class MinNormSolver:
     _smax_lanczos: Optional[float] = field(init=False, default=None, repr=False)
     # (ν, margin) of a probe of ‖R⁻¹‖₂ that did not confirm full rank
     _probe: Optional[tuple] = field(init=False, default=None, repr=False)
+    # ‖R‖_F being computed on a worker thread (_late_upper_cutoff)
+    _fro_pending: Optional[Future] = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
+        try:
+            self._decide()
+        finally:
+            self.rhs = None             # it may hold its caller (a factorization)
+            if self._fro_pending is not None:
+                self._frobenius()       # the worker's pass ends with the decision
+
+    def _decide(self):
         R = sp.csc_array(self.R)
         self.R = R
         if self.dense_device is None:
@@ -580,8 +598,30 @@ class MinNormSolver:
 
     def _frobenius(self) -> float:
         if self._fro is None:
-            self._fro = frobenius(self.R)
+            pending, self._fro_pending = self._fro_pending, None
+            self._fro = pending.result() if pending is not None else frobenius(self.R)
         return self._fro
+
+    def _late_upper_cutoff(self, d: np.ndarray, dead: int):
+        """``cutoff·‖R‖_F`` for :class:`~scipy_gpuqr._factor.solve_rank.NullspaceCOD`'s
+        ``tol_range``, given late: a callable (``‖R‖_F``, one pass over R's
+        values on the host, runs on a worker thread meanwhile, NumPy's dot
+        releasing the GIL) that raises NullspaceRefused where a pivot lies
+        between the cutoff's bounds (``count(d <= hi) != dead``, the test the
+        dead count was taken without); the value itself where ``‖R‖_F`` is known."""
+        if self._fro is None and self._fro_pending is None:
+            ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-fro")
+            try:
+                self._fro_pending = ex.submit(frobenius, self.R)
+            finally:
+                ex.shutdown(wait=False)     # the thread ends with its one task
+
+        def hi() -> float:
+            value = self.cutoff * self._frobenius()
+            if int(np.count_nonzero(d <= value)) != dead:
+                raise NullspaceRefused("pivots between the cutoff's bounds")
+            return value
+        return hi
 
     def _full_rank_probed(self) -> bool:
         """Full rank by :func:`~scipy_gpuqr._factor.solve_rank.probe_norm`: ν ≈
@@ -620,15 +660,17 @@ class MinNormSolver:
         """
         q = self.R.shape[0]
         lo = self.cutoff * float(d.max())
-        hi = self.cutoff * self._frobenius()
-        dead = int(np.count_nonzero(d <= hi))
-        if (dead == 0 or dead != int(np.count_nonzero(d <= lo))
-                or dead > min(NULLSPACE_MAX_DEAD, NULLSPACE_MAX_FRACTION * q)):
+        # the pivots under the lower bound; those under the upper one must be the
+        # same (checked once ‖R‖_F is known, computed while the device solves)
+        dead = int(np.count_nonzero(d <= lo))
+        if dead == 0 or dead > min(NULLSPACE_MAX_DEAD, NULLSPACE_MAX_FRACTION * q):
             return False
+        hi = self._late_upper_cutoff(d, dead)
         up, upt, xp = self._solve_ops()
         on_host = False             # device solves whose blocks stay on the host
         try:
-            cod = NullspaceCOD(up, upt, q, dead, (lo, hi), transposed=self.transposed, xp=xp)
+            cod = NullspaceCOD(up, upt, q, dead, (lo, hi), transposed=self.transposed, xp=xp,
+                               rhs=self.rhs)
         except NullspaceRefused:                    # no clear gap
             return False
         except MemoryError:
@@ -642,10 +684,10 @@ class MinNormSolver:
             up, upt, on_host = _results_on_host(up), _results_on_host(upt), True
             try:
                 cod = NullspaceCOD(up, upt, q, dead, (lo, hi), transposed=self.transposed,
-                                   xp=np)
+                                   xp=np, rhs=self.rhs)
             except (NullspaceRefused, MemoryError):
                 return False
-        smax = self._fro
+        smax = self._frobenius()
         if not cod.certain():
             smax = self._sigma_max()
             if not cod.holds(self.cutoff * smax):

@@ -76,7 +76,9 @@ from .dense_cod import solve_triangular
 
 __all__ = ["PROBE_COLUMNS", "PROBE_MAX_STEPS", "PROBE_FAILURE", "DRAW_CHUNK", "DRAW_THREADS",
            "probe_margin", "probe_norm", "gaussian_block", "abs_diagonal", "frobenius",
-           "NORM2_MAX_COLUMNS", "CHOLQR_MAX_DEPARTURE", "norm2_upper", "NullspaceCOD",
+           "NORM2_MAX_COLUMNS", "CHOLQR_MAX_DEPARTURE", "CHOLQR_ONE_PASS", "RHS_MAX_COLUMNS",
+           "norm2_upper",
+           "NullspaceCOD",
            "NullspaceRefused"]
 
 #: Columns of the random block of :func:`probe_norm` (a solve with a few columns
@@ -104,6 +106,16 @@ DRAW_THREADS = 8
 #: thin QR takes the second (``κ(Q₁)² <= 3`` then); beyond, Householder.
 CHOLQR_MAX_DEPARTURE = 0.5
 
+#: The device's thin QR of d columns stops after CholeskyQR's first pass where it
+#: leaves ``‖Q₁ᵀQ₁ − I‖_F <= CHOLQR_ONE_PASS·d·eps`` (the order of a Householder
+#: QR's own departure): a well-conditioned block (V's, ``Y = R⁻¹U_d``) needs no second.
+CHOLQR_ONE_PASS = 4.0
+
+#: Most right-hand sides :class:`NullspaceCOD` takes into its solve with ``R⁻¹``
+#: (``rhs``); more are left to the first solve's own (the decision's blocks stay
+#: q × (d + 8 + p)).
+RHS_MAX_COLUMNS = 64
+
 #: Most dead columns d for which :class:`NullspaceCOD` takes ``‖R V_d‖₂``
 #: from the d × d Gram matrix (host eigenvalues) where the Frobenius bound
 #: does not decide.
@@ -112,6 +124,9 @@ NORM2_MAX_COLUMNS = 2048
 
 class NullspaceRefused(Exception):
     """The solve-based decision does not apply; a dense rule must decide."""
+
+
+_EPS = float(np.finfo(np.float64).eps)
 
 
 def _host(a) -> np.ndarray:
@@ -294,14 +309,15 @@ class _HostBlocks:
                      check_finite=False)
 
     @staticmethod
-    def stacked(A, B):
-        """``[A, B]`` (columns side by side), C-contiguous."""
-        return np.concatenate((A, B), axis=1)
+    def stacked(*parts):
+        """``[A, B, ...]`` (columns side by side), C-contiguous."""
+        return np.concatenate(parts, axis=1)
 
     @staticmethod
-    def split(Y, d: int) -> tuple:
-        """``(Y[:, :d], Y[:, d:])``, each C-contiguous."""
-        return np.ascontiguousarray(Y[:, :d]), np.ascontiguousarray(Y[:, d:])
+    def split(Y, *cuts: int) -> tuple:
+        """``(Y[:, :c₁], Y[:, c₁:c₂], ..., Y[:, c_k:])``, each C-contiguous."""
+        edges = (0,) + cuts + (Y.shape[1],)
+        return tuple(np.ascontiguousarray(Y[:, a:b]) for a, b in zip(edges, edges[1:]))
 
     @staticmethod
     def right_solve(Z, Ry):
@@ -388,10 +404,12 @@ class _DeviceBlocks:
         ``Q ← Q U⁻¹`` (cuBLAS ``trsm``), starting from a copy of X: a few
         BLAS-3 calls where ``geqrf``/``orgqr`` spend most of their time in
         panel factorizations. The first pass leaves
-        ``‖Q₁ᵀQ₁ − I‖ ≈ κ(X)²·u``; the second is taken only where that departure
-        is at most :data:`CHOLQR_MAX_DEPARTURE` (then ``κ(Q₁)² <= 3``), and
-        gives ``Q`` orthonormal and ``X = Q R`` to working precision
-        (Yamamoto, Nakatsukasa, Yanagisawa, Fukaya, ETNA 44, 2015). A failed
+        ``‖Q₁ᵀQ₁ − I‖ ≈ κ(X)²·u`` (computed exactly, from ``G − I``); the second
+        is taken only where that departure is at most
+        :data:`CHOLQR_MAX_DEPARTURE` (then ``κ(Q₁)² <= 3``), and gives ``Q``
+        orthonormal and ``X = Q R`` to working precision (Yamamoto, Nakatsukasa,
+        Yanagisawa, Fukaya, ETNA 44, 2015); it is not needed where the first
+        already leaves at most ``CHOLQR_ONE_PASS·d·eps`` (:data:`CHOLQR_ONE_PASS`). A failed
         Cholesky factorization, or a larger departure (X too ill-conditioned,
         roughly κ(X) beyond 1e7, or not finite), returns None. ``Q`` is
         C-contiguous, ``R = U₂U₁`` F-contiguous upper triangular.
@@ -404,8 +422,12 @@ class _DeviceBlocks:
         factors = []
         for step in range(2):
             G = Q.T @ Q
-            if step and not self._near_identity(G, Q):
-                return None
+            if step:
+                departure = self._departure(G)
+                if not departure <= CHOLQR_MAX_DEPARTURE:
+                    return None
+                if departure <= CHOLQR_ONE_PASS * d * _EPS:
+                    break                   # Q₁ orthonormal to working precision
             if array_ops.cholesky_upper(G) != 0:
                 return None
             # C-contiguous Q (q × d) is Qᵀ column-major; G's memory holds U
@@ -415,32 +437,37 @@ class _DeviceBlocks:
         if not want_r:
             return Q, None
         # U column-major is Uᵀ in C order (lower): (U₂U₁)ᵀ = U₁ᵀU₂ᵀ in C order,
-        # whose transpose (an F-contiguous view) is U₂U₁
-        L1, L2 = (array_ops.unit_triangle(G, lower=True, unit=False) for G in factors)
-        return Q, (L1 @ L2).T
+        # whose transpose (an F-contiguous view) is U₂U₁ (U₁ alone after one pass)
+        Ls = [array_ops.unit_triangle(G, lower=True, unit=False) for G in factors]
+        return Q, (Ls[0] @ Ls[1] if len(Ls) == 2 else Ls[0]).T
 
-    @staticmethod
-    def _near_identity(G, Q) -> bool:
-        """``‖G − I‖_F <= CHOLQR_MAX_DEPARTURE`` for ``G = QᵀQ`` (C-contiguous):
-        ``‖g_i − e_i‖² = ‖g_i‖² − 2‖q_i‖² + 1`` from the two blocks' column norms."""
-        gn, gbad = array_ops.column_norms(G)
-        qn, qbad = array_ops.column_norms(Q)
-        if _host(gbad).any() or _host(qbad).any():
-            return False
-        gn, qn = _host(gn), _host(qn)
-        departure = float(np.sum(gn * gn - 2.0 * (qn * qn) + 1.0))
-        return bool(np.isfinite(departure) and departure <= CHOLQR_MAX_DEPARTURE ** 2)
+    def _departure(self, G) -> float:
+        """``‖G − I‖_F`` of the C-contiguous square ``G`` (inf where G holds a NaN or
+        an infinity), from the column norms of ``G − I`` formed in place (its
+        diagonal, a strided view, less ones uploaded); G is left as it was."""
+        d = int(G.shape[0])
+        diag = G.reshape(-1)[:: d + 1]
+        array_ops.subtract_into(diag, self.xp.asarray(np.ones(d)))
+        norms, bad = array_ops.column_norms(G)
+        array_ops.subtract_into(diag, self.xp.asarray(np.full(d, -1.0)))
+        if _host(bad).any():
+            return float("inf")
+        departure = float(np.linalg.norm(_host(norms)))
+        return departure if np.isfinite(departure) else float("inf")
 
-    def stacked(self, A, B):
-        q, a, b = int(A.shape[0]), int(A.shape[1]), int(B.shape[1])
-        out = self.xp.empty((q, a + b), dtype=np.float64)
-        array_ops.copy_into(out[:, :a], A)
-        array_ops.copy_into(out[:, a:], B)
+    def stacked(self, *parts):
+        widths = [int(P.shape[1]) for P in parts]
+        out = self.xp.empty((int(parts[0].shape[0]), sum(widths)), dtype=np.float64)
+        at = 0
+        for P, w in zip(parts, widths):
+            array_ops.copy_into(out[:, at:at + w], P)
+            at += w
         return out
 
     @staticmethod
-    def split(Y, d: int) -> tuple:
-        return array_ops.contiguous_copy(Y[:, :d]), array_ops.contiguous_copy(Y[:, d:])
+    def split(Y, *cuts: int) -> tuple:
+        edges = (0,) + cuts + (int(Y.shape[1]),)
+        return tuple(array_ops.contiguous_copy(Y[:, a:b]) for a, b in zip(edges, edges[1:]))
 
     @staticmethod
     def right_solve(Z, Ry):
@@ -504,17 +531,27 @@ class NullspaceCOD:
     d : int
         Number of singular values taken as below the cutoff (the count of
         tiny pivots); 1 <= d < q.
-    tol_range : (float, float)
+    tol_range : (float, float or callable)
         Bounds ``lo <= tol <= hi`` of lstsq's absolute cutoff ``eps·max(m,
         n)·σ_max`` (σ_max between ``max|r_ii|`` and ``‖R‖_F`` before an
         accurate estimate is paid for): the checks that fail for every tol in
-        the range raise, :meth:`certain` and :meth:`holds` decide.
+        the range raise, :meth:`certain` and :meth:`holds` decide. ``hi`` may
+        be given late, as a callable called once (it may raise
+        :class:`NullspaceRefused`) when ``R⁻ᵀΩ`` is solved, and nothing before
+        needs it: the caller's pass over R's values for ``‖R‖_F`` then runs on
+        the host while the device solves; ``tol_range`` holds its value after.
     transposed : bool
         Solve with ``G = Rᵀ``.
     xp : module
         NumPy or CuPy: where the q×d blocks live.
     seed : int
         Seed of the random block.
+    rhs : callable, optional
+        ``rhs()``: host right-hand sides C (q × p) of the first :meth:`solve`
+        (G = R only, p <= :data:`RHS_MAX_COLUMNS`), fetched when the decision
+        reaches its solve with ``R⁻¹``: that solve takes ``P_U C`` as p more
+        columns, and the first :meth:`solve` of the same C uses them instead of
+        a solve of its own.
 
     Raises
     ------
@@ -543,6 +580,7 @@ class NullspaceCOD:
     transposed: bool = False
     xp: object = np
     seed: int = 0
+    rhs: Optional[Callable] = field(default=None, repr=False)
     rank: int = field(init=False, default=0)
     residual: float = field(init=False, default=float("nan"))
     nu: float = field(init=False, default=float("nan"))
@@ -551,15 +589,19 @@ class NullspaceCOD:
     _u: object = field(init=False, default=None, repr=False)
     _v: object = field(init=False, default=None, repr=False)
     _blocks: object = field(init=False, default=None, repr=False)
+    # (C, R⁻¹ P_U C) of the given right-hand sides, for the first solve of C
+    _first: Optional[tuple] = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
+        rhs, self.rhs = self.rhs, None      # not kept: it may hold its caller
         q, d = self.q, self.d
-        lo, hi = self.tol_range
+        lo = self.tol_range[0]
         if not (0 < d < q):
             raise NullspaceRefused(f"{d} dead columns of {q}")
         self._blocks = blocks = _blocks_of(self.xp)
         Z = blocks.dense(self.inv_t(blocks.gaussian(self.seed, (q, d))))
         sz = blocks.finite_absmax(Z)
+        hi = self._upper_cutoff()
         if not np.isfinite(sz):
             raise NullspaceRefused("non-finite solve (zero pivot)")
         if not sz > 0:
@@ -567,9 +609,14 @@ class NullspaceCOD:
         U, _ = blocks.orth(blocks.divided(Z, sz), want_r=False)
         del Z
         U = blocks.dense(U)
-        # one solve for V's block R⁻¹U and the probe's first step R⁻¹ P_U W
-        W = blocks.gaussian(self.seed + 1, (q, min(PROBE_COLUMNS, q)))
-        Y, YW = blocks.split(blocks.dense(self.inv(blocks.stacked(U, blocks.project(U, W)))), d)
+        # one solve for V's block R⁻¹U, the probe's first step R⁻¹ P_U W and the
+        # given right-hand sides' R⁻¹ P_U C
+        p = min(PROBE_COLUMNS, q)
+        W = blocks.gaussian(self.seed + 1, (q, p))
+        C = self._given_rhs(rhs)
+        parts = (U, blocks.project(U, W)) + (() if C is None else (blocks.project(U, C),))
+        Y, YW, *YC = blocks.split(blocks.dense(self.inv(blocks.stacked(*parts))),
+                                  *((d,) if C is None else (d, d + p)))
         # one scale for all columns: R V = U R_y⁻¹ is unchanged
         s = blocks.finite_absmax(Y)
         if not np.isfinite(s):
@@ -586,6 +633,8 @@ class NullspaceCOD:
             raise NullspaceRefused(f"‖R V_d‖ {self.residual:.3g} above half the cutoff "
                                    f"{hi:.3g}: no clear gap")
         self._u, self._v = U, V
+        if C is not None:
+            self._first = (C, YC[0])
         # ‖S‖ by the power method on SᵀS, its first step S W = P_V (R⁻¹ P_U W) from
         # the solve above
         self.nu, self.margin = probe_norm(self._apply_t, self._apply, q, xp=self.xp,
@@ -595,6 +644,29 @@ class NullspaceCOD:
             raise NullspaceRefused(f"σ_(q-d) not clearly above the cutoff {lo:.3g}")
         self.sigma_min = 1.0 / self.nu
         self.rank = q - d
+
+    def _upper_cutoff(self) -> float:
+        """``hi`` of ``tol_range``, called for where it was given late."""
+        lo, hi = self.tol_range
+        if callable(hi):
+            hi = float(hi())
+            self.tol_range = (lo, hi)
+        return hi
+
+    def _given_rhs(self, rhs) -> Optional[np.ndarray]:
+        """The host block ``rhs()`` (C-contiguous float64 q × p, p >= 1) for the
+        solve with ``R⁻¹``; None without one, for G = Rᵀ (its solves start with
+        ``R⁻ᵀ``), or for a block of another shape or over :data:`RHS_MAX_COLUMNS`
+        columns."""
+        if rhs is None or self.transposed:
+            return None
+        C = rhs()
+        if C is None:
+            return None
+        C = np.ascontiguousarray(C, dtype=np.float64)
+        if C.ndim != 2 or C.shape[0] != self.q or not 0 < C.shape[1] <= RHS_MAX_COLUMNS:
+            return None
+        return C
 
     def holds(self, tol: float) -> bool:
         """d singular values ``<= tol`` (``‖R V_d‖ <= tol/2``) and the others
@@ -619,6 +691,9 @@ class NullspaceCOD:
     def solve(self, C, matmul: Optional[Callable] = None) -> np.ndarray:
         """Minimum-norm ``Y`` with ``G Y ≈ C`` under the decided rank; C of shape (q, p).
 
+        The first solve of the right-hand sides given as ``rhs`` (equal
+        values) takes ``R⁻¹ P_U C`` from the decision's solve.
+
         ``matmul`` (``Y ↦ G Y`` on host arrays), where given, refines once with
         G's own residual, ``Y += S (C − G Y)``: the projections remove the
         components that the tiny pivots amplify only to the accuracy of the
@@ -629,7 +704,13 @@ class NullspaceCOD:
         if C.shape[1] == 0:
             return np.zeros((self.q, 0))
         apply = self._apply_t if self.transposed else self._apply
-        Y = np.ascontiguousarray(_host(apply(C)))
+        first, self._first = self._first, None
+        if first is not None and first[0].shape == C.shape and np.array_equal(first[0], C):
+            # R⁻¹ P_U C came with the decision's solve
+            b = self._blocks
+            Y = np.ascontiguousarray(_host(b.project(self._v, b.dense(first[1]))))
+        else:
+            Y = np.ascontiguousarray(_host(apply(C)))
         if matmul is not None:
             Y += _host(apply(C - np.asarray(matmul(Y))))
         return Y

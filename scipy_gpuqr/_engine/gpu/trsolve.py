@@ -163,7 +163,14 @@ class FrontTriangular:
         Fv = pool[o: o + rk * fn].reshape(rk, fn)
         piv = self.cols[a: a + rk]
         k = int(Y.shape[1])
-        Uf = ops.contiguous_copy(Fv[:, :rk], np.float64, order="F")
+        if pool.dtype == np.float64:
+            # the rows read column-major (leading dimension fn) are Uᵀ, lower: cuBLAS
+            # solves with them where they lie (U y = c is Uᵀ's transposed solve),
+            # no transposing copy of U per solve (the root front's is hundreds of MB)
+            Uf, ld, lower, op_t = pool[o: o + rk * fn], fn, True, not trans
+        else:
+            Uf, ld, lower, op_t = (ops.contiguous_copy(Fv[:, :rk], np.float64, order="F"),
+                                   rk, False, trans)
         Bf = ops.take_rows(Y, piv, order="F")               # Y[piv], column-major
         if fn > rk:
             o_cols = self.cols[a + rk: b]
@@ -175,10 +182,10 @@ class FrontTriangular:
             if fn > rk:
                 prod = ops.matmul_operand(S, left=True) @ ops.take_rows(Y, o_cols)
                 ops.subtract_into(Bf, prod)
-            ops.trsm_left(Uf, rk, Bf, rk, rk, k, lower=False, trans=False, unit=False)
+            ops.trsm_left(Uf, ld, Bf, rk, rk, k, lower=lower, trans=op_t, unit=False)
             ops.put_rows(Y, piv, Bf)
             return
-        ops.trsm_left(Uf, rk, Bf, rk, rk, k, lower=False, trans=True, unit=False)
+        ops.trsm_left(Uf, ld, Bf, rk, rk, k, lower=lower, trans=op_t, unit=False)
         ops.put_rows(Y, piv, Bf)
         if fn > rk:
             ops.put_rows(Y, o_cols, ops.matmul_operand(S.T, left=True) @ Bf, subtract=True)
