@@ -197,6 +197,30 @@ def _floats(values: tuple) -> tuple:
     return values[:3] + tuple([float(value) for value in values[3:]])
 
 
+def _watched_stop(run: _Run, values, istop: int, exact: bool, timed: bool) -> bool:
+    """One watched iteration of either loop: the callback told (``values``, the
+    fields of an :class:`~scipy_gpuqr._iterative._common.IterationState`; None
+    without a callback), and whether the loop ends here: the callback asked it
+    to (before SciPy's own stop), SciPy's tests stopped it, or the allowance of
+    seconds is spent. Only watched iterations come here (the unwatched ones
+    test ``istop`` alone)."""
+    if values is not None:
+        state = tuple.__new__(IterationState, _floats(values) if exact else values)
+        try:
+            wants_stop = run.callback(state)
+        except (ZeroDivisionError, OverflowError) as exc:
+            raise _FromCallback(exc) from exc
+        if wants_stop and istop == 0:
+            run.stopped_by_callback = True
+            return True
+    if istop != 0:
+        return True
+    if timed and run.clock.spent():
+        run.allowance_spent = True
+        return True
+    return False
+
+
 def _replaying(body, run: _Run, args: tuple):
     """``body(*args, exact)`` with Python scalars, replayed with NumPy's where Python raised."""
     exact = args[-1]
@@ -256,7 +280,6 @@ def _lsmr_body(P, damp, atol, btol, conlim, maxiter, run, exact):
     watched = run.watched
     callback, clock = run.callback, run.clock
     t0, timed = clock.t0, clock.max_seconds is not None
-    new_state = tuple.__new__
 
     normb = root(b.dot(b))
     t = np.empty(m)
@@ -405,6 +428,7 @@ def _lsmr_body(P, damp, atol, btol, conlim, maxiter, run, exact):
         test3 = 1 / condA
         t1 = test1 / (1 + normA * normx / normb)
         rtol = btol + atol * normA * normx / normb
+        # SciPy's tests in its order (_common.stopping_code's statements, inline in the loop)
         if itn >= maxiter:
             istop = 7
         if 1 + test3 <= 1:
@@ -422,21 +446,10 @@ def _lsmr_body(P, damp, atol, btol, conlim, maxiter, run, exact):
         remember((test1, test2, rtol))
         if watched and itn > reported:
             run.reported = itn
-            if callback is not None:
-                values = (itn, x, istop, normr, normar, normA, condA, normx, test1, test2, rtol,
-                          _now() - t0)
-                state = new_state(IterationState, _floats(values) if exact else values)
-                try:
-                    wants_stop = callback(state)
-                except (ZeroDivisionError, OverflowError) as exc:
-                    raise _FromCallback(exc) from exc
-                if wants_stop and istop == 0:
-                    run.stopped_by_callback = True
-                    break
-            if istop != 0:
-                break
-            if timed and clock.spent():
-                run.allowance_spent = True
+            values = None if callback is None else (
+                itn, x, istop, normr, normar, normA, condA, normx, test1, test2, rtol,
+                _now() - t0)
+            if _watched_stop(run, values, istop, exact, timed):
                 break
         elif istop > 0:
             break
@@ -488,7 +501,6 @@ def _lsqr_body(P, damp, dampsq, atol, btol, conlim, iter_lim, calc_var, run, exa
     watched = run.watched
     callback, clock = run.callback, run.clock
     t0, timed = clock.t0, clock.max_seconds is not None
-    new_state = tuple.__new__
     eps = np.finfo(np.float64).eps         # SciPy's (a NumPy scalar)
     if not exact:
         eps = float(eps)
@@ -649,6 +661,7 @@ def _lsqr_body(P, damp, dampsq, atol, btol, conlim, iter_lim, calc_var, run, exa
                 test3 = 1 / (acond + eps)
                 t1 = test1 / (1 + anorm * xnorm / bnorm)
                 rtol = btol + atol * anorm * xnorm / bnorm
+        # SciPy's tests in its order (_common.stopping_code's statements, inline in the loop)
         if itn >= iter_lim:
             istop = 7
         if 1 + test3 <= 1:
@@ -666,21 +679,10 @@ def _lsqr_body(P, damp, dampsq, atol, btol, conlim, iter_lim, calc_var, run, exa
         remember((test1, test2, rtol))
         if watched and itn > reported:
             run.reported = itn
-            if callback is not None:
-                values = (itn, x, istop, r2norm, arnorm, anorm, acond, xnorm, test1, test2, rtol,
-                          _now() - t0)
-                state = new_state(IterationState, _floats(values) if exact else values)
-                try:
-                    wants_stop = callback(state)
-                except (ZeroDivisionError, OverflowError) as exc:
-                    raise _FromCallback(exc) from exc
-                if wants_stop and istop == 0:
-                    run.stopped_by_callback = True
-                    break
-            if istop != 0:
-                break
-            if timed and clock.spent():
-                run.allowance_spent = True
+            values = None if callback is None else (
+                itn, x, istop, r2norm, arnorm, anorm, acond, xnorm, test1, test2, rtol,
+                _now() - t0)
+            if _watched_stop(run, values, istop, exact, timed):
                 break
         elif istop != 0:
             break
