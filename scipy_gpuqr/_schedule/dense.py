@@ -74,7 +74,9 @@ class DenseModel:
     the device, so a dense front does not run in the launches' shadow but
     takes turns with them, and the kernels last at least ``launch_share`` of
     the launches' time plus ``dense_contention`` times the dense fronts' sum
-    (their time alone; beside the launches they run slower).
+    (their time alone). Where the tree is wide, dense fronts of one subtree do
+    run beside the launches of others, which this bound does not see: the
+    model then errs against dense fronts, and ``tolerance`` is kept small.
     A dense front's rows of R become final only when it ends, all at once,
     where a tile front's stream out while its later column tiles run: the
     call waits for them after the kernels, at ``r_copy_rate`` (bytes per
@@ -82,7 +84,8 @@ class DenseModel:
 
     The defaults are fitted to one H200 (bench/RESULTS.md, issue 18: the panel
     kernel alone, dense fronts alone, whole factorizations with every front in
-    the uberkernel, and with the dense fronts of a threshold and of the rule).
+    the uberkernel, and with the dense fronts of size thresholds and of the
+    rule, on a chessboard, a 3-D grid and a linearized assignment LP).
     ``launch_share=0`` and ``r_copy_rate=inf`` leave the dense fronts in the
     launches' shadow (only their paths and their sum bound the time).
     """
