@@ -45,7 +45,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ._common import Clock, IterationState, Progress, compressed_kernels, givens
+from ._common import (Clock, IterationState, Progress, compressed_kernels, givens,
+                      stopping_code)
 
 __all__ = ["HostProblem", "host_problem", "lsqr_host", "lsmr_host"]
 
@@ -428,21 +429,7 @@ def _lsmr_body(P, damp, atol, btol, conlim, maxiter, run, exact):
         test3 = 1 / condA
         t1 = test1 / (1 + normA * normx / normb)
         rtol = btol + atol * normA * normx / normb
-        # SciPy's tests in its order (_common.stopping_code's statements, inline in the loop)
-        if itn >= maxiter:
-            istop = 7
-        if 1 + test3 <= 1:
-            istop = 6
-        if 1 + test2 <= 1:
-            istop = 5
-        if 1 + t1 <= 1:
-            istop = 4
-        if test3 <= ctol:
-            istop = 3
-        if test2 <= atol:
-            istop = 2
-        if test1 <= rtol:
-            istop = 1
+        istop = stopping_code(itn, maxiter, test1, test2, test3, t1, rtol, atol, ctol)
         remember((test1, test2, rtol))
         if watched and itn > reported:
             run.reported = itn
@@ -661,21 +648,7 @@ def _lsqr_body(P, damp, dampsq, atol, btol, conlim, iter_lim, calc_var, run, exa
                 test3 = 1 / (acond + eps)
                 t1 = test1 / (1 + anorm * xnorm / bnorm)
                 rtol = btol + atol * anorm * xnorm / bnorm
-        # SciPy's tests in its order (_common.stopping_code's statements, inline in the loop)
-        if itn >= iter_lim:
-            istop = 7
-        if 1 + test3 <= 1:
-            istop = 6
-        if 1 + test2 <= 1:
-            istop = 5
-        if 1 + t1 <= 1:
-            istop = 4
-        if test3 <= ctol:
-            istop = 3
-        if test2 <= atol:
-            istop = 2
-        if test1 <= rtol:
-            istop = 1
+        istop = stopping_code(itn, iter_lim, test1, test2, test3, t1, rtol, atol, ctol)
         remember((test1, test2, rtol))
         if watched and itn > reported:
             run.reported = itn
