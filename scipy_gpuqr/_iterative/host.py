@@ -264,6 +264,41 @@ def lsmr_host(P: HostProblem, damp, atol, btol, conlim, maxiter, *,
     return fields, run.info(fields[1], fields[2], exact_start)
 
 
+def _bidiagonal_start(P: HostProblem, root, normb, t: np.ndarray, *, v_of_zero_b):
+    """The first step of Golub--Kahan bidiagonalization as SciPy's ``lsqr`` and
+    ``lsmr`` take it: ``x`` (x0's copy or zeros), ``u`` (the residual b − A x
+    normalized; ``t`` is A x's buffer), ``v`` (Aᵀu normalized), ``beta`` and
+    ``alpha`` (their norms). Where beta is 0, SciPy's ``lsmr`` starts from
+    ``v = zeros(n)`` and its ``lsqr`` from ``v = x`` (``v_of_zero_b``: ``np.zeros``,
+    or None for x's copy); u is then a copy, never the caller's b (SciPy's
+    would be updated in place)."""
+    m, n = P.m, P.n
+    indptr, indices, data = P.arrays
+    b = P.b
+    if P.x0 is None:
+        x = np.zeros(n)
+        beta = normb
+        u = b
+    else:
+        x = P.x0.copy()
+        t.fill(0.0)
+        P.forward(m, n, indptr, indices, data, x, t)
+        u = b - t
+        beta = root(u.dot(u))
+    if beta > 0:
+        u = (1 / beta) * u
+        v = np.zeros(n)
+        P.backward(n, m, indptr, indices, data, u, v)
+        alpha = root(v.dot(v))
+    else:
+        u = u.copy()
+        v = x.copy() if v_of_zero_b is None else v_of_zero_b(n)
+        alpha = 0
+    if alpha > 0:
+        v *= (1 / alpha)
+    return x, u, v, beta, alpha
+
+
 def _lsmr_body(P, damp, atol, btol, conlim, maxiter, run, exact):
     """SciPy's ``lsmr`` statements (scipy/sparse/linalg/_isolve/lsmr.py), one for one."""
     sqrt = math.sqrt
@@ -284,27 +319,7 @@ def _lsmr_body(P, damp, atol, btol, conlim, maxiter, run, exact):
 
     normb = root(b.dot(b))
     t = np.empty(m)
-    if P.x0 is None:
-        x = np.zeros(n)
-        beta = normb
-        u = b
-    else:
-        x = P.x0.copy()
-        t.fill(0.0)
-        forward(m, n, indptr, indices, data, x, t)
-        u = b - t
-        beta = root(u.dot(u))
-    if beta > 0:
-        u = (1 / beta) * u
-        v = np.zeros(n)
-        backward(n, m, indptr, indices, data, u, v)
-        alpha = root(v.dot(v))
-    else:
-        u = u.copy()            # never the caller's b (SciPy's would be updated in place)
-        v = np.zeros(n)
-        alpha = 0
-    if alpha > 0:
-        v *= (1 / alpha)
+    x, u, v, beta, alpha = _bidiagonal_start(P, root, normb, t, v_of_zero_b=np.zeros)
 
     itn = 0
     zetabar = alpha * beta
@@ -510,27 +525,7 @@ def _lsqr_body(P, damp, dampsq, atol, btol, conlim, iter_lim, calc_var, run, exa
 
     bnorm = root(b.dot(b))
     t = np.empty(m)
-    if P.x0 is None:
-        x = np.zeros(n)
-        beta = bnorm
-        u = b
-    else:
-        x = P.x0.copy()
-        t.fill(0.0)
-        forward(m, n, indptr, indices, data, x, t)
-        u = b - t
-        beta = root(u.dot(u))
-    if beta > 0:
-        u = (1 / beta) * u
-        v = np.zeros(n)
-        backward(n, m, indptr, indices, data, u, v)
-        alfa = root(v.dot(v))
-    else:
-        u = u.copy()
-        v = x.copy()
-        alfa = 0
-    if alfa > 0:
-        v *= (1 / alfa)
+    x, u, v, beta, alfa = _bidiagonal_start(P, root, bnorm, t, v_of_zero_b=None)
     w = v.copy()
 
     rhobar = alfa
