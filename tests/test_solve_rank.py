@@ -40,6 +40,18 @@ def test_probe_margin_meets_the_failure_bound():
     assert probe_margin(64000, 2) == pytest.approx(16.5, rel=0.01)
 
 
+def _counted_solves(T, calls):
+    """``T⁻¹·`` and ``T⁻ᵀ·`` by SciPy, each call appended to ``calls``."""
+    def inv(C):
+        calls.append(1)
+        return la.solve_triangular(T, C)
+
+    def inv_t(C):
+        calls.append(1)
+        return la.solve_triangular(T, C, trans=1)
+    return inv, inv_t
+
+
 @pytest.mark.parametrize("decades", [0.5, 4, 10])
 def test_probe_norm_within_the_margin(rng, decades):
     """ν ≤ ‖T⁻¹‖₂ always (a Rayleigh quotient) and ≥ ‖T⁻¹‖₂/M (here far closer);
@@ -48,13 +60,7 @@ def test_probe_norm_within_the_margin(rng, decades):
     exact = 1.0 / np.linalg.svd(T, compute_uv=False)[-1]
     calls = []
 
-    def inv(C):
-        calls.append(1)
-        return la.solve_triangular(T, C)
-
-    def inv_t(C):
-        calls.append(1)
-        return la.solve_triangular(T, C, trans=1)
+    inv, inv_t = _counted_solves(T, calls)
     for seed in range(3):
         for steps in (1, 2, 3):
             calls.clear()
@@ -537,13 +543,7 @@ def test_probe_norm_from_a_given_first_step(rng):
     T = _graded_triangle(rng, 300, 6)
     calls = []
 
-    def inv(C):
-        calls.append(1)
-        return la.solve_triangular(T, C)
-
-    def inv_t(C):
-        calls.append(1)
-        return la.solve_triangular(T, C, trans=1)
+    inv, inv_t = _counted_solves(T, calls)
     for steps in (1, 2, 3):
         calls.clear()
         ref = probe_norm(inv, inv_t, 300, seed=4, steps=steps)
