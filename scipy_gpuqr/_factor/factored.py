@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import pickle
 import time
@@ -234,10 +235,9 @@ class FactoredQR:
             # auto that factorized on the CPU with a GPU present (it consulted
             # the GPU's threshold) runs the dense refinements there too
             gpu_seen = self.plan.requested == "auto" and self.plan.gpu_name is not None
-            given = None
-            if rhs is not None and rhs.shape[1] and not self.transposed and self.tol is None:
-                def given():
-                    return self._qt_rows(rhs)
+            given = (functools.partial(self._qt_rows, rhs)
+                     if rhs is not None and rhs.shape[1] and not self.transposed
+                     and self.tol is None else None)
             self._solver = MinNormSolver(R, cutoff, transposed=self.transposed,
                                          factorize=_cod_factorizer(self.plan.factorize_fn),
                                          device=device,
