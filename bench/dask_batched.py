@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import functools
 import json
 import os
 import statistics
@@ -61,54 +62,157 @@ import numpy as np  # noqa: E402
 HOST = "127.0.0.1"
 
 #: what --quick runs (2**22 float64 32 x 32 matrices are 32 GiB: 16 chunks of 2 GiB)
-QUICK = {"count": 1 << 22, "n": 32, "chunk": 1 << 18, "workers": "1,2", "reps": 3}
+QUICK = {"count": 1 << 22, "n": 32, "chunk": str(1 << 18), "workers": "1,2", "reps": 3}
+
+#: the calls of lu_factor_batched timed (--call): see :func:`factor`
+CALLS = ("default", "async")
 
 # ----------------------------------------------------------------------------
 # run on the workers (and by the direct baseline)
 # ----------------------------------------------------------------------------
 
 
-def make_chunk(seed, *, size: int, n: int, dt: str, gpu: bool, block_info=None):
-    """``size`` random ``n x n`` matrices plus ``n`` on the diagonal, made where it runs.
+#: The chunks' entries, made in one pass on the GPU (CuPy's ``standard_normal``
+#: took four times a write of the chunk) and bit for bit the same by the NumPy
+#: copy below: a counter hash (splitmix64) of the entry's global index, as
+#: uniform in [-1, 1), plus ``n`` on the diagonal (so every matrix is strictly
+#: diagonally dominant: nonsingular, well conditioned, whatever the seed).
+_MAKE_BODY = """
+unsigned long long z = seed + (unsigned long long)(first + i) * 0x9E3779B97F4A7C15ull;
+z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+z ^= z >> 31;
+long long e = (first + i) % nn;
+double v = 2.0 * ((double)(z >> 11) * 1.1102230246251565e-16) - 1.0;
+a = (T)(v + ((e / n == e % n) ? (double)n : 0.0));
+"""
 
-    ``seed``: an int; with ``block_info`` (a Dask ``map_blocks`` call without
-    input arrays) the seed is ``seed`` plus the chunk's index and the size is
-    the chunk's.
+#: Per matrix the sum of ``lu``'s diagonal and of ``piv``, a block's sum to
+#: ``part[block]``: one pass and one launch (CuPy's reductions took several, the
+#: last with one thread block for the whole chunk).
+_CHECKSUM_SRC = r"""
+template <typename T>
+__device__ void checksum(const T* lu, const int* piv, long long count, int n, double* part) {
+  __shared__ double s[256];
+  long long m = (long long)blockIdx.x * 256 + threadIdx.x;
+  double v = 0.0;
+  if (m < count) {
+    const T* a = lu + m * n * n;
+    const int* p = piv + m * n;
+    for (int k = 0; k < n; ++k) v += (double)a[k * (n + 1)] + (double)p[k];
+  }
+  s[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = 128; w > 0; w >>= 1) {
+    if (threadIdx.x < w) s[threadIdx.x] += s[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) part[blockIdx.x] = s[0];
+}
+extern "C" __global__ void checksum_f8(const double* lu, const int* piv, long long count, int n, double* part) { checksum(lu, piv, count, n, part); }
+extern "C" __global__ void checksum_f4(const float* lu, const int* piv, long long count, int n, double* part) { checksum(lu, piv, count, n, part); }
+"""
+
+@functools.lru_cache(maxsize=None)
+def _gpu_kernels():
+    """(the chunk maker, the checksum module), made once per process."""
+    import cupy
+    return (cupy.ElementwiseKernel("uint64 seed, int64 first, int64 nn, int64 n", "T a",
+                                   _MAKE_BODY, "bench_make_chunk"),
+            cupy.RawModule(code=_CHECKSUM_SRC, options=("-std=c++14",)))
+
+
+def _make_numpy(seed: int, first: int, shape, n: int, dt) -> np.ndarray:
+    """The NumPy copy of :data:`_MAKE_BODY` (equal bit for bit)."""
+    g = np.arange(first, first + int(np.prod(shape)), dtype=np.uint64)
+    z = np.uint64(seed) + g * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    v = 2.0 * ((z >> np.uint64(11)).astype(np.float64) * 1.1102230246251565e-16) - 1.0
+    e = (g % np.uint64(n * n)).astype(np.int64)
+    v += np.where(e // n == e % n, float(n), 0.0)
+    return v.astype(dt).reshape(shape)
+
+
+def make_chunk(start: int = 0, *, size: int, n: int, dt: str, gpu: bool, seed: int = 1,
+               block_info=None):
+    """Matrices ``start, ..., start + size - 1`` of the benchmark's stack, made where
+    this runs (one write pass on the GPU): entries uniform in [-1, 1) from a hash
+    of their global index and ``seed``, plus ``n`` on the diagonal.
+
+    With ``block_info`` (a Dask ``map_blocks`` call without input arrays) the
+    start and the size are the chunk's: a matrix is the same whatever the
+    chunking, so every run's checksum is the same.
     """
-    if gpu:
-        import cupy as xp
-    else:
-        xp = np
     if block_info is not None:
         size = block_info[None]["chunk-shape"][0]
-        seed = seed + block_info[None]["chunk-location"][0]
-    a = xp.random.default_rng(int(seed)).standard_normal((size, n, n), dtype=np.dtype(dt))
-    i = xp.arange(n)
-    a[:, i, i] += n
+        start = block_info[None]["array-location"][0][0]
+    shape, first = (size, n, n), int(start) * n * n
+    if not gpu:
+        return _make_numpy(seed, first, shape, n, np.dtype(dt))
+    import cupy
+    make, _ = _gpu_kernels()
+    a = cupy.empty(shape, dtype=dt)
+    make(np.uint64(seed), np.int64(first), np.int64(n * n), np.int64(n), a)
     return a
+
+
+def _device_sum(lu, piv):
+    """The chunk's checksum as a CuPy scalar (nothing waited for)."""
+    import cupy
+    _, mod = _gpu_kernels()
+    count, n = lu.shape[0], lu.shape[-1]
+    kind = {np.dtype(np.float64): "checksum_f8", np.dtype(np.float32): "checksum_f4"}.get(lu.dtype)
+    if kind is None or not (lu.flags.c_contiguous and piv.flags.c_contiguous) or not count:
+        return (lu.diagonal(axis1=1, axis2=2).real.sum(axis=1)
+                + piv.sum(axis=1, dtype=np.float64)).sum()
+    blocks = -(-count // 256)
+    part = cupy.empty(blocks, dtype=np.float64)
+    mod.get_function(kind)((blocks,), (256,), (lu, piv, np.int64(count), np.int32(n), part))
+    return part.sum()
 
 
 def checksum(lu, piv):
     """One host float per chunk (the trace of every ``lu`` and the pivots, summed),
-    shaped ``(1, 1, 1)``, read with one wait.
+    shaped ``(1, 1, 1)``: one kernel over the chunk, a sum of its blocks' sums,
+    one wait."""
+    if isinstance(lu, np.ndarray):
+        per = np.trace(lu, axis1=1, axis2=2).real + piv.sum(axis=1, dtype=np.float64)
+        return np.full((1, 1, 1), float(per.sum()))
+    return np.full((1, 1, 1), float(_device_sum(lu, piv)))
 
-    Summed per matrix first, then over the chunk: CuPy reduces a whole array
-    to one value with a single thread block, which on a chunk's 2**24 strided
-    diagonal entries takes milliseconds; per matrix the first pass has a block
-    per few matrices.
-    """
-    per = lu.diagonal(axis1=1, axis2=2).sum(axis=1) + piv.sum(axis=1, dtype=lu.dtype)
-    return np.full((1, 1, 1), float(per.sum()))
+
+def checksum_async(lu, piv):
+    """The chunk's checksum left on the device, shaped ``(1, 1, 1)`` (no wait:
+    Dask moves it, or the final sum reads it, when it is needed)."""
+    if isinstance(lu, np.ndarray):
+        return checksum(lu, piv)
+    return _device_sum(lu, piv).reshape(1, 1, 1)
+
+
+def factor(a, call: str):
+    """``lu, piv`` of ``scipy_gpuqr.lu_factor_batched`` of ``a``: its default call
+    (``call='default'``: waits once for the GPU, to warn about singular matrices
+    or raise for infs) or the fully asynchronous one (``'async'``:
+    ``return_info=True, check_finite=False``; ``info`` is not used here)."""
+    import scipy_gpuqr as gq
+    if call == "async":
+        lu, piv, _ = gq.lu_factor_batched(a, return_info=True, check_finite=False)
+        return lu, piv
+    return gq.lu_factor_batched(a)
 
 
 def warm(n: int, dtype: str, size: int, gpu: bool) -> str:
-    """Compile the kernels and fill this worker's memory pool with one chunk's needs;
-    returns what this worker sees (its ``CUDA_VISIBLE_DEVICES`` and its GPU's PCI bus
-    id, which tells physical GPUs apart)."""
-    import scipy_gpuqr as gq
+    """Compile the kernels (the maker, both calls, the checksums) and fill this
+    worker's memory pool with one chunk's needs; returns what this worker sees (its
+    ``CUDA_VISIBLE_DEVICES`` and its GPU's PCI bus id, which tells physical GPUs
+    apart)."""
     a = make_chunk(0, size=size, n=n, dt=dtype, gpu=gpu)
-    lu, piv = gq.lu_factor_batched(a)
-    checksum(lu, piv)
+    for call in CALLS:
+        lu, piv = factor(a, call)
+        checksum(lu, piv)
+        del lu, piv
     seen = os.environ.get("CUDA_VISIBLE_DEVICES", "-")
     if gpu:
         import cupy
@@ -154,28 +258,56 @@ def _say(msg: str) -> None:
 # the Dask pipeline
 # ----------------------------------------------------------------------------
 
-def pipeline(count: int, n: int, chunk: int, dtype: str, gpu: bool, seed0: int = 1):
-    """The Dask graph: generated chunks -> lu_factor_batched -> per-chunk checksums, summed."""
+def _sizes(count: int, chunk: int) -> list[int]:
+    return [chunk] * (count // chunk) + ([count % chunk] if count % chunk else [])
+
+
+def _no_work(*_, block_info=None):
+    """A chunk's task of the Dask-only graph: nothing made, nothing computed."""
+    return np.zeros((1, 1, 1))
+
+
+def pipeline(count: int, n: int, chunk: int, dtype: str, gpu: bool, call: str = "default",
+             seed: int = 1, empty: bool = False):
+    """The Dask graph: generated chunks -> lu_factor_batched -> per-chunk checksums,
+    summed; ``(its sum, chunks)``. Every chunk is one task (generation, the
+    factorization and the checksum fused), plus one aggregate.
+
+    ``call``: ``'default'`` (the library's default call; the checksum brought to
+    the host per chunk) or ``'async'`` (``return_info=True, check_finite=False``;
+    the checksums stay on the GPUs until the aggregate). ``empty``: the same graph
+    with tasks that do nothing (what Dask alone costs).
+    """
     import dask.array as da
 
     import scipy_gpuqr as gq
-    sizes = [chunk] * (count // chunk) + ([count % chunk] if count % chunk else [])
+    sizes = _sizes(count, chunk)
+    host = np.empty((0, 0, 0), dtype=np.float64)
+    if empty:
+        a = da.map_blocks(_no_work, chunks=(tuple(sizes), (1,), (1,)), dtype=np.float64,
+                          meta=host)
+        sums = da.blockwise(_no_work, "zij", a, "zij", dtype=np.float64,
+                            adjust_chunks={"z": 1}, meta=host)
+        return sums.sum(split_every={0: max(len(sizes), 2), 1: 2, 2: 2}), len(sizes)
+    meta = host
     if gpu:
         import cupy
         meta = cupy.empty((0, 0, 0), dtype=dtype)
-    else:
-        meta = np.empty((0, 0, 0), dtype=dtype)
-    # no input array: the chunk's seed and size come from block_info, so the
+    # no input array: the chunk's place and size come from block_info, so the
     # generation is a blockwise layer with no data or task of its own
-    a = da.map_blocks(make_chunk, seed=seed0, size=chunk, n=n, dt=dtype, gpu=gpu,
+    a = da.map_blocks(make_chunk, seed=seed, size=chunk, n=n, dt=dtype, gpu=gpu,
                       chunks=(tuple(sizes), (n,), (n,)), dtype=dtype, meta=meta)
-    lu, piv = gq.lu_factor_batched(a)
+    if call == "async":
+        lu, piv, _ = gq.lu_factor_batched(a, return_info=True, check_finite=False)
+        fn, out_meta = checksum_async, (np.empty_like(meta, dtype=np.float64) if gpu else host)
+    else:
+        lu, piv = gq.lu_factor_batched(a)
+        fn, out_meta = checksum, host
     # indexed like lu (one element per chunk, no axis contracted): Dask fuses the
-    # pick of lu and piv from the factorization's task and the reduction's first
-    # step into this task
-    sums = da.blockwise(checksum, "zij", lu, "zij", piv, "zi", dtype=np.float64,
+    # pick of lu and piv from the factorization's task into this task
+    sums = da.blockwise(fn, "zij", lu, "zij", piv, "zi", dtype=np.float64,
                         adjust_chunks={"z": 1, "i": 1, "j": 1}, concatenate=True,
-                        meta=np.empty((0, 0, 0), np.float64))
+                        meta=out_meta)
     # one aggregate of every chunk's sum (Dask's tree reduction would add a
     # task per few chunks)
     return sums.sum(split_every={0: max(len(sizes), 2), 1: 2, 2: 2}), len(sizes)
@@ -229,58 +361,82 @@ def start_cluster(ids: list[str], gpu: bool, pinned: bool = False, threads: int 
                             memory_limit=0), "dask_cuda.LocalCUDACluster"
 
 
-def run_workers(k: int, ids: list[str], args, gpu: bool) -> dict:
-    from dask.distributed import Client, get_task_stream
+def _timed(client, total, reps: int, k: int, nchunks: int):
+    """(walls, values, task phases and idle per worker of the last run) of ``reps``
+    runs of ``total.compute()``, after one untimed run."""
+    from dask.distributed import get_task_stream
+    float(total.compute())
+    times, values = [], []
+    for rep in range(reps):
+        with get_task_stream(client) as stream:
+            w0 = time.time()
+            t0 = time.perf_counter()
+            values.append(float(total.compute()))
+            times.append(time.perf_counter() - t0)
+            w1 = time.time()
+        if rep == reps - 1:
+            phases = task_phases(stream.data, k)
+            idle = worker_idle(stream.data, w0, w1, nchunks)
+    return times, values, phases, idle
+
+
+def run_workers(k: int, threads: int, ids: list[str], args, gpu: bool) -> list[dict]:
+    """One cluster of ``k`` workers with ``threads`` threads each; a row per call and
+    chunk size (and the Dask-only graph's time per chunk size)."""
+    from dask.distributed import Client
     t0 = time.perf_counter()
-    _say(f"{k} worker(s): starting the cluster")
+    tag = f"{k} worker(s) x {threads} thread(s)"
+    _say(f"{tag}: starting the cluster")
     import dask
     # the scheduler runs in this process: its root-task queuing follows this setting
     with dask.config.set({"distributed.scheduler.worker-saturation": args.saturation}):
-        cluster, kind = start_cluster(ids[:k], gpu, args.pinned, args.threads)
+        cluster, kind = start_cluster(ids[:k], gpu, args.pinned, threads)
+    rows = []
     with cluster, Client(cluster) as client:
         client.wait_for_workers(k, timeout=120)
         t_start = time.perf_counter() - t0
-        _say(f"{k} worker(s): {kind} up in {t_start:.1f} s")
+        _say(f"{tag}: {kind} up in {t_start:.1f} s")
         if args.max_seconds:
             left = args.max_seconds - (time.perf_counter() - _T0)
             client.run(arm_stack_dump, max(left - 2, 1))
-        seen = client.gather([client.submit(warm, args.n, args.dtype, args.chunk, gpu,
+        seen = client.gather([client.submit(warm, args.n, args.dtype, max(args.chunks), gpu,
                                             workers=[w], pure=False)
                               for w in client.scheduler_info()["workers"]])
-        _say(f"{k} worker(s): warm ({seen})")
-        warmup, _ = pipeline(k * args.chunk, args.n, args.chunk, args.dtype, gpu, seed0=10**6)
-        warmup.compute()
-        _say(f"{k} worker(s): warm-up run done")
-        total, nchunks = pipeline(args.count, args.n, args.chunk, args.dtype, gpu)
-        times, values = [], []
-        for rep in range(args.reps):
-            with get_task_stream(client) as stream:
-                w0 = time.time()
-                t0 = time.perf_counter()
-                values.append(float(total.compute()))
-                times.append(time.perf_counter() - t0)
-                w1 = time.time()
-            if rep == args.reps - 1:
-                phases = task_phases(stream.data, k)
-                idle = worker_idle(stream.data, w0, w1, nchunks)
-        _say(f"{k} worker(s): timed runs {['%.3f' % x for x in times]} s")
-        _say(f"{k} worker(s): seconds per worker in the last run, by task and action: "
-             + ", ".join(f"{name} {sec:.3f}" for name, sec in phases.items()))
-        _say(f"{k} worker(s): last run per worker: " + "; ".join(
-            f"{w}: {d['tasks']} tasks ({d['tasks_per_chunk']:.2f} per chunk), busy "
-            f"{d['busy_s']:.3f} s, no task running {d['idle_s']:.3f} s of {d['wall_s']:.3f} "
-            f"({1e3 * d['idle_per_chunk_s']:.2f} ms per chunk; between tasks median "
-            f"{1e3 * d['gap_median_s']:.2f} ms, max {1e3 * d['gap_max_s']:.2f} ms; before "
-            f"the first {1e3 * d['lead_s']:.1f} ms, after the last {1e3 * d['tail_s']:.1f} ms)"
-            for w, d in idle.items()))
-    if gpu and len(set(s.split(" bus ")[-1] for s in seen)) != len(seen):
-        print(f"  WARNING: workers share a GPU: {seen}", flush=True)
-    return {"workers": k, "cluster": kind, "devices": sorted(seen),
-            "start_seconds": t_start, "chunks": nchunks, "times_s": times,
-            "median_s": statistics.median(times),
-            "checksum": values[0], "task_phases_s": phases, "worker_idle": idle,
-            "saturation": args.saturation, "threads": args.threads,
-            "checksums_equal": max(values) - min(values) <= 1e-12 * abs(values[0])}
+        _say(f"{tag}: warm ({seen})")
+        if gpu and len(set(s.split(" bus ")[-1] for s in seen)) != len(seen):
+            print(f"  WARNING: workers share a GPU: {seen}", flush=True)
+        for chunk in args.chunks:
+            floor, _ = pipeline(args.count, args.n, chunk, args.dtype, gpu, empty=True)
+            floor_s = statistics.median(_timed(client, floor, args.reps, k, 1)[0])
+            for call in args.calls:
+                # every worker thread's memory pool holds its chunks before timing
+                warmup, _ = pipeline(2 * k * threads * chunk, args.n, chunk, args.dtype, gpu,
+                                     call, seed=10**6)
+                warmup.compute()
+                total, nchunks = pipeline(args.count, args.n, chunk, args.dtype, gpu, call)
+                times, values, phases, idle = _timed(client, total, args.reps, k, nchunks)
+                row = {"workers": k, "threads": threads, "call": call, "chunk": chunk,
+                       "cluster": kind, "devices": sorted(seen), "start_seconds": t_start,
+                       "chunks": nchunks, "times_s": times, "median_s": statistics.median(times),
+                       "dask_only_s": floor_s, "checksum": values[0],
+                       "task_phases_s": phases, "worker_idle": idle,
+                       "saturation": args.saturation,
+                       "checksums_equal": max(values) - min(values) <= 1e-12 * abs(values[0])}
+                rows.append(row)
+                _say(f"{tag}, {call} call, chunks of {chunk}: timed runs "
+                     f"{['%.3f' % x for x in times]} s (the same graph doing nothing: "
+                     f"{floor_s:.3f} s)")
+                _say("  seconds per worker in the last run, by task and action: "
+                     + ", ".join(f"{name} {sec:.3f}" for name, sec in phases.items()))
+                _say("  last run per worker: " + "; ".join(
+                    f"{w}: {d['tasks']} tasks ({d['tasks_per_chunk']:.2f} per chunk), busy "
+                    f"{d['busy_s']:.3f} s, no task running {d['idle_s']:.3f} s of "
+                    f"{d['wall_s']:.3f} ({1e3 * d['idle_per_chunk_s']:.2f} ms per chunk; "
+                    f"between tasks median {1e3 * d['gap_median_s']:.2f} ms, max "
+                    f"{1e3 * d['gap_max_s']:.2f} ms; before the first "
+                    f"{1e3 * d['lead_s']:.1f} ms, after the last {1e3 * d['tail_s']:.1f} ms)"
+                    for w, d in idle.items()))
+    return rows
 
 
 def worker_idle(records, t0: float, t1: float, nchunks: int) -> dict:
@@ -329,61 +485,139 @@ def task_phases(records, workers: int) -> dict:
     return dict(sorted(sums.items(), key=lambda kv: -kv[1]))
 
 
-def run_direct(args, gpu: bool) -> dict:
-    """The same chunks one after another in this process, no Dask (first GPU)."""
-    import scipy_gpuqr as gq
-    sizes = [args.chunk] * (args.count // args.chunk) + \
-        ([args.count % args.chunk] if args.count % args.chunk else [])
-    warm(args.n, args.dtype, args.chunk, gpu)
-    walls, lus, makes, calls, sums, value = [], [], [], [], [], 0.0
+def run_direct(args, gpu: bool) -> list[dict]:
+    """The same chunks one after another in this process, no Dask (first GPU): per
+    chunk size and call, the median wall of the whole count; then, apart, the GPU
+    time (CUDA events) of making the chunks, of the LU calls and of the checksums."""
+    warm(args.n, args.dtype, max(args.chunks), gpu)
+    rows = []
+    for chunk in args.chunks:
+        starts = np.cumsum([0] + _sizes(args.count, chunk))
+        for call in args.calls:
+            walls, value = [], 0.0
+            for _ in range(args.reps + 1):
+                t0 = time.perf_counter()
+                acc = 0.0
+                for start, stop in zip(starts[:-1], starts[1:]):
+                    a = make_chunk(int(start), size=int(stop - start), n=args.n,
+                                   dt=args.dtype, gpu=gpu)
+                    lu, piv = factor(a, call)
+                    if call == "async":
+                        acc = acc + checksum_async(lu, piv)
+                    else:
+                        acc += float(checksum(lu, piv)[0, 0, 0])
+                    del a, lu, piv
+                value = float(acc.sum() if hasattr(acc, "sum") else acc)
+                walls.append(time.perf_counter() - t0)
+            rows.append({"chunk": chunk, "call": call, "times_s": walls[1:],
+                         "median_s": statistics.median(walls[1:]), "checksum": value})
+            _say(f"direct, {call} call, chunks of {chunk}: {['%.3f' % x for x in walls[1:]]} s")
+        rows.append({"chunk": chunk, "call": "parts", **_direct_parts(args, gpu, chunk, starts)})
     if gpu:
         import cupy
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    for _ in range(args.reps):
-        value, lu_s, make_s, call_s, sum_s = 0.0, 0.0, 0.0, 0.0, 0.0
-        t0 = time.perf_counter()
-        for i, s in enumerate(sizes):
-            t1 = time.perf_counter()
-            a = make_chunk(1 + i, size=s, n=args.n, dt=args.dtype, gpu=gpu)
-            if gpu:
-                cupy.cuda.get_current_stream().synchronize()
-            make_s += time.perf_counter() - t1
-            if gpu:
-                start.record()
-            t1 = time.perf_counter()
-            lu, piv = gq.lu_factor_batched(a)
-            if gpu:
-                stop.record()
-                stop.synchronize()
-                lu_s += cupy.cuda.get_elapsed_time(start, stop) / 1e3
-            else:
-                lu_s += time.perf_counter() - t1
-            call_s += time.perf_counter() - t1
-            t1 = time.perf_counter()
-            value += float(checksum(lu, piv).sum())
-            sum_s += time.perf_counter() - t1
-            del a, lu, piv
-        walls.append(time.perf_counter() - t0)
-        lus.append(lu_s)
-        makes.append(make_s)
-        calls.append(call_s)
-        sums.append(sum_s)
-    if gpu:
         cupy.get_default_memory_pool().free_all_blocks()
-    return {"median_s": statistics.median(walls), "lu_only_s": statistics.median(lus),
-            "make_chunks_s": statistics.median(makes),
-            "lu_calls_wall_s": statistics.median(calls),
-            "checksums_s": statistics.median(sums), "checksum": value}
+    return rows
+
+
+def _direct_parts(args, gpu: bool, chunk: int, starts) -> dict:
+    """Median over ``reps`` of the whole count's device seconds (CUDA events; host
+    wall on the CPU) making the chunks, in the LU calls and in the checksums."""
+    def clock():
+        if not gpu:
+            return time.perf_counter
+        import cupy
+
+        def mark():
+            e = cupy.cuda.Event()
+            e.record()
+            return e
+        return mark
+
+    def seconds(t0, t1):
+        if not gpu:
+            return t1 - t0
+        import cupy
+        t1.synchronize()
+        return cupy.cuda.get_elapsed_time(t0, t1) / 1e3
+
+    now = clock()
+    parts = {"make_chunks_s": [], "lu_only_s": [], "checksums_s": []}
+    for _ in range(args.reps):
+        got = dict.fromkeys(parts, 0.0)
+        for start, stop in zip(starts[:-1], starts[1:]):
+            t0 = now()
+            a = make_chunk(int(start), size=int(stop - start), n=args.n, dt=args.dtype, gpu=gpu)
+            t1 = now()
+            lu, piv = factor(a, "async")
+            t2 = now()
+            s = checksum_async(lu, piv)
+            t3 = now()
+            float(s.sum())
+            got["make_chunks_s"] += seconds(t0, t1)
+            got["lu_only_s"] += seconds(t1, t2)
+            got["checksums_s"] += seconds(t2, t3)
+            del a, lu, piv
+        for key, v in got.items():
+            parts[key].append(v)
+    return {key: statistics.median(v) for key, v in parts.items()}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in str(text).split(",") if v.strip()]
+
+
+def report(rows: list[dict], direct: list[dict], count: int, gpu: bool) -> None:
+    """The table: each Dask row against the direct run of the same call and chunk
+    size, against the fastest direct run, and against one worker."""
+    walls = {(d["chunk"], d["call"]): d["median_s"] for d in direct if d["call"] != "parts"}
+    best = min(walls.values(), default=float("nan"))
+    one = {(r["threads"], r["call"], r["chunk"]): r["median_s"] for r in rows if r["workers"] == 1}
+    print("\n| workers x threads | call | chunk | wall ms | M matrices/s | speedup vs 1 worker | "
+          "efficiency vs direct (same call, chunk) | vs fastest direct | Dask alone ms | "
+          "no task running, ms per chunk |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        key = (r["threads"], r["call"], r["chunk"])
+        r["matrices_per_s"] = count / r["median_s"]
+        r["speedup"] = one[key] / r["median_s"] if key in one else float("nan")
+        same = walls.get((r["chunk"], r["call"]), float("nan"))
+        r["efficiency_vs_direct"] = same / r["median_s"] / r["workers"]
+        r["efficiency_vs_fastest_direct"] = best / r["median_s"] / r["workers"]
+        idle = statistics.median([d["idle_per_chunk_s"] for d in r["worker_idle"].values()] or [0])
+        print(f"| {r['workers']} x {r['threads']} | {r['call']} | {r['chunk']} | "
+              f"{r['median_s'] * 1e3:.1f} | {r['matrices_per_s'] / 1e6:.1f} | {r['speedup']:.2f} | "
+              f"{r['efficiency_vs_direct']:.2f} | {r['efficiency_vs_fastest_direct']:.2f} | "
+              f"{r['dask_only_s'] * 1e3:.1f} | {idle * 1e3:.2f} |")
+    where = "GPU" if gpu else "process"
+    for d in direct:
+        if d["call"] == "parts":
+            print(f"| direct, chunks of {d['chunk']}: of the whole count, "
+                  f"{'device' if gpu else 'host'} seconds | making the chunks "
+                  f"{d['make_chunks_s'] * 1e3:.1f} ms | LU calls {d['lu_only_s'] * 1e3:.1f} ms "
+                  f"({count / d['lu_only_s'] / 1e6:.1f} M/s) | checksums "
+                  f"{d['checksums_s'] * 1e3:.1f} ms | | | | | | |")
+        else:
+            print(f"| direct (no Dask, one {where}) | {d['call']} | {d['chunk']} | "
+                  f"{d['median_s'] * 1e3:.1f} | {count / d['median_s'] / 1e6:.1f} | | 1.00 | "
+                  f"{best / d['median_s']:.2f} | | |")
+    values = [r["checksum"] for r in rows] + [d["checksum"] for d in direct if "checksum" in d]
+    if values:
+        same = max(values) - min(values) <= 1e-9 * abs(values[0])
+        print(f"checksums of every run (Dask and direct, every chunk size) equal: {same}")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--count", type=int, default=None, help="matrices (default 2**24; --cpu 2**16)")
     p.add_argument("--n", type=int, default=None, help="order (default 32; --cpu 8)")
-    p.add_argument("--chunk", type=int, default=None,
-                   help="matrices per chunk (default 2**20; --cpu 2**13)")
+    p.add_argument("--chunk", default=None,
+                   help="matrices per chunk, a comma list (default 2**20; --cpu 2**13)")
     p.add_argument("--workers", default="1,2,4", help="worker counts (capped at the GPUs)")
-    p.add_argument("--dtype", default="float64")
+    p.add_argument("--threads", default="1", help="threads per worker, a comma list")
+    p.add_argument("--call", default="default",
+                   help="comma list of 'default' (lu_factor_batched(a): one wait per chunk) "
+                        "and 'async' (return_info=True, check_finite=False: none)")
+    p.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--cpu", action="store_true", help="NumPy chunks on CPU worker processes")
     p.add_argument("--no-direct", action="store_true", help="skip the no-Dask baseline")
@@ -396,7 +630,6 @@ def main(argv=None) -> int:
                    help="distributed.scheduler.worker-saturation (Dask's default 1.1: a "
                         "worker holds at most ceil(1.1 x threads) root tasks, each further "
                         "one sent after one finished; inf: all at once)")
-    p.add_argument("--threads", type=int, default=1, help="threads per worker")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--max-seconds", type=float, default=0.0,
                    help="dump every thread's stack (client and workers) and exit after this")
@@ -414,8 +647,12 @@ def main(argv=None) -> int:
     gpu = not args.cpu
     args.count = args.count or (1 << 24 if gpu else 1 << 16)
     args.n = args.n or (32 if gpu else 8)
-    args.chunk = args.chunk or (1 << 20 if gpu else 1 << 13)
-    wanted = [int(w) for w in args.workers.split(",")]
+    # largest first: a memory pool's blocks of a large chunk split for smaller ones
+    args.chunks = sorted(_ints(args.chunk or (1 << 20 if gpu else 1 << 13)), reverse=True)
+    args.calls = [c.strip() for c in args.call.split(",") if c.strip()]
+    if set(args.calls) - set(CALLS):
+        p.error(f"--call: each of {CALLS}")
+    wanted = _ints(args.workers)
     ids = gpu_ids(gpu, max(wanted))
     counts = [k for k in wanted if k <= len(ids)]
     skipped = [k for k in wanted if k > len(ids)]
@@ -425,51 +662,28 @@ def main(argv=None) -> int:
         name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
         device = name.decode() if isinstance(name, bytes) else str(name)
     print(f"device: {device} x {len(ids)} visible; {args.count} matrices {args.n}x{args.n} "
-          f"{args.dtype}, chunks of {args.chunk}; median of {args.reps}; {args.threads} "
-          f"thread(s) per worker, worker-saturation {args.saturation}", flush=True)
+          f"{args.dtype}, chunks of {args.chunks}; calls {args.calls}; median of {args.reps}; "
+          f"threads per worker {args.threads}; worker-saturation {args.saturation}", flush=True)
     import scipy_gpuqr
     print(f"scipy_gpuqr from {Path(scipy_gpuqr.__file__).parent}", flush=True)
     if skipped:
         print(f"skipped worker counts {skipped}: only {len(ids)} devices", flush=True)
-    rows = []
-    for k in counts:
-        rows.append(run_workers(k, ids, args, gpu))
-        if args.json:                   # after each count: a run cut short keeps the rest
+    rows, direct = [], []
+
+    def save():
+        if args.json:                   # after each step: a run cut short keeps the rest
             Path(args.json).write_text(json.dumps({"device": device, "args": vars(args),
-                                                   "rows": rows, "direct": None}, indent=1))
-        r = rows[-1]
-        print(f"  {k} worker(s): {r['median_s'] * 1e3:9.1f} ms  ({r['cluster']}; "
-              f"devices {r['devices']}; checksums equal: {r['checksums_equal']})", flush=True)
-    direct = None if args.no_direct else run_direct(args, gpu)
-    if direct:
-        _say(f"direct run (no Dask): {direct['median_s']:.3f} s")
-    base = next((r for r in rows if r["workers"] == 1), None)
-    print("\n| workers | wall ms | Mmatrices/s | speedup vs 1 worker | efficiency | "
-          "efficiency vs direct one GPU |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        sp = base["median_s"] / r["median_s"] if base else float("nan")
-        r["matrices_per_s"] = args.count / r["median_s"]
-        r["speedup"], r["efficiency"] = sp, sp / r["workers"]
-        eff_d = (direct["median_s"] / r["median_s"] / r["workers"]) if direct else float("nan")
-        r["efficiency_vs_direct"] = eff_d
-        print(f"| {r['workers']} | {r['median_s'] * 1e3:.1f} | {r['matrices_per_s'] / 1e6:.1f} | "
-              f"{sp:.2f} | {sp / r['workers']:.2f} | {eff_d:.2f} |")
-    if direct:
-        print(f"| direct (no Dask, one {'GPU' if gpu else 'process'}) | {direct['median_s'] * 1e3:.1f} | "
-              f"{args.count / direct['median_s'] / 1e6:.1f} | | | |")
-        print(f"| of which LU calls only | {direct['lu_only_s'] * 1e3:.1f} | "
-              f"{args.count / direct['lu_only_s'] / 1e6:.1f} | | | |")
-        print(f"| of which making the chunks | {direct['make_chunks_s'] * 1e3:.1f} | | | | |")
-        print(f"| of which LU calls, host wall (their GPU work awaited) | "
-              f"{direct['lu_calls_wall_s'] * 1e3:.1f} | | | | |")
-        print(f"| of which checksums | {direct['checksums_s'] * 1e3:.1f} | | | | |")
-        same = all(abs(r["checksum"] - direct["checksum"]) <= 1e-9 * abs(direct["checksum"])
-                   for r in rows)
-        print(f"checksums of the Dask runs equal the direct run's: {same}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": device, "args": vars(args),
-                                               "rows": rows, "direct": direct}, indent=1))
+                                                   "rows": rows, "direct": direct}, indent=1))
+    if not args.no_direct:
+        # first: the baseline exists even when a Dask run is cut short
+        direct = run_direct(args, gpu)
+        save()
+    for k in counts:
+        for threads in _ints(args.threads):
+            rows.extend(run_workers(k, threads, ids, args, gpu))
+            save()
+    report(rows, direct, args.count, gpu)
+    save()
     return 0
 
 

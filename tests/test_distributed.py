@@ -657,3 +657,91 @@ def _gpu_worker_processes(rng):
 def test_gpu_worker_processes():
     """Worker processes pinned to GPUs (what the benchmark and dask-cuda run)."""
     _in_subprocess("_gpu_worker_processes")
+
+
+# ----------------------------------------------------------------------------
+# bench/dask_batched.py: its chunks, checksums and report
+# ----------------------------------------------------------------------------
+
+def _bench():
+    """bench/dask_batched.py as a module (not on the import path)."""
+    import importlib.util
+    from conftest import REPO
+    spec = importlib.util.spec_from_file_location("_bench_dask_batched",
+                                                  REPO / "bench" / "dask_batched.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _checksum_ref(a):
+    lu, piv = g.lu_factor_batched(a)
+    return float(np.trace(lu, axis1=1, axis2=2).sum() + piv.sum())
+
+
+def test_bench_chunks_do_not_depend_on_the_chunking():
+    """A matrix of the benchmark is the same in any chunk; strictly diagonally dominant."""
+    b = _bench()
+    whole = b.make_chunk(0, size=10, n=5, dt="float64", gpu=False)
+    parts = [b.make_chunk(s, size=k, n=5, dt="float64", gpu=False) for s, k in ((0, 3), (3, 7))]
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
+    off = np.abs(whole).sum(axis=2) - np.abs(np.diagonal(whole, axis1=1, axis2=2))
+    assert (off < 5 - 1).all() and (np.abs(whole) < 5 + 1).all()
+    assert not np.array_equal(whole, b.make_chunk(0, size=10, n=5, dt="float64", gpu=False,
+                                                  seed=2))
+    assert b.make_chunk(0, size=2, n=3, dt="float32", gpu=False).dtype == np.float32
+    lu, piv = g.lu_factor_batched(whole)
+    assert float(b.checksum(lu, piv)[0, 0, 0]) == pytest.approx(_checksum_ref(whole), rel=1e-14)
+
+
+def test_bench_runs_on_cpu_workers(tmp_path):
+    """The benchmark on a CPU worker process: every run's checksum is the NumPy one,
+    both calls, two chunk sizes, the direct baseline and the report's ratios."""
+    import json
+    from conftest import REPO
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "dask_batched.py"), "--cpu",
+                        "--workers", "1", "--call", "default,async", "--count", "40", "--n", "4",
+                        "--chunk", "8,16", "--reps", "1", "--json", str(out),
+                        "--max-seconds", "100"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "equal: True" in p.stdout
+    res = json.loads(out.read_text())
+    ref = _checksum_ref(_bench().make_chunk(0, size=40, n=4, dt="float64", gpu=False))
+    runs = res["rows"] + [d for d in res["direct"] if d["call"] != "parts"]
+    assert sorted((r["chunk"], r["call"]) for r in res["rows"]) == \
+        [(8, "async"), (8, "default"), (16, "async"), (16, "default")]
+    assert len(runs) == 8
+    for r in runs:
+        assert r["checksum"] == pytest.approx(ref, rel=1e-12)
+    for r in res["rows"]:
+        assert r["chunks"] == 40 // r["chunk"] + (40 % r["chunk"] > 0)
+        assert r["efficiency_vs_direct"] > 0 and r["dask_only_s"] > 0
+        # one task per chunk, plus the aggregate (and Dask's finalize)
+        assert all(d["tasks"] <= r["chunks"] + 2 for d in r["worker_idle"].values()), r
+
+
+def _bench_chunks_on_the_gpu(rng):
+    import cupy as cp
+    b = _bench()
+    for dt, n in (("float64", 32), ("float32", 7)):
+        for start, size in ((0, 5), (1000, 33)):
+            got = b.make_chunk(start, size=size, n=n, dt=dt, gpu=True)
+            want = b.make_chunk(start, size=size, n=n, dt=dt, gpu=False)
+            np.testing.assert_array_equal(got.get(), want)      # bit for bit
+            lu, piv = g.lu_factor_batched(got)
+            hlu, hpiv = g.lu_factor_batched(want)
+            ref = float(b.checksum(hlu, hpiv)[0, 0, 0])
+            tol = 1e-12 if dt == "float64" else 1e-5
+            assert float(b.checksum(lu, piv)[0, 0, 0]) == pytest.approx(ref, rel=tol)
+            s = b.checksum_async(lu, piv)
+            assert type(s) is cp.ndarray and s.shape == (1, 1, 1)
+            assert float(s.sum()) == pytest.approx(ref, rel=tol)
+
+
+@pytest.mark.gpu
+def test_bench_chunks_on_the_gpu():
+    """The benchmark's GPU maker equals its NumPy copy bit for bit; its one-kernel
+    checksum equals the NumPy one."""
+    _in_subprocess("_bench_chunks_on_the_gpu")
