@@ -40,6 +40,11 @@ enqueueing (each device's launches are enqueued by a thread of its own;
 ``wait`` is the part of it spent waiting for another device's contribution
 blocks to be cut). At the end a summary table per matrix and device count.
 
+``--split off|rule|on|both`` sets ``multi_gpu_factorize(split_dense=...)`` for
+every device count above one (``both``: without the split, then with the rule's
+choice, in the same process: the change's effect within one run); the split
+fronts' measured and modelled seconds are printed and kept in the JSON.
+
 ``--dask 1,2,4`` then measures the Dask throughput of batched LU
 (``bench/dask_batched.py``: 2**24 float64 32 x 32 matrices by default,
 ``--dask-count``) over that many GPU workers against one, in a separate
@@ -101,7 +106,7 @@ class _Runner:
         import cupy as cp
         return cp.cuda.Device(ids[0])
 
-    def factorize(self, A, an, ids, budget):
+    def factorize(self, A, an, ids, budget, split=None):
         from scipy_gpuqr._engine.gpu.driver import gpu_factorize
         from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
         if self.numpy:
@@ -113,11 +118,12 @@ class _Runner:
             if len(ids) == 1:
                 return gpu_factorize(A, an, max_gpu_memory=budget, device=layer())
             return multi_gpu_factorize(A, an, layers=[layer() for _ in ids],
-                                       max_gpu_memory=budget)
+                                       max_gpu_memory=budget, split_dense=split)
         with self.device_context(ids):
             if len(ids) == 1:
                 return gpu_factorize(A, an, max_gpu_memory=budget)
-            return multi_gpu_factorize(A, an, devices=ids, max_gpu_memory=budget)
+            return multi_gpu_factorize(A, an, devices=ids, max_gpu_memory=budget,
+                                       split_dense=split)
 
     def free(self):
         if self.numpy:
@@ -169,8 +175,13 @@ def _differences(got, ref) -> dict:
                                         / max(float(np.linalg.norm(q1)), 1.0))}
 
 
+#: ``--split``: the values of ``multi_gpu_factorize(split_dense=...)`` each device
+#: count above one runs with (``rule``: None, the model's choice)
+SPLIT_MODES = {"rule": [None], "off": [False], "on": [True], "both": [False, None]}
+
+
 def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runner,
-            deadline=None):
+            deadline=None, split="rule"):
     from scipy_gpuqr._schedule.devices import map_devices
     from scipy_gpuqr._symbolic import analyze
     A = make()
@@ -185,23 +196,26 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
     b = np.random.default_rng(7).standard_normal(A.shape[0])
     ref = None
     base = None
-    for k in counts:
+    variants = [(k, sd) for k in counts for sd in (SPLIT_MODES[split] if k > 1 else [None])]
+    for k, sd in variants:
         ids = [0] * k if (simulate or runner.numpy) else list(range(k))
         plan = map_devices(an, k, device_memory=budget)
-        run = {"gpus": k, "devices": ids, "plan": plan.as_dict()}
+        run = {"gpus": k, "devices": ids, "plan": plan.as_dict(),
+               "split": {None: "rule", False: "off", True: "on"}[sd] if k > 1 else "-"}
+        label = f"{k} GPU(s)" + (f" split={run['split']}" if k > 1 else "")
         if deadline is not None and time.perf_counter() > deadline:
             run["skipped"] = "time budget spent"
             row["runs"].append(run)
-            print(f"{name:12s} {k} GPU(s): skipped (time budget spent)", flush=True)
+            print(f"{name:12s} {label}: skipped (time budget spent)", flush=True)
             continue
         try:
-            qr = runner.factorize(A, an, ids, budget)    # warm-up (kernels, schedule, layout)
+            qr = runner.factorize(A, an, ids, budget, sd)    # warm-up (kernels, schedule, layout)
             qr.free()
             runner.free()
             times, infos = [], []
             for rep in range(reps):
                 t = time.perf_counter()
-                qr = runner.factorize(A, an, ids, budget)
+                qr = runner.factorize(A, an, ids, budget, sd)
                 times.append(time.perf_counter() - t)
                 infos.append(qr.info)
                 if rep == 0:
@@ -217,7 +231,7 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
             run["error"] = f"{type(exc).__name__}: {exc}"
             run["traceback"] = traceback.format_exc(limit=8)
             row["runs"].append(run)
-            print(f"{name:12s} {k} GPU(s): {run['error']}\n{run['traceback']}", flush=True)
+            print(f"{name:12s} {label}: {run['error']}\n{run['traceback']}", flush=True)
             runner.free()
             continue
         med = statistics.median(times)
@@ -229,6 +243,8 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                    transfers=len(info.get("transfers", [])),
                    transfer_bytes=int(sum(t[3] for t in info.get("transfers", []))),
                    engine_seconds=info.get("seconds", {}))
+        if info.get("split_fronts"):
+            run["split_fronts"] = info["split_fronts"]
         if "multi_device_fallback" in info:
             run["fallback"] = info["multi_device_fallback"]
         per = info.get("devices", {}).get("devices")
@@ -256,11 +272,16 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                 for d in run["per_device"])
         check = (f"  R diff {run['R_diff']:.1e} Qtb diff {run['qtb_diff']:.1e}"
                  if "R_diff" in run else "")
-        print(f"{name:12s} {k} GPU(s) {med:8.3f} s  x{run['speedup']:.2f} "
+        splits = "".join(
+            f"  split front {e['front']} {e['shape'][0]}x{e['shape'][1]} blocks {e['blocks']} "
+            f"{(e.get('seconds') or float('nan')):.4f} s (model {e.get('modelled_seconds') or float('nan'):.4f}"
+            f", one device {e.get('one_device_modelled_seconds') or float('nan'):.4f})"
+            for e in run.get("split_fronts", []))
+        print(f"{name:12s} {label} {med:8.3f} s  x{run['speedup']:.2f} "
               f"(model x{plan.modelled_speedup:.2f})  {run['tflops']:.2f} TF/s  "
               f"stages {run['stages']}  busy [{busy}] s  "
               f"moved {run['transfer_bytes'] / 1e6:.1f} MB  fits {plan.fits}{check}"
-              + ("  FELL BACK to one GPU" if "fallback" in run else ""), flush=True)
+              + ("  FELL BACK to one GPU" if "fallback" in run else "") + splits, flush=True)
     return row
 
 
@@ -272,7 +293,9 @@ def summary(rows) -> str:
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for run in r["runs"]:
-            head = f"| {r['matrix']} | {r['flops'] / 1e12:.2f} | {run['gpus']} |"
+            sp = run.get("split", "-")
+            head = (f"| {r['matrix']} | {r['flops'] / 1e12:.2f} | {run['gpus']}"
+                    + (f" (split {sp})" if sp != "-" else "") + " |")
             if "seconds" not in run:
                 out.append(head + f" {run.get('skipped') or run.get('error', '?')} | | | | | |")
                 continue
@@ -335,6 +358,9 @@ def main(argv=None) -> int:
     p.add_argument("--budget-fraction", type=float, default=0.0,
                    help="per-device budget as a fraction of the one-stage GPU bytes")
     p.add_argument("--public", action="store_true")
+    p.add_argument("--split", default="rule", choices=sorted(SPLIT_MODES),
+                   help="dense fronts of the upper tree over every GPU: 'rule' (the "
+                        "model's choice), 'off', 'on' (every one), 'both' (off, then rule)")
     p.add_argument("--dask", default="",
                    help="then the Dask batched-LU throughput over these GPU worker counts")
     p.add_argument("--dask-count", type=int, default=1 << 24)
@@ -374,7 +400,7 @@ def main(argv=None) -> int:
     for n, make in _matrices(only, a.numpy):
         rows.append(run_one(n, make, counts, a.reps, simulate=a.simulate,
                             budget_fraction=a.budget_fraction, public=a.public,
-                            runner=runner, deadline=deadline))
+                            runner=runner, deadline=deadline, split=a.split))
         if a.json:                      # after each matrix: a run cut short keeps the rest
             Path(a.json).write_text(json.dumps({"gpus": names, "counts": counts,
                                                 "simulate": a.simulate, "numpy": a.numpy,

@@ -161,3 +161,89 @@ def test_public_solve_first_device_not_current():
         x = F.solve(b)
         assert F.info["backend_info"]["q_device"] == 1
     assert np.abs(x - ref).max() <= 1e-9 * max(1.0, np.abs(ref).max())
+
+
+def _split_case(cp, fm, fn, seed):
+    """A staircase front on the current GPU (rows past each column's stair zero)."""
+    rng = np.random.default_rng(seed)
+    F = rng.standard_normal((fm, fn))
+    lead = np.sort(rng.integers(0, fm, fm))
+    lead[:min(fm, fn)] = np.minimum(lead[:min(fm, fn)], np.arange(min(fm, fn)))
+    stair = np.searchsorted(np.sort(lead), np.arange(fn), side="right")
+    for c in range(fn):
+        F[stair[c]:, c] = 0.0
+    return F, stair
+
+
+@pytest.mark.parametrize("ids, owners", [
+    ((0, 0), "model"), ((0, 0, 0), "model"), ((0, 0), "cyclic"), ((0, 1), "model")])
+def test_split_front_backend_equals_one_device(ids, owners):
+    """A dense front's blocks over device layers (CupySplit) against the one-device
+    dense path (factorize_cupy): the same front (R, reflectors, contribution block)
+    and T to rounding; then the NumPy steps agree with both."""
+    import cupy as cp
+    from scipy_gpuqr._engine.dense_front import factorize_cupy, panels_of
+    from scipy_gpuqr._engine.gpu.multi_device import cupy_layers
+    from scipy_gpuqr._engine.gpu.split_front import CupySplit
+    from scipy_gpuqr._engine.split_front import run_split, split_factorize_numpy
+    from scipy_gpuqr._schedule.dense_split import block_owners
+    if len(set(ids)) > device_count():
+        pytest.skip(f"needs {len(set(ids))} GPUs")
+    fm, fn, nb = 3000, 1900, 256
+    Fh, stair = _split_case(cp, fm, fn, 4)
+    panels = panels_of(fm, fn, stair, nb)
+    nblk = -(-fn // nb)
+    own = (block_owners(fm, fn, stair, len(ids)) if owners == "model"
+           else np.array([0, 0] + [c % len(ids) for c in range(2, nblk)]))
+    assert own.max() > 0
+    layers = cupy_layers(ids)
+    main = layers[0]
+    with cp.cuda.Device(ids[0]):
+        F1 = cp.asarray(Fh)
+        T1 = factorize_cupy(F1, panels, nb)
+        pool = cp.zeros(fm * fn + 7, dtype=np.float64)
+        F2 = pool[7:].reshape(fm, fn)        # a view inside a pool, as in a stage
+        F2.set(Fh, stream=main.stream)
+        ready = cp.cuda.Event()
+        ready.record(main.stream)
+        be = CupySplit(main, layers[1:], F2, panels, nb, own, ready, timing=True)
+        be.prepare()
+        run_split(be, panels, nb, fn, own)
+        main.stream.wait_event(be.done)
+        main.stream.synchronize()
+        cp.cuda.Device().synchronize()
+        assert be.seconds() > 0
+        a1, a2, t1, t2 = F1.get(), F2.get(), T1.get(), be.T.get()
+        be.release()
+    scale = np.abs(a1).max()
+    assert np.abs(a1 - a2).max() <= 1e-12 * scale
+    assert np.abs(t1 - t2).max() <= 1e-11 * max(np.abs(t1).max(), 1.0)
+    F3 = Fh.copy()
+    T3, _ = split_factorize_numpy(F3, panels, nb, own)
+    assert np.abs(np.abs(np.diag(F3)) - np.abs(np.diag(a2))).max() <= 1e-10 * scale
+
+
+@pytest.mark.parametrize("ids", [(0, 0), (0, 1), (0, 0, 0)])
+def test_split_dense_fronts_over_devices(ids):
+    """The upper tree's dense fronts factorized over every device layer
+    (``split_dense=True``) against one GPU: Gram of R, Q R = A P, Qᵀ."""
+    import cupy as cp
+    if len(set(ids)) > device_count():
+        pytest.skip(f"needs {len(set(ids))} GPUs")
+    A = grid3d_least_squares(14)
+    an = analyze(A)
+    with cp.cuda.Device(ids[0]):
+        one = gpu_factorize(A, an, dense_flops=1e7)
+        many = multi_gpu_factorize(A, an, devices=ids, dense_flops=1e7, split_dense=True)
+        split = many.info["split_fronts"]
+        assert split and all(e.get("seconds", 0) > 0 for e in split), split
+        assert all(sum(b > 0 for b in e["blocks"]) >= 2 for e in split)
+        assert "multi_device_fallback" not in many.info
+        _compare(A, one, many)
+        # the rule on layers of one GPU splits nothing
+        if len(set(ids)) == 1:
+            plain = multi_gpu_factorize(A, an, devices=ids, dense_flops=1e7)
+            assert plain.info["split_fronts"] == []
+            plain.free()
+        many.free()
+        one.free()

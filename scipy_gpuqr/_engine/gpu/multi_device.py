@@ -52,23 +52,27 @@ import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
 from ... import _gpu
 from ..._errors import DeviceOutOfMemory
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
+from ..._schedule.dense_split import SplitModel, block_owners, split_rule
 from ..._schedule import native
 from ..._schedule.devices import DevicePlan, defer_carried_packs, map_devices
 from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE
-from ..dense_front import DenseFront
+from ..dense_front import DenseFront, panels_of
 from ..host.reference import task_list_input
 from ..host.simulate import one_blas_thread
+from ..split_front import run_split, split_factorize_numpy
 from . import driver
 from .device import CupyDevice
 from .rcopy import final_entries
 from .rlayout import r_layout
+from .split_front import CupySplit, enable_peers
 from .stage_loop import stage_reflector_records
 
 __all__ = ["multi_gpu_factorize", "cupy_layers", "device_count"]
@@ -229,7 +233,9 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
                         max_tasks: int | None = None, debug: bool | None = None,
                         profile: bool = False, fallback: bool = True,
                         dense_flops: float | None = DEFAULT_DENSE_FLOPS,
-                        dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH):
+                        dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH,
+                        split_dense: bool | None = None,
+                        split_model: SplitModel | None = None):
     """Sparse QR ``A[:, colperm] = Q @ R`` over several GPUs of one host.
 
     Parameters
@@ -259,6 +265,14 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
     fallback : bool
         When a device runs out of memory, factorize on the first device alone
         (the one-GPU engine restages) with a warning; False: raise MemoryError.
+    split_dense : bool, optional
+        Dense fronts of the upper tree factorized over every device
+        (:mod:`scipy_gpuqr._engine.split_front`): None, those where
+        :func:`~scipy_gpuqr._schedule.dense_split.split_rule` models a gain
+        (only when the layers are on more than one GPU); True, every one;
+        False, none.
+    split_model : SplitModel, optional
+        The model of that rule.
 
     Returns
     -------
@@ -271,7 +285,9 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         waiting for blocks to be cut) and waiting for R's copies after its
         stages ended (``wait_r_copy_seconds``);
         ``info["transfers"]``: every contribution block moved between
-        devices ``(child, source, target, bytes)``.
+        devices ``(child, source, target, bytes)``; ``info["split_fronts"]``:
+        per dense front factorized over the devices its front, shape, blocks
+        per device, modelled and (CUDA) measured seconds.
     """
     t_start = time.perf_counter()
     Ac, analysis, out = task_list_input(A, analysis, tol, max_gpu_memory, "gpu",
@@ -300,7 +316,8 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
     try:
         out = _run(Ac, analysis, plan, layers, tile=tile, bundle=bundle,
                    pipelining=pipelining, max_tasks=max_tasks, dense_flops=dense_flops,
-                   dense_cpl=dense_columns_per_launch, dtype=dtype, t_start=t_start)
+                   dense_cpl=dense_columns_per_launch, dtype=dtype, t_start=t_start,
+                   split_dense=split_dense, split_model=split_model)
     except DeviceOutOfMemory as exc:
         for layer in layers:
             with _on(layer):
@@ -322,16 +339,19 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
 
 
 def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, dense_flops,
-         dense_cpl, dtype, t_start):
+         dense_cpl, dtype, t_start, split_dense=None, split_model=None):
     t0 = time.perf_counter()
     sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
                            max_tasks=max_tasks, plan=plan.stage_plan(),
                            dense_flops=dense_flops, dense_columns_per_launch=dense_cpl)
+    model = split_model if split_model is not None else SplitModel()
+    split = split_choice(analysis, plan, sched, layers, split_dense, model)
     t1 = time.perf_counter()
     helper = ThreadPoolExecutor(max_workers=1)
     try:
         host_side = helper.submit(_host_side, analysis, [st.fronts for st in sched.stages])
         run = _MultiStageRun(Ac, analysis, plan, layers, sched, host_side, dtype)
+        run.split, run.split_model = split, model
         run.run_devices()
         t2 = time.perf_counter()
         layout, _, pattern = host_side.result()
@@ -343,6 +363,23 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
         "schedule": t1 - t0, "enqueue": max(run.t_enqueue, default=0.0),
         "factorize": t2 - t1, "assemble_R": t3 - t2, "total": t3 - t_start,
         "wait_blocks": max(run.t_wait_blocks, default=0.0)})
+
+
+def split_choice(analysis, plan, sched, layers, split_dense, model) -> dict:
+    """The dense fronts of the upper tree factorized over every layer: front ->
+    :class:`~scipy_gpuqr._schedule.dense_split.SplitPlan` (None: chosen by
+    ``split_dense=True``, no model consulted)."""
+    if split_dense is False or len(layers) < 2:
+        return {}
+    dense = sorted(f for st in sched.stages for f in st.dense)
+    cand = [f for f in dense if plan.upper[f] and plan.owner[f] == plan.upper_device]
+    if split_dense:
+        return {f: None for f in cand}
+    ids = {getattr(layer, "device_id", k) for k, layer in enumerate(layers)}
+    if len(ids) < 2:                # layers on one GPU: nothing to gain
+        return {}
+    isz = int(np.dtype(layers[0].dtype).itemsize)
+    return split_rule(analysis.fronts, cand, len(layers), model, itemsize=isz)
 
 
 def _host_side(analysis, plan_stages):
@@ -407,6 +444,9 @@ class _MultiStageRun:
         self.progressive = 0                # stages whose R copy started during the launches
         self.data = None                    # R's values (made once R's layout is known)
         self._data_lock = threading.Lock()
+        self.split, self.split_model = {}, SplitModel()
+        self.split_log = []                 # per split front: what ran, its backend
+        self._peers = False
         self.fkey = (tuple(tuple(int(x) for x in st.fronts) for st in sched.stages),
                      int(sched.tile), int(sched.bundle), bool(sched.pipelining),
                      int(sched.ntasks), sched.dense_flops)
@@ -528,9 +568,10 @@ class _MultiStageRun:
                     layer.dense_join(h, done)
                 layer.launch(h, L, st.launch_tasks(L))
                 for f in dense_at.get(L, ()):
-                    Fv, panels, T, done = layer.dense_factorize(
-                        h, int(st.foff[f]), int(fs.fm[f]), int(fs.fn[f]),
-                        fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]])
+                    args = (h, int(st.foff[f]), int(fs.fm[f]), int(fs.fn[f]),
+                            fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]])
+                    out = self._split_front(f, k, *args) if f in self.split else None
+                    Fv, panels, T, done = out or layer.dense_factorize(*args)
                     self.dense_parts[f] = (sid, Fv, panels, T)
                     join_at.setdefault(min(st.dense_join[f], st.nlaunch), []).append(done)
                 if L == st.nlaunch - 1:
@@ -562,6 +603,66 @@ class _MultiStageRun:
                 copier.abort()
             raise
         return sid, h, copier, pos, idle
+
+    def _split_front(self, f, k, h, off, fm, fn, stair):
+        """Dense front ``f`` of device ``k``'s stage factorized over every layer
+        (:func:`~scipy_gpuqr._engine.split_front.run_split`); returns what
+        ``dense_factorize`` returns, or None to leave it to device ``k`` alone
+        (one column block per device or fewer; a device out of memory)."""
+        layer = self.layers[k]
+        others = [x for i, x in enumerate(self.layers) if i != k]
+        nb = int(getattr(layer, "dense_panel", self.split_model.dense.panel))
+        model = self.split_model
+        if nb != model.dense.panel:
+            model = replace(model, dense=replace(model.dense, panel=nb))
+        owners = block_owners(fm, fn, stair, len(self.layers), model)
+        sp = self.split.get(f)
+        entry = {"front": int(f), "shape": (int(fm), int(fn)), "device": k,
+                 "blocks": np.bincount(owners, minlength=len(self.layers)).tolist(),
+                 "modelled_seconds": None if sp is None else float(sp.seconds),
+                 "one_device_modelled_seconds": (None if sp is None
+                                                 else float(sp.one_device_seconds))}
+        if int(owners.max(initial=0)) == 0:
+            return None
+        panels = panels_of(fm, fn, stair, nb)
+        F = h["pool"][off: off + fm * fn].reshape(fm, fn)
+        cp = getattr(layer, "cp", None)
+        if cp is None:                  # NumPy layers: the steps on host arrays
+            T, log = split_factorize_numpy(F, panels, nb, owners)
+            entry["transfers"] = len(log)
+            self.split_log.append(entry)
+            return F, panels, T, None
+        ready = cp.cuda.Event(disable_timing=True)
+        ready.record(layer.stream)
+        be = CupySplit(layer, others, F, panels, nb, owners, ready, timing=True)
+        try:
+            be.prepare()
+        except cp.cuda.memory.OutOfMemoryError:
+            be.release()
+            entry["fallback"] = "out of memory"
+            self.split_log.append(entry)
+            return None
+        if not self._peers:
+            enable_peers(cp, be.ids)
+            self._peers = True
+        run_split(be, panels, nb, fn, owners)
+        entry["backend"] = be
+        self.split_log.append(entry)
+        return F, panels, be.T, be.done
+
+    def split_info(self) -> list:
+        """``info["split_fronts"]`` (after the devices' streams ended): measured
+        seconds of each split front on CUDA layers; their buffers dropped."""
+        out = []
+        for e in self.split_log:
+            e = dict(e)
+            be = e.pop("backend", None)
+            if be is not None:
+                e["seconds"] = be.seconds()
+                be.release()
+            out.append(e)
+        self.split_log = out
+        return out
 
     # -- R ------------------------------------------------------------------------------
     def _put_r(self, pos, vals) -> None:
@@ -708,6 +809,7 @@ class _MultiStageRun:
                 "dense_fronts": len(dense), "dense_flops": sched.dense_flops,
                 "devices": {**plan.as_dict(), "devices": per},
                 "transfers": list(self.xfer.log),
+                "split_fronts": self.split_info(),
                 "q_device": getattr(self.layers[0], "device_id", 0),
                 "q_pools_on_host": sorted(host_pools),
                 "r_copy_progressive": int(self.progressive),

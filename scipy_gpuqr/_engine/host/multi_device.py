@@ -26,11 +26,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..._errors import DeviceOutOfMemory
+from dataclasses import replace
+
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS
+from ..._schedule.dense_split import SplitModel, block_owners
 from ..._schedule.devices import DevicePlan, map_devices
 from ..._schedule.sparse import build_schedule, record_flops
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
 from ..dense_front import DEFAULT_PANEL, DenseFront, factorize_numpy, panels_of
+from ..split_front import split_factorize_numpy
 from .reference import task_list_input
 from .simulate import SimulateQR, assemble_r, execute_task, front_slots, one_blas_thread
 
@@ -107,7 +111,7 @@ class _Run:
     """The devices' turns over the stages of one factorization."""
 
     def __init__(self, Ac, analysis, plan: DevicePlan, sched, *, tile, rng, dense_panel,
-                 limit=None):
+                 limit=None, split_dense=False):
         fs = analysis.fronts
         self.fs, self.plan, self.sched, self.tile = fs, plan, sched, tile
         self.rng, self.dense_panel = rng, dense_panel
@@ -123,6 +127,8 @@ class _Run:
             self.stage_of[a:b + 1] = s
         self.transfers = []             # (child, source, target, bytes, turn)
         self.dense = {}                 # front -> (panels, T, global launch)
+        self.split_dense = bool(split_dense) and plan.ndevices > 1
+        self.split = []                 # (front, blocks per device, transfers)
         self.launch_base = np.concatenate(
             ([0], np.cumsum([st.nlaunch for st in sched.stages]))).astype(np.int64)
         self.turn = 0
@@ -185,8 +191,23 @@ class _Run:
             fm, fn, off = int(fs.fm[f]), int(fs.fn[f]), int(st.foff[f])
             panels = panels_of(fm, fn, fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]],
                                self.dense_panel)
-            T = factorize_numpy(pool[off: off + fm * fn].reshape(fm, fn), panels,
-                                self.dense_panel)
+            F = pool[off: off + fm * fn].reshape(fm, fn)
+            owners = None
+            if self.split_dense and self.plan.upper[f]:
+                model = SplitModel()
+                model = replace(model, dense=replace(model.dense, panel=self.dense_panel))
+                owners = block_owners(fm, fn, fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]],
+                                      self.plan.ndevices, model)
+            if owners is not None and owners.max(initial=0) > 0:
+                # the front's column blocks on every device (devices in the plan's
+                # order from the front's own: split device 0 is the front's)
+                T, log = split_factorize_numpy(F, panels, self.dense_panel, owners)
+                order = [dev.index] + [d for d in range(self.plan.ndevices) if d != dev.index]
+                blocks = np.bincount(owners, minlength=self.plan.ndevices)
+                self.split.append((int(f), [int(blocks[order.index(d)])
+                                            for d in range(self.plan.ndevices)], len(log)))
+            else:
+                T = factorize_numpy(F, panels, self.dense_panel)
             self.dense[f] = (panels, T, int(self.launch_base[sid]) + L)
             dev.flops += 2.0 * fn * fn * max(fm - fn / 3.0, 0.0)
         state[1] = L + 1
@@ -247,7 +268,7 @@ def simulate_multi_device(A, analysis=None, *, devices: int | DevicePlan = 2,
                           bundle: int = DEFAULT_BUNDLE, max_tasks: int | None = None,
                           rng: np.random.Generator | None = None,
                           dense_flops: float | None = DEFAULT_DENSE_FLOPS,
-                          dense_panel: int = DEFAULT_PANEL):
+                          dense_panel: int = DEFAULT_PANEL, split_dense: bool = False):
     """Sparse QR ``A[:, colperm] = Q @ R`` by the multi-device task lists, on simulated devices.
 
     Parameters
@@ -269,6 +290,10 @@ def simulate_multi_device(A, analysis=None, *, devices: int | DevicePlan = 2,
         As :func:`~scipy_gpuqr._engine.host.simulate.simulate_factorize`.
     rng : numpy.random.Generator, optional
         Run each launch's records in a random order.
+    split_dense : bool
+        Dense fronts of the upper tree factorized with their column blocks on
+        every device (:mod:`scipy_gpuqr._engine.split_front`;
+        ``info["split_fronts"]``: front, blocks per device, transfers).
 
     Returns
     -------
@@ -293,7 +318,7 @@ def simulate_multi_device(A, analysis=None, *, devices: int | DevicePlan = 2,
                            dense_flops=dense_flops)
     t1 = time.perf_counter()
     run = _Run(Ac, analysis, plan, sched, tile=tile, rng=rng, dense_panel=dense_panel,
-               limit=device_memory)
+               limit=device_memory, split_dense=split_dense)
     run.run()
     t2 = time.perf_counter()
     values, ftasks, vt = run.gather()
@@ -314,6 +339,7 @@ def simulate_multi_device(A, analysis=None, *, devices: int | DevicePlan = 2,
             "dense_flops": sched.dense_flops, "turns": run.turn,
             "devices": {**plan.as_dict(), "devices": per},
             "transfers": list(run.transfers),
+            "split_fronts": list(run.split),
             "seconds": {"schedule": t1 - t0, "execute": t2 - t1, "assemble_R": t3 - t2}}
     dense = {f: DenseFront(values[f].reshape(int(fs.fm[f]), int(fs.fn[f])), p, T,
                            slots=slots_of[f], after_launch=Ld)

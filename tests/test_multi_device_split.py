@@ -1,0 +1,173 @@
+"""Dense fronts of the upper tree split over several devices, without a GPU.
+
+The steps of :func:`scipy_gpuqr._engine.split_front.run_split` over the
+NumPy backend (simulated devices: each owns its columns, the transfers are
+copies) give the one-device dense path's front and ``T`` bit for bit; the
+multi-GPU driver over NumPy device layers with split fronts gives the
+one-device answer; the model and the rule
+(:mod:`scipy_gpuqr._schedule.dense_split`) behave as documented.
+"""
+
+import numpy as np
+import pytest
+
+from scipy_gpuqr._engine.dense_front import factorize_numpy, panels_of
+from scipy_gpuqr._engine.gpu.device import NumpyDevice
+from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
+from scipy_gpuqr._engine.split_front import NumpySplit, run_split, split_factorize_numpy
+from scipy_gpuqr._schedule.dense import DenseModel, dense_path_seconds
+from scipy_gpuqr._schedule.dense_split import (SplitModel, block_owners, split_plan,
+                                               split_rule, split_seconds)
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
+
+from test_multi_device import _same_answer
+
+
+def _front(rng, fm, fn):
+    """A staircase front: column c nonzero in its first stair[c] rows."""
+    F = rng.standard_normal((fm, fn))
+    lead = np.sort(rng.integers(0, fm, fm))          # each row's first column
+    lead[:min(fm, fn)] = np.minimum(lead[:min(fm, fn)], np.arange(min(fm, fn)))
+    lead = np.sort(lead)
+    stair = np.searchsorted(lead, np.arange(fn), side="right")
+    for c in range(fn):
+        F[stair[c]:, c] = 0.0
+    return F, stair
+
+
+@pytest.mark.parametrize("fm, fn, nb, k", [(300, 200, 16, 2), (150, 260, 16, 3),
+                                           (500, 120, 32, 4), (40, 40, 16, 2),
+                                           (64, 300, 16, 2), (90, 90, 8, 5)])
+@pytest.mark.parametrize("how", ["model", "cyclic", "last"])
+def test_split_steps_equal_one_device(fm, fn, nb, k, how):
+    rng = np.random.default_rng(fm + fn + k)
+    F, stair = _front(rng, fm, fn)
+    panels = panels_of(fm, fn, stair, nb)
+    F1 = F.copy()
+    T1 = factorize_numpy(F1, panels, nb)
+    nblk = -(-fn // nb)
+    if how == "model":
+        owners = block_owners(fm, fn, stair, k,
+                              SplitModel(dense=DenseModel(panel=nb), min_columns=1))
+    elif how == "cyclic":
+        owners = np.array([0, 0] + [c % k for c in range(2, nblk)][:max(nblk - 2, 0)])[:nblk]
+    else:                                   # every block past the first two on the last device
+        owners = np.array([0, 0] + [k - 1] * max(nblk - 2, 0))[:nblk]
+    assert len(owners) == nblk
+    F2 = F.copy()
+    T2, log = split_factorize_numpy(F2, panels, nb, owners)
+    assert np.array_equal(F1, F2)
+    assert np.array_equal(T1, T2)
+    # every block of another device went out once and came back once
+    others = [c for c in range(nblk) if owners[c] != 0]
+    assert sorted(c for what, _, c, _ in log if what == "back") == others
+    assert sum(n for what, _, _, n in log if what == "blocks") == fm * sum(
+        min(fn, (c + 1) * nb) - c * nb for c in others)
+
+
+def test_run_split_checks_owners():
+    F = np.zeros((8, 40))
+    panels = panels_of(8, 40, None, 8)
+    be = NumpySplit(F, panels, 8, [0] * 5)
+    with pytest.raises(ValueError, match="block owners"):
+        run_split(be, panels, 8, 40, [0] * 4)
+    with pytest.raises(ValueError, match="main device"):
+        run_split(be, panels, 8, 40, [0, 1, 0, 0, 0])
+
+
+def test_block_owners_and_model():
+    fm, fn = 49340, 9375
+    m = SplitModel()
+    one = dense_path_seconds(fm, fn, None, m.dense)
+    assert np.all(block_owners(fm, fn, None, 1, m) == 0)
+    t = {}
+    for k in (2, 3, 4):
+        own = block_owners(fm, fn, None, k, m)
+        assert own[0] == own[1] == 0 and set(own.tolist()) == set(range(k))
+        counts = np.bincount(own, minlength=k)
+        # the others share evenly; the main device, busy with the chain, holds fewest
+        assert counts[1:].max() - counts[1:].min() <= 1 and counts[0] <= counts[1:].min() + 2
+        t[k] = split_seconds(fm, fn, None, own, m)
+    # more devices never model slower; never below the chain alone
+    assert one > t[2] >= t[3] >= t[4] > 0
+    rows = np.full(-(-fn // 256), fm, dtype=float)
+    assert t[4] > 0.9 * np.sum(m.dense.panel_seconds + 256 * (m.dense.column_seconds
+                                                               + m.dense.row_seconds * rows))
+    p = split_plan(fm, fn, None, 2, m)
+    assert p.seconds == pytest.approx(t[2]) and p.one_device_seconds == pytest.approx(one)
+    assert p.as_dict()["blocks"] == np.bincount(p.owners).tolist()
+
+
+def test_split_rule_keeps_large_fronts_only():
+    an = analyze(chessboard_boundary(7, 8, 3))
+    fs = an.fronts
+    root = int(np.flatnonzero(fs.parent < 0)[-1])
+    small = int(np.argmax(np.where(np.minimum(fs.fm, fs.fn) < 512,
+                                   np.minimum(fs.fm, fs.fn), -1)))
+    assert split_rule(fs, [root, small], 1) == {}
+    got = split_rule(fs, [root, small], 2)
+    assert list(got) == [root]              # the 49340 x 9375 root; the small one is not worth it
+    sp = got[root]
+    assert sp.one_device_seconds - sp.seconds >= 0.1 * sp.one_device_seconds
+    # a rule asking for more than it gains keeps nothing
+    assert split_rule(fs, [root], 2, min_share=0.99) == {}
+
+
+def _layers(k, panel=16):
+    out = [NumpyDevice(32, 3) for _ in range(k)]
+    for layer in out:
+        layer.dense_panel = panel
+    return out
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_gpu_driver_split_fronts_on_numpy_layers(k):
+    """The multi-GPU driver with the upper tree's dense fronts split over NumPy
+    layers equals the one-device driver (the same panels: bit for bit where the
+    same records ran)."""
+    A = grid3d_least_squares(8)
+    an = analyze(A)
+    one_layer = NumpyDevice(32, 3)
+    one_layer.dense_panel = 16
+    one = gpu_factorize(A, an, device=one_layer, dense_flops=2e5)
+    many = multi_gpu_factorize(A, an, layers=_layers(k), dense_flops=2e5, split_dense=True)
+    split = many.info["split_fronts"]
+    assert split, "no dense front of the upper tree was split"
+    for e in split:
+        assert sum(e["blocks"]) == -(-e["shape"][1] // 16)
+        assert e["blocks"][0] >= 2 and sum(b > 0 for b in e["blocks"]) >= 2
+        assert e["transfers"] > 0
+    assert many.info["dense_fronts"] == one.info["dense_fronts"]
+    _same_answer(A, one, many)
+    # and without the split: the same answer, nothing split
+    plain = multi_gpu_factorize(A, an, layers=_layers(k), dense_flops=2e5, split_dense=False)
+    assert plain.info["split_fronts"] == []
+    _same_answer(A, plain, many)
+
+
+def test_split_rule_off_for_layers_of_one_gpu_and_small_fronts():
+    """By default (the rule) nothing is split where the fronts are small, and
+    NumPy layers count as distinct devices."""
+    A = grid3d_least_squares(8)
+    an = analyze(A)
+    many = multi_gpu_factorize(A, an, layers=_layers(2), dense_flops=2e5)
+    assert many.info["split_fronts"] == []
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_simulated_devices_split_fronts(k):
+    """The NumPy executor of simulated devices with split upper dense fronts equals
+    its run without them and the one-device executor."""
+    from scipy_gpuqr._engine.host.multi_device import simulate_multi_device
+    from scipy_gpuqr._engine.host.simulate import simulate_factorize
+    A = grid3d_least_squares(8)
+    an = analyze(A)
+    one = simulate_factorize(A, an, dense_flops=2e5, dense_panel=16)
+    many = simulate_multi_device(A, an, devices=k, dense_flops=2e5, dense_panel=16,
+                                 split_dense=True)
+    assert many.info["split_fronts"]
+    for f, blocks, moved in many.info["split_fronts"]:
+        assert len(blocks) == k and sum(b > 0 for b in blocks) >= 2 and moved > 0
+    _same_answer(A, one, many)
