@@ -144,6 +144,8 @@ def _once(A, b, backend, debug=False):
                              for k in ("method", "rank", "device")},
            "normal_eq_residual": berr,
            "r_copy_stages": bi.get("r_copy_stages"),
+           "host_r_by_parts": bi.get("host_r_by_parts"),
+           "stage_seconds": bi.get("stage_seconds"),
            "pool_ranges_sent_during_stages": bi.get("pool_ranges_sent_during_stages"),
            "warnings": [str(w.message)[:160] for w in seen],
            "log": lines.messages}
@@ -151,6 +153,84 @@ def _once(A, b, backend, debug=False):
     del F
     gc.collect()
     return row, x
+
+
+#: ``--modes``: the package's settings each mode times (an A/B in one process,
+#: its calls interleaved): how Q's solve brings an earlier stage's reflector bands
+#: up, and whether a host stage's R is gathered as its slab parts land.
+MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
+         "bands": {"band_upload": "mapped", "host_r_by_parts": False},
+         "rparts": {"band_upload": "copy2d", "host_r_by_parts": True},
+         "new": {"band_upload": "mapped", "host_r_by_parts": True},
+         "panels-mapped": {"band_upload": "copy2d", "host_r_by_parts": True,
+                           "slab_panels": "mapped"},
+         "mapped-all": {"band_upload": "copy2d", "host_r_by_parts": True,
+                        "slab_panels": "mapped-all"}}
+
+
+def _set_mode(name):
+    from scipy_gpuqr._engine import slab_front
+    from scipy_gpuqr._engine.gpu import reflector_upload, stage_loop
+    m = MODES[name]
+    reflector_upload.BAND_UPLOAD = m["band_upload"]
+    stage_loop.HOST_R_BY_PARTS = m["host_r_by_parts"]
+    slab_front.PANEL_UPLOAD = m.get("slab_panels", "copy2d")
+
+
+def _run_modes(A, b, repeat, limit, modes, debug=False, profile=None):
+    """Per mode of ``modes`` (:data:`MODES`) a warm-up call, then ``repeat`` rounds
+    of one call per mode, in turn (drift falls on every mode alike); the
+    rows as ``_run``'s, per mode; with ``profile`` one more call of the last
+    mode under cProfile (as ``_run``)."""
+    import cupy as cp
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    base = pool.used_bytes()
+    pool.set_limit(size=base + int(limit))
+    rows, firsts, xs = {}, {}, {}
+    try:
+        for name in modes:
+            _set_mode(name)
+            firsts[name], xs[name] = _once(A, b, "gpu", debug)
+            rows[name] = [firsts[name]]
+        for _ in range(repeat):
+            for name in modes:
+                if firsts[name]["backend"] != "gpu":
+                    continue
+                if len(rows[name]) == 1 and rows[name][0] is firsts[name]:
+                    rows[name] = []
+                _set_mode(name)
+                row, xs[name] = _once(A, b, "gpu", debug)
+                rows[name].append(row)
+        if profile:
+            _profiled(A, b, limit, profile)
+    finally:
+        pool.set_limit(size=0)
+    out = {}
+    for name in modes:
+        o = dict(rows[name][-1])
+        o["seconds"] = statistics.median(r["seconds"] for r in rows[name])
+        o["all_seconds"] = [round(r["seconds"], 4) for r in rows[name]]
+        o["first_seconds"] = firsts[name]["seconds"]
+        o["runs"] = len(rows[name])
+        o["pool_used_after"] = int(pool.used_bytes() - base)
+        out[name] = (o, xs[name])
+    return out
+
+
+def _profiled(A, b, limit, path, backend="gpu"):
+    """One more call under cProfile, its cumulative profile appended to ``path``."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    _once(A, b, backend)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(70)
+    with open(path, "a") as fh:
+        fh.write(f"==== {A.shape}, limit {limit}\n{text.getvalue()}\n")
 
 
 def _run(A, b, backend, repeat, limit=None, profile=None, debug=False):
@@ -169,17 +249,7 @@ def _run(A, b, backend, repeat, limit=None, profile=None, debug=False):
         if first["backend"] == "gpu":
             rows = [_once(A, b, backend, debug)[0] for _ in range(repeat)]
         if profile:
-            import cProfile
-            import io
-            import pstats
-            prof = cProfile.Profile()
-            prof.enable()
-            _once(A, b, backend)
-            prof.disable()
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(70)
-            with open(profile, "a") as fh:
-                fh.write(f"==== {A.shape}, limit {limit}\n{text.getvalue()}\n")
+            _profiled(A, b, limit, profile, backend)
     finally:
         pool.set_limit(size=0)
     out = dict(rows[-1])
@@ -209,6 +279,12 @@ def main(argv=None):
     p.add_argument("--solve-upload", default=None,
                    help="how Q's solve brings a host front's panels up "
                         "(dense_front.REFLECTOR_UPLOADS; default: the package's)")
+    p.add_argument("--band-upload", default=None,
+                   help="how Q's solve brings an earlier stage's reflector bands up "
+                        "(reflector_upload.BAND_UPLOADS; default: the package's)")
+    p.add_argument("--modes", default="",
+                   help="an A/B in one process: the modes of MODES to time at each limit, "
+                        "their calls interleaved (e.g. base,new)")
     args = p.parse_args(argv)
     fracs = [int(f) for f in args.fracs.split(",") if f]
     if args.predict:
@@ -229,10 +305,19 @@ def main(argv=None):
         if args.solve_upload not in dense_front.REFLECTOR_UPLOADS:
             p.error(f"--solve-upload: one of {dense_front.REFLECTOR_UPLOADS}")
         dense_front.REFLECTOR_UPLOAD = args.solve_upload
+    if args.band_upload:
+        from scipy_gpuqr._engine.gpu import reflector_upload
+        if args.band_upload not in reflector_upload.BAND_UPLOADS:
+            p.error(f"--band-upload: one of {reflector_upload.BAND_UPLOADS}")
+        reflector_upload.BAND_UPLOAD = args.band_upload
     props = cp.cuda.runtime.getDeviceProperties(0)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     from scipy_gpuqr._engine import dense_front, slab_front
-    uploads = {"slab_panels": slab_front.PANEL_UPLOAD, "solve_upload": dense_front.REFLECTOR_UPLOAD}
+    from scipy_gpuqr._engine.gpu import reflector_upload
+    from scipy_gpuqr._engine.gpu import stage_loop
+    uploads = {"slab_panels": slab_front.PANEL_UPLOAD, "solve_upload": dense_front.REFLECTOR_UPLOAD,
+               "band_upload": reflector_upload.BAND_UPLOAD,
+               "host_r_by_parts": stage_loop.HOST_R_BY_PARTS}
     report = {"device": name, "cores": os.cpu_count(), "uploads": uploads, "matrices": {}}
     print(f"device {name}, {os.cpu_count()} cores, uploads {uploads}", flush=True)
     for mname, A in _matrices([s for s in args.only.split(",") if s]):
@@ -248,17 +333,31 @@ def main(argv=None):
         print(f"  unlimited  {base['seconds']:7.2f} s  {base['backend']} stages {base['stages']}"
               f"  (first {base['first_seconds']:.2f} s)", flush=True)
         print(f"    phases {base['timings']}\n    engine {base['engine_seconds']}", flush=True)
+        modes = [m for m in args.modes.split(",") if m]
+        for m in modes:
+            if m not in MODES:
+                p.error(f"--modes: each one of {sorted(MODES)}")
+        cases = []
         for frac in fracs:
-            row, x = _run(A, b, "gpu", args.repeat, limit=need // frac,
-                          profile=args.profile if frac == fracs[0] else None,
-                          debug=args.debug_log)
+            if modes:
+                for m, (row, x) in _run_modes(A, b, args.repeat, need // frac, modes,
+                                              debug=args.debug_log,
+                                              profile=args.profile if frac == fracs[0]
+                                              else None).items():
+                    cases.append((frac, f"1/{frac} {m}", row, x))
+            else:
+                row, x = _run(A, b, "gpu", args.repeat, limit=need // frac,
+                              profile=args.profile if frac == fracs[0] else None,
+                              debug=args.debug_log)
+                cases.append((frac, f"1/{frac}", row, x))
+        for frac, label, row, x in cases:
             row["limit"] = int(need // frac)
             row["x_rel_diff"] = float(np.linalg.norm(x - x0) / np.linalg.norm(x0))
             row["vs_unlimited"] = row["seconds"] / base["seconds"]
-            rec["runs"][f"1/{frac}"] = row
+            rec["runs"][label] = row
             report["matrices"][mname] = rec
             _write(args.json, report)
-            print(f"  1/{frac} ({row['limit'] / 1e9:.2f} GB) {row['seconds']:7.2f} s  "
+            print(f"  {label} ({row['limit'] / 1e9:.2f} GB) {row['seconds']:7.3f} s  "
                   f"{row['backend']} stages {row['stages']}  x{row['vs_unlimited']:.2f}  "
                   f"restaged {row['restaged']}  leak {row['pool_used_after']}  "
                   f"dx {row['x_rel_diff']:.1e}"
@@ -270,7 +369,9 @@ def main(argv=None):
                   f"\n    engine {row['engine_seconds']}"
                   + (f"\n    host fronts {row['host_front_phases']}" if row["host_fronts"] else "")
                   + f"\n    R copied per stage {row['r_copy_stages']}, pool ranges sent "
-                    f"during stages {row['pool_ranges_sent_during_stages']}"
+                    f"during stages {row['pool_ranges_sent_during_stages']}, host R by parts "
+                    f"{row['host_r_by_parts']}, calls {row.get('all_seconds')}"
+                  + f"\n    stages (begin, launches, wait, R, hand-on) {row['stage_seconds']}"
                   + "".join(f"\n    log: {line}" for line in row["log"][:8]),
                   flush=True)
         if not args.no_cpu:

@@ -126,6 +126,37 @@ def test_slabs_on_the_gpu_equal_the_blocked_factorization(fm, fn, width, upload)
 
 
 @pytest.mark.gpu
+def test_r_values_gathered_as_the_gpu_slab_parts_land():
+    """On the device: each part's columns gathered from the pinned pool once its
+    copy back has landed (the worker waits for the part's event) equal the
+    pool's final values; every value from a part."""
+    import cupy as cp
+    import cupyx
+
+    from scipy_gpuqr._engine.gpu.rcopy import ColumnRCopy, column_bounds, strided_runs
+    from scipy_gpuqr._engine.slab_front import CupySlabs
+    rng = np.random.default_rng(6)
+    fm, fn, nb, width, base = 12000, 1400, 256, 300, 5
+    F0, panels, ref, _ = _front_and_blocked_qr(fm, fn, nb, rng)
+    pool = cupyx.empty_pinned(base + fm * fn, dtype=np.float64)
+    pool[:base] = 0
+    F = pool[base:].reshape(fm, fn)
+    F[...] = F0
+    index = _r_index(fm, fn, base)
+    runs = strided_runs(index, fn)
+    bounds = column_bounds(index, runs, base, fm, fn)
+    copier = ColumnRCopy(pool, index, lambda: (runs, bounds))
+    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True), on_part=copier.part_done)
+    factorize_in_slabs(F, panels, nb, width, dev)
+    values = copier.result()
+    np.testing.assert_array_equal(values, pool[index])
+    assert dev.parts > 2 and sum(b - a for a, b in copier.early) == len(index)
+    k = min(fm, fn)
+    np.testing.assert_allclose(np.abs(np.triu(F[:k])), np.abs(np.triu(ref[:k])),
+                               atol=1e3 * fm * EPS * np.abs(F0).max())
+
+
+@pytest.mark.gpu
 def test_host_front_too_large_alone_goes_through_the_gpu_in_slabs():
     """Under a pool limit below the front itself, the host front's factorization
     runs in slabs on the GPU and says so; its Q and R are right."""
@@ -334,3 +365,84 @@ def test_slabs_take_the_side_their_first_part_finds_free():
                 room = b - a <= plo or dev.size - (b - a) >= phi
                 assert (b <= plo or a >= phi) == room
     assert downs > 0
+
+
+def _r_index(fm, fn, base, skip=()):
+    """Pool elements of a row-major ``fm × fn`` front's upper trapezoid at ``base``,
+    column by column (R's order of a host front's values); columns ``skip`` left out."""
+    cols = [j for j in range(fn) if j not in skip]
+    return np.concatenate([base + np.arange(min(j + 1, fm)) * fn + j for j in cols]
+                          ).astype(np.int64)
+
+
+@pytest.mark.parametrize("fm,fn,width", [(90, 70, 24), (40, 100, 30), (200, 60, 60)])
+def test_r_values_gathered_as_the_slab_parts_land(fm, fn, width):
+    """A host front's R values gathered part by part as its slabs' parts come back
+    (:class:`ColumnRCopy` told by the slabs) equal the pool's final values at
+    their index: every part's columns final once back, later slabs only read them;
+    every value comes from a part (nothing left for the end), none twice."""
+    from scipy_gpuqr._engine.gpu.rcopy import ColumnRCopy, column_bounds, strided_runs
+    rng = np.random.default_rng(3)
+    nb, base = 8, 13
+    F0, panels, ref, _ = _front_and_blocked_qr(fm, fn, nb, rng)
+    pool = np.full(base + fm * fn + 11, np.nan)
+    F = pool[base: base + fm * fn].reshape(fm, fn)
+    F[...] = F0
+    index = _r_index(fm, fn, base, skip=(5, 6, fn - 1))
+    runs = strided_runs(index, fn)
+    bounds = column_bounds(index, runs, base, fm, fn)
+    assert bounds is not None and bounds[0] == 0 and bounds[-1] == len(index)
+    assert np.all(np.diff(bounds) >= 0) and bounds[6] == bounds[7]     # columns left out
+    seen = []
+    copier = ColumnRCopy(pool, index, lambda: (runs, bounds))
+    dev = NumpySlabs(on_part=lambda a0, a1, ev: (seen.append((a0, a1)),
+                                                 copier.part_done(a0, a1, ev)))
+    factorize_in_slabs(F, panels, nb, width, dev)
+    values = copier.result()
+    np.testing.assert_array_equal(values, pool[index])
+    np.testing.assert_allclose(F, ref, atol=1e3 * fm * EPS)
+    assert len(seen) == dev.parts > 1
+    assert sorted(copier.early) == sorted(
+        (int(bounds[a0]), int(bounds[a1])) for a0, a1 in seen if bounds[a1] > bounds[a0])
+    assert sum(b - a for a, b in copier.early) == len(index)
+
+
+def test_r_values_by_columns_the_rest_after_the_launches():
+    """Parts not told (a slab redone on the host, a front uploaded whole) are
+    gathered after the launches; an index not in column order, or reaching past
+    the front, is gathered all at the end; an empty one gives nothing."""
+    from scipy_gpuqr._engine.gpu.rcopy import (ColumnRCopy, column_bounds, gather_runs,
+                                               runs_between, strided_runs)
+    rng = np.random.default_rng(4)
+    fm, fn, base = 70, 50, 7
+    pool = rng.standard_normal(base + fm * fn + 3)
+    index = _r_index(fm, fn, base)
+    runs = strided_runs(index, fn)
+    bounds = column_bounds(index, runs, base, fm, fn)
+    for told in ([], [(0, 10)], [(10, 20), (35, 50)], [(0, 50)]):
+        out = np.full(len(index), np.nan)
+        copier = ColumnRCopy(pool, index, lambda: (runs, bounds), out=out)
+        for a0, a1 in told:
+            copier.part_done(a0, a1, None)
+        np.testing.assert_array_equal(copier.result(), pool[index])
+        assert len(copier.early) == len(told)
+    # a range of the runs writes only its own entries
+    lo, hi = int(bounds[12]), int(bounds[31])
+    out = np.full(len(index), np.nan)
+    gather_runs(pool, index, runs_between(runs, lo, hi), out)
+    np.testing.assert_array_equal(out[lo:hi], pool[index[lo:hi]])
+    assert np.isnan(out[:lo]).all() and np.isnan(out[hi:]).all()
+    # not the front's column order, or an entry past the front: no bounds
+    rev = _r_index(fm, fn, base)[::-1].copy()
+    assert column_bounds(rev, strided_runs(rev, fn), base, fm, fn) is None
+    out_of = np.concatenate([index, [base + fm * fn + 1]])
+    assert column_bounds(out_of, strided_runs(out_of, fn), base, fm, fn) is None
+    assert column_bounds(index, strided_runs(index, fn + 1), base, fm, fn) is None
+    copier = ColumnRCopy(pool, rev, lambda: (strided_runs(rev, fn), None))
+    copier.part_done(0, 10, None)
+    np.testing.assert_array_equal(copier.result(), pool[rev])
+    assert copier.early == []
+    empty = np.zeros(0, dtype=np.int64)
+    assert column_bounds(empty, strided_runs(empty, fn), base, fm, fn).tolist() == [0] * (fn + 1)
+    copier = ColumnRCopy(pool, empty, lambda: (strided_runs(empty, fn), None))
+    assert copier.result().shape == (0,)

@@ -1256,3 +1256,16 @@ def test_host_stage_r_gathered_by_runs_equals_the_gather_by_index(monkeypatch):
     by_index = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                              dense_flops=_HOST_FLOPS).R.toarray()
     np.testing.assert_array_equal(by_runs, by_index)
+
+
+def test_stage_seconds_say_where_each_stage_spent_its_time():
+    """``info['stage_seconds']``: per stage its begin, launches, wait, R and
+    hand-on wall seconds (a staged run's phases for the bench's log)."""
+    A, an, needs = _host_case()
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE,
+                                                memory_limit=min_budget(an, needs)),
+                      dense_flops=_HOST_FLOPS)
+    rows = g.info["stage_seconds"]
+    assert len(rows) == g.info["stages"] > 1
+    assert all(len(r) == 5 and min(r) >= 0 for r in rows)
+    assert sum(map(sum, rows)) <= g.info["seconds"]["factorize"] + 1e-3

@@ -346,3 +346,43 @@ def test_host_front_panels_read_where_the_pinned_front_lies(dtype):
     with pytest.raises(ValueError, match="upload must be one of"):
         HostDenseFront(Fh, panels, T, upload="bogus")
 
+
+@pytest.mark.parametrize("how", ["mapped", "copy2d"])
+def test_reflector_bands_read_where_the_pinned_pool_lies(how, monkeypatch):
+    # an earlier stage's reflector pieces packed on the device: bands read by the
+    # copy kernel from the pinned pool (those of at least MAPPED_BAND_BYTES) or by
+    # 2-D copies, runs by 1-D copies, equal the NumPy model's buffer bit for bit;
+    # a pageable pool takes the copies
+    import cupy as cp
+    import cupyx
+
+    from scipy_gpuqr._engine.gpu import reflector_upload as ru
+    from scipy_gpuqr._schedule.tasks import TASK_DTYPE
+    rng = np.random.default_rng(5)
+    n = 200_000
+    pinned = cupyx.empty_pinned(n, dtype=np.float64)
+    pinned[:] = rng.standard_normal(n)
+    runs = [(0, 1000, 0), (5000, 17, 1000)]
+    end = n - 299 * 500 - 200           # a band whose last row ends the pool
+    blocks = [(6000, 300, 120, 250, 1017), (90_000, 40, 7, 9, 1017 + 36_000),
+              (100_000, 700, 96, 130, 1017 + 36_000 + 280),
+              (end, 300, 200, 500, 1017 + 36_000 + 280 + 700 * 96)]
+    size = 1017 + 36_000 + 280 + 700 * 96 + 300 * 200
+    layout = ru.ReflectorLayout(runs, blocks, size, np.zeros(0, dtype=TASK_DTYPE), {})
+    want = ru.upload_reflectors(pinned, layout, np).values
+    kernels, copy_into = [], ru.copy_into
+
+    def counted(dst, src):
+        kernels.append(dst.shape)
+        return copy_into(dst, src)
+    monkeypatch.setattr(ru, "copy_into", counted)
+    monkeypatch.setattr(ru, "MAPPED_BAND_BYTES", 300 * 120 * 8)
+    for host in (pinned, np.array(pinned)):
+        kernels.clear()
+        got = ru.upload_reflectors(host, layout, cp, band_upload=how)
+        cp.cuda.get_current_stream().synchronize()
+        np.testing.assert_array_equal(got.values.get(), want)
+        mapped = how == "mapped" and host is pinned
+        assert kernels == ([(300, 120), (700, 96), (300, 200)] if mapped else []), (how, kernels)
+    with pytest.raises(ValueError, match="band_upload must be one of"):
+        ru.upload_reflectors(pinned, layout, cp, band_upload="bogus")

@@ -328,12 +328,14 @@ def _reflectors(xp, E, i0: int, k0: int, rows: int, b: int):
 
 class NumpySlabs:
     """The slab operations on the host (the CI model of :class:`CupySlabs`);
-    ``slabs`` counts the slabs worked on, ``parts`` their parts."""
+    ``slabs`` counts the slabs worked on, ``parts`` their parts. ``on_part``:
+    as :class:`CupySlabs`' (told with no event: the part is back already)."""
 
-    def __init__(self):
+    def __init__(self, on_part=None):
         self.slabs = 0
         self.parts = 0
         self._T = None
+        self.on_part = on_part
 
     def start(self, F: np.ndarray, npanels: int, nb: int, T=None) -> None:
         """A factorization of ``F`` begins (``T``: the panels' factors known so far)."""
@@ -383,6 +385,8 @@ class NumpySlabs:
     def download(self, part: SlabPart, F: np.ndarray) -> None:
         """The worked part back into ``F[:, a0:a1]``."""
         F[:, part.a0:part.a1] = part.S
+        if self.on_part is not None:
+            self.on_part(part.a0, part.a1, None)
 
     def mark(self, what: str) -> None:
         """The work queued so far reached a point of the timeline (``e``: the
@@ -409,10 +413,15 @@ class CupySlabs:
     and parts started there. ``panel_upload``: one of :data:`PANEL_UPLOADS`
     (default :data:`PANEL_UPLOAD`). Each worked part is checked for non-finite values
     before it goes back (one launch reading it where it lies:
-    :meth:`all_finite`), so the host need not read the front again."""
+    :meth:`all_finite`), so the host need not read the front again.
+    ``on_part``: called ``on_part(a0, a1, landed)`` as each part's copy back is
+    queued (``landed``: the event after it; the columns ``[a0, a1)`` of ``F``
+    are final once it has passed), e.g. to gather R's values from those
+    columns while the device works on the next parts."""
 
-    def __init__(self, cp, stream, panel_upload: str | None = None):
+    def __init__(self, cp, stream, panel_upload: str | None = None, on_part=None):
         self.cp, self.stream = cp, stream
+        self.on_part = on_part
         self.panel_upload = PANEL_UPLOAD if panel_upload is None else panel_upload
         if self.panel_upload not in PANEL_UPLOADS:
             raise ValueError(f"panel_upload must be one of {PANEL_UPLOADS}, "
@@ -434,6 +443,7 @@ class CupySlabs:
         self._flags = []
         self._T = None
         self._T_host = None
+        self._nb = 0                    # the panels' width (:meth:`start`)
         self._marks = []                # (what, timing event): :meth:`timeline`
         #: the last factorization's timeline (:meth:`timeline`), for the log
         self.last_timeline = ""
@@ -490,6 +500,7 @@ class CupySlabs:
 
     def start(self, F: np.ndarray, npanels: int, nb: int, T=None) -> None:
         self._marks = [("start", self._timed(self.stream))]
+        self._nb = int(nb)
         with self.stream:
             self._T = (self.cp.zeros((npanels, nb, nb), dtype=F.dtype) if T is None
                        else self.cp.asarray(T))
@@ -533,7 +544,11 @@ class CupySlabs:
         """Panel ``q``'s block into the slot's buffer (one 2-D copy) on the copy
         stream, after the work that read the buffer last and the copy back of
         the part that made the panel; the work stream waits for it."""
-        out = self._buffer(slot, (r1 - r0) * (c1 - c0), F.dtype).reshape(r1 - r0, c1 - c0)
+        # sized for a panel of every row of the front at once: a staircase front's
+        # panels grow in rows, and a buffer grown later waits for every stream
+        n = (r1 - r0) * (c1 - c0)
+        out = self._buffer(slot, max(n, F.shape[0] * self._nb), F.dtype)[:n]
+        out = out.reshape(r1 - r0, c1 - c0)
         read = self._read.pop(slot, None)
         if read is not None:
             self.copy_stream.wait_event(read)
@@ -597,6 +612,8 @@ class CupySlabs:
         self._regions.append((part.at, part.at + S.size, landed))
         for q in range(part.p0, part.p1):
             self._landed[q] = landed
+        if self.on_part is not None:
+            self.on_part(part.a0, part.a1, landed)
 
     def end_slab(self) -> None:
         """The slab's parts are read by no work queued later."""

@@ -563,7 +563,7 @@ class HostFrontDevice(NumpyDevice):
         if not w:
             return None, f"{whole}; not even a slab of one panel fits ({avail} bytes)", None
         host = NumpySlabs()
-        slabs = CupySlabs(cp, gpu.stream)
+        slabs = CupySlabs(cp, gpu.stream, on_part=getattr(self, "on_slab_part", None))
         T = factorize_in_slabs(F, panels, nb, w, slabs, fallback=host)
         return T, (f"in column slabs of {w} (the front alone does not fit)"
                    + (f"; its last {host.slabs} slabs on the host (LAPACK/BLAS) after the "

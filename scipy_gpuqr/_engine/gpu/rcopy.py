@@ -37,7 +37,10 @@ Two parts:
   columns, one page per entry. Its gather index is cut once into runs of a
   constant stride (a column's rows), runs of adjacent columns starting on one
   row into blocks; a block is read a tile of whole row pieces at a time,
-  transposed in cache and copied out run by run, on threads.
+  transposed in cache and copied out run by run, on threads. Where the
+  front is factorized in column slabs, :class:`ColumnRCopy` gathers each
+  part's columns as soon as the part is back in the pool (on a worker, while
+  the device works on the next parts), and only the rest after the launches.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +59,8 @@ from .array_ops import take_rows
 
 __all__ = ["final_entries", "final_entries_cached", "launch_of_records", "whole_front_writes",
            "staging_for", "PinnedStaging", "NumpyRCopy", "CupyRCopy", "SLOT_BYTES",
-           "MIN_CHUNK_BYTES", "StridedRuns", "strided_runs", "gather_runs", "touched"]
+           "MIN_CHUNK_BYTES", "StridedRuns", "strided_runs", "gather_runs", "touched",
+           "runs_between", "column_bounds", "ColumnRCopy"]
 
 #: Bytes of one pinned staging slot (two slots per staging buffer).
 SLOT_BYTES = 32 << 20
@@ -71,6 +76,10 @@ RUN_MIN = 32
 BLOCK_RUNS = 128
 #: Rows of one tile of a block (transposed in cache).
 TILE_ROWS = 256
+#: Fewest entries per thread of :class:`ColumnRCopy`'s gathers: a slab part's
+#: columns hold a few million values, and the parts' gathers must keep up with
+#: the device (the last one is on the factorization's path).
+PART_PER_THREAD = 1 << 18
 
 
 def final_entries(analysis, layout, stage, tile: int, pos=None) -> np.ndarray:
@@ -291,13 +300,13 @@ def strided_runs(index: np.ndarray, stride: int, min_len: int = RUN_MIN,
 
 
 def gather_runs(pool: np.ndarray, index: np.ndarray, runs: StridedRuns,
-                out: np.ndarray) -> None:
+                out: np.ndarray, per_thread: int = 1 << 21) -> None:
     """``out[:] = pool[index]`` with ``index`` cut into ``runs``
     (:func:`strided_runs` of it): each block read in tiles of
     :data:`TILE_ROWS` whole row pieces (one page each instead of one per entry),
     transposed in a buffer of the thread's and copied out run by run; the
-    entries in no run by index. Blocks split over threads (NumPy's copies
-    release the GIL)."""
+    entries in no run by index. Blocks split over threads of at least
+    ``per_thread`` entries each (NumPy's copies release the GIL)."""
     flat = pool.reshape(-1)
     isz = flat.itemsize
     stride = runs.stride
@@ -333,10 +342,155 @@ def gather_runs(pool: np.ndarray, index: np.ndarray, runs: StridedRuns,
 
     # threads of equal shares of entries, a block each at least
     cum = np.concatenate(([0], np.cumsum(height * width)))
-    threads = thread_count(int(cum[-1]), 1 << 21)
+    threads = thread_count(int(cum[-1]), max(int(per_thread), 1))
     cuts = np.searchsorted(cum, np.linspace(0, cum[-1], threads + 1)).clip(0, nblock)
     cuts[0], cuts[-1] = 0, nblock
     run_ranges(blocks, np.unique(cuts))
+
+
+def runs_between(runs: StridedRuns, lo: int, hi: int) -> StridedRuns:
+    """``runs`` cut to the output entries ``[lo, hi)`` (no run may cross ``lo`` or
+    ``hi``: cut at a column's first entry, :func:`column_bounds`); its blocks
+    cut there too, so :func:`gather_runs` of it writes only ``out[lo:hi]``."""
+    r0, r1 = (int(x) for x in np.searchsorted(runs.start, [lo, hi], side="left"))
+    p = runs.block_ptr
+    inner = p[(p > r0) & (p < r1)]
+    ptr = (np.concatenate(([r0], inner, [r1])) - r0 if r1 > r0
+           else np.zeros(1, dtype=np.int64))
+    k0, k1 = np.searchsorted(runs.rest, [lo, hi], side="left")
+    return StridedRuns(runs.stride, runs.start[r0:r1], runs.src[r0:r1], runs.length[r0:r1],
+                       ptr.astype(np.int64), runs.rest[k0:k1])
+
+
+def column_bounds(index: np.ndarray, runs: StridedRuns, base: int, fm: int,
+                  fn: int):
+    """First output entry of each column of a row-major ``fm × fn`` front at pool
+    element ``base`` (``fn + 1`` entries, the last the index's length), where the
+    output (R's order) walks the front's columns in order, every entry inside
+    the front; else None. ``runs``: the index's :func:`strided_runs` with the
+    front's row length as stride (a run lies in one column)."""
+    index = np.asarray(index)
+    n = len(index)
+    if runs.stride != fn or fn <= 0:
+        return None
+    if n == 0:
+        return np.zeros(fn + 1, dtype=np.int64)
+    rest = np.asarray(runs.rest, dtype=np.int64)
+    st = np.concatenate((runs.start, rest))
+    ln = np.concatenate((runs.length, np.ones(len(rest), dtype=np.int64)))
+    last = np.concatenate((runs.src + (runs.length - 1) * fn, index[rest].astype(np.int64)))
+    src = np.concatenate((runs.src, index[rest].astype(np.int64))) - int(base)
+    order = np.argsort(st, kind="stable")
+    st, ln, src, last = st[order], ln[order], src[order], last[order] - int(base)
+    if (int(st[0]) != 0 or np.any(st[1:] != st[:-1] + ln[:-1]) or int(src.min()) < 0
+            or int(last.max()) >= fm * fn):
+        return None
+    col = src % fn
+    if np.any(col[1:] < col[:-1]):
+        return None
+    at = np.searchsorted(col, np.arange(fn + 1), side="left")
+    return np.where(at < len(st), st[np.minimum(at, len(st) - 1)], n).astype(np.int64)
+
+
+class ColumnRCopy:
+    """A host stage's R values gathered from its pool by column ranges of its
+    front: a range as soon as the part of a column slab holding it is back in
+    the pool (:meth:`part_done`, called by the slabs as they queue the part's
+    copy back; a worker thread waits for that copy, then gathers), the rest
+    after the launches (:meth:`result`). The front's columns are final once
+    their part is back: later slabs only read them.
+
+    Parameters
+    ----------
+    pool : ndarray
+        The host stage's pool (read as parts land).
+    index : ndarray
+        Pool element of every value, in output order (R's).
+    prepare : callable
+        ``prepare() -> (runs, bounds)``: the index's :func:`strided_runs` and
+        :func:`column_bounds` (None: no gather before the launches end), run
+        on the worker first (cached per layout by the caller).
+    out : future or ndarray, optional
+        Where the values go (a :func:`touched` array being made; default a
+        new array).
+    dtype : numpy dtype
+    """
+
+    def __init__(self, pool, index, prepare, out=None, dtype=np.float64):
+        self.pool, self.index = pool, np.asarray(index)
+        self.dtype = np.dtype(dtype)
+        self._out = out
+        self._ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-r-columns")
+        self._prep = self._ex.submit(prepare)
+        self._jobs = []
+        self.early = []             # output ranges gathered before the launches ended
+        self.seconds = 0.0          # the worker's gathering time, those ranges
+
+    def _values(self) -> np.ndarray:
+        out = self._out
+        if hasattr(out, "result"):
+            out = out.result()
+        if out is None:
+            out = np.empty(len(self.index), dtype=self.dtype)
+        if out.shape != (len(self.index),) or out.dtype != self.dtype:
+            raise ValueError(f"ColumnRCopy: out of shape {out.shape} and {out.dtype} for "
+                             f"{len(self.index)} values of {self.dtype}")
+        self._out = out
+        return out
+
+    def part_done(self, a0: int, a1: int, landed=None) -> None:
+        """Columns ``[a0, a1)`` of the front are final once ``landed`` (a CUDA
+        event: their copy back into the pool; None: already there)."""
+        self._jobs.append(self._ex.submit(self._gather_part, int(a0), int(a1), landed))
+
+    def _gather_part(self, a0, a1, landed):
+        runs, bounds = self._prep.result()
+        if bounds is None:
+            return
+        lo, hi = int(bounds[a0]), int(bounds[a1])
+        if hi <= lo:
+            return
+        if landed is not None:
+            landed.synchronize()
+        t0 = time.perf_counter()
+        gather_runs(self.pool, self.index, runs_between(runs, lo, hi), self._values(),
+                    PART_PER_THREAD)
+        self.early.append((lo, hi))
+        self.seconds += time.perf_counter() - t0
+
+    def after_launch(self, L: int) -> None:
+        pass
+
+    def launches_done(self) -> None:
+        pass
+
+    def result(self) -> np.ndarray:
+        """Wait for the parts' gathers, gather the rest; R's values."""
+        try:
+            runs, _ = self._prep.result()
+            for job in self._jobs:
+                job.result()
+            out = self._values()
+            n = len(self.index)
+            if not self.early:
+                gather_runs(self.pool, self.index, runs, out)
+            else:
+                pos = 0
+                for lo, hi in sorted(self.early) + [(n, n)]:
+                    if lo > pos:
+                        gather_runs(self.pool, self.index, runs_between(runs, pos, lo), out,
+                                    PART_PER_THREAD)
+                    pos = max(pos, hi)
+            self._out = None
+            return out
+        finally:
+            self.pool = None
+            self._ex.shutdown(wait=False)
+
+    def abort(self) -> None:
+        """Stop (the engine failed): the queued gathers finish, nothing is kept."""
+        self._ex.shutdown(wait=True)
+        self.pool = self._out = None
 
 
 class NumpyRCopy:

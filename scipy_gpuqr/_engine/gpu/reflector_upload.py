@@ -26,10 +26,12 @@ import numpy as np
 
 from ..._schedule.tasks import TASK_BYTES
 from ..memory import make_room
+from .array_ops import copy_into
+from .mapped import device_view
 
 __all__ = ["ReflectorLayout", "UploadedReflectors", "reflector_layout", "reflector_pieces",
            "upload_reflectors", "packed_size_bound", "SMALL_FRONT", "BAND_COLUMNS",
-           "WHOLE_SHARE"]
+           "WHOLE_SHARE", "BAND_UPLOADS", "BAND_UPLOAD", "MAPPED_BAND_BYTES"]
 
 #: Fronts of at most this many elements go up whole (merged with their
 #: neighbours), and gaps of at most this many elements between them are sent
@@ -47,6 +49,19 @@ BAND_COLUMNS = 512
 #: A large front whose bands hold more than this share of its elements goes up
 #: whole (one contiguous copy, merged with its neighbours).
 WHOLE_SHARE = 0.9
+
+#: How a band goes up from a pinned host pool: ``"mapped"``, a copy kernel
+#: reading it where the pool lies (:func:`~.mapped.device_view`; bands of at
+#: least :data:`MAPPED_BAND_BYTES`), or ``"copy2d"``, one
+#: ``cudaMemcpy2DAsync`` (the copy engines bring rows of a few KB up below
+#: the link's speed). A pageable pool always takes the 2-D copy.
+BAND_UPLOADS = ("mapped", "copy2d")
+#: The default of :data:`BAND_UPLOADS` (``"mapped"`` has not shown a gain in a
+#: whole solve: bench/RESULTS.md, issue 22).
+BAND_UPLOAD = "copy2d"
+#: Smallest band read by the copy kernel (smaller ones: one 2-D copy each, whose
+#: call costs less than a launch and its views).
+MAPPED_BAND_BYTES = 1 << 20
 
 
 def _record_extents(rec: np.ndarray, tile: int) -> tuple:
@@ -332,9 +347,14 @@ def _band(host: np.ndarray, a: int, m: int, w: int, n: int) -> np.ndarray:
                                            writeable=False)
 
 
-def upload_reflectors(host: np.ndarray, layout: ReflectorLayout, xp) -> UploadedReflectors:
+def upload_reflectors(host: np.ndarray, layout: ReflectorLayout, xp,
+                      band_upload: str | None = None) -> UploadedReflectors:
     """``host``'s pieces packed as ``layout`` says, copied on the current stream
-    (asynchronous from pinned memory); ``xp`` NumPy gives the model."""
+    (asynchronous from pinned memory); ``xp`` NumPy gives the model.
+    ``band_upload``: one of :data:`BAND_UPLOADS` (default :data:`BAND_UPLOAD`)."""
+    how = BAND_UPLOAD if band_upload is None else band_upload
+    if how not in BAND_UPLOADS:
+        raise ValueError(f"band_upload must be one of {BAND_UPLOADS}, got {how!r}")
     if getattr(xp, "__name__", "") != "cupy":
         dev = np.empty(layout.size, dtype=host.dtype)
         for a, n, at in layout.runs:
@@ -349,8 +369,16 @@ def upload_reflectors(host: np.ndarray, layout: ReflectorLayout, xp) -> Uploaded
     isz, src, dst = host.itemsize, host.ctypes.data, dev.data.ptr
     for a, n, at in layout.runs:
         rt.memcpyAsync(dst + at * isz, src + a * isz, n * isz, rt.memcpyHostToDevice, stream)
+    view = (device_view(xp, host.reshape(-1)) if how == "mapped" and host.ndim <= 1
+            and any(m * w * isz >= MAPPED_BAND_BYTES for _, m, w, _, _ in layout.blocks)
+            else None)
     for a, m, w, n, at in layout.blocks:
-        rt.memcpy2DAsync(dst + at * isz, w * isz, src + a * isz, n * isz, w * isz, m,
-                         rt.memcpyHostToDevice, stream)
+        if view is not None and m * w * isz >= MAPPED_BAND_BYTES:
+            band = xp.ndarray((m, w), dtype=host.dtype, memptr=view.data + a * isz,
+                              strides=(n * isz, isz))  # its last row may end the pool
+            copy_into(dev[at: at + m * w].reshape(m, w), band)
+        else:
+            rt.memcpy2DAsync(dst + at * isz, w * isz, src + a * isz, n * isz, w * isz, m,
+                             rt.memcpyHostToDevice, stream)
     recs = xp.asarray(np.ascontiguousarray(layout.records).view(np.uint8))
     return UploadedReflectors(dev, layout, recs)

@@ -384,6 +384,9 @@ class CupyExecutor:
             self.d_map = cp.asarray(plan.rowmap if len(plan.rowmap) else np.zeros(1, np.int64))
         self._pool_sid = None
         self._pool = None
+        # (what, event) of one replay while the package logs at debug level: the
+        # stages' uploads and dense fronts on the device's clock (:meth:`done`)
+        self._marks = None
 
     def level(self, lv: int, X, trans: bool) -> None:
         p = self.plan
@@ -407,15 +410,40 @@ class CupyExecutor:
         previous upload dropped first)."""
         if sid != self._pool_sid:
             self._pool = None           # drop an uploaded pool before the next
+            self.mark(f"u{sid}")
             with self.stream:           # an upload goes before the level's kernels
                 self._pool = self.pools(sid)
             self._pool_sid = sid
+            self.mark(f"l{sid}")
         return self._pool
 
+    def mark(self, what: str) -> None:
+        """A point of the replay's timeline (debug logging only: timed events)."""
+        if self._marks is None:
+            if not logging.getLogger("scipy_gpuqr").isEnabledFor(logging.DEBUG):
+                return
+            self._marks = [("start", self._timed())]
+        self._marks.append((what, self._timed()))
+
+    def _timed(self):
+        ev = self.cp.cuda.Event()
+        ev.record(self.stream)
+        return ev
+
     def done(self) -> None:
-        """Release an uploaded pool."""
+        """Release an uploaded pool; at debug level, log the replay's timeline (ms
+        from its start: ``u`` a stage's upload queued, ``l`` its levels begin,
+        ``d``/``e`` dense fronts begin/end)."""
         self._pool = None
         self._pool_sid = None
+        marks, self._marks = self._marks, None
+        if marks:
+            marks.append(("end", self._timed()))
+            marks[-1][1].synchronize()
+            t0 = marks[0][1]
+            logging.getLogger("scipy_gpuqr").debug(
+                "Q replay, ms from the start: %s", " ".join(
+                    f"{w}{self.cp.cuda.get_elapsed_time(t0, ev):.1f}" for w, ev in marks[1:]))
 
 
 def replay(plan: ReplayPlan, executor, X, trans: bool) -> None:
@@ -443,6 +471,9 @@ def _dense(objs, X, trans, executor=None):
     second copy of the front beside its uploaded pool)."""
     stage_pool = getattr(executor, "stage_pool", None)
     host = isinstance(X, np.ndarray) or not X.flags.c_contiguous   # else prefetched kernels
+    mark = getattr(executor, "mark", None)
+    if objs and mark is not None:
+        mark("d")
     for obj in (objs if trans else objs[::-1]):
         s = obj.slots
         Y = X[s] if host else array_ops.take_rows(X, s)
@@ -463,6 +494,8 @@ def _dense(objs, X, trans, executor=None):
             X[s] = Y
         else:
             array_ops.put_rows(X, s, Y)
+    if objs and mark is not None:
+        mark("e")
 
 
 # ----------------------------------------------------------------------------- solve

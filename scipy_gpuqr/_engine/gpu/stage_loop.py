@@ -27,13 +27,20 @@ from ..._schedule import native
 from ..._schedule.tasks import TaskType
 from .device import CupyDevice, HostFrontDevice
 from .pool_copy import pool_final
-from .rcopy import NumpyRCopy, final_entries_cached, strided_runs, touched
+from .rcopy import (ColumnRCopy, NumpyRCopy, column_bounds, final_entries_cached,
+                    strided_runs, touched)
 from .rlayout import r_layout_cached
 
-__all__ = ["StageLoop", "stage_reflector_records", "assemble_r", "r_dtype", "FACTORIZE_TYPES"]
+__all__ = ["StageLoop", "stage_reflector_records", "assemble_r", "r_dtype", "FACTORIZE_TYPES",
+           "HOST_R_BY_PARTS"]
 
 #: Record types whose Householder vectors ``Q``'s replay keeps.
 FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
+
+#: A host stage's R values gathered part by part as its front's column slabs
+#: come back from the device (:class:`~.rcopy.ColumnRCopy`), while the device
+#: works on the next parts; off: all of them after the stage's launches.
+HOST_R_BY_PARTS = True
 
 
 class StageLoop:
@@ -86,6 +93,8 @@ class StageLoop:
         self.r_data = None              # R's values, host pools' stages scattered by it
         self.t_r_gather_wait = 0.0
         self.r_out_jobs = {}            # host stage -> its R values' array, made ahead
+        self.host_r_early = []          # per host stage gathered by parts: share, seconds
+        self.stage_seconds = []         # per stage: begin, launches, wait, R, hand-on
         # a warm one-stage run copies R's final columns while later launches run
         # (R's layout and the schedule's records known before the first launch)
         self.warm = r_layout_cached(analysis) if (self.nstage == 1 and not cold) else None
@@ -133,6 +142,7 @@ class StageLoop:
         device = self.dev(sid)
         t_host = time.perf_counter()
         h = self.begin(sid, st)
+        t_begun = time.perf_counter()
         self.start_reflector_records(sid)
         down = self.open_pool_copy(sid, st, h)
         # R's values of a pool sent down come from the host pool on the gather thread,
@@ -142,8 +152,11 @@ class StageLoop:
         copier, pos = ((None, None) if down is not None and not last
                        else self.open_progressive_copy(sid, st, h))
         self.make_host_r_out(sid)
+        if copier is None and down is None:
+            copier, pos = self.open_host_r_copy(sid, h)
         try:
             fac_parts, fac_launch = self.launch_all(sid, st, h, copier, down)
+            t_launched = time.perf_counter()
             if copier is None and self.late_copier is not None:
                 copier, pos = self.late_copier
             device.mark_kernels_end(h)
@@ -163,6 +176,9 @@ class StageLoop:
                 if c is not None:
                     c.abort()
             raise
+        finally:
+            if self.host_dev is not None:
+                self.host_dev.on_slab_part = None
         tw = time.perf_counter()
         host = None
         how = "progressive" if getattr(copier, "final", None) is not None else "after the launches"
@@ -172,6 +188,10 @@ class StageLoop:
             self.t_pool_wait += time.perf_counter() - tw
         if copier is not None:
             values = copier.result()
+            if isinstance(copier, ColumnRCopy):
+                done = sum(b - a for a, b in copier.early)
+                self.host_r_early.append((round(done / max(len(values), 1), 3),
+                                          round(copier.seconds, 4)))
         else:
             # R's values gathered from the pool sent down, on a worker thread while
             # the next stages run (:meth:`r_values` collects them)
@@ -182,14 +202,20 @@ class StageLoop:
             values = self._gathers.submit(_gather_into, self.r_data, pos, host, gidx)
             how = "from the host pool"
         self.r_parts.append((pos, values))
-        self.t_r_wait += time.perf_counter() - tw
-        self.r_copy_stages.append((how, round(time.perf_counter() - tw, 4)))
+        t_r = time.perf_counter()
+        self.t_r_wait += t_r - tw
+        self.r_copy_stages.append((how, round(t_r - tw, 4)))
         del copier, down
         self.carry_contribution_blocks(st, pool, device, host)
         self.keep_reflector_records(sid, st, fac_parts, fac_launch)
         self.retire_pool(sid, st, pool, host)
+        t_end = time.perf_counter()
         if sid in self.host_stages:
-            self.t_host += time.perf_counter() - t_host
+            self.t_host += t_end - t_host
+        # wall seconds of the stage's steps: its pool begun, launches enqueued (a
+        # host stage's run), the device waited for, R's values, blocks and pool handed on
+        self.stage_seconds.append(tuple(round(x, 4) for x in (
+            t_begun - t_host, t_launched - t_begun, tw - t_launched, t_r - tw, t_end - t_r)))
 
     def begin(self, sid: int, st) -> dict:
         """The stage's pool on the device: zeroed, carried contribution blocks and S entries in."""
@@ -240,6 +266,31 @@ class StageLoop:
             self.r_out_jobs[sid] = ex.submit(touched, n, self.host_dev.dtype)
         finally:
             ex.shutdown(wait=False)
+
+    def open_host_r_copy(self, sid: int, h):
+        """Host stage ``sid``'s R copier opened before its launches where R's layout
+        is known (:data:`HOST_R_BY_PARTS`): a :class:`~.rcopy.ColumnRCopy` that
+        the front's column slabs tell of each part back in the pool
+        (``HostFrontDevice.on_slab_part``), gathering those columns' values on a
+        worker while the device works on; ``(copier, positions)``, else
+        ``(None, None)`` (:meth:`host_r_copy` after the launches)."""
+        if not HOST_R_BY_PARTS or sid not in self.host_stages or self.layout is None:
+            return None, None
+        f = self.host_stages[sid]
+        st = self.sched.stages[sid]
+        pos, gidx = self.gmaps[sid]
+        fm, fn, base = int(self.fm[f]), int(self.fn[f]), int(st.foff[f])
+        key = (self.fkey, sid, fn)
+
+        def prepare(lay=self.layout):
+            runs = lay.extra(("host_r_runs",) + key, lambda: strided_runs(gidx, fn))
+            bounds = lay.extra(("host_r_columns", base, fm) + key,      # (None: kept too)
+                               lambda: (column_bounds(gidx, runs, base, fm, fn),))
+            return runs, bounds[0]
+        job = self.r_out_jobs.pop(sid, None)
+        copier = ColumnRCopy(h["pool"], gidx, prepare, out=job, dtype=self.host_dev.dtype)
+        self.host_dev.on_slab_part = copier.part_done
+        return copier, pos
 
     def host_r_copy(self, sid: int, pool, gidx):
         """R's copier of host stage ``sid``: its values gathered from the host pool
@@ -527,6 +578,8 @@ class StageLoop:
                 "r_copy_progressive": bool(self.progressive),
                 "pool_ranges_sent_during_stages": list(self.pool_copies),
                 "r_copy_stages": list(self.r_copy_stages),
+                "host_r_by_parts": list(self.host_r_early),
+                "stage_seconds": list(self.stage_seconds),
                 "last_pool_on_device": bool(self.keep_last
                                             and self.nstage - 1 not in self.host_stages)}
 
