@@ -5,7 +5,9 @@ the GPU and in NumPy from the same fresh random data; after every launch the
 front pools and the VT tiles must agree. The VT pool starts poisoned (NaN).
 Every float64 variant the engine launches is tested, with every Apply variant
 (``factorize_kernels.APPLY_VARIANTS``: scalar loops, FP64 tensor cores, and the
-tensor-core Apply with the lean Factorize); a launch
+tensor-core Apply with the lean Factorize), and the TILE-64 variants
+(``WIDE_VARIANTS``: scalar and tensor-core Apply, the Factorize without a Gram
+tile); a launch
 on a grid that cuts Apply records and the Apply of Apply+Factorize records into
 pieces (``gridDim.y``) must leave the same bits as one block per record.
 """
@@ -19,16 +21,21 @@ from scipy_gpuqr._engine.gpu import factorize_kernels as variants
 from scipy_gpuqr._engine.host.simulate import execute_launches
 from scipy_gpuqr._schedule import bucket
 
-#: (TILE, BUNDLE, threads) of the engine's float64 uberkernel variants.
-FLOAT64_VARIANTS = [(t, b, n, a) for c, t, b, n in variants.ENGINE_VARIANTS if c == "double"
-                    for a in sorted(set(variants.APPLY_VARIANTS.values()))]
+#: (TILE, BUNDLE, threads, APPLY) of the engine's float64 uberkernel variants,
+#: with every Apply variant; the TILE-64 ones with the scalar and the tensor-core
+#: Apply (the only two there).
+FLOAT64_VARIANTS = ([(t, b, n, a) for c, t, b, n in variants.ENGINE_VARIANTS if c == "double"
+                     for a in sorted(set(variants.APPLY_VARIANTS.values()))]
+                    + [(t, b, n, a) for c, t, b, n in variants.WIDE_VARIANTS if c == "double"
+                       for a in (0, variants.APPLY_VARIANTS["mma-async"])])
 
 EPS = np.finfo(float).eps
 
 
 def _kernel(tile, bund, threads, apply):
     from scipy_gpuqr._kernels import load_module
-    mod = load_module(variants.UBERKERNEL_FILE, variants.KERNEL_VARIANTS[variants.UBERKERNEL_FILE])
+    uber = variants.uberkernel_file(tile)
+    mod = load_module(uber, variants.KERNEL_VARIANTS[uber])
     k = mod.get_function(variants.kernel_name("double", tile, bund, threads, apply))
     smem = variants.tile_smem_bytes(tile, bund, apply=apply)
     k.max_dynamic_shared_size_bytes = smem

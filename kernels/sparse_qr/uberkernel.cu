@@ -2,7 +2,8 @@
 // task type, one header per task family. The record is task.cuh (mirror of
 // scipy_gpuqr/_schedule/tasks.py); the variants compiled (dtype, TILE, BUNDLE,
 // threads, Apply variant: apply.cuh) are listed in
-// scipy_gpuqr/_engine/gpu/factorize_kernels.py.
+// scipy_gpuqr/_engine/gpu/factorize_kernels.py; the TILE-64 ones are declared for
+// uberkernel_wide.cu, which includes this file.
 #include "task.cuh"
 #include "factorize.cuh"
 #include "apply.cuh"
