@@ -179,7 +179,7 @@ def test_wide_variants_are_declared_apart_and_named():
     assert all(", 64," not in e for e in g)
     assert fk.apply_variant("double", 64, {}) == 3
     assert fk.apply_variant("double", 64, {fk.ENV_APPLY: "scalar"}) == 0
-    assert fk.apply_variant("double", 64, {fk.ENV_APPLY: "mma-async-lean"}) == 3
+    assert fk.apply_variant("double", 64, {fk.ENV_APPLY: "mma-async-lean"}) == 4
     assert fk.apply_variant("float", 64, {}) == 0
     uses = fk.engine_kernels(np.float64, 64, 2, solve=False, dense=False)
     assert uses and uses[0].file == fk.UBERKERNEL_WIDE_FILE
@@ -189,8 +189,8 @@ def test_wide_variants_are_declared_apart_and_named():
 def test_wide_variants_compile():
     pytest.importorskip("cupy")
     from scipy_gpuqr import _kernels
-    names = [fk.kernel_name("double", 64, 2, 256, a) for a in (0, 3)]
-    names += [fk.smem_kernel_name("double", 64, 2, a) for a in (0, 3)]
+    names = [fk.kernel_name("double", 64, 2, 256, a) for a in (0, 3, 4)]
+    names += [fk.smem_kernel_name("double", 64, 2, a) for a in (0, 3, 4)]
     try:
         r = _kernels._compile_one(fk.UBERKERNEL_WIDE_FILE, "sm_90", tuple(names))
     except Exception as exc:  # noqa: BLE001 - no NVRTC here

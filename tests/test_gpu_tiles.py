@@ -6,8 +6,7 @@ front pools and the VT tiles must agree. The VT pool starts poisoned (NaN).
 Every float64 variant the engine launches is tested, with every Apply variant
 (``factorize_kernels.APPLY_VARIANTS``: scalar loops, FP64 tensor cores, and the
 tensor-core Apply with the lean Factorize), and the TILE-64 variants
-(``WIDE_VARIANTS``: scalar and tensor-core Apply, the Factorize without a Gram
-tile); a launch
+(``WIDE_VARIANTS``, the Factorize without a Gram tile); a launch
 on a grid that cuts Apply records and the Apply of Apply+Factorize records into
 pieces (``gridDim.y``) must leave the same bits as one block per record.
 """
@@ -21,13 +20,10 @@ from scipy_gpuqr._engine.gpu import factorize_kernels as variants
 from scipy_gpuqr._engine.host.simulate import execute_launches
 from scipy_gpuqr._schedule import bucket
 
-#: (TILE, BUNDLE, threads, APPLY) of the engine's float64 uberkernel variants,
-#: with every Apply variant; the TILE-64 ones with the scalar and the tensor-core
-#: Apply (the only two there).
-FLOAT64_VARIANTS = ([(t, b, n, a) for c, t, b, n in variants.ENGINE_VARIANTS if c == "double"
-                     for a in sorted(set(variants.APPLY_VARIANTS.values()))]
-                    + [(t, b, n, a) for c, t, b, n in variants.WIDE_VARIANTS if c == "double"
-                       for a in (0, variants.APPLY_VARIANTS["mma-async"])])
+#: (TILE, BUNDLE, threads, APPLY) of the engine's float64 uberkernel variants
+#: (the default and the TILE-64 ones), with every Apply variant.
+FLOAT64_VARIANTS = [(t, b, n, a) for c, t, b, n in variants.LAUNCHABLE_VARIANTS
+                    if c == "double" for a in sorted(set(variants.APPLY_VARIANTS.values()))]
 
 EPS = np.finfo(float).eps
 

@@ -25,8 +25,9 @@ __global__ void __launch_bounds__(NT)
 uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT,
            const long long* __restrict__ s_index, const T* __restrict__ s_value,
            const long long* __restrict__ maps) {
-    // the Factorize's column loop (factorize.cuh): 1 lean, 0 the first one
-    constexpr bool Mma = ApplyIsDouble<T>::value && TILE == 32 && NT == 256;
+    // the Factorize's column loop (factorize.cuh): 1 lean, 0 the first one (TILE 32
+    // and 64: APPLY 4 picks the lean one)
+    constexpr bool Mma = ApplyIsDouble<T>::value && (TILE == 32 || TILE == 64) && NT == 256;
     constexpr int FK = Mma && APPLY == 4 ? 1 : 0;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* smem = reinterpret_cast<T*>(smem_raw);

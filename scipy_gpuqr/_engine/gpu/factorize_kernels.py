@@ -78,7 +78,7 @@ _CTYPE = {"float64": "double", "float32": "float", "double": "double", "float": 
 #: memory by ``cp.async`` while a chunk's last two products run; TILE 64: T's
 #: fragments in registers, 16-column chunks);
 #: ``mma-async-lean``: the same Apply with a Factorize of fewer barriers
-#: (``factorize.cuh``, KIND 1; TILE 32 only, TILE 64 runs ``mma-async``);
+#: (``factorize.cuh``, KIND 1);
 #: ``scalar``: the scalar loops (float32 and tiles other than 32 and 64 always
 #: run these).
 APPLY_VARIANTS: dict[str, int] = {"scalar": 0, "mma-async": 3, "mma-async-lean": 4}
@@ -93,17 +93,14 @@ ENV_APPLY = "SCIPY_GPUQR_APPLY"
 
 def apply_variant(ctype: str, tile: int, environ: Mapping[str, str] = os.environ) -> int:
     """The ``APPLY`` template argument of a variant: the one :data:`ENV_APPLY`
-    names (:data:`DEFAULT_APPLY` when unset) for float64 with TILE 32; for
-    float64 with TILE 64 the same, but ``mma-async-lean`` (a TILE-32
-    Factorize) runs as ``mma-async``; 0 (the scalar loops, the only kind
-    there) for any other type or tile."""
+    names (:data:`DEFAULT_APPLY` when unset) for float64 with TILE 32 or 64,
+    0 (the scalar loops, the only kind there) for any other type or tile."""
     if _CTYPE[str(ctype)] != "double" or tile not in (32, 64):
         return 0
     name = environ.get(ENV_APPLY, "").strip() or DEFAULT_APPLY
     if name not in APPLY_VARIANTS:
         raise ValueError(f"{ENV_APPLY}={name!r}: one of {sorted(APPLY_VARIANTS)}")
-    a = APPLY_VARIANTS[name]
-    return APPLY_VARIANTS["mma-async"] if tile == 64 and a != 0 else a
+    return APPLY_VARIANTS[name]
 
 
 def kernel_name(ctype: str, tile: int, bundle: int, threads: int,
