@@ -72,24 +72,49 @@ CALLS = ("default", "async")
 # ----------------------------------------------------------------------------
 
 
-#: The chunks' entries, made in one pass on the GPU (CuPy's ``standard_normal``
-#: took four times a write of the chunk) and bit for bit the same by the NumPy
-#: copy below: a counter hash (splitmix64) of the entry's global index, as
-#: uniform in [-1, 1), plus ``n`` on the diagonal (so every matrix is strictly
-#: diagonally dominant: nonsingular, well conditioned, whatever the seed).
-_MAKE_BODY = """
-unsigned long long z = seed + (unsigned long long)(first + i) * 0x9E3779B97F4A7C15ull;
-z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-z ^= z >> 31;
-long long e = (first + i) % nn;
-double v = 2.0 * ((double)(z >> 11) * 1.1102230246251565e-16) - 1.0;
-a = (T)(v + ((e / n == e % n) ? (double)n : 0.0));
+#: The chunks' entries, made in one write pass on the GPU (CuPy's
+#: ``standard_normal`` took 4.6 ms per GiB-sized chunk, a first hash kernel with
+#: 64-bit divisions per entry 3.9: both bound by arithmetic, not memory) and bit
+#: for bit the same by the NumPy copy below: a 32-bit hash (murmur3's finalizer)
+#: of the matrix's global index, the entry and the seed, as uniform in [-1, 1),
+#: plus ``n`` on the diagonal (every matrix strictly diagonally dominant:
+#: nonsingular, well conditioned, whatever the seed). A block of 32 x 32 threads
+#: per matrix, no division.
+_MAKE_SRC = r"""
+__device__ __forceinline__ unsigned int fmix32(unsigned int h) {
+  h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
+  return h;
+}
+template <typename T>
+__device__ void make(T* a, unsigned long long first, unsigned int seed, int n) {
+  unsigned long long m = first + blockIdx.x;
+  unsigned int hm = fmix32((unsigned int)m ^ fmix32((unsigned int)(m >> 32) + seed));
+  T* out = a + (unsigned long long)blockIdx.x * n * n;
+  for (int r = threadIdx.y; r < n; r += 32)
+    for (int c = threadIdx.x; c < n; c += 32) {
+      unsigned int h = fmix32(hm + (unsigned int)(r * n + c) * 0x9e3779b9u);
+      double v = 2.0 * ((double)h * 2.3283064365386963e-10) - 1.0;
+      out[r * n + c] = (T)(v + (r == c ? (double)n : 0.0));
+    }
+}
+extern "C" __global__ void make_f8(double* a, unsigned long long first, unsigned int seed, int n) { make(a, first, seed, n); }
+extern "C" __global__ void make_f4(float* a, unsigned long long first, unsigned int seed, int n) { make(a, first, seed, n); }
 """
 
-#: Per matrix the sum of ``lu``'s diagonal and of ``piv``, a block's sum to
-#: ``part[block]``: one pass and one launch (CuPy's reductions took several, the
-#: last with one thread block for the whole chunk).
+
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    """murmur3's 32-bit finalizer on a uint32 array (the kernel's ``fmix32``)."""
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+#: Per matrix ``U[0, 0] + U[n-1, n-1]`` (the last depends on the whole
+#: elimination) and the sum of ``piv``, a block's sum to ``part[block]``: one
+#: launch reading two sectors of ``lu`` per matrix and ``piv`` (the whole
+#: diagonal, a sector per entry, took 16 ms of 2**24 matrices on an H200).
 _CHECKSUM_SRC = r"""
 template <typename T>
 __device__ void checksum(const T* lu, const int* piv, long long count, int n, double* part) {
@@ -99,7 +124,8 @@ __device__ void checksum(const T* lu, const int* piv, long long count, int n, do
   if (m < count) {
     const T* a = lu + m * n * n;
     const int* p = piv + m * n;
-    for (int k = 0; k < n; ++k) v += (double)a[k * (n + 1)] + (double)p[k];
+    v = (double)a[0] + (double)a[n * n - 1];
+    for (int k = 0; k < n; ++k) v += (double)p[k];
   }
   s[threadIdx.x] = v;
   __syncthreads();
@@ -115,24 +141,24 @@ extern "C" __global__ void checksum_f4(const float* lu, const int* piv, long lon
 
 @functools.lru_cache(maxsize=None)
 def _gpu_kernels():
-    """(the chunk maker, the checksum module), made once per process."""
+    """(the chunk maker, the checksum) modules, made once per process."""
     import cupy
-    return (cupy.ElementwiseKernel("uint64 seed, int64 first, int64 nn, int64 n", "T a",
-                                   _MAKE_BODY, "bench_make_chunk"),
+    return (cupy.RawModule(code=_MAKE_SRC, options=("-std=c++14",)),
             cupy.RawModule(code=_CHECKSUM_SRC, options=("-std=c++14",)))
 
 
-def _make_numpy(seed: int, first: int, shape, n: int, dt) -> np.ndarray:
-    """The NumPy copy of :data:`_MAKE_BODY` (equal bit for bit)."""
-    g = np.arange(first, first + int(np.prod(shape)), dtype=np.uint64)
-    z = np.uint64(seed) + g * np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    v = 2.0 * ((z >> np.uint64(11)).astype(np.float64) * 1.1102230246251565e-16) - 1.0
-    e = (g % np.uint64(n * n)).astype(np.int64)
-    v += np.where(e // n == e % n, float(n), 0.0)
-    return v.astype(dt).reshape(shape)
+def _make_numpy(seed: int, start: int, size: int, n: int, dt) -> np.ndarray:
+    """The NumPy copy of :data:`_MAKE_SRC` (equal bit for bit)."""
+    m = np.arange(start, start + size, dtype=np.uint64)
+    lo = (m & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    hi = (m >> np.uint64(32)).astype(np.uint32)
+    hm = _fmix32(lo ^ _fmix32(hi + np.uint32(seed)))
+    e = np.arange(n * n, dtype=np.uint32) * np.uint32(0x9E3779B9)
+    h = _fmix32(hm[:, None] + e[None, :])
+    v = 2.0 * (h.astype(np.float64) * 2.3283064365386963e-10) - 1.0
+    v = v.reshape(size, n, n)
+    v[:, np.arange(n), np.arange(n)] += float(n)
+    return v.astype(dt)
 
 
 def make_chunk(start: int = 0, *, size: int, n: int, dt: str, gpu: bool, seed: int = 1,
@@ -148,38 +174,42 @@ def make_chunk(start: int = 0, *, size: int, n: int, dt: str, gpu: bool, seed: i
     if block_info is not None:
         size = block_info[None]["chunk-shape"][0]
         start = block_info[None]["array-location"][0][0]
-    shape, first = (size, n, n), int(start) * n * n
     if not gpu:
-        return _make_numpy(seed, first, shape, n, np.dtype(dt))
+        return _make_numpy(seed, int(start), size, n, np.dtype(dt))
     import cupy
-    make, _ = _gpu_kernels()
-    a = cupy.empty(shape, dtype=dt)
-    make(np.uint64(seed), np.int64(first), np.int64(n * n), np.int64(n), a)
+    a = cupy.empty((size, n, n), dtype=dt)
+    if size:
+        kind = {np.dtype(np.float64): "make_f8", np.dtype(np.float32): "make_f4"}[a.dtype]
+        _gpu_kernels()[0].get_function(kind)(
+            (size,), (32, 32), (a, np.uint64(start), np.uint32(seed), np.int32(n)))
     return a
+
+
+def _host_sum(lu, piv) -> float:
+    """The checksum of NumPy ``lu, piv`` (what :data:`_CHECKSUM_SRC` sums)."""
+    return float((lu[:, 0, 0].real + lu[:, -1, -1].real).sum() + piv.sum(dtype=np.float64))
 
 
 def _device_sum(lu, piv):
     """The chunk's checksum as a CuPy scalar (nothing waited for)."""
     import cupy
-    _, mod = _gpu_kernels()
     count, n = lu.shape[0], lu.shape[-1]
     kind = {np.dtype(np.float64): "checksum_f8", np.dtype(np.float32): "checksum_f4"}.get(lu.dtype)
     if kind is None or not (lu.flags.c_contiguous and piv.flags.c_contiguous) or not count:
-        return (lu.diagonal(axis1=1, axis2=2).real.sum(axis=1)
-                + piv.sum(axis=1, dtype=np.float64)).sum()
+        return (lu[:, 0, 0].real + lu[:, -1, -1].real).sum() + piv.sum(dtype=np.float64)
     blocks = -(-count // 256)
     part = cupy.empty(blocks, dtype=np.float64)
-    mod.get_function(kind)((blocks,), (256,), (lu, piv, np.int64(count), np.int32(n), part))
+    _gpu_kernels()[1].get_function(kind)(
+        (blocks,), (256,), (lu, piv, np.int64(count), np.int32(n), part))
     return part.sum()
 
 
 def checksum(lu, piv):
-    """One host float per chunk (the trace of every ``lu`` and the pivots, summed),
-    shaped ``(1, 1, 1)``: one kernel over the chunk, a sum of its blocks' sums,
-    one wait."""
+    """One host float per chunk (``U[0, 0] + U[n-1, n-1]`` and the pivots of every
+    matrix, summed), shaped ``(1, 1, 1)``: one kernel over the chunk, a sum of its
+    blocks' sums, one wait."""
     if isinstance(lu, np.ndarray):
-        per = np.trace(lu, axis1=1, axis2=2).real + piv.sum(axis=1, dtype=np.float64)
-        return np.full((1, 1, 1), float(per.sum()))
+        return np.full((1, 1, 1), _host_sum(lu, piv))
     return np.full((1, 1, 1), float(_device_sum(lu, piv)))
 
 
@@ -361,13 +391,15 @@ def start_cluster(ids: list[str], gpu: bool, pinned: bool = False, threads: int 
                             memory_limit=0), "dask_cuda.LocalCUDACluster"
 
 
-def _timed(client, total, reps: int, k: int, nchunks: int):
+def _timed(client, total, reps: int, k: int, nchunks: int, pause: float = 0.0):
     """(walls, values, task phases and idle per worker of the last run) of ``reps``
-    runs of ``total.compute()``, after one untimed run."""
+    runs of ``total.compute()``, after one untimed run; each run ``pause`` seconds
+    after the previous one."""
     from dask.distributed import get_task_stream
     float(total.compute())
     times, values = [], []
     for rep in range(reps):
+        time.sleep(pause)
         with get_task_stream(client) as stream:
             w0 = time.time()
             t0 = time.perf_counter()
@@ -380,16 +412,18 @@ def _timed(client, total, reps: int, k: int, nchunks: int):
     return times, values, phases, idle
 
 
-def run_workers(k: int, threads: int, ids: list[str], args, gpu: bool) -> list[dict]:
-    """One cluster of ``k`` workers with ``threads`` threads each; a row per call and
-    chunk size (and the Dask-only graph's time per chunk size)."""
+def run_workers(k: int, threads: int, saturation: float, ids: list[str], args,
+                gpu: bool) -> list[dict]:
+    """One cluster of ``k`` workers with ``threads`` threads each and the scheduler's
+    ``worker-saturation``; a row per call and chunk size (and the Dask-only graph's
+    time per chunk size)."""
     from dask.distributed import Client
     t0 = time.perf_counter()
-    tag = f"{k} worker(s) x {threads} thread(s)"
+    tag = f"{k} worker(s) x {threads} thread(s), saturation {saturation}"
     _say(f"{tag}: starting the cluster")
     import dask
     # the scheduler runs in this process: its root-task queuing follows this setting
-    with dask.config.set({"distributed.scheduler.worker-saturation": args.saturation}):
+    with dask.config.set({"distributed.scheduler.worker-saturation": saturation}):
         cluster, kind = start_cluster(ids[:k], gpu, args.pinned, threads)
     rows = []
     with cluster, Client(cluster) as client:
@@ -407,20 +441,21 @@ def run_workers(k: int, threads: int, ids: list[str], args, gpu: bool) -> list[d
             print(f"  WARNING: workers share a GPU: {seen}", flush=True)
         for chunk in args.chunks:
             floor, _ = pipeline(args.count, args.n, chunk, args.dtype, gpu, empty=True)
-            floor_s = statistics.median(_timed(client, floor, args.reps, k, 1)[0])
+            floor_s = statistics.median(_timed(client, floor, args.reps, k, 1, args.pause)[0])
             for call in args.calls:
                 # every worker thread's memory pool holds its chunks before timing
                 warmup, _ = pipeline(2 * k * threads * chunk, args.n, chunk, args.dtype, gpu,
                                      call, seed=10**6)
                 warmup.compute()
                 total, nchunks = pipeline(args.count, args.n, chunk, args.dtype, gpu, call)
-                times, values, phases, idle = _timed(client, total, args.reps, k, nchunks)
+                times, values, phases, idle = _timed(client, total, args.reps, k, nchunks,
+                                                     args.pause)
                 row = {"workers": k, "threads": threads, "call": call, "chunk": chunk,
                        "cluster": kind, "devices": sorted(seen), "start_seconds": t_start,
                        "chunks": nchunks, "times_s": times, "median_s": statistics.median(times),
                        "dask_only_s": floor_s, "checksum": values[0],
                        "task_phases_s": phases, "worker_idle": idle,
-                       "saturation": args.saturation,
+                       "saturation": saturation,
                        "checksums_equal": max(values) - min(values) <= 1e-12 * abs(values[0])}
                 rows.append(row)
                 _say(f"{tag}, {call} call, chunks of {chunk}: timed runs "
@@ -571,20 +606,21 @@ def report(rows: list[dict], direct: list[dict], count: int, gpu: bool) -> None:
     size, against the fastest direct run, and against one worker."""
     walls = {(d["chunk"], d["call"]): d["median_s"] for d in direct if d["call"] != "parts"}
     best = min(walls.values(), default=float("nan"))
-    one = {(r["threads"], r["call"], r["chunk"]): r["median_s"] for r in rows if r["workers"] == 1}
-    print("\n| workers x threads | call | chunk | wall ms | M matrices/s | speedup vs 1 worker | "
+    one = {(r["threads"], r["saturation"], r["call"], r["chunk"]): r["median_s"]
+           for r in rows if r["workers"] == 1}
+    print("\n| workers x threads | saturation | call | chunk | wall ms | M matrices/s | speedup vs 1 worker | "
           "efficiency vs direct (same call, chunk) | vs fastest direct | Dask alone ms | "
           "no task running, ms per chunk |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        key = (r["threads"], r["call"], r["chunk"])
+        key = (r["threads"], r["saturation"], r["call"], r["chunk"])
         r["matrices_per_s"] = count / r["median_s"]
         r["speedup"] = one[key] / r["median_s"] if key in one else float("nan")
         same = walls.get((r["chunk"], r["call"]), float("nan"))
         r["efficiency_vs_direct"] = same / r["median_s"] / r["workers"]
         r["efficiency_vs_fastest_direct"] = best / r["median_s"] / r["workers"]
         idle = statistics.median([d["idle_per_chunk_s"] for d in r["worker_idle"].values()] or [0])
-        print(f"| {r['workers']} x {r['threads']} | {r['call']} | {r['chunk']} | "
+        print(f"| {r['workers']} x {r['threads']} | {r['saturation']:g} | {r['call']} | {r['chunk']} | "
               f"{r['median_s'] * 1e3:.1f} | {r['matrices_per_s'] / 1e6:.1f} | {r['speedup']:.2f} | "
               f"{r['efficiency_vs_direct']:.2f} | {r['efficiency_vs_fastest_direct']:.2f} | "
               f"{r['dask_only_s'] * 1e3:.1f} | {idle * 1e3:.2f} |")
@@ -595,9 +631,9 @@ def report(rows: list[dict], direct: list[dict], count: int, gpu: bool) -> None:
                   f"{'device' if gpu else 'host'} seconds | making the chunks "
                   f"{d['make_chunks_s'] * 1e3:.1f} ms | LU calls {d['lu_only_s'] * 1e3:.1f} ms "
                   f"({count / d['lu_only_s'] / 1e6:.1f} M/s) | checksums "
-                  f"{d['checksums_s'] * 1e3:.1f} ms | | | | | | |")
+                  f"{d['checksums_s'] * 1e3:.1f} ms | | | | | | | |")
         else:
-            print(f"| direct (no Dask, one {where}) | {d['call']} | {d['chunk']} | "
+            print(f"| direct (no Dask, one {where}) | | {d['call']} | {d['chunk']} | "
                   f"{d['median_s'] * 1e3:.1f} | {count / d['median_s'] / 1e6:.1f} | | 1.00 | "
                   f"{best / d['median_s']:.2f} | | |")
     values = [r["checksum"] for r in rows] + [d["checksum"] for d in direct if "checksum" in d]
@@ -626,10 +662,15 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help=f"{QUICK['count']} matrices in chunks of {QUICK['chunk']} over "
                         f"{QUICK['workers']} worker(s), {QUICK['reps']} repetitions")
-    p.add_argument("--saturation", type=float, default=1.1,
-                   help="distributed.scheduler.worker-saturation (Dask's default 1.1: a "
-                        "worker holds at most ceil(1.1 x threads) root tasks, each further "
-                        "one sent after one finished; inf: all at once)")
+    p.add_argument("--saturation", default="1.1",
+                   help="distributed.scheduler.worker-saturation, a comma list (Dask's "
+                        "default 1.1: a worker holds at most ceil(1.1 x threads) root "
+                        "tasks, each further one sent after one finished; inf: all at once)")
+    p.add_argument("--pause", type=float, default=0.02,
+                   help="seconds between timed Dask runs (default 0.02: each compute() is "
+                        "timed as a single call; back to back, the client's batched stream "
+                        "to the scheduler, a 10 ms interval, holds the next graph behind "
+                        "the previous run's key releases)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--max-seconds", type=float, default=0.0,
                    help="dump every thread's stack (client and workers) and exit after this")
@@ -650,6 +691,7 @@ def main(argv=None) -> int:
     # largest first: a memory pool's blocks of a large chunk split for smaller ones
     args.chunks = sorted(_ints(args.chunk or (1 << 20 if gpu else 1 << 13)), reverse=True)
     args.calls = [c.strip() for c in args.call.split(",") if c.strip()]
+    args.saturations = [float(v) for v in str(args.saturation).split(",") if v.strip()]
     if set(args.calls) - set(CALLS):
         p.error(f"--call: each of {CALLS}")
     wanted = _ints(args.workers)
@@ -663,7 +705,8 @@ def main(argv=None) -> int:
         device = name.decode() if isinstance(name, bytes) else str(name)
     print(f"device: {device} x {len(ids)} visible; {args.count} matrices {args.n}x{args.n} "
           f"{args.dtype}, chunks of {args.chunks}; calls {args.calls}; median of {args.reps}; "
-          f"threads per worker {args.threads}; worker-saturation {args.saturation}", flush=True)
+          f"threads per worker {args.threads}; worker-saturation {args.saturation}; "
+          f"{args.pause} s between timed Dask runs", flush=True)
     import scipy_gpuqr
     print(f"scipy_gpuqr from {Path(scipy_gpuqr.__file__).parent}", flush=True)
     if skipped:
@@ -680,8 +723,9 @@ def main(argv=None) -> int:
         save()
     for k in counts:
         for threads in _ints(args.threads):
-            rows.extend(run_workers(k, threads, ids, args, gpu))
-            save()
+            for saturation in args.saturations:
+                rows.extend(run_workers(k, threads, saturation, ids, args, gpu))
+                save()
     report(rows, direct, args.count, gpu)
     save()
     return 0

@@ -676,7 +676,7 @@ def _bench():
 
 def _checksum_ref(a):
     lu, piv = g.lu_factor_batched(a)
-    return float(np.trace(lu, axis1=1, axis2=2).sum() + piv.sum())
+    return float(lu[:, 0, 0].sum() + lu[:, -1, -1].sum() + piv.sum())
 
 
 def test_bench_chunks_do_not_depend_on_the_chunking():
