@@ -1,9 +1,10 @@
 """cuBLAS set up on a worker thread at a GPU call's start (issue 16, item 4).
 
 CPU: the warm-up's calls recorded by stand-ins for CuPy and cuBLAS (every
-operand inside its own scratch buffer, its own stream and handle, everything
-freed, CuPy's pool untouched); GPU: it runs and the products it warmed give
-the same values afterwards.
+product's operand inside its own scratch buffer, every solve's inside the two
+small arrays it takes from CuPy's pool, its own stream and handle, everything
+freed); GPU: it runs, beside and after solves on CuPy's handle, and the
+products and solves give the same values afterwards.
 """
 
 import sys
@@ -23,6 +24,7 @@ class _Recorder:
         self.calls = []
         self.live = {}
         self.handles = set()
+        self.pool_bytes = []
 
     # runtime
     memcpyHostToDevice = 1
@@ -43,8 +45,12 @@ class _Recorder:
         self._inside(dst, size)
 
     def _inside(self, ptr, size):
-        (base, n), = self.live.items()
-        assert base <= ptr and ptr + size <= base + n, "outside the scratch buffer"
+        assert any(base <= ptr and ptr + size <= base + n for base, n in self.live.items()), \
+            "outside the warm-up's buffers"
+
+    # CuPy's pool, as the solves use it
+    def empty(self, size, dtype):
+        return _PoolArray(self, int(size) * np.dtype(dtype).itemsize)
 
     # cuBLAS
     CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
@@ -81,15 +87,33 @@ class _Recorder:
         self._gemm(4, *a)
 
     def _trsm(self, isz, h, side, fill, trans, diag, m, n, alpha, A, lda, B, ldb):
+        assert side == self.CUBLAS_SIDE_LEFT and lda >= m and ldb >= m
         self._inside(A, lda * m * isz)
         self._inside(B, ldb * n * isz)
-        self.calls.append(("trsm", m, n))
+        self.calls.append(("trsm", m, n, fill, trans, diag))
 
     def dtrsm(self, *a):
         self._trsm(8, *a)
 
     def strsm(self, *a):
         self._trsm(4, *a)
+
+
+class _PoolArray:
+    """An array of CuPy's pool: its bytes count as live until it is collected."""
+
+    _next = 1 << 44
+
+    def __init__(self, rec, nbytes):
+        ptr = _PoolArray._next
+        _PoolArray._next += 1 << 30
+        self.data = types.SimpleNamespace(ptr=ptr)
+        self.rec = rec
+        rec.live[ptr] = nbytes
+        rec.pool_bytes.append(nbytes)
+
+    def __del__(self):
+        self.rec.live.pop(self.data.ptr, None)
 
 
 class _Stream:
@@ -121,9 +145,9 @@ def recorder(monkeypatch):
     rec = _Recorder()
 
     def no_pool(*a, **k):
-        raise AssertionError("the warm-up must not use CuPy's memory pool")
+        raise AssertionError("the warm-up takes only empty arrays of CuPy's pool")
     cuda = types.SimpleNamespace(runtime=rec, Device=_Device, Stream=_Stream)
-    cp = types.SimpleNamespace(cuda=cuda, empty=no_pool, zeros=no_pool,
+    cp = types.SimpleNamespace(cuda=cuda, empty=rec.empty, zeros=no_pool,
                                get_default_memory_pool=no_pool)
     monkeypatch.setitem(sys.modules, "cupy", cp)
     libs = types.ModuleType("cupy_backends.cuda.libs")
@@ -135,14 +159,22 @@ def recorder(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_warmup_stays_in_its_buffer_and_frees_everything(recorder, dtype):
+def test_warmup_stays_in_its_buffers_and_frees_everything(recorder, dtype):
     bw.warmup(0, dtype)
+    isz = np.dtype(dtype).itemsize
     gemms = [c for c in recorder.calls if c[0] == "gemm"]
     assert len(gemms) == len(bw.GEMM_SHAPES)
-    assert not [c for c in recorder.calls if c[0] == "trsm"]      # see the module's notes
+    solves = [c for c in recorder.calls if c[0] == "trsm"]
+    assert [c[1] for c in solves] == [n for n in bw.TRSM_ORDERS for _ in range(3)]
+    kinds = {c[3:] for c in solves}          # T factors' lower unit, R's upper (N and T)
+    assert len(kinds) == 3
+    # the solves come after every product, and only they use CuPy's pool: two
+    # arrays of the largest order, given back
+    assert recorder.calls.index(solves[0]) > recorder.calls.index(gemms[-1])
+    assert recorder.pool_bytes == [max(bw.TRSM_ORDERS) ** 2 * isz] * 2
     assert recorder.live == {} and recorder.handles == set()
     (_, size, s), = [c for c in recorder.calls if c[0] == "malloc"]
-    assert s == _Stream.PTR and size == 3 * bw.EDGE ** 2 * np.dtype(dtype).itemsize
+    assert s == _Stream.PTR and size == 3 * bw.EDGE ** 2 * isz
 
 
 def test_warmup_starts_once_and_fails_quietly(monkeypatch):
@@ -166,16 +198,29 @@ def test_warmup_starts_once_and_fails_quietly(monkeypatch):
 
 @pytest.mark.gpu
 def test_warmup_runs_on_the_gpu():
-    """After a triangular solve on CuPy's handle (as a call's R solves do; a
-    warm-up ``trsm`` on its own handle then faulted), the warm-up leaves the
-    context usable."""
+    """After, beside and before triangular solves on CuPy's handle (as a call's
+    T factors and R solves run them; a warm-up ``trsm`` on memory of the
+    stream-ordered allocator faulted after one), the warm-up leaves the
+    context usable and the solves right."""
     cp = pytest.importorskip("cupy")
     from scipy_gpuqr._engine.gpu import array_ops as ao
-    U = cp.asfortranarray(cp.eye(150) * 3 + cp.triu(cp.ones((150, 150))))
-    B = cp.asfortranarray(cp.ones((150, 4)))
-    ao.trsm_left(U, 150, B, 150, 150, 4, lower=False, trans=False, unit=False)
+
+    def solve_and_check(n=150):
+        U = cp.asfortranarray(cp.eye(n) * 3 + cp.triu(cp.ones((n, n))))
+        B = cp.asfortranarray(cp.ones((n, 4)))
+        ao.trsm_left(U, n, B, n, n, 4, lower=False, trans=False, unit=False)
+        assert np.allclose(U.get() @ B.get(), 1.0, rtol=0, atol=1e-12)
+
+    solve_and_check()
     cp.cuda.Device().synchronize()
     for dt in (np.float64, np.float32):
         bw.warmup(cp.cuda.Device().id, dt)
         a = cp.arange(12, dtype=dt).reshape(3, 4)
         assert cp.allclose(a @ a.T, cp.asarray(a.get() @ a.get().T))
+        solve_and_check()
+    beside = threading.Thread(target=bw.warmup, args=(cp.cuda.Device().id, np.float64))
+    beside.start()
+    for n in (256, 32, 700):
+        solve_and_check(n)
+    beside.join()
+    cp.cuda.Device().synchronize()

@@ -3,23 +3,28 @@
 A process's first cuBLAS handle initializes the library, and each GEMM or
 TRSM kernel is loaded into the CUDA context when first launched (CUDA's lazy
 module loading): together a tenth of a second or more on the call's thread,
-at its first dense front. :func:`start_blas_warmup` does that set-up on a
-daemon thread instead, once per process, device and value type, while the
-call's thread goes on (schedule, first launches, a kernel compile): a handle
-of its own, on a non-blocking stream of its own, runs the products the dense
-fronts run, on operands of the same kinds of shapes (:data:`GEMM_SHAPES`) in
-a scratch buffer of the stream-ordered allocator, then frees everything. The
-loaded kernels and the library's state are the context's, so the call's own
-handle finds them. Triangular solves (``trsm``) are not warmed up: cuBLAS's
-``trsm`` on this thread's handle, after or beside a ``trsm`` on the call's
-handle, read out of bounds on an H200 (an illegal address that ends the
-process's CUDA context), while its products did not.
+at its first dense front, longer while the GPU is busy with the call's
+launches. :func:`start_blas_warmup` does that set-up on a daemon thread
+instead, once per process, device and value type, while the call's thread
+goes on (schedule, first launches, a kernel compile): a handle of its own, on
+a non-blocking stream of its own, runs the products the dense fronts run, on
+operands of the same kinds of shapes (:data:`GEMM_SHAPES`) in a scratch
+buffer of the stream-ordered allocator, and the triangular solves of the
+panels' T factors and of R's blocks (:data:`TRSM_ORDERS`), then frees
+everything. The loaded kernels and the library's state are the context's, so
+the call's own handle finds them.
 
-Nothing here changes a result: the thread writes only its own buffer, never
-the call's arrays, never CuPy's memory pool, and never waits for the device
-as a whole (its stream, not the legacy default stream). A failure (no
-stream-ordered allocator, say) ends the thread silently: the call pays the
-set-up itself, as without it.
+The solves' operands are small arrays of CuPy's pool (one or two MB), not of
+the stream-ordered allocator: cuBLAS's ``trsm`` on memory of
+``cudaMallocAsync`` read out of bounds under ``compute-sanitizer --tool
+memcheck`` on an H200 whichever handle solved first, and faulted with an
+illegal address in about one process in three when it ran after a ``trsm``
+on CuPy's handle; on ordinary device memory both orders were clean.
+
+Nothing here changes a result: the thread writes only its own buffers, never
+the call's arrays, and never waits for the device as a whole (its stream,
+not the legacy default stream). A failure (no stream-ordered allocator, say)
+ends the thread silently: the call pays the set-up itself, as without it.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["GEMM_SHAPES", "EDGE", "start_blas_warmup"]
+__all__ = ["GEMM_SHAPES", "TRSM_ORDERS", "EDGE", "start_blas_warmup"]
 
 #: The largest dimension of a warm-up operand (a front's rows and columns are
 #: capped at it: the kernels cuBLAS picks for larger ones are of the same
@@ -48,6 +53,12 @@ GEMM_SHAPES: tuple = (
     ("N", "N", 32, 32, "E"), ("N", "T", 32, 32, 32), ("N", "T", 32, "E", 32),
     ("T", "N", 256, 256, "E"),
 )
+
+#: Orders of the warm-up's triangular solves (side left, as many right-hand
+#: sides as the order): a panel's T factor (lower, unit diagonal, 256 and its
+#: 32-column sub-panels) and R's diagonal blocks (upper, ``R⁻¹`` and ``R⁻ᵀ``).
+TRSM_ORDERS: tuple = (256, 32)
+
 
 def _dim(d) -> int:
     return EDGE if d == "E" else int(d)
@@ -101,9 +112,36 @@ def warmup(device: int, dtype) -> None:
                     gemm(handle, op[ta], op[tb], m, n, k, one.ctypes.data, A, lda, B, ldb,
                          zero.ctypes.data, C, m)
                 stream.synchronize()
+                _warm_trsm(cp, cublas, handle, stream, dtype)
             finally:
                 rt.freeAsync(ptr, stream.ptr)
                 stream.synchronize()
         finally:
             cublas.destroy(handle)
 
+
+def _warm_trsm(cp, cublas, handle, stream, dtype: np.dtype) -> None:
+    """The solves of :data:`TRSM_ORDERS` on ``handle`` and ``stream``: ``I⁻¹ 0``
+    in two arrays of CuPy's pool, freed when the stream is done."""
+    trsm = cublas.strsm if dtype == np.float32 else cublas.dtrsm
+    one = np.ones(1, dtype=dtype)
+    rt = cp.cuda.runtime
+    kinds = ((cublas.CUBLAS_FILL_MODE_LOWER, cublas.CUBLAS_OP_N, cublas.CUBLAS_DIAG_UNIT),
+             (cublas.CUBLAS_FILL_MODE_UPPER, cublas.CUBLAS_OP_N, cublas.CUBLAS_DIAG_NON_UNIT),
+             (cublas.CUBLAS_FILL_MODE_UPPER, cublas.CUBLAS_OP_T, cublas.CUBLAS_DIAG_NON_UNIT))
+    b = max(TRSM_ORDERS)
+    A = cp.empty(b * b, dtype=dtype)
+    B = cp.empty(b * b, dtype=dtype)
+    try:
+        for n in TRSM_ORDERS:
+            eye = np.eye(n, dtype=dtype).ravel()
+            rt.memcpyAsync(A.data.ptr, eye.ctypes.data, eye.nbytes, rt.memcpyHostToDevice,
+                           stream.ptr)
+            rt.memsetAsync(B.data.ptr, 0, eye.nbytes, stream.ptr)
+            for fill, trans, diag in kinds:
+                trsm(handle, cublas.CUBLAS_SIDE_LEFT, fill, trans, diag, n, n, one.ctypes.data,
+                     A.data.ptr, n, B.data.ptr, n)
+            stream.synchronize()            # eye lives until its copy is done
+    finally:
+        stream.synchronize()
+        del A, B
