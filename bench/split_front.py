@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 

@@ -171,3 +171,77 @@ def test_simulated_devices_split_fronts(k):
     for f, blocks, moved in many.info["split_fronts"]:
         assert len(blocks) == k and sum(b > 0 for b in blocks) >= 2 and moved > 0
     _same_answer(A, one, many)
+
+
+def test_map_devices_weighs_split_fronts_in_the_upper_tree():
+    """With a split model the mapping weighs the upper tree's splittable fronts at
+    their split time: ch7-8-b3's root (80 % of the flops) is split, the modelled
+    speedup rises, every plan invariant holds, and its split fronts lie in the
+    upper tree on the upper device."""
+    from dataclasses import replace
+    from scipy_gpuqr._schedule.devices import makespan, map_devices, map_fronts
+    from test_multi_device import _check_plan
+    an = analyze(chessboard_boundary(7, 8, 3))
+    fs = an.fronts
+    root = int(np.flatnonzero(fs.parent < 0)[-1])
+    for k in (2, 4):
+        plain = map_devices(an, k)
+        split = map_devices(an, k, split_model=SplitModel())
+        plain_span = makespan(fs.parent, an.front_flops, split.owner)
+        _check_plan(an, replace(split, makespan=plain_span), k)
+        assert split.makespan < plain_span      # the split fronts at their split weight
+        assert plain.split == {} and root in split.split
+        assert split.modelled_speedup > plain.modelled_speedup + 0.2
+        for f in split.split:
+            assert split.upper[f] and split.owner[f] == split.upper_device
+        assert split.as_dict()["split_fronts"] == sorted(split.split)
+    # upper weights equal to the weights change nothing
+    fl = np.asarray(an.front_flops)
+    a = map_fronts(fs.parent, fs.child_ptr, fs.children, fl, 3)
+    b = map_fronts(fs.parent, fs.child_ptr, fs.children, fl, 3, upper_weights=fl)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def _small_model(panel=16):
+    """A split model for small fronts (CPU tests): NumPy layers' panel width, no
+    least gain."""
+    return SplitModel(dense=DenseModel(panel=panel, launch_seconds=1e-3, column_seconds=0.0,
+                                       panel_seconds=0.0, gemm_rate=1e9),
+                      step_seconds=0.0, call_seconds=0.0, min_columns=2 * panel,
+                      min_seconds=0.0, min_share=0.0)
+
+
+def test_gpu_driver_split_rule_on_numpy_layers():
+    """The rule (split_dense=None) over NumPy layers: the plan's split fronts are made
+    dense fronts even where dense_flops leaves them to the tile tasks, and are
+    split; the answer equals the same plan's without the split (bit for bit: the
+    same dense fronts, the NumPy steps are the dense path's) and the one-device
+    answer up to the signs of R's rows (dense fronts there are tile fronts here)."""
+    from scipy_gpuqr._schedule.devices import map_devices
+    A = grid3d_least_squares(9)
+    an = analyze(A)
+    model = _small_model()
+    plan = map_devices(an, 2, split_model=model)
+    assert plan.split, "the plan splits no front"
+    many = multi_gpu_factorize(A, an, layers=_layers(2), devices=plan, dense_flops=1e30,
+                               split_model=model)
+    assert [e["front"] for e in many.info["split_fronts"]] == sorted(plan.split)
+    assert many.info["dense_fronts"] == len(plan.split)         # only they are dense
+    ref = multi_gpu_factorize(A, an, layers=_layers(2), devices=plan, dense_flops=1e30,
+                              split_dense=False)
+    assert ref.info["split_fronts"] == [] and ref.info["dense_fronts"] == len(plan.split)
+    assert (ref.R != many.R).nnz == 0
+    _same_answer(A, ref, many)
+    # the rule maps with the model itself when no plan is given
+    auto = multi_gpu_factorize(A, an, layers=_layers(2), dense_flops=1e30, split_model=model)
+    assert auto.info["devices"]["split_fronts"] == sorted(plan.split)
+    one_layer = NumpyDevice(32, 3)
+    one = gpu_factorize(A, an, device=one_layer, dense_flops=None)
+    m, n = A.shape
+    G1, G2 = (one.R.T @ one.R).toarray(), (many.R.T @ many.R).toarray()
+    assert np.abs(G1 - G2).max() <= 1e-12 * np.abs(G1).max()
+    X = np.random.default_rng(0).standard_normal((n, 2))
+    Y = np.zeros((m, 2))
+    Y[:n] = many.R @ X
+    AP = A[:, many.colperm] @ X
+    assert np.abs(many.q_matmul(Y) - AP).max() <= 1e-11 * np.abs(AP).max()

@@ -38,7 +38,8 @@ import numpy as np
 from .dense import DenseModel, dense_path_seconds
 
 __all__ = ["SplitModel", "SplitPlan", "block_owners", "split_seconds", "split_plan",
-           "split_rule", "SPLIT_MIN_SECONDS", "SPLIT_MIN_SHARE"]
+           "split_rule", "split_weights", "tile_path_seconds", "SPLIT_MIN_SECONDS",
+           "SPLIT_MIN_SHARE"]
 
 #: Least modelled saving (seconds) of a front split over the devices.
 SPLIT_MIN_SECONDS = 2e-3
@@ -65,6 +66,9 @@ class SplitModel:
         its calls' enqueueing: one host thread enqueues every device's work).
     min_columns : int
         Fronts of fewer columns to factorize are not split.
+    min_seconds, min_share : float
+        Least modelled saving of a split front: seconds, and share of its
+        one-device time (:data:`SPLIT_MIN_SECONDS`, :data:`SPLIT_MIN_SHARE`).
     """
 
     dense: DenseModel = DenseModel()
@@ -72,6 +76,8 @@ class SplitModel:
     step_seconds: float = 20e-6
     call_seconds: float = 8e-6
     min_columns: int = 1024
+    min_seconds: float = SPLIT_MIN_SECONDS
+    min_share: float = SPLIT_MIN_SHARE
 
 
 @dataclass(frozen=True)
@@ -224,8 +230,8 @@ def split_plan(fm: int, fn: int, stair, ndev: int, model: SplitModel = SplitMode
 
 
 def split_rule(fronts, candidates, ndev: int, model: SplitModel = SplitModel(), *,
-               itemsize: int = 8, min_seconds: float = SPLIT_MIN_SECONDS,
-               min_share: float = SPLIT_MIN_SHARE) -> dict:
+               itemsize: int = 8, min_seconds: float | None = None,
+               min_share: float | None = None) -> dict:
     """The fronts among ``candidates`` worth splitting over ``ndev`` devices.
 
     Parameters
@@ -237,9 +243,9 @@ def split_rule(fronts, candidates, ndev: int, model: SplitModel = SplitModel(), 
         other devices' subtrees are done).
     ndev : int
     model : SplitModel
-    min_seconds, min_share : float
+    min_seconds, min_share : float, optional
         Least saving kept: at least ``min_seconds`` and ``min_share`` of the
-        one-device dense time.
+        one-device dense time (default: the model's).
 
     Returns
     -------
@@ -249,6 +255,8 @@ def split_rule(fronts, candidates, ndev: int, model: SplitModel = SplitModel(), 
     out = {}
     if ndev <= 1:
         return out
+    min_seconds = model.min_seconds if min_seconds is None else min_seconds
+    min_share = model.min_share if min_share is None else min_share
     for f in candidates:
         f = int(f)
         fm, fn = int(fronts.fm[f]), int(fronts.fn[f])
@@ -260,3 +268,56 @@ def split_rule(fronts, candidates, ndev: int, model: SplitModel = SplitModel(), 
         if gain >= min_seconds and gain >= min_share * plan.one_device_seconds:
             out[f] = plan
     return out
+
+
+def tile_path_seconds(fm: int, fn: int, flops: float, model: SplitModel = SplitModel()) -> float:
+    """Modelled seconds of a front on the tile tasks alone (:class:`~.dense.DenseModel`:
+    a chain of ``ceil(nfact / tile)`` launches and its flops at the uberkernel's rate)."""
+    d = model.dense
+    nfact = min(int(fm), int(fn))
+    return (-(-nfact // int(d.tile)) + 1) * d.launch_seconds + float(flops) / d.uber_rate
+
+
+def split_weights(fronts, flops, ndev: int, model: SplitModel = SplitModel(), *,
+                  itemsize: int = 8) -> tuple[np.ndarray, dict]:
+    """Each front's weight in the upper tree when its dense path is split over the devices.
+
+    A front of the upper tree runs while (most of) the other devices' subtrees
+    are done; split, it costs its split time instead of its one-device time
+    (the better of the dense path and the tile tasks). For the device mapping
+    (:func:`~.devices.map_fronts`'s ``upper_weights``) its flops are scaled by
+    that ratio, so that mapping a large front into the upper tree looks as
+    cheap as it is.
+
+    Parameters
+    ----------
+    fronts : FrontStructure
+    flops : ndarray (nfronts,)
+        The analysis' per-front flops (the mapping's weights).
+    ndev : int
+    model, itemsize
+        As :func:`split_rule` (the gain kept: the model's ``min_seconds`` and
+        ``min_share``).
+
+    Returns
+    -------
+    weights : ndarray (nfronts,)
+        ``flops`` with the splittable fronts' entries scaled.
+    plans : dict
+        Front -> :class:`SplitPlan` of the fronts worth splitting.
+    """
+    w = np.asarray(flops, dtype=np.float64).copy()
+    plans = {}
+    if ndev <= 1 or fronts.nfronts == 0:
+        return w, plans
+    nfact = np.minimum(fronts.fm, fronts.fn)
+    for f in np.flatnonzero(nfact >= model.min_columns).tolist():
+        fm, fn = int(fronts.fm[f]), int(fronts.fn[f])
+        stair = fronts.stair[fronts.col_ptr[f]:fronts.col_ptr[f + 1]]
+        plan = split_plan(fm, fn, stair, ndev, model, itemsize)
+        one = min(plan.one_device_seconds, tile_path_seconds(fm, fn, w[f], model))
+        gain = one - plan.seconds
+        if one > 0 and gain >= model.min_seconds and gain >= model.min_share * one:
+            w[f] *= plan.seconds / one
+            plans[f] = plan
+    return w, plans

@@ -37,12 +37,13 @@ run the plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .._symbolic.counts import GpuMemoryModel
 from .._symbolic.staging import StagePlan
+from .dense_split import SplitModel, split_weights
 from .tasks import TaskType
 
 __all__ = ["DevicePlan", "map_devices", "map_fronts", "subtree_weights",
@@ -108,7 +109,7 @@ def _split_groups(items, W, sizes):
     return groups, loads
 
 
-def _map_set(items, devs, W, w, chp, ch, tolerance, limit, owner_of, upper):
+def _map_set(items, devs, W, w, chp, ch, tolerance, limit, owner_of, upper, w_up=None):
     """Map the subtrees ``items`` onto the device set ``devs`` (recursively).
 
     The set is halved; the subtrees are shared between the halves by weight,
@@ -116,8 +117,10 @@ def _map_set(items, devs, W, w, chp, ch, tolerance, limit, owner_of, upper):
     more) until both halves have work and the slower half's load per device
     is within the tolerance of the mean; of the states tried, the one of least
     modelled time (the slower half's load per device plus the fronts split
-    here) among those that feed both halves.
+    here, each at its weight ``w_up`` in the upper tree) among those that
+    feed both halves.
     """
+    w_up = w if w_up is None else w_up
     if len(devs) == 1:
         for r in items:
             owner_of[r] = devs[0]
@@ -145,17 +148,18 @@ def _map_set(items, devs, W, w, chp, ch, tolerance, limit, owner_of, upper):
         items.remove(r)
         items.extend(ch[chp[r]:chp[r + 1]])
         up.append(r)
-        up_w += w[r]
+        up_w += w_up[r]
     _, up, groups = best
     for r in up:
         upper.append((r, devs[0]))
     for g in range(2):
-        _map_set(groups[g], sets[g], W, w, chp, ch, tolerance, limit, owner_of, upper)
+        _map_set(groups[g], sets[g], W, w, chp, ch, tolerance, limit, owner_of, upper, w_up)
 
 
 def map_fronts(parent, child_ptr, children, weights, ndev: int, *, upper_device: int = 0,
                tolerance: float = DEFAULT_BALANCE_TOLERANCE,
-               max_splits: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+               max_splits: int | None = None,
+               upper_weights=None) -> tuple[np.ndarray, np.ndarray]:
     """Owner of every front: subtrees shared among ``ndev`` devices by their weights.
 
     Proportional mapping on device sets: the roots start with every device;
@@ -180,6 +184,10 @@ def map_fronts(parent, child_ptr, children, weights, ndev: int, *, upper_device:
     max_splits : int, optional
         Most subtrees split per device set (default ``MAX_SPLITS_PER_DEVICE ·
         ndev``).
+    upper_weights : ndarray of float (nfronts,), optional
+        A front's weight once it is in the upper tree (default ``weights``):
+        smaller for a front whose dense path is then split over the devices
+        (:func:`~.dense_split.split_weights`).
 
     Returns
     -------
@@ -205,7 +213,9 @@ def map_fronts(parent, child_ptr, children, weights, ndev: int, *, upper_device:
     devs = [upper_device] + [d for d in range(ndev) if d != upper_device]
     roots = [int(r) for r in np.flatnonzero(np.asarray(parent) < 0)]
     owner_of, ups = {}, []
-    _map_set(roots, devs, W, w.tolist(), chp, ch, tolerance, limit, owner_of, ups)
+    wu = None if upper_weights is None else np.maximum(
+        np.asarray(upper_weights, dtype=np.float64), 0.0).tolist()
+    _map_set(roots, devs, W, w.tolist(), chp, ch, tolerance, limit, owner_of, ups, wu)
     fd = _first_descendants(parent)
     for r, d in owner_of.items():
         owner[fd[r]:r + 1] = d
@@ -252,6 +262,10 @@ class DevicePlan:
         Modelled time in flops (:func:`makespan`).
     budget : int or None
         Byte budget per device the mapping was checked against.
+    split : dict
+        Front -> :class:`~.dense_split.SplitPlan`: the upper tree's fronts
+        whose dense path is split over every device (mapped with
+        ``split_model``; their modelled time in :attr:`makespan`).
     """
 
     ndevices: int
@@ -267,6 +281,7 @@ class DevicePlan:
     makespan: float = 0.0
     weight: str = "flops"
     budget: int | None = None
+    split: dict = field(default_factory=dict)
 
     @property
     def nstages(self) -> int:
@@ -322,7 +337,8 @@ class DevicePlan:
                 "transfer_bytes": int(sum(t[4] for t in self.transfers)),
                 "balance": self.balance, "upper_flops": self.upper_flops,
                 "modelled_speedup": self.modelled_speedup, "weight": self.weight, "budget": self.budget,
-                "fits": self.fits, "per_device": per}
+                "fits": self.fits, "split_fronts": sorted(int(f) for f in self.split),
+                "per_device": per}
 
 
 def makespan(parent, flops, owner) -> float:
@@ -356,8 +372,12 @@ def _runs(owner: np.ndarray) -> list:
     return list(zip(starts.tolist(), ends.tolist()))
 
 
-def _plan_of(fs, owner, upper, upper_device, ndev, flops, gpu, itemsize, weight, budget):
+def _plan_of(fs, owner, upper, upper_device, ndev, flops, gpu, itemsize, weight, budget,
+             splits=None, w_up=None):
     stages = _runs(owner)
+    # split fronts: those of the upper tree on its device
+    split = {f: sp for f, sp in (splits or {}).items()
+             if upper[f] and int(owner[f]) == int(upper_device)}
     stage_device = np.array([int(owner[a]) for a, _ in stages], dtype=np.int64)
     stage_of = np.zeros(fs.nfronts, dtype=np.int64)
     for s, (a, b) in enumerate(stages):
@@ -384,16 +404,29 @@ def _plan_of(fs, owner, upper, upper_device, ndev, flops, gpu, itemsize, weight,
     dbytes += 8 * np.bincount(owner, weights=gpu["nnz_R"], minlength=ndev)
     stg = np.zeros(ndev)
     np.maximum.at(stg, owner, gpu["staging"].astype(np.float64))
+    # a split front's blocks on the other devices while it runs (the largest)
+    others = [d for d in range(ndev) if d != int(upper_device)]
+    eff = flops
+    if split:
+        eff = np.asarray(flops, dtype=np.float64).copy()
+        for f, sp in split.items():
+            eff[f] = w_up[f]
+            cols = np.minimum(sp.nb, int(fs.fn[f]) - sp.nb * np.arange(len(sp.owners)))
+            for i, d in enumerate(others, start=1):
+                held = float(cols[sp.owners == i].sum()) * int(fs.fm[f]) * itemsize
+                stg[d] = max(stg[d], held / 2)
     dbytes = (dbytes + 2 * stg).astype(np.int64)
     return DevicePlan(ndevices=ndev, owner=owner, upper=upper, upper_device=upper_device,
                       stages=tuple(stages), stage_device=stage_device, transfers=transfers,
                       device_flops=dflops, subtree_flops=sflops, device_bytes=dbytes,
-                      makespan=makespan(fs.parent, flops, owner), weight=weight, budget=budget)
+                      makespan=makespan(fs.parent, eff, owner), weight=weight, budget=budget,
+                      split=split)
 
 
 def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
                 upper_device: int = 0,
-                tolerance: float = DEFAULT_BALANCE_TOLERANCE) -> DevicePlan:
+                tolerance: float = DEFAULT_BALANCE_TOLERANCE,
+                split_model: SplitModel | None = None) -> DevicePlan:
     """The :class:`DevicePlan` of an analysis on ``ndevices`` devices.
 
     Parameters
@@ -410,6 +443,12 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
         Device of the upper tree (the one the solves gather to).
     tolerance : float
         Balance tolerance of the splitting (:func:`map_fronts`).
+    split_model : SplitModel, optional
+        Dense fronts of the upper tree split over every device
+        (:mod:`.dense_split`): the fronts where the model gains are weighed
+        in the upper tree at their split time (``map_fronts``'s
+        ``upper_weights``), and those that end in it are the plan's
+        :attr:`DevicePlan.split`. None: no front is split.
     """
     fs = analysis.fronts
     flops = np.asarray(analysis.front_flops, dtype=np.float64)
@@ -420,10 +459,15 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
     itemsize = int(getattr(analysis, "itemsize", 8))
     budget = None if device_memory is None else int(device_memory)
     args = (fs.parent, fs.child_ptr, fs.children)
+    w_up, splits = None, None
+    if split_model is not None and ndevices > 1:
+        w_up, splits = split_weights(fs, flops, ndevices, split_model, itemsize=itemsize)
+        if not splits:
+            w_up = splits = None
     owner, upper = map_fronts(*args, flops, ndevices, upper_device=upper_device,
-                              tolerance=tolerance)
+                              tolerance=tolerance, upper_weights=w_up)
     plan = _plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu, itemsize,
-                    "flops", budget)
+                    "flops", budget, splits, w_up)
     if plan.fits or ndevices == 1:
         return plan
     tf, tb = max(float(flops.sum()), 1.0), max(float(gpu["additive"].sum()), 1.0)

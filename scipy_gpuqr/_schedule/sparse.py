@@ -373,7 +373,8 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
                    max_gpu_memory: int | None = None, max_tasks: int | None = None,
                    plan=None, lazy: bool = False, cache: bool = True,
                    dense_flops: float | None = None,
-                   dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH) -> SparseSchedule:
+                   dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH,
+                   dense_extra=None) -> SparseSchedule:
     """Build the task lists of every stage of a factorization.
 
     Parameters
@@ -411,6 +412,10 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
         A dense front defers its parent's Pack-Assemble by one launch per
         this many columns (:func:`~.dense.dense_defer`; 0: packed at the
         next launch).
+    dense_extra : iterable of int, optional
+        Fronts made dense fronts besides ``dense_flops``' choice (a
+        multi-device factorization splits them over its devices,
+        :mod:`.dense_split`).
 
     Returns
     -------
@@ -425,18 +430,20 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
         plan = analysis.stage_plan(max_gpu_memory)
     if dense_flops is not None and not np.isfinite(dense_flops):
         dense_flops = None
+    extra = tuple(sorted({int(f) for f in dense_extra})) if dense_extra is not None else ()
     key = (int(tile), int(bundle), bool(pipelining), int(granule),
            None if max_tasks is None else int(max_tasks),
            tuple((int(a), int(b)) for a, b in plan.stages),
            None if dense_flops is None else float(dense_flops),
-           int(dense_columns_per_launch) if dense_flops is not None else 0)
+           int(dense_columns_per_launch) if dense_flops is not None or extra else 0) \
+        + ((extra,) if extra else ())
     if cache:
         hit = _cache_get(analysis, key)
         if hit is not None:
             return hit if lazy else hit.materialize()
     t0 = time.process_time()
     # a plan built by an earlier process for the same structure and arguments
-    dense = dense_front_mask(analysis, dense_flops)
+    dense = _dense_mask(analysis, dense_flops, extra)
     pargs = {"tile": int(tile), "bundle": int(bundle), "pipelining": bool(pipelining),
              "granule": int(granule), "max_tasks": key[4], "dense_flops": key[6],
              "dense_columns_per_launch": key[7]}
@@ -445,7 +452,7 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
                                                                  pargs))
     if out is None:
         out = _build(analysis, plan, int(tile), int(bundle), bool(pipelining), int(granule),
-                     max_tasks, dense_flops, int(dense_columns_per_launch))
+                     max_tasks, dense_flops, int(dense_columns_per_launch), extra)
         if where is not None:               # written off the caller's path
             disk.write_behind(disk.save_plan, where, out, _plan_arrays)
     if not lazy:
@@ -456,11 +463,20 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
     return out
 
 
+def _dense_mask(analysis, dense_flops, extra=()):
+    """The dense fronts: ``dense_flops``' choice and the fronts ``extra``."""
+    dense = dense_front_mask(analysis, dense_flops)
+    if len(extra):
+        dense = dense.copy()
+        dense[list(extra)] = True
+    return dense
+
+
 def _build(analysis, plan, tile, bundle, pipelining, granule, max_tasks,
-           dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH) -> SparseSchedule:
+           dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH, extra=()) -> SparseSchedule:
     fs = analysis.fronts
     nf = fs.nfronts
-    dense = dense_front_mask(analysis, dense_flops)
+    dense = _dense_mask(analysis, dense_flops, extra)
     uniq, pat_of, nfact = _front_patterns(fs, tile, bundle, pipelining, granule, dense)
     ctx = _Templates(uniq, fs, nfact, tile)
     has = pat_of >= 0

@@ -307,7 +307,10 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         layers = cupy_layers(ids, tile=tile, bundle=bundle, dtype=dtype, debug=debug,
                              profile=profile)
     budget = max_gpu_memory if max_gpu_memory is not None else _budget(layers)
-    plan = given_plan or map_devices(analysis, len(layers), device_memory=budget)
+    model = split_model if split_model is not None else SplitModel()
+    ruled = split_dense is None and len(_gpus(layers)) > 1
+    plan = given_plan or map_devices(analysis, len(layers), device_memory=budget,
+                                     split_model=model if ruled else None)
     if plan.ndevices != len(layers):
         raise ValueError(f"a plan of {plan.ndevices} devices for {len(layers)} layers")
     if not plan.fits:
@@ -317,7 +320,7 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         out = _run(Ac, analysis, plan, layers, tile=tile, bundle=bundle,
                    pipelining=pipelining, max_tasks=max_tasks, dense_flops=dense_flops,
                    dense_cpl=dense_columns_per_launch, dtype=dtype, t_start=t_start,
-                   split_dense=split_dense, split_model=split_model)
+                   split_dense=split_dense, split_model=model)
     except DeviceOutOfMemory as exc:
         for layer in layers:
             with _on(layer):
@@ -341,9 +344,13 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
 def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, dense_flops,
          dense_cpl, dtype, t_start, split_dense=None, split_model=None):
     t0 = time.perf_counter()
+    # the plan's split fronts are dense fronts whatever dense_flops chose (split
+    # or not: split_dense=False with the same plan gives the same fronts)
+    extra = sorted(plan.split) if dense_flops is not None else None
     sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
                            max_tasks=max_tasks, plan=plan.stage_plan(),
-                           dense_flops=dense_flops, dense_columns_per_launch=dense_cpl)
+                           dense_flops=dense_flops, dense_columns_per_launch=dense_cpl,
+                           dense_extra=extra)
     model = split_model if split_model is not None else SplitModel()
     split = split_choice(analysis, plan, sched, layers, split_dense, model)
     t1 = time.perf_counter()
@@ -365,21 +372,34 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
         "wait_blocks": max(run.t_wait_blocks, default=0.0)})
 
 
+def _gpus(layers) -> set:
+    """The distinct devices of the layers (NumPy layers count as distinct)."""
+    return {getattr(layer, "device_id", ("host", k)) for k, layer in enumerate(layers)}
+
+
 def split_choice(analysis, plan, sched, layers, split_dense, model) -> dict:
     """The dense fronts of the upper tree factorized over every layer: front ->
     :class:`~scipy_gpuqr._schedule.dense_split.SplitPlan` (None: chosen by
-    ``split_dense=True``, no model consulted)."""
+    ``split_dense=True``, no model consulted).
+
+    By the rule (``split_dense=None``, layers on more than one GPU): the plan's
+    split fronts (:attr:`~scipy_gpuqr._schedule.devices.DevicePlan.split`,
+    mapped knowing they split), and the upper tree's other dense fronts where
+    :func:`~scipy_gpuqr._schedule.dense_split.split_rule` models a gain.
+    """
     if split_dense is False or len(layers) < 2:
         return {}
     dense = sorted(f for st in sched.stages for f in st.dense)
     cand = [f for f in dense if plan.upper[f] and plan.owner[f] == plan.upper_device]
     if split_dense:
         return {f: None for f in cand}
-    ids = {getattr(layer, "device_id", k) for k, layer in enumerate(layers)}
-    if len(ids) < 2:                # layers on one GPU: nothing to gain
+    if len(_gpus(layers)) < 2:      # layers on one GPU: nothing to gain
         return {}
+    out = {f: plan.split[f] for f in cand if f in plan.split}
     isz = int(np.dtype(layers[0].dtype).itemsize)
-    return split_rule(analysis.fronts, cand, len(layers), model, itemsize=isz)
+    out.update(split_rule(analysis.fronts, [f for f in cand if f not in out], len(layers),
+                          model, itemsize=isz))
+    return out
 
 
 def _host_side(analysis, plan_stages):

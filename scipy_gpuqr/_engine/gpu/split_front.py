@@ -160,10 +160,10 @@ class CupySplit:
     def setup(self) -> None:
         cp, isz = self.cp, self.isz
         with self._dev(0):
-            if self.timing:
-                self.start = self._event(self.s_chain, timing=True)
             self.s_chain.wait_event(self.ready_event)
             self.s_bulk.wait_event(self.ready_event)
+            if self.timing:         # from the front's assembly on
+                self.start = self._event(self.s_chain, timing=True)
         src0 = self.F.data.ptr
         for d in range(1, self.ndev):
             s = self.streams[d]
