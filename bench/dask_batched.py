@@ -1,33 +1,55 @@
 #!/usr/bin/env python3
 """Batched LU over Dask GPU workers: throughput on 1, 2 and 4 GPUs against one.
 
-    python3 bench/dask_batched.py [--count 16777216] [--n 32] [--chunk 1048576]
-                                  [--workers 1,2,4] [--dtype float64] [--reps 3]
+    python3 bench/dask_batched.py [--count 16777216] [--n 32] [--chunk 1048576[,524288]]
+                                  [--workers 1,2,4] [--threads 1[,2]] [--call default[,async]]
+                                  [--saturation 1.1[,inf]] [--dtype float64] [--reps 3]
                                   [--json out.json]
     python3 bench/dask_batched.py --quick --json out.json   # 2**22 on 1 and 2 GPU workers
     python3 bench/dask_batched.py --cpu [--count 65536 --n 8 --chunk 8192]   # smoke test
     python3 bench/dask_batched.py --cpu --pinned --workers 2   # the pinned cluster, no GPU
 
-The work: ``count`` random ``n x n`` matrices (``n`` added to the diagonal)
-as a Dask array of CuPy chunks of ``chunk`` matrices, each
-chunk generated on the GPU of the worker that factorizes it (2**24 float64
-32 x 32 matrices are 128 GiB, more than one GPU holds: the data never exists
-all at once), ``scipy_gpuqr.lu_factor_batched`` of the Dask array (its
-default call: one task per chunk, each warning about singular matrices like
-the NumPy call), and a per-chunk checksum of ``lu`` and ``piv`` brought to
-the client, which is what the timed ``compute()`` waits for.
+The work: ``count`` ``n x n`` matrices as a Dask array of CuPy chunks of
+``chunk`` matrices, each chunk made on the GPU of the worker that factorizes
+it (one write pass: entries uniform in [-1, 1) from a hash of their global
+index, ``n`` added to the diagonal; a matrix is the same in any chunking;
+2**24 float64 32 x 32 matrices are 128 GiB, more than one GPU holds: the
+data never exists all at once), ``scipy_gpuqr.lu_factor_batched`` of the
+Dask array, and per chunk a checksum of ``lu`` and ``piv`` (one kernel), all
+chunks' checksums summed by one aggregate task, which is what the timed
+``compute()`` waits for. Each chunk is one task (made, factorized, summed).
+Two calls (``--call``):
 
-Workers: one per GPU, a single thread each — dask-cuda's
-``LocalCUDACluster`` when ``dask_cuda`` is installed, else a ``SpecCluster``
-of ``Nanny`` workers each started with ``CUDA_VISIBLE_DEVICES`` set to its
-GPU (what LocalCUDACluster does; ``--pinned`` forces it), each worker
-reporting the PCI bus id of the GPU it sees. Per worker count: the cluster is started,
-every worker compiles the kernels and fills its memory pool (one untimed
-chunk on each worker, then one untimed run of one chunk per worker), then ``--reps`` timed runs of the
-whole count; the median wall time of ``compute()`` gives the throughput.
-Baselines in the same run, without Dask, on the first GPU: the same
-chunks generated, factorized and summed one after another in this process
-(``direct``), and of that the LU calls alone (CUDA events, ``lu only``).
+* ``default``: ``lu_factor_batched(a)``, which waits once per chunk for its GPU
+  (to warn about singular matrices, to raise for infs or NaNs); the checksum
+  comes to the host per chunk;
+* ``async``: ``lu_factor_batched(a, return_info=True, check_finite=False)``,
+  which waits for nothing (``info`` is not used here); the checksums stay on
+  the GPUs until the aggregate reads them. A worker's task returns once its
+  kernels are queued, so its GPU does not wait for Dask between chunks.
+
+Workers: one per GPU, ``--threads`` threads each, no host-memory limit —
+dask-cuda's ``LocalCUDACluster`` when ``dask_cuda`` is installed, else a
+``SpecCluster`` of ``Nanny`` workers each started with
+``CUDA_VISIBLE_DEVICES`` set to its GPU (what LocalCUDACluster does;
+``--pinned`` forces it), each worker reporting the PCI bus id of the GPU it
+sees. The scheduler's ``worker-saturation`` (``--saturation``) decides how
+many chunk tasks a worker holds ahead (Dask's default 1.1: about one per
+thread plus one). Per cluster: every worker compiles the kernels and fills its
+memory pool, then per chunk size the same graph with tasks that do nothing
+(what Dask alone costs) and per call one untimed run and ``--reps`` timed
+runs of the whole count, ``--pause`` seconds apart; the median wall time of
+``compute()`` gives the throughput. The task stream gives per worker the
+tasks run, the time no task ran and the gaps between tasks.
+
+The baseline, in the same run and first, without Dask, on the first GPU: the
+same chunks made, factorized and summed one after another in this process
+(``direct``), per call and chunk size; then, apart, the device time (CUDA
+events) of making the chunks, of the LU calls and of the checksums. The
+table gives each Dask run's efficiency against the direct run of the same
+call and chunk size and against the fastest direct run (``direct wall /
+(workers x Dask wall)``: 1 is linear), and every run's checksum is checked
+equal (the matrices do not depend on the chunking).
 
 ``--cpu`` runs the same pipeline on NumPy chunks over CPU worker processes
 (for checking the script where there is no GPU; its numbers mean nothing
@@ -72,14 +94,14 @@ CALLS = ("default", "async")
 # ----------------------------------------------------------------------------
 
 
-#: The chunks' entries, made in one write pass on the GPU (CuPy's
-#: ``standard_normal`` took 4.6 ms per GiB-sized chunk, a first hash kernel with
-#: 64-bit divisions per entry 3.9: both bound by arithmetic, not memory) and bit
-#: for bit the same by the NumPy copy below: a 32-bit hash (murmur3's finalizer)
-#: of the matrix's global index, the entry and the seed, as uniform in [-1, 1),
-#: plus ``n`` on the diagonal (every matrix strictly diagonally dominant:
-#: nonsingular, well conditioned, whatever the seed). A block of 32 x 32 threads
-#: per matrix, no division.
+#: The chunks' entries, made in one write pass on the GPU and bit for bit the
+#: same by the NumPy copy below: a 32-bit hash (murmur3's finalizer) of the
+#: matrix's global index, the entry and the seed, as uniform in [-1, 1), plus
+#: ``n`` on the diagonal (every matrix strictly diagonally dominant: nonsingular,
+#: well conditioned, whatever the seed). A block of 32 x 32 threads per matrix and
+#: no division, so that the pass is bound by memory, not arithmetic (CuPy's
+#: ``standard_normal`` and a hash with 64-bit divisions per entry were not: the
+#: chunks' making, not the LU, was most of a run; bench/RESULTS.md, issue 21).
 _MAKE_SRC = r"""
 __device__ __forceinline__ unsigned int fmix32(unsigned int h) {
   h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
@@ -114,7 +136,7 @@ def _fmix32(h: np.ndarray) -> np.ndarray:
 #: Per matrix ``U[0, 0] + U[n-1, n-1]`` (the last depends on the whole
 #: elimination) and the sum of ``piv``, a block's sum to ``part[block]``: one
 #: launch reading two sectors of ``lu`` per matrix and ``piv`` (the whole
-#: diagonal, a sector per entry, took 16 ms of 2**24 matrices on an H200).
+#: diagonal costs a memory sector per entry).
 _CHECKSUM_SRC = r"""
 template <typename T>
 __device__ void checksum(const T* lu, const int* piv, long long count, int n, double* part) {
@@ -195,7 +217,8 @@ def _device_sum(lu, piv):
     import cupy
     count, n = lu.shape[0], lu.shape[-1]
     kind = {np.dtype(np.float64): "checksum_f8", np.dtype(np.float32): "checksum_f4"}.get(lu.dtype)
-    if kind is None or not (lu.flags.c_contiguous and piv.flags.c_contiguous) or not count:
+    if (kind is None or piv.dtype != np.int32 or not count
+            or not (lu.flags.c_contiguous and piv.flags.c_contiguous)):
         return (lu[:, 0, 0].real + lu[:, -1, -1].real).sum() + piv.sum(dtype=np.float64)
     blocks = -(-count // 256)
     part = cupy.empty(blocks, dtype=np.float64)

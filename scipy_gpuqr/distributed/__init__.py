@@ -32,11 +32,28 @@ On a ``dask.distributed`` cluster run one worker per GPU, each with
   them, pickled, to disk once past it (minutes per run with chunks of a few
   GiB); dask-cuda's workers count them against the GPU's memory instead.
 
+One thread per worker: a second thread shares the GPU and its default
+stream (a task's wait then also waits for the other thread's kernels) and
+holds a second chunk in GPU memory.
+
 Then ``Client(cluster)`` and Dask arrays of CuPy chunks made on the workers
 (``map_blocks`` of a function that makes or loads a chunk with CuPy, or
 ``x.map_blocks(cupy.asarray)``): each chunk is factorized or solved by one
 task on the worker (and GPU) that holds it
 (:mod:`scipy_gpuqr.distributed.dask_batched` says how the tasks fuse).
+
+Throughput. Each task costs some milliseconds of Dask (the scheduler batches
+its messages to a worker and, by default, sends a worker its next chunk task
+only when one finishes), and each ``compute()`` more before its first task
+runs: make chunks as large as a GPU holds with their results (a chunk's GPU
+work should dwarf a task's round trip). The default call waits once per chunk
+for its GPU (to warn or raise like SciPy), so the GPU idles while its worker
+ends one task and starts the next; ``return_info=True, check_finite=False``
+waits for nothing: a task returns once its kernels are queued, and the worker
+queues the next chunk while the GPU works (then check ``info``, a Dask array,
+with the results, e.g. ``da.count_nonzero(info)`` in the same ``compute``).
+``bench/dask_batched.py`` times both against the same chunks run directly on
+one GPU (bench/RESULTS.md, issue 21).
 
 Modules
 -------
