@@ -74,6 +74,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: another tree can be timed
@@ -165,8 +166,8 @@ extern "C" __global__ void checksum_f4(const float* lu, const int* piv, long lon
 def _gpu_kernels():
     """(the chunk maker, the checksum) modules, made once per process."""
     import cupy
-    return (cupy.RawModule(code=_MAKE_SRC, options=("-std=c++14",)),
-            cupy.RawModule(code=_CHECKSUM_SRC, options=("-std=c++14",)))
+    return (cupy.RawModule(code=_MAKE_SRC, options=("--std=c++17",)),
+            cupy.RawModule(code=_CHECKSUM_SRC, options=("--std=c++17",)))
 
 
 def _make_numpy(seed: int, start: int, size: int, n: int, dt) -> np.ndarray:
@@ -466,35 +467,45 @@ def run_workers(k: int, threads: int, saturation: float, ids: list[str], args,
             floor, _ = pipeline(args.count, args.n, chunk, args.dtype, gpu, empty=True)
             floor_s = statistics.median(_timed(client, floor, args.reps, k, 1, args.pause)[0])
             for call in args.calls:
-                # every worker thread's memory pool holds its chunks before timing
-                warmup, _ = pipeline(2 * k * threads * chunk, args.n, chunk, args.dtype, gpu,
-                                     call, seed=10**6)
-                warmup.compute()
-                total, nchunks = pipeline(args.count, args.n, chunk, args.dtype, gpu, call)
-                times, values, phases, idle = _timed(client, total, args.reps, k, nchunks,
-                                                     args.pause)
-                row = {"workers": k, "threads": threads, "call": call, "chunk": chunk,
-                       "cluster": kind, "devices": sorted(seen), "start_seconds": t_start,
-                       "chunks": nchunks, "times_s": times, "median_s": statistics.median(times),
-                       "dask_only_s": floor_s, "checksum": values[0],
-                       "task_phases_s": phases, "worker_idle": idle,
-                       "saturation": saturation,
-                       "checksums_equal": max(values) - min(values) <= 1e-12 * abs(values[0])}
-                rows.append(row)
-                _say(f"{tag}, {call} call, chunks of {chunk}: timed runs "
-                     f"{['%.3f' % x for x in times]} s (the same graph doing nothing: "
-                     f"{floor_s:.3f} s)")
-                _say("  seconds per worker in the last run, by task and action: "
-                     + ", ".join(f"{name} {sec:.3f}" for name, sec in phases.items()))
-                _say("  last run per worker: " + "; ".join(
-                    f"{w}: {d['tasks']} tasks ({d['tasks_per_chunk']:.2f} per chunk), busy "
-                    f"{d['busy_s']:.3f} s, no task running {d['idle_s']:.3f} s of "
-                    f"{d['wall_s']:.3f} ({1e3 * d['idle_per_chunk_s']:.2f} ms per chunk; "
-                    f"between tasks median {1e3 * d['gap_median_s']:.2f} ms, max "
-                    f"{1e3 * d['gap_max_s']:.2f} ms; before the first "
-                    f"{1e3 * d['lead_s']:.1f} ms, after the last {1e3 * d['tail_s']:.1f} ms)"
-                    for w, d in idle.items()))
+                try:
+                    rows.append(_one(client, k, threads, saturation, call, chunk, floor_s,
+                                     args, gpu))
+                except Exception as exc:   # noqa: BLE001 - a one-shot run keeps the rest
+                    _say(f"{tag}, {call} call, chunks of {chunk}: FAILED: "
+                         f"{''.join(traceback.format_exception(exc))[-3000:]}")
+                    continue
+                rows[-1].update({"cluster": kind, "devices": sorted(seen),
+                                 "start_seconds": t_start})
     return rows
+
+
+def _one(client, k: int, threads: int, saturation: float, call: str, chunk: int,
+         floor_s: float, args, gpu: bool) -> dict:
+    """The row of one call and chunk size on a started cluster."""
+    tag = f"{k} worker(s) x {threads} thread(s), saturation {saturation}"
+    # every worker thread's memory pool holds its chunks before timing
+    warmup, _ = pipeline(2 * k * threads * chunk, args.n, chunk, args.dtype, gpu, call,
+                         seed=10**6)
+    warmup.compute()
+    total, nchunks = pipeline(args.count, args.n, chunk, args.dtype, gpu, call)
+    times, values, phases, idle = _timed(client, total, args.reps, k, nchunks, args.pause)
+    _say(f"{tag}, {call} call, chunks of {chunk}: timed runs "
+         f"{['%.3f' % x for x in times]} s (the same graph doing nothing: {floor_s:.3f} s)")
+    _say("  seconds per worker in the last run, by task and action: "
+         + ", ".join(f"{name} {sec:.3f}" for name, sec in phases.items()))
+    _say("  last run per worker: " + "; ".join(
+        f"{w}: {d['tasks']} tasks ({d['tasks_per_chunk']:.2f} per chunk), busy "
+        f"{d['busy_s']:.3f} s, no task running {d['idle_s']:.3f} s of "
+        f"{d['wall_s']:.3f} ({1e3 * d['idle_per_chunk_s']:.2f} ms per chunk; "
+        f"between tasks median {1e3 * d['gap_median_s']:.2f} ms, max "
+        f"{1e3 * d['gap_max_s']:.2f} ms; before the first "
+        f"{1e3 * d['lead_s']:.1f} ms, after the last {1e3 * d['tail_s']:.1f} ms)"
+        for w, d in idle.items()))
+    return {"workers": k, "threads": threads, "call": call, "chunk": chunk,
+            "chunks": nchunks, "times_s": times, "median_s": statistics.median(times),
+            "dask_only_s": floor_s, "checksum": values[0], "task_phases_s": phases,
+            "worker_idle": idle, "saturation": saturation,
+            "checksums_equal": max(values) - min(values) <= 1e-12 * abs(values[0])}
 
 
 def worker_idle(records, t0: float, t1: float, nchunks: int) -> dict:
@@ -747,7 +758,11 @@ def main(argv=None) -> int:
     for k in counts:
         for threads in _ints(args.threads):
             for saturation in args.saturations:
-                rows.extend(run_workers(k, threads, saturation, ids, args, gpu))
+                try:
+                    rows.extend(run_workers(k, threads, saturation, ids, args, gpu))
+                except Exception as exc:   # noqa: BLE001 - a one-shot run keeps the rest
+                    _say(f"{k} worker(s) x {threads} thread(s), saturation {saturation}: "
+                         f"FAILED: {''.join(traceback.format_exception(exc))[-3000:]}")
                 save()
     report(rows, direct, args.count, gpu)
     save()
