@@ -84,8 +84,8 @@ import numpy as np  # noqa: E402
 #: the scheduler and workers listen here: one host, no network needed
 HOST = "127.0.0.1"
 
-#: what --quick runs (2**22 float64 32 x 32 matrices are 32 GiB: 16 chunks of 2 GiB)
-QUICK = {"count": 1 << 22, "n": 32, "chunk": str(1 << 18), "workers": "1,2", "reps": 3}
+#: what --quick runs (2**22 float64 32 x 32 matrices are 32 GiB: 8 chunks of 4 GiB)
+QUICK = {"count": 1 << 22, "n": 32, "chunk": str(1 << 19), "workers": "1,2", "reps": 3}
 
 #: the calls of lu_factor_batched timed (--call): see :func:`factor`
 CALLS = ("default", "async")
