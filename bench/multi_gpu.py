@@ -243,6 +243,8 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                    transfers=len(info.get("transfers", [])),
                    transfer_bytes=int(sum(t[3] for t in info.get("transfers", []))),
                    engine_seconds=info.get("seconds", {}))
+        if info.get("devices"):             # the plan the engine ran (split fronts included)
+            run["plan"] = {key: v for key, v in info["devices"].items() if key != "devices"}
         if info.get("split_fronts"):
             run["split_fronts"] = info["split_fronts"]
         if "multi_device_fallback" in info:
@@ -278,7 +280,7 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
             f", one device {e.get('one_device_modelled_seconds') or float('nan'):.4f})"
             for e in run.get("split_fronts", []))
         print(f"{name:12s} {label} {med:8.3f} s  x{run['speedup']:.2f} "
-              f"(model x{plan.modelled_speedup:.2f})  {run['tflops']:.2f} TF/s  "
+              f"(model x{run['plan']['modelled_speedup']:.2f})  {run['tflops']:.2f} TF/s  "
               f"stages {run['stages']}  busy [{busy}] s  "
               f"moved {run['transfer_bytes'] / 1e6:.1f} MB  fits {plan.fits}{check}"
               + ("  FELL BACK to one GPU" if "fallback" in run else "") + splits, flush=True)

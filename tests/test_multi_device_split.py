@@ -15,8 +15,10 @@ from scipy_gpuqr._engine.dense_front import factorize_numpy, panels_of
 from scipy_gpuqr._engine.gpu.device import NumpyDevice
 from scipy_gpuqr._engine.gpu.driver import gpu_factorize
 from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
-from scipy_gpuqr._engine.split_front import NumpySplit, run_split, split_factorize_numpy
+from scipy_gpuqr._engine.split_front import (NumpySplit, block_rows, run_split,
+                                             split_factorize_numpy)
 from scipy_gpuqr._schedule.dense import DenseModel, dense_path_seconds
+from scipy_gpuqr._schedule.dense_split import block_rows as block_rows_model
 from scipy_gpuqr._schedule.dense_split import (SplitModel, block_owners, split_plan,
                                                split_rule, split_seconds)
 from scipy_gpuqr._symbolic import analyze
@@ -63,8 +65,11 @@ def test_split_steps_equal_one_device(fm, fn, nb, k, how):
     # every block of another device went out once and came back once
     others = [c for c in range(nblk) if owners[c] != 0]
     assert sorted(c for what, _, c, _ in log if what == "back") == others
-    assert sum(n for what, _, _, n in log if what == "blocks") == fm * sum(
-        min(fn, (c + 1) * nb) - c * nb for c in others)
+    # the rows each block needs, the same as the schedule's count
+    need = block_rows(panels, nblk)
+    assert np.array_equal(need, block_rows_model(fm, fn, stair, nb))
+    assert sum(n for what, _, _, n in log if what == "blocks") == sum(
+        int(need[c]) * (min(fn, (c + 1) * nb) - c * nb) for c in others)
 
 
 def test_run_split_checks_owners():

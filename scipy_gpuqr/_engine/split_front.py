@@ -7,7 +7,8 @@ factorization is the one-device dense path's (:mod:`.dense_front`) column
 for column, so R, the reflectors below the diagonal, every panel's ``T``
 and the contribution block end where that path leaves them:
 
-* before the first panel, every other device receives its blocks (all rows);
+* before the first panel, every other device receives its blocks (the rows
+  the factorization touches, :func:`block_rows`);
 * step ``p``: the main device factorizes panel ``p`` (block ``p``, already
   updated by panels ``0 … p-1``); its reflectors and ``T`` go to every device
   that still owns a block ``≥ p+2``; the main device applies panel ``p`` to
@@ -33,7 +34,18 @@ from scipy.linalg import get_lapack_funcs, solve_triangular
 
 from .dense_front import _t_factor
 
-__all__ = ["run_split", "NumpySplit", "split_factorize_numpy"]
+__all__ = ["run_split", "NumpySplit", "split_factorize_numpy", "block_rows"]
+
+
+def block_rows(panels: list, nblk: int) -> np.ndarray:
+    """Rows of each column block that the factorization reads or writes: block
+    ``c`` takes the updates of panels ``≤ c`` (it is panel ``c``), whose active
+    rows end where panel ``min(c, last)``'s do; below, the block stays as
+    assembled (zero past the staircase), so copies between devices stop there."""
+    if not panels:
+        return np.zeros(nblk, dtype=np.int64)
+    top = np.array([j + r for j, r, _ in panels], dtype=np.int64)
+    return top[np.minimum(np.arange(nblk), len(top) - 1)]
 
 
 def run_split(be, panels: list, nb: int, fn: int, owners) -> None:
@@ -120,6 +132,7 @@ class NumpySplit:
         self.local = [None] * self.ndev                      # device -> its columns
         self.col_of = [None] * self.ndev                     # device -> block -> local col
         self.log = []
+        self.need = block_rows(self.panels, len(self.owners))
         self.geqrf, = get_lapack_funcs(("geqrf",), (F,))
 
     def _cols(self, c):
@@ -134,11 +147,14 @@ class NumpySplit:
                 at[c] = width
                 width += b - a
             loc = np.empty((self.fm, width), dtype=self.F.dtype)
+            moved = 0
             for c in blocks:
                 a, b = self._cols(c)
-                loc[:, at[c]:at[c] + b - a] = self.F[:, a:b]
+                r = int(self.need[c])
+                loc[:r, at[c]:at[c] + b - a] = self.F[:r, a:b]
+                moved += r * (b - a)
             self.local[d], self.col_of[d] = loc, at
-            self.log.append(("blocks", d, len(blocks), int(loc.size)))
+            self.log.append(("blocks", d, len(blocks), moved))
 
     def factor(self, p: int) -> None:
         F = self.F
@@ -187,8 +203,9 @@ class NumpySplit:
     def to_main(self, d: int, c: int) -> None:
         a, e = self._cols(c)
         at = self.col_of[d][c]
-        self.F[:, a:e] = self.local[d][:, at:at + e - a]
-        self.log.append(("back", d, c, int(self.fm * (e - a))))
+        r = int(self.need[c])
+        self.F[:r, a:e] = self.local[d][:r, at:at + e - a]
+        self.log.append(("back", d, c, r * (e - a)))
 
     def ready(self, c: int) -> None:
         pass

@@ -37,7 +37,7 @@ import numpy as np
 
 from .dense import DenseModel, dense_path_seconds
 
-__all__ = ["SplitModel", "SplitPlan", "block_owners", "split_seconds", "split_plan",
+__all__ = ["SplitModel", "SplitPlan", "block_owners", "block_rows", "split_seconds", "split_plan",
            "split_rule", "split_weights", "tile_path_seconds", "SPLIT_MIN_SECONDS",
            "SPLIT_MIN_SHARE"]
 
@@ -129,8 +129,9 @@ def _panels(fm: int, fn: int, stair, nb: int):
 
 
 def _parts(fm, fn, stair, model: SplitModel):
-    """Per panel: the chain's seconds (panel and its ``T``) and the seconds of
-    the update of one trailing column; per block its width."""
+    """Per panel: the chain's seconds (panel and its ``T``), the seconds of the
+    update of one trailing column and the panel's last active row; per block
+    its width and the rows it needs (past them the block stays zero)."""
     d = model.dense
     nb = int(d.panel)
     j, rows, b = _panels(fm, fn, stair, nb)
@@ -140,26 +141,45 @@ def _parts(fm, fn, stair, model: SplitModel):
     col = 4.0 * rows * b / d.gemm_rate
     nblk = -(-int(fn) // nb)
     width = np.minimum(nb, int(fn) - nb * np.arange(nblk)).astype(np.float64)
-    return rows, b, chain, col, width
+    top = j + rows                      # each panel's last active row (+1)
+    need = (top[np.minimum(np.arange(nblk), len(top) - 1)] if len(top)
+            else np.zeros(nblk)).astype(np.float64)
+    return rows, b, chain, col, width, need
+
+
+def block_rows(fm: int, fn: int, stair, nb: int) -> np.ndarray:
+    """Rows of each block of ``nb`` columns that the factorization reads or writes
+    (block ``c`` takes updates from panels ``≤ c`` only, whose active rows end at
+    panel ``min(c, last)``'s; the rows below stay as assembled)."""
+    j, rows, b = _panels(fm, fn, stair, int(nb))
+    nblk = -(-int(fn) // int(nb))
+    if not len(j):
+        return np.zeros(nblk, dtype=np.int64)
+    top = (j + rows).astype(np.int64)
+    return top[np.minimum(np.arange(nblk), len(top) - 1)]
 
 
 def block_owners(fm: int, fn: int, stair, ndev: int,
-                 model: SplitModel = SplitModel()) -> np.ndarray:
+                 model: SplitModel = SplitModel(), itemsize: int = 8) -> np.ndarray:
     """Owner of each block of ``nb`` columns of a front split over ``ndev`` devices.
 
-    Blocks 0 and 1 stay on the main device (device 0: the first panel, and the
-    first look-ahead block, never updated elsewhere). The others go round the
-    devices by a smooth weighted round robin: the main device's weight ``x``
-    makes its chain plus its updates match each other device's updates over
-    the whole front (``C + x B = (1 - x) B / (k - 1)``, ``C`` the chain's and
-    ``B`` the trailing updates' seconds), the others share the rest equally.
+    The first blocks stay on the main device (device 0): blocks 0 and 1 always
+    (the first panel, and the first look-ahead block, never updated
+    elsewhere), and as many more as the main device's panel chain takes to
+    cover the other devices' first copies of their blocks (a block of another
+    device is first needed back at its step minus one). The others go round
+    the devices by a smooth weighted round robin: the main device's weight
+    ``x`` makes its chain plus its updates match each other device's updates
+    over the whole front (``C + x B = (1 - x) B / (k - 1)``, ``C`` the
+    chain's and ``B`` the trailing updates' seconds), the others share the
+    rest equally.
     """
     nb = int(model.dense.panel)
     nblk = -(-int(fn) // nb)
     owners = np.zeros(nblk, dtype=np.int64)
     if ndev <= 1 or nblk <= 2:
         return owners
-    rows, b, chain, col, width = _parts(fm, fn, stair, model)
+    rows, b, chain, col, width, need = _parts(fm, fn, stair, model)
     P = len(rows)
     # the bulk (not look-ahead) updates of every panel: blocks p+2 on
     B = sum(float(col[p] * width[p + 2:].sum()) for p in range(P))
@@ -169,8 +189,14 @@ def block_owners(fm: int, fn: int, stair, ndev: int,
     x = 0.0 if B <= 0 else min(max((B - (k - 1) * C) / (k * B), 0.0), 1.0 / k)
     weight = np.full(k, (1.0 - x) / (k - 1))
     weight[0] = x
+    # the others' copies of their blocks (about a (k-1)/k share each, over one link each)
+    setup = float((width * need).sum()) * itemsize / model.peer_rate / max(k - 1, 1)
+    lead, t = 2, 0.0
+    while lead < nblk and lead - 2 < P and t < setup:
+        t += float(chain[lead - 2])
+        lead += 1
     credit = np.zeros(k)
-    for c in range(2, nblk):
+    for c in range(lead, nblk):
         credit += weight
         d = int(np.argmax(credit))
         owners[c] = d
@@ -182,48 +208,58 @@ def split_seconds(fm: int, fn: int, stair, owners, model: SplitModel = SplitMode
                   itemsize: int = 8) -> float:
     """Modelled seconds of a front factorized with its column blocks on ``owners``.
 
-    Per panel ``p`` the main device runs the chain (the panel, its ``T``, the
-    look-ahead update of block ``p+1``) and its own blocks' updates, every
-    other device its blocks' updates after receiving the panel; the step ends
-    with the slowest, at least the host's enqueueing of the step's calls.
-    Before the first panel every other device receives its blocks; a block
-    comes back (all rows) when it becomes the look-ahead block.
+    A timeline per device: the main device runs, per panel ``p``, the chain
+    (the panel, its ``T``), the look-ahead update of block ``p+1`` (once that
+    block is back from its owner) and its own blocks' updates, one after the
+    other; every other device first receives its blocks (the rows they need),
+    then per panel receives the panel, updates block ``p+2`` and sends it back
+    when it is its own, and updates its other blocks. Each step costs at least
+    ``step_seconds`` per device; the whole at least the host's enqueueing of
+    every call (``call_seconds`` each: one host thread enqueues all devices).
     """
     owners = np.asarray(owners, dtype=np.int64)
     k = int(owners.max()) + 1 if len(owners) else 1
-    rows, b, chain, col, width = _parts(fm, fn, stair, model)
+    rows, b, chain, col, width, need = _parts(fm, fn, stair, model)
     P = len(rows)
     nblk = len(width)
-    call = model.call_seconds
+    link = itemsize / model.peer_rate
     sub = -(-int(model.dense.panel) // 32)          # panel kernel launches per panel
-    total = 0.0
     wd = [np.where(owners == d, width, 0.0) for d in range(k)]
     nd = [(owners == d).astype(np.float64) for d in range(k)]
-    setup = max((float(wd[d].sum()) * fm * itemsize / model.peer_rate
-                 for d in range(1, k)), default=0.0)
-    total += setup
+    t0 = 0.0                                        # the main device's clock
+    th = [float((wd[d] * need).sum()) * link for d in range(k)]   # the others' clocks
+    ready = {}                                      # block -> when it is back on main
+    calls = 0
     for p in range(P):
-        look = float(col[p] * width[p + 1]) if p + 1 < nblk else 0.0
-        main = float(chain[p]) + look + float(col[p] * wd[0][p + 2:].sum())
-        t = main
-        calls = 4 * sub + 6 + 3 * (1 + int(nd[0][p + 2:].sum()))
+        t0 += float(chain[p]) + model.step_seconds
+        fac = t0
+        if p + 1 < nblk:
+            t0 = max(t0, ready.get(p + 1, 0.0)) + float(col[p] * width[p + 1])
+        own = float(wd[0][p + 2:].sum())
+        if own > 0:
+            if p + 2 < nblk and owners[p + 2] == 0:
+                ready[p + 2] = t0 + float(col[p] * width[p + 2])
+            t0 += float(col[p]) * own
+        calls += 4 * sub + 8 + 3 * int(nd[0][p + 2:].sum())
         for d in range(1, k):
             w = float(wd[d][p + 2:].sum())
             if w <= 0:
                 continue
-            back = (float(width[p + 2]) * fm * itemsize / model.peer_rate
-                    if owners[p + 2] == d else 0.0) if p + 2 < nblk else 0.0
-            t = max(t, rows[p] * b[p] * itemsize / model.peer_rate
-                    + float(col[p]) * w + back + model.step_seconds)
-            calls += 6
-        total += max(t + model.step_seconds, calls * call)
-    return float(total)
+            t = max(th[d], fac + rows[p] * b[p] * link) + model.step_seconds
+            if p + 2 < nblk and owners[p + 2] == d:
+                t += float(col[p] * width[p + 2]) + width[p + 2] * need[p + 2] * link
+                ready[p + 2] = t
+                w -= float(width[p + 2])
+            th[d] = t + float(col[p]) * w
+            calls += 8
+    end = max([t0] + th[1:])
+    return float(max(end, calls * model.call_seconds))
 
 
 def split_plan(fm: int, fn: int, stair, ndev: int, model: SplitModel = SplitModel(),
                itemsize: int = 8) -> SplitPlan:
     """The :class:`SplitPlan` of a front over ``ndev`` devices, with both modelled times."""
-    owners = block_owners(fm, fn, stair, ndev, model)
+    owners = block_owners(fm, fn, stair, ndev, model, itemsize)
     one = dense_path_seconds(fm, fn, stair, model.dense)
     return SplitPlan(int(ndev), int(model.dense.panel), owners,
                      split_seconds(fm, fn, stair, owners, model, itemsize), one)

@@ -466,7 +466,7 @@ class _MultiStageRun:
         self._data_lock = threading.Lock()
         self.split, self.split_model = {}, SplitModel()
         self.split_log = []                 # per split front: what ran, its backend
-        self._peers = False
+        self._peers = None                  # peer access between every pair of layers (None: not asked)
         self.fkey = (tuple(tuple(int(x) for x in st.fronts) for st in sched.stages),
                      int(sched.tile), int(sched.bundle), bool(sched.pipelining),
                      int(sched.ntasks), sched.dense_flops)
@@ -652,6 +652,12 @@ class _MultiStageRun:
             entry["transfers"] = len(log)
             self.split_log.append(entry)
             return F, panels, T, None
+        if self._peers is None:         # once: peer access between every pair
+            self._peers = enable_peers(cp, [x.device_id for x in self.layers])
+        if not self._peers:
+            entry["fallback"] = "no peer access between the devices"
+            self.split_log.append(entry)
+            return None
         ready = cp.cuda.Event(disable_timing=True)
         ready.record(layer.stream)
         be = CupySplit(layer, others, F, panels, nb, owners, ready, timing=True)
@@ -662,9 +668,6 @@ class _MultiStageRun:
             entry["fallback"] = "out of memory"
             self.split_log.append(entry)
             return None
-        if not self._peers:
-            enable_peers(cp, be.ids)
-            self._peers = True
         run_split(be, panels, nb, fn, owners)
         entry["backend"] = be
         self.split_log.append(entry)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dense_front import DEFAULT_PANEL_METHOD, _PanelFactor, _Work, _wy_update
+from ..split_front import block_rows
 
 __all__ = ["CupySplit", "enable_peers"]
 
@@ -34,17 +35,24 @@ _DEFAULT = 4
 _RING = 3
 
 
-def enable_peers(cp, ids) -> None:
-    """Peer access between every pair of the devices ``ids`` where possible (copies
-    between them then run over the link; where not, the driver stages them)."""
+def enable_peers(cp, ids) -> bool:
+    """Peer access between every pair of the devices ``ids``; returns whether every
+    pair has it (the split's 2-D copies between devices need it: they run over
+    the link, as ``cudaMemcpy2DAsync`` with the direction from the pointers)."""
     rt = cp.cuda.runtime
     ids = list(dict.fromkeys(int(i) for i in ids))
+    ok = True
     for a in ids:
         for b in ids:
-            if a == b or not rt.deviceCanAccessPeer(a, b):
+            if a == b:
+                continue
+            if not rt.deviceCanAccessPeer(a, b):
+                ok = False
                 continue
             with cp.cuda.Device(a):
                 try:
+                    # CuPy's variant clears the runtime's last error when access was
+                    # enabled already (see multi_device._home_reaches)
                     ensure = getattr(rt, "_deviceEnsurePeerAccess", None)
                     if ensure is not None:
                         ensure(b)
@@ -52,7 +60,8 @@ def enable_peers(cp, ids) -> None:
                         rt.deviceEnablePeerAccess(b)
                 except rt.CUDARuntimeError as exc:
                     if "PeerAccessAlreadyEnabled" not in str(exc):
-                        raise
+                        ok = False
+    return ok
 
 
 class CupySplit:
@@ -92,6 +101,7 @@ class CupySplit:
         self.method = DEFAULT_PANEL_METHOD if panel_method is None else panel_method
         self.timing = bool(timing)
         self.ndev = int(self.owners.max()) + 1 if len(self.owners) else 1
+        self.need = block_rows(self.panels, len(self.owners))
         if self.ndev > len(self.layers):
             raise ValueError(f"owners name {self.ndev} devices, {len(self.layers)} given")
         self.ev_fac = {}
@@ -172,9 +182,10 @@ class CupySplit:
                 loc = self.local[d]
                 for c, at in self.col_of[d].items():
                     a, e = self._cols(c)
-                    cp.cuda.runtime.memcpy2DAsync(
-                        loc.data.ptr + at * isz, self.width[d] * isz, src0 + a * isz,
-                        self.fn * isz, (e - a) * isz, self.fm, _DEFAULT, s.ptr)
+                    if self.need[c]:
+                        cp.cuda.runtime.memcpy2DAsync(
+                            loc.data.ptr + at * isz, self.width[d] * isz, src0 + a * isz,
+                            self.fn * isz, (e - a) * isz, int(self.need[c]), _DEFAULT, s.ptr)
 
     def factor(self, p: int) -> None:
         with self._dev(0):
@@ -243,10 +254,11 @@ class CupySplit:
         at = self.col_of[d][c]
         s = self.streams[d]
         with self._dev(d):
-            cp.cuda.runtime.memcpy2DAsync(
-                self.F.data.ptr + a * isz, self.fn * isz,
-                self.local[d].data.ptr + at * isz, self.width[d] * isz,
-                (e - a) * isz, self.fm, _DEFAULT, s.ptr)
+            if self.need[c]:
+                cp.cuda.runtime.memcpy2DAsync(
+                    self.F.data.ptr + a * isz, self.fn * isz,
+                    self.local[d].data.ptr + at * isz, self.width[d] * isz,
+                    (e - a) * isz, int(self.need[c]), _DEFAULT, s.ptr)
             self.ev_ready[c] = self._event(s)
 
     def ready(self, c: int) -> None:
