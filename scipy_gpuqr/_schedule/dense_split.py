@@ -320,7 +320,10 @@ def split_weights(fronts, flops, ndev: int, model: SplitModel = SplitModel(), *,
 
     A front of the upper tree runs while (most of) the other devices' subtrees
     are done; split, it costs its split time instead of its one-device time
-    (the better of the dense path and the tile tasks). For the device mapping
+    (the better of the dense path and the tile tasks). A root on a dense path,
+    split or not, also pays the copy of its rows of R after it ends
+    (:class:`~.dense.DenseModel`'s ``r_copy_rate``; a tile front's rows leave
+    while its later tiles run). For the device mapping
     (:func:`~.devices.map_fronts`'s ``upper_weights``) its flops are scaled by
     that ratio, so that mapping a large front into the upper tree looks as
     cheap as it is.
@@ -351,9 +354,14 @@ def split_weights(fronts, flops, ndev: int, model: SplitModel = SplitModel(), *,
         fm, fn = int(fronts.fm[f]), int(fronts.fn[f])
         stair = fronts.stair[fronts.col_ptr[f]:fronts.col_ptr[f + 1]]
         plan = split_plan(fm, fn, stair, ndev, model, itemsize)
-        one = min(plan.one_device_seconds, tile_path_seconds(fm, fn, w[f], model))
-        gain = one - plan.seconds
+        rc = 0.0                # a root's rows of R copied after it, on a dense path
+        if int(fronts.parent[f]) < 0:
+            fp = min(int(fronts.fp[f]), fn)
+            rc = (fp * fn - fp * (fp - 1) / 2) * itemsize / model.dense.r_copy_rate
+        one = min(plan.one_device_seconds + rc, tile_path_seconds(fm, fn, w[f], model))
+        split = plan.seconds + rc
+        gain = one - split
         if one > 0 and gain >= model.min_seconds and gain >= model.min_share * one:
-            w[f] *= plan.seconds / one
+            w[f] *= split / one
             plans[f] = plan
     return w, plans
