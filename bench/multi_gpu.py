@@ -88,7 +88,7 @@ def _matrices(only, numpy_layers=False):
     if numpy_layers:
         gens = {"grid8": lambda: grid3d_least_squares(8),
                 "randls": lambda: random_least_squares(600, 250, 0.01, seed=3)}
-    names = [n for n in gens if not only or n in only]
+    names = [n for n in only if n in gens] if only else list(gens)     # --only's order
     return [(n, gens[n]) for n in names]
 
 
@@ -273,7 +273,7 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                 f"(wait {d.get('wait_blocks_seconds', float('nan')):.3f})"
                 for d in run["per_device"])
         check = (f"  R diff {run['R_diff']:.1e} Qtb diff {run['qtb_diff']:.1e}"
-                 if "R_diff" in run else "")
+                 f" |r| diff {run['residual_norm_diff']:.1e}" if "R_diff" in run else "")
         splits = "".join(
             f"  split front {e['front']} {e['shape'][0]}x{e['shape'][1]} blocks {e['blocks']} "
             f"{(e.get('seconds') or float('nan')):.4f} s (model {e.get('modelled_seconds') or float('nan'):.4f}"
@@ -396,7 +396,7 @@ def main(argv=None) -> int:
         print(f"peer access possible: {peer}", flush=True)
     print(f"{len(names)} device(s): {', '.join(names)}; counts {counts}"
           + (" (simulated on GPU 0)" if a.simulate else ""), flush=True)
-    only = {x for x in a.only.split(",") if x}
+    only = list(dict.fromkeys(x for x in a.only.split(",") if x))
     runner = _Runner(a.numpy)
     rows = []
     for n, make in _matrices(only, a.numpy):
