@@ -213,7 +213,8 @@ def split_seconds(fm: int, fn: int, stair, owners, model: SplitModel = SplitMode
     block is back from its owner) and its own blocks' updates, one after the
     other; every other device first receives its blocks (the rows they need),
     then per panel receives the panel, updates block ``p+2`` and sends it back
-    when it is its own, and updates its other blocks. Each step costs at least
+    when it is its own (the copy beside its next updates), and updates its
+    other blocks. Each step costs at least
     ``step_seconds`` per device; the whole at least the host's enqueueing of
     every call (``call_seconds`` each: one host thread enqueues all devices).
     """
@@ -247,8 +248,8 @@ def split_seconds(fm: int, fn: int, stair, owners, model: SplitModel = SplitMode
                 continue
             t = max(th[d], fac + rows[p] * b[p] * link) + model.step_seconds
             if p + 2 < nblk and owners[p + 2] == d:
-                t += float(col[p] * width[p + 2]) + width[p + 2] * need[p + 2] * link
-                ready[p + 2] = t
+                t += float(col[p] * width[p + 2])
+                ready[p + 2] = t + width[p + 2] * need[p + 2] * link    # copied back meanwhile
                 w -= float(width[p + 2])
             th[d] = t + float(col[p]) * w
             calls += 8

@@ -3,16 +3,19 @@
 The front lies in its stage's pool on the main device (row-major ``fm × fn``).
 The main device has two streams of its own: the *chain* (panels, their
 ``T``, the look-ahead block's update: the same kernels and cuBLAS calls as
-:func:`~scipy_gpuqr._engine.dense_front.factorize_cupy`) and the *bulk* (its
-own blocks' updates). Every other device has one stream: its blocks are
-copied from the front into an array of its own (``fm × its columns``, one
-``cudaMemcpy2DAsync`` per block, peer to peer under unified addressing),
-each panel's ``Vᵀ`` and ``T`` are copied to it into one of two slots, its
-blocks ≥ ``p+2`` are updated by three GEMMs over all of them at once, and
-block ``p+2`` goes back into the front right after its update. Events order
-it all; the host never waits. The main device's panels' ``Vᵀ`` sit in a
-ring of three slots: a slot is written again only after every copy and
-update that read it.
+:func:`~scipy_gpuqr._engine.dense_front.factorize_cupy`), of the highest
+priority (the panel kernel's cooperative grid needs the whole device: when
+SMs free up, it goes before the other updates), and the *bulk* (its own
+blocks' updates). Every other device has two: a *copy* stream brings its
+blocks from the front into an array of its own (``fm × its columns``, the
+rows the factorization touches, one ``cudaMemcpy2DAsync`` per block, peer to
+peer under unified addressing), each panel's ``Vᵀ`` and ``T`` into one of
+two slots (once the updates that read that slot ended) and each block back
+into the front once its update ended; the *compute* stream updates its
+blocks ≥ ``p+2`` (block ``p+2`` first, then the others by three GEMMs over
+all of them at once). Events order it all; the host never waits. The main
+device's panels' ``Vᵀ`` sit in a ring of three slots: a slot is written
+again only after every copy and update that read it.
 
 Everything is allocated by :meth:`CupySplit.prepare` before anything is
 enqueued, so that a device out of memory leaves the front untouched (the
@@ -33,6 +36,9 @@ _DEFAULT = 4
 
 #: slots of the main device's ring of panel reflectors
 _RING = 3
+
+#: priority of the main device's chain stream (lower is higher; clamped by CUDA)
+_CHAIN_PRIORITY = -5
 
 
 def enable_peers(cp, ids) -> bool:
@@ -128,7 +134,8 @@ class CupySplit:
         P = len(self.panels)
         rmax = max((r for _, r, _ in self.panels), default=1)
         with self._dev(0):
-            self.s_chain = cp.cuda.Stream(non_blocking=True)
+            # CUDA clamps a priority to the device's range (as factorize_cupy's look-ahead)
+            self.s_chain = cp.cuda.Stream(non_blocking=True, priority=_CHAIN_PRIORITY)
             self.s_bulk = cp.cuda.Stream(non_blocking=True)
             with self.s_chain:
                 self.T = cp.zeros((max(P, 0), nb, nb), dtype=dt)
@@ -139,6 +146,8 @@ class CupySplit:
             with self.s_bulk:
                 self.w_bulk = _Work(cp, dt, max(self.fn, nb) * nb)
         self.streams = [self.s_bulk]
+        self.copies = [None]
+        self.used = [dict() for _ in range(self.ndev)]      # device -> panel -> updates done
         self.local = [None] * self.ndev
         self.col_of = [None] * self.ndev
         self.width = [0] * self.ndev
@@ -155,6 +164,7 @@ class CupySplit:
             with self._dev(d):
                 s = cp.cuda.Stream(non_blocking=True)
                 self.streams.append(s)
+                self.copies.append(cp.cuda.Stream(non_blocking=True))
                 with s:
                     self.local[d] = cp.empty((self.fm, max(w, 1)), dtype=dt)
                     self.hv[d] = cp.empty((2, nb * rmax), dtype=dt)
@@ -176,7 +186,7 @@ class CupySplit:
                 self.start = self._event(self.s_chain, timing=True)
         src0 = self.F.data.ptr
         for d in range(1, self.ndev):
-            s = self.streams[d]
+            s = self.copies[d]
             with self._dev(d):
                 s.wait_event(self.ready_event)
                 loc = self.local[d]
@@ -186,6 +196,7 @@ class CupySplit:
                         cp.cuda.runtime.memcpy2DAsync(
                             loc.data.ptr + at * isz, self.width[d] * isz, src0 + a * isz,
                             self.fn * isz, (e - a) * isz, int(self.need[c]), _DEFAULT, s.ptr)
+                self.streams[d].wait_event(self._event(s))      # before its first update
 
     def factor(self, p: int) -> None:
         with self._dev(0):
@@ -198,15 +209,20 @@ class CupySplit:
     def send_panel(self, p: int, d: int) -> None:
         cp, isz = self.cp, self.isz
         j, rows, b = self.panels[p]
-        s = self.streams[d]
+        s = self.copies[d]
         with self._dev(d):
             s.wait_event(self.ev_fac[p])
+            prev = self.used[d].pop(p - 2, None)        # the slot's last reader
+            if prev is not None:
+                s.wait_event(prev)
             rt = cp.cuda.runtime
             rt.memcpyAsync(self.hv[d][p % 2].data.ptr, self._vslot(p).data.ptr,
                            b * rows * isz, _DEFAULT, s.ptr)
             rt.memcpyAsync(self.hT[d][p % 2].data.ptr, self.T[p].data.ptr,
                            self.nb * self.nb * isz, _DEFAULT, s.ptr)
-            self.free_after.setdefault(p, []).append(self._event(s))
+            got = self._event(s)
+            self.free_after.setdefault(p, []).append(got)
+            self.streams[d].wait_event(got)
 
     def lookahead(self, p: int, c: int) -> None:
         j, rows, b = self.panels[p]
@@ -247,13 +263,15 @@ class CupySplit:
         with self._dev(d), s:
             Vt = self.hv[d][p % 2, :b * rows].reshape(b, rows)
             _wy_update(self.work[d], self.local[d], j, rows, b, Vt, self.hT[d][p % 2], a0, e0)
+            self.used[d][p] = self._event(s)
 
     def to_main(self, d: int, c: int) -> None:
         cp, isz = self.cp, self.isz
         a, e = self._cols(c)
         at = self.col_of[d][c]
-        s = self.streams[d]
+        s = self.copies[d]
         with self._dev(d):
+            s.wait_event(self._event(self.streams[d]))     # after the block's last update
             if self.need[c]:
                 cp.cuda.runtime.memcpy2DAsync(
                     self.F.data.ptr + a * isz, self.fn * isz,
@@ -268,8 +286,10 @@ class CupySplit:
     def finish(self) -> None:
         evs = []
         for d, s in enumerate(self.streams):
-            with self.cp.cuda.Device(self.ids[0] if d == 0 else self.ids[d]):
+            with self._dev(d):
                 evs.append(self._event(s))
+                if d:
+                    evs.append(self._event(self.copies[d]))
         with self._dev(0):
             for ev in evs:
                 self.s_chain.wait_event(ev)
@@ -277,6 +297,7 @@ class CupySplit:
         self.free_after.clear()
         self.ev_ready.clear()
         self.ev_fac.clear()
+        self.used = [dict() for _ in range(self.ndev)]
 
     def seconds(self) -> float | None:
         """Seconds from the split's start to its end (after ``done`` completed;
