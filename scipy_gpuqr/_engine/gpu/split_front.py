@@ -129,8 +129,13 @@ class CupySplit:
 
     # -- before anything is enqueued --------------------------------------------------
     def prepare(self) -> None:
-        """Streams and every buffer of the split (raises CuPy's OutOfMemoryError)."""
+        """Peer access, streams and every buffer of the split (raises CuPy's
+        OutOfMemoryError; RuntimeError where two of the devices cannot reach
+        each other)."""
         cp, nb, dt = self.cp, self.nb, self.dt
+        used = self.ids[:self.ndev]
+        if len(set(used)) > 1 and not enable_peers(cp, used):
+            raise RuntimeError(f"no peer access between the devices {used}")
         P = len(self.panels)
         rmax = max((r for _, r, _ in self.panels), default=1)
         with self._dev(0):
