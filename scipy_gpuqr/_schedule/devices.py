@@ -14,6 +14,13 @@ each split moves its root's flops onto that serial part. The partition of
 the candidates is the longest-first greedy one; of all the splits tried the
 one of least modelled time is kept.
 
+With a split model (``map_devices(split_model=...)``) the upper tree's
+largest fronts are not serial: their dense path is split over every device
+(:mod:`.dense_split`), so a front worth splitting weighs in the upper tree at
+its split time, not its flops (``map_fronts``' ``upper_weights``); the
+mapping then moves such fronts of a chain of separators into the upper tree
+and shares their children's subtrees among the devices.
+
 Memory is the second weight: with a byte budget per device, a mapping on
 flops that overflows a device is redone on the sum of each front's share of
 the flops and of the bytes (a device then holds about its share of both),
