@@ -175,9 +175,10 @@ def _split_case(cp, fm, fn, seed):
     return F, stair
 
 
-@pytest.mark.parametrize("ids, owners", [
-    ((0, 0), "model"), ((0, 0, 0), "model"), ((0, 0), "cyclic"), ((0, 1), "model")])
-def test_split_front_backend_equals_one_device(ids, owners):
+@pytest.mark.parametrize("ids, owners, lean", [
+    ((0, 0), "model", True), ((0, 0), "model", False), ((0, 0, 0), "model", True),
+    ((0, 0), "cyclic", True), ((0, 1), "model", True), ((0, 1), "cyclic", False)])
+def test_split_front_backend_equals_one_device(ids, owners, lean):
     """A dense front's blocks over device layers (CupySplit) against the one-device
     dense path (factorize_cupy): the same front (R, reflectors, contribution block)
     and T to rounding; then the NumPy steps agree with both."""
@@ -189,7 +190,7 @@ def test_split_front_backend_equals_one_device(ids, owners):
     from scipy_gpuqr._schedule.dense_split import block_owners
     if len(set(ids)) > device_count():
         pytest.skip(f"needs {len(set(ids))} GPUs")
-    fm, fn, nb = 3000, 1900, 256
+    fm, fn, nb = 3000, 1900, 256      # 8 blocks; the staircase leaves rows out of the copies
     Fh, stair = _split_case(cp, fm, fn, 4)
     panels = panels_of(fm, fn, stair, nb)
     nblk = -(-fn // nb)
@@ -206,7 +207,7 @@ def test_split_front_backend_equals_one_device(ids, owners):
         F2.set(Fh, stream=main.stream)
         ready = cp.cuda.Event()
         ready.record(main.stream)
-        be = CupySplit(main, layers[1:], F2, panels, nb, own, ready, timing=True)
+        be = CupySplit(main, layers[1:], F2, panels, nb, own, ready, timing=True, lean=lean)
         be.prepare()
         run_split(be, panels, nb, fn, own)
         main.stream.wait_event(be.done)

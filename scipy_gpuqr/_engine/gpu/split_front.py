@@ -20,6 +20,14 @@ again only after every copy and update that read it.
 Everything is allocated by :meth:`CupySplit.prepare` before anything is
 enqueued, so that a device out of memory leaves the front untouched (the
 caller then factorizes it on its device alone).
+
+One host thread enqueues the work of every device, and a step of a large
+front is about fifty library calls: the host's time per call matters. With
+``lean`` (the default) every stream has a cuBLAS handle of its own, its
+stream and pointer mode set once, and the GEMMs (the trailing updates, the
+panel's sub-panel updates) are called with their pointers at hand: the same
+cuBLAS calls on the same operands as :mod:`..dense_front`'s, without setting
+the shared handle's stream and pointer mode around each update.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import numpy as np
 
 from ..dense_front import DEFAULT_PANEL_METHOD, _PanelFactor, _Work, _wy_update
 from ..split_front import block_rows
+from .dense_panel import PANEL_WIDTH
 
 __all__ = ["CupySplit", "enable_peers"]
 
@@ -70,6 +79,69 @@ def enable_peers(cp, ids) -> bool:
     return ok
 
 
+class _Gemm:
+    """cuBLAS GEMMs on one stream through a handle of its own (its stream and the
+    host pointer mode set once)."""
+
+    def __init__(self, cp, dtype, stream):
+        from cupy_backends.cuda.libs import cublas
+        self.cb = cublas
+        dt = np.dtype(dtype)
+        self.gemm = cublas.sgemm if dt == np.float32 else cublas.dgemm
+        self.N, self.T = cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T
+        self._scalars = np.array([1.0, 0.0, -1.0], dtype=dt)
+        base, isz = self._scalars.ctypes.data, dt.itemsize
+        self.one, self.zero, self.mone = base, base + isz, base + 2 * isz
+        self.h = cublas.create()
+        cublas.setStream(self.h, stream.ptr)
+        cublas.setPointerMode(self.h, cublas.CUBLAS_POINTER_MODE_HOST)
+
+    def wy(self, W, W2, C, ldc, nc, rows, b, V, ldv, T, ldt) -> None:
+        """``Cᵀ -= ((Cᵀ V) op(T)) Vᵀ`` as :func:`~..dense_front._wy_update` (pointers:
+        ``C`` the first element of the ``rows × nc`` block, row-major, ``ldc``;
+        ``V`` column-major ``rows × b``, ``ldv``; ``T`` row-major, ``ldt``)."""
+        g, h, N, Tr = self.gemm, self.h, self.N, self.T
+        g(h, N, N, nc, b, rows, self.one, C, ldc, V, ldv, self.zero, W, nc)
+        g(h, N, Tr, nc, b, b, self.one, W, nc, T, ldt, self.zero, W2, nc)
+        g(h, N, Tr, nc, rows, b, self.mone, W2, nc, V, ldv, self.one, C, ldc)
+
+    def close(self) -> None:
+        if self.h is not None:
+            self.cb.destroy(self.h)
+            self.h = None
+
+
+class _LeanPanel(_PanelFactor):
+    """:class:`~..dense_front._PanelFactor` whose kernel panels update their later
+    sub-panel columns through a :class:`_Gemm` (the same three GEMMs)."""
+
+    def __init__(self, cp, dt, method, rmax, nb, work, gemm):
+        super().__init__(cp, dt, method, rmax, nb, work)
+        self.g = gemm
+
+    def __call__(self, F, panel, tau, Vt, Tp):
+        j, rows, b = panel
+        if self.kern is None or self.kern.plan(rows) is None:
+            return super().__call__(F, panel, tau, Vt, Tp)
+        Vt.fill(0)
+        isz = F.dtype.itemsize
+        fn = F.shape[1]
+        base, V0, t0 = F.data.ptr, Vt.data.ptr, tau.data.ptr
+        W, W2, Tq = self.work.W.data.ptr, self.work.W2.data.ptr, self.Tq.data.ptr
+        for q in range(0, b, PANEL_WIDTH):
+            w = min(PANEL_WIDTH, b - q)
+            mi = rows - q
+            Vq = V0 + (q * rows + q) * isz
+            self.kern.launch(base + ((j + q) * fn + j + q) * isz, fn, mi, w, Vq, rows,
+                             t0 + q * isz, Tq, self.ws)
+            nci = b - q - w
+            if nci > 0:
+                self.g.wy(W, W2, base + ((j + q) * fn + j + q + w) * isz, fn, nci, mi, w,
+                          Vq, rows, Tq, PANEL_WIDTH)
+        self._t_factor(Vt, tau[:b], Tp[:b, :b])
+        return None
+
+
 class CupySplit:
     """The backend of :func:`~scipy_gpuqr._engine.split_front.run_split` on CUDA devices.
 
@@ -91,10 +163,13 @@ class CupySplit:
         As :func:`~scipy_gpuqr._engine.dense_front.factorize_cupy`.
     timing : bool
         Events with timing around the whole front (:attr:`seconds`).
+    lean : bool
+        Every stream's GEMMs through a cuBLAS handle of its own (see the module
+        notes); False: through the thread's handle, as ``factorize_cupy``.
     """
 
     def __init__(self, main, helpers, F, panels, nb, owners, ready, panel_method=None,
-                 timing: bool = False):
+                 timing: bool = False, lean: bool = True):
         self.cp = main.cp
         self.layers = [main] + list(helpers)
         self.ids = [int(layer.device_id) for layer in self.layers]
@@ -106,6 +181,8 @@ class CupySplit:
         self.ready_event = ready
         self.method = DEFAULT_PANEL_METHOD if panel_method is None else panel_method
         self.timing = bool(timing)
+        self.lean = bool(lean)
+        self.gemms = []                 # the handles made (closed by release)
         self.ndev = int(self.owners.max()) + 1 if len(self.owners) else 1
         self.need = block_rows(self.panels, len(self.owners))
         if self.ndev > len(self.layers):
@@ -147,9 +224,15 @@ class CupySplit:
                 self.tau = cp.zeros((max(P, 1), nb), dtype=dt)
                 self.vring = cp.empty((_RING, nb * rmax), dtype=dt)
                 self.w_chain = _Work(cp, dt, max(self.fn, nb) * nb)
-                self.fac = _PanelFactor(cp, dt, self.method, rmax, nb, self.w_chain)
+                self.g_chain = self._gemm(self.s_chain)
+                if self.g_chain is None:
+                    self.fac = _PanelFactor(cp, dt, self.method, rmax, nb, self.w_chain)
+                else:
+                    self.fac = _LeanPanel(cp, dt, self.method, rmax, nb, self.w_chain,
+                                          self.g_chain)
             with self.s_bulk:
                 self.w_bulk = _Work(cp, dt, max(self.fn, nb) * nb)
+                self.g_bulk = self._gemm(self.s_bulk)
         self.streams = [self.s_bulk]
         self.copies = [None]
         self.used = [dict() for _ in range(self.ndev)]      # device -> panel -> updates done
@@ -159,6 +242,7 @@ class CupySplit:
         self.hv = [None] * self.ndev
         self.hT = [None] * self.ndev
         self.work = [None] * self.ndev
+        self.g_help = [None] * self.ndev
         for d in range(1, self.ndev):
             blocks = np.flatnonzero(self.owners == d).tolist()
             at, w = {}, 0
@@ -175,7 +259,29 @@ class CupySplit:
                     self.hv[d] = cp.empty((2, nb * rmax), dtype=dt)
                     self.hT[d] = cp.empty((2, nb, nb), dtype=dt)
                     self.work[d] = _Work(cp, dt, max(w, nb) * nb)
+                    self.g_help[d] = self._gemm(s)
             self.col_of[d], self.width[d] = at, w
+
+    def _gemm(self, stream):
+        """A :class:`_Gemm` on ``stream`` (the current device's), or None without ``lean``."""
+        if not self.lean:
+            return None
+        g = _Gemm(self.cp, self.dt, stream)
+        self.gemms.append((self.cp.cuda.Device().id, g))
+        return g
+
+    def _wy(self, g, work, F, j, rows, b, Vt, Tp, c0, c1) -> None:
+        """``_wy_update`` of ``F``'s columns ``c0:c1`` (through ``g`` when lean)."""
+        if g is None:
+            _wy_update(work, F, j, rows, b, Vt, Tp, c0, c1)
+            return
+        nc = c1 - c0
+        if nc <= 0:
+            return
+        isz = F.dtype.itemsize
+        fn = F.shape[1]
+        g.wy(work.W.data.ptr, work.W2.data.ptr, F.data.ptr + (j * fn + c0) * isz, fn, nc,
+             rows, b, Vt.data.ptr, rows, Tp.data.ptr, Tp.shape[-1])
 
     def _vslot(self, p):
         j, rows, b = self.panels[p]
@@ -237,7 +343,8 @@ class CupySplit:
             if ev is not None:
                 self.s_chain.wait_event(ev)
             with self.s_chain:
-                _wy_update(self.w_chain, self.F, j, rows, b, self._vslot(p), self.T[p], a, e)
+                self._wy(self.g_chain, self.w_chain, self.F, j, rows, b, self._vslot(p),
+                         self.T[p], a, e)
 
     def update(self, d: int, p: int, blocks) -> None:
         j, rows, b = self.panels[p]
@@ -255,8 +362,8 @@ class CupySplit:
                         if run is not None:
                             a, _ = self._cols(run[0])
                             _, e = self._cols(run[1] - 1)
-                            _wy_update(self.w_bulk, self.F, j, rows, b, self._vslot(p),
-                                       self.T[p], a, e)
+                            self._wy(self.g_bulk, self.w_bulk, self.F, j, rows, b,
+                                     self._vslot(p), self.T[p], a, e)
                         run = None if c is None else [c, c + 1]
                 self.free_after.setdefault(p, []).append(self._event(self.s_bulk))
             return
@@ -267,7 +374,8 @@ class CupySplit:
         s = self.streams[d]
         with self._dev(d), s:
             Vt = self.hv[d][p % 2, :b * rows].reshape(b, rows)
-            _wy_update(self.work[d], self.local[d], j, rows, b, Vt, self.hT[d][p % 2], a0, e0)
+            self._wy(self.g_help[d], self.work[d], self.local[d], j, rows, b, Vt,
+                     self.hT[d][p % 2], a0, e0)
             self.used[d][p] = self._event(s)
 
     def to_main(self, d: int, c: int) -> None:
@@ -312,6 +420,11 @@ class CupySplit:
         return self.cp.cuda.get_elapsed_time(self.start, self.done) / 1e3
 
     def release(self) -> None:
-        """Drop the buffers (after ``done`` completed)."""
-        self.local = self.hv = self.hT = self.work = None
+        """Drop the buffers and close the handles (after ``done`` completed)."""
+        for dev, g in self.gemms:
+            with self.cp.cuda.Device(dev):
+                g.close()
+        self.gemms = []
+        self.local = self.hv = self.hT = self.work = self.g_help = None
         self.vring = self.w_chain = self.w_bulk = self.fac = None
+        self.g_chain = self.g_bulk = None
