@@ -78,9 +78,24 @@ __device__ __forceinline__ void potrf_small_run(const T *__restrict__ a, T *__re
     for (int j = 0; j < N; ++j) {
         T v = T(0);
         if (active && j <= r) v = (r >= n) ? T(r == j) : lower ? msm[r * LD + j] : msm[j * LD + r];
-        if (VB && nk != n) v = order_masked(v, r, j, nk);
+        if (VB && N <= 16 && nk != n) v = order_masked(v, r, j, nk);
         row[j] = v;
         fin = fin && finite(v);
+    }
+    if constexpr (VB && N > 16) {
+        // the identity outside the matrix's order: a branch around the whole
+        // row (warp-uniform: a matrix per warp), not a select in every load
+        // of it, so that a matrix filling the stack runs the fixed kernel's
+        // instructions (N <= 16: the selects above, which keep the fixed
+        // kernel's registers, where the branch would take more)
+        if (nk != n) {
+            fin = true;
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                row[j] = order_masked(row[j], r, j, nk);
+                fin = fin && finite(row[j]);
+            }
+        }
     }
     const bool bad = (__ballot_sync(0xffffffffu, !fin) & mask) != 0u;
 

@@ -257,6 +257,35 @@ __device__ __forceinline__ void mma_mask(double *t, int nk, int n, int lane) {
     __syncwarp();
 }
 
+// mma_load (16-byte path) of a matrix of a padded stack of order N whose own
+// order is nk (matrix_order; 0 <= nk < N here): only its leading nk x nk
+// block is read, every other entry of the tile zero-filled by the copy
+// itself (cp.async's source size: the same one instruction per unit as
+// mma_load, no divergent paths); order_ones then writes the diagonal ones
+// from nk on once the copy has landed. Together: mma_load + mma_mask.
+template <int N>
+__device__ __forceinline__ void order_load(double *t, const double *__restrict__ src, int nk,
+                                           int lane) {
+    typedef MmaTile<N> M;
+    lane &= 31;
+#pragma unroll
+    for (int c = lane; c < N * M::UNITS; c += 32) {
+        const int i = c / M::UNITS;
+        const int u = c - i * M::UNITS;
+        const int keep = i < nk ? min(max(nk - 2 * u, 0), 2) : 0;      // entries inside
+        cp_async16_zfill(t + (rowx<N>(i) ^ (2 * u)), src + 2 * c, 8 * keep);
+    }
+}
+
+// The identity's ones on the diagonal from row nk on (after order_load's
+// copy has landed; lane i: row i).
+template <int N>
+__device__ __forceinline__ void order_ones(double *t, int nk, int lane) {
+    lane &= 31;
+    if (lane >= nk && lane < N) t[at<N>(lane, lane)] = 1.0;
+    __syncwarp();
+}
+
 // Inverse out of the tile: out[i][c] = fs[i] * t[r_i][pos(c)] for i, c < n,
 // r_i the row pivoting step i (perm[i] = rowx(r_i)), lane c holding pos(c);
 // a row of dst per iteration (coalesced).
@@ -661,11 +690,23 @@ __device__ __forceinline__ void lu_mma_run(const T *__restrict__ a, T *__restric
         mma_load<N>(tiles, a + m * (N * N), v, opaque(lane));
         cp_async_commit();
     }
+    // VB, one stage, 16-byte path: the order of the warp's next matrix, loaded
+    // one matrix ahead, so that its copy reads only the matrix (order_load)
+    const bool ahead = VB && stages != 2 && v;
+    int order_ahead = N;
+    if (ahead && m < batch) order_ahead = matrix_order(sizes, szw, m, N, status, ctl);
     for (; m < batch; m += stride) {
         double *t = tiles + cur * M::TILE;
         // the matrix's order (sizes; N without): read before the wait for its copy
         int order = N;
-        if (stages == 2) {
+        if (ahead) {
+            order = order_ahead;
+            if (order == N) mma_load<N>(t, a + m * (N * N), true, opaque(lane));
+            else if (order > 0) order_load<N>(t, a + m * (N * N), order, opaque(lane));
+            cp_async_commit();
+            if (m + stride < batch) order_ahead = matrix_order(sizes, szw, m + stride, N, status, ctl);
+            cp_async_wait<0>();
+        } else if (stages == 2) {
             const long long next = m + stride;
             if (next < batch) {
                 mma_load<N>(tiles + (cur ^ 1) * M::TILE, a + next * (N * N), v, opaque(lane));
@@ -686,7 +727,12 @@ __device__ __forceinline__ void lu_mma_run(const T *__restrict__ a, T *__restric
             cp_async_wait<0>();
         }
         __syncwarp();
-        if (VB && order != N) mma_mask<N>(t, order, N, opaque(lane));
+        if (VB && ahead && order >= 0 && order != N) {
+            if (order > 0) order_ones<N>(t, order, opaque(lane));
+            else mma_mask<N>(t, 0, N, opaque(lane));         // the whole identity
+        } else if (VB && order != N) {
+            mma_mask<N>(t, order, N, opaque(lane));
+        }
         bool bad;
         int mypos;
         const int z = factor_mma<N, V>(t, perm, steps, bc, SOLVE ? nullptr : piv + m * N, bad,
@@ -832,11 +878,23 @@ __device__ __forceinline__ void getri_mma_run(const T *__restrict__ a, T *__rest
         inv_load<N>(tiles, a + m * nn, n, v, opaque(lane));
         cp_async_commit();
     }
+    // VB, one stage, 16-byte path of a stack of order N: the next matrix's
+    // order one matrix ahead, its copy only the matrix (lu_mma_run)
+    const bool ahead = VB && stages != 2 && v && n == N;
+    int order_ahead = n;
+    if (ahead && m < batch) order_ahead = matrix_order(sizes, szw, m, n, status, ctl);
     for (; m < batch; m += stride) {
         double *t = tiles + cur * M::TILE;
         // the matrix's order (sizes; n without): read before the wait for its copy
         int order = n;
-        if (stages == 2) {
+        if (ahead) {
+            order = order_ahead;
+            if (order == N) mma_load<N>(t, a + m * nn, true, opaque(lane));
+            else if (order > 0) order_load<N>(t, a + m * nn, order, opaque(lane));
+            cp_async_commit();
+            if (m + stride < batch) order_ahead = matrix_order(sizes, szw, m + stride, n, status, ctl);
+            cp_async_wait<0>();
+        } else if (stages == 2) {
             const long long next = m + stride;
             if (next < batch) {
                 inv_load<N>(tiles + (cur ^ 1) * M::TILE, a + next * nn, n, v, opaque(lane));
@@ -854,7 +912,12 @@ __device__ __forceinline__ void getri_mma_run(const T *__restrict__ a, T *__rest
             cp_async_wait<0>();
         }
         __syncwarp();
-        if (VB && order != n) mma_mask<N>(t, order, n, opaque(lane));
+        if (VB && ahead && order >= 0 && order != n) {
+            if (order > 0) order_ones<N>(t, order, opaque(lane));
+            else mma_mask<N>(t, 0, n, opaque(lane));          // the whole identity
+        } else if (VB && order != n) {
+            mma_mask<N>(t, order, n, opaque(lane));
+        }
         bool bad;
         int mypos;
         const int z = invert_mma<N, V>(t, perm, steps, bc, fs, mypos, bad, lane);

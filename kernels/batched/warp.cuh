@@ -100,6 +100,12 @@ __device__ __forceinline__ unsigned smem_addr(const void *p) {
 __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem_addr(dst)), "l"(src) : "memory");
 }
+// cp_async16 of the first `bytes` (0 .. 16) of src, the rest of the 16 bytes
+// of dst zero (cp.async's source size: nothing read past them).
+__device__ __forceinline__ void cp_async16_zfill(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void cp_async_elem(double *dst, const double *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" :: "r"(smem_addr(dst)), "l"(src) : "memory");
 }
