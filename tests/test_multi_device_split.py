@@ -250,3 +250,28 @@ def test_gpu_driver_split_rule_on_numpy_layers():
     Y[:n] = many.R @ X
     AP = A[:, many.colperm] @ X
     assert np.abs(many.q_matmul(Y) - AP).max() <= 1e-11 * np.abs(AP).max()
+
+
+def test_split_choice_needs_two_gpus_for_the_rule():
+    """The rule splits only where the layers lie on more than one GPU; True splits
+    every dense front of the upper tree on its device; False none."""
+    from types import SimpleNamespace
+    from scipy_gpuqr._engine.gpu.multi_device import split_choice
+    from scipy_gpuqr._schedule.devices import map_devices
+    from scipy_gpuqr._schedule.sparse import build_schedule
+    an = analyze(chessboard_boundary(7, 8, 3))
+    plan = map_devices(an, 2, split_model=SplitModel())
+    sched = build_schedule(an, plan=plan.stage_plan(), dense_flops=-1.0,
+                           dense_extra=sorted(plan.split))
+    dense = {f for st in sched.stages for f in st.dense}
+    assert set(plan.split) <= dense
+
+    def layers(*ids):
+        return [SimpleNamespace(device_id=i, dtype=np.float64) for i in ids]
+    assert split_choice(an, plan, sched, layers(0, 0), None, SplitModel()) == {}
+    two = split_choice(an, plan, sched, layers(0, 1), None, SplitModel())
+    assert set(two) == set(plan.split) and two
+    forced = split_choice(an, plan, sched, layers(0, 0), True, SplitModel())
+    assert set(forced) >= set(two) and all(v is None for v in forced.values())
+    assert split_choice(an, plan, sched, layers(0, 1), False, SplitModel()) == {}
+    assert split_choice(an, plan, sched, layers(0), None, SplitModel()) == {}
