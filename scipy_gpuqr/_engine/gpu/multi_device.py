@@ -668,7 +668,10 @@ class _MultiStageRun:
             entry["fallback"] = "out of memory"
             self.split_log.append(entry)
             return None
-        run_split(be, panels, nb, fn, owners)
+        try:
+            run_split(be, panels, nb, fn, owners)
+        except cp.cuda.memory.OutOfMemoryError as exc:      # the engine's fallback
+            raise DeviceOutOfMemory(str(exc)) from exc
         entry["backend"] = be
         self.split_log.append(entry)
         return F, panels, be.T, be.done
