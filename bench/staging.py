@@ -165,7 +165,8 @@ MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "panels-mapped": {"band_upload": "copy2d", "host_r_by_parts": True,
                            "slab_panels": "mapped"},
          "mapped-all": {"band_upload": "copy2d", "host_r_by_parts": True,
-                        "slab_panels": "mapped-all"}}
+                        "slab_panels": "mapped-all"},
+         "parts2": {"band_upload": "copy2d", "host_r_by_parts": True, "slab_parts": 2}}
 
 
 def _set_mode(name):
@@ -175,6 +176,7 @@ def _set_mode(name):
     reflector_upload.BAND_UPLOAD = m["band_upload"]
     stage_loop.HOST_R_BY_PARTS = m["host_r_by_parts"]
     slab_front.PANEL_UPLOAD = m.get("slab_panels", "copy2d")
+    slab_front.SLAB_PARTS = m.get("slab_parts", 4)
 
 
 def _run_modes(A, b, repeat, limit, modes, debug=False, profile=None):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
-from scipy_gpuqr._engine.slab_front import (NumpySlabs, factorize_in_slabs, slab_columns,
-                                            slab_parts, slab_ranges, slab_sides,
-                                            whole_front_fits)
+from scipy_gpuqr._engine.slab_front import (PART_ROW_BYTES, NumpySlabs, factorize_in_slabs,
+                                            slab_columns, slab_part_count, slab_parts,
+                                            slab_ranges, slab_sides, whole_front_fits)
 from scipy_gpuqr._testing_matrices import staircase_front
 
 EPS = np.finfo(np.float64).eps
@@ -104,7 +104,9 @@ def test_slabs_on_the_gpu_equal_the_blocked_factorization(fm, fn, width, upload)
     F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
     F = cupyx.empty_pinned(F0.shape, dtype=F0.dtype)
     F[...] = F0
-    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True), panel_upload=upload)
+    # as many parts as asked (part_row_bytes 0): slabs of several parts on the device
+    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True), panel_upload=upload,
+                    part_row_bytes=0)
     T = factorize_in_slabs(F, panels, nb, width, dev)
     assert (dev.mapped_panels > 0) == (upload != "copy2d")
     slabs = slab_ranges(panels, fn, width)
@@ -120,7 +122,8 @@ def test_slabs_on_the_gpu_equal_the_blocked_factorization(fm, fn, width, upload)
     _check_q(F0, F, panels, T, tol)
     F = F0.copy()
     F[fm - 1, fn - 1] = np.nan                  # in the last slab's trailing columns
-    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True), panel_upload=upload)
+    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True), panel_upload=upload,
+                    part_row_bytes=0)
     factorize_in_slabs(F, panels, nb, width, dev)
     assert not dev.all_finite()
 
@@ -446,3 +449,37 @@ def test_r_values_by_columns_the_rest_after_the_launches():
     assert column_bounds(empty, strided_runs(empty, fn), base, fm, fn).tolist() == [0] * (fn + 1)
     copier = ColumnRCopy(pool, empty, lambda: (strided_runs(empty, fn), None))
     assert copier.result().shape == (0,)
+
+
+def test_narrow_slabs_go_in_fewer_wider_parts():
+    """On a device that copies parts over a link (``part_row_bytes``), a slab whose
+    parts' rows would be shorter than that goes in fewer parts (one at least):
+    ch7-8-b3's 49340 × 9375 root keeps four parts a slab at 1/2 of its need
+    (slabs of 3584 and 5791 columns) and takes two at 1/4 (slabs of 2304 to 2463
+    columns); the factorization is the same."""
+    assert [slab_part_count(w, 8, 4, PART_ROW_BYTES) for w in (5791, 3584, 2463, 2304, 900, 10)
+            ] == [4, 4, 2, 2, 1, 1]
+    assert slab_part_count(2304, 4, 4, PART_ROW_BYTES) == 1           # float32 rows are half
+    assert slab_part_count(100, 8, 4, 0) == 4 and slab_part_count(10 ** 6, 8, 3, 8) == 3
+    fm, nb = 49340, 256
+    panels = panels_of(fm, 9375, None, nb)
+    for width, want in ((5965, [4, 4]), (2556, [2, 2, 2, 2])):
+        got = [len(slab_parts(panels, sl, slab_part_count(sl[1] - sl[0], 8, 4, PART_ROW_BYTES)))
+               for sl in slab_ranges(panels, 9375, width)]
+        assert got == want, (width, got)
+    rng = np.random.default_rng(8)
+    F0, panels, ref, T_ref = _front_and_blocked_qr(90, 90, 8, rng)
+    seen = set()
+    for row_bytes in (0, 12 * 8, 24 * 8):
+        F = F0.copy()
+        dev = NumpySlabs(part_row_bytes=row_bytes)
+        T = factorize_in_slabs(F, panels, 8, 33, dev)
+        slabs = slab_ranges(panels, 90, 33)
+        counts = [slab_part_count(c1 - c0, 8, 4, row_bytes) for c0, c1, _, _ in slabs]
+        assert dev.parts == sum(len(slab_parts(panels, sl, k)) for sl, k in zip(slabs, counts))
+        cols = row_bytes // 8               # a part's row holds that many columns or more
+        assert all(k == 1 or (c1 - c0) // k >= cols for (c0, c1, _, _), k in zip(slabs, counts))
+        seen.add(dev.parts)
+        np.testing.assert_allclose(F, ref, atol=1e3 * 90 * EPS)
+        np.testing.assert_allclose(T, T_ref, atol=1e3 * 90 * EPS)
+    assert len(seen) == 3                   # four, two and one part a slab

@@ -59,13 +59,20 @@ from .memory import make_room
 
 __all__ = ["slab_ranges", "slab_parts", "slab_sides", "slab_columns", "whole_front_fits",
            "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS", "PANEL_UPLOADS",
-           "PANEL_UPLOAD"]
+           "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count"]
 
 #: Most parts a slab is worked in (:func:`slab_parts`): part ``g`` goes back to
 #: the host while part ``g + 1`` is worked on, and part ``g + 1`` came up while
 #: part ``g`` was; only the first part's upload and the last part's download
 #: are not overlapped by work of the slab.
 SLAB_PARTS = 4
+
+#: Fewest bytes of a part's row on a device that copies parts over a link
+#: (:class:`CupySlabs`' ``part_row_bytes``, :func:`slab_part_count`): a part's
+#: upload is a 2-D copy of its pieces of the front's rows, and the copy engines
+#: bring short pieces up well below the link's speed, so a narrow slab is cut
+#: into fewer, wider parts (bench/RESULTS.md, issue 22).
+PART_ROW_BYTES = 7 << 10
 
 #: How :class:`CupySlabs` brings an earlier panel up: ``"copy2d"``, one
 #: ``cudaMemcpy2DAsync`` (a panel's rows are 2 KB pieces of the front's rows:
@@ -145,6 +152,17 @@ def slab_parts(panels: list, slab: tuple, parts: int = SLAB_PARTS) -> list:
     k = max(1, min(parts, w // max(least, 1)))
     cuts = [c0 + (w * i) // k for i in range(k + 1)]
     return [(cuts[i], cuts[i + 1], p0, p1) for i in range(k) if cuts[i + 1] > cuts[i]]
+
+
+def slab_part_count(width: int, itemsize: int, parts: int = SLAB_PARTS,
+                    row_bytes: int = 0) -> int:
+    """Parts of a slab of ``width`` columns: ``parts``, fewer where a part's row
+    would hold fewer than ``row_bytes`` bytes (one at least; ``row_bytes`` 0:
+    ``parts``)."""
+    parts = max(1, int(parts))
+    if row_bytes <= 0:
+        return parts
+    return max(1, min(parts, int(width) * int(itemsize) // int(row_bytes)))
 
 
 def slab_sides(plan: list, most: int) -> list:
@@ -233,7 +251,9 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
         it is done, so it is redone from them. Without it the error
         propagates.
     parts : int, optional
-        Most parts per slab (:func:`slab_parts`; default :data:`SLAB_PARTS`).
+        Most parts per slab (:func:`slab_parts`; default :data:`SLAB_PARTS`),
+        fewer in a slab whose parts' rows would be shorter than ``dev``'s
+        ``part_row_bytes`` (:func:`slab_part_count`; none: no fewer).
 
     Returns
     -------
@@ -242,7 +262,10 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
     """
     slabs = slab_ranges(panels, F.shape[1], max(int(width), nb))
     parts = SLAB_PARTS if parts is None else parts
-    plan = [(slab, slab_parts(panels, slab, parts)) for slab in slabs]
+    row_bytes = int(getattr(dev, "part_row_bytes", 0) or 0)
+    plan = [(slab, slab_parts(panels, slab, slab_part_count(slab[1] - slab[0], F.itemsize,
+                                                             parts, row_bytes)))
+            for slab in slabs]
     most = max((c1 - c0 for c0, c1, _, _ in slabs), default=0)
     sides = slab_sides(plan, most)
     state = {"done": 0}             # parts whose columns went back into F
@@ -329,13 +352,16 @@ def _reflectors(xp, E, i0: int, k0: int, rows: int, b: int):
 class NumpySlabs:
     """The slab operations on the host (the CI model of :class:`CupySlabs`);
     ``slabs`` counts the slabs worked on, ``parts`` their parts. ``on_part``:
-    as :class:`CupySlabs`' (told with no event: the part is back already)."""
+    as :class:`CupySlabs`' (told with no event: the part is back already);
+    ``part_row_bytes``: as :class:`CupySlabs`' (default 0: no link, parts as
+    many as asked)."""
 
-    def __init__(self, on_part=None):
+    def __init__(self, on_part=None, part_row_bytes: int = 0):
         self.slabs = 0
         self.parts = 0
         self._T = None
         self.on_part = on_part
+        self.part_row_bytes = int(part_row_bytes)
 
     def start(self, F: np.ndarray, npanels: int, nb: int, T=None) -> None:
         """A factorization of ``F`` begins (``T``: the panels' factors known so far)."""
@@ -417,11 +443,16 @@ class CupySlabs:
     ``on_part``: called ``on_part(a0, a1, landed)`` as each part's copy back is
     queued (``landed``: the event after it; the columns ``[a0, a1)`` of ``F``
     are final once it has passed), e.g. to gather R's values from those
-    columns while the device works on the next parts."""
+    columns while the device works on the next parts. ``part_row_bytes``: a
+    slab is cut into fewer parts where their rows would be shorter
+    (:func:`slab_part_count`; default :data:`PART_ROW_BYTES`, 0: as many as
+    asked)."""
 
-    def __init__(self, cp, stream, panel_upload: str | None = None, on_part=None):
+    def __init__(self, cp, stream, panel_upload: str | None = None, on_part=None,
+                 part_row_bytes: int | None = None):
         self.cp, self.stream = cp, stream
         self.on_part = on_part
+        self.part_row_bytes = int(PART_ROW_BYTES if part_row_bytes is None else part_row_bytes)
         self.panel_upload = PANEL_UPLOAD if panel_upload is None else panel_upload
         if self.panel_upload not in PANEL_UPLOADS:
             raise ValueError(f"panel_upload must be one of {PANEL_UPLOADS}, "

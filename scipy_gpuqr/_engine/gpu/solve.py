@@ -431,9 +431,9 @@ class CupyExecutor:
         return ev
 
     def done(self) -> None:
-        """Release an uploaded pool; at debug level, log the replay's timeline (ms
-        from its start: ``u`` a stage's upload queued, ``l`` its levels begin,
-        ``d``/``e`` dense fronts begin/end)."""
+        """Release an uploaded pool; at debug level, log the replay's timeline
+        (``what:ms`` from its start: ``u<stage>`` a stage's upload queued,
+        ``l<stage>`` its levels begin, ``d``/``e`` dense fronts begin/end)."""
         self._pool = None
         self._pool_sid = None
         marks, self._marks = self._marks, None
@@ -443,7 +443,7 @@ class CupyExecutor:
             t0 = marks[0][1]
             logging.getLogger("scipy_gpuqr").debug(
                 "Q replay, ms from the start: %s", " ".join(
-                    f"{w}{self.cp.cuda.get_elapsed_time(t0, ev):.1f}" for w, ev in marks[1:]))
+                    f"{w}:{self.cp.cuda.get_elapsed_time(t0, ev):.1f}" for w, ev in marks[1:]))
 
 
 def replay(plan: ReplayPlan, executor, X, trans: bool) -> None:
