@@ -360,9 +360,10 @@ def main(argv=None) -> int:
     p.add_argument("--budget-fraction", type=float, default=0.0,
                    help="per-device budget as a fraction of the one-stage GPU bytes")
     p.add_argument("--public", action="store_true")
-    p.add_argument("--split", default="rule", choices=sorted(SPLIT_MODES),
-                   help="dense fronts of the upper tree over every GPU: 'rule' (the "
-                        "model's choice), 'off', 'on' (every one), 'both' (off, then rule)")
+    p.add_argument("--split", default="off", choices=sorted(SPLIT_MODES),
+                   help="dense fronts of the upper tree over every GPU: 'off' (the "
+                        "library's default), 'rule' (the model's choice), 'on' (every "
+                        "one), 'both' (off, then rule)")
     p.add_argument("--dask", default="",
                    help="then the Dask batched-LU throughput over these GPU worker counts")
     p.add_argument("--dask-count", type=int, default=1 << 24)

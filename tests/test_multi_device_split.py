@@ -217,7 +217,7 @@ def _small_model(panel=16):
 
 
 def test_gpu_driver_split_rule_on_numpy_layers():
-    """The rule (split_dense=None) over NumPy layers: the plan's split fronts are made
+    """The rule (split_dense=None; the default is off) over NumPy layers: the plan's split fronts are made
     dense fronts even where dense_flops leaves them to the tile tasks, and are
     split; the answer equals the same plan's without the split (bit for bit: the
     same dense fronts, the NumPy steps are the dense path's) and the one-device
@@ -229,7 +229,7 @@ def test_gpu_driver_split_rule_on_numpy_layers():
     plan = map_devices(an, 2, split_model=model)
     assert plan.split, "the plan splits no front"
     many = multi_gpu_factorize(A, an, layers=_layers(2), devices=plan, dense_flops=1e30,
-                               split_model=model)
+                               split_dense=None, split_model=model)
     assert [e["front"] for e in many.info["split_fronts"]] == sorted(plan.split)
     assert many.info["dense_fronts"] == len(plan.split)         # only they are dense
     ref = multi_gpu_factorize(A, an, layers=_layers(2), devices=plan, dense_flops=1e30,
@@ -238,7 +238,8 @@ def test_gpu_driver_split_rule_on_numpy_layers():
     assert (ref.R != many.R).nnz == 0
     _same_answer(A, ref, many)
     # the rule maps with the model itself when no plan is given
-    auto = multi_gpu_factorize(A, an, layers=_layers(2), dense_flops=1e30, split_model=model)
+    auto = multi_gpu_factorize(A, an, layers=_layers(2), dense_flops=1e30, split_dense=None,
+                               split_model=model)
     assert auto.info["devices"]["split_fronts"] == sorted(plan.split)
     one_layer = NumpyDevice(32, 3)
     one = gpu_factorize(A, an, device=one_layer, dense_flops=None)

@@ -234,7 +234,7 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
                         profile: bool = False, fallback: bool = True,
                         dense_flops: float | None = DEFAULT_DENSE_FLOPS,
                         dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH,
-                        split_dense: bool | None = None,
+                        split_dense: bool | None = False,
                         split_model: SplitModel | None = None):
     """Sparse QR ``A[:, colperm] = Q @ R`` over several GPUs of one host.
 
@@ -265,12 +265,15 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
     fallback : bool
         When a device runs out of memory, factorize on the first device alone
         (the one-GPU engine restages) with a warning; False: raise MemoryError.
-    split_dense : bool, optional
+    split_dense : bool or None
         Dense fronts of the upper tree factorized over every device
         (:mod:`scipy_gpuqr._engine.split_front`): None, those where
         :func:`~scipy_gpuqr._schedule.dense_split.split_rule` models a gain
         (only when the layers are on more than one GPU); True, every one;
-        False, none.
+        False (the default), none. Off unless asked: on two H200 the CUDA
+        split's fronts differed from one GPU's (bench/RESULTS.md, the
+        twelfth session's multi-GPU run), while the NumPy split equals the
+        one-device path bit for bit.
     split_model : SplitModel, optional
         The model of that rule.
 
