@@ -14,7 +14,7 @@ panels' T factors and of R's blocks (:data:`TRSM_ORDERS`), then frees
 everything. The loaded kernels and the library's state are the context's, so
 the call's own handle finds them.
 
-The solves' operands are small arrays of CuPy's pool (one or two MB), not of
+The solves' operands are two small arrays of CuPy's pool (1 MB in float64), not of
 the stream-ordered allocator: cuBLAS's ``trsm`` on memory of
 ``cudaMallocAsync`` read out of bounds under ``compute-sanitizer --tool
 memcheck`` on an H200 whichever handle solved first, and faulted with an
