@@ -276,3 +276,33 @@ def test_split_choice_needs_two_gpus_for_the_rule():
     assert set(forced) >= set(two) and all(v is None for v in forced.values())
     assert split_choice(an, plan, sched, layers(0, 1), False, SplitModel()) == {}
     assert split_choice(an, plan, sched, layers(0), None, SplitModel()) == {}
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_block_owners_leave_a_block_to_the_others(k):
+    """A front of three or more blocks always has a block on another device (the
+    leading blocks kept on the main device while the others' copies arrive never
+    take them all): grid 14's upper dense fronts (3 blocks of 256 columns) were
+    not split at all with ``split_dense=True`` on the H200s."""
+    rng = np.random.default_rng(k)
+    for fm, fn in [(1051, 659), (1808, 593), (600, 600), (5000, 1100)]:
+        F, stair = _front(rng, fm, fn)
+        own = block_owners(fm, fn, stair, k)
+        nblk = -(-fn // 256)
+        assert len(own) == nblk and own[0] == own[1] == 0
+        assert own.max() > 0 if nblk >= 3 else own.max() == 0
+
+
+def test_forced_split_on_numpy_layers_with_the_gpu_panel():
+    """``split_dense=True`` with the GPU's panel width (256) over NumPy layers: the
+    upper tree's dense fronts of grid 14 (as the GPU test) are all split, and the
+    answer is the one-device driver's."""
+    A = grid3d_least_squares(14)
+    an = analyze(A)
+    one = gpu_factorize(A, an, device=NumpyDevice(32, 3), dense_flops=1e7)
+    many = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(2)],
+                               dense_flops=1e7, split_dense=True)
+    split = many.info["split_fronts"]
+    assert split and all("fallback" not in e for e in split), split
+    assert all(sum(b > 0 for b in e["blocks"]) == 2 for e in split)
+    _same_answer(A, one, many)

@@ -170,12 +170,12 @@ def block_owners(fm: int, fn: int, stair, ndev: int,
     (the first panel, and the first look-ahead block, never updated
     elsewhere), and as many more as the main device's panel chain takes to
     cover the other devices' first copies of their blocks (a block of another
-    device is first needed back at its step minus one). The others go round
-    the devices by a smooth weighted round robin: the main device's weight
-    ``x`` makes its chain plus its updates match each other device's updates
-    over the whole front (``C + x B = (1 - x) B / (k - 1)``, ``C`` the
-    chain's and ``B`` the trailing updates' seconds), the others share the
-    rest equally.
+    device is first needed back at its step minus one), never the last one.
+    The others go round the devices by a smooth weighted round robin: the
+    main device's weight ``x`` makes its chain plus its updates match each
+    other device's updates over the whole front
+    (``C + x B = (1 - x) B / (k - 1)``, ``C`` the chain's and ``B`` the
+    trailing updates' seconds), the others share the rest equally.
     """
     nb = int(model.dense.panel)
     nblk = -(-int(fn) // nb)
@@ -194,8 +194,9 @@ def block_owners(fm: int, fn: int, stair, ndev: int,
     weight[0] = x
     # the others' copies of their blocks (about a (k-1)/k share each, over one link each)
     setup = float((width * need).sum()) * itemsize / model.peer_rate / max(k - 1, 1)
+    # (at least the last block goes round: a front of three blocks is split too)
     lead, t = 2, 0.0
-    while lead < nblk and lead - 2 < P and t < setup:
+    while lead < nblk - 1 and lead - 2 < P and t < setup:
         t += float(chain[lead - 2])
         lead += 1
     credit = np.zeros(k)

@@ -290,7 +290,8 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         ``info["transfers"]``: every contribution block moved between
         devices ``(child, source, target, bytes)``; ``info["split_fronts"]``:
         per dense front factorized over the devices its front, shape, blocks
-        per device, modelled and (CUDA) measured seconds.
+        per device, modelled and (CUDA) measured seconds; a front chosen but
+        factorized on its device alone has a ``"fallback"`` saying why.
     """
     t_start = time.perf_counter()
     Ac, analysis, out = task_list_input(A, analysis, tol, max_gpu_memory, "gpu",
@@ -645,7 +646,9 @@ class _MultiStageRun:
                  "modelled_seconds": None if sp is None else float(sp.seconds),
                  "one_device_modelled_seconds": (None if sp is None
                                                  else float(sp.one_device_seconds))}
-        if int(owners.max(initial=0)) == 0:
+        if int(owners.max(initial=0)) == 0:     # said in info: asked for, not split
+            entry["fallback"] = "every column block on the main device"
+            self.split_log.append(entry)
             return None
         panels = panels_of(fm, fn, stair, nb)
         F = h["pool"][off: off + fm * fn].reshape(fm, fn)

@@ -27,7 +27,14 @@ front is about fifty library calls: the host's time per call matters. With
 stream and pointer mode set once, and the GEMMs (the trailing updates, the
 panel's sub-panel updates) are called with their pointers at hand: the same
 cuBLAS calls on the same operands as :mod:`..dense_front`'s, without setting
-the shared handle's stream and pointer mode around each update.
+the shared handle's stream and pointer mode around each update. Without
+``lean`` the chain keeps the thread's handle (as ``factorize_cupy``), and the
+bulk and every other device's updates get a handle of their own all the
+same: a cuBLAS handle's default workspace serves one stream at a time, and
+these streams run at once.
+
+``serial`` (a diagnostic) synchronizes the devices after every call: the same
+operations, in the same order, with no overlap between the streams.
 """
 
 from __future__ import annotations
@@ -77,6 +84,15 @@ def enable_peers(cp, ids) -> bool:
                     if "PeerAccessAlreadyEnabled" not in str(exc):
                         ok = False
     return ok
+
+
+def _own_handle(work):
+    """Give ``work`` (a :class:`~..dense_front._Work` of the current device) a cuBLAS
+    handle of its own in place of the thread's; returns what closes it."""
+    from cupy_backends.cuda.libs import cublas
+    h = cublas.create()
+    work.blas.hb = h
+    return lambda: cublas.destroy(h)
 
 
 class _Gemm:
@@ -164,12 +180,15 @@ class CupySplit:
     timing : bool
         Events with timing around the whole front (:attr:`seconds`).
     lean : bool
-        Every stream's GEMMs through a cuBLAS handle of its own (see the module
-        notes); False: through the thread's handle, as ``factorize_cupy``.
+        Every stream's GEMMs through a cuBLAS handle of its own, called with
+        their pointers (see the module notes); False: through
+        ``factorize_cupy``'s calls (the chain on the thread's handle).
+    serial : bool
+        Synchronize the devices after every call (a diagnostic: no overlap).
     """
 
     def __init__(self, main, helpers, F, panels, nb, owners, ready, panel_method=None,
-                 timing: bool = False, lean: bool = True):
+                 timing: bool = False, lean: bool = True, serial: bool = False):
         self.cp = main.cp
         self.layers = [main] + list(helpers)
         self.ids = [int(layer.device_id) for layer in self.layers]
@@ -182,7 +201,9 @@ class CupySplit:
         self.method = DEFAULT_PANEL_METHOD if panel_method is None else panel_method
         self.timing = bool(timing)
         self.lean = bool(lean)
+        self.serial = bool(serial)
         self.gemms = []                 # the handles made (closed by release)
+        self.closers = []               # (device, close) of the handles lean=False made
         self.ndev = int(self.owners.max()) + 1 if len(self.owners) else 1
         self.need = block_rows(self.panels, len(self.owners))
         if self.ndev > len(self.layers):
@@ -233,6 +254,7 @@ class CupySplit:
             with self.s_bulk:
                 self.w_bulk = _Work(cp, dt, max(self.fn, nb) * nb)
                 self.g_bulk = self._gemm(self.s_bulk)
+                self._private(self.w_bulk)
         self.streams = [self.s_bulk]
         self.copies = [None]
         self.used = [dict() for _ in range(self.ndev)]      # device -> panel -> updates done
@@ -260,6 +282,7 @@ class CupySplit:
                     self.hT[d] = cp.empty((2, nb, nb), dtype=dt)
                     self.work[d] = _Work(cp, dt, max(w, nb) * nb)
                     self.g_help[d] = self._gemm(s)
+                    self._private(self.work[d])
             self.col_of[d], self.width[d] = at, w
 
     def _gemm(self, stream):
@@ -269,6 +292,20 @@ class CupySplit:
         g = _Gemm(self.cp, self.dt, stream)
         self.gemms.append((self.cp.cuda.Device().id, g))
         return g
+
+    def _private(self, work) -> None:
+        """Without ``lean``: ``work``'s GEMMs through a handle of their own (not the
+        thread's, which the chain uses on another stream at the same time)."""
+        if not self.lean:
+            self.closers.append((self.cp.cuda.Device().id, _own_handle(work)))
+
+    def _settle(self) -> None:
+        """With ``serial``: wait for every device of the split."""
+        if not self.serial:
+            return
+        for i in dict.fromkeys(self.ids[:self.ndev]):
+            with self.cp.cuda.Device(i) as dev:
+                dev.synchronize()
 
     def _wy(self, g, work, F, j, rows, b, Vt, Tp, c0, c1) -> None:
         """``_wy_update`` of ``F``'s columns ``c0:c1`` (through ``g`` when lean)."""
@@ -308,6 +345,7 @@ class CupySplit:
                             loc.data.ptr + at * isz, self.width[d] * isz, src0 + a * isz,
                             self.fn * isz, (e - a) * isz, int(self.need[c]), _DEFAULT, s.ptr)
                 self.streams[d].wait_event(self._event(s))      # before its first update
+        self._settle()
 
     def factor(self, p: int) -> None:
         with self._dev(0):
@@ -316,6 +354,7 @@ class CupySplit:
             with self.s_chain:
                 self.fac(self.F, self.panels[p], self.tau[p], self._vslot(p), self.T[p])
             self.ev_fac[p] = self._event(self.s_chain)
+        self._settle()
 
     def send_panel(self, p: int, d: int) -> None:
         cp, isz = self.cp, self.isz
@@ -334,6 +373,7 @@ class CupySplit:
             got = self._event(s)
             self.free_after.setdefault(p, []).append(got)
             self.streams[d].wait_event(got)
+        self._settle()
 
     def lookahead(self, p: int, c: int) -> None:
         j, rows, b = self.panels[p]
@@ -345,6 +385,7 @@ class CupySplit:
             with self.s_chain:
                 self._wy(self.g_chain, self.w_chain, self.F, j, rows, b, self._vslot(p),
                          self.T[p], a, e)
+        self._settle()
 
     def update(self, d: int, p: int, blocks) -> None:
         j, rows, b = self.panels[p]
@@ -366,6 +407,7 @@ class CupySplit:
                                      self._vslot(p), self.T[p], a, e)
                         run = None if c is None else [c, c + 1]
                 self.free_after.setdefault(p, []).append(self._event(self.s_bulk))
+            self._settle()
             return
         at = self.col_of[d]
         a0 = at[blocks[0]]
@@ -377,6 +419,7 @@ class CupySplit:
             self._wy(self.g_help[d], self.work[d], self.local[d], j, rows, b, Vt,
                      self.hT[d][p % 2], a0, e0)
             self.used[d][p] = self._event(s)
+        self._settle()
 
     def to_main(self, d: int, c: int) -> None:
         cp, isz = self.cp, self.isz
@@ -391,6 +434,7 @@ class CupySplit:
                     self.local[d].data.ptr + at * isz, self.width[d] * isz,
                     (e - a) * isz, int(self.need[c]), _DEFAULT, s.ptr)
             self.ev_ready[c] = self._event(s)
+        self._settle()
 
     def ready(self, c: int) -> None:
         with self._dev(0):
@@ -424,7 +468,10 @@ class CupySplit:
         for dev, g in self.gemms:
             with self.cp.cuda.Device(dev):
                 g.close()
-        self.gemms = []
+        for dev, close in self.closers:
+            with self.cp.cuda.Device(dev):
+                close()
+        self.gemms, self.closers = [], []
         self.local = self.hv = self.hT = self.work = self.g_help = None
         self.vring = self.w_chain = self.w_bulk = self.fac = None
         self.g_chain = self.g_bulk = None

@@ -1,0 +1,142 @@
+"""The CUDA backend of a split dense front, its order of operations checked without a GPU.
+
+:class:`~scipy_gpuqr._engine.gpu.split_front.CupySplit` runs unchanged over
+the stand-in of ``tests/_stream_sim.py``: every copy, panel, GEMM update and
+memset becomes a task on its stream, ordered as CUDA orders it (streams,
+events, ``wait_event``; a cuBLAS handle's GEMMs on the stream it was given,
+a handle's workspace written by each of its GEMMs). For block owners with a
+block of the main device after others' (the pattern of ch7-8-b3's root,
+whose split differed from one GPU on two H200) no two tasks on different
+streams touch the same bytes unordered, and every order the graph allows
+gives the one-device dense path's front and ``T`` bit for bit. The checks
+find the races they are meant to find: a look-ahead that does not wait for
+its block, the bulk and the chain on one cuBLAS handle, and the pattern of
+the GPU test that failed (a pool zeroed on the legacy default stream while
+the front is uploaded on the layer's stream).
+"""
+
+import numpy as np
+import pytest
+
+from _stream_sim import FakeLayer, Sim, array_region, fake_cupy, install
+from scipy_gpuqr._engine.dense_front import factorize_numpy, panels_of
+from scipy_gpuqr._engine.split_front import run_split
+from scipy_gpuqr._schedule.dense import DenseModel
+from scipy_gpuqr._schedule.dense_split import SplitModel, block_owners
+from test_multi_device_split import _front
+
+#: ch7-8-b3's root (49340 x 9375) over two devices: its block owners by the model
+CH7_OWNERS = "0000000001111101111111111101111111111"
+
+
+def _owners(how, fm, fn, stair, nb, k):
+    nblk = -(-fn // nb)
+    if how == "model":
+        return block_owners(fm, fn, stair, k, SplitModel(dense=DenseModel(panel=nb),
+                                                         min_columns=1))
+    if how == "cyclic":                 # as the GPU test: the main device's blocks 2, 4, ...
+        return np.array([0, 0] + [c % k for c in range(2, nblk)])
+    own = np.array([int(c) for c in CH7_OWNERS])
+    assert len(own) == nblk
+    return own
+
+
+def _build(monkeypatch, how, ids, lean, *, pool_on_null=False, shape=(300, 190), nb=16,
+           handle_workspace=True):
+    """The split enqueued over fake layers: (sim, front, backend, one-device front and T)."""
+    sim = Sim()
+    cp = fake_cupy(sim)
+    install(sim, monkeypatch, handle_workspace)
+    from scipy_gpuqr._engine.gpu.split_front import CupySplit
+    fm, fn = shape
+    Fh, stair = _front(np.random.default_rng(fm + fn), fm, fn)
+    panels = panels_of(fm, fn, stair, nb)
+    F1 = Fh.copy()
+    T1 = factorize_numpy(F1, panels, nb)
+    own = _owners(how, fm, fn, stair, nb, len(ids))
+    layers = [FakeLayer(cp, i) for i in ids]
+    main = layers[0]
+    if pool_on_null:                    # the legacy default stream (the GPU test's pattern)
+        pool = cp.zeros(fm * fn + 7)
+    else:
+        with main.stream:
+            pool = cp.zeros(fm * fn + 7)
+    F2 = pool[7:].reshape(fm, fn)
+
+    def upload():
+        F2[...] = Fh
+    sim.task(main.stream, [], [array_region(F2)], upload, "upload")
+    ready = cp.cuda.Event()
+    ready.record(main.stream)
+    be = CupySplit(main, layers[1:], F2, panels, nb, own, ready, lean=lean)
+    be.prepare()
+    run_split(be, panels, nb, fn, own)
+    main.stream.wait_event(be.done)
+    return sim, F2, be, F1, T1
+
+
+@pytest.mark.parametrize("ids, how", [((0, 0), "model"), ((0, 0), "cyclic"),
+                                      ((0, 1), "model"), ((0, 1), "cyclic"),
+                                      ((0, 1, 2), "model"), ((0, 1, 2), "cyclic"),
+                                      ((0, 1), "ch7")])
+@pytest.mark.parametrize("lean", [True, False])
+def test_cuda_split_order_has_no_race(monkeypatch, ids, how, lean):
+    shape = (900, 37 * 16 - 5) if how == "ch7" else (300, 190)
+    sim, F2, be, F1, T1 = _build(monkeypatch, how, ids, lean, shape=shape)
+    races = sim.races()
+    assert races == [], [(a.label, a.stream.name, b.label, b.stream.name) for a, b, _ in races]
+    sim.run()                           # enqueue order: the one-device answer, bit for bit
+    assert np.array_equal(np.asarray(F2), F1)
+    assert np.array_equal(np.asarray(be.T), T1)
+    sim, F2, be, _, _ = _build(monkeypatch, how, ids, lean, shape=shape)
+    sim.run(seed=len(ids) + lean)       # another order the streams allow: the same
+    assert np.array_equal(np.asarray(F2), F1)
+
+
+def test_a_lookahead_without_its_wait_is_found(monkeypatch):
+    """The check can fail: a look-ahead that does not wait for its block to come
+    back races with the block's copy, and some order gives another front."""
+    from scipy_gpuqr._engine.gpu import split_front as mod
+    orig = mod.CupySplit.lookahead
+
+    def careless(self, p, c):
+        self.ev_ready.pop(c, None)
+        orig(self, p, c)
+    monkeypatch.setattr(mod.CupySplit, "lookahead", careless)
+    sim, F2, be, F1, _ = _build(monkeypatch, "cyclic", (0, 1), True)
+    assert any("update" in a.label + b.label for a, b, _ in sim.races())
+    sim.run(key=lambda t: (t.stream.name.endswith("@1"), t.id))    # the other device late
+    assert not np.array_equal(np.asarray(F2), F1)
+
+
+def test_one_cublas_handle_on_two_streams_is_found(monkeypatch):
+    """Without handles of their own (lean=False before this fix), the bulk's and a
+    helper's GEMMs went through the chain's (the thread's) handle on other
+    streams: its workspace written by GEMMs running at once."""
+    from scipy_gpuqr._engine.gpu import split_front as mod
+    monkeypatch.setattr(mod.CupySplit, "_private", lambda self, work: None)
+    sim, *_ = _build(monkeypatch, "cyclic", (0, 0), False)
+    races = sim.races()
+    assert races and all("thread handle" in a.label and "thread handle" in b.label
+                         for a, b, _ in races)
+
+
+def test_gpu_test_pool_zeroed_on_the_default_stream_races():
+    """The failing GPU test zeroed its pool on the legacy default stream (behind the
+    one-device factorization enqueued there) and uploaded the front on the
+    layer's non-blocking stream: the memset may land after the upload, and the
+    split then factorizes a front whose leading rows are zero (the H200 run's
+    front: its first rows zero)."""
+    mp = pytest.MonkeyPatch()
+    try:
+        sim, F2, be, F1, _ = _build(mp, "cyclic", (0, 0), True, pool_on_null=True)
+        races = sim.races()
+        assert any(a.label == "memset" and a.stream.name == "null" and b.label == "upload"
+                   for a, b, _ in races)
+        sim.run(key=lambda t: (t.label != "upload", t.id))      # the upload, then the memset
+        got = np.asarray(F2)
+        assert not np.array_equal(got, F1) and not got[0].any()
+        sim, *_ = _build(mp, "cyclic", (0, 0), True, pool_on_null=False)
+        assert sim.races() == []
+    finally:
+        mp.undo()
