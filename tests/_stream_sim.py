@@ -8,7 +8,10 @@ update, panel, memset) with the bytes each reads and writes. The panel and
 the GEMM updates are replaced by NumPy stand-ins doing the arithmetic of
 :class:`~scipy_gpuqr._engine.split_front.NumpySplit` on the same memory, a
 cuBLAS GEMM on the stream its handle was given (lean handles) or on the
-current stream (the thread's handle), as CUDA would run them.
+current stream (the thread's handle), as CUDA would run them. Each cuBLAS
+handle (a lean one, a a ``_Work``'s own, the thread's of each device)
+has a few bytes standing for its workspace, written by every GEMM through
+it: one handle's GEMMs on two streams at once show as a race.
 
 Then :meth:`Sim.races` lists every pair of tasks on different streams that
 touch the same bytes (one writing) with no event ordering them, and
