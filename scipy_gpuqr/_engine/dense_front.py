@@ -48,7 +48,8 @@ from .gpu.mapped import device_view
 __all__ = ["DEFAULT_PANEL", "PANEL_METHODS", "DEFAULT_PANEL_METHOD", "DEFAULT_LOOKAHEAD",
            "REFLECTOR_UPLOADS", "REFLECTOR_UPLOAD",
            "panels_of",
-           "DenseFront", "HostDenseFront", "factorize_numpy", "factorize_blocked_numpy",
+           "DenseFront", "HostDenseFront", "factorize_numpy", "factor_panel_numpy",
+           "factorize_blocked_numpy",
            "factorize_cupy"]
 
 #: Columns per panel of the blocked factorization (a tunable).
@@ -326,19 +327,26 @@ def factorize_numpy(F: np.ndarray, panels: list, nb: int) -> np.ndarray:
     T = np.zeros((len(panels), nb, nb), dtype=F.dtype)
     geqrf, = get_lapack_funcs(("geqrf",), (F,))
     for p, (j, rows, b) in enumerate(panels):
-        P = np.array(F[j:j + rows, j:j + b], order="F")
-        qr, tau, _, info = geqrf(P, overwrite_a=True)
-        if info != 0:           # pragma: no cover - illegal argument only
-            raise RuntimeError(f"geqrf failed (info {info})")
-        F[j:j + rows, j:j + b] = qr
-        V = np.tril(qr, -1)
-        V[np.arange(b), np.arange(b)] = 1.0
-        Tp = _t_factor(np, solve_triangular, V, tau.astype(F.dtype))
+        V, Tp = factor_panel_numpy(F, j, rows, b, geqrf)
         T[p, :b, :b] = Tp
         if j + b < fn:
             C = F[j:j + rows, j + b:]
             C -= V @ (Tp.T @ (V.T @ C))
     return T
+
+
+def factor_panel_numpy(F: np.ndarray, j: int, rows: int, b: int, geqrf) -> tuple:
+    """One panel ``F[j:j+rows, j:j+b]`` by LAPACK ``geqrf`` in place (R and V as
+    the dense path stores them); returns the panel's unit lower ``V`` (rows × b)
+    and compact-WY ``T`` (b × b). ``geqrf``: LAPACK's, for ``F``'s type."""
+    P = np.array(F[j:j + rows, j:j + b], order="F")
+    qr, tau, _, info = geqrf(P, overwrite_a=True)
+    if info != 0:           # pragma: no cover - illegal argument only
+        raise RuntimeError(f"geqrf failed (info {info})")
+    F[j:j + rows, j:j + b] = qr
+    V = np.tril(qr, -1)
+    V[np.arange(b), np.arange(b)] = 1.0
+    return V, _t_factor(np, solve_triangular, V, tau.astype(F.dtype))
 
 
 def factorize_blocked_numpy(F: np.ndarray, panels: list, nb: int,

@@ -30,9 +30,9 @@ events.
 from __future__ import annotations
 
 import numpy as np
-from scipy.linalg import get_lapack_funcs, solve_triangular
+from scipy.linalg import get_lapack_funcs
 
-from .dense_front import _t_factor
+from .dense_front import factor_panel_numpy
 
 __all__ = ["run_split", "NumpySplit", "split_factorize_numpy", "block_rows"]
 
@@ -157,16 +157,8 @@ class NumpySplit:
             self.log.append(("blocks", d, len(blocks), moved))
 
     def factor(self, p: int) -> None:
-        F = self.F
         j, rows, b = self.panels[p]
-        P = np.array(F[j:j + rows, j:j + b], order="F")
-        qr, tau, _, info = self.geqrf(P, overwrite_a=True)
-        if info != 0:           # pragma: no cover - illegal argument only
-            raise RuntimeError(f"geqrf failed (info {info})")
-        F[j:j + rows, j:j + b] = qr
-        V = np.tril(qr, -1)
-        V[np.arange(b), np.arange(b)] = 1.0
-        Tp = _t_factor(np, solve_triangular, V, tau.astype(F.dtype))
+        V, Tp = factor_panel_numpy(self.F, j, rows, b, self.geqrf)
         self.T[p, :b, :b] = Tp
         self.V[p] = (V, Tp)
 
