@@ -182,11 +182,12 @@ def _split_case(cp, fm, fn, seed):
 #: this test zeroed its pool on the legacy default stream while the front went
 #: up on the layer's stream (tests/test_split_front_order.py), and block_owners
 #: kept every block of a 3-block front on the main device. Both mended, not yet
-#: run on a GPU: kept as expected failures, not strict, until a run passes.
+#: run on a GPU: expected failures, strict, so that a run where they pass fails
+#: too and the marks go (a mark that cannot fail would hide either outcome).
 _SPLIT_WRONG = pytest.mark.xfail(reason="CUDA split with cyclic owners differs from one "
-                                 "device (twelfth session's two-GPU run)", strict=False)
+                                 "device (twelfth session's two-GPU run)", strict=True)
 _SPLIT_NONE = pytest.mark.xfail(reason="split_dense=True split no front on GPU layers "
-                                "(twelfth session's two-GPU run)", strict=False)
+                                "(twelfth session's two-GPU run)", strict=True)
 
 
 @pytest.mark.parametrize("ids, owners, lean, serial", [
