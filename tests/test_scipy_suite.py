@@ -65,7 +65,7 @@ def test_scipy_own_tests_pass_patched(tmp_path, backend):
     env = {k: v for k, v in os.environ.items() if k != "SCIPY_GPUQR_BACKEND"}
     if backend != "auto":
         env["SCIPY_GPUQR_BACKEND"] = backend
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests")]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")]
                                         + [p for p in [env.get("PYTHONPATH")] if p])
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "_scipy_suite_plugin",
            "-p", "no:cacheprovider", "-c", str(ini), "--rootdir", str(tmp_path),
