@@ -44,7 +44,7 @@ def _bits_equal(ours, theirs):
 
 @pytest.mark.parametrize("fmt", ["csc", "csr"])
 @pytest.mark.parametrize("name,method", [("lp_e226", "lsqr"), ("lp_e226_transposed", "lsqr"),
-                                         ("west0479", "lsqr"), ("GD06_theory", "lsqr"),
+                                         ("ash219", "lsqr"), ("GD06_theory", "lsqr"),
                                          ("bfwa62", "lsqr")])
 def test_auto_is_scipy_to_the_bit(name, method, fmt):
     A = _matrix(name, fmt)

@@ -11,8 +11,10 @@ waiting until the QR needs it), resolves its settings once, and answers:
 * under backend ``'auto'``: SciPy's own algorithm with the caller's
   arguments when its convergence tests stop it within ``auto``'s allowance —
   SciPy's tuple as SciPy gives it (bit for bit on the CPU; on a GPU CuPy in,
-  CuPy out without a host copy of b or x) — and otherwise the sparse QR
-  (:mod:`scipy_gpuqr._dispatch.iterate_first`);
+  CuPy out without a host copy of b or x) — and otherwise the exact answer
+  (:mod:`scipy_gpuqr._dispatch.iterate_first`): SciPy's SuperLU for a square
+  A of full rank by lstsq's rule (:mod:`scipy_gpuqr._api.square_lu`), else
+  the sparse QR;
 * under an explicit backend: always the sparse QR.
 
 The QR's answer is the minimum-norm least-squares solution, with SciPy's
@@ -38,6 +40,7 @@ from .._options import resolve_settings
 from .._validate import to_output, unsupported_reason
 from .fallback import fallback
 from .originals import original
+from .square_lu import SquareLU, square_lu
 
 __all__ = ["lsqr", "lsmr"]
 
@@ -150,6 +153,40 @@ def _own(method: str, A, b, x0, damp, rules: StoppingRules):
     return run, reason
 
 
+def _square_of(calc_var: bool):
+    """``quick_iterate``'s ``square_of``: the LU answer of a square host A (no damping
+    on that path), unless ``calc_var`` asks for the variances."""
+    if calc_var:
+        return None
+
+    def make(shape, nnz, matrix):
+        return square_lu(shape, nnz, 0.0, False, False, matrix)
+    return make
+
+
+def _square(problem, settings, calc_var: bool) -> Optional[SquareLU]:
+    """The general path's LU answer of a square A: under ``auto`` with iterate-first
+    only (explicit backends and ``iterate_first=False`` keep the QR)."""
+    if settings.backend != "auto" or not settings.options.iterate_first:
+        return None
+    return square_lu(problem.shape, problem.nnz, problem.damp, calc_var, problem.on_gpu,
+                     lambda: problem.matrix().A)
+
+
+def _exact(problem, begin, square: Optional[SquareLU], *, calc_var, settings, planned):
+    """The exact answer of a non-trivial problem and who gave it: SuperLU's where
+    ``square`` may answer (:mod:`scipy_gpuqr._api.square_lu`), else the sparse QR's.
+    The LU's outcome, when it did not answer, is added to ``why``'s text."""
+    if square is not None:
+        ans = square.answer(begin, problem.host_x0())
+        if ans is not None:
+            return ans, f"SuperLU on CPU (A square, {square.why})", ""
+    ans = solve_least_squares(problem, begin, calc_var=calc_var, settings=settings,
+                              planned=planned)
+    note = "" if square is None else f"; the LU did not answer: {square.why}"
+    return ans, _qr_who(ans), note
+
+
 def _release(ans) -> None:
     """Free the call's own factorization once its answer is read: its device
     memory goes back now, not at Python's next cyclic collection."""
@@ -183,7 +220,10 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
     solution: what the LSQR iteration converges to from x0 = 0, and what
     ``numpy.linalg.lstsq(A.toarray(), b, rcond=None)`` returns (rank rule:
     singular values ``<= eps·max(m, n)·σ_max`` are zero), at working
-    precision. Rank-deficient, wide and tall A alike; no warnings.
+    precision. Rank-deficient, wide and tall A alike; no warnings. Under
+    ``auto``, a square A (no ``damp``, no ``calc_var``) that is of full rank
+    by that rule gets the same answer, ``A⁻¹ b``, from SciPy's SuperLU
+    (:mod:`scipy_gpuqr._api.square_lu`), the QR deciding where it is not.
 
     Parameters
     ----------
@@ -228,12 +268,12 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
     """
     rules = StoppingRules(atol, btol, conlim, iter_lim, calc_var)
     quick = None if show else quick_iterate("lsqr", A, b, x0, damp, rules, backend,
-                                            gpuqr_options)
+                                            gpuqr_options, _square_of(calc_var))
     if quick is not None:
         if quick.found is not None:
             return quick.found.result
         problem, settings = quick.problem(), quick.settings
-        planned, why = quick.planned, quick.why
+        planned, why, square = quick.planned, quick.why, quick.square
     else:
         reason = unsupported_reason(A, b, x0)
         if reason is not None:
@@ -243,7 +283,8 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         problem = check_problem(A, b, x0, damp, func="lsqr")
         settings = resolve_settings(backend, gpuqr_options)
         own = None if problem.on_gpu else _own("lsqr", A, b, x0, damp, rules)
-        found, planned, why = iterate(problem, "lsqr", rules, settings, own)
+        square = _square(problem, settings, calc_var)
+        found, planned, why = iterate(problem, "lsqr", rules, settings, own, square)
         if found is not None:
             log_answer("lsqr", problem, found.who, why)
             out = found.result
@@ -258,9 +299,10 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         ans = trivial_answer(begin, problem.x0, n)
         istop, xnorm = 0, 0.0
         out = (ans.x, 0, 0, ans.r1norm, ans.r2norm, 0, 0, 0.0, 0, ans.var)
+        who, note = _qr_who(ans), ""
     else:
-        ans = solve_least_squares(problem, begin, calc_var=calc_var, settings=settings,
-                                  planned=planned)
+        ans, who, note = _exact(problem, begin, square, calc_var=calc_var, settings=settings,
+                                planned=planned)
         xnorm = vector_norm(ans.dx)
         ctol = 1 / conlim if conlim > 0 else 0
         tests = _tests(ans.r2norm, ans.arnorm, ans.anorm, ans.acond, xnorm,
@@ -268,8 +310,7 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         istop = _istop(*tests, atol, ctol)
         out = (ans.x, istop, ans.itn, ans.r1norm, ans.r2norm, ans.anorm, ans.acond,
                ans.arnorm, xnorm, ans.var)
-    who = _qr_who(ans)
-    log_answer("lsqr", problem, who, why)
+    log_answer("lsqr", problem, who, f"{why}{note}" if note else why)
     if show:
         _show("LSQR", problem.shape, istop, 0, who,
               zip(("r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm"), out[3:9]), ans)
@@ -301,12 +342,12 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
     rules = StoppingRules(atol, btol, conlim, maxiter)
     names = ("normr", "normar", "norma", "conda", "normx")
     quick = None if show else quick_iterate("lsmr", A, b, x0, damp, rules, backend,
-                                            gpuqr_options)
+                                            gpuqr_options, _square_of(False))
     if quick is not None:       # float64 A and b: x is float64, as SciPy's
         if quick.found is not None:
             return quick.found.result
         problem, settings = quick.problem(), quick.settings
-        planned, why = quick.planned, quick.why
+        planned, why, square = quick.planned, quick.why, quick.square
         dtype = np.dtype(np.float64)
     else:
         reason = unsupported_reason(A, b, x0)
@@ -322,7 +363,8 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
             dtype = np.dtype(np.float64)
         settings = resolve_settings(backend, gpuqr_options)
         own = None if problem.on_gpu else _own("lsmr", A, b, x0, damp, rules)
-        found, planned, why = iterate(problem, "lsmr", rules, settings, own)
+        square = _square(problem, settings, False)
+        found, planned, why = iterate(problem, "lsmr", rules, settings, own, square)
         if found is not None:
             log_answer("lsmr", problem, found.who, why)
             out = found.result
@@ -334,7 +376,7 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
             return (x if x.dtype == dtype else x.astype(dtype),) + tuple(out[1:])
     n = problem.shape[1]
     begin = start_problem(problem)      # where b lies: a CuPy b stays on its device
-    ans = None
+    ans, who, note = None, "the start: x0 (or 0) is exact", ""
     if begin.trivial:  # SciPy: x = x0 (or 0), istop 0
         x = trivial_answer(begin, problem.x0, n).x
         out, istop = (x, 0, 0, begin.beta, 0.0, begin.alfa, 1, 0), 0
@@ -342,8 +384,8 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         x = trivial_answer(begin, None, n).x
         out, istop = (x, 0, 0, begin.beta, begin.alfa * begin.beta, begin.alfa, 1, 0), 0
     else:
-        ans = solve_least_squares(problem, begin, calc_var=False, settings=settings,
-                                  planned=planned)
+        ans, who, note = _exact(problem, begin, square, calc_var=False, settings=settings,
+                                planned=planned)
         normr = ans.r2norm
         normx = vector_norm(ans.x)
         ctol = 1 / conlim if conlim > 0 else 0
@@ -351,8 +393,7 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
                        atol, btol, lsmr=True)
         istop = _istop(*tests, atol, ctol)
         out = (ans.x, istop, ans.itn, normr, ans.arnorm, ans.anorm, ans.acond, normx)
-    who = _qr_who(ans) if ans is not None else "the start: x0 (or 0) is exact"
-    log_answer("lsmr", problem, who, why)
+    log_answer("lsmr", problem, who, f"{why}{note}" if note else why)
     if show:
         _show("LSMR", problem.shape, istop, 0, who, zip(names, out[3:8]), ans)
     _release(ans)

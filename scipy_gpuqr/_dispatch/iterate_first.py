@@ -69,6 +69,14 @@ shows; so the rule leaves SciPy's run alone unless the evidence is clear:
    * it has spent :data:`ALLOWANCE_SHARE` × Q and its projection does not
      promise convergence within Q.
 
+On a square A whose exact answer SciPy's SuperLU may give
+(:mod:`scipy_gpuqr._api.square_lu`, ``Allowance(square=)``), the LU comes
+first: once the run has cost the LU's prediction (:func:`lu_seconds`: ski
+rental) and its projection does not promise convergence within that time,
+SuperLU factorizes and tests lstsq's rank rule; where its factors may answer,
+the exact answer's remaining cost is their solve and the verdicts above weigh
+that (no analysis); otherwise the rule goes on as without it.
+
 Checks run at checkpoints spaced by :data:`CHECK_GROWTH` of the elapsed time
 (at least :data:`CHECK_INTERVAL_S`), so that watching costs little more than
 the callback itself. The seconds per iteration are the lower of the
@@ -109,7 +117,7 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "RANK_PRIOR", "RANK_S_PER_CUBE", "RANK_DENSE_LIMIT", "PROJECTION_WINDOW",
            "CHECK_GROWTH", "CHECK_INTERVAL_S", "UPLOAD_FIXED_S", "UPLOAD_BYTES_PER_S",
            "upload_seconds", "host_first_budget", "HostFirst", "SPECULATION_S_PER_ENTRY",
-           "SPECULATION_MARGIN",
+           "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_PER_ENTRY", "lu_seconds",
            "CONVERGED", "iteration_flops", "cpu_iteration_seconds", "gpu_iteration_seconds",
            "iterate_on_gpu", "analysis_seconds", "needs_watching", "zero_tolerances",
            "rank_risk", "rank_decision_seconds", "Allowance"]
@@ -152,6 +160,14 @@ SPECULATION_S_PER_ENTRY = 3e-9
 #: prediction and the full-rank test): on a run whose R turns out not to be
 #: clearly of full rank, it adds at most that share of the run.
 SPECULATION_MARGIN = 2.0
+
+#: Predicted seconds of SciPy's SuperLU on a square A and the test of lstsq's
+#: rank rule on its factors (:mod:`scipy_gpuqr._api.square_lu`: a randomized
+#: probe of ``‖A⁻¹‖₂``, five solves of 8 columns): a fixed part and a part per
+#: stored entry of A (measured on the shared square matrices, 2 cores: 2-6e-7 s
+#: an entry; the probe adds a third). Fill the ordering cannot avoid makes it
+#: dearer; the rule tries the LU only once the run has cost this much.
+LU_FIXED_S, LU_S_PER_ENTRY = 5e-5, 8e-7
 
 #: Estimated seconds of the symbolic analysis (ordering, elimination tree,
 #: column counts, fronts, assembly maps) of the matrix factorized: a fixed
@@ -321,6 +337,12 @@ class HostFirst:
         return bool(self.watch(state)) if self.watch is not None else False
 
 
+def lu_seconds(nnz: int) -> float:
+    """Predicted seconds of SuperLU and its full-rank test on a square A with ``nnz``
+    stored entries (:data:`LU_FIXED_S`, :data:`LU_S_PER_ENTRY`)."""
+    return LU_FIXED_S + LU_S_PER_ENTRY * float(nnz)
+
+
 def analysis_seconds(m: int, n: int, nnz: int) -> float:
     """Estimated seconds of the symbolic analysis of an m×n matrix with ``nnz`` entries."""
     return ANALYSIS_FIXED_S + ANALYSIS_S_PER_LINE * (m + n) + ANALYSIS_S_PER_ENTRY * nnz
@@ -415,6 +437,18 @@ class Allowance:
         whether R is clearly of full rank (its rank decision then costs no
         dense work). Called at most once, where the rank decision's
         prediction alone keeps the QR from answering. None: never.
+    square : object, optional
+        The exact answer by SciPy's SuperLU of a square A
+        (:class:`scipy_gpuqr._api.square_lu.SquareLU`: ``factor() -> bool``,
+        ``clear``, ``why``), tried at most once, when the run has cost the LU's
+        prediction (:func:`lu_seconds` of ``nnz``: ski rental) and its
+        projection does not promise convergence within that time. Where the LU
+        may answer, what is left of the exact answer is a solve: the rule's
+        verdicts weigh that instead of the QR, and no analysis is made.
+        Otherwise the rule goes on as without it (the LU's time is not counted
+        as iterating). None: no LU.
+    nnz : int
+        A's stored entries (the LU's prediction).
 
     Attributes
     ----------
@@ -434,11 +468,14 @@ class Allowance:
         the run, not counted as iterating.
     speculated : bool or None
         None before a speculative factorization; then whether R was clearly
-        of full rank.
+        of full rank (or SuperLU's factors may answer: ``lu_at``).
+    lu_at : (int, float) or None
+        The iteration and seconds at which ``square`` was factorized.
     """
 
     def __init__(self, *, iter_lim: int, atol: float, conlim: float, analysis: float,
-                 plan: Callable, order: int = 0, speculate: Optional[Callable] = None):
+                 plan: Callable, order: int = 0, speculate: Optional[Callable] = None,
+                 square=None, nnz: int = 0):
         self.iter_lim = int(iter_lim)
         self.log_atol = math.log(max(float(atol), _EPS))
         self.log_conlim = math.log(conlim) if conlim > 0 else None
@@ -447,6 +484,9 @@ class Allowance:
         self.order = int(order)
         self._plan = plan
         self._speculate = speculate
+        self._square = square
+        self.lu_s = lu_seconds(nnz) if square is not None else math.inf
+        self.lu_at: Optional[tuple] = None
         self.speculated: Optional[bool] = None
         self.speculation_s = 0.0
         self.speculated_at = 0.0
@@ -510,7 +550,15 @@ class Allowance:
                 return self._confirm("conlim", why)
         remaining = (further * per_iteration if further is not None
                      else (math.inf if trusted else None))
+        if self.lu_at is None and trusted and t >= self.lu_s and \
+                (remaining is None or remaining > self.lu_s) and self.speculated is None:
+            self._lu(itn, t)
         if self.predicted is None and self.plan_error is None:
+            if self._square is not None and self.lu_at is None and \
+                    t < ALLOWANCE_SHARE * self.lu_s:
+                # the LU comes first (where it may answer, no analysis is needed) while
+                # the run's projection keeps promising convergence within its time
+                return self._confirm("", "")
             # analysing early pays only by stopping before iter_lim: not where the
             # iterations left to it cost less than the analysis itself
             past_limit = (further is not None and itn + further > ITER_LIM_MARGIN * self.iter_lim
@@ -548,9 +596,11 @@ class Allowance:
             # the factors are made and R is clearly of full rank: the run has had as long
             # as the rest of the QR costs (ski rental: at most twice the better choice;
             # a projection of convergence flickers on runs that stall)
-            return self._confirm("ahead", f"the factors are made (R clearly of full rank) "
-                                 f"and {t - self.speculated_at:.3g} s of iterations since "
-                                 f"have not converged (the QR's rest: about {q:.3g} s)")
+            made = ("SuperLU's factors are made (A of full rank)" if self._lu_answers
+                    else "the factors are made (R clearly of full rank)")
+            return self._confirm("ahead", f"{made} and {t - self.speculated_at:.3g} s of "
+                                 f"iterations since have not converged (the exact answer's "
+                                 f"rest: about {q:.3g} s)")
         if further is None and trusted and t >= STALL_SHARE * q:
             return self._confirm("stall", f"the tests are not falling after {itn} iterations "
                                  f"({t:.3g} s, the QR's predicted {q:.3g} s)")
@@ -603,9 +653,30 @@ class Allowance:
         self.speculation_s = spent
         self.speculated = bool(clear)
         if clear:
+            if self._square is not None and self._square.clear is None:
+                self._square.decline("the QR's factors were made ahead, R clearly of full rank")
             self.rank_s = 0.0
             # what is left of the QR: its cheap rank test and solve
             self.predicted = max(self.predicted - spent, 0.1 * min(spent, self.predicted))
+
+    @property
+    def _lu_answers(self) -> bool:
+        """SuperLU's factors were made and may answer."""
+        return self.lu_at is not None and bool(self._square.clear)
+
+    def _lu(self, itn: int, t: float) -> None:
+        """Factorize ``square`` now; where its factors may answer, what is left of the
+        exact answer is their solve (the verdicts weigh that, without an analysis)."""
+        t0 = time.perf_counter()
+        clear = self._square.factor()
+        spent = time.perf_counter() - t0
+        self.analysis_s += spent
+        self.lu_at = (itn, t)
+        if clear:
+            self.speculated, self.speculated_at, self.speculation_s = True, t, spent
+            self.rank_s = 0.0
+            # a solve and the residual's products: a small share of the factorization
+            self.predicted = max(0.05 * spent, CHECK_INTERVAL_S)
 
     def _confirm(self, kind: str, reason: str) -> bool:
         """Stop once verdict ``kind`` held at :data:`CONFIRMATIONS` checkpoints in a row
@@ -737,19 +808,25 @@ class Allowance:
     def summary(self) -> str:
         """The allowance and the projection, for the log."""
         parts = []
-        if self.predicted is not None:
+        if self.lu_at is not None:
+            itn, t = self.lu_at
+            parts.append(f"SuperLU's factors made after {itn} iterations ({t:.3g} s, the LU's "
+                         f"prediction {self.lu_s:.3g} s) in {self._square.seconds:.3g} s: "
+                         + (f"A {self._square.why}" if self._square.clear
+                            else f"not used ({self._square.why})"))
+        if self.predicted is not None and self.analysed_at is not None:
             itn, t = self.analysed_at
             parts.append(f"analysed after {itn} iterations ({t:.3g} s) in "
                          f"{self.analysis_s:.3g} s; predicted factorization "
                          f"{self.predicted:.3g} s on {self.planned[1].backend!r}"
                          + (f" + rank decision {self.rank_s:.3g} s" if self.rank_s else ""))
-            if self.speculated is not None:
+            if self.speculated is not None and not self._lu_answers:
                 parts.append(f"factorized ahead in {self.speculation_s:.3g} s: R "
                              + ("clearly of full rank (no dense rank work)" if self.speculated
                                 else "not clearly of full rank"))
         elif self.plan_error is not None:
             parts.append(f"the QR cannot run ({self.plan_error})")
-        else:
+        elif self.predicted is None:
             parts.append(f"no analysis (deferred while the projected total stays within "
                          f"{self.deferral:.3g} s = {ANALYSIS_DEFERRAL:g} x its estimate)")
         if self.projection is not None:

@@ -267,7 +267,8 @@ def _default_iter_lim(method: str, shape) -> int:
 
 
 def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
-            settings: Settings, own=None) -> tuple[Optional[IterativeAnswer], object, str]:
+            settings: Settings, own=None, square=None
+            ) -> tuple[Optional[IterativeAnswer], object, str]:
     """SciPy's algorithm within ``auto``'s allowance (:mod:`~scipy_gpuqr._dispatch.iterate_first`).
 
     Our LSQR/LSMR (:mod:`scipy_gpuqr._iterative`) runs with the caller's
@@ -289,6 +290,10 @@ def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
         ``run(iter_lim)`` returns SciPy's tuple, or None where SciPy refused
         the arguments (ours then runs). It runs unwatched (SciPy's functions
         take no callback).
+    square : SquareLU, optional
+        The exact answer by SuperLU of a square A
+        (:mod:`scipy_gpuqr._api.square_lu`), which the rule may factorize
+        while the run goes on (:class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`).
 
     Returns
     -------
@@ -320,7 +325,8 @@ def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
                                 problem.nnz + (n if damped else 0))
     watch = Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
                       analysis=analysis, plan=lambda: plan_for(problem.qr_matrix(), settings),
-                      order=n if damped else min(m, n))
+                      order=n if damped else min(m, n),
+                      square=None if on_device else square, nnz=problem.nnz)
     out = None
     if own is not None and not on_device:
         run, reason = own

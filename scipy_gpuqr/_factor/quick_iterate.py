@@ -60,6 +60,7 @@ class QuickRun(NamedTuple):
     why: object                         # what happened, for the log (str() formats it)
     settings: Settings
     problem: Callable[[], LeastSquaresProblem]  # the checked problem (made on first call)
+    square: object = None               # the square A's LU answer, where the call may use one
 
 
 #: Backends whose factors are on the host, where R's condition is estimated.
@@ -153,7 +154,7 @@ def _eligible(A, b, x0, damp, gpuqr_options) -> bool:
 
 
 def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
-                  gpuqr_options) -> Optional[QuickRun]:
+                  gpuqr_options, square_of: Optional[Callable] = None) -> Optional[QuickRun]:
     """``auto``'s iterations for the common input, or None: the general path serves it.
 
     None when the input is not the common one (:func:`_eligible`), when A or
@@ -174,6 +175,11 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     rules : StoppingRules
     backend, gpuqr_options
         The caller's keyword-only additions.
+    square_of : callable, optional
+        ``square_of(shape, nnz, matrix) -> SquareLU or None``: the exact answer
+        by SuperLU of a square A (:mod:`scipy_gpuqr._api.square_lu`), given the
+        checked matrix's maker ``matrix()``; the rule may factorize it while
+        the run goes on, and the QuickRun carries it.
 
     Returns
     -------
@@ -214,6 +220,8 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         return checked[0]
 
     analysis = analysis_seconds(m, n, nnz)
+    square = None if square_of is None else \
+        square_of((m, n), nnz, lambda: problem().matrix().A)
     watch = callback = None
     if needs_watching(iter_lim, m, n, nnz, on_gpu=False, analysis=analysis, host_loop=True):
         watch = Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
@@ -221,7 +229,8 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
                                      plan=lambda: plan_for(problem().qr_matrix(), settings),
                                      order=min(m, n),
                                      speculate=(lambda planned: speculate(planned, (m, n)))
-                                     if min(m, n) <= DENSE_LIMIT else None)
+                                     if min(m, n) <= DENSE_LIMIT else None,
+                                     square=square, nnz=nnz)
     callback = watch if budget is None else HostFirst(budget, watch)
     if method == "lsqr":
         res = iterative_lsqr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
@@ -239,7 +248,9 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     name = f"{method.upper()} on CPU"
     outcome = settle(how, name, watch)
     if outcome == "qr":
-        return QuickRun(None, None if watch is None else watch.planned, how, settings, problem)
+        return QuickRun(None, None if watch is None else watch.planned, how, settings, problem,
+                        square)
     log_decision("%s %dx%d nnz=%d: %s answered; %s", method, m, n, nnz, name, how)
     planned = None if watch is None or outcome == "stands" else watch.planned
-    return QuickRun(IterativeAnswer(res.scipy_tuple(), name), planned, how, settings, problem)
+    return QuickRun(IterativeAnswer(res.scipy_tuple(), name), planned, how, settings, problem,
+                    square)

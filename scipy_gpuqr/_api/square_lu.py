@@ -1,0 +1,184 @@
+"""The exact answer of ``lsqr``/``lsmr`` on a square A by SciPy's SuperLU, where lstsq's rank rule allows it.
+
+Under ``auto``, when SciPy's iterations do not answer, ``lsqr`` and ``lsmr``
+give the minimum 2-norm least-squares solution: what
+``numpy.linalg.lstsq(A.toarray(), b, rcond=None)`` returns, whose rank rule
+counts singular values ``<= eps·max(m, n)·σ_max`` as zero (DESIGN §5). For a
+square A whose smallest singular value lies above that cutoff the rule keeps
+every column, and the answer is the unique solution ``A⁻¹ b``: an LU
+factorization with pivoting gives it at working precision (backward error),
+as the QR would, and SciPy's SuperLU (already ``spsolve``'s answer under
+``auto``) factorizes such a matrix many times faster than a QR and its rank
+decision (the LU's factors are far sparser than R).
+
+:class:`SquareLU` makes that answer safe:
+
+* SuperLU's own failure (an exactly singular factor) means the QR answers;
+* the rank rule is checked on the LU's inverse as lstsq checks it on R's:
+  the randomized probe of ``‖A⁻¹‖₂`` through the LU's solves
+  (:func:`~scipy_gpuqr._factor.solve_rank.probe_norm`: ``‖A⁻¹‖₂ <= M·ν``
+  except with probability 1e-10) must show ``M·ν·cutoff·‖A‖_F < 1``, which
+  proves ``σ_min > cutoff·σ_max`` (``‖A‖_F >= σ_max``); a matrix near or below
+  the cutoff fails it and the QR decides its rank;
+* the solution's backward error ``‖b − A x‖ / (‖A‖_F·‖x‖ + ‖b‖)`` must be
+  at most :data:`BACKWARD_LIMIT` (one step of refinement with the same
+  factors where it is not), else the QR answers.
+
+Who may use it (:func:`square_lu`): ``auto`` only (explicit backends and
+``GpuqrOptions(iterate_first=False)`` keep the QR), a square host A without
+damping (``[A; damp·I]`` is not square) and without ``calc_var`` (the exact
+variances need R), where ``spsolve`` itself would let SuperLU answer
+(:func:`~scipy_gpuqr._dispatch.plan.superlu_at_once`: fewer than
+``SUPERLU_ALWAYS_NNZ`` entries, or no GPU). The iterate-first rule
+(:class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`) may make the LU
+while SciPy's run goes on (its prediction is :func:`lu_seconds`); the call
+then answers from those factors, or factorizes at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.linalg import splu
+
+from .._dispatch.plan import SUPERLU_ALWAYS_NNZ, _gpu_unusable
+from .._factor.least_squares import LstsqAnswer, LstsqStart
+from .._factor.lstsq import lstsq_cutoff
+from .._factor.solve_rank import (PROBE_COLUMNS, PROBE_MAX_STEPS, frobenius, probe_margin,
+                                  probe_norm)
+
+__all__ = ["SquareLU", "square_lu", "BACKWARD_LIMIT"]
+
+_EPS = float(np.finfo(np.float64).eps)
+
+#: Largest backward error ``‖b − A x‖ / (‖A‖_F·‖x‖ + ‖b‖)`` of the LU's answer,
+#: in units of eps (LU with partial pivoting: a small multiple of eps where the
+#: growth is modest; the QR's answers on the shared matrices lie below 1 eps).
+BACKWARD_LIMIT = 64.0
+
+
+class SquareLU:
+    """SuperLU's factors of a square A and whether they may answer (see the module notes).
+
+    Parameters
+    ----------
+    matrix : callable
+        ``matrix() -> csc_array``: the checked float64 A (made on first use:
+        the call's canonical copy, which the QR would need as well).
+    n : int
+        A's order.
+
+    Attributes
+    ----------
+    clear : bool or None
+        None before :meth:`factor`; then whether the LU may answer.
+    why : str
+        What the factorization showed, for the log.
+    seconds : float
+        Seconds :meth:`factor` took.
+    """
+
+    def __init__(self, matrix: Callable[[], sp.csc_array], n: int):
+        self._matrix = matrix
+        self.n = int(n)
+        self.clear: Optional[bool] = None
+        self.why = ""
+        self.seconds = 0.0
+        self._lu = None
+        self._A = None
+
+    def decline(self, why: str) -> None:
+        """Not to be factorized (the QR's factors answer instead, ``why``)."""
+        if self.clear is None:
+            self.clear, self.why = False, why
+
+    def factor(self) -> bool:
+        """Factorize (once) and test lstsq's rank rule on the LU's inverse; ``clear``."""
+        if self.clear is not None:
+            return self.clear
+        t0 = time.perf_counter()
+        try:
+            self.clear = self._factor()
+        finally:
+            self.seconds = time.perf_counter() - t0
+        return self.clear
+
+    def _factor(self) -> bool:
+        A = self._A = self._matrix()
+        n = self.n
+        try:
+            lu = splu(A)
+        except RuntimeError as exc:     # SuperLU: "Factor is exactly singular"
+            self.why = f"SuperLU: {exc}"
+            return False
+        cutoff = lstsq_cutoff(n, n)
+        bound = cutoff * frobenius(A)
+
+        def apply(C):
+            return lu.solve(np.asarray(C))
+
+        def apply_t(C):
+            return lu.solve(np.asarray(C), trans="T")
+
+        last = probe_margin(n, PROBE_MAX_STEPS, min(PROBE_COLUMNS, n))
+
+        def accept(nu: float, margin: float) -> bool:
+            # ν only grows and the margins only shrink: past the last step's margin
+            # the test cannot pass, and the remaining solves are not made
+            return margin * nu * bound < 1.0 or last * nu * bound >= 1.0
+        nu, margin = probe_norm(apply, apply_t, n, accept=accept)
+        if not (math.isfinite(nu) and nu > 0 and margin * nu * bound < 1.0):
+            self.why = (f"SuperLU's factors do not show full rank by lstsq's rule "
+                        f"(‖A⁻¹‖₂ >= {nu:.3g}, bound {1 / bound:.3g} with margin {margin:.3g})")
+            return False
+        self._lu, self._nu = lu, nu
+        self.why = (f"of full rank by lstsq's rule (‖A⁻¹‖₂ <= {margin * nu:.3g} < "
+                    f"1/(eps·n·‖A‖_F) = {1 / bound:.3g})")
+        return True
+
+    def answer(self, begin: LstsqStart, x0) -> Optional[LstsqAnswer]:
+        """The answer ``x0 + A⁻¹ r0`` with SciPy's norms (factorizing first where
+        :meth:`factor` was not called), or None: the QR answers (``why`` says why)."""
+        if not self.factor():
+            return None
+        A, lu, r0 = self._A, self._lu, np.asarray(begin.r0, dtype=np.float64)
+        anorm = frobenius(A)
+        dx = lu.solve(r0)
+        r = r0 - A @ dx
+        limit = BACKWARD_LIMIT * _EPS
+        bnorm0 = float(np.linalg.norm(r0))
+        for refine in (True, False):
+            rnorm = float(np.linalg.norm(r))
+            if rnorm <= limit * (anorm * float(np.linalg.norm(dx)) + bnorm0):
+                break
+            if not refine:
+                self.why = (f"SuperLU's answer has backward error "
+                            f"{rnorm / (anorm * float(np.linalg.norm(dx)) + bnorm0):.3g} "
+                            f"after one refinement (limit {limit:.3g})")
+                self.clear = False
+                return None
+            dx = dx + lu.solve(r)
+            r = r0 - A @ dx
+        x = dx.copy() if x0 is None else np.asarray(x0, dtype=np.float64) + dx
+        rnorm = float(np.linalg.norm(r))
+        arnorm = float(np.linalg.norm(A.T @ r))
+        return LstsqAnswer(x, dx, rnorm, rnorm, anorm, anorm * self._nu, arnorm,
+                           begin.bnorm, np.zeros(self.n), None)
+
+
+def square_lu(shape, nnz: int, damp, calc_var: bool, on_gpu: bool,
+              matrix: Callable[[], sp.csc_array]) -> Optional[SquareLU]:
+    """A :class:`SquareLU` where the call may use one (``auto``'s caller checks the
+    settings), else None: square A, no damping, no ``calc_var``, host data, and
+    SuperLU would answer ``spsolve`` on it (fewer than ``SUPERLU_ALWAYS_NNZ``
+    entries, or no GPU)."""
+    m, n = shape
+    if m != n or n == 0 or damp != 0 or calc_var or on_gpu:
+        return None
+    if nnz >= SUPERLU_ALWAYS_NNZ and _gpu_unusable(None)[0] is None:
+        return None
+    return SquareLU(matrix, n)

@@ -1,0 +1,290 @@
+"""``lsqr``/``lsmr`` under ``auto`` on a square A: SciPy's SuperLU gives the exact answer
+where lstsq's rank rule keeps every column (:mod:`scipy_gpuqr._api.square_lu`).
+
+Where SciPy's iterations do not answer, the minimum-norm least-squares
+solution of a square A that is of full rank by ``numpy.linalg.lstsq``'s rule
+(σ_min above ``eps·n·σ_max``) is ``A⁻¹ b``; SuperLU's factors give it, checked
+by a probe of ``‖A⁻¹‖₂`` through their solves and the answer's backward
+error. A matrix near or below the cutoff, one SuperLU finds exactly
+singular, explicit backends, damping and ``calc_var`` keep the QR.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from conftest import TEST_MATRICES
+from scipy_gpuqr import lsmr, lsqr
+from scipy_gpuqr._api.originals import original
+from scipy_gpuqr._api.square_lu import BACKWARD_LIMIT, SquareLU
+from scipy_gpuqr._dispatch import iterate_first as policy
+from scipy_gpuqr._dispatch.iterate_first import Allowance, lu_seconds
+from scipy_gpuqr.io import mmread
+
+EPS = float(np.finfo(np.float64).eps)
+SCIPY = {"lsqr": original("lsqr"), "lsmr": original("lsmr")}
+OURS = {"lsqr": lsqr, "lsmr": lsmr}
+lsqr_api = importlib.import_module("scipy_gpuqr._api.lsqr")   # the module, not the function
+
+
+@pytest.fixture
+def decisions(caplog):
+    caplog.set_level(logging.INFO, logger="scipy_gpuqr")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "scipy_gpuqr"]
+
+
+def _answered(messages, method):
+    lines = [m for m in messages() if m.startswith(method + " ")]
+    assert lines, messages()
+    return lines[-1]
+
+
+def _mtx(name):
+    return sp.csc_array(mmread(str(TEST_MATRICES / f"{name}.mtx"))).astype(np.float64)
+
+
+def _backward(A, x, b):
+    """The square system's backward error ``‖b − A x‖ / (‖A‖_F·‖x‖ + ‖b‖)``."""
+    r = b - A @ x
+    return np.linalg.norm(r) / (sp.linalg.norm(A) * np.linalg.norm(x) + np.linalg.norm(b))
+
+
+def _assert_lstsq(A, x, b):
+    """x is numpy.linalg.lstsq's solution (forward error within eps·cond)."""
+    Ad = A.toarray()
+    x_ref, _, rank, s = np.linalg.lstsq(Ad, b, rcond=None)
+    cond = s[0] / s[rank - 1]
+    assert np.linalg.norm(x - x_ref) <= max(1e3 * EPS * cond * Ad.shape[0], 1e-10) * \
+        np.linalg.norm(x_ref)
+    return rank
+
+
+def _near_singular(n=120, smallest=1e-15, seed=5):
+    """A dense-stored square matrix whose smallest singular value lies below lstsq's
+    cutoff (eps·n·σ_max = 2.7e-14 for n = 120): rank n − 1 by lstsq's rule, yet
+    LU-factorizable (no zero pivot)."""
+    rng = np.random.default_rng(seed)
+    U, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    V, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    s = np.logspace(0, -6, n)
+    s[-1] = smallest
+    return sp.csc_array((U * s) @ V.T)
+
+
+# ---------------------------------------------------------------------------
+# SuperLU answers
+
+@pytest.mark.parametrize("method", ["lsqr", "lsmr"])
+@pytest.mark.parametrize("name", ["494_bus", "olm500", "bp_1200"])
+def test_stalling_square_rows_end_in_superlus_exact_answer(name, method, decisions):
+    """SciPy's run stops at its iteration limit (istop 7); ours answers with lstsq's
+    solution from SuperLU's factors (itn 0), made while the run went on."""
+    A = _mtx(name)
+    b = np.random.default_rng(0).standard_normal(A.shape[0])
+    theirs = SCIPY[method](A, b)
+    assert theirs[1] == 7
+    out = OURS[method](A, b)
+    line = _answered(decisions, method)
+    assert "SuperLU on CPU (A square, of full rank by lstsq's rule" in line, line
+    assert out[2] == 0 and out[1] in (1, 2, 4, 5)
+    assert _backward(A, out[0], b) <= BACKWARD_LIMIT * EPS
+    assert _backward(A, out[0], b) < _backward(A, theirs[0], b)
+    assert _assert_lstsq(A, out[0], b) == A.shape[0]
+
+
+def test_hangglider_2_is_answered_by_superlu_without_an_analysis(decisions, monkeypatch):
+    """hangGlider_2 (cond 9e10, full rank by lstsq's rule with a margin of 30): the rule
+    makes SuperLU's factors once the run has cost their prediction, and no QR analysis
+    runs (the plan is never asked for)."""
+    planned = []
+    real = lsqr_api.quick_iterate.__globals__["plan_for"]
+
+    def counting(*args, **kwargs):
+        planned.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setitem(lsqr_api.quick_iterate.__globals__, "plan_for", counting)
+    A = _mtx("hangGlider_2")
+    b = np.random.default_rng(0).standard_normal(A.shape[0])
+    out = lsqr(A, b)
+    line = _answered(decisions, "lsqr")
+    assert "SuperLU on CPU" in line and "SuperLU's factors made after" in line, line
+    assert out[2] == 0 and not planned
+    assert _backward(A, out[0], b) <= BACKWARD_LIMIT * EPS
+
+
+def test_a_converging_run_the_lu_overtakes(decisions):
+    """west0479's LSQR converges (istop 1 at 467 iterations) to a residual of 0.77 ‖b‖;
+    SuperLU's factors, made once the run had cost their prediction while its projection
+    went on, answer sooner with lstsq's solution (DESIGN §5: the allowance is tied to
+    the exact answer's cost)."""
+    A = _mtx("west0479")
+    b = np.random.default_rng(len("west0479")).standard_normal(A.shape[0])
+    theirs = SCIPY["lsqr"](A, b)
+    assert theirs[1] == 1
+    out = lsqr(A, b)
+    line = _answered(decisions, "lsqr")
+    assert "SuperLU on CPU" in line and "stopped by auto's rule" in line, line
+    assert out[2] == 0
+    assert _backward(A, out[0], b) <= BACKWARD_LIMIT * EPS
+    _assert_lstsq(A, out[0], b)
+
+
+@pytest.mark.parametrize("method", ["lsqr", "lsmr"])
+def test_x0_answers_x0_plus_the_correction(method, decisions):
+    """The general path (an x0): the LU solves for the correction."""
+    A = _mtx("494_bus")
+    b = np.random.default_rng(2).standard_normal(A.shape[0])
+    x0 = np.random.default_rng(3).standard_normal(A.shape[1])
+    out = OURS[method](A, b, x0=x0)
+    assert "SuperLU on CPU" in _answered(decisions, method)
+    assert out[2] == 0
+    assert _backward(A, out[0], b) <= BACKWARD_LIMIT * EPS
+
+
+@pytest.mark.parametrize("method", ["lsqr", "lsmr"])
+def test_maximum_precision_on_a_square_matrix(method, decisions):
+    """atol = btol = 0 (no iterations): the exact answer at once, by SuperLU."""
+    A = _mtx("olm500")
+    b = np.random.default_rng(4).standard_normal(A.shape[0])
+    out = OURS[method](A, b, atol=0, btol=0)
+    assert "SuperLU on CPU" in _answered(decisions, method)
+    assert _backward(A, out[0], b) <= BACKWARD_LIMIT * EPS
+    _assert_lstsq(A, out[0], b)
+
+
+# ---------------------------------------------------------------------------
+# the QR answers
+
+@pytest.mark.parametrize("method", ["lsqr", "lsmr"])
+def test_below_lstsqs_cutoff_the_qr_decides_the_rank(method, decisions):
+    """σ_min = 1e-15 σ_max < eps·n·σ_max: LU factorizes, but the probe cannot show full
+    rank; the QR answers with lstsq's rank n − 1 solution, not A⁻¹b."""
+    A = _near_singular()
+    b = np.random.default_rng(6).standard_normal(A.shape[0])
+    out = OURS[method](A, b, atol=0, btol=0)
+    line = _answered(decisions, method)
+    assert "QR on CPU" in line and "the LU did not answer" in line, line
+    assert "do not show full rank" in line, line
+    assert _assert_lstsq(A, out[0], b) == A.shape[0] - 1
+    x_inv = np.linalg.solve(A.toarray(), b)
+    assert np.linalg.norm(out[0]) < 1e-3 * np.linalg.norm(x_inv)
+
+
+def test_exactly_singular_for_superlu_the_qr_answers(decisions):
+    """A zero column: SuperLU's factorization fails; the QR answers lstsq's solution."""
+    A = _mtx("olm500").tolil()
+    A[:, 7] = 0
+    A = sp.csc_array(A)
+    b = np.random.default_rng(7).standard_normal(A.shape[0])
+    out = lsqr(A, b, atol=0, btol=0)
+    line = _answered(decisions, "lsqr")
+    assert "QR on CPU" in line and "SuperLU: " in line, line
+    assert _assert_lstsq(A, out[0], b) == A.shape[0] - 1
+
+
+@pytest.mark.parametrize("kwargs", [{"backend": "cpu"}, {"calc_var": True},
+                                    {"damp": 1e-3}])
+def test_explicit_backends_damping_and_variances_keep_the_qr(kwargs, decisions):
+    A = _mtx("494_bus")
+    b = np.random.default_rng(8).standard_normal(A.shape[0])
+    out = lsqr(A, b, **kwargs)
+    line = _answered(decisions, "lsqr")
+    assert "QR on CPU" in line and "SuperLU" not in line, line
+    assert out[2] == 0
+
+
+# ---------------------------------------------------------------------------
+# the rule
+
+class _Square:
+    """A stand-in for :class:`SquareLU`: records its factorization."""
+
+    def __init__(self, clear):
+        self._clear, self.clear, self.calls = clear, None, 0
+        self.why, self.seconds = ("of full rank" if clear else "not of full rank"), 0.0
+
+    def factor(self):
+        self.calls += 1
+        self.clear = self._clear
+        return self.clear
+
+    def decline(self, why):
+        if self.clear is None:
+            self.clear, self.why = False, why
+
+
+class _State:
+    def __init__(self, itn, seconds, test1, test2, rtol=1e-6, conda=10.0):
+        self.itn, self.seconds, self.test1, self.test2 = itn, seconds, test1, test2
+        self.rtol, self.conda = rtol, conda
+
+
+def _watch(square, plans, nnz=10_000):
+    class _Plan:
+        backend, gpu_name = "cpu", None
+
+        class analysis:
+            flops = 1e6
+    return Allowance(iter_lim=10_000, atol=1e-6, conlim=1e8, analysis=1e-3,
+                     plan=lambda: plans.append(1) or (None, _Plan()), order=1000,
+                     square=square, nnz=nnz)
+
+
+def _stalling(watch, iterations, per=1e-5):
+    """Feed a run whose tests fall slowly (projected far past iter_lim)."""
+    for k in range(1, iterations + 1):
+        # test2 falls by 1e-4 a decade per iteration: convergence some 20000 iterations on
+        if watch(_State(k, k * per, 1.0, 10 ** (-1e-4 * k))):
+            return k
+    return None
+
+
+def test_the_lu_is_tried_once_the_run_has_cost_its_prediction():
+    square, plans = _Square(True), []
+    watch = _watch(square, plans)
+    lu = lu_seconds(10_000)
+    stopped = _stalling(watch, 5000)
+    assert square.calls == 1 and stopped is not None
+    itn, t = watch.lu_at
+    assert t >= lu and t < 2 * lu + policy.CHECK_INTERVAL_S
+    assert not plans                # no analysis: the LU answers
+    assert "SuperLU's factors made" in watch.summary()
+    assert "A of full rank" in watch.summary()
+
+
+def test_a_failed_lu_leaves_the_qrs_rule():
+    square, plans = _Square(False), []
+    watch = _watch(square, plans)
+    _stalling(watch, 3000)
+    assert square.calls == 1 and plans == [1]     # analysed after the LU, as before
+    assert "not used" in watch.summary()
+
+
+def test_no_lu_while_the_projection_promises_convergence_within_it():
+    """A run that converges within the LU's prediction is never interrupted by it."""
+    square, plans = _Square(True), []
+    watch = _watch(square, plans, nnz=100_000)     # LU predicted at 80 ms
+    per = 1e-5
+    for k in range(1, 3001):     # test2 falls to atol within 3000 iterations (30 ms)
+        assert not watch(_State(k, k * per, 1.0, 10 ** (-2 * k / 3000)))
+    assert square.calls == 0 and watch.lu_at is None
+
+
+def test_without_a_square_nothing_changes():
+    plans = []
+    watch = _watch(None, plans)
+    assert watch.lu_s == math.inf
+    _stalling(watch, 3000)
+    assert watch.lu_at is None and plans == [1]
+
+
+def test_square_lu_declines_where_the_qr_made_its_factors():
+    lu = SquareLU(lambda: sp.csc_array(np.eye(3)), 3)
+    lu.decline("the QR's factors were made ahead")
+    assert lu.factor() is False and "made ahead" in lu.why
