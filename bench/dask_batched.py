@@ -184,19 +184,58 @@ def _make_numpy(seed: int, start: int, size: int, n: int, dt) -> np.ndarray:
     return v.astype(dt)
 
 
+class ModelDevice:
+    """A GPU stand-in for ``--model-gpu`` (CPU runs): work is queued in order and
+    done at a time on the host's monotonic clock, which every process of the host
+    shares; nothing runs. ``queue`` returns at once (a kernel launch), ``wait``
+    sleeps until the queued work is done (a stream synchronization), releasing
+    the GIL as a GPU wait does."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.free_at = 0.0
+
+    def queue(self, seconds: float) -> float:
+        """Queue ``seconds`` of work; when the device will have done it."""
+        with self._lock:
+            self.free_at = max(time.monotonic(), self.free_at) + seconds
+            return self.free_at
+
+    def wait(self) -> None:
+        """Return once the work queued so far is done."""
+        time.sleep(max(self.free_at - time.monotonic(), 0.0))
+
+
+@functools.lru_cache(maxsize=None)
+def model_device() -> ModelDevice:
+    """This process's :class:`ModelDevice` (a worker's GPU)."""
+    return ModelDevice()
+
+
 def make_chunk(start: int = 0, *, size: int, n: int, dt: str, gpu: bool, seed: int = 1,
-               block_info=None):
+               model: float = 0.0, batch: int = 0, block_info=None):
     """Matrices ``start, ..., start + size - 1`` of the benchmark's stack, made where
     this runs (one write pass on the GPU): entries uniform in [-1, 1) from a hash
     of their global index and ``seed``, plus ``n`` on the diagonal.
 
     With ``block_info`` (a Dask ``map_blocks`` call without input arrays) the
     start and the size are the chunk's: a matrix is the same whatever the
-    chunking, so every run's checksum is the same.
+    chunking, so every run's checksum is the same. ``batch`` changes nothing in
+    the matrices, only the Dask name (batches in flight at once are distinct
+    keys, each the same work).
+
+    ``model`` (CPU runs, ``--model-gpu``): seconds of GPU work per matrix
+    (making, factorizing and summing it), queued on this process's
+    :class:`ModelDevice`; only the chunk's first matrix is made (the library's
+    Dask path runs on it: the tasks, their calls and their waits are real, the
+    GPU's work is modelled).
     """
     if block_info is not None:
         size = block_info[None]["chunk-shape"][0]
         start = block_info[None]["array-location"][0][0]
+    if model:
+        model_device().queue(size * model)
+        return _make_numpy(seed, int(start), min(size, 1), n, np.dtype(dt))
     if not gpu:
         return _make_numpy(seed, int(start), size, n, np.dtype(dt))
     import cupy
@@ -228,21 +267,44 @@ def _device_sum(lu, piv):
     return part.sum()
 
 
-def checksum(lu, piv):
+def checksum(lu, piv, *, model: bool = False):
     """One host float per chunk (``U[0, 0] + U[n-1, n-1]`` and the pivots of every
     matrix, summed), shaped ``(1, 1, 1)``: one kernel over the chunk, a sum of its
-    blocks' sums, one wait."""
+    blocks' sums, one wait. ``model``: the wait is for the :class:`ModelDevice`,
+    and the result is ``(1, 1, 2)``: the sum and 0 (done)."""
+    if model:
+        model_device().wait()
+        return np.array([[[_host_sum(lu, piv), 0.0]]])
     if isinstance(lu, np.ndarray):
         return np.full((1, 1, 1), _host_sum(lu, piv))
     return np.full((1, 1, 1), float(_device_sum(lu, piv)))
 
 
-def checksum_async(lu, piv):
+def checksum_async(lu, piv, *, model: bool = False):
     """The chunk's checksum left on the device, shaped ``(1, 1, 1)`` (no wait:
-    Dask moves it, or the final sum reads it, when it is needed)."""
+    Dask moves it, or the final sum reads it, when it is needed). ``model``:
+    ``(1, 1, 2)``, the sum and when the :class:`ModelDevice` will have done the
+    chunk (:func:`total` waits until then)."""
+    if model:
+        return np.array([[[_host_sum(lu, piv), model_device().free_at]]])
     if isinstance(lu, np.ndarray):
         return checksum(lu, piv)
     return _device_sum(lu, piv).reshape(1, 1, 1)
+
+
+def total(*parts) -> float:
+    """The sum of the chunks' checksums (one aggregate task): CuPy parts are summed
+    on their device and read once; a model run's parts ``(1, 1, 2)`` are read
+    once every chunk's modelled work is done."""
+    if not parts:
+        return 0.0
+    if parts[0].shape[-1] == 2:
+        time.sleep(max(max(float(p[0, 0, 1]) for p in parts) - time.monotonic(), 0.0))
+        return float(sum(float(p[0, 0, 0]) for p in parts))
+    acc = parts[0].sum()
+    for p in parts[1:]:
+        acc = acc + p.sum()
+    return float(acc)
 
 
 def factor(a, call: str):
@@ -257,20 +319,22 @@ def factor(a, call: str):
     return gq.lu_factor_batched(a)
 
 
-def warm(n: int, dtype: str, size: int, gpu: bool) -> str:
+def warm(n: int, dtype: str, size: int, gpu: bool, model: float = 0.0) -> str:
     """Compile the kernels (the maker, both calls, the checksums) and fill this
     worker's memory pool with one chunk's needs; returns what this worker sees (its
     ``CUDA_VISIBLE_DEVICES`` and its GPU's PCI bus id, which tells physical GPUs
-    apart)."""
-    a = make_chunk(0, size=size, n=n, dt=dtype, gpu=gpu)
+    apart; whether CuPy uses per-thread default streams)."""
+    a = make_chunk(0, size=size, n=n, dt=dtype, gpu=gpu, model=model)
     for call in CALLS:
         lu, piv = factor(a, call)
-        checksum(lu, piv)
+        checksum(lu, piv, model=bool(model))
         del lu, piv
     seen = os.environ.get("CUDA_VISIBLE_DEVICES", "-")
     if gpu:
         import cupy
         seen += f" bus {cupy.cuda.Device().pci_bus_id} of {cupy.cuda.runtime.getDeviceCount()}"
+        if cupy.cuda.get_current_stream() == cupy.cuda.Stream.ptds:
+            seen += " ptds"
     return seen
 
 
@@ -316,22 +380,26 @@ def _sizes(count: int, chunk: int) -> list[int]:
     return [chunk] * (count // chunk) + ([count % chunk] if count % chunk else [])
 
 
-def _no_work(*_, block_info=None):
+def _no_work(*_, block_info=None, batch: int = 0):
     """A chunk's task of the Dask-only graph: nothing made, nothing computed."""
     return np.zeros((1, 1, 1))
 
 
 def pipeline(count: int, n: int, chunk: int, dtype: str, gpu: bool, call: str = "default",
-             seed: int = 1, empty: bool = False):
-    """The Dask graph: generated chunks -> lu_factor_batched -> per-chunk checksums,
-    summed; ``(its sum, chunks)``. Every chunk is one task (generation, the
-    factorization and the checksum fused), plus one aggregate.
+             seed: int = 1, empty: bool = False, model: float = 0.0, batch: int = 0):
+    """The Dask graph: generated chunks -> lu_factor_batched -> per-chunk checksums
+    -> their sum; ``(a Delayed of the sum, chunks)``. Every chunk is one task
+    (generation, the factorization and the checksum fused), plus one aggregate
+    (:func:`total`, a Delayed: no finalize task after it).
 
     ``call``: ``'default'`` (the library's default call; the checksum brought to
     the host per chunk) or ``'async'`` (``return_info=True, check_finite=False``;
     the checksums stay on the GPUs until the aggregate). ``empty``: the same graph
-    with tasks that do nothing (what Dask alone costs).
+    with tasks that do nothing (what Dask alone costs). ``model``: seconds of
+    modelled GPU work per matrix (:class:`ModelDevice`, CPU runs). ``batch``: a
+    different ``batch`` gives the same work under other keys (batches in flight).
     """
+    import dask
     import dask.array as da
 
     import scipy_gpuqr as gq
@@ -339,32 +407,35 @@ def pipeline(count: int, n: int, chunk: int, dtype: str, gpu: bool, call: str = 
     host = np.empty((0, 0, 0), dtype=np.float64)
     if empty:
         a = da.map_blocks(_no_work, chunks=(tuple(sizes), (1,), (1,)), dtype=np.float64,
-                          meta=host)
+                          meta=host, batch=batch)
         sums = da.blockwise(_no_work, "zij", a, "zij", dtype=np.float64,
                             adjust_chunks={"z": 1}, meta=host)
-        return sums.sum(split_every={0: max(len(sizes), 2), 1: 2, 2: 2}), len(sizes)
-    meta = host
-    if gpu:
-        import cupy
-        meta = cupy.empty((0, 0, 0), dtype=dtype)
-    # no input array: the chunk's place and size come from block_info, so the
-    # generation is a blockwise layer with no data or task of its own
-    a = da.map_blocks(make_chunk, seed=seed, size=chunk, n=n, dt=dtype, gpu=gpu,
-                      chunks=(tuple(sizes), (n,), (n,)), dtype=dtype, meta=meta)
-    if call == "async":
-        lu, piv, _ = gq.lu_factor_batched(a, return_info=True, check_finite=False)
-        fn, out_meta = checksum_async, (np.empty_like(meta, dtype=np.float64) if gpu else host)
     else:
-        lu, piv = gq.lu_factor_batched(a)
-        fn, out_meta = checksum, host
-    # indexed like lu (one element per chunk, no axis contracted): Dask fuses the
-    # pick of lu and piv from the factorization's task into this task
-    sums = da.blockwise(fn, "zij", lu, "zij", piv, "zi", dtype=np.float64,
-                        adjust_chunks={"z": 1, "i": 1, "j": 1}, concatenate=True,
-                        meta=out_meta)
-    # one aggregate of every chunk's sum (Dask's tree reduction would add a
-    # task per few chunks)
-    return sums.sum(split_every={0: max(len(sizes), 2), 1: 2, 2: 2}), len(sizes)
+        meta = host
+        if gpu:
+            import cupy
+            meta = cupy.empty((0, 0, 0), dtype=dtype)
+        # no input array: the chunk's place and size come from block_info, so the
+        # generation is a blockwise layer with no data or task of its own
+        a = da.map_blocks(make_chunk, seed=seed, size=chunk, n=n, dt=dtype, gpu=gpu,
+                          model=model, batch=batch, chunks=(tuple(sizes), (n,), (n,)),
+                          dtype=dtype, meta=meta)
+        if call == "async":
+            lu, piv, _ = gq.lu_factor_batched(a, return_info=True, check_finite=False)
+            fn = checksum_async
+            out_meta = np.empty_like(meta, dtype=np.float64) if gpu and not model else host
+        else:
+            lu, piv = gq.lu_factor_batched(a)
+            fn, out_meta = checksum, host
+        # indexed like lu (one element per chunk, no axis contracted): Dask fuses the
+        # pick of lu and piv from the factorization's task into this task
+        sums = da.blockwise(fn, "zij", lu, "zij", piv, "zi", dtype=np.float64,
+                            adjust_chunks={"z": 1, "i": 1, "j": 2 if model else 1},
+                            concatenate=True, meta=out_meta, model=bool(model))
+    # one aggregate of every chunk's sum, as a Delayed (an array's compute() adds
+    # a finalize task after it)
+    parts = sums.to_delayed(optimize_graph=True).ravel().tolist()
+    return dask.delayed(total, pure=True)(*parts, dask_key_name=f"total-{sums.name}"), len(sizes)
 
 
 def gpu_ids(gpu: bool, limit: int) -> list[str]:
@@ -415,39 +486,70 @@ def start_cluster(ids: list[str], gpu: bool, pinned: bool = False, threads: int 
                             memory_limit=0), "dask_cuda.LocalCUDACluster"
 
 
-def _timed(client, total, reps: int, k: int, nchunks: int, pause: float = 0.0):
+def _timed(client, graphs, reps: int, k: int, nchunks: int, pause: float = 0.0):
     """(walls, values, task phases and idle per worker of the last run) of ``reps``
-    runs of ``total.compute()``, after one untimed run; each run ``pause`` seconds
-    after the previous one."""
+    runs, after one untimed run; each run ``pause`` seconds after the previous one.
+    A run computes every Delayed of ``graphs`` (the batches) in one
+    ``client.compute`` and gathers the results: its wall time is until the last
+    batch's sum is in this process; a value is the mean of the batches' sums."""
     from dask.distributed import get_task_stream
-    float(total.compute())
+
+    def run():
+        return [float(v) for v in client.gather(client.compute(graphs))]
+    run()
     times, values = [], []
     for rep in range(reps):
         time.sleep(pause)
         with get_task_stream(client) as stream:
             w0 = time.time()
             t0 = time.perf_counter()
-            values.append(float(total.compute()))
+            got = run()
             times.append(time.perf_counter() - t0)
             w1 = time.time()
+        values.append(statistics.fmean(got))
+        if max(got) - min(got) > 1e-12 * abs(got[0]):
+            _say(f"  the batches' sums differ: {got}")
+            values[-1] = float("nan")
         if rep == reps - 1:
             phases = task_phases(stream.data, k)
-            idle = worker_idle(stream.data, w0, w1, nchunks)
+            idle = worker_idle(stream.data, w0, w1, nchunks * len(graphs))
     return times, values, phases, idle
+
+
+def _env(name: str, value):
+    """A context in which ``os.environ[name]`` is ``value`` (unset: None)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def ctx():
+        old = os.environ.get(name)
+        if value is not None:
+            os.environ[name] = value
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+    return ctx()
 
 
 def run_workers(k: int, threads: int, saturation: float, ids: list[str], args,
                 gpu: bool) -> list[dict]:
     """One cluster of ``k`` workers with ``threads`` threads each and the scheduler's
-    ``worker-saturation``; a row per call and chunk size (and the Dask-only graph's
-    time per chunk size)."""
+    ``worker-saturation``; a row per call, chunk size and batches in flight (and
+    the Dask-only graph's time per chunk size and batches)."""
     from dask.distributed import Client
     t0 = time.perf_counter()
     tag = f"{k} worker(s) x {threads} thread(s), saturation {saturation}"
     _say(f"{tag}: starting the cluster")
     import dask
-    # the scheduler runs in this process: its root-task queuing follows this setting
-    with dask.config.set({"distributed.scheduler.worker-saturation": saturation}):
+    # the scheduler runs in this process: its root-task queuing follows this
+    # setting; the workers inherit the environment (--ptds: CuPy's per-thread
+    # default stream, read when a worker first imports CuPy)
+    with dask.config.set({"distributed.scheduler.worker-saturation": saturation}), \
+            _env("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1" if args.ptds else None):
         cluster, kind = start_cluster(ids[:k], gpu, args.pinned, threads)
     rows = []
     with cluster, Client(cluster) as client:
@@ -458,39 +560,49 @@ def run_workers(k: int, threads: int, saturation: float, ids: list[str], args,
             left = args.max_seconds - (time.perf_counter() - _T0)
             client.run(arm_stack_dump, max(left - 2, 1))
         seen = client.gather([client.submit(warm, args.n, args.dtype, max(args.chunks), gpu,
-                                            workers=[w], pure=False)
+                                            args.model_gpu, workers=[w], pure=False)
                               for w in client.scheduler_info()["workers"]])
         _say(f"{tag}: warm ({seen})")
         if gpu and len(set(s.split(" bus ")[-1] for s in seen)) != len(seen):
             print(f"  WARNING: workers share a GPU: {seen}", flush=True)
         for chunk in args.chunks:
-            floor, _ = pipeline(args.count, args.n, chunk, args.dtype, gpu, empty=True)
-            floor_s = statistics.median(_timed(client, floor, args.reps, k, 1, args.pause)[0])
-            for call in args.calls:
-                try:
-                    rows.append(_one(client, k, threads, saturation, call, chunk, floor_s,
-                                     args, gpu))
-                except Exception as exc:   # noqa: BLE001 - a one-shot run keeps the rest
-                    _say(f"{tag}, {call} call, chunks of {chunk}: FAILED: "
-                         f"{''.join(traceback.format_exception(exc))[-3000:]}")
-                    continue
-                rows[-1].update({"cluster": kind, "devices": sorted(seen),
-                                 "start_seconds": t_start})
+            for batches in args.batches:
+                floor = [pipeline(args.count, args.n, chunk, args.dtype, gpu, empty=True,
+                                  batch=b)[0] for b in range(batches)]
+                floor_s = statistics.median(_timed(client, floor, args.reps, k, 1,
+                                                   args.pause)[0]) / batches
+                for call in args.calls:
+                    try:
+                        rows.append(_one(client, k, threads, saturation, call, chunk, batches,
+                                         floor_s, args, gpu))
+                    except Exception as exc:   # noqa: BLE001 - a one-shot run keeps the rest
+                        _say(f"{tag}, {call} call, chunks of {chunk}, {batches} batch(es): "
+                             f"FAILED: {''.join(traceback.format_exception(exc))[-3000:]}")
+                        continue
+                    rows[-1].update({"cluster": kind, "devices": sorted(seen),
+                                     "start_seconds": t_start, "ptds": bool(args.ptds)})
     return rows
 
 
 def _one(client, k: int, threads: int, saturation: float, call: str, chunk: int,
-         floor_s: float, args, gpu: bool) -> dict:
-    """The row of one call and chunk size on a started cluster."""
-    tag = f"{k} worker(s) x {threads} thread(s), saturation {saturation}"
+         batches: int, floor_s: float, args, gpu: bool) -> dict:
+    """The row of one call, chunk size and number of batches in flight on a started
+    cluster (times per batch)."""
+    tag = (f"{k} worker(s) x {threads} thread(s), saturation {saturation}, {call} call, "
+           f"chunks of {chunk}, {batches} batch(es) in flight")
     # every worker thread's memory pool holds its chunks before timing
     warmup, _ = pipeline(2 * k * threads * chunk, args.n, chunk, args.dtype, gpu, call,
-                         seed=10**6)
-    warmup.compute()
-    total, nchunks = pipeline(args.count, args.n, chunk, args.dtype, gpu, call)
-    times, values, phases, idle = _timed(client, total, args.reps, k, nchunks, args.pause)
-    _say(f"{tag}, {call} call, chunks of {chunk}: timed runs "
-         f"{['%.3f' % x for x in times]} s (the same graph doing nothing: {floor_s:.3f} s)")
+                         seed=10**6, model=args.model_gpu)
+    client.compute(warmup, sync=True)
+    graphs, nchunks = [], 0
+    for b in range(batches):
+        g, nchunks = pipeline(args.count, args.n, chunk, args.dtype, gpu, call,
+                              model=args.model_gpu, batch=b)
+        graphs.append(g)
+    times, values, phases, idle = _timed(client, graphs, args.reps, k, nchunks, args.pause)
+    per = [t / batches for t in times]
+    _say(f"{tag}: timed runs, per batch {['%.3f' % x for x in per]} s (the same graph "
+         f"doing nothing: {floor_s:.3f} s per batch)")
     _say("  seconds per worker in the last run, by task and action: "
          + ", ".join(f"{name} {sec:.3f}" for name, sec in phases.items()))
     _say("  last run per worker: " + "; ".join(
@@ -501,11 +613,14 @@ def _one(client, k: int, threads: int, saturation: float, call: str, chunk: int,
         f"{1e3 * d['gap_max_s']:.2f} ms; before the first "
         f"{1e3 * d['lead_s']:.1f} ms, after the last {1e3 * d['tail_s']:.1f} ms)"
         for w, d in idle.items()))
+    ok = [v for v in values if v == v]
     return {"workers": k, "threads": threads, "call": call, "chunk": chunk,
-            "chunks": nchunks, "times_s": times, "median_s": statistics.median(times),
-            "dask_only_s": floor_s, "checksum": values[0], "task_phases_s": phases,
+            "chunks": nchunks, "batches": batches, "times_s": per,
+            "median_s": statistics.median(per), "dask_only_s": floor_s,
+            "checksum": values[0], "task_phases_s": phases,
             "worker_idle": idle, "saturation": saturation,
-            "checksums_equal": max(values) - min(values) <= 1e-12 * abs(values[0])}
+            "checksums_equal": len(ok) == len(values)
+            and max(ok) - min(ok) <= 1e-12 * abs(ok[0])}
 
 
 def worker_idle(records, t0: float, t1: float, nchunks: int) -> dict:
@@ -558,7 +673,8 @@ def run_direct(args, gpu: bool) -> list[dict]:
     """The same chunks one after another in this process, no Dask (first GPU): per
     chunk size and call, the median wall of the whole count; then, apart, the GPU
     time (CUDA events) of making the chunks, of the LU calls and of the checksums."""
-    warm(args.n, args.dtype, max(args.chunks), gpu)
+    model = args.model_gpu
+    warm(args.n, args.dtype, max(args.chunks), gpu, model)
     rows = []
     for chunk in args.chunks:
         starts = np.cumsum([0] + _sizes(args.count, chunk))
@@ -566,22 +682,22 @@ def run_direct(args, gpu: bool) -> list[dict]:
             walls, value = [], 0.0
             for _ in range(args.reps + 1):
                 t0 = time.perf_counter()
-                acc = 0.0
+                parts = []
                 for start, stop in zip(starts[:-1], starts[1:]):
                     a = make_chunk(int(start), size=int(stop - start), n=args.n,
-                                   dt=args.dtype, gpu=gpu)
+                                   dt=args.dtype, gpu=gpu, model=model)
                     lu, piv = factor(a, call)
-                    if call == "async":
-                        acc = acc + checksum_async(lu, piv)
-                    else:
-                        acc += float(checksum(lu, piv)[0, 0, 0])
+                    sums = checksum_async if call == "async" else checksum
+                    parts.append(sums(lu, piv, model=bool(model)))
                     del a, lu, piv
-                value = float(acc.sum() if hasattr(acc, "sum") else acc)
+                value = total(*parts)
                 walls.append(time.perf_counter() - t0)
             rows.append({"chunk": chunk, "call": call, "times_s": walls[1:],
                          "median_s": statistics.median(walls[1:]), "checksum": value})
             _say(f"direct, {call} call, chunks of {chunk}: {['%.3f' % x for x in walls[1:]]} s")
-        rows.append({"chunk": chunk, "call": "parts", **_direct_parts(args, gpu, chunk, starts)})
+        if not model:
+            rows.append({"chunk": chunk, "call": "parts",
+                         **_direct_parts(args, gpu, chunk, starts)})
     if gpu:
         import cupy
         cupy.get_default_memory_pool().free_all_blocks()
@@ -635,19 +751,22 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in str(text).split(",") if v.strip()]
 
 
-def report(rows: list[dict], direct: list[dict], count: int, gpu: bool) -> None:
-    """The table: each Dask row against the direct run of the same call and chunk
-    size, against the fastest direct run, and against one worker."""
+def report(rows: list[dict], direct: list[dict], count: int, gpu: bool,
+           model: float = 0.0) -> None:
+    """The table: each Dask row (times per batch) against the direct run of the
+    same call and chunk size, against the fastest direct run, and against one
+    worker with as many batches in flight."""
     walls = {(d["chunk"], d["call"]): d["median_s"] for d in direct if d["call"] != "parts"}
     best = min(walls.values(), default=float("nan"))
-    one = {(r["threads"], r["saturation"], r["call"], r["chunk"]): r["median_s"]
+    one = {(r["threads"], r["saturation"], r["call"], r["chunk"], r["batches"]): r["median_s"]
            for r in rows if r["workers"] == 1}
-    print("\n| workers x threads | saturation | call | chunk | wall ms | M matrices/s | speedup vs 1 worker | "
-          "efficiency vs direct (same call, chunk) | vs fastest direct | Dask alone ms | "
+    print("\n| workers x threads | saturation | call | chunk | batches in flight | "
+          "wall ms per batch | M matrices/s | speedup vs 1 worker | "
+          "efficiency vs direct (same call, chunk) | vs fastest direct | Dask alone ms per batch | "
           "no task running, ms per chunk | first task after compute(), ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        key = (r["threads"], r["saturation"], r["call"], r["chunk"])
+        key = (r["threads"], r["saturation"], r["call"], r["chunk"], r["batches"])
         r["matrices_per_s"] = count / r["median_s"]
         r["speedup"] = one[key] / r["median_s"] if key in one else float("nan")
         same = walls.get((r["chunk"], r["call"]), float("nan"))
@@ -655,26 +774,31 @@ def report(rows: list[dict], direct: list[dict], count: int, gpu: bool) -> None:
         r["efficiency_vs_fastest_direct"] = best / r["median_s"] / r["workers"]
         idle = statistics.median([d["idle_per_chunk_s"] for d in r["worker_idle"].values()] or [0])
         lead = min([d["lead_s"] for d in r["worker_idle"].values()] or [float("nan")])
-        print(f"| {r['workers']} x {r['threads']} | {r['saturation']:g} | {r['call']} | {r['chunk']} | "
+        print(f"| {r['workers']} x {r['threads']}{' ptds' if r.get('ptds') else ''} | "
+              f"{r['saturation']:g} | {r['call']} | {r['chunk']} | {r['batches']} | "
               f"{r['median_s'] * 1e3:.1f} | {r['matrices_per_s'] / 1e6:.1f} | {r['speedup']:.2f} | "
               f"{r['efficiency_vs_direct']:.2f} | {r['efficiency_vs_fastest_direct']:.2f} | "
               f"{r['dask_only_s'] * 1e3:.1f} | {idle * 1e3:.2f} | {lead * 1e3:.1f} |")
-    where = "GPU" if gpu else "process"
+    where = "GPU" if gpu else ("modelled GPU" if model else "process")
     for d in direct:
         if d["call"] == "parts":
             print(f"| direct, chunks of {d['chunk']}: of the whole count, "
                   f"{'device' if gpu else 'host'} seconds | making the chunks "
                   f"{d['make_chunks_s'] * 1e3:.1f} ms | LU calls {d['lu_only_s'] * 1e3:.1f} ms "
                   f"({count / d['lu_only_s'] / 1e6:.1f} M/s) | checksums "
-                  f"{d['checksums_s'] * 1e3:.1f} ms | | | | | | | | |")
+                  f"{d['checksums_s'] * 1e3:.1f} ms | | | | | | | | | |")
         else:
-            print(f"| direct (no Dask, one {where}) | | {d['call']} | {d['chunk']} | "
+            print(f"| direct (no Dask, one {where}) | | {d['call']} | {d['chunk']} | 1 | "
                   f"{d['median_s'] * 1e3:.1f} | {count / d['median_s'] / 1e6:.1f} | | 1.00 | "
                   f"{best / d['median_s']:.2f} | | | |")
-    values = [r["checksum"] for r in rows] + [d["checksum"] for d in direct if "checksum" in d]
-    if values:
-        same = max(values) - min(values) <= 1e-9 * abs(values[0])
-        print(f"checksums of every run (Dask and direct, every chunk size) equal: {same}")
+    # a model run makes one matrix per chunk: its sums depend on the chunking
+    groups: dict = {}
+    for r in rows + [d for d in direct if "checksum" in d]:
+        groups.setdefault(r["chunk"] if model else 0, []).append(r["checksum"])
+    if groups:
+        same = all(max(v) - min(v) <= 1e-9 * abs(v[0]) for v in groups.values())
+        print(f"checksums of every run (Dask and direct, "
+              f"{'per chunk size' if model else 'every chunk size'}) equal: {same}")
 
 
 def main(argv=None) -> int:
@@ -706,6 +830,18 @@ def main(argv=None) -> int:
                         "timed as a single call; back to back, the client's batched stream "
                         "to the scheduler, a 10 ms interval, holds the next graph behind "
                         "the previous run's key releases)")
+    p.add_argument("--batches", default="1",
+                   help="batches in flight, a comma list (default 1: one compute() of the "
+                        "count, a latency; B: B batches of the count submitted in one "
+                        "client.compute and gathered, the time per batch a throughput)")
+    p.add_argument("--model-gpu", type=float, default=0.0, metavar="SECONDS",
+                   help="with --cpu: model each worker's GPU (seconds of work per matrix, "
+                        "e.g. 8.9e-9, the direct H200 run's 149 ms per 2**24): the Dask "
+                        "graph, tasks and waits are real, the GPU work a clock")
+    p.add_argument("--ptds", action="store_true",
+                   help="workers with CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 (each worker "
+                        "thread on its own stream: with --threads 2 a task's wait is for "
+                        "its own chunk only)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--max-seconds", type=float, default=0.0,
                    help="dump every thread's stack (client and workers) and exit after this")
@@ -727,6 +863,9 @@ def main(argv=None) -> int:
     args.chunks = sorted(_ints(args.chunk or (1 << 20 if gpu else 1 << 13)), reverse=True)
     args.calls = [c.strip() for c in args.call.split(",") if c.strip()]
     args.saturations = [float(v) for v in str(args.saturation).split(",") if v.strip()]
+    args.batches = _ints(args.batches)
+    if args.model_gpu and gpu:
+        p.error("--model-gpu models the GPU in a --cpu run")
     if set(args.calls) - set(CALLS):
         p.error(f"--call: each of {CALLS}")
     wanted = _ints(args.workers)
@@ -741,7 +880,9 @@ def main(argv=None) -> int:
     print(f"device: {device} x {len(ids)} visible; {args.count} matrices {args.n}x{args.n} "
           f"{args.dtype}, chunks of {args.chunks}; calls {args.calls}; median of {args.reps}; "
           f"threads per worker {args.threads}; worker-saturation {args.saturation}; "
-          f"{args.pause} s between timed Dask runs", flush=True)
+          f"{args.pause} s between timed Dask runs; batches in flight {args.batches}"
+          + (f"; GPU modelled at {args.model_gpu:g} s per matrix" if args.model_gpu else "")
+          + ("; per-thread default streams" if args.ptds else ""), flush=True)
     import scipy_gpuqr
     print(f"scipy_gpuqr from {Path(scipy_gpuqr.__file__).parent}", flush=True)
     if skipped:
@@ -765,7 +906,7 @@ def main(argv=None) -> int:
                     _say(f"{k} worker(s) x {threads} thread(s), saturation {saturation}: "
                          f"FAILED: {''.join(traceback.format_exception(exc))[-3000:]}")
                 save()
-    report(rows, direct, args.count, gpu)
+    report(rows, direct, args.count, gpu, args.model_gpu)
     save()
     return 0
 

@@ -207,6 +207,28 @@ def lu_factor_batched(a, *, overwrite_a=False, check_finite=True,
     return restore(lu, cupy_in), restore(piv, cupy_in)
 
 
+def _lu_factor_counted(a, check_finite: bool):
+    """``(lu, piv, info, singular)`` of a CuPy stack with one wait, or None.
+
+    For the Dask chunk tasks (:mod:`scipy_gpuqr.distributed.dask_batched`),
+    which warn about singular matrices by their global batch index and so
+    need ``info`` and whether to warn: this is the GPU path of
+    :func:`lu_factor_batched` without ``return_info`` (the status word read
+    once, ValueError for infs or NaNs with ``check_finite``), returning
+    ``info`` and the status's singular flag instead of warning. Without it
+    a task would wait twice per chunk (in the call, then to scan ``info``).
+    None where ``a`` is not a CuPy stack the kernels take as it is (the
+    caller then makes the public call).
+    """
+    if not cupy_stack(a):
+        return None
+    dev = _gc.device_id()
+    st, report = _new_status(check_finite, False, device=dev)
+    lu, piv, info = _gpu.getrf(a, report=report, device=dev)
+    counts = _gpu_status("lu_factor_batched", info, a.shape[:-2], check_finite, st)
+    return lu, piv, info, _singular(counts)
+
+
 def _lu_factor_cpu(a, arr, batch_shape, gpu, where, check_finite, return_info):
     """:func:`lu_factor_batched` of a validated stack on the CPU."""
     n = arr.shape[-1]

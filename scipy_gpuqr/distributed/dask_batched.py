@@ -42,8 +42,9 @@ Singular matrices and ``info``, per chunk
 With ``return_info=True``, ``info`` is one more Dask array (chunked like the
 batch) and nothing is warned or raised, exactly as in the NumPy call.
 
-Without it each chunk's task asks the public function for ``info`` and
-inspects it itself when it runs, so the message names matrices by their
+Without it each chunk's task makes the public call as a NumPy or CuPy
+caller would (on a GPU: one wait for the call's 32-byte status, which says
+whether anything is wrong) and names the offending matrices by their
 *global* batch index:
 
 * ``inv_batched``, ``solve_batched`` and ``cho_factor_batched`` raise
@@ -51,7 +52,8 @@ inspects it itself when it runs, so the message names matrices by their
   definite) matrix; Dask re-raises it where the result is computed. It names
   the offending matrices of that chunk only (up to 10) and the chunk's batch
   range: other chunks may hold more, and results of chunks that succeeded
-  may already have been computed.
+  may already have been computed. (The failing chunk is computed a second
+  time, with ``return_info=True``, for the names.)
 * ``lu_factor_batched`` warns (``LinAlgWarning``, global indices) where the
   task runs: in the calling process under Dask's local schedulers; on a
   ``dask.distributed`` cluster in the worker and, through
@@ -98,6 +100,10 @@ __all__ = ["lu_factor_batched", "lu_solve_batched", "solve_batched",
 IJ, II, I = ("i", "j"), ("i", "i"), ("i",)
 
 
+#: NumPy or CuPy arguments of more bytes than this are not hashed for their Dask name
+_HASH_MAX_BYTES = 1 << 20
+
+
 def _batch_ind(nb: int) -> tuple:
     """Blockwise indices of ``nb`` batch axes."""
     return tuple(f"b{k}" for k in range(nb))
@@ -115,7 +121,10 @@ def _as_dask(x, name: str, where: str) -> da.Array:
                         f"{type(x).__module__}.{type(x).__name__}")
     if not hasattr(x, "shape"):
         x = np.asarray(x)
-    return da.from_array(x, chunks=-1)
+    # a large array gets a random name: from_array would otherwise hash all of
+    # its data (on the host; a CuPy array through a pickle) to name it
+    large = getattr(x, "nbytes", 0) > _HASH_MAX_BYTES
+    return da.from_array(x, chunks=-1, name=False if large else None)
 
 
 def _whole_matrices(x: da.Array, core: int) -> da.Array:
@@ -282,13 +291,24 @@ def _bad(info, starts, batch_shape):
 # ----------------------------------------------------------------------------
 
 def _lu_factor_chunk(a, loc, *, batch_shape, return_info, **kw):
-    """(lu, piv[, info]) of one chunk; warns about its singular matrices by global index."""
+    """(lu, piv[, info]) of one chunk; warns about its singular matrices by global index.
+
+    One wait for a CuPy chunk, as in the CuPy call: the call's status read
+    says whether some matrix is singular (``_f._lu_factor_counted``); only
+    then is ``info`` looked at for the names.
+    """
     starts = _starts(loc)
     with _in_chunk(starts, a.shape[:-2]):
-        lu, piv, info = _f.lu_factor_batched(a, return_info=True, **kw)
-    if return_info:
-        return lu, piv, info
-    bad = _bad(info, starts, batch_shape)
+        if return_info:
+            return _f.lu_factor_batched(a, return_info=True, **kw)
+        counted = (_f._lu_factor_counted(a, kw["check_finite"]) if kw.get("backend") is None
+                   else None)
+        if counted is None:
+            lu, piv, info = _f.lu_factor_batched(a, return_info=True, **kw)
+            singular = None
+        else:
+            lu, piv, info, singular = counted
+    bad = _bad(info, starts, batch_shape) if singular is not False else None
     if bad:
         _warn(f"lu_factor_batched: exactly singular matrices at batch index {bad[0]} "
               f"(first: diagonal number {bad[1]} is exactly zero; {bad[2]}). "
@@ -318,45 +338,59 @@ def _raise_singular(where, bad):
                       f"(U[k, k] exactly zero; {bad[2]})")
 
 
-def _inv_chunk(a, loc, *, batch_shape, return_info, **kw):
-    """The inverses of one chunk[, info]; LinAlgError for a singular one (global index)."""
+def _checked(where, call, a, loc, batch_shape, **kw):
+    """The public ``call`` of one chunk without ``info``; its LinAlgError (a
+    singular or not positive definite matrix, named within the chunk) raised
+    again naming the matrices by their global batch index.
+
+    The call waits once for a CuPy chunk and says whether to raise; only a
+    chunk that raises is computed a second time, with ``return_info=True``,
+    for the names.
+    """
     starts = _starts(loc)
     with _in_chunk(starts, a.shape[:-2]):
-        x, info = _f.inv_batched(a, return_info=True, **kw)
-    if return_info:
-        return x, info
+        try:
+            return call(a, **kw)
+        except LinAlgError as exc:
+            err = exc
+            kw["check_finite"] = False
+            info = call(a, return_info=True, **kw)[-1]
     bad = _bad(info, starts, batch_shape)
-    if bad:
-        _raise_singular("inv_batched", bad)
-    return x
+    if not bad:
+        raise err
+    if where == "cho_factor_batched":
+        raise LinAlgError(f"cho_factor_batched: not positive definite at batch "
+                          f"index {bad[0]} (the {bad[1]}-th leading minor of the "
+                          f"first is not positive definite; {bad[2]})") from None
+    _raise_singular(where, bad)
+
+
+def _inv_chunk(a, loc, *, batch_shape, return_info, **kw):
+    """The inverses of one chunk[, info]; LinAlgError for a singular one (global index)."""
+    if return_info:
+        with _in_chunk(_starts(loc), a.shape[:-2]):
+            return _f.inv_batched(a, return_info=True, **kw)
+    return _checked("inv_batched", _f.inv_batched, a, loc, batch_shape, **kw)
 
 
 def _solve_chunk(a, b, loc, *, batch_shape, return_info, **kw):
     """x of one chunk[, info]; LinAlgError for a singular matrix (global index)."""
-    starts = _starts(loc)
-    with _in_chunk(starts, a.shape[:-2]):
-        x, info = _f.solve_batched(a, b, return_info=True, **kw)
     if return_info:
-        return x, info
-    bad = _bad(info, starts, batch_shape)
-    if bad:
-        _raise_singular("solve_batched", bad)
-    return x
+        with _in_chunk(_starts(loc), a.shape[:-2]):
+            return _f.solve_batched(a, b, return_info=True, **kw)
+    return _checked("solve_batched", lambda m, **k: _f.solve_batched(m, b, **k),
+                    a, loc, batch_shape, **kw)
 
 
 def _cho_factor_chunk(a, loc, *, batch_shape, return_info, lower, **kw):
     """c of one chunk[, info]; LinAlgError for a matrix not positive definite (global index)."""
-    starts = _starts(loc)
-    with _in_chunk(starts, a.shape[:-2]):
-        c, _, info = _f.cho_factor_batched(a, lower, return_info=True, **kw)
     if return_info:
+        with _in_chunk(_starts(loc), a.shape[:-2]):
+            c, _, info = _f.cho_factor_batched(a, lower, return_info=True, **kw)
         return c, info
-    bad = _bad(info, starts, batch_shape)
-    if bad:
-        raise LinAlgError(f"cho_factor_batched: not positive definite at batch "
-                          f"index {bad[0]} (the {bad[1]}-th leading minor of the "
-                          f"first is not positive definite; {bad[2]})")
-    return c
+    return _checked("cho_factor_batched",
+                    lambda m, **k: _f.cho_factor_batched(m, lower, **k), a, loc,
+                    batch_shape, **kw)[0]
 
 
 def _lu_solve_chunk(lu, piv, b, loc, *, batch_shape, trans, **kw):

@@ -1,0 +1,201 @@
+"""Dask: what a chunk's task costs (one call, one wait) and the benchmark's
+throughput runs (batches in flight, the modelled GPU) on CPU workers.
+
+The task-level checks count the calls each chunk's task makes to the public
+batched functions (the local synchronous scheduler runs them in this process).
+The benchmark runs on a ``LocalCluster`` of CPU worker processes with its GPU
+modelled by a clock (``--model-gpu``), as on a host without one.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from scipy.linalg import LinAlgError, LinAlgWarning
+
+import scipy_gpuqr as g
+from conftest import REPO
+
+dask = pytest.importorskip("dask", reason="the dask extra is part of the test extra")
+da = pytest.importorskip("dask.array")
+pytest.importorskip("dask.distributed")
+
+from scipy_gpuqr.batched import _functions as F  # noqa: E402
+from scipy_gpuqr.distributed import _batched_api  # noqa: E402,F401 (wraps F's functions first)
+from scipy_gpuqr.distributed import dask_batched as db  # noqa: E402
+
+
+def _stack(rng, count, n):
+    return rng.standard_normal((count, n, n)) + n * np.eye(n)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every call of the public batched functions as the chunk tasks make them:
+    ``(name, return_info)``, in order."""
+    seen = []
+    for name in ("lu_factor_batched", "inv_batched", "solve_batched", "cho_factor_batched"):
+        real = getattr(F, name)
+
+        @functools.wraps(real)
+        def spy(*args, _real=real, _name=name, **kwargs):
+            seen.append((_name, bool(kwargs.get("return_info"))))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(F, name, spy)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["inv_batched", "solve_batched", "cho_factor_batched"])
+def test_a_chunk_is_one_call_and_only_a_failing_chunk_a_second(rng, calls, name):
+    """Without return_info each chunk makes the public call once (its one wait on a
+    GPU); the chunk that raises is called again with return_info=True, and the
+    error names the matrix by its global batch index."""
+    a = _stack(rng, 12, 4)
+    if name == "cho_factor_batched":
+        a = a @ np.swapaxes(a, -1, -2)
+    args = (rng.standard_normal((12, 4, 1)),) if name == "solve_batched" else ()
+    d = da.from_array(a, chunks=(4, 4, 4))
+    fn = getattr(g, name)
+    dargs = tuple(da.from_array(x, chunks=(4, 4, 1)) for x in args)
+    out = fn(d, *dargs)
+    calls.clear()                                  # (the graph's probe call)
+    dask.compute(out, scheduler="sync")
+    assert calls == [(name, False)] * 3
+    bad = a.copy()
+    bad[9] = 0.0 if name != "cho_factor_batched" else -np.eye(4)
+    out = fn(da.from_array(bad, chunks=(4, 4, 4)), *dargs)
+    calls.clear()
+    with pytest.raises(LinAlgError, match=r"batch index \[9\].*\[8:12\]"):
+        dask.compute(out, scheduler="sync")
+    assert calls[-2:] == [(name, False), (name, True)]
+    assert calls.count((name, True)) == 1
+
+
+def test_lu_factor_chunk_one_call_and_global_warning(rng, calls):
+    """lu_factor_batched's task: one public call per chunk (NumPy chunks take the
+    public call; CuPy chunks the counted GPU path), the warning by global index."""
+    a = _stack(rng, 9, 3)
+    a[7, :, 1] = 0.0
+    lu, piv = g.lu_factor_batched(da.from_array(a, chunks=(3, 3, 3)))
+    calls.clear()
+    with pytest.warns(LinAlgWarning, match=r"batch index \[7\]"):
+        dask.compute(lu, piv, scheduler="sync")
+    assert calls == [("lu_factor_batched", True)] * 3
+
+
+def test_counted_lu_leaves_numpy_to_the_public_call(rng):
+    assert F._lu_factor_counted(_stack(rng, 2, 3), True) is None
+
+
+def test_large_arguments_are_not_hashed_for_their_name(rng):
+    """A NumPy argument beside a Dask one becomes one chunk; a large one gets a
+    random name (hashing it would read all of it), a small one its hash."""
+    small = np.ones(16)
+    assert db._as_dask(small, "b", "w").name == db._as_dask(small, "b", "w").name
+    big = np.ones(db._HASH_MAX_BYTES // 8 + 1)
+    x, y = db._as_dask(big, "b", "w"), db._as_dask(big, "b", "w")
+    assert x.name != y.name
+    np.testing.assert_array_equal(x.compute(), big)
+
+
+# ----------------------------------------------------------------------------
+# bench/dask_batched.py: the modelled GPU and batches in flight
+# ----------------------------------------------------------------------------
+
+def _bench():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_bench_dask_throughput",
+                                                  REPO / "bench" / "dask_batched.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_model_device_queues_in_order_and_waits():
+    b = _bench()
+    dev = b.ModelDevice()
+    t0 = time.monotonic()
+    first = dev.queue(0.05)
+    second = dev.queue(0.05)
+    assert time.monotonic() - t0 < 0.04               # queuing does not wait
+    assert second == pytest.approx(first + 0.05)
+    dev.wait()
+    assert time.monotonic() - t0 >= 0.1 - 1e-3
+    dev.wait()                                        # nothing queued: no wait
+    assert time.monotonic() - t0 < 0.2
+
+
+def test_model_chunk_and_total():
+    """A modelled chunk is its first matrix, its work queued on the process's
+    device; the async checksum carries when that work is done and total waits
+    for it."""
+    b = _bench()
+    b.model_device.cache_clear()
+    t0 = time.monotonic()
+    a = b.make_chunk(5, size=1000, n=4, dt="float64", gpu=False, model=5e-5)
+    np.testing.assert_array_equal(a, b.make_chunk(5, size=1, n=4, dt="float64", gpu=False))
+    lu, piv = g.lu_factor_batched(a)
+    part = b.checksum_async(lu, piv, model=True)
+    assert part.shape == (1, 1, 2) and part[0, 0, 1] >= t0 + 0.05
+    assert time.monotonic() - t0 < 0.04
+    assert b.total(part, part) == pytest.approx(2 * part[0, 0, 0])
+    assert time.monotonic() >= part[0, 0, 1]
+    done = b.checksum(lu, piv, model=True)
+    assert done[0, 0, 1] == 0 and done[0, 0, 0] == part[0, 0, 0]
+
+
+def test_bench_batches_in_flight_on_modelled_gpus(tmp_path):
+    """Two CPU workers with modelled GPUs, one batch and two in flight: every
+    batch's sum is the direct run's, each chunk one task, times per batch."""
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "dask_batched.py"), "--cpu",
+                        "--model-gpu", "1e-5", "--workers", "2", "--call", "default,async",
+                        "--count", "800", "--n", "4", "--chunk", "100", "--reps", "1",
+                        "--batches", "1,2", "--saturation", "inf", "--json", str(out),
+                        "--max-seconds", "150"],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "equal: True" in p.stdout
+    res = json.loads(out.read_text())
+    direct = {d["call"]: d for d in res["direct"]}
+    assert direct["default"]["median_s"] >= 800 * 1e-5          # the modelled work
+    assert sorted((r["call"], r["batches"]) for r in res["rows"]) == \
+        [("async", 1), ("async", 2), ("default", 1), ("default", 2)]
+    for r in res["rows"]:
+        assert r["checksum"] == pytest.approx(direct["default"]["checksum"], rel=1e-12)
+        assert r["checksums_equal"] and r["chunks"] == 8
+        # one task per chunk and one aggregate per batch, no finalize task
+        assert sum(d["tasks"] for d in r["worker_idle"].values()) == 9 * r["batches"], r
+        assert r["median_s"] > 0 and r["efficiency_vs_direct"] > 0
+
+
+def _lu_counted_on_the_gpu():
+    import cupy as cp
+    rng = np.random.default_rng(0)
+    a = cp.asarray(_stack(rng, 6, 5))
+    lu, piv, info, singular = F._lu_factor_counted(a, True)
+    assert not singular
+    ref = g.lu_factor_batched(a.get())
+    np.testing.assert_allclose(lu.get(), ref[0], rtol=1e-12, atol=1e-12)
+    a[4, :, 2] = 0
+    lu, piv, info, singular = F._lu_factor_counted(a, True)
+    assert singular and int(info[4]) > 0 and int(cp.count_nonzero(info)) == 1
+    a[1, 0, 0] = cp.nan
+    with pytest.raises(ValueError, match="matrices"):
+        F._lu_factor_counted(a, True)
+    assert F._lu_factor_counted(a, False)[3]          # no check: still warns for [4]
+    assert F._lu_factor_counted(a.astype(cp.complex128), True) is None
+
+
+@pytest.mark.gpu
+def test_lu_counted_on_the_gpu():
+    """The counted GPU path: one status read gives the singular flag (and the
+    ValueError for NaN with check_finite); complex input is left to the public call."""
+    pytest.importorskip("cupy")
+    _lu_counted_on_the_gpu()
