@@ -3,8 +3,11 @@
 
     python3 bench/dask_batched.py [--count 16777216] [--n 32] [--chunk 1048576[,524288]]
                                   [--workers 1,2,4] [--threads 1[,2]] [--call default[,async]]
-                                  [--saturation 1.1[,inf]] [--dtype float64] [--reps 3]
-                                  [--json out.json]
+                                  [--saturation 1.1[,inf]] [--batches 1[,4]] [--ptds]
+                                  [--dtype float64] [--reps 3] [--json out.json]
+    python3 bench/dask_batched.py --cpu --model-gpu 8.9e-9 --count 16777216 --chunk 1048576 \
+                                  --n 4 --workers 1,2 --batches 1,4   # GPUs modelled by a clock
+    bash bench/dask_gpu_run.sh     # the run on a 2- or 4-GPU machine (what to carry: its header)
     python3 bench/dask_batched.py --quick --json out.json   # 2**22 on 1 and 2 GPU workers
     python3 bench/dask_batched.py --cpu [--count 65536 --n 8 --chunk 8192]   # smoke test
     python3 bench/dask_batched.py --cpu --pinned --workers 2   # the pinned cluster, no GPU
@@ -16,8 +19,9 @@ index, ``n`` added to the diagonal; a matrix is the same in any chunking;
 2**24 float64 32 x 32 matrices are 128 GiB, more than one GPU holds: the
 data never exists all at once), ``scipy_gpuqr.lu_factor_batched`` of the
 Dask array, and per chunk a checksum of ``lu`` and ``piv`` (one kernel), all
-chunks' checksums summed by one aggregate task, which is what the timed
-``compute()`` waits for. Each chunk is one task (made, factorized, summed).
+chunks' checksums summed by one aggregate task (a Delayed: no finalize task
+after it), which is what a timed run waits for. Each chunk is one task (made,
+factorized, summed).
 Two calls (``--call``):
 
 * ``default``: ``lu_factor_batched(a)``, which waits once per chunk for its GPU
@@ -51,9 +55,25 @@ call and chunk size and against the fastest direct run (``direct wall /
 (workers x Dask wall)``: 1 is linear), and every run's checksum is checked
 equal (the matrices do not depend on the chunking).
 
+Batches in flight (``--batches B``): a timed run submits B batches of the
+whole count (the same matrices under other keys) in one ``client.compute``
+and gathers the B sums; the time per batch is a throughput, what a user with
+a stream of batches sees, each batch's fixed cost (the graph sent, ordered
+and started, its results gathered) overlapping the others' work. B = 1 is a
+single ``compute()``, a latency. Every run also gives a timeline (ms after
+the compute call, medians): the graph at the scheduler and ready there, the
+first chunk task starting, the last ending, the aggregates, the results in
+the client.
+
 ``--cpu`` runs the same pipeline on NumPy chunks over CPU worker processes
 (for checking the script where there is no GPU; its numbers mean nothing
-for the GPU question).
+for the GPU question). ``--cpu --model-gpu S`` models each worker's GPU by a
+clock (:class:`ModelDevice`, S seconds of work per matrix): the chunk's task
+queues its work and returns, the default call's checksum waits for it, the
+async call's aggregate waits until every chunk's modelled work is done; the
+Dask graph, tasks, messages and the library's calls (on one matrix per
+chunk) are real. It reproduces Dask's costs against a GPU-like pipeline
+where there is no GPU.
 
 ``--max-seconds T``: the client and every worker dump the stacks of all
 their threads after ``T`` seconds (``faulthandler``); then the client kills
@@ -497,7 +517,7 @@ def _timed(client, graphs, reps: int, k: int, nchunks: int, pause: float = 0.0):
     def run():
         return [float(v) for v in client.gather(client.compute(graphs))]
     run()
-    times, values = [], []
+    times, values, lines = [], [], []
     for rep in range(reps):
         time.sleep(pause)
         with get_task_stream(client) as stream:
@@ -510,10 +530,55 @@ def _timed(client, graphs, reps: int, k: int, nchunks: int, pause: float = 0.0):
         if max(got) - min(got) > 1e-12 * abs(got[0]):
             _say(f"  the batches' sums differ: {got}")
             values[-1] = float("nan")
+        lines.append(timeline(client, stream.data, w0, w1))
         if rep == reps - 1:
             phases = task_phases(stream.data, k)
             idle = worker_idle(stream.data, w0, w1, nchunks * len(graphs))
-    return times, values, phases, idle
+    line = {key: statistics.median(t[key] for t in lines) for key in lines[0]}
+    return times, values, phases, idle, line
+
+
+#: the steps of one timed run (seconds after the client's compute call): see timeline
+STEPS = ("graph_at_scheduler", "graph_ready", "first_task", "last_chunk_task_end",
+         "first_aggregate_start", "last_aggregate_end", "result_in_client")
+
+
+def timeline(client, records, w0: float, w1: float) -> dict:
+    """When each step of a run happened, in seconds after the client's
+    ``client.compute`` call at ``w0`` (``time.time()``, the clock of every
+    process of this host): the graph reaching the scheduler and its tasks made
+    there (the scheduler's update-graph events), the first chunk task starting
+    on a worker, the last one ending, the first aggregate starting and the last
+    ending (the task stream), and the results in this process (``w1``).
+
+    An aggregate's start waits for the chunk sums that other workers hold; its
+    end, for its GPU (it reads the sums)."""
+    graphs = [m for t, m in client.get_events("scheduler")
+              if t >= w0 and m.get("action") == "update-graph" and "metrics" in m]
+    spans: dict = {"chunk": [], "aggregate": []}
+    for rec in records:
+        kind = "aggregate" if str(rec.get("key", "")).startswith("('total") or \
+            str(rec.get("key", "")).startswith("total") else "chunk"
+        for ss in rec.get("startstops", ()):
+            if ss["action"] == "compute" and ss["start"] >= w0:
+                spans[kind].append((ss["start"], ss["stop"]))
+    nan = float("nan")
+    starts = [m["metrics"]["start_timestamp_seconds"] for m in graphs]
+    ready = [m["metrics"]["start_timestamp_seconds"] + m["metrics"]["duration_seconds"]
+             for m in graphs]
+    return {"graph_at_scheduler": min(starts, default=nan + w0) - w0,
+            "graph_ready": max(ready, default=nan + w0) - w0,
+            "first_task": min((a for a, _ in spans["chunk"]), default=nan + w0) - w0,
+            "last_chunk_task_end": max((b for _, b in spans["chunk"]), default=nan + w0) - w0,
+            "first_aggregate_start": min((a for a, _ in spans["aggregate"]),
+                                         default=nan + w0) - w0,
+            "last_aggregate_end": max((b for _, b in spans["aggregate"]), default=nan + w0) - w0,
+            "result_in_client": w1 - w0}
+
+
+def _steps(line: dict) -> str:
+    """A run's :func:`timeline` as text (ms)."""
+    return ", ".join(f"{key.replace('_', ' ')} {1e3 * line[key]:.1f}" for key in STEPS)
 
 
 def _env(name: str, value):
@@ -569,8 +634,12 @@ def run_workers(k: int, threads: int, saturation: float, ids: list[str], args,
             for batches in args.batches:
                 floor = [pipeline(args.count, args.n, chunk, args.dtype, gpu, empty=True,
                                   batch=b)[0] for b in range(batches)]
-                floor_s = statistics.median(_timed(client, floor, args.reps, k, 1,
-                                                   args.pause)[0]) / batches
+                floor_times, *_, floor_line = _timed(client, floor, args.reps, k, 1,
+                                                     args.pause)
+                floor_s = statistics.median(floor_times) / batches
+                _say(f"{tag}: the graph doing nothing, chunks of {chunk}, {batches} "
+                     f"batch(es): {1e3 * floor_s:.1f} ms per batch; "
+                     + _steps(floor_line))
                 for call in args.calls:
                     try:
                         rows.append(_one(client, k, threads, saturation, call, chunk, batches,
@@ -599,10 +668,12 @@ def _one(client, k: int, threads: int, saturation: float, call: str, chunk: int,
         g, nchunks = pipeline(args.count, args.n, chunk, args.dtype, gpu, call,
                               model=args.model_gpu, batch=b)
         graphs.append(g)
-    times, values, phases, idle = _timed(client, graphs, args.reps, k, nchunks, args.pause)
+    times, values, phases, idle, line = _timed(client, graphs, args.reps, k, nchunks,
+                                               args.pause)
     per = [t / batches for t in times]
     _say(f"{tag}: timed runs, per batch {['%.3f' % x for x in per]} s (the same graph "
          f"doing nothing: {floor_s:.3f} s per batch)")
+    _say("  median run, ms after compute(): " + _steps(line))
     _say("  seconds per worker in the last run, by task and action: "
          + ", ".join(f"{name} {sec:.3f}" for name, sec in phases.items()))
     _say("  last run per worker: " + "; ".join(
@@ -618,7 +689,7 @@ def _one(client, k: int, threads: int, saturation: float, call: str, chunk: int,
             "chunks": nchunks, "batches": batches, "times_s": per,
             "median_s": statistics.median(per), "dask_only_s": floor_s,
             "checksum": values[0], "task_phases_s": phases,
-            "worker_idle": idle, "saturation": saturation,
+            "worker_idle": idle, "saturation": saturation, "timeline_s": line,
             "checksums_equal": len(ok) == len(values)
             and max(ok) - min(ok) <= 1e-12 * abs(ok[0])}
 
@@ -841,7 +912,9 @@ def main(argv=None) -> int:
     p.add_argument("--ptds", action="store_true",
                    help="workers with CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 (each worker "
                         "thread on its own stream: with --threads 2 a task's wait is for "
-                        "its own chunk only)")
+                        "its own chunk only). Default call only: the async call's sums, "
+                        "unfinished when its task returns, are read by other threads "
+                        "(the worker's event loop sends them) on other streams")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--max-seconds", type=float, default=0.0,
                    help="dump every thread's stack (client and workers) and exit after this")
@@ -866,6 +939,8 @@ def main(argv=None) -> int:
     args.batches = _ints(args.batches)
     if args.model_gpu and gpu:
         p.error("--model-gpu models the GPU in a --cpu run")
+    if args.ptds and "async" in args.calls and gpu:
+        p.error("--ptds: the default call only (see --help)")
     if set(args.calls) - set(CALLS):
         p.error(f"--call: each of {CALLS}")
     wanted = _ints(args.workers)
