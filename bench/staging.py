@@ -64,23 +64,46 @@ def _one_stage(A):
 
 def _predict(an, limit):
     """What the engine will do under a pool limit of ``limit`` bytes (no GPU needed):
-    the plan after the built schedule's checks, as ``gpu_factorize`` makes it."""
+    the plan after the built schedule's checks, as ``gpu_factorize`` makes it (the
+    time model's dense fronts, or by size where the model leaves a front that fits
+    no stage: such a front may then run as a host front)."""
     from scipy_gpuqr._engine.gpu import driver
     from scipy_gpuqr._engine.memory import POOL_USABLE, front_needs, plan_for_memory, vt_elements
     from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS, dense_front_mask
     from scipy_gpuqr._schedule.sparse import build_schedule
     from scipy_gpuqr._schedule.tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE,
                                              DEFAULT_TILE)
-    dense = dense_front_mask(an, DEFAULT_DENSE_FLOPS)
-    vt = vt_elements(an, tile=DEFAULT_TILE, bundle=DEFAULT_BUNDLE, pipelining=True,
-                     granule=DEFAULT_APPLY_GRANULE, dense=dense)
-    needs = front_needs(an, 8, tile=DEFAULT_TILE, vt_elems=vt, dense=dense)
+
+    def needs_for(flops, extra=()):
+        dense = dense_front_mask(an, flops)
+        if len(extra):
+            dense = dense.copy()
+            dense[list(extra)] = True
+        vt = vt_elements(an, tile=DEFAULT_TILE, bundle=DEFAULT_BUNDLE, pipelining=True,
+                         granule=DEFAULT_APPLY_GRANULE, dense=dense)
+        return front_needs(an, 8, tile=DEFAULT_TILE, vt_elems=vt, dense=dense,
+                           panel=DENSE_PANEL)
+
     avail = int(POOL_USABLE * limit)
+    flops, extra = DEFAULT_DENSE_FLOPS, ()
+    needs = needs_for(flops)
+    first = plan_for_memory(an, needs, avail)
+    if flops < 0 and not first.feasible:                    # as gpu_factorize does
+        if driver.STAGED_DENSE == "oversized":
+            got = driver._oversized_dense(an, lambda ex: needs_for(flops, ex), first, avail,
+                                          None)
+            if got is not None:
+                extra, needs, _ = got
+        else:
+            staged = needs_for(driver.STAGED_DENSE_FLOPS)
+            if plan_for_memory(an, staged, avail).feasible:
+                flops, needs = driver.STAGED_DENSE_FLOPS, staged
     for _ in range(driver.MAX_RESTAGE + 1):
         mp = plan_for_memory(an, needs, avail)
         if not mp.feasible:
             return {"backend": "cpu", "why": f"front {mp.oversized[0]} does not fit"}
-        sched = build_schedule(an, plan=mp.plan, dense_flops=DEFAULT_DENSE_FLOPS, lazy=True)
+        sched = build_schedule(an, plan=mp.plan, dense_flops=flops, lazy=True,
+                               dense_extra=extra or None)
         try:
             keep, cache = driver._memory_checks(an, sched, mp, needs, 8)
         except driver._PlanOver as exc:
@@ -88,9 +111,16 @@ def _predict(an, limit):
             continue
         fs = an.fronts
         return {"backend": "gpu", "stages": mp.plan.nstages, "planned_peak": mp.peak,
+                "launches": [int(st.nlaunch) for st in sched.stages],
                 "last_pool_on_device": keep, "dense_copies_kept": cache,
+                "dense_flops": flops, "dense_extra": len(extra),
                 "host_fronts": [f"{int(fs.fm[f])}x{int(fs.fn[f])}" for f in mp.host]}
     return {"backend": "cpu", "why": "no plan passed the checks"}
+
+
+#: The dense fronts' panel width of the CUDA layer (``CupyDevice.dense_panel``),
+#: which their workspace in the memory plan depends on.
+DENSE_PANEL = 256
 
 
 class _Lines(logging.Handler):
@@ -157,7 +187,10 @@ def _once(A, b, backend, debug=False):
 
 #: ``--modes``: the package's settings each mode times (an A/B in one process,
 #: its calls interleaved): how Q's solve brings an earlier stage's reflector bands
-#: up, and whether a host stage's R is gathered as its slab parts land.
+#: up, whether a host stage's R is gathered as its slab parts land, whether Q's
+#: replay prefetches the next stage's reflectors (``solve.PREFETCH``) and how a
+#: plan that the time model's dense fronts leave infeasible picks dense fronts
+#: (``driver.STAGED_DENSE``); a missing key is off / ``"size"``.
 MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "bands": {"band_upload": "mapped", "host_r_by_parts": False},
          "rparts": {"band_upload": "copy2d", "host_r_by_parts": True},
@@ -166,13 +199,19 @@ MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
                            "slab_panels": "mapped"},
          "mapped-all": {"band_upload": "copy2d", "host_r_by_parts": True,
                         "slab_panels": "mapped-all"},
-         "parts2": {"band_upload": "copy2d", "host_r_by_parts": True, "slab_parts": 2}}
+         "parts2": {"band_upload": "copy2d", "host_r_by_parts": True, "slab_parts": 2},
+         "now": {"band_upload": "copy2d", "host_r_by_parts": True},
+         "prefetch": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True},
+         "oversized": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                       "staged_dense": "oversized"}}
 
 
 def _set_mode(name):
     from scipy_gpuqr._engine import slab_front
-    from scipy_gpuqr._engine.gpu import reflector_upload, stage_loop
+    from scipy_gpuqr._engine.gpu import driver, reflector_upload, solve, stage_loop
     m = MODES[name]
+    solve.PREFETCH = m.get("prefetch", False)
+    driver.STAGED_DENSE = m.get("staged_dense", "size")
     reflector_upload.BAND_UPLOAD = m["band_upload"]
     stage_loop.HOST_R_BY_PARTS = m["host_r_by_parts"]
     slab_front.PANEL_UPLOAD = m.get("slab_panels", "copy2d")
@@ -286,7 +325,8 @@ def main(argv=None):
                         "(reflector_upload.BAND_UPLOADS; default: the package's)")
     p.add_argument("--modes", default="",
                    help="an A/B in one process: the modes of MODES to time at each limit, "
-                        "their calls interleaved (e.g. base,new)")
+                        "their calls interleaved (e.g. base,new); MODE@F: at the limit "
+                        "1/F only")
     args = p.parse_args(argv)
     fracs = [int(f) for f in args.fracs.split(",") if f]
     if args.predict:
@@ -335,14 +375,15 @@ def main(argv=None):
         print(f"  unlimited  {base['seconds']:7.2f} s  {base['backend']} stages {base['stages']}"
               f"  (first {base['first_seconds']:.2f} s)", flush=True)
         print(f"    phases {base['timings']}\n    engine {base['engine_seconds']}", flush=True)
-        modes = [m for m in args.modes.split(",") if m]
+        modes = [m.split("@") for m in args.modes.split(",") if m]
         for m in modes:
-            if m not in MODES:
-                p.error(f"--modes: each one of {sorted(MODES)}")
-        cases = []
+            if m[0] not in MODES or len(m) > 2:
+                p.error(f"--modes: each one of {sorted(MODES)}, or MODE@FRAC")
         for frac in fracs:
-            if modes:
-                for m, (row, x) in _run_modes(A, b, args.repeat, need // frac, modes,
+            cases = []
+            here = [m[0] for m in modes if len(m) == 1 or int(m[1]) == frac]
+            if here:
+                for m, (row, x) in _run_modes(A, b, args.repeat, need // frac, here,
                                               debug=args.debug_log,
                                               profile=args.profile if frac == fracs[0]
                                               else None).items():
@@ -352,30 +393,33 @@ def main(argv=None):
                               profile=args.profile if frac == fracs[0] else None,
                               debug=args.debug_log)
                 cases.append((frac, f"1/{frac}", row, x))
-        for frac, label, row, x in cases:
-            row["limit"] = int(need // frac)
-            row["x_rel_diff"] = float(np.linalg.norm(x - x0) / np.linalg.norm(x0))
-            row["vs_unlimited"] = row["seconds"] / base["seconds"]
-            rec["runs"][label] = row
-            report["matrices"][mname] = rec
-            _write(args.json, report)
-            print(f"  {label} ({row['limit'] / 1e9:.2f} GB) {row['seconds']:7.3f} s  "
-                  f"{row['backend']} stages {row['stages']}  x{row['vs_unlimited']:.2f}  "
-                  f"restaged {row['restaged']}  leak {row['pool_used_after']}  "
-                  f"dx {row['x_rel_diff']:.1e}"
-                  + (f"  host fronts {row['host_fronts']} {row['host_front_seconds']:.2f} s"
-                     f" on {row['host_fronts_on']}"
-                     if row["host_fronts"] else "")
-                  + (f"  [{row['fallback'][:90]}]" if row["fallback"] else ""), flush=True)
-            print(f"    phases {row['timings']} rank {row['rank_decision']}"
-                  f"\n    engine {row['engine_seconds']}"
-                  + (f"\n    host fronts {row['host_front_phases']}" if row["host_fronts"] else "")
-                  + f"\n    R copied per stage {row['r_copy_stages']}, pool ranges sent "
-                    f"during stages {row['pool_ranges_sent_during_stages']}, host R by parts "
-                    f"{row['host_r_by_parts']}, calls {row.get('all_seconds')}"
-                  + f"\n    stages (begin, launches, wait, R, hand-on) {row['stage_seconds']}"
-                  + "".join(f"\n    log: {line}" for line in row["log"][:8]),
-                  flush=True)
+            for frac, label, row, x in cases:
+                row["limit"] = int(need // frac)
+                row["x_rel_diff"] = float(np.linalg.norm(x - x0) / np.linalg.norm(x0))
+                row["vs_unlimited"] = row["seconds"] / base["seconds"]
+                rec["runs"][label] = row
+                report["matrices"][mname] = rec
+                _write(args.json, report)
+                print(f"  {label} ({row['limit'] / 1e9:.2f} GB) {row['seconds']:7.3f} s  "
+                      f"{row['backend']} stages {row['stages']}  x{row['vs_unlimited']:.2f}  "
+                      f"restaged {row['restaged']}  leak {row['pool_used_after']}  "
+                      f"dx {row['x_rel_diff']:.1e}"
+                      + (f"  host fronts {row['host_fronts']} {row['host_front_seconds']:.2f} s"
+                         f" on {row['host_fronts_on']}"
+                         if row["host_fronts"] else "")
+                      + (f"  [{row['fallback'][:90]}]" if row["fallback"] else ""), flush=True)
+                print(f"    phases {row['timings']} rank {row['rank_decision']}"
+                      f"\n    engine {row['engine_seconds']}"
+                      + (f"\n    host fronts {row['host_front_phases']}"
+                         if row["host_fronts"] else "")
+                      + f"\n    R copied per stage {row['r_copy_stages']}, pool ranges sent "
+                        f"during stages {row['pool_ranges_sent_during_stages']}, host R by parts "
+                        f"{row['host_r_by_parts']}, calls {row.get('all_seconds')}"
+                      + f"\n    stages (begin, launches, wait, R, hand-on) {row['stage_seconds']}"
+                      + "".join(f"\n    log: {line}" for line in
+                                [x for x in row["log"] if x.startswith("Q replay")]
+                                + [x for x in row["log"] if not x.startswith("Q replay")][:8]),
+                      flush=True)
         if not args.no_cpu:
             row, x = _run(A, b, "cpu", 0)
             row["x_rel_diff"] = float(np.linalg.norm(x - x0) / np.linalg.norm(x0))
@@ -385,6 +429,15 @@ def main(argv=None):
             _write(args.json, report)
         report["matrices"][mname] = rec
         _write(args.json, report)
+    print("\nsummary (s; x the same process's unlimited call)")
+    for mname, rec in report["matrices"].items():
+        unl = rec["runs"].get("unlimited", {}).get("seconds")
+        for label, row in rec["runs"].items():
+            x = row.get("vs_unlimited")
+            print(f"  {mname:9s} {label:16s} {row['seconds']:8.3f}"
+                  + (f"  x{x:.2f}" if x else "")
+                  + (f"  cpu/unl {row['seconds'] / unl:.1f}" if label == "cpu" and unl else "")
+                  + f"  {row.get('backend')} stages {row.get('stages')}", flush=True)
 
 
 def _write(path, report):

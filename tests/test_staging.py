@@ -639,6 +639,41 @@ def test_fronts_the_time_model_keeps_but_no_stage_fits_become_host_fronts(monkey
     assert np.abs(R0.T @ R0 - R1.T @ R1).max() <= 1e-12 * np.abs(R0).max() ** 2
 
 
+def test_only_the_fronts_no_stage_fits_become_dense_when_asked(monkeypatch):
+    """``STAGED_DENSE = "oversized"``: the time model's dense fronts stay as they
+    are and the fronts that fit no stage (round by round: fewer tile fronts also
+    make the fixed VT pool smaller) become dense fronts, the largest run on the
+    host: R as the unlimited run's; a front that cannot be dense leaves no plan
+    (None)."""
+    from scipy_gpuqr._engine.gpu import driver
+    from scipy_gpuqr._schedule.dense import DENSE_RULE
+    A, an, needs = _host_case()
+    floor = min_budget(an, needs)
+    monkeypatch.setattr(driver, "STAGED_DENSE_FLOPS", _HOST_FLOPS)
+    monkeypatch.setattr(driver, "STAGED_DENSE", "oversized")
+    dev = NumpyDevice(TILE, BUNDLE, memory_limit=floor)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # no CPU fallback
+        g = gpu_factorize(A, an, device=dev, dense_flops=DENSE_RULE)
+    assert g.info["backend"] == "gpu" and g.info["host_fronts"] and dev.peak <= floor
+    assert g.info["dense_flops"] == DENSE_RULE
+    rule = dense_front_mask(an, DENSE_RULE)
+    assert g.info["dense_fronts"] > int(rule.sum())
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE), dense_flops=_HOST_FLOPS)
+    R0, R1 = ref.R.toarray(), g.R.toarray()
+    assert np.abs(R0.T @ R0 - R1.T @ R1).max() <= 1e-12 * np.abs(R0).max() ** 2
+    # the rounds: an oversized front with nothing to eliminate cannot be dense
+    import types
+    fake = types.SimpleNamespace(fronts=types.SimpleNamespace(fm=np.array([5, 0, 9]),
+                                                              fn=np.array([4, 4, 4])))
+    over = types.SimpleNamespace(oversized=(1, 2))
+    assert driver._oversized_dense(fake, lambda ex: None, over, floor, None) is None
+    with pytest.raises(ValueError, match="STAGED_DENSE"):
+        monkeypatch.setattr(driver, "STAGED_DENSE", "bogus")
+        gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=floor),
+                      dense_flops=DENSE_RULE)
+
+
 def test_kept_rows_of_r_take_a_share_of_the_available_memory():
     from scipy_gpuqr._engine.gpu.trsolve import KEEP_SHARE, keep_bytes
     assert keep_bytes(None) == 0                    # no limit known: nothing kept
@@ -948,6 +983,25 @@ def test_q_replay_reads_only_the_uploaded_reflector_columns(dense_flops, band):
     assert blocked > 0
     assert several or band > 64 or dense_flops    # narrow bands: a front in several
     assert dense_seen > 0 if dense_flops else dense_seen == 0
+
+
+def test_replay_reads_each_stage_once_in_order():
+    """The stages ``Q``'s replay reads, in its order (what the CUDA executor
+    prefetches from): ``Qᵀ`` every stage with kept reflectors once, in order;
+    ``Q`` the same reversed."""
+    from scipy_gpuqr._engine.gpu import solve
+    _, A = next(iter(_cases(big=True)))
+    an = analyze(A)
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
+    assert g.info["stages"] > 2
+    plan = solve.plan_of(g)
+    fwd = solve.stage_sequence(plan, True)
+    assert fwd == sorted(set(plan.level_stage.tolist())) and len(fwd) > 2
+    assert solve.stage_sequence(plan, False) == fwd[::-1]
+    empty = solve.ReplayPlan(m=0, tile=TILE, bundle=BUNDLE, records=plan.records[:0],
+                             rowmap=plan.rowmap[:0], level_ptr=np.zeros(1, np.int64),
+                             level_stage=np.zeros(0, np.int64))
+    assert solve.stage_sequence(empty, True) == []
 
 
 def test_reflector_band_ending_the_pool_is_packed():

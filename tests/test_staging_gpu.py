@@ -386,3 +386,33 @@ def test_reflector_bands_read_where_the_pinned_pool_lies(how, monkeypatch):
         assert kernels == ([(300, 120), (700, 96), (300, 200)] if mapped else []), (how, kernels)
     with pytest.raises(ValueError, match="band_upload must be one of"):
         ru.upload_reflectors(pinned, layout, cp, band_upload="bogus")
+
+
+@pytest.mark.parametrize("share", [(1, 2), (2, 5)])
+def test_prefetched_replay_equals_one_upload_at_a_time(problem, share, monkeypatch):
+    """Q's replay under a real pool limit with the next stage's reflectors sent up
+    on a side stream while the current stage's levels run: Qᵀ and Q bit for bit
+    as with one upload after the other, some stage taken from its prefetch, and
+    nothing left on the device."""
+    from scipy_gpuqr._engine.gpu import driver, solve
+    A, b, an, needs, need, x0 = problem
+    B = np.cos(np.arange(A.shape[0] * 3, dtype=np.float64)).reshape(-1, 3)
+    pool, base = _limited(need * share[0] // share[1])      # 5 and 7 stages
+    try:
+        g = driver.gpu_factorize(A, an)
+        assert g.info["backend"] == "gpu" and g.info["stages"] > 2
+        out = {}
+        for on in (False, True):
+            monkeypatch.setattr(solve, "PREFETCH", on)
+            g._replay.pop("cupy", None)
+            out[on] = (g.qt_matmul(B), g.q_matmul(B))
+            if on:
+                assert g._replay["cupy"].prefetched > 0
+        for a, c in zip(out[False], out[True]):
+            np.testing.assert_array_equal(a, c)
+        g.free()
+        del g
+        gc.collect()
+    finally:
+        pool.set_limit(size=0)
+    assert pool.used_bytes() <= base, (pool.used_bytes(), base)

@@ -94,6 +94,15 @@ _log = logging.getLogger("scipy_gpuqr")
 #: and a dense front too large for the device runs as a host front.
 STAGED_DENSE_FLOPS = 1e10
 
+#: How a factorization whose time model's dense fronts leave a front that fits
+#: no stage plan picks its dense fronts instead: ``"size"``, every front of at
+#: least :data:`STAGED_DENSE_FLOPS` (many fronts the model keeps on the tile
+#: tasks leave them); ``"oversized"``, the model's and only the fronts that fit
+#: no stage (round by round: a front made dense holds less, its parent may
+#: then fit), which may then run as host fronts (:func:`_oversized_dense`).
+STAGED_DENSE = "size"
+STAGED_DENSES = ("size", "oversized")
+
 #: Restaging attempts after device out-of-memory before the CPU fallback.
 MAX_RESTAGE = 6
 #: After an out-of-memory, the next plan's peak is at most this fraction of the
@@ -313,8 +322,11 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         device = CupyDevice(tile, bundle, dtype=dev_dtype, debug=debug)
     t_an = time.perf_counter()
 
-    def needs_for(flops):
+    def needs_for(flops, extra=()):
         dense = dense_front_mask(analysis, flops)
+        if len(extra):
+            dense = dense.copy()
+            dense[list(extra)] = True
         vt = vt_elements(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
                          granule=DEFAULT_APPLY_GRANULE, dense=dense)
         return front_needs(analysis, np.dtype(dev_dtype).itemsize, tile=tile, vt_elems=vt,
@@ -324,13 +336,22 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     mem = _device_memory(device)
     available, limited_by = mem.available, mem.limited_by
     mplan = plan_for_memory(analysis, needs, available, max_gpu_memory)
+    dense_extra = ()
     if dense_flops is not None and dense_flops < 0 and not mplan.feasible:
         # the time model kept a front too large for any stage with the tile tasks:
-        # by size, such fronts are dense fronts, which may run as host fronts
-        staged = needs_for(STAGED_DENSE_FLOPS)
-        splan = plan_for_memory(analysis, staged, available, max_gpu_memory)
-        if splan.feasible:
-            dense_flops, needs, mplan = STAGED_DENSE_FLOPS, staged, splan
+        # such fronts are made dense fronts, which may run as host fronts
+        if STAGED_DENSE not in STAGED_DENSES:
+            raise ValueError(f"STAGED_DENSE must be one of {STAGED_DENSES}, got {STAGED_DENSE!r}")
+        if STAGED_DENSE == "oversized":
+            got = _oversized_dense(analysis, lambda ex: needs_for(dense_flops, ex), mplan,
+                                   available, max_gpu_memory)
+            if got is not None:
+                dense_extra, needs, mplan = got
+        else:
+            staged = needs_for(STAGED_DENSE_FLOPS)
+            splan = plan_for_memory(analysis, staged, available, max_gpu_memory)
+            if splan.feasible:
+                dense_flops, needs, mplan = STAGED_DENSE_FLOPS, staged, splan
     floor = min_budget(analysis, needs)
     why = None
     oom = []
@@ -346,7 +367,7 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
             out = _factorize(Ac, analysis, device, budget=max_gpu_memory, tile=tile,
                              bundle=bundle, pipelining=pipelining, max_tasks=max_tasks,
                              dense_flops=dense_flops, dense_cpl=dense_columns_per_launch,
-                             mplan=mplan, needs=needs, early=early)
+                             mplan=mplan, needs=needs, early=early, dense_extra=dense_extra)
         except MemoryError as exc:      # DeviceOutOfMemory, or CuPy's from a worker
             if not (isinstance(exc, DeviceOutOfMemory)
                     or type(exc).__name__ == "OutOfMemoryError"):
@@ -387,6 +408,32 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     if not fallback:
         raise GpuMemoryExhausted(why)
     return _cpu_fallback(Ac, analysis, why, stacklevel=3)
+
+
+#: Rounds of :func:`_oversized_dense` at most.
+DENSE_ROUNDS = 8
+
+
+def _oversized_dense(analysis, needs_of, mplan, available, max_gpu_memory):
+    """:data:`STAGED_DENSE` ``"oversized"``: ``(extra, needs, plan)``, the fronts
+    made dense fronts besides the time model's (sorted), their
+    :class:`~scipy_gpuqr._engine.memory.FrontNeeds` (``needs_of(extra)``) and a
+    feasible plan; None where a front that fits no stage cannot be a dense
+    front (nothing to eliminate) or the rounds run out. Each round makes the
+    plan's oversized fronts dense (they may then run on the host)."""
+    nfact = np.minimum(analysis.fronts.fm, analysis.fronts.fn)
+    extra = set()
+    for _ in range(DENSE_ROUNDS):
+        new = {int(f) for f in mplan.oversized if nfact[f] > 0} - extra
+        if not new or len(new) < len(set(int(f) for f in mplan.oversized) - extra):
+            return None
+        extra |= new
+        ex = tuple(sorted(extra))
+        needs = needs_of(ex)
+        mplan = plan_for_memory(analysis, needs, available, max_gpu_memory)
+        if mplan.feasible:
+            return ex, needs, mplan
+    return None
 
 
 def _host_front_info(analysis, needs, mplan, limited_by, factorized_on=()) -> list:
@@ -500,14 +547,15 @@ def _warm_from_disk(early, sched) -> bool:
 
 def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_tasks,
                dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH, mplan=None, needs=None,
-               early=None):
+               early=None, dense_extra=()):
     """One attempt with the stages of ``mplan`` (a
     :class:`~scipy_gpuqr._engine.memory.MemoryPlan`; default
     ``analysis.stage_plan(budget)``): the schedule, R's layout on a worker, the stages.
 
     ``early``: the future of :func:`start_layout_load` (R's layout of a pattern an
     earlier process factorized, loading from disk), or None. A one-stage schedule
-    then runs as in a warm call (:func:`_warm_from_disk`).
+    then runs as in a warm call (:func:`_warm_from_disk`). ``dense_extra``: fronts
+    made dense fronts besides ``dense_flops``' choice (:func:`_oversized_dense`).
 
     Raises
     ------
@@ -522,7 +570,8 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
                            max_gpu_memory=budget, max_tasks=max_tasks, lazy=True,
                            dense_flops=dense_flops, dense_columns_per_launch=dense_cpl,
-                           plan=None if mplan is None else mplan.plan)
+                           plan=None if mplan is None else mplan.plan,
+                           dense_extra=dense_extra or None)
     keep_last = cache_dense = True
     host_stages = mplan.host_stages() if mplan is not None else {}
     if mplan is not None and mplan.available is not None:

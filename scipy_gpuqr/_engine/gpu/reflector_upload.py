@@ -321,6 +321,15 @@ class UploadedReflectors:
     values: object
     layout: ReflectorLayout
     records: object
+    #: the event after its copies, where they went on another stream than the one
+    #: that allocated it (:func:`upload_reflectors`' ``copy_stream``); else None
+    ready: object = None
+
+    def wait(self, stream) -> None:
+        """Work queued on ``stream`` from now on waits for the copies (nothing
+        where they were queued on the allocating stream itself)."""
+        if self.ready is not None:
+            stream.wait_event(self.ready)
 
     def level_records(self, lv: int, nrec: int):
         """Level ``lv``'s ``nrec`` records (a device pointer offset for CuPy)."""
@@ -348,10 +357,21 @@ def _band(host: np.ndarray, a: int, m: int, w: int, n: int) -> np.ndarray:
 
 
 def upload_reflectors(host: np.ndarray, layout: ReflectorLayout, xp,
-                      band_upload: str | None = None) -> UploadedReflectors:
+                      band_upload: str | None = None, *, copy_stream=None,
+                      records_host=None) -> UploadedReflectors:
     """``host``'s pieces packed as ``layout`` says, copied on the current stream
     (asynchronous from pinned memory); ``xp`` NumPy gives the model.
-    ``band_upload``: one of :data:`BAND_UPLOADS` (default :data:`BAND_UPLOAD`)."""
+    ``band_upload``: one of :data:`BAND_UPLOADS` (default :data:`BAND_UPLOAD`).
+
+    ``copy_stream``: the buffers are taken on the current stream and the copies
+    queued on ``copy_stream`` behind the work queued so far on the current one
+    (whose freed blocks the buffers may reuse), so that they run beside the
+    current stream's later work; the result's :attr:`~UploadedReflectors.ready`
+    is the event after them. The cached blocks are then not given back first
+    (that synchronizes the device: the caller skips the upload where the
+    buffers do not fit), and the records go up from ``records_host``, a
+    pinned copy of ``layout.records``' bytes that outlives the copy (required).
+    """
     how = BAND_UPLOAD if band_upload is None else band_upload
     if how not in BAND_UPLOADS:
         raise ValueError(f"band_upload must be one of {BAND_UPLOADS}, got {how!r}")
@@ -363,9 +383,21 @@ def upload_reflectors(host: np.ndarray, layout: ReflectorLayout, xp,
             dev[at: at + m * w].reshape(m, w)[:] = _band(host, a, m, w, n)
         return UploadedReflectors(dev, layout, layout.records)
     rt = xp.cuda.runtime
-    make_room(xp, layout.size * host.itemsize)      # cached blocks under a pool limit
+    if copy_stream is None:
+        make_room(xp, layout.size * host.itemsize)      # cached blocks under a pool limit
+    elif records_host is None:
+        raise ValueError("upload_reflectors: copy_stream needs records_host")
     dev = xp.empty(layout.size, dtype=host.dtype)
-    stream = xp.cuda.get_current_stream().ptr
+    recs = None
+    ready = None
+    cur = xp.cuda.get_current_stream()
+    if copy_stream is not None:
+        recs = xp.empty(max(int(records_host.nbytes), 1), dtype=np.uint8)
+        after = xp.cuda.Event(disable_timing=True)
+        after.record(cur)
+        copy_stream.wait_event(after)
+        cur = copy_stream
+    stream = cur.ptr
     isz, src, dst = host.itemsize, host.ctypes.data, dev.data.ptr
     for a, n, at in layout.runs:
         rt.memcpyAsync(dst + at * isz, src + a * isz, n * isz, rt.memcpyHostToDevice, stream)
@@ -376,9 +408,17 @@ def upload_reflectors(host: np.ndarray, layout: ReflectorLayout, xp,
         if view is not None and m * w * isz >= MAPPED_BAND_BYTES:
             band = xp.ndarray((m, w), dtype=host.dtype, memptr=view.data + a * isz,
                               strides=(n * isz, isz))  # its last row may end the pool
-            copy_into(dev[at: at + m * w].reshape(m, w), band)
+            with cur:
+                copy_into(dev[at: at + m * w].reshape(m, w), band)
         else:
             rt.memcpy2DAsync(dst + at * isz, w * isz, src + a * isz, n * isz, w * isz, m,
                              rt.memcpyHostToDevice, stream)
-    recs = xp.asarray(np.ascontiguousarray(layout.records).view(np.uint8))
-    return UploadedReflectors(dev, layout, recs)
+    if copy_stream is None:
+        recs = xp.asarray(np.ascontiguousarray(layout.records).view(np.uint8))
+    else:
+        if records_host.nbytes:
+            rt.memcpyAsync(recs.data.ptr, records_host.ctypes.data, records_host.nbytes,
+                           rt.memcpyHostToDevice, stream)
+        ready = xp.cuda.Event(disable_timing=True)
+        ready.record(copy_stream)
+    return UploadedReflectors(dev, layout, recs, ready)

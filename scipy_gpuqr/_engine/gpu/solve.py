@@ -34,7 +34,9 @@ Execution
     reverse order, dense fronts first. X is float64 (m, k), row-major, in
     column chunks bounded by :data:`CHUNK_ELEMENTS`. The last stage's pool is
     used where it lies; an earlier stage's host pool is uploaded for its
-    levels (one at a time) and dropped after.
+    levels and dropped after. With :data:`PREFETCH`, the next stage's
+    reflectors go up on a side stream while the current stage's levels run,
+    where both fit the device memory (else one upload at a time).
 
 Solve (:class:`DeviceSolve`)
     Full rank only (the rank rules that need the host stay on the host, see
@@ -67,12 +69,25 @@ from .rproduct import FrontProduct
 from .trsolve import FrontTriangular
 
 __all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay", "plan_of",
-           "plan_arrays", "plan_of_arrays",
-           "NumpyExecutor", "CupyExecutor", "DeviceSolve", "CHUNK_ELEMENTS"]
+           "plan_arrays", "plan_of_arrays", "stage_sequence",
+           "NumpyExecutor", "CupyExecutor", "DeviceSolve", "CHUNK_ELEMENTS", "PREFETCH"]
 
 #: Largest X chunk (elements of float64) applied at once; more columns are
 #: applied chunk by chunk (1 GiB).
 CHUNK_ELEMENTS = 1 << 27
+
+#: ``Q``'s replay of a staged factorization uploads the next stage's reflectors
+#: on a side stream while the current stage's levels run (:class:`CupyExecutor`),
+#: where the memory allows both stages' packs: the uploads, bound by the link,
+#: then hide the levels' kernels. Off: one stage's upload after the other's
+#: levels, on the replay's stream.
+PREFETCH = True
+#: Device bytes a prefetched pack leaves free under a pool limit (share of the
+#: limit; at least :data:`PREFETCH_MARGIN_BYTES`): the solve's other buffers
+#: (a dense front's panels, R's rows) must still fit beside both packs (where
+#: they do not, the replay's out-of-memory path frees what is kept and goes on).
+PREFETCH_MARGIN = 0.05
+PREFETCH_MARGIN_BYTES = 16 << 20
 
 
 # ----------------------------------------------------------------------------- plan
@@ -284,6 +299,18 @@ def check_levels(plan: ReplayPlan) -> None:
             raise ValueError(f"records of replay level {lv} share global rows")
 
 
+def stage_sequence(plan: ReplayPlan, trans: bool) -> list:
+    """The stages whose pools a replay reads, in the order it reads them
+    (``Qᵀ``: levels in order; ``Q``: reversed), each once."""
+    order = np.asarray(plan.level_stage, dtype=np.int64)
+    if not trans:
+        order = order[::-1]
+    if not len(order):
+        return []
+    keep = np.r_[True, order[1:] != order[:-1]]
+    return order[keep].tolist()
+
+
 # ----------------------------------------------------------------------------- executors
 
 class NumpyExecutor:
@@ -384,6 +411,13 @@ class CupyExecutor:
             self.d_map = cp.asarray(plan.rowmap if len(plan.rowmap) else np.zeros(1, np.int64))
         self._pool_sid = None
         self._pool = None
+        self.prefetch = PREFETCH
+        self._next = {tr: dict(zip(q[:-1], q[1:]))           # stage -> the one read after it
+                      for tr in (True, False) for q in (stage_sequence(plan, tr),)}
+        self._trans = True
+        self._side = None           # the prefetches' copy stream, made on the first
+        self._ahead = None          # (stage, UploadedReflectors) going up on it
+        self.prefetched = 0         # stages whose pack came from a prefetch
         # (what, event) of one replay while the package logs at debug level: the
         # stages' uploads and dense fronts on the device's clock (:meth:`done`)
         self._marks = None
@@ -405,17 +439,53 @@ class CupyExecutor:
                                     self.d_map, X, np.int32(k), np.int64(k)),
                                    shared_mem=self.smem)
 
+    def begin(self, trans: bool) -> None:
+        """A replay starts: ``Qᵀ`` (``trans``) reads the stages in order, ``Q`` in reverse."""
+        self._trans = bool(trans)
+
     def stage_pool(self, sid: int):
         """Stage ``sid``'s pool on the device (an earlier stage's uploaded, the
-        previous upload dropped first)."""
+        previous upload dropped first; its prefetch waited for where one went
+        up), then the next stage's prefetch started (:data:`PREFETCH`)."""
         if sid != self._pool_sid:
             self._pool = None           # drop an uploaded pool before the next
             self.mark(f"u{sid}")
-            with self.stream:           # an upload goes before the level's kernels
-                self._pool = self.pools(sid)
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None and ahead[0] == sid:
+                self._pool = ahead[1]
+                self._pool.wait(self.stream)    # the levels wait for its copies
+                self.prefetched += 1
+            else:
+                self._drop(ahead)
+                with self.stream:       # an upload goes before the level's kernels
+                    self._pool = self.pools(sid)
             self._pool_sid = sid
             self.mark(f"l{sid}")
+            self._prefetch(self._next[self._trans].get(sid))
         return self._pool
+
+    def _prefetch(self, sid) -> None:
+        """Stage ``sid``'s reflectors sent up on the side stream behind the work
+        queued so far (its buffers taken on the replay's stream, where a block
+        the replay freed may be reused), where the pools' callable can
+        (``pools.prefetch``: an earlier stage's pack that fits beside the
+        current one)."""
+        fetch = getattr(self.pools, "prefetch", None)
+        if not self.prefetch or sid is None or fetch is None:
+            return
+        if self._side is None:
+            self._side = self.cp.cuda.Stream(non_blocking=True)
+        with self.stream:
+            up = fetch(sid, self._side)
+        if up is not None:
+            self._ahead = (sid, up)
+            self.mark(f"p{sid}")
+
+    def _drop(self, ahead) -> None:
+        """A prefetched pack not used: later work on the replay's stream (which
+        may reuse its blocks) waits for its copies first."""
+        if ahead is not None:
+            ahead[1].wait(self.stream)
 
     def mark(self, what: str) -> None:
         """A point of the replay's timeline (debug logging only: timed events)."""
@@ -433,9 +503,12 @@ class CupyExecutor:
     def done(self) -> None:
         """Release an uploaded pool; at debug level, log the replay's timeline
         (``what:ms`` from its start: ``u<stage>`` a stage's upload queued,
-        ``l<stage>`` its levels begin, ``d``/``e`` dense fronts begin/end)."""
+        ``l<stage>`` its levels begin, ``p<stage>`` its prefetch queued,
+        ``d``/``e`` dense fronts begin/end)."""
         self._pool = None
         self._pool_sid = None
+        ahead, self._ahead = self._ahead, None
+        self._drop(ahead)
         marks, self._marks = self._marks, None
         if marks:
             marks.append(("end", self._timed()))
@@ -453,6 +526,9 @@ def replay(plan: ReplayPlan, executor, X, trans: bool) -> None:
     ``qorder``; it must be C-contiguous for the CUDA executor.
     """
     order = range(plan.nlevels) if trans else range(plan.nlevels - 1, -1, -1)
+    begin = getattr(executor, "begin", None)
+    if begin is not None:
+        begin(trans)
     try:
         for lv in order:
             objs = plan.level_dense.get(lv, [])
@@ -782,7 +858,54 @@ def _device_pools(qr, *, reflectors_only: bool = False):
         dev = cp.empty(host.shape, dtype=host.dtype)
         dev.set(host)
         return dev
+
+    pinned = {}                 # stage -> its records' bytes in pinned memory
+
+    def prefetch(sid, copy_stream):
+        """Stage ``sid``'s pack taken on the current stream and sent up on
+        ``copy_stream`` (:func:`~.reflector_upload.upload_reflectors`), or None:
+        a pool on the device or a host stage's (nothing to send), or a pack
+        that would not leave :data:`PREFETCH_MARGIN` of the memory free."""
+        if sid in qr._stage_pools or sid in getattr(qr, "_host_stages", {}):
+            return None
+        host = qr._host_pools.get(sid)
+        if host is None or not getattr(host, "flags", None) or not host.flags.c_contiguous:
+            return None
+        layout = _reflector_layout_of(qr, sid)
+        raw = np.ascontiguousarray(layout.records).view(np.uint8).reshape(-1)
+        nbytes = layout.size * host.itemsize + raw.nbytes
+        if not _prefetch_fits(cp, nbytes):
+            return None
+        rec = pinned.get(sid)
+        if rec is None:
+            import cupyx
+            rec = pinned[sid] = cupyx.empty_pinned(raw.shape, dtype=np.uint8)
+            rec[...] = raw
+        try:
+            return upload_reflectors(host, layout, cp, copy_stream=copy_stream,
+                                     records_host=rec)
+        except cp.cuda.memory.OutOfMemoryError:
+            return None
+
+    if reflectors_only:
+        pools.prefetch = prefetch
     return pools
+
+
+def _prefetch_fits(cp, nbytes: int) -> bool:
+    """Whether ``nbytes`` more on the device leave the prefetch's margin free:
+    under a pool limit, of the limit (what the pool holds in use counted: its
+    cached blocks are reused, or given back first, which synchronizes the
+    device once but leaves the copies beside the levels queued after), else of
+    the device's free memory (the pool's cached blocks counted free)."""
+    from ..memory import RESERVE
+    pool = cp.get_default_memory_pool()
+    limit = int(pool.get_limit())
+    if limit:
+        margin = max(int(PREFETCH_MARGIN * limit), PREFETCH_MARGIN_BYTES)
+        return int(pool.used_bytes()) + int(nbytes) + margin <= limit
+    free, _ = cp.cuda.runtime.memGetInfo()
+    return int(nbytes) + RESERVE + PREFETCH_MARGIN_BYTES <= int(free) + int(pool.free_bytes())
 
 
 def _reflector_layout_of(qr, sid: int):
