@@ -114,7 +114,8 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "ANALYSIS_FIXED_S", "ANALYSIS_S_PER_LINE", "ANALYSIS_S_PER_ENTRY",
            "ANALYSIS_DEFERRAL", "STALL_SHARE", "ALLOWANCE_SHARE", "SWITCH_MARGIN",
            "ITER_LIM_MARGIN", "CONFIRMATIONS", "RANK_RISK_COND", "RANK_RISK_SHARE",
-           "RANK_PRIOR", "RANK_S_PER_CUBE", "RANK_DENSE_LIMIT", "PROJECTION_WINDOW",
+           "RANK_PRIOR", "RANK_S_PER_CUBE", "RANK_DENSE_LIMIT", "RANK_SPARSE_MIN_ORDER",
+           "RANK_SPARSE_MAX_DENSITY", "RANK_S_PER_R_ENTRY", "PROJECTION_WINDOW",
            "CHECK_GROWTH", "CHECK_INTERVAL_S", "UPLOAD_FIXED_S", "UPLOAD_BYTES_PER_S",
            "upload_seconds", "host_first_budget", "HostFirst", "SPECULATION_S_PER_ENTRY",
            "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_PER_ENTRY", "lu_seconds",
@@ -224,6 +225,21 @@ RANK_S_PER_CUBE = 2e-10
 #: (``scipy_gpuqr._factor.lstsq.DENSE_COD_HOST_LIMIT``); beyond it a second,
 #: rank-revealing sparse factorization of R, costed as one more factorization.
 RANK_DENSE_LIMIT = 14000
+#: Beyond this order (lstsq's ``DENSE_LIMIT``) a sparse R on the host
+#: (:data:`RANK_SPARSE_MAX_DENSITY`) has its rank decided by sparse rules
+#: before any dense work: the gap-checked sparse COD (a rank-detecting sparse
+#: QR of R), then the subspace iteration through R's triangular solves; their
+#: cost grows with R's entries, not with the order's cube.
+RANK_SPARSE_MIN_ORDER = 2500
+#: Largest share of R's q² entries that are nonzero for those sparse rules
+#: (lstsq's ``SPARSE_COD_MAX_DENSITY``).
+RANK_SPARSE_MAX_DENSITY = 0.05
+#: Seconds per entry of R (the analysis' count) of the sparse rules: measured
+#: on 2 cores, 1.1e-6 (rajat01, q = 6833, the sparse COD: 0.16-0.29 s where
+#: the cube model said 64 s) to 2.9e-6 (bayer10, q = 13436, the subspace
+#: iteration after the COD's gap check failed: 1.1-1.4 s where it said 485 s);
+#: the dearer path, since nothing before the factorization tells them apart.
+RANK_S_PER_R_ENTRY = 3e-6
 #: Iterations of test history a projection is fitted to (and the fewest
 #: after which a projection is trusted).
 PROJECTION_WINDOW = 20
@@ -393,14 +409,21 @@ def rank_risk(conda: float, itn: int, order: int) -> bool:
     return conda >= RANK_RISK_COND or itn >= RANK_RISK_SHARE * order
 
 
-def rank_decision_seconds(order: int, factorization: float) -> float:
+def rank_decision_seconds(order: int, factorization: float,
+                          r_entries: Optional[float] = None) -> float:
     """Predicted seconds of the rank decision on an order-``order`` R that is not clearly
     of full rank: dense work, :data:`RANK_S_PER_CUBE` × order³, up to
     :data:`RANK_DENSE_LIMIT`; beyond, one more factorization (``factorization``
-    seconds)."""
-    if order <= RANK_DENSE_LIMIT:
-        return RANK_S_PER_CUBE * float(order) ** 3
-    return factorization
+    seconds). Where R lies on the host with ``r_entries`` entries (the analysis'
+    count; None: unknown, or R on a GPU, which keeps its dense rules there)
+    beyond :data:`RANK_SPARSE_MIN_ORDER` and at most
+    :data:`RANK_SPARSE_MAX_DENSITY` of q² of them, the sparse rules come first:
+    :data:`RANK_S_PER_R_ENTRY` × ``r_entries`` where that is less."""
+    dense = RANK_S_PER_CUBE * float(order) ** 3 if order <= RANK_DENSE_LIMIT else factorization
+    if r_entries is not None and order > RANK_SPARSE_MIN_ORDER and \
+            0 < r_entries <= RANK_SPARSE_MAX_DENSITY * float(order) ** 2:
+        return min(dense, RANK_S_PER_R_ENTRY * float(r_entries))
+    return dense
 
 
 class Allowance:
@@ -496,6 +519,7 @@ class Allowance:
         self.planned = None
         self.predicted: Optional[float] = None
         self.rank_s = 0.0
+        self.r_entries: Optional[float] = None     # R's entries (the analysis'), host R only
         self.at_risk = False
         self.plan_error: Optional[MemoryError] = None
         self.analysis_s = 0.0
@@ -571,7 +595,7 @@ class Allowance:
             self.next_check = math.inf
             return False
         if self.order and not self.speculated:
-            self.rank_s = rank_decision_seconds(self.order, self.predicted) * \
+            self.rank_s = rank_decision_seconds(self.order, self.predicted, self.r_entries) * \
                 (1.0 if self.at_risk else RANK_PRIOR)
         if self.rank_s and self.speculated is None and self._speculate is not None and \
                 self._would_stop(itn, t, further, per_iteration, remaining, self.predicted) \
@@ -700,6 +724,9 @@ class Allowance:
             flops = float(getattr(chosen.analysis, "flops", float("nan")))
             predicted = predicted_seconds(chosen.backend, flops, chosen.gpu_name)
             self.predicted = predicted if predicted == predicted else math.inf
+            entries = getattr(chosen.analysis, "nnz_R", None)
+            if chosen.backend != "gpu" and entries is not None:
+                self.r_entries = float(entries)
         self.analysis_s += time.perf_counter() - t0
         self.analysed_at = (itn, t)
 
