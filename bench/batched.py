@@ -46,7 +46,9 @@ For n <= 32 the warp kernels' (threads per block, stages) are tuned per n
 (the best is reported next to the library default). For n > 32 the
 factorization methods of ``scipy_gpuqr.batched._gpu_blocked`` listed by
 ``--methods`` are timed (``cfg`` names the best; ``dflt ms`` is the default
-method), and Cholesky (``chol``) is timed against torch.linalg.cholesky.
+method), and Cholesky (``chol``, on A A^T + n I) is timed against
+torch.linalg.cholesky at every n (n <= 32: ``potrf_small``, one launch
+shape, no tuning).
 """
 
 from __future__ import annotations
@@ -275,9 +277,9 @@ def cublas_lu(cp, a, inverse: bool):
 #: stack; ``inv_vmix``, ``lu_vmix``: orders drawn from n/2+1 .. n, several
 #: size classes, beside the kernel of the whole stack (and, a line of its own,
 #: that kernel on the stack with the identity outside each order); ``jacobi``: block_jacobi of the
-#: block-diagonal CSR matrix made of the stack, blocks of n, beside the
-#: inverse kernel of the stack (its block gather is extra work the kernel
-#: column does not hold)) and the driver of each one's kernel.
+#: block-diagonal CSR matrix made of the stack, blocks of n, beside its
+#: kernels: the block gather (also timed alone), then the inverse of the
+#: gathered stack) and the driver of each one's kernel.
 PUBLIC_OPS = ("lu", "inv", "solve", "chol", "lu_solve", "cho_solve", "inv_v", "inv_vmix",
               "lu_v", "lu_vmix", "solve_v", "cho_v", "jacobi")
 
@@ -452,7 +454,16 @@ def public_bench(args) -> int:
                                           cp.arange(0, nn * n + 1, n, dtype=cp.int32)),
                                          shape=(nn, nn))
                     cols = None
-                    kern = lambda: bg.getri(a)                                   # noqa: E731
+                    from scipy_gpuqr.batched import _jacobi
+                    gather = getattr(_jacobi, "_gpu_blocks", None)
+                    if gather is None:        # a tree without the gather kernel
+                        kern = lambda: bg.getri(a)                               # noqa: E731
+                    else:                     # its kernels: the gather, then the inverse
+                        kern = lambda A=spd: bg.getri(gather(A, nn, n, dtype)[0])  # noqa: E731
+                        g_ms = timer.device(lambda A=spd: gather(A, nn, n, dtype),
+                                            reps=args.reps)
+                        print(f"{tag:6} {dtype.name:7} {n:>3} {bsz:>8} {op:9} "
+                              f"gather kernel alone: {g_ms:8.3f} ms", flush=True)
                     pub = lambda A=spd: fns.block_jacobi(A, n)                     # noqa: E731
                     asy = lambda A=spd: fns.block_jacobi(A, n, check_finite=False)  # noqa: E731
                 else:
@@ -704,12 +715,36 @@ def main(argv=None) -> int:
     for dtype in [np.dtype(d) for d in args.dtypes.split(",")]:
         for n, bsz in sizes:
             a = rng.standard_normal((bsz, n, n), dtype=dtype)
-            if n > 32:
+            ops = args.ops.split(",")
+            if n > 32 or "chol" in ops:
                 spd = cp.matmul(a, a.transpose(0, 2, 1))
                 spd += n * cp.eye(n, dtype=dtype)
             item = a.itemsize
-            for op in args.ops.split(","):
-                if op == "inv" and n > 64 or op == "chol" and n <= 32:
+            for op in ops:
+                if op == "inv" and n > 64:
+                    continue
+                if op == "chol" and n <= 32:
+                    # potrf_small on A A^T + n I against torch.linalg.cholesky
+                    # (no block-size tuning: one launch shape per n)
+                    fn = lambda spd=spd: bg.potrf(spd, True)              # noqa: E731
+                    best_cfg, best, dflt, host, e2e = timer.summary(
+                        {(None, None): timer.device(fn)}, (None, None), fn)
+                    flops = FLOPS[op](n) * bsz
+                    floor = floor_ms(op, n, item, bsz, bw)
+                    t_ms = torch_ms(torch, timer, spd, op)
+                    row = dict(dtype=dtype.name, n=n, batch=bsz, op=op, kernel="potrf_small",
+                               ms=best, default_ms=dflt, host_us=host, e2e_ms=e2e,
+                               gflops=flops / best / 1e6, floor_ms=floor,
+                               bw_fraction=floor / best, cublas_ms=float("nan"),
+                               x_cublas=float("nan"), torch_ms=t_ms, x_torch=t_ms / best,
+                               device=info.get("name"), copy_tbs=bw / 1e12)
+                    rows.append(row)
+                    print(f"{row['dtype']:7} {n:>4} {bsz:>8} {op:4} {'-':>6} {best:8.3f} "
+                          f"{dflt:8.3f} {host:7.0f} {e2e:8.3f} {row['gflops']:6.0f} "
+                          f"{floor:7.3f} {100 * row['bw_fraction']:4.0f} {'-':>8} {'-':>6} "
+                          f"{t_ms:8.3f} {row['x_torch']:6.2f}  potrf_small", flush=True)
+                    if args.json:
+                        Path(args.json).write_text(json.dumps(rows, indent=1))
                     continue
                 call = bg.getrf if op == "lu" else bg.getri
                 if n > 32:
@@ -782,7 +817,7 @@ def main(argv=None) -> int:
                       f"{t_ms:8.3f} {row['x_torch']:6.2f}  {kern}", flush=True)
                 if args.json:
                     Path(args.json).write_text(json.dumps(rows, indent=1))
-            a = None            # frees the stack (del would leave pyflakes a name to flag)
+            a = spd = None      # frees the stacks (del would leave pyflakes a name to flag)
             cp.get_default_memory_pool().free_all_blocks()
             if torch is not None:          # torch's cache grows with every new size
                 torch.cuda.empty_cache()

@@ -15,7 +15,8 @@ float64 matrices of order 32 (CuPy, well conditioned):
   depend on the block: any difference is a bug);
 * ``--variants``: the LU kernel compiled with other values of the macros of
   lu_mma.cu (``VARIANTS``; e.g. ``GPUQR_MMA_SPLIT=1``, two cp.async groups
-  for the copy in) at the first two block sizes, its outputs compared bit for bit with
+  for the copy in; ``pf0`` .. ``pf4``, ``GPUQR_MMA_PREFETCH``: the next
+  matrix asked of L2 at no / each panel) at the first two block sizes, its outputs compared bit for bit with
   the library kernel's and timed with the others;
 * then the driver at each block size, the public function with its defaults
   (``lu_factor_batched(a)`` / ``inv_batched(a)``: the status read and its
@@ -46,7 +47,8 @@ from batched import Timer, cublas_ms, torch_ms  # noqa: E402  (bench/batched.py)
 
 #: Compile-time variants of the LU kernel: label -> NVRTC options.
 VARIANTS = {"split0": ("-DGPUQR_MMA_SPLIT=0",), "split1": ("-DGPUQR_MMA_SPLIT=1",),
-            "stcs": ("-DGPUQR_MMA_STCS=1",)}
+            "stcs": ("-DGPUQR_MMA_STCS=1",),
+            **{f"pf{k}": (f"-DGPUQR_MMA_PREFETCH={k}",) for k in range(5)}}
 
 
 def variant_lu(label: str, a, threads: int):

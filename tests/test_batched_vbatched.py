@@ -524,3 +524,58 @@ def test_gpu_padded_stack_larger_than_the_grid(big, dtype):
     lu, piv, info = g.lu_factor_vbatched(ident, wrong, check_finite=False, return_info=True)
     lu = _host(lu)
     assert np.isnan(lu[-1]).all() and not np.isnan(lu[:-1]).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("big, dtype", [(4, np.float64), (5, np.float32), (8, np.float64),
+                                        (8, np.float32), (13, np.float32), (24, np.float64),
+                                        (32, np.float64)])
+def test_gpu_bad_sizes_found_where_the_order_is_used(big, dtype):
+    """Sizes outside [0, N] (-1 and N + 1, int64 and int32 entries) at matrices
+    in the middle of tiles of a stack larger than the grid (the size entries
+    travel with each tile's copy and are checked where the order is used):
+    the asynchronous calls give exactly those matrices NaN results and every
+    other one the fixed-size call's on the stack with the identity outside
+    each order; the default calls raise."""
+    import cupy as cp
+    batch = 40000
+    rs = cp.random.RandomState(11)
+    sizes = rs.randint(0, big + 1, size=batch).astype(cp.int64)
+    bad = np.array([1, 2, 777, 5001, batch // 2 + 3, batch - 2])
+    sizes[cp.asarray(bad)] = cp.asarray([-1, big + 1, -1, big + 1, -1, big + 1])
+    good = np.ones(batch, dtype=bool)
+    good[bad] = False
+    used = cp.clip(sizes, 0, big)                   # the reference's orders (bad ones: any)
+    ix = cp.arange(big)
+    inside = (ix[None, :, None] < used[:, None, None]) & (ix[None, None, :] < used[:, None, None])
+    eye = cp.eye(big, dtype=dtype)
+    ident = cp.where(inside, (rs.standard_normal((batch, big, big)) + 2 * cp.eye(big)).astype(dtype),
+                     eye)
+    spd = cp.where(inside, cp.matmul(ident, ident.transpose(0, 2, 1)) + big * eye, eye)
+    tol = 64 * eps(dtype)
+
+    def check(got, ref):
+        got, ref = _host(got), _host(ref)
+        assert np.isnan(got[bad]).all()
+        assert not np.isnan(got[good]).any()
+        np.testing.assert_allclose(got[good], ref[good], rtol=0,
+                                   atol=tol * max(1.0, np.abs(ref[good]).max()))
+
+    rlu, rpiv = g.lu_factor_batched(ident)
+    rinv = g.inv_batched(ident)
+    b = rs.standard_normal((batch, big)).astype(dtype)
+    inb = ix[None, :] < used[:, None]
+    rx = g.solve_batched(ident, cp.where(inb, b, 0).astype(dtype)[..., None])[..., 0]
+    rc, _ = g.cho_factor_batched(spd)
+    asy = dict(check_finite=False, return_info=True)
+    for sz in (sizes, sizes.astype(cp.int32)):
+        lu, piv, _ = g.lu_factor_vbatched(ident, sz, **asy)
+        check(lu, rlu)
+        np.testing.assert_array_equal(_host(piv)[good], _host(rpiv)[good])
+        check(g.inv_vbatched(ident, sz, **asy)[0], rinv)
+        check(g.solve_vbatched(ident, b, sz, **asy)[0], rx)
+        check(g.cho_factor_vbatched(spd, sz, **asy)[0], rc)
+        for fn, arg in ((g.lu_factor_vbatched, ident), (g.inv_vbatched, ident),
+                        (g.cho_factor_vbatched, spd)):
+            with pytest.raises(ValueError, match=rf"lie in \[0, {big}\]"):
+                fn(arg, sz)

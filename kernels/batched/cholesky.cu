@@ -51,16 +51,18 @@ __device__ __forceinline__ void potrf_small_run(const T *__restrict__ a, T *__re
     const long long first = (long long)blockIdx.x * mpb;
     const int nmat = (int)min((long long)mpb, batch - first);
     if (nmat <= 0) return;
-    // VB: this matrix's order (sizes; -1: outside [0, n], read as NaN),
-    // loaded before the staging copy (its latency under the copy's)
-    int order = n;
+    // VB: this matrix's order (sizes; -1: outside [0, n], read as NaN):
+    // its entry loaded before the staging copy and checked after it
+    // (order_raw / order_check: the load's latency under the copy's)
+    long long raw = n;
     if constexpr (VB) {
         const int ml = threadIdx.x / SEG;
-        if (ml < nmat && threadIdx.x % SEG < N)
-            order = matrix_order(sizes, szw, first + ml, n, status, ctl);
+        if (sizes != nullptr && ml < nmat && threadIdx.x % SEG < N)
+            raw = order_raw(sizes, szw, first + ml);
     }
     stage_in_n<T, N>(sm, a + first * n * n, nmat, n);
     __syncthreads();
+    const int order = VB ? order_check(raw, n, status, ctl) : n;
 
     const int lane = threadIdx.x & 31;
     const int r = threadIdx.x % SEG;

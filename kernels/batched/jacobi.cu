@@ -5,13 +5,18 @@
 // that block's columns go to row i % bs of the block: blocks 0 .. nfull-1
 // (split = nfull * bs rows) are the stack full (nfull, bs, bs), the rows from
 // split on the ragged last block last (n - split, n - split). A thread per
-// row: it writes its block row whole (zeros first, so the outputs need no
-// fill beforehand), then adds its entries in the block's columns in storage
-// order (duplicates are summed, as SciPy sums them). Entries outside the
-// diagonal blocks are not read beyond their column index.
+// row: it adds its entries in the block's columns in storage order
+// (duplicates are summed, as SciPy sums them) and writes its block row whole
+// (the outputs need no fill beforehand). Blocks of up to REG_BS columns sum
+// in registers and store the row once; wider ones write zeros first and add
+// in place. Entries outside the diagonal blocks are not read beyond their
+// column index.
 //
 // Launch: any 1-D grid and block (grid-stride over rows).
 #include "common.cuh"
+
+// Widest block row summed in registers (a select per register and entry).
+constexpr int REG_BS = 16;
 
 template <typename T, typename I>
 __global__ void jacobi_gather(const I *__restrict__ indptr, const I *__restrict__ indices,
@@ -33,9 +38,26 @@ __global__ void jacobi_gather(const I *__restrict__ indptr, const I *__restrict_
             w = rest;
             dst = last + (i - split) * rest;
         }
-        for (int j = 0; j < w; ++j) dst[j] = T(0);
+        const long long beg = (long long)indptr[i];
         const long long end = (long long)indptr[i + 1];
-        for (long long p = (long long)indptr[i]; p < end; ++p) {
+        if (bs <= REG_BS) {
+            T acc[REG_BS];
+#pragma unroll
+            for (int j = 0; j < REG_BS; ++j) acc[j] = T(0);
+            for (long long p = beg; p < end; ++p) {
+                const long long c = (long long)indices[p] - lo;
+                const T v = data[p];
+#pragma unroll
+                for (int j = 0; j < REG_BS; ++j)
+                    if (c == j) acc[j] += v;          // c >= w: a slot not stored
+            }
+#pragma unroll
+            for (int j = 0; j < REG_BS; ++j)
+                if (j < w) dst[j] = acc[j];
+            continue;
+        }
+        for (int j = 0; j < w; ++j) dst[j] = T(0);
+        for (long long p = beg; p < end; ++p) {
             const long long c = (long long)indices[p] - lo;
             if (c >= 0 && c < w) dst[c] += data[p];
         }

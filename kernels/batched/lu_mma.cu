@@ -74,6 +74,16 @@
 #ifndef GPUQR_MMA_STCS
 #define GPUQR_MMA_STCS 0
 #endif
+// k > 0: the LU (getrf_mma, gesv_mma; one matrix in flight, 16-byte path)
+// asks L2 for the warp's next matrix at the start of panel k - 1 of the
+// current one, so that the next copy in finds it there instead of waiting
+// for HBM (a second stage in shared memory would cost a third of the warps);
+// 0: no prefetch. Late enough that the lines are not evicted before the copy
+// (with a large batch the whole grid streams more than L2 holds while one
+// warp factors one matrix), early enough that they have arrived.
+#ifndef GPUQR_MMA_PREFETCH
+#define GPUQR_MMA_PREFETCH 3
+#endif
 
 namespace gpuqr_mma {
 
@@ -169,6 +179,24 @@ __device__ __forceinline__ void mma_load_split(double *t, const double *__restri
         cp_async16(t + (rowx<N>(i) ^ (2 * u)), src + i * N + 2 * u);
     }
     cp_async_commit();
+}
+
+// Ask L2 for the N x N matrix at src (16-byte aligned): one bulk prefetch
+// by lane 0 on sm_90, else a prefetch of every 32-byte sector spread over
+// the lanes. Nothing waits for it.
+template <int N>
+__device__ __forceinline__ void l2_prefetch(const double *src, int lane) {
+    constexpr int BYTES = N * N * 8;
+#if __CUDA_ARCH__ >= 900
+    if ((lane & 31) == 0)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n"
+                     :: "l"(src), "n"(BYTES) : "memory");
+#else
+#pragma unroll
+    for (int o = (lane & 31) * 32; o < BYTES; o += 32 * 32)
+        asm volatile("prefetch.global.L2 [%0];\n"
+                     :: "l"(reinterpret_cast<const char *>(src) + o) : "memory");
+#endif
 }
 
 // Copy the tile to dst, tile row r_i to row i (coalesced); perm[i] =
@@ -480,11 +508,13 @@ __device__ __forceinline__ int panel_step(int pos, int p) {
 // info (before the non-finite check); writes perm (rowx of the row of the
 // tile that goes to LAPACK row i), piv[lane] for lane < N (piv not null)
 // and mypos (the LAPACK row of tile row `lane`; steps[j] & 255 is the tile
-// row of LAPACK row j).
-template <int N, int SB>
+// row of LAPACK row j). prefetch(): called at the start of panel
+// GPUQR_MMA_PREFETCH - 1 (the caller asks L2 for its next matrix there; an
+// address computed at the call, not held through the panels in registers).
+template <int N, int SB, typename Prefetch>
 __device__ __forceinline__ int factor_mma(double *t, int *perm, int *steps, double *bc,
                                           int *__restrict__ piv, bool &bad, int &mypos,
-                                          bool rest_pending, int lane) {
+                                          bool rest_pending, int lane, Prefetch prefetch) {
     typedef MmaTile<N> M;
     constexpr int NP = M::NP;
     static_assert(NP > 1, "the wait for the rest of the tile is in the first update");
@@ -510,6 +540,7 @@ __device__ __forceinline__ int factor_mma(double *t, int *perm, int *steps, doub
 
 #pragma unroll 1
     for (int p = 0; p < NP; ++p) {
+        if (GPUQR_MMA_PREFETCH > 0 && p == GPUQR_MMA_PREFETCH - 1) prefetch();
         pivot_chain<false, SB>(P, L, cand, pos, bal, mh, p, bc, steps, nullptr, zk, lane);
         const int st = panel_step(pos, p);
         // the panel's final entries: L left of the pivot step, U from it
@@ -736,7 +767,11 @@ __device__ __forceinline__ void lu_mma_run(const T *__restrict__ a, T *__restric
         bool bad;
         int mypos;
         const int z = factor_mma<N, V>(t, perm, steps, bc, SOLVE ? nullptr : piv + m * N, bad,
-                                       mypos, GPUQR_MMA_SPLIT && v && stages != 2 && !VB, lane);
+                                       mypos, GPUQR_MMA_SPLIT && v && stages != 2 && !VB, lane,
+                                       [&]() {
+            if (v && stages != 2 && m + stride < batch)
+                l2_prefetch<N>(a + (m + stride) * (N * N), lane);
+        });
         const int got = bad ? -1 : z;
         if (lane == 0) info[m] = gpuqr_status::report_info(got, status, ctl);
         if constexpr (SOLVE) {

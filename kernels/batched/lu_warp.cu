@@ -414,18 +414,19 @@ __device__ __forceinline__ void lu_warp_run(const T *__restrict__ a, T *__restri
     T *bc = reinterpret_cast<T *>(smem_raw) + wib * 2 * L::MW * L::NBUF;
     T *tiles = reinterpret_cast<T *>(smem_raw) + nwb * 2 * L::MW * L::NBUF
                + wib * stages * L::TILE;
+    unsigned long long *slots = VB ? order_slots<T, N>(smem_raw, nwb, stages, wib) : nullptr;
     const int r = lane & (SEG - 1);
     const int mloc = lane / SEG;
 
     if constexpr (G > 1 && !SOLVE) {
-        run_tiles<T, N, VB, true>(a, lu, batch, N, stages, vec != 0, tiles, sizes, szw, status,
+        run_tiles<T, N, VB, true>(a, lu, batch, N, stages, vec != 0, tiles, slots, sizes, szw, status,
                                   ctl, [&](T *t, long long first, int, int) {
             const int z = factor2d<T, N, G, false>(t, bc, piv + first * N, N, lane);
             if (lane == 0) info[first] = gpuqr_status::report_info(z, status, ctl);
         });
         return;
     }
-    run_tiles<T, N, VB, false>(a, lu, batch, N, stages, vec != 0, tiles, sizes, szw, status,
+    run_tiles<T, N, VB, false>(a, lu, batch, N, stages, vec != 0, tiles, slots, sizes, szw, status,
                                ctl, [&](T *t, long long first, int nv, int order) {
         const bool active = mloc < nv && r < N;
         T row[N];
@@ -622,12 +623,13 @@ __device__ __forceinline__ void getri_warp_run(const T *__restrict__ a, T *__res
     T *bc = reinterpret_cast<T *>(smem_raw) + wib * 2 * L::MW * L::NBUF;
     T *tiles = reinterpret_cast<T *>(smem_raw) + nwb * 2 * L::MW * L::NBUF
                + wib * stages * L::TILE;
+    unsigned long long *slots = VB ? order_slots<T, N>(smem_raw, nwb, stages, wib) : nullptr;
     const int r = lane & (SEG - 1);
     const int mloc = lane / SEG;
     const int base = lane & ~(SEG - 1);
 
     if constexpr (G > 1) {
-        run_tiles<T, N, VB, true>(a, ainv, batch, n, stages, vec != 0, tiles, sizes, szw, status,
+        run_tiles<T, N, VB, true>(a, ainv, batch, n, stages, vec != 0, tiles, slots, sizes, szw, status,
                                   ctl, [&](T *t, long long first, int, int) {
             const int z = factor2d<T, N, G, true>(t, bc, nullptr, n, lane);
             if (gpuqr_status::nan_result(z, ctl)) {         // warp-uniform; MW == 1 here
@@ -638,18 +640,32 @@ __device__ __forceinline__ void getri_warp_run(const T *__restrict__ a, T *__res
         });
         return;
     }
-    run_tiles<T, N, VB, false>(a, ainv, batch, n, stages, vec != 0, tiles, sizes, szw, status,
+    run_tiles<T, N, VB, false>(a, ainv, batch, n, stages, vec != 0, tiles, slots, sizes, szw, status,
                                ctl, [&](T *t, long long first, int nv, int order) {
         const bool active = mloc < nv && r < N;
         T row[N];
         if (active) row_read<T, N>(row, t + (mloc * N + r) * L::LD);
         bool fin = true;
+        if constexpr (VB && N <= 8) {
+            // the identity outside n as below, then outside the matrix's own
+            // order behind a branch (NaN: a bad size); at N > 8 the selects
+            // below take fewer registers
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-            // the identity outside the matrix's order (n, or its size; NaN: a bad size)
-            if constexpr (VB) row[j] = active ? order_masked(row[j], r, j, order) : T(r == j);
-            else row[j] = (active && r < n && j < n) ? row[j] : T(r == j);
-            fin = fin && finite_bits(row[j]);
+            for (int j = 0; j < N; ++j) row[j] = (active && r < n && j < n) ? row[j] : T(r == j);
+            if (active && order != n) {
+#pragma unroll
+                for (int j = 0; j < N; ++j) row[j] = order_masked(row[j], r, j, order);
+            }
+#pragma unroll
+            for (int j = 0; j < N; ++j) fin = fin && finite_bits(row[j]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                // the identity outside the matrix's order (n, or its size; NaN: a bad size)
+                if constexpr (VB) row[j] = active ? order_masked(row[j], r, j, order) : T(r == j);
+                else row[j] = (active && r < n && j < n) ? row[j] : T(r == j);
+                fin = fin && finite_bits(row[j]);
+            }
         }
         const bool bad = seg_bits<SEG>(__ballot_sync(0xffffffffu, !fin), lane) != 0u;
 

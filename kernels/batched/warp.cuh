@@ -359,27 +359,57 @@ __device__ __forceinline__ void warp_row_tasks(long long batch, Body body) {
     }
 }
 
-// The orders of a tile's matrices (padded stacks with per-matrix orders,
-// matrix_order of batched.cuh): lane l < nv gets matrix first + l's, the
-// others (and every lane without sizes) n. Issued before the wait for the
-// tile's copy, so that the load's latency hides under it.
-__device__ __forceinline__ int tile_orders(const void *sizes, int szw, long long first, int nv,
-                                           int n, unsigned long long *status,
-                                           unsigned long long ctl, int lane) {
-    return (sizes != nullptr && lane < nv) ? matrix_order(sizes, szw, first + lane, n, status, ctl)
-                                           : n;
+// The warp's order_copy slots (stages * MW 8-byte entries): after every
+// warp's broadcast buffers and tiles in the block's dynamic shared memory,
+// from the next 8-byte boundary (warp_smem_bytes(..., vb=True) in
+// scipy_gpuqr/batched/_gpu.py adds them to the launch's shared memory).
+template <typename T, int N>
+__device__ __forceinline__ unsigned long long *order_slots(unsigned char *smem, int nwb,
+                                                          int stages, int wib) {
+    typedef Layout<T, N> L;
+    const size_t off = (size_t)nwb * (2 * L::MW * L::NBUF + stages * L::TILE) * sizeof(T);
+    return reinterpret_cast<unsigned long long *>(smem + ((off + 7) & ~(size_t)7))
+           + wib * stages * L::MW;
+}
+
+// The size entries of a tile's matrices (padded stacks with per-matrix
+// orders, order_raw of batched.cuh) into the warp's shared slots of that
+// tile: lane l < nv copies matrix first + l's entry (szw bytes) into slot l
+// (8 bytes each) by cp.async, in the copy group of the tile itself, so that
+// the wait for the tile's copy covers them and no register waits on a
+// global load through the tile's work.
+__device__ __forceinline__ void order_copy(unsigned long long *slots, const void *sizes, int szw,
+                                           long long first, int nv, int lane) {
+    if (lane < nv) {
+        const char *src = reinterpret_cast<const char *>(sizes) + (first + lane) * szw;
+        if (szw == 8)
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n"
+                         :: "r"(smem_addr(slots + lane)), "l"(src) : "memory");
+        else
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n"
+                         :: "r"(smem_addr(slots + lane)), "l"(src) : "memory");
+    }
+}
+
+// The order of matrix mm of a tile whose size entries order_copy put in
+// slots (after the wait for the tile's copy and a __syncwarp), checked
+// (order_check: -1 for a bad size).
+__device__ __forceinline__ int slot_order(const unsigned long long *slots, int szw, int mm, int n,
+                                          unsigned long long *status, unsigned long long ctl) {
+    const long long k = szw == 8 ? reinterpret_cast<const long long *>(slots)[mm]
+                                 : (long long)reinterpret_cast<const int *>(slots + mm)[0];
+    return order_check(k, n, status, ctl);
 }
 
 // The tile's matrices (order n, row stride LD) with rows and columns from
-// each one's order on set to the identity, all NaN for a bad size; nk:
-// tile_orders' value (lane l: matrix l's order). A row per lane (the
-// kernels whose proc reads the tile itself; the others mask in registers).
+// each one's order on set to the identity, all NaN for a bad size; k: the
+// order of the lane's matrix (slot_order). A row per lane (the kernels whose
+// proc reads the tile itself; the others mask in registers).
 template <typename T, int N>
-__device__ __forceinline__ void tile_mask(T *t, int nk, int nv, int n, int lane) {
+__device__ __forceinline__ void tile_mask(T *t, int k, int nv, int n, int lane) {
     typedef Layout<T, N> L;
     const int mm = lane / L::SEG;
     const int r = lane & (L::SEG - 1);
-    const int k = __shfl_sync(0xffffffffu, nk, mm);
     if (mm < nv && r < n && k != n) {
         T *row = t + (mm * N + r) * L::LD;
 #pragma unroll
@@ -391,16 +421,19 @@ __device__ __forceinline__ void tile_mask(T *t, int nk, int nv, int n, int lane)
 
 // Grid-stride loop of a warp over its tiles: copy in (one tile ahead when
 // stages == 2), proc(tile, first matrix, number of matrices, the order of
-// the lane's matrix: tile_orders; n without sizes), copy out (none when out
-// is null: the fused solves keep only their solutions). VB: per-matrix
-// orders (sizes, szw; without VB they are not looked at and proc gets n);
+// the lane's matrix; n without sizes), copy out (none when out is null: the
+// fused solves keep only their solutions). VB: per-matrix orders (sizes,
+// szw; without VB they are not looked at and proc gets n): each tile's size
+// entries travel with its copy into `slots` (stages * MW 8-byte slots of the
+// warp, order_copy) and are checked once the copy has landed (slot_order);
 // MASK: tile_mask before proc (procs that read the tile rather than a row
 // per lane in registers). Shared memory of the warp: stages tiles starting
 // at `tiles`.
 template <typename T, int N, bool VB, bool MASK, typename Proc>
 __device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict__ out,
                                           long long batch, int n, int stages, bool vec,
-                                          T *tiles, const void *sizes, int szw,
+                                          T *tiles, unsigned long long *slots,
+                                          const void *sizes, int szw,
                                           unsigned long long *status, unsigned long long ctl,
                                           Proc proc) {
     typedef Layout<T, N> L;
@@ -409,40 +442,50 @@ __device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict
     const long long stride = (long long)gridDim.x * (blockDim.x >> 5);
     long long task = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const long long nn = (long long)n * n;
+    const bool vb = VB && sizes != nullptr;
     int cur = 0;
     if (task < ntask && stages == 2) {
         const long long f = task * L::MW;
         tile_load<T, N>(tiles, a + f * nn, (int)min((long long)L::MW, batch - f), n, vec, lane);
+        if constexpr (VB) {
+            if (vb) order_copy(slots, sizes, szw, f, (int)min((long long)L::MW, batch - f), lane);
+        }
         cp_async_commit();
     }
     for (; task < ntask; task += stride) {
         const long long first = task * L::MW;
         const int nv = (int)min((long long)L::MW, batch - first);
         T *t = tiles + cur * L::TILE;
-        int nk = n;
         if (stages == 2) {
             const long long next = task + stride;
             if (next < ntask) {
                 const long long f = next * L::MW;
                 tile_load<T, N>(tiles + (cur ^ 1) * L::TILE, a + f * nn,
                                 (int)min((long long)L::MW, batch - f), n, vec, lane);
+                if constexpr (VB) {
+                    if (vb) order_copy(slots + (cur ^ 1) * L::MW, sizes, szw, f,
+                                       (int)min((long long)L::MW, batch - f), lane);
+                }
                 cp_async_commit();
-                if constexpr (VB) nk = tile_orders(sizes, szw, first, nv, n, status, ctl, lane);
                 cp_async_wait<1>();
             } else {
-                if constexpr (VB) nk = tile_orders(sizes, szw, first, nv, n, status, ctl, lane);
                 cp_async_wait<0>();
             }
         } else {
             tile_load<T, N>(t, a + first * nn, nv, n, vec, lane);
+            if constexpr (VB) {
+                if (vb) order_copy(slots, sizes, szw, first, nv, lane);
+            }
             cp_async_commit();
-            if constexpr (VB) nk = tile_orders(sizes, szw, first, nv, n, status, ctl, lane);
             cp_async_wait<0>();
         }
         __syncwarp();
         if constexpr (VB) {
+            const int mm = lane / L::SEG;
+            const int nk = (vb && mm < nv)
+                               ? slot_order(slots + cur * L::MW, szw, mm, n, status, ctl) : n;
             if constexpr (MASK) tile_mask<T, N>(t, nk, nv, n, lane);
-            proc(t, first, nv, __shfl_sync(0xffffffffu, nk, lane / L::SEG));
+            proc(t, first, nv, nk);
         } else {
             proc(t, first, nv, n);
         }

@@ -123,13 +123,16 @@ def small_launch(kernel, size: int, batch: int, itemsize: int,
 # ----------------------------------------------------------------------------
 
 def warp_smem_bytes(size: int, itemsize: int, warps: int, stages: int,
-                    tiny_max: int = TINY_MAX) -> int:
+                    tiny_max: int = TINY_MAX, vb: bool = False) -> int:
     """Dynamic shared memory of a ``getrf_warp``/``getri_warp`` block.
 
     Mirrors ``Layout`` in kernels/batched/warp.cuh: per warp two broadcast
     buffers per matrix of the tile and ``stages`` tiles (none at all for
     ``size <= tiny_max``: a thread per matrix). ``tiny_max`` is the
     kernels' ``GPUQR_TINY_MAX`` (a compile-time variant may change it).
+    ``vb``: the twin with per-matrix orders (``<name>_vb``), which also
+    keeps each tile's size entries, an 8-byte slot per matrix and stage,
+    after the rest from the next 8-byte boundary (``order_slots``).
     """
     if size <= tiny_max:
         return 0
@@ -142,7 +145,10 @@ def warp_smem_bytes(size: int, itemsize: int, warps: int, stages: int,
     else:
         ld = size | 1
     nbuf = -(-(size + 2) // vw) * vw + (6 * vw if mw == 1 else 0)
-    return warps * (2 * mw * nbuf + stages * mw * size * ld) * itemsize
+    base = warps * (2 * mw * nbuf + stages * mw * size * ld) * itemsize
+    if vb:
+        return -(-base // 8) * 8 + warps * stages * mw * 8
+    return base
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,7 +239,8 @@ def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
     if kernel in MMA_KERNELS:
         smem = mma_smem_bytes(size, threads // 32, stages, inverse=kernel.startswith("getri"))
     else:
-        smem = warp_smem_bytes(size, np.dtype(dt).itemsize, threads // 32, stages)
+        smem = warp_smem_bytes(size, np.dtype(dt).itemsize, threads // 32, stages,
+                               vb=kernel.endswith(VB_SUFFIX))
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, smem)
@@ -250,7 +257,8 @@ def _warp_plan(op: str, dt: str, n: int, kernel, threads, stages, device: int,
     per (dtype, n, options, device): (function, register size, threads,
     stages, shared memory, resident blocks, matrices per warp, elements per
     16-byte vector, CUfunction). ``vb``: the kernel's twin with per-matrix
-    orders (same block, stages and shared memory)."""
+    orders (same block and stages; the warp kernels' twins take 8 bytes more
+    shared memory per matrix and stage: :func:`warp_smem_bytes`)."""
     if op == "lu":
         name, size = getrf_kernel(n, dt, kernel), n
     elif op == "gesv":                    # the LU kernel's fused twin
