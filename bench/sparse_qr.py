@@ -12,7 +12,8 @@ as ``refactor`` gets them), medians: end to end (``gpu_factorize`` wall
 time until R is a host ``scipy.sparse.csc_array``), the device part
 (uploads, every launch, the finite check, R's values gathered in CSC order
 on the GPU and copied back), kernel time from CUDA events, the host tail
-(R's csc_array); TF/s from the analysis flop count, launches, tasks; then a
+(R's csc_array), the call's start to its first launch; TF/s from the
+analysis flop count, launches, tasks; then a
 profiled run (an event pair around every launch) that splits the GPU time
 into launches by size and estimates bytes moved per task type.
 SuiteSparseQR (COLAMD, no rank detection, OpenBLAS threads = cores) runs
@@ -29,16 +30,14 @@ dense fronts (``model_seconds``: kernels and R's wait; ``model_kernel_seconds``)
 threshold that has dense fronts. ``--panel-method kernel,geqrf`` repeats each
 threshold's row per way of factorizing the dense fronts' panels
 (``scipy_gpuqr._engine.dense_front.PANEL_METHODS``; default: the default one;
-``kernel:noahead`` without the look-ahead stream, ``kernel:ahead`` with it). ``--apply scalar,mma-async``
-repeats each row per Apply variant of the uberkernel
+``kernel:noahead`` without the look-ahead stream, ``kernel:ahead`` with it).
+``--apply scalar,mma-async-lean`` repeats each row per Apply variant of the uberkernel
 (``factorize_kernels.APPLY_VARIANTS``, through ``SCIPY_GPUQR_APPLY``; each
 variant's kernels compiled before its timings). ``--apply-split 1,4,8:2``
 repeats each row per cut of the Apply records (and of the Apply+Factorize
 records' Apply after their factorized tile) of small launches
 (``max[:fill]`` through ``SCIPY_GPUQR_APPLY_SPLIT``, see
-``device.apply_split_setting``; 1: never cut). ``--tile 32:3,64:2`` repeats each
-row per uberkernel tile and bundle (``gpu_factorize(tile=, bundle=)``; one of
-``factorize_kernels.LAUNCHABLE_VARIANTS``). The profiled run's launches are
+``device.apply_split_setting``; 1: never cut). The profiled run's launches are
 summed by size (records against the device's resident blocks) and by pieces.
 ``--once`` only factorizes each matrix once
 (first threshold; for a profiler wrapped around the script, e.g.
@@ -120,14 +119,13 @@ def _bytes_estimate(sched, tile=32, itemsize=8):
     return out
 
 
-def _profile(A, an, dense_flops=None, cpl=None, tb=(32, 3)):
-    """Per-launch kernel times: where the GPU time goes (``tb``: tile, bundle)."""
+def _profile(A, an, dense_flops=None, cpl=None):
+    """Per-launch kernel times: where the GPU time goes."""
     from scipy_gpuqr._engine.gpu.driver import gpu_factorize
     from scipy_gpuqr._engine.gpu.device import CupyDevice
-    dev = CupyDevice(*tb, profile=True)
+    dev = CupyDevice(32, 3, profile=True)
     kw = {} if cpl is None else {"dense_columns_per_launch": cpl}
-    g = gpu_factorize(A, an, device=dev, dense_flops=dense_flops, tile=tb[0], bundle=tb[1],
-                      **kw)
+    g = gpu_factorize(A, an, device=dev, dense_flops=dense_flops, **kw)
     lt = dev.launch_times()
     dts = dev.dense_times()
     tasks = np.array([x[2] for x in lt])
@@ -154,7 +152,7 @@ def _profile(A, an, dense_flops=None, cpl=None, tb=(32, 3)):
            "top10_launch_seconds": sorted(secs.tolist())[-10:],
            "median_launch_us": float(np.median(secs) * 1e6) if len(secs) else 0.0,
            "slots": slots, "by_size": by_size, "by_split": by_split,
-           "bytes_estimate": _bytes_estimate(g.schedule, tile=tb[0]),
+           "bytes_estimate": _bytes_estimate(g.schedule),
            "dense_seconds": float(sum(t for _, _, t in dts)),
            "dense_fronts": [(m, n, t) for m, n, t in sorted(dts, key=lambda x: -x[2])[:6]],
            "dense_all": [(m, n, t) for m, n, t in dts]}
@@ -245,14 +243,8 @@ def _split_env(split):
             os.environ[ENV_APPLY_SPLIT] = old
 
 
-def _tile_arg(x):
-    """'TILE:BUNDLE' (or 'TILE': bundle 3 for 32, 2 for 64) -> (tile, bundle)."""
-    t, _, b = x.partition(":")
-    return int(t), int(b) if b else (2 if int(t) == 64 else 3)
-
-
 def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), panels=(),
-            methods=(None,), applies=(None,), splits=(None,), tiles=(None,)):
+            methods=(None,), applies=(None,), splits=(None,)):
     """One matrix: analysis, then per dense threshold a row (see the module notes)."""
     from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
     from scipy_gpuqr._symbolic import analyze
@@ -272,11 +264,10 @@ def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), p
     # compile the kernels outside the timings (a tiny problem, per Apply variant)
     from scipy_gpuqr._engine.gpu.driver import gpu_factorize
     from scipy_gpuqr._testing_matrices import grid3d_least_squares
-    for ap, tb in itertools.product(applies, tiles):
+    for ap in applies:
         old = _apply_env(ap)
-        kw = {} if tb is None else {"tile": tb[0], "bundle": tb[1]}
         try:
-            gpu_factorize(grid3d_least_squares(3), dense_flops=1.0, **kw).free()
+            gpu_factorize(grid3d_least_squares(3), dense_flops=1.0).free()
         finally:
             _apply_env(old)
     rows = []
@@ -285,18 +276,17 @@ def run_one(name, make, spqr_names, reps, spqr_only=False, dense=("default",), p
     default_ahead = dense_front.DEFAULT_LOOKAHEAD
     for d in dense:
         thr, cpl = (DEFAULT_DENSE_FLOPS, None) if d == "default" else _dense_arg(d)
-        for method, ap, sp, tb in itertools.product(methods, applies, splits, tiles):
+        for method, ap, sp in itertools.product(methods, applies, splits):
             name_m, _, opt = (method or default_method).partition(":")
             r = dict(row, dense_flops=thr, dense_cpl=cpl,
                      panel_method=method or default_method, apply=ap or "default",
-                     apply_split=sp or "default",
-                     tile="default" if tb is None else f"{tb[0]}:{tb[1]}")
+                     apply_split=sp or "default")
             dense_front.DEFAULT_PANEL_METHOD = name_m
             dense_front.DEFAULT_LOOKAHEAD = (default_ahead or opt == "ahead") and opt != "noahead"
             old = _apply_env(ap)
             try:
                 with _rule_model(thr), _split_env(sp):
-                    _gpu_runs(A, an, r, reps, thr, cpl, tb)
+                    _gpu_runs(A, an, r, reps, thr, cpl)
             finally:
                 dense_front.DEFAULT_PANEL_METHOD = default_method
                 dense_front.DEFAULT_LOOKAHEAD = default_ahead
@@ -333,16 +323,14 @@ def _panel_runs(A, an, thr, panels, reps):
     return out
 
 
-def _gpu_runs(A, an, row, reps, thr, cpl=None, tb=None):
+def _gpu_runs(A, an, row, reps, thr, cpl=None):
     import functools
 
     import cupy as cp
 
     from scipy_gpuqr._engine.gpu import driver as gpu
-    kw = {} if cpl is None else {"dense_columns_per_launch": cpl}
-    if tb is not None:
-        kw.update(tile=tb[0], bundle=tb[1])
-    gpu_factorize = functools.partial(gpu.gpu_factorize, **kw)
+    gpu_factorize = gpu.gpu_factorize if cpl is None else functools.partial(
+        gpu.gpu_factorize, dense_columns_per_launch=cpl)
     from scipy_gpuqr._engine.gpu.rlayout import clear_r_layout_cache
     # first factorization of this analysis: cold schedule and R layout (the layout
     # does not depend on the threshold: forgotten so that every row's first call is cold)
@@ -382,7 +370,7 @@ def _gpu_runs(A, an, row, reps, thr, cpl=None, tb=None):
     row["tflops_end_to_end"] = an.flops / med["wall"] / 1e12
     row["tflops_factorize"] = an.flops / med["factorize"] / 1e12
     row["tflops_kernels"] = an.flops / med["gpu_kernels"] / 1e12
-    row["profile"] = _profile(A, an, thr, cpl, tb or (32, 3))
+    row["profile"] = _profile(A, an, thr, cpl)
     return row
 
 
@@ -399,11 +387,9 @@ def main(argv=None) -> int:
     p.add_argument("--panel-method", default="",
                    help="comma list of dense panel methods (kernel, geqrf; default: default)")
     p.add_argument("--apply", default="",
-                   help="comma list of uberkernel Apply variants (scalar, mma-async, mma-async-lean)")
+                   help="comma list of uberkernel Apply variants (scalar, mma-async-lean)")
     p.add_argument("--apply-split", default="",
                    help="comma list of Apply cuts 'max[:fill]' (1: none; see the notes)")
-    p.add_argument("--tile", default="",
-                   help="comma list of uberkernel 'tile:bundle' (e.g. 32:3,64:2; default: default)")
     p.add_argument("--once", action="store_true",
                    help="one factorization per matrix, nothing timed (for profilers)")
     args = p.parse_args(argv)
@@ -412,7 +398,6 @@ def main(argv=None) -> int:
     methods = tuple(x for x in args.panel_method.split(",") if x) or (None,)
     applies = tuple(x for x in args.apply.split(",") if x) or (None,)
     splits = tuple(x for x in args.apply_split.split(",") if x) or (None,)
-    tiles = tuple(_tile_arg(x) for x in args.tile.split(",") if x) or (None,)
     only = {x for x in args.only.split(",") if x}
     spqr = {x for x in args.spqr.split(",") if x}
     rows = []
@@ -421,16 +406,15 @@ def main(argv=None) -> int:
         from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
         thr = DEFAULT_DENSE_FLOPS if dense[0] == "default" else _dense_arg(dense[0])[0]
         for name, make in _matrices(only, os.environ.get("SHARED_MATRICES")):
-            kw = {} if tiles[0] is None else {"tile": tiles[0][0], "bundle": tiles[0][1]}
             with _rule_model(thr):
-                g = gpu_factorize(make(), dense_flops=thr, **kw)
+                g = gpu_factorize(make(), dense_flops=thr)
             print(name, g.info["launches"], "launches", g.info["seconds"]["gpu_kernels"], "s")
             g.free()
         return 0
     for name, make in _matrices(only, os.environ.get("SHARED_MATRICES")):
         try:
             got = run_one(name, make, spqr, args.reps, args.spqr_only, dense, panels, methods,
-                          applies, splits, tiles)
+                          applies, splits)
         except Exception as exc:  # noqa: BLE001 - report and go on
             import traceback
             traceback.print_exc()
@@ -465,8 +449,6 @@ def main(argv=None) -> int:
             tag = f"{tag}/{r['apply'].replace('mma-async', 'mma')[:8]}"
         if r.get("apply_split", "default") != "default":
             tag = f"{tag}/s{r['apply_split']}"
-        if r.get("tile", "default") != "default":
-            tag = f"{tag}/t{r['tile']}"
         print(f"{r['matrix'][:14]:14s} {tag:>8s} "
               f"{r.get('dense_fronts', 0):3d} "
               f"{r['flops'] / 1e12:6.3f} {r['analysis_seconds']:5.2f} "
@@ -478,8 +460,9 @@ def main(argv=None) -> int:
               f"{r.get('speedup_vs_spqr', float('nan')):5.1f} "
               f"{r.get('model_seconds', float('nan')):6.3f} "
               f"{r.get('model_kernel_seconds', float('nan')):6.3f}")
-        ph = {k: s.get(k, 0.0) for k in ("schedule", "upload", "launch_loop", "wait_gpu",
-                                          "wait_r_copy", "assemble_R", "wait_host_side")}
+        ph = {k: s.get(k, 0.0) for k in ("first_launch", "schedule", "upload", "launch_loop",
+                                          "wait_gpu", "wait_r_copy", "assemble_R",
+                                          "wait_host_side")}
         print("    phases s: " + ", ".join(f"{k} {v:.3f}" for k, v in ph.items()))
         pr = r["profile"]
         print("    launches by records (of %d resident blocks): " % pr.get("slots", 0)

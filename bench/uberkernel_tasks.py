@@ -2,8 +2,7 @@
 
 Run on the GPU machine::
 
-    python3 bench/uberkernel_tasks.py [--shapes 1500x600x40,...] [--apply scalar,mma-async]
-        [--tile 32:3,64:2]
+    python3 bench/uberkernel_tasks.py [--shapes 1500x600x40,...] [--apply scalar,mma-async-lean]
 
 A batch of identical dense fronts (``fm x fn x copies``: the copies share
 every launch, as fronts of one level do in the engine) is scheduled by
@@ -15,9 +14,7 @@ Apply+Factorize run as the Factorize of its ``c0`` tile). Each is timed on
 the device (CUDA events around the whole launch sequence, task arrays
 uploaded beforehand), median of ``--reps``; the full run's front pool is
 checked against the first variant's. Flops: the Householder count of the
-fronts (``2 n^2 (m - n/3)`` for ``m >= n`` per front). ``--tile`` repeats it per
-uberkernel tile and bundle (``factorize_kernels.LAUNCHABLE_VARIANTS``); the
-front pools are compared within a tile.
+fronts (``2 n^2 (m - n/3)`` for ``m >= n`` per front).
 """
 
 from __future__ import annotations
@@ -34,12 +31,12 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: 
 TILE, BUNDLE, THREADS = 32, 3, 256
 
 
-def batch(fm, fn, copies, tile=TILE, bundle=BUNDLE):
+def batch(fm, fn, copies):
     """Tasks (sorted by launch) of ``copies`` fronts side by side; pool sizes."""
     from scipy_gpuqr._schedule import bucket
     from scipy_gpuqr._schedule.tasks import TaskType
-    tasks, launch, nvt = bucket.dense_front_tasks(fm, fn, None, None, tile=tile, bundle=bundle)
-    per_f, per_vt = fm * fn, max(nvt, 1) * tile * tile
+    tasks, launch, nvt = bucket.dense_front_tasks(fm, fn, None, None, tile=TILE, bundle=BUNDLE)
+    per_f, per_vt = fm * fn, max(nvt, 1) * TILE * TILE
     uses_vt = np.isin(tasks["type"], [TaskType.FACTORIZE, TaskType.APPLY,
                                       TaskType.APPLY_FACTORIZE])
     uses_vt2 = tasks["type"] == TaskType.APPLY_FACTORIZE
@@ -99,23 +96,20 @@ def run(kern, smem, tasks, launch, F, VT, reps):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="1500x600x40,5000x1000x8,300x300x400")
-    p.add_argument("--apply", default="scalar,mma-async,mma-async-lean")
+    p.add_argument("--apply", default="scalar,mma-async-lean")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--tile", default=f"{TILE}:{BUNDLE}", help="comma list of tile:bundle")
     p.add_argument("--json")
     args = p.parse_args(argv)
     import cupy as cp
 
     from scipy_gpuqr._engine.gpu import factorize_kernels as fk
     from scipy_gpuqr._kernels import load_module
+    mod = load_module(fk.UBERKERNEL_FILE, fk.KERNEL_VARIANTS[fk.UBERKERNEL_FILE])
     names = [x for x in args.apply.split(",") if x]
-    tiles = [tuple(int(y) for y in x.split(":")) for x in args.tile.split(",") if x]
     rows = []
-    for (tile, bundle), shape in ((tb, s) for tb in tiles for s in args.shapes.split(",")):
-        uber = fk.uberkernel_file(tile)
-        mod = load_module(uber, fk.KERNEL_VARIANTS[uber])
+    for shape in args.shapes.split(","):
         fm, fn, copies = (int(x) for x in shape.split("x"))
-        tasks, launch, nf, nvt = batch(fm, fn, copies, tile, bundle)
+        tasks, launch, nf, nvt = batch(fm, fn, copies)
         m, n = max(fm, fn), min(fm, fn)
         flops = copies * 2.0 * n * n * (m - n / 3.0)
         rng = np.random.default_rng(0)
@@ -123,11 +117,10 @@ def main(argv=None) -> int:
         ref = None
         for name in names:
             a = fk.APPLY_VARIANTS[name]
-            kern = mod.get_function(fk.kernel_name("double", tile, bundle, THREADS, a))
-            smem = fk.tile_smem_bytes(tile, bundle, 8, apply=a)
+            kern = mod.get_function(fk.kernel_name("double", TILE, BUNDLE, THREADS, a))
+            smem = fk.tile_smem_bytes(TILE, BUNDLE, 8, apply=a)
             kern.max_dynamic_shared_size_bytes = smem
-            row = {"shape": shape, "apply": name, "tile": tile, "bundle": bundle,
-                   "launches": int(launch.max()) + 1,
+            row = {"shape": shape, "apply": name, "launches": int(launch.max()) + 1,
                    "tasks": int(len(tasks)), "flops": flops}
             F = F_init.copy()
             VT = cp.zeros(nvt)
@@ -143,7 +136,7 @@ def main(argv=None) -> int:
                                             args.reps)
             row["tflops_full"] = flops / row["full_s"] / 1e12
             rows.append(row)
-            print(f"{tile}:{bundle} {shape:>14s} {name:>15s} full {row['full_s'] * 1e3:8.2f} ms "
+            print(f"{shape:>14s} {name:>15s} full {row['full_s'] * 1e3:8.2f} ms "
                   f"({row['tflops_full']:5.2f} TF/s)  apply-only {row['apply_only_s'] * 1e3:8.2f}"
                   f"  factorize-only {row['factorize_only_s'] * 1e3:8.2f} ms  "
                   f"diff {row['max_rel_diff_vs_first']:.1e}", flush=True)

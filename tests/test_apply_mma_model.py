@@ -1,5 +1,5 @@
 """The tensor-core Apply's fragment bookkeeping (``apply_chunk_mma_blocked`` in
-``kernels/sparse_qr/apply.cuh``, the uberkernel's ``mma-async`` Apply), on the CPU.
+``kernels/sparse_qr/apply.cuh``, the uberkernel's ``mma-async-lean`` Apply), on the CPU.
 
 Each warp-wide ``mma.sync.m8n8k4.f64`` is emulated from what every lane
 supplies (lane ``4g + q`` holds ``A[g][q]``, ``B[q][g]`` and ``D[g][2q..2q+1]``,

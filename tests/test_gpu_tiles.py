@@ -5,8 +5,7 @@ the GPU and in NumPy from the same fresh random data; after every launch the
 front pools and the VT tiles must agree. The VT pool starts poisoned (NaN).
 Every float64 variant the engine launches is tested, with every Apply variant
 (``factorize_kernels.APPLY_VARIANTS``: scalar loops, FP64 tensor cores, and the
-tensor-core Apply with the lean Factorize), and the TILE-64 variants
-(``WIDE_VARIANTS``, the Factorize without a Gram tile); a launch
+tensor-core Apply with the lean Factorize); a launch
 on a grid that cuts Apply records and the Apply of Apply+Factorize records into
 pieces (``gridDim.y``) must leave the same bits as one block per record.
 """
@@ -20,18 +19,16 @@ from scipy_gpuqr._engine.gpu import factorize_kernels as variants
 from scipy_gpuqr._engine.host.simulate import execute_launches
 from scipy_gpuqr._schedule import bucket
 
-#: (TILE, BUNDLE, threads, APPLY) of the engine's float64 uberkernel variants
-#: (the default and the TILE-64 ones), with every Apply variant.
-FLOAT64_VARIANTS = [(t, b, n, a) for c, t, b, n in variants.LAUNCHABLE_VARIANTS
-                    if c == "double" for a in sorted(set(variants.APPLY_VARIANTS.values()))]
+#: (TILE, BUNDLE, threads) of the engine's float64 uberkernel variants.
+FLOAT64_VARIANTS = [(t, b, n, a) for c, t, b, n in variants.ENGINE_VARIANTS if c == "double"
+                    for a in sorted(set(variants.APPLY_VARIANTS.values()))]
 
 EPS = np.finfo(float).eps
 
 
 def _kernel(tile, bund, threads, apply):
     from scipy_gpuqr._kernels import load_module
-    uber = variants.uberkernel_file(tile)
-    mod = load_module(uber, variants.KERNEL_VARIANTS[uber])
+    mod = load_module(variants.UBERKERNEL_FILE, variants.KERNEL_VARIANTS[variants.UBERKERNEL_FILE])
     k = mod.get_function(variants.kernel_name("double", tile, bund, threads, apply))
     smem = variants.tile_smem_bytes(tile, bund, apply=apply)
     k.max_dynamic_shared_size_bytes = smem
@@ -223,7 +220,7 @@ def test_resident_blocks_and_the_split_setting():
     h200 = {"multiProcessorCount": 132, "maxThreadsPerMultiProcessor": 2048,
             "sharedMemPerMultiprocessor": 233472, "regsPerMultiprocessor": 65536,
             "maxBlocksPerMultiProcessor": 32}
-    smem = variants.tile_smem_bytes(32, 3, 8, apply=3)
+    smem = variants.tile_smem_bytes(32, 3, 8, apply=4)
     assert device.resident_blocks(h200, 256, smem, 80) == 132 * 3
     assert device.resident_blocks(h200, 256, 1024, 32) == 132 * 8        # by threads
     assert device.resident_blocks(h200, 256, 1024, 128) == 132 * 2       # by registers

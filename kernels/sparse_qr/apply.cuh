@@ -1,11 +1,9 @@
 // Apply task: block Householder update A <- A - V (T^T (V^T A)) of the bundle's
 // column tiles [c0, c1), V and T from the VT tile (top slot) and the front.
-// The template argument APPLY picks how a double-precision Apply with 256
-// threads does its three products: 3 or 4 on the FP64 tensor cores (TILE 32:
-// apply_chunk_mma_blocked, the next column chunk copied in by cp.async
-// meanwhile, 4 also picking another Factorize, factorize.cuh; TILE 64:
-// apply_chunk_mma_wide, T in registers and 16-column chunks, so that the
-// block's shared memory lets two blocks share an SM), 0 scalar loops.
+// The template argument APPLY picks how a double-precision TILE-32 Apply with
+// 256 threads does its three products: 4 on the FP64 tensor cores
+// (apply_chunk_mma_blocked, the next column chunk copied in by cp.async
+// meanwhile; 4 also picks the lean Factorize, factorize.cuh), 0 scalar loops.
 // Any other type, tile or thread count runs the scalar loops. The host side
 // names the variant (scipy_gpuqr/_engine/gpu/factorize_kernels.py).
 #pragma once
@@ -24,14 +22,12 @@ __device__ __forceinline__ void apply_dmma(double& d0, double& d1, double a, dou
                  : "+d"(d0), "+d"(d1) : "d"(a), "d"(b));
 }
 
-// The Apply a kernel runs: 3 (tensor cores, TILE 32) needs double, TILE 32 and
-// 256 threads; 4 is 3's Apply with the lean Factorize (factorize.cuh); 6
-// (tensor cores, TILE 64: apply_chunk_mma_wide) is what APPLY 3 or 4 runs for
-// double, TILE 64 and 256 threads.
+// The Apply a kernel runs: kind 3 (tensor cores) for APPLY 4 with double,
+// TILE 32 and 256 threads, else 0 (scalar loops).
 template <typename T, int TILE, int NT, int APPLY>
 struct ApplyKind {
-    static constexpr bool mma = ApplyIsDouble<T>::value && NT == 256 && APPLY >= 3 && APPLY <= 4;
-    static constexpr int value = (mma && TILE == 32) ? 3 : (mma && TILE == 64) ? 6 : 0;
+    static constexpr int value =
+        (ApplyIsDouble<T>::value && TILE == 32 && NT == 256 && APPLY == 4) ? 3 : 0;
 };
 
 // Start copying the W = 32 columns [cc, cc + 32) of the bundle's M rows into
@@ -166,161 +162,14 @@ __device__ __forceinline__ void apply_chunk_mma_blocked(const Task& t, double* _
     }
 }
 
-// Start copying the W columns [cc, cc + W) of the bundle's M rows (row tiles of
-// TILE) into A (row stride LDW) by cp.async, as apply_async_load.
-template <int NT, int TILE, int W, int LDW>
-__device__ __forceinline__ void apply_async_load_wide(const Task& t, const double* __restrict__ F,
-                                                      double* A, int M, int cc, int cend) {
-    const int fm = t.fm, fn = t.fn;
-    const long long F0 = t.F;
-    for (int idx = threadIdx.x; idx < M * W; idx += NT) {
-        const int i = idx / W, j = idx - i * W;
-        const int r = t.rows[i / TILE] + (i % TILE), c = cc + j;
-        const bool in = r < fm && c < cend;
-        const double* src = F + (in ? F0 + (long long)r * fn + c : 0);
-        const unsigned dst = (unsigned)__cvta_generic_to_shared(A + i * LDW + j);
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
-                     :: "r"(dst), "l"(src), "r"(in ? 8 : 0) : "memory");
-    }
-}
-
-// -T^T's fragments of warp w's rows 8w .. 8w + 8 for the TILE-64 Apply, in
-// registers for the whole record: tf[s] holds -T[4 s + q][8 w + g] (the
-// A-operand of k-step s of apply_dmma), zero below T's diagonal and at
-// columns >= nref; only s < 2 (w + 1) can be nonzero.
-template <int TILE>
-__device__ __forceinline__ void apply_t_fragments(const double* __restrict__ VTpool,
-                                                  long long vt, int nref,
-                                                  double (&tf)[TILE / 4]) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int g = lane >> 2, q = lane & 3;
-    const int col = 8 * w + g;
-#pragma unroll
-    for (int s = 0; s < TILE / 4; ++s) {
-        const int k = 4 * s + q;
-        tf[s] = (k <= col && col < nref) ? -VTpool[vt + (long long)k * TILE + col] : 0.0;
-    }
-}
-
-// One 16-column chunk of the TILE-64 Apply on the tensor cores, 8 warps
-// (M = na * 64 rows, na <= 2): C = V^T A (warp w: rows 8 w .. +8, both 8-column
-// halves, k from 8 w: V^T is zero left of the top tile's diagonal), C = -T^T C
-// (the same tiles; -T^T's fragments tf in registers, apply_t_fragments), A -= V C
-// (warp w: the na 8-row blocks w na .. +na, both halves; A's tiles held in
-// registers from the start). Row strides LD, LDW = 4 (mod 16): conflict-free
-// fragment loads. Products skip k at or past nref (rounded to the k-step of 4).
-// The result goes to F for rows < fm and columns < cend. A's buffer is free
-// once the first product is done: the chunk at ncc (if < cend) starts loading
-// into it then (apply_async_load_wide) while the last two products run.
-template <int TILE, int LD, int LDW>
-__device__ __forceinline__ void apply_chunk_mma_wide(const Task& t, double* __restrict__ F,
-                                                     const double* V,
-                                                     const double (&tf)[TILE / 4],
-                                                     double* A, double* C, int M, int nref,
-                                                     int cc, int cend, int ncc) {
-    constexpr int W = 16;
-    static_assert(TILE == 64, "apply_chunk_mma_wide: 8 warps of 8 rows of T");
-    static_assert(LD % 16 == 4 && LDW % 16 == 4, "apply_chunk_mma_wide: padding");
-    const int lane = threadIdx.x & 31, I = threadIdx.x >> 5;
-    const int g = lane >> 2, q = lane & 3;
-    const int na = M / TILE;
-    const int kr = (nref + 3) & ~3;
-    double acc[2][4];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-        if (u < na) {
-            const double* a = A + ((I * na + u) * 8 + g) * LDW + 2 * q;
-            acc[u][0] = a[0];
-            acc[u][1] = a[1];
-            acc[u][2] = a[8];
-            acc[u][3] = a[9];
-        }
-    }
-    // C = V^T A: A-operand V^T[i][k] = V[k][i], B-operand A[k][j]
-    double c0 = 0.0, c1 = 0.0, c2 = 0.0, c3 = 0.0;
-    if (I * 8 < nref) {
-        const double* v = V + q * LD + I * 8 + g;
-        const double* b = A + q * LDW + g;
-#pragma unroll 4
-        for (int k0 = I * 8; k0 < M; k0 += 4) {
-            const double a = v[k0 * LD];
-            apply_dmma(c0, c1, a, b[k0 * LDW]);
-            apply_dmma(c2, c3, a, b[k0 * LDW + 8]);
-        }
-    }
-    double* crow = C + (I * 8 + g) * LDW + 2 * q;
-    crow[0] = c0;
-    crow[1] = c1;
-    crow[8] = c2;
-    crow[9] = c3;
-    __syncthreads();
-    if (ncc < cend) apply_async_load_wide<256, TILE, W, LDW>(t, F, A, M, ncc, cend);
-    // C = -T^T C: A-operand -T^T[i][k] = tf (registers), zero for k > i
-    c0 = c1 = c2 = c3 = 0.0;
-    {
-        const int ns = 2 * (I + 1) < (kr >> 2) ? 2 * (I + 1) : (kr >> 2);
-        const double* b = C + q * LDW + g;
-#pragma unroll
-        for (int s = 0; s < TILE / 4; ++s) {
-            if (s < ns) {
-                apply_dmma(c0, c1, tf[s], b[4 * s * LDW]);
-                apply_dmma(c2, c3, tf[s], b[4 * s * LDW + 8]);
-            }
-        }
-    }
-    __syncthreads();
-    crow[0] = c0;
-    crow[1] = c1;
-    crow[8] = c2;
-    crow[9] = c3;
-    __syncthreads();
-    // A += V C (C holds -T^T V^T A): A-operand V[i][k], B-operand C[k][j]
-    {
-        const double* b = C + q * LDW + g;
-        const double* v = V + (I * na * 8 + g) * LD + q;
-#pragma unroll 2
-        for (int k0 = 0; k0 < kr; k0 += 4) {
-            const double b0 = b[k0 * LDW], b1 = b[k0 * LDW + 8];
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                if (u < na) {
-                    const double a = v[u * 8 * LD + k0];
-                    apply_dmma(acc[u][0], acc[u][1], a, b0);
-                    apply_dmma(acc[u][2], acc[u][3], a, b1);
-                }
-            }
-        }
-    }
-    const int fm = t.fm, fn = t.fn;
-    const long long F0 = t.F;
-    const int c = cc + 2 * q;
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-        if (u < na) {
-            const int i = (I * na + u) * 8 + g;
-            const int r = t.rows[i / TILE] + (i % TILE);
-            if (r < fm) {
-                double* f = F + F0 + (long long)r * fn + c;
-                if (c < cend) f[0] = acc[u][0];
-                if (c + 1 < cend) f[1] = acc[u][1];
-                if (c + 8 < cend) f[8] = acc[u][2];
-                if (c + 9 < cend) f[9] = acc[u][3];
-            }
-        }
-    }
-}
-
 template <typename Tv, int TILE, int BUNDLE, int APPLY>
 struct ApplySmem {
-    // the TILE-64 tensor-core Apply (kind 6): 16-column chunks, no T (registers)
-    static constexpr bool WIDE = APPLY >= 3 && APPLY <= 4 && ApplyIsDouble<Tv>::value &&
-                                 TILE == 64;
-    static constexpr int LD = (APPLY >= 3 && APPLY <= 4 && ApplyIsDouble<Tv>::value && TILE == 32)
-                                  || WIDE ? TILE + 4 : TILE + 1;
-    static constexpr int W = WIDE ? 16 : TILE >= 64 ? 32 : TILE;   // columns per chunk
+    static constexpr int LD = APPLY == 4 && ApplyIsDouble<Tv>::value && TILE == 32
+                                  ? TILE + 4 : TILE + 1;
+    static constexpr int W = TILE >= 64 ? 32 : TILE;   // columns per chunk
     static constexpr int LDW = LD == TILE + 4 ? W + 4 : W + 1;
     static constexpr int V = BUNDLE * TILE * LD;
-    static constexpr int T = WIDE ? 0 : TILE * LD;
+    static constexpr int T = TILE * LD;
     static constexpr int A = BUNDLE * TILE * LDW;
     static constexpr int C = TILE * LDW;
     static constexpr int TOTAL = V + T + A + C;
@@ -375,7 +224,6 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
                              const T* __restrict__ VTpool, T* smem, int c0, int c1) {
     constexpr int KIND = ApplyKind<T, TILE, NT, APPLY>::value;
     static_assert(KIND != 3 || BUNDLE <= 3, "apply_chunk_mma_blocked: at most 3 row tiles");
-    static_assert(KIND != 6 || BUNDLE <= 2, "apply_chunk_mma_wide: at most 2 row tiles");
     using S = ApplySmem<T, TILE, BUNDLE, APPLY>;
     constexpr int LD = S::LD, W = S::W, LDW = S::LDW;
     T* V = smem;
@@ -390,9 +238,6 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
     if constexpr (KIND == 3) {      // the first chunk's copy runs while V and T load
         if (c0 < cend) apply_async_load<NT, LDW>(t, F, A, M, c0, cend);
     }
-    if constexpr (KIND == 6) {      // likewise, while V loads
-        if (c0 < cend) apply_async_load_wide<NT, TILE, W, LDW>(t, F, A, M, c0, cend);
-    }
     for (int idx = tid; idx < M * TILE; idx += NT) {
         const int i = idx / TILE, j = idx - i * TILE;
         T v = 0.0;
@@ -405,16 +250,6 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
             }
         }
         V[i * LD + j] = v;
-    }
-    if constexpr (KIND == 6) {
-        double tf[TILE / 4];
-        apply_t_fragments<TILE>(VTpool, vt, nref, tf);
-        for (int cc = c0; cc < cend; cc += W) {
-            apply_async_wait();
-            __syncthreads();
-            apply_chunk_mma_wide<TILE, LD, LDW>(t, F, V, tf, A, C, M, nref, cc, cend, cc + W);
-        }
-        return;
     }
     for (int idx = tid; idx < TILE * TILE; idx += NT) {
         const int i = idx / TILE, j = idx - i * TILE;

@@ -11,19 +11,14 @@
 namespace gpuqr {
 
 // Shared-memory layout sizes (elements of T); mirrored by tile_smem_bytes in
-// scipy_gpuqr/_engine/gpu/factorize_kernels.py. COMPACT (TILE >= 64): no Y
-// tile; the Gram entries Y[a][b] (a < b) lie transposed in T's strict lower
-// triangle (T is upper triangular; only its upper part is stored) and the
-// column loop's row of w in the scratch, so that two blocks of TILE 64,
-// BUNDLE 2 share an SM.
+// scipy_gpuqr/_engine/gpu/factorize_kernels.py.
 template <int TILE, int BUNDLE>
 struct FactorizeSmem {
-    static constexpr bool COMPACT = TILE >= 64;
     static constexpr int LD = TILE + 1;
     static constexpr int A = BUNDLE * TILE * LD;
     static constexpr int T = TILE * LD;
-    static constexpr int Y = COMPACT ? 0 : TILE * LD;
-    static constexpr int SCRATCH = 64 + (COMPACT ? 2 * TILE : TILE);
+    static constexpr int Y = TILE * LD;
+    static constexpr int SCRATCH = 64 + TILE;
     static constexpr int TOTAL = A + T + Y + SCRATCH;
 };
 
@@ -200,10 +195,6 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
     T* Y = Tm + S::T;
     T* scr = Y + S::Y;          // [0..31] reduction, [32..35] scalars, [64..] tau
     T* tau = scr + 64;
-    // the column loop's row of w; the Gram entry Y[a][b] (a < b) at gram[a * GA + b * GB]
-    T* wrow = S::COMPACT ? scr + 64 + TILE : Y;
-    T* gram = S::COMPACT ? Tm : Y;
-    constexpr int GA = S::COMPACT ? 1 : LD, GB = S::COMPACT ? LD : 1;
     const int tid = threadIdx.x;
     const int fm = t.fm, fn = t.fn;
     const long long F0 = t.F;
@@ -224,7 +215,7 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
     for (int idx = tid; idx < TILE * LD; idx += NT) Tm[idx] = 0.0;
     __syncthreads();
     if constexpr (KIND == 1) {
-        factorize_columns_lean<T, TILE, NT>(A, wrow, scr, tau, M, nref);
+        factorize_columns_lean<T, TILE, NT>(A, Y, scr, tau, M, nref);
     } else {
     for (int k = 0; k < nref; ++k) {
         const T xnorm = column_norm_below<T, NT>(A, LD, k, M, scr);
@@ -255,14 +246,14 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
                 T w = 0.0;
                 for (int i = k + 1 + lane; i < M; i += 32) w += A[i * LD + k] * A[i * LD + j];
                 for (int o = 16; o > 0; o >>= 1) w += __shfl_down_sync(0xffffffffu, w, o);
-                if (lane == 0) wrow[j] = tk * (w + A[k * LD + j]);
+                if (lane == 0) Y[j] = tk * (w + A[k * LD + j]);   // Y row 0 as scratch
             }
             __syncthreads();
             const int ncol = TILE - k - 1;
             for (int idx = tid; idx < (M - k) * ncol; idx += NT) {
                 const int ii = idx / ncol, j = k + 1 + idx - ii * ncol, i = k + ii;
                 const T v = (i == k) ? T(1) : A[i * LD + k];
-                A[i * LD + j] -= v * wrow[j];
+                A[i * LD + j] -= v * Y[j];
             }
         }
         __syncthreads();
@@ -274,7 +265,7 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
         if (a < b) {
             T s = A[b * LD + a];               // row b: v_b = 1
             for (int i = b + 1; i < M; ++i) s += A[i * LD + a] * A[i * LD + b];
-            gram[a * GA + b * GB] = s;
+            Y[a * LD + b] = s;
         }
     }
     __syncthreads();
@@ -287,7 +278,7 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
                 const T tk = tau[k];
                 T s = 0.0;
                 if (tk != 0.0)
-                    for (int l = tid; l < k; ++l) s += Tm[tid * LD + l] * gram[l * GA + k * GB];
+                    for (int l = tid; l < k; ++l) s += Tm[tid * LD + l] * Y[l * LD + k];
                 Tm[tid * LD + k] = -tk * s;
             }
         }
@@ -299,7 +290,7 @@ __device__ void factorize_bundle(const Task& t, T* __restrict__ F,
         if (tid < k) {
             T s = 0.0;
             if (tk != 0.0)
-                for (int l = tid; l < k; ++l) s += Tm[tid * LD + l] * gram[l * GA + k * GB];
+                for (int l = tid; l < k; ++l) s += Tm[tid * LD + l] * Y[l * LD + k];
             Tm[tid * LD + k] = -tk * s;
         }
         if (tid == 0) Tm[k * LD + k] = tk;

@@ -2,8 +2,7 @@
 // task type, one header per task family. The record is task.cuh (mirror of
 // scipy_gpuqr/_schedule/tasks.py); the variants compiled (dtype, TILE, BUNDLE,
 // threads, Apply variant: apply.cuh) are listed in
-// scipy_gpuqr/_engine/gpu/factorize_kernels.py; the TILE-64 ones are declared for
-// uberkernel_wide.cu, which includes this file.
+// scipy_gpuqr/_engine/gpu/factorize_kernels.py.
 #include "task.cuh"
 #include "factorize.cuh"
 #include "apply.cuh"
@@ -25,9 +24,8 @@ __global__ void __launch_bounds__(NT)
 uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT,
            const long long* __restrict__ s_index, const T* __restrict__ s_value,
            const long long* __restrict__ maps) {
-    // the Factorize's column loop (factorize.cuh): 1 lean, 0 the first one (TILE 32
-    // and 64: APPLY 4 picks the lean one)
-    constexpr bool Mma = ApplyIsDouble<T>::value && (TILE == 32 || TILE == 64) && NT == 256;
+    // the Factorize's column loop (factorize.cuh): 1 lean, 0 the first one
+    constexpr bool Mma = ApplyIsDouble<T>::value && TILE == 32 && NT == 256;
     constexpr int FK = Mma && APPLY == 4 ? 1 : 0;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* smem = reinterpret_cast<T*>(smem_raw);

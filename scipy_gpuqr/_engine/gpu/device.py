@@ -578,7 +578,7 @@ class CupyDevice:
     ----------
     tile, bundle : int
         Variant of the uberkernel (with the dtype, one of
-        ``factorize_kernels.LAUNCHABLE_VARIANTS``).
+        ``factorize_kernels.ENGINE_VARIANTS``).
     dtype : float64 or float32
     debug : bool
         Synchronize and check after every launch.
@@ -596,11 +596,11 @@ class CupyDevice:
         self.dtype = np.dtype(dtype)
         self.debug = bool(debug)
         ctype = "double" if self.dtype == np.float64 else "float"
-        if (ctype, tile, bundle, threads) not in set(variants.LAUNCHABLE_VARIANTS):
+        if (ctype, tile, bundle, threads) not in set(variants.ENGINE_VARIANTS):
             raise ValueError(f"no uberkernel variant for {ctype}, TILE {tile}, "
                              f"BUNDLE {bundle}, {threads} threads")
-        uber = variants.uberkernel_file(tile)
-        mod = load_module(uber, variants.KERNEL_VARIANTS[uber])
+        mod = load_module(variants.UBERKERNEL_FILE,
+                          variants.KERNEL_VARIANTS[variants.UBERKERNEL_FILE])
         self.kernel = mod.get_function(variants.kernel_name(ctype, tile, bundle, threads))
         self.smem = variants.tile_smem_bytes(tile, bundle, self.dtype.itemsize)
         if self.smem > 48 * 1024:

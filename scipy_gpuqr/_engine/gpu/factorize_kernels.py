@@ -2,13 +2,9 @@
 
 The uberkernel (``kernels/sparse_qr/uberkernel.cu``) is a template over the
 value type, the tile edge, the bundle size, the threads per block and the way
-a float64 Apply does its products (:data:`APPLY_VARIANTS`: scalar
+a float64 TILE-32 Apply does its products (:data:`APPLY_VARIANTS`: scalar
 loops or the FP64 tensor cores; :func:`apply_variant`).
-``ENGINE_VARIANTS`` are the instantiations the engine launches by default,
-``WIDE_VARIANTS`` the TILE-64 ones a factorization may ask for instead
-(``tile=64, bundle=2``), declared for a file of their own
-(``uberkernel_wide.cu``, the same templates) so that they never compile beside
-the default ones; they and the
+``ENGINE_VARIANTS`` are the instantiations the engine launches; they and the
 kernels reporting their shared memory are the only ones declared
 (``KERNEL_VARIANTS``, read by :mod:`scipy_gpuqr._kernels`); at run time a
 call compiles the variants of its value type only, and
@@ -36,8 +32,8 @@ from .dense_panel import panel_kernel_use
 from .finite_check import finite_check_use
 
 __all__ = ["KERNEL_VARIANTS", "ENGINE_VARIANTS", "ENGINE_THREADS", "UBERKERNEL_FILE",
-           "UBERKERNEL_WIDE_FILE", "WIDE_VARIANTS", "LAUNCHABLE_VARIANTS", "uberkernel_file",
-           "APPLY_VARIANTS", "DEFAULT_APPLY", "ENV_APPLY", "apply_variant", "kernel_name", "smem_kernel_name", "tile_smem_bytes", "engine_kernels",
+           "APPLY_VARIANTS", "DEFAULT_APPLY", "ENV_APPLY", "apply_variant", "kernel_name",
+           "smem_kernel_name", "tile_smem_bytes", "engine_kernels",
            "prefetch_engine_kernels", "ENGINE_LIBRARIES", "prefetch_libraries"]
 
 #: The uberkernel's source file (relative to ``kernels/``).
@@ -51,40 +47,20 @@ ENGINE_VARIANTS: tuple[tuple[str, int, int, int], ...] = (
     ("double", 32, 3, ENGINE_THREADS), ("float", 32, 3, ENGINE_THREADS),
 )
 
-#: The TILE-64 file (``#include``s the uberkernel): its variants compile apart.
-UBERKERNEL_WIDE_FILE = "sparse_qr/uberkernel_wide.cu"
-
-#: (C type, TILE, BUNDLE, threads) a factorization may ask for instead of the
-#: default (``gpu_factorize(..., tile=64, bundle=2)``): the FP64 tensor-core
-#: Apply on 64-wide tiles (``apply_chunk_mma_wide``), two blocks an SM.
-WIDE_VARIANTS: tuple[tuple[str, int, int, int], ...] = (("double", 64, 2, ENGINE_THREADS),)
-
-#: Every variant a device layer can launch.
-LAUNCHABLE_VARIANTS = ENGINE_VARIANTS + WIDE_VARIANTS
-
-
-def uberkernel_file(tile: int) -> str:
-    """The source file (relative to ``kernels/``) declaring the TILE ``tile``
-    variants: :data:`UBERKERNEL_WIDE_FILE` for TILE 64, else
-    :data:`UBERKERNEL_FILE`."""
-    return UBERKERNEL_WIDE_FILE if int(tile) == 64 else UBERKERNEL_FILE
-
 _CTYPE = {"float64": "double", "float32": "float", "double": "double", "float": "float"}
 
-#: How a float64 uberkernel does its Apply (the kernel's ``APPLY``
-#: template argument, ``kernels/sparse_qr/apply.cuh``): ``mma-async`` on the
-#: FP64 tensor cores (``mma.sync`` m8n8k4, a warp per block of output tiles,
-#: padded conflict-free shared arrays, the next column chunk copied into shared
-#: memory by ``cp.async`` while a chunk's last two products run; TILE 64: T's
-#: fragments in registers, 16-column chunks);
-#: ``mma-async-lean``: the same Apply with a Factorize of fewer barriers
-#: (``factorize.cuh``, KIND 1);
-#: ``scalar``: the scalar loops (float32 and tiles other than 32 and 64 always
-#: run these).
-APPLY_VARIANTS: dict[str, int] = {"scalar": 0, "mma-async": 3, "mma-async-lean": 4}
+#: How a float64 TILE-32 uberkernel does its Apply and Factorize (the kernel's
+#: ``APPLY`` template argument, ``kernels/sparse_qr/apply.cuh``):
+#: ``mma-async-lean``, the Apply on the FP64 tensor cores (``mma.sync``
+#: m8n8k4, a warp per block of output tiles, padded conflict-free shared
+#: arrays, the next column chunk copied into shared memory by ``cp.async``
+#: while a chunk's last two products run) with the Factorize of three barriers
+#: a column (``factorize.cuh``, KIND 1); ``scalar``: the scalar loops and the
+#: first Factorize (float32 and other tiles always run these).
+APPLY_VARIANTS: dict[str, int] = {"scalar": 0, "mma-async-lean": 4}
 
 #: The Apply variant the engine runs (:data:`APPLY_VARIANTS`).
-DEFAULT_APPLY = "mma-async"
+DEFAULT_APPLY = "mma-async-lean"
 
 #: Environment variable naming another Apply variant (for comparisons: benchmarks
 #: and tests), read when a kernel is named.
@@ -93,9 +69,9 @@ ENV_APPLY = "SCIPY_GPUQR_APPLY"
 
 def apply_variant(ctype: str, tile: int, environ: Mapping[str, str] = os.environ) -> int:
     """The ``APPLY`` template argument of a variant: the one :data:`ENV_APPLY`
-    names (:data:`DEFAULT_APPLY` when unset) for float64 with TILE 32 or 64,
-    0 (the scalar loops, the only kind there) for any other type or tile."""
-    if _CTYPE[str(ctype)] != "double" or tile not in (32, 64):
+    names (:data:`DEFAULT_APPLY` when unset) for float64 with TILE 32, 0 (the
+    scalar loops, the only kind there) for any other type or tile."""
+    if _CTYPE[str(ctype)] != "double" or tile != 32:
         return 0
     name = environ.get(ENV_APPLY, "").strip() or DEFAULT_APPLY
     if name not in APPLY_VARIANTS:
@@ -121,27 +97,19 @@ def smem_kernel_name(ctype: str, tile: int, bundle: int, apply: int | None = Non
 
 def tile_smem_bytes(tile: int, bundle: int, itemsize: int = 8, apply: int | None = None) -> int:
     """Dynamic shared memory (bytes) of a variant (mirrors the kernel's ``*Smem``
-    structs; the tensor-core Apply pads its rows to 4 mod 16; from TILE 64 the
-    Factorize keeps no Gram tile, and the TILE-64 tensor-core Apply no T and
-    16-column chunks)."""
+    structs; the tensor-core Apply pads its rows to 4 mod 16)."""
     ld = tile + 1
-    if tile >= 64:
-        fac = bundle * tile * ld + tile * ld + 64 + 2 * tile
-    else:
-        fac = bundle * tile * ld + 2 * tile * ld + 64 + tile
+    fac = bundle * tile * ld + 2 * tile * ld + 64 + tile
     ctype = "double" if itemsize == 8 else "float"
     a = apply_variant(ctype, tile) if apply is None else int(apply)
-    mma = a in (3, 4) and ctype == "double"
-    wide = mma and tile == 64
-    pad = 4 if (mma and tile == 32) or wide else 1
-    w = 16 if wide else 32 if tile >= 64 else tile
-    t_rows = 0 if wide else tile
-    app = (bundle * tile + t_rows) * (tile + pad) + (bundle * tile + tile) * (w + pad)
+    pad = 4 if (a == 4 and ctype == "double" and tile == 32) else 1
+    w = 32 if tile >= 64 else tile
+    app = (bundle * tile + tile) * (tile + pad) + (bundle * tile + tile) * (w + pad)
     return itemsize * max(fac, app)
 
 
-def _all_names(variants=ENGINE_VARIANTS) -> tuple[str, ...]:
-    combos = sorted(set(variants))
+def _all_names() -> tuple[str, ...]:
+    combos = sorted(set(ENGINE_VARIANTS))
     default = {}            # the default Apply, whatever the environment says
     names = [kernel_name(*c, apply=apply_variant(c[0], c[1], default)) for c in combos]
     names += sorted({smem_kernel_name(c, t, b, apply_variant(c, t, default))
@@ -151,9 +119,8 @@ def _all_names(variants=ENGINE_VARIANTS) -> tuple[str, ...]:
 
 #: Name expressions to compile, per source file (relative to ``kernels/``): the
 #: engine's variants with the default Apply (another one :data:`ENV_APPLY`
-#: names is compiled on its own when asked for), the TILE-64 ones apart.
-KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {UBERKERNEL_FILE: _all_names(),
-                                               UBERKERNEL_WIDE_FILE: _all_names(WIDE_VARIANTS)}
+#: names is compiled on its own when asked for).
+KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {UBERKERNEL_FILE: _all_names()}
 
 
 def engine_kernels(dtype, tile: int = 32, bundle: int = 3, *, solve: bool = True,
@@ -166,11 +133,10 @@ def engine_kernels(dtype, tile: int = 32, bundle: int = 3, *, solve: bool = True
     does not have). Only the value type's own variant groups, the ones the
     engine launches."""
     ctype = "float" if np.dtype(dtype) == np.float32 else "double"
-    if (ctype, tile, bundle, ENGINE_THREADS) not in LAUNCHABLE_VARIANTS:
+    if (ctype, tile, bundle, ENGINE_THREADS) not in ENGINE_VARIANTS:
         return []
     value = np.float32 if ctype == "float" else np.float64
-    uber = uberkernel_file(tile)
-    out = [KernelUse(uber, KERNEL_VARIANTS[uber],
+    out = [KernelUse(UBERKERNEL_FILE, KERNEL_VARIANTS[UBERKERNEL_FILE],
                      (kernel_name(ctype, tile, bundle, ENGINE_THREADS),)),
            finite_check_use(value), array_ops_use()]
     if dense:
