@@ -10,11 +10,13 @@ records with the NumPy executor:
     maps (Rimap then Rjmap, int64) uploaded once; the VT pool allocated.
 ``begin_stage(stage, s_index, s_value, carried) -> handle``
     zeroed front pool, carried contribution blocks and S entries uploaded;
-    a materialized stage's task list uploaded at once from pinned memory,
-    otherwise launch by launch.
+    the stage's records go up with its launches (below).
 ``launch(handle, L, records)``
-    launch ``L`` of the stage (records uploaded asynchronously from pinned
-    memory when the stage was not uploaded whole).
+    launch ``L`` of the stage, its records uploaded before it asynchronously
+    from pinned memory: a materialized stage's in chunks of at least
+    :data:`RECORD_CHUNK_BYTES` ahead of the launches that read them (the
+    first launch waits for one chunk, not for the whole list), a stage built
+    launch by launch one launch's at a time.
 ``open_r_copy(pool, index, layout, final=None) -> copier``
     R's values ``pool[index]`` to the host (:mod:`.rcopy`): with
     ``final`` (one-stage schedules) ranges already final are copied while
@@ -78,6 +80,12 @@ ENGINE_THREADS = variants.ENGINE_THREADS
 #: Side streams on which dense fronts run (concurrently with the launches and
 #: with each other).
 DENSE_STREAMS = 4
+
+#: Bytes of a materialized stage's records copied to pinned memory and uploaded
+#: at once, ahead of the launches that read them (:meth:`CupyDevice.launch`):
+#: the whole list before the first launch held it back by its host copy (40 MB,
+#: milliseconds, on grid 40^3).
+RECORD_CHUNK_BYTES = 4 << 20
 
 
 #: Most pieces the uberkernel cuts an Apply record (and an Apply+Factorize
@@ -196,6 +204,8 @@ class NumpyDevice:
         self.rng = rng
         self.debug = debug
         self.launches = 0
+        #: ``time.perf_counter()`` when the first launch ran (None: none yet)
+        self.first_launch_at = None
         self.seconds = {"upload": 0.0, "kernels": 0.0, "download": 0.0}
         #: end of every range of R copied (the progressive copy's steps)
         self.r_copies = []
@@ -220,6 +230,7 @@ class NumpyDevice:
 
     def start(self, maps: np.ndarray, vt_size: int) -> None:
         self.held = 0
+        self.first_launch_at = None
         self._take(maps.nbytes, "maps")
         self._take(max(vt_size, 1) * self.dtype.itemsize, "the VT pool")
         self.maps = maps
@@ -247,6 +258,8 @@ class NumpyDevice:
 
     def launch(self, h, L, records) -> None:
         n = len(records)
+        if n and self.first_launch_at is None:
+            self.first_launch_at = time.perf_counter()
         order = range(n) if self.rng is None else self.rng.permutation(n)
         for k in order:
             execute_task(records[k], h["pool"], self.vt, self.tile, spool=h["spool"],
@@ -581,7 +594,9 @@ class CupyDevice:
         ``factorize_kernels.ENGINE_VARIANTS``).
     dtype : float64 or float32
     debug : bool
-        Synchronize and check after every launch.
+        Synchronize and check after every launch; the VT pool starts as NaN and
+        the records' buffer as type -1 (no task), so that a tile read before it
+        is written, or a launch whose records were never uploaded, shows.
     profile : bool
         Record an event pair around every launch and dense front
         (:meth:`launch_times`, :meth:`dense_times`).
@@ -615,6 +630,8 @@ class CupyDevice:
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self.launches = 0
+        #: ``time.perf_counter()`` when the first launch was enqueued (None: none yet)
+        self.first_launch_at = None
         self.seconds = {"upload": 0.0, "kernels": 0.0, "download": 0.0}
         self.kernel_events = []
         self.profile = bool(profile)
@@ -627,6 +644,8 @@ class CupyDevice:
         self.dense_streams = [cp.cuda.Stream(non_blocking=True) for _ in range(DENSE_STREAMS)]
         self._dense_k = 0
         self._vt_host = None
+        #: bytes of a materialized stage's records uploaded at once
+        self.record_chunk_bytes = RECORD_CHUNK_BYTES
         #: R copy-back tunables (bytes of a pinned slot; the smallest range
         #: copied while launches still run) and the number of slot copies made
         self.r_copy_slot_bytes = SLOT_BYTES
@@ -682,6 +701,7 @@ class CupyDevice:
 
     def start(self, maps: np.ndarray, vt_size: int) -> None:
         t0 = time.perf_counter()
+        self.first_launch_at = None
         self._keep = []
         try:
             self.maps, buf = self._upload(np.ascontiguousarray(maps, dtype=np.int64))
@@ -718,22 +738,44 @@ class CupyDevice:
             sval, b2 = self._upload(np.ascontiguousarray(s_value, dtype=self.dtype))
             keep += [b1, b2]
             nbytes = max(int(st.ntasks), 1) * TASK_BYTES
-            if whole:
-                dt, b3 = self._upload(np.ascontiguousarray(st.tasks).view(np.uint8))
-                keep.append(b3)
-                host = None
-            else:
-                host = self._pinned(nbytes, np.uint8)
-                with stream:
-                    dt = cp.empty(nbytes, dtype=np.uint8)
+            # the records go up with the launches (:meth:`launch`): a materialized
+            # stage's from its task list, in chunks ahead of the launches
+            src = (np.ascontiguousarray(st.tasks).view(np.uint8).ravel() if whole
+                   else None)
+            host = self._pinned(nbytes, np.uint8)
+            with stream:
+                dt = cp.empty(nbytes, dtype=np.uint8)
+                if self.debug:      # a record never uploaded reads as type -1: no task
+                    dt.fill(0xFF)
         except cp.cuda.memory.OutOfMemoryError as exc:
             raise DeviceOutOfMemory(str(exc)) from exc
         e0 = cp.cuda.Event()
         e0.record(stream)
         self.seconds["upload"] += time.perf_counter() - t0
-        return {"st": st, "pool": pool, "dt": dt, "host": host, "keep": keep,
-                "sidx": sidx, "sval": sval, "e0": e0, "lp": st.launch_ptr.tolist(),
-                "t_loop": time.perf_counter()}
+        return {"st": st, "pool": pool, "dt": dt, "host": host, "src": src, "sent": 0,
+                "keep": keep, "sidx": sidx, "sval": sval, "e0": e0,
+                "lp": st.launch_ptr.tolist(), "t_loop": time.perf_counter()}
+
+    def _records_up(self, h, a: int, b: int, records) -> None:
+        """Records ``[a, b)`` of the stage on the device before the next launch:
+        a materialized stage's (``h["src"]``) from the first not yet sent, at
+        least ``record_chunk_bytes`` at a time; else the launch's own
+        ``records``. Copied into the stage's pinned buffer, then uploaded on
+        the stage's stream (asynchronous)."""
+        dt, host, src = h["dt"], h["host"], h["src"]
+        lo, hi = a * TASK_BYTES, b * TASK_BYTES
+        if src is None:
+            raw = np.ascontiguousarray(records).view(np.uint8).ravel()
+        else:
+            if hi <= h["sent"]:
+                return
+            lo = h["sent"]
+            hi = min(len(src), max(hi, lo + self.record_chunk_bytes))
+            raw = src[lo:hi]
+            h["sent"] = hi
+        seg = host[lo:hi]
+        seg[...] = raw
+        dt[lo:hi].set(seg, stream=self.stream)
 
     def launch(self, h, L, records) -> None:
         cp = self.cp
@@ -742,11 +784,9 @@ class CupyDevice:
         if b <= a:
             return
         dt = h["dt"]
-        if h["host"] is not None:       # upload this launch's records (pinned, async)
-            raw = np.ascontiguousarray(records).view(np.uint8).ravel()
-            seg = h["host"][a * TASK_BYTES: b * TASK_BYTES]
-            seg[...] = raw
-            dt[a * TASK_BYTES: b * TASK_BYTES].set(seg, stream=stream)
+        self._records_up(h, a, b, records)
+        if self.first_launch_at is None:
+            self.first_launch_at = time.perf_counter()
         split = 1
         target = int(self.apply_split_fill * self.slots)
         if self.apply_split_max > 1 and b - a < target:
@@ -855,7 +895,7 @@ class CupyDevice:
         flag = finite_check(pool.dtype).enqueue(pool, stream)   # one launch, no temporary
         self._check(f"in stage {st.fronts}")
         h["keep"] = None
-        h["host"] = None
+        h["host"] = h["src"] = None
         if int(flag.get(stream=stream)[0]):
             raise GpuEngineError(f"non-finite values in the front pool of stage {st.fronts}")
         self.kernel_events.append((h["e0"], e1))
