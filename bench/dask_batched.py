@@ -208,28 +208,45 @@ class ModelDevice:
     """A GPU stand-in for ``--model-gpu`` (CPU runs): work is queued in order and
     done at a time on the host's monotonic clock, which every process of the host
     shares; nothing runs. ``queue`` returns at once (a kernel launch), ``wait``
-    sleeps until the queued work is done (a stream synchronization), releasing
-    the GIL as a GPU wait does."""
+    sleeps until the work queued so far on the caller's stream is done (a stream
+    synchronization), releasing the GIL as a GPU wait does.
 
-    def __init__(self):
+    One device, one stream per process; with ``per_thread`` (CuPy's per-thread
+    default streams, ``--ptds``) a stream per thread: the device still does one
+    piece of work at a time in the order queued, but a wait is for the calling
+    thread's work only."""
+
+    def __init__(self, per_thread: bool = False):
         self._lock = threading.Lock()
+        self._per_thread = per_thread
         self.free_at = 0.0
+        self._done: dict = {}           # stream -> when its last queued work is done
+
+    def _stream(self) -> int:
+        return threading.get_ident() if self._per_thread else 0
 
     def queue(self, seconds: float) -> float:
-        """Queue ``seconds`` of work; when the device will have done it."""
+        """Queue ``seconds`` of work on the caller's stream; when it will be done."""
         with self._lock:
             self.free_at = max(time.monotonic(), self.free_at) + seconds
+            self._done[self._stream()] = self.free_at
             return self.free_at
 
+    def done_at(self) -> float:
+        """When the work queued so far on the caller's stream will be done."""
+        return self._done.get(self._stream(), 0.0)
+
     def wait(self) -> None:
-        """Return once the work queued so far is done."""
-        time.sleep(max(self.free_at - time.monotonic(), 0.0))
+        """Return once the work queued so far on the caller's stream is done."""
+        time.sleep(max(self.done_at() - time.monotonic(), 0.0))
 
 
 @functools.lru_cache(maxsize=None)
 def model_device() -> ModelDevice:
-    """This process's :class:`ModelDevice` (a worker's GPU)."""
-    return ModelDevice()
+    """This process's :class:`ModelDevice` (a worker's GPU), with a stream per
+    thread where CuPy would give each thread its own default stream
+    (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``, ``--ptds``)."""
+    return ModelDevice(os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM") == "1")
 
 
 def make_chunk(start: int = 0, *, size: int, n: int, dt: str, gpu: bool, seed: int = 1,
@@ -306,7 +323,7 @@ def checksum_async(lu, piv, *, model: bool = False):
     ``(1, 1, 2)``, the sum and when the :class:`ModelDevice` will have done the
     chunk (:func:`total` waits until then)."""
     if model:
-        return np.array([[[_host_sum(lu, piv), model_device().free_at]]])
+        return np.array([[[_host_sum(lu, piv), model_device().done_at()]]])
     if isinstance(lu, np.ndarray):
         return checksum(lu, piv)
     return _device_sum(lu, piv).reshape(1, 1, 1)
@@ -314,11 +331,16 @@ def checksum_async(lu, piv, *, model: bool = False):
 
 def total(*parts) -> float:
     """The sum of the chunks' checksums (one aggregate task): CuPy parts are summed
-    on their device and read once; a model run's parts ``(1, 1, 2)`` are read
-    once every chunk's modelled work is done."""
+    on their device and read once (a wait for everything queued on this
+    worker's stream, later batches' chunks too); a model run's parts
+    ``(1, 1, 2)`` likewise, once this worker's modelled queue is empty and every
+    chunk's modelled work is done."""
     if not parts:
         return 0.0
     if parts[0].shape[-1] == 2:
+        # as a read of CuPy sums: this worker's queue drained (one stream), the
+        # other workers' chunks done (their sums sent once done)
+        model_device().wait()
         time.sleep(max(max(float(p[0, 0, 1]) for p in parts) - time.monotonic(), 0.0))
         return float(sum(float(p[0, 0, 0]) for p in parts))
     acc = parts[0].sum()

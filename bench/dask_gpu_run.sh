@@ -12,10 +12,14 @@
 #                /tmp/dask_site ahead of the image's packages
 #   GPUS         GPUs to use (default: every visible one)
 #   OUT          where the log and the JSON files go (the device tool sets it)
-#   QUICK=1      only the main table at one setting (about 90 s)
-# About 4-5 minutes on two H200: the direct run, the main table (1 and GPUS workers,
-# worker-saturation 1.1 and inf, both calls, 1 and 4 batches in flight), two threads
-# per worker on per-thread default streams (the default call), the Dask GPU tests.
+#   DRY=1        a check of this script where there is no GPU: CPU workers, the GPU
+#                modelled (bench/dask_batched.py --cpu --model-gpu), no GPU tests
+#   QUICK=1      4 batches in flight only, no per-thread streams or saturation inf (about 3 min)
+# About 6 minutes on two H200 (estimated; not run yet): the direct run, the main table
+# (1 and GPUS workers, 1 and 2 threads a worker, both calls, one compute() and 4 batches in
+# flight), 2 threads a worker on per-thread default streams (the default call), every chunk
+# task sent at once (worker-saturation inf), the Dask GPU tests. The efficiencies of the
+# --no-direct runs are against the main run's direct rows (same call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dask_gpu_out}
@@ -31,32 +35,50 @@ if ! python3 -c "import dask.distributed" 2>/dev/null; then
   export PYTHONPATH=/tmp/dask_site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1
-python3 -c "import dask, distributed, cupy, numpy; print('dask', dask.__version__, 'distributed', distributed.__version__, 'cupy', cupy.__version__, 'numpy', numpy.__version__)" || exit 2
-nvidia-smi -L
-ngpu=$(nvidia-smi -L | wc -l)
+bench="python3 bench/dask_batched.py --count 16777216 --n 32 --chunk 1048576 --reps 5"
+if [ "${DRY:-0}" = 1 ]; then
+  python3 -c "import dask, distributed; print('dask', dask.__version__, 'distributed', distributed.__version__)" || exit 2
+  ngpu=2
+  bench="python3 bench/dask_batched.py --count 16777216 --n 4 --chunk 1048576 --reps 2 --cpu --model-gpu 8.87e-9"
+else
+  python3 -c "import dask, distributed, cupy, numpy; print('dask', dask.__version__, 'distributed', distributed.__version__, 'cupy', cupy.__version__, 'numpy', numpy.__version__)" || exit 2
+  nvidia-smi -L || true
+  ngpu=$(python3 -c "import cupy; print(cupy.cuda.runtime.getDeviceCount())")
+fi
 GPUS=${GPUS:-$ngpu}
 workers=1,$GPUS
 [ "$GPUS" -ge 4 ] && workers=1,2,$GPUS
-bench="python3 bench/dask_batched.py --count 16777216 --n 32 --chunk 1048576 --reps 5"
 rc=0
 if [ "${QUICK:-0}" = 1 ]; then
-  timeout 200 $bench --workers "$workers" --call async,default --batches 1,4 --saturation 1.1 \
-    --json "$OUT/dask_main.json" --max-seconds 180 2>&1 | tee "$OUT/dask_main.log" || rc=1
+  # 4 batches in flight, 1 and 2 threads a worker, both calls (about 2 minutes)
+  timeout 240 $bench --workers "$workers" --threads 1,2 --call async,default --batches 4 \
+    --saturation 1.1 --json "$OUT/dask_main.json" --max-seconds 220 2>&1 \
+    | tee "$OUT/dask_main.log" || rc=1
 else
-  # the main table: the direct run first, then each cluster
-  timeout 380 $bench --workers "$workers" --call async,default --batches 1,4 --saturation 1.1,inf \
-    --json "$OUT/dask_main.json" --max-seconds 360 2>&1 | tee "$OUT/dask_main.log" || rc=1
-  # two threads a worker, each on its own stream: a default call's wait is for its own chunk
-  # (the async call cannot: its results cross threads unfinished)
-  timeout 130 $bench --workers "$GPUS" --threads 2 --ptds --call default --batches 1,4 \
-    --saturation 1.1 --no-direct --json "$OUT/dask_ptds.json" --max-seconds 120 2>&1 \
+  # the main table: the direct run first, then each cluster (1 and 2 threads a worker,
+  # both calls, one compute() and 4 batches in flight)
+  timeout 280 $bench --workers "$workers" --threads 1,2 --call async,default --batches 1,4 \
+    --saturation 1.1 --json "$OUT/dask_main.json" --max-seconds 265 2>&1 \
+    | tee "$OUT/dask_main.log" || rc=1
+  # two threads a worker, each on its own stream: a default call's wait is for its own
+  # chunk (the async call cannot: its results cross threads unfinished)
+  timeout 80 $bench --workers "$GPUS" --threads 2 --ptds --call default --batches 1,4 \
+    --saturation 1.1 --no-direct --json "$OUT/dask_ptds.json" --max-seconds 70 2>&1 \
     | tee "$OUT/dask_ptds.log" || rc=1
+  # every chunk task sent at once (no round trip before each)
+  timeout 100 $bench --workers "$GPUS" --threads 1,2 --call async --batches 1,4 \
+    --saturation inf --no-direct --json "$OUT/dask_inf.json" --max-seconds 90 2>&1 \
+    | tee "$OUT/dask_inf.log" || rc=1
 fi
-timeout 240 python3 -m pytest -q -m gpu tests/test_dask_throughput.py tests/test_distributed.py \
-  2>&1 | tee "$OUT/dask_gpu_tests.log" | tail -15 || rc=1
+if [ "${DRY:-0}" = 1 ]; then
+  echo "DRY: no GPU tests" > "$OUT/dask_gpu_tests.log"
+else
+  timeout 120 python3 -m pytest -q -m gpu tests/test_dask_throughput.py tests/test_distributed.py \
+    2>&1 | tee "$OUT/dask_gpu_tests.log" | tail -15 || rc=1
+fi
 echo
 echo "== summary (per batch; efficiency = direct wall / (workers x Dask wall))"
-for f in "$OUT"/dask_main.log "$OUT"/dask_ptds.log; do
+for f in "$OUT"/dask_main.log "$OUT"/dask_ptds.log "$OUT"/dask_inf.log; do
   [ -f "$f" ] && { echo "-- $(basename "$f")"; grep -E '^\|' "$f"; grep -E 'checksums of every run' "$f"; }
 done
 tail -1 "$OUT/dask_gpu_tests.log"

@@ -131,6 +131,23 @@ def test_model_device_queues_in_order_and_waits():
     assert time.monotonic() - t0 < 0.2
 
 
+def test_model_device_streams_share_the_device():
+    """Per-thread streams: one device's time, each wait for its own stream."""
+    import threading
+    b = _bench()
+    dev = b.ModelDevice(per_thread=True)
+    t0 = time.monotonic()
+    mine = dev.queue(0.05)
+    other = []
+    t = threading.Thread(target=lambda: other.append(dev.queue(0.05)))
+    t.start()
+    t.join()
+    assert other[0] == pytest.approx(mine + 0.05)       # after mine: one device
+    assert dev.done_at() == mine
+    dev.wait()
+    assert time.monotonic() - t0 < other[0] - t0       # not for the other stream
+
+
 def test_model_chunk_and_total():
     """A modelled chunk is its first matrix, its work queued on the process's
     device; the async checksum carries when that work is done and total waits

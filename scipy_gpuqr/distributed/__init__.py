@@ -19,7 +19,7 @@ networking.
   ``spsolve`` on its worker.
 
 On a ``dask.distributed`` cluster run one worker per GPU, each with
-``scipy_gpuqr`` installed and one thread:
+``scipy_gpuqr`` installed and one or two threads (below):
 
 * on one host, dask-cuda's ``LocalCUDACluster()`` (``pip install
   dask-cuda``) starts them, each with ``CUDA_VISIBLE_DEVICES`` naming its
@@ -32,9 +32,16 @@ On a ``dask.distributed`` cluster run one worker per GPU, each with
   them, pickled, to disk once past it (minutes per run with chunks of a few
   GiB); dask-cuda's workers count them against the GPU's memory instead.
 
-One thread per worker: a second thread shares the GPU and its default
-stream (a task's wait then also waits for the other thread's kernels) and
-holds a second chunk in GPU memory.
+Threads per worker. A thread runs one task at a time: while a task waits
+for its GPU (the default call's wait per chunk, or any read of a result to
+the host) its thread queues nothing more, and the GPU idles once its queue
+is done. A second thread queues the next chunk meanwhile, at the price of a
+second chunk in GPU memory. With ``return_info=True, check_finite=False``
+(tasks that do not wait) that works on CuPy's default stream. With the
+default call it needs a stream per thread (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``
+in the workers' environment): on one stream a wait is for every kernel
+queued before it, the other thread's too, so both threads wait together.
+One thread is the memory-lean choice.
 
 Then ``Client(cluster)`` and Dask arrays of CuPy chunks made on the workers
 (``map_blocks`` of a function that makes or loads a chunk with CuPy, or
@@ -62,10 +69,10 @@ GPU works (then check ``info``, a Dask array, with the results, e.g.
 ``da.count_nonzero(info)`` in the same ``compute``: one more task per chunk).
 Such a task's results are not finished when it returns, so a worker must
 run its tasks and move their data on one CUDA stream (CuPy's default; not
-with ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``, which only the default call
-tolerates). ``bench/dask_batched.py`` times both against the same chunks run
-directly on one GPU, one batch or several in flight (bench/RESULTS.md,
-issue 21).
+with per-thread default streams, which only the default call tolerates).
+``bench/dask_batched.py`` times both against the same chunks run directly on
+one GPU, one batch or several in flight, one or two threads per worker
+(bench/RESULTS.md, issue 21).
 
 Modules
 -------
