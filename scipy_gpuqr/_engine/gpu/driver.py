@@ -61,7 +61,7 @@ import os
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -69,6 +69,7 @@ from ... import _gpu
 from ..._cpu import spqr
 from ..._errors import DeviceOutOfMemory, GpuEngineError, GpuFallbackWarning
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH, dense_front_mask
+from ..._schedule.pattern_cache import PerPattern
 from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE
 from ..dense_front import DenseFront, HostDenseFront
@@ -247,6 +248,44 @@ def _default_budget(device) -> int | None:
     return _device_memory(device).available
 
 
+def _needs_nbytes(value) -> int:
+    """Bytes of a :data:`_PLANS` entry (the arrays of its ``FrontNeeds``)."""
+    needs = value[0]
+    return sum(int(getattr(v, "nbytes", 0)) for v in vars(needs).values())
+
+
+#: Per pattern and planning key (dense fronts, tunables, value size, panel, the
+#: caller's budget): ``(needs, plan)``, the fronts' device bytes and the plan of
+#: one stage made for the fewest bytes so far (None: none made).
+_PLANS = PerPattern(64, 256 << 20, _needs_nbytes)
+
+
+def _memory_plan(analysis, key, make_needs, available, max_gpu_memory):
+    """``(needs, plan)`` of a factorization: the fronts' device bytes
+    (``make_needs()``, once per pattern and ``key``) and
+    :func:`~scipy_gpuqr._engine.memory.plan_for_memory`'s plan for ``available``.
+
+    Both are the same for every call of a pattern with the same key but the
+    bytes available, which move a little from call to call. A plan of one
+    stage made for ``A0`` bytes is the plan for any ``available >= A0``: every
+    front joined the open stage under ``A0``'s cap, so it does under a larger
+    one. Such a plan is taken from :data:`_PLANS` (``available`` put in its
+    place); any other is made, and kept when it is one stage.
+    """
+    hit = _PLANS.get(analysis, key)
+    needs = hit[0] if hit is not None else make_needs()
+    kept = hit[1] if hit is not None else None
+    if kept is not None and available is not None and int(available) >= kept.available:
+        return needs, replace(kept, plan=replace(kept.plan, budget=int(available)),
+                              available=int(available))
+    mplan = plan_for_memory(analysis, needs, available, max_gpu_memory)
+    one = (available is not None and mplan.feasible and not mplan.host
+           and len(mplan.plan.stages) == 1)
+    if hit is None or one:
+        _PLANS.put(analysis, key, (needs, mplan if one else kept))
+    return needs, mplan
+
+
 def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = None,
                   tile: int = DEFAULT_TILE, bundle: int = DEFAULT_BUNDLE,
                   pipelining: bool = True, max_tasks: int | None = None,
@@ -272,8 +311,9 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         device has now (:mod:`scipy_gpuqr._engine.memory`: the CuPy pool's
         limit, the free device memory, every allocation of a stage counted).
     tile, bundle, pipelining, max_tasks
-        Scheduler tunables (an uberkernel variant must exist for tile/bundle:
-        ``factorize_kernels.ENGINE_VARIANTS``).
+        Scheduler tunables; ``tile`` and ``bundle`` must name an uberkernel
+        variant the engine has (``factorize_kernels.ENGINE_VARIANTS``: TILE 32,
+        BUNDLE 3).
     debug : bool, optional
         Synchronize and check after every launch (default: ``SCIPY_GPUQR_DEBUG``).
     device : object, optional
@@ -332,10 +372,12 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         return front_needs(analysis, np.dtype(dev_dtype).itemsize, tile=tile, vt_elems=vt,
                            dense=dense, panel=getattr(device, "dense_panel", 256))
 
-    needs = needs_for(dense_flops)
     mem = _device_memory(device)
     available, limited_by = mem.available, mem.limited_by
-    mplan = plan_for_memory(analysis, needs, available, max_gpu_memory)
+    needs, mplan = _memory_plan(
+        analysis, (dense_flops, tile, bundle, pipelining, np.dtype(dev_dtype).itemsize,
+                   getattr(device, "dense_panel", 256), max_gpu_memory),
+        lambda: needs_for(dense_flops), available, max_gpu_memory)
     dense_extra = ()
     if dense_flops is not None and dense_flops < 0 and not mplan.feasible:
         # the time model kept a front too large for any stage with the tile tasks:
@@ -399,6 +441,9 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
                               "max_gpu_memory": max_gpu_memory, "out_of_memory": oom}
         out.info["seconds"]["total"] = time.perf_counter() - t_start
         out.info["seconds"]["validate"] = t_an - t_start
+        first = getattr(device, "first_launch_at", None)
+        if first is not None:       # the call's start to its first launch enqueued
+            out.info["seconds"]["first_launch"] = first - t_start
         return out
     if oom:
         why = (f"the GPU ran out of memory ({len(oom)} attempts, the last: {oom[-1]})"
