@@ -218,31 +218,24 @@ def _set_mode(name):
     slab_front.SLAB_PARTS = m.get("slab_parts", 4)
 
 
-def _run_modes(A, b, repeat, limit, modes, debug=False, profile=None):
+def _run_modes(A, b, repeat, limit, modes, debug=False, profile=None, blocks=False):
     """Per mode of ``modes`` (:data:`MODES`) a warm-up call, then ``repeat`` rounds
-    of one call per mode, in turn (drift falls on every mode alike); the
-    rows as ``_run``'s, per mode; with ``profile`` one more call of the last
-    mode under cProfile (as ``_run``)."""
+    of one call per mode, in turn (drift falls on every mode alike); with
+    ``blocks`` each mode's calls one after the other instead (modes whose
+    stage plans differ evict each other's schedule state from the process's
+    per-pattern caches when interleaved: every call then runs cold, seconds
+    waited for the host side); the rows as ``_run``'s, per mode;
+    with ``profile`` one more call of the last mode under cProfile (as ``_run``)."""
     import cupy as cp
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
     base = pool.used_bytes()
     pool.set_limit(size=base + int(limit))
     rows, firsts, xs = {}, {}, {}
+    rounds = [[m] for m in modes] if blocks else [modes]
     try:
-        for name in modes:
-            _set_mode(name)
-            firsts[name], xs[name] = _once(A, b, "gpu", debug)
-            rows[name] = [firsts[name]]
-        for _ in range(repeat):
-            for name in modes:
-                if firsts[name]["backend"] != "gpu":
-                    continue
-                if len(rows[name]) == 1 and rows[name][0] is firsts[name]:
-                    rows[name] = []
-                _set_mode(name)
-                row, xs[name] = _once(A, b, "gpu", debug)
-                rows[name].append(row)
+        for group in rounds:
+            _run_rounds(A, b, repeat, group, debug, rows, firsts, xs)
         if profile:
             _profiled(A, b, limit, profile)
     finally:
@@ -257,6 +250,23 @@ def _run_modes(A, b, repeat, limit, modes, debug=False, profile=None):
         o["pool_used_after"] = int(pool.used_bytes() - base)
         out[name] = (o, xs[name])
     return out
+
+
+def _run_rounds(A, b, repeat, modes, debug, rows, firsts, xs):
+    """``_run_modes``' calls of ``modes``: a warm-up each, then ``repeat`` rounds."""
+    for name in modes:
+        _set_mode(name)
+        firsts[name], xs[name] = _once(A, b, "gpu", debug)
+        rows[name] = [firsts[name]]
+    for _ in range(repeat):
+        for name in modes:
+            if firsts[name]["backend"] != "gpu":
+                continue
+            if len(rows[name]) == 1 and rows[name][0] is firsts[name]:
+                rows[name] = []
+            _set_mode(name)
+            row, xs[name] = _once(A, b, "gpu", debug)
+            rows[name].append(row)
 
 
 def _profiled(A, b, limit, path, backend="gpu"):
@@ -323,6 +333,10 @@ def main(argv=None):
     p.add_argument("--band-upload", default=None,
                    help="how Q's solve brings an earlier stage's reflector bands up "
                         "(reflector_upload.BAND_UPLOADS; default: the package's)")
+    p.add_argument("--blocks", action="store_true",
+                   help="with --modes: each mode's calls one after the other (modes of "
+                        "different stage plans evict each other's cached state when "
+                        "interleaved)")
     p.add_argument("--modes", default="",
                    help="an A/B in one process: the modes of MODES to time at each limit, "
                         "their calls interleaved (e.g. base,new); MODE@F: at the limit "
@@ -384,7 +398,7 @@ def main(argv=None):
             here = [m[0] for m in modes if len(m) == 1 or int(m[1]) == frac]
             if here:
                 for m, (row, x) in _run_modes(A, b, args.repeat, need // frac, here,
-                                              debug=args.debug_log,
+                                              debug=args.debug_log, blocks=args.blocks,
                                               profile=args.profile if frac == fracs[0]
                                               else None).items():
                     cases.append((frac, f"1/{frac} {m}", row, x))

@@ -388,19 +388,30 @@ def test_reflector_bands_read_where_the_pinned_pool_lies(how, monkeypatch):
         ru.upload_reflectors(pinned, layout, cp, band_upload="bogus")
 
 
-@pytest.mark.parametrize("share", [(1, 2), (2, 5)])
-def test_prefetched_replay_equals_one_upload_at_a_time(problem, share, monkeypatch):
+@pytest.mark.parametrize("share,dense_flops", [((1, 2), DEFAULT_DENSE_FLOPS),
+                                               ((2, 5), DEFAULT_DENSE_FLOPS), ((2, 5), 3e8)])
+def test_prefetched_replay_equals_one_upload_at_a_time(problem, share, dense_flops,
+                                                       monkeypatch):
     """Q's replay under a real pool limit with the next stage's reflectors sent up
     on a side stream while the current stage's levels run: Qᵀ and Q bit for bit
     as with one upload after the other, some stage taken from its prefetch, and
-    nothing left on the device."""
+    nothing left on the device; with dense fronts in the uploaded stages too
+    (3e8: 15 dense fronts over 5 stages, their device copies not kept: read in
+    the uploaded packs)."""
     from scipy_gpuqr._engine.gpu import driver, solve
     A, b, an, needs, need, x0 = problem
+    if dense_flops != DEFAULT_DENSE_FLOPS:
+        dense = dense_front_mask(an, dense_flops)
+        vt = vt_elements(an, tile=DEFAULT_TILE, bundle=DEFAULT_BUNDLE, pipelining=True,
+                         granule=DEFAULT_APPLY_GRANULE, dense=dense)
+        need = plan_for_memory(an, front_needs(an, 8, tile=DEFAULT_TILE, vt_elems=vt,
+                                               dense=dense), None).peak
     B = np.cos(np.arange(A.shape[0] * 3, dtype=np.float64)).reshape(-1, 3)
-    pool, base = _limited(need * share[0] // share[1])      # 5 and 7 stages
+    pool, base = _limited(need * share[0] // share[1])      # 5 to 7 stages
     try:
-        g = driver.gpu_factorize(A, an)
+        g = driver.gpu_factorize(A, an, dense_flops=dense_flops)
         assert g.info["backend"] == "gpu" and g.info["stages"] > 2
+        assert (g.info["dense_fronts"] > 0) == (dense_flops != DEFAULT_DENSE_FLOPS)
         out = {}
         for on in (False, True):
             monkeypatch.setattr(solve, "PREFETCH", on)
