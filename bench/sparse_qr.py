@@ -355,6 +355,7 @@ def _gpu_runs(A, an, row, reps, thr, cpl=None):
         del g
     med = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
     row["seconds"] = med
+    row["walls"] = [r["wall"] for r in runs]        # every warm call's end to end
     row["launches"] = info["launches"]
     row["tasks"] = info["tasks"]
     row["stages"] = info["stages"]
@@ -464,6 +465,7 @@ def main(argv=None) -> int:
                                           "wait_gpu", "wait_r_copy", "assemble_R",
                                           "wait_host_side")}
         print("    phases s: " + ", ".join(f"{k} {v:.3f}" for k, v in ph.items()))
+        print("    warm calls, end to end s: " + " ".join(f"{w:.3f}" for w in r.get("walls", ())))
         pr = r["profile"]
         print("    launches by records (of %d resident blocks): " % pr.get("slots", 0)
               + "; ".join(f"[{k}) {v['launches']} launches {v['seconds']:.3f} s "
