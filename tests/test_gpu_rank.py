@@ -297,3 +297,42 @@ def test_nullspace_cod_blocks_on_the_host_when_the_device_is_full(monkeypatch, r
     assert F.rank == 1714
     x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
     assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+
+
+@pytest.mark.parametrize("b_on_device", [False, True])
+def test_fused_probe_and_least_squares_solve(b_on_device, monkeypatch):
+    """Full rank on the device (q beyond SOLVE_RANK_MIN_ORDER): the least-squares
+    solve ``R⁻¹Qᵀb`` and the rank probe's first step are one solve with R of
+    1 + PROBE_COLUMNS columns, one solve fewer than the probe alone; x and the
+    decision equal the unfused path's, for a host b and a CuPy b."""
+    import cupy as cp
+    from scipy_gpuqr._engine.gpu import solve as gsolve
+    from scipy_gpuqr._factor import factored
+    from scipy_gpuqr._factor.solve_rank import PROBE_COLUMNS
+    from scipy_gpuqr._testing_matrices import grid3d_least_squares
+    A = grid3d_least_squares(16)
+    assert A.shape[1] >= _lstsq.SOLVE_RANK_MIN_ORDER
+    b = np.cos(np.arange(A.shape[0], dtype=np.float64)) + A @ np.ones(A.shape[1])
+    calls = []
+    triangular = gsolve.DeviceSolve._triangular
+
+    def counted(self, C, transposed):
+        calls.append((transposed, C.shape[1]))
+        return triangular(self, C, transposed)
+    monkeypatch.setattr(gsolve.DeviceSolve, "_triangular", counted)
+
+    def run():
+        del calls[:]
+        bb = cp.asarray(b) if b_on_device else b
+        out = lsqr(sp.csc_array(A), bb, backend="gpu")
+        x = cp.asnumpy(out[0]) if b_on_device else out[0]
+        return x, out[1], list(calls)
+    x_fused, istop_fused, fused = run()
+    monkeypatch.setattr(factored.FactoredQR, "_fused_probe_solve", lambda self, B: None)
+    x_alone, istop_alone, alone = run()
+    assert fused[0] == (False, 1 + PROBE_COLUMNS)
+    assert len(fused) == len(alone) - 1
+    assert istop_fused == istop_alone
+    np.testing.assert_allclose(x_fused, x_alone, rtol=1e-12, atol=1e-12 * np.abs(x_alone).max())
+    x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    assert np.linalg.norm(x_fused - x_ref) <= 1e-10 * np.linalg.norm(x_ref)

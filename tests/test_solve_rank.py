@@ -281,7 +281,8 @@ def test_full_rank_probe_confirms_a_grid(rng, monkeypatch):
     assert dec["method"] == "triangular" and np.isnan(dec["rcond_estimate"])
     # well conditioned: one solve with the block confirms (the first step's margin)
     assert len(seen) == 1 and seen[0][1] == pytest.approx(probe_margin(4096, 1))
-    assert dec["sigma_max"] == pytest.approx(sp.linalg.norm(A), rel=1e-12)
+    # ‖A‖_F = ‖R‖_F, with frobenius_bound's rounding allowance (16 m n eps)
+    assert sp.linalg.norm(A) <= dec["sigma_max"] <= sp.linalg.norm(A) * (1 + 2e-7)
     # σ_min(A) of this grid: the 7-point Laplacian's least eigenvalue over the shift
     lam = 3 * (2 - 2 * np.cos(np.pi / 17))
     smin = np.hypot(lam, 0.1)
@@ -743,3 +744,89 @@ def test_nullspace_cod_leaves_many_rhs_to_the_solve(rng):
     cod = NullspaceCOD(inv, upt, q, dead, tol, rhs=lambda: C)
     assert widths == [dead + PROBE_COLUMNS] and cod._first is None
     assert np.linalg.norm(cod.solve(C) - host.solve(C)) <= 1e-12 * np.linalg.norm(host.solve(C))
+
+
+def test_frobenius_bound_covers_r_of_every_backend(rng):
+    """‖M‖_F with the rounding allowance bounds ‖R‖_F of M's QR from above, and by
+    little: tall, wide (Aᵀ factored), damped, a dead column; duplicates not summed
+    give no bound."""
+    from scipy_gpuqr._factor.lstsq import frobenius_bound
+    A = sp.random(300, 80, density=0.05, random_state=3, format="csc") + sp.eye(300, 80)
+    keep = np.ones(80)
+    keep[5] = 0.0                           # a dead column
+    A = sp.csc_array(A @ sp.diags(keep))
+    A.eliminate_zeros()
+    for M in (A, A.T, sp.vstack([A, 0.3 * sp.eye(80)])):
+        M = sp.csc_array(M)
+        F = QRFactorization(M, backend="cpu")
+        fro = _sr.frobenius(sp.csc_array(F._core.num.R))
+        bound = frobenius_bound(F._core.M)
+        assert fro <= bound <= fro * (1 + 1e-6)
+    dup = sp.csc_array((np.ones(3), np.array([0, 0, 1]), np.array([0, 2, 3])), shape=(2, 2))
+    dup.has_canonical_format = False
+    assert frobenius_bound(dup) is None
+
+
+def test_frobenius_bound_spares_the_pass_over_r(monkeypatch, rng):
+    """The rank decision of a factorization takes ‖R‖_F from the factored matrix:
+    no pass over R's values, the same decision as with that pass."""
+    A = grid3d_least_squares(16)
+    b = rng.standard_normal(A.shape[0])
+    x_ref = QRFactorization(A, backend="cpu").solve(b)
+
+    def no_pass(R):
+        raise AssertionError("a pass over R's values")
+    monkeypatch.setattr(_lstsq, "frobenius", no_pass)
+    F = QRFactorization(A, backend="cpu")
+    x = F.solve(b)
+    assert F.info["rank_decision"]["method"] == "triangular"
+    assert np.array_equal(x, x_ref)
+
+
+def test_host_norms_equal_numpys_without_its_blas(monkeypatch):
+    """norm2 / frobenius_norm agree with NumPy's norms to rounding, and never reach
+    NumPy's dot (the BLAS whose worker threads would spin after it)."""
+    from scipy_gpuqr._factor import host_norms
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(50_001) * np.exp(rng.uniform(-30, 30, 50_001))
+    M = sp.random(400, 300, density=0.05, random_state=1, format="csc")
+    expected = (np.linalg.norm(x), np.linalg.norm(x[::7]), sp.linalg.norm(M), np.linalg.norm(M.toarray()))
+
+    def no_blas(*args, **kwargs):
+        raise AssertionError("NumPy's BLAS dot")
+    monkeypatch.setattr(np, "dot", no_blas)
+    monkeypatch.setattr(np.linalg, "norm", no_blas)
+    got = (host_norms.norm2(x), host_norms.norm2(x[::7]), host_norms.frobenius_norm(M),
+           host_norms.frobenius_norm(M.toarray()))
+    for g, e in zip(got, expected):
+        assert g == pytest.approx(e, rel=1e-14)
+    assert host_norms.norm2(np.zeros(0)) == 0.0
+
+
+def test_probe_from_a_given_start_decides_as_the_probe_alone(rng):
+    """MinNormSolver's probe_start (Ω, R⁻¹Ω), formed with the caller's solve: the
+    probe runs on R⁻ᵀ from that image, applies no solve for its first step, and
+    confirms full rank with a ν of ‖R⁻¹‖₂'s size, as the probe alone does."""
+    A = grid3d_least_squares(16)
+    F = QRFactorization(A, backend="cpu")
+    R = sp.csc_array(F._core.num.R)
+    q = R.shape[0]
+    tri = UpperTriangular(R)
+    calls = []
+
+    def counted(which):
+        def solve(C):
+            calls.append(which)
+            return tri.solves()[0 if which == "up" else 1](C)
+        return solve
+    omega = _sr.gaussian_block(0, (q, PROBE_COLUMNS))
+    start = (omega, tri.solves()[0](omega))
+    alone = _lstsq.MinNormSolver(R, _lstsq.lstsq_cutoff(*A.shape), solves=(counted("up"), counted("upt")))
+    n_alone = len(calls)
+    del calls[:]
+    given = _lstsq.MinNormSolver(R, _lstsq.lstsq_cutoff(*A.shape), probe_start=start,
+                                 solves=(counted("up"), counted("upt")))
+    assert alone.method == given.method == "triangular" and alone.rank == given.rank == q
+    assert n_alone == 1 and calls == []          # the first step's solve was given
+    assert given.probe_start is None
+    assert given.sigma_min == pytest.approx(alone.sigma_min, rel=0.5)

@@ -39,7 +39,10 @@ from .._engine.gpu.factorize_kernels import prefetch_engine_kernels
 from .._gpu import gpu_info
 from .._options import Settings
 from .._validate import MatrixInput, as_matrix
-from .lstsq import MinNormSolver, exact_solve, lstsq_cutoff
+from .._engine.gpu import array_ops
+from .lstsq import (DENSE_LIMIT, SOLVE_RANK_MIN_ORDER, MinNormSolver, exact_solve,
+                    frobenius_bound, lstsq_cutoff)
+from .solve_rank import PROBE_COLUMNS, abs_diagonal
 from .rank_refine import factorizer, with_rank_detection
 from .triangular import UpperTriangular
 
@@ -195,6 +198,7 @@ class FactoredQR:
         self._solver = None
         self._dsolve = None
         self._qtb = None                # (B, (QᵀB)[:rows of R]) within a least_squares call
+        self._fused = None              # (B, R⁻¹(QᵀB)[:q]) solved with the rank probe's block
         self._run(M)
 
     # -- phases ----------------------------------------------------------------
@@ -212,13 +216,16 @@ class FactoredQR:
         self.dtype = dtype
         self._run(M)
 
-    def rank_decision(self, rhs: Optional[np.ndarray] = None) -> MinNormSolver:
+    def rank_decision(self, rhs: Optional[np.ndarray] = None,
+                      probe_start: Optional[tuple] = None) -> MinNormSolver:
         """The rank decision and minimum-norm solver, made once per factorization.
 
         ``rhs``: the host B (m × k) that :meth:`least_squares` solves next, for a
         decision that solves with R anyway to take ``Qᵀb`` into that solve
         (:class:`~scipy_gpuqr._factor.lstsq.MinNormSolver`'s ``rhs``; tall A, lstsq's
-        rule): ``Qᵀb`` is then computed during the decision, once."""
+        rule): ``Qᵀb`` is then computed during the decision, once.
+        ``probe_start``: the full-rank probe's block and its solve, formed with
+        the right-hand sides' (:meth:`_fused_probe_solve`)."""
         if self._solver is None:
             t0 = time.perf_counter()
             num = self.num
@@ -244,7 +251,9 @@ class FactoredQR:
                                          solves=self._device_triangular(),
                                          products=self._device_products(),
                                          dense_device="gpu" if device == "gpu" or gpu_seen
-                                         else "cpu", rhs=given)
+                                         else "cpu", rhs=given,
+                                         probe_start=probe_start,
+                                         fro_bound=frobenius_bound(self.M))
             self.timings["rank_decision"] = time.perf_counter() - t0
         return self._solver
 
@@ -290,10 +299,52 @@ class FactoredQR:
         f = getattr(self.num, "on_device", None)
         return bool(f is not None and f())
 
-    def device_least_squares_ok(self) -> bool:
-        """Full-rank least squares on the device: GPU factors, lstsq's rule says full rank."""
-        return (self.on_device() and self.tol is None
-                and self.rank_decision().method == "triangular")
+    def device_least_squares_ok(self, B=None) -> bool:
+        """Full-rank least squares on the device: GPU factors, lstsq's rule says full rank.
+
+        ``B``: the float64 CuPy (m, k) right-hand sides :meth:`device_least_squares`
+        is given next; where the decision is still to make, the least-squares
+        solve and the full-rank probe's first step are then one solve with R
+        (:meth:`_fused_probe_solve`)."""
+        if B is not None and self._solver is None:
+            self.rank_decision(probe_start=self._fused_probe_solve(B))
+        ok = (self.on_device() and self.tol is None
+              and self.rank_decision().method == "triangular")
+        if not ok:
+            self._fused = None          # the host's rules answer: the solve is not used
+        return ok
+
+    def _fused_probe_solve(self, B):
+        """``(Ω, R⁻¹Ω)`` for the rank decision's full-rank probe, solved together with
+        ``R⁻¹ (QᵀB)[:q]`` (kept for :meth:`device_least_squares` of this B): one
+        solve with R of k + p columns instead of two, on the device.
+
+        Only where the probe will be the decision's first test (GPU factors, tall
+        square R beyond the dense rules' order, a diagonal that does not already
+        prove a deficiency: the order of :class:`MinNormSolver`'s rules); None
+        elsewhere, or where the solve does not fit the device's memory.
+        """
+        if not (self.on_device() and self.tol is None and not self.transposed
+                and self._solver is None and B.shape[1]):
+            return None
+        R = sp.csc_array(self.num.R)
+        q = R.shape[1]
+        if R.shape[0] != q or q <= DENSE_LIMIT or q < SOLVE_RANK_MIN_ORDER:
+            return None
+        d = abs_diagonal(R)
+        if not (np.all(np.isfinite(d)) and d.min() > lstsq_cutoff(*self.shape) * d.max()):
+            return None
+        import cupy as cp               # optional dependency: GPU factors only
+        ds = self.device_solves()
+        try:
+            omega = array_ops.normal_block(0, (q, min(PROBE_COLUMNS, q)))  # probe_norm's draw
+            C = self._device_apply(B, True)[:q]
+            Y = ds.upper(cp.ascontiguousarray(cp.concatenate([C, omega], axis=1)))
+        except MemoryError:             # CuPy's OutOfMemoryError: the decision solves alone
+            return None
+        k = B.shape[1]
+        self._fused = (B, Y[:, :k])
+        return omega, Y[:, k:]
 
     def _device_triangular(self):
         """Wrappers of the device's ``R⁻¹·`` and ``R⁻ᵀ·`` (GPU factors, no rank
@@ -372,11 +423,17 @@ class FactoredQR:
         Refined on the device as the host solve is (:meth:`refines`)."""
         t0 = time.perf_counter()
         ds = self.device_solves()
+        fused, self._fused = self._fused, None
         if not self.transposed:
             def solve(C):
                 return ds.forward(lambda Y: self._device_apply(Y, True), C, self.shape[1])
             import cupy as cp           # optional dependency: GPU factors only
-            X = self._refined(solve, self._device_matrix, B, solve(B),
+            if fused is not None and fused[0] is B:     # R⁻¹(QᵀB)[:q], solved with the probe
+                X = cp.empty((self.shape[1], B.shape[1]), dtype=np.float64)
+                X[ds.perm] = fused[1]
+            else:
+                X = solve(B)
+            X = self._refined(solve, self._device_matrix, B, X,
                               lambda Y: float(cp.linalg.norm(Y)))
         else:
             X = ds.backward(lambda Y: self._device_apply(Y, False), B, self.num.shape[0])
@@ -442,14 +499,23 @@ class FactoredQR:
             return self._least_squares(B)
         finally:
             self._qtb = None            # Qᵀb of this call's B (_qt_rows) not kept
+            self._fused = None
 
     def _least_squares(self, B: np.ndarray) -> np.ndarray:
+        Bd = None
         if B.shape[1] and self._solver is None:
-            self.rank_decision(rhs=B)   # Qᵀb taken into its solve where one runs
+            start = None
+            if self.on_device():
+                import cupy as cp       # optional dependency: GPU factors only
+                Bd = cp.asarray(B, dtype=np.float64)
+                start = self._fused_probe_solve(Bd)
+            # Qᵀb taken into the decision's solve where one runs
+            self.rank_decision(rhs=B, probe_start=start)
         if B.shape[1] and self.device_least_squares_ok():
             import cupy as cp           # optional dependency: GPU factors only
             try:
-                return self.device_least_squares(cp.asarray(B, dtype=np.float64)).get()
+                return self.device_least_squares(
+                    Bd if Bd is not None else cp.asarray(B, dtype=np.float64)).get()
             except MemoryError:         # the device's solves do not fit: the host's answer
                 cp.get_default_memory_pool().free_all_blocks()
         t0 = time.perf_counter()
@@ -498,6 +564,7 @@ class FactoredQR:
         self._solver = None
         self._dsolve = None
         self._Md = None
+        self._fused = None
 
     # -- pickling: data, never handles ---------------------------------------------
     def __getstate__(self):
@@ -506,6 +573,7 @@ class FactoredQR:
         state["_dsolve"] = None
         state["_Md"] = None
         state["_qtb"] = None
+        state["_fused"] = None
         num = state.get("num")
         plan = state["plan"]
         state["plan_fields"] = {k: getattr(plan, k) for k in

@@ -38,6 +38,7 @@ from .._options import Settings, log_decision
 from .._validate import (LSTSQ_RHS, MatrixInput, as_matrix, check_damp, check_rhs, check_x0,
                          scipy_float_dtype, to_output)
 from .factored import FactoredQR, factorize, plan_for
+from .host_norms import frobenius_norm, norm2
 from .lstsq import MinNormSolver
 
 __all__ = ["LeastSquaresProblem", "check_problem", "StoppingRules", "IterativeAnswer",
@@ -447,10 +448,10 @@ class LstsqStart(NamedTuple):
 
 def start(A, b: np.ndarray, x0: Optional[np.ndarray]) -> LstsqStart:
     """The correction problem of ``A x ≈ b`` from ``x0`` (None: from 0)."""
-    bnorm = float(np.linalg.norm(b))
+    bnorm = norm2(b)
     r0 = b if x0 is None else b - A @ x0
-    beta = float(np.linalg.norm(r0))
-    alfa = float(np.linalg.norm(A.T @ r0)) if beta > 0 else 0.0
+    beta = norm2(r0)
+    alfa = norm2(A.T @ r0) if beta > 0 else 0.0
     return LstsqStart(r0, bnorm, beta, alfa)
 
 
@@ -477,7 +478,7 @@ def vector_norm(v) -> float:
     """‖v‖₂ of a NumPy or CuPy vector, as a Python float."""
     if is_cupy_array(v):
         return float(import_cupy().linalg.norm(v))
-    return float(np.linalg.norm(v))
+    return norm2(v)
 
 
 class LstsqAnswer(NamedTuple):
@@ -508,11 +509,11 @@ class DampedNorms(NamedTuple):
 def damped_norms(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> DampedNorms:
     """The residual norms SciPy's lsqr/lsmr report, computed from ``dx``."""
     r = r0 - A @ dx
-    r1norm = float(np.linalg.norm(r))
+    r1norm = norm2(r)
     return DampedNorms(
-        r1norm, float(np.hypot(r1norm, damp * np.linalg.norm(dx))),
-        float(np.sqrt(sp.linalg.norm(A, "fro") ** 2 + damp ** 2 * A.shape[1])),
-        float(np.linalg.norm(A.T @ r - damp ** 2 * dx)))
+        r1norm, float(np.hypot(r1norm, damp * norm2(dx))),
+        float(np.sqrt(frobenius_norm(A) ** 2 + damp ** 2 * A.shape[1])),
+        norm2(A.T @ r - damp ** 2 * dx))
 
 
 def trivial_answer(begin: LstsqStart, x0: Optional[np.ndarray], n: int) -> LstsqAnswer:
@@ -573,9 +574,10 @@ def _device_answer(problem: LeastSquaresProblem, begin: LstsqStart, F: FactoredQ
     cp = import_cupy()
     n, damp = problem.shape[1], problem.damp
     r0 = begin.r0
-    if F.device_least_squares_ok():
-        rhs = cp.concatenate([r0, cp.zeros(n)]) if damp != 0 else r0
-        dx = F.device_least_squares(cp.ascontiguousarray(rhs[:, None]))[:, 0]
+    rhs = cp.concatenate([r0, cp.zeros(n)]) if damp != 0 else r0
+    rhs = cp.ascontiguousarray(rhs[:, None], dtype=np.float64)
+    if F.device_least_squares_ok(rhs):
+        dx = F.device_least_squares(rhs)[:, 0]
     else:
         rh = r0.get()
         rhs = np.concatenate([rh, np.zeros(n)]) if damp != 0 else rh
@@ -584,7 +586,7 @@ def _device_answer(problem: LeastSquaresProblem, begin: LstsqStart, F: FactoredQ
     r = r0 - Ad @ dx
     r1norm = float(cp.linalg.norm(r))
     dxnorm = float(cp.linalg.norm(dx))
-    anorm = float(np.sqrt(sp.linalg.norm(problem.matrix().A, "fro") ** 2 + damp ** 2 * n))
+    anorm = float(np.sqrt(frobenius_norm(problem.matrix().A) ** 2 + damp ** 2 * n))
     arnorm = float(cp.linalg.norm(Ad.T @ r - damp ** 2 * dx))
     acond = acond_estimate(F.rank_decision(), anorm)
     var = cp.asarray(variance(F, Mi.A)) if calc_var else cp.zeros(n)

@@ -130,6 +130,7 @@ from .._dispatch.plan import available_host_memory
 from .._engine.memory import available_bytes
 from .dense_cod import DenseCOD, dense_from_sparse, sigma_max_estimate
 from .dense_upper import DenseUpper, stored_densely
+from .host_norms import frobenius_norm
 from .solve_rank import NullspaceCOD, NullspaceRefused, abs_diagonal, frobenius, probe_norm
 from .subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
 from .sparse_subspace import decide as sparse_subspace_decide
@@ -300,6 +301,29 @@ def _clearly_above(est, order: int, threshold: float) -> bool:
 Factorize = Callable[..., object]  # factorize(A, *, tol) -> NumericQR
 
 
+def frobenius_bound(M, rounding: Optional[float] = None) -> Optional[float]:
+    """An upper bound of ``‖R‖_F`` for the R of an orthogonal factorization of M
+    (``M P = Q R``), from M's stored values: ``‖M‖_F (1 + rounding)``.
+
+    ``Q`` orthogonal keeps the Frobenius norm, ``‖R‖_F = ‖M‖_F``; in floating
+    point a Householder QR is the exact factorization of a matrix within
+    ``γ‖M‖_F`` of M (γ of the order of ``m n eps``), which ``rounding``
+    (default ``16 m n eps``, at least ``1e-12``) covers. One pass over
+    ``nnz(M)`` values instead of ``nnz(R)``, which for a sparse QR is often
+    a hundred times more. None where M's stored values are not its entries
+    (a sparse matrix with duplicates not summed) or not finite.
+    """
+    if sp.issparse(M) and not getattr(M, "has_canonical_format", False):
+        return None
+    value = frobenius_norm(M)
+    if not np.isfinite(value):
+        return None
+    m, n = M.shape
+    if rounding is None:
+        rounding = max(16.0 * m * n * np.finfo(np.float64).eps, 1e-12)
+    return value * (1.0 + rounding)
+
+
 def _free_device_pool() -> None:
     """CuPy's cached device blocks given back (after a device step ran out of
     memory, before the host takes over)."""
@@ -361,6 +385,19 @@ class MinNormSolver:
         ``R⁻¹`` anyway and takes them into that solve (the null-space COD of
         G = R): that first solve then costs no solve with R of its own. Not
         kept once the decision is made.
+    probe_start : (array, array), optional
+        ``(Ω, R⁻¹Ω)``: the full-rank probe's Gaussian block (as
+        :func:`~scipy_gpuqr._factor.solve_rank.probe_norm` draws it) and its
+        solve, formed by the caller in the same solve with R as its
+        least-squares right-hand sides. The probe then takes ``R⁻ᵀ`` as its
+        operator (whose 2-norm is ``R⁻¹``'s), and its first step costs no
+        solve. Not kept once the decision is made.
+    fro_bound : float, optional
+        An upper bound of ``‖R‖_F`` known without a pass over R's values (see
+        :func:`frobenius_bound`: the factored matrix's own norm, which an
+        orthogonal factorization keeps). The rules use ``‖R‖_F`` only as an
+        upper bound of ``σ_max`` (a looser one can only make a test stricter),
+        so this serves in its place; default: one pass over R's values.
     """
 
     R: sp.csc_array
@@ -372,6 +409,8 @@ class MinNormSolver:
     dense_device: Optional[str] = None
     products: Optional[tuple] = field(default=None, repr=False)
     rhs: Optional[Callable] = field(default=None, repr=False)
+    fro_bound: Optional[float] = None
+    probe_start: Optional[tuple] = field(default=None, repr=False)
     method: str = field(init=False, default="")
     cod_device: str = field(init=False, default="cpu")
     revealed: bool = field(init=False, default=True)
@@ -393,10 +432,13 @@ class MinNormSolver:
     _fro_pending: Optional[Future] = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
+        if self.fro_bound is not None and np.isfinite(self.fro_bound):
+            self._fro = float(self.fro_bound)
         try:
             self._decide()
         finally:
             self.rhs = None             # it may hold its caller (a factorization)
+            self.probe_start = None
             if self._fro_pending is not None:
                 self._frobenius()       # the worker's pass ends with the decision
 
@@ -631,9 +673,14 @@ class MinNormSolver:
         up, upt, xp = self._solve_ops()
         q = self.R.shape[0]
         bound = self.cutoff * self._frobenius()
+        start, self.probe_start = self.probe_start, None
         try:
-            nu, margin = probe_norm(up, upt, q, xp=xp,
-                                    accept=lambda nu, m: m * nu * bound < 1.0)
+            if start is not None:       # S = R⁻ᵀ: its first step, R⁻¹Ω, is given
+                nu, margin = probe_norm(upt, up, q, xp=xp, start=start,
+                                        accept=lambda nu, m: m * nu * bound < 1.0)
+            else:
+                nu, margin = probe_norm(up, upt, q, xp=xp,
+                                        accept=lambda nu, m: m * nu * bound < 1.0)
         except MemoryError:
             # the probe's blocks do not fit beside the factors (a GPU under a
             # memory limit; CuPy's OutOfMemoryError is a MemoryError): the

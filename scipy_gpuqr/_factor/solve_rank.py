@@ -73,6 +73,7 @@ import scipy.sparse as sp
 
 from .._engine.gpu import array_ops
 from .dense_cod import solve_triangular
+from .host_norms import norm2
 
 __all__ = ["PROBE_COLUMNS", "PROBE_MAX_STEPS", "PROBE_FAILURE", "DRAW_CHUNK", "DRAW_THREADS",
            "probe_margin", "probe_norm", "gaussian_block", "abs_diagonal", "frobenius",
@@ -150,8 +151,7 @@ def abs_diagonal(R: sp.csc_array) -> np.ndarray:
 
 def frobenius(R: sp.csc_array) -> float:
     """``‖R‖_F`` (an upper bound of ``‖R‖₂``): one pass over R's values."""
-    data = np.asarray(R.data, dtype=np.float64)
-    return float(np.sqrt(np.dot(data, data)))
+    return norm2(R.data)
 
 
 def gaussian_block(seed: int, shape: tuple) -> np.ndarray:
