@@ -909,6 +909,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--cpu", action="store_true", help="NumPy chunks on CPU worker processes")
     p.add_argument("--no-direct", action="store_true", help="skip the no-Dask baseline")
+    p.add_argument("--direct-from", metavar="JSON",
+                   help="with --no-direct: the baseline rows of an earlier run's --json "
+                        "(same machine, count and chunks) for the efficiencies")
     p.add_argument("--pinned", action="store_true",
                    help="Nanny workers with CUDA_VISIBLE_DEVICES each even if dask_cuda exists")
     p.add_argument("--quick", action="store_true",
@@ -994,6 +997,11 @@ def main(argv=None) -> int:
         # first: the baseline exists even when a Dask run is cut short
         direct = run_direct(args, gpu)
         save()
+    elif args.direct_from:
+        try:
+            direct = json.loads(Path(args.direct_from).read_text())["direct"]
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"no baseline from {args.direct_from}: {exc}", flush=True)
     for k in counts:
         for threads in _ints(args.threads):
             for saturation in args.saturations:

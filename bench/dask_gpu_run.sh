@@ -15,10 +15,13 @@
 #   DRY=1        a check of this script where there is no GPU: CPU workers, the GPU
 #                modelled (bench/dask_batched.py --cpu --model-gpu), no GPU tests
 #   QUICK=1      4 batches in flight only, no per-thread streams or saturation inf (about 3 min)
-# About 6 minutes on two H200 (estimated; not run yet): the direct run, the main table
-# (1 and GPUS workers, 1 and 2 threads a worker, both calls, one compute() and 4 batches in
-# flight), 2 threads a worker on per-thread default streams (the default call), every chunk
-# task sent at once (worker-saturation inf), the Dask GPU tests. The efficiencies of the
+# About 7 minutes on two H200 (estimated; not run yet; pass timeout_s=600): the direct run,
+# the main table (1 and GPUS workers, 1 and 2 threads a worker, both calls, one compute()
+# and 4 batches in flight), 8 batches in flight, 2 threads a worker on per-thread default
+# streams (the default call), every chunk task sent at once (worker-saturation inf), the
+# Dask GPU tests (the efficiencies of the last three against the main run's direct rows).
+# Six files under $OUT: the main run's JSON and log, the other three runs'
+# logs (their tables; their JSON stays in /tmp), the GPU tests' log. The efficiencies of the
 # --no-direct runs are against the main run's direct rows (same call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,25 +63,29 @@ else
   timeout 280 $bench --workers "$workers" --threads 1,2 --call async,default --batches 1,4 \
     --saturation 1.1 --json "$OUT/dask_main.json" --max-seconds 265 2>&1 \
     | tee "$OUT/dask_main.log" || rc=1
+  # 8 batches in flight, 2 threads a worker
+  timeout 80 $bench --workers "$GPUS" --threads 2 --call async,default --batches 8 \
+    --saturation 1.1 --no-direct --direct-from "$OUT/dask_main.json" --json /tmp/dask_b8.json --max-seconds 75 2>&1 \
+    | tee "$OUT/dask_b8.log" || rc=1
   # two threads a worker, each on its own stream: a default call's wait is for its own
   # chunk (the async call cannot: its results cross threads unfinished)
-  timeout 80 $bench --workers "$GPUS" --threads 2 --ptds --call default --batches 1,4 \
-    --saturation 1.1 --no-direct --json "$OUT/dask_ptds.json" --max-seconds 70 2>&1 \
+  timeout 70 $bench --workers "$GPUS" --threads 2 --ptds --call default --batches 1,4 \
+    --saturation 1.1 --no-direct --direct-from "$OUT/dask_main.json" --json /tmp/dask_ptds.json --max-seconds 65 2>&1 \
     | tee "$OUT/dask_ptds.log" || rc=1
   # every chunk task sent at once (no round trip before each)
-  timeout 100 $bench --workers "$GPUS" --threads 1,2 --call async --batches 1,4 \
-    --saturation inf --no-direct --json "$OUT/dask_inf.json" --max-seconds 90 2>&1 \
+  timeout 70 $bench --workers "$GPUS" --threads 2 --call async --batches 1,4 \
+    --saturation inf --no-direct --direct-from "$OUT/dask_main.json" --json /tmp/dask_inf.json --max-seconds 65 2>&1 \
     | tee "$OUT/dask_inf.log" || rc=1
 fi
 if [ "${DRY:-0}" = 1 ]; then
   echo "DRY: no GPU tests" > "$OUT/dask_gpu_tests.log"
 else
-  timeout 120 python3 -m pytest -q -m gpu tests/test_dask_throughput.py tests/test_distributed.py \
+  timeout 90 python3 -m pytest -q -m gpu tests/test_dask_throughput.py tests/test_distributed.py \
     2>&1 | tee "$OUT/dask_gpu_tests.log" | tail -15 || rc=1
 fi
 echo
 echo "== summary (per batch; efficiency = direct wall / (workers x Dask wall))"
-for f in "$OUT"/dask_main.log "$OUT"/dask_ptds.log "$OUT"/dask_inf.log; do
+for f in "$OUT"/dask_main.log "$OUT"/dask_b8.log "$OUT"/dask_ptds.log "$OUT"/dask_inf.log; do
   [ -f "$f" ] && { echo "-- $(basename "$f")"; grep -E '^\|' "$f"; grep -E 'checksums of every run' "$f"; }
 done
 tail -1 "$OUT/dask_gpu_tests.log"
