@@ -190,6 +190,21 @@ def test_bench_batches_in_flight_on_modelled_gpus(tmp_path):
         # one task per chunk and one aggregate per batch, no finalize task
         assert sum(d["tasks"] for d in r["worker_idle"].values()) == 9 * r["batches"], r
         assert r["median_s"] > 0 and r["efficiency_vs_direct"] > 0
+        t = r["timeline_s"]                       # each step a median of its own
+        assert 0 <= t["graph_at_scheduler"] <= t["graph_ready"] <= t["result_in_client"]
+        assert t["first_task"] <= t["last_chunk_task_end"] <= t["last_aggregate_end"]
+    # a run without a baseline of its own takes an earlier run's
+    again = tmp_path / "c.json"
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "dask_batched.py"), "--cpu",
+                        "--model-gpu", "1e-5", "--workers", "1", "--call", "async",
+                        "--count", "800", "--n", "4", "--chunk", "100", "--reps", "1",
+                        "--no-direct", "--direct-from", str(out), "--json", str(again),
+                        "--max-seconds", "100"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    row, = json.loads(again.read_text())["rows"]
+    assert row["efficiency_vs_direct"] == pytest.approx(
+        direct["async"]["median_s"] / row["median_s"])
 
 
 def _lu_counted_on_the_gpu():
