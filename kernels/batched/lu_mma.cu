@@ -77,12 +77,13 @@
 // k > 0: the LU (getrf_mma, gesv_mma; one matrix in flight, 16-byte path)
 // asks L2 for the warp's next matrix at the start of panel k - 1 of the
 // current one, so that the next copy in finds it there instead of waiting
-// for HBM (a second stage in shared memory would cost a third of the warps);
-// 0: no prefetch. Late enough that the lines are not evicted before the copy
-// (with a large batch the whole grid streams more than L2 holds while one
-// warp factors one matrix), early enough that they have arrived.
+// for HBM (a second stage in shared memory would cost a third of the warps).
+// Measured slower on an H200 at every k (the earlier, the slower: the grid
+// streams more than L2 holds while a warp factors one matrix, and the
+// address held through the panels adds spills), so 0, the default: no
+// prefetch, the kernels' code is then that of the build without it.
 #ifndef GPUQR_MMA_PREFETCH
-#define GPUQR_MMA_PREFETCH 3
+#define GPUQR_MMA_PREFETCH 0
 #endif
 
 namespace gpuqr_mma {
