@@ -514,8 +514,9 @@ def test_progressive_r_copy_on_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("budget", [None, 20000])
 def test_records_go_up_in_chunks_ahead_of_their_launches(budget):
-    """A warm stage's records uploaded in chunks of seven records (chunk ends fall
-    inside launches), the records' buffer poisoned (debug: type -1, no task), so
+    """A warm stage's records uploaded in chunks of three records (a launch of fewer
+    takes the next launch's first records along, a larger one its own), the
+    records' buffer poisoned (debug: type -1, no task), so
     that a launch whose records never went up would leave its work undone: R
     bit for bit the default run's, and simulate's Gram."""
     from scipy_gpuqr._engine.gpu.device import CupyDevice
@@ -526,11 +527,11 @@ def test_records_go_up_in_chunks_ahead_of_their_launches(budget):
     gpu_factorize(A, an, max_gpu_memory=budget).free()      # the schedule materialized
     ref = gpu_factorize(A, an, max_gpu_memory=budget)
     dev = CupyDevice(32, 3, debug=True)
-    dev.record_chunk_bytes = 7 * TASK_BYTES
+    dev.record_chunk_bytes = 3 * TASK_BYTES
     g = gpu_factorize(A, an, device=dev, max_gpu_memory=budget)
     assert not g.info["schedule_cold"]
     sizes = np.concatenate([np.diff(st.launch_ptr) for st in g.schedule.stages])
-    assert ((sizes > 0) & (sizes < 7)).any() and (sizes > 7).any()   # both kinds of chunk
+    assert ((sizes > 0) & (sizes < 3)).any() and (sizes > 3).any()   # both kinds of chunk
     assert np.array_equal(g.R.indices, ref.R.indices)
     assert np.array_equal(g.R.data, ref.R.data)
     assert _gram_close(g.R, simulate_factorize(A, an, max_gpu_memory=budget).R, A, EPS)
