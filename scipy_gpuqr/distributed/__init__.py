@@ -57,11 +57,10 @@ gathered: tens of milliseconds): make chunks as large as a GPU holds with
 their results (a chunk's GPU work should dwarf a task's round trip), and
 for a stream of batches keep several in flight (``client.compute`` of each
 as it comes, or of several at once, then gather), so that one batch's fixed
-cost overlaps the others' work. The scheduler setting
-``distributed.scheduler.worker-saturation: inf`` sends each worker all its
-chunk tasks at once (no round trip before each); the chunks' memory is then
-taken as each task runs, when they are made inside their tasks. The default
-call waits once per chunk for its GPU (to warn or raise like SciPy), so the
+cost overlaps the others' work. (Dask's default worker-saturation, 1.1,
+holds a worker to about two chunk tasks a thread, each next one sent after
+one ends; ``inf``, every chunk task sent at once, started the first task
+later and was slower in bench/RESULTS.md's runs.) The default call waits once per chunk for its GPU (to warn or raise like SciPy), so the
 GPU idles while its worker ends one task and starts the next;
 ``return_info=True, check_finite=False`` waits for nothing: a task returns
 once its kernels are queued, and the worker queues the next chunk while the
