@@ -221,6 +221,7 @@ class ModelDevice:
         self._per_thread = per_thread
         self.free_at = 0.0
         self._done: dict = {}           # stream -> when its last queued work is done
+        self._checksum: dict = {}       # thread -> seconds of its chunk's checksum, to queue
 
     def _stream(self) -> int:
         return threading.get_ident() if self._per_thread else 0
@@ -239,6 +240,29 @@ class ModelDevice:
     def wait(self) -> None:
         """Return once the work queued so far on the caller's stream is done."""
         time.sleep(max(self.done_at() - time.monotonic(), 0.0))
+
+    def chunk(self, seconds: float) -> None:
+        """Queue a chunk's making and factorization, all but :data:`CHECKSUM_SHARE` of
+        its ``seconds``; the rest is queued by its checksum (:meth:`checksum`)."""
+        self.queue(seconds * (1 - CHECKSUM_SHARE))
+        self._checksum[threading.get_ident()] = seconds * CHECKSUM_SHARE
+
+    def checksum(self, wait: bool) -> float:
+        """The checksum of this thread's last chunk: ``wait`` (the default call) waits
+        for the factorization first (the call's status read), queues the checksum
+        and waits again (its read), as the GPU pipeline does; else it only queues.
+        When the checksum will be done."""
+        if wait:
+            self.wait()
+        done = self.queue(self._checksum.pop(threading.get_ident(), 0.0))
+        if wait:
+            self.wait()
+        return done
+
+
+#: The share of a modelled chunk's GPU time that is its checksum (queued after the
+#: factorization's wait in the default call)
+CHECKSUM_SHARE = 0.02
 
 
 @functools.lru_cache(maxsize=None)
@@ -271,7 +295,7 @@ def make_chunk(start: int = 0, *, size: int, n: int, dt: str, gpu: bool, seed: i
         size = block_info[None]["chunk-shape"][0]
         start = block_info[None]["array-location"][0][0]
     if model:
-        model_device().queue(size * model)
+        model_device().chunk(size * model)
         return _make_numpy(seed, int(start), min(size, 1), n, np.dtype(dt))
     if not gpu:
         return _make_numpy(seed, int(start), size, n, np.dtype(dt))
@@ -307,10 +331,11 @@ def _device_sum(lu, piv):
 def checksum(lu, piv, *, model: bool = False):
     """One host float per chunk (``U[0, 0] + U[n-1, n-1]`` and the pivots of every
     matrix, summed), shaped ``(1, 1, 1)``: one kernel over the chunk, a sum of its
-    blocks' sums, one wait. ``model``: the wait is for the :class:`ModelDevice`,
-    and the result is ``(1, 1, 2)``: the sum and 0 (done)."""
+    blocks' sums, one wait. ``model``: the :class:`ModelDevice`'s two waits
+    (the factorization's, the checksum's), and the result is ``(1, 1, 2)``: the
+    sum and 0 (done)."""
     if model:
-        model_device().wait()
+        model_device().checksum(wait=True)
         return np.array([[[_host_sum(lu, piv), 0.0]]])
     if isinstance(lu, np.ndarray):
         return np.full((1, 1, 1), _host_sum(lu, piv))
@@ -323,7 +348,7 @@ def checksum_async(lu, piv, *, model: bool = False):
     ``(1, 1, 2)``, the sum and when the :class:`ModelDevice` will have done the
     chunk (:func:`total` waits until then)."""
     if model:
-        return np.array([[[_host_sum(lu, piv), model_device().done_at()]]])
+        return np.array([[[_host_sum(lu, piv), model_device().checksum(wait=False)]]])
     if isinstance(lu, np.ndarray):
         return checksum(lu, piv)
     return _device_sum(lu, piv).reshape(1, 1, 1)

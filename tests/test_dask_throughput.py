@@ -148,6 +148,30 @@ def test_model_device_streams_share_the_device():
     assert time.monotonic() - t0 < other[0] - t0       # not for the other stream
 
 
+@pytest.mark.parametrize("per_thread", [False, True])
+def test_model_default_checksum_waits_as_one_stream_does(per_thread):
+    """The default call waits for its chunk's factorization, then for its checksum:
+    on one stream the first wait is also for another thread's chunk queued in
+    between (the two threads then wait together), on per-thread streams not; the
+    device does one piece of work at a time either way."""
+    import threading
+    b = _bench()
+    dev = b.ModelDevice(per_thread=per_thread)
+    t0 = time.monotonic()
+    dev.chunk(0.05)
+    t = threading.Thread(target=dev.chunk, args=(0.05,))
+    t.start()
+    t.join()
+    dev.wait()                              # the factorization's wait (status read)
+    took = time.monotonic() - t0
+    if per_thread:
+        assert 0.05 * (1 - b.CHECKSUM_SHARE) - 1e-3 <= took < 0.08
+    else:
+        assert took >= 0.1 * (1 - b.CHECKSUM_SHARE) - 1e-3
+    dev.checksum(wait=True)                 # queued after the other chunk: one device
+    assert time.monotonic() - t0 >= 0.1 - 1e-3
+
+
 def test_model_chunk_and_total():
     """A modelled chunk is its first matrix, its work queued on the process's
     device; the async checksum carries when that work is done and total waits
