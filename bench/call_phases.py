@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Where a repeated public ``lsqr`` call spends its time beyond the engine (issue 16).
+
+    python bench/call_phases.py SPEC [SPEC ...] [--reps 5] [--backend gpu] [--after]
+
+SPEC as ``bench/end_to_end.py``'s ``make`` takes it (``grid:24``, ``ch:7,8,3``,
+``rand:40000,8000,0.0008,200,2``, ...). Per problem, in one process:
+
+* the engine's warm factorization and solve (``end_to_end.engine_rows``);
+* ``lsqr(A, b, backend=...)`` repeated ``--reps`` times (after two untimed
+  calls) with the device synchronized around each phase of the call
+  (validation, the plan, the factorization, the rank decision, the solves,
+  the norms, the release), medians per phase: the phases' sum is the call's
+  time with those synchronizations, which the table gives beside the engine's;
+* ``--after``: the engine's factorization timed right after another
+  factorization, right after an ``lsqr`` call, after an ``lsqr`` call and
+  0.5 s of sleep: what a call leaves running (e.g. BLAS worker threads
+  spinning after a host dot product) shows as a slower next factorization.
+
+The wrapped phases are module attributes and methods replaced for the run
+(``_wrap``); nested phases overlap (a phase's time includes those it calls).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))
+sys.path.append(str(ROOT / "bench"))
+
+#: (module, attribute, label) of the phases timed; methods as "Class.method".
+PHASES = (
+    ("scipy_gpuqr._api.lsqr", "check_problem", "validate"),
+    ("scipy_gpuqr._api.lsqr", "start_problem", "start (norms of b)"),
+    ("scipy_gpuqr._api.lsqr", "solve_least_squares", "QR path, whole"),
+    ("scipy_gpuqr._api.lsqr", "_release", "release"),
+    ("scipy_gpuqr._factor.factored", "plan_for", "plan"),
+    ("scipy_gpuqr._factor.factored", "FactoredQR._run", "factorize"),
+    ("scipy_gpuqr._factor.factored", "FactoredQR.least_squares", "least squares (host b)"),
+    ("scipy_gpuqr._factor.factored", "FactoredQR._fused_probe_solve", "fused QᵀB + probe solve"),
+    ("scipy_gpuqr._factor.factored", "FactoredQR.rank_decision", "rank decision"),
+    ("scipy_gpuqr._factor.factored", "FactoredQR.device_least_squares", "device solve"),
+    ("scipy_gpuqr._factor.factored", "FactoredQR._qt_rows", "host QᵀB"),
+    ("scipy_gpuqr._factor.least_squares", "damped_norms", "residual norms"),
+    ("scipy_gpuqr._factor.lstsq", "NullspaceCOD", "null-space COD"),
+    ("scipy_gpuqr._factor.lstsq", "probe_norm", "full-rank probe"),
+)
+
+
+def _sync_fn(backend: str):
+    if backend != "gpu":
+        return lambda: None
+    import cupy as cp
+    return lambda: cp.cuda.Device().synchronize()
+
+
+def _wrap(totals: dict, sync, module: str, attr: str, label: str) -> bool:
+    """Replace ``module.attr`` (or a method ``Class.method``) by a timed,
+    synchronized copy adding to ``totals[label]``; False where it is absent."""
+    import importlib
+    owner = importlib.import_module(module)
+    *cls, name = attr.split(".")
+    for c in cls:
+        owner = getattr(owner, c, None)
+    f = getattr(owner, name, None) if owner is not None else None
+    if f is None:
+        return False
+
+    @functools.wraps(f)
+    def timed_phase(*args, **kwargs):
+        sync()
+        t = time.perf_counter()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            sync()
+            totals[label] += time.perf_counter() - t
+    setattr(owner, name, timed_phase)
+    return True
+
+
+def after_rows(A, b, analysis, sync, reps: int) -> dict:
+    """The engine's factorization right after: another one, an lsqr call, an lsqr
+    call and 0.5 s of sleep (medians, seconds)."""
+    import scipy_gpuqr as sg
+    from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+    before = {"after a factorization": lambda: gpu_factorize(A, analysis).free(),
+              "after an lsqr call": lambda: sg.lsqr(A.copy(), b, backend="gpu"),
+              "after lsqr + 0.5 s": lambda: (sg.lsqr(A.copy(), b, backend="gpu"),
+                                             time.sleep(0.5))}
+    out = {}
+    for label, fn in before.items():
+        ts = []
+        for _ in range(reps):
+            fn()
+            sync()
+            t = time.perf_counter()
+            gpu_factorize(A, analysis).free()
+            sync()
+            ts.append(time.perf_counter() - t)
+        out[label] = statistics.median(ts)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("specs", nargs="+")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--backend", default="gpu")
+    ap.add_argument("--after", action="store_true", help="the next factorization's time")
+    a = ap.parse_args()
+    import scipy_gpuqr as sg
+    from end_to_end import engine_rows, make, rhs
+    sync = _sync_fn(a.backend)
+    totals = collections.defaultdict(float)
+    for spec in a.specs:
+        A = make(spec)
+        b = rhs(A)
+        eng = engine_rows(A, b, a.reps, backend=a.backend)
+        F = sg.QRFactorization(A.copy(), backend=a.backend)
+        analysis = F._core.plan.analysis
+        F.free()
+        if a.after and a.backend == "gpu":
+            for label, t in after_rows(A, b, analysis, sync, max(a.reps - 1, 2)).items():
+                print(f"{spec}: engine factorization {label}: {t * 1e3:.1f} ms")
+        wrapped = [p for p in PHASES if _wrap(totals, sync, *p)]
+        for _ in range(2):
+            sg.lsqr(A.copy(), b, backend=a.backend)
+        rows, calls = collections.defaultdict(list), []
+        for _ in range(a.reps):
+            totals.clear()
+            A1 = A.copy()
+            sync()
+            t = time.perf_counter()
+            sg.lsqr(A1, b, backend=a.backend)
+            sync()
+            calls.append(time.perf_counter() - t)
+            for label, v in totals.items():
+                rows[label].append(v)
+        _unwrap(wrapped)
+        es = eng["factorize"] + eng["solve"]
+        call = statistics.median(calls)
+        print(f"== {spec}: engine factorize {eng['factorize'] * 1e3:.1f} ms + solve "
+              f"{eng['solve'] * 1e3:.1f} ms = {es * 1e3:.1f} ms; lsqr with phases synchronized "
+              f"{call * 1e3:.1f} ms ({call / es:.2f}x)")
+        for label in sorted(rows, key=lambda k: -statistics.median(rows[k])):
+            print(f"   {label:28s} {statistics.median(rows[label]) * 1e3:8.2f} ms")
+    return 0
+
+
+def _unwrap(wrapped) -> None:
+    """Put the wrapped phases' originals back."""
+    import importlib
+    for module, attr, _ in wrapped:
+        owner = importlib.import_module(module)
+        *cls, name = attr.split(".")
+        for c in cls:
+            owner = getattr(owner, c)
+        setattr(owner, name, getattr(owner, name).__wrapped__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
