@@ -89,12 +89,17 @@ def _predict(an, limit):
     needs = needs_for(flops)
     first = plan_for_memory(an, needs, avail)
     if flops < 0 and not first.feasible:                    # as gpu_factorize does
+        got = None
         if driver.STAGED_DENSE == "oversized":
             got = driver._oversized_dense(an, lambda ex: needs_for(flops, ex), first, avail,
                                           None)
+            by_size = int(np.count_nonzero(dense_front_mask(an, driver.STAGED_DENSE_FLOPS)))
+            if got is not None and (len(got[0]) + int(np.count_nonzero(
+                    dense_front_mask(an, flops))) > by_size):
+                got = None
             if got is not None:
                 extra, needs, _ = got
-        else:
+        if got is None:
             staged = needs_for(driver.STAGED_DENSE_FLOPS)
             if plan_for_memory(an, staged, avail).feasible:
                 flops, needs = driver.STAGED_DENSE_FLOPS, staged

@@ -628,6 +628,7 @@ def test_fronts_the_time_model_keeps_but_no_stage_fits_become_host_fronts(monkey
     floor = min_budget(an, needs)
     assert not plan_for_memory(an, _needs(an, DENSE_RULE), floor).feasible
     monkeypatch.setattr(driver, "STAGED_DENSE_FLOPS", _HOST_FLOPS)
+    monkeypatch.setattr(driver, "STAGED_DENSE", "size")
     dev = NumpyDevice(TILE, BUNDLE, memory_limit=floor)
     with warnings.catch_warnings():
         warnings.simplefilter("error")          # no CPU fallback
@@ -639,30 +640,38 @@ def test_fronts_the_time_model_keeps_but_no_stage_fits_become_host_fronts(monkey
     assert np.abs(R0.T @ R0 - R1.T @ R1).max() <= 1e-12 * np.abs(R0).max() ** 2
 
 
-def test_only_the_fronts_no_stage_fits_become_dense_when_asked(monkeypatch):
-    """``STAGED_DENSE = "oversized"``: the time model's dense fronts stay as they
-    are and the fronts that fit no stage (round by round: fewer tile fronts also
-    make the fixed VT pool smaller) become dense fronts, the largest run on the
-    host: R as the unlimited run's; a front that cannot be dense leaves no plan
-    (None)."""
+def test_only_the_fronts_no_stage_fits_become_dense(monkeypatch):
+    """``STAGED_DENSE = "oversized"`` (the default): the time model's dense fronts
+    stay as they are and only the fronts that fit no stage (round by round:
+    fewer tile fronts also make the fixed VT pool smaller) become dense fronts,
+    the largest run on the host: fewer than by size, R as the unlimited run's.
+    Near the smallest plan the rounds cascade (every front of grid 8³ at the
+    by-size plan's floor): more than by size, so by size instead. A front that
+    cannot be dense leaves no plan (None); an unknown setting is refused."""
     from scipy_gpuqr._engine.gpu import driver
     from scipy_gpuqr._schedule.dense import DENSE_RULE
     A, an, needs = _host_case()
     floor = min_budget(an, needs)
+    mid = (floor + min_budget(an, _needs(an, DENSE_RULE), host=False)) // 2
     monkeypatch.setattr(driver, "STAGED_DENSE_FLOPS", _HOST_FLOPS)
-    monkeypatch.setattr(driver, "STAGED_DENSE", "oversized")
-    dev = NumpyDevice(TILE, BUNDLE, memory_limit=floor)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")          # no CPU fallback
-        g = gpu_factorize(A, an, device=dev, dense_flops=DENSE_RULE)
-    assert g.info["backend"] == "gpu" and g.info["host_fronts"] and dev.peak <= floor
-    assert g.info["dense_flops"] == DENSE_RULE
-    rule = dense_front_mask(an, DENSE_RULE)
-    assert g.info["dense_fronts"] > int(rule.sum())
+    assert driver.STAGED_DENSE == "oversized"
+    by_size = int(dense_front_mask(an, _HOST_FLOPS).sum())
     ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE), dense_flops=_HOST_FLOPS)
-    R0, R1 = ref.R.toarray(), g.R.toarray()
-    assert np.abs(R0.T @ R0 - R1.T @ R1).max() <= 1e-12 * np.abs(R0).max() ** 2
-    # the rounds: an oversized front with nothing to eliminate cannot be dense
+    R0 = ref.R.toarray()
+    for limit, oversized in ((mid, True), (floor, False)):
+        assert not plan_for_memory(an, _needs(an, DENSE_RULE), limit).feasible
+        dev = NumpyDevice(TILE, BUNDLE, memory_limit=limit)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")          # no CPU fallback
+            g = gpu_factorize(A, an, device=dev, dense_flops=DENSE_RULE)
+        assert g.info["backend"] == "gpu" and g.info["host_fronts"] and dev.peak <= limit
+        if oversized:
+            assert g.info["dense_flops"] == DENSE_RULE
+            assert int(dense_front_mask(an, DENSE_RULE).sum()) < g.info["dense_fronts"] < by_size
+        else:
+            assert g.info["dense_flops"] == _HOST_FLOPS and g.info["dense_fronts"] == by_size
+        R1 = g.R.toarray()
+        assert np.abs(R0.T @ R0 - R1.T @ R1).max() <= 1e-12 * np.abs(R0).max() ** 2
     import types
     fake = types.SimpleNamespace(fronts=types.SimpleNamespace(fm=np.array([5, 0, 9]),
                                                               fn=np.array([4, 4, 4])))

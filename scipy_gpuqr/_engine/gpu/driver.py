@@ -99,9 +99,13 @@ STAGED_DENSE_FLOPS = 1e10
 #: no stage plan picks its dense fronts instead: ``"size"``, every front of at
 #: least :data:`STAGED_DENSE_FLOPS` (many fronts the model keeps on the tile
 #: tasks leave them); ``"oversized"``, the model's and only the fronts that fit
-#: no stage (round by round: a front made dense holds less, its parent may
-#: then fit), which may then run as host fronts (:func:`_oversized_dense`).
-STAGED_DENSE = "size"
+#: no stage (round by round: fewer tile fronts also make the VT pool smaller,
+#: so more may fit), which may then run as host fronts
+#: (:func:`_oversized_dense`), unless that makes more dense fronts than by
+#: size (near the smallest plan, where the rounds cascade): then by size.
+#: ``"oversized"`` measured 0.86x of ``"size"`` end to end on grid 40^3 at a
+#: quarter of its one-stage memory, 1.01x on ch7-8-b3 (bench/RESULTS.md).
+STAGED_DENSE = "oversized"
 STAGED_DENSES = ("size", "oversized")
 
 #: Restaging attempts after device out-of-memory before the CPU fallback.
@@ -384,12 +388,17 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         # such fronts are made dense fronts, which may run as host fronts
         if STAGED_DENSE not in STAGED_DENSES:
             raise ValueError(f"STAGED_DENSE must be one of {STAGED_DENSES}, got {STAGED_DENSE!r}")
+        got = None
         if STAGED_DENSE == "oversized":
             got = _oversized_dense(analysis, lambda ex: needs_for(dense_flops, ex), mplan,
                                    available, max_gpu_memory)
+            by_size = int(np.count_nonzero(dense_front_mask(analysis, STAGED_DENSE_FLOPS)))
+            if got is not None and (len(got[0]) + int(np.count_nonzero(
+                    dense_front_mask(analysis, dense_flops))) > by_size):
+                got = None          # the rounds cascaded: fewer dense fronts by size
             if got is not None:
                 dense_extra, needs, mplan = got
-        else:
+        if got is None:
             staged = needs_for(STAGED_DENSE_FLOPS)
             splan = plan_for_memory(analysis, staged, available, max_gpu_memory)
             if splan.feasible:
