@@ -12,6 +12,8 @@ SPEC as ``bench/end_to_end.py``'s ``make`` takes it (``grid:24``, ``ch:7,8,3``,
   (validation, the plan, the factorization, the rank decision, the solves,
   the norms, the release), medians per phase: the phases' sum is the call's
   time with those synchronizations, which the table gives beside the engine's;
+* ``--first``: before all that, the first ``lsqr`` call on the pattern (the
+  process warm on the specs before it, or on grid 12³) with its phases;
 * ``--after``: the engine's factorization timed right after another
   factorization, right after an ``lsqr`` call, after an ``lsqr`` call and
   0.5 s of sleep: what a call leaves running (e.g. BLAS worker threads
@@ -115,14 +117,31 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--backend", default="gpu")
     ap.add_argument("--after", action="store_true", help="the next factorization's time")
+    ap.add_argument("--first", action="store_true", help="the first call's phases too")
     a = ap.parse_args()
     import scipy_gpuqr as sg
     from end_to_end import engine_rows, make, rhs
     sync = _sync_fn(a.backend)
     totals = collections.defaultdict(float)
+    if a.first:
+        W = make("grid:12")
+        sg.lsqr(W, rhs(W), backend=a.backend)
     for spec in a.specs:
         A = make(spec)
         b = rhs(A)
+        if a.first:
+            wrapped = [p for p in PHASES if _wrap(totals, sync, *p)]
+            totals.clear()
+            sync()
+            t = time.perf_counter()
+            sg.lsqr(A.copy(), b, backend=a.backend)
+            sync()
+            first = time.perf_counter() - t
+            _unwrap(wrapped)
+            print(f"== {spec}: first lsqr call on the pattern, phases synchronized: "
+                  f"{first * 1e3:.1f} ms")
+            for label, v in sorted(totals.items(), key=lambda kv: -kv[1]):
+                print(f"   {label:28s} {v * 1e3:8.2f} ms")
         eng = engine_rows(A, b, a.reps, backend=a.backend)
         F = sg.QRFactorization(A.copy(), backend=a.backend)
         analysis = F._core.plan.analysis
