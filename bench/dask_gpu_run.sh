@@ -14,14 +14,13 @@
 #   OUT          where the log and the JSON files go (the device tool sets it)
 #   DRY=1        a check of this script where there is no GPU: CPU workers, the GPU
 #                modelled (bench/dask_batched.py --cpu --model-gpu), no GPU tests
-#   QUICK=1      4 batches in flight only, no per-thread streams or saturation inf (about 3 min)
-# About 7 minutes on two H200 (estimated; not run yet; pass timeout_s=600): the direct run,
+#   QUICK=1      4 batches in flight only, no per-thread streams (about 3 min)
+# About 6 minutes on two H200 (estimated; not run yet; pass timeout_s=600): the direct run,
 # the main table (1 and GPUS workers, 1 and 2 threads a worker, both calls, one compute()
 # and 4 batches in flight), 8 batches in flight, 2 threads a worker on per-thread default
-# streams (the default call), every chunk task sent at once (worker-saturation inf), the
-# Dask GPU tests (the efficiencies of the last three against the main run's direct rows).
-# Six files under $OUT: the main run's JSON and log, the other three runs'
-# logs (their tables; their JSON stays in /tmp), the GPU tests' log. The efficiencies of the
+# streams (the default call), the Dask GPU tests (the efficiencies of the last two runs
+# against the main run's direct rows). Five files under $OUT: the main run's JSON and log,
+# the other two runs' logs (their tables; their JSON stays in /tmp), the GPU tests' log. The efficiencies of the
 # --no-direct runs are against the main run's direct rows (same call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -72,10 +71,6 @@ else
   timeout 70 $bench --workers "$GPUS" --threads 2 --ptds --call default --batches 1,4 \
     --saturation 1.1 --no-direct --direct-from "$OUT/dask_main.json" --json /tmp/dask_ptds.json --max-seconds 65 2>&1 \
     | tee "$OUT/dask_ptds.log" || rc=1
-  # every chunk task sent at once (no round trip before each)
-  timeout 70 $bench --workers "$GPUS" --threads 2 --call async --batches 1,4 \
-    --saturation inf --no-direct --direct-from "$OUT/dask_main.json" --json /tmp/dask_inf.json --max-seconds 65 2>&1 \
-    | tee "$OUT/dask_inf.log" || rc=1
 fi
 if [ "${DRY:-0}" = 1 ]; then
   echo "DRY: no GPU tests" > "$OUT/dask_gpu_tests.log"
@@ -85,7 +80,7 @@ else
 fi
 echo
 echo "== summary (per batch; efficiency = direct wall / (workers x Dask wall))"
-for f in "$OUT"/dask_main.log "$OUT"/dask_b8.log "$OUT"/dask_ptds.log "$OUT"/dask_inf.log; do
+for f in "$OUT"/dask_main.log "$OUT"/dask_b8.log "$OUT"/dask_ptds.log; do
   [ -f "$f" ] && { echo "-- $(basename "$f")"; grep -E '^\|' "$f"; grep -E 'checksums of every run' "$f"; }
 done
 tail -1 "$OUT/dask_gpu_tests.log"
