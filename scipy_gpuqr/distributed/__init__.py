@@ -54,24 +54,24 @@ its messages to a worker, 5 ms apart, and by default sends a worker its next
 chunk task only when one finishes), and each ``compute()`` more, before its
 first task runs and after its last (the graph sent and ordered, the results
 gathered: tens of milliseconds): make chunks as large as a GPU holds with
-their results (a chunk's GPU work should dwarf a task's round trip), and
-for a stream of batches keep several in flight (``client.compute`` of each
-as it comes, or of several at once, then gather), so that one batch's fixed
-cost overlaps the others' work. (Dask's default worker-saturation, 1.1,
-holds a worker to about two chunk tasks a thread, each next one sent after
-one ends; ``inf``, every chunk task sent at once, started the first task
-later and was slower in bench/RESULTS.md's runs.) The default call waits once per chunk for its GPU (to warn or raise like SciPy), so the
-GPU idles while its worker ends one task and starts the next;
-``return_info=True, check_finite=False`` waits for nothing: a task returns
-once its kernels are queued, and the worker queues the next chunk while the
-GPU works (then check ``info``, a Dask array, with the results, e.g.
-``da.count_nonzero(info)`` in the same ``compute``: one more task per chunk).
-Such a task's results are not finished when it returns, so a worker must
-run its tasks and move their data on one CUDA stream (CuPy's default; not
-with per-thread default streams, which only the default call tolerates).
-``bench/dask_batched.py`` times both against the same chunks run directly on
-one GPU, one batch or several in flight, one or two threads per worker
-(bench/RESULTS.md, issue 21).
+their results (a chunk's GPU work should dwarf a task's round trip), and for
+a stream of batches keep several in flight (``client.compute`` of each as it
+comes, or of several at once, then gather), so that one batch's fixed cost
+overlaps the others' work. (Dask's default worker-saturation, 1.1, holds a
+worker to about two chunk tasks a thread, each next one sent after one ends;
+``inf``, every chunk task sent at once, started the first task later and was
+slower in bench/RESULTS.md's runs.) The default call waits once per chunk
+for its GPU (to warn or raise like SciPy), so the GPU idles while its worker
+ends one task and starts the next; ``return_info=True, check_finite=False``
+waits for nothing: a task returns once its kernels are queued, and the
+worker queues the next chunk while the GPU works (then check ``info``, a
+Dask array, with the results, e.g. ``da.count_nonzero(info)`` in the same
+``compute``: one more task per chunk). Such a task's results are not
+finished when it returns, so a worker must run its tasks and move their data
+on one CUDA stream (CuPy's default; not with per-thread default streams,
+which only the default call tolerates). ``bench/dask_batched.py`` times both
+against the same chunks run directly on one GPU, one batch or several in
+flight, one or two threads per worker (bench/RESULTS.md, issue 21).
 
 Modules
 -------
