@@ -38,10 +38,10 @@ the host) its thread queues nothing more, and the GPU idles once its queue
 is done. A second thread queues the next chunk meanwhile, at the price of a
 second chunk in GPU memory. With ``return_info=True, check_finite=False``
 (tasks that do not wait) that works on CuPy's default stream. With the
-default call it needs a stream per thread (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``
-in the workers' environment): on one stream a wait is for every kernel
-queued before it, the other thread's too, so both threads wait together.
-One thread is the memory-lean choice.
+default call it needs a stream per thread
+(``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` in the workers' environment): on
+one stream a wait is for every kernel queued before it, the other thread's
+too, so both threads wait together. One thread is the memory-lean choice.
 
 Then ``Client(cluster)`` and Dask arrays of CuPy chunks made on the workers
 (``map_blocks`` of a function that makes or loads a chunk with CuPy, or
