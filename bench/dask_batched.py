@@ -400,7 +400,7 @@ def warm(n: int, dtype: str, size: int, gpu: bool, model: float = 0.0) -> str:
     if gpu:
         import cupy
         seen += f" bus {cupy.cuda.Device().pci_bus_id} of {cupy.cuda.runtime.getDeviceCount()}"
-        if cupy.cuda.get_current_stream() == cupy.cuda.Stream.ptds:
+        if cupy.cuda.get_current_stream() == getattr(cupy.cuda.Stream, "ptds", None):
             seen += " ptds"
     return seen
 
