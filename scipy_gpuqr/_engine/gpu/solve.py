@@ -61,6 +61,7 @@ from ..._kernels import load_module
 from ..._schedule.tasks import TASK_BYTES, TASK_DTYPE, TaskType, empty_tasks
 from ..._store import write_behind
 from ..host.simulate import apply_q_records, apply_qt_records, one_blas_thread
+from ..memory import RESERVE
 from . import array_ops
 from . import replay_store
 from . import solve_kernels as av
@@ -898,7 +899,6 @@ def _prefetch_fits(cp, nbytes: int) -> bool:
     cached blocks are reused, or given back first, which synchronizes the
     device once but leaves the copies beside the levels queued after), else of
     the device's free memory (the pool's cached blocks counted free)."""
-    from ..memory import RESERVE
     pool = cp.get_default_memory_pool()
     limit = int(pool.get_limit())
     if limit:
