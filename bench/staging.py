@@ -68,41 +68,20 @@ def _predict(an, limit):
     time model's dense fronts, or by size where the model leaves a front that fits
     no stage: such a front may then run as a host front)."""
     from scipy_gpuqr._engine.gpu import driver
-    from scipy_gpuqr._engine.memory import POOL_USABLE, front_needs, plan_for_memory, vt_elements
-    from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS, dense_front_mask
+    from scipy_gpuqr._engine.memory import POOL_USABLE, plan_for_memory
+    from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
     from scipy_gpuqr._schedule.sparse import build_schedule
-    from scipy_gpuqr._schedule.tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE,
-                                             DEFAULT_TILE)
+    from scipy_gpuqr._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE
 
     def needs_for(flops, extra=()):
-        dense = dense_front_mask(an, flops)
-        if len(extra):
-            dense = dense.copy()
-            dense[list(extra)] = True
-        vt = vt_elements(an, tile=DEFAULT_TILE, bundle=DEFAULT_BUNDLE, pipelining=True,
-                         granule=DEFAULT_APPLY_GRANULE, dense=dense)
-        return front_needs(an, 8, tile=DEFAULT_TILE, vt_elems=vt, dense=dense,
-                           panel=DENSE_PANEL)
+        return driver.stage_needs(an, flops, extra, tile=DEFAULT_TILE, bundle=DEFAULT_BUNDLE,
+                                  pipelining=True, itemsize=8, panel=DENSE_PANEL)
 
     avail = int(POOL_USABLE * limit)
-    flops, extra = DEFAULT_DENSE_FLOPS, ()
-    needs = needs_for(flops)
-    first = plan_for_memory(an, needs, avail)
-    if flops < 0 and not first.feasible:                    # as gpu_factorize does
-        got = None
-        if driver.STAGED_DENSE == "oversized":
-            got = driver._oversized_dense(an, lambda ex: needs_for(flops, ex), first, avail,
-                                          None)
-            by_size = int(np.count_nonzero(dense_front_mask(an, driver.STAGED_DENSE_FLOPS)))
-            if got is not None and (len(got[0]) + int(np.count_nonzero(
-                    dense_front_mask(an, flops))) > by_size):
-                got = None
-            if got is not None:
-                extra, needs, _ = got
-        if got is None:
-            staged = needs_for(driver.STAGED_DENSE_FLOPS)
-            if plan_for_memory(an, staged, avail).feasible:
-                flops, needs = driver.STAGED_DENSE_FLOPS, staged
+    needs = needs_for(DEFAULT_DENSE_FLOPS)
+    flops, extra, needs, _ = driver.staged_dense_plan(          # as gpu_factorize does
+        an, needs_for, DEFAULT_DENSE_FLOPS, needs, plan_for_memory(an, needs, avail), avail,
+        None)
     for _ in range(driver.MAX_RESTAGE + 1):
         mp = plan_for_memory(an, needs, avail)
         if not mp.feasible:

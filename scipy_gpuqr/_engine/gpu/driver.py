@@ -367,14 +367,9 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     t_an = time.perf_counter()
 
     def needs_for(flops, extra=()):
-        dense = dense_front_mask(analysis, flops)
-        if len(extra):
-            dense = dense.copy()
-            dense[list(extra)] = True
-        vt = vt_elements(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
-                         granule=DEFAULT_APPLY_GRANULE, dense=dense)
-        return front_needs(analysis, np.dtype(dev_dtype).itemsize, tile=tile, vt_elems=vt,
-                           dense=dense, panel=getattr(device, "dense_panel", 256))
+        return stage_needs(analysis, flops, extra, tile=tile, bundle=bundle,
+                           pipelining=pipelining, itemsize=np.dtype(dev_dtype).itemsize,
+                           panel=getattr(device, "dense_panel", 256))
 
     mem = _device_memory(device)
     available, limited_by = mem.available, mem.limited_by
@@ -382,27 +377,8 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         analysis, (dense_flops, tile, bundle, pipelining, np.dtype(dev_dtype).itemsize,
                    getattr(device, "dense_panel", 256), max_gpu_memory),
         lambda: needs_for(dense_flops), available, max_gpu_memory)
-    dense_extra = ()
-    if dense_flops is not None and dense_flops < 0 and not mplan.feasible:
-        # the time model kept a front too large for any stage with the tile tasks:
-        # such fronts are made dense fronts, which may run as host fronts
-        if STAGED_DENSE not in STAGED_DENSES:
-            raise ValueError(f"STAGED_DENSE must be one of {STAGED_DENSES}, got {STAGED_DENSE!r}")
-        got = None
-        if STAGED_DENSE == "oversized":
-            got = _oversized_dense(analysis, lambda ex: needs_for(dense_flops, ex), mplan,
-                                   available, max_gpu_memory)
-            by_size = int(np.count_nonzero(dense_front_mask(analysis, STAGED_DENSE_FLOPS)))
-            if got is not None and (len(got[0]) + int(np.count_nonzero(
-                    dense_front_mask(analysis, dense_flops))) > by_size):
-                got = None          # the rounds cascaded: fewer dense fronts by size
-            if got is not None:
-                dense_extra, needs, mplan = got
-        if got is None:
-            staged = needs_for(STAGED_DENSE_FLOPS)
-            splan = plan_for_memory(analysis, staged, available, max_gpu_memory)
-            if splan.feasible:
-                dense_flops, needs, mplan = STAGED_DENSE_FLOPS, staged, splan
+    dense_flops, dense_extra, needs, mplan = staged_dense_plan(
+        analysis, needs_for, dense_flops, needs, mplan, available, max_gpu_memory)
     floor = min_budget(analysis, needs)
     why = None
     oom = []
@@ -466,6 +442,70 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
 
 #: Rounds of :func:`_oversized_dense` at most.
 DENSE_ROUNDS = 8
+
+
+def stage_needs(analysis, flops, extra=(), *, tile: int, bundle: int, pipelining: bool,
+                itemsize: int, panel: int):
+    """Each front's device bytes (:func:`~scipy_gpuqr._engine.memory.front_needs`) with the
+    dense fronts of ``flops`` (:func:`~scipy_gpuqr._schedule.dense.dense_front_mask`)
+    and the fronts ``extra`` made dense too; ``panel`` the dense fronts' panel width."""
+    dense = dense_front_mask(analysis, flops)
+    if len(extra):
+        dense = dense.copy()
+        dense[list(extra)] = True
+    vt = vt_elements(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
+                     granule=DEFAULT_APPLY_GRANULE, dense=dense)
+    return front_needs(analysis, itemsize, tile=tile, vt_elems=vt, dense=dense, panel=panel)
+
+
+def staged_dense_plan(analysis, needs_for, dense_flops, needs, mplan, available, budget):
+    """The dense fronts and stage plan where the time model's dense fronts leave a
+    front too large for any stage with the tile tasks: such fronts are made dense
+    fronts, which may run as host fronts.
+
+    Parameters
+    ----------
+    analysis : SymbolicAnalysis
+    needs_for : callable
+        ``needs_for(flops, extra=())``: the fronts' device bytes (:func:`stage_needs`).
+    dense_flops : float or None
+        The call's dense-front rule (negative: the time model's).
+    needs, mplan
+        The fronts' bytes and the stage plan made with ``dense_flops``.
+    available, budget : int
+        The device bytes available and ``max_gpu_memory`` (or None).
+
+    Returns
+    -------
+    (dense_flops, dense_extra, needs, mplan)
+        Unchanged where the plan is feasible or the rule is not the time model's.
+        :data:`STAGED_DENSE` 'oversized': only the fronts that fit no stage are
+        added (:func:`_oversized_dense`, ``dense_extra``), unless that cascades to
+        more dense fronts than the rule by size would make; 'size' (or that
+        fallback): every front of :data:`STAGED_DENSE_FLOPS` or more, where that
+        plan is feasible.
+    """
+    dense_extra = ()
+    if dense_flops is None or dense_flops >= 0 or mplan.feasible:
+        return dense_flops, dense_extra, needs, mplan
+    if STAGED_DENSE not in STAGED_DENSES:
+        raise ValueError(f"STAGED_DENSE must be one of {STAGED_DENSES}, got {STAGED_DENSE!r}")
+    got = None
+    if STAGED_DENSE == "oversized":
+        got = _oversized_dense(analysis, lambda ex: needs_for(dense_flops, ex), mplan,
+                               available, budget)
+        by_size = int(np.count_nonzero(dense_front_mask(analysis, STAGED_DENSE_FLOPS)))
+        if got is not None and (len(got[0]) + int(np.count_nonzero(
+                dense_front_mask(analysis, dense_flops))) > by_size):
+            got = None          # the rounds cascaded: fewer dense fronts by size
+        if got is not None:
+            dense_extra, needs, mplan = got
+    if got is None:
+        staged = needs_for(STAGED_DENSE_FLOPS)
+        splan = plan_for_memory(analysis, staged, available, budget)
+        if splan.feasible:
+            dense_flops, needs, mplan = STAGED_DENSE_FLOPS, staged, splan
+    return dense_flops, dense_extra, needs, mplan
 
 
 def _oversized_dense(analysis, needs_of, mplan, available, max_gpu_memory):
