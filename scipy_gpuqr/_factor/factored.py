@@ -336,13 +336,16 @@ class FactoredQR:
             return None
         import cupy as cp               # optional dependency: GPU factors only
         ds = self.device_solves()
+        k = B.shape[1]
         try:
             omega = array_ops.normal_block(0, (q, min(PROBE_COLUMNS, q)))  # probe_norm's draw
-            C = self._device_apply(B, True)[:q]
-            Y = ds.upper(cp.ascontiguousarray(cp.concatenate([C, omega], axis=1)))
+            C = cp.empty((q, k + omega.shape[1]), dtype=np.float64)
+            # prefetched copies (CuPy's concatenate would compile on this thread)
+            array_ops.copy_into(C[:, :k], self._device_apply(B, True)[:q])
+            array_ops.copy_into(C[:, k:], omega)
+            Y = ds.upper(C)
         except MemoryError:             # CuPy's OutOfMemoryError: the decision solves alone
             return None
-        k = B.shape[1]
         self._fused = (B, Y[:, :k])
         return omega, Y[:, k:]
 
@@ -430,7 +433,7 @@ class FactoredQR:
             import cupy as cp           # optional dependency: GPU factors only
             if fused is not None and fused[0] is B:     # R⁻¹(QᵀB)[:q], solved with the probe
                 X = cp.empty((self.shape[1], B.shape[1]), dtype=np.float64)
-                X[ds.perm] = fused[1]
+                array_ops.put_rows(X, ds.perm, fused[1])  # X[perm] = Y, prefetched
             else:
                 X = solve(B)
             X = self._refined(solve, self._device_matrix, B, X,
