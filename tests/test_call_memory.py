@@ -106,3 +106,35 @@ def test_public_calls_free_their_own_factorization(numpy_gpu, monkeypatch, call)
     assert np.isfinite(x).all()
     assert made and sorted(made) == sorted(set(freed))
     assert len(gpu_freed) >= 1
+
+
+@pytest.mark.gpu
+def test_repeated_factorizations_take_the_blocks_their_predecessor_freed():
+    """CuPy's pool keeps a freed block for the stream it was allocated on: the
+    device layer's streams are the thread's, so a factorization after another
+    takes the blocks the first freed, and the pool does not grow by a whole
+    factorization's peak per call. Layers of one GPU and other threads have
+    streams of their own."""
+    import threading
+
+    import cupy as cp
+    from scipy_gpuqr._engine.gpu.device import CupyDevice
+    from scipy_gpuqr._symbolic import analyze
+    A = grid3d_least_squares(16)
+    an = analyze(A)
+    pool = cp.get_default_memory_pool()
+    driver.gpu_factorize(A, an).free()
+    cp.cuda.Device().synchronize()
+    held = pool.total_bytes()
+    for _ in range(3):
+        driver.gpu_factorize(A, an).free()
+    cp.cuda.Device().synchronize()
+    assert pool.total_bytes() <= held + (held >> 3) + (64 << 20), (held, pool.total_bytes())
+    a, b = CupyDevice(32, 3), CupyDevice(32, 3)
+    assert a.stream is b.stream and a.dense_streams == b.dense_streams
+    assert CupyDevice(32, 3, layer=1).stream is not a.stream
+    other = []
+    t = threading.Thread(target=lambda: other.append(CupyDevice(32, 3).stream))
+    t.start()
+    t.join()
+    assert other[0] is not a.stream

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -149,6 +150,35 @@ def pinned_pool_cap() -> int:
 
 #: Elements of one piece when a host pool is filled by threads.
 _FILL_PIECE = 1 << 23
+
+#: The device layers' streams, per thread (``by_device``: (device id, layer) → streams).
+_THREAD_STREAMS = threading.local()
+
+
+def layer_streams(cp, device_id: int, layer: int = 0) -> tuple:
+    """``(stream, copy_stream, dense_streams)`` of a device layer: made once per
+    thread, device and ``layer`` (the layers of one GPU in a multi-device
+    factorization each have their own), the same for every factorization the
+    thread runs there.
+
+    CuPy's memory pool keeps a freed block for the stream it was allocated on:
+    a factorization on fresh streams could not take the blocks its predecessor
+    freed (its front pools, allocated on the layer's stream), so the pool grew
+    by a whole factorization's peak per call and each call allocated its pools
+    from the driver again. Per thread, because two threads' factorizations must
+    not queue behind each other.
+    """
+    per = getattr(_THREAD_STREAMS, "by_device", None)
+    if per is None:
+        per = _THREAD_STREAMS.by_device = {}
+    key = (int(device_id), int(layer))
+    streams = per.get(key)
+    if streams is None:
+        with cp.cuda.Device(device_id):
+            streams = per[key] = (
+                cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True),
+                tuple(cp.cuda.Stream(non_blocking=True) for _ in range(DENSE_STREAMS)))
+    return streams
 
 
 def _all_finite(pool: np.ndarray) -> bool:
@@ -603,7 +633,7 @@ class CupyDevice:
     """
 
     def __init__(self, tile: int, bundle: int, *, dtype=np.float64, debug: bool = False,
-                 profile: bool = False):
+                 profile: bool = False, layer: int = 0):
         cp = import_cupy()
         self.cp = cp
         threads = ENGINE_THREADS
@@ -627,8 +657,7 @@ class CupyDevice:
         self.slots = resident_blocks(device_attributes(dev.id), threads, self.smem,
                                      int(getattr(self.kernel, "num_regs", 0) or 0))
         self.apply_split_max, self.apply_split_fill = apply_split_setting()
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        self.copy_stream = cp.cuda.Stream(non_blocking=True)
+        self.stream, self.copy_stream, dense_streams = layer_streams(cp, dev.id, layer)
         self.launches = 0
         #: ``time.perf_counter()`` when the first launch was enqueued (None: none yet)
         self.first_launch_at = None
@@ -641,7 +670,7 @@ class CupyDevice:
         self.dense_events = []
         #: panel width of dense fronts (:mod:`.dense_front`) and their side streams
         self.dense_panel = DEFAULT_PANEL
-        self.dense_streams = [cp.cuda.Stream(non_blocking=True) for _ in range(DENSE_STREAMS)]
+        self.dense_streams = list(dense_streams)
         self._dense_k = 0
         self._vt_host = None
         #: bytes of a materialized stage's records uploaded at once

@@ -99,9 +99,10 @@ def cupy_layers(devices, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_BUND
     repeats give several layers on one GPU), each made under its device."""
     cp = _gpu.import_cupy()
     out = []
-    for d in devices:
+    for i, d in enumerate(devices):
         with cp.cuda.Device(int(d)):
-            out.append(CupyDevice(tile, bundle, dtype=dtype, debug=debug, profile=profile))
+            out.append(CupyDevice(tile, bundle, dtype=dtype, debug=debug, profile=profile,
+                                  layer=i))
     return out
 
 
