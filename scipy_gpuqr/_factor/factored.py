@@ -319,10 +319,10 @@ class FactoredQR:
         ``R⁻¹ (QᵀB)[:q]`` (kept for :meth:`device_least_squares` of this B): one
         solve with R of k + p columns instead of two, on the device.
 
-        Only where the probe will be the decision's first test (GPU factors, tall
-        square R beyond the dense rules' order, a diagonal that does not already
-        prove a deficiency: the order of :class:`MinNormSolver`'s rules); None
-        elsewhere, or where the solve does not fit the device's memory.
+        Only where the probe will be the decision's first test (GPU factors of a
+        tall A, a square R beyond the dense rules' order, a diagonal that does not
+        already prove a deficiency: the order of :class:`MinNormSolver`'s rules);
+        None elsewhere, or where the solve does not fit the device's memory.
         """
         if not (self.on_device() and self.tol is None and not self.transposed
                 and self._solver is None and B.shape[1]):
@@ -594,6 +594,7 @@ class FactoredQR:
     def __setstate__(self, state):
         fields = state.pop("plan_fields")
         refactor = state.pop("refactor_on_load", False)
+        self._fused = None              # absent from the pickles of earlier versions
         self.__dict__.update(state)
         factorize_fn, _, _ = factorizer(fields["backend"])
         self.plan = Plan(factorize_fn=factorize_fn, **fields)
