@@ -56,7 +56,13 @@ shows; so the rule leaves SciPy's run alone unless the evidence is clear:
    * its projection passes ``iter_lim`` and the iterations to ``iter_lim``
      cost more than Q (going on would cost more than the QR if the
      projection is right; projections past ``iter_lim``, even twice past
-     it, were seen on runs that converged well before it);
+     it, were seen on runs that converged well before it). Once the
+     window's projections have broken :data:`BROKEN_PROMISES` promises
+     (:meth:`Allowance._keep_promises`: convergence promised by iteration
+     ``N``, not there at :data:`PROMISE_SLACK` × ``N``), the projection is
+     the later of the window's and the long trend's on log(itn) (the tests
+     falling as a power of the iteration count, as they do on rajat01 to
+     ``iter_lim``) where that passes ``iter_lim`` by :data:`POWER_MARGIN`;
    * its condition estimate projects past ``conlim`` before convergence;
    * the projected remaining iterations cost more than
      :data:`SWITCH_MARGIN` × Q (the margin covers the prediction's error),
@@ -115,7 +121,8 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "ANALYSIS_DEFERRAL", "STALL_SHARE", "ALLOWANCE_SHARE", "SWITCH_MARGIN",
            "ITER_LIM_MARGIN", "CONFIRMATIONS", "RANK_RISK_COND", "RANK_RISK_SHARE",
            "RANK_PRIOR", "RANK_S_PER_CUBE", "RANK_DENSE_LIMIT", "RANK_SPARSE_MIN_ORDER",
-           "RANK_SPARSE_MAX_DENSITY", "RANK_S_PER_R_ENTRY", "PROJECTION_WINDOW",
+           "RANK_SPARSE_MAX_DENSITY", "RANK_S_PER_R_ENTRY", "PROMISE_SLACK", "BROKEN_PROMISES",
+           "POWER_MARGIN", "PROJECTION_WINDOW",
            "CHECK_GROWTH", "CHECK_INTERVAL_S", "UPLOAD_FIXED_S", "UPLOAD_BYTES_PER_S",
            "upload_seconds", "host_first_budget", "HostFirst", "SPECULATION_S_PER_ENTRY",
            "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_PER_ENTRY", "lu_seconds",
@@ -240,6 +247,18 @@ RANK_SPARSE_MAX_DENSITY = 0.05
 #: iteration after the COD's gap check failed: 1.1-1.4 s where it said 485 s);
 #: the dearer path, since nothing before the factorization tells them apart.
 RANK_S_PER_R_ENTRY = 3e-6
+#: A projection at iteration ``i`` of ``f`` more iterations promised SciPy's
+#: stop by ``i + f``; the promise is broken once the run passes this many
+#: times ``i + f`` without it ...
+PROMISE_SLACK = 2.0
+#: ... and once this many are broken, the iter_lim verdict weighs the long
+#: trend as a power of the iteration count where that is later
+#: (:meth:`Allowance._beyond`) ...
+BROKEN_PROMISES = 2
+#: ... and passes ``iter_lim`` by this factor: converging runs that broke
+#: promises had power trends up to 1.04 × ``iter_lim`` (reorientation_1),
+#: rajat01's (which ends at ``iter_lim``) 1.25-2.5 ×.
+POWER_MARGIN = 1.25
 #: Iterations of test history a projection is fitted to (and the fewest
 #: after which a projection is trusted).
 PROJECTION_WINDOW = 20
@@ -526,6 +545,9 @@ class Allowance:
         self.analysed_at: Optional[tuple] = None
         self.projection: Optional[tuple] = None     # (itn, further iterations, s/iteration)
         self.trend: Optional[int] = None           # further iterations by the long trend
+        self.power: Optional[float] = None         # ... by the trend as a power of itn
+        self.broken = 0                            # promises of convergence broken so far
+        self._promises: list = []                  # (itn, further promised) not yet broken
         self._marks: list = []                     # (window centre, mean log tests) per checkpoint
         self._itn = 0                              # the iteration of the last projection
         self._verdict = ("", 0)                    # (kind, consecutive checkpoints)
@@ -603,13 +625,18 @@ class Allowance:
             self._speculation()
             self.speculated_at = t
         q = self.qr_seconds
-        if further is not None and itn + further > self.iter_lim:
+        beyond = self._beyond(further)
+        if further is not None and itn + beyond > self.iter_lim:
             # stopping costs q; going on costs the iterations to iter_lim more than q if
             # the projection is right, and saves q if it is wrong (it often is)
             to_limit = (self.iter_lim - itn) * per_iteration
             if to_limit > q:
-                return self._confirm("iter_lim", f"projected {itn + further} iterations exceed "
-                                     f"iter_lim {self.iter_lim}, and the {self.iter_lim - itn} "
+                how = ("" if beyond == further else
+                       f" (the trend as a power of itn, {self.broken} promises of the "
+                       f"window's projection broken)")
+                return self._confirm("iter_lim", f"projected {itn + beyond:.0f} iterations "
+                                     f"exceed iter_lim {self.iter_lim}{how}, and the "
+                                     f"{self.iter_lim - itn} "
                                      f"to it cost more ({to_limit:.3g} s) than the QR's "
                                      f"predicted {q:.3g} s")
         if further is not None and self._lasting(further) * per_iteration > SWITCH_MARGIN * q:
@@ -638,12 +665,24 @@ class Allowance:
                     q: float) -> bool:
         """Whether a verdict of :meth:`decide` would stop the run if the QR cost ``q``."""
         trusted = itn >= PROJECTION_WINDOW
-        if further is not None and itn + further > self.iter_lim and \
+        if further is not None and itn + self._beyond(further) > self.iter_lim and \
                 (self.iter_lim - itn) * per_iteration > q:
             return True
         if further is not None and self._lasting(further) * per_iteration > SWITCH_MARGIN * q:
             return True
         return further is None and trusted and t >= STALL_SHARE * q
+
+    def _beyond(self, further: Optional[int]):
+        """The further iterations the iter_lim verdict weighs: the window's
+        projection, or, once :data:`BROKEN_PROMISES` of its promises are broken
+        (:meth:`_keep_promises`), the long trend's as a power of the iteration
+        count (:meth:`_trend`) where that is later. The verdict still asks that
+        the iterations to ``iter_lim`` cost more than the exact answer, so a run
+        the power law misjudges pays at most that answer's time."""
+        if further is None or self.broken < BROKEN_PROMISES or self.power is None or \
+                self._itn + self.power <= POWER_MARGIN * self.iter_lim:
+            return further
+        return max(further, self.power)
 
     def _lasting(self, further: int) -> int:
         """The iterations the cost verdict weighs: the window's projection, or the long
@@ -765,8 +804,31 @@ class Allowance:
                 need = math.ceil(column[-1] / -slope)
                 best = need if best is None else min(best, need)
         self._itn = itn
+        self._keep_promises(itn, best)
         self.trend = self._trend((first.itn + last.itn) / 2.0, itn, means)
         return best, per_iteration
+
+    def _keep_promises(self, itn: int, further: Optional[int]) -> None:
+        """Count the projections' broken promises (:attr:`broken`) and record ``further``.
+
+        A projection at iteration ``i`` of ``f`` more iterations promised
+        SciPy's stop by ``i + f``; once the run passes :data:`PROMISE_SLACK` ×
+        ``(i + f)`` iterations without it (the run is still watched, so it has
+        not stopped) the promise is broken. LSQR's tests often fall
+        in steps, so one window's line promises too soon on converging runs
+        too; on a run whose tests fall as a power of the iteration count
+        (rajat01: ``test1/rtol`` by a factor of ten each 6-7-fold of the
+        iterations) the window's line promises a few hundred more at every
+        checkpoint, to ``iter_lim``."""
+        kept = []
+        for then, promised in self._promises:
+            if itn > PROMISE_SLACK * (then + promised):
+                self.broken += 1
+            else:
+                kept.append((then, promised))
+        if further is not None and further > 0:
+            kept.append((itn, further))
+        self._promises = kept
 
     def _trend(self, center: float, itn: int, means: list) -> Optional[int]:
         """Further iterations by the long trend (None: no estimate), and the window's
@@ -780,9 +842,13 @@ class Allowance:
         noise as one window's slope does (LSQR's ``test2`` jumps by factors of
         ten between iterations on some matrices), and still follow a run that
         speeds up late (the trend spans the later half of the run only).
+        The same two means on log(itn) give :attr:`power`, the further
+        iterations if the tests fall as a power of the iteration count (later
+        than the straight line's wherever the tests fall; :meth:`_beyond`).
         """
         marks = self._marks
         best = None
+        self.power = None
         if marks:
             goal = center / 2.0
             then = None
@@ -793,12 +859,20 @@ class Allowance:
                     then = mark
             if then is not None:
                 span = center - then[0]
+                power = None
                 for now_y, then_y in zip(means, then[1:]):
                     if now_y is None or then_y is None or now_y >= then_y:
                         continue
                     need = math.ceil(now_y / ((then_y - now_y) / span) - (itn - center))
                     need = max(need, 0)
                     best = need if best is None else min(best, need)
+                    if then[0] > 0:
+                        # the same two means on log(itn): the tests falling as a power
+                        # of the iteration count reach the tolerance at centre * e**x
+                        x = now_y * math.log(center / then[0]) / (then_y - now_y)
+                        reach = center * math.exp(min(x, 50.0)) - itn
+                        power = reach if power is None else min(power, reach)
+                self.power = None if power is None else max(power, 0.0)
         if not marks or marks[-1][0] < center:
             marks.append((center, *means))
         return best
