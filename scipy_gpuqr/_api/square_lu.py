@@ -46,6 +46,7 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import splu
 
 from .._dispatch.plan import SUPERLU_ALWAYS_NNZ, _gpu_unusable
+from .._factor.host_norms import norm2
 from .._factor.least_squares import LstsqAnswer, LstsqStart
 from .._factor.lstsq import lstsq_cutoff
 from .._factor.solve_rank import (PROBE_COLUMNS, PROBE_MAX_STEPS, frobenius, probe_margin,
@@ -150,22 +151,22 @@ class SquareLU:
         dx = lu.solve(r0)
         r = r0 - A @ dx
         limit = BACKWARD_LIMIT * _EPS
-        bnorm0 = float(np.linalg.norm(r0))
+        bnorm0 = norm2(r0)
         for refine in (True, False):
-            rnorm = float(np.linalg.norm(r))
-            if rnorm <= limit * (anorm * float(np.linalg.norm(dx)) + bnorm0):
+            rnorm = norm2(r)
+            if rnorm <= limit * (anorm * norm2(dx) + bnorm0):
                 break
             if not refine:
                 self.why = (f"SuperLU's answer has backward error "
-                            f"{rnorm / (anorm * float(np.linalg.norm(dx)) + bnorm0):.3g} "
+                            f"{rnorm / (anorm * norm2(dx) + bnorm0):.3g} "
                             f"after one refinement (limit {limit:.3g})")
                 self.clear = False
                 return None
             dx = dx + lu.solve(r)
             r = r0 - A @ dx
         x = dx.copy() if x0 is None else np.asarray(x0, dtype=np.float64) + dx
-        rnorm = float(np.linalg.norm(r))
-        arnorm = float(np.linalg.norm(A.T @ r))
+        rnorm = norm2(r)
+        arnorm = norm2(A.T @ r)
         return LstsqAnswer(x, dx, rnorm, rnorm, anorm, anorm * self._nu, arnorm,
                            begin.bnorm, np.zeros(self.n), None)
 
