@@ -14,6 +14,8 @@ SPEC as ``bench/end_to_end.py``'s ``make`` takes it (``grid:24``, ``ch:7,8,3``,
   time with those synchronizations, which the table gives beside the engine's;
 * ``--first``: before all that, the first ``lsqr`` call on the pattern (the
   process warm on the specs before it, or on grid 12³) with its phases;
+  ``--profile`` adds a cProfile of another such call (timed apart, on a copy
+  of the matrix whose pattern is new to the process: its rows reversed);
 * ``--after``: the engine's factorization timed right after another
   factorization, right after an ``lsqr`` call, after an ``lsqr`` call and
   0.5 s of sleep: what a call leaves running (e.g. BLAS worker threads
@@ -118,6 +120,8 @@ def main() -> int:
     ap.add_argument("--backend", default="gpu")
     ap.add_argument("--after", action="store_true", help="the next factorization's time")
     ap.add_argument("--first", action="store_true", help="the first call's phases too")
+    ap.add_argument("--profile", action="store_true",
+                    help="with --first: a cProfile of a first call on a new pattern")
     a = ap.parse_args()
     import scipy_gpuqr as sg
     from end_to_end import engine_rows, make, rhs
@@ -142,6 +146,8 @@ def main() -> int:
                   f"{first * 1e3:.1f} ms")
             for label, v in sorted(totals.items(), key=lambda kv: -kv[1]):
                 print(f"   {label:28s} {v * 1e3:8.2f} ms")
+            if a.profile:
+                _profile_first(sg, A, b, a.backend)
         eng = engine_rows(A, b, a.reps, backend=a.backend)
         F = sg.QRFactorization(A.copy(), backend=a.backend)
         analysis = F._core.plan.analysis
@@ -172,6 +178,27 @@ def main() -> int:
         for label in sorted(rows, key=lambda k: -statistics.median(rows[k])):
             print(f"   {label:28s} {statistics.median(rows[label]) * 1e3:8.2f} ms")
     return 0
+
+
+def _profile_first(sg, A, b, backend: str) -> None:
+    """cProfile of a first ``lsqr`` call on a pattern: A's rows reversed (a new
+    pattern to the process's caches, the same problem's size and work), the
+    functions by their own time and by their cumulative time."""
+    import cProfile
+    import io
+    import pstats
+    import scipy.sparse as sp
+    Ar = sp.csc_array(A[::-1])
+    pr = cProfile.Profile()
+    t = time.perf_counter()
+    pr.enable()
+    sg.lsqr(Ar, b[::-1].copy(), backend=backend)
+    pr.disable()
+    print(f"   profiled first call (rows reversed): {(time.perf_counter() - t) * 1e3:.1f} ms")
+    for key, count in (("tottime", 25), ("cumulative", 40)):
+        out = io.StringIO()
+        pstats.Stats(pr, stream=out).sort_stats(key).print_stats(count)
+        print(out.getvalue())
 
 
 def _unwrap(wrapped) -> None:
