@@ -17,6 +17,16 @@ REPO = Path(__file__).resolve().parents[1]
 TEST_MATRICES = REPO / "tests" / "data" / "matrices"
 
 
+def load_bench(filename: str, alias: str):
+    """A fresh module object of ``bench/<filename>`` (the bench scripts are not on
+    the import path) under the module name ``alias``."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(alias, REPO / "bench" / filename)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def shared_matrices_dir() -> Path | None:
     """The test matrices: ``$SHARED_MATRICES`` when set, else the ones in the repository.
 

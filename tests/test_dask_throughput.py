@@ -20,7 +20,7 @@ import pytest
 from scipy.linalg import LinAlgError, LinAlgWarning
 
 import scipy_gpuqr as g
-from conftest import REPO
+from conftest import REPO, load_bench
 
 dask = pytest.importorskip("dask", reason="the dask extra is part of the test extra")
 da = pytest.importorskip("dask.array")
@@ -109,12 +109,7 @@ def test_large_arguments_are_not_hashed_for_their_name(rng):
 # ----------------------------------------------------------------------------
 
 def _bench():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("_bench_dask_throughput",
-                                                  REPO / "bench" / "dask_batched.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("dask_batched.py", "_bench_dask_throughput")
 
 
 def test_model_device_queues_in_order_and_waits():

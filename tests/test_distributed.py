@@ -665,13 +665,8 @@ def test_gpu_worker_processes():
 
 def _bench():
     """bench/dask_batched.py as a module (not on the import path)."""
-    import importlib.util
-    from conftest import REPO
-    spec = importlib.util.spec_from_file_location("_bench_dask_batched",
-                                                  REPO / "bench" / "dask_batched.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from conftest import load_bench
+    return load_bench("dask_batched.py", "_bench_dask_batched")
 
 
 def _checksum_ref(a):
