@@ -674,6 +674,21 @@ def main(argv=None) -> int:
     print(f"device: {info.get('name')}  copy bandwidth (read+write): {bw / 1e12:.2f} TB/s")
     print(f"cupy {cp.__version__}, torch {getattr(torch, '__version__', None)}")
     rows = []
+
+    def emit(row: dict, cfg: str, tail: str, cublas: bool = True) -> None:
+        """Keep ``row``, print its line of the kernel table (cuBLAS's columns '-'
+        where it was not timed) and rewrite the JSON file."""
+        rows.append(row)
+        cb = (f"{row['cublas_ms']:8.3f} {row['x_cublas']:6.2f}" if cublas
+              else f"{'-':>8} {'-':>6}")
+        print(f"{row['dtype']:7} {row['n']:>4} {row['batch']:>8} {row['op']:4} {cfg:>6} "
+              f"{row['ms']:8.3f} {row['default_ms']:8.3f} {row['host_us']:7.0f} "
+              f"{row['e2e_ms']:8.3f} {row['gflops']:6.0f} {row['floor_ms']:7.3f} "
+              f"{100 * row['bw_fraction']:4.0f} {cb} {row['torch_ms']:8.3f} "
+              f"{row['x_torch']:6.2f}  {tail}", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+
     small = ([int(x) for x in args.sizes.split(",")] if args.sizes
              else QUICK_SMALL if args.quick else SMALL)
     large = ([tuple(int(v) for v in p.split(":")) for p in args.large.split(",")]
@@ -738,13 +753,7 @@ def main(argv=None) -> int:
                                bw_fraction=floor / best, cublas_ms=float("nan"),
                                x_cublas=float("nan"), torch_ms=t_ms, x_torch=t_ms / best,
                                device=info.get("name"), copy_tbs=bw / 1e12)
-                    rows.append(row)
-                    print(f"{row['dtype']:7} {n:>4} {bsz:>8} {op:4} {'-':>6} {best:8.3f} "
-                          f"{dflt:8.3f} {host:7.0f} {e2e:8.3f} {row['gflops']:6.0f} "
-                          f"{floor:7.3f} {100 * row['bw_fraction']:4.0f} {'-':>8} {'-':>6} "
-                          f"{t_ms:8.3f} {row['x_torch']:6.2f}  potrf_small", flush=True)
-                    if args.json:
-                        Path(args.json).write_text(json.dumps(rows, indent=1))
+                    emit(row, "-", "potrf_small", cublas=False)
                     continue
                 call = bg.getrf if op == "lu" else bg.getri
                 if n > 32:
@@ -774,15 +783,8 @@ def main(argv=None) -> int:
                                x_cublas=cb_ms / best, torch_ms=t_ms, x_torch=t_ms / best,
                                device=info.get("name"), copy_tbs=bw / 1e12,
                                methods={str(k[0] or "default"): v for k, v in res.items()})
-                    rows.append(row)
-                    print(f"{row['dtype']:7} {n:>4} {bsz:>8} {op:4} {cfg[:6]:>6} {best:8.3f} "
-                          f"{dflt:8.3f} {host:7.0f} {e2e:8.3f} {row['gflops']:6.0f} "
-                          f"{floor:7.3f} {100 * row['bw_fraction']:4.0f} {cb_ms:8.3f} "
-                          f"{row['x_cublas']:6.2f} {t_ms:8.3f} {row['x_torch']:6.2f}  "
-                          + " ".join(f"{k}={v:.3f}" for k, v in row["methods"].items()),
-                          flush=True)
-                    if args.json:
-                        Path(args.json).write_text(json.dumps(rows, indent=1))
+                    emit(row, cfg[:6],
+                         " ".join(f"{k}={v:.3f}" for k, v in row["methods"].items()))
                     continue
                 if n <= 32:
                     size = n if op == "lu" else padded_size(n)
@@ -810,13 +812,7 @@ def main(argv=None) -> int:
                            torch_ms=t_ms, x_torch=t_ms / best, device=info.get("name"),
                            copy_tbs=bw / 1e12,
                            tune={f"{k[0]}/{k[1]}": v for k, v in res.items() if k[0]})
-                rows.append(row)
-                print(f"{row['dtype']:7} {n:>4} {bsz:>8} {op:4} {cfg:>6} {best:8.3f} {dflt:8.3f} "
-                      f"{host:7.0f} {e2e:8.3f} {row['gflops']:6.0f} {floor:7.3f} "
-                      f"{100 * row['bw_fraction']:4.0f} {cb_ms:8.3f} {row['x_cublas']:6.2f} "
-                      f"{t_ms:8.3f} {row['x_torch']:6.2f}  {kern}", flush=True)
-                if args.json:
-                    Path(args.json).write_text(json.dumps(rows, indent=1))
+                emit(row, cfg, kern)
             a = spd = None      # frees the stacks (del would leave pyflakes a name to flag)
             cp.get_default_memory_pool().free_all_blocks()
             if torch is not None:          # torch's cache grows with every new size
