@@ -43,12 +43,18 @@ from ..._store import write_behind
 from . import rlayout_store
 
 __all__ = ["RLayout", "r_layout", "r_layout_cached", "clear_r_layout_cache",
-           "MEMORY_ENTRIES", "MEMORY_BYTES"]
+           "MEMORY_ENTRIES", "MEMORY_BYTES", "STAGE_MAPS_KEPT"]
 
 #: Most layouts kept per process by pattern (:class:`~scipy_gpuqr._schedule.pattern_cache.PerPattern`).
 MEMORY_ENTRIES = 8
 #: Most bytes of layout arrays kept per process by pattern.
 MEMORY_BYTES = 1 << 30
+#: Staging plans of more than one stage whose gather maps a layout keeps, the
+#: most recently used (besides the one-stage plan's): a process that alternates
+#: between memory limits, so between stage plans, makes each plan's maps once
+#: (a plan's maps hold 12 bytes per entry of R; made again they cost seconds
+#: on a large R, one pass over its entries per stage).
+STAGE_MAPS_KEPT = 2
 
 
 @dataclass(eq=False)
@@ -119,7 +125,8 @@ class RLayout:
         the pool element of each of the stage's R entries, in CSC order;
         ``pos`` their positions in R's ``data`` (None: all of ``data``, in
         order; singleton-row entries, filled from A afterwards, point at element
-        0). Cached for the last plan asked for.
+        0). Cached: the one-stage plan's, and those of the
+        :data:`STAGE_MAPS_KEPT` staged plans asked for last.
 
         Parameters
         ----------
@@ -128,7 +135,9 @@ class RLayout:
         """
         key = tuple((int(a), int(b)) for a, b in stages)
         with self._lock:
-            hit = self._stage_maps.get(key)
+            hit = self._stage_maps.pop(key, None)
+            if hit is not None:             # the most recently used last
+                self._stage_maps[key] = hit
         if hit is not None:
             return hit
         out = []
@@ -150,7 +159,11 @@ class RLayout:
             pos = np.flatnonzero((src >= lo) & (src < hi))
             out.append((pos, (src[pos] - lo).astype(itype)))
         with self._lock:
-            self._stage_maps = {key: out}
+            self._stage_maps.pop(key, None)
+            self._stage_maps[key] = out
+            staged = [k for k in self._stage_maps if len(k) > 1]
+            for k in staged[:max(len(staged) - STAGE_MAPS_KEPT, 0)]:
+                del self._stage_maps[k]
             at, self._store_at = self._store_at, None
         if at is not None and len(key) == 1:    # the usual one-stage plan: kept on disk
             write_behind(_save, at, self, out[0][1])
