@@ -1129,8 +1129,9 @@ def _r_copies_follow_the_rule(g) -> list:
     n = g.info["stages"]
     assert len(hows) == n, hows
     for sid, how in enumerate(hows):
-        if sid in g._host_stages:
-            assert how == "after the launches", (sid, hows)
+        if sid in g._host_stages:       # an earlier one's on the gather thread
+            assert how == ("after the launches" if sid == n - 1 else
+                           "after the launches, on the gather thread"), (sid, hows)
         elif sid == n - 1:
             assert how == "progressive", (sid, hows)
         else:
@@ -1332,3 +1333,81 @@ def test_stage_seconds_say_where_each_stage_spent_its_time():
     assert len(rows) == g.info["stages"] > 1
     assert all(len(r) == 5 and min(r) >= 0 for r in rows)
     assert sum(map(sum, rows)) <= g.info["seconds"]["factorize"] + 1e-3
+
+
+def test_alternating_limits_make_each_plans_gather_maps_once(monkeypatch):
+    """A process alternating two memory limits on one pattern (two stage plans, and
+    the one-stage plan without a limit) makes R's gather maps of each plan once:
+    the layout keeps the maps of the last :data:`~.rlayout.STAGE_MAPS_KEPT`
+    staged plans and of the one-stage plan, not those of the last plan only
+    (made again per call they cost seconds on a large R). The answers stay the
+    unlimited run's."""
+    from scipy_gpuqr._engine.gpu import rlayout
+    A = _cases()[0][1]
+    an = analyze(A)
+    rlayout.clear_r_layout_cache(an)        # made here, not by an earlier test
+    made = Counter()
+    build = rlayout.RLayout.stage_maps
+
+    def counted(self, stages):
+        key = tuple((int(a), int(b)) for a, b in stages)
+        with self._lock:
+            made[key] += key not in self._stage_maps
+        return build(self, stages)
+    monkeypatch.setattr(rlayout.RLayout, "stage_maps", counted)
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
+    plans = set()
+    for limit in [_limit(an, 2), _limit(an, 8)] * 3 + [None]:
+        g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit))
+        plans.add(tuple(tuple(st.fronts) for st in g.schedule.stages))
+        assert abs(g.R - ref.R).max() <= 1e-12 * abs(ref.R).max()
+        g.free()
+    assert len(plans) == 3 and all(len(p) > 1 for p in plans - {((0, an.fronts.nfronts - 1),)})
+    assert sorted(made.values()) == [1, 1, 1], made
+
+
+def test_host_stages_hand_on_behind_the_next_stages(monkeypatch):
+    """A host stage's contribution block whose parent is a later host stage's front
+    is copied into that pool by threads on a worker (``_Placing``), and an
+    earlier host stage's R is gathered on the gather thread, both while the next
+    stages run: R and ``Qᵀb`` bit for bit those of the engine's thread doing
+    both before the next stage (``HOST_PLACE_BEHIND``, ``HOST_R_BEHIND`` off);
+    a placement one element off gives another R."""
+    from scipy_gpuqr._engine.gpu import stage_loop
+    A, an, needs = _host_case()
+    limit = min_budget(an, needs) * 13 // 10
+    b = np.cos(np.arange(A.shape[0]))
+    made = []
+    real = stage_loop._Placing
+
+    class Counted(real):
+        def __init__(self, pool, blocks, out):
+            made.append(len(blocks))
+            super().__init__(pool, blocks, out)
+    monkeypatch.setattr(stage_loop, "_Placing", Counted)
+    for _ in range(2):                          # the second run warm
+        g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                          dense_flops=_HOST_FLOPS)
+    hows = _r_copies_follow_the_rule(g)
+    host = sorted(g._host_stages)
+    assert len(host) > 2 and made and sum(made) > 0, (host, made)
+    assert hows.count("after the launches, on the gather thread") == len(host) - 1, hows
+    behind = (g.R.toarray(), g.qt_matmul(b))
+    monkeypatch.setattr(stage_loop, "HOST_PLACE_BEHIND", False)
+    monkeypatch.setattr(stage_loop, "HOST_R_BEHIND", False)
+    count = len(made)
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                      dense_flops=_HOST_FLOPS)
+    assert len(made) == count and "after the launches, on the gather thread" not in [
+        how for how, _ in g.info["r_copy_stages"]]
+    np.testing.assert_array_equal(g.R.toarray(), behind[0])
+    np.testing.assert_array_equal(g.qt_matmul(b), behind[1])
+
+    class OffByOne(real):
+        def __init__(self, pool, blocks, out):
+            super().__init__(pool, [(a + 1, m, w, n, at) for a, m, w, n, at in blocks], out)
+    monkeypatch.setattr(stage_loop, "HOST_PLACE_BEHIND", True)
+    monkeypatch.setattr(stage_loop, "_Placing", OffByOne)
+    wrong = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                          dense_flops=_HOST_FLOPS).R.toarray()
+    assert np.abs(wrong - behind[0]).max() > 1e-6 * np.abs(behind[0]).max()

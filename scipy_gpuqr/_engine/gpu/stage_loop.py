@@ -32,10 +32,19 @@ from .rcopy import (ColumnRCopy, NumpyRCopy, column_bounds, final_entries_cached
 from .rlayout import r_layout_cached
 
 __all__ = ["StageLoop", "stage_reflector_records", "assemble_r", "r_dtype", "FACTORIZE_TYPES",
-           "HOST_R_BY_PARTS"]
+           "HOST_R_BY_PARTS", "HOST_R_BEHIND", "HOST_PLACE_BEHIND"]
 
 #: Record types whose Householder vectors ``Q``'s replay keeps.
 FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
+
+#: A host stage's R values (not the last stage's) gathered on the gather thread
+#: while the next stages run; off: on the engine's thread before the next stage.
+HOST_R_BEHIND = True
+
+#: A host stage's contribution blocks whose parent is a later host stage's front
+#: copied into that stage's pool by threads on a worker while the next stages
+#: run; off: on the engine's thread, one block row at a time, before them.
+HOST_PLACE_BEHIND = True
 
 #: A host stage's R values gathered part by part as its front's column slabs
 #: come back from the device (:class:`~.rcopy.ColumnRCopy`), while the device
@@ -186,20 +195,20 @@ class StageLoop:
             host = down.result()
             self.pool_copies.append(down.copies)
             self.t_pool_wait += time.perf_counter() - tw
-        if copier is not None:
-            values = copier.result()
-            if isinstance(copier, ColumnRCopy):
-                done = sum(b - a for a, b in copier.early)
-                self.host_r_early.append((round(done / max(len(values), 1), 3),
-                                          round(copier.seconds, 4)))
+        if copier is not None and sid in self.host_stages and not last and HOST_R_BEHIND:
+            # a host stage's R (read from its host pool, which nothing writes any
+            # more) gathered on the gather thread while the next stages run
+            values = self.gather_thread().submit(self.host_r_values, copier)
+            how = "after the launches, on the gather thread"
+        elif copier is not None:
+            values = self.host_r_values(copier)
         else:
             # R's values gathered from the pool sent down, on a worker thread while
             # the next stages run (:meth:`r_values` collects them)
             pos, gidx = self.gmaps[sid]
-            if self._gathers is None:
-                self._gathers = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-r-gather")
+            if self.r_data is None:
                 self.r_data = np.zeros(self.layout.nnz, dtype=self.r_dtype)
-            values = self._gathers.submit(_gather_into, self.r_data, pos, host, gidx)
+            values = self.gather_thread().submit(_gather_into, self.r_data, pos, host, gidx)
             how = "from the host pool"
         self.r_parts.append((pos, values))
         t_r = time.perf_counter()
@@ -216,6 +225,23 @@ class StageLoop:
         # host stage's run), the device waited for, R's values, blocks and pool handed on
         self.stage_seconds.append(tuple(round(x, 4) for x in (
             t_begun - t_host, t_launched - t_begun, tw - t_launched, t_r - tw, t_end - t_r)))
+
+    def gather_thread(self) -> ThreadPoolExecutor:
+        """The worker gathering R's values off the stages' path (made on first use;
+        one thread: the gathers run in the stages' order)."""
+        if self._gathers is None:
+            self._gathers = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-r-gather")
+        return self._gathers
+
+    def host_r_values(self, copier):
+        """R's values from ``copier`` (its :meth:`result`), with a host stage's
+        share gathered while its slabs ran (``host_r_early``)."""
+        values = copier.result()
+        if isinstance(copier, ColumnRCopy):
+            done = sum(b - a for a, b in copier.early)
+            self.host_r_early.append((round(done / max(len(values), 1), 3),
+                                      round(copier.seconds, 4)))
+        return values
 
     def begin(self, sid: int, st) -> dict:
         """The stage's pool on the device: zeroed, carried contribution blocks and S entries in."""
@@ -461,7 +487,12 @@ class StageLoop:
                 start = int(st.foff[f]) + int(fs.frank[f]) * n + int(fs.fp[f])
                 blocks.append((start, m, n - int(fs.fp[f]), n, int(pst.carried[f])))
                 self.host_cb[f] = _PLACED
-            self.host_dev.placed(pst.fronts, place(pool, blocks, out))
+            if device is self.host_dev and HOST_PLACE_BEHIND:
+                # host to host: copied by threads on a worker while the next stages
+                # run; the host stage that takes them waits for it as it begins
+                self.host_dev.placed(pst.fronts, _Placing(pool, blocks, out))
+            else:
+                self.host_dev.placed(pst.fronts, place(pool, blocks, out))
         return np.array([i for i in later.tolist() if self.host_cb.get(first + i) is not _PLACED],
                         dtype=np.int64)
 
@@ -610,6 +641,43 @@ def stage_reflector_records(sched, sid: int, st, base: int):
 
 #: ``host_cb``'s mark of a block already in its host stage's pool.
 _PLACED = object()
+
+#: Elements of one piece of :class:`_Placing`'s copy (one thread's step).
+_PLACE_PIECE = 1 << 21
+
+
+class _Placing:
+    """Blocks of a host stage's pool copied into a later host stage's pool on a
+    worker thread, by threads in pieces of rows (as
+    :meth:`~.device.NumpyDevice.place_blocks`: per block ``(start, rows, width,
+    pitch, at)``); :meth:`synchronize` waits for the copy (the wait a host
+    stage's pool makes for its placed blocks) and raises what it raised."""
+
+    def __init__(self, pool, blocks, out):
+        pieces = []
+        isz = pool.itemsize
+        for a, m, w, n, at in blocks:
+            if not (m and w):
+                continue
+            if a + (m - 1) * n + w > pool.size:
+                raise ValueError("place_blocks: a block past the pool's end")
+            src = np.lib.stride_tricks.as_strided(pool[a:], shape=(m, w),
+                                                  strides=(n * isz, isz))
+            dst = out[at: at + m * w].reshape(m, w)
+            step = max(1, _PLACE_PIECE // w)
+            pieces += [(src[r:r + step], dst[r:r + step]) for r in range(0, m, step)]
+
+        def copy(i0, i1):
+            for src, dst in pieces[i0:i1]:          # NumPy releases the GIL
+                dst[...] = src
+        ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-host-place")
+        try:
+            self._job = ex.submit(native.run_split, copy, 0, len(pieces), 1)
+        finally:
+            ex.shutdown(wait=False)
+
+    def synchronize(self) -> None:
+        self._job.result()
 
 
 def _zero_end(fs, st) -> int:
