@@ -295,6 +295,30 @@ def _run(A, b, backend, repeat, limit=None, profile=None, debug=False):
     return out, x
 
 
+def _alternate(A, b, need, fracs, rounds):
+    """Calls alternating between the pool limits ``need // f`` of ``fracs``,
+    ``rounds + 1`` rounds (a process whose pool limit changes between calls: each
+    limit's plan, schedule and R's gather maps made before): per call its limit,
+    seconds and the engine's wait for the host side (seconds spent making again
+    what a cache of the plan's state should keep)."""
+    import cupy as cp
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    base = pool.used_bytes()
+    out = []
+    try:
+        for _ in range(rounds + 1):
+            for f in fracs:
+                pool.set_limit(size=base + int(need // f))
+                row, _ = _once(A, b, "gpu")
+                out.append({"frac": f, "seconds": round(row["seconds"], 4),
+                            "wait_host_side": row["engine_seconds"].get("wait_host_side", 0.0),
+                            "stages": row["stages"]})
+    finally:
+        pool.set_limit(size=0)
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="")
@@ -325,6 +349,10 @@ def main(argv=None):
                    help="an A/B in one process: the modes of MODES to time at each limit, "
                         "their calls interleaved (e.g. base,new); MODE@F: at the limit "
                         "1/F only")
+    p.add_argument("--alternate", default="",
+                   help="after the limits, calls alternating between two of them "
+                        "(e.g. 2,4), --repeat + 1 rounds: each call's seconds and its wait "
+                        "for the host side")
     args = p.parse_args(argv)
     fracs = [int(f) for f in args.fracs.split(",") if f]
     if args.predict:
@@ -418,6 +446,15 @@ def main(argv=None):
                                 [x for x in row["log"] if x.startswith("Q replay")]
                                 + [x for x in row["log"] if not x.startswith("Q replay")][:8]),
                       flush=True)
+        if args.alternate:
+            alt = [int(f) for f in args.alternate.split(",") if f]
+            rec["alternate"] = _alternate(A, b, need, alt, args.repeat)
+            report["matrices"][mname] = rec
+            _write(args.json, report)
+            print(f"  alternating 1/{' and 1/'.join(map(str, alt))}: "
+                  + "  ".join(f"1/{c['frac']} {c['seconds']:.3f} s (host side "
+                              f"{c['wait_host_side']:.3f})" for c in rec["alternate"]),
+                  flush=True)
         if not args.no_cpu:
             row, x = _run(A, b, "cpu", 0)
             row["x_rel_diff"] = float(np.linalg.norm(x - x0) / np.linalg.norm(x0))
@@ -436,6 +473,10 @@ def main(argv=None):
                   + (f"  x{x:.2f}" if x else "")
                   + (f"  cpu/unl {row['seconds'] / unl:.1f}" if label == "cpu" and unl else "")
                   + f"  {row.get('backend')} stages {row.get('stages')}", flush=True)
+        if rec.get("alternate"):
+            print(f"  {mname:9s} alternating     "
+                  + " ".join(f"1/{c['frac']}:{c['seconds']:.3f}({c['wait_host_side']:.2f})"
+                             for c in rec["alternate"]), flush=True)
 
 
 def _write(path, report):
