@@ -172,9 +172,11 @@ def _once(A, b, backend, debug=False):
 #: ``--modes``: the package's settings each mode times (an A/B in one process,
 #: its calls interleaved): how Q's solve brings an earlier stage's reflector bands
 #: up, whether a host stage's R is gathered as its slab parts land, whether Q's
-#: replay prefetches the next stage's reflectors (``solve.PREFETCH``) and how a
+#: replay prefetches the next stage's reflectors (``solve.PREFETCH``), how a
 #: plan that the time model's dense fronts leave infeasible picks dense fronts
-#: (``driver.STAGED_DENSE``); a missing key is off / ``"size"``.
+#: (``driver.STAGED_DENSE``) and whether a host stage hands its blocks and R on
+#: behind the next stages (``stage_loop.HOST_PLACE_BEHIND``, ``HOST_R_BEHIND``);
+#: a missing key is off / ``"size"``.
 MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "bands": {"band_upload": "mapped", "host_r_by_parts": False},
          "rparts": {"band_upload": "copy2d", "host_r_by_parts": True},
@@ -187,7 +189,11 @@ MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "now": {"band_upload": "copy2d", "host_r_by_parts": True},
          "prefetch": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True},
          "oversized": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                       "staged_dense": "oversized"}}
+                       "staged_dense": "oversized"},
+         "hostoff": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                     "staged_dense": "oversized", "host_behind": False},
+         "behind": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                    "staged_dense": "oversized", "host_behind": True}}
 
 
 def _set_mode(name):
@@ -198,6 +204,7 @@ def _set_mode(name):
     driver.STAGED_DENSE = m.get("staged_dense", "size")
     reflector_upload.BAND_UPLOAD = m["band_upload"]
     stage_loop.HOST_R_BY_PARTS = m["host_r_by_parts"]
+    stage_loop.HOST_R_BEHIND = stage_loop.HOST_PLACE_BEHIND = m.get("host_behind", False)
     slab_front.PANEL_UPLOAD = m.get("slab_panels", "copy2d")
     slab_front.SLAB_PARTS = m.get("slab_parts", 4)
 

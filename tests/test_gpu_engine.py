@@ -466,14 +466,14 @@ def test_cold_and_warm_schedules_on_gpu():
             assert not g2.info["schedule_cold"], name
             # warm: a device stage's R streams as its entries become final (the last
             # stage's always) or comes from its pool sent to the host; only a host
-            # stage's after its launches (an earlier one's on the gather thread); a
+            # stage's after its launches (an earlier one's on a worker); a
             # matrix without fronts ('wide': every column a singleton, mostly) has no
             # stage and copies nothing
             hows = [how for how, _ in g2.info["r_copy_stages"]]
             nst = g2.info["stages"]
             assert len(hows) == nst, (name, budget, hows)
             for sid, how in enumerate(hows):
-                want = ({"after the launches", "after the launches, on the gather thread"}
+                want = ({"after the launches", "after the launches, on a worker"}
                         if sid in g2._host_stages
                         else {"progressive"} if sid == nst - 1
                         else {"progressive", "from the host pool"})

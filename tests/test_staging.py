@@ -1129,9 +1129,9 @@ def _r_copies_follow_the_rule(g) -> list:
     n = g.info["stages"]
     assert len(hows) == n, hows
     for sid, how in enumerate(hows):
-        if sid in g._host_stages:       # an earlier one's on the gather thread
+        if sid in g._host_stages:       # an earlier one's on a worker
             assert how == ("after the launches" if sid == n - 1 else
-                           "after the launches, on the gather thread"), (sid, hows)
+                           "after the launches, on a worker"), (sid, hows)
         elif sid == n - 1:
             assert how == "progressive", (sid, hows)
         else:
@@ -1369,7 +1369,7 @@ def test_alternating_limits_make_each_plans_gather_maps_once(monkeypatch):
 def test_host_stages_hand_on_behind_the_next_stages(monkeypatch):
     """A host stage's contribution block whose parent is a later host stage's front
     is copied into that pool by threads on a worker (``_Placing``), and an
-    earlier host stage's R is gathered on the gather thread, both while the next
+    earlier host stage's R is gathered on a worker, both while the next
     stages run: R and ``Qᵀb`` bit for bit those of the engine's thread doing
     both before the next stage (``HOST_PLACE_BEHIND``, ``HOST_R_BEHIND`` off);
     a placement one element off gives another R."""
@@ -1391,14 +1391,14 @@ def test_host_stages_hand_on_behind_the_next_stages(monkeypatch):
     hows = _r_copies_follow_the_rule(g)
     host = sorted(g._host_stages)
     assert len(host) > 2 and made and sum(made) > 0, (host, made)
-    assert hows.count("after the launches, on the gather thread") == len(host) - 1, hows
+    assert hows.count("after the launches, on a worker") == len(host) - 1, hows
     behind = (g.R.toarray(), g.qt_matmul(b))
     monkeypatch.setattr(stage_loop, "HOST_PLACE_BEHIND", False)
     monkeypatch.setattr(stage_loop, "HOST_R_BEHIND", False)
     count = len(made)
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                       dense_flops=_HOST_FLOPS)
-    assert len(made) == count and "after the launches, on the gather thread" not in [
+    assert len(made) == count and "after the launches, on a worker" not in [
         how for how, _ in g.info["r_copy_stages"]]
     np.testing.assert_array_equal(g.R.toarray(), behind[0])
     np.testing.assert_array_equal(g.qt_matmul(b), behind[1])

@@ -37,8 +37,8 @@ __all__ = ["StageLoop", "stage_reflector_records", "assemble_r", "r_dtype", "FAC
 #: Record types whose Householder vectors ``Q``'s replay keeps.
 FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
 
-#: A host stage's R values (not the last stage's) gathered on the gather thread
-#: while the next stages run; off: on the engine's thread before the next stage.
+#: A host stage's R values (not the last stage's) gathered on a worker while the
+#: next stages run; off: on the engine's thread before the next stage.
 HOST_R_BEHIND = True
 
 #: A host stage's contribution blocks whose parent is a later host stage's front
@@ -197,9 +197,14 @@ class StageLoop:
             self.t_pool_wait += time.perf_counter() - tw
         if copier is not None and sid in self.host_stages and not last and HOST_R_BEHIND:
             # a host stage's R (read from its host pool, which nothing writes any
-            # more) gathered on the gather thread while the next stages run
-            values = self.gather_thread().submit(self.host_r_values, copier)
-            how = "after the launches, on the gather thread"
+            # more) gathered on a worker of its own while the next stages run (not
+            # the gather thread: the earlier stages' gathers may still be queued there)
+            ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-host-r")
+            try:
+                values = ex.submit(self.host_r_values, copier)
+            finally:
+                ex.shutdown(wait=False)
+            how = "after the launches, on a worker"
         elif copier is not None:
             values = self.host_r_values(copier)
         else:
