@@ -49,6 +49,7 @@ VARIANT_MODULES: tuple[str, ...] = (
     "scipy_gpuqr._engine.gpu.solve_kernels",
     "scipy_gpuqr._engine.gpu.dense_panel",
     "scipy_gpuqr._engine.gpu.finite_check",
+    "scipy_gpuqr._iterative.block",
 )
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)

@@ -99,6 +99,15 @@ few iterations, which the upload alone would make several times slower,
 ends on the CPU; a long one pays at most one upload's worth of CPU time more
 than starting on the GPU would have.
 
+Small and middling problems on host data run in one GPU thread block instead
+(:mod:`scipy_gpuqr._iterative.block`: many iterations per launch, no copy
+between them) where its predicted iteration (:func:`block_iteration_seconds`)
+beats both the host loop's and the CuPy path's (:func:`iterate_in_block`). The
+run starts on the host all the same and moves to the block once it has cost
+the block's start (:func:`block_start_seconds`: packing A's CSR and CSC arrays,
+the copy, a launch): a run of a few iterations ends on the host with SciPy's
+bits, a longer one pays at most that start twice.
+
 Explicit backends (``gpu``, ``cpu``, ``reference``, ``simulate``) and
 ``GpuqrOptions(iterate_first=False)`` always factorize.
 """
@@ -127,7 +136,9 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "upload_seconds", "host_first_budget", "HostFirst", "SPECULATION_S_PER_ENTRY",
            "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_PER_ENTRY", "lu_seconds",
            "CONVERGED", "iteration_flops", "cpu_iteration_seconds", "gpu_iteration_seconds",
-           "iterate_on_gpu", "analysis_seconds", "needs_watching", "zero_tolerances",
+           "iterate_on_gpu", "BLOCK_FIXED_S", "BLOCK_ITERATION_S", "BLOCK_BYTES_PER_S",
+           "BLOCK_TRANSPOSE_S_PER_ENTRY", "block_iteration_seconds", "block_start_seconds",
+           "iterate_in_block", "analysis_seconds", "needs_watching", "zero_tolerances",
            "rank_risk", "rank_decision_seconds", "Allowance"]
 
 _EPS = float(np.finfo(np.float64).eps)
@@ -150,6 +161,20 @@ GPU_ITERATION_S = 5e-4
 #: Flop rate of the GPU's products and updates (memory bound as well, on
 #: several times the bandwidth).
 GPU_MATVEC_RATE = 1e11
+
+#: Fixed seconds of a run in one GPU thread block on host data
+#: (:mod:`scipy_gpuqr._iterative.block`): the packed buffer, its copy to the device,
+#: a launch, the copy back and the result.
+BLOCK_FIXED_S = 1.5e-4
+#: Fixed seconds of one iteration in the block: three block-wide sums (trees of
+#: barriers) and the scalar recurrences every thread computes.
+BLOCK_ITERATION_S = 4e-6
+#: Bytes per second one thread block's products and vector updates move (one
+#: multiprocessor gathering from cache and device memory).
+BLOCK_BYTES_PER_S = 5e10
+#: Seconds per stored entry of the host's conversion of A to its other compressed
+#: format (the block's products need A by rows and by columns).
+BLOCK_TRANSPOSE_S_PER_ENTRY = 3e-9
 
 #: Fixed seconds of putting a host matrix on the GPU for the iterations: the
 #: cupyx CSR matrix, its explicit transpose made on the device, and the first
@@ -325,6 +350,40 @@ def iterate_on_gpu(m: int, n: int, nnz: int, *, on_gpu: bool) -> tuple[bool, str
     return True, f"GPU: a GPU iteration (about {gpu_s:.2g} s) beats a CPU one ({cpu_s:.2g} s)"
 
 
+def block_iteration_seconds(m: int, n: int, nnz: int) -> float:
+    """Nominal seconds of one iteration in one GPU thread block: :data:`BLOCK_ITERATION_S`
+    and the bytes it moves (A's values, indices and gathered entries twice, the
+    vectors' reads and writes) at :data:`BLOCK_BYTES_PER_S`."""
+    return BLOCK_ITERATION_S + (40.0 * nnz + 24.0 * m + 48.0 * n) / BLOCK_BYTES_PER_S
+
+
+def block_start_seconds(m: int, n: int, nnz: int) -> float:
+    """Nominal seconds of a block run's start on host data (:data:`BLOCK_FIXED_S`, A's
+    other format, the copy of both formats, b and the vectors at :data:`UPLOAD_BYTES_PER_S`)."""
+    return (BLOCK_FIXED_S + BLOCK_TRANSPOSE_S_PER_ENTRY * nnz
+            + (24.0 * nnz + 48.0 * (m + n)) / UPLOAD_BYTES_PER_S)
+
+
+def iterate_in_block(m: int, n: int, nnz: int, *, on_gpu: bool) -> Optional[float]:
+    """The host-first budget of a run that may move to one GPU thread block, or None.
+
+    None where the caller's data is on the GPU (the CuPy path keeps it there),
+    where a block iteration (:func:`block_iteration_seconds`) does not beat
+    both a host loop's (:func:`host_iteration_seconds`) and a CuPy path's
+    (:func:`gpu_iteration_seconds`), or where no GPU answers. Otherwise the
+    block's start (:func:`block_start_seconds`): the ski-rental budget of
+    :class:`HostFirst`.
+    """
+    if on_gpu:
+        return None
+    block = block_iteration_seconds(m, n, nnz)
+    if block >= host_iteration_seconds(m, n, nnz) or block >= gpu_iteration_seconds(m, n, nnz):
+        return None
+    if not gpu_available():
+        return None
+    return block_start_seconds(m, n, nnz)
+
+
 def upload_seconds(m: int, n: int, nnz: int) -> float:
     """Estimated seconds of putting an m×n host matrix with ``nnz`` entries on the GPU for the
     iterations (CSR with 4-byte indices and 8-byte values; :data:`UPLOAD_FIXED_S`,
@@ -384,7 +443,8 @@ def analysis_seconds(m: int, n: int, nnz: int) -> float:
 
 
 def needs_watching(iter_lim: int, m: int, n: int, nnz: int, *, on_gpu: bool,
-                   analysis: float, host_loop: bool = False) -> bool:
+                   analysis: float, host_loop: bool = False,
+                   per_iteration: Optional[float] = None) -> bool:
     """Whether a run could last long enough for :class:`Allowance` to act on it.
 
     A CPU run whose iterations up to ``iter_lim`` cost, at the nominal
@@ -393,12 +453,15 @@ def needs_watching(iter_lim: int, m: int, n: int, nnz: int, *, on_gpu: bool,
     seconds) ends before any rule could stop it: it runs unwatched, without
     the callback's cost on every iteration. The rate is :func:`host_iteration_seconds`
     where the run is a host loop (``host_loop``), else
-    :func:`cpu_iteration_seconds`. GPU runs are always watched.
+    :func:`cpu_iteration_seconds`; ``per_iteration`` where given (a run in one
+    GPU thread block: :func:`block_iteration_seconds`). Other GPU runs are
+    always watched.
     """
-    if on_gpu:
-        return True
-    per_iteration = (host_iteration_seconds(m, n, nnz) if host_loop
-                     else cpu_iteration_seconds(m, n, nnz))
+    if per_iteration is None:
+        if on_gpu:
+            return True
+        per_iteration = (host_iteration_seconds(m, n, nnz) if host_loop
+                         else cpu_iteration_seconds(m, n, nnz))
     return iter_lim * per_iteration > ANALYSIS_DEFERRAL * analysis
 
 

@@ -29,11 +29,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._dispatch.iterate_first import (Allowance, HostFirst, analysis_seconds,
-                                       cpu_iteration_seconds, host_first_budget,
-                                       needs_watching)
+                                       block_iteration_seconds, cpu_iteration_seconds,
+                                       host_first_budget, iterate_in_block, needs_watching)
 from .._gpu import gpu_available
 from .._iterative import lsmr as iterative_lsmr
 from .._iterative import lsqr as iterative_lsqr
+from .._iterative.block import block_lsmr, block_lsqr
 from .._options import Settings, auto_settings, auto_source, log_decision
 from .._validate import all_finite
 from .factored import plan_for
@@ -165,7 +166,11 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     a GPU iteration beats a CPU one and a GPU answers, the run starts on the
     CPU and stops once it has cost one upload of A
     (:class:`~scipy_gpuqr._dispatch.iterate_first.HostFirst`); the general
-    path then runs SciPy's algorithm from the start on the GPU.
+    path then runs SciPy's algorithm from the start on the GPU. Where one GPU
+    thread block suits the problem better
+    (:func:`~scipy_gpuqr._dispatch.iterate_first.iterate_in_block`), the run
+    moves there instead once it has cost the block's start, and is answered
+    here (:func:`~scipy_gpuqr._iterative.block.block_lsqr`).
 
     Parameters
     ----------
@@ -204,8 +209,12 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     if iter_lim <= 0:
         return None
     cpu_s = cpu_iteration_seconds(m, n, nnz)
-    budget = host_first_budget(m, n, nnz)
-    if budget is None:
+    block = iterate_in_block(m, n, nnz, on_gpu=False)
+    budget = block if block is not None else host_first_budget(m, n, nnz)
+    if block is not None:
+        where = (f"CPU first: one GPU thread block takes over once the run has cost its start "
+                 f"(about {block:.2g} s)")
+    elif budget is None:
         where = f"CPU: a CPU iteration (about {cpu_s:.2g} s) beats a GPU one"
     elif not gpu_available():
         budget, where = None, "CPU: no GPU"
@@ -222,15 +231,18 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     analysis = analysis_seconds(m, n, nnz)
     square = None if square_of is None else \
         square_of((m, n), nnz, lambda: problem().matrix().A)
+    def allowance() -> Allowance:
+        return Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
+                         analysis=analysis,
+                         plan=lambda: plan_for(problem().qr_matrix(), settings),
+                         order=min(m, n),
+                         speculate=(lambda planned: speculate(planned, (m, n)))
+                         if min(m, n) <= DENSE_LIMIT else None,
+                         square=square, nnz=nnz)
+
     watch = callback = None
     if needs_watching(iter_lim, m, n, nnz, on_gpu=False, analysis=analysis, host_loop=True):
-        watch = Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
-                                     analysis=analysis,
-                                     plan=lambda: plan_for(problem().qr_matrix(), settings),
-                                     order=min(m, n),
-                                     speculate=(lambda planned: speculate(planned, (m, n)))
-                                     if min(m, n) <= DENSE_LIMIT else None,
-                                     square=square, nnz=nnz)
+        watch = allowance()
     callback = watch if budget is None else HostFirst(budget, watch)
     if method == "lsqr":
         res = iterative_lsqr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
@@ -239,13 +251,32 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         res = iterative_lsmr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
                              None, xp=np, callback=callback)
     istop, itn = res.istop, res.itn
-    if budget is not None and callback.moved and istop == 0:
+    name = f"{method.upper()} on CPU"
+    if block is not None and callback.moved and istop == 0:
+        # SciPy's algorithm again from the start, in one GPU thread block
+        log_decision("%s %dx%d nnz=%d: LSQR/LSMR on CPU moves to one GPU thread block after %d "
+                     "iterations (%.3g s, the block's start)", method, m, n, nnz, itn,
+                     callback.seconds)
+        per_iteration = block_iteration_seconds(m, n, nnz)
+        watch = allowance() if needs_watching(iter_lim, m, n, nnz, on_gpu=True,
+                                              analysis=analysis,
+                                              per_iteration=per_iteration) else None
+        if method == "lsqr":
+            res = block_lsqr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
+                             rules.calc_var, None, callback=watch)
+        else:
+            res = block_lsmr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
+                             None, callback=watch)
+        istop, itn = res.istop, res.itn
+        where = (f"GPU block: the run moved after {callback.seconds:.2g} s on the CPU "
+                 f"(a block iteration about {per_iteration:.2g} s)")
+        name = f"{method.upper()} on GPU (one block)"
+    elif budget is not None and callback.moved and istop == 0:
         # the general path starts SciPy's algorithm again, on the GPU
         log_decision("%s %dx%d nnz=%d: LSQR/LSMR on CPU moves to the GPU after %d iterations "
                      "(%.3g s, one upload of A)", method, m, n, nnz, itn, callback.seconds)
         return None
     how = _RunNote(istop, itn, res.seconds, where, watch)
-    name = f"{method.upper()} on CPU"
     outcome = settle(how, name, watch)
     if outcome == "qr":
         return QuickRun(None, None if watch is None else watch.planned, how, settings, problem,
