@@ -26,6 +26,7 @@ from scipy_gpuqr._cli.solve_report import captured_decisions
 from scipy_gpuqr._dispatch import iterate_first
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._iterative import block
+from scipy_gpuqr._iterative import IterationState
 from scipy_gpuqr._iterative import lsmr as host_lsmr
 from scipy_gpuqr._iterative import lsqr as host_lsqr
 from scipy_gpuqr._iterative.block import (HISTORY, LSMR_STATE, LSQR_STATE, OPTIONS, BlockProblem,
@@ -108,6 +109,21 @@ def test_block_rule():
     assert iterate_first.iterate_in_block(*big, on_gpu=False) is None
 
 
+def test_host_first_counts_the_iterations_made_again():
+    """With the GPU's seconds per iteration, a run moves once the GPU would have saved its
+    start and the second run of the iterations made so far; never where h <= 2g."""
+    def state(itn, seconds):
+        return IterationState(itn, None, 0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, seconds)
+
+    move = iterate_first.HostFirst(1e-3, per_iteration=1e-5)
+    assert not move(state(10, 1.1e-3)) and not move.moved
+    assert move(state(10, 1.3e-3)) and move.moved and move.seconds == 1.3e-3
+    slow = iterate_first.HostFirst(1e-3, per_iteration=1e-5)
+    assert not any(slow(state(k, 2e-5 * k)) for k in range(1, 10000))
+    plain = iterate_first.HostFirst(1e-3)
+    assert plain(state(1, 1e-3))
+
+
 def _fake_block(calls):
     """block_lsqr/lsmr run by our host loops (SciPy's bits), counting the calls."""
     def run(method):
@@ -133,6 +149,7 @@ def test_auto_moves_to_the_block(monkeypatch, method):
     A, b, _ = CASES["tall"]
     ours, theirs = getattr(scipy_gpuqr, method), getattr(sla, method)
     ref = theirs(A, b)
+    monkeypatch.setattr(quick_iterate, "block_iteration_seconds", lambda m, n, nnz: 0.0)
     for budget, moved in ((0.0, True), (10.0, False)):
         calls.clear()
         monkeypatch.setattr(quick_iterate, "iterate_in_block",
@@ -241,9 +258,10 @@ def test_block_stretches_resume_the_run():
 
 
 @pytest.mark.gpu
-def test_auto_answers_from_the_block():
-    """A host problem of a few hundred iterations: auto's run moves to the block and answers
-    SciPy's run there."""
+def test_auto_answers_from_the_block(monkeypatch):
+    """A host run that moves (at once, here) is answered by SciPy's run in the block."""
+    monkeypatch.setattr(quick_iterate, "block_iteration_seconds", lambda m, n, nnz: 0.0)
+    monkeypatch.setattr(quick_iterate, "iterate_in_block", lambda m, n, nnz, on_gpu: 0.0)
     A, b, _ = CASES["lp_e226_transposed"]
     ref = sla.lsqr(A, b)
     scipy_gpuqr.lsqr(A, b)                      # the kernels compiled

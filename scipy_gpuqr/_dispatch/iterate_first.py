@@ -103,10 +103,11 @@ Small and middling problems on host data run in one GPU thread block instead
 (:mod:`scipy_gpuqr._iterative.block`: many iterations per launch, no copy
 between them) where its predicted iteration (:func:`block_iteration_seconds`)
 beats both the host loop's and the CuPy path's (:func:`iterate_in_block`). The
-run starts on the host all the same and moves to the block once it has cost
-the block's start (:func:`block_start_seconds`: packing A's CSR and CSC arrays,
-the copy, a launch): a run of a few iterations ends on the host with SciPy's
-bits, a longer one pays at most that start twice.
+run starts on the host all the same and moves to the block once the block
+would have saved, on the iterations made so far, its start
+(:func:`block_start_seconds`: packing A's CSR and CSC arrays, the copy, a
+launch) and their second run (:class:`HostFirst` with ``per_iteration``): a
+run of a few iterations ends on the host with SciPy's bits, a long one moves.
 
 Explicit backends (``gpu``, ``cpu``, ``reference``, ``simulate``) and
 ``GpuqrOptions(iterate_first=False)`` always factorize.
@@ -415,17 +416,26 @@ class HostFirst:
     (:class:`Allowance`, or None: unwatched). The caller then runs SciPy's
     algorithm again from the start on the GPU, so the answer follows SciPy's
     iterates there as it would have without the CPU's head start.
+
+    With ``per_iteration`` (the GPU's predicted seconds per iteration ``g``,
+    for a move that makes the run's iterations again there) the run moves
+    once what the GPU would have saved on the iterations made so far covers
+    its start and their second run: ``spent − 2·itn·g >= budget``. A run whose
+    host iterations are not much dearer than the GPU's (``h <= 2g``) never
+    moves; a long one moves after about ``budget / (h − 2g)`` iterations.
     """
 
-    def __init__(self, budget: float, watch: Optional["Allowance"] = None):
+    def __init__(self, budget: float, watch: Optional["Allowance"] = None,
+                 per_iteration: float = 0.0):
         self.budget = float(budget)
         self.watch = watch
+        self.per_iteration = float(per_iteration)
         self.moved = False
         self.seconds = 0.0
 
     def __call__(self, state) -> bool:
         spent = state.seconds - (self.watch.analysis_s if self.watch is not None else 0.0)
-        if spent >= self.budget:
+        if spent - 2.0 * state.itn * self.per_iteration >= self.budget:
             self.moved, self.seconds = True, spent
             return True
         return bool(self.watch(state)) if self.watch is not None else False

@@ -212,8 +212,8 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     block = iterate_in_block(m, n, nnz, on_gpu=False)
     budget = block if block is not None else host_first_budget(m, n, nnz)
     if block is not None:
-        where = (f"CPU first: one GPU thread block takes over once the run has cost its start "
-                 f"(about {block:.2g} s)")
+        where = (f"CPU first: one GPU thread block takes over once it would have saved its "
+                 f"start (about {block:.2g} s) and the iterations made again")
     elif budget is None:
         where = f"CPU: a CPU iteration (about {cpu_s:.2g} s) beats a GPU one"
     elif not gpu_available():
@@ -243,7 +243,8 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     watch = callback = None
     if needs_watching(iter_lim, m, n, nnz, on_gpu=False, analysis=analysis, host_loop=True):
         watch = allowance()
-    callback = watch if budget is None else HostFirst(budget, watch)
+    callback = watch if budget is None else HostFirst(
+        budget, watch, per_iteration=0.0 if block is None else block_iteration_seconds(m, n, nnz))
     if method == "lsqr":
         res = iterative_lsqr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
                              rules.calc_var, None, xp=np, callback=callback)
