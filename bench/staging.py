@@ -81,7 +81,7 @@ def _predict(an, limit):
     needs = needs_for(DEFAULT_DENSE_FLOPS)
     flops, extra, needs, _ = driver.staged_dense_plan(          # as gpu_factorize does
         an, needs_for, DEFAULT_DENSE_FLOPS, needs, plan_for_memory(an, needs, avail), avail,
-        None)
+        None, panel=DENSE_PANEL, itemsize=8)
     for _ in range(driver.MAX_RESTAGE + 1):
         mp = plan_for_memory(an, needs, avail)
         if not mp.feasible:

@@ -1411,3 +1411,38 @@ def test_host_stages_hand_on_behind_the_next_stages(monkeypatch):
     wrong = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                           dense_flops=_HOST_FLOPS).R.toarray()
     assert np.abs(wrong - behind[0]).max() > 1e-6 * np.abs(behind[0]).max()
+
+
+def test_oversized_rule_leaves_every_host_front_a_device_slab():
+    """ch7-8-b3 at an eighth of its one-stage need: the 'oversized' rule's dense
+    fronts keep tile fronts whose VT pool leaves its root host front (49340 x 9375)
+    not one panel's column slab on the device, so LAPACK would factorize it on the
+    host (the H200 run's first call passed 45 s); by size every host front gets
+    slabs there (the root ~316 columns), so the plan is by size. At a quarter the
+    rule's own plan slabs every host front and stays."""
+    from scipy_gpuqr._engine.gpu import driver
+    from scipy_gpuqr._engine.slab_front import slab_columns
+    from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
+    an = analyze(chessboard_boundary(7, 8, 3))
+    fs = an.fronts
+
+    def needs_for(flops, extra=()):
+        return driver.stage_needs(an, flops, extra, tile=TILE, bundle=BUNDLE, pipelining=True,
+                                  itemsize=8, panel=256)
+    base = needs_for(DEFAULT_DENSE_FLOPS)
+    need = plan_for_memory(an, base, None).peak
+    assert driver.STAGED_DENSE == "oversized"
+    for frac, by_size in ((8, True), (4, False)):
+        avail = int(POOL_USABLE * (need // frac))
+        flops, extra, needs, mp = driver.staged_dense_plan(
+            an, needs_for, DEFAULT_DENSE_FLOPS, base, plan_for_memory(an, base, avail), avail,
+            None, panel=256, itemsize=8)
+        assert mp.feasible and mp.host, frac
+        slabs = [slab_columns(int(fs.fm[f]), 256, 8, avail - needs.fixed) for f in mp.host]
+        assert min(slabs) >= 256, (frac, slabs)
+        assert (flops == driver.STAGED_DENSE_FLOPS) == by_size and bool(extra) != by_size, frac
+        if by_size:         # what the rule alone gives: a host front without a slab
+            got = driver._oversized_dense(an, lambda ex: needs_for(DEFAULT_DENSE_FLOPS, ex),
+                                          plan_for_memory(an, base, avail), avail, None)
+            assert got is not None and not driver._host_fronts_slab(an, got[1], got[2], avail,
+                                                                    256, 8)

@@ -76,6 +76,7 @@ from ..dense_front import DenseFront, HostDenseFront
 from ..host.reference import reference_factorize, task_list_input
 from ..memory import (DeviceMemory, GpuMemoryExhausted, front_needs, min_budget,
                       min_budget_of_front, plan_for_memory, stage_bytes, vt_elements)
+from ..slab_front import slab_columns
 from ..tasklist_qr import TaskListQR
 from . import solve as gpu_solve
 from .device import CupyDevice
@@ -102,7 +103,10 @@ STAGED_DENSE_FLOPS = 1e10
 #: no stage (round by round: fewer tile fronts also make the VT pool smaller,
 #: so more may fit), which may then run as host fronts
 #: (:func:`_oversized_dense`), unless that makes more dense fronts than by
-#: size (near the smallest plan, where the rounds cascade): then by size.
+#: size (near the smallest plan, where the rounds cascade), or leaves a host
+#: front not one column slab on the device where by size leaves each one some
+#: (ch7-8-b3 at an eighth of its one-stage need: its root would go to LAPACK):
+#: then by size.
 #: ``"oversized"`` measured 0.86x of ``"size"`` end to end on grid 40^3 at a
 #: quarter of its one-stage memory, 1.01x on ch7-8-b3 (bench/RESULTS.md).
 STAGED_DENSE = "oversized"
@@ -378,7 +382,8 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
                    getattr(device, "dense_panel", 256), max_gpu_memory),
         lambda: needs_for(dense_flops), available, max_gpu_memory)
     dense_flops, dense_extra, needs, mplan = staged_dense_plan(
-        analysis, needs_for, dense_flops, needs, mplan, available, max_gpu_memory)
+        analysis, needs_for, dense_flops, needs, mplan, available, max_gpu_memory,
+        panel=getattr(device, "dense_panel", 256), itemsize=np.dtype(dev_dtype).itemsize)
     floor = min_budget(analysis, needs)
     why = None
     oom = []
@@ -458,7 +463,8 @@ def stage_needs(analysis, flops, extra=(), *, tile: int, bundle: int, pipelining
     return front_needs(analysis, itemsize, tile=tile, vt_elems=vt, dense=dense, panel=panel)
 
 
-def staged_dense_plan(analysis, needs_for, dense_flops, needs, mplan, available, budget):
+def staged_dense_plan(analysis, needs_for, dense_flops, needs, mplan, available, budget, *,
+                      panel: int = 256, itemsize: int = 8):
     """The dense fronts and stage plan where the time model's dense fronts leave a
     front too large for any stage with the tile tasks: such fronts are made dense
     fronts, which may run as host fronts.
@@ -474,6 +480,9 @@ def staged_dense_plan(analysis, needs_for, dense_flops, needs, mplan, available,
         The fronts' bytes and the stage plan made with ``dense_flops``.
     available, budget : int
         The device bytes available and ``max_gpu_memory`` (or None).
+    panel, itemsize : int
+        The dense fronts' panel width and the values' bytes (a host front's
+        column slabs on the device).
 
     Returns
     -------
@@ -481,9 +490,12 @@ def staged_dense_plan(analysis, needs_for, dense_flops, needs, mplan, available,
         Unchanged where the plan is feasible or the rule is not the time model's.
         :data:`STAGED_DENSE` 'oversized': only the fronts that fit no stage are
         added (:func:`_oversized_dense`, ``dense_extra``), unless that cascades to
-        more dense fronts than the rule by size would make; 'size' (or that
-        fallback): every front of :data:`STAGED_DENSE_FLOPS` or more, where that
-        plan is feasible.
+        more dense fronts than the rule by size would make, or leaves a host
+        front not even one panel's column slab on the device (it would be
+        factorized by the host's LAPACK) where the plan by size leaves every
+        host front one (:func:`_host_fronts_slab`: the tile fronts' VT pool
+        takes that room); 'size' (or those fallbacks): every front of
+        :data:`STAGED_DENSE_FLOPS` or more, where that plan is feasible.
     """
     dense_extra = ()
     if dense_flops is None or dense_flops >= 0 or mplan.feasible:
@@ -498,6 +510,13 @@ def staged_dense_plan(analysis, needs_for, dense_flops, needs, mplan, available,
         if got is not None and (len(got[0]) + int(np.count_nonzero(
                 dense_front_mask(analysis, dense_flops))) > by_size):
             got = None          # the rounds cascaded: fewer dense fronts by size
+        if got is not None and not _host_fronts_slab(analysis, got[1], got[2], available,
+                                                     panel, itemsize):
+            staged = needs_for(STAGED_DENSE_FLOPS)
+            splan = plan_for_memory(analysis, staged, available, budget)
+            if splan.feasible and _host_fronts_slab(analysis, staged, splan, available, panel,
+                                                    itemsize):
+                return STAGED_DENSE_FLOPS, dense_extra, staged, splan
         if got is not None:
             dense_extra, needs, mplan = got
     if got is None:
@@ -506,6 +525,20 @@ def staged_dense_plan(analysis, needs_for, dense_flops, needs, mplan, available,
         if splan.feasible:
             dense_flops, needs, mplan = STAGED_DENSE_FLOPS, staged, splan
     return dense_flops, dense_extra, needs, mplan
+
+
+def _host_fronts_slab(analysis, needs, mplan, available, panel: int, itemsize: int) -> bool:
+    """Whether every host front of ``mplan`` gets at least one panel's column slab
+    in the device bytes the plan's fixed bytes leave (``available`` less
+    ``needs.fixed``; :func:`~scipy_gpuqr._engine.slab_front.slab_columns`): one
+    that does not is factorized by the host's LAPACK, seconds on a front of
+    teraflops (True without a limit)."""
+    if available is None or not mplan.host:
+        return True
+    fs = analysis.fronts
+    room = int(available) - int(needs.fixed)
+    return all(slab_columns(int(fs.fm[f]), int(panel), int(itemsize), room) > 0
+               for f in mplan.host)
 
 
 def _oversized_dense(analysis, needs_of, mplan, available, max_gpu_memory):
