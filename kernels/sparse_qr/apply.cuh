@@ -30,18 +30,11 @@ struct ApplyKind {
         (ApplyIsDouble<T>::value && TILE == 32 && NT == 256 && APPLY == 4) ? 3 : 0;
 };
 
-// Offset of element (r, c) in a shared array of 32 columns stored without
-// padding: row r's groups of 4 columns permuted by r mod 4 (c XOR 4 (r mod 4)),
-// so that the tensor-core fragments (4 consecutive rows by 8 columns aligned to
-// 8, or 8 rows aligned to 8 by 4 columns aligned to 4) hit 16 distinct 8-byte
-// banks in each half warp without padding bytes.
-__device__ __forceinline__ int apply_swz(int r, int c) { return r * 32 + (c ^ ((r & 3) << 2)); }
-
-// Start copying the 32 columns [cc, cc + 32) of the bundle's M rows into A
-// (apply_swz layout) without registers (cp.async, 8 bytes a thread at a time);
+// Start copying the W = 32 columns [cc, cc + 32) of the bundle's M rows into
+// A (row stride LDW) without registers (cp.async, 8 bytes a thread at a time);
 // rows >= fm and columns >= cend are zero-filled. Visible after
 // apply_async_wait() and a barrier.
-template <int NT>
+template <int NT, int LDW>
 __device__ __forceinline__ void apply_async_load(const Task& t, const double* __restrict__ F,
                                                  double* A, int M, int cc, int cend) {
     const int fm = t.fm, fn = t.fn;
@@ -51,7 +44,7 @@ __device__ __forceinline__ void apply_async_load(const Task& t, const double* __
         const int r = t.rows[i >> 5] + (i & 31), c = cc + j;
         const bool in = r < fm && c < cend;
         const double* src = F + (in ? F0 + (long long)r * fn + c : 0);
-        const unsigned dst = (unsigned)__cvta_generic_to_shared(A + apply_swz(i, j));
+        const unsigned dst = (unsigned)__cvta_generic_to_shared(A + i * LDW + j);
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
                      :: "r"(dst), "l"(src), "r"(in ? 8 : 0) : "memory");
     }
@@ -61,111 +54,89 @@ __device__ __forceinline__ void apply_async_wait() {
     asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
-// One 32-column chunk of the Apply on the tensor cores, 8 warps, each holding a
+// One W-column chunk of the Apply on the tensor cores, 8 warps, each holding a
 // block of output tiles so that an operand fragment read from shared memory
 // feeds two or more mma: C = V^T A (warp w: rows 8 (w/2) .. +8, columns
 // 16 (w%2) .. +16), C = -T^T C (the same tiles), A -= V C (rows of na 8-row
 // blocks, the same 16 columns; A's tiles held in registers from the start).
-// V, A and C are 32-column arrays in the apply_swz layout; V's top tile is the
-// VT tile itself (T on and above the diagonal, V1 below it, columns >= nref
-// zero), each fragment masked to what it stands for: V unit lower (its
-// diagonal 1 in columns < nref), T upper. Products skip what is zero by
-// structure: V^T's rows above the diagonal of the top tile, T^T's above its
-// diagonal, every k at or past nref (rounded to the k-step of 4; V and T are
-// zero there). The result goes to F for rows < fm and columns < cend. A's
-// buffer is free once the first product is done: the chunk at ncc (if < cend)
-// starts loading into it then (apply_async_load), while this chunk's last two
-// products run.
+// Row strides LD, LDW = 4 (mod 16) make every fragment load conflict-free.
+// Products skip what is zero by structure: V^T's rows above the diagonal of
+// the top tile, T^T's above its diagonal, every k at or past nref (rounded to
+// the k-step of 4; V and T are zero there). The result goes to F for rows < fm
+// and columns < cend. A's buffer is free once the first product is done: the
+// chunk at ncc (if < cend) starts loading into it then (apply_async_load),
+// while this chunk's last two products run.
+template <int LD, int LDW>
 __device__ __forceinline__ void apply_chunk_mma_blocked(const Task& t, double* __restrict__ F,
-                                                        const double* V, double* A, double* C,
-                                                        int M, int nref, int cc, int cend,
-                                                        int ncc) {
+                                                        const double* V, const double* Tm,
+                                                        double* A, double* C, int M,
+                                                        int nref, int cc, int cend, int ncc) {
+    static_assert(LD % 16 == 4 && LDW % 16 == 4, "apply_chunk_mma_blocked: padding");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int I = warp >> 1, j0 = (warp & 1) * 16;
     const int na = M >> 5;
     const int kr = (nref + 3) & ~3;
-    // this lane's column offsets within a row (apply_swz): rows 8 n + g at columns
-    // j0 + 2q (+1; ^ 8: +8, +9); rows 4 n + q at columns j0 + g (^ 8: j0 + 8 + g)
-    // and I * 8 + g
-    const int sg = (g & 3) << 2, sq = q << 2;
-    const int pa = (j0 + 2 * q) ^ sg, pb = (j0 + g) ^ sq, i = I * 8 + g;
     double acc[3][4];
 #pragma unroll
     for (int u = 0; u < 3; ++u) {
         if (u < na) {
-            const double* a = A + ((I * na + u) * 8 + g) * 32;
-            acc[u][0] = a[pa];
-            acc[u][1] = a[pa + 1];
-            acc[u][2] = a[pa ^ 8];
-            acc[u][3] = a[(pa ^ 8) + 1];
+            const double* a = A + ((I * na + u) * 8 + g) * LDW + j0 + 2 * q;
+            acc[u][0] = a[0];
+            acc[u][1] = a[1];
+            acc[u][2] = a[8];
+            acc[u][3] = a[9];
         }
     }
-    // V^T's and T^T's fragments: V[k][i] (k = k0 + q) and T[k][i] share an address
-    const double* vt = V + q * 32 + (i ^ sq);
     // C = V^T A: A-operand V^T[i][k] = V[k][i], B-operand A[k][j]
     double c0 = 0.0, c1 = 0.0, c2 = 0.0, c3 = 0.0;
     if (I * 8 < nref) {
-        const double* b = A + q * 32 + pb;
-        const double* b8 = A + q * 32 + (pb ^ 8);
-        const double one = i < nref ? 1.0 : 0.0;
-        int k0 = I * 8;
-        for (; k0 < 32; k0 += 4) {          // the top tile: V unit lower
-            const int k = k0 + q;
-            const double x = vt[k0 * 32];
-            const double a = k > i ? x : (k == i ? one : 0.0);
-            apply_dmma(c0, c1, a, b[k0 * 32]);
-            apply_dmma(c2, c3, a, b8[k0 * 32]);
-        }
+        const double* v = V + q * LD + I * 8 + g;
+        const double* b = A + q * LDW + j0 + g;
 #pragma unroll 4
-        for (; k0 < M; k0 += 4) {
-            const double a = vt[k0 * 32];
-            apply_dmma(c0, c1, a, b[k0 * 32]);
-            apply_dmma(c2, c3, a, b8[k0 * 32]);
+        for (int k0 = I * 8; k0 < M; k0 += 4) {
+            const double a = v[k0 * LD];
+            apply_dmma(c0, c1, a, b[k0 * LDW]);
+            apply_dmma(c2, c3, a, b[k0 * LDW + 8]);
         }
     }
-    double* crow = C + i * 32;
-    crow[pa] = c0;
-    crow[pa + 1] = c1;
-    crow[pa ^ 8] = c2;
-    crow[(pa ^ 8) + 1] = c3;
+    double* crow = C + (I * 8 + g) * LDW + j0 + 2 * q;
+    crow[0] = c0;
+    crow[1] = c1;
+    crow[8] = c2;
+    crow[9] = c3;
     __syncthreads();
-    if (ncc < cend) apply_async_load<256>(t, F, A, M, ncc, cend);
-    const double* cb = C + q * 32 + pb;
-    const double* cb8 = C + q * 32 + (pb ^ 8);
-    // C = -T^T C: A-operand T^T[i][k] = T[k][i], zero for k > i
+    if (ncc < cend) apply_async_load<256, LDW>(t, F, A, M, ncc, cend);
+    // C = -T^T C: A-operand T^T[i][k] = Tm[k][i], zero for k > i
     c0 = c1 = c2 = c3 = 0.0;
     {
         const int kt = (I + 1) * 8 < kr ? (I + 1) * 8 : kr;
+        const double* tm = Tm + q * LD + I * 8 + g;
+        const double* b = C + q * LDW + j0 + g;
 #pragma unroll 2
         for (int k0 = 0; k0 < kt; k0 += 4) {
-            const double a = -(k0 + q <= i ? vt[k0 * 32] : 0.0);
-            apply_dmma(c0, c1, a, cb[k0 * 32]);
-            apply_dmma(c2, c3, a, cb8[k0 * 32]);
+            const double a = -tm[k0 * LD];
+            apply_dmma(c0, c1, a, b[k0 * LDW]);
+            apply_dmma(c2, c3, a, b[k0 * LDW + 8]);
         }
     }
     __syncthreads();
-    crow[pa] = c0;
-    crow[pa + 1] = c1;
-    crow[pa ^ 8] = c2;
-    crow[(pa ^ 8) + 1] = c3;
+    crow[0] = c0;
+    crow[1] = c1;
+    crow[8] = c2;
+    crow[9] = c3;
     __syncthreads();
-    // A += V C (C holds -T^T V^T A): A-operand V[r][k], B-operand C[k][j]; row
-    // r = (I na + u) 8 + g, r mod 4 = g mod 4, so V[r][k0 + q] is at r * 32 +
-    // (k0 ^ sg) + q
+    // A += V C (C holds -T^T V^T A): A-operand V[i][k], B-operand C[k][j]
     {
-        const double* v = V + (I * na * 8 + g) * 32 + q;
+        const double* b = C + q * LDW + j0 + g;
+        const double* v = V + (I * na * 8 + g) * LD + q;
 #pragma unroll 2
         for (int k0 = 0; k0 < kr; k0 += 4) {
-            const double b0 = cb[k0 * 32], b1 = cb8[k0 * 32];
-            const int kx = k0 ^ sg, k = k0 + q;
+            const double b0 = b[k0 * LDW], b1 = b[k0 * LDW + 8];
 #pragma unroll
             for (int u = 0; u < 3; ++u) {
                 if (u < na) {
-                    const int r = (I * na + u) * 8 + g;
-                    double a = v[u * 8 * 32 + kx];
-                    if (r < 32)             // the top tile: V unit lower
-                        a = k < r ? a : (k == r && k < nref ? 1.0 : 0.0);
+                    const double a = v[u * 8 * LD + k0];
                     apply_dmma(acc[u][0], acc[u][1], a, b0);
                     apply_dmma(acc[u][2], acc[u][3], a, b1);
                 }
@@ -191,18 +162,14 @@ __device__ __forceinline__ void apply_chunk_mma_blocked(const Task& t, double* _
     }
 }
 
-// Shared memory (elements) of the Apply. The tensor-core Apply (APPLY 4, double,
-// TILE 32): V (its top tile the VT tile, holding T too), A and C as unpadded
-// 32-column arrays (apply_swz); the scalar loops: V, T, A and C with rows padded
-// by one.
 template <typename Tv, int TILE, int BUNDLE, int APPLY>
 struct ApplySmem {
-    static constexpr bool SWIZZLED = APPLY == 4 && ApplyIsDouble<Tv>::value && TILE == 32;
-    static constexpr int LD = SWIZZLED ? TILE : TILE + 1;
+    static constexpr int LD = APPLY == 4 && ApplyIsDouble<Tv>::value && TILE == 32
+                                  ? TILE + 4 : TILE + 1;
     static constexpr int W = TILE >= 64 ? 32 : TILE;   // columns per chunk
-    static constexpr int LDW = SWIZZLED ? W : W + 1;
+    static constexpr int LDW = LD == TILE + 4 ? W + 4 : W + 1;
     static constexpr int V = BUNDLE * TILE * LD;
-    static constexpr int T = SWIZZLED ? 0 : TILE * LD;
+    static constexpr int T = TILE * LD;
     static constexpr int A = BUNDLE * TILE * LDW;
     static constexpr int C = TILE * LDW;
     static constexpr int TOTAL = V + T + A + C;
@@ -258,7 +225,6 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
     constexpr int KIND = ApplyKind<T, TILE, NT, APPLY>::value;
     static_assert(KIND != 3 || BUNDLE <= 3, "apply_chunk_mma_blocked: at most 3 row tiles");
     using S = ApplySmem<T, TILE, BUNDLE, APPLY>;
-    static_assert(S::SWIZZLED == (KIND == 3), "apply_bundle: layout and Apply kind disagree");
     constexpr int LD = S::LD, W = S::W, LDW = S::LDW;
     T* V = smem;
     T* Tm = V + S::V;
@@ -269,29 +235,8 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
     const long long F0 = t.F, vt = t.vt;
     const int M = na * TILE;
     const int cend = c1 < fn ? c1 : fn;
-    if constexpr (KIND == 3) {
-        // the first chunk's copy runs while V loads; V's top tile is the VT tile
-        // as stored (apply_chunk_mma_blocked masks it), its columns >= nref zero
-        if (c0 < cend) apply_async_load<NT>(t, F, A, M, c0, cend);
-        for (int idx = tid; idx < M * TILE; idx += NT) {
-            const int i = idx / TILE, j = idx - i * TILE;
-            T v = 0.0;
-            if (j < nref) {
-                if (i < TILE) {
-                    v = VTpool[vt + idx];
-                } else {
-                    const int r = t.rows[i / TILE] + (i % TILE), c = col + j;
-                    if (r < fm && c < fn) v = F[F0 + (long long)r * fn + c];
-                }
-            }
-            V[apply_swz(i, j)] = v;
-        }
-        for (int cc = c0; cc < cend; cc += W) {
-            apply_async_wait();
-            __syncthreads();
-            apply_chunk_mma_blocked(t, F, V, A, C, M, nref, cc, cend, cc + W);
-        }
-        return;
+    if constexpr (KIND == 3) {      // the first chunk's copy runs while V and T load
+        if (c0 < cend) apply_async_load<NT, LDW>(t, F, A, M, c0, cend);
     }
     for (int idx = tid; idx < M * TILE; idx += NT) {
         const int i = idx / TILE, j = idx - i * TILE;
@@ -309,6 +254,14 @@ __device__ void apply_bundle(const Task& t, T* __restrict__ F,
     for (int idx = tid; idx < TILE * TILE; idx += NT) {
         const int i = idx / TILE, j = idx - i * TILE;
         Tm[i * LD + j] = (i <= j && j < nref) ? VTpool[vt + idx] : 0.0;
+    }
+    if constexpr (KIND == 3) {
+        for (int cc = c0; cc < cend; cc += W) {
+            apply_async_wait();
+            __syncthreads();
+            apply_chunk_mma_blocked<LD, LDW>(t, F, V, Tm, A, C, M, nref, cc, cend, cc + W);
+        }
+        return;
     }
     __syncthreads();
     for (int cc = c0; cc < cend; cc += W) {

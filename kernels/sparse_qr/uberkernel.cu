@@ -10,11 +10,6 @@
 
 namespace gpuqr {
 
-// Threads an SM runs at once that ptxas keeps registers for (65536 registers:
-// 64 a thread): 4 blocks of 256, as many as the tensor-core variant's shared
-// memory (ApplySmem, FactorizeSmem) allows.
-constexpr int UBERKERNEL_SM_THREADS = 1024;
-
 // tasks: the launch's records; F: front pool; VT: VT tile pool; s_index/s_value:
 // the stage's S entries; maps: Rimap entries then Rjmap entries (int64).
 // Grid: blockIdx.x is the record; a grid of gridDim.y > 1 cuts every Apply
@@ -25,7 +20,7 @@ constexpr int UBERKERNEL_SM_THREADS = 1024;
 // (apply_factorize_piece_columns); the other records run in the blocks of
 // blockIdx.y == 0 only.
 template <typename T, int TILE, int BUNDLE, int NT, int APPLY>
-__global__ void __launch_bounds__(NT, UBERKERNEL_SM_THREADS / NT)
+__global__ void __launch_bounds__(NT)
 uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT,
            const long long* __restrict__ s_index, const T* __restrict__ s_value,
            const long long* __restrict__ maps) {
@@ -34,9 +29,9 @@ uberkernel(const Task* __restrict__ tasks, T* __restrict__ F, T* __restrict__ VT
     constexpr int FK = Mma && APPLY == 4 ? 1 : 0;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* smem = reinterpret_cast<T*>(smem_raw);
-    // the record is read where it lies (cached): no static shared memory, so that the
-    // dynamic buffers alone set the blocks an SM holds
-    const Task& task = tasks[blockIdx.x];
+    __shared__ Task task;
+    if (threadIdx.x == 0) task = tasks[blockIdx.x];
+    __syncthreads();
     if (blockIdx.y != 0 && task.type != TASK_APPLY && task.type != TASK_APPLY_FACTORIZE) return;
     switch (task.type) {
     case TASK_FACTORIZE:

@@ -650,9 +650,6 @@ class CupyDevice:
         self.smem = variants.tile_smem_bytes(tile, bundle, self.dtype.itemsize)
         if self.smem > 48 * 1024:
             self.kernel.max_dynamic_shared_size_bytes = self.smem
-            # the largest shared-memory carveout (a hint to the driver), so that an SM
-            # holds the blocks resident_blocks counts by shared memory
-            self.kernel.preferred_shared_memory_carveout = 100
         dev = cp.cuda.Device()
         self.device_id = dev.id
         self.name = device_name(dev.id)

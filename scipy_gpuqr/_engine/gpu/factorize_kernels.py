@@ -97,18 +97,14 @@ def smem_kernel_name(ctype: str, tile: int, bundle: int, apply: int | None = Non
 
 def tile_smem_bytes(tile: int, bundle: int, itemsize: int = 8, apply: int | None = None) -> int:
     """Dynamic shared memory (bytes) of a variant (mirrors the kernel's ``*Smem``
-    structs: the larger of the Factorize's and the Apply's). The tensor-core
-    Apply keeps V (its top tile the VT tile, T included), A and C as unpadded
-    32-column arrays with permuted column groups; the scalar loops pad rows by one."""
+    structs; the tensor-core Apply pads its rows to 4 mod 16)."""
     ld = tile + 1
     fac = bundle * tile * ld + 2 * tile * ld + 64 + tile
     ctype = "double" if itemsize == 8 else "float"
     a = apply_variant(ctype, tile) if apply is None else int(apply)
-    if a == 4 and ctype == "double" and tile == 32:
-        app = (2 * bundle + 1) * tile * tile
-    else:
-        w = 32 if tile >= 64 else tile
-        app = (bundle * tile + tile) * (tile + 1) + (bundle * tile + tile) * (w + 1)
+    pad = 4 if (a == 4 and ctype == "double" and tile == 32) else 1
+    w = 32 if tile >= 64 else tile
+    app = (bundle * tile + tile) * (tile + pad) + (bundle * tile + tile) * (w + pad)
     return itemsize * max(fac, app)
 
 
