@@ -55,7 +55,8 @@ def run(args) -> int:
         print(f"no GPU: {info['reason']}; use --check to compile without one")
         return 1
     for r in _kernels.warm_cache(args.cache_dir):
-        print(f"{r['file']:<28} {r['variants']:>4} variants  done at {r['seconds']:7.2f} s")
+        print(f"{r['file']:<28} {r['variants']:>4} variants  done at {r['seconds']:7.2f} s",
+              flush=True)
     return 0
 
 

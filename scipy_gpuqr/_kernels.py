@@ -11,7 +11,13 @@ will need next can be compiled meanwhile on worker threads (:func:`prefetch`;
 NVRTC releases the GIL, so modules compile in parallel). A file whose kernels
 need a cooperative launch (a grid-wide barrier: every block resident) is
 declared so by its module (``COOPERATIVE_FILES``) and loaded with
-``cooperative=True``; it compiles to the same cubin (and cache entry).
+``cooperative=True``; it compiles to the same cubin (and cache entry). A file
+of a large template family whose calls each need one instance (the batched
+n <= 32 kernels: one per order and type) is declared by its module
+(``SEPARATE_FILES``): the run time compiles each of its variants alone, and so
+do the cache warm-up and the check, because CuPy's cache key holds the name
+expressions compiled together (NVRTC also takes far longer per variant when
+compiling a hundred at once).
 
 Sources are *flattened* before compilation: every ``#include "x.cuh"`` of a
 file in ``kernels/`` is replaced by that file's text, recursively. The text
@@ -34,14 +40,16 @@ from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
 __all__ = ["kernels_dir", "kernel_files", "flatten_source", "COMPILE_OPTIONS",
-           "registered_variants", "registered_cooperative", "load_module", "check_compile",
+           "registered_variants", "registered_cooperative", "registered_separate",
+           "load_module", "check_compile",
            "source_hash", "LazyModule", "KernelUse", "variant_group", "prefetch"]
 
 #: NVRTC options used by the run time and the check alike.
 COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17",)
 
 #: Modules that declare ``KERNEL_VARIANTS = {"file.cu": ("name<expr>", ...)}``
-#: (and, optionally, ``COOPERATIVE_FILES``: files launched cooperatively).
+#: (and, optionally, ``COOPERATIVE_FILES``: files launched cooperatively;
+#: ``SEPARATE_FILES``: files whose variants the run time compiles one by one).
 #: Each feature adds its module here; the modules must import without cupy.
 VARIANT_MODULES: tuple[str, ...] = (
     "scipy_gpuqr.batched._kernel_registry",
@@ -211,6 +219,25 @@ def registered_cooperative() -> frozenset:
                      for f in getattr(mod, "COOPERATIVE_FILES", ()))
 
 
+def registered_separate() -> frozenset:
+    """The files whose variants are compiled one by one (``SEPARATE_FILES`` of
+    :data:`VARIANT_MODULES`): the run time loads each variant of them as a
+    module of its own, so the warm-up and the check compile them that way too."""
+    return frozenset(f for mod in _variant_modules()
+                     for f in getattr(mod, "SEPARATE_FILES", ()))
+
+
+def compile_units(fname: str, exprs: Sequence[str], separate: bool) -> list[tuple[str, ...]]:
+    """The name-expression sets the run time compiles of ``fname``: each variant
+    alone for a ``separate`` file, else one set per :func:`variant_group`
+    (``[()]``, the whole file, when it declares no variants)."""
+    if not exprs:
+        return [()]
+    if separate:
+        return [(e,) for e in exprs]
+    return list(dict.fromkeys(tuple(sorted(variant_group(e, exprs))) for e in exprs))
+
+
 #: C type names that tell a variant's value type apart (a call runs in one).
 _VALUE_TYPES = ("double", "float", "__half", "half", "int", "long long")
 
@@ -308,7 +335,7 @@ class LazyModule:
     group (:func:`variant_group`: the file's declared variants of the same
     value type) and nothing else; :meth:`prefetch` starts compiling groups on
     worker threads (NVRTC runs without the GIL, so independent modules compile
-    in parallel); :meth:`compile` compiles every group (the cache warm-up).
+    in parallel).
     With ``cooperative``, its kernels launch with ``cuLaunchCooperativeKernel``.
     """
 
@@ -365,14 +392,6 @@ class LazyModule:
             for e in exprs:
                 if e:
                     mod.get_function(e)
-
-    def compile(self) -> None:
-        """Compile every declared variant (all groups)."""
-        exprs = self.name_expressions or ("",)
-        for t in self.prefetch(exprs):
-            t.join()
-        for e in exprs:
-            self._module(e)
 
 
 def _quiet(fn, *args) -> None:
@@ -513,7 +532,8 @@ def check_compile(archs: Iterable[str] = ("sm_80", "sm_90"),
 
     Uses ``cupy.cuda.nvrtc`` directly (the ``nvidia-cuda-nvrtc`` wheel
     provides the library), with the flattened source and
-    :data:`COMPILE_OPTIONS`, i.e. exactly what :func:`load_module` compiles.
+    :data:`COMPILE_OPTIONS`, in the units the run time compiles
+    (:func:`compile_units`), i.e. exactly what :func:`load_module` compiles.
 
     Parameters
     ----------
@@ -528,26 +548,44 @@ def check_compile(archs: Iterable[str] = ("sm_80", "sm_90"),
     -------
     list of dict
         One per (file, arch): ``file``, ``arch``, ``ok``, ``variants``,
-        ``cubin_bytes``, ``log``, ``seconds`` (NVRTC's time for the file).
+        ``cubin_bytes`` (summed over the units), ``log`` (of the failed units,
+        else the last one's), ``seconds`` (NVRTC's time for the file's units).
     """
     variants = registered_variants()
+    separate = registered_separate()
     names = ([_relative_name(p) for p in kernel_files()] if files is None
              else list(files))
-    work = [(f, a, variants.get(f, ())) for f in names for a in archs]
+    work = [(f, a, unit) for f in names for a in archs
+            for unit in compile_units(f, variants.get(f, ()), f in separate)]
     jobs = min(len(work), jobs or os.cpu_count() or 1)
     if jobs <= 1:
-        return [_compile_one(*w) for w in work]
-    # (the attribute, not a module-level name: concurrent.futures imports its process
-    # pool, and multiprocessing with it, only when asked for it)
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(_compile_one, *zip(*work)))
+        done = [_compile_one(*w) for w in work]
+    else:
+        # (the attribute, not a module-level name: concurrent.futures imports its process
+        # pool, and multiprocessing with it, only when asked for it)
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+            done = list(pool.map(_compile_one, *zip(*work), chunksize=4))
+    return [_merge_units([r for r in done if r["file"] == f and r["arch"] == a])
+            for f in names for a in archs]
 
 
-def warm_cache(cache_dir: str | None = None) -> list[dict]:
+def _merge_units(units: list[dict]) -> dict:
+    """One file's result for one architecture from its units' results."""
+    failed = [u for u in units if not u["ok"]]
+    return {"file": units[0]["file"], "arch": units[0]["arch"], "ok": not failed,
+            "variants": sum(u["variants"] for u in units),
+            "cubin_bytes": sum(u["cubin_bytes"] for u in units),
+            "log": "\n".join(u["log"] for u in failed) if failed else units[-1]["log"],
+            "seconds": sum(u["seconds"] for u in units)}
+
+
+def warm_cache(cache_dir: str | None = None, jobs: int | None = None) -> list[dict]:
     """Compile every registered variant for the present GPU into the cache.
 
-    Every variant group of every file compiles on its own worker thread, all
-    at once (NVRTC runs without the GIL).
+    The units the run time compiles (:func:`compile_units`: a variant group,
+    or one variant of a ``SEPARATE_FILES`` file) are compiled by ``jobs``
+    worker threads (NVRTC runs without the GIL; one NVRTC run holds hundreds
+    of megabytes, so they are not all started at once).
 
     Parameters
     ----------
@@ -556,31 +594,44 @@ def warm_cache(cache_dir: str | None = None) -> list[dict]:
         default (``~/.cupy/kernel_cache``) or the variable already set.
         CuPy reads the variable when it compiles, so it is set for this
         process; call this from a process made for it (the CLI does).
+    jobs : int or None
+        Compiling threads (None: one per CPU).
 
     Returns
     -------
     list of dict
         ``file``, ``variants``, ``seconds`` (from the start until that file's
-        groups were compiled) per kernel file.
+        units were compiled) per kernel file, in the order they finished.
+
+    Raises
+    ------
+    Exception
+        The first unit's compile error (CuPy's ``CompileException``).
     """
     if cache_dir is not None:
         os.environ["CUPY_CACHE_DIR"] = str(cache_dir)
     variants = registered_variants()
-    cooperative = registered_cooperative()
-    t0 = time.perf_counter()
-    started = []
+    cooperative, separate = registered_cooperative(), registered_separate()
+    units, left = [], {}
     for path in kernel_files():
         name = _relative_name(path)
         exprs = variants.get(name, ())
-        module = load_module(name, exprs, cooperative=name in cooperative)
-        started.append((name, exprs, module, module.prefetch(exprs or ("",))))
+        coop = name in cooperative
+        for unit in compile_units(name, exprs, name in separate):
+            module = load_module(name, unit if name in separate else exprs, cooperative=coop)
+            units.append((name, module, unit[0] if unit else ""))
+        left[name] = len(units) - sum(left.values())
+    t0 = time.perf_counter()
     out = []
-    for name, exprs, module, threads in started:
-        for t in threads:
-            t.join()
-        module.compile()            # raises here for a group that failed on its thread
-        out.append({"file": name, "variants": len(exprs),
-                    "seconds": time.perf_counter() - t0})
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        futures = {pool.submit(module._module, expr): name for name, module, expr in units}
+        for fut in concurrent.futures.as_completed(futures):
+            fut.result()
+            name = futures[fut]
+            left[name] -= 1
+            if left[name] == 0:
+                out.append({"file": name, "variants": len(variants.get(name, ())),
+                            "seconds": time.perf_counter() - t0})
     return out
 
 

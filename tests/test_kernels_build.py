@@ -90,3 +90,47 @@ def test_installed_wheel_finds_kernels(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True,
                          capture_output=True, text=True, env={"PYTHONPATH": str(target)})
     assert "site" in out.stdout
+
+
+def test_separate_files_compile_each_variant_alone():
+    # the batched n <= 32 families are loaded one variant per module at run
+    # time (CuPy's cache key holds the names compiled together), so the
+    # warm-up and the check must compile exactly those units
+    from scipy_gpuqr.batched import _kernel_registry as kr
+    variants = _kernels.registered_variants()
+    separate = _kernels.registered_separate()
+    assert set(kr.SMALL_FILES.values()) <= separate
+    for fname in kr.SMALL_FILES.values():
+        units = _kernels.compile_units(fname, variants[fname], True)
+        assert units == [(e,) for e in variants[fname]]
+    name = kr.small_name("getrf_warp", "float64", 8)
+    module = _kernels.load_module(kr.SMALL_FILES["getrf_warp"], (name,))
+    assert _kernels.variant_group(name, module.name_expressions) == (name,)
+
+
+def test_grouped_files_compile_one_unit_per_value_type():
+    from scipy_gpuqr._engine.gpu import factorize_kernels as fk
+    exprs = _kernels.registered_variants()[fk.UBERKERNEL_FILE]
+    units = _kernels.compile_units(fk.UBERKERNEL_FILE, exprs, False)
+    assert sorted(e for u in units for e in u) == sorted(exprs)
+    assert all(set(_kernels.variant_group(u[0], exprs)) == set(u) for u in units)
+    assert _kernels.compile_units("sparse_qr/array_ops.cu", (), False) == [()]
+
+
+def test_warm_cache_compiles_what_the_run_time_loads(monkeypatch):
+    # every unit goes through the module table with the group the run time's
+    # own lookup uses; nothing is compiled here (the table's get is replaced)
+    from scipy_gpuqr.batched import _kernel_registry as kr
+    seen = []
+    monkeypatch.setattr(_kernels._COMPILED, "get",
+                        lambda name, group, *a, **k: seen.append((name, group)))
+    out = _kernels.warm_cache(jobs=2)
+    variants = _kernels.registered_variants()
+    separate = _kernels.registered_separate()
+    expected = sum(len(_kernels.compile_units(f, variants.get(f, ()), f in separate))
+                   for f in {r["file"] for r in out})
+    assert len(seen) == expected
+    assert {r["file"] for r in out} == {_kernels._relative_name(p) for p in _kernels.kernel_files()}
+    name = kr.small_name("getrf_warp", "float64", 8)
+    assert (kr.SMALL_FILES["getrf_warp"], (name,)) in seen
+    assert not any(f == kr.SMALL_FILES["getrf_warp"] and len(g) > 1 for f, g in seen)

@@ -25,5 +25,5 @@ def run(args) -> int:
         raise CommandError(f"no GPU: {info['reason']} (build_kernels.py --check "
                            "compiles without one)")
     for r in _kernels.warm_cache(args.cache_dir):
-        print(f"{r['file']:<28} {r['variants']:>4} variants {r['seconds']:7.2f} s")
+        print(f"{r['file']:<28} {r['variants']:>4} variants {r['seconds']:7.2f} s", flush=True)
     return 0

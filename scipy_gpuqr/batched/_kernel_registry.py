@@ -12,6 +12,7 @@ from __future__ import annotations
 
 __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "small_name", "panel_name", "solve_name", "padded_size", "SMALL_FILES",
+           "SEPARATE_FILES",
            "FUSED_MAX", "ROWS_MAX", "ROWS_PANEL", "ROWS_THREADS", "STAGE_COLS",
            "rows_name", "MMA_SIZES", "MMA_FILE", "ROWS_FILE", "PANEL_FILE",
            "SOLVE_FILE", "STATUS_FILE", "status_name", "VB_FILE", "vb_name",
@@ -141,6 +142,11 @@ SMALL_FILES = {"getrf_warp": "batched/lu_warp.cu", "getri_warp": "batched/lu_war
                "potrs_warp": "batched/solve_warp.cu",
                "potrf_small": "batched/cholesky.cu", "getrf_mma": MMA_FILE,
                "getri_mma": MMA_FILE, "gesv_mma": MMA_FILE}
+
+#: The files of :data:`SMALL_FILES`: the run time compiles each of their
+#: variants alone (a call needs one order and type of a family of hundreds),
+#: and the cache warm-up and the NVRTC check compile them the same way.
+SEPARATE_FILES = frozenset(SMALL_FILES.values())
 
 #: The factorization kernels of n <= 32 with per-matrix orders of a padded
 #: stack (``<name>_vb``: two more arguments, the sizes and their width; the
