@@ -45,7 +45,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import splu
 
-from .._dispatch.plan import SUPERLU_ALWAYS_NNZ, _gpu_unusable
+from .._dispatch.plan import SUPERLU_ALWAYS_NNZ, gpu_unusable
 from .._factor.host_norms import norm2
 from .._factor.least_squares import LstsqAnswer, LstsqStart
 from .._factor.lstsq import lstsq_cutoff
@@ -180,6 +180,6 @@ def square_lu(shape, nnz: int, damp, calc_var: bool, on_gpu: bool,
     m, n = shape
     if m != n or n == 0 or damp != 0 or calc_var or on_gpu:
         return None
-    if nnz >= SUPERLU_ALWAYS_NNZ and _gpu_unusable(None)[0] is None:
+    if nnz >= SUPERLU_ALWAYS_NNZ and gpu_unusable(None)[0] is None:
         return None
     return SquareLU(matrix, n)

@@ -73,6 +73,7 @@ from .calibration import load_calibration
 
 __all__ = ["GpuFallbackWarning", "Plan", "plan_factorization",
            "backend_factorizer", "absolute_tol", "available_host_memory", "gpu_engine",
+           "gpu_unusable",
            "auto_threshold", "spsolve_threshold", "superlu_at_once", "SUPERLU",
            "SUPERLU_ALWAYS_NNZ", "SIZE_GATE_REASON"]
 
@@ -318,7 +319,7 @@ def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
     reasons = [f"backend {requested!r} from {source}"]
     versus_superlu = requested == "auto" and cpu_side == SUPERLU
     if versus_superlu:
-        why = _gpu_unusable(dtype)[0]
+        why = gpu_unusable(dtype)[0]
         if why is not None:
             reasons.append(why)
             return _superlu_plan(A, requested, source, reasons, ordering)
@@ -481,7 +482,7 @@ def superlu_at_once(settings: Settings, A=None) -> Optional[str]:
     if nnz is not None and nnz < SUPERLU_ALWAYS_NNZ:
         why = SIZE_GATE_REASON % (nnz, SUPERLU_ALWAYS_NNZ)
     else:
-        why = _gpu_unusable(None)[0]
+        why = gpu_unusable(None)[0]
         if why is None:
             return None
     return f"backend 'auto' from {settings.source}; {why}"
@@ -519,7 +520,7 @@ def spsolve_threshold(options, gpu_name) -> tuple[float, str]:
             f"default, not calibrated against SuperLU for {gpu_name or 'this GPU'}")
 
 
-def _gpu_unusable(dtype) -> tuple[Optional[str], Optional[str]]:
+def gpu_unusable(dtype) -> tuple[Optional[str], Optional[str]]:
     """``(why the GPU cannot factorize, None)`` or ``(None, the GPU model)``.
 
     Cheap (no analysis): the GPU engine, a GPU that answers, and ``dtype``
@@ -544,7 +545,7 @@ def _auto_choice(analysis, options, dtype, reasons,
     :data:`SUPERLU` (SciPy's SuperLU, :func:`spsolve_threshold`).
     """
     cpu, label = ("cpu", "CPU") if cpu_side == "qr" else (SUPERLU, "SuperLU")
-    why, name = _gpu_unusable(dtype)
+    why, name = gpu_unusable(dtype)
     if why is not None:
         reasons.append(f"auto: {label} ({why})")
         return cpu, None
