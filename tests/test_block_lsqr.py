@@ -116,10 +116,11 @@ def test_host_first_counts_the_iterations_made_again():
         return IterationState(itn, None, 0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, seconds)
 
     move = iterate_first.HostFirst(1e-3, per_iteration=1e-5)
-    assert not move(state(10, 1.1e-3)) and not move.moved
-    assert move(state(10, 1.3e-3)) and move.moved and move.seconds == 1.3e-3
+    assert not move(state(1, 5e-4))                 # the call's start is not counted
+    assert not move(state(11, 5e-4 + 1.1e-3)) and not move.moved
+    assert move(state(11, 5e-4 + 1.3e-3)) and move.moved and move.seconds == 5e-4 + 1.3e-3
     slow = iterate_first.HostFirst(1e-3, per_iteration=1e-5)
-    assert not any(slow(state(k, 2e-5 * k)) for k in range(1, 10000))
+    assert not any(slow(state(k, 1e-3 + 2e-5 * k)) for k in range(1, 10000))
     plain = iterate_first.HostFirst(1e-3)
     assert plain(state(1, 1e-3))
 

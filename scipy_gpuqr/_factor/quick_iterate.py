@@ -258,10 +258,11 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         log_decision("%s %dx%d nnz=%d: LSQR/LSMR on CPU moves to one GPU thread block after %d "
                      "iterations (%.3g s, the block's start)", method, m, n, nnz, itn,
                      callback.seconds)
+        # watched where the host run was (its rule, e.g. the square LU, applies there too)
         per_iteration = block_iteration_seconds(m, n, nnz)
-        watch = allowance() if needs_watching(iter_lim, m, n, nnz, on_gpu=True,
-                                              analysis=analysis,
-                                              per_iteration=per_iteration) else None
+        watch = allowance() if watch is not None or needs_watching(
+            iter_lim, m, n, nnz, on_gpu=True, analysis=analysis,
+            per_iteration=per_iteration) else None
         if method == "lsqr":
             res = block_lsqr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
                              rules.calc_var, None, callback=watch)

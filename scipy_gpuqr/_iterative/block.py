@@ -92,8 +92,12 @@ KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {
 
 
 def block_use(method: str, threads: int) -> KernelUse:
-    """What a run compiles (for :func:`scipy_gpuqr._kernels.prefetch`)."""
-    return KernelUse(BLOCK_FILE, KERNEL_VARIANTS[BLOCK_FILE], (block_kernel_name(method, threads),))
+    """What a run compiles (for :func:`scipy_gpuqr._kernels.prefetch`): its one variant,
+    alone. The variants carry no value type, so declared together they would form one
+    group per variant asked for first (the group leads with it), each compiling all of
+    them under its own cache key; alone, each is compiled once per machine."""
+    name = block_kernel_name(method, threads)
+    return KernelUse(BLOCK_FILE, (name,), (name,))
 
 
 def block_threads(m: int, n: int) -> int:
