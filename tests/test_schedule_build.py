@@ -93,17 +93,57 @@ def test_patterns_simulated_together_equal_patterns_alone(bundle, pipelining):
         assert not s.row_ptr.flags.writeable and not s.rcols["rows"].flags.writeable
 
 
-@pytest.mark.parametrize("kw, digest", [
-    (dict(), "9f3f556ddd2b56d0"),
-    (dict(dense_flops=1e6, max_tasks=300), "f03300ccbbaed9ad"),
-    (dict(tile=16, pipelining=False), "a6995ba2362d96a8"),
+@pytest.mark.parametrize("kw, digest, built", [
+    (dict(), "9f3f556ddd2b56d0", "a375062ae840473b"),
+    (dict(dense_flops=1e6, max_tasks=300), "f03300ccbbaed9ad", "2eede77e42e9fa65"),
+    (dict(tile=16, pipelining=False), "a6995ba2362d96a8", "a6f5b70f54105113"),
 ])
-def test_records_pinned(kw, digest):
+def test_records_pinned(kw, digest, built, monkeypatch):
     # records of grid 10³ as built before the simulation was compacted (commit
-    # 53a2b2f): a change of the bucket rules' outcome must be deliberate
+    # 53a2b2f), each launch's records in the order they are made (``digest``), and
+    # as the engines get them, each launch's longest first (``built``): a change of
+    # the bucket rules' outcome or of the order must be deliberate
+    import scipy_gpuqr._schedule.sparse as sparse
     an = analyze(grid3d_least_squares(10))
     bucket.clear_cache()
+    assert schedule_digest(build_schedule(an, cache=False, **kw)) == built
+    monkeypatch.setattr(sparse, "longest_first", lambda r, lp, tile: np.arange(len(r)))
+    bucket.clear_cache()
     assert schedule_digest(build_schedule(an, cache=False, **kw)) == digest
+
+
+def test_each_launch_runs_its_longest_records_first(monkeypatch):
+    # every launch holds the records it held in the order they are made, its
+    # factorization records by cost (longest first, stable), then its assembly
+    # records in their order; a lazy schedule's launches give the same records
+    import scipy_gpuqr._schedule.sparse as sparse
+    from scipy_gpuqr._schedule.tasks import TaskType, record_costs
+    an = analyze(grid3d_least_squares(10))
+    kw = dict(cache=False, max_tasks=300)
+    got = build_schedule(an, **kw)
+    monkeypatch.setattr(sparse, "longest_first", lambda r, lp, tile: np.arange(len(r)))
+    made = build_schedule(an, **kw)
+    monkeypatch.undo()
+    lazy = build_schedule(an, lazy=True, **kw)
+    moved = 0
+    for sg, sm, sl in zip(got.stages, made.stages, lazy.stages):
+        assert np.array_equal(sg.launch_ptr, sm.launch_ptr)
+        lp = sg.launch_ptr
+        for L in range(sg.nlaunch):
+            g, m = sg.tasks[lp[L]:lp[L + 1]], sm.tasks[lp[L]:lp[L + 1]]
+            assert np.array_equal(np.sort(g.view(np.dtype((np.void, g.itemsize)))),
+                                  np.sort(m.view(np.dtype((np.void, m.itemsize)))))
+            asm = g["type"] >= TaskType.S_ASSEMBLE
+            k = int((~asm).sum())
+            assert not asm[:k].any()
+            assert np.array_equal(g[k:], m[k:])
+            c = record_costs(g[:k])
+            assert np.all(np.diff(c) <= 0)
+            for v in np.unique(c):      # equal costs keep the order they were made in
+                assert np.array_equal(g[:k][c == v], m[:k][record_costs(m[:k]) == v])
+            assert np.array_equal(sl.launch_tasks(L), g)
+            moved += int(np.any(g != m))
+    assert moved > 0
 
 
 @pytest.mark.parametrize("collide", [False, True])

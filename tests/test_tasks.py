@@ -124,3 +124,20 @@ def test_apply_split_cuts_only_launches_that_leave_the_device_idle():
         elif s > 1:
             assert busy(s // 2) < slots or s // 2 >= nt.max()           # a smaller one fails
             assert busy(s) >= slots or s == mx or s >= nt.max()
+
+
+def test_longest_first_orders_records_within_their_launch():
+    # launch 0: Apply (1 tile x 3 row tiles), Apply+Factorize (2 x 2 + a Factorize),
+    # Factorize, S-Assemble; launch 1: Apply (5 x 1), Pack-Assemble, Apply (no column)
+    from scipy_gpuqr._schedule.tasks import (FACTORIZE_COST, TaskType, empty_tasks,
+                                             longest_first, record_costs)
+    t = empty_tasks(7)
+    t["type"] = [TaskType.APPLY, TaskType.APPLY_FACTORIZE, TaskType.FACTORIZE,
+                 TaskType.S_ASSEMBLE, TaskType.APPLY, TaskType.PACK_ASSEMBLE, TaskType.APPLY]
+    t["c0"] = [64, 32, 0, 0, 0, 0, 96]
+    t["c1"] = [96, 96, 0, 500, 150, 40, 96]
+    t["napply"] = [3, 2, 0, 0, 1, 0, 3]
+    assert record_costs(t).tolist() == [3, 4 + FACTORIZE_COST, FACTORIZE_COST, 0, 5, 0, 0]
+    assert longest_first(t, [0, 4, 7]).tolist() == [1, 2, 0, 3, 4, 5, 6]
+    assert longest_first(t, [0, 7]).tolist() == [1, 2, 4, 0, 3, 5, 6]
+    assert longest_first(t[:0], [0]).tolist() == []

@@ -55,7 +55,7 @@ from . import cache as disk       # ``cache`` names build_schedule's argument
 from .dense import DENSE_COLUMNS_PER_LAUNCH, dense_defer, dense_front_mask
 from .pattern_cache import PerPattern
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TASK_DTYPE,
-                    TaskType, empty_tasks)
+                    TaskType, empty_tasks, longest_first)
 
 __all__ = ["StageSchedule", "SparseSchedule", "build_schedule", "schedule_stats",
            "record_flops", "clear_schedule_cache", "schedule_digest", "S_CHUNK", "PACK_CHUNK"]
@@ -890,7 +890,8 @@ class _StageMaker:
         np.cumsum(self.nfac + nasm, out=self.launch_ptr[1:])
 
     def records(self, L0: int, L1: int) -> np.ndarray:
-        """Records of launches ``[L0, L1)`` in order (factorization, then assembly)."""
+        """Records of launches ``[L0, L1)`` in order (factorization, then assembly),
+        each launch's longest first (:func:`~.tasks.longest_first`)."""
         lp = self.launch_ptr
         n = int(lp[L1] - lp[L0])
         out = np.empty(n, dtype=TASK_DTYPE)
@@ -944,7 +945,9 @@ class _StageMaker:
             dst = (np.repeat(lp[Ls] - lp[L0] + self.nfac[L0:L1] - (self.asm_ptr[Ls] - a0), na)
                    + np.arange(a1 - a0))
             o64[dst] = self.asm[a0:a1]
-        return out
+        order = longest_first(out, lp[L0:L1 + 1] - lp[L0], self.ctx.tile)
+        rows = out.view(np.dtype((np.void, TASK_DTYPE.itemsize)))   # fast whole-record moves
+        return rows[order].view(TASK_DTYPE)
 
 
 def _assembly_sorted(fs, first, last, sid, stage_of, foff, carried, asm_a, pack_a, nlaunch):

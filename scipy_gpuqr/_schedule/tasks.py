@@ -77,7 +77,8 @@ import numpy as np
 __all__ = ["TaskType", "TASK_DTYPE", "TASK_BYTES", "MAX_SLOTS",
            "MAX_BUNDLE", "DEFAULT_TILE", "DEFAULT_BUNDLE",
            "DEFAULT_APPLY_GRANULE", "empty_tasks", "c_struct_asserts",
-           "apply_piece_columns", "apply_split"]
+           "apply_piece_columns", "apply_split", "FACTORIZE_COST", "record_costs",
+           "longest_first"]
 
 #: Default tile edge (a tunable: nothing may assume 32).
 DEFAULT_TILE = 32
@@ -240,3 +241,56 @@ def apply_split(types, c0, c1, slots: int, max_split: int, tile: int = DEFAULT_T
         if other + int(np.minimum(nt, s).sum()) >= slots:
             break
     return s
+
+
+#: A Factorize part's cost in :func:`record_costs`' unit (an Apply's column tile
+#: over one row tile): its columns run one after the other, each with a pass over
+#: the bundle and three barriers, so a 32-column Factorize takes about as long as
+#: an Apply of 32 column tiles over a bundle of 3 row tiles.
+FACTORIZE_COST = 96
+
+
+def record_costs(records, tile: int = DEFAULT_TILE) -> np.ndarray:
+    """Estimated time of each record in one block, in Apply column tiles times row
+    tiles: an Apply's (an Apply+Factorize's Apply) ``ceil((c1 - c0) / tile) *
+    napply``, plus :data:`FACTORIZE_COST` for a Factorize part; 0 for the
+    assembly records (int64)."""
+    ty = np.asarray(records["type"], dtype=np.int64)
+    tiles = np.maximum(-(-(records["c1"].astype(np.int64) - records["c0"]) // tile), 0)
+    app = (ty == TaskType.APPLY) | (ty == TaskType.APPLY_FACTORIZE)
+    fac = (ty == TaskType.FACTORIZE) | (ty == TaskType.APPLY_FACTORIZE)
+    return (np.where(app, tiles * records["napply"].astype(np.int64), 0)
+            + np.where(fac, FACTORIZE_COST, 0))
+
+
+def longest_first(records, launch_ptr, tile: int = DEFAULT_TILE) -> np.ndarray:
+    """The order that puts each launch's records by :func:`record_costs`, longest
+    first (stable: records of equal cost, the assembly records among them, keep
+    their order).
+
+    The GPU starts a launch's thread blocks about in the order of their records,
+    and a launch ends with its last record: records started last should be the
+    short ones, so that the long ones (Apply+Factorize records of 16 column
+    tiles, Factorize records) do not start late and hold the launch open. No
+    record of a launch depends on another, so any order gives the same results.
+
+    Parameters
+    ----------
+    records : ndarray of TASK_DTYPE
+        Records of consecutive launches.
+    launch_ptr : array of int
+        Records of launch k are ``records[launch_ptr[k]:launch_ptr[k + 1]]``
+        (``launch_ptr[0] == 0``, ``launch_ptr[-1] == len(records)``).
+    tile : int
+
+    Returns
+    -------
+    ndarray of int64
+        A permutation of ``range(len(records))`` that moves records only within
+        their launch.
+    """
+    lp = np.asarray(launch_ptr, dtype=np.int64)
+    launch = np.repeat(np.arange(len(lp) - 1, dtype=np.int64), np.diff(lp))
+    cost = record_costs(records, tile)
+    top = int(cost.max(initial=0)) + 1
+    return np.argsort(launch * top + (top - 1 - cost), kind="stable")
