@@ -134,11 +134,32 @@ __device__ __forceinline__ int rowx(int i) {
 
 // Copy matrix `src` (N x N, contiguous) into the tile (cp.async). lane: the
 // caller's opaque(lane) (addresses recomputed per matrix), in [0, 32).
+// 16-byte path where a row's units divide 32 (N = 16, 32): unit c = lane +
+// 32 k is unit u = lane % UNITS of row h + R k (h = lane / UNITS, R = 32 /
+// UNITS); swz(h + R k) = swz(h) ^ swz(R k & 7), so its slot is ub ^ swz(R k
+// & 7) with ub = u ^ swz(h): the copies address the tile from one base per
+// value of swz(R k & 7) and the matrix from one pointer, with compile-time
+// offsets (the instructions' immediates) instead of each copy's index
+// arithmetic. Other N (24): a loop over the units.
 template <int N>
 __device__ __forceinline__ void mma_load(double *t, const double *__restrict__ src, bool vec,
                                          int lane) {
     typedef MmaTile<N> M;
     lane &= 31;
+    if constexpr (32 % M::UNITS == 0) {
+        if (vec) {
+            constexpr int R = 32 / M::UNITS;
+            const int h = lane / M::UNITS;
+            const int ub = (lane % M::UNITS) ^ swz(h);
+            const unsigned row0 = smem_addr(t) + 16u * (unsigned)(h * M::LDU);
+            const char *g = opaque_ptr(reinterpret_cast<const char *>(src) + 16 * lane);
+#pragma unroll
+            for (int k = 0; k < N / R; ++k)
+                cp_async16_s(row0 + 16u * (unsigned)(R * k * M::LDU + (ub ^ swz((R * k) & 7))),
+                             g + 512 * k);
+            return;
+        }
+    }
     if (vec) {
 #pragma unroll
         for (int c = lane; c < N * M::UNITS; c += 32) {
@@ -201,12 +222,29 @@ __device__ __forceinline__ void l2_prefetch(const double *src, int lane) {
 }
 
 // Copy the tile to dst, tile row r_i to row i (coalesced); perm[i] =
-// rowx(r_i). lane as for mma_load.
+// rowx(r_i). lane as for mma_load; N = 16, 32: unit c = lane + 32 k as in
+// mma_load, perm read at compile-time offsets from the lane's first row and
+// dst written at compile-time offsets from its unit `lane`.
 template <int N>
 __device__ __forceinline__ void mma_store(double *__restrict__ dst, const double *t,
                                           const int *perm, bool vec, int lane) {
     typedef MmaTile<N> M;
     lane &= 31;
+    if constexpr (32 % M::UNITS == 0) {
+        if (vec) {
+            constexpr int R = 32 / M::UNITS;
+            const int *pr = perm + lane / M::UNITS;
+            const int u2 = 2 * (lane % M::UNITS);
+            double2 *d = reinterpret_cast<double2 *>(dst) + lane;
+#pragma unroll
+            for (int k = 0; k < N / R; ++k) {
+                const double2 w = *reinterpret_cast<const double2 *>(t + (pr[R * k] ^ u2));
+                if (GPUQR_MMA_STCS) __stcs(d + 32 * k, w);
+                else d[32 * k] = w;
+            }
+            return;
+        }
+    }
     if (vec) {
 #pragma unroll
         for (int c = lane; c < N * M::UNITS; c += 32) {

@@ -100,6 +100,19 @@ __device__ __forceinline__ unsigned smem_addr(const void *p) {
 __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem_addr(dst)), "l"(src) : "memory");
 }
+// p, hidden from the optimizer: the copies' addresses are p plus
+// compile-time offsets (immediates of the instructions) instead of each
+// one's 64-bit address computed from the matrix and unit indices.
+template <typename P>
+__device__ __forceinline__ P *opaque_ptr(P *p) {
+    asm volatile("" : "+l"(p));
+    return p;
+}
+
+// cp_async16 to the shared-memory address saddr (smem_addr).
+__device__ __forceinline__ void cp_async16_s(unsigned saddr, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(saddr), "l"(src) : "memory");
+}
 // cp_async16 of the first `bytes` (0 .. 16) of src, the rest of the 16 bytes
 // of dst zero (cp.async's source size: nothing read past them).
 __device__ __forceinline__ void cp_async16_zfill(void *dst, const void *src, int bytes) {
@@ -120,12 +133,44 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING) : "memory");
 }
 
+// A whole tile (MW matrices of order N, 16-byte rows) copied by 32 lanes in
+// STEPS steps of 32 16-byte units: unit c = lane + 32 k is unit c % UNITS of
+// tile row c / UNITS (the tile's rows are its matrices' rows one after the
+// other, as in memory), so the lane's shared address is its first unit's
+// plus k * SMEM_STEP and its global address its first unit's plus 512 k:
+// compile-time offsets of the copies instead of each one's index arithmetic.
+// Where UNITS divides 32 and 8 <= N <= 16 (ok); the other shapes take the
+// loops (at N = 4 the addresses held cost a quarter of the vb kernel's warps).
+template <typename T, int N>
+struct Whole {
+    typedef Layout<T, N> L;
+    static constexpr bool ok = L::vec && N >= 8 && N <= 16 && 32 % L::units == 0
+                               && (L::MW * N * L::units) % 32 == 0;
+    static constexpr int UNITS = L::vec ? L::units : 1;
+    static constexpr int STEPS = L::MW * N * UNITS / 32;
+    static constexpr int SMEM_STEP = (32 / UNITS) * L::LD * (int)sizeof(T);   // bytes
+    __device__ __forceinline__ static unsigned smem_off(int lane) {
+        return (unsigned)(((lane / UNITS) * L::LD + (lane % UNITS) * L::VW) * (int)sizeof(T));
+    }
+};
+
 // Issue the copy of nv matrices of size n (n <= N) from src (contiguous) into
 // the tile t (row stride LD). vec: 16-byte chunks (n % VW == 0, aligned).
 template <typename T, int N>
 __device__ __forceinline__ void tile_load(T *t, const T *__restrict__ src, int nv, int n,
                                           bool vec, int lane) {
     typedef Layout<T, N> L;
+    if constexpr (Whole<T, N>::ok) {
+        if (vec && n == N && nv == L::MW) {             // a whole tile: Whole's addresses
+            typedef Whole<T, N> W;
+            asm volatile("" : "+r"(lane));              // recomputed per tile, not held
+            const unsigned s0 = smem_addr(t) + W::smem_off(lane);
+            const char *g = opaque_ptr(reinterpret_cast<const char *>(src) + 16 * lane);
+#pragma unroll
+            for (int k = 0; k < W::STEPS; ++k) cp_async16_s(s0 + k * W::SMEM_STEP, g + 512 * k);
+            return;
+        }
+    }
     const int nn = n * n;
     const int total = nv * nn;
     if (L::vec && vec) {
@@ -157,6 +202,18 @@ __device__ __forceinline__ void tile_store(T *__restrict__ dst, const T *t, int 
                                            bool vec, int lane) {
     typedef Layout<T, N> L;
     typedef typename Vec<T>::type V;
+    if constexpr (Whole<T, N>::ok) {
+        if (vec && n == N && nv == L::MW) {             // a whole tile: Whole's addresses
+            typedef Whole<T, N> W;
+            asm volatile("" : "+r"(lane));              // recomputed per tile, not held
+            const T *s0 = t + W::smem_off(lane) / sizeof(T);
+            V *d = reinterpret_cast<V *>(dst) + lane;
+#pragma unroll
+            for (int k = 0; k < W::STEPS; ++k)
+                d[32 * k] = *reinterpret_cast<const V *>(s0 + k * (W::SMEM_STEP / sizeof(T)));
+            return;
+        }
+    }
     const int nn = n * n;
     const int total = nv * nn;
     if (L::vec && vec) {
