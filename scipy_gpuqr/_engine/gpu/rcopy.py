@@ -135,12 +135,7 @@ def final_entries(analysis, layout, stage, tile: int, pos=None) -> np.ndarray:
     ff = np.concatenate([front[fac], front[app]])
     ll = np.concatenate([launch_of[fac], launch_of[app]])
     t1 = np.minimum(t1, ntile[ff])
-    cnt = np.maximum(t1 - t0, 0)
-    tot = int(cnt.sum())
-    if tot:
-        start = np.repeat(cellbase[ff] + t0 - (np.cumsum(cnt) - cnt), cnt)
-        cells = np.arange(tot, dtype=np.int64) + start
-        np.maximum.at(cell_last, cells, np.repeat(ll, cnt))
+    _range_max(cell_last, cellbase[ff] + t0, t1 - t0, ll)
     cell_front = np.repeat(np.arange(nf, dtype=np.int64), ntile)
     np.maximum(cell_last, whole[cell_front], out=cell_last)
     # per column of R: the maximum over the fronts holding it
@@ -157,6 +152,36 @@ def final_entries(analysis, layout, stage, tile: int, pos=None) -> np.ndarray:
     out[:] = ptr[cut] if pos is None else np.searchsorted(pos, ptr[cut], side="left")
     out[-1] = total
     return out
+
+
+def _range_max(out: np.ndarray, start, length, value) -> None:
+    """``out[start[i]:start[i] + length[i]] = max(out there, value[i])`` for every ``i``
+    (int64; ranges of length <= 0 do nothing) without a write per element.
+
+    A range of length ``l``, ``2^k <= l < 2^(k+1)``, is the union of the two
+    blocks of ``2^k`` elements at its ends; a table per ``k`` takes each block's
+    value at its first element, and the tables are folded from the widest
+    down, each block into the two halves of the next table (a maximum, so the
+    blocks' overlap is harmless). Work in the ranges and the levels, not in
+    their elements: an Apply record of a schedule spans up to 16 column tiles.
+    """
+    ok = length > 0
+    if not ok.any():
+        return
+    start, length, value = start[ok], length[ok], value[ok]
+    k = np.frexp(length.astype(np.float64))[1].astype(np.int64) - 1     # floor(log2)
+    n = len(out)
+    tables = [out] + [np.full(n, -1, dtype=out.dtype) for _ in range(int(k.max()))]
+    for lv, tab in enumerate(tables):
+        sel = k == lv
+        if sel.any():
+            s, v = start[sel], value[sel]
+            np.maximum.at(tab, s, v)
+            np.maximum.at(tab, s + length[sel] - (1 << lv), v)
+    for lv in range(len(tables) - 1, 0, -1):
+        tab, half, below = tables[lv], 1 << (lv - 1), tables[lv - 1]
+        np.maximum(below, tab, out=below)
+        np.maximum(below[half:], tab[:n - half], out=below[half:])
 
 
 def launch_of_records(stage) -> np.ndarray:

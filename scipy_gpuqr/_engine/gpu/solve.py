@@ -128,9 +128,13 @@ def reflector_records(tasks: np.ndarray, F, rowmap_off) -> np.ndarray:
     inr = (slot >= fs) & (slot < fs + nf)
     if not np.all(np.take_along_axis(inr, ftop, axis=1)):
         raise ValueError("reflector_records: a top tile outside its factorize rows")
-    key = np.where(inr, np.where(slot == ftop, -1, slot), rows.shape[1] + 1)
-    stack = np.take_along_axis(rows, np.argsort(key, axis=1, kind="stable"), axis=1)
+    # the top tile first, then the record's other factorize row tiles in slot order
+    # (the slots of ``inr`` but ftop), the rest empty
     cnt = inr.sum(axis=1)
+    src = np.maximum(fs, 0) + slot - 1
+    src += src >= ftop
+    src[:, 0] = ftop[:, 0]
+    stack = np.take_along_axis(rows, np.minimum(src, rows.shape[1] - 1), axis=1)
     stack[slot >= cnt[:, None]] = -1
     out["type"] = TaskType.APPLY_QT
     out["F"] = F
@@ -230,36 +234,33 @@ def build_replay_plan(m: int, fronts: list, *, tile: int, bundle: int,
         ``verify``) two records of one level share a row.
     """
     dense = dense or {}
-    tasks, lau, stg, F, moff, maps = [], [], [], [], [], []
-    off_map = 0
-    for slots, ft, la, sid, off in fronts:
-        if ft is None or len(ft) == 0:
-            continue
-        tasks.append(ft)
-        lau.append(np.asarray(la, dtype=np.int64))
-        n = len(ft)
-        stg.append(np.full(n, sid, dtype=np.int64))
-        F.append(np.full(n, off, dtype=np.int64))
-        moff.append(np.full(n, off_map, dtype=np.int64))
-        maps.append(np.asarray(slots, dtype=np.int64))
-        off_map += len(slots)
+    kept = [fr for fr in fronts if fr[1] is not None and len(fr[1])]
     cat = (lambda x: np.concatenate(x) if x else np.zeros(0, np.int64))
-    rowmap = cat(maps)
-    if tasks:
-        allt = np.empty(sum(len(t) for t in tasks), dtype=tasks[0].dtype)
-        p = 0
-        for t in tasks:                 # (np.concatenate promotes fields per array: slow)
-            allt[p: p + len(t)] = t
-            p += len(t)
-        rec = reflector_records(allt, cat(F), cat(moff))
+    # per front: its records, slots, stage and offset; per record by np.repeat
+    count = np.fromiter((len(fr[1]) for fr in kept), dtype=np.int64, count=len(kept))
+    nslot = np.fromiter((len(fr[0]) for fr in kept), dtype=np.int64, count=len(kept))
+    rowmap = cat([np.asarray(fr[0], dtype=np.int64) for fr in kept])
+    lau = cat([np.asarray(fr[2], dtype=np.int64) for fr in kept])
+    stg = np.repeat(np.fromiter((fr[3] for fr in kept), dtype=np.int64, count=len(kept)), count)
+    if kept:
+        # whole records as bytes (np.concatenate of the structured arrays promotes
+        # field by field: slow)
+        dt = kept[0][1].dtype
+        raw = np.dtype((np.void, dt.itemsize))
+        allt = np.concatenate([np.ascontiguousarray(fr[1], dtype=dt).view(raw)
+                               for fr in kept]).view(dt)
+        F = np.repeat(np.fromiter((fr[4] for fr in kept), dtype=np.int64, count=len(kept)),
+                      count)
+        moff = np.repeat(np.cumsum(nslot) - nslot, count)
+        rec = reflector_records(allt, F, moff)
     else:
         rec = empty_tasks(0)
     if len(rec) and int(rec["napply"].max()) > bundle:
         raise ValueError(f"a reflector stacks {int(rec['napply'].max())} row tiles; "
                          f"the device kernel holds {bundle}")
-    lau, stg = cat(lau), cat(stg)
     order = np.argsort(lau, kind="stable")
-    rec, lau, stg = rec[order], lau[order], stg[order]
+    rec = rec.view(np.dtype((np.void, rec.dtype.itemsize)))[order].view(rec.dtype)  # by bytes
+    lau, stg = lau[order], stg[order]
     # levels: the factorization's launches that kept reflectors or end with a dense front
     dense_at: dict = {}
     for f in sorted(dense):

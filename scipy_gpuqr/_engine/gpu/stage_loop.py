@@ -24,7 +24,7 @@ import numpy as np
 
 from ..._errors import GpuEngineError
 from ..._schedule import native
-from ..._schedule.tasks import TaskType
+from ..._schedule.tasks import TASK_DTYPE, TaskType
 from .device import CupyDevice, HostFrontDevice
 from .pool_copy import pool_final
 from .rcopy import (ColumnRCopy, NumpyRCopy, column_bounds, final_entries_cached,
@@ -36,6 +36,10 @@ __all__ = ["StageLoop", "stage_reflector_records", "assemble_r", "r_dtype", "FAC
 
 #: Record types whose Householder vectors ``Q``'s replay keeps.
 FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
+
+#: A record as one opaque item: records taken, sorted or joined whole (NumPy
+#: copies a structured array field by field, several times slower).
+_RECORD_BYTES = np.dtype((np.void, TASK_DTYPE.itemsize))
 
 #: A host stage's R values (not the last stage's) gathered on a worker while the
 #: next stages run; off: on the engine's thread before the next stage.
@@ -419,9 +423,9 @@ class StageLoop:
             if down is not None:
                 down.after_launch(L)
             if self.cold and len(rec):
-                sel = np.isin(rec["type"], FACTORIZE_TYPES)
+                sel = _factorize_mask(rec)
                 if sel.any():
-                    fac_parts.append(rec[sel])
+                    fac_parts.append(rec.view(_RECORD_BYTES)[sel])
                     fac_launch.append(np.full(int(sel.sum()), self.launch_base[-1] + L))
         return fac_parts, fac_launch
 
@@ -524,10 +528,10 @@ class StageLoop:
         members = np.arange(first, last + 1)
         foff = st.foff[members]
         if self.cold:
-            allf = np.concatenate(fac_parts) if fac_parts else st.tasks[:0]
+            raw = np.concatenate(fac_parts) if fac_parts else np.zeros(0, _RECORD_BYTES)
             alll = np.concatenate(fac_launch) if fac_launch else np.zeros(0, np.int64)
-            order = np.argsort(allf["front"], kind="stable")
-            allf = allf[order]
+            order = np.argsort(raw.view(TASK_DTYPE)["front"], kind="stable")
+            allf = raw[order].view(TASK_DTYPE)
             alll = np.asarray(alll, dtype=np.int64)[order]
             allf["F"] = 0
         else:
@@ -620,6 +624,12 @@ class StageLoop:
                                             and self.nstage - 1 not in self.host_stages)}
 
 
+def _factorize_mask(records) -> np.ndarray:
+    """Which of ``records`` are of :data:`FACTORIZE_TYPES` (bool)."""
+    ty = records["type"]
+    return (ty == TaskType.FACTORIZE) | (ty == TaskType.APPLY_FACTORIZE)
+
+
 def stage_reflector_records(sched, sid: int, st, base: int):
     """A materialized stage's Factorize / Apply+Factorize records sorted by front
     (stable; ``F = 0``) and their global launches (``base``: the stage's first),
@@ -631,9 +641,9 @@ def stage_reflector_records(sched, sid: int, st, base: int):
     kept = extras.get(key) if extras is not None else None
     if kept is None:
         t = st.tasks
-        kk = np.flatnonzero(np.isin(t["type"], FACTORIZE_TYPES))
+        kk = np.flatnonzero(_factorize_mask(t))
         kk = kk[np.argsort(t["front"][kk], kind="stable")]
-        allf = t[kk]
+        allf = t.view(_RECORD_BYTES)[kk].view(TASK_DTYPE)
         allf["F"] = 0
         alll = int(base) + np.searchsorted(st.launch_ptr, kk, side="right").astype(np.int64) - 1
         allf.flags.writeable = False
