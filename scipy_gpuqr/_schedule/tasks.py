@@ -228,13 +228,16 @@ def apply_split(types, c0, c1, slots: int, max_split: int, tile: int = DEFAULT_T
         return 1
     # an Apply+Factorize record's Apply is cut too (the tile it factorizes in piece 0,
     # its other tiles in the rest): min(tiles, s) pieces with work, as an Apply's
-    app = np.isin(np.asarray(types), (TaskType.APPLY, TaskType.APPLY_FACTORIZE))
-    if not app.any():
+    # (called for every launch on the engine's thread: few NumPy calls)
+    types = np.asarray(types)
+    app = (types == TaskType.APPLY) | (types == TaskType.APPLY_FACTORIZE)
+    napp = int(np.count_nonzero(app))
+    if not napp:
         return 1
     w = np.asarray(c1, dtype=np.int64)[app] - np.asarray(c0, dtype=np.int64)[app]
     nt = np.maximum(-(-w // tile), 0)
     widest = int(nt.max())
-    other = n - int(app.sum())
+    other = n - napp
     s = 1
     while s < max_split and s < widest:
         s = min(2 * s, max_split)
