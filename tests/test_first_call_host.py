@@ -1,0 +1,162 @@
+"""The per-pattern host pieces of a first GPU call against plain reference versions
+(CPU only): the range maxima of R's final entries, ``Q``'s kept and reflector
+records and replay plan, the Apply cut. Each reference is the straightforward form (a write per element, a
+sort per record, a loop per front); the engine's versions must give the same
+arrays bit for bit."""
+
+import numpy as np
+import pytest
+
+from scipy_gpuqr._engine.gpu import rcopy
+from scipy_gpuqr._engine.gpu import solve as gs
+from scipy_gpuqr._engine.gpu.rlayout import r_layout
+from scipy_gpuqr._engine.gpu.stage_loop import stage_reflector_records
+from scipy_gpuqr._schedule.sparse import build_schedule, clear_schedule_cache
+from scipy_gpuqr._schedule.tasks import TaskType, apply_split, empty_tasks
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import grid3d_least_squares, random_least_squares
+
+
+def _range_max_reference(out, start, length, value):
+    for s, n, v in zip(start.tolist(), length.tolist(), value.tolist()):
+        if n > 0:
+            np.maximum(out[s:s + n], v, out=out[s:s + n])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_range_max_is_the_maximum_over_every_range(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        n = int(rng.integers(1, 300))
+        k = int(rng.integers(0, 80))
+        start = rng.integers(0, n, k)
+        length = np.minimum(rng.integers(-3, 70, k), n - start)
+        value = rng.integers(-1, 5000, k)
+        out = rng.integers(-1, 100, n)
+        ref = out.copy()
+        _range_max_reference(ref, start, length, value)
+        rcopy._range_max(out, start, length, value)
+        np.testing.assert_array_equal(out, ref)
+
+
+def _reflector_records_reference(tasks, F, rowmap_off):
+    """One record at a time: the top tile, then the other slots of
+    ``[fstart, fstart + nfrows)`` (within the record's slots) in order."""
+    out = empty_tasks(len(tasks))
+    ns = tasks["rows"].shape[1]
+    for i, t in enumerate(tasks):
+        inr = [s for s in range(ns) if t["fstart"] <= s < t["fstart"] + t["nfrows"]]
+        order = [int(t["ftop"])] + [s for s in inr if s != t["ftop"]]
+        out["rows"][i, :len(order)] = t["rows"][order]
+        out["napply"][i] = len(order)
+        isf = t["type"] == TaskType.FACTORIZE
+        out["vt"][i] = t["vt"] if isf else t["vt2"]
+        out["col"][i] = t["col"] if isf else t["c0"]
+        out["nref"][i] = t["nref"] if isf else t["aux"]
+    out["type"] = TaskType.APPLY_QT
+    out["F"] = F
+    out["aux"] = rowmap_off
+    for f in ("fm", "fn", "front"):
+        out[f] = tasks[f]
+    return out
+
+
+def test_reflector_records_order_the_row_tiles_as_the_reference():
+    rng = np.random.default_rng(3)
+    n = 400
+    t = empty_tasks(n)
+    ns = t["rows"].shape[1]
+    t["type"] = rng.choice([TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE], n)
+    t["rows"] = rng.integers(-1, 10 ** 6, (n, ns))
+    # fstart below 0 and past the slots' end included
+    lo = rng.integers(-2, ns, n)
+    t["fstart"] = lo
+    t["nfrows"] = rng.integers(np.maximum(1 - lo, 1), ns + 3)
+    first, last = np.maximum(lo, 0), np.minimum(lo + t["nfrows"], ns)
+    t["ftop"] = rng.integers(first, last)
+    for f in ("vt", "vt2", "col", "c0", "nref", "aux", "fm", "fn", "front"):
+        t[f] = rng.integers(0, 10 ** 6, n)
+    F = rng.integers(0, 10 ** 6, n)
+    got = gs.reflector_records(t, F, 17)
+    ref = _reflector_records_reference(t, F, 17)
+    assert got.tobytes() == ref.tobytes()
+
+
+def _build_replay_plan_reference(m, fronts, tile, bundle, launch_base):
+    """The plan's records, row map and levels with a loop per front."""
+    recs, lau, stg, rowmap = [], [], [], []
+    off = 0
+    for slots, ft, la, sid, base in fronts:
+        if ft is None or not len(ft):
+            continue
+        recs.append(gs.reflector_records(ft, base, off))
+        lau.append(np.asarray(la, dtype=np.int64))
+        stg.append(np.full(len(ft), sid, dtype=np.int64))
+        rowmap.append(np.asarray(slots, dtype=np.int64))
+        off += len(slots)
+    rec = np.concatenate(recs)
+    lau, stg = np.concatenate(lau), np.concatenate(stg)
+    order = np.argsort(lau, kind="stable")
+    keys = np.unique(lau)
+    ptr = np.append(np.searchsorted(lau[order], keys), len(rec))
+    return rec[order], np.concatenate(rowmap), ptr
+
+
+@pytest.mark.parametrize("make", [lambda: grid3d_least_squares(8),
+                                  lambda: random_least_squares(900, 300, density=0.02, seed=4)])
+def test_replay_plan_and_kept_records_as_the_reference(make):
+    clear_schedule_cache()
+    A = make()
+    an = analyze(A, cache=False)
+    sched = build_schedule(an, lazy=True, dense_flops=None).materialize()
+    st = sched.stages[0]
+    t = st.tasks
+    kk = np.flatnonzero((t["type"] == TaskType.FACTORIZE)
+                        | (t["type"] == TaskType.APPLY_FACTORIZE))
+    kk = kk[np.argsort(t["front"][kk], kind="stable")]
+    kept = stage_reflector_records(sched, 0, st, 0)
+    ref = t[kk]
+    ref["F"] = 0
+    assert kept.records.tobytes() == ref.tobytes()
+    lay = r_layout(an, cache=False)
+    nf = an.fronts.nfronts
+    cnt = np.bincount(kept.records["front"], minlength=nf)
+    ptr = np.concatenate(([0], np.cumsum(cnt)))
+    fronts = [(lay.slots_of[f], kept.records[ptr[f]:ptr[f + 1]],
+               kept.launches[ptr[f]:ptr[f + 1]], 0, int(st.foff[f])) for f in range(nf)]
+    plan = gs.build_replay_plan(A.shape[0], fronts, tile=sched.tile, bundle=sched.bundle,
+                                launch_base=[0], verify=True)
+    rec, rowmap, lptr = _build_replay_plan_reference(A.shape[0], fronts, sched.tile,
+                                                     sched.bundle, [0])
+    assert plan.records.tobytes() == rec.tobytes()
+    np.testing.assert_array_equal(plan.rowmap, rowmap)
+    np.testing.assert_array_equal(plan.level_ptr, lptr)
+
+
+def _apply_split_reference(types, c0, c1, slots, max_split, tile):
+    n = len(types)
+    if max_split <= 1 or n >= slots or n == 0:
+        return 1
+    tiles = [max(-(-(int(b) - int(a)) // tile), 0) for ty, a, b in zip(types, c0, c1)
+             if ty in (TaskType.APPLY, TaskType.APPLY_FACTORIZE)]
+    if not tiles:
+        return 1
+    s = 1
+    while s < max_split and s < max(tiles):
+        s = min(2 * s, max_split)
+        if n - len(tiles) + sum(min(x, s) for x in tiles) >= slots:
+            break
+    return s
+
+
+def test_apply_split_as_the_reference():
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(0, 40))
+        types = rng.choice([TaskType.FACTORIZE, TaskType.APPLY, TaskType.APPLY_FACTORIZE,
+                            TaskType.S_ASSEMBLE], n).astype(np.int32)
+        c0 = rng.integers(0, 600, n).astype(np.int32)
+        c1 = (c0 + rng.integers(-40, 600, n)).astype(np.int32)
+        slots, smax = int(rng.integers(1, 120)), int(rng.choice([1, 2, 4, 8]))
+        assert (apply_split(types, c0, c1, slots, smax, 32)
+                == _apply_split_reference(types, c0, c1, slots, smax, 32))
