@@ -97,16 +97,35 @@ def test_threads_and_suitability():
     assert not block_suits(A, np.ones(6, dtype=complex), None)
 
 
-def test_block_rule():
-    """The block is chosen where its iteration beats the host loop's and the CuPy path's."""
-    small = (24, 24, 81)
-    big = (128000, 64000, 502400 * 4)
-    assert iterate_first.block_iteration_seconds(*small) < \
-        iterate_first.host_iteration_seconds(*small)
-    assert iterate_first.block_iteration_seconds(*big) > \
-        iterate_first.gpu_iteration_seconds(*big)
-    assert iterate_first.iterate_in_block(*small, on_gpu=True) is None
-    assert iterate_first.iterate_in_block(*big, on_gpu=False) is None
+def test_block_rule(monkeypatch):
+    """The block is chosen from BLOCK_MIN_NNZ entries where its iteration beats the host
+    loop's and a margin of the CuPy path's; dense lines count against it."""
+    monkeypatch.setattr(iterate_first, "gpu_available", lambda: True)
+    grid24 = (27648, 13824, 107136)
+    start, per = iterate_first.iterate_in_block(*grid24, on_gpu=False, longest=lambda: 14)
+    assert start == iterate_first.block_start_seconds(*grid24)
+    assert per == iterate_first.block_iteration_seconds(*grid24, 14)
+    assert iterate_first.iterate_in_block(*grid24, on_gpu=True) is None
+    assert iterate_first.iterate_in_block(24, 24, 81, on_gpu=False) is None     # too small
+    grid40 = (128000, 64000, 502400)                    # a nominal tie with the CuPy path
+    assert iterate_first.iterate_in_block(*grid40, on_gpu=False) is None
+    # rajat01, lines of 1442 entries: twice a block iteration above the host loop's
+    # (98 µs on an H200's host), so HostFirst never moves the run
+    _, per = iterate_first.iterate_in_block(6833, 6833, 43250, on_gpu=False,
+                                            longest=lambda: 2884)
+    assert 2 * per > 98e-6
+    asked = []
+    assert iterate_first.iterate_in_block(24, 24, 81, on_gpu=False,
+                                          longest=lambda: asked.append(1) or 0) is None
+    assert asked == []                                  # not asked where cheap tests decide
+    monkeypatch.setattr(iterate_first, "gpu_available", lambda: False)
+    assert iterate_first.iterate_in_block(*grid24, on_gpu=False) is None
+
+
+def test_longest_lines():
+    A = sp.csr_array(np.array([[1.0, 0, 0], [1, 1, 1], [1, 0, 1], [1, 0, 0]]))
+    assert quick_iterate._longest_lines(A) == 3 + 4
+    assert quick_iterate._longest_lines(sp.csc_array(A)) == 4 + 3
 
 
 def test_host_first_counts_the_iterations_made_again():
@@ -150,11 +169,10 @@ def test_auto_moves_to_the_block(monkeypatch, method):
     A, b, _ = CASES["tall"]
     ours, theirs = getattr(scipy_gpuqr, method), getattr(sla, method)
     ref = theirs(A, b)
-    monkeypatch.setattr(quick_iterate, "block_iteration_seconds", lambda m, n, nnz: 0.0)
     for budget, moved in ((0.0, True), (10.0, False)):
         calls.clear()
         monkeypatch.setattr(quick_iterate, "iterate_in_block",
-                            lambda m, n, nnz, on_gpu, budget=budget: budget)
+                            lambda m, n, nnz, on_gpu, longest, budget=budget: (budget, 0.0))
         with captured_decisions() as decisions:
             res = ours(A, b)
         assert calls == ([method] if moved else [])
@@ -261,8 +279,8 @@ def test_block_stretches_resume_the_run():
 @pytest.mark.gpu
 def test_auto_answers_from_the_block(monkeypatch):
     """A host run that moves (at once, here) is answered by SciPy's run in the block."""
-    monkeypatch.setattr(quick_iterate, "block_iteration_seconds", lambda m, n, nnz: 0.0)
-    monkeypatch.setattr(quick_iterate, "iterate_in_block", lambda m, n, nnz, on_gpu: 0.0)
+    monkeypatch.setattr(quick_iterate, "iterate_in_block",
+                        lambda m, n, nnz, on_gpu, longest: (0.0, 0.0))
     A, b, _ = CASES["lp_e226_transposed"]
     ref = sla.lsqr(A, b)
     scipy_gpuqr.lsqr(A, b)                      # the kernels compiled

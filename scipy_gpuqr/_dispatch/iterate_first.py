@@ -99,10 +99,11 @@ few iterations, which the upload alone would make several times slower,
 ends on the CPU; a long one pays at most one upload's worth of CPU time more
 than starting on the GPU would have.
 
-Small and middling problems on host data run in one GPU thread block instead
-(:mod:`scipy_gpuqr._iterative.block`: many iterations per launch, no copy
-between them) where its predicted iteration (:func:`block_iteration_seconds`)
-beats both the host loop's and the CuPy path's (:func:`iterate_in_block`). The
+Middling problems on host data (from :data:`BLOCK_MIN_NNZ` entries) run in one
+GPU thread block instead (:mod:`scipy_gpuqr._iterative.block`: many iterations
+per launch, no copy between them) where its predicted iteration
+(:func:`block_iteration_seconds`, A's longest lines included) beats the host
+loop's and the CuPy path's (:func:`iterate_in_block`). The
 run starts on the host all the same and moves to the block once the block
 would have saved, on the iterations made so far, its start
 (:func:`block_start_seconds`: packing A's CSR and CSC arrays, the copy, a
@@ -138,7 +139,8 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_PER_ENTRY", "lu_seconds",
            "CONVERGED", "iteration_flops", "cpu_iteration_seconds", "gpu_iteration_seconds",
            "iterate_on_gpu", "BLOCK_FIXED_S", "BLOCK_ITERATION_S", "BLOCK_BYTES_PER_S",
-           "BLOCK_TRANSPOSE_S_PER_ENTRY", "block_iteration_seconds", "block_start_seconds",
+           "BLOCK_TRANSPOSE_S_PER_ENTRY", "BLOCK_LINE_S", "BLOCK_MIN_NNZ", "BLOCK_MARGIN",
+           "block_iteration_seconds", "block_start_seconds",
            "iterate_in_block", "analysis_seconds", "needs_watching", "zero_tolerances",
            "rank_risk", "rank_decision_seconds", "Allowance"]
 
@@ -165,15 +167,29 @@ GPU_MATVEC_RATE = 1e11
 
 #: Fixed seconds of a run in one GPU thread block on host data
 #: (:mod:`scipy_gpuqr._iterative.block`): the packed buffer, its copy to the device,
-#: a launch, the copy back and the result (measured on an H200 host: 0.4–0.5 ms
-#: for problems of tens of rows).
-BLOCK_FIXED_S = 4.5e-4
+#: a launch, the copy back and the result (measured on an H200 host: 0.18–0.29 ms
+#: for problems of up to a few thousand entries).
+BLOCK_FIXED_S = 2.5e-4
 #: Fixed seconds of one iteration in the block: three block-wide sums (trees of
 #: barriers) and the scalar recurrences every thread computes.
 BLOCK_ITERATION_S = 4e-6
 #: Bytes per second one thread block's products and vector updates move (one
 #: multiprocessor gathering from cache and device memory).
 BLOCK_BYTES_PER_S = 5e10
+#: Seconds per entry of A's longest row and longest column: one thread forms each
+#: row's and column's product alone, so a dense line is a serial chain of dependent
+#: loads the block waits for (an H200: reorientation_1, lines of 632 entries, 35 µs
+#: an iteration against 11 without them; rajat01, 1442, about 220 µs against 48).
+BLOCK_LINE_S = 5e-8
+#: Fewest stored entries of A for the block: below, the host loop's iterations
+#: (9–15 µs on an H200's host for a few thousand entries) leave the block too little
+#: to save for its start (measured there: bfwa62, gent113, lp_e226, reorientation_1
+#: and tumorAntiAngiogenesis_2 slower in the block, west0067 and west0497 faster).
+BLOCK_MIN_NNZ = 20000
+#: The block's iteration must cost at most this share of the CuPy path's
+#: (:func:`gpu_iteration_seconds`) to be chosen over it (grid 40³: the CuPy path
+#: answered in 0.17 of SciPy's time, the block in 0.26, at a nominal tie).
+BLOCK_MARGIN = 0.8
 #: Seconds per stored entry of the host's conversion of A to its other compressed
 #: format (the block's products need A by rows and by columns).
 BLOCK_TRANSPOSE_S_PER_ENTRY = 3e-9
@@ -352,11 +368,13 @@ def iterate_on_gpu(m: int, n: int, nnz: int, *, on_gpu: bool) -> tuple[bool, str
     return True, f"GPU: a GPU iteration (about {gpu_s:.2g} s) beats a CPU one ({cpu_s:.2g} s)"
 
 
-def block_iteration_seconds(m: int, n: int, nnz: int) -> float:
-    """Nominal seconds of one iteration in one GPU thread block: :data:`BLOCK_ITERATION_S`
-    and the bytes it moves (A's values, indices and gathered entries twice, the
-    vectors' reads and writes) at :data:`BLOCK_BYTES_PER_S`."""
-    return BLOCK_ITERATION_S + (40.0 * nnz + 24.0 * m + 48.0 * n) / BLOCK_BYTES_PER_S
+def block_iteration_seconds(m: int, n: int, nnz: int, longest: int = 0) -> float:
+    """Nominal seconds of one iteration in one GPU thread block: :data:`BLOCK_ITERATION_S`,
+    the bytes it moves (A's values, indices and gathered entries twice, the vectors'
+    reads and writes) at :data:`BLOCK_BYTES_PER_S`, and ``longest`` (the entries of A's
+    longest row plus its longest column) at :data:`BLOCK_LINE_S`."""
+    return (BLOCK_ITERATION_S + (40.0 * nnz + 24.0 * m + 48.0 * n) / BLOCK_BYTES_PER_S
+            + BLOCK_LINE_S * longest)
 
 
 def block_start_seconds(m: int, n: int, nnz: int) -> float:
@@ -366,24 +384,34 @@ def block_start_seconds(m: int, n: int, nnz: int) -> float:
             + (24.0 * nnz + 48.0 * (m + n)) / UPLOAD_BYTES_PER_S)
 
 
-def iterate_in_block(m: int, n: int, nnz: int, *, on_gpu: bool) -> Optional[float]:
-    """The host-first budget of a run that may move to one GPU thread block, or None.
+def iterate_in_block(m: int, n: int, nnz: int, *, on_gpu: bool,
+                     longest: Optional[Callable[[], int]] = None
+                     ) -> Optional[tuple[float, float]]:
+    """``(start, per_iteration)`` of a run that may move to one GPU thread block, or None.
 
     None where the caller's data is on the GPU (the CuPy path keeps it there),
-    where a block iteration (:func:`block_iteration_seconds`) does not beat
-    both a host loop's (:func:`host_iteration_seconds`) and a CuPy path's
+    where A has fewer than :data:`BLOCK_MIN_NNZ` entries, where a block
+    iteration (:func:`block_iteration_seconds`, with ``longest()``: the
+    entries of A's longest row plus its longest column, asked for only once
+    the other tests pass) does not beat a host loop's
+    (:func:`host_iteration_seconds`) and :data:`BLOCK_MARGIN` of a CuPy path's
     (:func:`gpu_iteration_seconds`), or where no GPU answers. Otherwise the
-    block's start (:func:`block_start_seconds`): the ski-rental budget of
-    :class:`HostFirst`.
+    block's start (:func:`block_start_seconds`: the ski-rental budget of
+    :class:`HostFirst`) and its seconds per iteration.
     """
-    if on_gpu:
+    if on_gpu or nnz < BLOCK_MIN_NNZ:
         return None
+    host, cupy = host_iteration_seconds(m, n, nnz), BLOCK_MARGIN * gpu_iteration_seconds(m, n, nnz)
     block = block_iteration_seconds(m, n, nnz)
-    if block >= host_iteration_seconds(m, n, nnz) or block >= gpu_iteration_seconds(m, n, nnz):
+    if block >= host or block >= cupy:
         return None
+    if longest is not None:
+        block = block_iteration_seconds(m, n, nnz, longest())
+        if block >= host or block >= cupy:
+            return None
     if not gpu_available():
         return None
-    return block_start_seconds(m, n, nnz)
+    return block_start_seconds(m, n, nnz), block
 
 
 def upload_seconds(m: int, n: int, nnz: int) -> float:

@@ -29,8 +29,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._dispatch.iterate_first import (Allowance, HostFirst, analysis_seconds,
-                                       block_iteration_seconds, cpu_iteration_seconds,
-                                       host_first_budget, iterate_in_block, needs_watching)
+                                       cpu_iteration_seconds, host_first_budget,
+                                       iterate_in_block, needs_watching)
 from .._gpu import gpu_available
 from .._iterative import lsmr as iterative_lsmr
 from .._iterative import lsqr as iterative_lsqr
@@ -154,6 +154,15 @@ def _eligible(A, b, x0, damp, gpuqr_options) -> bool:
             and b.shape == (m,))
 
 
+def _longest_lines(A) -> int:
+    """Entries of A's longest row plus its longest column (A CSR or CSC)."""
+    nnz = int(A.indptr[-1])
+    own = int(np.diff(A.indptr).max())
+    other = int(np.bincount(A.indices[:nnz], minlength=A.shape[1 if A.format == "csr" else 0])
+                .max()) if nnz else 0
+    return own + other
+
+
 def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
                   gpuqr_options, square_of: Optional[Callable] = None) -> Optional[QuickRun]:
     """``auto``'s iterations for the common input, or None: the general path serves it.
@@ -169,8 +178,8 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     path then runs SciPy's algorithm from the start on the GPU. Where one GPU
     thread block suits the problem better
     (:func:`~scipy_gpuqr._dispatch.iterate_first.iterate_in_block`), the run
-    moves there instead once it has cost the block's start, and is answered
-    here (:func:`~scipy_gpuqr._iterative.block.block_lsqr`).
+    moves there instead once the block would have saved its start and the
+    iterations made again, and is answered here (:func:`~scipy_gpuqr._iterative.block.block_lsqr`).
 
     Parameters
     ----------
@@ -209,11 +218,11 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     if iter_lim <= 0:
         return None
     cpu_s = cpu_iteration_seconds(m, n, nnz)
-    block = iterate_in_block(m, n, nnz, on_gpu=False)
-    budget = block if block is not None else host_first_budget(m, n, nnz)
+    block = iterate_in_block(m, n, nnz, on_gpu=False, longest=lambda: _longest_lines(A))
+    budget = block[0] if block is not None else host_first_budget(m, n, nnz)
     if block is not None:
         where = (f"CPU first: one GPU thread block takes over once it would have saved its "
-                 f"start (about {block:.2g} s) and the iterations made again")
+                 f"start (about {block[0]:.2g} s) and the iterations made again")
     elif budget is None:
         where = f"CPU: a CPU iteration (about {cpu_s:.2g} s) beats a GPU one"
     elif not gpu_available():
@@ -244,7 +253,7 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     if needs_watching(iter_lim, m, n, nnz, on_gpu=False, analysis=analysis, host_loop=True):
         watch = allowance()
     callback = watch if budget is None else HostFirst(
-        budget, watch, per_iteration=0.0 if block is None else block_iteration_seconds(m, n, nnz))
+        budget, watch, per_iteration=0.0 if block is None else block[1])
     if method == "lsqr":
         res = iterative_lsqr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
                              rules.calc_var, None, xp=np, callback=callback)
@@ -259,7 +268,7 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
                      "iterations (%.3g s, the block's start)", method, m, n, nnz, itn,
                      callback.seconds)
         # watched where the host run was (its rule, e.g. the square LU, applies there too)
-        per_iteration = block_iteration_seconds(m, n, nnz)
+        per_iteration = block[1]
         watch = allowance() if watch is not None or needs_watching(
             iter_lim, m, n, nnz, on_gpu=True, analysis=analysis,
             per_iteration=per_iteration) else None
