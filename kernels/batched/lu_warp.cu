@@ -647,14 +647,15 @@ __device__ __forceinline__ void getri_warp_run(const T *__restrict__ a, T *__res
         if (active) row_read<T, N>(row, t + (mloc * N + r) * L::LD);
         bool fin = true;
         if constexpr (VB && N <= 8) {
-            // the identity outside n as below, then outside the matrix's own
-            // order behind a branch (NaN: a bad size); at N > 8 the selects
-            // below take fewer registers
+            // the identity outside the matrix's own order (<= n) by the fixed
+            // kernel's one select per entry, all NaN for a bad size behind a
+            // branch; at N > 8 the selects below take fewer registers
+            const int nk = order < 0 ? n : order;
 #pragma unroll
-            for (int j = 0; j < N; ++j) row[j] = (active && r < n && j < n) ? row[j] : T(r == j);
-            if (active && order != n) {
+            for (int j = 0; j < N; ++j) row[j] = (active && r < nk && j < nk) ? row[j] : T(r == j);
+            if (active && order < 0) {
 #pragma unroll
-                for (int j = 0; j < N; ++j) row[j] = order_masked(row[j], r, j, order);
+                for (int j = 0; j < N; ++j) row[j] = gpuqr_status::quiet_nan<T>();
             }
 #pragma unroll
             for (int j = 0; j < N; ++j) fin = fin && finite_bits(row[j]);
