@@ -19,11 +19,12 @@ disk store off), medians of ``--reps`` rounds in one process:
   ``sched.materialize()`` of a cold run);
 * ``apply split, every launch``: ``CupyDevice.launch``'s Apply cut
   (``apply_split``, every call, warm ones too), summed over the launches;
-* ``kept selection per launch``: a cold run's selection of each launch's
-  Factorize records in ``StageLoop.launch_all``, summed;
-* ``kept records``: the cold path's sort of the launches' Factorize records
-  by front (the engine's thread, after the launches) and
-  ``stage_reflector_records`` (a warm stage's, on a worker);
+* ``cold: records picked per launch``, ``cold: picked records sorted``: in a
+  tree whose cold run picks each launch's Factorize records in
+  ``StageLoop.launch_all`` and sorts them by front after the launches (the
+  engine's thread), those steps (0 in a tree without them);
+* ``kept records of the stage``: ``stage_reflector_records`` (on a worker:
+  every run's since the fourteenth session, a warm stage's before);
 * ``R layout``, ``stage maps``, ``pattern copy``: the worker's
   ``r_layout``, ``stage_maps`` and ``pattern_copy``;
 * ``final entries``: ``final_entries`` of the one stage (the copier's worker);
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import statistics
@@ -124,11 +126,13 @@ def pieces(A, *, tile: int = 32, bundle: int = 3) -> tuple:
             np.array_equal(c.view(np.uint8), st.launch_tasks(L).view(np.uint8))
             for L, c in enumerate(chunks)))
 
-    # the engine's thread per launch on a cold run: the Apply cut, the kept records'
-    # selection, then their sort by front after the launches (as this tree's
-    # ``StageLoop.launch_all`` and ``keep_reflector_records`` do them)
+    # the engine's thread per launch: the Apply cut; on a cold run of a tree that
+    # picks each launch's Factorize records as launched (before 14th session's
+    # helper-F: ``keep_reflector_records(sid, st, fac_parts, fac_launch)``), that
+    # pick and their sort by front after the launches (as that tree does them)
     smax, sfill = apply_split_setting()
     target = int(sfill * 132 * 4)           # an H100/H200's slots, about
+    picks = len(inspect.signature(stage_loop.StageLoop.keep_reflector_records).parameters) > 3
     mask = getattr(stage_loop, "_factorize_mask", None)
     raw = getattr(stage_loop, "_RECORD_BYTES", None)
 
@@ -141,14 +145,14 @@ def pieces(A, *, tile: int = 32, bundle: int = 3) -> tuple:
     def per_launch():
         parts, lau = [], []
         for L, rec in enumerate(chunks):
-            if len(rec):
+            if len(rec) and picks:
                 sel = (mask(rec) if mask is not None
                        else np.isin(rec["type"], stage_loop.FACTORIZE_TYPES))
                 if sel.any():
                     parts.append(rec[sel] if raw is None else rec.view(raw)[sel])
                     lau.append(np.full(int(sel.sum()), L))
         return parts, lau
-    parts, lau = timed("kept selection per launch", per_launch)
+    parts, lau = timed("cold: records picked per launch", per_launch)
 
     def cold_kept():
         alll = np.concatenate(lau) if lau else np.zeros(0, np.int64)
@@ -162,12 +166,14 @@ def pieces(A, *, tile: int = 32, bundle: int = 3) -> tuple:
             allf = cat[order].view(TASK_DTYPE)
         allf["F"] = 0
         return allf, alll[order]
-    allf, alll = timed("kept records (cold sort)", cold_kept)
+    allf, alll = timed("cold: picked records sorted", cold_kept)
     sched.extras.pop(("reflector_records", 0, 0), None)
-    kept = timed("kept records (warm, worker)", stage_reflector_records, sched, 0, st, 0)
+    kept = timed("kept records of the stage", stage_reflector_records, sched, 0, st, 0)
     dig["kept records"] = _sha(kept.records, kept.launches)
-    dig["cold = warm kept"] = str(np.array_equal(allf.view(np.uint8), kept.records.view(np.uint8))
-                                  and np.array_equal(alll, kept.launches))
+    if picks:
+        dig["picked = stage's kept"] = str(
+            np.array_equal(allf.view(np.uint8), kept.records.view(np.uint8))
+            and np.array_equal(alll, kept.launches))
 
     lay = timed("R layout", r_layout, an, cache=False)
     maps = timed("stage maps", lay.stage_maps, [s.fronts for s in sched.stages])

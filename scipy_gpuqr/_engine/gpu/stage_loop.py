@@ -168,12 +168,13 @@ class StageLoop:
         if copier is None and down is None:
             copier, pos = self.open_host_r_copy(sid, h)
         try:
-            fac_parts, fac_launch = self.launch_all(sid, st, h, copier, down)
+            self.launch_all(sid, st, h, copier, down)
             t_launched = time.perf_counter()
             if copier is None and self.late_copier is not None:
                 copier, pos = self.late_copier
             device.mark_kernels_end(h)
             self.wait_host_side()
+            self.start_reflector_records(sid)   # a cold run's: its records made by now
             if copier is None and down is None:
                 pos, gidx = self.gmaps[sid]
                 copier = (self.host_r_copy(sid, h["pool"], gidx) if sid in self.host_stages
@@ -225,7 +226,7 @@ class StageLoop:
         self.r_copy_stages.append((how, round(t_r - tw, 4)))
         del copier, down
         self.carry_contribution_blocks(st, pool, device, host)
-        self.keep_reflector_records(sid, st, fac_parts, fac_launch)
+        self.keep_reflector_records(sid, st)
         self.retire_pool(sid, st, pool, host)
         t_end = time.perf_counter()
         if sid in self.host_stages:
@@ -386,20 +387,17 @@ class StageLoop:
         self.progressive += 1
         return copier
 
-    def launch_all(self, sid: int, st, h, copier, down=None) -> tuple:
+    def launch_all(self, sid: int, st, h, copier, down=None) -> None:
         """Every launch of the stage, in order.
 
         A dense front is factorized right after the launch that completes its
         assembly and joined before the launch that packs it into its parent
-        (or at the stage's end). Returns the Factorize / Apply+Factorize
-        records met and their global launch indices (a cold schedule's records
-        exist only as launched).
+        (or at the stage's end).
         """
         fs, device = self.fs, self.dev(sid)
         dense_at, join_at = {}, {}
         for f, Ld in st.dense.items():
             dense_at.setdefault(Ld, []).append(f)
-        fac_parts, fac_launch = [], []
         for _ in range(st.nlaunch):
             i, L, rec = next(self.launches)
             if i != sid:
@@ -422,12 +420,6 @@ class StageLoop:
                 copier.after_launch(L)
             if down is not None:
                 down.after_launch(L)
-            if self.cold and len(rec):
-                sel = _factorize_mask(rec)
-                if sel.any():
-                    fac_parts.append(rec.view(_RECORD_BYTES)[sel])
-                    fac_launch.append(np.full(int(sel.sum()), self.launch_base[-1] + L))
-        return fac_parts, fac_launch
 
     def wait_host_side(self) -> None:
         """R's layout, gather maps and pattern from the worker (the first stage waits
@@ -506,13 +498,17 @@ class StageLoop:
                         dtype=np.int64)
 
     def start_reflector_records(self, sid: int) -> None:
-        """A warm stage's kept records (:func:`stage_reflector_records`) made on a
+        """The stage's kept records (:func:`stage_reflector_records`) made on a
         worker thread while its launches run, where the schedule does not hold them
-        yet (a new process's first factorization of a known pattern):
-        :meth:`keep_reflector_records` then only waits for them."""
+        yet (a new pattern's, a new process's first factorization of a known
+        pattern): :meth:`keep_reflector_records` then only waits for them. Nothing
+        while the stage's records are not materialized (a cold run's first stage
+        until R's worker made them: called again after :meth:`wait_host_side`) or
+        once started."""
         extras = getattr(self.sched, "extras", None)
         base = self.launch_base[-1]
-        if self.cold or (extras is not None and ("reflector_records", sid, base) in extras):
+        if (sid in self.kept_jobs or not self.sched.stages[sid].materialized
+                or (extras is not None and ("reflector_records", sid, base) in extras)):
             return
         ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-kept-records")
         try:
@@ -521,24 +517,18 @@ class StageLoop:
         finally:
             ex.shutdown(wait=False)
 
-    def keep_reflector_records(self, sid: int, st, fac_parts, fac_launch) -> None:
+    def keep_reflector_records(self, sid: int, st) -> None:
         """Each front's Factorize / Apply+Factorize records (``F = 0``), their global
-        launches and where the front lies, for ``Q``'s replay."""
+        launches and where the front lies, for ``Q``'s replay: the schedule's
+        (:func:`stage_reflector_records`, a cold run's too: its stages are
+        materialized by R's worker, waited for after the launches)."""
         first, last = st.fronts
         members = np.arange(first, last + 1)
         foff = st.foff[members]
-        if self.cold:
-            raw = np.concatenate(fac_parts) if fac_parts else np.zeros(0, _RECORD_BYTES)
-            alll = np.concatenate(fac_launch) if fac_launch else np.zeros(0, np.int64)
-            order = np.argsort(raw.view(TASK_DTYPE)["front"], kind="stable")
-            allf = raw[order].view(TASK_DTYPE)
-            alll = np.asarray(alll, dtype=np.int64)[order]
-            allf["F"] = 0
-        else:
-            job = self.kept_jobs.pop(sid, None)
-            kept = (job.result() if job is not None
-                    else stage_reflector_records(self.sched, sid, st, self.launch_base[-1]))
-            allf, alll = kept.records, kept.launches
+        job = self.kept_jobs.pop(sid, None)
+        kept = (job.result() if job is not None
+                else stage_reflector_records(self.sched, sid, st, self.launch_base[-1]))
+        allf, alll = kept.records, kept.launches
         cnt = np.bincount(allf["front"] - first, minlength=last - first + 1)
         ptr = np.concatenate(([0], np.cumsum(cnt)))
         fmm = self.fm[members]
