@@ -4,7 +4,10 @@ Runs ``scipy_gpuqr.batched._gpu_blocked.getrf`` / ``potrf`` (the default or
 ``--method``) with a CUDA event pair around every kernel launch and cuBLAS
 GEMM of the driver, and prints the summed device time per kind of step
 (panel kernels by name, GEMMs by shape class) next to the whole call timed
-without the events (median of ``--reps``, after a warm-up).
+without the events (median of ``--reps``, after a warm-up). The steps are
+timed with the blocked LU's batch in one part on one stream (the parts of
+the default call run side by side, their steps overlap); the whole call is
+the default.
 
 Usage::
 
@@ -61,7 +64,7 @@ def main(argv=None) -> int:
                 setattr(self.fn, name, value)
 
     orig_rows, orig_panel, orig_gemm = bb._rows_function, bb._panel_function, bb._gemm_strided
-    orig_mma = bb._mma64_function
+    orig_mma, orig_streams = bb._mma64_function, bb.rows_streams
 
     def mma_function(device, name=bb.MMA64_NAME):
         return Wrapped(orig_mma(device, name), name)
@@ -117,6 +120,7 @@ def main(argv=None) -> int:
             bb._rows_function, bb._panel_function, bb._gemm_strided = (
                 rows_function, panel_function, gemm)
             bb._mma64_function = mma_function
+            bb.rows_streams = lambda n, batch: 1
             try:
                 for _ in range(args.reps):
                     call()
@@ -124,7 +128,7 @@ def main(argv=None) -> int:
             finally:
                 bb._rows_function, bb._panel_function, bb._gemm_strided = (
                     orig_rows, orig_panel, orig_gemm)
-                bb._mma64_function = orig_mma
+                bb._mma64_function, bb.rows_streams = orig_mma, orig_streams
             total = sum(acc.values()) / args.reps
             print(f"n={n} batch={bsz} {op} {method or 'default'}: whole call {statistics.median(times):.3f} ms, "
                   f"sum of steps {total:.3f} ms")

@@ -14,6 +14,13 @@ more doubles, the swap buffer of the kernel before 92d1770); the float32
 median of ``--reps``); every variant's pivots and factors against the
 first variant's and, for a few matrices, against LAPACK; the panel
 kernel's registers, spills and resident blocks per SM (occupancy API).
+Every variant above on one stream; ``--streams`` adds the library's scheme
+at the default block with the batch in that many parts on streams of their
+own (``_rows_lu``'s ``streams``; 1 is the variant above), and with
+``--carveout`` each of them also with the memory-bound kernels beside the
+panels (``rows_swap``, ``rows_copy_perm``, ``rows_swap_left``,
+``trsm_lunit``) asking for the largest shared-memory carveout during the
+call, the panel kernel's (an SM runs blocks of one carveout at a time).
 
 Usage::
 
@@ -36,6 +43,10 @@ def main(argv=None) -> int:
     ap.add_argument("--outers", default="64,128,256")
     ap.add_argument("--f32", action="store_true", help="also the float32 rows path")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--streams", default="",
+                    help="parts of the batch on streams of their own, e.g. 2,3,4")
+    ap.add_argument("--carveout", action="store_true",
+                    help="--streams also with the largest carveout for the other kernels")
     ap.add_argument("--clock", action="store_true",
                     help="only: the panel kernel's cycles per phase (GPUQR_ROWS_CLOCK build)")
     args = ap.parse_args(argv)
@@ -74,7 +85,7 @@ def main(argv=None) -> int:
         outers = [o for o in (int(v) for v in args.outers.split(",")) if o <= max(n, 64)]
         variants = []                      # (label, dtype, callable returning lu, piv)
 
-        def make(mma, outer, dtype, scheme="from a"):
+        def make(mma, outer, dtype, scheme="from a", streams=1, carve=False):
             src = a if dtype == np.float64 else a.astype(dtype)
             piv = cp.empty((bsz, n), dtype=cp.int32)
             info = cp.empty((bsz,), dtype=cp.int32)
@@ -82,23 +93,48 @@ def main(argv=None) -> int:
             def call():
                 if scheme == "from a":          # the library's: no copy, L swaps deferred
                     lu = cp.empty_like(src)
-                    bb._rows_lu(lu, piv, info, mma, outer, src=src)
+                    bb._rows_lu(lu, piv, info, mma, outer, src=src, streams=streams)
                 else:                           # a copy first; L swapped by every panel or not
                     lu = src.copy()
                     bb._rows_lu(lu, piv, info, mma, outer,
-                                defer_left=scheme == "copy, deferred L")
+                                defer_left=scheme == "copy, deferred L", streams=streams)
                 return lu, piv
+            if carve:
+                dev = device_id()
+                others = [bb._mma64_function(dev, name) for name in
+                          (bb.MMA_SWAP_NAME, bb.MMA_COPY_NAME, bb.MMA_LEFT_NAME)]
+                others.append(bb._rows_function("trsm_lunit", "float64", bb.ROWS_PANEL,
+                                                bb.ROWS_THREADS, dev))
+
+                def carved():
+                    for f in others:
+                        f.preferred_shared_memory_carveout = 100
+                    try:
+                        return call()
+                    finally:
+                        for f in others:
+                            f.preferred_shared_memory_carveout = -1
+                return carved
             return call
 
         for o in outers:
             variants.append((f"rows_mma outer={o}", np.float64, make(True, o, np.float64)))
         dflt = bb.rows_outer(n)
+        for k in (int(v) for v in args.streams.split(",") if v):
+            variants.append((f"rows_mma outer={dflt} streams={k}", np.float64,
+                             make(True, dflt, np.float64, streams=k)))
+            if args.carveout:
+                variants.append((f"rows_mma outer={dflt} streams={k} carveout", np.float64,
+                                 make(True, dflt, np.float64, streams=k, carve=True)))
         for scheme in ("copy, deferred L", "copy, L every panel"):
             variants.append((f"rows_mma outer={dflt} {scheme}", np.float64,
                              make(True, dflt, np.float64, scheme)))
         if args.f32:
             variants.append((f"rows f32 outer={dflt}", np.float32,
                              make(False, dflt, np.float32, "copy")))
+            for k in (int(v) for v in args.streams.split(",") if v):
+                variants.append((f"rows f32 outer={dflt} streams={k}", np.float32,
+                                 make(False, dflt, np.float32, "copy", streams=k)))
         ref = {}
         for label, dt, call in variants:
             lu, piv = call()
@@ -178,7 +214,7 @@ def clock(args) -> int:
             for _ in range(2):
                 rows.clear()
                 lu = a.copy()
-                bb._rows_lu(lu, piv, info, True)
+                bb._rows_lu(lu, piv, info, True, streams=1)
             print(f"n={n} batch={bsz}: getrf_mma_rows per launch (thread 0's cycles per block)")
             print("    k0 warps  smem    ms   " + "".join(f"{p:>10}" for p in PHASES))
             for k0, w, smem, ms, v in rows:

@@ -194,3 +194,38 @@ def test_rows_lu_column_blocks_match_lapack(rng, mma, scheme, n, outer):
     tol = 50 * n * eps(np.float64) * max(1.0, np.abs(ref_lu[[0, 5]]).max())
     np.testing.assert_allclose(lu[[0, 5]], ref_lu[[0, 5]], rtol=0, atol=tol)
     assert lu_backward_error(a[keep], lu[keep], piv[keep]) < 20 * n * eps(np.float64)
+
+
+@pytest.mark.parametrize("n,streams", [(130, 2), (300, 4), (512, 2), (512, 3)])
+def test_rows_lu_in_parts_on_the_callers_stream(rng, n, streams):
+    """The batch in parts, each on a stream of its own (``_rows_lu``'s
+    ``streams``): LAPACK's pivots, factors and info for every matrix
+    (singular, tied, NaN ones among them), the input untouched, and the
+    output complete when read on the caller's stream (a non-blocking one,
+    not the default stream) right after the call."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu_blocked as bb
+    bsz = 40
+    a = random_batch(rng, (bsz,), n, np.float64)
+    a[1] = np.round(4 * a[1])                 # exact ties
+    a[2, :, 40:47] = 0                        # zero columns
+    a[3] = np.eye(n)[::-1]                    # a permutation
+    a[bsz - 1, n // 2, n - 1] = np.nan        # info -1, in the last part
+    with cp.cuda.Stream(non_blocking=True):
+        src = cp.asarray(a)
+        lu = cp.full(a.shape, np.nan)
+        piv = cp.full((bsz, n), -7, dtype=cp.int32)
+        info = cp.full((bsz,), -7, dtype=cp.int32)
+        bb._rows_lu(lu, piv, info, True, src=src, streams=streams)
+        lu, piv, info, back = lu.get(), piv.get(), info.get(), src.get()
+    np.testing.assert_array_equal(back, a)
+    ref_lu, ref_piv, ref_info = lapack_getrf(a)
+    assert info[bsz - 1] == -1
+    keep = np.arange(bsz - 1)
+    np.testing.assert_array_equal(info[keep], ref_info[keep])
+    same = (piv[keep] == ref_piv[keep]).all(axis=1)
+    assert same[0] and same[3] and same.sum() >= len(keep) - 2, np.flatnonzero(~same)
+    good = keep[same]
+    tol = 50 * n * eps(np.float64) * max(1.0, np.abs(ref_lu[good]).max())
+    np.testing.assert_allclose(lu[good], ref_lu[good], rtol=0, atol=tol)
+    assert lu_backward_error(a[keep], lu[keep], piv[keep]) < 20 * n * eps(np.float64)

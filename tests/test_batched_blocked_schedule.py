@@ -96,9 +96,29 @@ def _trsm_lunit(grid, block, args, shared_mem=0):
                                                      lower=True, unit_diagonal=True)
 
 
-def _gemm_rows(a, n, r0, nr, c0, nc, kk, k):
+def _gemm_rows(a, n, r0, nr, c0, nc, kk, k, handle=None):
     if nr > 0 and nc > 0 and k > 0:
         a[:, r0:r0 + nr, c0:c0 + nc] -= a[:, r0:r0 + nr, kk:kk + k] @ a[:, kk:kk + k, c0:c0 + nc]
+
+
+class _Stream:
+    """A stream of _rows_lu's parts: which part's launches run inside it."""
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def record(self):
+        return self.name
+
+    def wait_event(self, event):
+        self.log.append(("wait", self.name, event))
+
+    def __enter__(self):
+        self.log.append(("enter", self.name))
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 class _Launch:
@@ -124,6 +144,9 @@ def emulated(monkeypatch):
                         lambda kernel, *a: _Launch(_trsm_lunit, log, kernel))
     monkeypatch.setattr(bb, "_gemm_rows", _gemm_rows)
     monkeypatch.setattr(bb, "device_id", lambda: 0)
+    monkeypatch.setattr(bb, "_current_stream", lambda: _Stream(log, "main"))
+    monkeypatch.setattr(bb, "_lanes", lambda dev, count: tuple(
+        (_Stream(log, f"s{i}"), f"h{i}") for i in range(count)))
     monkeypatch.setattr(bb._common, "alloc",
                         lambda shape, dtype: np.full(shape, -7, dtype))
     return bb, log
@@ -142,11 +165,11 @@ def test_mma_schedule_matches_lapack(emulated, n, outer, scheme):
     if scheme == "from a":
         lu = np.full_like(a, np.nan)
         src = a.copy()
-        bb._rows_lu(lu, piv, info, True, outer, src=src)
+        bb._rows_lu(lu, piv, info, True, outer, src=src, streams=1)
         np.testing.assert_array_equal(src, a)
     else:
         lu = a.copy()
-        bb._rows_lu(lu, piv, info, True, outer, defer_left=scheme == "in place")
+        bb._rows_lu(lu, piv, info, True, outer, defer_left=scheme == "in place", streams=1)
     for b in range(2):
         ref_lu, ref_piv = sl.lu_factor(a[b])
         np.testing.assert_array_equal(piv[b], ref_piv)
@@ -156,3 +179,35 @@ def test_mma_schedule_matches_lapack(emulated, n, outer, scheme):
     assert log.count(kr.MMA_ROWS_NAME) == -(-n // 32)
     assert log.count(kr.MMA_COPY_NAME) == (scheme == "from a")
     assert log.count(kr.MMA_LEFT_NAME) == (scheme != "L every panel" and blocks > 1)
+
+
+@pytest.mark.parametrize("n,outer", [(130, 64), (300, None), (512, None)])
+@pytest.mark.parametrize("streams", [2, 3, 5])
+def test_mma_schedule_in_parts_matches_lapack(emulated, n, outer, streams):
+    """The batch in parts on streams of their own: each part's launches in
+    its own stream, every stream after the caller's start event, the caller's
+    stream after every part's last launch; LAPACK's pivots and factors for
+    every matrix (parts of unequal size; more parts than matrices)."""
+    bb, log = emulated
+    rng = np.random.default_rng(n + streams)
+    bsz = 4
+    a = rng.standard_normal((bsz, n, n))
+    a[1] = np.round(3 * a[1])
+    piv = np.full((bsz, n), -7, np.int32)
+    info = np.full(bsz, -7, np.int32)
+    lu = np.full_like(a, np.nan)
+    bb._rows_lu(lu, piv, info, True, outer, src=a.copy(), streams=streams)
+    for b in range(bsz):
+        ref_lu, ref_piv = sl.lu_factor(a[b])
+        np.testing.assert_array_equal(piv[b], ref_piv)
+        np.testing.assert_allclose(lu[b], ref_lu, rtol=0, atol=1e-9 * np.abs(ref_lu).max())
+    from scipy_gpuqr.batched import _kernel_registry as kr
+    parts = min(streams, bsz)
+    names = [f"s{i}" for i in range(parts)]
+    assert log.count(kr.MMA_ROWS_NAME) == parts * -(-n // 32)
+    events = [e for e in log if isinstance(e, tuple)]
+    assert events[:parts] == [("wait", s, "main") for s in names]
+    assert events[-parts:] == [("wait", "main", s) for s in names]
+    entered = [e[1] for e in events if e[0] == "enter"]
+    assert entered[:2 * parts] == names + names                 # launches in turn
+    assert sorted(set(entered)) == names

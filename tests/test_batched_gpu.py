@@ -505,6 +505,31 @@ def test_gpu_large_batch_many_blocks(rng):
     np.testing.assert_allclose(lu.get()[sel], rl, atol=1e-4)
 
 
+def test_gpu_lu_large_batch_in_parts(rng):
+    """A batch large enough for the blocked LU's parts on streams of their own
+    (n = 512): LAPACK's pivots and factors for matrices of every part, one
+    singular matrix warned about once and flagged in its part."""
+    from scipy_gpuqr.batched import _gpu_blocked as bb
+    n, batch = 512, 2 * bb.ROWS_PART_ENTRIES // (512 * 512) + 3
+    assert bb.rows_streams(n, batch) >= 2
+    a = random_batch(rng, (batch,), n, np.float64)
+    bad = batch - 2
+    a[bad, :, 7] = 0                          # singular, in the last part
+    with pytest.warns(LinAlgWarning) as rec:
+        lu, piv = g.lu_factor_batched(_cp(a))
+    msg = str(rec[0].message)
+    assert len(rec) == 1 and str(bad) in msg and "diagonal number 8 " in msg, msg
+    sel = np.r_[0, 1, batch // 2 - 1, batch // 2, batch // 2 + 1, bad, batch - 1]
+    rl, rp, ri = lapack_getrf(a[sel])
+    assert ri[5] == 8
+    lu, piv = lu.get()[sel], piv.get()[sel]
+    same = (piv == rp).all(axis=1)
+    assert same.sum() >= len(sel) - 1, np.flatnonzero(~same)
+    tol = 50 * n * eps(np.float64) * max(1.0, np.abs(rl).max())
+    np.testing.assert_allclose(lu[same], rl[same], rtol=0, atol=tol)
+    assert lu_backward_error(a[sel], lu, piv) < 20 * n * eps(np.float64)
+
+
 def test_gpu_block_jacobi_cg(matrices_dir):
     import cupy as cp
     import cupyx.scipy.sparse as xsp

@@ -20,8 +20,10 @@ operation, :func:`default_method`):
   of 8 columns updated by DMMA, one barrier per column), the row moves
   outside each panel by ``rows_swap`` and U12 solved by ``trsm_lunit``; no
   copy of the input (the first panel reads it, ``rows_copy_perm`` writes the
-  rest in the panel's row order) and the earlier column blocks' L columns
-  swapped once at the end (``rows_swap_left``).
+  rest in the panel's row order), the earlier column blocks' L columns
+  swapped once at the end (``rows_swap_left``), and a large batch in parts
+  on streams of their own, so that one part's latency-bound panels run
+  beside another's passes over memory (:func:`rows_streams`).
 * ``'rows'`` (n <= 512): blocked right-looking, the panels factorized by a
   kernel with one thread per panel row. LU: blocks of :func:`rows_outer`
   columns, each factorized as panels of 32 left-looking inside the block
@@ -137,38 +139,47 @@ def _with_smem(fn, smem: int) -> int:
 
 def _gemm_strided(a, m: int, nn: int, k: int, a_off: int, lda: int,
                   b_off: int, ldb: int, c_off: int, ldc: int, trans_a: bool,
-                  batch: int, stride: int, alpha: float, beta: float):
-    """Column-major C = alpha op(A) B + beta C inside the stack ``a``."""
+                  batch: int, stride: int, alpha: float, beta: float, handle=None):
+    """Column-major C = alpha op(A) B + beta C inside the stack ``a``.
+
+    ``handle``: a cuBLAS handle with its stream and the host pointer mode
+    set (:func:`_lanes`); None: CuPy's handle of the device, on the
+    current stream.
+    """
     cp = _common.cupy()
     from cupy_backends.cuda.libs import cublas
 
-    handle = cp.cuda.device.get_cublas_handle()
-    item = a.itemsize
-    base = a.data.ptr
-    if a.dtype == np.float64:
-        gemm = cublas.dgemmStridedBatched
-        al, be = np.array(alpha, np.float64), np.array(beta, np.float64)
-    else:
-        gemm = cublas.sgemmStridedBatched
-        al, be = np.array(alpha, np.float32), np.array(beta, np.float32)
-    mode = cublas.getPointerMode(handle)
-    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-    try:
-        gemm(handle, cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N,
+    item, base = a.itemsize, a.data.ptr
+    al, be = np.array(alpha, a.dtype), np.array(beta, a.dtype)
+    gemm = cublas.dgemmStridedBatched if a.dtype == np.float64 else cublas.sgemmStridedBatched
+
+    def call(h):
+        gemm(h, cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N,
              cublas.CUBLAS_OP_N, m, nn, k, al.ctypes.data,
              base + a_off * item, lda, stride,
              base + b_off * item, ldb, stride, be.ctypes.data,
              base + c_off * item, ldc, stride, batch)
+
+    if handle is not None:
+        call(handle)
+        return
+    handle = cp.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+    mode = cublas.getPointerMode(handle)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    try:
+        call(handle)
     finally:
         cublas.setPointerMode(handle, mode)
 
 
-def _gemm_rows(a, n: int, r0: int, nr: int, c0: int, nc: int, kk: int, k: int) -> None:
+def _gemm_rows(a, n: int, r0: int, nr: int, c0: int, nc: int, kk: int, k: int,
+               handle=None) -> None:
     """Row-major A[r0:r0+nr, c0:c0+nc] -= A[r0:r0+nr, kk:kk+k] @ A[kk:kk+k, c0:c0+nc]."""
     if nr > 0 and nc > 0 and k > 0:
         # row-major C -= L U  ==  column-major Cᵀ -= Uᵀ Lᵀ
         _gemm_strided(a, nc, nr, k, kk * n + c0, n, r0 * n + kk, n, r0 * n + c0, n,
-                      False, a.shape[0], n * n, -1.0, 1.0)
+                      False, a.shape[0], n * n, -1.0, 1.0, handle)
 
 
 def _lu_update(a, n: int, k0: int, nb: int) -> None:
@@ -277,7 +288,7 @@ def rows_outer(n: int) -> int:
 
 
 def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None,
-             src=None, defer_left: bool = True) -> None:
+             src=None, defer_left: bool = True, streams: int | None = None) -> None:
     """Blocked LU of ``lu`` in place (of ``src`` into ``lu`` where given):
     blocks of ``outer`` columns (a multiple of ROWS_PANEL; None:
     :func:`rows_outer`), each factorized as panels of ROWS_PANEL = 32
@@ -303,11 +314,103 @@ def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None,
     (``mma`` only): the panels swap the L columns of their own block only,
     the earlier blocks' L columns (which no later step reads) get all
     their later swaps at once at the end (``rows_swap_left``).
+
+    ``streams`` (None: :func:`rows_streams` with ``mma``, else 1): the
+    batch in that many parts of consecutive matrices, each factorized on a
+    stream of its own (:func:`_lanes`), their launches issued in turn, the
+    current stream waiting for all of them at the end. The panel kernels
+    are latency-bound (32 dependent pivot steps; the first panels of n =
+    512 one block per SM by shared memory) and the other steps are passes
+    over memory: on two streams one part's panels run beside the other
+    part's swaps, solves and GEMMs on the same SMs.
     """
     bsz, n = lu.shape[0], lu.shape[-1]
     outer = rows_outer(n) if outer is None else outer
     if outer <= 0 or outer % ROWS_PANEL:
         raise ValueError(f"outer must be a positive multiple of {ROWS_PANEL}, got {outer}")
+    parts = (rows_streams(n, bsz) if mma else 1) if streams is None else streams
+    parts = max(1, min(parts, bsz))
+    moves = _common.alloc((bsz, MMA_MOVE_STRIDE), np.int32) if mma else None
+    if parts == 1:
+        for _ in _rows_lu_launches(lu, piv, info, mma, outer, src, defer_left, moves):
+            pass
+        return
+    lanes = _lanes(device_id(), parts)
+    cuts = [bsz * i // parts for i in range(parts + 1)]
+    runs = [_rows_lu_launches(lu[lo:hi], piv[lo:hi], info[lo:hi], mma, outer,
+                              None if src is None else src[lo:hi], defer_left,
+                              None if moves is None else moves[lo:hi], handle)
+            for (_, handle), lo, hi in zip(lanes, cuts, cuts[1:])]
+    main = _current_stream()
+    start = main.record()
+    for stream, _ in lanes:
+        stream.wait_event(start)
+    pending = list(zip((stream for stream, _ in lanes), runs))
+    while pending:
+        left = []
+        for stream, run in pending:
+            with stream:
+                if next(run, None) is not None:
+                    left.append((stream, run))
+        pending = left
+    for stream, _ in lanes:
+        main.wait_event(stream.record())
+
+
+#: Parts of the batch :func:`_rows_lu` factorizes on streams of their own
+#: with the tensor-core panels, by n (the largest n up to which each
+#: applies, then the parts). Up to n = 128 one: the panels there are blocks
+#: of one or two warps, several per SM already, and the parts gain nothing.
+ROWS_STREAMS = ((128, 1), (ROWS_MAX, 2))
+
+#: Fewest matrix entries (batch x n^2) a part of :func:`_rows_lu`'s batch
+#: holds: every part issues all of the driver's launches, whose host time
+#: its device time must cover for the parts to run side by side rather than
+#: one behind the host.
+ROWS_PART_ENTRIES = 1 << 25
+
+
+def rows_streams(n: int, batch: int) -> int:
+    """The ``streams`` of :func:`_rows_lu` (tensor-core panels) for ``batch``
+    matrices of order ``n``."""
+    parts = 1
+    for nmax, p in ROWS_STREAMS:
+        if n <= nmax:
+            parts = p
+            break
+    return max(1, min(parts, batch * n * n // ROWS_PART_ENTRIES))
+
+
+def _current_stream():
+    return _common.cupy().cuda.get_current_stream()
+
+
+@functools.lru_cache(maxsize=None)
+def _lanes(device: int, count: int):
+    """``count`` (stream, cuBLAS handle) pairs of ``device``, made once per
+    process: non-blocking streams, each with a handle of its own (its
+    stream and the host pointer mode set), so that GEMMs on different
+    streams never share a handle's workspace."""
+    cp = _common.cupy()
+    from cupy_backends.cuda.libs import cublas
+    lanes = []
+    with cp.cuda.Device(device):
+        for _ in range(count):
+            stream = cp.cuda.Stream(non_blocking=True)
+            handle = cublas.create()
+            cublas.setStream(handle, stream.ptr)
+            cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+            lanes.append((stream, handle))
+    return tuple(lanes)
+
+
+def _rows_lu_launches(lu, piv, info, mma: bool, outer: int, src, defer_left: bool,
+                      moves, handle=None):
+    """:func:`_rows_lu`'s launches on the current stream, a generator that
+    yields after each (``moves``: the panels' move lists, (batch,
+    MMA_MOVE_STRIDE) int32, with ``mma``; ``handle``: the GEMMs' cuBLAS
+    handle, None for CuPy's)."""
+    bsz, n = lu.shape[0], lu.shape[-1]
     dt = dtname(lu.dtype)
     dev = device_id()
     tr = _rows_function("trsm_lunit", dt, ROWS_PANEL, ROWS_THREADS, dev)
@@ -316,40 +419,49 @@ def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None,
         tr((bsz,), (_rows_threads(n - c0),),
            (lu, info, np.int32(n), np.int32(r0), np.int32(nb), np.int32(c0)))
 
+    def gemm(r0: int, nr: int, c0: int, nc: int, kk: int, k: int) -> bool:
+        _gemm_rows(lu, n, r0, nr, c0, nc, kk, k, handle)
+        return nr > 0 and nc > 0 and k > 0
+
     if src is not None and not mma:
         lu[...] = src
+        yield True
     if mma:
         pfn = _mma64_function(dev, MMA_ROWS_NAME)
         sfn = _mma64_function(dev, MMA_SWAP_NAME)
-        moves = _common.alloc((bsz, MMA_MOVE_STRIDE), np.int32)
 
-        def panel(k0: int, trsm_end: int) -> None:
+        def panel(k0: int, trsm_end: int):
             warps = -(-(n - k0) // 64)
             nb = min(ROWS_PANEL, n - k0)
             first = k0 == 0 and src is not None
             pfn((bsz,), (32 * warps,), (src if first else lu, lu, piv, info, np.int32(n),
                                         np.int32(k0), moves),
                 shared_mem=_with_smem(pfn, mma_rows_smem(warps)))
+            yield True
             c_lo = k0 - (k0 % outer) if defer_left else 0
             outside = n - nb - c_lo
             if first and n > nb:
                 _mma64_function(dev, MMA_COPY_NAME)(
                     (bsz, -(-n // 64)), (256,), (src, lu, moves, np.int32(n), np.int32(nb)))
+                yield True
             elif outside > 0:
                 sfn((bsz, -(-outside // 64)), (256,),
                     (lu, moves, np.int32(n), np.int32(k0), np.int32(nb), np.int32(c_lo)))
+                yield True
             c0 = k0 + ROWS_PANEL
             if c0 < trsm_end:
                 trsm(k0, ROWS_PANEL, c0)
+                yield True
     else:
         fn = _rows_function("getrf_rows", dt, ROWS_PANEL, ROWS_THREADS, dev)
         smem = _with_smem(fn, (ROWS_PANEL * ROWS_PANEL + 2 * ROWS_PANEL * STAGE_COLS)
                           * lu.itemsize)
 
-        def panel(k0: int, trsm_end: int) -> None:
+        def panel(k0: int, trsm_end: int):
             fn((bsz,), (_rows_threads(n - k0),),
                (lu, lu, piv, info, np.int32(n), np.int32(k0), np.int32(trsm_end)),
                shared_mem=smem)
+            yield True
 
     for kb in range(0, n, outer):
         end = min(kb + outer, n)
@@ -357,20 +469,25 @@ def _rows_lu(lu, piv, info, mma: bool = False, outer: int | None = None,
             w = min(ROWS_PANEL, n - kj)
             c0 = kj + w
             if kj == kb:
-                panel(kj, n)                    # U right of it solved there
+                yield from panel(kj, n)         # U right of it solved there
                 continue
-            _gemm_rows(lu, n, kj, n - kj, kj, w, kb, kj - kb)
-            panel(kj, c0)
+            if gemm(kj, n - kj, kj, w, kb, kj - kb):
+                yield True
+            yield from panel(kj, c0)
             if c0 < n:
-                _gemm_rows(lu, n, kj, w, c0, n - c0, kb, kj - kb)
+                if gemm(kj, w, c0, n - c0, kb, kj - kb):
+                    yield True
                 trsm(kj, w, c0)
-        _gemm_rows(lu, n, end, n - end, end, n - end, kb, end - kb)
+                yield True
+        if gemm(end, n - end, end, n - end, kb, end - kb):
+            yield True
     if mma and defer_left and n > outer:
         lfn = _mma64_function(dev, MMA_LEFT_NAME)
         stage = left_stage(n, outer)
         lfn((bsz, -(-n // outer) - 1), (256,),
             (lu, piv, np.int32(n), np.int32(outer), np.int32(stage)),
             shared_mem=_with_smem(lfn, stage * lu.itemsize))
+        yield True
 
 
 # ----------------------------------------------------------------------------
