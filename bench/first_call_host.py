@@ -29,7 +29,12 @@ disk store off), medians of ``--reps`` rounds in one process:
   ``r_layout``, ``stage_maps`` and ``pattern_copy``;
 * ``final entries``: ``final_entries`` of the one stage (the copier's worker);
 * ``reflector records``, ``replay plan``: ``solve.reflector_records`` over the
-  kept records and ``build_replay_plan`` (the first solve's ``plan_of``).
+  kept records and ``build_replay_plan`` (the first solve's ``plan_of``);
+* ``host side, handed on``: ``driver._host_side`` of a cold run (R's layout,
+  its gather maps, the stage's records, R's own pattern copy unless that is a
+  future) until it returns: what the engine's thread and the late R copy wait
+  for; ``host side, pattern after``: then the pattern copy's future, where
+  there is one.
 
 CPU only: the times are this host's (say its load); on a GPU host, pieces on
 the engine's thread add to the call, the workers' pieces only where they
@@ -84,15 +89,16 @@ def pieces(A, *, tile: int = 32, bundle: int = 3) -> tuple:
     """One cold round: ``(seconds per piece, digests)``."""
     from scipy_gpuqr._engine.gpu import solve
     from scipy_gpuqr._engine.gpu.device import apply_split_setting
+    from scipy_gpuqr._engine.gpu import driver
     from scipy_gpuqr._engine.gpu.driver import stage_needs
     from scipy_gpuqr._engine.gpu.rcopy import final_entries
-    from scipy_gpuqr._engine.gpu.rlayout import r_layout
+    from scipy_gpuqr._engine.gpu.rlayout import clear_r_layout_cache, r_layout
     from scipy_gpuqr._engine.gpu import stage_loop
     from scipy_gpuqr._engine.gpu.stage_loop import stage_reflector_records
     from scipy_gpuqr._engine.memory import min_budget, plan_for_memory
     from scipy_gpuqr._schedule import bucket
     from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
-    from scipy_gpuqr._schedule.sparse import build_schedule
+    from scipy_gpuqr._schedule.sparse import build_schedule, clear_schedule_cache
     from scipy_gpuqr._schedule.tasks import TASK_DTYPE, apply_split
     from scipy_gpuqr._symbolic import analyze
 
@@ -198,6 +204,19 @@ def pieces(A, *, tile: int = 32, bundle: int = 3) -> tuple:
     plan = timed("replay plan", solve.build_replay_plan, A.shape[0], fronts, tile=tile,
                  bundle=bundle, launch_base=[0], dense=dense)
     dig["replay plan"] = _sha(plan.records, plan.rowmap, plan.level_ptr, plan.level_stage)
+
+    # the cold run's host side as its worker runs it, from a cold layout and lazy
+    # schedule: until it hands on (the layout, the gather maps and the stage's
+    # records: the late R copy opens, the engine's thread goes on), then until
+    # R's own pattern copy is made too (a future in a tree that makes it apart)
+    clear_schedule_cache()
+    clear_r_layout_cache()
+    cold = build_schedule(an, tile=tile, bundle=bundle, pipelining=True, lazy=True,
+                          dense_flops=DEFAULT_DENSE_FLOPS, plan=mplan.plan)
+    _, _, pattern = timed("host side, handed on", driver._host_side, an, cold,
+                          [x.fronts for x in cold.stages], True)
+    if hasattr(pattern, "result"):
+        timed("host side, pattern after", pattern.result)
     info = {"launches": int(sched.nlaunch), "records": int(sched.ntasks),
             "stages": len(sched.stages), "nnz_R": int(lay.nnz)}
     return sec, dig, info

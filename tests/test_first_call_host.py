@@ -160,3 +160,48 @@ def test_apply_split_as_the_reference():
         slots, smax = int(rng.integers(1, 120)), int(rng.choice([1, 2, 4, 8]))
         assert (apply_split(types, c0, c1, slots, smax, 32)
                 == _apply_split_reference(types, c0, c1, slots, smax, 32))
+
+
+def test_r_pattern_copy_does_not_hold_up_the_layout(monkeypatch):
+    """A cold run's host side hands R's layout and gather maps on (the late R copy
+    opens, the launches go on) before R's own copy of the pattern is made: here
+    that copy waits for the last launch, which waits for the layout."""
+    import threading
+
+    from scipy_gpuqr._engine.gpu import driver, rlayout
+    from scipy_gpuqr._engine.gpu.device import NumpyDevice
+    from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+    from scipy_gpuqr._engine.host.simulate import simulate_factorize
+    from scipy_gpuqr._testing_matrices import random_values
+
+    ready, done, waited = threading.Event(), threading.Event(), []
+
+    class Gated(NumpyDevice):
+        def launch(self, h, L, records):
+            if L == 1:
+                assert ready.wait(30)
+            super().launch(h, L, records)
+            if L == h["st"].nlaunch - 1:
+                done.set()
+
+    real_copy, real_side = rlayout.RLayout.pattern_copy, driver._host_side
+
+    def pattern_copy(self):
+        waited.append(done.wait(5))         # False: the layout waited for this copy
+        return real_copy(self)
+
+    def host_side(*a):
+        out = real_side(*a)
+        ready.set()
+        return out
+
+    monkeypatch.setattr(rlayout.RLayout, "pattern_copy", pattern_copy)
+    monkeypatch.setattr(driver, "_host_side", host_side)
+    A = random_values(grid3d_least_squares(6), np.random.default_rng(5))
+    an = analyze(A, cache=False)
+    g = gpu_factorize(A, an, device=Gated(32, 3))
+    assert g.info["schedule_cold"] and g.info["stages"] == 1
+    assert waited == [True]
+    assert g.info["r_copy_progressive"]
+    assert abs(g.R - simulate_factorize(A, an).R).max() == 0.0
+    g.free()

@@ -796,13 +796,20 @@ def _solve_bytes(analysis, sched) -> int:
 
 
 def _host_side(analysis, sched, plan_stages, cold, early=None):
-    """R's layout, its gather maps for ``plan_stages`` and a fresh copy of its pattern
-    (and the records of a cold schedule, for the next factorization); on a worker.
+    """R's layout, its gather maps for ``plan_stages`` and the future of a fresh copy
+    of its pattern (and the records of a cold schedule, for the next
+    factorization); on a worker. The copy (nnz(R) row indices) is made on a
+    worker of its own: only R's assembly after the launches reads it, while R's
+    copy from the device and the engine's thread wait for the rest.
     ``early``: a layout load already started (:func:`start_layout_load`)."""
     lay = _early_layout(early) if early is not None else None
     lay = r_layout(analysis) if lay is None else lay
     maps_ = lay.stage_maps(plan_stages)
-    pattern = lay.pattern_copy()
+    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-r-pattern")
+    try:
+        pattern = ex.submit(lay.pattern_copy)
+    finally:
+        ex.shutdown(wait=False)
     if cold:
         sched.materialize()
     return lay, maps_, pattern
@@ -829,7 +836,8 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     if loop.layout is None:         # no stage at all
         loop.layout, loop.gmaps, loop.pattern = host_side.result()
     layout = loop.layout
-    R = assemble_r(Ac, layout, loop.r_values(), dtype, loop.pattern, data=loop.r_data)
+    R = assemble_r(Ac, layout, loop.r_values(), dtype, loop.pattern.result(),
+                   data=loop.r_data)
     t3 = time.perf_counter()
     slots_of = layout.slots_of
     dense = _dense_fronts(sched, loop.dense_parts, slots_of, cache_device=cache_dense,

@@ -422,8 +422,8 @@ class StageLoop:
                 down.after_launch(L)
 
     def wait_host_side(self) -> None:
-        """R's layout, gather maps and pattern from the worker (the first stage waits
-        here, after enqueueing its launches: the two overlap)."""
+        """R's layout, gather maps and the future of its pattern's copy from the worker
+        (the first stage waits here, after enqueueing its launches: the two overlap)."""
         if self.layout is None:
             tw = time.perf_counter()
             self.layout, self.gmaps, self.pattern = self.host_side.result()
