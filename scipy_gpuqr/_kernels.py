@@ -235,7 +235,7 @@ def compile_units(fname: str, exprs: Sequence[str], separate: bool) -> list[tupl
         return [()]
     if separate:
         return [(e,) for e in exprs]
-    return list(dict.fromkeys(tuple(sorted(variant_group(e, exprs))) for e in exprs))
+    return list(dict.fromkeys(variant_group(e, exprs) for e in exprs))
 
 
 #: C type names that tell a variant's value type apart (a call runs in one).
@@ -246,8 +246,11 @@ def variant_group(expr: str, name_expressions: Sequence[str]) -> tuple[str, ...]
     """The name expressions compiled together with ``expr``: those of
     ``name_expressions`` with the same value types among their template
     arguments (a float64 call compiles the float64 variants of a file, never
-    its float32 ones), ``expr`` first; ``(expr,)`` when it is not declared,
-    ``()`` (the whole file) when the file declares none.
+    its float32 ones), sorted: one key per group whichever variant is asked
+    for first (the module table and the prefetch threads are keyed by it, so a
+    group compiles once, not once per variant asked for first); ``(expr,)``
+    when it is not declared, ``()`` (the whole file) when the file declares
+    none.
     """
     exprs = tuple(name_expressions)
     if not exprs:
@@ -261,7 +264,7 @@ def variant_group(expr: str, name_expressions: Sequence[str]) -> tuple[str, ...]
         return frozenset(t for t in _VALUE_TYPES if t in words)
 
     mine = types(expr)
-    return (expr,) + tuple(e for e in exprs if e != expr and types(e) == mine)
+    return tuple(sorted(e for e in exprs if types(e) == mine))
 
 
 class _Compiled:

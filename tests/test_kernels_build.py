@@ -134,3 +134,14 @@ def test_warm_cache_compiles_what_the_run_time_loads(monkeypatch):
     name = kr.small_name("getrf_warp", "float64", 8)
     assert (kr.SMALL_FILES["getrf_warp"], (name,)) in seen
     assert not any(f == kr.SMALL_FILES["getrf_warp"] and len(g) > 1 for f, g in seen)
+
+
+def test_a_group_has_one_key_whichever_variant_comes_first():
+    # the module table and the prefetch threads are keyed by the group: two
+    # variants of one value type must not compile the same group twice
+    exprs = ("k<double, 1>", "k<double, 2>", "k<float, 1>")
+    g1 = _kernels.variant_group("k<double, 1>", exprs)
+    g2 = _kernels.variant_group("k<double, 2>", exprs)
+    assert g1 == g2 == ("k<double, 1>", "k<double, 2>")
+    assert _kernels.variant_group("k<float, 1>", exprs) == ("k<float, 1>",)
+    assert _kernels.variant_group("other<double>", exprs) == ("other<double>",)

@@ -43,7 +43,7 @@ try:        # SciPy's compiled format conversion (private: where found, else Sci
 except ImportError:     # pragma: no cover - every SciPy release so far has it
     _sparsetools = None
 
-__all__ = ["BLOCK_FILE", "KERNEL_VARIANTS", "THREAD_CHOICES", "OPTIONS", "LSQR_STATE",
+__all__ = ["BLOCK_FILE", "KERNEL_VARIANTS", "SEPARATE_FILES", "THREAD_CHOICES", "OPTIONS", "LSQR_STATE",
            "LSMR_STATE", "HISTORY", "FIRST_STRETCH", "MAX_STRETCH", "block_kernel_name",
            "block_threads", "block_use", "block_suits", "BlockProblem", "block_lsqr",
            "block_lsmr"]
@@ -91,11 +91,14 @@ KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The file's variants are compiled one by one (a run needs one method and
+#: block size), by the run time and so by the cache warm-up and the check.
+SEPARATE_FILES = (BLOCK_FILE,)
+
+
 def block_use(method: str, threads: int) -> KernelUse:
     """What a run compiles (for :func:`scipy_gpuqr._kernels.prefetch`): its one variant,
-    alone. The variants carry no value type, so declared together they would form one
-    group per variant asked for first (the group leads with it), each compiling all of
-    them under its own cache key; alone, each is compiled once per machine."""
+    alone (:data:`SEPARATE_FILES`)."""
     name = block_kernel_name(method, threads)
     return KernelUse(BLOCK_FILE, (name,), (name,))
 
