@@ -24,7 +24,8 @@ disk store off), medians of ``--reps`` rounds in one process:
   ``StageLoop.launch_all`` and sorts them by front after the launches (the
   engine's thread), those steps (0 in a tree without them);
 * ``kept records of the stage``: ``stage_reflector_records`` (on a worker:
-  every run's since the fourteenth session, a warm stage's before);
+  every run's where the cold run no longer picks its records, else a warm
+  stage's);
 * ``R layout``, ``stage maps``, ``pattern copy``: the worker's
   ``r_layout``, ``stage_maps`` and ``pattern_copy``;
 * ``final entries``: ``final_entries`` of the one stage (the copier's worker);
@@ -133,8 +134,8 @@ def pieces(A, *, tile: int = 32, bundle: int = 3) -> tuple:
             for L, c in enumerate(chunks)))
 
     # the engine's thread per launch: the Apply cut; on a cold run of a tree that
-    # picks each launch's Factorize records as launched (before 14th session's
-    # helper-F: ``keep_reflector_records(sid, st, fac_parts, fac_launch)``), that
+    # picks each launch's Factorize records as launched
+    # (``keep_reflector_records(sid, st, fac_parts, fac_launch)``), that
     # pick and their sort by front after the launches (as that tree does them)
     smax, sfill = apply_split_setting()
     target = int(sfill * 132 * 4)           # an H100/H200's slots, about
