@@ -205,3 +205,35 @@ def test_r_pattern_copy_does_not_hold_up_the_layout(monkeypatch):
     assert g.info["r_copy_progressive"]
     assert abs(g.R - simulate_factorize(A, an).R).max() == 0.0
     g.free()
+
+
+def test_cold_records_made_beside_the_layout(monkeypatch):
+    """A cold run's host side makes the stage's records while R's layout is made:
+    here the layout waits until the records have begun."""
+    import threading
+
+    from scipy_gpuqr._engine.gpu import driver
+    from scipy_gpuqr._engine.gpu.device import NumpyDevice
+    from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+    from scipy_gpuqr._schedule.sparse import SparseSchedule
+
+    begun, waited = threading.Event(), []
+    real_layout, real_materialize = driver.r_layout, SparseSchedule.materialize
+
+    def materialize(self):
+        begun.set()
+        return real_materialize(self)
+
+    def r_layout(analysis, *a, **k):
+        waited.append(begun.wait(5))        # False: the records came after the layout
+        return real_layout(analysis, *a, **k)
+
+    monkeypatch.setattr(SparseSchedule, "materialize", materialize)
+    monkeypatch.setattr(driver, "r_layout", r_layout)
+    clear_schedule_cache()
+    A = grid3d_least_squares(6)
+    g = gpu_factorize(A, analyze(A, cache=False), device=NumpyDevice(32, 3))
+    assert g.info["schedule_cold"]
+    assert waited and all(waited)
+    assert all(st.materialized for st in g.schedule.stages)
+    g.free()

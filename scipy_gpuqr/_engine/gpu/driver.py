@@ -801,18 +801,26 @@ def _host_side(analysis, sched, plan_stages, cold, early=None):
     factorization); on a worker. The copy (nnz(R) row indices) is made on a
     worker of its own: only R's assembly after the launches reads it, while R's
     copy from the device and the engine's thread wait for the rest.
+    A cold schedule's records are made on another worker meanwhile (R's
+    layout is mostly compiled loops and page faults, the records mostly NumPy).
     ``early``: a layout load already started (:func:`start_layout_load`)."""
+    records = _on_worker(sched.materialize, "gpuqr-records") if cold else None
     lay = _early_layout(early) if early is not None else None
     lay = r_layout(analysis) if lay is None else lay
     maps_ = lay.stage_maps(plan_stages)
-    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-r-pattern")
+    pattern = _on_worker(lay.pattern_copy, "gpuqr-r-pattern")
+    if records is not None:
+        records.result()
+    return lay, maps_, pattern
+
+
+def _on_worker(fn, name: str):
+    """The future of ``fn()`` run on a thread of its own."""
+    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
     try:
-        pattern = ex.submit(lay.pattern_copy)
+        return ex.submit(fn)
     finally:
         ex.shutdown(wait=False)
-    if cold:
-        sched.materialize()
-    return lay, maps_, pattern
 
 
 def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, bundle,
