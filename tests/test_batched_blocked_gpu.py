@@ -154,9 +154,9 @@ def test_inverse_and_cholesky_solve(rng, n, dtype):
                                    atol=1e3 * n * eps(dtype) * np.abs(refs).max())
 
 
-@pytest.mark.parametrize("mma,scheme", [(True, "from a"), (True, "in place"),
-                                        (True, "L every panel"), (False, "from a"),
-                                        (False, "in place")])
+@pytest.mark.parametrize("mma,scheme", [(True, "from a"), (True, "from unaligned a"),
+                                        (True, "in place"), (True, "L every panel"),
+                                        (False, "from a"), (False, "in place")])
 @pytest.mark.parametrize("n,outer", [(100, 128), (130, 128), (300, 128), (300, 256),
                                      (512, 128), (512, 256), (512, 512), (200, 32),
                                      (65, 64), (130, 64), (200, 96)])
@@ -167,7 +167,8 @@ def test_rows_lu_column_blocks_match_lapack(rng, mma, scheme, n, outer):
     the first panel reads the input (left untouched) and rows_copy_perm
     writes the rest of a NaN-filled output; the earlier blocks' L columns
     swapped at the end (rows_swap_left) or, ``L every panel``, by every
-    panel's rows_swap."""
+    panel's rows_swap. ``from unaligned a``: the input 8 bytes off 16-byte
+    alignment (the panel kernel's 16-byte copies of it then not taken)."""
     import cupy as cp
     from scipy_gpuqr.batched import _gpu_blocked as bb
     a = random_batch(rng, (6,), n, np.float64)
@@ -177,8 +178,12 @@ def test_rows_lu_column_blocks_match_lapack(rng, mma, scheme, n, outer):
     a[4, n // 2, n - 1] = np.nan              # info -1
     piv = cp.full((6, n), -7, dtype=cp.int32)
     info = cp.full((6,), -7, dtype=cp.int32)           # the first panel sets it
-    if scheme == "from a":
+    if scheme.startswith("from"):
         src = cp.asarray(a)
+        if scheme == "from unaligned a":
+            src = cp.empty(a.size + 1)[1:].reshape(a.shape)
+            src[...] = cp.asarray(a)
+            assert src.data.ptr % 16 == 8
         lu = cp.full(a.shape, np.nan)
         bb._rows_lu(lu, piv, info, mma, outer, src=src)
         np.testing.assert_array_equal(src.get(), a)

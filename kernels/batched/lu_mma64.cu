@@ -343,7 +343,8 @@ getrf_mma64(const T *__restrict__ a, T *__restrict__ lu, int *__restrict__ piv,
 
 // GPUQR_ROWS_CLOCK (a measurement build, bench/batched_lu_rows.py --clock):
 // thread 0 of every block of getrf_mma_rows adds its clock64 ticks per phase
-// (0 copy in, 1 pivot steps, 2 DMMA updates, 3 copy out, 4 the moves' list) to
+// (0 copy in of the first sub-panel, 1 pivot steps, 2 DMMA updates and the
+// wait for the other columns' copy, 3 copy out, 4 the moves' list) to
 // gpuqr_rows_clock, and the blocks' count to slot 7.
 #ifdef GPUQR_ROWS_CLOCK
 __device__ unsigned long long gpuqr_rows_clock[8];
@@ -417,14 +418,40 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
     if (tid == 0) atomicAdd(&gpuqr_rows_clock[7], 1ull);
 #endif
 
-    // copy in (cp.async: every load in flight at once), zero beyond the panel
-    for (int e = tid; e < MR * PW; e += nth) {
-        const int i = e >> 5, j = e & 31;
-        if (i < m && j < nb) cp_async_elem(t + i * PLD + j, S + (long long)(k0 + i) * n + k0 + j);
-        else t[i * PLD + j] = 0.0;
+    // copy in (cp.async, zero beyond the panel) as two groups: the first
+    // sub-panel's columns, waited for before the pivot steps, then the other
+    // columns, waited for only before the first DMMA update, so that their
+    // loads arrive behind the first sub-panel's pivot steps (at n = 512 the
+    // first panels are one block per SM: nothing else of the SM hides them).
+    // 16-byte copies where the panel is full and its rows 16-byte aligned.
+    const bool vin = nb == PW && (n & 1) == 0 && (reinterpret_cast<size_t>(S) & 15) == 0;
+    if (vin) {
+        for (int e = tid; e < MR * 4; e += nth) {           // columns 0 .. 7
+            const int i = e >> 2, j = 2 * (e & 3);
+            if (i < m) cp_async16(t + i * PLD + j, S + (long long)(k0 + i) * n + k0 + j);
+            else *reinterpret_cast<double2 *>(t + i * PLD + j) = make_double2(0.0, 0.0);
+        }
+        cp_async_commit();
+        for (int e = tid; e < MR * 12; e += nth) {          // columns 8 .. 31
+            const int i = e / 12, j = 8 + 2 * (e - 12 * i);
+            if (i < m) cp_async16(t + i * PLD + j, S + (long long)(k0 + i) * n + k0 + j);
+            else *reinterpret_cast<double2 *>(t + i * PLD + j) = make_double2(0.0, 0.0);
+        }
+    } else {
+        for (int e = tid; e < MR * 8; e += nth) {
+            const int i = e >> 3, j = e & 7;
+            if (i < m && j < nb) cp_async_elem(t + i * PLD + j, S + (long long)(k0 + i) * n + k0 + j);
+            else t[i * PLD + j] = 0.0;
+        }
+        cp_async_commit();
+        for (int e = tid; e < MR * 24; e += nth) {
+            const int i = e / 24, j = 8 + e - 24 * i;
+            if (i < m && j < nb) cp_async_elem(t + i * PLD + j, S + (long long)(k0 + i) * n + k0 + j);
+            else t[i * PLD + j] = 0.0;
+        }
     }
     cp_async_commit();
-    cp_async_wait<0>();
+    cp_async_wait<1>();
     __syncthreads();
     GPUQR_ROWS_TICK(0)
 
@@ -552,6 +579,10 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
         }
 
         GPUQR_ROWS_TICK(1)
+        if (p == 0) {                                   // the second copy group
+            cp_async_wait<0>();
+            __syncthreads();
+        }
         double O[2][8];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -626,11 +657,21 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
     }
     __syncthreads();
     bool bad = false;
-    for (int e = tid; e < m * nb; e += nth) {
-        const int i = e / nb, j = e - i * nb;
-        const double v = t[perm[i] * PLD + j];
-        bad = bad || !isfinite(v);
-        A[(long long)(k0 + i) * n + k0 + j] = v;
+    if (nb == PW && (n & 1) == 0 && (reinterpret_cast<size_t>(A) & 15) == 0) {
+        // 16-byte units, a row's 16 units on 16 consecutive threads
+        for (int e = tid; e < m * (PW / 2); e += nth) {
+            const int i = e >> 4, j = 2 * (e & 15);
+            const double2 v = *reinterpret_cast<const double2 *>(t + perm[i] * PLD + j);
+            bad = bad || !isfinite(v.x) || !isfinite(v.y);
+            *reinterpret_cast<double2 *>(A + (long long)(k0 + i) * n + k0 + j) = v;
+        }
+    } else {
+        for (int e = tid; e < m * nb; e += nth) {
+            const int i = e / nb, j = e - i * nb;
+            const double v = t[perm[i] * PLD + j];
+            bad = bad || !isfinite(v);
+            A[(long long)(k0 + i) * n + k0 + j] = v;
+        }
     }
     if (tid < nb) piv[mat * n + k0 + tid] = k0 + spiv[tid];
     GPUQR_ROWS_TICK(3)
