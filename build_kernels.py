@@ -57,6 +57,8 @@ def run(args) -> int:
     for r in _kernels.warm_cache(args.cache_dir):
         print(f"{r['file']:<28} {r['variants']:>4} variants  done at {r['seconds']:7.2f} s",
               flush=True)
+    from scipy_gpuqr._iterative.warmup import warm_device_path
+    print(f"{'iterative device path':<28} (CuPy's kernels) {warm_device_path():7.2f} s", flush=True)
     return 0
 
 

@@ -169,3 +169,25 @@ def test_only_the_subcommand_given_is_imported():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
+
+
+def test_build_kernels_warms_the_iterative_device_path_last(monkeypatch, capsys):
+    # the cache warm-up compiles the package's kernels, then runs the device
+    # LSQR/LSMR once so CuPy's own kernels of that path are cached too
+    import argparse
+    from scipy_gpuqr import _gpu, _kernels
+    from scipy_gpuqr._cli import build_kernels
+    from scipy_gpuqr._iterative import warmup
+    order = []
+    monkeypatch.setattr(_gpu, "gpu_info", lambda: {"available": True})
+    monkeypatch.setattr(_kernels, "warm_cache", lambda cache_dir=None: order.append("kernels") or [])
+    monkeypatch.setattr(warmup, "warm_device_path", lambda: order.append("iterative") or 0.5)
+    assert build_kernels.run(argparse.Namespace(cache_dir=None)) == 0
+    assert order == ["kernels", "iterative"]
+    assert "iterative device path" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_warm_device_path_runs_on_the_gpu():
+    from scipy_gpuqr._iterative.warmup import warm_device_path
+    assert warm_device_path() > 0

@@ -1,4 +1,5 @@
-"""``scipy-gpuqr build-kernels``: compile every kernel for the present GPU into the cache.
+"""``scipy-gpuqr build-kernels``: compile every kernel for the present GPU into the cache
+(and CuPy's own kernels of the iterative device path).
 
 Prints one line per kernel file (variants compiled, seconds). Without a GPU
 it says so (``python build_kernels.py --check`` compiles the kernels with
@@ -26,4 +27,6 @@ def run(args) -> int:
                            "compiles without one)")
     for r in _kernels.warm_cache(args.cache_dir):
         print(f"{r['file']:<28} {r['variants']:>4} variants {r['seconds']:7.2f} s", flush=True)
+    from .._iterative.warmup import warm_device_path
+    print(f"{'iterative device path':<28} (CuPy's kernels) {warm_device_path():7.2f} s", flush=True)
     return 0
