@@ -19,12 +19,20 @@ import scipy.sparse as sp
 from .lsmr import lsmr
 from .lsqr import lsqr
 
-__all__ = ["warm_device_path"]
+__all__ = ["warm_device_path", "WARM_SHAPE"]
+
+
+#: Shape of the warm-up problem: CuPy specializes its reductions by the
+#: lengths reduced (block sizes), so vectors this long take the variants that
+#: every larger problem takes.
+WARM_SHAPE = (16384, 8192)
 
 
 def warm_device_path() -> float:
-    """Run LSQR and LSMR a few iterations on a small problem on the current GPU,
-    in the variants whose kernels differ (plain, damped, with ``x0`` and with
+    """Run LSQR and LSMR a few iterations on a sparse problem of :data:`WARM_SHAPE`
+    on the current GPU, given as a host SciPy matrix as ``auto`` gives it (its
+    upload and its first product's canonical-format check included), in the
+    variants whose kernels differ (plain, damped, with ``x0`` and with
     ``calc_var``), so that CuPy compiles the kernels of the device path now.
 
     Returns
@@ -33,17 +41,17 @@ def warm_device_path() -> float:
         Seconds taken.
     """
     import cupy
-    import cupyx.scipy.sparse as csp
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(0)
-    dense = rng.standard_normal((96, 48)) * (rng.random((96, 48)) < 0.1) + np.eye(96, 48)
-    Ad = csp.csr_matrix(sp.csr_matrix(dense))
-    b = cupy.asarray(rng.standard_normal(96))
-    x0 = cupy.zeros(48)
-    for kw in ({}, {"damp": 0.5}, {"x0": x0}):
-        lsqr(Ad, b, iter_lim=8, **kw)
-        lsmr(Ad, b, maxiter=8, **kw)
-    lsqr(Ad, b, iter_lim=8, calc_var=True)
+    m, n = WARM_SHAPE
+    rows = np.concatenate([np.arange(n), rng.integers(0, m, 4 * n)])
+    cols = np.concatenate([np.arange(n), np.repeat(np.arange(n), 4)])
+    A = sp.csc_array((rng.standard_normal(len(rows)), (rows, cols)), shape=(m, n))
+    b = rng.standard_normal(m)
+    for kw in ({}, {"damp": 0.5}, {"x0": np.zeros(n)}):
+        lsqr(A, b, iter_lim=8, xp=cupy, **kw)
+        lsmr(A, b, maxiter=8, xp=cupy, **kw)
+    lsqr(A, b, iter_lim=8, calc_var=True, xp=cupy)
     cupy.cuda.Device().synchronize()
     return time.perf_counter() - t0
