@@ -181,6 +181,23 @@ def layer_streams(cp, device_id: int, layer: int = 0) -> tuple:
     return streams
 
 
+def pool_block(pool: np.ndarray, start: int, rows: int, width: int, pitch: int) -> np.ndarray:
+    """The ``rows`` × ``width`` view of the host ``pool`` whose rows begin
+    ``pitch`` elements apart from ``start`` (a front or carried block as a
+    stage pool stores it).
+
+    Raises
+    ------
+    ValueError
+        The block reaches past the pool's end.
+    """
+    if start + (rows - 1) * pitch + width > pool.size:
+        raise ValueError("place_blocks: a block past the pool's end")
+    isz = pool.itemsize
+    return np.lib.stride_tricks.as_strided(pool[start:], shape=(rows, width),
+                                           strides=(pitch * isz, isz))
+
+
 def _all_finite(pool: np.ndarray) -> bool:
     """Whether every value of a host pool is finite: chunks of
     :data:`CHECK_CHUNK` on threads (no temporary of the pool's size; a host
@@ -339,13 +356,8 @@ class NumpyDevice:
         ``pitch`` apart from ``start``, to ``out[at:]`` row after row. Returns
         what to wait for before ``out`` is read there (None: done)."""
         for a, m, w, n, at in blocks:
-            if not (m and w):
-                continue
-            if a + (m - 1) * n + w > pool.size:
-                raise ValueError("place_blocks: a block past the pool's end")
-            src = np.lib.stride_tricks.as_strided(pool[a:], shape=(m, w),
-                                                  strides=(n * pool.itemsize, pool.itemsize))
-            out[at: at + m * w].reshape(m, w)[...] = src
+            if m and w:
+                out[at: at + m * w].reshape(m, w)[...] = pool_block(pool, a, m, w, n)
         return None
 
     def fetch(self, pool, segments) -> np.ndarray:

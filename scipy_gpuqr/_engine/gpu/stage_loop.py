@@ -25,7 +25,7 @@ import numpy as np
 from ..._errors import GpuEngineError
 from ..._schedule import native
 from ..._schedule.tasks import TASK_DTYPE, TaskType
-from .device import CupyDevice, HostFrontDevice
+from .device import CupyDevice, HostFrontDevice, pool_block
 from .pool_copy import pool_final
 from .rcopy import (ColumnRCopy, NumpyRCopy, column_bounds, final_entries_cached,
                     strided_runs, touched)
@@ -660,14 +660,10 @@ class _Placing:
 
     def __init__(self, pool, blocks, out):
         pieces = []
-        isz = pool.itemsize
         for a, m, w, n, at in blocks:
             if not (m and w):
                 continue
-            if a + (m - 1) * n + w > pool.size:
-                raise ValueError("place_blocks: a block past the pool's end")
-            src = np.lib.stride_tricks.as_strided(pool[a:], shape=(m, w),
-                                                  strides=(n * isz, isz))
+            src = pool_block(pool, a, m, w, n)
             dst = out[at: at + m * w].reshape(m, w)
             step = max(1, _PLACE_PIECE // w)
             pieces += [(src[r:r + step], dst[r:r + step]) for r in range(0, m, step)]
