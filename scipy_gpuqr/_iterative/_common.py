@@ -285,7 +285,13 @@ class Problem:
 def _to_device(A, cp):
     if sp.issparse(A):
         import cupyx.scipy.sparse as csp
-        return csp.csr_matrix(sp.csr_matrix(A, dtype=np.float64))
+        S = sp.csr_matrix(A, dtype=np.float64)
+        D = csp.csr_matrix(S)
+        if S.has_canonical_format:
+            # known on the host: cupyx would check it on the device at the first
+            # product, with kernels CuPy compiles on their first use (seconds)
+            D.has_canonical_format = True
+        return D
     if isinstance(A, np.ndarray):
         return cp.asarray(A, dtype=np.float64)
     if is_cupy_sparse(A):
@@ -346,7 +352,10 @@ def _compressed_products(A):
 
 def _transpose(A, xp):
     if xp is not np and is_cupy_sparse(A):
-        return A.T.tocsr()
+        T = A.T.tocsr()
+        if getattr(A, "_has_canonical_format", False):
+            T.has_canonical_format = True       # a canonical matrix's transpose is canonical
+        return T
     return A.T
 
 
