@@ -448,3 +448,44 @@ def test_gpu_pipelining_and_extras():
     assert np.linalg.norm(cp.asnumpy(res.var) - ref[9]) <= 1e-2 * np.linalg.norm(ref[9])
     dense = lsqr(cp.asarray(A.toarray()), bd)
     assert dense.istop == 2 and abs(dense.itn - sla.lsqr(A, b)[2]) <= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 255, 4097, 3_000_001])
+def test_gpu_vector_kernels_against_numpy(n):
+    # kernels/iterative/vector_ops.cu: every operation of CupyOps against
+    # NumPy on fresh random vectors, the slot poisoned first; the sum of
+    # squares the same bits on a second call (a fixed summation order)
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(n)
+    ops = _common.CupyOps(n)
+    vec = lambda: rng.standard_normal(n)
+    x, u, v, w, h, hb, var = (vec() for _ in range(7))
+    X, U, V, W, H, HB, VAR = (cp.asarray(a) for a in (x, u, v, w, h, hb, var))
+    ops.buffer[:] = cp.nan
+    ops.sumsq(X, 1)
+    first = float(ops.fetch(1)[0])
+    assert abs(first - x @ x) <= 1e-13 * (x @ x)
+    ops.sumsq(X, 1)
+    assert float(ops.fetch(1)[0]) == first
+    ops.subtract_scaled(U, V, 0.75)
+    np.testing.assert_allclose(U.get(), u - 0.75 * v, rtol=1e-15, atol=1e-15)
+    ops.scale_by_inverse_root(U, 1)
+    np.testing.assert_allclose(U.get(), (u - 0.75 * v) / np.sqrt(first), rtol=1e-14, atol=1e-15)
+    ops.subtract_root_scaled(V, W, 1)
+    np.testing.assert_allclose(V.get(), v - np.sqrt(first) * w, rtol=1e-14, atol=1e-13)
+    d2 = ops.lsqr_update(X, W, U, VAR, 2.0, 0.5, 0.25, 2)
+    wk = w
+    np.testing.assert_allclose(VAR.get(), var + (wk / 2.0) ** 2, rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(X.get(), x + 0.25 * wk, rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(W.get(), (u - 0.75 * v) / np.sqrt(first) - 0.125 * wk,
+                               rtol=1e-13, atol=1e-14)
+    assert d2 == 0.25 and abs(float(ops.fetch(2)[0]) - wk @ wk) <= 1e-13 * (wk @ wk)
+    x2 = X.get()
+    ops.lsmr_update(X, H, HB, U, 0.5, 0.25, -0.5, 3)
+    hbar = h + 0.5 * hb
+    np.testing.assert_allclose(HB.get(), hbar, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(X.get(), x2 + 0.25 * hbar, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(H.get(), U.get() - 0.5 * h, rtol=1e-14, atol=1e-14)
+    xn = X.get()
+    assert abs(float(ops.fetch(3)[0]) - xn @ xn) <= 1e-13 * (xn @ xn)

@@ -279,7 +279,9 @@ class Problem:
             v = v.squeeze()
         if v.shape != (size,):
             raise ValueError(f"{name} has shape {v.shape}; A needs ({size},)")
-        return v.astype(np.float64, copy=copy)
+        v = v.astype(np.float64, copy=copy)
+        # the device kernels read contiguous vectors (a strided b, e.g. a column, is copied)
+        return v if xp is np else xp.ascontiguousarray(v)
 
 
 def _to_device(A, cp):
@@ -436,35 +438,32 @@ class NumpyOps:
         self.slots[slot] = np.dot(x, x)
 
 
+#: Source of the device path's vector kernels (relative to ``kernels/``).
+VECTOR_OPS_FILE = "iterative/vector_ops.cu"
+
+#: Threads of a vector kernel's block (``VO_THREADS`` in the source).
+VECTOR_THREADS = 256
+
+#: Most blocks of a sum of squares (its partials buffer's length).
+SUMSQ_MAX_BLOCKS = 512
+
+
 @functools.lru_cache(maxsize=None)
-def _cupy_kernels():
-    """The fused CuPy kernels of :class:`CupyOps` (compiled on first use)."""
-    cp = import_cupy()
-    ek, rk = cp.ElementwiseKernel, cp.ReductionKernel
-    return dict(
-        sumsq=rk("T x", "T y", "x * x", "a + b", "y = a", "0", "gpuqr_sumsq"),
-        subtract_scaled=ek("T u, T alpha", "T t", "t = t - alpha * u", "gpuqr_axmy"),
-        scale_by_inverse_root=ek("raw T s", "T t",
-                                 "const T ss = s[0]; if (ss > 0) t = t * (1.0 / sqrt(ss));",
-                                 "gpuqr_scale_inv_root"),
-        subtract_root_scaled=ek("T v, raw T s", "T c", "c = c - sqrt(s[0]) * v",
-                                "gpuqr_sub_root_scaled"),
-        lsqr=ek("T v, T t1, T t2", "T x, T w",
-                "const T wk = w; x = x + t1 * wk; w = v + t2 * wk;", "gpuqr_lsqr_update"),
-        lsqr_var=ek("T v, T t1, T t2, T k", "T x, T w, T var",
-                    "const T wk = w; const T d = wk * k; var = var + d * d;"
-                    " x = x + t1 * wk; w = v + t2 * wk;", "gpuqr_lsqr_update_var"),
-        lsmr=ek("T v, T c_hbar, T c_x, T c_h", "T x, T h, T hbar",
-                "const T hb = h + c_hbar * hbar; hbar = hb; x = x + c_x * hb;"
-                " h = v + c_h * h;", "gpuqr_lsmr_update"),
-    )
+def _vector_kernels(device: int) -> dict:
+    """The kernels of :data:`VECTOR_OPS_FILE` on ``device`` (compiled, or loaded
+    from the kernel cache, on first use; one module)."""
+    from .._kernels import load_module
+    module = load_module(VECTOR_OPS_FILE)
+    return {name: module.get_function(f"gpuqr_{name}") for name in
+            ("sumsq", "axmy", "scale_inv_root", "sub_root_scaled", "lsqr_update",
+             "lsqr_update_var", "lsmr_update")}
 
 
 class CupyOps:
-    """The vector operations of LSQR/LSMR in fused CuPy kernels.
+    """The vector operations of LSQR/LSMR in fused device kernels (:data:`VECTOR_OPS_FILE`).
 
     Same operations and meanings as :class:`NumpyOps`, fewer launches: each
-    statement group is one elementwise kernel (9 launches besides the two
+    statement group is one kernel over contiguous vectors (9 launches besides the two
     products per iteration, against some 20 for the same steps in plain
     CuPy expressions), sums of squares are one reduction each, written
     straight into a 4-slot device buffer, and beta never leaves the device
@@ -482,11 +481,24 @@ class CupyOps:
 
     def __init__(self, n):
         cp = import_cupy()
-        self.k = _cupy_kernels()
+        self.k = _vector_kernels(cp.cuda.Device().id)
         self.buffer = cp.zeros(4, dtype=np.float64)
-        self._views = [self.buffer[i] for i in range(4)]
         self._raw = [self.buffer[i:i + 1] for i in range(4)]
+        self._partial = cp.empty(SUMSQ_MAX_BLOCKS, dtype=np.float64)
+        self._ticket = cp.zeros(1, dtype=np.uint32)
         self.count = 0
+
+    def _launch(self, name, n, *args):
+        """``name`` over vectors of length ``n`` (grid-stride; on the current stream)."""
+        blocks = max(1, min(-(-n // VECTOR_THREADS), 4096))
+        self.k[name]((blocks,), (VECTOR_THREADS,), (*args, np.int64(n)))
+
+    def _sumsq(self, x, slot):
+        """``buffer[slot] = x·x`` in one launch (:data:`VECTOR_OPS_FILE`)."""
+        n = int(x.size)
+        blocks = max(1, min(-(-n // (8 * VECTOR_THREADS)), SUMSQ_MAX_BLOCKS))
+        self.k["sumsq"]((blocks,), (VECTOR_THREADS,),
+                        (x, np.int64(n), self._partial, self._ticket, self._raw[slot]))
 
     def fetch(self, *slots):
         """The values of ``slots``, in one device→host copy of the slot buffer."""
@@ -495,29 +507,32 @@ class CupyOps:
         return tuple(values[k] for k in slots)
 
     def sumsq(self, x, slot):
-        self.k["sumsq"](x, out=self._views[slot])
+        self._sumsq(x, slot)
 
     def subtract_scaled(self, t, u, alpha):
-        self.k["subtract_scaled"](u, alpha, t)
+        self._launch("axmy", t.size, u, np.float64(alpha), t)
 
     def scale_by_inverse_root(self, t, slot):
-        self.k["scale_by_inverse_root"](self._raw[slot], t)
+        self._launch("scale_inv_root", t.size, self._raw[slot], t)
 
     def subtract_root_scaled(self, c, v, slot):
-        self.k["subtract_root_scaled"](v, self._raw[slot], c)
+        self._launch("sub_root_scaled", c.size, v, self._raw[slot], c)
 
     def lsqr_update(self, x, w, v, var, rho, phi, theta, slot):
         # ‖w‖² to the slot, 1/rho² to the host: ‖d‖² = ‖w‖²/rho²
-        self.k["sumsq"](w, out=self._views[slot])
+        self._sumsq(w, slot)
         if var is None:
-            self.k["lsqr"](v, phi / rho, -theta / rho, x, w)
+            self._launch("lsqr_update", x.size, v, np.float64(phi / rho),
+                         np.float64(-theta / rho), x, w)
         else:
-            self.k["lsqr_var"](v, phi / rho, -theta / rho, 1 / rho, x, w, var)
+            self._launch("lsqr_update_var", x.size, v, np.float64(phi / rho),
+                         np.float64(-theta / rho), np.float64(1 / rho), x, w, var)
         return (1 / rho) ** 2
 
     def lsmr_update(self, x, h, hbar, v, c_hbar, c_x, c_h, slot):
-        self.k["lsmr"](v, c_hbar, c_x, c_h, x, h, hbar)
-        self.k["sumsq"](x, out=self._views[slot])
+        self._launch("lsmr_update", x.size, v, np.float64(c_hbar), np.float64(c_x),
+                     np.float64(c_h), x, h, hbar)
+        self._sumsq(x, slot)
 
 
 def make_ops(xp, n):

@@ -1,12 +1,14 @@
 """CuPy's own kernels of the device LSQR/LSMR path, compiled ahead of a first call.
 
 The device path of :func:`~scipy_gpuqr._iterative.lsqr` and
-:func:`~scipy_gpuqr._iterative.lsmr` runs its vector updates, norms and
-reductions as CuPy elementwise and reduction kernels, which CuPy compiles on
-their first use in an environment and keeps in its cache (``CUPY_CACHE_DIR``).
-A user's first iterative GPU call on a fresh machine otherwise pays those
-compiles inside the call (seconds). ``build_kernels.py`` (the cache warm-up)
-runs :func:`warm_device_path` after compiling the package's own kernels.
+:func:`~scipy_gpuqr._iterative.lsmr` runs its vector updates and sums of
+squares in the package's own kernels (``kernels/iterative/vector_ops.cu``,
+compiled by the cache warm-up like every kernel file), but A's upload, the
+starting vectors' copies and casts and the residual of ``x0`` are CuPy
+operations, which CuPy compiles on their first use in an environment and keeps
+in its cache (``CUPY_CACHE_DIR``). ``build_kernels.py`` (the cache warm-up)
+runs :func:`warm_device_path` after compiling the package's own kernels, so
+that a first call compiles none of them.
 """
 
 from __future__ import annotations
