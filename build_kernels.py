@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scipy_gpuqr import _kernels  # noqa: E402
+from scipy_gpuqr._iterative.warmup import warm_device_path  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -57,7 +58,6 @@ def run(args) -> int:
     for r in _kernels.warm_cache(args.cache_dir):
         print(f"{r['file']:<28} {r['variants']:>4} variants  done at {r['seconds']:7.2f} s",
               flush=True)
-    from scipy_gpuqr._iterative.warmup import warm_device_path
     print(f"{'iterative device path':<28} (CuPy's kernels) {warm_device_path():7.2f} s", flush=True)
     return 0
 

@@ -177,11 +177,10 @@ def test_build_kernels_warms_the_iterative_device_path_last(monkeypatch, capsys)
     import argparse
     from scipy_gpuqr import _gpu, _kernels
     from scipy_gpuqr._cli import build_kernels
-    from scipy_gpuqr._iterative import warmup
     order = []
     monkeypatch.setattr(_gpu, "gpu_info", lambda: {"available": True})
     monkeypatch.setattr(_kernels, "warm_cache", lambda cache_dir=None: order.append("kernels") or [])
-    monkeypatch.setattr(warmup, "warm_device_path", lambda: order.append("iterative") or 0.5)
+    monkeypatch.setattr(build_kernels, "warm_device_path", lambda: order.append("iterative") or 0.5)
     assert build_kernels.run(argparse.Namespace(cache_dir=None)) == 0
     assert order == ["kernels", "iterative"]
     assert "iterative device path" in capsys.readouterr().out

@@ -9,6 +9,7 @@ NVRTC without one).
 from __future__ import annotations
 
 from .. import _gpu, _kernels
+from .._iterative.warmup import warm_device_path
 from ._common import CommandError
 
 __all__ = ["add_arguments", "run"]
@@ -27,6 +28,5 @@ def run(args) -> int:
                            "compiles without one)")
     for r in _kernels.warm_cache(args.cache_dir):
         print(f"{r['file']:<28} {r['variants']:>4} variants {r['seconds']:7.2f} s", flush=True)
-    from .._iterative.warmup import warm_device_path
     print(f"{'iterative device path':<28} (CuPy's kernels) {warm_device_path():7.2f} s", flush=True)
     return 0

@@ -43,6 +43,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._gpu import import_cupy, is_cupy_array, is_cupy_sparse
+from .._kernels import load_module
 
 try:        # SciPy's compiled sparse kernels (private: used where found, see _compressed_products)
     from scipy.sparse import _sparsetools
@@ -452,7 +453,6 @@ SUMSQ_MAX_BLOCKS = 512
 def _vector_kernels(device: int) -> dict:
     """The kernels of :data:`VECTOR_OPS_FILE` on ``device`` (compiled, or loaded
     from the kernel cache, on first use; one module)."""
-    from .._kernels import load_module
     module = load_module(VECTOR_OPS_FILE)
     return {name: module.get_function(f"gpuqr_{name}") for name in
             ("sumsq", "axmy", "scale_inv_root", "sub_root_scaled", "lsqr_update",
