@@ -16,8 +16,7 @@ of a large template family whose calls each need one instance (the batched
 n <= 32 kernels: one per order and type) is declared by its module
 (``SEPARATE_FILES``): the run time compiles each of its variants alone, and so
 do the cache warm-up and the check, because CuPy's cache key holds the name
-expressions compiled together (NVRTC also takes far longer per variant when
-compiling a hundred at once).
+expressions compiled together.
 
 Sources are *flattened* before compilation: every ``#include "x.cuh"`` of a
 file in ``kernels/`` is replaced by that file's text, recursively. The text
