@@ -4,10 +4,13 @@
     python build_kernels.py            # compile for the present GPU, fill the cache
     python build_kernels.py --check    # NVRTC only, sm_80 and sm_90, no GPU needed
 
-``--check`` compiles the same flattened sources with the same options as the
-run time (``scipy_gpuqr._kernels``), so a kernel that fails here would fail
-for users; it exits non-zero on any error. Installed users have the same as
-``scipy-gpuqr build-kernels``.
+Both compile the units the run time compiles (``scipy_gpuqr._kernels.compile_units``:
+a variant group, or one variant of the batched n <= 32 families), from the
+same flattened sources with the same options, so a kernel that fails here
+would fail for users; ``--check`` exits non-zero on any error. Filling the
+cache also runs the device LSQR/LSMR once (``scipy_gpuqr._iterative.warmup``)
+so that CuPy's own kernels of that path are cached too. Installed users have
+the same as ``scipy-gpuqr build-kernels``.
 """
 
 from __future__ import annotations
