@@ -1,5 +1,6 @@
 """The task record: NumPy dtype and the kernel struct agree (NVRTC, no GPU)."""
 
+import numpy as np
 import pytest
 
 from scipy_gpuqr import _kernels
@@ -141,3 +142,24 @@ def test_longest_first_orders_records_within_their_launch():
     assert longest_first(t, [0, 4, 7]).tolist() == [1, 2, 0, 3, 4, 5, 6]
     assert longest_first(t, [0, 7]).tolist() == [1, 2, 4, 0, 3, 5, 6]
     assert longest_first(t[:0], [0]).tolist() == []
+
+
+def test_records_moved_whole_and_type_masks():
+    from scipy_gpuqr._schedule.tasks import (TASK_DTYPE, TaskType, applies, empty_tasks,
+                                             factorizes, join_records, take_records)
+    rng = np.random.default_rng(3)
+    rec = empty_tasks(40)
+    rec["type"] = rng.integers(0, len(TaskType), 40)
+    rec["front"] = rng.integers(0, 9, 40)
+    rec["c1"] = rng.integers(0, 500, 40)
+    rec["rows"][:, 0] = rng.integers(0, 99, 40)
+    order = rng.permutation(40)
+    assert take_records(rec, order).tobytes() == rec[order].tobytes()
+    assert take_records(rec, rec["front"] > 4).tobytes() == rec[rec["front"] > 4].tobytes()
+    joined = join_records([rec[:7], rec[7:7], rec[7:]])
+    assert joined.dtype == TASK_DTYPE and joined.tobytes() == rec.tobytes()
+    t = rec["type"]
+    np.testing.assert_array_equal(applies(t), np.isin(t, (TaskType.APPLY,
+                                                          TaskType.APPLY_FACTORIZE)))
+    np.testing.assert_array_equal(factorizes(t), np.isin(t, (TaskType.FACTORIZE,
+                                                             TaskType.APPLY_FACTORIZE)))

@@ -55,7 +55,7 @@ from . import cache as disk       # ``cache`` names build_schedule's argument
 from .dense import DENSE_COLUMNS_PER_LAUNCH, dense_defer, dense_front_mask
 from .pattern_cache import PerPattern
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TASK_DTYPE,
-                    TaskType, empty_tasks, longest_first)
+                    TaskType, applies, empty_tasks, factorizes, longest_first, take_records)
 
 __all__ = ["StageSchedule", "SparseSchedule", "build_schedule", "schedule_stats",
            "record_flops", "clear_schedule_cache", "schedule_digest", "S_CHUNK", "PACK_CHUNK"]
@@ -945,9 +945,7 @@ class _StageMaker:
             dst = (np.repeat(lp[Ls] - lp[L0] + self.nfac[L0:L1] - (self.asm_ptr[Ls] - a0), na)
                    + np.arange(a1 - a0))
             o64[dst] = self.asm[a0:a1]
-        order = longest_first(out, lp[L0:L1 + 1] - lp[L0], self.ctx.tile)
-        rows = out.view(np.dtype((np.void, TASK_DTYPE.itemsize)))   # fast whole-record moves
-        return rows[order].view(TASK_DTYPE)
+        return take_records(out, longest_first(out, lp[L0:L1 + 1] - lp[L0], self.ctx.tile))
 
 
 def _assembly_sorted(fs, first, last, sid, stage_of, foff, carried, asm_a, pack_a, nlaunch):
@@ -1049,7 +1047,7 @@ def record_flops(tasks: np.ndarray, tile: int) -> np.ndarray:
     """
     typ = tasks["type"]
     out = np.zeros(len(tasks))
-    app = (typ == TaskType.APPLY) | (typ == TaskType.APPLY_FACTORIZE)
+    app = applies(typ)
     m = tasks["napply"][app].astype(float) * tile
     out[app] = 4.0 * m * tasks["nref"][app] * (tasks["c1"][app] - tasks["c0"][app])
     for t_, nref_field in ((TaskType.FACTORIZE, "nref"), (TaskType.APPLY_FACTORIZE, "aux")):
@@ -1102,9 +1100,9 @@ def schedule_stats(analysis, pipelining: bool = True, *, tile: int = DEFAULT_TIL
         a, b = st.fronts
         ntile = int(np.sum(-(-fs.fm[a:b + 1] // tile) * -(-fs.fn[a:b + 1] // tile)))
         touched = np.zeros(len(t), dtype=np.int64)
-        fac = (typ == TaskType.FACTORIZE) | (typ == TaskType.APPLY_FACTORIZE)
+        fac = factorizes(typ)
         touched[fac] += t["nfrows"][fac]
-        app = (typ == TaskType.APPLY) | (typ == TaskType.APPLY_FACTORIZE)
+        app = applies(typ)
         touched[app] += t["napply"][app] * (-(-(t["c1"][app] - t["c0"][app]) // tile))
         per_launch.extend(cnt.tolist())
         if len(t) and ntile:

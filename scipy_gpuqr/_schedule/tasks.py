@@ -78,7 +78,8 @@ __all__ = ["TaskType", "TASK_DTYPE", "TASK_BYTES", "MAX_SLOTS",
            "MAX_BUNDLE", "DEFAULT_TILE", "DEFAULT_BUNDLE",
            "DEFAULT_APPLY_GRANULE", "empty_tasks", "c_struct_asserts",
            "apply_piece_columns", "apply_split", "FACTORIZE_COST", "record_costs",
-           "longest_first"]
+           "longest_first", "RECORD_BYTES", "take_records", "join_records", "applies",
+           "factorizes"]
 
 #: Default tile edge (a tunable: nothing may assume 32).
 DEFAULT_TILE = 32
@@ -129,6 +130,37 @@ def empty_tasks(n: int) -> np.ndarray:
     out = np.zeros(n, dtype=TASK_DTYPE)
     out["rows"] = -1
     return out
+
+
+#: A record as one opaque item of :data:`TASK_BYTES`: records taken, reordered or
+#: joined whole (NumPy copies a structured array field by field, several times
+#: slower).
+RECORD_BYTES = np.dtype((np.void, TASK_BYTES))
+
+
+def take_records(records: np.ndarray, index) -> np.ndarray:
+    """``records[index]`` (contiguous records), each record moved as one item."""
+    return records.view(RECORD_BYTES)[index].view(TASK_DTYPE)
+
+
+def join_records(parts) -> np.ndarray:
+    """The records of ``parts`` (arrays of TASK_DTYPE) one after the other, each
+    record moved as one item."""
+    return np.concatenate([np.ascontiguousarray(p, dtype=TASK_DTYPE).view(RECORD_BYTES)
+                           for p in parts]).view(TASK_DTYPE)
+
+
+def applies(types) -> np.ndarray:
+    """Which record types apply reflectors: Apply and Apply+Factorize (bool)."""
+    types = np.asarray(types)
+    return (types == TaskType.APPLY) | (types == TaskType.APPLY_FACTORIZE)
+
+
+def factorizes(types) -> np.ndarray:
+    """Which record types make reflectors (Q's replay keeps them): Factorize and
+    Apply+Factorize (bool)."""
+    types = np.asarray(types)
+    return (types == TaskType.FACTORIZE) | (types == TaskType.APPLY_FACTORIZE)
 
 
 _C_TYPES = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int",
@@ -229,8 +261,7 @@ def apply_split(types, c0, c1, slots: int, max_split: int, tile: int = DEFAULT_T
     # an Apply+Factorize record's Apply is cut too (the tile it factorizes in piece 0,
     # its other tiles in the rest): min(tiles, s) pieces with work, as an Apply's
     # (called for every launch on the engine's thread: few NumPy calls)
-    types = np.asarray(types)
-    app = (types == TaskType.APPLY) | (types == TaskType.APPLY_FACTORIZE)
+    app = applies(types)
     napp = int(np.count_nonzero(app))
     if not napp:
         return 1
@@ -260,8 +291,7 @@ def record_costs(records, tile: int = DEFAULT_TILE) -> np.ndarray:
     assembly records (int64)."""
     ty = np.asarray(records["type"], dtype=np.int64)
     tiles = np.maximum(-(-(records["c1"].astype(np.int64) - records["c0"]) // tile), 0)
-    app = (ty == TaskType.APPLY) | (ty == TaskType.APPLY_FACTORIZE)
-    fac = (ty == TaskType.FACTORIZE) | (ty == TaskType.APPLY_FACTORIZE)
+    app, fac = applies(ty), factorizes(ty)
     return (np.where(app, tiles * records["napply"].astype(np.int64), 0)
             + np.where(fac, FACTORIZE_COST, 0))
 

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..._schedule.native import run_ranges, run_split, thread_count
-from ..._schedule.tasks import TaskType
+from ..._schedule.tasks import TaskType, applies
 from .array_ops import take_rows
 
 __all__ = ["final_entries", "final_entries_cached", "launch_of_records", "whole_front_writes",
@@ -127,7 +127,7 @@ def final_entries(analysis, layout, stage, tile: int, pos=None) -> np.ndarray:
     whole = whole_front_writes(fs, stage, launch_of, typ, front, typ == TaskType.S_ASSEMBLE)
     # column-tile writers
     fac = typ == TaskType.FACTORIZE
-    app = (typ == TaskType.APPLY) | (typ == TaskType.APPLY_FACTORIZE)
+    app = applies(typ)
     t0 = np.concatenate([t["col"][fac].astype(np.int64) // tile,
                          t["c0"][app].astype(np.int64) // tile])
     t1 = np.concatenate([t["col"][fac].astype(np.int64) // tile + 1,

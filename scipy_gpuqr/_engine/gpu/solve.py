@@ -58,7 +58,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..._kernels import load_module
-from ..._schedule.tasks import TASK_BYTES, TASK_DTYPE, TaskType, empty_tasks
+from ..._schedule.tasks import (TASK_BYTES, TASK_DTYPE, TaskType, empty_tasks, factorizes,
+                                join_records, take_records)
 from ..._store import write_behind
 from ..host.simulate import apply_q_records, apply_qt_records, one_blas_thread
 from ..memory import RESERVE
@@ -117,7 +118,7 @@ def reflector_records(tasks: np.ndarray, F, rowmap_off) -> np.ndarray:
     if n == 0:
         return out
     typ = tasks["type"].astype(np.int64)
-    if not np.all((typ == TaskType.FACTORIZE) | (typ == TaskType.APPLY_FACTORIZE)):
+    if not np.all(factorizes(typ)):
         raise ValueError("reflector_records: only Factorize and Apply+Factorize records")
     isf = typ == TaskType.FACTORIZE
     rows = tasks["rows"].astype(np.int64)
@@ -243,12 +244,7 @@ def build_replay_plan(m: int, fronts: list, *, tile: int, bundle: int,
     lau = cat([np.asarray(fr[2], dtype=np.int64) for fr in kept])
     stg = np.repeat(np.fromiter((fr[3] for fr in kept), dtype=np.int64, count=len(kept)), count)
     if kept:
-        # whole records as bytes (np.concatenate of the structured arrays promotes
-        # field by field: slow)
-        dt = kept[0][1].dtype
-        raw = np.dtype((np.void, dt.itemsize))
-        allt = np.concatenate([np.ascontiguousarray(fr[1], dtype=dt).view(raw)
-                               for fr in kept]).view(dt)
+        allt = join_records([fr[1] for fr in kept])
         F = np.repeat(np.fromiter((fr[4] for fr in kept), dtype=np.int64, count=len(kept)),
                       count)
         moff = np.repeat(np.cumsum(nslot) - nslot, count)
@@ -259,7 +255,7 @@ def build_replay_plan(m: int, fronts: list, *, tile: int, bundle: int,
         raise ValueError(f"a reflector stacks {int(rec['napply'].max())} row tiles; "
                          f"the device kernel holds {bundle}")
     order = np.argsort(lau, kind="stable")
-    rec = rec.view(np.dtype((np.void, rec.dtype.itemsize)))[order].view(rec.dtype)  # by bytes
+    rec = take_records(rec, order)
     lau, stg = lau[order], stg[order]
     # levels: the factorization's launches that kept reflectors or end with a dense front
     dense_at: dict = {}

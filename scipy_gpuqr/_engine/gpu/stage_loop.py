@@ -24,7 +24,7 @@ import numpy as np
 
 from ..._errors import GpuEngineError
 from ..._schedule import native
-from ..._schedule.tasks import TASK_DTYPE, TaskType
+from ..._schedule.tasks import TaskType, factorizes, take_records
 from .device import CupyDevice, HostFrontDevice, pool_block
 from .pool_copy import pool_final
 from .rcopy import (ColumnRCopy, NumpyRCopy, column_bounds, final_entries_cached,
@@ -36,10 +36,6 @@ __all__ = ["StageLoop", "stage_reflector_records", "assemble_r", "r_dtype", "FAC
 
 #: Record types whose Householder vectors ``Q``'s replay keeps.
 FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
-
-#: A record as one opaque item: records taken, sorted or joined whole (NumPy
-#: copies a structured array field by field, several times slower).
-_RECORD_BYTES = np.dtype((np.void, TASK_DTYPE.itemsize))
 
 #: A host stage's R values (not the last stage's) gathered on a worker while the
 #: next stages run; off: on the engine's thread before the next stage.
@@ -614,12 +610,6 @@ class StageLoop:
                                             and self.nstage - 1 not in self.host_stages)}
 
 
-def _factorize_mask(records) -> np.ndarray:
-    """Which of ``records`` are of :data:`FACTORIZE_TYPES` (bool)."""
-    ty = records["type"]
-    return (ty == TaskType.FACTORIZE) | (ty == TaskType.APPLY_FACTORIZE)
-
-
 def stage_reflector_records(sched, sid: int, st, base: int):
     """A materialized stage's Factorize / Apply+Factorize records sorted by front
     (stable; ``F = 0``) and their global launches (``base``: the stage's first),
@@ -631,9 +621,9 @@ def stage_reflector_records(sched, sid: int, st, base: int):
     kept = extras.get(key) if extras is not None else None
     if kept is None:
         t = st.tasks
-        kk = np.flatnonzero(_factorize_mask(t))
+        kk = np.flatnonzero(factorizes(t["type"]))
         kk = kk[np.argsort(t["front"][kk], kind="stable")]
-        allf = t.view(_RECORD_BYTES)[kk].view(TASK_DTYPE)
+        allf = take_records(t, kk)
         allf["F"] = 0
         alll = int(base) + np.searchsorted(st.launch_ptr, kk, side="right").astype(np.int64) - 1
         allf.flags.writeable = False

@@ -32,7 +32,7 @@ from ..._schedule.dense import DEFAULT_DENSE_FLOPS
 from ..._schedule.dense_split import SplitModel, block_owners
 from ..._schedule.devices import DevicePlan, map_devices
 from ..._schedule.sparse import build_schedule, record_flops
-from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
+from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, factorizes, take_records
 from ..dense_front import DEFAULT_PANEL, DenseFront, factorize_numpy, panels_of
 from ..split_front import split_factorize_numpy
 from .reference import task_list_input
@@ -40,7 +40,6 @@ from .simulate import SimulateQR, assemble_r, execute_task, front_slots, one_bla
 
 __all__ = ["SimulatedDevice", "simulate_multi_device"]
 
-_FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
 
 
 @dataclass(eq=False)
@@ -247,8 +246,8 @@ class _Run:
             dev = self.devices[int(self.plan.stage_device[sid])]
             pool = dev.pools[sid]
             t = st.tasks
-            fac = t[np.isin(t["type"], _FACTORIZE_TYPES)]
-            fac = fac[np.argsort(fac["front"], kind="stable")]
+            kk = np.flatnonzero(factorizes(t["type"]))
+            fac = take_records(t, kk[np.argsort(t["front"][kk], kind="stable")])
             first, last = st.fronts
             ptr = np.searchsorted(fac["front"], np.arange(first, last + 2))
             for i, f in enumerate(range(first, last + 1)):
