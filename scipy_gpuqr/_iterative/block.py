@@ -34,9 +34,11 @@ import scipy.sparse as sp
 
 from .._gpu import import_cupy
 from .._kernels import KernelUse, load_module
-from ._common import Clock, IterationState, Progress, print_summary
-from .lsmr import LSMRResult
-from .lsqr import LSQRResult
+from ._common import Clock, IterationState, Progress
+from .lsmr import SUMMARY_NORMS as LSMR_NORMS
+from .lsmr import LSMRResult, lsmr_result
+from .lsqr import SUMMARY_NORMS as LSQR_NORMS
+from .lsqr import LSQRResult, lsqr_result
 
 try:        # SciPy's compiled format conversion (private: where found, else SciPy's tocsc)
     from scipy.sparse import _sparsetools
@@ -334,10 +336,8 @@ def _fields(method: str, problem: BlockProblem, fetched, state, at, n, options) 
     itn, istop = int(state[at["itn"]]), int(state[at["istop"]])
     if method == "lsqr":
         var = problem.view(fetched, "var", n).copy() if options["calc_var"] else np.zeros(n)
-        return (x, istop, itn, *(float(state[at[k]]) for k in
-                                 ("r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm")), var)
-    return (x, istop, itn, *(float(state[at[k]]) for k in
-                             ("normr", "normar", "normA", "condA", "normx")))
+        return (x, istop, itn, *(float(state[at[k]]) for k in LSQR_NORMS), var)
+    return (x, istop, itn, *(float(state[at[k]]) for k in LSMR_NORMS))
 
 
 def _options(damp, atol, btol, conlim, iter_lim, calc_var) -> dict:
@@ -362,11 +362,7 @@ def block_lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, 
     b, x0 = _vectors(b, x0)
     fields, info = _run("lsqr", A, b, x0, options, callback=callback,
                         max_seconds=max_seconds, device=_device, fill=_fill)
-    if show:
-        print_summary("LSQR", m, n, fields[1], fields[2],
-                      list(zip(("r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm"),
-                               fields[3:9])))
-    return LSQRResult.build(fields, info)
+    return lsqr_result(m, n, fields, info, show)
 
 
 def block_lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=False,
@@ -383,10 +379,7 @@ def block_lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, s
     b, x0 = _vectors(b, x0)
     fields, info = _run("lsmr", A, b, x0, options, callback=callback,
                         max_seconds=max_seconds, device=_device, fill=_fill)
-    if show:
-        print_summary("LSMR", m, n, fields[1], fields[2],
-                      list(zip(("normr", "normar", "normA", "condA", "normx"), fields[3:8])))
-    return LSMRResult.build(fields, info)
+    return lsmr_result(m, n, fields, info, show)
 
 
 def _vectors(b, x0):

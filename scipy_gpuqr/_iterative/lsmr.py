@@ -23,7 +23,7 @@ from ._common import (SLOT_DEFERRED, GolubKahan, IterationState, begin, givens,
                       print_summary, result_class, stopping_code)
 from .host import host_problem, lsmr_host
 
-__all__ = ["lsmr", "LSMRResult"]
+__all__ = ["lsmr", "LSMRResult", "SUMMARY_NORMS", "lsmr_result"]
 
 LSMRResult = result_class(
     "LSMRResult", "x istop itn normr normar norma conda normx",
@@ -36,6 +36,17 @@ LSMRResult = result_class(
     plain tuple. ``x`` is an array of the solver's array module, the rest
     Python numbers.
     """, __name__)
+
+#: The norms of SciPy's closing summary, in the tuple's order (fields 3 to 7).
+SUMMARY_NORMS = ("normr", "normar", "normA", "condA", "normx")
+
+
+def lsmr_result(m: int, n: int, fields: tuple, info: dict, show: bool) -> LSMRResult:
+    """SciPy's tuple ``fields`` of an m×n run as an :class:`LSMRResult` carrying
+    ``info``, SciPy's closing summary printed first where ``show``."""
+    if show:
+        print_summary("LSMR", m, n, fields[1], fields[2], list(zip(SUMMARY_NORMS, fields[3:8])))
+    return LSMRResult.build(fields, info)
 
 
 class _LSMRState:
@@ -233,10 +244,7 @@ def _lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=F
     if host is not None:
         fields, info = lsmr_host(host, damp, atol, btol, conlim, maxiter,
                                  max_seconds=max_seconds, callback=callback)
-        if show:
-            print_summary("LSMR", host.m, host.n, fields[1], fields[2],
-                          list(zip(("normr", "normar", "normA", "condA", "normx"), fields[3:])))
-        return LSMRResult.build(fields, info)
+        return lsmr_result(host.m, host.n, fields, info, show)
     start = begin(A, b, x0, xp, atol=atol, max_seconds=max_seconds)
     problem, gk, x = start.problem, start.gk, start.x
     m, n = problem.m, problem.n

@@ -24,7 +24,7 @@ from ._common import (EPS, SLOT_DEFERRED, GolubKahan, IterationState, begin, giv
                       print_summary, result_class, stopping_code)
 from .host import host_problem, lsqr_host
 
-__all__ = ["lsqr", "LSQRResult"]
+__all__ = ["lsqr", "LSQRResult", "SUMMARY_NORMS", "lsqr_result"]
 
 LSQRResult = result_class(
     "LSQRResult", "x istop itn r1norm r2norm anorm acond arnorm xnorm var",
@@ -37,6 +37,17 @@ LSQRResult = result_class(
     ``res.scipy_tuple()`` is the plain tuple. ``x`` and ``var`` are arrays of
     the solver's array module, the rest Python numbers.
     """, __name__)
+
+#: The norms of SciPy's closing summary, in the tuple's order (fields 3 to 8).
+SUMMARY_NORMS = ("r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm")
+
+
+def lsqr_result(m: int, n: int, fields: tuple, info: dict, show: bool) -> LSQRResult:
+    """SciPy's tuple ``fields`` of an m×n run as an :class:`LSQRResult` carrying
+    ``info``, SciPy's closing summary printed first where ``show``."""
+    if show:
+        print_summary("LSQR", m, n, fields[1], fields[2], list(zip(SUMMARY_NORMS, fields[3:9])))
+    return LSQRResult.build(fields, info)
 
 
 class _LSQRState:
@@ -248,11 +259,7 @@ def _lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=
     if host is not None:
         fields, info = lsqr_host(host, damp, atol, btol, conlim, iter_lim, calc_var,
                                  max_seconds=max_seconds, callback=callback)
-        if show:
-            print_summary("LSQR", host.m, host.n, fields[1], fields[2],
-                          list(zip(("r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm"),
-                                   fields[3:9])))
-        return LSQRResult.build(fields, info)
+        return lsqr_result(host.m, host.n, fields, info, show)
     start = begin(A, b, x0, xp, atol=atol, max_seconds=max_seconds)
     problem, gk, x = start.problem, start.gk, start.x
     n = problem.n
