@@ -130,6 +130,17 @@ __device__ int stopping_code(double itn, double iter_lim, double test1, double t
     return istop;
 }
 
+// Iteration itn's row of the history ring (row (itn - 1) mod rows; none without rows).
+__device__ void record_history(double* hist, int rows, int itn, int istop, double normr,
+                               double normar, double norma, double conda, double normx,
+                               double test1, double test2, double rtol) {
+    if (rows <= 0) return;
+    double* h = hist + (long long)((itn - 1) % rows) * H_FIELDS;
+    h[H_ISTOP] = istop; h[H_NORMR] = normr; h[H_NORMAR] = normar;
+    h[H_NORMA] = norma; h[H_CONDA] = conda; h[H_NORMX] = normx;
+    h[H_TEST1] = test1; h[H_TEST2] = test2; h[H_RTOL] = rtol;
+}
+
 // The first Golub-Kahan step, shared by both: x (x0 or 0), u = b - A x unscaled with
 // su, v = A^T u unscaled with sv, beta and alpha. Where beta = 0 SciPy's lsqr takes
 // v = x and its lsmr v = 0 (`v_is_x`), alpha = 0. Returns ||b||.
@@ -334,12 +345,9 @@ lsqr_block(int m, int n, const int* __restrict__ a_ptr, const int* __restrict__ 
         const double tt1 = test1 / (1 + anorm * xnorm / bnorm);
         rtol = btol + atol * anorm * xnorm / bnorm;
         istop = stopping_code(itn, iter_lim, test1, test2, test3, tt1, rtol, atol, ctol);
-        if (t == 0 && rows > 0) {
-            double* h = hist + (long long)((itn - 1) % rows) * H_FIELDS;
-            h[H_ISTOP] = istop; h[H_NORMR] = r2norm; h[H_NORMAR] = arnorm;
-            h[H_NORMA] = anorm; h[H_CONDA] = acond; h[H_NORMX] = xnorm;
-            h[H_TEST1] = test1; h[H_TEST2] = test2; h[H_RTOL] = rtol;
-        }
+        if (t == 0)
+            record_history(hist, rows, itn, istop, r2norm, arnorm, anorm, acond, xnorm, test1,
+                           test2, rtol);
         if (istop != 0) break;
     }
     if (t == 0) {
@@ -484,12 +492,9 @@ lsmr_block(int m, int n, const int* __restrict__ a_ptr, const int* __restrict__ 
         const double t1 = test1 / (1 + normA * normx / normb);
         rtol = btol + atol * normA * normx / normb;
         istop = stopping_code(itn, iter_lim, test1, test2, test3, t1, rtol, atol, ctol);
-        if (t == 0 && rows > 0) {
-            double* hr = hist + (long long)((itn - 1) % rows) * H_FIELDS;
-            hr[H_ISTOP] = istop; hr[H_NORMR] = normr; hr[H_NORMAR] = normar;
-            hr[H_NORMA] = normA; hr[H_CONDA] = condA; hr[H_NORMX] = normx;
-            hr[H_TEST1] = test1; hr[H_TEST2] = test2; hr[H_RTOL] = rtol;
-        }
+        if (t == 0)
+            record_history(hist, rows, itn, istop, normr, normar, normA, condA, normx, test1,
+                           test2, rtol);
         if (istop != 0) break;
     }
     if (t == 0) {

@@ -9,19 +9,9 @@
 // (a ticket counter, reset by it for the next call) adds the partials in block
 // order. The grid size is the caller's and fixed for a given n.
 
-#define VO_THREADS 256
+#include "common.cuh"
 
-__device__ __forceinline__ double vo_block_sum(double v, double* red) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    double s = 0;
-    if (threadIdx.x == 0)
-        for (int w = 0; w < VO_THREADS / 32; ++w) s += red[w];
-    __syncthreads();
-    return s;   // valid in thread 0
-}
+#define VO_THREADS 256
 
 // out[0] = x·x; partial holds gridDim.x doubles, ticket one zeroed unsigned int.
 extern "C" __global__ void __launch_bounds__(VO_THREADS)
@@ -33,7 +23,7 @@ gpuqr_sumsq(const double* __restrict__ x, long long n, double* __restrict__ part
     for (long long i = (long long)blockIdx.x * VO_THREADS + threadIdx.x; i < n;
          i += (long long)gridDim.x * VO_THREADS)
         s += x[i] * x[i];
-    s = vo_block_sum(s, red);
+    s = gpuqr::block_sum<double, VO_THREADS>(s, red);
     if (threadIdx.x == 0) {
         partial[blockIdx.x] = s;
         __threadfence();
@@ -45,7 +35,7 @@ gpuqr_sumsq(const double* __restrict__ x, long long n, double* __restrict__ part
     double t = 0;
     for (unsigned int b = threadIdx.x; b < gridDim.x; b += VO_THREADS)
         t += ((volatile double*)partial)[b];
-    t = vo_block_sum(t, red);
+    t = gpuqr::block_sum<double, VO_THREADS>(t, red);
     if (threadIdx.x == 0) {
         out[0] = t;
         *ticket = 0u;

@@ -22,20 +22,6 @@ struct FactorizeSmem {
     static constexpr int TOTAL = A + T + Y + SCRATCH;
 };
 
-template <typename T, int NT>
-__device__ __forceinline__ T block_sum(T v, T* red) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    T s = 0;
-    if (threadIdx.x == 0) {
-        for (int w = 0; w < NT / 32; ++w) s += red[w];
-    }
-    return s;  // valid in thread 0 only
-}
-
 // Sum-of-squares range in which sqrt(sum) is accurate: outside it some squares
 // leave the normal range (under- or overflow), so the norm is recomputed with
 // scaling (LAPACK's dnrm2 rule). Contribution blocks of structurally
