@@ -201,6 +201,55 @@ def test_rows_lu_column_blocks_match_lapack(rng, mma, scheme, n, outer):
     assert lu_backward_error(a[keep], lu[keep], piv[keep]) < 20 * n * eps(np.float64)
 
 
+def _left_swaps(a, piv, outer):
+    """rows_swap_left's model: block y's columns [y outer, (y + 1) outer)
+    take every exchange (k, piv[k]) for k from (y + 1) outer on, in order."""
+    a = a.copy()
+    n = a.shape[-1]
+    for b in range(a.shape[0]):
+        for r0 in range(outer, n, outer):
+            frm = np.arange(n)
+            for k in range(r0, n):
+                frm[[k, piv[b, k]]] = frm[[piv[b, k], k]]
+            a[b, r0:, r0 - outer:r0] = a[b][frm[r0:], r0 - outer:r0]
+    return a
+
+
+@pytest.mark.parametrize("n,outer", [(512, 128), (512, 64), (511, 128), (300, 96),
+                                     (200, 32), (65, 64), (130, 64)])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_rows_swap_left_matches_its_model(rng, n, outer, aligned):
+    """rows_swap_left alone on random LAPACK-shaped pivots (piv[k] >= k):
+    every earlier column block's rows below it take every later exchange,
+    nothing else of the stack moves. Pivots of every kind: random (most
+    rows move), none (no row moves), the reversal, and a few exchanges
+    only; the stack 16-byte aligned (16-byte copies where n is even) or 8
+    bytes off (8-byte copies)."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu_blocked as bb
+    from scipy_gpuqr.batched._kernel_registry import MMA_LEFT_NAME, left_stage
+    bsz = 5
+    a = rng.standard_normal((bsz, n, n))
+    k = np.arange(n)
+    piv = np.stack([k + (rng.random(n) * (n - k)).astype(int), k,
+                    np.maximum(k, n - 1 - k), k, k]).astype(np.int32)
+    few = rng.choice(n - 1, 5, replace=False)
+    piv[3, few] = n - 1
+    piv[4] = k + (rng.random(n) * (n - k)).astype(int)
+    if aligned:
+        ad = cp.asarray(a)
+    else:
+        ad = cp.empty(a.size + 1)[1:].reshape(a.shape)
+        ad[...] = cp.asarray(a)
+    assert (ad.data.ptr % 16 == 0) == aligned
+    fn = bb._mma64_function(bb.device_id(), MMA_LEFT_NAME)
+    stage = left_stage(n, outer)
+    fn((bsz, -(-n // outer) - 1), (256,),
+       (ad, cp.asarray(piv), np.int32(n), np.int32(outer), np.int32(stage)),
+       shared_mem=bb._with_smem(fn, stage * 8))
+    np.testing.assert_array_equal(ad.get(), _left_swaps(a, piv, outer))
+
+
 @pytest.mark.parametrize("n,streams", [(130, 2), (300, 4), (512, 2), (512, 3)])
 def test_rows_lu_in_parts_on_the_callers_stream(rng, n, streams):
     """The batch in parts, each on a stream of its own (``_rows_lu``'s

@@ -701,7 +701,8 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
 // ceil((n - k0) / 64) warps (one for the last panels) would move up to 64
 // rows of n - nb entries each: here a block of 256 threads per 64 of those
 // columns of a matrix, every moved entry of its columns loaded (16 per
-// thread at most, all in flight) before any is stored, so the moves, a
+// thread at most, all in flight; 8 16-byte units where n is even and the
+// stack 16-byte aligned) before any is stored, so the moves, a
 // permutation of the moved rows, need no staging. c_lo > 0 leaves the L
 // columns left of c_lo (earlier column blocks, which no later step reads)
 // for rows_swap_left at the end.
@@ -712,16 +713,41 @@ getrf_mma_rows(const T *src, T *dst, int *__restrict__ piv, int *__restrict__ in
 // ---------------------------------------------------------------------------
 namespace gpuqr_mma64 {
 
-// Offset in its matrix of entry e of rows_swap's block (row pair e / 64,
-// column e % 64 of the block's columns starting at t0 of the w outside the
-// panel, counted from c_lo), in the pair's source (side 1) or destination
-// (side 2) row; -1 beyond the cnt pairs or the w columns.
+// Offset in its matrix of unit e (U entries) of rows_swap's block (row pair
+// e / (kSwapCols / U), columns from U (e % (kSwapCols / U)) of the block's
+// columns starting at t0 of the w outside the panel, counted from c_lo), in
+// the pair's source (side 1) or destination (side 2) row; -1 beyond the cnt
+// pairs or the w columns.
+template <int U>
 __device__ __forceinline__ int swap_offset(const int *mv, int e, int side, int cnt, int w,
                                            int t0, int c_lo, int k0, int nb, int n) {
-    const int kk = e / kSwapCols, tt = e - kk * kSwapCols;
+    constexpr int UPR = kSwapCols / U;
+    const int kk = e / UPR, tt = U * (e - kk * UPR);
     if (kk >= cnt || tt >= w) return -1;
     const int t = c_lo + t0 + tt;
     return (k0 + mv[side + 2 * kk]) * n + (t < k0 ? t : t + nb);
+}
+
+// rows_swap's moves by units of V (U entries of T): every unit loaded before
+// any is stored.
+template <typename T, typename V>
+__device__ __forceinline__ void swap_units(T *A, const int *mv, int cnt, int w, int t0,
+                                           int c_lo, int k0, int nb, int n) {
+    constexpr int U = sizeof(V) / sizeof(T);
+    constexpr int PER = 2 * PW * kSwapCols / U / kSwapThreads;
+    const int tid = threadIdx.x;
+    V v[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int o = swap_offset<U>(mv, tid + kSwapThreads * i, 1, cnt, w, t0, c_lo, k0, nb, n);
+        if (o >= 0) v[i] = *reinterpret_cast<const V *>(A + o);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int o = swap_offset<U>(mv, tid + kSwapThreads * i, 2, cnt, w, t0, c_lo, k0, nb, n);
+        if (o >= 0) *reinterpret_cast<V *>(A + o) = v[i];
+    }
 }
 
 }  // namespace gpuqr_mma64
@@ -731,7 +757,6 @@ __global__ void __launch_bounds__(256)
 rows_swap(T *a, const int *__restrict__ moves, int n, int k0, int nb, int c_lo)
 {
     using namespace gpuqr_mma64;
-    constexpr int PER = 2 * PW * kSwapCols / kSwapThreads;
     const long long mat = blockIdx.x;
     const int *mv = moves + mat * kMoveStride;
     const int cnt = mv[0];
@@ -739,19 +764,13 @@ rows_swap(T *a, const int *__restrict__ moves, int n, int k0, int nb, int c_lo)
     const int w = min(kSwapCols, n - nb - c_lo - t0);
     if (cnt <= 0 || w <= 0) return;                    // block-uniform
     T *A = a + mat * (long long)n * n;
-    const int tid = threadIdx.x;
-    T v[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        const int o = swap_offset(mv, tid + kSwapThreads * i, 1, cnt, w, t0, c_lo, k0, nb, n);
-        if (o >= 0) v[i] = A[o];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        const int o = swap_offset(mv, tid + kSwapThreads * i, 2, cnt, w, t0, c_lo, k0, nb, n);
-        if (o >= 0) A[o] = v[i];
-    }
+    // 16-byte units: every offset even (n, nb, k0, c_lo even; t0 and the
+    // units' columns even) and the stack 16-byte aligned
+    if (sizeof(T) == 8 && ((n | nb | k0 | c_lo) & 1) == 0 &&
+        (reinterpret_cast<size_t>(a) & 15) == 0)
+        swap_units<T, double2>(A, mv, cnt, w, t0, c_lo, k0, nb, n);
+    else
+        swap_units<T, T>(A, mv, cnt, w, t0, c_lo, k0, nb, n);
 }
 
 // ---------------------------------------------------------------------------
@@ -800,11 +819,15 @@ rows_copy_perm(const T *__restrict__ src, T *__restrict__ dst,
 // blocks: block b (columns [kb, kb + outer)) saw the swaps of its own panels
 // (rows_swap with c_lo = kb), its rows [kb + outer, n) get here every later
 // pivot at once, LAPACK's order (rows k and piv[k] exchanged for k = kb +
-// outer .. n - 1, composed by one thread in shared memory while the SM's
-// other blocks copy), by chunks of columns staged in shared memory (a
-// thread's few registers: several blocks per SM): 2^lc columns, the widest
-// power of 2 dividing outer whose moved rows fit the stage (its rows read
-// and written as 2^lc-wide segments).
+// outer .. n - 1), by chunks of columns staged in shared memory (a thread's
+// few registers: several blocks per SM): 2^lc columns, the widest power of 2
+// dividing outer whose moved rows fit the stage (its rows read and written
+// as 2^lc-wide segments). A chunk's rows come in by cp.async, all of them in
+// flight at once (16-byte units where n is even and the stack 16-byte
+// aligned), not a few loads a thread at a time. The composed permutation:
+// each thread follows one or two rows back through the exchanges (row i
+// takes row t_r0(t_r0+1(... t_n-1(i))), t_k the exchange of k and piv[k]),
+// in place of one thread composing them in turn while the block waits.
 // input:  piv (batch, n), 0-based LAPACK pivots
 // in/out: a (batch, n, n)
 // grid:   (batch, ceil(n / outer) - 1); block kSwapThreads; outer a multiple
@@ -823,37 +846,57 @@ rows_swap_left(T *a, const int *__restrict__ piv, int n, int outer, int stage_el
     const long long mat = blockIdx.x;
     const int kb = blockIdx.y * outer, r0 = kb + outer;
     const int tid = threadIdx.x;
-    for (int i = tid; i < n; i += kSwapThreads) {
-        from[i] = (short)i;
-        sp[i] = (short)piv[mat * n + i];
-    }
+    for (int i = r0 + tid; i < n; i += kSwapThreads) sp[i] = (short)piv[mat * n + i];
     __syncthreads();
-    if (tid == 0) {
-        for (int k = r0; k < n; ++k) {
+    for (int i = r0 + tid; i < n; i += 2 * kSwapThreads) {
+        // rows i and i + kSwapThreads (-1: none) back through the exchanges
+        int x = i, y = i + kSwapThreads < n ? i + kSwapThreads : -1;
+#pragma unroll 4
+        for (int k = n - 1; k >= r0; --k) {
             const int q = sp[k];
-            if (q != k) {
-                const short x = from[k];
-                from[k] = from[q];
-                from[q] = x;
-            }
+            x = x == k ? q : (x == q ? k : x);
+            y = y == k ? q : (y == q ? k : y);
         }
+        from[i] = (short)x;
+        if (y >= 0) from[i + kSwapThreads] = (short)y;
     }
     __syncthreads();
     T *A = a + mat * (long long)n * n;
+    const bool vec = sizeof(T) == 8 && (n & 1) == 0 && (reinterpret_cast<size_t>(a) & 15) == 0;
     int lc = 3;
     while (outer % (2 << lc) == 0 && (n - r0) * (2 << lc) <= stage_elems) ++lc;
     const int m = (n - r0) << lc, cm = (1 << lc) - 1;
     for (int c0 = kb; c0 < r0; c0 += 1 << lc) {
+        if (vec) {
 #pragma unroll 4
-        for (int e = tid; e < m; e += kSwapThreads) {
-            const int r = r0 + (e >> lc);
-            if (from[r] != r) stage[e] = A[from[r] * n + c0 + (e & cm)];
+            for (int e = 2 * tid; e < m; e += 2 * kSwapThreads) {
+                const int r = r0 + (e >> lc);
+                if (from[r] != r) cp_async16(stage + e, A + from[r] * n + c0 + (e & cm));
+            }
+        } else {
+#pragma unroll 4
+            for (int e = tid; e < m; e += kSwapThreads) {
+                const int r = r0 + (e >> lc);
+                if (from[r] != r) cp_async_elem(stage + e, A + from[r] * n + c0 + (e & cm));
+            }
         }
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();
+        if (vec) {
 #pragma unroll 4
-        for (int e = tid; e < m; e += kSwapThreads) {
-            const int r = r0 + (e >> lc);
-            if (from[r] != r) A[r * n + c0 + (e & cm)] = stage[e];
+            for (int e = 2 * tid; e < m; e += 2 * kSwapThreads) {
+                const int r = r0 + (e >> lc);
+                if (from[r] != r)
+                    *reinterpret_cast<double2 *>(A + r * n + c0 + (e & cm)) =
+                        *reinterpret_cast<const double2 *>(stage + e);
+            }
+        } else {
+#pragma unroll 4
+            for (int e = tid; e < m; e += kSwapThreads) {
+                const int r = r0 + (e >> lc);
+                if (from[r] != r) A[r * n + c0 + (e & cm)] = stage[e];
+            }
         }
         __syncthreads();
     }
