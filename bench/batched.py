@@ -4,7 +4,7 @@
     python3 bench/batched.py [--quick] [--json out.json] [--warm]
     python3 bench/batched.py --public [--public-sizes 8,32] [--dtypes float64]
                              [--public-ops lu,inv,...] [--sequential] [--reps 5]
-                             [--pkg-root DIR] [--tag before] [--json out.json]
+                             [--pkg-root DIR] [--tag before] [--json out.json] [--targets]
     python3 bench/batched.py --host-profile [--public-sizes 8]
 
 ``--public``: the functions users call (``lu_factor_batched``,
@@ -23,7 +23,9 @@ check_finite=False``: no wait), ``host us`` (host time of the asynchronous
 call, the GPU busy), ``work us`` (host time of the default call less its
 wait for the device: the time spent in the 32-byte status read is taken out;
 the wall time where a library has no such read), ``e2e ms`` (events around
-one default call on an idle GPU, launch included). ``--pkg-root`` imports
+one default call on an idle GPU, launch included). ``--targets`` prints issue
+17's targets judged on the run's float64 rows (:func:`target_table`) at the
+end. ``--pkg-root`` imports
 ``scipy_gpuqr`` from another tree (e.g. a checkout of the previous commit)
 so that before and after run on the same machine with the same script.
 
@@ -284,6 +286,56 @@ PUBLIC_OPS = ("lu", "inv", "solve", "chol", "lu_solve", "cho_solve", "inv_v", "i
               "lu_v", "lu_vmix", "solve_v", "cho_v", "jacobi")
 
 
+#: Issue 17's targets of the public calls (float64, device time of the
+#: default call, anchors in the same run): (op, n, measure, bound), the
+#: measure ``ms`` at most the bound, ``x_cublas`` (cuBLAS's ms over the
+#: call's) at least it. Besides these: Cholesky at least torch's speed at
+#: every n, every call within 5 % of its kernels (``PUB_OVER_KERNEL``) and
+#: at most ``HOST_US`` of host time (asynchronous call) for n <= 32.
+TARGETS = (("lu", 8, "ms", 0.40), ("lu", 32, "ms", 6.0), ("inv", 8, "ms", 0.60),
+           ("inv", 32, "ms", 7.0), ("lu", 64, "x_cublas", 1.5), ("lu", 128, "x_cublas", 1.5),
+           ("lu", 256, "x_cublas", 1.5), ("lu", 512, "ms", 18.0))
+PUB_OVER_KERNEL = 1.05
+HOST_US = 30.0
+
+
+def target_table(rows: list[dict]) -> list[str]:
+    """Issue 17's targets (``TARGETS``) judged on ``--public``'s float64
+    rows, one markdown line each: what, measured, bound, met / missed /
+    not run (no row of that op and n in the run)."""
+    own = {(r["op"], r["n"]): r for r in rows if r["dtype"] == "float64"}
+    out = ["| target | measured | bound | |", "|---|---|---|---|"]
+
+    def line(what, value, bound, met, fmt="{:.3f}"):
+        shown = "-" if value is None else fmt.format(value)
+        verdict = "not run" if value is None else ("met" if met else "**missed**")
+        out.append(f"| {what} | {shown} | {bound} | {verdict} |")
+
+    for op, n, measure, bound in TARGETS:
+        r = own.get((op, n))
+        if measure == "ms":
+            v = None if r is None else r["public_ms"]
+            line(f"{op} n = {n}, public ms", v, f"<= {bound}", v is not None and v <= bound)
+        else:
+            v = None if r is None else r["cublas_ms"] / r["public_ms"]
+            line(f"{op} n = {n}, cuBLAS ms / public ms", v, f">= {bound}",
+                 v is not None and v >= bound, "{:.2f}")
+    chol = sorted(n for op, n in own if op == "chol")
+    for n in chol or [None]:
+        r = own.get(("chol", n))
+        v = None if r is None else r["torch_ms"] / r["public_ms"]
+        line(f"chol n = {n if n is not None else 'any'}, torch ms / public ms", v, ">= 1",
+             v is not None and v >= 1.0, "{:.2f}")
+    for (op, n), r in sorted(own.items()):
+        v = r["public_ms"] / r["kernel_ms"]
+        line(f"{op} n = {n}, public ms / kernel ms", v, f"<= {PUB_OVER_KERNEL}",
+             v <= PUB_OVER_KERNEL)
+        if n <= 32:
+            line(f"{op} n = {n}, host us (asynchronous call)", r["host_us"], f"<= {HOST_US:g}",
+                 r["host_us"] <= HOST_US, "{:.1f}")
+    return out
+
+
 def public_bench(args) -> int:
     """The table of ``--public`` (see the module docstring)."""
     import cupy as cp
@@ -533,6 +585,9 @@ def public_bench(args) -> int:
             cp.get_default_memory_pool().free_all_blocks()
             if torch is not None:
                 torch.cuda.empty_cache()
+    if args.targets:
+        print(f"\nissue 17's targets ({info.get('name')}, this run):")
+        print("\n".join(target_table(rows)), flush=True)
     return 0
 
 
@@ -649,6 +704,9 @@ def main(argv=None) -> int:
                     "call one after another instead of in turn")
     ap.add_argument("--reps", type=int, default=5,
                     help="timed calls of each function in --public (median)")
+    ap.add_argument("--targets", action="store_true",
+                    help="--public: print issue 17's targets judged on the run's float64 rows "
+                    "(run with --public-sizes 8,32,64,128,256,512 --public-ops lu,inv,chol)")
     args = ap.parse_args(argv)
     if args.pkg_root:
         sys.path.insert(0, str(Path(args.pkg_root).resolve()))

@@ -1,0 +1,54 @@
+"""``bench/batched.py --targets``: issue 17's targets judged on the rows of a
+``--public`` run (no GPU: rows as the run writes them)."""
+
+from __future__ import annotations
+
+from conftest import load_bench
+
+
+def _row(op, n, pub, kern=None, cublas=float("nan"), torch=float("nan"), host=10.0,
+         dtype="float64"):
+    return dict(tag="t", dtype=dtype, n=n, batch=1, op=op, kernel_ms=kern or pub,
+                public_ms=pub, async_ms=pub, kernel_host_us=host, host_us=host, work_us=host,
+                e2e_ms=pub, cublas_ms=cublas, torch_ms=torch, device="x")
+
+
+def _verdicts(lines):
+    """target -> (measured, verdict) of the table's body."""
+    body = [ln.strip("|").split("|") for ln in lines[2:]]
+    return {c[0].strip(): (c[1].strip(), c[3].strip()) for c in body}
+
+
+def test_targets_met_missed_and_not_run():
+    bench = load_bench("batched.py", "bench_batched_targets")
+    rows = [_row("lu", 8, 0.39), _row("lu", 32, 6.01), _row("inv", 8, 0.61, kern=0.50),
+            _row("lu", 128, 7.2, cublas=14.4), _row("lu", 256, 7.0, cublas=10.4),
+            _row("lu", 512, 17.4), _row("chol", 64, 1.0, torch=1.2),
+            _row("chol", 512, 2.0, torch=1.9), _row("inv", 32, 6.0, host=31.0),
+            _row("lu", 512, 99.0, dtype="float32")]
+    lines = bench.target_table(rows)
+    assert lines[0].startswith("| target |")
+    v = _verdicts(lines)
+    assert v["lu n = 8, public ms"] == ("0.390", "met")
+    assert v["lu n = 32, public ms"][1] == "**missed**"
+    assert v["inv n = 8, public ms"][1] == "**missed**"
+    assert v["inv n = 32, public ms"][1] == "met"
+    assert v["lu n = 64, cuBLAS ms / public ms"] == ("-", "not run")
+    assert v["lu n = 128, cuBLAS ms / public ms"] == ("2.00", "met")
+    assert v["lu n = 256, cuBLAS ms / public ms"] == ("1.49", "**missed**")
+    assert v["lu n = 512, public ms"] == ("17.400", "met")       # the float64 row
+    assert v["chol n = 64, torch ms / public ms"] == ("1.20", "met")
+    assert v["chol n = 512, torch ms / public ms"] == ("0.95", "**missed**")
+    assert v["inv n = 8, public ms / kernel ms"] == ("1.220", "**missed**")
+    assert v["lu n = 512, public ms / kernel ms"] == ("1.000", "met")
+    assert v["inv n = 32, host us (asynchronous call)"] == ("31.0", "**missed**")
+    assert v["lu n = 8, host us (asynchronous call)"] == ("10.0", "met")
+    assert "lu n = 512, host us (asynchronous call)" not in v
+
+
+def test_targets_without_cholesky_rows():
+    bench = load_bench("batched.py", "bench_batched_targets2")
+    v = _verdicts(bench.target_table([_row("lu", 512, 18.2)]))
+    assert v["lu n = 512, public ms"] == ("18.200", "**missed**")
+    assert v["chol n = any, torch ms / public ms"] == ("-", "not run")
+    assert v["lu n = 8, public ms"] == ("-", "not run")
