@@ -4,6 +4,9 @@ CuPy imports on machines without a GPU, but anything that touches the driver,
 cuBLAS or ``cupyx.scipy.sparse.linalg`` fails there. Every GPU code path in
 this package goes through :func:`import_cupy` and :func:`gpu_available`, so
 that the package imports and runs its CPU path everywhere.
+
+:func:`start_driver` starts the CUDA driver and the default device's context
+on a thread of its own while a new process's first GPU call imports CuPy.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
+import threading
+from typing import Optional
 
 __all__ = ["import_cupy", "gpu_available", "gpu_info", "device_attributes", "device_name",
-           "is_cupy_array", "is_cupy_sparse"]
+           "is_cupy_array", "is_cupy_sparse", "start_driver"]
 
 
 def import_cupy():
@@ -109,6 +114,67 @@ def device_attributes(device_id: int) -> dict:
 def device_name(device_id: int) -> str:
     """The model name of CUDA device ``device_id`` (read once per process)."""
     return _device_properties(device_id)["name"]
+
+
+def start_driver() -> Optional[threading.Thread]:
+    """Start the CUDA driver and the primary context of the default device on a
+    daemon thread (``gpuqr-driver-start``), once per process; returns the thread,
+    or None where the calling thread has a current CUDA context already (the
+    driver is started, and that context's device may not be the default one) or
+    the driver library cannot be loaded.
+
+    A new process's first GPU call spends about 0.2 s importing CuPy and,
+    after that, about 0.2 s more in ``cuInit`` and the context's creation on
+    its first CUDA call. Both steps run at once when this is called before the
+    import: the driver's calls release the GIL, so the thread's work runs
+    beside the import, and CuPy's runtime later finds the driver started and
+    the context made (the primary context is the one the runtime uses; the
+    thread keeps its reference for the process's lifetime, as the runtime
+    does). The default device is the one CuPy uses on a thread that has
+    selected none. Nothing here changes a result: a failure ends the thread
+    silently, and the call's own first CUDA call starts the driver as before.
+    """
+    lib = _driver_library()
+    if lib is None or _has_current_context(lib):
+        return None
+    return _driver_thread()
+
+
+@functools.lru_cache(maxsize=1)
+def _driver_library():
+    """``libcuda.so.1`` through ctypes (loaded once per process), or None."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+def _has_current_context(lib) -> bool:
+    """Whether the calling thread has a current CUDA context (False before ``cuInit``)."""
+    ctx = ctypes.c_void_p()
+    try:
+        return lib.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and bool(ctx.value)
+    except AttributeError:
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _driver_thread() -> threading.Thread:
+    t = threading.Thread(target=_retain_primary_context, name="gpuqr-driver-start",
+                         daemon=True)
+    t.start()
+    return t
+
+
+def _retain_primary_context() -> None:
+    """``cuInit`` and ``cuDevicePrimaryCtxRetain`` of device 0 (see :func:`start_driver`)."""
+    lib = _driver_library()
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    try:
+        if lib.cuInit(0) == 0 and lib.cuDeviceGet(ctypes.byref(dev), 0) == 0:
+            lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+    except AttributeError:      # not a CUDA driver library: the call starts it itself
+        pass
 
 
 def _driver_name_and_memory(device_id: int):

@@ -36,7 +36,7 @@ import scipy.sparse as sp
 
 from .._dispatch.plan import Plan, plan_factorization
 from .._engine.gpu.factorize_kernels import prefetch_engine_kernels
-from .._gpu import gpu_info
+from .._gpu import gpu_info, start_driver
 from .._options import Settings
 from .._validate import MatrixInput, as_matrix
 from .._engine.gpu import array_ops
@@ -89,7 +89,10 @@ def plan_for(mi: MatrixInput, settings: Settings, *, ordering=None):
 def prefetch_kernels(dtype) -> None:
     """On a GPU, start compiling the kernels a GPU factorization of ``dtype`` values
     and its solves use (parallel worker threads, each module once per process),
-    so that they compile while the analysis runs; nothing without a GPU."""
+    so that they compile while the analysis runs; nothing without a GPU. In a
+    new process the CUDA driver starts on a thread of its own first
+    (:func:`~scipy_gpuqr._gpu.start_driver`), beside the import of CuPy."""
+    start_driver()
     if gpu_info().get("available"):
         prefetch_engine_kernels(np.float32 if np.dtype(dtype) == np.float32 else np.float64)
 
