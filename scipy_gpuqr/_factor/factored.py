@@ -471,7 +471,12 @@ class FactoredQR:
         """The factored matrix as a float64 cupyx CSR matrix (made once per factorization)."""
         if self._Md is None:
             import cupyx.scipy.sparse as csp        # optional dependency: GPU factors only
-            self._Md = csp.csr_matrix(sp.csr_matrix(self.M, dtype=np.float64))
+            S = sp.csr_matrix(self.M, dtype=np.float64)
+            self._Md = csp.csr_matrix(S)
+            if S.has_canonical_format:
+                # known on the host: cupyx would check it on the device at the first
+                # product, with kernels CuPy compiles on their first use (seconds)
+                self._Md.has_canonical_format = True
         return self._Md
 
     # -- solves ------------------------------------------------------------------------

@@ -27,6 +27,8 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import (ArpackError, ArpackNoConvergence, LinearOperator,
                                  eigsh, splu, spsolve_triangular)
 
+from .._engine.gpu import array_ops
+
 __all__ = ["UpperTriangular", "sigma_min_upper", "SigmaMin", "DENSE_SIGMA_LIMIT",
            "DENSE_SOLVE_LIMIT", "norm2_lanczos"]
 
@@ -227,6 +229,29 @@ def _dense_inverse(Td):
     return solve_triangular(Td, cupy.eye(q), lower=False)
 
 
+def _diagonal_on_host(Td) -> np.ndarray:
+    """The diagonal of a dense square NumPy or CuPy array, as a host array (a
+    device one copied by the package's prefetched kernel: CuPy's own strided copy
+    and reductions are compiled on their first use in an environment)."""
+    if _module_of(Td) is np:
+        return np.diagonal(Td)
+    return array_ops.contiguous_copy(Td.diagonal()).get()
+
+
+def _finite_frobenius(X) -> float:
+    """``‖X‖_F`` of a dense NumPy or CuPy X, or NaN where X holds a NaN or an
+    infinity (on the device: the prefetched column norms of X, or of its
+    transpose's rows where X is column-major, which have the same sum)."""
+    if _module_of(X) is np:
+        return float(np.linalg.norm(X)) if bool(np.all(np.isfinite(X))) else float("nan")
+    if not X.flags.c_contiguous:
+        X = X.T if X.flags.f_contiguous else array_ops.contiguous_copy(X)
+    norms, bad = array_ops.column_norms(X)
+    if bool(bad.get().any()):
+        return float("nan")
+    return float(np.linalg.norm(norms.get()))
+
+
 def sigma_min_upper(T, threshold: float, *, solves: tuple = None) -> SigmaMin:
     """σ_min of square upper triangular T, as needed to compare it with ``threshold``.
 
@@ -257,18 +282,19 @@ def sigma_min_upper(T, threshold: float, *, solves: tuple = None) -> SigmaMin:
     if q <= DENSE_SIGMA_LIMIT:
         Td = T.toarray() if sp.issparse(T) else T
         xp = _module_of(Td)
-        d = xp.abs(xp.diagonal(Td))
-        if not bool(xp.all(xp.isfinite(d)) and xp.all(d > 0)):
+        d = np.abs(_diagonal_on_host(Td))
+        if not bool(np.all(np.isfinite(d)) and np.all(d > 0)):
             return SigmaMin(0.0, True)
         X = _dense_inverse(Td.astype(np.float64, copy=False))
-        if not bool(xp.all(xp.isfinite(X))):
+        fro = _finite_frobenius(X)
+        if fro != fro:
             return SigmaMin(0.0, True)
-        fro = float(xp.linalg.norm(X))
         if fro == 0:
             return SigmaMin(np.inf, True)
         if 1.0 / fro > threshold:
             return SigmaMin(1.0 / fro, True)
-        s = norm2_lanczos(xp.triu(X))       # <= σ_max(T⁻¹) <= ‖T⁻¹‖_F
+        upper = np.triu(X) if xp is np else array_ops.unit_triangle(X, lower=False, unit=False)
+        s = norm2_lanczos(upper)            # <= σ_max(T⁻¹) <= ‖T⁻¹‖_F
         return SigmaMin(1.0 / s if s > 0 else np.inf, False)
     up, upt = solves or UpperTriangular(T).solves()
     op = LinearOperator((q, q), dtype=np.float64,

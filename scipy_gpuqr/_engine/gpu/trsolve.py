@@ -101,7 +101,14 @@ class FrontTriangular:
         if self.xp is np:
             return M
         import cupyx.scipy.sparse as csp
-        return csp.csr_matrix(sp.csr_matrix(M))
+        S = sp.csr_matrix(M)
+        D = csp.csr_matrix(S)
+        if S.has_canonical_format:
+            # known on the host: cupyx would check it on the device at the first
+            # product and triangular solve, with kernels (CUB's) that CuPy compiles
+            # on their first use in an environment (seconds)
+            D.has_canonical_format = True
+        return D
 
     def _tri(self, U, B, *, trans: bool):
         if self.xp is np:
