@@ -9,7 +9,8 @@ a variant group, or one variant of the batched n <= 32 families), from the
 same flattened sources with the same options, so a kernel that fails here
 would fail for users; ``--check`` exits non-zero on any error. Filling the
 cache also runs the device LSQR/LSMR once (``scipy_gpuqr._iterative.warmup``)
-so that CuPy's own kernels of that path are cached too. Installed users have
+and the GPU QR's rank decisions on small problems (``scipy_gpuqr._api.warmup``)
+so that CuPy's own kernels of those paths are cached too. Installed users have
 the same as ``scipy-gpuqr build-kernels``.
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scipy_gpuqr import _kernels  # noqa: E402
+from scipy_gpuqr._api.warmup import warm_rank_decisions  # noqa: E402
 from scipy_gpuqr._iterative.warmup import warm_device_path  # noqa: E402
 
 
@@ -62,6 +64,8 @@ def run(args) -> int:
         print(f"{r['file']:<28} {r['variants']:>4} variants  done at {r['seconds']:7.2f} s",
               flush=True)
     print(f"{'iterative device path':<28} (CuPy's kernels) {warm_device_path():7.2f} s", flush=True)
+    print(f"{'GPU QR rank decisions':<28} (CuPy's kernels) {warm_rank_decisions():7.2f} s",
+          flush=True)
     return 0
 
 

@@ -171,9 +171,11 @@ def test_only_the_subcommand_given_is_imported():
     assert out.returncode == 0, out.stderr
 
 
-def test_build_kernels_warms_the_iterative_device_path_last(monkeypatch, capsys):
+def test_build_kernels_warms_the_iterative_device_path_and_the_rank_decisions(monkeypatch,
+                                                                             capsys):
     # the cache warm-up compiles the package's kernels, then runs the device
-    # LSQR/LSMR once so CuPy's own kernels of that path are cached too
+    # LSQR/LSMR once and the GPU QR's rank decisions, so CuPy's own kernels of
+    # those paths are cached too
     import argparse
     from scipy_gpuqr import _gpu, _kernels
     from scipy_gpuqr._cli import build_kernels
@@ -181,9 +183,11 @@ def test_build_kernels_warms_the_iterative_device_path_last(monkeypatch, capsys)
     monkeypatch.setattr(_gpu, "gpu_info", lambda: {"available": True})
     monkeypatch.setattr(_kernels, "warm_cache", lambda cache_dir=None: order.append("kernels") or [])
     monkeypatch.setattr(build_kernels, "warm_device_path", lambda: order.append("iterative") or 0.5)
+    monkeypatch.setattr(build_kernels, "warm_rank_decisions", lambda: order.append("rank") or 0.5)
     assert build_kernels.run(argparse.Namespace(cache_dir=None)) == 0
-    assert order == ["kernels", "iterative"]
-    assert "iterative device path" in capsys.readouterr().out
+    assert order == ["kernels", "iterative", "rank"]
+    out = capsys.readouterr().out
+    assert "iterative device path" in out and "GPU QR rank decisions" in out
 
 
 @pytest.mark.gpu

@@ -1,5 +1,5 @@
 """``scipy-gpuqr build-kernels``: compile every kernel for the present GPU into the cache
-(and CuPy's own kernels of the iterative device path).
+(and CuPy's own kernels of the iterative device path and of the GPU QR's rank decisions).
 
 Prints one line per kernel file (variants compiled, seconds). Without a GPU
 it says so (``python build_kernels.py --check`` compiles the kernels with
@@ -9,6 +9,7 @@ NVRTC without one).
 from __future__ import annotations
 
 from .. import _gpu, _kernels
+from .._api.warmup import warm_rank_decisions
 from .._iterative.warmup import warm_device_path
 from ._common import CommandError
 
@@ -29,4 +30,6 @@ def run(args) -> int:
     for r in _kernels.warm_cache(args.cache_dir):
         print(f"{r['file']:<28} {r['variants']:>4} variants {r['seconds']:7.2f} s", flush=True)
     print(f"{'iterative device path':<28} (CuPy's kernels) {warm_device_path():7.2f} s", flush=True)
+    print(f"{'GPU QR rank decisions':<28} (CuPy's kernels) {warm_rank_decisions():7.2f} s",
+          flush=True)
     return 0
