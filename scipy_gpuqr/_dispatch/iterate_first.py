@@ -132,7 +132,8 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "ANALYSIS_DEFERRAL", "STALL_SHARE", "ALLOWANCE_SHARE", "SWITCH_MARGIN",
            "ITER_LIM_MARGIN", "CONFIRMATIONS", "RANK_RISK_COND", "RANK_RISK_SHARE",
            "RANK_PRIOR", "RANK_S_PER_CUBE", "RANK_DENSE_LIMIT", "RANK_SPARSE_MIN_ORDER",
-           "RANK_SPARSE_MAX_DENSITY", "RANK_S_PER_R_ENTRY", "PROMISE_SLACK", "BROKEN_PROMISES",
+           "RANK_SPARSE_MAX_DENSITY", "RANK_S_PER_R_ENTRY", "RANK_GPU_S_PER_SQUARE",
+           "RANK_GPU_S_PER_CUBE", "PROMISE_SLACK", "BROKEN_PROMISES",
            "POWER_MARGIN", "PROJECTION_WINDOW",
            "CHECK_GROWTH", "CHECK_INTERVAL_S", "UPLOAD_FIXED_S", "UPLOAD_BYTES_PER_S",
            "upload_seconds", "host_first_budget", "HostFirst", "SPECULATION_S_PER_ENTRY",
@@ -290,6 +291,21 @@ RANK_SPARSE_MAX_DENSITY = 0.05
 #: iteration after the COD's gap check failed: 1.1-1.4 s where it said 485 s);
 #: the dearer path, since nothing before the factorization tells them apart.
 RANK_S_PER_R_ENTRY = 3e-6
+#: Seconds per q² of the rank decision on a GPU factorization's R of order q up
+#: to :data:`RANK_SPARSE_MIN_ORDER` (lstsq's ``DENSE_LIMIT``): R made dense on the
+#: device, its σ test and cuSOLVER's SVD, which the panel steps' latency bounds
+#: rather than the flops (measured on an H200, warm: dwt_878 0.125 s, nnc1374
+#: 0.29 s, adder_dcop_05 0.35 s by the sparse COD with the GPU's factorizer).
+RANK_GPU_S_PER_SQUARE = 1.6e-7
+#: Seconds per q³ of the rank decision on a GPU factorization's R beyond
+#: :data:`RANK_SPARSE_MIN_ORDER` up to :data:`RANK_DENSE_LIMIT`: the blocked
+#: dense COD on the device (measured on an H200, warm: rajat01, q = 6833,
+#: 0.36-0.44 s where the cube model said 64 s). Where the singular values have
+#: no gap at the cutoff the COD hands the rank to cuSOLVER's SVD of all of R,
+#: which costs far more (bayer10, q = 13436: 15 s); nothing before the
+#: factorization tells the two apart, and an R of that order on the device with
+#: no gap was not seen among the matrices whose runs the rule would stop.
+RANK_GPU_S_PER_CUBE = 1.3e-12
 #: A projection at iteration ``i`` of ``f`` more iterations promised SciPy's
 #: stop by ``i + f``; the promise is broken once the run passes this many
 #: times ``i + f`` without it ...
@@ -541,7 +557,7 @@ def rank_risk(conda: float, itn: int, order: int) -> bool:
 
 
 def rank_decision_seconds(order: int, factorization: float,
-                          r_entries: Optional[float] = None) -> float:
+                          r_entries: Optional[float] = None, *, device: str = "cpu") -> float:
     """Predicted seconds of the rank decision on an order-``order`` R that is not clearly
     of full rank: dense work, :data:`RANK_S_PER_CUBE` × order³, up to
     :data:`RANK_DENSE_LIMIT`; beyond, one more factorization (``factorization``
@@ -549,7 +565,17 @@ def rank_decision_seconds(order: int, factorization: float,
     count; None: unknown, or R on a GPU, which keeps its dense rules there)
     beyond :data:`RANK_SPARSE_MIN_ORDER` and at most
     :data:`RANK_SPARSE_MAX_DENSITY` of q² of them, the sparse rules come first:
-    :data:`RANK_S_PER_R_ENTRY` × ``r_entries`` where that is less."""
+    :data:`RANK_S_PER_R_ENTRY` × ``r_entries`` where that is less.
+
+    ``device='gpu'`` (a GPU factorization's R, whose dense rules run on the
+    device): :data:`RANK_GPU_S_PER_SQUARE` × order² up to
+    :data:`RANK_SPARSE_MIN_ORDER`, :data:`RANK_GPU_S_PER_CUBE` × order³ beyond, up to
+    :data:`RANK_DENSE_LIMIT`.
+    """
+    if device == "gpu" and order <= RANK_DENSE_LIMIT:
+        q = float(order)
+        return (RANK_GPU_S_PER_SQUARE * q * q if order <= RANK_SPARSE_MIN_ORDER
+                else RANK_GPU_S_PER_CUBE * q ** 3)
     dense = RANK_S_PER_CUBE * float(order) ** 3 if order <= RANK_DENSE_LIMIT else factorization
     if r_entries is not None and order > RANK_SPARSE_MIN_ORDER and \
             0 < r_entries <= RANK_SPARSE_MAX_DENSITY * float(order) ** 2:
@@ -651,6 +677,7 @@ class Allowance:
         self.predicted: Optional[float] = None
         self.rank_s = 0.0
         self.r_entries: Optional[float] = None     # R's entries (the analysis'), host R only
+        self.rank_device = "cpu"                   # where the rank decision runs (the plan's)
         self.at_risk = False
         self.plan_error: Optional[MemoryError] = None
         self.analysis_s = 0.0
@@ -729,7 +756,8 @@ class Allowance:
             self.next_check = math.inf
             return False
         if self.order and not self.speculated:
-            self.rank_s = rank_decision_seconds(self.order, self.predicted, self.r_entries) * \
+            self.rank_s = rank_decision_seconds(self.order, self.predicted, self.r_entries,
+                                                device=self.rank_device) * \
                 (1.0 if self.at_risk else RANK_PRIOR)
         if self.rank_s and self.speculated is None and self._speculate is not None and \
                 self._would_stop(itn, t, further, per_iteration, remaining, self.predicted) \
@@ -878,6 +906,7 @@ class Allowance:
             entries = getattr(chosen.analysis, "nnz_R", None)
             if chosen.backend != "gpu" and entries is not None:
                 self.r_entries = float(entries)
+            self.rank_device = "gpu" if chosen.backend == "gpu" else "cpu"
         self.analysis_s += time.perf_counter() - t0
         self.analysed_at = (itn, t)
 
