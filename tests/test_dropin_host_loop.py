@@ -10,8 +10,6 @@ act on runs without a callback.
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -62,8 +60,7 @@ def test_the_short_path_runs_the_host_loop(monkeypatch):
     def spy(*args, **kwargs):
         calls.append(kwargs.get("callback"))
         return real(*args, **kwargs)
-    # the module (the package's name ``lsmr`` is the function)
-    monkeypatch.setattr(sys.modules["scipy_gpuqr._iterative.lsmr"], "lsmr_host", spy)
+    monkeypatch.setattr(quick, "lsmr_host", spy)
     A = _matrix("lp_e226")
     b = np.random.default_rng(1).standard_normal(A.shape[0])
     lsmr(A, b)
@@ -92,12 +89,12 @@ def test_short_runs_are_not_watched():
                                                  ("494_bus", "lsqr", True)])
 def test_the_short_path_watches_what_the_rule_can_act_on(monkeypatch, name, method, watched):
     seen = []
-    real = quick.iterative_lsmr if method == "lsmr" else quick.iterative_lsqr
+    real = quick.lsmr_host if method == "lsmr" else quick.lsqr_host
 
     def spy(*args, callback=None, **kwargs):
         seen.append(callback)
         return real(*args, callback=callback, **kwargs)
-    monkeypatch.setattr(quick, "iterative_" + method, spy)
+    monkeypatch.setattr(quick, method + "_host", spy)
     A = _matrix(name)
     b = np.random.default_rng(3).standard_normal(A.shape[0])
     OURS[method](A, b)

@@ -156,12 +156,12 @@ def _own(method: str, A, b, x0, damp, rules: StoppingRules):
 def _square_of(calc_var: bool):
     """``quick_iterate``'s ``square_of``: the LU answer of a square host A (no damping
     on that path), unless ``calc_var`` asks for the variances."""
-    if calc_var:
-        return None
+    return None if calc_var else _undamped_square
 
-    def make(shape, nnz, matrix):
-        return square_lu(shape, nnz, 0.0, False, False, matrix)
-    return make
+
+def _undamped_square(shape, nnz, matrix) -> Optional[SquareLU]:
+    """:func:`~scipy_gpuqr._api.square_lu.square_lu` of an undamped host A without ``calc_var``."""
+    return square_lu(shape, nnz, 0.0, False, False, matrix)
 
 
 def _square(problem, settings, calc_var: bool) -> Optional[SquareLU]:

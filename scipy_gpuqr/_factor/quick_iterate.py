@@ -2,8 +2,9 @@
 
 Most patched calls of ``lsqr``/``lsmr`` pass a SciPy CSR or CSC matrix of
 float64 values and a float64 vector b, with no ``x0``, no damping and no
-options object, under ``auto`` (by default or named). For those, :func:`quick_iterate` runs SciPy's algorithm
-(:mod:`scipy_gpuqr._iterative`, on the caller's own matrix: bit for bit
+options object, under ``auto`` (by default or named). For those,
+:func:`quick_iterate` runs SciPy's algorithm in the host loops
+(:mod:`scipy_gpuqr._iterative.host`, on the caller's own matrix: bit for bit
 SciPy's result) under ``auto``'s rule (:mod:`scipy_gpuqr._dispatch.iterate_first`)
 after the few checks such input needs: its types, shapes and dtypes are seen
 from the objects themselves, and DESIGN §10's finite check is one C
@@ -14,7 +15,11 @@ factorization, or when the run ends without converging.
 
 On a call of a few hundred microseconds the checks, the settings and the
 decision around SciPy's algorithm are what separates ``auto`` from SciPy's
-own function; this keeps that to a handful of calls. Every other input, and
+own function; this keeps that to a handful of calls, and makes what only
+some runs need where they need it: whether a GPU answers (asked where a GPU
+could take the run), A's longest lines (where a GPU thread block could),
+the square A's LU answer (where the rule watches the run or the QR answers),
+the log's text (where the log is written). Every other input, and
 runs that move to a GPU after their head start on the CPU, take the general
 path (:func:`~scipy_gpuqr._factor.least_squares.iterate`), which answers alike.
 """
@@ -28,13 +33,13 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 import scipy.sparse as sp
 
-from .._dispatch.iterate_first import (Allowance, HostFirst, analysis_seconds,
+from .._dispatch.iterate_first import (BLOCK_MIN_NNZ, Allowance, HostFirst, analysis_seconds,
                                        cpu_iteration_seconds, host_first_budget,
                                        iterate_in_block, needs_watching)
 from .._gpu import gpu_available
-from .._iterative import lsmr as iterative_lsmr
-from .._iterative import lsqr as iterative_lsqr
 from .._iterative.block import block_lsmr, block_lsqr
+from .._iterative._common import compressed_kernels
+from .._iterative.host import HostProblem, lsmr_host, lsqr_host
 from .._options import Settings, auto_settings, auto_source, log_decision
 from .._validate import all_finite
 from .factored import plan_for
@@ -50,6 +55,9 @@ __all__ = ["QuickRun", "quick_iterate", "clearly_full_rank", "speculate"]
 #: The SciPy classes whose products our solvers run through SciPy's own kernels.
 _COMPRESSED = (sp.csr_array, sp.csr_matrix, sp.csc_array, sp.csc_matrix)
 
+#: Who answers a run of the host loops, by method.
+_ON_CPU = {"lsqr": "LSQR on CPU", "lsmr": "LSMR on CPU"}
+
 _F64 = np.dtype(np.float64)
 
 
@@ -62,6 +70,7 @@ class QuickRun(NamedTuple):
     settings: Settings
     problem: Callable[[], LeastSquaresProblem]  # the checked problem (made on first call)
     square: object = None               # the square A's LU answer, where the call may use one
+                                        # (with SciPy's answer: only where the run made it)
 
 
 #: Backends whose factors are on the host, where R's condition is estimated.
@@ -149,9 +158,25 @@ def _eligible(A, b, x0, damp, gpuqr_options) -> bool:
         return False
     if not (type(damp) in (float, int) and damp == 0):
         return False
-    m, n = A.shape
+    shape = A.shape
+    if len(shape) != 2:             # a one-dimensional CSR array: the general path's error
+        return False
+    m, n = shape
     return (m > 0 and n > 0 and A.data.dtype == _F64 and b.dtype == _F64
             and b.shape == (m,))
+
+
+class _Where:
+    """Where a run ran and why, for the decision log: ``text`` formatted with ``value``
+    only when the log is written."""
+
+    __slots__ = ("text", "value")
+
+    def __init__(self, text: str, value: float):
+        self.text, self.value = text, value
+
+    def __str__(self) -> str:
+        return self.text % self.value
 
 
 def _longest_lines(A) -> int:
@@ -206,7 +231,6 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     source = auto_source(backend)       # no options object: iterate_first is on
     if source is None:
         return None
-    settings = auto_settings(source)
     if not (rules.atol > 0 or rules.btol > 0):      # maximum precision: the QR answers
         return None
     m, n = A.shape
@@ -217,19 +241,34 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         iter_lim = int(rules.iter_lim)
     if iter_lim <= 0:
         return None
-    cpu_s = cpu_iteration_seconds(m, n, nnz)
-    block = iterate_in_block(m, n, nnz, on_gpu=False, longest=lambda: _longest_lines(A))
-    budget = block[0] if block is not None else host_first_budget(m, n, nnz)
+    kernels = compressed_kernels(A)
+    if kernels is None:
+        return None
+    settings = auto_settings(source)
+    known_gpu = []
+
+    def gpu() -> bool:                  # asked at most once a call, and only where it counts
+        if not known_gpu:
+            known_gpu.append(gpu_available())
+        return known_gpu[0]
+
+    # A's longest lines (a pass over its indices) only where a GPU could take the run
+    block = None if nnz >= BLOCK_MIN_NNZ and not gpu() else \
+        iterate_in_block(m, n, nnz, on_gpu=False, longest=lambda: _longest_lines(A))
     if block is not None:
-        where = (f"CPU first: one GPU thread block takes over once it would have saved its "
-                 f"start (about {block[0]:.2g} s) and the iterations made again")
-    elif budget is None:
-        where = f"CPU: a CPU iteration (about {cpu_s:.2g} s) beats a GPU one"
-    elif not gpu_available():
-        budget, where = None, "CPU: no GPU"
+        budget = block[0]
+        where = _Where("CPU first: one GPU thread block takes over once it would have saved "
+                       "its start (about %.2g s) and the iterations made again", budget)
     else:
-        where = (f"CPU first: A is host data; the GPU takes over once the run has cost "
-                 f"one upload of A (about {budget:.2g} s)")
+        budget = host_first_budget(m, n, nnz)
+        if budget is None:
+            where = _Where("CPU: a CPU iteration (about %.2g s) beats a GPU one",
+                           cpu_iteration_seconds(m, n, nnz))
+        elif not gpu():
+            budget, where = None, "CPU: no GPU"
+        else:
+            where = _Where("CPU first: A is host data; the GPU takes over once the run has "
+                           "cost one upload of A (about %.2g s)", budget)
     checked = []
 
     def problem() -> LeastSquaresProblem:
@@ -237,9 +276,16 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
             checked.append(check_problem(A, b, None, damp, func=method))
         return checked[0]
 
+    squares = []
+
+    def square():                       # the square A's LU answer, made where first needed
+        if not squares:
+            squares.append(None if square_of is None else
+                           square_of((m, n), nnz, lambda: problem().matrix().A))
+        return squares[0]
+
     analysis = analysis_seconds(m, n, nnz)
-    square = None if square_of is None else \
-        square_of((m, n), nnz, lambda: problem().matrix().A)
+
     def allowance() -> Allowance:
         return Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
                          analysis=analysis,
@@ -247,21 +293,23 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
                          order=min(m, n),
                          speculate=(lambda planned: speculate(planned, (m, n)))
                          if min(m, n) <= DENSE_LIMIT else None,
-                         square=square, nnz=nnz)
+                         square=square(), nnz=nnz)
 
-    watch = callback = None
+    watch = None
     if needs_watching(iter_lim, m, n, nnz, on_gpu=False, analysis=analysis, host_loop=True):
         watch = allowance()
     callback = watch if budget is None else HostFirst(
         budget, watch, per_iteration=0.0 if block is None else block[1])
+    forward, backward = kernels
+    host = HostProblem(m, n, forward, backward, (A.indptr, A.indices, A.data), b, None)
     if method == "lsqr":
-        res = iterative_lsqr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
-                             rules.calc_var, None, xp=np, callback=callback)
+        fields, info = lsqr_host(host, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim,
+                                 rules.calc_var, callback=callback)
     else:
-        res = iterative_lsmr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
-                             None, xp=np, callback=callback)
-    istop, itn = res.istop, res.itn
-    name = f"{method.upper()} on CPU"
+        fields, info = lsmr_host(host, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim,
+                                 callback=callback)
+    istop, itn, seconds = fields[1], fields[2], info["seconds"]
+    name = _ON_CPU[method]
     if block is not None and callback.moved and istop == 0:
         # SciPy's algorithm again from the start, in one GPU thread block
         log_decision("%s %dx%d nnz=%d: LSQR/LSMR on CPU moves to one GPU thread block after %d "
@@ -278,7 +326,7 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         else:
             res = block_lsmr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
                              None, callback=watch)
-        istop, itn = res.istop, res.itn
+        istop, itn, seconds, fields = res.istop, res.itn, res.seconds, res.scipy_tuple()
         where = (f"GPU block: the run moved after {callback.seconds:.2g} s on the CPU "
                  f"(a block iteration about {per_iteration:.2g} s)")
         name = f"{method.upper()} on GPU (one block)"
@@ -287,12 +335,12 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         log_decision("%s %dx%d nnz=%d: LSQR/LSMR on CPU moves to the GPU after %d iterations "
                      "(%.3g s, one upload of A)", method, m, n, nnz, itn, callback.seconds)
         return None
-    how = _RunNote(istop, itn, res.seconds, where, watch)
+    how = _RunNote(istop, itn, seconds, where, watch)
     outcome = settle(how, name, watch)
     if outcome == "qr":
         return QuickRun(None, None if watch is None else watch.planned, how, settings, problem,
-                        square)
+                        square())
     log_decision("%s %dx%d nnz=%d: %s answered; %s", method, m, n, nnz, name, how)
     planned = None if watch is None or outcome == "stands" else watch.planned
-    return QuickRun(IterativeAnswer(res.scipy_tuple(), name), planned, how, settings, problem,
-                    square)
+    return QuickRun(IterativeAnswer(fields, name), planned, how, settings, problem,
+                    squares[0] if squares else None)

@@ -45,13 +45,17 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ._common import (Clock, IterationState, Progress, compressed_kernels, givens,
-                      stopping_code)
+from ._common import (PROJECTION_WINDOW, Clock, IterationState, Progress, compressed_kernels,
+                      givens, stopping_code)
 
 __all__ = ["HostProblem", "host_problem", "lsqr_host", "lsmr_host"]
 
 #: The scalar types whose arithmetic with Python floats is NumPy float64's.
 _PLAIN = (float, int, np.float64)
+
+#: SciPy's ``eps`` in ``lsqr`` (a NumPy scalar), and as a Python float.
+_EPS = np.finfo(np.float64).eps
+_EPS_FLOAT = float(_EPS)
 
 
 class HostProblem:
@@ -161,22 +165,23 @@ class _FromCallback(Exception):
 class _Run:
     """What one call shares between its first run and a replay."""
 
-    __slots__ = ("clock", "callback", "watched", "progress", "reported", "allowance_spent",
+    __slots__ = ("clock", "callback", "watched", "history", "reported", "allowance_spent",
                  "stopped_by_callback", "atol", "replayed")
 
     def __init__(self, clock: Clock, callback, atol):
         self.clock, self.callback = clock, callback
         self.watched = callback is not None or clock.max_seconds is not None
-        self.progress = Progress(atol)
+        self.history = None             # each run's own (fresh_history)
         self.reported = 0               # iterations the callback and the clock have seen
         self.allowance_spent = False
         self.stopped_by_callback = False
         self.atol = atol
         self.replayed = False
 
-    def fresh_progress(self) -> deque:
-        self.progress = Progress(self.atol)
-        return self.progress.raw
+    def fresh_history(self) -> deque:
+        """The tests' record of a run (from its start), kept for :meth:`info`'s projection."""
+        self.history = deque(maxlen=PROJECTION_WINDOW)
+        return self.history
 
     def info(self, istop: int, itn: int, exact_start: bool) -> dict:
         if exact_start or istop in (1, 2, 4, 5):
@@ -184,7 +189,9 @@ class _Run:
         elif istop in (3, 6):
             projected = None
         else:
-            projected = self.progress.projected     # fitted when first read
+            progress = Progress(self.atol)          # only a run that did not converge needs it
+            progress.raw = self.history
+            projected = progress.projected          # fitted when first read
         return dict(allowance_spent=self.allowance_spent,
                     stopped_by_callback=self.stopped_by_callback,
                     projected_iterations=projected, seconds=self.clock.elapsed(), host_syncs=0,
@@ -311,7 +318,7 @@ def _lsmr_body(P, damp, atol, btol, conlim, maxiter, run, exact):
     forward, backward = P.forward, P.backward
     indptr, indices, data = P.arrays
     b = P.b
-    history = run.fresh_progress()
+    history = run.fresh_history()
     reported = run.reported
     watched = run.watched
     callback, clock = run.callback, run.clock
@@ -498,14 +505,12 @@ def _lsqr_body(P, damp, dampsq, atol, btol, conlim, iter_lim, calc_var, run, exa
     forward, backward = P.forward, P.backward
     indptr, indices, data = P.arrays
     b = P.b
-    history = run.fresh_progress()
+    history = run.fresh_history()
     reported = run.reported
     watched = run.watched
     callback, clock = run.callback, run.clock
     t0, timed = clock.t0, clock.max_seconds is not None
-    eps = np.finfo(np.float64).eps         # SciPy's (a NumPy scalar)
-    if not exact:
-        eps = float(eps)
+    eps = _EPS if exact else _EPS_FLOAT    # SciPy's np.finfo(np.float64).eps, or its float
 
     var = np.zeros(n)
     itn = 0
