@@ -160,6 +160,7 @@ def _once(A, b, backend, debug=False):
            "r_copy_stages": bi.get("r_copy_stages"),
            "host_r_by_parts": bi.get("host_r_by_parts"),
            "stage_seconds": bi.get("stage_seconds"),
+           "q_first_stage_early": bi.get("q_first_stage_early"),
            "pool_ranges_sent_during_stages": bi.get("pool_ranges_sent_during_stages"),
            "warnings": [str(w.message)[:160] for w in seen],
            "log": lines.messages}
@@ -175,8 +176,9 @@ def _once(A, b, backend, debug=False):
 #: replay prefetches the next stage's reflectors (``solve.PREFETCH``), how a
 #: plan that the time model's dense fronts leave infeasible picks dense fronts
 #: (``driver.STAGED_DENSE``) and whether a host stage hands its blocks and R on
-#: behind the next stages (``stage_loop.HOST_PLACE_BEHIND``, ``HOST_R_BEHIND``);
-#: a missing key is off / ``"size"``.
+#: behind the next stages (``stage_loop.HOST_PLACE_BEHIND``, ``HOST_R_BEHIND``),
+#: whether a staged factorization sends ``Q``'s first stage up as it ends
+#: (``solve.PREFETCH_FIRST``); a missing key is off / ``"size"``.
 MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "bands": {"band_upload": "mapped", "host_r_by_parts": False},
          "rparts": {"band_upload": "copy2d", "host_r_by_parts": True},
@@ -193,7 +195,11 @@ MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "hostoff": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
                      "staged_dense": "oversized", "host_behind": False},
          "behind": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                    "staged_dense": "oversized", "host_behind": True}}
+                    "staged_dense": "oversized", "host_behind": True},
+         "lateq": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                   "staged_dense": "oversized", "host_behind": True, "prefetch_first": False},
+         "earlyq": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                    "staged_dense": "oversized", "host_behind": True, "prefetch_first": True}}
 
 
 def _set_mode(name):
@@ -205,6 +211,7 @@ def _set_mode(name):
     reflector_upload.BAND_UPLOAD = m["band_upload"]
     stage_loop.HOST_R_BY_PARTS = m["host_r_by_parts"]
     stage_loop.HOST_R_BEHIND = stage_loop.HOST_PLACE_BEHIND = m.get("host_behind", False)
+    solve.PREFETCH_FIRST = m.get("prefetch_first", False)
     slab_front.PANEL_UPLOAD = m.get("slab_panels", "copy2d")
     slab_front.SLAB_PARTS = m.get("slab_parts", 4)
 
@@ -436,7 +443,8 @@ def main(argv=None):
                 print(f"  {label} ({row['limit'] / 1e9:.2f} GB) {row['seconds']:7.3f} s  "
                       f"{row['backend']} stages {row['stages']}  x{row['vs_unlimited']:.2f}  "
                       f"restaged {row['restaged']}  leak {row['pool_used_after']}  "
-                      f"dx {row['x_rel_diff']:.1e}"
+                      f"dx {row['x_rel_diff']:.1e}  Q first stage early "
+                      f"{row.get('q_first_stage_early')}"
                       + (f"  host fronts {row['host_fronts']} {row['host_front_seconds']:.2f} s"
                          f" on {row['host_fronts_on']}"
                          if row["host_fronts"] else "")

@@ -834,6 +834,35 @@ def test_stage_rows_uploaded_compactly_from_the_host_pool():
     assert np.array_equal(again.upload(), up) and again._kept is None      # budget spent
 
 
+def test_stage_rows_make_room_before_each_upload():
+    """A stage's rows of R call their pools' ``before_upload`` (``Q``'s first stage
+    sent up as the factorization ended and read by no replay yet is dropped
+    there: :func:`~scipy_gpuqr._engine.gpu.solve.drop_first`) before each copy
+    off the host pool, not when the rows are kept from an earlier solve; on the
+    NumPy layer nothing is sent up early."""
+    from scipy_gpuqr._engine.gpu import solve, trsolve
+    pool = np.arange(40, dtype=np.float64)
+    calls = []
+
+    def pools(sid):
+        return pool
+    pools.before_upload = lambda: calls.append(len(calls))
+    ft = types.SimpleNamespace(xp=np, pools=pools, fronts=[(0, 3, 0, 1, 5), (0, 20, 0, 1, 4)])
+    rows = trsolve._StageRows(ft, [0, 1], pool, trsolve._KeepBudget(10 ** 9))
+    up = rows.upload()
+    assert calls == [0] and rows.upload() is up and calls == [0]        # kept: no call
+    rows = trsolve._StageRows(ft, [0, 1], pool, trsolve._KeepBudget(0))
+    rows.upload()
+    rows.upload()
+    assert calls == [0, 1, 2]
+    A = _cases()[0][1]
+    an = analyze(A)
+    for _ in range(2):
+        g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
+    assert g.info["stages"] > 1 and g.info["q_first_stage_early"] is None
+    assert solve.prefetch_first(g) is None and not solve.drop_first(g)
+
+
 def test_kept_rows_leave_room_for_the_replay_uploads():
     """The kept rows' budget leaves the largest packed reflector upload of ``Q``'s
     replay free (bounded as the memory checks bound it); one stage: nothing to

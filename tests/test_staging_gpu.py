@@ -427,3 +427,55 @@ def test_prefetched_replay_equals_one_upload_at_a_time(problem, share, dense_flo
     finally:
         pool.set_limit(size=0)
     assert pool.used_bytes() <= base, (pool.used_bytes(), base)
+
+
+def test_first_stage_sent_up_as_the_factorization_ends(problem, monkeypatch):
+    """A warm staged factorization sends the first stage ``Qᵀ`` reads up as it ends
+    (``solve.prefetch_first``, while R is assembled): the first
+    ``Qᵀ`` replay takes it (no upload of its own), Qᵀ and Q bit for bit as
+    without it; R's solves uploading their rows first drop a pack no replay
+    read (``solve.drop_first``); nothing is left on the device."""
+    import cupy as cp
+
+    from scipy_gpuqr._engine.gpu import driver, solve
+    A, b, an, needs, need, x0 = problem
+    B = np.cos(np.arange(A.shape[0] * 3, dtype=np.float64)).reshape(-1, 3)
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    base = pool.used_bytes()
+    out = {}
+    counted = pools = None
+    for on, first_use in ((False, "replay"), (True, "replay"), (True, "rows")):
+        monkeypatch.setattr(solve, "PREFETCH_FIRST", on)
+        for _ in range(2):          # the second run warm: its replay plan is kept
+            g = driver.gpu_factorize(A, an, max_gpu_memory=need // 2)
+        assert g.info["backend"] == "gpu" and g.info["stages"] > 1
+        first = solve.stage_sequence(solve.plan_of(g), True)[0]
+        assert g.info["q_first_stage_early"] == (first if on else None)
+        if first_use == "replay":
+            ex = solve._cupy_executor(g)
+            uploads, pools = [], ex.pools
+
+            def counted(sid):
+                uploads.append(sid)
+                return pools(sid)
+            counted.prefetch = pools.prefetch
+            ex.pools = counted
+            out[on] = (g.qt_matmul(B), g.q_matmul(B))
+            assert (first in uploads) == (not on), uploads
+        else:
+            ex = g._replay["cupy"]
+            assert ex._ahead is not None and ex._ahead[0] == first
+            held = pool.used_bytes()
+            solve.device_solve_of(g).upper(cp.ones((A.shape[1], 2)))
+            cp.cuda.Device().synchronize()
+            assert ex._ahead is None and not solve.drop_first(g)
+            np.testing.assert_array_equal(g.qt_matmul(B), out[True][0])
+            assert held > 0
+        g.free()
+        g = ex = counted = pools = None      # nothing of it kept alive here
+        gc.collect()
+    for a, c in zip(out[False], out[True]):
+        np.testing.assert_array_equal(a, c)
+    pool.free_all_blocks()
+    assert pool.used_bytes() <= base, (pool.used_bytes(), base)

@@ -220,6 +220,8 @@ class GpuQR(TaskListQR):
         return gpu_solve.host_matmul(self, Y, trans=False)
 
     def free(self) -> None:
+        if self.on_device():        # a first stage sent up and never read: its copies end first
+            gpu_solve.drop_first(self)
         super().free()
         self._pending = {}
         self._stage_pools = {}
@@ -844,23 +846,29 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     if loop.layout is None:         # no stage at all
         loop.layout, loop.gmaps, loop.pattern = host_side.result()
     layout = loop.layout
-    R = assemble_r(Ac, layout, loop.r_values(), dtype, loop.pattern.result(),
-                   data=loop.r_data)
-    t3 = time.perf_counter()
     slots_of = layout.slots_of
     dense = _dense_fronts(sched, loop.dense_parts, slots_of, cache_device=cache_dense,
                           host=set(host_stages.values()))
     fronts = loop.front_list(slots_of)
-    info = loop.info(budget=budget, dense_fronts=len(dense),
-                     seconds={"schedule": t1 - t0, "factorize": t2 - t1, "assemble_R": t3 - t2})
-    return GpuQR(shape=(m, n), R=R, colperm=analysis.colperm.astype(np.int64),
-                 rank=int(min(m, n)), tol=None, flops=float(analysis.flops), info=info,
-                 analysis=analysis, qorder=layout.qorder.copy(), schedule=sched,
-                 _fronts=fronts, _vt=None, _dense=dense, _device=device,
-                 _pending=loop.pending, _stage_pools=loop.stage_pools,
-                 _host_pools=loop.host_pools, _front_loc=loop.front_loc,
-                 _front_launch=loop.front_launch, _launch_base=loop.launch_base,
-                 _host_stages=host_stages)
+    qr = GpuQR(shape=(m, n), R=None, colperm=analysis.colperm.astype(np.int64),
+               rank=int(min(m, n)), tol=None, flops=float(analysis.flops), info={},
+               analysis=analysis, qorder=layout.qorder.copy(), schedule=sched,
+               _fronts=fronts, _vt=None, _dense=dense, _device=device,
+               _pending=loop.pending, _stage_pools=loop.stage_pools,
+               _host_pools=loop.host_pools, _front_loc=loop.front_loc,
+               _front_launch=loop.front_launch, _launch_base=loop.launch_base,
+               _host_stages=host_stages)
+    # Q's first stage goes up for the solves while R is assembled and the solve
+    # prepares (the host's work; the link idle otherwise)
+    early = gpu_solve.prefetch_first(qr) if len(sched.stages) > 1 else None
+    qr.R = assemble_r(Ac, layout, loop.r_values(), dtype, loop.pattern.result(),
+                      data=loop.r_data)
+    t3 = time.perf_counter()
+    qr.info = loop.info(budget=budget, dense_fronts=len(dense),
+                        seconds={"schedule": t1 - t0, "factorize": t2 - t1,
+                                 "assemble_R": t3 - t2})
+    qr.info["q_first_stage_early"] = early
+    return qr
 
 
 class _UploadedDense(DenseFront):

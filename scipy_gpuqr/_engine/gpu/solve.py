@@ -51,6 +51,7 @@ against the host replay, no GPU needed).
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from dataclasses import dataclass, field
@@ -72,7 +73,8 @@ from .trsolve import FrontTriangular
 
 __all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay", "plan_of",
            "plan_arrays", "plan_of_arrays", "stage_sequence",
-           "NumpyExecutor", "CupyExecutor", "DeviceSolve", "CHUNK_ELEMENTS", "PREFETCH"]
+           "NumpyExecutor", "CupyExecutor", "DeviceSolve", "CHUNK_ELEMENTS", "PREFETCH",
+           "PREFETCH_FIRST", "prefetch_first", "drop_first"]
 
 #: Largest X chunk (elements of float64) applied at once; more columns are
 #: applied chunk by chunk (1 GiB).
@@ -90,6 +92,11 @@ PREFETCH = True
 #: they do not, the replay's out-of-memory path frees what is kept and goes on).
 PREFETCH_MARGIN = 0.05
 PREFETCH_MARGIN_BYTES = 16 << 20
+#: A staged factorization sends the first stage ``Qᵀ`` reads up as it ends
+#: (:func:`prefetch_first`: while R is assembled and a solve prepares), where it
+#: fits as a prefetch does; the first ``Qᵀ`` replay takes it, the first upload
+#: of R's rows for the solves drops it (:func:`drop_first`).
+PREFETCH_FIRST = True
 
 
 # ----------------------------------------------------------------------------- plan
@@ -479,6 +486,26 @@ class CupyExecutor:
             self._ahead = (sid, up)
             self.mark(f"p{sid}")
 
+    def prefetch_first(self):
+        """Outside a replay: the first stage ``Qᵀ`` reads sent up now, as a prefetch
+        (the next ``Qᵀ`` replay takes it; :meth:`drop_first`); that stage, or None
+        (nothing to send, or it does not fit)."""
+        seq = stage_sequence(self.plan, True)
+        if self._pool_sid is not None or self._ahead is not None or not seq:
+            return None
+        self._prefetch(seq[0])
+        self._marks = None              # a replay's timeline starts with the replay
+        return None if self._ahead is None else self._ahead[0]
+
+    def drop_first(self) -> bool:
+        """Outside a replay: a pack prefetched and not yet read let go (later work
+        on the replay's stream waits for its copies); whether there was one."""
+        if self._pool_sid is not None or self._ahead is None:
+            return False
+        ahead, self._ahead = self._ahead, None
+        self._drop(ahead)
+        return True
+
     def _drop(self, ahead) -> None:
         """A prefetched pack not used: later work on the replay's stream (which
         may reuse its blocks) waits for its copies first."""
@@ -853,6 +880,7 @@ def _device_pools(qr, *, reflectors_only: bool = False):
             return host
         if reflectors_only:
             return upload_reflectors(host, _reflector_layout_of(qr, sid), cp)
+        drop_first(qr)
         dev = cp.empty(host.shape, dtype=host.dtype)
         dev.set(host)
         return dev
@@ -887,6 +915,8 @@ def _device_pools(qr, *, reflectors_only: bool = False):
 
     if reflectors_only:
         pools.prefetch = prefetch
+    else:                       # R's rows go up in the room of a first pack not read
+        pools.before_upload = functools.partial(drop_first, qr)
     return pools
 
 
@@ -948,6 +978,34 @@ def device_solve_of(qr) -> DeviceSolve:
         live = [r for r in qr._replay.get("kept_rows", ()) if r() is not None]
         qr._replay["kept_rows"] = live + [weakref.ref(fronts)]
         return DeviceSolve(qr.R, qr.colperm, fronts, device_id=d.id)
+
+
+def prefetch_first(qr):
+    """The first stage ``Qᵀ`` reads of a staged factorization sent up now
+    (:data:`PREFETCH_FIRST`; :meth:`CupyExecutor.prefetch_first`): the replay's
+    executor made as the factorization ends, where the replay plan of its
+    pattern is already kept (a new pattern's is made by the first solve, not
+    here). That stage, or None."""
+    if not (PREFETCH and PREFETCH_FIRST and qr.on_device()):
+        return None
+    if qr._replay.get("plan") is None:
+        kept = getattr(qr.schedule, "extras", None)
+        if kept is None or kept.get(_plan_key(qr)) is None:
+            return None
+    cp = qr._device.cp
+    with _device_of(qr):
+        try:
+            return _cupy_executor(qr).prefetch_first()
+        except cp.cuda.memory.OutOfMemoryError:     # the solves make it when they run
+            qr._replay.pop("cupy", None)
+            return None
+
+
+def drop_first(qr) -> bool:
+    """A pack :func:`prefetch_first` sent up and no replay read yet let go (R's
+    solves upload their rows in its room); whether there was one."""
+    ex = qr._replay.get("cupy")
+    return bool(ex is not None and ex.drop_first())
 
 
 def _cupy_executor(qr):

@@ -55,7 +55,9 @@ class FrontTriangular:
     qr : GpuQR
         The factorization (``analysis``, ``_front_loc``, R).
     pools : callable
-        ``pools(stage) -> array``: the stage's front pool (CuPy or NumPy, as ``xp``).
+        ``pools(stage) -> array``: the stage's front pool (CuPy or NumPy, as ``xp``);
+        its ``before_upload()``, where it has one, is called before rows of a
+        host pool go up (:func:`.solve.drop_first`).
     xp : module
         ``cupy`` or ``numpy``.
     """
@@ -513,12 +515,16 @@ class _StageRows:
         self._kept = None
         self._keep = keep
         self.cp = ft.xp
+        self._before = getattr(getattr(ft, "pools", None), "before_upload", None)
 
     def upload(self):
         """The rows on the device (copied on the current stream, or kept from an
-        earlier solve)."""
+        earlier solve; ``pools.before_upload`` called first, where the pools'
+        callable has one: room made)."""
         if self._kept is not None:
             return self._kept
+        if self._before is not None:
+            self._before()
         dev = _copy_runs(self.cp, self._host_pool, self._runs, self.total, None)
         if self._keep.take(dev.nbytes):
             self._kept = dev
