@@ -120,6 +120,34 @@ def test_cholesky_methods(rng, method, n, dtype, lower, finish):
         np.testing.assert_array_equal(c[i] - tri(c[i]), other)
 
 
+@pytest.mark.parametrize("method,n", [("fused", 40), ("rows", 97), ("rows", 256),
+                                      ("rows", 512), ("panel", 100)])
+@pytest.mark.parametrize("lower", [False, True])
+@pytest.mark.parametrize("finish", ["cupy", "kernel"])
+def test_cholesky_reads_one_triangle(rng, method, n, lower, finish):
+    """Only the named triangle is read (LAPACK's potrf): the other one holds
+    unrelated values, which come back unchanged, and the factor is that of
+    the symmetric matrix of the named triangle. The upper factor is computed
+    on the transpose (a tiled transpose kernel there and back), so a copy
+    that does not transpose, or transposes a tile wrongly, fails here where
+    a symmetric input would not see it."""
+    import cupy as cp
+    from scipy_gpuqr.batched import _gpu_blocked as bb
+    s = spd_batch(rng, 3, n, np.float64)
+    other = np.tril if not lower else np.triu
+    junk = rng.standard_normal(s.shape) * 100
+    a = np.where(other(np.ones((n, n), bool), -1 if not lower else 1), junk, s)
+    c, info = bb.potrf(cp.asarray(a), lower, method, finish)
+    c, info = c.get(), info.get()
+    assert (info == 0).all()
+    tri = np.tril if lower else np.triu
+    for i in range(3):
+        ref, _ = sl.cho_factor(s[i], lower=lower)
+        np.testing.assert_allclose(tri(c[i]), tri(ref), rtol=0,
+                                   atol=50 * n * eps(np.float64) * np.abs(ref).max())
+        np.testing.assert_array_equal(c[i] - tri(c[i]), a[i] - tri(a[i]))
+
+
 @pytest.mark.parametrize("n", [33, 48, 64])
 @pytest.mark.parametrize("trans", [0, 1])
 @pytest.mark.parametrize("k", [1, 3, 70])

@@ -399,6 +399,33 @@ chol_finish(const T *__restrict__ a, T *__restrict__ c, int *__restrict__ info,
 }
 
 // ---------------------------------------------------------------------------
+// dst = the transpose of each matrix of src (batch, n, n), by tiles of 32 x 32
+// through shared memory (rows of 32 entries read and written on both sides):
+// the blocked Cholesky of the upper triangle factorizes the transpose's lower
+// one, and its factor goes back transposed. Grid: batch * ceil(n / 32)^2
+// blocks (matrix-major); block (32, 8).
+// ---------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(256)
+transpose_batched(const T *__restrict__ src, T *__restrict__ dst, int n)
+{
+    __shared__ T tile[32][33];
+    const int tiles = (n + 31) >> 5;
+    const long long mat = blockIdx.x / (tiles * tiles);
+    const int t = (int)(blockIdx.x - mat * tiles * tiles);
+    const int r0 = (t / tiles) * 32, c0 = (t - (t / tiles) * tiles) * 32;
+    const long long off = mat * (long long)n * n;
+    const int tx = threadIdx.x;
+#pragma unroll
+    for (int j = threadIdx.y; j < 32; j += 8)
+        if (r0 + j < n && c0 + tx < n) tile[j][tx] = src[off + (long long)(r0 + j) * n + c0 + tx];
+    __syncthreads();
+#pragma unroll
+    for (int j = threadIdx.y; j < 32; j += 8)
+        if (c0 + j < n && r0 + tx < n) dst[off + (long long)(c0 + j) * n + r0 + tx] = tile[tx][j];
+}
+
+// ---------------------------------------------------------------------------
 // Solves for n <= NMAX with the factor in shared memory (one block per matrix,
 // NMAX threads, one right-hand side column per thread, chunks of NMAX).
 // S holds the factor arranged so that the forward solve uses S's lower and

@@ -503,6 +503,19 @@ def _rows_lu_launches(lu, piv, info, mma: bool, outer: int, src, defer_left: boo
 CHOL_FINISH = ("cupy", "kernel")
 
 
+def _transpose(a):
+    """A new C-contiguous stack of the matrices of ``a`` (B, n, n) transposed,
+    by tiles through shared memory (``transpose_batched`` of rows.cu; CuPy's
+    copy of the transposed view reads one side by strides)."""
+    bsz, n = a.shape[0], a.shape[-1]
+    out = _common.alloc(a.shape, a.dtype)
+    tiles = -(-n // 32)
+    if bsz and n:
+        _rows_function("transpose_batched", dtname(a.dtype), 0, 0, device_id())(
+            (bsz * tiles * tiles,), (32, 8), (a, out, np.int32(n)))
+    return out
+
+
 def potrf(a, lower: bool, method: str | None = None, finish: str | None = None):
     """Cholesky of ``a`` (B, n, n), n > 32, like LAPACK potrf; returns (c, info).
 
@@ -521,7 +534,7 @@ def potrf(a, lower: bool, method: str | None = None, finish: str | None = None):
     a = cp.ascontiguousarray(a)
     finite = cp.isfinite(a).all(axis=(1, 2)) if finish == "cupy" else None
     # on the lower triangle of the Hermitian matrix potrf reads
-    w = a.copy() if lower else cp.ascontiguousarray(a.transpose(0, 2, 1))
+    w = a.copy() if lower else _transpose(a)
     info = cp.zeros((bsz,), dtype=np.int32)
     if method == "fused":
         fn = _rows_function("potrf_rows", dt, FUSED_MAX, FUSED_MAX, dev)
@@ -542,7 +555,7 @@ def potrf(a, lower: bool, method: str | None = None, finish: str | None = None):
         # the other triangle is a's but near the diagonal (the diagonal
         # blocks' GEMMs, at most CHOL_SPLIT wide, wrote it): copied back;
         # info -1 for an inf or NaN anywhere in a
-        c = w if lower else cp.ascontiguousarray(w.transpose(0, 2, 1))
+        c = w if lower else _transpose(w)
         fin = _rows_function("chol_finish", dt, 0, 0, dev)
         fin((bsz * -(-n // 32),), (256,),
             (a, c, info, np.int32(n), np.int32(1 if lower else 0),

@@ -186,10 +186,10 @@ def vb_name(kernel: str, dtype: str) -> str:
 
 def rows_name(kernel: str, dtype: str, nb: int, maxt: int) -> str:
     """``getrf_rows<double, 32, 512>``, ``solve_smem<float, 64>``,
-    ``chol_finish<double>`` (nb, maxt unused), ..."""
+    ``chol_finish<double>``, ``transpose_batched<float>`` (nb, maxt unused), ..."""
     if kernel in ("solve_smem", "trsm_lunit"):
         return f"{kernel}<{_CTYPES[dtype]}, {nb}>"
-    if kernel == "chol_finish":
+    if kernel in ("chol_finish", "transpose_batched"):
         return f"{kernel}<{_CTYPES[dtype]}>"
     return f"{kernel}<{_CTYPES[dtype]}, {nb}, {maxt}>"
 
@@ -231,5 +231,5 @@ KERNEL_VARIANTS = {
         for nb, maxt in ((FUSED_MAX, FUSED_MAX), (ROWS_PANEL, ROWS_THREADS))) + tuple(
         rows_name("solve_smem", dt, FUSED_MAX, FUSED_MAX) for dt in _CTYPES) + tuple(
         rows_name("trsm_lunit", dt, ROWS_PANEL, ROWS_THREADS) for dt in _CTYPES) + tuple(
-        rows_name("chol_finish", dt, 0, 0) for dt in _CTYPES),
+        rows_name(k, dt, 0, 0) for dt in _CTYPES for k in ("chol_finish", "transpose_batched")),
 }
