@@ -178,7 +178,9 @@ def _once(A, b, backend, debug=False):
 #: (``driver.STAGED_DENSE``) and whether a host stage hands its blocks and R on
 #: behind the next stages (``stage_loop.HOST_PLACE_BEHIND``, ``HOST_R_BEHIND``),
 #: whether a staged factorization sends ``Q``'s first stage up as it ends
-#: (``solve.PREFETCH_FIRST``); a missing key is off / ``"size"``.
+#: (``solve.PREFETCH_FIRST``) and whether its stage plan is made per call
+#: (``plans_per_call``; kept per pattern and bytes available otherwise); a
+#: missing key is off / ``"size"``.
 MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "bands": {"band_upload": "mapped", "host_r_by_parts": False},
          "rparts": {"band_upload": "copy2d", "host_r_by_parts": True},
@@ -199,7 +201,24 @@ MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "lateq": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
                    "staged_dense": "oversized", "host_behind": True, "prefetch_first": False},
          "earlyq": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                    "staged_dense": "oversized", "host_behind": True, "prefetch_first": True}}
+                    "staged_dense": "oversized", "host_behind": True, "prefetch_first": True},
+         "plannow": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                     "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
+                     "plans_per_call": True}}
+
+
+class _NoPlans:
+    """Stands in for ``driver._STAGED_PLANS``: keeps nothing."""
+
+    def get(self, *args):
+        return None
+
+    def put(self, *args):
+        pass
+
+
+#: The package's table of staged plans while a mode replaces it.
+_KEPT_PLANS = {}
 
 
 def _set_mode(name):
@@ -212,6 +231,10 @@ def _set_mode(name):
     stage_loop.HOST_R_BY_PARTS = m["host_r_by_parts"]
     stage_loop.HOST_R_BEHIND = stage_loop.HOST_PLACE_BEHIND = m.get("host_behind", False)
     solve.PREFETCH_FIRST = m.get("prefetch_first", False)
+    # a staged plan made per call (nothing kept: ``driver._STAGED_PLANS`` stood in for)
+    # or kept per pattern and bytes available, the package's way
+    kept = _KEPT_PLANS.setdefault("plans", driver._STAGED_PLANS)
+    driver._STAGED_PLANS = _NoPlans() if m.get("plans_per_call") else kept
     slab_front.PANEL_UPLOAD = m.get("slab_panels", "copy2d")
     slab_front.SLAB_PARTS = m.get("slab_parts", 4)
 

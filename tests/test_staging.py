@@ -1395,6 +1395,48 @@ def test_alternating_limits_make_each_plans_gather_maps_once(monkeypatch):
     assert sorted(made.values()) == [1, 1, 1], made
 
 
+def test_staged_plans_kept_per_limit(monkeypatch):
+    """A staged factorization's plan (the stage plan and the dense fronts picked
+    for it) is made once per pattern and bytes available: calls alternating two
+    limits make each plan once (a plan over every front, per round of dense
+    fronts, before the first launch); the same R as plans made per call; a
+    host front's plan too."""
+    from scipy_gpuqr._engine.gpu import driver
+    made = Counter()
+    real = driver.staged_dense_plan
+
+    def counted(analysis, *args, **kwargs):
+        made[args[4]] += 1                  # the bytes available
+        return real(analysis, *args, **kwargs)
+    fresh = type(driver._STAGED_PLANS)
+    monkeypatch.setattr(driver, "staged_dense_plan", counted)
+    monkeypatch.setattr(driver, "_STAGED_PLANS", fresh(32, 1 << 30, lambda value: 0))
+    A = _cases()[0][1]
+    an = analyze(A)
+    ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
+    made.clear()
+    for limit in [_limit(an, 2), _limit(an, 4)] * 3:
+        g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit))
+        assert g.info["stages"] > 1 and abs(g.R - ref.R).max() <= 1e-12 * abs(ref.R).max()
+    assert sorted(made.values()) == [1, 1], made
+    monkeypatch.setattr(driver, "_STAGED_PLANS", types.SimpleNamespace(
+        get=lambda *args: None, put=lambda *args: None))
+    made.clear()
+    for _ in range(2):              # nothing kept: a plan per call, the same R
+        g2 = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit))
+        np.testing.assert_array_equal(g2.R.toarray(), g.R.toarray())
+    assert sum(made.values()) == 2
+    A, an, needs = _host_case()
+    made.clear()
+    monkeypatch.setattr(driver, "_STAGED_PLANS", fresh(32, 1 << 30, lambda value: 0))
+    for _ in range(3):
+        g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE,
+                                                    memory_limit=min_budget(an, needs)),
+                          dense_flops=_HOST_FLOPS)
+        assert g._host_stages
+    assert sum(made.values()) == 1, made
+
+
 def test_host_stages_hand_on_behind_the_next_stages(monkeypatch):
     """A host stage's contribution block whose parent is a later host stage's front
     is copied into that pool by threads on a worker (``_Placing``), and an

@@ -259,7 +259,8 @@ def _default_budget(device) -> int | None:
 
 
 def _needs_nbytes(value) -> int:
-    """Bytes of a :data:`_PLANS` entry (the arrays of its ``FrontNeeds``)."""
+    """Bytes of a :data:`_PLANS` entry (the arrays of its ``FrontNeeds``, the
+    first item; :data:`_STAGED_PLANS` passes its entry from the needs on)."""
     needs = value[0]
     return sum(int(getattr(v, "nbytes", 0)) for v in vars(needs).values())
 
@@ -268,6 +269,14 @@ def _needs_nbytes(value) -> int:
 #: caller's budget): ``(needs, plan)``, the fronts' device bytes and the plan of
 #: one stage made for the fewest bytes so far (None: none made).
 _PLANS = PerPattern(64, 256 << 20, _needs_nbytes)
+
+
+#: Per pattern and ``(planning key, STAGED_DENSE, bytes available)``: a staged
+#: factorization's ``(dense_flops, dense_extra, needs, plan)`` (:func:`_memory_plan`
+#: then :func:`staged_dense_plan`): the same for every call under the same pool
+#: limit, and tens of milliseconds of host time (a plan over every front, per
+#: round of dense fronts) before the first launch, the device idle.
+_STAGED_PLANS = PerPattern(32, 256 << 20, lambda value: _needs_nbytes(value[2:]))
 
 
 def _memory_plan(analysis, key, make_needs, available, max_gpu_memory):
@@ -379,13 +388,19 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
 
     mem = _device_memory(device)
     available, limited_by = mem.available, mem.limited_by
-    needs, mplan = _memory_plan(
-        analysis, (dense_flops, tile, bundle, pipelining, np.dtype(dev_dtype).itemsize,
-                   getattr(device, "dense_panel", 256), max_gpu_memory),
-        lambda: needs_for(dense_flops), available, max_gpu_memory)
-    dense_flops, dense_extra, needs, mplan = staged_dense_plan(
-        analysis, needs_for, dense_flops, needs, mplan, available, max_gpu_memory,
-        panel=getattr(device, "dense_panel", 256), itemsize=np.dtype(dev_dtype).itemsize)
+    pkey = (dense_flops, tile, bundle, pipelining, np.dtype(dev_dtype).itemsize,
+            getattr(device, "dense_panel", 256), max_gpu_memory)
+    staged = _STAGED_PLANS.get(analysis, (pkey, STAGED_DENSE, available))
+    if staged is None:
+        needs, mplan = _memory_plan(analysis, pkey, lambda: needs_for(dense_flops), available,
+                                    max_gpu_memory)
+        staged = staged_dense_plan(
+            analysis, needs_for, dense_flops, needs, mplan, available, max_gpu_memory,
+            panel=getattr(device, "dense_panel", 256), itemsize=np.dtype(dev_dtype).itemsize)
+        if available is not None and staged[3].feasible and (
+                staged[3].host or len(staged[3].plan.stages) > 1):
+            _STAGED_PLANS.put(analysis, (pkey, STAGED_DENSE, available), staged)
+    dense_flops, dense_extra, needs, mplan = staged
     floor = min_budget(analysis, needs)
     why = None
     oom = []
