@@ -138,3 +138,68 @@ def test_repeated_factorizations_take_the_blocks_their_predecessor_freed():
     t.start()
     t.join()
     assert other[0] is not a.stream
+
+
+def _cyclic_leftovers(garbage) -> list:
+    """What a cyclic collection found that a call should have freed by reference
+    counting: the package's own objects, and host or device arrays held by the
+    cycles (arrays are not tracked by the collector: they show as referents)."""
+    def ours(o):
+        return isinstance(o, np.ndarray) or type(o).__module__.startswith(("cupy", "scipy_gpuqr"))
+    held = [r for o in garbage for r in gc.get_referents(o) if ours(r)]
+    return [o for o in garbage if ours(o)] + held
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["grid", "chessboard"])
+def test_gpu_lsqr_leaves_nothing_to_the_cyclic_collector(which):
+    """On the CUDA path a finished ``lsqr`` holds nothing in reference cycles. A cycle
+    there keeps R's host arrays and the factorization's device memory until Python's
+    next cyclic collection: calls on large problems in a row then grow the host
+    memory by R per call and plan the next factorization with less device memory
+    (staged, its pools sent to the host). The NumPy device's path is checked by
+    ``test_lsqr_frees_its_factorization_on_return``; this checks the CuPy one."""
+    from collections import Counter
+    A = sp.csc_array(grid3d_least_squares(12) if which == "grid"
+                     else chessboard_boundary(4, 5, 2))
+    b = np.asarray(A @ np.ones(A.shape[1])) + 0.01
+    sg.lsqr(A.copy(), b, backend="gpu")          # kernels, caches and pools made
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        x = sg.lsqr(A.copy(), b, backend="gpu")[0]
+        assert np.isfinite(x).all()
+        del x
+        gc.collect()
+        left = _cyclic_leftovers(gc.garbage)
+        assert not left, Counter(type(o).__qualname__ for o in left).most_common(20)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
+@pytest.mark.parametrize("which", ["grid", "chessboard"])
+def test_numpy_device_lsqr_leaves_nothing_to_the_cyclic_collector(numpy_gpu, which):
+    """The check above on the NumPy device's path, and the check itself: an array in
+    a reference cycle is what it reports."""
+    A = sp.csc_array(grid3d_least_squares(5) if which == "grid"
+                     else chessboard_boundary(3, 4, 2))
+    b = np.asarray(A @ np.ones(A.shape[1])) + 0.01
+    sg.lsqr(A.copy(), b, backend="gpu")
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        sg.lsqr(A.copy(), b, backend="gpu")
+        cycle = {"R": np.ones(3)}
+        cycle["self"] = cycle
+        del cycle
+        gc.collect()
+        left = _cyclic_leftovers(gc.garbage)
+        assert [o.shape for o in left] == [(3,)], [type(o) for o in left]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
