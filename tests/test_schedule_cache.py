@@ -416,3 +416,72 @@ def test_one_store_for_schedules_plans_and_analyses(cache_dir, monkeypatch):
     assert {p.parent.name for p in cache_dir.rglob("*.bin")} == \
         {"b3-p1-g16", "plans", "analyses"}
     analysis_cache.clear()
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(dense_flops=1e6, max_tasks=300),
+                                dict(budget_div=2, dense_flops=1e6)])
+def test_plan_file_keeps_the_records_and_a_new_process_makes_none(cache_dir, monkeypatch, kw):
+    from scipy_gpuqr._schedule import sparse
+    an = analyze(grid3d_least_squares(10))
+    kw = dict(kw)
+    div = kw.pop("budget_div", None)
+    if div:
+        kw["max_gpu_memory"] = int(an.gpu_bytes // div)
+    built = build_schedule(an, cache=False, lazy=True, **kw)          # the file written
+    assert not built.stages[0].materialized                         # nor kept by the save
+    digest = schedule_digest(built)
+    monkeypatch.setattr(sparse._StageMaker, "records",
+                        lambda *a: pytest.fail("records made again from the plan"))
+    bucket.clear_cache()
+    again = build_schedule(analyze(grid3d_least_squares(10)), cache=False, lazy=True, **kw)
+    assert all(st.materialized for st in again.stages)
+    _same_schedule(built, again)
+    assert schedule_digest(again) == digest
+
+
+def test_plan_file_without_records_past_the_bound(cache_dir, monkeypatch):
+    from scipy_gpuqr._schedule import sparse
+    monkeypatch.setattr(sparse, "PLAN_RECORDS_MAX_BYTES", 1000)
+    an = analyze(grid3d_least_squares(8))
+    built = build_schedule(an, cache=False, lazy=True)
+    again = build_schedule(an, cache=False, lazy=True)               # from the file
+    assert not again.stages[0].materialized
+    _same_schedule(built, again)
+
+
+def test_plan_file_records_of_another_count_are_damage(cache_dir, count_builds):
+    from scipy_gpuqr._schedule import sparse
+    an = analyze(grid3d_least_squares(8))
+    built = build_schedule(an, cache=False, lazy=True)
+    a, facts = sparse._plan_arrays(built)
+    a["s0_tasks"] = a["s0_tasks"][:-1]
+    with pytest.raises(ValueError, match="records"):
+        sparse._plan_of_arrays(a, facts, an.fronts, {"tile": 32, "bundle": 3, "granule": 16,
+                                                     "pipelining": True, "dense_flops": None})
+
+
+def test_memory_plan_counts_of_stored_patterns_read_no_rows(cache_dir, monkeypatch):
+    from scipy_gpuqr._engine.memory import vt_elements
+    an = analyze(grid3d_least_squares(10))
+    kw = dict(tile=32, bundle=3, pipelining=True, granule=16)
+    want = vt_elements(an, **kw)                     # simulated, the segment written
+    assert want[0].sum() > 0 and want[1].sum() > 0
+    bucket.clear_cache()
+    cache.forget()
+    monkeypatch.setattr(cache, "_load_rows", lambda *a: pytest.fail("rows read"))
+    monkeypatch.setattr(bucket, "_simulate", lambda *a: pytest.fail("simulated"))
+    got = vt_elements(analyze(grid3d_least_squares(10)), **kw)
+    assert all(np.array_equal(x, y) for x, y in zip(want, got))
+
+
+def test_memory_plan_counts_of_patterns_not_stored_are_simulated(cache_dir, monkeypatch,
+                                                                 count_simulations):
+    from scipy_gpuqr._engine.memory import vt_elements
+    an = analyze(grid3d_least_squares(9))
+    kw = dict(tile=32, bundle=3, pipelining=True, granule=16)
+    monkeypatch.setenv(cache.ENV, "off")
+    want = vt_elements(an, **kw)
+    bucket.clear_cache()
+    monkeypatch.setenv(cache.ENV, str(cache_dir))
+    assert all(np.array_equal(x, y) for x, y in zip(want, vt_elements(an, **kw)))
+    assert len(count_simulations) == 2

@@ -232,12 +232,11 @@ class FrontNeeds:
 def vt_elements(analysis, *, tile, bundle, pipelining, granule, dense=None) -> tuple:
     """``(vt, records)`` of each front: its VT pool elements (what the schedule's
     ``vt_size`` sums; it does not depend on the staging plan) and its Factorize /
-    Apply records. Tile patterns come from the scheduler's cache."""
+    Apply records. The tile patterns' counts come from the scheduler's cache (on
+    disk, their keys only: :func:`~scipy_gpuqr._schedule.bucket.front_pattern_counts`)."""
     fs = analysis.fronts
-    uniq, pat_of, _ = _sparse._front_patterns(fs, tile, bundle, pipelining, granule, dense)
-    nvt = np.array([u.nvt for u in uniq], dtype=np.int64)
-    nrec = np.array([int(u.launch_ptr[-1]) if len(u.launch_ptr) else 0 for u in uniq],
-                    dtype=np.int64)
+    nvt, nrec, pat_of = _sparse._front_pattern_counts(fs, tile, bundle, pipelining, granule,
+                                                      dense)
     has = pat_of >= 0
     k = np.maximum(pat_of, 0)
     vt = np.where(has, nvt[k] if len(nvt) else 0, 0).astype(np.int64) * int(tile) * int(tile)

@@ -59,7 +59,7 @@ from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE,
 __all__ = ["TileSchedule", "RowBlock", "tile_buckets", "tile_schedule", "tile_schedules",
            "front_tasks", "dense_front_tasks", "vt_slots_recycled", "clear_cache",
            "many_tile_buckets", "front_schedules", "check_tunables", "expand_rows", "element_rows_of",
-           "make_schedule", "front_patterns"]
+           "make_schedule", "front_patterns", "front_pattern_counts"]
 
 #: the record fields a tile schedule keeps (tile units; see :class:`TileSchedule`)
 COLUMNS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop",
@@ -562,6 +562,73 @@ def front_patterns(buckets, tile_ptr, nct, nfct, fronts, *, bundle: int = DEFAUL
     which : ndarray of int64
         ``uniq[which[i]]`` is the schedule of ``fronts[i]``.
     """
+    check_tunables(bundle, granule)
+    keys, inv = _front_keys(buckets, tile_ptr, nct, nfct, fronts)
+    if not keys:
+        return [], inv
+    got = _schedules_of_keys(keys, (int(bundle), bool(pipelining), int(granule)))
+    num = {}
+    remap = np.array([num.setdefault(id(s), len(num)) for s in got], dtype=np.int64)
+    uniq = list({id(s): s for s in got}.values())
+    return uniq, remap[inv]
+
+
+def front_pattern_counts(buckets, tile_ptr, nct, nfct, fronts, *,
+                         bundle: int = DEFAULT_BUNDLE, pipelining: bool = True,
+                         granule: int = DEFAULT_APPLY_GRANULE):
+    """VT tiles and records of each front's tile schedule, without its rows where
+    they are only on disk.
+
+    What the memory plan reads of the schedules (:func:`~scipy_gpuqr._engine.memory.vt_elements`):
+    a schedule made in this process gives its counts; one an earlier process
+    simulated gives the counts kept with its key on disk
+    (:meth:`.cache.PatternStore.counts`; the keys part is CRC-checked when
+    read), so a new process's first call of a known pattern, whose plan is on
+    disk too, reads no rows; the others are simulated (:func:`front_patterns`).
+
+    Returns
+    -------
+    nvt, nrec : ndarray of int64
+        Per distinct pattern: VT tiles (``TileSchedule.nvt``) and Factorize /
+        Apply records (``launch_ptr[-1]``).
+    which : ndarray of int64
+        The pattern of each front of ``fronts``.
+    """
+    check_tunables(bundle, granule)
+    keys, inv = _front_keys(buckets, tile_ptr, nct, nfct, fronts)
+    tun = (int(bundle), bool(pipelining), int(granule))
+    nvt = np.zeros(len(keys), dtype=np.int64)
+    nrec = np.zeros(len(keys), dtype=np.int64)
+    miss = []
+    for i, s in enumerate(_CACHE.get_many([k + tun for k in keys])):
+        if s is None:
+            miss.append(i)
+        else:
+            nvt[i], nrec[i] = _counts(s)
+    disk = cache.store(tun) if miss else None
+    got = disk.counts([keys[i] for i in miss]) if disk is not None else {}
+    rest = [i for i in miss if keys[i] not in got]
+    for i in miss:
+        if keys[i] in got:
+            nvt[i], nrec[i] = got[keys[i]]
+    if rest:
+        for i, s in zip(rest, _schedules_of_keys([keys[i] for i in rest], tun)):
+            nvt[i], nrec[i] = _counts(s)
+    return nvt, nrec, inv
+
+
+def _counts(s) -> tuple:
+    """``(nvt, records)`` of a TileSchedule."""
+    return int(s.nvt), int(s.launch_ptr[-1]) if len(s.launch_ptr) else 0
+
+
+def _front_keys(buckets, tile_ptr, nct, nfct, fronts):
+    """The distinct pattern keys ``(buckets as int32 bytes, nct, nfct)`` of ``fronts``
+    (in the order of their first front) and each front's number among them.
+
+    Fronts of equal pattern are grouped by NumPy (a 64-bit hash of each
+    front's buckets, every group then checked tile by tile against its first
+    front; a collision keys every front)."""
     fronts = np.asarray(fronts, dtype=np.int64)
     n = len(fronts)
     if n == 0:
@@ -593,18 +660,13 @@ def front_patterns(buckets, tile_ptr, nct, nfct, fronts, *, bundle: int = DEFAUL
     rank = np.empty(len(o), dtype=np.int64)
     rank[o] = np.arange(len(o))
     first, inv = first[o], rank[inv]
-    check_tunables(bundle, granule)
     fr = fronts[first]
     a = (tile_ptr[fr] * 4).tolist()
     e = (tile_ptr[fr + 1] * 4).tolist()
     raw = np.ascontiguousarray(buckets, dtype=np.int32).tobytes()
-    got = _schedules_of_keys([(raw[x:y], c, d) for x, y, c, d in
-                              zip(a, e, fnct[first].tolist(), fnfct[first].tolist())],
-                             (int(bundle), bool(pipelining), int(granule)))
-    num = {}
-    remap = np.array([num.setdefault(id(s), len(num)) for s in got], dtype=np.int64)
-    uniq = list({id(s): s for s in got}.values())
-    return uniq, remap[inv]
+    keys = [(raw[x:y], c, d) for x, y, c, d in
+            zip(a, e, fnct[first].tolist(), fnfct[first].tolist())]
+    return keys, inv
 
 
 # ------------------------------------------------------------------- the simulation

@@ -277,6 +277,25 @@ class PatternStore:
                 _touch(seg.path)            # used: the bound deletes it last
             return out
 
+    def counts(self, keys) -> dict:
+        """``key -> (nvt, records)`` of the patterns ``keys`` found on disk, from the
+        keys part alone (read and CRC-checked at the scan): what the memory plan
+        needs of a schedule, without reading its rows. A hit marks its segment used."""
+        with self._lock:
+            self._scan()
+            out, used = {}, {}
+            for k in keys:
+                hit = self._index.get(k)
+                if hit is None:
+                    continue
+                seg, j = hit
+                kk = seg.keys
+                out[k] = (int(kk["nvt"][j]), int(kk["launch_ptr"][int(kk["ptr_at"][j + 1]) - 1]))
+                used[id(seg)] = seg.path
+            for path in used.values():
+                _touch(path)
+            return out
+
     # ------------------------------------------------------------------ writing
     def add(self, keys, scheds) -> bool:
         """Write the simulated patterns not on disk yet as a new segment (atomically),
@@ -569,7 +588,7 @@ def forget() -> None:
 #: File format version of the plan files.
 PLAN_FORMAT = 1
 #: Most bytes of plan files kept.
-PLAN_MAX_BYTES = 128 << 20
+PLAN_MAX_BYTES = 256 << 20
 #: Most plan files kept.
 MAX_PLANS = 64
 

@@ -345,6 +345,26 @@ def _front_patterns(fs, tile, bundle, pipelining, granule, dense=None):
     return uniq, pat_of, nfact
 
 
+def _front_pattern_counts(fs, tile, bundle, pipelining, granule, dense=None):
+    """:func:`_front_patterns`' VT tiles and records per distinct pattern, and each
+    front's pattern (-1: nothing to factorize, or a dense front), without the
+    patterns' rows where only the disk has them (:func:`.bucket.front_pattern_counts`)."""
+    nf = fs.nfronts
+    nfact = np.minimum(fs.fm, fs.fn).astype(np.int64)
+    b, tptr = bucket.many_tile_buckets(fs.fm, fs.fn, nfact, fs.stair, fs.col_ptr, tile)
+    nct = -(-fs.fn // tile)
+    nfct = np.where(nfact > 0, -(-nfact // tile), 0)
+    tiled = nfact > 0
+    if dense is not None:
+        tiled &= ~dense
+    fac = np.flatnonzero(tiled)
+    nvt, nrec, which = bucket.front_pattern_counts(b, tptr, nct, nfct, fac, bundle=bundle,
+                                                   pipelining=pipelining, granule=granule)
+    pat_of = np.full(nf, -1, dtype=np.int64)
+    pat_of[fac] = which
+    return nvt, nrec, pat_of
+
+
 def _tail_lengths(fs, nl):
     """Launches from a front's start to the end of the root of its path."""
     nf = fs.nfronts
@@ -613,9 +633,21 @@ def _dict_arrays(d: dict):
         np.array([v for _, v in items], dtype=np.int64)
 
 
+#: Most bytes of records a plan file keeps (:func:`_plan_arrays`): a larger
+#: schedule's records are made again from the plan by each new process.
+PLAN_RECORDS_MAX_BYTES = 48 << 20
+
+
 def _plan_arrays(sched: SparseSchedule) -> tuple:
     """The arrays and JSON facts of a lazily built schedule's plan (what
     :func:`.cache.save_plan` writes; :func:`_plan_of_arrays` makes it again).
+
+    Where all of its records take at most :data:`PLAN_RECORDS_MAX_BYTES`, every
+    stage's records go in too, as the engines run them (each launch's longest
+    first): a new process's first call of the pattern then materializes the
+    schedule without filling, costing and reordering them again (tens of
+    milliseconds for a grid 40³). They are made here (on the writer thread)
+    where the stage was not materialized yet, and not kept.
 
     Raises
     ------
@@ -627,10 +659,14 @@ def _plan_arrays(sched: SparseSchedule) -> tuple:
     a = {"rows": ctx.rows, "mult": ctx.mult, "vt_base": sched.vt_base, "nfact": sched.nfact}
     a["dense_f"], a["dense_L"] = _dict_arrays(sched.dense)
     stages = []
+    keep = sched.ntasks * TASK_DTYPE.itemsize <= PLAN_RECORDS_MAX_BYTES
     for i, st in enumerate(sched.stages):
         m = st._maker
         if m.ctx is not ctx:
             raise ValueError("stages with different templates")
+        if keep:
+            t = st._tasks if st._tasks is not None else m.records(0, st.nlaunch)
+            a[f"s{i}_tasks"] = t.view(np.int64).reshape(len(t), TASK_DTYPE.itemsize // 8)
         for j, v in enumerate((m.blk_L, m.blk_rstart, m.blk_rlen, m.blk_len, m.blk_front)):
             a[f"s{i}_blk{j}"] = v
         a[f"s{i}_asm"] = m.asm
@@ -649,7 +685,9 @@ def _plan_arrays(sched: SparseSchedule) -> tuple:
 
 def _plan_of_arrays(a: dict, facts: dict, fs, args: dict) -> SparseSchedule:
     """The lazily built schedule of :func:`_plan_arrays`' arrays and facts, for
-    the fronts ``fs`` and the builder's arguments ``args``."""
+    the fronts ``fs`` and the builder's arguments ``args``; materialized where
+    the file keeps the records (their count checked against the plan's launch
+    pointers: ValueError, a damaged file)."""
     ctx = object.__new__(_Templates)
     ctx.rows, ctx.mult = a["rows"], a["mult"]
     ctx.base = None
@@ -666,12 +704,18 @@ def _plan_of_arrays(a: dict, facts: dict, fs, args: dict) -> SparseSchedule:
         d = {name: dict(zip(a[f"s{i}_{name}_k"].tolist(), a[f"s{i}_{name}_v"].tolist()))
              for name in ("carried", "finish", "dense", "dense_join")}
         maker = _StageMaker(ctx, a[f"s{i}_foff"], blk, asm, a[f"s{i}_asm_L"], info["nlaunch"])
+        tasks = a.get(f"s{i}_tasks")
+        if tasks is not None:
+            if tasks.ndim != 2 or tasks.shape != (int(maker.launch_ptr[-1]),
+                                                  TASK_DTYPE.itemsize // 8):
+                raise ValueError("records of another plan")
+            tasks = tasks.view(TASK_DTYPE).ravel()
         stages.append(StageSchedule(fronts=tuple(info["fronts"]), launch_ptr=maker.launch_ptr,
                                     foff=a[f"s{i}_foff"], carried=d["carried"],
                                     pool_size=info["pool_size"],
                                     s_range=tuple(info["s_range"]), finish=d["finish"],
                                     dense=d["dense"], dense_join=d["dense_join"],
-                                    _maker=maker))
+                                    _maker=maker, _tasks=tasks))
     return SparseSchedule(stages=stages, tile=args["tile"], bundle=args["bundle"],
                           granule=args["granule"], pipelining=args["pipelining"],
                           vt_base=a["vt_base"], vt_size=facts["vt_size"], nfact=nfact,
