@@ -31,6 +31,7 @@ import concurrent.futures
 import functools
 import hashlib
 import importlib
+import json
 import os
 import re
 import threading
@@ -96,9 +97,12 @@ def flatten_source(name: str, directory: Path | None = None) -> str:
     return _flatten(name, kernels_dir() if directory is None else directory)[0]
 
 
-def _flatten(name: str, directory: Path) -> tuple[str, tuple[str, ...]]:
-    """:func:`flatten_source`'s text and the files it read (relative names)."""
+def _flatten(name: str, directory: Path) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """:func:`flatten_source`'s text, the files it read and the files it looked for
+    and did not find before an include's file (relative names: one created
+    there would change the text)."""
     seen: dict[str, None] = {}
+    absent: dict[str, None] = {}
 
     def locate(inc: str, including: str) -> str:
         # beside the including file first (kernels/sparse_qr/, kernels/batched/),
@@ -107,6 +111,7 @@ def _flatten(name: str, directory: Path) -> tuple[str, tuple[str, ...]]:
         for candidate in (folder / inc, Path(inc)):
             if (directory / candidate).is_file():
                 return candidate.as_posix()
+            absent[candidate.as_posix()] = None
         raise FileNotFoundError(f"{including}: included file {inc!r} not found "
                                 f"in {directory / folder} or {directory}")
 
@@ -129,7 +134,8 @@ def _flatten(name: str, directory: Path) -> tuple[str, tuple[str, ...]]:
 
         return _INCLUDE.sub(repl, text)
 
-    return expand(name, ()), tuple(seen)
+    text = expand(name, ())
+    return text, tuple(seen), tuple(absent)
 
 
 def _stamp(directory: Path, files: Sequence[str]) -> tuple | None:
@@ -147,7 +153,14 @@ class _Hashes:
     of the same file stats them instead of reading and flattening them again
     (an edited header still gives a new hash). A hash whose files changed in
     the last :data:`_RACY_SECONDS` is not kept (an edit in the same clock tick
-    as the read would keep the stamp of a text that was not hashed)."""
+    as the read would keep the stamp of a text that was not hashed).
+
+    A new process first looks the file up in the store's record
+    (:func:`_recorded_hash`): a hash an earlier process made is taken where
+    every file it read has the inode, modification time and size recorded
+    with it and no file it looked for and did not find exists now; only
+    otherwise are the files read, flattened and hashed (and the hash
+    recorded, behind the caller)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -157,20 +170,80 @@ class _Hashes:
         key = (str(directory), name)
         with self._lock:
             got = self._table.get(key)
-        if got is not None and _stamp(directory, got[0]) == got[1]:
+        if got is not None and _unchanged(directory, got[0], got[1], got[3]):
             return got[2]
-        text, files = _flatten(name, directory)
+        rec = _recorded_hash(directory, name)
+        if rec is None:
+            text, files, absent = _flatten(name, directory)
+            digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+            _record_hash(directory, name, files, absent, digest)
+        else:
+            files, absent, digest = rec
         stamp = _stamp(directory, files)
-        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         recent = time.time_ns() - _RACY_SECONDS * 10**9
         if stamp is not None and all(t < recent for t, _ in stamp):
             with self._lock:
-                self._table[key] = (files, stamp, digest)
+                self._table[key] = (files, stamp, digest, absent)
         return digest
+
+
+def _unchanged(directory: Path, files, stamp, absent) -> bool:
+    """Whether ``files`` have the (modification time, size) ``stamp`` and none of
+    ``absent`` exists."""
+    return _stamp(directory, files) == stamp and not any(
+        os.path.lexists(directory / a) for a in absent)
 
 
 #: Files modified this recently are hashed again at every lookup.
 _RACY_SECONDS = 2
+
+
+def _record_name(directory: Path, name: str) -> str | None:
+    """The store record's name of ``name``'s hash: the folder, the file and the
+    stamp of this module (whose flattening rules make the text hashed); None
+    where this module cannot be stamped."""
+    from . import _store
+    try:
+        if _store.folder() is None:
+            return None
+    except Exception:                      # noqa: BLE001 - best effort: no record
+        return None
+    rules = _store.source_stamp(Path(__file__).resolve().parent, ("_kernels.py",))
+    return json.dumps(["kernel source", str(directory), name, rules]) if rules else None
+
+
+def _recorded_hash(directory: Path, name: str):
+    """``(files, absent, digest)`` an earlier process recorded for ``name`` (files:
+    those it read, absent: those it looked for and did not find), where every
+    file it read is unchanged (inode, modification time, size, none modified in
+    the last seconds) and none of those it did not find exists; else None."""
+    from . import _store
+    where = _record_name(directory, name)
+    rec = _store.recorded(where) if where is not None else None
+    if rec is None:
+        return None
+    files, absent, digest = rec.get("files"), rec.get("absent"), rec.get("stamp")
+    if not (isinstance(files, list) and files and isinstance(absent, list)
+            and isinstance(digest, str) and digest
+            and all(isinstance(f, str) for f in files + absent)):
+        return None
+    if _store.file_ids(directory, files) != rec.get("ids"):
+        return None
+    if any(os.path.lexists(directory / a) for a in absent):
+        return None
+    return tuple(files), tuple(absent), digest
+
+
+def _record_hash(directory: Path, name: str, files, absent, digest: str) -> None:
+    """Record ``name``'s hash with its files' ids in the store (nothing where one
+    was modified in the last seconds, or there is no store)."""
+    from . import _store
+    where = _record_name(directory, name)
+    ids = _store.file_ids(directory, files) if where is not None else None
+    if ids is not None:
+        _store.record(where, {"files": list(files), "absent": list(absent), "ids": ids,
+                              "stamp": digest})
+
 
 _HASHES = _Hashes()
 
@@ -180,7 +253,9 @@ def source_hash(name: str) -> str:
 
     Made once per process per file set: later calls compare the files'
     modification times and sizes (a module lookup on a call's path stats a
-    dozen files instead of reading and flattening them).
+    dozen files instead of reading and flattening them); and recorded in the
+    store between processes (:class:`_Hashes`), so a new process's first
+    call stats the files instead of reading them.
     """
     return _HASHES.get(name, kernels_dir())
 

@@ -56,7 +56,8 @@ import numpy as np
 
 from ._cachedir import cache_dir
 
-__all__ = ["ENV", "STALE_SECONDS", "folder", "source_stamp", "STAMPS_FILE", "narrow", "unlink", "touch",
+__all__ = ["ENV", "STALE_SECONDS", "folder", "source_stamp", "STAMPS_FILE", "file_ids", "recorded",
+           "record", "narrow", "unlink", "touch",
            "publish", "files", "bound", "write_behind", "flush", "write_arrays",
            "read_aligned", "read_mapped", "decode_arrays", "crc32", "crc32_combine", "Foreign",
            "load_fingerprinted", "save_fingerprinted"]
@@ -86,8 +87,9 @@ _STAMPS_LOCK = threading.Lock()
 #: The record of stamps in the store's folder: per set of source files, each
 #: file's (inode, modification time in ns, size) and the stamp of their contents.
 STAMPS_FILE = "source_stamps.json"
-#: Most sets of files the record keeps (the least recently made dropped first).
-STAMPS_MAX = 64
+#: Most sets of files the record keeps (the least recently made dropped first):
+#: the stores' sets and the kernel files' (:func:`scipy_gpuqr._kernels.source_hash`).
+STAMPS_MAX = 256
 #: A file modified this recently is read and hashed, and its set not recorded (an
 #: edit in the same clock tick as a read would keep the stamp of another text).
 STAMP_RACY_SECONDS = 2
@@ -119,6 +121,37 @@ def source_stamp(base: Path, names) -> str:
         with _STAMPS_LOCK:
             _STAMPS[key] = got
     return got
+
+
+def file_ids(base: Path, names) -> list | None:
+    """``[inode, mtime_ns, size]`` of each file ``names`` of the folder ``base``: what
+    a record of their stamp is checked against (:func:`recorded`); None where one
+    cannot be stat'ed or was modified in the last :data:`STAMP_RACY_SECONDS`."""
+    return _file_ids((str(base), tuple(names)))
+
+
+def recorded(name: str) -> dict | None:
+    """The record ``name`` (a dict) of the store folder's :data:`STAMPS_FILE`, as
+    this process read it (once) and added to; None: none, or no store. Its
+    user checks it against the files it stamps (:func:`file_ids`)."""
+    where = _record_folder()
+    if where is None:
+        return None
+    got = _records(where).get(name)
+    return got if isinstance(got, dict) else None
+
+
+def record(name: str, value: dict) -> None:
+    """Keep ``value`` (JSON) as the record ``name`` of :data:`STAMPS_FILE`, written
+    behind the caller (merged with other processes' records, at most
+    :data:`STAMPS_MAX` kept); nothing without a store."""
+    where = _record_folder()
+    if where is None:
+        return
+    table = _records(where)
+    with _STAMPS_LOCK:
+        table[name] = dict(value, made=time.time())
+    write_behind(_write_records, where)
 
 
 def _hash_sources(key) -> str:

@@ -103,3 +103,103 @@ def test_a_damaged_record_is_ignored(fresh):
     assert s1 and len(hashed) == 1
     new_process()
     assert _store.source_stamp(src, ("a.py",)) == s1 and hashed == []
+
+
+# ------------------------------------------------------------ kernel sources
+
+@pytest.fixture
+def kernels_tree(tmp_path, monkeypatch, fresh):
+    """A copy of the package's kernels/ in a temporary folder as the kernels' folder,
+    the kernel hashes of this process forgotten, the flattenings counted."""
+    import shutil
+    from scipy_gpuqr import _kernels
+    store, src, write, hashed, new_process = fresh
+    tree = tmp_path / "kernels"
+    shutil.copytree(_kernels.kernels_dir(), tree)
+    past = time.time() - 60
+    for p in tree.rglob("*"):
+        os.utime(p, (past, past))
+    monkeypatch.setattr(_kernels, "kernels_dir", lambda: tree)
+    monkeypatch.setattr(_kernels, "_HASHES", _kernels._Hashes())
+    reads = []
+    real = _kernels._flatten
+    monkeypatch.setattr(_kernels, "_flatten", lambda *a: reads.append(a[0]) or real(*a))
+
+    def kernels_new_process():
+        new_process()
+        monkeypatch.setattr(_kernels, "_HASHES", _kernels._Hashes())
+        reads.clear()
+
+    return _kernels, tree, reads, kernels_new_process
+
+
+ENGINE_FILE = "sparse_qr/uberkernel.cu"
+
+
+def _headers(_kernels, tree, name):
+    return [f for f in _kernels._flatten(name, tree)[1] if f.endswith(".cuh")]
+
+
+def test_a_new_process_takes_the_recorded_kernel_hash(kernels_tree):
+    _kernels, tree, reads, new_process = kernels_tree
+    h1 = _kernels.source_hash(ENGINE_FILE)
+    assert reads == [ENGINE_FILE]
+    new_process()
+    assert _kernels.source_hash(ENGINE_FILE) == h1
+    assert reads == []                                  # stat'ed, not read
+    assert h1 == _kernels.hashlib.sha256(
+        _kernels.flatten_source(ENGINE_FILE, tree).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("which", ["first", "last", "file"])
+def test_an_edited_kernel_header_changes_the_recorded_hash(kernels_tree, which):
+    _kernels, tree, reads, new_process = kernels_tree
+    heads = _headers(_kernels, tree, ENGINE_FILE)
+    assert len(heads) >= 2
+    h1 = _kernels.source_hash(ENGINE_FILE)
+    new_process()
+    edit = tree / {"first": heads[0], "last": heads[-1], "file": ENGINE_FILE}[which]
+    text = edit.read_text()
+    edit.write_text(text.replace("\n", "\n// edited\n", 1))
+    past = time.time() - 30
+    os.utime(edit, (past, past))
+    h2 = _kernels.source_hash(ENGINE_FILE)
+    assert h2 != h1 and reads == [ENGINE_FILE]
+    new_process()
+    assert _kernels.source_hash(ENGINE_FILE) == h2 and reads == []      # recorded again
+    new_process()
+    edit.write_text(text)                               # back, same size, another time
+    os.utime(edit, (past + 5, past + 5))
+    assert _kernels.source_hash(ENGINE_FILE) == h1 and reads == [ENGINE_FILE]
+
+
+def test_a_header_created_beside_an_includer_changes_the_recorded_hash(kernels_tree):
+    # an include found in the kernels' root is first looked for beside the file
+    # including it: a header created there is the one included from then on
+    _kernels, tree, reads, new_process = kernels_tree
+    text, files, absent = _kernels._flatten(ENGINE_FILE, tree)
+    assert absent
+    h1 = _kernels.source_hash(ENGINE_FILE)
+    new_process()
+    shadow = tree / absent[0]
+    shadow.write_text((tree / absent[0].split("/")[-1]).read_text() + "// shadowing\n")
+    past = time.time() - 30
+    os.utime(shadow, (past, past))
+    assert _kernels.source_hash(ENGINE_FILE) != h1 and reads == [ENGINE_FILE]
+
+
+def test_a_kernel_edited_just_now_is_not_recorded(kernels_tree):
+    _kernels, tree, reads, new_process = kernels_tree
+    (tree / ENGINE_FILE).write_text((tree / ENGINE_FILE).read_text() + "\n")
+    _kernels.source_hash(ENGINE_FILE)
+    new_process()
+    _kernels.source_hash(ENGINE_FILE)
+    assert reads == [ENGINE_FILE]
+
+
+def test_no_store_no_kernel_record(tmp_path, monkeypatch):
+    from scipy_gpuqr import _kernels
+    monkeypatch.setenv(_store.ENV, "off")
+    monkeypatch.setattr(_kernels, "_HASHES", _kernels._Hashes())
+    assert _kernels._record_name(_kernels.kernels_dir(), ENGINE_FILE) is None
+    assert _kernels.source_hash(ENGINE_FILE)
