@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
+from . import _store
+
 __all__ = ["kernels_dir", "kernel_files", "flatten_source", "COMPILE_OPTIONS",
            "registered_variants", "registered_cooperative", "registered_separate",
            "load_module", "check_compile",
@@ -202,7 +204,6 @@ def _record_name(directory: Path, name: str) -> str | None:
     """The store record's name of ``name``'s hash: the folder, the file and the
     stamp of this module (whose flattening rules make the text hashed); None
     where this module cannot be stamped."""
-    from . import _store
     try:
         if _store.folder() is None:
             return None
@@ -217,7 +218,6 @@ def _recorded_hash(directory: Path, name: str):
     those it read, absent: those it looked for and did not find), where every
     file it read is unchanged (inode, modification time, size, none modified in
     the last seconds) and none of those it did not find exists; else None."""
-    from . import _store
     where = _record_name(directory, name)
     rec = _store.recorded(where) if where is not None else None
     if rec is None:
@@ -237,7 +237,6 @@ def _recorded_hash(directory: Path, name: str):
 def _record_hash(directory: Path, name: str, files, absent, digest: str) -> None:
     """Record ``name``'s hash with its files' ids in the store (nothing where one
     was modified in the last seconds, or there is no store)."""
-    from . import _store
     where = _record_name(directory, name)
     ids = _store.file_ids(directory, files) if where is not None else None
     if ids is not None:
