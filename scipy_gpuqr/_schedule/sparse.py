@@ -326,10 +326,10 @@ def _cache_put(analysis, key, sched) -> None:
 
 # ------------------------------------------------------------------------ the builder
 
-def _front_patterns(fs, tile, bundle, pipelining, granule, dense=None):
-    """The distinct tile schedules and each front's (-1: nothing to factorize, or a
-    dense front, ``dense`` mask)."""
-    nf = fs.nfronts
+def _tiled_fronts(fs, tile, dense=None):
+    """The fronts' tile buckets and what the pattern builders take of them:
+    ``(buckets, bucket pointers, column tiles, factorized column tiles, the
+    fronts factorized by tiles (not empty, not ``dense``), min(m, n) per front)``."""
     nfact = np.minimum(fs.fm, fs.fn).astype(np.int64)
     b, tptr = bucket.many_tile_buckets(fs.fm, fs.fn, nfact, fs.stair, fs.col_ptr, tile)
     nct = -(-fs.fn // tile)
@@ -337,10 +337,16 @@ def _front_patterns(fs, tile, bundle, pipelining, granule, dense=None):
     tiled = nfact > 0
     if dense is not None:
         tiled &= ~dense
-    fac = np.flatnonzero(tiled)
+    return b, tptr, nct, nfct, np.flatnonzero(tiled), nfact
+
+
+def _front_patterns(fs, tile, bundle, pipelining, granule, dense=None):
+    """The distinct tile schedules and each front's (-1: nothing to factorize, or a
+    dense front, ``dense`` mask)."""
+    b, tptr, nct, nfct, fac, nfact = _tiled_fronts(fs, tile, dense)
     uniq, which = bucket.front_patterns(b, tptr, nct, nfct, fac, bundle=bundle,
                                         pipelining=pipelining, granule=granule)
-    pat_of = np.full(nf, -1, dtype=np.int64)
+    pat_of = np.full(fs.nfronts, -1, dtype=np.int64)
     pat_of[fac] = which
     return uniq, pat_of, nfact
 
@@ -349,18 +355,10 @@ def _front_pattern_counts(fs, tile, bundle, pipelining, granule, dense=None):
     """:func:`_front_patterns`' VT tiles and records per distinct pattern, and each
     front's pattern (-1: nothing to factorize, or a dense front), without the
     patterns' rows where only the disk has them (:func:`.bucket.front_pattern_counts`)."""
-    nf = fs.nfronts
-    nfact = np.minimum(fs.fm, fs.fn).astype(np.int64)
-    b, tptr = bucket.many_tile_buckets(fs.fm, fs.fn, nfact, fs.stair, fs.col_ptr, tile)
-    nct = -(-fs.fn // tile)
-    nfct = np.where(nfact > 0, -(-nfact // tile), 0)
-    tiled = nfact > 0
-    if dense is not None:
-        tiled &= ~dense
-    fac = np.flatnonzero(tiled)
+    b, tptr, nct, nfct, fac, _ = _tiled_fronts(fs, tile, dense)
     nvt, nrec, which = bucket.front_pattern_counts(b, tptr, nct, nfct, fac, bundle=bundle,
                                                    pipelining=pipelining, granule=granule)
-    pat_of = np.full(nf, -1, dtype=np.int64)
+    pat_of = np.full(fs.nfronts, -1, dtype=np.int64)
     pat_of[fac] = which
     return nvt, nrec, pat_of
 
