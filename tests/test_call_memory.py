@@ -3,6 +3,7 @@ next cyclic collection: its device memory (gigabytes on large problems) must not
 outlive the call (issue 16: a new process's later calls planned with less memory)."""
 
 import gc
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -158,8 +159,8 @@ def test_gpu_lsqr_leaves_nothing_to_the_cyclic_collector(which):
     next cyclic collection: calls on large problems in a row then grow the host
     memory by R per call and plan the next factorization with less device memory
     (staged, its pools sent to the host). The NumPy device's path is checked by
-    ``test_lsqr_frees_its_factorization_on_return``; this checks the CuPy one."""
-    from collections import Counter
+    ``test_numpy_device_lsqr_leaves_nothing_to_the_cyclic_collector``; this checks
+    the CuPy one."""
     A = sp.csc_array(grid3d_least_squares(12) if which == "grid"
                      else chessboard_boundary(4, 5, 2))
     b = np.asarray(A @ np.ones(A.shape[1])) + 0.01
