@@ -181,6 +181,28 @@ def test_gpu_lsqr_leaves_nothing_to_the_cyclic_collector(which):
         gc.enable()
 
 
+@pytest.mark.gpu
+def test_gpu_dropped_factorization_object_is_freed():
+    """The CUDA twin of ``test_dropped_factorization_object_is_freed``: a
+    ``QRFactorization`` dropped without ``free()`` after a solve on the device is
+    freed by reference counting. (Its replay executor, kept in the factorization's
+    ``_replay``, holds a closure over the factorization: a cycle unless it breaks.)"""
+    A = sp.csc_array(chessboard_boundary(4, 5, 2))
+    b = np.asarray(A @ np.ones(A.shape[1])) + 0.01
+    sg.QRFactorization(A.copy(), backend="gpu").free()
+    gc.collect()
+    before = _alive("GpuQR")
+    gc.disable()
+    try:
+        F = sg.QRFactorization(A.copy(), backend="gpu")
+        assert np.isfinite(F.solve(b)).all()
+        assert _alive("GpuQR") == before + 1
+        del F
+        assert _alive("GpuQR") == before
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("which", ["grid", "chessboard"])
 def test_numpy_device_lsqr_leaves_nothing_to_the_cyclic_collector(numpy_gpu, which):
     """The check above on the NumPy device's path, and the check itself: an array in
