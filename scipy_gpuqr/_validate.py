@@ -39,7 +39,7 @@ from ._gpu import import_cupy, is_cupy_array, is_cupy_sparse
 __all__ = ["MatrixInput", "as_matrix", "unsupported_reason", "to_host", "SMALL_FINITE_CHECK",
            "DOT_FINITE_CHECK", "all_finite", "check_finite",
            "check_x0", "check_damp", "check_tol", "RhsRule", "Rhs", "LSTSQ_RHS",
-           "SPSOLVE_RHS", "SOLVE_RHS", "check_rhs", "check_superlu_cast", "to_output",
+           "SPSOLVE_RHS", "SOLVE_RHS", "check_rhs", "check_superlu_cast", "to_output", "device_csr",
            "scipy_float_dtype"]
 
 _NUMERIC_KINDS = "biuf"
@@ -525,6 +525,19 @@ def check_superlu_cast(b, dtype) -> None:
     if not np.can_cast(arr.dtype, dtype, casting="safe"):
         raise TypeError(f"Cannot cast array data from {np.dtype(arr.dtype)!r} to "
                         f"{np.dtype(dtype)!r} according to the rule 'safe'")
+
+
+def device_csr(A):
+    """Host sparse ``A`` as a float64 cupyx CSR matrix on the current device, its
+    canonical-format flag carried over: known on the host, cupyx would otherwise
+    check it on the device at the first product or triangular solve, with
+    kernels (CUB's) that CuPy compiles on their first use in an environment."""
+    import cupyx.scipy.sparse as csp      # optional dependency
+    S = sp.csr_matrix(A, dtype=np.float64)
+    D = csp.csr_matrix(S)
+    if S.has_canonical_format:
+        D.has_canonical_format = True
+    return D
 
 
 def to_output(x, on_gpu: bool):

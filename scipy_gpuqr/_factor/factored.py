@@ -38,7 +38,7 @@ from .._dispatch.plan import Plan, plan_factorization
 from .._engine.gpu.factorize_kernels import prefetch_engine_kernels
 from .._gpu import gpu_info, start_driver
 from .._options import Settings
-from .._validate import MatrixInput, as_matrix
+from .._validate import MatrixInput, as_matrix, device_csr
 from .._engine.gpu import array_ops
 from .lstsq import (DENSE_LIMIT, SOLVE_RANK_MIN_ORDER, MinNormSolver, exact_solve,
                     frobenius_bound, lstsq_cutoff)
@@ -470,13 +470,7 @@ class FactoredQR:
     def _device_matrix(self):
         """The factored matrix as a float64 cupyx CSR matrix (made once per factorization)."""
         if self._Md is None:
-            import cupyx.scipy.sparse as csp        # optional dependency: GPU factors only
-            S = sp.csr_matrix(self.M, dtype=np.float64)
-            self._Md = csp.csr_matrix(S)
-            if S.has_canonical_format:
-                # known on the host: cupyx would check it on the device at the first
-                # product, with kernels CuPy compiles on their first use (seconds)
-                self._Md.has_canonical_format = True
+            self._Md = device_csr(self.M)
         return self._Md
 
     # -- solves ------------------------------------------------------------------------

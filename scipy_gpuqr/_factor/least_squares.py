@@ -36,7 +36,7 @@ from .._iterative import lsqr as iterative_lsqr
 from .._iterative.host import host_problem
 from .._options import Settings, log_decision
 from .._validate import (LSTSQ_RHS, MatrixInput, as_matrix, check_damp, check_rhs, check_x0,
-                         scipy_float_dtype, to_output)
+                         device_csr, scipy_float_dtype, to_output)
 from .factored import FactoredQR, factorize, plan_for
 from .host_norms import frobenius_norm, norm2
 from .lstsq import MinNormSolver
@@ -137,7 +137,7 @@ class LeastSquaresProblem:
             elif is_cupy_array(A):
                 self._Ad = csp.csr_matrix(A.astype(np.float64))
             else:
-                self._Ad = csp.csr_matrix(sp.csr_matrix(self.matrix().A, dtype=np.float64))
+                self._Ad = device_csr(self.matrix().A)
         return self._Ad
 
     def host_x0(self) -> Optional[np.ndarray]:

@@ -44,6 +44,7 @@ import scipy.sparse as sp
 
 from .._gpu import import_cupy, is_cupy_array, is_cupy_sparse
 from .._kernels import load_module
+from .._validate import device_csr
 
 try:        # SciPy's compiled sparse kernels (private: used where found, see _compressed_products)
     from scipy.sparse import _sparsetools
@@ -287,14 +288,7 @@ class Problem:
 
 def _to_device(A, cp):
     if sp.issparse(A):
-        import cupyx.scipy.sparse as csp
-        S = sp.csr_matrix(A, dtype=np.float64)
-        D = csp.csr_matrix(S)
-        if S.has_canonical_format:
-            # known on the host: cupyx would check it on the device at the first
-            # product, with kernels CuPy compiles on their first use (seconds)
-            D.has_canonical_format = True
-        return D
+        return device_csr(A)
     if isinstance(A, np.ndarray):
         return cp.asarray(A, dtype=np.float64)
     if is_cupy_sparse(A):

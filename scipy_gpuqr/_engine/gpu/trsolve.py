@@ -39,6 +39,7 @@ from scipy.linalg import solve_triangular as host_solve_triangular
 from scipy.sparse.linalg import spsolve_triangular as host_spsolve_triangular
 
 from ..._kernels import load_module
+from ..._validate import device_csr
 from ..memory import available_bytes, make_room
 from . import array_ops as ops
 from . import solve_kernels as av
@@ -102,15 +103,7 @@ class FrontTriangular:
         M.sort_indices()
         if self.xp is np:
             return M
-        import cupyx.scipy.sparse as csp
-        S = sp.csr_matrix(M)
-        D = csp.csr_matrix(S)
-        if S.has_canonical_format:
-            # known on the host: cupyx would check it on the device at the first
-            # product and triangular solve, with kernels (CUB's) that CuPy compiles
-            # on their first use in an environment (seconds)
-            D.has_canonical_format = True
-        return D
+        return device_csr(M)
 
     def _tri(self, U, B, *, trans: bool):
         if self.xp is np:
