@@ -487,13 +487,6 @@ class CupyOps:
         blocks = max(1, min(-(-n // VECTOR_THREADS), 4096))
         self.k[name]((blocks,), (VECTOR_THREADS,), (*args, np.int64(n)))
 
-    def _sumsq(self, x, slot):
-        """``buffer[slot] = x·x`` in one launch (:data:`VECTOR_OPS_FILE`)."""
-        n = int(x.size)
-        blocks = max(1, min(-(-n // (8 * VECTOR_THREADS)), SUMSQ_MAX_BLOCKS))
-        self.k["sumsq"]((blocks,), (VECTOR_THREADS,),
-                        (x, np.int64(n), self._partial, self._ticket, self._raw[slot]))
-
     def fetch(self, *slots):
         """The values of ``slots``, in one device→host copy of the slot buffer."""
         self.count += 1
@@ -501,7 +494,11 @@ class CupyOps:
         return tuple(values[k] for k in slots)
 
     def sumsq(self, x, slot):
-        self._sumsq(x, slot)
+        """``buffer[slot] = x·x`` in one launch (:data:`VECTOR_OPS_FILE`)."""
+        n = int(x.size)
+        blocks = max(1, min(-(-n // (8 * VECTOR_THREADS)), SUMSQ_MAX_BLOCKS))
+        self.k["sumsq"]((blocks,), (VECTOR_THREADS,),
+                        (x, np.int64(n), self._partial, self._ticket, self._raw[slot]))
 
     def subtract_scaled(self, t, u, alpha):
         self._launch("axmy", t.size, u, np.float64(alpha), t)
@@ -514,7 +511,7 @@ class CupyOps:
 
     def lsqr_update(self, x, w, v, var, rho, phi, theta, slot):
         # ‖w‖² to the slot, 1/rho² to the host: ‖d‖² = ‖w‖²/rho²
-        self._sumsq(w, slot)
+        self.sumsq(w, slot)
         if var is None:
             self._launch("lsqr_update", x.size, v, np.float64(phi / rho),
                          np.float64(-theta / rho), x, w)
@@ -526,7 +523,7 @@ class CupyOps:
     def lsmr_update(self, x, h, hbar, v, c_hbar, c_x, c_h, slot):
         self._launch("lsmr_update", x.size, v, np.float64(c_hbar), np.float64(c_x),
                      np.float64(c_h), x, h, hbar)
-        self._sumsq(x, slot)
+        self.sumsq(x, slot)
 
 
 def make_ops(xp, n):
