@@ -152,19 +152,26 @@ def _cyclic_leftovers(garbage) -> list:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pattern", ["known", "new"])
 @pytest.mark.parametrize("which", ["grid", "chessboard"])
-def test_gpu_lsqr_leaves_nothing_to_the_cyclic_collector(which):
+def test_gpu_lsqr_leaves_nothing_to_the_cyclic_collector(which, pattern):
     """On the CUDA path a finished ``lsqr`` holds nothing in reference cycles. A cycle
     there keeps R's host arrays and the factorization's device memory until Python's
     next cyclic collection: calls on large problems in a row then grow the host
     memory by R per call and plan the next factorization with less device memory
     (staged, its pools sent to the host). The NumPy device's path is checked by
     ``test_numpy_device_lsqr_leaves_nothing_to_the_cyclic_collector``; this checks
-    the CuPy one."""
+    the CuPy one. A ``new`` pattern's call makes its schedule and R's layout
+    while it runs (the cold run's copiers, opened late), a ``known`` one's
+    reuses them."""
     A = sp.csc_array(grid3d_least_squares(12) if which == "grid"
                      else chessboard_boundary(4, 5, 2))
     b = np.asarray(A @ np.ones(A.shape[1])) + 0.01
     sg.lsqr(A.copy(), b, backend="gpu")          # kernels, caches and pools made
+    if pattern == "new":
+        A = sp.csc_array(grid3d_least_squares(13) if which == "grid"
+                         else chessboard_boundary(4, 6, 2))
+        b = np.asarray(A @ np.ones(A.shape[1])) + 0.01
     gc.collect()
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)

@@ -868,10 +868,16 @@ def _device_pools(qr, *, reflectors_only: bool = False):
     ``reflectors_only``: for ``Q``'s replay, an earlier stage goes up as only
     what the replay reads of its pool, its fronts' reflector columns and its
     dense fronts whole, packed (:class:`~.reflector_upload.UploadedReflectors`,
-    with the stage's records pointed into it)."""
+    with the stage's records pointed into it). That replay's executor is kept in
+    the factorization (``_replay``), so its pools reach the factorization weakly:
+    a strong reference would make the two a cycle, freed only by the cyclic
+    collector (R's host arrays and the device pools kept until it runs). R's
+    solves may outlive their caller's reference and keep it strongly."""
     cp = qr._device.cp
+    owner = weakref.ref(qr) if reflectors_only else (lambda: qr)
 
     def pools(sid):
+        qr = owner()
         pool = qr._stage_pools.get(sid)
         if pool is not None:
             return pool
@@ -892,6 +898,7 @@ def _device_pools(qr, *, reflectors_only: bool = False):
         ``copy_stream`` (:func:`~.reflector_upload.upload_reflectors`), or None:
         a pool on the device or a host stage's (nothing to send), or a pack
         that would not leave :data:`PREFETCH_MARGIN` of the memory free."""
+        qr = owner()
         if sid in qr._stage_pools or sid in getattr(qr, "_host_stages", {}):
             return None
         host = qr._host_pools.get(sid)

@@ -16,6 +16,7 @@ builds the schedule, makes the loop and the :class:`~.driver.GpuQR`.
 
 from __future__ import annotations
 
+import functools
 import time
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -278,10 +279,9 @@ class StageLoop:
             return None, None
         pos, gidx = (maps if maps is not None else lay.stage_maps(self.plan_stages))[sid]
 
-        def _final(st=st, lay=lay, pos=pos):
-            return final_entries_cached(self.analysis, lay, self.sched, st, self.tile,
-                                        self.fkey, pos)
-        copier = self.dev(sid).open_r_copy(h["pool"], gidx, lay, final=_final)
+        final = functools.partial(final_entries_cached, self.analysis, lay, self.sched, st,
+                                  self.tile, self.fkey, pos)       # not a closure over self
+        copier = self.dev(sid).open_r_copy(h["pool"], gidx, lay, final=final)
         self.progressive += 1
         return copier, pos
 
@@ -374,11 +374,12 @@ class StageLoop:
             return None
         self.wait_host_side()
         pos, gidx = self.gmaps[sid]
-
-        def _final(st=st, lay=self.layout):
-            return final_entries_cached(self.analysis, lay, self.sched, st, self.tile,
-                                        self.fkey)
-        copier = self.dev(sid).open_r_copy(h["pool"], gidx, self.layout, final=_final)
+        # the copier is kept here (late_copier): its ``final`` must not reach this
+        # loop, or the two make a cycle holding the pool and R's host arrays
+        # until the cyclic collector runs
+        final = functools.partial(final_entries_cached, self.analysis, self.layout,
+                                  self.sched, st, self.tile, self.fkey)
+        copier = self.dev(sid).open_r_copy(h["pool"], gidx, self.layout, final=final)
         self.late_copier = (copier, pos)
         self.progressive += 1
         return copier

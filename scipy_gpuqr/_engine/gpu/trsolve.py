@@ -354,7 +354,7 @@ class _LevelKernel:
 
     def __init__(self, ft, depth, height, members, offsets, dtype):
         import cupy as cp
-        self.cp, self.cols, self.ft = cp, ft.cols, ft
+        self.cp, self.cols = cp, ft.cols
         members = np.asarray(members, dtype=np.int64)
         fr = np.array([(offsets[j], ft.fronts[i][3], ft.fronts[i][4], ft.fronts[i][5])
                        for j, i in enumerate(members.tolist())],
@@ -380,8 +380,10 @@ class _LevelKernel:
         self.kern = {tr: mod.get_function(av.rsolve_name(ctype, tr)) for tr in (False, True)}
         self.threads = av.RSOLVE_THREADS
 
-    def run(self, Y, pool, *, trans: bool) -> None:
-        """One launch per level, in place on Y (n × k, C order, float64)."""
+    def run(self, ft, Y, pool, *, trans: bool) -> None:
+        """One launch per level, in place on Y (n × k, C order, float64); the
+        big fronts by ``ft`` (:class:`FrontTriangular`, which holds this kernel:
+        passed, not kept, so that the two make no reference cycle)."""
         desc, ptr, bigs = self.levels[trans]
         k = Y.shape[1]
         for lv in range(len(ptr) - 1):
@@ -390,7 +392,7 @@ class _LevelKernel:
                 self.kern[trans]((b - a, k), (self.threads,),
                                  (desc[a:], pool, self.cols, Y, np.int32(k)))
             for i in bigs[lv]:
-                self.ft.step(i, Y, pool, trans=trans, off=self.off_of[i])
+                ft.step(i, Y, pool, trans=trans, off=self.off_of[i])
 
 
 #: Share of the device memory available when the solves are set up
@@ -593,5 +595,5 @@ def _run_stages(ft, stages, Y, *, trans: bool) -> None:
                 ft.step(i, Y, pool, trans=trans)
             continue
         pool = rows.upload() if rows is not None else ft.pools(sid)
-        kern.run(Y, pool, trans=trans)
+        kern.run(ft, Y, pool, trans=trans)
         del pool
