@@ -143,11 +143,14 @@ def lstsq_rank(A, max_cols: int = RANK_MAX_COLS):
     m, n = A.shape
     if min(m, n) > max_cols or m * n > 1e9:
         return None
+    D = A.toarray() if m >= n else A.T.toarray()
     if gpu_info().get("available"):
+        # A's singular values are R's (A = QR): cuSOLVER's SVD of a tall
+        # 58800 × 11760 matrix answers CUSOLVER_STATUS_INVALID_VALUE, its QR does not
         cp = import_cupy()
-        s = cp.linalg.svd(cp.asarray(A.toarray()), compute_uv=False).get()
+        s = cp.linalg.svd(cp.linalg.qr(cp.asarray(D), mode="r"), compute_uv=False).get()
     else:
-        s = np.linalg.svd(A.toarray(), compute_uv=False)
+        s = np.linalg.svd(D, compute_uv=False)
     return int(np.sum(s > np.finfo(np.float64).eps * max(m, n) * s[0])) if len(s) else 0
 
 
