@@ -178,9 +178,10 @@ def _once(A, b, backend, debug=False):
 #: (``driver.STAGED_DENSE``) and whether a host stage hands its blocks and R on
 #: behind the next stages (``stage_loop.HOST_PLACE_BEHIND``, ``HOST_R_BEHIND``),
 #: whether a staged factorization sends ``Q``'s first stage up as it ends
-#: (``solve.PREFETCH_FIRST``) and whether its stage plan is made per call
-#: (``plans_per_call``; kept per pattern and bytes available otherwise); a
-#: missing key is off / ``"size"``.
+#: (``solve.PREFETCH_FIRST``), whether its stage plan is made per call
+#: (``plans_per_call``; kept per pattern and bytes available otherwise) and
+#: whether a host front's slab parts move their rows down to the staircase
+#: only (``slab_front.STAIRCASE_PARTS``); a missing key is off / ``"size"``.
 MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "bands": {"band_upload": "mapped", "host_r_by_parts": False},
          "rparts": {"band_upload": "copy2d", "host_r_by_parts": True},
@@ -204,7 +205,12 @@ MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
                     "staged_dense": "oversized", "host_behind": True, "prefetch_first": True},
          "plannow": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
                      "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                     "plans_per_call": True}}
+                     "plans_per_call": True},
+         "fullrows": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                      "staged_dense": "oversized", "host_behind": True, "prefetch_first": True},
+         "stair": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                   "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
+                   "staircase_parts": True}}
 
 
 class _NoPlans:
@@ -237,6 +243,7 @@ def _set_mode(name):
     driver._STAGED_PLANS = _NoPlans() if m.get("plans_per_call") else kept
     slab_front.PANEL_UPLOAD = m.get("slab_panels", "copy2d")
     slab_front.SLAB_PARTS = m.get("slab_parts", 4)
+    slab_front.STAIRCASE_PARTS = m.get("staircase_parts", False)
 
 
 def _run_modes(A, b, repeat, limit, modes, debug=False, profile=None, blocks=False):

@@ -10,8 +10,9 @@ import pytest
 
 from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
 from scipy_gpuqr._engine.slab_front import (PART_ROW_BYTES, NumpySlabs, factorize_in_slabs,
-                                            slab_columns, slab_part_count, slab_parts,
-                                            slab_ranges, slab_sides, whole_front_fits)
+                                            part_rows, slab_columns, slab_part_count,
+                                            slab_parts, slab_ranges, slab_sides,
+                                            whole_front_fits)
 from scipy_gpuqr._testing_matrices import staircase_front
 
 EPS = np.finfo(np.float64).eps
@@ -324,7 +325,7 @@ def test_slabs_take_the_side_their_first_part_finds_free():
     the slab before did not where the buffer has it, else the side of the slab
     before; the factorization is the blocked one."""
     rng = np.random.default_rng()
-    downs = 0
+    downs = trimmed = 0
     for fm, fn, nb, width in ((60, 56, 4, 24), (60, 48, 4, 16), (50, 90, 4, 30)):
         F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
 
@@ -332,16 +333,20 @@ def test_slabs_take_the_side_their_first_part_finds_free():
             def __init__(self):
                 super().__init__()
                 self.at = []
+                self.full = []      # per slab: its parts' elements with every row
 
             def slab_buffer(self, F, c0, c1, most=None):
                 self.at.append([])
+                self.full.append(0)
                 self.size = F.shape[0] * max(c1 - c0, most or 0)
                 return super().slab_buffer(F, c0, c1, most)
 
-            def upload_part(self, F, buf, at, a0, a1, p0, p1):
+            def upload_part(self, F, buf, at, a0, a1, p0, p1, rows=None):
                 assert buf.size == self.size
-                self.at[-1].append((at, at + F.shape[0] * (a1 - a0)))
-                return super().upload_part(F, buf, at, a0, a1, p0, p1)
+                assert rows == part_rows(panels, F.shape[0], p0, p1) <= F.shape[0]
+                self.at[-1].append((at, at + rows * (a1 - a0)))
+                self.full[-1] += F.shape[0] * (a1 - a0)
+                return super().upload_part(F, buf, at, a0, a1, p0, p1, rows)
 
         F = F0.copy()
         dev = _Placed()
@@ -362,12 +367,20 @@ def test_slabs_take_the_side_their_first_part_finds_free():
             assert (spans[0][0] != 0) == want[k]
             assert (min(a for a, _ in spans) == 0) or max(b for _, b in spans) == dev.size
             if k:
+                # the side is chosen for parts of every row (slab_sides, in columns);
+                # they lie down to their staircase only, inside those places
                 plo = min(a for a, _ in dev.at[k - 1])
                 phi = max(b for _, b in dev.at[k - 1])
+                full_lo = dev.size - dev.full[k - 1] if want[k - 1] else 0
+                full_hi = dev.size if want[k - 1] else dev.full[k - 1]
+                assert full_lo <= plo < phi <= full_hi
                 a, b = spans[0]
-                room = b - a <= plo or dev.size - (b - a) >= phi
-                assert (b <= plo or a >= phi) == room
+                first = fm * (plan[k][1][0][1] - plan[k][1][0][0])
+                room = first <= full_lo or dev.size - first >= full_hi
+                assert (b <= plo or a >= phi) or not room
+                trimmed += sum(b - a for a, b in spans) < dev.full[k]
     assert downs > 0
+    assert trimmed > 0
 
 
 def _r_index(fm, fn, base, skip=()):

@@ -11,10 +11,15 @@ past ``min(fm, fn)``) lies in one device buffer as *parts*
 (:func:`slab_parts`: up to :data:`SLAB_PARTS` runs of whole panels, each
 part's columns a C-contiguous block of the buffer of their own):
 
-1. every part's columns ``F[:, a0:a1]`` are queued for upload at once (one
+1. every part's columns ``F[:r, a0:a1]`` are queued for upload at once (one
    strided copy each, ``cudaMemcpy2DAsync``: at the link's speed when ``F``
    is pinned), on a stream of their own; work on a part waits only for its
-   own copy, so the later parts arrive while the first is worked on;
+   own copy, so the later parts arrive while the first is worked on. ``r``
+   is the part's staircase (:func:`part_rows`: its last panel's ``j +
+   rows``): the rows below it are zeros that no update reaches, so they
+   neither go up nor come back (a front assembled from its children's
+   upper-trapezoidal blocks is a staircase: ch7-8-b3's root holds 63 % of
+   its rectangle);
 2. every earlier slab's panel comes up (its active rows from its diagonal
    down: where its reflectors ``V`` are), one panel while the one before is
    applied (two buffers, the copies on a stream of their own), and is applied
@@ -59,7 +64,7 @@ from .memory import make_room
 
 __all__ = ["slab_ranges", "slab_parts", "slab_sides", "slab_columns", "whole_front_fits",
            "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS", "PANEL_UPLOADS",
-           "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count"]
+           "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count", "part_rows", "STAIRCASE_PARTS"]
 
 #: Most parts a slab is worked in (:func:`slab_parts`): part ``g`` goes back to
 #: the host while part ``g + 1`` is worked on, and part ``g + 1`` came up while
@@ -73,6 +78,10 @@ SLAB_PARTS = 4
 #: bring short pieces up well below the link's speed, so a narrow slab is cut
 #: into fewer, wider parts (bench/RESULTS.md, issue 22).
 PART_ROW_BYTES = 7 << 10
+
+#: A slab part moves its rows down to its staircase only (:func:`part_rows`);
+#: off: every row of the front (the zeros below the staircase too).
+STAIRCASE_PARTS = True
 
 #: How :class:`CupySlabs` brings an earlier panel up: ``"copy2d"``, one
 #: ``cudaMemcpy2DAsync`` (a panel's rows are 2 KB pieces of the front's rows:
@@ -163,6 +172,16 @@ def slab_part_count(width: int, itemsize: int, parts: int = SLAB_PARTS,
     if row_bytes <= 0:
         return parts
     return max(1, min(parts, int(width) * int(itemsize) // int(row_bytes)))
+
+
+def part_rows(panels: list, fm: int, p0: int, p1: int) -> int:
+    """Rows of a part with the panels ``p0 .. p1-1`` that it moves over the link:
+    down to its last panel's staircase (``j + rows``; the rows below are zeros
+    that no update reaches, in the front and in the result), ``fm`` for a part
+    of trailing columns (no panels)."""
+    if p1 <= p0:
+        return int(fm)
+    return int(max(j + r for j, r, _ in panels[p0:p1]))
 
 
 def slab_sides(plan: list, most: int) -> list:
@@ -310,10 +329,11 @@ def _one_slab(F, panels, slab, pieces, dev, state, most=None, down=False) -> Non
     at = buf.size if down else 0
     work = []
     for a0, a1, q0, q1 in pieces:
-        n = F.shape[0] * (a1 - a0)
+        rows = part_rows(panels, F.shape[0], q0, q1) if STAIRCASE_PARTS else F.shape[0]
+        n = rows * (a1 - a0)
         if down:
             at -= n
-        work.append(dev.upload_part(F, buf, at, a0, a1, q0, q1))
+        work.append(dev.upload_part(F, buf, at, a0, a1, q0, q1, rows=rows))
         if not down:
             at += n
     for q in range(p0):                 # every earlier slab's panels, in order
@@ -373,12 +393,15 @@ class NumpySlabs:
         self.slabs += 1
         return np.empty(F.shape[0] * max(c1 - c0, most or 0), dtype=F.dtype)
 
-    def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int) -> SlabPart:
-        """``F[:, a0:a1]`` into ``buf`` from element ``at``: a :class:`SlabPart`."""
+    def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int,
+                    rows: int | None = None) -> SlabPart:
+        """``F[:rows, a0:a1]`` into ``buf`` from element ``at`` (``rows``: the part's
+        staircase, :func:`part_rows`; default every row): a :class:`SlabPart`."""
         self.parts += 1
-        n = F.shape[0] * (a1 - a0)
-        S = buf[at: at + n].reshape(F.shape[0], a1 - a0)
-        S[...] = F[:, a0:a1]
+        rows = F.shape[0] if rows is None else int(rows)
+        n = rows * (a1 - a0)
+        S = buf[at: at + n].reshape(rows, a1 - a0)
+        S[...] = F[:rows, a0:a1]
         return SlabPart(S, a0, a1, p0, p1, at)
 
     def ready(self, part: SlabPart) -> None:
@@ -409,8 +432,8 @@ class NumpySlabs:
         self._T[p0:p0 + len(panels)] = Tp
 
     def download(self, part: SlabPart, F: np.ndarray) -> None:
-        """The worked part back into ``F[:, a0:a1]``."""
-        F[:, part.a0:part.a1] = part.S
+        """The worked part back into ``F[:rows, a0:a1]`` (its rows)."""
+        F[:part.S.shape[0], part.a0:part.a1] = part.S
         if self.on_part is not None:
             self.on_part(part.a0, part.a1, None)
 
@@ -544,12 +567,14 @@ class CupySlabs:
         self._marks.append(("slab", None))
         return self._buffer("slab", F.shape[0] * max(c1 - c0, most or 0), F.dtype)
 
-    def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int) -> SlabPart:
-        """``F[:, a0:a1]`` into ``buf`` from element ``at`` on the parts' stream
+    def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int,
+                    rows: int | None = None) -> SlabPart:
+        """``F[:rows, a0:a1]`` into ``buf`` from element ``at`` on the parts' stream
         (one 2-D copy), once the work of the earlier slabs' parts that lay there
-        is done and the copies back of the parts it overwrites have landed."""
+        is done and the copies back of the parts it overwrites have landed
+        (``rows``: the part's staircase, :func:`part_rows`; default every row)."""
         self.parts += 1
-        fm = F.shape[0]
+        fm = F.shape[0] if rows is None else int(rows)
         n = fm * (a1 - a0)
         S = buf[at: at + n].reshape(fm, a1 - a0)
         for s, e, ev in self._worked + self._regions:
@@ -561,7 +586,7 @@ class CupySlabs:
             upload_block(F, 0, fm, a0, a1, S, self.up_stream)
         else:
             with self.up_stream:
-                self.cp.copyto(S, src[:, a0:a1])
+                self.cp.copyto(S, src[:fm, a0:a1])
         self._marks.append(("u", self._timed(self.up_stream)))
         return SlabPart(S, a0, a1, p0, p1, at, self._event(self.up_stream))
 
@@ -628,15 +653,15 @@ class CupySlabs:
             self._T[p0:p0 + len(panels)] = Td
 
     def download(self, part: SlabPart, F: np.ndarray) -> None:
-        """The worked part back into ``F[:, a0:a1]`` on the downloads' stream after
-        the work queued so far (its check for non-finite values first)."""
+        """The worked part back into ``F[:rows, a0:a1]`` (its rows) on the downloads'
+        stream after the work queued so far (its check for non-finite values first)."""
         S, isz = part.S, F.itemsize
         rt = self.cp.cuda.runtime
         self._flags.append(finite_check(S.dtype).enqueue(S, self.stream))
         self.down_stream.wait_event(self._event(self.stream))
         w = part.a1 - part.a0
         rt.memcpy2DAsync(F.ctypes.data + part.a0 * isz, F.shape[1] * isz, S.data.ptr,
-                         w * isz, w * isz, F.shape[0], rt.memcpyDeviceToHost,
+                         w * isz, w * isz, S.shape[0], rt.memcpyDeviceToHost,
                          self.down_stream.ptr)
         landed = self._event(self.down_stream)
         self._marks.append(("d", self._timed(self.down_stream)))
