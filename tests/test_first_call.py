@@ -58,6 +58,59 @@ def test_per_pattern_table_keeps_keyless_or_huge_objects_per_object():
     assert len(t._weak) == 0                    # gone with their analyses
 
 
+def test_per_pattern_table_keeps_one_large_object_by_pattern():
+    t = PerPattern(max_entries=4, max_bytes=10, nbytes=len, large_bytes=lambda: 100)
+    t.put(_An("p"), "k", "x" * 50)              # over the bound, within the large one
+    assert t.get(_An("p"), "k") == "x" * 50 and len(t) == 1
+    assert t.get(_An("p"), "other") is None
+    t.put(_An("s"), "k", "small")
+    t.put(_An("q"), "k", "y" * 60)              # the last large object replaces it
+    assert t.get(_An("p"), "k") is None and t.get(_An("q"), "k") == "y" * 60
+    assert t.get(_An("s"), "k") == "small" and len(t) == 2
+    huge = _An("h")
+    t.put(huge, "k", "z" * 500)                 # over the large bound: its object only
+    assert t.get(_An("h"), "k") is None and t.get(huge, "k") == "z" * 500
+    assert t.get(_An("q"), "k") == "y" * 60
+    t.put(_An("q"), "k", "short")               # within the bound again: in the table
+    assert t.get(_An("q"), "k") == "short" and len(t) == 2
+    t.put(_An("q"), "k", "y" * 60)
+    t.clear(_An("q"))
+    assert t.get(_An("q"), "k") is None and t.get(_An("s"), "k") == "small"
+
+
+def test_per_pattern_object_grown_past_the_bound_becomes_the_large_one():
+    t = PerPattern(max_entries=4, max_bytes=10, nbytes=len, large_bytes=lambda: 100)
+    grows = [0] * 5
+    t.put(_An("g"), "k", grows)
+    grows += [0] * 30                           # as a layout's gather maps, after the put
+    t.put(_An("s"), "k", [0])                   # the bound is read again at every put
+    assert t.get(_An("g"), "k") is grows and t.get(_An("s"), "k") == [0]
+    t2 = PerPattern(max_entries=4, max_bytes=10, nbytes=len)     # no large entry
+    grows2 = [0] * 5
+    t2.put(_An("g"), "k", grows2)
+    grows2 += [0] * 30
+    t2.put(_An("s"), "k", [0])
+    assert t2.get(_An("g"), "k") is None and t2.get(_An("s"), "k") == [0]
+
+
+@pytest.mark.parametrize("fraction", [1 / 8, 0.0])
+def test_new_analysis_finds_a_layout_over_the_byte_bound(monkeypatch, fraction):
+    """A layout larger than the table's byte bound (grid 56³: 6 GB against 1 GB) is
+    kept by pattern as its one large entry: a new analysis object (a new
+    ``QRFactorization``) finds it; with no room for a large entry, only the
+    analysis that made it does (the control)."""
+    from scipy_gpuqr._engine.gpu import rlayout
+    monkeypatch.setattr(rlayout._CACHE, "max_bytes", 1)
+    monkeypatch.setattr(rlayout, "LARGE_FRACTION", fraction)
+    clear_r_layout_cache()
+    A = grid3d_least_squares(5)
+    an1, an2 = analyze(A), analyze(A)
+    lay = r_layout(an1, cache=True)
+    assert r_layout_cached(an1) is lay
+    assert (r_layout_cached(an2) is lay) == (fraction > 0)
+    clear_r_layout_cache()
+
+
 def test_new_analysis_of_a_known_pattern_finds_schedule_and_layout():
     A = grid3d_least_squares(5)
     an1, an2 = analyze(A), analyze(A)

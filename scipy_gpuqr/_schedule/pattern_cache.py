@@ -14,7 +14,12 @@ keyed by ``(pattern_key, key)`` (at most ``max_entries`` objects and
 since objects may grow after it, e.g. a lazily built schedule). An analysis
 without a pattern key (made with ``cache=False``), or an object larger than
 the byte bound, is kept per analysis *object* instead (a weak table: it lives
-as long as that analysis).
+as long as that analysis). A table made with ``large_bytes`` also keeps one
+*large* object by pattern: the last one put that is over the byte bound (or
+grew past it in the table) but within ``large_bytes()``. R's layout of a
+large problem is such an object (grid 56³: 6 GB, against a 1 GB bound):
+without that entry each new ``QRFactorization`` of the pattern, whose
+analysis is a new object, built it again while its launches ran.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Optional
 
 __all__ = ["PerPattern"]
 
@@ -38,18 +43,26 @@ class PerPattern:
         Most bytes kept by pattern key (the least recently used leave first).
     nbytes : callable
         Bytes held by an object.
+    large_bytes : callable, optional
+        ``large_bytes()``: the most bytes of the one large entry (read when an
+        object becomes it); None: no large entry (objects over ``max_bytes``
+        are kept per analysis object only).
     """
 
-    def __init__(self, max_entries: int, max_bytes: int, nbytes: Callable[[object], int]):
+    def __init__(self, max_entries: int, max_bytes: int, nbytes: Callable[[object], int],
+                 large_bytes: Optional[Callable[[], int]] = None):
         self.max_entries = int(max_entries)
         self.max_bytes = int(max_bytes)
         self._nbytes = nbytes
+        self._large_bytes = large_bytes
         self._lock = threading.Lock()
         self._lru: OrderedDict = OrderedDict()
+        self._large = None              # ((pattern key, key), object) or None
         self._weak: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def __len__(self) -> int:
-        return len(self._lru)
+        """Objects kept by pattern (the large entry included)."""
+        return len(self._lru) + (self._large is not None)
 
     @staticmethod
     def _pkey(analysis):
@@ -65,6 +78,8 @@ class PerPattern:
                 if hit is not None:
                     self._lru.move_to_end((pk, key))
                     return hit
+                if self._large is not None and self._large[0] == (pk, key):
+                    return self._large[1]
             try:
                 return self._weak.get(analysis, {}).get(key)
             except TypeError:           # not weak-referenceable: nothing kept
@@ -76,17 +91,31 @@ class PerPattern:
         size = int(self._nbytes(value)) if pk is not None else 0
         with self._lock:
             if pk is not None and size <= self.max_bytes and self.max_entries > 0:
+                if self._large is not None and self._large[0] == (pk, key):
+                    self._large = None
                 self._lru[(pk, key)] = value
                 self._lru.move_to_end((pk, key))
                 self._bound()
+                return
+            if pk is not None and self._fits_large(size):
+                self._lru.pop((pk, key), None)
+                self._large = ((pk, key), value)
                 return
             try:
                 self._weak.setdefault(analysis, {})[key] = value
             except TypeError:
                 pass
 
+    def _fits_large(self, size: int) -> bool:
+        """Whether an object of ``size`` bytes may be the large entry."""
+        return self._large_bytes is not None and size <= int(self._large_bytes())
+
     def _bound(self) -> None:
         sizes = {k: int(self._nbytes(v)) for k, v in self._lru.items()}
+        for k in [k for k, n in sizes.items() if n > self.max_bytes]:
+            value, n = self._lru.pop(k), sizes.pop(k)    # grew past the bound in the table
+            if self._fits_large(n):
+                self._large = (k, value)
         total = sum(sizes.values())
         while self._lru and (len(self._lru) > self.max_entries or total > self.max_bytes):
             k, _ = self._lru.popitem(last=False)
@@ -98,12 +127,15 @@ class PerPattern:
         with self._lock:
             if analysis is None:
                 self._lru.clear()
+                self._large = None
                 self._weak.clear()
                 return
             pk = self._pkey(analysis)
             if pk is not None:
                 for k in [k for k in self._lru if k[0] == pk]:
                     del self._lru[k]
+                if self._large is not None and self._large[0][0] == pk:
+                    self._large = None
             try:
                 self._weak.pop(analysis, None)
             except TypeError:
