@@ -97,6 +97,21 @@ def test_a_gpu_call_starts_the_driver_before_it_imports_cupy(monkeypatch):
     assert order == ["driver", "gpu_info"]
 
 
+def test_a_direct_engine_call_starts_the_driver_before_it_imports_cupy(monkeypatch):
+    """gpu_factorize called directly (no plan_for) starts the driver before gpu_info."""
+    from scipy_gpuqr._engine.gpu import driver
+    from scipy_gpuqr._errors import GpuFallbackWarning
+    from scipy_gpuqr._testing_matrices import grid3d_least_squares
+    order = []
+    monkeypatch.setattr(driver._gpu, "start_driver", lambda: order.append("driver"))
+    monkeypatch.setattr(driver._gpu, "gpu_info",
+                        lambda: order.append("gpu_info") or {"available": False,
+                                                             "reason": "none here"})
+    with pytest.warns(GpuFallbackWarning):
+        driver.gpu_factorize(grid3d_least_squares(3))
+    assert order == ["driver", "gpu_info"]
+
+
 def test_the_real_library_is_loaded_once_or_absent():
     lib = _gpu._driver_library()
     assert lib is _gpu._driver_library()

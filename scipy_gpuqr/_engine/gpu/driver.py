@@ -374,6 +374,7 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     dev_dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     early = start_layout_load(analysis)     # meanwhile: the device, the plan, the schedule
     if device is None:
+        _gpu.start_driver()     # a new process's first call: beside CuPy's import
         gi = _gpu.gpu_info()
         if not gi.get("available"):
             return _no_gpu(Ac, analysis, f"no usable GPU ({gi.get('reason', '?')})")
