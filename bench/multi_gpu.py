@@ -19,7 +19,11 @@ The answers are checked against the first device count's (one GPU): R's
 largest difference after matching the signs of its rows (a dense front
 factorized elsewhere may flip some), and ``Qᵀ b`` of one right-hand side
 (applied on the first device, reading the other devices' front pools peer
-to peer), both relative to their largest entry. ``--public`` also times
+to peer), both relative to their largest entry. Each run also checks itself in
+a way that holds whatever the rank (``Rᵀ R = Pᵀ Aᵀ A P`` and ``Q R = A P`` on a
+random vector): on a rank-deficient matrix factorized without a tolerance
+(ch7-8-b3), R past a dependent column is set by rounding, so its difference
+from one GPU's R is no check there. ``--public`` also times
 ``QRFactorization(A, backend='gpu', gpuqr_options=GpuqrOptions(devices=...))``
 plus one solve.
 
@@ -78,7 +82,9 @@ def _matrices(only, numpy_layers=False):
         "grid40": lambda: grid3d_least_squares(40),
         "grid48": lambda: grid3d_least_squares(48),
         "grid50": lambda: grid3d_least_squares(50),
+        "grid56": lambda: grid3d_least_squares(56),
         "grid60": lambda: grid3d_least_squares(60),
+        "grid64": lambda: grid3d_least_squares(64),
         "ch7-8-b3": lambda: chessboard_boundary(7, 8, 3),
         "randls-20k": lambda: random_least_squares(20000, 4000, density=0.0012,
                                                    dense_rows=40, seed=1),
@@ -151,15 +157,61 @@ def _public(A, ids, reps, runner):
     return statistics.median(times[1:])
 
 
-def _answers(qr, ids, b, runner):
-    """What the checks compare: R (host), its diagonal's signs, ``Qᵀ b`` (host)."""
+def _answers(qr, ids, b, runner, A):
+    """What the checks compare: R (host), its rows' pivot signs, ``Qᵀ b`` (host),
+    and the factorization's own residuals (:func:`_factor_residuals`)."""
     with runner.device_context(ids):
         qtb = np.asarray(qr.qt_matmul(b.reshape(-1, 1))).ravel()
-    return {"R": qr.R, "sign": np.sign(qr.R.diagonal()), "qtb": qtb}
+        own = _factor_residuals(qr, A)
+    return {"R": qr.R, "sign": np.sign(row_leads(qr.R)), "qtb": qtb, **own}
+
+
+def row_leads(R) -> np.ndarray:
+    """Each row's first entry, its pivot (0 for an empty row). After a column with
+    nothing left below the staircase, R's later rows start right of the diagonal,
+    so the diagonal is not where every row's pivot sits."""
+    import scipy.sparse as sp
+    Rr = sp.csr_array(R)
+    Rr.sort_indices()
+    ptr = Rr.indptr
+    lead = np.zeros(Rr.shape[0], dtype=Rr.dtype)
+    full = ptr[1:] > ptr[:-1]
+    lead[full] = Rr.data[ptr[:-1][full]]
+    return lead
+
+
+def _factor_residuals(qr, A) -> dict:
+    """Checks of one factorization that hold whatever A's rank.
+
+    Where A is rank deficient (ch7-8-b3) and factorized without a tolerance,
+    R's rows past a dependent column are set by rounding: two right
+    factorizations differ there by O(‖A‖), so R's difference from another
+    run tells nothing. What holds for every right factorization:
+    ``gram``, ``Rᵀ R y = Pᵀ Aᵀ A P y`` (relative to ``Pᵀ Aᵀ A P y``), and
+    ``qr``, ``Q [R x; 0] = A P x`` (relative to ``A P x``), one random vector
+    each; ``tiny_pivots`` counts R's rows whose pivot (:func:`row_leads`) is
+    below ``1e-10`` of the largest (numerically dependent columns)."""
+    m, n = A.shape
+    rng = np.random.default_rng(5)
+    AP = A[:, qr.colperm]
+    R = qr.R
+    y = rng.standard_normal(n)
+    g_ref = AP.T @ (AP @ y)
+    g = R.T @ (R @ y) - g_ref
+    x = rng.standard_normal(n)
+    z = np.zeros((m, 1))
+    z[:R.shape[0], 0] = R @ x
+    apx = AP @ x
+    qz = np.asarray(qr.q_matmul(z)).ravel()
+    d = np.abs(row_leads(R))
+    return {"gram": float(np.abs(g).max() / max(float(np.abs(g_ref).max()), 1e-300)),
+            "qr": float(np.abs(qz - apx).max() / max(float(np.abs(apx).max()), 1e-300)),
+            "tiny_pivots": int(np.count_nonzero(d <= 1e-10 * max(float(d.max()), 1e-300)))}
 
 
 def _differences(got, ref) -> dict:
-    """R and ``Qᵀ b`` against the reference's, rows matched by sign, relative."""
+    """R and ``Qᵀ b`` against the reference's, rows matched by sign, relative;
+    then ``got``'s own residuals (:func:`_factor_residuals`)."""
     flip = np.where(got["sign"] == ref["sign"], 1.0, -1.0)
     flip[got["sign"] == 0] = 1.0
     import scipy.sparse as sp
@@ -172,7 +224,8 @@ def _differences(got, ref) -> dict:
             "qtb_diff": float(np.abs(flip * q2[:k] - q1[:k]).max() / qscale),
             # the rest spans R's orthogonal complement: its norm is the residual's
             "residual_norm_diff": float(abs(np.linalg.norm(q2[k:]) - np.linalg.norm(q1[k:]))
-                                        / max(float(np.linalg.norm(q1)), 1.0))}
+                                        / max(float(np.linalg.norm(q1)), 1.0)),
+            **{key: got[key] for key in ("gram", "qr", "tiny_pivots")}}
 
 
 #: ``--split``: the values of ``multi_gpu_factorize(split_dense=...)`` each device
@@ -219,9 +272,10 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                 times.append(time.perf_counter() - t)
                 infos.append(qr.info)
                 if rep == 0:
-                    got = _answers(qr, ids, b, runner)
+                    got = _answers(qr, ids, b, runner, A)
                     if ref is None:
                         ref = got
+                        run.update({key: got[key] for key in ("gram", "qr", "tiny_pivots")})
                     else:
                         run.update(_differences(got, ref))
                 qr.free()
@@ -274,6 +328,9 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                 for d in run["per_device"])
         check = (f"  R diff {run['R_diff']:.1e} Qtb diff {run['qtb_diff']:.1e}"
                  f" |r| diff {run['residual_norm_diff']:.1e}" if "R_diff" in run else "")
+        if "gram" in run:
+            check += (f"  gram {run['gram']:.1e} QR {run['qr']:.1e}"
+                      f" tiny pivots {run['tiny_pivots']}")
         splits = "".join(
             f"  split front {e['front']} {e['shape'][0]}x{e['shape'][1]} blocks {e['blocks']} "
             f"{(e.get('seconds') or float('nan')):.4f} s (model {e.get('modelled_seconds') or float('nan'):.4f}"
@@ -289,17 +346,20 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
 
 def summary(rows) -> str:
     """A Markdown table: per matrix and device count the median seconds, the speedup,
-    busy and enqueue seconds per device, and the check against one GPU."""
+    busy and enqueue seconds per device, the split fronts (measured seconds), the
+    check against one GPU and each run's own residuals (rank-proof)."""
     out = ["| matrix | TFlop | GPUs | s | x 1 GPU (model) | busy s per GPU | enqueue s per GPU "
-           "(of it waiting for blocks) | R assembled after s | check vs 1 GPU |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "(of it waiting for blocks) | R assembled after s | split fronts s | "
+           "vs 1 GPU | own: Gram, QR (tiny pivots) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for run in r["runs"]:
             sp = run.get("split", "-")
             head = (f"| {r['matrix']} | {r['flops'] / 1e12:.2f} | {run['gpus']}"
                     + (f" (split {sp})" if sp != "-" else "") + " |")
             if "seconds" not in run:
-                out.append(head + f" {run.get('skipped') or run.get('error', '?')} | | | | | |")
+                out.append(head + f" {run.get('skipped') or run.get('error', '?')}"
+                           " | | | | | | | |")
                 continue
             per = run.get("per_device", [])
             busy = " / ".join(f"{d.get('busy_seconds', float('nan')):.3f}" for d in per)
@@ -308,10 +368,17 @@ def summary(rows) -> str:
             eng = run.get("engine_seconds", {})
             check = (f"R {run['R_diff']:.1e}, Qtb {run['qtb_diff']:.1e}"
                      if "R_diff" in run else "-")
+            own = (f"{run['gram']:.1e}, {run['qr']:.1e} ({run['tiny_pivots']})"
+                   if "gram" in run else "-")
+            splits = " + ".join(
+                f"{e['shape'][0]}x{e['shape'][1]} {(e.get('seconds') or float('nan')):.3f}"
+                + (" fell back" if "fallback" in e else "")
+                for e in run.get("split_fronts", [])) or "-"
             model = run.get("plan", {}).get("modelled_speedup", float("nan"))
             out.append(head + f" {run['seconds']:.3f} | {run['speedup']:.2f} ({model:.2f}) | "
                        f"{busy} | {enq} | {eng.get('assemble_R', float('nan')):.3f} | "
-                       f"{check}" + (" FELL BACK" if "fallback" in run else "") + " |")
+                       f"{splits} | {check}" + (" FELL BACK" if "fallback" in run else "")
+                       + f" | {own} |")
     return "\n".join(out)
 
 

@@ -207,6 +207,33 @@ def test_map_devices_weighs_split_fronts_in_the_upper_tree():
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
+def test_map_devices_keeps_the_mapping_on_flops_where_it_models_better():
+    """The mapping with split fronts weighed at their split time may pull so much
+    into the upper tree that it models longer than the mapping on flops alone
+    with that mapping's own upper-tree fronts split (grid 56³ on 2 devices):
+    the plan is never the worse of the two, and its invariants hold."""
+    from dataclasses import replace
+    from scipy_gpuqr._schedule.dense_split import split_weights
+    from scipy_gpuqr._schedule.devices import makespan, map_devices, map_fronts
+    from test_multi_device import _check_plan
+    for A, k in [(grid3d_least_squares(56), 2), (chessboard_boundary(7, 8, 3), 2)]:
+        an = analyze(A)
+        fs = an.fronts
+        fl = np.asarray(an.front_flops, dtype=np.float64)
+        w, plans = split_weights(fs, fl, k, SplitModel())
+        own, up = map_fronts(fs.parent, fs.child_ptr, fs.children, fl, k)
+        eff = fl.copy()
+        for f in plans:
+            if up[f] and own[f] == 0:
+                eff[f] = w[f]
+        flat = float(fl.sum()) / makespan(fs.parent, eff, own)
+        plan = map_devices(an, k, split_model=SplitModel())
+        assert plan.split and plan.modelled_speedup >= flat - 1e-12
+        for f in plan.split:
+            assert plan.upper[f] and plan.owner[f] == plan.upper_device
+        _check_plan(an, replace(plan, makespan=makespan(fs.parent, fl, plan.owner)), k)
+
+
 def _small_model(panel=16):
     """A split model for small fronts (CPU tests): NumPy layers' panel width, no
     least gain."""

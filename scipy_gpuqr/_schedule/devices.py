@@ -19,7 +19,9 @@ largest fronts are not serial: their dense path is split over every device
 (:mod:`.dense_split`), so a front worth splitting weighs in the upper tree at
 its split time, not its flops (``map_fronts``' ``upper_weights``); the
 mapping then moves such fronts of a chain of separators into the upper tree
-and shares their children's subtrees among the devices.
+and shares their children's subtrees among the devices. Where that serializes
+too much, the mapping on flops alone, with its own upper tree's splittable
+fronts split, models shorter and is kept instead.
 
 Memory is the second weight: with a byte budget per device, a mapping on
 flops that overflows a device is redone on the sum of each front's share of
@@ -455,7 +457,9 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
         (:mod:`.dense_split`): the fronts where the model gains are weighed
         in the upper tree at their split time (``map_fronts``'s
         ``upper_weights``), and those that end in it are the plan's
-        :attr:`DevicePlan.split`. None: no front is split.
+        :attr:`DevicePlan.split`; the mapping on flops alone with its upper
+        tree's such fronts split is kept instead where its modelled speedup
+        is larger. None: no front is split.
     """
     fs = analysis.fronts
     flops = np.asarray(analysis.front_flops, dtype=np.float64)
@@ -475,6 +479,15 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
                               tolerance=tolerance, upper_weights=w_up)
     plan = _plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu, itemsize,
                     "flops", budget, splits, w_up)
+    if splits:
+        # the mapping on flops alone, its upper tree's splittable fronts split: the
+        # weighted mapping may move so much into the upper tree that it loses
+        owner, upper = map_fronts(*args, flops, ndevices, upper_device=upper_device,
+                                  tolerance=tolerance)
+        other = _plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu, itemsize,
+                         "flops", budget, splits, w_up)
+        if (other.fits, other.modelled_speedup) > (plan.fits, plan.modelled_speedup):
+            plan = other
     if plan.fits or ndevices == 1:
         return plan
     tf, tb = max(float(flops.sum()), 1.0), max(float(gpu["additive"].sum()), 1.0)
