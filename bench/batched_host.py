@@ -341,7 +341,8 @@ def steps(cp, g, bench, reps: int = 2000):
     sync = cp.cuda.Device().synchronize
     stream = cp.cuda.get_current_stream().ptr
     pieces = [
-        ("memcpyAsync 40 B to pinned", lambda: r.copy(r.addr, st.ptr, 40, r.kind, stream)),
+        ("memcpyAsync 40 B to pinned",
+         lambda: r.copy(int(r.words.ctypes.data), st.ptr, 40, r.kind, stream)),
         ("getrf launch", lambda: gc.launch(fptr, grid, thr, smem, values)),
     ]
     for name, fn in pieces:

@@ -6,7 +6,7 @@
 // never cleared: each public call takes a new generation number g (> 0) and
 // a kernel that sees a condition writes g into its slot (a plain store: every
 // writer stores the same value, no atomics). After the call's kernels the
-// host reads the 40 bytes once; slot s "is set" when it holds g. A kernel
+// host looks at the five slots once; slot s "is set" when it holds g. A kernel
 // that ran for an earlier call left an older generation, never mistaken for
 // this one.
 //
@@ -16,6 +16,14 @@
 //   2: an inf or NaN was seen in a factor (solves)
 //   3: an inf or NaN was seen in a right-hand side (solves)
 //   4: a per-matrix size outside [0, n] (the *_vbatched calls: batched.cuh)
+//
+// The host reads the word without a copy: the word is followed in device
+// memory by the address of its host mirror (SLOT_HOST: five slots in mapped
+// pinned memory, or 0), and the kernel that first writes g into a device slot
+// also writes it into the mirror's slot. The device slots gate the mirror's
+// stores: however many matrices report, the mirror sees a few stores over the
+// bus, and after the call's kernels the host finds the slots in its own
+// memory once it has waited for the stream.
 //
 // ctl, the kernels' last argument: g << 2 | flags (g = 0: report nothing).
 //   CTL_CLEAR_NEG: info < 0 is stored as 0 (check_finite=False);
@@ -28,6 +36,7 @@ namespace gpuqr_status {
 constexpr unsigned long long CTL_CLEAR_NEG = 1ull;
 constexpr unsigned long long CTL_NAN_FILL = 2ull;
 constexpr int SLOT_SIZES = 4;
+constexpr int SLOT_HOST = 5;
 
 template <typename T> __device__ __forceinline__ T quiet_nan();
 template <> __device__ __forceinline__ double quiet_nan<double>() {
@@ -37,13 +46,22 @@ template <> __device__ __forceinline__ float quiet_nan<float>() {
     return __int_as_float(0x7fc00000);
 }
 
-// Mark slot `slot` of `status` for the call of `ctl` (null status or g = 0: nothing).
+// Mark slot `slot` of `status` and of its host mirror for the call of `ctl`
+// (null status or g = 0: nothing).
 __device__ __forceinline__ void mark(unsigned long long *status, unsigned long long ctl,
                                      int slot) {
     const unsigned long long g = ctl >> 2;
     if (status != nullptr && g != 0ull) {
         volatile unsigned long long *s = status + slot;
-        if (*s != g) *s = g;
+        if (*s != g) {
+            *s = g;
+            volatile unsigned long long *host =
+                reinterpret_cast<volatile unsigned long long *>(status[SLOT_HOST]);
+            if (host != nullptr) {
+                host[slot] = g;
+                __threadfence_system();
+            }
+        }
     }
 }
 

@@ -28,7 +28,7 @@ _cpu
 _gpu, _gpu_blocked, _gpu_common
     GPU drivers: n <= 32 kernels and the dispatch for every n; n > 32;
     output allocation, the solves shared by both, and the status word of a
-    public call (``info`` summarized on the device, one 32-byte read).
+    public call (``info`` summarized by the kernels into host memory, one wait).
 _kernel_registry
     Kernel files, template instantiations and size limits (read by
     :mod:`scipy_gpuqr._kernels` as ``KERNEL_VARIANTS``).

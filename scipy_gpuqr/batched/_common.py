@@ -168,7 +168,7 @@ def bad_indices(mask):
 def info_counts(info):
     """(matrices with info > 0, matrices with info < 0) of a NumPy or CuPy ``info``.
 
-    CuPy: one pass on the device and one small (40-byte) read
+    CuPy: one pass on the device and one wait
     (:func:`scipy_gpuqr.batched._gpu_common.read_status`), which tells only
     whether there are any: the counts are then 0 or 1.
     """

@@ -53,10 +53,11 @@ __all__ = ["lu_factor_batched", "lu_solve_batched", "solve_batched",
 # A GPU call allocates its outputs once, launches its kernel(s) on the current
 # stream and then, to warn or raise like SciPy, needs one fact from the
 # device: does any matrix have info != 0 (or an inf/NaN in a right-hand
-# side)? The kernels mark a 32-byte status word themselves
-# (kernels/batched/status.cuh; for n > 32 one pass over info does), and the
-# host reads those 32 bytes: that read is the call's only synchronization,
-# and no per-matrix array is copied. Only when something was found are the
+# side)? The kernels mark a five-slot status word themselves, and its
+# mirror in mapped pinned memory (kernels/batched/status.cuh; for n > 32 one
+# pass over info does): the host waits for the stream once, the call's only
+# synchronization, and reads the mirror in its own memory; nothing is
+# copied. Only when something was found are the
 # offending indices looked up (on the device; the first MAX_NAMED come to
 # the host for the message).
 #
@@ -189,8 +190,9 @@ def lu_factor_batched(a, *, overwrite_a=False, check_finite=True,
     -----
     On the GPU (CuPy input) the call is one kernel plus one pass over
     ``info`` on the current stream, and waits for them once, to read a
-    32-byte summary (whether to warn or raise); ``return_info=True,
-    check_finite=False`` does not wait at all (fully asynchronous).
+    summary they write to host memory (whether to warn or raise);
+    ``return_info=True, check_finite=False`` does not wait at all (fully
+    asynchronous).
     """
     where = "lu_factor_batched"
     arr, batch_shape, cupy_in, gpu = _gpu_stack(a, backend, where)
@@ -346,7 +348,7 @@ def lu_solve_batched(lu_and_piv, b, trans=0, *, overwrite_b=False,
     check_finite : bool
         Raise ValueError when ``b`` or the factors hold infs or NaNs (on the
         GPU the solve kernel checks what it loads; the call then waits once
-        for a 32-byte summary, without it the call does not wait).
+        for its summary, without it the call does not wait).
     backend : {None, 'auto', 'cpu', 'gpu'}
 
     Returns
@@ -457,8 +459,8 @@ def solve_batched(a, b, *, check_finite=True, return_info=False,
     -----
     On the GPU: for n <= 32 and CuPy ``b`` of ``a``'s dtype one kernel (the
     LU and the solves, the factors kept on chip, ``b`` read in place and
-    checked), else the LU kernel and the solve kernel; then one wait for a
-    32-byte summary, none with ``return_info=True, check_finite=False``.
+    checked), else the LU kernel and the solve kernel; then one wait for
+    their summary, none with ``return_info=True, check_finite=False``.
     """
     where = "solve_batched"
     rhs = None
@@ -559,7 +561,7 @@ def inv_batched(a, *, check_finite=True, return_info=False, backend=None):
     Notes
     -----
     On the GPU: the kernel and one pass over ``info`` (which also writes the
-    NaN results of ``return_info``), then one wait for a 32-byte summary;
+    NaN results of ``return_info``), then one wait for their summary;
     none with ``return_info=True, check_finite=False``.
     """
     where = "inv_batched"
@@ -650,8 +652,8 @@ def cho_factor_batched(a, lower=False, *, overwrite_a=False,
 
     Notes
     -----
-    On the GPU: the kernel and one pass over ``info``, then one wait for a
-    32-byte summary; none with ``return_info=True, check_finite=False``.
+    On the GPU: the kernel and one pass over ``info``, then one wait for
+    their summary; none with ``return_info=True, check_finite=False``.
     """
     where = "cho_factor_batched"
     lower = bool(lower)
@@ -714,7 +716,7 @@ def cho_solve_batched(c_and_lower, b, *, overwrite_b=False, check_finite=True,
     check_finite : bool
         Raise ValueError when ``c`` (all of it, as SciPy) or ``b`` hold infs
         or NaNs (on the GPU checked by the solve kernel; the call then waits
-        once for a 32-byte summary, without it the call does not wait).
+        once for its summary, without it the call does not wait).
     backend : {None, 'auto', 'cpu', 'gpu'}
 
     Returns

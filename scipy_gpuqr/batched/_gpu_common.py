@@ -15,9 +15,10 @@
   clears ``info < 0`` for ``check_finite=False`` and writes the NaN results of
   singular matrices itself), :func:`scan_info` (the same as one pass over
   ``info``, for the drivers whose kernels do not report), :func:`scan_nonfinite`,
-  and :func:`read_status`, the one small (40-byte) device-to-host read (a
-  synchronization) that the public functions need to warn or raise like
-  SciPy; no per-matrix array is copied to the host.
+  and :func:`read_status`, the one wait (a synchronization) that the public
+  functions need to warn or raise like SciPy: the kernels also mark the
+  word's mirror in mapped pinned memory, so the host then reads its own
+  memory; nothing is copied to the host.
 
 Everything runs on the current device and stream. CuPy is imported only when
 a function runs.
@@ -123,7 +124,8 @@ def alloc(shape, dtype):
 
 #: dtype -> its name, for the kernels' dtypes (``np.dtype.name`` is computed
 #: in Python on every access: a few microseconds of each launch).
-_DTNAMES = {np.dtype(t): np.dtype(t).name for t in (np.float32, np.float64, np.int32)}
+_DTNAMES = {np.dtype(t): np.dtype(t).name for t in (np.float32, np.float64, np.int32,
+                                                    np.int64)}
 
 
 def dtname(dtype) -> str:
@@ -327,14 +329,31 @@ def _scan_grid(count: int) -> int:
 
 
 class _StatusWord:
-    """The status word of one thread on one device: :data:`STATUS_SLOTS`
-    uint64 slots on the device and the generation of the call using it."""
+    """The status word of one thread on one device and the generation of the
+    call using it.
 
-    __slots__ = ("buf", "ptr", "gen")
+    ``buf``: :data:`STATUS_SLOTS` uint64 slots on the device, which the
+    kernels compare with the call's generation before they write it;
+    followed in the same allocation by the device address of ``host``, their
+    mirror in mapped pinned memory, which the kernel that sets a device slot
+    also writes (``SLOT_HOST`` in ``kernels/batched/status.cuh``). The host
+    reads the mirror after waiting for the stream: no copy is queued.
+    """
 
-    def __init__(self, buf):
-        self.buf = buf
-        self.ptr = buf.data.ptr
+    __slots__ = ("buf", "ptr", "host", "gen")
+
+    def __init__(self):
+        cp = cupy()
+        rt = cp.cuda.runtime
+        nbytes = 8 * STATUS_SLOTS
+        pinned = cp.cuda.PinnedMemory(nbytes, rt.hostAllocMapped | rt.hostAllocPortable)
+        self.host = np.ndarray((STATUS_SLOTS,), np.uint64,
+                               buffer=cp.cuda.PinnedMemoryPointer(pinned, 0))
+        self.host.fill(0)
+        mirror = rt.pointerGetAttributes(pinned.ptr).devicePointer
+        word = cp.array([0] * STATUS_SLOTS + [mirror], dtype=np.uint64)
+        self.buf = word[:STATUS_SLOTS]
+        self.ptr = self.buf.data.ptr
         self.gen = 0
 
 
@@ -354,7 +373,7 @@ def new_status(device: int | None = None):
     dev = device_id() if device is None else device
     st = words.get(dev)
     if st is None:
-        st = words[dev] = _StatusWord(cupy().zeros(STATUS_SLOTS, dtype=np.uint64))
+        st = words[dev] = _StatusWord()
     st.gen += 1
     return st
 
@@ -421,10 +440,11 @@ _NOT_READY = 600
 
 
 class _Reader(threading.local):
-    """This thread's means of reading status words, made at its first read:
-    a pinned buffer (a direct DMA, no staging through pageable memory), the
-    copy call, the stream lookup and the wait. Reused: a read completes
-    before it returns."""
+    """This thread's means of waiting for its calls and reading small device
+    arrays, made at its first use: the stream lookup, the wait, and for
+    :func:`read_words` a pinned buffer (a direct DMA, no staging through
+    pageable memory) and the copy call. Reused: a read completes before it
+    returns."""
 
     def __init__(self):
         self.ready = False
@@ -433,10 +453,8 @@ class _Reader(threading.local):
         import cupyx
         cp = cupy()
         rt = cp.cuda.runtime
-        self.buf = cupyx.empty_pinned((STATUS_SLOTS,), dtype=np.uint64)
-        self.addr = int(self.buf.ctypes.data)
         self.empty_pinned = cupyx.empty_pinned
-        self.words = self.buf                 # read_words' buffer, grown on demand
+        self.words = cupyx.empty_pinned((STATUS_SLOTS,), dtype=np.uint64)   # grown on demand
         self.copy, self.sync, self.query = rt.memcpyAsync, rt.streamSynchronize, rt.streamQuery
         self.wait = self._wait
         self.kind = rt.memcpyDeviceToHost
@@ -461,24 +479,21 @@ _READER = _Reader()
 
 def read_status(status) -> list:
     """The slots of a :func:`new_status` word as 0/1 (1: marked by this
-    call's kernels): one 40-byte copy to the host (cudaMemcpyAsync into
-    pinned memory), then a wait for the work queued before it on the current
-    stream."""
+    call's kernels): a wait for the work queued on the current stream, then
+    the word's host mirror, which the kernels mark themselves (no copy is
+    queued behind them)."""
     r = _READER
     if not r.ready:
         r.bind()
-    stream = r.stream().ptr
-    r.copy(r.addr, status.ptr, 8 * STATUS_SLOTS, r.kind, stream)
-    r.wait(stream)
+    r.wait(r.stream().ptr)
     gen = status.gen
-    return [1 if v == gen else 0 for v in r.buf.tolist()]
+    return [1 if v == gen else 0 for v in status.host.tolist()]
 
 
 def read_words(arr) -> np.ndarray:
-    """A small contiguous uint64 device array on the host (a new NumPy array),
-    read as :func:`read_status` reads a status word: one copy into this
-    thread's pinned buffer on the current stream and a wait for the work
-    queued before it (``ndarray.get`` stages through pageable memory and
+    """A small contiguous uint64 device array on the host (a new NumPy array):
+    one copy into this thread's pinned buffer on the current stream and a
+    wait for the work queued before it (``ndarray.get`` stages through pageable memory and
     makes a new host array each call)."""
     r = _READER
     if not r.ready:

@@ -42,8 +42,8 @@ padded stack's size classes are counted on the device (one small read,
 which also validates ``sizes``), a batch whose matrices all fill the stack
 is passed to the fixed-size routine as it is (no gather, no scatter), each
 class's ``info`` is written into one device array, summarized once at the
-end (:func:`scipy_gpuqr.batched._common.info_counts`: one pass, one 32-byte
-read), and only the offending indices of an error are looked up. The
+end (:func:`scipy_gpuqr.batched._common.info_counts`: one pass, one
+wait), and only the offending indices of an error are looked up. The
 fixed-size routine checks finiteness itself; only when it finds an inf or
 NaN is the class redone without the check to flag each matrix.
 """
