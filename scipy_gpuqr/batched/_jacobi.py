@@ -68,7 +68,8 @@ def _gpu_blocks(A, n, bs, dtype):
     full, last = _gc.alloc_outputs((((nfull, bs, bs), dt), ((rest, rest), dt)))
     if n:
         grid = max(1, min(_GATHER_MAX_BLOCKS, -(-n // _GATHER_THREADS)))
-        _gc.launch(_gather_function(dt.name, indices.dtype.name, _gc.device_id()), grid,
+        _gc.launch(_gather_function(_gc.dtname(dt), _gc.dtname(indices.dtype),
+                                    _gc.device_id()), grid,
                    _GATHER_THREADS, 0,
                    (indptr.data.ptr, indices.data.ptr, data.data.ptr, n, bs, split,
                     full.data.ptr, last.data.ptr))
