@@ -181,7 +181,10 @@ def _once(A, b, backend, debug=False):
 #: (``solve.PREFETCH_FIRST``), whether its stage plan is made per call
 #: (``plans_per_call``; kept per pattern and bytes available otherwise) and
 #: whether a host front's slab parts move their rows down to the staircase
-#: only (``slab_front.STAIRCASE_PARTS``); a missing key is off / ``"size"``.
+#: only (``slab_front.STAIRCASE_PARTS``), whether a host front that fits one
+#: slab goes through the slab path as that slab (``device.ONE_SLAB``) and
+#: whether a staged factorization's R is assembled on a worker beside ``Q``'s
+#: first upload (``driver.ASSEMBLE_R_BEHIND``); a missing key is off / ``"size"``.
 MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "bands": {"band_upload": "mapped", "host_r_by_parts": False},
          "rparts": {"band_upload": "copy2d", "host_r_by_parts": True},
@@ -210,7 +213,13 @@ MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
                       "staged_dense": "oversized", "host_behind": True, "prefetch_first": True},
          "stair": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
                    "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                   "staircase_parts": True}}
+                   "staircase_parts": True},
+         "oneslab": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                     "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
+                     "staircase_parts": True, "one_slab": True},
+         "c8": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
+                "staircase_parts": True, "one_slab": True, "assemble_behind": True}}
 
 
 class _NoPlans:
@@ -229,7 +238,7 @@ _KEPT_PLANS = {}
 
 def _set_mode(name):
     from scipy_gpuqr._engine import slab_front
-    from scipy_gpuqr._engine.gpu import driver, reflector_upload, solve, stage_loop
+    from scipy_gpuqr._engine.gpu import device, driver, reflector_upload, solve, stage_loop
     m = MODES[name]
     solve.PREFETCH = m.get("prefetch", False)
     driver.STAGED_DENSE = m.get("staged_dense", "size")
@@ -244,6 +253,8 @@ def _set_mode(name):
     slab_front.PANEL_UPLOAD = m.get("slab_panels", "copy2d")
     slab_front.SLAB_PARTS = m.get("slab_parts", 4)
     slab_front.STAIRCASE_PARTS = m.get("staircase_parts", False)
+    device.ONE_SLAB = m.get("one_slab", False)
+    driver.ASSEMBLE_R_BEHIND = m.get("assemble_behind", False)
 
 
 def _run_modes(A, b, repeat, limit, modes, debug=False, profile=None, blocks=False):
