@@ -1484,6 +1484,39 @@ def test_host_stages_hand_on_behind_the_next_stages(monkeypatch):
     assert np.abs(wrong - behind[0]).max() > 1e-6 * np.abs(behind[0]).max()
 
 
+def test_staged_r_assembled_on_a_worker_beside_q_first_upload(monkeypatch):
+    """A staged factorization assembles R on a worker while the engine's thread
+    sends ``Q``'s first stage up (``driver.ASSEMBLE_R_BEHIND``): R and ``Qᵀb``
+    bit for bit those of the assembly on the engine's thread; a one-stage run
+    assembles on the engine's thread."""
+    import threading
+
+    from scipy_gpuqr._engine.gpu import driver
+    A, an, needs = _host_case()
+    limit = min_budget(an, needs) * 13 // 10
+    b = np.cos(np.arange(A.shape[0]))
+    where = []
+    real = driver.assemble_r
+
+    def traced(*args, **kwargs):
+        where.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(driver, "assemble_r", traced)
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                      dense_flops=_HOST_FLOPS)
+    assert g.info["stages"] > 1 and where[-1].startswith("gpuqr-assemble-r"), where
+    behind = (g.R.toarray(), g.qt_matmul(b))
+    monkeypatch.setattr(driver, "ASSEMBLE_R_BEHIND", False)
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                      dense_flops=_HOST_FLOPS)
+    assert where[-1] == threading.current_thread().name
+    np.testing.assert_array_equal(g.R.toarray(), behind[0])
+    np.testing.assert_array_equal(g.qt_matmul(b), behind[1])
+    monkeypatch.setattr(driver, "ASSEMBLE_R_BEHIND", True)
+    g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE), dense_flops=_HOST_FLOPS)
+    assert g.info["stages"] == 1 and where[-1] == threading.current_thread().name
+
+
 def test_oversized_rule_leaves_every_host_front_a_device_slab():
     """ch7-8-b3 at an eighth of its one-stage need: the 'oversized' rule's dense
     fronts keep tile fronts whose VT pool leaves its root host front (49340 x 9375)
