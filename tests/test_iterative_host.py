@@ -22,7 +22,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as sla
 
 from conftest import TEST_MATRICES, real_shared_matrices
-from scipy_gpuqr._iterative import IterationState, host, lsmr, lsqr
+from scipy_gpuqr._iterative import IterationState, host, lsmr, lsqr, native
 from scipy_gpuqr._iterative.lsmr import _lsmr
 from scipy_gpuqr._iterative.lsqr import _lsqr
 
@@ -292,7 +292,9 @@ def test_zero_b_with_x0_replays_with_scipys_values():
 @pytest.mark.parametrize("solver", ["lsqr", "lsmr"])
 def test_replay_reports_each_iteration_once(monkeypatch, solver):
     """A division by zero in Python's arithmetic at iteration 5 replays the run with NumPy's
-    scalars: the callback sees iterations 1, 2, ... once each, the result is SciPy's."""
+    scalars: the callback sees iterations 1, 2, ... once each, the result is SciPy's (the
+    Python loops' replay: the compiled loops are not asked for)."""
+    monkeypatch.setenv(native.ENV, "numpy")
     A, b, _ = PROBLEMS["square"]
     calls = {"n": 0}
     real = host._givens_float

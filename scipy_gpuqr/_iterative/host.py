@@ -30,9 +30,17 @@ SciPy's bit for bit. What differs is only what surrounds the arithmetic:
   Tolerances and damping of other types than Python float/int and NumPy
   float64 (float32 promotes differently) take NumPy's scalars from the start.
 
+Where a C compiler built them and their checks passed
+(:mod:`~scipy_gpuqr._iterative.native`), the whole loop of a run with Python
+floats' arguments runs compiled: the same operations again (SciPy's product
+loops, NumPy's own BLAS ``ddot`` for the norms, the C library's ``pow``),
+without Python between them. A compiled run that meets what would make
+Python raise gives up, and the loops here run the problem from its start.
+
 A callback sees the same :class:`~scipy_gpuqr._iterative._common.IterationState`
 per iteration as with :func:`~scipy_gpuqr._iterative._common.drive`, and
-stops the run the same way; the run attributes of the result
+stops the run the same way (from the compiled loops, through a C callback);
+the run attributes of the result
 (:class:`~scipy_gpuqr._iterative._common.RunInfo`) mean the same.
 """
 
@@ -40,18 +48,30 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from ctypes import addressof as _addressof, c_char as _c_char
 from time import perf_counter as _now
 from typing import Callable, Optional
 
 import numpy as np
 
+from . import native as _native
 from ._common import (PROJECTION_WINDOW, Clock, IterationState, Progress, compressed_kernels,
                       givens, stopping_code)
+
+try:        # SciPy's compiled sparse kernels (private; see _common.compressed_kernels)
+    from scipy.sparse import _sparsetools
+except ImportError:     # pragma: no cover - every SciPy release so far has it
+    _sparsetools = None
 
 __all__ = ["HostProblem", "host_problem", "lsqr_host", "lsmr_host"]
 
 #: The scalar types whose arithmetic with Python floats is NumPy float64's.
 _PLAIN = (float, int, np.float64)
+
+#: Index types of the matrices the compiled loops take.
+_INDEX = (np.dtype(np.int32), np.dtype(np.int64))
+#: Longest vectors the compiled loops take (a 32-bit BLAS reads 32-bit lengths).
+_LONGEST = 2 ** 31 - 1
 
 #: SciPy's ``eps`` in ``lsqr`` (a NumPy scalar), and as a Python float.
 _EPS = np.finfo(np.float64).eps
@@ -247,6 +267,130 @@ def _replaying(body, run: _Run, args: tuple):
 
 
 # ---------------------------------------------------------------------------
+# the compiled loops
+
+def _compiled_matrix(P: HostProblem):
+    """``(csr, wide, b)`` where the compiled loops can run ``P`` (SciPy's own kernels,
+    contiguous aligned arrays of one index type, b contiguous), else None."""
+    forward = P.forward
+    if _sparsetools is None:
+        return None
+    if forward is _sparsetools.csr_matvec:
+        csr = 1
+    elif forward is _sparsetools.csc_matvec:
+        csr = 0
+    else:
+        return None
+    indptr, indices, data = P.arrays
+    if indptr.dtype != indices.dtype or indptr.dtype not in _INDEX or data.dtype != np.float64:
+        return None
+    for a in P.arrays:
+        if not (a.flags.c_contiguous and a.flags.aligned):
+            return None
+    if not (0 < P.m <= _LONGEST and 0 < P.n <= _LONGEST):
+        return None
+    b = P.b
+    if not (b.flags.c_contiguous and b.flags.aligned):
+        b = np.ascontiguousarray(b)
+    return csr, int(indptr.dtype.itemsize == 8), b
+
+
+def _address(a: np.ndarray) -> int:
+    """The address of a contiguous array's first entry (a writable array's through
+    ctypes' buffer view, several times cheaper than ``a.ctypes.data``)."""
+    try:
+        return _addressof(_c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):
+        return a.ctypes.data
+
+
+def _compiled(P: HostProblem, run: _Run, method: str, par: tuple, limit: int, calc_var: bool):
+    """``method``'s run of ``P`` in the compiled loops (:mod:`~scipy_gpuqr._iterative.native`):
+    ``(fields, info)`` as :func:`lsqr_host`/:func:`lsmr_host` return them, or None where
+    the loops are not at hand or gave up (the Python loops then run from the start;
+    iterations already reported are not reported again).
+
+    A watched run (a callback or an allowance of seconds) is reported each iteration
+    through a C callback that makes what :func:`_watched_stop` makes of the Python
+    loops' iterations.
+    """
+    native = _native.handle()
+    if native is None:
+        return None
+    matrix = _compiled_matrix(P)
+    if matrix is None:
+        return None
+    csr, wide, b = matrix
+    m, n = P.m, P.n
+    indptr, indices, data = P.arrays
+    x = np.zeros(n) if P.x0 is None else P.x0.copy()
+    # one scratch buffer: par (5), out (10), the record, the kept tests, the vectors
+    window, fields = _native.WINDOW, _native.REPORT
+    scratch = np.empty(15 + fields + 3 * window + 2 * m + 4 * n)
+    scratch[:len(par)] = par
+    base = _address(scratch)
+    out_at, rec_at, hist_at = 5, 15, 15 + fields
+    work_at = hist_at + 3 * window
+    limit = max(min(int(limit), 2 ** 62), -(2 ** 62))
+    failed = []
+    report = None
+    if run.watched:
+        report = _native.REPORT_FN(_reporter(run, x, scratch[rec_at:hist_at], failed))
+    lib = native.lib
+    if method == "lsqr":
+        var = np.zeros(n)
+        code = lib.sgi_lsqr(m, n, csr, wide, _address(indptr), _address(indices),
+                            _address(data), _address(b), P.x0 is not None, _address(x),
+                            _address(var), base + 8 * work_at, base, limit, calc_var,
+                            native.ddot, report, base + 8 * rec_at, base + 8 * hist_at,
+                            base + 8 * out_at)
+    else:
+        var = None
+        code = lib.sgi_lsmr(m, n, csr, wide, _address(indptr), _address(indices),
+                            _address(data), _address(b), P.x0 is not None, _address(x),
+                            base + 8 * work_at, base, limit, native.ddot, report,
+                            base + 8 * rec_at, base + 8 * hist_at, base + 8 * out_at)
+    values = scratch[out_at:rec_at].tolist()
+    run.reported = int(values[9])
+    if code == _native.REPORT_FAILED:
+        raise failed[0]
+    if code != _native.DONE:
+        return None
+    istop, itn = int(values[0]), int(values[1])
+    history = run.fresh_history()
+    if itn:
+        rows = scratch[hist_at:work_at].reshape(window, 3).tolist()
+        for k in range(max(itn - window, 0), itn):
+            history.append(tuple(rows[k % window]))
+    if var is None:
+        fields = (x, istop, itn, *values[2:7])
+    else:
+        fields = (x, istop, itn, *values[2:8], var)
+    return fields, run.info(istop, itn, values[8] == 1.0)
+
+
+def _reporter(run: _Run, x: np.ndarray, rec: np.ndarray, failed: list):
+    """The C callback of a watched compiled run: reads the iteration's record from
+    ``rec`` and answers 1 (stop) or 0 as :func:`_watched_stop`, or -1 with the
+    exception raised kept in ``failed``."""
+    callback, t0 = run.callback, run.clock.t0
+    timed = run.clock.max_seconds is not None
+    def report() -> int:
+        try:
+            itn, istop, *estimates = rec.tolist()
+            itn, istop = int(itn), int(istop)
+            run.reported = itn
+            values = None if callback is None else (itn, x, istop, *estimates, _now() - t0)
+            return 1 if _watched_stop(run, values, istop, False, timed) else 0
+        except _FromCallback as wrapped:
+            failed.append(wrapped.args[0])
+        except BaseException as exc:   # noqa: BLE001 - raised again by the caller
+            failed.append(exc)
+        return -1
+    return report
+
+
+# ---------------------------------------------------------------------------
 # LSMR
 
 def lsmr_host(P: HostProblem, damp, atol, btol, conlim, maxiter, *,
@@ -266,6 +410,9 @@ def lsmr_host(P: HostProblem, damp, atol, btol, conlim, maxiter, *,
     exact = not _plain(damp, atol, btol, conlim)
     if not exact:
         damp, atol, btol, conlim = float(damp), float(atol), float(btol), float(conlim)
+        done = _compiled(P, run, "lsmr", (damp, atol, btol, conlim), maxiter, False)
+        if done is not None:
+            return done
     fields, exact_start = _replaying(_lsmr_body, run, (P, damp, atol, btol, conlim, maxiter,
                                                        run, exact))
     return fields, run.info(fields[1], fields[2], exact_start)
@@ -487,6 +634,10 @@ def lsqr_host(P: HostProblem, damp, atol, btol, conlim, iter_lim, calc_var, *,
     if not exact:
         dampsq = float(damp ** 2)
         damp, atol, btol, conlim = float(damp), float(atol), float(btol), float(conlim)
+        done = _compiled(P, run, "lsqr", (damp, dampsq, atol, btol, conlim), iter_lim,
+                         bool(calc_var))
+        if done is not None:
+            return done
     else:
         dampsq = damp ** 2
     fields, exact_start = _replaying(_lsqr_body, run, (P, damp, dampsq, atol, btol, conlim,

@@ -1,0 +1,282 @@
+"""The compiled LSQR/LSMR loops (scipy_gpuqr._iterative.native) against SciPy's own, bit for bit.
+
+Every test of ``test_iterative_host`` runs here again twice: with the compiled
+loops asked for (``c``: built into a temporary folder, never the user's
+cache) and with the Python loops (``numpy``). The promise is SciPy's tuple
+exactly (``istop``, ``itn``, the bytes of x and var, every norm). Beside
+them: random problems of every shape and option against SciPy's functions,
+callback states and the run attributes against the Python loops', and the
+fallbacks (no compiler, a BLAS ddot that does not give ``numpy.dot``'s sums).
+Skipped only where no C compiler exists; a compiler that fails is a failure.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import tomllib
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as sla
+
+from _native_helpers import built_loader, env_with_cache, needs_compiler
+from scipy_gpuqr import _native_build
+from scipy_gpuqr._errors import NativeUnavailable
+from scipy_gpuqr._iterative import _common, host, lsmr, lsqr, native
+from test_iterative_host import *  # noqa: F401,F403 - each runs again with both loops
+from test_iterative_host import PROBLEMS, assert_same
+
+pytestmark = needs_compiler
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    ld, _ = built_loader(native, tmp_path_factory.mktemp("iterative-native"))
+    return ld
+
+
+@pytest.fixture(autouse=True, params=["c", "numpy"])
+def loops(request, built, monkeypatch):
+    """Which loops answer (``c`` or ``numpy``); the runs the compiled loops finished are
+    counted in the list returned."""
+    monkeypatch.setattr(native, "_LOADER", built)
+    monkeypatch.setenv(native.ENV, request.param)
+    finished = []
+    real = host._compiled
+
+    def spy(*args, **kw):
+        out = real(*args, **kw)
+        finished.append(out is not None)
+        return out
+    monkeypatch.setattr(host, "_compiled", spy)
+    return request.param, finished
+
+
+def _random_problem(seed: int):
+    """A random problem and the options of one call (shape, format, index type, damping,
+    x0, tolerances, limits, zero b, a zero column)."""
+    rng = np.random.default_rng([2026, seed])
+    m, n = (int(v) for v in rng.integers(1, 90, 2))
+    shape = seed % 3
+    if shape == 1:
+        m = max(m, n + 5)
+    elif shape == 2:
+        n = max(n, m + 5)
+    A = sp.random_array((m, n), density=float(rng.uniform(0.05, 0.5)), rng=rng, format="csr")
+    A = A + sp.eye_array(m, n, format="csr") * float(rng.uniform(0.1, 3))
+    A = sp.csr_array(A)
+    if seed % 7 == 3 and n > 1:
+        A = sp.csr_array(A @ sp.diags_array(np.where(np.arange(n) == n // 2, 0.0, 1.0)))
+    if seed % 5 == 4:
+        A = sp.csr_array(A @ sp.diags_array(np.logspace(0, -9, n)))
+    if seed % 2:
+        A = A.tocsc()
+    if seed % 4 == 1:
+        A.indptr, A.indices = A.indptr.astype(np.int64), A.indices.astype(np.int64)
+    b = rng.standard_normal(m) * 10.0 ** float(rng.uniform(-3, 3))
+    if seed % 11 == 5:
+        b = np.zeros(m)
+    kw = {}
+    if seed % 3 == 0:
+        kw["damp"] = float(rng.choice([1e-4, 0.3, 5.0]))
+    if seed % 4 == 2 and b.any():
+        kw["x0"] = rng.standard_normal(n)
+    tol = [None, 1e-12, 1e-3, 1e-8][seed % 4]
+    if tol is not None:
+        kw["atol"], kw["btol"] = tol, tol * 10
+    if seed % 6 == 5:
+        kw["conlim"] = 50.0
+    limit = None if seed % 8 < 5 else int(rng.integers(1, 12))
+    return A, b, kw, limit
+
+
+@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("solver", ["lsqr", "lsmr"])
+def test_random_problems_bit_for_bit(loops, solver, seed):
+    A, b, kw, limit = _random_problem(seed)
+    if solver == "lsqr":
+        kw = dict(kw, iter_lim=limit, calc_var=bool(seed % 2))
+        ours, theirs = lsqr, sla.lsqr
+    else:
+        kw = dict(kw, maxiter=limit)
+        ours, theirs = lsmr, sla.lsmr
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # b = 0 with x0: SciPy's 0/0
+        ref = theirs(A, b, **kw)
+        got = ours(A, b, **kw)
+    assert_same(got, ref)
+
+
+def _breakdowns():
+    """Problems whose bidiagonalization breaks down exactly (beta or alpha 0 inside the
+    loop: _sym_ortho's zero branches): identities, padded and scaled, a cyclic shift."""
+    out = []
+    for n in (1, 3, 8):
+        eye = sp.eye_array(n, format="csr")
+        out += [eye, sp.csr_array(sp.vstack([eye, sp.csr_array((2, n))])),
+                sp.csr_array(sp.hstack([eye, sp.csr_array((n, 2))])),
+                sp.csr_array(sp.diags_array(np.where(np.arange(n) % 2, 2.0, 0.5)))]
+        if n > 1:
+            out.append(sp.csr_array(sp.eye_array(n, k=1) + sp.eye_array(n, k=1 - n)))
+    return out
+
+
+@pytest.mark.parametrize("k", range(len(_breakdowns())))
+def test_exact_breakdowns_bit_for_bit(loops, k):
+    A = _breakdowns()[k]
+    m, n = A.shape
+    for b in (np.ones(m), np.arange(1.0, m + 1), -np.ones(m)):
+        for kw in ({}, {"damp": 0.5}, {"x0": np.ones(n)}, {"x0": -np.arange(n, dtype=float)}):
+            assert_same(lsqr(A, b, **kw), sla.lsqr(A, b, **kw))
+            assert_same(lsmr(A, b, **kw), sla.lsmr(A, b, **kw))
+    path, finished = loops
+    assert all(finished) if path == "c" else not any(finished)
+
+
+def test_the_compiled_loops_answer(loops):
+    """Asked for, the compiled loops finish ordinary runs (none falls back)."""
+    path, finished = loops
+    for A, b, x0 in PROBLEMS.values():
+        for kw in ({}, {"damp": 0.5, "x0": x0}):
+            assert_same(lsqr(A, b, **kw), sla.lsqr(A, b, **kw))
+            assert_same(lsmr(A, b, **kw), sla.lsmr(A, b, **kw))
+    assert finished == ([True] * 12 if path == "c" else [False] * 12)
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "lsmr"])
+def test_callback_states_are_the_python_loops(loops, monkeypatch, solver):
+    """A callback sees the same states (every field but the seconds, x's bytes included),
+    and a stop at iteration 9 leaves the same iterate, as with the Python loops."""
+    path, finished = loops
+    A, b, _ = PROBLEMS["square"]
+    run = lsqr if solver == "lsqr" else lsmr
+    results = {}
+    for which in ("numpy", path):
+        monkeypatch.setenv(native.ENV, which)
+        states = []
+
+        def watch(state):
+            assert isinstance(state, _common.IterationState)
+            states.append((state.itn, state.x.tobytes(), *state[2:-1]))
+            return state.itn == 9
+        results[which] = (states, run(A, b, callback=watch))
+    (want, ref), (got, res) = results["numpy"], results[path]
+    assert got == want and len(got) == 9
+    assert_same(res, ref)
+    assert res.stopped_by_callback and res.istop == 0
+    assert finished[-1] is (path == "c")
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "lsmr"])
+def test_run_attributes_are_the_python_loops(loops, monkeypatch, solver):
+    """The allowance of seconds, the projection of a run that hit its limit."""
+    path, _ = loops
+    A, b, _ = PROBLEMS["tall"]
+    run = lsqr if solver == "lsqr" else lsmr
+    limit = {"iter_lim" if solver == "lsqr" else "maxiter": 25}
+    spent = run(A, b, max_seconds=0.0)
+    assert spent.allowance_spent and spent.itn == 1 and spent.istop == 0
+    capped = run(A, b, **limit)
+    monkeypatch.setenv(native.ENV, "numpy")
+    ref = run(A, b, **limit)
+    assert_same(capped, ref)
+    assert capped.istop == 7
+    assert capped.projected_iterations == ref.projected_iterations is not None
+
+
+def test_overflowing_data_falls_back(loops, monkeypatch):
+    """Entries near the overflow threshold raise floating-point flags in the products and
+    norms: the compiled run gives up, and the Python loops answer as they do alone."""
+    path, finished = loops
+    A, b, _ = PROBLEMS["tall"]
+    big = sp.csr_array(A * 1e200)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = lsqr(big, b * 1e150)
+        monkeypatch.setenv(native.ENV, "numpy")
+        assert_same(got, lsqr(big, b * 1e150))
+    assert finished[0] is False and not np.isfinite(got.x).all()
+
+
+def test_the_window_is_the_projection_window():
+    assert native.WINDOW == _common.PROJECTION_WINDOW
+    assert len(_common.IterationState._fields) == native.REPORT + 2      # + x, seconds
+
+
+# ---------------------------------------------------------------------------
+# the checks and the fallbacks
+
+def test_numpys_ddot_is_found_and_checked(built):
+    address, where = native.blas_ddot()
+    assert address is not None, where
+    assert native._ddot_matches(address) is None
+    assert native._products_match(built.get(True)) is None
+
+
+def test_the_ddot_check_can_fail():
+    """A ddot summing in one accumulator, in order (not OpenBLAS' kernels), is refused."""
+    @native._DDOT
+    def plain(n, x, incx, y, incy):
+        a = np.ctypeslib.as_array(ctypes.cast(x, ctypes.POINTER(ctypes.c_double)), (n,))
+        c = np.ctypeslib.as_array(ctypes.cast(y, ctypes.POINTER(ctypes.c_double)), (n,))
+        total = 0.0
+        for u, v in zip(a.tolist(), c.tolist()):
+            total += u * v
+        return total
+    why = native._ddot_matches(ctypes.cast(plain, ctypes.c_void_p).value)
+    assert why is not None and "ddot" in why
+
+
+@pytest.mark.parametrize("broken", ["ddot", "products", "no_blas"])
+def test_failed_checks_leave_the_python_loops(built, monkeypatch, broken):
+    """A check that fails: mode ``auto`` runs the Python loops (SciPy's result still),
+    mode ``c`` raises."""
+    if broken == "ddot":
+        monkeypatch.setattr(native, "_ddot_matches", lambda address: "ddot differs")
+    elif broken == "products":
+        monkeypatch.setattr(native, "_products_match", lambda lib: "products differ")
+    else:
+        monkeypatch.setattr(native, "blas_ddot", lambda: (None, "no cblas_ddot"))
+    monkeypatch.setattr(native, "_LOADER", built)
+    monkeypatch.setattr(native, "_CHECKED", native.Checked())
+    monkeypatch.setenv(native.ENV, "auto")
+    assert native.handle() is None and native._CHECKED.why
+    A, b, x0 = PROBLEMS["wide"]
+    assert_same(lsqr(A, b, damp=0.2), sla.lsqr(A, b, damp=0.2))
+    assert_same(lsmr(A, b, x0=x0), sla.lsmr(A, b, x0=x0))
+    monkeypatch.setenv(native.ENV, "c")
+    with pytest.raises(NativeUnavailable, match="LSQR/LSMR"):
+        native.handle()
+
+
+def test_no_compiler_leaves_the_python_loops(tmp_path, monkeypatch):
+    """A compiler that fails (or none): ``auto`` runs the Python loops, ``c`` raises."""
+    env = env_with_cache(tmp_path, CC="false")
+    failing = _native_build.Loader(native._SPEC)
+    assert failing.get(True, env) is None and failing.status().startswith("unavailable")
+    monkeypatch.setattr(native, "_LOADER", failing)
+    monkeypatch.setenv(native.ENV, "auto")
+    assert native.handle() is None
+    A, b, _ = PROBLEMS["tall"]
+    assert_same(lsqr(A, b), sla.lsqr(A, b))
+    assert_same(lsmr(A, b), sla.lsmr(A, b))
+    monkeypatch.setenv(native.ENV, "c")
+    with pytest.raises(NativeUnavailable):
+        native.handle()
+
+
+def test_the_source_is_shipped():
+    root = Path(__file__).resolve().parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    data = config["tool"]["setuptools"]["package-data"]
+    assert "*.c" in data["scipy_gpuqr._iterative"]
+    assert (root / "scipy_gpuqr" / "_iterative" / "_native.c").is_file()
+
+
+def test_the_build_uses_no_contraction(tmp_path):
+    path, cmd = native._SPEC.where(env_with_cache(tmp_path))
+    assert "-ffp-contract=off" in cmd and path.name.startswith("iterative-")
+
