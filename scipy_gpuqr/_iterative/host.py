@@ -285,12 +285,14 @@ def _compiled_matrix(P: HostProblem):
     if indptr.dtype != indices.dtype or indptr.dtype not in _INDEX or data.dtype != np.float64:
         return None
     for a in P.arrays:
-        if not (a.flags.c_contiguous and a.flags.aligned):
+        flags = a.flags
+        if not (flags.c_contiguous and flags.aligned):
             return None
     if not (0 < P.m <= _LONGEST and 0 < P.n <= _LONGEST):
         return None
     b = P.b
-    if not (b.flags.c_contiguous and b.flags.aligned):
+    flags = b.flags
+    if not (flags.c_contiguous and flags.aligned):
         b = np.ascontiguousarray(b)
     return csr, int(indptr.dtype.itemsize == 8), b
 
@@ -358,7 +360,7 @@ def _compiled(P: HostProblem, run: _Run, method: str, par: tuple, limit: int, ca
         return None
     istop, itn = int(values[0]), int(values[1])
     history = run.fresh_history()
-    if itn:
+    if itn and istop in (0, 7):         # the tests kept for the projection (run.info)
         rows = scratch[hist_at:work_at].reshape(window, 3).tolist()
         for k in range(max(itn - window, 0), itn):
             history.append(tuple(rows[k % window]))

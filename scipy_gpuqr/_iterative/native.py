@@ -217,19 +217,21 @@ def _products_match(lib) -> Optional[str]:
 
 
 class Native:
-    """The compiled loops a run uses: the library and NumPy's ddot."""
+    """The compiled loops a run uses: the library, NumPy's ddot, and the loader that
+    loaded the library."""
 
-    __slots__ = ("lib", "ddot")
+    __slots__ = ("lib", "ddot", "loader")
 
-    def __init__(self, lib, ddot: int):
-        self.lib, self.ddot = lib, ddot
+    def __init__(self, lib, ddot: int, loader):
+        self.lib, self.ddot, self.loader = lib, ddot, loader
 
 
 class Checked:
     """One process' verdict on the compiled loops: found, built, checked once (thread-safe).
 
-    ``get(lib)`` gives a :class:`Native` for the loaded library ``lib``, or
-    None where NumPy's ddot is not found or a check differs (:attr:`why`).
+    ``get(lib, loader)`` gives a :class:`Native` for the library ``lib`` that
+    ``loader`` loaded, or None where NumPy's ddot is not found or a check
+    differs (:attr:`why`); :attr:`passed` is the last :class:`Native` given.
     """
 
     def __init__(self):
@@ -238,7 +240,11 @@ class Checked:
         self._lib = None
         self.why: Optional[str] = None
 
-    def get(self, lib) -> Optional[Native]:
+    @property
+    def passed(self) -> Optional[Native]:
+        return self._native
+
+    def get(self, lib, loader) -> Optional[Native]:
         with self._lock:
             if self._lib is lib:
                 return self._native
@@ -251,7 +257,7 @@ class Checked:
             except Exception as exc:            # noqa: BLE001 - the host loops instead
                 why = f"the checks failed: {exc!r}"
             if why is None:
-                self._native = Native(lib, address)
+                self._native = Native(lib, address, loader)
                 _log.debug("compiled LSQR/LSMR loops: NumPy's %s checked", where)
             else:
                 self.why = why
@@ -273,11 +279,16 @@ def handle(environ: Mapping[str, str] = os.environ) -> Optional[Native]:
     NativeUnavailable
         Mode ``c`` and no library, or its checks failed.
     """
+    v = environ.get(ENV)
+    if not v:                   # auto, once the loops have passed their checks: at once
+        native = _CHECKED.passed
+        if native is not None and native.loader is _LOADER:
+            return native
     v = mode(environ)
     lib = _native_build.choose(_LOADER, v, "compiled LSQR/LSMR loops", environ)
     if lib is None:
         return None
-    native = _CHECKED.get(lib)
+    native = _CHECKED.get(lib, _LOADER)
     if native is None and v == "c":
         raise NativeUnavailable(f"compiled LSQR/LSMR loops: {_CHECKED.why}")
     return native
