@@ -181,10 +181,9 @@ def _once(A, b, backend, debug=False):
 #: (``solve.PREFETCH_FIRST``), whether its stage plan is made per call
 #: (``plans_per_call``; kept per pattern and bytes available otherwise) and
 #: whether a host front's slab parts move their rows down to the staircase
-#: only (``slab_front.STAIRCASE_PARTS``), whether a host front that fits one
-#: slab goes through the slab path as that slab (``device.ONE_SLAB``) and
-#: whether a staged factorization's R is assembled on a worker beside ``Q``'s
-#: first upload (``driver.ASSEMBLE_R_BEHIND``); a missing key is off / ``"size"``.
+#: only (``slab_front.STAIRCASE_PARTS``) and whether a staged factorization's
+#: R is assembled on a worker beside ``Q``'s first upload
+#: (``driver.ASSEMBLE_R_BEHIND``); a missing key is off / ``"size"``.
 MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "bands": {"band_upload": "mapped", "host_r_by_parts": False},
          "rparts": {"band_upload": "copy2d", "host_r_by_parts": True},
@@ -214,12 +213,9 @@ MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "stair": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
                    "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
                    "staircase_parts": True},
-         "oneslab": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                     "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                     "staircase_parts": True, "one_slab": True},
          "c8": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
                 "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                "staircase_parts": True, "one_slab": True, "assemble_behind": True}}
+                "staircase_parts": True, "assemble_behind": True}}
 
 
 class _NoPlans:
@@ -238,7 +234,7 @@ _KEPT_PLANS = {}
 
 def _set_mode(name):
     from scipy_gpuqr._engine import slab_front
-    from scipy_gpuqr._engine.gpu import device, driver, reflector_upload, solve, stage_loop
+    from scipy_gpuqr._engine.gpu import driver, reflector_upload, solve, stage_loop
     m = MODES[name]
     solve.PREFETCH = m.get("prefetch", False)
     driver.STAGED_DENSE = m.get("staged_dense", "size")
@@ -253,7 +249,6 @@ def _set_mode(name):
     slab_front.PANEL_UPLOAD = m.get("slab_panels", "copy2d")
     slab_front.SLAB_PARTS = m.get("slab_parts", 4)
     slab_front.STAIRCASE_PARTS = m.get("staircase_parts", False)
-    device.ONE_SLAB = m.get("one_slab", False)
     driver.ASSEMBLE_R_BEHIND = m.get("assemble_behind", False)
 
 

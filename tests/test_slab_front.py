@@ -193,38 +193,6 @@ def test_host_front_too_large_alone_goes_through_the_gpu_in_slabs():
     _check_q(F0, F, panels, T, 1e3 * fm * EPS * np.abs(F0).max())
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("one_slab", [True, False])
-def test_a_host_front_that_fits_goes_through_the_gpu_as_one_slab(one_slab, monkeypatch):
-    """A host front whose every column fits one slab goes through the slab path as
-    that one slab (``device.ONE_SLAB``; off: uploaded whole); its Q and R are
-    right either way, and the parts were checked for non-finite values."""
-    import types
-
-    import cupy as cp
-    import cupyx
-
-    from scipy_gpuqr._engine.gpu import device
-    from scipy_gpuqr._engine.memory import available_bytes
-    monkeypatch.setattr(device, "ONE_SLAB", one_slab)
-    rng = np.random.default_rng()
-    fm, fn, nb = 3000, 1400, 256
-    F0, stair = staircase_front(fm, fn, rng, dense_rows=min(fm, 3))
-    panels = panels_of(fm, fn, stair, nb)
-    gpu = types.SimpleNamespace(cp=cp, stream=cp.cuda.Stream(non_blocking=True),
-                                memory=lambda: available_bytes(cp))
-    hd = device.HostFrontDevice(32, 3, gpu=gpu)
-    F = cupyx.empty_pinned(F0.shape, dtype=F0.dtype)
-    F[...] = F0
-    T, how, finite = hd._on_gpu(F, panels)
-    assert T is not None and finite is True, how
-    if one_slab:
-        assert how.startswith("in column slabs") and "one slab" in how, how
-    else:
-        assert how == "front alone uploaded", how
-    _check_q(F0, F, panels, T, 1e3 * fm * EPS * np.abs(F0).max())
-
-
 def test_a_failing_device_slab_is_redone_on_the_host(caplog):
     """A slab part that fails on the device (out of memory, or another error:
     logged) is redone from the front's unchanged columns on the host, with every

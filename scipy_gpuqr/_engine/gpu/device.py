@@ -133,13 +133,6 @@ def resident_blocks(props: dict, threads: int, smem: int, regs: int) -> int:
                             int(props.get("maxBlocksPerMultiProcessor", 32))))
 
 
-#: A host front whose every column fits one slab on the device goes through the
-#: slab path as that one slab (:meth:`HostFrontDevice._on_gpu`): its parts go up,
-#: are worked and come back while the next ones do, with their rows down to the
-#: staircase only, and R is gathered from them as they land; off: such a front
-#: goes up whole, is factorized, and comes back whole, one step after the other.
-ONE_SLAB = True
-
 #: Share of the host's physical memory one factorization may pin for the stage
 #: pools it sends to the host (pinned pages cannot be swapped or reclaimed).
 PINNED_POOL_SHARE = 0.25
@@ -593,8 +586,7 @@ class HostFrontDevice(NumpyDevice):
 
     def _on_gpu(self, F, panels):
         """``(T, where, finite)`` after factorizing ``F`` (a host view, overwritten)
-        on the GPU: as one column slab when all its columns fit one
-        (:data:`ONE_SLAB`), else whole when it fits there, else in column slabs
+        on the GPU: whole when it fits there, else in column slabs
         (:mod:`~scipy_gpuqr._engine.slab_front`; slabs that still run out of
         memory, and the rest, with LAPACK); ``(None, why not, None)`` when not
         even one panel's slab fits (nothing left allocated there). ``finite``:
@@ -605,13 +597,6 @@ class HostFrontDevice(NumpyDevice):
         nb, isz = self.dense_panel, F.dtype.itemsize
         avail = gpu.memory().available
         whole = f"the front and its workspace do not fit the device ({avail} bytes available)"
-        if avail is not None and ONE_SLAB:
-            # one slab of every column: its parts pipelined with the link both ways,
-            # only their rows down to the staircase moved, R gathered as they land
-            w = slab_columns(F.shape[0], nb, isz, min(avail, largest_block_bytes(cp)))
-            if w >= F.shape[1]:
-                return self._in_slabs(F, panels, w, "one slab: its parts pipelined, "
-                                                    "rows down to the staircase")
         if avail is None or whole_front_fits(*F.shape, nb, isz, avail):
             try:
                 with gpu.stream:
@@ -632,17 +617,10 @@ class HostFrontDevice(NumpyDevice):
         w = slab_columns(F.shape[0], nb, isz, avail) if avail is not None else 0
         if not w:
             return None, f"{whole}; not even a slab of one panel fits ({avail} bytes)", None
-        return self._in_slabs(F, panels, w, "the front alone does not fit")
-
-    def _in_slabs(self, F, panels, w: int, why: str):
-        """:meth:`_on_gpu`'s ``(T, where, finite)`` of ``F`` factorized in column
-        slabs of at most ``w`` columns (slabs that run out of memory, and the rest,
-        with LAPACK)."""
         host = NumpySlabs()
-        slabs = CupySlabs(self.gpu.cp, self.gpu.stream,
-                          on_part=getattr(self, "on_slab_part", None))
-        T = factorize_in_slabs(F, panels, self.dense_panel, w, slabs, fallback=host)
-        return T, (f"in column slabs of {w} ({why})"
+        slabs = CupySlabs(cp, gpu.stream, on_part=getattr(self, "on_slab_part", None))
+        T = factorize_in_slabs(F, panels, nb, w, slabs, fallback=host)
+        return T, (f"in column slabs of {w} (the front alone does not fit)"
                    + (f"; its last {host.slabs} slabs on the host (LAPACK/BLAS) after the "
                       f"device failed one (log)" if host.slabs else "")), \
             (None if host.slabs else slabs.all_finite())
