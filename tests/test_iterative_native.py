@@ -277,6 +277,11 @@ def test_the_source_is_shipped():
 
 
 def test_the_build_uses_no_contraction(tmp_path):
+    """The flags are in the build command and in the build key (other flags: another
+    library)."""
     path, cmd = native._SPEC.where(env_with_cache(tmp_path))
     assert "-ffp-contract=off" in cmd and path.name.startswith("iterative-")
+    plain = cmd[:-len(native.EXTRA_FLAGS)]
+    assert native._SPEC.key(plain, b"x") != _native_build.NativeLibrary.key(native._SPEC,
+                                                                              plain, b"x")
 

@@ -446,7 +446,7 @@ int sgi_lsmr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
     const double damp = par[0], atol = par[1], btol = par[2], conlim = par[3];
     double *u = work, *t = work + m, *v = work + 2 * m, *h = v + n, *hbar = h + n, *s = hbar + n;
     int bad = 0, istop = 0, undamped = damp == 0, answer;
-    int s_int0, x_int0, sbar_int0, st_int0;
+    int s_int0, ignored, sbar_int0, st_int0;
     int64_t itn = 0, reported = 0, i;
     double normb, beta, alpha, zetabar, alphabar, rho = 1, rhobar = 1, cbar = 1, sbar = 0,
            betadd, betad = 0, rhodold = 1, tautildeold = 0, thetatilde = 0, zeta = 0, d = 0,
@@ -500,17 +500,17 @@ int sgi_lsmr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
             shat = 0.0;
             alphahat = fabs(alphabar);
         } else {
-            sym_ortho(alphabar, damp, &chat, &shat, &alphahat, &x_int0, &x_int0, &bad);
+            sym_ortho(alphabar, damp, &chat, &shat, &alphahat, &ignored, &ignored, &bad);
         }
         rhoold = rho;
-        sym_ortho(alphahat, beta, &c, &sn, &rho, &x_int0, &s_int0, &bad);
+        sym_ortho(alphahat, beta, &c, &sn, &rho, &ignored, &s_int0, &bad);
         thetanew = sn * alpha;
         alphabar = c * alpha;
         rhobarold = rhobar;
         zetaold = zeta;
         thetabar = sbar * rho;
         rhotemp = cbar * rho;
-        sym_ortho(cbar * rho, thetanew, &cbar, &sbar, &rhobar, &x_int0, &sbar_int0, &bad);
+        sym_ortho(cbar * rho, thetanew, &cbar, &sbar, &rhobar, &ignored, &sbar_int0, &bad);
         zeta = cbar * zetabar;
         zetabar = neg(sbar, sbar_int0) * zetabar;
 
@@ -528,7 +528,7 @@ int sgi_lsmr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
         betahat = c * betaacute;
         betadd = neg(sn, s_int0) * betaacute;
         thetatildeold = thetatilde;
-        sym_ortho(rhodold, thetabar, &ctildeold, &stildeold, &rhotildeold, &x_int0, &st_int0,
+        sym_ortho(rhodold, thetabar, &ctildeold, &stildeold, &rhotildeold, &ignored, &st_int0,
                   &bad);
         thetatilde = stildeold * rhobar;
         rhodold = ctildeold * rhobar;

@@ -103,7 +103,11 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 class _Library(_native_build.NativeLibrary):
-    """The loops' library: built with :data:`EXTRA_FLAGS` after the common flags."""
+    """The loops' library: built with :data:`EXTRA_FLAGS` after the common flags (part
+    of the build key)."""
+
+    def key(self, cmd: list, source: bytes) -> str:
+        return super().key(cmd + list(EXTRA_FLAGS), source)
 
     def where(self, environ):
         path, cmd = super().where(environ)
