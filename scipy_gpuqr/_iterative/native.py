@@ -58,6 +58,12 @@ import scipy.sparse as sp
 
 from .. import _native_build
 from .._errors import NativeUnavailable
+from ._common import compressed_kernels
+
+try:        # NumPy's compiled core, whose BLAS its dot products call
+    from numpy._core import _multiarray_umath as _numpy_core
+except ImportError:                         # pragma: no cover - NumPy < 2
+    from numpy.core import _multiarray_umath as _numpy_core
 
 __all__ = ["ENV", "ABI", "MODES", "REPORT", "NativeUnavailable", "mode", "library", "status",
            "handle", "blas_ddot", "Checked", "Native"]
@@ -153,14 +159,7 @@ def blas_ddot() -> tuple[Optional[int], str]:
     loader resolved the core's own reference to the symbol.
     """
     try:
-        from numpy._core import _multiarray_umath as core
-    except ImportError:                     # pragma: no cover - NumPy < 2
-        try:
-            from numpy.core import _multiarray_umath as core
-        except ImportError:
-            return None, "NumPy's compiled core not found"
-    try:
-        handle = ctypes.CDLL(core.__file__)
+        handle = ctypes.CDLL(_numpy_core.__file__)
     except OSError as exc:
         return None, f"NumPy's core cannot be opened: {exc}"
     for name in _DDOT_NAMES:
@@ -196,7 +195,6 @@ def _ddot_matches(address: int) -> Optional[str]:
 def _products_match(lib) -> Optional[str]:
     """None where the compiled products give SciPy's kernels' (``A @ v``, ``A.T @ u``)
     bit for bit on random CSR and CSC matrices with 32- and 64-bit indices."""
-    from ._common import compressed_kernels
     rng = np.random.default_rng(20261128)
     for m, n in ((40, 25), (25, 40), (300, 300)):
         A = sp.random(m, n, density=0.2, format="csr", random_state=rng)
