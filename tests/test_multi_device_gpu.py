@@ -175,31 +175,12 @@ def _split_case(cp, fm, fn, seed):
     return F, stair
 
 
-#: Split GPU cases that failed on two H200 in the twelfth session's run (tree 5ad95d0):
-#: cyclic block owners gave fronts 11.8 away from one device's (scale 6.7), on one
-#: GPU's layers and on two; split_dense=True split no front. Causes found since,
-#: without a GPU (bench/RESULTS.md, "split fronts on two GPUs: what was wrong"):
-#: this test zeroed its pool on the legacy default stream while the front went
-#: up on the layer's stream (tests/test_split_front_order.py), and block_owners
-#: kept every block of a 3-block front on the main device. Both mended; on one
-#: H200's layers (thirteenth session) these cases pass, so their marks went. The
-#: two-GPU cases keep them until a two-GPU run: expected failures, strict, so that
-#: a run where they pass fails too and the marks go (a mark that cannot fail would
-#: hide either outcome).
-_SPLIT_WRONG = pytest.mark.xfail(reason="CUDA split with cyclic owners differs from one "
-                                 "device (twelfth session's two-GPU run)", strict=True)
-_SPLIT_NONE = pytest.mark.xfail(reason="split_dense=True split no front on GPU layers "
-                                "(twelfth session's two-GPU run)", strict=True)
-
-
 @pytest.mark.parametrize("ids, owners, lean, serial", [
     ((0, 0), "model", True, False), ((0, 0), "model", False, False),
     ((0, 0, 0), "model", True, False),
     ((0, 0), "cyclic", True, False),
-    ((0, 1), "model", True, False),
-    pytest.param((0, 1), "cyclic", False, False, marks=_SPLIT_WRONG),
-    pytest.param((0, 1), "cyclic", True, False, marks=_SPLIT_WRONG),
-    pytest.param((0, 1), "cyclic", True, True, marks=_SPLIT_WRONG)])
+    ((0, 1), "model", True, False), ((0, 1), "cyclic", False, False),
+    ((0, 1), "cyclic", True, False), ((0, 1), "cyclic", True, True)])
 def test_split_front_backend_equals_one_device(ids, owners, lean, serial):
     """A dense front's blocks over device layers (CupySplit) against the one-device
     dense path (factorize_cupy): the same front (R, reflectors, contribution block)
@@ -254,7 +235,7 @@ def test_split_front_backend_equals_one_device(ids, owners, lean, serial):
     assert np.abs(np.abs(np.diag(F3)) - np.abs(np.diag(a2))).max() <= 1e-10 * scale
 
 
-@pytest.mark.parametrize("ids", [(0, 0), pytest.param((0, 1), marks=_SPLIT_NONE), (0, 0, 0)])
+@pytest.mark.parametrize("ids", [(0, 0), (0, 1), (0, 0, 0)])
 def test_split_dense_fronts_over_devices(ids):
     """The upper tree's dense fronts factorized over every device layer
     (``split_dense=True``) against one GPU: Gram of R, Q R = A P, Qᵀ."""

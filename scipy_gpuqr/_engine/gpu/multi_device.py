@@ -271,10 +271,10 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         (:mod:`scipy_gpuqr._engine.split_front`): None, those where
         :func:`~scipy_gpuqr._schedule.dense_split.split_rule` models a gain
         (only when the layers are on more than one GPU); True, every one;
-        False (the default), none. Off unless asked: on two H200 the CUDA
-        split's fronts differed from one GPU's (bench/RESULTS.md, the
-        twelfth session's multi-GPU run), while the NumPy split equals the
-        one-device path bit for bit.
+        False (the default), none. Off unless asked: on two GPUs a split
+        front takes about its modelled time, but the factorization as a
+        whole has not been faster with it yet (the upper device's other work
+        and R's copies bound it; bench/RESULTS.md, issue 21).
     split_model : SplitModel, optional
         The model of that rule.
 
