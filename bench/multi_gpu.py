@@ -343,6 +343,9 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                 f"{d.get('enqueue_seconds', float('nan')):.3f}"
                 f"(wait {d.get('wait_blocks_seconds', float('nan')):.3f})"
                 for d in run["per_device"])
+            busy += "; thread start/enqueued/R done " + " ".join(
+                "/".join(f"{x:.3f}" for x in d["timeline_seconds"])
+                for d in run["per_device"] if d.get("timeline_seconds"))
         check = (f"  R diff {run['R_diff']:.1e} Qtb diff {run['qtb_diff']:.1e}"
                  f" |r| diff {run['residual_norm_diff']:.1e}" if "R_diff" in run else "")
         if "gram" in run:

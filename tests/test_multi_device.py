@@ -374,6 +374,12 @@ def test_gpu_driver_threads_progressive_r(monkeypatch, k):
             assert max(len(layer.r_copies) for layer in layers) > many.info["stages"]
         per = many.info["devices"]["devices"]
         assert all(d["enqueue_seconds"] >= d["wait_blocks_seconds"] >= 0 for d in per)
+        # each thread's start, stages enqueued and R scattered, within the call
+        total = many.info["seconds"]["total"]
+        for d in per:
+            start, enqueued, end = d["timeline_seconds"]
+            assert 0 <= start <= enqueued <= end <= total
+            assert enqueued - start == pytest.approx(d["enqueue_seconds"], abs=1e-9)
 
 
 def test_gpu_driver_failure_on_one_device_stops_the_others():

@@ -287,7 +287,9 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         devices' blocks and their copies), and its thread's seconds
         enqueueing (``enqueue_seconds``; of them ``wait_blocks_seconds``
         waiting for blocks to be cut) and waiting for R's copies after its
-        stages ended (``wait_r_copy_seconds``);
+        stages ended (``wait_r_copy_seconds``), and when, counted from the
+        call's start, its thread started, had enqueued its stages and had
+        scattered its R values (``timeline_seconds``);
         ``info["transfers"]``: every contribution block moved between
         devices ``(child, source, target, bytes)``; ``info["split_fronts"]``:
         per dense front factorized over the devices its front, shape, blocks
@@ -363,6 +365,7 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
     try:
         host_side = helper.submit(_host_side, analysis, [st.fronts for st in sched.stages])
         run = _MultiStageRun(Ac, analysis, plan, layers, sched, host_side, dtype)
+        run.t_call = t_start
         run.split, run.split_model = split, model
         run.run_devices()
         t2 = time.perf_counter()
@@ -466,6 +469,8 @@ class _MultiStageRun:
         self.t_enqueue = [0.0] * nd         # each thread: enqueueing its stages
         self.t_wait_blocks = [0.0] * nd     # of that, waiting for other devices' blocks
         self.t_wait_r = [0.0] * nd          # each thread: R's copies after its stages ended
+        self.t_call = None                  # perf_counter at the call's start
+        self.timeline = [None] * nd         # each thread: start, stages enqueued, end
         self.progressive = 0                # stages whose R copy started during the launches
         self.data = None                    # R's values (made once R's layout is known)
         self._data_lock = threading.Lock()
@@ -530,7 +535,8 @@ class _MultiStageRun:
             with _on(layer):
                 for sid in self.plan.device_stages(k):
                     open_.append(self._stage(sid, self.sched.stages[sid], k, layer))
-                self.t_enqueue[k] = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                self.t_enqueue[k] = t1 - t0
                 while open_:
                     sid, h, copier, pos, idle = open_[0]
                     before = layer.seconds.get("kernels", 0.0)
@@ -544,6 +550,8 @@ class _MultiStageRun:
                     open_.pop(0)
                     self._put_r(pos, vals)
                     self.t_wait_r[k] += time.perf_counter() - tw
+            base = t0 if self.t_call is None else self.t_call
+            self.timeline[k] = (t0 - base, t1 - base, time.perf_counter() - base)
         except BaseException:
             for item in open_:
                 item[2].abort()
@@ -832,6 +840,9 @@ class _MultiStageRun:
                         "enqueue_seconds": self.t_enqueue[k],
                         "wait_blocks_seconds": self.t_wait_blocks[k],
                         "wait_r_copy_seconds": self.t_wait_r[k],
+                        # from the call's start: its thread started, its stages
+                        # enqueued, its R values scattered
+                        "timeline_seconds": self.timeline[k],
                         "flops": float(plan.device_flops[k])})
         info = {"backend": "gpu", "device": getattr(self.layers[0], "name", "?"),
                 "ordering": self.analysis.ordering_used, "nfronts": int(fs.nfronts),
