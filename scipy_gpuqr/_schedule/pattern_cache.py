@@ -17,9 +17,9 @@ the byte bound, is kept per analysis *object* instead (a weak table: it lives
 as long as that analysis). A table made with ``large_bytes`` also keeps one
 *large* object by pattern: the last one put that is over the byte bound (or
 grew past it in the table) but within ``large_bytes()``. R's layout of a
-large problem is such an object (grid 56³: 6 GB, against a 1 GB bound):
-without that entry each new ``QRFactorization`` of the pattern, whose
-analysis is a new object, built it again while its launches ran.
+large problem is such an object: without that entry each new
+``QRFactorization`` of the pattern, whose analysis is a new object, would
+build it again while its launches run.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ MEMORY_BYTES = 1 << 30
 #: pattern too, while it takes at most this fraction of the host's physical
 #: memory: a new ``QRFactorization`` of a large pattern (a new analysis object)
 #: finds it instead of making it again beside its launches, whose loop the
-#: rebuild slowed (grid 56³: a 6 GB layout, 0.5 s a call on an H200).
+#: rebuild slows (it shares the CPU and the GIL with the launch loop).
 LARGE_FRACTION = 1 / 8
 #: Staging plans of more than one stage whose gather maps a layout keeps, the
 #: most recently used (besides the one-stage plan's): a process that alternates
