@@ -18,8 +18,8 @@ part's columns a C-contiguous block of the buffer of their own):
    is the part's staircase (:func:`part_rows`: its last panel's ``j +
    rows``): the rows below it are zeros that no update reaches, so they
    neither go up nor come back (a front assembled from its children's
-   upper-trapezoidal blocks is a staircase: ch7-8-b3's root holds 63 % of
-   its rectangle);
+   upper-trapezoidal blocks is a staircase, often well short of its
+   rectangle);
 2. every earlier slab's panel comes up (its active rows from its diagonal
    down: where its reflectors ``V`` are), one panel while the one before is
    applied (two buffers, the copies on a stream of their own), and is applied
