@@ -204,6 +204,8 @@ def as_matrix(A, *, name: str = "A") -> MatrixInput:
 #: NumPy's ufunc and reduction machinery costs tens of microseconds before it
 #: has read one value, far more than the loop over a few dozen floats.
 SMALL_FINITE_CHECK = 64
+#: NumPy's float64 descriptor (:func:`all_finite` compares by identity).
+_F64 = np.dtype(np.float64)
 #: Real vectors up to this many entries are checked by their dot product first
 #: (below the length where BLAS splits a dot product over threads).
 DOT_FINITE_CHECK = 8192
@@ -213,23 +215,27 @@ def all_finite(x: np.ndarray) -> bool:
     """Whether every entry of the NumPy array ``x`` is finite (integer and boolean
     arrays are).
 
-    One ufunc and one C reduction (not ``ndarray.all``'s Python wrapper); for
-    a small real array (:data:`SMALL_FINITE_CHECK`) ``math.isfinite`` over its
-    values, and for a real vector up to :data:`DOT_FINITE_CHECK` entries its
-    dot product with itself first: this runs on every call, beside
-    sub-millisecond SciPy calls.
+    A float64 vector up to :data:`DOT_FINITE_CHECK` entries: its dot product
+    with itself first (one BLAS call, the cheapest test from cold caches at
+    every length). Otherwise, and when that product is not finite: for a
+    small real array (:data:`SMALL_FINITE_CHECK`) ``math.isfinite`` over its
+    values, else one ufunc and one C reduction (not ``ndarray.all``'s Python
+    wrapper). This runs on every call, beside sub-millisecond SciPy calls.
     """
-    kind = x.dtype.kind
-    if kind == "f":
-        if x.size <= SMALL_FINITE_CHECK:
-            return all(map(math.isfinite, (x if x.ndim == 1 else x.ravel()).tolist()))
-        # x·x is finite only if every entry is (squares cannot cancel an inf, a NaN
-        # stays NaN): one BLAS call (SciPy's wrapper, which leaves the floating-point
-        # flags alone: no overflow warning), far less code than the ufunc machinery.
-        # Not finite: an inf or NaN, or a sum that overflowed; the exact test decides.
-        if x.ndim == 1 and x.dtype == np.float64 and x.size <= DOT_FINITE_CHECK \
-                and math.isfinite(_ddot(x, x)):
-            return True
+    dtype = x.dtype
+    # x·x is finite only if every entry is (squares cannot cancel an inf, a NaN
+    # stays NaN): one BLAS call (SciPy's wrapper, which leaves the floating-point
+    # flags alone: no overflow warning), far less code than the ufunc machinery.
+    # Not finite: an inf or NaN, or a sum that overflowed; the tests below decide.
+    # float64 by identity with NumPy's own descriptor (comparing with the type
+    # np.float64 converts it first; an equal descriptor that is not it takes the
+    # general tests; BLAS rejects an empty vector).
+    if dtype is _F64 and x.ndim == 1 and 0 < x.size <= DOT_FINITE_CHECK \
+            and math.isfinite(_ddot(x, x)):
+        return True
+    kind = dtype.kind
+    if kind == "f" and x.size <= SMALL_FINITE_CHECK:
+        return all(map(math.isfinite, (x if x.ndim == 1 else x.ravel()).tolist()))
     return kind not in "fc" or bool(np.logical_and.reduce(np.isfinite(x), axis=None))
 
 

@@ -81,6 +81,28 @@ def test_small_systems_are_superlu_without_analysis(fake_gpu, scipy_calls, monke
     assert "stored entries, below" in caplog.text
 
 
+@pytest.mark.parametrize("verbose", [None, "", "0", "1"])
+def test_small_system_decision_shown_when_verbose(monkeypatch, capsys, caplog, rng, verbose):
+    """The short SuperLU call skips its decision line only when nobody would see it:
+    ``SCIPY_GPUQR_VERBOSE`` set to anything but '' or '0' prints it, as does a logger at
+    INFO; unset, with the logger at WARNING, nothing is printed."""
+    monkeypatch.delenv("SCIPY_GPUQR_BACKEND", raising=False)
+    if verbose is None:
+        monkeypatch.delenv("SCIPY_GPUQR_VERBOSE", raising=False)
+    else:
+        monkeypatch.setenv("SCIPY_GPUQR_VERBOSE", verbose)
+    A = sp.csc_array(sp.random(30, 30, density=0.1, random_state=4) + 4 * sp.eye(30))
+    b = rng.standard_normal(30)
+    with caplog.at_level("WARNING", logger="scipy_gpuqr"):
+        x = spsolve(A, b)
+    np.testing.assert_array_equal(x, original("spsolve")(A, b))
+    printed = capsys.readouterr().err
+    assert ("SuperLU (SciPy) answered" in printed) == (verbose == "1")
+    with caplog.at_level("INFO", logger="scipy_gpuqr"):
+        spsolve(A, b)
+    assert "SuperLU (SciPy) answered" in caplog.text
+
+
 @pytest.fixture
 def scipy_calls(monkeypatch):
     """The names of SciPy's originals our spsolve module called, in order ('spsolve'

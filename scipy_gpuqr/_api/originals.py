@@ -49,6 +49,14 @@ ORIGINALS = types.MappingProxyType({
 #: SciPy's warning class for singular systems (re-exported, not a copy).
 MatrixRankWarning = _linsolve.MatrixRankWarning
 
+#: SuperLU's ``gssv`` as SciPy's ``spsolve`` calls it, None where this SciPy's module
+#: lacks it; SciPy's per-thread UMFPACK switch (the object itself, read at each call)
+#: and whether scikit-umfpack failed to import. Looked up once: each attribute chain
+#: costs microseconds from cold caches on every short ``spsolve``.
+_GSSV = getattr(getattr(_linsolve, "_superlu", None), "gssv", None)
+_USE_UMFPACK = getattr(_linsolve, "useUmfpack", None)
+_NO_SCIKIT = bool(getattr(_linsolve, "noScikit", False))
+
 
 def original(name: str):
     """Return SciPy's original function ``name`` (e.g. ``'lsqr'``).
@@ -71,13 +79,10 @@ def spsolve_gssv(use_umfpack: bool):
     does not have the names (another SciPy layout): the caller then calls
     SciPy's ``spsolve`` itself.
     """
-    gssv = getattr(getattr(_linsolve, "_superlu", None), "gssv", None)
-    if gssv is None:
-        return None
-    if use_umfpack:
-        u = getattr(getattr(_linsolve, "useUmfpack", None), "u", None)
+    if use_umfpack and _GSSV is not None:
+        u = getattr(_USE_UMFPACK, "u", None)
         if u is None:               # SciPy sets it on its first call, from noScikit
-            u = not getattr(_linsolve, "noScikit", False)
+            u = not _NO_SCIKIT
         if u:
             return None
-    return gssv
+    return _GSSV

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import logging
+import os
 import warnings
 
 import numpy as np
@@ -51,7 +53,7 @@ from .._factor.factorization import wrap
 from .._factor.lstsq import exactly_singular
 from .._factor.rank_refine import with_rank_detection
 from .._gpu import is_cupy_array, is_cupy_sparse
-from .._options import auto_source, log_decision, resolve_settings
+from .._options import ENV_VERBOSE, auto_source, log_decision, logger, resolve_settings
 from .._validate import (SOLVE_RHS, SPSOLVE_RHS, all_finite, as_matrix, check_finite,
                          check_rhs, check_superlu_cast, to_output, unsupported_reason)
 from .fallback import fallback
@@ -67,6 +69,9 @@ __all__ = ["spsolve", "factorized", "PERMC_ORDERINGS", "spsolve_probe"]
 _SCIPY_ANSWERING = contextvars.ContextVar("scipy_gpuqr_scipy_answering", default=False)
 
 _F64 = np.dtype(np.float64)
+
+#: ``SCIPY_GPUQR_VERBOSE`` as the key of ``os.environ``'s own table (bytes on POSIX).
+_VERBOSE_KEY = os.environ.encodekey(ENV_VERBOSE)
 
 #: Sparse formats whose ``data`` holds exactly the stored entries.
 _DATA_FORMATS = ("csr", "csc", "coo", "bsr")
@@ -192,7 +197,7 @@ def _superlu_source(A, backend, gpuqr_options):
     return auto_source(backend)
 
 
-def _scipy_vector_solve(A, b, permc_spec, use_umfpack):
+def _scipy_vector_solve(A, b, permc_spec, use_umfpack, nnz):
     """SciPy's ``spsolve(A, b)`` for canonical CSR/CSC A and a dense b, as SciPy answers it.
 
     For float64 A and a float64 vector b of A's order, SciPy's ``spsolve``
@@ -202,7 +207,7 @@ def _scipy_vector_solve(A, b, permc_spec, use_umfpack):
     warning and NaN), without the Python around it, which on a system of a
     few hundred unknowns costs as much as our own checks. Every other input
     (another dtype, a 2-D b, a shape SciPy rejects, UMFPACK) goes to SciPy's
-    ``spsolve`` itself.
+    ``spsolve`` itself. ``nnz``: A's stored entries (``A.indptr[-1]``, read by the caller).
     """
     n = A.shape[0]
     gssv = None
@@ -213,13 +218,28 @@ def _scipy_vector_solve(A, b, permc_spec, use_umfpack):
         gssv = spsolve_gssv(use_umfpack)
     if gssv is None:
         return original("spsolve")(A, b, permc_spec, use_umfpack)
-    x, info = gssv(n, int(A.indptr[-1]), A.data, A.indices.astype(np.intc, copy=False),
+    x, info = gssv(n, nnz, A.data, A.indices.astype(np.intc, copy=False),
                    A.indptr.astype(np.intc, copy=False), b, 1 if A.format == "csc" else 0,
                    options={"ColPerm": permc_spec})
     if info != 0:
         warnings.warn("Matrix is exactly singular", MatrixRankWarning, stacklevel=3)
         x.fill(np.nan)
     return x
+
+
+def _decisions_shown() -> bool:
+    """Whether a decision logged now would be seen: the ``scipy_gpuqr`` logger takes
+    INFO, or ``SCIPY_GPUQR_VERBOSE`` is set (what :func:`~scipy_gpuqr._options.log_decision`
+    then does with it). Read at each call, from the environment's own table where
+    ``os.environ`` keeps one: the short calls skip the formatting and the look-ups
+    of a decision nobody reads, which from cold caches cost as much as a tenth of
+    SciPy's call on a small system."""
+    if logger.isEnabledFor(logging.INFO):
+        return True
+    table = getattr(os.environ, "_data", None)
+    if type(table) is not dict:
+        return True                 # log_decision reads the environment its own way
+    return table.get(_VERBOSE_KEY) is not None
 
 
 def _superlu_info(source: str, why: str) -> dict:
@@ -347,7 +367,8 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
         source = (auto_source(backend) if nnz < gate and data.dtype.kind in "biuf"
                   and b.dtype.kind in "biuf" else None)
         if source is not None:
-            log_decision(_SMALL_SYSTEM_LOG, source, nnz, gate)
+            if _decisions_shown():
+                log_decision(_SMALL_SYSTEM_LOG, source, nnz, gate)
             # SciPy's call for CSR/CSC A and a dense b (no sparse b: no inner factorized)
             if not all_finite(data):
                 check_finite(data, "A", shape=A.shape)
@@ -356,7 +377,8 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
             if not A.has_canonical_format:
                 A = A.copy()            # SciPy would sum the caller's duplicates in place
                 A.sum_duplicates()      # as SciPy's spsolve does, on our copy
-            return _scipy_vector_solve(A, b, permc_spec, use_umfpack)
+                nnz = int(A.indptr[-1])
+            return _scipy_vector_solve(A, b, permc_spec, use_umfpack, nnz)
     reason = unsupported_reason(A, b)
     if reason is not None:
         return fallback("spsolve", reason, A, b, permc_spec=permc_spec,
