@@ -363,9 +363,12 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
         # the common call, SciPy's SuperLU at once below the size gate (written out
         # here rather than through _superlu_source: each call level costs
         # microseconds from cold caches beside a 50 µs SciPy call)
-        data, nnz, gate = A.data, int(A.indptr[-1]), dispatch_plan.SUPERLU_ALWAYS_NNZ
-        source = (auto_source(backend) if nnz < gate and data.dtype.kind in "biuf"
-                  and b.dtype.kind in "biuf" else None)
+        # item(): a Python int at once (no NumPy scalar); backend named 'auto' is
+        # auto_source's first answer, without its call
+        data, nnz, gate = A.data, A.indptr.item(-1), dispatch_plan.SUPERLU_ALWAYS_NNZ
+        source = (("keyword" if backend == "auto" else auto_source(backend))
+                  if nnz < gate and data.dtype.kind in "biuf" and b.dtype.kind in "biuf"
+                  else None)
         if source is not None:
             if _decisions_shown():
                 log_decision(_SMALL_SYSTEM_LOG, source, nnz, gate)
@@ -377,7 +380,7 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, backend=None, gpuqr_opti
             if not A.has_canonical_format:
                 A = A.copy()            # SciPy would sum the caller's duplicates in place
                 A.sum_duplicates()      # as SciPy's spsolve does, on our copy
-                nnz = int(A.indptr[-1])
+                nnz = A.indptr.item(-1)
             return _scipy_vector_solve(A, b, permc_spec, use_umfpack, nnz)
     reason = unsupported_reason(A, b)
     if reason is not None:
