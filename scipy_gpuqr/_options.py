@@ -10,6 +10,7 @@ settings from its arguments and the environment, once, at its entry point
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import numbers
 import os
@@ -279,9 +280,16 @@ def getenv(name: str, environ: Mapping[str, str] = os.environ) -> Optional[str]:
     """
     data = getattr(environ, "_data", None)
     if environ is os.environ and type(data) is dict:
-        value = data.get(environ.encodekey(name))
+        value = data.get(_environ_key(name))
         return None if value is None else environ.decodevalue(value)
     return environ.get(name)
+
+
+@functools.lru_cache(maxsize=64)
+def _environ_key(name: str):
+    """``os.environ``'s key of ``name`` in its table (the name encoded), made once
+    per name: the encoding costs microseconds from cold caches on every call."""
+    return os.environ.encodekey(name)
 
 
 def auto_source(backend, environ: Mapping[str, str] = os.environ) -> Optional[str]:

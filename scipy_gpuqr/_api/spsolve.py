@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import logging
-import os
 import warnings
 
 import numpy as np
@@ -53,7 +52,8 @@ from .._factor.factorization import wrap
 from .._factor.lstsq import exactly_singular
 from .._factor.rank_refine import with_rank_detection
 from .._gpu import is_cupy_array, is_cupy_sparse
-from .._options import ENV_VERBOSE, auto_source, log_decision, logger, resolve_settings
+from .._options import (ENV_VERBOSE, auto_source, getenv, log_decision, logger,
+                        resolve_settings)
 from .._validate import (SOLVE_RHS, SPSOLVE_RHS, all_finite, as_matrix, check_finite,
                          check_rhs, check_superlu_cast, to_output, unsupported_reason)
 from .fallback import fallback
@@ -69,9 +69,6 @@ __all__ = ["spsolve", "factorized", "PERMC_ORDERINGS", "spsolve_probe"]
 _SCIPY_ANSWERING = contextvars.ContextVar("scipy_gpuqr_scipy_answering", default=False)
 
 _F64 = np.dtype(np.float64)
-
-#: ``SCIPY_GPUQR_VERBOSE`` as the key of ``os.environ``'s own table (bytes on POSIX).
-_VERBOSE_KEY = os.environ.encodekey(ENV_VERBOSE)
 
 #: Sparse formats whose ``data`` holds exactly the stored entries.
 _DATA_FORMATS = ("csr", "csc", "coo", "bsr")
@@ -230,16 +227,10 @@ def _scipy_vector_solve(A, b, permc_spec, use_umfpack, nnz):
 def _decisions_shown() -> bool:
     """Whether a decision logged now would be seen: the ``scipy_gpuqr`` logger takes
     INFO, or ``SCIPY_GPUQR_VERBOSE`` is set (what :func:`~scipy_gpuqr._options.log_decision`
-    then does with it). Read at each call, from the environment's own table where
-    ``os.environ`` keeps one: the short calls skip the formatting and the look-ups
-    of a decision nobody reads, which from cold caches cost as much as a tenth of
-    SciPy's call on a small system."""
-    if logger.isEnabledFor(logging.INFO):
-        return True
-    table = getattr(os.environ, "_data", None)
-    if type(table) is not dict:
-        return True                 # log_decision reads the environment its own way
-    return table.get(_VERBOSE_KEY) is not None
+    then does with it), read at each call: the short calls skip the formatting and
+    the look-ups of a decision nobody reads, which from cold caches cost as much as
+    a tenth of SciPy's call on a small system."""
+    return logger.isEnabledFor(logging.INFO) or getenv(ENV_VERBOSE) is not None
 
 
 def _superlu_info(source: str, why: str) -> dict:
