@@ -89,6 +89,9 @@ class NativeLibrary:
     declare : callable
         ``declare(lib)`` sets the ``argtypes`` and ``restype`` of the library's
         other functions (called once the interface version matched).
+    extra_flags : tuple of str
+        Compiler flags this library needs besides :data:`FLAGS` (e.g. no
+        contraction into fused multiply-adds); part of the build key.
     """
 
     source: Path
@@ -97,14 +100,16 @@ class NativeLibrary:
     abi_function: str
     env: str
     declare: Callable[[ctypes.CDLL], None]
+    extra_flags: tuple = ()
 
     @classmethod
     def beside(cls, module_file: str, prefix: str, abi: int, abi_function: str, env: str,
-               declare: Callable[[ctypes.CDLL], None]) -> "NativeLibrary":
+               declare: Callable[[ctypes.CDLL], None],
+               extra_flags: tuple = ()) -> "NativeLibrary":
         """The library whose source is ``_native.c`` in the folder of the module
         file ``module_file`` (each part keeps its C file beside its Python)."""
         return cls(Path(module_file).resolve().with_name("_native.c"), prefix, abi,
-                   abi_function, env, declare)
+                   abi_function, env, declare, tuple(extra_flags))
 
     def mode(self, environ: Mapping[str, str] = os.environ) -> str:
         """The path asked for by :attr:`env` (``auto`` when unset).
@@ -121,15 +126,17 @@ class NativeLibrary:
 
     def key(self, cmd: list, source: bytes) -> str:
         """The build key: a hash of ``source``, :attr:`abi`, the platform and the
-        compiler command with :data:`FLAGS`."""
+        compiler command ``cmd`` with :attr:`extra_flags` and :data:`FLAGS`."""
         h = hashlib.sha1()
+        flags = list(self.extra_flags) + list(FLAGS)
         for part in (source, str(self.abi).encode(), sys.platform.encode(),
-                     platform.machine().encode(), "\0".join(cmd + list(FLAGS)).encode()):
+                     platform.machine().encode(), "\0".join(cmd + flags).encode()):
             h.update(part + b"\0")
         return h.hexdigest()[:16]
 
     def where(self, environ: Mapping[str, str]) -> tuple[Path, list]:
-        """``(library path, compiler command)`` for this machine and source.
+        """``(library path, compiler command)`` for this machine and source (the
+        command with :attr:`extra_flags`; :data:`FLAGS` are added at the build).
 
         Raises
         ------
@@ -146,7 +153,8 @@ class NativeLibrary:
             source = self.source.read_bytes()
         except OSError as exc:
             raise _Fail(f"cannot read {self.source.name}: {exc}") from None
-        return base / "native" / f"{self.prefix}{self.key(cmd, source)}.so", cmd
+        return (base / "native" / f"{self.prefix}{self.key(cmd, source)}.so",
+                cmd + list(self.extra_flags))
 
     def open(self, path: Path) -> ctypes.CDLL:
         """The library at ``path`` with its functions typed.

@@ -50,7 +50,6 @@ import ctypes
 import logging
 import os
 import threading
-from pathlib import Path
 from typing import Mapping, Optional
 
 import numpy as np
@@ -73,7 +72,7 @@ ENV = "SCIPY_GPUQR_ITERATIVE_NATIVE"
 MODES = _native_build.MODES
 #: Interface version of ``_native.c`` (``sgi_abi()``).
 ABI = 1
-#: Compiler flags added after :data:`scipy_gpuqr._native_build.FLAGS`: no
+#: Compiler flags besides :data:`scipy_gpuqr._native_build.FLAGS` (and in the build key): no
 #: contraction into fused multiply-adds (SciPy's kernels and NumPy's ufuncs
 #: round each product), no value-changing optimization.
 EXTRA_FLAGS = ("-ffp-contract=off", "-fno-fast-math")
@@ -108,21 +107,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sgi_lsmr.restype = i32
 
 
-class _Library(_native_build.NativeLibrary):
-    """The loops' library: built with :data:`EXTRA_FLAGS` after the common flags (part
-    of the build key)."""
-
-    def key(self, cmd: list, source: bytes) -> str:
-        return super().key(cmd + list(EXTRA_FLAGS), source)
-
-    def where(self, environ):
-        path, cmd = super().where(environ)
-        return path, cmd + list(EXTRA_FLAGS)
-
-
-#: The library: ``_native.c`` beside this module, built as ``iterative-{key}.so``.
-_SPEC = _Library(Path(__file__).resolve().with_name("_native.c"), "iterative-", ABI, "sgi_abi",
-                 ENV, _declare)
+#: The library: ``_native.c`` beside this module, built as ``iterative-{key}.so``
+#: with :data:`EXTRA_FLAGS`.
+_SPEC = _native_build.NativeLibrary.beside(__file__, "iterative-", ABI, "sgi_abi", ENV, _declare,
+                                           extra_flags=EXTRA_FLAGS)
 _LOADER = _native_build.Loader(_SPEC)
 
 
