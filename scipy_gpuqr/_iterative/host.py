@@ -57,11 +57,7 @@ import numpy as np
 from . import native as _native
 from ._common import (PROJECTION_WINDOW, Clock, IterationState, Progress, compressed_kernels,
                       givens, stopping_code)
-
-try:        # SciPy's compiled sparse kernels (private; see _common.compressed_kernels)
-    from scipy.sparse import _sparsetools
-except ImportError:     # pragma: no cover - every SciPy release so far has it
-    _sparsetools = None
+from ._common import _sparsetools       # SciPy's compiled sparse kernels, or None
 
 __all__ = ["HostProblem", "host_problem", "lsqr_host", "lsmr_host"]
 
