@@ -548,10 +548,13 @@ class NullspaceCOD:
         Seed of the random block.
     rhs : callable, optional
         ``rhs()``: host right-hand sides C (q × p) of the first :meth:`solve`
-        (G = R only, p <= :data:`RHS_MAX_COLUMNS`), fetched when the decision
-        reaches its solve with ``R⁻¹``: that solve takes ``P_U C`` as p more
-        columns, and the first :meth:`solve` of the same C uses them instead of
-        a solve of its own.
+        (G = R only, p <= :data:`RHS_MAX_COLUMNS`), fetched first, before any
+        solve with R: a staged GPU factorization's ``Qᵀ`` then reads the
+        stage its end sent up (``solve.prefetch_first``) before R's rows take
+        the device's room (the caller's least-squares solve needs C whatever
+        the decision). The decision's solve with ``R⁻¹`` takes ``P_U C`` as p
+        more columns, and the first :meth:`solve` of the same C uses them
+        instead of a solve of its own.
 
     Raises
     ------
@@ -599,6 +602,7 @@ class NullspaceCOD:
         if not (0 < d < q):
             raise NullspaceRefused(f"{d} dead columns of {q}")
         self._blocks = blocks = _blocks_of(self.xp)
+        C = self._given_rhs(rhs)            # before R's solves (see ``rhs``)
         Z = blocks.dense(self.inv_t(blocks.gaussian(self.seed, (q, d))))
         sz = blocks.finite_absmax(Z)
         hi = self._upper_cutoff()
@@ -613,7 +617,6 @@ class NullspaceCOD:
         # given right-hand sides' R⁻¹ P_U C
         p = min(PROBE_COLUMNS, q)
         W = blocks.gaussian(self.seed + 1, (q, p))
-        C = self._given_rhs(rhs)
         parts = (U, blocks.project(U, W)) + (() if C is None else (blocks.project(U, C),))
         Y, YW, *YC = blocks.split(blocks.dense(self.inv(blocks.stacked(*parts))),
                                   *((d,) if C is None else (d, d + p)))
