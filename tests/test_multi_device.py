@@ -278,14 +278,18 @@ def test_simulated_devices_memory_within_budget():
         assert elems * 8 <= plan.device_bytes[d]
 
 
+@pytest.mark.parametrize("enqueue", ["threads", "one"])
 @pytest.mark.parametrize("k", [1, 2, 4])
-def test_gpu_driver_host_logic_on_numpy_layers(k):
-    """The multi-GPU driver over NumPy device layers equals the one-GPU driver."""
+def test_gpu_driver_host_logic_on_numpy_layers(k, enqueue):
+    """The multi-GPU driver over NumPy device layers equals the one-GPU driver,
+    with a thread per device or one thread enqueueing them all."""
     for name, A in list(_executor_cases())[:3]:
         an = analyze(A)
         one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
-        many = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(k)])
+        many = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(k)],
+                                   enqueue=enqueue)
         _same_answer(A, one, many)
+        assert many.info["enqueue"] == enqueue
         per = many.info["devices"]["devices"]
         assert len(per) == k and sum(d["stages"] for d in per) == many.info["stages"]
         assert {t[0] for t in many.info["transfers"]} == \
@@ -340,8 +344,9 @@ def test_defer_carried_packs():
     assert moved_some
 
 
+@pytest.mark.parametrize("enqueue", ["threads", "one"])
 @pytest.mark.parametrize("k", [2, 3])
-def test_gpu_driver_threads_progressive_r(monkeypatch, k):
+def test_gpu_driver_threads_progressive_r(monkeypatch, k, enqueue):
     """Each layer on its own thread, R copied while the launches run (R's layout ready
     before the first launch: the helper runs at once), blocks packed late: the
     one-device answer, and R's copies really happened in several pieces."""
@@ -366,7 +371,7 @@ def test_gpu_driver_threads_progressive_r(monkeypatch, k):
         an = analyze(A)
         one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
         layers = [NumpyDevice(32, 3) for _ in range(k)]
-        many = multi_gpu_factorize(A, an, layers=layers)
+        many = multi_gpu_factorize(A, an, layers=layers, enqueue=enqueue)
         _same_answer(A, one, many)
         assert many.info["r_copy_progressive"] == many.info["stages"], name
         if name == "grid7":
@@ -380,9 +385,48 @@ def test_gpu_driver_threads_progressive_r(monkeypatch, k):
             start, enqueued, end = d["timeline_seconds"]
             assert 0 <= start <= enqueued <= end <= total
             assert enqueued - start == pytest.approx(d["enqueue_seconds"], abs=1e-9)
+            parts = d["enqueue_parts"]
+            assert set(parts) == {"begin", "launch", "dense", "blocks_out", "other"}
+            assert all(v >= 0 for v in parts.values())
+            assert sum(parts.values()) <= d["enqueue_seconds"] + 1e-6
+            if d["stages"]:
+                assert sum(parts.values()) > 0 and d["enqueue_cpu_seconds"] > 0
 
 
-def test_gpu_driver_failure_on_one_device_stops_the_others():
+def test_gpu_driver_one_enqueueing_thread_interleaves_the_devices():
+    """enqueue='one': every launch is enqueued by the calling thread, the devices'
+    launches in turns (not one device's stages after the other's), a device
+    passed over while a block it packs is not cut; the one-device answer."""
+    import threading
+
+    A = grid3d_least_squares(9)
+    an = analyze(A)
+    one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
+    plan = map_devices(an, 2)
+    assert plan.transfers and len(set(plan.stage_device.tolist())) == 2
+    seen = []
+    layers = [NumpyDevice(32, 3) for _ in range(2)]
+    for i, layer in enumerate(layers):
+        def launch(h, L, rec, _i=i, _f=layer.launch):
+            seen.append((_i, threading.get_ident()))
+            return _f(h, L, rec)
+        layer.launch = launch
+    many = multi_gpu_factorize(A, an, layers=layers, devices=plan, enqueue="one")
+    _same_answer(A, one, many)
+    assert {t for _, t in seen} == {threading.get_ident()}
+    order = [d for d, _ in seen]
+    switches = sum(a != b for a, b in zip(order, order[1:]))
+    assert switches > plan.nstages          # turns, not stage after stage
+    # the threads' wall time is not the answer: the interleaved run took turns
+    per = many.info["devices"]["devices"]
+    assert all(d["enqueue_cpu_seconds"] > 0 for d in per)
+    with pytest.raises(ValueError, match="enqueue"):
+        multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(2)],
+                            enqueue="both")
+
+
+@pytest.mark.parametrize("enqueue", ["threads", "one"])
+def test_gpu_driver_failure_on_one_device_stops_the_others(enqueue):
     """A device that runs out of memory mid-factorization: the threads of the others
     (waiting for its blocks) stop, and the fallback gives the one-device answer."""
     import warnings
@@ -424,10 +468,11 @@ def test_gpu_driver_failure_on_one_device_stops_the_others():
         broken = [NumpyDevice(32, 3), NumpyDevice(32, 3)]
         broken[bad].launch = boom
         within(lambda: multi_gpu_factorize(A, an, layers=broken, devices=plan,
-                                           fallback=False))
+                                           fallback=False, enqueue=enqueue))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        back = within(lambda: multi_gpu_factorize(A, an, layers=layers, devices=plan))
+        back = within(lambda: multi_gpu_factorize(A, an, layers=layers, devices=plan,
+                                                  enqueue=enqueue))
     assert "multi_device_fallback" in back.info
     _same_answer(A, one, back)
 

@@ -70,7 +70,7 @@ from ..host.simulate import one_blas_thread
 from ..split_front import run_split, split_factorize_numpy
 from . import driver
 from .device import CupyDevice
-from .rcopy import final_entries
+from .rcopy import final_entries, touched
 from .rlayout import r_layout
 from .split_front import CupySplit, enable_peers
 from .stage_loop import stage_reflector_records
@@ -81,6 +81,14 @@ _log = logging.getLogger("scipy_gpuqr")
 
 #: ``cudaMemcpyDeviceToDevice``
 _D2D = 3
+
+#: How the devices' launches are enqueued (:func:`multi_gpu_factorize`'s ``enqueue``).
+ENQUEUE_MODES = ("threads", "one")
+
+#: Kinds of a device's enqueueing seconds (``info["devices"]``' ``enqueue_parts``): stage
+#: set-up and uploads, uberkernel launches, dense (and split) fronts, contribution blocks
+#: cut for later stages, the rest (blocks copied in, R's copier, the loop itself).
+ENQUEUE_PARTS = ("begin", "launch", "dense", "blocks_out", "other")
 
 def device_count() -> int:
     """CUDA devices visible to the process (0 without CuPy or a driver)."""
@@ -145,6 +153,15 @@ class _Aborted(Exception):
     """Another device's thread failed: this one stops."""
 
 
+def _complete(gen):
+    """Run a generator to its end; its return value."""
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            return stop.value
+
+
 class _Transfers:
     """Contribution blocks cut at the end of a stage, and their copies into later stages.
 
@@ -185,6 +202,12 @@ class _Transfers:
         with self.cv:
             self.blocks[c] = (buf, ev, k)
             self.cv.notify_all()
+
+    def ready(self, c) -> bool:
+        """Whether the block of front ``c`` is cut (or a device failed: :meth:`take`
+        then raises)."""
+        with self.cv:
+            return c in self.blocks or self.failed
 
     def take(self, c):
         """The block of front ``c`` once cut (blocks the calling thread until then)."""
@@ -236,7 +259,8 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
                         dense_flops: float | None = DEFAULT_DENSE_FLOPS,
                         dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH,
                         split_dense: bool | None = False,
-                        split_model: SplitModel | None = None):
+                        split_model: SplitModel | None = None,
+                        enqueue: str = "threads"):
     """Sparse QR ``A[:, colperm] = Q @ R`` over several GPUs of one host.
 
     Parameters
@@ -277,6 +301,14 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         and R's copies bound it; bench/RESULTS.md, issue 21).
     split_model : SplitModel, optional
         The model of that rule.
+    enqueue : {'threads', 'one'}
+        Who enqueues the devices' launches: ``'threads'``, a host thread per
+        device; ``'one'``, the calling thread, one launch of each device in
+        turn (a thread per device then only waits for its stages and
+        scatters its R values). Each launch's Python work holds the GIL, so
+        a thread per device hands it back and forth at every CUDA call of
+        the other; one thread does not, but a device then waits while the
+        thread enqueues the others'.
 
     Returns
     -------
@@ -286,7 +318,9 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         stages' kernels from events, less the stream's waits for other
         devices' blocks and their copies), and its thread's seconds
         enqueueing (``enqueue_seconds``; of them ``wait_blocks_seconds``
-        waiting for blocks to be cut) and waiting for R's copies after its
+        waiting for blocks to be cut; ``enqueue_cpu_seconds``, the CPU time of
+        the enqueueing thread for it; ``enqueue_parts``, its host seconds by
+        kind, :data:`ENQUEUE_PARTS`) and waiting for R's copies after its
         stages ended (``wait_r_copy_seconds``), and when, counted from the
         call's start, its thread started, had enqueued its stages and had
         scattered its R values (``timeline_seconds``);
@@ -297,6 +331,8 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         factorized on its device alone has a ``"fallback"`` saying why.
     """
     t_start = time.perf_counter()
+    if enqueue not in ENQUEUE_MODES:
+        raise ValueError(f"enqueue={enqueue!r}: one of {ENQUEUE_MODES}")
     Ac, analysis, out = task_list_input(A, analysis, tol, max_gpu_memory, "gpu",
                                         "multi_gpu_factorize")
     if out is not None:
@@ -327,7 +363,7 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         out = _run(Ac, analysis, plan, layers, tile=tile, bundle=bundle,
                    pipelining=pipelining, max_tasks=max_tasks, dense_flops=dense_flops,
                    dense_cpl=dense_columns_per_launch, dtype=dtype, t_start=t_start,
-                   split_dense=split_dense, split_model=model)
+                   split_dense=split_dense, split_model=model, enqueue=enqueue)
     except DeviceOutOfMemory as exc:
         for layer in layers:
             with _on(layer):
@@ -349,7 +385,8 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
 
 
 def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, dense_flops,
-         dense_cpl, dtype, t_start, split_dense=None, split_model=None):
+         dense_cpl, dtype, t_start, split_dense=None, split_model=None,
+         enqueue="threads"):
     t0 = time.perf_counter()
     # the plan's split fronts are dense fronts whatever dense_flops chose (split
     # or not: split_dense=False with the same plan gives the same fronts)
@@ -364,9 +401,15 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
     helper = ThreadPoolExecutor(max_workers=1)
     try:
         host_side = helper.submit(_host_side, analysis, [st.fronts for st in sched.stages])
+        # R's values land in an array whose pages are touched while the devices
+        # run: scattered into fresh pages, each write would fault its page in
+        data = helper.submit(lambda: touched(host_side.result()[0].nnz, dtype))
         run = _MultiStageRun(Ac, analysis, plan, layers, sched, host_side, dtype)
+        run.data_made = data
         run.t_call = t_start
         run.split, run.split_model = split, model
+        run.enqueue = enqueue
+        t_devices = time.perf_counter()
         run.run_devices()
         t2 = time.perf_counter()
         layout, _, pattern = host_side.result()
@@ -377,6 +420,9 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
     return run.result(Ac, layout, R, seconds={
         "schedule": t1 - t0, "enqueue": max(run.t_enqueue, default=0.0),
         "factorize": t2 - t1, "assemble_R": t3 - t2, "total": t3 - t_start,
+        # from the call's start until the devices' enqueueing began (their layers
+        # started: maps uploaded, VT pools allocated)
+        "devices_start": t_devices - t_start,
         "wait_blocks": max(run.t_wait_blocks, default=0.0)})
 
 
@@ -454,10 +500,8 @@ class _MultiStageRun:
                                                                      layers, sched)
         self.host_side, self.dtype = host_side, dtype
         self.vals = Ac.data.astype(layers[0].dtype)[fs.s_nz]
-        maps = np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64)
-        for layer in layers:
-            with _on(layer):
-                layer.start(maps, sched.vt_size)
+        #: every layer's maps (uploaded as its enqueueing starts)
+        self.maps = np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64)
         self.xfer = _Transfers()
         self.pools = {}
         self.dense_parts = {}
@@ -469,10 +513,15 @@ class _MultiStageRun:
         self.t_enqueue = [0.0] * nd         # each thread: enqueueing its stages
         self.t_wait_blocks = [0.0] * nd     # of that, waiting for other devices' blocks
         self.t_wait_r = [0.0] * nd          # each thread: R's copies after its stages ended
+        self.cpu_enqueue = [0.0] * nd       # CPU seconds of the enqueueing thread for each
+        #: host seconds of each device's enqueueing by kind
+        self.enqueue_parts = [dict.fromkeys(ENQUEUE_PARTS, 0.0) for _ in range(nd)]
+        self.enqueue = "threads"            # or "one" (:meth:`run_devices`)
         self.t_call = None                  # perf_counter at the call's start
         self.timeline = [None] * nd         # each thread: start, stages enqueued, end
         self.progressive = 0                # stages whose R copy started during the launches
         self.data = None                    # R's values (made once R's layout is known)
+        self.data_made = None               # its future (touched ahead), or None
         self._data_lock = threading.Lock()
         self.split, self.split_model = {}, SplitModel()
         self.split_log = []                 # per split front: what ran, its backend
@@ -485,22 +534,51 @@ class _MultiStageRun:
         k = int(self.plan.stage_device[sid])
         return k, self.layers[k]
 
-    # -- the devices' threads ----------------------------------------------------------
+    # -- the devices' enqueueing -------------------------------------------------------
     def run_devices(self) -> None:
-        """Every device's stages on its own thread; returns when all ended.
+        """Every device's stages enqueued, waited for and their R values scattered;
+        returns when all ended.
 
-        The upper tree's device runs on the calling thread (its cuBLAS and
-        cuSOLVER handles, which the upper tree's dense fronts use most, are
-        made once per thread and kept), every other device on a new thread.
-        A failure on one device stops the others (at their next wait for a
-        block, or after their stages) and is raised here.
+        ``enqueue='threads'``: each device on its own host thread (the upper
+        tree's device on the calling thread: its cuBLAS and cuSOLVER handles,
+        which the upper tree's dense fronts use most, are made once per
+        thread and kept). ``'one'``: the calling thread enqueues every
+        device's launches in turns (:meth:`_interleave`), and a thread per
+        device only waits for its stages and scatters its R values. A failure
+        on one device stops the others (at their next wait for a block, or
+        after their stages) and is raised here.
         """
         nd = len(self.layers)
         errors = [None] * nd
+        host = all(getattr(layer, "cp", None) is None for layer in self.layers)
+        # host layers (NumPy) run their dense fronts under one BLAS thread; the
+        # limit is set once for all of them here, since changing OpenBLAS's
+        # thread count while another thread is inside it corrupts that call's
+        # results (seen: a dense front's T, so Q differed and R did not)
+        with one_blas_thread() if host else contextlib.nullcontext():
+            if self.enqueue == "one":
+                self._interleave(errors)
+            else:
+                self._threads(errors)
+        self.xfer.keep = []
+        real = [e for e in errors if e is not None and not isinstance(e, _Aborted)]
+        if real:
+            oom = [e for e in real if isinstance(e, DeviceOutOfMemory)]
+            raise (oom or real)[0]
+
+    def _threads(self, errors) -> None:
+        """A host thread per device: enqueue its stages, then wait for them."""
+        nd = len(self.layers)
 
         def one(k):
             try:
-                self._device(k)
+                t0, c0 = time.perf_counter(), time.thread_time()
+                with _on(self.layers[k]):
+                    self.layers[k].start(self.maps, self.sched.vt_size)
+                    opened = _complete(self._enqueue(k, poll=False))
+                self.t_enqueue[k] = time.perf_counter() - t0
+                self.cpu_enqueue[k] = time.thread_time() - c0
+                self._finish(k, opened, t0)
             except BaseException as exc:    # noqa: BLE001 - raised below, after the join
                 errors[k] = exc
                 self.xfer.fail()
@@ -508,54 +586,121 @@ class _MultiStageRun:
         here = int(self.plan.upper_device) if 0 <= int(self.plan.upper_device) < nd else 0
         threads = [threading.Thread(target=one, args=(k,), name=f"gpuqr-device-{k}",
                                     daemon=True) for k in range(nd) if k != here]
-        # host layers (NumPy) run their dense fronts under one BLAS thread; the
-        # limit is set once for all of them here, since changing OpenBLAS's
-        # thread count while another thread is inside it corrupts that call's
-        # results (seen: a dense front's T, so Q differed and R did not)
-        host = all(getattr(layer, "cp", None) is None for layer in self.layers)
-        with one_blas_thread() if host else contextlib.nullcontext():
-            for t in threads:
-                t.start()
-            one(here)
-            for t in threads:
-                t.join()
-        self.xfer.keep = []
-        real = [e for e in errors if e is not None and not isinstance(e, _Aborted)]
-        if real:
-            oom = [e for e in real if isinstance(e, DeviceOutOfMemory)]
-            raise (oom or real)[0]
+        for t in threads:
+            t.start()
+        one(here)
+        for t in threads:
+            t.join()
 
-    def _device(self, k) -> None:
-        """Device ``k``'s thread: its stages enqueued in postorder, then each waited
-        for and checked, its R values scattered into R's data."""
-        layer = self.layers[k]
-        open_ = []
+    def _interleave(self, errors) -> None:
+        """The calling thread enqueues every device's launches, one launch of each
+        device in turn (the upper tree's device first); a device waiting for a
+        contribution block another device has not cut yet is passed over. As a
+        device's last launch is enqueued, a thread of its own waits for its
+        stages and scatters its R values. One enqueueing thread holds the GIL
+        alone, where a thread per device hands it back and forth at every CUDA
+        call of the other.
+
+        The device whose stage comes first in postorder never waits (its
+        carried blocks come from earlier stages, cut already), so a turn in
+        which no device moved is an error.
+        """
+        nd = len(self.layers)
+        up = int(self.plan.upper_device) if 0 <= int(self.plan.upper_device) < nd else 0
+        order = [up] + [k for k in range(nd) if k != up]
+        gens = {k: self._enqueue(k, poll=True) for k in order}
+        finishers = []
         t0 = time.perf_counter()
+        for k in order:
+            with _on(self.layers[k]):
+                self.layers[k].start(self.maps, self.sched.vt_size)
+
+        def finish(k, opened):
+            try:
+                with _on(self.layers[k]):
+                    self._finish(k, opened, t0)
+            except BaseException as exc:    # noqa: BLE001 - raised by run_devices
+                errors[k] = exc
+                self.xfer.fail()
+
+        active = list(order)
         try:
-            with _on(layer):
-                for sid in self.plan.device_stages(k):
-                    open_.append(self._stage(sid, self.sched.stages[sid], k, layer))
-                t1 = time.perf_counter()
-                self.t_enqueue[k] = t1 - t0
-                while open_:
-                    sid, h, copier, pos, idle = open_[0]
-                    before = layer.seconds.get("kernels", 0.0)
-                    self.pools[sid] = layer.end_stage(h)
-                    busy = layer.seconds.get("kernels", 0.0) - before
-                    for a, b in idle:       # waits for other devices' blocks, and the copies
-                        busy -= layer.cp.cuda.get_elapsed_time(a, b) / 1e3
-                    self.busy[k] += max(busy, 0.0)
-                    tw = time.perf_counter()
-                    vals = copier.result()
-                    open_.pop(0)
-                    self._put_r(pos, vals)
-                    self.t_wait_r[k] += time.perf_counter() - tw
-            base = t0 if self.t_call is None else self.t_call
-            self.timeline[k] = (t0 - base, t1 - base, time.perf_counter() - base)
+            while active and all(e is None for e in errors):
+                moved = False
+                for k in list(active):
+                    c0 = time.thread_time()
+                    try:
+                        with _on(self.layers[k]):
+                            moved = next(gens[k]) or moved
+                    except StopIteration as stop:
+                        moved = True
+                        active.remove(k)
+                        self.t_enqueue[k] = time.perf_counter() - t0
+                        th = threading.Thread(target=finish, args=(k, stop.value),
+                                              name=f"gpuqr-device-{k}", daemon=True)
+                        th.start()
+                        finishers.append(th)
+                    except BaseException as exc:    # noqa: BLE001 - raised by run_devices
+                        errors[k] = exc
+                        active.remove(k)
+                        break
+                    finally:
+                        self.cpu_enqueue[k] += time.thread_time() - c0
+                else:
+                    if not moved:
+                        errors[active[0]] = RuntimeError(
+                            "multi-device enqueue: every device waits for a contribution "
+                            "block no device will cut")
+        finally:
+            if any(e is not None for e in errors):
+                self.xfer.fail()
+                for k in active:        # their open stages' copiers aborted
+                    gens[k].close()
+            for th in finishers:
+                th.join()
+
+    def _enqueue(self, k, *, poll: bool):
+        """Device ``k``'s stages enqueued in postorder (a generator: it yields after
+        each launch, True, and with ``poll`` False while a carried block is not
+        cut yet, instead of waiting; runs with the device current); returns the
+        open stages."""
+        layer = self.layers[k]
+        opened = []
+        try:
+            for sid in self.plan.device_stages(k):
+                item = yield from self._stage(sid, self.sched.stages[sid], k, layer, poll)
+                opened.append(item)
         except BaseException:
-            for item in open_:
+            for item in opened:
                 item[2].abort()
             raise
+        return opened
+
+    def _finish(self, k, opened, t0) -> None:
+        """Device ``k``'s stages, enqueued, each waited for and checked, its R
+        values scattered into R's data (with the device current)."""
+        layer = self.layers[k]
+        t1 = t0 + self.t_enqueue[k]
+        try:
+            while opened:
+                sid, h, copier, pos, idle = opened[0]
+                before = layer.seconds.get("kernels", 0.0)
+                self.pools[sid] = layer.end_stage(h)
+                busy = layer.seconds.get("kernels", 0.0) - before
+                for a, b in idle:       # waits for other devices' blocks, and the copies
+                    busy -= layer.cp.cuda.get_elapsed_time(a, b) / 1e3
+                self.busy[k] += max(busy, 0.0)
+                tw = time.perf_counter()
+                vals = copier.result()
+                opened.pop(0)
+                self._put_r(pos, vals)
+                self.t_wait_r[k] += time.perf_counter() - tw
+        except BaseException:
+            for item in opened:
+                item[2].abort()
+            raise
+        base = t0 if self.t_call is None else self.t_call
+        self.timeline[k] = (t0 - base, t1 - base, time.perf_counter() - base)
 
     def _copier(self, sid, st, layer, h):
         """R's copier of the stage, progressive (``final`` per launch): (copier, pos)."""
@@ -571,18 +716,25 @@ class _MultiStageRun:
             return lay.extra(key, make)
         return layer.open_r_copy(h["pool"], gidx, layout, final=_final), pos
 
-    def _stage(self, sid, st, k, layer):
-        """Enqueue one stage on its layer (its thread, its device current).
+    def _stage(self, sid, st, k, layer, poll: bool = False):
+        """Enqueue one stage on its layer (with its device current): a generator
+        yielding True after each launch, and with ``poll`` False while a block
+        its next launch packs is not cut yet (else it waits for the block).
 
         Returns ``(sid, handle, copier, positions, idle events)``; the stage's
-        outgoing blocks are cut at its end.
+        outgoing blocks are cut at its end. Adds its host seconds by kind to
+        ``enqueue_parts[k]``.
         """
         fs = self.fs
+        parts = self.enqueue_parts[k]
+        clock = time.perf_counter
+        t = clock()
         st, carry_at = defer_carried_packs(st, fs.parent)
         s0, s1 = st.s_range
         h = layer.begin_stage(st, fs.s_index[s0:s1], self.vals[s0:s1], [])
         copier = pos = None
         idle = []
+        t, parts["begin"] = clock(), parts["begin"] + clock() - t
         try:
             dense_at, join_at, into_at = {}, {}, {}
             for f, Ld in st.dense.items():
@@ -592,14 +744,21 @@ class _MultiStageRun:
                     into_at.setdefault(L, []).append(c)
             for L in range(st.nlaunch):
                 for c in into_at.pop(L, ()):        # a block its launch L packs
-                    tw = time.perf_counter()
+                    if poll:
+                        while not self.xfer.ready(c):
+                            yield False
+                    tw = clock()
                     ev = self.xfer.into(c, k, layer, h["pool"], st.carried[c], self.layers)
-                    self.t_wait_blocks[k] += time.perf_counter() - tw
+                    self.t_wait_blocks[k] += clock() - tw
                     if ev is not None:
                         idle.append(ev)
                 for done in join_at.pop(L, ()):
                     layer.dense_join(h, done)
+                t0 = clock()
+                parts["other"] += t0 - t
                 layer.launch(h, L, st.launch_tasks(L))
+                t = clock()
+                parts["launch"] += t - t0
                 for f in dense_at.get(L, ()):
                     args = (h, int(st.foff[f]), int(fs.fm[f]), int(fs.fn[f]),
                             fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]])
@@ -607,6 +766,7 @@ class _MultiStageRun:
                     Fv, panels, T, done = out or layer.dense_factorize(*args)
                     self.dense_parts[f] = (sid, Fv, panels, T)
                     join_at.setdefault(min(st.dense_join[f], st.nlaunch), []).append(done)
+                    t, parts["dense"] = clock(), parts["dense"] + clock() - t
                 if L == st.nlaunch - 1:
                     for done in join_at.pop(st.nlaunch, ()):
                         layer.dense_join(h, done)
@@ -615,7 +775,11 @@ class _MultiStageRun:
                     self.progressive += 1
                 if copier is not None:
                     copier.after_launch(L)
+                yield True
             for c in [c for v in into_at.values() for c in v]:     # a stage without launches
+                if poll:
+                    while not self.xfer.ready(c):
+                        yield False
                 self.xfer.into(c, k, layer, h["pool"], st.carried[c], self.layers)
             for done in [d for v in join_at.values() for d in v]:
                 layer.dense_join(h, done)
@@ -625,12 +789,15 @@ class _MultiStageRun:
             copier.launches_done()
             self.launches[k] += int(np.count_nonzero(np.diff(st.launch_ptr)))
             first, last = st.fronts
+            t0 = clock()
+            parts["other"] += t0 - t
             for f in range(first, last + 1):         # blocks for later stages
                 p = int(fs.parent[f])
                 if p > last and int(fs.cm[f]) > 0 and int(fs.fn[f]) > int(fs.fp[f]):
                     base = int(st.foff[f]) + int(fs.frank[f]) * int(fs.fn[f])
                     self.xfer.put(f, k, layer, h["pool"], base, int(fs.cm[f]),
                                   int(fs.fn[f]), int(fs.fp[f]))
+            parts["blocks_out"] += clock() - t0
         except BaseException:
             if copier is not None:
                 copier.abort()
@@ -710,8 +877,7 @@ class _MultiStageRun:
         """A stage's R values into R's ``data`` (its positions; all of it for None)."""
         with self._data_lock:
             if self.data is None:
-                layout = self.host_side.result()[0]
-                self.data = np.zeros(layout.nnz, dtype=self.dtype)
+                self.data = self._new_data()
         data = self.data
         v = np.ascontiguousarray(vals, dtype=self.dtype)
         if pos is None:
@@ -723,9 +889,15 @@ class _MultiStageRun:
         else:
             data[pos] = v
 
+    def _new_data(self) -> np.ndarray:
+        """R's ``data``, zeros: the one made ahead, else a new one."""
+        if self.data_made is not None:
+            return self.data_made.result()
+        return np.zeros(self.host_side.result()[0].nnz, dtype=self.dtype)
+
     def finish_r(self, Ac, layout, pattern):
         """R from the scattered values: the singleton rows' entries from A."""
-        data = self.data if self.data is not None else np.zeros(layout.nnz, self.dtype)
+        data = self.data if self.data is not None else self._new_data()
         self.data = None
         if len(layout.r1_pos):
             data[layout.r1_pos] = Ac.data[layout.r1_nz]
@@ -839,6 +1011,8 @@ class _MultiStageRun:
                         "busy_seconds": self.busy[k],
                         "enqueue_seconds": self.t_enqueue[k],
                         "wait_blocks_seconds": self.t_wait_blocks[k],
+                        "enqueue_cpu_seconds": self.cpu_enqueue[k],
+                        "enqueue_parts": dict(self.enqueue_parts[k]),
                         "wait_r_copy_seconds": self.t_wait_r[k],
                         # from the call's start: its thread started, its stages
                         # enqueued, its R values scattered
@@ -857,6 +1031,7 @@ class _MultiStageRun:
                 "q_device": getattr(self.layers[0], "device_id", 0),
                 "q_pools_on_host": sorted(host_pools),
                 "r_copy_progressive": int(self.progressive),
+                "enqueue": self.enqueue,
                 "restaged": 0, "seconds": seconds}
         return driver.GpuQR(shape=(m, n), R=R, colperm=self.analysis.colperm.astype(np.int64),
                             rank=int(min(m, n)), tol=None, flops=float(self.analysis.flops),
