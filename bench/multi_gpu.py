@@ -49,6 +49,18 @@ every device count above one (``both``: without the split, then with the rule's
 choice, in the same process: the change's effect within one run); the split
 fronts' measured and modelled seconds are printed and kept in the JSON.
 
+``--enqueue threads|one|both`` sets ``multi_gpu_factorize(enqueue=...)`` (a
+host thread per device, or one thread enqueueing every device in turns;
+``both``: each split setting with either, in the same process). Per device
+the line gives its enqueueing thread's CPU seconds and its host seconds by
+kind (stage set-up, launches, dense fronts, blocks cut, the rest).
+``--rebalance`` adds, per device count above one, a run of the last split
+and enqueue setting whose mapping shares the subtrees by the speeds its
+warm-up measured (``measured_speeds``, ``device_speeds=``; a second warm-up
+runs the new mapping once before the timed calls). ``--check-only grid56,...``
+checks the answers of those matrices only (R's difference, ``Qᵀ b`` and the
+residuals take tens of seconds on grid 64³'s R).
+
 ``--dask 1,2,4`` then measures the Dask throughput of batched LU
 (``bench/dask_batched.py``: 2**24 float64 32 x 32 matrices by default,
 ``--dask-count``) over that many GPU workers against one, in a separate
@@ -112,7 +124,7 @@ class _Runner:
         import cupy as cp
         return cp.cuda.Device(ids[0])
 
-    def factorize(self, A, an, ids, budget, split=None):
+    def factorize(self, A, an, ids, budget, split=None, enqueue="threads", speeds=None):
         from scipy_gpuqr._engine.gpu.driver import gpu_factorize
         from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
         if self.numpy:
@@ -124,12 +136,14 @@ class _Runner:
             if len(ids) == 1:
                 return gpu_factorize(A, an, max_gpu_memory=budget, device=layer())
             return multi_gpu_factorize(A, an, layers=[layer() for _ in ids],
-                                       max_gpu_memory=budget, split_dense=split)
+                                       max_gpu_memory=budget, split_dense=split,
+                                       enqueue=enqueue, device_speeds=speeds)
         with self.device_context(ids):
             if len(ids) == 1:
                 return gpu_factorize(A, an, max_gpu_memory=budget)
             return multi_gpu_factorize(A, an, devices=ids, max_gpu_memory=budget,
-                                       split_dense=split)
+                                       split_dense=split, enqueue=enqueue,
+                                       device_speeds=speeds)
 
     def free(self):
         if self.numpy:
@@ -250,8 +264,25 @@ def _differences(got, ref) -> dict:
 SPLIT_MODES = {"rule": [None], "off": [False], "on": [True], "both": [False, None]}
 
 
+#: ``--enqueue``: the values of ``multi_gpu_factorize(enqueue=...)`` each split setting runs with
+ENQUEUE_MODES = {"threads": ["threads"], "one": ["one"], "both": ["threads", "one"]}
+
+
+def _variants(counts, split, enqueue, rebalance) -> list:
+    """(device count, split_dense, enqueue, rebalanced) of every run, in order."""
+    out = []
+    for k in counts:
+        if k == 1:
+            out.append((k, None, "threads", False))
+            continue
+        out += [(k, sd, eq, False) for sd in SPLIT_MODES[split] for eq in ENQUEUE_MODES[enqueue]]
+        if rebalance:
+            out.append((k, SPLIT_MODES[split][-1], ENQUEUE_MODES[enqueue][-1], True))
+    return out
+
+
 def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runner,
-            deadline=None, split="rule"):
+            deadline=None, split="rule", enqueue="threads", rebalance=False, check=True):
     from scipy_gpuqr._schedule.devices import map_devices
     from scipy_gpuqr._symbolic import analyze
     A = make()
@@ -266,29 +297,39 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
     b = np.random.default_rng(7).standard_normal(A.shape[0])
     ref = None
     base = None
-    variants = [(k, sd) for k in counts for sd in (SPLIT_MODES[split] if k > 1 else [None])]
-    for k, sd in variants:
+    for k, sd, eq, rebal in _variants(counts, split, enqueue, rebalance):
         ids = [0] * k if (simulate or runner.numpy) else list(range(k))
         plan = map_devices(an, k, device_memory=budget)
         run = {"gpus": k, "devices": ids, "plan": plan.as_dict(),
-               "split": {None: "rule", False: "off", True: "on"}[sd] if k > 1 else "-"}
-        label = f"{k} GPU(s)" + (f" split={run['split']}" if k > 1 else "")
+               "split": {None: "rule", False: "off", True: "on"}[sd] if k > 1 else "-",
+               "enqueue": eq if k > 1 else "-", "rebalanced": rebal}
+        label = f"{k} GPU(s)" + (f" split={run['split']} enqueue={eq}"
+                                 + (" rebalanced" if rebal else "") if k > 1 else "")
         if deadline is not None and time.perf_counter() > deadline:
             run["skipped"] = "time budget spent"
             row["runs"].append(run)
             print(f"{name:12s} {label}: skipped (time budget spent)", flush=True)
             continue
         try:
-            qr = runner.factorize(A, an, ids, budget, sd)    # warm-up (kernels, schedule, layout)
+            # warm-up (kernels, schedule, layout)
+            qr = runner.factorize(A, an, ids, budget, sd, eq)
+            speeds = None
+            if rebal:
+                from scipy_gpuqr._engine.gpu.multi_device import measured_speeds
+                speeds = measured_speeds(qr)
+                run["speeds"] = speeds
+                qr.free()
+                runner.free()           # the new mapping's schedule and layout, once
+                qr = runner.factorize(A, an, ids, budget, sd, eq, speeds)
             qr.free()
             runner.free()
             times, infos = [], []
             for rep in range(reps):
                 t = time.perf_counter()
-                qr = runner.factorize(A, an, ids, budget, sd)
+                qr = runner.factorize(A, an, ids, budget, sd, eq, speeds)
                 times.append(time.perf_counter() - t)
                 infos.append(qr.info)
-                if rep == 0:
+                if rep == 0 and check:
                     got = _answers(qr, ids, b, runner, A)
                     if ref is None:
                         ref = got
@@ -346,6 +387,19 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
             busy += "; thread start/enqueued/R done " + " ".join(
                 "/".join(f"{x:.3f}" for x in d["timeline_seconds"])
                 for d in run["per_device"] if d.get("timeline_seconds"))
+            busy += "; enqueue cpu " + " ".join(
+                f"{d.get('enqueue_cpu_seconds', float('nan')):.3f}" for d in run["per_device"])
+            busy += "; parts " + " | ".join(
+                ",".join(f"{key} {v:.3f}" for key, v in d.get("enqueue_parts", {}).items())
+                for d in run["per_device"])
+            busy += "; wait R " + " ".join(
+                f"{d.get('wait_r_copy_seconds', float('nan')):.3f}" for d in run["per_device"])
+            busy += (f"; devices start {run['engine_seconds'].get('devices_start', float('nan')):.3f}"
+                     f"; subtree flops " + " ".join(
+                         f"{d.get('subtree_flops', float('nan')) / 1e12:.2f}"
+                         for d in run["plan"].get("per_device", [])) + " T")
+            if run.get("speeds"):
+                busy += "; speeds " + " ".join(f"{x:.3f}" for x in run["speeds"])
         check = (f"  R diff {run['R_diff']:.1e} Qtb diff {run['qtb_diff']:.1e}"
                  f" |r| diff {run['residual_norm_diff']:.1e}" if "R_diff" in run else "")
         if "gram" in run:
@@ -375,8 +429,10 @@ def summary(rows) -> str:
     for r in rows:
         for run in r["runs"]:
             sp = run.get("split", "-")
+            eq = run.get("enqueue", "-")
             head = (f"| {r['matrix']} | {r['flops'] / 1e12:.2f} | {run['gpus']}"
-                    + (f" (split {sp})" if sp != "-" else "") + " |")
+                    + (f" (split {sp}, {eq}" + (", rebalanced" if run.get("rebalanced") else "")
+                       + ")" if sp != "-" else "") + " |")
             if "seconds" not in run:
                 out.append(head + f" {run.get('skipped') or run.get('error', '?')}"
                            " | | | | | | | |")
@@ -451,6 +507,12 @@ def main(argv=None) -> int:
                    help="dense fronts of the upper tree over every GPU: 'off' (the "
                         "library's default), 'rule' (the model's choice), 'on' (every "
                         "one), 'both' (off, then rule)")
+    p.add_argument("--enqueue", default="threads", choices=sorted(ENQUEUE_MODES),
+                   help="multi_gpu_factorize(enqueue=...); both: each split setting with either")
+    p.add_argument("--rebalance", action="store_true",
+                   help="add a run mapped by the speeds its warm-up measured")
+    p.add_argument("--check-only", default="",
+                   help="matrices whose answers are checked (default: all)")
     p.add_argument("--dask", default="",
                    help="then the Dask batched-LU throughput over these GPU worker counts")
     p.add_argument("--dask-count", type=int, default=1 << 24)
@@ -486,11 +548,14 @@ def main(argv=None) -> int:
           + (" (simulated on GPU 0)" if a.simulate else ""), flush=True)
     only = list(dict.fromkeys(x for x in a.only.split(",") if x))
     runner = _Runner(a.numpy)
+    checked = [x for x in a.check_only.split(",") if x]
     rows = []
     for n, make in _matrices(only, a.numpy):
         rows.append(run_one(n, make, counts, a.reps, simulate=a.simulate,
                             budget_fraction=a.budget_fraction, public=a.public,
-                            runner=runner, deadline=deadline, split=a.split))
+                            runner=runner, deadline=deadline, split=a.split,
+                            enqueue=a.enqueue, rebalance=a.rebalance,
+                            check=not checked or n in checked))
         if a.json:                      # after each matrix: a run cut short keeps the rest
             Path(a.json).write_text(json.dumps({"gpus": names, "counts": counts,
                                                 "simulate": a.simulate, "numpy": a.numpy,

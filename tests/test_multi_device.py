@@ -140,6 +140,72 @@ def test_map_fronts_by_hand():
         map_fronts(parent, child_ptr, children, np.ones(7), 0)
 
 
+def test_speeds_share_the_subtrees():
+    """Measured speeds: a device twice as fast gets about twice the subtree flops,
+    the plan stays a valid one, and its makespan counts each device's speed."""
+    A = sp.block_diag([random_least_squares(60, 30, 0.15, seed=s) for s in range(24)],
+                      format="csc")
+    an = analyze(sp.csc_array(A))
+    fs = an.fronts
+    even = map_devices(an, 2)
+    for speeds in ([1.0, 2.0], [2.0, 1.0]):
+        plan = map_devices(an, 2, speeds=speeds)
+        _check_plan_speeds(an, plan, speeds)
+        ratio = plan.subtree_flops[1] / plan.subtree_flops[0]
+        assert ratio == pytest.approx(speeds[1] / speeds[0], rel=0.2)
+    assert even.subtree_flops[1] / even.subtree_flops[0] == pytest.approx(1.0, rel=0.2)
+    # makespan: one device at half the speed takes its fronts' flops twice over
+    own = np.zeros(fs.nfronts, dtype=np.int64)
+    fl = np.asarray(an.front_flops, dtype=float)
+    assert makespan(fs.parent, fl, own, [1.0, 1.0]) == pytest.approx(fl.sum())
+    assert makespan(fs.parent, fl, own, [1.0, 3.0]) == pytest.approx(2 * fl.sum())
+    with pytest.raises(ValueError, match="speeds"):
+        map_fronts(fs.parent, fs.child_ptr, fs.children, fl, 2, speeds=[1.0, 0.0])
+    with pytest.raises(ValueError, match="speeds"):
+        map_fronts(fs.parent, fs.child_ptr, fs.children, fl, 2, speeds=[1.0])
+
+
+def _check_plan_speeds(an, plan, speeds):
+    """_check_plan's checks, the makespan modelled at ``speeds``."""
+    fs = an.fronts
+    assert np.isclose(plan.makespan, makespan(fs.parent, an.front_flops, plan.owner, speeds))
+    assert np.isclose(plan.device_flops.sum(), float(np.sum(an.front_flops)))
+    covered = np.zeros(fs.nfronts, dtype=int)
+    for (a, b), d in zip(plan.stages, plan.stage_device):
+        assert np.all(plan.owner[a:b + 1] == d)
+        covered[a:b + 1] += 1
+    assert np.all(covered == 1)
+
+
+def test_measured_speeds_and_device_speeds():
+    """measured_speeds: flops outside the split fronts per busy second less theirs,
+    mean 1; a factorization mapped with them (NumPy layers) is still right."""
+    from types import SimpleNamespace
+
+    from scipy_gpuqr._engine.gpu.multi_device import measured_speeds
+
+    A = grid3d_least_squares(9)
+    an = analyze(A)
+    fl = np.asarray(an.front_flops, dtype=float)
+    top = int(an.fronts.nfronts - 1)
+    per = [{"flops": 3e9 + fl[top], "busy_seconds": 1.0 + 0.5},
+           {"flops": 2e9, "busy_seconds": 1.0}]
+    info = {"devices": {"upper_device": 0, "devices": per},
+            "split_fronts": [{"front": top, "seconds": 0.5},
+                             {"front": 0, "fallback": "out of memory"}]}
+    got = measured_speeds(SimpleNamespace(info=info, analysis=an))
+    assert got == pytest.approx([1.2, 0.8])
+    per[1]["busy_seconds"] = 0.0
+    assert measured_speeds(SimpleNamespace(info=info, analysis=an)) is None
+    one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
+    many = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(2)],
+                               device_speeds=[0.5, 1.5])
+    _same_answer(A, one, many)
+    sub = [d["subtree_flops"] for d in many.info["devices"]["per_device"]]
+    even = map_devices(an, 2)
+    assert sub[1] / sub[0] > even.subtree_flops[1] / even.subtree_flops[0]
+
+
 def test_memory_weight_when_flops_overflow_a_device():
     an = analyze(grid3d_least_squares(10))
     free = map_devices(an, 2)

@@ -118,10 +118,12 @@ def _split_groups(items, W, sizes):
     return groups, loads
 
 
-def _map_set(items, devs, W, w, chp, ch, tolerance, limit, owner_of, upper, w_up=None):
+def _map_set(items, devs, W, w, chp, ch, tolerance, limit, owner_of, upper, w_up=None,
+             speed=None):
     """Map the subtrees ``items`` onto the device set ``devs`` (recursively).
 
-    The set is halved; the subtrees are shared between the halves by weight,
+    The set is halved; the subtrees are shared between the halves by weight
+    in proportion to their devices' speeds (``speed[d]``, 1 each by default),
     splitting the heaviest (its root stays on ``devs[0]``, one upper front
     more) until both halves have work and the slower half's load per device
     is within the tolerance of the mean; of the states tried, the one of least
@@ -136,7 +138,7 @@ def _map_set(items, devs, W, w, chp, ch, tolerance, limit, owner_of, upper, w_up
         return
     half = (len(devs) + 1) // 2
     sets = [devs[:half], devs[half:]]
-    sizes = [len(x) for x in sets]
+    sizes = [float(sum(1.0 if speed is None else speed[d] for d in x)) for x in sets]
     items = list(items)
     up, up_w = [], 0.0
     best = None
@@ -147,7 +149,7 @@ def _map_set(items, devs, W, w, chp, ch, tolerance, limit, owner_of, upper, w_up
         span = (max(per) + up_w, 0 if min(loads) > 0 else 1)
         if best is None or (span[1], span[0]) < (best[0][1], best[0][0] * (1 - 1e-12)):
             best = (span, list(up), [list(g) for g in groups])
-        mean = sum(loads) / len(devs)
+        mean = sum(loads) / sum(sizes)
         if min(loads) > 0 and max(per) <= (1.0 + tolerance) * mean:
             break
         split = [r for r in items if chp[r + 1] > chp[r]]
@@ -162,13 +164,14 @@ def _map_set(items, devs, W, w, chp, ch, tolerance, limit, owner_of, upper, w_up
     for r in up:
         upper.append((r, devs[0]))
     for g in range(2):
-        _map_set(groups[g], sets[g], W, w, chp, ch, tolerance, limit, owner_of, upper, w_up)
+        _map_set(groups[g], sets[g], W, w, chp, ch, tolerance, limit, owner_of, upper, w_up,
+                 speed)
 
 
 def map_fronts(parent, child_ptr, children, weights, ndev: int, *, upper_device: int = 0,
                tolerance: float = DEFAULT_BALANCE_TOLERANCE,
                max_splits: int | None = None,
-               upper_weights=None) -> tuple[np.ndarray, np.ndarray]:
+               upper_weights=None, speeds=None) -> tuple[np.ndarray, np.ndarray]:
     """Owner of every front: subtrees shared among ``ndev`` devices by their weights.
 
     Proportional mapping on device sets: the roots start with every device;
@@ -197,6 +200,10 @@ def map_fronts(parent, child_ptr, children, weights, ndev: int, *, upper_device:
         A front's weight once it is in the upper tree (default ``weights``):
         smaller for a front whose dense path is then split over the devices
         (:func:`~.dense_split.split_weights`).
+    speeds : sequence of float (ndev,), optional
+        Each device's relative speed on its subtrees (default: equal): a set's
+        subtrees are shared between its halves in proportion to the sum of
+        their devices' speeds, so a device measured slower gets less.
 
     Returns
     -------
@@ -224,7 +231,12 @@ def map_fronts(parent, child_ptr, children, weights, ndev: int, *, upper_device:
     owner_of, ups = {}, []
     wu = None if upper_weights is None else np.maximum(
         np.asarray(upper_weights, dtype=np.float64), 0.0).tolist()
-    _map_set(roots, devs, W, w.tolist(), chp, ch, tolerance, limit, owner_of, ups, wu)
+    sp = None
+    if speeds is not None:
+        sp = [float(x) for x in speeds]
+        if len(sp) != ndev or not all(x > 0 and np.isfinite(x) for x in sp):
+            raise ValueError(f"speeds: {ndev} positive numbers, got {speeds}")
+    _map_set(roots, devs, W, w.tolist(), chp, ch, tolerance, limit, owner_of, ups, wu, sp)
     fd = _first_descendants(parent)
     for r, d in owner_of.items():
         owner[fd[r]:r + 1] = d
@@ -339,6 +351,7 @@ class DevicePlan:
             fr = self.device_fronts(d)
             per.append({"fronts": int(len(fr)), "stages": len(self.device_stages(d)),
                         "flops": float(self.device_flops[d]),
+                        "subtree_flops": float(self.subtree_flops[d]),
                         "bytes": int(self.device_bytes[d]),
                         "upper_fronts": int(np.count_nonzero(self.upper & (self.owner == d)))})
         return {"ndevices": int(self.ndevices), "upper_device": int(self.upper_device),
@@ -350,13 +363,18 @@ class DevicePlan:
                 "per_device": per}
 
 
-def makespan(parent, flops, owner) -> float:
+def makespan(parent, flops, owner, speeds=None) -> float:
     """Modelled time of a mapping, in flops: each device runs its fronts in
-    postorder at one flop per unit, a front starting once its device is free
-    and its children are done (transfers free)."""
+    postorder at one flop per unit (``speeds[d]`` flops per unit: relative
+    speeds, mean 1), a front starting once its device is free and its
+    children are done (transfers free)."""
     par = np.asarray(parent, dtype=np.int64).tolist()
-    fl = np.asarray(flops, dtype=np.float64).tolist()
-    own = np.asarray(owner, dtype=np.int64).tolist()
+    own = np.asarray(owner, dtype=np.int64)
+    fl = np.asarray(flops, dtype=np.float64)
+    if speeds is not None:
+        sp = np.asarray(speeds, dtype=np.float64)
+        fl = fl / (sp / sp.mean())[own]
+    fl, own = fl.tolist(), own.tolist()
     ready = [0.0] * len(par)            # when the children of each front are done
     free = {}
     end = 0.0
@@ -382,7 +400,7 @@ def _runs(owner: np.ndarray) -> list:
 
 
 def _plan_of(fs, owner, upper, upper_device, ndev, flops, gpu, itemsize, weight, budget,
-             splits=None, w_up=None):
+             splits=None, w_up=None, speeds=None):
     stages = _runs(owner)
     # split fronts: those of the upper tree on its device
     split = {f: sp for f, sp in (splits or {}).items()
@@ -428,14 +446,15 @@ def _plan_of(fs, owner, upper, upper_device, ndev, flops, gpu, itemsize, weight,
     return DevicePlan(ndevices=ndev, owner=owner, upper=upper, upper_device=upper_device,
                       stages=tuple(stages), stage_device=stage_device, transfers=transfers,
                       device_flops=dflops, subtree_flops=sflops, device_bytes=dbytes,
-                      makespan=makespan(fs.parent, eff, owner), weight=weight, budget=budget,
+                      makespan=makespan(fs.parent, eff, owner, speeds), weight=weight,
+                      budget=budget,
                       split=split)
 
 
 def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
                 upper_device: int = 0,
                 tolerance: float = DEFAULT_BALANCE_TOLERANCE,
-                split_model: SplitModel | None = None) -> DevicePlan:
+                split_model: SplitModel | None = None, speeds=None) -> DevicePlan:
     """The :class:`DevicePlan` of an analysis on ``ndevices`` devices.
 
     Parameters
@@ -460,6 +479,11 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
         :attr:`DevicePlan.split`; the mapping on flops alone with its upper
         tree's such fronts split is kept instead where its modelled speedup
         is larger. None: no front is split.
+    speeds : sequence of float (ndevices,), optional
+        Measured relative speeds of the devices on their subtrees
+        (:func:`map_fronts`; e.g. from an earlier factorization of the
+        pattern, :func:`~scipy_gpuqr._engine.gpu.multi_device.measured_speeds`):
+        the subtrees are shared by them instead of equally.
     """
     fs = analysis.fronts
     flops = np.asarray(analysis.front_flops, dtype=np.float64)
@@ -476,16 +500,16 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
         if not splits:
             w_up = splits = None
     owner, upper = map_fronts(*args, flops, ndevices, upper_device=upper_device,
-                              tolerance=tolerance, upper_weights=w_up)
+                              tolerance=tolerance, upper_weights=w_up, speeds=speeds)
     plan = _plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu, itemsize,
-                    "flops", budget, splits, w_up)
+                    "flops", budget, splits, w_up, speeds)
     if splits:
         # the mapping on flops alone, its upper tree's splittable fronts split: the
         # weighted mapping may move so much into the upper tree that it loses
         owner, upper = map_fronts(*args, flops, ndevices, upper_device=upper_device,
-                                  tolerance=tolerance)
+                                  tolerance=tolerance, speeds=speeds)
         other = _plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu, itemsize,
-                         "flops", budget, splits, w_up)
+                         "flops", budget, splits, w_up, speeds)
         if (other.fits, other.modelled_speedup) > (plan.fits, plan.modelled_speedup):
             plan = other
     if plan.fits or ndevices == 1:
@@ -493,14 +517,15 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
     tf, tb = max(float(flops.sum()), 1.0), max(float(gpu["additive"].sum()), 1.0)
     both = flops / tf + gpu["additive"] / tb
     owner, upper = map_fronts(*args, both, ndevices, upper_device=upper_device,
-                              tolerance=tolerance)
+                              tolerance=tolerance, speeds=speeds)
     tried = [plan, _plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu, itemsize,
-                            "flops+bytes", budget)]
+                            "flops+bytes", budget, speeds=speeds)]
     for p in list(tried):
         if not p.fits:          # the upper tree's fronts spread by bytes
             own = _spread_upper(p, gpu["additive"])
             tried.append(_plan_of(fs, own, p.upper, upper_device, ndevices, flops, gpu,
-                                  itemsize, p.weight + ", upper tree by bytes", budget))
+                                  itemsize, p.weight + ", upper tree by bytes", budget,
+                                  speeds=speeds))
     for p in tried:
         if p.fits:
             return p

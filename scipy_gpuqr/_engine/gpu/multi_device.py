@@ -75,7 +75,7 @@ from .rlayout import r_layout
 from .split_front import CupySplit, enable_peers
 from .stage_loop import stage_reflector_records
 
-__all__ = ["multi_gpu_factorize", "cupy_layers", "device_count"]
+__all__ = ["multi_gpu_factorize", "cupy_layers", "device_count", "measured_speeds"]
 
 _log = logging.getLogger("scipy_gpuqr")
 
@@ -99,6 +99,35 @@ def device_count() -> int:
         return int(cp.cuda.runtime.getDeviceCount())
     except Exception:                           # noqa: BLE001 - no driver: no device
         return 0
+
+
+def measured_speeds(qr) -> list | None:
+    """Each device's relative speed on its share of a factorization, as measured.
+
+    ``qr``: a :func:`multi_gpu_factorize` result. A device's speed is the flops
+    it ran outside the split fronts over its busy seconds less those of the
+    split fronts (its upper tree's other fronts count with its subtrees),
+    normalized to mean 1: for ``device_speeds`` of a later factorization of the
+    pattern, whose mapping then gives a device that was slower per flop less
+    of the subtrees. None where a device ran no such flops or has no busy time.
+    """
+    info = qr.info
+    per = info.get("devices", {}).get("devices")
+    if not per or len(per) < 2:
+        return None
+    flops = np.asarray(qr.analysis.front_flops, dtype=np.float64)
+    upper = int(info["devices"].get("upper_device", 0))
+    work = np.array([float(d["flops"]) for d in per])
+    busy = np.array([float(d["busy_seconds"]) for d in per])
+    for e in info.get("split_fronts", []):
+        if "fallback" in e or e.get("seconds") is None:
+            continue
+        work[upper] -= float(flops[int(e["front"])])
+        busy[upper] -= float(e["seconds"])
+    if np.any(work <= 0) or np.any(busy <= 0):
+        return None
+    speed = work / busy
+    return (speed / speed.mean()).tolist()
 
 
 def cupy_layers(devices, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_BUNDLE,
@@ -260,7 +289,7 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
                         dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH,
                         split_dense: bool | None = False,
                         split_model: SplitModel | None = None,
-                        enqueue: str = "threads"):
+                        enqueue: str = "threads", device_speeds=None):
     """Sparse QR ``A[:, colperm] = Q @ R`` over several GPUs of one host.
 
     Parameters
@@ -309,6 +338,11 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         a thread per device hands it back and forth at every CUDA call of
         the other; one thread does not, but a device then waits while the
         thread enqueues the others'.
+    device_speeds : sequence of float, optional
+        Relative speeds of the devices on their subtrees, measured by an
+        earlier factorization of the pattern (:func:`measured_speeds`): the
+        mapping shares the subtrees by them
+        (:func:`~scipy_gpuqr._schedule.devices.map_devices`' ``speeds``).
 
     Returns
     -------
@@ -353,7 +387,8 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
     model = split_model if split_model is not None else SplitModel()
     ruled = split_dense is None and len(_gpus(layers)) > 1
     plan = given_plan or map_devices(analysis, len(layers), device_memory=budget,
-                                     split_model=model if ruled else None)
+                                     split_model=model if ruled else None,
+                                     speeds=device_speeds)
     if plan.ndevices != len(layers):
         raise ValueError(f"a plan of {plan.ndevices} devices for {len(layers)} layers")
     if not plan.fits:
