@@ -165,6 +165,25 @@ def test_speeds_share_the_subtrees():
         map_fronts(fs.parent, fs.child_ptr, fs.children, fl, 2, speeds=[1.0])
 
 
+def test_map_devices_cached_by_pattern():
+    """A second mapping of the pattern reuses the first's (same arrays), the budget
+    given now deciding fits; uncached, the same plan."""
+    from scipy_gpuqr._schedule.dense_split import SplitModel
+
+    an = analyze(grid3d_least_squares(12))
+    first = map_devices(an, 2, split_model=SplitModel())
+    again = map_devices(an, 2, device_memory=1 << 40, split_model=SplitModel())
+    assert again.owner is first.owner and again.budget == 1 << 40 and again.fits
+    fresh = map_devices(an, 2, device_memory=1 << 40, split_model=SplitModel(), cache=False)
+    assert fresh.owner is not first.owner
+    assert np.array_equal(fresh.owner, first.owner) and fresh.stages == first.stages
+    assert fresh.makespan == again.makespan and sorted(fresh.split) == sorted(again.split)
+    tight = map_devices(an, 2, device_memory=int(0.8 * first.device_bytes.max()))
+    assert tight.budget == int(0.8 * first.device_bytes.max())
+    assert tight.weight != "flops" or tight.fits
+    assert map_devices(an, 2, speeds=[1.0, 2.0]).owner is not map_devices(an, 2).owner
+
+
 def _check_plan_speeds(an, plan, speeds):
     """_check_plan's checks, the makespan modelled at ``speeds``."""
     fs = an.fronts
