@@ -160,6 +160,8 @@ def _once(A, b, backend, debug=False):
            "r_copy_stages": bi.get("r_copy_stages"),
            "host_r_by_parts": bi.get("host_r_by_parts"),
            "stage_seconds": bi.get("stage_seconds"),
+           "hand_on_seconds": bi.get("hand_on_seconds"),
+           "timeline": bi.get("timeline"),
            "q_first_stage_early": bi.get("q_first_stage_early"),
            "pool_ranges_sent_during_stages": bi.get("pool_ranges_sent_during_stages"),
            "warnings": [str(w.message)[:160] for w in seen],
@@ -183,7 +185,12 @@ def _once(A, b, backend, debug=False):
 #: whether a host front's slab parts move their rows down to the staircase
 #: only (``slab_front.STAIRCASE_PARTS``) and whether a staged factorization's
 #: R is assembled on a worker beside ``Q``'s first upload
-#: (``driver.ASSEMBLE_R_BEHIND``); a missing key is off / ``"size"``.
+#: (``driver.ASSEMBLE_R_BEHIND``), whether R's data array for the values of
+#: pools sent down is made ahead (``stage_loop.R_DATA_AHEAD``) and filled by
+#: threads taking and scattering a step at a time (``stage_loop.GATHER_FUSED``),
+#: whether a device stage's blocks go into a host stage's pool as their upper
+#: trapezoids only (``stage_loop.PLACE_UPPER``); a missing key is off /
+#: ``"size"``.
 MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "bands": {"band_upload": "mapped", "host_r_by_parts": False},
          "rparts": {"band_upload": "copy2d", "host_r_by_parts": True},
@@ -215,7 +222,18 @@ MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
                    "staircase_parts": True},
          "c8": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
                 "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                "staircase_parts": True, "assemble_behind": True}}
+                "staircase_parts": True, "assemble_behind": True},
+         "gather": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                    "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
+                    "staircase_parts": True, "assemble_behind": True, "r_data_ahead": True,
+                    "gather_fused": True},
+         "upper": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                   "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
+                   "staircase_parts": True, "assemble_behind": True, "place_upper": True},
+         "c9": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
+                "staircase_parts": True, "assemble_behind": True, "r_data_ahead": True,
+                "gather_fused": True, "place_upper": True}}
 
 
 class _NoPlans:
@@ -250,6 +268,9 @@ def _set_mode(name):
     slab_front.SLAB_PARTS = m.get("slab_parts", 4)
     slab_front.STAIRCASE_PARTS = m.get("staircase_parts", False)
     driver.ASSEMBLE_R_BEHIND = m.get("assemble_behind", False)
+    stage_loop.R_DATA_AHEAD = m.get("r_data_ahead", False)
+    stage_loop.GATHER_FUSED = m.get("gather_fused", False)
+    stage_loop.PLACE_UPPER = m.get("place_upper", False)
 
 
 def _run_modes(A, b, repeat, limit, modes, debug=False, profile=None, blocks=False):
@@ -339,6 +360,7 @@ def _run(A, b, backend, repeat, limit=None, profile=None, debug=False):
         pool.set_limit(size=0)
     out = dict(rows[-1])
     out["seconds"] = statistics.median(r["seconds"] for r in rows)
+    out["all_seconds"] = [round(r["seconds"], 4) for r in rows]
     out["first_seconds"] = first["seconds"]
     out["runs"] = len(rows)
     out["pool_used_after"] = int(pool.used_bytes() - base)
@@ -493,6 +515,8 @@ def main(argv=None):
                         f"during stages {row['pool_ranges_sent_during_stages']}, host R by parts "
                         f"{row['host_r_by_parts']}, calls {row.get('all_seconds')}"
                       + f"\n    stages (begin, launches, wait, R, hand-on) {row['stage_seconds']}"
+                      + f"\n    hand-on (carry, keep, retire) {row.get('hand_on_seconds')}"
+                      + f"\n    timeline (s) {row.get('timeline')}"
                       + "".join(f"\n    log: {line}" for line in
                                 [x for x in row["log"] if x.startswith("Q replay")]
                                 + [x for x in row["log"] if not x.startswith("Q replay")][:8]),
@@ -520,8 +544,11 @@ def main(argv=None):
         unl = rec["runs"].get("unlimited", {}).get("seconds")
         for label, row in rec["runs"].items():
             x = row.get("vs_unlimited")
+            calls = row.get("all_seconds") or []
             print(f"  {mname:9s} {label:16s} {row['seconds']:8.3f}"
                   + (f"  x{x:.2f}" if x else "")
+                  + (f"  [{min(calls):.3f}-{max(calls):.3f}, {len(calls)} calls]"
+                     if len(calls) > 1 else "")
                   + (f"  cpu/unl {row['seconds'] / unl:.1f}" if label == "cpu" and unl else "")
                   + f"  {row.get('backend')} stages {row.get('stages')}", flush=True)
         if rec.get("alternate"):

@@ -7,6 +7,7 @@ after out-of-memory and the CPU fallback run here without a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import warnings
 from collections import Counter
@@ -524,19 +525,22 @@ def test_host_stage_assembly_compiled_equals_numpy(monkeypatch):
 
 def test_host_stage_carried_blocks_placed_as_their_stages_end(monkeypatch):
     """The contribution blocks a host front receives from device stages go into its
-    stage's pool as their own stages end (``place_blocks``), the rest of the
-    pool zeroed up to them only: the same R, bit for bit, as copying them in at
-    the host stage's start; and a placement one element off gives another R."""
+    stage's pool as their own stages end (``place_upper``: their upper
+    trapezoids only, the entries below set to NaN on the NumPy layer), the
+    rest of the pool zeroed up to them only: the same R, bit for bit, as
+    copying them in at the host stage's start, and as placing them whole
+    (``PLACE_UPPER`` off: ``place_blocks``); and a placement one element off
+    gives another R."""
     from scipy_gpuqr._engine.gpu import stage_loop
     A, an, needs = _host_case()
     limit = min_budget(an, needs)
     calls = []
-    real = NumpyDevice.place_blocks
+    real = stage_loop.place_upper
 
-    def counted(self, pool, blocks, out):
+    def counted(device, pool, blocks, out):
         calls.append(len(blocks))
-        return real(self, pool, blocks, out)
-    monkeypatch.setattr(NumpyDevice, "place_blocks", counted)
+        return real(device, pool, blocks, out)
+    monkeypatch.setattr(stage_loop, "place_upper", counted)
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                       dense_flops=_HOST_FLOPS)
     assert g.info["host_fronts"] and sum(calls) > 0
@@ -544,19 +548,64 @@ def test_host_stage_carried_blocks_placed_as_their_stages_end(monkeypatch):
     hosted = [sched.stages[sid] for sid in g._host_stages]
     assert any(stage_loop._zero_end(an.fronts, st) < st.pool_size for st in hosted)
     placed = g.R.toarray()
+    whole = []
+    real_whole = NumpyDevice.place_blocks
+
+    def counted_whole(self, pool, blocks, out):
+        whole.append(len(blocks))
+        return real_whole(self, pool, blocks, out)
+    monkeypatch.setattr(NumpyDevice, "place_blocks", counted_whole)
+    monkeypatch.setattr(stage_loop, "PLACE_UPPER", False)
+    n = len(calls)
+    by_rows = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                            dense_flops=_HOST_FLOPS).R.toarray()
+    assert len(calls) == n and sum(whole) > 0
+    np.testing.assert_array_equal(placed, by_rows)
     monkeypatch.setattr(stage_loop.StageLoop, "place_in_host_stages",
                         lambda self, st, pool, device, later: later)
     copied = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                            dense_flops=_HOST_FLOPS).R.toarray()
     np.testing.assert_array_equal(placed, copied)
 
-    def off_by_one(self, pool, blocks, out):
-        return real(self, pool, [(a + 1, m, w, n, at) for a, m, w, n, at in blocks], out)
+    def off_by_one(device, pool, blocks, out):
+        return real(device, pool, [(a + 1, m, w, n, at) for a, m, w, n, at in blocks], out)
     monkeypatch.undo()
-    monkeypatch.setattr(NumpyDevice, "place_blocks", off_by_one)
+    monkeypatch.setattr(stage_loop, "place_upper", off_by_one)
     wrong = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                           dense_flops=_HOST_FLOPS).R.toarray()
     assert np.abs(wrong - placed).max() > 1e-6 * np.abs(placed).max()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 256])
+def test_upper_pieces_cover_each_blocks_upper_trapezoid(rows):
+    """``upper_pieces``: every entry (i, j), j >= i, of each block (wide, tall,
+    square, one row) reaches its place in the target, nothing beyond the
+    block's rows there, and what it sends below the diagonal stays within
+    ``rows`` of it; ``place_upper`` on the NumPy layer leaves NaN below."""
+    from scipy_gpuqr._engine.gpu.pool_copy import place_upper, upper_pieces
+    blocks = [(3, 5, 9, 12, 0), (70, 11, 4, 6, 45), (150, 1, 7, 7, 89), (160, 6, 6, 8, 96)]
+    pool = np.arange(1.0, 260.0)
+    out = np.full(132, -1.0)
+    for s, h, w, sp, d, dp in upper_pieces(blocks, rows):
+        for r in range(h):
+            out[d + r * dp: d + r * dp + w] = pool[s + r * sp: s + r * sp + w]
+    for a, m, w, n, at in blocks:
+        got = out[at: at + m * w].reshape(m, w)
+        src = np.lib.stride_tricks.as_strided(pool[a:], shape=(m, w), strides=(n * 8, 8))
+        i, j = np.indices((m, w))
+        np.testing.assert_array_equal(got[j >= i], src[j >= i])
+        sent = got != -1.0
+        assert np.all((i - j)[sent] < rows)
+    placed = np.zeros(132)
+    assert place_upper(None, pool, blocks, placed, rows) is None
+    for a, m, w, n, at in blocks:
+        got = placed[at: at + m * w].reshape(m, w)
+        src = np.lib.stride_tricks.as_strided(pool[a:], shape=(m, w), strides=(n * 8, 8))
+        i, j = np.indices((m, w))
+        np.testing.assert_array_equal(got[j >= i], src[j >= i])
+        assert np.isnan(got[j < i - rows + 1]).all()
+    with pytest.raises(ValueError):
+        place_upper(None, pool, [(250, 2, 9, 12, 0)], placed, rows)
 
 
 def test_host_pool_zeroed_up_to_carried_blocks_that_fill_it():
@@ -914,41 +963,51 @@ def test_pools_sent_down_during_their_stage_are_exact(monkeypatch):
     an = analyze(A)
     ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
     gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
-    monkeypatch.setattr(stage_loop, "pool_final",
-                        lambda fs, st: np.full(st.nlaunch, st.pool_size, dtype=np.int64))
+    real = stage_loop.front_finality
+
+    def all_at_once(fs, st):
+        fin = real(fs, st)
+        return dataclasses.replace(fin, last=np.zeros_like(fin.last))
+    monkeypatch.setattr(stage_loop, "front_finality", all_at_once)
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=_limit(an, 4)))
     assert g.info["pool_ranges_sent_during_stages"]
     assert abs(g.R - ref.R).max() > 1e-6 * abs(ref.R).max()
 
 
-def test_pool_final_is_a_nondecreasing_prefix_of_whole_fronts():
-    """Each launch's final prefix ends at a front's end (or the pool's), never
-    decreases, covers the pool after the last launch, and never passes a front
-    that a later launch still writes."""
-    from scipy_gpuqr._engine.gpu.pool_copy import pool_final
+@pytest.mark.parametrize("per_front", [True, False])
+def test_front_finality_never_passes_a_later_write(monkeypatch, per_front):
+    """Each front's final launch is at or after every launch that writes it (its
+    own records, its children's Pack-Assemble, the Pack-Assemble reading it);
+    the fronts lie in the pool one after another, before its carried blocks.
+    Per front (``PER_FRONT``) some front is final before a front ahead of it
+    in the pool; the prefix's finality never decreases."""
+    from scipy_gpuqr._engine.gpu import pool_copy
     from scipy_gpuqr._schedule.tasks import TaskType
+    monkeypatch.setattr(pool_copy, "PER_FRONT", per_front)
     A = _cases()[0][1]
     an = analyze(A)
-    sched = build_schedule(an, tile=TILE, bundle=BUNDLE, plan=an.stage_plan(20000))
+    sched = build_schedule(an, tile=TILE, bundle=BUNDLE, plan=an.stage_plan(100000))
     fs = an.fronts
     assert len(sched.stages) > 1
+    ahead = 0
     for st in sched.stages:
         first, last = st.fronts
-        final = pool_final(fs, st)
-        ends = set((st.foff[first:last + 1] + fs.fm[first:last + 1] * fs.fn[first:last + 1])
-                   .tolist()) | {0, int(st.pool_size)}
-        assert np.all(np.diff(final) >= 0) and final[-1] == st.pool_size
-        assert set(final.tolist()) <= ends
+        fin = pool_copy.front_finality(fs, st)
+        assert np.all(fin.start[1:] >= fin.end[:-1]) and fin.end[-1] <= st.pool_size
+        assert np.all((fin.last >= 0) & (fin.last < max(st.nlaunch, 1)))
+        if not per_front:
+            assert np.all(np.diff(fin.last) >= 0)
+        ahead += int(np.any(fin.last[1:] < np.maximum.accumulate(fin.last)[:-1]))
         t = st.tasks
         launch = np.repeat(np.arange(st.nlaunch), np.diff(st.launch_ptr))
-        written = t["front"].astype(np.int64)
+        front = t["front"].astype(np.int64)
         pack = t["type"] == TaskType.PACK_ASSEMBLE
-        written = np.where(pack, fs.parent[written], written)
-        for L in range(st.nlaunch - 1):
-            later = written[launch > L]
-            later = later[(later >= first) & (later <= last)]
-            if len(later):
-                assert final[L] <= st.foff[later.min()], (st.fronts, L)
+        at = {int(a): i for i, a in enumerate(fin.start.tolist())}
+        for f, L in zip(np.concatenate([front, fs.parent[front[pack]]]).tolist(),
+                        np.concatenate([launch, launch[pack]]).tolist()):
+            if first <= f <= last and int(st.foff[f]) in at:
+                assert fin.last[at[int(st.foff[f])]] >= L, (st.fronts, f, L)
+    assert (ahead > 0) == per_front
 
 
 class _PoolExecutor:
@@ -1339,6 +1398,7 @@ def test_host_stage_r_gathered_by_runs_equals_the_gather_by_index(monkeypatch):
         made.append(out)
         return out
     monkeypatch.setattr(stage_loop, "touched", touched)
+    monkeypatch.setattr(stage_loop, "R_DATA_AHEAD", False)     # touched for host stages only
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                       dense_flops=_HOST_FLOPS)
     assert g.info["host_fronts"] and len(calls) == len(g.info["host_fronts"]) and max(calls) > 0
@@ -1550,3 +1610,39 @@ def test_oversized_rule_leaves_every_host_front_a_device_slab():
                                           plan_for_memory(an, base, avail), avail, None)
             assert got is not None and not driver._host_fronts_slab(an, got[1], got[2], avail,
                                                                     256, 8)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_pool_gather_by_steps_equals_take_then_scatter(dtype, monkeypatch):
+    """R's values of a pool sent down, taken and scattered by threads a step at a
+    time (``GATHER_FUSED``, compiled), land as the take of all of them then
+    their scatter put them (and as ``data[pos] = host[gidx]``); a step one
+    entry short leaves an entry out."""
+    from scipy_gpuqr._engine.gpu import stage_loop
+    from scipy_gpuqr._schedule import native
+    monkeypatch.setenv(native.ENV, "c")
+    if native.handle() is None:
+        pytest.skip("the compiled library cannot be built here")
+    rng = np.random.default_rng(5)
+    host = rng.standard_normal(50000).astype(dtype)
+    n = 30001
+    gidx = rng.integers(0, len(host), n)
+    pos = rng.permutation(40000)[:n].astype(np.int64)
+    monkeypatch.setattr(stage_loop, "GATHER_STEP", 1000)
+    monkeypatch.setattr(stage_loop, "GATHER_PER_THREAD", 7000)
+    fused = np.zeros(40000, dtype=dtype)
+    stage_loop._gather_into(fused, pos, host, gidx)
+    monkeypatch.setattr(stage_loop, "GATHER_FUSED", False)
+    plain = np.zeros(40000, dtype=dtype)
+    stage_loop._gather_into(plain, pos, host, gidx)
+    ref = np.zeros(40000, dtype=dtype)
+    ref[pos] = host[gidx]
+    np.testing.assert_array_equal(fused, plain)
+    np.testing.assert_array_equal(fused, ref)
+    monkeypatch.setattr(stage_loop, "GATHER_FUSED", True)
+    real = native.run_ranges
+    short = np.zeros(40000, dtype=dtype)
+    monkeypatch.setattr(native, "run_ranges",
+                        lambda fn, bounds, *a: real(lambda i0, i1: fn(i0, i1 - 1), bounds, *a))
+    stage_loop._gather_into(short, pos, host, gidx)
+    assert np.count_nonzero(short != ref) > 0

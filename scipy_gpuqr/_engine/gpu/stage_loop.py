@@ -27,13 +27,14 @@ from ..._errors import GpuEngineError
 from ..._schedule import native
 from ..._schedule.tasks import TaskType, factorizes, take_records
 from .device import CupyDevice, HostFrontDevice, pool_block
-from .pool_copy import pool_final
+from .pool_copy import front_finality, place_upper
 from .rcopy import (ColumnRCopy, NumpyRCopy, column_bounds, final_entries_cached,
                     strided_runs, touched)
 from .rlayout import r_layout_cached
 
 __all__ = ["StageLoop", "stage_reflector_records", "assemble_r", "r_dtype", "FACTORIZE_TYPES",
-           "HOST_R_BY_PARTS", "HOST_R_BEHIND", "HOST_PLACE_BEHIND"]
+           "HOST_R_BY_PARTS", "HOST_R_BEHIND", "HOST_PLACE_BEHIND", "R_DATA_AHEAD",
+           "GATHER_FUSED", "PLACE_UPPER"]
 
 #: Record types whose Householder vectors ``Q``'s replay keeps.
 FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
@@ -51,6 +52,25 @@ HOST_PLACE_BEHIND = True
 #: come back from the device (:class:`~.rcopy.ColumnRCopy`), while the device
 #: works on the next parts; off: all of them after the stage's launches.
 HOST_R_BY_PARTS = True
+
+#: A device stage's contribution blocks whose parent is a host stage's front go
+#: into that stage's pool as their upper trapezoids only
+#: (:func:`~.pool_copy.place_upper`: what the parent's Pack-Assemble reads);
+#: off: whole, Householder data below their diagonals too.
+PLACE_UPPER = True
+
+#: R's data array, into which the gather thread scatters the values of the pools
+#: sent down, made and its pages touched by threads on a worker as the first
+#: such stage begins (R's layout known: cached by an earlier factorization of
+#: the pattern, or from the worker); off: zeros made where the first gather is
+#: submitted, whose scatter then faults its pages in.
+R_DATA_AHEAD = True
+
+#: A pool sent down gives R's values by threads that each take a step of
+#: entries into a buffer of their own and scatter it into R's data
+#: (:func:`_gather_into`); off: all the stage's values taken into a new array,
+#: then scattered.
+GATHER_FUSED = True
 
 
 class StageLoop:
@@ -101,6 +121,10 @@ class StageLoop:
         self.r_copy_stages = []         # per stage: how R's values came, seconds waited
         self._gathers = None            # the worker gathering R's values from host pools
         self.r_data = None              # R's values, host pools' stages scattered by it
+        self._r_data_job = None         # its future while made ahead (R_DATA_AHEAD)
+        self.t_start = time.perf_counter()
+        self.timeline = []              # (event, seconds from t_start): the gathers
+        self.hand_on_seconds = []       # per stage: carry, keep records, retire pool
         self.t_r_gather_wait = 0.0
         self.r_out_jobs = {}            # host stage -> its R values' array, made ahead
         self.host_r_early = []          # per host stage gathered by parts: share, seconds
@@ -159,6 +183,8 @@ class StageLoop:
         # overlapping the next stage; the last stage has none to overlap, so its R is
         # copied progressively from the device as for a pool that stays
         last = sid + 1 >= self.nstage
+        if down is not None and not last:
+            self.make_r_data_ahead()
         copier, pos = ((None, None) if down is not None and not last
                        else self.open_progressive_copy(sid, st, h))
         self.make_host_r_out(sid)
@@ -213,9 +239,9 @@ class StageLoop:
             # R's values gathered from the pool sent down, on a worker thread while
             # the next stages run (:meth:`r_values` collects them)
             pos, gidx = self.gmaps[sid]
-            if self.r_data is None:
+            if self._r_data_job is None and self.r_data is None:
                 self.r_data = np.zeros(self.layout.nnz, dtype=self.r_dtype)
-            values = self.gather_thread().submit(_gather_into, self.r_data, pos, host, gidx)
+            values = self.gather_thread().submit(self._gather_stage, sid, pos, host, gidx)
             how = "from the host pool"
         self.r_parts.append((pos, values))
         t_r = time.perf_counter()
@@ -223,15 +249,55 @@ class StageLoop:
         self.r_copy_stages.append((how, round(t_r - tw, 4)))
         del copier, down
         self.carry_contribution_blocks(st, pool, device, host)
+        t_c = time.perf_counter()
         self.keep_reflector_records(sid, st)
+        t_k = time.perf_counter()
         self.retire_pool(sid, st, pool, host)
         t_end = time.perf_counter()
+        self.hand_on_seconds.append(tuple(round(x, 4) for x in (t_c - t_r, t_k - t_c,
+                                                                t_end - t_k)))
+        self.mark(f"e{sid}", t_end)
         if sid in self.host_stages:
             self.t_host += t_end - t_host
         # wall seconds of the stage's steps: its pool begun, launches enqueued (a
         # host stage's run), the device waited for, R's values, blocks and pool handed on
         self.stage_seconds.append(tuple(round(x, 4) for x in (
             t_begun - t_host, t_launched - t_begun, tw - t_launched, t_r - tw, t_end - t_r)))
+
+    def mark(self, what: str, t=None) -> None:
+        """A point of the loop's timeline (``info['timeline']``: seconds from the
+        loop's start; the gathers' start and end, each stage's end)."""
+        self.timeline.append((what, round((time.perf_counter() if t is None else t)
+                                          - self.t_start, 4)))
+
+    def make_r_data_ahead(self) -> None:
+        """R's data array made and touched on a worker (:data:`R_DATA_AHEAD`) once
+        R's layout is known here (from the worker, or cached by an earlier
+        factorization of the pattern); the gathers take it from the future."""
+        if not R_DATA_AHEAD or self._r_data_job is not None or self.r_data is not None:
+            return
+        lay = self.layout if self.layout is not None else r_layout_cached(self.analysis)
+        if lay is None:
+            return
+        ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-r-data")
+        try:
+            self._r_data_job = ex.submit(touched, lay.nnz, self.r_dtype)
+        finally:
+            ex.shutdown(wait=False)
+
+    def _data(self) -> np.ndarray:
+        """R's data array (the one made ahead, waited for)."""
+        if self.r_data is None and self._r_data_job is not None:
+            self.r_data = self._r_data_job.result()
+            self._r_data_job = None
+        return self.r_data
+
+    def _gather_stage(self, sid: int, pos, host, gidx) -> None:
+        """Stage ``sid``'s R values from its host pool into R's data (the gather
+        thread), its start and end on the timeline."""
+        self.mark(f"g{sid}")
+        _gather_into(self._data(), pos, host, gidx)
+        self.mark(f"G{sid}")
 
     def gather_thread(self) -> ThreadPoolExecutor:
         """The worker gathering R's values off the stages' path (made on first use;
@@ -340,16 +406,21 @@ class StageLoop:
 
     def r_values(self) -> list:
         """``r_parts`` with the host pools' gathers waited for: per stage
-        ``(positions, values)``."""
+        ``(positions, values)``; ``r_data`` is set by then (made ahead: the
+        gathers' array, waited for)."""
         tw = time.perf_counter()
+        self.mark("r")
         try:
-            return [(pos, v.result() if hasattr(v, "result") else v)
-                    for pos, v in self.r_parts]
+            out = [(pos, v.result() if hasattr(v, "result") else v)
+                   for pos, v in self.r_parts]
+            self._data()
+            return out
         finally:
             if self._gathers is not None:
                 self._gathers.shutdown(wait=False)
                 self._gathers = None
             self.t_r_gather_wait += time.perf_counter() - tw
+            self.mark("R")
 
     def open_pool_copy(self, sid: int, st, h):
         """A pool that goes to the host after its stage, sent down in ranges while the
@@ -363,7 +434,7 @@ class StageLoop:
         opener = getattr(self.device, "open_pool_copy", None)
         if opener is None:
             return None
-        return opener(h["pool"], pool_final(self.fs, st))
+        return opener(h["pool"], front_finality(self.fs, st))
 
     def open_late_copy(self, sid: int, st, h):
         """A cold one-stage run's progressive copier, opened after launch ``L`` once the
@@ -489,6 +560,9 @@ class StageLoop:
                 # host to host: copied by threads on a worker while the next stages
                 # run; the host stage that takes them waits for it as it begins
                 self.host_dev.placed(pst.fronts, _Placing(pool, blocks, out))
+            elif device is not self.host_dev and PLACE_UPPER:
+                # their upper trapezoids only: Pack-Assemble reads nothing else
+                self.host_dev.placed(pst.fronts, place_upper(device, pool, blocks, out))
             else:
                 self.host_dev.placed(pst.fronts, place(pool, blocks, out))
         return np.array([i for i in later.tolist() if self.host_cb.get(first + i) is not _PLACED],
@@ -607,6 +681,8 @@ class StageLoop:
                 "r_copy_stages": list(self.r_copy_stages),
                 "host_r_by_parts": list(self.host_r_early),
                 "stage_seconds": list(self.stage_seconds),
+                "hand_on_seconds": list(self.hand_on_seconds),
+                "timeline": list(self.timeline),
                 "last_pool_on_device": bool(self.keep_last
                                             and self.nstage - 1 not in self.host_stages)}
 
@@ -703,10 +779,44 @@ def _scatter(data, pos, v) -> None:
         data[pos] = v
 
 
+#: Entries of one step of :func:`_gather_into`'s threads (their buffer stays in
+#: cache between the take and the scatter).
+GATHER_STEP = 1 << 15
+#: Fewest entries per thread of :func:`_gather_into`, and most threads (the
+#: gathers run beside the next stages' host work).
+GATHER_PER_THREAD = 1 << 20
+GATHER_THREADS = 8
+
+
 def _gather_into(data, pos, host, gidx) -> None:
     """A host pool's values of R put straight into R's data array (the gather
-    thread, while later stages run): nothing is left for :func:`assemble_r`."""
-    _scatter(data, pos, NumpyRCopy(host, gidx, dtype=host.dtype).result())
+    thread, while later stages run): nothing is left for :func:`assemble_r`.
+
+    With :data:`GATHER_FUSED` and the compiled library, threads each take
+    :data:`GATHER_STEP` entries at a time into a buffer of their own and
+    scatter it (no array of the stage's values, whose fresh pages the take
+    would fault in and the scatter read back from memory)."""
+    lib = native.handle() if GATHER_FUSED else None
+    if lib is None or host.dtype != data.dtype or data.itemsize not in (4, 8):
+        _scatter(data, pos, NumpyRCopy(host, gidx, dtype=host.dtype).result())
+        return
+    pos = np.ascontiguousarray(pos, dtype=np.int64)
+    gidx = np.asarray(gidx)
+    n = len(pos)
+    if len(gidx) != n:
+        raise GpuEngineError(f"R's gather: {len(gidx)} sources for {n} positions")
+
+    def part(i0, i1):
+        buf = np.empty(min(GATHER_STEP, i1 - i0), dtype=data.dtype)
+        for a in range(i0, i1, GATHER_STEP):
+            b = min(i1, a + GATHER_STEP)
+            v = buf[:b - a]
+            np.take(host, gidx[a:b], out=v, mode="clip")    # indices in range: no check
+            lib.sgq_scatter(0, b - a, pos.ctypes.data + a * 8, v.ctypes.data,
+                            data.ctypes.data, data.itemsize)
+
+    threads = native.thread_count(n, GATHER_PER_THREAD, GATHER_THREADS)
+    native.run_ranges(part, np.linspace(0, n, threads + 1).astype(np.int64))
 
 
 def assemble_r(Ac, layout, r_parts, dtype, pattern, data=None):
