@@ -354,7 +354,8 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                    launches=int(info.get("launches", 0)),
                    transfers=len(info.get("transfers", [])),
                    transfer_bytes=int(sum(t[3] for t in info.get("transfers", []))),
-                   engine_seconds=info.get("seconds", {}))
+                   engine_seconds=info.get("seconds", {}),
+                   r_copy_progressive=info.get("r_copy_progressive"))
         if info.get("devices"):             # the plan the engine ran (split fronts included)
             run["plan"] = {key: v for key, v in info["devices"].items() if key != "devices"}
         if info.get("split_fronts"):
@@ -398,6 +399,7 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                      f"; subtree flops " + " ".join(
                          f"{d.get('subtree_flops', float('nan')) / 1e12:.2f}"
                          for d in run["plan"].get("per_device", [])) + " T")
+            busy += f"; R copies started during the launches {run.get('r_copy_progressive')}"
             if run.get("speeds"):
                 busy += "; speeds " + " ".join(f"{x:.3f}" for x in run["speeds"])
         check = (f"  R diff {run['R_diff']:.1e} Qtb diff {run['qtb_diff']:.1e}"

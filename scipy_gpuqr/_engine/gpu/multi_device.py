@@ -436,9 +436,11 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
     helper = ThreadPoolExecutor(max_workers=1)
     try:
         host_side = helper.submit(_host_side, analysis, [st.fronts for st in sched.stages])
-        # R's values land in an array whose pages are touched while the devices
-        # run: scattered into fresh pages, each write would fault its page in
+        # then, while the devices run: the array R's values land in, its pages
+        # touched (scattered into fresh pages, each write would fault its page
+        # in), and a fresh copy of R's pattern (read by R's assembly only)
         data = helper.submit(lambda: touched(host_side.result()[0].nnz, dtype))
+        pattern = helper.submit(lambda: host_side.result()[0].pattern_copy())
         run = _MultiStageRun(Ac, analysis, plan, layers, sched, host_side, dtype)
         run.data_made = data
         run.t_call = t_start
@@ -447,7 +449,8 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
         t_devices = time.perf_counter()
         run.run_devices()
         t2 = time.perf_counter()
-        layout, _, pattern = host_side.result()
+        layout = host_side.result()[0]
+        pattern = pattern.result()
     finally:
         helper.shutdown(wait=True)
     R = run.finish_r(Ac, layout, pattern)
@@ -492,8 +495,10 @@ def split_choice(analysis, plan, sched, layers, split_dense, model) -> dict:
 
 
 def _host_side(analysis, plan_stages):
+    """R's layout and its gather maps for the stages (on the helper: the stages'
+    R copies start once they are there)."""
     lay = r_layout(analysis)
-    return lay, lay.stage_maps(plan_stages), lay.pattern_copy()
+    return lay, lay.stage_maps(plan_stages)
 
 
 def _to_home(arr, home):
@@ -739,7 +744,7 @@ class _MultiStageRun:
 
     def _copier(self, sid, st, layer, h):
         """R's copier of the stage, progressive (``final`` per launch): (copier, pos)."""
-        layout, gmaps, _ = self.host_side.result()
+        layout, gmaps = self.host_side.result()
         pos, gidx = gmaps[sid]
         key = ("multi_device_final", self.fkey, int(sid), int(st.nlaunch), int(st.ntasks),
                hash(np.asarray(st.launch_ptr).tobytes()))
