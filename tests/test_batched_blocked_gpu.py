@@ -182,6 +182,45 @@ def test_inverse_and_cholesky_solve(rng, n, dtype):
                                    atol=1e3 * n * eps(dtype) * np.abs(refs).max())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nb", [32, 64])
+@pytest.mark.parametrize("n", [64, 65, 96, 128, 129, 200, 256])
+def test_inverse_blocks_match_lapack(rng, n, nb, dtype):
+    """The blocked inverse U⁻¹ L⁻¹ P (kernels/batched/inverse.cu and cuBLAS
+    GEMMs by block rows of nb, ragged last block rows included) equals
+    LAPACK's inverse within the inverse's rounding, on well and less well
+    conditioned matrices (rows exchanged: random, not diagonally dominant);
+    its exactly singular matrices come out NaN from inv_batched with
+    return_info (default block rows), the others as good; outputs poisoned."""
+    import cupy as cp
+    import scipy_gpuqr as g
+    from scipy_gpuqr.batched import _gpu_blocked as bb
+    a = random_batch(rng, (6,), n, dtype)
+    a[1] += 4 * np.sqrt(n) * np.eye(n, dtype=dtype)
+    x, info = bb.inverse(cp.asarray(a), nb=nb)
+    assert x.shape == a.shape and x.dtype == dtype
+    ref = np.linalg.inv(a.astype(np.float64))
+    tol = 20 * n * eps(dtype) * np.linalg.cond(a.astype(np.float64))[:, None, None]
+    err = np.abs(x.get() - ref) / np.abs(ref).max(axis=(1, 2), keepdims=True)
+    assert (err <= tol).all(), (err.max(axis=(1, 2)), tol.ravel())
+    np.testing.assert_array_equal(info.get(), 0)
+    a[[0, 4], :, 3] = 0                                  # exactly singular
+    xs, info = g.inv_batched(cp.asarray(a), return_info=True)
+    xs, info = xs.get(), info.get()
+    assert (info[[0, 4]] > 0).all() and (np.delete(info, [0, 4]) == 0).all()
+    assert np.isnan(xs[[0, 4]]).all()
+    keep = [1, 2, 3, 5]
+    assert (np.abs(xs[keep] - ref[keep]) / np.abs(ref[keep]).max(axis=(1, 2), keepdims=True)
+            <= tol[keep]).all()
+
+
+def test_inverse_blocks_default_block():
+    """inverse_block picks one of the kernel's instantiated block sizes."""
+    from scipy_gpuqr.batched import _gpu_blocked as bb
+    from scipy_gpuqr.batched._kernel_registry import INV_BLOCKS
+    assert all(bb.inverse_block(n) in INV_BLOCKS for n in (65, 128, 129, 512, 1000))
+
+
 @pytest.mark.parametrize("mma,scheme", [(True, "from a"), (True, "from unaligned a"),
                                         (True, "in place"), (True, "L every panel"),
                                         (False, "from a"), (False, "in place")])

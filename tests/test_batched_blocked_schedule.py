@@ -211,3 +211,60 @@ def test_mma_schedule_in_parts_matches_lapack(emulated, n, outer, streams):
     entered = [e[1] for e in events if e[0] == "enter"]
     assert entered[:2 * parts] == names + names                 # launches in turn
     assert sorted(set(entered)) == names
+
+
+# ---------------------------------------------------------------------------
+# the blocked inverse of n > 64 (inverse_blocks): its GEMM schedule
+# ---------------------------------------------------------------------------
+
+def _pivot_identity(piv, n):
+    """pivot_identity: P of P A = L U from LAPACK's 0-based swaps."""
+    perm = np.arange(n)
+    for k, q in enumerate(piv):
+        perm[[k, q]] = perm[[q, k]]
+    return np.eye(n)[perm]
+
+
+def _tri_inv_blocks(lu, n, nb):
+    """tri_inv_blocks: (nblk, nb, nb) inverses of the diagonal blocks' unit
+    lower and upper triangles, each padded to nb x nb with the identity."""
+    nblk = -(-n // nb)
+    dl, du = np.zeros((nblk, nb, nb)), np.zeros((nblk, nb, nb))
+    for i in range(nblk):
+        t = np.eye(nb)
+        r0 = i * nb
+        m = min(nb, n - r0)
+        t[:m, :m] = lu[r0:r0 + m, r0:r0 + m]
+        dl[i] = np.linalg.inv(np.tril(t, -1) + np.eye(nb))
+        du[i] = np.linalg.inv(np.triu(t))
+    return dl, du
+
+
+@pytest.mark.parametrize("n,nb", [(65, 32), (96, 32), (128, 32), (129, 64), (200, 64),
+                                  (256, 64), (100, 64), (64, 64)])
+def test_inverse_gemm_schedule_gives_the_inverse(rng, n, nb):
+    """inverse_gemms' GEMMs, run on flat per-matrix buffers as cuBLAS would
+    (row-major C = alpha A B + beta C, B and C n wide, A's leading dimension
+    as given), from P and the inverted diagonal triangles as the kernels'
+    header describes them, give LAPACK's inverse; every read of X and Y
+    is of entries written before (the buffers start as NaN)."""
+    from scipy_gpuqr.batched._gpu_blocked import inverse_gemms
+    a = rng.standard_normal((n, n))
+    lu, piv = sl.lu_factor(a)
+    dl, du = _tri_inv_blocks(lu, n, nb)
+    buf = {"L": lu.ravel().copy(), "X": _pivot_identity(piv, n).ravel(),
+           "Y": np.full(n * n, np.nan), "DL": dl.ravel(), "DU": du.ravel()}
+    calls = 0
+    for m, k, alpha, an, a_off, lda, bn, b_off, beta, cn, c_off in inverse_gemms(n, nb):
+        A = np.lib.stride_tricks.as_strided(buf[an][a_off:], (m, k), (8 * lda, 8))
+        B = buf[bn][b_off:b_off + k * n].reshape(k, n)
+        C = buf[cn][c_off:c_off + m * n].reshape(m, n)
+        assert an != cn and bn != cn
+        prod = alpha * (A @ B)
+        C[...] = prod if beta == 0 else prod + beta * C
+        calls += 1
+    nblk = -(-n // nb)
+    assert calls == 4 * nblk - 2
+    x = buf["X"].reshape(n, n)
+    np.testing.assert_allclose(x, sl.inv(a), rtol=0,
+                               atol=1e3 * n * np.finfo(float).eps * np.abs(sl.inv(a)).max())

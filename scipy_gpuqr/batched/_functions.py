@@ -538,8 +538,10 @@ def inv_batched(a, *, check_finite=True, return_info=False, backend=None):
     On the GPU, n ≤ 32 uses a fused Gauss–Jordan kernel on [A | I] (partial
     pivoting, lazy row swaps; float64 n = 25..32 on sm_80+ blocked by
     panels of 8 columns with the other columns updated on the FP64 tensor
-    cores, else the matrix in registers); larger n factorizes and solves
-    with the identity.
+    cores, else the matrix in registers); n = 33..63 factorizes and solves
+    with the identity; from n = 64 on, the LU's U⁻¹ L⁻¹ P is formed by
+    block rows, cuBLAS GEMMs around the inverted diagonal blocks'
+    triangles (about 2 n³ flops after the LU).
 
     Parameters
     ----------

@@ -38,8 +38,10 @@ operation, :func:`default_method`):
 
 Solves with n <= 64 hold the factor in shared memory (``solve_smem``), larger
 ones use a thread per right-hand side column
-(:func:`scipy_gpuqr.batched._gpu_common.solve_by_columns`); the inverse
-solves with the identity (generated in the kernel for n <= 64).
+(:func:`scipy_gpuqr.batched._gpu_common.solve_by_columns`). The inverse of
+n < 64 solves with the identity (generated in the kernel); from n = 64 on
+it is U⁻¹ L⁻¹ P by block rows, cuBLAS GEMMs around the inverses of the
+diagonal blocks' triangles (:func:`inverse_blocks`).
 """
 
 from __future__ import annotations
@@ -50,14 +52,16 @@ import numpy as np
 
 from . import _gpu_common as _common
 from ._gpu_common import NO_REPORT, NULL, device_id, dtname, solve_by_columns
-from ._kernel_registry import (FUSED_MAX, KERNEL_VARIANTS, MMA64_FILE, MMA64_NAME,
-                               MMA64_SMEM, MMA_COPY_NAME, MMA_LEFT_NAME, MMA_MOVE_STRIDE,
-                               MMA_ROWS_NAME, MMA_SWAP_NAME, PANEL, PANEL_FILE, ROWS_FILE,
-                               ROWS_MAX, ROWS_PANEL, ROWS_THREADS, STAGE_COLS,
-                               left_stage, mma_rows_smem, panel_name, rows_name)
+from ._kernel_registry import (FUSED_MAX, INV_BLOCKS, INVERSE_FILE, KERNEL_VARIANTS,
+                               MMA64_FILE, MMA64_NAME, MMA64_SMEM, MMA_COPY_NAME,
+                               MMA_LEFT_NAME, MMA_MOVE_STRIDE, MMA_ROWS_NAME, MMA_SWAP_NAME,
+                               PANEL, PANEL_FILE, ROWS_FILE, ROWS_MAX, ROWS_PANEL,
+                               ROWS_THREADS, STAGE_COLS, inverse_name, left_stage,
+                               mma_rows_smem, panel_name, rows_name)
 from .._kernels import load_module
 
-__all__ = ["getrf", "potrf", "getrs", "potrs", "inverse", "default_method",
+__all__ = ["getrf", "potrf", "getrs", "potrs", "inverse", "inverse_blocks",
+           "inverse_block", "inverse_gemms", "BLOCKED_INVERSE_MIN", "default_method",
            "METHODS", "CHOL_SPLIT", "CHOL_FINISH", "has_mma"]
 
 #: Factorization methods, see the module docstring.
@@ -628,15 +632,155 @@ def potrs(c, lower: bool, b, report=NO_REPORT):
     return solve_by_columns("potrs_batched", c.dtype, b, (c,), 1 if lower else 0, report)
 
 
-def inverse(a, method: str | None = None):
-    """Inverse of every matrix of ``a`` (B, n, n), n > 32; returns (inv, info)."""
-    cp = _common.cupy()
+#: Smallest order whose inverse is U⁻¹ L⁻¹ P by block rows
+#: (:func:`inverse_blocks`, the faster one from there on in
+#: ``bench/batched_inverse.py``); smaller ones solve with the identity in
+#: shared memory.
+BLOCKED_INVERSE_MIN = 64
+
+
+def inverse(a, method: str | None = None, nb: int | None = None):
+    """Inverse of every matrix of ``a`` (B, n, n), n > 32; returns (inv, info).
+
+    n < :data:`BLOCKED_INVERSE_MIN`: the LU's solve with the identity in
+    shared memory (``solve_smem``); larger n: :func:`inverse_blocks` with
+    block rows of ``nb`` (None: :func:`inverse_block`).
+    """
     bsz, n = a.shape[0], a.shape[-1]
     piv = _common.alloc((bsz, n), np.int32)
     info = _common.alloc((bsz,), np.int32)
     lu = getrf(a, piv, info, method)
-    if n <= FUSED_MAX:
+    if n < BLOCKED_INVERSE_MIN:
         return _solve_smem(lu, piv, None, 0, True), info
-    # the identity broadcast (batch stride 0): the solve kernel reads one copy
-    eye = cp.broadcast_to(cp.eye(n, dtype=a.dtype), (bsz, n, n))
-    return getrs(lu, piv, eye, 0), info
+    return inverse_blocks(lu, piv, inverse_block(n) if nb is None else nb), info
+
+
+def inverse_block(n: int) -> int:
+    """Block rows of :func:`inverse_blocks` for order ``n`` (one of
+    :data:`INV_BLOCKS`): wider blocks make fewer, larger GEMMs."""
+    return INV_BLOCKS[0] if n <= 128 else INV_BLOCKS[-1]
+
+
+@functools.lru_cache(maxsize=None)
+def _inverse_function(kernel: str, dt: str, nb: int, device: int):
+    module = load_module(INVERSE_FILE, KERNEL_VARIANTS[INVERSE_FILE])
+    return module.get_function(inverse_name(kernel, dt, nb))
+
+
+def inverse_gemms(n: int, nb: int):
+    """The GEMMs of :func:`inverse_blocks` for order ``n`` and block rows of
+    ``nb``, in order: tuples ``(m, k, alpha, a, a_off, lda, b, b_off, beta,
+    c, c_off)`` of row-major C (m x n) = alpha A (m x k) B (k x n) + beta C
+    per matrix, with A, B, C named by buffer (``'L'`` the LU, ``'X'`` P and
+    then the inverse, ``'Y'`` L⁻¹ P, ``'DL'`` / ``'DU'`` the inverted
+    diagonal triangles, ``(nblk, nb, nb)`` per matrix) and offsets in
+    elements of one matrix; B and C are rows of n-wide matrices."""
+    nblk = -(-n // nb)
+    for i in range(nblk):                      # Y = L⁻¹ P, P in X's buffer
+        r0 = i * nb
+        m = min(nb, n - r0)
+        if r0:
+            yield (m, r0, -1.0, "L", r0 * n, n, "Y", 0, 1.0, "X", r0 * n)
+        yield (m, m, 1.0, "DL", i * nb * nb, nb, "X", r0 * n, 0.0, "Y", r0 * n)
+    for i in range(nblk - 1, -1, -1):          # X = U⁻¹ Y
+        r0 = i * nb
+        m = min(nb, n - r0)
+        r1 = r0 + m
+        if r1 < n:
+            yield (m, n - r1, -1.0, "L", r0 * n + r1, n, "X", r1 * n, 1.0, "Y", r0 * n)
+        yield (m, m, 1.0, "DU", i * nb * nb, nb, "Y", r0 * n, 0.0, "X", r0 * n)
+
+
+def inverse_blocks(lu, piv, nb: int):
+    """A⁻¹ = U⁻¹ L⁻¹ P from the LU ``lu`` (B, n, n) and pivots ``piv`` (B, n)
+    of each matrix, by block rows of ``nb`` (one of :data:`INV_BLOCKS`).
+
+    ``kernels/batched/inverse.cu`` writes P (``pivot_identity``) and the
+    inverses of the diagonal blocks' triangles (``tri_inv_blocks``); then,
+    block row by block row, Y = L⁻¹ P top down and X = U⁻¹ Y bottom up,
+    each block row by two cuBLAS strided-batched GEMMs
+    (:func:`inverse_gemms`): the right-hand side less the rows already
+    solved times their coefficients, then the diagonal block's inverse
+    times that (about 2 n³ flops on the tensor cores, against the n³
+    dependent loads of a solve by columns). X is written in P's buffer, the
+    input ``lu`` is not modified. A matrix with an exactly zero pivot gets
+    infs or NaNs (its ``info`` is > 0).
+    """
+    from cupy_backends.cuda.libs import cublas
+    cp = _common.cupy()
+    bsz, n = lu.shape[0], lu.shape[-1]
+    dt, dev, item = dtname(lu.dtype), device_id(), lu.itemsize
+    nblk = -(-n // nb)
+    x, y, dl, du = _common.alloc_outputs((((bsz, n, n), lu.dtype), ((bsz, n, n), lu.dtype),
+                                          ((bsz, nblk, nb, nb), lu.dtype),
+                                          ((bsz, nblk, nb, nb), lu.dtype)))
+    if bsz == 0 or n == 0:
+        return x
+    lu = cp.ascontiguousarray(lu)
+    piv = cp.ascontiguousarray(piv, dtype=cp.int32)
+    _common.launch(_inverse_function("pivot_identity", dt, 0, dev).kernel.ptr, bsz, 256,
+                   8 * n, (piv.data.ptr, x.data.ptr, n))
+    _common.launch(_inverse_function("tri_inv_blocks", dt, nb, dev).kernel.ptr, bsz * nblk,
+                   2 * nb, 0, (lu.data.ptr, dl.data.ptr, du.data.ptr, n))
+    gemm = cublas.dgemmStridedBatched if lu.dtype == np.float64 else cublas.sgemmStridedBatched
+    consts = np.array([1.0, -1.0, 0.0], dtype=lu.dtype)
+    scalar = {1.0: consts.ctypes.data, -1.0: consts.ctypes.data + item,
+              0.0: consts.ctypes.data + 2 * item}
+    nn = n * n
+    base = {"L": (lu.data.ptr, nn), "X": (x.data.ptr, nn), "Y": (y.data.ptr, nn),
+            "DL": (dl.data.ptr, nblk * nb * nb), "DU": (du.data.ptr, nblk * nb * nb)}
+    opn = cublas.CUBLAS_OP_N
+    handle = cp.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+    mode = cublas.getPointerMode(handle)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    try:
+        for m, k, alpha, a, a_off, lda, b, b_off, beta, c, c_off in inverse_gemms(n, nb):
+            (pa, sa), (pb, _), (pc, _) = base[a], base[b], base[c]
+            # row-major C = alpha A B + beta C is column-major Cᵀ = alpha Bᵀ Aᵀ + beta Cᵀ
+            gemm(handle, opn, opn, n, m, k, scalar[alpha], pb + b_off * item, n, nn,
+                 pa + a_off * item, lda, sa, scalar[beta], pc + c_off * item, n, nn, bsz)
+    finally:
+        cublas.setPointerMode(handle, mode)
+    return x
+    lu = cp.ascontiguousarray(lu)
+    piv = cp.ascontiguousarray(piv, dtype=cp.int32)
+    _common.launch(_inverse_function("pivot_identity", dt, 0, dev).kernel.ptr, bsz, 256,
+                   8 * n, (piv.data.ptr, x.data.ptr, n))
+    _common.launch(_inverse_function("tri_inv_blocks", dt, nb, dev).kernel.ptr, bsz * nblk,
+                   2 * nb, 0, (lu.data.ptr, dl.data.ptr, du.data.ptr, n))
+    gemm = cublas.dgemmStridedBatched if lu.dtype == np.float64 else cublas.sgemmStridedBatched
+    consts = np.array([1.0, -1.0, 0.0], dtype=lu.dtype)
+    one, minus, zero = (consts.ctypes.data + i * item for i in range(3))
+    nn, dstride = n * n, nblk * nb * nb
+    L, X, Y, DL, DU = lu.data.ptr, x.data.ptr, y.data.ptr, dl.data.ptr, du.data.ptr
+    opn = cublas.CUBLAS_OP_N
+    handle = cp.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+    mode = cublas.getPointerMode(handle)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+
+    def rows(m, k, alpha, a, lda, sa, b, beta, c):
+        # row-major C (m x n) = alpha A (m x k) B (k x n) + beta C, B and C
+        # rows of n-wide matrices: column-major Cᵀ = alpha Bᵀ Aᵀ + beta Cᵀ
+        gemm(handle, opn, opn, n, m, k, alpha, b, n, nn, a, lda, sa, beta, c, n, nn, bsz)
+
+    try:
+        for i in range(nblk):                      # Y = L⁻¹ P, P in X's buffer
+            r0 = i * nb
+            m = min(nb, n - r0)
+            at = r0 * n * item
+            if r0:
+                rows(m, r0, minus, L + at, n, nn, Y, one, X + at)
+            rows(m, m, one, DL + i * nb * nb * item, nb, dstride, X + at, zero, Y + at)
+        for i in range(nblk - 1, -1, -1):          # X = U⁻¹ Y
+            r0 = i * nb
+            m = min(nb, n - r0)
+            r1, at = r0 + m, r0 * n * item
+            if r1 < n:
+                rows(m, n - r1, minus, L + at + r1 * item, n, nn, X + r1 * n * item, one,
+                     Y + at)
+            rows(m, m, one, DU + i * nb * nb * item, nb, dstride, Y + at, zero, X + at)
+    finally:
+        cublas.setPointerMode(handle, mode)
+    return x

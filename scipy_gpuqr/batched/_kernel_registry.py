@@ -18,7 +18,8 @@ __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "SOLVE_FILE", "STATUS_FILE", "status_name", "VB_FILE", "vb_name",
            "MMA64_FILE", "MMA64_NAME", "MMA64_SMEM", "MMA_ROWS_NAME", "mma_rows_smem",
            "MMA_SWAP_NAME", "MMA_MOVE_STRIDE", "MMA_COPY_NAME", "MMA_LEFT_NAME", "left_stage",
-           "JACOBI_FILE", "jacobi_name", "VB_SUFFIX"]
+           "JACOBI_FILE", "jacobi_name", "VB_SUFFIX", "INVERSE_FILE", "INV_BLOCKS",
+           "inverse_name"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
 SMALL_MAX = 32
@@ -130,6 +131,23 @@ def jacobi_name(dtype: str, index: str) -> str:
     return f"jacobi_gather<{_CTYPES[dtype]}, {dict(int32='int', int64='long long')[index]}>"
 
 
+#: Source file of the blocked inverse's own kernels for n > FUSED_MAX (the
+#: inverses of the diagonal blocks' triangles, ``tri_inv_blocks<T, NB>``, and
+#: the permutation matrix of the pivots, ``pivot_identity<T>``; the rest is
+#: cuBLAS GEMMs).
+INVERSE_FILE = "batched/inverse.cu"
+
+#: Block rows of that inverse (template NB of ``tri_inv_blocks``).
+INV_BLOCKS = (32, 64)
+
+
+def inverse_name(kernel: str, dtype: str, nb: int = 0) -> str:
+    """``tri_inv_blocks<double, 32>``, ``pivot_identity<float>`` (nb unused)."""
+    if kernel == "tri_inv_blocks":
+        return f"{kernel}<{_CTYPES[dtype]}, {nb}>"
+    return f"{kernel}<{_CTYPES[dtype]}>"
+
+
 #: Source file of the gathers and scatters of the variable-size batches
 #: (``vb_gather``, ``vb_scatter``; float, double and int for the pivots) and
 #: of the size classes of a padded stack (``vb_classes``).
@@ -221,6 +239,9 @@ KERNEL_VARIANTS = {
     STATUS_FILE: tuple(
         status_name(k, dt) for k in ("info_scan", "nonfinite_scan") for dt in _CTYPES),
     JACOBI_FILE: tuple(jacobi_name(dt, ix) for dt in _CTYPES for ix in ("int32", "int64")),
+    INVERSE_FILE: tuple(inverse_name("tri_inv_blocks", dt, nb) for dt in _CTYPES
+                        for nb in INV_BLOCKS) + tuple(
+        inverse_name("pivot_identity", dt) for dt in _CTYPES),
     VB_FILE: tuple(
         vb_name(k, dt) for k in ("vb_gather", "vb_scatter")
         for dt in ("float32", "float64", "int32")) + ("vb_classes",),
