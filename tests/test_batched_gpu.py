@@ -588,6 +588,73 @@ def test_gpu_block_jacobi_gather_kernel(rng, bs):
                                rtol=1e-10)
 
 
+@pytest.mark.parametrize("bs", [4, 8, 40])
+def test_gpu_block_jacobi_short_path(rng, monkeypatch, bs):
+    """A CuPy CSR or dense matrix takes block_jacobi's short path: the gather
+    and the inverses of the full and the ragged blocks read one status word
+    (no call of the public inverse), and the operator applies exactly what
+    the general path (``backend='gpu'``: the public inv_batched per stack)
+    gives, float32 and float64, with and without a ragged last block; a
+    singular full or ragged block raises the general path's LinAlgError, an
+    inf raises its ValueError, and without check_finite both paths answer
+    the same."""
+    import cupy as cp
+    import cupyx.scipy.sparse as xsp
+    import scipy.sparse as sps
+    from scipy_gpuqr.batched import _functions, _gpu_common
+    reads, inverses = [], []
+    real_read, real_inv = _gpu_common.read_status, _functions.inv_batched
+
+    def read(st):
+        reads.append(st.buf.size)
+        return real_read(st)
+
+    def inv(*args, **kwargs):
+        inverses.append(args[0].shape)
+        return real_inv(*args, **kwargs)
+    monkeypatch.setattr(_gpu_common, "read_status", read)
+    monkeypatch.setattr(_functions, "inv_batched", inv)
+    for n in (6 * bs, 6 * bs + 3):
+        d = sps.random(n, n, density=0.2, random_state=n, format="csr") + 4 * sps.eye(n)
+        for dtype in (np.float64, np.float32):
+            A = xsp.csr_matrix(d.astype(dtype))
+            for M in (A, A.toarray()):
+                del reads[:], inverses[:]
+                op = g.block_jacobi(M, bs)
+                assert reads == [_SLOTS] and inverses == [], (reads, inverses)
+                ref = g.block_jacobi(M, bs, backend="gpu")
+                assert len(inverses) == (2 if n % bs else 1)
+                assert op.dtype == ref.dtype == dtype and op.shape == (n, n)
+                x = cp.asarray(rng.standard_normal((n, 2)), dtype=dtype)
+                np.testing.assert_array_equal(op.matmat(x).get(), ref.matmat(x).get())
+                np.testing.assert_array_equal(op.matvec(x[:, 0]).get(),
+                                              ref.matvec(x[:, 0]).get())
+    n = 6 * bs + 3
+    for row, match in ((bs + 1, r"block index = batch index.*\[1\]"),
+                       (n - 1, "ragged last diagonal block")):
+        d = np.eye(n)
+        d[row, row] = 0
+        with pytest.raises(LinAlgError, match=match):
+            g.block_jacobi(xsp.csr_matrix(sps.csr_matrix(d)), bs)
+        with pytest.raises(LinAlgError, match=match):
+            g.block_jacobi(sps.csr_matrix(d), bs)
+    d = np.eye(n)
+    d[2, 2] = np.inf
+    with pytest.raises(ValueError, match="infs or NaNs"):
+        g.block_jacobi(xsp.csr_matrix(sps.csr_matrix(d)), bs)
+    outcomes = []
+    for backend in (None, "gpu"):
+        del reads[:]
+        try:
+            g.block_jacobi(xsp.csr_matrix(sps.csr_matrix(d)), bs, check_finite=False,
+                           backend=backend)
+            outcomes.append(None)
+        except LinAlgError as exc:       # the inf's block may read as singular
+            outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1]
+    assert reads and all(r == _SLOTS for r in reads)
+
+
 # ---------------------------------------------------------------------------
 # the public call path: device-side info, one status read, no per-matrix copy
 # ---------------------------------------------------------------------------

@@ -479,7 +479,7 @@ _CTL_NAN = np.uint64(_common.CTL_NAN_FILL)
 
 def getri(a, threads: int | None = None, stages: int | None = None,
           kernel: str | None = None, report=NO_REPORT, device: int | None = None,
-          sizes=None):
+          sizes=None, outputs=None):
     """Inverse of every matrix of ``a`` (..., n, n); returns (inv, info) of
     shapes (..., n, n) and (...).
 
@@ -487,7 +487,10 @@ def getri(a, threads: int | None = None, stages: int | None = None,
     inverse is then meaningless, or all NaN with ``report``'s NaN flag) and
     -1 for a matrix holding an inf or NaN. ``threads`` and ``stages`` tune
     the n <= 32 kernel; ``kernel`` ('warp' or 'mma') forces it
-    (:func:`getri_kernel`); ``sizes`` as for :func:`getrf`.
+    (:func:`getri_kernel`); ``sizes`` as for :func:`getrf`. ``outputs``
+    (n <= 32 only): the (inv, info) arrays to write, C-contiguous, of the
+    shapes and dtypes above (a caller's views of one allocation with its
+    other arrays); None: allocated here.
     """
     a = _contiguous(a)
     n = a.shape[-1]
@@ -495,7 +498,7 @@ def getri(a, threads: int | None = None, stages: int | None = None,
         specs, fptr, grid, thr, smem, bsz, stg, vec = _small_call(
             "inv", a.shape, a.dtype, kernel, threads, stages,
             device_id() if device is None else device, sizes is not None)
-        out, info = _common.alloc_outputs(specs)
+        out, info = _common.alloc_outputs(specs) if outputs is None else outputs
         src, dst = a.data.ptr, out.data.ptr
         _common.launch(fptr, grid, thr, smem,
                        (src, dst, info.data.ptr, bsz, n, stg,

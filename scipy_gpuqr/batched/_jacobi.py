@@ -5,23 +5,30 @@ stack ``(nblocks, bs, bs)`` -- on the GPU by one kernel over the rows of a
 CSR matrix (``kernels/batched/jacobi.cu``) or a strided copy of a dense one,
 on the CPU in one vectorized scatter --, inverted in one batched
 call (plus one for a ragged last block), and applied by a batched
-matrix-vector product, on the device that holds ``A``. The inverse
-(:func:`scipy_gpuqr.inv_batched`) is passed in by
-:func:`scipy_gpuqr.batched._functions.block_jacobi`; cupyx is imported only
-for CuPy input.
+matrix-vector product, on the device that holds ``A``.
+
+A float32/float64 CuPy matrix (no ``backend`` named) takes the short path
+of :func:`_build_gpu`: the gather and the inverse drivers are launched
+behind each other with one status word, the operator is made while they
+run, and the call waits once. The public inverse
+(:func:`scipy_gpuqr.inv_batched`, passed in by
+:func:`scipy_gpuqr.batched._functions.block_jacobi`) inverts the blocks of
+every other input, and names the singular blocks when the short path's
+status word says there are some. cupyx is imported only for CuPy input.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import scipy.sparse as sps
 import scipy.sparse.linalg as spla
 from scipy.linalg import LinAlgError
 
-import functools
-
+from . import _gpu
 from . import _gpu_common as _gc
-from ._kernel_registry import JACOBI_FILE, KERNEL_VARIANTS, jacobi_name
+from ._kernel_registry import JACOBI_FILE, KERNEL_VARIANTS, SMALL_MAX, jacobi_name
 from .._gpu import import_cupy, is_cupy_array, is_cupy_sparse
 from .._kernels import load_module
 
@@ -31,6 +38,12 @@ __all__ = ["build", "check_block_size"]
 _GATHER_THREADS = 256
 _GATHER_MAX_BLOCKS = 65536
 
+#: The dtypes of the GPU gather and inverse, by name.
+_GPU_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
+
+#: The index dtypes the CSR gather reads, by name.
+_INDEX_DTYPES = {np.dtype(np.int32): "int32", np.dtype(np.int64): "int64"}
+
 
 @functools.lru_cache(maxsize=None)
 def _gather_function(dt: str, ix: str, device: int) -> int:
@@ -39,15 +52,50 @@ def _gather_function(dt: str, ix: str, device: int) -> int:
     return module.get_function(jacobi_name(dt, ix)).kernel.ptr
 
 
-def _gpu_blocks(A, n, bs, dtype):
+@functools.lru_cache(maxsize=None)
+def _cupyx_operator():
+    """cupyx's ``LinearOperator`` (looked up once: a ``from`` import of a
+    package runs importlib's Python code on every call)."""
+    from cupyx.scipy.sparse.linalg import LinearOperator
+    return LinearOperator
+
+
+def _csr_operands(A, dt):
+    """(indptr, indices, data, index dtype name) of a CuPy sparse ``A`` as
+    the gather reads them: CSR, data of ``dt``, one index dtype."""
+    csr = A if A.format == "csr" else A.tocsr()
+    data = csr.data if csr.data.dtype == dt else csr.data.astype(dt)
+    indptr, indices = csr.indptr, csr.indices
+    ix = _INDEX_DTYPES.get(indices.dtype)
+    if ix is None or indptr.dtype != indices.dtype:
+        indptr, indices, ix = indptr.astype(np.int64), indices.astype(np.int64), "int64"
+    return indptr, indices, data, ix
+
+
+def _gather(operands, dname: str, n: int, bs: int, full: int, last: int,
+            device: int) -> None:
+    """Launch ``jacobi_gather`` over the rows of :func:`_csr_operands`'s
+    ``operands`` into the stacks at addresses ``full`` and ``last`` (0: no
+    ragged block)."""
+    indptr, indices, data, ix = operands
+    if n:
+        grid = max(1, min(_GATHER_MAX_BLOCKS, -(-n // _GATHER_THREADS)))
+        _gc.launch(_gather_function(dname, ix, device), grid, _GATHER_THREADS, 0,
+                   (indptr.data.ptr, indices.data.ptr, data.data.ptr, n, bs, n // bs * bs,
+                    full, last))
+
+
+def _gpu_blocks(A, n, bs, dtype, device=None):
     """(full, last) of a CuPy matrix on the device without a COO detour, or
     None (complex data: the general path). A sparse ``A`` goes through CSR
     (one kernel reads each row once); a dense C-contiguous one is copied
-    through a strided view of its diagonal blocks."""
-    cp = import_cupy()
-    dt = np.dtype(dtype)
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+    through a strided view of its diagonal blocks. ``last`` is an empty
+    (0, 0) array when ``bs`` divides ``n``."""
+    dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+    dname = _GPU_DTYPES.get(dt)
+    if dname is None:
         return None
+    cp = _gc.cupy()
     nfull = n // bs
     split = nfull * bs
     rest = n - split
@@ -60,19 +108,10 @@ def _gpu_blocks(A, n, bs, dtype):
             a, shape=(nfull, bs, bs), strides=((n + 1) * bs * item, n * item, item))
         return (cp.ascontiguousarray(full, dtype=dt),
                 cp.ascontiguousarray(a[split:, split:], dtype=dt))
-    csr = A if A.format == "csr" else A.tocsr()
-    data = csr.data if csr.data.dtype == dt else csr.data.astype(dt)
-    indptr, indices = csr.indptr, csr.indices
-    if indptr.dtype != indices.dtype or indices.dtype not in (np.int32, np.int64):
-        indptr, indices = indptr.astype(np.int64), indices.astype(np.int64)
+    operands = _csr_operands(A, dt)
     full, last = _gc.alloc_outputs((((nfull, bs, bs), dt), ((rest, rest), dt)))
-    if n:
-        grid = max(1, min(_GATHER_MAX_BLOCKS, -(-n // _GATHER_THREADS)))
-        _gc.launch(_gather_function(_gc.dtname(dt), _gc.dtname(indices.dtype),
-                                    _gc.device_id()), grid,
-                   _GATHER_THREADS, 0,
-                   (indptr.data.ptr, indices.data.ptr, data.data.ptr, n, bs, split,
-                    full.data.ptr, last.data.ptr))
+    _gather(operands, dname, n, bs, full.data.ptr, last.data.ptr,
+            _gc.device_id() if device is None else device)
     return full, last
 
 
@@ -103,13 +142,109 @@ def check_block_size(block_size) -> int:
     return bs
 
 
+def _invert(full, last, bs, n, inv_batched, check_finite, backend):
+    """(inverses of ``full``, of ``last``) by ``inv_batched`` (``last`` None
+    or empty: no ragged block); a singular block raises LinAlgError naming
+    it (its index and rows)."""
+    nfull = full.shape[0]
+    try:
+        inv_full = inv_batched(full, check_finite=check_finite,
+                               backend=backend) if nfull else full
+    except LinAlgError as exc:
+        raise LinAlgError(f"block_jacobi: singular diagonal block(s) of size "
+                          f"{bs} (block index = batch index, rows "
+                          f"[index*{bs}, index*{bs}+{bs})): {exc}") from None
+    try:
+        inv_last = inv_batched(last, check_finite=check_finite,
+                               backend=backend) if last is not None and last.size else last
+    except LinAlgError:
+        raise LinAlgError(f"block_jacobi: the ragged last diagonal block "
+                          f"(block index {nfull}, rows {nfull * bs}:{n}) is "
+                          "singular") from None
+    return inv_full, inv_last
+
+
+def _operator(LinearOperator, xp, n, bs, dtype, inverses):
+    """The operator applying the inverted blocks: ``inverses`` a one-item
+    list holding (inverses of the full blocks, of the ragged last one),
+    read at each product (the short path makes the operator before its
+    inverses are known to be good)."""
+    split = n // bs * bs
+    nfull = split // bs
+
+    def matvec(x):
+        inv_full, inv_last = inverses[0]
+        x = x.reshape(n, -1)
+        k = x.shape[1]
+        y = xp.empty((n, k), dtype=np.promote_types(dtype, x.dtype))
+        if nfull:
+            y[:split] = xp.matmul(inv_full, x[:split].reshape(nfull, bs, k)
+                                  ).reshape(split, k)
+        if split < n:
+            y[split:] = inv_last @ x[split:]
+        return y
+
+    return LinearOperator((n, n), matvec=matvec, matmat=matvec, dtype=dtype)
+
+
+def _build_gpu(A, bs, inv_batched, check_finite):
+    """The operator of a float32/float64 CuPy matrix, or None (the general
+    path). The gather and the inverses of the full and the ragged blocks
+    (:func:`scipy_gpuqr.batched._gpu.getri`, as ``inv_batched`` runs them)
+    mark one status word; for a sparse ``A`` and blocks of n <= 32 the
+    blocks, their inverses and ``info`` are views of one allocation. The
+    operator is made while the kernels run, then the call waits once. A
+    singular block (or with ``check_finite`` an inf/NaN) found there:
+    ``inv_batched`` inverts the gathered blocks again and raises what the
+    general path raises."""
+    shape, dtype = A.shape, A.dtype
+    dname = _GPU_DTYPES.get(dtype)
+    if dname is None or len(shape) != 2 or shape[0] != shape[1]:
+        return None
+    n = shape[0]
+    nfull = n // bs
+    rest = n - nfull * bs
+    dev = _gc.device_id()
+    if bs <= SMALL_MAX and is_cupy_sparse(A):
+        operands = _csr_operands(A, dtype)
+        specs = (((nfull, bs, bs), dtype), ((nfull, bs, bs), dtype), ((nfull,), np.int32))
+        if rest:
+            specs += (((rest, rest), dtype), ((rest, rest), dtype), ((), np.int32))
+        arrays = _gc.alloc_outputs(specs)
+        full, last = arrays[0], arrays[3] if rest else None
+        _gather(operands, dname, n, bs, full.data.ptr, last.data.ptr if rest else 0, dev)
+        outputs = (arrays[1:3], arrays[4:6] if rest else None)
+    else:
+        blocks = _gpu_blocks(A, n, bs, dtype, dev)
+        if blocks is None:
+            return None
+        full, last = blocks[0], blocks[1] if rest else None
+        outputs = (None, None)
+    st = _gc.new_status(dev)
+    report = _gc.report_args(st, clear_neg=not check_finite)
+    inv_full = (_gpu.getri(full, report=report, device=dev, outputs=outputs[0])[0]
+                if nfull else full)
+    inv_last = (_gpu.getri(last, report=report, device=dev, outputs=outputs[1])[0]
+                if rest else None)
+    inverses = [(inv_full, inv_last)]
+    op = _operator(_cupyx_operator(), _gc.cupy(), n, bs, dtype, inverses)
+    counts = _gc.read_status(st)
+    if counts[_gc.STATUS_SINGULAR] or (check_finite and counts[_gc.STATUS_NONFINITE]):
+        inverses[0] = _invert(full, last, bs, n, inv_batched, check_finite, None)
+    return op
+
+
 def build(A, block_size, inv_batched, *, check_finite=True, backend=None):
     """:func:`scipy_gpuqr.block_jacobi`, inverting the blocks with ``inv_batched``."""
     bs = check_block_size(block_size)
     on_gpu = is_cupy_sparse(A) or is_cupy_array(A)
+    if on_gpu and backend is None:
+        op = _build_gpu(A, bs, inv_batched, check_finite)
+        if op is not None:
+            return op
     if on_gpu:
         xp = import_cupy()
-        from cupyx.scipy.sparse.linalg import LinearOperator
+        LinearOperator = _cupyx_operator()
         shape, adt = A.shape, A.dtype
     else:
         xp = np
@@ -130,32 +265,5 @@ def build(A, block_size, inv_batched, *, check_finite=True, backend=None):
         blocks = _blocks(A.row.astype(np.int64), A.col.astype(np.int64), A.data, n, bs,
                          xp, dtype)
     full, last = blocks
-    nfull = full.shape[0]
-    try:
-        inv_full = inv_batched(full, check_finite=check_finite,
-                               backend=backend) if nfull else full
-    except LinAlgError as exc:
-        raise LinAlgError(f"block_jacobi: singular diagonal block(s) of size "
-                          f"{bs} (block index = batch index, rows "
-                          f"[index*{bs}, index*{bs}+{bs})): {exc}") from None
-    try:
-        inv_last = inv_batched(last, check_finite=check_finite,
-                               backend=backend) if last.shape[0] else last
-    except LinAlgError:
-        raise LinAlgError(f"block_jacobi: the ragged last diagonal block "
-                          f"(block index {nfull}, rows {nfull * bs}:{n}) is "
-                          "singular") from None
-    split = nfull * bs
-
-    def matvec(x):
-        x = x.reshape(n, -1)
-        k = x.shape[1]
-        y = xp.empty((n, k), dtype=np.promote_types(dtype, x.dtype))
-        if nfull:
-            y[:split] = xp.matmul(inv_full, x[:split].reshape(nfull, bs, k)
-                                  ).reshape(split, k)
-        if split < n:
-            y[split:] = inv_last @ x[split:]
-        return y
-
-    return LinearOperator((n, n), matvec=matvec, matmat=matvec, dtype=dtype)
+    inverses = [_invert(full, last, bs, n, inv_batched, check_finite, backend)]
+    return _operator(LinearOperator, xp, n, bs, dtype, inverses)
