@@ -164,6 +164,7 @@ def _once(A, b, backend, debug=False):
            "timeline": bi.get("timeline"),
            "q_first_stage_early": bi.get("q_first_stage_early"),
            "pool_ranges_sent_during_stages": bi.get("pool_ranges_sent_during_stages"),
+           "blocks_placed_early": bi.get("blocks_placed_early"),
            "warnings": [str(w.message)[:160] for w in seen],
            "log": lines.messages}
     F.free()
@@ -189,8 +190,10 @@ def _once(A, b, backend, debug=False):
 #: pools sent down is made ahead (``stage_loop.R_DATA_AHEAD``) and filled by
 #: threads taking and scattering a step at a time (``stage_loop.GATHER_FUSED``),
 #: whether a device stage's blocks go into a host stage's pool as their upper
-#: trapezoids only (``stage_loop.PLACE_UPPER``); a missing key is off /
-#: ``"size"``.
+#: trapezoids only (``stage_loop.PLACE_UPPER``) and with their fronts' copies
+#: during the launches (``stage_loop.PLACE_EARLY``), whether a retiring pool's
+#: fronts go down each once final (``pool_copy.PER_FRONT``) rather than as the
+#: pool's final prefix; a missing key is off / ``"size"``.
 MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "bands": {"band_upload": "mapped", "host_r_by_parts": False},
          "rparts": {"band_upload": "copy2d", "host_r_by_parts": True},
@@ -230,10 +233,18 @@ MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
          "upper": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
                    "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
                    "staircase_parts": True, "assemble_behind": True, "place_upper": True},
+         "front": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                   "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
+                   "staircase_parts": True, "assemble_behind": True, "per_front": True},
+         "early": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                   "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
+                   "staircase_parts": True, "assemble_behind": True, "per_front": True,
+                   "place_upper": True, "place_early": True},
          "c9": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
                 "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
                 "staircase_parts": True, "assemble_behind": True, "r_data_ahead": True,
-                "gather_fused": True, "place_upper": True}}
+                "gather_fused": True, "place_upper": True, "per_front": True,
+                "place_early": True}}
 
 
 class _NoPlans:
@@ -252,7 +263,7 @@ _KEPT_PLANS = {}
 
 def _set_mode(name):
     from scipy_gpuqr._engine import slab_front
-    from scipy_gpuqr._engine.gpu import driver, reflector_upload, solve, stage_loop
+    from scipy_gpuqr._engine.gpu import driver, pool_copy, reflector_upload, solve, stage_loop
     m = MODES[name]
     solve.PREFETCH = m.get("prefetch", False)
     driver.STAGED_DENSE = m.get("staged_dense", "size")
@@ -271,6 +282,8 @@ def _set_mode(name):
     stage_loop.R_DATA_AHEAD = m.get("r_data_ahead", False)
     stage_loop.GATHER_FUSED = m.get("gather_fused", False)
     stage_loop.PLACE_UPPER = m.get("place_upper", False)
+    stage_loop.PLACE_EARLY = m.get("place_early", False)
+    pool_copy.PER_FRONT = m.get("per_front", False)
 
 
 def _run_modes(A, b, repeat, limit, modes, debug=False, profile=None, blocks=False):
@@ -513,7 +526,8 @@ def main(argv=None):
                          if row["host_fronts"] else "")
                       + f"\n    R copied per stage {row['r_copy_stages']}, pool ranges sent "
                         f"during stages {row['pool_ranges_sent_during_stages']}, host R by parts "
-                        f"{row['host_r_by_parts']}, calls {row.get('all_seconds')}"
+                        f"{row['host_r_by_parts']}, calls {row.get('all_seconds')}, blocks "
+                        f"placed early {row.get('blocks_placed_early')}"
                       + f"\n    stages (begin, launches, wait, R, hand-on) {row['stage_seconds']}"
                       + f"\n    hand-on (carry, keep, retire) {row.get('hand_on_seconds')}"
                       + f"\n    timeline (s) {row.get('timeline')}"

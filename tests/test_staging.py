@@ -530,8 +530,9 @@ def test_host_stage_carried_blocks_placed_as_their_stages_end(monkeypatch):
     rest of the pool zeroed up to them only: the same R, bit for bit, as
     copying them in at the host stage's start, and as placing them whole
     (``PLACE_UPPER`` off: ``place_blocks``); and a placement one element off
-    gives another R."""
+    gives another R. (After their stages: ``PLACE_EARLY`` off.)"""
     from scipy_gpuqr._engine.gpu import stage_loop
+    monkeypatch.setattr(stage_loop, "PLACE_EARLY", False)
     A, an, needs = _host_case()
     limit = min_budget(an, needs)
     calls = []
@@ -570,6 +571,7 @@ def test_host_stage_carried_blocks_placed_as_their_stages_end(monkeypatch):
     def off_by_one(device, pool, blocks, out):
         return real(device, pool, [(a + 1, m, w, n, at) for a, m, w, n, at in blocks], out)
     monkeypatch.undo()
+    monkeypatch.setattr(stage_loop, "PLACE_EARLY", False)
     monkeypatch.setattr(stage_loop, "place_upper", off_by_one)
     wrong = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                           dense_flops=_HOST_FLOPS).R.toarray()
@@ -1646,3 +1648,37 @@ def test_pool_gather_by_steps_equals_take_then_scatter(dtype, monkeypatch):
                         lambda fn, bounds, *a: real(lambda i0, i1: fn(i0, i1 - 1), bounds, *a))
     stage_loop._gather_into(short, pos, host, gidx)
     assert np.count_nonzero(short != ref) > 0
+
+
+def test_blocks_for_a_host_stage_placed_with_their_fronts_copies(monkeypatch):
+    """A warm staged run hands a device stage's blocks for a host stage's front to
+    its pool's copy (``PLACE_EARLY``): each goes into the host stage's pool
+    with its front's copy, as the front becomes final during the launches. R
+    and ``Qᵀb`` are bit for bit those of placing them after the stage; a block
+    placed one element off gives another R."""
+    from scipy_gpuqr._engine.gpu import pool_copy, stage_loop
+    A, an, needs = _host_case()
+    limit = min_budget(an, needs)
+    b = np.cos(np.arange(A.shape[0]))
+
+    def run():
+        return gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                             dense_flops=_HOST_FLOPS)
+    run()                                       # the schedule warm: pools sent down
+    g = run()
+    assert g._host_stages and sum(g.info["blocks_placed_early"]) > 0, g.info
+    early = (g.R.toarray(), g.qt_matmul(b))
+    monkeypatch.setattr(stage_loop, "PLACE_EARLY", False)
+    g = run()
+    assert sum(g.info["blocks_placed_early"]) == 0
+    np.testing.assert_array_equal(g.R.toarray(), early[0])
+    np.testing.assert_array_equal(g.qt_matmul(b), early[1])
+    monkeypatch.setattr(stage_loop, "PLACE_EARLY", True)
+    real = pool_copy._FrontCopy.attach
+
+    def off_by_one(self, front_start, block, out):
+        a, m, w, n, at = block
+        return real(self, front_start, (a + 1, m, w, n, at), out)
+    monkeypatch.setattr(pool_copy._FrontCopy, "attach", off_by_one)
+    wrong = run().R.toarray()
+    assert np.abs(wrong - early[0]).max() > 1e-6 * np.abs(early[0]).max()

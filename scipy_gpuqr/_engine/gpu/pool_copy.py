@@ -119,6 +119,17 @@ class _FrontCopy:
         self.waiting_elems = 0
         self.min_elems = max(int(min_bytes) // int(itemsize), 1)
         self.copies = 0
+        self.extras = {}                # front (pool order) -> blocks to place with it
+        self.placed = 0
+
+    def attach(self, front_start: int, block, out) -> None:
+        """Place ``block`` (``(start, m, w, n, at)`` as :func:`place_upper` takes
+        it) of the front at ``front_start`` into ``out`` (a later host stage's
+        pool) right after that front's copy: the block is final with it."""
+        i = int(np.searchsorted(self.final.start, int(front_start)))
+        if i >= len(self.final.start) or int(self.final.start[i]) != int(front_start):
+            raise ValueError(f"attach: no front at {front_start} in the pool")
+        self.extras.setdefault(i, []).append((block, out))
 
     def _take(self, L) -> None:
         fin, order = self.final, self.order
@@ -137,6 +148,10 @@ class _FrontCopy:
         self.waiting, self.waiting_elems = [], 0
         self._copy(_runs(self.final.start[idx], self.final.end[idx], MERGE_GAP))
         self.copies += 1
+        for i in idx.tolist():
+            for block, out in self.extras.pop(i, ()):
+                self._place(block, out)
+                self.placed += 1
 
     def after_launch(self, L: int) -> None:
         """Launch ``L`` was enqueued: send what it leaves final, if enough."""
@@ -186,8 +201,11 @@ class CupyPoolCopy(_FrontCopy):
             rt.memcpyAsync(dst + a * isz, src + a * isz, (b - a) * isz,
                            rt.memcpyDeviceToHost, cs.ptr)
 
+    def _place(self, block, out) -> None:
+        place_upper(self.dev, self.pool, [block], out, stream=self.dev.copy_stream)
+
     def result(self) -> np.ndarray:
-        """Wait for the copies; the host pool."""
+        """Wait for the copies (the blocks placed with them too); the host pool."""
         self.dev.copy_stream.synchronize()
         self.pool = None
         return self.host
@@ -214,6 +232,9 @@ class NumpyPoolCopy(_FrontCopy):
     def _copy(self, runs) -> None:
         for a, b in runs:
             self.host[a:b] = self.pool[a:b]
+
+    def _place(self, block, out) -> None:
+        place_upper(None, self.pool, [block], out)
 
     def result(self) -> np.ndarray:
         self.pool = None
@@ -261,18 +282,18 @@ def upper_pieces(blocks, rows: int = UPPER_ROWS) -> list:
     return out
 
 
-def place_upper(device, pool, blocks, out, rows: int = UPPER_ROWS):
+def place_upper(device, pool, blocks, out, rows: int = UPPER_ROWS, stream=None):
     """Contribution blocks of a stage's pool copied into a later host stage's
     pool ``out`` (as ``place_blocks``), their upper trapezoids only
     (:func:`upper_pieces`): below its diagonal a block holds Householder
     vectors, which its parent never reads (and which go to the host with the
     pool), about half of a square block's bytes.
 
-    ``device``: a CUDA layer (its ``cp`` and stage ``stream``: one strided
-    copy per piece on that stream, into pinned ``out``; returns the event to
-    wait for before ``out`` is read there, as ``place_blocks``) or a NumPy
-    one (copied at once; the block's entries not copied are set to NaN, so
-    that a read of them shows; returns None).
+    ``device``: a CUDA layer (its ``cp`` and stage ``stream``, or ``stream``:
+    one strided copy per piece on that stream, into pinned ``out``; returns
+    the event to wait for before ``out`` is read there, as ``place_blocks``)
+    or a NumPy one (copied at once; the block's entries not copied are set to
+    NaN, so that a read of them shows; returns None).
     """
     pieces = upper_pieces(blocks, rows)
     isz = pool.itemsize
@@ -291,9 +312,10 @@ def place_upper(device, pool, blocks, out, rows: int = UPPER_ROWS):
             dst[...] = src
         return None
     rt = cp.cuda.runtime
+    stream = device.stream if stream is None else stream
     for s, h, w, sp, d, dp in pieces:
         rt.memcpy2DAsync(out.ctypes.data + d * isz, dp * isz, pool.data.ptr + s * isz, sp * isz,
-                         w * isz, h, rt.memcpyDeviceToHost, device.stream.ptr)
+                         w * isz, h, rt.memcpyDeviceToHost, stream.ptr)
     ev = cp.cuda.Event(disable_timing=True)
-    ev.record(device.stream)
+    ev.record(stream)
     return ev

@@ -34,7 +34,7 @@ from .rlayout import r_layout_cached
 
 __all__ = ["StageLoop", "stage_reflector_records", "assemble_r", "r_dtype", "FACTORIZE_TYPES",
            "HOST_R_BY_PARTS", "HOST_R_BEHIND", "HOST_PLACE_BEHIND", "R_DATA_AHEAD",
-           "GATHER_FUSED", "PLACE_UPPER"]
+           "GATHER_FUSED", "PLACE_UPPER", "PLACE_EARLY"]
 
 #: Record types whose Householder vectors ``Q``'s replay keeps.
 FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
@@ -58,6 +58,12 @@ HOST_R_BY_PARTS = True
 #: (:func:`~.pool_copy.place_upper`: what the parent's Pack-Assemble reads);
 #: off: whole, Householder data below their diagonals too.
 PLACE_UPPER = True
+
+#: Those blocks placed with their fronts' copies as the fronts become final,
+#: on the copy stream while the stage's launches run (:meth:`StageLoop.place_early`;
+#: where that host stage's pool is ready then); off: after the stage, on its
+#: stream, before the next stage's work.
+PLACE_EARLY = True
 
 #: R's data array, into which the gather thread scatters the values of the pools
 #: sent down, made and its pages touched by threads on a worker as the first
@@ -125,6 +131,8 @@ class StageLoop:
         self.t_start = time.perf_counter()
         self.timeline = []              # (event, seconds from t_start): the gathers
         self.hand_on_seconds = []       # per stage: carry, keep records, retire pool
+        self.early_placed = set()       # fronts whose blocks went with their pool's copy
+        self.placed_early = []          # per stage sent down: blocks placed so
         self.t_r_gather_wait = 0.0
         self.r_out_jobs = {}            # host stage -> its R values' array, made ahead
         self.host_r_early = []          # per host stage gathered by parts: share, seconds
@@ -179,6 +187,8 @@ class StageLoop:
         t_begun = time.perf_counter()
         self.start_reflector_records(sid)
         down = self.open_pool_copy(sid, st, h)
+        if down is not None:
+            self.place_early(st, down)
         # R's values of a pool sent down come from the host pool on the gather thread,
         # overlapping the next stage; the last stage has none to overlap, so its R is
         # copied progressively from the device as for a pool that stays
@@ -222,6 +232,7 @@ class StageLoop:
         if down is not None:
             host = down.result()
             self.pool_copies.append(down.copies)
+            self.placed_early.append(getattr(down, "placed", 0))
             self.t_pool_wait += time.perf_counter() - tw
         if copier is not None and sid in self.host_stages and not last and HOST_R_BEHIND:
             # a host stage's R (read from its host pool, which nothing writes any
@@ -528,6 +539,39 @@ class StageLoop:
             self.host_cb[f] = host[p: p + size].reshape(int(fs.cm[f]),
                                                         int(fs.fn[f]))[:, int(fs.fp[f]):]
 
+    def place_early(self, st, down) -> None:
+        """The contribution blocks of ``st``'s fronts whose parent is a host stage's
+        front, handed to the pool's copy ``down`` (``attach``) to go into that
+        stage's pool right after their fronts' copies, as the fronts become
+        final during the launches (:data:`PLACE_EARLY`), where that pool is
+        ready now; :meth:`place_in_host_stages` places the others after the
+        stage. The host stage begins after the engine waited for ``down``."""
+        attach = getattr(down, "attach", None)
+        if not (PLACE_EARLY and PLACE_UPPER and self.host_stages) or attach is None:
+            return
+        fs = self.fs
+        first, last = st.fronts
+        members = np.arange(first, last + 1)
+        par = fs.parent[members]
+        fr = members[(par >= 0) & (par > last)]
+        if not len(fr):
+            return
+        psid = np.searchsorted(self.stage_first, fs.parent[fr], side="right") - 1
+        for sid in np.unique(psid[np.isin(psid, list(self.host_stages))]).tolist():
+            pst = self.sched.stages[sid]
+            kids = fr[psid == sid].tolist()
+            out = self.host_dev.take_pool(pst.fronts, min(int(pst.carried[f]) for f in kids),
+                                          wait=False)
+            if out is None:
+                continue
+            for f in kids:
+                n = int(fs.fn[f])
+                start = int(st.foff[f]) + int(fs.frank[f]) * n + int(fs.fp[f])
+                attach(int(st.foff[f]), (start, int(fs.cm[f]), n - int(fs.fp[f]), n,
+                                         int(pst.carried[f])), out)
+                self.early_placed.add(f)
+            self.host_dev.placed(pst.fronts, None)
+
     def place_in_host_stages(self, st, pool, device, later):
         """The contribution blocks (``later``: members of ``st`` whose parent lies in
         a later stage) whose parent is a host stage's front, copied from this
@@ -544,9 +588,13 @@ class StageLoop:
         fr = first + later
         psid = np.searchsorted(self.stage_first, fs.parent[fr], side="right") - 1
         hosted = np.isin(psid, list(self.host_stages))
+        for f in fr[hosted].tolist():
+            if f in self.early_placed:      # already there (:meth:`place_early`)
+                self.host_cb[f] = _PLACED
+        hosted &= ~np.isin(fr, list(self.early_placed))
         for sid in np.unique(psid[hosted]).tolist():
             pst = self.sched.stages[sid]
-            kids = fr[psid == sid].tolist()
+            kids = fr[hosted & (psid == sid)].tolist()
             out = self.host_dev.take_pool(pst.fronts, min(int(pst.carried[f]) for f in kids))
             if out is None:
                 continue
@@ -678,6 +726,7 @@ class StageLoop:
                                        else dict(self.host_dev.seconds)),
                 "r_copy_progressive": bool(self.progressive),
                 "pool_ranges_sent_during_stages": list(self.pool_copies),
+                "blocks_placed_early": list(self.placed_early),
                 "r_copy_stages": list(self.r_copy_stages),
                 "host_r_by_parts": list(self.host_r_early),
                 "stage_seconds": list(self.stage_seconds),
