@@ -783,3 +783,55 @@ def test_qr_householder_operator_on_device():
     E = cp.asarray(np.vstack([Rd, np.zeros((A.shape[0] - Rd.shape[0], Rd.shape[1]))]))
     QR = Q.matmat(E).get()
     assert np.abs(QR - A.toarray()[:, perm]).max() <= 1e-12 * A.shape[0] * np.abs(Rd).max()
+
+
+@pytest.mark.parametrize("budget", [None, 20000])
+def test_triangular_plan_is_shared_by_a_patterns_factorizations(budget):
+    """R's solve plan (fronts, where they lie, levels, level tables) is kept with
+    the schedule: a second factorization of the pattern takes the first one's, and
+    its tables are those the level kernel built per solve before."""
+    from scipy_gpuqr._engine.gpu import trsolve
+    rng = np.random.default_rng(5)
+    A = random_values(grid3d_least_squares(5), rng)
+    an = analyze(A)
+    g1 = gpu_factorize(A, an, device=NumpyDevice(32, 3), max_gpu_memory=budget)
+    g2 = gpu_factorize(random_values(A, rng), an, device=NumpyDevice(32, 3),
+                       max_gpu_memory=budget)
+    p1, p2 = gs.triangular_plan_of(g1), gs.triangular_plan_of(g2)
+    assert p1 is p2 and g1.schedule is g2.schedule
+    fs = an.fronts
+    # the fronts as FrontTriangular listed them, front by front
+    want = [(g1._front_loc[f][0], int(g1._front_loc[f][1]), int(fs.fm[f]), int(fs.fn[f]),
+             int(fs.frank[f]), int(fs.col_ptr[f]), int(fs.col_ptr[f + 1]))
+            for f in range(fs.nfronts) if int(fs.frank[f])]
+    assert p1.fronts == want and p1.front_ids == [f for f in range(fs.nfronts)
+                                                  if int(fs.frank[f])]
+    assert np.array_equal(p1.cols, fs.cols) and not p1.cols.flags.writeable
+    depth, height = trsolve._tree_levels(fs)
+    assert np.array_equal(p1.depth, depth) and np.array_equal(p1.height, height)
+    ft = trsolve.FrontTriangular(g2, lambda sid: g2._stage_pools.get(sid, g2._host_pools.get(sid)),
+                                 np, plan=p2)
+    assert ft.fronts is p1.fronts
+    # a stage's level tables: each level's fronts by depth (R) / height (Rᵀ), stable
+    by_stage = {}
+    for i, fr in enumerate(p1.fronts):
+        by_stage.setdefault(fr[0], []).append(i)
+    for sid, members in by_stage.items():
+        offsets = [p1.fronts[i][1] for i in members]
+        t = p1.level_tables((sid, "pool"), members, offsets)
+        assert p1.level_tables((sid, "pool"), members, offsets) is t
+        assert t["off_of"] == dict(zip(members, offsets))
+        for trans, key in ((False, depth), (True, height)):
+            desc, ptr, bigs = t["levels"][trans]
+            small = [i for i in members if p1.fronts[i][4] < trsolve.BIG_FRONT_ROWS]
+            lv = {i: int(key[p1.front_ids[i]]) for i in members}
+            lo = min(lv.values())
+            order = sorted(small, key=lambda i: lv[i])
+            assert desc.tolist() == [[p1.fronts[i][1], p1.fronts[i][3], p1.fronts[i][4],
+                                      p1.fronts[i][5]] for i in order]
+            assert ptr[-1] == len(order) and len(ptr) == max(lv.values()) - lo + 2
+            for L in range(len(ptr) - 1):
+                assert all(lv[i] - lo == L for i in order[ptr[L]:ptr[L + 1]])
+            assert sum(len(b) for b in bigs) == len(members) - len(small)
+    g1.free()
+    g2.free()

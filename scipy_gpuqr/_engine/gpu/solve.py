@@ -69,12 +69,12 @@ from . import replay_store
 from . import solve_kernels as av
 from .reflector_upload import UploadedReflectors, reflector_layout, upload_reflectors
 from .rproduct import FrontProduct
-from .trsolve import FrontTriangular
+from .trsolve import FrontTriangular, TriangularPlan
 
 __all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay", "plan_of",
            "plan_arrays", "plan_of_arrays", "stage_sequence",
            "NumpyExecutor", "CupyExecutor", "DeviceSolve", "CHUNK_ELEMENTS", "PREFETCH",
-           "PREFETCH_FIRST", "prefetch_first", "drop_first"]
+           "PREFETCH_FIRST", "prefetch_first", "drop_first", "triangular_plan_of"]
 
 #: Largest X chunk (elements of float64) applied at once; more columns are
 #: applied chunk by chunk (1 GiB).
@@ -981,10 +981,27 @@ def device_solve_of(qr) -> DeviceSolve:
     factorization (``_replay['kept_rows']``, weakly): ``Q``'s replay drops them
     when it runs out of device memory (:func:`_make_room`)."""
     with _device_of(qr) as d:
-        fronts = FrontTriangular(qr, _device_pools(qr), qr._device.cp)
+        fronts = FrontTriangular(qr, _device_pools(qr), qr._device.cp,
+                                 plan=triangular_plan_of(qr))
         live = [r for r in qr._replay.get("kept_rows", ()) if r() is not None]
         qr._replay["kept_rows"] = live + [weakref.ref(fronts)]
         return DeviceSolve(qr.R, qr.colperm, fronts, device_id=d.id)
+
+
+def triangular_plan_of(qr) -> TriangularPlan:
+    """R's solve plan of ``qr`` (:class:`~.trsolve.TriangularPlan`: its fronts,
+    levels and level tables, none of which depends on R's values), kept with
+    its schedule under where each front lies (as Q's replay plan,
+    :func:`_plan_key`): a repeated factorization of a known pattern walks its
+    fronts in Python once, not at each solve set-up."""
+    kept = getattr(qr.schedule, "extras", None)
+    key = ("front_triangular",) + _plan_key(qr)[1:]
+    plan = kept.get(key) if kept is not None else None
+    if plan is None:
+        plan = TriangularPlan(qr.analysis.fronts, qr._front_loc)
+        if kept is not None:
+            kept[key] = plan
+    return plan
 
 
 def prefetch_first(qr):

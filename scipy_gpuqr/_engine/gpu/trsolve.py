@@ -45,7 +45,54 @@ from . import array_ops as ops
 from . import solve_kernels as av
 from .reflector_upload import packed_size_bound
 
-__all__ = ["FrontTriangular"]
+__all__ = ["FrontTriangular", "TriangularPlan"]
+
+
+class TriangularPlan:
+    """What :class:`FrontTriangular` reads of a factorization that R's values do
+    not change: the fronts with rows of R and where each lies (stage, offset),
+    their columns, the tree's levels and each stage's level tables. A pattern's
+    factorizations share one (kept with its schedule, under where each front
+    lies: :func:`.solve.device_solve_of`), so a repeated solve of a known pattern
+    does not walk its fronts again in Python. Read-only once made; its level
+    tables are added as the first solve of each stage asks for them.
+
+    Parameters
+    ----------
+    fs : Fronts
+        The analysis' fronts.
+    front_loc : sequence
+        ``(stage, offset)`` of each front in its stage's pool (the
+        factorization's ``_front_loc``).
+    """
+
+    def __init__(self, fs, front_loc):
+        # (the tree's levels are made here too: a plan never holds the analysis)
+        rk = np.asarray(fs.frank, dtype=np.int64)
+        ids = np.flatnonzero(rk > 0)
+        loc = np.array([front_loc[f] for f in ids.tolist()], dtype=np.int64).reshape(-1, 2)
+        ptr = np.asarray(fs.col_ptr, dtype=np.int64)
+        table = np.column_stack([loc, np.asarray(fs.fm, dtype=np.int64)[ids],
+                                 np.asarray(fs.fn, dtype=np.int64)[ids], rk[ids], ptr[ids],
+                                 ptr[ids + 1]]) if len(ids) else np.zeros((0, 7), np.int64)
+        #: (stage, offset, fm, fn, rk, first col, end col) per front with rows of R
+        self.fronts = [tuple(r) for r in table.tolist()]
+        #: the front of each entry of ``fronts``
+        self.front_ids = ids.tolist()
+        self.cols = np.array(fs.cols, dtype=np.int64)     # its own: made read-only
+        self.cols.flags.writeable = False
+        #: each front's depth from its root and height from its leaves
+        self.depth, self.height = _tree_levels(fs)
+        self._tables = {}
+
+    def level_tables(self, key, members, offsets) -> dict:
+        """:class:`_LevelKernel`'s host tables of one stage's ``members`` at
+        ``offsets``, made once per ``key`` (the stage and where its rows are read:
+        its pool, or a compact copy of them)."""
+        hit = self._tables.get(key)
+        if hit is None:
+            hit = self._tables[key] = _level_tables(self, members, offsets)
+        return hit
 
 
 class FrontTriangular:
@@ -63,23 +110,17 @@ class FrontTriangular:
         ``cupy`` or ``numpy``.
     """
 
-    def __init__(self, qr, pools, xp):
+    def __init__(self, qr, pools, xp, plan: "TriangularPlan | None" = None):
         self.xp = xp
         self.pools = pools
         an = qr.analysis
         fs = an.fronts
         self.n = int(qr.R.shape[1])
-        self.fronts = []            # (stage, offset, fm, fn, rk, first col, end col)
-        self.front_ids = []         # the front of each entry
-        for f in range(fs.nfronts):
-            rk = int(fs.frank[f])
-            if rk == 0:
-                continue
-            a, b = int(fs.col_ptr[f]), int(fs.col_ptr[f + 1])
-            sid, off = qr._front_loc[f]
-            self.fronts.append((sid, int(off), int(fs.fm[f]), int(fs.fn[f]), rk, a, b))
-            self.front_ids.append(f)
-        self.cols = xp.asarray(np.asarray(fs.cols, dtype=np.int64))
+        plan = TriangularPlan(fs, qr._front_loc) if plan is None else plan
+        self.plan = plan
+        self.fronts = plan.fronts           # (stage, offset, fm, fn, rk, first col, end col)
+        self.front_ids = plan.front_ids     # the front of each entry
+        self.cols = xp.asarray(plan.cols)
         # the level kernels need CuPy itself (another array module: the loop)
         self._stages = None
         self._cupy = getattr(xp, "__name__", "") == "cupy"
@@ -338,6 +379,36 @@ def _tree_levels(fs) -> tuple[np.ndarray, np.ndarray]:
     return depth, height
 
 
+def _level_tables(plan, members, offsets) -> dict:
+    """The level tables of one stage (see :class:`_LevelKernel`): per direction
+    (``trans``) the kernel's front descriptors ``(offset, fn, rk, first col)`` in
+    level order, the levels' pointers and each level's big fronts; ``off_of``,
+    each member's offset."""
+    depth, height = plan.depth, plan.height
+    members = np.asarray(members, dtype=np.int64)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    table = np.asarray(plan.fronts, dtype=np.int64).reshape(-1, 7)[members]
+    fr = np.column_stack([offsets, table[:, 3], table[:, 4], table[:, 5]]).reshape(-1, 4)
+    which = np.asarray(plan.front_ids, dtype=np.int64)[members]
+    off_of = dict(zip(members.tolist(), offsets.tolist()))
+    big = fr[:, 2] >= BIG_FRONT_ROWS
+    levels = {}
+    for trans, key in ((False, depth[which]), (True, height[which])):
+        key = key - (int(key.min()) if len(key) else 0)
+        nlev = int(key.max()) + 1 if len(key) else 0
+        small = np.flatnonzero(~big)
+        order = small[np.argsort(key[small], kind="stable")]
+        cnt = np.bincount(key[small], minlength=nlev)
+        ptr = np.concatenate(([0], np.cumsum(cnt))).astype(np.int64)
+        desc = np.ascontiguousarray(fr[order]).reshape(-1, 4)
+        desc.flags.writeable = False
+        bigs = [[] for _ in range(nlev)]
+        for j in np.flatnonzero(big).tolist():
+            bigs[int(key[j])].append(int(members[j]))
+        levels[trans] = (desc, ptr.tolist(), bigs)
+    return {"levels": levels, "off_of": off_of}
+
+
 class _LevelKernel:
     """The fronts of one stage as levels of ``kernels/sparse_qr/rsolve.cu``.
 
@@ -352,29 +423,13 @@ class _LevelKernel:
     their level by :meth:`FrontTriangular.step` (cuBLAS) instead.
     """
 
-    def __init__(self, ft, depth, height, members, offsets, dtype):
+    def __init__(self, ft, key, members, offsets, dtype):
         import cupy as cp
         self.cp, self.cols = cp, ft.cols
-        members = np.asarray(members, dtype=np.int64)
-        fr = np.array([(offsets[j], ft.fronts[i][3], ft.fronts[i][4], ft.fronts[i][5])
-                       for j, i in enumerate(members.tolist())],
-                      dtype=np.int64).reshape(-1, 4)
-        which = np.asarray(ft.front_ids, dtype=np.int64)[members]
-        self.off_of = {int(i): int(offsets[j]) for j, i in enumerate(members.tolist())}
-        big = fr[:, 2] >= BIG_FRONT_ROWS
-        self.levels = {}
-        for trans, key in ((False, depth[which]), (True, height[which])):
-            key = key - (int(key.min()) if len(key) else 0)
-            nlev = int(key.max()) + 1 if len(key) else 0
-            small = np.flatnonzero(~big)
-            order = small[np.argsort(key[small], kind="stable")]
-            cnt = np.bincount(key[small], minlength=nlev)
-            ptr = np.concatenate(([0], np.cumsum(cnt))).astype(np.int64)
-            desc = cp.asarray(np.ascontiguousarray(fr[order]).reshape(-1, 4))
-            bigs = [[] for _ in range(nlev)]
-            for j in np.flatnonzero(big).tolist():
-                bigs[int(key[j])].append(int(members[j]))
-            self.levels[trans] = (desc, ptr, bigs)
+        tables = ft.plan.level_tables(key, members, offsets)
+        self.off_of = tables["off_of"]
+        self.levels = {trans: (cp.asarray(desc), ptr, bigs)
+                       for trans, (desc, ptr, bigs) in tables["levels"].items()}
         ctype = "double" if np.dtype(dtype) == np.float64 else "float"
         mod = load_module(av.RSOLVE_FILE, av.KERNEL_VARIANTS[av.RSOLVE_FILE])
         self.kern = {tr: mod.get_function(av.rsolve_name(ctype, tr)) for tr in (False, True)}
@@ -561,7 +616,6 @@ def _staged_levels(ft, fs, qr):
     by_stage = {}
     for i, fr in enumerate(ft.fronts):
         by_stage.setdefault(fr[0], []).append(i)
-    depth, height = _tree_levels(fs)
     dtype = qr._device.dtype
     avail = available_bytes(ft.xp).available
     keep = _KeepBudget(keep_bytes(avail, replay_upload_bytes(qr)))
@@ -574,15 +628,15 @@ def _staged_levels(ft, fs, qr):
                 out.append((sid, members, None, None))
                 continue
             out.append((sid, members,
-                        _LevelKernel(ft, depth, height, members, rows.offsets, dtype), rows))
+                        _LevelKernel(ft, (sid, "rows"), members, rows.offsets, dtype), rows))
         elif sid in qr._stage_pools:
             offsets = [ft.fronts[i][1] for i in members]
-            out.append((sid, members, _LevelKernel(ft, depth, height, members, offsets, dtype),
-                        None))
+            out.append((sid, members,
+                        _LevelKernel(ft, (sid, "pool"), members, offsets, dtype), None))
         else:
             rows = _StageRows(ft, members, qr._host_pools[sid], keep)
             out.append((sid, members,
-                        _LevelKernel(ft, depth, height, members, rows.offsets, dtype), rows))
+                        _LevelKernel(ft, (sid, "rows"), members, rows.offsets, dtype), rows))
     return out
 
 
