@@ -6,7 +6,8 @@ this package goes through :func:`import_cupy` and :func:`gpu_available`, so
 that the package imports and runs its CPU path everywhere.
 
 :func:`start_driver` starts the CUDA driver and the default device's context
-on a thread of its own while a new process's first GPU call imports CuPy.
+on a thread of its own while a new process's first GPU call imports CuPy;
+:func:`gpu_info` waits for it without the GIL (:func:`wait_for_driver`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import threading
 from typing import Optional
 
 __all__ = ["import_cupy", "gpu_available", "gpu_info", "device_attributes", "device_name",
-           "is_cupy_array", "is_cupy_sparse", "start_driver"]
+           "is_cupy_array", "is_cupy_sparse", "start_driver", "wait_for_driver"]
 
 
 def import_cupy():
@@ -64,6 +65,7 @@ def gpu_info() -> dict:
                           "'scipy_gpuqr[cuda13]' or '[cuda12]')")
         return info
     info["cupy_version"] = cp.__version__
+    wait_for_driver()
     try:
         count = cp.cuda.runtime.getDeviceCount()
     except Exception as exc:  # CUDARuntimeError without a driver
@@ -138,6 +140,22 @@ def start_driver() -> Optional[threading.Thread]:
     if lib is None or _has_current_context(lib):
         return None
     return _driver_thread()
+
+
+def wait_for_driver() -> None:
+    """Wait for the thread of :func:`start_driver`, where this process started
+    one, without holding the GIL (nothing where none was started).
+
+    CuPy calls the CUDA runtime holding the GIL: its first call
+    (``cudaGetDeviceCount``) while the thread's ``cuInit`` runs blocks every
+    Python thread of the process behind it, a tenth of a second or more of a
+    new process's first call on which nothing else ran (the analysis' files,
+    the kernels' loads, R's layout from disk). Joining the thread first lets
+    them run meanwhile; the context is then made, so CuPy's calls after it do
+    not wait either.
+    """
+    if _driver_thread.cache_info().currsize:
+        _driver_thread().join()
 
 
 @functools.lru_cache(maxsize=1)

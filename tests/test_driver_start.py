@@ -142,3 +142,118 @@ def test_a_new_process_first_gpu_call_starts_the_driver_and_answers():
     started, cupy_imported, err, ended = r.stdout.split()
     assert started == "1" and cupy_imported == "True" and ended == "True"
     assert float(err) < 1e-10
+
+
+def test_gpu_info_waits_for_the_driver_thread_before_cupy_asks_for_devices(fake_driver,
+                                                                         monkeypatch):
+    """CuPy's runtime calls hold the GIL: gpu_info joins the driver thread first (a
+    wait without the GIL), so cudaGetDeviceCount never blocks behind its cuInit."""
+    import types
+    lib = fake_driver()
+    t = _gpu.start_driver()
+    order = []
+
+    class _Runtime:
+        @staticmethod
+        def getDeviceCount():
+            order.append(("count", t.is_alive()))
+            return 0
+    cp = types.SimpleNamespace(__version__="0", cuda=types.SimpleNamespace(runtime=_Runtime))
+    monkeypatch.setattr(_gpu, "import_cupy", lambda: cp)
+    waiter = threading.Thread(target=lambda: order.append(("info", _gpu.gpu_info())))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive() and order == []       # waiting for cuInit, CuPy not asked
+    spins = sum(1 for _ in range(10000))            # this thread runs meanwhile (no GIL held)
+    assert spins == 10000
+    lib.release.set()
+    waiter.join(5)
+    assert order[0] == ("count", False) and order[1][1]["reason"].startswith("no GPU found")
+
+
+def test_wait_for_driver_returns_at_once_where_none_was_started(fake_driver):
+    fake_driver()
+    assert _gpu._driver_thread.cache_info().currsize == 0
+    _gpu.wait_for_driver()                          # nothing started: nothing to wait for
+    assert _gpu._driver_thread.cache_info().currsize == 0
+
+
+def test_a_new_process_prefetches_beside_its_analysis(monkeypatch):
+    """Where the driver is starting (a thread without a context), the GPU lookup and
+    the kernels' prefetch run on a thread of their own: plan_for's caller goes on
+    with the analysis instead of waiting for CUDA's start."""
+    release = threading.Event()
+    seen = []
+
+    def info():
+        release.wait(5)
+        seen.append(threading.current_thread().name)
+        return {"available": True}
+    monkeypatch.setattr(factored, "start_driver", lambda: threading.current_thread())
+    monkeypatch.setattr(factored, "gpu_info", info)
+    monkeypatch.setattr(factored, "prefetch_engine_kernels",
+                        lambda value: seen.append(np.dtype(value).name))
+    factored.prefetch_kernels(np.float64)           # returns while the lookup waits
+    assert seen == []
+    release.set()
+    for t in threading.enumerate():
+        if t.name == "gpuqr-prefetch":
+            t.join(5)
+    assert seen == ["gpuqr-prefetch", "float64"]
+
+
+def test_plan_for_starts_the_layout_load_once_the_analysis_is_made(monkeypatch):
+    from scipy_gpuqr._options import resolve_settings
+    from scipy_gpuqr._testing_matrices import grid3d_least_squares
+    from scipy_gpuqr._validate import as_matrix
+    calls = []
+    monkeypatch.setattr(factored, "prefetch_kernels", lambda dtype: calls.append("prefetch"))
+    monkeypatch.setattr(factored, "start_layout_load", lambda an: calls.append(an))
+    M, plan = factored.plan_for(as_matrix(grid3d_least_squares(4)), resolve_settings("gpu", None))
+    assert plan.backend == "gpu" and calls == ["prefetch", plan.analysis]
+    calls.clear()
+    factored.plan_for(as_matrix(grid3d_least_squares(4)), resolve_settings("cpu", None))
+    assert calls == []
+
+
+def test_one_layout_load_per_analysis_at_a_time(monkeypatch):
+    """plan_for and gpu_factorize both ask for R's layout from disk: the second call
+    while the load runs gets its future; a finished load leaves the table."""
+    from scipy_gpuqr._engine.gpu import driver
+    from scipy_gpuqr._symbolic import analyze
+    from scipy_gpuqr._testing_matrices import grid3d_least_squares
+    an = analyze(grid3d_least_squares(4))
+    release = threading.Event()
+    loads = []
+
+    def load(analysis):
+        loads.append(analysis)
+        release.wait(5)
+        return None
+    monkeypatch.setattr(driver, "_load_stored_layout", load)
+    monkeypatch.setattr(driver, "r_layout_cached", lambda analysis: None)
+    f1 = driver.start_layout_load(an)
+    f2 = driver.start_layout_load(an)
+    assert f1 is f2
+    release.set()
+    assert f1.result(5) is None and loads == [an]
+    assert an not in driver._LAYOUT_LOADS
+    f3 = driver.start_layout_load(an)               # a new call: a new load
+    assert f3 is not f1 and f3.result(5) is None and len(loads) == 2
+
+
+def test_a_layout_loaded_before_the_call_asked_makes_a_warm_run(monkeypatch):
+    """A load that ended before gpu_factorize looked (its future gone, its layout in
+    the cache) still makes a one-stage cold schedule's run warm: records materialized."""
+    from scipy_gpuqr._engine.gpu import driver
+
+    class _Sched:
+        made = 0
+
+        def materialize(self):
+            self.made += 1
+    s = _Sched()
+    monkeypatch.setattr(driver, "r_layout_cached", lambda analysis: "layout")
+    assert driver._warm_from_disk(None, s, "analysis") and s.made == 1
+    monkeypatch.setattr(driver, "r_layout_cached", lambda analysis: None)
+    assert not driver._warm_from_disk(None, s, "analysis") and s.made == 1

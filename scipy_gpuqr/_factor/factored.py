@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import logging
 import pickle
+import threading
 import time
 from typing import Optional
 
@@ -35,6 +36,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._dispatch.plan import Plan, plan_factorization
+from .._engine.gpu.driver import start_layout_load
 from .._engine.gpu.factorize_kernels import prefetch_engine_kernels
 from .._gpu import gpu_info, start_driver
 from .._options import Settings
@@ -78,23 +80,52 @@ def plan_for(mi: MatrixInput, settings: Settings, *, ordering=None):
     Callers that need the plan first (``lsqr``'s iterate-first rule predicts
     the factorization's time from it) pass the pair to :func:`factorize`.
     """
-    if settings.backend == "gpu":
+    gpu = settings.backend == "gpu"
+    if gpu:
         prefetch_kernels(mi.dtype)
     m, n = mi.shape
     M = sp.csc_array(mi.A.T) if m < n else mi.A
     M.sort_indices()
-    return M, plan_matrix(M, settings, ordering=ordering, dtype=mi.dtype)
+    plan = plan_matrix(M, settings, ordering=ordering, dtype=mi.dtype)
+    if gpu and plan.backend == "gpu" and plan.analysis is not None:
+        # R's layout of a pattern an earlier process factorized, from its file,
+        # while the call goes on to the device (see start_layout_load)
+        start_layout_load(plan.analysis)
+    return M, plan
 
 
 def prefetch_kernels(dtype) -> None:
     """On a GPU, start compiling the kernels a GPU factorization of ``dtype`` values
     and its solves use (parallel worker threads, each module once per process),
-    so that they compile while the analysis runs; nothing without a GPU. In a
-    new process the CUDA driver starts on a thread of its own first
-    (:func:`~scipy_gpuqr._gpu.start_driver`), beside the import of CuPy."""
-    start_driver()
+    so that they compile while the analysis runs; nothing without a GPU.
+
+    In a new process (a calling thread without a CUDA context) the CUDA
+    driver starts on a thread of its own (:func:`~scipy_gpuqr._gpu.start_driver`),
+    and CuPy's import, the wait for the driver and the prefetch run on
+    another (``gpuqr-prefetch``): the calling thread goes on at once with
+    the analysis (from its file where an earlier process made it) instead of
+    waiting for CUDA's start, about a third of a second. A failure there ends
+    that thread quietly: the factorization looks the GPU up and prefetches
+    again itself.
+    """
+    value = np.float32 if np.dtype(dtype) == np.float32 else np.float64
+    if start_driver() is None:          # CUDA started on this thread (or no driver)
+        _prefetch(value)
+        return
+    threading.Thread(target=_quiet_prefetch, args=(value,), name="gpuqr-prefetch",
+                     daemon=True).start()
+
+
+def _prefetch(value) -> None:
     if gpu_info().get("available"):
-        prefetch_engine_kernels(np.float32 if np.dtype(dtype) == np.float32 else np.float64)
+        prefetch_engine_kernels(value)
+
+
+def _quiet_prefetch(value) -> None:
+    try:
+        _prefetch(value)
+    except Exception:  # noqa: BLE001 - the factorization prefetches on its own thread
+        pass
 
 
 def factorize(mi: MatrixInput, settings: Settings, *, ordering=None, tol=None,

@@ -58,8 +58,10 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import threading
 import time
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -654,19 +656,42 @@ def start_layout_load(analysis):
     factorized finds the analysis and the schedule's plan on disk, but R's
     layout only in its file (:mod:`.rlayout_store`): without it before the
     first launch, the run copies R only once the layout is made (a cold run's
-    late copier) and waits for the rest of the copy at its end. Started at the
-    call's start, the load (the file mapped and checked) runs while the device,
-    the memory plan and the schedule are made (the file's name, its sources'
-    stamp, is found there too). None when the layout is in memory already; the
-    future's result is None when no file of it exists.
+    late copier) and waits for the rest of the copy at its end. Started as soon
+    as the analysis is known (:func:`~scipy_gpuqr._factor.factored.plan_for`, and
+    again at the call's start, which then finds the load under way), the load
+    (the file mapped and checked) runs while the device, the memory plan and
+    the schedule are made (the file's name, its sources' stamp, is found
+    there too). None when the layout is in memory already; the future's
+    result is None when no file of it exists. One load per analysis object at
+    a time: a second call while it runs returns its future.
     """
     if r_layout_cached(analysis) is not None:
         return None
-    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-layout-load")
-    try:
-        return ex.submit(_load_stored_layout, analysis)
-    finally:
-        ex.shutdown(wait=False)
+    with _LAYOUT_LOADS_LOCK:
+        future = _LAYOUT_LOADS.get(analysis)
+        if future is not None:
+            return future
+        ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-layout-load")
+        try:
+            future = ex.submit(_load_stored_layout, analysis)
+        finally:
+            ex.shutdown(wait=False)
+        _LAYOUT_LOADS[analysis] = future
+    future.add_done_callback(lambda f, key=weakref.ref(analysis): _load_done(key))
+    return future
+
+
+def _load_done(key) -> None:
+    """A finished load leaves the table (its layout, if any, is in the layout cache)."""
+    analysis = key()
+    if analysis is not None:
+        with _LAYOUT_LOADS_LOCK:
+            _LAYOUT_LOADS.pop(analysis, None)
+
+
+#: Loads of R's layout under way, by analysis object (:func:`start_layout_load`).
+_LAYOUT_LOADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LAYOUT_LOADS_LOCK = threading.Lock()
 
 
 def _load_stored_layout(analysis):
@@ -683,13 +708,16 @@ def _early_layout(early):
         return None
 
 
-def _warm_from_disk(early, sched) -> bool:
+def _warm_from_disk(early, sched, analysis=None) -> bool:
     """Make a one-stage schedule's run a warm one where R's layout came from disk:
     the layout waited for (in memory once loaded) and the stage's records
     materialized (from the schedule store, as the layout's pattern was
     scheduled before), so R's copier runs from the first launch, as in a warm
-    call. False (the run stays cold) where there was no file or the load failed."""
-    if _early_layout(early) is None:
+    call. ``early`` None: a load that ended before the call asked for it (its
+    layout in the layout cache of ``analysis``). False (the run stays cold)
+    where there was no file or the load failed."""
+    lay = _early_layout(early) if early is not None else r_layout_cached(analysis)
+    if lay is None:
         return False
     sched.materialize()
     return True
@@ -728,8 +756,8 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
         keep_last, cache_dense = _memory_checks(analysis, sched, mplan, needs,
                                                 np.dtype(device.dtype).itemsize)
     cold = not all(st.materialized for st in sched.stages)
-    if cold and early is not None and len(sched.stages) == 1:
-        cold = not _warm_from_disk(early, sched)
+    if cold and len(sched.stages) == 1:
+        cold = not _warm_from_disk(early, sched, analysis)
     t1 = time.perf_counter()
     # R's layout (pattern, gather maps; cached with the analysis) is built on a worker
     # thread while the launches run; a cold schedule is materialized there too, so the
