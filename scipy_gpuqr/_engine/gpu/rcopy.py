@@ -614,9 +614,15 @@ class CupyRCopy:
     final : callable or None
         Returns :func:`final_entries` (called on the worker); None: one copy
         after the last launch.
+    sink : callable, optional
+        ``sink(first, values)`` for each range as it lands (on the worker,
+        ``values`` a view of the pinned slot, valid during the call) instead
+        of filling an array of its own: a multi-device factorization
+        scatters a stage's values straight into R's ``data``. :meth:`result`
+        then returns an empty array.
     """
 
-    def __init__(self, device, pool, index, staging, final=None):
+    def __init__(self, device, pool, index, staging, final=None, sink=None):
         self.dev = device
         self.cp = device.cp
         self.pool = pool
@@ -626,7 +632,8 @@ class CupyRCopy:
         self.final = final
         self.dtype = device.dtype
         self.q = queue.SimpleQueue()
-        self.out = np.empty(self.n, dtype=self.dtype)
+        self.sink = sink
+        self.out = np.empty(self.n if sink is None else 0, dtype=self.dtype)
         self.copies = 0
         self.seconds = {}
         self._exc = None
@@ -698,7 +705,8 @@ class CupyRCopy:
                 hslots = [s.view(self.dtype)[:slot_elems] for s in self.staging.slots]
                 final = self.final() if self.final is not None else None
                 self._final_seen = final
-                run_split(_zero_range, 0, self.n, HOST_COPY_PER_THREAD, self.out)
+                if self.sink is None:
+                    run_split(_zero_range, 0, self.n, HOST_COPY_PER_THREAD, self.out)
                 self.seconds["prepare"] = time.perf_counter() - t0
                 min_chunk = self._min_chunk
                 issued = 0
@@ -747,10 +755,13 @@ class CupyRCopy:
     def _drain(self, item, hslots):
         s, a, m, e = item
         e.synchronize()
-        out, slot = self.out[a: a + m], hslots[s][:m]
+        if self.sink is not None:
+            self.sink(a, hslots[s][:m])
+        else:
+            out, slot = self.out[a: a + m], hslots[s][:m]
 
-        def copy(i0, i1):               # NumPy's copy releases the GIL
-            np.copyto(out[i0:i1], slot[i0:i1])
-        run_split(copy, 0, m, HOST_COPY_PER_THREAD)
+            def copy(i0, i1):               # NumPy's copy releases the GIL
+                np.copyto(out[i0:i1], slot[i0:i1])
+            run_split(copy, 0, m, HOST_COPY_PER_THREAD)
         self.copies += 1
         self.dev.r_copies = getattr(self.dev, "r_copies", 0) + 1
