@@ -478,6 +478,33 @@ def test_gpu_driver_threads_progressive_r(monkeypatch, k, enqueue):
                 assert sum(parts.values()) > 0 and d["enqueue_cpu_seconds"] > 0
 
 
+def test_stage_values_scattered_by_ranges():
+    """A stage's R values scattered range by range as they land (a CUDA copier's
+    sink), in any order, give R's data as one scatter after the stage does;
+    positions None: the stage's values are data's prefix."""
+    import threading
+    from concurrent.futures import Future
+
+    from scipy_gpuqr._engine.gpu.multi_device import _MultiStageRun
+
+    rng = np.random.default_rng(4)
+    n = 1000
+    pos = np.sort(rng.choice(4 * n, size=n, replace=False)).astype(np.int64)
+    vals = rng.standard_normal(n)
+    for p in (pos, None):
+        run = _MultiStageRun.__new__(_MultiStageRun)
+        run.data, run.dtype, run._data_lock = None, np.dtype(np.float64), threading.Lock()
+        made = Future()
+        made.set_result(np.zeros(4 * n))
+        run.data_made = made
+        cuts = [0, 1, 250, 251, 700, n]
+        for a, b in reversed(list(zip(cuts, cuts[1:]))):
+            run._scatter_part(p, a, vals[a:b])
+        want = np.zeros(4 * n)
+        want[pos if p is not None else slice(0, n)] = vals
+        assert np.array_equal(run.data, want)
+
+
 def test_gpu_driver_one_enqueueing_thread_interleaves_the_devices():
     """enqueue='one': every launch is enqueued by the calling thread, the devices'
     launches in turns (not one device's stages after the other's), a device

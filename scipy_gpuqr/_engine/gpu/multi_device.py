@@ -46,6 +46,7 @@ with :class:`~.device.NumpyDevice` layers it runs on the host (CI).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -70,7 +71,7 @@ from ..host.simulate import one_blas_thread
 from ..split_front import run_split, split_factorize_numpy
 from . import driver
 from .device import CupyDevice
-from .rcopy import final_entries, touched
+from .rcopy import CupyRCopy, final_entries, staging_for, touched
 from .rlayout import r_layout
 from .split_front import CupySplit, enable_peers
 from .stage_loop import stage_reflector_records
@@ -733,7 +734,8 @@ class _MultiStageRun:
                 tw = time.perf_counter()
                 vals = copier.result()
                 opened.pop(0)
-                self._put_r(pos, vals)
+                if pos is not None or len(vals):     # else scattered as it landed
+                    self._scatter_part(pos, 0, vals)
                 self.t_wait_r[k] += time.perf_counter() - tw
         except BaseException:
             for item in opened:
@@ -743,7 +745,14 @@ class _MultiStageRun:
         self.timeline[k] = (t0 - base, t1 - base, time.perf_counter() - base)
 
     def _copier(self, sid, st, layer, h):
-        """R's copier of the stage, progressive (``final`` per launch): (copier, pos)."""
+        """R's copier of the stage, progressive (``final`` per launch): (copier, pos).
+
+        On a CUDA layer the copier scatters each range into R's ``data`` as it
+        lands (:meth:`_scatter_part`; ``pos`` None then, nothing left to
+        scatter after the stage): scattered after the stage, a large stage's
+        values and positions (16 bytes per entry of R) would be read again
+        while every device waits.
+        """
         layout, gmaps = self.host_side.result()
         pos, gidx = gmaps[sid]
         key = ("multi_device_final", self.fkey, int(sid), int(st.nlaunch), int(st.ntasks),
@@ -754,7 +763,10 @@ class _MultiStageRun:
                 g = final_entries(self.analysis, lay, st, int(self.sched.tile))
                 return g if pos is None else np.searchsorted(pos, g).astype(np.int64)
             return lay.extra(key, make)
-        return layer.open_r_copy(h["pool"], gidx, layout, final=_final), pos
+        if getattr(layer, "cp", None) is None:
+            return layer.open_r_copy(h["pool"], gidx, layout, final=_final), pos
+        sink = functools.partial(self._scatter_part, pos)
+        return CupyRCopy(layer, h["pool"], gidx, staging_for(layout), _final, sink=sink), None
 
     def _stage(self, sid, st, k, layer, poll: bool = False):
         """Enqueue one stage on its layer (with its device current): a generator
@@ -913,21 +925,23 @@ class _MultiStageRun:
         return out
 
     # -- R ------------------------------------------------------------------------------
-    def _put_r(self, pos, vals) -> None:
-        """A stage's R values into R's ``data`` (its positions; all of it for None)."""
+    def _scatter_part(self, pos, first, vals) -> None:
+        """Values ``first …`` of a stage's R entries into R's ``data`` (at their
+        positions ``pos[first:]``; ``data[first:]`` for None): as each range
+        lands (a CUDA copier's worker), or all of them after the stage."""
         with self._data_lock:
             if self.data is None:
                 self.data = self._new_data()
-        data = self.data
         v = np.ascontiguousarray(vals, dtype=self.dtype)
         if pos is None:
-            data[:len(v)] = v
+            self.data[first: first + len(v)] = v
             return
+        p = pos[first: first + len(v)]
         lib = native.handle()
         if lib is not None:         # threads, the GIL released
-            native.scatter(lib, data, pos, v)
+            native.scatter(lib, self.data, p, v)
         else:
-            data[pos] = v
+            self.data[p] = v
 
     def _new_data(self) -> np.ndarray:
         """R's ``data``, zeros: the one made ahead, else a new one."""
