@@ -88,7 +88,8 @@ ENQUEUE_MODES = ("threads", "one")
 
 #: Kinds of a device's enqueueing seconds (``info["devices"]``' ``enqueue_parts``): stage
 #: set-up and uploads, uberkernel launches, dense (and split) fronts, contribution blocks
-#: cut for later stages, the rest (blocks copied in, R's copier, the loop itself).
+#: cut for later stages, the rest (blocks copied in and, with a thread per device, waited
+#: for; R's copier; the loop itself).
 ENQUEUE_PARTS = ("begin", "launch", "dense", "blocks_out", "other")
 
 def device_count() -> int:
@@ -799,6 +800,7 @@ class _MultiStageRun:
                     if poll:
                         while not self.xfer.ready(c):
                             yield False
+                            t = clock()         # the turns of other devices are theirs
                     tw = clock()
                     ev = self.xfer.into(c, k, layer, h["pool"], st.carried[c], self.layers)
                     self.t_wait_blocks[k] += clock() - tw
@@ -827,7 +829,9 @@ class _MultiStageRun:
                     self.progressive += 1
                 if copier is not None:
                     copier.after_launch(L)
+                parts["other"] += clock() - t
                 yield True
+                t = clock()
             for c in [c for v in into_at.values() for c in v]:     # a stage without launches
                 if poll:
                     while not self.xfer.ready(c):
