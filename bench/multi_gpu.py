@@ -59,7 +59,8 @@ and enqueue setting whose mapping shares the subtrees by the speeds its
 warm-up measured (``measured_speeds``, ``device_speeds=``; a second warm-up
 runs the new mapping once before the timed calls). ``--check-only grid56,...``
 checks the answers of those matrices only (R's difference, ``Qᵀ b`` and the
-residuals take tens of seconds on grid 64³'s R).
+residuals take tens of seconds on grid 64³'s R); ``--check-r grid64,...``
+compares only R's values with one GPU's for those (a few seconds).
 
 ``--dask 1,2,4`` then measures the Dask throughput of batched LU
 (``bench/dask_batched.py``: 2**24 float64 32 x 32 matrices by default,
@@ -242,11 +243,23 @@ def _r_difference(R, ref, flip, scale) -> float:
     return float(abs(sp.diags_array(flip) @ R - ref).max() / scale)
 
 
+def _r_alone(qr) -> dict:
+    """What ``--check-r`` compares: R (host), its rows' pivot signs, its scale."""
+    return {"R": qr.R, "sign": np.sign(row_leads(qr.R)),
+            "scale": float(np.abs(qr.R.data).max(initial=0.0))}
+
+
+def _flip(got, ref) -> np.ndarray:
+    """Row signs making ``got``'s R's rows start as ``ref``'s."""
+    flip = np.where(got["sign"] == ref["sign"], 1.0, -1.0)
+    flip[got["sign"] == 0] = 1.0
+    return flip
+
+
 def _differences(got, ref) -> dict:
     """R and ``Qᵀ b`` against the reference's, rows matched by sign, relative;
     then ``got``'s own residuals (:func:`_factor_residuals`)."""
-    flip = np.where(got["sign"] == ref["sign"], 1.0, -1.0)
-    flip[got["sign"] == 0] = 1.0
+    flip = _flip(got, ref)
     scale = max(ref["scale"], 1.0)
     k = ref["R"].shape[0]
     q1, q2 = ref["qtb"], got["qtb"]
@@ -282,7 +295,7 @@ def _variants(counts, split, enqueue, rebalance) -> list:
 
 
 def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runner,
-            deadline=None, split="rule", enqueue="threads", rebalance=False, check=True):
+            deadline=None, split="rule", enqueue="threads", rebalance=False, verify=True):
     from scipy_gpuqr._schedule.devices import map_devices
     from scipy_gpuqr._symbolic import analyze
     A = make()
@@ -329,7 +342,14 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                 qr = runner.factorize(A, an, ids, budget, sd, eq, speeds)
                 times.append(time.perf_counter() - t)
                 infos.append(qr.info)
-                if rep == 0 and check:
+                if rep == 0 and verify == "r":
+                    got = _r_alone(qr)
+                    if ref is None:
+                        ref = got
+                    else:
+                        run["R_diff"] = _r_difference(got["R"], ref["R"], _flip(got, ref),
+                                                      max(ref["scale"], 1.0))
+                elif rep == 0 and verify:
                     got = _answers(qr, ids, b, runner, A)
                     if ref is None:
                         ref = got
@@ -402,8 +422,10 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
             busy += f"; R copies started during the launches {run.get('r_copy_progressive')}"
             if run.get("speeds"):
                 busy += "; speeds " + " ".join(f"{x:.3f}" for x in run["speeds"])
-        check = (f"  R diff {run['R_diff']:.1e} Qtb diff {run['qtb_diff']:.1e}"
-                 f" |r| diff {run['residual_norm_diff']:.1e}" if "R_diff" in run else "")
+        check = (f"  R diff {run['R_diff']:.1e}" if "R_diff" in run else "")
+        if "qtb_diff" in run:
+            check += (f" Qtb diff {run['qtb_diff']:.1e}"
+                      f" |r| diff {run['residual_norm_diff']:.1e}")
         if "gram" in run:
             check += (f"  gram {run['gram']:.1e} QR {run['qr']:.1e}"
                       f" tiny pivots {run['tiny_pivots']}")
@@ -444,8 +466,9 @@ def summary(rows) -> str:
             enq = " / ".join(f"{d['enqueue_seconds']:.3f} ({d['wait_blocks_seconds']:.3f})"
                              for d in per if "enqueue_seconds" in d) or "-"
             eng = run.get("engine_seconds", {})
-            check = (f"R {run['R_diff']:.1e}, Qtb {run['qtb_diff']:.1e}"
-                     if "R_diff" in run else "-")
+            check = (f"R {run['R_diff']:.1e}" if "R_diff" in run else "-")
+            if "qtb_diff" in run:
+                check += f", Qtb {run['qtb_diff']:.1e}"
             own = (f"{run['gram']:.1e}, {run['qr']:.1e} ({run['tiny_pivots']})"
                    if "gram" in run else "-")
             splits = " + ".join(
@@ -515,6 +538,8 @@ def main(argv=None) -> int:
                    help="add a run mapped by the speeds its warm-up measured")
     p.add_argument("--check-only", default="",
                    help="matrices whose answers are checked (default: all)")
+    p.add_argument("--check-r", default="",
+                   help="matrices whose R alone is compared with one GPU's")
     p.add_argument("--dask", default="",
                    help="then the Dask batched-LU throughput over these GPU worker counts")
     p.add_argument("--dask-count", type=int, default=1 << 24)
@@ -551,13 +576,14 @@ def main(argv=None) -> int:
     only = list(dict.fromkeys(x for x in a.only.split(",") if x))
     runner = _Runner(a.numpy)
     checked = [x for x in a.check_only.split(",") if x]
+    r_only = [x for x in a.check_r.split(",") if x]
     rows = []
     for n, make in _matrices(only, a.numpy):
         rows.append(run_one(n, make, counts, a.reps, simulate=a.simulate,
                             budget_fraction=a.budget_fraction, public=a.public,
                             runner=runner, deadline=deadline, split=a.split,
                             enqueue=a.enqueue, rebalance=a.rebalance,
-                            check=not checked or n in checked))
+                            verify=("r" if n in r_only else not checked or n in checked)))
         if a.json:                      # after each matrix: a run cut short keeps the rest
             Path(a.json).write_text(json.dumps({"gpus": names, "counts": counts,
                                                 "simulate": a.simulate, "numpy": a.numpy,
