@@ -199,3 +199,22 @@ def test_host_upper_dense_only_beyond_dense_limit(rng, monkeypatch):
     assert isinstance(_lstsq.MinNormSolver(S, EPS * q)._host_upper(), UpperTriangular)
     monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 400)
     assert isinstance(_lstsq.MinNormSolver(T, EPS * q)._host_upper(), UpperTriangular)
+
+
+def test_a_given_diagonal_spares_the_decisions_own_pass(monkeypatch):
+    """MinNormSolver takes |diag(R)| from its caller (the fused probe solve took it)
+    instead of gathering it again; a diagonal of the wrong length is not used."""
+    import scipy.sparse as sp
+
+    from scipy_gpuqr._factor import lstsq
+    rng = np.random.default_rng(3)
+    R = sp.csc_array(np.triu(rng.standard_normal((60, 60))) + 10 * np.eye(60))
+    d = np.abs(R.diagonal())
+    want = lstsq.MinNormSolver(R, 1e-12)
+    calls = []
+    real = lstsq.abs_diagonal
+    monkeypatch.setattr(lstsq, "abs_diagonal", lambda M: calls.append(1) or real(M))
+    got = lstsq.MinNormSolver(R, 1e-12, diagonal=d)
+    assert calls == [] and (got.method, got.rank) == (want.method, want.rank) == ("triangular", 60)
+    lstsq.MinNormSolver(R, 1e-12, diagonal=d[:-1])
+    assert calls == [1]

@@ -233,6 +233,7 @@ class FactoredQR:
         self._dsolve = None
         self._qtb = None                # (B, (QᵀB)[:rows of R]) within a least_squares call
         self._fused = None              # (B, R⁻¹(QᵀB)[:q]) solved with the rank probe's block
+        self._diagonal = None           # |diag(R)| where the fused solve took it
         self._run(M)
 
     # -- phases ----------------------------------------------------------------
@@ -241,6 +242,7 @@ class FactoredQR:
         self.num = self.plan.factorize(M, tol=self.tol)
         self.timings["factorize"] = time.perf_counter() - t0
         self._solver = None
+        self._diagonal = None
         self._dsolve = None
         self._Md = None
 
@@ -287,7 +289,9 @@ class FactoredQR:
                                          dense_device="gpu" if device == "gpu" or gpu_seen
                                          else "cpu", rhs=given,
                                          probe_start=probe_start,
+                                         diagonal=self._diagonal if self.tol is None else None,
                                          fro_bound=frobenius_bound(self.M))
+            self._diagonal = None
             self.timings["rank_decision"] = time.perf_counter() - t0
         return self._solver
 
@@ -365,7 +369,7 @@ class FactoredQR:
         q = R.shape[1]
         if R.shape[0] != q or q <= DENSE_LIMIT or q < SOLVE_RANK_MIN_ORDER:
             return None
-        d = abs_diagonal(R)
+        d = self._diagonal = abs_diagonal(R)
         if not (np.all(np.isfinite(d)) and d.min() > lstsq_cutoff(*self.shape) * d.max()):
             return None
         import cupy as cp               # optional dependency: GPU factors only
@@ -610,6 +614,7 @@ class FactoredQR:
         state["_Md"] = None
         state["_qtb"] = None
         state["_fused"] = None
+        state["_diagonal"] = None
         num = state.get("num")
         plan = state["plan"]
         state["plan_fields"] = {k: getattr(plan, k) for k in
@@ -628,6 +633,7 @@ class FactoredQR:
         fields = state.pop("plan_fields")
         refactor = state.pop("refactor_on_load", False)
         self._fused = None              # absent from the pickles of earlier versions
+        self._diagonal = None
         self.__dict__.update(state)
         factorize_fn, _, _ = factorizer(fields["backend"])
         self.plan = Plan(factorize_fn=factorize_fn, **fields)

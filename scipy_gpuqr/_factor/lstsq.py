@@ -392,6 +392,10 @@ class MinNormSolver:
         least-squares right-hand sides. The probe then takes ``R⁻ᵀ`` as its
         operator (whose 2-norm is ``R⁻¹``'s), and its first step costs no
         solve. Not kept once the decision is made.
+    diagonal : ndarray, optional
+        ``|diag(R)|`` where the caller has it already
+        (:func:`~scipy_gpuqr._factor.solve_rank.abs_diagonal` of this R): on a
+        large R its gather of scattered entries costs a millisecond.
     fro_bound : float, optional
         An upper bound of ``‖R‖_F`` known without a pass over R's values (see
         :func:`frobenius_bound`: the factored matrix's own norm, which an
@@ -411,6 +415,7 @@ class MinNormSolver:
     rhs: Optional[Callable] = field(default=None, repr=False)
     fro_bound: Optional[float] = None
     probe_start: Optional[tuple] = field(default=None, repr=False)
+    diagonal: Optional[np.ndarray] = field(default=None, repr=False)
     method: str = field(init=False, default="")
     cod_device: str = field(init=False, default="cpu")
     revealed: bool = field(init=False, default=True)
@@ -452,7 +457,9 @@ class MinNormSolver:
             self.method, self.rank = "empty", 0
             self.sigma_max = self.sigma_min = 0.0
             return
-        d = abs_diagonal(R)
+        d = self.diagonal
+        if d is None or d.shape != (min(k, q),):
+            d = abs_diagonal(R)
         # a nonzero diagonal entry settles ‖R‖ > 0 without a pass over R's values
         if not (d.size and d.max() > 0) and not np.any(R.data):
             # ‖R‖ = 0 (no entries, or explicit zeros only): rank 0, x = 0. Decided
