@@ -816,6 +816,7 @@ def test_triangular_plan_is_shared_by_a_patterns_factorizations(budget):
     by_stage = {}
     for i, fr in enumerate(p1.fronts):
         by_stage.setdefault(fr[0], []).append(i)
+    assert p1.by_stage == by_stage
     for sid, members in by_stage.items():
         offsets = [p1.fronts[i][1] for i in members]
         t = p1.level_tables((sid, "pool"), members, offsets)

@@ -83,6 +83,10 @@ class TriangularPlan:
         self.cols.flags.writeable = False
         #: each front's depth from its root and height from its leaves
         self.depth, self.height = _tree_levels(fs)
+        #: stage -> indices into ``fronts`` of its fronts (postorder)
+        self.by_stage = {}
+        for i, sid in enumerate(table[:, 0].tolist()):
+            self.by_stage.setdefault(sid, []).append(i)
         self._tables = {}
 
     def level_tables(self, key, members, offsets) -> dict:
@@ -613,9 +617,7 @@ def _staged_levels(ft, fs, qr):
     panels (:meth:`FrontTriangular.streamed_step`).
     """
     host_stages = set(getattr(qr, "_host_stages", {}) or {})
-    by_stage = {}
-    for i, fr in enumerate(ft.fronts):
-        by_stage.setdefault(fr[0], []).append(i)
+    by_stage = ft.plan.by_stage
     dtype = qr._device.dtype
     avail = available_bytes(ft.xp).available
     keep = _KeepBudget(keep_bytes(avail, replay_upload_bytes(qr)))
