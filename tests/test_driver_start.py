@@ -197,9 +197,9 @@ def test_a_new_process_prefetches_beside_its_analysis(monkeypatch):
     assert seen == []
     release.set()
     for t in threading.enumerate():
-        if t.name == "gpuqr-prefetch":
+        if t.name == "gpuqr-gpu-prefetch":
             t.join(5)
-    assert seen == ["gpuqr-prefetch", "float64"]
+    assert seen == ["gpuqr-gpu-prefetch", "float64"]
 
 
 def test_plan_for_starts_the_layout_load_once_the_analysis_is_made(monkeypatch):

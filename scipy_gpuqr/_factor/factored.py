@@ -102,7 +102,7 @@ def prefetch_kernels(dtype) -> None:
     In a new process (a calling thread without a CUDA context) the CUDA
     driver starts on a thread of its own (:func:`~scipy_gpuqr._gpu.start_driver`),
     and CuPy's import, the wait for the driver and the prefetch run on
-    another (``gpuqr-prefetch``): the calling thread goes on at once with
+    another (``gpuqr-gpu-prefetch``): the calling thread goes on at once with
     the analysis (from its file where an earlier process made it) instead of
     waiting for CUDA's start, about a third of a second. A failure there ends
     that thread quietly: the factorization looks the GPU up and prefetches
@@ -112,7 +112,7 @@ def prefetch_kernels(dtype) -> None:
     if start_driver() is None:          # CUDA started on this thread (or no driver)
         _prefetch(value)
         return
-    threading.Thread(target=_quiet_prefetch, args=(value,), name="gpuqr-prefetch",
+    threading.Thread(target=_quiet_prefetch, args=(value,), name="gpuqr-gpu-prefetch",
                      daemon=True).start()
 
 
