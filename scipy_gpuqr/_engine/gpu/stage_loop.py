@@ -66,11 +66,14 @@ PLACE_UPPER = True
 PLACE_EARLY = True
 
 #: R's data array, into which the gather thread scatters the values of the pools
-#: sent down, made and its pages touched by threads on a worker as the first
-#: such stage begins (R's layout known: cached by an earlier factorization of
-#: the pattern, or from the worker); off: zeros made where the first gather is
-#: submitted, whose scatter then faults its pages in.
+#: sent down, made and its pages touched by :data:`R_DATA_THREADS` threads on a
+#: worker as the first such stage begins (R's layout known: cached by an
+#: earlier factorization of the pattern, or from the worker); off: zeros made
+#: where the first gather is submitted, whose scatter then faults its pages in.
 R_DATA_AHEAD = True
+#: Threads touching R's data array ahead: a few, so that the stage's launch
+#: loop keeps a core (the array is hundreds of megabytes on large problems).
+R_DATA_THREADS = 4
 
 #: A pool sent down gives R's values by threads that each take a step of
 #: entries into a buffer of their own and scatter it into R's data
@@ -292,7 +295,7 @@ class StageLoop:
             return
         ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-r-data")
         try:
-            self._r_data_job = ex.submit(touched, lay.nnz, self.r_dtype)
+            self._r_data_job = ex.submit(_zeros, lay.nnz, self.r_dtype, R_DATA_THREADS)
         finally:
             ex.shutdown(wait=False)
 
@@ -828,13 +831,26 @@ def _scatter(data, pos, v) -> None:
         data[pos] = v
 
 
-#: Entries of one step of :func:`_gather_into`'s threads (their buffer stays in
-#: cache between the take and the scatter).
-GATHER_STEP = 1 << 15
+#: Entries of one step of :func:`_gather_into`'s threads. Each step gives the
+#: GIL back and takes it again: while the launch loop runs Python, taking it
+#: waits up to the interpreter's switch interval and makes the loop give it
+#: up, so steps of milliseconds of copying, not fewer.
+GATHER_STEP = 1 << 20
 #: Fewest entries per thread of :func:`_gather_into`, and most threads (the
 #: gathers run beside the next stages' host work).
 GATHER_PER_THREAD = 1 << 20
 GATHER_THREADS = 8
+
+
+def _zeros(n: int, dtype, threads: int) -> np.ndarray:
+    """``n`` zeros of ``dtype``, written by ``threads`` threads (its pages touched:
+    the scatters into it then fault none)."""
+    out = np.empty(int(n), dtype=dtype)
+
+    def zero(i0, i1):                   # NumPy's fill releases the GIL
+        out[i0:i1] = 0
+    native.run_ranges(zero, np.linspace(0, int(n), max(int(threads), 1) + 1).astype(np.int64))
+    return out
 
 
 def _gather_into(data, pos, host, gidx) -> None:
@@ -844,7 +860,8 @@ def _gather_into(data, pos, host, gidx) -> None:
     With :data:`GATHER_FUSED` and the compiled library, threads each take
     :data:`GATHER_STEP` entries at a time into a buffer of their own and
     scatter it (no array of the stage's values, whose fresh pages the take
-    would fault in and the scatter read back from memory)."""
+    would fault in and the scatter read back from memory: half the memory
+    traffic of a take then a scatter)."""
     lib = native.handle() if GATHER_FUSED else None
     if lib is None or host.dtype != data.dtype or data.itemsize not in (4, 8):
         _scatter(data, pos, NumpyRCopy(host, gidx, dtype=host.dtype).result())
