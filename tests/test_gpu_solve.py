@@ -834,5 +834,17 @@ def test_triangular_plan_is_shared_by_a_patterns_factorizations(budget):
             for L in range(len(ptr) - 1):
                 assert all(lv[i] - lo == L for i in order[ptr[L]:ptr[L + 1]])
             assert sum(len(b) for b in bigs) == len(members) - len(small)
+    # the big fronts' threshold is read when the tables are asked for (a test lowers it)
+    sid, members = next(iter(by_stage.items()))
+    offsets = [p1.fronts[i][1] for i in members]
+    big = max(p1.fronts[i][4] for i in members)
+    base = p1.level_tables((sid, "pool"), members, offsets)
+    try:
+        trsolve.BIG_FRONT_ROWS = big
+        low = p1.level_tables((sid, "pool"), members, offsets)
+    finally:
+        trsolve.BIG_FRONT_ROWS = 512
+    assert low is not base and sum(len(b) for b in low["levels"][False][2]) > 0
+    assert p1.level_tables((sid, "pool"), members, offsets) is base
     g1.free()
     g2.free()

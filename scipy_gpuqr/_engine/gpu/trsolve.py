@@ -92,10 +92,13 @@ class TriangularPlan:
     def level_tables(self, key, members, offsets) -> dict:
         """:class:`_LevelKernel`'s host tables of one stage's ``members`` at
         ``offsets``, made once per ``key`` (the stage and where its rows are read:
-        its pool, or a compact copy of them)."""
-        hit = self._tables.get(key)
+        its pool, or a compact copy of them) and :data:`BIG_FRONT_ROWS` (read
+        now: a changed threshold makes new tables)."""
+        big_rows = int(BIG_FRONT_ROWS)
+        full = (key, big_rows)
+        hit = self._tables.get(full)
         if hit is None:
-            hit = self._tables[key] = _level_tables(self, members, offsets)
+            hit = self._tables[full] = _level_tables(self, members, offsets, big_rows)
         return hit
 
 
@@ -383,11 +386,11 @@ def _tree_levels(fs) -> tuple[np.ndarray, np.ndarray]:
     return depth, height
 
 
-def _level_tables(plan, members, offsets) -> dict:
+def _level_tables(plan, members, offsets, big_rows: int) -> dict:
     """The level tables of one stage (see :class:`_LevelKernel`): per direction
     (``trans``) the kernel's front descriptors ``(offset, fn, rk, first col)`` in
-    level order, the levels' pointers and each level's big fronts; ``off_of``,
-    each member's offset."""
+    level order, the levels' pointers and each level's big fronts (``big_rows``
+    rows of R or more); ``off_of``, each member's offset."""
     depth, height = plan.depth, plan.height
     members = np.asarray(members, dtype=np.int64)
     offsets = np.asarray(offsets, dtype=np.int64)
@@ -395,7 +398,7 @@ def _level_tables(plan, members, offsets) -> dict:
     fr = np.column_stack([offsets, table[:, 3], table[:, 4], table[:, 5]]).reshape(-1, 4)
     which = np.asarray(plan.front_ids, dtype=np.int64)[members]
     off_of = dict(zip(members.tolist(), offsets.tolist()))
-    big = fr[:, 2] >= BIG_FRONT_ROWS
+    big = fr[:, 2] >= big_rows
     levels = {}
     for trans, key in ((False, depth[which]), (True, height[which])):
         key = key - (int(key.min()) if len(key) else 0)
