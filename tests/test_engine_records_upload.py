@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scipy_gpuqr._engine.gpu.device import CupyDevice, RECORD_CHUNK_BYTES, pinned_class
+from scipy_gpuqr._engine.gpu.device import CupyDevice, RECORD_CHUNK_BYTES
 from scipy_gpuqr._schedule.sparse import build_schedule
 from scipy_gpuqr._schedule.tasks import TASK_BYTES
 from scipy_gpuqr._symbolic import analyze
@@ -38,48 +38,28 @@ class _DeviceBytes:
 
 
 class _Layer:
-    """What ``CupyDevice._records_up`` reads of its layer (its pinned buffers
-    NumPy arrays, counted by size)."""
+    """What ``CupyDevice._records_up`` reads of its layer."""
 
     def __init__(self, chunk):
         self.record_chunk_bytes = chunk
         self.stream = None
-        self.buffers = []
-
-    def _pinned(self, n, dtype):
-        self.buffers.append(int(n) * np.dtype(dtype).itemsize)
-        return np.zeros(int(n), dtype=dtype)
-
-    def _staging(self, n, dtype):
-        return CupyDevice._staging(self, n, dtype)
 
 
 def _uploads(st, chunk, whole):
     nbytes = max(int(st.ntasks), 1) * TASK_BYTES
     src = np.ascontiguousarray(st.tasks).view(np.uint8).ravel()
-    # begin_stage: one pinned buffer for a stage built launch by launch, none yet
-    # for a materialized one (each chunk takes its own as it goes up)
-    h = {"dt": _DeviceBytes(nbytes), "host": None if whole else np.zeros(nbytes, np.uint8),
-         "src": src if whole else None, "sent": 0, "keep": []}
+    h = {"dt": _DeviceBytes(nbytes), "host": np.zeros(nbytes, np.uint8),
+         "src": src if whole else None, "sent": 0}
     lp = np.asarray(st.launch_ptr)
     layer = _Layer(chunk)
     for L in range(len(lp) - 1):
         a, b = int(lp[L]), int(lp[L + 1])
         if b <= a:
             continue
-        made = len(layer.buffers)
         CupyDevice._records_up(layer, h, a, b, st.tasks[a:b])
         # the launch reads records [a, b): on the device, as the schedule has them
         assert np.array_equal(h["dt"].buf[a * TASK_BYTES: b * TASK_BYTES],
                               src[a * TASK_BYTES: b * TASK_BYTES]), (L, chunk)
-        if whole:       # a chunk's pinned buffer is made when it goes up, kept to the end
-            sent = h["dt"].copies[made:] if len(layer.buffers) > made else []
-            assert len(sent) == len(layer.buffers) - made <= 1
-            for (s, e), size in zip(sent, layer.buffers[made:]):
-                assert e - s <= size == pinned_class(e - s) <= max(4096, 1.25 * (e - s))
-            assert len(h["keep"]) == len(layer.buffers)
-    if not whole:
-        assert layer.buffers == []
     return h["dt"]
 
 
@@ -113,14 +93,3 @@ def test_the_poisoned_records_read_as_no_task():
     assert (h["dt"].buf[:TASK_BYTES] == 0xFF).all()
     rec = h["dt"].buf[:TASK_BYTES].view(st.tasks.dtype)
     assert int(rec["type"][0]) == -1
-
-
-def test_pinned_classes_round_up_by_at_most_a_quarter():
-    # CuPy's pinned pool reuses a freed buffer for the same size only: uploads of
-    # nearby sizes share a class, a class holds its size, wastes at most a quarter
-    for n in [1, 4095, 4096, 4097, 5000, 1 << 20, (1 << 20) + 1, 4 << 20, (4 << 20) + 96,
-              38_000_000, 123_456_789]:
-        c = pinned_class(n)
-        assert c >= n and c >= 4096 and c <= max(4096, 1.25 * n)
-        assert pinned_class(c) == c
-    assert pinned_class((4 << 20) + 96) == pinned_class((4 << 20) + 50_000) == 5 << 20

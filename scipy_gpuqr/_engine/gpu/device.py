@@ -89,16 +89,6 @@ DENSE_STREAMS = 4
 RECORD_CHUNK_BYTES = 4 << 20
 
 
-def pinned_class(nbytes: int) -> int:
-    """Bytes of the pinned buffer that holds ``nbytes``: ``nbytes`` rounded up to
-    a quarter of its power of two (at least 4 KiB; at most a quarter more), so
-    that uploads of other sizes, other patterns' among them, reuse the buffers
-    CuPy's pinned pool keeps (it matches sizes exactly)."""
-    n = max(int(nbytes), 4096)
-    step = 1 << max(n.bit_length() - 3, 0)
-    return -(-n // step) * step
-
-
 #: Most pieces the uberkernel cuts an Apply record (and an Apply+Factorize
 #: record's Apply) into in a launch of fewer records than the device runs at once
 #: (:func:`~scipy_gpuqr._schedule.tasks.apply_split`; 1: never cut). A small
@@ -713,19 +703,11 @@ class CupyDevice:
         import cupyx
         return cupyx.empty_pinned((int(n),), dtype=dtype)
 
-    def _staging(self, n: int, dtype) -> np.ndarray:
-        """``n`` elements of pinned memory for an upload, cut from a buffer of
-        :func:`pinned_class` bytes (CuPy's pinned pool hands a freed buffer out
-        again only for the same size: an upload of another pattern takes its
-        predecessor's buffer instead of a new page-locked allocation)."""
-        isz = np.dtype(dtype).itemsize
-        return self._pinned(pinned_class(int(n) * isz) // isz, dtype)[: int(n)]
-
     def _upload(self, host: np.ndarray):
         cp = self.cp
         if host.size == 0:
             host = np.zeros(1, dtype=host.dtype)
-        buf = self._staging(host.size, host.dtype)
+        buf = self._pinned(host.size, host.dtype)
         buf[...] = host.ravel()
         out = cp.empty(host.size, dtype=host.dtype)
         out.set(buf, stream=self.stream)
@@ -804,9 +786,7 @@ class CupyDevice:
             # stage's from its task list, in chunks ahead of the launches
             src = (np.ascontiguousarray(st.tasks).view(np.uint8).ravel() if whole
                    else None)
-            # launch by launch: one pinned buffer for the stage's records; a
-            # materialized stage's chunks each take theirs as they go up
-            host = None if whole else self._pinned(nbytes, np.uint8)
+            host = self._pinned(nbytes, np.uint8)
             with stream:
                 dt = cp.empty(nbytes, dtype=np.uint8)
                 if self.debug:      # a record never uploaded reads as type -1: no task
@@ -824,18 +804,12 @@ class CupyDevice:
         """Records ``[a, b)`` of the stage on the device before the next launch:
         a materialized stage's (``h["src"]``) from the first not yet sent, at
         least ``record_chunk_bytes`` at a time; else the launch's own
-        ``records``. Copied into pinned memory, then uploaded on the stage's
-        stream (asynchronous): a launch's own into the stage's pinned buffer, a
-        chunk into a pinned buffer of its own (:meth:`_staging`, kept until the
-        stage ends), made when the upload reaches it. A new process's first
-        call then pins its records' memory chunk by chunk while the device runs
-        the launches before, not all of it before the first launch (about
-        30 ms for grid 40³'s 38 MB), and a later pattern's chunks are pool hits."""
+        ``records``. Copied into the stage's pinned buffer, then uploaded on
+        the stage's stream (asynchronous)."""
         dt, host, src = h["dt"], h["host"], h["src"]
         lo, hi = a * TASK_BYTES, b * TASK_BYTES
         if src is None:
             raw = np.ascontiguousarray(records).view(np.uint8).ravel()
-            seg = host[lo:hi]
         else:
             if hi <= h["sent"]:
                 return
@@ -843,8 +817,7 @@ class CupyDevice:
             hi = min(len(src), max(hi, lo + self.record_chunk_bytes))
             raw = src[lo:hi]
             h["sent"] = hi
-            seg = self._staging(hi - lo, np.uint8)
-            h["keep"].append(seg)
+        seg = host[lo:hi]
         seg[...] = raw
         dt[lo:hi].set(seg, stream=self.stream)
 
