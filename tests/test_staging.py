@@ -1682,3 +1682,27 @@ def test_blocks_for_a_host_stage_placed_with_their_fronts_copies(monkeypatch):
     monkeypatch.setattr(pool_copy._FrontCopy, "attach", off_by_one)
     wrong = run().R.toarray()
     assert np.abs(wrong - early[0]).max() > 1e-6 * np.abs(early[0]).max()
+
+
+def test_blocks_placed_early_only_into_page_locked_pools():
+    """``_page_locked``: a CUDA layer places a block during the launches only into
+    page-locked memory (an asynchronous copy into pageable memory would hold the
+    launch loop); the NumPy layer always; an error reading the pointer's
+    attributes answers no."""
+    from scipy_gpuqr._engine.gpu import stage_loop
+
+    class Error(Exception):
+        pass
+
+    def layer(kind):
+        def attrs(ptr):
+            if kind is None:
+                raise Error("not a pointer the driver knows")
+            return types.SimpleNamespace(type=kind)
+        rt = types.SimpleNamespace(pointerGetAttributes=attrs, CUDARuntimeError=Error)
+        return types.SimpleNamespace(cp=types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt)))
+    a = np.zeros(4)
+    assert stage_loop._page_locked(layer(1), a)
+    assert not stage_loop._page_locked(layer(0), a)
+    assert not stage_loop._page_locked(layer(None), a)
+    assert stage_loop._page_locked(NumpyDevice(TILE, BUNDLE), a)

@@ -547,8 +547,10 @@ class StageLoop:
         front, handed to the pool's copy ``down`` (``attach``) to go into that
         stage's pool right after their fronts' copies, as the fronts become
         final during the launches (:data:`PLACE_EARLY`), where that pool is
-        ready now; :meth:`place_in_host_stages` places the others after the
-        stage. The host stage begins after the engine waited for ``down``."""
+        ready now and page-locked (a copy into pageable memory would hold the
+        launch loop until the device reached it); :meth:`place_in_host_stages`
+        places the others after the stage. The host stage begins after the
+        engine waited for ``down``."""
         attach = getattr(down, "attach", None)
         if not (PLACE_EARLY and PLACE_UPPER and self.host_stages) or attach is None:
             return
@@ -565,7 +567,7 @@ class StageLoop:
             kids = fr[psid == sid].tolist()
             out = self.host_dev.take_pool(pst.fronts, min(int(pst.carried[f]) for f in kids),
                                           wait=False)
-            if out is None:
+            if out is None or not _page_locked(self.device, out):
                 continue
             for f in kids:
                 n = int(fs.fn[f])
@@ -840,6 +842,22 @@ GATHER_STEP = 1 << 20
 #: gathers run beside the next stages' host work).
 GATHER_PER_THREAD = 1 << 20
 GATHER_THREADS = 8
+
+
+#: ``cudaPointerAttributes.type`` of page-locked host memory.
+_HOST_PINNED = 1
+
+
+def _page_locked(device, arr: np.ndarray) -> bool:
+    """Whether ``device`` copies into the host array ``arr`` asynchronously: a
+    CUDA layer only into page-locked memory; the NumPy layer always."""
+    cp = getattr(device, "cp", None)
+    if cp is None:
+        return True
+    try:
+        return int(cp.cuda.runtime.pointerGetAttributes(arr.ctypes.data).type) == _HOST_PINNED
+    except (cp.cuda.runtime.CUDARuntimeError, AttributeError):
+        return False
 
 
 def _zeros(n: int, dtype, threads: int) -> np.ndarray:
