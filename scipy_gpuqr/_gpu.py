@@ -148,9 +148,9 @@ def wait_for_driver() -> None:
 
     CuPy calls the CUDA runtime holding the GIL: its first call
     (``cudaGetDeviceCount``) while the thread's ``cuInit`` runs blocks every
-    Python thread of the process behind it, a tenth of a second or more of a
-    new process's first call on which nothing else ran (the analysis' files,
-    the kernels' loads, R's layout from disk). Joining the thread first lets
+    Python thread of the process behind it, so that nothing else of a new
+    process's first call ran meanwhile (the analysis' files, the kernels'
+    loads, R's layout from disk). Joining the thread first lets
     them run meanwhile; the context is then made, so CuPy's calls after it do
     not wait either.
     """

@@ -465,9 +465,8 @@ def read_mapped(path: Path):
 
 #: Payloads of at least this many bytes are checked by :func:`crc32` in pieces on
 #: threads (zlib releases the GIL); smaller ones in one pass. A new process's
-#: first call checks its analysis and its schedule's plan (tens of MB, the plan
-#: with its records) on the call's thread: one core's pass over them is tens
-#: of milliseconds.
+#: first call checks its analysis and its schedule's plan (the plan with its
+#: records) on the call's thread, where one core's pass would be waited for.
 CRC_PARALLEL_BYTES = 8 << 20
 #: Bytes of one piece of :func:`crc32` (a power of two: one operator combines it).
 CRC_PIECE_LOG2 = 22
@@ -530,8 +529,8 @@ def _zeros_operator(k: int) -> tuple:
 def _zeros_bits(k: int) -> np.ndarray:
     """:func:`_zeros_operator`'s matrix as 0/1 entries (row: output bit, column:
     input bit): ``2**k`` zero bytes are ``2**(k-1)`` twice, a matrix product mod 2
-    (microseconds in NumPy where the 32 products of ints took a fifth of a
-    millisecond per level: a new process's first pieced check builds 20 levels)."""
+    in NumPy (a new process's first pieced check builds every level up to its
+    piece's; in Python ints each level is 32 products of 32 steps)."""
     if k == 0:
         one_bit = (0xEDB88320,) + tuple(1 << n for n in range(31))   # one zero bit
         mat = one_bit

@@ -104,7 +104,7 @@ def prefetch_kernels(dtype) -> None:
     and CuPy's import, the wait for the driver and the prefetch run on
     another (``gpuqr-gpu-prefetch``): the calling thread goes on at once with
     the analysis (from its file where an earlier process made it) instead of
-    waiting for CUDA's start, about a third of a second. A failure there ends
+    waiting for CUDA's start (``cuInit`` and the context). A failure there ends
     that thread quietly: the factorization looks the GPU up and prefetches
     again itself.
     """

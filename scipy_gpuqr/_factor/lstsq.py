@@ -394,8 +394,8 @@ class MinNormSolver:
         solve. Not kept once the decision is made.
     diagonal : ndarray, optional
         ``|diag(R)|`` where the caller has it already
-        (:func:`~scipy_gpuqr._factor.solve_rank.abs_diagonal` of this R): on a
-        large R its gather of scattered entries costs a millisecond.
+        (:func:`~scipy_gpuqr._factor.solve_rank.abs_diagonal` of this R): not
+        gathered again from R's scattered entries.
     fro_bound : float, optional
         An upper bound of ``‖R‖_F`` known without a pass over R's values (see
         :func:`frobenius_bound`: the factored matrix's own norm, which an

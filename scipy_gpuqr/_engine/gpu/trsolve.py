@@ -53,7 +53,7 @@ class TriangularPlan:
     not change: the fronts with rows of R and where each lies (stage, offset),
     their columns, the tree's levels and each stage's level tables. A pattern's
     factorizations share one (kept with its schedule, under where each front
-    lies: :func:`.solve.device_solve_of`), so a repeated solve of a known pattern
+    lies: :func:`.solve.triangular_plan_of`), so a repeated solve of a known pattern
     does not walk its fronts again in Python. Read-only once made; its level
     tables are added as the first solve of each stage asks for them.
 
