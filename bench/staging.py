@@ -188,7 +188,7 @@ def _once(A, b, backend, debug=False):
 #: R is assembled on a worker beside ``Q``'s first upload
 #: (``driver.ASSEMBLE_R_BEHIND``), whether R's data array for the values of
 #: pools sent down is made ahead (``stage_loop.R_DATA_AHEAD``) and filled by
-#: threads taking and scattering a step at a time (``stage_loop.GATHER_FUSED``),
+#: threads in one compiled call each (``stage_loop.GATHER_FUSED``),
 #: whether a device stage's blocks go into a host stage's pool as their upper
 #: trapezoids only (``stage_loop.PLACE_UPPER``) and with their fronts' copies
 #: during the launches (``stage_loop.PLACE_EARLY``), whether a retiring pool's
@@ -244,7 +244,11 @@ MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
                 "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
                 "staircase_parts": True, "assemble_behind": True, "r_data_ahead": True,
                 "gather_fused": True, "place_upper": True, "per_front": True,
-                "place_early": True}}
+                "place_early": True},
+         "noahead": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
+                     "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
+                     "staircase_parts": True, "assemble_behind": True, "gather_fused": True,
+                     "place_upper": True, "per_front": True, "place_early": True}}
 
 
 class _NoPlans:

@@ -1614,26 +1614,34 @@ def test_oversized_rule_leaves_every_host_front_a_device_slab():
                                                                     256, 8)
 
 
+@pytest.mark.parametrize("itype", [np.int32, np.int64])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_pool_gather_by_steps_equals_take_then_scatter(dtype, monkeypatch):
-    """R's values of a pool sent down, taken and scattered by threads a step at a
-    time (``GATHER_FUSED``, compiled), land as the take of all of them then
-    their scatter put them (and as ``data[pos] = host[gidx]``); a step one
-    entry short leaves an entry out."""
+def test_pool_gather_compiled_equals_take_then_scatter(dtype, itype, monkeypatch):
+    """R's values of a pool sent down, gathered by threads in one compiled call
+    each (``GATHER_FUSED``, :func:`scipy_gpuqr._engine.native.gather`), land as
+    the take of all of them then their scatter put them (and as
+    ``data[pos] = host[gidx]``); a range one entry short leaves an entry out;
+    arrays the routine does not take are refused."""
+    from scipy_gpuqr._engine import native as engine_native
     from scipy_gpuqr._engine.gpu import stage_loop
     from scipy_gpuqr._schedule import native
-    monkeypatch.setenv(native.ENV, "c")
-    if native.handle() is None:
+    monkeypatch.setenv(engine_native.ENV, "c")
+    if engine_native.handle() is None:
         pytest.skip("the compiled library cannot be built here")
     rng = np.random.default_rng(5)
     host = rng.standard_normal(50000).astype(dtype)
     n = 30001
-    gidx = rng.integers(0, len(host), n)
+    gidx = rng.integers(0, len(host), n).astype(itype)
     pos = rng.permutation(40000)[:n].astype(np.int64)
-    monkeypatch.setattr(stage_loop, "GATHER_STEP", 1000)
     monkeypatch.setattr(stage_loop, "GATHER_PER_THREAD", 7000)
+    calls = []
+    real = native.run_ranges
+    monkeypatch.setattr(native, "run_ranges",
+                        lambda fn, bounds, *a: (calls.append(len(bounds) - 1),
+                                                real(fn, bounds, *a)))
     fused = np.zeros(40000, dtype=dtype)
     stage_loop._gather_into(fused, pos, host, gidx)
+    assert calls and calls[0] == native.thread_count(n, 7000, stage_loop.GATHER_THREADS)
     monkeypatch.setattr(stage_loop, "GATHER_FUSED", False)
     plain = np.zeros(40000, dtype=dtype)
     stage_loop._gather_into(plain, pos, host, gidx)
@@ -1642,12 +1650,19 @@ def test_pool_gather_by_steps_equals_take_then_scatter(dtype, monkeypatch):
     np.testing.assert_array_equal(fused, plain)
     np.testing.assert_array_equal(fused, ref)
     monkeypatch.setattr(stage_loop, "GATHER_FUSED", True)
-    real = native.run_ranges
     short = np.zeros(40000, dtype=dtype)
     monkeypatch.setattr(native, "run_ranges",
-                        lambda fn, bounds, *a: real(lambda i0, i1: fn(i0, i1 - 1), bounds, *a))
+                        lambda fn, bounds, *a: real(lambda i0, i1, *b: fn(i0, i1 - 1, *b),
+                                                    bounds, *a))
     stage_loop._gather_into(short, pos, host, gidx)
     assert np.count_nonzero(short != ref) > 0
+    lib = engine_native.handle()
+    with pytest.raises(ValueError):
+        engine_native.gather(lib, np.zeros(40000, dtype=np.float16), pos, host, gidx)
+    with pytest.raises(ValueError):
+        engine_native.gather(lib, fused, pos[:-1], host, gidx)
+    with pytest.raises(ValueError):
+        engine_native.gather(lib, fused, pos, host, gidx.astype(np.int16))
 
 
 def test_blocks_for_a_host_stage_placed_with_their_fronts_copies(monkeypatch):

@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import _native_build
 from .._errors import NativeUnavailable
+from .._schedule import native as schedule_native
 
 __all__ = ["ENV", "ABI", "MODES", "NativeUnavailable", "mode", "library", "handle", "status",
            "gather"]
@@ -86,8 +87,9 @@ def status() -> str:
 
 
 def gather(lib, out: np.ndarray, pos: np.ndarray, src: np.ndarray, idx: np.ndarray,
-           i0: int, i1: int) -> None:
-    """``out[pos[i0:i1]] = src[idx[i0:i1]]`` in one compiled call without the GIL.
+           threads: int = 1) -> None:
+    """``out[pos] = src[idx]`` compiled, split over ``threads`` threads, each one
+    call without the GIL.
 
     ``out`` and ``src`` are contiguous and share a 4- or 8-byte dtype; ``pos``
     is contiguous int64, ``idx`` contiguous int32 or int64; the caller
@@ -105,8 +107,10 @@ def gather(lib, out: np.ndarray, pos: np.ndarray, src: np.ndarray, idx: np.ndarr
         raise ValueError(f"gather: positions {pos.dtype}, indices {idx.dtype}")
     if not all(a.flags.c_contiguous for a in (out, pos, src, idx)):
         raise ValueError("gather: contiguous arrays only")
-    if not (0 <= i0 <= i1 <= min(len(pos), len(idx))):
-        raise ValueError(f"gather: range [{i0}, {i1}) of {len(pos)} positions, "
-                         f"{len(idx)} indices")
-    lib.sge_gather(int(i0), int(i1), pos.ctypes.data, idx.ctypes.data, idx.dtype.itemsize,
-                   src.ctypes.data, out.ctypes.data, out.dtype.itemsize)
+    if len(pos) != len(idx):
+        raise ValueError(f"gather: {len(idx)} indices for {len(pos)} positions")
+    n = len(pos)
+    bounds = np.linspace(0, n, max(int(threads), 1) + 1).astype(np.int64)
+    schedule_native.run_ranges(lib.sge_gather, bounds, pos.ctypes.data, idx.ctypes.data,
+                               idx.dtype.itemsize, src.ctypes.data, out.ctypes.data,
+                               out.dtype.itemsize)

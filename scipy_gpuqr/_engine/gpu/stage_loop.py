@@ -26,6 +26,7 @@ import numpy as np
 from ..._errors import GpuEngineError
 from ..._schedule import native
 from ..._schedule.tasks import TaskType, factorizes, take_records
+from .. import native as engine_native
 from .device import CupyDevice, HostFrontDevice, pool_block
 from .pool_copy import front_finality, place_upper
 from .rcopy import (ColumnRCopy, NumpyRCopy, column_bounds, final_entries_cached,
@@ -75,8 +76,8 @@ R_DATA_AHEAD = True
 #: loop keeps a core (the array is hundreds of megabytes on large problems).
 R_DATA_THREADS = 4
 
-#: A pool sent down gives R's values by threads that each take a step of
-#: entries into a buffer of their own and scatter it into R's data
+#: A pool sent down gives R's values by threads that each gather their range
+#: straight into R's data in one compiled call without the GIL
 #: (:func:`_gather_into`); off: all the stage's values taken into a new array,
 #: then scattered.
 GATHER_FUSED = True
@@ -833,11 +834,6 @@ def _scatter(data, pos, v) -> None:
         data[pos] = v
 
 
-#: Entries of one step of :func:`_gather_into`'s threads. Each step gives the
-#: GIL back and takes it again: while the launch loop runs Python, taking it
-#: waits up to the interpreter's switch interval and makes the loop give it
-#: up, so steps of milliseconds of copying, not fewer.
-GATHER_STEP = 1 << 20
 #: Fewest entries per thread of :func:`_gather_into`, and most threads (the
 #: gathers run beside the next stages' host work).
 GATHER_PER_THREAD = 1 << 20
@@ -875,32 +871,29 @@ def _gather_into(data, pos, host, gidx) -> None:
     """A host pool's values of R put straight into R's data array (the gather
     thread, while later stages run): nothing is left for :func:`assemble_r`.
 
-    With :data:`GATHER_FUSED` and the compiled library, threads each take
-    :data:`GATHER_STEP` entries at a time into a buffer of their own and
-    scatter it (no array of the stage's values, whose fresh pages the take
-    would fault in and the scatter read back from memory: half the memory
-    traffic of a take then a scatter)."""
-    lib = native.handle() if GATHER_FUSED else None
-    if lib is None or host.dtype != data.dtype or data.itemsize not in (4, 8):
+    With :data:`GATHER_FUSED` and the compiled gather
+    (:func:`scipy_gpuqr._engine.native.gather`), threads each make one call
+    over their range without the GIL: no array of the stage's values in
+    between (whose fresh pages a take would fault in and the scatter read
+    back), and no GIL taken back between NumPy calls, which would make the
+    next stage's launch loop give it up each time. Otherwise (or while the
+    library is being built) all the stage's values are taken, then
+    scattered."""
+    lib = engine_native.handle() if GATHER_FUSED else None
+    if (lib is None or host.dtype != data.dtype or data.itemsize not in (4, 8)
+            or not (host.flags.c_contiguous and data.flags.c_contiguous)):
         _scatter(data, pos, NumpyRCopy(host, gidx, dtype=host.dtype).result())
         return
     pos = np.ascontiguousarray(pos, dtype=np.int64)
     gidx = np.asarray(gidx)
+    if gidx.dtype not in (np.int32, np.int64):
+        gidx = gidx.astype(np.int64)
+    gidx = np.ascontiguousarray(gidx)
     n = len(pos)
     if len(gidx) != n:
         raise GpuEngineError(f"R's gather: {len(gidx)} sources for {n} positions")
-
-    def part(i0, i1):
-        buf = np.empty(min(GATHER_STEP, i1 - i0), dtype=data.dtype)
-        for a in range(i0, i1, GATHER_STEP):
-            b = min(i1, a + GATHER_STEP)
-            v = buf[:b - a]
-            np.take(host, gidx[a:b], out=v, mode="clip")    # indices in range: no check
-            lib.sgq_scatter(0, b - a, pos.ctypes.data + a * 8, v.ctypes.data,
-                            data.ctypes.data, data.itemsize)
-
-    threads = native.thread_count(n, GATHER_PER_THREAD, GATHER_THREADS)
-    native.run_ranges(part, np.linspace(0, n, threads + 1).astype(np.int64))
+    engine_native.gather(lib, data, pos, host, gidx,
+                         native.thread_count(n, GATHER_PER_THREAD, GATHER_THREADS))
 
 
 def assemble_r(Ac, layout, r_parts, dtype, pattern, data=None):
