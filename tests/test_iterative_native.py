@@ -111,6 +111,95 @@ def test_random_problems_bit_for_bit(loops, solver, seed):
     assert_same(got, ref)
 
 
+@pytest.fixture
+def threaded(monkeypatch):
+    """Threaded products on every problem of a few entries (5 cores, 8 entries a thread)."""
+    monkeypatch.setattr(native, "THREAD_ENTRIES", 8)
+    monkeypatch.setattr(native, "_cores", lambda: 5)
+
+
+@pytest.mark.parametrize("seed", range(0, 60, 3))
+@pytest.mark.parametrize("solver", ["lsqr", "lsmr"])
+def test_random_problems_on_threads_bit_for_bit(loops, threaded, solver, seed):
+    """Products split between threads (a stably transposed copy for the scatter) change
+    no bit of any run."""
+    test_random_problems_bit_for_bit(loops, solver, seed)
+    path, finished = loops
+    assert all(finished) if path == "c" else not any(finished)
+
+
+def _scrambled(seed: int, fmt: str, wide: bool):
+    """A matrix whose sums depend on their order: duplicate entries, unsorted indices,
+    empty rows and columns, entries of magnitudes 1e-8 to 1e16 of both signs."""
+    rng = np.random.default_rng([15, seed])
+    m, n = (int(v) for v in rng.integers(5, 70, 2))
+    k = int(rng.integers(2 * (m + n), 5 * (m + n)))
+    rows, cols = rng.integers(0, m, k), rng.integers(0, n, k)
+    rows[rows == m // 2] = 0                            # an empty row
+    cols[cols == n // 3] = 0                            # an empty column
+    vals = rng.standard_normal(k) * 10.0 ** rng.integers(-8, 17, k)
+    M = sp.coo_array((vals, (rows, cols)), shape=(m, n))
+    order = rng.permutation(k)
+    if fmt == "csr":
+        lines, other, size = rows[order], cols[order], m
+    else:
+        lines, other, size = cols[order], rows[order], n
+    keep = np.argsort(lines, kind="stable")         # lines in order, entries within not
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(lines, minlength=size))])
+    dtype = np.int64 if wide else np.int32
+    cls = sp.csr_array if fmt == "csr" else sp.csc_array
+    A = cls((vals[order][keep], other[keep].astype(dtype), ptr.astype(dtype)), shape=M.shape)
+    A.indptr, A.indices = A.indptr.astype(dtype), A.indices.astype(dtype)
+    assert not A.has_canonical_format
+    return A, rng.standard_normal(m)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+@pytest.mark.parametrize("wide", [False, True], ids=["int32", "int64"])
+def test_scrambled_matrices_on_threads_bit_for_bit(loops, threaded, seed, fmt, wide):
+    """Duplicates and unsorted indices: each output's terms are added in the scatter's
+    order on threads too (SciPy's tuple to the bit)."""
+    A, b = _scrambled(seed, fmt, wide)
+    for kw in ({}, {"damp": 0.1}, {"iter_lim": 5}):
+        assert_same(lsqr(A, b, **kw), sla.lsqr(A, b, **kw))
+        kw = {"maxiter" if key == "iter_lim" else key: v for key, v in kw.items()}
+        assert_same(lsmr(A, b, **kw), sla.lsmr(A, b, **kw))
+    path, finished = loops
+    assert all(finished) if path == "c" else not any(finished)
+
+
+def test_products_on_threads_are_scipys(built):
+    """The compiled products on 1 to 7 threads against SciPy's kernels, bit for bit, on
+    scrambled matrices (the first-use check tries 1 and 3 threads on random ones)."""
+    lib = built.get(False)
+    for seed in range(6):
+        for fmt in ("csr", "csc"):
+            for wide in (False, True):
+                M, _ = _scrambled(seed, fmt, wide)
+                m, n = M.shape
+                rng = np.random.default_rng(seed)
+                x, u = rng.standard_normal(n), rng.standard_normal(m)
+                want_y, want_z = M @ x, M.T @ u
+                for threads in range(1, 8):
+                    y, z = np.empty(m), np.empty(n)
+                    lib.sgi_products(m, n, int(fmt == "csr"), int(wide), M.indptr.ctypes.data,
+                                     M.indices.ctypes.data, M.data.ctypes.data,
+                                     x.ctypes.data, y.ctypes.data, u.ctypes.data,
+                                     z.ctypes.data, threads)
+                    assert y.tobytes() == want_y.tobytes(), (seed, fmt, wide, threads)
+                    assert z.tobytes() == want_z.tobytes(), (seed, fmt, wide, threads)
+
+
+def test_threads_for():
+    """One thread per THREAD_ENTRIES entries, at most the cores, none on fewer than
+    THREAD_MIN_CORES cores."""
+    cores = native._cores()
+    assert native.threads_for(0) == native.threads_for(2 * native.THREAD_ENTRIES - 1) == 1
+    many = native.threads_for(10 ** 9)
+    assert many == (cores if cores >= native.THREAD_MIN_CORES else 1)
+
+
 def _breakdowns():
     """Problems whose bidiagonalization breaks down exactly (beta or alpha 0 inside the
     loop: _sym_ortho's zero branches): identities, padded and scaled, a cyclic shift."""
@@ -200,6 +289,83 @@ def test_overflowing_data_falls_back(loops, monkeypatch):
         monkeypatch.setenv(native.ENV, "numpy")
         assert_same(got, lsqr(big, b * 1e150))
     assert finished[0] is False and not np.isfinite(got.x).all()
+
+
+def _unchecked(A, b, unchecked: bool):
+    """A's and b's :class:`~scipy_gpuqr._iterative.host.HostProblem`, checked by its run
+    where ``unchecked``."""
+    P = host.host_problem(A, b, None, None)
+    return host.HostProblem(P.m, P.n, P.forward, P.backward, P.arrays, P.b, None,
+                            unchecked=unchecked)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+def test_a_run_that_checks_its_problem_is_the_same_run(loops, fmt):
+    """Finite data: a run that checks A and b first (the compiled loops' first pass, or
+    the Python check) gives the unchecked run's tuple bit for bit."""
+    path, finished = loops
+    for A, b, _ in PROBLEMS.values():
+        A = A.asformat(fmt)
+        for run in (lambda P: host.lsqr_host(P, 0.0, 1e-8, 1e-8, 1e8, None, True),
+                    lambda P: host.lsmr_host(P, 0.0, 1e-8, 1e-8, 1e8, None)):
+            (want, want_info), (got, got_info) = (run(_unchecked(A, b, u)) for u in (False, True))
+            assert_same(got, want)
+            got_p, want_p = (p() if callable(p) else p for p in
+                             (got_info["projected_iterations"], want_info["projected_iterations"]))
+            assert got_p == want_p
+    assert all(finished) if path == "c" else not any(finished)
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "lsmr"])
+@pytest.mark.parametrize("where", ["data", "last value", "b"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_a_run_that_checks_its_problem_refuses_an_inf_or_nan(loops, solver, where, value):
+    """An unchecked problem holding an inf or NaN (in A's values, the last one included,
+    or in b) raises NotFinite before any iteration: the callback never hears of one.
+    Checked (the caller vouched for it), the same problem runs."""
+    A, b, _ = PROBLEMS["tall"]
+    A, b = A.copy(), b.copy()
+    if where == "b":
+        b[len(b) // 2] = value
+    else:
+        A.data[-1 if where == "last value" else 7] = value
+    heard = []
+
+    def run(P):
+        if solver == "lsqr":
+            return host.lsqr_host(P, 0.0, 1e-8, 1e-8, 1e8, None, False, callback=heard.append)
+        return host.lsmr_host(P, 0.0, 1e-8, 1e-8, 1e8, None, callback=heard.append)
+    path, finished = loops
+    with pytest.raises(host.NotFinite):
+        run(_unchecked(A, b, True))
+    assert heard == []
+    # compiled: refused by the loops' own check (no run given up and left to Python's)
+    assert finished == ([] if path == "c" else [False])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run(_unchecked(A, b, False))
+    assert heard
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "lsmr"])
+@pytest.mark.parametrize("where", ["A", "b"])
+def test_auto_refuses_an_inf_or_nan_that_the_loops_find(loops, solver, where):
+    """Under ``auto`` a small problem's finite check is the loops' first pass: an inf or
+    NaN there still ends in the general path's ValueError (DESIGN §10), and without it
+    the call is SciPy's bit for bit."""
+    import scipy_gpuqr
+    rng = np.random.default_rng(15)
+    A = sp.csc_array(sp.random_array((80, 50), density=0.1, rng=rng, format="csc")
+                     + 2.0 * sp.eye_array(80, 50, format="csc"))
+    b = rng.standard_normal(80)
+    assert_same(getattr(scipy_gpuqr, solver)(A, b), getattr(sla, solver)(A, b))
+    A, b = A.copy(), b.copy()
+    if where == "A":
+        A.data[0] = np.nan
+    else:
+        b[-1] = np.inf
+    with pytest.raises(ValueError, match="non-finite"):
+        getattr(scipy_gpuqr, solver)(A, b)
 
 
 def test_the_window_is_the_projection_window():

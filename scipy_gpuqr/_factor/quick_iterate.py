@@ -8,7 +8,8 @@ options object, under ``auto`` (by default or named). For those,
 SciPy's result) under ``auto``'s rule (:mod:`scipy_gpuqr._dispatch.iterate_first`)
 after the few checks such input needs: its types, shapes and dtypes are seen
 from the objects themselves, and DESIGN §10's finite check is one C
-reduction per array. The full check of the problem
+reduction per array, or, for a run no GPU could take, the compiled loops'
+first pass over A's values and b. The full check of the problem
 (:func:`~scipy_gpuqr._factor.least_squares.check_problem`: a canonical copy of
 A, b copied) is made only when the QR is needed: when the rule plans the
 factorization, or when the run ends without converging.
@@ -38,8 +39,8 @@ from .._dispatch.iterate_first import (BLOCK_MIN_NNZ, Allowance, HostFirst, anal
                                        iterate_in_block, needs_watching)
 from .._gpu import gpu_available
 from .._iterative.block import block_lsmr, block_lsqr
-from .._iterative._common import compressed_kernels
-from .._iterative.host import HostProblem, lsmr_host, lsqr_host
+from .._iterative._common import _sparsetools   # SciPy's compiled sparse kernels, or None
+from .._iterative.host import HostProblem, NotFinite, lsmr_host, lsqr_host
 from .._options import Settings, auto_settings, auto_source, log_decision
 from .._validate import all_finite
 from .factored import plan_for
@@ -179,6 +180,18 @@ class _Where:
         return self.text % self.value
 
 
+def _kernels(A):
+    """SciPy's kernels of ``A @ v`` and ``A.T @ u`` for an A that :func:`_eligible` took
+    (a SciPy CSR/CSC float64 array or matrix), as
+    :func:`~scipy_gpuqr._iterative._common.compressed_kernels` gives them, or None
+    where SciPy's private kernels are not found."""
+    if _sparsetools is None:
+        return None
+    if A.format == "csr":
+        return _sparsetools.csr_matvec, _sparsetools.csc_matvec
+    return _sparsetools.csc_matvec, _sparsetools.csr_matvec
+
+
 def _longest_lines(A) -> int:
     """Entries of A's longest row plus its longest column (A CSR or CSC)."""
     nnz = int(A.indptr[-1])
@@ -226,22 +239,27 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     """
     if not _eligible(A, b, x0, damp, gpuqr_options):
         return None
-    if not (all_finite(A.data) and all_finite(b)):
+    m, n = A.shape
+    nnz = int(A.indptr[-1])
+    upload = host_first_budget(m, n, nnz)
+    # A run that no GPU could take checks A and b in the loops' first pass (where
+    # they are compiled): no call of its own beside a short run. Any other input
+    # is checked here, before a GPU is asked for.
+    deferred = nnz < BLOCK_MIN_NNZ and upload is None
+    if not (deferred or (all_finite(A.data) and all_finite(b))):
         return None
     source = auto_source(backend)       # no options object: iterate_first is on
     if source is None:
         return None
     if not (rules.atol > 0 or rules.btol > 0):      # maximum precision: the QR answers
         return None
-    m, n = A.shape
-    nnz = int(A.indptr[-1])
     if rules.iter_lim is None:
         iter_lim = 2 * n if method == "lsqr" else min(m, n)
     else:
         iter_lim = int(rules.iter_lim)
     if iter_lim <= 0:
         return None
-    kernels = compressed_kernels(A)
+    kernels = _kernels(A)
     if kernels is None:
         return None
     settings = auto_settings(source)
@@ -253,14 +271,14 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         return known_gpu[0]
 
     # A's longest lines (a pass over its indices) only where a GPU could take the run
-    block = None if nnz >= BLOCK_MIN_NNZ and not gpu() else \
+    block = None if nnz < BLOCK_MIN_NNZ or not gpu() else \
         iterate_in_block(m, n, nnz, on_gpu=False, longest=lambda: _longest_lines(A))
     if block is not None:
         budget = block[0]
         where = _Where("CPU first: one GPU thread block takes over once it would have saved "
                        "its start (about %.2g s) and the iterations made again", budget)
     else:
-        budget = host_first_budget(m, n, nnz)
+        budget = upload
         if budget is None:
             where = _Where("CPU: a CPU iteration (about %.2g s) beats a GPU one",
                            cpu_iteration_seconds(m, n, nnz))
@@ -301,13 +319,17 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     callback = watch if budget is None else HostFirst(
         budget, watch, per_iteration=0.0 if block is None else block[1])
     forward, backward = kernels
-    host = HostProblem(m, n, forward, backward, (A.indptr, A.indices, A.data), b, None)
-    if method == "lsqr":
-        fields, info = lsqr_host(host, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim,
-                                 rules.calc_var, callback=callback)
-    else:
-        fields, info = lsmr_host(host, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim,
-                                 callback=callback)
+    host = HostProblem(m, n, forward, backward, (A.indptr, A.indices, A.data), b, None,
+                       unchecked=deferred)
+    try:
+        if method == "lsqr":
+            fields, info = lsqr_host(host, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim,
+                                     rules.calc_var, callback=callback)
+        else:
+            fields, info = lsmr_host(host, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim,
+                                     callback=callback)
+    except NotFinite:                   # the general path raises DESIGN §10's ValueError
+        return None
     istop, itn, seconds = fields[1], fields[2], info["seconds"]
     name = _ON_CPU[method]
     if block is not None and callback.moved and istop == 0:

@@ -33,9 +33,10 @@ SciPy's bit for bit. What differs is only what surrounds the arithmetic:
 Where a C compiler built them and their checks passed
 (:mod:`~scipy_gpuqr._iterative.native`), the whole loop of a run with Python
 floats' arguments runs compiled: the same operations again (SciPy's product
-loops, NumPy's own BLAS ``ddot`` for the norms, the C library's ``pow``),
-without Python between them. A compiled run that meets what would make
-Python raise gives up, and the loops here run the problem from its start.
+loops, on several threads for an A of many entries, NumPy's own BLAS ``ddot``
+for the norms, the C library's ``pow``), without Python between them. A
+compiled run that meets what would make Python raise gives up, and the loops
+here run the problem from its start.
 
 A callback sees the same :class:`~scipy_gpuqr._iterative._common.IterationState`
 per iteration as with :func:`~scipy_gpuqr._iterative._common.drive`, and
@@ -58,8 +59,9 @@ from . import native as _native
 from ._common import (PROJECTION_WINDOW, Clock, IterationState, Progress, compressed_kernels,
                       givens, stopping_code)
 from ._common import _sparsetools       # SciPy's compiled sparse kernels, or None
+from .._validate import all_finite
 
-__all__ = ["HostProblem", "host_problem", "lsqr_host", "lsmr_host"]
+__all__ = ["HostProblem", "NotFinite", "host_problem", "lsqr_host", "lsmr_host"]
 
 #: The scalar types whose arithmetic with Python floats is NumPy float64's.
 _PLAIN = (float, int, np.float64)
@@ -87,14 +89,31 @@ class HostProblem:
     b : ndarray, shape (m,)
     x0 : ndarray, shape (n,), or None
         A private copy.
+    unchecked : bool
+        A's values and b are not yet known to be finite: the run checks them
+        before anything else (in the compiled loops' first pass, else with
+        :func:`~scipy_gpuqr._validate.all_finite`) and raises
+        :class:`NotFinite` where one is not.
     """
 
-    __slots__ = ("m", "n", "forward", "backward", "arrays", "b", "x0")
+    __slots__ = ("m", "n", "forward", "backward", "arrays", "b", "x0", "unchecked")
 
-    def __init__(self, m, n, forward, backward, arrays, b, x0):
+    def __init__(self, m, n, forward, backward, arrays, b, x0, *, unchecked: bool = False):
         self.m, self.n = m, n
         self.forward, self.backward, self.arrays = forward, backward, arrays
         self.b, self.x0 = b, x0
+        self.unchecked = unchecked
+
+
+class NotFinite(ValueError):
+    """A :class:`HostProblem` checked by its run holds an inf or NaN (in A's values or b):
+    nothing was run."""
+
+
+def _check_finite(P: HostProblem) -> None:
+    """Raise :class:`NotFinite` where ``P`` is unchecked and A's values or b are not all finite."""
+    if P.unchecked and not (all_finite(P.arrays[2]) and all_finite(P.b)):
+        raise NotFinite("A or b holds an inf or NaN")
 
 
 def _host_vector(v, size: int, copy: bool):
@@ -330,6 +349,8 @@ def _compiled(P: HostProblem, run: _Run, method: str, par: tuple, limit: int, ca
     out_at, rec_at, hist_at = 5, 15, 15 + fields
     work_at = hist_at + 3 * window
     limit = max(min(int(limit), 2 ** 62), -(2 ** 62))
+    nval = len(data) if P.unchecked else -1     # the loops' own finite check, or none
+    threads = _native.threads_for(len(data))
     failed = []
     report = None
     if run.watched:
@@ -341,13 +362,16 @@ def _compiled(P: HostProblem, run: _Run, method: str, par: tuple, limit: int, ca
                             _address(data), _address(b), P.x0 is not None, _address(x),
                             _address(var), base + 8 * work_at, base, limit, calc_var,
                             native.ddot, report, base + 8 * rec_at, base + 8 * hist_at,
-                            base + 8 * out_at)
+                            base + 8 * out_at, nval, threads)
     else:
         var = None
         code = lib.sgi_lsmr(m, n, csr, wide, _address(indptr), _address(indices),
                             _address(data), _address(b), P.x0 is not None, _address(x),
                             base + 8 * work_at, base, limit, native.ddot, report,
-                            base + 8 * rec_at, base + 8 * hist_at, base + 8 * out_at)
+                            base + 8 * rec_at, base + 8 * hist_at, base + 8 * out_at, nval,
+                            threads)
+    if code == _native.NOT_FINITE:
+        raise NotFinite("A or b holds an inf or NaN")
     values = scratch[out_at:rec_at].tolist()
     run.reported = int(values[9])
     if code == _native.REPORT_FAILED:
@@ -355,9 +379,9 @@ def _compiled(P: HostProblem, run: _Run, method: str, par: tuple, limit: int, ca
     if code != _native.DONE:
         return None
     istop, itn = int(values[0]), int(values[1])
-    history = run.fresh_history()
-    if itn and istop in (0, 7):         # the tests kept for the projection (run.info)
-        rows = scratch[hist_at:work_at].reshape(window, 3).tolist()
+    if istop in (0, 7):                 # the tests kept for the projection (run.info)
+        history = run.fresh_history()
+        rows = scratch[hist_at:work_at].reshape(window, 3).tolist() if itn else ()
         for k in range(max(itn - window, 0), itn):
             history.append(tuple(rows[k % window]))
     if var is None:
@@ -401,6 +425,11 @@ def lsmr_host(P: HostProblem, damp, atol, btol, conlim, maxiter, *,
         ``(x, istop, itn, normr, normar, norma, conda, normx)`` (floats).
     info : dict
         The :class:`~scipy_gpuqr._iterative._common.RunInfo` attributes.
+    
+    Raises
+    ------
+    NotFinite
+        ``P.unchecked`` and A's values or b hold an inf or NaN (nothing was run).
     """
     clock = Clock(max_seconds)
     run = _Run(clock, callback, atol)
@@ -411,6 +440,7 @@ def lsmr_host(P: HostProblem, damp, atol, btol, conlim, maxiter, *,
         done = _compiled(P, run, "lsmr", (damp, atol, btol, conlim), maxiter, False)
         if done is not None:
             return done
+    _check_finite(P)
     fields, exact_start = _replaying(_lsmr_body, run, (P, damp, atol, btol, conlim, maxiter,
                                                        run, exact))
     return fields, run.info(fields[1], fields[2], exact_start)
@@ -624,6 +654,11 @@ def lsqr_host(P: HostProblem, damp, atol, btol, conlim, iter_lim, calc_var, *,
         ``(x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var)``.
     info : dict
         The :class:`~scipy_gpuqr._iterative._common.RunInfo` attributes.
+    
+    Raises
+    ------
+    NotFinite
+        ``P.unchecked`` and A's values or b hold an inf or NaN (nothing was run).
     """
     clock = Clock(max_seconds)
     run = _Run(clock, callback, atol)
@@ -638,6 +673,7 @@ def lsqr_host(P: HostProblem, damp, atol, btol, conlim, iter_lim, calc_var, *,
             return done
     else:
         dampsq = damp ** 2
+    _check_finite(P)
     fields, exact_start = _replaying(_lsqr_body, run, (P, damp, dampsq, atol, btol, conlim,
                                                        iter_lim, bool(calc_var), run, exact))
     return fields, run.info(fields[1], fields[2], exact_start)
