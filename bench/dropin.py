@@ -28,7 +28,9 @@ singular square A with a random b is an inconsistent least-squares problem).
 
 A row *converges* when SciPy's iterations stop by its convergence tests
 (lsqr/lsmr istop 1 or 2) within 1000 iterations, or for ``spsolve``; the
-issue's targets are ours/SciPy ≤ 1.10 there and, where SciPy stops at
+issue's targets are ours/SciPy ≤ 1.10 there (medians over the converging
+lsqr/lsmr rows, which the summary gives beside the median over every
+converging row, ``spsolve``'s included) and, where SciPy stops at
 ``iter_lim``/``conlim`` or needs more than 1000 iterations, a working
 precision answer faster than SciPy's; our backward error never worse.
 A markdown table (for bench/RESULTS.md) and the medians are printed last;
@@ -206,13 +208,22 @@ def short_answer(text: str) -> str:
 
 
 def summary(rows) -> str:
+    """The medians the issue's targets read: over the rows where SciPy's lsqr/lsmr
+    iterations converge (the targets' rows), and beside it over every converging row
+    (``spsolve`` rows included: SciPy's SuperLU answers them, about 1.0 by design)."""
     ok = [r for r in rows if "error" not in r]
     conv = [r["ratio"] for r in ok if r["converges"]]
+    iterated = [r["ratio"] for r in ok if r["converges"] and r["method"] != "spsolve"]
     stall = [r for r in ok if not r["converges"]]
     lines = [f"rows: {len(ok)} ({len(rows) - len(ok)} failed)"]
+    if iterated:
+        lines.append(f"converging lsqr/lsmr rows (the issue's rows): {len(iterated)}, median "
+                     f"ours/SciPy {statistics.median(iterated):.2f}, max {max(iterated):.2f}, "
+                     f"over 1.10: {sum(c > 1.10 for c in iterated)}")
     if conv:
-        lines.append(f"converging rows: {len(conv)}, median ours/SciPy {statistics.median(conv):.2f}, "
-                     f"max {max(conv):.2f}, over 1.10: {sum(c > 1.10 for c in conv)}")
+        lines.append(f"all converging rows (spsolve included): {len(conv)}, median ours/SciPy "
+                     f"{statistics.median(conv):.2f}, max {max(conv):.2f}, over 1.10: "
+                     f"{sum(c > 1.10 for c in conv)}")
     if stall:
         lines.append(f"stalling rows: {len(stall)}, median ours/SciPy "
                      f"{statistics.median(r['ratio'] for r in stall):.2f}, our worst backward "
