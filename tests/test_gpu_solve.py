@@ -478,7 +478,7 @@ def test_dense_fronts_on_device_q_and_triangular_solve():
     try:                                   # levels with their big fronts through cuBLAS
         gpu_trsolve.BIG_FRONT_ROWS = 16
         dh = gs.device_solve_of(g)
-        assert any(any(b) for b in dh.fronts._stages[0][2].levels[False][2])
+        assert any(len(b) for b in dh.fronts._stages[0][2].levels[False][2])
         yh, zh = dh.fronts.upper(C3), dh.fronts.upper_transposed(C3)
     finally:
         gpu_trsolve.BIG_FRONT_ROWS = big
