@@ -31,9 +31,7 @@
 
 #include <fenv.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #if defined(__clang__)
@@ -73,15 +71,12 @@ static double (*volatile libm_pow)(double, double) = pow;
 /* ------------------------------------------------------------------ */
 /* the matrix and its two products                                     */
 
-typedef struct team team;
-
 typedef struct {
     int64_t m, n;
     int csr;            /* 1: CSR arrays, 0: CSC */
     int wide;           /* 1: int64 indices, 0: int32 */
     const void *ptr, *idx;
     const double *val;
-    team *team;         /* threads sharing the products, or NULL */
 } matrix;
 
 #define PRODUCTS(T, S)                                                            \
@@ -108,242 +103,9 @@ static void cols_##S(int64_t ncol, int64_t nrow, const T *Ap, const T *Ai,      
 PRODUCTS(int32_t, 32)
 PRODUCTS(int64_t, 64)
 
-/* ------------------------------------------------------------------ */
-/* the products on several threads                                    */
-
-/*
- * Both products become sums per output entry ("rows"), split between the
- * threads by ranges of outputs: csr_matvec's loop already is one; the
- * scatter of csc_matvec (y[i] += a * x[j], column after column) is made as
- * rows of a copy of the arrays transposed stably (row i lists its entries
- * by ascending column, and within a column in their stored order), whose
- * sum for y[i], started from 0.0, adds the same products in the same order
- * as the scatter does into a zeroed y[i]: the same bits.  Each worker's
- * floating-point flags are its own: it reports them, and the caller raises
- * them in its own thread after the product, where the run tests them.
- */
-
-typedef struct {
-    int64_t nrow;               /* outputs */
-    const void *ptr, *idx;      /* rows' arrays (the caller's, or a transposed copy) */
-    const double *val;
-    int64_t *bounds;            /* team size + 1 output bounds, split by entries */
-} rows_job;
-
-struct team {
-    int size;                   /* threads, the caller's included */
-    int wide;
-    pthread_t *threads;         /* the size - 1 workers */
-    pthread_mutex_t lock;
-    pthread_cond_t go, done;
-    int64_t round;              /* products handed out so far */
-    int pending;                /* workers still at the product at hand */
-    int quit;
-    int flags;                  /* the workers' raised flags in the product at hand */
-    rows_job jobs[2];           /* forward, backward */
-    const rows_job *job;        /* the product at hand */
-    const double *x;
-    double *y;
-    void *copy[3];              /* the transposed copy's arrays */
-};
-
-typedef struct {
-    team *t;
-    int k;                      /* the worker's piece */
-} worker_arg;
-
-static void rows_range(const team *t, int k)
-{
-    const rows_job *j = t->job;
-    int64_t r0 = j->bounds[k], r1 = j->bounds[k + 1];
-    if (r1 <= r0) return;
-    if (t->wide)
-        rows_64(r1 - r0, (const int64_t *)j->ptr + r0, j->idx, j->val, t->x, t->y + r0);
-    else
-        rows_32(r1 - r0, (const int32_t *)j->ptr + r0, j->idx, j->val, t->x, t->y + r0);
-}
-
-static void *worker(void *arg)
-{
-    team *t = ((worker_arg *)arg)->t;
-    int k = ((worker_arg *)arg)->k, raised;
-    int64_t seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&t->lock);
-        while (t->round == seen && !t->quit) pthread_cond_wait(&t->go, &t->lock);
-        if (t->quit) {
-            pthread_mutex_unlock(&t->lock);
-            break;
-        }
-        seen = t->round;
-        pthread_mutex_unlock(&t->lock);
-        feclearexcept(FE_ALL_EXCEPT);
-        rows_range(t, k);
-        raised = fetestexcept(FLAGS);
-        pthread_mutex_lock(&t->lock);
-        t->flags |= raised;
-        if (--t->pending == 0) pthread_cond_signal(&t->done);
-        pthread_mutex_unlock(&t->lock);
-    }
-    return NULL;
-}
-
-/* y = the rows of job (0 forward, 1 backward) times x, on the team; the
-   workers' flags raised here */
-static void team_rows(team *t, int job, const double *x, double *y)
-{
-    int raised;
-    pthread_mutex_lock(&t->lock);
-    t->job = &t->jobs[job];
-    t->x = x;
-    t->y = y;
-    t->flags = 0;
-    t->pending = t->size - 1;
-    t->round++;
-    pthread_cond_broadcast(&t->go);
-    pthread_mutex_unlock(&t->lock);
-    rows_range(t, 0);
-    pthread_mutex_lock(&t->lock);
-    while (t->pending > 0) pthread_cond_wait(&t->done, &t->lock);
-    raised = t->flags;
-    pthread_mutex_unlock(&t->lock);
-    if (raised) feraiseexcept(raised);
-}
-
-/* output bounds of size pieces with about equal entries */
-static void split(int64_t nrow, const void *ptr, int wide, int size, int64_t *bounds)
-{
-    int64_t nnz = wide ? ((const int64_t *)ptr)[nrow] : ((const int32_t *)ptr)[nrow];
-    int64_t r = 0;
-    bounds[0] = 0;
-    for (int k = 1; k < size; k++) {
-        int64_t want = nnz / size * k + (nnz % size) * k / size;
-        while (r < nrow && (wide ? ((const int64_t *)ptr)[r + 1]
-                                 : (int64_t)((const int32_t *)ptr)[r + 1]) <= want)
-            r++;
-        bounds[k] = r;
-    }
-    bounds[size] = nrow;
-}
-
-#define TRANSPOSE(T, S)                                                           \
-/* the rows (nrow of them) of the scatter over ncol columns, stably: copy[0..2] */ \
-static int transpose_##S(int64_t ncol, int64_t nrow, const T *Ap, const T *Ai,    \
-                         const double *Ax, void **copy)                            \
-{                                                                                  \
-    int64_t nnz = 0, j;                                                            \
-    for (j = 0; j < ncol; j++) nnz += Ap[j + 1] > Ap[j] ? Ap[j + 1] - Ap[j] : 0;  \
-    T *Bp = calloc((size_t)nrow + 1, sizeof(T));                                   \
-    T *Bj = malloc((size_t)(nnz ? nnz : 1) * sizeof(T));                           \
-    double *Bx = malloc((size_t)(nnz ? nnz : 1) * sizeof(double));                 \
-    T *next = malloc(((size_t)nrow + 1) * sizeof(T));                              \
-    if (!Bp || !Bj || !Bx || !next) {                                              \
-        free(Bp); free(Bj); free(Bx); free(next);                                  \
-        return 0;                                                                  \
-    }                                                                              \
-    for (j = 0; j < ncol; j++)                                                     \
-        for (T ii = Ap[j]; ii < Ap[j + 1]; ii++) Bp[Ai[ii] + 1]++;                 \
-    for (int64_t i = 0; i < nrow; i++) Bp[i + 1] += Bp[i];                         \
-    memcpy(next, Bp, ((size_t)nrow + 1) * sizeof(T));                              \
-    for (j = 0; j < ncol; j++)                                                     \
-        for (T ii = Ap[j]; ii < Ap[j + 1]; ii++) {                                 \
-            T pos = next[Ai[ii]]++;                                                \
-            Bj[pos] = (T)j;                                                        \
-            Bx[pos] = Ax[ii];                                                      \
-        }                                                                          \
-    free(next);                                                                    \
-    copy[0] = Bp; copy[1] = Bj; copy[2] = Bx;                                      \
-    return 1;                                                                      \
-}
-
-TRANSPOSE(int32_t, 32)
-TRANSPOSE(int64_t, 64)
-
-/* the workers ended, everything freed */
-static void team_free(team *t, int workers, worker_arg *args)
-{
-    pthread_mutex_lock(&t->lock);
-    t->quit = 1;
-    pthread_cond_broadcast(&t->go);
-    pthread_mutex_unlock(&t->lock);
-    for (int k = 0; k < workers; k++) pthread_join(t->threads[k], NULL);
-    pthread_cond_destroy(&t->go);
-    pthread_cond_destroy(&t->done);
-    pthread_mutex_destroy(&t->lock);
-    free(args);
-    free(t->threads);
-    free(t->jobs[0].bounds);
-    free(t->jobs[1].bounds);
-    for (int k = 0; k < 3; k++) free(t->copy[k]);
-    free(t);
-}
-
-/* a team of up to size threads (the caller's included) for A's products, the
-   scatter's rows copied; NULL (the products then run on the caller's thread
-   alone) where size < 2 or memory or a second thread cannot be had.  *args
-   receives what team_free needs. */
-static team *team_new(const matrix *A, int size, worker_arg **args)
-{
-    /* the rows kind of either product: CSR A's forward, CSC A's backward */
-    int64_t nrow_own = A->csr ? A->m : A->n, nrow_other = A->csr ? A->n : A->m;
-    pthread_attr_t attr;
-    team *t;
-    int k, ok;
-    *args = NULL;
-    if (size < 2) return NULL;
-    t = calloc(1, sizeof(team));
-    if (t == NULL) return NULL;
-    pthread_mutex_init(&t->lock, NULL);
-    pthread_cond_init(&t->go, NULL);
-    pthread_cond_init(&t->done, NULL);
-    t->wide = A->wide;
-    t->threads = malloc(((size_t)size - 1) * sizeof(pthread_t));
-    *args = malloc(((size_t)size - 1) * sizeof(worker_arg));
-    t->jobs[0].bounds = malloc(((size_t)size + 1) * sizeof(int64_t));
-    t->jobs[1].bounds = malloc(((size_t)size + 1) * sizeof(int64_t));
-    ok = t->threads && *args && t->jobs[0].bounds && t->jobs[1].bounds;
-    if (ok)
-        ok = A->wide ? transpose_64(nrow_own, nrow_other, A->ptr, A->idx, A->val, t->copy)
-                     : transpose_32(nrow_own, nrow_other, A->ptr, A->idx, A->val, t->copy);
-    if (!ok) {
-        team_free(t, 0, *args);
-        *args = NULL;
-        return NULL;
-    }
-    /* the workers wait for a first product (none is handed out before the
-       pieces are split by the number started) */
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 1 << 16);
-    for (k = 1; k < size; k++) {
-        (*args)[k - 1].t = t;
-        (*args)[k - 1].k = k;
-        if (pthread_create(&t->threads[k - 1], &attr, worker, &(*args)[k - 1]) != 0) break;
-    }
-    pthread_attr_destroy(&attr);
-    t->size = k;
-    if (t->size < 2) {
-        team_free(t, 0, *args);
-        *args = NULL;
-        return NULL;
-    }
-    {
-        rows_job own = {nrow_own, A->ptr, A->idx, A->val, t->jobs[0].bounds};
-        rows_job other = {nrow_other, t->copy[0], t->copy[1], t->copy[2], t->jobs[1].bounds};
-        t->jobs[0] = A->csr ? own : other;      /* forward: m outputs */
-        t->jobs[1] = A->csr ? other : own;      /* backward: n outputs */
-        split(t->jobs[0].nrow, t->jobs[0].ptr, A->wide, t->size, t->jobs[0].bounds);
-        split(t->jobs[1].nrow, t->jobs[1].ptr, A->wide, t->size, t->jobs[1].bounds);
-    }
-    return t;
-}
-
 /* y = A x (m entries): csr_matvec on CSR arrays, csc_matvec on CSC */
 static void forward(const matrix *A, const double *x, double *y)
 {
-    if (A->team != NULL) {
-        team_rows(A->team, 0, x, y);
-        return;
-    }
     if (A->wide) {
         if (A->csr) rows_64(A->m, A->ptr, A->idx, A->val, x, y);
         else cols_64(A->n, A->m, A->ptr, A->idx, A->val, x, y);
@@ -356,10 +118,6 @@ static void forward(const matrix *A, const double *x, double *y)
 /* y = Aᵀ u (n entries): the same arrays read as the transpose's format */
 static void backward(const matrix *A, const double *u, double *y)
 {
-    if (A->team != NULL) {
-        team_rows(A->team, 1, u, y);
-        return;
-    }
     if (A->wide) {
         if (A->csr) cols_64(A->m, A->n, A->ptr, A->idx, A->val, u, y);
         else rows_64(A->n, A->ptr, A->idx, A->val, u, y);
@@ -369,18 +127,13 @@ static void backward(const matrix *A, const double *u, double *y)
     }
 }
 
-/* exported for the caller's check of the products against SciPy's kernels,
-   on up to threads threads */
+/* exported for the caller's check of the products against SciPy's kernels */
 void sgi_products(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
-                  const double *val, const double *x, double *y, const double *u, double *z,
-                  int threads)
+                  const double *val, const double *x, double *y, const double *u, double *z)
 {
-    matrix A = {m, n, csr, wide, ptr, idx, val, NULL};
-    worker_arg *args;
-    A.team = team_new(&A, threads, &args);
+    matrix A = {m, n, csr, wide, ptr, idx, val};
     forward(&A, x, y);
     backward(&A, u, z);
-    if (A.team != NULL) team_free(A.team, A.team->size - 1, args);
 }
 
 /* whether every one of the n values of a is finite */
@@ -543,13 +296,15 @@ static inline void fill_record(double *rec, int64_t itn, int istop, double normr
  * filled before each call of report (NULL: no reports).
  * out: istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm,
  *      exact start (1/0), reported (iterations reported).
+ * nval >= 0: first check that A's nval stored values and b's m are finite
+ * (SGI_NOT_FINITE, nothing else done, where one is not); -1: no check.
  */
-static int lsqr_run(const matrix *matrix_, const double *b, int has_x0, double *x, double *var,
-                    double *work, const double *par, int64_t iter_lim, int calc_var,
-                    ddot_t ddot, report_t report, double *rec, double *hist, double *out)
+int sgi_lsqr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
+             const double *val, const double *b, int has_x0, double *x, double *var,
+             double *work, const double *par, int64_t iter_lim, int calc_var, ddot_t ddot,
+             report_t report, double *rec, double *hist, double *out, int64_t nval)
 {
-    matrix A = *matrix_;
-    const int64_t m = A.m, n = A.n;
+    matrix A = {m, n, csr, wide, ptr, idx, val};
     const double damp = par[0], dampsq = par[1], atol = par[2], btol = par[3],
                  conlim = par[4];
     const double eps = 2.220446049250313e-16;
@@ -561,6 +316,7 @@ static int lsqr_run(const matrix *matrix_, const double *b, int has_x0, double *
     double bnorm, beta, alfa, rhobar, phibar, rnorm, r1norm, r2norm, arnorm, k;
     double rhobar1, cs1, sn1, psi, cs, sn, rho, theta, phi, tau, t1, t2, delta, gambar, rhs,
            zbar, gamma, res1, r1sq, test1, test2, test3, rtol;
+    if (nval >= 0 && !(all_finite(val, nval) && all_finite(b, m))) return SGI_NOT_FINITE;
     feclearexcept(FE_ALL_EXCEPT);
     if (conlim > 0) ctol = 1 / conlim;
     bnorm = root(ddot(m, b, 1, b, 1), &bad);
@@ -692,13 +448,14 @@ replay:
  * hist, rec, report as sgi_lsqr's.
  * out: istop, itn, normr, normar, normA, condA, normx, -,
  *      exact start (1/0), reported.
+ * nval as sgi_lsqr's.
  */
-static int lsmr_run(const matrix *matrix_, const double *b, int has_x0, double *x,
-                    double *work, const double *par, int64_t maxiter, ddot_t ddot,
-                    report_t report, double *rec, double *hist, double *out)
+int sgi_lsmr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
+             const double *val, const double *b, int has_x0, double *x, double *work,
+             const double *par, int64_t maxiter, ddot_t ddot, report_t report, double *rec,
+             double *hist, double *out, int64_t nval)
 {
-    matrix A = *matrix_;
-    const int64_t m = A.m, n = A.n;
+    matrix A = {m, n, csr, wide, ptr, idx, val};
     const double damp = par[0], atol = par[1], btol = par[2], conlim = par[3];
     double *u = work, *t = work + m, *v = work + 2 * m, *h = v + n, *hbar = h + n, *s = hbar + n;
     int bad = 0, istop = 0, undamped = damp == 0, answer;
@@ -711,6 +468,7 @@ static int lsmr_run(const matrix *matrix_, const double *b, int has_x0, double *
     double chat, shat, alphahat, rhoold, c, sn, thetanew, rhobarold, zetaold, thetabar,
            rhotemp, betaacute, betacheck, betahat, thetatildeold, ctildeold, stildeold,
            rhotildeold, taud, test1, test2, test3, t1, rtol;
+    if (nval >= 0 && !(all_finite(val, nval) && all_finite(b, m))) return SGI_NOT_FINITE;
     feclearexcept(FE_ALL_EXCEPT);
     normb = root(ddot(m, b, 1, b, 1), &bad);
     start(&A, b, has_x0, x, normb, ddot, u, v, t, &beta, &alpha, &bad);
@@ -834,45 +592,4 @@ replay:
     out[1] = (double)itn;
     out[9] = (double)reported;
     return SGI_REPLAY;
-}
-
-/* ------------------------------------------------------------------ */
-/* the entry points                                                    */
-
-/*
- * nval >= 0: first check that A's nval stored values and b's m are finite
- * (SGI_NOT_FINITE, nothing else done, where one is not); -1: no check.
- * threads: the products' threads (the caller's included; 1: the caller's
- * alone), fewer where no more can be had.
- */
-int sgi_lsqr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
-             const double *val, const double *b, int has_x0, double *x, double *var,
-             double *work, const double *par, int64_t iter_lim, int calc_var, ddot_t ddot,
-             report_t report, double *rec, double *hist, double *out, int64_t nval,
-             int threads)
-{
-    matrix A = {m, n, csr, wide, ptr, idx, val, NULL};
-    worker_arg *args;
-    int code;
-    if (nval >= 0 && !(all_finite(val, nval) && all_finite(b, m))) return SGI_NOT_FINITE;
-    A.team = team_new(&A, threads, &args);
-    code = lsqr_run(&A, b, has_x0, x, var, work, par, iter_lim, calc_var, ddot, report, rec,
-                    hist, out);
-    if (A.team != NULL) team_free(A.team, A.team->size - 1, args);
-    return code;
-}
-
-int sgi_lsmr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
-             const double *val, const double *b, int has_x0, double *x, double *work,
-             const double *par, int64_t maxiter, ddot_t ddot, report_t report, double *rec,
-             double *hist, double *out, int64_t nval, int threads)
-{
-    matrix A = {m, n, csr, wide, ptr, idx, val, NULL};
-    worker_arg *args;
-    int code;
-    if (nval >= 0 && !(all_finite(val, nval) && all_finite(b, m))) return SGI_NOT_FINITE;
-    A.team = team_new(&A, threads, &args);
-    code = lsmr_run(&A, b, has_x0, x, work, par, maxiter, ddot, report, rec, hist, out);
-    if (A.team != NULL) team_free(A.team, A.team->size - 1, args);
-    return code;
 }

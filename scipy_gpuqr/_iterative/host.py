@@ -33,10 +33,9 @@ SciPy's bit for bit. What differs is only what surrounds the arithmetic:
 Where a C compiler built them and their checks passed
 (:mod:`~scipy_gpuqr._iterative.native`), the whole loop of a run with Python
 floats' arguments runs compiled: the same operations again (SciPy's product
-loops, on several threads for an A of many entries, NumPy's own BLAS ``ddot``
-for the norms, the C library's ``pow``), without Python between them. A
-compiled run that meets what would make Python raise gives up, and the loops
-here run the problem from its start.
+loops, NumPy's own BLAS ``ddot`` for the norms, the C library's ``pow``),
+without Python between them. A compiled run that meets what would make
+Python raise gives up, and the loops here run the problem from its start.
 
 A callback sees the same :class:`~scipy_gpuqr._iterative._common.IterationState`
 per iteration as with :func:`~scipy_gpuqr._iterative._common.drive`, and
@@ -350,7 +349,6 @@ def _compiled(P: HostProblem, run: _Run, method: str, par: tuple, limit: int, ca
     work_at = hist_at + 3 * window
     limit = max(min(int(limit), 2 ** 62), -(2 ** 62))
     nval = len(data) if P.unchecked else -1     # the loops' own finite check, or none
-    threads = _native.threads_for(len(data))
     failed = []
     report = None
     if run.watched:
@@ -362,14 +360,13 @@ def _compiled(P: HostProblem, run: _Run, method: str, par: tuple, limit: int, ca
                             _address(data), _address(b), P.x0 is not None, _address(x),
                             _address(var), base + 8 * work_at, base, limit, calc_var,
                             native.ddot, report, base + 8 * rec_at, base + 8 * hist_at,
-                            base + 8 * out_at, nval, threads)
+                            base + 8 * out_at, nval)
     else:
         var = None
         code = lib.sgi_lsmr(m, n, csr, wide, _address(indptr), _address(indices),
                             _address(data), _address(b), P.x0 is not None, _address(x),
                             base + 8 * work_at, base, limit, native.ddot, report,
-                            base + 8 * rec_at, base + 8 * hist_at, base + 8 * out_at, nval,
-                            threads)
+                            base + 8 * rec_at, base + 8 * hist_at, base + 8 * out_at, nval)
     if code == _native.NOT_FINITE:
         raise NotFinite("A or b holds an inf or NaN")
     values = scratch[out_at:rec_at].tolist()

@@ -18,17 +18,10 @@ bit for bit:
 * scalars are C doubles, which are Python floats; ``**`` is the C library's
   ``pow`` (Python's float ``**`` calls it too).
 
-On an A of many entries (:func:`threads_for`) the products run on several
-threads: each one a sum per output entry, the outputs split between the
-threads. ``csr_matvec`` already sums per row; ``csc_matvec``'s scatter is
-made as rows of a stably transposed copy of A, whose sums add the same
-products in the same order. Threads change no bit of the result.
-
 Before a process uses the library, :class:`Checked` verifies, bit for bit,
 that the pointer's ``ddot`` gives ``numpy.dot``'s sums on random vectors of
 several lengths and alignments, and that the compiled products give SciPy's
-kernels' on random CSR and CSC matrices (32- and 64-bit indices, one
-thread and three); if
+kernels' on random CSR and CSC matrices (32- and 64-bit indices); if
 anything differs, or NumPy's BLAS cannot be found, the host loops run (why
 is logged at DEBUG on the ``scipy_gpuqr`` logger).
 
@@ -72,9 +65,8 @@ try:        # NumPy's compiled core, whose BLAS its dot products call
 except ImportError:                         # pragma: no cover - NumPy < 2
     from numpy.core import _multiarray_umath as _numpy_core
 
-__all__ = ["ENV", "ABI", "MODES", "REPORT", "THREAD_ENTRIES", "THREAD_MIN_CORES",
-           "NativeUnavailable", "mode", "library", "status", "handle", "blas_ddot", "threads_for",
-           "Checked", "Native"]
+__all__ = ["ENV", "ABI", "MODES", "REPORT", "NativeUnavailable", "mode", "library", "status",
+           "handle", "blas_ddot", "Checked", "Native"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_ITERATIVE_NATIVE"
@@ -84,7 +76,7 @@ ABI = 2
 #: Compiler flags besides :data:`scipy_gpuqr._native_build.FLAGS` (and in the build key): no
 #: contraction into fused multiply-adds (SciPy's kernels and NumPy's ufuncs
 #: round each product), no value-changing optimization.
-EXTRA_FLAGS = ("-ffp-contract=off", "-fno-fast-math", "-pthread")
+EXTRA_FLAGS = ("-ffp-contract=off", "-fno-fast-math")
 #: Fields of the record a report reads (``_native.c``'s ``RECORD``): itn, istop,
 #: normr, normar, norma, conda, normx, test1, test2, rtol.
 REPORT = 10
@@ -92,15 +84,6 @@ REPORT = 10
 WINDOW = 20
 #: Outcomes of a compiled run (NOT_FINITE: asked to check A's values and b first, one was not).
 DONE, REPLAY, REPORT_FAILED, NOT_FINITE = 0, 1, 2, 3
-
-#: Stored entries of A per thread of a run's products: a run on fewer
-#: entries than twice this is single-threaded (a product's hand-over to the
-#: threads costs some microseconds, the threads' start and the transposed
-#: copy of A about one product).
-THREAD_ENTRIES = 25000
-#: Fewest cores for threaded products (on fewer, a second thread competes
-#: with the caller's process for the cores it runs on).
-THREAD_MIN_CORES = 4
 
 #: ``int report(void)``: the callback type of a compiled run.
 REPORT_FN = ctypes.CFUNCTYPE(ctypes.c_int)
@@ -115,13 +98,13 @@ _log = logging.getLogger("scipy_gpuqr")
 def _declare(lib: ctypes.CDLL) -> None:
     """Type the library's functions."""
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    lib.sgi_products.argtypes = [i64, i64, i32, i32] + [ptr] * 7 + [i32]
+    lib.sgi_products.argtypes = [i64, i64, i32, i32] + [ptr] * 7
     lib.sgi_products.restype = None
     lib.sgi_lsqr.argtypes = [i64, i64, i32, i32, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr,
-                             i64, i32, ptr, ptr, ptr, ptr, ptr, i64, i32]
+                             i64, i32, ptr, ptr, ptr, ptr, ptr, i64]
     lib.sgi_lsqr.restype = i32
     lib.sgi_lsmr.argtypes = [i64, i64, i32, i32, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, i64,
-                             ptr, ptr, ptr, ptr, ptr, i64, i32]
+                             ptr, ptr, ptr, ptr, ptr, i64]
     lib.sgi_lsmr.restype = i32
 
 
@@ -200,8 +183,7 @@ def _ddot_matches(address: int) -> Optional[str]:
 
 def _products_match(lib) -> Optional[str]:
     """None where the compiled products give SciPy's kernels' (``A @ v``, ``A.T @ u``)
-    bit for bit on random CSR and CSC matrices with 32- and 64-bit indices, on one
-    thread and on three."""
+    bit for bit on random CSR and CSC matrices with 32- and 64-bit indices."""
     rng = np.random.default_rng(20261128)
     for m, n in ((40, 25), (25, 40), (300, 300)):
         A = sp.random(m, n, density=0.2, format="csr", random_state=rng)
@@ -216,33 +198,13 @@ def _products_match(lib) -> Optional[str]:
                 want_y, want_z = np.zeros(m), np.zeros(n)
                 forward(m, n, M.indptr, M.indices, M.data, x, want_y)
                 backward(n, m, M.indptr, M.indices, M.data, u, want_z)
-                for threads in (1, 3):
-                    y, z = np.empty(m), np.empty(n)
-                    lib.sgi_products(m, n, int(fmt == "csr"), int(wide), M.indptr.ctypes.data,
-                                     M.indices.ctypes.data, M.data.ctypes.data, x.ctypes.data,
-                                     y.ctypes.data, u.ctypes.data, z.ctypes.data, threads)
-                    if y.tobytes() != want_y.tobytes() or z.tobytes() != want_z.tobytes():
-                        return (f"the products of a {m}x{n} {fmt} matrix on {threads} "
-                                "thread(s) differ from SciPy's")
+                y, z = np.empty(m), np.empty(n)
+                lib.sgi_products(m, n, int(fmt == "csr"), int(wide), M.indptr.ctypes.data,
+                                 M.indices.ctypes.data, M.data.ctypes.data, x.ctypes.data,
+                                 y.ctypes.data, u.ctypes.data, z.ctypes.data)
+                if y.tobytes() != want_y.tobytes() or z.tobytes() != want_z.tobytes():
+                    return f"the products of a {m}x{n} {fmt} matrix differ from SciPy's"
     return None
-
-
-def _cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:                      # pragma: no cover - not on Linux
-        return os.cpu_count() or 1
-
-
-def threads_for(nnz: int) -> int:
-    """The threads of a run's products on an A of ``nnz`` stored entries: one per
-    :data:`THREAD_ENTRIES`, at most the cores (1 on fewer than :data:`THREAD_MIN_CORES`)."""
-    want = nnz // THREAD_ENTRIES
-    if want < 2:
-        return 1
-    cores = _cores()
-    return 1 if cores < THREAD_MIN_CORES else min(want, cores)
 
 
 class Native:
