@@ -271,7 +271,7 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         return known_gpu[0]
 
     # A's longest lines (a pass over its indices) only where a GPU could take the run
-    block = None if nnz < BLOCK_MIN_NNZ or not gpu() else \
+    block = None if nnz >= BLOCK_MIN_NNZ and not gpu() else \
         iterate_in_block(m, n, nnz, on_gpu=False, longest=lambda: _longest_lines(A))
     if block is not None:
         budget = block[0]
