@@ -422,7 +422,7 @@ def lsmr_host(P: HostProblem, damp, atol, btol, conlim, maxiter, *,
         ``(x, istop, itn, normr, normar, norma, conda, normx)`` (floats).
     info : dict
         The :class:`~scipy_gpuqr._iterative._common.RunInfo` attributes.
-    
+
     Raises
     ------
     NotFinite
@@ -651,7 +651,7 @@ def lsqr_host(P: HostProblem, damp, atol, btol, conlim, iter_lim, calc_var, *,
         ``(x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var)``.
     info : dict
         The :class:`~scipy_gpuqr._iterative._common.RunInfo` attributes.
-    
+
     Raises
     ------
     NotFinite
