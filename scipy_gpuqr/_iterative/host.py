@@ -320,8 +320,10 @@ def _address(a: np.ndarray) -> int:
         return a.ctypes.data
 
 
-def _compiled(P: HostProblem, run: _Run, method: str, par: tuple, limit: int, calc_var: bool):
-    """``method``'s run of ``P`` in the compiled loops (:mod:`~scipy_gpuqr._iterative.native`):
+def _compiled(native, P: HostProblem, run: _Run, method: str, par: tuple, limit: int,
+              calc_var: bool):
+    """``method``'s run of ``P`` in the compiled loops ``native``
+    (:func:`scipy_gpuqr._iterative.native.handle`'s answer):
     ``(fields, info)`` as :func:`lsqr_host`/:func:`lsmr_host` return them, or None where
     the loops are not at hand or gave up (the Python loops then run from the start;
     iterations already reported are not reported again).
@@ -330,7 +332,6 @@ def _compiled(P: HostProblem, run: _Run, method: str, par: tuple, limit: int, ca
     through a C callback that makes what :func:`_watched_stop` makes of the Python
     loops' iterations.
     """
-    native = _native.handle()
     if native is None:
         return None
     matrix = _compiled_matrix(P)
@@ -428,13 +429,16 @@ def lsmr_host(P: HostProblem, damp, atol, btol, conlim, maxiter, *,
     NotFinite
         ``P.unchecked`` and A's values or b hold an inf or NaN (nothing was run).
     """
+    exact = not _plain(damp, atol, btol, conlim)
+    # the compiled loops before the clock starts: a process's first run builds or checks
+    # them, which is no iteration's time (the seconds a callback sees)
+    native = None if exact else _native.handle()
     clock = Clock(max_seconds)
     run = _Run(clock, callback, atol)
     maxiter = min(P.m, P.n) if maxiter is None else int(maxiter)
-    exact = not _plain(damp, atol, btol, conlim)
     if not exact:
         damp, atol, btol, conlim = float(damp), float(atol), float(btol), float(conlim)
-        done = _compiled(P, run, "lsmr", (damp, atol, btol, conlim), maxiter, False)
+        done = _compiled(native, P, run, "lsmr", (damp, atol, btol, conlim), maxiter, False)
         if done is not None:
             return done
     _check_finite(P)
@@ -657,15 +661,18 @@ def lsqr_host(P: HostProblem, damp, atol, btol, conlim, iter_lim, calc_var, *,
     NotFinite
         ``P.unchecked`` and A's values or b hold an inf or NaN (nothing was run).
     """
+    exact = not _plain(damp, atol, btol, conlim)
+    # the compiled loops before the clock starts: a process's first run builds or checks
+    # them, which is no iteration's time (the seconds a callback sees)
+    native = None if exact else _native.handle()
     clock = Clock(max_seconds)
     run = _Run(clock, callback, atol)
     iter_lim = 2 * P.n if iter_lim is None else int(iter_lim)
-    exact = not _plain(damp, atol, btol, conlim)
     if not exact:
         dampsq = float(damp ** 2)
         damp, atol, btol, conlim = float(damp), float(atol), float(btol), float(conlim)
-        done = _compiled(P, run, "lsqr", (damp, dampsq, atol, btol, conlim), iter_lim,
-                         bool(calc_var))
+        done = _compiled(native, P, run, "lsqr", (damp, dampsq, atol, btol, conlim),
+                         iter_lim, bool(calc_var))
         if done is not None:
             return done
     else:
