@@ -153,14 +153,16 @@ def _own(method: str, A, b, x0, damp, rules: StoppingRules):
     return run, reason
 
 
-def _square_of(calc_var: bool):
-    """``quick_iterate``'s ``square_of``: the LU answer of a square host A (no damping
-    on that path), unless ``calc_var`` asks for the variances."""
-    return None if calc_var else _undamped_square
+def _rules(atol, btol, conlim, iter_lim, calc_var) -> StoppingRules:
+    """The call's :class:`StoppingRules`, made as the tuple it is (its generated
+    ``__new__`` is a Python function: a few microseconds from cold caches on every call)."""
+    return tuple.__new__(StoppingRules, (atol, btol, conlim, iter_lim, calc_var))
 
 
 def _undamped_square(shape, nnz, matrix) -> Optional[SquareLU]:
-    """:func:`~scipy_gpuqr._api.square_lu.square_lu` of an undamped host A without ``calc_var``."""
+    """``quick_iterate``'s ``square_of`` where ``calc_var`` is off: the LU answer of a square
+    host A (no damping on that path), by
+    :func:`~scipy_gpuqr._api.square_lu.square_lu`."""
     return square_lu(shape, nnz, 0.0, False, False, matrix)
 
 
@@ -266,9 +268,9 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         retained part (exact from an SVD of R when one was needed, otherwise
         an estimate).
     """
-    rules = StoppingRules(atol, btol, conlim, iter_lim, calc_var)
-    quick = None if show else quick_iterate("lsqr", A, b, x0, damp, rules, backend,
-                                            gpuqr_options, _square_of(calc_var))
+    rules = _rules(atol, btol, conlim, iter_lim, calc_var)
+    quick = None if show else quick_iterate("lsqr", A, b, x0, damp, rules, backend, gpuqr_options,
+                                            None if calc_var else _undamped_square)
     if quick is not None:
         if quick.found is not None:
             return quick.found.result
@@ -339,10 +341,10 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         iterated by SciPy's own function: its tuple exactly. From the QR: ``itn = 0``; ``normx`` is ``‖x‖``;
         ``conda`` as lsqr's ``acond``.
     """
-    rules = StoppingRules(atol, btol, conlim, maxiter)
+    rules = _rules(atol, btol, conlim, maxiter, False)
     names = ("normr", "normar", "norma", "conda", "normx")
     quick = None if show else quick_iterate("lsmr", A, b, x0, damp, rules, backend,
-                                            gpuqr_options, _square_of(False))
+                                            gpuqr_options, _undamped_square)
     if quick is not None:       # float64 A and b: x is float64, as SciPy's
         if quick.found is not None:
             return quick.found.result

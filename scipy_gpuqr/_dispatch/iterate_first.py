@@ -447,7 +447,8 @@ def host_first_budget(m: int, n: int, nnz: int) -> Optional[float]:
     CPU" and "upload at once" would have: a run that ends first never paid
     for the upload; one that moves paid the upload's worth once more.
     """
-    if gpu_iteration_seconds(m, n, nnz) >= cpu_iteration_seconds(m, n, nnz):
+    flops = iteration_flops(m, n, nnz)     # gpu_/cpu_iteration_seconds, made once each
+    if GPU_ITERATION_S + flops / GPU_MATVEC_RATE >= CPU_ITERATION_S + flops / CPU_MATVEC_RATE:
         return None
     return upload_seconds(m, n, nnz)
 
