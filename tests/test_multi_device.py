@@ -538,6 +538,46 @@ def test_gpu_driver_one_enqueueing_thread_interleaves_the_devices():
 
 
 @pytest.mark.parametrize("enqueue", ["threads", "one"])
+def test_gpu_driver_makes_each_device_current_for_its_calls(monkeypatch, enqueue):
+    """Every call on a device layer (start, launches, a stage's end) runs with
+    that layer's device current on the calling thread, as CuPy requires of a
+    stream made on it: the layers here record which one ``_on`` made current."""
+    import contextlib
+    import threading
+
+    from scipy_gpuqr._engine.gpu import multi_device
+
+    current = threading.local()
+
+    @contextlib.contextmanager
+    def on(layer):
+        before = getattr(current, "layer", None)
+        current.layer = layer
+        try:
+            yield
+        finally:
+            current.layer = before
+
+    monkeypatch.setattr(multi_device, "_on", on)
+    wrong = []
+    layers = [NumpyDevice(32, 3) for _ in range(2)]
+    for layer in layers:
+        for name in ("start", "launch", "end_stage"):
+            def checked(*args, _layer=layer, _f=getattr(layer, name), _name=name):
+                if getattr(current, "layer", None) is not _layer:
+                    wrong.append(_name)
+                return _f(*args)
+            setattr(layer, name, checked)
+    A = grid3d_least_squares(9)
+    an = analyze(A)
+    one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
+    many = multi_gpu_factorize(A, an, layers=layers, devices=map_devices(an, 2),
+                               enqueue=enqueue)
+    _same_answer(A, one, many)
+    assert not wrong, sorted(set(wrong))
+
+
+@pytest.mark.parametrize("enqueue", ["threads", "one"])
 def test_gpu_driver_failure_on_one_device_stops_the_others(enqueue):
     """A device that runs out of memory mid-factorization: the threads of the others
     (waiting for its blocks) stop, and the fallback gives the one-device answer."""

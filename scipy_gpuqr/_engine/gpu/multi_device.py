@@ -659,8 +659,7 @@ class _MultiStageRun:
 
         def finish(k, opened):
             try:
-                with _on(self.layers[k]):
-                    self._finish(k, opened, t0)
+                self._finish(k, opened, t0)
             except BaseException as exc:    # noqa: BLE001 - raised by run_devices
                 errors[k] = exc
                 self.xfer.fail()
@@ -720,24 +719,26 @@ class _MultiStageRun:
 
     def _finish(self, k, opened, t0) -> None:
         """Device ``k``'s stages, enqueued, each waited for and checked, its R
-        values scattered into R's data (with the device current)."""
+        values scattered into R's data. Makes the device current itself: the
+        calling thread may have another device current."""
         layer = self.layers[k]
         t1 = t0 + self.t_enqueue[k]
         try:
-            while opened:
-                sid, h, copier, pos, idle = opened[0]
-                before = layer.seconds.get("kernels", 0.0)
-                self.pools[sid] = layer.end_stage(h)
-                busy = layer.seconds.get("kernels", 0.0) - before
-                for a, b in idle:       # waits for other devices' blocks, and the copies
-                    busy -= layer.cp.cuda.get_elapsed_time(a, b) / 1e3
-                self.busy[k] += max(busy, 0.0)
-                tw = time.perf_counter()
-                vals = copier.result()
-                opened.pop(0)
-                if pos is not None or len(vals):     # else scattered as it landed
-                    self._scatter_part(pos, 0, vals)
-                self.t_wait_r[k] += time.perf_counter() - tw
+            with _on(layer):
+                while opened:
+                    sid, h, copier, pos, idle = opened[0]
+                    before = layer.seconds.get("kernels", 0.0)
+                    self.pools[sid] = layer.end_stage(h)
+                    busy = layer.seconds.get("kernels", 0.0) - before
+                    for a, b in idle:       # waits for other devices' blocks, and the copies
+                        busy -= layer.cp.cuda.get_elapsed_time(a, b) / 1e3
+                    self.busy[k] += max(busy, 0.0)
+                    tw = time.perf_counter()
+                    vals = copier.result()
+                    opened.pop(0)
+                    if pos is not None or len(vals):     # else scattered as it landed
+                        self._scatter_part(pos, 0, vals)
+                    self.t_wait_r[k] += time.perf_counter() - tw
         except BaseException:
             for item in opened:
                 item[2].abort()
