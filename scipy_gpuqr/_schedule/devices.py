@@ -498,8 +498,8 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
     cache : bool
         Reuse the mappings on flops made before for an analysis of the same
         pattern and the same arguments (:data:`_PLANS`; the budget only
-        decides which of them is taken): the split model's mapping takes
-        a tenth of a second on grid 64³'s tree, at every factorization.
+        decides which of them is taken): the split model's mapping walks the
+        whole tree, which a repeated call of a known pattern should not pay.
     """
     fs = analysis.fronts
     flops = np.asarray(analysis.front_flops, dtype=np.float64)
