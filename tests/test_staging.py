@@ -588,9 +588,9 @@ def test_upper_pieces_cover_each_blocks_upper_trapezoid(rows):
     blocks = [(3, 5, 9, 12, 0), (70, 11, 4, 6, 45), (150, 1, 7, 7, 89), (160, 6, 6, 8, 96)]
     pool = np.arange(1.0, 260.0)
     out = np.full(132, -1.0)
-    for s, h, w, sp, d, dp in upper_pieces(blocks, rows):
+    for s, h, w, sstep, d, dstep in upper_pieces(blocks, rows):
         for r in range(h):
-            out[d + r * dp: d + r * dp + w] = pool[s + r * sp: s + r * sp + w]
+            out[d + r * dstep: d + r * dstep + w] = pool[s + r * sstep: s + r * sstep + w]
     for a, m, w, n, at in blocks:
         got = out[at: at + m * w].reshape(m, w)
         src = np.lib.stride_tricks.as_strided(pool[a:], shape=(m, w), strides=(n * 8, 8))
