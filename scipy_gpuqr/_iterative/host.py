@@ -167,6 +167,20 @@ def _plain(*values) -> bool:
     return True
 
 
+def _start(damp, atol, btol, conlim, max_seconds, callback):
+    """A host run's start, shared by LSQR and LSMR: ``(exact, native, run)``.
+
+    ``exact``: the arguments need NumPy scalars (not :func:`_plain`), so
+    neither the compiled loops nor Python floats may run them. ``native``:
+    the compiled loops (None where ``exact`` or not to be had), asked for
+    before the run's clock starts: a process's first run builds or checks
+    them, which is no iteration's time (the seconds a callback sees).
+    """
+    exact = not _plain(damp, atol, btol, conlim)
+    native = None if exact else _native.handle()
+    return exact, native, _Run(Clock(max_seconds), callback, atol)
+
+
 def _sign(a):
     """``numpy.sign`` of a Python float: 1.0, -1.0, 0.0 (for either zero) or a itself (NaN)."""
     if a > 0:
@@ -429,12 +443,7 @@ def lsmr_host(P: HostProblem, damp, atol, btol, conlim, maxiter, *,
     NotFinite
         ``P.unchecked`` and A's values or b hold an inf or NaN (nothing was run).
     """
-    exact = not _plain(damp, atol, btol, conlim)
-    # the compiled loops before the clock starts: a process's first run builds or checks
-    # them, which is no iteration's time (the seconds a callback sees)
-    native = None if exact else _native.handle()
-    clock = Clock(max_seconds)
-    run = _Run(clock, callback, atol)
+    exact, native, run = _start(damp, atol, btol, conlim, max_seconds, callback)
     maxiter = min(P.m, P.n) if maxiter is None else int(maxiter)
     if not exact:
         damp, atol, btol, conlim = float(damp), float(atol), float(btol), float(conlim)
@@ -661,12 +670,7 @@ def lsqr_host(P: HostProblem, damp, atol, btol, conlim, iter_lim, calc_var, *,
     NotFinite
         ``P.unchecked`` and A's values or b hold an inf or NaN (nothing was run).
     """
-    exact = not _plain(damp, atol, btol, conlim)
-    # the compiled loops before the clock starts: a process's first run builds or checks
-    # them, which is no iteration's time (the seconds a callback sees)
-    native = None if exact else _native.handle()
-    clock = Clock(max_seconds)
-    run = _Run(clock, callback, atol)
+    exact, native, run = _start(damp, atol, btol, conlim, max_seconds, callback)
     iter_lim = 2 * P.n if iter_lim is None else int(iter_lim)
     if not exact:
         dampsq = float(damp ** 2)
