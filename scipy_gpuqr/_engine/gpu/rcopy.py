@@ -589,12 +589,18 @@ def _zero_range(i0: int, i1: int, out: np.ndarray) -> None:
     out[i0:i1] = 0
 
 
-def touched(n: int, dtype) -> np.ndarray:
+def touched(n: int, dtype, threads: int | None = None) -> np.ndarray:
     """``n`` zeros of ``dtype``, every page touched by a few threads: a fresh
     array's first writes fault its pages in one at a time, a cost a copy into
-    it then need not pay (made ahead, on a worker, while the GPU runs)."""
+    it then need not pay (made ahead, on a worker, while the GPU runs).
+    ``threads``: how many (default: one per :data:`HOST_COPY_PER_THREAD`
+    elements, up to the cores)."""
     out = np.empty(int(n), dtype=dtype)
-    run_split(_zero_range, 0, int(n), HOST_COPY_PER_THREAD, out)
+    if threads is None:
+        run_split(_zero_range, 0, int(n), HOST_COPY_PER_THREAD, out)
+    else:
+        run_ranges(_zero_range, np.linspace(0, int(n), max(int(threads), 1) + 1).astype(np.int64),
+                   out)
     return out
 
 

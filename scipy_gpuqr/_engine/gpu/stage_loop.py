@@ -296,7 +296,7 @@ class StageLoop:
             return
         ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-r-data")
         try:
-            self._r_data_job = ex.submit(_zeros, lay.nnz, self.r_dtype, R_DATA_THREADS)
+            self._r_data_job = ex.submit(touched, lay.nnz, self.r_dtype, R_DATA_THREADS)
         finally:
             ex.shutdown(wait=False)
 
@@ -854,17 +854,6 @@ def _page_locked(device, arr: np.ndarray) -> bool:
         return int(cp.cuda.runtime.pointerGetAttributes(arr.ctypes.data).type) == _HOST_PINNED
     except (cp.cuda.runtime.CUDARuntimeError, AttributeError):
         return False
-
-
-def _zeros(n: int, dtype, threads: int) -> np.ndarray:
-    """``n`` zeros of ``dtype``, written by ``threads`` threads (its pages touched:
-    the scatters into it then fault none)."""
-    out = np.empty(int(n), dtype=dtype)
-
-    def zero(i0, i1):                   # NumPy's fill releases the GIL
-        out[i0:i1] = 0
-    native.run_ranges(zero, np.linspace(0, int(n), max(int(threads), 1) + 1).astype(np.int64))
-    return out
 
 
 def _gather_into(data, pos, host, gidx) -> None:
