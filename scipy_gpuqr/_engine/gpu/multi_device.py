@@ -608,6 +608,12 @@ class _MultiStageRun:
             oom = [e for e in real if isinstance(e, DeviceOutOfMemory)]
             raise (oom or real)[0]
 
+    def _upper_device(self) -> int:
+        """The layer running the upper tree (the plan's, or the first where the
+        plan names none of these layers)."""
+        up = int(self.plan.upper_device)
+        return up if 0 <= up < len(self.layers) else 0
+
     def _threads(self, errors) -> None:
         """A host thread per device: enqueue its stages, then wait for them."""
         nd = len(self.layers)
@@ -625,7 +631,7 @@ class _MultiStageRun:
                 errors[k] = exc
                 self.xfer.fail()
 
-        here = int(self.plan.upper_device) if 0 <= int(self.plan.upper_device) < nd else 0
+        here = self._upper_device()
         threads = [threading.Thread(target=one, args=(k,), name=f"gpuqr-device-{k}",
                                     daemon=True) for k in range(nd) if k != here]
         for t in threads:
@@ -648,7 +654,7 @@ class _MultiStageRun:
         which no device moved is an error.
         """
         nd = len(self.layers)
-        up = int(self.plan.upper_device) if 0 <= int(self.plan.upper_device) < nd else 0
+        up = self._upper_device()
         order = [up] + [k for k in range(nd) if k != up]
         gens = {k: self._enqueue(k, poll=True) for k in order}
         finishers = []
