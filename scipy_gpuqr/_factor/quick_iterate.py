@@ -39,7 +39,7 @@ from .._dispatch.iterate_first import (BLOCK_MIN_NNZ, Allowance, HostFirst, anal
                                        iterate_in_block, needs_watching)
 from .._gpu import gpu_available
 from .._iterative.block import block_lsmr, block_lsqr
-from .._iterative._common import _sparsetools   # SciPy's compiled sparse kernels, or None
+from .._iterative._common import format_kernels
 from .._iterative.host import HostProblem, NotFinite, lsmr_host, lsqr_host
 from .._options import Settings, auto_settings, auto_source, log_decision
 from .._validate import all_finite
@@ -180,18 +180,6 @@ class _Where:
         return self.text % self.value
 
 
-def _kernels(A):
-    """SciPy's kernels of ``A @ v`` and ``A.T @ u`` for an A that :func:`_eligible` took
-    (a SciPy CSR/CSC float64 array or matrix), as
-    :func:`~scipy_gpuqr._iterative._common.compressed_kernels` gives them, or None
-    where SciPy's private kernels are not found."""
-    if _sparsetools is None:
-        return None
-    if A.format == "csr":
-        return _sparsetools.csr_matvec, _sparsetools.csc_matvec
-    return _sparsetools.csc_matvec, _sparsetools.csr_matvec
-
-
 def _longest_lines(A) -> int:
     """Entries of A's longest row plus its longest column (A CSR or CSC)."""
     nnz = int(A.indptr[-1])
@@ -259,7 +247,7 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         iter_lim = int(rules.iter_lim)
     if iter_lim <= 0:
         return None
-    kernels = _kernels(A)
+    kernels = format_kernels(A.format)     # _eligible took a float64 CSR/CSC A
     if kernels is None:
         return None
     settings = auto_settings(source)

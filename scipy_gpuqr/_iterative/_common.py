@@ -52,7 +52,7 @@ except ImportError:     # pragma: no cover - every SciPy release so far has it
     _sparsetools = None
 
 __all__ = ["EPS", "RunInfo", "IterationState", "Problem", "NumpyOps", "CupyOps", "make_ops",
-           "compressed_kernels",
+           "compressed_kernels", "format_kernels",
            "GolubKahan", "SLOT_DEFERRED",
            "givens", "stopping_code", "Progress", "Clock", "drive", "run_info", "Start", "begin",
            "print_summary", "result_class"]
@@ -311,6 +311,14 @@ def compressed_kernels(A):
     if fmt not in ("csr", "csc") or not sp.issparse(A) or A.dtype != np.float64 \
             or getattr(A, "ndim", 2) != 2:
         return None
+    return format_kernels(fmt)
+
+
+@functools.lru_cache(maxsize=None)
+def format_kernels(fmt: str):
+    """:func:`compressed_kernels` for an A already known to be a float64 SciPy
+    array or matrix of format ``fmt`` (``'csr'`` or ``'csc'``): no checks of A,
+    for callers that made them (looked up once per format)."""
     forward = getattr(_sparsetools, fmt + "_matvec", None)
     backward = getattr(_sparsetools, ("csc" if fmt == "csr" else "csr") + "_matvec", None)
     if forward is None or backward is None:
