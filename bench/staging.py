@@ -173,82 +173,41 @@ def _once(A, b, backend, debug=False):
     return row, x
 
 
-#: ``--modes``: the package's settings each mode times (an A/B in one process,
-#: its calls interleaved): how Q's solve brings an earlier stage's reflector bands
-#: up, whether a host stage's R is gathered as its slab parts land, whether Q's
-#: replay prefetches the next stage's reflectors (``solve.PREFETCH``), how a
-#: plan that the time model's dense fronts leave infeasible picks dense fronts
-#: (``driver.STAGED_DENSE``) and whether a host stage hands its blocks and R on
-#: behind the next stages (``stage_loop.HOST_PLACE_BEHIND``, ``HOST_R_BEHIND``),
-#: whether a staged factorization sends ``Q``'s first stage up as it ends
-#: (``solve.PREFETCH_FIRST``), whether its stage plan is made per call
-#: (``plans_per_call``; kept per pattern and bytes available otherwise) and
-#: whether a host front's slab parts move their rows down to the staircase
-#: only (``slab_front.STAIRCASE_PARTS``) and whether a staged factorization's
-#: R is assembled on a worker beside ``Q``'s first upload
-#: (``driver.ASSEMBLE_R_BEHIND``), whether R's data array for the values of
-#: pools sent down is made ahead (``stage_loop.R_DATA_AHEAD``) and filled by
-#: threads in one compiled call each (``stage_loop.GATHER_FUSED``),
-#: whether a device stage's blocks go into a host stage's pool as their upper
-#: trapezoids only (``stage_loop.PLACE_UPPER``) and with their fronts' copies
-#: during the launches (``stage_loop.PLACE_EARLY``), whether a retiring pool's
-#: fronts go down each once final (``pool_copy.PER_FRONT``) rather than as the
-#: pool's final prefix; a missing key is off / ``"size"``.
-MODES = {"base": {"band_upload": "copy2d", "host_r_by_parts": False},
-         "bands": {"band_upload": "mapped", "host_r_by_parts": False},
-         "rparts": {"band_upload": "copy2d", "host_r_by_parts": True},
-         "new": {"band_upload": "mapped", "host_r_by_parts": True},
-         "panels-mapped": {"band_upload": "copy2d", "host_r_by_parts": True,
-                           "slab_panels": "mapped"},
-         "mapped-all": {"band_upload": "copy2d", "host_r_by_parts": True,
-                        "slab_panels": "mapped-all"},
-         "parts2": {"band_upload": "copy2d", "host_r_by_parts": True, "slab_parts": 2},
-         "now": {"band_upload": "copy2d", "host_r_by_parts": True},
-         "prefetch": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True},
-         "oversized": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                       "staged_dense": "oversized"},
-         "hostoff": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                     "staged_dense": "oversized", "host_behind": False},
-         "behind": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                    "staged_dense": "oversized", "host_behind": True},
-         "lateq": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                   "staged_dense": "oversized", "host_behind": True, "prefetch_first": False},
-         "earlyq": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                    "staged_dense": "oversized", "host_behind": True, "prefetch_first": True},
-         "plannow": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                     "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                     "plans_per_call": True},
-         "fullrows": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                      "staged_dense": "oversized", "host_behind": True, "prefetch_first": True},
-         "stair": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                   "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                   "staircase_parts": True},
-         "c8": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                "staircase_parts": True, "assemble_behind": True},
-         "gather": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                    "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                    "staircase_parts": True, "assemble_behind": True, "r_data_ahead": True,
-                    "gather_fused": True},
-         "upper": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                   "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                   "staircase_parts": True, "assemble_behind": True, "place_upper": True},
-         "front": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                   "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                   "staircase_parts": True, "assemble_behind": True, "per_front": True},
-         "early": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                   "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                   "staircase_parts": True, "assemble_behind": True, "per_front": True,
-                   "place_upper": True, "place_early": True},
-         "c9": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                "staircase_parts": True, "assemble_behind": True, "r_data_ahead": True,
-                "gather_fused": True, "place_upper": True, "per_front": True,
-                "place_early": True},
-         "noahead": {"band_upload": "copy2d", "host_r_by_parts": True, "prefetch": True,
-                     "staged_dense": "oversized", "host_behind": True, "prefetch_first": True,
-                     "staircase_parts": True, "assemble_behind": True, "gather_fused": True,
-                     "place_upper": True, "per_front": True, "place_early": True}}
+#: ``--modes``: an A/B in one process (its calls interleaved), each mode the
+#: package's defaults with a few settings changed: how Q's solve brings an
+#: earlier stage's reflector bands up (``reflector_upload.BAND_UPLOAD``), how a
+#: host front's slabs bring earlier panels up (``slab_front.PANEL_UPLOAD``) and
+#: how many parts a slab has at most (``slab_front.SLAB_PARTS``), whether a
+#: slab part moves its rows down to the staircase only
+#: (``slab_front.STAIRCASE_PARTS``), whether Q's replay prefetches the next
+#: stage's reflectors (``solve.PREFETCH``) and a staged factorization sends
+#: Q's first stage up as it ends (``solve.PREFETCH_FIRST``), how a plan that the
+#: time model's dense fronts leave infeasible picks dense fronts
+#: (``driver.STAGED_DENSE``), whether a staged factorization's R is assembled
+#: on a worker beside Q's first upload (``driver.ASSEMBLE_R_BEHIND``) and
+#: whether its stage plan is made per call (``plans_per_call``; kept per
+#: pattern and bytes available otherwise).
+MODES = {"defaults": {},
+         "bands": {"band_upload": "mapped"},
+         "panels-mapped": {"slab_panels": "mapped"},
+         "mapped-all": {"slab_panels": "mapped-all"},
+         "parts2": {"slab_parts": 2},
+         "fullrows": {"staircase_parts": False},
+         "noprefetch": {"prefetch": False},
+         "lateq": {"prefetch_first": False},
+         "size": {"staged_dense": "size"},
+         "inline-r": {"assemble_behind": False},
+         "plannow": {"plans_per_call": True}}
+
+#: Each setting of :data:`MODES`: its module (under ``scipy_gpuqr``) and name.
+_SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
+             "slab_panels": ("_engine.slab_front", "PANEL_UPLOAD"),
+             "slab_parts": ("_engine.slab_front", "SLAB_PARTS"),
+             "staircase_parts": ("_engine.slab_front", "STAIRCASE_PARTS"),
+             "prefetch": ("_engine.gpu.solve", "PREFETCH"),
+             "prefetch_first": ("_engine.gpu.solve", "PREFETCH_FIRST"),
+             "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE"),
+             "assemble_behind": ("_engine.gpu.driver", "ASSEMBLE_R_BEHIND")}
 
 
 class _NoPlans:
@@ -261,33 +220,28 @@ class _NoPlans:
         pass
 
 
-#: The package's table of staged plans while a mode replaces it.
-_KEPT_PLANS = {}
+#: The package's settings before the first mode changed them, and its table
+#: of staged plans (``plans``), as the process found them.
+_DEFAULTS = {}
 
 
 def _set_mode(name):
-    from scipy_gpuqr._engine import slab_front
-    from scipy_gpuqr._engine.gpu import driver, pool_copy, reflector_upload, solve, stage_loop
+    """The package's defaults, then mode ``name``'s settings (:data:`MODES`)."""
+    import importlib
+
+    from scipy_gpuqr._engine.gpu import driver
     m = MODES[name]
-    solve.PREFETCH = m.get("prefetch", False)
-    driver.STAGED_DENSE = m.get("staged_dense", "size")
-    reflector_upload.BAND_UPLOAD = m["band_upload"]
-    stage_loop.HOST_R_BY_PARTS = m["host_r_by_parts"]
-    stage_loop.HOST_R_BEHIND = stage_loop.HOST_PLACE_BEHIND = m.get("host_behind", False)
-    solve.PREFETCH_FIRST = m.get("prefetch_first", False)
-    # a staged plan made per call (nothing kept: ``driver._STAGED_PLANS`` stood in for)
-    # or kept per pattern and bytes available, the package's way
-    kept = _KEPT_PLANS.setdefault("plans", driver._STAGED_PLANS)
+    unknown = set(m) - set(_SETTINGS) - {"plans_per_call"}
+    if unknown:
+        raise ValueError(f"mode {name}: unknown settings {sorted(unknown)}")
+    for key, (mod, attr) in _SETTINGS.items():
+        module = importlib.import_module(f"scipy_gpuqr.{mod}")
+        default = _DEFAULTS.setdefault(key, getattr(module, attr))
+        setattr(module, attr, m.get(key, default))
+    # a staged plan made per call (nothing kept: ``driver._STAGED_PLANS`` stood in
+    # for) or kept per pattern and bytes available, the package's way
+    kept = _DEFAULTS.setdefault("plans", driver._STAGED_PLANS)
     driver._STAGED_PLANS = _NoPlans() if m.get("plans_per_call") else kept
-    slab_front.PANEL_UPLOAD = m.get("slab_panels", "copy2d")
-    slab_front.SLAB_PARTS = m.get("slab_parts", 4)
-    slab_front.STAIRCASE_PARTS = m.get("staircase_parts", False)
-    driver.ASSEMBLE_R_BEHIND = m.get("assemble_behind", False)
-    stage_loop.R_DATA_AHEAD = m.get("r_data_ahead", False)
-    stage_loop.GATHER_FUSED = m.get("gather_fused", False)
-    stage_loop.PLACE_UPPER = m.get("place_upper", False)
-    stage_loop.PLACE_EARLY = m.get("place_early", False)
-    pool_copy.PER_FRONT = m.get("per_front", False)
 
 
 def _run_modes(A, b, repeat, limit, modes, debug=False, profile=None, blocks=False):
@@ -436,7 +390,7 @@ def main(argv=None):
                         "interleaved)")
     p.add_argument("--modes", default="",
                    help="an A/B in one process: the modes of MODES to time at each limit, "
-                        "their calls interleaved (e.g. base,new); MODE@F: at the limit "
+                        "their calls interleaved (e.g. defaults,fullrows); MODE@F: at the limit "
                         "1/F only")
     p.add_argument("--alternate", default="",
                    help="after the limits, calls alternating between two of them "
@@ -471,10 +425,8 @@ def main(argv=None):
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     from scipy_gpuqr._engine import dense_front, slab_front
     from scipy_gpuqr._engine.gpu import reflector_upload
-    from scipy_gpuqr._engine.gpu import stage_loop
     uploads = {"slab_panels": slab_front.PANEL_UPLOAD, "solve_upload": dense_front.REFLECTOR_UPLOAD,
-               "band_upload": reflector_upload.BAND_UPLOAD,
-               "host_r_by_parts": stage_loop.HOST_R_BY_PARTS}
+               "band_upload": reflector_upload.BAND_UPLOAD}
     report = {"device": name, "cores": os.cpu_count(), "uploads": uploads, "matrices": {}}
     print(f"device {name}, {os.cpu_count()} cores, uploads {uploads}", flush=True)
     for mname, A in _matrices([s for s in args.only.split(",") if s]):
@@ -583,3 +535,7 @@ def _write(path, report):
 
 if __name__ == "__main__":
     main()
+    # the report is written: skip the interpreter's teardown, in which freeing the
+    # pinned pool's cached blocks (gigabytes) takes seconds per process
+    sys.stdout.flush()
+    os._exit(0)

@@ -528,11 +528,10 @@ def test_host_stage_carried_blocks_placed_as_their_stages_end(monkeypatch):
     stage's pool as their own stages end (``place_upper``: their upper
     trapezoids only, the entries below set to NaN on the NumPy layer), the
     rest of the pool zeroed up to them only: the same R, bit for bit, as
-    copying them in at the host stage's start, and as placing them whole
-    (``PLACE_UPPER`` off: ``place_blocks``); and a placement one element off
-    gives another R. (After their stages: ``PLACE_EARLY`` off.)"""
+    copying them in at the host stage's start; and a placement one element
+    off gives another R. (After their stages: ``place_early`` placing none.)"""
     from scipy_gpuqr._engine.gpu import stage_loop
-    monkeypatch.setattr(stage_loop, "PLACE_EARLY", False)
+    monkeypatch.setattr(stage_loop.StageLoop, "place_early", lambda self, st, down: None)
     A, an, needs = _host_case()
     limit = min_budget(an, needs)
     calls = []
@@ -549,19 +548,6 @@ def test_host_stage_carried_blocks_placed_as_their_stages_end(monkeypatch):
     hosted = [sched.stages[sid] for sid in g._host_stages]
     assert any(stage_loop._zero_end(an.fronts, st) < st.pool_size for st in hosted)
     placed = g.R.toarray()
-    whole = []
-    real_whole = NumpyDevice.place_blocks
-
-    def counted_whole(self, pool, blocks, out):
-        whole.append(len(blocks))
-        return real_whole(self, pool, blocks, out)
-    monkeypatch.setattr(NumpyDevice, "place_blocks", counted_whole)
-    monkeypatch.setattr(stage_loop, "PLACE_UPPER", False)
-    n = len(calls)
-    by_rows = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
-                            dense_flops=_HOST_FLOPS).R.toarray()
-    assert len(calls) == n and sum(whole) > 0
-    np.testing.assert_array_equal(placed, by_rows)
     monkeypatch.setattr(stage_loop.StageLoop, "place_in_host_stages",
                         lambda self, st, pool, device, later: later)
     copied = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
@@ -571,7 +557,7 @@ def test_host_stage_carried_blocks_placed_as_their_stages_end(monkeypatch):
     def off_by_one(device, pool, blocks, out):
         return real(device, pool, [(a + 1, m, w, n, at) for a, m, w, n, at in blocks], out)
     monkeypatch.undo()
-    monkeypatch.setattr(stage_loop, "PLACE_EARLY", False)
+    monkeypatch.setattr(stage_loop.StageLoop, "place_early", lambda self, st, down: None)
     monkeypatch.setattr(stage_loop, "place_upper", off_by_one)
     wrong = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                           dense_flops=_HOST_FLOPS).R.toarray()
@@ -976,16 +962,14 @@ def test_pools_sent_down_during_their_stage_are_exact(monkeypatch):
     assert abs(g.R - ref.R).max() > 1e-6 * abs(ref.R).max()
 
 
-@pytest.mark.parametrize("per_front", [True, False])
-def test_front_finality_never_passes_a_later_write(monkeypatch, per_front):
+def test_front_finality_never_passes_a_later_write():
     """Each front's final launch is at or after every launch that writes it (its
     own records, its children's Pack-Assemble, the Pack-Assemble reading it);
     the fronts lie in the pool one after another, before its carried blocks.
-    Per front (``PER_FRONT``) some front is final before a front ahead of it
-    in the pool; the prefix's finality never decreases."""
+    Each front has its own finality: some front is final before a front ahead
+    of it in the pool (a late one does not hold back those after it)."""
     from scipy_gpuqr._engine.gpu import pool_copy
     from scipy_gpuqr._schedule.tasks import TaskType
-    monkeypatch.setattr(pool_copy, "PER_FRONT", per_front)
     A = _cases()[0][1]
     an = analyze(A)
     sched = build_schedule(an, tile=TILE, bundle=BUNDLE, plan=an.stage_plan(100000))
@@ -997,8 +981,6 @@ def test_front_finality_never_passes_a_later_write(monkeypatch, per_front):
         fin = pool_copy.front_finality(fs, st)
         assert np.all(fin.start[1:] >= fin.end[:-1]) and fin.end[-1] <= st.pool_size
         assert np.all((fin.last >= 0) & (fin.last < max(st.nlaunch, 1)))
-        if not per_front:
-            assert np.all(np.diff(fin.last) >= 0)
         ahead += int(np.any(fin.last[1:] < np.maximum.accumulate(fin.last)[:-1]))
         t = st.tasks
         launch = np.repeat(np.arange(st.nlaunch), np.diff(st.launch_ptr))
@@ -1009,7 +991,7 @@ def test_front_finality_never_passes_a_later_write(monkeypatch, per_front):
                         np.concatenate([launch, launch[pack]]).tolist()):
             if first <= f <= last and int(st.foff[f]) in at:
                 assert fin.last[at[int(st.foff[f])]] >= L, (st.fronts, f, L)
-    assert (ahead > 0) == per_front
+    assert ahead > 0
 
 
 class _PoolExecutor:
@@ -1393,14 +1375,15 @@ def test_host_stage_r_gathered_by_runs_equals_the_gather_by_index(monkeypatch):
     made = []
     real_touched = stage_loop.touched
 
-    def touched(n, dtype):                  # the values' array, made during the launches
-        out = real_touched(n, dtype)
+    def touched(n, dtype, threads=None):    # the values' array, made during the launches
+        out = real_touched(n, dtype, threads)
+        if threads is not None:             # R's data array made ahead, not a host stage's
+            return out
         assert not out.any()
         out[...] = np.nan                   # every value must be written by the gather
         made.append(out)
         return out
     monkeypatch.setattr(stage_loop, "touched", touched)
-    monkeypatch.setattr(stage_loop, "R_DATA_AHEAD", False)     # touched for host stages only
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                       dense_flops=_HOST_FLOPS)
     assert g.info["host_fronts"] and len(calls) == len(g.info["host_fronts"]) and max(calls) > 0
@@ -1503,9 +1486,8 @@ def test_host_stages_hand_on_behind_the_next_stages(monkeypatch):
     """A host stage's contribution block whose parent is a later host stage's front
     is copied into that pool by threads on a worker (``_Placing``), and an
     earlier host stage's R is gathered on a worker, both while the next
-    stages run: R and ``Qᵀb`` bit for bit those of the engine's thread doing
-    both before the next stage (``HOST_PLACE_BEHIND``, ``HOST_R_BEHIND`` off);
-    a placement one element off gives another R."""
+    stages run: R and ``Qᵀb`` bit for bit those of the blocks copied at once,
+    in one piece each; a placement one element off gives another R."""
     from scipy_gpuqr._engine.gpu import stage_loop
     A, an, needs = _host_case()
     limit = min_budget(an, needs) * 13 // 10
@@ -1526,20 +1508,25 @@ def test_host_stages_hand_on_behind_the_next_stages(monkeypatch):
     assert len(host) > 2 and made and sum(made) > 0, (host, made)
     assert hows.count("after the launches, on a worker") == len(host) - 1, hows
     behind = (g.R.toarray(), g.qt_matmul(b))
-    monkeypatch.setattr(stage_loop, "HOST_PLACE_BEHIND", False)
-    monkeypatch.setattr(stage_loop, "HOST_R_BEHIND", False)
+
+    class AtOnce:
+        def __init__(self, pool, blocks, out):
+            made.append(len(blocks))
+            NumpyDevice.place_blocks(None, pool, blocks, out)
+
+        def synchronize(self):
+            pass
+    monkeypatch.setattr(stage_loop, "_Placing", AtOnce)
     count = len(made)
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                       dense_flops=_HOST_FLOPS)
-    assert len(made) == count and "after the launches, on a worker" not in [
-        how for how, _ in g.info["r_copy_stages"]]
+    assert len(made) > count
     np.testing.assert_array_equal(g.R.toarray(), behind[0])
     np.testing.assert_array_equal(g.qt_matmul(b), behind[1])
 
     class OffByOne(real):
         def __init__(self, pool, blocks, out):
             super().__init__(pool, [(a + 1, m, w, n, at) for a, m, w, n, at in blocks], out)
-    monkeypatch.setattr(stage_loop, "HOST_PLACE_BEHIND", True)
     monkeypatch.setattr(stage_loop, "_Placing", OffByOne)
     wrong = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                           dense_flops=_HOST_FLOPS).R.toarray()
@@ -1618,10 +1605,10 @@ def test_oversized_rule_leaves_every_host_front_a_device_slab():
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_pool_gather_compiled_equals_take_then_scatter(dtype, itype, monkeypatch):
     """R's values of a pool sent down, gathered by threads in one compiled call
-    each (``GATHER_FUSED``, :func:`scipy_gpuqr._engine.native.gather`), land as
-    the take of all of them then their scatter put them (and as
-    ``data[pos] = host[gidx]``); a range one entry short leaves an entry out;
-    arrays the routine does not take are refused."""
+    each (:func:`scipy_gpuqr._engine.native.gather`), land as the take of all
+    of them then their scatter put them (the path without the library) and
+    as ``data[pos] = host[gidx]``; a range one entry short leaves an entry
+    out; arrays the routine does not take are refused."""
     from scipy_gpuqr._engine import native as engine_native
     from scipy_gpuqr._engine.gpu import stage_loop
     from scipy_gpuqr._schedule import native
@@ -1642,21 +1629,21 @@ def test_pool_gather_compiled_equals_take_then_scatter(dtype, itype, monkeypatch
     fused = np.zeros(40000, dtype=dtype)
     stage_loop._gather_into(fused, pos, host, gidx)
     assert calls and calls[0] == native.thread_count(n, 7000, stage_loop.GATHER_THREADS)
-    monkeypatch.setattr(stage_loop, "GATHER_FUSED", False)
+    lib = engine_native.handle()
+    monkeypatch.setattr(engine_native, "handle", lambda: None)
     plain = np.zeros(40000, dtype=dtype)
-    stage_loop._gather_into(plain, pos, host, gidx)
+    stage_loop._gather_into(plain, pos, host, gidx)     # taken, then scattered
+    monkeypatch.setattr(engine_native, "handle", lambda: lib)
     ref = np.zeros(40000, dtype=dtype)
     ref[pos] = host[gidx]
     np.testing.assert_array_equal(fused, plain)
     np.testing.assert_array_equal(fused, ref)
-    monkeypatch.setattr(stage_loop, "GATHER_FUSED", True)
     short = np.zeros(40000, dtype=dtype)
     monkeypatch.setattr(native, "run_ranges",
                         lambda fn, bounds, *a: real(lambda i0, i1, *b: fn(i0, i1 - 1, *b),
                                                     bounds, *a))
     stage_loop._gather_into(short, pos, host, gidx)
     assert np.count_nonzero(short != ref) > 0
-    lib = engine_native.handle()
     with pytest.raises(ValueError):
         engine_native.gather(lib, np.zeros(40000, dtype=np.float16), pos, host, gidx)
     with pytest.raises(ValueError):
@@ -1667,10 +1654,10 @@ def test_pool_gather_compiled_equals_take_then_scatter(dtype, itype, monkeypatch
 
 def test_blocks_for_a_host_stage_placed_with_their_fronts_copies(monkeypatch):
     """A warm staged run hands a device stage's blocks for a host stage's front to
-    its pool's copy (``PLACE_EARLY``): each goes into the host stage's pool
-    with its front's copy, as the front becomes final during the launches. R
-    and ``Qᵀb`` are bit for bit those of placing them after the stage; a block
-    placed one element off gives another R."""
+    its pool's copy (``place_early``) once the launches are enqueued: each goes
+    into the host stage's pool on the copy's way. R and ``Qᵀb`` are bit for
+    bit those of placing them after the stage; a block placed one element
+    off gives another R."""
     from scipy_gpuqr._engine.gpu import pool_copy, stage_loop
     A, an, needs = _host_case()
     limit = min_budget(an, needs)
@@ -1683,12 +1670,12 @@ def test_blocks_for_a_host_stage_placed_with_their_fronts_copies(monkeypatch):
     g = run()
     assert g._host_stages and sum(g.info["blocks_placed_early"]) > 0, g.info
     early = (g.R.toarray(), g.qt_matmul(b))
-    monkeypatch.setattr(stage_loop, "PLACE_EARLY", False)
+    monkeypatch.setattr(stage_loop.StageLoop, "place_early", lambda self, st, down: None)
     g = run()
     assert sum(g.info["blocks_placed_early"]) == 0
     np.testing.assert_array_equal(g.R.toarray(), early[0])
     np.testing.assert_array_equal(g.qt_matmul(b), early[1])
-    monkeypatch.setattr(stage_loop, "PLACE_EARLY", True)
+    monkeypatch.undo()
     real = pool_copy._FrontCopy.attach
 
     def off_by_one(self, front_start, block, out):
@@ -1697,6 +1684,40 @@ def test_blocks_for_a_host_stage_placed_with_their_fronts_copies(monkeypatch):
     monkeypatch.setattr(pool_copy._FrontCopy, "attach", off_by_one)
     wrong = run().R.toarray()
     assert np.abs(wrong - early[0]).max() > 1e-6 * np.abs(early[0]).max()
+
+
+def test_blocks_attached_after_the_launches_go_after_their_fronts_copies():
+    """``_FrontCopy.attach`` after the launches: a block of a front already sent is
+    placed at once, before the last send (the copy stream waited for its
+    front's launch); one of a front not sent yet right after the send that
+    takes it, never before; none is placed twice or left out."""
+    from scipy_gpuqr._engine.gpu import pool_copy
+    k = 1 << 20                                 # fronts apart: never merged into one run
+    fin = pool_copy.FrontFinality(start=np.arange(4) * k, end=np.arange(4) * k + 10,
+                                  last=np.array([0, 2, 1, 3]))
+
+    class Traced(pool_copy._FrontCopy):
+        def __init__(self):
+            super().__init__(fin, 8, 8 * 25)         # a send once 25 elements are final
+            self.log = []
+
+        def _copy(self, runs):
+            self.log.append(("copy", tuple(runs)))
+
+        def _place(self, block, out):
+            self.log.append(("place", block[0]))
+    c = Traced()
+    for L in range(4):
+        c.after_launch(L)
+    assert c.log == [("copy", ((0, 10), (k, k + 10), (2 * k, 2 * k + 10)))], c.log
+    for front in (3 * k, 0, k, 2 * k):
+        c.attach(front, (front + 1, 1, 1, 1, 0), None)
+    c.launches_done()
+    assert c.log[1:] == [("place", 1), ("place", k + 1), ("place", 2 * k + 1),
+                         ("copy", ((3 * k, 3 * k + 10),)), ("place", 3 * k + 1)], c.log
+    assert c.placed == 4 and not c.extras
+    with pytest.raises(ValueError):
+        c.attach(5, (6, 1, 1, 1, 0), None)
 
 
 def test_blocks_placed_early_only_into_page_locked_pools():

@@ -18,9 +18,15 @@ names the front it writes), the Pack-Assemble of its children (it writes
 a dense front's factorization up to the launch that joins it
 (:func:`front_finality`). A front is sent once final, whatever the fronts
 before it in the pool: one front of a late subtree early in postorder would
-otherwise hold back every front after it (:data:`PER_FRONT`). Fronts final
-together go as runs of adjacent ones; a gap of a few fronts not final yet
-is sent with them and again once they are (the copies run in order).
+otherwise hold back every front after it. Fronts final together go as runs
+of adjacent ones; a gap of a few fronts not final yet is sent with them and
+again once they are (the copies run in order).
+
+Blocks for a later host stage's pool (:meth:`_FrontCopy.attach`, once every
+launch is enqueued) go on the copy stream too: those of fronts already sent
+at once, ahead of the last send, so that the copy engine moves them while the
+device finishes the stage's last launches; the others right after the last
+send. The launch loop issues none of their copies.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import numpy as np
 from .rcopy import launch_of_records, whole_front_writes
 
 __all__ = ["FrontFinality", "front_finality", "CupyPoolCopy", "NumpyPoolCopy",
-           "MIN_RANGE_BYTES", "MERGE_GAP", "PER_FRONT", "UPPER_ROWS", "upper_pieces",
+           "MIN_RANGE_BYTES", "MERGE_GAP", "UPPER_ROWS", "upper_pieces",
            "place_upper"]
 
 #: Fronts are sent once this many bytes became final since the last send
@@ -42,11 +48,6 @@ MIN_RANGE_BYTES = 64 << 20
 #: Elements of fronts not final yet sent between two final runs, which then
 #: go as one copy (the gap goes again once final).
 MERGE_GAP = 1 << 15
-
-#: Each front sent once final; off: the pool's final prefix only (a front
-#: waits for every front before it in the pool).
-PER_FRONT = True
-
 
 @dataclass(frozen=True)
 class FrontFinality:
@@ -70,8 +71,7 @@ class FrontFinality:
 def front_finality(fs, stage) -> FrontFinality:
     """Each front of a stage whose records are known (:attr:`~StageSchedule.tasks`):
     its place in the pool and the launch after which it is final (see the
-    module notes; with :data:`PER_FRONT` off, the latest over it and the
-    fronts before it in the pool: the final prefix)."""
+    module notes)."""
     first, last = (int(x) for x in stage.fronts)
     nl = int(stage.nlaunch)
     members = np.arange(first, last + 1)
@@ -88,8 +88,6 @@ def front_finality(fs, stage) -> FrontFinality:
     order = np.argsort(foff[keep], kind="stable")
     start = foff[keep][order]
     lastw = np.clip(whole[keep][order], 0, max(nl - 1, 0))
-    if not PER_FRONT and len(lastw):
-        lastw = np.maximum.accumulate(lastw)
     return FrontFinality(start, start + size[keep][order], lastw)
 
 
@@ -109,7 +107,8 @@ def _runs(start: np.ndarray, end: np.ndarray, gap: int) -> list:
 class _FrontCopy:
     """The fronts of a pool sent once final (see the module notes): after each
     launch those it left final, once :data:`MIN_RANGE_BYTES` of them are
-    waiting; after the last launch the rest. ``copies``: the sends made."""
+    waiting; after the last launch the rest. ``copies``: the sends made;
+    ``placed``: the blocks placed into later host stages' pools."""
 
     def __init__(self, final: FrontFinality, itemsize: int, min_bytes: int):
         self.final = final
@@ -119,17 +118,24 @@ class _FrontCopy:
         self.waiting_elems = 0
         self.min_elems = max(int(min_bytes) // int(itemsize), 1)
         self.copies = 0
-        self.extras = {}                # front (pool order) -> blocks to place with it
+        self.sent = np.zeros(len(final.start), dtype=bool)    # per front (pool order)
+        self.extras = {}                # front (pool order) -> blocks to place after it
         self.placed = 0
 
     def attach(self, front_start: int, block, out) -> None:
         """Place ``block`` (``(start, m, w, n, at)`` as :func:`place_upper` takes
         it) of the front at ``front_start`` into ``out`` (a later host stage's
-        pool) right after that front's copy: the block is final with it."""
+        pool), with every launch enqueued: at once on the copy stream where
+        that front was sent (the block was final with it, and the copy stream
+        waited for that), else right after the last send."""
         i = int(np.searchsorted(self.final.start, int(front_start)))
         if i >= len(self.final.start) or int(self.final.start[i]) != int(front_start):
             raise ValueError(f"attach: no front at {front_start} in the pool")
-        self.extras.setdefault(i, []).append((block, out))
+        if self.sent[i]:
+            self._place(block, out)
+            self.placed += 1
+        else:
+            self.extras.setdefault(i, []).append((block, out))
 
     def _take(self, L) -> None:
         fin, order = self.final, self.order
@@ -148,6 +154,7 @@ class _FrontCopy:
         self.waiting, self.waiting_elems = [], 0
         self._copy(_runs(self.final.start[idx], self.final.end[idx], MERGE_GAP))
         self.copies += 1
+        self.sent[idx] = True
         for i in idx.tolist():
             for block, out in self.extras.pop(i, ()):
                 self._place(block, out)
@@ -289,11 +296,12 @@ def place_upper(device, pool, blocks, out, rows: int = UPPER_ROWS, stream=None):
     vectors, which its parent never reads (and which go to the host with the
     pool), about half of a square block's bytes.
 
-    ``device``: a CUDA layer (its ``cp`` and stage ``stream``, or ``stream``:
-    one strided copy per piece on that stream, into pinned ``out``; returns
-    the event to wait for before ``out`` is read there, as ``place_blocks``)
-    or a NumPy one (copied at once; the block's entries not copied are set to
-    NaN, so that a read of them shows; returns None).
+    ``device``: a CUDA layer (one strided copy per piece into pinned ``out``;
+    on its stage ``stream``, then returns the event to wait for before
+    ``out`` is read there, as ``place_blocks``; or on ``stream``, whose own
+    synchronization covers the copies: returns None) or a NumPy one (copied
+    at once; the block's entries not copied are set to NaN, so that a read of
+    them shows; returns None).
     """
     pieces = upper_pieces(blocks, rows)
     isz = pool.itemsize
@@ -312,10 +320,12 @@ def place_upper(device, pool, blocks, out, rows: int = UPPER_ROWS, stream=None):
             dst[...] = src
         return None
     rt = cp.cuda.runtime
-    stream = device.stream if stream is None else stream
+    on = device.stream if stream is None else stream
+    src, dst, kind, sptr = pool.data.ptr, out.ctypes.data, rt.memcpyDeviceToHost, on.ptr
     for s, h, w, sp, d, dp in pieces:
-        rt.memcpy2DAsync(out.ctypes.data + d * isz, dp * isz, pool.data.ptr + s * isz, sp * isz,
-                         w * isz, h, rt.memcpyDeviceToHost, stream.ptr)
+        rt.memcpy2DAsync(dst + d * isz, dp * isz, src + s * isz, sp * isz, w * isz, h, kind, sptr)
+    if stream is not None:
+        return None
     ev = cp.cuda.Event(disable_timing=True)
-    ev.record(stream)
+    ev.record(on)
     return ev

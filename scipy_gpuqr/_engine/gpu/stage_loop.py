@@ -34,53 +34,15 @@ from .rcopy import (ColumnRCopy, NumpyRCopy, column_bounds, final_entries_cached
 from .rlayout import r_layout_cached
 
 __all__ = ["StageLoop", "stage_reflector_records", "assemble_r", "r_dtype", "FACTORIZE_TYPES",
-           "HOST_R_BY_PARTS", "HOST_R_BEHIND", "HOST_PLACE_BEHIND", "R_DATA_AHEAD",
-           "GATHER_FUSED", "PLACE_UPPER", "PLACE_EARLY"]
+           "R_DATA_THREADS"]
 
 #: Record types whose Householder vectors ``Q``'s replay keeps.
 FACTORIZE_TYPES = (TaskType.FACTORIZE, TaskType.APPLY_FACTORIZE)
 
-#: A host stage's R values (not the last stage's) gathered on a worker while the
-#: next stages run; off: on the engine's thread before the next stage.
-HOST_R_BEHIND = True
-
-#: A host stage's contribution blocks whose parent is a later host stage's front
-#: copied into that stage's pool by threads on a worker while the next stages
-#: run; off: on the engine's thread, one block row at a time, before them.
-HOST_PLACE_BEHIND = True
-
-#: A host stage's R values gathered part by part as its front's column slabs
-#: come back from the device (:class:`~.rcopy.ColumnRCopy`), while the device
-#: works on the next parts; off: all of them after the stage's launches.
-HOST_R_BY_PARTS = True
-
-#: A device stage's contribution blocks whose parent is a host stage's front go
-#: into that stage's pool as their upper trapezoids only
-#: (:func:`~.pool_copy.place_upper`: what the parent's Pack-Assemble reads);
-#: off: whole, Householder data below their diagonals too.
-PLACE_UPPER = True
-
-#: Those blocks placed with their fronts' copies as the fronts become final,
-#: on the copy stream while the stage's launches run (:meth:`StageLoop.place_early`;
-#: where that host stage's pool is ready then); off: after the stage, on its
-#: stream, before the next stage's work.
-PLACE_EARLY = True
-
-#: R's data array, into which the gather thread scatters the values of the pools
-#: sent down, made and its pages touched by :data:`R_DATA_THREADS` threads on a
-#: worker as the first such stage begins (R's layout known: cached by an
-#: earlier factorization of the pattern, or from the worker); off: zeros made
-#: where the first gather is submitted, whose scatter then faults its pages in.
-R_DATA_AHEAD = True
-#: Threads touching R's data array ahead: a few, so that the stage's launch
-#: loop keeps a core (the array is hundreds of megabytes on large problems).
+#: Threads touching R's data array ahead (:meth:`StageLoop.make_r_data_ahead`):
+#: a few, so that the stage's launch loop keeps a core (the array is hundreds
+#: of megabytes on large problems).
 R_DATA_THREADS = 4
-
-#: A pool sent down gives R's values by threads that each gather their range
-#: straight into R's data in one compiled call without the GIL
-#: (:func:`_gather_into`); off: all the stage's values taken into a new array,
-#: then scattered.
-GATHER_FUSED = True
 
 
 class StageLoop:
@@ -131,7 +93,7 @@ class StageLoop:
         self.r_copy_stages = []         # per stage: how R's values came, seconds waited
         self._gathers = None            # the worker gathering R's values from host pools
         self.r_data = None              # R's values, host pools' stages scattered by it
-        self._r_data_job = None         # its future while made ahead (R_DATA_AHEAD)
+        self._r_data_job = None         # its future while made ahead
         self.t_start = time.perf_counter()
         self.timeline = []              # (event, seconds from t_start): the gathers
         self.hand_on_seconds = []       # per stage: carry, keep records, retire pool
@@ -191,8 +153,6 @@ class StageLoop:
         t_begun = time.perf_counter()
         self.start_reflector_records(sid)
         down = self.open_pool_copy(sid, st, h)
-        if down is not None:
-            self.place_early(st, down)
         # R's values of a pool sent down come from the host pool on the gather thread,
         # overlapping the next stage; the last stage has none to overlap, so its R is
         # copied progressively from the device as for a pool that stays
@@ -207,6 +167,8 @@ class StageLoop:
         try:
             self.launch_all(sid, st, h, copier, down)
             t_launched = time.perf_counter()
+            if down is not None:
+                self.place_early(st, down)
             if copier is None and self.late_copier is not None:
                 copier, pos = self.late_copier
             device.mark_kernels_end(h)
@@ -238,7 +200,7 @@ class StageLoop:
             self.pool_copies.append(down.copies)
             self.placed_early.append(getattr(down, "placed", 0))
             self.t_pool_wait += time.perf_counter() - tw
-        if copier is not None and sid in self.host_stages and not last and HOST_R_BEHIND:
+        if copier is not None and sid in self.host_stages and not last:
             # a host stage's R (read from its host pool, which nothing writes any
             # more) gathered on a worker of its own while the next stages run (not
             # the gather thread: the earlier stages' gathers may still be queued there)
@@ -286,10 +248,14 @@ class StageLoop:
                                           - self.t_start, 4)))
 
     def make_r_data_ahead(self) -> None:
-        """R's data array made and touched on a worker (:data:`R_DATA_AHEAD`) once
-        R's layout is known here (from the worker, or cached by an earlier
-        factorization of the pattern); the gathers take it from the future."""
-        if not R_DATA_AHEAD or self._r_data_job is not None or self.r_data is not None:
+        """R's data array, into which the gather thread scatters the values of the
+        pools sent down, made and its pages touched by :data:`R_DATA_THREADS`
+        threads on a worker as the first such stage begins, once R's layout is
+        known here (from the worker, or cached by an earlier factorization of
+        the pattern); the gathers take it from the future (a scatter into fresh
+        zeros would fault their pages in). Without the layout yet, the first
+        gather's submission makes zeros."""
+        if self._r_data_job is not None or self.r_data is not None:
             return
         lay = self.layout if self.layout is not None else r_layout_cached(self.analysis)
         if lay is None:
@@ -382,12 +348,12 @@ class StageLoop:
 
     def open_host_r_copy(self, sid: int, h):
         """Host stage ``sid``'s R copier opened before its launches where R's layout
-        is known (:data:`HOST_R_BY_PARTS`): a :class:`~.rcopy.ColumnRCopy` that
-        the front's column slabs tell of each part back in the pool
-        (``HostFrontDevice.on_slab_part``), gathering those columns' values on a
-        worker while the device works on; ``(copier, positions)``, else
-        ``(None, None)`` (:meth:`host_r_copy` after the launches)."""
-        if not HOST_R_BY_PARTS or sid not in self.host_stages or self.layout is None:
+        is known: a :class:`~.rcopy.ColumnRCopy` that the front's column slabs
+        tell of each part back in the pool (``HostFrontDevice.on_slab_part``),
+        gathering those columns' values on a worker while the device works on;
+        ``(copier, positions)``, else ``(None, None)`` (:meth:`host_r_copy`
+        after the launches)."""
+        if sid not in self.host_stages or self.layout is None:
             return None, None
         f = self.host_stages[sid]
         st = self.sched.stages[sid]
@@ -545,15 +511,17 @@ class StageLoop:
 
     def place_early(self, st, down) -> None:
         """The contribution blocks of ``st``'s fronts whose parent is a host stage's
-        front, handed to the pool's copy ``down`` (``attach``) to go into that
-        stage's pool right after their fronts' copies, as the fronts become
-        final during the launches (:data:`PLACE_EARLY`), where that pool is
-        ready now and page-locked (a copy into pageable memory would hold the
-        launch loop until the device reached it); :meth:`place_in_host_stages`
-        places the others after the stage. The host stage begins after the
-        engine waited for ``down``."""
+        front, handed to the pool's copy ``down`` (``attach``) once every launch
+        of the stage is enqueued, where that pool is ready by then and
+        page-locked (a copy into pageable memory would hold the engine's thread
+        until the device reached it): on the copy stream while the device
+        finishes the stage, those of fronts already sent at once, the others
+        after the last send (:class:`~.pool_copy._FrontCopy`); the launch loop
+        issues none of their copies. :meth:`place_in_host_stages` places the
+        others after the stage. The host stage begins after the engine waited
+        for ``down``."""
         attach = getattr(down, "attach", None)
-        if not (PLACE_EARLY and PLACE_UPPER and self.host_stages) or attach is None:
+        if not self.host_stages or attach is None:
             return
         fs = self.fs
         first, last = st.fronts
@@ -586,8 +554,7 @@ class StageLoop:
         (:meth:`~.device.HostFrontDevice.take_pool`): the host stage then neither
         waits for a host copy of them nor makes one (a host front's carried blocks
         are gigabytes). Returns the members left for ``host_cb``."""
-        place = getattr(device, "place_blocks", None)
-        if not self.host_stages or place is None or not len(later):
+        if not self.host_stages or not hasattr(device, "place_blocks") or not len(later):
             return later
         fs = self.fs
         first = st.fronts[0]
@@ -610,15 +577,13 @@ class StageLoop:
                 start = int(st.foff[f]) + int(fs.frank[f]) * n + int(fs.fp[f])
                 blocks.append((start, m, n - int(fs.fp[f]), n, int(pst.carried[f])))
                 self.host_cb[f] = _PLACED
-            if device is self.host_dev and HOST_PLACE_BEHIND:
+            if device is self.host_dev:
                 # host to host: copied by threads on a worker while the next stages
                 # run; the host stage that takes them waits for it as it begins
                 self.host_dev.placed(pst.fronts, _Placing(pool, blocks, out))
-            elif device is not self.host_dev and PLACE_UPPER:
+            else:
                 # their upper trapezoids only: Pack-Assemble reads nothing else
                 self.host_dev.placed(pst.fronts, place_upper(device, pool, blocks, out))
-            else:
-                self.host_dev.placed(pst.fronts, place(pool, blocks, out))
         return np.array([i for i in later.tolist() if self.host_cb.get(first + i) is not _PLACED],
                         dtype=np.int64)
 
@@ -860,15 +825,15 @@ def _gather_into(data, pos, host, gidx) -> None:
     """A host pool's values of R put straight into R's data array (the gather
     thread, while later stages run): nothing is left for :func:`assemble_r`.
 
-    With :data:`GATHER_FUSED` and the compiled gather
-    (:func:`scipy_gpuqr._engine.native.gather`), threads each make one call
-    over their range without the GIL: no array of the stage's values in
-    between (whose fresh pages a take would fault in and the scatter read
-    back), and no GIL taken back between NumPy calls, which would make the
-    next stage's launch loop give it up each time. Otherwise (or while the
-    library is being built) all the stage's values are taken, then
-    scattered."""
-    lib = engine_native.handle() if GATHER_FUSED else None
+    Threads each make one call of the compiled gather
+    (:func:`scipy_gpuqr._engine.native.gather`) over their range without the
+    GIL: no array of the stage's values in between (whose fresh pages a take
+    would fault in and the scatter read back), and no GIL taken back between
+    NumPy calls, which would make the next stage's launch loop give it up
+    each time. Where that library is not there (while it is being built, or
+    not buildable) and for arrays it does not take, all the stage's values
+    are taken, then scattered."""
+    lib = engine_native.handle()
     if (lib is None or host.dtype != data.dtype or data.itemsize not in (4, 8)
             or not (host.flags.c_contiguous and data.flags.c_contiguous)):
         _scatter(data, pos, NumpyRCopy(host, gidx, dtype=host.dtype).result())
