@@ -35,10 +35,12 @@ distributed.solve_many solves many sparse problems across workers
 
 Utilities
 ---------
-GpuqrOptions, gpu_info, io
+GpuqrOptions, gpu_info, start_gpu, io
 
 Nothing is computed and CuPy is not imported when this package is imported;
-each public name is loaded from its module on first use.
+each public name is loaded from its module on first use. ``start_gpu()``
+begins a process's CUDA start and kernel loads in the background when a
+script asks for it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from ._version import __version__
 #: public name -> private module that defines it
 _PUBLIC = {
     "gpu_info": "._gpu",
+    "start_gpu": "._api.warmup",
     "GpuEngineError": "._errors",
     "GpuFallbackWarning": "._errors",
     "MatrixMarketError": "._errors",

@@ -4,6 +4,7 @@ variants it uses (CPU: the NumPy device layer and NVRTC, no GPU needed)."""
 
 import functools
 import gc
+import sys
 import types
 
 import numpy as np
@@ -242,6 +243,20 @@ def test_staging_buffer_is_made_once_per_process(monkeypatch):
     busy.lock.release()
     s3 = rcopy.staging_for(Lay(10 ** 9))         # larger: grown once, to the slot bound
     assert s3.nbytes == rcopy.SLOT_BYTES and made == [8000, 80, rcopy.SLOT_BYTES]
+
+
+def test_r_staging_slots_are_made_on_first_use_once(monkeypatch):
+    """R's pinned staging is allocated where its slots are first asked for (the copy's
+    worker), not where the buffer is taken (the call's thread, before its first launch)."""
+    made = []
+    fake = types.SimpleNamespace(
+        empty_pinned=lambda shape, dtype: made.append(shape) or np.zeros(shape, dtype))
+    monkeypatch.setitem(sys.modules, "cupyx", fake)
+    st = rcopy.PinnedStaging(64)
+    assert made == []
+    slots = st.slots
+    assert made == [(64,), (64,)] and len(slots) == 2 and slots[0].nbytes == 64
+    assert st.slots is slots and len(made) == 2
 
 
 # ------------------------------------------------------------------------- kernels
@@ -844,3 +859,4 @@ def test_device_facts_without_the_property_query(monkeypatch):
     assert len(asked) == len(_gpu._ATTRIBUTES)          # read once
     monkeypatch.setattr(_gpu, "_driver_name_and_memory", lambda d: None)
     assert _gpu._device_properties(4)["name"] == "Model X" and ("props", 4) in asked
+

@@ -12,6 +12,10 @@ use in an environment (``CUPY_CACHE_DIR``) — seconds inside a user's first suc
 call. ``build_kernels.py`` (the cache warm-up) runs :func:`warm_rank_decisions`
 after the package's own kernels and the iterative path, so that those kernels
 are in the cache before a first call needs them.
+
+:func:`start_gpu` (public) is the per-process counterpart: CUDA's start and
+the kernels' loads from that cache, begun on background threads early in a
+user's script, so that its first GPU call does not wait for them.
 """
 
 from __future__ import annotations
@@ -21,9 +25,55 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from .lsqr import lsqr
+__all__ = ["start_gpu", "warm_rank_decisions", "warm_problems", "SMALL_ORDER",
+           "LARGE_ORDER"]
 
-__all__ = ["warm_rank_decisions", "warm_problems", "SMALL_ORDER", "LARGE_ORDER"]
+
+def start_gpu(dtype=np.float64) -> None:
+    """Start this process's GPU work in the background, ahead of its first GPU call.
+
+    A new process's first GPU call (``lsqr``, ``lsmr``, ``spsolve``,
+    ``QRFactorization`` and the others with ``backend='gpu'``, or where the
+    dispatcher picks the GPU) waits for CUDA's start: the driver and the
+    device's context (about 0.3 s), then the CUDA libraries and the
+    factorization's kernels, loaded from the kernel cache. Called early, at
+    the top of a script for example, this starts all of that on background
+    threads and returns at once, so that a first call made after the
+    script's own work (reading the matrix, say) finds it done or under way.
+    The package never does this by itself: importing it starts nothing.
+
+    Parameters
+    ----------
+    dtype : data-type, optional
+        The value type of the factorizations to come: float32 loads the
+        single-precision kernels, anything else the float64 ones.
+
+    Returns
+    -------
+    None
+
+    Notes
+    -----
+    Nothing is computed and no result changes: a call that comes first waits
+    only for what it needs, and anything that fails here is done again, and
+    reported, by the call itself. On a machine without CuPy or without a CUDA
+    driver it does nothing. Where the calling thread already has a CUDA
+    context (CuPy or another library used before), CUDA is started and only
+    the kernels' loads are begun, from this thread. The context is the
+    default device's primary context, the one CuPy uses.
+
+    Examples
+    --------
+    >>> import scipy_gpuqr
+    >>> scipy_gpuqr.start_gpu()          # at the top of a script
+    """
+    from .._gpu import start_driver
+    start_driver()                      # first: CUDA's start is the longest step
+    from .._factor.factored import prefetch_kernels
+    try:
+        prefetch_kernels(dtype)
+    except Exception:  # noqa: BLE001 - the call does it again and reports what fails
+        pass
 
 #: Order of the problems whose rank the dense rules on the device decide whole
 #: (lstsq's SVD and σ tests, from ``SVD_GPU_MIN_ORDER`` to ``DENSE_LIMIT``).
@@ -111,6 +161,7 @@ def warm_rank_decisions() -> float:
     float
         Seconds taken.
     """
+    from .lsqr import lsqr              # here: start_gpu's module imports no solver
     t0 = time.perf_counter()
     rng = np.random.default_rng(1)
     for _, A in warm_problems():

@@ -223,13 +223,29 @@ def final_entries_cached(analysis, layout, sched, stage, tile: int, key,
 
 
 class PinnedStaging:
-    """Two pinned host slots of ``nbytes`` each, used by one copy at a time."""
+    """Two pinned host slots of ``nbytes`` each, used by one copy at a time.
+
+    The slots are allocated where they are first asked for (:attr:`slots`):
+    on the copy's worker thread, while the launches run. The allocation (two
+    ``cudaHostAlloc`` of up to :data:`SLOT_BYTES`, some 30 ms) is then not
+    made on the caller's thread before a new process's first launch.
+    """
 
     def __init__(self, nbytes: int):
-        import cupyx
         self.nbytes = int(nbytes)
-        self.slots = [cupyx.empty_pinned((self.nbytes,), dtype=np.uint8) for _ in range(2)]
         self.lock = threading.Lock()
+        self._made = threading.Lock()
+        self._slots = None
+
+    @property
+    def slots(self) -> list:
+        """The two pinned slots (``uint8`` arrays of :attr:`nbytes`), made on first use."""
+        with self._made:
+            if self._slots is None:
+                import cupyx
+                self._slots = [cupyx.empty_pinned((self.nbytes,), dtype=np.uint8)
+                               for _ in range(2)]
+            return self._slots
 
 
 class _SharedStaging:
