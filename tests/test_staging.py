@@ -1720,6 +1720,107 @@ def test_blocks_attached_after_the_launches_go_after_their_fronts_copies():
         c.attach(5, (6, 1, 1, 1, 0), None)
 
 
+class _FakeCuda:
+    """What :class:`~scipy_gpuqr._engine.gpu.pool_copy.CupyPoolCopy` calls of CuPy,
+    each call logged with the thread that made it."""
+
+    def __init__(self, fail_at=None):
+        import threading
+        self.log = []
+        self.fail_at = fail_at
+        log, me = self.log, self
+
+        def who():
+            return threading.current_thread().name
+
+        class Event:
+            def __init__(self, **kwargs):
+                self.n = sum(1 for e in log if e[0] == "record")
+
+            def record(self, stream):
+                log.append(("record", stream.name, who()))
+
+        class Stream:
+            def __init__(self, name):
+                self.name, self.ptr = name, name
+
+            def wait_event(self, ev):
+                log.append(("wait", self.name, ev.n, who()))
+
+            def synchronize(self):
+                log.append(("sync", self.name, who()))
+
+        class Device:
+            def __init__(self, i):
+                self.i = i
+
+            def __enter__(self):
+                log.append(("device", self.i, who()))
+
+            def __exit__(self, *exc):
+                return False
+
+        def memcpy(dst, src, nbytes, kind, stream):
+            if me.fail_at is not None and src // 8 == me.fail_at:
+                raise RuntimeError("copy failed")
+            log.append(("copy", stream, src // 8, nbytes // 8, who()))
+
+        def memcpy2d(dst, dp, src, sp, w, h, kind, stream):
+            log.append(("copy2d", stream, src // 8, h, who()))
+        rt = types.SimpleNamespace(memcpyAsync=memcpy, memcpy2DAsync=memcpy2d,
+                                   memcpyDeviceToHost=2)
+        self.cp = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event, runtime=rt,
+                                                                   Device=Device))
+        self.stream, self.copy_stream, self.device_id = Stream("work"), Stream("copy"), 3
+
+
+def test_cuda_pool_copy_issues_its_copies_in_order_on_a_thread_of_its_own():
+    """``CupyPoolCopy``: the engine's thread records each send's event on the work
+    stream; the copy thread (on the pool's device) makes the copy stream wait
+    for it, then copies the send's runs, and places blocks, in the order
+    asked; ``result`` waits for the thread, then the copy stream; a failed
+    copy is raised by ``result``, and ``abort`` waits without raising it."""
+    from scipy_gpuqr._engine.gpu import pool_copy
+    k = 1 << 20
+    fin = pool_copy.FrontFinality(start=np.arange(3) * k, end=np.arange(3) * k + 10,
+                                  last=np.array([0, 1, 2]))
+    pool = types.SimpleNamespace(dtype=np.dtype(np.float64), itemsize=8, size=3 * k,
+                                 data=types.SimpleNamespace(ptr=0))
+    host = types.SimpleNamespace(ctypes=types.SimpleNamespace(data=0))
+    out = types.SimpleNamespace(size=1 << 30, ctypes=types.SimpleNamespace(data=0))
+    fake = _FakeCuda()
+    c = pool_copy.CupyPoolCopy(fake, pool, host, fin, min_bytes=8)
+    main = __import__("threading").current_thread().name
+    for L in range(2):
+        c.after_launch(L)
+    c.attach(0, (5, 2, 4, 6, 0), out)
+    c.attach(2 * k, (2 * k + 5, 2, 4, 6, 0), out)
+    c.launches_done()
+    assert c.result() is host
+    log = [e[:-1] + (e[-1] == main,) for e in fake.log]
+    assert [e for e in log if e[0] == "record"] == [("record", "work", True)] * 3, log
+    work = [e[:-1] for e in log if e[-1] is False]
+    assert work == [("device", 3), ("wait", "copy", 0), ("copy", "copy", 0, 10),
+                    ("wait", "copy", 1), ("copy", "copy", k, 10),
+                    ("copy2d", "copy", 5, 2),
+                    ("wait", "copy", 2), ("copy", "copy", 2 * k, 10),
+                    ("copy2d", "copy", 2 * k + 5, 2)], work
+    assert log[-1] == ("sync", "copy", True)
+    for fail in (True, False):
+        fake = _FakeCuda(fail_at=k)
+        c = pool_copy.CupyPoolCopy(fake, pool, host, fin, min_bytes=8)
+        for L in range(3):
+            c.after_launch(L)
+        c.launches_done()
+        if fail:
+            with pytest.raises(RuntimeError, match="copy failed"):
+                c.result()
+            assert not [e for e in fake.log if e[0] == "copy" and e[2] == 2 * k]
+        else:
+            c.abort()
+            assert fake.log[-1][:2] == ("sync", "copy")
+
+
 def test_blocks_placed_early_only_into_page_locked_pools():
     """``_page_locked``: a CUDA layer places a block during the launches only into
     page-locked memory (an asynchronous copy into pageable memory would hold the
