@@ -259,58 +259,19 @@ def test_a_layout_loaded_before_the_call_asked_makes_a_warm_run(monkeypatch):
     assert not driver._warm_from_disk(None, s, "analysis") and s.made == 1
 
 
-def test_the_prefetch_prepares_what_needs_no_context_while_the_driver_starts(fake_driver,
-                                                                           monkeypatch):
-    """In a new process the prefetch thread imports the libraries and looks the
-    kernel files up while cuInit runs, and waits for the driver only after that."""
-    lib = fake_driver()
-    seen = []
-    monkeypatch.setattr(factored, "prefetch_without_context",
-                        lambda value: seen.append(("host", threading.current_thread().name,
-                                                   lib.calls[-1])))
-
-    def info():
-        _gpu.wait_for_driver()
-        seen.append(("gpu_info", lib.calls[-1]))
-        return {"available": False}
-    monkeypatch.setattr(factored, "gpu_info", info)
-    factored.prefetch_kernels(np.float64)
-    for _ in range(500):                            # cuInit is held: the host step runs
-        if seen:
-            break
-        threading.Event().wait(0.01)
-    assert seen == [("host", "gpuqr-gpu-prefetch", "cuCtxGetCurrent")]
-    lib.release.set()
-    for t in threading.enumerate():
-        if t.name in ("gpuqr-gpu-prefetch", "gpuqr-driver-start"):
-            t.join(5)
-    assert seen[1] == ("gpu_info", ("cuDevicePrimaryCtxRetain", 7))
-
-
-def test_a_failed_host_step_still_prefetches(fake_driver, monkeypatch):
-    fake_driver().release.set()
-    seen = []
-
-    def fail(value):
-        raise ImportError("no CUDA library")
-    monkeypatch.setattr(factored, "prefetch_without_context", fail)
-    monkeypatch.setattr(factored, "gpu_info", lambda: seen.append("gpu_info") or {})
-    factored.prefetch_kernels(np.float64)
-    for t in threading.enumerate():
-        if t.name == "gpuqr-gpu-prefetch":
-            t.join(5)
-    assert seen == ["gpu_info"]
-
-
 def test_start_gpu_starts_the_driver_and_returns_at_once(fake_driver, monkeypatch):
     """The public start: the driver's thread and the prefetch's, the caller not waiting
     for cuInit; a later call finds both started (nothing done twice)."""
     import scipy_gpuqr
     lib = fake_driver()
     seen = []
-    monkeypatch.setattr(factored, "prefetch_without_context",
+
+    def info():
+        _gpu.wait_for_driver()
+        return {"available": True}
+    monkeypatch.setattr(factored, "gpu_info", info)
+    monkeypatch.setattr(factored, "prefetch_engine_kernels",
                         lambda value: seen.append(np.dtype(value).name))
-    monkeypatch.setattr(factored, "gpu_info", lambda: {"available": False})
     assert scipy_gpuqr.start_gpu() is None
     assert "start_gpu" in scipy_gpuqr.__all__
     assert lib.calls == ["cuCtxGetCurrent", "cuCtxGetCurrent"]      # cuInit still held

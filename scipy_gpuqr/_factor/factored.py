@@ -37,7 +37,7 @@ import scipy.sparse as sp
 
 from .._dispatch.plan import Plan, plan_factorization
 from .._engine.gpu.driver import start_layout_load
-from .._engine.gpu.factorize_kernels import prefetch_engine_kernels, prefetch_without_context
+from .._engine.gpu.factorize_kernels import prefetch_engine_kernels
 from .._gpu import gpu_info, start_driver
 from .._options import Settings
 from .._validate import MatrixInput, as_matrix, device_csr
@@ -101,15 +101,12 @@ def prefetch_kernels(dtype) -> None:
 
     In a new process (a calling thread without a CUDA context) the CUDA
     driver starts on a thread of its own (:func:`~scipy_gpuqr._gpu.start_driver`),
-    and the prefetch runs on another (``gpuqr-gpu-prefetch``): what needs no
-    context first, while the driver starts (CuPy's and the CUDA libraries'
-    imports, NVRTC's library, the kernel files' lookup:
-    :func:`~scipy_gpuqr._engine.gpu.factorize_kernels.prefetch_without_context`),
-    then the wait for the driver and the rest. The calling thread goes on at
-    once with the analysis (from its file where an earlier process made it)
-    instead of waiting for CUDA's start (``cuInit`` and the context). A
-    failure there ends that step quietly: the factorization looks the GPU up
-    and prefetches again itself.
+    and CuPy's import, the wait for the driver and the prefetch run on
+    another (``gpuqr-gpu-prefetch``): the calling thread goes on at once with
+    the analysis (from its file where an earlier process made it) instead of
+    waiting for CUDA's start (``cuInit`` and the context). A failure there ends
+    that thread quietly: the factorization looks the GPU up and prefetches
+    again itself.
     """
     value = np.float32 if np.dtype(dtype) == np.float32 else np.float64
     if start_driver() is None:          # CUDA started on this thread (or no driver)
@@ -125,11 +122,10 @@ def _prefetch(value) -> None:
 
 
 def _quiet_prefetch(value) -> None:
-    for step in (prefetch_without_context, _prefetch):
-        try:
-            step(value)
-        except Exception:  # noqa: BLE001 - the factorization prefetches on its own thread
-            pass
+    try:
+        _prefetch(value)
+    except Exception:  # noqa: BLE001 - the factorization prefetches on its own thread
+        pass
 
 
 def factorize(mi: MatrixInput, settings: Settings, *, ordering=None, tol=None,

@@ -34,8 +34,7 @@ from .finite_check import finite_check_use
 __all__ = ["KERNEL_VARIANTS", "ENGINE_VARIANTS", "ENGINE_THREADS", "UBERKERNEL_FILE",
            "APPLY_VARIANTS", "DEFAULT_APPLY", "ENV_APPLY", "apply_variant", "kernel_name",
            "smem_kernel_name", "tile_smem_bytes", "engine_kernels",
-           "prefetch_engine_kernels", "prefetch_without_context", "ENGINE_LIBRARIES",
-           "prefetch_libraries"]
+           "prefetch_engine_kernels", "ENGINE_LIBRARIES", "prefetch_libraries"]
 
 #: The uberkernel's source file (relative to ``kernels/``).
 UBERKERNEL_FILE = "sparse_qr/uberkernel.cu"
@@ -162,31 +161,6 @@ def prefetch_engine_kernels(dtype, tile: int = 32, bundle: int = 3, *,
     prefetch_libraries()
     start_blas_warmup(cupy.cuda.Device().id, np.dtype(dtype).name)
     return prefetch(engine_kernels(dtype, tile, bundle, solve=solve, dense=dense))
-
-
-def prefetch_without_context(dtype, tile: int = 32, bundle: int = 3) -> None:
-    """What :func:`prefetch_engine_kernels` prepares that needs no CUDA context, on
-    the calling thread: CuPy and :data:`ENGINE_LIBRARIES` imported (their CUDA
-    libraries loaded), NVRTC's library loaded (CuPy asks for its version before
-    it looks a kernel up in its cache) and the kernel files of
-    :func:`engine_kernels` looked up (their sources hashed).
-
-    For the thread that waits for a new process's CUDA start
-    (:func:`scipy_gpuqr._gpu.start_driver`: ``cuInit`` and the primary
-    context take about 0.3 s without the GIL): this work then runs meanwhile
-    instead of after it, where it held the GIL against the call's own first
-    launches. Imports only, no CUDA call; a failure is left for the code that
-    needs the module.
-    """
-    import cupy  # noqa: F401 - the libraries' modules import it first
-    prefetch_libraries().join()
-    try:
-        from cupy.cuda import nvrtc
-        nvrtc.getVersion()
-    except Exception:  # noqa: BLE001 - CuPy's own compile raises it again
-        pass
-    for use in engine_kernels(dtype, tile, bundle):
-        use.module()
 
 
 #: Modules of CuPy a GPU factorization and its solves import when first used;
