@@ -3,7 +3,7 @@
 
     python bench/end_to_end.py [--quick] [--json out.json] [--no-subprocess]
         [--only NAME ...] [--subprocess-for NAME ...] [--no-cold] [--warm-runs N]
-        [--rank-cols N] [--free-parent-pool | --parent-pool-ab]
+        [--rank-cols N] [--free-parent-pool | --parent-pool-ab] [--start-gpu]
 
 Per problem, in one run (one GPU):
 
@@ -23,7 +23,10 @@ Per problem, in one run (one GPU):
   the caches the cold process left (``warm caches``, ``--warm-runs`` of
   them; ``--no-cold``: only these, with this run's caches); per process
   the setup (imports, the matrix), ``from scipy_gpuqr import lsqr`` and
-  three calls apart, the gap being the first call less the faster other.
+  three calls apart, the gap being the first call less the faster other;
+  ``--start-gpu``: as many warm-cache processes again whose script calls
+  ``scipy_gpuqr.start_gpu()`` at its top, before it makes the matrix (a
+  user's early start; reported apart, not in the gap's verdict).
 
 Backward error of lsqr's x (``‖Aᵀr‖ / (‖A‖_F (‖A‖_F ‖x‖ + ‖b‖))``) and its
 rank against ``numpy.linalg.lstsq``'s rule (``σ > eps·max(m, n)·σ₁``, dense
@@ -230,6 +233,9 @@ t0 = time.perf_counter()
 sys.path.insert(0, sys.argv[2])
 sys.path.insert(0, sys.argv[2] + "/bench")
 import numpy as np
+if sys.argv[4:] == ["start_gpu"]:       # the script's top: CUDA and the kernels begun
+    import scipy_gpuqr
+    scipy_gpuqr.start_gpu()
 from end_to_end import make, rhs
 A = make(sys.argv[1]); b = rhs(A)
 t1 = time.perf_counter()
@@ -314,7 +320,7 @@ def print_child_memory(name: str, child: dict) -> None:
 
 def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
                 warm_runs: int = 1, free_parent_pool: bool = False,
-                pool_ab: bool = False) -> dict:
+                pool_ab: bool = False, start_gpu: bool = False) -> dict:
     """First lsqr in fresh processes: empty caches (``cold``), then ``warm_runs``
     processes with the caches it left; without ``cold`` the processes use the
     environment's caches (``CUPY_CACHE_DIR``, the analysis/plan store), which
@@ -327,7 +333,9 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
     cached blocks given back first). ``pool_ab``: after the warm-cache
     processes, this process's pool is given back and ``warm_runs`` more run
     (``freed_pool``, ``freed_pool_2``, ...; not in the gap's median): whether
-    what the parent holds makes the new processes slower."""
+    what the parent holds makes the new processes slower. ``start_gpu``: then
+    ``warm_runs`` more whose script calls ``scipy_gpuqr.start_gpu()`` first
+    (``start_gpu``, ``start_gpu_2``, ...; not in the gap's median)."""
     if free_parent_pool and backend == "gpu":
         from scipy_gpuqr._gpu import import_cupy
         import_cupy().get_default_memory_pool().free_all_blocks()
@@ -346,6 +354,8 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
         if pool_ab and backend == "gpu" and not free_parent_pool:
             names += ["freed_pool" if i == 0 else f"freed_pool_{i + 1}"
                       for i in range(warm_runs)]
+        if start_gpu:
+            names += ["start_gpu" if i == 0 else f"start_gpu_{i + 1}" for i in range(warm_runs)]
         for name in names:
             if name == "freed_pool":
                 from scipy_gpuqr._gpu import import_cupy
@@ -354,7 +364,8 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
                 print(f"  {spec}: the parent's pool given back: it holds "
                       f"{pm2['pool_held'] / 2**30:.2f} GiB; device free "
                       f"{pm2['device_free'] / 2**30:.1f} GiB", flush=True)
-            r = subprocess.run([sys.executable, "-c", _CHILD, spec, str(ROOT), backend],
+            extra = ["start_gpu"] if name.startswith("start_gpu") else []
+            r = subprocess.run([sys.executable, "-c", _CHILD, spec, str(ROOT), backend, *extra],
                                env=env,
                                capture_output=True, text=True, timeout=300)
             if r.returncode:
@@ -369,7 +380,7 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
 
 def run_problem(name, spec, *, reps, subprocs, rank_cols=RANK_MAX_COLS,
                 backend="gpu", cold=True, warm_runs=1, free_parent_pool=False,
-                pool_ab=False) -> dict:
+                pool_ab=False, start_gpu=False) -> dict:
     t0 = time.perf_counter()
     A = make(spec)
     A = sp.csc_array(A)
@@ -381,7 +392,8 @@ def run_problem(name, spec, *, reps, subprocs, rank_cols=RANK_MAX_COLS,
     row["lstsq_rank"] = lstsq_rank(A, rank_cols)
     if subprocs:
         row["new_process"] = new_process(spec, backend, cold=cold, warm_runs=warm_runs,
-                                         free_parent_pool=free_parent_pool, pool_ab=pool_ab)
+                                         free_parent_pool=free_parent_pool, pool_ab=pool_ab,
+                                         start_gpu=start_gpu)
     row["bench_seconds"] = time.perf_counter() - t0
     return row
 
@@ -403,6 +415,9 @@ def verdicts(row) -> dict:
     freed = [v["gap"] for k, v in np_.items() if k.startswith("freed_pool") and "gap" in v]
     if freed:
         row["new_process_gap_freed_pool"] = statistics.median(freed)
+    early = [v["gap"] for k, v in np_.items() if k.startswith("start_gpu") and "gap" in v]
+    if early:
+        row["new_process_gap_start_gpu"] = statistics.median(early)
     if "cold" in np_ and "first" in np_["cold"]:
         out["cold<=5s"] = np_["cold"]["first"] <= 5.0
     if row.get("lstsq_rank") is not None and "qrf" in row:
@@ -466,6 +481,9 @@ def main(argv=None) -> int:
                    help="after the warm-cache processes (this process's pool held), give "
                         "the pool back and run as many again (the A/B of what the parent "
                         "holds)")
+    p.add_argument("--start-gpu", action="store_true",
+                   help="after the warm-cache processes, as many again that call "
+                        "scipy_gpuqr.start_gpu() at the script's top (reported apart)")
     p.add_argument("--rank-cols", type=int,
                    help="lstsq's rank (dense SVD) only up to this many columns "
                         f"(default {RANK_MAX_COLS}, --quick 5000; 0: none)")
@@ -500,7 +518,7 @@ def main(argv=None) -> int:
                                          else 5000 if a.quick else RANK_MAX_COLS),
                               backend=a.backend, cold=not a.no_cold, warm_runs=a.warm_runs,
                               free_parent_pool=a.free_parent_pool,
-                              pool_ab=a.parent_pool_ab)
+                              pool_ab=a.parent_pool_ab, start_gpu=a.start_gpu)
         except Exception as exc:  # noqa: BLE001 - a row says what failed, the run goes on
             row = {"problem": name, "spec": spec, "error": f"{type(exc).__name__}: {exc}"}
             print(f"{name}: {row['error']}", flush=True)
@@ -518,6 +536,10 @@ def main(argv=None) -> int:
     print(f"\ndevice: {gi.get('name')}; process warm-up (grid 12³ lsqr, compiles): "
           f"{warmup:.2f} s")
     print(table(rows))
+    for r in rows:
+        if "new_process_gap_start_gpu" in r:
+            print(f"{r['problem']}: new process with scipy_gpuqr.start_gpu() at the script's "
+                  f"top: gap {r['new_process_gap_start_gpu']:+.3f} s (not in the verdicts)")
     return 0
 
 
