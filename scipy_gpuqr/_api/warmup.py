@@ -25,6 +25,10 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
+from .._factor.factored import prefetch_kernels
+from .._gpu import start_driver
+from .lsqr import lsqr
+
 __all__ = ["start_gpu", "warm_rank_decisions", "warm_problems", "SMALL_ORDER",
            "LARGE_ORDER"]
 
@@ -67,9 +71,7 @@ def start_gpu(dtype=np.float64) -> None:
     >>> import scipy_gpuqr
     >>> scipy_gpuqr.start_gpu()          # at the top of a script
     """
-    from .._gpu import start_driver
     start_driver()                      # first: CUDA's start is the longest step
-    from .._factor.factored import prefetch_kernels
     try:
         prefetch_kernels(dtype)
     except Exception:  # noqa: BLE001 - the call does it again and reports what fails
@@ -161,7 +163,6 @@ def warm_rank_decisions() -> float:
     float
         Seconds taken.
     """
-    from .lsqr import lsqr              # here: start_gpu's module imports no solver
     t0 = time.perf_counter()
     rng = np.random.default_rng(1)
     for _, A in warm_problems():
