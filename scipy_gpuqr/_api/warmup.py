@@ -60,8 +60,8 @@ def start_gpu(dtype=np.float64) -> None:
     -----
     Nothing is computed and no result changes: a call that comes first waits
     only for what it needs, and anything that fails here is done again, and
-    reported, by the call itself. On a machine without CuPy or without a CUDA
-    driver it does nothing. Where the calling thread already has a CUDA
+    reported, by the call itself. On a machine without a CUDA driver it does
+    nothing; without CuPy it only starts the driver. Where the calling thread already has a CUDA
     context (CuPy or another library used before), CUDA is started and only
     the kernels' loads are begun, from this thread. The context is the
     default device's primary context, the one CuPy uses.
@@ -76,6 +76,7 @@ def start_gpu(dtype=np.float64) -> None:
         prefetch_kernels(dtype)
     except Exception:  # noqa: BLE001 - the call does it again and reports what fails
         pass
+
 
 #: Order of the problems whose rank the dense rules on the device decide whole
 #: (lstsq's SVD and σ tests, from ``SVD_GPU_MIN_ORDER`` to ``DENSE_LIMIT``).
