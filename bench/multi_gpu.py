@@ -49,14 +49,13 @@ every device count above one (``both``: without the split, then with the rule's
 choice, in the same process: the change's effect within one run); the split
 fronts' measured and modelled seconds are printed and kept in the JSON.
 
-``--enqueue threads|one|both`` sets ``multi_gpu_factorize(enqueue=...)`` (a
-host thread per device, or one thread enqueueing every device in turns;
-``both``: each split setting with either, in the same process). Per device
-the line gives its enqueueing thread's CPU seconds and its host seconds by
-kind (stage set-up, launches, dense fronts, blocks cut, the rest).
-``--rebalance`` adds, per device count above one, a run of the last split
-and enqueue setting whose mapping shares the subtrees by the speeds its
-warm-up measured (``measured_speeds``, ``device_speeds=``; a second warm-up
+Per device the line gives its enqueueing thread's CPU seconds and its host
+seconds by kind (stage set-up, launches, dense fronts, blocks cut, the
+rest), and how its R values reached R's array (``R`` share scattered by the
+end of its enqueueing, seconds scattering, seconds a copier waited for R's
+array). ``--rebalance`` adds, per device count above one, a run of the last
+split setting whose mapping shares the subtrees by the speeds its warm-up
+measured (``measured_speeds``, ``device_speeds=``; a second warm-up
 runs the new mapping once before the timed calls). ``--check-only grid56,...``
 checks the answers of those matrices only (R's difference, ``Qᵀ b`` and the
 residuals take tens of seconds on grid 64³'s R); ``--check-r grid64,...``
@@ -125,7 +124,7 @@ class _Runner:
         import cupy as cp
         return cp.cuda.Device(ids[0])
 
-    def factorize(self, A, an, ids, budget, split=None, enqueue="threads", speeds=None):
+    def factorize(self, A, an, ids, budget, split=None, speeds=None):
         from scipy_gpuqr._engine.gpu.driver import gpu_factorize
         from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
         if self.numpy:
@@ -138,13 +137,12 @@ class _Runner:
                 return gpu_factorize(A, an, max_gpu_memory=budget, device=layer())
             return multi_gpu_factorize(A, an, layers=[layer() for _ in ids],
                                        max_gpu_memory=budget, split_dense=split,
-                                       enqueue=enqueue, device_speeds=speeds)
+                                       device_speeds=speeds)
         with self.device_context(ids):
             if len(ids) == 1:
                 return gpu_factorize(A, an, max_gpu_memory=budget)
             return multi_gpu_factorize(A, an, devices=ids, max_gpu_memory=budget,
-                                       split_dense=split, enqueue=enqueue,
-                                       device_speeds=speeds)
+                                       split_dense=split, device_speeds=speeds)
 
     def free(self):
         if self.numpy:
@@ -277,25 +275,31 @@ def _differences(got, ref) -> dict:
 SPLIT_MODES = {"rule": [None], "off": [False], "on": [True], "both": [False, None]}
 
 
-#: ``--enqueue``: the values of ``multi_gpu_factorize(enqueue=...)`` each split setting runs with
-ENQUEUE_MODES = {"threads": ["threads"], "one": ["one"], "both": ["threads", "one"]}
-
-
-def _variants(counts, split, enqueue, rebalance) -> list:
-    """(device count, split_dense, enqueue, rebalanced) of every run, in order."""
+def _variants(counts, split, rebalance) -> list:
+    """(device count, split_dense, rebalanced) of every run, in order."""
     out = []
     for k in counts:
         if k == 1:
-            out.append((k, None, "threads", False))
+            out.append((k, None, False))
             continue
-        out += [(k, sd, eq, False) for sd in SPLIT_MODES[split] for eq in ENQUEUE_MODES[enqueue]]
+        out += [(k, sd, False) for sd in SPLIT_MODES[split]]
         if rebalance:
-            out.append((k, SPLIT_MODES[split][-1], ENQUEUE_MODES[enqueue][-1], True))
+            out.append((k, SPLIT_MODES[split][-1], True))
     return out
 
 
+def _r_copy_text(rc) -> str:
+    """A device's R copy (``info["devices"]["devices"][k]["r_copy"]``): the share of
+    its entries in R's data by the end of its enqueueing, its seconds scattering and
+    waiting for R's data array."""
+    if not rc:
+        return "-"
+    share = (rc["scattered_by_enqueued"] or 0) / max(rc["entries"], 1)
+    return f"{share:.2f}/{rc['scatter_seconds']:.3f}/{rc['data_wait_seconds']:.3f}"
+
+
 def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runner,
-            deadline=None, split="rule", enqueue="threads", rebalance=False, verify=True):
+            deadline=None, split="rule", rebalance=False, verify=True):
     from scipy_gpuqr._schedule.devices import map_devices
     from scipy_gpuqr._symbolic import analyze
     A = make()
@@ -310,13 +314,13 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
     b = np.random.default_rng(7).standard_normal(A.shape[0])
     ref = None
     base = None
-    for k, sd, eq, rebal in _variants(counts, split, enqueue, rebalance):
+    for k, sd, rebal in _variants(counts, split, rebalance):
         ids = [0] * k if (simulate or runner.numpy) else list(range(k))
         plan = map_devices(an, k, device_memory=budget)
         run = {"gpus": k, "devices": ids, "plan": plan.as_dict(),
                "split": {None: "rule", False: "off", True: "on"}[sd] if k > 1 else "-",
-               "enqueue": eq if k > 1 else "-", "rebalanced": rebal}
-        label = f"{k} GPU(s)" + (f" split={run['split']} enqueue={eq}"
+               "rebalanced": rebal}
+        label = f"{k} GPU(s)" + (f" split={run['split']}"
                                  + (" rebalanced" if rebal else "") if k > 1 else "")
         if deadline is not None and time.perf_counter() > deadline:
             run["skipped"] = "time budget spent"
@@ -325,7 +329,7 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
             continue
         try:
             # warm-up (kernels, schedule, layout)
-            qr = runner.factorize(A, an, ids, budget, sd, eq)
+            qr = runner.factorize(A, an, ids, budget, sd)
             speeds = None
             if rebal:
                 from scipy_gpuqr._engine.gpu.multi_device import measured_speeds
@@ -333,13 +337,13 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                 run["speeds"] = speeds
                 qr.free()
                 runner.free()           # the new mapping's schedule and layout, once
-                qr = runner.factorize(A, an, ids, budget, sd, eq, speeds)
+                qr = runner.factorize(A, an, ids, budget, sd, speeds)
             qr.free()
             runner.free()
             times, infos = [], []
             for rep in range(reps):
                 t = time.perf_counter()
-                qr = runner.factorize(A, an, ids, budget, sd, eq, speeds)
+                qr = runner.factorize(A, an, ids, budget, sd, speeds)
                 times.append(time.perf_counter() - t)
                 infos.append(qr.info)
                 if rep == 0 and verify == "r":
@@ -415,6 +419,8 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                 for d in run["per_device"])
             busy += "; wait R " + " ".join(
                 f"{d.get('wait_r_copy_seconds', float('nan')):.3f}" for d in run["per_device"])
+            busy += "; R by enqueued/scatter s/data wait s " + " ".join(
+                _r_copy_text(d.get("r_copy")) for d in run["per_device"])
             busy += (f"; devices start {run['engine_seconds'].get('devices_start', float('nan')):.3f}"
                      f"; subtree flops " + " ".join(
                          f"{d.get('subtree_flops', float('nan')) / 1e12:.2f}"
@@ -453,9 +459,8 @@ def summary(rows) -> str:
     for r in rows:
         for run in r["runs"]:
             sp = run.get("split", "-")
-            eq = run.get("enqueue", "-")
             head = (f"| {r['matrix']} | {r['flops'] / 1e12:.2f} | {run['gpus']}"
-                    + (f" (split {sp}, {eq}" + (", rebalanced" if run.get("rebalanced") else "")
+                    + (f" (split {sp}" + (", rebalanced" if run.get("rebalanced") else "")
                        + ")" if sp != "-" else "") + " |")
             if "seconds" not in run:
                 out.append(head + f" {run.get('skipped') or run.get('error', '?')}"
@@ -532,8 +537,6 @@ def main(argv=None) -> int:
                    help="dense fronts of the upper tree over every GPU: 'off' (the "
                         "library's default), 'rule' (the model's choice), 'on' (every "
                         "one), 'both' (off, then rule)")
-    p.add_argument("--enqueue", default="threads", choices=sorted(ENQUEUE_MODES),
-                   help="multi_gpu_factorize(enqueue=...); both: each split setting with either")
     p.add_argument("--rebalance", action="store_true",
                    help="add a run mapped by the speeds its warm-up measured")
     p.add_argument("--check-only", default="",
@@ -582,7 +585,7 @@ def main(argv=None) -> int:
         rows.append(run_one(n, make, counts, a.reps, simulate=a.simulate,
                             budget_fraction=a.budget_fraction, public=a.public,
                             runner=runner, deadline=deadline, split=a.split,
-                            enqueue=a.enqueue, rebalance=a.rebalance,
+                            rebalance=a.rebalance,
                             verify=("r" if n in r_only else not checked or n in checked)))
         if a.json:                      # after each matrix: a run cut short keeps the rest
             Path(a.json).write_text(json.dumps({"gpus": names, "counts": counts,

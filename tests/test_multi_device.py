@@ -197,8 +197,9 @@ def _check_plan_speeds(an, plan, speeds):
 
 
 def test_measured_speeds_and_device_speeds():
-    """measured_speeds: flops outside the split fronts per busy second less theirs,
-    mean 1; a factorization mapped with them (NumPy layers) is still right."""
+    """measured_speeds: flops outside the split fronts per second less theirs (busy,
+    or the thread's enqueueing less its waits for blocks where longer), mean 1;
+    a factorization mapped with them (NumPy layers) is still right."""
     from types import SimpleNamespace
 
     from scipy_gpuqr._engine.gpu.multi_device import measured_speeds
@@ -214,7 +215,12 @@ def test_measured_speeds_and_device_speeds():
                              {"front": 0, "fallback": "out of memory"}]}
     got = measured_speeds(SimpleNamespace(info=info, analysis=an))
     assert got == pytest.approx([1.2, 0.8])
-    per[1]["busy_seconds"] = 0.0
+    # a device bound by its enqueueing thread: that thread's time counts
+    per[0]["enqueue_seconds"], per[0]["wait_blocks_seconds"] = 3.5, 0.5   # 3.0 > 1.5 busy
+    per[1]["enqueue_seconds"], per[1]["wait_blocks_seconds"] = 0.5, 0.0   # < 1.0 busy
+    got = measured_speeds(SimpleNamespace(info=info, analysis=an))
+    assert got == pytest.approx([0.75, 1.25])       # 3e9 / 2.5 s against 2e9 / 1 s
+    per[1]["busy_seconds"] = per[1]["enqueue_seconds"] = 0.0
     assert measured_speeds(SimpleNamespace(info=info, analysis=an)) is None
     one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
     many = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(2)],
@@ -363,18 +369,14 @@ def test_simulated_devices_memory_within_budget():
         assert elems * 8 <= plan.device_bytes[d]
 
 
-@pytest.mark.parametrize("enqueue", ["threads", "one"])
 @pytest.mark.parametrize("k", [1, 2, 4])
-def test_gpu_driver_host_logic_on_numpy_layers(k, enqueue):
-    """The multi-GPU driver over NumPy device layers equals the one-GPU driver,
-    with a thread per device or one thread enqueueing them all."""
+def test_gpu_driver_host_logic_on_numpy_layers(k):
+    """The multi-GPU driver over NumPy device layers equals the one-GPU driver."""
     for name, A in list(_executor_cases())[:3]:
         an = analyze(A)
         one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
-        many = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(k)],
-                                   enqueue=enqueue)
+        many = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(k)])
         _same_answer(A, one, many)
-        assert many.info["enqueue"] == enqueue
         per = many.info["devices"]["devices"]
         assert len(per) == k and sum(d["stages"] for d in per) == many.info["stages"]
         assert {t[0] for t in many.info["transfers"]} == \
@@ -429,9 +431,8 @@ def test_defer_carried_packs():
     assert moved_some
 
 
-@pytest.mark.parametrize("enqueue", ["threads", "one"])
 @pytest.mark.parametrize("k", [2, 3])
-def test_gpu_driver_threads_progressive_r(monkeypatch, k, enqueue):
+def test_gpu_driver_threads_progressive_r(monkeypatch, k):
     """Each layer on its own thread, R copied while the launches run (R's layout ready
     before the first launch: the helper runs at once), blocks packed late: the
     one-device answer, and R's copies really happened in several pieces."""
@@ -456,7 +457,7 @@ def test_gpu_driver_threads_progressive_r(monkeypatch, k, enqueue):
         an = analyze(A)
         one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
         layers = [NumpyDevice(32, 3) for _ in range(k)]
-        many = multi_gpu_factorize(A, an, layers=layers, enqueue=enqueue)
+        many = multi_gpu_factorize(A, an, layers=layers)
         _same_answer(A, one, many)
         assert many.info["r_copy_progressive"] == many.info["stages"], name
         if name == "grid7":
@@ -464,6 +465,14 @@ def test_gpu_driver_threads_progressive_r(monkeypatch, k, enqueue):
             assert max(len(layer.r_copies) for layer in layers) > many.info["stages"]
         per = many.info["devices"]["devices"]
         assert all(d["enqueue_seconds"] >= d["wait_blocks_seconds"] >= 0 for d in per)
+        # every entry of R's gather maps put in R's data once, counted for its device
+        nnz_r = many.R.nnz
+        assert sum(d["r_copy"]["entries"] for d in per) <= nnz_r
+        for d in per:
+            rc = d["r_copy"]
+            assert rc["scattered"] == rc["entries"], name
+            assert 0 <= rc["scattered_by_enqueued"] <= rc["entries"]
+            assert rc["scatter_seconds"] >= 0 and rc["data_wait_seconds"] >= 0
         # each thread's start, stages enqueued and R scattered, within the call
         total = many.info["seconds"]["total"]
         for d in per:
@@ -481,64 +490,87 @@ def test_gpu_driver_threads_progressive_r(monkeypatch, k, enqueue):
 def test_stage_values_scattered_by_ranges():
     """A stage's R values scattered range by range as they land (a CUDA copier's
     sink), in any order, give R's data as one scatter after the stage does;
-    positions None: the stage's values are data's prefix."""
-    import threading
+    positions None: the stage's values are data's prefix. Each range counts for
+    its device."""
     from concurrent.futures import Future
 
-    from scipy_gpuqr._engine.gpu.multi_device import _MultiStageRun
+    from scipy_gpuqr._engine.gpu.multi_device import _RData
 
     rng = np.random.default_rng(4)
     n = 1000
     pos = np.sort(rng.choice(4 * n, size=n, replace=False)).astype(np.int64)
     vals = rng.standard_normal(n)
     for p in (pos, None):
-        run = _MultiStageRun.__new__(_MultiStageRun)
-        run.data, run.dtype, run._data_lock = None, np.dtype(np.float64), threading.Lock()
         made = Future()
         made.set_result(np.zeros(4 * n))
-        run.data_made = made
+        r = _RData(2, np.float64, made)
         cuts = [0, 1, 250, 251, 700, n]
         for a, b in reversed(list(zip(cuts, cuts[1:]))):
-            run._scatter_part(p, a, vals[a:b])
+            r.put(1, p, a, vals[a:b])
         want = np.zeros(4 * n)
         want[pos if p is not None else slice(0, n)] = vals
-        assert np.array_equal(run.data, want)
+        assert np.array_equal(r.take(), want)
+        assert r.entries == [0, n] and r.seconds[1] >= 0 and r.waited[1] >= 0
+    # without an array made ahead: zeros of R's size
+    r = _RData(1, np.float64, size=lambda: 4 * n)
+    r.put(0, pos, 0, vals)
+    assert np.array_equal(r.take()[pos], vals)
 
 
-def test_gpu_driver_one_enqueueing_thread_interleaves_the_devices():
-    """enqueue='one': every launch is enqueued by the calling thread, the devices'
-    launches in turns (not one device's stages after the other's), a device
-    passed over while a block it packs is not cut; the one-device answer."""
-    import threading
+def test_r_scatter_threads_follow_the_enqueueing(monkeypatch):
+    """While a device's thread still enqueues, a range is scattered by the copier's
+    own thread (threads it started would each wait for the GIL); once every
+    device enqueued, over several threads."""
+    from concurrent.futures import Future
 
-    A = grid3d_least_squares(9)
-    an = analyze(A)
-    one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
+    from scipy_gpuqr._engine.gpu import multi_device as md
+    from scipy_gpuqr._schedule import native
+
+    if native.handle() is None:
+        pytest.skip("no compiled helpers")
+    asked = []
+    real = native.scatter
+
+    def scatter(lib, out, pos, values, threads=0):
+        asked.append(threads)
+        return real(lib, out, pos, values, threads=threads)
+
+    monkeypatch.setattr(native, "scatter", scatter)
+    monkeypatch.setattr(native, "thread_count", lambda n, per, most=16: 4)
+    n = 1 << 12
+    made = Future()
+    made.set_result(np.zeros(2 * n))
+    r = md._RData(2, np.float64, made)
+    pos = np.arange(0, 2 * n, 2, dtype=np.int64)
+    vals = np.arange(n, dtype=np.float64)
+    r.put(0, pos, 0, vals[: n // 2])
+    r.enqueued(1)
+    r.put(0, pos, n // 4, vals[n // 4: n // 2])     # written twice: the same values
+    r.enqueued(0)
+    r.put(1, pos, n // 2, vals[n // 2:])
+    assert asked == [1, 1, 4]
+    assert r.at_enqueued == [n // 2 + n // 4, 0] and r.enqueueing == 0
+    assert np.array_equal(r.take()[pos], vals)
+
+
+def test_r_copy_slots_within_the_budget():
+    """The CUDA copiers' larger slots where the plan's devices have room for them,
+    the one-GPU engine's where a device would pass its budget."""
+    from scipy_gpuqr._engine.gpu.multi_device import R_SLOT_BYTES, _r_slot_bytes
+    from scipy_gpuqr._engine.gpu.rcopy import SLOT_BYTES
+
+    an = analyze(grid3d_least_squares(8))
     plan = map_devices(an, 2)
-    assert plan.transfers and len(set(plan.stage_device.tolist())) == 2
-    seen = []
-    layers = [NumpyDevice(32, 3) for _ in range(2)]
-    for i, layer in enumerate(layers):
-        def launch(h, L, rec, _i=i, _f=layer.launch):
-            seen.append((_i, threading.get_ident()))
-            return _f(h, L, rec)
-        layer.launch = launch
-    many = multi_gpu_factorize(A, an, layers=layers, devices=plan, enqueue="one")
-    _same_answer(A, one, many)
-    assert {t for _, t in seen} == {threading.get_ident()}
-    order = [d for d, _ in seen]
-    switches = sum(a != b for a, b in zip(order, order[1:]))
-    assert switches > plan.nstages          # turns, not stage after stage
-    # the threads' wall time is not the answer: the interleaved run took turns
-    per = many.info["devices"]["devices"]
-    assert all(d["enqueue_cpu_seconds"] > 0 for d in per)
-    with pytest.raises(ValueError, match="enqueue"):
-        multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(2)],
-                            enqueue="both")
+    assert R_SLOT_BYTES > SLOT_BYTES
+    assert _r_slot_bytes(plan) == R_SLOT_BYTES           # no budget
+    most = int(plan.device_bytes.max())
+    roomy = map_devices(an, 2, device_memory=most + (4 << 30), cache=False)
+    assert roomy.fits and _r_slot_bytes(roomy) == R_SLOT_BYTES
+    tight = map_devices(an, 2, device_memory=most + (64 << 20), cache=False)
+    assert tight.fits and _r_slot_bytes(tight) == SLOT_BYTES
 
 
-@pytest.mark.parametrize("enqueue", ["threads", "one"])
-def test_gpu_driver_makes_each_device_current_for_its_calls(monkeypatch, enqueue):
+def test_gpu_driver_makes_each_device_current_for_its_calls(monkeypatch):
     """Every call on a device layer (start, launches, a stage's end) runs with
     that layer's device current on the calling thread, as CuPy requires of a
     stream made on it: the layers here record which one ``_on`` made current."""
@@ -571,14 +603,12 @@ def test_gpu_driver_makes_each_device_current_for_its_calls(monkeypatch, enqueue
     A = grid3d_least_squares(9)
     an = analyze(A)
     one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
-    many = multi_gpu_factorize(A, an, layers=layers, devices=map_devices(an, 2),
-                               enqueue=enqueue)
+    many = multi_gpu_factorize(A, an, layers=layers, devices=map_devices(an, 2))
     _same_answer(A, one, many)
     assert not wrong, sorted(set(wrong))
 
 
-@pytest.mark.parametrize("enqueue", ["threads", "one"])
-def test_gpu_driver_failure_on_one_device_stops_the_others(enqueue):
+def test_gpu_driver_failure_on_one_device_stops_the_others():
     """A device that runs out of memory mid-factorization: the threads of the others
     (waiting for its blocks) stop, and the fallback gives the one-device answer."""
     import warnings
@@ -620,11 +650,10 @@ def test_gpu_driver_failure_on_one_device_stops_the_others(enqueue):
         broken = [NumpyDevice(32, 3), NumpyDevice(32, 3)]
         broken[bad].launch = boom
         within(lambda: multi_gpu_factorize(A, an, layers=broken, devices=plan,
-                                           fallback=False, enqueue=enqueue))
+                                           fallback=False))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        back = within(lambda: multi_gpu_factorize(A, an, layers=layers, devices=plan,
-                                                  enqueue=enqueue))
+        back = within(lambda: multi_gpu_factorize(A, an, layers=layers, devices=plan))
     assert "multi_device_fallback" in back.info
     _same_answer(A, one, back)
 

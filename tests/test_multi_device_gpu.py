@@ -73,14 +73,14 @@ def _peers(ids) -> bool:
     return all(d == ids[0] or cp.cuda.runtime.deviceCanAccessPeer(ids[0], d) for d in ids)
 
 
-def _run(ids, enqueue="threads"):
+def _run(ids):
     import cupy as cp
     crossed = 0
     for name, A in _cases():
         an = analyze(A)
         with cp.cuda.Device(ids[0]):        # Q and the solves run with the first device current
             one = gpu_factorize(A, an)
-            many = multi_gpu_factorize(A, an, devices=ids, enqueue=enqueue)
+            many = multi_gpu_factorize(A, an, devices=ids)
             _compare(A, one, many)
         info = many.info
         assert "multi_device_fallback" not in info, (name, info.get("multi_device_fallback"))
@@ -90,7 +90,6 @@ def _run(ids, enqueue="threads"):
         assert all(d["busy_seconds"] >= 0 for d in per)
         assert all(d["enqueue_seconds"] >= d["wait_blocks_seconds"] >= 0 for d in per)
         assert all(d["enqueue_cpu_seconds"] >= 0 for d in per)
-        assert info["enqueue"] == enqueue
         assert 0 <= info["r_copy_progressive"] <= info["stages"]
         assert info["q_device"] == ids[0]
         if _peers(ids):                     # Q reads the other devices' pools in place
@@ -103,19 +102,16 @@ def _run(ids, enqueue="threads"):
         assert crossed > 0
 
 
-@pytest.mark.parametrize("ids, enqueue", [((0, 0), "threads"), ((0, 0, 0), "threads"),
-                                         ((0, 0, 0, 0), "threads"), ((0, 0), "one"),
-                                         ((0, 0, 0), "one")])
-def test_simulated_devices_on_one_gpu(ids, enqueue):
-    _run(ids, enqueue)
+@pytest.mark.parametrize("ids", [(0, 0), (0, 0, 0), (0, 0, 0, 0)])
+def test_simulated_devices_on_one_gpu(ids):
+    _run(ids)
 
 
-@pytest.mark.parametrize("enqueue", ["threads", "one"])
 @pytest.mark.parametrize("ids", [(0, 1), (1, 0)])
-def test_two_gpus(ids, enqueue):
+def test_two_gpus(ids):
     if device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    _run(ids, enqueue)
+    _run(ids)
 
 
 def test_four_gpus():
@@ -240,9 +236,8 @@ def test_split_front_backend_equals_one_device(ids, owners, lean, serial):
     assert np.abs(np.abs(np.diag(F3)) - np.abs(np.diag(a2))).max() <= 1e-10 * scale
 
 
-@pytest.mark.parametrize("ids, enqueue", [((0, 0), "threads"), ((0, 1), "threads"),
-                                         ((0, 0, 0), "threads"), ((0, 1), "one")])
-def test_split_dense_fronts_over_devices(ids, enqueue):
+@pytest.mark.parametrize("ids", [(0, 0), (0, 1), (0, 0, 0)])
+def test_split_dense_fronts_over_devices(ids):
     """The upper tree's dense fronts factorized over every device layer
     (``split_dense=True``) against one GPU: Gram of R, Q R = A P, Qᵀ."""
     import cupy as cp
@@ -252,8 +247,7 @@ def test_split_dense_fronts_over_devices(ids, enqueue):
     an = analyze(A)
     with cp.cuda.Device(ids[0]):
         one = gpu_factorize(A, an, dense_flops=1e7)
-        many = multi_gpu_factorize(A, an, devices=ids, dense_flops=1e7, split_dense=True,
-                                   enqueue=enqueue)
+        many = multi_gpu_factorize(A, an, devices=ids, dense_flops=1e7, split_dense=True)
         split = many.info["split_fronts"]
         assert split and all("fallback" not in e for e in split), split
         assert all(e.get("seconds", 0) > 0 for e in split), split

@@ -71,7 +71,7 @@ from ..host.simulate import one_blas_thread
 from ..split_front import run_split, split_factorize_numpy
 from . import driver
 from .device import CupyDevice
-from .rcopy import CupyRCopy, final_entries, staging_for, touched
+from .rcopy import SLOT_BYTES, CupyRCopy, final_entries, staging_for, touched
 from .rlayout import r_layout
 from .split_front import CupySplit, enable_peers
 from .stage_loop import stage_reflector_records
@@ -83,14 +83,25 @@ _log = logging.getLogger("scipy_gpuqr")
 #: ``cudaMemcpyDeviceToDevice``
 _D2D = 3
 
-#: How the devices' launches are enqueued (:func:`multi_gpu_factorize`'s ``enqueue``).
-ENQUEUE_MODES = ("threads", "one")
-
 #: Kinds of a device's enqueueing seconds (``info["devices"]``' ``enqueue_parts``): stage
 #: set-up and uploads, uberkernel launches, dense (and split) fronts, contribution blocks
-#: cut for later stages, the rest (blocks copied in and, with a thread per device, waited
-#: for; R's copier; the loop itself).
+#: cut for later stages, the rest (blocks waited for and copied in; R's copier; the loop
+#: itself).
 ENQUEUE_PARTS = ("begin", "launch", "dense", "blocks_out", "other")
+
+#: Bytes of each of the two pinned slots a stage's R copier moves R's values through
+#: (``CupyRCopy``'s slot, and half of it the least new range a launch hands it): each
+#: slot's gather, copy, wait and scatter takes the GIL back several times, and while the
+#: other devices' threads enqueue, each of those waits up to an interpreter switch
+#: interval, so larger slots copy more per wait. Smaller (the one-GPU engine's) where
+#: the devices' budget leaves no room for them (:func:`_r_slot_bytes`).
+R_SLOT_BYTES = 128 << 20
+
+#: R entries per thread of a scatter into R's data once no device's thread is
+#: enqueueing (:meth:`_RData.put`); while one is, the copier's own thread scatters
+#: alone (each thread started must first take the GIL from the enqueueing threads).
+SCATTER_PER_THREAD = 1 << 19
+
 
 def device_count() -> int:
     """CUDA devices visible to the process (0 without CuPy or a driver)."""
@@ -106,12 +117,16 @@ def device_count() -> int:
 def measured_speeds(qr) -> list | None:
     """Each device's relative speed on its share of a factorization, as measured.
 
-    ``qr``: a :func:`multi_gpu_factorize` result. A device's speed is the flops
-    it ran outside the split fronts over its busy seconds less those of the
-    split fronts (its upper tree's other fronts count with its subtrees),
-    normalized to mean 1: for ``device_speeds`` of a later factorization of the
-    pattern, whose mapping then gives a device that was slower per flop less
-    of the subtrees. None where a device ran no such flops or has no busy time.
+    ``qr``: a :func:`multi_gpu_factorize` result. A device's time on its share
+    is the longer of its busy seconds and its thread's enqueueing seconds (less
+    the waits for other devices' blocks): a device whose host thread enqueues
+    more slowly than its kernels run is bound by that thread, and every device
+    has been so on the 3-D grids. Its speed is the flops it ran outside the
+    split fronts over that time less the split fronts' seconds (its upper
+    tree's other fronts count with its subtrees), normalized to mean 1: for
+    ``device_speeds`` of a later factorization of the pattern, whose mapping
+    then gives a device that was slower per flop less of the subtrees. None
+    where a device ran no such flops or has no such time.
     """
     info = qr.info
     per = info.get("devices", {}).get("devices")
@@ -120,7 +135,9 @@ def measured_speeds(qr) -> list | None:
     flops = np.asarray(qr.analysis.front_flops, dtype=np.float64)
     upper = int(info["devices"].get("upper_device", 0))
     work = np.array([float(d["flops"]) for d in per])
-    busy = np.array([float(d["busy_seconds"]) for d in per])
+    busy = np.array([max(float(d["busy_seconds"]),
+                         float(d.get("enqueue_seconds", 0.0))
+                         - float(d.get("wait_blocks_seconds", 0.0))) for d in per])
     for e in info.get("split_fronts", []):
         if "fallback" in e or e.get("seconds") is None:
             continue
@@ -184,13 +201,87 @@ class _Aborted(Exception):
     """Another device's thread failed: this one stops."""
 
 
-def _complete(gen):
-    """Run a generator to its end; its return value."""
-    while True:
-        try:
-            next(gen)
-        except StopIteration as stop:
-            return stop.value
+class _RData:
+    """R's ``data`` as the devices' R values land in it, and how they landed.
+
+    Parameters
+    ----------
+    ndev : int
+        Devices (each counts its own entries and seconds).
+    dtype : dtype
+    made : Future, optional
+        The array, zeros with its pages touched ahead (on a helper, while the
+        devices run); None: :meth:`array` makes zeros of ``size()`` entries.
+    size : callable, optional
+        R's number of entries (for an array not made ahead).
+    """
+
+    def __init__(self, ndev: int, dtype, made=None, size=None):
+        self.dtype = np.dtype(dtype)
+        self.made, self._size = made, size
+        self.data = None
+        self._lock = threading.Lock()       # the array's making
+        self._count = threading.Lock()      # the counters (several copiers per device)
+        #: device threads still enqueueing (the scatters' thread count follows it)
+        self.enqueueing = int(ndev)
+        self.entries = [0] * ndev           # R entries each device's stages put in data
+        self.at_enqueued = [None] * ndev    # of them, by the end of its enqueueing
+        self.seconds = [0.0] * ndev         # scattering
+        self.waited = [0.0] * ndev          # waiting for the array to be made
+
+    def array(self) -> np.ndarray:
+        """R's ``data`` (the one made ahead, waited for; else new zeros)."""
+        with self._lock:
+            if self.data is None:
+                self.data = (self.made.result() if self.made is not None
+                             else np.zeros(self._size(), dtype=self.dtype))
+            return self.data
+
+    def put(self, k, pos, first, vals) -> None:
+        """Values ``first …`` of a stage of device ``k`` into R's ``data`` (at their
+        positions ``pos[first:]``; ``data[first:]`` for None): as each range lands
+        (a CUDA copier's worker), or all of them after the stage."""
+        t0 = time.perf_counter()
+        data = self.array()
+        t1 = time.perf_counter()
+        v = np.ascontiguousarray(vals, dtype=self.dtype)
+        if pos is None:
+            data[first: first + len(v)] = v
+        else:
+            p = pos[first: first + len(v)]
+            lib = native.handle()
+            if lib is not None:         # compiled, the GIL released
+                threads = 1 if self.enqueueing else native.thread_count(len(v),
+                                                                         SCATTER_PER_THREAD)
+                native.scatter(lib, data, p, v, threads=threads)
+            else:
+                data[p] = v
+        t2 = time.perf_counter()
+        with self._count:
+            self.entries[k] += len(v)
+            self.waited[k] += t1 - t0
+            self.seconds[k] += t2 - t1
+
+    def enqueued(self, k) -> None:
+        """Device ``k``'s thread has enqueued its stages."""
+        with self._count:
+            self.at_enqueued[k] = self.entries[k]
+            self.enqueueing -= 1
+
+    def take(self) -> np.ndarray:
+        """R's ``data``, handed over (this object forgets it)."""
+        data = self.array()
+        self.data = None
+        return data
+
+
+def _r_slot_bytes(plan) -> int:
+    """The R copiers' slot bytes (:data:`R_SLOT_BYTES`), or the one-GPU engine's where a
+    device of the plan would pass its budget with three copiers' slots more."""
+    extra = 3 * 4 * (R_SLOT_BYTES - SLOT_BYTES)     # two device and two pinned slots each
+    if plan.budget is not None and int(plan.device_bytes.max()) + extra > plan.budget:
+        return SLOT_BYTES
+    return R_SLOT_BYTES
 
 
 class _Transfers:
@@ -233,12 +324,6 @@ class _Transfers:
         with self.cv:
             self.blocks[c] = (buf, ev, k)
             self.cv.notify_all()
-
-    def ready(self, c) -> bool:
-        """Whether the block of front ``c`` is cut (or a device failed: :meth:`take`
-        then raises)."""
-        with self.cv:
-            return c in self.blocks or self.failed
 
     def take(self, c):
         """The block of front ``c`` once cut (blocks the calling thread until then)."""
@@ -290,8 +375,7 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
                         dense_flops: float | None = DEFAULT_DENSE_FLOPS,
                         dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH,
                         split_dense: bool | None = False,
-                        split_model: SplitModel | None = None,
-                        enqueue: str = "threads", device_speeds=None):
+                        split_model: SplitModel | None = None, device_speeds=None):
     """Sparse QR ``A[:, colperm] = Q @ R`` over several GPUs of one host.
 
     Parameters
@@ -332,14 +416,6 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         and R's copies bound it; bench/RESULTS.md, issue 21).
     split_model : SplitModel, optional
         The model of that rule.
-    enqueue : {'threads', 'one'}
-        Who enqueues the devices' launches: ``'threads'``, a host thread per
-        device; ``'one'``, the calling thread, one launch of each device in
-        turn (a thread per device then only waits for its stages and
-        scatters its R values). Each launch's Python work holds the GIL, so
-        a thread per device hands it back and forth at every CUDA call of
-        the other; one thread does not, but a device then waits while the
-        thread enqueues the others'.
     device_speeds : sequence of float, optional
         Relative speeds of the devices on their subtrees, measured by an
         earlier factorization of the pattern (:func:`measured_speeds`): the
@@ -367,8 +443,6 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         factorized on its device alone has a ``"fallback"`` saying why.
     """
     t_start = time.perf_counter()
-    if enqueue not in ENQUEUE_MODES:
-        raise ValueError(f"enqueue={enqueue!r}: one of {ENQUEUE_MODES}")
     Ac, analysis, out = task_list_input(A, analysis, tol, max_gpu_memory, "gpu",
                                         "multi_gpu_factorize")
     if out is not None:
@@ -400,7 +474,7 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         out = _run(Ac, analysis, plan, layers, tile=tile, bundle=bundle,
                    pipelining=pipelining, max_tasks=max_tasks, dense_flops=dense_flops,
                    dense_cpl=dense_columns_per_launch, dtype=dtype, t_start=t_start,
-                   split_dense=split_dense, split_model=model, enqueue=enqueue)
+                   split_dense=split_dense, split_model=model)
     except DeviceOutOfMemory as exc:
         for layer in layers:
             with _on(layer):
@@ -422,8 +496,7 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
 
 
 def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, dense_flops,
-         dense_cpl, dtype, t_start, split_dense=None, split_model=None,
-         enqueue="threads"):
+         dense_cpl, dtype, t_start, split_dense=None, split_model=None):
     t0 = time.perf_counter()
     # the plan's split fronts are dense fronts whatever dense_flops chose (split
     # or not: split_dense=False with the same plan gives the same fronts)
@@ -444,10 +517,9 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
         data = helper.submit(lambda: touched(host_side.result()[0].nnz, dtype))
         pattern = helper.submit(lambda: host_side.result()[0].pattern_copy())
         run = _MultiStageRun(Ac, analysis, plan, layers, sched, host_side, dtype)
-        run.data_made = data
+        run.r = _RData(len(layers), dtype, data)
         run.t_call = t_start
         run.split, run.split_model = split, model
-        run.enqueue = enqueue
         t_devices = time.perf_counter()
         run.run_devices()
         t2 = time.perf_counter()
@@ -558,13 +630,13 @@ class _MultiStageRun:
         self.cpu_enqueue = [0.0] * nd       # CPU seconds of the enqueueing thread for each
         #: host seconds of each device's enqueueing by kind
         self.enqueue_parts = [dict.fromkeys(ENQUEUE_PARTS, 0.0) for _ in range(nd)]
-        self.enqueue = "threads"            # or "one" (:meth:`run_devices`)
         self.t_call = None                  # perf_counter at the call's start
         self.timeline = [None] * nd         # each thread: start, stages enqueued, end
         self.progressive = 0                # stages whose R copy started during the launches
-        self.data = None                    # R's values (made once R's layout is known)
-        self.data_made = None               # its future (touched ahead), or None
-        self._data_lock = threading.Lock()
+        #: R's values as they land (:class:`_RData`; the array made ahead by ``_run``)
+        self.r = _RData(nd, dtype, size=lambda: self.host_side.result()[0].nnz)
+        #: the CUDA copiers' slot bytes
+        self.r_slot = _r_slot_bytes(plan)
         self.split, self.split_model = {}, SplitModel()
         self.split_log = []                 # per split front: what ran, its backend
         self._peers = None                  # peer access between every pair of layers (None: not asked)
@@ -581,14 +653,12 @@ class _MultiStageRun:
         """Every device's stages enqueued, waited for and their R values scattered;
         returns when all ended.
 
-        ``enqueue='threads'``: each device on its own host thread (the upper
-        tree's device on the calling thread: its cuBLAS and cuSOLVER handles,
-        which the upper tree's dense fronts use most, are made once per
-        thread and kept). ``'one'``: the calling thread enqueues every
-        device's launches in turns (:meth:`_interleave`), and a thread per
-        device only waits for its stages and scatters its R values. A failure
-        on one device stops the others (at their next wait for a block, or
-        after their stages) and is raised here.
+        Each device on its own host thread (the upper tree's device on the
+        calling thread: its cuBLAS and cuSOLVER handles, which the upper
+        tree's dense fronts use most, are made once per thread and kept),
+        which enqueues its stages, then waits for them and scatters their R
+        values. A failure on one device stops the others (at their next wait
+        for a block, or after their stages) and is raised here.
         """
         nd = len(self.layers)
         errors = [None] * nd
@@ -598,10 +668,7 @@ class _MultiStageRun:
         # thread count while another thread is inside it corrupts that call's
         # results (seen: a dense front's T, so Q differed and R did not)
         with one_blas_thread() if host else contextlib.nullcontext():
-            if self.enqueue == "one":
-                self._interleave(errors)
-            else:
-                self._threads(errors)
+            self._threads(errors)
         self.xfer.keep = []
         real = [e for e in errors if e is not None and not isinstance(e, _Aborted)]
         if real:
@@ -623,7 +690,8 @@ class _MultiStageRun:
                 t0, c0 = time.perf_counter(), time.thread_time()
                 with _on(self.layers[k]):
                     self.layers[k].start(self.maps, self.sched.vt_size)
-                    opened = _complete(self._enqueue(k, poll=False))
+                    opened = self._enqueue(k)
+                self.r.enqueued(k)
                 self.t_enqueue[k] = time.perf_counter() - t0
                 self.cpu_enqueue[k] = time.thread_time() - c0
                 self._finish(k, opened, t0)
@@ -640,82 +708,14 @@ class _MultiStageRun:
         for t in threads:
             t.join()
 
-    def _interleave(self, errors) -> None:
-        """The calling thread enqueues every device's launches, one launch of each
-        device in turn (the upper tree's device first); a device waiting for a
-        contribution block another device has not cut yet is passed over. As a
-        device's last launch is enqueued, a thread of its own waits for its
-        stages and scatters its R values. One enqueueing thread holds the GIL
-        alone, where a thread per device hands it back and forth at every CUDA
-        call of the other.
-
-        The device whose stage comes first in postorder never waits (its
-        carried blocks come from earlier stages, cut already), so a turn in
-        which no device moved is an error.
-        """
-        nd = len(self.layers)
-        up = self._upper_device()
-        order = [up] + [k for k in range(nd) if k != up]
-        gens = {k: self._enqueue(k, poll=True) for k in order}
-        finishers = []
-        t0 = time.perf_counter()
-        for k in order:
-            with _on(self.layers[k]):
-                self.layers[k].start(self.maps, self.sched.vt_size)
-
-        def finish(k, opened):
-            try:
-                self._finish(k, opened, t0)
-            except BaseException as exc:    # noqa: BLE001 - raised by run_devices
-                errors[k] = exc
-                self.xfer.fail()
-
-        active = list(order)
-        try:
-            while active and all(e is None for e in errors):
-                moved = False
-                for k in list(active):
-                    c0 = time.thread_time()
-                    try:
-                        with _on(self.layers[k]):
-                            moved = next(gens[k]) or moved
-                    except StopIteration as stop:
-                        moved = True
-                        active.remove(k)
-                        self.t_enqueue[k] = time.perf_counter() - t0
-                        th = threading.Thread(target=finish, args=(k, stop.value),
-                                              name=f"gpuqr-device-{k}", daemon=True)
-                        th.start()
-                        finishers.append(th)
-                    except BaseException as exc:    # noqa: BLE001 - raised by run_devices
-                        errors[k] = exc
-                        active.remove(k)
-                        break
-                    finally:
-                        self.cpu_enqueue[k] += time.thread_time() - c0
-                else:
-                    if not moved:
-                        errors[active[0]] = RuntimeError(
-                            "multi-device enqueue: every device waits for a contribution "
-                            "block no device will cut")
-        finally:
-            if any(e is not None for e in errors):
-                self.xfer.fail()
-                for k in active:        # their open stages' copiers aborted
-                    gens[k].close()
-            for th in finishers:
-                th.join()
-
-    def _enqueue(self, k, *, poll: bool):
-        """Device ``k``'s stages enqueued in postorder (a generator: it yields after
-        each launch, True, and with ``poll`` False while a carried block is not
-        cut yet, instead of waiting; runs with the device current); returns the
-        open stages."""
+    def _enqueue(self, k):
+        """Device ``k``'s stages enqueued in postorder (with the device current);
+        returns the open stages."""
         layer = self.layers[k]
         opened = []
         try:
             for sid in self.plan.device_stages(k):
-                item = yield from self._stage(sid, self.sched.stages[sid], k, layer, poll)
+                item = self._stage(sid, self.sched.stages[sid], k, layer)
                 opened.append(item)
         except BaseException:
             for item in opened:
@@ -743,7 +743,7 @@ class _MultiStageRun:
                     vals = copier.result()
                     opened.pop(0)
                     if pos is not None or len(vals):     # else scattered as it landed
-                        self._scatter_part(pos, 0, vals)
+                        self.r.put(k, pos, 0, vals)
                     self.t_wait_r[k] += time.perf_counter() - tw
         except BaseException:
             for item in opened:
@@ -752,14 +752,16 @@ class _MultiStageRun:
         base = t0 if self.t_call is None else self.t_call
         self.timeline[k] = (t0 - base, t1 - base, time.perf_counter() - base)
 
-    def _copier(self, sid, st, layer, h):
-        """R's copier of the stage, progressive (``final`` per launch): (copier, pos).
+    def _copier(self, sid, st, k, layer, h):
+        """R's copier of device ``k``'s stage, progressive (``final`` per launch):
+        (copier, pos).
 
         On a CUDA layer the copier scatters each range into R's ``data`` as it
-        lands (:meth:`_scatter_part`; ``pos`` None then, nothing left to
-        scatter after the stage): scattered after the stage, a large stage's
-        values and positions (16 bytes per entry of R) would be read again
-        while every device waits.
+        lands (:meth:`_RData.put`; ``pos`` None then, nothing left to scatter
+        after the stage): scattered after the stage, a large stage's values and
+        positions (16 bytes per entry of R) would be read again while every
+        device waits. Its slots are :attr:`r_slot` bytes (the layer's
+        ``r_copy_slot_bytes`` and ``r_copy_min_chunk_bytes`` set for it).
         """
         layout, gmaps = self.host_side.result()
         pos, gidx = gmaps[sid]
@@ -773,13 +775,16 @@ class _MultiStageRun:
             return lay.extra(key, make)
         if getattr(layer, "cp", None) is None:
             return layer.open_r_copy(h["pool"], gidx, layout, final=_final), pos
-        sink = functools.partial(self._scatter_part, pos)
-        return CupyRCopy(layer, h["pool"], gidx, staging_for(layout), _final, sink=sink), None
+        layer.r_copy_slot_bytes = self.r_slot
+        layer.r_copy_min_chunk_bytes = self.r_slot // 2
+        sink = functools.partial(self.r.put, k, pos)
+        return (CupyRCopy(layer, h["pool"], gidx, staging_for(layout, self.r_slot), _final,
+                          sink=sink), None)
 
-    def _stage(self, sid, st, k, layer, poll: bool = False):
-        """Enqueue one stage on its layer (with its device current): a generator
-        yielding True after each launch, and with ``poll`` False while a block
-        its next launch packs is not cut yet (else it waits for the block).
+    def _stage(self, sid, st, k, layer):
+        """Enqueue one stage on its layer (with its device current), waiting on
+        the host for each carried block to be cut before the launch that packs
+        it.
 
         Returns ``(sid, handle, copier, positions, idle events)``; the stage's
         outgoing blocks are cut at its end. Adds its host seconds by kind to
@@ -804,10 +809,6 @@ class _MultiStageRun:
                     into_at.setdefault(L, []).append(c)
             for L in range(st.nlaunch):
                 for c in into_at.pop(L, ()):        # a block its launch L packs
-                    if poll:
-                        while not self.xfer.ready(c):
-                            yield False
-                            t = clock()         # the turns of other devices are theirs
                     tw = clock()
                     ev = self.xfer.into(c, k, layer, h["pool"], st.carried[c], self.layers)
                     self.t_wait_blocks[k] += clock() - tw
@@ -832,23 +833,19 @@ class _MultiStageRun:
                     for done in join_at.pop(st.nlaunch, ()):
                         layer.dense_join(h, done)
                 if copier is None and self.host_side.done():
-                    copier, pos = self._copier(sid, st, layer, h)
+                    copier, pos = self._copier(sid, st, k, layer, h)
                     self.progressive += 1
                 if copier is not None:
                     copier.after_launch(L)
                 parts["other"] += clock() - t
-                yield True
                 t = clock()
             for c in [c for v in into_at.values() for c in v]:     # a stage without launches
-                if poll:
-                    while not self.xfer.ready(c):
-                        yield False
                 self.xfer.into(c, k, layer, h["pool"], st.carried[c], self.layers)
             for done in [d for v in join_at.values() for d in v]:
                 layer.dense_join(h, done)
             layer.mark_kernels_end(h)
             if copier is None:
-                copier, pos = self._copier(sid, st, layer, h)
+                copier, pos = self._copier(sid, st, k, layer, h)
             copier.launches_done()
             self.launches[k] += int(np.count_nonzero(np.diff(st.launch_ptr)))
             first, last = st.fronts
@@ -936,34 +933,9 @@ class _MultiStageRun:
         return out
 
     # -- R ------------------------------------------------------------------------------
-    def _scatter_part(self, pos, first, vals) -> None:
-        """Values ``first …`` of a stage's R entries into R's ``data`` (at their
-        positions ``pos[first:]``; ``data[first:]`` for None): as each range
-        lands (a CUDA copier's worker), or all of them after the stage."""
-        with self._data_lock:
-            if self.data is None:
-                self.data = self._new_data()
-        v = np.ascontiguousarray(vals, dtype=self.dtype)
-        if pos is None:
-            self.data[first: first + len(v)] = v
-            return
-        p = pos[first: first + len(v)]
-        lib = native.handle()
-        if lib is not None:         # threads, the GIL released
-            native.scatter(lib, self.data, p, v)
-        else:
-            self.data[p] = v
-
-    def _new_data(self) -> np.ndarray:
-        """R's ``data``, zeros: the one made ahead, else a new one."""
-        if self.data_made is not None:
-            return self.data_made.result()
-        return np.zeros(self.host_side.result()[0].nnz, dtype=self.dtype)
-
     def finish_r(self, Ac, layout, pattern):
         """R from the scattered values: the singleton rows' entries from A."""
-        data = self.data if self.data is not None else self._new_data()
-        self.data = None
+        data = self.r.take()
         if len(layout.r1_pos):
             data[layout.r1_pos] = Ac.data[layout.r1_nz]
         return layout.csc(data, pattern)
@@ -1068,6 +1040,10 @@ class _MultiStageRun:
                 Fv, T = _to_home(Fv, home), _to_home(T, home)
             Ld = int(self.launch_base[sid]) + sched.stages[sid].dense[f]
             dense[f] = DenseFront(Fv, panels, T, slots=slots_of[f], after_launch=Ld)
+        gmaps = self.host_side.result()[1]
+        r_entries = [0] * len(self.layers)
+        for sid in range(len(sched.stages)):
+            r_entries[int(plan.stage_device[sid])] += len(gmaps[sid][1])
         per = []
         for k, layer in enumerate(self.layers):
             per.append({"device": getattr(layer, "device_id", k),
@@ -1079,6 +1055,14 @@ class _MultiStageRun:
                         "enqueue_cpu_seconds": self.cpu_enqueue[k],
                         "enqueue_parts": dict(self.enqueue_parts[k]),
                         "wait_r_copy_seconds": self.t_wait_r[k],
+                        # R's values: the device's entries, those put in R's data
+                        # in all and by the end of its enqueueing, seconds
+                        # scattering them and waiting for R's data array
+                        "r_copy": {"entries": r_entries[k],
+                                   "scattered": self.r.entries[k],
+                                   "scattered_by_enqueued": self.r.at_enqueued[k],
+                                   "scatter_seconds": self.r.seconds[k],
+                                   "data_wait_seconds": self.r.waited[k]},
                         # from the call's start: its thread started, its stages
                         # enqueued, its R values scattered
                         "timeline_seconds": self.timeline[k],
@@ -1096,7 +1080,6 @@ class _MultiStageRun:
                 "q_device": getattr(self.layers[0], "device_id", 0),
                 "q_pools_on_host": sorted(host_pools),
                 "r_copy_progressive": int(self.progressive),
-                "enqueue": self.enqueue,
                 "restaged": 0, "seconds": seconds}
         return driver.GpuQR(shape=(m, n), R=R, colperm=self.analysis.colperm.astype(np.int64),
                             rank=int(min(m, n)), tol=None, flops=float(self.analysis.flops),
