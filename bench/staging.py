@@ -184,9 +184,7 @@ def _once(A, b, backend, debug=False):
 #: Q's first stage up as it ends (``solve.PREFETCH_FIRST``), how a plan that the
 #: time model's dense fronts leave infeasible picks dense fronts
 #: (``driver.STAGED_DENSE``), whether a staged factorization's R is assembled
-#: on a worker beside Q's first upload (``driver.ASSEMBLE_R_BEHIND``), whether
-#: a pool sent down during its stage has its copies issued by a thread of its
-#: own (``pool_copy.COPY_THREAD``) and
+#: on a worker beside Q's first upload (``driver.ASSEMBLE_R_BEHIND``) and
 #: whether its stage plan is made per call (``plans_per_call``; kept per
 #: pattern and bytes available otherwise).
 MODES = {"defaults": {},
@@ -199,7 +197,6 @@ MODES = {"defaults": {},
          "lateq": {"prefetch_first": False},
          "size": {"staged_dense": "size"},
          "inline-r": {"assemble_behind": False},
-         "nothread": {"copy_thread": False},
          "plannow": {"plans_per_call": True}}
 
 #: Each setting of :data:`MODES`: its module (under ``scipy_gpuqr``) and name.
@@ -210,8 +207,7 @@ _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
              "prefetch": ("_engine.gpu.solve", "PREFETCH"),
              "prefetch_first": ("_engine.gpu.solve", "PREFETCH_FIRST"),
              "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE"),
-             "assemble_behind": ("_engine.gpu.driver", "ASSEMBLE_R_BEHIND"),
-             "copy_thread": ("_engine.gpu.pool_copy", "COPY_THREAD")}
+             "assemble_behind": ("_engine.gpu.driver", "ASSEMBLE_R_BEHIND")}
 
 
 class _NoPlans:

@@ -31,9 +31,6 @@ send. The launch loop issues none of their copies.
 
 from __future__ import annotations
 
-import functools
-import queue
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +38,7 @@ import numpy as np
 from .rcopy import launch_of_records, whole_front_writes
 
 __all__ = ["FrontFinality", "front_finality", "CupyPoolCopy", "NumpyPoolCopy",
-           "MIN_RANGE_BYTES", "MERGE_GAP", "COPY_THREAD", "UPPER_ROWS", "upper_pieces",
+           "MIN_RANGE_BYTES", "MERGE_GAP", "UPPER_ROWS", "upper_pieces",
            "place_upper"]
 
 #: Fronts are sent once this many bytes became final since the last send
@@ -51,11 +48,6 @@ MIN_RANGE_BYTES = 64 << 20
 #: Elements of fronts not final yet sent between two final runs, which then
 #: go as one copy (the gap goes again once final).
 MERGE_GAP = 1 << 15
-
-#: A CUDA pool copy's sends and placed blocks issued by a thread of its own
-#: (:class:`CupyPoolCopy`), each send behind the event the launch loop
-#: records; off: by the launch loop itself.
-COPY_THREAD = True
 
 @dataclass(frozen=True)
 class FrontFinality:
@@ -185,12 +177,6 @@ class CupyPoolCopy(_FrontCopy):
     array, each run behind an event recorded after the launch that made it
     final; nothing blocks until :meth:`result`.
 
-    The engine's thread records the events only. The copies (each send's
-    wait for its event and its runs, the blocks placed) are issued in order
-    by a thread of the copy's own (:data:`COPY_THREAD`): CuPy gives the GIL
-    back during each CUDA call, so the launch loop does not wait for the
-    driver's copy calls, some hundreds a stage.
-
     Parameters
     ----------
     device : CupyDevice
@@ -208,82 +194,35 @@ class CupyPoolCopy(_FrontCopy):
     def __init__(self, device, pool, host, final, min_bytes: int = MIN_RANGE_BYTES):
         super().__init__(final, pool.dtype.itemsize, min_bytes)
         self.dev, self.pool, self.host = device, pool, host
-        self._jobs = self._thread = self._error = None
-        if COPY_THREAD:
-            self._jobs = queue.SimpleQueue()
-            self._thread = threading.Thread(target=self._issue, name="gpuqr-pool-copy",
-                                            daemon=True)
-            self._thread.start()
-
-    def _issue(self) -> None:
-        """The copy thread: the jobs in order, on the pool's device, until None;
-        after an error the rest are dropped (:meth:`result` raises it)."""
-        with self.dev.cp.cuda.Device(self.dev.device_id):
-            while True:
-                job = self._jobs.get()
-                if job is None:
-                    return
-                if self._error is None:
-                    try:
-                        job()
-                    except BaseException as exc:        # raised by result()
-                        self._error = exc
-
-    def _submit(self, fn, *args, **kwargs) -> None:
-        if self._jobs is None:
-            fn(*args, **kwargs)
-        else:
-            self._jobs.put(functools.partial(fn, *args, **kwargs))
-
-    def _drain(self) -> None:
-        """Every job issued (the copy thread ended); its error raised."""
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            raise self._error
 
     def _copy(self, runs) -> None:
-        ev = self.dev.cp.cuda.Event(disable_timing=True)
+        cp = self.dev.cp
+        ev = cp.cuda.Event(disable_timing=True)
         ev.record(self.dev.stream)
+        cs = self.dev.copy_stream
+        cs.wait_event(ev)
+        rt = cp.cuda.runtime
         isz = self.pool.dtype.itemsize
-        self._submit(_send, self.dev, ev, self.pool.data.ptr, self.host.ctypes.data, isz, runs)
+        src, dst = self.pool.data.ptr, self.host.ctypes.data
+        for a, b in runs:           # not blocking: the launch loop goes on
+            rt.memcpyAsync(dst + a * isz, src + a * isz, (b - a) * isz,
+                           rt.memcpyDeviceToHost, cs.ptr)
 
     def _place(self, block, out) -> None:
-        self._submit(place_upper, self.dev, self.pool, [block], out,
-                     stream=self.dev.copy_stream)
+        place_upper(self.dev, self.pool, [block], out, stream=self.dev.copy_stream)
 
     def result(self) -> np.ndarray:
         """Wait for the copies (the blocks placed with them too); the host pool."""
-        self._drain()
         self.dev.copy_stream.synchronize()
         self.pool = None
         return self.host
 
     def abort(self) -> None:
-        """The stage failed: let the copies issued and in flight end before their
-        memory goes (an error of the copy thread is dropped: the stage's own
-        error is the one raised)."""
+        """The stage failed: let the copies in flight end before their memory goes."""
         try:
-            if self._thread is not None:
-                self._jobs.put(None)
-                self._thread.join()
-                self._thread = None
             self.dev.copy_stream.synchronize()
         finally:
             self.pool = self.host = None
-
-
-def _send(dev, ev, src: int, dst: int, isz: int, runs) -> None:
-    """One send of :class:`CupyPoolCopy`: the copy stream waits for ``ev`` (the
-    launch that left the runs final), then each run ``[a, b)`` of the pool at
-    ``src`` goes to the host pool at ``dst``; nothing blocks."""
-    rt = dev.cp.cuda.runtime
-    cs = dev.copy_stream
-    cs.wait_event(ev)
-    for a, b in runs:
-        rt.memcpyAsync(dst + a * isz, src + a * isz, (b - a) * isz, rt.memcpyDeviceToHost, cs.ptr)
 
 
 class NumpyPoolCopy(_FrontCopy):
