@@ -15,11 +15,15 @@ least-squares problems have a nonzero residual.
 
 Each row times SciPy's own function (``scipy.sparse.linalg``, unpatched, its
 default arguments) and ours under ``backend='auto'`` with the same
-arguments: one untimed call each (kernels compiled, caches and BLAS threads
+arguments: one first call each (kernels compiled, caches and BLAS threads
 warm), then timed calls alternating SciPy / ours until about ``--budget``
 seconds were spent per solver (at least one, at most ``--reps``); the median
-is reported (``--clock process``: the process's CPU time instead of the wall
-clock, for a host that other jobs load). A call's time ends when it returns, as
+is reported. Where the two first calls together take ``--budget`` or more,
+they are the row's timings (one call each: a process's first use of
+something, the QR's analysis say, then lands in that row's time; warm it
+before the ladder where that matters). With ``--clock process`` the clock is
+the process's CPU time instead of the wall clock, for a host that other jobs
+load. A call's time ends when it returns, as
 its caller sees it: NumPy in, NumPy out, so a GPU's answer has been copied back
 (a result on the device would be timed to the device's synchronize). The device
 is synchronized before each window opens, outside it, and again once the call has
