@@ -72,16 +72,30 @@ def lu_backward_error(a, lu, piv):
 def poison_gpu_outputs(monkeypatch, view_type=None) -> None:
     """Make the GPU drivers allocate outputs filled with NaN (ints: -12345,
     unsigned: 12345),
-    each on its own (``view_type``: a cupy.ndarray subclass to return them as)."""
+    each on its own (``view_type``: a cupy.ndarray subclass to return them as);
+    the memory of ``alloc_layout`` (one allocation, addresses) filled the same
+    way."""
     import cupy as cp
     from scipy_gpuqr.batched import _gpu_common
+
+    def fill(out, dtype):
+        kind = np.dtype(dtype).kind
+        out.fill(np.nan if kind == "f" else 12345 if kind == "u" else -12345)
 
     def alloc_outputs(specs):
         outs = []
         for shape, dtype in specs:
             out = cp.empty(shape, dtype=dtype)
-            kind = np.dtype(dtype).kind
-            out.fill(np.nan if kind == "f" else 12345 if kind == "u" else -12345)
+            fill(out, dtype)
             outs.append(out if view_type is None else out.view(type=view_type))
         return outs
+
+    real_layout = _gpu_common.alloc_layout
+
+    def alloc_layout(specs):
+        mem, layout = real_layout(specs)
+        for shape, dtype, offset in layout:
+            fill(cp.ndarray(shape, dtype, memptr=mem + offset), dtype)
+        return mem, layout
     monkeypatch.setattr(_gpu_common, "alloc_outputs", alloc_outputs)
+    monkeypatch.setattr(_gpu_common, "alloc_layout", alloc_layout)

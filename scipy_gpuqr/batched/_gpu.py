@@ -46,7 +46,7 @@ from ._kernel_registry import (MMA_SIZES, SMALL_FILES, SMALL_MAX, TINY_MAX, VB_S
                                padded_size, small_name)
 from .._kernels import load_module
 
-__all__ = ["getrf", "getri", "getrs", "gesv", "potrf", "potrs", "DEFAULT_THREADS", "sizes_args",
+__all__ = ["getrf", "getri", "inverse_call", "launch_inverse", "getrs", "gesv", "potrf", "potrs", "DEFAULT_THREADS", "sizes_args",
            "small_launch", "warp_defaults", "warp_smem_bytes", "mma_smem_bytes",
            "getrf_kernel", "getri_kernel", "getrf_defaults", "MMA_KERNELS"]
 
@@ -479,7 +479,7 @@ _CTL_NAN = np.uint64(_common.CTL_NAN_FILL)
 
 def getri(a, threads: int | None = None, stages: int | None = None,
           kernel: str | None = None, report=NO_REPORT, device: int | None = None,
-          sizes=None, outputs=None):
+          sizes=None):
     """Inverse of every matrix of ``a`` (..., n, n); returns (inv, info) of
     shapes (..., n, n) and (...).
 
@@ -487,23 +487,15 @@ def getri(a, threads: int | None = None, stages: int | None = None,
     inverse is then meaningless, or all NaN with ``report``'s NaN flag) and
     -1 for a matrix holding an inf or NaN. ``threads`` and ``stages`` tune
     the n <= 32 kernel; ``kernel`` ('warp' or 'mma') forces it
-    (:func:`getri_kernel`); ``sizes`` as for :func:`getrf`. ``outputs``
-    (n <= 32 only): the (inv, info) arrays to write, C-contiguous, of the
-    shapes and dtypes above (a caller's views of one allocation with its
-    other arrays); None: allocated here.
+    (:func:`getri_kernel`); ``sizes`` as for :func:`getrf`.
     """
     a = _contiguous(a)
     n = a.shape[-1]
     if 0 < n <= SMALL_MAX and a.size:
-        specs, fptr, grid, thr, smem, bsz, stg, vec = _small_call(
-            "inv", a.shape, a.dtype, kernel, threads, stages,
-            device_id() if device is None else device, sizes is not None)
-        out, info = _common.alloc_outputs(specs) if outputs is None else outputs
-        src, dst = a.data.ptr, out.data.ptr
-        _common.launch(fptr, grid, thr, smem,
-                       (src, dst, info.data.ptr, bsz, n, stg,
-                        1 if vec and not (src | dst) & 15 else 0,
-                        _common.arg_value(report[0]), report[1]) + (sizes or ()))
+        call = _small_call("inv", a.shape, a.dtype, kernel, threads, stages,
+                           device_id() if device is None else device, sizes is not None)
+        out, info = _common.alloc_outputs(call[0])
+        launch_inverse(call, n, a.data.ptr, out.data.ptr, info.data.ptr, report, sizes or ())
         return out, info
     bsz, n, batch_shape = _batch(a)
     if bsz == 0 or n == 0:
@@ -511,6 +503,27 @@ def getri(a, threads: int | None = None, stages: int | None = None,
     out, info = _blocked.inverse(_stack3(a, bsz, n))
     _common.finish_report(info, report, out)
     return out.reshape(a.shape), info.reshape(batch_shape)
+
+
+def inverse_call(shape: tuple, dtype, device: int):
+    """The n <= 32 inverse of :func:`getri` with its defaults on a C-contiguous
+    stack of ``shape`` (0 < n <= 32, not empty), resolved once: the
+    ``call`` of :func:`launch_inverse`."""
+    return _small_call("inv", shape, dtype, None, None, None, device, False)
+
+
+def launch_inverse(call, n: int, src: int, dst: int, info: int, report,
+                   sizes: tuple = ()) -> None:
+    """The launch of :func:`getri`'s n <= 32 kernel on addresses: the stack at
+    ``src`` (C-contiguous, of the shape and dtype that ``call`` was resolved
+    for: :func:`inverse_call` or :func:`_small_call`) into ``dst`` and
+    ``info``; ``report`` and ``sizes`` as for :func:`getri`. For a caller
+    holding its arrays in one allocation (``block_jacobi``) that makes
+    arrays only of what it returns."""
+    _, fptr, grid, thr, smem, bsz, stg, vec = call
+    _common.launch(fptr, grid, thr, smem,
+                   (src, dst, info, bsz, n, stg, 1 if vec and not (src | dst) & 15 else 0,
+                    _common.arg_value(report[0]), report[1]) + sizes)
 
 
 # ----------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 * :func:`alloc_outputs`: every output array of the drivers is allocated
   here, the outputs of one call as views of one pool allocation (the tests
   replace it to poison outputs with NaN before the kernels run);
+  :func:`alloc_layout`, the same allocation as addresses, for a caller that
+  needs few of the arrays;
 * :func:`dtname`, :func:`device_id`: the cache keys of compiled kernels;
 * :func:`solve_by_columns`: the solves with LU or Cholesky factors with a
   thread per (matrix, right-hand side column) of ``kernels/batched/solve.cu``,
@@ -38,7 +40,7 @@ from ._kernel_registry import (KERNEL_VARIANTS, SMALL_FILES, SMALL_MAX, SOLVE_FI
 from .._gpu import import_cupy
 from .._kernels import load_module
 
-__all__ = ["alloc", "alloc_outputs", "dtname", "device_id", "solve_by_columns",
+__all__ = ["alloc", "alloc_outputs", "alloc_layout", "dtname", "device_id", "solve_by_columns",
            "solve_columns", "cupy",
            "new_status", "report_args", "NO_REPORT", "finish_report", "scan_info",
            "scan_nonfinite", "read_status", "STATUS_SINGULAR", "STATUS_NONFINITE",
@@ -120,6 +122,17 @@ def alloc_outputs(specs):
 def alloc(shape, dtype):
     """One uninitialized output array (:func:`alloc_outputs`)."""
     return alloc_outputs(((shape, dtype),))[0]
+
+
+def alloc_layout(specs) -> tuple:
+    """The allocation of :func:`alloc_outputs` without its arrays: ``(memory,
+    ((shape, dtype, byte offset), ...))``, ``memory`` a ``MemoryPointer`` of
+    CuPy's pool. For a caller that passes addresses to its kernels and makes
+    arrays only of what it returns (each ``cupy.ndarray`` costs about a
+    microsecond of host time); the tests replace it to poison the memory.
+    ``specs`` must be hashable (tuples)."""
+    layout, total = _layout(specs)
+    return cupy().cuda.alloc(total), layout
 
 
 #: dtype -> its name, for the kernels' dtypes (``np.dtype.name`` is computed

@@ -72,15 +72,14 @@ def _csr_operands(A, dt):
     return indptr, indices, data, ix
 
 
-def _gather(operands, dname: str, n: int, bs: int, full: int, last: int,
-            device: int) -> None:
-    """Launch ``jacobi_gather`` over the rows of :func:`_csr_operands`'s
-    ``operands`` into the stacks at addresses ``full`` and ``last`` (0: no
-    ragged block)."""
+def _gather(operands, fptr: int, n: int, bs: int, full: int, last: int) -> None:
+    """Launch ``jacobi_gather`` (``fptr``: :func:`_gather_function` of the
+    operands' dtypes) over the rows of :func:`_csr_operands`'s ``operands``
+    into the stacks at addresses ``full`` and ``last`` (0: no ragged block)."""
     indptr, indices, data, ix = operands
     if n:
         grid = max(1, min(_GATHER_MAX_BLOCKS, -(-n // _GATHER_THREADS)))
-        _gc.launch(_gather_function(dname, ix, device), grid, _GATHER_THREADS, 0,
+        _gc.launch(fptr, grid, _GATHER_THREADS, 0,
                    (indptr.data.ptr, indices.data.ptr, data.data.ptr, n, bs, n // bs * bs,
                     full, last))
 
@@ -110,8 +109,9 @@ def _gpu_blocks(A, n, bs, dtype, device=None):
                 cp.ascontiguousarray(a[split:, split:], dtype=dt))
     operands = _csr_operands(A, dt)
     full, last = _gc.alloc_outputs((((nfull, bs, bs), dt), ((rest, rest), dt)))
-    _gather(operands, dname, n, bs, full.data.ptr, last.data.ptr,
-            _gc.device_id() if device is None else device)
+    _gather(operands, _gather_function(dname, operands[3],
+                                       _gc.device_id() if device is None else device),
+            n, bs, full.data.ptr, last.data.ptr)
     return full, last
 
 
@@ -187,50 +187,96 @@ def _operator(LinearOperator, xp, n, bs, dtype, inverses):
     return LinearOperator((n, n), matvec=matvec, matmat=matvec, dtype=dtype)
 
 
+@functools.lru_cache(maxsize=64)
+def _short_plan(n: int, bs: int, dtype, ix: str, device: int) -> tuple:
+    """Everything of :func:`_build_gpu`'s calls on a sparse matrix of order
+    ``n`` with blocks of ``bs`` <= 32 that does not depend on the arrays,
+    resolved once: (the specs of the one allocation -- the full blocks, their
+    inverses and ``info``, then the same three of the ragged block --, the
+    gather's CUfunction, the inverse launches of the full and the ragged
+    stack (:func:`scipy_gpuqr.batched._gpu.inverse_call`; None where there
+    is none))."""
+    nfull, rest = divmod(n, bs)
+    specs = (((nfull, bs, bs), dtype), ((nfull, bs, bs), dtype), ((nfull,), np.int32))
+    if rest:
+        specs += (((rest, rest), dtype), ((rest, rest), dtype), ((), np.int32))
+    return (specs, _gather_function(_GPU_DTYPES[dtype], ix, device),
+            _gpu.inverse_call((nfull, bs, bs), dtype, device) if nfull else None,
+            _gpu.inverse_call((rest, rest), dtype, device) if rest else None)
+
+
+def _short_sparse(A, bs, dtype, dev, report):
+    """The kernels of :func:`_build_gpu` for a CuPy sparse ``A`` and blocks of
+    ``bs`` <= 32, on addresses in one allocation: the gather, then the
+    inverses of the full and the ragged blocks with ``report``. Returns
+    (inverses of the full blocks, of the ragged one or None) and the
+    gathered (full, ragged) stacks as a function of no arguments (made only
+    on the error path: each array costs host time)."""
+    cp = _gc.cupy()
+    n = A.shape[0]
+    nfull, rest = divmod(n, bs)
+    operands = _csr_operands(A, dtype)
+    specs, gather, call_full, call_last = _short_plan(n, bs, dtype, operands[3], dev)
+    mem, layout = _gc.alloc_layout(specs)
+    base = mem.ptr
+    off = [entry[2] for entry in layout]
+    _gather(operands, gather, n, bs, base + off[0], base + off[3] if rest else 0)
+    if nfull:
+        _gpu.launch_inverse(call_full, bs, base + off[0], base + off[1], base + off[2], report)
+        inv_full = cp.ndarray((nfull, bs, bs), dtype, memptr=mem + off[1])
+    else:
+        inv_full = cp.ndarray((0, bs, bs), dtype, memptr=mem)
+    inv_last = None
+    if rest:
+        _gpu.launch_inverse(call_last, rest, base + off[3], base + off[4], base + off[5],
+                            report)
+        inv_last = cp.ndarray((rest, rest), dtype, memptr=mem + off[4])
+
+    def gathered():
+        return (cp.ndarray((nfull, bs, bs), dtype, memptr=mem + off[0]),
+                cp.ndarray((rest, rest), dtype, memptr=mem + off[3]) if rest else None)
+    return (inv_full, inv_last), gathered
+
+
 def _build_gpu(A, bs, inv_batched, check_finite):
     """The operator of a float32/float64 CuPy matrix, or None (the general
     path). The gather and the inverses of the full and the ragged blocks
-    (:func:`scipy_gpuqr.batched._gpu.getri`, as ``inv_batched`` runs them)
-    mark one status word; for a sparse ``A`` and blocks of n <= 32 the
-    blocks, their inverses and ``info`` are views of one allocation. The
-    operator is made while the kernels run, then the call waits once. A
-    singular block (or with ``check_finite`` an inf/NaN) found there:
-    ``inv_batched`` inverts the gathered blocks again and raises what the
-    general path raises."""
+    (:func:`scipy_gpuqr.batched._gpu.getri`'s kernels, as ``inv_batched``
+    runs them) mark one status word; for a sparse ``A`` and blocks of n <= 32
+    the blocks, their inverses and ``info`` live in one allocation
+    (:func:`_short_sparse`: only the inverses are made arrays). The operator
+    is made while the kernels run, then the call waits once. A singular
+    block (or with ``check_finite`` an inf/NaN) found there: ``inv_batched``
+    inverts the gathered blocks again and raises what the general path
+    raises."""
     shape, dtype = A.shape, A.dtype
-    dname = _GPU_DTYPES.get(dtype)
-    if dname is None or len(shape) != 2 or shape[0] != shape[1]:
+    if dtype not in _GPU_DTYPES or len(shape) != 2 or shape[0] != shape[1]:
         return None
     n = shape[0]
-    nfull = n // bs
-    rest = n - nfull * bs
     dev = _gc.device_id()
     if bs <= SMALL_MAX and is_cupy_sparse(A):
-        operands = _csr_operands(A, dtype)
-        specs = (((nfull, bs, bs), dtype), ((nfull, bs, bs), dtype), ((nfull,), np.int32))
-        if rest:
-            specs += (((rest, rest), dtype), ((rest, rest), dtype), ((), np.int32))
-        arrays = _gc.alloc_outputs(specs)
-        full, last = arrays[0], arrays[3] if rest else None
-        _gather(operands, dname, n, bs, full.data.ptr, last.data.ptr if rest else 0, dev)
-        outputs = (arrays[1:3], arrays[4:6] if rest else None)
+        st = _gc.new_status(dev)
+        report = _gc.report_args(st, clear_neg=not check_finite)
+        inverses, gathered = _short_sparse(A, bs, dtype, dev, report)
     else:
         blocks = _gpu_blocks(A, n, bs, dtype, dev)
         if blocks is None:
             return None
-        full, last = blocks[0], blocks[1] if rest else None
-        outputs = (None, None)
-    st = _gc.new_status(dev)
-    report = _gc.report_args(st, clear_neg=not check_finite)
-    inv_full = (_gpu.getri(full, report=report, device=dev, outputs=outputs[0])[0]
-                if nfull else full)
-    inv_last = (_gpu.getri(last, report=report, device=dev, outputs=outputs[1])[0]
-                if rest else None)
-    inverses = [(inv_full, inv_last)]
-    op = _operator(_cupyx_operator(), _gc.cupy(), n, bs, dtype, inverses)
+        full, last = blocks[0], blocks[1] if n % bs else None
+        st = _gc.new_status(dev)
+        report = _gc.report_args(st, clear_neg=not check_finite)
+        inverses = (_gpu.getri(full, report=report, device=dev)[0] if n >= bs else full,
+                    _gpu.getri(last, report=report, device=dev)[0] if last is not None
+                    else None)
+
+        def gathered():
+            return full, last
+    held = [inverses]
+    op = _operator(_cupyx_operator(), _gc.cupy(), n, bs, dtype, held)
     counts = _gc.read_status(st)
     if counts[_gc.STATUS_SINGULAR] or (check_finite and counts[_gc.STATUS_NONFINITE]):
-        inverses[0] = _invert(full, last, bs, n, inv_batched, check_finite, None)
+        full, last = gathered()
+        held[0] = _invert(full, last, bs, n, inv_batched, check_finite, None)
     return op
 
 
