@@ -5,6 +5,7 @@
     python3 bench/batched.py --public [--public-sizes 8,32] [--dtypes float64]
                              [--public-ops lu,inv,...] [--sequential] [--reps 5]
                              [--pkg-root DIR] [--tag before] [--json out.json] [--targets]
+                             [--public-cases op:n,...]
     python3 bench/batched.py --host-profile [--public-sizes 8]
 
 ``--public``: the functions users call (``lu_factor_batched``,
@@ -29,7 +30,15 @@ of the asynchronous variant: how much slower the host itself runs after a
 pause), ``work us`` (host time of the default call less its
 wait for the device: the time spent in the 32-byte status read is taken out;
 the wall time where a library has no such read), ``e2e ms`` (events around
-one default call on an idle GPU, launch included). ``--targets`` prints issue
+one default call on an idle GPU, launch included). For n <= 32 a ``tail``
+line beside each row: the default call's device time over its kernel, the
+same with the call's results held until the end event is recorded (a
+caller keeps them; released before it, as the other columns do, their
+release is host work inside the events), and the events around a bare
+stream synchronization (the host round trip that a call which waits
+cannot avoid), all taken in turn with the three calls above.
+``--public-cases lu:8,inv:64,...`` times those (op, n) pairs instead of
+every op at every size. ``--targets`` prints issue
 17's targets judged on the run's float64 rows (:func:`target_table`) at the
 end. ``--pkg-root`` imports
 ``scipy_gpuqr`` from another tree (e.g. a checkout of the previous commit)
@@ -149,25 +158,35 @@ class Timer:
         """Median ms between events, the host's launch work hidden behind busy copies."""
         return self._events(fn, reps, warmup, self.busy_copies)
 
-    def device_interleaved(self, fns, reps=5, warmup=2):
+    def device_interleaved(self, fns, reps=5, warmup=2, hold=()):
         """Median ms of each of ``fns`` as :meth:`device` times them, the calls
         taken in turn (kernel, public, ...) so that a drift of the GPU's clocks
-        during the run weighs on all of them alike."""
+        during the run weighs on all of them alike. ``hold``: the indices of
+        ``fns`` whose result is kept until the end event is recorded (as a
+        caller holds what a call returns); the others' results are released
+        right after the call, before the end event, as :meth:`device` does."""
         cp = self.cp
         for fn in fns:
             for _ in range(warmup):
                 fn()
         cp.cuda.Device().synchronize()
         times = [[] for _ in fns]
+        kept = []
         for _ in range(reps):
             for i, fn in enumerate(fns):
                 s, e = cp.cuda.Event(), cp.cuda.Event()
                 for _ in range(self.busy_copies):
                     self.dst[...] = self.src
                 s.record()
-                fn()
-                e.record()
-                e.synchronize()
+                if i in hold:
+                    kept.append(fn())
+                    e.record()
+                    e.synchronize()
+                    kept.clear()
+                else:
+                    fn()
+                    e.record()
+                    e.synchronize()
                 times[i].append(cp.cuda.get_elapsed_time(s, e))
         return [statistics.median(t) for t in times]
 
@@ -383,8 +402,16 @@ def target_table(rows: list[dict]) -> list[str]:
              v is not None and v >= 1.0, "{:.2f}")
     for (op, n), r in sorted(own.items()):
         v = r["public_ms"] / r["kernel_ms"]
+        fmt = "{:.3f}"
+        if r.get("public_held_ms") is not None:
+            # beside it (not judged): the call with its results held past the
+            # end event, and the host round trip of a bare synchronization
+            fmt = ("{:.3f} (results held: %.3f; public - kernel %.1f us, a bare "
+                   "synchronization %.1f us)" % (
+                       r["public_held_ms"] / r["kernel_ms"],
+                       (r["public_ms"] - r["kernel_ms"]) * 1e3, r["sync_ms"] * 1e3))
         line(f"{op} n = {n}, public ms / kernel ms", v, f"<= {PUB_OVER_KERNEL}",
-             v <= PUB_OVER_KERNEL)
+             v <= PUB_OVER_KERNEL, fmt)
         if n <= 32:
             # the call's own host work: calls back to back (host_b2b_us) where
             # the run has it, beside the figure of a call made after a wait
@@ -396,6 +423,20 @@ def target_table(rows: list[dict]) -> list[str]:
             line(f"{op} n = {n}, host us (asynchronous call)", v, f"<= {HOST_US:g}",
                  v <= HOST_US, fmt)
     return out
+
+
+def public_cases(args) -> list[tuple[str, int]]:
+    """(op, n) of ``--public``, in order: ``--public-cases`` (``op:n`` pairs)
+    where given, else every op of ``--public-ops`` at every n of
+    ``--public-sizes``."""
+    if getattr(args, "public_cases", None):
+        out = []
+        for item in args.public_cases.split(","):
+            op, _, n = item.partition(":")
+            out.append((op.strip(), int(n)))
+        return out
+    return [(op, int(n)) for n in args.public_sizes.split(",")
+            for op in args.public_ops.split(",")]
 
 
 def public_bench(args) -> int:
@@ -447,8 +488,9 @@ def public_bench(args) -> int:
            f"{'e2e ms':>7} {'cuBLAS':>7} {'torch':>7}")
     print(hdr, flush=True)
     rows = []
-    sizes = [int(x) for x in args.public_sizes.split(",")]
-    ops = args.public_ops.split(",")
+    tails = {}
+    cases = public_cases(args)
+    sizes = list(dict.fromkeys(n for _, n in cases))
     rng = cp.random.default_rng(7)
 
     def python_after_wait(fn, reps=30):
@@ -497,7 +539,7 @@ def public_bench(args) -> int:
                 if n > 32:
                     s += n * cp.eye(n, dtype=dtype)
                 return s
-            for op in ops:
+            for op in [op for op, m in cases if m == n]:
                 if op == "lu":
                     kern = lambda: bg.getrf(a)                                   # noqa: E731
                     pub = lambda: fns.lu_factor_batched(a)                         # noqa: E731
@@ -630,6 +672,20 @@ def public_bench(args) -> int:
                     if args.sequential:       # the older way: each function's calls in a row
                         k_ms, p_ms, a_ms = (timer.device(f, reps=args.reps)
                                             for f in (kern, pub, asy))
+                    elif n <= 32:
+                        # beside them: the public call with its results held
+                        # past the end event, and a bare stream
+                        # synchronization between events (the host round
+                        # trip that any call which waits pays)
+                        sync = cp.cuda.get_current_stream().synchronize
+                        k_ms, p_ms, a_ms, held_ms, sync_ms = timer.device_interleaved(
+                            (kern, pub, asy, pub, sync), reps=args.reps, hold=(3,))
+                        tails[(op, n)] = (held_ms, sync_ms)
+                        print(f"{tag:6} {dtype.name:7} {n:>3} {bsz:>8} {op:9} tail: public "
+                              f"- kernel {(p_ms - k_ms) * 1e3:6.1f} us, results held "
+                              f"{(held_ms - k_ms) * 1e3:6.1f} us; a bare stream "
+                              f"synchronization between events {sync_ms * 1e3:6.1f} us",
+                              flush=True)
                     else:
                         k_ms, p_ms, a_ms = timer.device_interleaved((kern, pub, asy),
                                                                     reps=args.reps)
@@ -652,8 +708,10 @@ def public_bench(args) -> int:
                 tt = (torch_ms(torch, timer, a, op) if op in ("lu", "inv")
                       else torch_ms(torch, timer, spd, "chol") if op == "chol"
                       else float("nan"))
+                held_ms, sync_ms = tails.pop((op, n), (None, None))
                 row = dict(tag=tag, dtype=dtype.name, n=n, batch=bsz, op=op,
                            kernel_ms=k_ms, public_ms=p_ms, async_ms=a_ms,
+                           public_held_ms=held_ms, sync_ms=sync_ms,
                            kernel_host_us=k_host,
                            host_us=host, host_b2b_us=b2b, ref_b2b_us=ref_b2b,
                            ref_after_us=ref_after, work_us=work, e2e_ms=e2e, cublas_ms=cb,
@@ -781,6 +839,9 @@ def main(argv=None) -> int:
     ap.add_argument("--public-sizes", default="8,32", help="n of --public")
     ap.add_argument("--public-ops", default="lu,inv",
                     help=f"operations of --public, of {','.join(PUBLIC_OPS)}")
+    ap.add_argument("--public-cases",
+                    help="op:n pairs of --public (e.g. lu:8,inv:64), instead of every op "
+                    "of --public-ops at every n of --public-sizes")
     ap.add_argument("--pkg-root", help="import scipy_gpuqr from this tree")
     ap.add_argument("--host-profile", action="store_true",
                     help="host time of each step of a public LU call (only)")

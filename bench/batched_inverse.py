@@ -18,6 +18,10 @@ event as ``bench/batched.py`` does):
   n > 64 ran before (``_gpu_blocked.getrs`` on the identity broadcast, a
   thread per matrix and column; for n <= 64 the shared-memory solve);
 * ``public``: ``inv_batched(a)`` (default call: the status word read back);
+* ``pub other``: the same call routed the other way (the shared-memory
+  solve where ``public`` takes the blocked inverse, and the reverse:
+  ``_gpu_blocked.BLOCKED_INVERSE_MIN`` moved for the call), so that the
+  routing at the boundary is judged on public calls;
 * ``cuBLAS``: getrfBatched + getriBatched; ``torch``: ``torch.linalg.inv``.
 
 ``err``: max over the first 32 matrices of max |X - inv(A)| / max |inv(A)|
@@ -56,8 +60,8 @@ def main() -> int:
     timer = Timer(cp)
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
           f"cupy {cp.__version__}, torch {getattr(torch, '__version__', None)}, {dtype.name}")
-    cols = ("lu", "blk32", "blk64", "solve", "public", "cuBLAS", "torch")
-    print(f"{'n':>4} {'batch':>7} " + " ".join(f"{c:>8}" for c in cols)
+    cols = ("lu", "blk32", "blk64", "solve", "public", "pub other", "cuBLAS", "torch")
+    print(f"{'n':>4} {'batch':>7} " + " ".join(f"{c:>9}" for c in cols)
           + "   err blk32 / blk64 / solve / cuBLAS", flush=True)
     rows = []
     rng = cp.random.default_rng(11)
@@ -82,11 +86,19 @@ def main() -> int:
             if n <= bb.FUSED_MAX:
                 return bb._solve_smem(lu, p, None, 0, True)
             return bb.getrs(lu, p, cp.broadcast_to(cp.eye(n, dtype=a.dtype), (bsz, n, n)))
+        def other_route(a=a, n=n):
+            keep = bb.BLOCKED_INVERSE_MIN
+            bb.BLOCKED_INVERSE_MIN = n + 1 if n >= keep else n
+            try:
+                return g.inv_batched(a)
+            finally:
+                bb.BLOCKED_INVERSE_MIN = keep
         fns = {"lu": lambda a=a: bb.getrf(a, piv, info),
                "blk32": blocks(32),
                "blk64": blocks(64),
                "solve": solve,
-               "public": lambda a=a: g.inv_batched(a)}
+               "public": lambda a=a: g.inv_batched(a),
+               "pub other": other_route}
         ms = dict(zip(fns, timer.device_interleaved(list(fns.values()), reps=args.reps)))
         work = a.copy()
         ms["cuBLAS"] = timer.device(cublas_lu(cp, work, inverse=True), reps=3)
@@ -98,10 +110,11 @@ def main() -> int:
             err[name] = float((np.abs(fns[name]()[:32].get() - ref) / scale).max())
         cp.cuda.Device().synchronize()
         err["cuBLAS"] = float((np.abs(cp.linalg.inv(a[:32]).get() - ref) / scale).max())
-        row = dict(n=n, batch=bsz, dtype=dtype.name, **{f"{k}_ms": v for k, v in ms.items()},
+        row = dict(n=n, batch=bsz, dtype=dtype.name,
+                   **{f"{k.replace(' ', '_')}_ms": v for k, v in ms.items()},
                    **{f"err_{k}": v for k, v in err.items()})
         rows.append(row)
-        print(f"{n:>4} {bsz:>7} " + " ".join(f"{ms[c]:8.3f}" for c in cols)
+        print(f"{n:>4} {bsz:>7} " + " ".join(f"{ms[c]:9.3f}" for c in cols)
               + "   " + " / ".join(f"{err[k]:.1e}" for k in ("blk32", "blk64", "solve", "cuBLAS")),
               flush=True)
         if args.json:

@@ -68,3 +68,16 @@ def test_host_target_judged_on_calls_back_to_back():
     row.update(host_b2b_us=31.0)
     assert _verdicts(bench.target_table([row]))[
         "lu n = 8, host us (asynchronous call)"][1] == "**missed**"
+
+
+def test_round_trip_shown_beside_the_ratio():
+    """A row with the tail measurements (the results held past the end
+    event, a bare synchronization between events) shows them beside the
+    public / kernel ratio, which is judged on the default call alone."""
+    bench = load_bench("batched.py", "bench_batched_targets4")
+    row = _row("lu", 8, 0.360, kern=0.340)
+    row.update(public_held_ms=0.350, sync_ms=0.012)
+    measured, verdict = _verdicts(bench.target_table([row]))["lu n = 8, public ms / kernel ms"]
+    assert verdict == "**missed**"
+    assert measured == ("1.059 (results held: 1.029; public - kernel 20.0 us, "
+                        "a bare synchronization 12.0 us)")
