@@ -53,9 +53,11 @@ Per device the line gives its enqueueing thread's CPU seconds and its host
 seconds by kind (stage set-up, launches, dense fronts, blocks cut, the
 rest), and how its R values reached R's array (``R`` share scattered by the
 end of its enqueueing, seconds scattering, seconds a copier waited for R's
-array). ``--rebalance`` adds, per device count above one, a run of the last
-split setting whose mapping shares the subtrees by the speeds its warm-up
-measured (``measured_speeds``, ``device_speeds=``; a second warm-up
+array). ``--r-slot-mb 128,32`` runs every multi-device setting with each of
+those slot sizes of R's copies (``multi_gpu_factorize(r_slot_bytes=...)``;
+default: the engine's choice). ``--rebalance`` adds, per device count above
+one, a run of the last split setting (and the first slot size) whose mapping
+shares the subtrees by the speeds its warm-up measured (``measured_speeds``, ``device_speeds=``; a second warm-up
 runs the new mapping once before the timed calls). ``--check-only grid56,...``
 checks the answers of those matrices only (R's difference, ``Qᵀ b`` and the
 residuals take tens of seconds on grid 64³'s R); ``--check-r grid64,...``
@@ -124,7 +126,7 @@ class _Runner:
         import cupy as cp
         return cp.cuda.Device(ids[0])
 
-    def factorize(self, A, an, ids, budget, split=None, speeds=None):
+    def factorize(self, A, an, ids, budget, split=None, speeds=None, r_slot=None):
         from scipy_gpuqr._engine.gpu.driver import gpu_factorize
         from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
         if self.numpy:
@@ -137,12 +139,13 @@ class _Runner:
                 return gpu_factorize(A, an, max_gpu_memory=budget, device=layer())
             return multi_gpu_factorize(A, an, layers=[layer() for _ in ids],
                                        max_gpu_memory=budget, split_dense=split,
-                                       device_speeds=speeds)
+                                       device_speeds=speeds, r_slot_bytes=r_slot)
         with self.device_context(ids):
             if len(ids) == 1:
                 return gpu_factorize(A, an, max_gpu_memory=budget)
             return multi_gpu_factorize(A, an, devices=ids, max_gpu_memory=budget,
-                                       split_dense=split, device_speeds=speeds)
+                                       split_dense=split, device_speeds=speeds,
+                                       r_slot_bytes=r_slot)
 
     def free(self):
         if self.numpy:
@@ -275,16 +278,16 @@ def _differences(got, ref) -> dict:
 SPLIT_MODES = {"rule": [None], "off": [False], "on": [True], "both": [False, None]}
 
 
-def _variants(counts, split, rebalance) -> list:
-    """(device count, split_dense, rebalanced) of every run, in order."""
+def _variants(counts, split, rebalance, slots=(None,)) -> list:
+    """(device count, split_dense, R slot bytes, rebalanced) of every run, in order."""
     out = []
     for k in counts:
         if k == 1:
-            out.append((k, None, False))
+            out.append((k, None, None, False))
             continue
-        out += [(k, sd, False) for sd in SPLIT_MODES[split]]
+        out += [(k, sd, sl, False) for sd in SPLIT_MODES[split] for sl in slots]
         if rebalance:
-            out.append((k, SPLIT_MODES[split][-1], True))
+            out.append((k, SPLIT_MODES[split][-1], slots[0], True))
     return out
 
 
@@ -299,7 +302,7 @@ def _r_copy_text(rc) -> str:
 
 
 def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runner,
-            deadline=None, split="rule", rebalance=False, verify=True):
+            deadline=None, split="rule", rebalance=False, verify=True, slots=(None,)):
     from scipy_gpuqr._schedule.devices import map_devices
     from scipy_gpuqr._symbolic import analyze
     A = make()
@@ -314,13 +317,14 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
     b = np.random.default_rng(7).standard_normal(A.shape[0])
     ref = None
     base = None
-    for k, sd, rebal in _variants(counts, split, rebalance):
+    for k, sd, sl, rebal in _variants(counts, split, rebalance, slots):
         ids = [0] * k if (simulate or runner.numpy) else list(range(k))
         plan = map_devices(an, k, device_memory=budget)
         run = {"gpus": k, "devices": ids, "plan": plan.as_dict(),
                "split": {None: "rule", False: "off", True: "on"}[sd] if k > 1 else "-",
-               "rebalanced": rebal}
+               "rebalanced": rebal, "r_slot_bytes": sl}
         label = f"{k} GPU(s)" + (f" split={run['split']}"
+                                 + (f" r-slot {sl / (1 << 20):g}MB" if sl else "")
                                  + (" rebalanced" if rebal else "") if k > 1 else "")
         if deadline is not None and time.perf_counter() > deadline:
             run["skipped"] = "time budget spent"
@@ -329,7 +333,7 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
             continue
         try:
             # warm-up (kernels, schedule, layout)
-            qr = runner.factorize(A, an, ids, budget, sd)
+            qr = runner.factorize(A, an, ids, budget, sd, None, sl)
             speeds = None
             if rebal:
                 from scipy_gpuqr._engine.gpu.multi_device import measured_speeds
@@ -337,13 +341,13 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                 run["speeds"] = speeds
                 qr.free()
                 runner.free()           # the new mapping's schedule and layout, once
-                qr = runner.factorize(A, an, ids, budget, sd, speeds)
+                qr = runner.factorize(A, an, ids, budget, sd, speeds, sl)
             qr.free()
             runner.free()
             times, infos = [], []
             for rep in range(reps):
                 t = time.perf_counter()
-                qr = runner.factorize(A, an, ids, budget, sd, speeds)
+                qr = runner.factorize(A, an, ids, budget, sd, speeds, sl)
                 times.append(time.perf_counter() - t)
                 infos.append(qr.info)
                 if rep == 0 and verify == "r":
@@ -460,7 +464,10 @@ def summary(rows) -> str:
         for run in r["runs"]:
             sp = run.get("split", "-")
             head = (f"| {r['matrix']} | {r['flops'] / 1e12:.2f} | {run['gpus']}"
-                    + (f" (split {sp}" + (", rebalanced" if run.get("rebalanced") else "")
+                    + (f" (split {sp}"
+                       + (f", R slots {run['r_slot_bytes'] / (1 << 20):g} MB"
+                          if run.get("r_slot_bytes") else "")
+                       + (", rebalanced" if run.get("rebalanced") else "")
                        + ")" if sp != "-" else "") + " |")
             if "seconds" not in run:
                 out.append(head + f" {run.get('skipped') or run.get('error', '?')}"
@@ -537,6 +544,9 @@ def main(argv=None) -> int:
                    help="dense fronts of the upper tree over every GPU: 'off' (the "
                         "library's default), 'rule' (the model's choice), 'on' (every "
                         "one), 'both' (off, then rule)")
+    p.add_argument("--r-slot-mb", default="",
+                   help="R's copy slot sizes (MB) each multi-device setting runs with "
+                        "(default: the engine's)")
     p.add_argument("--rebalance", action="store_true",
                    help="add a run mapped by the speeds its warm-up measured")
     p.add_argument("--check-only", default="",
@@ -580,12 +590,13 @@ def main(argv=None) -> int:
     runner = _Runner(a.numpy)
     checked = [x for x in a.check_only.split(",") if x]
     r_only = [x for x in a.check_r.split(",") if x]
+    slots = tuple(int(float(x) * (1 << 20)) for x in a.r_slot_mb.split(",") if x) or (None,)
     rows = []
     for n, make in _matrices(only, a.numpy):
         rows.append(run_one(n, make, counts, a.reps, simulate=a.simulate,
                             budget_fraction=a.budget_fraction, public=a.public,
                             runner=runner, deadline=deadline, split=a.split,
-                            rebalance=a.rebalance,
+                            rebalance=a.rebalance, slots=slots,
                             verify=("r" if n in r_only else not checked or n in checked)))
         if a.json:                      # after each matrix: a run cut short keeps the rest
             Path(a.json).write_text(json.dumps({"gpus": names, "counts": counts,

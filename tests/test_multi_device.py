@@ -518,9 +518,9 @@ def test_stage_values_scattered_by_ranges():
 
 
 def test_r_scatter_threads_follow_the_enqueueing(monkeypatch):
-    """While a device's thread still enqueues, a range is scattered by the copier's
-    own thread (threads it started would each wait for the GIL); once every
-    device enqueued, over several threads."""
+    """While a device's thread still enqueues, a range is scattered by few threads
+    (each started would wait for the GIL), once every device enqueued by more:
+    SCATTER_PER_THREAD's two sizes."""
     from concurrent.futures import Future
 
     from scipy_gpuqr._engine.gpu import multi_device as md
@@ -536,7 +536,9 @@ def test_r_scatter_threads_follow_the_enqueueing(monkeypatch):
         return real(lib, out, pos, values, threads=threads)
 
     monkeypatch.setattr(native, "scatter", scatter)
-    monkeypatch.setattr(native, "thread_count", lambda n, per, most=16: 4)
+    monkeypatch.setattr(native, "thread_count", lambda n, per, most=16: {
+        md.SCATTER_PER_THREAD[0]: 1, md.SCATTER_PER_THREAD[1]: 4}[per])
+    assert md.SCATTER_PER_THREAD[0] > md.SCATTER_PER_THREAD[1]
     n = 1 << 12
     made = Future()
     made.set_result(np.zeros(2 * n))

@@ -73,14 +73,14 @@ def _peers(ids) -> bool:
     return all(d == ids[0] or cp.cuda.runtime.deviceCanAccessPeer(ids[0], d) for d in ids)
 
 
-def _run(ids):
+def _run(ids, **kw):
     import cupy as cp
     crossed = 0
     for name, A in _cases():
         an = analyze(A)
         with cp.cuda.Device(ids[0]):        # Q and the solves run with the first device current
             one = gpu_factorize(A, an)
-            many = multi_gpu_factorize(A, an, devices=ids)
+            many = multi_gpu_factorize(A, an, devices=ids, **kw)
             _compare(A, one, many)
         info = many.info
         assert "multi_device_fallback" not in info, (name, info.get("multi_device_fallback"))
@@ -90,6 +90,10 @@ def _run(ids):
         assert all(d["busy_seconds"] >= 0 for d in per)
         assert all(d["enqueue_seconds"] >= d["wait_blocks_seconds"] >= 0 for d in per)
         assert all(d["enqueue_cpu_seconds"] >= 0 for d in per)
+        for d in per:               # every entry of R put in R's data once, as it landed
+            rc = d["r_copy"]
+            assert rc["scattered"] == rc["entries"], (name, rc)
+            assert 0 <= rc["scattered_by_enqueued"] <= rc["entries"]
         assert 0 <= info["r_copy_progressive"] <= info["stages"]
         assert info["q_device"] == ids[0]
         if _peers(ids):                     # Q reads the other devices' pools in place
@@ -105,6 +109,15 @@ def _run(ids):
 @pytest.mark.parametrize("ids", [(0, 0), (0, 0, 0), (0, 0, 0, 0)])
 def test_simulated_devices_on_one_gpu(ids):
     _run(ids)
+
+
+@pytest.mark.parametrize("ids", [(0, 0), (0, 1)])
+def test_r_copied_through_small_slots(ids):
+    """R's values through slots of 64 KB (many ranges per stage, each scattered into
+    R's data as it lands, by one thread or several): the one-GPU answer."""
+    if len(set(ids)) > device_count():
+        pytest.skip(f"needs {len(set(ids))} GPUs")
+    _run(ids, r_slot_bytes=1 << 16)
 
 
 @pytest.mark.parametrize("ids", [(0, 1), (1, 0)])

@@ -97,10 +97,12 @@ ENQUEUE_PARTS = ("begin", "launch", "dense", "blocks_out", "other")
 #: the devices' budget leaves no room for them (:func:`_r_slot_bytes`).
 R_SLOT_BYTES = 128 << 20
 
-#: R entries per thread of a scatter into R's data once no device's thread is
-#: enqueueing (:meth:`_RData.put`); while one is, the copier's own thread scatters
-#: alone (each thread started must first take the GIL from the enqueueing threads).
-SCATTER_PER_THREAD = 1 << 19
+#: R entries per thread of a scatter into R's data (:meth:`_RData.put`): while a
+#: device's thread still enqueues, and after. While one does, few threads: each
+#: thread started, and each one's return, first takes the GIL from the enqueueing
+#: threads (a slot of the one-GPU engine's size is scattered by the copier's own
+#: thread); after, as many as a chunk of R's tail needs.
+SCATTER_PER_THREAD = (1 << 22, 1 << 19)
 
 
 def device_count() -> int:
@@ -251,8 +253,8 @@ class _RData:
             p = pos[first: first + len(v)]
             lib = native.handle()
             if lib is not None:         # compiled, the GIL released
-                threads = 1 if self.enqueueing else native.thread_count(len(v),
-                                                                         SCATTER_PER_THREAD)
+                per = SCATTER_PER_THREAD[0 if self.enqueueing else 1]
+                threads = native.thread_count(len(v), per)
                 native.scatter(lib, data, p, v, threads=threads)
             else:
                 data[p] = v
@@ -375,7 +377,8 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
                         dense_flops: float | None = DEFAULT_DENSE_FLOPS,
                         dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH,
                         split_dense: bool | None = False,
-                        split_model: SplitModel | None = None, device_speeds=None):
+                        split_model: SplitModel | None = None, device_speeds=None,
+                        r_slot_bytes: int | None = None):
     """Sparse QR ``A[:, colperm] = Q @ R`` over several GPUs of one host.
 
     Parameters
@@ -421,6 +424,10 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         earlier factorization of the pattern (:func:`measured_speeds`): the
         mapping shares the subtrees by them
         (:func:`~scipy_gpuqr._schedule.devices.map_devices`' ``speeds``).
+    r_slot_bytes : int, optional
+        Bytes of each pinned slot R's values of a stage move through on CUDA
+        layers (default :data:`R_SLOT_BYTES`, or the one-GPU engine's
+        ``SLOT_BYTES`` where the plan's budget has no room for them).
 
     Returns
     -------
@@ -474,7 +481,7 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         out = _run(Ac, analysis, plan, layers, tile=tile, bundle=bundle,
                    pipelining=pipelining, max_tasks=max_tasks, dense_flops=dense_flops,
                    dense_cpl=dense_columns_per_launch, dtype=dtype, t_start=t_start,
-                   split_dense=split_dense, split_model=model)
+                   split_dense=split_dense, split_model=model, r_slot_bytes=r_slot_bytes)
     except DeviceOutOfMemory as exc:
         for layer in layers:
             with _on(layer):
@@ -496,7 +503,8 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
 
 
 def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, dense_flops,
-         dense_cpl, dtype, t_start, split_dense=None, split_model=None):
+         dense_cpl, dtype, t_start, split_dense=None, split_model=None,
+         r_slot_bytes=None):
     t0 = time.perf_counter()
     # the plan's split fronts are dense fronts whatever dense_flops chose (split
     # or not: split_dense=False with the same plan gives the same fronts)
@@ -509,6 +517,10 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
     split = split_choice(analysis, plan, sched, layers, split_dense, model)
     t1 = time.perf_counter()
     helper = ThreadPoolExecutor(max_workers=1)
+    # the CUDA layers' R copy slots for this run (restored after: a fallback to one
+    # GPU on the first layer copies as the one-GPU engine does)
+    cuda = [x for x in layers if getattr(x, "cp", None) is not None]
+    saved = [(x.r_copy_slot_bytes, x.r_copy_min_chunk_bytes) for x in cuda]
     try:
         host_side = helper.submit(_host_side, analysis, [st.fronts for st in sched.stages])
         # then, while the devices run: the array R's values land in, its pages
@@ -518,6 +530,10 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
         pattern = helper.submit(lambda: host_side.result()[0].pattern_copy())
         run = _MultiStageRun(Ac, analysis, plan, layers, sched, host_side, dtype)
         run.r = _RData(len(layers), dtype, data)
+        if r_slot_bytes is not None:
+            run.r_slot = int(r_slot_bytes)
+        for x in cuda:
+            x.r_copy_slot_bytes, x.r_copy_min_chunk_bytes = run.r_slot, run.r_slot // 2
         run.t_call = t_start
         run.split, run.split_model = split, model
         t_devices = time.perf_counter()
@@ -527,6 +543,8 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
         pattern = pattern.result()
     finally:
         helper.shutdown(wait=True)
+        for x, (slot, chunk) in zip(cuda, saved):
+            x.r_copy_slot_bytes, x.r_copy_min_chunk_bytes = slot, chunk
     R = run.finish_r(Ac, layout, pattern)
     t3 = time.perf_counter()
     return run.result(Ac, layout, R, seconds={
@@ -761,7 +779,7 @@ class _MultiStageRun:
         after the stage): scattered after the stage, a large stage's values and
         positions (16 bytes per entry of R) would be read again while every
         device waits. Its slots are :attr:`r_slot` bytes (the layer's
-        ``r_copy_slot_bytes`` and ``r_copy_min_chunk_bytes`` set for it).
+        ``r_copy_slot_bytes``, set for the run by ``_run``).
         """
         layout, gmaps = self.host_side.result()
         pos, gidx = gmaps[sid]
@@ -775,8 +793,6 @@ class _MultiStageRun:
             return lay.extra(key, make)
         if getattr(layer, "cp", None) is None:
             return layer.open_r_copy(h["pool"], gidx, layout, final=_final), pos
-        layer.r_copy_slot_bytes = self.r_slot
-        layer.r_copy_min_chunk_bytes = self.r_slot // 2
         sink = functools.partial(self.r.put, k, pos)
         return (CupyRCopy(layer, h["pool"], gidx, staging_for(layout, self.r_slot), _final,
                           sink=sink), None)
