@@ -71,7 +71,8 @@ from ..host.simulate import one_blas_thread
 from ..split_front import run_split, split_factorize_numpy
 from . import driver
 from .device import CupyDevice
-from .rcopy import SLOT_BYTES, CupyRCopy, final_entries, staging_for, touched
+from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, final_entries, staging_for,
+                    touched)
 from .rlayout import r_layout
 from .split_front import CupySplit, enable_peers
 from .stage_loop import stage_reflector_records
@@ -520,7 +521,8 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
     # the CUDA layers' R copy slots for this run (restored after: a fallback to one
     # GPU on the first layer copies as the one-GPU engine does)
     cuda = [x for x in layers if getattr(x, "cp", None) is not None]
-    saved = [(x.r_copy_slot_bytes, x.r_copy_min_chunk_bytes) for x in cuda]
+    saved = [(getattr(x, "r_copy_slot_bytes", SLOT_BYTES),
+              getattr(x, "r_copy_min_chunk_bytes", MIN_CHUNK_BYTES)) for x in cuda]
     try:
         host_side = helper.submit(_host_side, analysis, [st.fronts for st in sched.stages])
         # then, while the devices run: the array R's values land in, its pages
