@@ -192,7 +192,7 @@ def pool_block(pool: np.ndarray, start: int, rows: int, width: int, pitch: int) 
         The block reaches past the pool's end.
     """
     if start + (rows - 1) * pitch + width > pool.size:
-        raise ValueError("place_blocks: a block past the pool's end")
+        raise ValueError("pool_block: a block past the pool's end")
     isz = pool.itemsize
     return np.lib.stride_tricks.as_strided(pool[start:], shape=(rows, width),
                                            strides=(pitch * isz, isz))
@@ -349,16 +349,6 @@ class NumpyDevice:
         if not _all_finite(pool):
             raise GpuEngineError("non-finite values in the front pool after the stage")
         return pool
-
-    def place_blocks(self, pool, blocks, out):
-        """Blocks of ``pool`` copied into the host array ``out``: per block
-        ``(start, rows, width, pitch, at)``, ``rows`` rows of ``width`` elements
-        ``pitch`` apart from ``start``, to ``out[at:]`` row after row. Returns
-        what to wait for before ``out`` is read there (None: done)."""
-        for a, m, w, n, at in blocks:
-            if m and w:
-                out[at: at + m * w].reshape(m, w)[...] = pool_block(pool, a, m, w, n)
-        return None
 
     def fetch(self, pool, segments) -> np.ndarray:
         n = int(sum(k for _, k in segments)) * self.dtype.itemsize
@@ -948,26 +938,6 @@ class CupyDevice:
             t1 - h["t_loop"])
         self.seconds["wait"] = self.seconds.get("wait", 0.0) + (time.perf_counter() - t1)
         return pool
-
-    def place_blocks(self, pool, blocks, out):
-        """Blocks of the device pool ``pool`` copied into the host array ``out``
-        (as :meth:`NumpyDevice.place_blocks`), one strided copy each
-        (``cudaMemcpy2DAsync``) on the stage's stream: asynchronous into pinned
-        memory, and before anything later on that stream may reuse the pool's
-        memory (CuPy hands a freed block out again on its stream only). Returns
-        the event to wait for before ``out`` is read."""
-        cp = self.cp
-        rt = cp.cuda.runtime
-        t0 = time.perf_counter()
-        isz = pool.itemsize
-        for a, m, w, n, at in blocks:
-            if m and w:
-                rt.memcpy2DAsync(out.ctypes.data + at * isz, w * isz, pool.data.ptr + a * isz,
-                                 n * isz, w * isz, m, rt.memcpyDeviceToHost, self.stream.ptr)
-        ev = cp.cuda.Event(disable_timing=True)
-        ev.record(self.stream)
-        self.seconds["download"] += time.perf_counter() - t0
-        return ev
 
     def fetch(self, pool, segments) -> np.ndarray:
         """Segments ``(start, length)`` of a device pool, gathered on the device and

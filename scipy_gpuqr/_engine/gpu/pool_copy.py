@@ -264,7 +264,7 @@ def upper_pieces(blocks, rows: int = UPPER_ROWS) -> list:
     Parameters
     ----------
     blocks : iterable of (int, int, int, int, int)
-        Per block ``(start, m, w, n, at)`` as ``place_blocks`` takes them: ``m``
+        Per block ``(start, m, w, n, at)`` as :class:`~.stage_loop._Placing` takes them: ``m``
         rows of ``w`` elements, ``n`` apart from ``start`` in the pool, going to
         ``out[at:]`` row after row (``w`` apart).
     rows : int
@@ -291,15 +291,15 @@ def upper_pieces(blocks, rows: int = UPPER_ROWS) -> list:
 
 def place_upper(device, pool, blocks, out, rows: int = UPPER_ROWS, stream=None):
     """Contribution blocks of a stage's pool copied into a later host stage's
-    pool ``out`` (as ``place_blocks``), their upper trapezoids only
-    (:func:`upper_pieces`): below its diagonal a block holds Householder
+    pool ``out``, their upper trapezoids only (``blocks`` and the pieces as
+    :func:`upper_pieces` has them): below its diagonal a block holds Householder
     vectors, which its parent never reads (and which go to the host with the
     pool), about half of a square block's bytes.
 
     ``device``: a CUDA layer (one strided copy per piece into pinned ``out``;
     on its stage ``stream``, then returns the event to wait for before
-    ``out`` is read there, as ``place_blocks``; or on ``stream``, whose own
-    synchronization covers the copies: returns None) or a NumPy one (copied
+    ``out`` is read there; or on ``stream``, whose own synchronization
+    covers the copies: returns None) or a NumPy one (copied
     at once; the block's entries not copied are set to NaN, so that a read of
     them shows; returns None).
     """

@@ -553,8 +553,11 @@ class StageLoop:
         stage's stream) into the rows of that stage's pool they take there
         (:meth:`~.device.HostFrontDevice.take_pool`): the host stage then neither
         waits for a host copy of them nor makes one (a host front's carried blocks
-        are gigabytes). Returns the members left for ``host_cb``."""
-        if not self.host_stages or not hasattr(device, "place_blocks") or not len(later):
+        are gigabytes). Every layer's pool can be placed from: a host stage's
+        (``device`` is the host layer) by :class:`_Placing`, any other by
+        :func:`~.pool_copy.place_upper` (a CUDA layer's on its stream, a NumPy
+        layer's at once). Returns the members left for ``host_cb``."""
+        if not self.host_stages or not len(later):
             return later
         fs = self.fs
         first = st.fronts[0]
@@ -740,10 +743,11 @@ _PLACE_PIECE = 1 << 21
 
 class _Placing:
     """Blocks of a host stage's pool copied into a later host stage's pool on a
-    worker thread, by threads in pieces of rows (as
-    :meth:`~.device.NumpyDevice.place_blocks`: per block ``(start, rows, width,
-    pitch, at)``); :meth:`synchronize` waits for the copy (the wait a host
-    stage's pool makes for its placed blocks) and raises what it raised."""
+    worker thread, by threads in pieces of rows: per block ``(start, rows, width,
+    pitch, at)``, ``rows`` rows of ``width`` elements ``pitch`` apart from
+    ``start`` (:func:`~.device.pool_block`), to ``out[at:]`` row after row;
+    :meth:`synchronize` waits for the copy (the wait a host stage's pool makes
+    for its placed blocks) and raises what it raised."""
 
     def __init__(self, pool, blocks, out):
         pieces = []
