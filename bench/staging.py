@@ -177,37 +177,30 @@ def _once(A, b, backend, debug=False):
 #: package's defaults with a few settings changed: how Q's solve brings an
 #: earlier stage's reflector bands up (``reflector_upload.BAND_UPLOAD``), how a
 #: host front's slabs bring earlier panels up (``slab_front.PANEL_UPLOAD``) and
-#: how many parts a slab has at most (``slab_front.SLAB_PARTS``), whether a
-#: slab part moves its rows down to the staircase only
-#: (``slab_front.STAIRCASE_PARTS``), whether Q's replay prefetches the next
-#: stage's reflectors (``solve.PREFETCH``) and a staged factorization sends
-#: Q's first stage up as it ends (``solve.PREFETCH_FIRST``), how a plan that the
-#: time model's dense fronts leave infeasible picks dense fronts
-#: (``driver.STAGED_DENSE``), whether a staged factorization's R is assembled
-#: on a worker beside Q's first upload (``driver.ASSEMBLE_R_BEHIND``) and
-#: whether its stage plan is made per call (``plans_per_call``; kept per
-#: pattern and bytes available otherwise).
+#: how many parts a slab has at most (``slab_front.SLAB_PARTS``), whether Q's
+#: replay prefetches the next stage's reflectors (``solve.PREFETCH``) and a
+#: staged factorization sends Q's first stage up as it ends
+#: (``solve.PREFETCH_FIRST``), how a plan that the time model's dense fronts
+#: leave infeasible picks dense fronts (``driver.STAGED_DENSE``) and whether
+#: its stage plan is made per call (``plans_per_call``; kept per pattern and
+#: bytes available otherwise).
 MODES = {"defaults": {},
          "bands": {"band_upload": "mapped"},
          "panels-mapped": {"slab_panels": "mapped"},
          "mapped-all": {"slab_panels": "mapped-all"},
          "parts2": {"slab_parts": 2},
-         "fullrows": {"staircase_parts": False},
          "noprefetch": {"prefetch": False},
          "lateq": {"prefetch_first": False},
          "size": {"staged_dense": "size"},
-         "inline-r": {"assemble_behind": False},
          "plannow": {"plans_per_call": True}}
 
 #: Each setting of :data:`MODES`: its module (under ``scipy_gpuqr``) and name.
 _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
              "slab_panels": ("_engine.slab_front", "PANEL_UPLOAD"),
              "slab_parts": ("_engine.slab_front", "SLAB_PARTS"),
-             "staircase_parts": ("_engine.slab_front", "STAIRCASE_PARTS"),
              "prefetch": ("_engine.gpu.solve", "PREFETCH"),
              "prefetch_first": ("_engine.gpu.solve", "PREFETCH_FIRST"),
-             "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE"),
-             "assemble_behind": ("_engine.gpu.driver", "ASSEMBLE_R_BEHIND")}
+             "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE")}
 
 
 class _NoPlans:
@@ -390,7 +383,7 @@ def main(argv=None):
                         "interleaved)")
     p.add_argument("--modes", default="",
                    help="an A/B in one process: the modes of MODES to time at each limit, "
-                        "their calls interleaved (e.g. defaults,fullrows); MODE@F: at the limit "
+                        "their calls interleaved (e.g. defaults,parts2); MODE@F: at the limit "
                         "1/F only")
     p.add_argument("--alternate", default="",
                    help="after the limits, calls alternating between two of them "

@@ -1536,10 +1536,11 @@ def test_host_stages_hand_on_behind_the_next_stages(monkeypatch):
 
 def test_staged_r_assembled_on_a_worker_beside_q_first_upload(monkeypatch):
     """A staged factorization assembles R on a worker while the engine's thread
-    sends ``Q``'s first stage up (``driver.ASSEMBLE_R_BEHIND``): R and ``Qᵀb``
-    bit for bit those of the assembly on the engine's thread; a one-stage run
-    assembles on the engine's thread."""
+    sends ``Q``'s first stage up: R and ``Qᵀb`` bit for bit those of the
+    assembly run at once on the engine's thread (its worker's future stood in
+    for by a finished one); a one-stage run assembles on the engine's thread."""
     import threading
+    from concurrent.futures import Future
 
     from scipy_gpuqr._engine.gpu import driver
     A, an, needs = _host_case()
@@ -1556,13 +1557,21 @@ def test_staged_r_assembled_on_a_worker_beside_q_first_upload(monkeypatch):
                       dense_flops=_HOST_FLOPS)
     assert g.info["stages"] > 1 and where[-1].startswith("gpuqr-assemble-r"), where
     behind = (g.R.toarray(), g.qt_matmul(b))
-    monkeypatch.setattr(driver, "ASSEMBLE_R_BEHIND", False)
+    worker = driver._on_worker
+
+    def inline_assembly(fn, name):
+        if name != "gpuqr-assemble-r":
+            return worker(fn, name)
+        done = Future()
+        done.set_result(fn())
+        return done
+    monkeypatch.setattr(driver, "_on_worker", inline_assembly)
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                       dense_flops=_HOST_FLOPS)
     assert where[-1] == threading.current_thread().name
     np.testing.assert_array_equal(g.R.toarray(), behind[0])
     np.testing.assert_array_equal(g.qt_matmul(b), behind[1])
-    monkeypatch.setattr(driver, "ASSEMBLE_R_BEHIND", True)
+    monkeypatch.setattr(driver, "_on_worker", worker)
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE), dense_flops=_HOST_FLOPS)
     assert g.info["stages"] == 1 and where[-1] == threading.current_thread().name
 

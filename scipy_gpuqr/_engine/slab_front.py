@@ -64,7 +64,7 @@ from .memory import make_room
 
 __all__ = ["slab_ranges", "slab_parts", "slab_sides", "slab_columns", "whole_front_fits",
            "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS", "PANEL_UPLOADS",
-           "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count", "part_rows", "STAIRCASE_PARTS"]
+           "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count", "part_rows"]
 
 #: Most parts a slab is worked in (:func:`slab_parts`): part ``g`` goes back to
 #: the host while part ``g + 1`` is worked on, and part ``g + 1`` came up while
@@ -78,10 +78,6 @@ SLAB_PARTS = 4
 #: bring short pieces up well below the link's speed, so a narrow slab is cut
 #: into fewer, wider parts (bench/RESULTS.md, issue 22).
 PART_ROW_BYTES = 7 << 10
-
-#: A slab part moves its rows down to its staircase only (:func:`part_rows`);
-#: off: every row of the front (the zeros below the staircase too).
-STAIRCASE_PARTS = True
 
 #: How :class:`CupySlabs` brings an earlier panel up: ``"copy2d"``, one
 #: ``cudaMemcpy2DAsync`` (a panel's rows are 2 KB pieces of the front's rows:
@@ -329,7 +325,7 @@ def _one_slab(F, panels, slab, pieces, dev, state, most=None, down=False) -> Non
     at = buf.size if down else 0
     work = []
     for a0, a1, q0, q1 in pieces:
-        rows = part_rows(panels, F.shape[0], q0, q1) if STAIRCASE_PARTS else F.shape[0]
+        rows = part_rows(panels, F.shape[0], q0, q1)     # down to its staircase
         n = rows * (a1 - a0)
         if down:
             at -= n

@@ -114,11 +114,6 @@ STAGED_DENSE_FLOPS = 1e10
 STAGED_DENSE = "oversized"
 STAGED_DENSES = ("size", "oversized")
 
-#: A staged factorization's R assembled on a worker while the engine's thread
-#: makes ``Q``'s replay executor and sends its first stage up
-#: (:func:`.solve.prefetch_first`); off: one after the other.
-ASSEMBLE_R_BEHIND = True
-
 #: Restaging attempts after device out-of-memory before the CPU fallback.
 MAX_RESTAGE = 6
 #: After an out-of-memory, the next plan's peak is at most this fraction of the
@@ -907,17 +902,19 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
                _host_pools=loop.host_pools, _front_loc=loop.front_loc,
                _front_launch=loop.front_launch, _launch_base=loop.launch_base,
                _host_stages=host_stages)
-    # Q's first stage goes up for the solves (its replay's executor made here)
-    # while R is assembled on a worker (mostly compiled scatters and waits)
-    # and the solve prepares: the host's work; the link idle otherwise
-    assembly = (_on_worker(lambda: assemble_r(Ac, layout, loop.r_values(), dtype,
-                                              loop.pattern.result(), data=loop.r_data),
-                           "gpuqr-assemble-r")
-                if len(sched.stages) > 1 and ASSEMBLE_R_BEHIND else None)
-    early = gpu_solve.prefetch_first(qr) if len(sched.stages) > 1 else None
-    qr.R = (assembly.result() if assembly is not None
-            else assemble_r(Ac, layout, loop.r_values(), dtype, loop.pattern.result(),
-                            data=loop.r_data))
+
+    def assemble():
+        return assemble_r(Ac, layout, loop.r_values(), dtype, loop.pattern.result(),
+                          data=loop.r_data)
+    if len(sched.stages) > 1:
+        # Q's first stage goes up for the solves (its replay's executor made
+        # here) while R is assembled on a worker (mostly compiled scatters and
+        # waits): the host's work; the link idle otherwise
+        assembly = _on_worker(assemble, "gpuqr-assemble-r")
+        early = gpu_solve.prefetch_first(qr)
+        qr.R = assembly.result()
+    else:
+        early, qr.R = None, assemble()
     t3 = time.perf_counter()
     qr.info = loop.info(budget=budget, dense_fronts=len(dense),
                         seconds={"schedule": t1 - t0, "factorize": t2 - t1,
