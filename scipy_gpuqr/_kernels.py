@@ -179,9 +179,9 @@ class _Hashes:
             text, files, absent = _flatten(name, directory)
             digest = hashlib.sha256(text.encode()).hexdigest()[:16]
             _record_hash(directory, name, files, absent, digest)
-        else:
-            files, absent, digest = rec
-        stamp = _stamp(directory, files)
+            stamp = _stamp(directory, files)
+        else:                   # the files were stat'ed to check the record
+            files, absent, digest, stamp = rec
         recent = time.time_ns() - _RACY_SECONDS * 10**9
         if stamp is not None and all(t < recent for t, _ in stamp):
             with self._lock:
@@ -214,10 +214,12 @@ def _record_name(directory: Path, name: str) -> str | None:
 
 
 def _recorded_hash(directory: Path, name: str):
-    """``(files, absent, digest)`` an earlier process recorded for ``name`` (files:
-    those it read, absent: those it looked for and did not find), where every
-    file it read is unchanged (inode, modification time, size, none modified in
-    the last seconds) and none of those it did not find exists; else None."""
+    """``(files, absent, digest, stamp)`` an earlier process recorded for
+    ``name`` (files: those it read, absent: those it looked for and did not
+    find; ``stamp``: the files' (modification time, size) as :func:`_stamp`
+    gives it, from the one stat that checked them), where every file it read is
+    unchanged (inode, modification time, size, none modified in the last
+    seconds) and none of those it did not find exists; else None."""
     where = _record_name(directory, name)
     rec = _store.recorded(where) if where is not None else None
     if rec is None:
@@ -227,11 +229,12 @@ def _recorded_hash(directory: Path, name: str):
             and isinstance(digest, str) and digest
             and all(isinstance(f, str) for f in files + absent)):
         return None
-    if _store.file_ids(directory, files) != rec.get("ids"):
+    ids = _store.file_ids(directory, files)
+    if ids is None or ids != rec.get("ids"):
         return None
     if any(os.path.lexists(directory / a) for a in absent):
         return None
-    return tuple(files), tuple(absent), digest
+    return tuple(files), tuple(absent), digest, tuple((m, size) for _, m, size in ids)
 
 
 def _record_hash(directory: Path, name: str, files, absent, digest: str) -> None:

@@ -151,6 +151,31 @@ def test_a_new_process_takes_the_recorded_kernel_hash(kernels_tree):
         _kernels.flatten_source(ENGINE_FILE, tree).encode()).hexdigest()[:16]
 
 
+def test_a_recorded_kernel_hash_stats_each_file_once(kernels_tree, monkeypatch):
+    # the stat that checks the record against the files also gives the stamp
+    # the process keeps the hash with
+    _kernels, tree, reads, new_process = kernels_tree
+    h1 = _kernels.source_hash(ENGINE_FILE)
+    files = _kernels._flatten(ENGINE_FILE, tree)[1]
+    new_process()
+    stats = []
+    real = os.stat
+
+    def counted(path, *args, **kwargs):
+        stats.append(str(path))
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(os, "stat", counted)
+    assert _kernels.source_hash(ENGINE_FILE) == h1 and reads == []
+    monkeypatch.setattr(os, "stat", real)
+    ours = sorted(p for p in stats if p.startswith(str(tree)))
+    assert ours == sorted(str(tree / f) for f in files), ours
+    stats.clear()
+    monkeypatch.setattr(os, "stat", counted)
+    assert _kernels.source_hash(ENGINE_FILE) == h1 and reads == []     # kept: stat'ed again
+    monkeypatch.setattr(os, "stat", real)
+    assert sorted(p for p in stats if p.startswith(str(tree))) == ours
+
+
 @pytest.mark.parametrize("which", ["first", "last", "file"])
 def test_an_edited_kernel_header_changes_the_recorded_hash(kernels_tree, which):
     _kernels, tree, reads, new_process = kernels_tree
