@@ -384,7 +384,17 @@ def factorize_blocked_numpy(F: np.ndarray, panels: list, nb: int,
 # ------------------------------------------------------------------------ CuPy / cuBLAS
 
 class _Cublas:
-    """Raw cuBLAS / cuSOLVER calls on the current stream (host pointer mode)."""
+    """Raw cuBLAS / cuSOLVER calls on the current stream (host pointer mode).
+
+    ``with blas:`` sets the handle's stream and the host pointer mode, and puts
+    the pointer mode back on leaving. Entries nest: only the outermost one
+    touches the handle, so a front entered once (:func:`factorize_cupy`) pays
+    those calls once, not around each panel's GEMMs. (CuPy's cuBLAS wrappers
+    set the handle's stream to the current one at every call; the host pointer
+    mode is what this object's calls need, and every CuPy routine that
+    changes it puts it back.) The scalars ``one``, ``zero``, ``mone`` are host
+    pointers, kept alive by this object.
+    """
 
     def __init__(self, cp, dtype):
         from cupy_backends.cuda.libs import cublas, cusolver
@@ -392,13 +402,16 @@ class _Cublas:
         self.dtype = np.dtype(dtype)
         single = self.dtype == np.float32
         self.gemm = cublas.sgemm if single else cublas.dgemm
+        self.trsm_fn = cublas.strsm if single else cublas.dtrsm
         self.geqrf = cusolver.sgeqrf if single else cusolver.dgeqrf
         self.geqrf_size = cusolver.sgeqrf_bufferSize if single else cusolver.dgeqrf_bufferSize
         self.hb = cp.cuda.device.get_cublas_handle()
         self._hs = None             # cuSOLVER's handle, made when a geqrf panel needs it
-        self.one = np.ones(1, dtype=self.dtype)
-        self.zero = np.zeros(1, dtype=self.dtype)
-        self.mone = -np.ones(1, dtype=self.dtype)
+        self._scalars = np.array([1, 0, -1], dtype=self.dtype)
+        base, isz = self._scalars.ctypes.data, self.dtype.itemsize
+        self.one, self.zero, self.mone = base, base + isz, base + 2 * isz
+        self.op = {"N": cublas.CUBLAS_OP_N, "T": cublas.CUBLAS_OP_T}
+        self._depth = 0
 
     @property
     def hs(self):
@@ -410,23 +423,36 @@ class _Cublas:
         return self._hs
 
     def __enter__(self):
-        s = self.cp.cuda.get_current_stream().ptr
-        self.cb.setStream(self.hb, s)
-        if self._hs is not None:
-            self.cs.setStream(self._hs, s)
-        self.mode = self.cb.getPointerMode(self.hb)
-        self.cb.setPointerMode(self.hb, self.cb.CUBLAS_POINTER_MODE_HOST)
+        if self._depth == 0:
+            s = self.cp.cuda.get_current_stream().ptr
+            self.cb.setStream(self.hb, s)
+            if self._hs is not None:
+                self.cs.setStream(self._hs, s)
+            self.mode = self.cb.getPointerMode(self.hb)
+            self.cb.setPointerMode(self.hb, self.cb.CUBLAS_POINTER_MODE_HOST)
+        self._depth += 1
         return self
 
     def __exit__(self, *exc):
-        self.cb.setPointerMode(self.hb, self.mode)
+        self._depth -= 1
+        if self._depth == 0:
+            self.cb.setPointerMode(self.hb, self.mode)
         return False
 
     def mm(self, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
-        """Column-major ``C = alpha op(A) op(B) + beta C`` (pointers)."""
-        op = {"N": self.cb.CUBLAS_OP_N, "T": self.cb.CUBLAS_OP_T}
-        self.gemm(self.hb, op[ta], op[tb], m, n, k, alpha.ctypes.data, A, lda, B, ldb,
-                  beta.ctypes.data, C, ldc)
+        """Column-major ``C = alpha op(A) op(B) + beta C`` (pointers; ``alpha`` and
+        ``beta`` host pointers such as :attr:`one`), inside ``with self:``."""
+        op = self.op
+        self.gemm(self.hb, op[ta], op[tb], m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
+
+    def trsm_unit_lower(self, A, B, m: int) -> None:
+        """``B ← A⁻¹ B`` for ``A`` (m × m, unit lower triangular) and ``B`` (m × m), both
+        column-major with leading dimension m (pointers), inside ``with self:``: the
+        call :func:`~scipy_gpuqr._engine.gpu.array_ops.trsm_left` makes for them
+        (``lower=True, trans=False, unit=True``) on this object's handle."""
+        cb = self.cb
+        self.trsm_fn(self.hb, cb.CUBLAS_SIDE_LEFT, cb.CUBLAS_FILL_MODE_LOWER, cb.CUBLAS_OP_N,
+                     cb.CUBLAS_DIAG_UNIT, m, m, self.one, A, m, B, m)
 
 
 def factorize_cupy(F, panels: list, nb: int, stream=None, panel_method: str | None = None,
@@ -471,29 +497,40 @@ def factorize_cupy(F, panels: list, nb: int, stream=None, panel_method: str | No
         j, rows, b = panels[p]
         return vbuf[p % len(vbuf), :b * rows].reshape(b, rows)
 
+    if s1 is s0:
+        # one stream: its order is the panels' order (no events), and the handle's
+        # pointer mode is set once for the whole front
+        with s0, W0.blas:
+            for p, (j, rows, b) in enumerate(panels):
+                Vt, Tp = vt_of(p), T[p]
+                fac(F, panels[p], tau[p], Vt, Tp)
+                _wy_update(W0, F, j, rows, b, Vt, Tp, j + b, fn)
+        return T
+
     def factor(p):
         with s1:
             fac(F, panels[p], tau[p], vt_of(p), T[p])
         return s1.record()
 
-    done = factor(0)
-    rest_done = None
-    for p, (j, rows, b) in enumerate(panels):
-        nxt = panels[p + 1] if p + 1 < len(panels) else None
-        split = j + b + (nxt[2] if nxt is not None and ahead else 0)
-        if nxt is not None and ahead:
-            # the next panel's columns first, then its factorization (second stream)
-            if rest_done is not None:
-                s1.wait_event(rest_done)
-            with s1:
-                _wy_update(W1, F, j, rows, b, vt_of(p), T[p], j + b, split)
-            nxt_done = factor(p + 1)
-        s0.wait_event(done)
-        with s0:
-            _wy_update(W0, F, j, rows, b, vt_of(p), T[p], split, fn)
-        rest_done = s0.record()
-        if nxt is not None:
-            done = nxt_done if ahead else factor(p + 1)
+    with W0.blas, W1.blas:
+        done = factor(0)
+        rest_done = None
+        for p, (j, rows, b) in enumerate(panels):
+            nxt = panels[p + 1] if p + 1 < len(panels) else None
+            split = j + b + (nxt[2] if nxt is not None else 0)
+            if nxt is not None:
+                # the next panel's columns first, then its factorization (second stream)
+                if rest_done is not None:
+                    s1.wait_event(rest_done)
+                with s1:
+                    _wy_update(W1, F, j, rows, b, vt_of(p), T[p], j + b, split)
+                nxt_done = factor(p + 1)
+            s0.wait_event(done)
+            with s0:
+                _wy_update(W0, F, j, rows, b, vt_of(p), T[p], split, fn)
+            rest_done = s0.record()
+            if nxt is not None:
+                done = nxt_done
     return T
 
 
@@ -519,7 +556,7 @@ def _wy_update(work, F, j, rows, b, Vt, Tp, c0, c1):
     ldt = Tp.shape[-1]
     C = F.data.ptr + (j * fn + c0) * isz                # Cᵀ: nc × rows, ld fn
     W, W2 = work.W.data.ptr, work.W2.data.ptr
-    with blas:
+    with blas:          # free inside a front's own (factorize_cupy's)
         # W = Cᵀ V   (V column-major rows × b = Vt's memory, ld rows)
         blas.mm("N", "N", nc, b, rows, blas.one, C, fn, Vt.data.ptr, rows, blas.zero, W, nc)
         # W2 = W T   (op of the column-major Tᵀ (= row-major T) transposed: T)
@@ -546,28 +583,34 @@ class _PanelFactor:
     def __call__(self, F, panel, tau, Vt, Tp):
         cp = self.cp
         j, rows, b = panel
-        if self.kern is not None and self.kern.plan(rows) is not None:
-            Vt.fill(0)
-            _panel_by_kernel(self.work, self.kern, self.ws, self.Tq, F, j, rows, b, tau, Vt)
-        else:
-            if self.geq is None:
-                self.geq = _GeqrfPanel(cp, self.work.blas, self.dt, self.rmax, self.nb)
-            self.geq(F, j, rows, b, tau, Vt)
-        self._t_factor(Vt, tau[:b], Tp[:b, :b])
+        with self.work.blas:        # free inside factorize_cupy's own
+            if self.kern is not None and self.kern.plan(rows) is not None:
+                Vt.fill(0)
+                _panel_by_kernel(self.work, self.kern, self.ws, self.Tq, F, j, rows, b, tau,
+                                 Vt)
+            else:
+                if self.geq is None:
+                    self.geq = _GeqrfPanel(cp, self.work.blas, self.dt, self.rmax, self.nb)
+                self.geq(F, j, rows, b, tau, Vt)
+            self._t_factor(Vt, tau[:b], Tp[:b, :b])
 
     def _t_factor(self, Vt, tau, Tb):
         """:func:`_t_factor` on the device into ``Tb`` (b × b), the same operations
         without CuPy's elementwise kernels: ``G = VᵀV`` (cuBLAS), M and diag(tau) by
         a prefetched kernel, the triangular solve by cuBLAS ``trsm`` as
         ``cupyx.scipy.linalg.solve_triangular`` calls it (``Mᵀ`` column-major is
-        M row-major; the solution, column-major, is ``T`` row-major)."""
+        M row-major; the solution, column-major, is ``T`` row-major), through the
+        work's handle in its host pointer mode (set once per front inside
+        :func:`factorize_cupy`)."""
         b = int(Vt.shape[0])
         V = Vt.T
         G = V.T @ V
         M = self.M[:b * b].reshape(b, b)
         D = self.D[:b * b].reshape(b, b)
         ops.wy_system(G, tau, M, D)
-        ops.trsm_left(M, b, D, b, b, b, lower=True, trans=False, unit=True)
+        blas = self.work.blas
+        with blas:
+            blas.trsm_unit_lower(M.data.ptr, D.data.ptr, b)
         ops.copy_into(Tb, D)
 
 

@@ -59,6 +59,9 @@ NORM_RANGE = {np.dtype(np.float64): (NORM_LO, NORM_HI, NORM_TINY),
 #: Fewest rows a block is given (fewer blocks, a cheaper grid barrier and reduction).
 MIN_ROWS_PER_BLOCK = 256
 
+#: Most panel heights whose plans a :class:`PanelKernel` keeps (then it starts over).
+_PLANS_KEPT = 4096
+
 
 def panel_smem_bytes(rows_per_block: int, itemsize: int) -> int:
     """Dynamic shared memory of a block holding ``rows_per_block`` panel rows."""
@@ -215,6 +218,10 @@ class PanelKernel:
     -----
     :meth:`workspace` gives the reduction buffers and the flag words of one
     stream of launches (launches that may run concurrently need their own).
+    A dense front launches the kernel for every 32 columns: the plan of each
+    panel height and the shared memory the function was allowed are kept, so
+    a launch makes no driver call besides the launch itself (the attribute is
+    read and raised only when a launch needs more than any before).
     """
 
     def __init__(self, dtype, max_blocks: int | None = None):
@@ -225,10 +232,24 @@ class PanelKernel:
         self.fn = use.module().get_function(use.needed[0])   # prefetched, or compiled now
         self.sms, self.smem_limit = _device_limits(cp.cuda.Device().id)
         self.blocks = self.sms if max_blocks is None else max(1, min(int(max_blocks), self.sms))
+        self._init_caches()
+
+    def _init_caches(self) -> None:
+        """The plans by panel height, and the most dynamic shared memory known to be
+        allowed (48 KB: every function's without the attribute)."""
+        self._plans = {}
+        self._smem_ok = 48 * 1024
 
     def plan(self, m: int):
         """``(rows_per_block, nblocks)`` of an ``m``-row panel, or None (too tall)."""
-        return panel_rows_per_block(m, self.blocks, self.smem_limit, self.dtype.itemsize)
+        m = int(m)
+        hit = self._plans.get(m, False)
+        if hit is False:
+            if len(self._plans) >= _PLANS_KEPT:
+                self._plans.clear()
+            hit = self._plans[m] = panel_rows_per_block(m, self.blocks, self.smem_limit,
+                                                        self.dtype.itemsize)
+        return hit
 
     def workspace(self) -> "PanelWorkspace":
         """Reduction buffers and flag words for launches enqueued on one stream."""
@@ -246,8 +267,10 @@ class PanelKernel:
             raise ValueError(f"panel {m}x{w}: need 1 <= w <= {PANEL_WIDTH} <= ... and m >= w")
         R, nbk = plan
         smem = panel_smem_bytes(R, self.dtype.itemsize)
-        if smem > 48 * 1024 and self.fn.max_dynamic_shared_size_bytes < smem:
-            self.fn.max_dynamic_shared_size_bytes = smem
+        if smem > self._smem_ok:
+            if self.fn.max_dynamic_shared_size_bytes < smem:
+                self.fn.max_dynamic_shared_size_bytes = smem
+            self._smem_ok = smem
         u64, i64, i32 = np.uint64, np.int64, np.int32
         self.fn((nbk,), (PANEL_THREADS,),
                 (u64(F), i64(ldf), i32(m), i32(w), u64(V), i64(ldv), u64(tau), u64(T),
