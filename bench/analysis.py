@@ -148,7 +148,9 @@ def _wait_for_native(pkg: str) -> None:
     except ImportError:
         return
     if mod.mode() != "numpy":
-        mod._LOADER.get(True)
+        part = getattr(mod, "_NATIVE", None)
+        # a tree from before the parts' shared loader functions keeps its own loader
+        (part.loader if part is not None else mod._LOADER).get(True)
 
 
 def _params(fn):

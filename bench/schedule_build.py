@@ -463,7 +463,7 @@ def main():
     if native.mode() != "numpy":
         native.library(wait=True)
     print(json.dumps({"simulation": native.status(), "mode": native.mode(),
-                      "build_s": native._LOADER.build_s,
+                      "build_s": native._NATIVE.loader.build_s,
                       "ready_s": time.perf_counter() - t0}))
     # the in-process measures are cold: never the user's disk cache
     os.environ[cache.ENV] = a.warm_from if (a.warm_from and a.base) else "off"

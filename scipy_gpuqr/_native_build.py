@@ -1,13 +1,17 @@
 """Build, check and load the package's small C libraries on first use.
 
-Two parts of the package run their hot loops in plain C99 without Python
+Parts of the package run their hot loops in plain C99 without Python
 headers (:mod:`scipy_gpuqr._symbolic.native`, the analysis' tree loops;
-:mod:`scipy_gpuqr._schedule.native`, the schedule plan's loops), so a wheel
-stays pure Python and any system C compiler builds them; where none exists
-their NumPy code runs. Both are built and loaded by this module (it sits below
-both parts, which may not import each other upwards); a :class:`NativeLibrary`
-names what differs between them (source, file prefix, interface version,
-environment variable, the functions' ctypes signatures):
+:mod:`scipy_gpuqr._schedule.native`, the schedule plan's loops;
+:mod:`scipy_gpuqr._engine.native`, R's gather; :mod:`scipy_gpuqr._iterative.native`,
+the iterative solvers' host loops), so a wheel stays pure Python and any
+system C compiler builds them; where none exists their NumPy code runs. All
+are built and loaded by this module (it sits below every part, and parts may
+not import each other upwards); a :class:`NativeLibrary` names what differs
+between them (source, file prefix, interface version, environment variable,
+the functions' ctypes signatures); a :class:`NativePart` gives a part's
+module its ``mode``, ``library``, ``handle`` and ``status``. A library is
+built and loaded as follows:
 
 * when: on the first use in a process that finds no built library (never at
   import); in mode ``auto`` the build runs on a worker thread and the caller
@@ -54,8 +58,8 @@ from ._cachedir import cache_dir
 from ._errors import NativeUnavailable
 
 __all__ = ["MODES", "FLAGS", "MANIFEST_SUFFIX", "MAX_BUILDS", "NativeLibrary", "Loader",
-           "choose", "compiler", "manifest_path", "manifest_text", "read_manifest", "checksum",
-           "intact", "discard", "prune"]
+           "NativePart", "choose", "compiler", "manifest_path", "manifest_text", "read_manifest",
+           "checksum", "intact", "discard", "prune"]
 
 #: The paths an environment variable may ask for: compiled when it can be had
 #: (else NumPy), compiled or :class:`NativeUnavailable`, NumPy only.
@@ -298,6 +302,73 @@ class Loader:
                 self._error = err
             self.build_s = time.perf_counter() - t0
             self._thread = None
+
+
+class NativePart:
+    """One part's compiled library as its module hands it out: the module binds
+    :meth:`mode`, :meth:`library`, :meth:`handle` and :meth:`status` as its
+    functions of those names (``mode = _NATIVE.mode``, ...), so the parts do
+    not each repeat them.
+
+    Each call reads :attr:`loader` then, so that a test puts its own loader
+    (a :class:`Loader`, or anything with its ``get`` and ``status``) in place
+    with ``monkeypatch.setattr(module._NATIVE, "loader", ...)``.
+
+    Parameters
+    ----------
+    spec : NativeLibrary
+        The library.
+    what : str
+        What the library does, for :class:`NativeUnavailable`'s message
+        (``"compiled schedule loops"``).
+
+    Attributes
+    ----------
+    spec : NativeLibrary
+    what : str
+    loader : Loader
+        This process' copy of the library, made here (nothing is built or
+        loaded until the first :meth:`library` or :meth:`handle`).
+    """
+
+    def __init__(self, spec: NativeLibrary, what: str):
+        self.spec = spec
+        self.what = what
+        self.loader = Loader(spec)
+
+    def mode(self, environ: Mapping[str, str] = os.environ) -> str:
+        """The path asked for by the library's environment variable (``auto``
+        when unset).
+
+        Raises
+        ------
+        ValueError
+            The variable names no mode of :data:`MODES`.
+        """
+        return self.spec.mode(environ)
+
+    def library(self, wait: bool = True, environ: Mapping[str, str] = os.environ):
+        """The compiled library (a ``ctypes.CDLL``), built if need be, whatever the
+        mode; None when it cannot be had (or, ``wait`` False, while it is being
+        built)."""
+        return self.loader.get(wait, environ)
+
+    def handle(self, environ: Mapping[str, str] = os.environ):
+        """The library for the call at hand, as the environment variable asks
+        (:func:`choose`): None in mode ``numpy``, or in mode ``auto`` while it
+        is being built (the build started here if need be) or when it cannot
+        be had; mode ``c`` waits for it.
+
+        Raises
+        ------
+        NativeUnavailable
+            Mode ``c`` and no library.
+        """
+        return choose(self.loader, self.mode(environ), self.what, environ)
+
+    def status(self) -> str:
+        """``loaded``, ``building``, ``not loaded`` or ``unavailable: why``."""
+        return self.loader.status()
 
 
 def choose(loader, mode: str, what: str, environ: Mapping[str, str] = os.environ):

@@ -28,6 +28,14 @@ def env_with_cache(folder, **kw) -> dict:
     return env
 
 
+def use_loader(monkeypatch, native, loader) -> None:
+    """For this test, the ``native`` module's ``library``, ``handle`` and
+    ``status`` served by ``loader`` (a :class:`~scipy_gpuqr._native_build.Loader`
+    or anything with its ``get`` and ``status``), through the module's
+    :class:`~scipy_gpuqr._native_build.NativePart`."""
+    monkeypatch.setattr(native._NATIVE, "loader", loader)
+
+
 def built_loader(native, folder) -> tuple:
     """``(loader, environment)``: a fresh loader of the ``native`` module's
     library that built (or found) it in the cache folder ``folder``."""

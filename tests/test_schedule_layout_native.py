@@ -13,7 +13,7 @@ from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
                                            random_least_squares)
 
-from _native_helpers import built_loader, needs_compiler
+from _native_helpers import built_loader, needs_compiler, use_loader
 
 pytestmark = needs_compiler
 
@@ -71,7 +71,7 @@ def test_layout_compiled_equals_numpy(lib, A, monkeypatch):
     monkeypatch.setenv(native.ENV, "numpy")
     want = rlayout.r_layout(an, cache=False)
     want_maps = [want.stage_maps(p) for p in plans]
-    monkeypatch.setattr(native, "_LOADER", lib)
+    use_loader(monkeypatch, native, lib)
     monkeypatch.setenv(native.ENV, "c")
     monkeypatch.setattr(native, "RUNS_PER_THREAD", 64)      # several threads even here
     monkeypatch.setattr(rlayout, "COPY_PER_THREAD", 64)

@@ -17,7 +17,7 @@ from scipy_gpuqr._schedule.sparse import build_schedule, schedule_digest
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
-from _native_helpers import built_loader, env_with_cache as _env, needs_compiler
+from _native_helpers import built_loader, env_with_cache as _env, needs_compiler, use_loader
 from test_schedule_build import _random_patterns, _schedule_bytes
 
 pytestmark = needs_compiler
@@ -31,7 +31,7 @@ def loader(tmp_path_factory):
 @pytest.fixture
 def compiled(loader, monkeypatch):
     """``bucket._simulate`` forced onto the compiled path of ``loader``."""
-    monkeypatch.setattr(native, "_LOADER", loader[0])
+    use_loader(monkeypatch, native, loader[0])
     monkeypatch.setenv(native.ENV, "c")
     bucket.clear_cache()
     yield loader[0].get(True)
@@ -168,7 +168,7 @@ def test_mode_and_fallback(tmp_path, monkeypatch):
     assert ld.get(True, env) is None
     assert ld.status().startswith("unavailable: compiler failed")
     assert list((tmp_path / "native").iterdir()) == []          # no temporary file left
-    monkeypatch.setattr(native, "_LOADER", ld)
+    use_loader(monkeypatch, native, ld)
     pats = _random_patterns(np.random.default_rng(3), 20)
     want = bucket._simulate_numpy(pats, 3, True, 16)
     monkeypatch.setenv(native.ENV, "auto")
@@ -179,8 +179,16 @@ def test_mode_and_fallback(tmp_path, monkeypatch):
         bucket._simulate(pats, 3, True, 16)
     # numpy: the library is not even looked for
     monkeypatch.setenv(native.ENV, "numpy")
-    monkeypatch.setattr(native, "library", lambda *a, **k: pytest.fail("looked up"))
-    bucket._simulate(pats, 3, True, 16)
+
+    class Unasked:
+        def get(self, *args, **kwargs):
+            pytest.fail("looked up")
+
+        def status(self):
+            return "not loaded"
+    use_loader(monkeypatch, native, Unasked())
+    got = bucket._simulate(pats, 3, True, 16)
+    assert [_schedule_bytes(s) for s in got] == [_schedule_bytes(s) for s in want]
 
 
 def test_built_once_then_loaded_and_damage_rebuilt(tmp_path):
@@ -260,7 +268,7 @@ from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
 lib = native.library(wait=True)
 d = schedule_digest(build_schedule(analyze(grid3d_least_squares(10)), cache=False))
-print(json.dumps(dict(status=native.status(), build_s=native._LOADER.build_s, digest=d)))
+print(json.dumps(dict(status=native.status(), build_s=native._NATIVE.loader.build_s, digest=d)))
 """
 _DIGEST = "a375062ae840473b"          # test_pinned_records_through_the_compiled_path's
 

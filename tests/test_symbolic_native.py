@@ -16,7 +16,7 @@ from scipy_gpuqr._symbolic import analyze, etree, native
 from scipy_gpuqr._symbolic.ordering import column_ordering
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
-from _native_helpers import built_loader, env_with_cache as _env, needs_compiler
+from _native_helpers import built_loader, env_with_cache as _env, needs_compiler, use_loader
 
 pytestmark = needs_compiler
 
@@ -110,7 +110,7 @@ def test_analysis_same_with_either_path(lib, monkeypatch, tmp_path, name):
     A = MATRICES[name]
     monkeypatch.setenv(native.ENV, "numpy")
     ref = analyze(A, cache=False)
-    monkeypatch.setattr(native, "_LOADER", _Preloaded(lib))
+    use_loader(monkeypatch, native, _Preloaded(lib))
     monkeypatch.setenv(native.ENV, "c")
     got = analyze(A, cache=False)
     a, b = _fields(ref), _fields(got)
@@ -135,7 +135,7 @@ class _Preloaded:
 
 
 def test_numpy_mode_and_no_compiler_take_the_numpy_path(tmp_path):
-    assert native.library(_env(tmp_path, **{native.ENV: "numpy"})) is None
+    assert native.handle(_env(tmp_path, **{native.ENV: "numpy"})) is None
     ld = _native_build.Loader(native._SPEC)
     env = _env(tmp_path, CC=str(tmp_path / "no-such-compiler"))
     assert ld.get(True, env) is None
@@ -215,7 +215,7 @@ def test_front_columns_equal_numpy_and_both_refuse_wrong_counts(lib, monkeypatch
     args = _front_inputs(MATRICES[name])
     monkeypatch.setenv(native.ENV, "numpy")
     ref = fronts.build_fronts(*args)
-    monkeypatch.setattr(native, "_LOADER", _Preloaded(lib))
+    use_loader(monkeypatch, native, _Preloaded(lib))
     monkeypatch.setenv(native.ENV, "c")
     got = fronts.build_fronts(*args)
     for k, v in vars(ref).items():
@@ -243,7 +243,7 @@ def test_relaxed_amalgamation_equal_python(lib, monkeypatch, name, params):
     am = fronts.Amalgamation(**params)
     monkeypatch.setenv(native.ENV, "numpy")
     ref = fronts.relaxed_amalgamation(parent, counts, sup, am)
-    monkeypatch.setattr(native, "_LOADER", _Preloaded(lib))
+    use_loader(monkeypatch, native, _Preloaded(lib))
     monkeypatch.setenv(native.ENV, "c")
     np.testing.assert_array_equal(fronts.relaxed_amalgamation(parent, counts, sup, am), ref)
 

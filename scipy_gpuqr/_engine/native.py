@@ -26,8 +26,6 @@ cannot be had), ``numpy``.
 from __future__ import annotations
 
 import ctypes
-import os
-from typing import Mapping
 
 import numpy as np
 
@@ -54,36 +52,11 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 #: The library: ``_native.c`` beside this module, built as ``engine-{key}.so``.
 _SPEC = _native_build.NativeLibrary.beside(__file__, "engine-", ABI, "sge_abi", ENV, _declare)
-_LOADER = _native_build.Loader(_SPEC)
-
-
-def mode(environ: Mapping[str, str] = os.environ) -> str:
-    """The path asked for by :data:`ENV` (``auto`` when unset)."""
-    return _SPEC.mode(environ)
-
-
-def library(wait: bool = True, environ: Mapping[str, str] = os.environ):
-    """The compiled gather (a ``ctypes.CDLL``), built if need be; None when it
-    cannot be had (or, ``wait`` False, while it is being built)."""
-    return _LOADER.get(wait, environ)
-
-
-def handle(environ: Mapping[str, str] = os.environ):
-    """The library for the call at hand, as :data:`ENV` asks: None in mode
-    ``numpy``, or in mode ``auto`` while it is being built (the build started
-    here if need be) or when it cannot be had; mode ``c`` waits for it.
-
-    Raises
-    ------
-    NativeUnavailable
-        Mode ``c`` and no library.
-    """
-    return _native_build.choose(_LOADER, mode(environ), "compiled R gather", environ)
-
-
-def status() -> str:
-    """``loaded``, ``building``, ``not loaded`` or ``unavailable: why``."""
-    return _LOADER.status()
+#: This process' library (:class:`~scipy_gpuqr._native_build.NativePart`): the
+#: path :data:`ENV` asks for (``mode``), the library (``library``), the library
+#: for the call at hand (``handle``) and the loader's state (``status``).
+_NATIVE = _native_build.NativePart(_SPEC, "compiled R gather")
+mode, library, handle, status = _NATIVE.mode, _NATIVE.library, _NATIVE.handle, _NATIVE.status
 
 
 def gather(lib, out: np.ndarray, pos: np.ndarray, src: np.ndarray, idx: np.ndarray,

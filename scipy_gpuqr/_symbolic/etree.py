@@ -75,7 +75,7 @@ def column_etree(indptr: np.ndarray, indices: np.ndarray, n: int,
     available, else :func:`column_etree_numpy`; same parameters and result)."""
     if leftmost is None:
         leftmost = leftmost_columns(indptr, indices, n)
-    lib = native.library()
+    lib = native.handle()
     if lib is not None:
         return native.column_etree(lib, indptr, indices, n, leftmost)
     return column_etree_numpy(indptr, indices, n, leftmost)
@@ -135,7 +135,7 @@ def postorder(parent: np.ndarray, weight: np.ndarray | None = None) -> np.ndarra
     """A postorder of a forest (compiled where available and without ``weight``,
     else :func:`postorder_numpy`; same parameters and result)."""
     if weight is None and len(parent):
-        lib = native.library()
+        lib = native.handle()
         if lib is not None:
             return native.postorder(lib, parent)
     return postorder_numpy(parent, weight)
@@ -236,7 +236,7 @@ def column_counts(indptr: np.ndarray, indices: np.ndarray, parent: np.ndarray,
     """Nonzeros of each row of R (compiled where available, else
     :func:`column_counts_numpy`; same parameters and result)."""
     if len(parent):
-        lib = native.library()
+        lib = native.handle()
         if lib is not None:
             return native.column_counts(lib, indptr, indices, parent, leftmost)
     return column_counts_numpy(indptr, indices, parent, leftmost)

@@ -110,7 +110,7 @@ def relaxed_amalgamation(parent: np.ndarray, counts: np.ndarray, super_ptr: np.n
     snode = np.repeat(np.arange(ns_total), np.diff(super_ptr))
     par_last = parent[last]
     sparent = np.where(par_last >= 0, snode[np.maximum(par_last, 0)], -1)
-    lib = native.library()
+    lib = native.handle()
     if lib is not None:
         keep = native.relaxed_amalgamation(lib, sparent, np.diff(super_ptr), counts[first],
                                            params.nrelax, params.zrelax)
@@ -245,7 +245,7 @@ def build_fronts(front_ptr: np.ndarray, parent: np.ndarray, counts: np.ndarray,
     col_ptr = _pointer(fn)
     ncb_cols = fn - fp
     rjmap_ptr = _pointer(ncb_cols)
-    lib = native.library() if nf else None
+    lib = native.handle() if nf else None
     if lib is not None:
         got, bad = native.front_columns(lib, front_ptr, fn, col_ptr, s_ptr, s_indices,
                                         child_ptr, children, na, rjmap_ptr, n,

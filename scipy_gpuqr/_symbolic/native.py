@@ -40,8 +40,6 @@ old library (another ABI): the NumPy path, decided once per process.
 from __future__ import annotations
 
 import ctypes
-import os
-from typing import Mapping
 
 import numpy as np
 
@@ -49,8 +47,8 @@ from .. import _native_build
 from .._errors import NativeUnavailable
 
 __all__ = ["ENV", "ABI", "MODES", "MANIFEST_SUFFIX", "MAX_BUILDS", "NativeUnavailable", "mode",
-           "library", "status", "column_etree", "postorder", "column_counts", "front_columns",
-           "relaxed_amalgamation", "front_rows"]
+           "library", "handle", "status", "column_etree", "postorder", "column_counts",
+           "front_columns", "relaxed_amalgamation", "front_rows"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SYMBOLIC_NATIVE"
@@ -80,29 +78,12 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 #: The library: ``_native.c`` beside this module, built as ``symbolic-{key}.so``.
 _SPEC = _native_build.NativeLibrary.beside(__file__, "symbolic-", ABI, "sgs_abi", ENV, _declare)
-_LOADER = _native_build.Loader(_SPEC)
-
-
-def mode(environ: Mapping[str, str] = os.environ) -> str:
-    """The path asked for by :data:`ENV` (``auto`` when unset)."""
-    return _SPEC.mode(environ)
-
-
-def library(environ: Mapping[str, str] = os.environ):
-    """The compiled library for this process' mode, or None for the NumPy path.
-
-    Raises
-    ------
-    NativeUnavailable
-        Mode ``c`` and the library cannot be had.
-    """
-    return _native_build.choose(_LOADER, mode(environ),
-                                "compiled symbolic analysis unavailable", environ)
-
-
-def status() -> str:
-    """``loaded``, ``building``, ``not loaded`` or ``unavailable: <why>``."""
-    return _LOADER.status()
+#: This process' library (:class:`~scipy_gpuqr._native_build.NativePart`): the
+#: path :data:`ENV` asks for (``mode``), the library (``library``), the library
+#: for the call at hand (``handle``: what the analysis takes) and the loader's
+#: state (``status``).
+_NATIVE = _native_build.NativePart(_SPEC, "compiled symbolic analysis")
+mode, library, handle, status = _NATIVE.mode, _NATIVE.library, _NATIVE.handle, _NATIVE.status
 
 
 def _i64(a) -> np.ndarray:
