@@ -385,3 +385,73 @@ def test_the_build_uses_no_contraction(tmp_path):
     without = dataclasses.replace(native._SPEC, extra_flags=())
     assert native._SPEC.key(plain, b"x") != without.key(plain, b"x")
 
+
+
+# ---------------------------------------------------------------------------
+# reports gated by the callback (auto's rule says when it would next act)
+
+class _Gated:
+    """A callback in the shape of auto's rule: ``quiet_until`` (run seconds before which it
+    would not act; far away here once it has seen ``quiet_after`` reports), ``catch_up``."""
+
+    def __init__(self, quiet_after: int = 2, stop_at_report: int = 0):
+        self.reports, self.caught, self.quiet_after = [], [], quiet_after
+        self.stop_at_report = stop_at_report
+
+    def _keep(self, state):
+        return (state.itn, *state[2:-1])
+
+    def __call__(self, state) -> bool:
+        self.reports.append((self._keep(state), state.seconds))
+        return len(self.reports) == self.stop_at_report
+
+    def quiet_until(self) -> float:
+        return 0.0 if len(self.reports) < self.quiet_after else 1e9
+
+    def catch_up(self, states) -> None:
+        self.caught.append([(self._keep(s), s.seconds) for s in states])
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "lsmr"])
+def test_a_gated_callback_is_reported_fewer_iterations_with_theirs_caught_up(loops, solver):
+    """The compiled loops report a callback that says when it next acts only from then
+    (and the iteration that stops the run), handing it the iterations in between (their
+    last WINDOW, the same states a callback of every iteration sees, the seconds
+    interpolated between the reports') before the next report; the run is SciPy's bit for
+    bit. The Python loops report every iteration."""
+    path, finished = loops
+    A, b, _ = PROBLEMS["tall"]
+    run = lsqr if solver == "lsqr" else lsmr
+    every = []
+    ref = run(A, b, atol=1e-10, btol=1e-10,
+              callback=lambda s: every.append((s.itn, *s[2:-1])) and False)
+    gated = _Gated()
+    res = run(A, b, atol=1e-10, btol=1e-10, callback=gated)
+    assert_same(res, ref)
+    assert_same(res, (sla.lsqr if solver == "lsqr" else sla.lsmr)(A, b, atol=1e-10, btol=1e-10))
+    itn = res.itn
+    assert itn > native.WINDOW + 3
+    if path == "numpy":
+        assert [r for r, _ in gated.reports] == every and gated.caught == []
+        return
+    assert finished[-1] is True
+    assert [r[0][0] for r in gated.reports] == [1, 2, itn]
+    assert [r for r, _ in gated.reports] == [every[0], every[1], every[-1]]
+    (caught,) = gated.caught
+    assert [c for c, _ in caught] == every[itn - native.WINDOW:itn - 1]
+    seconds = [gated.reports[1][1]] + [s for _, s in caught] + [gated.reports[2][1]]
+    assert all(a < b for a, b in zip(seconds, seconds[1:]))
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "lsmr"])
+def test_a_gated_callback_stops_the_run_at_a_report(loops, solver):
+    """A gated callback's stop takes effect at the report it answers: the iterate is that
+    iteration's, as with the Python loops."""
+    path, _ = loops
+    A, b, _ = PROBLEMS["tall"]
+    run = lsqr if solver == "lsqr" else lsmr
+    stop = _Gated(quiet_after=99, stop_at_report=7)
+    res = run(A, b, atol=1e-10, btol=1e-10, callback=stop)
+    ref = run(A, b, atol=1e-10, btol=1e-10, callback=lambda s: s.itn == 7)
+    assert res.stopped_by_callback and res.itn == 7 and res.istop == 0
+    assert_same(res, ref)

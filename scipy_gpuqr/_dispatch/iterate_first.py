@@ -481,9 +481,11 @@ class HostFirst:
         self.moved = False
         self.seconds = 0.0
         self._first = None          # (itn, seconds) of the first iteration seen
+        self._itn = 0               # the last iteration seen
 
     def __call__(self, state) -> bool:
         spent = state.seconds - (self.watch.analysis_s if self.watch is not None else 0.0)
+        self._itn = state.itn
         if self.per_iteration > 0:
             if self._first is None:
                 self._first = (state.itn, spent)
@@ -495,6 +497,26 @@ class HostFirst:
             self.moved, self.seconds = True, spent
             return True
         return bool(self.watch(state)) if self.watch is not None else False
+
+    def quiet_until(self) -> float:
+        """The run's seconds before which no iteration makes the run move or reaches
+        ``watch``'s checkpoint (the move's test at the next iteration: its cost of
+        iterating again on the GPU only grows with later ones)."""
+        analysis = self.watch.analysis_s if self.watch is not None else 0.0
+        if self.per_iteration > 0:
+            if self._first is None:
+                return 0.0
+            itn0, spent0 = self._first
+            own = spent0 + 2.0 * (self._itn + 1 - itn0) * self.per_iteration + self.budget
+        else:
+            own = self.budget
+        own += analysis
+        return min(own, self.watch.quiet_until()) if self.watch is not None else own
+
+    def catch_up(self, states) -> None:
+        """The iterations a run did not report, for ``watch`` (:meth:`Allowance.catch_up`)."""
+        if self.watch is not None:
+            self.watch.catch_up(states)
 
 
 def lu_seconds(nnz: int) -> float:
@@ -720,6 +742,18 @@ class Allowance:
         self.next_check = max(t * (1 + CHECK_GROWTH), t + CHECK_INTERVAL_S)
         # a process paused by a busy machine: its iterations did not take that long
         return self.decide(state.itn, min(t, state.itn * self.fastest))
+
+    def quiet_until(self) -> float:
+        """The run's seconds before which no iteration reaches a checkpoint (a compiled
+        host run reports none before, :func:`scipy_gpuqr._iterative.host._reporter`)."""
+        return self.next_check + self.analysis_s
+
+    def catch_up(self, states) -> None:
+        """Iterations the run did not report, in order, before the next report's: kept in
+        the history as each call would keep them, but not timed (their seconds are
+        interpolated): the fastest iteration is that of iterations reported one after the
+        other, whose time includes a report's, as when every iteration is reported."""
+        self.history.extend(states)
 
     # -- the rule ------------------------------------------------------------
 

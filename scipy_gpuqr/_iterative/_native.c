@@ -40,7 +40,7 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-#define SGI_ABI 2
+#define SGI_ABI 3
 
 /* outcomes */
 #define SGI_DONE 0
@@ -55,6 +55,13 @@
 /* the record a report reads: itn, istop, normr, normar, norma, conda, normx,
    test1, test2, rtol */
 #define RECORD 10
+/* rec's layout: the record, the gate (the first iteration to report; the
+   caller sets it from a report, and each iteration that stops the run is
+   reported whatever it says), then the records of the last WINDOW iterations
+   (iteration i at row (i - 1) % WINDOW), from which a report that follows
+   unreported iterations reads theirs */
+#define GATE RECORD
+#define RING (RECORD + 1)
 /* kept (test1, test2, rtol) of the last iterations */
 #define WINDOW 20
 
@@ -278,12 +285,18 @@ static inline void remember(double *hist, int64_t itn, double test1, double test
     h[0] = test1; h[1] = test2; h[2] = rtol;
 }
 
-static inline void fill_record(double *rec, int64_t itn, int istop, double normr, double normar,
-                               double norma, double conda, double normx, double test1,
-                               double test2, double rtol)
+/* the iteration's record in rec's ring; 1 where it is to be reported (then also in the
+   record a report reads): it stops the run, or the gate has been reached */
+static inline int fill_record(double *rec, int64_t itn, int istop, double normr, double normar,
+                              double norma, double conda, double normx, double test1,
+                              double test2, double rtol)
 {
-    rec[0] = (double)itn; rec[1] = istop; rec[2] = normr; rec[3] = normar; rec[4] = norma;
-    rec[5] = conda; rec[6] = normx; rec[7] = test1; rec[8] = test2; rec[9] = rtol;
+    double *row = rec + RING + RECORD * ((itn - 1) % WINDOW);
+    row[0] = (double)itn; row[1] = istop; row[2] = normr; row[3] = normar; row[4] = norma;
+    row[5] = conda; row[6] = normx; row[7] = test1; row[8] = test2; row[9] = rtol;
+    if (istop == 0 && (double)itn < rec[GATE]) return 0;
+    memcpy(rec, row, RECORD * sizeof(double));
+    return 1;
 }
 
 /* ------------------------------------------------------------------ */
@@ -292,8 +305,9 @@ static inline void fill_record(double *rec, int64_t itn, int istop, double normr
 /*
  * par: damp, dampsq, atol, btol, conlim.
  * x (n): x0's copy or zeros, the result; var (n): zeros, the result.
- * work: 2 m + 4 n doubles.  hist: 3 WINDOW doubles.  rec: RECORD doubles,
- * filled before each call of report (NULL: no reports).
+ * work: 2 m + 4 n doubles.  hist: 3 WINDOW doubles.  rec: RING + RECORD WINDOW
+ * doubles (see GATE and RING), the record filled before each call of report
+ * (NULL: no reports); its gate set by the caller (0: report every iteration).
  * out: istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm,
  *      exact start (1/0), reported (iterations reported).
  * nval >= 0: first check that A's nval stored values and b's m are finite
@@ -415,16 +429,17 @@ int sgi_lsqr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
         if (bad || fetestexcept(FLAGS)) goto replay;
         remember(hist, itn, test1, test2, rtol);
         if (report != NULL) {
-            fill_record(rec, itn, istop, r2norm, arnorm, anorm, acond, xnorm, test1, test2,
-                        rtol);
-            reported = itn;
-            answer = report();
-            feclearexcept(FE_ALL_EXCEPT);   /* the report's flags are not the run's */
-            if (answer < 0) {
-                out[9] = (double)reported;
-                return SGI_REPORT_FAILED;
+            if (fill_record(rec, itn, istop, r2norm, arnorm, anorm, acond, xnorm, test1, test2,
+                            rtol)) {
+                reported = itn;
+                answer = report();
+                feclearexcept(FE_ALL_EXCEPT);   /* the report's flags are not the run's */
+                if (answer < 0) {
+                    out[9] = (double)reported;
+                    return SGI_REPORT_FAILED;
+                }
+                if (answer == REPORT_STOP) break;
             }
-            if (answer == REPORT_STOP) break;
         } else if (istop != 0) {
             break;
         }
@@ -570,16 +585,17 @@ int sgi_lsmr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
         if (bad || fetestexcept(FLAGS)) goto replay;
         remember(hist, itn, test1, test2, rtol);
         if (report != NULL) {
-            fill_record(rec, itn, istop, normr, normar, normA, condA, normx, test1, test2,
-                        rtol);
-            reported = itn;
-            answer = report();
-            feclearexcept(FE_ALL_EXCEPT);   /* the report's flags are not the run's */
-            if (answer < 0) {
-                out[9] = (double)reported;
-                return SGI_REPORT_FAILED;
+            if (fill_record(rec, itn, istop, normr, normar, normA, condA, normx, test1, test2,
+                            rtol)) {
+                reported = itn;
+                answer = report();
+                feclearexcept(FE_ALL_EXCEPT);   /* the report's flags are not the run's */
+                if (answer < 0) {
+                    out[9] = (double)reported;
+                    return SGI_REPORT_FAILED;
+                }
+                if (answer == REPORT_STOP) break;
             }
-            if (answer == REPORT_STOP) break;
         } else if (istop != 0) {
             break;
         }

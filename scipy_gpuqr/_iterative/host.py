@@ -41,7 +41,11 @@ A callback sees the same :class:`~scipy_gpuqr._iterative._common.IterationState`
 per iteration as with :func:`~scipy_gpuqr._iterative._common.drive`, and
 stops the run the same way (from the compiled loops, through a C callback);
 the run attributes of the result
-(:class:`~scipy_gpuqr._iterative._common.RunInfo`) mean the same.
+(:class:`~scipy_gpuqr._iterative._common.RunInfo`) mean the same. A callback
+that says when it would next act (auto's rule) is told, by the compiled loops,
+only the iterations from then on and the skipped ones in one piece
+(:func:`_reporter`): a Python call per iteration cost about as much as a small
+problem's iteration.
 """
 
 from __future__ import annotations
@@ -344,7 +348,8 @@ def _compiled(native, P: HostProblem, run: _Run, method: str, par: tuple, limit:
 
     A watched run (a callback or an allowance of seconds) is reported each iteration
     through a C callback that makes what :func:`_watched_stop` makes of the Python
-    loops' iterations.
+    loops' iterations; a callback that says when it would next act
+    (:func:`_reporter`'s ``quiet_until``) is reported fewer iterations.
     """
     if native is None:
         return None
@@ -355,18 +360,19 @@ def _compiled(native, P: HostProblem, run: _Run, method: str, par: tuple, limit:
     m, n = P.m, P.n
     indptr, indices, data = P.arrays
     x = np.zeros(n) if P.x0 is None else P.x0.copy()
-    # one scratch buffer: par (5), out (10), the record, the kept tests, the vectors
+    # one scratch buffer: par (5), out (10), the report area, the kept tests, the vectors
     window, fields = _native.WINDOW, _native.REPORT
-    scratch = np.empty(15 + fields + 3 * window + 2 * m + 4 * n)
+    scratch = np.empty(15 + _native.REPORT_AREA + 3 * window + 2 * m + 4 * n)
     scratch[:len(par)] = par
     base = _address(scratch)
-    out_at, rec_at, hist_at = 5, 15, 15 + fields
+    out_at, rec_at, hist_at = 5, 15, 15 + _native.REPORT_AREA
     work_at = hist_at + 3 * window
     limit = max(min(int(limit), 2 ** 62), -(2 ** 62))
     nval = len(data) if P.unchecked else -1     # the loops' own finite check, or none
     failed = []
     report = None
     if run.watched:
+        scratch[rec_at + fields] = 0.0          # the gate: from the first iteration on
         report = _native.REPORT_FN(_reporter(run, x, scratch[rec_at:hist_at], failed))
     lib = native.lib
     if method == "lsqr":
@@ -403,19 +409,79 @@ def _compiled(native, P: HostProblem, run: _Run, method: str, par: tuple, limit:
     return fields, run.info(istop, itn, values[8] == 1.0)
 
 
+#: Share of the seconds until a gated callback's next action (:func:`_reporter`) that the
+#: compiled run iterates unreported, at the fastest seconds per iteration seen: a run whose
+#: iterations speed up by less than this factor still reports before that time.
+GATE_SHARE = 0.5
+
+
 def _reporter(run: _Run, x: np.ndarray, rec: np.ndarray, failed: list):
     """The C callback of a watched compiled run: reads the iteration's record from
-    ``rec`` and answers 1 (stop) or 0 as :func:`_watched_stop`, or -1 with the
-    exception raised kept in ``failed``."""
+    ``rec`` (the run's report area, :data:`~scipy_gpuqr._iterative.native.REPORT_AREA`)
+    and answers 1 (stop) or 0 as :func:`_watched_stop`, or -1 with the exception
+    raised kept in ``failed``.
+
+    A callback with ``quiet_until()`` and ``catch_up(states)`` (auto's rule:
+    :class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`, ``HostFirst``) is
+    asked, after each report, for the run's seconds before which no iteration
+    could make it act; the run then iterates unreported for
+    :data:`GATE_SHARE` of that time at the fastest seconds per iteration seen
+    (the gate in ``rec``). The next report hands it the unreported iterations
+    (their last :data:`~scipy_gpuqr._iterative.native.WINDOW`, from the run's
+    ring, their seconds interpolated) through ``catch_up`` before the report's
+    own. Every iteration that stops the run is reported. Other callbacks, and
+    runs with an allowance of seconds, see every iteration.
+    """
     callback, t0 = run.callback, run.clock.t0
     timed = run.clock.max_seconds is not None
+    fields, window = _native.REPORT, _native.WINDOW
+    quiet_until = None if timed else getattr(callback, "quiet_until", None)
+    ring = rec[fields + 1:].reshape(window, fields)
+    seen = [0, 0.0, math.inf]   # the last report's itn and seconds; the fastest s/iteration
+
+    def catch_up(itn: int, now: float) -> None:
+        last, last_s = seen[0], seen[1]
+        if last == 0 or itn <= last:        # the first report carries the run's start
+            return
+        step = (now - last_s) / (itn - last)
+        seen[2] = min(seen[2], step)
+        if itn - last > 1:
+            states = []
+            for k in range(max(last + 1, itn - window + 1), itn):
+                row = ring[(k - 1) % window].tolist()
+                states.append(tuple.__new__(IterationState, (k, x, int(row[1]), *row[2:],
+                                                             last_s + step * (k - last))))
+            callback.catch_up(states)
+
+    def gate(itn: int, now: float) -> float:
+        until = quiet_until()
+        if not until > now:
+            return 0.0
+        if until == math.inf:
+            return math.inf
+        per = seen[2]
+        if not per < math.inf:
+            return 0.0
+        return float(itn + max(1, int(GATE_SHARE * (until - now) / max(per, 1e-9))))
+
     def report() -> int:
         try:
-            itn, istop, *estimates = rec.tolist()
+            itn, istop, *estimates = rec[:fields].tolist()
             itn, istop = int(itn), int(istop)
             run.reported = itn
-            values = None if callback is None else (itn, x, istop, *estimates, _now() - t0)
-            return 1 if _watched_stop(run, values, istop, False, timed) else 0
+            now = _now() - t0
+            if quiet_until is not None:
+                catch_up(itn, now)
+            values = None if callback is None else (itn, x, istop, *estimates, now)
+            if _watched_stop(run, values, istop, False, timed):
+                return 1
+            if quiet_until is not None:
+                # the run goes on from here: the callback's own time (an analysis, say)
+                # is not its iterations'
+                now = _now() - t0
+                seen[0], seen[1] = itn, now
+                rec[fields] = gate(itn, now)
+            return 0
         except _FromCallback as wrapped:
             failed.append(wrapped.args[0])
         except BaseException as exc:   # noqa: BLE001 - raised again by the caller

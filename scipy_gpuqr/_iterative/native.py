@@ -65,14 +65,14 @@ try:        # NumPy's compiled core, whose BLAS its dot products call
 except ImportError:                         # pragma: no cover - NumPy < 2
     from numpy.core import _multiarray_umath as _numpy_core
 
-__all__ = ["ENV", "ABI", "MODES", "REPORT", "NativeUnavailable", "mode", "library", "status",
-           "handle", "blas_ddot", "Checked", "Native"]
+__all__ = ["ENV", "ABI", "MODES", "REPORT", "WINDOW", "REPORT_AREA", "NativeUnavailable", "mode",
+           "library", "status", "handle", "blas_ddot", "Checked", "Native"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_ITERATIVE_NATIVE"
 MODES = _native_build.MODES
 #: Interface version of ``_native.c`` (``sgi_abi()``).
-ABI = 2
+ABI = 3
 #: Compiler flags besides :data:`scipy_gpuqr._native_build.FLAGS` (and in the build key): no
 #: contraction into fused multiply-adds (SciPy's kernels and NumPy's ufuncs
 #: round each product), no value-changing optimization.
@@ -80,8 +80,13 @@ EXTRA_FLAGS = ("-ffp-contract=off", "-fno-fast-math")
 #: Fields of the record a report reads (``_native.c``'s ``RECORD``): itn, istop,
 #: normr, normar, norma, conda, normx, test1, test2, rtol.
 REPORT = 10
-#: Iterations of kept tests (``_native.c``'s ``WINDOW``).
+#: Iterations of kept tests (``_native.c``'s ``WINDOW``), and of records kept for a
+#: report that follows unreported iterations.
 WINDOW = 20
+#: Doubles of a run's report area (``_native.c``'s ``rec``): the record a report reads,
+#: the gate (the first iteration to report, set by the caller; 0: every iteration), then
+#: the records of the last :data:`WINDOW` iterations (iteration i at row (i - 1) % WINDOW).
+REPORT_AREA = REPORT + 1 + REPORT * WINDOW
 #: Outcomes of a compiled run (NOT_FINITE: asked to check A's values and b first, one was not).
 DONE, REPLAY, REPORT_FAILED, NOT_FINITE = 0, 1, 2, 3
 
