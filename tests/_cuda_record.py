@@ -71,6 +71,7 @@ class Recorder:
         self.null = FakeStream(self, "null")
         #: only the calls' names (no pointer lookups): for timing the caller's Python
         self.quiet = False
+        self.device = 0
 
     def alloc(self, shape, dtype):
         base = np.empty(shape, dtype=dtype)         # nothing is computed in it
@@ -247,12 +248,47 @@ def install(monkeypatch, panel_sms: int = 132, smem_limit: int = 227 * 1024) -> 
 
     device = SimpleNamespace(get_cublas_handle=lambda: 0x11,
                              get_cusolver_handle=lambda: 0x22)
+
+    class Device:
+        """``with Device(i):`` (CuPy: ``cudaGetDevice``, then ``cudaSetDevice`` in and
+        out where ``i`` is another device)."""
+
+        def __init__(self, i=None):
+            self.id = rec.device if i is None else int(i)
+            self._prev = []
+
+        def __enter__(self):
+            rec.add("cudaGetDevice")
+            self._prev.append(rec.device)
+            if self.id != rec.device:
+                rec.add("cudaSetDevice", self.id)
+                rec.device = self.id
+            return self
+
+        def __exit__(self, *exc):
+            prev = self._prev.pop()
+            if prev != rec.device:
+                rec.add("cudaSetDevice", prev)
+                rec.device = prev
+            return False
+
+        def synchronize(self):
+            rec.add("cudaDeviceSynchronize")
+
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    runtime = SimpleNamespace(
+        getDevice=lambda: rec.device, CUDARuntimeError=CUDARuntimeError,
+        memcpy2DAsync=lambda *a: rec.add("cudaMemcpy2DAsync", *[rec.norm(x) for x in a]),
+        memcpyAsync=lambda *a: rec.add("cudaMemcpyAsync", *[rec.norm(x) for x in a]),
+        deviceCanAccessPeer=lambda a, b: True, _deviceEnsurePeerAccess=lambda b: None)
     cuda = SimpleNamespace(
         Stream=lambda non_blocking=True, priority=0: FakeStream(rec),
         Event=lambda disable_timing=True: FakeEvent(rec, disable_timing),
-        get_current_stream=rec.stream, device=device,
-        runtime=SimpleNamespace(getDevice=lambda: 0),
-        Device=lambda i=None: SimpleNamespace(id=0))
+        get_current_stream=rec.stream, device=device, runtime=runtime, Device=Device,
+        memory=SimpleNamespace(OutOfMemoryError=MemoryError),
+        get_elapsed_time=lambda a, b: 1.0)
     cp = ModuleType("cupy")
     cp.cuda, cp.zeros, cp.empty, cp.float64, cp.float32 = cuda, zeros, empty, np.float64, np.float32
     monkeypatch.setitem(sys.modules, "cupy", cp)

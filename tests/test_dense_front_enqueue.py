@@ -152,3 +152,60 @@ def test_panel_kernel_raises_its_shared_memory_once(monkeypatch):
     big = kern.plan(40000)
     assert big[0] > plan[0]
     assert c["cuFuncGetAttribute"] == 2 and c["cuFuncSetAttribute"] == 2
+
+
+def test_split_chain_panel_takes_its_trsm_through_its_own_handle(monkeypatch):
+    """The split's chain panel (:class:`~scipy_gpuqr._engine.gpu.split_front._LeanPanel`)
+    makes the one-device panel's arithmetic calls, its GEMMs and ``T``'s ``trsm``
+    through the chain's own handle (stream and host pointer mode set when it was
+    made): no pointer mode set and put back per panel, no attribute query."""
+    import sys
+
+    from scipy_gpuqr._engine.dense_front import _PanelFactor, _Work
+    from scipy_gpuqr._engine.gpu.split_front import _Gemm, _LeanPanel
+    rec = install(monkeypatch)
+    cp = sys.modules["cupy"]
+    fm = fn = 1024
+    nb = 256
+    panels = panels_of(fm, fn, None, nb)
+
+    def run(lean):
+        F = rec.alloc((fm, fn), np.float64)
+        T = rec.alloc((len(panels), nb, nb), np.float64)
+        tau = rec.alloc((len(panels), nb), np.float64)
+        vt = rec.alloc((nb * fm,), np.float64)
+        s = cp.cuda.Stream()
+        with s:
+            work = _Work(cp, np.float64, fn * nb)
+            if lean:
+                g = _Gemm(cp, np.float64, s)
+                fac = _LeanPanel(cp, np.dtype(np.float64), "kernel", fm, nb, work, g)
+            else:
+                fac = _PanelFactor(cp, np.dtype(np.float64), "kernel", fm, nb, work)
+            fac(F, panels[0], tau[0], vt[:nb * fm].reshape(nb, fm), T[0])   # first launches
+            rec.calls.clear()
+            for p, (j, rows, b) in enumerate(panels):
+                fac(F, panels[p], tau[p], vt[:b * rows].reshape(b, rows), T[p])
+        calls = list(rec.calls)
+        return calls, (g.h if lean else HANDLE)
+
+    one, _ = run(False)
+    lean, h = run(True)
+    names = collections.Counter(n for n, _ in lean)
+    assert names["cublasGetPointerMode"] == names["cublasSetPointerMode"] == 0
+    assert names["cuFuncGetAttribute"] == 0
+    assert all(a[0] == h for n, a in lean if n in ("cublasdgemm", "cublasdtrsm"))
+
+    def shapes(calls):
+        out = []
+        for n, a in calls:
+            if n == "cublasdgemm":
+                out.append((n, a[3], a[4], a[5], a[6], a[11]))
+            elif n == "cublasdtrsm":
+                out.append((n,) + tuple(a[1:8]))
+            elif n.startswith("launch:"):
+                out.append((n, a[0], a[1], a[2]))
+            elif n not in STATE_CALLS:
+                out.append((n,))
+        return out
+    assert shapes(lean) == shapes(one)

@@ -599,19 +599,23 @@ class _PanelFactor:
         without CuPy's elementwise kernels: ``G = VᵀV`` (cuBLAS), M and diag(tau) by
         a prefetched kernel, the triangular solve by cuBLAS ``trsm`` as
         ``cupyx.scipy.linalg.solve_triangular`` calls it (``Mᵀ`` column-major is
-        M row-major; the solution, column-major, is ``T`` row-major), through the
-        work's handle in its host pointer mode (set once per front inside
-        :func:`factorize_cupy`)."""
+        M row-major; the solution, column-major, is ``T`` row-major; :meth:`_trsm`)."""
         b = int(Vt.shape[0])
         V = Vt.T
         G = V.T @ V
         M = self.M[:b * b].reshape(b, b)
         D = self.D[:b * b].reshape(b, b)
         ops.wy_system(G, tau, M, D)
+        self._trsm(M.data.ptr, D.data.ptr, b)
+        ops.copy_into(Tb, D)
+
+    def _trsm(self, M, D, b: int) -> None:
+        """``D ← M⁻¹ D`` (pointers, b × b column-major, M unit lower): through the
+        work's handle in host pointer mode (free inside :func:`factorize_cupy`'s
+        entry)."""
         blas = self.work.blas
         with blas:
-            blas.trsm_unit_lower(M.data.ptr, D.data.ptr, b)
-        ops.copy_into(Tb, D)
+            blas.trsm_unit_lower(M, D, b)
 
 
 class _GeqrfPanel:

@@ -104,6 +104,7 @@ class _Gemm:
         self.cb = cublas
         dt = np.dtype(dtype)
         self.gemm = cublas.sgemm if dt == np.float32 else cublas.dgemm
+        self.trsm = cublas.strsm if dt == np.float32 else cublas.dtrsm
         self.N, self.T = cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T
         self._scalars = np.array([1.0, 0.0, -1.0], dtype=dt)
         base, isz = self._scalars.ctypes.data, dt.itemsize
@@ -121,6 +122,14 @@ class _Gemm:
         g(h, N, Tr, nc, b, b, self.one, W, nc, T, ldt, self.zero, W2, nc)
         g(h, N, Tr, nc, rows, b, self.mone, W2, nc, V, ldv, self.one, C, ldc)
 
+    def trsm_unit_lower(self, A, B, m: int) -> None:
+        """``B ← A⁻¹ B`` (pointers, m × m column-major, ``A`` unit lower): the call
+        :meth:`~..dense_front._Cublas.trsm_unit_lower` makes, through this handle
+        (its host pointer mode already set)."""
+        cb = self.cb
+        self.trsm(self.h, cb.CUBLAS_SIDE_LEFT, cb.CUBLAS_FILL_MODE_LOWER, cb.CUBLAS_OP_N,
+                  cb.CUBLAS_DIAG_UNIT, m, m, self.one, A, m, B, m)
+
     def close(self) -> None:
         if self.h is not None:
             self.cb.destroy(self.h)
@@ -129,7 +138,9 @@ class _Gemm:
 
 class _LeanPanel(_PanelFactor):
     """:class:`~..dense_front._PanelFactor` whose kernel panels update their later
-    sub-panel columns through a :class:`_Gemm` (the same three GEMMs)."""
+    sub-panel columns through a :class:`_Gemm` (the same three GEMMs), and whose
+    ``T`` takes its triangular solve through it too (the same ``trsm``, on the
+    chain's handle: no pointer mode set and put back per panel)."""
 
     def __init__(self, cp, dt, method, rmax, nb, work, gemm):
         super().__init__(cp, dt, method, rmax, nb, work)
@@ -156,6 +167,9 @@ class _LeanPanel(_PanelFactor):
                           Vq, rows, Tq, PANEL_WIDTH)
         self._t_factor(Vt, tau[:b], Tp[:b, :b])
         return None
+
+    def _trsm(self, M, D, b: int) -> None:
+        self.g.trsm_unit_lower(M, D, b)
 
 
 class CupySplit:
