@@ -4,15 +4,17 @@
 cuSOLVER modules in ``sys.modules`` (and a fake kernel lookup in
 :mod:`~scipy_gpuqr._engine.gpu.array_ops` and the panel kernel of
 :mod:`~scipy_gpuqr._engine.dense_front`), so that
-:func:`~scipy_gpuqr._engine.dense_front.factorize_cupy` and the split's panel
-run their own code unchanged over NumPy buffers and every call they would
-make into CUDA, cuBLAS, cuSOLVER or a kernel is appended to
+:func:`~scipy_gpuqr._engine.dense_front.factorize_cupy`, the split's panel
+and :class:`~scipy_gpuqr._engine.gpu.split_front.CupySplit` (devices, peer
+copies) run their own code unchanged over NumPy buffers and every call they
+would make into CUDA, cuBLAS, cuSOLVER or a kernel is appended to
 :attr:`Recorder.calls` instead: ``(name, args)``. Nothing is computed (the
-buffers keep what they held); what is checked is which calls a front makes
-and how many. Pointers in the arguments are written as ``(allocation,
-offset)`` (allocations numbered in order) and host scalars by their value,
-so that two runs' arithmetic calls compare equal when they are the same
-calls on the same operands.
+buffers are uninitialized); what is checked is which calls a front makes and
+how many. Pointers in the arguments are written as ``(allocation, offset)``
+(allocations numbered in order) and host scalars by their value, so that two
+runs' arithmetic calls compare equal when they are the same calls on the
+same operands. CuPy's cuBLAS wrappers set the handle's stream before every
+call; the stand-ins record that ``cublasSetStream`` too.
 """
 
 from __future__ import annotations
@@ -182,7 +184,8 @@ def _blas_module(rec):
     mode = {}
 
     def value(p, dt):
-        return float((ctypes.c_double if dt == np.float64 else ctypes.c_float).from_address(p).value)
+        ctype = ctypes.c_double if dt == np.float64 else ctypes.c_float
+        return float(ctype.from_address(p).value)
 
     def gemm(dt):
         def f(h, ta, tb, m_, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
