@@ -226,7 +226,8 @@ def _solver_module(rec):
     m = ModuleType("cupy_backends.cuda.libs.cusolver")
     m.setStream = lambda h, s: rec.add("cusolverSetStream", h, s)
     m.dgeqrf_bufferSize = m.sgeqrf_bufferSize = lambda *a: 64
-    m.dgeqrf = m.sgeqrf = lambda *a: rec.add("cusolverGeqrf", *[rec.norm(x) for x in a[3:]])
+    m.dgeqrf = m.sgeqrf = lambda *a: rec.add("cusolverGeqrf", rec.stream().ptr,
+                                             *[rec.norm(x) for x in a[3:]])
     return m
 
 

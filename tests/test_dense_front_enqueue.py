@@ -209,3 +209,20 @@ def test_split_chain_panel_takes_its_trsm_through_its_own_handle(monkeypatch):
                 out.append((n,))
         return out
     assert shapes(lean) == shapes(one)
+
+
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_geqrf_panels_set_the_solver_handles_stream(monkeypatch, lookahead):
+    """cuSOLVER panels: the solver's handle gets the panels' stream when it is made
+    (inside the front's one pointer-mode entry), one ``geqrf`` per panel."""
+    rec = install(monkeypatch)
+    F, panels = _front(rec, 700, 600, 256, panel_method="geqrf", lookahead=lookahead)
+    names = [n for n, _ in rec.calls]
+    assert names.count("cusolverGeqrf") == len(panels)
+    solver_stream = None
+    for n, a in rec.calls:
+        if n == "cusolverSetStream":
+            solver_stream = a[1]
+        elif n == "cusolverGeqrf":
+            assert a[0] == solver_stream        # the stream the panel is enqueued on
+    assert names.count("cublasGetPointerMode") == (2 if lookahead else 1)
