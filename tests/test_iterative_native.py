@@ -24,7 +24,7 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as sla
 
-from _native_helpers import built_loader, env_with_cache, needs_compiler
+from _native_helpers import built_loader, env_with_cache, needs_compiler, use_loader
 from scipy_gpuqr import _native_build
 from scipy_gpuqr._errors import NativeUnavailable
 from scipy_gpuqr._iterative import _common, host, lsmr, lsqr, native
@@ -44,7 +44,7 @@ def built(tmp_path_factory):
 def loops(request, built, monkeypatch):
     """Which loops answer (``c`` or ``numpy``); the runs the compiled loops finished are
     counted in the list returned."""
-    monkeypatch.setattr(native, "_LOADER", built)
+    use_loader(monkeypatch, native, built)
     monkeypatch.setenv(native.ENV, request.param)
     finished = []
     real = host._compiled
@@ -340,7 +340,7 @@ def test_failed_checks_leave_the_python_loops(built, monkeypatch, broken):
         monkeypatch.setattr(native, "_products_match", lambda lib: "products differ")
     else:
         monkeypatch.setattr(native, "blas_ddot", lambda: (None, "no cblas_ddot"))
-    monkeypatch.setattr(native, "_LOADER", built)
+    use_loader(monkeypatch, native, built)
     monkeypatch.setattr(native, "_CHECKED", native.Checked())
     monkeypatch.setenv(native.ENV, "auto")
     assert native.handle() is None and native._CHECKED.why
@@ -357,7 +357,7 @@ def test_no_compiler_leaves_the_python_loops(tmp_path, monkeypatch):
     env = env_with_cache(tmp_path, CC="false")
     failing = _native_build.Loader(native._SPEC)
     assert failing.get(True, env) is None and failing.status().startswith("unavailable")
-    monkeypatch.setattr(native, "_LOADER", failing)
+    use_loader(monkeypatch, native, failing)
     monkeypatch.setenv(native.ENV, "auto")
     assert native.handle() is None
     A, b, _ = PROBLEMS["tall"]

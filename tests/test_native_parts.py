@@ -10,7 +10,10 @@ from scipy_gpuqr._errors import NativeUnavailable
 
 from _native_helpers import use_loader
 
+#: The parts whose ``handle`` is the shared one; the iterative loops' checks
+#: the library before handing it out (its own ``handle``).
 PARTS = ["_symbolic.native", "_schedule.native", "_engine.native"]
+ALL_PARTS = PARTS + ["_iterative.native"]
 
 
 class _Fixed:
@@ -51,8 +54,25 @@ def test_a_part_serves_the_loader_in_place(name, monkeypatch):
     assert mod.mode({mod.ENV: " C "}) == "c"
 
 
+def test_the_iterative_part_reads_the_loader_in_place(monkeypatch):
+    mod = importlib.import_module("scipy_gpuqr._iterative.native")
+    assert {mod.mode, mod.library, mod.status} == {
+        mod._NATIVE.mode, mod._NATIVE.library, mod._NATIVE.status}
+    monkeypatch.setattr(mod, "_CHECKED", mod.Checked())
+    lib = object()
+    ld = _Fixed(lib, "loaded")
+    use_loader(monkeypatch, mod, ld)
+    assert mod.status() == "loaded" and mod.library() is lib
+    asked = len(ld.asked)
+    assert mod.handle({mod.ENV: "numpy"}) is None and len(ld.asked) == asked
+    use_loader(monkeypatch, mod, _Fixed(None, "unavailable: no compiler here"))
+    assert mod.handle({mod.ENV: "auto"}) is None
+    with pytest.raises(NativeUnavailable, match="LSQR/LSMR loops: unavailable: no compiler"):
+        mod.handle({mod.ENV: "c"})
+
+
 def test_each_part_has_its_own_loader():
-    mods = [importlib.import_module(f"scipy_gpuqr.{name}") for name in PARTS]
+    mods = [importlib.import_module(f"scipy_gpuqr.{name}") for name in ALL_PARTS]
     assert len({id(m._NATIVE.loader) for m in mods}) == len(mods)
     assert len({m._NATIVE.spec.prefix for m in mods}) == len(mods)
     assert all(m._NATIVE.spec is m._SPEC for m in mods)

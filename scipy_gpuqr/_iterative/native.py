@@ -117,23 +117,12 @@ def _declare(lib: ctypes.CDLL) -> None:
 #: with :data:`EXTRA_FLAGS`.
 _SPEC = _native_build.NativeLibrary.beside(__file__, "iterative-", ABI, "sgi_abi", ENV, _declare,
                                            extra_flags=EXTRA_FLAGS)
-_LOADER = _native_build.Loader(_SPEC)
-
-
-def mode(environ: Mapping[str, str] = os.environ) -> str:
-    """The path asked for by :data:`ENV` (``auto`` when unset)."""
-    return _SPEC.mode(environ)
-
-
-def library(wait: bool = True, environ: Mapping[str, str] = os.environ):
-    """The compiled loops (a ``ctypes.CDLL``), built if need be; None when they
-    cannot be had (or, ``wait`` False, while they are being built)."""
-    return _LOADER.get(wait, environ)
-
-
-def status() -> str:
-    """``loaded``, ``building``, ``not loaded`` or ``unavailable: why``."""
-    return _LOADER.status()
+#: This process' library (:class:`~scipy_gpuqr._native_build.NativePart`): the
+#: path :data:`ENV` asks for (``mode``), the library (``library``) and the
+#: loader's state (``status``); :func:`handle` is this module's own (the loops
+#: are checked before they are handed out).
+_NATIVE = _native_build.NativePart(_SPEC, "compiled LSQR/LSMR loops")
+mode, library, status = _NATIVE.mode, _NATIVE.library, _NATIVE.status
 
 
 # ---------------------------------------------------------------------------
@@ -275,16 +264,17 @@ def handle(environ: Mapping[str, str] = os.environ) -> Optional[Native]:
     NativeUnavailable
         Mode ``c`` and no library, or its checks failed.
     """
+    loader = _NATIVE.loader
     v = getenv(ENV, environ)    # (os.environ's own get raises and catches when unset)
     if not v:                   # auto, once the loops have passed their checks: at once
         native = _CHECKED.passed
-        if native is not None and native.loader is _LOADER:
+        if native is not None and native.loader is loader:
             return native
     v = mode(environ)
-    lib = _native_build.choose(_LOADER, v, "compiled LSQR/LSMR loops", environ)
+    lib = _native_build.choose(loader, v, _NATIVE.what, environ)
     if lib is None:
         return None
-    native = _CHECKED.get(lib, _LOADER)
+    native = _CHECKED.get(lib, loader)
     if native is None and v == "c":
         raise NativeUnavailable(f"compiled LSQR/LSMR loops: {_CHECKED.why}")
     return native
