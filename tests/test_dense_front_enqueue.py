@@ -99,7 +99,7 @@ def test_dense_front_makes_the_blocked_algorithms_calls(monkeypatch, fm, fn, nb,
 
 def test_dense_front_host_calls_per_panel(monkeypatch):
     """Per panel of 256 columns: 8 launches, 24 GEMMs, ``VᵀV``, ``trsm``, two small
-    kernels and the panel's memset (36 calls) and CuPy's stream set in each cuBLAS
+    kernels and the panel's memset (37 calls) and CuPy's stream set in each cuBLAS
     call (26); the pointer mode once per front, no events, no attribute query."""
     rec = install(monkeypatch)
     _front(rec, 512, 512, 256)              # the panel kernel's first launches
