@@ -299,6 +299,29 @@ static inline int fill_record(double *rec, int64_t itn, int istop, double normr,
     return 1;
 }
 
+/* what the loop does after an iteration's end */
+enum { END_GO_ON, END_STOP, END_REPORT_FAILED };
+
+/* An iteration's end, after its stopping tests: the history kept; then, where a caller
+   watches (report), the record reported where fill_record says so, and the caller's answer
+   decides (REPORT_STOP ends the run, a negative one fails it); where none watches, a
+   stopping code ends the run. *reported: the last iteration reported. */
+static int end_iteration(double *hist, double *rec, report_t report, int64_t itn, int istop,
+                         double normr, double normar, double norma, double conda, double normx,
+                         double test1, double test2, double rtol, int64_t *reported)
+{
+    int answer;
+    remember(hist, itn, test1, test2, rtol);
+    if (report == NULL) return istop != 0 ? END_STOP : END_GO_ON;
+    if (!fill_record(rec, itn, istop, normr, normar, norma, conda, normx, test1, test2, rtol))
+        return END_GO_ON;
+    *reported = itn;
+    answer = report();
+    feclearexcept(FE_ALL_EXCEPT);   /* the report's flags are not the run's */
+    if (answer < 0) return END_REPORT_FAILED;
+    return answer == REPORT_STOP ? END_STOP : END_GO_ON;
+}
+
 /* ------------------------------------------------------------------ */
 /* LSQR (scipy/sparse/linalg/_isolve/lsqr.py; host.py's _lsqr_body)     */
 
@@ -323,7 +346,7 @@ int sgi_lsqr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
                  conlim = par[4];
     const double eps = 2.220446049250313e-16;
     double *u = work, *t = work + m, *v = work + 2 * m, *w = v + n, *s = w + n, *dk = s + n;
-    int bad = 0, istop = 0, damped = damp > 0, cs_int0, sn_int0, answer;
+    int bad = 0, istop = 0, damped = damp > 0, cs_int0, sn_int0, end;
     int64_t itn = 0, reported = 0, i;
     double ctol = 0, anorm = 0, acond = 0, ddnorm = 0, res2 = 0, xnorm = 0, xxnorm = 0, z = 0,
            cs2 = -1, sn2 = 0;
@@ -427,22 +450,13 @@ int sgi_lsqr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
         rtol = btol + dv(atol * anorm * xnorm, bnorm, &bad);
         istop = stopping_code(itn, iter_lim, test1, test2, test3, t1, rtol, atol, ctol);
         if (bad || fetestexcept(FLAGS)) goto replay;
-        remember(hist, itn, test1, test2, rtol);
-        if (report != NULL) {
-            if (fill_record(rec, itn, istop, r2norm, arnorm, anorm, acond, xnorm, test1, test2,
-                            rtol)) {
-                reported = itn;
-                answer = report();
-                feclearexcept(FE_ALL_EXCEPT);   /* the report's flags are not the run's */
-                if (answer < 0) {
-                    out[9] = (double)reported;
-                    return SGI_REPORT_FAILED;
-                }
-                if (answer == REPORT_STOP) break;
-            }
-        } else if (istop != 0) {
-            break;
+        end = end_iteration(hist, rec, report, itn, istop, r2norm, arnorm, anorm, acond, xnorm,
+                            test1, test2, rtol, &reported);
+        if (end == END_REPORT_FAILED) {
+            out[9] = (double)reported;
+            return SGI_REPORT_FAILED;
         }
+        if (end == END_STOP) break;
     }
 done:
     out[0] = istop; out[1] = (double)itn; out[2] = r1norm; out[3] = r2norm; out[4] = anorm;
@@ -473,7 +487,7 @@ int sgi_lsmr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
     matrix A = {m, n, csr, wide, ptr, idx, val};
     const double damp = par[0], atol = par[1], btol = par[2], conlim = par[3];
     double *u = work, *t = work + m, *v = work + 2 * m, *h = v + n, *hbar = h + n, *s = hbar + n;
-    int bad = 0, istop = 0, undamped = damp == 0, answer;
+    int bad = 0, istop = 0, undamped = damp == 0, end;
     int s_int0, ignored, sbar_int0, st_int0;
     int64_t itn = 0, reported = 0, i;
     double normb, beta, alpha, zetabar, alphabar, rho = 1, rhobar = 1, cbar = 1, sbar = 0,
@@ -583,22 +597,13 @@ int sgi_lsmr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
         rtol = btol + dv(atol * normA * normx, normb, &bad);
         istop = stopping_code(itn, maxiter, test1, test2, test3, t1, rtol, atol, ctol);
         if (bad || fetestexcept(FLAGS)) goto replay;
-        remember(hist, itn, test1, test2, rtol);
-        if (report != NULL) {
-            if (fill_record(rec, itn, istop, normr, normar, normA, condA, normx, test1, test2,
-                            rtol)) {
-                reported = itn;
-                answer = report();
-                feclearexcept(FE_ALL_EXCEPT);   /* the report's flags are not the run's */
-                if (answer < 0) {
-                    out[9] = (double)reported;
-                    return SGI_REPORT_FAILED;
-                }
-                if (answer == REPORT_STOP) break;
-            }
-        } else if (istop != 0) {
-            break;
+        end = end_iteration(hist, rec, report, itn, istop, normr, normar, normA, condA, normx,
+                            test1, test2, rtol, &reported);
+        if (end == END_REPORT_FAILED) {
+            out[9] = (double)reported;
+            return SGI_REPORT_FAILED;
         }
+        if (end == END_STOP) break;
     }
 done:
     out[0] = istop; out[1] = (double)itn; out[2] = normr; out[3] = normar; out[4] = normA;
