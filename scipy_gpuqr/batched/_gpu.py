@@ -46,7 +46,8 @@ from ._kernel_registry import (MMA_SIZES, SMALL_FILES, SMALL_MAX, TINY_MAX, VB_S
                                padded_size, small_name)
 from .._kernels import load_module
 
-__all__ = ["getrf", "getri", "inverse_call", "launch_inverse", "getrs", "gesv", "potrf", "potrs", "DEFAULT_THREADS", "sizes_args",
+__all__ = ["getrf", "getri", "inverse_call", "launch_inverse", "getrs", "gesv", "potrf", "potrs",
+           "DEFAULT_THREADS", "sizes_args",
            "small_launch", "warp_defaults", "warp_smem_bytes", "mma_smem_bytes",
            "getrf_kernel", "getri_kernel", "getrf_defaults", "MMA_KERNELS"]
 
