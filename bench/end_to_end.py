@@ -4,6 +4,7 @@
     python bench/end_to_end.py [--quick] [--json out.json] [--no-subprocess]
         [--only NAME ...] [--subprocess-for NAME ...] [--no-cold] [--warm-runs N]
         [--rank-cols N] [--free-parent-pool | --parent-pool-ab] [--start-gpu]
+        [--phases]
 
 Per problem, in one run (one GPU):
 
@@ -26,7 +27,17 @@ Per problem, in one run (one GPU):
   three calls apart, the gap being the first call less the faster other;
   ``--start-gpu``: as many warm-cache processes again whose script calls
   ``scipy_gpuqr.start_gpu()`` at its top, before it makes the matrix (a
-  user's early start; reported apart, not in the gap's verdict).
+  user's early start; reported apart, not in the gap's verdict); each
+  process also times CUDA's own start (``cuInit`` and the primary context
+  on the package's driver thread) from its first call's start, so that the
+  gap splits into CUDA's start and the package's own work
+  (``ours = gap - cuda_ready``);
+* ``--phases``: where ``lsqr first`` and ``lsqr again`` spend their time
+  (:class:`CallPhases`): the call's phases (validation, analysis,
+  factorization, rank decision, solve, the rest), the engine's own split of
+  its factorization (schedule, launch loop, waits, R's assembly, cold or
+  warm schedule), and the call's main thread sampled every 2 ms, the first
+  call's excess over the repeated one per innermost package function.
 
 Backward error of lsqr's x (``‖Aᵀr‖ / (‖A‖_F (‖A‖_F ‖x‖ + ‖b‖))``) and its
 rank against ``numpy.linalg.lstsq``'s rule (``σ > eps·max(m, n)·σ₁``, dense
@@ -174,6 +185,132 @@ def timed(fn):
     return time.perf_counter() - t, out
 
 
+class CallPhases:
+    """Per public call inside the block: its factorization's phases
+    (``FactoredQR.timings``: validate, analyze, factorize, rank_decision,
+    solve), the engine's ``info['seconds']`` and whether its schedule was cold,
+    read when the call frees its factorization; and, with ``sample``, the
+    calling thread's innermost package function sampled every
+    :data:`SAMPLE_S` seconds (seconds per function, each sample weighted by
+    the time since the last one, at most :data:`SAMPLE_CAP_S`: a sample the
+    GIL delayed counts for the time it covers)."""
+
+    SAMPLE_S = 0.002
+    SAMPLE_CAP_S = 0.05
+
+    def __init__(self, sample: bool = True):
+        self.sample = sample
+        self.calls = []
+        self.samples = {}
+
+    def __enter__(self):
+        import threading
+        from scipy_gpuqr._factor import factored
+        self._cls = factored.FactoredQR
+        self._free = free = self._cls.free
+        calls = self.calls
+
+        def snap_free(F):
+            if F.num is not None:
+                info = getattr(F.num, "info", {}) or {}
+                calls.append({"timings": dict(F.timings),
+                              "engine": dict(info.get("seconds", {}) or {}),
+                              "schedule_cold": info.get("schedule_cold"),
+                              "rank_method": (F._solver.method if F._solver is not None
+                                              else None)})
+            return free(F)
+        self._cls.free = snap_free
+        self._stop = threading.Event()
+        self._thread = None
+        if self.sample:
+            self._ident = threading.get_ident()
+            self._thread = threading.Thread(target=self._sampler, name="bench-sampler",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._cls.free = self._free
+        return False
+
+    def _sampler(self):
+        last = time.perf_counter()
+        while not self._stop.wait(self.SAMPLE_S):
+            now = time.perf_counter()
+            dt, last = min(now - last, self.SAMPLE_CAP_S), now
+            f = sys._current_frames().get(self._ident)
+            where = None
+            while f is not None:
+                fn = f.f_code.co_filename
+                if "scipy_gpuqr" in fn and "end_to_end" not in fn:
+                    where = f"{fn.rsplit('scipy_gpuqr/', 1)[-1]}:{f.f_code.co_name}"
+                    break
+                f = f.f_back
+            key = where or "(outside the package)"
+            self.samples[key] = self.samples.get(key, 0.0) + dt
+
+    def row(self, wall: float) -> dict:
+        """The last call's phases (seconds) with ``rest`` = its wall time less them."""
+        c = self.calls[-1] if self.calls else {"timings": {}, "engine": {}}
+        t = c["timings"]
+        parts = {k: t.get(k) for k in ("validate", "analyze", "factorize", "rank_decision",
+                                       "solve")}
+        e = c["engine"]
+        out = {"wall": wall, **parts,
+               "rest": wall - sum(v for v in parts.values() if v is not None),
+               "schedule_cold": c.get("schedule_cold"), "rank_method": c.get("rank_method"),
+               "engine": {k: e.get(k) for k in ("validate", "schedule", "first_launch",
+                                                "launch_loop", "wait_gpu", "wait_host_side",
+                                                "wait_r_copy", "factorize", "assemble_R",
+                                                "total")}}
+        return out
+
+
+def phases_rows(A, b, reps: int, backend: str = "gpu") -> dict:
+    """``--phases``: lsqr's first call on a copy of A whose pattern is new to the
+    process (A's rows reversed: the same problem, a pattern not factorized
+    before) and the repeated call, each with :class:`CallPhases`; ``excess``:
+    the first call's sampled seconds less the repeated call's, per function
+    (the largest first)."""
+    import scipy_gpuqr as sg
+    B = sp.csc_array(A[::-1])
+    B.sort_indices()
+    bb = np.ascontiguousarray(b[::-1])
+    out = {}
+    samples = {}
+    for label in ("first", "again", "again_2"):
+        with CallPhases() as ph:
+            B1 = B.copy()
+            t, _ = timed(lambda: sg.lsqr(B1, bb, backend=backend))
+        out[label] = ph.row(t)
+        samples[label] = ph.samples
+    again = min(("again", "again_2"), key=lambda k: out[k]["wall"])
+    keys = set(samples["first"]) | set(samples[again])
+    excess = {k: samples["first"].get(k, 0.0) - samples[again].get(k, 0.0) for k in keys}
+    out["excess"] = dict(sorted(((k, round(v, 4)) for k, v in excess.items() if abs(v) >= 0.004),
+                                key=lambda kv: -kv[1])[:16])
+    return out
+
+
+def print_phases(name: str, ph: dict) -> None:
+    """The phases of ``phases_rows`` as lines under the problem's name."""
+    def f(v):
+        return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
+    for label in ("first", "again", "again_2"):
+        r = ph[label]
+        e = r["engine"]
+        print(f"  {name} {label:8s} wall {f(r['wall'])} = validate {f(r['validate'])} + analyze "
+              f"{f(r['analyze'])} + factorize {f(r['factorize'])} + rank {f(r['rank_decision'])} "
+              f"({r['rank_method']}) + solve {f(r['solve'])} + rest {f(r['rest'])} | engine: "
+              + " ".join(f"{k} {f(v)}" for k, v in e.items() if v is not None)
+              + f" | cold schedule {r['schedule_cold']}", flush=True)
+    print(f"  {name} first call's excess over the repeated one, main thread (s): "
+          + "; ".join(f"{k} {v:+.3f}" for k, v in ph["excess"].items()), flush=True)
+
+
 def engine_rows(A, b, reps: int, backend: str = "gpu") -> dict:
     """The warm engine: factorization with an analysis it factorized before, and
     the warm solve (a factorization whose rank decision is made). Another
@@ -241,6 +378,24 @@ A = make(sys.argv[1]); b = rhs(A)
 t1 = time.perf_counter()
 from scipy_gpuqr import lsqr
 t2 = time.perf_counter()
+# CUDA's own start (cuInit, then the primary context) on the package's driver thread,
+# the same calls timed (absent where the package starts CUDA otherwise)
+import ctypes, scipy_gpuqr._gpu as _g
+cuda = {}
+if hasattr(_g, "_retain_primary_context") and hasattr(_g, "_driver_library"):
+    def _retain():
+        lib = _g._driver_library()
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        cuda["start"] = time.perf_counter()
+        try:
+            ok = lib.cuInit(0) == 0
+            cuda["cuinit_end"] = time.perf_counter()
+            if ok and lib.cuDeviceGet(ctypes.byref(dev), 0) == 0:
+                lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+        except AttributeError:
+            pass
+        cuda["ready"] = time.perf_counter()
+    _g._retain_primary_context = _retain
 # per call, what the device's memory looked like to the package: every read of it
 # (DeviceMemory: available, what limited it, free, this process's pool) with the
 # function that asked, every stage plan made (stages, peak, host fronts), and the
@@ -278,11 +433,20 @@ calls, memory = [], []
 for _ in range(3):
     del reads[:], plans[:], logs[:]
     t = time.perf_counter()
+    if not calls:
+        t_call = t
     lsqr(A, b, backend=sys.argv[3])
     calls.append(time.perf_counter() - t)
     memory.append({"reads": list(reads), "plans": list(plans), "logs": list(logs)})
+cs = {}
+if "ready" in cuda:     # from the first call's start (negative: before it, start_gpu)
+    cs = {"cuda_start": cuda["start"] - t_call, "cuda_ready": cuda["ready"] - t_call,
+          "cuinit": cuda.get("cuinit_end", cuda["ready"]) - cuda["start"],
+          "context": cuda["ready"] - cuda.get("cuinit_end", cuda["ready"])}
+gap = calls[0] - min(calls[1:])
 print(json.dumps({"setup": t1 - t0, "import": t2 - t1, "first": calls[0], "second": calls[1],
-                  "third": calls[2], "gap": calls[0] - min(calls[1:]), "memory": memory}))
+                  "third": calls[2], "gap": gap, **cs,
+                  "ours": gap - max(cs.get("cuda_ready", 0.0), 0.0), "memory": memory}))
 """
 
 
@@ -372,6 +536,12 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
                 out[name] = {"error": r.stderr[-1500:]}
                 continue
             out[name] = json.loads(r.stdout.strip().splitlines()[-1])
+            c = out[name]
+            if "cuda_ready" in c:
+                print(f"  {spec} {name}: gap {c['gap']:+.3f} s; CUDA started "
+                      f"{c['cuda_start']:+.3f}, ready {c['cuda_ready']:+.3f} s from the call's "
+                      f"start (cuInit {c['cuinit']:.3f}, context {c['context']:.3f}); the gap "
+                      f"beyond CUDA's start {c['ours']:+.3f} s", flush=True)
             print_child_memory(f"{spec} {name}", out[name])
     return out
 
@@ -380,7 +550,7 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
 
 def run_problem(name, spec, *, reps, subprocs, rank_cols=RANK_MAX_COLS,
                 backend="gpu", cold=True, warm_runs=1, free_parent_pool=False,
-                pool_ab=False, start_gpu=False) -> dict:
+                pool_ab=False, start_gpu=False, phases=False) -> dict:
     t0 = time.perf_counter()
     A = make(spec)
     A = sp.csc_array(A)
@@ -389,6 +559,9 @@ def run_problem(name, spec, *, reps, subprocs, rank_cols=RANK_MAX_COLS,
     row = {"problem": name, "spec": spec, "shape": list(A.shape), "nnz": int(A.nnz)}
     row.update(public_rows(A, b, reps, backend))
     row["engine"] = engine_rows(A, b, reps, backend)
+    if phases:
+        row["phases"] = phases_rows(A, b, reps, backend)
+        print_phases(name, row["phases"])
     row["lstsq_rank"] = lstsq_rank(A, rank_cols)
     if subprocs:
         row["new_process"] = new_process(spec, backend, cold=cold, warm_runs=warm_runs,
@@ -412,6 +585,12 @@ def verdicts(row) -> dict:
     if gaps:
         row["new_process_gap"] = statistics.median(gaps)
         out["newproc<=+0.3s"] = row["new_process_gap"] <= 0.3
+    ours = [v["ours"] for k, v in np_.items() if k.startswith("warm_caches") and "cuda_ready" in v]
+    if ours:        # the gap beyond CUDA's own start (reported, not a verdict)
+        row["new_process_gap_beyond_cuda"] = statistics.median(ours)
+        row["new_process_cuda_ready"] = statistics.median(
+            v["cuda_ready"] for k, v in np_.items() if k.startswith("warm_caches")
+            and "cuda_ready" in v)
     freed = [v["gap"] for k, v in np_.items() if k.startswith("freed_pool") and "gap" in v]
     if freed:
         row["new_process_gap_freed_pool"] = statistics.median(freed)
@@ -484,6 +663,10 @@ def main(argv=None) -> int:
     p.add_argument("--start-gpu", action="store_true",
                    help="after the warm-cache processes, as many again that call "
                         "scipy_gpuqr.start_gpu() at the script's top (reported apart)")
+    p.add_argument("--phases", action="store_true",
+                   help="where lsqr's first and repeated calls spend their time: phases, the "
+                        "engine's split, the main thread sampled (on a copy of A with its rows "
+                        "reversed, after the rows above)")
     p.add_argument("--rank-cols", type=int,
                    help="lstsq's rank (dense SVD) only up to this many columns "
                         f"(default {RANK_MAX_COLS}, --quick 5000; 0: none)")
@@ -518,7 +701,8 @@ def main(argv=None) -> int:
                                          else 5000 if a.quick else RANK_MAX_COLS),
                               backend=a.backend, cold=not a.no_cold, warm_runs=a.warm_runs,
                               free_parent_pool=a.free_parent_pool,
-                              pool_ab=a.parent_pool_ab, start_gpu=a.start_gpu)
+                              pool_ab=a.parent_pool_ab, start_gpu=a.start_gpu,
+                              phases=a.phases)
         except Exception as exc:  # noqa: BLE001 - a row says what failed, the run goes on
             row = {"problem": name, "spec": spec, "error": f"{type(exc).__name__}: {exc}"}
             print(f"{name}: {row['error']}", flush=True)
@@ -537,6 +721,10 @@ def main(argv=None) -> int:
           f"{warmup:.2f} s")
     print(table(rows))
     for r in rows:
+        if "new_process_gap_beyond_cuda" in r:
+            print(f"{r['problem']}: new process, warm caches: CUDA ready "
+                  f"{r['new_process_cuda_ready']:+.3f} s from the first call's start; the gap "
+                  f"beyond it {r['new_process_gap_beyond_cuda']:+.3f} s (medians)")
         if "new_process_gap_start_gpu" in r:
             print(f"{r['problem']}: new process with scipy_gpuqr.start_gpu() at the script's "
                   f"top: gap {r['new_process_gap_start_gpu']:+.3f} s (not in the verdicts)")
