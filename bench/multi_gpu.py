@@ -55,10 +55,14 @@ rest), and how its R values reached R's array (``R`` share scattered by the
 end of its enqueueing, seconds scattering, seconds a copier waited for R's
 array). ``--r-slot-mb 128,32`` runs every multi-device setting with each of
 those slot sizes of R's copies (``multi_gpu_factorize(r_slot_bytes=...)``;
-default: the engine's choice). ``--rebalance`` adds, per device count above
-one, a run of the last split setting (and the first slot size) whose mapping
-shares the subtrees by the speeds its warm-up measured (``measured_speeds``, ``device_speeds=``; a second warm-up
-runs the new mapping once before the timed calls). ``--check-only grid56,...``
+default: the engine's choice). ``--mapping flops,measured`` runs every
+multi-device setting with each of those mappings, in that order
+(``multi_gpu_factorize(device_speeds=None | 'measured')``): on flops alone
+(a first call's), and by the speeds the earlier calls of the pattern on
+those devices measured (the engine's default; the flops runs' calls are
+such earlier calls). A run by measured speeds warms up until its mapping
+no longer changes (at most three calls), and prints the speeds each call
+mapped by. ``--check-only grid56,...``
 checks the answers of those matrices only (R's difference, ``Qᵀ b`` and the
 residuals take tens of seconds on grid 64³'s R); ``--check-r grid64,...``
 compares only R's values with one GPU's for those (a few seconds).
@@ -126,7 +130,7 @@ class _Runner:
         import cupy as cp
         return cp.cuda.Device(ids[0])
 
-    def factorize(self, A, an, ids, budget, split=None, speeds=None, r_slot=None):
+    def factorize(self, A, an, ids, budget, split=None, speeds="measured", r_slot=None):
         from scipy_gpuqr._engine.gpu.driver import gpu_factorize
         from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
         if self.numpy:
@@ -273,22 +277,33 @@ def _differences(got, ref) -> dict:
             **{key: got[key] for key in ("gram", "qr", "tiny_pivots")}}
 
 
+#: ``--mapping``: ``multi_gpu_factorize(device_speeds=...)`` of each name
+MAPPINGS = {"flops": None, "measured": "measured"}
+
 #: ``--split``: the values of ``multi_gpu_factorize(split_dense=...)`` each device
 #: count above one runs with (``rule``: None, the model's choice)
 SPLIT_MODES = {"rule": [None], "off": [False], "on": [True], "both": [False, None]}
 
 
-def _variants(counts, split, rebalance, slots=(None,)) -> list:
-    """(device count, split_dense, R slot bytes, rebalanced) of every run, in order."""
+def _variants(counts, split, mappings=("measured",), slots=(None,)) -> list:
+    """(device count, split_dense, R slot bytes, mapping name) of every run, in order."""
     out = []
     for k in counts:
         if k == 1:
-            out.append((k, None, None, False))
+            out.append((k, None, None, "-"))
             continue
-        out += [(k, sd, sl, False) for sd in SPLIT_MODES[split] for sl in slots]
-        if rebalance:
-            out.append((k, SPLIT_MODES[split][-1], slots[0], True))
+        out += [(k, sd, sl, mp) for sd in SPLIT_MODES[split] for mp in mappings
+                for sl in slots]
     return out
+
+
+def _mapping_text(info) -> str:
+    """What a call's subtrees were shared by, and the speeds (``info["devices"]["mapping"]``)."""
+    mp = (info.get("devices") or {}).get("mapping")
+    if not mp:
+        return "-"
+    sp = mp.get("speeds")
+    return mp["by"] + ("" if sp is None else " " + "/".join(f"{x:.3f}" for x in sp))
 
 
 def _r_copy_text(rc) -> str:
@@ -302,7 +317,7 @@ def _r_copy_text(rc) -> str:
 
 
 def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runner,
-            deadline=None, split="rule", rebalance=False, verify=True, slots=(None,)):
+            deadline=None, split="rule", mappings=("measured",), verify=True, slots=(None,)):
     from scipy_gpuqr._schedule.devices import map_devices
     from scipy_gpuqr._symbolic import analyze
     A = make()
@@ -317,39 +332,41 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
     b = np.random.default_rng(7).standard_normal(A.shape[0])
     ref = None
     base = None
-    for k, sd, sl, rebal in _variants(counts, split, rebalance, slots):
+    for k, sd, sl, mp in _variants(counts, split, mappings, slots):
         ids = [0] * k if (simulate or runner.numpy) else list(range(k))
         plan = map_devices(an, k, device_memory=budget)
+        speeds = MAPPINGS.get(mp)
         run = {"gpus": k, "devices": ids, "plan": plan.as_dict(),
                "split": {None: "rule", False: "off", True: "on"}[sd] if k > 1 else "-",
-               "rebalanced": rebal, "r_slot_bytes": sl}
-        label = f"{k} GPU(s)" + (f" split={run['split']}"
+               "mapping": mp, "r_slot_bytes": sl}
+        label = f"{k} GPU(s)" + (f" split={run['split']} mapping={mp}"
                                  + (f" r-slot {sl / (1 << 20):g}MB" if sl else "")
-                                 + (" rebalanced" if rebal else "") if k > 1 else "")
+                                 if k > 1 else "")
         if deadline is not None and time.perf_counter() > deadline:
             run["skipped"] = "time budget spent"
             row["runs"].append(run)
             print(f"{name:12s} {label}: skipped (time budget spent)", flush=True)
             continue
         try:
-            # warm-up (kernels, schedule, layout)
-            qr = runner.factorize(A, an, ids, budget, sd, None, sl)
-            speeds = None
-            if rebal:
-                from scipy_gpuqr._engine.gpu.multi_device import measured_speeds
-                speeds = measured_speeds(qr)
-                run["speeds"] = speeds
-                qr.free()
-                runner.free()           # the new mapping's schedule and layout, once
+            # warm-up (kernels, schedule, layout); by measured speeds until the mapping
+            # the next call takes is the one this call ran
+            warm = []
+            for _ in range(3 if speeds == "measured" and k > 1 else 1):
                 qr = runner.factorize(A, an, ids, budget, sd, speeds, sl)
-            qr.free()
-            runner.free()
+                mapping = qr.info.get("devices", {}).get("mapping") or {}
+                warm.append(_mapping_text(qr.info))
+                qr.free()
+                runner.free()
+                if mapping.get("speeds") == mapping.get("remembered") or speeds is None:
+                    break
+            run["warm_up_mappings"] = warm
             times, infos = [], []
             for rep in range(reps):
                 t = time.perf_counter()
                 qr = runner.factorize(A, an, ids, budget, sd, speeds, sl)
                 times.append(time.perf_counter() - t)
                 infos.append(qr.info)
+                run.setdefault("mappings", []).append(_mapping_text(qr.info))
                 if rep == 0 and verify == "r":
                     got = _r_alone(qr)
                     if ref is None:
@@ -430,8 +447,8 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                          f"{d.get('subtree_flops', float('nan')) / 1e12:.2f}"
                          for d in run["plan"].get("per_device", [])) + " T")
             busy += f"; R copies started during the launches {run.get('r_copy_progressive')}"
-            if run.get("speeds"):
-                busy += "; speeds " + " ".join(f"{x:.3f}" for x in run["speeds"])
+            busy += ("; mapped by (warm-up) " + ", ".join(run["warm_up_mappings"])
+                     + " (timed) " + ", ".join(run["mappings"]))
         check = (f"  R diff {run['R_diff']:.1e}" if "R_diff" in run else "")
         if "qtb_diff" in run:
             check += (f" Qtb diff {run['qtb_diff']:.1e}"
@@ -467,7 +484,7 @@ def summary(rows) -> str:
                     + (f" (split {sp}"
                        + (f", R slots {run['r_slot_bytes'] / (1 << 20):g} MB"
                           if run.get("r_slot_bytes") else "")
-                       + (", rebalanced" if run.get("rebalanced") else "")
+                       + (f", {run['mapping']}" if run.get("mapping", "-") != "-" else "")
                        + ")" if sp != "-" else "") + " |")
             if "seconds" not in run:
                 out.append(head + f" {run.get('skipped') or run.get('error', '?')}"
@@ -547,8 +564,9 @@ def main(argv=None) -> int:
     p.add_argument("--r-slot-mb", default="",
                    help="R's copy slot sizes (MB) each multi-device setting runs with "
                         "(default: the engine's)")
-    p.add_argument("--rebalance", action="store_true",
-                   help="add a run mapped by the speeds its warm-up measured")
+    p.add_argument("--mapping", default="measured",
+                   help="mappings each multi-device setting runs with, in order: "
+                        "'flops' (device_speeds=None), 'measured' (the engine's default)")
     p.add_argument("--check-only", default="",
                    help="matrices whose answers are checked (default: all)")
     p.add_argument("--check-r", default="",
@@ -596,7 +614,7 @@ def main(argv=None) -> int:
         rows.append(run_one(n, make, counts, a.reps, simulate=a.simulate,
                             budget_fraction=a.budget_fraction, public=a.public,
                             runner=runner, deadline=deadline, split=a.split,
-                            rebalance=a.rebalance, slots=slots,
+                            mappings=[x for x in a.mapping.split(",") if x], slots=slots,
                             verify=("r" if n in r_only else not checked or n in checked)))
         if a.json:                      # after each matrix: a run cut short keeps the rest
             Path(a.json).write_text(json.dumps({"gpus": names, "counts": counts,

@@ -231,6 +231,104 @@ def test_measured_speeds_and_device_speeds():
     assert sub[1] / sub[0] > even.subtree_flops[1] / even.subtree_flops[0]
 
 
+def test_measured_speeds_are_bounded_and_need_time():
+    """measured_speeds: None where a device's share took less than SPEED_MIN_SECONDS
+    (noise), and a speed far from the mean brought back to SPEED_RANGE."""
+    from types import SimpleNamespace
+
+    from scipy_gpuqr._engine.gpu import multi_device as md
+
+    an = analyze(grid3d_least_squares(6))
+    lo, hi = md.SPEED_RANGE
+    per = [{"flops": 1e9, "busy_seconds": 1.0}, {"flops": 1e9, "busy_seconds": 100.0}]
+    info = {"devices": {"upper_device": 0, "devices": per}, "split_fronts": []}
+    got = md.measured_speeds(SimpleNamespace(info=info, analysis=an))
+    assert np.mean(got) == pytest.approx(1.0)
+    # relative speeds 200/101 and 2/101; the second brought up to lo, then mean 1
+    assert got[1] / got[0] == pytest.approx(lo / (200 / 101))
+    per[1]["busy_seconds"] = 0.5 * md.SPEED_MIN_SECONDS
+    assert md.measured_speeds(SimpleNamespace(info=info, analysis=an)) is None
+
+
+def test_remember_speeds_per_pattern_and_device_set():
+    """The first measurement is kept (mean 1); a later one is averaged with it
+    (geometric mean) and replaces it only past SPEEDS_CHANGE; other device sets and
+    other patterns keep their own."""
+    from scipy_gpuqr._schedule.devices import (SPEEDS_CHANGE, remember_speeds,
+                                               remembered_speeds)
+    an = analyze(grid3d_least_squares(6), cache=False)      # its own table entry
+    other = analyze(grid3d_least_squares(5), cache=False)
+    two, three = ("two", 8), ("three", 8)
+    assert remembered_speeds(an, two) is None
+    assert remember_speeds(an, two, [1.0, 3.0]) == pytest.approx((0.5, 1.5))
+    assert remembered_speeds(an, two) == pytest.approx((0.5, 1.5))
+    # a second measurement: the geometric mean of both, normalized
+    g = np.sqrt(np.array([0.5, 1.5]) * np.array([1.0, 1.0]))
+    assert remember_speeds(an, two, [2.0, 2.0]) == pytest.approx(tuple(g / g.mean()))
+    kept = remembered_speeds(an, two)
+    # a measurement within the change bound leaves them as they are (same mapping)
+    near = np.array(kept) * np.array([1 + SPEEDS_CHANGE, 1 - SPEEDS_CHANGE])
+    assert remember_speeds(an, two, near) == kept
+    assert remembered_speeds(an, two) == kept
+    assert remembered_speeds(an, three) is None and remembered_speeds(other, two) is None
+    remember_speeds(an, three, [1.0, 1.0, 4.0])
+    assert remembered_speeds(an, two) == kept
+    for bad in ([1.0, 0.0], [1.0, np.nan], [], [[1.0]]):
+        with pytest.raises(ValueError):
+            remember_speeds(an, two, bad)
+
+
+def test_second_call_maps_by_the_speeds_the_first_measured(monkeypatch):
+    """multi_gpu_factorize's default (device_speeds='measured') on NumPy layers: a
+    pattern's first call maps on flops and remembers the speeds it measured; the next
+    call on the same devices maps by what is remembered, says so in info, and gives
+    the one-device answer; device_speeds=None maps on flops again; another device set
+    starts on flops."""
+    from scipy_gpuqr._engine.gpu import multi_device as md
+    from scipy_gpuqr._schedule.devices import remember_speeds, remembered_speeds
+
+    monkeypatch.setattr(md, "SPEED_MIN_SECONDS", 0.0)   # host timings of tiny shares
+    A = grid3d_least_squares(9)
+    an = analyze(A, cache=False)
+    key = md.speeds_key([NumpyDevice(32, 3)] * 2, np.float64)
+
+    def layers(k):
+        return [NumpyDevice(32, 3) for _ in range(k)]
+
+    first = multi_gpu_factorize(A, an, layers=layers(2))
+    mp = first.info["devices"]["mapping"]
+    assert mp["by"] == "flops" and mp["speeds"] is None
+    assert np.array_equal(first.info["devices"]["per_device"][0]["flops"],
+                          map_devices(an, 2).as_dict()["per_device"][0]["flops"])
+    assert mp["measured"] == pytest.approx(md.measured_speeds(first))
+    assert tuple(mp["remembered"]) == remembered_speeds(an, key)
+    # speeds of our choosing for the next call (host timings are noise): measured
+    # again and again, the kept ones come within SPEEDS_CHANGE of them
+    for _ in range(10):
+        kept = remember_speeds(an, key, [0.4, 1.6])
+    assert kept[0] < 0.5 < 1.5 < kept[1]
+    second = multi_gpu_factorize(A, an, layers=layers(2))
+    mp = second.info["devices"]["mapping"]
+    assert mp["by"] == "measured speeds" and mp["speeds"] == pytest.approx(kept)
+    want = map_devices(an, 2, speeds=kept)
+    got = [d["subtree_flops"] for d in second.info["devices"]["per_device"]]
+    assert got == pytest.approx(want.subtree_flops.tolist())
+    even = map_devices(an, 2)
+    assert got[1] / got[0] > even.subtree_flops[1] / even.subtree_flops[0]
+    one = gpu_factorize(A, an, device=NumpyDevice(32, 3))
+    _same_answer(A, one, second)
+    flops = multi_gpu_factorize(A, an, layers=layers(2), device_speeds=None)
+    assert flops.info["devices"]["mapping"]["by"] == "flops"
+    assert [d["subtree_flops"] for d in flops.info["devices"]["per_device"]] == \
+        pytest.approx(even.subtree_flops.tolist())
+    three = multi_gpu_factorize(A, an, layers=layers(3))
+    assert three.info["devices"]["mapping"]["by"] == "flops"
+    given = multi_gpu_factorize(A, an, layers=layers(2), device_speeds=[1.0, 1.0])
+    assert given.info["devices"]["mapping"]["by"] == "given speeds"
+    with pytest.raises(ValueError):
+        multi_gpu_factorize(A, an, layers=layers(2), device_speeds="fast")
+
+
 def test_memory_weight_when_flops_overflow_a_device():
     an = analyze(grid3d_least_squares(10))
     free = map_devices(an, 2)

@@ -133,6 +133,41 @@ def test_four_gpus():
     _run((0, 1, 2, 3))
 
 
+@pytest.mark.parametrize("k", [2, 4])
+def test_second_call_mapped_by_measured_speeds(k):
+    """A pattern's first call on k GPUs maps on flops and remembers the speeds it
+    measured; the next maps by the speeds remembered (set here, so that the mapping
+    surely differs) and gives the one-GPU answer."""
+    from types import SimpleNamespace
+
+    import cupy as cp
+    from scipy_gpuqr._engine.gpu.multi_device import speeds_key
+    from scipy_gpuqr._gpu import device_name
+    from scipy_gpuqr._schedule.devices import map_devices, remember_speeds
+    ids = tuple(range(k)) if device_count() >= k else (0,) * k
+    A = random_values(grid3d_least_squares(14), np.random.default_rng(6))
+    an = analyze(A, cache=False)            # nothing remembered from other tests
+    with cp.cuda.Device(ids[0]):
+        one = gpu_factorize(A, an)
+        first = multi_gpu_factorize(A, an, devices=ids)
+        assert first.info["devices"]["mapping"]["by"] == "flops"
+        first.free()
+        key = speeds_key([SimpleNamespace(device_id=d, name=device_name(d)) for d in ids],
+                         np.float64)          # as the call's CUDA layers name the set
+        for _ in range(10):
+            kept = remember_speeds(an, key, [0.5] + [1.5] * (k - 1))
+        second = multi_gpu_factorize(A, an, devices=ids)
+        mp = second.info["devices"]["mapping"]
+        assert mp["by"] == "measured speeds" and mp["speeds"] == pytest.approx(kept)
+        got = [d["subtree_flops"] for d in second.info["devices"]["per_device"]]
+        assert got == pytest.approx(
+            map_devices(an, k, speeds=kept).subtree_flops.tolist())
+        assert "multi_device_fallback" not in second.info
+        _compare(A, one, second)
+        second.free()
+        one.free()
+
+
 @pytest.mark.parametrize("ids", [(0, 0), (0, 1)])
 def test_dense_fronts_across_devices(ids):
     """Dense fronts (cuSOLVER/cuBLAS) on every device; those of another GPU copied to

@@ -58,7 +58,7 @@ from .tasks import TaskType
 
 __all__ = ["DevicePlan", "map_devices", "map_fronts", "subtree_weights",
            "makespan", "DEFAULT_BALANCE_TOLERANCE", "MULTI_DEVICE_MIN_FLOPS", "MULTI_DEVICE_MIN_SPEEDUP", "devices_for",
-           "defer_carried_packs"]
+           "defer_carried_packs", "remembered_speeds", "remember_speeds", "SPEEDS_CHANGE"]
 
 #: Loads within this fraction of the mean end the splitting of subtrees.
 DEFAULT_BALANCE_TOLERANCE = 0.05
@@ -84,13 +84,23 @@ MULTI_DEVICE_MIN_FLOPS = 1e11
 MULTI_DEVICE_MIN_SPEEDUP = 1.3
 
 
-def _plans_nbytes(plans) -> int:
-    return int(sum(p.owner.nbytes + p.upper.nbytes + p.stage_device.nbytes for p in plans))
+def _plans_nbytes(value) -> int:
+    """Bytes of a :data:`_PLANS` entry: a tuple of plans, or of speeds (counted as none)."""
+    return int(sum(p.owner.nbytes + p.upper.nbytes + p.stage_device.nbytes
+                   for p in value if isinstance(p, DevicePlan)))
 
 
 #: Mappings on flops by pattern and arguments (:func:`map_devices`' ``cache``):
-#: a few hundred kilobytes each for trees of 10⁵ fronts.
+#: a few hundred kilobytes each for trees of 10⁵ fronts; beside them, by pattern
+#: and device set, the devices' speeds measured by the pattern's factorizations
+#: (:func:`remember_speeds`).
 _PLANS = PerPattern(16, 64 << 20, _plans_nbytes)
+
+#: A measurement replaces the remembered speeds of a pattern's device set only
+#: where it moves some device's speed by more than this fraction: a new mapping
+#: means a new schedule and R layout for the next call, which the noise between
+#: two calls of one mapping should not cost.
+SPEEDS_CHANGE = 0.05
 
 
 def subtree_weights(parent: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -556,6 +566,66 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
         if p.fits:
             return p
     return min(tried, key=lambda p: int(p.device_bytes.max()))
+
+
+def remembered_speeds(analysis, devices) -> tuple | None:
+    """The relative speeds of a device set measured on the analysis' pattern.
+
+    Parameters
+    ----------
+    analysis : SymbolicAnalysis
+    devices : hashable
+        What names the device set (e.g. each device's id and name, the
+        dtype's size): speeds measured on other devices do not apply.
+
+    Returns
+    -------
+    tuple of float or None
+        One speed per device, mean 1, as :func:`remember_speeds` kept them
+        (None: no factorization of the pattern on this set measured any).
+    """
+    return _PLANS.get(analysis, ("speeds", devices))
+
+
+def remember_speeds(analysis, devices, measured) -> tuple:
+    """Keep the speeds a factorization of the pattern measured on a device set.
+
+    The first measurement is kept as it is. A later one is averaged with what
+    is kept (geometric mean, normalized to mean 1): a device's speed depends
+    somewhat on the share of the tree the mapping gave it, so the speeds
+    measured under a mapping by speeds are not the same as those it was made
+    from, and the average settles where the two agree instead of going back
+    and forth between two mappings. The average replaces the kept speeds only
+    where it moves one by more than :data:`SPEEDS_CHANGE`.
+
+    Parameters
+    ----------
+    analysis : SymbolicAnalysis
+    devices : hashable
+        The device set (:func:`remembered_speeds`).
+    measured : sequence of float
+        One positive speed per device (e.g.
+        :func:`~scipy_gpuqr._engine.gpu.multi_device.measured_speeds`).
+
+    Returns
+    -------
+    tuple of float
+        The speeds kept now (those a later call of the pattern maps by).
+    """
+    new = np.asarray(measured, dtype=np.float64)
+    if new.ndim != 1 or len(new) < 1 or not np.all(np.isfinite(new) & (new > 0)):
+        raise ValueError(f"speeds: positive numbers, got {measured}")
+    new = new / new.mean()
+    old = remembered_speeds(analysis, devices)
+    if old is not None and len(old) == len(new):
+        old = np.asarray(old, dtype=np.float64)
+        new = np.sqrt(old * new)
+        new = new / new.mean()
+        if float(np.max(np.abs(new / old - 1.0))) <= SPEEDS_CHANGE:
+            return tuple(old.tolist())
+    kept = tuple(float(x) for x in new)
+    _PLANS.put(analysis, ("speeds", devices), kept)
+    return kept
 
 
 def _spread_upper(plan: DevicePlan, additive: np.ndarray) -> np.ndarray:

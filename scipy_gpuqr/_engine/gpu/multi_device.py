@@ -62,7 +62,8 @@ from ..._errors import DeviceOutOfMemory
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
 from ..._schedule.dense_split import SplitModel, block_owners, split_rule
 from ..._schedule import native
-from ..._schedule.devices import DevicePlan, defer_carried_packs, map_devices
+from ..._schedule.devices import (DevicePlan, defer_carried_packs, map_devices,
+                                  remember_speeds, remembered_speeds)
 from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE
 from ..dense_front import DenseFront, panels_of
@@ -77,7 +78,8 @@ from .rlayout import r_layout
 from .split_front import CupySplit, enable_peers
 from .stage_loop import stage_reflector_records
 
-__all__ = ["multi_gpu_factorize", "cupy_layers", "device_count", "measured_speeds"]
+__all__ = ["multi_gpu_factorize", "cupy_layers", "device_count", "measured_speeds",
+           "speeds_key"]
 
 _log = logging.getLogger("scipy_gpuqr")
 
@@ -105,6 +107,16 @@ R_SLOT_BYTES = 128 << 20
 #: thread); after, as many as a chunk of R's tail needs.
 SCATTER_PER_THREAD = (1 << 22, 1 << 19)
 
+#: Least seconds every device's share must take for :func:`measured_speeds` to
+#: measure the devices' speeds: shorter shares are timer and launch noise (a
+#: problem that small runs on one GPU under ``devices='auto'`` anyway).
+SPEED_MIN_SECONDS = 0.02
+
+#: Range of a measured relative speed (to the mean): a device that mostly waited
+#: would otherwise be given almost nothing by the next mapping, and a device given
+#: nothing measures nothing again.
+SPEED_RANGE = (0.25, 4.0)
+
 
 def device_count() -> int:
     """CUDA devices visible to the process (0 without CuPy or a driver)."""
@@ -129,7 +141,9 @@ def measured_speeds(qr) -> list | None:
     tree's other fronts count with its subtrees), normalized to mean 1: for
     ``device_speeds`` of a later factorization of the pattern, whose mapping
     then gives a device that was slower per flop less of the subtrees. None
-    where a device ran no such flops or has no such time.
+    where a device ran no such flops or its time on them is below
+    :data:`SPEED_MIN_SECONDS`; a speed outside :data:`SPEED_RANGE` of the mean
+    is brought back to it.
     """
     info = qr.info
     per = info.get("devices", {}).get("devices")
@@ -146,10 +160,19 @@ def measured_speeds(qr) -> list | None:
             continue
         work[upper] -= float(flops[int(e["front"])])
         busy[upper] -= float(e["seconds"])
-    if np.any(work <= 0) or np.any(busy <= 0):
+    if np.any(work <= 0) or np.any(busy < SPEED_MIN_SECONDS):
         return None
     speed = work / busy
+    speed = np.clip(speed / speed.mean(), *SPEED_RANGE)
     return (speed / speed.mean()).tolist()
+
+
+def speeds_key(layers, dtype) -> tuple:
+    """What names a device set for the speeds its factorizations measure
+    (:func:`~scipy_gpuqr._schedule.devices.remembered_speeds`): each layer's
+    device id and name, in order, and the dtype's size."""
+    return (tuple((getattr(layer, "device_id", None), str(getattr(layer, "name", "?")))
+                  for layer in layers), int(np.dtype(dtype).itemsize))
 
 
 def cupy_layers(devices, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_BUNDLE,
@@ -378,7 +401,7 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
                         dense_flops: float | None = DEFAULT_DENSE_FLOPS,
                         dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH,
                         split_dense: bool | None = False,
-                        split_model: SplitModel | None = None, device_speeds=None,
+                        split_model: SplitModel | None = None, device_speeds="measured",
                         r_slot_bytes: int | None = None):
     """Sparse QR ``A[:, colperm] = Q @ R`` over several GPUs of one host.
 
@@ -420,11 +443,21 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         and R's copies bound it; bench/RESULTS.md, issue 21).
     split_model : SplitModel, optional
         The model of that rule.
-    device_speeds : sequence of float, optional
-        Relative speeds of the devices on their subtrees, measured by an
-        earlier factorization of the pattern (:func:`measured_speeds`): the
-        mapping shares the subtrees by them
+    device_speeds : 'measured', None or sequence of float
+        Relative speeds of the devices on their subtrees, by which the
+        mapping shares the subtrees
         (:func:`~scipy_gpuqr._schedule.devices.map_devices`' ``speeds``).
+        ``'measured'`` (the default): those the earlier factorizations of the
+        pattern on the same devices measured
+        (:func:`~scipy_gpuqr._schedule.devices.remembered_speeds`), or the
+        proportional mapping on flops alone where none did yet (a first
+        call); None: on flops alone; a sequence: these speeds. Every call
+        that runs on several devices measures them (:func:`measured_speeds`)
+        and has them remembered for the next
+        (:func:`~scipy_gpuqr._schedule.devices.remember_speeds`): devices of
+        one model are not equally fast on their shares (the upper tree's
+        device also enqueues the upper tree), which a mapping on flops cannot
+        know.
     r_slot_bytes : int, optional
         Bytes of each pinned slot R's values of a stage move through on CUDA
         layers (default :data:`R_SLOT_BYTES`, or the one-GPU engine's
@@ -444,6 +477,11 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         stages ended (``wait_r_copy_seconds``), and when, counted from the
         call's start, its thread started, had enqueued its stages and had
         scattered its R values (``timeline_seconds``);
+        ``info["devices"]["mapping"]``: what the subtrees were shared by
+        (``by``: ``'flops'``, ``'measured speeds'`` of earlier calls,
+        ``'given speeds'`` or ``'given plan'``; ``speeds``, those used;
+        ``measured``, this call's; ``remembered``, what the next call of the
+        pattern on these devices maps by);
         ``info["transfers"]``: every contribution block moved between
         devices ``(child, source, target, bytes)``; ``info["split_fronts"]``:
         per dense front factorized over the devices its front, shape, blocks
@@ -470,9 +508,13 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
     budget = max_gpu_memory if max_gpu_memory is not None else _budget(layers)
     model = split_model if split_model is not None else SplitModel()
     ruled = split_dense is None and len(_gpus(layers)) > 1
+    key = speeds_key(layers, dtype)
+    speeds, by = _speeds_for(device_speeds, analysis, key, len(layers))
+    if given_plan is not None:
+        speeds, by = None, "given plan"
     plan = given_plan or map_devices(analysis, len(layers), device_memory=budget,
                                      split_model=model if ruled else None,
-                                     speeds=device_speeds)
+                                     speeds=speeds)
     if plan.ndevices != len(layers):
         raise ValueError(f"a plan of {plan.ndevices} devices for {len(layers)} layers")
     if not plan.fits:
@@ -500,7 +542,30 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         out.info["multi_device_fallback"] = msg
         return out
     out.info["budget"] = budget
+    measured = measured_speeds(out)
+    out.info["devices"]["mapping"] = {
+        "by": by, "speeds": None if speeds is None else [float(x) for x in speeds],
+        "measured": measured,
+        "remembered": (list(remember_speeds(analysis, key, measured)) if measured
+                       else _as_list(remembered_speeds(analysis, key)))}
     return out
+
+
+def _as_list(speeds):
+    return None if speeds is None else list(speeds)
+
+
+def _speeds_for(device_speeds, analysis, key, ndev) -> tuple:
+    """The speeds a call maps by, and what they are (``info["devices"]["mapping"]["by"]``)."""
+    if device_speeds is None:
+        return None, "flops"
+    if isinstance(device_speeds, str):
+        if device_speeds != "measured":
+            raise ValueError(f"device_speeds: 'measured', None or {ndev} speeds, "
+                             f"got {device_speeds!r}")
+        kept = remembered_speeds(analysis, key)
+        return (None, "flops") if kept is None else (kept, "measured speeds")
+    return tuple(float(x) for x in device_speeds), "given speeds"
 
 
 def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, dense_flops,
