@@ -485,7 +485,10 @@ def summary(rows) -> str:
                        + (f", R slots {run['r_slot_bytes'] / (1 << 20):g} MB"
                           if run.get("r_slot_bytes") else "")
                        + (f", {run['mapping']}" if run.get("mapping", "-") != "-" else "")
-                       + ")" if sp != "-" else "") + " |")
+                       + ")" if sp != "-" else "")
+                    + (f", staged in {run['stages']}" if run.get("staged") else "")
+                    + (", plan over the budget" if run["gpus"] > 1
+                       and run.get("plan", {}).get("fits") is False else "") + " |")
             if "seconds" not in run:
                 out.append(head + f" {run.get('skipped') or run.get('error', '?')}"
                            " | | | | | | | |")
