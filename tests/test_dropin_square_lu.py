@@ -211,13 +211,15 @@ def test_explicit_backends_damping_and_variances_keep_the_qr(kwargs, decisions):
 class _Square:
     """A stand-in for :class:`SquareLU`: records its factorization."""
 
-    def __init__(self, clear):
+    def __init__(self, clear, deficient=False):
         self._clear, self.clear, self.calls = clear, None, 0
+        self.deficient = False
+        self._deficient = deficient
         self.why, self.seconds = ("of full rank" if clear else "not of full rank"), 0.0
 
     def factor(self):
         self.calls += 1
-        self.clear = self._clear
+        self.clear, self.deficient = self._clear, self._deficient
         return self.clear
 
     def decline(self, why):
@@ -294,3 +296,129 @@ def test_square_lu_declines_where_the_qr_made_its_factors():
     lu = SquareLU(lambda: sp.csc_array(np.eye(3)), 3)
     lu.decline("the QR's factors were made ahead")
     assert lu.factor() is False and "made ahead" in lu.why
+
+
+# ---------------------------------------------------------------------------
+# an LU that shows A not of full rank: nothing ahead, the analysis deferred
+
+@pytest.mark.parametrize("name", ["dwt_878", "adder_dcop_05", "nnc1374"])
+def test_square_lu_shows_the_deficiency_of_the_stalling_square_rows(name):
+    """dwt_878 is exactly singular for SuperLU; adder_dcop_05's and nnc1374's probes
+    bound ‖A⁻¹‖₂ from below past lstsq's cutoff (rank 1788 of 1813, 1308 of 1374)."""
+    lu = SquareLU(lambda: _mtx(name), _mtx(name).shape[0])
+    assert lu.factor() is False
+    assert lu.deficient, lu.why
+
+
+def test_square_lu_of_full_rank_or_unsure_is_not_deficient():
+    lu = SquareLU(lambda: _mtx("494_bus"), 494)
+    assert lu.factor() is True and not lu.deficient
+    lu = SquareLU(lambda: sp.csc_array(np.eye(3)), 3)
+    lu.decline("the QR's factors were made ahead")
+    assert lu.factor() is False and not lu.deficient
+
+
+def _converging(watch, iterations, per=2e-5, conda=1e6):
+    """Feed a run whose test2 reaches atol at iteration ``iterations`` (linearly in its
+    logarithm, from 1); return the iteration the rule stopped at, or None."""
+    for k in range(1, iterations + 1):
+        if watch(_State(k, k * per, 1.0, 10 ** (-6.0 * k / iterations), conda=conda)):
+            return k
+    return None
+
+
+def _watch_order(square, plans, order, speculations=None):
+    class _Plan:
+        backend, gpu_name = "cpu", None
+
+        class analysis:
+            flops = 1e6
+
+    def speculate(planned):
+        speculations.append(planned)
+        return planned, False
+    return Allowance(iter_lim=2 * order, atol=1e-6, conlim=1e8, analysis=1e-3,
+                     plan=lambda: plans.append(1) or (None, _Plan()), order=order,
+                     speculate=None if speculations is None else speculate,
+                     square=square, nnz=10_000)
+
+
+def test_a_deficient_lu_leaves_a_converging_run_without_analysis_or_factors():
+    """dwt_878's course: order 878, SciPy's stop after some 1600 iterations of 20 µs. The
+    LU shows A deficient; the QR would cost at least its dense rank decision (0.12 s),
+    more than the whole run: neither the analysis nor a factorization is made. With an
+    LU that was merely not clear, the rule analyses and factorizes ahead (as before)."""
+    for deficient, analysed in ((True, False), (False, True)):
+        square, plans, speculations = _Square(False, deficient), [], []
+        watch = _watch_order(square, plans, 878, speculations)
+        assert _converging(watch, 1600) is None
+        assert square.calls == 1
+        assert bool(plans) is analysed and bool(speculations) is analysed, deficient
+    assert watch.at_risk
+    square, plans = _Square(False, True), []
+    watch = _watch_order(square, plans, 878)
+    _converging(watch, 1600)
+    assert "no analysis (A not of full rank" in watch.summary(), watch.summary()
+
+
+def test_a_deficient_lu_keeps_the_stop_of_a_stalling_run():
+    """A run that stalls far past iter_lim (order 1000): the rule analyses once a verdict
+    would stop it at the rank decision's floor, and stops where the rule without the
+    LU's finding stops (every verdict is monotone in the QR's time)."""
+    stops = {}
+    for deficient in (True, False):
+        square, plans = _Square(False, deficient), []
+        watch = _watch_order(square, plans, 1000)
+        stops[deficient] = (_stalling(watch, 20_000, per=2e-4), len(plans))
+    assert stops[True] == stops[False] and stops[True][0] is not None, stops
+
+
+def test_rank_decision_floor():
+    q = 1000
+    assert policy.rank_decision_floor(q) == min(policy.RANK_S_PER_CUBE * q ** 3,
+                                                policy.RANK_GPU_S_PER_SQUARE * q ** 2)
+    for device in ("cpu", "gpu"):
+        for order in (50, 878, 1813, policy.RANK_SPARSE_MIN_ORDER):
+            assert policy.rank_decision_floor(order) <= \
+                policy.rank_decision_seconds(order, 0.0, 1.0, device=device)
+    assert policy.rank_decision_floor(policy.RANK_SPARSE_MIN_ORDER + 1) == 0.0
+
+
+def test_recorded_runs_stop_where_they_did_with_a_deficient_lu(histories, nominal):
+    """Every recorded run of a square shared matrix, replayed with an LU that is not clear:
+    shown deficient or not, the rule stops at the same iteration (analysis at zero time),
+    and with the deficiency it never analyses more often nor factorizes ahead."""
+    from test_dropin_rule import QR, R_ENTRIES, _keys, _Plan as _RulePlan
+
+    checked = 0
+    for key in _keys(histories):
+        name, method = key.rsplit(".", 1)
+        m, n, nnz, istop, itn = (int(v) for v in histories[key + ".meta"])
+        if m != n:
+            continue
+        h = histories[key].astype(np.float64)
+        per = 1.5e-5 + policy.iteration_flops(m, n, nnz) / 1e9
+        iter_lim = 2 * n if method == "lsqr" else n
+        outcome = {}
+        for deficient in (False, True):
+            plans, speculations = [], []
+
+            def speculate(planned, speculations=speculations):
+                speculations.append(planned)
+                return planned, False
+            watch = Allowance(iter_lim=iter_lim, atol=1e-6, conlim=1e8,
+                              analysis=policy.analysis_seconds(m, n, nnz),
+                              plan=lambda plans=plans: plans.append(1) or
+                              (None, _RulePlan(QR[name][0], R_ENTRIES.get(name))),
+                              order=n, speculate=speculate,
+                              square=_Square(False, deficient), nnz=nnz)
+            stopped = None
+            for k, row in enumerate(h, start=1):
+                if watch(_State(k, k * per, *row)):
+                    stopped = k
+                    break
+            outcome[deficient] = (stopped, len(plans), len(speculations))
+        assert outcome[True][0] == outcome[False][0], (key, outcome)
+        assert outcome[True][1] <= outcome[False][1] and outcome[True][2] == 0, (key, outcome)
+        checked += 1
+    assert checked >= 8

@@ -77,6 +77,13 @@ class SquareLU:
     ----------
     clear : bool or None
         None before :meth:`factor`; then whether the LU may answer.
+    deficient : bool
+        Whether the factorization showed that A is not of full rank by lstsq's
+        rule as the QR's cheap tests read it: SuperLU found an exactly singular
+        factor, or the probe's ν (a lower bound of ``‖A⁻¹‖₂``, and R's inverse
+        has A's 2-norm) reached ``1/(cutoff·‖A‖_F)``. The QR's R then passes
+        neither of those tests (:func:`~scipy_gpuqr._factor.quick_iterate.clearly_full_rank`),
+        and its rank decision is dense work.
     why : str
         What the factorization showed, for the log.
     seconds : float
@@ -87,6 +94,7 @@ class SquareLU:
         self._matrix = matrix
         self.n = int(n)
         self.clear: Optional[bool] = None
+        self.deficient = False
         self.why = ""
         self.seconds = 0.0
         self._lu = None
@@ -115,6 +123,7 @@ class SquareLU:
             lu = splu(A)
         except RuntimeError as exc:     # SuperLU: "Factor is exactly singular"
             self.why = f"SuperLU: {exc}"
+            self.deficient = True
             return False
         cutoff = lstsq_cutoff(n, n)
         bound = cutoff * frobenius(A)
@@ -133,6 +142,7 @@ class SquareLU:
             return margin * nu * bound < 1.0 or last * nu * bound >= 1.0
         nu, margin = probe_norm(apply, apply_t, n, accept=accept)
         if not (math.isfinite(nu) and nu > 0 and margin * nu * bound < 1.0):
+            self.deficient = not math.isfinite(nu) or nu * bound >= 1.0
             self.why = (f"SuperLU's factors do not show full rank by lstsq's rule "
                         f"(‖A⁻¹‖₂ >= {nu:.3g}, bound {1 / bound:.3g} with margin {margin:.3g})")
             return False

@@ -81,7 +81,16 @@ first: once the run has cost the LU's prediction (:func:`lu_seconds`: ski
 rental) and its projection does not promise convergence within that time,
 SuperLU factorizes and tests lstsq's rank rule; where its factors may answer,
 the exact answer's remaining cost is their solve and the verdicts above weigh
-that (no analysis); otherwise the rule goes on as without it.
+that (no analysis); otherwise the rule goes on as without it, except where the
+LU showed A not of full rank (``deficient``: an exactly singular factor, or the
+probe's lower bound of ``‖A⁻¹‖₂`` past lstsq's cutoff). Then R cannot pass the
+cheap full-rank tests, so nothing is factorized ahead, and the QR costs at
+least its rank decision's dense work (:func:`rank_decision_floor`, whichever
+device the plan picks): the analysis waits until a verdict would stop the run
+even at that floor. Every verdict stops at a lower QR time no later than at a
+higher one, so the run stops where it would have stopped, and a run that
+converges first (the ill-conditioned square matrices whose SciPy run needs a
+few thousand iterations) pays for neither the analysis nor a factorization.
 
 Checks run at checkpoints spaced by :data:`CHECK_GROWTH` of the elapsed time
 (at least :data:`CHECK_INTERVAL_S`), so that watching costs little more than
@@ -134,7 +143,7 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "RANK_PRIOR", "RANK_S_PER_CUBE", "RANK_DENSE_LIMIT", "RANK_SPARSE_MIN_ORDER",
            "RANK_SPARSE_MAX_DENSITY", "RANK_S_PER_R_ENTRY", "RANK_GPU_S_PER_SQUARE",
            "RANK_GPU_S_PER_CUBE", "PROMISE_SLACK", "BROKEN_PROMISES",
-           "POWER_MARGIN", "PROJECTION_WINDOW",
+           "POWER_MARGIN", "PROJECTION_WINDOW", "rank_decision_floor",
            "CHECK_GROWTH", "CHECK_INTERVAL_S", "UPLOAD_FIXED_S", "UPLOAD_BYTES_PER_S",
            "upload_seconds", "host_first_budget", "HostFirst", "SPECULATION_S_PER_ENTRY",
            "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_PER_ENTRY", "lu_seconds",
@@ -579,6 +588,18 @@ def rank_risk(conda: float, itn: int, order: int) -> bool:
     return conda >= RANK_RISK_COND or itn >= RANK_RISK_SHARE * order
 
 
+def rank_decision_floor(order: int) -> float:
+    """The least seconds :func:`rank_decision_seconds` predicts for an order-``order`` R
+    before the analysis says where R lies or how many entries it has: up to
+    :data:`RANK_SPARSE_MIN_ORDER` the dense rules of either device (the host's
+    cube, the GPU's square), whichever is less; beyond, 0 (the host's sparse rules'
+    cost follows R's entries, which only the analysis counts)."""
+    if order > RANK_SPARSE_MIN_ORDER:
+        return 0.0
+    q = float(order)
+    return min(RANK_S_PER_CUBE * q ** 3, RANK_GPU_S_PER_SQUARE * q * q)
+
+
 def rank_decision_seconds(order: int, factorization: float,
                           r_entries: Optional[float] = None, *, device: str = "cpu") -> float:
     """Predicted seconds of the rank decision on an order-``order`` R that is not clearly
@@ -643,13 +664,15 @@ class Allowance:
     square : object, optional
         The exact answer by SciPy's SuperLU of a square A
         (:class:`scipy_gpuqr._api.square_lu.SquareLU`: ``factor() -> bool``,
-        ``clear``, ``why``), tried at most once, when the run has cost the LU's
+        ``clear``, ``deficient``, ``why``), tried at most once, when the run has cost the LU's
         prediction (:func:`lu_seconds` of ``nnz``: ski rental) and its
         projection does not promise convergence within that time. Where the LU
         may answer, what is left of the exact answer is a solve: the rule's
         verdicts weigh that instead of the QR, and no analysis is made.
         Otherwise the rule goes on as without it (the LU's time is not counted
-        as iterating). None: no LU.
+        as iterating), but where the LU showed A not of full rank
+        (``deficient``) it factorizes nothing ahead and analyses only once a
+        verdict would stop the run at :func:`rank_decision_floor`. None: no LU.
     nnz : int
         A's stored entries (the LU's prediction).
 
@@ -779,6 +802,9 @@ class Allowance:
                 # the LU comes first (where it may answer, no analysis is needed) while
                 # the run's projection keeps promising convergence within its time
                 return self._confirm("", "")
+            if self._lu_deficient and not self._stops_at_floor(itn, t, further, per_iteration,
+                                                               remaining):
+                return self._confirm("", "")
             # analysing early pays only by stopping before iter_lim: not where the
             # iterations left to it cost less than the analysis itself
             past_limit = (further is not None and itn + further > ITER_LIM_MARGIN * self.iter_lim
@@ -795,6 +821,7 @@ class Allowance:
                                                 device=self.rank_device) * \
                 (1.0 if self.at_risk else RANK_PRIOR)
         if self.rank_s and self.speculated is None and self._speculate is not None and \
+                not self._lu_deficient and \
                 self._would_stop(itn, t, further, per_iteration, remaining, self.predicted) \
                 and self._worth_speculating(itn, further, per_iteration):
             self._speculation()
@@ -847,6 +874,16 @@ class Allowance:
             return True
         return further is None and trusted and t >= STALL_SHARE * q
 
+    def _stops_at_floor(self, itn: int, t: float, further, per_iteration: float,
+                        remaining) -> bool:
+        """Whether a verdict of :meth:`decide` would stop the run if the QR cost only its
+        rank decision's floor (:func:`rank_decision_floor`, weighted as :attr:`rank_s`
+        is): where none would, no QR time the analysis could predict would either."""
+        floor = rank_decision_floor(self.order) * (1.0 if self.at_risk else RANK_PRIOR)
+        if self._would_stop(itn, t, further, per_iteration, remaining, floor):
+            return True
+        return t >= ALLOWANCE_SHARE * floor and (further is None or remaining > floor)
+
     def _beyond(self, further: Optional[int]):
         """The further iterations the iter_lim verdict weighs: the window's
         projection, or, once :data:`BROKEN_PROMISES` of its promises are broken
@@ -898,6 +935,12 @@ class Allowance:
             self.predicted = max(self.predicted - spent, 0.1 * min(spent, self.predicted))
 
     @property
+    def _lu_deficient(self) -> bool:
+        """SuperLU's factors were made and showed A not of full rank by lstsq's rule
+        (``square.deficient``): the QR's R cannot pass the cheap full-rank tests."""
+        return self.lu_at is not None and self._square.deficient
+
+    @property
     def _lu_answers(self) -> bool:
         """SuperLU's factors were made and may answer."""
         return self.lu_at is not None and bool(self._square.clear)
@@ -910,6 +953,8 @@ class Allowance:
         spent = time.perf_counter() - t0
         self.analysis_s += spent
         self.lu_at = (itn, t)
+        if self._square.deficient:
+            self.at_risk = True         # the rank decision is dense work: shown, not guessed
         if clear:
             self.speculated, self.speculated_at, self.speculation_s = True, t, spent
             self.rank_s = 0.0
@@ -1103,6 +1148,10 @@ class Allowance:
                                 else "not clearly of full rank"))
         elif self.plan_error is not None:
             parts.append(f"the QR cannot run ({self.plan_error})")
+        elif self.predicted is None and self._lu_deficient:
+            floor = rank_decision_floor(self.order) * (1.0 if self.at_risk else RANK_PRIOR)
+            parts.append(f"no analysis (A not of full rank: the QR's rank decision alone, "
+                         f"at least {floor:.3g} s, costs more than iterating on)")
         elif self.predicted is None:
             parts.append(f"no analysis (deferred while the projected total stays within "
                          f"{self.deferral:.3g} s = {ANALYSIS_DEFERRAL:g} x its estimate)")
