@@ -1820,3 +1820,68 @@ def test_blocks_placed_early_only_into_page_locked_pools():
     assert not stage_loop._page_locked(layer(0), a)
     assert not stage_loop._page_locked(layer(None), a)
     assert stage_loop._page_locked(NumpyDevice(TILE, BUNDLE), a)
+
+
+@pytest.mark.parametrize("how", ["numpy", "c"])
+def test_host_stage_blocks_assembled_ahead_while_later_stages_run(how, monkeypatch):
+    """A host stage's Pack-Assemble records that read blocks placed into its pool by
+    stages that ended run on a worker once the next stage's launches are
+    enqueued (``assemble_ahead``), and its launch leaves them out: R and
+    ``Qᵀb`` are bit for bit those of assembling every block as the host stage
+    begins. A worker that skips its records gives another R (the launch does
+    not run them again)."""
+    from scipy_gpuqr._engine.gpu import device as device_mod
+    from scipy_gpuqr._engine.gpu import stage_loop
+    from scipy_gpuqr._schedule import native
+    monkeypatch.setenv(native.ENV, how)
+    A, an, needs = _host_case()
+    limit = min_budget(an, needs)
+    b = np.cos(np.arange(A.shape[0]))
+
+    def run():
+        return gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                             dense_flops=_HOST_FLOPS)
+    run()                                       # the schedule warm
+    g = run()
+    assert g._host_stages and g.info["host_assembled_ahead"] > 0, g.info
+    assert g.info["host_front_seconds"]["assemble_ahead"] > 0
+    ahead = (g.R.toarray(), g.qt_matmul(b))
+    monkeypatch.setattr(stage_loop.StageLoop, "assemble_ahead",
+                        lambda self: self.assembly_due.clear())
+    g = run()
+    assert g.info["host_assembled_ahead"] == 0
+    np.testing.assert_array_equal(g.R.toarray(), ahead[0])
+    np.testing.assert_array_equal(g.qt_matmul(b), ahead[1])
+    monkeypatch.undo()
+    monkeypatch.setenv(native.ENV, how)
+    monkeypatch.setattr(device_mod.HostFrontDevice, "_assemble",
+                        lambda self, made, zeroed, records, waits: (len(records), 0.0))
+    wrong = run().R.toarray()
+    assert np.abs(wrong - ahead[0]).max() > 1e-6 * np.abs(ahead[0]).max()
+
+
+def test_records_assembled_ahead_read_only_blocks_already_placed(monkeypatch):
+    """The records handed to a worker ahead of their host stage are Pack-Assemble
+    records whose source blocks lie in the stage's pool already (placed by a
+    stage that ended), and none is handed twice."""
+    from scipy_gpuqr._engine.gpu import device as device_mod
+    from scipy_gpuqr._schedule.tasks import TaskType
+    A, an, needs = _host_case()
+    limit = min_budget(an, needs)
+    seen = []
+    real = device_mod.HostFrontDevice.assemble_ahead
+
+    def spy(self, key, records, blocks):
+        placed = {k: list(v) for k, v in self._placed.items()}
+        assert tuple(key) in placed             # its blocks were placed
+        assert np.all(records["type"] == int(TaskType.PACK_ASSEMBLE))
+        starts = np.array(sorted(a for a, _ in blocks))
+        ends = starts + np.array([n for _, n in sorted(blocks)])
+        i = np.searchsorted(starts, records["vt"], side="right") - 1
+        assert np.all((i >= 0) & (records["vt"] < ends[i]))
+        seen.extend((tuple(key), int(r["F"]), int(r["vt"]), int(r["rows"][0])) for r in records)
+        return real(self, key, records, blocks)
+    monkeypatch.setattr(device_mod.HostFrontDevice, "assemble_ahead", spy)
+    gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                  dense_flops=_HOST_FLOPS)
+    assert seen and len(seen) == len(set(seen))

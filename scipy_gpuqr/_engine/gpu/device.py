@@ -403,6 +403,9 @@ class HostFrontDevice(NumpyDevice):
         self.factorized_on = []
         self._ready = {}                # stage key -> (pool future, zeros future)
         self._placed = {}               # stage key -> what its placed blocks wait for
+        self._ahead = {}                # stage key -> [(block starts, ends, job)]
+        #: Pack-Assemble records run ahead of their stage (:meth:`assemble_ahead`)
+        self.assembled_ahead = 0
 
     def prepare(self, stages) -> None:
         """Start making the host stages' pools on a worker thread: ``stages``
@@ -441,6 +444,77 @@ class HostFrontDevice(NumpyDevice):
         stage (``wait``: what to wait for before the pool is read, or None);
         the stage then leaves it out of its ``carried``."""
         self._placed.setdefault(tuple(key), []).append(wait)
+
+    def assemble_ahead(self, key, records, blocks) -> bool:
+        """Stage ``key``'s Pack-Assemble ``records`` that read the carried blocks
+        ``blocks`` (``(start, elements)`` in its pool, placed there by stages
+        that ended: :meth:`placed`) run on a worker thread now, while the
+        device works on the stages before it: a root's blocks are gigabytes,
+        and the host stage would otherwise assemble them all as it begins,
+        with the device idle. Every launch of the stage then waits for the
+        worker and leaves those records out (:meth:`launch`). Their writes are
+        disjoint from every other record's of the stage (a parent's rows come
+        from one child each, its own S rows from none), so the pool is the
+        same bit for bit. False (nothing started) where the stage's pool was
+        not prepared (:meth:`prepare`) or there is nothing to do."""
+        key = tuple(key)
+        entry = self._ready.get(key)
+        if entry is None or not len(records) or not len(blocks):
+            return False
+        made, zeroed = entry[0], entry[1]
+        waits = [w for w in self._placed.get(key, ()) if w is not None]
+        blocks = sorted((int(a), int(a) + int(n)) for a, n in blocks)
+        starts = np.array([a for a, _ in blocks], dtype=np.int64)
+        ends = np.array([b for _, b in blocks], dtype=np.int64)
+        ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-host-assemble")
+        try:
+            job = ex.submit(self._assemble, made, zeroed, np.array(records), waits)
+        finally:
+            ex.shutdown(wait=False)
+        self._ahead.setdefault(key, []).append((starts, ends, job))
+        return True
+
+    def _assemble(self, made, zeroed, records, waits) -> tuple:
+        """:meth:`assemble_ahead`'s worker: the placed blocks' copies and the
+        pool's zeros waited for, the records run; ``(records, seconds)``."""
+        t0 = time.perf_counter()
+        gpu = self.gpu
+        with (gpu.cp.cuda.Device(gpu.device_id) if gpu is not None      # events of its device
+              else contextlib.nullcontext()):
+            for wait in waits:
+                wait.synchronize()
+        pool = made.result()
+        zeroed.result()
+        lib = native.handle()
+        if lib is not None:
+            native.pack(lib, pool, self.maps, records)
+        else:
+            for rec in records:
+                execute_task(rec, pool, self.vt, self.tile, maps=self.maps)
+        return len(records), time.perf_counter() - t0
+
+    def _not_ahead(self, h, records):
+        """``records`` less the Pack-Assemble records run ahead for ``h``'s stage
+        (:meth:`assemble_ahead`), its workers waited for on the first call."""
+        done = h.get("ahead")
+        if done is None:
+            jobs = self._ahead.pop(tuple(h["st"].fronts), [])
+            starts = np.concatenate([s for s, _, _ in jobs] or [np.zeros(0, np.int64)])
+            ends = np.concatenate([e for _, e, _ in jobs] or [np.zeros(0, np.int64)])
+            t0 = time.perf_counter()
+            for _, _, job in jobs:
+                n, secs = job.result()
+                self.assembled_ahead += n
+                self.seconds["assemble_ahead"] = self.seconds.get("assemble_ahead", 0.0) + secs
+            if jobs:
+                self.seconds["assemble_ahead_wait"] = (
+                    self.seconds.get("assemble_ahead_wait", 0.0) + time.perf_counter() - t0)
+            order = np.argsort(starts)
+            done = h["ahead"] = (starts[order], ends[order])
+        starts, ends = done
+        if not len(starts) or not len(records):
+            return records
+        return records[~packs_reading(records, starts, ends)]
 
     def _allocated(self, n: int) -> np.ndarray:
         """``n`` elements, not set: pinned when a GPU layer is given and its pinned
@@ -506,6 +580,7 @@ class HostFrontDevice(NumpyDevice):
             if bad.any():
                 raise GpuEngineError(f"a host stage holds a record of type "
                                      f"{int(records['type'][bad][0])} (assembly only)")
+        records = self._not_ahead(h, records)
         t0 = time.perf_counter()
         lib = native.handle() if len(records) else None
         if lib is None:
@@ -617,6 +692,16 @@ class HostFrontDevice(NumpyDevice):
                    + (f"; its last {host.slabs} slabs on the host (LAPACK/BLAS) after the "
                       f"device failed one (log)" if host.slabs else "")), \
             (None if host.slabs else slabs.all_finite())
+
+
+def packs_reading(records, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per record, whether it is a Pack-Assemble reading one of the blocks
+    ``[starts[i], ends[i])`` of the pool (``starts`` sorted; a Pack-Assemble's
+    ``vt`` is its source block's first element)."""
+    src = records["vt"].astype(np.int64)
+    i = np.searchsorted(starts, src, side="right") - 1
+    inside = (i >= 0) & (src < ends[np.clip(i, 0, None)])
+    return inside & (records["type"] == int(TaskType.PACK_ASSEMBLE))
 
 
 class CupyDevice:

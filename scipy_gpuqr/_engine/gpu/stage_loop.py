@@ -27,7 +27,7 @@ from ..._errors import GpuEngineError
 from ..._schedule import native
 from ..._schedule.tasks import TaskType, factorizes, take_records
 from .. import native as engine_native
-from .device import CupyDevice, HostFrontDevice, pool_block
+from .device import CupyDevice, HostFrontDevice, packs_reading, pool_block
 from .pool_copy import front_finality, place_upper
 from .rcopy import (ColumnRCopy, NumpyRCopy, column_bounds, final_entries_cached,
                     strided_runs, touched)
@@ -98,6 +98,7 @@ class StageLoop:
         self.timeline = []              # (event, seconds from t_start): the gathers
         self.hand_on_seconds = []       # per stage: carry, keep records, retire pool
         self.early_placed = set()       # fronts whose blocks went with their pool's copy
+        self.assembly_due = []          # (host stage, its records, blocks): assemble_ahead
         self.placed_early = []          # per stage sent down: blocks placed so
         self.t_r_gather_wait = 0.0
         self.r_out_jobs = {}            # host stage -> its R values' array, made ahead
@@ -149,6 +150,8 @@ class StageLoop:
         """
         device = self.dev(sid)
         t_host = time.perf_counter()
+        # blocks for this stage itself are assembled by its own launch
+        self.assembly_due = [d for d in self.assembly_due if d[0] != sid]
         h = self.begin(sid, st)
         t_begun = time.perf_counter()
         self.start_reflector_records(sid)
@@ -169,6 +172,7 @@ class StageLoop:
             t_launched = time.perf_counter()
             if down is not None:
                 self.place_early(st, down)
+            self.assemble_ahead()
             if copier is None and self.late_copier is not None:
                 copier, pos = self.late_copier
             device.mark_kernels_end(h)
@@ -226,6 +230,7 @@ class StageLoop:
         self.r_copy_stages.append((how, round(t_r - tw, 4)))
         del copier, down
         self.carry_contribution_blocks(st, pool, device, host)
+        self.queue_assembly(st)
         t_c = time.perf_counter()
         self.keep_reflector_records(sid, st)
         t_k = time.perf_counter()
@@ -412,10 +417,7 @@ class StageLoop:
         if (sid in self.host_stages or self.cold
                 or (sid + 1 >= self.nstage and self.keep_last)):
             return None
-        opener = getattr(self.device, "open_pool_copy", None)
-        if opener is None:
-            return None
-        return opener(h["pool"], front_finality(self.fs, st))
+        return self.device.open_pool_copy(h["pool"], front_finality(self.fs, st))
 
     def open_late_copy(self, sid: int, st, h):
         """A cold one-stage run's progressive copier, opened after launch ``L`` once the
@@ -520,8 +522,7 @@ class StageLoop:
         issues none of their copies. :meth:`place_in_host_stages` places the
         others after the stage. The host stage begins after the engine waited
         for ``down``."""
-        attach = getattr(down, "attach", None)
-        if not self.host_stages or attach is None:
+        if not self.host_stages:
             return
         fs = self.fs
         first, last = st.fronts
@@ -541,8 +542,8 @@ class StageLoop:
             for f in kids:
                 n = int(fs.fn[f])
                 start = int(st.foff[f]) + int(fs.frank[f]) * n + int(fs.fp[f])
-                attach(int(st.foff[f]), (start, int(fs.cm[f]), n - int(fs.fp[f]), n,
-                                         int(pst.carried[f])), out)
+                down.attach(int(st.foff[f]), (start, int(fs.cm[f]), n - int(fs.fp[f]), n,
+                                              int(pst.carried[f])), out)
                 self.early_placed.add(f)
             self.host_dev.placed(pst.fronts, None)
 
@@ -589,6 +590,44 @@ class StageLoop:
                 self.host_dev.placed(pst.fronts, place_upper(device, pool, blocks, out))
         return np.array([i for i in later.tolist() if self.host_cb.get(first + i) is not _PLACED],
                         dtype=np.int64)
+
+    def queue_assembly(self, st) -> None:
+        """The Pack-Assemble records of later host stages that read blocks of
+        ``st``'s fronts placed into their pools (:meth:`place_in_host_stages`,
+        :meth:`place_early`), queued for :meth:`assemble_ahead`: where the host
+        stage's records are known (a warm schedule)."""
+        if not self.host_stages:
+            return
+        fs = self.fs
+        first, last = st.fronts
+        members = np.arange(first, last + 1)
+        par = fs.parent[members]
+        fr = members[(par >= 0) & (par > last)]
+        if not len(fr):
+            return
+        psid = np.searchsorted(self.stage_first, fs.parent[fr], side="right") - 1
+        for sid in np.unique(psid[np.isin(psid, list(self.host_stages))]).tolist():
+            pst = self.sched.stages[sid]
+            kids = [f for f in fr[psid == sid].tolist() if self.host_cb.get(f) is _PLACED]
+            if not kids or not pst.materialized:
+                continue
+            blocks = [(int(pst.carried[f]), int(fs.cm[f]) * int(fs.fn[f] - fs.fp[f]))
+                      for f in kids]
+            self.assembly_due.append((sid, pst, blocks))
+
+    def assemble_ahead(self) -> None:
+        """The queued host stages' records (:meth:`queue_assembly`) started on
+        workers (:meth:`~.device.HostFrontDevice.assemble_ahead`), once the
+        current stage's launches are enqueued: they run while the device works
+        on it, and the host stage begins with them done (the earlier stages'
+        share of a root's assembly leaves its critical path). The launch loop
+        is not slowed by them: they start after it."""
+        due, self.assembly_due = self.assembly_due, []
+        for sid, pst, blocks in due:
+            starts = np.array(sorted(a for a, _ in blocks), dtype=np.int64)
+            ends = starts + np.array([n for _, n in sorted(blocks)], dtype=np.int64)
+            t = pst.tasks
+            self.host_dev.assemble_ahead(pst.fronts, t[packs_reading(t, starts, ends)], blocks)
 
     def start_reflector_records(self, sid: int) -> None:
         """The stage's kept records (:func:`stage_reflector_records`) made on a
@@ -698,6 +737,8 @@ class StageLoop:
                                               else list(self.host_dev.factorized_on)),
                 "host_front_seconds": ({} if self.host_dev is None
                                        else dict(self.host_dev.seconds)),
+                "host_assembled_ahead": (0 if self.host_dev is None
+                                         else int(self.host_dev.assembled_ahead)),
                 "r_copy_progressive": bool(self.progressive),
                 "pool_ranges_sent_during_stages": list(self.pool_copies),
                 "blocks_placed_early": list(self.placed_early),
