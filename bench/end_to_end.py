@@ -32,6 +32,9 @@ Per problem, in one run (one GPU):
   on the package's driver thread) from its first call's start, so that the
   gap splits into CUDA's start and the package's own work
   (``ours = gap - cuda_ready``);
+* ``--rounds N``: the repeated call and the engine's factorization + solve
+  again, taken in turn for N rounds (the same device state for both;
+  medians): the ratio's verdict then comes from these;
 * ``--phases``: where ``lsqr first`` and ``lsqr again`` spend their time
   (:class:`CallPhases`): the call's phases (validation, analysis,
   factorization, rank decision, solve, the rest), the engine's own split of
@@ -183,6 +186,39 @@ def timed(fn):
     out = fn()
     _sync()
     return time.perf_counter() - t, out
+
+
+def interleaved_rows(A, b, rounds: int, backend: str = "gpu") -> dict:
+    """``--rounds N``: the repeated ``lsqr`` call and the warm engine's factorization
+    and solve (as :func:`engine_rows` times them) taken in turn, N rounds, so
+    that both see the same device and host state (clocks, pools, other load);
+    medians, and the ratio of the call to the engine's factorization + solve."""
+    import scipy_gpuqr as sg
+    from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+    from scipy_gpuqr._symbolic import analyze
+    an = analyze(A)
+
+    def engine():
+        if backend == "gpu":
+            return gpu_factorize(A, an)
+        return sg.QRFactorization(A, backend=backend)
+    F = sg.QRFactorization(A, backend=backend)
+    F.solve(b)
+    A3 = A.copy()
+    sg.lsqr(A3, b, backend=backend)
+    engine().free()
+    calls, fac, sol = [], [], []
+    for _ in range(rounds):
+        calls.append(timed(lambda: sg.lsqr(A3, b, backend=backend))[0])
+        t, g = timed(engine)
+        g.free()
+        fac.append(t)
+        sol.append(timed(lambda: F.solve(b))[0])
+    F.free()
+    out = {"rounds": rounds, "lsqr_again": statistics.median(calls),
+           "factorize": statistics.median(fac), "solve": statistics.median(sol)}
+    out["ratio"] = out["lsqr_again"] / (out["factorize"] + out["solve"])
+    return out
 
 
 class CallPhases:
@@ -370,7 +406,7 @@ t0 = time.perf_counter()
 sys.path.insert(0, sys.argv[2])
 sys.path.insert(0, sys.argv[2] + "/bench")
 import numpy as np
-if sys.argv[4:] == ["start_gpu"]:       # the script's top: CUDA and the kernels begun
+if "start_gpu" in sys.argv[4:]:       # the script's top: CUDA and the kernels begun
     import scipy_gpuqr
     scipy_gpuqr.start_gpu()
 from end_to_end import make, rhs
@@ -429,15 +465,63 @@ class _Logs(logging.Handler):
 _lg = logging.getLogger("scipy_gpuqr")
 _lg.addHandler(_Logs())
 _lg.setLevel(logging.INFO)
+# "sample": the main thread and the package's prefetch thread sampled every 2 ms in
+# calls 1 and 2: seconds per innermost frame (any module) and per innermost package
+# frame, each sample weighted by the time since the last (at most 50 ms)
+import threading
+SAMPLE = "sample" in sys.argv[4:]
+prof = {"call": None, "marks": {}}
+def _sampler(main_id, stop):
+    last = time.perf_counter()
+    while not stop.wait(0.002):
+        now = time.perf_counter()
+        dt, last = min(now - last, 0.05), now
+        k = prof["call"]
+        if k is None:
+            continue
+        m = sys.modules.get("cupy")
+        if m is not None and "cupy" not in prof["marks"] and not getattr(
+                getattr(m, "__spec__", None), "_initializing", False):
+            prof["marks"]["cupy"] = now - t_call
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for ident, f in sys._current_frames().items():
+            who = "main" if ident == main_id else names.get(ident, "?")
+            if who != "main" and not who.startswith("gpuqr-gpu-prefetch"):
+                continue
+            top = f"{f.f_code.co_filename.rsplit('/', 2)[-1]}:{f.f_code.co_name}"
+            pkg = None
+            while f is not None:
+                if "scipy_gpuqr" in f.f_code.co_filename:
+                    pkg = f"{f.f_code.co_filename.rsplit('scipy_gpuqr/', 1)[-1]}:{f.f_code.co_name}"
+                    break
+                f = f.f_back
+            for kind, key in (("top", top), ("pkg", pkg or "(outside)")):
+                d = prof.setdefault((k, who, kind), {})
+                d[key] = d.get(key, 0.0) + dt
 calls, memory = [], []
-for _ in range(3):
+stop = threading.Event()
+if SAMPLE:
+    threading.Thread(target=_sampler, args=(threading.get_ident(), stop), daemon=True).start()
+for i in range(3):
     del reads[:], plans[:], logs[:]
     t = time.perf_counter()
     if not calls:
         t_call = t
+    prof["call"] = i if i < 2 else None
     lsqr(A, b, backend=sys.argv[3])
+    prof["call"] = None
     calls.append(time.perf_counter() - t)
     memory.append({"reads": list(reads), "plans": list(plans), "logs": list(logs)})
+stop.set()
+samples = {}
+if SAMPLE:
+    for who in ("main", "gpuqr-gpu-prefetch"):
+        for kind in ("top", "pkg"):
+            a, z = prof.get((0, who, kind), {}), prof.get((1, who, kind), {})
+            ex = {key: a.get(key, 0.0) - z.get(key, 0.0) for key in set(a) | set(z)}
+            samples[f"{who} {kind}"] = sorted(((round(v, 4), key) for key, v in ex.items()
+                                               if abs(v) >= 0.004), reverse=True)[:14]
+    samples["marks"] = prof["marks"]
 cs = {}
 if "ready" in cuda:     # from the first call's start (negative: before it, start_gpu)
     cs = {"cuda_start": cuda["start"] - t_call, "cuda_ready": cuda["ready"] - t_call,
@@ -446,7 +530,8 @@ if "ready" in cuda:     # from the first call's start (negative: before it, star
 gap = calls[0] - min(calls[1:])
 print(json.dumps({"setup": t1 - t0, "import": t2 - t1, "first": calls[0], "second": calls[1],
                   "third": calls[2], "gap": gap, **cs,
-                  "ours": gap - max(cs.get("cuda_ready", 0.0), 0.0), "memory": memory}))
+                  "ours": gap - max(cs.get("cuda_ready", 0.0), 0.0), "memory": memory,
+                  "samples": samples}))
 """
 
 
@@ -484,7 +569,8 @@ def print_child_memory(name: str, child: dict) -> None:
 
 def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
                 warm_runs: int = 1, free_parent_pool: bool = False,
-                pool_ab: bool = False, start_gpu: bool = False) -> dict:
+                pool_ab: bool = False, start_gpu: bool = False,
+                sample_children: bool = False) -> dict:
     """First lsqr in fresh processes: empty caches (``cold``), then ``warm_runs``
     processes with the caches it left; without ``cold`` the processes use the
     environment's caches (``CUPY_CACHE_DIR``, the analysis/plan store), which
@@ -499,7 +585,11 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
     (``freed_pool``, ``freed_pool_2``, ...; not in the gap's median): whether
     what the parent holds makes the new processes slower. ``start_gpu``: then
     ``warm_runs`` more whose script calls ``scipy_gpuqr.start_gpu()`` first
-    (``start_gpu``, ``start_gpu_2``, ...; not in the gap's median)."""
+    (``start_gpu``, ``start_gpu_2``, ...; not in the gap's median).
+    ``sample_children``: each process samples its main thread and the package's
+    prefetch thread every 2 ms in its first two calls and reports the first
+    call's excess per innermost frame (any module, and the package's), and
+    when CuPy's import ended (``marks``)."""
     if free_parent_pool and backend == "gpu":
         from scipy_gpuqr._gpu import import_cupy
         import_cupy().get_default_memory_pool().free_all_blocks()
@@ -528,7 +618,8 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
                 print(f"  {spec}: the parent's pool given back: it holds "
                       f"{pm2['pool_held'] / 2**30:.2f} GiB; device free "
                       f"{pm2['device_free'] / 2**30:.1f} GiB", flush=True)
-            extra = ["start_gpu"] if name.startswith("start_gpu") else []
+            extra = (["start_gpu"] if name.startswith("start_gpu") else []) + (
+                ["sample"] if sample_children else [])
             r = subprocess.run([sys.executable, "-c", _CHILD, spec, str(ROOT), backend, *extra],
                                env=env,
                                capture_output=True, text=True, timeout=300)
@@ -542,6 +633,12 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
                       f"{c['cuda_start']:+.3f}, ready {c['cuda_ready']:+.3f} s from the call's "
                       f"start (cuInit {c['cuinit']:.3f}, context {c['context']:.3f}); the gap "
                       f"beyond CUDA's start {c['ours']:+.3f} s", flush=True)
+            for key, items in c.get("samples", {}).items():
+                if key == "marks":
+                    print(f"  {spec} {name} call 1 marks (s from its start): {items}")
+                    continue
+                print(f"  {spec} {name} call 1 - call 2, {key} (s): "
+                      + "; ".join(f"{k} {v:+.3f}" for v, k in items), flush=True)
             print_child_memory(f"{spec} {name}", out[name])
     return out
 
@@ -550,7 +647,8 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
 
 def run_problem(name, spec, *, reps, subprocs, rank_cols=RANK_MAX_COLS,
                 backend="gpu", cold=True, warm_runs=1, free_parent_pool=False,
-                pool_ab=False, start_gpu=False, phases=False) -> dict:
+                pool_ab=False, start_gpu=False, phases=False, rounds=0,
+                sample_children=False) -> dict:
     t0 = time.perf_counter()
     A = make(spec)
     A = sp.csc_array(A)
@@ -559,6 +657,11 @@ def run_problem(name, spec, *, reps, subprocs, rank_cols=RANK_MAX_COLS,
     row = {"problem": name, "spec": spec, "shape": list(A.shape), "nnz": int(A.nnz)}
     row.update(public_rows(A, b, reps, backend))
     row["engine"] = engine_rows(A, b, reps, backend)
+    if rounds:
+        row["interleaved"] = il = interleaved_rows(A, b, rounds, backend)
+        print(f"  {name} interleaved, {rounds} rounds: lsqr again {il['lsqr_again']:.4f} s, "
+              f"engine {il['factorize']:.4f} + {il['solve']:.4f} s: ratio {il['ratio']:.3f}",
+              flush=True)
     if phases:
         row["phases"] = phases_rows(A, b, reps, backend)
         print_phases(name, row["phases"])
@@ -566,7 +669,8 @@ def run_problem(name, spec, *, reps, subprocs, rank_cols=RANK_MAX_COLS,
     if subprocs:
         row["new_process"] = new_process(spec, backend, cold=cold, warm_runs=warm_runs,
                                          free_parent_pool=free_parent_pool, pool_ab=pool_ab,
-                                         start_gpu=start_gpu)
+                                         start_gpu=start_gpu,
+                                         sample_children=sample_children)
     row["bench_seconds"] = time.perf_counter() - t0
     return row
 
@@ -579,6 +683,9 @@ def verdicts(row) -> dict:
     if "engine" in row and "lsqr_again" in row:
         ref = row["engine"]["factorize"] + row["engine"]["solve"]
         row["again_over_engine"] = row["lsqr_again"] / ref if ref else None
+        if "interleaved" in row:    # the same device state for both: the verdict's figure
+            row["again_over_engine_separate"] = row["again_over_engine"]
+            row["again_over_engine"] = row["interleaved"]["ratio"]
         out["again<=1.15x"] = row["again_over_engine"] <= REPEAT_RATIO
     np_ = row.get("new_process", {})
     gaps = [v["gap"] for k, v in np_.items() if k.startswith("warm_caches") and "gap" in v]
@@ -663,6 +770,13 @@ def main(argv=None) -> int:
     p.add_argument("--start-gpu", action="store_true",
                    help="after the warm-cache processes, as many again that call "
                         "scipy_gpuqr.start_gpu() at the script's top (reported apart)")
+    p.add_argument("--sample-children", action="store_true",
+                   help="the new processes sample their main and prefetch threads in calls 1 "
+                        "and 2 and report the first call's excess per frame")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="also take the repeated lsqr call and the engine's factorization + "
+                        "solve in turn, this many rounds (medians; the ratio's verdict then "
+                        "comes from these)")
     p.add_argument("--phases", action="store_true",
                    help="where lsqr's first and repeated calls spend their time: phases, the "
                         "engine's split, the main thread sampled (on a copy of A with its rows "
@@ -702,7 +816,8 @@ def main(argv=None) -> int:
                               backend=a.backend, cold=not a.no_cold, warm_runs=a.warm_runs,
                               free_parent_pool=a.free_parent_pool,
                               pool_ab=a.parent_pool_ab, start_gpu=a.start_gpu,
-                              phases=a.phases)
+                              phases=a.phases, rounds=a.rounds,
+                              sample_children=a.sample_children)
         except Exception as exc:  # noqa: BLE001 - a row says what failed, the run goes on
             row = {"problem": name, "spec": spec, "error": f"{type(exc).__name__}: {exc}"}
             print(f"{name}: {row['error']}", flush=True)
