@@ -44,7 +44,11 @@ converging row, ``spsolve``'s included) and, where SciPy stops at
 precision answer faster than SciPy's; our backward error never worse.
 A markdown table (for bench/RESULTS.md) and the medians are printed last;
 ``--png`` plots the ratio per row on a log scale (matplotlib, skipped with a
-message when it is missing).
+message when it is missing) and ``--svg`` draws the same plot as SVG without
+any plotting library; ``--plot-from`` redraws either from an earlier run's
+``--json`` without running the ladder::
+
+    python3 bench/dropin.py --plot-from dropin.json --svg dropin.svg
 """
 
 from __future__ import annotations
@@ -54,11 +58,13 @@ import functools
 import gc
 import json
 import os
+import math
 import statistics
 import sys
 import time
 import zlib
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 import numpy as np
 import scipy.sparse as sp
@@ -286,6 +292,67 @@ def plot(rows, path: str, title: str) -> None:
     print(f"plot: {path}")
 
 
+#: Reference lines of the SVG plot: (ratio, dash pattern or None, label, the label's
+#: offset in pixels: close lines' labels apart).
+REFERENCES = ((1.0, None, "1", 8), (1.1, "6,4", "1.10", -2), (0.3, "2,3", "0.3", 9),
+              (1 / 3, "8,3,2,3", "1/3", -2))
+
+
+def _svg_range(ratios) -> tuple:
+    """Decades the plot's log axis spans: from below the least ratio and 0.1 to above
+    the greatest and 2."""
+    lo = math.floor(math.log10(min(min(ratios), 0.1)))
+    hi = math.ceil(math.log10(max(max(ratios), 2.0)))
+    return lo, max(hi, lo + 1)
+
+
+def plot_svg(rows, path: str, title: str) -> None:
+    """The ratio per row (ours/SciPy, time) as bars on a log scale, written as SVG by hand
+    (no plotting library): blue where SciPy's iterations converge, red where they stall
+    (``iter_lim``/``conlim``, or more than 1000 iterations); lines at 1, 1.10, 0.3 and
+    1/3. Each bar's ``<title>`` holds its row, ratio and what answered."""
+    ok = [r for r in rows if "error" not in r and r.get("ratio", 0) > 0]
+    if not ok:
+        print("no rows to plot")
+        return
+    lo, hi = _svg_range([r["ratio"] for r in ok])
+    step, left, top, height, bottom = 14, 60, 40, 300, 170
+    width = left + step * len(ok) + 40
+
+    def y(ratio: float) -> float:
+        return top + height * (hi - math.log10(ratio)) / (hi - lo)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+           f'height="{top + height + bottom}" font-family="sans-serif" font-size="9">',
+           f'<text x="{left}" y="16" font-size="12">{escape(title)}: ours (auto) / SciPy, '
+           f'time; blue = SciPy converges, red = SciPy stalls</text>']
+    for k in range(lo, hi + 1):
+        out.append(f'<line x1="{left}" x2="{width - 30}" y1="{y(10.0 ** k):.1f}" '
+                   f'y2="{y(10.0 ** k):.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 4}" y="{y(10.0 ** k) + 3:.1f}" '
+                   f'text-anchor="end">{10.0 ** k:g}</text>')
+    base = y(10.0 ** lo)
+    for i, r in enumerate(ok):
+        x = left + step * i + 2
+        color = "#1f77b4" if r["converges"] else "#d62728"
+        label = escape(f"{r['name']} {r['method']}")
+        tip = escape(f"{r['name']} {r['method']}: {r['ratio']:.3g} ({r.get('answered', '')})")
+        out.append(f'<rect class="bar" data-ratio="{r["ratio"]:.6g}" x="{x}" '
+                   f'y="{y(r["ratio"]):.2f}" width="{step - 4}" '
+                   f'height="{base - y(r["ratio"]):.2f}" fill="{color}">'
+                   f'<title>{tip}</title></rect>')
+        out.append(f'<text transform="translate({x + step / 2 - 1:.1f},{base + 6:.1f}) '
+                   f'rotate(90)" font-size="8">{label}</text>')
+    for ratio, dash, text, dy in REFERENCES:
+        if lo <= math.log10(ratio) <= hi:
+            pattern = f' stroke-dasharray="{dash}"' if dash else ""
+            out.append(f'<line x1="{left}" x2="{width - 30}" y1="{y(ratio):.1f}" '
+                       f'y2="{y(ratio):.1f}" stroke="black"{pattern}/>')
+            out.append(f'<text x="{width - 28}" y="{y(ratio) + dy:.1f}">{text}</text>')
+    out.append("</svg>")
+    Path(path).write_text("\n".join(out) + "\n")
+    print(f"plot: {path}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", action="store_true", help="add the multi-TFlop generated problems")
@@ -301,7 +368,17 @@ def main(argv=None) -> int:
                          "for a core, steadier on a loaded host; GPU runs: use wall)")
     ap.add_argument("--json")
     ap.add_argument("--png")
+    ap.add_argument("--svg", help="the plot as SVG (no plotting library needed)")
+    ap.add_argument("--plot-from", metavar="JSON",
+                    help="draw --png/--svg from an earlier run's --json; run nothing")
     args = ap.parse_args(argv)
+    if args.plot_from:
+        saved = json.loads(Path(args.plot_from).read_text())
+        if args.png:
+            plot(saved["rows"], args.png, saved["device"])
+        if args.svg:
+            plot_svg(saved["rows"], args.svg, saved["device"])
+        return 0
     only = {s for s in args.only.split(",") if s}
     methods = {s for s in args.methods.split(",") if s}
     clock = time.perf_counter if args.clock == "wall" else time.process_time
@@ -333,6 +410,8 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
     if args.png:
         plot(rows, args.png, device)
+    if args.svg:
+        plot_svg(rows, args.svg, device)
     print(table(rows))
     print(summary(rows))
     return 0

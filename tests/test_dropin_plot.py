@@ -1,0 +1,67 @@
+"""``bench/dropin.py``'s plot without a plotting library: the ratio per row as SVG bars
+on a log scale (``--svg``), redrawn from an earlier run's JSON (``--plot-from``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from conftest import load_bench
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture(scope="module")
+def dropin():
+    return load_bench("dropin.py", "bench_dropin_plot")
+
+
+def _rows():
+    return [
+        {"name": "a", "method": "lsqr", "ratio": 1.0, "converges": True, "answered": "x"},
+        {"name": "b", "method": "lsmr", "ratio": 10.0, "converges": True, "answered": "y"},
+        {"name": "c", "method": "lsqr", "ratio": 0.01, "converges": False, "answered": "z"},
+        {"name": "d", "method": "spsolve", "error": "ValueError: no"},
+    ]
+
+
+def _bars(path):
+    root = ET.parse(path).getroot()
+    return [r for r in root.iter(SVG + "rect") if r.get("class") == "bar"]
+
+
+def test_bars_are_log_scaled_and_coloured(dropin, tmp_path):
+    path = tmp_path / "plot.svg"
+    dropin.plot_svg(_rows(), str(path), "host <1>")
+    bars = _bars(path)
+    # the error row is left out
+    assert [float(b.get("data-ratio")) for b in bars] == [1.0, 10.0, 0.01]
+    tops = [float(b.get("y")) for b in bars]
+    bottoms = [float(b.get("y")) + float(b.get("height")) for b in bars]
+    assert max(bottoms) - min(bottoms) < 1e-6                # one baseline
+    decade = tops[0] - tops[1]                               # 1 -> 10: one decade up
+    assert decade > 0
+    assert tops[2] - tops[0] == pytest.approx(2 * decade, abs=0.02)   # 0.01: two decades down
+    assert [b.get("fill") for b in bars] == ["#1f77b4", "#1f77b4", "#d62728"]
+    assert "c lsqr: 0.01 (z)" in bars[2].find(SVG + "title").text
+    assert "host &lt;1&gt;" in path.read_text()              # the title is escaped
+
+
+def test_the_axis_spans_the_ratios_and_the_reference_lines(dropin):
+    assert dropin._svg_range([0.5, 0.9]) == (-1, 1)
+    assert dropin._svg_range([0.003, 40.0]) == (-3, 2)
+    lo, hi = dropin._svg_range([0.2])
+    for ratio, *_ in dropin.REFERENCES:
+        assert lo <= math.log10(ratio) <= hi
+
+
+def test_plot_from_a_saved_run(dropin, tmp_path, capsys):
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({"device": "no GPU", "rows": _rows()}))
+    svg = tmp_path / "again.svg"
+    assert dropin.main(["--plot-from", str(saved), "--svg", str(svg)]) == 0
+    assert len(_bars(svg)) == 3
+    assert "plot:" in capsys.readouterr().out
