@@ -18,6 +18,15 @@ n <= 32 kernels: one per order and type) is declared by its module
 do the cache warm-up and the check, because CuPy's cache key holds the name
 expressions compiled together.
 
+A module found in CuPy's kernel cache still costs a new process one NVRTC
+run before the cache is looked at: CuPy's cache key holds the PTX NVRTC makes
+of an empty file with the module's options (``_empty_file_preprocess_cache``,
+made once per process and option set). That PTX depends only on the loaded
+NVRTC, the architecture and the options, so it is kept in the store with the
+NVRTC library it came from and put back in CuPy's table before a module is
+asked for (:func:`_seed_preprocess`): CuPy then finds the same key without
+the run.
+
 Sources are *flattened* before compilation: every ``#include "x.cuh"`` of a
 file in ``kernels/`` is replaced by that file's text, recursively. The text
 handed to NVRTC is therefore self-contained, so CuPy's on-disk cache key
@@ -389,10 +398,12 @@ class _Compiled:
             if entry[1] is None:
                 import cupy
                 with cupy.cuda.Device(device):
+                    seeded = _seed_preprocess()
                     mod = cupy.RawModule(code=flatten_source(name), options=options,
                                          name_expressions=group or None,
                                          enable_cooperative_groups=bool(cooperative))
                     mod.compile()                   # compiles (or loads the cubin) now
+                    _remember_preprocess(seeded)
                 entry[1] = mod
             return entry[1]
 
@@ -400,6 +411,99 @@ class _Compiled:
         with self._lock:
             self._modules.clear()
             self._requested.clear()
+
+
+#: Name of the store record of NVRTC's empty-file PTX (:func:`_seed_preprocess`).
+PREPROCESS_RECORD = "nvrtc empty-file preprocess"
+#: Option sets kept in that record at most (the run time uses one).
+PREPROCESS_MAX = 16
+
+
+def _nvrtc_identity(compiler) -> list | None:
+    """The NVRTC library this process loaded: its version, path, size and
+    modification time (from ``/proc/self/maps``, once CuPy has loaded it),
+    or None where it cannot be told (another system, no NVRTC, two of them).
+
+    The empty file's PTX names the NVRTC build, which the version (major,
+    minor) alone does not: a record made with another build of the same
+    version is not used."""
+    try:
+        version = [int(v) for v in compiler._get_nvrtc_version()]
+        with open("/proc/self/maps") as fh:
+            paths = {parts[5] for parts in (line.split(None, 5) for line in fh)
+                     if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith(
+                         "libnvrtc.so")}
+        if len(paths) != 1:
+            return None
+        path = paths.pop().strip()
+        st = os.stat(path)
+    except Exception:                      # noqa: BLE001 - no record: CuPy runs NVRTC
+        return None
+    return [version, path, int(st.st_size), int(st.st_mtime_ns)]
+
+
+def _preprocess_record_name(compiler) -> str | None:
+    """The store record's name for this process's NVRTC (None: none can be kept)."""
+    ident = _nvrtc_identity(compiler)
+    return None if ident is None else json.dumps([PREPROCESS_RECORD, ident])
+
+
+def _as_tuple(value):
+    """A JSON list back into the tuple it was (recursively; other values as they are)."""
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+def _preprocess_table(compiler):
+    table = getattr(compiler, "_empty_file_preprocess_cache", None)
+    return table if isinstance(table, dict) else None
+
+
+@functools.lru_cache(maxsize=1)
+def _seed_preprocess(compiler=None) -> frozenset:
+    """Put the recorded empty-file PTX of this process's NVRTC into CuPy's table
+    (``cupy.cuda.compiler._empty_file_preprocess_cache``), once per process,
+    before the first module is compiled or loaded; returns the option sets
+    (CuPy's keys) the record holds. Never replaces an entry CuPy made.
+
+    The key of an entry is CuPy's own (architecture, options, NVRTC version,
+    backend, the architecture's flags), so an entry is only used where CuPy
+    would compute that same key; the record is NVRTC's build's
+    (:func:`_nvrtc_identity`), so the PTX is the one CuPy would make.
+    ``compiler``: CuPy's compiler module (default; tests give another)."""
+    if compiler is None:
+        from cupy.cuda import compiler
+    table = _preprocess_table(compiler)
+    name = _preprocess_record_name(compiler) if table is not None else None
+    rec = _store.recorded(name) if name is not None else None
+    entries = rec.get("entries") if rec is not None else None
+    known = set()
+    for item in entries if isinstance(entries, list) else ():
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list)
+                and isinstance(item[1], str)):
+            continue
+        env = _as_tuple(item[0])
+        known.add(env)
+        table.setdefault(env, item[1])
+    return frozenset(known)
+
+
+def _remember_preprocess(seeded: frozenset, compiler=None) -> None:
+    """Record CuPy's empty-file PTX table for this process's NVRTC where it holds an
+    option set the record did not (``seeded``: what :func:`_seed_preprocess`
+    found recorded); written behind the caller, nothing without a store."""
+    if compiler is None:
+        from cupy.cuda import compiler
+    table = _preprocess_table(compiler)
+    if table is None:
+        return
+    items = [(env, base) for env, base in list(table.items())
+             if isinstance(env, tuple) and isinstance(base, str)]
+    if not items or all(env in seeded for env, _ in items):
+        return
+    name = _preprocess_record_name(compiler)
+    if name is not None:
+        _store.record(name, {"entries": [[list(env), base]
+                                         for env, base in items[:PREPROCESS_MAX]]})
 
 
 #: The compiled modules of this process (kernels are made once per process; the

@@ -465,6 +465,100 @@ def test_source_hash_is_kept_until_a_file_changes(tmp_path, monkeypatch):
         _kernels.flatten_source("k.cu").encode()).hexdigest()[:16]
 
 
+class _FakeCompiler:
+    """CuPy's compiler module as the preprocess record sees it: its table of
+    empty-file PTX and NVRTC's version."""
+
+    def __init__(self):
+        self._empty_file_preprocess_cache = {}
+
+    @staticmethod
+    def _get_nvrtc_version():
+        return (13, 5)
+
+
+#: A CuPy key of the empty-file table: (arch, options, NVRTC version, backend, flags...).
+_ENV = ("90", ("--std=c++17", "-ftz=true"), (13, 5), "nvrtc", "-arch=sm_90", "cubin")
+
+
+def test_empty_file_ptx_is_recorded_and_seeded_for_the_same_nvrtc(tmp_path, monkeypatch):
+    """A process that made CuPy's empty-file PTX records it; a new process (its
+    records read again) finds it in CuPy's table before its first module, under
+    CuPy's own key (tuples again), without replacing an entry CuPy made; a
+    record of another NVRTC build is not used, and nothing is kept without a store."""
+    from scipy_gpuqr import _store
+    ident = [[13, 5], "/lib/libnvrtc.so.13", 100, 1]
+    monkeypatch.setattr(_kernels, "_nvrtc_identity", lambda compiler: list(ident))
+    monkeypatch.setenv(_store.ENV, str(tmp_path))
+    monkeypatch.setattr(_store, "_RECORDS", {})
+    first = _FakeCompiler()
+    first._empty_file_preprocess_cache[_ENV] = "// PTX of nothing\n"
+    seeded = _kernels._seed_preprocess.__wrapped__(first)
+    assert seeded == frozenset()
+    _kernels._remember_preprocess(seeded, first)
+    _store.flush()
+    monkeypatch.setattr(_store, "_RECORDS", {})             # a new process
+    new = _FakeCompiler()
+    seeded = _kernels._seed_preprocess.__wrapped__(new)
+    assert seeded == {_ENV} and new._empty_file_preprocess_cache == {_ENV: "// PTX of nothing\n"}
+    assert hash(next(iter(new._empty_file_preprocess_cache))) == hash(_ENV)
+    made = _FakeCompiler()
+    made._empty_file_preprocess_cache[_ENV] = "CuPy's own"
+    _kernels._seed_preprocess.__wrapped__(made)
+    assert made._empty_file_preprocess_cache[_ENV] == "CuPy's own"
+    writes = []
+    monkeypatch.setattr(_store, "record", lambda name, value: writes.append(name))
+    _kernels._remember_preprocess(seeded, new)             # nothing new: nothing written
+    assert writes == []
+    monkeypatch.setattr(_store, "_RECORDS", {})
+    ident[3] = 2                                            # NVRTC rebuilt (same version)
+    other = _FakeCompiler()
+    assert _kernels._seed_preprocess.__wrapped__(other) == frozenset()
+    assert other._empty_file_preprocess_cache == {}
+    monkeypatch.setenv(_store.ENV, "off")
+    monkeypatch.setattr(_store, "_RECORDS", {})
+    ident[3] = 1
+    none = _FakeCompiler()
+    assert _kernels._seed_preprocess.__wrapped__(none) == frozenset()
+    assert none._empty_file_preprocess_cache == {}
+
+
+def test_nvrtc_identity_names_the_loaded_library():
+    """Once CuPy has loaded NVRTC, the record's identity is its version and one
+    library file (no GPU needed)."""
+    compiler = pytest.importorskip("cupy.cuda.compiler")
+    try:
+        version = compiler._get_nvrtc_version()
+    except Exception as exc:                        # noqa: BLE001 - no NVRTC here
+        pytest.skip(f"NVRTC unavailable: {exc}")
+    ident = _kernels._nvrtc_identity(compiler)
+    assert ident is not None and ident[0] == list(version)
+    assert "libnvrtc.so" in ident[1] and ident[2] > 0
+
+
+def test_module_compile_is_seeded_and_remembered(monkeypatch):
+    """The module table seeds CuPy's empty-file table before a module compiles
+    and records it after."""
+    cupy = pytest.importorskip("cupy", reason="the table compiles through cupy")
+    order = []
+    monkeypatch.setattr(_kernels, "_seed_preprocess",
+                        lambda: order.append("seed") or frozenset({"x"}))
+    monkeypatch.setattr(_kernels, "_remember_preprocess",
+                        lambda seeded: order.append(("remember", seeded)))
+
+    class _Raw:
+        def __init__(self, **kw):
+            pass
+
+        def compile(self):
+            order.append("compile")
+    monkeypatch.setattr(cupy, "RawModule", _Raw)
+    monkeypatch.setattr(cupy.cuda, "Device", _FakeDevice)
+    monkeypatch.setattr(_kernels, "flatten_source", lambda name: "")
+    _kernels._Compiled().get("k.cu", (), (), "d", 0)
+    assert order == ["seed", "compile", ("remember", frozenset({"x"}))]
+
+
 def test_colamd_loads_without_cffi():
     """COLAMD (an analysis' ordering, and its key on a cache hit) goes through
     ctypes: no C declarations parsed by cffi in a new process."""
@@ -532,6 +626,33 @@ def test_prefetch_compiles_the_groups_a_call_uses():
         assert mod.ready(u.needed[0])
         assert mod.get_function(u.needed[0]) is not None
     assert fk.prefetch_engine_kernels(np.float64) == []     # compiled: no thread again
+
+
+@pytest.mark.gpu
+def test_a_seeded_process_finds_its_module_without_nvrtc(tmp_path, monkeypatch):
+    """On the device: a module compiled (or loaded) once records CuPy's empty-file
+    PTX; with CuPy's table emptied and the records read again (a new process),
+    the seeded table makes CuPy find the same module without running NVRTC."""
+    from cupy.cuda import compiler
+    from scipy_gpuqr import _store
+    from scipy_gpuqr._engine.gpu import finite_check as fc
+    monkeypatch.setenv(_store.ENV, str(tmp_path))
+    monkeypatch.setattr(_store, "_RECORDS", {})
+    monkeypatch.setattr(compiler, "_empty_file_preprocess_cache", {})
+    use = fc.finite_check_use(np.float64)
+    m = use.module()
+    group = _kernels.variant_group(use.needed[0], use.declared)
+    _kernels._Compiled().get(m.name, group, m.options, m.digest, None)
+    _store.flush()
+    assert compiler._empty_file_preprocess_cache
+    monkeypatch.setattr(_store, "_RECORDS", {})
+    monkeypatch.setattr(compiler, "_empty_file_preprocess_cache", {})
+    runs = []
+    real = compiler._preprocess
+    monkeypatch.setattr(compiler, "_preprocess", lambda *a: runs.append(a) or real(*a))
+    assert _kernels._seed_preprocess.__wrapped__(compiler)
+    mod = _kernels._Compiled().get(m.name, group, m.options, m.digest, None)
+    assert runs == [] and mod.get_function(use.needed[0]) is not None
 
 
 @pytest.mark.gpu
