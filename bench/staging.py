@@ -165,6 +165,7 @@ def _once(A, b, backend, debug=False):
            "q_first_stage_early": bi.get("q_first_stage_early"),
            "pool_ranges_sent_during_stages": bi.get("pool_ranges_sent_during_stages"),
            "blocks_placed_early": bi.get("blocks_placed_early"),
+           "host_assembled_ahead": bi.get("host_assembled_ahead"),
            "warnings": [str(w.message)[:160] for w in seen],
            "log": lines.messages}
     F.free()
@@ -181,9 +182,14 @@ def _once(A, b, backend, debug=False):
 #: replay prefetches the next stage's reflectors (``solve.PREFETCH``) and a
 #: staged factorization sends Q's first stage up as it ends
 #: (``solve.PREFETCH_FIRST``), how a plan that the time model's dense fronts
-#: leave infeasible picks dense fronts (``driver.STAGED_DENSE``) and whether
+#: leave infeasible picks dense fronts (``driver.STAGED_DENSE``), whether
 #: its stage plan is made per call (``plans_per_call``; kept per pattern and
-#: bytes available otherwise).
+#: bytes available otherwise) and how a host stage's blocks are assembled
+#: (``assemble``: by default as they land, during their stage or once the next
+#: stage's launches are enqueued; ``"late"``: blocks attached to a pool's copy
+#: only after the launches, their records handed ahead once the next stage's
+#: launches are enqueued; ``"off"``: attached after the launches, every record
+#: run by the host stage's launch, the eighteenth session's path).
 MODES = {"defaults": {},
          "bands": {"band_upload": "mapped"},
          "panels-mapped": {"slab_panels": "mapped"},
@@ -192,7 +198,9 @@ MODES = {"defaults": {},
          "noprefetch": {"prefetch": False},
          "lateq": {"prefetch_first": False},
          "size": {"staged_dense": "size"},
-         "plannow": {"plans_per_call": True}}
+         "plannow": {"plans_per_call": True},
+         "late": {"assemble": "late"},
+         "noasm": {"assemble": "off"}}
 
 #: Each setting of :data:`MODES`: its module (under ``scipy_gpuqr``) and name.
 _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
@@ -224,7 +232,7 @@ def _set_mode(name):
 
     from scipy_gpuqr._engine.gpu import driver
     m = MODES[name]
-    unknown = set(m) - set(_SETTINGS) - {"plans_per_call"}
+    unknown = set(m) - set(_SETTINGS) - {"plans_per_call", "assemble"}
     if unknown:
         raise ValueError(f"mode {name}: unknown settings {sorted(unknown)}")
     for key, (mod, attr) in _SETTINGS.items():
@@ -235,6 +243,26 @@ def _set_mode(name):
     # for) or kept per pattern and bytes available, the package's way
     kept = _DEFAULTS.setdefault("plans", driver._STAGED_PLANS)
     driver._STAGED_PLANS = _NoPlans() if m.get("plans_per_call") else kept
+    _assembly(m.get("assemble"))
+
+
+def _assembly(how):
+    """A host stage's assembly ahead as ``how`` says (:data:`MODES`' ``assemble``):
+    the stage loop's methods replaced for the process, or the package's."""
+    from scipy_gpuqr._engine.gpu import stage_loop
+    loop = stage_loop.StageLoop
+    hand = _DEFAULTS.setdefault("hand_ahead", loop.hand_ahead)
+    early = _DEFAULTS.setdefault("place_early", loop.place_early)
+    if how not in (None, "late", "off"):
+        raise ValueError(f"assemble: None, 'late' or 'off', got {how!r}")
+
+    def after_launches(self, st, down):     # the first call comes before them
+        if getattr(down, "bench_before", True):
+            down.bench_before = False
+            return
+        early(self, st, down)
+    loop.place_early = early if how is None else after_launches
+    loop.hand_ahead = (lambda self, *a: None) if how == "off" else hand
 
 
 def _run_modes(A, b, repeat, limit, modes, debug=False, profile=None, blocks=False):
@@ -361,6 +389,8 @@ def main(argv=None):
     p.add_argument("--fracs", default="2,4,8")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-cpu", action="store_true")
+    p.add_argument("--cpu-only", default="",
+                   help="the CPU path for these matrices only (comma-separated; default all)")
     p.add_argument("--predict", action="store_true",
                    help="only print what each limit will run (no GPU needed)")
     p.add_argument("--json")
@@ -476,7 +506,8 @@ def main(argv=None):
                       + f"\n    R copied per stage {row['r_copy_stages']}, pool ranges sent "
                         f"during stages {row['pool_ranges_sent_during_stages']}, host R by parts "
                         f"{row['host_r_by_parts']}, calls {row.get('all_seconds')}, blocks "
-                        f"placed early {row.get('blocks_placed_early')}"
+                        f"placed early {row.get('blocks_placed_early')}, records assembled "
+                        f"ahead {row.get('host_assembled_ahead')}"
                       + f"\n    stages (begin, launches, wait, R, hand-on) {row['stage_seconds']}"
                       + f"\n    hand-on (carry, keep, retire) {row.get('hand_on_seconds')}"
                       + f"\n    timeline (s) {row.get('timeline')}"
@@ -493,7 +524,7 @@ def main(argv=None):
                   + "  ".join(f"1/{c['frac']} {c['seconds']:.3f} s (host side "
                               f"{c['wait_host_side']:.3f})" for c in rec["alternate"]),
                   flush=True)
-        if not args.no_cpu:
+        if not args.no_cpu and (not args.cpu_only or mname in args.cpu_only.split(",")):
             row, x = _run(A, b, "cpu", 0)
             row["x_rel_diff"] = float(np.linalg.norm(x - x0) / np.linalg.norm(x0))
             rec["runs"]["cpu"] = row

@@ -1824,12 +1824,12 @@ def test_blocks_placed_early_only_into_page_locked_pools():
 
 @pytest.mark.parametrize("how", ["numpy", "c"])
 def test_host_stage_blocks_assembled_ahead_while_later_stages_run(how, monkeypatch):
-    """A host stage's Pack-Assemble records that read blocks placed into its pool by
-    stages that ended run on a worker once the next stage's launches are
-    enqueued (``assemble_ahead``), and its launch leaves them out: R and
-    ``Qᵀb`` are bit for bit those of assembling every block as the host stage
-    begins. A worker that skips its records gives another R (the launch does
-    not run them again)."""
+    """A host stage's Pack-Assemble records that read blocks placed into its pool
+    run on a worker ahead of it (``hand_ahead``: as the blocks land during
+    their stage, or once the next stage's launches are enqueued), and its
+    launch leaves them out: R and ``Qᵀb`` are bit for bit those of assembling
+    every block as the host stage begins. A worker that skips its records
+    gives another R (the launch does not run them again)."""
     from scipy_gpuqr._engine.gpu import device as device_mod
     from scipy_gpuqr._engine.gpu import stage_loop
     from scipy_gpuqr._schedule import native
@@ -1846,8 +1846,7 @@ def test_host_stage_blocks_assembled_ahead_while_later_stages_run(how, monkeypat
     assert g._host_stages and g.info["host_assembled_ahead"] > 0, g.info
     assert g.info["host_front_seconds"]["assemble_ahead"] > 0
     ahead = (g.R.toarray(), g.qt_matmul(b))
-    monkeypatch.setattr(stage_loop.StageLoop, "assemble_ahead",
-                        lambda self: self.assembly_due.clear())
+    monkeypatch.setattr(stage_loop.StageLoop, "hand_ahead", lambda self, *a: None)
     g = run()
     assert g.info["host_assembled_ahead"] == 0
     np.testing.assert_array_equal(g.R.toarray(), ahead[0])
@@ -1855,7 +1854,7 @@ def test_host_stage_blocks_assembled_ahead_while_later_stages_run(how, monkeypat
     monkeypatch.undo()
     monkeypatch.setenv(native.ENV, how)
     monkeypatch.setattr(device_mod.HostFrontDevice, "_assemble",
-                        lambda self, made, zeroed, records, waits: (len(records), 0.0))
+                        lambda self, made, zeroed, records, *a: (len(records), 0.0))
     wrong = run().R.toarray()
     assert np.abs(wrong - ahead[0]).max() > 1e-6 * np.abs(ahead[0]).max()
 
@@ -1871,7 +1870,7 @@ def test_records_assembled_ahead_read_only_blocks_already_placed(monkeypatch):
     seen = []
     real = device_mod.HostFrontDevice.assemble_ahead
 
-    def spy(self, key, records, blocks):
+    def spy(self, key, records, blocks, landed=None):
         placed = {k: list(v) for k, v in self._placed.items()}
         assert tuple(key) in placed             # its blocks were placed
         assert np.all(records["type"] == int(TaskType.PACK_ASSEMBLE))
@@ -1880,8 +1879,62 @@ def test_records_assembled_ahead_read_only_blocks_already_placed(monkeypatch):
         i = np.searchsorted(starts, records["vt"], side="right") - 1
         assert np.all((i >= 0) & (records["vt"] < ends[i]))
         seen.extend((tuple(key), int(r["F"]), int(r["vt"]), int(r["rows"][0])) for r in records)
-        return real(self, key, records, blocks)
+        return real(self, key, records, blocks, landed)
     monkeypatch.setattr(device_mod.HostFrontDevice, "assemble_ahead", spy)
     gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                   dense_flops=_HOST_FLOPS)
     assert seen and len(seen) == len(set(seen))
+
+
+def test_blocks_placed_during_a_stage_are_assembled_as_they_land(monkeypatch):
+    """A warm staged run attaches a device stage's blocks for a host stage's
+    pool before its launches (the pool ready): each is placed after its
+    front's send, during the launches, and the pool copy tells the loop
+    (``_on_placed``), which hands their records ahead then; R is bit for bit
+    that of attaching them after the launches."""
+    from scipy_gpuqr._engine.gpu import stage_loop
+    A, an, needs = _host_case()
+    limit = min_budget(an, needs)
+
+    def run():
+        return gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
+                             dense_flops=_HOST_FLOPS)
+    run()
+    during = []
+    state = {"in": False}
+    real_launch, real_told = stage_loop.StageLoop.launch_all, stage_loop.StageLoop._on_placed
+
+    def launch_all(self, *a, **k):
+        state["in"] = True
+        try:
+            return real_launch(self, *a, **k)
+        finally:
+            state["in"] = False
+
+    def told(self, items, landed):
+        during.append((state["in"], len(items)))
+        return real_told(self, items, landed)
+    monkeypatch.setattr(stage_loop.StageLoop, "launch_all", launch_all)
+    monkeypatch.setattr(stage_loop.StageLoop, "_on_placed", told)
+    g = run()
+    assert any(inside for inside, _ in during), during
+    assert g.info["host_assembled_ahead"] > 0
+    R = g.R.toarray()
+    monkeypatch.undo()
+    real_early = stage_loop.StageLoop.place_early
+
+    def after_only(self, st, down):
+        if state["launched"]:
+            real_early(self, st, down)
+    real_launch = stage_loop.StageLoop.launch_all
+
+    def launch_then(self, *a, **k):
+        state["launched"] = False
+        real_launch(self, *a, **k)
+        state["launched"] = True
+    monkeypatch.setattr(stage_loop.StageLoop, "place_early", after_only)
+    monkeypatch.setattr(stage_loop.StageLoop, "launch_all", launch_then)
+    state["launched"] = False
+    g = run()
+    assert sum(g.info["blocks_placed_early"]) > 0
+    np.testing.assert_array_equal(g.R.toarray(), R)

@@ -46,6 +46,7 @@ records with the NumPy executor:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import threading
@@ -445,39 +446,45 @@ class HostFrontDevice(NumpyDevice):
         the stage then leaves it out of its ``carried``."""
         self._placed.setdefault(tuple(key), []).append(wait)
 
-    def assemble_ahead(self, key, records, blocks) -> bool:
+    def assemble_ahead(self, key, records, blocks, landed=None) -> bool:
         """Stage ``key``'s Pack-Assemble ``records`` that read the carried blocks
-        ``blocks`` (``(start, elements)`` in its pool, placed there by stages
-        that ended: :meth:`placed`) run on a worker thread now, while the
-        device works on the stages before it: a root's blocks are gigabytes,
-        and the host stage would otherwise assemble them all as it begins,
-        with the device idle. Every launch of the stage then waits for the
-        worker and leaves those records out (:meth:`launch`). Their writes are
-        disjoint from every other record's of the stage (a parent's rows come
-        from one child each, its own S rows from none), so the pool is the
-        same bit for bit. False (nothing started) where the stage's pool was
-        not prepared (:meth:`prepare`) or there is nothing to do."""
+        ``blocks`` (``(start, elements)`` in its pool, placed there: by stages
+        that ended (:meth:`placed`), or by the stage running, whose copies
+        ``landed`` waits for) run on a worker thread, while the device works on
+        the stages before it: a root's blocks are gigabytes, and the host
+        stage would otherwise assemble them all as it begins, with the device
+        idle. The stage's workers run one after another, in the order given.
+        Every launch of the stage then waits for them and leaves those records
+        out (:meth:`launch`). Their writes are disjoint from every other
+        record's of the stage (a parent's rows come from one child each, its
+        own S rows from none), so the pool is the same bit for bit. False
+        (nothing started) where the stage's pool was not prepared
+        (:meth:`prepare`) or there is nothing to do."""
         key = tuple(key)
         entry = self._ready.get(key)
         if entry is None or not len(records) or not len(blocks):
             return False
         made, zeroed = entry[0], entry[1]
-        waits = [w for w in self._placed.get(key, ()) if w is not None]
+        waits = [w for w in list(self._placed.get(key, ())) + [landed] if w is not None]
         blocks = sorted((int(a), int(a) + int(n)) for a, n in blocks)
         starts = np.array([a for a, _ in blocks], dtype=np.int64)
         ends = np.array([b for _, b in blocks], dtype=np.int64)
+        jobs = self._ahead.setdefault(key, [])
+        before = jobs[-1][2] if jobs else None
         ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-host-assemble")
         try:
-            job = ex.submit(self._assemble, made, zeroed, np.array(records), waits)
+            job = ex.submit(self._assemble, made, zeroed, np.array(records), waits, before)
         finally:
             ex.shutdown(wait=False)
-        self._ahead.setdefault(key, []).append((starts, ends, job))
+        jobs.append((starts, ends, job))
         return True
 
-    def _assemble(self, made, zeroed, records, waits) -> tuple:
-        """:meth:`assemble_ahead`'s worker: the placed blocks' copies and the
-        pool's zeros waited for, the records run; ``(records, seconds)``."""
-        t0 = time.perf_counter()
+    def _assemble(self, made, zeroed, records, waits, before=None) -> tuple:
+        """:meth:`assemble_ahead`'s worker: the stage's worker before it (its
+        failure is its own), the placed blocks' copies and the pool's zeros
+        waited for, the records run; ``(records, seconds they took)``."""
+        if before is not None:
+            concurrent.futures.wait([before])
         gpu = self.gpu
         with (gpu.cp.cuda.Device(gpu.device_id) if gpu is not None      # events of its device
               else contextlib.nullcontext()):
@@ -485,6 +492,7 @@ class HostFrontDevice(NumpyDevice):
                 wait.synchronize()
         pool = made.result()
         zeroed.result()
+        t0 = time.perf_counter()
         lib = native.handle()
         if lib is not None:
             native.pack(lib, pool, self.maps, records)

@@ -22,11 +22,13 @@ otherwise hold back every front after it. Fronts final together go as runs
 of adjacent ones; a gap of a few fronts not final yet is sent with them and
 again once they are (the copies run in order).
 
-Blocks for a later host stage's pool (:meth:`_FrontCopy.attach`, once every
-launch is enqueued) go on the copy stream too: those of fronts already sent
-at once, ahead of the last send, so that the copy engine moves them while the
-device finishes the stage's last launches; the others right after the last
-send. The launch loop issues none of their copies.
+Blocks for a later host stage's pool (:meth:`_FrontCopy.attach`) go on the
+copy stream too, each once its front was sent: attached before the launches
+(the host stage's pool ready by then), right after their front's send, so
+that they land while the stage runs and the host stage's assembly of them
+(told through ``on_placed``) runs beside it; attached once every launch is
+enqueued, those of fronts already sent at once, the others right after the
+last send.
 """
 
 from __future__ import annotations
@@ -121,6 +123,10 @@ class _FrontCopy:
         self.sent = np.zeros(len(final.start), dtype=bool)    # per front (pool order)
         self.extras = {}                # front (pool order) -> blocks to place after it
         self.placed = 0
+        #: called ``on_placed(items, landed)`` with the ``(block, out)`` placed since
+        #: the last call and what their copies' landing waits for (:meth:`tell`)
+        self.on_placed = None
+        self._untold = []
 
     def attach(self, front_start: int, block, out) -> None:
         """Place ``block`` (``(start, m, w, n, at)`` as :func:`place_upper` takes
@@ -132,10 +138,27 @@ class _FrontCopy:
         if i >= len(self.final.start) or int(self.final.start[i]) != int(front_start):
             raise ValueError(f"attach: no front at {front_start} in the pool")
         if self.sent[i]:
-            self._place(block, out)
-            self.placed += 1
+            self._put(block, out)
         else:
             self.extras.setdefault(i, []).append((block, out))
+
+    def _put(self, block, out) -> None:
+        self._place(block, out)
+        self.placed += 1
+        self._untold.append((block, out))
+
+    def tell(self) -> None:
+        """``on_placed`` told of the blocks placed since it last was, with an
+        event after their copies (None where they are done already): a host
+        stage's assembly of them may start once it has passed, while the
+        device works on. Each send that places blocks tells; so does the
+        caller after attaching blocks of fronts sent already."""
+        items, self._untold = self._untold, []
+        if items and self.on_placed is not None:
+            self.on_placed(items, self._landed())
+
+    def _landed(self):
+        return None
 
     def _take(self, L) -> None:
         fin, order = self.final, self.order
@@ -157,8 +180,8 @@ class _FrontCopy:
         self.sent[idx] = True
         for i in idx.tolist():
             for block, out in self.extras.pop(i, ()):
-                self._place(block, out)
-                self.placed += 1
+                self._put(block, out)
+        self.tell()
 
     def after_launch(self, L: int) -> None:
         """Launch ``L`` was enqueued: send what it leaves final, if enough."""
@@ -210,6 +233,11 @@ class CupyPoolCopy(_FrontCopy):
 
     def _place(self, block, out) -> None:
         place_upper(self.dev, self.pool, [block], out, stream=self.dev.copy_stream)
+
+    def _landed(self):
+        ev = self.dev.cp.cuda.Event(disable_timing=True)
+        ev.record(self.dev.copy_stream)
+        return ev
 
     def result(self) -> np.ndarray:
         """Wait for the copies (the blocks placed with them too); the host pool."""

@@ -27,7 +27,7 @@ from ..._errors import GpuEngineError
 from ..._schedule import native
 from ..._schedule.tasks import TaskType, factorizes, take_records
 from .. import native as engine_native
-from .device import CupyDevice, HostFrontDevice, packs_reading, pool_block
+from .device import CupyDevice, HostFrontDevice, pool_block
 from .pool_copy import front_finality, place_upper
 from .rcopy import (ColumnRCopy, NumpyRCopy, column_bounds, final_entries_cached,
                     strided_runs, touched)
@@ -98,7 +98,10 @@ class StageLoop:
         self.timeline = []              # (event, seconds from t_start): the gathers
         self.hand_on_seconds = []       # per stage: carry, keep records, retire pool
         self.early_placed = set()       # fronts whose blocks went with their pool's copy
-        self.assembly_due = []          # (host stage, its records, blocks): assemble_ahead
+        self.assembly_due = []          # (host stage, blocks): assemble_ahead
+        self.handed = set()             # (host stage, block start) assembled ahead
+        self.host_pool_stage = {}       # id of a host stage's pool -> the stage
+        self.pack_index = {}            # host stage -> its Pack-Assemble records by source
         self.placed_early = []          # per stage sent down: blocks placed so
         self.t_r_gather_wait = 0.0
         self.r_out_jobs = {}            # host stage -> its R values' array, made ahead
@@ -168,6 +171,8 @@ class StageLoop:
         if copier is None and down is None:
             copier, pos = self.open_host_r_copy(sid, h)
         try:
+            if down is not None:
+                self.place_early(st, down)
             self.launch_all(sid, st, h, copier, down)
             t_launched = time.perf_counter()
             if down is not None:
@@ -513,15 +518,17 @@ class StageLoop:
 
     def place_early(self, st, down) -> None:
         """The contribution blocks of ``st``'s fronts whose parent is a host stage's
-        front, handed to the pool's copy ``down`` (``attach``) once every launch
-        of the stage is enqueued, where that pool is ready by then and
-        page-locked (a copy into pageable memory would hold the engine's thread
-        until the device reached it): on the copy stream while the device
-        finishes the stage, those of fronts already sent at once, the others
-        after the last send (:class:`~.pool_copy._FrontCopy`); the launch loop
-        issues none of their copies. :meth:`place_in_host_stages` places the
-        others after the stage. The host stage begins after the engine waited
-        for ``down``."""
+        front, handed to the pool's copy ``down`` (``attach``) where that pool
+        is ready and page-locked (a copy into pageable memory would hold the
+        engine's thread until the device reached it). Called before the
+        launches, each block then goes on the copy stream right after its
+        front's send, while the stage runs, and the host stage's assembly of it
+        starts as it lands (:meth:`_on_placed`); called again once every launch
+        is enqueued, for the pools that were not ready before: those of fronts
+        already sent at once, the others after the last send
+        (:class:`~.pool_copy._FrontCopy`). :meth:`place_in_host_stages` places
+        the others after the stage. The host stage begins after the engine
+        waited for ``down``."""
         if not self.host_stages:
             return
         fs = self.fs
@@ -532,13 +539,17 @@ class StageLoop:
         if not len(fr):
             return
         psid = np.searchsorted(self.stage_first, fs.parent[fr], side="right") - 1
+        down.on_placed = self._on_placed
         for sid in np.unique(psid[np.isin(psid, list(self.host_stages))]).tolist():
             pst = self.sched.stages[sid]
-            kids = fr[psid == sid].tolist()
+            kids = [f for f in fr[psid == sid].tolist() if f not in self.early_placed]
+            if not kids:
+                continue
             out = self.host_dev.take_pool(pst.fronts, min(int(pst.carried[f]) for f in kids),
                                           wait=False)
             if out is None or not _page_locked(self.device, out):
                 continue
+            self.host_pool_stage[id(out)] = sid
             for f in kids:
                 n = int(fs.fn[f])
                 start = int(st.foff[f]) + int(fs.frank[f]) * n + int(fs.fp[f])
@@ -546,6 +557,43 @@ class StageLoop:
                                               int(pst.carried[f])), out)
                 self.early_placed.add(f)
             self.host_dev.placed(pst.fronts, None)
+        down.tell()
+
+    def _on_placed(self, items, landed) -> None:
+        """A pool copy placed ``items`` (``(block, host pool)``, :meth:`place_early`)
+        into host stages' pools; ``landed``: what their copies' landing waits
+        for. Their Pack-Assemble records go to the host layer's worker
+        (:meth:`~.device.HostFrontDevice.assemble_ahead`), which waits for
+        ``landed`` and runs them while the device works on: where the host
+        stage's records are known (a warm schedule)."""
+        by = {}
+        for (_, m, w, _, at), out in items:
+            by.setdefault(self.host_pool_stage[id(out)], []).append((int(at), int(m) * int(w)))
+        for sid, blocks in by.items():
+            self.hand_ahead(sid, blocks, landed)
+
+    def hand_ahead(self, sid: int, blocks, landed=None) -> None:
+        """Host stage ``sid``'s Pack-Assemble records that read ``blocks``
+        (``(start, elements)`` placed into its pool) to the host layer's worker,
+        once (``landed``: see :meth:`_on_placed`); nothing where its records are
+        not known yet."""
+        pst = self.sched.stages[sid]
+        blocks = [b for b in blocks if (sid, b[0]) not in self.handed]
+        if not blocks or not pst.materialized:
+            return
+        index = self.pack_index.get(sid)
+        if index is None:           # the stage's Pack-Assemble records by source, once
+            t = pst.tasks
+            pk = np.flatnonzero(t["type"] == int(TaskType.PACK_ASSEMBLE))
+            pk = pk[np.argsort(t["vt"][pk], kind="stable")]
+            index = self.pack_index[sid] = (pk, t["vt"][pk].astype(np.int64))
+        pk, src = index
+        a = np.array([b[0] for b in blocks], dtype=np.int64)
+        e = a + np.array([b[1] for b in blocks], dtype=np.int64)
+        lo, hi = np.searchsorted(src, a, side="left"), np.searchsorted(src, e, side="left")
+        take = np.concatenate([pk[i:j] for i, j in zip(lo.tolist(), hi.tolist())])
+        if self.host_dev.assemble_ahead(pst.fronts, pst.tasks[np.sort(take)], blocks, landed):
+            self.handed.update((sid, b[0]) for b in blocks)
 
     def place_in_host_stages(self, st, pool, device, later):
         """The contribution blocks (``later``: members of ``st`` whose parent lies in
@@ -592,10 +640,9 @@ class StageLoop:
                         dtype=np.int64)
 
     def queue_assembly(self, st) -> None:
-        """The Pack-Assemble records of later host stages that read blocks of
-        ``st``'s fronts placed into their pools (:meth:`place_in_host_stages`,
-        :meth:`place_early`), queued for :meth:`assemble_ahead`: where the host
-        stage's records are known (a warm schedule)."""
+        """Blocks of ``st``'s fronts placed into later host stages' pools
+        (:meth:`place_in_host_stages`, :meth:`place_early`) and not handed
+        ahead during the stage, queued for :meth:`assemble_ahead`."""
         if not self.host_stages:
             return
         fs = self.fs
@@ -608,26 +655,21 @@ class StageLoop:
         psid = np.searchsorted(self.stage_first, fs.parent[fr], side="right") - 1
         for sid in np.unique(psid[np.isin(psid, list(self.host_stages))]).tolist():
             pst = self.sched.stages[sid]
-            kids = [f for f in fr[psid == sid].tolist() if self.host_cb.get(f) is _PLACED]
-            if not kids or not pst.materialized:
-                continue
             blocks = [(int(pst.carried[f]), int(fs.cm[f]) * int(fs.fn[f] - fs.fp[f]))
-                      for f in kids]
-            self.assembly_due.append((sid, pst, blocks))
+                      for f in fr[psid == sid].tolist() if self.host_cb.get(f) is _PLACED]
+            if blocks:
+                self.assembly_due.append((sid, blocks))
 
     def assemble_ahead(self) -> None:
-        """The queued host stages' records (:meth:`queue_assembly`) started on
-        workers (:meth:`~.device.HostFrontDevice.assemble_ahead`), once the
-        current stage's launches are enqueued: they run while the device works
-        on it, and the host stage begins with them done (the earlier stages'
-        share of a root's assembly leaves its critical path). The launch loop
-        is not slowed by them: they start after it."""
+        """The queued blocks' records (:meth:`queue_assembly`) handed to the host
+        layer's worker (:meth:`hand_ahead`) once the current stage's launches
+        are enqueued: they run while the device works on it, and the host stage
+        begins with them done (the earlier stages' share of a root's assembly
+        leaves its critical path). The launch loop is not slowed by them: they
+        start after it."""
         due, self.assembly_due = self.assembly_due, []
-        for sid, pst, blocks in due:
-            starts = np.array(sorted(a for a, _ in blocks), dtype=np.int64)
-            ends = starts + np.array([n for _, n in sorted(blocks)], dtype=np.int64)
-            t = pst.tasks
-            self.host_dev.assemble_ahead(pst.fronts, t[packs_reading(t, starts, ends)], blocks)
+        for sid, blocks in due:
+            self.hand_ahead(sid, blocks)
 
     def start_reflector_records(self, sid: int) -> None:
         """The stage's kept records (:func:`stage_reflector_records`) made on a
