@@ -498,6 +498,20 @@ def _sampler(main_id, stop):
             for kind, key in (("top", top), ("pkg", pkg or "(outside)")):
                 d = prof.setdefault((k, who, kind), {})
                 d[key] = d.get(key, 0.0) + dt
+# per call: the factorization's phases and the engine's seconds, read as the call
+# frees its factorization (first_launch: from the engine's start to its first launch)
+from scipy_gpuqr._factor import factored as _fq
+phases = []
+_free = _fq.FactoredQR.free
+def _snap(F):
+    if F.num is not None:
+        sec = (getattr(F.num, "info", {}) or {}).get("seconds", {}) or {}
+        phases.append({**{k: round(v, 4) for k, v in F.timings.items()},
+                       **{"engine_" + k: round(sec[k], 4) for k in
+                          ("first_launch", "launch_loop", "wait_gpu", "wait_r_copy", "total")
+                          if isinstance(sec.get(k), float)}})
+    return _free(F)
+_fq.FactoredQR.free = _snap
 calls, memory = [], []
 stop = threading.Event()
 if SAMPLE:
@@ -531,7 +545,7 @@ gap = calls[0] - min(calls[1:])
 print(json.dumps({"setup": t1 - t0, "import": t2 - t1, "first": calls[0], "second": calls[1],
                   "third": calls[2], "gap": gap, **cs,
                   "ours": gap - max(cs.get("cuda_ready", 0.0), 0.0), "memory": memory,
-                  "samples": samples}))
+                  "samples": samples, "phases": phases}))
 """
 
 
@@ -633,6 +647,8 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
                       f"{c['cuda_start']:+.3f}, ready {c['cuda_ready']:+.3f} s from the call's "
                       f"start (cuInit {c['cuinit']:.3f}, context {c['context']:.3f}); the gap "
                       f"beyond CUDA's start {c['ours']:+.3f} s", flush=True)
+            for i, ph in enumerate(c.get("phases", [])[:2]):
+                print(f"  {spec} {name} call {i + 1} phases (s): {ph}", flush=True)
             for key, items in c.get("samples", {}).items():
                 if key == "marks":
                     print(f"  {spec} {name} call 1 marks (s from its start): {items}")
