@@ -345,7 +345,7 @@ def _run(A, b, backend, repeat, limit=None, profile=None, debug=False):
         first, x = _once(A, b, backend, debug)
         rows = [first]
         if first["backend"] == "gpu":
-            rows = [_once(A, b, backend, debug)[0] for _ in range(repeat)]
+            rows = [_once(A, b, backend, debug)[0] for _ in range(repeat)] or [first]
         if profile:
             _profiled(A, b, limit, profile, backend)
     finally:
@@ -388,6 +388,8 @@ def main(argv=None):
     p.add_argument("--only", default="")
     p.add_argument("--fracs", default="2,4,8")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--once", default="",
+                   help="limits (as --fracs) run with one call only: no repeats after it")
     p.add_argument("--no-cpu", action="store_true")
     p.add_argument("--cpu-only", default="",
                    help="the CPU path for these matrices only (comma-separated; default all)")
@@ -473,13 +475,15 @@ def main(argv=None):
             cases = []
             here = [m[0] for m in modes if len(m) == 1 or int(m[1]) == frac]
             if here:
-                for m, (row, x) in _run_modes(A, b, args.repeat, need // frac, here,
+                reps = 0 if str(frac) in args.once.split(",") else args.repeat
+                for m, (row, x) in _run_modes(A, b, reps, need // frac, here,
                                               debug=args.debug_log, blocks=args.blocks,
                                               profile=args.profile if frac == fracs[0]
                                               else None).items():
                     cases.append((frac, f"1/{frac} {m}", row, x))
             else:
-                row, x = _run(A, b, "gpu", args.repeat, limit=need // frac,
+                reps = 0 if str(frac) in args.once.split(",") else args.repeat
+                row, x = _run(A, b, "gpu", reps, limit=need // frac,
                               profile=args.profile if frac == fracs[0] else None,
                               debug=args.debug_log)
                 cases.append((frac, f"1/{frac}", row, x))
