@@ -354,8 +354,10 @@ def cublas_lu(cp, a, inverse: bool):
 #: size classes, beside the kernel of the whole stack (and, a line of its own,
 #: that kernel on the stack with the identity outside each order); ``jacobi``: block_jacobi of the
 #: block-diagonal CSR matrix made of the stack, blocks of n, beside its
-#: kernels: the block gather (also timed alone), then the inverse of the
-#: gathered stack) and the driver of each one's kernel.
+#: kernel (n <= 32: the inverse reading the blocks from CSR; the block gather
+#: alone and the gather followed by the inverse of the gathered stack are
+#: printed beside it; n > 32: the gather, then the inverse) and the driver of
+#: each one's kernel.
 PUBLIC_OPS = ("lu", "inv", "solve", "chol", "lu_solve", "cho_solve", "inv_v", "inv_vmix",
               "lu_v", "lu_vmix", "solve_v", "cho_v", "jacobi")
 
@@ -631,12 +633,21 @@ def public_bench(args) -> int:
                     gather = getattr(_jacobi, "_gpu_blocks", None)
                     if gather is None:        # a tree without the gather kernel
                         kern = lambda: bg.getri(a)                               # noqa: E731
-                    else:                     # its kernels: the gather, then the inverse
+                    else:                     # the gather, then the inverse
                         kern = lambda A=spd: bg.getri(gather(A, nn, n, dtype)[0])  # noqa: E731
                         g_ms = timer.device(lambda A=spd: gather(A, nn, n, dtype),
                                             reps=args.reps)
                         print(f"{tag:6} {dtype.name:7} {n:>3} {bsz:>8} {op:9} "
                               f"gather kernel alone: {g_ms:8.3f} ms", flush=True)
+                    if n <= 32 and hasattr(bg, "jacobi_inverse_call"):
+                        # its kernel: the inverse reading the blocks from CSR
+                        # (the gather and the inverse beside it, for the record)
+                        pair_ms = timer.device(kern, reps=args.reps)
+                        print(f"{tag:6} {dtype.name:7} {n:>3} {bsz:>8} {op:9} "
+                              f"gather + inverse kernels: {pair_ms:8.3f} ms", flush=True)
+                        dev = gc.device_id()
+                        kern = lambda A=spd, dev=dev: _jacobi._short_sparse(        # noqa: E731
+                            A, n, dtype, dev, gc.NO_REPORT)
                     pub = lambda A=spd: fns.block_jacobi(A, n)                     # noqa: E731
                     asy = lambda A=spd: fns.block_jacobi(A, n, check_finite=False)  # noqa: E731
                 else:

@@ -314,6 +314,51 @@ def test_block_jacobi_singular_block_named():
         g.block_jacobi(sps.csr_matrix(d), 4)
 
 
+def test_block_jacobi_operator(rng):
+    """The operator is SciPy's ``LinearOperator`` of the given shape and
+    dtype: products of vectors, (n, 1) and (n, k) arrays, ``@``, a scaled
+    operator, the adjoint refused (none is defined), float32 kept."""
+    import scipy.sparse.linalg as spla
+    n, bs = 13, 5
+    d = rng.standard_normal((n, n)) + 6 * np.eye(n)
+    for dtype in (np.float64, np.float32):
+        M = g.block_jacobi(sps.csr_matrix(d.astype(dtype)), bs)
+        assert isinstance(M, spla.LinearOperator)
+        assert M.shape == (n, n) and M.dtype == dtype
+        x = rng.standard_normal(n).astype(dtype)
+        ref = np.concatenate([np.linalg.solve(d[s:s + bs, s:s + bs].astype(dtype), x[s:s + bs])
+                              for s in range(0, n, bs)])
+        tol = 1e-12 if dtype == np.float64 else 1e-4
+        np.testing.assert_allclose(M.matvec(x), ref, rtol=tol)
+        assert M.matvec(x[:, None]).shape == (n, 1)
+        np.testing.assert_allclose((M @ np.c_[x, -x])[:, 1], -ref, rtol=tol)
+        np.testing.assert_allclose((2 * M).matvec(x), 2 * ref, rtol=tol)
+        with pytest.raises(NotImplementedError):
+            M.rmatvec(x)
+        with pytest.raises(ValueError):
+            M.matvec(np.ones(n + 1))
+
+
+def test_block_jacobi_fused_inverse_variants_registered():
+    """Every CSR twin of the inverse kernels that block_jacobi's short path
+    can launch (each register size, float32/float64, int32/int64 indices;
+    the tensor-core one at the float64 sizes that have one) is a registered
+    variant of its dense twin's file: compiled by the warm-up and by
+    ``build_kernels.py --check``."""
+    from scipy_gpuqr.batched import _kernel_registry as kr
+    for dt in ("float32", "float64"):
+        for ix in ("int32", "int64"):
+            for n in range(1, kr.SMALL_MAX + 1):
+                size = kr.padded_size(n)
+                kernels = ["getri_warp"] + (["getri_mma"] if dt == "float64"
+                                            and size in kr.MMA_SIZES else [])
+                for k in kernels:
+                    name = kr.jacobi_inverse_name(k, dt, ix, size)
+                    fname = kr.SMALL_FILES[kr.JACOBI_PREFIX + k]
+                    assert fname == kr.SMALL_FILES[k] and fname in kr.SEPARATE_FILES
+                    assert name in kr.KERNEL_VARIANTS[fname], name
+
+
 PUBLIC = ("lu_factor_batched", "lu_solve_batched", "solve_batched", "inv_batched",
           "cho_factor_batched", "cho_solve_batched", "block_jacobi",
           "lu_factor_vbatched", "solve_vbatched", "inv_vbatched", "cho_factor_vbatched")

@@ -655,6 +655,136 @@ def test_gpu_block_jacobi_short_path(rng, monkeypatch, bs):
     assert reads and all(r == _SLOTS for r in reads)
 
 
+def _jacobi_csr(rng, n, bs, dtype, index):
+    """A CuPy CSR matrix of order n with ``index`` indices: entries inside
+    and outside the diagonal blocks, each row's entries in a random storage
+    order, a duplicate (summed), an explicit zero, a row holding its
+    diagonal only, and well-conditioned diagonal blocks (every 5th with an
+    exact tie between the candidates of its first pivot)."""
+    import cupyx.scipy.sparse as xsp
+    import scipy.sparse as sps
+    d = sps.random(n, n, density=min(1.0, 6.0 / n), random_state=n + bs,
+                   format="coo", dtype=np.float64)
+    blk = np.arange(n) // bs
+    r, c = np.nonzero(blk[:, None] == blk[None, :])
+    v = rng.standard_normal(r.size)
+    v[r == c] += 2.0 * bs
+    for k in range(0, -(-n // bs), 5):
+        lo = k * bs
+        if lo + 1 < n and blk[lo + 1] == k:
+            v[(r == lo + 1) & (c == lo)] = v[(r == lo) & (c == lo)]
+    rows = np.r_[d.row, r, [0, 1]]
+    cols = np.r_[d.col, c, [0, min(2, n - 1)]]
+    vals = np.r_[d.data, v, [0.25, 0.0]]
+    alone = n // 2
+    keep = (rows != alone) | (cols == alone)
+    rows, cols, vals = rows[keep], cols[keep], vals[keep]
+    perm = rng.permutation(rows.size)
+    rows, cols, vals = rows[perm], cols[perm], vals[perm]
+    order = np.argsort(rows, kind="stable")       # by row, random order inside
+    it = np.int32 if index == "int32" else np.int64
+    indptr = np.r_[0, np.cumsum(np.bincount(rows, minlength=n))].astype(it)
+    h = sps.csr_matrix((vals[order].astype(dtype), cols[order].astype(it), indptr),
+                       shape=(n, n))
+    A = xsp.csr_matrix(h)
+    if A.indices.dtype != it:                     # cupyx may narrow the indices
+        A.indices, A.indptr = A.indices.astype(it), A.indptr.astype(it)
+    return A
+
+
+@pytest.mark.parametrize("bs", [1, 2, 3, 4, 5, 8, 13, 16, 20, 24, 27, 32])
+def test_gpu_block_jacobi_fused_inverse(rng, monkeypatch, bs):
+    """The short path reads the diagonal blocks straight from CSR in the
+    inverse kernel (one launch per stack: the full blocks, the ragged last
+    one), on every kernel shape (a thread per matrix, warp tiles of every
+    register size, the tensor cores' order), float32/float64, int32/int64
+    indices, unsorted rows with duplicates, entries outside the blocks and
+    ragged last blocks of several orders: its inverses equal to the bit the
+    gather followed by the inverse driver (inv_batched's kernels) and
+    LAPACK's inverse of the CPU-gathered blocks to rounding; outputs
+    poisoned beforehand."""
+    from scipy_gpuqr.batched import _gpu, _gpu_common, _jacobi
+    launches = []
+    real_launch = _gpu_common.launch
+
+    def launch(fptr, *args):
+        launches.append(fptr)
+        return real_launch(fptr, *args)
+    monkeypatch.setattr(_gpu_common, "launch", launch)
+    dev = _gpu_common.device_id()
+    for rest in sorted({0, 1, bs // 2, bs - 1} - {bs} if bs > 1 else {0}):
+        n = 37 * bs + rest                        # 37 blocks: not whole warp tiles
+        for dtype in (np.float64, np.float32):
+            dt = np.dtype(dtype)
+            for index in ("int32", "int64"):
+                A = _jacobi_csr(rng, n, bs, dtype, index)
+                del launches[:]
+                arrays = _jacobi._short_sparse(A, bs, dt, dev, _gpu_common.NO_REPORT)
+                inv_full, inv_last = arrays()
+                assert len(launches) == (2 if rest else 1), (bs, rest, len(launches))
+                full, last = _jacobi._gpu_blocks(A, n, bs, dt, dev)
+                ref_full = _gpu.getri(full)[0]
+                np.testing.assert_array_equal(inv_full.get(), ref_full.get())
+                assert (inv_last is None) == (rest == 0)
+                if rest:
+                    np.testing.assert_array_equal(inv_last.get(), _gpu.getri(last)[0].get())
+                h = sps_blocks(A.get(), n, bs, dtype)
+                tol = 200 * bs * float(np.finfo(dtype).eps)
+                want = np.linalg.inv(h[0].astype(np.float64))
+                got = inv_full.get().astype(np.float64)
+                assert np.abs(got - want).max() <= tol * np.abs(want).max(), (bs, rest, dtype)
+                if rest:
+                    want = np.linalg.inv(h[1].astype(np.float64))
+                    assert (np.abs(inv_last.get() - want).max()
+                            <= tol * np.abs(want).max()), (bs, rest, dtype)
+    # the public call: its kernels are those launches and nothing else runs
+    A = _jacobi_csr(rng, 11 * bs + (bs - 1), bs, np.float64, "int32")
+    del launches[:]
+    g.block_jacobi(A, bs)
+    assert len(launches) == (2 if bs > 1 else 1)
+
+
+def sps_blocks(A, n, bs, dtype):
+    """(full, ragged) diagonal blocks of a SciPy matrix by the CPU scatter."""
+    from scipy_gpuqr.batched import _jacobi
+    coo = A.tocoo()
+    return _jacobi._blocks(coo.row.astype(np.int64), coo.col.astype(np.int64), coo.data,
+                           n, bs, np, dtype)
+
+
+@pytest.mark.parametrize("bs", [2, 8, 32])
+def test_gpu_block_jacobi_fused_singular_and_nonfinite(rng, bs):
+    """The fused kernels' status: a singular full or ragged block (an empty
+    row) raises the general path's LinAlgError naming it; an inf or a NaN
+    raises its ValueError with check_finite and, without, the inverse of
+    that block is all NaN or the call raises as the general path does."""
+    import cupyx.scipy.sparse as xsp
+    import scipy.sparse as sps
+    n = 9 * bs + 1 if bs > 1 else 9
+    for row, match in ((bs + (bs > 1), r"block index = batch index.*\[1\]"),
+                       (n - 1, "ragged last diagonal block")):
+        d = sps.lil_matrix(np.eye(n) * 2.0)
+        d[row, row] = 0.0
+        for dtype in (np.float64, np.float32):
+            A = xsp.csr_matrix(sps.csr_matrix(d).astype(dtype))
+            with pytest.raises(LinAlgError, match=match):
+                g.block_jacobi(A, bs)
+    for bad in (np.inf, np.nan):
+        d = np.eye(n) * 2.0
+        d[1, 0] = bad
+        A = xsp.csr_matrix(sps.csr_matrix(d))
+        with pytest.raises(ValueError, match="infs or NaNs"):
+            g.block_jacobi(A, bs)
+        outcomes = []
+        for backend in (None, "gpu"):
+            try:
+                op = g.block_jacobi(A, bs, check_finite=False, backend=backend)
+                outcomes.append(np.isnan(op.matvec(_cp(np.ones(n))).get()).tolist())
+            except LinAlgError as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1]
+
+
 # ---------------------------------------------------------------------------
 # the public call path: device-side info, one status read, no per-matrix copy
 # ---------------------------------------------------------------------------

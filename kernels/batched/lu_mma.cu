@@ -299,6 +299,23 @@ __device__ __forceinline__ void inv_load(double *t, const double *__restrict__ s
     }
 }
 
+// inv_load of block m of order n of a CSR matrix (csr_blocks.cuh): lane i < N
+// writes row i of the tile, the identity outside the block, and sums the
+// block's row i into it (synchronous: nothing left in flight).
+template <int N, typename I>
+__device__ __forceinline__ void csr_inv_load(double *t, const gpuqr_csr::CsrBlocks<double, I> &a,
+                                             long long m, int n, int lane) {
+    lane &= 31;
+    if (lane < N) {
+        const int i = lane;
+#pragma unroll
+        for (int j = 0; j < N; ++j) t[at<N>(i, j)] = (i == j && (i >= n || j >= n)) ? 1.0 : 0.0;
+        if (i < n)
+            gpuqr_csr::block_row<double, N>(a, m, n, i,
+                                            [&](int j) -> double & { return t[at<N>(i, j)]; });
+    }
+}
+
 // A matrix of a padded stack of order n (<= N; rows and columns n .. N-1 of
 // the tile already the identity) whose own order is nk != n (matrix_order
 // of batched.cuh): its rows and columns from nk on set to the identity in
@@ -920,18 +937,21 @@ gesv_mma_vb(const T *__restrict__ a, int *__restrict__ info, long long batch, in
 // (lane c reads t[r_i][pos(c)] for output row i).
 // info: k + 1 for the first exactly zero pivot (the output is then
 // meaningless), -1 for inf/NaN in the input (getri_warp's rules).
-// input, not modified:  a (batch, n, n) float64
+// input, not modified:  a (batch, n, n) float64, or csr: the diagonal blocks
+//                       of order n of a CSR matrix (csr_blocks.cuh; a unused)
 // output:               ainv (batch, n, n), info (batch)
 // Dynamic shared memory per warp: stages * N * LDU * 16 bytes + 80 doubles
 // (mma_smem_bytes(..., inverse=True) in scipy_gpuqr/batched/_gpu.py).
 // ---------------------------------------------------------------------------
-template <typename T, int N, int V, bool VB>
+template <typename T, int N, int V, bool VB, typename Csr = gpuqr_csr::NoCsr>
 __device__ __forceinline__ void getri_mma_run(const T *__restrict__ a, T *__restrict__ ainv,
                                               int *__restrict__ info, long long batch, int n,
                                               int stages, int vec,
                                               unsigned long long *__restrict__ status,
-                                              unsigned long long ctl, const void *sizes, int szw)
+                                              unsigned long long ctl, const void *sizes, int szw,
+                                              const Csr &csr = Csr())
 {
+    constexpr bool CSR = gpuqr_csr::IsCsr<Csr>::value;
     static_assert(sizeof(T) == 8, "float64 only (FP64 tensor cores)");
     using namespace gpuqr_mma;
     typedef MmaTile<N> M;
@@ -949,7 +969,8 @@ __device__ __forceinline__ void getri_mma_run(const T *__restrict__ a, T *__rest
     long long m = (long long)blockIdx.x * (blockDim.x >> 5) + wib;
     int cur = 0;
     if (m < batch && stages == 2) {
-        inv_load<N>(tiles, a + m * nn, n, v, opaque(lane));
+        if constexpr (CSR) csr_inv_load<N>(tiles, csr, m, n, opaque(lane));
+        else inv_load<N>(tiles, a + m * nn, n, v, opaque(lane));
         cp_async_commit();
     }
     // VB, one stage, 16-byte path of a stack of order N: the next matrix's
@@ -971,7 +992,10 @@ __device__ __forceinline__ void getri_mma_run(const T *__restrict__ a, T *__rest
         } else if (stages == 2) {
             const long long next = m + stride;
             if (next < batch) {
-                inv_load<N>(tiles + (cur ^ 1) * M::TILE, a + next * nn, n, v, opaque(lane));
+                if constexpr (CSR)
+                    csr_inv_load<N>(tiles + (cur ^ 1) * M::TILE, csr, next, n, opaque(lane));
+                else
+                    inv_load<N>(tiles + (cur ^ 1) * M::TILE, a + next * nn, n, v, opaque(lane));
                 cp_async_commit();
                 if constexpr (VB) order = matrix_order(sizes, szw, m, n, status, ctl);
                 cp_async_wait<1>();
@@ -980,7 +1004,8 @@ __device__ __forceinline__ void getri_mma_run(const T *__restrict__ a, T *__rest
                 cp_async_wait<0>();
             }
         } else {
-            inv_load<N>(t, a + m * nn, n, v, opaque(lane));
+            if constexpr (CSR) csr_inv_load<N>(t, csr, m, n, opaque(lane));
+            else inv_load<N>(t, a + m * nn, n, v, opaque(lane));
             cp_async_commit();
             if constexpr (VB) order = matrix_order(sizes, szw, m, n, status, ctl);
             cp_async_wait<0>();
@@ -1014,6 +1039,21 @@ getri_mma(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info,
           unsigned long long *__restrict__ status, unsigned long long ctl)
 {
     getri_mma_run<T, N, V, false>(a, ainv, info, batch, n, stages, vec, status, ctl, nullptr, 0);
+}
+
+// getri_mma of the diagonal blocks of order n of a CSR matrix (block_jacobi),
+// read straight from it (jacobi_getri_warp of lu_warp.cu: the same blocks,
+// the same sums); one matrix at a time per warp (stages 1).
+template <typename T, typename I, int N, int V = 1>
+__global__ void __launch_bounds__(GPUQR_MMA_THREADS, GPUQR_MMA_MINB)
+jacobi_getri_mma(const I *__restrict__ indptr, const I *__restrict__ indices,
+                 const T *__restrict__ data, long long row0, T *__restrict__ ainv,
+                 int *__restrict__ info, long long batch, int n, int stages, int vec,
+                 unsigned long long *__restrict__ status, unsigned long long ctl)
+{
+    getri_mma_run<T, N, V, false>(nullptr, ainv, info, batch, n, stages, vec, status, ctl,
+                                  nullptr, 0,
+                                  gpuqr_csr::CsrBlocks<T, I>{indptr, indices, data, row0});
 }
 
 // getri_mma of a padded stack (order n) with per-matrix orders (getrf_mma_vb).

@@ -305,17 +305,28 @@ __device__ __forceinline__ void tiny_getrf(const T *__restrict__ a, T *__restric
     });
 }
 
-template <typename T, int N>
+// csr: the diagonal blocks of a CSR matrix (csr_blocks.cuh) instead of a.
+template <typename T, int N, typename Csr = gpuqr_csr::NoCsr>
 __device__ __forceinline__ void tiny_getri(const T *__restrict__ a, T *__restrict__ ainv,
                                            int *__restrict__ info, long long batch, int n,
                                            unsigned long long *status, unsigned long long ctl,
-                                           const void *sizes, int szw) {
+                                           const void *sizes, int szw, const Csr &csr = Csr()) {
     const bool vec = aligned16(a) && aligned16(ainv) && n == N;
     const long long nn = (long long)n * n;
     for (long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x; m < batch;
          m += (long long)gridDim.x * blockDim.x) {
         T v[N][N], e[N][N];
-        tiny_load<T, N>(v, a + m * nn, n, vec);
+        if constexpr (gpuqr_csr::IsCsr<Csr>::value) {
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+#pragma unroll
+                for (int j = 0; j < N; ++j) v[i][j] = T(i == j);
+                if (i < n)
+                    gpuqr_csr::block_row<T, N>(csr, m, n, i, [&](int j) -> T & { return v[i][j]; });
+            }
+        } else {
+            tiny_load<T, N>(v, a + m * nn, n, vec);
+        }
         tiny_mask<T, N>(v, sizes, szw, m, n, status, ctl);
         const bool fin = tiny_finite<T, N>(v);
         const int z = tiny_inv<T, N>(v, e);
@@ -598,22 +609,24 @@ gesv_warp_vb(const T *__restrict__ a, int *__restrict__ info, long long batch, i
 // 1) and is multiplied by 1/pivot once at the end. The registers then hold
 // X = (P A)^{-1} by position; A^{-1}[pos(r)][pivot lane of step c] = X row r,
 // column c, applied while writing the rows back.
-// input, not modified:  a (batch, n, n)
+// input, not modified:  a (batch, n, n), or csr: the diagonal blocks of
+//                       order n of a CSR matrix (csr_blocks.cuh; a unused)
 // output:               ainv (batch, n, n), info (batch)
 // ---------------------------------------------------------------------------
-template <typename T, int N, bool VB>
+template <typename T, int N, bool VB, typename Csr = gpuqr_csr::NoCsr>
 __device__ __forceinline__ void getri_warp_run(const T *__restrict__ a, T *__restrict__ ainv,
                                                int *__restrict__ info, long long batch, int n,
                                                int stages, int vec,
                                                unsigned long long *__restrict__ status,
-                                               unsigned long long ctl, const void *sizes, int szw)
+                                               unsigned long long ctl, const void *sizes, int szw,
+                                               const Csr &csr = Csr())
 {
     typedef Layout<T, N> L;
     constexpr int SEG = L::SEG;
     constexpr int G = WarpCfg<T, N, true>::G;
     constexpr bool SH = WarpCfg<T, N, true>::SHFL;
     if constexpr (N <= GPUQR_TINY_MAX) {
-        tiny_getri<T, N>(a, ainv, info, batch, n, status, ctl, VB ? sizes : nullptr, szw);
+        tiny_getri<T, N>(a, ainv, info, batch, n, status, ctl, VB ? sizes : nullptr, szw, csr);
         return;
     }
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -637,7 +650,7 @@ __device__ __forceinline__ void getri_warp_run(const T *__restrict__ a, T *__res
                 for (int e = lane; e < L::TILE; e += 32) t[e] = gpuqr_status::quiet_nan<T>();
             }
             if (lane == 0) info[first] = gpuqr_status::report_info(z, status, ctl);
-        });
+        }, csr);
         return;
     }
     run_tiles<T, N, VB, false>(a, ainv, batch, n, stages, vec != 0, tiles, slots, sizes, szw, status,
@@ -728,7 +741,7 @@ __device__ __forceinline__ void getri_warp_run(const T *__restrict__ a, T *__res
         }
         if (active && r == 0)
             info[first + mloc] = gpuqr_status::report_info(bad ? -1 : zinfo, status, ctl);
-    });
+    }, csr);
 }
 
 template <typename T, int N>
@@ -738,6 +751,23 @@ getri_warp(const T *__restrict__ a, T *__restrict__ ainv, int *__restrict__ info
            unsigned long long *__restrict__ status, unsigned long long ctl)
 {
     getri_warp_run<T, N, false>(a, ainv, info, batch, n, stages, vec, status, ctl, nullptr, 0);
+}
+
+// getri_warp of the diagonal blocks of order n of a CSR matrix (block_jacobi),
+// read straight from it: blocks row0 / n .. row0 / n + batch - 1 of the rows
+// and columns from row0 (csr_blocks.cuh; a row0 that n does not divide: the
+// ragged last block, batch 1), summed as jacobi_gather sums them, so the
+// inverses are those of getri_warp on the gathered stack, to the bit. Tiles
+// are read one at a time (stages 1: no copy to overlap).
+template <typename T, typename I, int N>
+__global__ void __launch_bounds__(GPUQR_WARP_THREADS, (WarpCfg<T, N, true>::MINB))
+jacobi_getri_warp(const I *__restrict__ indptr, const I *__restrict__ indices,
+                  const T *__restrict__ data, long long row0, T *__restrict__ ainv,
+                  int *__restrict__ info, long long batch, int n, int stages, int vec,
+                  unsigned long long *__restrict__ status, unsigned long long ctl)
+{
+    getri_warp_run<T, N, false>(nullptr, ainv, info, batch, n, stages, vec, status, ctl, nullptr,
+                                0, gpuqr_csr::CsrBlocks<T, I>{indptr, indices, data, row0});
 }
 
 // getri_warp of a padded stack (order n) with per-matrix orders (getrf_warp_vb).

@@ -17,6 +17,7 @@
 #pragma once
 
 #include "batched.cuh"
+#include "csr_blocks.cuh"
 
 namespace gpuqr_warp {
 
@@ -193,6 +194,21 @@ __device__ __forceinline__ void tile_load(T *t, const T *__restrict__ src, int n
             const int j = rem - i * n;
             cp_async_elem(t + (m * N + i) * L::LD + j, src + e);
         }
+    }
+}
+
+// The tile t's nv matrices of size n read from CSR: blocks first ..
+// first + nv - 1 of a (csr_blocks.cuh), a row per lane, written at once
+// (the copy of tile_load, but synchronous: nothing is left in flight).
+template <typename T, int N, typename I>
+__device__ __forceinline__ void csr_tile_load(T *t, const gpuqr_csr::CsrBlocks<T, I> &a,
+                                              long long first, int nv, int n, int lane) {
+    typedef Layout<T, N> L;
+    const int mm = lane / L::SEG;
+    const int r = lane & (L::SEG - 1);
+    if (mm < nv && r < n) {
+        T *row = t + (mm * N + r) * L::LD;
+        gpuqr_csr::block_row<T, N>(a, first + mm, n, r, [&](int j) -> T & { return row[j]; });
     }
 }
 
@@ -485,14 +501,17 @@ __device__ __forceinline__ void tile_mask(T *t, int k, int nv, int n, int lane) 
 // warp, order_copy) and are checked once the copy has landed (slot_order);
 // MASK: tile_mask before proc (procs that read the tile rather than a row
 // per lane in registers). Shared memory of the warp: stages tiles starting
-// at `tiles`.
-template <typename T, int N, bool VB, bool MASK, typename Proc>
+// at `tiles`. csr: a CSR matrix's diagonal blocks (csr_blocks.cuh) read by
+// csr_tile_load instead of the stack a (NoCsr: a).
+template <typename T, int N, bool VB, bool MASK, typename Proc,
+          typename Csr = gpuqr_csr::NoCsr>
 __device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict__ out,
                                           long long batch, int n, int stages, bool vec,
                                           T *tiles, unsigned long long *slots,
                                           const void *sizes, int szw,
                                           unsigned long long *status, unsigned long long ctl,
-                                          Proc proc) {
+                                          Proc proc, const Csr &csr = Csr()) {
+    constexpr bool CSR = gpuqr_csr::IsCsr<Csr>::value;
     typedef Layout<T, N> L;
     const int lane = threadIdx.x & 31;
     const long long ntask = (batch + L::MW - 1) / L::MW;
@@ -503,7 +522,11 @@ __device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict
     int cur = 0;
     if (task < ntask && stages == 2) {
         const long long f = task * L::MW;
-        tile_load<T, N>(tiles, a + f * nn, (int)min((long long)L::MW, batch - f), n, vec, lane);
+        if constexpr (CSR)
+            csr_tile_load<T, N>(tiles, csr, f, (int)min((long long)L::MW, batch - f), n, lane);
+        else
+            tile_load<T, N>(tiles, a + f * nn, (int)min((long long)L::MW, batch - f), n, vec,
+                            lane);
         if constexpr (VB) {
             if (vb) order_copy(slots, sizes, szw, f, (int)min((long long)L::MW, batch - f), lane);
         }
@@ -517,8 +540,12 @@ __device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict
             const long long next = task + stride;
             if (next < ntask) {
                 const long long f = next * L::MW;
-                tile_load<T, N>(tiles + (cur ^ 1) * L::TILE, a + f * nn,
-                                (int)min((long long)L::MW, batch - f), n, vec, lane);
+                if constexpr (CSR)
+                    csr_tile_load<T, N>(tiles + (cur ^ 1) * L::TILE, csr, f,
+                                        (int)min((long long)L::MW, batch - f), n, lane);
+                else
+                    tile_load<T, N>(tiles + (cur ^ 1) * L::TILE, a + f * nn,
+                                    (int)min((long long)L::MW, batch - f), n, vec, lane);
                 if constexpr (VB) {
                     if (vb) order_copy(slots + (cur ^ 1) * L::MW, sizes, szw, f,
                                        (int)min((long long)L::MW, batch - f), lane);
@@ -529,7 +556,8 @@ __device__ __forceinline__ void run_tiles(const T *__restrict__ a, T *__restrict
                 cp_async_wait<0>();
             }
         } else {
-            tile_load<T, N>(t, a + first * nn, nv, n, vec, lane);
+            if constexpr (CSR) csr_tile_load<T, N>(t, csr, first, nv, n, lane);
+            else tile_load<T, N>(t, a + first * nn, nv, n, vec, lane);
             if constexpr (VB) {
                 if (vb) order_copy(slots, sizes, szw, first, nv, lane);
             }

@@ -42,11 +42,12 @@ import numpy as np
 from . import _gpu_blocked as _blocked
 from . import _gpu_common as _common
 from ._gpu_common import NO_REPORT, device_id, dtname, solve_by_columns
-from ._kernel_registry import (MMA_SIZES, SMALL_FILES, SMALL_MAX, TINY_MAX, VB_SUFFIX,
-                               padded_size, small_name)
+from ._kernel_registry import (JACOBI_PREFIX, MMA_SIZES, SMALL_FILES, SMALL_MAX, TINY_MAX,
+                               VB_SUFFIX, jacobi_inverse_name, padded_size, small_name)
 from .._kernels import load_module
 
-__all__ = ["getrf", "getri", "inverse_call", "launch_inverse", "getrs", "gesv", "potrf", "potrs",
+__all__ = ["getrf", "getri", "inverse_call", "launch_inverse", "jacobi_inverse_call",
+           "launch_jacobi_inverse", "getrs", "gesv", "potrf", "potrs",
            "DEFAULT_THREADS", "sizes_args",
            "small_launch", "warp_defaults", "warp_smem_bytes", "mma_smem_bytes",
            "getrf_kernel", "getri_kernel", "getrf_defaults", "MMA_KERNELS"]
@@ -82,10 +83,14 @@ def _small_function(kernel: str, dtype, n: int):
 
 
 @functools.lru_cache(maxsize=None)
-def _small_function_cached(kernel: str, dt: str, n: int, device: int):
+def _small_function_cached(kernel: str, dt: str, n: int, device: int, index: str | None = None):
     # one module per variant, compiled when first used; keyed by device: a
-    # module loaded on one GPU is not usable on another
-    name = small_name(kernel, dt, n)
+    # module loaded on one GPU is not usable on another. index: the CSR twin
+    # of an inverse kernel (jacobi_inverse_call) with that index type
+    if index is None:
+        name = small_name(kernel, dt, n)
+    else:
+        name, kernel = jacobi_inverse_name(kernel, dt, index, n), JACOBI_PREFIX + kernel
     module = load_module(SMALL_FILES[kernel], (name,))
     return module.get_function(name)
 
@@ -231,12 +236,13 @@ def getrf_defaults(n: int, dt: str, kernel: str = "getrf_warp") -> tuple[int, in
 
 @functools.lru_cache(maxsize=None)
 def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
-                 device: int):
-    """(function, resident blocks on the device, shared memory, matrices per warp)."""
+                 device: int, index: str | None = None):
+    """(function, resident blocks on the device, shared memory, matrices per
+    warp); ``index``: the kernel's CSR twin (:func:`jacobi_inverse_call`)."""
     cp = _common.cupy()
     from cupy_backends.cuda.api import driver
 
-    fn = _small_function_cached(kernel, dt, size, device)
+    fn = _small_function_cached(kernel, dt, size, device, index)
     if kernel in MMA_KERNELS:
         smem = mma_smem_bytes(size, threads // 32, stages, inverse=kernel.startswith("getri"))
     else:
@@ -252,14 +258,15 @@ def _warp_config(kernel: str, dt: str, size: int, threads: int, stages: int,
 
 @functools.lru_cache(maxsize=None)
 def _warp_plan(op: str, dt: str, n: int, kernel, threads, stages, device: int,
-               vb: bool = False):
+               vb: bool = False, index: str | None = None):
     """Everything of an n <= 32 LU (``op`` 'lu'), LU and solve ('gesv') or
     inverse ('inv') launch that does not depend on the batch, resolved once
     per (dtype, n, options, device): (function, register size, threads,
     stages, shared memory, resident blocks, matrices per warp, elements per
     16-byte vector, CUfunction). ``vb``: the kernel's twin with per-matrix
     orders (same block and stages; the warp kernels' twins take 8 bytes more
-    shared memory per matrix and stage: :func:`warp_smem_bytes`)."""
+    shared memory per matrix and stage: :func:`warp_smem_bytes`). ``index``:
+    the inverse's twin reading CSR blocks (:func:`jacobi_inverse_call`)."""
     if op == "lu":
         name, size = getrf_kernel(n, dt, kernel), n
     elif op == "gesv":                    # the LU kernel's fused twin
@@ -272,7 +279,7 @@ def _warp_plan(op: str, dt: str, n: int, kernel, threads, stages, device: int,
         stages = d_stages if stages is None else stages
     threads = max(32, min(WARP_THREADS_MAX, (int(threads) // 32) * 32))
     fn, resident, smem, mw = _warp_config(name + (VB_SUFFIX if vb else ""), dt, size,
-                                          threads, int(stages), device)
+                                          threads, int(stages), device, index)
     return (fn, size, threads, int(stages), smem, resident, mw,
             16 // np.dtype(dt).itemsize, fn.kernel.ptr)
 
@@ -289,14 +296,15 @@ def _grid(plan, batch: int) -> int:
 
 @functools.lru_cache(maxsize=512)
 def _small_call(op: str, shape: tuple, dtype, kernel, threads, stages, device: int,
-                vb: bool = False):
+                vb: bool = False, index: str | None = None):
     """Everything of an n <= 32 call of ``op`` ('lu', 'gesv', 'inv' or 'chol') on a
     C-contiguous stack of ``shape`` and ``dtype`` that does not depend on
     the arrays, resolved once: (output specs for
     :func:`scipy_gpuqr.batched._gpu_common.alloc_outputs`, CUfunction, grid,
     threads, shared memory, matrices, stages, whether n allows the kernels'
     16-byte vector path). A call is then one allocation and one launch.
-    ``vb``: the kernels with per-matrix orders (:func:`sizes_args`)."""
+    ``vb``: the kernels with per-matrix orders (:func:`sizes_args`);
+    ``index``: the inverse's CSR twin (:func:`jacobi_inverse_call`)."""
     n = shape[-1]
     batch_shape = shape[:-2]
     bsz = math.prod(batch_shape)
@@ -305,7 +313,7 @@ def _small_call(op: str, shape: tuple, dtype, kernel, threads, stages, device: i
         fptr, block, per_block, smem = _potrf_plan(dt, padded_size(n), threads, device, vb)
         return (((shape, dtype), (batch_shape, np.int32)), fptr, -(-bsz // per_block),
                 block, smem, bsz, 0, False)
-    plan = _warp_plan(op, dt, n, kernel, threads, stages, device, vb)
+    plan = _warp_plan(op, dt, n, kernel, threads, stages, device, vb, index)
     specs = (((shape, dtype), (batch_shape + (n,), np.int32), (batch_shape, np.int32))
              if op == "lu" else ((batch_shape, np.int32),) if op == "gesv"
              else ((shape, dtype), (batch_shape, np.int32)))
@@ -525,6 +533,31 @@ def launch_inverse(call, n: int, src: int, dst: int, info: int, report,
     _common.launch(fptr, grid, thr, smem,
                    (src, dst, info, bsz, n, stg, 1 if vec and not (src | dst) & 15 else 0,
                     _common.arg_value(report[0]), report[1]) + sizes)
+
+
+def jacobi_inverse_call(shape: tuple, dtype, index: str, device: int):
+    """The twin of :func:`inverse_call` that reads its matrices, the diagonal
+    blocks of order n of a CSR matrix with ``index`` ('int32' or 'int64')
+    indices, straight from it (``jacobi_getri_warp`` / ``jacobi_getri_mma``,
+    kernels/batched/csr_blocks.cuh): the same kernel for the same order and
+    dtype, so the same inverses as the gather and :func:`getri`, one launch
+    instead of two and no stack of blocks written and read back. One tile in
+    flight per warp (stages 1: the rows are summed, not copied). ``shape``:
+    (blocks, n, n), or (n, n) for the ragged last block; resolved once: the
+    ``call`` of :func:`launch_jacobi_inverse`."""
+    return _small_call("inv", shape, dtype, None, None, 1, device, False, index)
+
+
+def launch_jacobi_inverse(call, n: int, csr: tuple, row0: int, dst: int, info: int,
+                          report) -> None:
+    """The launch of a :func:`jacobi_inverse_call`: the diagonal blocks of order
+    ``n`` from row and column ``row0`` on of the CSR matrix at ``csr``
+    (indptr, indices, data addresses) inverted into ``dst`` and ``info``
+    (addresses; ``report`` as for :func:`getri`)."""
+    _, fptr, grid, thr, smem, bsz, stg, vec = call
+    _common.launch(fptr, grid, thr, smem,
+                   csr + (row0, dst, info, bsz, n, stg, 1 if vec and not dst & 15 else 0,
+                          _common.arg_value(report[0]), report[1]))
 
 
 # ----------------------------------------------------------------------------

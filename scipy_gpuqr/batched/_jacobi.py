@@ -8,9 +8,13 @@ call (plus one for a ragged last block), and applied by a batched
 matrix-vector product, on the device that holds ``A``.
 
 A float32/float64 CuPy matrix (no ``backend`` named) takes the short path
-of :func:`_build_gpu`: the gather and the inverse drivers are launched
-behind each other with one status word, the operator is made while they
-run, and the call waits once. The public inverse
+of :func:`_build_gpu`: for a sparse matrix and blocks of at most 32 one
+kernel per stack (the full blocks, the ragged last one) reads the blocks
+straight from CSR and inverts them (the inverse kernel's CSR twin,
+:func:`scipy_gpuqr.batched._gpu.jacobi_inverse_call`); a dense matrix or
+larger blocks are gathered, then inverted by the inverse driver. Their
+kernels mark one status word, the operator is made while they run, and
+the call waits once. The public inverse
 (:func:`scipy_gpuqr.inv_batched`, passed in by
 :func:`scipy_gpuqr.batched._functions.block_jacobi`) inverts the blocks of
 every other input, and names the singular blocks when the short path's
@@ -54,10 +58,11 @@ def _gather_function(dt: str, ix: str, device: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _cupyx_operator():
-    """cupyx's ``LinearOperator`` (looked up once: a ``from`` import of a
-    package runs importlib's Python code on every call)."""
+    """The operator class on cupyx's ``LinearOperator`` (:func:`_operator_class`;
+    looked up once: a ``from`` import of a package runs importlib's Python
+    code on every call)."""
     from cupyx.scipy.sparse.linalg import LinearOperator
-    return LinearOperator
+    return _operator_class(LinearOperator)
 
 
 def _csr_operands(A, dt):
@@ -164,90 +169,105 @@ def _invert(full, last, bs, n, inv_batched, check_finite, backend):
     return inv_full, inv_last
 
 
-def _operator(LinearOperator, xp, n, bs, dtype, inverses):
-    """The operator applying the inverted blocks: ``inverses`` a one-item
-    list holding (inverses of the full blocks, of the ragged last one),
-    read at each product (the short path makes the operator before its
-    inverses are known to be good)."""
-    split = n // bs * bs
-    nfull = split // bs
+@functools.lru_cache(maxsize=None)
+def _operator_class(base):
+    """The operator class of :func:`build` on ``base`` (SciPy's or cupyx's
+    ``LinearOperator``; made once for each). Its constructor stores the
+    shape and dtype as given (the base class's checks them and wraps the
+    products in an object of its own: microseconds of every call)."""
 
-    def matvec(x):
-        inv_full, inv_last = inverses[0]
-        x = x.reshape(n, -1)
-        k = x.shape[1]
-        y = xp.empty((n, k), dtype=np.promote_types(dtype, x.dtype))
-        if nfull:
-            y[:split] = xp.matmul(inv_full, x[:split].reshape(nfull, bs, k)
-                                  ).reshape(split, k)
-        if split < n:
-            y[split:] = inv_last @ x[split:]
-        return y
+    class BlockJacobiOperator(base):
+        """``M @ x = blockdiag(A_11^-1, A_22^-1, ...) @ x``.
 
-    return LinearOperator((n, n), matvec=matvec, matmat=matvec, dtype=dtype)
+        ``inverses``: (inverses of the full blocks, of the ragged last one or
+        None), or a function of no arguments that makes them, called at the
+        first product (the short path's arrays: each ``cupy.ndarray`` costs
+        about a microsecond of host time). Replaced by the caller where the
+        inverses it made first turn out unusable (singular blocks).
+        """
+
+        def __init__(self, xp, n, bs, dtype, inverses):
+            self.dtype = dtype
+            self.shape = (n, n)
+            self.xp, self.block_size, self.inverses = xp, bs, inverses
+
+        def _matvec(self, x):
+            inverses = self.inverses
+            if callable(inverses):
+                inverses = self.inverses = inverses()
+            inv_full, inv_last = inverses
+            xp, bs, n = self.xp, self.block_size, self.shape[0]
+            split = n // bs * bs
+            x = x.reshape(n, -1)
+            k = x.shape[1]
+            y = xp.empty((n, k), dtype=np.promote_types(self.dtype, x.dtype))
+            if split:
+                y[:split] = xp.matmul(inv_full, x[:split].reshape(split // bs, bs, k)
+                                      ).reshape(split, k)
+            if split < n:
+                y[split:] = inv_last @ x[split:]
+            return y
+
+        _matmat = _matvec
+
+    return BlockJacobiOperator
 
 
 @functools.lru_cache(maxsize=64)
 def _short_plan(n: int, bs: int, dtype, ix: str, device: int) -> tuple:
     """Everything of :func:`_build_gpu`'s calls on a sparse matrix of order
-    ``n`` with blocks of ``bs`` <= 32 that does not depend on the arrays,
-    resolved once: (the specs of the one allocation -- the full blocks, their
-    inverses and ``info``, then the same three of the ragged block --, the
-    gather's CUfunction, the inverse launches of the full and the ragged
-    stack (:func:`scipy_gpuqr.batched._gpu.inverse_call`; None where there
+    ``n`` with blocks of ``bs`` <= 32 and ``ix`` indices that does not depend
+    on the arrays, resolved once: (the specs of the one allocation -- the
+    inverses of the full blocks and their ``info``, then the same two of the
+    ragged block --, the launches of the full and the ragged stack
+    (:func:`scipy_gpuqr.batched._gpu.jacobi_inverse_call`; None where there
     is none))."""
     nfull, rest = divmod(n, bs)
-    specs = (((nfull, bs, bs), dtype), ((nfull, bs, bs), dtype), ((nfull,), np.int32))
+    specs = (((nfull, bs, bs), dtype), ((nfull,), np.int32))
     if rest:
-        specs += (((rest, rest), dtype), ((rest, rest), dtype), ((), np.int32))
-    return (specs, _gather_function(_GPU_DTYPES[dtype], ix, device),
-            _gpu.inverse_call((nfull, bs, bs), dtype, device) if nfull else None,
-            _gpu.inverse_call((rest, rest), dtype, device) if rest else None)
+        specs += (((rest, rest), dtype), ((), np.int32))
+    return (specs,
+            _gpu.jacobi_inverse_call((nfull, bs, bs), dtype, ix, device) if nfull else None,
+            _gpu.jacobi_inverse_call((rest, rest), dtype, ix, device) if rest else None)
 
 
 def _short_sparse(A, bs, dtype, dev, report):
     """The kernels of :func:`_build_gpu` for a CuPy sparse ``A`` and blocks of
-    ``bs`` <= 32, on addresses in one allocation: the gather, then the
-    inverses of the full and the ragged blocks with ``report``. Returns
-    (inverses of the full blocks, of the ragged one or None) and the
-    gathered (full, ragged) stacks as a function of no arguments (made only
-    on the error path: each array costs host time)."""
+    ``bs`` <= 32 with ``report``: the inverses of the full blocks, then of
+    the ragged one, each stack read straight from CSR by one kernel, into one
+    allocation (addresses). Returns a function of no arguments that makes
+    them arrays, (inverses of the full blocks, of the ragged one or None),
+    when the operator first needs them."""
     cp = _gc.cupy()
     n = A.shape[0]
     nfull, rest = divmod(n, bs)
-    operands = _csr_operands(A, dtype)
-    specs, gather, call_full, call_last = _short_plan(n, bs, dtype, operands[3], dev)
+    indptr, indices, data, ix = _csr_operands(A, dtype)
+    specs, call_full, call_last = _short_plan(n, bs, dtype, ix, dev)
     mem, layout = _gc.alloc_layout(specs)
     base = mem.ptr
-    off = [entry[2] for entry in layout]
-    _gather(operands, gather, n, bs, base + off[0], base + off[3] if rest else 0)
+    csr = (indptr.data.ptr, indices.data.ptr, data.data.ptr)
     if nfull:
-        _gpu.launch_inverse(call_full, bs, base + off[0], base + off[1], base + off[2], report)
-        inv_full = cp.ndarray((nfull, bs, bs), dtype, memptr=mem + off[1])
-    else:
-        inv_full = cp.ndarray((0, bs, bs), dtype, memptr=mem)
-    inv_last = None
+        _gpu.launch_jacobi_inverse(call_full, bs, csr, 0, base, base + layout[1][2], report)
     if rest:
-        _gpu.launch_inverse(call_last, rest, base + off[3], base + off[4], base + off[5],
-                            report)
-        inv_last = cp.ndarray((rest, rest), dtype, memptr=mem + off[4])
+        _gpu.launch_jacobi_inverse(call_last, rest, csr, nfull * bs, base + layout[2][2],
+                                   base + layout[3][2], report)
 
-    def gathered():
-        return (cp.ndarray((nfull, bs, bs), dtype, memptr=mem + off[0]),
-                cp.ndarray((rest, rest), dtype, memptr=mem + off[3]) if rest else None)
-    return (inv_full, inv_last), gathered
+    def arrays():
+        return (cp.ndarray((nfull, bs, bs), dtype, memptr=mem),
+                cp.ndarray((rest, rest), dtype, memptr=mem + layout[2][2]) if rest else None)
+    return arrays
 
 
 def _build_gpu(A, bs, inv_batched, check_finite):
     """The operator of a float32/float64 CuPy matrix, or None (the general
-    path). The gather and the inverses of the full and the ragged blocks
+    path). The inverses of the full and the ragged blocks
     (:func:`scipy_gpuqr.batched._gpu.getri`'s kernels, as ``inv_batched``
     runs them) mark one status word; for a sparse ``A`` and blocks of n <= 32
-    the blocks, their inverses and ``info`` live in one allocation
-    (:func:`_short_sparse`: only the inverses are made arrays). The operator
-    is made while the kernels run, then the call waits once. A singular
-    block (or with ``check_finite`` an inf/NaN) found there: ``inv_batched``
-    inverts the gathered blocks again and raises what the general path
+    their twins read the blocks straight from CSR (:func:`_short_sparse`),
+    else the blocks are gathered first. The operator is made while the
+    kernels run, then the call waits once. A singular block (or with
+    ``check_finite`` an inf/NaN) found there: the blocks are gathered and
+    ``inv_batched`` inverts them again and raises what the general path
     raises."""
     shape, dtype = A.shape, A.dtype
     if dtype not in _GPU_DTYPES or len(shape) != 2 or shape[0] != shape[1]:
@@ -257,7 +277,11 @@ def _build_gpu(A, bs, inv_batched, check_finite):
     if bs <= SMALL_MAX and is_cupy_sparse(A):
         st = _gc.new_status(dev)
         report = _gc.report_args(st, clear_neg=not check_finite)
-        inverses, gathered = _short_sparse(A, bs, dtype, dev, report)
+        inverses = _short_sparse(A, bs, dtype, dev, report)
+
+        def gathered():
+            full, last = _gpu_blocks(A, n, bs, dtype, dev)
+            return full, last if n % bs else None
     else:
         blocks = _gpu_blocks(A, n, bs, dtype, dev)
         if blocks is None:
@@ -271,12 +295,11 @@ def _build_gpu(A, bs, inv_batched, check_finite):
 
         def gathered():
             return full, last
-    held = [inverses]
-    op = _operator(_cupyx_operator(), _gc.cupy(), n, bs, dtype, held)
+    op = _cupyx_operator()(_gc.cupy(), n, bs, dtype, inverses)
     counts = _gc.read_status(st)
     if counts[_gc.STATUS_SINGULAR] or (check_finite and counts[_gc.STATUS_NONFINITE]):
         full, last = gathered()
-        held[0] = _invert(full, last, bs, n, inv_batched, check_finite, None)
+        op.inverses = _invert(full, last, bs, n, inv_batched, check_finite, None)
     return op
 
 
@@ -290,11 +313,11 @@ def build(A, block_size, inv_batched, *, check_finite=True, backend=None):
             return op
     if on_gpu:
         xp = import_cupy()
-        LinearOperator = _cupyx_operator()
+        Operator = _cupyx_operator()
         shape, adt = A.shape, A.dtype
     else:
         xp = np
-        LinearOperator = spla.LinearOperator
+        Operator = _operator_class(spla.LinearOperator)
         A = sps.coo_matrix(A)
         shape, adt = A.shape, A.dtype
     if len(shape) != 2 or shape[0] != shape[1]:
@@ -311,5 +334,5 @@ def build(A, block_size, inv_batched, *, check_finite=True, backend=None):
         blocks = _blocks(A.row.astype(np.int64), A.col.astype(np.int64), A.data, n, bs,
                          xp, dtype)
     full, last = blocks
-    inverses = [_invert(full, last, bs, n, inv_batched, check_finite, backend)]
-    return _operator(LinearOperator, xp, n, bs, dtype, inverses)
+    return Operator(xp, n, bs, dtype, _invert(full, last, bs, n, inv_batched, check_finite,
+                                              backend))

@@ -18,8 +18,8 @@ __all__ = ["KERNEL_VARIANTS", "SMALL_MAX", "TINY_MAX", "PANEL", "PADDED_SIZES",
            "SOLVE_FILE", "STATUS_FILE", "status_name", "VB_FILE", "vb_name",
            "MMA64_FILE", "MMA64_NAME", "MMA64_SMEM", "MMA_ROWS_NAME", "mma_rows_smem",
            "MMA_SWAP_NAME", "MMA_MOVE_STRIDE", "MMA_COPY_NAME", "MMA_LEFT_NAME", "left_stage",
-           "JACOBI_FILE", "jacobi_name", "VB_SUFFIX", "INVERSE_FILE", "INV_BLOCKS",
-           "inverse_name"]
+           "JACOBI_FILE", "jacobi_name", "JACOBI_PREFIX", "jacobi_inverse_name", "VB_SUFFIX",
+           "INVERSE_FILE", "INV_BLOCKS", "inverse_name"]
 
 #: Largest n handled by the one-thread-per-row register kernels.
 SMALL_MAX = 32
@@ -131,6 +131,20 @@ def jacobi_name(dtype: str, index: str) -> str:
     return f"jacobi_gather<{_CTYPES[dtype]}, {dict(int32='int', int64='long long')[index]}>"
 
 
+#: The n <= 32 inverse kernels' twins that read the diagonal blocks of a CSR
+#: matrix straight from it (``jacobi_getri_warp``, ``jacobi_getri_mma``:
+#: block_jacobi's one launch per stack of blocks), each in its dense twin's
+#: file; a third template argument, the index type.
+JACOBI_PREFIX = "jacobi_"
+
+
+def jacobi_inverse_name(kernel: str, dtype: str, index: str, n: int) -> str:
+    """``jacobi_getri_warp<double, int, 8>`` and friends (``kernel``: the dense
+    twin's name, ``getri_warp`` or ``getri_mma``; ``index``: 'int32' or 'int64')."""
+    return (f"{JACOBI_PREFIX}{kernel}<{_CTYPES[dtype]}, "
+            f"{dict(int32='int', int64='long long')[index]}, {n}>")
+
+
 #: Source file of the blocked inverse's own kernels for n > FUSED_MAX (the
 #: inverses of the diagonal blocks' triangles, ``tri_inv_blocks<T, NB>``, and
 #: the permutation matrix of the pivots, ``pivot_identity<T>``; the rest is
@@ -173,6 +187,7 @@ VB_SUFFIX = "_vb"
 SMALL_FILES.update({k + VB_SUFFIX: SMALL_FILES[k] for k in
                     ("getrf_warp", "getri_warp", "gesv_warp", "potrf_small", "getrf_mma",
                      "getri_mma", "gesv_mma")})
+SMALL_FILES.update({JACOBI_PREFIX + k: SMALL_FILES[k] for k in ("getri_warp", "getri_mma")})
 
 _CTYPES = {"float32": "float", "float64": "double"}
 
@@ -222,10 +237,14 @@ KERNEL_VARIANTS = {
         small_name(k + v, dt, n) for v in ("", VB_SUFFIX) for k in ("getrf_warp", "gesv_warp")
         for dt in _CTYPES for n in range(1, SMALL_MAX + 1)) + tuple(
         small_name("getri_warp" + v, dt, n) for v in ("", VB_SUFFIX) for dt in _CTYPES
-        for n in PADDED_SIZES),
+        for n in PADDED_SIZES) + tuple(
+        jacobi_inverse_name("getri_warp", dt, ix, n) for dt in _CTYPES
+        for ix in ("int32", "int64") for n in PADDED_SIZES),
     MMA64_FILE: (MMA64_NAME, MMA_ROWS_NAME, MMA_SWAP_NAME, MMA_COPY_NAME, MMA_LEFT_NAME),
     MMA_FILE: tuple(small_name(k + v, "float64", n) for v in ("", VB_SUFFIX)
-                    for k in ("getrf_mma", "getri_mma", "gesv_mma") for n in MMA_SIZES),
+                    for k in ("getrf_mma", "getri_mma", "gesv_mma") for n in MMA_SIZES) + tuple(
+        jacobi_inverse_name("getri_mma", "float64", ix, n) for ix in ("int32", "int64")
+        for n in MMA_SIZES),
     "batched/cholesky.cu": tuple(
         small_name("potrf_small" + v, dt, n) for v in ("", VB_SUFFIX) for dt in _CTYPES
         for n in PADDED_SIZES),
