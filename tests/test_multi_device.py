@@ -159,6 +159,10 @@ def test_speeds_share_the_subtrees():
     fl = np.asarray(an.front_flops, dtype=float)
     assert makespan(fs.parent, fl, own, [1.0, 1.0]) == pytest.approx(fl.sum())
     assert makespan(fs.parent, fl, own, [1.0, 3.0]) == pytest.approx(2 * fl.sum())
+    # a split front's weight is its split time whatever its device's speed
+    top = fs.nfronts - 1
+    assert makespan(fs.parent, fl, own, [1.0, 3.0], [top]) == \
+        pytest.approx(2 * fl.sum() - fl[top])
     with pytest.raises(ValueError, match="speeds"):
         map_fronts(fs.parent, fs.child_ptr, fs.children, fl, 2, speeds=[1.0, 0.0])
     with pytest.raises(ValueError, match="speeds"):

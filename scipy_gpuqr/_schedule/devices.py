@@ -383,17 +383,24 @@ class DevicePlan:
                 "per_device": per}
 
 
-def makespan(parent, flops, owner, speeds=None) -> float:
+def makespan(parent, flops, owner, speeds=None, unscaled=()) -> float:
     """Modelled time of a mapping, in flops: each device runs its fronts in
     postorder at one flop per unit (``speeds[d]`` flops per unit: relative
     speeds, mean 1), a front starting once its device is free and its
-    children are done (transfers free)."""
+    children are done (transfers free). The fronts ``unscaled`` (split
+    fronts, run over every device and weighed at their modelled split time)
+    take their weight whatever their device's speed: the measured speeds
+    (:func:`~scipy_gpuqr._engine.gpu.multi_device.measured_speeds`) leave
+    those fronts' work and seconds out."""
     par = np.asarray(parent, dtype=np.int64).tolist()
     own = np.asarray(owner, dtype=np.int64)
     fl = np.asarray(flops, dtype=np.float64)
     if speeds is not None:
         sp = np.asarray(speeds, dtype=np.float64)
+        keep = np.asarray(sorted(unscaled), dtype=np.int64)
+        fixed = fl[keep]
         fl = fl / (sp / sp.mean())[own]
+        fl[keep] = fixed
     fl, own = fl.tolist(), own.tolist()
     ready = [0.0] * len(par)            # when the children of each front are done
     free = {}
@@ -466,7 +473,7 @@ def _plan_of(fs, owner, upper, upper_device, ndev, flops, gpu, itemsize, weight,
     return DevicePlan(ndevices=ndev, owner=owner, upper=upper, upper_device=upper_device,
                       stages=tuple(stages), stage_device=stage_device, transfers=transfers,
                       device_flops=dflops, subtree_flops=sflops, device_bytes=dbytes,
-                      makespan=makespan(fs.parent, eff, owner, speeds), weight=weight,
+                      makespan=makespan(fs.parent, eff, owner, speeds, split), weight=weight,
                       budget=budget,
                       split=split)
 
