@@ -350,16 +350,18 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
         try:
             # warm-up (kernels, schedule, layout); by measured speeds until the mapping
             # the next call takes is the one this call ran
-            warm = []
+            warm, warm_s = [], []
             for _ in range(3 if speeds == "measured" and k > 1 else 1):
+                t = time.perf_counter()
                 qr = runner.factorize(A, an, ids, budget, sd, speeds, sl)
+                warm_s.append(time.perf_counter() - t)
                 mapping = qr.info.get("devices", {}).get("mapping") or {}
                 warm.append(_mapping_text(qr.info))
                 qr.free()
                 runner.free()
                 if mapping.get("speeds") == mapping.get("remembered") or speeds is None:
                     break
-            run["warm_up_mappings"] = warm
+            run["warm_up_mappings"], run["warm_up_seconds"] = warm, warm_s
             times, infos = [], []
             for rep in range(reps):
                 t = time.perf_counter()
@@ -447,7 +449,8 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                          f"{d.get('subtree_flops', float('nan')) / 1e12:.2f}"
                          for d in run["plan"].get("per_device", [])) + " T")
             busy += f"; R copies started during the launches {run.get('r_copy_progressive')}"
-            busy += ("; mapped by (warm-up) " + ", ".join(run["warm_up_mappings"])
+            busy += ("; mapped by (warm-up, s) " + ", ".join(
+                f"{m} {x:.2f}" for m, x in zip(run["warm_up_mappings"], run["warm_up_seconds"]))
                      + " (timed) " + ", ".join(run["mappings"]))
         check = (f"  R diff {run['R_diff']:.1e}" if "R_diff" in run else "")
         if "qtb_diff" in run:
