@@ -212,6 +212,18 @@ def compare(method: str, A, b, *, budget: float, reps: int,
     return row
 
 
+def raises_alike(method: str, A, b, exc: Exception) -> bool:
+    """Whether SciPy's own ``method`` raises what ours raised (``exc``: same type and
+    message) on this row: a drop-in's right answer (SuperLU's "failed to factorize" on
+    a singular matrix, say), which the summary counts apart from our failures."""
+    theirs = {"lsqr": spla.lsqr, "lsmr": spla.lsmr, "spsolve": spla.spsolve}[method]
+    try:
+        theirs(A, b)
+    except Exception as mine:  # noqa: BLE001 - compared, not handled
+        return type(mine) is type(exc) and str(mine) == str(exc)
+    return False
+
+
 def methods_for(A):
     m, n = A.shape
     return ["spsolve", "lsqr"] if m == n else ["lsqr", "lsmr"]
@@ -223,8 +235,9 @@ def table(rows) -> str:
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
+            alike = " (SciPy raises the same)" if r.get("same_as_scipy") else ""
             out.append(f"| {r['name']} | {r['shape']} | {r['method']} | – | – | – | – | – "
-                       f"| {r['error']} | – |")
+                       f"| {r['error']}{alike} | – |")
             continue
         its = f"{r['scipy_istop']}/{r['scipy_itn']}" if "scipy_istop" in r else "–"
         out.append(f"| {r['name']} | {r['shape']} | {r['method']} | {r['scipy_s']:.4g} | {its} "
@@ -244,10 +257,12 @@ def summary(rows) -> str:
     iterations converge (the targets' rows), and beside it over every converging row
     (``spsolve`` rows included: SciPy's SuperLU answers them, about 1.0 by design)."""
     ok = [r for r in rows if "error" not in r]
+    alike = sum(bool(r.get("same_as_scipy")) for r in rows if "error" in r)
     conv = [r["ratio"] for r in ok if r["converges"]]
     iterated = [r["ratio"] for r in ok if r["converges"] and r["method"] != "spsolve"]
     stall = [r for r in ok if not r["converges"]]
-    lines = [f"rows: {len(ok)} ({len(rows) - len(ok)} failed)"]
+    lines = [f"rows: {len(ok)} ({len(rows) - len(ok) - alike} failed; {alike} where ours raises "
+             f"what SciPy raises)"]
     if iterated:
         synced = [r["synced_ratio"] for r in ok if r["converges"] and r["method"] != "spsolve"]
         lines.append(f"converging lsqr/lsmr rows (the issue's rows): {len(iterated)}, median "
@@ -403,7 +418,8 @@ def main(argv=None) -> int:
                 row = base | compare(method, A, b, budget=args.budget, reps=args.reps,
                                      clock=clock)
             except Exception as exc:  # noqa: BLE001 - a failing row is reported, not fatal
-                row = base | {"method": method, "error": f"{type(exc).__name__}: {exc}"[:80]}
+                row = base | {"method": method, "error": f"{type(exc).__name__}: {exc}"[:80],
+                              "same_as_scipy": raises_alike(method, A, b, exc)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.json:

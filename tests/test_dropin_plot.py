@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import load_bench
+from conftest import TEST_MATRICES, load_bench
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -65,3 +65,29 @@ def test_plot_from_a_saved_run(dropin, tmp_path, capsys):
     assert dropin.main(["--plot-from", str(saved), "--svg", str(svg)]) == 0
     assert len(_bars(svg)) == 3
     assert "plot:" in capsys.readouterr().out
+
+
+def test_a_row_where_scipy_raises_the_same_is_no_failure(dropin):
+    """SuperLU cannot factorize a singular matrix: SciPy's spsolve and ours (SciPy's call
+    under auto) raise the same RuntimeError; the summary counts it apart from failures."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    A = sp.csc_array(dropin.mmread(str(TEST_MATRICES / "a1.mtx")), dtype=np.float64)
+    b = dropin.row_rhs("a1", A.shape[0])
+    try:
+        dropin.scipy_gpuqr.spsolve(A, b)
+    except RuntimeError as exc:
+        assert dropin.raises_alike("spsolve", A, b, exc)
+        assert not dropin.raises_alike("spsolve", A, b, RuntimeError("another message"))
+    else:
+        pytest.skip("this SciPy's SuperLU factorizes a1")
+    assert not dropin.raises_alike("spsolve", sp.csc_array(np.eye(4)), b, ValueError("x"))
+    rows = [{"name": "s", "shape": "2x2", "method": "spsolve", "error": "RuntimeError: x",
+             "same_as_scipy": True},
+            {"name": "t", "shape": "2x2", "method": "spsolve", "error": "ValueError: y",
+             "same_as_scipy": False}] + _rows()[:1]
+    rows[2] = dict(rows[2], scipy_be=0.0, ours_be=0.0, synced_ratio=1.0)
+    text = dropin.summary(rows)
+    assert "rows: 1 (1 failed; 1 where ours raises what SciPy raises)" in text
+    assert "(SciPy raises the same)" in dropin.table(rows[:1])
