@@ -421,21 +421,28 @@ PREPROCESS_MAX = 16
 
 def _nvrtc_identity(compiler) -> list | None:
     """The NVRTC library this process loaded: its version, path, size and
-    modification time (from ``/proc/self/maps``, once CuPy has loaded it),
-    or None where it cannot be told (another system, no NVRTC, two of them).
+    modification time (its line of ``/proc/self/maps``, once CuPy has loaded
+    it), or None where it cannot be told (another system, no NVRTC, two of them).
 
     The empty file's PTX names the NVRTC build, which the version (major,
     minor) alone does not: a record made with another build of the same
-    version is not used."""
+    version is not used. The map is searched as bytes: a process with CUDA's
+    libraries loaded has thousands of mappings, and splitting every line in
+    Python took tens of milliseconds of a first call."""
     try:
         version = [int(v) for v in compiler._get_nvrtc_version()]
-        with open("/proc/self/maps") as fh:
-            paths = {parts[5] for parts in (line.split(None, 5) for line in fh)
-                     if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith(
-                         "libnvrtc.so")}
+        with open("/proc/self/maps", "rb") as fh:
+            maps = fh.read()
+        paths = set()
+        at = maps.find(b"/libnvrtc.so")
+        while at >= 0:
+            start = maps.rfind(b" ", 0, at) + 1
+            end = maps.find(b"\n", at)
+            paths.add(maps[start:end if end >= 0 else len(maps)].decode())
+            at = maps.find(b"/libnvrtc.so", at + 1)
         if len(paths) != 1:
             return None
-        path = paths.pop().strip()
+        path = paths.pop()
         st = os.stat(path)
     except Exception:                      # noqa: BLE001 - no record: CuPy runs NVRTC
         return None
@@ -458,20 +465,36 @@ def _preprocess_table(compiler):
     return table if isinstance(table, dict) else None
 
 
+#: One thread seeds CuPy's table; the others wait for it (:func:`_seed_preprocess`).
+_SEED_LOCK = threading.Lock()
+
+
+def _seed_preprocess() -> frozenset:
+    """:func:`_seed_table` of CuPy's compiler, once per process (the first caller
+    does it, the others wait for it and get its answer): the module lookups'
+    thread asks first (:func:`_prefetch_uses`), so that a call's own thread
+    finds it done."""
+    with _SEED_LOCK:
+        return _seed_once()
+
+
 @functools.lru_cache(maxsize=1)
-def _seed_preprocess(compiler=None) -> frozenset:
+def _seed_once() -> frozenset:
+    from cupy.cuda import compiler
+    return _seed_table(compiler)
+
+
+def _seed_table(compiler) -> frozenset:
     """Put the recorded empty-file PTX of this process's NVRTC into CuPy's table
-    (``cupy.cuda.compiler._empty_file_preprocess_cache``), once per process,
-    before the first module is compiled or loaded; returns the option sets
-    (CuPy's keys) the record holds. Never replaces an entry CuPy made.
+    (``compiler._empty_file_preprocess_cache``, ``compiler`` being CuPy's
+    compiler module), before the first module is compiled or loaded; returns
+    the option sets (CuPy's keys) the record holds. Never replaces an entry
+    CuPy made.
 
     The key of an entry is CuPy's own (architecture, options, NVRTC version,
     backend, the architecture's flags), so an entry is only used where CuPy
     would compute that same key; the record is NVRTC's build's
-    (:func:`_nvrtc_identity`), so the PTX is the one CuPy would make.
-    ``compiler``: CuPy's compiler module (default; tests give another)."""
-    if compiler is None:
-        from cupy.cuda import compiler
+    (:func:`_nvrtc_identity`), so the PTX is the one CuPy would make."""
     table = _preprocess_table(compiler)
     name = _preprocess_record_name(compiler) if table is not None else None
     rec = _store.recorded(name) if name is not None else None
@@ -675,6 +698,10 @@ def _prefetch_uses(uses: Sequence[KernelUse], device: int) -> None:
     """:func:`prefetch`'s thread: look each module up, start its compiles, wait
     for them. A failure is left for the caller's own lookup or compile."""
     threads = []
+    try:
+        _seed_preprocess()          # before any module's thread asks for it
+    except Exception:  # noqa: BLE001 - CuPy runs NVRTC instead
+        pass
     for use in uses:
         try:
             threads += use.module().prefetch(use.needed, device=device)

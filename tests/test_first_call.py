@@ -493,18 +493,18 @@ def test_empty_file_ptx_is_recorded_and_seeded_for_the_same_nvrtc(tmp_path, monk
     monkeypatch.setattr(_store, "_RECORDS", {})
     first = _FakeCompiler()
     first._empty_file_preprocess_cache[_ENV] = "// PTX of nothing\n"
-    seeded = _kernels._seed_preprocess.__wrapped__(first)
+    seeded = _kernels._seed_table(first)
     assert seeded == frozenset()
     _kernels._remember_preprocess(seeded, first)
     _store.flush()
     monkeypatch.setattr(_store, "_RECORDS", {})             # a new process
     new = _FakeCompiler()
-    seeded = _kernels._seed_preprocess.__wrapped__(new)
+    seeded = _kernels._seed_table(new)
     assert seeded == {_ENV} and new._empty_file_preprocess_cache == {_ENV: "// PTX of nothing\n"}
     assert hash(next(iter(new._empty_file_preprocess_cache))) == hash(_ENV)
     made = _FakeCompiler()
     made._empty_file_preprocess_cache[_ENV] = "CuPy's own"
-    _kernels._seed_preprocess.__wrapped__(made)
+    _kernels._seed_table(made)
     assert made._empty_file_preprocess_cache[_ENV] == "CuPy's own"
     writes = []
     monkeypatch.setattr(_store, "record", lambda name, value: writes.append(name))
@@ -513,13 +513,13 @@ def test_empty_file_ptx_is_recorded_and_seeded_for_the_same_nvrtc(tmp_path, monk
     monkeypatch.setattr(_store, "_RECORDS", {})
     ident[3] = 2                                            # NVRTC rebuilt (same version)
     other = _FakeCompiler()
-    assert _kernels._seed_preprocess.__wrapped__(other) == frozenset()
+    assert _kernels._seed_table(other) == frozenset()
     assert other._empty_file_preprocess_cache == {}
     monkeypatch.setenv(_store.ENV, "off")
     monkeypatch.setattr(_store, "_RECORDS", {})
     ident[3] = 1
     none = _FakeCompiler()
-    assert _kernels._seed_preprocess.__wrapped__(none) == frozenset()
+    assert _kernels._seed_table(none) == frozenset()
     assert none._empty_file_preprocess_cache == {}
 
 
@@ -534,6 +534,37 @@ def test_nvrtc_identity_names_the_loaded_library():
     ident = _kernels._nvrtc_identity(compiler)
     assert ident is not None and ident[0] == list(version)
     assert "libnvrtc.so" in ident[1] and ident[2] > 0
+
+
+def test_module_lookups_seed_first_and_once(monkeypatch):
+    """The lookups' thread seeds CuPy's table before it starts any module's
+    thread; callers at once (the call's own thread among them) seed it once."""
+    import threading
+    import time
+    order = []
+
+    def seed():
+        order.append("seed")
+        time.sleep(0.05)                # long enough for the others to arrive meanwhile
+        return frozenset()
+    monkeypatch.setattr(_kernels, "_seed_once", functools.lru_cache(maxsize=1)(seed))
+
+    class _Use:
+        needed = ("k",)
+
+        def module(self):
+            order.append("lookup")
+            return types.SimpleNamespace(prefetch=lambda needed, device: [])
+    _kernels._prefetch_uses([_Use(), _Use()], 0)
+    assert order == ["seed", "lookup", "lookup"]
+    _kernels._seed_once.cache_clear()
+    del order[:]
+    threads = [threading.Thread(target=_kernels._seed_preprocess) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert order == ["seed"]
 
 
 def test_module_compile_is_seeded_and_remembered(monkeypatch):
@@ -630,29 +661,29 @@ def test_prefetch_compiles_the_groups_a_call_uses():
 
 @pytest.mark.gpu
 def test_a_seeded_process_finds_its_module_without_nvrtc(tmp_path, monkeypatch):
-    """On the device: a module compiled (or loaded) once records CuPy's empty-file
-    PTX; with CuPy's table emptied and the records read again (a new process),
-    the seeded table makes CuPy find the same module without running NVRTC."""
+    """On the device: a module CuPy compiled (or found in its cache) leaves its
+    empty-file PTX recorded; with CuPy's table emptied and the records read
+    again (a new process), the seeded table makes CuPy find the same module
+    without running NVRTC. (CuPy's own compile, not ``RawModule``: that one is
+    kept per process, so a module made before would never reach the table.)"""
     from cupy.cuda import compiler
     from scipy_gpuqr import _store
-    from scipy_gpuqr._engine.gpu import finite_check as fc
     monkeypatch.setenv(_store.ENV, str(tmp_path))
     monkeypatch.setattr(_store, "_RECORDS", {})
     monkeypatch.setattr(compiler, "_empty_file_preprocess_cache", {})
-    use = fc.finite_check_use(np.float64)
-    m = use.module()
-    group = _kernels.variant_group(use.needed[0], use.declared)
-    _kernels._Compiled().get(m.name, group, m.options, m.digest, None)
-    _store.flush()
+    src = 'extern "C" __global__ void gpuqr_seed_probe(double* x) { x[0] = 1.0; }'
+    compiler._compile_module_with_cache(src, _kernels.COMPILE_OPTIONS)
     assert compiler._empty_file_preprocess_cache
-    monkeypatch.setattr(_store, "_RECORDS", {})
+    _kernels._remember_preprocess(frozenset(), compiler)
+    _store.flush()
+    monkeypatch.setattr(_store, "_RECORDS", {})             # a new process
     monkeypatch.setattr(compiler, "_empty_file_preprocess_cache", {})
     runs = []
     real = compiler._preprocess
     monkeypatch.setattr(compiler, "_preprocess", lambda *a: runs.append(a) or real(*a))
-    assert _kernels._seed_preprocess.__wrapped__(compiler)
-    mod = _kernels._Compiled().get(m.name, group, m.options, m.digest, None)
-    assert runs == [] and mod.get_function(use.needed[0]) is not None
+    assert _kernels._seed_table(compiler)
+    mod = compiler._compile_module_with_cache(src, _kernels.COMPILE_OPTIONS)
+    assert runs == [] and mod.get_function("gpuqr_seed_probe") is not None
 
 
 @pytest.mark.gpu
