@@ -172,9 +172,9 @@ def _invert(full, last, bs, n, inv_batched, check_finite, backend):
 @functools.lru_cache(maxsize=None)
 def _operator_class(base):
     """The operator class of :func:`build` on ``base`` (SciPy's or cupyx's
-    ``LinearOperator``; made once for each). Its constructor stores the
-    shape and dtype as given (the base class's checks them and wraps the
-    products in an object of its own: microseconds of every call)."""
+    ``LinearOperator``; made once for each): a subclass with the products
+    as methods, where ``base((n, n), matvec=...)`` would wrap closures in
+    an object of its own (microseconds of every call)."""
 
     class BlockJacobiOperator(base):
         """``M @ x = blockdiag(A_11^-1, A_22^-1, ...) @ x``.
@@ -187,8 +187,7 @@ def _operator_class(base):
         """
 
         def __init__(self, xp, n, bs, dtype, inverses):
-            self.dtype = dtype
-            self.shape = (n, n)
+            super().__init__(dtype, (n, n))
             self.xp, self.block_size, self.inverses = xp, bs, inverses
 
         def _matvec(self, x):
