@@ -58,7 +58,9 @@ class StageLoop:
     A host stage (``host_stages``: stage → its only front, a dense front) runs
     every call of the stage on a :class:`~.device.HostFrontDevice` instead of
     the device: its pool is a host array from the start and joins
-    ``host_pools``.
+    ``host_pools``. The blocks earlier stages place into that pool are
+    assembled into its front ahead of it, on the host layer's worker, as
+    they land (:meth:`hand_ahead`).
     """
 
     def __init__(self, Ac, analysis, device, sched, host_side, cold, *, tile, bundle,
