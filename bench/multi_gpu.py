@@ -463,6 +463,9 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
             f"  split front {e['front']} {e['shape'][0]}x{e['shape'][1]} blocks {e['blocks']} "
             f"{(e.get('seconds') or float('nan')):.4f} s (model {e.get('modelled_seconds') or float('nan'):.4f}"
             f", one device {e.get('one_device_modelled_seconds') or float('nan'):.4f})"
+            + (" enqueue (wait) s " + "/".join(f"{t:.3f} ({w:.3f})" for t, w in
+                                              e["enqueue_seconds"])
+               if e.get("enqueue_seconds") else "")
             for e in run.get("split_fronts", []))
         print(f"{name:12s} {label} {med:8.3f} s  x{run['speedup']:.2f} "
               f"(model x{run['plan']['modelled_speedup']:.2f})  {run['tflops']:.2f} TF/s  "

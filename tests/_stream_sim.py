@@ -18,12 +18,15 @@ touch the same bytes (one writing) with no event ordering them, and
 :meth:`Sim.run` executes the tasks in any order the streams and events
 allow (enqueue order, or a random one): with a race, some order gives
 another answer. ``cp.empty`` fills with NaN, so a read of memory nobody
-wrote shows.
+wrote shows. The current device and stream are per thread (as CUDA's and
+CuPy's), so a backend whose devices' calls are enqueued by threads of their
+own runs over it too.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 
 import numpy as np
 from scipy.linalg import get_lapack_funcs, solve_triangular
@@ -102,9 +105,27 @@ class Sim:
         self.tasks = []
         self.allocs = []            # base arrays (kept alive: their addresses are pointers)
         self.streams = {}           # ptr -> stream
-        self.current = None         # the current stream (None: the legacy default stream)
-        self.device = 0
         self.null = None
+        self._lock = threading.Lock()       # tasks added by several threads
+        self._here = threading.local()      # per thread, as CUDA's and CuPy's
+
+    @property
+    def current(self):
+        """The calling thread's current stream (None: the legacy default stream)."""
+        return getattr(self._here, "current", None)
+
+    @current.setter
+    def current(self, s):
+        self._here.current = s
+
+    @property
+    def device(self):
+        """The calling thread's current device."""
+        return getattr(self._here, "device", 0)
+
+    @device.setter
+    def device(self, d):
+        self._here.device = d
 
     # -- memory --------------------------------------------------------------------------
     def view(self, ptr, shape, strides, dtype=np.float64):
@@ -138,10 +159,11 @@ class Sim:
 
     def task(self, stream, reads, writes, fn, label):
         stream = self.stream_of(stream)
-        t = Task(len(self.tasks), stream, set(stream.frontier), list(reads), list(writes),
-                 fn, label)
-        self.tasks.append(t)
-        stream.frontier = {t.id}
+        with self._lock:
+            t = Task(len(self.tasks), stream, set(stream.frontier), list(reads),
+                     list(writes), fn, label)
+            self.tasks.append(t)
+            stream.frontier = {t.id}
         return t
 
     def _reach(self):

@@ -284,7 +284,65 @@ def test_split_front_backend_equals_one_device(ids, owners, lean, serial):
     assert np.abs(np.abs(np.diag(F3)) - np.abs(np.diag(a2))).max() <= 1e-10 * scale
 
 
-@pytest.mark.parametrize("ids", [(0, 0), (0, 1), (0, 0, 0)])
+@pytest.mark.parametrize("ids", [(0, 0), (0, 1), (0, 0, 0), (0, 1, 2, 3)])
+def test_split_front_on_device_threads_equals_one_device(ids):
+    """A dense front's blocks over device layers, each device's calls enqueued by a
+    thread of its own (``run_split(workers=...)``, as the multi-GPU driver does),
+    against the one-device dense path and the same split enqueued by one thread:
+    the same front and T to rounding."""
+    import cupy as cp
+    from concurrent.futures import ThreadPoolExecutor
+    from scipy_gpuqr._engine.dense_front import factorize_cupy, panels_of
+    from scipy_gpuqr._engine.gpu.multi_device import cupy_layers
+    from scipy_gpuqr._engine.gpu.split_front import CupySplit
+    from scipy_gpuqr._engine.split_front import run_split
+    from scipy_gpuqr._schedule.dense_split import block_owners
+    if len(set(ids)) > device_count():
+        pytest.skip(f"needs {len(set(ids))} GPUs")
+    fm, fn, nb = 3000, 2400, 256
+    Fh, stair = _split_case(cp, fm, fn, 5)
+    panels = panels_of(fm, fn, stair, nb)
+    own = block_owners(fm, fn, stair, len(ids))
+    assert own.max() > 0
+    layers = cupy_layers(ids)
+    main = layers[0]
+    out = []
+    with cp.cuda.Device(ids[0]):
+        F1 = cp.asarray(Fh)
+        T1 = factorize_cupy(F1, panels, nb)
+        cp.cuda.Device().synchronize()
+        for threads in (True, False):
+            with main.stream:
+                pool = cp.zeros(fm * fn + 7, dtype=np.float64)
+            F2 = pool[7:].reshape(fm, fn)
+            F2.set(Fh, stream=main.stream)
+            ready = cp.cuda.Event()
+            ready.record(main.stream)
+            be = CupySplit(main, layers[1:], F2, panels, nb, own, ready, timing=True)
+            be.prepare()
+            ex = [None] + [ThreadPoolExecutor(1) for _ in range(1, int(own.max()) + 1)]
+            try:
+                times = run_split(be, panels, nb, fn, own, workers=ex if threads else None)
+            finally:
+                for e in ex[1:]:
+                    e.shutdown(wait=True)
+            assert len(times) == int(own.max()) + 1
+            main.stream.wait_event(be.done)
+            for i in set(ids):
+                with cp.cuda.Device(i):
+                    cp.cuda.Device(i).synchronize()
+            assert be.seconds() > 0
+            out.append((F2.get(), be.T.get()))
+            be.release()
+        a1, t1 = F1.get(), T1.get()
+    scale = np.abs(a1).max()
+    for a2, t2 in out:
+        assert np.abs(a1 - a2).max() <= 1e-12 * scale
+        assert np.abs(t1 - t2).max() <= 1e-11 * max(np.abs(t1).max(), 1.0)
+    assert np.abs(out[0][0] - out[1][0]).max() <= 1e-12 * scale
+
+
+@pytest.mark.parametrize("ids", [(0, 0), (0, 1), (0, 0, 0), (0, 1, 2, 3)])
 def test_split_dense_fronts_over_devices(ids):
     """The upper tree's dense fronts factorized over every device layer
     (``split_dense=True``) against one GPU: Gram of R, Q R = A P, Qᵀ."""
@@ -300,6 +358,10 @@ def test_split_dense_fronts_over_devices(ids):
         assert split and all("fallback" not in e for e in split), split
         assert all(e.get("seconds", 0) > 0 for e in split), split
         assert all(sum(b > 0 for b in e["blocks"]) >= 2 for e in split)
+        # every device of the split enqueued its share on a thread of its own
+        assert all(
+            len(e["enqueue_seconds"]) == 1 + max(i for i, b in enumerate(e["blocks"]) if b)
+            for e in split), split
         assert "multi_device_fallback" not in many.info
         _compare(A, one, many)
         # the rule on layers of one GPU splits nothing

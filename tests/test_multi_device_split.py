@@ -8,6 +8,10 @@ one-device answer; the model and the rule
 (:mod:`scipy_gpuqr._schedule.dense_split`) behave as documented.
 """
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -15,8 +19,8 @@ from scipy_gpuqr._engine.dense_front import factorize_numpy, panels_of
 from scipy_gpuqr._engine.gpu.device import NumpyDevice
 from scipy_gpuqr._engine.gpu.driver import gpu_factorize
 from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
-from scipy_gpuqr._engine.split_front import (NumpySplit, block_rows, run_split,
-                                             split_factorize_numpy)
+from scipy_gpuqr._engine.split_front import (RING, NumpySplit, block_rows, run_split,
+                                             split_factorize_numpy, split_steps)
 from scipy_gpuqr._schedule.dense import DenseModel, dense_path_seconds
 from scipy_gpuqr._schedule.dense_split import block_rows as block_rows_model
 from scipy_gpuqr._schedule.dense_split import (SplitModel, block_owners, split_plan,
@@ -333,4 +337,235 @@ def test_forced_split_on_numpy_layers_with_the_gpu_panel():
     split = many.info["split_fronts"]
     assert split and all("fallback" not in e for e in split), split
     assert all(sum(b > 0 for b in e["blocks"]) == 2 for e in split)
+    _same_answer(A, one, many)
+
+
+# -- each device's steps on a thread of its own ------------------------------------------
+
+def _case(fm, fn, nb, k, how, seed=0):
+    rng = np.random.default_rng(fm + fn + k + seed)
+    F, stair = _front(rng, fm, fn)
+    panels = panels_of(fm, fn, stair, nb)
+    nblk = -(-fn // nb)
+    if how == "cyclic":
+        owners = np.array([0, 0] + [c % k for c in range(2, nblk)])[:nblk]
+    elif how == "model":
+        owners = block_owners(fm, fn, stair, k,
+                              SplitModel(dense=DenseModel(panel=nb), min_columns=1))
+    else:                                   # the main device's blocks after the others'
+        owners = np.array([0, 0] + [1 + c % (k - 1) if c < nblk - 2 else 0
+                                    for c in range(2, nblk)])[:nblk]
+    return F, panels, owners
+
+
+class _Workers:
+    """One single-thread executor per split device (``workers[0]`` unused)."""
+
+    def __init__(self, k):
+        self.ex = [None] + [ThreadPoolExecutor(1, thread_name_prefix=f"split-dev-{d}")
+                            for d in range(1, k)]
+
+    def __enter__(self):
+        return self.ex
+
+    def __exit__(self, *exc):
+        for e in self.ex[1:]:
+            e.shutdown(wait=True)
+        return False
+
+
+class _Recorded(NumpySplit):
+    """NumpySplit that records each step's thread and its start and end (one clock
+    for every thread), and sleeps in chosen steps (a slow device)."""
+
+    def __init__(self, *args, slow=(), delay=0.02):
+        super().__init__(*args)
+        self.events, self.slow, self.delay = [], set(slow), delay
+        self.clock = iter(range(10 ** 9))
+        self.lock = threading.Lock()
+
+    def _tick(self):
+        with self.lock:
+            return next(self.clock)
+
+
+def _record(name):
+    def call(self, *args):
+        t0 = self._tick()
+        if (name, args[0] if args else None) in self.slow or name in self.slow:
+            time.sleep(self.delay)
+        getattr(NumpySplit, name)(self, *args)
+        self.events.append((name, args, threading.current_thread().name, t0, self._tick()))
+    return call
+
+
+for _n in ("setup", "send_blocks", "factor", "send_panel", "lookahead", "update", "to_main",
+           "ready", "finish"):
+    setattr(_Recorded, _n, _record(_n))
+
+
+@pytest.mark.parametrize("fm, fn, nb, k, how", [(300, 200, 16, 2, "cyclic"),
+                                                (150, 260, 16, 3, "model"),
+                                                (500, 200, 16, 4, "cyclic"),
+                                                (90, 90, 8, 5, "cyclic"),
+                                                (400, 300, 16, 3, "main last")])
+def test_split_steps_on_device_threads_equal_one_thread(fm, fn, nb, k, how):
+    """Every device's steps on a thread of its own (the main device's on the calling
+    thread): each step on its device's thread, each device's steps in the one-thread
+    order, every step begun after the steps it needs ended (the other devices slowed
+    down, so a step that did not wait would run first), and the front and ``T`` the
+    one-thread order's bit for bit (itself the one-device dense path's)."""
+    F, panels, owners = _case(fm, fn, nb, k, how)
+    ndev = int(owners.max()) + 1
+    F1 = F.copy()
+    T1 = factorize_numpy(F1, panels, nb)
+    F0 = F.copy()
+    be0 = NumpySplit(F0, panels, nb, owners)
+    times0 = run_split(be0, panels, nb, fn, owners)
+    assert np.array_equal(F0, F1) and np.array_equal(be0.T, T1)
+    assert len(times0) == ndev and times0[0][1] == 0.0
+    F2 = F.copy()
+    be = _Recorded(F2, panels, nb, owners, slow=("to_main", "send_panel"), delay=0.002)
+    with _Workers(ndev) as ws:
+        times = run_split(be, panels, nb, fn, owners, workers=ws)
+    assert np.array_equal(F2, F1) and np.array_equal(be.T, T1)
+    assert len(times) == ndev and all(t >= w >= 0 for t, w in times)
+    steps = split_steps(panels, nb, fn, owners)
+    assert len(be.events) == len(steps)
+    main = threading.current_thread().name
+    where = {}
+    for name, args, thread, t0, t1 in be.events:
+        where[(name, _key(args))] = (thread, t0, t1)
+    for i, s in enumerate(steps):
+        thread, t0, _ = where[(s.name, _key(s.args))]
+        assert thread == (main if s.device == 0 else f"split-dev-{s.device}_0"), (s, thread)
+        for n in s.needs:
+            need = steps[n]
+            assert need.device != s.device
+            assert where[(need.name, _key(need.args))][2] < t0, (need, s)
+    for d in range(ndev):           # each device's steps in the one-thread order
+        mine = [(s.name, _key(s.args)) for s in steps if s.device == d]
+        ran = sorted(mine, key=lambda x: where[x][1])
+        assert ran == mine
+
+
+def _key(args):
+    return tuple(tuple(a) if isinstance(a, list) else a for a in args)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_split_steps_needs(k):
+    """The one-thread order lists every step after the steps it needs, on other
+    devices; a panel is sent after it is factorized, a look-ahead block of another
+    device comes back first, panel ``p`` waits for panel ``p - RING``'s copies,
+    and the end for every device's last step."""
+    fm, fn, nb = 400, 300, 16
+    F, panels, owners = _case(fm, fn, nb, k, "cyclic")
+    steps = split_steps(panels, nb, fn, owners)
+    at = {(s.name, _key(s.args)): i for i, s in enumerate(steps)}
+    for i, s in enumerate(steps):
+        assert all(n < i and steps[n].device != s.device for n in s.needs)
+        if s.name == "send_panel":
+            assert [steps[n] for n in s.needs] == [steps[at[("factor", (s.args[0],))]]]
+        if s.name == "lookahead" and owners[s.args[1]]:
+            d = int(owners[s.args[1]])
+            assert at[("to_main", (d, s.args[1]))] in s.needs
+        if s.name == "factor" and s.args[0] >= RING:
+            q = s.args[0] - RING
+            sent = {at[x] for x in at if x[0] == "send_panel" and x[1][0] == q}
+            assert sent and set(s.needs) == sent
+    ends = {max(i for i, s in enumerate(steps) if s.device == d) for d in range(1, k)}
+    assert steps[-1].name == "finish" and set(steps[-1].needs) == ends
+    assert {s.device for s in steps} == set(range(k))
+
+
+def test_split_on_threads_without_the_waits_differs(monkeypatch):
+    """The check can fail: with the look-ahead's needs dropped (the main device's
+    thread does not wait for the block to come back), a slow device's block comes
+    back after the main device's look-ahead read it, and the front differs."""
+    from scipy_gpuqr._engine import split_front as mod
+    fm, fn, nb, k = 300, 200, 16, 2
+    F, panels, owners = _case(fm, fn, nb, k, "cyclic")
+    F1 = F.copy()
+    factorize_numpy(F1, panels, nb)
+    orig = mod.split_steps
+
+    def careless(*args):
+        return [s._replace(needs=()) if s.name == "lookahead" else s for s in orig(*args)]
+    monkeypatch.setattr(mod, "split_steps", careless)
+    F2 = F.copy()
+    be = _Recorded(F2, panels, nb, owners, slow=("to_main",), delay=0.01)
+    with _Workers(k) as ws:
+        run_split(be, panels, nb, fn, owners, workers=ws)
+    assert not np.array_equal(F2, F1)
+
+
+@pytest.mark.parametrize("where", ["worker", "main"])
+def test_split_on_threads_failure_stops_every_thread(where):
+    """A step that fails on a device's thread is raised by ``run_split`` once every
+    thread ended: the others stop at their next wait instead of waiting for ever."""
+    fm, fn, nb, k = 300, 260, 16, 3
+    F, panels, owners = _case(fm, fn, nb, k, "cyclic")
+
+    class Broken(NumpySplit):
+        def update(self, d, p, blocks):
+            if p == 3 and d == (2 if where == "worker" else 0):
+                raise RuntimeError(f"device {d} failed")
+            super().update(d, p, blocks)
+
+    be = Broken(F, panels, nb, owners)
+    out = {}
+
+    def go():
+        with _Workers(k) as ws:
+            try:
+                run_split(be, panels, nb, fn, owners, workers=ws)
+            except RuntimeError as exc:
+                out["error"] = str(exc)
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "a device's thread kept waiting"
+    assert out["error"] == f"device {2 if where == 'worker' else 0} failed"
+
+
+def test_driver_enqueues_each_layers_share_on_its_own_thread(monkeypatch):
+    """The multi-GPU driver over NumPy layers: a split front's main-device steps run
+    on the main layer's thread, every other layer's on that layer's split worker
+    (one per layer, ended with the call); the answer is the one-device driver's."""
+    from scipy_gpuqr._engine import split_front as mod
+    seen = []
+    orig = mod.NumpySplit.update
+
+    def update(self, d, p, blocks):
+        seen.append((d, threading.current_thread().name))
+        orig(self, d, p, blocks)
+    monkeypatch.setattr(mod.NumpySplit, "update", update)
+    A = grid3d_least_squares(8)
+    an = analyze(A)
+    one_layer = NumpyDevice(32, 3)
+    one_layer.dense_panel = 16
+    one = gpu_factorize(A, an, device=one_layer, dense_flops=2e5)
+    before = {t.name for t in threading.enumerate()}
+    many = multi_gpu_factorize(A, an, layers=_layers(3), dense_flops=2e5, split_dense=True)
+    split = many.info["split_fronts"]
+    assert split and all(
+        len(e["enqueue_seconds"]) == 1 + max(i for i, b in enumerate(e["blocks"]) if b)
+        for e in split)
+    upper = many.info["devices"]["upper_device"]
+    helpers = sorted({d for d, _ in seen if d})
+    assert helpers
+    for d, name in seen:
+        if d == 0:
+            assert not name.startswith("gpuqr-split"), name
+        else:
+            assert name.startswith("gpuqr-split-"), name
+            layer = int(name.split("-")[2].split("_")[0])
+            assert layer != upper
+    # one worker per other layer, the same one for every front and step of that device
+    names = {d: {n for dd, n in seen if dd == d} for d in helpers}
+    assert all(len(v) == 1 for v in names.values())
+    assert len(set().union(*names.values())) == len(helpers)
+    left = {t.name for t in threading.enumerate()} - before
+    assert not [n for n in left if n.startswith("gpuqr-split")], left
     _same_answer(A, one, many)

@@ -15,6 +15,9 @@ the GPU test that failed (a pool zeroed on the legacy default stream while
 the front is uploaded on the layer's stream).
 """
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -42,8 +45,9 @@ def _owners(how, fm, fn, stair, nb, k):
 
 
 def _build(monkeypatch, how, ids, lean, *, pool_on_null=False, shape=(300, 190), nb=16,
-           handle_workspace=True):
-    """The split enqueued over fake layers: (sim, front, backend, one-device front and T)."""
+           handle_workspace=True, workers=False):
+    """The split enqueued over fake layers: (sim, front, backend, one-device front and T);
+    ``workers``: each device's steps enqueued by a thread of its own."""
     sim = Sim()
     cp = fake_cupy(sim)
     install(sim, monkeypatch, handle_workspace)
@@ -70,7 +74,15 @@ def _build(monkeypatch, how, ids, lean, *, pool_on_null=False, shape=(300, 190),
     ready.record(main.stream)
     be = CupySplit(main, layers[1:], F2, panels, nb, own, ready, lean=lean)
     be.prepare()
-    run_split(be, panels, nb, fn, own)
+    if workers:
+        ex = [None] + [ThreadPoolExecutor(1) for _ in range(1, int(own.max()) + 1)]
+        try:
+            run_split(be, panels, nb, fn, own, workers=ex)
+        finally:
+            for e in ex[1:]:
+                e.shutdown(wait=True)
+    else:
+        run_split(be, panels, nb, fn, own)
     main.stream.wait_event(be.done)
     return sim, F2, be, F1, T1
 
@@ -91,6 +103,46 @@ def test_cuda_split_order_has_no_race(monkeypatch, ids, how, lean):
     sim, F2, be, _, _ = _build(monkeypatch, how, ids, lean, shape=shape)
     sim.run(seed=len(ids) + lean)       # another order the streams allow: the same
     assert np.array_equal(np.asarray(F2), F1)
+
+
+@pytest.mark.parametrize("ids, how", [((0, 1), "model"), ((0, 1, 2), "cyclic"),
+                                      ((0, 1, 2, 3), "cyclic"), ((0, 0, 1), "model"),
+                                      ((0, 1), "ch7")])
+@pytest.mark.parametrize("lean", [True, False])
+def test_cuda_split_on_device_threads_has_no_race(monkeypatch, ids, how, lean):
+    """Each device's calls enqueued by a thread of its own (the stand-in's current
+    device and stream per thread, as CUDA's): no race, and the one-device front and
+    ``T`` bit for bit in the enqueue order and in another order the streams allow."""
+    shape = (900, 37 * 16 - 5) if how == "ch7" else (300, 190)
+    sim, F2, be, F1, T1 = _build(monkeypatch, how, ids, lean, shape=shape, workers=True)
+    races = sim.races()
+    assert races == [], [(a.label, a.stream.name, b.label, b.stream.name) for a, b, _ in races]
+    sim.run()
+    assert np.array_equal(np.asarray(F2), F1)
+    assert np.array_equal(np.asarray(be.T), T1)
+    sim, F2, be, _, _ = _build(monkeypatch, how, ids, lean, shape=shape, workers=True)
+    sim.run(seed=len(ids) + 2 * lean)
+    assert np.array_equal(np.asarray(F2), F1)
+
+
+def test_device_threads_without_the_lookaheads_wait_race(monkeypatch):
+    """The check can fail: when the main device's thread does not wait (on the host)
+    for a slow device's thread to enqueue the block's copy back, the look-ahead
+    finds no event to wait for and races with that copy."""
+    from scipy_gpuqr._engine import split_front as smod
+    from scipy_gpuqr._engine.gpu import split_front as mod
+    orig_steps, orig_back = smod.split_steps, mod.CupySplit.to_main
+
+    def careless(*args):
+        return [s._replace(needs=()) if s.name == "lookahead" else s for s in orig_steps(*args)]
+
+    def slow_back(self, d, c):
+        time.sleep(0.01)
+        orig_back(self, d, c)
+    monkeypatch.setattr(smod, "split_steps", careless)
+    monkeypatch.setattr(mod.CupySplit, "to_main", slow_back)
+    sim, F2, be, F1, _ = _build(monkeypatch, "cyclic", (0, 1), True, workers=True)
+    assert any("update" in a.label + b.label for a, b, _ in sim.races())
 
 
 def test_a_lookahead_without_its_wait_is_found(monkeypatch):

@@ -69,7 +69,7 @@ from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE
 from ..dense_front import DenseFront, panels_of
 from ..host.reference import task_list_input
 from ..host.simulate import one_blas_thread
-from ..split_front import run_split, split_factorize_numpy
+from ..split_front import NumpySplit, run_split
 from . import driver
 from .device import CupyDevice
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, final_entries, staging_for,
@@ -485,7 +485,9 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         ``info["transfers"]``: every contribution block moved between
         devices ``(child, source, target, bytes)``; ``info["split_fronts"]``:
         per dense front factorized over the devices its front, shape, blocks
-        per device, modelled and (CUDA) measured seconds; a front chosen but
+        per device, modelled and (CUDA) measured seconds, and per device its
+        enqueueing thread's seconds on the front and, of them, waiting for the
+        other devices' threads (``enqueue_seconds``); a front chosen but
         factorized on its device alone has a ``"fallback"`` saying why.
     """
     t_start = time.perf_counter()
@@ -725,6 +727,10 @@ class _MultiStageRun:
         self.split, self.split_model = {}, SplitModel()
         self.split_log = []                 # per split front: what ran, its backend
         self._peers = None                  # peer access between every pair of layers (None: not asked)
+        #: layer -> the thread that enqueues its share of split fronts (made at the
+        #: first split front; ended with the devices' threads)
+        self.split_workers = {}
+        self._workers_lock = threading.Lock()
         self.fkey = (tuple(tuple(int(x) for x in st.fronts) for st in sched.stages),
                      int(sched.tile), int(sched.bundle), bool(sched.pipelining),
                      int(sched.ntasks), sched.dense_flops)
@@ -752,8 +758,13 @@ class _MultiStageRun:
         # limit is set once for all of them here, since changing OpenBLAS's
         # thread count while another thread is inside it corrupts that call's
         # results (seen: a dense front's T, so Q differed and R did not)
-        with one_blas_thread() if host else contextlib.nullcontext():
-            self._threads(errors)
+        try:
+            with one_blas_thread() if host else contextlib.nullcontext():
+                self._threads(errors)
+        finally:
+            for ex in self.split_workers.values():
+                ex.shutdown(wait=True)
+            self.split_workers = {}
         self.xfer.keep = []
         real = [e for e in errors if e is not None and not isinstance(e, _Aborted)]
         if real:
@@ -947,13 +958,33 @@ class _MultiStageRun:
             raise
         return sid, h, copier, pos, idle
 
+    def _split_worker(self, i):
+        """The thread that enqueues layer ``i``'s share of the split fronts (one per
+        layer and call: its steps run in order, the layer's own thread goes on
+        with its stages meanwhile)."""
+        with self._workers_lock:
+            ex = self.split_workers.get(i)
+            if ex is None:
+                ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpuqr-split-{i}")
+                self.split_workers[i] = ex
+            return ex
+
     def _split_front(self, f, k, h, off, fm, fn, stair):
         """Dense front ``f`` of device ``k``'s stage factorized over every layer
         (:func:`~scipy_gpuqr._engine.split_front.run_split`); returns what
         ``dense_factorize`` returns, or None to leave it to device ``k`` alone
-        (one column block per device or fewer; a device out of memory)."""
+        (one column block per device or fewer; a device out of memory).
+
+        Device ``k``'s thread enqueues the main device's steps; every other
+        layer's steps are enqueued by that layer's split worker
+        (:meth:`_split_worker`), each after the steps whose events it waits
+        for, so the front's host calls are shared by its devices' threads.
+        ``info["split_fronts"]``' ``enqueue_seconds`` has each device's
+        thread's seconds on the front and, of them, waiting for the others'.
+        """
         layer = self.layers[k]
-        others = [x for i, x in enumerate(self.layers) if i != k]
+        idx = [i for i in range(len(self.layers)) if i != k]
+        others = [self.layers[i] for i in idx]
         nb = int(getattr(layer, "dense_panel", self.split_model.dense.panel))
         model = self.split_model
         if nb != model.dense.panel:
@@ -972,8 +1003,12 @@ class _MultiStageRun:
         panels = panels_of(fm, fn, stair, nb)
         F = h["pool"][off: off + fm * fn].reshape(fm, fn)
         cp = getattr(layer, "cp", None)
+        nsplit = int(owners.max()) + 1
+        workers = [None] + [self._split_worker(i) for i in idx[:nsplit - 1]]
         if cp is None:                  # NumPy layers: the steps on host arrays
-            T, log = split_factorize_numpy(F, panels, nb, owners)
+            be = NumpySplit(F, panels, nb, owners)
+            entry["enqueue_seconds"] = run_split(be, panels, nb, fn, owners, workers=workers)
+            T, log = be.T, be.log
             entry["transfers"] = len(log)
             self.split_log.append(entry)
             return F, panels, T, None
@@ -994,7 +1029,7 @@ class _MultiStageRun:
             self.split_log.append(entry)
             return None
         try:
-            run_split(be, panels, nb, fn, owners)
+            entry["enqueue_seconds"] = run_split(be, panels, nb, fn, owners, workers=workers)
         except cp.cuda.memory.OutOfMemoryError as exc:      # the engine's fallback
             raise DeviceOutOfMemory(str(exc)) from exc
         entry["backend"] = be

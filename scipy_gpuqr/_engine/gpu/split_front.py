@@ -13,16 +13,22 @@ peer under unified addressing), each panel's ``Vᵀ`` and ``T`` into one of
 two slots (once the updates that read that slot ended) and each block back
 into the front once its update ended; the *compute* stream updates its
 blocks ≥ ``p+2`` (block ``p+2`` first, then the others by three GEMMs over
-all of them at once). Events order it all; the host never waits. The main
-device's panels' ``Vᵀ`` sit in a ring of three slots: a slot is written
-again only after every copy and update that read it.
+all of them at once). Events order it all; the host never waits for a
+device. The main device's panels' ``Vᵀ`` sit in a ring of
+:data:`~..split_front.RING` slots: a slot is written again only after every
+copy and update that read it.
 
 Everything is allocated by :meth:`CupySplit.prepare` before anything is
 enqueued, so that a device out of memory leaves the front untouched (the
 caller then factorizes it on its device alone).
 
-One host thread enqueues the work of every device, and a step of a large
-front is about fifty library calls: the host's time per call matters. With
+Each device's calls may be enqueued by a thread of that device
+(:func:`~..split_front.run_split` with ``workers``): a step only waits on
+events that the steps it needs recorded, and those have run (on the host)
+before it; what one device's calls write (its events, its slots' readers)
+is read by another device's thread only through those needs. A step of a
+large front is about fifty library calls on the main device alone: the
+host's time per call matters. With
 ``lean`` (the default) every stream has a cuBLAS handle of its own, its
 stream and pointer mode set once, and the GEMMs (the trailing updates, the
 panel's sub-panel updates) are called with their pointers at hand: the same
@@ -42,16 +48,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..dense_front import DEFAULT_PANEL_METHOD, _PanelFactor, _Work, _wy_update
-from ..split_front import block_rows
+from ..split_front import RING, block_rows
 from .dense_panel import PANEL_WIDTH
 
 __all__ = ["CupySplit", "enable_peers"]
 
 #: ``cudaMemcpyDefault``: the direction from the pointers (unified addressing)
 _DEFAULT = 4
-
-#: slots of the main device's ring of panel reflectors
-_RING = 3
 
 #: priority of the main device's chain stream (lower is higher; clamped by CUDA)
 _CHAIN_PRIORITY = -5
@@ -224,7 +227,9 @@ class CupySplit:
             raise ValueError(f"owners name {self.ndev} devices, {len(self.layers)} given")
         self.ev_fac = {}
         self.ev_ready = {}
-        self.free_after = {}            # panel -> events after which its ring slot is free
+        #: device -> panel -> the event after which it no longer reads the panel's ring
+        #: slot (the main device's bulk update, another device's copy of the panel)
+        self.free_after = [dict() for _ in range(self.ndev)]
         self._bulk_waited = -1
         self.start = self.done = None
 
@@ -257,7 +262,7 @@ class CupySplit:
             with self.s_chain:
                 self.T = cp.zeros((max(P, 0), nb, nb), dtype=dt)
                 self.tau = cp.zeros((max(P, 1), nb), dtype=dt)
-                self.vring = cp.empty((_RING, nb * rmax), dtype=dt)
+                self.vring = cp.empty((RING, nb * rmax), dtype=dt)
                 self.w_chain = _Work(cp, dt, max(self.fn, nb) * nb)
                 self.g_chain = self._gemm(self.s_chain)
                 if self.g_chain is None:
@@ -336,35 +341,41 @@ class CupySplit:
 
     def _vslot(self, p):
         j, rows, b = self.panels[p]
-        return self.vring[p % _RING, :b * rows].reshape(b, rows)
+        return self.vring[p % RING, :b * rows].reshape(b, rows)
 
     # -- the steps -------------------------------------------------------------------
     def setup(self) -> None:
-        cp, isz = self.cp, self.isz
+        """The main device's streams after the front's assembly."""
         with self._dev(0):
             self.s_chain.wait_event(self.ready_event)
             self.s_bulk.wait_event(self.ready_event)
             if self.timing:         # from the front's assembly on
                 self.start = self._event(self.s_chain, timing=True)
+        self._settle()
+
+    def send_blocks(self, d: int) -> None:
+        """Device ``d``'s blocks from the front into its array (after the assembly)."""
+        cp, isz = self.cp, self.isz
         src0 = self.F.data.ptr
-        for d in range(1, self.ndev):
-            s = self.copies[d]
-            with self._dev(d):
-                s.wait_event(self.ready_event)
-                loc = self.local[d]
-                for c, at in self.col_of[d].items():
-                    a, e = self._cols(c)
-                    if self.need[c]:
-                        cp.cuda.runtime.memcpy2DAsync(
-                            loc.data.ptr + at * isz, self.width[d] * isz, src0 + a * isz,
-                            self.fn * isz, (e - a) * isz, int(self.need[c]), _DEFAULT, s.ptr)
-                self.streams[d].wait_event(self._event(s))      # before its first update
+        s = self.copies[d]
+        with self._dev(d):
+            s.wait_event(self.ready_event)
+            loc = self.local[d]
+            for c, at in self.col_of[d].items():
+                a, e = self._cols(c)
+                if self.need[c]:
+                    cp.cuda.runtime.memcpy2DAsync(
+                        loc.data.ptr + at * isz, self.width[d] * isz, src0 + a * isz,
+                        self.fn * isz, (e - a) * isz, int(self.need[c]), _DEFAULT, s.ptr)
+            self.streams[d].wait_event(self._event(s))      # before its first update
         self._settle()
 
     def factor(self, p: int) -> None:
         with self._dev(0):
-            for ev in self.free_after.pop(p - _RING, ()):
-                self.s_chain.wait_event(ev)
+            for d in range(self.ndev):      # the ring slot's last readers
+                ev = self.free_after[d].pop(p - RING, None)
+                if ev is not None:
+                    self.s_chain.wait_event(ev)
             with self.s_chain:
                 self.fac(self.F, self.panels[p], self.tau[p], self._vslot(p), self.T[p])
             self.ev_fac[p] = self._event(self.s_chain)
@@ -385,7 +396,7 @@ class CupySplit:
             rt.memcpyAsync(self.hT[d][p % 2].data.ptr, self.T[p].data.ptr,
                            self.nb * self.nb * isz, _DEFAULT, s.ptr)
             got = self._event(s)
-            self.free_after.setdefault(p, []).append(got)
+            self.free_after[d][p] = got
             self.streams[d].wait_event(got)
         self._settle()
 
@@ -420,7 +431,7 @@ class CupySplit:
                             self._wy(self.g_bulk, self.w_bulk, self.F, j, rows, b,
                                      self._vslot(p), self.T[p], a, e)
                         run = None if c is None else [c, c + 1]
-                self.free_after.setdefault(p, []).append(self._event(self.s_bulk))
+                self.free_after[0][p] = self._event(self.s_bulk)
             self._settle()
             return
         at = self.col_of[d]
@@ -465,7 +476,7 @@ class CupySplit:
             for ev in evs:
                 self.s_chain.wait_event(ev)
             self.done = self._event(self.s_chain, timing=self.timing)
-        self.free_after.clear()
+        self.free_after = [dict() for _ in range(self.ndev)]
         self.ev_ready.clear()
         self.ev_fac.clear()
         self.used = [dict() for _ in range(self.ndev)]
