@@ -566,9 +566,9 @@ def main(argv=None) -> int:
     p.add_argument("--budget-fraction", type=float, default=0.0,
                    help="per-device budget as a fraction of the one-stage GPU bytes")
     p.add_argument("--public", action="store_true")
-    p.add_argument("--split", default="off", choices=sorted(SPLIT_MODES),
-                   help="dense fronts of the upper tree over every GPU: 'off' (the "
-                        "library's default), 'rule' (the model's choice), 'on' (every "
+    p.add_argument("--split", default="rule", choices=sorted(SPLIT_MODES),
+                   help="dense fronts of the upper tree over every GPU: 'off', 'rule' "
+                        "(the model's choice, the library's default), 'on' (every "
                         "one), 'both' (off, then rule)")
     p.add_argument("--r-slot-mb", default="",
                    help="R's copy slot sizes (MB) each multi-device setting runs with "

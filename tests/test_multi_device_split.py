@@ -248,7 +248,7 @@ def _small_model(panel=16):
 
 
 def test_gpu_driver_split_rule_on_numpy_layers():
-    """The rule (split_dense=None; the default is off) over NumPy layers: the plan's split fronts are made
+    """The rule (split_dense=None, the default) over NumPy layers: the plan's split fronts are made
     dense fronts even where dense_flops leaves them to the tile tasks, and are
     split; the answer equals the same plan's without the split (bit for bit: the
     same dense fronts, the NumPy steps are the dense path's) and the one-device
@@ -569,3 +569,31 @@ def test_driver_enqueues_each_layers_share_on_its_own_thread(monkeypatch):
     left = {t.name for t in threading.enumerate()} - before
     assert not [n for n in left if n.startswith("gpuqr-split")], left
     _same_answer(A, one, many)
+
+
+def test_default_is_the_rule(monkeypatch):
+    """``multi_gpu_factorize``'s default splits by the rule: the mapping weighs the
+    upper tree's splittable fronts at their split time (ch7-8-b3's root, split
+    over two devices) and the run gets ``split_dense=None``; False maps on flops
+    alone and splits nothing."""
+    from scipy_gpuqr._engine.gpu import multi_device as md
+    from scipy_gpuqr._schedule.devices import map_devices
+    an = analyze(chessboard_boundary(7, 8, 3))
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def run(Ac, analysis, plan, layers, **kw):
+        seen["plan"], seen["split_dense"] = plan, kw["split_dense"]
+        raise Stop
+    monkeypatch.setattr(md, "_run", run)
+    A = chessboard_boundary(7, 8, 3)
+    with pytest.raises(Stop):
+        multi_gpu_factorize(A, an, layers=_layers(2), device_speeds=None)
+    rule = map_devices(an, 2, split_model=SplitModel())
+    assert seen["split_dense"] is None and rule.split
+    assert sorted(seen["plan"].split) == sorted(rule.split)
+    with pytest.raises(Stop):
+        multi_gpu_factorize(A, an, layers=_layers(2), device_speeds=None, split_dense=False)
+    assert seen["split_dense"] is False and not seen["plan"].split

@@ -400,7 +400,7 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
                         profile: bool = False, fallback: bool = True,
                         dense_flops: float | None = DEFAULT_DENSE_FLOPS,
                         dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH,
-                        split_dense: bool | None = False,
+                        split_dense: bool | None = None,
                         split_model: SplitModel | None = None, device_speeds="measured",
                         r_slot_bytes: int | None = None):
     """Sparse QR ``A[:, colperm] = Q @ R`` over several GPUs of one host.
@@ -434,13 +434,16 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         (the one-GPU engine restages) with a warning; False: raise MemoryError.
     split_dense : bool or None
         Dense fronts of the upper tree factorized over every device
-        (:mod:`scipy_gpuqr._engine.split_front`): None, those where
-        :func:`~scipy_gpuqr._schedule.dense_split.split_rule` models a gain
-        (only when the layers are on more than one GPU); True, every one;
-        False (the default), none. Off unless asked: on two GPUs a split
-        front takes about its modelled time, but the factorization as a
-        whole has not been faster with it yet (the upper device's other work
-        and R's copies bound it; bench/RESULTS.md, issue 21).
+        (:mod:`scipy_gpuqr._engine.split_front`): None (the default), the
+        mapping weighs the upper tree's splittable fronts at their split
+        time (:func:`~scipy_gpuqr._schedule.devices.map_devices`'
+        ``split_model``) and those fronts, and the others where
+        :func:`~scipy_gpuqr._schedule.dense_split.split_rule` models a gain,
+        are split (only when the layers are on more than one GPU); True,
+        every dense front of the upper tree; False, none. The rule is the
+        default because without it the upper tree's large dense fronts run
+        on one GPU while the others wait: on a 3-D grid the mapping then
+        cannot model much past 1.4 times one GPU, on two GPUs or four.
     split_model : SplitModel, optional
         The model of that rule.
     device_speeds : 'measured', None or sequence of float
