@@ -597,3 +597,82 @@ def test_default_is_the_rule(monkeypatch):
     with pytest.raises(Stop):
         multi_gpu_factorize(A, an, layers=_layers(2), device_speeds=None, split_dense=False)
     assert seen["split_dense"] is False and not seen["plan"].split
+
+
+def test_simulated_devices_split_by_the_rule_by_default():
+    """``simulate_multi_device``'s default is the GPU driver's, the rule: it maps with
+    the split model (the plan's split fronts made dense and split), equals the same
+    plan's run without the split bit for bit and the one-device answer; False maps
+    on flops alone and splits nothing."""
+    from scipy_gpuqr._engine.host.multi_device import simulate_multi_device
+    from scipy_gpuqr._engine.host.simulate import simulate_factorize
+    from scipy_gpuqr._schedule.devices import map_devices
+    A = grid3d_least_squares(9)
+    an = analyze(A)
+    model = _small_model()
+    plan = map_devices(an, 2, split_model=model)
+    assert plan.split, "the plan splits no front"
+    many = simulate_multi_device(A, an, devices=2, dense_panel=16, split_model=model)
+    assert many.info["devices"]["split_fronts"] == sorted(plan.split)
+    assert set(plan.split) <= {f for f, _, _ in many.info["split_fronts"]}
+    for f, blocks, moved in many.info["split_fronts"]:
+        assert len(blocks) == 2 and min(blocks) > 0 and moved > 0
+    ref = simulate_multi_device(A, an, devices=plan, dense_panel=16, split_dense=False)
+    assert ref.info["split_fronts"] == [] and ref.info["dense_fronts"] == many.info["dense_fronts"]
+    assert (ref.R != many.R).nnz == 0
+    # the one-device answer up to the signs of R's rows (its dense fronts are tile fronts)
+    one = simulate_factorize(A, an, dense_panel=16)
+    G1, G2 = (one.R.T @ one.R).toarray(), (many.R.T @ many.R).toarray()
+    assert np.abs(G1 - G2).max() <= 1e-12 * np.abs(G1).max()
+    m, n = A.shape
+    X = np.random.default_rng(0).standard_normal((n, 2))
+    Y = np.zeros((m, 2))
+    Y[:n] = many.R @ X
+    AP = A[:, many.colperm] @ X
+    assert np.abs(many.q_matmul(Y) - AP).max() <= 1e-11 * np.abs(AP).max()
+    off = simulate_multi_device(A, an, devices=2, dense_panel=16, split_model=model,
+                                split_dense=False)
+    assert off.info["split_fronts"] == [] and off.info["devices"]["split_fronts"] == []
+    flat = map_devices(an, 2)
+    assert off.info["devices"]["modelled_speedup"] == flat.modelled_speedup
+    assert off.info["devices"]["stages"] == flat.nstages
+
+
+def test_dispatch_judges_several_gpus_by_the_split_model(monkeypatch):
+    """The 'auto' rule of the public path decides on several GPUs by the modelled
+    speedup of the mapping the call will run, with its dense fronts split
+    (``run_speedup``): ch7-8-b3 models about 1.1 on two devices without the split,
+    below :data:`MULTI_DEVICE_MIN_SPEEDUP`, and 1.5 with it, so it goes to two GPUs,
+    and the reason says so."""
+    from scipy_gpuqr import GpuqrOptions
+    from scipy_gpuqr._dispatch import plan as plan_mod
+    from scipy_gpuqr._schedule.devices import (MULTI_DEVICE_MIN_FLOPS, MULTI_DEVICE_MIN_SPEEDUP,
+                                               map_devices, run_speedup)
+    fake = {"available": True, "device_count": 2, "total_memory": 80 * 2 ** 30}
+    monkeypatch.setattr(plan_mod._gpu, "gpu_info", lambda: dict(fake))
+    an = analyze(chessboard_boundary(7, 8, 3))
+    plain = map_devices(an, 2).modelled_speedup
+    ruled = map_devices(an, 2, split_model=SplitModel()).modelled_speedup
+    assert plain < MULTI_DEVICE_MIN_SPEEDUP <= ruled
+    assert run_speedup(an, 2) == ruled and run_speedup(an, 1) == 1.0
+
+    class Big:                  # the flop count past the gate, whatever the host's matrix
+        def __init__(self, an):
+            self.an, self.flops = an, 10 * MULTI_DEVICE_MIN_FLOPS
+
+        def __getattr__(self, name):
+            return getattr(self.an, name)
+
+    def one(*a, **k):
+        return "one-gpu"
+
+    reasons = []
+    got = plan_mod._gpu_devices(one, Big(an), GpuqrOptions(devices="auto"), reasons)
+    assert got is not one, reasons
+    assert "GPUs [0, 1]" in reasons[-1] and f"modelled speedup {ruled:.2f}" in reasons[-1]
+    assert "split" in reasons[-1]
+    # judged without the split (the rule before), the same tree stays on one GPU
+    monkeypatch.setattr(plan_mod, "run_speedup",
+                        lambda a, k, device_memory=None: map_devices(a, k).modelled_speedup)
+    reasons = []
+    assert plan_mod._gpu_devices(one, Big(an), GpuqrOptions(devices="auto"), reasons) is one

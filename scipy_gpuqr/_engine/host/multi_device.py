@@ -29,7 +29,7 @@ from ..._errors import DeviceOutOfMemory
 from dataclasses import replace
 
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS
-from ..._schedule.dense_split import SplitModel, block_owners
+from ..._schedule.dense_split import SplitModel, block_owners, split_rule
 from ..._schedule.devices import DevicePlan, map_devices
 from ..._schedule.sparse import build_schedule, record_flops
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, factorizes, take_records
@@ -110,7 +110,7 @@ class _Run:
     """The devices' turns over the stages of one factorization."""
 
     def __init__(self, Ac, analysis, plan: DevicePlan, sched, *, tile, rng, dense_panel,
-                 limit=None, split_dense=False):
+                 limit=None, split_dense=False, split=None, model=None):
         fs = analysis.fronts
         self.fs, self.plan, self.sched, self.tile = fs, plan, sched, tile
         self.rng, self.dense_panel = rng, dense_panel
@@ -127,6 +127,8 @@ class _Run:
         self.transfers = []             # (child, source, target, bytes, turn)
         self.dense = {}                 # front -> (panels, T, global launch)
         self.split_dense = bool(split_dense) and plan.ndevices > 1
+        self.split_plans = dict(split or {})    # front -> SplitPlan (the rule's)
+        self.model = panel_model(dense_panel) if model is None else model
         self.split = []                 # (front, blocks per device, transfers)
         self.launch_base = np.concatenate(
             ([0], np.cumsum([st.nlaunch for st in sched.stages]))).astype(np.int64)
@@ -193,10 +195,10 @@ class _Run:
             F = pool[off: off + fm * fn].reshape(fm, fn)
             owners = None
             if self.split_dense and self.plan.upper[f]:
-                model = SplitModel()
-                model = replace(model, dense=replace(model.dense, panel=self.dense_panel))
                 owners = block_owners(fm, fn, fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]],
-                                      self.plan.ndevices, model)
+                                      self.plan.ndevices, self.model)
+            elif f in self.split_plans:
+                owners = self.split_plans[f].owners
             if owners is not None and owners.max(initial=0) > 0:
                 # the front's column blocks on every device (devices in the plan's
                 # order from the front's own: split device 0 is the front's)
@@ -261,13 +263,20 @@ class _Run:
         return values, ftasks, vt
 
 
+def panel_model(panel: int, model: SplitModel | None = None) -> SplitModel:
+    """The split model (default :class:`SplitModel`) at the simulated dense path's panel width."""
+    model = SplitModel() if model is None else model
+    return replace(model, dense=replace(model.dense, panel=int(panel)))
+
+
 def simulate_multi_device(A, analysis=None, *, devices: int | DevicePlan = 2,
                           device_memory: int | None = None, tol=None,
                           pipelining: bool = True, tile: int = DEFAULT_TILE,
                           bundle: int = DEFAULT_BUNDLE, max_tasks: int | None = None,
                           rng: np.random.Generator | None = None,
                           dense_flops: float | None = DEFAULT_DENSE_FLOPS,
-                          dense_panel: int = DEFAULT_PANEL, split_dense: bool = False):
+                          dense_panel: int = DEFAULT_PANEL, split_dense: bool | None = None,
+                          split_model: SplitModel | None = None):
     """Sparse QR ``A[:, colperm] = Q @ R`` by the multi-device task lists, on simulated devices.
 
     Parameters
@@ -289,10 +298,19 @@ def simulate_multi_device(A, analysis=None, *, devices: int | DevicePlan = 2,
         As :func:`~scipy_gpuqr._engine.host.simulate.simulate_factorize`.
     rng : numpy.random.Generator, optional
         Run each launch's records in a random order.
-    split_dense : bool
+    split_dense : bool or None
         Dense fronts of the upper tree factorized with their column blocks on
         every device (:mod:`scipy_gpuqr._engine.split_front`;
-        ``info["split_fronts"]``: front, blocks per device, transfers).
+        ``info["split_fronts"]``: front, blocks per device, transfers), as
+        :func:`~scipy_gpuqr._engine.gpu.multi_device.multi_gpu_factorize`
+        chooses them: None (the default, as there), by the rule (the mapping
+        made with the split model, :func:`map_devices`' ``split_model``, at
+        the panel width ``dense_panel``; the plan's split fronts made dense
+        fronts and split, and the upper device's other dense fronts of the
+        upper tree where :func:`~scipy_gpuqr._schedule.dense_split.split_rule`
+        models a gain); True, every dense front of the upper tree; False, none.
+    split_model : SplitModel, optional
+        The model of that rule (its panel width replaced by ``dense_panel``).
 
     Returns
     -------
@@ -310,14 +328,28 @@ def simulate_multi_device(A, analysis=None, *, devices: int | DevicePlan = 2,
         return out
     dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     m, n = Ac.shape
+    model = panel_model(dense_panel, split_model)
+    ndev = devices.ndevices if isinstance(devices, DevicePlan) else int(devices)
+    ruled = split_dense is None and ndev > 1
     plan = devices if isinstance(devices, DevicePlan) else map_devices(
-        analysis, int(devices), device_memory=device_memory)
+        analysis, ndev, device_memory=device_memory, split_model=model if ruled else None)
+    # the plan's split fronts are dense fronts whatever dense_flops chose (as on the GPUs)
+    extra = sorted(plan.split) if dense_flops is not None and plan.split else None
     sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
                            max_tasks=max_tasks, plan=plan.stage_plan(),
-                           dense_flops=dense_flops)
+                           dense_flops=dense_flops, dense_extra=extra)
+    split = {}
+    if ruled:
+        cand = sorted(f for st in sched.stages for f in st.dense
+                      if plan.upper[f] and plan.owner[f] == plan.upper_device)
+        # (a given plan's split fronts, at another panel width, split anew by the rule)
+        split = {f: plan.split[f] for f in cand
+                 if f in plan.split and plan.split[f].nb == int(dense_panel)}
+        split.update(split_rule(analysis.fronts, [f for f in cand if f not in split], ndev,
+                                model))
     t1 = time.perf_counter()
     run = _Run(Ac, analysis, plan, sched, tile=tile, rng=rng, dense_panel=dense_panel,
-               limit=device_memory, split_dense=split_dense)
+               limit=device_memory, split_dense=bool(split_dense), split=split, model=model)
     run.run()
     t2 = time.perf_counter()
     values, ftasks, vt = run.gather()
