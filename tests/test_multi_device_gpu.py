@@ -287,6 +287,67 @@ def test_split_front_backend_equals_one_device(ids, owners, lean, serial):
     assert np.abs(np.abs(np.diag(F3)) - np.abs(np.diag(a2))).max() <= 1e-10 * scale
 
 
+@pytest.mark.parametrize("ids", [(0, 0), (0, 1), (0, 1, 2, 3)])
+def test_split_fronts_sharing_resources_equal_one_device(ids):
+    """Split fronts of one call through one ``SplitResources`` (as the multi-GPU
+    driver does: streams, handles and work buffers made by the first front, grown
+    by a larger one), each device's calls on a thread of its own, one front after
+    the other with no host wait between them: every front and T equal the
+    one-device dense path's to rounding, and the streams are made once."""
+    import cupy as cp
+    from concurrent.futures import ThreadPoolExecutor
+    from scipy_gpuqr._engine.dense_front import factorize_cupy, panels_of
+    from scipy_gpuqr._engine.gpu.multi_device import cupy_layers
+    from scipy_gpuqr._engine.gpu.split_front import CupySplit, SplitResources
+    from scipy_gpuqr._engine.split_front import run_split
+    from scipy_gpuqr._schedule.dense_split import block_owners
+    if len(set(ids)) > device_count():
+        pytest.skip(f"needs {len(set(ids))} GPUs")
+    nb = 256
+    layers = cupy_layers(ids)
+    main = layers[0]
+    ex = [None] + [ThreadPoolExecutor(1) for _ in ids[1:]]
+    fronts = []
+    with cp.cuda.Device(ids[0]):
+        res = SplitResources(cp)
+        try:
+            for i, (fm, fn) in enumerate([(2000, 1500), (3000, 2400), (1600, 1100)]):
+                Fh, stair = _split_case(cp, fm, fn, 11 + i)
+                panels = panels_of(fm, fn, stair, nb)
+                own = block_owners(fm, fn, stair, len(ids))
+                assert own.max() > 0
+                with main.stream:
+                    pool = cp.zeros(fm * fn + 5, dtype=np.float64)
+                F2 = pool[5:].reshape(fm, fn)
+                F2.set(Fh, stream=main.stream)
+                ready = cp.cuda.Event()
+                ready.record(main.stream)
+                be = CupySplit(main, layers[1:], F2, panels, nb, own, ready, timing=True,
+                               resources=res)
+                be.prepare()
+                run_split(be, panels, nb, fn, own, workers=ex[:int(own.max()) + 1])
+                fronts.append((Fh, panels, F2, be))
+            main.stream.wait_event(fronts[-1][3].done)
+            for i in set(ids):
+                with cp.cuda.Device(i):
+                    cp.cuda.Device(i).synchronize()
+            assert len(res.streams) == 2 * max(be.ndev for *_, be in fronts)
+            for Fh, panels, F2, be in fronts:
+                F1 = cp.asarray(Fh)
+                T1 = factorize_cupy(F1, panels, nb)
+                a1, a2 = F1.get(), F2.get()
+                t1, t2 = T1.get(), be.T.get()
+                assert np.abs(a1 - a2).max() <= 1e-12 * np.abs(a1).max()
+                assert np.abs(t1 - t2).max() <= 1e-11 * max(np.abs(t1).max(), 1.0)
+                assert be.seconds() > 0
+                be.release()
+        finally:
+            for e in ex[1:]:
+                e.shutdown(wait=True)
+            cp.cuda.Device().synchronize()
+            res.close()
+
+
 @pytest.mark.parametrize("ids", [(0, 0), (0, 1), (0, 0, 0), (0, 1, 2, 3)])
 def test_split_front_on_device_threads_equals_one_device(ids):
     """A dense front's blocks over device layers, each device's calls enqueued by a

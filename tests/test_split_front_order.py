@@ -166,7 +166,7 @@ def test_one_cublas_handle_on_two_streams_is_found(monkeypatch):
     helper's GEMMs went through the chain's (the thread's) handle on other
     streams: its workspace written by GEMMs running at once."""
     from scipy_gpuqr._engine.gpu import split_front as mod
-    monkeypatch.setattr(mod.CupySplit, "_private", lambda self, work: None)
+    monkeypatch.setattr(mod.CupySplit, "_private", lambda self, work: work)
     sim, *_ = _build(monkeypatch, "cyclic", (0, 0), False)
     races = sim.races()
     assert races and all("thread handle" in a.label and "thread handle" in b.label
@@ -192,3 +192,109 @@ def test_gpu_test_pool_zeroed_on_the_default_stream_races():
         assert sim.races() == []
     finally:
         mp.undo()
+
+
+def _build_call(monkeypatch, ids, lean, shapes, *, nb=16, workers=False):
+    """Several split fronts of one call enqueued over fake layers through one
+    :class:`SplitResources`, one after the other as the main device's thread does
+    (each front in a pool of its own, uploaded on the main layer's stream, which
+    does not wait for the previous front's end); returns (sim, resources, [(front,
+    backend, one-device front, T)])."""
+    sim = Sim()
+    cp = fake_cupy(sim)
+    install(sim, monkeypatch)
+    from scipy_gpuqr._engine.gpu.split_front import CupySplit, SplitResources
+    made = []
+    orig_gemm = CupySplit._gemm
+    monkeypatch.setattr(CupySplit, "_gemm",
+                        lambda self, key, s: made.append(key) or orig_gemm(self, key, s))
+    layers = [FakeLayer(cp, i) for i in ids]
+    main = layers[0]
+    res = SplitResources(cp)
+    out = []
+    ex = [None] + [ThreadPoolExecutor(1) for _ in ids[1:]] if workers else None
+    try:
+        for i, (fm, fn) in enumerate(shapes):
+            Fh, stair = _front(np.random.default_rng(fm + fn + i), fm, fn)
+            panels = panels_of(fm, fn, stair, nb)
+            F1 = Fh.copy()
+            T1 = factorize_numpy(F1, panels, nb)
+            own = _owners("model" if i % 2 else "cyclic", fm, fn, stair, nb, len(ids))
+            with main.stream:
+                pool = cp.zeros(fm * fn + 3)
+            F2 = pool[3:].reshape(fm, fn)
+            sim.task(main.stream, [], [array_region(F2)],
+                     lambda F2=F2, Fh=Fh: F2.__setitem__(Ellipsis, Fh), "upload")
+            ready = cp.cuda.Event()
+            ready.record(main.stream)
+            be = CupySplit(main, layers[1:], F2, panels, nb, own, ready, lean=lean,
+                           resources=res)
+            be.prepare()
+            run_split(be, panels, nb, fn, own,
+                      workers=None if ex is None else ex[:int(own.max()) + 1])
+            out.append((F2, be, F1, T1))
+    finally:
+        for e in ex[1:] if ex else ():
+            e.shutdown(wait=True)
+    return sim, res, made, out
+
+
+@pytest.mark.parametrize("ids", [(0, 1), (0, 1, 2), (0, 0, 1)])
+@pytest.mark.parametrize("lean", [True, False])
+@pytest.mark.parametrize("workers", [False, True])
+def test_split_fronts_of_a_call_share_streams_and_buffers(monkeypatch, ids, lean, workers):
+    """The split fronts of one call share their streams, cuBLAS handles and work
+    buffers (made by the first front, grown by a larger one, kept by a smaller
+    one): each is made once per call, no two tasks race (a front's streams start
+    after the previous front's end), and every front is the one-device dense
+    path's bit for bit, in the enqueue order and in another order the streams
+    allow. (Each front's streams also wait for the previous front's end; the
+    streams' order alone, every stream of a front ending before its end, already
+    keeps the fronts apart here.)"""
+    shapes = [(300, 190), (420, 260), (200, 120)]
+    sim, res, made, out = _build_call(monkeypatch, ids, lean, shapes, workers=workers)
+    k = len(ids)
+    assert len(res.streams) == 2 * k            # chain, bulk; compute, copy per helper
+    assert len({s for s in res.streams.values()}) == 2 * k
+    if lean:
+        assert len(res.gemms) == k + 1          # chain, bulk and each helper's
+        assert len(made) == len(shapes) * (k + 1)
+    else:
+        # a handle for the bulk's and each helper's work, and for each larger one made
+        grown = sum(getattr(o, "own", None) is not None for o in res.kept)
+        assert res.gemms == [] and len(res.closers) == k + grown
+    assert res.kept, "the larger front made no larger buffer"
+    races = sim.races(limit=5)
+    assert races == [], [(a.label, a.stream.name, b.label, b.stream.name) for a, b, _ in races]
+    sim.run()
+    for F2, be, F1, T1 in out:
+        assert np.array_equal(np.asarray(F2), F1)
+        assert np.array_equal(np.asarray(be.T), T1)
+    assert out[0][1].T is not out[1][1].T       # each front keeps its own T
+    sim, res, made, out = _build_call(monkeypatch, ids, lean, shapes, workers=workers)
+    sim.run(seed=k + 2 * lean + workers)
+    for F2, be, F1, T1 in out:
+        assert np.array_equal(np.asarray(F2), F1)
+    res.close()
+    assert res.streams == {} and res.gemms == [] and res.done is None
+
+
+def test_one_buffer_for_two_devices_races(monkeypatch):
+    """The check can fail: shared buffers kept per device of the split (its place and
+    id); handed to two helpers on one GPU under one key, their blocks' arrays are
+    one memory written by both, and some order gives another front."""
+    from scipy_gpuqr._engine.gpu.split_front import SplitResources
+    orig = SplitResources.buffer
+
+    def careless(self, cp, key, shape, dtype):
+        return orig(self, cp, ("any",) + key[1:], shape, dtype)
+    monkeypatch.setattr(SplitResources, "buffer", careless)
+    sim, res, _, out = _build_call(monkeypatch, (0, 0, 0), True, [(300, 190)])
+    races = sim.races(limit=3)
+    assert races and all(a.stream is not b.stream for a, b, _ in races)
+    wrong = 0
+    for seed in range(4):               # some order the streams allow gives another front
+        sim, res, _, out = _build_call(monkeypatch, (0, 0, 0), True, [(300, 190)])
+        sim.run(seed=seed)
+        wrong += not np.array_equal(np.asarray(out[0][0]), out[0][2])
+    assert wrong

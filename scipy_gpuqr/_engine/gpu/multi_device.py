@@ -75,7 +75,7 @@ from .device import CupyDevice
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, final_entries, staging_for,
                     touched)
 from .rlayout import r_layout
-from .split_front import CupySplit, enable_peers
+from .split_front import CupySplit, SplitResources, enable_peers
 from .stage_loop import stage_reflector_records
 
 __all__ = ["multi_gpu_factorize", "cupy_layers", "device_count", "measured_speeds",
@@ -730,6 +730,9 @@ class _MultiStageRun:
         self.split, self.split_model = {}, SplitModel()
         self.split_log = []                 # per split front: what ran, its backend
         self._peers = None                  # peer access between every pair of layers (None: not asked)
+        #: main layer -> the streams, handles and buffers its split fronts share (made
+        #: by its thread at its first split front; closed by split_info)
+        self.split_res = {}
         #: layer -> the thread that enqueues its share of split fronts (made at the
         #: first split front; ended with the devices' threads)
         self.split_workers = {}
@@ -1023,7 +1026,11 @@ class _MultiStageRun:
             return None
         ready = cp.cuda.Event(disable_timing=True)
         ready.record(layer.stream)
-        be = CupySplit(layer, others, F, panels, nb, owners, ready, timing=True)
+        res = self.split_res.get(k)
+        if res is None:
+            res = self.split_res[k] = SplitResources(cp)
+        be = CupySplit(layer, others, F, panels, nb, owners, ready, timing=True,
+                       resources=res)
         try:
             be.prepare()
         except cp.cuda.memory.OutOfMemoryError:
@@ -1041,7 +1048,8 @@ class _MultiStageRun:
 
     def split_info(self) -> list:
         """``info["split_fronts"]`` (after the devices' streams ended): measured
-        seconds of each split front on CUDA layers; their buffers dropped."""
+        seconds of each split front on CUDA layers; their buffers dropped, the
+        handles they shared closed."""
         out = []
         for e in self.split_log:
             e = dict(e)
@@ -1051,6 +1059,9 @@ class _MultiStageRun:
                 be.release()
             out.append(e)
         self.split_log = out
+        for res in self.split_res.values():
+            res.close()
+        self.split_res = {}
         return out
 
     # -- R ------------------------------------------------------------------------------

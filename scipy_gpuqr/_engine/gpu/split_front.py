@@ -20,7 +20,14 @@ copy and update that read it.
 
 Everything is allocated by :meth:`CupySplit.prepare` before anything is
 enqueued, so that a device out of memory leaves the front untouched (the
-caller then factorizes it on its device alone).
+caller then factorizes it on its device alone). The split fronts of one
+factorization share their streams, cuBLAS handles, panel factor and work
+buffers (:class:`SplitResources`): made by the first front that needs them,
+grown when a later front needs more, so that the thread of the main device,
+which prepares every front, makes them once per call and not once per front.
+A front's streams start after the previous front's end, so what it reuses
+is no longer read or written by that front. Each front's ``T`` and ``tau``
+are its own (``T`` stays with the front: ``Q`` is applied with it).
 
 Each device's calls may be enqueued by a thread of that device
 (:func:`~..split_front.run_split` with ``workers``): a step only waits on
@@ -51,7 +58,7 @@ from ..dense_front import DEFAULT_PANEL_METHOD, _PanelFactor, _Work, _wy_update
 from ..split_front import RING, block_rows
 from .dense_panel import PANEL_WIDTH
 
-__all__ = ["CupySplit", "enable_peers"]
+__all__ = ["CupySplit", "SplitResources", "enable_peers"]
 
 #: ``cudaMemcpyDefault``: the direction from the pointers (unified addressing)
 _DEFAULT = 4
@@ -175,6 +182,66 @@ class _LeanPanel(_PanelFactor):
         self.g.trsm_unit_lower(M, D, b)
 
 
+class SplitResources:
+    """Streams, cuBLAS handles, panel factors and work buffers the split fronts of one
+    factorization share (see the module notes).
+
+    Each is made on first use under the current device (and stream, for the
+    memory pool) and kept under its key; an object of a given size is made
+    again only when a later front needs a larger one, and the one it replaces
+    is kept alive until :meth:`close` (an earlier front's work may still read
+    it on the device). :attr:`done` is the last front's end event, which the
+    next front's streams wait for before they touch what it reused.
+    """
+
+    def __init__(self, cp):
+        self.cp = cp
+        self.streams = {}           # key -> stream
+        self.objs = {}              # key -> (size, object)
+        self.gemms = []             # (device, _Gemm) made
+        self.closers = []           # (device, close) of the handles lean=False made
+        self.kept = []              # objects replaced by larger ones
+        self.done = None
+
+    def stream(self, cp, key, priority=None):
+        """The stream of ``key`` (made on the current device the first time)."""
+        s = self.streams.get(key)
+        if s is None:
+            kw = {} if priority is None else {"priority": priority}
+            s = self.streams[key] = cp.cuda.Stream(non_blocking=True, **kw)
+        return s
+
+    def get(self, key, size, make):
+        """The object of ``key`` made for at least ``size`` (compared with ``>=``);
+        ``make()`` makes one where there is none yet or a smaller one."""
+        got = self.objs.get(key)
+        if got is not None and got[0] >= size:
+            return got[1]
+        if got is not None:
+            self.kept.append(got[1])
+        obj = make()
+        self.objs[key] = (size, obj)
+        return obj
+
+    def buffer(self, cp, key, shape, dtype):
+        """An uninitialized array of ``shape``: a view of the flat buffer of ``key``."""
+        n = max(int(np.prod(shape)), 1)
+        flat = self.get(key, n, lambda: cp.empty(n, dtype=dtype))
+        return flat[:int(np.prod(shape))].reshape(shape)
+
+    def close(self) -> None:
+        """Close the handles and drop everything (after the last front's ``done``)."""
+        for dev, g in self.gemms:
+            with self.cp.cuda.Device(dev):
+                g.close()
+        for dev, close in self.closers:
+            with self.cp.cuda.Device(dev):
+                close()
+        self.gemms, self.closers = [], []
+        self.streams, self.objs, self.kept = {}, {}, []
+        self.done = None
+
+
 class CupySplit:
     """The backend of :func:`~scipy_gpuqr._engine.split_front.run_split` on CUDA devices.
 
@@ -202,10 +269,15 @@ class CupySplit:
         ``factorize_cupy``'s calls (the chain on the thread's handle).
     serial : bool
         Synchronize the devices after every call (a diagnostic: no overlap).
+    resources : SplitResources, optional
+        What the split fronts of one factorization share (the caller closes
+        it after the last front's ``done``); None: this front's own, closed
+        by :meth:`release`.
     """
 
     def __init__(self, main, helpers, F, panels, nb, owners, ready, panel_method=None,
-                 timing: bool = False, lean: bool = True, serial: bool = False):
+                 timing: bool = False, lean: bool = True, serial: bool = False,
+                 resources: SplitResources | None = None):
         self.cp = main.cp
         self.layers = [main] + list(helpers)
         self.ids = [int(layer.device_id) for layer in self.layers]
@@ -219,8 +291,9 @@ class CupySplit:
         self.timing = bool(timing)
         self.lean = bool(lean)
         self.serial = bool(serial)
-        self.gemms = []                 # the handles made (closed by release)
-        self.closers = []               # (device, close) of the handles lean=False made
+        self.own_res = resources is None
+        self.res = SplitResources(main.cp) if resources is None else resources
+        self.after = None               # the previous front's end (its streams reused)
         self.ndev = int(self.owners.max()) + 1 if len(self.owners) else 1
         self.need = block_rows(self.panels, len(self.owners))
         if self.ndev > len(self.layers):
@@ -248,32 +321,41 @@ class CupySplit:
     def prepare(self) -> None:
         """Peer access, streams and every buffer of the split (raises CuPy's
         OutOfMemoryError; RuntimeError where two of the devices cannot reach
-        each other)."""
-        cp, nb, dt = self.cp, self.nb, self.dt
+        each other). Streams, handles, the panel factor and the work buffers
+        come from :attr:`res` (made by an earlier front of the call where it
+        made them large enough); ``T`` and ``tau`` are the front's own."""
+        cp, nb, dt, res = self.cp, self.nb, self.dt, self.res
         used = self.ids[:self.ndev]
         if len(set(used)) > 1 and not enable_peers(cp, used):
             raise RuntimeError(f"no peer access between the devices {used}")
+        self.after = res.done
         P = len(self.panels)
         rmax = max((r for _, r, _ in self.panels), default=1)
+        wmain = max(self.fn, nb) * nb
+        key0 = (0, self.ids[0], dt.str)
         with self._dev(0):
             # CUDA clamps a priority to the device's range (as factorize_cupy's look-ahead)
-            self.s_chain = cp.cuda.Stream(non_blocking=True, priority=_CHAIN_PRIORITY)
-            self.s_bulk = cp.cuda.Stream(non_blocking=True)
+            self.s_chain = res.stream(cp, key0 + ("chain",), priority=_CHAIN_PRIORITY)
+            self.s_bulk = res.stream(cp, key0 + ("bulk",))
             with self.s_chain:
                 self.T = cp.zeros((max(P, 0), nb, nb), dtype=dt)
                 self.tau = cp.zeros((max(P, 1), nb), dtype=dt)
-                self.vring = cp.empty((RING, nb * rmax), dtype=dt)
-                self.w_chain = _Work(cp, dt, max(self.fn, nb) * nb)
-                self.g_chain = self._gemm(self.s_chain)
+                self.vring = res.buffer(cp, key0 + ("vring", nb), (RING, nb * rmax), dt)
+                self.w_chain = res.get(key0 + ("w_chain",), wmain,
+                                       lambda: _Work(cp, dt, wmain))
+                self.g_chain = self._gemm(key0 + ("chain",), self.s_chain)
                 if self.g_chain is None:
-                    self.fac = _PanelFactor(cp, dt, self.method, rmax, nb, self.w_chain)
+                    self.fac = res.get(key0 + ("fac", self.method, nb, id(self.w_chain)), rmax,
+                                       lambda: _PanelFactor(cp, dt, self.method, rmax, nb,
+                                                            self.w_chain))
                 else:
-                    self.fac = _LeanPanel(cp, dt, self.method, rmax, nb, self.w_chain,
-                                          self.g_chain)
+                    self.fac = res.get(key0 + ("lean fac", self.method, nb, id(self.w_chain)),
+                                       rmax, lambda: _LeanPanel(cp, dt, self.method, rmax, nb,
+                                                                self.w_chain, self.g_chain))
             with self.s_bulk:
-                self.w_bulk = _Work(cp, dt, max(self.fn, nb) * nb)
-                self.g_bulk = self._gemm(self.s_bulk)
-                self._private(self.w_bulk)
+                self.w_bulk = res.get(key0 + ("w_bulk",), wmain,
+                                      lambda: self._private(_Work(cp, dt, wmain)))
+                self.g_bulk = self._gemm(key0 + ("bulk",), self.s_bulk)
         self.streams = [self.s_bulk]
         self.copies = [None]
         self.used = [dict() for _ in range(self.ndev)]      # device -> panel -> updates done
@@ -291,32 +373,40 @@ class CupySplit:
                 a, e = self._cols(c)
                 at[c] = w
                 w += e - a
+            key = (d, self.ids[d], dt.str)
+            wd = max(w, nb) * nb
             with self._dev(d):
-                s = cp.cuda.Stream(non_blocking=True)
+                s = res.stream(cp, key + ("compute",))
                 self.streams.append(s)
-                self.copies.append(cp.cuda.Stream(non_blocking=True))
+                self.copies.append(res.stream(cp, key + ("copy",)))
                 with s:
-                    self.local[d] = cp.empty((self.fm, max(w, 1)), dtype=dt)
-                    self.hv[d] = cp.empty((2, nb * rmax), dtype=dt)
-                    self.hT[d] = cp.empty((2, nb, nb), dtype=dt)
-                    self.work[d] = _Work(cp, dt, max(w, nb) * nb)
-                    self.g_help[d] = self._gemm(s)
-                    self._private(self.work[d])
+                    self.local[d] = res.buffer(cp, key + ("local",), (self.fm, max(w, 1)), dt)
+                    self.hv[d] = res.buffer(cp, key + ("hv", nb), (2, nb * rmax), dt)
+                    self.hT[d] = res.buffer(cp, key + ("hT", nb), (2, nb, nb), dt)
+                    self.work[d] = res.get(key + ("work",), wd,
+                                           lambda: self._private(_Work(cp, dt, wd)))
+                    self.g_help[d] = self._gemm(key + ("compute",), s)
             self.col_of[d], self.width[d] = at, w
 
-    def _gemm(self, stream):
-        """A :class:`_Gemm` on ``stream`` (the current device's), or None without ``lean``."""
+    def _gemm(self, key, stream):
+        """The :class:`_Gemm` of ``key`` on ``stream`` (the current device's), or None
+        without ``lean``."""
         if not self.lean:
             return None
-        g = _Gemm(self.cp, self.dt, stream)
-        self.gemms.append((self.cp.cuda.Device().id, g))
-        return g
 
-    def _private(self, work) -> None:
+        def make():
+            g = _Gemm(self.cp, self.dt, stream)
+            self.res.gemms.append((self.cp.cuda.Device().id, g))
+            return g
+        return self.res.get(key + ("gemm",), 0, make)
+
+    def _private(self, work):
         """Without ``lean``: ``work``'s GEMMs through a handle of their own (not the
-        thread's, which the chain uses on another stream at the same time)."""
+        thread's, which the chain uses on another stream at the same time);
+        returns ``work``."""
         if not self.lean:
-            self.closers.append((self.cp.cuda.Device().id, _own_handle(work)))
+            self.res.closers.append((self.cp.cuda.Device().id, _own_handle(work)))
+        return work
 
     def _settle(self) -> None:
         """With ``serial``: wait for every device of the split."""
@@ -347,8 +437,10 @@ class CupySplit:
     def setup(self) -> None:
         """The main device's streams after the front's assembly."""
         with self._dev(0):
-            self.s_chain.wait_event(self.ready_event)
-            self.s_bulk.wait_event(self.ready_event)
+            for ev in (self.after, self.ready_event):
+                if ev is not None:
+                    self.s_chain.wait_event(ev)
+                    self.s_bulk.wait_event(ev)
             if self.timing:         # from the front's assembly on
                 self.start = self._event(self.s_chain, timing=True)
         self._settle()
@@ -359,6 +451,8 @@ class CupySplit:
         src0 = self.F.data.ptr
         s = self.copies[d]
         with self._dev(d):
+            if self.after is not None:      # the previous front's end: its buffers free
+                s.wait_event(self.after)
             s.wait_event(self.ready_event)
             loc = self.local[d]
             for c, at in self.col_of[d].items():
@@ -476,6 +570,7 @@ class CupySplit:
             for ev in evs:
                 self.s_chain.wait_event(ev)
             self.done = self._event(self.s_chain, timing=self.timing)
+        self.res.done = self.done
         self.free_after = [dict() for _ in range(self.ndev)]
         self.ev_ready.clear()
         self.ev_fac.clear()
@@ -489,14 +584,10 @@ class CupySplit:
         return self.cp.cuda.get_elapsed_time(self.start, self.done) / 1e3
 
     def release(self) -> None:
-        """Drop the buffers and close the handles (after ``done`` completed)."""
-        for dev, g in self.gemms:
-            with self.cp.cuda.Device(dev):
-                g.close()
-        for dev, close in self.closers:
-            with self.cp.cuda.Device(dev):
-                close()
-        self.gemms, self.closers = [], []
+        """Drop the front's references to its buffers, and close the handles where the
+        resources are its own (after ``done`` completed)."""
+        if self.own_res:
+            self.res.close()
         self.local = self.hv = self.hT = self.work = self.g_help = None
         self.vring = self.w_chain = self.w_bulk = self.fac = None
         self.g_chain = self.g_bulk = None
