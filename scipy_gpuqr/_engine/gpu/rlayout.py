@@ -162,6 +162,10 @@ class RLayout:
                     np.maximum(self._src, 0, out=idx, casting="unsafe")
                     out.append((None, idx))
                 continue
+            runs = self._segments_in_fronts()
+            if runs is not None:
+                out.append(_stage_runs(runs, lo, hi, itype))
+                continue
             src = self.src
             pos = np.flatnonzero((src >= lo) & (src < hi))
             out.append((pos, (src[pos] - lo).astype(itype)))
@@ -175,6 +179,25 @@ class RLayout:
         if at is not None and len(key) == 1:    # the usual one-stage plan: kept on disk
             write_behind(_save, at, self, out[0][1])
         return out
+
+    def _segments_in_fronts(self):
+        """The column segments of the sources where each lies within one front (the
+        singleton-row ones all negative), so that a stage's entries are whole
+        segments; None otherwise or where the layout keeps none (read from
+        disk). Checked once per layout."""
+        if self._segs is None:
+            return None
+
+        def check():
+            first, step, length, _ = self._segs
+            last = first + step * (length - 1)
+            fb = self.fbase
+            neg = first < 0
+            same = np.searchsorted(fb, first, side="right") == \
+                np.searchsorted(fb, last, side="right")
+            ok = bool(np.all(np.where(neg, last < 0, same & (last >= 0))))
+            return self._segs if ok else None
+        return self.extra(("segments in fronts",), check)
 
     def extra(self, key, make):
         """A per-layout cached object (``make()`` on first use; thread-safe)."""
@@ -424,6 +447,23 @@ def _build_segments(analysis) -> RLayout:
     return RLayout(shape=(k, n), indptr=ptr, indices=ind, _src=None, fbase=fbase,
                    r1_pos=r1_pos, r1_nz=r1_nz, qorder=qorder, slots_of=slots_of,
                    _segs=(s_src, s_str, s_len, sstart))
+
+
+def _stage_runs(segs, lo: int, hi: int, itype) -> tuple:
+    """A stage's gather map ``(pos, index)`` from the sources' column segments, each
+    within one front: the segments whose first source lies in ``[lo, hi)``, then
+    one write per entry of the stage (the same map as masking every entry's
+    source, which reads all of R's entries once per stage)."""
+    first, step, length, start = segs
+    sel = np.flatnonzero((first >= lo) & (first < hi))
+    lens = length[sel]
+    at = np.zeros(len(sel), dtype=np.int64)
+    if len(sel) > 1:
+        np.cumsum(lens[:-1], out=at[1:])
+    total = int(lens.sum())
+    pos = _arith_runs(start[sel], np.ones(len(sel), dtype=np.int64), lens, at, total,
+                      np.int64).astype(np.intp, copy=False)
+    return pos, _arith_runs(first[sel] - lo, step[sel], lens, at, total, itype)
 
 
 def _arith_runs(first, step, length, start, total, dtype) -> np.ndarray:
