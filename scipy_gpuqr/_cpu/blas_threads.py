@@ -18,14 +18,29 @@ are never touched; with another BLAS (no ``openblas_set_num_threads``) this
 is a no-op. OpenBLAS's thread count is process-wide: two Python threads
 factorizing at once may see each other's setting for the length of a call
 (a speed effect only, never a numerical one).
+
+The rank decision's dense and Lanczos steps run in NumPy's and SciPy's own
+OpenBLAS: :func:`process_limited` lowers every OpenBLAS loaded in the
+process (found in the process' memory map on Linux, reached through its
+``*_set_num_threads`` symbol: OpenBLAS's own name, or the ``scipy_openblas``
+names of the copies bundled in NumPy's and SciPy's wheels) for a body of small
+calls: a matrix-vector product, a Lanczos step or a triangular inverse of a
+few hundred columns finishes before a pool of idle workers has woken up, and
+those workers then spin on the cores the next call (SuiteSparseQR's, or the
+other pool's) needs. The thread count never changes a result: OpenBLAS splits
+the same operations among the threads it has (the arithmetic of each entry is
+the same for the level-2 and level-3 kernels used here).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 from typing import Optional
 
-__all__ = ["SINGLE_THREAD_FLOPS", "CDEF", "threads_for", "limited"]
+__all__ = ["SINGLE_THREAD_FLOPS", "CDEF", "threads_for", "limited", "process_limited",
+           "openblas_pools", "Lowered"]
 
 #: Factorizations with fewer flops (the symbolic analysis' count) run
 #: SuiteSparseQR's BLAS on one thread.
@@ -36,6 +51,14 @@ CDEF = """
 int openblas_get_num_threads(void);
 void openblas_set_num_threads(int num_threads);
 """
+
+
+#: Names of OpenBLAS's ``(get, set)`` thread-count functions: its own, then those
+#: of the ``scipy_openblas`` copies in NumPy's (64-bit integers) and SciPy's wheels.
+_SYMBOLS = (("openblas_get_num_threads", "openblas_set_num_threads"),
+            ("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
+            ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"),
+            ("openblas_get_num_threads64_", "openblas_set_num_threads64_"))
 
 
 def threads_for(flops: Optional[float]) -> Optional[int]:
@@ -85,3 +108,102 @@ def limited(lib, threads: Optional[int]):
         yield
     finally:
         set_(before)
+
+
+def _loaded_openblas_paths(maps: str = "/proc/self/maps") -> list:
+    """Paths of the shared objects mapped into this process whose path names
+    OpenBLAS (the library or its folder; empty where the memory map cannot be
+    read: not Linux)."""
+    try:
+        with open(maps, "rb") as fh:
+            text = fh.read()
+    except OSError:
+        return []
+    paths = []
+    for line in text.splitlines():
+        if b"openblas" in line.lower():
+            path = line.rsplit(None, 1)[-1] if line.count(b" ") >= 5 else b""
+            if b".so" in os.path.basename(path) and path not in paths:
+                paths.append(path)
+    return [os.fsdecode(path) for path in paths]
+
+
+def openblas_pools() -> list:
+    """``(get, set)`` of every OpenBLAS thread pool loaded in the process.
+
+    Each library is opened with ``RTLD_NOLOAD`` (only one already loaded is
+    reached, nothing is loaded), and its pool counted once even where two
+    mapped files share it (a symbol found through a dependency).
+    """
+    mode = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 0)
+    pools, seen = [], set()
+    for path in _loaded_openblas_paths():
+        try:
+            lib = ctypes.CDLL(path, mode=mode)
+        except OSError:
+            continue
+        for get_name, set_name in _SYMBOLS:
+            try:
+                get, set_ = getattr(lib, get_name), getattr(lib, set_name)
+            except AttributeError:
+                continue
+            key = ctypes.cast(set_, ctypes.c_void_p).value
+            if key not in seen:
+                seen.add(key)
+                get.restype, get.argtypes = ctypes.c_int, []
+                set_.restype, set_.argtypes = None, [ctypes.c_int]
+                pools.append((get, set_))
+            break
+    return pools
+
+
+class Lowered:
+    """The pools :func:`process_limited` lowered, with their earlier counts."""
+
+    def __init__(self, changed: list, threads: Optional[int]):
+        self._changed = changed
+        self._threads = threads
+
+    @contextlib.contextmanager
+    def lifted(self):
+        """Run the body with the lowered pools back at their earlier counts (a large
+        call inside a body of small ones), lowered again after it."""
+        for set_, before in self._changed:
+            set_(before)
+        try:
+            yield
+        finally:
+            for set_, _ in self._changed:
+                set_(int(self._threads))
+
+
+@contextlib.contextmanager
+def process_limited(threads: Optional[int]):
+    """Run the body with every OpenBLAS of the process limited to ``threads`` threads.
+
+    Parameters
+    ----------
+    threads : int or None
+        None changes nothing (nor does a process without OpenBLAS); otherwise
+        each pool above ``threads`` is lowered for the body and restored after
+        it. Nested bodies keep the lowest count; process-wide, like
+        :func:`limited`.
+
+    Yields
+    ------
+    Lowered
+        Its :meth:`Lowered.lifted` gives a large call inside the body the
+        earlier counts back.
+    """
+    changed = []
+    if threads is not None:
+        for get, set_ in openblas_pools():
+            before = int(get())
+            if before > threads:
+                set_(int(threads))
+                changed.append((set_, before))
+    try:
+        yield Lowered(changed, threads)
+    finally:
+        for set_, before in reversed(changed):
+            set_(before)

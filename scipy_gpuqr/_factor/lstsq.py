@@ -62,7 +62,8 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
        of a large sparse R are so decided far more cheaply than by any dense
        refinement. Where the check fails (no gap, or Heath's greedy rule
        misses singular values below the cutoff) and the dense rules would run
-       on the host beyond DENSE_LIMIT, a square R with a nonzero diagonal is
+       on the host from :data:`SPARSE_SUBSPACE_MIN_ORDER` columns (the dense SVD
+       below DENSE_LIMIT, the dense COD beyond), a square R with a nonzero diagonal is
        decided from its small singular subspace through its sparse triangular
        solves (:mod:`scipy_gpuqr._factor.sparse_subspace`: the subspace
        iteration below, then ``x = P_V R⁻¹ P_U c`` refined with R's residual;
@@ -116,6 +117,7 @@ Exact solves (``spsolve``, ``factorized``)
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -126,6 +128,7 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator, onenormest
 
 from .. import _gpu
+from .._cpu.blas_threads import process_limited
 from .._dispatch.plan import available_host_memory
 from .._engine.memory import available_bytes
 from .dense_cod import DenseCOD, dense_from_sparse, sigma_max_estimate
@@ -185,6 +188,24 @@ _DENSE_SIGMA_MARGIN = 1.05
 #: Largest fraction of nonzero entries of R for which the sparse complete
 #: orthogonal decomposition is tried before a dense refinement.
 SPARSE_COD_MAX_DENSITY = 0.05
+
+#: Largest order of R whose rank decision and minimum-norm solves run every
+#: OpenBLAS of the process (NumPy's, SciPy's, SuiteSparseQR's) on one thread:
+#: their steps are matrix-vector products, Lanczos and ARPACK vector work, sparse
+#: factorizations of R and a triangular inverse of at most q³/3 ≈ 2.7e9 flops,
+#: each too short for a pool of workers to wake, whose spinning then slows the
+#: next call of the other pool (:mod:`scipy_gpuqr._cpu.blas_threads`).
+SINGLE_THREAD_ORDER = 2000
+
+#: A dense SVD of at least this many flops (about ``10·q³``) runs with the
+#: pools' own thread counts inside a one-thread decision.
+SVD_THREADED_FLOPS = 1e10
+
+#: Smallest order of a square R whose rank the host decides from its small
+#: singular subspace through its sparse solves (:mod:`scipy_gpuqr._factor.sparse_subspace`)
+#: before a dense SVD (about 10·q³ flops: 1e10 here, against a few block solves
+#: costing ``4·p·nnz(R)`` each); where it refuses, the SVD decides.
+SPARSE_SUBSPACE_MIN_ORDER = 1000
 
 #: Smallest order of a square R whose rank is decided through its triangular solves
 #: first (:mod:`scipy_gpuqr._factor.solve_rank`: the randomized full-rank probe
@@ -435,17 +456,26 @@ class MinNormSolver:
     _probe: Optional[tuple] = field(init=False, default=None, repr=False)
     # ‖R‖_F being computed on a worker thread (_late_upper_cutoff)
     _fro_pending: Optional[Future] = field(init=False, default=None, repr=False)
+    # the pools process_limited lowered for the decision (None outside it)
+    _lowered: Optional[object] = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
         if self.fro_bound is not None and np.isfinite(self.fro_bound):
             self._fro = float(self.fro_bound)
         try:
-            self._decide()
+            with process_limited(self._blas_threads()) as self._lowered:
+                self._decide()
         finally:
+            self._lowered = None
             self.rhs = None             # it may hold its caller (a factorization)
             self.probe_start = None
             if self._fro_pending is not None:
                 self._frobenius()       # the worker's pass ends with the decision
+
+    def _blas_threads(self) -> Optional[int]:
+        """BLAS threads for the decision and the solves: one for R of order up to
+        :data:`SINGLE_THREAD_ORDER`, else the pools' own counts (None)."""
+        return 1 if max(self.R.shape) <= SINGLE_THREAD_ORDER else None
 
     def _decide(self):
         R = sp.csc_array(self.R)
@@ -836,8 +866,11 @@ class MinNormSolver:
             if self.transposed:
                 G = G.T
         if isinstance(G, np.ndarray):
-            U, s, Vt = la.svd(G, full_matrices=False, lapack_driver="gesdd",
-                              check_finite=False)
+            big = 10.0 * min(G.shape) ** 2 * max(G.shape) >= SVD_THREADED_FLOPS
+            with (self._lowered.lifted() if big and self._lowered is not None
+                  else contextlib.nullcontext()):
+                U, s, Vt = la.svd(G, full_matrices=False, lapack_driver="gesdd",
+                                  check_finite=False)
             self.cod_device = "cpu"
         else:                       # CuPy: stays on the device until solve
             import cupy                 # optional dependency
@@ -948,9 +981,12 @@ class MinNormSolver:
     def _prepare_sparse_subspace(self, d: np.ndarray) -> bool:
         """lstsq's rank and solutions from R's small singular subspace through R's
         sparse triangular solves (:func:`scipy_gpuqr._factor.sparse_subspace.decide`),
-        where the dense rules would run on the host beyond DENSE_LIMIT."""
+        where the dense rules would run on the host beyond DENSE_LIMIT, or from
+        :data:`SPARSE_SUBSPACE_MIN_ORDER` columns up to it (the SVD it spares is
+        then its fallback)."""
         q = self.R.shape[0]
-        if self.dense_device != "cpu" or q <= DENSE_LIMIT or self.factorize is None:
+        small = q <= DENSE_LIMIT and q < SPARSE_SUBSPACE_MIN_ORDER
+        if self.dense_device != "cpu" or small or self.factorize is None:
             return False
         tri = self._host_upper()
         cod = sparse_subspace_decide(self.R, self.cutoff, d, transposed=self.transposed,
@@ -983,6 +1019,10 @@ class MinNormSolver:
     def solve(self, C: np.ndarray) -> np.ndarray:
         """Minimum-norm least-squares ``Y`` with ``G Y ≈ C``; C of shape (rows of G, p)."""
         C = _as_2d(np.asarray(C, dtype=np.float64))
+        with process_limited(self._blas_threads()):
+            return self._solve(C)
+
+    def _solve(self, C: np.ndarray) -> np.ndarray:
         k, q = self.R.shape
         rows, cols = (q, k) if self.transposed else (k, q)
         if self.method in ("empty", "zero"):

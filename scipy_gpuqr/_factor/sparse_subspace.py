@@ -56,6 +56,7 @@ from typing import Callable, Optional
 import numpy as np
 import scipy.sparse as sp
 
+from .._cpu.blas_threads import openblas_pools, process_limited
 from .._dispatch.plan import available_host_memory
 from .._errors import SubspaceTooLarge
 from .host_lanes import SERIAL, Lanes, host_lanes
@@ -101,7 +102,9 @@ def chunked(solve: Callable, chunk: int = SOLVE_CHUNK, lanes: Lanes = SERIAL) ->
 
 def one_blas_thread():
     """Context running SciPy's and NumPy's BLAS on one thread (threadpoolctl, where
-    installed; otherwise nothing changes).
+    installed; otherwise every OpenBLAS of the process through its own symbols,
+    :func:`scipy_gpuqr._cpu.blas_threads.process_limited`; a ``nullcontext``
+    where neither reaches a BLAS, which the callers read as "not limited").
 
     The iteration's dense steps are q × p Gram products and triangular solves
     and p × p factorizations, between sparse solves that run on one core: a
@@ -114,7 +117,9 @@ def one_blas_thread():
     try:
         from threadpoolctl import threadpool_limits        # optional
     except ImportError:
-        return contextlib.nullcontext()
+        if not openblas_pools():
+            return contextlib.nullcontext()
+        return process_limited(1)
     return threadpool_limits(limits=1, user_api="blas")
 
 

@@ -229,6 +229,20 @@ def _dense_inverse(Td):
     return solve_triangular(Td, cupy.eye(q), lower=False)
 
 
+def _upper_in_place(X: np.ndarray) -> np.ndarray:
+    """``np.triu(X)`` written into X itself (an array of our own, T⁻¹ from
+    :func:`_dense_inverse`): a column (row, for C order) slice at a time, the
+    same values without triu's mask and second q² array."""
+    q = X.shape[0]
+    if X.flags.f_contiguous:
+        for j in range(q - 1):
+            X[j + 1:, j] = 0.0
+    else:
+        for i in range(1, q):
+            X[i, :i] = 0.0
+    return X
+
+
 def _diagonal_on_host(Td) -> np.ndarray:
     """The diagonal of a dense square NumPy or CuPy array, as a host array (a
     device one copied by the package's prefetched kernel: CuPy's own strided copy
@@ -293,7 +307,8 @@ def sigma_min_upper(T, threshold: float, *, solves: tuple = None) -> SigmaMin:
             return SigmaMin(np.inf, True)
         if 1.0 / fro > threshold:
             return SigmaMin(1.0 / fro, True)
-        upper = np.triu(X) if xp is np else array_ops.unit_triangle(X, lower=False, unit=False)
+        upper = (_upper_in_place(X) if xp is np
+                 else array_ops.unit_triangle(X, lower=False, unit=False))
         s = norm2_lanczos(upper)            # <= σ_max(T⁻¹) <= ‖T⁻¹‖_F
         return SigmaMin(1.0 / s if s > 0 else np.inf, False)
     up, upt = solves or UpperTriangular(T).solves()
