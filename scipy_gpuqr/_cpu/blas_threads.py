@@ -120,11 +120,17 @@ def _loaded_openblas_paths(maps: str = "/proc/self/maps") -> list:
     except OSError:
         return []
     paths = []
-    for line in text.splitlines():
-        if b"openblas" in line.lower():
-            path = line.rsplit(None, 1)[-1] if line.count(b" ") >= 5 else b""
-            if b".so" in os.path.basename(path) and path not in paths:
-                paths.append(path)
+    low = text.lower()                  # same offsets: ASCII case only
+    at = low.find(b"openblas")
+    while at >= 0:
+        start = text.rfind(b"\n", 0, at) + 1
+        end = text.find(b"\n", at)
+        end = len(text) if end < 0 else end
+        fields = text[start:end].split(None, 5)
+        path = fields[5].strip() if len(fields) == 6 else b""
+        if b".so" in os.path.basename(path) and path not in paths:
+            paths.append(path)
+        at = low.find(b"openblas", end)
     return [os.fsdecode(path) for path in paths]
 
 
@@ -178,7 +184,7 @@ class Lowered:
 
 
 @contextlib.contextmanager
-def process_limited(threads: Optional[int]):
+def process_limited(threads: Optional[int], pools: Optional[list] = None):
     """Run the body with every OpenBLAS of the process limited to ``threads`` threads.
 
     Parameters
@@ -188,6 +194,9 @@ def process_limited(threads: Optional[int]):
         each pool above ``threads`` is lowered for the body and restored after
         it. Nested bodies keep the lowest count; process-wide, like
         :func:`limited`.
+    pools : list, optional
+        :func:`openblas_pools` found earlier in the process (a caller entering
+        many short bodies looks them up once); default: looked up now.
 
     Yields
     ------
@@ -197,7 +206,7 @@ def process_limited(threads: Optional[int]):
     """
     changed = []
     if threads is not None:
-        for get, set_ in openblas_pools():
+        for get, set_ in (openblas_pools() if pools is None else pools):
             before = int(get())
             if before > threads:
                 set_(int(threads))

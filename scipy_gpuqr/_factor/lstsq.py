@@ -128,7 +128,7 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator, onenormest
 
 from .. import _gpu
-from .._cpu.blas_threads import process_limited
+from .._cpu.blas_threads import openblas_pools, process_limited
 from .._dispatch.plan import available_host_memory
 from .._engine.memory import available_bytes
 from .dense_cod import DenseCOD, dense_from_sparse, sigma_max_estimate
@@ -458,12 +458,16 @@ class MinNormSolver:
     _fro_pending: Optional[Future] = field(init=False, default=None, repr=False)
     # the pools process_limited lowered for the decision (None outside it)
     _lowered: Optional[object] = field(init=False, default=None, repr=False)
+    # the process' OpenBLAS pools, looked up once (None: R too large to limit them)
+    _pools: Optional[list] = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
         if self.fro_bound is not None and np.isfinite(self.fro_bound):
             self._fro = float(self.fro_bound)
         try:
-            with process_limited(self._blas_threads()) as self._lowered:
+            threads = self._blas_threads()
+            self._pools = openblas_pools() if threads is not None else None
+            with process_limited(threads, self._pools) as self._lowered:
                 self._decide()
         finally:
             self._lowered = None
@@ -1019,7 +1023,7 @@ class MinNormSolver:
     def solve(self, C: np.ndarray) -> np.ndarray:
         """Minimum-norm least-squares ``Y`` with ``G Y ≈ C``; C of shape (rows of G, p)."""
         C = _as_2d(np.asarray(C, dtype=np.float64))
-        with process_limited(self._blas_threads()):
+        with process_limited(self._blas_threads(), self._pools):
             return self._solve(C)
 
     def _solve(self, C: np.ndarray) -> np.ndarray:
