@@ -1,4 +1,5 @@
-"""The thread count of the BLAS that SuiteSparseQR calls, set around each call.
+"""BLAS thread counts: SuiteSparseQR's, set around each call, and every OpenBLAS
+of the process, set around a body of small calls (the rank decision).
 
 SuiteSparseQR calls the system BLAS (OpenBLAS on Debian/Ubuntu), while
 NumPy and SciPy call the OpenBLAS copies bundled in their wheels: one
@@ -27,9 +28,9 @@ names of the copies bundled in NumPy's and SciPy's wheels) for a body of small
 calls: a matrix-vector product, a Lanczos step or a triangular inverse of a
 few hundred columns finishes before a pool of idle workers has woken up, and
 those workers then spin on the cores the next call (SuiteSparseQR's, or the
-other pool's) needs. The thread count never changes a result: OpenBLAS splits
-the same operations among the threads it has (the arithmetic of each entry is
-the same for the level-2 and level-3 kernels used here).
+other pool's) needs. A count is a speed setting: the same count gives the same
+results bit for bit, while another may change their last bits (OpenBLAS splits
+some reductions among its threads), as ``OPENBLAS_NUM_THREADS`` itself does.
 """
 
 from __future__ import annotations
