@@ -333,6 +333,69 @@ def test_second_call_maps_by_the_speeds_the_first_measured(monkeypatch):
         multi_gpu_factorize(A, an, layers=layers(2), device_speeds="fast")
 
 
+def test_mapping_seconds_decide_whether_measured_speeds_keep_mapping():
+    """remember_mapping_seconds keeps the last devices' seconds per mapping, pattern
+    and device set; measured_mapping_lost once the measured mapping's last call took
+    MAPPING_SLOWER longer than the flops mapping's, not within it nor without both."""
+    from scipy_gpuqr._schedule.devices import (MAPPING_SLOWER, mapping_seconds,
+                                               measured_mapping_lost,
+                                               remember_mapping_seconds)
+    an = analyze(grid3d_least_squares(6), cache=False)      # its own table entry
+    other = analyze(grid3d_least_squares(5), cache=False)
+    two, four = ("two", 8), ("four", 8)
+    assert mapping_seconds(an, two) == {} and not measured_mapping_lost(an, two)
+    remember_mapping_seconds(an, two, "measured speeds", 3.0)
+    assert not measured_mapping_lost(an, two)               # nothing on flops to weigh
+    remember_mapping_seconds(an, two, "flops", 2.0)
+    assert mapping_seconds(an, two) == {"flops": 2.0, "measured speeds": 3.0}
+    assert measured_mapping_lost(an, two)
+    remember_mapping_seconds(an, two, "measured speeds", 2.0 * (1 + 0.5 * MAPPING_SLOWER))
+    assert not measured_mapping_lost(an, two)               # within the margin: noise
+    assert mapping_seconds(an, four) == {} and mapping_seconds(other, two) == {}
+
+
+def test_default_mapping_leaves_measured_speeds_that_ran_slower(monkeypatch):
+    """multi_gpu_factorize's default on NumPy layers: with speeds remembered, the call
+    maps by them unless the pattern's last call by them took longer on the devices
+    than its last call on flops; then it maps on flops, with the one-device answer.
+    Every call keeps its devices' seconds under what it mapped by."""
+    from scipy_gpuqr._engine.gpu import multi_device as md
+    from scipy_gpuqr._schedule.devices import (mapping_seconds, remember_mapping_seconds,
+                                               remember_speeds)
+
+    monkeypatch.setattr(md, "SPEED_MIN_SECONDS", 0.0)   # host timings of tiny shares
+    A = grid3d_least_squares(9)
+    an = analyze(A, cache=False)
+    key = md.speeds_key([NumpyDevice(32, 3)] * 2, np.float64)
+
+    def call(**kw):
+        return multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(2)], **kw)
+
+    first = call()
+    mp = first.info["devices"]["mapping"]
+    span = md.devices_seconds(first.info)
+    assert mp["by"] == "flops" and span is not None and span > 0
+    assert mp["seconds"] == {"flops": pytest.approx(span)}
+    for _ in range(10):
+        kept = remember_speeds(an, key, [0.4, 1.6])
+    remember_mapping_seconds(an, key, "flops", 1.0)
+    remember_mapping_seconds(an, key, "measured speeds", 0.5)
+    assert call().info["devices"]["mapping"]["by"] == "measured speeds"
+    remember_mapping_seconds(an, key, "flops", 1.0)
+    remember_mapping_seconds(an, key, "measured speeds", 2.0)
+    third = call()
+    mp = third.info["devices"]["mapping"]
+    assert mp["by"] == "flops" and mp["speeds"] is None
+    even = map_devices(an, 2)
+    got = [d["subtree_flops"] for d in third.info["devices"]["per_device"]]
+    assert got == pytest.approx(even.subtree_flops.tolist())
+    assert mapping_seconds(an, key)["flops"] == pytest.approx(md.devices_seconds(third.info))
+    _same_answer(A, gpu_factorize(A, an, device=NumpyDevice(32, 3)), third)
+    given = call(device_speeds=kept)        # given speeds are kept apart
+    assert given.info["devices"]["mapping"]["by"] == "given speeds"
+    assert mapping_seconds(an, key)["measured speeds"] == 2.0
+
+
 def test_memory_weight_when_flops_overflow_a_device():
     an = analyze(grid3d_least_squares(10))
     free = map_devices(an, 2)

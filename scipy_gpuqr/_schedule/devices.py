@@ -57,8 +57,10 @@ from .pattern_cache import PerPattern
 from .tasks import TaskType
 
 __all__ = ["DevicePlan", "map_devices", "map_fronts", "subtree_weights",
-           "makespan", "DEFAULT_BALANCE_TOLERANCE", "MULTI_DEVICE_MIN_FLOPS", "MULTI_DEVICE_MIN_SPEEDUP", "devices_for",
-           "run_speedup", "defer_carried_packs", "remembered_speeds", "remember_speeds", "SPEEDS_CHANGE"]
+           "makespan", "DEFAULT_BALANCE_TOLERANCE", "MULTI_DEVICE_MIN_FLOPS",
+           "MULTI_DEVICE_MIN_SPEEDUP", "devices_for", "run_speedup", "defer_carried_packs",
+           "remembered_speeds", "remember_speeds", "SPEEDS_CHANGE", "MAPPING_SLOWER",
+           "mapping_seconds", "remember_mapping_seconds", "measured_mapping_lost"]
 
 #: Loads within this fraction of the mean end the splitting of subtrees.
 DEFAULT_BALANCE_TOLERANCE = 0.05
@@ -101,6 +103,13 @@ _PLANS = PerPattern(16, 64 << 20, _plans_nbytes)
 #: means a new schedule and R layout for the next call, which the noise between
 #: two calls of one mapping should not cost.
 SPEEDS_CHANGE = 0.05
+
+#: A pattern's device set leaves the mapping by measured speeds for the mapping on
+#: flops once a call by measured speeds took this fraction longer on the devices
+#: than the last call mapped on flops (:func:`measured_mapping_lost`): the model
+#: behind the measured mapping prices neither the contribution blocks a more
+#: fragmented mapping moves nor the waits for them.
+MAPPING_SLOWER = 0.05
 
 
 def subtree_weights(parent: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -633,6 +642,46 @@ def remember_speeds(analysis, devices, measured) -> tuple:
     kept = tuple(float(x) for x in new)
     _PLANS.put(analysis, ("speeds", devices), kept)
     return kept
+
+
+def mapping_seconds(analysis, devices) -> dict:
+    """The devices' seconds of the last factorization of the pattern on a device set
+    by each mapping (``'flops'``, ``'measured speeds'``; :func:`remember_mapping_seconds`),
+    an empty dict where none was kept."""
+    got = _PLANS.get(analysis, ("mapping seconds", devices))
+    return dict(got) if got else {}
+
+
+def remember_mapping_seconds(analysis, devices, by: str, seconds: float) -> None:
+    """Keep the devices' seconds of a factorization of the pattern on a device set
+    mapped by ``by`` (replacing the last one of that mapping).
+
+    Parameters
+    ----------
+    analysis : SymbolicAnalysis
+    devices : hashable
+        The device set (:func:`remembered_speeds`).
+    by : str
+        What the call mapped by (``info["devices"]["mapping"]["by"]``).
+    seconds : float
+        From the first device thread's start to the last one's end (its R values
+        scattered): the devices' part of the call, without what building a new
+        mapping's schedule and layout cost before it.
+    """
+    kept = mapping_seconds(analysis, devices)
+    kept[str(by)] = float(seconds)
+    _PLANS.put(analysis, ("mapping seconds", devices), tuple(sorted(kept.items())))
+
+
+def measured_mapping_lost(analysis, devices) -> bool:
+    """Whether the last factorization of the pattern on the device set mapped by
+    measured speeds took :data:`MAPPING_SLOWER` longer than the last one mapped on
+    flops: later calls then map on flops (a slower mapping costs one call, not
+    every call). The speeds are still measured and kept, for :func:`devices_for`'s
+    and the caller's information."""
+    t = mapping_seconds(analysis, devices)
+    return ("flops" in t and "measured speeds" in t
+            and t["measured speeds"] > (1.0 + MAPPING_SLOWER) * t["flops"])
 
 
 def _spread_upper(plan: DevicePlan, additive: np.ndarray) -> np.ndarray:

@@ -63,7 +63,9 @@ from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
 from ..._schedule.dense_split import SplitModel, block_owners, split_rule
 from ..._schedule import native
 from ..._schedule.devices import (DevicePlan, defer_carried_packs, map_devices,
-                                  remember_speeds, remembered_speeds)
+                                  mapping_seconds, measured_mapping_lost,
+                                  remember_mapping_seconds, remember_speeds,
+                                  remembered_speeds)
 from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE
 from ..dense_front import DenseFront, panels_of
@@ -454,7 +456,10 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         pattern on the same devices measured
         (:func:`~scipy_gpuqr._schedule.devices.remembered_speeds`), or the
         proportional mapping on flops alone where none did yet (a first
-        call); None: on flops alone; a sequence: these speeds. Every call
+        call) or where the pattern's last call by measured speeds took longer
+        on its devices than its last call on flops
+        (:func:`~scipy_gpuqr._schedule.devices.measured_mapping_lost`); None:
+        on flops alone; a sequence: these speeds. Every call
         that runs on several devices measures them (:func:`measured_speeds`)
         and has them remembered for the next
         (:func:`~scipy_gpuqr._schedule.devices.remember_speeds`): devices of
@@ -548,12 +553,28 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         return out
     out.info["budget"] = budget
     measured = measured_speeds(out)
+    span = devices_seconds(out.info)
+    if span is not None and by in ("flops", "measured speeds"):
+        remember_mapping_seconds(analysis, key, by, span)
     out.info["devices"]["mapping"] = {
         "by": by, "speeds": None if speeds is None else [float(x) for x in speeds],
         "measured": measured,
         "remembered": (list(remember_speeds(analysis, key, measured)) if measured
-                       else _as_list(remembered_speeds(analysis, key)))}
+                       else _as_list(remembered_speeds(analysis, key))),
+        "seconds": mapping_seconds(analysis, key)}
     return out
+
+
+def devices_seconds(info) -> float | None:
+    """The devices' part of a :func:`multi_gpu_factorize` call: from the first
+    device thread's start to the last one's R values scattered
+    (``timeline_seconds``), so without the building of a new mapping's schedule
+    and layout before the threads start; None where the call has no timeline."""
+    per = (info.get("devices") or {}).get("devices") or []
+    lines = [d.get("timeline_seconds") for d in per]
+    if len(lines) < 2 or any(not t or len(t) < 3 for t in lines):
+        return None
+    return float(max(t[2] for t in lines) - min(t[0] for t in lines))
 
 
 def _as_list(speeds):
@@ -569,7 +590,9 @@ def _speeds_for(device_speeds, analysis, key, ndev) -> tuple:
             raise ValueError(f"device_speeds: 'measured', None or {ndev} speeds, "
                              f"got {device_speeds!r}")
         kept = remembered_speeds(analysis, key)
-        return (None, "flops") if kept is None else (kept, "measured speeds")
+        if kept is None or measured_mapping_lost(analysis, key):
+            return None, "flops"
+        return kept, "measured speeds"
     return tuple(float(x) for x in device_speeds), "given speeds"
 
 
