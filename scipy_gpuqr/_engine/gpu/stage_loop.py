@@ -531,20 +531,14 @@ class StageLoop:
         (:class:`~.pool_copy._FrontCopy`). :meth:`place_in_host_stages` places
         the others after the stage. The host stage begins after the engine
         waited for ``down``."""
-        if not self.host_stages:
+        groups = self._into_host_stages(st)
+        if not groups:
             return
         fs = self.fs
-        first, last = st.fronts
-        members = np.arange(first, last + 1)
-        par = fs.parent[members]
-        fr = members[(par >= 0) & (par > last)]
-        if not len(fr):
-            return
-        psid = np.searchsorted(self.stage_first, fs.parent[fr], side="right") - 1
         down.on_placed = self._on_placed
-        for sid in np.unique(psid[np.isin(psid, list(self.host_stages))]).tolist():
+        for sid, members in groups.items():
             pst = self.sched.stages[sid]
-            kids = [f for f in fr[psid == sid].tolist() if f not in self.early_placed]
+            kids = [f for f in members if f not in self.early_placed]
             if not kids:
                 continue
             out = self.host_dev.take_pool(pst.fronts, min(int(pst.carried[f]) for f in kids),
@@ -641,24 +635,32 @@ class StageLoop:
         return np.array([i for i in later.tolist() if self.host_cb.get(first + i) is not _PLACED],
                         dtype=np.int64)
 
-    def queue_assembly(self, st) -> None:
-        """Blocks of ``st``'s fronts placed into later host stages' pools
-        (:meth:`place_in_host_stages`, :meth:`place_early`) and not handed
-        ahead during the stage, queued for :meth:`assemble_ahead`."""
+    def _into_host_stages(self, st) -> dict:
+        """The members of stage ``st`` whose parent is a host stage's front, by that
+        stage: ``{stage id: [front, ...]}`` in ascending stage ids (empty without
+        host stages)."""
         if not self.host_stages:
-            return
+            return {}
         fs = self.fs
         first, last = st.fronts
         members = np.arange(first, last + 1)
         par = fs.parent[members]
         fr = members[(par >= 0) & (par > last)]
         if not len(fr):
-            return
+            return {}
         psid = np.searchsorted(self.stage_first, fs.parent[fr], side="right") - 1
-        for sid in np.unique(psid[np.isin(psid, list(self.host_stages))]).tolist():
+        return {sid: fr[psid == sid].tolist()
+                for sid in np.unique(psid[np.isin(psid, list(self.host_stages))]).tolist()}
+
+    def queue_assembly(self, st) -> None:
+        """Blocks of ``st``'s fronts placed into later host stages' pools
+        (:meth:`place_in_host_stages`, :meth:`place_early`) and not handed
+        ahead during the stage, queued for :meth:`assemble_ahead`."""
+        fs = self.fs
+        for sid, members in self._into_host_stages(st).items():
             pst = self.sched.stages[sid]
             blocks = [(int(pst.carried[f]), int(fs.cm[f]) * int(fs.fn[f] - fs.fp[f]))
-                      for f in fr[psid == sid].tolist() if self.host_cb.get(f) is _PLACED]
+                      for f in members if self.host_cb.get(f) is _PLACED]
             if blocks:
                 self.assembly_due.append((sid, blocks))
 
