@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
 from . import _store
+from ._mapped_files import mapped_paths
 
 __all__ = ["kernels_dir", "kernel_files", "flatten_source", "COMPILE_OPTIONS",
            "registered_variants", "registered_cooperative", "registered_separate",
@@ -426,23 +427,13 @@ def _nvrtc_identity(compiler) -> list | None:
 
     The empty file's PTX names the NVRTC build, which the version (major,
     minor) alone does not: a record made with another build of the same
-    version is not used. The map is searched as bytes: a process with CUDA's
-    libraries loaded has thousands of mappings, and splitting every line in
-    Python took tens of milliseconds of a first call."""
+    version is not used."""
     try:
         version = [int(v) for v in compiler._get_nvrtc_version()]
-        with open("/proc/self/maps", "rb") as fh:
-            maps = fh.read()
-        paths = set()
-        at = maps.find(b"/libnvrtc.so")
-        while at >= 0:
-            start = maps.rfind(b" ", 0, at) + 1
-            end = maps.find(b"\n", at)
-            paths.add(maps[start:end if end >= 0 else len(maps)].decode())
-            at = maps.find(b"/libnvrtc.so", at + 1)
+        paths = [p for p in mapped_paths("/libnvrtc.so") if "/libnvrtc.so" in p]
         if len(paths) != 1:
             return None
-        path = paths.pop()
+        path = paths[0]
         st = os.stat(path)
     except Exception:                      # noqa: BLE001 - no record: CuPy runs NVRTC
         return None

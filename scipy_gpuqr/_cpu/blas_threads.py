@@ -40,6 +40,8 @@ import ctypes
 import os
 from typing import Optional
 
+from .._mapped_files import MAPS, mapped_paths
+
 __all__ = ["SINGLE_THREAD_FLOPS", "CDEF", "threads_for", "limited", "process_limited",
            "openblas_pools", "Lowered"]
 
@@ -111,28 +113,11 @@ def limited(lib, threads: Optional[int]):
         set_(before)
 
 
-def _loaded_openblas_paths(maps: str = "/proc/self/maps") -> list:
+def _loaded_openblas_paths(maps: str = MAPS) -> list:
     """Paths of the shared objects mapped into this process whose path names
     OpenBLAS (the library or its folder; empty where the memory map cannot be
     read: not Linux)."""
-    try:
-        with open(maps, "rb") as fh:
-            text = fh.read()
-    except OSError:
-        return []
-    paths = []
-    low = text.lower()                  # same offsets: ASCII case only
-    at = low.find(b"openblas")
-    while at >= 0:
-        start = text.rfind(b"\n", 0, at) + 1
-        end = text.find(b"\n", at)
-        end = len(text) if end < 0 else end
-        fields = text[start:end].split(None, 5)
-        path = fields[5].strip() if len(fields) == 6 else b""
-        if b".so" in os.path.basename(path) and path not in paths:
-            paths.append(path)
-        at = low.find(b"openblas", end)
-    return [os.fsdecode(path) for path in paths]
+    return [p for p in mapped_paths("openblas", maps) if ".so" in os.path.basename(p)]
 
 
 def openblas_pools() -> list:

@@ -69,6 +69,7 @@ import numpy as np
 import scipy
 
 from .. import _store
+from .._mapped_files import mapped_paths
 from .._cpu._libs import LibraryNotFound, find_library
 from .._cpu.colamd import colamd_available
 from .._version import __version__
@@ -157,12 +158,7 @@ def _library_file(soname: str) -> str:
         except OSError:
             pass
     try:
-        with open("/proc/self/maps") as fh:
-            text = fh.read()
-        for line in text.splitlines():
-            if base not in line:            # (a new process maps a thousand files)
-                continue
-            path = line.split(" ", 5)[-1].strip()
+        for path in mapped_paths(base):
             if Path(path).name.startswith(base):
                 return f"{Path(path).name}:{Path(path).stat().st_size}"
     except OSError:
