@@ -44,7 +44,7 @@ from scipy.linalg import get_lapack_funcs
 from .dense_front import factor_panel_numpy
 
 __all__ = ["run_split", "split_steps", "Step", "RING", "NumpySplit", "split_factorize_numpy",
-           "block_rows"]
+           "block_rows", "local_columns"]
 
 
 def block_rows(panels: list, nblk: int) -> np.ndarray:
@@ -56,6 +56,18 @@ def block_rows(panels: list, nblk: int) -> np.ndarray:
         return np.zeros(nblk, dtype=np.int64)
     top = np.array([j + r for j, r, _ in panels], dtype=np.int64)
     return top[np.minimum(np.arange(nblk), len(top) - 1)]
+
+
+def local_columns(owners, d: int, nb: int, fn: int) -> tuple:
+    """Where device ``d`` keeps its blocks of ``nb`` columns (``owners``: the device
+    of each) in its own array: ``({block: first column}, width)``, the blocks side
+    by side in their order (the last block of a front of ``fn`` columns may be
+    narrower)."""
+    at, width = {}, 0
+    for c in np.flatnonzero(np.asarray(owners) == d).tolist():
+        at[c] = width
+        width += min(fn, (c + 1) * nb) - c * nb
+    return at, width
 
 
 #: Panels whose reflectors the main device keeps at once (the CUDA backend's ring
@@ -342,21 +354,16 @@ class NumpySplit:
         pass
 
     def send_blocks(self, d: int) -> None:
-        blocks = np.flatnonzero(self.owners == d).tolist()
-        at, width = {}, 0
-        for c in blocks:
-            a, b = self._cols(c)
-            at[c] = width
-            width += b - a
+        at, width = local_columns(self.owners, d, self.nb, self.fn)
         loc = np.empty((self.fm, width), dtype=self.F.dtype)
         moved = 0
-        for c in blocks:
+        for c in at:
             a, b = self._cols(c)
             r = int(self.need[c])
             loc[:r, at[c]:at[c] + b - a] = self.F[:r, a:b]
             moved += r * (b - a)
         self.local[d], self.col_of[d] = loc, at
-        self.log.append(("blocks", d, len(blocks), moved))
+        self.log.append(("blocks", d, len(at), moved))
 
     def factor(self, p: int) -> None:
         j, rows, b = self.panels[p]

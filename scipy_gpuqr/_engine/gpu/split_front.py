@@ -55,7 +55,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dense_front import DEFAULT_PANEL_METHOD, _PanelFactor, _Work, _wy_update
-from ..split_front import RING, block_rows
+from ..split_front import RING, block_rows, local_columns
 from .dense_panel import PANEL_WIDTH
 
 __all__ = ["CupySplit", "SplitResources", "enable_peers"]
@@ -367,12 +367,7 @@ class CupySplit:
         self.work = [None] * self.ndev
         self.g_help = [None] * self.ndev
         for d in range(1, self.ndev):
-            blocks = np.flatnonzero(self.owners == d).tolist()
-            at, w = {}, 0
-            for c in blocks:
-                a, e = self._cols(c)
-                at[c] = w
-                w += e - a
+            at, w = local_columns(self.owners, d, nb, self.fn)
             key = (d, self.ids[d], dt.str)
             wd = max(w, nb) * nb
             with self._dev(d):
