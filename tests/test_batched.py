@@ -339,6 +339,47 @@ def test_block_jacobi_operator(rng):
             M.matvec(np.ones(n + 1))
 
 
+def test_block_jacobi_operator_made_like_its_constructor(rng):
+    """``made`` (the short path's operator, without the base class's
+    constructor) gives an operator with every attribute that the
+    constructor sets, of the same values, and the same products; two
+    orders or dtypes do not share their state."""
+    import scipy.sparse.linalg as spla
+    from scipy_gpuqr.batched import _jacobi
+    Op = _jacobi._operator_class(spla.LinearOperator)
+    n, bs = 11, 4
+    d = rng.standard_normal((n, n)) + 6 * np.eye(n)
+    full = np.linalg.inv(np.stack([d[s:s + bs, s:s + bs] for s in range(0, 8, bs)]))
+    inverses = (full, np.linalg.inv(d[8:, 8:]))
+    for dtype in (np.float64, np.float32):
+        dt = np.dtype(dtype)
+        ref = Op(np, n, bs, dt, inverses)
+        op = Op.made(np, n, bs, dt, inverses)
+        assert type(op) is Op and isinstance(op, spla.LinearOperator)
+        assert op.__dict__.keys() == ref.__dict__.keys()
+        for key, value in ref.__dict__.items():
+            assert getattr(op, key) is value or getattr(op, key) == value, key
+        x = rng.standard_normal(n)
+        np.testing.assert_array_equal(op.matvec(x), ref.matvec(x))
+        np.testing.assert_array_equal(op @ np.c_[x, -x], ref @ np.c_[x, -x])
+    assert Op.made(np, 5, 5, np.dtype(np.float64), None).shape == (5, 5)
+    assert Op.made(np, 6, 5, np.dtype(np.float32), None).dtype == np.float32
+
+
+def test_report_words_are_report_args_as_integers():
+    """The short path's (address, ctl) pair carries what ``report_args``
+    gives the kernels: the same generation and flag, the word's address."""
+    from types import SimpleNamespace
+    from scipy_gpuqr.batched import _gpu_common as gc
+    st = SimpleNamespace(ptr=1 << 40, gen=12345, buf=object())
+    for clear in (False, True):
+        addr, ctl = gc.report_words(st, clear_neg=clear)
+        buf, want = gc.report_args(st, clear_neg=clear)
+        assert buf is st.buf and addr == st.ptr
+        assert type(ctl) is int and ctl == int(want)
+        assert ctl & gc.CTL_CLEAR_NEG == (gc.CTL_CLEAR_NEG if clear else 0)
+
+
 def test_block_jacobi_fused_inverse_variants_registered():
     """Every CSR twin of the inverse kernels that block_jacobi's short path
     can launch (each register size, float32/float64, int32/int64 indices;

@@ -42,7 +42,7 @@ from .._kernels import load_module
 
 __all__ = ["alloc", "alloc_outputs", "alloc_layout", "dtname", "device_id", "solve_by_columns",
            "solve_columns", "cupy",
-           "new_status", "report_args", "NO_REPORT", "finish_report", "scan_info",
+           "new_status", "report_args", "report_words", "NO_REPORT", "finish_report", "scan_info",
            "scan_nonfinite", "read_status", "STATUS_SINGULAR", "STATUS_NONFINITE",
            "STATUS_FACTOR", "STATUS_RHS", "STATUS_SIZES", "STATUS_SLOTS", "CTL_CLEAR_NEG",
            "CTL_NAN_FILL", "rhs_operand",
@@ -402,6 +402,13 @@ def report_args(status, clear_neg: bool = False, nan_fill: bool = False) -> tupl
     if status is None:
         return (NULL, np.uint64(flags))
     return (status.buf, np.uint64((status.gen << 2) | flags))
+
+
+def report_words(status, clear_neg: bool = False) -> tuple:
+    """:func:`report_args` of a :func:`new_status` word as two plain
+    integers, the word's address and ``ctl``, for a launch on addresses
+    (:func:`launch` packs integers; no NumPy scalar is made)."""
+    return status.ptr, (status.gen << 2) | (CTL_CLEAR_NEG if clear_neg else 0)
 
 
 def finish_report(info, report, x=None) -> None:

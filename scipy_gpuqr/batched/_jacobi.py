@@ -190,6 +190,19 @@ def _operator_class(base):
             super().__init__(dtype, (n, n))
             self.xp, self.block_size, self.inverses = xp, bs, inverses
 
+        @classmethod
+        def made(cls, xp, n, bs, dtype, inverses):
+            """The operator of ``cls(xp, n, bs, dtype, inverses)`` without the
+            base class's ``__new__`` and ``__init__`` (their checks and
+            conversions cost a microsecond or more of each call): the state
+            that they set for this order and dtype (:func:`_base_state`, made
+            once by the constructor) copied into a new instance."""
+            op = _new_object(cls)
+            state = op.__dict__
+            state.update(_base_state(cls, n, dtype))
+            state["xp"], state["block_size"], state["inverses"] = xp, bs, inverses
+            return op
+
         def _matvec(self, x):
             inverses = self.inverses
             if callable(inverses):
@@ -212,6 +225,23 @@ def _operator_class(base):
     return BlockJacobiOperator
 
 
+_new_object = object.__new__
+
+
+@functools.lru_cache(maxsize=64)
+def _base_state(cls, n: int, dtype) -> dict:
+    """The attributes that ``cls``'s base constructor gives an operator of
+    order ``n`` and ``dtype`` (an instance made by the constructor, less
+    what :func:`_operator_class`'s own ``__init__`` sets), for
+    ``BlockJacobiOperator.made``: whatever state a version of the base class
+    keeps (SciPy's array namespace, cupyx's dtype and shape) is copied
+    as the constructor left it."""
+    state = dict(cls(None, n, 1, dtype, None).__dict__)
+    for own in ("xp", "block_size", "inverses"):
+        state.pop(own, None)
+    return state
+
+
 @functools.lru_cache(maxsize=64)
 def _short_plan(n: int, bs: int, dtype, ix: str, device: int) -> tuple:
     """Everything of :func:`_build_gpu`'s calls on a sparse matrix of order
@@ -232,7 +262,9 @@ def _short_plan(n: int, bs: int, dtype, ix: str, device: int) -> tuple:
 
 def _short_sparse(A, bs, dtype, dev, report):
     """The kernels of :func:`_build_gpu` for a CuPy sparse ``A`` and blocks of
-    ``bs`` <= 32 with ``report``: the inverses of the full blocks, then of
+    ``bs`` <= 32 with ``report`` (the status word's address and ``ctl``:
+    :func:`scipy_gpuqr.batched._gpu_common.report_words`, or ``NO_REPORT``):
+    the inverses of the full blocks, then of
     the ragged one, each stack read straight from CSR by one kernel, into one
     allocation (addresses). Returns a function of no arguments that makes
     them arrays, (inverses of the full blocks, of the ragged one or None),
@@ -273,14 +305,11 @@ def _build_gpu(A, bs, inv_batched, check_finite):
         return None
     n = shape[0]
     dev = _gc.device_id()
-    if bs <= SMALL_MAX and is_cupy_sparse(A):
+    short = bs <= SMALL_MAX and is_cupy_sparse(A)
+    if short:
         st = _gc.new_status(dev)
-        report = _gc.report_args(st, clear_neg=not check_finite)
-        inverses = _short_sparse(A, bs, dtype, dev, report)
-
-        def gathered():
-            full, last = _gpu_blocks(A, n, bs, dtype, dev)
-            return full, last if n % bs else None
+        inverses = _short_sparse(A, bs, dtype, dev,
+                                 _gc.report_words(st, clear_neg=not check_finite))
     else:
         blocks = _gpu_blocks(A, n, bs, dtype, dev)
         if blocks is None:
@@ -291,13 +320,12 @@ def _build_gpu(A, bs, inv_batched, check_finite):
         inverses = (_gpu.getri(full, report=report, device=dev)[0] if n >= bs else full,
                     _gpu.getri(last, report=report, device=dev)[0] if last is not None
                     else None)
-
-        def gathered():
-            return full, last
-    op = _cupyx_operator()(_gc.cupy(), n, bs, dtype, inverses)
+    op = _cupyx_operator().made(_gc.cupy(), n, bs, dtype, inverses)
     counts = _gc.read_status(st)
     if counts[_gc.STATUS_SINGULAR] or (check_finite and counts[_gc.STATUS_NONFINITE]):
-        full, last = gathered()
+        if short:                         # the blocks, gathered only here
+            full, last = _gpu_blocks(A, n, bs, dtype, dev)
+            last = last if n % bs else None
         op.inverses = _invert(full, last, bs, n, inv_batched, check_finite, None)
     return op
 
