@@ -81,3 +81,31 @@ def test_round_trip_shown_beside_the_ratio():
     assert verdict == "**missed**"
     assert measured == ("1.059 (results held: 1.029; public - kernel 20.0 us, "
                         "a bare synchronization 12.0 us)")
+
+
+def test_host_table_medians_ranges_and_verdict():
+    """``bench/batched_host.py``'s table across worker processes: per
+    function and variant the median of the processes' medians and their
+    range per tree, the last tree judged against 30 µs, the Python
+    reference per tree on the last line."""
+    bench = load_bench("batched_host.py", "bench_batched_host_table")
+
+    def proc(tag, jacobi, lu, ref):
+        return dict(tag=tag, rows=[
+            dict(function="block_jacobi", variant="default", host_us=jacobi, ref_us=ref),
+            dict(function="lu_factor_batched", variant="async", host_us=lu, ref_us=ref)])
+    results = [proc("base", 35.0, 20.0, 36.0), proc("new", 31.0, 21.0, 80.0),
+               proc("base", 33.0, 19.0, 35.0), proc("new", 25.0, 22.0, 37.0),
+               proc("new", 27.0, 40.0, 36.0)]
+    lines = bench.host_table(results)
+    assert lines[0] == "| function | variant | base µs | new µs | new ≤ 30 µs |"
+    body = {tuple(c.strip() for c in ln.strip("|").split("|")[:2]):
+            [c.strip() for c in ln.strip("|").split("|")[2:]] for ln in lines[2:]}
+    assert body[("block_jacobi", "default")] == ["34.0 (33.0-35.0)", "27.0 (25.0-31.0)", "met"]
+    assert body[("lu_factor_batched", "async")][1:] == ["22.0 (21.0-40.0)", "met"]
+    ref = body[("Python reference (fixed loop)", "back to back")]
+    assert ref[0] == "35.5 (35.0-36.0)" and ref[1] == "37.0 (36.0-80.0)"
+    results.append(proc("new", 45.0, 22.0, 36.0))
+    results.append(proc("new", 46.0, 22.0, 36.0))
+    body = {ln.strip("|").split("|")[0].strip(): ln for ln in bench.host_table(results)[2:]}
+    assert body["block_jacobi"].rstrip().endswith("| **missed** |")
