@@ -20,7 +20,9 @@ import scipy.sparse as sp
 
 from scipy_gpuqr import QRFactorization, lsqr
 from scipy_gpuqr._factor import lstsq as _lstsq
+from scipy_gpuqr._dispatch.plan import backend_factorizer
 from scipy_gpuqr._factor.dense_upper import DenseUpper, stored_densely
+from scipy_gpuqr._factor.factored import _cod_factorizer
 from scipy_gpuqr._factor.solve_rank import probe_margin
 from scipy_gpuqr._factor.subspace_cod import sigma_max_lanczos
 from scipy_gpuqr._factor.triangular import UpperTriangular
@@ -218,3 +220,81 @@ def test_a_given_diagonal_spares_the_decisions_own_pass(monkeypatch):
     assert calls == [] and (got.method, got.rank) == (want.method, want.rank) == ("triangular", 60)
     lstsq.MinNormSolver(R, 1e-12, diagonal=d[:-1])
     assert calls == [1]
+
+
+# ---------------------------------------------------------------------------
+# the null-space COD on the host from NULLSPACE_HOST_MIN_ORDER (issue 15)
+
+def _dead_pivot_factor(rng, q, dead, tiny=1e-17):
+    """Upper triangular sparse R of order q whose last ``dead`` columns are exact
+    combinations of the others up to ``tiny``: R's pivots there are ``tiny`` (a clean
+    gap: the other singular values lie far above lstsq's cutoff)."""
+    A = rng.standard_normal((q, q - dead))
+    A = np.hstack([A, A[:, :dead] @ rng.standard_normal((dead, dead))
+                   + tiny * rng.standard_normal((q, dead))])
+    R = np.triu(np.linalg.qr(A, mode="r"))
+    return sp.csc_array(np.where(np.abs(R) > 1e-12 * np.abs(R).max(), R, 0.0)
+                        + np.diag(np.where(np.arange(q) >= q - dead, np.diag(R), 0.0)))
+
+
+def test_nullspace_candidate_reads_the_pivots(rng):
+    """A few pivots under ``cutoff·max|r_ii|`` and none between that and
+    ``cutoff·‖R‖_F``, order at least NULLSPACE_HOST_MIN_ORDER, a finite nonzero
+    diagonal: a candidate; otherwise not."""
+    q = _lstsq.NULLSPACE_HOST_MIN_ORDER
+    cutoff = EPS * q
+    R = _dead_pivot_factor(rng, q, 3)
+    assert _lstsq.nullspace_candidate(R, cutoff)
+    small = _dead_pivot_factor(rng, q - 100, 3)
+    assert not _lstsq.nullspace_candidate(small, cutoff)
+    d = np.abs(R.diagonal())
+    full = R + sp.diags_array(np.where(d < 1e-8, 1.0, 0.0))
+    assert not _lstsq.nullspace_candidate(sp.csc_array(full), cutoff)     # no dead pivot
+    zero = R.tolil()
+    zero[q - 1, q - 1] = 0.0
+    assert not _lstsq.nullspace_candidate(sp.csc_array(zero), cutoff)     # a zero pivot
+    # a pivot between the cutoff's bounds: where σ_max lies would decide
+    between = R.tolil()
+    lo, hi = cutoff * d.max(), cutoff * np.sqrt((R.data ** 2).sum())
+    assert hi > 1.5 * lo
+    between[0, 0] = np.sign(between[0, 0]) * 0.5 * (lo + hi) if between[0, 0] else 0.5 * (lo + hi)
+    assert not _lstsq.nullspace_candidate(sp.csc_array(between), cutoff)
+
+
+def test_host_nullspace_cod_decides_from_its_order(rng):
+    """A square R with a few dead pivots and a clean gap is decided on the host by the
+    null-space COD from NULLSPACE_HOST_MIN_ORDER (before: the gap-checked sparse COD's
+    two sparse QRs and a dense inverse of R11), with lstsq's rank and solution; below
+    the order the other rules decide, with the same rank."""
+    for q, method in ((_lstsq.NULLSPACE_HOST_MIN_ORDER, "nullspace_cod"), (300, None)):
+        R = _dead_pivot_factor(rng, q, 4)
+        cutoff = EPS * q
+        Rd = R.toarray()
+        b = rng.standard_normal(q)
+        x_ref, _, rank_ref, _ = np.linalg.lstsq(Rd, b, rcond=None)
+        solver = _lstsq.MinNormSolver(R, cutoff, factorize=_cod_factorizer(
+            backend_factorizer("cpu")[0]))
+        assert solver.rank == rank_ref == q - 4
+        assert (solver.method == method) if method else solver.method != "nullspace_cod"
+        x = solver.solve(b).ravel()
+        assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+
+
+def test_lsqr_cpu_takes_the_nullspace_cod_on_dwt_878():
+    """dwt_878 (rank 850 of 878 by lstsq's rule, a clean gap): SuiteSparseQR's R shows 28
+    dead pivots and the host's null-space COD decides, with lstsq's rank; the answer's
+    backward error is at working precision and x is lstsq's."""
+    from conftest import TEST_MATRICES
+    from scipy_gpuqr.io import mmread
+    A = sp.csc_array(mmread(str(TEST_MATRICES / "dwt_878.mtx"))).astype(np.float64)
+    b = np.random.default_rng(7).standard_normal(A.shape[0])
+    F = QRFactorization(A, backend="cpu")
+    assert _lstsq.nullspace_candidate(F.R, _lstsq.lstsq_cutoff(*A.shape))
+    x = F.solve(b)
+    info = F.info["rank_decision"]
+    assert (info["method"], info["rank"]) == ("nullspace_cod", 850), info
+    x_ref, _, rank_ref, _ = np.linalg.lstsq(A.toarray(), b, rcond=None)
+    assert rank_ref == 850
+    assert np.linalg.norm(x - x_ref) <= 1e-10 * np.linalg.norm(x_ref)
+    r = b - A @ x
+    assert np.linalg.norm(A.T @ r) <= 64 * EPS * sp.linalg.norm(A) * np.linalg.norm(r)

@@ -44,9 +44,10 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
        these tests and rule 2.
     2. Otherwise the rank is decided on ``R`` alone (it has A's singular
        values), with ``cutoff·σ_max`` as the absolute threshold ``tol``.
-       From :data:`SOLVE_RANK_MIN_ORDER` columns, where R is square with a
-       nonzero diagonal and a few tiny pivots leave a clear gap, the
-       **null-space COD** answers
+       From :data:`SOLVE_RANK_MIN_ORDER` columns (from
+       :data:`NULLSPACE_HOST_MIN_ORDER` where R's solves are the host's:
+       :func:`nullspace_candidate`), where R is square with a nonzero diagonal
+       and a few tiny pivots leave a clear gap, the **null-space COD** answers
        (:class:`~scipy_gpuqr._factor.solve_rank.NullspaceCOD`: two solves
        with d columns give the small singular subspaces, checked by
        ``‖R V_d‖ <= tol/2`` and a probe of σ_{q−d}; ``x = P_V R⁻¹ P_U c``
@@ -140,6 +141,7 @@ from .sparse_subspace import decide as sparse_subspace_decide
 from .triangular import DENSE_SIGMA_LIMIT, UpperTriangular, norm2_lanczos, sigma_min_upper
 
 __all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver",
+           "NULLSPACE_HOST_MIN_ORDER", "nullspace_candidate",
            "exactly_singular", "solve_upper", "solve_upper_transposed"]
 
 EPS = float(np.finfo(np.float64).eps)
@@ -212,6 +214,13 @@ SPARSE_SUBSPACE_MIN_ORDER = 1000
 #: beyond DENSE_LIMIT, the null-space COD of a few dependent columns).
 SOLVE_RANK_MIN_ORDER = 3000
 
+#: Smallest order of a square R whose null-space COD (a few tiny pivots with a
+#: clear gap) is tried first where R's solves run on the host (SuperLU's sweeps):
+#: two solves with d columns and thin q × d QRs, several times cheaper than the
+#: gap-checked sparse COD's two sparse QRs of R, Lanczos for σ_max and dense
+#: inverse of R11 for σ_min(R11). Below it the dense rules cost little.
+NULLSPACE_HOST_MIN_ORDER = 500
+
 #: Largest number of tiny pivots (and fraction of q) the null-space COD takes on:
 #: two solves with that many columns and thin QRs of q × d blocks.
 NULLSPACE_MAX_DEAD = 4096
@@ -278,6 +287,42 @@ def exactly_singular(R: sp.csc_array, n: int) -> bool:
         return True
     colnorm = np.sqrt(np.asarray(R.multiply(R).sum(axis=0)).ravel()[:n])
     return bool(np.any(d <= SINGULAR_RTOL * colnorm))
+
+
+def _dead_pivots(d: np.ndarray, lo: float) -> int:
+    """The pivots ``|r_ii| <= lo`` that the null-space COD takes on, or 0 where there
+    are none or more than :data:`NULLSPACE_MAX_DEAD` (and
+    :data:`NULLSPACE_MAX_FRACTION` of q)."""
+    dead = int(np.count_nonzero(d <= lo))
+    return 0 if dead > min(NULLSPACE_MAX_DEAD, NULLSPACE_MAX_FRACTION * d.size) else dead
+
+
+def nullspace_candidate(R, cutoff: float) -> bool:
+    """Whether :class:`MinNormSolver` tries the null-space COD first on host R, from
+    R's diagonal alone: square R of order at least :data:`NULLSPACE_HOST_MIN_ORDER`
+    with a finite nonzero diagonal, some pivots at most ``cutoff·max|r_ii|`` (a
+    lower bound of lstsq's absolute cutoff) but not too many, and the same pivots
+    at most ``cutoff·‖R‖_F`` (an upper bound of it): no pivot lies where σ_max's
+    value would decide. The COD then costs two solves with those few columns and a
+    probe, no dense work; it still checks the gap itself and may refuse (the
+    tiny pivots need not be the small singular values).
+
+    Parameters
+    ----------
+    R : sparse matrix
+        Upper triangular.
+    cutoff : float
+        lstsq's relative cutoff (:func:`lstsq_cutoff`).
+    """
+    R = sp.csc_array(R)
+    k, q = R.shape
+    if k != q or q < min(NULLSPACE_HOST_MIN_ORDER, SOLVE_RANK_MIN_ORDER):
+        return False
+    d = abs_diagonal(R)
+    if not (np.all(np.isfinite(d)) and np.all(d > 0)):
+        return False
+    dead = _dead_pivots(d, cutoff * float(d.max()))
+    return dead > 0 and int(np.count_nonzero(d <= cutoff * frobenius(R))) == dead
 
 
 def _host_triangular(R: sp.csc_array) -> tuple[Callable, Callable]:
@@ -476,6 +521,14 @@ class MinNormSolver:
             if self._fro_pending is not None:
                 self._frobenius()       # the worker's pass ends with the decision
 
+    def _nullspace_min_order(self) -> int:
+        """Smallest order at which the null-space COD is tried first:
+        :data:`NULLSPACE_HOST_MIN_ORDER` where R's solves are the host's (no
+        device solves given), else :data:`SOLVE_RANK_MIN_ORDER`."""
+        if self.solves is None and self.device == "cpu":
+            return min(NULLSPACE_HOST_MIN_ORDER, SOLVE_RANK_MIN_ORDER)
+        return SOLVE_RANK_MIN_ORDER
+
     def _blas_threads(self) -> Optional[int]:
         """BLAS threads for the decision and the solves: one for R of order up to
         :data:`SINGLE_THREAD_ORDER`, else the pools' own counts (None)."""
@@ -508,7 +561,7 @@ class MinNormSolver:
         if square_ok and d.min() > self.cutoff * d.max():
             if self._full_rank_confirmed():
                 return
-        if square_ok and q >= SOLVE_RANK_MIN_ORDER and self._prepare_nullspace_cod(d):
+        if square_ok and q >= self._nullspace_min_order() and self._prepare_nullspace_cod(d):
             return
         if self._sparse_cod_first() and self._prepare_gap_checked_cod():
             return
@@ -750,8 +803,8 @@ class MinNormSolver:
         lo = self.cutoff * float(d.max())
         # the pivots under the lower bound; those under the upper one must be the
         # same (checked once ‖R‖_F is known, computed while the device solves)
-        dead = int(np.count_nonzero(d <= lo))
-        if dead == 0 or dead > min(NULLSPACE_MAX_DEAD, NULLSPACE_MAX_FRACTION * q):
+        dead = _dead_pivots(d, lo)
+        if dead == 0:
             return False
         hi = self._late_upper_cutoff(d, dead)
         up, upt, xp = self._solve_ops()
