@@ -16,9 +16,7 @@ A small factorization gains nothing from 16 BLAS threads either, so
 OpenBLAS that libspqr is linked against is reached through libspqr's own
 handle (``dlsym`` searches its dependencies), so the pools of NumPy and SciPy
 are never touched; with another BLAS (no ``openblas_set_num_threads``) this
-is a no-op. OpenBLAS's thread count is process-wide: two Python threads
-factorizing at once may see each other's setting for the length of a call
-(a speed effect only, never a numerical one).
+is a no-op.
 
 The rank decision's dense and Lanczos steps run in NumPy's and SciPy's own
 OpenBLAS: :func:`process_limited` lowers every OpenBLAS loaded in the
@@ -31,19 +29,38 @@ those workers then spin on the cores the next call (SuiteSparseQR's, or the
 other pool's) needs. A count is a speed setting: the same count gives the same
 results bit for bit, while another may change their last bits (OpenBLAS splits
 some reductions among its threads), as ``OPENBLAS_NUM_THREADS`` itself does.
+
+An OpenBLAS count is one per process, not per thread: while a body runs, every
+other thread's calls into that pool run with its count too (a speed effect, and
+their reductions' last bits). ``openblas_set_num_threads_local`` (OpenBLAS
+0.3.27 on) does not change that in the pthreads builds that NumPy's and
+SciPy's wheels ship: it sets the same process-wide count and returns the
+earlier one (another thread reads the new count at once), so it is not used.
+What can be made safe is our own threads' changes: every change goes through
+one record per process (:class:`_ProcessCounts`, the one mutable object here,
+since the counts it guards are themselves one per process). Bodies that
+overlap, in one thread or several, share the lowering: the first saves each
+pool's count, the last restores it, and no body ever restores a count another
+body lowered (two threads saving and restoring on their own can leave a pool
+lowered for good: the second saved the first's lowered count). A pool is set
+only when its count changes, and :func:`held_counts` keeps every count as it is
+for a body whose other threads run BLAS meanwhile (a multi-device call): no
+lowering starts while it runs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
+import threading
 from typing import Optional
 
 from .._mapped_files import MAPS, mapped_paths
 
 __all__ = ["SINGLE_THREAD_FLOPS", "CDEF", "threads_for", "limited", "process_limited",
-           "openblas_pools", "Lowered"]
+           "held_counts", "openblas_pools", "Lowered"]
 
 #: Factorizations with fewer flops (the symbolic analysis' count) run
 #: SuiteSparseQR's BLAS on one thread.
@@ -95,22 +112,16 @@ def limited(lib, threads: Optional[int]):
         libspqr's handle (with :data:`CDEF` declared on its FFI).
     threads : int or None
         None (or a BLAS that is not OpenBLAS) changes nothing; otherwise the
-        count is lowered for the body and restored after it.
+        count is lowered for the body and restored after it, through the
+        process' record of lowered pools (see :func:`process_limited`: this
+        pool is also among :func:`openblas_pools`).
     """
     ctl = _controls(lib) if threads is not None else None
     if ctl is None:
         yield
         return
-    get, set_ = ctl
-    before = int(get())
-    if before <= threads:
+    with _COUNTS.lowered([ctl], int(threads)):
         yield
-        return
-    set_(int(threads))
-    try:
-        yield
-    finally:
-        set_(before)
 
 
 def _loaded_openblas_paths(maps: str = MAPS) -> list:
@@ -149,24 +160,140 @@ def openblas_pools() -> list:
     return pools
 
 
-class Lowered:
-    """The pools :func:`process_limited` lowered, with their earlier counts."""
+@functools.lru_cache(maxsize=1)
+def _cffi():
+    """An FFI to read cffi function pointers with (made once: it takes a while)."""
+    import cffi
+    return cffi.FFI()
 
-    def __init__(self, changed: list, threads: Optional[int]):
-        self._changed = changed
-        self._threads = threads
+
+def _address(fn):
+    """Where the C function ``fn`` (a ctypes or cffi function pointer) lies in
+    memory: one pool's setter reached through two handles has one address."""
+    try:
+        return ctypes.cast(fn, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        pass
+    try:
+        return int(_cffi().cast("uintptr_t", fn))
+    except (ImportError, TypeError):
+        # not a C function (a stand-in): its owner and name stand for the pool
+        return (id(getattr(fn, "__self__", fn)), getattr(fn, "__name__", ""))
+
+
+class _Pool:
+    """One pool in the record: its setter, the count saved when the first body
+    lowered it, the count last set, the limits of the bodies in it and the lifts."""
+
+    __slots__ = ("set_", "before", "now", "limits", "lifts")
+
+    def __init__(self, set_, before: int):
+        self.set_, self.before, self.now = set_, before, before
+        self.limits, self.lifts = [], 0
+
+    def target(self, held: bool) -> int:
+        if held or self.lifts or not self.limits:
+            return self.before
+        return min(self.before, min(self.limits))
+
+
+class _ProcessCounts:
+    """The process' record of the OpenBLAS pools lowered by :func:`process_limited`
+    and :func:`limited`, and of the :func:`held_counts` bodies.
+
+    A pool is lowered to the smallest limit of the bodies in it, unless a body
+    lifted it or a hold runs, and set back to the count saved by its first body
+    when its last one ends (a count other code set meanwhile, threadpoolctl's
+    say, is overwritten then). Every change happens under one lock, so two
+    threads never save or set a pool's count at once; a process forked while
+    another thread held it gets a new one.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pools = {}        # setter's address -> _Pool
+        self._holds = 0
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+    def _apply(self, key) -> None:
+        p = self._pools[key]
+        target = p.target(self._holds > 0)
+        if target != p.now:
+            p.set_(target)
+            p.now = target
+        if not p.limits and not p.lifts:
+            del self._pools[key]
+
+    def enter(self, pools: list, threads: int, keys: list) -> None:
+        """Add a body limited to ``threads`` to each of ``pools``, their keys to ``keys``
+        (as each is added: a failure leaves the ones :meth:`leave` must end)."""
+        with self._lock:
+            for get, set_ in pools:
+                key = _address(set_)
+                if key in keys:
+                    continue
+                if key not in self._pools:
+                    self._pools[key] = _Pool(set_, int(get()))
+                self._pools[key].limits.append(threads)
+                keys.append(key)
+                self._apply(key)
+
+    def leave(self, keys: list, threads: int) -> None:
+        """End a body :meth:`enter` added."""
+        with self._lock:
+            for key in reversed(keys):
+                self._pools[key].limits.remove(threads)
+                self._apply(key)
+
+    def lift(self, keys: list, by: int) -> None:
+        """Add (``by`` = 1) or end (-1) a lift of the pools ``keys``."""
+        with self._lock:
+            for key in keys:
+                self._pools[key].lifts += by
+                self._apply(key)
+
+    def hold(self, by: int) -> None:
+        """Add (``by`` = 1) or end (-1) a hold of every pool's count."""
+        with self._lock:
+            self._holds += by
+            for key in list(self._pools):
+                self._apply(key)
+
+    @contextlib.contextmanager
+    def lowered(self, pools: list, threads: int):
+        """A body limited to ``threads`` in ``pools``; yields its pools' keys."""
+        keys = []
+        try:
+            self.enter(pools, threads, keys)
+            yield keys
+        finally:
+            self.leave(keys, threads)
+
+
+#: The one record of the process (see :class:`_ProcessCounts`).
+_COUNTS = _ProcessCounts()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_COUNTS._after_fork)
+
+
+class Lowered:
+    """The pools a :func:`process_limited` body lowered."""
+
+    def __init__(self, keys: list):
+        self._keys = keys
 
     @contextlib.contextmanager
     def lifted(self):
         """Run the body with the lowered pools back at their earlier counts (a large
-        call inside a body of small ones), lowered again after it."""
-        for set_, before in self._changed:
-            set_(before)
+        call inside a body of small ones), lowered again after it (unless a
+        :func:`held_counts` body runs then)."""
+        _COUNTS.lift(self._keys, 1)
         try:
             yield
         finally:
-            for set_, _ in self._changed:
-                set_(int(self._threads))
+            _COUNTS.lift(self._keys, -1)
 
 
 @contextlib.contextmanager
@@ -178,8 +305,10 @@ def process_limited(threads: Optional[int], pools: Optional[list] = None):
     threads : int or None
         None changes nothing (nor does a process without OpenBLAS); otherwise
         each pool above ``threads`` is lowered for the body and restored after
-        it. Nested bodies keep the lowest count; process-wide, like
-        :func:`limited`.
+        it. Bodies that overlap (nested, or in other threads) keep the lowest
+        count, and the pools return to their earlier counts when the last of
+        them ends; while a :func:`held_counts` body runs nothing is lowered.
+        Process-wide: other threads' calls see the count meanwhile.
     pools : list, optional
         :func:`openblas_pools` found earlier in the process (a caller entering
         many short bodies looks them up once); default: looked up now.
@@ -190,15 +319,28 @@ def process_limited(threads: Optional[int], pools: Optional[list] = None):
         Its :meth:`Lowered.lifted` gives a large call inside the body the
         earlier counts back.
     """
-    changed = []
-    if threads is not None:
-        for get, set_ in (openblas_pools() if pools is None else pools):
-            before = int(get())
-            if before > threads:
-                set_(int(threads))
-                changed.append((set_, before))
+    if threads is None:
+        yield Lowered([])
+        return
+    with _COUNTS.lowered(openblas_pools() if pools is None else pools, int(threads)) as keys:
+        yield Lowered(keys)
+
+
+@contextlib.contextmanager
+def held_counts():
+    """Run the body with every OpenBLAS pool at the count it was set to before
+    any :func:`process_limited` or :func:`limited` body lowered it.
+
+    For a body whose other threads call BLAS meanwhile (a multi-device call's
+    device threads): OpenBLAS's count is process-wide, so a lowering in one
+    thread would change their calls' thread counts, and the last bits of their
+    reductions, by the timing of another thread's work. Pools lowered when the
+    body starts are set back first (the lowering bodies run on at those counts),
+    none is lowered while any such body runs, and bodies still running when
+    the last one ends are lowered again then.
+    """
+    _COUNTS.hold(1)
     try:
-        yield Lowered(changed, threads)
+        yield
     finally:
-        for set_, before in reversed(changed):
-            set_(before)
+        _COUNTS.hold(-1)
