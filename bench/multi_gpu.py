@@ -77,11 +77,14 @@ shortly before), and adds its table and JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -91,6 +94,147 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: 
 
 #: what --quick runs
 QUICK = {"only": "grid40,ch7-8-b3", "gpus": "1,2", "reps": 2, "max_seconds": 200.0}
+
+
+def _thread_clock(native_id: int) -> int:
+    """The CPU clock of the thread of that kernel id (Linux's per-thread scheduler
+    clock): unlike ``time.pthread_getcpuclockid``, a thread that ended meanwhile
+    gives an error, not a freed handle."""
+    return ((~int(native_id)) << 3) | 6
+
+
+def _thread_group(name: str) -> str:
+    """What a thread's CPU seconds are added under: a device's enqueueing thread or
+    split worker by its layer, the rest by kind."""
+    m = re.match(r"(gpuqr-(?:device|split)-\d+)", name)
+    if m:
+        return m.group(1)
+    if name.startswith("ThreadPoolExecutor"):
+        return "pool"
+    return re.sub(r"[-_ ]*\(?\d+.*$", "", name) or name
+
+
+def _site(frame, depth: int = 3) -> str:
+    """A frame and its callers, innermost first, as ``file:line function``."""
+    out = []
+    while frame is not None and len(out) < depth:
+        co = frame.f_code
+        out.append(f"{Path(co.co_filename).name}:{frame.f_lineno} {co.co_name}")
+        frame = frame.f_back
+    return " < ".join(out)
+
+
+class GilProbe:
+    """Every Python thread's CPU seconds during a call, and how long a thread that
+    released the interpreter's lock waits to take it back.
+
+    A sampler thread sleeps ``period`` seconds at a time: a sleep releases the
+    interpreter's lock as every CUDA call does, so its lateness on waking is
+    what a device thread's call waits for the lock. At every wake it reads each
+    Python thread's CPU clock; a wake later than ``long`` seconds is charged to
+    the thread whose CPU time grew most since the last wake (the thread that
+    held the lock), with where that thread was (its innermost frames). The sum
+    of the Python threads' CPU seconds over the call's wall seconds bounds the
+    lock's load from above (their CPU time outside the lock counts too).
+    """
+
+    def __init__(self, period: float = 0.001, long: float = 0.002):
+        self.period, self.long = float(period), float(long)
+        self._stop = threading.Event()
+        self._thread = None
+        self.late, self.cpu, self.holds, self.sites, self.named = [], {}, {}, {}, {}
+        self.wall = 0.0
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        self._last = self._read()           # threads alive now: counted from here
+        self._thread = threading.Thread(target=self._loop, name="gil-probe", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.wall = time.perf_counter() - self._t0
+        return False
+
+    def _read(self) -> dict:
+        out = {}
+        for th in threading.enumerate():
+            if th is self._thread or th.native_id is None:
+                continue
+            try:
+                out[th] = time.clock_gettime(_thread_clock(th.native_id))
+            except OSError:                 # ended meanwhile
+                continue
+        return out
+
+    def _loop(self) -> None:
+        last = self._last
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            time.sleep(self.period)
+            late = time.perf_counter() - t - self.period
+            frames = sys._current_frames() if late > self.long else None
+            now = self._read()
+            deltas = {th: c - last.get(th, 0.0) for th, c in now.items()}
+            for th, d in deltas.items():
+                g = _thread_group(th.name)
+                self.cpu[g] = self.cpu.get(g, 0.0) + d
+                self.named.setdefault(g, set()).add(th.native_id)
+            self.late.append(late)
+            if frames is not None and deltas:
+                th = max(deltas, key=deltas.get)
+                g = _thread_group(th.name)
+                n, sec = self.holds.get(g, (0, 0.0))
+                self.holds[g] = (n + 1, sec + late)
+                site = g + ": " + _site(frames.get(th.ident))
+                n, sec = self.sites.get(site, (0, 0.0))
+                self.sites[site] = (n + 1, sec + late)
+            last = now
+
+    def summary(self, top: int = 8) -> dict:
+        """What the probe saw: wakes and their lateness (ms), the long ones by the
+        thread (group) and place that held the lock, CPU seconds by thread group."""
+        late = np.asarray(self.late) * 1e3
+        q = (np.percentile(late, [50, 90, 99]).tolist() if len(late) else [float("nan")] * 3)
+        sites = sorted(self.sites.items(), key=lambda kv: -kv[1][1])[:top]
+        return {"wall_seconds": self.wall, "wakes": len(late),
+                "late_ms": {"mean": float(late.mean()) if len(late) else float("nan"),
+                            "p50": q[0], "p90": q[1], "p99": q[2],
+                            "max": float(late.max(initial=0.0))},
+                "late_seconds": float(late.sum() / 1e3), "long_ms": self.long * 1e3,
+                "long_by_thread": {g: [n, sec] for g, (n, sec) in self.holds.items()},
+                "long_sites": [[k, n, sec] for k, (n, sec) in sites],
+                "cpu_seconds": dict(sorted(self.cpu.items())),
+                "threads": {g: len(v) for g, v in sorted(self.named.items())},
+                "python_cpu_seconds": float(sum(self.cpu.values()))}
+
+
+def probe_text(sm) -> str:
+    """One line of a :class:`GilProbe` summary."""
+    lm = sm["late_ms"]
+    cpu = " ".join(f"{g} {v:.3f}" for g, v in sm["cpu_seconds"].items() if v >= 0.005)
+    holds = " ".join(f"{g} {n}/{sec:.3f}s" for g, (n, sec) in sm["long_by_thread"].items())
+    return (f"lock probe: {sm['wakes']} wakes in {sm['wall_seconds']:.3f} s, late ms mean "
+            f"{lm['mean']:.3f} p50 {lm['p50']:.3f} p90 {lm['p90']:.3f} p99 {lm['p99']:.3f} "
+            f"max {lm['max']:.2f}; waits > {sm['long_ms']:g} ms by holder [{holds}]; "
+            f"Python threads' CPU {sm['python_cpu_seconds']:.3f} s [{cpu}]")
+
+
+@contextlib.contextmanager
+def _switching(seconds):
+    """The interpreter's switch interval for a one-GPU call (the multi-device calls
+    take it as ``switch_interval``): set, then put back; None: untouched."""
+    if seconds is None:
+        yield
+        return
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:     # the microseconds read, not one less (see multi_device's interpreter_switch)
+        sys.setswitchinterval((round(old * 1e6) + 0.5) * 1e-6)
 
 
 def _matrices(only, numpy_layers=False):
@@ -130,7 +274,8 @@ class _Runner:
         import cupy as cp
         return cp.cuda.Device(ids[0])
 
-    def factorize(self, A, an, ids, budget, split=None, speeds="measured", r_slot=None):
+    def factorize(self, A, an, ids, budget, split=None, speeds="measured", r_slot=None,
+                  switch="default"):
         from scipy_gpuqr._engine.gpu.driver import gpu_factorize
         from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
         if self.numpy:
@@ -140,16 +285,19 @@ class _Runner:
             def layer():
                 return NumpyDevice(DEFAULT_TILE, DEFAULT_BUNDLE)
             if len(ids) == 1:
-                return gpu_factorize(A, an, max_gpu_memory=budget, device=layer())
+                with _switching(None if isinstance(switch, str) else switch):
+                    return gpu_factorize(A, an, max_gpu_memory=budget, device=layer())
             return multi_gpu_factorize(A, an, layers=[layer() for _ in ids],
                                        max_gpu_memory=budget, split_dense=split,
-                                       device_speeds=speeds, r_slot_bytes=r_slot)
+                                       device_speeds=speeds, r_slot_bytes=r_slot,
+                                       switch_interval=switch)
         with self.device_context(ids):
             if len(ids) == 1:
-                return gpu_factorize(A, an, max_gpu_memory=budget)
+                with _switching(None if isinstance(switch, str) else switch):
+                    return gpu_factorize(A, an, max_gpu_memory=budget)
             return multi_gpu_factorize(A, an, devices=ids, max_gpu_memory=budget,
                                        split_dense=split, device_speeds=speeds,
-                                       r_slot_bytes=r_slot)
+                                       r_slot_bytes=r_slot, switch_interval=switch)
 
     def free(self):
         if self.numpy:
@@ -285,16 +433,36 @@ MAPPINGS = {"flops": None, "measured": "measured"}
 SPLIT_MODES = {"rule": [None], "off": [False], "on": [True], "both": [False, None]}
 
 
-def _variants(counts, split, mappings=("measured",), slots=(None,)) -> list:
-    """(device count, split_dense, R slot bytes, mapping name) of every run, in order."""
+def _variants(counts, split, mappings=("measured",), slots=(None,), switches=("default",)) -> list:
+    """(device count, split_dense, R slot bytes, mapping name, switch interval) of every
+    run, in order (each switch interval of one device count after the other)."""
     out = []
     for k in counts:
-        if k == 1:
-            out.append((k, None, None, "-"))
-            continue
-        out += [(k, sd, sl, mp) for sd in SPLIT_MODES[split] for mp in mappings
-                for sl in slots]
+        for si in switches:
+            if k == 1:
+                out.append((k, None, None, "-", si))
+                continue
+            out += [(k, sd, sl, mp, si) for sd in SPLIT_MODES[split] for mp in mappings
+                    for sl in slots]
     return out
+
+
+def _switch_text(si) -> str:
+    """A ``--switch-interval`` value as the labels say it."""
+    if isinstance(si, str):
+        return "library default"
+    return "5 ms (process)" if si is None else f"{si * 1e3:g} ms"
+
+
+def _switches(text: str) -> tuple:
+    """``--switch-interval``: 'lib' the library's default, 'none' the process' own
+    interval, else seconds."""
+    out = []
+    for x in (t.strip() for t in text.split(",")):
+        if not x:
+            continue
+        out.append("default" if x.lower() == "lib" else None if x.lower() == "none" else float(x))
+    return tuple(out) or ("default",)
 
 
 def _mapping_text(info) -> str:
@@ -316,8 +484,20 @@ def _r_copy_text(rc) -> str:
     return f"{share:.2f}/{rc['scatter_seconds']:.3f}/{rc['data_wait_seconds']:.3f}"
 
 
+def events_text(d, least: float = 0.01) -> str:
+    """A device thread's steps (``info["devices"]["devices"][k]["events"]``) as
+    ``kind id start-end`` (seconds from the call's start), those of at least
+    ``least`` seconds, stages whole."""
+    out = []
+    for kind, i, a, b in d.get("events") or []:
+        if kind == "stage" or b - a >= least:
+            out.append(f"{kind} {i} {a:.3f}-{b:.3f}")
+    return ", ".join(out) or "-"
+
+
 def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runner,
-            deadline=None, split="rule", mappings=("measured",), verify=True, slots=(None,)):
+            deadline=None, split="rule", mappings=("measured",), verify=True, slots=(None,),
+            switches=("default",), probe=False):
     from scipy_gpuqr._schedule.devices import map_devices
     from scipy_gpuqr._symbolic import analyze
     A = make()
@@ -331,17 +511,19 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
     budget = int(budget_fraction * an.gpu_bytes) if budget_fraction else None
     b = np.random.default_rng(7).standard_normal(A.shape[0])
     ref = None
-    base = None
-    for k, sd, sl, mp in _variants(counts, split, mappings, slots):
+    bases = {}                  # switch interval -> the first device count's median
+    for k, sd, sl, mp, si in _variants(counts, split, mappings, slots, switches):
         ids = [0] * k if (simulate or runner.numpy) else list(range(k))
         plan = map_devices(an, k, device_memory=budget)
         speeds = MAPPINGS.get(mp)
         run = {"gpus": k, "devices": ids, "plan": plan.as_dict(),
                "split": {None: "rule", False: "off", True: "on"}[sd] if k > 1 else "-",
-               "mapping": mp, "r_slot_bytes": sl}
+               "mapping": mp, "r_slot_bytes": sl, "switch_interval": _switch_text(si)}
         label = f"{k} GPU(s)" + (f" split={run['split']} mapping={mp}"
                                  + (f" r-slot {sl / (1 << 20):g}MB" if sl else "")
                                  if k > 1 else "")
+        if len(switches) > 1:
+            label += f" switch {_switch_text(si)}"
         if deadline is not None and time.perf_counter() > deadline:
             run["skipped"] = "time budget spent"
             row["runs"].append(run)
@@ -353,7 +535,7 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
             warm, warm_s = [], []
             for _ in range(3 if speeds == "measured" and k > 1 else 1):
                 t = time.perf_counter()
-                qr = runner.factorize(A, an, ids, budget, sd, speeds, sl)
+                qr = runner.factorize(A, an, ids, budget, sd, speeds, sl, si)
                 warm_s.append(time.perf_counter() - t)
                 mapping = qr.info.get("devices", {}).get("mapping") or {}
                 warm.append(_mapping_text(qr.info))
@@ -365,7 +547,7 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
             times, infos = [], []
             for rep in range(reps):
                 t = time.perf_counter()
-                qr = runner.factorize(A, an, ids, budget, sd, speeds, sl)
+                qr = runner.factorize(A, an, ids, budget, sd, speeds, sl, si)
                 times.append(time.perf_counter() - t)
                 infos.append(qr.info)
                 run.setdefault("mappings", []).append(_mapping_text(qr.info))
@@ -383,6 +565,22 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                         run.update({key: got[key] for key in ("gram", "qr", "tiny_pivots")})
                     else:
                         run.update(_differences(got, ref))
+                qr.free()
+                runner.free()
+            if probe:                   # one more call, watched (not in the median)
+                with GilProbe() as pr:
+                    t = time.perf_counter()
+                    qr = runner.factorize(A, an, ids, budget, sd, speeds, sl, si)
+                    tp = time.perf_counter() - t
+                run["probe"] = {"seconds": tp, **pr.summary()}
+                pinfo = qr.info
+                if k > 1:
+                    run["probe"]["events"] = [d.get("events") for d in
+                                              pinfo.get("devices", {}).get("devices", [])]
+                    run["probe"]["enqueue_seconds"] = [
+                        [d.get("enqueue_seconds"), d.get("enqueue_cpu_seconds"),
+                         d.get("wait_blocks_seconds")]
+                        for d in pinfo.get("devices", {}).get("devices", [])]
                 qr.free()
                 runner.free()
         except Exception as exc:                          # noqa: BLE001 - report, go on
@@ -417,8 +615,9 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                                   info.get("seconds", {}).get("gpu_kernels", float("nan")),
                                   "launches": int(info.get("launches_with_tasks", 0)),
                                   "flops": float(an.flops)}]
-        if base is None and k == counts[0]:
-            base = med
+        if k == counts[0]:
+            bases.setdefault(run["switch_interval"], med)
+        base = bases.get(run["switch_interval"]) or next(iter(bases.values()), None)
         run["speedup"] = base / med if base else float("nan")
         if public:
             try:
@@ -472,6 +671,13 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
               f"stages {run['stages']}  busy [{busy}] s  "
               f"moved {run['transfer_bytes'] / 1e6:.1f} MB  fits {plan.fits}{check}"
               + ("  FELL BACK to one GPU" if "fallback" in run else "") + splits, flush=True)
+        if "probe" in run:
+            print(f"{name:12s} {label} watched call {run['probe']['seconds']:.3f} s; "
+                  + probe_text(run["probe"]), flush=True)
+            for site, n, sec in run["probe"]["long_sites"]:
+                print(f"    held {n} x, {sec:.3f} s: {site}", flush=True)
+            for j, ev in enumerate(run["probe"].get("events") or []):
+                print(f"    device {j} steps: {events_text({'events': ev})}", flush=True)
     return row
 
 
@@ -492,6 +698,9 @@ def summary(rows) -> str:
                           if run.get("r_slot_bytes") else "")
                        + (f", {run['mapping']}" if run.get("mapping", "-") != "-" else "")
                        + ")" if sp != "-" else "")
+                    + (f", switch {run['switch_interval']}"
+                       if run.get("switch_interval", "library default") != "library default"
+                       else "")
                     + (f", staged in {run['stages']}" if run.get("staged") else "")
                     + (", plan over the budget" if run["gpus"] > 1
                        and run.get("plan", {}).get("fits") is False else "") + " |")
@@ -576,6 +785,11 @@ def main(argv=None) -> int:
     p.add_argument("--mapping", default="measured",
                    help="mappings each multi-device setting runs with, in order: "
                         "'flops' (device_speeds=None), 'measured' (the engine's default)")
+    p.add_argument("--switch-interval", default="lib",
+                   help="interpreter switch intervals (s) each setting runs with, in order "
+                        "('lib': the library's default, 'none': the process' own)")
+    p.add_argument("--probe", action="store_true",
+                   help="one more call per setting watched by a lock probe (GilProbe)")
     p.add_argument("--check-only", default="",
                    help="matrices whose answers are checked (default: all)")
     p.add_argument("--check-r", default="",
@@ -624,6 +838,7 @@ def main(argv=None) -> int:
                             budget_fraction=a.budget_fraction, public=a.public,
                             runner=runner, deadline=deadline, split=a.split,
                             mappings=[x for x in a.mapping.split(",") if x], slots=slots,
+                            switches=_switches(a.switch_interval), probe=a.probe,
                             verify=("r" if n in r_only else not checked or n in checked)))
         if a.json:                      # after each matrix: a run cut short keeps the rest
             Path(a.json).write_text(json.dumps({"gpus": names, "counts": counts,

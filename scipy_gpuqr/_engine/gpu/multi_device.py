@@ -49,6 +49,7 @@ import contextlib
 import functools
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
@@ -81,7 +82,7 @@ from .split_front import CupySplit, SplitResources, enable_peers
 from .stage_loop import stage_reflector_records
 
 __all__ = ["multi_gpu_factorize", "cupy_layers", "device_count", "measured_speeds",
-           "speeds_key"]
+           "speeds_key", "interpreter_switch"]
 
 _log = logging.getLogger("scipy_gpuqr")
 
@@ -93,6 +94,14 @@ _D2D = 3
 #: cut for later stages, the rest (blocks waited for and copied in; R's copier; the loop
 #: itself).
 ENQUEUE_PARTS = ("begin", "launch", "dense", "blocks_out", "other")
+
+#: Kinds of a device thread's steps (``info["devices"]``' ``events``: kind, stage or
+#: front, start and end seconds from the call's start): a stage's set-up (``begin``,
+#: by stage), the wait for a carried block to be cut (``wait``, by child front), a
+#: dense front enqueued on the device or split over the devices (``dense``,
+#: ``split``, by front), the stage's outgoing blocks cut (``cut``, by stage), the
+#: stage's whole enqueueing (``stage``, by stage).
+EVENT_KINDS = ("begin", "wait", "dense", "split", "cut", "stage")
 
 #: Bytes of each of the two pinned slots a stage's R copier moves R's values through
 #: (``CupyRCopy``'s slot, and half of it the least new range a launch hands it): each
@@ -118,6 +127,11 @@ SPEED_MIN_SECONDS = 0.02
 #: would otherwise be given almost nothing by the next mapping, and a device given
 #: nothing measures nothing again.
 SPEED_RANGE = (0.25, 4.0)
+
+#: The interpreter's switch interval (seconds) while the devices' threads run
+#: (:func:`multi_gpu_factorize`'s ``switch_interval``); None leaves the process'
+#: own (5 ms unless changed).
+SWITCH_INTERVAL = None
 
 
 def device_count() -> int:
@@ -175,6 +189,47 @@ def speeds_key(layers, dtype) -> tuple:
     device id and name, in order, and the dtype's size."""
     return (tuple((getattr(layer, "device_id", None), str(getattr(layer, "name", "?")))
                   for layer in layers), int(np.dtype(dtype).itemsize))
+
+
+@contextlib.contextmanager
+def interpreter_switch(seconds):
+    """The interpreter's switch interval set to ``seconds`` (:func:`sys.setswitchinterval`)
+    inside the block, and put back after it; None: left as it is.
+
+    Why: every CUDA or cuBLAS call of a device's enqueueing thread releases
+    the interpreter's lock and takes it back. If another thread then runs
+    Python without releasing the lock, the returning thread waits until that
+    thread's switch interval has run out (5 ms by default) before it asks for
+    the lock back: one wait per call of the thread that calls the most. A
+    shorter interval bounds each such wait at the cost of more switches.
+
+    The interval is the process' own: it is put back only where nothing else
+    changed it meanwhile, so two calls that overlap leave the value found by
+    the first when both ended (the second one's may then run part of its time
+    on the process' interval: a matter of speed, never of results).
+    """
+    if seconds is None:
+        yield
+        return
+    seconds = float(seconds)
+    if not seconds > 0:
+        raise ValueError(f"interpreter_switch: seconds > 0 or None, got {seconds!r}")
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    mine = sys.getswitchinterval()
+    try:
+        yield
+    finally:
+        if sys.getswitchinterval() == mine:
+            _set_read_interval(old)
+
+
+def _set_read_interval(read: float) -> None:
+    """The switch interval set back to a value :func:`sys.getswitchinterval` returned:
+    the interpreter keeps whole microseconds and returns them times 1e-6, which set
+    as it is can truncate to one microsecond less (each call would then shorten the
+    process' interval)."""
+    sys.setswitchinterval((round(read * 1e6) + 0.5) * 1e-6)
 
 
 def cupy_layers(devices, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_BUNDLE,
@@ -404,7 +459,7 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
                         dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH,
                         split_dense: bool | None = None,
                         split_model: SplitModel | None = None, device_speeds="measured",
-                        r_slot_bytes: int | None = None):
+                        r_slot_bytes: int | None = None, switch_interval="default"):
     """Sparse QR ``A[:, colperm] = Q @ R`` over several GPUs of one host.
 
     Parameters
@@ -470,6 +525,12 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         Bytes of each pinned slot R's values of a stage move through on CUDA
         layers (default :data:`R_SLOT_BYTES`, or the one-GPU engine's
         ``SLOT_BYTES`` where the plan's budget has no room for them).
+    switch_interval : float, None or 'default'
+        The interpreter's switch interval (seconds) while the devices' threads
+        run (:func:`interpreter_switch`): each device's thread releases the
+        interpreter's lock for every CUDA call and waits to take it back
+        while another thread runs Python; None leaves the process' interval;
+        ``'default'``: :data:`SWITCH_INTERVAL`.
 
     Returns
     -------
@@ -484,7 +545,10 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         kind, :data:`ENQUEUE_PARTS`) and waiting for R's copies after its
         stages ended (``wait_r_copy_seconds``), and when, counted from the
         call's start, its thread started, had enqueued its stages and had
-        scattered its R values (``timeline_seconds``);
+        scattered its R values (``timeline_seconds``) and its thread's steps
+        (``events``, :data:`EVENT_KINDS`); ``info["switch_interval"]``, the
+        interpreter's switch interval the devices' threads ran under (None:
+        the process' own);
         ``info["devices"]["mapping"]``: what the subtrees were shared by
         (``by``: ``'flops'``, ``'measured speeds'`` of earlier calls,
         ``'given speeds'`` or ``'given plan'``; ``speeds``, those used;
@@ -504,6 +568,11 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
     if out is not None:
         return out
     debug = _debug_default() if debug is None else bool(debug)
+    if isinstance(switch_interval, str) and switch_interval == "default":
+        switch_interval = SWITCH_INTERVAL
+    if switch_interval is not None and not float(switch_interval) > 0:
+        raise ValueError(f"switch_interval: seconds > 0, None or 'default', "
+                         f"got {switch_interval!r}")
     dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     given_plan = devices if isinstance(devices, DevicePlan) else None
     one_gpu = dict(tile=tile, bundle=bundle, pipelining=pipelining, max_tasks=max_tasks,
@@ -534,7 +603,8 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         out = _run(Ac, analysis, plan, layers, tile=tile, bundle=bundle,
                    pipelining=pipelining, max_tasks=max_tasks, dense_flops=dense_flops,
                    dense_cpl=dense_columns_per_launch, dtype=dtype, t_start=t_start,
-                   split_dense=split_dense, split_model=model, r_slot_bytes=r_slot_bytes)
+                   split_dense=split_dense, split_model=model, r_slot_bytes=r_slot_bytes,
+                   switch=switch_interval)
     except DeviceOutOfMemory as exc:
         for layer in layers:
             with _on(layer):
@@ -552,6 +622,7 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         out.info["multi_device_fallback"] = msg
         return out
     out.info["budget"] = budget
+    out.info["switch_interval"] = switch_interval
     measured = measured_speeds(out)
     span = devices_seconds(out.info)
     if span is not None and by in ("flops", "measured speeds"):
@@ -598,7 +669,7 @@ def _speeds_for(device_speeds, analysis, key, ndev) -> tuple:
 
 def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, dense_flops,
          dense_cpl, dtype, t_start, split_dense=None, split_model=None,
-         r_slot_bytes=None):
+         r_slot_bytes=None, switch=None):
     t0 = time.perf_counter()
     # the plan's split fronts are dense fronts whatever dense_flops chose (split
     # or not: split_dense=False with the same plan gives the same fronts)
@@ -632,7 +703,8 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
         run.t_call = t_start
         run.split, run.split_model = split, model
         t_devices = time.perf_counter()
-        run.run_devices()
+        with interpreter_switch(switch):
+            run.run_devices()
         t2 = time.perf_counter()
         layout = host_side.result()[0]
         pattern = pattern.result()
@@ -745,6 +817,9 @@ class _MultiStageRun:
         self.enqueue_parts = [dict.fromkeys(ENQUEUE_PARTS, 0.0) for _ in range(nd)]
         self.t_call = None                  # perf_counter at the call's start
         self.timeline = [None] * nd         # each thread: start, stages enqueued, end
+        #: each thread's steps, (kind, stage or front, start, end) in perf_counter
+        #: seconds (from the call's start in ``info``): :data:`EVENT_KINDS`
+        self.events = [[] for _ in range(nd)]
         self.progressive = 0                # stages whose R copy started during the launches
         #: R's values as they land (:class:`_RData`; the array made ahead by ``_run``)
         self.r = _RData(nd, dtype, size=lambda: self.host_side.result()[0].nnz)
@@ -915,14 +990,16 @@ class _MultiStageRun:
         """
         fs = self.fs
         parts = self.enqueue_parts[k]
+        events = self.events[k]
         clock = time.perf_counter
-        t = clock()
+        t = t_stage = clock()
         st, carry_at = defer_carried_packs(st, fs.parent)
         s0, s1 = st.s_range
         h = layer.begin_stage(st, fs.s_index[s0:s1], self.vals[s0:s1], [])
         copier = pos = None
         idle = []
         t, parts["begin"] = clock(), parts["begin"] + clock() - t
+        events.append(("begin", int(sid), t_stage, t))
         try:
             dense_at, join_at, into_at = {}, {}, {}
             for f, Ld in st.dense.items():
@@ -935,6 +1012,7 @@ class _MultiStageRun:
                     tw = clock()
                     ev = self.xfer.into(c, k, layer, h["pool"], st.carried[c], self.layers)
                     self.t_wait_blocks[k] += clock() - tw
+                    events.append(("wait", int(c), tw, clock()))
                     if ev is not None:
                         idle.append(ev)
                 for done in join_at.pop(L, ()):
@@ -951,7 +1029,9 @@ class _MultiStageRun:
                     Fv, panels, T, done = out or layer.dense_factorize(*args)
                     self.dense_parts[f] = (sid, Fv, panels, T)
                     join_at.setdefault(min(st.dense_join[f], st.nlaunch), []).append(done)
+                    td = t
                     t, parts["dense"] = clock(), parts["dense"] + clock() - t
+                    events.append(("split" if out else "dense", int(f), td, t))
                 if L == st.nlaunch - 1:
                     for done in join_at.pop(st.nlaunch, ()):
                         layer.dense_join(h, done)
@@ -980,7 +1060,9 @@ class _MultiStageRun:
                     base = int(st.foff[f]) + int(fs.frank[f]) * int(fs.fn[f])
                     self.xfer.put(f, k, layer, h["pool"], base, int(fs.cm[f]),
                                   int(fs.fn[f]), int(fs.fp[f]))
-            parts["blocks_out"] += clock() - t0
+            t = clock()
+            parts["blocks_out"] += t - t0
+            events += [("cut", int(sid), t0, t), ("stage", int(sid), t_stage, t)]
         except BaseException:
             if copier is not None:
                 copier.abort()
@@ -1200,6 +1282,7 @@ class _MultiStageRun:
         for sid in range(len(sched.stages)):
             r_entries[int(plan.stage_device[sid])] += len(gmaps[sid][1])
         per = []
+        base = self.t_call if self.t_call is not None else 0.0
         for k, layer in enumerate(self.layers):
             per.append({"device": getattr(layer, "device_id", k),
                         "name": getattr(layer, "name", "?"),
@@ -1221,6 +1304,8 @@ class _MultiStageRun:
                         # from the call's start: its thread started, its stages
                         # enqueued, its R values scattered
                         "timeline_seconds": self.timeline[k],
+                        "events": [(kind, i, a - base, b - base)
+                                   for kind, i, a, b in self.events[k]],
                         "flops": float(plan.device_flops[k])})
         info = {"backend": "gpu", "device": getattr(self.layers[0], "name", "?"),
                 "ordering": self.analysis.ordering_used, "nfronts": int(fs.nfronts),
