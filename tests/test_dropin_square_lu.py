@@ -211,15 +211,16 @@ def test_explicit_backends_damping_and_variances_keep_the_qr(kwargs, decisions):
 class _Square:
     """A stand-in for :class:`SquareLU`: records its factorization."""
 
-    def __init__(self, clear, deficient=False):
+    def __init__(self, clear, deficient=False, singular=False):
         self._clear, self.clear, self.calls = clear, None, 0
-        self.deficient = False
-        self._deficient = deficient
+        self.deficient = self.singular = False
+        self._deficient, self._singular = deficient, singular
         self.why, self.seconds = ("of full rank" if clear else "not of full rank"), 0.0
 
     def factor(self):
         self.calls += 1
         self.clear, self.deficient = self._clear, self._deficient
+        self.singular = self._singular
         return self.clear
 
     def decline(self, why):
@@ -308,6 +309,7 @@ def test_square_lu_shows_the_deficiency_of_the_stalling_square_rows(name):
     lu = SquareLU(lambda: _mtx(name), _mtx(name).shape[0])
     assert lu.factor() is False
     assert lu.deficient, lu.why
+    assert lu.singular is (name == "dwt_878"), lu.why
 
 
 def test_square_lu_of_full_rank_or_unsure_is_not_deficient():
@@ -327,7 +329,7 @@ def _converging(watch, iterations, per=2e-5, conda=1e6):
     return None
 
 
-def _watch_order(square, plans, order, speculations=None):
+def _watch_order(square, plans, order, speculations=None, clear=""):
     class _Plan:
         backend, gpu_name = "cpu", None
 
@@ -336,7 +338,7 @@ def _watch_order(square, plans, order, speculations=None):
 
     def speculate(planned):
         speculations.append(planned)
-        return planned, False
+        return planned, clear
     return Allowance(iter_lim=2 * order, atol=1e-6, conlim=1e8, analysis=1e-3,
                      plan=lambda: plans.append(1) or (None, _Plan()), order=order,
                      speculate=None if speculations is None else speculate,
@@ -422,3 +424,70 @@ def test_recorded_runs_stop_where_they_did_with_a_deficient_lu(histories, nomina
         assert outcome[True][1] <= outcome[False][1] and outcome[True][2] == 0, (key, outcome)
         checked += 1
     assert checked >= 8
+
+
+# ---------------------------------------------------------------------------
+# an exactly singular LU: R's rank decision may be the null-space COD's few solves
+
+def test_the_nullspace_orders_agree():
+    from scipy_gpuqr._factor import lstsq
+    assert policy.RANK_NULLSPACE_MIN_ORDER == lstsq.NULLSPACE_HOST_MIN_ORDER
+    assert policy.RANK_SPARSE_MIN_ORDER == lstsq.DENSE_LIMIT
+
+
+def test_an_exactly_singular_lu_factorizes_ahead_and_takes_the_exact_answer():
+    """dwt_878's course (order 878, SciPy's stop after some 1600 iterations of 20 µs):
+    SuperLU finds A exactly singular, so R's dependent columns are likely a few dead
+    pivots; the rule analyses and factorizes ahead at once (no deferral), and where
+    the factors show them (CLEAR_DEAD_PIVOTS) the QR's rest is the null-space COD's
+    few solves: the run stops well before SciPy's own stop. Where they do not, the run
+    goes on to SciPy's stop, having paid one analysis and one factorization. An LU
+    that is deficient without being singular (adder_dcop_05, nnc1374) still makes
+    neither."""
+    square, plans, speculations = _Square(False, True, singular=True), [], []
+    watch = _watch_order(square, plans, 878, speculations, clear=policy.CLEAR_DEAD_PIVOTS)
+    stop = _converging(watch, 1600)
+    assert stop is not None and stop < 1200, stop
+    assert len(plans) == 1 and len(speculations) == 1
+    assert watch.rank_s == pytest.approx(policy.RANK_NULLSPACE_S_PER_SQUARE * 878 ** 2)
+    assert policy.CLEAR_DEAD_PIVOTS in watch.summary(), watch.summary()
+    square, plans, speculations = _Square(False, True, singular=True), [], []
+    watch = _watch_order(square, plans, 878, speculations, clear="")
+    assert _converging(watch, 1600) is None
+    assert len(plans) == 1 and len(speculations) == 1
+    square, plans, speculations = _Square(False, True, singular=False), [], []
+    watch = _watch_order(square, plans, 878, speculations, clear=policy.CLEAR_DEAD_PIVOTS)
+    assert _converging(watch, 1600) is None
+    assert not plans and not speculations
+
+
+@pytest.mark.parametrize("order", [300, 3000])
+def test_an_exactly_singular_lu_outside_the_nullspace_orders_keeps_the_floor(order):
+    """Below RANK_NULLSPACE_MIN_ORDER the host's null-space COD is not tried first;
+    beyond RANK_SPARSE_MIN_ORDER nothing is factorized ahead: a singular LU there is
+    read as any deficient one (the floor, no factorization ahead)."""
+    square, plans, speculations = _Square(False, True, singular=True), [], []
+    watch = _watch_order(square, plans, order, speculations, clear=policy.CLEAR_DEAD_PIVOTS)
+    _converging(watch, 1600)
+    assert not speculations
+    assert watch._floor() == (policy.rank_decision_floor(order)
+                              * (1.0 if watch.at_risk else policy.RANK_PRIOR))
+
+
+@pytest.mark.parametrize("name, clear", [("dwt_878", policy.CLEAR_DEAD_PIVOTS),
+                                         ("adder_dcop_05", ""),
+                                         ("494_bus", policy.CLEAR_FULL_RANK)])
+def test_speculate_says_why_r_is_clear(name, clear):
+    """The factorization ahead reads R: dwt_878's 28 dead pivots (the null-space COD),
+    adder_dcop_05's pivots without that shape (no gap at the cutoff), 494_bus of full
+    rank; the factors are handed to the QR."""
+    from scipy_gpuqr._factor.factored import plan_for
+    from scipy_gpuqr._factor.quick_iterate import speculate
+    from scipy_gpuqr._options import auto_settings, auto_source
+    from scipy_gpuqr._factor.least_squares import check_problem
+    A = _mtx(name)
+    problem = check_problem(A, np.ones(A.shape[0]), None, 0.0, func="lsqr")
+    planned = plan_for(problem.qr_matrix(), auto_settings(auto_source(None)))
+    kept, got = speculate(planned, A.shape)
+    assert got == clear
+    assert kept[1].factorize_fn() is kept[1].factorize_fn()

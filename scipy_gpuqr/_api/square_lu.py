@@ -84,6 +84,11 @@ class SquareLU:
         has A's 2-norm) reached ``1/(cutoff·‖A‖_F)``. The QR's R then passes
         neither of those tests (:func:`~scipy_gpuqr._factor.quick_iterate.clearly_full_rank`),
         and its rank decision is dense work.
+    singular : bool
+        Whether SuperLU found an exactly singular factor (``deficient`` too):
+        A's dependences are exact, so R's are likely a few pivots at rounding
+        level, far below the cutoff, whose rank decision the null-space COD
+        makes with a few solves (the rule may factorize ahead to see it).
     why : str
         What the factorization showed, for the log.
     seconds : float
@@ -95,6 +100,7 @@ class SquareLU:
         self.n = int(n)
         self.clear: Optional[bool] = None
         self.deficient = False
+        self.singular = False
         self.why = ""
         self.seconds = 0.0
         self._lu = None
@@ -123,7 +129,7 @@ class SquareLU:
             lu = splu(A)
         except RuntimeError as exc:     # SuperLU: "Factor is exactly singular"
             self.why = f"SuperLU: {exc}"
-            self.deficient = True
+            self.deficient = self.singular = True
             return False
         cutoff = lstsq_cutoff(n, n)
         bound = cutoff * frobenius(A)

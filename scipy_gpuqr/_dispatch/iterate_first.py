@@ -49,7 +49,9 @@ shows; so the rule leaves SciPy's run alone unless the evidence is clear:
    (one of lstsq's cheap tests passes: the 1-norm condition estimate, or the
    randomized probe through R's sparse solves) the rank decision costs a triangular
    condition estimate, not dense work, and the QR's remaining cost is its
-   solve; otherwise the prediction stands and the factors wait for the QR.
+   solve; so it is where a few of R's pivots lie below lstsq's cutoff with the
+   rest clearly above (the null-space COD: a few solves with those columns);
+   otherwise the prediction stands and the factors wait for the QR.
 3. SciPy's run stops only on a verdict that holds at
    :data:`CONFIRMATIONS` checkpoints in a row:
 
@@ -91,6 +93,14 @@ even at that floor. Every verdict stops at a lower QR time no later than at a
 higher one, so the run stops where it would have stopped, and a run that
 converges first (the ill-conditioned square matrices whose SciPy run needs a
 few thousand iterations) pays for neither the analysis nor a factorization.
+Where SuperLU found A exactly singular (``square.singular``) and R's order lies
+from :data:`RANK_NULLSPACE_MIN_ORDER` to :data:`RANK_SPARSE_MIN_ORDER`, A's
+exact dependences are likely a few dead pivots of R, far below the cutoff,
+which the host's null-space COD decides with a few solves: there the floor is
+0, the analysis is not deferred, and the factorization ahead reads R's pivots
+(:data:`CLEAR_DEAD_PIVOTS`: the QR's rest is then that decision,
+:data:`RANK_NULLSPACE_S_PER_SQUARE` × order², and its solve; otherwise the run
+goes on to SciPy's stop, having paid one analysis and one factorization).
 
 Checks run at checkpoints spaced by :data:`CHECK_GROWTH` of the elapsed time
 (at least :data:`CHECK_INTERVAL_S`), so that watching costs little more than
@@ -141,7 +151,8 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "ANALYSIS_DEFERRAL", "STALL_SHARE", "ALLOWANCE_SHARE", "SWITCH_MARGIN",
            "ITER_LIM_MARGIN", "CONFIRMATIONS", "RANK_RISK_COND", "RANK_RISK_SHARE",
            "RANK_PRIOR", "RANK_S_PER_CUBE", "RANK_DENSE_LIMIT", "RANK_SPARSE_MIN_ORDER",
-           "RANK_SPARSE_MAX_DENSITY", "RANK_S_PER_R_ENTRY", "RANK_GPU_S_PER_SQUARE",
+           "RANK_SPARSE_MAX_DENSITY", "RANK_NULLSPACE_MIN_ORDER", "RANK_NULLSPACE_S_PER_SQUARE",
+           "CLEAR_FULL_RANK", "CLEAR_DEAD_PIVOTS", "RANK_S_PER_R_ENTRY", "RANK_GPU_S_PER_SQUARE",
            "RANK_GPU_S_PER_CUBE", "PROMISE_SLACK", "BROKEN_PROMISES",
            "POWER_MARGIN", "PROJECTION_WINDOW", "rank_decision_floor",
            "CHECK_GROWTH", "CHECK_INTERVAL_S", "UPLOAD_FIXED_S", "UPLOAD_BYTES_PER_S",
@@ -291,6 +302,25 @@ RANK_DENSE_LIMIT = 14000
 #: QR of R), then the subspace iteration through R's triangular solves; their
 #: cost grows with R's entries, not with the order's cube.
 RANK_SPARSE_MIN_ORDER = 2500
+#: Smallest order of a square R whose host rank decision tries the null-space COD
+#: first where a few of R's pivots lie below the cutoff (lstsq's
+#: ``NULLSPACE_HOST_MIN_ORDER``): two solves with that many columns and a probe,
+#: no dense work. Where SuperLU found A exactly singular (``square.singular``:
+#: exact dependences, whose singular values lie at rounding level, far below the
+#: cutoff) such an R is likely, so the rank decision's floor there is 0 and the
+#: factorization ahead may show it (dwt_878: 28 dead pivots, a clean gap).
+RANK_NULLSPACE_MIN_ORDER = 500
+#: Seconds per q² of that null-space COD and its solve on the host (dwt_878, q =
+#: 878, 28 dead pivots: 8.5 ms of CPU time on the 2-core host, the lookup of the
+#: process' BLAS pools included).
+RANK_NULLSPACE_S_PER_SQUARE = 1e-8
+
+#: ``speculate``'s answers where R's rank decision costs no dense work: R is
+#: clearly of full rank (a triangular condition estimate or probe, then R's
+#: solve), or a few of its pivots lie below lstsq's cutoff and the rest clearly
+#: above (the null-space COD: :data:`RANK_NULLSPACE_S_PER_SQUARE`).
+CLEAR_FULL_RANK = "R clearly of full rank"
+CLEAR_DEAD_PIVOTS = "R of a few dead pivots (the null-space COD)"
 #: Largest share of R's q² entries that are nonzero for those sparse rules
 #: (lstsq's ``SPARSE_COD_MAX_DENSITY``).
 RANK_SPARSE_MAX_DENSITY = 0.05
@@ -658,15 +688,17 @@ class Allowance:
     speculate : callable, optional
         ``speculate(planned) -> (planned, clear)``: factorize now with the
         plan, returning the plan that hands those factors to the QR, and
-        whether R is clearly of full rank (its rank decision then costs no
-        dense work). Called at most once, where the rank decision's
-        prediction alone keeps the QR from answering. None: never.
+        whether R's rank decision costs no dense work: :data:`CLEAR_FULL_RANK`,
+        :data:`CLEAR_DEAD_PIVOTS`, or '' (a bool True reads as the first).
+        Called at most once, where the rank decision's prediction alone keeps
+        the QR from answering. None: never.
     square : object, optional
         The exact answer by SciPy's SuperLU of a square A
         (:class:`scipy_gpuqr._api.square_lu.SquareLU`: ``factor() -> bool``,
-        ``clear``, ``deficient``, ``why``), tried at most once, when the run has cost the LU's
-        prediction (:func:`lu_seconds` of ``nnz``: ski rental) and its
-        projection does not promise convergence within that time. Where the LU
+        ``clear``, ``deficient``, ``singular``, ``why``), tried at most once,
+        when the run has cost the LU's prediction (:func:`lu_seconds` of
+        ``nnz``: ski rental) and its projection does not promise convergence
+        within that time. Where the LU
         may answer, what is left of the exact answer is a solve: the rule's
         verdicts weigh that instead of the QR, and no analysis is made.
         Otherwise the rule goes on as without it (the LU's time is not counted
@@ -714,6 +746,7 @@ class Allowance:
         self.lu_s = lu_seconds(nnz) if square is not None else math.inf
         self.lu_at: Optional[tuple] = None
         self.speculated: Optional[bool] = None
+        self.speculated_how = ""                  # why R's rank decision is cheap, once speculated
         self.speculation_s = 0.0
         self.speculated_at = 0.0
         self.history = deque(maxlen=PROJECTION_WINDOW)
@@ -809,7 +842,9 @@ class Allowance:
             # iterations left to it cost less than the analysis itself
             past_limit = (further is not None and itn + further > ITER_LIM_MARGIN * self.iter_lim
                           and (self.iter_lim - itn) * per_iteration > self.analysis_estimate)
-            if not past_limit and t < self.deferral and \
+            # where SuperLU found A exactly singular the QR may cost only a few solves
+            # more than its factorization: analysed without the deferral
+            if not past_limit and not self._lu_singular and t < self.deferral and \
                     (remaining is None or t + remaining <= self.deferral):
                 return self._confirm("", "")
             self._analyse(itn, t)
@@ -821,7 +856,7 @@ class Allowance:
                                                 device=self.rank_device) * \
                 (1.0 if self.at_risk else RANK_PRIOR)
         if self.rank_s and self.speculated is None and self._speculate is not None and \
-                not self._lu_deficient and \
+                (not self._lu_deficient or self._lu_singular) and \
                 self._would_stop(itn, t, further, per_iteration, remaining, self.predicted) \
                 and self._worth_speculating(itn, further, per_iteration):
             self._speculation()
@@ -846,11 +881,11 @@ class Allowance:
                                  f"({self._lasting(further) * per_iteration:.3g} s) cost more "
                                  f"than {SWITCH_MARGIN:g} x the QR's predicted {q:.3g} s")
         if self.speculated and t - self.speculated_at >= q:
-            # the factors are made and R is clearly of full rank: the run has had as long
+            # the factors are made and R's rank decision is cheap: the run has had as long
             # as the rest of the QR costs (ski rental: at most twice the better choice;
             # a projection of convergence flickers on runs that stall)
             made = ("SuperLU's factors are made (A of full rank)" if self._lu_answers
-                    else "the factors are made (R clearly of full rank)")
+                    else f"the factors are made ({self.speculated_how})")
             return self._confirm("ahead", f"{made} and {t - self.speculated_at:.3g} s of "
                                  f"iterations since have not converged (the exact answer's "
                                  f"rest: about {q:.3g} s)")
@@ -879,10 +914,18 @@ class Allowance:
         """Whether a verdict of :meth:`decide` would stop the run if the QR cost only its
         rank decision's floor (:func:`rank_decision_floor`, weighted as :attr:`rank_s`
         is): where none would, no QR time the analysis could predict would either."""
-        floor = rank_decision_floor(self.order) * (1.0 if self.at_risk else RANK_PRIOR)
+        floor = self._floor()
         if self._would_stop(itn, t, further, per_iteration, remaining, floor):
             return True
         return t >= ALLOWANCE_SHARE * floor and (further is None or remaining > floor)
+
+    def _floor(self) -> float:
+        """The rank decision's floor (:func:`rank_decision_floor`, weighted as
+        :attr:`rank_s` is), 0 where SuperLU found A exactly singular and R's order
+        lets the host's null-space COD decide (:attr:`_lu_singular`)."""
+        if self._lu_singular:
+            return 0.0
+        return rank_decision_floor(self.order) * (1.0 if self.at_risk else RANK_PRIOR)
 
     def _beyond(self, further: Optional[int]):
         """The further iterations the iter_lim verdict weighs: the window's
@@ -915,8 +958,9 @@ class Allowance:
         return left * per_iteration >= SPECULATION_MARGIN * cost
 
     def _speculation(self) -> None:
-        """Factorize now (:attr:`speculate`); where R is clearly of full rank, the QR's
-        remaining cost is its solve and a cheap rank test, not the predicted dense work."""
+        """Factorize now (:attr:`speculate`); where R's rank decision is cheap (R clearly
+        of full rank, or a few dead pivots), the QR's remaining cost is its solve and
+        that decision, not the predicted dense work."""
         t0 = time.perf_counter()
         try:
             self.planned, clear = self._speculate(self.planned)
@@ -927,11 +971,15 @@ class Allowance:
         self.analysis_s += spent
         self.speculation_s = spent
         self.speculated = bool(clear)
+        self.speculated_how = (clear if isinstance(clear, str) else
+                               CLEAR_FULL_RANK if clear else "")
         if clear:
             if self._square is not None and self._square.clear is None:
-                self._square.decline("the QR's factors were made ahead, R clearly of full rank")
-            self.rank_s = 0.0
-            # what is left of the QR: its cheap rank test and solve
+                self._square.decline(f"the QR's factors were made ahead, {self.speculated_how}")
+            # what is left of the QR: its cheap rank test (or the null-space COD's few
+            # solves) and solve
+            self.rank_s = (RANK_NULLSPACE_S_PER_SQUARE * float(self.order) ** 2
+                           if self.speculated_how == CLEAR_DEAD_PIVOTS else 0.0)
             self.predicted = max(self.predicted - spent, 0.1 * min(spent, self.predicted))
 
     @property
@@ -939,6 +987,16 @@ class Allowance:
         """SuperLU's factors were made and showed A not of full rank by lstsq's rule
         (``square.deficient``): the QR's R cannot pass the cheap full-rank tests."""
         return self.lu_at is not None and self._square.deficient
+
+    @property
+    def _lu_singular(self) -> bool:
+        """SuperLU's factorization found A exactly singular (``square.singular``) and
+        R's order is one whose rank the host's null-space COD may decide
+        (:data:`RANK_NULLSPACE_MIN_ORDER`): a factorization ahead may show R's
+        dependent columns as a few tiny pivots, whose rank decision costs a few
+        solves (``speculate``'s ``clear``)."""
+        return self._lu_deficient and bool(self._square.singular) and \
+            RANK_NULLSPACE_MIN_ORDER <= self.order <= RANK_SPARSE_MIN_ORDER
 
     @property
     def _lu_answers(self) -> bool:
@@ -1143,13 +1201,14 @@ class Allowance:
                          f"{self.predicted:.3g} s on {self.planned[1].backend!r}"
                          + (f" + rank decision {self.rank_s:.3g} s" if self.rank_s else ""))
             if self.speculated is not None and not self._lu_answers:
-                parts.append(f"factorized ahead in {self.speculation_s:.3g} s: R "
-                             + ("clearly of full rank (no dense rank work)" if self.speculated
-                                else "not clearly of full rank"))
+                parts.append(f"factorized ahead in {self.speculation_s:.3g} s: "
+                             + (f"{self.speculated_how} (no dense rank work)"
+                                if self.speculated else
+                                "R neither clearly of full rank nor of a few dead pivots"))
         elif self.plan_error is not None:
             parts.append(f"the QR cannot run ({self.plan_error})")
         elif self.predicted is None and self._lu_deficient:
-            floor = rank_decision_floor(self.order) * (1.0 if self.at_risk else RANK_PRIOR)
+            floor = self._floor()
             parts.append(f"no analysis (A not of full rank: the QR's rank decision alone, "
                          f"at least {floor:.3g} s, costs more than iterating on)")
         elif self.predicted is None:

@@ -34,7 +34,8 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 import scipy.sparse as sp
 
-from .._dispatch.iterate_first import (BLOCK_MIN_NNZ, Allowance, HostFirst, analysis_seconds,
+from .._dispatch.iterate_first import (BLOCK_MIN_NNZ, CLEAR_DEAD_PIVOTS, CLEAR_FULL_RANK,
+                                       Allowance, HostFirst, analysis_seconds,
                                        cpu_iteration_seconds, host_first_budget,
                                        iterate_in_block, needs_watching)
 from .._gpu import gpu_available
@@ -46,7 +47,7 @@ from .._validate import all_finite
 from .factored import plan_for
 from .least_squares import (IterativeAnswer, LeastSquaresProblem, StoppingRules, _RunNote,
                             check_problem, settle)
-from .lstsq import DENSE_LIMIT, _rcond_estimate, lstsq_cutoff
+from .lstsq import DENSE_LIMIT, _rcond_estimate, lstsq_cutoff, nullspace_candidate
 from .solve_rank import (PROBE_COLUMNS, PROBE_MAX_STEPS, frobenius, probe_margin,
                          probe_norm)
 from .triangular import UpperTriangular
@@ -138,16 +139,26 @@ def speculate(planned, shape) -> tuple:
     """Factorize with ``planned = (M, plan)`` now: ``(planned', clear)``.
 
     ``planned'`` hands the factors made here to the QR (its factorization
-    returns them instead of factorizing again); ``clear`` says whether R is
-    clearly of full rank (:func:`clearly_full_rank` with lstsq's cutoff for
-    an A of ``shape``). Factors on a GPU are not examined (``clear`` False).
+    returns them instead of factorizing again); ``clear`` says why R's rank
+    decision costs no dense work, or is '' where it may:
+    :data:`~scipy_gpuqr._dispatch.iterate_first.CLEAR_FULL_RANK` (R clearly of
+    full rank: :func:`clearly_full_rank` with lstsq's cutoff for an A of
+    ``shape``) or :data:`~scipy_gpuqr._dispatch.iterate_first.CLEAR_DEAD_PIVOTS`
+    (a few pivots below the cutoff and the rest clearly above:
+    :func:`~scipy_gpuqr._factor.lstsq.nullspace_candidate`, the null-space COD's
+    few solves). Factors on a GPU are not examined ('').
     """
     M, plan = planned
     num = plan.factorize(M, tol=None)
     kept = (M, dataclasses.replace(plan, factorize_fn=lambda *args, **kwargs: num))
     if plan.backend not in _HOST_BACKENDS:
-        return kept, False
-    return kept, clearly_full_rank(num.R, lstsq_cutoff(*shape))
+        return kept, ""
+    cutoff = lstsq_cutoff(*shape)
+    if clearly_full_rank(num.R, cutoff):
+        return kept, CLEAR_FULL_RANK
+    if nullspace_candidate(num.R, cutoff):
+        return kept, CLEAR_DEAD_PIVOTS
+    return kept, ""
 
 
 def _eligible(A, b, x0, damp, gpuqr_options) -> bool:
