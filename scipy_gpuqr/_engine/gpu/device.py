@@ -671,7 +671,8 @@ class HostFrontDevice(NumpyDevice):
         gpu = self.gpu
         cp = gpu.cp
         nb, isz = self.dense_panel, F.dtype.itemsize
-        avail = gpu.memory().available
+        mem = gpu.memory()
+        avail = mem.available
         whole = f"the front and its workspace do not fit the device ({avail} bytes available)"
         if avail is None or whole_front_fits(*F.shape, nb, isz, avail):
             try:
@@ -696,7 +697,10 @@ class HostFrontDevice(NumpyDevice):
         host = NumpySlabs()
         slabs = CupySlabs(cp, gpu.stream, on_part=getattr(self, "on_slab_part", None))
         T = factorize_in_slabs(F, panels, nb, w, slabs, fallback=host)
-        return T, (f"in column slabs of {w} (the front alone does not fit)"
+        held = int((mem.detail or {}).get("pool_used", 0))
+        return T, (f"in column slabs of {w} (the front alone does not fit; {avail:,} bytes "
+                   f"for a slab beside {held:,} held; earlier panels sent up "
+                   f"{slabs.panels_up} times)"
                    + (f"; its last {host.slabs} slabs on the host (LAPACK/BLAS) after the "
                       f"device failed one (log)" if host.slabs else "")), \
             (None if host.slabs else slabs.all_finite())
