@@ -520,8 +520,9 @@ def main(argv=None):
                       + f"\n    hand-on (carry, keep, retire) {row.get('hand_on_seconds')}"
                       + f"\n    timeline (s) {row.get('timeline')}"
                       + "".join(f"\n    log: {line}" for line in
-                                [x for x in row["log"] if x.startswith("Q replay")]
-                                + [x for x in row["log"] if not x.startswith("Q replay")][:8]),
+                                [x for x in row["log"] if x.startswith(("Q replay", "slabs, ms"))]
+                                + [x for x in row["log"]
+                                   if not x.startswith(("Q replay", "slabs, ms"))][:8]),
                       flush=True)
         if args.alternate:
             alt = [int(f) for f in args.alternate.split(",") if f]
