@@ -298,3 +298,39 @@ def test_lsqr_cpu_takes_the_nullspace_cod_on_dwt_878():
     assert np.linalg.norm(x - x_ref) <= 1e-10 * np.linalg.norm(x_ref)
     r = b - A @ x
     assert np.linalg.norm(A.T @ r) <= 64 * EPS * sp.linalg.norm(A) * np.linalg.norm(r)
+
+
+# ---------------------------------------------------------------------------
+# a small R of full rank by the 1-norm test: the BLAS pools are not looked up
+
+def test_small_full_rank_decision_does_not_look_up_the_pools(rng, monkeypatch):
+    """Where LAPACK's 1-norm estimate on R made dense settles full rank (order up to
+    DENSE_LIMIT, solves on the host), R⁻¹ answers through SuperLU's sweeps: the process'
+    OpenBLAS pools are neither looked up (a read of its memory map, about a millisecond)
+    nor lowered, in the decision or its solves, and x is bit for bit the one decided
+    with the pools lowered. A deficient R, and the GPU's dense σ test from
+    SVD_GPU_MIN_ORDER, keep the lookup."""
+    looked = []
+    real = _lstsq.openblas_pools
+    monkeypatch.setattr(_lstsq, "openblas_pools", lambda: looked.append(1) or real())
+    q = 200
+    R = sp.csc_array(np.triu(rng.standard_normal((q, q))) + 20 * np.eye(q))
+    b = rng.standard_normal(q)
+    solver = _lstsq.MinNormSolver(R, EPS * q)
+    x = solver.solve(b)
+    assert (solver.method, solver.rank) == ("triangular", q) and looked == []
+    assert solver.rcond >= 10 * q * EPS * q
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_full_rank_unlimited", lambda self: False)
+    limited = _lstsq.MinNormSolver(R, EPS * q)
+    assert np.array_equal(limited.solve(b), x) and limited.rcond == solver.rcond
+    assert looked == [1]
+    monkeypatch.undo()
+    monkeypatch.setattr(_lstsq, "openblas_pools", lambda: looked.append(1) or real())
+    looked.clear()
+    deficient = sp.csc_array(np.diag(np.r_[np.ones(q - 1), 1e-20]))
+    assert _lstsq.MinNormSolver(deficient, EPS * q).rank == q - 1 and looked == [1]
+    looked.clear()
+    big = _lstsq.SVD_GPU_MIN_ORDER
+    Rg = sp.csc_array(np.triu(rng.standard_normal((big, big))) + 40 * np.eye(big))
+    assert _lstsq.MinNormSolver(Rg, EPS * big, dense_device="gpu").rank == big
+    assert looked == [1]

@@ -505,12 +505,17 @@ class MinNormSolver:
     _lowered: Optional[object] = field(init=False, default=None, repr=False)
     # the process' OpenBLAS pools, looked up once (None: R too large to limit them)
     _pools: Optional[list] = field(init=False, default=None, repr=False)
+    # the BLAS threads of the decision and its solves (None: the pools' own counts)
+    _threads: Optional[int] = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
         if self.fro_bound is not None and np.isfinite(self.fro_bound):
             self._fro = float(self.fro_bound)
         try:
             threads = self._blas_threads()
+            if threads is not None and self._full_rank_unlimited():
+                return                  # R⁻¹ answers: nothing for the pools to spread
+            self._threads = threads
             self._pools = openblas_pools() if threads is not None else None
             with process_limited(threads, self._pools) as self._lowered:
                 self._decide()
@@ -528,6 +533,38 @@ class MinNormSolver:
         if self.solves is None and self.device == "cpu":
             return min(NULLSPACE_HOST_MIN_ORDER, SOLVE_RANK_MIN_ORDER)
         return SOLVE_RANK_MIN_ORDER
+
+    def _full_rank_unlimited(self) -> bool:
+        """Full rank by the 1-norm test alone, before the process' BLAS pools are
+        looked up (a read of its memory map) and lowered.
+
+        For a square host R of order up to :data:`DENSE_LIMIT` with a finite
+        diagonal whose smallest entry is above ``cutoff·max|r_ii|``, and whose
+        σ test would run on the host (no device solves; the GPU's dense σ test
+        from :data:`SVD_GPU_MIN_ORDER` keeps its place), the first rule is LAPACK's
+        ``dtrcon`` on R made dense: level-2 work on one thread. Where it settles
+        full rank, R⁻¹ answers through SuperLU's sweeps, so neither the decision
+        nor its solves make a BLAS call a pool could spread. Otherwise the
+        estimate is kept for :meth:`_full_rank_confirmed` and the decision runs
+        with the pools lowered as before.
+        """
+        R = sp.csc_array(self.R)
+        k, q = R.shape
+        if k != q or q == 0 or q > DENSE_LIMIT or self.solves is not None:
+            return False
+        if (self.dense_device or self.device) == "gpu" and q >= SVD_GPU_MIN_ORDER:
+            return False
+        d = self.diagonal
+        if d is None or d.shape != (q,):
+            d = abs_diagonal(R)
+        if not (np.all(np.isfinite(d)) and d.min() > 0 and d.min() > self.cutoff * d.max()):
+            return False
+        self.rcond = _rcond_estimate(R)
+        if not self.rcond >= 10.0 * q * self.cutoff:
+            return False
+        self.R = R
+        self.method, self.rank = "triangular", q
+        return True
 
     def _blas_threads(self) -> Optional[int]:
         """BLAS threads for the decision and the solves: one for R of order up to
@@ -631,7 +668,7 @@ class MinNormSolver:
             # 1/(M·q·cutoff) (‖R‖_F <= √q‖R‖₁, ‖R⁻¹‖₂ <= √q‖R⁻¹‖₁): the 1-norm test
             # below could pass only by its estimate's shortfall, so it is not run
             probed = self._probe is not None and self._probe[1] < 10.0
-            if not probed:
+            if not probed and not np.isfinite(self.rcond):     # not estimated yet
                 self.rcond = _rcond_estimate(R, solves)
                 if self.rcond >= 10.0 * q * self.cutoff:
                     self.method, self.rank = "triangular", q
@@ -1076,7 +1113,7 @@ class MinNormSolver:
     def solve(self, C: np.ndarray) -> np.ndarray:
         """Minimum-norm least-squares ``Y`` with ``G Y ≈ C``; C of shape (rows of G, p)."""
         C = _as_2d(np.asarray(C, dtype=np.float64))
-        with process_limited(self._blas_threads(), self._pools):
+        with process_limited(self._threads, self._pools):
             return self._solve(C)
 
     def _solve(self, C: np.ndarray) -> np.ndarray:
