@@ -4,7 +4,7 @@
     python bench/end_to_end.py [--quick] [--json out.json] [--no-subprocess]
         [--only NAME ...] [--subprocess-for NAME ...] [--no-cold] [--warm-runs N]
         [--rank-cols N] [--free-parent-pool | --parent-pool-ab] [--start-gpu]
-        [--phases]
+        [--phases] [--sample-children] [--spans]
 
 Per problem, in one run (one GPU):
 
@@ -512,6 +512,60 @@ def _snap(F):
                           if isinstance(sec.get(k), float)}})
     return _free(F)
 _fq.FactoredQR.free = _snap
+# "spans": the first call's steps timed where they run (wall seconds from the call's
+# start, per thread): CuPy's import, the CUDA libraries' imports, cuBLAS's warm-up,
+# each kernel module's load, the device layer's set-up and uploads, every pinned
+# buffer (bytes), the store's reads and checks, the first dense front; what the
+# sampler cannot tell apart when another thread holds the GIL
+SPANS = "spans" in sys.argv[4:]
+spans = []
+def _span(label, fn, sized=None):
+    import functools
+    @functools.wraps(fn)
+    def inner(*a, **k):
+        if prof.get("call") != 0:
+            return fn(*a, **k)
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            name = label(*a, **k) if callable(label) else label
+            extra = sized(*a, **k) if sized is not None else None
+            spans.append((round(t - t_call, 4), round(time.perf_counter() - t, 4),
+                          threading.current_thread().name, name, extra))
+    return inner
+if SPANS:
+    import importlib
+    import scipy_gpuqr._gpu as _gmod, scipy_gpuqr._kernels as _kmod, scipy_gpuqr._store as _smod
+    from scipy_gpuqr._engine.gpu import device as _dmod, factorize_kernels as _fkmod
+    from scipy_gpuqr._engine.gpu import blas_warmup as _bwmod
+    _imp = importlib.import_module
+    def _import_all(names):
+        for n in names:
+            try:
+                _span("import " + n, _imp)(n)
+            except Exception:
+                pass
+    _fkmod._import_all = _import_all
+    _gmod.import_cupy = _span("import_cupy", _gmod.import_cupy)
+    _gmod.gpu_info = _span("gpu_info", _gmod.gpu_info)
+    _bwmod.warmup = _span("cuBLAS warm-up", _bwmod.warmup)
+    _kmod._Compiled.get = _span(lambda self, name, *a, **k: "module " + name, _kmod._Compiled.get)
+    if hasattr(_kmod, "_seed_preprocess"):
+        _kmod._seed_preprocess = _span("seed NVRTC table", _kmod._seed_preprocess)
+    for _n in ("read_aligned", "read_mapped", "crc32"):
+        if hasattr(_smod, _n):
+            setattr(_smod, _n, _span("store " + _n, getattr(_smod, _n),
+                                     (lambda *a, _c=(_n == "crc32"), **k:
+                                      len(a[0]) if _c else None)))
+    _C = _dmod.CupyDevice
+    _C.__init__ = _span("CupyDevice()", _C.__init__)
+    _C.start = _span("device.start", _C.start)
+    _C.begin_stage = _span("device.begin_stage", _C.begin_stage)
+    _C._pinned = _span("pinned buffer", _C._pinned,
+                       lambda self, n, dtype: int(n) * np.dtype(dtype).itemsize)
+    _C.dense_factorize = _span("dense front", _C.dense_factorize)
+    _C.end_stage = _span("device.end_stage (waits)", _C.end_stage)
 calls, memory = [], []
 stop = threading.Event()
 if SAMPLE:
@@ -536,6 +590,8 @@ if SAMPLE:
             samples[f"{who} {kind}"] = sorted(((round(v, 4), key) for key, v in ex.items()
                                                if abs(v) >= 0.004), reverse=True)[:14]
     samples["marks"] = prof["marks"]
+if SPANS:
+    samples["spans"] = sorted(spans)
 cs = {}
 if "ready" in cuda:     # from the first call's start (negative: before it, start_gpu)
     cs = {"cuda_start": cuda["start"] - t_call, "cuda_ready": cuda["ready"] - t_call,
@@ -547,6 +603,23 @@ print(json.dumps({"setup": t1 - t0, "import": t2 - t1, "first": calls[0], "secon
                   "ours": gap - max(cs.get("cuda_ready", 0.0), 0.0), "memory": memory,
                   "samples": samples, "phases": phases}))
 """
+
+
+def print_spans(name: str, spans) -> None:
+    """A new process's first call, step by step (``--spans``): start and length
+    (ms from the call's start), thread and step; the pinned buffers summed."""
+    pinned = [sp for sp in spans if sp[3] == "pinned buffer"]
+    others = [sp for sp in spans if sp[3] != "pinned buffer" and (sp[1] >= 0.001
+                                                                    or "module" in sp[3])]
+    print(f"  {name} call 1 steps (ms from its start: start +length, thread, step):")
+    for t, d, who, what, extra in others:
+        more = f" ({extra / 2**20:.1f} MB)" if isinstance(extra, int) and extra > 4096 else ""
+        print(f"    {1e3 * t:7.1f} +{1e3 * d:6.1f}  {who[:22]:22s} {what}{more}")
+    if pinned:
+        tot = sum(sp[1] for sp in pinned)
+        nb = sum(sp[4] or 0 for sp in pinned)
+        print(f"    pinned buffers: {len(pinned)}, {nb / 2**20:.1f} MB, {1e3 * tot:.1f} ms "
+              f"(first at {1e3 * pinned[0][0]:.1f} ms)")
 
 
 def parent_memory() -> dict:
@@ -584,7 +657,7 @@ def print_child_memory(name: str, child: dict) -> None:
 def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
                 warm_runs: int = 1, free_parent_pool: bool = False,
                 pool_ab: bool = False, start_gpu: bool = False,
-                sample_children: bool = False) -> dict:
+                sample_children: bool = False, spans: bool = False) -> dict:
     """First lsqr in fresh processes: empty caches (``cold``), then ``warm_runs``
     processes with the caches it left; without ``cold`` the processes use the
     environment's caches (``CUPY_CACHE_DIR``, the analysis/plan store), which
@@ -603,7 +676,8 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
     ``sample_children``: each process samples its main thread and the package's
     prefetch thread every 2 ms in its first two calls and reports the first
     call's excess per innermost frame (any module, and the package's), and
-    when CuPy's import ended (``marks``)."""
+    when CuPy's import ended (``marks``). ``spans``: each process times its first
+    call's steps on the threads that run them (:func:`print_spans`)."""
     if free_parent_pool and backend == "gpu":
         from scipy_gpuqr._gpu import import_cupy
         import_cupy().get_default_memory_pool().free_all_blocks()
@@ -633,7 +707,7 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
                       f"{pm2['pool_held'] / 2**30:.2f} GiB; device free "
                       f"{pm2['device_free'] / 2**30:.1f} GiB", flush=True)
             extra = (["start_gpu"] if name.startswith("start_gpu") else []) + (
-                ["sample"] if sample_children else [])
+                ["sample"] if sample_children else []) + (["spans"] if spans else [])
             r = subprocess.run([sys.executable, "-c", _CHILD, spec, str(ROOT), backend, *extra],
                                env=env,
                                capture_output=True, text=True, timeout=300)
@@ -653,6 +727,9 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
                 if key == "marks":
                     print(f"  {spec} {name} call 1 marks (s from its start): {items}")
                     continue
+                if key == "spans":
+                    print_spans(f"{spec} {name}", items)
+                    continue
                 print(f"  {spec} {name} call 1 - call 2, {key} (s): "
                       + "; ".join(f"{k} {v:+.3f}" for v, k in items), flush=True)
             print_child_memory(f"{spec} {name}", out[name])
@@ -664,7 +741,7 @@ def new_process(spec: str, backend: str = "gpu", *, cold: bool = True,
 def run_problem(name, spec, *, reps, subprocs, rank_cols=RANK_MAX_COLS,
                 backend="gpu", cold=True, warm_runs=1, free_parent_pool=False,
                 pool_ab=False, start_gpu=False, phases=False, rounds=0,
-                sample_children=False) -> dict:
+                sample_children=False, spans=False) -> dict:
     t0 = time.perf_counter()
     A = make(spec)
     A = sp.csc_array(A)
@@ -686,7 +763,7 @@ def run_problem(name, spec, *, reps, subprocs, rank_cols=RANK_MAX_COLS,
         row["new_process"] = new_process(spec, backend, cold=cold, warm_runs=warm_runs,
                                          free_parent_pool=free_parent_pool, pool_ab=pool_ab,
                                          start_gpu=start_gpu,
-                                         sample_children=sample_children)
+                                         sample_children=sample_children, spans=spans)
     row["bench_seconds"] = time.perf_counter() - t0
     return row
 
@@ -786,6 +863,9 @@ def main(argv=None) -> int:
     p.add_argument("--start-gpu", action="store_true",
                    help="after the warm-cache processes, as many again that call "
                         "scipy_gpuqr.start_gpu() at the script's top (reported apart)")
+    p.add_argument("--spans", action="store_true",
+                   help="new processes: their first call's steps timed where they run "
+                        "(threads, imports, module loads, uploads, pinned buffers, store)")
     p.add_argument("--sample-children", action="store_true",
                    help="the new processes sample their main and prefetch threads in calls 1 "
                         "and 2 and report the first call's excess per frame")
@@ -833,7 +913,7 @@ def main(argv=None) -> int:
                               free_parent_pool=a.free_parent_pool,
                               pool_ab=a.parent_pool_ab, start_gpu=a.start_gpu,
                               phases=a.phases, rounds=a.rounds,
-                              sample_children=a.sample_children)
+                              sample_children=a.sample_children, spans=a.spans)
         except Exception as exc:  # noqa: BLE001 - a row says what failed, the run goes on
             row = {"problem": name, "spec": spec, "error": f"{type(exc).__name__}: {exc}"}
             print(f"{name}: {row['error']}", flush=True)
