@@ -529,8 +529,11 @@ def _span(label, fn, sized=None):
         try:
             return fn(*a, **k)
         finally:
-            name = label(*a, **k) if callable(label) else label
-            extra = sized(*a, **k) if sized is not None else None
+            try:
+                name = label(*a, **k) if callable(label) else label
+                extra = sized(*a, **k) if sized is not None else None
+            except Exception:
+                name, extra = getattr(fn, "__name__", "?"), None
             spans.append((round(t - t_call, 4), round(time.perf_counter() - t, 4),
                           threading.current_thread().name, name, extra))
     return inner
@@ -547,7 +550,20 @@ if SPANS:
             except Exception:
                 pass
     _fkmod._import_all = _import_all
-    _gmod.import_cupy = _span("import_cupy", _gmod.import_cupy)
+    _import_cupy = _span("import_cupy", _gmod.import_cupy)
+    def _cupy_spans():
+        # CuPy's NVRTC runs of an empty file (one per option set not in its table)
+        # and its kernels' compiles or loads from the cache, once CuPy is imported
+        cp = _import_cupy()
+        comp = sys.modules.get("cupy.cuda.compiler")
+        if comp is not None and not getattr(comp, "_g7_spans", False):
+            comp._g7_spans = True
+            comp._preprocess = _span("NVRTC empty-file run (CuPy)", comp._preprocess)
+            comp._compile_with_cache_cuda = _span(
+                lambda src, opts, *a, **k: "CuPy compile/load " + str(src).lstrip()[:40]
+                .replace("\n", " "), comp._compile_with_cache_cuda)
+        return cp
+    _gmod.import_cupy = _cupy_spans
     _gmod.gpu_info = _span("gpu_info", _gmod.gpu_info)
     _bwmod.warmup = _span("cuBLAS warm-up", _bwmod.warmup)
     _kmod._Compiled.get = _span(lambda self, name, *a, **k: "module " + name, _kmod._Compiled.get)
