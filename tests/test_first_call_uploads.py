@@ -21,7 +21,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from scipy_gpuqr._engine.gpu.device import CupyDevice
+from scipy_gpuqr._engine.gpu.device import CupyDevice, pinned_class
 from scipy_gpuqr._schedule.sparse import build_schedule
 from scipy_gpuqr._schedule.tasks import TASK_BYTES
 from scipy_gpuqr._symbolic import analyze
@@ -244,7 +244,7 @@ def test_a_stage_built_launch_by_launch_keeps_its_pinned_buffer():
 
     dev.vt = dev.maps = None
     h = dev.begin_stage(_Cold(), fs.s_index[s0:s1], np.ones(s1 - s0), [])
-    assert dev.pinned_calls == [max(int(st.ntasks), 1) * TASK_BYTES]
+    assert dev.pinned_calls == [pinned_class(max(int(st.ntasks), 1) * TASK_BYTES)]
     lp = np.asarray(st.launch_ptr)
     for L in range(len(lp) - 1):
         dev.launch(h, L, st.tasks[lp[L]:lp[L + 1]])
@@ -256,3 +256,12 @@ def test_a_stage_built_launch_by_launch_keeps_its_pinned_buffer():
     assert dt_copies and all(ops[i][1] == "main" for i in dt_copies)
     waits = [i for i, op in enumerate(ops) if op[0] == "wait" and op[1] == "main"]
     assert waits and max(waits) < min(dt_copies)
+
+
+def test_records_built_launch_by_launch_share_a_pinned_size_class():
+    # CuPy's pinned pool reuses a block for its exact size only: patterns of like
+    # size ask for the same buffer, never smaller than their records
+    sizes = [1, 96, 1 << 20, (1 << 20) + 1, 116_000_000, 127_800_000, 1 << 27, (1 << 27) + 96]
+    got = [pinned_class(n) for n in sizes]
+    assert got == [1 << 20, 1 << 20, 1 << 20, 1 << 21, 1 << 27, 1 << 27, 1 << 27, 1 << 28]
+    assert all(g >= n for g, n in zip(got, sizes))

@@ -183,6 +183,19 @@ def layer_streams(cp, device_id: int, layer: int = 0) -> tuple:
     return streams
 
 
+def pinned_class(nbytes: int) -> int:
+    """Bytes of the pinned buffer made for ``nbytes`` of a stage's records built
+    launch by launch: the next power of two (at least 1 MiB).
+
+    CuPy's pinned pool reuses a freed block only for a request of its exact
+    size, and such a buffer is made in a new pattern's first call, whose
+    records are new: rounded to a class, the first calls of a process on
+    patterns of like size take the block the one before left, where each made
+    its own (``cudaHostAlloc`` pins every page: its time grows with the bytes),
+    at the price of up to twice the bytes pinned once."""
+    return max(1 << 20, 1 << max(int(nbytes) - 1, 0).bit_length())
+
+
 def upload_stream(cp, device_id: int, layer: int = 0):
     """The stream on which a device layer sends host arrays up that it reads
     once (R's maps, a stage's S entries, a materialized stage's records): made
@@ -191,10 +204,10 @@ def upload_stream(cp, device_id: int, layer: int = 0):
     Those arrays are copied from where they lie (pageable memory) instead of
     through a pinned buffer of their own. CuPy's pinned pool reuses a block
     only for a request of its exact size, so each such buffer was a new
-    ``cudaHostAlloc`` in every first call of a process and every first call on
-    a pattern (tens of megabytes, about half a millisecond a megabyte, the
-    device idle before the first launch); a pageable copy costs the host about
-    what filling the pinned buffer did. The CUDA runtime waits for the copy's
+    ``cudaHostAlloc`` (which pins every page) in every first call of a process
+    and every first call on a pattern, the device idle before the first
+    launch; a pageable copy costs the host about what filling the pinned
+    buffer did. The CUDA runtime waits for the copy's
     own stream before a pageable copy: on the layer's stream it would wait for
     the launches enqueued before it, so the copies go on a stream of their own
     that only copies, and the layer's stream waits for each (an event).
@@ -915,7 +928,7 @@ class CupyDevice:
             # the launches; one built launch by launch through a pinned buffer
             src = (np.ascontiguousarray(st.tasks).view(np.uint8).ravel() if whole
                    else None)
-            host = None if whole else self._pinned(nbytes, np.uint8)
+            host = None if whole else self._pinned(pinned_class(nbytes), np.uint8)
             with self.upload_stream:
                 dt = cp.empty(nbytes, dtype=np.uint8)
                 if self.debug:      # a record never uploaded reads as type -1: no task
