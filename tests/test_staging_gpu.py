@@ -479,3 +479,71 @@ def test_first_stage_sent_up_as_the_factorization_ends(problem, monkeypatch):
         np.testing.assert_array_equal(a, c)
     pool.free_all_blocks()
     assert pool.used_bytes() <= base, (pool.used_bytes(), base)
+
+
+@pytest.mark.parametrize("board,frac", [((5, 7, 3), None), ((6, 8, 3), 2)])
+def test_rank_decisions_first_block_beside_qtb(board, frac, monkeypatch):
+    """A rank-deficient least-squares solve on the device (a chessboard's dependent
+    columns, the null-space COD), unlimited (4200 × 2100, rank 1714, against
+    lstsq) and staged with its root on the host at 1/2 of its need (25200 ×
+    6720): the first block ``orth(R⁻ᵀΩ)`` solved on a worker and a stream of its
+    own while ``Qᵀb`` is fetched (RHS_BESIDE) gives the rank, method and answer
+    of the one after the other; nothing is left on the device."""
+    import threading
+
+    import cupy as cp
+
+    from scipy_gpuqr import QRFactorization
+    from scipy_gpuqr._factor import lstsq as _lstsq
+    from scipy_gpuqr._factor import solve_rank as sr
+    from scipy_gpuqr._testing_matrices import chessboard_boundary
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
+    A = chessboard_boundary(*board)
+    b = np.cos(np.arange(A.shape[0]))
+    an = analyze(A)
+    need = plan_for_memory(an, _needs(an), None).peak
+    x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0] if frac is None else None
+    where = []
+    real = sr.NullspaceCOD._first_block
+
+    def first_block(self):
+        where.append((threading.current_thread().name, cp.cuda.get_current_stream().ptr))
+        return real(self)
+    monkeypatch.setattr(sr.NullspaceCOD, "_first_block", first_block)
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    base = pool.used_bytes()
+    out, ranks = {}, set()
+    try:
+        if frac:
+            pool.set_limit(size=base + need // frac)
+        for beside in (False, True, False, True):
+            monkeypatch.setattr(sr, "RHS_BESIDE", beside)
+            where.clear()
+            F = QRFactorization(A, backend="gpu")
+            x = F.solve(b)
+            solver = F._core.rank_decision()
+            bi = F.info["backend_info"]
+            assert F.info["backend"] == "gpu"
+            if frac:
+                assert bi["stages"] > 1 and bi["host_fronts"], bi.get("stages")
+            assert solver.method == "nullspace_cod" and solver.cod_device == "gpu"
+            ranks.add(F.rank)
+            assert len(where) == 1
+            aside = where[0][0] != threading.current_thread().name
+            assert aside == beside and (where[0][1] != 0) == beside
+            r = A @ x - b
+            assert np.linalg.norm(A.T @ r) <= 1e-10 * np.linalg.norm(A.T @ b)
+            out.setdefault(beside, []).append(x)
+            F.free()
+            del F, solver
+            gc.collect()
+        assert len(ranks) == 1 and (frac or ranks == {1714})
+        # R⁻ᵀ's level kernels add with atomics: runs differ in rounding only
+        ref = out[False][0] if x_ref is None else x_ref
+        for x in out[True] + out[False]:
+            assert np.linalg.norm(x - ref) <= 1e-9 * np.linalg.norm(ref)
+    finally:
+        pool.set_limit(size=0)
+    pool.free_all_blocks()
+    assert pool.used_bytes() <= base, (pool.used_bytes(), base)
