@@ -67,6 +67,19 @@ checks the answers of those matrices only (R's difference, ``Qᵀ b`` and the
 residuals take tens of seconds on grid 64³'s R); ``--check-r grid64,...``
 compares only R's values with one GPU's for those (a few seconds).
 
+``--switch-interval none,2e-4`` runs every setting under each interpreter
+switch interval (``multi_gpu_factorize(switch_interval=...)``; one GPU through
+``sys.setswitchinterval`` around its call; ``lib``: the library's default,
+``none``: the process' own, 5 ms). ``--probe`` adds one more call per setting
+(not in the median) watched by :class:`GilProbe`: how late a thread gets the
+interpreter's lock back, who held it long and where, every Python thread's
+CPU seconds, and each device thread's steps (``info``'s ``events``).
+``--keep-pools`` keeps CuPy's device and pinned memory pools between the calls
+of a setting, as a user's repeated call finds them; by default every call
+starts with emptied pools, so it allocates (and pins) its memory again, which
+in a multi-device call stalls the other devices' threads (CuPy pins host memory
+holding the interpreter's lock).
+
 ``--dask 1,2,4`` then measures the Dask throughput of batched LU
 (``bench/dask_batched.py``: 2**24 float64 32 x 32 matrices by default,
 ``--dask-count``) over that many GPU workers against one, in a separate
@@ -263,8 +276,9 @@ def _matrices(only, numpy_layers=False):
 class _Runner:
     """The engine calls on CUDA devices, or on NumPy device layers (``--numpy``)."""
 
-    def __init__(self, numpy_layers: bool):
+    def __init__(self, numpy_layers: bool, keep_pools: bool = False):
         self.numpy = numpy_layers
+        self.keep_pools = keep_pools
 
     def device_context(self, ids):
         """The first device current (Q and the solves run there)."""
@@ -298,6 +312,17 @@ class _Runner:
             return multi_gpu_factorize(A, an, devices=ids, max_gpu_memory=budget,
                                        split_dense=split, device_speeds=speeds,
                                        r_slot_bytes=r_slot, switch_interval=switch)
+
+    def between(self):
+        """After a call of a setting: the pools emptied (:meth:`free`), or, with
+        ``keep_pools``, only the devices waited for: the next call then finds the
+        device and pinned blocks the last one left, as a user's repeated call does."""
+        if not self.keep_pools:
+            self.free()
+        elif not self.numpy:
+            import cupy as cp
+            for d in range(cp.cuda.runtime.getDeviceCount()):
+                cp.cuda.Device(d).synchronize()
 
     def free(self):
         if self.numpy:
@@ -540,7 +565,7 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                 mapping = qr.info.get("devices", {}).get("mapping") or {}
                 warm.append(_mapping_text(qr.info))
                 qr.free()
-                runner.free()
+                runner.between()
                 if mapping.get("speeds") == mapping.get("remembered") or speeds is None:
                     break
             run["warm_up_mappings"], run["warm_up_seconds"] = warm, warm_s
@@ -566,7 +591,7 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                     else:
                         run.update(_differences(got, ref))
                 qr.free()
-                runner.free()
+                runner.between()
             if probe:                   # one more call, watched (not in the median)
                 with GilProbe() as pr:
                     t = time.perf_counter()
@@ -582,7 +607,7 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                          d.get("wait_blocks_seconds")]
                         for d in pinfo.get("devices", {}).get("devices", [])]
                 qr.free()
-                runner.free()
+            runner.free()               # each setting starts with empty pools
         except Exception as exc:                          # noqa: BLE001 - report, go on
             import traceback
             run["error"] = f"{type(exc).__name__}: {exc}"
@@ -788,6 +813,9 @@ def main(argv=None) -> int:
     p.add_argument("--switch-interval", default="lib",
                    help="interpreter switch intervals (s) each setting runs with, in order "
                         "('lib': the library's default, 'none': the process' own)")
+    p.add_argument("--keep-pools", action="store_true",
+                   help="keep CuPy's device and pinned pools between the calls of a setting "
+                        "(a user's repeated call); default: emptied after every call")
     p.add_argument("--probe", action="store_true",
                    help="one more call per setting watched by a lock probe (GilProbe)")
     p.add_argument("--check-only", default="",
@@ -828,7 +856,7 @@ def main(argv=None) -> int:
     print(f"{len(names)} device(s): {', '.join(names)}; counts {counts}"
           + (" (simulated on GPU 0)" if a.simulate else ""), flush=True)
     only = list(dict.fromkeys(x for x in a.only.split(",") if x))
-    runner = _Runner(a.numpy)
+    runner = _Runner(a.numpy, keep_pools=a.keep_pools)
     checked = [x for x in a.check_only.split(",") if x]
     r_only = [x for x in a.check_r.split(",") if x]
     slots = tuple(int(float(x) * (1 << 20)) for x in a.r_slot_mb.split(",") if x) or (None,)
@@ -843,6 +871,7 @@ def main(argv=None) -> int:
         if a.json:                      # after each matrix: a run cut short keeps the rest
             Path(a.json).write_text(json.dumps({"gpus": names, "counts": counts,
                                                 "simulate": a.simulate, "numpy": a.numpy,
+                                                "keep_pools": a.keep_pools,
                                                 "budget_fraction": a.budget_fraction,
                                                 "rows": rows}, indent=1, default=str))
     print("\n" + summary(rows), flush=True)

@@ -88,6 +88,13 @@ def test_devices_run_under_the_switch_interval(process_interval, monkeypatch):
         assert many.info["switch_interval"] == (4e-4 if asked == "default" else asked)
         scale = max(abs(one.R).max(), 1.0)
         assert abs(many.R - one.R).max() <= 1e-13 * scale
+    # without the argument: the module's default, shorter than the process' 5 ms
+    monkeypatch.setattr(md, "SWITCH_INTERVAL", 2.5e-4)
+    layers = [_Watching(32, 3) for _ in range(2)]
+    multi_gpu_factorize(A, an, layers=layers)
+    assert {x for layer in layers for x in layer.seen} == {_as_set(2.5e-4)}
+    monkeypatch.undo()
+    assert 0 < md.SWITCH_INTERVAL < 0.005
     # a device's thread fails: the call raises, the interval is the process' again
     plan = map_devices(an, 3)
     layers = [_Watching(32, 3, fail=(i == int(plan.stage_device[0]))) for i in range(3)]

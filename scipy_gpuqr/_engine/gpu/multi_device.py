@@ -129,9 +129,10 @@ SPEED_MIN_SECONDS = 0.02
 SPEED_RANGE = (0.25, 4.0)
 
 #: The interpreter's switch interval (seconds) while the devices' threads run
-#: (:func:`multi_gpu_factorize`'s ``switch_interval``); None leaves the process'
-#: own (5 ms unless changed).
-SWITCH_INTERVAL = None
+#: (:func:`multi_gpu_factorize`'s ``switch_interval``; the process' own is 5 ms
+#: unless changed): a device thread that took its call's time back from a thread
+#: running Python waits at most this long for the interpreter's lock.
+SWITCH_INTERVAL = 2e-4
 
 
 def device_count() -> int:
