@@ -145,8 +145,11 @@ class GilProbe:
     interpreter's lock as every CUDA call does, so its lateness on waking is
     what a device thread's call waits for the lock. At every wake it reads each
     Python thread's CPU clock; a wake later than ``long`` seconds is charged to
-    the thread whose CPU time grew most since the last wake (the thread that
-    held the lock), with where that thread was (its innermost frames). The sum
+    the thread whose CPU time grew most since the last wake (most likely the
+    thread that held the lock; a thread that held it while blocked in the
+    kernel, e.g. on a page fault behind another thread's pinning of host
+    memory, grows no CPU time and is not named), with where that thread was
+    (its innermost frames) and when (the longest waits). The sum
     of the Python threads' CPU seconds over the call's wall seconds bounds the
     lock's load from above (their CPU time outside the lock counts too).
     """
@@ -156,6 +159,7 @@ class GilProbe:
         self._stop = threading.Event()
         self._thread = None
         self.late, self.cpu, self.holds, self.sites, self.named = [], {}, {}, {}, {}
+        self.waits = []             # (seconds from the start, lateness, holder, site)
         self.wall = 0.0
 
     def __enter__(self):
@@ -204,6 +208,7 @@ class GilProbe:
                 site = g + ": " + _site(frames.get(th.ident))
                 n, sec = self.sites.get(site, (0, 0.0))
                 self.sites[site] = (n + 1, sec + late)
+                self.waits.append((t - self._t0, late, g, site))
             last = now
 
     def summary(self, top: int = 8) -> dict:
@@ -219,6 +224,7 @@ class GilProbe:
                 "late_seconds": float(late.sum() / 1e3), "long_ms": self.long * 1e3,
                 "long_by_thread": {g: [n, sec] for g, (n, sec) in self.holds.items()},
                 "long_sites": [[k, n, sec] for k, (n, sec) in sites],
+                "longest": [list(w) for w in sorted(self.waits, key=lambda w: -w[1])[:top]],
                 "cpu_seconds": dict(sorted(self.cpu.items())),
                 "threads": {g: len(v) for g, v in sorted(self.named.items())},
                 "python_cpu_seconds": float(sum(self.cpu.values()))}
@@ -701,6 +707,9 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                   + probe_text(run["probe"]), flush=True)
             for site, n, sec in run["probe"]["long_sites"]:
                 print(f"    held {n} x, {sec:.3f} s: {site}", flush=True)
+            for t0, late, _, site in run["probe"].get("longest", []):
+                print(f"    longest: from {t0:.3f} s of the watched call, {late * 1e3:.1f} ms, "
+                      f"{site}", flush=True)
             for j, ev in enumerate(run["probe"].get("events") or []):
                 print(f"    device {j} steps: {events_text({'events': ev})}", flush=True)
     return row
