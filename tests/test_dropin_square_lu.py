@@ -491,3 +491,15 @@ def test_speculate_says_why_r_is_clear(name, clear):
     kept, got = speculate(planned, A.shape)
     assert got == clear
     assert kept[1].factorize_fn() is kept[1].factorize_fn()
+
+
+def test_an_exactly_singular_lu_whose_run_converges_at_once_says_so():
+    """A run that converges at the checkpoint where the LU found A exactly singular is
+    left without an analysis, and the log does not claim a floor it did not weigh."""
+    square, plans = _Square(False, True, singular=True), []
+    watch = _watch_order(square, plans, 878)
+    watch.decide(400, 0.0)                    # no history: no projection, not trusted
+    square.factor()
+    watch.lu_at = (400, 0.0)
+    assert watch._lu_singular and watch._floor() == 0.0
+    assert "A exactly singular" in watch.summary() and not plans

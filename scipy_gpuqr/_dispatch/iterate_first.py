@@ -1207,6 +1207,9 @@ class Allowance:
                                 "R neither clearly of full rank nor of a few dead pivots"))
         elif self.plan_error is not None:
             parts.append(f"the QR cannot run ({self.plan_error})")
+        elif self.predicted is None and self._lu_singular:
+            parts.append("no analysis (A exactly singular: SciPy's run converged before a "
+                         "verdict could weigh the QR)")
         elif self.predicted is None and self._lu_deficient:
             floor = self._floor()
             parts.append(f"no analysis (A not of full rank: the QR's rank decision alone, "
