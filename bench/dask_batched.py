@@ -2,7 +2,7 @@
 """Batched LU over Dask GPU workers: throughput on 1, 2 and 4 GPUs against one.
 
     python3 bench/dask_batched.py [--count 16777216] [--n 32] [--chunk 1048576[,524288]]
-                                  [--workers 1,2,4] [--threads 1[,2]] [--call default[,async]]
+                                  [--workers 1,2,4] [--threads 1[,2]] [--call default[,async,async_read]]
                                   [--saturation 1.1[,inf]] [--batches 1[,4]] [--ptds]
                                   [--dtype float64] [--reps 3] [--json out.json]
     python3 bench/dask_batched.py --cpu --model-gpu 8.9e-9 --count 16777216 --chunk 1048576 \
@@ -22,7 +22,7 @@ Dask array, and per chunk a checksum of ``lu`` and ``piv`` (one kernel), all
 chunks' checksums summed by one aggregate task (a Delayed: no finalize task
 after it), which is what a timed run waits for. Each chunk is one task (made,
 factorized, summed).
-Two calls (``--call``):
+Three calls (``--call``):
 
 * ``default``: ``lu_factor_batched(a)``, which waits once per chunk for its GPU
   (to warn about singular matrices, to raise for infs or NaNs); the checksum
@@ -30,7 +30,13 @@ Two calls (``--call``):
 * ``async``: ``lu_factor_batched(a, return_info=True, check_finite=False)``,
   which waits for nothing (``info`` is not used here); the checksums stay on
   the GPUs until the aggregate reads them. A worker's task returns once its
-  kernels are queued, so its GPU does not wait for Dask between chunks.
+  kernels are queued, so its GPU does not wait for Dask between chunks;
+* ``async_read``: the same call, its chunk's checksum read to the host inside
+  the chunk's task. The wait for the worker's GPU is then on the task's
+  thread, where the next task's kernels are queued meanwhile, instead of in
+  a transfer of a CuPy sum between workers: a sender copies the sum to the
+  host on its event loop, behind every kernel queued on its GPU, and starts
+  no task meanwhile.
 
 Workers: one per GPU, ``--threads`` threads each, no host-memory limit —
 dask-cuda's ``LocalCUDACluster`` when ``dask_cuda`` is installed, else a
@@ -108,7 +114,7 @@ HOST = "127.0.0.1"
 QUICK = {"count": 1 << 22, "n": 32, "chunk": str(1 << 19), "workers": "1,2", "reps": 3}
 
 #: the calls of lu_factor_batched timed (--call): see :func:`factor`
-CALLS = ("default", "async")
+CALLS = ("default", "async", "async_read")
 
 # ----------------------------------------------------------------------------
 # run on the workers (and by the direct baseline)
@@ -377,10 +383,11 @@ def total(*parts) -> float:
 def factor(a, call: str):
     """``lu, piv`` of ``scipy_gpuqr.lu_factor_batched`` of ``a``: its default call
     (``call='default'``: waits once for the GPU, to warn about singular matrices
-    or raise for infs) or the fully asynchronous one (``'async'``:
-    ``return_info=True, check_finite=False``; ``info`` is not used here)."""
+    or raise for infs) or the fully asynchronous one (``'async'`` and
+    ``'async_read'``: ``return_info=True, check_finite=False``; ``info`` is not
+    used here)."""
     import scipy_gpuqr as gq
-    if call == "async":
+    if call != "default":
         lu, piv, _ = gq.lu_factor_batched(a, return_info=True, check_finite=False)
         return lu, piv
     return gq.lu_factor_batched(a)
@@ -460,8 +467,9 @@ def pipeline(count: int, n: int, chunk: int, dtype: str, gpu: bool, call: str = 
     (:func:`total`, a Delayed: no finalize task after it).
 
     ``call``: ``'default'`` (the library's default call; the checksum brought to
-    the host per chunk) or ``'async'`` (``return_info=True, check_finite=False``;
-    the checksums stay on the GPUs until the aggregate). ``empty``: the same graph
+    the host per chunk), ``'async'`` (``return_info=True, check_finite=False``;
+    the checksums stay on the GPUs until the aggregate) or ``'async_read'`` (the
+    same call, the checksum brought to the host per chunk). ``empty``: the same graph
     with tasks that do nothing (what Dask alone costs). ``model``: seconds of
     modelled GPU work per matrix (:class:`ModelDevice`, CPU runs). ``batch``: a
     different ``batch`` gives the same work under other keys (batches in flight).
@@ -491,6 +499,9 @@ def pipeline(count: int, n: int, chunk: int, dtype: str, gpu: bool, call: str = 
             lu, piv, _ = gq.lu_factor_batched(a, return_info=True, check_finite=False)
             fn = checksum_async
             out_meta = np.empty_like(meta, dtype=np.float64) if gpu and not model else host
+        elif call == "async_read":
+            lu, piv, _ = gq.lu_factor_batched(a, return_info=True, check_finite=False)
+            fn, out_meta = checksum, host
         else:
             lu, piv = gq.lu_factor_batched(a)
             fn, out_meta = checksum, host
@@ -929,7 +940,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", default="1", help="threads per worker, a comma list")
     p.add_argument("--call", default="default",
                    help="comma list of 'default' (lu_factor_batched(a): one wait per chunk) "
-                        "and 'async' (return_info=True, check_finite=False: none)")
+                        "'async' (return_info=True, check_finite=False: none) and "
+                        "'async_read' (the same call, its checksum read in the chunk's task)")
     p.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--cpu", action="store_true", help="NumPy chunks on CPU worker processes")
@@ -989,7 +1001,7 @@ def main(argv=None) -> int:
     args.batches = _ints(args.batches)
     if args.model_gpu and gpu:
         p.error("--model-gpu models the GPU in a --cpu run")
-    if args.ptds and "async" in args.calls and gpu:
+    if args.ptds and set(args.calls) - {"default"} and gpu:
         p.error("--ptds: the default call only (see --help)")
     if set(args.calls) - set(CALLS):
         p.error(f"--call: each of {CALLS}")

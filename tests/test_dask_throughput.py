@@ -191,8 +191,8 @@ def test_bench_batches_in_flight_on_modelled_gpus(tmp_path):
     batch's sum is the direct run's, each chunk one task, times per batch."""
     out = tmp_path / "b.json"
     p = subprocess.run([sys.executable, str(REPO / "bench" / "dask_batched.py"), "--cpu",
-                        "--model-gpu", "1e-5", "--workers", "2", "--call", "default,async",
-                        "--count", "800", "--n", "4", "--chunk", "100", "--reps", "1",
+                        "--model-gpu", "1e-5", "--workers", "2",
+                        "--call", "default,async,async_read", "--count", "800", "--n", "4", "--chunk", "100", "--reps", "1",
                         "--batches", "1,2", "--saturation", "inf", "--json", str(out),
                         "--max-seconds", "150"],
                        capture_output=True, text=True, timeout=180)
@@ -202,7 +202,8 @@ def test_bench_batches_in_flight_on_modelled_gpus(tmp_path):
     direct = {d["call"]: d for d in res["direct"]}
     assert direct["default"]["median_s"] >= 800 * 1e-5          # the modelled work
     assert sorted((r["call"], r["batches"]) for r in res["rows"]) == \
-        [("async", 1), ("async", 2), ("default", 1), ("default", 2)]
+        [("async", 1), ("async", 2), ("async_read", 1), ("async_read", 2),
+         ("default", 1), ("default", 2)]
     for r in res["rows"]:
         assert r["checksum"] == pytest.approx(direct["default"]["checksum"], rel=1e-12)
         assert r["checksums_equal"] and r["chunks"] == 8
