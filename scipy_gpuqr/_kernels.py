@@ -25,11 +25,7 @@ made once per process and option set). That PTX depends only on the loaded
 NVRTC, the architecture and the options, so it is kept in the store with the
 NVRTC library it came from and put back in CuPy's table before a module is
 asked for (:func:`_seed_preprocess`): CuPy then finds the same key without
-the run. CuPy's own kernels (its copies, reductions, linear algebra) compile
-with other options, first asked for after the package's modules were
-recorded: :func:`prefetch` records the table again at a later call where it
-holds option sets the record lacks (:func:`remember_preprocess`), so that a
-new process's first call runs NVRTC for those neither.
+the run.
 
 Sources are *flattened* before compilation: every ``#include "x.cuh"`` of a
 file in ``kernels/`` is replaced by that file's text, recursively. The text
@@ -47,7 +43,6 @@ import importlib
 import json
 import os
 import re
-import sys
 import threading
 import time
 from pathlib import Path
@@ -451,51 +446,6 @@ def _preprocess_record_name(compiler) -> str | None:
     return None if ident is None else json.dumps([PREPROCESS_RECORD, ident])
 
 
-@functools.lru_cache(maxsize=4)
-def _record_name_once(compiler) -> str:
-    """:func:`_preprocess_record_name`, looked up once per process (the loaded
-    NVRTC does not change); raises LookupError (not kept) where there is none."""
-    name = _preprocess_record_name(compiler)
-    if name is None:
-        raise LookupError("this process's NVRTC cannot be identified")
-    return name
-
-
-def remember_preprocess() -> None:
-    """Record CuPy's empty-file PTX table where it holds option sets that the
-    store's record of this process's NVRTC lacks (:func:`_remember_preprocess`).
-
-    The table is recorded as each of the package's modules is loaded, at a
-    call's start; CuPy's own kernels (copies, reductions, ``cupy.linalg``)
-    compile later in the call with other options, so their entries reached the
-    record only where a module of the package happened to load after them. A
-    later call records them: a new process then finds every option set its
-    first call uses in CuPy's table (:func:`_seed_preprocess`) and runs NVRTC for
-    none. Nothing before CuPy's compiler is loaded, without a store, or where
-    NVRTC cannot be identified; otherwise a comparison with the record as this
-    process knows it (no file read) when nothing is new.
-    """
-    compiler = sys.modules.get("cupy.cuda.compiler")
-    table = _preprocess_table(compiler) if compiler is not None else None
-    if not table:
-        return
-    try:
-        if _store.folder() is None:
-            return
-        name = _record_name_once(compiler)
-    except Exception:                      # noqa: BLE001 - no record: nothing kept
-        return
-    rec = _store.recorded(name)
-    entries = rec.get("entries") if rec is not None else None
-    known = frozenset(_as_tuple(item[0]) for item in
-                      (entries if isinstance(entries, list) else ())
-                      if isinstance(item, list) and len(item) == 2
-                      and isinstance(item[0], list))
-    if all(env in known for env in list(table) if isinstance(env, tuple)):
-        return
-    _remember_preprocess(known, compiler)
-
-
 def _as_tuple(value):
     """A JSON list back into the tuple it was (recursively; other values as they are)."""
     return tuple(_as_tuple(v) for v in value) if isinstance(value, list) else value
@@ -721,16 +671,13 @@ def prefetch(modules: Iterable[KernelUse]) -> list:
     -------
     list of threading.Thread
         The one looking up and waiting for the compiles (joined: every module
-        asked for is compiled), or none when every use was asked for before
-        (then CuPy's table of empty-file PTX is recorded where the calls before
-        added option sets to it: :func:`remember_preprocess`).
+        asked for is compiled), or none when every use was asked for before.
     """
     import cupy
     device = cupy.cuda.Device().id
     uses = [KernelUse(*use) for use in modules]
     new = _COMPILED.request((use, device) for use in uses)
-    if not new:                 # a later call: CuPy's own option sets of the calls before
-        remember_preprocess()
+    if not new:
         return []
     t = threading.Thread(target=_prefetch_uses, args=([use for use, _ in new], device),
                          name="gpuqr-prefetch", daemon=True)

@@ -3,7 +3,7 @@
 A materialized stage's records go to the device in chunks of at least
 ``record_chunk_bytes`` ahead of the launches that read them, a stage built
 launch by launch one launch's at a time. Here the device buffer and the pinned
-buffer (a stage built launch by launch has one) are NumPy arrays: before every launch, the records it reads must be in
+buffer are NumPy arrays: before every launch, the records it reads must be in
 the device buffer, whatever the chunk size, and a chunk ends only past a
 launch's end.
 """
@@ -38,21 +38,17 @@ class _DeviceBytes:
 
 
 class _Layer:
-    """What ``CupyDevice._records_up`` reads of its layer (a materialized stage's
-    chunks go through ``_send``, here a plain copy)."""
+    """What ``CupyDevice._records_up`` reads of its layer."""
 
     def __init__(self, chunk):
         self.record_chunk_bytes = chunk
         self.stream = None
 
-    def _send(self, dst, src):
-        dst.set(src)
-
 
 def _uploads(st, chunk, whole):
     nbytes = max(int(st.ntasks), 1) * TASK_BYTES
     src = np.ascontiguousarray(st.tasks).view(np.uint8).ravel()
-    h = {"dt": _DeviceBytes(nbytes), "host": None if whole else np.zeros(nbytes, np.uint8),
+    h = {"dt": _DeviceBytes(nbytes), "host": np.zeros(nbytes, np.uint8),
          "src": src if whole else None, "sent": 0}
     lp = np.asarray(st.launch_ptr)
     layer = _Layer(chunk)

@@ -523,43 +523,6 @@ def test_empty_file_ptx_is_recorded_and_seeded_for_the_same_nvrtc(tmp_path, monk
     assert none._empty_file_preprocess_cache == {}
 
 
-def test_cupys_own_option_sets_recorded_by_a_later_call(tmp_path, monkeypatch):
-    """CuPy's own kernels add option sets to its empty-file table after the
-    package's modules recorded it; a later call's ``remember_preprocess`` records
-    them (once: nothing written again when nothing is new), so that a new process
-    seeds every option set its first call uses; nothing without a store."""
-    from scipy_gpuqr import _store
-    ident = [[13, 5], "/lib/libnvrtc.so.13", 100, 1]
-    monkeypatch.setattr(_kernels, "_nvrtc_identity", lambda compiler: list(ident))
-    _kernels._record_name_once.cache_clear()
-    monkeypatch.setenv(_store.ENV, str(tmp_path))
-    monkeypatch.setattr(_store, "_RECORDS", {})
-    first = _FakeCompiler()
-    monkeypatch.setitem(sys.modules, "cupy.cuda.compiler", first)
-    first._empty_file_preprocess_cache[_ENV] = "// ours"
-    _kernels._remember_preprocess(_kernels._seed_table(first), first)     # a module loaded
-    own = ("90", ("-I/cupy/include", "-ftz=true"), (13, 5), "nvrtc", "-arch=sm_90", "cubin")
-    first._empty_file_preprocess_cache[own] = "// CuPy's copies"         # later in the call
-    writes = []
-    record = _store.record
-    monkeypatch.setattr(_store, "record", lambda name, value: writes.append(name)
-                        or record(name, value))
-    _kernels.remember_preprocess()                  # the next call
-    assert len(writes) == 1
-    _kernels.remember_preprocess()                  # and the one after: nothing new
-    assert len(writes) == 1
-    _store.flush()
-    monkeypatch.setattr(_store, "_RECORDS", {})     # a new process
-    new = _FakeCompiler()
-    assert _kernels._seed_table(new) == {_ENV, own}
-    assert new._empty_file_preprocess_cache == {_ENV: "// ours", own: "// CuPy's copies"}
-    monkeypatch.setenv(_store.ENV, "off")
-    first._empty_file_preprocess_cache[("other",)] = "x"
-    _kernels.remember_preprocess()
-    assert len(writes) == 1
-    _kernels._record_name_once.cache_clear()
-
-
 def test_nvrtc_identity_names_the_loaded_library():
     """Once CuPy has loaded NVRTC, the record's identity is its version and one
     library file (no GPU needed)."""

@@ -12,12 +12,11 @@ records with the NumPy executor:
     zeroed front pool, carried contribution blocks and S entries uploaded;
     the stage's records go up with its launches (below).
 ``launch(handle, L, records)``
-    launch ``L`` of the stage, its records uploaded before it: a materialized
-    stage's straight from its task list on the layer's upload stream
-    (:func:`upload_stream`), in chunks of at least :data:`RECORD_CHUNK_BYTES`
-    ahead of the launches that read them (the first launch waits for one
-    chunk, not for the whole list); a stage built launch by launch one
-    launch's at a time, asynchronously from pinned memory.
+    launch ``L`` of the stage, its records uploaded before it asynchronously
+    from pinned memory: a materialized stage's in chunks of at least
+    :data:`RECORD_CHUNK_BYTES` ahead of the launches that read them (the
+    first launch waits for one chunk, not for the whole list), a stage built
+    launch by launch one launch's at a time.
 ``open_r_copy(pool, index, layout, final=None) -> copier``
     R's values ``pool[index]`` to the host (:mod:`.rcopy`): with
     ``final`` (one-stage schedules) ranges already final are copied while
@@ -181,49 +180,6 @@ def layer_streams(cp, device_id: int, layer: int = 0) -> tuple:
                 cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True),
                 tuple(cp.cuda.Stream(non_blocking=True) for _ in range(DENSE_STREAMS)))
     return streams
-
-
-def pinned_class(nbytes: int) -> int:
-    """Bytes of the pinned buffer made for ``nbytes`` of a stage's records built
-    launch by launch: the next power of two (at least 1 MiB).
-
-    CuPy's pinned pool reuses a freed block only for a request of its exact
-    size, and such a buffer is made in a new pattern's first call, whose
-    records are new: rounded to a class, the first calls of a process on
-    patterns of like size take the block the one before left, where each made
-    its own (``cudaHostAlloc`` pins every page: its time grows with the bytes),
-    at the price of up to twice the bytes pinned once."""
-    return max(1 << 20, 1 << max(int(nbytes) - 1, 0).bit_length())
-
-
-def upload_stream(cp, device_id: int, layer: int = 0):
-    """The stream on which a device layer sends host arrays up that it reads
-    once (R's maps, a stage's S entries, a materialized stage's records): made
-    once per thread, device and ``layer``, like :func:`layer_streams`.
-
-    Those arrays are copied from where they lie (pageable memory) instead of
-    through a pinned buffer of their own. CuPy's pinned pool reuses a block
-    only for a request of its exact size, so each such buffer was a new
-    ``cudaHostAlloc`` (which pins every page) in every first call of a process
-    and every first call on a pattern, the device idle before the first
-    launch; a pageable copy costs the host about what filling the pinned
-    buffer did. The CUDA runtime waits for the copy's
-    own stream before a pageable copy: on the layer's stream it would wait for
-    the launches enqueued before it, so the copies go on a stream of their own
-    that only copies, and the layer's stream waits for each (an event).
-    Their destinations are allocated on this stream too (CuPy's pool keeps a
-    freed block for the stream it was allocated on), so that a copy never
-    writes a block the layer's stream still reads.
-    """
-    per = getattr(_THREAD_STREAMS, "uploads", None)
-    if per is None:
-        per = _THREAD_STREAMS.uploads = {}
-    key = (int(device_id), int(layer))
-    stream = per.get(key)
-    if stream is None:
-        with cp.cuda.Device(device_id):
-            stream = per[key] = cp.cuda.Stream(non_blocking=True)
-    return stream
 
 
 def pool_block(pool: np.ndarray, start: int, rows: int, width: int, pitch: int) -> np.ndarray:
@@ -804,8 +760,6 @@ class CupyDevice:
                                      int(getattr(self.kernel, "num_regs", 0) or 0))
         self.apply_split_max, self.apply_split_fill = apply_split_setting()
         self.stream, self.copy_stream, dense_streams = layer_streams(cp, dev.id, layer)
-        #: where host arrays read once go up (:func:`upload_stream`)
-        self.upload_stream = upload_stream(cp, dev.id, layer)
         self.launches = 0
         #: ``time.perf_counter()`` when the first launch was enqueued (None: none yet)
         self.first_launch_at = None
@@ -837,26 +791,14 @@ class CupyDevice:
         return cupyx.empty_pinned((int(n),), dtype=dtype)
 
     def _upload(self, host: np.ndarray):
-        """``host`` (any host array) as a new 1-D device array, sent up on the
-        upload stream (:meth:`_send`)."""
         cp = self.cp
         if host.size == 0:
             host = np.zeros(1, dtype=host.dtype)
-        with self.upload_stream:
-            out = cp.empty(host.size, dtype=host.dtype)
-        self._send(out, np.ascontiguousarray(host).ravel())
-        return out
-
-    def _send(self, dst, src: np.ndarray) -> None:
-        """``src`` (contiguous host memory, pageable) copied into ``dst`` (a device
-        array allocated on the upload stream) on :func:`upload_stream`'s stream;
-        the layer's stream waits for the copy (what is enqueued on it next reads
-        ``dst``). The runtime has read ``src`` when this returns."""
-        cp = self.cp
-        dst.set(src, stream=self.upload_stream)
-        done = cp.cuda.Event(disable_timing=True)
-        done.record(self.upload_stream)
-        self.stream.wait_event(done)
+        buf = self._pinned(host.size, host.dtype)
+        buf[...] = host.ravel()
+        out = cp.empty(host.size, dtype=host.dtype)
+        out.set(buf, stream=self.stream)
+        return out, buf      # keep buf alive until the stream passed the copy
 
     def _alloc(self, n: int, dtype, fill=None):
         cp = self.cp
@@ -893,9 +835,10 @@ class CupyDevice:
         self.first_launch_at = None
         self._keep = []
         try:
-            self.maps = self._upload(np.ascontiguousarray(maps, dtype=np.int64))
+            self.maps, buf = self._upload(np.ascontiguousarray(maps, dtype=np.int64))
         except self.cp.cuda.memory.OutOfMemoryError as exc:
             raise DeviceOutOfMemory(str(exc)) from exc
+        self._keep.append(buf)
         self.vt = self._alloc(vt_size, self.dtype, fill=np.nan if self.debug else None)
         self.seconds["upload"] += time.perf_counter() - t0
 
@@ -922,21 +865,19 @@ class CupyDevice:
                 buf.reshape(cb.shape)[...] = cb     # one copy, from a strided view
                 pool[off: off + cb.size].set(buf, stream=stream)
                 keep.append(buf)
+            sidx, b1 = self._upload(np.ascontiguousarray(s_index, dtype=np.int64))
+            sval, b2 = self._upload(np.ascontiguousarray(s_value, dtype=self.dtype))
+            keep += [b1, b2]
             nbytes = max(int(st.ntasks), 1) * TASK_BYTES
             # the records go up with the launches (:meth:`launch`): a materialized
-            # stage's from its task list on the upload stream, in chunks ahead of
-            # the launches; one built launch by launch through a pinned buffer
+            # stage's from its task list, in chunks ahead of the launches
             src = (np.ascontiguousarray(st.tasks).view(np.uint8).ravel() if whole
                    else None)
-            host = None if whole else self._pinned(pinned_class(nbytes), np.uint8)
-            with self.upload_stream:
+            host = self._pinned(nbytes, np.uint8)
+            with stream:
                 dt = cp.empty(nbytes, dtype=np.uint8)
                 if self.debug:      # a record never uploaded reads as type -1: no task
                     dt.fill(0xFF)
-            # after the records' buffer on the upload stream: the layer's stream
-            # waits for these two copies, so for the buffer's poison too
-            sidx = self._upload(np.ascontiguousarray(s_index, dtype=np.int64))
-            sval = self._upload(np.ascontiguousarray(s_value, dtype=self.dtype))
         except cp.cuda.memory.OutOfMemoryError as exc:
             raise DeviceOutOfMemory(str(exc)) from exc
         e0 = cp.cuda.Event()
@@ -949,22 +890,22 @@ class CupyDevice:
     def _records_up(self, h, a: int, b: int, records) -> None:
         """Records ``[a, b)`` of the stage on the device before the next launch:
         a materialized stage's (``h["src"]``) from the first not yet sent, at
-        least ``record_chunk_bytes`` at a time, straight from the task list on
-        the upload stream (:meth:`_send`); else the launch's own ``records``,
-        copied into the stage's pinned buffer and uploaded on the stage's
-        stream (asynchronous)."""
-        dt, src = h["dt"], h["src"]
+        least ``record_chunk_bytes`` at a time; else the launch's own
+        ``records``. Copied into the stage's pinned buffer, then uploaded on
+        the stage's stream (asynchronous)."""
+        dt, host, src = h["dt"], h["host"], h["src"]
         lo, hi = a * TASK_BYTES, b * TASK_BYTES
-        if src is not None:
+        if src is None:
+            raw = np.ascontiguousarray(records).view(np.uint8).ravel()
+        else:
             if hi <= h["sent"]:
                 return
             lo = h["sent"]
             hi = min(len(src), max(hi, lo + self.record_chunk_bytes))
+            raw = src[lo:hi]
             h["sent"] = hi
-            self._send(dt[lo:hi], src[lo:hi])
-            return
-        seg = h["host"][lo:hi]
-        seg[...] = np.ascontiguousarray(records).view(np.uint8).ravel()
+        seg = host[lo:hi]
+        seg[...] = raw
         dt[lo:hi].set(seg, stream=self.stream)
 
     def launch(self, h, L, records) -> None:
