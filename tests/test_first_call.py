@@ -896,6 +896,62 @@ def test_library_loading_starts_once_on_its_own_thread(monkeypatch):
     fk._import_all(("scipy_gpuqr.no_such_module",))       # no error
 
 
+class _SlowStart:
+    """A thread stand-in whose start takes a while (others ask meanwhile); counts starts."""
+
+    started = []
+
+    def __init__(self, target=None, args=(), name=None, daemon=None):
+        self.name, self.daemon = name, daemon
+
+    def start(self):
+        import time
+        _SlowStart.started.append(self.name)
+        time.sleep(0.05)
+
+
+def _ask_at_once(fn, thread, n=4):
+    """``fn()`` from ``n`` threads (made by ``thread``) at once; their answers."""
+    import threading
+    barrier = threading.Barrier(n)
+    got = []
+
+    def ask():
+        barrier.wait()
+        got.append(fn())
+    threads = [thread(target=ask) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return got
+
+
+def test_warmup_and_libraries_start_once_when_asked_at_once(monkeypatch):
+    """A new process's first call asks for cuBLAS's warm-up and the libraries'
+    imports from its prefetch thread and its own thread at about the same time:
+    one thread each (two warm-ups ran beside the call's launches before)."""
+    import threading
+    from scipy_gpuqr._engine.gpu import blas_warmup as bw
+    real = threading.Thread
+    monkeypatch.setattr(threading, "Thread", _SlowStart)
+    _SlowStart.started = []
+    bw.start_blas_warmup.cache_clear()
+    fk.prefetch_libraries.cache_clear()
+    try:
+        got = _ask_at_once(lambda: bw.start_blas_warmup(0, "float64"), real)
+        assert _SlowStart.started == ["gpuqr-blas-warmup"]
+        assert len(got) == 4 and all(g is got[0] for g in got)
+        assert bw.start_blas_warmup(0, np.float64) is got[0]        # the same key
+        _SlowStart.started = []
+        got = _ask_at_once(fk.prefetch_libraries, real)
+        assert _SlowStart.started == ["gpuqr-libraries"]
+        assert all(g is got[0] for g in got)
+    finally:
+        bw.start_blas_warmup.cache_clear()
+        fk.prefetch_libraries.cache_clear()
+
+
 def test_finite_check_model_and_names():
     from scipy_gpuqr._engine.gpu import finite_check as fc
     assert fc.nonfinite_flag_numpy(np.zeros(0)) == 0

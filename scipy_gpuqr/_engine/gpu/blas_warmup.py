@@ -64,15 +64,32 @@ def _dim(d) -> int:
     return EDGE if d == "E" else int(d)
 
 
-@functools.lru_cache(maxsize=None)
 def start_blas_warmup(device: int, dtype: str) -> threading.Thread:
     """Start the set-up of cuBLAS for ``device`` and ``dtype`` ('float64' or
     'float32') on a daemon thread (``gpuqr-blas-warmup``), once per process,
-    device and value type; returns the thread (the same one on later calls)."""
-    t = threading.Thread(target=_quiet_warmup, args=(int(device), np.dtype(dtype)),
+    device and value type; returns the thread (the same one on later calls).
+
+    Once also where callers ask at the same moment, as a new process's first
+    call does (its prefetch thread and its own thread, a few milliseconds
+    apart): a cache alone let both start a thread, and two warm-ups then ran
+    beside the call's first launches, each with its handle and products."""
+    with _START_LOCK:
+        return _started(int(device), np.dtype(dtype).name)
+
+
+#: Makes :func:`start_blas_warmup`'s look-up and start one step.
+_START_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _started(device: int, dtype: str) -> threading.Thread:
+    t = threading.Thread(target=_quiet_warmup, args=(device, np.dtype(dtype)),
                          name="gpuqr-blas-warmup", daemon=True)
     t.start()
     return t
+
+
+start_blas_warmup.cache_clear = _started.cache_clear
 
 
 def _quiet_warmup(device: int, dtype: np.dtype) -> None:

@@ -175,19 +175,34 @@ ENGINE_LIBRARIES: tuple[str, ...] = (
 )
 
 
-@functools.lru_cache(maxsize=1)
 def prefetch_libraries() -> threading.Thread:
-    """Import :data:`ENGINE_LIBRARIES` on a daemon thread, once per process.
+    """Import :data:`ENGINE_LIBRARIES` on a daemon thread, once per process
+    (also where callers ask at the same moment: a new process's first call
+    asks from its prefetch thread and its own thread a few milliseconds apart,
+    and a cache alone let both start a thread).
 
     Only imports (the libraries' loading); no handle or context is made there,
     CuPy's handles being per thread. A module the main thread imports
     meanwhile waits for that import to finish (Python's per-module import
     lock). A failure is left for the code that imports the module itself.
     """
+    with _LIBRARIES_LOCK:
+        return _libraries_thread()
+
+
+#: Makes :func:`prefetch_libraries`' look-up and start one step.
+_LIBRARIES_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def _libraries_thread() -> threading.Thread:
     t = threading.Thread(target=_import_all, args=(ENGINE_LIBRARIES,),
                          name="gpuqr-libraries", daemon=True)
     t.start()
     return t
+
+
+prefetch_libraries.cache_clear = _libraries_thread.cache_clear
 
 
 def _import_all(names) -> None:
