@@ -413,74 +413,7 @@ def _fake_device(monkeypatch):
     xp = types.ModuleType("cupy")
     xp.asarray = np.asarray
     xp.empty = np.empty
-    xp.cuda = _FakeCuda()
     return xp, called
-
-
-class _FakeCuda:
-    """A stand-in for ``cupy.cuda``'s devices, streams and events: each thread's
-    current stream (the default stream, 0, until a ``with stream:``), every
-    stream's log of what it was told (``events``: ``(stream, what, other)``)."""
-
-    def __init__(self):
-        import threading
-        self._local = threading.local()
-        self.events = []
-        self.made = []
-        cuda = self
-
-        class Event:
-            def __init__(self, stream):
-                self.stream = stream
-
-        class Stream:
-            def __init__(self, non_blocking=False):
-                self.non_blocking = non_blocking
-                self.id = len(cuda.made) + 1
-                cuda.made.append(self)
-
-            def record(self):
-                cuda.events.append((self.id, "record", None))
-                return Event(self.id)
-
-            def wait_event(self, ev):
-                cuda.events.append((self.id, "wait", ev.stream))
-
-            def synchronize(self):
-                cuda.events.append((self.id, "synchronize", None))
-
-            def __enter__(self):
-                cuda._stack().append(self)
-                return self
-
-            def __exit__(self, *exc):
-                cuda._stack().pop()
-                return False
-
-        class Default(Stream):
-            def __init__(self):
-                self.id = 0
-
-        class Device:
-            def __init__(self, id=None):
-                self.id = 0 if id is None else id
-
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                return False
-
-        self.Stream, self.Device, self._default = Stream, Device, Default()
-
-    def _stack(self):
-        if not hasattr(self._local, "stack"):
-            self._local.stack = []
-        return self._local.stack
-
-    def get_current_stream(self):
-        stack = self._stack()
-        return stack[-1] if stack else self._default
 
 
 @pytest.mark.parametrize("transposed", [False, True])
@@ -696,15 +629,9 @@ def test_nullspace_cod_solves_the_given_rhs_with_its_blocks(rng, monkeypatch, de
         assert not asked and cod._first is None
         return
     assert asked == [1]
-    if device:
-        # the first block's solve beside the fetch (RHS_BESIDE: a worker and a
-        # stream of its own), both before the solve that takes C
-        assert sorted(calls[:2]) == [("inv_t", dead), ("rhs",)]
-        assert calls[2:] == [("inv", dead + PROBE_COLUMNS + 2)]
-    else:
-        # C asked for before any solve with R (a staged GPU factorization's Qᵀ reads
-        # the stage sent up as it ended before R's rows take the device's room)
-        assert calls == [("rhs",), ("inv_t", dead), ("inv", dead + PROBE_COLUMNS + 2)]
+    # C asked for before any solve with R (a staged GPU factorization's Qᵀ reads
+    # the stage sent up as it ended before R's rows take the device's room)
+    assert calls == [("rhs",), ("inv_t", dead), ("inv", dead + PROBE_COLUMNS + 2)]
     G = _chess_r((5, 6, 2))[2]
     ref = plain.solve(C, matmul=lambda Y: G @ Y)
     calls.clear()
@@ -906,88 +833,3 @@ def test_probe_from_a_given_start_decides_as_the_probe_alone(rng):
     assert n_alone == 1 and calls == []          # the first step's solve was given
     assert given.probe_start is None
     assert given.sigma_min == pytest.approx(alone.sigma_min, rel=0.5)
-
-
-def test_first_block_beside_the_fetch(rng, monkeypatch):
-    """On the device with right-hand sides to fetch (RHS_BESIDE), the first block
-    ``orth(R⁻ᵀΩ)`` is solved on a worker thread, on a non-blocking stream of its
-    own made current there, ordered after the caller's stream and synchronized
-    before the caller goes on, while ``rhs()`` runs on the calling thread at the
-    same time (each waits for the other to have started: one after the other
-    would stall); the answers are those of the one-thread order. Without
-    RHS_BESIDE, or on the host, nothing runs aside."""
-    import threading
-    q, up, upt, dead, tol, host = _chess_cod(False)
-    xp, _ = _fake_device(monkeypatch)
-    cuda = xp.cuda
-    C = rng.standard_normal((q, 2))
-    seen = {}
-    started = {"rhs": threading.Event(), "inv_t": threading.Event()}
-
-    def inv_t(X):
-        seen.setdefault("inv_t", (threading.current_thread().name,
-                                  cuda.get_current_stream().id))
-        started["inv_t"].set()
-        assert started["rhs"].wait(10), "the fetch did not run beside the solve"
-        return upt(X)
-
-    def rhs():
-        seen["rhs"] = (threading.current_thread().name, cuda.get_current_stream().id)
-        started["rhs"].set()
-        assert started["inv_t"].wait(10), "the solve did not run beside the fetch"
-        return C
-    main = threading.current_thread().name
-    cod = NullspaceCOD(up, inv_t, q, dead, tol, xp=xp, rhs=rhs)
-    assert seen["rhs"] == (main, 0)
-    worker, stream = seen["inv_t"]
-    assert worker != main and stream != 0
-    made = [st for st in cuda.made if st.id == stream][0]
-    assert made.non_blocking
-    mine = [(what, other) for sid, what, other in cuda.events if sid == stream]
-    assert mine[0] == ("wait", 0) and mine[-1] == ("synchronize", None)
-    one = NullspaceCOD(up, upt, q, dead, tol, xp=xp, rhs=lambda: C)
-    monkeypatch.setattr(_sr, "RHS_BESIDE", False)
-    alone = NullspaceCOD(up, upt, q, dead, tol, xp=xp, rhs=lambda: C)
-    for other in (one, alone):
-        assert other.rank == cod.rank == 271
-        assert other.residual == cod.residual and other.nu == cod.nu
-        np.testing.assert_array_equal(other.solve(C), cod.solve(C))
-    for flag in (True, False):
-        monkeypatch.setattr(_sr, "RHS_BESIDE", flag)
-        monkeypatch.setattr(_sr, "_beside", None)       # must not be reached
-        if not flag:
-            NullspaceCOD(up, upt, q, dead, tol, xp=xp, rhs=lambda: C)
-        NullspaceCOD(up, upt, q, dead, tol, rhs=lambda: C)          # host blocks
-
-
-def test_first_block_beside_joins_before_raising(rng, monkeypatch):
-    """A refused first block is raised once the fetch is done; a failed fetch is
-    raised after the worker's solve ended; either way no thread is left."""
-    import threading
-    q, up, upt, dead, tol, host = _chess_cod(False)
-    xp, _ = _fake_device(monkeypatch)
-    C = rng.standard_normal((q, 2))
-    done = []
-
-    def nan_t(X):
-        return np.full_like(upt(X), np.nan)
-
-    def slow_rhs():
-        threading.Event().wait(0.2)
-        done.append("rhs")
-        return C
-    with pytest.raises(NullspaceRefused, match="non-finite"):
-        NullspaceCOD(up, nan_t, q, dead, tol, xp=xp, rhs=slow_rhs)
-    assert done == ["rhs"]
-
-    def slow_t(X):
-        threading.Event().wait(0.2)
-        done.append("inv_t")
-        return upt(X)
-
-    def bad_rhs():
-        raise ValueError("no right-hand sides")
-    with pytest.raises(ValueError, match="no right-hand sides"):
-        NullspaceCOD(up, slow_t, q, dead, tol, xp=xp, rhs=bad_rhs)
-    assert done == ["rhs", "inv_t"]
-    assert not [t for t in threading.enumerate() if t.name.startswith("gpuqr-rank-block")]

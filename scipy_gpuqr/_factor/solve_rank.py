@@ -78,7 +78,6 @@ from .host_norms import norm2
 __all__ = ["PROBE_COLUMNS", "PROBE_MAX_STEPS", "PROBE_FAILURE", "DRAW_CHUNK", "DRAW_THREADS",
            "probe_margin", "probe_norm", "gaussian_block", "abs_diagonal", "frobenius",
            "NORM2_MAX_COLUMNS", "CHOLQR_MAX_DEPARTURE", "CHOLQR_ONE_PASS", "RHS_MAX_COLUMNS",
-           "RHS_BESIDE",
            "norm2_upper",
            "NullspaceCOD",
            "NullspaceRefused"]
@@ -117,14 +116,6 @@ CHOLQR_ONE_PASS = 4.0
 #: (``rhs``); more are left to the first solve's own (the decision's blocks stay
 #: q × (d + 8 + p)).
 RHS_MAX_COLUMNS = 64
-
-#: :class:`NullspaceCOD` on the device with right-hand sides to fetch (``rhs``):
-#: its first block ``U_d = orth(R⁻ᵀΩ)`` is solved on a worker thread and a
-#: stream of its own while the calling thread fetches them (a staged
-#: factorization's ``Qᵀb`` reads earlier stages' reflectors over the link, a
-#: host front's a panel at a time: link-bound work that the solve's kernels
-#: can run beside). False: one after the other on the calling thread.
-RHS_BESIDE = True
 
 #: Most dead columns d for which :class:`NullspaceCOD` takes ``‖R V_d‖₂``
 #: from the d × d Gram matrix (host eigenvalues) where the Frobenius bound
@@ -523,46 +514,6 @@ def norm2_upper(gram: np.ndarray, fro: float) -> float:
     return math.sqrt(max(top, 0.0) + 1e-6 * fro * fro)
 
 
-def _beside(solve: Callable, fetch: Callable, xp) -> tuple:
-    """``(fetch(), solve())``: ``solve`` on a worker thread, on a non-blocking
-    stream of its own (ordered after the work queued so far on the caller's
-    stream, synchronized before it returns, so its arrays are ready on any
-    stream), while ``fetch`` runs on the calling thread. The worker is always
-    joined before this returns or raises; ``fetch``'s exception goes first,
-    then ``solve``'s.
-
-    The calling thread's stream may be the legacy default stream, which the
-    worker's stream (non-blocking) does not wait for: the two overlap on the
-    device. The worker's device arrays come from its stream's part of CuPy's
-    pool and go back there when freed, where no other stream takes them
-    before that stream's work is done."""
-    cp = xp
-    dev = cp.cuda.Device().id
-    before = cp.cuda.get_current_stream().record()
-
-    def work():
-        with cp.cuda.Device(dev):
-            stream = cp.cuda.Stream(non_blocking=True)
-            stream.wait_event(before)
-            with stream:
-                out = solve()
-            stream.synchronize()
-            return out
-
-    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-rank-block")
-    try:
-        job = ex.submit(work)
-        try:
-            got = fetch()
-        finally:
-            solved = job.exception()        # joined whatever fetch did
-        if solved is not None:
-            raise solved
-        return got, job.result()
-    finally:
-        ex.shutdown(wait=True)
-
-
 def _blocks_of(xp):
     return _DeviceBlocks(xp) if getattr(xp, "__name__", "") == "cupy" else _HostBlocks
 
@@ -603,9 +554,7 @@ class NullspaceCOD:
         the device's room (the caller's least-squares solve needs C whatever
         the decision). The decision's solve with ``R⁻¹`` takes ``P_U C`` as p
         more columns, and the first :meth:`solve` of the same C uses them
-        instead of a solve of its own. On the device (:data:`RHS_BESIDE`)
-        the first block ``orth(R⁻ᵀΩ)`` is solved on a worker and a stream of
-        its own while ``rhs()`` runs on the calling thread.
+        instead of a solve of its own.
 
     Raises
     ------
@@ -653,12 +602,17 @@ class NullspaceCOD:
         if not (0 < d < q):
             raise NullspaceRefused(f"{d} dead columns of {q}")
         self._blocks = blocks = _blocks_of(self.xp)
-        if rhs is not None and not self.transposed and RHS_BESIDE and blocks is not _HostBlocks:
-            C, U = _beside(self._first_block, lambda: self._given_rhs(rhs), self.xp)
-        else:
-            C = self._given_rhs(rhs)        # before R's solves (see ``rhs``)
-            U = self._first_block()
+        C = self._given_rhs(rhs)            # before R's solves (see ``rhs``)
+        Z = blocks.dense(self.inv_t(blocks.gaussian(self.seed, (q, d))))
+        sz = blocks.finite_absmax(Z)
         hi = self._upper_cutoff()
+        if not np.isfinite(sz):
+            raise NullspaceRefused("non-finite solve (zero pivot)")
+        if not sz > 0:
+            raise NullspaceRefused("zero block")
+        U, _ = blocks.orth(blocks.divided(Z, sz), want_r=False)
+        del Z
+        U = blocks.dense(U)
         # one solve for V's block R⁻¹U, the probe's first step R⁻¹ P_U W and the
         # given right-hand sides' R⁻¹ P_U C
         p = min(PROBE_COLUMNS, q)
@@ -693,21 +647,6 @@ class NullspaceCOD:
             raise NullspaceRefused(f"σ_(q-d) not clearly above the cutoff {lo:.3g}")
         self.sigma_min = 1.0 / self.nu
         self.rank = q - d
-
-    def _first_block(self):
-        """``U_d = orth(R⁻ᵀΩ)`` (Ω Gaussian, q × d, drawn from ``seed``), scaled
-        by ``max|R⁻ᵀΩ|`` first; raises :class:`NullspaceRefused` for a
-        non-finite or zero solve."""
-        blocks, q, d = self._blocks, self.q, self.d
-        Z = blocks.dense(self.inv_t(blocks.gaussian(self.seed, (q, d))))
-        sz = blocks.finite_absmax(Z)
-        if not np.isfinite(sz):
-            raise NullspaceRefused("non-finite solve (zero pivot)")
-        if not sz > 0:
-            raise NullspaceRefused("zero block")
-        U, _ = blocks.orth(blocks.divided(Z, sz), want_r=False)
-        del Z
-        return blocks.dense(U)
 
     def _upper_cutoff(self) -> float:
         """``hi`` of ``tol_range``, called for where it was given late."""
