@@ -237,3 +237,28 @@ def test_cold_records_made_beside_the_layout(monkeypatch):
     assert waited and all(waited)
     assert all(st.materialized for st in g.schedule.stages)
     g.free()
+
+
+def test_gap_bench_reports_the_spans_of_a_first_call(capsys):
+    """bench/first_call_gap.py and end_to_end's spans: the pinned buffers summed
+    (count, bytes, seconds), the other steps of a millisecond or more listed with
+    their thread, the medians and the gap's range per tree."""
+    import importlib.util
+    import pathlib
+    bench = pathlib.Path(__file__).resolve().parents[1] / "bench"
+    spec = importlib.util.spec_from_file_location("first_call_gap", bench / "first_call_gap.py")
+    fcg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fcg)
+    spans = [(0.005, 0.25, "gpuqr-gpu-prefetch", "import_cupy", None),
+             (0.30, 0.02, "MainThread", "pinned buffer", 30 << 20),
+             (0.32, 0.01, "MainThread", "pinned buffer", 10 << 20),
+             (0.33, 0.0004, "MainThread", "device.start", None)]
+    fcg.e2e.print_spans("ch", spans)
+    out = capsys.readouterr().out
+    assert "import_cupy" in out and "gpuqr-gpu-prefetch" in out
+    assert "device.start" not in out                     # under a millisecond
+    assert "pinned buffers: 2, 40.0 MB, 30.0 ms (first at 300.0 ms)" in out
+    rows = [{"first": f, "gap": g, "cuda_ready": 0.25, "ours": g - 0.25, "pinned_mb": 40.0,
+             "pinned_s": 0.03, "nvrtc_runs": 0} for f, g in ((0.9, 0.45), (0.95, 0.5), (1.0, 0.6))]
+    s = fcg.summary(rows)
+    assert "n=3 first 0.950 gap +0.500 [+0.450, +0.600]" in s and "pinned 40.0 MB 30.0 ms" in s
