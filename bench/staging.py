@@ -178,9 +178,7 @@ def _once(A, b, backend, debug=False):
 #: package's defaults with a few settings changed: how Q's solve brings an
 #: earlier stage's reflector bands up (``reflector_upload.BAND_UPLOAD``), how a
 #: host front's slabs bring earlier panels up (``slab_front.PANEL_UPLOAD``) and
-#: how many parts a slab has at most (``slab_front.SLAB_PARTS``) and how its
-#: parts are grouped for the earlier slabs' panels (``slab_front.GROUP_SHARE``;
-#: ``onegroup``: 0, every earlier panel sent up once per slab), whether Q's
+#: how many parts a slab has at most (``slab_front.SLAB_PARTS``), whether Q's
 #: replay prefetches the next stage's reflectors (``solve.PREFETCH``) and a
 #: staged factorization sends Q's first stage up as it ends
 #: (``solve.PREFETCH_FIRST``), how a plan that the time model's dense fronts
@@ -197,7 +195,6 @@ MODES = {"defaults": {},
          "panels-mapped": {"slab_panels": "mapped"},
          "mapped-all": {"slab_panels": "mapped-all"},
          "parts2": {"slab_parts": 2},
-         "onegroup": {"slab_share": 0.0},
          "noprefetch": {"prefetch": False},
          "lateq": {"prefetch_first": False},
          "size": {"staged_dense": "size"},
@@ -209,7 +206,6 @@ MODES = {"defaults": {},
 _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
              "slab_panels": ("_engine.slab_front", "PANEL_UPLOAD"),
              "slab_parts": ("_engine.slab_front", "SLAB_PARTS"),
-             "slab_share": ("_engine.slab_front", "GROUP_SHARE"),
              "prefetch": ("_engine.gpu.solve", "PREFETCH"),
              "prefetch_first": ("_engine.gpu.solve", "PREFETCH_FIRST"),
              "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE")}

@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 
 from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
-from scipy_gpuqr._engine.slab_front import (GROUP_SHARE, LAST_PART, PART_ROW_BYTES,
-                                            NumpySlabs, factorize_in_slabs, part_groups, part_rows,
-                                            slab_columns, slab_part_count, slab_parts,
-                                            slab_places, slab_plan, slab_ranges,
-                                            slab_sides, whole_front_fits)
+from scipy_gpuqr._engine.slab_front import (PART_ROW_BYTES, NumpySlabs, factorize_in_slabs,
+                                            part_rows, slab_columns, slab_part_count,
+                                            slab_parts, slab_ranges, slab_sides,
+                                            whole_front_fits)
 from scipy_gpuqr._testing_matrices import staircase_front
 
 EPS = np.finfo(np.float64).eps
@@ -330,24 +329,23 @@ def test_slabs_take_the_side_their_first_part_finds_free():
     for fm, fn, nb, width in ((60, 56, 4, 24), (60, 48, 4, 16), (50, 90, 4, 30)):
         F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
 
-        slabs = slab_ranges(panels, fn, width)
-
         class _Placed(NumpySlabs):
             def __init__(self):
                 super().__init__()
-                self.at = [[] for _ in slabs]       # per slab (its parts may go up
-                self.full = [0] * len(slabs)        # during the slab before)
+                self.at = []
+                self.full = []      # per slab: its parts' elements with every row
 
             def slab_buffer(self, F, c0, c1, most=None):
+                self.at.append([])
+                self.full.append(0)
                 self.size = F.shape[0] * max(c1 - c0, most or 0)
                 return super().slab_buffer(F, c0, c1, most)
 
             def upload_part(self, F, buf, at, a0, a1, p0, p1, rows=None):
                 assert buf.size == self.size
                 assert rows == part_rows(panels, F.shape[0], p0, p1) <= F.shape[0]
-                k = [c0 <= a0 < c1 for c0, c1, _, _ in slabs].index(True)
-                self.at[k].append((at, at + rows * (a1 - a0)))
-                self.full[k] += F.shape[0] * (a1 - a0)
+                self.at[-1].append((at, at + rows * (a1 - a0)))
+                self.full[-1] += F.shape[0] * (a1 - a0)
                 return super().upload_part(F, buf, at, a0, a1, p0, p1, rows)
 
         F = F0.copy()
@@ -355,7 +353,8 @@ def test_slabs_take_the_side_their_first_part_finds_free():
         T = factorize_in_slabs(F, panels, nb, width, dev)
         np.testing.assert_allclose(F, ref, atol=100 * fm * EPS * max(np.abs(F0).max(), 1.0))
         np.testing.assert_allclose(T, T_ref, atol=100 * fm * EPS)
-        assert dev.slabs == len(slabs) > 1
+        slabs = slab_ranges(panels, fn, width)
+        assert len(dev.at) == len(slabs) > 1
         plan = [(sl, slab_parts(panels, sl)) for sl in slabs]
         want = slab_sides(plan, max(c1 - c0 for c0, c1, _, _ in slabs))
         assert want[0] is False
@@ -497,220 +496,3 @@ def test_narrow_slabs_go_in_fewer_wider_parts():
         np.testing.assert_allclose(F, ref, atol=1e3 * 90 * EPS)
         np.testing.assert_allclose(T, T_ref, atol=1e3 * 90 * EPS)
     assert len(seen) == 3                   # four, two and one part a slab
-
-
-def _ch7_8_b3_root_panels(nb=256):
-    """ch7-8-b3's root front (49340 × 9375) and its staircase panels, from the analysis."""
-    from scipy_gpuqr._symbolic import analyze
-    from scipy_gpuqr._testing_matrices import chessboard_boundary
-    A = chessboard_boundary(7, 8, 3)
-    A.sort_indices()
-    fs = analyze(A).fronts
-    f = len(fs.fm) - 1
-    fm, fn = int(fs.fm[f]), int(fs.fn[f])
-    return fm, fn, panels_of(fm, fn, fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]], nb)
-
-
-def test_part_groups_of_ch7_8_b3s_root():
-    """ch7-8-b3's root at 1/2 of its need (slabs of at most 5965 columns): the
-    second slab's first two parts each get the first slab's panels (0.45 GB)
-    sent up for themselves, worth it against the 1.0-1.5 GB of parts after
-    them; the last two share one sending. At 1/4 (1838) the later slabs'
-    earlier panels outweigh their parts: one group a slab (the second slab,
-    with 0.02 GB of earlier panels, in two). Share 0, the first slab, or a
-    slab of one part: one group."""
-    fm, fn, panels = _ch7_8_b3_root_panels()
-
-    def groups(width, share=GROUP_SHARE):
-        out = []
-        for sl in slab_ranges(panels, fn, width):
-            pieces = slab_parts(panels, sl, slab_part_count(sl[1] - sl[0], 8, 4,
-                                                            PART_ROW_BYTES))
-            got = part_groups(panels, fm, sl, pieces, share)
-            assert got[0][0] == 0 and got[-1][1] == len(pieces)
-            assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(got, got[1:]))
-            out.append(got)
-        return out
-
-    assert groups(5965) == [[(0, 4)], [(0, 1), (1, 2), (2, 4)]]
-    assert groups(5965, 0.0) == [[(0, 4)], [(0, 4)]]
-    assert groups(5965, 10.0) == [[(0, 4)], [(0, 1), (1, 2), (2, 3), (3, 4)]]
-    assert groups(1838) == [[(0, 1)], [(0, 1), (1, 2)]] + [[(0, 2)]] * 3 + [[(0, 1)]]
-
-
-def test_slab_places_lie_apart_and_from_their_side():
-    """Each slab's parts lie one after another in the buffer, from its start or
-    from its end back (:func:`slab_sides`), each down to its staircase."""
-    fm, fn, panels = _ch7_8_b3_root_panels()
-    plan = [(sl, slab_parts(panels, sl)) for sl in slab_ranges(panels, fn, 5965)]
-    most = max(sl[1] - sl[0] for sl, _ in plan)
-    sides = slab_sides(plan, most)
-    places = slab_places(panels, fm, plan, sides, fm * most)
-    for (sl, pieces), down, at in zip(plan, sides, places):
-        spans = [(a, a + r * (p[1] - p[0])) for p, (a, r) in zip(pieces, at)]
-        assert [r for _, r in at] == [part_rows(panels, fm, p[2], p[3]) for p in pieces]
-        if down:
-            assert spans[0][1] == fm * most
-            assert all(b == a2 for (_, b), (a2, _) in zip(spans[1:], spans))
-        else:
-            assert spans[0][0] == 0
-            assert all(b == a2 for (_, b), (a2, _) in zip(spans, spans[1:]))
-    assert sides == [False, True]
-    # the second slab's first three parts lie clear of the first slab's parts
-    first = [(a, a + r * (p[1] - p[0])) for p, (a, r) in zip(plan[0][1], places[0])]
-    clear = [all(b <= a2 or b2 <= a for a2, b2 in first)
-             for a, b in ((a, a + r * (p[1] - p[0])) for p, (a, r) in zip(plan[1][1],
-                                                                          places[1]))]
-    assert clear == [True, True, True, False]
-
-
-class _Watched(NumpySlabs):
-    """NumPy slabs that log every call and check that no part goes up over the
-    place of a part whose slab's work is not all queued (NumPy runs each call
-    at once, so the single buffer would show it too: a wrong R)."""
-
-    def __init__(self, slabs):
-        super().__init__()
-        self.cuts = slabs
-        self.log = []
-        self.live = []              # (start, end): parts of slabs not ended
-
-    def _slab(self, a0):
-        return [c0 <= a0 < c1 for c0, c1, _, _ in self.cuts].index(True)
-
-    def upload_part(self, F, buf, at, a0, a1, p0, p1, rows=None):
-        end = at + int(rows) * (a1 - a0)
-        assert all(end <= s or e <= at for s, e in self.live), "a part over a live part"
-        self.live.append((at, end))
-        self.log.append(("u", self._slab(a0), a0))
-        return super().upload_part(F, buf, at, a0, a1, p0, p1, rows)
-
-    def upload_panel(self, F, q, r0, r1, c0, c1, slot):
-        self.log.append(("e", q))
-        return super().upload_panel(F, q, r0, r1, c0, c1, slot)
-
-    def factorize(self, S, a0, panels, p0):
-        self.log.append(("p", a0))
-        super().factorize(S, a0, panels, p0)
-
-    def download(self, part, F):
-        self.log.append(("d", self._slab(part.a0), part.a0))
-        super().download(part, F)
-
-    def end_slab(self, parts=()):
-        for p in parts:
-            self.live.remove((p.at, p.at + p.S.size))
-        super().end_slab(parts)
-
-
-@pytest.mark.parametrize("fm,fn,nb,width", [(120, 60, 4, 40), (200, 90, 8, 56),
-                                            (90, 90, 8, 33), (60, 25, 8, 17)])
-def test_groups_and_early_parts_give_the_same_front(fm, fn, nb, width):
-    """Whatever the groups (:func:`part_groups`: share 0, one group a slab; a
-    large share, a group a part), the front and T are bit for bit the same,
-    each group getting the earlier panels sent up once more; the next slab's
-    leading parts that lie clear of the slab being worked on go up before its
-    work, never over a part still worked on, and the front is the blocked QR's."""
-    rng = np.random.default_rng(11)
-    F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
-    plan = slab_plan(panels, fn, width, 8)
-    slabs = [sl for sl, _ in plan]
-    assert slabs == slab_ranges(panels, fn, width)
-    out = {}
-    for share in (0.0, GROUP_SHARE, 1e9):
-        F = F0.copy()
-        dev = _Watched(slabs)
-        T = factorize_in_slabs(F, panels, nb, width, dev, share=share)
-        ngroups = [len(part_groups(panels, fm, sl, pieces, share)) for sl, pieces in plan]
-        assert dev.panels_up == sum(n * sl[2] for (sl, _), n in zip(plan, ngroups))
-        if share == 1e9:
-            assert ngroups == [1] + [len(p) for _, p in plan[1:]]
-        if share == 0.0:
-            assert ngroups == [1] * len(plan)
-        out[share] = (F, T, dev.log)
-        np.testing.assert_allclose(F, ref, atol=1e3 * fm * EPS * max(np.abs(F0).max(), 1.0))
-        np.testing.assert_allclose(T, T_ref, atol=1e3 * fm * EPS)
-    for share in (GROUP_SHARE, 1e9):
-        np.testing.assert_array_equal(out[share][0], out[0.0][0])
-        np.testing.assert_array_equal(out[share][1], out[0.0][1])
-    # every part of slab k + 1 that goes up before slab k's first download lies
-    # clear of slab k's parts; there is one such part at least in some slab
-    log = out[GROUP_SHARE][2]
-    early = 0
-    for k in range(len(slabs) - 1):
-        first_d = next(i for i, e in enumerate(log) if e[0] == "d" and e[1] == k)
-        early += sum(1 for e in log[:first_d] if e[0] == "u" and e[1] == k + 1)
-    sides = slab_sides(plan, max(sl[1] - sl[0] for sl in slabs))
-    assert early > 0 or not any(sides)
-
-
-def test_a_group_of_its_own_starts_before_the_slabs_last_part_is_worked():
-    """With a group a part, the second slab's first part is factorized before its
-    last part gets any earlier panel; with one group, every earlier panel is
-    applied to all parts first (the first part waits for the last to come up)."""
-    rng = np.random.default_rng(12)
-    F0, panels, _, _ = _front_and_blocked_qr(120, 60, 4, rng)
-    for share, before in ((1e9, True), (0.0, False)):
-        dev = _Watched(slab_ranges(panels, 60, 40))
-        factorize_in_slabs(F0.copy(), panels, 4, 40, dev, share=share)
-        log = dev.log
-        second = slab_ranges(panels, 60, 40)[1][0]
-        p_first = log.index(("p", second))
-        panels_after = [i for i, e in enumerate(log) if e[0] == "e"]
-        assert (p_first < panels_after[-1]) == before
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fm,fn,width", [(12000, 2900, 1100), (6000, 1800, 1100),
-                                         (8000, 2300, 1600)])
-def test_gpu_slab_groups_and_early_parts_give_the_same_front(fm, fn, width):
-    """On the device: one group a slab, the default groups and a group a part give
-    the front and T bit for bit (each part sees the same cuBLAS calls in the same
-    order; the next slab's leading parts going up during the slab before change
-    no value), and the blocked QR's to rounding; groups send the earlier panels
-    up more often."""
-    import cupy as cp
-    import cupyx
-
-    from scipy_gpuqr._engine.slab_front import CupySlabs
-    rng = np.random.default_rng(5)
-    nb = 256
-    F0, panels, ref, _ = _front_and_blocked_qr(fm, fn, nb, rng)
-    out = {}
-    for share in (0.0, GROUP_SHARE, 1e9):
-        F = cupyx.empty_pinned(F0.shape, dtype=F0.dtype)
-        F[...] = F0
-        dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True), part_row_bytes=0)
-        T = factorize_in_slabs(F, panels, nb, width, dev, share=share)
-        assert dev.all_finite()
-        out[share] = (np.array(F), T, dev.panels_up)
-    for share in (GROUP_SHARE, 1e9):
-        np.testing.assert_array_equal(out[share][0], out[0.0][0])
-        np.testing.assert_array_equal(out[share][1], out[0.0][1])
-    assert out[1e9][2] > out[0.0][2]
-    tol = 1e3 * fm * EPS * np.abs(F0).max()
-    k = min(fm, fn)
-    np.testing.assert_allclose(np.abs(np.triu(out[0.0][0][:k])), np.abs(np.triu(ref[:k])),
-                               atol=tol)
-
-
-def test_the_fronts_last_part_is_the_narrowest():
-    """The front's last part (its copy back and R's gather from it come after the
-    device's last work) is about LAST_PART of its slab's other parts' width, as
-    many parts as before; every other slab's parts are as :func:`slab_parts`
-    cuts them; trailing columns without panels alike."""
-    fm, fn, panels = _ch7_8_b3_root_panels()
-    plan = slab_plan(panels, fn, 5965, 8, 4, PART_ROW_BYTES)
-    (s0, parts0), (s1, parts1) = plan
-    assert parts0 == slab_parts(panels, s0, 4)
-    assert len(parts1) == len(slab_parts(panels, s1, 4)) == 4
-    widths = [a1 - a0 for a0, a1, _, _ in parts1]
-    assert widths[-1] < min(widths[:-1])
-    assert abs(widths[-1] / np.mean(widths[:-1]) - LAST_PART) < 0.25
-    assert sum(widths) == s1[1] - s1[0]
-    one = [(0, 50, 2)]                      # one panel of 2 columns, then trailing columns
-    for w, want in ((100, [30, 30, 30, 10]), (7, [3, 3, 1])):
-        cut = slab_parts(one, (2, 2 + w, 1, 1), 4, 1 / 3)
-        assert [a1 - a0 for a0, a1, _, _ in cut] == want
-    assert slab_parts(one, (2, 12, 1, 1), 4) == [(2, 4, 1, 1), (4, 7, 1, 1), (7, 9, 1, 1),
-                                                 (9, 12, 1, 1)]

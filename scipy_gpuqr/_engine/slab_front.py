@@ -34,19 +34,8 @@ part's columns a C-contiguous block of the buffer of their own):
    once). The next slab's parts go up into the buffer once the work that
    read the place they take is done and the downloads of the parts they
    overwrite have landed (:func:`slab_sides`: a slab whose first part fits
-   where the slab before did not lie goes there); its leading parts that lie
-   clear of the slab being worked on are queued for upload right after that
-   slab's own (:func:`factorize_in_slabs`), so they come up while it is
-   worked on.
-
-Step 2 sends every earlier panel up once per *group* of the slab's parts
-(:func:`part_groups`): with one group, the first earlier panel is applied to
-every part before the second, so no part's work starts before the slab's
-last part is up; a leading part in a group of its own is brought up to date,
-factorized and sent back while the parts after it are still on the link, at
-the cost of the earlier panels sent up once more. Each part sees the same
-updates in the same order either way, so the result does not depend on the
-groups.
+   where the slab before did not lie goes there, and up while that slab is
+   still worked on).
 
 The result is the representation :class:`~scipy_gpuqr._engine.dense_front.DenseFront`
 applies (V below each panel's diagonal, one ``T`` per panel), equal to
@@ -75,8 +64,7 @@ from .memory import make_room
 
 __all__ = ["slab_ranges", "slab_parts", "slab_sides", "slab_columns", "whole_front_fits",
            "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS", "PANEL_UPLOADS",
-           "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count", "part_rows", "part_groups",
-           "GROUP_SHARE", "LAST_PART", "slab_places", "slab_plan"]
+           "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count", "part_rows"]
 
 #: Most parts a slab is worked in (:func:`slab_parts`): part ``g`` goes back to
 #: the host while part ``g + 1`` is worked on, and part ``g + 1`` came up while
@@ -90,17 +78,6 @@ SLAB_PARTS = 4
 #: bring short pieces up well below the link's speed, so a narrow slab is cut
 #: into fewer, wider parts (bench/RESULTS.md, issue 22).
 PART_ROW_BYTES = 7 << 10
-
-#: Width of the front's last part against the other parts of its slab
-#: (:func:`slab_parts`' ``last``): its copy back, and R's gather from its
-#: columns, are what is left after the device's last work.
-LAST_PART = 0.5
-
-#: Most bytes the earlier slabs' panels may cost sent up once more for a part
-#: of a slab to start a group of its own (:func:`part_groups`), as a share of
-#: the bytes of the slab's parts after it (whose upload the group's work then
-#: overlaps).
-GROUP_SHARE = 0.5
 
 #: How :class:`CupySlabs` brings an earlier panel up: ``"copy2d"``, one
 #: ``cudaMemcpy2DAsync`` (a panel's rows are 2 KB pieces of the front's rows:
@@ -154,15 +131,13 @@ def slab_ranges(panels: list, fn: int, width: int) -> list:
     return out
 
 
-def slab_parts(panels: list, slab: tuple, parts: int = SLAB_PARTS, last: float = 1.0) -> list:
+def slab_parts(panels: list, slab: tuple, parts: int = SLAB_PARTS) -> list:
     """The parts ``(a0, a1, p0, p1)`` of ``slab`` (from :func:`slab_ranges`),
     in order, covering its columns: up to ``parts`` runs of whole panels of
-    about equal width, the last about ``last`` times the others' (a slab of
-    trailing columns: up to ``parts`` column blocks of at least a panel's
-    width, or of its width when it has none, weighted alike)."""
+    about equal width (a slab of trailing columns: up to ``parts`` column
+    blocks of at least a panel's width, or of its width when it has none)."""
     c0, c1, p0, p1 = slab
     parts = max(1, int(parts))
-    last = min(max(float(last), 0.0), 1.0)
     if p1 > p0:
         k = min(parts, p1 - p0)
         ends = [panels[q][0] + panels[q][2] for q in range(p0, p1)]
@@ -171,7 +146,7 @@ def slab_parts(panels: list, slab: tuple, parts: int = SLAB_PARTS, last: float =
             if i == k - 1:
                 r = p1
             else:       # the first panel ending at or past the i-th share of the width
-                goal = c0 + (c1 - c0) * (i + 1) / (k - 1 + last)
+                goal = c0 + (c1 - c0) * (i + 1) / k
                 r = max(q + 1, min(p1 - (k - 1 - i), p0 + 1 + int(np.searchsorted(
                     ends, goal, side="left"))))
             out.append((panels[q][0], ends[r - 1 - p0], q, r))
@@ -180,24 +155,8 @@ def slab_parts(panels: list, slab: tuple, parts: int = SLAB_PARTS, last: float =
     w = c1 - c0
     least = panels[0][2] if panels else w
     k = max(1, min(parts, w // max(least, 1)))
-    cuts = [c0 + ((w * i) // k if last == 1.0 else min(w, round(w * i / (k - 1 + last))))
-            for i in range(k + 1)]
-    cuts[-1] = c1
+    cuts = [c0 + (w * i) // k for i in range(k + 1)]
     return [(cuts[i], cuts[i + 1], p0, p1) for i in range(k) if cuts[i + 1] > cuts[i]]
-
-
-def slab_plan(panels: list, fn: int, width: int, itemsize: int, parts: int = SLAB_PARTS,
-              row_bytes: int = 0) -> list:
-    """``[(slab, parts), ...]`` as :func:`factorize_in_slabs` works a front of
-    ``fn`` columns: :func:`slab_ranges` of ``width``, each cut by
-    :func:`slab_parts` into :func:`slab_part_count` parts (``parts``,
-    ``row_bytes``), the front's last part :data:`LAST_PART` of the others'
-    width."""
-    slabs = slab_ranges(panels, fn, width)
-    return [(slab, slab_parts(panels, slab, slab_part_count(slab[1] - slab[0], itemsize,
-                                                             parts, row_bytes),
-                              LAST_PART if k == len(slabs) - 1 else 1.0))
-            for k, slab in enumerate(slabs)]
 
 
 def slab_part_count(width: int, itemsize: int, parts: int = SLAB_PARTS,
@@ -219,66 +178,6 @@ def part_rows(panels: list, fm: int, p0: int, p1: int) -> int:
     if p1 <= p0:
         return int(fm)
     return int(max(j + r for j, r, _ in panels[p0:p1]))
-
-
-def part_groups(panels: list, fm: int, slab: tuple, pieces: list,
-                share: float = GROUP_SHARE) -> list:
-    """The groups ``(g0, g1)`` (parts ``g0 .. g1-1`` of ``pieces``, in order,
-    covering them) that the earlier slabs' panels are applied to one group at
-    a time, each panel sent up once per group.
-
-    A part closes its group where sending the earlier panels up once more
-    costs at most ``share`` of the bytes of the slab's parts after it: its
-    work (those panels, its own, its copy back) then runs while those parts
-    are still on their way, instead of after the last of them is up. A slab
-    without earlier panels (the first), or of one part, is one group.
-
-    Parameters
-    ----------
-    panels : list of (j, rows, b)
-        The front's panels.
-    fm : int
-        Rows of the front.
-    slab : (c0, c1, p0, p1)
-        From :func:`slab_ranges`.
-    pieces : list of (a0, a1, p0, p1)
-        Its parts (:func:`slab_parts`).
-    share : float
-        See above (default :data:`GROUP_SHARE`; 0: one group).
-    """
-    p0 = slab[2]
-    k = len(pieces)
-    again = sum(rows * b for _, rows, b in panels[:p0])     # the earlier panels' elements
-    if not p0 or k < 2 or share <= 0:
-        return [(0, k)] if k else []
-    sizes = [part_rows(panels, fm, q0, q1) * (a1 - a0) for a0, a1, q0, q1 in pieces]
-    out, g0 = [], 0
-    for g in range(k - 1):
-        if again <= share * sum(sizes[g + 1:]):
-            out.append((g0, g + 1))
-            g0 = g + 1
-    out.append((g0, k))
-    return out
-
-
-def slab_places(panels: list, fm: int, plan: list, sides: list, size: int) -> list:
-    """Per slab of ``plan`` (``(slab, parts)``), each part's ``(at, rows)``: its
-    first element in the slab buffer of ``size`` elements and the rows it
-    moves (:func:`part_rows`), from the buffer's start on or, where
-    ``sides`` says (:func:`slab_sides`), from its end back."""
-    out = []
-    for (_, pieces), down in zip(plan, sides):
-        at, places = (size if down else 0), []
-        for a0, a1, q0, q1 in pieces:
-            rows = part_rows(panels, fm, q0, q1)
-            n = rows * (a1 - a0)
-            if down:
-                at -= n
-            places.append((at, rows))
-            if not down:
-                at += n
-        out.append(places)
-    return out
 
 
 def slab_sides(plan: list, most: int) -> list:
@@ -344,8 +243,7 @@ class SlabPart:
 
 
 def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
-                       fallback=None, parts: int | None = None,
-                       share: float | None = None) -> np.ndarray:
+                       fallback=None, parts: int | None = None) -> np.ndarray:
     """Blocked staircase QR of the host front ``F`` (fm × fn) in place, slab by slab
     through ``dev``'s memory.
 
@@ -371,31 +269,25 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
         Most parts per slab (:func:`slab_parts`; default :data:`SLAB_PARTS`),
         fewer in a slab whose parts' rows would be shorter than ``dev``'s
         ``part_row_bytes`` (:func:`slab_part_count`; none: no fewer).
-    share : float, optional
-        :func:`part_groups`' share (default :data:`GROUP_SHARE`; 0: every
-        earlier panel sent up once per slab).
 
     Returns
     -------
     ndarray, shape (npanels, nb, nb)
         Each panel's compact-WY factor ``T`` (host).
     """
-    share = GROUP_SHARE if share is None else float(share)
-    plan = slab_plan(panels, F.shape[1], max(int(width), nb), F.itemsize,
-                     SLAB_PARTS if parts is None else parts,
-                     int(getattr(dev, "part_row_bytes", 0) or 0))
-    slabs = [slab for slab, _ in plan]
+    slabs = slab_ranges(panels, F.shape[1], max(int(width), nb))
+    parts = SLAB_PARTS if parts is None else parts
+    row_bytes = int(getattr(dev, "part_row_bytes", 0) or 0)
+    plan = [(slab, slab_parts(panels, slab, slab_part_count(slab[1] - slab[0], F.itemsize,
+                                                             parts, row_bytes)))
+            for slab in slabs]
     most = max((c1 - c0 for c0, c1, _, _ in slabs), default=0)
     sides = slab_sides(plan, most)
-    places = slab_places(panels, F.shape[0], plan, sides, F.shape[0] * most)
     state = {"done": 0}             # parts whose columns went back into F
     try:
         dev.start(F, len(panels), nb)
-        early = []                  # the next slab's parts already queued for upload
-        for k, (slab, pieces) in enumerate(plan):
-            early = _one_slab(F, panels, slab, pieces, dev, state, most, places[k], early,
-                              plan[k + 1][1] if k + 1 < len(plan) else (),
-                              places[k + 1] if k + 1 < len(plan) else (), share)
+        for (slab, pieces), down in zip(plan, sides):
+            _one_slab(F, panels, slab, pieces, dev, state, most, down=down)
         dev.finish()
         return dev.t_host()
     except Exception as exc:        # noqa: BLE001 - redone on the host, see above
@@ -414,68 +306,55 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
         T = dev.t_host()
         fallback.start(F, len(panels), nb, T=T)
         for piece in units[state["done"]:]:     # each a slab of its own
-            a0, a1, q0, q1 = piece
-            _one_slab(F, panels, piece, [piece], fallback, {"done": 0}, a1 - a0,
-                      [(0, part_rows(panels, F.shape[0], q0, q1))], [], (), (), 0.0)
+            _one_slab(F, panels, piece, [piece], fallback, {"done": 0})
         fallback.finish()
         return fallback.t_host()
     finally:
         dev.finish()
 
 
-def _one_slab(F, panels, slab, pieces, dev, state, most, places, early, after,
-              after_places, share) -> list:
-    """Slab ``(c0, c1, p0, p1)`` in ``pieces`` (:func:`slab_parts`) at ``places``
-    (:func:`slab_places`) of a buffer of ``most`` columns: its parts up (the
-    first ``len(early)`` of them queued already: ``early``, their
-    :class:`SlabPart`), then the next slab's leading parts (``after`` at
-    ``after_places``) that lie clear of this slab's, then group by group
-    (:func:`part_groups`) every earlier slab's reflectors and part by part the
-    slab's own panels before it, its panels, back into ``F``
-    (``state['done']`` counts the parts sent back). Returns the next slab's
-    parts queued here."""
+def _one_slab(F, panels, slab, pieces, dev, state, most=None, down=False) -> None:
+    """Slab ``(c0, c1, p0, p1)`` in ``pieces`` (:func:`slab_parts`): its parts up,
+    every earlier slab's reflectors, then part by part the slab's own panels
+    before it, its panels, back into ``F`` (``state['done']`` counts the parts
+    sent back). The buffer holds ``most`` columns (the widest slab); the parts
+    lie from its start on, or with ``down`` from its end back
+    (:func:`slab_sides`)."""
     c0, c1, p0, p1 = slab
-    dev.mark("slab")
     buf = dev.slab_buffer(F, c0, c1, most)
-    work = list(early)
-    for (a0, a1, q0, q1), (at, rows) in list(zip(pieces, places))[len(work):]:
+    at = buf.size if down else 0
+    work = []
+    for a0, a1, q0, q1 in pieces:
+        rows = part_rows(panels, F.shape[0], q0, q1)     # down to its staircase
+        n = rows * (a1 - a0)
+        if down:
+            at -= n
         work.append(dev.upload_part(F, buf, at, a0, a1, q0, q1, rows=rows))
-    spans = [(at, at + rows * (a1 - a0)) for (a0, a1, _, _), (at, rows) in zip(pieces, places)]
-    ahead = []
-    for (a0, a1, q0, q1), (at, rows) in zip(after, after_places):
-        end = at + rows * (a1 - a0)
-        if any(s < end and at < e for s, e in spans):
-            break                       # it waits for this slab's work: queued after it
-        if not ahead:
-            dev.mark("n")               # the next slab's parts follow
-        ahead.append(dev.upload_part(F, buf, at, a0, a1, q0, q1, rows=rows))
-    for g0, g1 in part_groups(panels, F.shape[0], slab, pieces, share):
-        group = work[g0:g1]
-        for q in range(p0):             # every earlier slab's panels, in order
-            j, rows, b = panels[q]
-            slot = ("earlier", q % 2)   # uploaded while the previous one is applied
-            E = dev.upload_panel(F, q, j, j + rows, j, j + b, slot)
-            for part in group:
-                dev.ready(part)
-                dev.apply(part.S, j, rows, E, 0, 0, b, dev.t(q, b))
-            dev.release(slot)
-        if p0:
-            dev.mark("e")               # the earlier slabs' panels applied to the group
-        for g in range(g0, g1):
-            part = work[g]
+        if not down:
+            at += n
+    for q in range(p0):                 # every earlier slab's panels, in order
+        j, rows, b = panels[q]
+        slot = ("earlier", q % 2)       # uploaded while the previous one is applied
+        E = dev.upload_panel(F, q, j, j + rows, j, j + b, slot)
+        for part in work:
             dev.ready(part)
-            for h in work[:g]:          # the slab's panels before it, still here
-                for q in range(h.p0, h.p1):
-                    j, rows, b = panels[q]
-                    dev.apply(part.S, j, rows, h.S, j, j - h.a0, b, dev.t(q, b))
-            if part.p1 > part.p0:       # its own panels, diagonal at (a0, a0)
-                moved = [(j - part.a0, rows, b) for j, rows, b in panels[part.p0:part.p1]]
-                dev.factorize(part.S, part.a0, moved, part.p0)
-            dev.mark("p")
-            dev.download(part, F)
-            state["done"] += 1
-    dev.end_slab(work)
-    return ahead
+            dev.apply(part.S, j, rows, E, 0, 0, b, dev.t(q, b))
+        dev.release(slot)
+    if p0:
+        dev.mark("e")                   # the earlier slabs' panels applied
+    for g, part in enumerate(work):
+        dev.ready(part)
+        for h in work[:g]:              # the slab's panels before it, still here
+            for q in range(h.p0, h.p1):
+                j, rows, b = panels[q]
+                dev.apply(part.S, j, rows, h.S, j, j - h.a0, b, dev.t(q, b))
+        if part.p1 > part.p0:           # its own panels, diagonal at (a0, a0)
+            moved = [(j - part.a0, rows, b) for j, rows, b in panels[part.p0:part.p1]]
+            dev.factorize(part.S, part.a0, moved, part.p0)
+        dev.mark("p")
+        dev.download(part, F)
+        state["done"] += 1
+    dev.end_slab()
 
 
 def _reflectors(xp, E, i0: int, k0: int, rows: int, b: int):
@@ -488,19 +367,15 @@ def _reflectors(xp, E, i0: int, k0: int, rows: int, b: int):
 
 class NumpySlabs:
     """The slab operations on the host (the CI model of :class:`CupySlabs`);
-    ``slabs`` counts the slabs worked on, ``parts`` their parts and
-    ``panels_up`` the earlier panels sent up. One slab buffer serves every
-    slab, as on the device, so a part placed over another's columns still
-    being worked on shows in the result. ``on_part``: as :class:`CupySlabs`'
-    (told with no event: the part is back already); ``part_row_bytes``: as
-    :class:`CupySlabs`' (default 0: no link, parts as many as asked)."""
+    ``slabs`` counts the slabs worked on, ``parts`` their parts. ``on_part``:
+    as :class:`CupySlabs`' (told with no event: the part is back already);
+    ``part_row_bytes``: as :class:`CupySlabs`' (default 0: no link, parts as
+    many as asked)."""
 
     def __init__(self, on_part=None, part_row_bytes: int = 0):
         self.slabs = 0
         self.parts = 0
-        self.panels_up = 0
         self._T = None
-        self._buf = None
         self.on_part = on_part
         self.part_row_bytes = int(part_row_bytes)
 
@@ -510,13 +385,9 @@ class NumpySlabs:
 
     def slab_buffer(self, F: np.ndarray, c0: int, c1: int, most=None):
         """The buffer the slab ``[c0, c1)`` is worked in (its parts one after another;
-        ``most`` columns, at least the slab's): the one buffer, grown where the
-        slab needs more (its values before are not kept)."""
+        ``most`` columns, at least the slab's)."""
         self.slabs += 1
-        n = F.shape[0] * max(c1 - c0, most or 0)
-        if self._buf is None or self._buf.size < n or self._buf.dtype != F.dtype:
-            self._buf = np.full(n, np.nan, dtype=F.dtype)
-        return self._buf[:n]
+        return np.empty(F.shape[0] * max(c1 - c0, most or 0), dtype=F.dtype)
 
     def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int,
                     rows: int | None = None) -> SlabPart:
@@ -534,7 +405,6 @@ class NumpySlabs:
 
     def upload_panel(self, F: np.ndarray, q: int, r0: int, r1: int, c0: int, c1: int, slot):
         """Panel ``q``'s block ``F[r0:r1, c0:c1]`` where the slabs are worked on (a copy)."""
-        self.panels_up += 1
         return F[r0:r1, c0:c1].copy()
 
     def release(self, slot) -> None:
@@ -564,13 +434,11 @@ class NumpySlabs:
             self.on_part(part.a0, part.a1, None)
 
     def mark(self, what: str) -> None:
-        """The work queued so far reached a point of the timeline (``slab``: a slab
-        begins, ``n``: the next slab's parts are queued, ``e``: the earlier
-        slabs' panels applied to a group of parts, ``p``: a part factorized)."""
+        """The work queued so far reached a point of the timeline (``e``: the
+        earlier slabs' panels applied, ``p``: a part factorized)."""
 
-    def end_slab(self, parts=()) -> None:
-        """The slab's work is all queued (the places of its ``parts``, the
-        :class:`SlabPart` of each, may be refilled after it)."""
+    def end_slab(self) -> None:
+        """The slab's work is all queued (its buffer may be refilled after it)."""
 
     def finish(self) -> None:
         pass
@@ -616,13 +484,12 @@ class CupySlabs:
         self.down_stream = cp.cuda.Stream(non_blocking=True)     # slab parts down
         self.slabs = 0
         self.parts = 0
-        #: earlier panels sent up (once per group of parts: :func:`part_groups`)
-        self.panels_up = 0
         self._buffers = {}
         self._read = {}                 # slot -> event: the last work reading its buffer
         self._landed = {}               # panel -> event: its part's copy back into F
         self._regions = []              # (start, end, event): parts' copies back, per buffer
         self._worked = []               # (start, end, event): earlier slabs' parts, work done
+        self._current = []              # (start, end): the parts of the slab being queued
         self._flags = []
         self._T = None
         self._T_host = None
@@ -642,13 +509,12 @@ class CupySlabs:
         return ev
 
     def mark(self, what: str) -> None:
-        self._marks.append((what, None if what == "slab" else self._timed(self.stream)))
+        self._marks.append((what, self._timed(self.stream)))
 
     def timeline(self) -> str:
-        """Milliseconds from the start, per slab: its parts up (``u``), the next
-        slab's parts queued (``n``, their uploads ``u`` after it), the earlier
-        slabs' panels applied to a group of parts (``e``), its parts factorized
-        (``p``) and back (``d``); after :meth:`finish`'s synchronization."""
+        """Milliseconds from the start, per slab: its parts up (``u``), the earlier
+        slabs' panels applied (``e``), its parts factorized (``p``) and back
+        (``d``); after :meth:`finish`'s synchronization."""
         if len(self._marks) < 2:
             return ""
         t0 = self._marks[0][1]
@@ -694,6 +560,7 @@ class CupySlabs:
         """The slab buffer (``most`` columns, at least the slab's: the widest slab
         sizes it once)."""
         self.slabs += 1
+        self._marks.append(("slab", None))
         return self._buffer("slab", F.shape[0] * max(c1 - c0, most or 0), F.dtype)
 
     def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int,
@@ -709,6 +576,7 @@ class CupySlabs:
         for s, e, ev in self._worked + self._regions:
             if s < at + n and at < e:
                 self.up_stream.wait_event(ev)
+        self._current.append((at, at + n))
         src = self._device_view(F) if self.panel_upload == "mapped-all" else None
         if src is None:
             upload_block(F, 0, fm, a0, a1, S, self.up_stream)
@@ -728,7 +596,6 @@ class CupySlabs:
         """Panel ``q``'s block into the slot's buffer (one 2-D copy) on the copy
         stream, after the work that read the buffer last and the copy back of
         the part that made the panel; the work stream waits for it."""
-        self.panels_up += 1
         # sized for a panel of every row of the front at once: a staircase front's
         # panels grow in rows, and a buffer grown later waits for every stream
         n = (r1 - r0) * (c1 - c0)
@@ -800,11 +667,11 @@ class CupySlabs:
         if self.on_part is not None:
             self.on_part(part.a0, part.a1, landed)
 
-    def end_slab(self, parts=()) -> None:
-        """The places of the slab's ``parts`` are read by no work queued later
-        (the next slab's parts queued during the slab are not among them)."""
+    def end_slab(self) -> None:
+        """The slab's parts are read by no work queued later."""
         ev = self._event(self.stream)
-        self._worked.extend((p.at, p.at + p.S.size, ev) for p in parts)
+        self._worked.extend((s, e, ev) for s, e in self._current)
+        self._current = []
 
     def finish(self) -> None:
         """Every queued copy done, the panels' ``T`` fetched; the buffers given back
@@ -824,7 +691,7 @@ class CupySlabs:
             self._buffers.clear()
             self._read.clear()
             self._landed.clear()
-            self._regions, self._worked = [], []
+            self._regions, self._worked, self._current = [], [], []
             self._marks = []
             self._mapped = None
             self._T = None

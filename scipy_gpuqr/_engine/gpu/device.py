@@ -699,8 +699,7 @@ class HostFrontDevice(NumpyDevice):
         T = factorize_in_slabs(F, panels, nb, w, slabs, fallback=host)
         held = int((mem.detail or {}).get("pool_used", 0))
         return T, (f"in column slabs of {w} (the front alone does not fit; {avail:,} bytes "
-                   f"for a slab beside {held:,} held; earlier panels sent up "
-                   f"{slabs.panels_up} times)"
+                   f"for a slab beside {held:,} held)"
                    + (f"; its last {host.slabs} slabs on the host (LAPACK/BLAS) after the "
                       f"device failed one (log)" if host.slabs else "")), \
             (None if host.slabs else slabs.all_finite())
