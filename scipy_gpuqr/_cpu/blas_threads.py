@@ -57,6 +57,8 @@ import os
 import threading
 from typing import Optional
 
+import cffi
+
 from .._mapped_files import MAPS, mapped_paths
 
 __all__ = ["SINGLE_THREAD_FLOPS", "CDEF", "threads_for", "limited", "process_limited",
@@ -163,7 +165,6 @@ def openblas_pools() -> list:
 @functools.lru_cache(maxsize=1)
 def _cffi():
     """An FFI to read cffi function pointers with (made once: it takes a while)."""
-    import cffi
     return cffi.FFI()
 
 
@@ -176,7 +177,7 @@ def _address(fn):
         pass
     try:
         return int(_cffi().cast("uintptr_t", fn))
-    except (ImportError, TypeError):
+    except TypeError:
         # not a C function (a stand-in): its owner and name stand for the pool
         return (id(getattr(fn, "__self__", fn)), getattr(fn, "__name__", ""))
 
