@@ -139,3 +139,39 @@ def test_lsqr_cpu_restores_the_pools_and_matches_lstsq(two_threads):
     assert [int(get()) for get, _ in pools] == [2] * len(pools)
     x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
     assert np.linalg.norm(x - x_ref) <= 1e-6 * np.linalg.norm(x_ref)
+
+
+def test_pools_found_again_only_after_a_library_loads(monkeypatch):
+    """openblas_pools reads the memory map once per set of loaded objects: the
+    same pools as a fresh search, no read while nothing loads, a new search once
+    the load counters move."""
+    pools = _pools()
+    assert [(g.__name__, s.__name__) for g, s in pools] == \
+        [(g.__name__, s.__name__) for g, s in blas_threads.find_openblas_pools()]
+    if blas_threads.objects_loaded() is None:
+        pytest.skip("the C library gives no load counters")
+    reads = []
+    real = blas_threads._loaded_openblas_paths
+    monkeypatch.setattr(blas_threads, "_loaded_openblas_paths",
+                        lambda *a: reads.append(1) or real(*a))
+    blas_threads.openblas_pools()
+    assert reads == []
+    adds, subs = blas_threads.objects_loaded()
+    monkeypatch.setattr(blas_threads, "objects_loaded", lambda: (adds + 1, subs))
+    assert len(blas_threads.openblas_pools()) == len(pools) and reads == [1]
+
+
+def test_load_counters_move_when_a_library_loads():
+    """The counters objects_loaded reads grow when an extension module's library
+    is loaded (in a new process, where it is not yet)."""
+    import subprocess
+    import sys
+    code = ("from scipy_gpuqr._cpu.blas_threads import objects_loaded as o\n"
+            "a = o()\nimport _sqlite3\nb = o()\n"
+            "print('none' if a is None else int(b[0] > a[0] and b[1] == a[1]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.strip() == "none":
+        pytest.skip("the C library gives no load counters")
+    assert out.stdout.strip() == "1"

@@ -22,7 +22,8 @@ The rank decision's dense and Lanczos steps run in NumPy's and SciPy's own
 OpenBLAS: :func:`process_limited` lowers every OpenBLAS loaded in the
 process (found in the process' memory map on Linux, reached through its
 ``*_set_num_threads`` symbol: OpenBLAS's own name, or the ``scipy_openblas``
-names of the copies bundled in NumPy's and SciPy's wheels) for a body of small
+names of the copies bundled in NumPy's and SciPy's wheels; the map is read again
+only once a library was loaded or unloaded since) for a body of small
 calls: a matrix-vector product, a Lanczos step or a triangular inverse of a
 few hundred columns finishes before a pool of idle workers has woken up, and
 those workers then spin on the cores the next call (SuiteSparseQR's, or the
@@ -62,7 +63,7 @@ import cffi
 from .._mapped_files import MAPS, mapped_paths
 
 __all__ = ["SINGLE_THREAD_FLOPS", "CDEF", "threads_for", "limited", "process_limited",
-           "held_counts", "openblas_pools", "Lowered"]
+           "held_counts", "openblas_pools", "find_openblas_pools", "objects_loaded", "Lowered"]
 
 #: Factorizations with fewer flops (the symbolic analysis' count) run
 #: SuiteSparseQR's BLAS on one thread.
@@ -133,8 +134,72 @@ def _loaded_openblas_paths(maps: str = MAPS) -> list:
     return [p for p in mapped_paths("openblas", maps) if ".so" in os.path.basename(p)]
 
 
+class _PhdrInfo(ctypes.Structure):
+    """The head of glibc's ``struct dl_phdr_info`` up to its load counters."""
+
+    _fields_ = [("dlpi_addr", ctypes.c_uint64), ("dlpi_name", ctypes.c_char_p),
+                ("dlpi_phdr", ctypes.c_void_p), ("dlpi_phnum", ctypes.c_uint16),
+                ("dlpi_adds", ctypes.c_ulonglong), ("dlpi_subs", ctypes.c_ulonglong)]
+
+
+_PHDR_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_PhdrInfo), ctypes.c_size_t,
+                                  ctypes.c_void_p)
+
+
+def objects_loaded():
+    """``(loads, unloads)`` of shared objects in this process since it started
+    (glibc's ``dl_iterate_phdr`` counters, read from its first object only), or
+    None where they cannot be read (no glibc, an older one).
+
+    The pair changes whenever a library is loaded or unloaded, so what was
+    found in the process' memory map stays valid while it stays the same.
+    """
+    iterate = _dl_iterate_phdr()
+    if iterate is None:
+        return None
+    seen = []
+
+    def first(info, size, _data):
+        if size >= ctypes.sizeof(_PhdrInfo):
+            seen.append((int(info.contents.dlpi_adds), int(info.contents.dlpi_subs)))
+        return 1                            # stop after the first object
+
+    iterate(_PHDR_CALLBACK(first), None)
+    return seen[0] if seen else None
+
+
+@functools.lru_cache(maxsize=1)
+def _dl_iterate_phdr():
+    """glibc's ``dl_iterate_phdr``, typed (None where the C library has none)."""
+    try:
+        iterate = ctypes.CDLL(None).dl_iterate_phdr
+    except (OSError, AttributeError):
+        return None
+    iterate.restype = ctypes.c_int
+    iterate.argtypes = [_PHDR_CALLBACK, ctypes.c_void_p]
+    return iterate
+
+
+@functools.lru_cache(maxsize=1)
+def _pools_while(loaded) -> tuple:
+    """:func:`find_openblas_pools` while the process' loaded objects are ``loaded``
+    (:func:`objects_loaded`): a read of the memory map costs about a millisecond."""
+    return tuple(find_openblas_pools())
+
+
 def openblas_pools() -> list:
-    """``(get, set)`` of every OpenBLAS thread pool loaded in the process.
+    """``(get, set)`` of every OpenBLAS thread pool loaded in the process: found
+    again only after a library was loaded or unloaded since the last search
+    (:func:`objects_loaded`), at every call where that cannot be told."""
+    loaded = objects_loaded()
+    if loaded is None:
+        return find_openblas_pools()
+    return list(_pools_while(loaded))
+
+
+def find_openblas_pools() -> list:
+    """``(get, set)`` of every OpenBLAS thread pool loaded in the process, from its
+    memory map.
 
     Each library is opened with ``RTLD_NOLOAD`` (only one already loaded is
     reached, nothing is loaded), and its pool counted once even where two
