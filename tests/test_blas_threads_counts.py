@@ -231,3 +231,47 @@ def test_held_counts_in_one_thread_keeps_another_threads_body_from_lowering(four
         done.set()
         t.join(30)
     assert [int(get()) for get, _ in pools] == [4] * len(pools)
+
+
+def test_one_blas_thread_goes_through_the_record(four_threads):
+    """The executors' and the rank decision's one-thread bodies (one_blas_thread,
+    blas_limited) lower every real pool through the record: a hold keeps them,
+    a lift inside gives the earlier count back, the end restores it."""
+    pools = four_threads
+    with blas_threads.one_blas_thread() as lowered:
+        assert [int(get()) for get, _ in pools] == [1] * len(pools)
+        with lowered.lifted():
+            assert [int(get()) for get, _ in pools] == [4] * len(pools)
+        assert [int(get()) for get, _ in pools] == [1] * len(pools)
+    assert [int(get()) for get, _ in pools] == [4] * len(pools)
+    with blas_threads.held_counts():
+        with blas_threads.blas_limited(1):
+            assert [int(get()) for get, _ in pools] == [4] * len(pools)
+    with blas_threads.blas_limited(None):
+        assert [int(get()) for get, _ in pools] == [4] * len(pools)
+
+
+def test_reference_engine_lifts_its_large_fronts(four_threads, monkeypatch):
+    """The reference engine's fronts above THREADED_FRONT_FLOPS run at the pools'
+    own count inside its one-thread body, the others at one; same R either way."""
+    import scipy.sparse as sp
+
+    from scipy_gpuqr._engine.host import reference
+    pools = four_threads
+    seen = []
+    real = reference._factor_front
+
+    def spy(*a, **k):
+        seen.append(max(int(get()) for get, _ in pools))
+        return real(*a, **k)
+
+    monkeypatch.setattr(reference, "_factor_front", spy)
+    A = sp.random(60, 30, density=0.2, random_state=np.random.default_rng(3), format="csc")
+    A = A + sp.eye(60, 30, format="csc")
+    one = reference.reference_factorize(A).R.toarray()
+    assert seen and set(seen) == {1}
+    seen.clear()
+    monkeypatch.setattr(reference, "THREADED_FRONT_FLOPS", -1.0)
+    lifted = reference.reference_factorize(A).R.toarray()
+    assert set(seen) == {4}
+    np.testing.assert_allclose(lifted, one, rtol=1e-12, atol=1e-12)

@@ -63,7 +63,8 @@ import cffi
 from .._mapped_files import MAPS, mapped_paths
 
 __all__ = ["SINGLE_THREAD_FLOPS", "CDEF", "threads_for", "limited", "process_limited",
-           "held_counts", "openblas_pools", "find_openblas_pools", "objects_loaded", "Lowered"]
+           "held_counts", "blas_limited", "one_blas_thread", "openblas_pools",
+           "find_openblas_pools", "objects_loaded", "Lowered"]
 
 #: Factorizations with fewer flops (the symbolic analysis' count) run
 #: SuiteSparseQR's BLAS on one thread.
@@ -390,6 +391,35 @@ def process_limited(threads: Optional[int], pools: Optional[list] = None):
         return
     with _COUNTS.lowered(openblas_pools() if pools is None else pools, int(threads)) as keys:
         yield Lowered(keys)
+
+
+def blas_limited(threads: Optional[int]):
+    """Context running the process' BLAS on at most ``threads`` threads for its body.
+
+    Every OpenBLAS of the process through the process' one record of counts
+    (:func:`process_limited`), so that bodies overlapping in several threads
+    share one lowering and never leave a pool lowered; where the process has no
+    OpenBLAS, threadpoolctl's limit on the BLAS it finds (MKL, BLIS), if it is
+    installed; otherwise ``contextlib.nullcontext()``, which callers read as
+    "not limited". None changes nothing.
+    """
+    if threads is None:
+        return contextlib.nullcontext()
+    pools = openblas_pools()
+    if pools:
+        return process_limited(threads, pools)
+    try:
+        from threadpoolctl import threadpool_limits        # optional
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=threads, user_api="blas")
+
+
+def one_blas_thread():
+    """:func:`blas_limited` to one thread: the executors' panel products and the
+    rank decision's small dense steps, which a second thread does not speed up and
+    threads waiting for busy cores slow down many times."""
+    return blas_limited(1)
 
 
 @contextlib.contextmanager

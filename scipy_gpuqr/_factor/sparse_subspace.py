@@ -56,7 +56,7 @@ from typing import Callable, Optional
 import numpy as np
 import scipy.sparse as sp
 
-from .._cpu.blas_threads import openblas_pools, process_limited
+from .._cpu.blas_threads import one_blas_thread
 from .._dispatch.plan import available_host_memory
 from .._errors import SubspaceTooLarge
 from .host_lanes import SERIAL, Lanes, host_lanes
@@ -100,27 +100,6 @@ def chunked(solve: Callable, chunk: int = SOLVE_CHUNK, lanes: Lanes = SERIAL) ->
     return lanes.columns(solve, chunk)
 
 
-def one_blas_thread():
-    """Context running SciPy's and NumPy's BLAS on one thread (threadpoolctl, where
-    installed; otherwise every OpenBLAS of the process through its own symbols,
-    :func:`scipy_gpuqr._cpu.blas_threads.process_limited`; a ``nullcontext``
-    where neither reaches a BLAS, which the callers read as "not limited").
-
-    The iteration's dense steps are q × p Gram products and triangular solves
-    and p × p factorizations, between sparse solves that run on one core: a
-    second thread gains little on them, and OpenBLAS threads that wait for a
-    busy core make the small calls many times slower on a loaded machine
-    (bench/RESULTS.md, issue 16 item 3). The same rule as the reference engine's
-    panel products (``scipy_gpuqr._engine.host.reference``); OpenBLAS's count
-    is process-wide, so a speed effect on other threads for the call's length.
-    """
-    try:
-        from threadpoolctl import threadpool_limits        # optional
-    except ImportError:
-        if not openblas_pools():
-            return contextlib.nullcontext()
-        return process_limited(1)
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _project(B: np.ndarray, C: np.ndarray, lanes: Lanes = SERIAL) -> np.ndarray:

@@ -215,7 +215,7 @@ def gemm(A: np.ndarray, B: np.ndarray, trans_a: bool = False,
     """``A B`` (``Aᵀ B``), Fortran order out; ``lanes`` splits a tall A by rows
     (:meth:`~scipy_gpuqr._factor.host_lanes.Lanes.gemm`). The iteration runs
     under a limit of one BLAS thread for every BLAS library loaded
-    (:func:`~scipy_gpuqr._factor.sparse_subspace.one_blas_thread`), so NumPy's
+    (:func:`~scipy_gpuqr._cpu.blas_threads.one_blas_thread`), so NumPy's
     and SciPy's BLAS do not spin on each other's cores.
     """
     return lanes.gemm(A, B, trans_a=trans_a)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import functools
 import time
 from dataclasses import dataclass, field
 
@@ -46,6 +45,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import lapack
 
+from ..._cpu.blas_threads import Lowered, blas_limited
 from ..._numeric import NumericQR
 from ..._symbolic import SymbolicAnalysis, analyze
 from ..inputs import engine_csc
@@ -61,33 +61,6 @@ NB = 32
 #: (NB columns), and BLAS threads contending for busy cores make them many times
 #: slower than one thread does. Set it on a machine with idle cores.
 THREADED_FRONT_FLOPS = float("inf")
-
-
-@functools.lru_cache(maxsize=1)
-def _blas_controller():
-    # a handle on the BLAS libraries already loaded (immutable once made)
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:  # optional
-        return None
-    return ThreadpoolController()
-
-
-def _blas_now() -> int | None:
-    """BLAS threads as set now (None when unknown)."""
-    ctl = _blas_controller()
-    if ctl is None:
-        return None
-    counts = [lib.num_threads for lib in ctl.lib_controllers if lib.user_api == "blas"]
-    return max(counts) if counts else None
-
-
-def _blas_threads(n: int | None):
-    """Context limiting BLAS to ``n`` threads (None: no change)."""
-    ctl = _blas_controller()
-    if ctl is None or n is None:
-        return contextlib.nullcontext()
-    return ctl.limit(limits=n, user_api="blas")
 
 
 def default_tol(A: sp.csc_array, eps: float = np.finfo(np.float64).eps) -> float:
@@ -254,7 +227,7 @@ class ReferenceQR(NumericQR):
 
     def qt_matmul(self, B):
         B0, X = self._check(B, "qt_matmul")
-        with _blas_threads(1):
+        with blas_limited(1):
             for fr in self._fronts:
                 if fr.panels:
                     Xf = X[fr.slots]
@@ -268,7 +241,7 @@ class ReferenceQR(NumericQR):
         Y0, Yc = self._check(Y, "q_matmul")
         X = np.zeros_like(Yc)
         X[self.qorder] = Yc
-        with _blas_threads(1):
+        with blas_limited(1):
             for fr in reversed(self._fronts):
                 if fr.panels:
                     Xf = X[fr.slots]
@@ -415,8 +388,7 @@ def reference_factorize(A, analysis: SymbolicAnalysis | None = None, *, tol=None
     chp, ch = fs.child_ptr.tolist(), fs.children.tolist()
     cptr, par = fs.col_ptr.tolist(), fs.parent.tolist()
     big = (analysis.front_flops > THREADED_FRONT_FLOPS).tolist()
-    nthreads = _blas_now()
-    with _blas_threads(1):
+    with blas_limited(1) as lowered:
         for sid, (first, last) in enumerate(plan.stages):
             for f in range(first, last + 1):
                 fm, fn, fp = fm_l[f], fn_l[f], fp_l[f]
@@ -465,7 +437,8 @@ def reference_factorize(A, analysis: SymbolicAnalysis | None = None, *, tol=None
                     F = np.asfortranarray(F[perm])
                     slots = slots[perm]
                     stair = np.cumsum(np.bincount(lead, minlength=fn)[:fn])
-                with _blas_threads(nthreads if big[f] else None):
+                with (lowered.lifted() if big[f] and isinstance(lowered, Lowered)
+                      else contextlib.nullcontext()):
                     fr = _factor_front(F, stair, fp, tol_used)
                 fr.slots = slots
                 rank_f = fr.R.shape[0]

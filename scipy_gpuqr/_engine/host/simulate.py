@@ -22,13 +22,13 @@ Numerical conventions (the GPU kernels follow them exactly):
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
+from ..._cpu.blas_threads import one_blas_thread
 from ..._schedule.dense import DEFAULT_DENSE_FLOPS
 from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TaskType
@@ -99,14 +99,6 @@ def householder_tile(A: np.ndarray, nref: int) -> tuple[np.ndarray, np.ndarray]:
     return tau, T
 
 
-def one_blas_thread():
-    """Context with BLAS limited to one thread (the executors' small products run
-    much faster so; a no-op without the optional ``threadpoolctl``)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # optional
-        return contextlib.nullcontext()
-    return threadpool_limits(1, user_api="blas")
 
 
 def _gather_rows(fpool, F, fn, fm, rows, c0, c1, tile):
