@@ -80,6 +80,16 @@ starts with emptied pools, so it allocates (and pins) its memory again, which
 in a multi-device call stalls the other devices' threads (CuPy pins host memory
 holding the interpreter's lock).
 
+A multi-device call pins the host memory its devices' threads use before they
+start (``info["pinned_ahead"]``) and keeps the blocks for the next call, which
+CuPy's ``free_all_blocks`` leaves alone; ``--drop-pinned`` lets go of them
+after every call as well (each call then pins ahead again: a first call's
+cost). On GPUs every ``cudaHostAlloc`` is counted through a pinned allocator
+of the bench's own (:class:`PinnedCounter`): the ``pinned`` column gives the
+MB pinned ahead (of them pinned by the call) and the pinned allocations made
+while the devices' threads enqueued, the library's own (``during_run``) and
+CuPy's (any, its internal staging too).
+
 ``--dask 1,2,4`` then measures the Dask throughput of batched LU
 (``bench/dask_batched.py``: 2**24 float64 32 x 32 matrices by default,
 ``--dask-count``) over that many GPU workers against one, in a separate
@@ -135,6 +145,77 @@ def _site(frame, depth: int = 3) -> str:
         out.append(f"{Path(co.co_filename).name}:{frame.f_lineno} {co.co_name}")
         frame = frame.f_back
     return " < ".join(out)
+
+
+class PinnedCounter:
+    """Every ``cudaHostAlloc`` CuPy makes, with when, how long and on which thread.
+
+    Installed as CuPy's pinned allocator (a pinned pool of its own over a
+    counting allocator) for the bench's process; :meth:`between` counts those
+    that began inside a window of ``time.perf_counter()``.
+    """
+
+    def __init__(self):
+        import cupy as cp
+        self.cp = cp
+        self.log = []                   # (start, seconds, bytes, thread name)
+        self._lock = threading.Lock()
+        self.pool = cp.cuda.PinnedMemoryPool(allocator=self._alloc)
+        cp.cuda.set_pinned_memory_allocator(self.pool.malloc)
+
+    def _alloc(self, size):
+        t0 = time.perf_counter()
+        mem = self.cp.cuda.pinned_memory.PinnedMemory(size,
+                                                      self.cp.cuda.runtime.hostAllocPortable)
+        with self._lock:
+            self.log.append((t0, time.perf_counter() - t0, int(size),
+                             threading.current_thread().name))
+        return mem
+
+    def between(self, a: float, b: float) -> dict:
+        """The allocations that began in ``[a, b)``: count, MB, seconds, threads."""
+        with self._lock:
+            got = [x for x in self.log if a <= x[0] < b]
+        return {"allocations": len(got), "mb": sum(x[2] for x in got) / 1e6,
+                "seconds": sum(x[1] for x in got),
+                "threads": sorted({x[3] for x in got})}
+
+    def free(self) -> None:
+        self.pool.free_all_blocks()
+
+
+def _pinned_of(info, counter, t_call) -> dict | None:
+    """A multi-device call's pinned memory: ``info["pinned_ahead"]`` and, with a
+    counter, CuPy's allocations while its devices' threads enqueued (from the
+    first thread's start to the last one's stages enqueued) and in the whole
+    call (``t_call``: the bench's clock at the call)."""
+    ahead = info.get("pinned_ahead")
+    per = (info.get("devices") or {}).get("devices") or []
+    lines = [d.get("timeline_seconds") for d in per if d.get("timeline_seconds")]
+    if ahead is None and not lines:
+        return None
+    out = {"ahead": ahead}
+    if counter is not None and lines:
+        a = t_call + min(t[0] for t in lines)
+        b = t_call + max(t[1] for t in lines)
+        out["cupy_while_enqueueing"] = counter.between(a, b)
+        out["cupy_in_call"] = counter.between(t_call, t_call + float(
+            (info.get("seconds") or {}).get("total", 0.0)))
+    return out
+
+
+def pinned_text(p) -> str:
+    """``MB ahead (MB pinned by the call) / in run: library n, CuPy n (MB, s)``."""
+    if not p:
+        return "-"
+    a = p.get("ahead")
+    txt = ("nothing ahead / in run: lib -" if not a else
+           f"{a['bytes'] / 1e6:.0f} ({a['pinned_now_bytes'] / 1e6:.0f}) MB, "
+           f"{a['seconds']:.3f} s / in run: lib {a['during_run']['allocations']}")
+    c = p.get("cupy_while_enqueueing")
+    if c is not None:
+        txt += f", CuPy {c['allocations']} ({c['mb']:.0f} MB, {c['seconds']:.3f} s)"
+    return txt
 
 
 class GilProbe:
@@ -282,9 +363,13 @@ def _matrices(only, numpy_layers=False):
 class _Runner:
     """The engine calls on CUDA devices, or on NumPy device layers (``--numpy``)."""
 
-    def __init__(self, numpy_layers: bool, keep_pools: bool = False):
+    def __init__(self, numpy_layers: bool, keep_pools: bool = False,
+                 drop_pinned: bool = False):
         self.numpy = numpy_layers
         self.keep_pools = keep_pools
+        self.drop_pinned = drop_pinned
+        #: CuPy's pinned allocations counted (:class:`PinnedCounter`; GPUs only)
+        self.pinned = None if numpy_layers else PinnedCounter()
 
     def device_context(self, ids):
         """The first device current (Q and the solves run there)."""
@@ -323,6 +408,9 @@ class _Runner:
         """After a call of a setting: the pools emptied (:meth:`free`), or, with
         ``keep_pools``, only the devices waited for: the next call then finds the
         device and pinned blocks the last one left, as a user's repeated call does."""
+        if self.drop_pinned:
+            from scipy_gpuqr._engine.gpu.multi_device import release_kept_pinned
+            release_kept_pinned()
         if not self.keep_pools:
             self.free()
         elif not self.numpy:
@@ -339,6 +427,8 @@ class _Runner:
                 cp.cuda.Device(d).synchronize()
                 cp.get_default_memory_pool().free_all_blocks()
         cp.get_default_pinned_memory_pool().free_all_blocks()
+        if self.pinned is not None:
+            self.pinned.free()
 
 
 def _public(A, ids, reps, runner):
@@ -581,6 +671,9 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                 qr = runner.factorize(A, an, ids, budget, sd, speeds, sl, si)
                 times.append(time.perf_counter() - t)
                 infos.append(qr.info)
+                pin = _pinned_of(qr.info, runner.pinned, t)
+                if pin is not None:
+                    run.setdefault("pinned", []).append(pin)
                 run.setdefault("mappings", []).append(_mapping_text(qr.info))
                 if rep == 0 and verify == "r":
                     got = _r_alone(qr)
@@ -679,6 +772,7 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                          f"{d.get('subtree_flops', float('nan')) / 1e12:.2f}"
                          for d in run["plan"].get("per_device", [])) + " T")
             busy += f"; R copies started during the launches {run.get('r_copy_progressive')}"
+            busy += "; pinned " + " | ".join(pinned_text(x) for x in run.get("pinned", []))
             busy += ("; mapped by (warm-up, s) " + ", ".join(
                 f"{m} {x:.2f}" for m, x in zip(run["warm_up_mappings"], run["warm_up_seconds"]))
                      + " (timed) " + ", ".join(run["mappings"]))
@@ -721,8 +815,9 @@ def summary(rows) -> str:
     check against one GPU and each run's own residuals (rank-proof)."""
     out = ["| matrix | TFlop | GPUs | s | x 1 GPU (model) | busy s per GPU | enqueue s per GPU "
            "(of it waiting for blocks) | R assembled after s | split fronts s | "
-           "vs 1 GPU | own: Gram, QR (tiny pivots) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "vs 1 GPU | own: Gram, QR (tiny pivots) | pinned ahead MB (by the call), s / "
+           "allocations while enqueueing: library, CuPy |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for run in r["runs"]:
             sp = run.get("split", "-")
@@ -740,7 +835,7 @@ def summary(rows) -> str:
                        and run.get("plan", {}).get("fits") is False else "") + " |")
             if "seconds" not in run:
                 out.append(head + f" {run.get('skipped') or run.get('error', '?')}"
-                           " | | | | | | | |")
+                           " | | | | | | | | |")
                 continue
             per = run.get("per_device", [])
             busy = " / ".join(f"{d.get('busy_seconds', float('nan')):.3f}" for d in per)
@@ -760,7 +855,9 @@ def summary(rows) -> str:
             out.append(head + f" {run['seconds']:.3f} | {run['speedup']:.2f} ({model:.2f}) | "
                        f"{busy} | {enq} | {eng.get('assemble_R', float('nan')):.3f} | "
                        f"{splits} | {check}" + (" FELL BACK" if "fallback" in run else "")
-                       + f" | {own} |")
+                       + f" | {own} | "
+                       + (" ; ".join(pinned_text(x) for x in run.get("pinned", [])) or "-")
+                       + " |")
     return "\n".join(out)
 
 
@@ -825,6 +922,9 @@ def main(argv=None) -> int:
     p.add_argument("--keep-pools", action="store_true",
                    help="keep CuPy's device and pinned pools between the calls of a setting "
                         "(a user's repeated call); default: emptied after every call")
+    p.add_argument("--drop-pinned", action="store_true",
+                   help="let go of the pinned blocks multi-device calls keep, after every "
+                        "call (each call pins ahead again)")
     p.add_argument("--probe", action="store_true",
                    help="one more call per setting watched by a lock probe (GilProbe)")
     p.add_argument("--check-only", default="",
@@ -865,7 +965,7 @@ def main(argv=None) -> int:
     print(f"{len(names)} device(s): {', '.join(names)}; counts {counts}"
           + (" (simulated on GPU 0)" if a.simulate else ""), flush=True)
     only = list(dict.fromkeys(x for x in a.only.split(",") if x))
-    runner = _Runner(a.numpy, keep_pools=a.keep_pools)
+    runner = _Runner(a.numpy, keep_pools=a.keep_pools, drop_pinned=a.drop_pinned)
     checked = [x for x in a.check_only.split(",") if x]
     r_only = [x for x in a.check_r.split(",") if x]
     slots = tuple(int(float(x) * (1 << 20)) for x in a.r_slot_mb.split(",") if x) or (None,)
@@ -881,6 +981,7 @@ def main(argv=None) -> int:
             Path(a.json).write_text(json.dumps({"gpus": names, "counts": counts,
                                                 "simulate": a.simulate, "numpy": a.numpy,
                                                 "keep_pools": a.keep_pools,
+                                                "drop_pinned": a.drop_pinned,
                                                 "budget_fraction": a.budget_fraction,
                                                 "rows": rows}, indent=1, default=str))
     print("\n" + summary(rows), flush=True)

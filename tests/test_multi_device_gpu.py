@@ -96,6 +96,9 @@ def _run(ids, **kw):
             assert 0 <= rc["scattered_by_enqueued"] <= rc["entries"]
         assert 0 <= info["r_copy_progressive"] <= info["stages"]
         assert info["q_device"] == ids[0]
+        pinned = info["pinned_ahead"]       # every pinned buffer made before the threads
+        assert pinned["during_run"] == {"allocations": 0, "bytes": 0}, (name, pinned)
+        assert pinned["staging_bytes"] > 0 and pinned["bytes"] > pinned["staging_bytes"]
         if _peers(ids):                     # Q reads the other devices' pools in place
             assert info["q_pools_on_host"] == [], name
         crossed += sum(1 for _, s, t, _ in info["transfers"] if ids[s] != ids[t])
@@ -131,6 +134,56 @@ def test_four_gpus():
     if device_count() < 4:
         pytest.skip("needs 4 GPUs")
     _run((0, 1, 2, 3))
+
+
+@pytest.mark.parametrize("ids", [(0, 0), (0, 1, 2, 3)])
+def test_no_pinning_while_the_devices_enqueue(ids):
+    """A repeated call pins no host memory at all (every ``cudaHostAlloc`` counted
+    through CuPy's pinned allocator: the library's buffers and CuPy's own), and
+    a first call none while its devices' threads enqueue."""
+    import threading
+    import time
+
+    import cupy as cp
+
+    from scipy_gpuqr._engine.gpu import multi_device as md
+    if len(set(ids)) > device_count():
+        pytest.skip(f"needs {len(set(ids))} GPUs")
+    log, lock = [], threading.Lock()
+
+    def alloc(size):
+        t0 = time.perf_counter()
+        mem = cp.cuda.pinned_memory.PinnedMemory(size, cp.cuda.runtime.hostAllocPortable)
+        with lock:
+            log.append((t0, int(size), threading.current_thread().name))
+        return mem
+
+    pool = cp.cuda.PinnedMemoryPool(allocator=alloc)
+    cp.cuda.set_pinned_memory_allocator(pool.malloc)
+    md.release_kept_pinned()
+    try:
+        A = random_values(grid3d_least_squares(16), np.random.default_rng(3))
+        an = analyze(A)
+        with cp.cuda.Device(ids[0]):
+            for call in range(2):
+                n0 = len(log)
+                t = time.perf_counter()
+                qr = multi_gpu_factorize(A, an, devices=ids, device_speeds=None)
+                lines = [d["timeline_seconds"] for d in qr.info["devices"]["devices"]]
+                a = t + min(x[0] for x in lines)
+                b = t + max(x[1] for x in lines)
+                while_enqueueing = [x for x in log[n0:] if a <= x[0] < b]
+                assert while_enqueueing == [], (call, while_enqueueing)
+                pinned = qr.info["pinned_ahead"]
+                assert pinned["during_run"]["allocations"] == 0, pinned
+                if call:
+                    assert pinned["pinned_now_bytes"] == 0, pinned
+                    assert log[n0:] == [], log[n0:]
+                qr.free()
+    finally:
+        cp.cuda.set_pinned_memory_allocator(cp.get_default_pinned_memory_pool().malloc)
+        md.release_kept_pinned()
+        pool.free_all_blocks()
 
 
 @pytest.mark.parametrize("k", [2, 4])

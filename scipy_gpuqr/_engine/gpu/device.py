@@ -783,18 +783,35 @@ class CupyDevice:
         self.r_copies = 0
         #: bytes of stage pools this factorization keeps in pinned host memory
         self.pinned_pools = 0
+        #: pinned host memory allocated ahead for this layer's part of a multi-device
+        #: call (its ``take(n, dtype)`` and ``holds(array)``: see
+        #: :class:`~.multi_device.PinnedAhead`), set by that call while its devices'
+        #: threads run; None: each buffer pinned when asked for
+        self.pinned_ahead = None
 
     # -- helpers ---------------------------------------------------------------------
     def _pinned(self, n: int, dtype) -> np.ndarray:
+        ahead = getattr(self, "pinned_ahead", None)
+        if ahead is not None:
+            return ahead.take(int(n), dtype)
         import cupyx
         return cupyx.empty_pinned((int(n),), dtype=dtype)
+
+    def _pinned_copy(self, host: np.ndarray) -> np.ndarray:
+        """``host`` (contiguous) in pinned memory: itself where it lies in memory
+        pinned and filled ahead (``pinned_ahead.holds``), else a copy."""
+        ahead = getattr(self, "pinned_ahead", None)
+        if ahead is not None and ahead.holds(host):
+            return host
+        buf = self._pinned(host.size, host.dtype)
+        buf[...] = host.ravel()
+        return buf
 
     def _upload(self, host: np.ndarray):
         cp = self.cp
         if host.size == 0:
             host = np.zeros(1, dtype=host.dtype)
-        buf = self._pinned(host.size, host.dtype)
-        buf[...] = host.ravel()
+        buf = self._pinned_copy(host)
         out = cp.empty(host.size, dtype=host.dtype)
         out.set(buf, stream=self.stream)
         return out, buf      # keep buf alive until the stream passed the copy

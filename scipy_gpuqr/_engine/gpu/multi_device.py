@@ -38,6 +38,11 @@ replay, as for staged one-GPU factorizations); dense fronts factorized on
 another GPU (and their ``T``) are copied to it, since their products run
 through cuBLAS there.
 
+The host memory the devices' threads pin (each layer's maps, each stage's S
+entries and records, R's staging slots) is sized from the plan and the
+schedule and pinned before the threads start (:class:`PinnedAhead`, the
+blocks kept for later calls): pinning while they enqueue stalls all of them.
+
 Several layers may share one physical GPU (``devices=[0, 0]``): each has
 its own streams, so the multi-device path runs, and is tested, on one GPU;
 with :class:`~.device.NumpyDevice` layers it runs on the host (CI).
@@ -68,21 +73,21 @@ from ..._schedule.devices import (DevicePlan, defer_carried_packs, map_devices,
                                   remember_mapping_seconds, remember_speeds,
                                   remembered_speeds)
 from ..._schedule.sparse import build_schedule
-from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE
+from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE, TASK_BYTES
 from ..dense_front import DenseFront, panels_of
 from ..host.reference import task_list_input
 from ..host.simulate import one_blas_thread
 from ..split_front import NumpySplit, run_split
 from . import driver
-from .device import CupyDevice
-from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, final_entries, staging_for,
-                    touched)
+from .device import CupyDevice, pinned_pool_cap
+from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, PinnedStaging, final_entries,
+                    staging_for, touched)
 from .rlayout import r_layout
 from .split_front import CupySplit, SplitResources, enable_peers
 from .stage_loop import stage_reflector_records
 
 __all__ = ["multi_gpu_factorize", "cupy_layers", "device_count", "measured_speeds",
-           "speeds_key", "interpreter_switch"]
+           "speeds_key", "interpreter_switch", "PinnedAhead", "pinned_needs"]
 
 _log = logging.getLogger("scipy_gpuqr")
 
@@ -133,6 +138,339 @@ SPEED_RANGE = (0.25, 4.0)
 #: unless changed): a device thread that took its call's time back from a thread
 #: running Python waits at most this long for the interpreter's lock.
 SWITCH_INTERVAL = 2e-4
+
+
+#: Alignment (bytes) of every slice :class:`PinnedAhead` hands out.
+PINNED_ALIGN = 512
+
+#: Bytes a block of :class:`PinnedAhead` is rounded up to when newly pinned: a
+#: later call whose plan moved a little (a new mapping) fits the kept block.
+PINNED_BLOCK_CLASS = 64 << 20
+
+#: Bytes of slack in each layer's lane of :class:`PinnedAhead` beyond what its
+#: stages are sized to ask for.
+PINNED_LANE_SLACK = 1 << 20
+
+#: Share of the host's physical memory that the blocks :class:`PinnedAhead` keeps
+#: between calls may hold, and how many blocks (the smallest are let go of first).
+PINNED_KEEP_SHARE = 1 / 16
+PINNED_KEEP_BLOCKS = 4
+
+
+def _pinned_bytes(nbytes: int) -> np.ndarray:
+    """``nbytes`` of pinned host memory (``uint8``) from CuPy's pinned pool."""
+    import cupyx
+    return cupyx.empty_pinned((max(int(nbytes), 1),), dtype=np.uint8)
+
+
+def _align(nbytes: int) -> int:
+    return -(-max(int(nbytes), 0) // PINNED_ALIGN) * PINNED_ALIGN
+
+
+def _physical_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+class _KeptBlocks:
+    """Pinned blocks of earlier multi-device calls, lent to later ones.
+
+    Pinning host memory (``cudaHostAlloc``) takes time in proportion to its
+    size, and while it runs every device's thread of a call stalls; CuPy's
+    pinned pool gives a block back only for a request of its exact size and is
+    emptied by ``free_all_blocks``. The blocks are kept here between calls
+    (at most :data:`PINNED_KEEP_BLOCKS` blocks and :data:`PINNED_KEEP_SHARE` of
+    the physical memory): a later call, of any pattern, pins nothing where
+    kept blocks are large enough.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle = []                 # blocks no call holds
+
+    def lend(self, nbytes: int) -> tuple:
+        """``(block, newly pinned bytes)``: the smallest idle kept block of at least
+        ``nbytes``, else a new one (rounded up to :data:`PINNED_BLOCK_CLASS`)."""
+        nbytes = max(int(nbytes), 1)
+        with self._lock:
+            fit = [b for b in self._idle if b.size >= nbytes]
+            if fit:
+                block = min(fit, key=lambda b: b.size)
+                self._idle = [b for b in self._idle if b is not block]
+                return block, 0
+        size = -(-nbytes // PINNED_BLOCK_CLASS) * PINNED_BLOCK_CLASS
+        return _pinned_bytes(size), size
+
+    def give_back(self, blocks) -> None:
+        """Blocks no longer read or written by any device: kept for later calls,
+        the smallest dropped while the kept ones pass their share."""
+        cap = PINNED_KEEP_SHARE * _physical_bytes()
+        with self._lock:
+            self._idle.extend(blocks)
+            self._idle.sort(key=lambda b: b.size, reverse=True)
+            while self._idle and (sum(b.size for b in self._idle) > cap
+                                  or len(self._idle) > PINNED_KEEP_BLOCKS):
+                self._idle.pop()
+
+    def clear(self) -> None:
+        """Drop every idle block (CuPy's pinned pool then holds them as free)."""
+        with self._lock:
+            self._idle = []
+
+    @property
+    def kept_bytes(self) -> int:
+        with self._lock:
+            return int(sum(b.size for b in self._idle))
+
+
+_KEPT = _KeptBlocks()
+
+
+def kept_pinned_bytes() -> int:
+    """Bytes of pinned host memory kept for later multi-device calls."""
+    return _KEPT.kept_bytes
+
+
+def release_kept_pinned() -> None:
+    """Let go of the pinned blocks kept for later multi-device calls (CuPy's
+    pinned pool holds them as free blocks afterwards: ``free_all_blocks`` frees
+    them)."""
+    _KEPT.clear()
+
+
+def pinned_needs(analysis, plan, layers, dtype, r_slot: int, sched=None) -> dict:
+    """What the devices' threads of a call pin, sized from the plan before they start.
+
+    Parameters
+    ----------
+    analysis, plan : the call's analysis and device plan
+    layers : list
+        The device layers; a layer with a ``pinned_ahead`` attribute takes
+        its pinned buffers from a lane of :class:`PinnedAhead` (its stages'
+        records buffers, and a slice for an empty S upload), a CUDA layer's
+        stages also get R's staging slots.
+    dtype : numpy dtype of the values
+    r_slot : int
+        The R copiers' slot bytes.
+    sched : Schedule, optional
+        The call's schedule (its stages' records size the lanes); None: the
+        lanes are left for :func:`lane_needs`.
+
+    Returns
+    -------
+    dict
+        ``shared``: ``(name, elements, dtype)`` filled once and read by every
+        layer (the maps, the S entries' indices and values; empty where no
+        layer takes from a lane); ``staging``: stage -> bytes of each of its two
+        R slots; ``lanes``: per layer the bytes of its lane (0: none; None
+        without ``sched``).
+    """
+    fs = analysis.fronts
+    isz = np.dtype(dtype).itemsize
+    takers = [hasattr(layer, "pinned_ahead") for layer in layers]
+    shared = []
+    if any(takers):
+        shared = [("maps", int(len(fs.rimap) + len(fs.rjmap)), np.dtype(np.int64)),
+                  ("s_index", int(len(fs.s_index)), np.dtype(np.int64)),
+                  ("s_value", int(len(fs.s_nz)), np.dtype(dtype))]
+    fr = np.asarray(fs.frank, dtype=np.int64)
+    fn = np.asarray(fs.fn, dtype=np.int64)
+    rows = fr * fn - fr * (fr - 1) // 2          # R's entries of a front, at most
+    staging = {}
+    for sid, (first, last) in enumerate(plan.stages):
+        k = int(plan.stage_device[sid])
+        if k < len(layers) and takers[k] and getattr(layers[k], "cp", None) is not None:
+            nr = int(rows[int(first): int(last) + 1].sum())
+            staging[sid] = _align(min(int(r_slot), max(nr, 1) * isz))
+    return {"shared": shared, "staging": staging,
+            "lanes": None if sched is None else lane_needs(plan, sched, layers)}
+
+
+def lane_needs(plan, sched, layers) -> list:
+    """Per layer the bytes of its lane of :class:`PinnedAhead` (0 for a layer
+    without ``pinned_ahead``): what :meth:`~.device.CupyDevice.begin_stage` pins
+    for each of its stages (the records' buffer; a slice for each empty S
+    upload), with :data:`PINNED_LANE_SLACK`."""
+    lanes = [0] * len(layers)
+    for sid, st in enumerate(sched.stages):
+        k = int(plan.stage_device[sid])
+        if k < len(layers) and hasattr(layers[k], "pinned_ahead"):
+            lanes[k] += _align(max(int(st.ntasks), 1) * TASK_BYTES) + 2 * PINNED_ALIGN
+    return [n + PINNED_LANE_SLACK + PINNED_ALIGN if hasattr(layer, "pinned_ahead") else 0
+            for n, layer in zip(lanes, layers)]
+
+
+class PinnedAhead:
+    """Pinned host memory of one multi-device call, allocated before its devices'
+    threads start and handed out in slices while they run.
+
+    Pinning memory while the devices' threads enqueue stalls every one of
+    them for as long as the pinning takes (a stage's records and S buffers,
+    each layer's maps, the R copiers' staging slots). Here they come from at
+    most two blocks lent by the
+    process' kept blocks (:class:`_KeptBlocks`; pinned now where none is
+    large enough): the shared part (the maps and the S entries, filled once
+    and uploaded by every layer from where they lie, and the stages' R
+    staging slots) and the layers' lanes (each stage's records buffer, taken
+    in the order its layer asks). A request a lane cannot serve is pinned
+    then and counted (:attr:`during_run`).
+
+    Parameters
+    ----------
+    needs : dict
+        :func:`pinned_needs`.
+    """
+
+    def __init__(self, needs: dict):
+        self.needs = needs
+        self._lock = threading.Lock()
+        self.blocks = []
+        self._block_bytes = 0
+        self.new_bytes = 0              # pinned by this call (not lent from kept blocks)
+        self.seconds = 0.0              # pinning and filling
+        self.during_run = {"allocations": 0, "bytes": 0}
+        self.shared = {}
+        self._stagings = {}
+        self._lanes = []
+        self._span = []                 # (first, end) addresses of the shared part
+
+    @property
+    def shared_bytes(self) -> int:
+        return int(sum(_align(n * dt.itemsize) for _, n, dt in self.needs["shared"]))
+
+    @property
+    def staging_bytes(self) -> int:
+        return int(sum(2 * b for b in self.needs["staging"].values()))
+
+    @property
+    def lane_bytes(self) -> int:
+        return int(sum(self.needs["lanes"] or ()))
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(b.size for b in self.blocks))
+
+    def _lend(self, nbytes):
+        block, new = _KEPT.lend(nbytes)
+        with self._lock:
+            self.blocks.append(block)
+            self._block_bytes += int(block.size)
+            self.new_bytes += int(new)
+        return block
+
+    def make_shared(self, fill) -> None:
+        """The shared part pinned (or lent) and filled: ``fill(name, out)`` writes
+        each of ``needs['shared']`` into its pinned array; the R stagings cut."""
+        t0 = time.perf_counter()
+        total = self.shared_bytes + self.staging_bytes
+        if total:
+            block = self._lend(total)
+            pos = 0
+            a0 = block.ctypes.data
+            for name, n, dt in self.needs["shared"]:
+                arr = block[pos: pos + n * dt.itemsize].view(dt)
+                fill(name, arr)
+                self.shared[name] = arr
+                pos += _align(n * dt.itemsize)
+            self._span = [(a0, a0 + pos)]
+            for sid, b in sorted(self.needs["staging"].items()):
+                slots = [block[pos: pos + b], block[pos + b: pos + 2 * b]]
+                self._stagings[sid] = PinnedStaging(b, slots=slots)
+                pos += 2 * b
+        self.seconds += time.perf_counter() - t0
+
+    def make_lanes(self, sizes, pin: bool = True) -> None:
+        """The layers' lanes (``sizes``: :func:`lane_needs`) pinned (or lent); with
+        ``pin`` False, lanes without memory (every request pinned then, and
+        counted: the lanes would pass the pinned memory's cap)."""
+        t0 = time.perf_counter()
+        self.needs["lanes"] = [int(n) for n in sizes]
+        total = sum(self.needs["lanes"])
+        block = self._lend(total) if total and pin else None
+        pos = 0
+        self._lanes = []
+        for n in self.needs["lanes"]:
+            self._lanes.append(_Lane(self, block[pos: pos + n] if n and block is not None
+                                     else None))
+            pos += n
+        self.seconds += time.perf_counter() - t0
+
+    def lane(self, k):
+        """Layer ``k``'s lane (``take``, ``holds``), or None where it has none."""
+        if k >= len(self._lanes) or not self.needs["lanes"][k]:
+            return None
+        return self._lanes[k]
+
+    def holds(self, arr) -> bool:
+        """Whether ``arr`` lies in the shared part (pinned and filled ahead)."""
+        a = arr.ctypes.data
+        return any(lo <= a and a + arr.nbytes <= hi for lo, hi in self._span)
+
+    def staging(self, sid):
+        """Stage ``sid``'s R staging, locked for its copier; None where none was
+        made ahead."""
+        st = self._stagings.get(sid)
+        if st is not None:
+            st.lock.acquire()
+        return st
+
+    def missed(self, nbytes: int) -> None:
+        with self._lock:
+            self.during_run["allocations"] += 1
+            self.during_run["bytes"] += int(nbytes)
+
+    def give_back(self) -> None:
+        """The blocks back to the kept ones (every device done with them)."""
+        blocks, self.blocks = self.blocks, []
+        self._stagings, self._lanes, self.shared, self._span = {}, [], {}, []
+        if blocks:
+            _KEPT.give_back(blocks)
+
+    def drop(self) -> None:
+        """The blocks let go of (a device may still use them: never lent again)."""
+        self.blocks = []
+        self._stagings, self._lanes, self.shared, self._span = {}, [], {}, []
+
+    def info(self) -> dict:
+        """``info["pinned_ahead"]``: bytes served from memory pinned before the
+        devices' threads started (the shared part, the stagings, the lanes),
+        the blocks' bytes and of them those pinned by this call (0: all lent
+        from kept blocks), seconds pinning and filling, and the pinned
+        allocations still made while the devices ran (``during_run``)."""
+        lanes = [int(x) for x in (self.needs["lanes"] or ())]
+        laned = any(x.block is not None for x in self._lanes) if self._lanes else False
+        return {"bytes": int(self.shared_bytes + self.staging_bytes
+                             + (sum(lanes) if laned else 0)),
+                "block_bytes": int(self._block_bytes), "pinned_now_bytes": int(self.new_bytes),
+                "shared_bytes": self.shared_bytes, "staging_bytes": self.staging_bytes,
+                "lane_bytes": lanes if laned else [0] * len(lanes),
+                "seconds": float(self.seconds),
+                "during_run": dict(self.during_run)}
+
+
+class _Lane:
+    """One layer's slices of :class:`PinnedAhead`, taken in the order it asks
+    (its thread alone takes from it)."""
+
+    def __init__(self, ahead, block):
+        self.ahead, self.block, self.pos = ahead, block, 0
+
+    def take(self, n: int, dtype) -> np.ndarray:
+        """``n`` elements of ``dtype``: the lane's next slice, or pinned now (counted)."""
+        dt = np.dtype(dtype)
+        nbytes = max(int(n), 1) * dt.itemsize
+        end = self.pos + _align(nbytes)
+        if self.block is not None and end <= self.block.size:
+            out = self.block[self.pos: self.pos + nbytes].view(dt)
+            self.pos = end
+            return out
+        self.ahead.missed(nbytes)
+        return _pinned_bytes(nbytes)[:nbytes].view(dt)
+
+    def holds(self, arr) -> bool:
+        return self.ahead.holds(arr)
 
 
 def device_count() -> int:
@@ -561,7 +899,11 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         per device, modelled and (CUDA) measured seconds, and per device its
         enqueueing thread's seconds on the front and, of them, waiting for the
         other devices' threads (``enqueue_seconds``); a front chosen but
-        factorized on its device alone has a ``"fallback"`` saying why.
+        factorized on its device alone has a ``"fallback"`` saying why;
+        ``info["pinned_ahead"]``: the pinned host memory made ready before the
+        devices' threads started (:meth:`PinnedAhead.info`: bytes, of them
+        pinned by this call, seconds, and the pinned allocations still made
+        while they ran, ``during_run``; None where no layer pins).
     """
     t_start = time.perf_counter()
     Ac, analysis, out = task_list_input(A, analysis, tol, max_gpu_memory, "gpu",
@@ -672,22 +1014,40 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
          dense_cpl, dtype, t_start, split_dense=None, split_model=None,
          r_slot_bytes=None, switch=None):
     t0 = time.perf_counter()
+    r_slot = int(r_slot_bytes) if r_slot_bytes is not None else _r_slot_bytes(plan)
+    # the pinned memory the devices' threads use, its shared part pinned (or lent)
+    # and filled on a worker while the schedule is built (:class:`PinnedAhead`)
+    ahead = None                        # no layer takes pinned memory ahead
+    if any(hasattr(x, "pinned_ahead") for x in layers):
+        pinner = ThreadPoolExecutor(max_workers=1)
+        try:
+            ahead = pinner.submit(_pin_shared, Ac, analysis, plan, layers,
+                                  layers[0].dtype, r_slot)
+        finally:
+            pinner.shutdown(wait=False)
     # the plan's split fronts are dense fronts whatever dense_flops chose (split
     # or not: split_dense=False with the same plan gives the same fronts)
     extra = sorted(plan.split) if dense_flops is not None else None
-    sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
-                           max_tasks=max_tasks, plan=plan.stage_plan(),
-                           dense_flops=dense_flops, dense_columns_per_launch=dense_cpl,
-                           dense_extra=extra)
-    model = split_model if split_model is not None else SplitModel()
-    split = split_choice(analysis, plan, sched, layers, split_dense, model)
+    try:
+        sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
+                               max_tasks=max_tasks, plan=plan.stage_plan(),
+                               dense_flops=dense_flops, dense_columns_per_launch=dense_cpl,
+                               dense_extra=extra)
+        model = split_model if split_model is not None else SplitModel()
+        split = split_choice(analysis, plan, sched, layers, split_dense, model)
+    except BaseException:
+        if ahead is not None:
+            _release_ahead(ahead.result(), layers, ok=True)
+        raise
     t1 = time.perf_counter()
+    ahead, pin_wait = _pin_lanes(ahead, plan, sched, layers)
     helper = ThreadPoolExecutor(max_workers=1)
     # the CUDA layers' R copy slots for this run (restored after: a fallback to one
     # GPU on the first layer copies as the one-GPU engine does)
     cuda = [x for x in layers if getattr(x, "cp", None) is not None]
     saved = [(getattr(x, "r_copy_slot_bytes", SLOT_BYTES),
               getattr(x, "r_copy_min_chunk_bytes", MIN_CHUNK_BYTES)) for x in cuda]
+    ok = False
     try:
         host_side = helper.submit(_host_side, analysis, [st.fronts for st in sched.stages])
         # then, while the devices run: the array R's values land in, its pages
@@ -695,33 +1055,118 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
         # in), and a fresh copy of R's pattern (read by R's assembly only)
         data = helper.submit(lambda: touched(host_side.result()[0].nnz, dtype))
         pattern = helper.submit(lambda: host_side.result()[0].pattern_copy())
-        run = _MultiStageRun(Ac, analysis, plan, layers, sched, host_side, dtype)
+        run = _MultiStageRun(Ac, analysis, plan, layers, sched, host_side, dtype,
+                             ahead=ahead)
         run.r = _RData(len(layers), dtype, data)
-        if r_slot_bytes is not None:
-            run.r_slot = int(r_slot_bytes)
+        run.r_slot = r_slot
         for x in cuda:
             x.r_copy_slot_bytes, x.r_copy_min_chunk_bytes = run.r_slot, run.r_slot // 2
         run.t_call = t_start
         run.split, run.split_model = split, model
+        for k, x in enumerate(layers):      # each layer's lane, while its thread runs
+            if hasattr(x, "pinned_ahead"):
+                x.pinned_ahead = None if ahead is None else ahead.lane(k)
         t_devices = time.perf_counter()
-        with interpreter_switch(switch):
-            run.run_devices()
+        try:
+            with interpreter_switch(switch):
+                run.run_devices()
+        finally:
+            for x in layers:
+                if hasattr(x, "pinned_ahead"):
+                    x.pinned_ahead = None
         t2 = time.perf_counter()
         layout = host_side.result()[0]
         pattern = pattern.result()
+        ok = True
     finally:
         helper.shutdown(wait=True)
         for x, (slot, chunk) in zip(cuda, saved):
             x.r_copy_slot_bytes, x.r_copy_min_chunk_bytes = slot, chunk
+        pinned = None if ahead is None else ahead.info()
+        _release_ahead(ahead, layers, ok)
     R = run.finish_r(Ac, layout, pattern)
     t3 = time.perf_counter()
-    return run.result(Ac, layout, R, seconds={
+    out = run.result(Ac, layout, R, seconds={
         "schedule": t1 - t0, "enqueue": max(run.t_enqueue, default=0.0),
         "factorize": t2 - t1, "assemble_R": t3 - t2, "total": t3 - t_start,
         # from the call's start until the devices' enqueueing began (their layers
         # started: maps uploaded, VT pools allocated)
         "devices_start": t_devices - t_start,
+        # waiting after the schedule for the pinned memory's shared part
+        "pin_wait": pin_wait,
         "wait_blocks": max(run.t_wait_blocks, default=0.0)})
+    out.info["pinned_ahead"] = pinned
+    return out
+
+
+def _pin_shared(Ac, analysis, plan, layers, dtype, r_slot):
+    """:class:`PinnedAhead` with its shared part (the maps and S entries, filled;
+    the R stagings) made; None where no layer takes pinned memory ahead, or
+    where the shared part alone passes :func:`~.device.pinned_pool_cap` or
+    cannot be pinned (the layers then pin as they go)."""
+    needs = pinned_needs(analysis, plan, layers, dtype, r_slot)
+    if not needs["shared"]:
+        return None
+    ahead = PinnedAhead(needs)
+    if ahead.shared_bytes + ahead.staging_bytes > pinned_pool_cap():
+        return None
+    fs = analysis.fronts
+    nr = len(fs.rimap)
+
+    def fill(name, out):
+        if name == "maps":
+            out[:nr] = fs.rimap
+            out[nr:] = fs.rjmap
+        elif name == "s_index":
+            out[...] = fs.s_index
+        else:
+            out[...] = Ac.data[fs.s_nz]
+    try:
+        ahead.make_shared(fill)
+    except Exception:                   # noqa: BLE001 - cudaHostAlloc refused: pin as we go
+        ahead.drop()
+        return None
+    return ahead
+
+
+def _pin_lanes(pending, plan, sched, layers):
+    """``(ahead, seconds waited)``: the shared part waited for, the layers' lanes
+    pinned (or lent; without memory where all of it would pass
+    :func:`~.device.pinned_pool_cap`: each request is then pinned and counted)."""
+    if pending is None:
+        return None, 0.0
+    t0 = time.perf_counter()
+    ahead = pending.result()
+    waited = time.perf_counter() - t0
+    if ahead is not None:
+        sizes = lane_needs(plan, sched, layers)
+        fits = (ahead.shared_bytes + ahead.staging_bytes + sum(sizes)) <= pinned_pool_cap()
+        try:
+            ahead.make_lanes(sizes, pin=fits)
+        except Exception:               # noqa: BLE001 - cudaHostAlloc refused
+            ahead.make_lanes(sizes, pin=False)
+    return ahead, waited
+
+
+def _release_ahead(ahead, layers, ok: bool) -> None:
+    """The pinned blocks back to the kept ones once no device reads or writes
+    them (the layers' streams waited for); let go of where that cannot be
+    known (a device failed)."""
+    if ahead is None:
+        return
+    try:
+        for layer in layers:
+            cp = getattr(layer, "cp", None)
+            if cp is not None:
+                with _on(layer):
+                    layer.stream.synchronize()
+                    layer.copy_stream.synchronize()
+    except Exception:                   # noqa: BLE001 - a failed device: never lend again
+        ok = False
+    if ok:
+        ahead.give_back()
+    else:
+        ahead.drop()
 
 
 def _gpus(layers) -> set:
@@ -794,14 +1239,22 @@ def _settle(cp, device_ids) -> None:
 class _MultiStageRun:
     """The stages of one factorization on their devices, and what they leave for R and Q."""
 
-    def __init__(self, Ac, analysis, plan, layers, sched, host_side, dtype):
+    def __init__(self, Ac, analysis, plan, layers, sched, host_side, dtype, ahead=None):
         fs = analysis.fronts
         self.analysis, self.fs, self.plan, self.layers, self.sched = (analysis, fs, plan,
                                                                      layers, sched)
         self.host_side, self.dtype = host_side, dtype
-        self.vals = Ac.data.astype(layers[0].dtype)[fs.s_nz]
-        #: every layer's maps (uploaded as its enqueueing starts)
-        self.maps = np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64)
+        #: the call's pinned memory allocated ahead (:class:`PinnedAhead`; None: none)
+        self.ahead = ahead
+        if ahead is not None and ahead.shared:      # pinned and filled ahead
+            self.vals = ahead.shared["s_value"]
+            self.s_index = ahead.shared["s_index"]
+            #: every layer's maps (uploaded as its enqueueing starts)
+            self.maps = ahead.shared["maps"]
+        else:
+            self.vals = Ac.data.astype(layers[0].dtype)[fs.s_nz]
+            self.s_index = fs.s_index
+            self.maps = np.concatenate([fs.rimap, fs.rjmap]).astype(np.int64)
         self.xfer = _Transfers()
         self.pools = {}
         self.dense_parts = {}
@@ -977,8 +1430,10 @@ class _MultiStageRun:
         if getattr(layer, "cp", None) is None:
             return layer.open_r_copy(h["pool"], gidx, layout, final=_final), pos
         sink = functools.partial(self.r.put, k, pos)
-        return (CupyRCopy(layer, h["pool"], gidx, staging_for(layout, self.r_slot), _final,
-                          sink=sink), None)
+        staging = None if self.ahead is None else self.ahead.staging(sid)
+        if staging is None:
+            staging = staging_for(layout, self.r_slot)
+        return CupyRCopy(layer, h["pool"], gidx, staging, _final, sink=sink), None
 
     def _stage(self, sid, st, k, layer):
         """Enqueue one stage on its layer (with its device current), waiting on
@@ -996,7 +1451,7 @@ class _MultiStageRun:
         t = t_stage = clock()
         st, carry_at = defer_carried_packs(st, fs.parent)
         s0, s1 = st.s_range
-        h = layer.begin_stage(st, fs.s_index[s0:s1], self.vals[s0:s1], [])
+        h = layer.begin_stage(st, self.s_index[s0:s1], self.vals[s0:s1], [])
         copier = pos = None
         idle = []
         t, parts["begin"] = clock(), parts["begin"] + clock() - t

@@ -228,14 +228,23 @@ class PinnedStaging:
     The slots are allocated where they are first asked for (:attr:`slots`):
     on the copy's worker thread, while the launches run. The allocation (two
     ``cudaHostAlloc`` of up to :data:`SLOT_BYTES`, some 30 ms) is then not
-    made on the caller's thread before a new process's first launch.
+    made on the caller's thread before a new process's first launch. Given
+    ``slots`` (two ``uint8`` arrays of at least ``nbytes`` in pinned memory
+    allocated ahead: a multi-device call's, made before its devices' threads
+    start) nothing is allocated.
     """
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, slots=None):
         self.nbytes = int(nbytes)
         self.lock = threading.Lock()
         self._made = threading.Lock()
         self._slots = None
+        if slots is not None:
+            slots = [s[:self.nbytes] for s in slots]
+            if len(slots) != 2 or any(s.dtype != np.uint8 or s.size < self.nbytes
+                                      for s in slots):
+                raise ValueError(f"PinnedStaging: two uint8 slots of {self.nbytes} bytes")
+            self._slots = slots
 
     @property
     def slots(self) -> list:

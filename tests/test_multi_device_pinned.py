@@ -1,0 +1,367 @@
+"""A multi-device call's pinned host memory allocated before its devices' threads start
+(:class:`~scipy_gpuqr._engine.gpu.multi_device.PinnedAhead`), on the CPU.
+
+Pinning host memory while the devices' threads enqueue stalls all of them. The
+call sizes what they pin from the plan and the schedule, pins it (or takes the
+blocks an earlier call left) before the threads start, and hands it out in
+slices. Here the pinning is a fake (NumPy memory, every call noted) and the
+device layers are NumPy layers that ask for pinned memory as
+:class:`~scipy_gpuqr._engine.gpu.device.CupyDevice` does (its own ``_pinned`` and
+``_pinned_copy``); a fake CuPy module checks that ``CupyDevice.start`` and
+``begin_stage`` ask for no more than their lanes hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from scipy_gpuqr._engine.gpu import multi_device as md
+from scipy_gpuqr._engine.gpu.device import CupyDevice, NumpyDevice
+from scipy_gpuqr._engine.gpu.multi_device import (PINNED_ALIGN, PinnedAhead, lane_needs,
+                                                  multi_gpu_factorize, pinned_needs)
+from scipy_gpuqr._engine.gpu.rcopy import PinnedStaging
+from scipy_gpuqr._schedule.devices import map_devices
+from scipy_gpuqr._schedule.sparse import build_schedule
+from scipy_gpuqr._schedule.tasks import TASK_BYTES
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
+
+
+class _Pins:
+    """The fake pinning: NumPy bytes, each call noted with whether a device's
+    thread had started then."""
+
+    def __init__(self):
+        self.calls = []                 # (bytes, a device thread started already)
+        self.started = threading.Event()
+        self.lock = threading.Lock()
+
+    def __call__(self, nbytes):
+        with self.lock:
+            self.calls.append((int(nbytes), self.started.is_set()))
+        return np.empty(max(int(nbytes), 1), dtype=np.uint8)
+
+
+@pytest.fixture
+def pins(monkeypatch):
+    """The fake pinning, a fresh store of kept blocks, and lanes without slack (sized
+    as tightly as the layers ask)."""
+    p = _Pins()
+    monkeypatch.setattr(md, "PINNED_LANE_SLACK", 0)
+    monkeypatch.setattr(md, "_pinned_bytes", p)
+    monkeypatch.setattr(md, "_KEPT", md._KeptBlocks())
+    return p
+
+
+class _PinningLayer(NumpyDevice):
+    """A NumPy layer asking for pinned host memory where ``CupyDevice`` does: its
+    maps' upload as it starts, per stage the S entries' two uploads and the
+    records' buffer (through ``CupyDevice``'s own ``_pinned`` and
+    ``_pinned_copy``, so its lane serves them)."""
+
+    _pinned = CupyDevice._pinned
+    _pinned_copy = CupyDevice._pinned_copy
+
+    def __init__(self, *a, pins=None, **k):
+        super().__init__(*a, **k)
+        self.pinned_ahead = None
+        self.pins = pins
+        self.asked = 0                  # requests made to the lane
+        self.shared = 0                 # uploads served where the data lie pinned
+
+    def _up(self, host):
+        if host.size == 0:
+            host = np.zeros(1, dtype=host.dtype)
+        assert self.pinned_ahead is not None, "a request outside the devices' run"
+        if self.pinned_ahead.holds(host):
+            self.shared += 1
+        else:
+            self.asked += 1
+        buf = self._pinned_copy(host)
+        assert np.array_equal(buf, host.ravel())
+
+    def start(self, maps, vt_size):
+        if self.pins is not None:
+            self.pins.started.set()
+        super().start(maps, vt_size)
+        self._up(np.ascontiguousarray(maps, dtype=np.int64))
+
+    def begin_stage(self, st, s_index, s_value, carried):
+        h = super().begin_stage(st, s_index, s_value, carried)
+        self._up(np.ascontiguousarray(s_index, dtype=np.int64))
+        self._up(np.ascontiguousarray(s_value, dtype=self.dtype))
+        self.asked += 1
+        rec = self._pinned(max(int(st.ntasks), 1) * TASK_BYTES, np.uint8)
+        assert rec.nbytes == max(int(st.ntasks), 1) * TASK_BYTES
+        return h
+
+
+def _cases():
+    yield "grid7", grid3d_least_squares(7).astype(np.float64)
+    yield "chess", chessboard_boundary(5, 6, 2).astype(np.float64)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_every_pin_before_the_devices_threads(pins, k):
+    """The layers' every request is served from memory pinned before the first
+    device thread started: none during the run, the same R as plain NumPy
+    layers; ``info['pinned_ahead']`` says what was pinned and that nothing was
+    during the run."""
+    for name, A in _cases():
+        an = analyze(A)
+        plain = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(k)],
+                                    device_speeds=None)
+        assert plain.info["pinned_ahead"] is None
+        pins.calls.clear()
+        pins.started.clear()
+        md.release_kept_pinned()            # the last case's blocks: pinned anew here
+        layers = [_PinningLayer(32, 3, pins=pins) for _ in range(k)]
+        many = multi_gpu_factorize(A, an, layers=layers, device_speeds=None)
+        assert np.array_equal(many.R.toarray(), plain.R.toarray()), name
+        info = many.info["pinned_ahead"]
+        assert info["during_run"] == {"allocations": 0, "bytes": 0}, name
+        assert pins.calls and not any(during for _, during in pins.calls), pins.calls
+        fs = an.fronts
+        maps = (len(fs.rimap) + len(fs.rjmap)) * 8
+        assert info["shared_bytes"] >= maps + len(fs.s_index) * 8 + len(fs.s_nz) * 8
+        assert info["staging_bytes"] == 0           # NumPy layers copy R themselves
+        assert len(info["lane_bytes"]) == k and all(b > 0 for b in info["lane_bytes"])
+        assert info["bytes"] == info["shared_bytes"] + sum(info["lane_bytes"])
+        assert info["block_bytes"] >= info["bytes"]
+        assert sum(n for n, _ in pins.calls) == info["pinned_now_bytes"] > 0
+        # every stage asked its lane for its records, the maps and S entries came
+        # from where they lie pinned
+        stages = many.info["stages"]
+        assert sum(x.asked for x in layers) >= stages
+        assert sum(x.shared for x in layers) >= k + stages
+        assert all(x.pinned_ahead is None for x in layers)     # handed back after the run
+
+
+def test_a_later_call_pins_nothing(pins):
+    """The blocks are kept after the call: the next call (here of the same
+    pattern, then of a smaller one) pins nothing at all."""
+    A = grid3d_least_squares(7).astype(np.float64)
+    an = analyze(A)
+    first = multi_gpu_factorize(A, an, layers=[_PinningLayer(32, 3) for _ in range(2)],
+                                device_speeds=None)
+    n_first = len(pins.calls)
+    assert first.info["pinned_ahead"]["pinned_now_bytes"] > 0
+    assert md.kept_pinned_bytes() == first.info["pinned_ahead"]["block_bytes"]
+    for B in (A, grid3d_least_squares(5).astype(np.float64)):
+        again = multi_gpu_factorize(B, analyze(B), layers=[_PinningLayer(32, 3)
+                                                           for _ in range(2)],
+                                    device_speeds=None)
+        info = again.info["pinned_ahead"]
+        assert info["pinned_now_bytes"] == 0 and len(pins.calls) == n_first
+        assert info["during_run"]["allocations"] == 0
+    md.release_kept_pinned()
+    assert md.kept_pinned_bytes() == 0
+
+
+def test_requests_past_a_lane_are_pinned_and_counted(pins, monkeypatch):
+    """Lanes sized too small (here: empty): each request past one is pinned while
+    the devices run, and counted; the answer is the same."""
+    A = grid3d_least_squares(7).astype(np.float64)
+    an = analyze(A)
+    plain = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(2)],
+                                device_speeds=None)
+    monkeypatch.setattr(md, "lane_needs",
+                        lambda plan, sched, layers: [PINNED_ALIGN] * len(layers))
+    layers = [_PinningLayer(32, 3, pins=pins) for _ in range(2)]
+    many = multi_gpu_factorize(A, an, layers=layers, device_speeds=None)
+    assert np.array_equal(many.R.toarray(), plain.R.toarray())
+    run = many.info["pinned_ahead"]["during_run"]
+    assert run["allocations"] == sum(x.asked for x in layers) > 0
+    during = [n for n, d in pins.calls if d]
+    assert len(during) == run["allocations"] and sum(during) == run["bytes"]
+
+
+def test_a_failed_run_never_lends_its_blocks_again(pins):
+    """A device that failed may still use its memory: the call's blocks are not kept."""
+    class _Failing(_PinningLayer):
+        def launch(self, h, L, records):
+            raise RuntimeError("test: this layer fails")
+
+    A = grid3d_least_squares(7).astype(np.float64)
+    with pytest.raises(RuntimeError, match="this layer fails"):
+        multi_gpu_factorize(A, analyze(A), layers=[_Failing(32, 3) for _ in range(2)],
+                            device_speeds=None)
+    assert md.kept_pinned_bytes() == 0
+
+
+class _CudaLike:
+    """A layer that looks like a CUDA one to the sizing (``cp`` and ``pinned_ahead``)."""
+
+    cp = object()
+    pinned_ahead = None
+    dtype = np.dtype(np.float64)
+
+
+def test_stagings_cut_from_the_shared_block(pins):
+    """Each stage of a CUDA layer has its two R slots ahead: the R copier's
+    :class:`PinnedStaging` is handed out locked and its slots pin nothing; a
+    slot is the R slot or the stage's R bytes, whichever is fewer."""
+    A = grid3d_least_squares(8).astype(np.float64)
+    an = analyze(A)
+    plan = map_devices(an, 2)
+    layers = [_CudaLike(), _CudaLike()]
+    r_slot = 1 << 16
+    needs = pinned_needs(an, plan, layers, np.float64, r_slot)
+    fs = an.fronts
+    fr, fn = fs.frank.astype(np.int64), fs.fn.astype(np.int64)
+    assert sorted(needs["staging"]) == list(range(len(plan.stages)))
+    for sid, (a, b) in enumerate(plan.stages):
+        nr = int((fr[a:b + 1] * fn[a:b + 1] - fr[a:b + 1] * (fr[a:b + 1] - 1) // 2).sum())
+        assert needs["staging"][sid] == md._align(min(r_slot, max(nr, 1) * 8))
+    ahead = PinnedAhead(needs)
+    ahead.make_shared(lambda name, out: out.fill(0))
+    n_pins = len(pins.calls)
+    assert n_pins == 1                          # one block for all of it
+    seen = set()
+    for sid in needs["staging"]:
+        st = ahead.staging(sid)
+        assert isinstance(st, PinnedStaging) and st.lock.locked()
+        slots = st.slots
+        assert [s.nbytes for s in slots] == [needs["staging"][sid]] * 2
+        for s in slots:
+            assert ahead.blocks[0].ctypes.data <= s.ctypes.data
+            assert s.ctypes.data + s.nbytes <= ahead.blocks[0].ctypes.data + ahead.nbytes
+            assert s.ctypes.data not in seen
+            seen.add(s.ctypes.data)
+        st.lock.release()
+    assert len(pins.calls) == n_pins
+    sched = build_schedule(an, plan=plan.stage_plan())
+    ahead.make_lanes(lane_needs(plan, sched, layers))
+    assert len(pins.calls) == n_pins + 1
+    info = ahead.info()
+    assert info["staging_bytes"] == 2 * sum(needs["staging"].values())
+    assert info["bytes"] == info["shared_bytes"] + info["staging_bytes"] + sum(
+        info["lane_bytes"])
+    ahead.give_back()
+    assert md.kept_pinned_bytes() == info["block_bytes"]
+
+
+def test_pinned_staging_given_slots():
+    """Slots given: used as they are (cut to the size), checked."""
+    block = np.zeros(4096, dtype=np.uint8)
+    st = PinnedStaging(1000, slots=[block[:1024], block[1024:2048]])
+    assert [s.nbytes for s in st.slots] == [1000, 1000]
+    assert st.slots[1].ctypes.data == block[1024:].ctypes.data
+    with pytest.raises(ValueError):
+        PinnedStaging(1000, slots=[block[:512], block[512:1024]])
+    with pytest.raises(ValueError):
+        PinnedStaging(8, slots=[block[:8]])
+
+
+# -- CupyDevice's own requests, over a fake CuPy -------------------------------------------
+
+class _DevArray(np.ndarray):
+    def set(self, host, stream=None):
+        self[...] = np.asarray(host).reshape(self.shape)
+
+
+class _FakeCp:
+    """What ``CupyDevice.start`` and ``begin_stage`` call of CuPy."""
+
+    class _Event:
+        def record(self, stream=None):
+            pass
+
+    def __init__(self):
+        self.cuda = types.SimpleNamespace(
+            Event=self._Event,
+            memory=types.SimpleNamespace(OutOfMemoryError=MemoryError))
+
+    @staticmethod
+    def _arr(n, dtype, fill=0):
+        return np.full(int(n), fill, dtype=dtype).view(_DevArray)
+
+    def zeros(self, n, dtype=np.float64):
+        return self._arr(n, dtype)
+
+    def full(self, n, fill, dtype=np.float64):
+        return self._arr(n, dtype, fill)
+
+    def empty(self, n, dtype=np.float64):
+        return self._arr(n, dtype, 0x5A if np.dtype(dtype) == np.uint8 else 0)
+
+
+def _fake_cupy_device():
+    dev = object.__new__(CupyDevice)
+    dev.cp = _FakeCp()
+    dev.dtype = np.dtype(np.float64)
+    dev.debug = False
+    dev.stream = contextlib.nullcontext()
+    dev.seconds = {"upload": 0.0}
+    dev.pinned_ahead = None
+    return dev
+
+
+def test_cupy_device_asks_no_more_than_its_lane(pins):
+    """``CupyDevice.start`` and every ``begin_stage`` of a layer's stages take
+    from its lane as :func:`lane_needs` sized it: the maps and S entries
+    uploaded from where they lie pinned, nothing pinned past the lane; the
+    uploaded maps and S entries are the analysis'."""
+    A = chessboard_boundary(5, 6, 2).astype(np.float64)
+    an = analyze(A)
+    fs = an.fronts
+    plan = map_devices(an, 2)
+    sched = build_schedule(an, plan=plan.stage_plan())
+    layers = [_fake_cupy_device() for _ in range(2)]
+    ahead = PinnedAhead(pinned_needs(an, plan, layers, np.float64, 1 << 20))
+    vals = A.tocsc().data[fs.s_nz]
+    ahead.make_shared(lambda name, out: out.__setitem__(Ellipsis, {
+        "maps": np.concatenate([fs.rimap, fs.rjmap]), "s_index": fs.s_index,
+        "s_value": vals}[name]))
+    ahead.make_lanes(lane_needs(plan, sched, layers))
+    n_pins = len(pins.calls)
+    for k, dev in enumerate(layers):
+        dev.pinned_ahead = ahead.lane(k)
+        dev.start(ahead.shared["maps"], int(sched.vt_size))
+        assert np.array_equal(dev.maps, np.concatenate([fs.rimap, fs.rjmap]))
+        for sid, st in enumerate(sched.stages):
+            if int(plan.stage_device[sid]) != k:
+                continue
+            s0, s1 = st.s_range
+            h = dev.begin_stage(st, ahead.shared["s_index"][s0:s1],
+                                ahead.shared["s_value"][s0:s1], [])
+            assert np.array_equal(h["sidx"][:s1 - s0], fs.s_index[s0:s1])
+            assert np.array_equal(h["sval"][:s1 - s0], vals[s0:s1])
+            assert h["host"].nbytes == max(int(st.ntasks), 1) * TASK_BYTES
+            lane = ahead.lane(k)
+            assert lane.block.ctypes.data <= h["host"].ctypes.data < (
+                lane.block.ctypes.data + lane.block.nbytes)
+    assert len(pins.calls) == n_pins
+    assert ahead.info()["during_run"]["allocations"] == 0
+
+
+def test_bench_counts_cupy_pins_while_the_devices_enqueue():
+    """bench/multi_gpu.py's pinned column: ``info['pinned_ahead']`` and the CuPy
+    allocations that began between the first device thread's start and the last
+    one's stages enqueued (a counter's log stands in for CuPy's)."""
+    from conftest import load_bench
+    bench = load_bench("multi_gpu.py", "multi_gpu_bench_pinned")
+    counter = object.__new__(bench.PinnedCounter)
+    counter._lock = threading.Lock()
+    t = 100.0
+    counter.log = [(t + 0.01, 0.02, 1 << 20, "MainThread"),       # before the threads
+                   (t + 0.30, 0.10, 4 << 20, "gpuqr-device-1"),   # while they enqueue
+                   (t + 0.90, 0.01, 1 << 10, "MainThread")]       # after
+    info = {"pinned_ahead": {"bytes": 5e8, "pinned_now_bytes": 0, "seconds": 0.001,
+                             "during_run": {"allocations": 0, "bytes": 0}},
+            "devices": {"devices": [{"timeline_seconds": (0.05, 0.6, 0.8)},
+                                    {"timeline_seconds": (0.06, 0.5, 0.7)}]},
+            "seconds": {"total": 1.0}}
+    got = bench._pinned_of(info, counter, t)
+    assert got["cupy_while_enqueueing"]["allocations"] == 1
+    assert got["cupy_while_enqueueing"]["threads"] == ["gpuqr-device-1"]
+    assert got["cupy_in_call"]["allocations"] == 3
+    text = bench.pinned_text(got)
+    assert text.startswith("500 (0) MB") and "lib 0" in text and "CuPy 1 (4 MB" in text
+    assert bench.pinned_text(bench._pinned_of({"devices": {"devices": [
+        {"timeline_seconds": (0, 1, 1)}]}}, None, t)).startswith("nothing ahead")
