@@ -154,10 +154,27 @@ def backend_factorizer(name: str) -> tuple[Optional[Callable], str, str]:
 
 
 def _wrap_spqr(spqr_factorize):
+    """SuiteSparseQR's factorize callable, its BLAS threads chosen by the flop count
+    (:func:`~scipy_gpuqr._cpu.blas_threads.threads_for`).
+
+    With an analysis, its count. Without one (the rank decision's QRs of R and
+    of R₁ᵀ, through the same callable after A's), the count SuiteSparseQR
+    reported for the last factorization this callable made with an analysis:
+    RᵀR is AᵀA up to the column order, so R's QR meets the fill of A's own
+    over fewer rows; None before any (the library's setting). A decision of
+    order up to ``SINGLE_THREAD_ORDER`` lowers every pool anyway; beyond it, a
+    full pool woken for a QR of a few million flops left its workers spinning
+    through the decision's next steps.
+    """
+    made = {}
+
     def factorize(A, *, ordering="colamd", colperm=None, tol=None, analysis=None):
-        flops = getattr(analysis, "flops", None)
-        return spqr_factorize(A, ordering=ordering, colperm=colperm, tol=tol,
-                              blas_threads_hint=threads_for(flops))
+        flops = getattr(analysis, "flops", None) if analysis is not None else made.get("flops")
+        num = spqr_factorize(A, ordering=ordering, colperm=colperm, tol=tol,
+                             blas_threads_hint=threads_for(flops))
+        if analysis is not None:
+            made["flops"] = getattr(num, "flops", None)
+        return num
     return factorize
 
 

@@ -762,11 +762,19 @@ class MinNormSolver:
 
     def _sigma_max(self) -> float:
         """σ_max of R by Lanczos to 1e-12, computed once per decision (BLAS
-        products on R's dense copy where :meth:`_host_upper` made one)."""
+        products on R's dense copy where :meth:`_host_upper` made one).
+
+        On a sparse R every OpenBLAS runs it on one thread at any order: its
+        BLAS is ARPACK's vector work on a few q-vectors per step beside R's
+        sparse products, which a pool of workers does not speed up and whose
+        woken workers then spin through the decision's next steps."""
         if self._smax_lanczos is None:
             tri = self._rtri
-            self._smax_lanczos = (tri.sigma_max() if isinstance(tri, DenseUpper)
-                                  else sigma_max_lanczos(self.R))
+            if isinstance(tri, DenseUpper):
+                self._smax_lanczos = tri.sigma_max()
+            else:
+                with process_limited(1, self._pools):
+                    self._smax_lanczos = sigma_max_lanczos(self.R)
         return self._smax_lanczos
 
     def _frobenius(self) -> float:
