@@ -27,6 +27,12 @@ pools' CPU is charged the same way (so it lands on the woken call and
 whatever ran while the workers spun). The process' BLAS libraries (mapped
 files) and each pool's count are printed first.
 
+``--lanes N`` sets the host rank decision's most lanes
+(``scipy_gpuqr._factor.host_lanes.MAX_LANES``) for the run. ``--plain-norms``
+gives the least-squares refinement's stopping test (``FactoredQR._refined``)
+norms taken by NumPy's sum instead of its BLAS dot, which spreads a vector of
+more than 10000 entries over the whole pool: what that test's wake costs.
+
 CPU time per thread from ``/proc/self/task/*/schedstat`` (Linux only).
 """
 
@@ -189,7 +195,24 @@ def main(argv=None) -> int:
                    help="seconds of sleep before and after each call")
     p.add_argument("--pool", type=int, default=0,
                    help="set every OpenBLAS pool to this many threads first (0: as found)")
+    p.add_argument("--lanes", type=int, default=0,
+                   help="the host rank decision's most lanes (0: the package's)")
+    p.add_argument("--plain-norms", action="store_true",
+                   help="the refinement's stopping-test norms without NumPy's BLAS dot")
     a = p.parse_args(argv)
+    if a.lanes:
+        from scipy_gpuqr._factor import host_lanes
+        host_lanes.MAX_LANES = a.lanes
+    if a.plain_norms:
+        from scipy_gpuqr._factor.factored import FactoredQR
+        refined = FactoredQR._refined
+
+        def plain(self, solve, matrix, B, X, norm):
+            if isinstance(X, np.ndarray):
+                def norm(Y):
+                    return float(np.sqrt(np.sum(np.square(Y))))
+            return refined(self, solve, matrix, B, X, norm)
+        FactoredQR._refined = plain
     pools = find_openblas_pools()
     for get, set_ in pools:
         name = getattr(set_, "__name__", "?")
@@ -200,8 +223,10 @@ def main(argv=None) -> int:
                 LABELS[t] = "pool " + name
         print(f"pool {name}: {int(get())} threads")
     print("BLAS libraries:", ", ".join(blas_libraries()) or "none found")
+    from scipy_gpuqr._factor import host_lanes
     print(f"cores {len(os.sched_getaffinity(0))}, numpy {np.__version__}, "
-          f"scipy {scipy.__version__}")
+          f"scipy {scipy.__version__}, lanes {host_lanes.MAX_LANES}, "
+          f"plain norms {a.plain_norms}")
     folder = os.environ.get("SHARED_MATRICES") or os.path.join(ROOT, "tests", "data", "matrices")
     for name in a.rows.split(","):
         A = sp.csc_array(mmread(os.path.join(folder, f"{name}.mtx"))).astype(np.float64)
@@ -232,10 +257,10 @@ def main(argv=None) -> int:
         time.sleep(a.gap)
         with Sampler() as s:
             scipy_gpuqr.lsqr(A, b, backend="cpu")
-        print(f"  pools woken (workers run after >= 20 ms idle), by the main thread's frames:")
+        print("  pools woken (workers run after >= 20 ms idle), by the main thread's frames:")
         for (g, where), n in s.wakes.most_common(12):
             print(f"    {n:3d} {g:22s} {where}")
-        print(f"  pools' CPU by the main thread's frames (ms):")
+        print("  pools' CPU by the main thread's frames (ms):")
         for (g, where), ms in s.cpu.most_common(8):
             print(f"    {ms:7.1f} {g:22s} {where}")
     return 0
