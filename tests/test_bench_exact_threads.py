@@ -46,18 +46,20 @@ for get, set_ in pools:
     before = et._tids(); set_(2)
     for t in et._tids() - before:
         et.LABELS[t] = "pool " + getattr(set_, "__name__", "?")
-x = np.ones(4_000_000)
-time.sleep(0.2)
-with et.Sampler() as s:
-    time.sleep(0.05)
-    for _ in range(50):
-        x @ x                       # NumPy's dot spreads a long vector over its pool
-    time.sleep(0.05)
-print("wakes", sum(s.wakes.values()))
+for n in (1000, 4_000_000):        # a short dot runs on the caller's thread alone
+    x = np.ones(n)
+    time.sleep(0.3)
+    with et.Sampler() as s:
+        time.sleep(0.05)
+        for _ in range(50):
+            x @ x                   # NumPy's dot spreads a long vector over its pool
+        time.sleep(0.05)
+    print("wakes", sum(s.wakes.values()))
 """
     out = _run(["-c", code])
     assert out.returncode == 0, out.stderr
     if "no pools" in out.stdout:
         pytest.skip("no OpenBLAS reachable in this process")
-    wakes = int(out.stdout.split("wakes")[-1])
-    assert wakes >= 1
+    short, long_ = (int(part.split()[0]) for part in out.stdout.split("wakes")[1:])
+    assert short == 0
+    assert long_ >= 1
