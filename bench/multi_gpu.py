@@ -170,7 +170,8 @@ class PinnedCounter:
         with self._lock:
             self.log.append((t0, time.perf_counter() - t0, int(size),
                              threading.current_thread().name))
-        return mem
+        # a pool's allocator returns a pointer to its memory, as CuPy's own does
+        return self.cp.cuda.PinnedMemoryPointer(mem, 0)
 
     def between(self, a: float, b: float) -> dict:
         """The allocations that began in ``[a, b)``: count, MB, seconds, threads."""

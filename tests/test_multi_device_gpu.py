@@ -156,7 +156,7 @@ def test_no_pinning_while_the_devices_enqueue(ids):
         mem = cp.cuda.pinned_memory.PinnedMemory(size, cp.cuda.runtime.hostAllocPortable)
         with lock:
             log.append((t0, int(size), threading.current_thread().name))
-        return mem
+        return cp.cuda.PinnedMemoryPointer(mem, 0)      # what a pool's allocator returns
 
     pool = cp.cuda.PinnedMemoryPool(allocator=alloc)
     cp.cuda.set_pinned_memory_allocator(pool.malloc)
