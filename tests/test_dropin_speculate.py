@@ -238,3 +238,40 @@ def test_a_probe_that_cannot_pass_is_not_run_to_its_end(matrices_dir, monkeypatc
         up, upt = UpperTriangular(R).solves()        # the whole probe fails as well
         nu, margin = probe_norm(up, upt, R.shape[0])
         assert margin * nu * cutoff * frobenius(R) >= 1.0
+
+
+def _banded_deficient(n, dead, seed):
+    """Tridiagonal columns plus ``dead`` columns each the sum of two neighbours."""
+    rng = np.random.default_rng(seed)
+    m = n - dead
+    B = sp.diags([rng.uniform(1, 2, m), rng.uniform(-1, 1, m), rng.uniform(-1, 1, m)],
+                 [0, 1, -1], shape=(n, m), format="csc")
+    idx = np.linspace(0, m - 3, dead).astype(int)
+    return sp.hstack([B, B[:, idx] + B[:, idx + 1]]).tocsc()
+
+
+def test_factors_made_ahead_serve_only_their_matrix():
+    """The plan speculate() hands the QR returns the factors made ahead for A alone:
+    the rank decision's factorizations of R go through the same callable and get
+    R's own factors, so the decision is the one a plain plan makes."""
+    from scipy_gpuqr._options import resolve_settings
+    from scipy_gpuqr._validate import as_matrix
+    from scipy_gpuqr._factor import factored
+    A = _banded_deficient(400, 5, 3)
+    b = np.random.default_rng(1).standard_normal(400)
+    mi, settings = as_matrix(A), resolve_settings("cpu")
+    (M, plan), clear = quick_iterate.speculate(factored.plan_for(mi, settings), A.shape)
+    num = plan.factorize(M)
+    assert plan.factorize(M) is num
+    G = sp.random(50, 30, density=0.2, random_state=np.random.default_rng(2), format="csc") \
+        + sp.eye(50, 30, format="csc")
+    other = plan.factorize_fn(G, ordering="colamd", colperm=None, tol=None, analysis=None)
+    assert other is not num and other.R.shape[1] == 30
+    ahead = factored.factorize(mi, settings, planned=(M, plan))
+    plain = factored.factorize(mi, settings, planned=factored.plan_for(mi, settings))
+    x_ahead = ahead.least_squares(b[:, None]).ravel()
+    x_plain = plain.least_squares(b[:, None]).ravel()
+    assert ahead._solver.summary()["method"] == plain._solver.summary()["method"]
+    assert ahead._solver.summary()["rank"] == plain._solver.summary()["rank"] == 395
+    xr = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    np.testing.assert_allclose(x_ahead, xr, rtol=1e-10, atol=1e-12)

@@ -50,7 +50,7 @@ from .._dispatch.plan import (SIZE_GATE_REASON, SUPERLU, Plan, plan_factorizatio
 from .._factor.factored import FactoredQR, factorize, released
 from .._factor.factorization import wrap
 from .._factor.lstsq import exactly_singular
-from .._factor.rank_refine import with_rank_detection
+from .._factor.rank_refine import factorizer, with_rank_detection
 from .._gpu import is_cupy_array, is_cupy_sparse
 from .._options import (ENV_VERBOSE, auto_source, getenv, log_decision, logger,
                         resolve_settings)
@@ -292,9 +292,11 @@ def spsolve_probe(A, analysis, backend: str):
     (``square_solve=`` of :func:`scipy_gpuqr._dispatch.calibrate.calibrate_sparse`)."""
     b = np.asarray(A @ np.ones(A.shape[1]), dtype=np.float64)[:, None]
 
+    own = factorizer(backend)[0]            # any factorization but A's: the backend itself
+
     def run(num):
         plan = Plan(backend=backend, requested=backend, source="calibration",
-                    analysis=analysis, factorize_fn=lambda *a, **k: num)
+                    analysis=analysis, factorize_fn=own).with_factors(A, num)
         F = FactoredQR(as_matrix(A), (A, plan))
         if not exactly_singular(F.num.R, A.shape[1]):
             F.exact_solve(b)

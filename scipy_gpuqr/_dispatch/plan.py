@@ -46,6 +46,7 @@ Square solves (``spsolve``, ``factorized``)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -254,6 +255,23 @@ class Plan:
                                + "; ".join(self.reasons))
         return self.factorize_fn(A, ordering=self.ordering, colperm=self.colperm,
                                  tol=tol, analysis=self.analysis)
+
+    def with_factors(self, M, num) -> "Plan":
+        """This plan with factors of ``M`` already made (``num``): its factorization
+        of ``M`` itself returns them; any other matrix goes to the plan's own
+        factorizer, as the rank decision's factorizations of R and R₁ᵀ do (they go
+        through the same callable and must never get A's factors back)."""
+        own = self.factorize_fn
+
+        def factorize(A, **kwargs):
+            if A is M:
+                return num
+            if own is None:
+                raise RuntimeError("no factorization backend is available: "
+                                   + "; ".join(self.reasons))
+            return own(A, **kwargs)
+
+        return dataclasses.replace(self, factorize_fn=factorize)
 
     def device_solves(self, num):
         """The GPU engine's triangular solves with the factors ``num`` it left on the device."""

@@ -161,9 +161,11 @@ def least_squares_probe(A, analysis, backend: str):
     b = np.asarray(A @ np.ones(A.shape[1]), dtype=np.float64)
     b += 1e-3 * np.linalg.norm(b) / max(np.sqrt(b.size), 1.0) * np.cos(np.arange(b.size))
 
+    own = factorizer(backend)[0]            # any factorization but A's: the backend itself
+
     def run(num):
         plan = Plan(backend=backend, requested=backend, source="calibration",
-                    analysis=analysis, factorize_fn=lambda *a, **k: num)
+                    analysis=analysis, factorize_fn=own).with_factors(A, num)
         FactoredQR(as_matrix(A), (A, plan)).least_squares(b[:, None])
 
     return run
@@ -565,8 +567,11 @@ class FactoredQR:
         if not self.transposed:
             def solve(C):
                 return self._tall_host(C, solver)
+            # the stopping test's norm without NumPy's BLAS: its dot spreads a vector
+            # of more than 10000 entries over every thread of its pool, whose workers
+            # then spin through the rest of the call
             X = self._refined(solve, lambda: self.M, B, solve(B),
-                              lambda Y: float(np.linalg.norm(Y)))
+                              lambda Y: float(np.sqrt(np.sum(np.square(Y)))))
         else:
             Bp = B[num.colperm]
             Z = solver.solve(Bp)

@@ -27,7 +27,6 @@ path (:func:`~scipy_gpuqr._factor.least_squares.iterate`), which answers alike.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Callable, NamedTuple, Optional
 
@@ -150,7 +149,7 @@ def speculate(planned, shape) -> tuple:
     """
     M, plan = planned
     num = plan.factorize(M, tol=None)
-    kept = (M, dataclasses.replace(plan, factorize_fn=lambda *args, **kwargs: num))
+    kept = (M, plan.with_factors(M, num))
     if plan.backend not in _HOST_BACKENDS:
         return kept, ""
     cutoff = lstsq_cutoff(*shape)
