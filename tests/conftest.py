@@ -75,6 +75,19 @@ def real_shared_matrices(matrices_dir: Path, *, nonempty: bool = True):
         yield f.name, A.astype(np.float64)
 
 
+def banded_deficient(n: int, dead: int, seed: int):
+    """An n × n csc_array of rank n − ``dead``: tridiagonal columns plus ``dead``
+    columns each the sum of two neighbours, so R stays sparse (the gap-checked
+    sparse COD's case)."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(seed)
+    m = n - dead
+    B = sp.diags([rng.uniform(1, 2, m), rng.uniform(-1, 1, m), rng.uniform(-1, 1, m)],
+                 [0, 1, -1], shape=(n, m), format="csc")
+    idx = np.linspace(0, m - 3, dead).astype(int)
+    return sp.hstack([B, B[:, idx] + B[:, idx + 1]]).tocsc()
+
+
 @pytest.fixture(scope="session")
 def matrices_dir() -> Path:
     d = shared_matrices_dir()

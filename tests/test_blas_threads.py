@@ -5,19 +5,8 @@ import pytest
 import scipy.sparse as sp
 
 from scipy_gpuqr._cpu import blas_threads
+from _blas_pools import FakeOpenBlas
 from scipy_gpuqr._cpu.spqr import _libs, spqr_available, spqr_factorize
-
-
-class _FakeOpenBlas:
-    def __init__(self, n):
-        self.n, self.calls = n, []
-
-    def openblas_get_num_threads(self):
-        return self.n
-
-    def openblas_set_num_threads(self, k):
-        self.calls.append(k)
-        self.n = k
 
 
 def test_threads_for_small_problems_only():
@@ -28,7 +17,7 @@ def test_threads_for_small_problems_only():
 
 
 def test_limited_lowers_and_restores():
-    lib = _FakeOpenBlas(16)
+    lib = FakeOpenBlas(16)
     with blas_threads.limited(lib, 1):
         assert lib.n == 1
     assert lib.n == 16 and lib.calls == [1, 16]
@@ -39,7 +28,7 @@ def test_limited_lowers_and_restores():
     lib.calls.clear()
     with blas_threads.limited(lib, None):            # no request: untouched
         pass
-    with blas_threads.limited(_FakeOpenBlas(1), 4):  # never raised above the setting
+    with blas_threads.limited(FakeOpenBlas(1), 4):  # never raised above the setting
         pass
     assert lib.calls == []
     with blas_threads.limited(object(), 1):          # not OpenBLAS: a no-op

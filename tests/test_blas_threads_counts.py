@@ -10,31 +10,13 @@ import time
 
 import numpy as np
 import pytest
-import scipy.linalg as la
 
 from scipy_gpuqr._cpu import blas_threads
-
-
-class _FakePool:
-    """A stand-in OpenBLAS pool: its count and every count set on it."""
-
-    def __init__(self, n):
-        self.n, self.calls = n, []
-
-    def openblas_get_num_threads(self):
-        return self.n
-
-    def openblas_set_num_threads(self, k):
-        self.calls.append(k)
-        self.n = k
-
-    @property
-    def pool(self):
-        return (self.openblas_get_num_threads, self.openblas_set_num_threads)
+from _blas_pools import FakeOpenBlas, pools_at
 
 
 def test_a_body_ending_first_leaves_the_later_ones_lowered():
-    p = _FakePool(8)
+    p = FakeOpenBlas(8)
     a = blas_threads.process_limited(1, [p.pool])
     b = blas_threads.process_limited(1, [p.pool])
     a.__enter__()
@@ -46,7 +28,7 @@ def test_a_body_ending_first_leaves_the_later_ones_lowered():
 
 
 def test_bodies_of_two_limits_restore_the_first_count():
-    p = _FakePool(8)
+    p = FakeOpenBlas(8)
     two = blas_threads.process_limited(2, [p.pool])
     one = blas_threads.process_limited(1, [p.pool])
     two.__enter__()
@@ -60,7 +42,7 @@ def test_bodies_of_two_limits_restore_the_first_count():
 
 
 def test_a_lift_gives_the_earlier_count_for_its_length_only():
-    p = _FakePool(8)
+    p = FakeOpenBlas(8)
     with blas_threads.process_limited(1, [p.pool]) as low:
         with blas_threads.process_limited(1, [p.pool]):
             with low.lifted():
@@ -71,7 +53,7 @@ def test_a_lift_gives_the_earlier_count_for_its_length_only():
 
 
 def test_held_counts_keeps_the_pools_as_set():
-    p = _FakePool(8)
+    p = FakeOpenBlas(8)
     with blas_threads.process_limited(1, [p.pool]):
         assert p.n == 1
         with blas_threads.held_counts():        # a multi-device call begins
@@ -86,7 +68,7 @@ def test_held_counts_keeps_the_pools_as_set():
 
 
 def test_one_pool_through_two_handles_is_lowered_once_and_limited_shares_the_record():
-    p = _FakePool(8)
+    p = FakeOpenBlas(8)
     twice = [p.pool, (p.openblas_get_num_threads, p.openblas_set_num_threads)]
     with blas_threads.process_limited(1, twice):
         assert p.n == 1
@@ -103,7 +85,7 @@ def test_one_pool_through_two_handles_is_lowered_once_and_limited_shares_the_rec
 
 
 def test_a_failing_body_restores_and_leaves_no_record():
-    p = _FakePool(8)
+    p = FakeOpenBlas(8)
     with pytest.raises(RuntimeError):
         with blas_threads.process_limited(1, [p.pool]):
             raise RuntimeError("the body fails")
@@ -117,25 +99,11 @@ def test_a_failing_body_restores_and_leaves_no_record():
     assert p.n == 6                             # the count saved now, not the earlier one
 
 
-def _real_pools():
-    la.svd(np.eye(3))                    # SciPy's LAPACK (and so its OpenBLAS) loaded
-    np.dot(np.ones((3, 3)), np.ones((3, 3)))
-    pools = blas_threads.openblas_pools()
-    if not pools:
-        pytest.skip("no OpenBLAS reachable in this process (not Linux, or another BLAS)")
-    return pools
-
-
 @pytest.fixture
 def four_threads():
     """Every real pool at four threads for the test (restored after it)."""
-    pools = _real_pools()
-    before = [int(get()) for get, _ in pools]
-    for _, set_ in pools:
-        set_(4)
-    yield pools
-    for (_, set_), n in zip(pools, before):
-        set_(n)
+    with pools_at(4) as pools:
+        yield pools
 
 
 def _pthreads_local_setters():

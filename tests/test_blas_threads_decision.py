@@ -5,10 +5,11 @@ OpenBLAS on one thread; the pools are restored and the answer is lstsq's."""
 
 import numpy as np
 import pytest
-import scipy.linalg as la
 import scipy.sparse as sp
 
 from scipy_gpuqr._cpu import blas_threads
+from _blas_pools import pools_at
+from conftest import banded_deficient
 from scipy_gpuqr._cpu.spqr import spqr_available, spqr_factorize
 from scipy_gpuqr._dispatch import plan as plan_mod
 from scipy_gpuqr._factor import lstsq as lstsq_mod
@@ -49,43 +50,18 @@ def test_wrap_spqr_gives_the_decisions_qrs_the_thread_count_of_as():
     assert hints == [None, 1]
 
 
-def _pools():
-    la.svd(np.eye(3))                    # SciPy's LAPACK (and so its OpenBLAS) loaded
-    np.dot(np.ones((3, 3)), np.ones((3, 3)))
-    pools = blas_threads.openblas_pools()
-    if not pools:
-        pytest.skip("no OpenBLAS reachable in this process (not Linux, or another BLAS)")
-    return pools
-
-
 @pytest.fixture
 def two_threads():
-    """Every pool at two threads for the test (restored after it)."""
-    pools = _pools()
-    before = [int(get()) for get, _ in pools]
-    for _, set_ in pools:
-        set_(2)
-    yield pools
-    for (_, set_), n in zip(pools, before):
-        set_(n)
-
-
-def _banded_deficient(n, dead, seed):
-    """Sparse tridiagonal columns plus ``dead`` columns each the sum of two
-    neighbours: R stays sparse (the gap-checked sparse COD's case)."""
-    rng = np.random.default_rng(seed)
-    m = n - dead
-    B = sp.diags([rng.uniform(1, 2, m), rng.uniform(-1, 1, m), rng.uniform(-1, 1, m)],
-                 [0, 1, -1], shape=(n, m), format="csc")
-    idx = np.linspace(0, m - 3, dead).astype(int)
-    return sp.hstack([B, B[:, idx] + B[:, idx + 1]]).tocsc()
+    """Every real pool at two threads for the test (restored after it)."""
+    with pools_at(2) as pools:
+        yield pools
 
 
 @pytest.mark.skipif(not spqr_available()[0], reason="SuiteSparseQR not installed")
 def test_large_decision_lanczos_and_qrs_on_one_thread(two_threads, monkeypatch):
     pools = two_threads
     n, dead = 400, 5
-    A = _banded_deficient(n, dead, 3)
+    A = banded_deficient(n, dead, 3)
     b = np.random.default_rng(1).standard_normal(n)
     hints = []
 

@@ -7,29 +7,16 @@ import scipy.linalg as la
 import scipy.sparse as sp
 
 from scipy_gpuqr._cpu import blas_threads
+from _blas_pools import pools_at, real_pools
 from scipy_gpuqr._factor import lstsq as lstsq_mod
 from scipy_gpuqr._factor.lstsq import MinNormSolver
 
 
-def _pools():
-    la.svd(np.eye(3))                    # SciPy's LAPACK (and so its OpenBLAS) loaded
-    np.dot(np.ones((3, 3)), np.ones((3, 3)))
-    pools = blas_threads.openblas_pools()
-    if not pools:
-        pytest.skip("no OpenBLAS reachable in this process (not Linux, or another BLAS)")
-    return pools
-
-
 @pytest.fixture
 def two_threads():
-    """Every pool at two threads for the test (restored after it)."""
-    pools = _pools()
-    before = [int(get()) for get, _ in pools]
-    for _, set_ in pools:
-        set_(2)
-    yield pools
-    for (_, set_), n in zip(pools, before):
-        set_(n)
+    """Every real pool at two threads for the test (restored after it)."""
+    with pools_at(2) as pools:
+        yield pools
 
 
 def test_memory_map_paths_are_found(tmp_path):
@@ -46,7 +33,7 @@ def test_memory_map_paths_are_found(tmp_path):
 
 
 def test_numpys_pool_is_reached():
-    pools = _pools()
+    pools = real_pools()
     # NumPy's own OpenBLAS (its wheel's copy, or the system's) is among them
     assert len(pools) >= 1
     assert all(int(get()) >= 1 for get, _ in pools)
@@ -145,7 +132,7 @@ def test_pools_found_again_only_after_a_library_loads(monkeypatch):
     """openblas_pools reads the memory map once per set of loaded objects: the
     same pools as a fresh search, no read while nothing loads, a new search once
     the load counters move."""
-    pools = _pools()
+    pools = real_pools()
     assert [(g.__name__, s.__name__) for g, s in pools] == \
         [(g.__name__, s.__name__) for g, s in blas_threads.find_openblas_pools()]
     if blas_threads.objects_loaded() is None:

@@ -28,6 +28,7 @@ from scipy_gpuqr._dispatch.iterate_first import Allowance
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._factor.quick_iterate import clearly_full_rank
 from scipy_gpuqr.io import mmread
+from conftest import banded_deficient
 from test_dropin_rule import QR, _keys, _Plan, _State, watch_recording
 
 lsqr_api = importlib.import_module("scipy_gpuqr._api.lsqr")   # the module, not the function
@@ -240,16 +241,6 @@ def test_a_probe_that_cannot_pass_is_not_run_to_its_end(matrices_dir, monkeypatc
         assert margin * nu * cutoff * frobenius(R) >= 1.0
 
 
-def _banded_deficient(n, dead, seed):
-    """Tridiagonal columns plus ``dead`` columns each the sum of two neighbours."""
-    rng = np.random.default_rng(seed)
-    m = n - dead
-    B = sp.diags([rng.uniform(1, 2, m), rng.uniform(-1, 1, m), rng.uniform(-1, 1, m)],
-                 [0, 1, -1], shape=(n, m), format="csc")
-    idx = np.linspace(0, m - 3, dead).astype(int)
-    return sp.hstack([B, B[:, idx] + B[:, idx + 1]]).tocsc()
-
-
 def test_factors_made_ahead_serve_only_their_matrix():
     """The plan speculate() hands the QR returns the factors made ahead for A alone:
     the rank decision's factorizations of R go through the same callable and get
@@ -257,7 +248,7 @@ def test_factors_made_ahead_serve_only_their_matrix():
     from scipy_gpuqr._options import resolve_settings
     from scipy_gpuqr._validate import as_matrix
     from scipy_gpuqr._factor import factored
-    A = _banded_deficient(400, 5, 3)
+    A = banded_deficient(400, 5, 3)
     b = np.random.default_rng(1).standard_normal(400)
     mi, settings = as_matrix(A), resolve_settings("cpu")
     (M, plan), clear = quick_iterate.speculate(factored.plan_for(mi, settings), A.shape)
@@ -275,3 +266,4 @@ def test_factors_made_ahead_serve_only_their_matrix():
     assert ahead._solver.summary()["rank"] == plain._solver.summary()["rank"] == 395
     xr = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
     np.testing.assert_allclose(x_ahead, xr, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(x_plain, xr, rtol=1e-10, atol=1e-12)
