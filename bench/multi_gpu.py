@@ -410,7 +410,7 @@ class _Runner:
         ``keep_pools``, only the devices waited for: the next call then finds the
         device and pinned blocks the last one left, as a user's repeated call does."""
         if self.drop_pinned:
-            from scipy_gpuqr._engine.gpu.multi_device import release_kept_pinned
+            from scipy_gpuqr._engine.gpu.pinned_ahead import release_kept_pinned
             release_kept_pinned()
         if not self.keep_pools:
             self.free()

@@ -146,7 +146,7 @@ def test_no_pinning_while_the_devices_enqueue(ids):
 
     import cupy as cp
 
-    from scipy_gpuqr._engine.gpu import multi_device as md
+    from scipy_gpuqr._engine.gpu import pinned_ahead as pa
     if len(set(ids)) > device_count():
         pytest.skip(f"needs {len(set(ids))} GPUs")
     log, lock = [], threading.Lock()
@@ -160,7 +160,7 @@ def test_no_pinning_while_the_devices_enqueue(ids):
 
     pool = cp.cuda.PinnedMemoryPool(allocator=alloc)
     cp.cuda.set_pinned_memory_allocator(pool.malloc)
-    md.release_kept_pinned()
+    pa.release_kept_pinned()
     try:
         A = random_values(grid3d_least_squares(16), np.random.default_rng(3))
         an = analyze(A)
@@ -182,7 +182,7 @@ def test_no_pinning_while_the_devices_enqueue(ids):
                 qr.free()
     finally:
         cp.cuda.set_pinned_memory_allocator(cp.get_default_pinned_memory_pool().malloc)
-        md.release_kept_pinned()
+        pa.release_kept_pinned()
         pool.free_all_blocks()
 
 

@@ -1,5 +1,5 @@
 """A multi-device call's pinned host memory allocated before its devices' threads start
-(:class:`~scipy_gpuqr._engine.gpu.multi_device.PinnedAhead`), on the CPU.
+(:class:`~scipy_gpuqr._engine.gpu.pinned_ahead.PinnedAhead`), on the CPU.
 
 Pinning host memory while the devices' threads enqueue stalls all of them. The
 call sizes what they pin from the plan and the schedule, pins it (or takes the
@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 from scipy_gpuqr._engine.gpu import multi_device as md
+from scipy_gpuqr._engine.gpu import pinned_ahead as pa
 from scipy_gpuqr._engine.gpu.device import CupyDevice, NumpyDevice
-from scipy_gpuqr._engine.gpu.multi_device import (PINNED_ALIGN, PinnedAhead, lane_needs,
-                                                  multi_gpu_factorize, pinned_needs)
+from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
+from scipy_gpuqr._engine.gpu.pinned_ahead import PINNED_ALIGN, PinnedAhead, lane_needs, pinned_needs
 from scipy_gpuqr._engine.gpu.rcopy import PinnedStaging
 from scipy_gpuqr._schedule.devices import map_devices
 from scipy_gpuqr._schedule.sparse import build_schedule
@@ -52,9 +53,9 @@ def pins(monkeypatch):
     """The fake pinning, a fresh store of kept blocks, and lanes without slack (sized
     as tightly as the layers ask)."""
     p = _Pins()
-    monkeypatch.setattr(md, "PINNED_LANE_SLACK", 0)
-    monkeypatch.setattr(md, "_pinned_bytes", p)
-    monkeypatch.setattr(md, "_KEPT", md._KeptBlocks())
+    monkeypatch.setattr(pa, "PINNED_LANE_SLACK", 0)
+    monkeypatch.setattr(pa, "_pinned_bytes", p)
+    monkeypatch.setattr(pa, "_KEPT", pa._KeptBlocks())
     return p
 
 
@@ -119,7 +120,7 @@ def test_every_pin_before_the_devices_threads(pins, k):
         assert plain.info["pinned_ahead"] is None
         pins.calls.clear()
         pins.started.clear()
-        md.release_kept_pinned()            # the last case's blocks: pinned anew here
+        pa.release_kept_pinned()            # the last case's blocks: pinned anew here
         layers = [_PinningLayer(32, 3, pins=pins) for _ in range(k)]
         many = multi_gpu_factorize(A, an, layers=layers, device_speeds=None)
         assert np.array_equal(many.R.toarray(), plain.R.toarray()), name
@@ -151,7 +152,7 @@ def test_a_later_call_pins_nothing(pins):
                                 device_speeds=None)
     n_first = len(pins.calls)
     assert first.info["pinned_ahead"]["pinned_now_bytes"] > 0
-    assert md.kept_pinned_bytes() == first.info["pinned_ahead"]["block_bytes"]
+    assert pa.kept_pinned_bytes() == first.info["pinned_ahead"]["block_bytes"]
     for B in (A, grid3d_least_squares(5).astype(np.float64)):
         again = multi_gpu_factorize(B, analyze(B), layers=[_PinningLayer(32, 3)
                                                            for _ in range(2)],
@@ -159,8 +160,8 @@ def test_a_later_call_pins_nothing(pins):
         info = again.info["pinned_ahead"]
         assert info["pinned_now_bytes"] == 0 and len(pins.calls) == n_first
         assert info["during_run"]["allocations"] == 0
-    md.release_kept_pinned()
-    assert md.kept_pinned_bytes() == 0
+    pa.release_kept_pinned()
+    assert pa.kept_pinned_bytes() == 0
 
 
 def test_requests_past_a_lane_are_pinned_and_counted(pins, monkeypatch):
@@ -191,7 +192,7 @@ def test_a_failed_run_never_lends_its_blocks_again(pins):
     with pytest.raises(RuntimeError, match="this layer fails"):
         multi_gpu_factorize(A, analyze(A), layers=[_Failing(32, 3) for _ in range(2)],
                             device_speeds=None)
-    assert md.kept_pinned_bytes() == 0
+    assert pa.kept_pinned_bytes() == 0
 
 
 class _CudaLike:
@@ -217,7 +218,7 @@ def test_stagings_cut_from_the_shared_block(pins):
     assert sorted(needs["staging"]) == list(range(len(plan.stages)))
     for sid, (a, b) in enumerate(plan.stages):
         nr = int((fr[a:b + 1] * fn[a:b + 1] - fr[a:b + 1] * (fr[a:b + 1] - 1) // 2).sum())
-        assert needs["staging"][sid] == md._align(min(r_slot, max(nr, 1) * 8))
+        assert needs["staging"][sid] == pa._align(min(r_slot, max(nr, 1) * 8))
     ahead = PinnedAhead(needs)
     ahead.make_shared(lambda name, out: out.fill(0))
     n_pins = len(pins.calls)
@@ -243,7 +244,7 @@ def test_stagings_cut_from_the_shared_block(pins):
     assert info["bytes"] == info["shared_bytes"] + info["staging_bytes"] + sum(
         info["lane_bytes"])
     ahead.give_back()
-    assert md.kept_pinned_bytes() == info["block_bytes"]
+    assert pa.kept_pinned_bytes() == info["block_bytes"]
 
 
 def test_pinned_staging_given_slots():

@@ -785,7 +785,7 @@ class CupyDevice:
         self.pinned_pools = 0
         #: pinned host memory allocated ahead for this layer's part of a multi-device
         #: call (its ``take(n, dtype)`` and ``holds(array)``: see
-        #: :class:`~.multi_device.PinnedAhead`), set by that call while its devices'
+        #: :class:`~.pinned_ahead.PinnedAhead`), set by that call while its devices'
         #: threads run; None: each buffer pinned when asked for
         self.pinned_ahead = None
 
