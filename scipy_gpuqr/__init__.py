@@ -35,7 +35,7 @@ distributed.solve_many solves many sparse problems across workers
 
 Utilities
 ---------
-GpuqrOptions, gpu_info, start_gpu, io
+GpuqrOptions, gpu_info, start_gpu, release_pinned_memory, io
 
 Nothing is computed and CuPy is not imported when this package is imported;
 each public name is loaded from its module on first use. ``start_gpu()``
@@ -53,6 +53,7 @@ from ._version import __version__
 _PUBLIC = {
     "gpu_info": "._gpu",
     "start_gpu": "._api.warmup",
+    "release_pinned_memory": "._api.memory",
     "GpuEngineError": "._errors",
     "GpuFallbackWarning": "._errors",
     "MatrixMarketError": "._errors",

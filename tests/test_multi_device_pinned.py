@@ -366,3 +366,23 @@ def test_bench_counts_cupy_pins_while_the_devices_enqueue():
     assert text.startswith("500 (0) MB") and "lib 0" in text and "CuPy 1 (4 MB" in text
     assert bench.pinned_text(bench._pinned_of({"devices": {"devices": [
         {"timeline_seconds": (0, 1, 1)}]}}, None, t)).startswith("nothing ahead")
+
+
+def test_release_pinned_memory_gives_the_kept_blocks_back(monkeypatch):
+    """The public release: the bytes of the blocks kept for later calls, none
+    kept afterwards, 0 where none were."""
+    import sys
+
+    import scipy_gpuqr
+    monkeypatch.setattr(pa, "_KEPT", pa._KeptBlocks())
+    monkeypatch.setattr(pa, "_physical_bytes", lambda: 1 << 34)
+    assert "release_pinned_memory" in scipy_gpuqr.__all__
+    assert scipy_gpuqr.release_pinned_memory() == 0
+    pa._KEPT.give_back([np.zeros(3 << 20, np.uint8), np.zeros(1 << 20, np.uint8)])
+    assert pa.kept_pinned_bytes() == 4 << 20
+    freed = []
+    fake = types.SimpleNamespace(get_default_pinned_memory_pool=lambda: types.SimpleNamespace(
+        free_all_blocks=lambda: freed.append(1)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    assert scipy_gpuqr.release_pinned_memory() == 4 << 20
+    assert pa.kept_pinned_bytes() == 0 and freed == [1]
