@@ -67,12 +67,8 @@ def _deficient(n, rank, seed, gap=True):
     return A
 
 
-@pytest.mark.parametrize("gap", [True, False])
-def test_small_decision_on_one_thread_matches_lstsq(two_threads, monkeypatch, gap):
-    pools = two_threads
-    n, rank = 120, 100
-    A = _deficient(n, rank, 7, gap=gap)
-    R = sp.csc_array(np.triu(la.qr(A, mode="r")[0]))
+def _watch_svd(monkeypatch, pools) -> list:
+    """The pools' counts at each of the rank decision's dense SVDs, as they happen."""
     seen = []
     svd = la.svd
 
@@ -80,6 +76,16 @@ def test_small_decision_on_one_thread_matches_lstsq(two_threads, monkeypatch, ga
         seen.append([int(get()) for get, _ in pools])
         return svd(*args, **kwargs)
     monkeypatch.setattr(lstsq_mod.la, "svd", watched_svd)
+    return seen
+
+
+@pytest.mark.parametrize("gap", [True, False])
+def test_small_decision_on_one_thread_matches_lstsq(two_threads, monkeypatch, gap):
+    pools = two_threads
+    n, rank = 120, 100
+    A = _deficient(n, rank, 7, gap=gap)
+    R = sp.csc_array(np.triu(la.qr(A, mode="r")[0]))
+    seen = _watch_svd(monkeypatch, pools)
     cutoff = lstsq_mod.EPS * n
     solver = MinNormSolver(R, cutoff)
     assert seen and all(c == [1] * len(pools) for c in seen)   # decided on one thread
@@ -103,13 +109,7 @@ def test_large_svd_lifted_inside_a_one_thread_decision(two_threads, monkeypatch)
     n = 60
     A = _deficient(n, 50, 11)
     R = sp.csc_array(np.triu(la.qr(A, mode="r")[0]))
-    seen = []
-    svd = la.svd
-
-    def watched_svd(*args, **kwargs):
-        seen.append([int(get()) for get, _ in pools])
-        return svd(*args, **kwargs)
-    monkeypatch.setattr(lstsq_mod.la, "svd", watched_svd)
+    seen = _watch_svd(monkeypatch, pools)
     monkeypatch.setattr(lstsq_mod, "SVD_THREADED_FLOPS", 1.0)
     solver = MinNormSolver(R, lstsq_mod.EPS * n)
     assert seen and all(c == [2] * len(pools) for c in seen)

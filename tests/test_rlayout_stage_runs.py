@@ -16,8 +16,8 @@ from scipy_gpuqr._engine.gpu import rlayout
 from scipy_gpuqr._schedule.dense_split import SplitModel
 from scipy_gpuqr._schedule.devices import map_devices
 from scipy_gpuqr._symbolic import analyze
-from scipy_gpuqr._testing_matrices import (chessboard_boundary, grid3d_least_squares,
-                                           random_least_squares)
+from scipy_gpuqr._testing_matrices import grid3d_least_squares
+from test_schedule_layout_native import LAYOUT_IDS, LAYOUT_MATRICES
 
 
 def _plans(an):
@@ -34,12 +34,7 @@ def _plans(an):
     return out
 
 
-@pytest.mark.parametrize("A", [
-    grid3d_least_squares(9),
-    chessboard_boundary(4, 5, 2),
-    random_least_squares(600, 150, density=0.02, dense_rows=3, seed=3),
-    random_least_squares(500, 120, density=0.03, dense_rows=2, duplicate_cols=5, seed=4),
-], ids=["grid9", "ch4-5-2", "rand", "rand-dup"])
+@pytest.mark.parametrize("A", LAYOUT_MATRICES, ids=LAYOUT_IDS)
 def test_stage_maps_from_segments_equal_the_masked_ones(A, monkeypatch):
     an = analyze(A, cache=False)
     lay = rlayout.r_layout(an, cache=False)

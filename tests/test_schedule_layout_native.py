@@ -56,12 +56,18 @@ def test_arith_runs_refuses_runs_that_do_not_cover(lib):
         native.arith_runs(lib.get(True), first, step, length, start, total, np.float64)
 
 
-@pytest.mark.parametrize("A", [
+#: Small matrices of every kind of R layout (a grid, a chessboard complex, random
+#: least squares with dense rows and with duplicate columns), and their ids.
+LAYOUT_MATRICES = [
     grid3d_least_squares(9),
     chessboard_boundary(4, 5, 2),
     random_least_squares(600, 150, density=0.02, dense_rows=3, seed=3),
     random_least_squares(500, 120, density=0.03, dense_rows=2, duplicate_cols=5, seed=4),
-], ids=["grid9", "ch4-5-2", "rand", "rand-dup"])
+]
+LAYOUT_IDS = ["grid9", "ch4-5-2", "rand", "rand-dup"]
+
+
+@pytest.mark.parametrize("A", LAYOUT_MATRICES, ids=LAYOUT_IDS)
 def test_layout_compiled_equals_numpy(lib, A, monkeypatch):
     an = analyze(A, cache=False)
     nf = an.fronts.nfronts
