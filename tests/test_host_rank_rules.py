@@ -301,36 +301,120 @@ def test_lsqr_cpu_takes_the_nullspace_cod_on_dwt_878():
 
 
 # ---------------------------------------------------------------------------
-# a small R of full rank by the 1-norm test: the BLAS pools are not looked up
+# a small R of full rank by the 1-norm test: the BLAS pools are not lowered
 
-def test_small_full_rank_decision_does_not_look_up_the_pools(rng, monkeypatch):
+def _count_lowerings(monkeypatch, lowered: list) -> None:
+    """Record each body of the decision that lowers the process' BLAS pools
+    (``process_limited`` with a thread count)."""
+    real = _lstsq.process_limited
+
+    def counting(threads, *args, **kwargs):
+        if threads is not None:
+            lowered.append(threads)
+        return real(threads, *args, **kwargs)
+    monkeypatch.setattr(_lstsq, "process_limited", counting)
+
+
+def test_small_full_rank_decision_does_not_lower_the_pools(rng, monkeypatch):
     """Where LAPACK's 1-norm estimate on R made dense settles full rank (order up to
     DENSE_LIMIT, solves on the host), R⁻¹ answers through SuperLU's sweeps: the process'
-    OpenBLAS pools are neither looked up (a read of its memory map, about a millisecond)
-    nor lowered, in the decision or its solves, and x is bit for bit the one decided
-    with the pools lowered. A deficient R, and the GPU's dense σ test from
-    SVD_GPU_MIN_ORDER, keep the lookup."""
-    looked = []
-    real = _lstsq.openblas_pools
-    monkeypatch.setattr(_lstsq, "openblas_pools", lambda: looked.append(1) or real())
+    OpenBLAS pools are not lowered, in the decision or its solves, and x is bit for bit
+    the one decided with the pools lowered. A deficient R, and the GPU's dense σ test
+    from SVD_GPU_MIN_ORDER, still lower them (to one thread)."""
+    lowered = []
+    _count_lowerings(monkeypatch, lowered)
     q = 200
     R = sp.csc_array(np.triu(rng.standard_normal((q, q))) + 20 * np.eye(q))
     b = rng.standard_normal(q)
     solver = _lstsq.MinNormSolver(R, EPS * q)
     x = solver.solve(b)
-    assert (solver.method, solver.rank) == ("triangular", q) and looked == []
+    assert (solver.method, solver.rank) == ("triangular", q) and lowered == []
     assert solver.rcond >= 10 * q * EPS * q
     monkeypatch.setattr(_lstsq.MinNormSolver, "_full_rank_unlimited", lambda self: False)
     limited = _lstsq.MinNormSolver(R, EPS * q)
     assert np.array_equal(limited.solve(b), x) and limited.rcond == solver.rcond
-    assert looked == [1]
+    assert lowered and set(lowered) == {1}
     monkeypatch.undo()
-    monkeypatch.setattr(_lstsq, "openblas_pools", lambda: looked.append(1) or real())
-    looked.clear()
+    lowered.clear()
+    _count_lowerings(monkeypatch, lowered)
     deficient = sp.csc_array(np.diag(np.r_[np.ones(q - 1), 1e-20]))
-    assert _lstsq.MinNormSolver(deficient, EPS * q).rank == q - 1 and looked == [1]
-    looked.clear()
+    assert _lstsq.MinNormSolver(deficient, EPS * q).rank == q - 1 and set(lowered) == {1}
+    lowered.clear()
     big = _lstsq.SVD_GPU_MIN_ORDER
     Rg = sp.csc_array(np.triu(rng.standard_normal((big, big))) + 40 * np.eye(big))
     assert _lstsq.MinNormSolver(Rg, EPS * big, dense_device="gpu").rank == big
-    assert looked == [1]
+    assert set(lowered) == {1}
+
+
+# ---------------------------------------------------------------------------
+# the gap check's σ_min(R11) where the dense refinements run on the GPU
+
+def _gap_checked(R, cutoff, **kwargs):
+    return _lstsq.MinNormSolver(R, cutoff, factorize=_cod_factorizer(
+        backend_factorizer("cpu")[0]), **kwargs)
+
+
+def test_gap_check_sigma_min_goes_where_the_dense_work_runs(monkeypatch):
+    """With ``dense_device='gpu'`` and R11 of at least SVD_GPU_MIN_ORDER columns the
+    gap-checked COD's σ_min(R11) is tested on the device (here a stand-in: NumPy in
+    CuPy's place), on R11 made dense there; the decision and x are the host's, bit for
+    bit (the COD's factors do not depend on where σ was tested). A smaller R11, or the
+    host's dense work, keep the host's test."""
+    from conftest import banded_deficient
+    n, dead = 400, 5
+    A = banded_deficient(n, dead, 3)
+    b = np.random.default_rng(1).standard_normal(n)
+    R = sp.csc_array(backend_factorizer("cpu")[0](A, tol=None).R)
+    c = b[:R.shape[0]]
+    cutoff = EPS * n
+    host = _gap_checked(R, cutoff)
+    assert host.method == "cod" and host.rank == n - dead
+    x_host = host.solve(c)
+    made = []
+    real_dense = _lstsq.dense_from_sparse
+
+    def dense(T, xp):
+        made.append((T.shape[0], xp))
+        return real_dense(T, xp)
+    monkeypatch.setattr(_lstsq, "dense_from_sparse", dense)
+    monkeypatch.setattr(_lstsq._gpu, "gpu_available", lambda: True)
+    monkeypatch.setattr(_lstsq._gpu, "import_cupy", lambda: np)
+    monkeypatch.setattr(_lstsq, "SVD_GPU_MIN_ORDER", 100)
+    device = _gap_checked(R, cutoff, dense_device="gpu")
+    assert made == [(n - dead, np)]
+    assert (device.method, device.rank) == ("cod", n - dead)
+    assert np.array_equal(device.solve(c), x_host)
+    made.clear()
+    monkeypatch.setattr(_lstsq, "SVD_GPU_MIN_ORDER", n)              # R11 below it
+    assert _gap_checked(R, cutoff, dense_device="gpu").method == "cod" and made == []
+    assert _gap_checked(R, cutoff, dense_device="cpu").method == "cod" and made == []
+
+
+@pytest.mark.gpu
+def test_gap_check_sigma_min_on_the_gpu_on_adder_dcop_05():
+    """adder_dcop_05 (order 1813, rank 1788 by lstsq's rule, σ_1788 at 1.42 × the cutoff):
+    the gap-checked COD with the dense work on the GPU tests σ_min(R11) on a CuPy R11 and
+    decides as the host does, x bit for bit."""
+    pytest.importorskip("cupy")
+    from conftest import TEST_MATRICES
+    from scipy_gpuqr._gpu import gpu_available
+    from scipy_gpuqr.io import mmread
+    if not gpu_available():
+        pytest.skip("no GPU")
+    A = sp.csc_array(mmread(str(TEST_MATRICES / "adder_dcop_05.mtx"))).astype(np.float64)
+    R = sp.csc_array(backend_factorizer("cpu")[0](A, tol=None).R)
+    cutoff = _lstsq.lstsq_cutoff(*A.shape)
+    c = np.random.default_rng(3).standard_normal(R.shape[0])
+    seen = []
+    real = _lstsq.sigma_min_upper
+
+    def spy(T, threshold, **kwargs):
+        seen.append(type(T).__module__.split(".")[0])
+        return real(T, threshold, **kwargs)
+    import unittest.mock
+    with unittest.mock.patch.object(_lstsq, "sigma_min_upper", spy):
+        device = _gap_checked(R, cutoff, dense_device="gpu")
+        host = _gap_checked(R, cutoff, dense_device="cpu")
+    assert seen == ["cupy", "scipy"]
+    assert (device.method, device.rank) == (host.method, host.rank) == ("cod", 1788)
+    assert np.array_equal(device.solve(c), host.solve(c))

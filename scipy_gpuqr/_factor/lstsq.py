@@ -129,7 +129,7 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator, onenormest
 
 from .. import _gpu
-from .._cpu.blas_threads import openblas_pools, process_limited
+from .._cpu.blas_threads import process_limited
 from .._dispatch.plan import available_host_memory
 from .._engine.memory import available_bytes
 from .dense_cod import DenseCOD, dense_from_sparse, sigma_max_estimate
@@ -503,8 +503,6 @@ class MinNormSolver:
     _fro_pending: Optional[Future] = field(init=False, default=None, repr=False)
     # the pools process_limited lowered for the decision (None outside it)
     _lowered: Optional[object] = field(init=False, default=None, repr=False)
-    # the process' OpenBLAS pools, looked up once (None: R too large to limit them)
-    _pools: Optional[list] = field(init=False, default=None, repr=False)
     # the BLAS threads of the decision and its solves (None: the pools' own counts)
     _threads: Optional[int] = field(init=False, default=None, repr=False)
 
@@ -516,8 +514,7 @@ class MinNormSolver:
             if threads is not None and self._full_rank_unlimited():
                 return                  # R⁻¹ answers: nothing for the pools to spread
             self._threads = threads
-            self._pools = openblas_pools() if threads is not None else None
-            with process_limited(threads, self._pools) as self._lowered:
+            with process_limited(threads) as self._lowered:
                 self._decide()
         finally:
             self._lowered = None
@@ -536,7 +533,7 @@ class MinNormSolver:
 
     def _full_rank_unlimited(self) -> bool:
         """Full rank by the 1-norm test alone, before the process' BLAS pools are
-        looked up (a read of its memory map) and lowered.
+        lowered.
 
         For a square host R of order up to :data:`DENSE_LIMIT` with a finite
         diagonal whose smallest entry is above ``cutoff·max|r_ii|``, and whose
@@ -773,7 +770,7 @@ class MinNormSolver:
             if isinstance(tri, DenseUpper):
                 self._smax_lanczos = tri.sigma_max()
             else:
-                with process_limited(1, self._pools):
+                with process_limited(1):
                     self._smax_lanczos = sigma_max_lanczos(self.R)
         return self._smax_lanczos
 
@@ -913,7 +910,8 @@ class MinNormSolver:
         σ_min(R11)`` means lstsq's rank is r and the truncated SVD's solution
         is the COD's up to a perturbation ``<= ‖E‖₂``. σ_min(R11) comes from
         :func:`~scipy_gpuqr._factor.triangular.sigma_min_upper` (a bound, or an
-        estimate with a margin). False (nothing kept) when either test fails.
+        estimate with a margin), on the GPU where the dense refinements run there
+        (:meth:`_sigma_min_on_device`). False (nothing kept) when either test fails.
         """
         G = sp.csc_array(self.R.T) if self.transposed else self.R
         kG, qG = G.shape
@@ -935,7 +933,9 @@ class MinNormSolver:
                 return False
         R11 = Rf[:r, :r]
         tri = UpperTriangular(R11) if r > DENSE_SIGMA_LIMIT else None
-        est = sigma_min_upper(R11, tol, solves=tri.solves() if tri else None)
+        est = self._sigma_min_on_device(R11, tol) if tri is None else None
+        if est is None:
+            est = sigma_min_upper(R11, tol, solves=tri.solves() if tri else None)
         if not _clearly_above(est, r, tol):
             return False
         R1 = Rf[:r]
@@ -947,6 +947,25 @@ class MinNormSolver:
         self.cod_device = self.device
         self._cod = (first, second, R1)
         return True
+
+    def _sigma_min_on_device(self, T: sp.csc_array, threshold: float):
+        """σ_min of the gap check's triangle T (order at most DENSE_SIGMA_LIMIT) on the
+        GPU where the dense refinements run there (:attr:`dense_device`) and T has at
+        least :data:`SVD_GPU_MIN_ORDER` columns: T made dense on the device, its inverse
+        by cuBLAS and Lanczos on it (:func:`~scipy_gpuqr._factor.triangular.sigma_min_upper`),
+        a few milliseconds where the host's ``trtri`` and dense Lanczos on one thread
+        take about ``q³/3`` flops and ``q²`` per step. None: the host answers (no GPU,
+        a smaller T, or T does not fit beside what the device holds)."""
+        q = T.shape[0]
+        if self.dense_device != "gpu" or q < SVD_GPU_MIN_ORDER or not _gpu.gpu_available():
+            return None
+        try:
+            Td = dense_from_sparse(T, _gpu.import_cupy())
+            return sigma_min_upper(Td, threshold)
+        except MemoryError:
+            # CuPy's OutOfMemoryError is a MemoryError: the device is shared or limited
+            _free_device_pool()
+            return None
 
     # -- dense refinement: exactly lstsq's rule -------------------------------
     def _dense_on_gpu(self, as_g: bool = True):
@@ -1121,7 +1140,7 @@ class MinNormSolver:
     def solve(self, C: np.ndarray) -> np.ndarray:
         """Minimum-norm least-squares ``Y`` with ``G Y ≈ C``; C of shape (rows of G, p)."""
         C = _as_2d(np.asarray(C, dtype=np.float64))
-        with process_limited(self._threads, self._pools):
+        with process_limited(self._threads):
             return self._solve(C)
 
     def _solve(self, C: np.ndarray) -> np.ndarray:
