@@ -178,7 +178,9 @@ def _once(A, b, backend, debug=False):
 #: package's defaults with a few settings changed: how Q's solve brings an
 #: earlier stage's reflector bands up (``reflector_upload.BAND_UPLOAD``), how a
 #: host front's slabs bring earlier panels up (``slab_front.PANEL_UPLOAD``) and
-#: how many parts a slab has at most (``slab_front.SLAB_PARTS``), whether Q's
+#: how many parts a slab has at most (``slab_front.SLAB_PARTS``), whether a host
+#: front whose staircase fits is worked as one slab (``slab_front.ONE_SLAB_PARTS``;
+#: ``columns``: never, the slabs of every row), whether Q's
 #: replay prefetches the next stage's reflectors (``solve.PREFETCH``) and a
 #: staged factorization sends Q's first stage up as it ends
 #: (``solve.PREFETCH_FIRST``), how a plan that the time model's dense fronts
@@ -200,12 +202,14 @@ MODES = {"defaults": {},
          "size": {"staged_dense": "size"},
          "plannow": {"plans_per_call": True},
          "late": {"assemble": "late"},
+         "columns": {"one_slab": 0},
          "noasm": {"assemble": "off"}}
 
 #: Each setting of :data:`MODES`: its module (under ``scipy_gpuqr``) and name.
 _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
              "slab_panels": ("_engine.slab_front", "PANEL_UPLOAD"),
              "slab_parts": ("_engine.slab_front", "SLAB_PARTS"),
+             "one_slab": ("_engine.slab_front", "ONE_SLAB_PARTS"),
              "prefetch": ("_engine.gpu.solve", "PREFETCH"),
              "prefetch_first": ("_engine.gpu.solve", "PREFETCH_FIRST"),
              "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE")}

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
-from scipy_gpuqr._engine.slab_front import (PART_ROW_BYTES, NumpySlabs, factorize_in_slabs,
-                                            part_rows, slab_columns, slab_part_count,
-                                            slab_parts, slab_ranges, slab_sides,
-                                            whole_front_fits)
+from scipy_gpuqr._engine.slab_front import (ONE_SLAB_PARTS, PART_ROW_BYTES, NumpySlabs,
+                                            factorize_in_slabs, one_slab_parts, part_rows,
+                                            slab_buffer_elements, slab_columns,
+                                            slab_part_count, slab_parts, slab_ranges,
+                                            slab_sides, whole_front_fits)
 from scipy_gpuqr._testing_matrices import staircase_front
 
 EPS = np.finfo(np.float64).eps
@@ -335,11 +336,11 @@ def test_slabs_take_the_side_their_first_part_finds_free():
                 self.at = []
                 self.full = []      # per slab: its parts' elements with every row
 
-            def slab_buffer(self, F, c0, c1, most=None):
+            def slab_buffer(self, F, n):
                 self.at.append([])
                 self.full.append(0)
-                self.size = F.shape[0] * max(c1 - c0, most or 0)
-                return super().slab_buffer(F, c0, c1, most)
+                self.size = n
+                return super().slab_buffer(F, n)
 
             def upload_part(self, F, buf, at, a0, a1, p0, p1, rows=None):
                 assert buf.size == self.size
@@ -358,6 +359,8 @@ def test_slabs_take_the_side_their_first_part_finds_free():
         plan = [(sl, slab_parts(panels, sl)) for sl in slabs]
         want = slab_sides(plan, max(c1 - c0 for c0, c1, _, _ in slabs))
         assert want[0] is False
+        # slabs of several: the widest one's columns of every row
+        assert dev.size == fm * max(c1 - c0 for c0, c1, _, _ in slabs)
         downs += sum(want)
         for k, spans in enumerate(dev.at):
             assert all(0 <= a < b <= dev.size for a, b in spans)
@@ -496,3 +499,172 @@ def test_narrow_slabs_go_in_fewer_wider_parts():
         np.testing.assert_allclose(F, ref, atol=1e3 * 90 * EPS)
         np.testing.assert_allclose(T, T_ref, atol=1e3 * 90 * EPS)
     assert len(seen) == 3                   # four, two and one part a slab
+
+
+def _ch7_8_b3_root():
+    """ch7-8-b3's root front (49340 × 9375) and its panels with its staircase."""
+    from scipy_gpuqr._symbolic import analyze
+    from scipy_gpuqr._testing_matrices import chessboard_boundary
+    fs = analyze(chessboard_boundary(7, 8, 3)).fronts
+    f = int(np.argmax(np.asarray(fs.fm, dtype=np.int64) * np.asarray(fs.fn, dtype=np.int64)))
+    fm, fn = int(fs.fm[f]), int(fs.fn[f])
+    return fm, fn, panels_of(fm, fn, fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]], 256)
+
+
+def test_ch7_8_b3s_root_is_one_slab_at_half_its_need():
+    """ch7-8-b3's root at 1/2 of the one-stage need (3,432,269,534 bytes for a
+    slab beside what the pool held, as the H200 runs found): its rectangle took
+    two column slabs of every row (5965 columns at most, a 2.29 GB buffer), the
+    first slab's panels sent up again for the second; its eight parts down to
+    their staircases take 2.56 GB, 69 % of the rectangle, and fit as one slab.
+    At 1/4 (1.7 GB for the slab) the front still takes slabs of several."""
+    fm, fn, panels = _ch7_8_b3_root()
+    assert (fm, fn) == (49340, 9375)
+    half = 3_432_269_534
+    assert slab_columns(fm, 256, 8, half) == 5965
+    k = one_slab_parts(panels, fm, fn, 256, 8, half, PART_ROW_BYTES)
+    assert k == ONE_SLAB_PARTS == 8
+    parts = slab_parts(panels, (0, fn, 0, len(panels)), k)
+    size = slab_buffer_elements([((0, fn, 0, len(panels)), parts)], panels, fm)
+    assert 2.5e9 < 8 * size < 2.6e9 and size < 0.7 * fm * fn
+    assert (size + 4 * fm * 256 + 2 * fn * 256 + 5 * 256 ** 2) * 8 <= 0.9 * half
+    assert one_slab_parts(panels, fm, fn, 256, 8, 1_700_000_000, PART_ROW_BYTES) == 0
+    assert one_slab_parts(panels, fm, fn, 256, 8, half, PART_ROW_BYTES, parts=0) == 0
+    # fewer parts lie further from the staircase: four do not fit there
+    assert one_slab_parts(panels, fm, fn, 256, 8, half, PART_ROW_BYTES, parts=4) == 0
+
+
+def test_one_slab_parts_fit_the_bytes_given():
+    """The whole front goes as one slab exactly where its parts down to their
+    staircases and the workspace fit 90 % of the bytes; the count is the parts
+    asked for, fewer where rows would be short or panels few."""
+    rng = np.random.default_rng(3)
+    fm, fn, nb = 400, 300, 16
+    _, stair = staircase_front(fm, fn, rng, dense_rows=3)
+    panels = panels_of(fm, fn, stair, nb)
+    slab = (0, fn, 0, len(panels))
+    for parts in (1, 3, 8):
+        size = slab_buffer_elements([(slab, slab_parts(panels, slab, parts))], panels, fm)
+        need = (size + 4 * fm * nb + 2 * fn * nb + 5 * nb * nb) * 8
+        assert size <= fm * fn
+        assert one_slab_parts(panels, fm, fn, nb, 8, int(need / 0.9) + 1, parts=parts) == parts
+        assert one_slab_parts(panels, fm, fn, nb, 8, int(need / 0.9) - 8, parts=parts) == 0
+    big = 10 ** 9
+    assert one_slab_parts(panels, fm, fn, nb, 8, big, row_bytes=fn * 8 // 2, parts=8) == 2
+    assert one_slab_parts(panels[:2], fm, 2 * nb, nb, 8, big, parts=8) == 2
+    assert one_slab_parts([], fm, 0, nb, 8, big) == 0
+    wide = panels_of(fn, fm, None, nb)            # 300 x 400: 100 columns past the panels
+    assert one_slab_parts(wide, fn, fm, nb, 8, big) == 0
+
+
+class _OneSlab(NumpySlabs):
+    """The host slab operations, with the buffer's size, the parts' places and the
+    earlier panels brought up counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.size, self.at, self.panels_up = 0, [], 0
+
+    def slab_buffer(self, F, n):
+        self.size = n
+        return super().slab_buffer(F, n)
+
+    def upload_part(self, F, buf, at, a0, a1, p0, p1, rows=None):
+        self.at.append((at, at + rows * (a1 - a0)))
+        return super().upload_part(F, buf, at, a0, a1, p0, p1, rows)
+
+    def upload_panel(self, *args):
+        self.panels_up += 1
+        return super().upload_panel(*args)
+
+
+@pytest.mark.parametrize("fm,fn,nb,parts", [(90, 70, 8, 8), (60, 25, 8, 3), (40, 40, 16, 8),
+                                            (200, 60, 4, 5), (1, 1, 4, 8)])
+def test_one_slab_equals_the_blocked_factorization(fm, fn, nb, parts):
+    """The whole front as one slab (its width the front's): the parts lie back to
+    back in a buffer of their staircases' size, no earlier panel goes up, and
+    the factorization is the blocked one to rounding."""
+    rng = np.random.default_rng(fm + fn)
+    F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
+    F = F0.copy()
+    dev = _OneSlab()
+    T = factorize_in_slabs(F, panels, nb, fn, dev, parts=parts)
+    pieces = slab_parts(panels, (0, fn, 0, len(panels)), parts)
+    assert dev.slabs == 1 and dev.parts == len(pieces) and dev.panels_up == 0
+    assert dev.size == sum(part_rows(panels, fm, q0, q1) * (a1 - a0)
+                           for a0, a1, q0, q1 in pieces) <= fm * fn
+    assert dev.at[0][0] == 0 and dev.at[-1][1] == dev.size
+    assert all(b == a for (_, b), (a, _) in zip(dev.at, dev.at[1:]))
+    tol = 100 * max(fm, fn) * EPS * max(np.abs(F0).max(), 1.0)
+    np.testing.assert_allclose(F, ref, atol=tol)
+    np.testing.assert_allclose(T, T_ref, atol=100 * max(fm, fn) * EPS)
+    _check_q(F0, F, panels, T, tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fm,fn", [(12000, 2900), (6000, 4000)])
+def test_one_slab_on_the_gpu_equals_the_blocked_factorization(fm, fn):
+    """One slab of eight parts on the device (each part's work waits only for its
+    own copy): the blocked factorization, R up to row signs; the pool held at
+    most the buffer and the workspace :func:`one_slab_parts` counts."""
+    import cupy as cp
+    import cupyx
+
+    from scipy_gpuqr._engine.slab_front import CupySlabs
+    rng = np.random.default_rng(fn)
+    nb = 256
+    F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
+    F = cupyx.empty_pinned(F0.shape, dtype=F0.dtype)
+    F[...] = F0
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    before = pool.total_bytes()
+    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True), part_row_bytes=0)
+    T = factorize_in_slabs(F, panels, nb, fn, dev, parts=8)
+    pieces = slab_parts(panels, (0, fn, 0, len(panels)), 8)
+    size = slab_buffer_elements([((0, fn, 0, len(panels)), pieces)], panels, fm)
+    assert dev.slabs == 1 and dev.parts == len(pieces) == 8
+    assert before < dev.pool_peak - 8 * size
+    assert dev.pool_peak - before <= (size + 4 * fm * nb + 2 * fn * nb + 5 * nb * nb) * 8
+    assert dev.all_finite()
+    tol = 1e3 * fm * EPS * np.abs(F0).max()
+    k = min(fm, fn)
+    np.testing.assert_allclose(np.abs(np.triu(F[:k])), np.abs(np.triu(ref[:k])), atol=tol)
+    _check_q(F0, F, panels, T, tol)
+
+
+@pytest.mark.gpu
+def test_host_front_whose_staircase_fits_goes_as_one_slab():
+    """Under a pool limit below the front's rectangle but above its staircase and
+    workspace, the host front goes through the GPU as one slab and says so; its
+    Q and R are right, checked on the device."""
+    import types
+
+    import cupy as cp
+
+    from scipy_gpuqr._engine.gpu.device import HostFrontDevice
+    from scipy_gpuqr._engine.memory import POOL_USABLE, available_bytes
+    rng = np.random.default_rng(11)
+    fm, fn, nb = 5000, 3000, 256
+    F0, stair = staircase_front(fm, fn, rng, dense_rows=min(fm, 3))
+    panels = panels_of(fm, fn, stair, nb)
+    slab = (0, fn, 0, len(panels))
+    k = slab_part_count(fn, 8, ONE_SLAB_PARTS, PART_ROW_BYTES)     # 3: rows of 8 KB
+    size = slab_buffer_elements([(slab, slab_parts(panels, slab, k))], panels, fm)
+    room = int((size + 4 * fm * nb + 2 * fn * nb + 5 * nb * nb) * 8 / 0.9 / POOL_USABLE)
+    room += 4 << 20             # the pool's own rounding
+    assert not whole_front_fits(fm, fn, nb, 8, room)
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    gpu = types.SimpleNamespace(cp=cp, stream=cp.cuda.Stream(non_blocking=True),
+                                memory=lambda: available_bytes(cp))
+    hd = HostFrontDevice(32, 3, gpu=gpu)
+    F = F0.copy()
+    pool.set_limit(size=pool.total_bytes() + room)
+    try:
+        T, how, finite = hd._on_gpu(F, panels)
+    finally:
+        pool.set_limit(size=0)
+    assert T is not None and how.startswith(f"in column slabs: one slab of {k} parts"), how
+    assert finite is True
+    _check_q(F0, F, panels, T, 1e3 * fm * EPS * np.abs(F0).max())

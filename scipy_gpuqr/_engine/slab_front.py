@@ -37,6 +37,13 @@ part's columns a C-contiguous block of the buffer of their own):
    where the slab before did not lie goes there, and up while that slab is
    still worked on).
 
+A front whose parts, each down to its staircase, fit the device together
+(:func:`one_slab_parts`) is worked as one slab: the buffer holds those parts
+one after another, not a rectangle of every row, no earlier panel goes up
+again, and each part's work starts as soon as it landed, while the later
+parts still come up. That is the buffer a staircase front needs, often well
+below its rectangle (a root front of a least-squares problem: two thirds).
+
 The result is the representation :class:`~scipy_gpuqr._engine.dense_front.DenseFront`
 applies (V below each panel's diagonal, one ``T`` per panel), equal to
 :func:`~scipy_gpuqr._engine.dense_front.factorize_numpy`'s to rounding.
@@ -52,6 +59,7 @@ on a GPU).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,13 +72,21 @@ from .memory import make_room
 
 __all__ = ["slab_ranges", "slab_parts", "slab_sides", "slab_columns", "whole_front_fits",
            "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS", "PANEL_UPLOADS",
-           "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count", "part_rows"]
+           "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count", "part_rows", "one_slab_parts",
+           "ONE_SLAB_PARTS", "slab_buffer_elements"]
 
 #: Most parts a slab is worked in (:func:`slab_parts`): part ``g`` goes back to
 #: the host while part ``g + 1`` is worked on, and part ``g + 1`` came up while
 #: part ``g`` was; only the first part's upload and the last part's download
 #: are not overlapped by work of the slab.
 SLAB_PARTS = 4
+
+#: Most parts of a front worked as one slab (:func:`one_slab_parts`): more
+#: parts than a slab of several has, so that the first part, whose upload no
+#: work overlaps, is small, the last part's download short, and the parts cut
+#: closer to the front's staircase; 0: no front is worked as one slab (its
+#: slabs are :func:`slab_columns`' rectangles).
+ONE_SLAB_PARTS = 8
 
 #: Fewest bytes of a part's row on a device that copies parts over a link
 #: (:class:`CupySlabs`' ``part_row_bytes``, :func:`slab_part_count`): a part's
@@ -221,6 +237,45 @@ def slab_columns(fm: int, nb: int, itemsize: int, available: int) -> int:
     return int(w) if w >= nb else 0
 
 
+def one_slab_parts(panels: list, fm: int, fn: int, nb: int, itemsize: int, available: int,
+                   row_bytes: int = 0, parts: int | None = None) -> int:
+    """Parts of the whole front worked as one slab in ``available`` device bytes,
+    or 0 where it does not fit (then :func:`slab_columns`' slabs of several), or
+    where the front is wider than tall (its columns past the last panel go in
+    slabs of their own, :func:`slab_ranges`).
+
+    The slab's parts (:func:`slab_parts`, as many as :func:`slab_part_count`
+    gives for ``parts``, default :data:`ONE_SLAB_PARTS`, and ``row_bytes``)
+    each hold their rows down to their staircase (:func:`part_rows`), one
+    after another in one buffer (:func:`slab_buffer_elements`). Beside it,
+    ``4 fm nb`` elements: the dense path's panel buffer and one panel's
+    reflectors taken out of a part for the updates of the parts after it
+    (with its mask), about ``2.2 fm nb``, and room for the blocks of smaller
+    sizes CuPy keeps cached as the panels' rows grow; the products of the
+    updates (two rows of ``nb`` per column). No earlier panels: only slabs of
+    several bring them up. 10 % is left for the allocator and the panels'
+    ``T``, as :func:`slab_columns` leaves.
+    """
+    parts = ONE_SLAB_PARTS if parts is None else int(parts)
+    if not panels or parts < 1 or panels[-1][0] + panels[-1][2] < fn:
+        return 0            # a wide front's trailing columns make slabs of their own
+    k = slab_part_count(fn, itemsize, parts, row_bytes)
+    plan = [((0, int(fn), 0, len(panels)), slab_parts(panels, (0, int(fn), 0, len(panels)), k))]
+    need = (slab_buffer_elements(plan, panels, fm) + 4 * fm * nb + 2 * fn * nb
+            + 5 * nb * nb) * itemsize
+    return len(plan[0][1]) if need <= 0.9 * available else 0
+
+
+def slab_buffer_elements(plan: list, panels: list, fm: int) -> int:
+    """Elements of the buffer the slabs of ``plan`` (``(slab, parts)``) are worked
+    in: one slab's parts each down to its staircase (:func:`part_rows`), one
+    after another; slabs of several the widest one's columns of every row, so
+    that a slab's parts may lie from either end (:func:`slab_sides`)."""
+    if len(plan) == 1:
+        return sum(part_rows(panels, fm, q0, q1) * (a1 - a0) for a0, a1, q0, q1 in plan[0][1])
+    return int(fm) * max((c1 - c0 for (c0, c1, _, _), _ in plan), default=0)
+
+
 def whole_front_fits(fm: int, fn: int, nb: int, itemsize: int, available: int) -> bool:
     """Whether an ``fm × fn`` front and the dense path's workspace fit
     ``available`` device bytes (10 % left for the allocator)."""
@@ -256,7 +311,8 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
     nb : int
         Panel width.
     width : int
-        Most columns of a slab (:func:`slab_columns`).
+        Most columns of a slab (:func:`slab_columns`; the front's columns or
+        more: one slab, :func:`one_slab_parts`).
     dev : NumpySlabs or CupySlabs
         Where the slabs are worked on.
     fallback : NumpySlabs, optional
@@ -283,11 +339,12 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
             for slab in slabs]
     most = max((c1 - c0 for c0, c1, _, _ in slabs), default=0)
     sides = slab_sides(plan, most)
+    size = slab_buffer_elements(plan, panels, F.shape[0])
     state = {"done": 0}             # parts whose columns went back into F
     try:
         dev.start(F, len(panels), nb)
         for (slab, pieces), down in zip(plan, sides):
-            _one_slab(F, panels, slab, pieces, dev, state, most, down=down)
+            _one_slab(F, panels, slab, pieces, dev, state, size, down=down)
         dev.finish()
         return dev.t_host()
     except Exception as exc:        # noqa: BLE001 - redone on the host, see above
@@ -313,15 +370,17 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
         dev.finish()
 
 
-def _one_slab(F, panels, slab, pieces, dev, state, most=None, down=False) -> None:
+def _one_slab(F, panels, slab, pieces, dev, state, size=None, down=False) -> None:
     """Slab ``(c0, c1, p0, p1)`` in ``pieces`` (:func:`slab_parts`): its parts up,
     every earlier slab's reflectors, then part by part the slab's own panels
     before it, its panels, back into ``F`` (``state['done']`` counts the parts
-    sent back). The buffer holds ``most`` columns (the widest slab); the parts
-    lie from its start on, or with ``down`` from its end back
-    (:func:`slab_sides`)."""
+    sent back). The buffer holds ``size`` elements (:func:`slab_buffer_elements`;
+    default the slab's parts down to their staircases); the parts lie from its
+    start on, or with ``down`` from its end back (:func:`slab_sides`)."""
     c0, c1, p0, p1 = slab
-    buf = dev.slab_buffer(F, c0, c1, most)
+    if size is None:
+        size = slab_buffer_elements([(slab, pieces)], panels, F.shape[0])
+    buf = dev.slab_buffer(F, size)
     at = buf.size if down else 0
     work = []
     for a0, a1, q0, q1 in pieces:
@@ -383,11 +442,11 @@ class NumpySlabs:
         """A factorization of ``F`` begins (``T``: the panels' factors known so far)."""
         self._T = np.zeros((npanels, nb, nb), dtype=F.dtype) if T is None else T.copy()
 
-    def slab_buffer(self, F: np.ndarray, c0: int, c1: int, most=None):
-        """The buffer the slab ``[c0, c1)`` is worked in (its parts one after another;
-        ``most`` columns, at least the slab's)."""
+    def slab_buffer(self, F: np.ndarray, n: int):
+        """The buffer of ``n`` elements (:func:`slab_buffer_elements`) a slab is
+        worked in (its parts one after another)."""
         self.slabs += 1
-        return np.empty(F.shape[0] * max(c1 - c0, most or 0), dtype=F.dtype)
+        return np.empty(int(n), dtype=F.dtype)
 
     def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int,
                     rows: int | None = None) -> SlabPart:
@@ -494,9 +553,13 @@ class CupySlabs:
         self._T = None
         self._T_host = None
         self._nb = 0                    # the panels' width (:meth:`start`)
-        self._marks = []                # (what, timing event): :meth:`timeline`
+        self._marks = []                # (what, timing event, host ms): :meth:`timeline`
+        self._t0 = 0.0                  # the host's clock at :meth:`start`
         #: the last factorization's timeline (:meth:`timeline`), for the log
         self.last_timeline = ""
+        #: most bytes CuPy's pool held at any mark of the last factorization
+        #: (read as the work was queued: the slab path's peak under a limit)
+        self.pool_peak = 0
 
     def _event(self, stream):
         ev = self.cp.cuda.Event(disable_timing=True)
@@ -508,25 +571,33 @@ class CupySlabs:
         ev.record(stream)
         return ev
 
+    def _mark(self, what: str, stream) -> None:
+        """A point of the timeline on ``stream``, with the host's clock and the
+        pool's bytes as it is queued."""
+        self.pool_peak = max(self.pool_peak, int(self.cp.get_default_memory_pool().total_bytes()))
+        self._marks.append((what, self._timed(stream),
+                            1e3 * (time.perf_counter() - self._t0)))
+
     def mark(self, what: str) -> None:
-        self._marks.append((what, self._timed(self.stream)))
+        self._mark(what, self.stream)
 
     def timeline(self) -> str:
         """Milliseconds from the start, per slab: its parts up (``u``), the earlier
         slabs' panels applied (``e``), its parts factorized (``p``) and back
-        (``d``); after :meth:`finish`'s synchronization."""
+        (``d``), each as ``device:host`` (when it happened on the device, when
+        the host queued it); after :meth:`finish`'s synchronization."""
         if len(self._marks) < 2:
             return ""
         t0 = self._marks[0][1]
         out, cur = [], None
-        for what, ev in self._marks[1:]:
+        for what, ev, host in self._marks[1:]:
             if what == "slab":
-                cur = [f"s{len(out)}"]
+                cur = [f"s{len(out)}:{host:.0f}"]
                 out.append(cur)
                 continue
             ms = self.cp.cuda.get_elapsed_time(t0, ev)
             if cur is not None:
-                cur.append(f"{what}{ms:.0f}")
+                cur.append(f"{what}{ms:.0f}:{host:.0f}")
         return " | ".join(" ".join(c) for c in out)
 
     def _sync(self) -> None:
@@ -549,19 +620,21 @@ class CupySlabs:
         return buf[:n]
 
     def start(self, F: np.ndarray, npanels: int, nb: int, T=None) -> None:
-        self._marks = [("start", self._timed(self.stream))]
+        self._t0 = time.perf_counter()
+        self.pool_peak = 0
+        self._marks = [("start", self._timed(self.stream), 0.0)]
         self._nb = int(nb)
         with self.stream:
             self._T = (self.cp.zeros((npanels, nb, nb), dtype=F.dtype) if T is None
                        else self.cp.asarray(T))
         self._T_host = None
 
-    def slab_buffer(self, F: np.ndarray, c0: int, c1: int, most=None):
-        """The slab buffer (``most`` columns, at least the slab's: the widest slab
-        sizes it once)."""
+    def slab_buffer(self, F: np.ndarray, n: int):
+        """The slab buffer of ``n`` elements (:func:`slab_buffer_elements`: sized
+        once for every slab)."""
         self.slabs += 1
-        self._marks.append(("slab", None))
-        return self._buffer("slab", F.shape[0] * max(c1 - c0, most or 0), F.dtype)
+        self._marks.append(("slab", None, 1e3 * (time.perf_counter() - self._t0)))
+        return self._buffer("slab", int(n), F.dtype)
 
     def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int,
                     rows: int | None = None) -> SlabPart:
@@ -583,7 +656,7 @@ class CupySlabs:
         else:
             with self.up_stream:
                 self.cp.copyto(S, src[:fm, a0:a1])
-        self._marks.append(("u", self._timed(self.up_stream)))
+        self._mark("u", self.up_stream)
         return SlabPart(S, a0, a1, p0, p1, at, self._event(self.up_stream))
 
     def ready(self, part: SlabPart) -> None:
@@ -660,7 +733,7 @@ class CupySlabs:
                          w * isz, w * isz, S.shape[0], rt.memcpyDeviceToHost,
                          self.down_stream.ptr)
         landed = self._event(self.down_stream)
-        self._marks.append(("d", self._timed(self.down_stream)))
+        self._mark("d", self.down_stream)
         self._regions.append((part.at, part.at + S.size, landed))
         for q in range(part.p0, part.p1):
             self._landed[q] = landed
@@ -686,7 +759,8 @@ class CupySlabs:
             if len(self._marks) > 1:
                 self.last_timeline = self.timeline()
                 logging.getLogger("scipy_gpuqr").debug(
-                    "slabs, ms from the start: %s", self.last_timeline)
+                    "slabs, ms from the start (device:host queued): %s; pool at most %d bytes",
+                    self.last_timeline, self.pool_peak)
         finally:
             self._buffers.clear()
             self._read.clear()

@@ -65,8 +65,8 @@ from ..._schedule.tasks import TASK_BYTES, TaskType, apply_split
 from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
 from ..host.simulate import execute_task, one_blas_thread
 from ..memory import CHECK_CHUNK, DeviceMemory, available_bytes, largest_block_bytes
-from ..slab_front import (CupySlabs, NumpySlabs, factorize_in_slabs, slab_columns,
-                          whole_front_fits)
+from ..slab_front import (PART_ROW_BYTES, CupySlabs, NumpySlabs, factorize_in_slabs,
+                          one_slab_parts, slab_columns, whole_front_fits)
 from . import factorize_kernels as variants
 from .array_ops import upload_block
 from .finite_check import finite_check
@@ -663,7 +663,8 @@ class HostFrontDevice(NumpyDevice):
     def _on_gpu(self, F, panels):
         """``(T, where, finite)`` after factorizing ``F`` (a host view, overwritten)
         on the GPU: whole when it fits there, else in column slabs
-        (:mod:`~scipy_gpuqr._engine.slab_front`; slabs that still run out of
+        (:mod:`~scipy_gpuqr._engine.slab_front`: one slab where the front's
+        parts down to its staircase fit, :func:`one_slab_parts`; slabs that still run out of
         memory, and the rest, with LAPACK); ``(None, why not, None)`` when not
         even one panel's slab fits (nothing left allocated there). ``finite``:
         whether the factorized front holds finite values only, read on the
@@ -692,13 +693,19 @@ class HostFrontDevice(NumpyDevice):
         if avail is not None:           # one slab buffer: what one allocation may take
             avail = min(avail, largest_block_bytes(cp))
         w = slab_columns(F.shape[0], nb, isz, avail) if avail is not None else 0
-        if not w:
+        # the whole front as one slab where its parts down to their staircases fit
+        one = (one_slab_parts(panels, *F.shape, nb, isz, avail, PART_ROW_BYTES)
+               if avail is not None else 0)
+        if not w and not one:
             return None, f"{whole}; not even a slab of one panel fits ({avail} bytes)", None
         host = NumpySlabs()
         slabs = CupySlabs(cp, gpu.stream, on_part=getattr(self, "on_slab_part", None))
-        T = factorize_in_slabs(F, panels, nb, w, slabs, fallback=host)
+        T = factorize_in_slabs(F, panels, nb, F.shape[1] if one else w, slabs, fallback=host,
+                               parts=one or None)
         held = int((mem.detail or {}).get("pool_used", 0))
-        return T, (f"in column slabs of {w} (the front alone does not fit; {avail:,} bytes "
+        shape = (f"one slab of {one} parts, each down to its staircase" if one
+                 else f"slabs of {w}")
+        return T, (f"in column slabs: {shape} (the front alone does not fit; {avail:,} bytes "
                    f"for a slab beside {held:,} held)"
                    + (f"; its last {host.slabs} slabs on the host (LAPACK/BLAS) after the "
                       f"device failed one (log)" if host.slabs else "")), \
