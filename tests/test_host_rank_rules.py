@@ -391,18 +391,17 @@ def test_gap_check_sigma_min_goes_where_the_dense_work_runs(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gap_check_sigma_min_on_the_gpu_on_adder_dcop_05():
+def test_gap_check_sigma_min_on_the_gpu_on_adder_dcop_05(matrices_dir):
     """adder_dcop_05 (order 1813, rank 1788 by lstsq's rule, σ_1788 at 1.42 × the cutoff):
     the gap-checked COD with the dense work on the GPU tests σ_min(R11) (order 1788) on a
     CuPy R11 and decides as the host does, x bit for bit. (The device's decision also
     tests σ_min of all of R there first, the host's not: only R11's tests are compared.)"""
     pytest.importorskip("cupy")
-    from conftest import TEST_MATRICES
     from scipy_gpuqr._gpu import gpu_available
     from scipy_gpuqr.io import mmread
     if not gpu_available():
         pytest.skip("no GPU")
-    A = sp.csc_array(mmread(str(TEST_MATRICES / "adder_dcop_05.mtx"))).astype(np.float64)
+    A = sp.csc_array(mmread(str(matrices_dir / "adder_dcop_05.mtx"))).astype(np.float64)
     R = sp.csc_array(backend_factorizer("cpu")[0](A, tol=None).R)
     cutoff = _lstsq.lstsq_cutoff(*A.shape)
     c = np.random.default_rng(3).standard_normal(R.shape[0])
