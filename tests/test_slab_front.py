@@ -626,6 +626,11 @@ def test_one_slab_on_the_gpu_equals_the_blocked_factorization(fm, fn):
     assert dev.slabs == 1 and dev.parts == len(pieces) == 8
     assert before < dev.pool_peak - 8 * size
     assert dev.pool_peak - before <= (size + 4 * fm * nb + 2 * fn * nb + 5 * nb * nb) * 8
+    # beside the buffer: the scratch the parts' workspaces are cut from, the panels'
+    # T and small arrays; not a new block for each part's taller panel buffer
+    scratch = fm * nb * 9 + 4 * fn * nb * 8
+    T_bytes = len(panels) * nb * nb * 8
+    assert dev.pool_peak - before - 8 * size <= scratch + T_bytes + (8 << 20)
     assert dev.all_finite()
     tol = 1e3 * fm * EPS * np.abs(F0).max()
     k = min(fm, fn)

@@ -248,13 +248,13 @@ def one_slab_parts(panels: list, fm: int, fn: int, nb: int, itemsize: int, avail
     gives for ``parts``, default :data:`ONE_SLAB_PARTS`, and ``row_bytes``)
     each hold their rows down to their staircase (:func:`part_rows`), one
     after another in one buffer (:func:`slab_buffer_elements`). Beside it,
-    ``4 fm nb`` elements: the dense path's panel buffer and one panel's
+    ``4 fm nb`` elements: the dense path's panel buffer, or one panel's
     reflectors taken out of a part for the updates of the parts after it
-    (with its mask), about ``2.2 fm nb``, and room for the blocks of smaller
-    sizes CuPy keeps cached as the panels' rows grow; the products of the
-    updates (two rows of ``nb`` per column). No earlier panels: only slabs of
-    several bring them up. 10 % is left for the allocator and the panels'
-    ``T``, as :func:`slab_columns` leaves.
+    with its mask, all cut from one block (:class:`CupySlabs`' scratch, about
+    ``1.2 fm nb``), with room to spare; the products of the updates (two rows
+    of ``nb`` per column). No earlier panels: only slabs of several bring
+    them up. 10 % is left for the allocator and the panels' ``T``, as
+    :func:`slab_columns` leaves.
     """
     parts = ONE_SLAB_PARTS if parts is None else int(parts)
     if not panels or parts < 1 or panels[-1][0] + panels[-1][2] < fn:
@@ -553,6 +553,7 @@ class CupySlabs:
         self._T = None
         self._T_host = None
         self._nb = 0                    # the panels' width (:meth:`start`)
+        self._scratch_made = False      # :meth:`_scratch` ran for this factorization
         self._marks = []                # (what, timing event, host ms): :meth:`timeline`
         self._t0 = 0.0                  # the host's clock at :meth:`start`
         #: the last factorization's timeline (:meth:`timeline`), for the log
@@ -624,6 +625,7 @@ class CupySlabs:
         self.pool_peak = 0
         self._marks = [("start", self._timed(self.stream), 0.0)]
         self._nb = int(nb)
+        self._scratch_made = False
         with self.stream:
             self._T = (self.cp.zeros((npanels, nb, nb), dtype=F.dtype) if T is None
                        else self.cp.asarray(T))
@@ -634,7 +636,28 @@ class CupySlabs:
         once for every slab)."""
         self.slabs += 1
         self._marks.append(("slab", None, 1e3 * (time.perf_counter() - self._t0)))
-        return self._buffer("slab", int(n), F.dtype)
+        buf = self._buffer("slab", int(n), F.dtype)
+        self._scratch(F)
+        return buf
+
+    def _scratch(self, F: np.ndarray) -> None:
+        """One free block in the work stream's share of CuPy's pool, as large as
+        a part's workspace at once: a panel of every row and its mask (the
+        reflectors an update takes out of a part), the products of the updates
+        and the dense path's two work rows per column; the dense path's panel
+        buffer fits it too. The parts' workspaces are then cut from it and
+        merge back into it. Without it, the panel buffer of each part, taller
+        than any before, is a new block that the pool keeps after the part:
+        about a panel of every row more per part (CuPy reuses a free block for
+        smaller requests only). Made once per factorization, after the slab
+        buffer (whose room-making would give it back)."""
+        if self._scratch_made:
+            return
+        self._scratch_made = True
+        fm, fn = F.shape
+        isz, nb = F.itemsize, self._nb
+        with self.stream:               # freed at once: kept in that stream's share
+            self.cp.empty(fm * nb * (isz + 1) + 4 * fn * nb * isz, dtype=np.uint8)
 
     def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int,
                     rows: int | None = None) -> SlabPart:
