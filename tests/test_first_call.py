@@ -360,6 +360,7 @@ def fake_compile(monkeypatch):
     monkeypatch.setattr(cupy.cuda, "Device", _FakeDevice)
     monkeypatch.setattr(fk, "prefetch_libraries", lambda: None)
     monkeypatch.setattr(fk, "start_blas_warmup", lambda device, dtype: None)
+    monkeypatch.setattr(fk, "pin_ring_ahead", lambda: None)
     return table
 
 

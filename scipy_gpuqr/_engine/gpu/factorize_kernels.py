@@ -10,8 +10,11 @@ kernels reporting their shared memory are the only ones declared
 call compiles the variants of its value type only, and
 :func:`prefetch_engine_kernels` compiles what a factorization (its dense
 fronts' panel kernel included) and its solves use in parallel threads before
-they are asked for, and loads the CUDA libraries the call uses on another
-thread meanwhile. Imports without cupy.
+they are asked for, loads the CUDA libraries the launch loop uses on another
+thread meanwhile (those only the solves and rank decisions use once the
+factorization first waits for the device: :func:`prefetch_later_libraries`)
+and pins the uploads' ring (:func:`~.upload_ring.pin_ring_ahead`). Imports
+without cupy.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ from .array_ops import array_ops_use
 from .blas_warmup import start_blas_warmup
 from .dense_panel import panel_kernel_use
 from .finite_check import finite_check_use
+from .upload_ring import pin_ring_ahead
 
 __all__ = ["KERNEL_VARIANTS", "ENGINE_VARIANTS", "ENGINE_THREADS", "UBERKERNEL_FILE",
            "APPLY_VARIANTS", "DEFAULT_APPLY", "ENV_APPLY", "apply_variant", "kernel_name",
            "smem_kernel_name", "tile_smem_bytes", "engine_kernels",
-           "prefetch_engine_kernels", "ENGINE_LIBRARIES", "prefetch_libraries"]
+           "prefetch_engine_kernels", "ENGINE_LIBRARIES", "LATER_LIBRARIES", "prefetch_libraries",
+           "prefetch_later_libraries"]
 
 #: The uberkernel's source file (relative to ``kernels/``).
 UBERKERNEL_FILE = "sparse_qr/uberkernel.cu"
@@ -154,22 +159,32 @@ def prefetch_engine_kernels(dtype, tile: int = 32, bundle: int = 3, *,
                             solve: bool = True, dense: bool = True) -> list:
     """Start compiling :func:`engine_kernels` on worker threads, in parallel (each
     module once per process; nothing when compiled or being compiled already),
-    loading :data:`ENGINE_LIBRARIES` on one more and setting cuBLAS up on
-    another (:mod:`.blas_warmup`; both once per process).
+    pinning the uploads' ring on one (:func:`~.upload_ring.pin_ring_ahead`),
+    loading :data:`ENGINE_LIBRARIES` on another and setting cuBLAS up on a third
+    (:mod:`.blas_warmup`; all three once per process).
     Needs a GPU. Returns the compiling threads."""
     import cupy
+    pin_ring_ahead()
     prefetch_libraries()
     start_blas_warmup(cupy.cuda.Device().id, np.dtype(dtype).name)
     return prefetch(engine_kernels(dtype, tile, bundle, solve=solve, dense=dense))
 
 
-#: Modules of CuPy a GPU factorization and its solves import when first used;
-#: importing one loads its CUDA libraries (cuBLAS and cuBLASLt, cuSOLVER,
-#: cuSPARSE), which takes a few tenths of a second in a new process.
+#: Modules of CuPy a GPU factorization's launch loop imports when first used;
+#: importing one loads its CUDA libraries (cuBLAS and cuBLASLt, cuSOLVER),
+#: which takes a few tenths of a second in a new process.
 ENGINE_LIBRARIES: tuple[str, ...] = (
     "cupy_backends.cuda.libs.cublas",       # dense fronts' GEMMs (dense_front._Cublas)
     "cupy_backends.cuda.libs.cusolver",     # geqrf panels, dense rank decisions
-    "cupyx.scipy.linalg",                   # solve_triangular (T factors, triangular solves)
+)
+
+#: Modules of CuPy only the solves and rank decisions import (after the
+#: factorization): mostly Python, whose import beside a new process's first
+#: launches took the interpreter's lock from the call's thread while it loaded
+#: its kernels; imported once the factorization first waits for the device
+#: (:func:`prefetch_later_libraries`).
+LATER_LIBRARIES: tuple[str, ...] = (
+    "cupyx.scipy.linalg",                   # solve_triangular (dense rank decisions)
     "cupy_backends.cuda.libs.cusparse",     # products with R's singleton block
     "cupyx.scipy.sparse",                   # R's singleton block, CuPy right-hand sides
 )
@@ -194,15 +209,31 @@ def prefetch_libraries() -> threading.Thread:
 _LIBRARIES_LOCK = threading.Lock()
 
 
-@functools.lru_cache(maxsize=1)
-def _libraries_thread() -> threading.Thread:
-    t = threading.Thread(target=_import_all, args=(ENGINE_LIBRARIES,),
-                         name="gpuqr-libraries", daemon=True)
+@functools.lru_cache(maxsize=None)
+def _libraries_thread(later: bool = False) -> threading.Thread:
+    t = threading.Thread(target=_import_all,
+                         args=(LATER_LIBRARIES if later else ENGINE_LIBRARIES,),
+                         name="gpuqr-later-libraries" if later else "gpuqr-libraries",
+                         daemon=True)
     t.start()
     return t
 
 
 prefetch_libraries.cache_clear = _libraries_thread.cache_clear
+
+
+def prefetch_later_libraries() -> threading.Thread:
+    """Import :data:`LATER_LIBRARIES` on a daemon thread (``gpuqr-later-libraries``),
+    once per process, as :func:`prefetch_libraries` does the launch loop's.
+
+    Called where a factorization first waits for the device (the end of a
+    stage), so that the imports take the interpreter's lock while the call's
+    thread waits without it, not while it loads its kernels and enqueues its
+    first launches; the solves and the rank decision after it find them
+    imported (or wait for the import under way).
+    """
+    with _LIBRARIES_LOCK:
+        return _libraries_thread(True)
 
 
 def _import_all(names) -> None:
