@@ -262,3 +262,72 @@ def test_gap_bench_reports_the_spans_of_a_first_call(capsys):
              "pinned_s": 0.03, "nvrtc_runs": 0} for f, g in ((0.9, 0.45), (0.95, 0.5), (1.0, 0.6))]
     s = fcg.summary(rows)
     assert "n=3 first 0.950 gap +0.500 [+0.450, +0.600]" in s and "pinned 40.0 MB 30.0 ms" in s
+    # the uploads' ring: pinned ahead on its thread, the first stage's start, the waits
+    for r in rows:
+        r.update(ahead_mb=16.0, ahead_s=0.015, begin_stage_at=0.33, ring_wait_s=0.002)
+    s = fcg.summary(rows)
+    assert "(ahead 16.0 MB 15.0 ms); first begin_stage at 0.330; ring waits 2.0 ms" in s
+
+
+# ----------------------------------------------------------------- the schedule made ahead
+
+@pytest.mark.parametrize("k", [6, 9])
+def test_the_schedule_made_ahead_is_the_one_the_call_asks_for(k, tmp_path, monkeypatch):
+    """start_schedule_load reads the one-stage schedule only where its plan was
+    saved before (first pass: none, nothing built; the call builds and saves it);
+    the schedule it read (second pass, the scheduler's memory emptied) is the
+    very object the call's own build_schedule then gets, with the arguments
+    _factorize passes it for a plan that fits (plan_for_memory with room to
+    spare, the dense fronts' rule unchanged): a hit of the scheduler's cache,
+    nothing read or built again."""
+    import threading
+
+    from scipy_gpuqr import _store
+    from scipy_gpuqr._engine.gpu import driver
+    from scipy_gpuqr._engine.memory import plan_for_memory
+    from scipy_gpuqr._schedule import sparse
+    from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
+    monkeypatch.setenv("SCIPY_GPUQR_SCHEDULE_CACHE", str(tmp_path))
+    A = grid3d_least_squares(k)
+    reads = []
+    real_read = _store.read_aligned
+    monkeypatch.setattr(_store, "read_aligned",
+                        lambda path: reads.append(threading.current_thread().name)
+                        or real_read(path))
+    for saved in (False, True):
+        sparse.clear_schedule_cache()
+        an = analyze(A)
+        first = len(reads)
+        fut = driver.start_schedule_load(an, tile=32, bundle=3, pipelining=True, max_tasks=None,
+                                         dense_flops=DEFAULT_DENSE_FLOPS,
+                                         dense_columns_per_launch=DENSE_COLUMNS_PER_LAUNCH)
+        early = fut.result()
+        assert (early is None) == (not saved)
+        n_reads = len(reads)
+        needs = driver.stage_needs(an, DEFAULT_DENSE_FLOPS, tile=32, bundle=3,
+                                   pipelining=True, itemsize=8, panel=256)
+        mplan = plan_for_memory(an, needs, 1 << 40, None)
+        assert len(mplan.plan.stages) == 1
+        got = sparse.build_schedule(an, tile=32, bundle=3, pipelining=True, max_gpu_memory=None,
+                                    max_tasks=None, lazy=True, dense_flops=DEFAULT_DENSE_FLOPS,
+                                    dense_columns_per_launch=DENSE_COLUMNS_PER_LAUNCH,
+                                    plan=mplan.plan, dense_extra=None)
+        if saved:
+            assert got is early
+            assert len(reads) == n_reads            # the call read nothing
+            assert set(reads[first:]) == {"gpuqr-schedule-load_0"}      # the worker did
+        else:
+            got.materialize()
+            _store.flush()                          # the plan file written
+    sparse.clear_schedule_cache()
+
+
+def test_no_schedule_ahead_where_the_plan_has_stages(monkeypatch):
+    from scipy_gpuqr._engine.gpu import driver
+    an = analyze(grid3d_least_squares(6))
+
+    class _Staged:
+        stages = ((0, 3), (4, an.fronts.nfronts - 1))
+    monkeypatch.setattr(type(an), "stage_plan", lambda self, budget: _Staged())
+    assert driver.start_schedule_load(an, tile=32, bundle=3, pipelining=True, max_tasks=None,
+                                      dense_flops=None, dense_columns_per_launch=1) is None

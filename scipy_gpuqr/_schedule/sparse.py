@@ -392,7 +392,7 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
                    plan=None, lazy: bool = False, cache: bool = True,
                    dense_flops: float | None = None,
                    dense_columns_per_launch: int = DENSE_COLUMNS_PER_LAUNCH,
-                   dense_extra=None) -> SparseSchedule:
+                   dense_extra=None, stored_only: bool = False) -> SparseSchedule | None:
     """Build the task lists of every stage of a factorization.
 
     Parameters
@@ -434,10 +434,14 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
         Fronts made dense fronts besides ``dense_flops``' choice (a
         multi-device factorization splits them over its devices,
         :mod:`.dense_split`).
+    stored_only : bool
+        Only a schedule kept in memory or whose plan an earlier process saved
+        (read ahead of a call that will likely ask for it); None where there is
+        neither (nothing is built).
 
     Returns
     -------
-    SparseSchedule
+    SparseSchedule or None
         With ``cache`` the very object built the first time (treat it as
         read-only).
     """
@@ -468,6 +472,8 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
     where = disk.plan_slot(analysis, plan, dense, pargs)
     out = disk.load_plan(where, lambda a, facts: _plan_of_arrays(a, facts, analysis.fronts,
                                                                  pargs))
+    if out is None and stored_only:
+        return None
     if out is None:
         out = _build(analysis, plan, int(tile), int(bundle), bool(pipelining), int(granule),
                      max_tasks, dense_flops, int(dense_columns_per_launch), extra)

@@ -375,7 +375,13 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     debug = _debug_default() if debug is None else bool(debug)
     dev_dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     early = start_layout_load(analysis)     # meanwhile: the device, the plan, the schedule
+    early_schedule = None
     if device is None:
+        if early is not None and max_gpu_memory is None:    # a pattern new to the process
+            early_schedule = start_schedule_load(
+                analysis, tile=tile, bundle=bundle, pipelining=pipelining,
+                max_tasks=max_tasks, dense_flops=dense_flops,
+                dense_columns_per_launch=dense_columns_per_launch)
         _gpu.start_driver()     # a new process's first call: beside CuPy's import
         gi = _gpu.gpu_info()
         if not gi.get("available"):
@@ -419,7 +425,8 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
             out = _factorize(Ac, analysis, device, budget=max_gpu_memory, tile=tile,
                              bundle=bundle, pipelining=pipelining, max_tasks=max_tasks,
                              dense_flops=dense_flops, dense_cpl=dense_columns_per_launch,
-                             mplan=mplan, needs=needs, early=early, dense_extra=dense_extra)
+                             mplan=mplan, needs=needs, early=early, dense_extra=dense_extra,
+                             early_schedule=early_schedule)
         except MemoryError as exc:      # DeviceOutOfMemory, or CuPy's from a worker
             if not (isinstance(exc, DeviceOutOfMemory)
                     or type(exc).__name__ == "OutOfMemoryError"):
@@ -718,9 +725,41 @@ def _warm_from_disk(early, sched, analysis=None) -> bool:
     return True
 
 
+def start_schedule_load(analysis, *, tile: int, bundle: int, pipelining: bool,
+                        max_tasks, dense_flops, dense_columns_per_launch: int):
+    """Start making the schedule a call of ``analysis`` most likely runs, one
+    stage of every front, on a worker thread (``gpuqr-schedule-load``); None
+    where the analysis' plan without a memory limit has more than one stage.
+
+    A new process's first call of a pattern an earlier process factorized
+    reads that schedule's plan from its file (:func:`~scipy_gpuqr._schedule.
+    sparse.build_schedule`: the fingerprint, the file's read and check, its
+    decoding) only once CUDA is up and the memory plan made, on the call's
+    thread before its first launch. Whether the device's memory holds one
+    stage is known only then, but one stage is what a call of a matrix that
+    fits runs: started with R's layout's load (:func:`start_layout_load`),
+    the read runs while CuPy imports, and the call's own
+    :func:`~scipy_gpuqr._schedule.sparse.build_schedule` with the same
+    arguments finds the schedule in the scheduler's cache
+    (:func:`_factorize` waits for the worker where its plan is this one).
+    Only a plan saved before is read (``stored_only``): where there is none,
+    or the call's plan turns out to have stages, nothing was built for
+    nothing. Arguments as :func:`gpu_factorize`'s with ``max_gpu_memory``
+    None.
+    """
+    plan = analysis.stage_plan(None)
+    if len(plan.stages) != 1:
+        return None
+    return _on_worker(lambda: build_schedule(
+        analysis, tile=tile, bundle=bundle, pipelining=pipelining, max_gpu_memory=None,
+        max_tasks=max_tasks, lazy=True, dense_flops=dense_flops,
+        dense_columns_per_launch=dense_columns_per_launch, plan=plan, stored_only=True),
+        "gpuqr-schedule-load")
+
+
 def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_tasks,
                dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH, mplan=None, needs=None,
-               early=None, dense_extra=()):
+               early=None, dense_extra=(), early_schedule=None):
     """One attempt with the stages of ``mplan`` (a
     :class:`~scipy_gpuqr._engine.memory.MemoryPlan`; default
     ``analysis.stage_plan(budget)``): the schedule, R's layout on a worker, the stages.
@@ -729,6 +768,9 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     earlier process factorized, loading from disk), or None. A one-stage schedule
     then runs as in a warm call (:func:`_warm_from_disk`). ``dense_extra``: fronts
     made dense fronts besides ``dense_flops``' choice (:func:`_oversized_dense`).
+    ``early_schedule``: the future of :func:`start_schedule_load` (the one-stage
+    schedule, made ahead), waited for where this attempt's plan has one stage:
+    the schedule built here is then a hit of the scheduler's cache.
 
     Raises
     ------
@@ -737,6 +779,11 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
         ``mplan.available`` (the caller restages).
     """
     t0 = time.perf_counter()
+    if early_schedule is not None and (mplan is None or len(mplan.plan.stages) == 1):
+        try:
+            early_schedule.result()
+        except Exception:  # noqa: BLE001 - built below as without the early start
+            pass
     # lazy: a schedule built before for this analysis (refactor, a warm call) comes from
     # the scheduler's cache, materialized; a new one is built launch by launch by
     # iter_launches' worker while the GPU runs the launches before.
