@@ -773,6 +773,11 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                          f"{d.get('subtree_flops', float('nan')) / 1e12:.2f}"
                          for d in run["plan"].get("per_device", [])) + " T")
             busy += f"; R copies started during the launches {run.get('r_copy_progressive')}"
+            es = run["engine_seconds"]
+            busy += (f"; engine total {es.get('total', float('nan')):.3f}, after R "
+                     f"{es.get('result', float('nan')):.3f}; to home MB/s " + " ".join(
+                         f"{d['to_home']['bytes'] / 1e6:.0f}/{d['to_home']['seconds']:.3f}"
+                         if d.get("to_home") else "-" for d in run["per_device"]))
             busy += "; pinned " + " | ".join(pinned_text(x) for x in run.get("pinned", []))
             busy += ("; mapped by (warm-up, s) " + ", ".join(
                 f"{m} {x:.2f}" for m, x in zip(run["warm_up_mappings"], run["warm_up_seconds"]))

@@ -96,6 +96,9 @@ def _run(ids, **kw):
             assert 0 <= rc["scattered_by_enqueued"] <= rc["entries"]
         assert 0 <= info["r_copy_progressive"] <= info["stages"]
         assert info["q_device"] == ids[0]
+        # every other device sent its VT tiles and dense fronts home once it ended
+        assert all(d["to_home"] is not None and d["to_home"]["bytes"] >= 0 for d in per[1:])
+        assert info["seconds"]["result"] >= 0
         pinned = info["pinned_ahead"]       # every pinned buffer made before the threads
         assert pinned["during_run"] == {"allocations": 0, "bytes": 0}, (name, pinned)
         assert pinned["staging_bytes"] > 0 and pinned["bytes"] > pinned["staging_bytes"]
@@ -280,6 +283,26 @@ def _split_case(cp, fm, fn, seed):
     return F, stair
 
 
+def _split_on_layers(cp, layers, Fh, panels, nb, own, pad=7, **kw):
+    """``Fh`` put in a pool on the first layer (at ``pad``, a view inside a pool as in
+    a stage) and a prepared ``CupySplit`` of it over the layers: ``(F, backend)``.
+
+    The pool is zeroed on the layer's stream, where the front goes up: zeroed on
+    the legacy default stream (behind a reference's work there), the memset could
+    land after the upload (the layer's stream does not wait for it)."""
+    from scipy_gpuqr._engine.gpu.split_front import CupySplit
+    main = layers[0]
+    with main.stream:
+        pool = cp.zeros(Fh.size + pad, dtype=np.float64)
+    F = pool[pad:].reshape(Fh.shape)
+    F.set(Fh, stream=main.stream)
+    ready = cp.cuda.Event()
+    ready.record(main.stream)
+    be = CupySplit(main, layers[1:], F, panels, nb, own, ready, timing=True, **kw)
+    be.prepare()
+    return F, be
+
+
 @pytest.mark.parametrize("ids, owners, lean, serial", [
     ((0, 0), "model", True, False), ((0, 0), "model", False, False),
     ((0, 0, 0), "model", True, False),
@@ -295,7 +318,6 @@ def test_split_front_backend_equals_one_device(ids, owners, lean, serial):
     import cupy as cp
     from scipy_gpuqr._engine.dense_front import factorize_cupy, panels_of
     from scipy_gpuqr._engine.gpu.multi_device import cupy_layers
-    from scipy_gpuqr._engine.gpu.split_front import CupySplit
     from scipy_gpuqr._engine.split_front import run_split, split_factorize_numpy
     from scipy_gpuqr._schedule.dense_split import block_owners
     if len(set(ids)) > device_count():
@@ -313,18 +335,7 @@ def test_split_front_backend_equals_one_device(ids, owners, lean, serial):
         F1 = cp.asarray(Fh)
         T1 = factorize_cupy(F1, panels, nb)
         cp.cuda.Device().synchronize()
-        # the pool zeroed on the layer's stream, where the front goes up: zeroed on
-        # the legacy default stream (behind the reference's work there), the memset
-        # could land after the upload (the layer's stream does not wait for it)
-        with main.stream:
-            pool = cp.zeros(fm * fn + 7, dtype=np.float64)
-        F2 = pool[7:].reshape(fm, fn)        # a view inside a pool, as in a stage
-        F2.set(Fh, stream=main.stream)
-        ready = cp.cuda.Event()
-        ready.record(main.stream)
-        be = CupySplit(main, layers[1:], F2, panels, nb, own, ready, timing=True, lean=lean,
-                       serial=serial)
-        be.prepare()
+        F2, be = _split_on_layers(cp, layers, Fh, panels, nb, own, lean=lean, serial=serial)
         run_split(be, panels, nb, fn, own)
         main.stream.wait_event(be.done)
         main.stream.synchronize()
@@ -351,7 +362,7 @@ def test_split_fronts_sharing_resources_equal_one_device(ids):
     from concurrent.futures import ThreadPoolExecutor
     from scipy_gpuqr._engine.dense_front import factorize_cupy, panels_of
     from scipy_gpuqr._engine.gpu.multi_device import cupy_layers
-    from scipy_gpuqr._engine.gpu.split_front import CupySplit, SplitResources
+    from scipy_gpuqr._engine.gpu.split_front import SplitResources
     from scipy_gpuqr._engine.split_front import run_split
     from scipy_gpuqr._schedule.dense_split import block_owners
     if len(set(ids)) > device_count():
@@ -369,15 +380,7 @@ def test_split_fronts_sharing_resources_equal_one_device(ids):
                 panels = panels_of(fm, fn, stair, nb)
                 own = block_owners(fm, fn, stair, len(ids))
                 assert own.max() > 0
-                with main.stream:
-                    pool = cp.zeros(fm * fn + 5, dtype=np.float64)
-                F2 = pool[5:].reshape(fm, fn)
-                F2.set(Fh, stream=main.stream)
-                ready = cp.cuda.Event()
-                ready.record(main.stream)
-                be = CupySplit(main, layers[1:], F2, panels, nb, own, ready, timing=True,
-                               resources=res)
-                be.prepare()
+                F2, be = _split_on_layers(cp, layers, Fh, panels, nb, own, pad=5, resources=res)
                 run_split(be, panels, nb, fn, own, workers=ex[:int(own.max()) + 1])
                 fronts.append((Fh, panels, F2, be))
             main.stream.wait_event(fronts[-1][3].done)
@@ -411,7 +414,6 @@ def test_split_front_on_device_threads_equals_one_device(ids):
     from concurrent.futures import ThreadPoolExecutor
     from scipy_gpuqr._engine.dense_front import factorize_cupy, panels_of
     from scipy_gpuqr._engine.gpu.multi_device import cupy_layers
-    from scipy_gpuqr._engine.gpu.split_front import CupySplit
     from scipy_gpuqr._engine.split_front import run_split
     from scipy_gpuqr._schedule.dense_split import block_owners
     if len(set(ids)) > device_count():
@@ -429,14 +431,7 @@ def test_split_front_on_device_threads_equals_one_device(ids):
         T1 = factorize_cupy(F1, panels, nb)
         cp.cuda.Device().synchronize()
         for threads in (True, False):
-            with main.stream:
-                pool = cp.zeros(fm * fn + 7, dtype=np.float64)
-            F2 = pool[7:].reshape(fm, fn)
-            F2.set(Fh, stream=main.stream)
-            ready = cp.cuda.Event()
-            ready.record(main.stream)
-            be = CupySplit(main, layers[1:], F2, panels, nb, own, ready, timing=True)
-            be.prepare()
+            F2, be = _split_on_layers(cp, layers, Fh, panels, nb, own)
             ex = [None] + [ThreadPoolExecutor(1) for _ in range(1, int(own.max()) + 1)]
             try:
                 times = run_split(be, panels, nb, fn, own, workers=ex if threads else None)

@@ -25,10 +25,12 @@ that packs the block into its parent
 records from the stage's first launch to the last one before the parent is
 read), so a device runs its own subtrees while another still factorizes the
 child. R's values of a stage are copied to the host while its launches run,
-each range once final (:func:`~.rcopy.final_entries` of the stage, cut to
-the stage's entries), and scattered into R's ``data`` by the device's
-thread as soon as its copy ends; after every thread ended only the
-singleton rows and the CSC wrapper remain.
+each range once final, and scattered into R's ``data`` as they land; the
+stage's entries are taken in the order they become final (each front's rows
+of R once its columns are written for the last time,
+:func:`final_launches`), not in R's CSC order, where an upper stage's
+entries wait for the root. After every thread ended only the singleton rows
+and the CSC wrapper remain.
 
 ``Q`` and the solves run on the first device of the list (the one of the
 roots): the other devices' VT tiles are copied into its VT pool, and their
@@ -36,7 +38,8 @@ front pools are read where they lie (peer access) when the devices can
 reach each other, else fetched to the host (uploaded level by level by the
 replay, as for staged one-GPU factorizations); dense fronts factorized on
 another GPU (and their ``T``) are copied to it, since their products run
-through cuBLAS there.
+through cuBLAS there. Each device sends its tiles and dense fronts as soon
+as its stages ended, while the first device may still compute.
 
 The host memory the devices' threads pin (each layer's maps, each stage's S
 entries and records, R's staging slots) is sized from the plan and the
@@ -82,7 +85,7 @@ from . import driver
 from .device import CupyDevice, pinned_pool_cap
 from .pinned_ahead import PinnedAhead, lane_needs, pinned_needs
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, final_entries, staging_for,
-                    touched)
+                    tile_final_launches, touched)
 from .rlayout import r_layout
 from .split_front import CupySplit, SplitResources, enable_peers
 from .stage_loop import stage_reflector_records
@@ -553,7 +556,11 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         stages ended (``wait_r_copy_seconds``), and when, counted from the
         call's start, its thread started, had enqueued its stages and had
         scattered its R values (``timeline_seconds``) and its thread's steps
-        (``events``, :data:`EVENT_KINDS`); ``info["switch_interval"]``, the
+        (``events``, :data:`EVENT_KINDS`) and the bytes of its VT tiles and
+        dense fronts sent to the first device after its stages, with its
+        thread's seconds enqueueing them (``to_home``; None for the first
+        device); ``info["seconds"]["result"]``, the seconds after R (Q's
+        parts gathered, ``info`` made); ``info["switch_interval"]``, the
         interpreter's switch interval the devices' threads ran under (None:
         the process' own);
         ``info["devices"]["mapping"]``: what the subtrees were shared by
@@ -717,7 +724,7 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
               getattr(x, "r_copy_min_chunk_bytes", MIN_CHUNK_BYTES)) for x in cuda]
     ok = False
     try:
-        host_side = helper.submit(_host_side, analysis, [st.fronts for st in sched.stages])
+        host_side = helper.submit(_host_side, analysis, sched)
         # then, while the devices run: the array R's values land in, its pages
         # touched (scattered into fresh pages, each write would fault its page
         # in), and a fresh copy of R's pattern (read by R's assembly only)
@@ -764,6 +771,8 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
         "pin_wait": pin_wait,
         "wait_blocks": max(run.t_wait_blocks, default=0.0)})
     out.info["pinned_ahead"] = pinned
+    # after R: Q's parts gathered on the home layer, ``info`` made
+    out.info["seconds"]["result"] = time.perf_counter() - t3
     return out
 
 
@@ -867,11 +876,66 @@ def split_choice(analysis, plan, sched, layers, split_dense, model) -> dict:
     return out
 
 
-def _host_side(analysis, plan_stages):
+def _host_side(analysis, sched):
     """R's layout and its gather maps for the stages (on the helper: the stages'
-    R copies start once they are there)."""
+    R copies start once they are there): per stage ``(pos, index, final)``.
+
+    Each stage's entries are taken in the order they become final
+    (:meth:`~.rlayout.RLayout.stage_maps_by`, ranked by :func:`final_launches`):
+    the R copier moves a prefix of them after each launch, and in R's CSC
+    order an upper stage's entries are final only after its last launch
+    (every column of the root's holds rows of each front below it), so all of
+    them would be copied after the devices ended. ``final[L]``: the stage's
+    first entries final after launch ``L``; None where the layout has no column
+    segments (:meth:`~.rlayout.RLayout.segments_from`: rows of R not in front
+    order), whose maps are in CSC order (:func:`~.rcopy.final_entries` then).
+    """
     lay = r_layout(analysis)
-    return lay, lay.stage_maps(plan_stages)
+    parent = analysis.fronts.parent
+    stages = [defer_carried_packs(st, parent)[0] for st in sched.stages]
+    name = ("final launch", int(sched.tile), int(sched.bundle), bool(sched.pipelining),
+            sched.dense_flops, tuple((int(st.nlaunch), int(st.ntasks),
+                                      hash(np.asarray(st.launch_ptr).tobytes()),
+                                      tuple(sorted(st.dense.items())))
+                                     for st in stages))
+    fronts = [st.fronts for st in stages]
+    ordered = None
+    if len(stages) > 1 and lay.segments_from(analysis):
+        ordered = lay.stage_maps_by(fronts, final_launches(analysis.fronts, stages,
+                                                           int(sched.tile)), name)
+    if ordered is None:
+        return lay, [(pos, idx, None) for pos, idx in lay.stage_maps(fronts)]
+    out = []
+    for st, (pos, idx, count) in zip(stages, ordered):
+        nl = int(st.nlaunch)
+        final = np.zeros(nl, dtype=np.int64)
+        m = min(len(count), nl)
+        if m:
+            np.cumsum(count[:m], out=final[:m])
+            final[m:] = final[m - 1]
+        out.append((pos, idx, final))
+    return lay, out
+
+
+def final_launches(fs, stages, tile: int):
+    """``rank(i, front, column)`` for :meth:`~.rlayout.RLayout.stage_maps_by`: the
+    launch of stage ``i`` after which the rows of R of ``front`` in its local
+    ``column`` are final (:func:`~.rcopy.tile_final_launches`; 0 for those no
+    launch writes), or ``nlaunch`` for a dense front joined after the stage's
+    last launch: the copier's event of the last launch comes before those joins
+    (:meth:`_MultiStageRun._stage`), so that a front joined into the last launch
+    is copied while the root's factorization runs. ``stages``: the stages as
+    they are enqueued (their carried blocks' packs deferred,
+    :func:`~scipy_gpuqr._schedule.devices.defer_carried_packs`)."""
+    def rank(i, front, column):
+        st = stages[i]
+        nl = int(st.nlaunch)
+        cellbase, last = tile_final_launches(fs, st, tile)
+        for f, joined in st.dense_join.items():
+            if int(joined) >= nl:
+                last[cellbase[f]:cellbase[f + 1]] = nl
+        return np.maximum(last[cellbase[front] + column // tile], 0)
+    return rank
 
 
 def _to_home(arr, home):
@@ -902,6 +966,15 @@ def _settle(cp, device_ids) -> None:
     for d in dict.fromkeys(int(i) for i in device_ids):
         with cp.cuda.Device(d):
             cp.cuda.Device(d).synchronize()
+
+
+def _copy_async(cp, dst, dst_id, src, src_id, nbytes, stream) -> None:
+    """``nbytes`` from device ``src_id``'s ``src`` to device ``dst_id``'s ``dst`` on
+    ``stream``: peer to peer, or within one device."""
+    if dst_id == src_id:
+        cp.cuda.runtime.memcpyAsync(dst, src, nbytes, _D2D, stream.ptr)
+    else:
+        cp.cuda.runtime.memcpyPeerAsync(dst, dst_id, src, src_id, nbytes, stream.ptr)
 
 
 class _MultiStageRun:
@@ -957,6 +1030,15 @@ class _MultiStageRun:
         #: first split front; ended with the devices' threads)
         self.split_workers = {}
         self._workers_lock = threading.Lock()
+        #: the home layer's VT pool allocated (a CUDA event on its stream after its
+        #: start; None: not yet, or a NumPy home layer)
+        self.home_ready = None
+        #: per device whose VT tiles and dense fronts went to the home layer once its
+        #: stages ended (:meth:`_send_home`): the event after those copies, bytes, and
+        #: its thread's seconds enqueueing them
+        self.sent_home = {}
+        #: dense front -> (F, T) on the home layer, copied by :meth:`_send_home`
+        self.home_dense = {}
         self.fkey = (tuple(tuple(int(x) for x in st.fronts) for st in sched.stages),
                      int(sched.tile), int(sched.bundle), bool(sched.pipelining),
                      int(sched.ntasks), sched.dense_flops)
@@ -1012,6 +1094,8 @@ class _MultiStageRun:
                 t0, c0 = time.perf_counter(), time.thread_time()
                 with _on(self.layers[k]):
                     self.layers[k].start(self.maps, self.sched.vt_size)
+                    if k == 0:
+                        self._home_started()
                     opened = self._enqueue(k)
                 self.r.enqueued(k)
                 self.t_enqueue[k] = time.perf_counter() - t0
@@ -1067,12 +1151,79 @@ class _MultiStageRun:
                     if pos is not None or len(vals):     # else scattered as it landed
                         self.r.put(k, pos, 0, vals)
                     self.t_wait_r[k] += time.perf_counter() - tw
+                self._send_home(k)
         except BaseException:
             for item in opened:
                 item[2].abort()
             raise
         base = t0 if self.t_call is None else self.t_call
         self.timeline[k] = (t0 - base, t1 - base, time.perf_counter() - base)
+
+    def _home_started(self) -> None:
+        """The home layer (the first: Q's) has its VT pool: an event on its stream
+        after it, which the other devices' copies into it wait for (CUDA)."""
+        home = self.layers[0]
+        cp = getattr(home, "cp", None)
+        if cp is not None:
+            ev = cp.cuda.Event(disable_timing=True)
+            ev.record(home.stream)
+            self.home_ready = ev
+
+    def _send_home(self, k) -> None:
+        """Device ``k``'s VT tiles and dense fronts (and their ``T``) copied to the
+        home layer on ``k``'s stream once its stages ended, with its device current.
+
+        ``Q`` runs on the home layer: :meth:`_gather_q` and :meth:`result` copied
+        them after every device ended, so each call ended with these copies
+        (grid 64^3 on two GPUs: 2 GB of VT tiles and a 2.5 GB dense front); a
+        device that ended earlier sends them while the home device still
+        computes. Nothing where the home layer has no VT pool yet, on NumPy
+        layers, or where the home device has no room now (:meth:`result` then
+        copies them as before).
+        """
+        home, layer = self.layers[0], self.layers[k]
+        cp = getattr(layer, "cp", None)
+        if k == 0 or cp is None or getattr(home, "cp", None) is None or self.home_ready is None:
+            return
+        t0 = time.perf_counter()
+        sched = self.sched
+        lo = np.asarray(sched.vt_base, dtype=np.int64)
+        hi = np.append(lo[1:], sched.vt_size)
+        stream = layer.stream
+        stream.wait_event(self.home_ready)
+        isz = home.vt.itemsize
+        sent, dense = 0, {}
+        try:
+            for sid in self.plan.device_stages(k):
+                st = sched.stages[sid]
+                a, b = int(lo[st.fronts[0]]), int(hi[st.fronts[1]])
+                if b > a:
+                    _copy_async(cp, home.vt.data.ptr + a * isz, home.device_id,
+                                layer.vt.data.ptr + a * isz, layer.device_id, (b - a) * isz,
+                                stream)
+                    sent += (b - a) * isz
+                for f in st.dense:
+                    part = self.dense_parts.get(f)
+                    if part is None or part[0] != sid:
+                        continue
+                    _, Fv, _, T = part
+                    with stream:
+                        Fv, T = cp.ascontiguousarray(Fv), cp.ascontiguousarray(T)
+                    with cp.cuda.Device(home.device_id):
+                        dense[f] = (cp.empty(Fv.shape, dtype=Fv.dtype),
+                                    cp.empty(T.shape, dtype=T.dtype))
+                    for dst, src in zip(dense[f], (Fv, T)):
+                        _copy_async(cp, dst.data.ptr, home.device_id, src.data.ptr,
+                                    layer.device_id, src.nbytes, stream)
+                        sent += src.nbytes
+        except cp.cuda.memory.OutOfMemoryError:
+            # the home device is full for now: the dense fronts wait for the call's end
+            dense = {}
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(stream)
+        self.home_dense.update(dense)
+        self.sent_home[k] = {"event": done, "bytes": sent,
+                             "seconds": time.perf_counter() - t0}
 
     def _copier(self, sid, st, k, layer, h):
         """R's copier of device ``k``'s stage, progressive (``final`` per launch):
@@ -1083,17 +1234,26 @@ class _MultiStageRun:
         after the stage): scattered after the stage, a large stage's values and
         positions (16 bytes per entry of R) would be read again while every
         device waits. Its slots are :attr:`r_slot` bytes (the layer's
-        ``r_copy_slot_bytes``, set for the run by ``_run``).
+        ``r_copy_slot_bytes``, set for the run by ``_run``). The stage's entries
+        come in the order they become final where :func:`_host_side` could
+        order them, else in R's CSC order.
         """
         layout, gmaps = self.host_side.result()
-        pos, gidx = gmaps[sid]
+        pos, gidx, final = gmaps[sid]
         key = ("multi_device_final", self.fkey, int(sid), int(st.nlaunch), int(st.ntasks),
                hash(np.asarray(st.launch_ptr).tobytes()))
 
         def _final(st=st, lay=layout, pos=pos):
+            if final is not None:
+                return final
+
             def make():
                 g = final_entries(self.analysis, lay, st, int(self.sched.tile))
-                return g if pos is None else np.searchsorted(pos, g).astype(np.int64)
+                g = g if pos is None else np.searchsorted(pos, g).astype(np.int64)
+                if any(int(j) >= st.nlaunch for j in st.dense_join.values()):
+                    # the last launch's event precedes those joins: the rest at the end
+                    g[-1] = g[-2] if len(g) > 1 else 0
+                return g
             return lay.extra(key, make)
         if getattr(layer, "cp", None) is None:
             return layer.open_r_copy(h["pool"], gidx, layout, final=_final), pos
@@ -1156,14 +1316,14 @@ class _MultiStageRun:
                     td = t
                     t, parts["dense"] = clock(), parts["dense"] + clock() - t
                     events.append(("split" if out else "dense", int(f), td, t))
-                if L == st.nlaunch - 1:
-                    for done in join_at.pop(st.nlaunch, ()):
-                        layer.dense_join(h, done)
                 if copier is None and self.host_side.done():
                     copier, pos = self._copier(sid, st, k, layer, h)
                     self.progressive += 1
-                if copier is not None:
+                if copier is not None:      # before the joins after the last launch
                     copier.after_launch(L)
+                if L == st.nlaunch - 1:
+                    for done in join_at.pop(st.nlaunch, ()):
+                        layer.dense_join(h, done)
                 parts["other"] += clock() - t
                 t = clock()
             for c in [c for v in into_at.values() for c in v]:     # a stage without launches
@@ -1333,11 +1493,13 @@ class _MultiStageRun:
         hi = np.append(lo[1:], sched.vt_size)
         stage_pools, host_pools = {}, {}
         copied = set()
+        for sent in self.sent_home.values():     # the copies of _send_home ended
+            sent["event"].synchronize()
         for sid, st in enumerate(sched.stages):
             k, layer = self.layer_of(sid)
             first, last = st.fronts
             a, b = int(lo[first]), int(hi[last])
-            if k != 0 and b > a:
+            if k != 0 and b > a and k not in self.sent_home:
                 if getattr(home, "cp", None) is None:
                     home.vt[a:b] = layer.vt[a:b]
                 else:
@@ -1375,21 +1537,26 @@ class _MultiStageRun:
         stage_pools, host_pools = self._gather_q()
         slots_of = layout.slots_of
         fronts, front_loc, front_launch, pending = [], [], [], {}
+        sizes = (fs.fm.astype(np.int64) * fs.fn.astype(np.int64)).tolist()
+        # one front at a time in Python, the loop's every step counted (13073 fronts
+        # of grid 64^3 after every device ended): lists made whole, slices by zip
         for sid, st in enumerate(sched.stages):
             kept = stage_reflector_records(sched, sid, st, self.launch_base[sid])
             allf, alll = kept.records, kept.launches
             first, last = st.fronts
-            ptr = np.searchsorted(allf["front"], np.arange(first, last + 2))
-            for i, f in enumerate(range(first, last + 1)):
-                off, size = int(st.foff[f]), int(fs.fm[f]) * int(fs.fn[f])
-                front_loc.append((sid, off))
-                front_launch.append(alll[ptr[i]:ptr[i + 1]])
-                if sid in host_pools:
-                    vals = host_pools[sid][off: off + size]
-                else:
-                    vals = None
-                    pending[f] = (sid, off, size)
-                fronts.append((slots_of[f], vals, allf[ptr[i]:ptr[i + 1]]))
+            ptr = np.searchsorted(allf["front"], np.arange(first, last + 2)).tolist()
+            fr = range(first, last + 1)
+            offs = np.asarray(st.foff[first:last + 1], dtype=np.int64).tolist()
+            front_loc += [(sid, off) for off in offs]
+            front_launch += [alll[a:b] for a, b in zip(ptr[:-1], ptr[1:])]
+            recs = [allf[a:b] for a, b in zip(ptr[:-1], ptr[1:])]
+            if sid in host_pools:
+                pool = host_pools[sid]
+                fronts += [(slots_of[f], pool[off: off + sizes[f]], r)
+                           for f, off, r in zip(fr, offs, recs)]
+            else:
+                pending.update({f: (sid, off, sizes[f]) for f, off in zip(fr, offs)})
+                fronts += [(slots_of[f], None, r) for f, r in zip(fr, recs)]
         dense = {}
         home = self.layers[0]
         for f, (sid, Fv, panels, T) in self.dense_parts.items():
@@ -1397,6 +1564,8 @@ class _MultiStageRun:
                 off = int(sched.stages[sid].foff[f])
                 Fv = host_pools[sid][off: off + Fv.size].reshape(Fv.shape)
                 T = T.get() if hasattr(T, "get") else T
+            elif f in self.home_dense:                      # sent by _send_home
+                Fv, T = self.home_dense[f]
             elif getattr(home, "cp", None) is not None:     # Q's dense products run on home
                 Fv, T = _to_home(Fv, home), _to_home(T, home)
             Ld = int(self.launch_base[sid]) + sched.stages[sid].dense[f]
@@ -1430,6 +1599,10 @@ class _MultiStageRun:
                         "timeline_seconds": self.timeline[k],
                         "events": [(kind, i, a - base, b - base)
                                    for kind, i, a, b in self.events[k]],
+                        # its VT tiles and dense fronts copied to the home layer once
+                        # its stages ended (:meth:`_send_home`): bytes, enqueueing s
+                        "to_home": ({key: self.sent_home[k][key] for key in ("bytes", "seconds")}
+                                    if k in self.sent_home else None),
                         "flops": float(plan.device_flops[k])})
         info = {"backend": "gpu", "device": getattr(self.layers[0], "name", "?"),
                 "ordering": self.analysis.ordering_used, "nfronts": int(fs.nfronts),

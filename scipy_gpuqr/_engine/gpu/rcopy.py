@@ -57,10 +57,10 @@ from ..._schedule.native import run_ranges, run_split, thread_count
 from ..._schedule.tasks import TaskType, applies
 from .array_ops import take_rows
 
-__all__ = ["final_entries", "final_entries_cached", "launch_of_records", "whole_front_writes",
-           "staging_for", "PinnedStaging", "NumpyRCopy", "CupyRCopy", "SLOT_BYTES",
-           "MIN_CHUNK_BYTES", "StridedRuns", "strided_runs", "gather_runs", "touched",
-           "runs_between", "column_bounds", "ColumnRCopy"]
+__all__ = ["final_entries", "final_entries_cached", "tile_final_launches", "launch_of_records",
+           "whole_front_writes", "staging_for", "PinnedStaging", "NumpyRCopy", "CupyRCopy",
+           "SLOT_BYTES", "MIN_CHUNK_BYTES", "StridedRuns", "strided_runs", "gather_runs",
+           "touched", "runs_between", "column_bounds", "ColumnRCopy"]
 
 #: Bytes of one pinned staging slot (two slots per staging buffer).
 SLOT_BYTES = 32 << 20
@@ -110,34 +110,12 @@ def final_entries(analysis, layout, stage, tile: int, pos=None) -> np.ndarray:
     fs = analysis.fronts
     nf = fs.nfronts
     n = int(layout.shape[1])
-    t = stage.tasks
     nl = int(stage.nlaunch)
     total = layout.nnz if pos is None else len(pos)
     out = np.full(nl, total, dtype=np.int64)
     if nl == 0 or nf == 0:
         return out
-    launch_of = launch_of_records(stage)
-    typ = t["type"].astype(np.int64)
-    front = t["front"].astype(np.int64)
-    fn = fs.fn.astype(np.int64)
-    ntile = (fn + tile - 1) // tile
-    cellbase = np.zeros(nf + 1, dtype=np.int64)
-    np.cumsum(ntile, out=cellbase[1:])
-    cell_last = np.full(int(cellbase[-1]), -1, dtype=np.int64)
-    whole = whole_front_writes(fs, stage, launch_of, typ, front, typ == TaskType.S_ASSEMBLE)
-    # column-tile writers
-    fac = typ == TaskType.FACTORIZE
-    app = applies(typ)
-    t0 = np.concatenate([t["col"][fac].astype(np.int64) // tile,
-                         t["c0"][app].astype(np.int64) // tile])
-    t1 = np.concatenate([t["col"][fac].astype(np.int64) // tile + 1,
-                         (t["c1"][app].astype(np.int64) + tile - 1) // tile])
-    ff = np.concatenate([front[fac], front[app]])
-    ll = np.concatenate([launch_of[fac], launch_of[app]])
-    t1 = np.minimum(t1, ntile[ff])
-    _range_max(cell_last, cellbase[ff] + t0, t1 - t0, ll)
-    cell_front = np.repeat(np.arange(nf, dtype=np.int64), ntile)
-    np.maximum(cell_last, whole[cell_front], out=cell_last)
+    cellbase, cell_last = tile_final_launches(fs, stage, tile)
     # per column of R: the maximum over the fronts holding it
     col_ptr = fs.col_ptr.astype(np.int64)
     ncol = np.diff(col_ptr)
@@ -152,6 +130,54 @@ def final_entries(analysis, layout, stage, tile: int, pos=None) -> np.ndarray:
     out[:] = ptr[cut] if pos is None else np.searchsorted(pos, ptr[cut], side="left")
     out[-1] = total
     return out
+
+
+def tile_final_launches(fs, stage, tile: int) -> tuple:
+    """The last launch of a stage that writes each column tile of each front.
+
+    Parameters
+    ----------
+    fs : FrontStructure
+        The analysis' fronts.
+    stage : StageSchedule
+        The stage (materialized records).
+    tile : int
+        Tile edge of the schedule.
+
+    Returns
+    -------
+    (cellbase, last) : ndarray of int64
+        Front ``f``'s column tiles are cells ``cellbase[f] .. cellbase[f + 1] - 1``
+        (tile ``j // tile`` of its local column ``j``); ``last[cell]`` is the last
+        launch that writes it (Factorize its column tile, Apply and
+        Apply+Factorize their columns, the whole-front writes of
+        :func:`whole_front_writes`), -1 for none. A front's R rows in a column
+        are final once that launch completed: no other front writes them.
+    """
+    nf = fs.nfronts
+    t = stage.tasks
+    launch_of = launch_of_records(stage)
+    typ = t["type"].astype(np.int64)
+    front = t["front"].astype(np.int64)
+    fn = fs.fn.astype(np.int64)
+    ntile = (fn + tile - 1) // tile
+    cellbase = np.zeros(nf + 1, dtype=np.int64)
+    np.cumsum(ntile, out=cellbase[1:])
+    cell_last = np.full(int(cellbase[-1]), -1, dtype=np.int64)
+    whole = whole_front_writes(fs, stage, launch_of, typ, front, typ == TaskType.S_ASSEMBLE)
+    fac = typ == TaskType.FACTORIZE
+    app = applies(typ)
+    t0 = np.concatenate([t["col"][fac].astype(np.int64) // tile,
+                         t["c0"][app].astype(np.int64) // tile])
+    t1 = np.concatenate([t["col"][fac].astype(np.int64) // tile + 1,
+                         (t["c1"][app].astype(np.int64) + tile - 1) // tile])
+    ff = np.concatenate([front[fac], front[app]])
+    ll = np.concatenate([launch_of[fac], launch_of[app]])
+    t1 = np.minimum(t1, ntile[ff])
+    _range_max(cell_last, cellbase[ff] + t0, t1 - t0, ll)
+    cell_front = np.repeat(np.arange(nf, dtype=np.int64), ntile)
+    np.maximum(cell_last, whole[cell_front], out=cell_last)
+    return cellbase, cell_last
 
 
 def _range_max(out: np.ndarray, start, length, value) -> None:

@@ -180,6 +180,95 @@ class RLayout:
             write_behind(_save, at, self, out[0][1])
         return out
 
+    def stage_maps_by(self, stages, rank, name) -> list | None:
+        """Gather maps of a staging plan of several stages, each stage's entries
+        ordered by a rank of their column segments instead of CSC order.
+
+        A stage's entries are cut into segments, the rows of one front in one of
+        its local columns (contiguous in R's ``data``, one front's). Each
+        stage's segments are taken by ``rank`` (stable: in CSC order within a
+        rank), so that a copier moving the entries in that order moves a
+        prefix: e.g. by the launch after which each segment is final, which
+        in CSC order waits for every front holding the column.
+
+        Parameters
+        ----------
+        stages : sequence of (first, last)
+            The plan's stages (fronts, inclusive); at least two.
+        rank : callable
+            ``rank(i, front, column) -> ranks``: for stage ``i`` and its
+            segments' fronts and local columns (int64 arrays), each segment's
+            rank (int64, >= 0).
+        name : hashable
+            What names ``rank`` in the cache (with the stages): the maps are
+            kept as :meth:`stage_maps`' staged ones are.
+
+        Returns
+        -------
+        list of (pos, index, count) or None
+            Per stage its entries' positions in ``data`` and pool elements,
+            in rank order, and ``count[r]``, its entries of rank ``r``. None
+            where the layout keeps no column segments (read back from disk)
+            or a segment spans fronts: :meth:`stage_maps` then.
+        """
+        key = tuple((int(a), int(b)) for a, b in stages) + (("by", name),)
+        with self._lock:
+            hit = self._stage_maps.pop(key, None)
+            if hit is not None:
+                self._stage_maps[key] = hit
+        if hit is not None:
+            return hit
+        segs = self._segments_in_fronts()
+        if segs is None or len(key) < 3:
+            return None
+        first, step, length, start = segs
+        fb = self.fbase
+        out = []
+        for i, (a, b) in enumerate(key[:-1]):
+            lo, hi = int(fb[a]), int(fb[b + 1])
+            itype = np.int32 if hi - lo < 2 ** 31 - 1 else np.int64
+            sel = np.flatnonzero((first >= lo) & (first < hi))
+            f = np.searchsorted(fb, first[sel], side="right") - 1
+            r = np.asarray(rank(i, f, first[sel] - fb[f]), dtype=np.int64)
+            o = np.argsort(r.astype(np.uint16) if len(r) and int(r.max()) < 1 << 16 else r,
+                           kind="stable")
+            sel, r = sel[o], r[o]
+            lens = length[sel]
+            count = np.bincount(r, weights=lens, minlength=int(r.max(initial=-1)) + 1)
+            at = np.zeros(len(sel), dtype=np.int64)
+            if len(sel) > 1:
+                np.cumsum(lens[:-1], out=at[1:])
+            total = int(lens.sum())
+            pos = _arith_runs(start[sel], np.ones(len(sel), dtype=np.int64), lens, at, total,
+                              np.int64).astype(np.intp, copy=False)
+            out.append((pos, _arith_runs(first[sel] - lo, step[sel], lens, at, total, itype),
+                        count.astype(np.int64)))
+        with self._lock:
+            self._stage_maps.pop(key, None)
+            self._stage_maps[key] = out
+            staged = [k for k in self._stage_maps if len(k) > 1]
+            for k in staged[:max(len(staged) - STAGE_MAPS_KEPT, 0)]:
+                del self._stage_maps[k]
+        return out
+
+    def segments_from(self, analysis) -> bool:
+        """Whether the layout has its column segments, made again from ``analysis``
+        where it keeps none (a layout read back from disk keeps only the one-stage
+        gather map): a few million segments against R's entries, once per layout.
+        :meth:`stage_maps_by` needs them; :meth:`stage_maps` then makes a staged
+        plan's maps from them too (the same maps)."""
+        with self._lock:
+            if self._segs is not None:
+                return True
+        segs = _segments_again(analysis, self)
+        if segs is None:
+            return False
+        with self._lock:
+            if self._segs is None:
+                self._segs = segs
+                self._extras.pop(("segments in fronts",), None)
+        return True
+
     def _segments_in_fronts(self):
         """The column segments of the sources where each lies within one front (the
         singleton-row ones all negative), so that a stage's entries are whole
@@ -250,8 +339,8 @@ def _layout_nbytes(lay) -> int:
         if lay._segs is not None:
             arrays += list(lay._segs)
         for maps in lay._stage_maps.values():
-            for pos, idx in maps:
-                arrays += [pos, idx]
+            for m in maps:              # (pos, index) or stage_maps_by's (pos, index, count)
+                arrays += list(m)
         arrays += [v for v in lay._extras.values() if isinstance(v, np.ndarray)]
     total = sum(int(a.nbytes) for a in arrays if isinstance(a, np.ndarray))
     return total + sum(int(s.nbytes) for s in lay.slots_of)
@@ -403,24 +492,9 @@ def _build_segments(analysis) -> RLayout:
     """
     (m, n, k, nf, fm, fn, rk, col_ptr, cols, fbase, rowperm, slots_of, r1,
      r1_ptr) = _front_arrays(analysis)
+    s_col, s_len, s_row, s_src, s_str = _column_segments(analysis, fn, rk, col_ptr, cols,
+                                                         fbase, r1, r1_ptr)
     nnz1 = int(r1_ptr[-1])
-    # ---- segments: singleton-row entries (length 1), then (front, local column)
-    row0 = r1 + np.cumsum(rk) - rk                      # first row of R of each front
-    ncol = np.diff(col_ptr)
-    seg_f = np.repeat(np.arange(nf, dtype=np.int64), ncol)
-    seg_j = np.arange(len(seg_f), dtype=np.int64) - np.repeat(col_ptr[:-1], ncol)
-    seg_len = np.minimum(seg_j + 1, rk[seg_f])
-    live = seg_len > 0
-    seg_f, seg_j, seg_len = seg_f[live], seg_j[live], seg_len[live]
-    s_col = np.concatenate([np.asarray(analysis.r1_cols, dtype=np.int64)[:nnz1],
-                            cols[col_ptr[seg_f] + seg_j]])
-    s_len = np.concatenate([np.ones(nnz1, dtype=np.int64), seg_len])
-    s_row = np.concatenate([np.repeat(np.arange(r1, dtype=np.int64), np.diff(r1_ptr)),
-                            row0[seg_f]])
-    s_src = np.concatenate([-1 - np.arange(nnz1, dtype=np.int64), fbase[seg_f] + seg_j])
-    s_str = np.concatenate([np.zeros(nnz1, dtype=np.int64), fn[seg_f]])
-    o = np.argsort(s_col, kind="stable")
-    s_col, s_len, s_row, s_src, s_str = s_col[o], s_len[o], s_row[o], s_src[o], s_str[o]
     counts = np.bincount(s_col, weights=s_len, minlength=n).astype(np.int64)
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
@@ -447,6 +521,60 @@ def _build_segments(analysis) -> RLayout:
     return RLayout(shape=(k, n), indptr=ptr, indices=ind, _src=None, fbase=fbase,
                    r1_pos=r1_pos, r1_nz=r1_nz, qorder=qorder, slots_of=slots_of,
                    _segs=(s_src, s_str, s_len, sstart))
+
+
+def _column_segments(analysis, fn, rk, col_ptr, cols, fbase, r1, r1_ptr) -> tuple:
+    """The column segments of :func:`_build_segments` sorted by column: ``(col,
+    length, first row, first source, source step)`` per segment (int64), the
+    singleton-row entries' (length 1, source ``-1 - entry``) among them."""
+    nf = len(fn)
+    nnz1 = int(r1_ptr[-1])
+    # ---- segments: singleton-row entries (length 1), then (front, local column)
+    row0 = r1 + np.cumsum(rk) - rk                      # first row of R of each front
+    ncol = np.diff(col_ptr)
+    seg_f = np.repeat(np.arange(nf, dtype=np.int64), ncol)
+    seg_j = np.arange(len(seg_f), dtype=np.int64) - np.repeat(col_ptr[:-1], ncol)
+    seg_len = np.minimum(seg_j + 1, rk[seg_f])
+    live = seg_len > 0
+    seg_f, seg_j, seg_len = seg_f[live], seg_j[live], seg_len[live]
+    s_col = np.concatenate([np.asarray(analysis.r1_cols, dtype=np.int64)[:nnz1],
+                            cols[col_ptr[seg_f] + seg_j]])
+    s_len = np.concatenate([np.ones(nnz1, dtype=np.int64), seg_len])
+    s_row = np.concatenate([np.repeat(np.arange(r1, dtype=np.int64), np.diff(r1_ptr)),
+                            row0[seg_f]])
+    s_src = np.concatenate([-1 - np.arange(nnz1, dtype=np.int64), fbase[seg_f] + seg_j])
+    s_str = np.concatenate([np.zeros(nnz1, dtype=np.int64), fn[seg_f]])
+    o = np.argsort(s_col, kind="stable")
+    return s_col[o], s_len[o], s_row[o], s_src[o], s_str[o]
+
+
+def _segments_again(analysis, lay) -> tuple | None:
+    """A layout's ``_segs`` made again from its analysis (rows of R in front
+    order, as :func:`_build` checks), None where they do not describe the
+    layout: other fronts, or other column counts."""
+    fs = analysis.fronts
+    fm, fn = fs.fm.astype(np.int64), fs.fn.astype(np.int64)
+    fbase = np.zeros(fs.nfronts + 1, dtype=np.int64)
+    np.cumsum(fm * fn, out=fbase[1:])
+    if not np.array_equal(fbase, lay.fbase):
+        return None
+    r1 = int(getattr(analysis, "n1rows", 0) or 0)
+    r1_ptr = np.asarray(analysis.r1_ptr, dtype=np.int64) if r1 else np.zeros(1, np.int64)
+    rk = fs.frank.astype(np.int64)
+    row_f = np.repeat(np.arange(fs.nfronts, dtype=np.int64), rk)
+    row_i = np.arange(len(row_f), dtype=np.int64) - np.repeat(np.cumsum(rk) - rk, rk)
+    piv = np.concatenate([np.asarray(analysis.r1_pivot, dtype=np.int64)[:r1],
+                          np.asarray(fs.cols, dtype=np.int64)[fs.col_ptr[row_f] + row_i]])
+    if len(piv) > 1 and not np.all(np.diff(piv) > 0):
+        return None
+    s_col, s_len, _, s_src, s_str = _column_segments(
+        analysis, fn, rk, fs.col_ptr.astype(np.int64), np.asarray(fs.cols, dtype=np.int64),
+        fbase, r1, r1_ptr)
+    n = int(lay.shape[1])
+    counts = np.bincount(s_col, weights=s_len, minlength=n).astype(np.int64)
+    if len(counts) != n or not np.array_equal(np.cumsum(counts), lay.indptr[1:]):
+        return None
+    return s_src, s_str, s_len, np.cumsum(s_len) - s_len
 
 
 def _stage_runs(segs, lo: int, hi: int, itype) -> tuple:
