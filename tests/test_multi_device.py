@@ -282,6 +282,24 @@ def test_remember_speeds_per_pattern_and_device_set():
             remember_speeds(an, two, bad)
 
 
+def test_speeds_scattering_from_call_to_call_settle_one_mapping():
+    """Speeds measured 20 % off either way at alternate calls (as four GPUs' calls
+    scattered): the kept speeds, those the next call maps by, change at the first
+    calls only and then stay (the average of the measurements settles), near the
+    middle; a lasting change still moves them."""
+    from scipy_gpuqr._schedule.devices import SPEEDS_CHANGE, remember_speeds
+    an = analyze(grid3d_least_squares(6), cache=False)
+    key = ("scatter", 8)
+    kept = [remember_speeds(an, key, [1.2, 0.8] if i % 2 == 0 else [0.8, 1.2])
+            for i in range(20)]
+    changes = [i for i in range(1, 20) if kept[i] != kept[i - 1]]
+    assert changes and max(changes) < 8, changes
+    assert abs(kept[-1][0] - 1.0) <= 2 * SPEEDS_CHANGE
+    for _ in range(12):                     # a lasting change: device 0 twice as fast
+        last = remember_speeds(an, key, [4 / 3, 2 / 3])
+    assert last[0] > 1.2
+
+
 def test_second_call_maps_by_the_speeds_the_first_measured(monkeypatch):
     """multi_gpu_factorize's default (device_speeds='measured') on NumPy layers: a
     pattern's first call maps on flops and remembers the speeds it measured; the next

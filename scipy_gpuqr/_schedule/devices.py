@@ -59,7 +59,7 @@ from .tasks import TaskType
 __all__ = ["DevicePlan", "map_devices", "map_fronts", "subtree_weights",
            "makespan", "DEFAULT_BALANCE_TOLERANCE", "MULTI_DEVICE_MIN_FLOPS",
            "MULTI_DEVICE_MIN_SPEEDUP", "devices_for", "run_speedup", "defer_carried_packs",
-           "remembered_speeds", "remember_speeds", "SPEEDS_CHANGE", "MAPPING_SLOWER",
+           "remembered_speeds", "remember_speeds", "SPEEDS_CHANGE", "SPEEDS_MEMORY", "MAPPING_SLOWER",
            "mapping_seconds", "remember_mapping_seconds", "measured_mapping_lost"]
 
 #: Loads within this fraction of the mean end the splitting of subtrees.
@@ -98,11 +98,18 @@ def _plans_nbytes(value) -> int:
 #: (:func:`remember_speeds`).
 _PLANS = PerPattern(16, 64 << 20, _plans_nbytes)
 
-#: A measurement replaces the remembered speeds of a pattern's device set only
-#: where it moves some device's speed by more than this fraction: a new mapping
-#: means a new schedule and R layout for the next call, which the noise between
-#: two calls of one mapping should not cost.
+#: The remembered speeds of a pattern's device set (those its mapping uses) are
+#: replaced only where the measurements' average moves some device's speed by more
+#: than this fraction from them: a new mapping means a new schedule and R layout for
+#: the next call, which the noise between two calls of one mapping should not cost.
 SPEEDS_CHANGE = 0.05
+
+#: Most measurements the speeds' average weighs as one (:func:`remember_speeds`): the
+#: n-th measurement moves it by 1/n of the way, up to 1/SPEEDS_MEMORY, so the
+#: average settles where single calls scatter (each call's speeds moved by more than
+#: :data:`SPEEDS_CHANGE` on four GPUs, a new mapping every call) and still follows
+#: a lasting change.
+SPEEDS_MEMORY = 8
 
 #: A pattern's device set leaves the mapping by measured speeds for the mapping on
 #: flops once a call by measured speeds took this fraction longer on the devices
@@ -600,19 +607,20 @@ def remembered_speeds(analysis, devices) -> tuple | None:
         One speed per device, mean 1, as :func:`remember_speeds` kept them
         (None: no factorization of the pattern on this set measured any).
     """
-    return _PLANS.get(analysis, ("speeds", devices))
+    kept = _PLANS.get(analysis, ("speeds", devices))
+    return None if kept is None else kept[0]
 
 
 def remember_speeds(analysis, devices, measured) -> tuple:
     """Keep the speeds a factorization of the pattern measured on a device set.
 
-    The first measurement is kept as it is. A later one is averaged with what
-    is kept (geometric mean, normalized to mean 1): a device's speed depends
-    somewhat on the share of the tree the mapping gave it, so the speeds
-    measured under a mapping by speeds are not the same as those it was made
-    from, and the average settles where the two agree instead of going back
-    and forth between two mappings. The average replaces the kept speeds only
-    where it moves one by more than :data:`SPEEDS_CHANGE`.
+    The measurements are averaged (geometric, normalized to mean 1), the n-th
+    weighing 1/n, at least 1/:data:`SPEEDS_MEMORY`: a device's speed depends
+    somewhat on the share of the tree the mapping gave it and varies from call
+    to call, so single measurements would move the mapping at every call; the
+    average settles. The speeds a later call maps by are the average where it
+    moved some device's speed by more than :data:`SPEEDS_CHANGE` from them (the
+    first measurement as it is), else those kept before.
 
     Parameters
     ----------
@@ -632,15 +640,19 @@ def remember_speeds(analysis, devices, measured) -> tuple:
     if new.ndim != 1 or len(new) < 1 or not np.all(np.isfinite(new) & (new > 0)):
         raise ValueError(f"speeds: positive numbers, got {measured}")
     new = new / new.mean()
-    old = remembered_speeds(analysis, devices)
-    if old is not None and len(old) == len(new):
-        old = np.asarray(old, dtype=np.float64)
-        new = np.sqrt(old * new)
+    # kept with the speeds: (those a call maps by, the measurements' average, their count)
+    entry = _PLANS.get(analysis, ("speeds", devices))
+    old = n = None
+    if entry is not None and len(entry[0]) == len(new):
+        old, avg, n = np.asarray(entry[0]), np.asarray(entry[1]), int(entry[2]) + 1
+        w = 1.0 / min(n, SPEEDS_MEMORY)
+        new = np.exp((1.0 - w) * np.log(avg) + w * np.log(new))
         new = new / new.mean()
-        if float(np.max(np.abs(new / old - 1.0))) <= SPEEDS_CHANGE:
-            return tuple(old.tolist())
-    kept = tuple(float(x) for x in new)
-    _PLANS.put(analysis, ("speeds", devices), kept)
+    avg = tuple(float(x) for x in new)
+    kept = avg
+    if old is not None and float(np.max(np.abs(new / old - 1.0))) <= SPEEDS_CHANGE:
+        kept = tuple(float(x) for x in old)
+    _PLANS.put(analysis, ("speeds", devices), (kept, avg, n or 1))
     return kept
 
 
