@@ -1031,8 +1031,10 @@ class _MultiStageRun:
         self.split_workers = {}
         self._workers_lock = threading.Lock()
         #: the home layer's VT pool allocated (a CUDA event on its stream after its
-        #: start; None: not yet, or a NumPy home layer)
+        #: start; None: a NumPy home layer, or its start failed), and set once it is
+        #: known (:meth:`_home_started`, or the home thread's failure)
         self.home_ready = None
+        self.home_known = threading.Event()
         #: per device whose VT tiles and dense fronts went to the home layer once its
         #: stages ended (:meth:`_send_home`): the event after those copies, bytes, and
         #: its thread's seconds enqueueing them
@@ -1104,6 +1106,8 @@ class _MultiStageRun:
             except BaseException as exc:    # noqa: BLE001 - raised below, after the join
                 errors[k] = exc
                 self.xfer.fail()
+                if k == 0:                  # no VT pool to send to (if not started)
+                    self.home_known.set()
 
         here = self._upper_device()
         threads = [threading.Thread(target=one, args=(k,), name=f"gpuqr-device-{k}",
@@ -1168,6 +1172,7 @@ class _MultiStageRun:
             ev = cp.cuda.Event(disable_timing=True)
             ev.record(home.stream)
             self.home_ready = ev
+        self.home_known.set()
 
     def _send_home(self, k) -> None:
         """Device ``k``'s VT tiles and dense fronts (and their ``T``) copied to the
@@ -1177,13 +1182,17 @@ class _MultiStageRun:
         them after every device ended, so each call ended with these copies
         (grid 64^3 on two GPUs: 2 GB of VT tiles and a 2.5 GB dense front); a
         device that ended earlier sends them while the home device still
-        computes. Nothing where the home layer has no VT pool yet, on NumPy
-        layers, or where the home device has no room now (:meth:`result` then
-        copies them as before).
+        computes. Waits for the home layer's start where it has not started yet
+        (a small problem's device may end first). Nothing on NumPy layers, where
+        the home layer failed to start, or where the home device has no room now
+        (:meth:`result` then copies them as before).
         """
         home, layer = self.layers[0], self.layers[k]
         cp = getattr(layer, "cp", None)
-        if k == 0 or cp is None or getattr(home, "cp", None) is None or self.home_ready is None:
+        if k == 0 or cp is None or getattr(home, "cp", None) is None:
+            return
+        self.home_known.wait()
+        if self.home_ready is None:
             return
         t0 = time.perf_counter()
         sched = self.sched
