@@ -582,12 +582,6 @@ if SPANS:
                        lambda self, n, dtype: int(n) * np.dtype(dtype).itemsize)
     _C.dense_factorize = _span("dense front", _C.dense_factorize)
     _C.end_stage = _span("device.end_stage (waits)", _C.end_stage)
-    try:        # the uploads' ring (a tree without it: no such module)
-        from scipy_gpuqr._engine.gpu import upload_ring as _urmod
-        _urmod._pin = _span("ring pinned ahead", _urmod._pin, lambda n: int(n))
-        _urmod.UploadRing._retire = _span("ring wait", _urmod.UploadRing._retire)
-    except ImportError:
-        pass
 calls, memory = [], []
 stop = threading.Event()
 if SAMPLE:

@@ -52,15 +52,11 @@ def child(spec: str, root: str, store: str) -> dict:
     pinned = [s for s in sp if s[3] == "pinned buffer"]
     nvrtc = [s for s in sp if s[3].startswith("NVRTC")]
     libs = [s for s in sp if s[3].startswith("import cup")]
-    ahead = [s for s in sp if s[3] == "ring pinned ahead"]
-    waits = [s for s in sp if s[3] == "ring wait"]
     first = min((s[0] for s in sp if s[3] == "device.begin_stage"), default=None)
     row = {k: c.get(k) for k in ("first", "second", "third", "gap", "cuda_ready", "ours")}
     row.update(pinned_mb=sum(s[4] or 0 for s in pinned) / 2**20,
-               pinned_s=sum(s[1] for s in pinned),
-               ahead_mb=sum(s[4] or 0 for s in ahead) / 2**20,
-               ahead_s=sum(s[1] for s in ahead), ring_wait_s=sum(s[1] for s in waits),
-               begin_stage_at=first, nvrtc_runs=len(nvrtc),
+               pinned_s=sum(s[1] for s in pinned), begin_stage_at=first,
+               nvrtc_runs=len(nvrtc),
                nvrtc_s=sum(s[1] for s in nvrtc), libraries_s=sum(s[1] for s in libs),
                phases=c.get("phases", [])[:2], spans=sp)
     return row
@@ -73,10 +69,8 @@ def summary(rows: list) -> str:
     return (f"n={len(rows)} first {med('first'):.3f} gap {med('gap'):+.3f} "
             f"[{min(gaps):+.3f}, {max(gaps):+.3f}] CUDA ready {med('cuda_ready'):.3f} "
             f"beyond it {med('ours'):+.3f}; pinned {med('pinned_mb'):.1f} MB "
-            f"{1e3 * med('pinned_s'):.1f} ms (ahead {med('ahead_mb'):.1f} MB "
-            f"{1e3 * med('ahead_s'):.1f} ms); first begin_stage at "
-            f"{med('begin_stage_at'):.3f}; ring waits {1e3 * med('ring_wait_s'):.1f} ms; "
-            f"NVRTC runs {med('nvrtc_runs'):.0f}")
+            f"{1e3 * med('pinned_s'):.1f} ms; first begin_stage at "
+            f"{med('begin_stage_at'):.3f}; NVRTC runs {med('nvrtc_runs'):.0f}")
 
 
 def main(argv=None) -> int:
@@ -103,10 +97,8 @@ def main(argv=None) -> int:
             print(f"{a.spec} {name} rep {r}: first {row['first']:.3f} warm "
                   f"{min(row['second'], row['third']):.3f} gap {row['gap']:+.3f} CUDA ready "
                   f"{row.get('cuda_ready') or 0:.3f} beyond {row['ours']:+.3f} | pinned "
-                  f"{row['pinned_mb']:.1f} MB {1e3 * row['pinned_s']:.1f} ms (ahead "
-                  f"{row['ahead_mb']:.1f} MB {1e3 * row['ahead_s']:.1f} ms) | begin_stage at "
-                  f"{row['begin_stage_at'] or 0:.3f} | ring waits "
-                  f"{1e3 * row['ring_wait_s']:.1f} ms | NVRTC runs "
+                  f"{row['pinned_mb']:.1f} MB {1e3 * row['pinned_s']:.1f} ms | begin_stage at "
+                  f"{row['begin_stage_at'] or 0:.3f} | NVRTC runs "
                   f"{row['nvrtc_runs']} | libraries {1e3 * row['libraries_s']:.1f} ms "
                   f"({time.perf_counter() - t0:.1f} s)", flush=True)
             if r == 1:

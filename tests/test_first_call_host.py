@@ -262,11 +262,10 @@ def test_gap_bench_reports_the_spans_of_a_first_call(capsys):
              "pinned_s": 0.03, "nvrtc_runs": 0} for f, g in ((0.9, 0.45), (0.95, 0.5), (1.0, 0.6))]
     s = fcg.summary(rows)
     assert "n=3 first 0.950 gap +0.500 [+0.450, +0.600]" in s and "pinned 40.0 MB 30.0 ms" in s
-    # the uploads' ring: pinned ahead on its thread, the first stage's start, the waits
+    # the first stage's start
     for r in rows:
-        r.update(ahead_mb=16.0, ahead_s=0.015, begin_stage_at=0.33, ring_wait_s=0.002)
-    s = fcg.summary(rows)
-    assert "(ahead 16.0 MB 15.0 ms); first begin_stage at 0.330; ring waits 2.0 ms" in s
+        r.update(begin_stage_at=0.33)
+    assert "pinned 40.0 MB 30.0 ms; first begin_stage at 0.330;" in fcg.summary(rows)
 
 
 # ----------------------------------------------------------------- the schedule made ahead

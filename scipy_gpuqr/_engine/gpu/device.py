@@ -73,7 +73,6 @@ from .finite_check import finite_check
 from .pool_copy import CupyPoolCopy, NumpyPoolCopy
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, NumpyRCopy, PinnedStaging,
                     staging_for)
-from .upload_ring import UploadRing, ring_pinned
 
 __all__ = ["GpuEngineError", "DeviceOutOfMemory", "CupyDevice", "NumpyDevice",
            "HostFrontDevice"]
@@ -796,11 +795,6 @@ class CupyDevice:
         #: :class:`~.pinned_ahead.PinnedAhead`), set by that call while its devices'
         #: threads run; None: each buffer pinned when asked for
         self.pinned_ahead = None
-        #: without ``pinned_ahead``: the uploads' pinned ring (:mod:`.upload_ring`),
-        #: taken for a stage and given back to CuPy's pinned pool at its end; the
-        #: copies it waited for before writing their bytes again (``seconds['ring_wait']``)
-        self._ring = None
-        self.ring_waits = 0
 
     # -- helpers ---------------------------------------------------------------------
     def _pinned(self, n: int, dtype) -> np.ndarray:
@@ -820,30 +814,10 @@ class CupyDevice:
         buf[...] = host.ravel()
         return buf
 
-    def _upload_ring(self):
-        """The uploads' :class:`~.upload_ring.UploadRing` (taken now where this layer
-        has none), or None where a multi-device call's ``pinned_ahead`` holds
-        the buffers pinned for this layer."""
-        if getattr(self, "pinned_ahead", None) is not None:
-            return None
-        if self._ring is None:
-            cp = self.cp
-            self._ring = UploadRing(ring_pinned(self._pinned),
-                                    lambda: cp.cuda.Event(disable_timing=True))
-        return self._ring
-
     def _upload(self, host: np.ndarray):
-        """``(device copy of host, what to keep alive until the stream passed the
-        copy)``: through the upload ring, else from a pinned copy."""
         cp = self.cp
         if host.size == 0:
             host = np.zeros(1, dtype=host.dtype)
-        ring = self._upload_ring()
-        if ring is not None:
-            out = cp.empty(host.size, dtype=host.dtype)
-            ring.upload(out.view(np.uint8), np.ascontiguousarray(host).view(np.uint8).ravel(),
-                        self.stream)
-            return out, None
         buf = self._pinned_copy(host)
         out = cp.empty(host.size, dtype=host.dtype)
         out.set(buf, stream=self.stream)
@@ -887,8 +861,7 @@ class CupyDevice:
             self.maps, buf = self._upload(np.ascontiguousarray(maps, dtype=np.int64))
         except self.cp.cuda.memory.OutOfMemoryError as exc:
             raise DeviceOutOfMemory(str(exc)) from exc
-        if buf is not None:
-            self._keep.append(buf)
+        self._keep.append(buf)
         self.vt = self._alloc(vt_size, self.dtype, fill=np.nan if self.debug else None)
         self.seconds["upload"] += time.perf_counter() - t0
 
@@ -917,15 +890,13 @@ class CupyDevice:
                 keep.append(buf)
             sidx, b1 = self._upload(np.ascontiguousarray(s_index, dtype=np.int64))
             sval, b2 = self._upload(np.ascontiguousarray(s_value, dtype=self.dtype))
-            keep += [b for b in (b1, b2) if b is not None]
+            keep += [b1, b2]
             nbytes = max(int(st.ntasks), 1) * TASK_BYTES
             # the records go up with the launches (:meth:`launch`): a materialized
-            # stage's from its task list, in chunks ahead of the launches; through
-            # the ring, else a pinned buffer of the stage's records
+            # stage's from its task list, in chunks ahead of the launches
             src = (np.ascontiguousarray(st.tasks).view(np.uint8).ravel() if whole
                    else None)
-            ring = self._upload_ring()
-            host = self._pinned(nbytes, np.uint8) if ring is None else None
+            host = self._pinned(nbytes, np.uint8)
             with stream:
                 dt = cp.empty(nbytes, dtype=np.uint8)
                 if self.debug:      # a record never uploaded reads as type -1: no task
@@ -935,17 +906,16 @@ class CupyDevice:
         e0 = cp.cuda.Event()
         e0.record(stream)
         self.seconds["upload"] += time.perf_counter() - t0
-        return {"st": st, "pool": pool, "dt": dt, "host": host, "ring": ring, "src": src,
-                "sent": 0, "keep": keep, "sidx": sidx, "sval": sval, "e0": e0,
+        return {"st": st, "pool": pool, "dt": dt, "host": host, "src": src, "sent": 0,
+                "keep": keep, "sidx": sidx, "sval": sval, "e0": e0,
                 "lp": st.launch_ptr.tolist(), "t_loop": time.perf_counter()}
 
     def _records_up(self, h, a: int, b: int, records) -> None:
         """Records ``[a, b)`` of the stage on the device before the next launch:
         a materialized stage's (``h["src"]``) from the first not yet sent, at
         least ``record_chunk_bytes`` at a time; else the launch's own
-        ``records``. Copied through the upload ring (``h["ring"]``), else into
-        the stage's pinned buffer, then uploaded on the stage's stream
-        (asynchronous)."""
+        ``records``. Copied into the stage's pinned buffer, then uploaded on
+        the stage's stream (asynchronous)."""
         dt, host, src = h["dt"], h["host"], h["src"]
         lo, hi = a * TASK_BYTES, b * TASK_BYTES
         if src is None:
@@ -957,10 +927,6 @@ class CupyDevice:
             hi = min(len(src), max(hi, lo + self.record_chunk_bytes))
             raw = src[lo:hi]
             h["sent"] = hi
-        ring = h.get("ring")
-        if ring is not None:
-            ring.upload(dt[lo:hi], raw, self.stream)
-            return
         seg = host[lo:hi]
         seg[...] = raw
         dt[lo:hi].set(seg, stream=self.stream)
@@ -1084,8 +1050,7 @@ class CupyDevice:
         variants.prefetch_later_libraries()     # imported while this thread waits
         self._check(f"in stage {st.fronts}")
         h["keep"] = None
-        h["host"] = h["src"] = h["ring"] = None
-        self._give_back_ring()
+        h["host"] = h["src"] = None
         if int(flag.get(stream=stream)[0]):
             raise GpuEngineError(f"non-finite values in the front pool of stage {st.fronts}")
         self.kernel_events.append((h["e0"], e1))
@@ -1157,16 +1122,7 @@ class CupyDevice:
             self.stream.synchronize()
         return self._vt_host
 
-    def _give_back_ring(self) -> None:
-        """The ring to CuPy's pinned pool (its copies done: the stream was
-        synchronized), its waits counted."""
-        ring, self._ring = self._ring, None
-        if ring is not None and ring.waits:
-            self.ring_waits += ring.waits
-            self.seconds["ring_wait"] = self.seconds.get("ring_wait", 0.0) + ring.wait_seconds
-
     def close(self) -> None:
         self.vt = None
         self.maps = None
         self._keep = []
-        self._ring = None

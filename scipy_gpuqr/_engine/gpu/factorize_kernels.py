@@ -10,11 +10,10 @@ kernels reporting their shared memory are the only ones declared
 call compiles the variants of its value type only, and
 :func:`prefetch_engine_kernels` compiles what a factorization (its dense
 fronts' panel kernel included) and its solves use in parallel threads before
-they are asked for, loads the CUDA libraries the launch loop uses on another
-thread meanwhile (those only the solves and rank decisions use once the
-factorization first waits for the device: :func:`prefetch_later_libraries`)
-and pins the uploads' ring (:func:`~.upload_ring.pin_ring_ahead`). Imports
-without cupy.
+they are asked for, and loads the CUDA libraries the launch loop uses on
+another thread meanwhile (those only the solves and rank decisions use once
+the factorization first waits for the device: :func:`prefetch_later_libraries`).
+Imports without cupy.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from .array_ops import array_ops_use
 from .blas_warmup import start_blas_warmup
 from .dense_panel import panel_kernel_use
 from .finite_check import finite_check_use
-from .upload_ring import pin_ring_ahead
 
 __all__ = ["KERNEL_VARIANTS", "ENGINE_VARIANTS", "ENGINE_THREADS", "UBERKERNEL_FILE",
            "APPLY_VARIANTS", "DEFAULT_APPLY", "ENV_APPLY", "apply_variant", "kernel_name",
@@ -159,12 +157,10 @@ def prefetch_engine_kernels(dtype, tile: int = 32, bundle: int = 3, *,
                             solve: bool = True, dense: bool = True) -> list:
     """Start compiling :func:`engine_kernels` on worker threads, in parallel (each
     module once per process; nothing when compiled or being compiled already),
-    pinning the uploads' ring on one (:func:`~.upload_ring.pin_ring_ahead`),
-    loading :data:`ENGINE_LIBRARIES` on another and setting cuBLAS up on a third
-    (:mod:`.blas_warmup`; all three once per process).
+    loading :data:`ENGINE_LIBRARIES` on one more and setting cuBLAS up on
+    another (:mod:`.blas_warmup`; both once per process).
     Needs a GPU. Returns the compiling threads."""
     import cupy
-    pin_ring_ahead()
     prefetch_libraries()
     start_blas_warmup(cupy.cuda.Device().id, np.dtype(dtype).name)
     return prefetch(engine_kernels(dtype, tile, bundle, solve=solve, dense=dense))
