@@ -179,3 +179,23 @@ def test_numpy_layers_copy_the_upper_stage_before_its_last_launch(monkeypatch):
     up, nl = made[max(made)]
     early = [done for c, L, done in moved if c is up and L < nl - 1]
     assert early and max(early) > 0
+
+
+def test_host_side_of_a_repeated_call_ranks_nothing(monkeypatch):
+    """The ordered maps are kept with the layout: a repeated call's host side (on a
+    helper, beside the devices' enqueueing threads, every call) neither defers the
+    stages' packs nor ranks again."""
+    an, plan, sched = _scheduled(grid3d_least_squares(9), 2)
+    first = _host_side(an, sched)[1]
+    calls = []
+    real = multi_device.defer_carried_packs
+
+    def counted(st, parent):
+        calls.append(st.fronts)
+        return real(st, parent)
+    monkeypatch.setattr(multi_device, "defer_carried_packs", counted)
+    again = _host_side(an, sched)[1]
+    assert calls == []
+    for (pa, ia, fa), (pb, ib, fb) in zip(first, again):
+        assert pa is pb and ia is ib
+        np.testing.assert_array_equal(fa, fb)

@@ -891,8 +891,9 @@ def _host_side(analysis, sched):
     order), whose maps are in CSC order (:func:`~.rcopy.final_entries` then).
     """
     lay = r_layout(analysis)
-    parent = analysis.fronts.parent
-    stages = [defer_carried_packs(st, parent)[0] for st in sched.stages]
+    stages = sched.stages
+    # the stages as scheduled name the maps (their carried packs' deferral follows
+    # from them); ranked, once per schedule, as enqueued
     name = ("final launch", int(sched.tile), int(sched.bundle), bool(sched.pipelining),
             sched.dense_flops, tuple((int(st.nlaunch), int(st.ntasks),
                                       hash(np.asarray(st.launch_ptr).tobytes()),
@@ -901,12 +902,13 @@ def _host_side(analysis, sched):
     fronts = [st.fronts for st in stages]
     ordered = None
     if len(stages) > 1 and lay.segments_from(analysis):
-        ordered = lay.stage_maps_by(fronts, final_launches(analysis.fronts, stages,
-                                                           int(sched.tile)), name)
+        rank = final_launches(analysis.fronts, stages, int(sched.tile),
+                              parent=analysis.fronts.parent)
+        ordered = lay.stage_maps_by(fronts, rank, name)
     if ordered is None:
         return lay, [(pos, idx, None) for pos, idx in lay.stage_maps(fronts)]
     out = []
-    for st, (pos, idx, count) in zip(stages, ordered):
+    for st, (pos, idx, count) in zip(stages, ordered):      # nlaunch as deferred
         nl = int(st.nlaunch)
         final = np.zeros(nl, dtype=np.int64)
         m = min(len(count), nl)
@@ -917,7 +919,7 @@ def _host_side(analysis, sched):
     return lay, out
 
 
-def final_launches(fs, stages, tile: int):
+def final_launches(fs, stages, tile: int, parent=None):
     """``rank(i, front, column)`` for :meth:`~.rlayout.RLayout.stage_maps_by`: the
     launch of stage ``i`` after which the rows of R of ``front`` in its local
     ``column`` are final (:func:`~.rcopy.tile_final_launches`; 0 for those no
@@ -926,9 +928,12 @@ def final_launches(fs, stages, tile: int):
     (:meth:`_MultiStageRun._stage`), so that a front joined into the last launch
     is copied while the root's factorization runs. ``stages``: the stages as
     they are enqueued (their carried blocks' packs deferred,
-    :func:`~scipy_gpuqr._schedule.devices.defer_carried_packs`)."""
+    :func:`~scipy_gpuqr._schedule.devices.defer_carried_packs`), or as
+    scheduled with the fronts' ``parent`` given (deferred then, by ``rank``)."""
     def rank(i, front, column):
         st = stages[i]
+        if parent is not None:
+            st = defer_carried_packs(st, parent)[0]
         nl = int(st.nlaunch)
         cellbase, last = tile_final_launches(fs, st, tile)
         for f, joined in st.dense_join.items():
