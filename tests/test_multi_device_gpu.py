@@ -142,8 +142,9 @@ def test_four_gpus():
 @pytest.mark.parametrize("ids", [(0, 0), (0, 1, 2, 3)])
 def test_no_pinning_while_the_devices_enqueue(ids):
     """A repeated call pins no host memory at all (every ``cudaHostAlloc`` counted
-    through CuPy's pinned allocator: the library's buffers and CuPy's own), and
-    a first call none while its devices' threads enqueue."""
+    through CuPy's pinned allocator: the library's buffers and CuPy's own) and
+    fills only the S values into its kept block, and a first call none while its
+    devices' threads enqueue (its lanes in the block pinned during the schedule)."""
     import threading
     import time
 
@@ -179,9 +180,15 @@ def test_no_pinning_while_the_devices_enqueue(ids):
                 assert while_enqueueing == [], (call, while_enqueueing)
                 pinned = qr.info["pinned_ahead"]
                 assert pinned["during_run"]["allocations"] == 0, pinned
+                # the lanes cut from the shared block (one block, made during the schedule)
+                assert pinned["lanes_in_shared"], pinned
                 if call:
                     assert pinned["pinned_now_bytes"] == 0, pinned
                     assert log[n0:] == [], log[n0:]
+                    # the kept block holds the pattern's maps and S indices already
+                    assert pinned["filled"] == ["s_value"], pinned
+                else:
+                    assert pinned["filled"] == ["maps", "s_index", "s_value"], pinned
                 qr.free()
     finally:
         cp.cuda.set_pinned_memory_allocator(cp.get_default_pinned_memory_pool().malloc)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import types
 
 import numpy as np
@@ -25,7 +26,7 @@ from scipy_gpuqr._engine.gpu import pinned_ahead as pa
 from scipy_gpuqr._engine.gpu.device import CupyDevice, NumpyDevice
 from scipy_gpuqr._engine.gpu.multi_device import multi_gpu_factorize
 from scipy_gpuqr._engine.gpu.pinned_ahead import PINNED_ALIGN, PinnedAhead, lane_needs, pinned_needs
-from scipy_gpuqr._engine.gpu.rcopy import PinnedStaging
+from scipy_gpuqr._engine.gpu.rcopy import PinnedStaging, StagingTurns
 from scipy_gpuqr._schedule.devices import map_devices
 from scipy_gpuqr._schedule.sparse import build_schedule
 from scipy_gpuqr._schedule.tasks import TASK_BYTES
@@ -204,10 +205,13 @@ class _CudaLike:
 
 
 def test_stagings_cut_from_the_shared_block(pins):
-    """Each stage of a CUDA layer has its two R slots ahead: the R copier's
-    :class:`PinnedStaging` is handed out locked and its slots pin nothing; a
-    slot is the R slot or the stage's R bytes, whichever is fewer."""
-    A = grid3d_least_squares(8).astype(np.float64)
+    """Each CUDA layer has one pair of R slots ahead, which its stages' copiers
+    take in turn (a stage's copies run on its device's one copy stream in
+    order): a slot is the R slot or the largest of its stages' R bytes,
+    whichever is fewer; the turns of one device share its slots, the devices'
+    slots are apart, and nothing is pinned for them past the shared block. A
+    device with several stages needs fewer bytes than a pair per stage."""
+    A = chessboard_boundary(5, 6, 2).astype(np.float64)     # stages alternate devices
     an = analyze(A)
     plan = map_devices(an, 2)
     layers = [_CudaLike(), _CudaLike()]
@@ -215,36 +219,97 @@ def test_stagings_cut_from_the_shared_block(pins):
     needs = pinned_needs(an, plan, layers, np.float64, r_slot)
     fs = an.fronts
     fr, fn = fs.frank.astype(np.int64), fs.fn.astype(np.int64)
-    assert sorted(needs["staging"]) == list(range(len(plan.stages)))
+    per_stage = {}
     for sid, (a, b) in enumerate(plan.stages):
         nr = int((fr[a:b + 1] * fn[a:b + 1] - fr[a:b + 1] * (fr[a:b + 1] - 1) // 2).sum())
-        assert needs["staging"][sid] == pa._align(min(r_slot, max(nr, 1) * 8))
+        per_stage[sid] = pa._align(min(r_slot, max(nr, 1) * 8))
+    devices = sorted({int(d) for d in plan.stage_device})
+    assert sorted(needs["staging"]) == devices
+    for k in devices:
+        assert needs["staging"][k] == max(b for sid, b in per_stage.items()
+                                          if int(plan.stage_device[sid]) == k)
+    assert len(plan.stages) > len(devices)
+    assert sum(needs["staging"].values()) < sum(per_stage.values())
     ahead = PinnedAhead(needs)
     ahead.make_shared(lambda name, out: out.fill(0))
     n_pins = len(pins.calls)
     assert n_pins == 1                          # one block for all of it
-    seen = set()
-    for sid in needs["staging"]:
-        st = ahead.staging(sid)
-        assert isinstance(st, PinnedStaging) and st.lock.locked()
-        slots = st.slots
-        assert [s.nbytes for s in slots] == [needs["staging"][sid]] * 2
-        for s in slots:
-            assert ahead.blocks[0].ctypes.data <= s.ctypes.data
-            assert s.ctypes.data + s.nbytes <= ahead.blocks[0].ctypes.data + ahead.nbytes
-            assert s.ctypes.data not in seen
-            seen.add(s.ctypes.data)
-        st.lock.release()
+    lo, hi = ahead.blocks[0].ctypes.data, ahead.blocks[0].ctypes.data + ahead.nbytes
+    seen = {}
+    for sid in range(len(plan.stages)):         # the stages' copiers, in stage order
+        k = int(plan.stage_device[sid])
+        turn = ahead.staging(k)
+        assert turn.nbytes == needs["staging"][k]
+        turn.wait()                             # the device's turn before was released
+        slots = turn.slots
+        assert [s.nbytes for s in slots] == [needs["staging"][k]] * 2
+        assert all(lo <= s.ctypes.data and s.ctypes.data + s.nbytes <= hi for s in slots)
+        addr = tuple(s.ctypes.data for s in slots)
+        assert seen.setdefault(k, addr) == addr     # every stage of k: k's slots
+        turn.release()
+    spans = sorted((a, a + needs["staging"][k]) for k, addr in seen.items() for a in addr)
+    assert all(e <= b for (_, e), (b, _) in zip(spans, spans[1:]))     # apart
     assert len(pins.calls) == n_pins
     sched = build_schedule(an, plan=plan.stage_plan())
     ahead.make_lanes(lane_needs(plan, sched, layers))
-    assert len(pins.calls) == n_pins + 1
+    assert len(pins.calls) == n_pins + 1        # no room for the lanes asked for
     info = ahead.info()
     assert info["staging_bytes"] == 2 * sum(needs["staging"].values())
     assert info["bytes"] == info["shared_bytes"] + info["staging_bytes"] + sum(
         info["lane_bytes"])
+    assert not info["lanes_in_shared"]
     ahead.give_back()
     assert pa.kept_pinned_bytes() == info["block_bytes"]
+
+
+def _turn_workers(turns, hold=0.02):
+    """Each turn's copy on a thread of its own, started in reverse order: waits for
+    its turn, writes its mark into both slots, holds them, checks that they
+    still hold its mark. Returns (the order they held the slots, overwritten)."""
+    order, clobbered, lock = [], [], threading.Lock()
+
+    def copy(i, t):
+        t.wait()
+        for slot in t.slots:
+            slot[:] = i
+        time.sleep(hold)
+        if any(np.any(slot != i) for slot in t.slots):
+            clobbered.append(i)
+        with lock:
+            order.append(i)
+        t.release()
+
+    threads = [threading.Thread(target=copy, args=(i, t)) for i, t in enumerate(turns)]
+    for th in reversed(threads):
+        th.start()
+        time.sleep(hold / 4)
+    for th in threads:
+        th.join(10)
+    return order, clobbered
+
+
+def test_staging_turns_fill_the_slots_one_copy_after_another():
+    """A device's stagings in turn: the copies fill the shared slots in the order
+    their turns were handed out (the stages' order), whatever order their
+    workers start in, and none writes the slots while another holds them."""
+    block = np.zeros(2 * 1024, dtype=np.uint8)
+    turns_of = StagingTurns(PinnedStaging(1024, slots=[block[:1024], block[1024:]]))
+    turns = [turns_of.turn() for _ in range(4)]
+    assert turns_of.turns == 4 and all(t.nbytes == 1024 for t in turns)
+    order, clobbered = _turn_workers(turns)
+    assert order == [0, 1, 2, 3] and clobbered == []
+    # a turn released before its copy started (its copier failed to open) passes
+    # on only once the turn before it ended
+    a, b, c = (turns_of.turn() for _ in range(3))
+    b.release()
+    started = threading.Event()
+    th = threading.Thread(target=lambda: (c.wait(), started.set()))
+    th.start()
+    assert not started.wait(0.1)
+    a.wait()
+    a.release()
+    assert started.wait(5)
+    th.join(5)
 
 
 def test_pinned_staging_given_slots():
@@ -386,3 +451,172 @@ def test_release_pinned_memory_gives_the_kept_blocks_back(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", fake)
     assert scipy_gpuqr.release_pinned_memory() == 4 << 20
     assert pa.kept_pinned_bytes() == 0 and freed == [1]
+
+
+# -- the first call's lanes with the shared part; the pattern parts kept -------------------
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_lane_bound_covers_the_schedules_lanes(k):
+    """The lanes' bound known before the schedule (:func:`lane_bound`) is at least
+    what each layer's stages ask for once it is built (:func:`lane_needs`)."""
+    from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS, dense_front_mask
+    from scipy_gpuqr._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE
+    for name, A in _cases():
+        an = analyze(A)
+        plan = map_devices(an, k)
+        layers = [_PinningLayer(32, 3) for _ in range(k)]
+        for tile, dense_flops in ((32, None), (DEFAULT_TILE, DEFAULT_DENSE_FLOPS), (8, 0.0)):
+            sched = build_schedule(an, tile=tile, plan=plan.stage_plan(),
+                                   dense_flops=dense_flops)
+            bound = pa.lane_bound(an, plan, layers, tile=tile, bundle=DEFAULT_BUNDLE,
+                                  pipelining=True, dense=dense_front_mask(an, dense_flops))
+            need = lane_needs(plan, sched, layers)
+            assert all(b >= n > 0 for b, n in zip(bound, need)), (name, tile, bound, need)
+
+
+def test_a_first_call_pins_one_block(pins, monkeypatch):
+    """A first call pins its lanes with the shared part, in one allocation made
+    while the schedule is built (none after it); lanes past their bound are
+    pinned after the schedule as before, with the same answer."""
+    for name, A in _cases():
+        an = analyze(A)
+        plain = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(3)],
+                                    device_speeds=None)
+        pa.release_kept_pinned()
+        pins.calls.clear()
+        many = multi_gpu_factorize(A, an, layers=[_PinningLayer(32, 3, pins=pins)
+                                                  for _ in range(3)], device_speeds=None)
+        info = many.info["pinned_ahead"]
+        assert np.array_equal(many.R.toarray(), plain.R.toarray()), name
+        assert len(pins.calls) == 1 and info["lanes_in_shared"], (name, pins.calls)
+        assert info["during_run"]["allocations"] == 0
+        assert info["block_bytes"] == info["pinned_now_bytes"] >= info["bytes"]
+    # a bound too small: the lanes get a block of their own after the schedule
+    pa.release_kept_pinned()
+    pins.calls.clear()
+    monkeypatch.setattr(md, "lane_bound", lambda *a, **k: [PINNED_ALIGN] * 3)
+    A = grid3d_least_squares(7).astype(np.float64)
+    an = analyze(A)
+    plain = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(3)],
+                                device_speeds=None)
+    many = multi_gpu_factorize(A, an, layers=[_PinningLayer(32, 3, pins=pins)
+                                              for _ in range(3)], device_speeds=None)
+    info = many.info["pinned_ahead"]
+    assert np.array_equal(many.R.toarray(), plain.R.toarray())
+    assert len(pins.calls) == 2 and not info["lanes_in_shared"]
+    assert info["during_run"]["allocations"] == 0
+
+
+def test_a_repeated_call_fills_no_pattern_part_again(pins):
+    """The maps and S indices are filled into the shared block once per pattern:
+    a later call of the same analysis' fronts, given the kept block that holds
+    them, fills only the S values (new values too: R is the new matrix's);
+    another pattern in that block, or another front structure, fills them
+    again. R is plain NumPy layers' bit for bit at every call."""
+    A = grid3d_least_squares(7).astype(np.float64)
+    B = grid3d_least_squares(5).astype(np.float64)
+    an, bn = analyze(A), analyze(B)
+    A2 = A.copy()
+    A2.data = A2.data * 1.5 - 0.25
+    every = ["maps", "s_index", "s_value"]
+
+    def call(M, anl):
+        plain = multi_gpu_factorize(M, anl, layers=[NumpyDevice(32, 3) for _ in range(2)],
+                                    device_speeds=None)
+        got = multi_gpu_factorize(M, anl, layers=[_PinningLayer(32, 3) for _ in range(2)],
+                                  device_speeds=None)
+        assert np.array_equal(got.R.toarray(), plain.R.toarray())
+        assert got.info["pinned_ahead"]["during_run"]["allocations"] == 0
+        return got.info["pinned_ahead"]["filled"]
+
+    assert call(A, an) == every
+    assert call(A, an) == ["s_value"]
+    assert call(A2, an) == ["s_value"]              # the same pattern, new values
+    assert call(A, analyze(A)) == ["s_value"]       # the analysis cache's: same fronts
+    assert call(B, bn) == every                     # the kept block now holds B's
+    assert call(A, an) == every
+    assert call(A, an) == ["s_value"]
+    assert call(A, analyze(A, cache=False)) == every    # other fronts, equal or not
+    pa.release_kept_pinned()
+    assert call(A, an) == every                     # a fresh block
+
+
+class _FakeStream:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def wait_event(self, ev):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class _HostArr(np.ndarray):
+    """A 'device' array: ``set`` and ``get`` as CuPy's, done at once."""
+
+    def set(self, host, stream=None):
+        self[...] = np.asarray(host).reshape(self.shape)
+
+    def get(self, stream=None, out=None, blocking=True):
+        out[...] = self
+        return out
+
+
+def _fake_copy_device(slot_bytes):
+    ev = types.SimpleNamespace(record=lambda stream=None: None, synchronize=lambda: None)
+    cp = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda i: contextlib.nullcontext(),
+                                   Event=lambda disable_timing=True: ev),
+        empty=lambda n, dtype=np.float64: np.zeros(int(n), dtype=dtype).view(_HostArr))
+    return types.SimpleNamespace(cp=cp, dtype=np.dtype(np.float64), stream=_FakeStream(),
+                                 copy_stream=_FakeStream(), device_id=0,
+                                 r_copy_slot_bytes=slot_bytes, r_copy_min_chunk_bytes=8)
+
+
+def test_cupy_r_copies_of_one_device_take_its_staging_in_turn(monkeypatch):
+    """Two stages' R copiers (:class:`CupyRCopy`, over a CuPy stand-in whose copies
+    land at once) on one staging in turn: the second stage's copier, opened
+    while the first still has a range in a slot that its worker has not read
+    out yet, fills the slots only after the first ended, so each stage's values
+    reach its sink unchanged. A copier given a locked :class:`PinnedStaging`
+    (the one-GPU engine's) unlocks it when it ends."""
+    from scipy_gpuqr._engine.gpu import rcopy
+    monkeypatch.setattr(rcopy, "take_rows",
+                        lambda pool, idx, out: out.__setitem__(Ellipsis, pool[np.asarray(idx)]))
+    dev = _fake_copy_device(32)                     # slots of 4 values
+    block = np.zeros(64, dtype=np.uint8)
+    turns = StagingTurns(PinnedStaging(32, slots=[block[:32], block[32:]]))
+    rng = np.random.default_rng(5)
+    pools = [rng.standard_normal(40).view(_HostArr) for _ in range(2)]
+    index = [rng.permutation(40)[:16].astype(np.int64) for _ in range(2)]
+    got = [np.full(16, np.nan), np.full(16, np.nan)]
+
+    def sink(i):
+        return lambda first, vals: got[i].__setitem__(slice(first, first + len(vals)), vals)
+
+    final = np.array([4, 16], dtype=np.int64)
+    ev = dev.cp.cuda.Event()
+    first = rcopy.CupyRCopy(dev, pools[0], index[0], turns.turn(), lambda: final,
+                            sink=sink(0))
+    first.q.put((0, ev))            # its first range into slot 0, not read out yet
+    time.sleep(0.1)
+    second = rcopy.CupyRCopy(dev, pools[1], index[1], turns.turn(), lambda: final,
+                             sink=sink(1))
+    second.q.put((0, ev))
+    second.launches_done()
+    time.sleep(0.2)                 # time for the second's worker (it must wait)
+    first.launches_done()
+    first.result()
+    second.result()
+    for i in range(2):
+        assert np.array_equal(got[i], pools[i][index[i]]), i
+    one = PinnedStaging(32, slots=[block[:32], block[32:]])
+    one.lock.acquire()
+    out = rcopy.CupyRCopy(dev, pools[0], index[0], one, lambda: final)
+    out.launches_done()
+    assert np.array_equal(out.result(), pools[0][index[0]])
+    assert not one.lock.locked()

@@ -42,9 +42,12 @@ through cuBLAS there. Each device sends its tiles and dense fronts as soon
 as its stages ended, while the first device may still compute.
 
 The host memory the devices' threads pin (each layer's maps, each stage's S
-entries and records, R's staging slots) is sized from the plan and the
-schedule and pinned before the threads start (:class:`~.pinned_ahead.PinnedAhead`, the
-blocks kept for later calls): pinning while they enqueue stalls all of them.
+entries and records, each device's R staging slots, which its stages' copies
+take in turn) is sized from the plan (the records bounded before the
+schedule) and pinned before the threads start, in one block while the
+schedule is built (:class:`~.pinned_ahead.PinnedAhead`, the blocks kept for
+later calls, with the pattern's maps and S indices in them): pinning while
+they enqueue stalls all of them.
 
 Several layers may share one physical GPU (``devices=[0, 0]``): each has
 its own streams, so the multi-device path runs, and is tested, on one GPU;
@@ -68,7 +71,7 @@ import numpy as np
 
 from ... import _gpu
 from ..._errors import DeviceOutOfMemory
-from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
+from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH, dense_front_mask
 from ..._schedule.dense_split import SplitModel, block_owners, split_rule
 from ..._schedule import native
 from ..._schedule.devices import (DevicePlan, defer_carried_packs, map_devices,
@@ -83,7 +86,7 @@ from ..host.simulate import one_blas_thread
 from ..split_front import NumpySplit, run_split
 from . import driver
 from .device import CupyDevice, pinned_pool_cap
-from .pinned_ahead import PinnedAhead, lane_needs, pinned_needs
+from .pinned_ahead import PinnedAhead, lane_bound, lane_needs, pinned_needs
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, final_entries, staging_for,
                     tile_final_launches, touched)
 from .rlayout import r_layout
@@ -690,19 +693,22 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
          r_slot_bytes=None, switch=None):
     t0 = time.perf_counter()
     r_slot = int(r_slot_bytes) if r_slot_bytes is not None else _r_slot_bytes(plan)
-    # the pinned memory the devices' threads use, its shared part pinned (or lent)
-    # and filled on a worker while the schedule is built (:class:`PinnedAhead`)
-    ahead = None                        # no layer takes pinned memory ahead
-    if any(hasattr(x, "pinned_ahead") for x in layers):
-        pinner = ThreadPoolExecutor(max_workers=1)
-        try:
-            ahead = pinner.submit(_pin_shared, Ac, analysis, plan, layers,
-                                  layers[0].dtype, r_slot)
-        finally:
-            pinner.shutdown(wait=False)
     # the plan's split fronts are dense fronts whatever dense_flops chose (split
     # or not: split_dense=False with the same plan gives the same fronts)
     extra = sorted(plan.split) if dense_flops is not None else None
+    # the pinned memory the devices' threads use, its shared part (with room for
+    # the lanes) pinned (or lent) and filled on a worker while the schedule is
+    # built (:class:`PinnedAhead`)
+    ahead = None                        # no layer takes pinned memory ahead
+    if any(hasattr(x, "pinned_ahead") for x in layers):
+        pinner = ThreadPoolExecutor(max_workers=1)
+        tun = {"tile": tile, "bundle": bundle, "pipelining": pipelining,
+               "dense_flops": dense_flops, "extra": extra}
+        try:
+            ahead = pinner.submit(_pin_shared, Ac, analysis, plan, layers,
+                                  layers[0].dtype, r_slot, tun)
+        finally:
+            pinner.shutdown(wait=False)
     try:
         sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
                                max_tasks=max_tasks, plan=plan.stage_plan(),
@@ -776,18 +782,30 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
     return out
 
 
-def _pin_shared(Ac, analysis, plan, layers, dtype, r_slot):
+def _pin_shared(Ac, analysis, plan, layers, dtype, r_slot, tun=None):
     """:class:`PinnedAhead` with its shared part (the maps and S entries, filled;
-    the R stagings) made; None where no layer takes pinned memory ahead, or
+    the R stagings; room for the lanes, :func:`lane_bound` by the schedule's
+    tunables ``tun``) made; None where no layer takes pinned memory ahead, or
     where the shared part alone passes :func:`~.device.pinned_pool_cap` or
     cannot be pinned (the layers then pin as they go)."""
     needs = pinned_needs(analysis, plan, layers, dtype, r_slot)
     if not needs["shared"]:
         return None
-    ahead = PinnedAhead(needs)
-    if ahead.shared_bytes + ahead.staging_bytes > pinned_pool_cap():
-        return None
     fs = analysis.fronts
+    ahead = PinnedAhead(needs, fronts=fs)
+    cap = pinned_pool_cap()
+    if ahead.shared_bytes + ahead.staging_bytes > cap:
+        return None
+    if tun is not None:
+        dense = dense_front_mask(analysis, tun["dense_flops"])
+        if tun["extra"]:
+            dense = dense.copy()
+            dense[list(tun["extra"])] = True
+        room = sum(lane_bound(analysis, plan, layers, tile=tun["tile"],
+                              bundle=tun["bundle"], pipelining=tun["pipelining"],
+                              dense=dense))
+        if ahead.shared_bytes + ahead.staging_bytes + room <= cap:
+            needs["lane_room"] = room
     nr = len(fs.rimap)
 
     def fill(name, out):
@@ -796,6 +814,9 @@ def _pin_shared(Ac, analysis, plan, layers, dtype, r_slot):
             out[nr:] = fs.rjmap
         elif name == "s_index":
             out[...] = fs.s_index
+        elif out.dtype == Ac.data.dtype:
+            # straight into the pinned block (unbuffered: the indices are valid)
+            np.take(Ac.data, fs.s_nz, out=out, mode="clip")
         else:
             out[...] = Ac.data[fs.s_nz]
     try:
@@ -1272,10 +1293,16 @@ class _MultiStageRun:
         if getattr(layer, "cp", None) is None:
             return layer.open_r_copy(h["pool"], gidx, layout, final=_final), pos
         sink = functools.partial(self.r.put, k, pos)
-        staging = None if self.ahead is None else self.ahead.staging(sid)
+        # the device's staging made ahead, in turn after its earlier stages' copies
+        # (taken here, in stage order; its worker waits for the turn)
+        staging = None if self.ahead is None else self.ahead.staging(k)
         if staging is None:
             staging = staging_for(layout, self.r_slot)
-        return CupyRCopy(layer, h["pool"], gidx, staging, _final, sink=sink), None
+        try:
+            return CupyRCopy(layer, h["pool"], gidx, staging, _final, sink=sink), None
+        except BaseException:
+            staging.release()           # no worker started: the next turn may go
+            raise
 
     def _stage(self, sid, st, k, layer):
         """Enqueue one stage on its layer (with its device current), waiting on

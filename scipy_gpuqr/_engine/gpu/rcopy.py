@@ -58,7 +58,8 @@ from ..._schedule.tasks import TaskType, applies
 from .array_ops import take_rows
 
 __all__ = ["final_entries", "final_entries_cached", "tile_final_launches", "launch_of_records",
-           "whole_front_writes", "staging_for", "PinnedStaging", "NumpyRCopy", "CupyRCopy",
+           "whole_front_writes", "staging_for", "PinnedStaging", "StagingTurns", "NumpyRCopy",
+           "CupyRCopy",
            "SLOT_BYTES", "MIN_CHUNK_BYTES", "StridedRuns", "strided_runs", "gather_runs",
            "touched", "runs_between", "column_bounds", "ColumnRCopy"]
 
@@ -281,6 +282,77 @@ class PinnedStaging:
                 self._slots = [cupyx.empty_pinned((self.nbytes,), dtype=np.uint8)
                                for _ in range(2)]
             return self._slots
+
+    def wait(self) -> None:
+        """Nothing to wait for: the caller locked the staging for its copy."""
+
+    def release(self) -> None:
+        """The copy ended (its worker read every slot it filled): unlocked."""
+        self.lock.release()
+
+
+class StagingTurns:
+    """One :class:`PinnedStaging` shared by copies that run one after another, in
+    the order their turns were handed out (:meth:`turn`).
+
+    The stages of one device copy their R on its one copy stream in stage
+    order, so one staging per device serves them all. A copy's turn is taken
+    where its copier is opened (on the thread that enqueues the stages, in
+    order, without blocking); its worker waits (:meth:`_Turn.wait`) until the
+    turn before was released, which a worker does only after it read every
+    range out of the slots (:meth:`CupyRCopy._drain` waits for each range's
+    event and hands it to the sink before the next is issued into that slot).
+    """
+
+    def __init__(self, staging: PinnedStaging):
+        self.staging = staging
+        self.nbytes = staging.nbytes
+        self._lock = threading.Lock()
+        self._last = None
+        #: turns handed out
+        self.turns = 0
+
+    def turn(self) -> "_Turn":
+        """The next copy's turn (the staging's interface: ``nbytes``, ``slots``,
+        ``wait``, ``release``)."""
+        with self._lock:
+            t = _Turn(self.staging, self._last)
+            self._last = t
+            self.turns += 1
+        return t
+
+
+class _Turn:
+    """One copy's turn at a :class:`StagingTurns`' staging."""
+
+    def __init__(self, staging, prev):
+        self._staging = staging
+        self.nbytes = staging.nbytes
+        self._prev = prev
+        self.done = threading.Event()
+
+    @property
+    def slots(self) -> list:
+        return self._staging.slots
+
+    def wait(self) -> None:
+        """Returns once the turn before ended (its copy read every slot it filled)."""
+        prev, self._prev = self._prev, None
+        if prev is not None:
+            prev.done.wait()
+
+    def release(self) -> None:
+        """This copy is done with the slots; a turn released without having waited
+        (its copy never started) passes on only once the turn before ended."""
+        prev, self._prev = self._prev, None
+        if prev is None or prev.done.is_set():
+            self.done.set()
+            return
+
+        def _after():
+            prev.done.wait()
+            self.done.set()
+        threading.Thread(target=_after, name="gpuqr-staging-turn", daemon=True).start()
 
 
 class _SharedStaging:
@@ -666,8 +738,9 @@ class CupyRCopy:
         The stage's front pool.
     index : ndarray (host, int32/int64)
         Pool element of every value in output order (uploaded by the worker).
-    staging : PinnedStaging
-        Locked by the caller; released when the copy ends.
+    staging : PinnedStaging or a turn of a StagingTurns
+        Locked by the caller, or a turn the worker waits for before it fills the
+        slots (:meth:`StagingTurns.turn`); released when the copy ends.
     final : callable or None
         Returns :func:`final_entries` (called on the worker); None: one copy
         after the last launch.
@@ -759,11 +832,13 @@ class CupyRCopy:
                                          getattr(self.dev, "r_copy_slot_bytes", SLOT_BYTES))
                                      // self.dtype.itemsize, 1)
                     dslots = [cp.empty(slot_elems, dtype=self.dtype) for _ in range(2)]
-                hslots = [s.view(self.dtype)[:slot_elems] for s in self.staging.slots]
                 final = self.final() if self.final is not None else None
                 self._final_seen = final
                 if self.sink is None:
                     run_split(_zero_range, 0, self.n, HOST_COPY_PER_THREAD, self.out)
+                # a staging shared in turns: the copy before has read its slots
+                self.staging.wait()
+                hslots = [s.view(self.dtype)[:slot_elems] for s in self.staging.slots]
                 self.seconds["prepare"] = time.perf_counter() - t0
                 min_chunk = self._min_chunk
                 issued = 0
@@ -807,7 +882,7 @@ class CupyRCopy:
         except BaseException as exc:  # noqa: BLE001 - handed to result()
             self._exc = exc
         finally:
-            self.staging.lock.release()
+            self.staging.release()
 
     def _drain(self, item, hslots):
         s, a, m, e = item
