@@ -474,6 +474,21 @@ def test_lane_bound_covers_the_schedules_lanes(k):
             assert all(b >= n > 0 for b, n in zip(bound, need)), (name, tile, bound, need)
 
 
+def test_lane_bound_kept_for_later_calls(monkeypatch):
+    """A later call of the pattern, plan and tunables finds the bound made before
+    (a repeated call's pinning worker does not count the records again); another
+    plan counts them."""
+    made = []
+    real = pa._lane_bound
+    monkeypatch.setattr(pa, "_lane_bound", lambda *a: made.append(1) or real(*a))
+    monkeypatch.setattr(pa, "_BOUNDS", pa.PerPattern(8, 1 << 20, lambda v: 64))
+    A = grid3d_least_squares(7).astype(np.float64)
+    layers = [_PinningLayer(32, 3) for _ in range(3)]
+    got = [pa.lane_bound(analyze(A), map_devices(analyze(A), k, cache=False), layers[:k],
+                         tile=32, bundle=4, pipelining=True) for k in (2, 2, 3, 2)]
+    assert len(made) == 2 and got[0] == got[1] == got[3] and len(got[2]) == 3
+
+
 def test_a_first_call_pins_one_block(pins, monkeypatch):
     """A first call pins its lanes with the shared part, in one allocation made
     while the schedule is built (none after it); lanes past their bound are

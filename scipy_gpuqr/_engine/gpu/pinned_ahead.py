@@ -22,6 +22,7 @@ import weakref
 
 import numpy as np
 
+from ..._schedule.pattern_cache import PerPattern
 from ..._schedule.tasks import DEFAULT_APPLY_GRANULE, TASK_BYTES
 from .rcopy import PinnedStaging, StagingTurns
 
@@ -228,6 +229,11 @@ def lane_needs(plan, sched, layers) -> list:
             for n, layer in zip(lanes, layers)]
 
 
+#: :func:`lane_bound`'s answers by pattern, plan and tunables (a repeated call
+#: would spend some 10 ms of its pinning worker on them: grid 64^3)
+_BOUNDS = PerPattern(64, 1 << 20, lambda v: 8 * len(v) + 64)
+
+
 def lane_bound(analysis, plan, layers, *, tile: int, bundle: int, pipelining: bool,
                dense=None) -> list:
     """Per layer a bound on its lane's bytes (:func:`lane_needs`) known before the
@@ -236,6 +242,7 @@ def lane_bound(analysis, plan, layers, *, tile: int, bundle: int, pipelining: bo
     :func:`~scipy_gpuqr._engine.memory.front_needs`), so that a first call
     pins the lanes with the shared part, while the schedule is built. The
     schedule's own sizes decide (a lane past the bound is pinned after it).
+    Kept by pattern, plan and tunables for later calls.
 
     Parameters
     ----------
@@ -244,6 +251,19 @@ def lane_bound(analysis, plan, layers, *, tile: int, bundle: int, pipelining: bo
     dense : ndarray of bool, optional
         The schedule's dense fronts (no tile records).
     """
+    key = ("lane_bound", tuple((int(a), int(b)) for a, b in plan.stages),
+           tuple(int(d) for d in plan.stage_device),
+           tuple(hasattr(layer, "pinned_ahead") for layer in layers),
+           int(tile), int(bundle), bool(pipelining), int(PINNED_LANE_SLACK),
+           () if dense is None else tuple(np.flatnonzero(dense).tolist()))
+    got = _BOUNDS.get(analysis, key)
+    if got is None:
+        got = tuple(_lane_bound(analysis, plan, layers, tile, bundle, pipelining, dense))
+        _BOUNDS.put(analysis, key, got)
+    return list(got)
+
+
+def _lane_bound(analysis, plan, layers, tile, bundle, pipelining, dense) -> list:
     from .. import memory
     vt = memory.vt_elements(analysis, tile=int(tile), bundle=int(bundle),
                             pipelining=bool(pipelining), granule=DEFAULT_APPLY_GRANULE,
