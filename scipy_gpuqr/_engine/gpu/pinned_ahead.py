@@ -24,6 +24,7 @@ import numpy as np
 
 from ..._schedule.pattern_cache import PerPattern
 from ..._schedule.tasks import DEFAULT_APPLY_GRANULE, TASK_BYTES
+from .. import memory
 from .rcopy import PinnedStaging, StagingTurns
 
 __all__ = ["PinnedAhead", "pinned_needs", "lane_needs", "lane_bound", "kept_pinned_bytes",
@@ -264,7 +265,6 @@ def lane_bound(analysis, plan, layers, *, tile: int, bundle: int, pipelining: bo
 
 
 def _lane_bound(analysis, plan, layers, tile, bundle, pipelining, dense) -> list:
-    from .. import memory
     vt = memory.vt_elements(analysis, tile=int(tile), bundle=int(bundle),
                             pipelining=bool(pipelining), granule=DEFAULT_APPLY_GRANULE,
                             dense=dense)
