@@ -163,7 +163,12 @@ def test_spqr_input_copy_of_a_canonical_matrix(rng):
     C = spqr._as_csc(A)
     assert C.indptr.dtype == np.int64 and C.indices.dtype == np.int64
     assert not np.shares_memory(C.data, A.data)
-    assert (C != A).nnz == 0
+    assert not sp.issparse(C)                   # the arrays alone: no SciPy object made
+    assert (sp.csc_array((C.data, C.indices, C.indptr), shape=C.shape) != A).nnz == 0
+    bad = A.copy()
+    bad.data[0] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        spqr._as_csc(bad)
     shuffled = sp.csc_array((A.data[::-1], A.indices[::-1], A.indptr), shape=A.shape)
     shuffled.has_sorted_indices = False
     D = spqr._as_csc(shuffled)
@@ -179,3 +184,74 @@ def test_code_stamp_is_made_once_and_names_the_folders_sources():
     assert "analysis_cache.py" in names and "../_version.py" in names
     assert analysis_cache._stamp_sources() is names
     assert analysis_cache.code_stamp() == analysis_cache.code_stamp()
+
+
+def _wide_problem(rng, m=40, n=90):
+    A = sp.random_array((m, n), density=0.1, format="csc", rng=rng)
+    A = sp.csc_array(A + sp.eye_array(m, n, format="csc"))
+    return A, rng.standard_normal(m)
+
+
+def test_start_and_norms_take_the_products_without_a_transpose(rng, monkeypatch):
+    """``start`` and ``damped_norms`` take ``Aᵀu`` and ``A v`` through SciPy's kernels
+    (the same bits as ``A.T @ u``, ``A @ v``) without making the transpose's object."""
+    from scipy_gpuqr._factor import least_squares as ls
+    A, b = _wide_problem(rng)
+    dx = rng.standard_normal(A.shape[1])
+    r = b - A @ dx
+    want_start = (float(np.sqrt(np.einsum("i,i->", b, b))),
+                  float(np.sqrt(np.einsum("i,i->", A.T @ b, A.T @ b))))
+    want_arnorm = ls.norm2(A.T @ r)
+
+    def no_transpose(self, *args, **kwargs):
+        raise AssertionError("a transpose object was made")
+    monkeypatch.setattr(sp.csc_array, "transpose", no_transpose)
+    begin = ls.start(A, b, None)
+    assert (begin.bnorm, begin.alfa) == want_start and begin.beta == begin.bnorm
+    norms = ls.damped_norms(A, b, dx, 0.0)
+    assert norms.arnorm == want_arnorm and norms.r1norm == ls.norm2(r)
+
+
+def test_full_rank_triangle_is_made_dense_once(rng, monkeypatch):
+    """Where the 1-norm test settles full rank, its dense R is the triangular
+    solves' triangle: R is made dense once for the decision and the solve."""
+    from scipy_gpuqr._factor.lstsq import MinNormSolver
+    T = _triangle(rng, 60)
+    made = []
+    real = sp.csc_array.toarray
+
+    def counted(self, *args, **kwargs):
+        made.append(self.shape)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(sp.csc_array, "toarray", counted)
+    solver = MinNormSolver(T, 1e-12)
+    assert solver.method == "triangular"
+    C = rng.standard_normal((60, 2))
+    Y = solver.solve(C)
+    assert made == [(60, 60)]
+    monkeypatch.setattr(sp.csc_array, "toarray", real)
+    np.testing.assert_array_equal(Y, UpperTriangular(T).solve(C))
+
+
+def test_spqr_commons_check_the_layout_once(monkeypatch):
+    """SuiteSparseQR's calls start their commons without reading the layout again
+    (checked once per process); a common made alone still checks it."""
+    spqr = pytest.importorskip("scipy_gpuqr._cpu.spqr")
+    if not spqr.spqr_available()[0]:
+        pytest.skip("SuiteSparseQR not installed")
+    from scipy_gpuqr._cpu import _cholmod
+    checks = []
+    real = _cholmod.Common._check_layout
+
+    def counted(self):
+        checks.append(1)
+        return real(self)
+    monkeypatch.setattr(_cholmod.Common, "_check_layout", counted)
+    A = sp.csc_array(sp.eye_array(5) + sp.random_array((5, 5), density=0.3, rng=1))
+    num = spqr.spqr_factorize(A, tol=None)
+    num.qt_matmul(np.ones(5))
+    assert checks == []
+    libs = spqr._libs()
+    with _cholmod.Common(libs.ffi, libs.cholmod):
+        pass
+    assert checks == [1]

@@ -148,8 +148,34 @@ def test_memory_guard_raises_clean_memory_error(rng, monkeypatch):
     if QRFactorization(A).info.get("host_bytes") is None:
         pytest.skip("no symbolic analysis")
     monkeypatch.setattr(_dispatch, "available_host_memory", lambda: 1000)
+    monkeypatch.setattr(_dispatch, "free_host_memory", lambda: 1000)
     with pytest.raises(MemoryError, match="needs about"):
         lsqr(A, np.ones(200), backend="cpu")
+
+
+def test_memory_guard_reads_available_memory_only_where_free_memory_is_short(rng, monkeypatch):
+    """A factorization needing under half the free memory (one ``sysinfo`` call) is not
+    checked against ``MemAvailable`` (a read of /proc/meminfo); one that may not fit is,
+    and fits or raises by it."""
+    A = _A(rng, 200, 100)
+    need = QRFactorization(A).info.get("host_bytes")
+    if need is None:
+        pytest.skip("no symbolic analysis")
+    reads = []
+
+    def available():
+        reads.append(1)
+        return int(10 * need)
+    monkeypatch.setattr(_dispatch, "available_host_memory", available)
+    monkeypatch.setattr(_dispatch, "free_host_memory", lambda: int(3 * need))
+    QRFactorization(A, backend="cpu")
+    assert reads == []
+    monkeypatch.setattr(_dispatch, "free_host_memory", lambda: int(need))
+    QRFactorization(A, backend="cpu")
+    assert reads == [1]
+    monkeypatch.setattr(_dispatch, "available_host_memory", lambda: int(need // 2))
+    with pytest.raises(MemoryError, match="needs about"):
+        QRFactorization(A, backend="cpu")
 
 
 def test_verbose_logging(rng, monkeypatch, capsys):

@@ -109,12 +109,16 @@ class Common:
 
     Use as a context manager; ``ptr`` is the ``cholmod_common *`` to pass to C.
     Printing by CHOLMOD is turned off (``print`` = 0): errors come back as
-    exceptions from :meth:`check`.
+    exceptions from :meth:`check`. The layout of the started common is checked
+    against the defaults we know (:class:`CholmodLayoutError`) unless
+    ``check_layout`` is False: a caller that checked this library's layout once
+    (its handle does not change) skips the reads on every later common.
     """
 
-    def __init__(self, ffi, lib):
+    def __init__(self, ffi, lib, *, check_layout: bool = True):
         self._ffi = ffi
         self._lib = lib
+        self._check = check_layout
         self._buf = None
         self.ptr = None
 
@@ -124,11 +128,12 @@ class Common:
         self.ptr = ffi.cast("cholmod_common *", self._buf)
         if not self._lib.cholmod_l_start(self.ptr):
             raise RuntimeError("cholmod_l_start failed")
-        try:
-            self._check_layout()
-        except BaseException:
-            self._lib.cholmod_l_finish(self.ptr)
-            raise
+        if self._check:
+            try:
+                self._check_layout()
+            except BaseException:
+                self._lib.cholmod_l_finish(self.ptr)
+                raise
         self["print"] = 0
         return self
 

@@ -139,6 +139,14 @@ def _usable() -> str:
     return f"SuiteSparseQR ({libs.spqr_path}), CHOLMOD {_cholmod_version(libs)}"
 
 
+def _common(libs: _Libs) -> Common:
+    """A ``cholmod_common`` of ``libs`` for one call (a context manager), its layout
+    checked once per process by :func:`_usable` (which raises where it is not the
+    one we know) rather than at every start."""
+    _usable()
+    return Common(libs.ffi, libs.cholmod, check_layout=False)
+
+
 def _cholmod_version(libs: _Libs) -> str:
     v = libs.ffi.new("int[3]")
     libs.cholmod.cholmod_l_version(v)
@@ -157,8 +165,23 @@ def _library_facts() -> tuple[str, str]:
 # input handling
 # --------------------------------------------------------------------------
 
-def _as_csc(A) -> sp.csc_array:
-    """A canonical float64 CSC copy of A with int64 indices (the input is never modified)."""
+class _Arrays(NamedTuple):
+    """The arrays of a canonical float64 CSC matrix with int64 indices, as
+    :func:`~scipy_gpuqr._cpu._cholmod.sparse_view` reads them (no SciPy object)."""
+
+    shape: tuple
+    data: np.ndarray
+    indices: np.ndarray
+    indptr: np.ndarray
+
+
+def _as_csc(A):
+    """A canonical float64 CSC copy of A with int64 indices (the input is never modified).
+
+    For an A already canonical CSC float64, the copied arrays as :class:`_Arrays`
+    (what the factorization reads: SciPy's constructor, after the caller's
+    garbage collection, cost several times the copy on a small A); else a
+    ``csc_array``."""
     if not (sp.issparse(A)):
         A = np.asarray(A)
         if A.ndim != 2:
@@ -171,8 +194,11 @@ def _as_csc(A) -> sp.csc_array:
     if type(A) in (sp.csc_array, sp.csc_matrix) and dtype == np.float64 \
             and A.has_canonical_format:
         # already canonical: a copy of its arrays, without SciPy's conversions
-        C = sp.csc_array((A.data.copy(), A.indices.astype(np.int64),
-                          A.indptr.astype(np.int64)), shape=A.shape, copy=False)
+        data = A.data.copy()
+        if not np.isfinite(data).all():
+            raise ValueError("matrix contains non-finite values (inf or NaN)")
+        return _Arrays((int(A.shape[0]), int(A.shape[1])), data, A.indices.astype(np.int64),
+                       A.indptr.astype(np.int64))
     else:
         C = sp.csc_array(A, dtype=np.float64, copy=True)
         C.sum_duplicates()  # also sorts indices
@@ -290,7 +316,7 @@ class SpqrQR(NumericQR):
 def _apply_spqr(libs: _Libs, method: int, H, HTau, HPinv, X) -> np.ndarray:
     ffi = libs.ffi
     keep: list = []
-    with Common(ffi, libs.cholmod) as cc:
+    with _common(libs) as cc:
         Hv = sparse_view(ffi, H, keep)
         tau = np.asfortranarray(HTau.reshape(1, -1), dtype=np.float64)
         tauv = dense_view(ffi, tau, keep)
@@ -402,6 +428,8 @@ def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default",
     user_perm = None
     if colperm is not None:
         user_perm = _check_colperm(colperm, n)
+        if isinstance(C, _Arrays):
+            C = sp.csc_array((C.data, C.indices, C.indptr), shape=C.shape, copy=False)
         C = C[:, user_perm]
         C.sort_indices()
         C.indptr = C.indptr.astype(np.int64, copy=False)
@@ -417,7 +445,7 @@ def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default",
     k = min(m, n)
     keep: list = []
     t0 = time.perf_counter()
-    with Common(ffi, libs.cholmod) as cc:
+    with _common(libs) as cc:
         Av = sparse_view(ffi, C, keep)
         R_p = ffi.new("cholmod_sparse **")
         E_p = ffi.new("int64_t **")
@@ -572,7 +600,7 @@ def spqr_solve_default(A, b, tol="default") -> np.ndarray:
     libs = _libs()
     ffi = libs.ffi
     keep: list = []
-    with Common(ffi, libs.cholmod) as cc:
+    with _common(libs) as cc:
         Av = sparse_view(ffi, C, keep)
         Bv = dense_view(ffi, B, keep)
         X = libs.spqr.SuiteSparseQR_C_backslash(ORDERINGS["default"], tol_code, Av, Bv, cc.ptr)

@@ -312,6 +312,29 @@ def _fits(analysis, avail) -> bool:
     return need is None or avail is None or need <= _MEMORY_FRACTION * avail
 
 
+def free_host_memory() -> Optional[int]:
+    """Bytes of free memory (the kernel's ``MemFree``, one ``sysinfo`` call), or None
+    when unknown. Never more than ``MemAvailable`` but by the kernel's reserved pages
+    (its watermarks, a small share of memory), and several times cheaper to read on a
+    millisecond call than ``/proc/meminfo`` (:func:`available_host_memory`)."""
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _surely_fits(analysis) -> bool:
+    """Whether the analysis' host memory fits without reading ``MemAvailable``: it
+    needs at most :data:`_MEMORY_FRACTION` of half the free memory (the kernel's
+    reserves, by which ``MemAvailable`` may fall short of ``MemFree``, are far less
+    than half of it), as a small factorization does; or it states no need."""
+    need = getattr(analysis, "host_bytes", None)
+    if need is None:
+        return True
+    free = free_host_memory()
+    return free is not None and need <= _MEMORY_FRACTION * 0.5 * free
+
+
 def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
                        ordering: Optional[str] = None, dtype=np.float64,
                        analyze: bool = True, cpu_side: str = "qr") -> Plan:
@@ -366,7 +389,7 @@ def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
     colperm = None
 
     # -- memory guard --------------------------------------------------------
-    if analysis is not None:
+    if analysis is not None and not _surely_fits(analysis):
         avail = available_host_memory()
         if not _fits(analysis, avail):
             need = analysis.host_bytes

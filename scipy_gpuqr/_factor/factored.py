@@ -24,7 +24,6 @@ the device, the rest through the host).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import pickle
@@ -69,8 +68,10 @@ def plan_matrix(M: sp.csc_array, settings: Settings, *, ordering=None,
     (engines without rank detection get Heath's rule on their R).
     """
     plan = plan_factorization(M, settings, ordering=ordering, dtype=dtype)
-    return dataclasses.replace(plan, factorize_fn=with_rank_detection(plan.factorize_fn,
-                                                                      plan.backend))
+    # the plan was made here for this caller alone: its callable is wrapped in place
+    # (dataclasses.replace would copy every field again)
+    plan.factorize_fn = with_rank_detection(plan.factorize_fn, plan.backend)
+    return plan
 
 
 def plan_for(mi: MatrixInput, settings: Settings, *, ordering=None):
@@ -84,7 +85,10 @@ def plan_for(mi: MatrixInput, settings: Settings, *, ordering=None):
     if gpu:
         prefetch_kernels(mi.dtype)
     m, n = mi.shape
-    M = sp.csc_array(mi.A.T) if m < n else mi.A
+    # Aᵀ's CSC arrays are A's CSR ones: one conversion (sorted indices), one object
+    M = mi.A.T.tocsc() if m < n else mi.A
+    if m < n and type(M) is not sp.csc_array:
+        M = sp.csc_array(M)
     M.sort_indices()
     plan = plan_matrix(M, settings, ordering=ordering, dtype=mi.dtype)
     if gpu and plan.backend == "gpu" and plan.analysis is not None:

@@ -33,6 +33,7 @@ from .._dispatch.iterate_first import (CONVERGED, Allowance, analysis_seconds,
 from .._gpu import import_cupy, is_cupy_array, is_cupy_sparse
 from .._iterative import lsmr as iterative_lsmr
 from .._iterative import lsqr as iterative_lsqr
+from .._iterative._common import _compressed_products
 from .._iterative.host import host_problem
 from .._options import Settings, log_decision
 from .._validate import (LSTSQ_RHS, MatrixInput, as_matrix, check_damp, check_rhs, check_x0,
@@ -446,12 +447,24 @@ class LstsqStart(NamedTuple):
         return self.alfa * self.beta == 0
 
 
+def _products(A):
+    """``(v ↦ A v, u ↦ Aᵀ u)`` on float64 host vectors: SciPy's own kernels called as
+    ``A @ v`` and ``A.T @ u`` call them for a float64 CSR/CSC A (the same bits,
+    without the transpose's object and the operator's dispatch, which cost more than
+    the product on a small A), else those operators."""
+    products = _compressed_products(A)
+    if products is None:
+        return A.__matmul__, (lambda u: A.T @ u)
+    return products
+
+
 def start(A, b: np.ndarray, x0: Optional[np.ndarray]) -> LstsqStart:
     """The correction problem of ``A x ≈ b`` from ``x0`` (None: from 0)."""
     bnorm = norm2(b)
-    r0 = b if x0 is None else b - A @ x0
-    beta = norm2(r0)
-    alfa = norm2(A.T @ r0) if beta > 0 else 0.0
+    matvec, rmatvec = _products(A)
+    r0 = b if x0 is None else b - matvec(x0)
+    beta = bnorm if x0 is None else norm2(r0)
+    alfa = norm2(rmatvec(r0)) if beta > 0 else 0.0
     return LstsqStart(r0, bnorm, beta, alfa)
 
 
@@ -508,12 +521,13 @@ class DampedNorms(NamedTuple):
 
 def damped_norms(A, r0: np.ndarray, dx: np.ndarray, damp: float) -> DampedNorms:
     """The residual norms SciPy's lsqr/lsmr report, computed from ``dx``."""
-    r = r0 - A @ dx
+    matvec, rmatvec = _products(A)
+    r = r0 - matvec(dx)
     r1norm = norm2(r)
     return DampedNorms(
         r1norm, float(np.hypot(r1norm, damp * norm2(dx))),
         float(np.sqrt(frobenius_norm(A) ** 2 + damp ** 2 * A.shape[1])),
-        norm2(A.T @ r - damp ** 2 * dx))
+        norm2(rmatvec(r) - damp ** 2 * dx))
 
 
 def trivial_answer(begin: LstsqStart, x0: Optional[np.ndarray], n: int) -> LstsqAnswer:

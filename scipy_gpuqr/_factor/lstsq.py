@@ -330,6 +330,12 @@ def _host_triangular(R: sp.csc_array) -> tuple[Callable, Callable]:
     return UpperTriangular(R).solves()
 
 
+def _dense_rcond(Rd: np.ndarray) -> float:
+    """LAPACK's ``dtrcon`` (1-norm) of a dense upper triangular R; 0 where it fails."""
+    rcond, info = la.lapack.dtrcon(Rd, norm="1", uplo="U", diag="N")
+    return float(rcond) if info == 0 else 0.0
+
+
 def _rcond_estimate(R: sp.csc_array, solves: Optional[tuple] = None) -> float:
     """Reciprocal 1-norm condition number estimate of triangular R.
 
@@ -338,9 +344,7 @@ def _rcond_estimate(R: sp.csc_array, solves: Optional[tuple] = None) -> float:
     """
     q = R.shape[0]
     if q <= DENSE_LIMIT:
-        Rd = R.toarray()
-        rcond, info = la.lapack.dtrcon(Rd, norm="1", uplo="U", diag="N")
-        return float(rcond) if info == 0 else 0.0
+        return _dense_rcond(R.toarray())
     up, upt = solves or _host_triangular(R)
     inv = LinearOperator(
         (q, q), dtype=np.float64,
@@ -386,7 +390,7 @@ def frobenius_bound(M, rounding: Optional[float] = None) -> Optional[float]:
         return None
     m, n = M.shape
     if rounding is None:
-        rounding = max(16.0 * m * n * np.finfo(np.float64).eps, 1e-12)
+        rounding = max(16.0 * m * n * EPS, 1e-12)
     return value * (1.0 + rounding)
 
 
@@ -505,6 +509,9 @@ class MinNormSolver:
     _lowered: Optional[object] = field(init=False, default=None, repr=False)
     # the BLAS threads of the decision and its solves (None: the pools' own counts)
     _threads: Optional[int] = field(init=False, default=None, repr=False)
+    # R made dense (Fortran order) by the 1-norm test that settled full rank: the
+    # triangular solves' dense triangle, not made again
+    _dense_r: Optional[np.ndarray] = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
         if self.fro_bound is not None and np.isfinite(self.fro_bound):
@@ -545,7 +552,7 @@ class MinNormSolver:
         estimate is kept for :meth:`_full_rank_confirmed` and the decision runs
         with the pools lowered as before.
         """
-        R = sp.csc_array(self.R)
+        R = self.R if type(self.R) is sp.csc_array else sp.csc_array(self.R)
         k, q = R.shape
         if k != q or q == 0 or q > DENSE_LIMIT or self.solves is not None:
             return False
@@ -556,10 +563,12 @@ class MinNormSolver:
             d = abs_diagonal(R)
         if not (np.all(np.isfinite(d)) and d.min() > 0 and d.min() > self.cutoff * d.max()):
             return False
-        self.rcond = _rcond_estimate(R)
+        Rd = R.toarray(order="F")
+        self.rcond = _dense_rcond(Rd)
         if not self.rcond >= 10.0 * q * self.cutoff:
             return False
         self.R = R
+        self._dense_r = Rd
         self.method, self.rank = "triangular", q
         return True
 
@@ -569,7 +578,7 @@ class MinNormSolver:
         return 1 if max(self.R.shape) <= SINGLE_THREAD_ORDER else None
 
     def _decide(self):
-        R = sp.csc_array(self.R)
+        R = self.R if type(self.R) is sp.csc_array else sp.csc_array(self.R)
         self.R = R
         if self.dense_device is None:
             self.dense_device = self.device
@@ -1150,7 +1159,8 @@ class MinNormSolver:
             return np.zeros((cols, C.shape[1]))
         if self.method == "triangular":
             if self._tri is None:
-                self._tri = UpperTriangular(self.R)
+                self._tri = UpperTriangular(self.R, dense=self._dense_r)
+                self._dense_r = None
             return self._tri.solve(C, trans=self.transposed)
         if self.method == "svd":
             U, s, Vt = self._svd

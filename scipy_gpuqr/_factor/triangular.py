@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import scipy.linalg as la
@@ -62,6 +63,9 @@ class UpperTriangular:
     ----------
     T : scipy.sparse array or matrix, shape (q, q)
         Upper triangular with a nonzero diagonal (the caller checks).
+    dense : ndarray, optional
+        ``T.toarray(order="F")`` where the caller made it already (the dense
+        triangle below then takes it, not kept otherwise).
 
     Notes
     -----
@@ -77,17 +81,20 @@ class UpperTriangular:
     """
 
     T: sp.csc_array
+    dense: Optional[np.ndarray] = field(default=None, repr=False)
     _lu: object = field(init=False, default=None, repr=False)
     _dense: object = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
-        self.T = sp.csc_array(self.T)
+        if type(self.T) is not sp.csc_array:
+            self.T = sp.csc_array(self.T)
         q = self.T.shape[0]
         if q == 0 or self.T.nnz > SUPERLU_MAX_NNZ:
             return
         if q <= DENSE_SOLVE_LIMIT or (q <= DENSE_SIGMA_LIMIT
                                       and self.T.nnz >= DENSE_SOLVE_FILL * q * q):
-            self._dense = _DenseTriangle.of(self.T)
+            self._dense = _DenseTriangle.of(self.T, self.dense)
+            self.dense = None
             if self._dense is not None:
                 return
         try:
@@ -132,9 +139,10 @@ class _DenseTriangle:
         self.Td, self.lower = Td, lower
 
     @classmethod
-    def of(cls, T: sp.csc_array):
+    def of(cls, T: sp.csc_array, dense: Optional[np.ndarray] = None):
         """The dense triangle of a float64 CSC T whose pattern lies on one side of the
-        diagonal and whose diagonal is finite and nonzero; None otherwise."""
+        diagonal and whose diagonal is finite and nonzero; None otherwise. ``dense``:
+        ``T.toarray(order="F")`` where the caller made it already."""
         if T.dtype != np.float64:
             return None
         q = T.shape[0]
@@ -146,7 +154,7 @@ class _DenseTriangle:
             lower = True
         else:
             return None
-        Td = T.toarray(order="F")
+        Td = T.toarray(order="F") if dense is None else dense
         d = np.diagonal(Td)
         if not (np.all(np.isfinite(d)) and np.all(d != 0)):
             return None
