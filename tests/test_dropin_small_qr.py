@@ -255,3 +255,28 @@ def test_spqr_commons_check_the_layout_once(monkeypatch):
     with _cholmod.Common(libs.ffi, libs.cholmod):
         pass
     assert checks == [1]
+
+
+def test_quick_path_problem_is_check_problems_without_its_checks(rng, monkeypatch):
+    """The common input's checked problem (a QR answer after the host loops) is the one
+    ``check_problem`` makes, field by field, without its checks made again."""
+    from scipy_gpuqr._factor import least_squares as ls
+    from scipy_gpuqr._factor import quick_iterate as qi
+    from scipy_gpuqr._factor.least_squares import StoppingRules
+    A = sp.csc_array(sp.random_array((60, 30), density=0.2, rng=rng) + sp.eye_array(60, 30))
+    b = rng.standard_normal(60)
+    want = ls.check_problem(A, b, None, 0.0, func="lsmr")
+
+    def refused(*args, **kwargs):
+        raise AssertionError("check_problem ran again")
+    monkeypatch.setattr(ls, "check_problem", refused)
+    monkeypatch.setattr(qi, "check_problem", refused, raising=False)
+    rules = StoppingRules(1e-6, 1e-6, 1e8, 3, False)      # 3 iterations: istop 7, the QR
+    quick = qi.quick_iterate("lsmr", A, b, None, 0.0, rules, None, None)
+    assert quick is not None and quick.found is None
+    got = quick.problem()
+    for name in ("shape", "nnz", "dtype", "on_gpu", "b_dtype", "x0", "damp"):
+        assert getattr(got, name) == getattr(want, name), name
+    assert got.A is A and want.A is A
+    np.testing.assert_array_equal(got.b, want.b)
+    assert got.b.flags.c_contiguous and not np.shares_memory(got.b, b)

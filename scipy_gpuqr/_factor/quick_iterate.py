@@ -9,10 +9,12 @@ SciPy's result) under ``auto``'s rule (:mod:`scipy_gpuqr._dispatch.iterate_first
 after the few checks such input needs: its types, shapes and dtypes are seen
 from the objects themselves, and DESIGN §10's finite check is one C
 reduction per array, or, for a run no GPU could take, the compiled loops'
-first pass over A's values and b. The full check of the problem
-(:func:`~scipy_gpuqr._factor.least_squares.check_problem`: a canonical copy of
-A, b copied) is made only when the QR is needed: when the rule plans the
-factorization, or when the run ends without converging.
+first pass over A's values and b. The checked problem the QR needs
+(:class:`~scipy_gpuqr._factor.least_squares.LeastSquaresProblem`: b copied, the
+canonical copy of A made on first use) is made only when the QR is needed: when
+the rule plans the factorization, or when the run ends without converging; from
+what those checks found, without
+:func:`~scipy_gpuqr._factor.least_squares.check_problem` going over A and b again.
 
 On a call of a few hundred microseconds the checks, the settings and the
 decision around SciPy's algorithm are what separates ``auto`` from SciPy's
@@ -45,7 +47,7 @@ from .._options import Settings, auto_settings, auto_source, log_decision
 from .._validate import all_finite
 from .factored import plan_for
 from .least_squares import (IterativeAnswer, LeastSquaresProblem, StoppingRules, _RunNote,
-                            check_problem, settle)
+                            settle)
 from .lstsq import DENSE_LIMIT, _rcond_estimate, lstsq_cutoff, nullspace_candidate
 from .solve_rank import (PROBE_COLUMNS, PROBE_MAX_STEPS, frobenius, probe_margin,
                          probe_norm)
@@ -177,6 +179,16 @@ def _eligible(A, b, x0, damp, gpuqr_options) -> bool:
             and b.shape == (m,))
 
 
+def _checked_problem(A, b: np.ndarray, m: int, n: int, nnz: int) -> LeastSquaresProblem:
+    """What :func:`~scipy_gpuqr._factor.least_squares.check_problem` makes of the common
+    input (:func:`_eligible`) whose values were found finite (before the run, or in
+    the loops' first pass, which ends before anything asks for the problem): the
+    caller's A as the iterations' operand, a float64 copy of b, no x0, no damping;
+    its checks are not made a second time."""
+    return LeastSquaresProblem(A=A, shape=(m, n), nnz=nnz, dtype=_F64, on_gpu=False,
+                               b=b.astype(np.float64), b_dtype=_F64, x0=None, damp=0.0)
+
+
 class _Where:
     """Where a run ran and why, for the decision log: ``text`` formatted with ``value``
     only when the log is written."""
@@ -289,7 +301,7 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
 
     def problem() -> LeastSquaresProblem:
         if not checked:
-            checked.append(check_problem(A, b, None, damp, func=method))
+            checked.append(_checked_problem(A, b, m, n, nnz))
         return checked[0]
 
     squares = []
