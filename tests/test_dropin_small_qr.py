@@ -280,3 +280,24 @@ def test_quick_path_problem_is_check_problems_without_its_checks(rng, monkeypatc
     assert got.A is A and want.A is A
     np.testing.assert_array_equal(got.b, want.b)
     assert got.b.flags.c_contiguous and not np.shares_memory(got.b, b)
+
+
+def test_cffi_setter_address_without_ctypes(monkeypatch):
+    """A cffi pool setter's address (the pools' record key, asked at every limited
+    SuiteSparseQR call) is read through cffi at once, not after a failed ctypes cast."""
+    spqr = pytest.importorskip("scipy_gpuqr._cpu.spqr")
+    if not spqr.spqr_available()[0]:
+        pytest.skip("SuiteSparseQR not installed")
+    from scipy_gpuqr._cpu import blas_threads
+    libs = spqr._libs()
+    try:
+        fn = libs.spqr.openblas_set_num_threads
+    except (AttributeError, NotImplementedError):
+        pytest.skip("SuiteSparseQR's BLAS is not OpenBLAS")
+    want = int(blas_threads._cffi().cast("uintptr_t", fn))
+
+    def refused(*args):
+        raise AssertionError("ctypes.cast tried")
+    monkeypatch.setattr(blas_threads.ctypes, "cast", refused)
+    assert blas_threads._address(fn) == want
+    assert blas_threads._address(libs.spqr.openblas_set_num_threads) == want

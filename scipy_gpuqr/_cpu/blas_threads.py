@@ -228,6 +228,15 @@ def find_openblas_pools() -> list:
     return pools
 
 
+@functools.lru_cache(maxsize=64)
+def _cffi_address(fn) -> int:
+    """The address of a cffi function pointer (a fact of the pointer, read once: the
+    limits of a small factorization ask for it at every call, and a cast through
+    cffi's Python layer costs tens of microseconds after the caller's garbage
+    collection; ctypes' cast of a cffi pointer fails by an exception, dearer still)."""
+    return int(_cffi().cast("uintptr_t", fn))
+
+
 @functools.lru_cache(maxsize=1)
 def _cffi():
     """An FFI to read cffi function pointers with (made once: it takes a while)."""
@@ -237,6 +246,8 @@ def _cffi():
 def _address(fn):
     """Where the C function ``fn`` (a ctypes or cffi function pointer) lies in
     memory: one pool's setter reached through two handles has one address."""
+    if isinstance(fn, _cffi().CData):
+        return _cffi_address(fn)
     try:
         return ctypes.cast(fn, ctypes.c_void_p).value
     except (ctypes.ArgumentError, TypeError):
