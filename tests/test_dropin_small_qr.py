@@ -301,3 +301,13 @@ def test_cffi_setter_address_without_ctypes(monkeypatch):
     monkeypatch.setattr(blas_threads.ctypes, "cast", refused)
     assert blas_threads._address(fn) == want
     assert blas_threads._address(libs.spqr.openblas_set_num_threads) == want
+
+
+def test_full_rank_dense_r_is_not_kept_beyond_the_dense_solves_order(rng):
+    """R made dense for the 1-norm test is kept for the solve only at orders whose
+    triangle is solved densely (not q² doubles held by a factorization never solved)."""
+    from scipy_gpuqr._factor.lstsq import MinNormSolver
+    small = MinNormSolver(_triangle(rng, 50), 1e-12)
+    large = MinNormSolver(_triangle(rng, DENSE_SOLVE_LIMIT + 20, density=0.02), 1e-12)
+    assert small.method == large.method == "triangular"
+    assert small._dense_r is not None and large._dense_r is None

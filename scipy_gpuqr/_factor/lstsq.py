@@ -138,7 +138,8 @@ from .host_norms import frobenius_norm
 from .solve_rank import NullspaceCOD, NullspaceRefused, abs_diagonal, frobenius, probe_norm
 from .subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
 from .sparse_subspace import decide as sparse_subspace_decide
-from .triangular import DENSE_SIGMA_LIMIT, UpperTriangular, norm2_lanczos, sigma_min_upper
+from .triangular import (DENSE_SIGMA_LIMIT, DENSE_SOLVE_LIMIT, UpperTriangular, norm2_lanczos,
+                         sigma_min_upper)
 
 __all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver",
            "NULLSPACE_HOST_MIN_ORDER", "nullspace_candidate",
@@ -509,8 +510,8 @@ class MinNormSolver:
     _lowered: Optional[object] = field(init=False, default=None, repr=False)
     # the BLAS threads of the decision and its solves (None: the pools' own counts)
     _threads: Optional[int] = field(init=False, default=None, repr=False)
-    # R made dense (Fortran order) by the 1-norm test that settled full rank: the
-    # triangular solves' dense triangle, not made again
+    # R made dense (Fortran order) by the 1-norm test that settled full rank, where the
+    # triangular solves take a dense triangle of that order: theirs, not made again
     _dense_r: Optional[np.ndarray] = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
@@ -568,7 +569,7 @@ class MinNormSolver:
         if not self.rcond >= 10.0 * q * self.cutoff:
             return False
         self.R = R
-        self._dense_r = Rd
+        self._dense_r = Rd if q <= DENSE_SOLVE_LIMIT else None     # kept only till the solve
         self.method, self.rank = "triangular", q
         return True
 
