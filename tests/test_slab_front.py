@@ -12,8 +12,8 @@ from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_
 from scipy_gpuqr._engine.slab_front import (ONE_SLAB_PARTS, PART_ROW_BYTES, NumpySlabs,
                                             factorize_in_slabs, one_slab_parts, part_rows,
                                             slab_buffer_elements, slab_columns,
-                                            slab_part_count, slab_parts, slab_ranges,
-                                            slab_sides, whole_front_fits)
+                                            scratch_bytes, slab_part_count, slab_parts,
+                                            slab_ranges, slab_sides, whole_front_fits)
 from scipy_gpuqr._testing_matrices import staircase_front
 
 EPS = np.finfo(np.float64).eps
@@ -84,6 +84,42 @@ def test_slab_columns_fit_the_bytes_given():
     assert whole_front_fits(fm, w // 2, nb, isz, avail)
     with pytest.raises(ValueError):
         slab_ranges([], 10, 0)
+
+
+class _Widest(NumpySlabs):
+    """The host slab operations, with the widest part :func:`factorize_in_slabs`
+    starts with and the slab buffer's size recorded."""
+
+    def start(self, F, npanels, nb, T=None, widest=None):
+        self.widest = widest
+        return super().start(F, npanels, nb, T=T)
+
+    def slab_buffer(self, F, n):
+        self.size = n
+        return super().slab_buffer(F, n)
+
+
+@pytest.mark.parametrize("fm,fn,nb,room", [(300, 400, 16, 0.60), (300, 400, 16, 0.35),
+                                           (120, 500, 8, 0.5), (400, 150, 16, 0.9)])
+def test_slab_workspace_fits_the_bytes_slab_columns_was_given(fm, fn, nb, room):
+    """The device slabs' scratch (:func:`scratch_bytes`) is sized by the widest part
+    :func:`factorize_in_slabs` works, not by the front: beside the slab buffer and
+    two earlier panels it fits the bytes :func:`slab_columns` sized the slabs
+    for. Sized by the front's columns, a wide front's narrow slabs ran out of a
+    real pool limit and went to the host (the GPU test below, 3000 x 4000)."""
+    isz = 8
+    avail = int(room * (fm * fn + 7 * fm * nb) * isz)
+    w = slab_columns(fm, nb, isz, avail)
+    assert nb <= w < fn and not whole_front_fits(fm, fn, nb, isz, avail)
+    rng = np.random.default_rng(fm + fn)
+    F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
+    F = F0.copy()
+    dev = _Widest()
+    T = factorize_in_slabs(F, panels, nb, w, dev)
+    assert dev.widest <= w < fn
+    used = (dev.size + 2 * fm * nb + 5 * nb * nb) * isz + scratch_bytes(fm, dev.widest, nb, isz)
+    assert used <= 0.9 * avail
+    np.testing.assert_allclose(T, T_ref, atol=100 * max(fm, fn) * EPS)
 
 
 @pytest.mark.gpu

@@ -73,7 +73,7 @@ from .memory import make_room
 __all__ = ["slab_ranges", "slab_parts", "slab_sides", "slab_columns", "whole_front_fits",
            "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS", "PANEL_UPLOADS",
            "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count", "part_rows", "one_slab_parts",
-           "ONE_SLAB_PARTS", "slab_buffer_elements"]
+           "ONE_SLAB_PARTS", "slab_buffer_elements", "scratch_bytes"]
 
 #: Most parts a slab is worked in (:func:`slab_parts`): part ``g`` goes back to
 #: the host while part ``g + 1`` is worked on, and part ``g + 1`` came up while
@@ -276,6 +276,16 @@ def slab_buffer_elements(plan: list, panels: list, fm: int) -> int:
     return int(fm) * max((c1 - c0 for (c0, c1, _, _), _ in plan), default=0)
 
 
+def scratch_bytes(fm: int, columns: int, nb: int, itemsize: int) -> int:
+    """Bytes of :class:`CupySlabs`' scratch for an ``fm``-row front whose widest
+    slab part has ``columns`` columns: a panel of every row and its mask (the
+    reflectors an update takes out of a part), the products of the updates and
+    the dense path's two work rows per column of that part. Sized by the part,
+    not the front: a wide front's slabs are narrow, and :func:`slab_columns`
+    counts their workspace per column of the slab."""
+    return int(fm) * int(nb) * (int(itemsize) + 1) + 4 * int(columns) * int(nb) * int(itemsize)
+
+
 def whole_front_fits(fm: int, fn: int, nb: int, itemsize: int, available: int) -> bool:
     """Whether an ``fm × fn`` front and the dense path's workspace fit
     ``available`` device bytes (10 % left for the allocator)."""
@@ -340,9 +350,10 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
     most = max((c1 - c0 for c0, c1, _, _ in slabs), default=0)
     sides = slab_sides(plan, most)
     size = slab_buffer_elements(plan, panels, F.shape[0])
+    widest = max((a1 - a0 for _, pieces in plan for a0, a1, _, _ in pieces), default=nb)
     state = {"done": 0}             # parts whose columns went back into F
     try:
-        dev.start(F, len(panels), nb)
+        dev.start(F, len(panels), nb, widest=widest)
         for (slab, pieces), down in zip(plan, sides):
             _one_slab(F, panels, slab, pieces, dev, state, size, down=down)
         dev.finish()
@@ -438,8 +449,10 @@ class NumpySlabs:
         self.on_part = on_part
         self.part_row_bytes = int(part_row_bytes)
 
-    def start(self, F: np.ndarray, npanels: int, nb: int, T=None) -> None:
-        """A factorization of ``F`` begins (``T``: the panels' factors known so far)."""
+    def start(self, F: np.ndarray, npanels: int, nb: int, T=None, widest=None) -> None:
+        """A factorization of ``F`` begins (``T``: the panels' factors known so far;
+        ``widest``: its widest part's columns, which the host needs no workspace
+        sized by)."""
         self._T = np.zeros((npanels, nb, nb), dtype=F.dtype) if T is None else T.copy()
 
     def slab_buffer(self, F: np.ndarray, n: int):
@@ -553,6 +566,7 @@ class CupySlabs:
         self._T = None
         self._T_host = None
         self._nb = 0                    # the panels' width (:meth:`start`)
+        self._widest = 0                # the widest part's columns (:meth:`start`)
         self._scratch_made = False      # :meth:`_scratch` ran for this factorization
         self._marks = []                # (what, timing event, host ms): :meth:`timeline`
         self._t0 = 0.0                  # the host's clock at :meth:`start`
@@ -620,11 +634,15 @@ class CupySlabs:
             buf = self._buffers[slot] = self.cp.empty(max(n, 1), dtype=dtype)
         return buf[:n]
 
-    def start(self, F: np.ndarray, npanels: int, nb: int, T=None) -> None:
+    def start(self, F: np.ndarray, npanels: int, nb: int, T=None, widest=None) -> None:
+        """A factorization of ``F`` begins (``T``: the panels' factors known so far;
+        ``widest``: its widest part's columns, which :meth:`_scratch` is sized by;
+        default the front's)."""
         self._t0 = time.perf_counter()
         self.pool_peak = 0
         self._marks = [("start", self._timed(self.stream), 0.0)]
         self._nb = int(nb)
+        self._widest = int(F.shape[1] if widest is None else widest)
         self._scratch_made = False
         with self.stream:
             self._T = (self.cp.zeros((npanels, nb, nb), dtype=F.dtype) if T is None
@@ -644,8 +662,8 @@ class CupySlabs:
         """One free block in the work stream's share of CuPy's pool, as large as
         a part's workspace at once: a panel of every row and its mask (the
         reflectors an update takes out of a part), the products of the updates
-        and the dense path's two work rows per column; the dense path's panel
-        buffer fits it too. The parts' workspaces are then cut from it and
+        and the dense path's two work rows per column of the widest part
+        (:func:`scratch_bytes`); the dense path's panel buffer fits it too. The parts' workspaces are then cut from it and
         merge back into it. Without it, the panel buffer of each part, taller
         than any before, is a new block that the pool keeps after the part:
         about a panel of every row more per part (CuPy reuses a free block for
@@ -654,10 +672,9 @@ class CupySlabs:
         if self._scratch_made:
             return
         self._scratch_made = True
-        fm, fn = F.shape
-        isz, nb = F.itemsize, self._nb
         with self.stream:               # freed at once: kept in that stream's share
-            self.cp.empty(fm * nb * (isz + 1) + 4 * fn * nb * isz, dtype=np.uint8)
+            self.cp.empty(scratch_bytes(F.shape[0], self._widest, self._nb, F.itemsize),
+                          dtype=np.uint8)
 
     def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int,
                     rows: int | None = None) -> SlabPart:
