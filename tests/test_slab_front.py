@@ -197,34 +197,40 @@ def test_r_values_gathered_as_the_gpu_slab_parts_land():
                                atol=1e3 * fm * EPS * np.abs(F0).max())
 
 
-@pytest.mark.gpu
-def test_host_front_too_large_alone_goes_through_the_gpu_in_slabs():
-    """Under a pool limit below the front itself, the host front's factorization
-    runs in slabs on the GPU and says so; its Q and R are right."""
+def _host_front_on_gpu_with_room(F, panels, room: int) -> tuple:
+    """``HostFrontDevice._on_gpu(F, panels)`` with CuPy's pool limited to ``room``
+    bytes beside what it holds: ``(T, how, finite)``. Cached blocks of partly used
+    chunks stay after ``free_all_blocks`` and count against the limit
+    (:func:`~scipy_gpuqr._engine.memory.largest_block_bytes`), so the room is
+    over ``total_bytes``."""
     import types
 
     import cupy as cp
 
     from scipy_gpuqr._engine.gpu.device import HostFrontDevice
     from scipy_gpuqr._engine.memory import available_bytes
-    rng = np.random.default_rng()
-    fm, fn, nb = 3000, 4000, 256
-    F0, stair = staircase_front(fm, fn, rng, dense_rows=min(fm, 3))
-    panels = panels_of(fm, fn, stair, nb)
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
     gpu = types.SimpleNamespace(cp=cp, stream=cp.cuda.Stream(non_blocking=True),
                                 memory=lambda: available_bytes(cp))
     hd = HostFrontDevice(32, 3, gpu=gpu)
-    F = F0.copy()
-    # 60 MB of room beside what the pool holds (the front alone: 96 MB); cached
-    # blocks of partly used chunks stay after free_all_blocks and count against
-    # the limit (memory.largest_block_bytes), so the room is over total_bytes
-    pool.set_limit(size=pool.total_bytes() + 60 * 2 ** 20)
+    pool.set_limit(size=pool.total_bytes() + room)
     try:
-        T, how, finite = hd._on_gpu(F, panels)
+        return hd._on_gpu(F, panels)
     finally:
         pool.set_limit(size=0)
+
+
+@pytest.mark.gpu
+def test_host_front_too_large_alone_goes_through_the_gpu_in_slabs():
+    """Under a pool limit below the front itself, the host front's factorization
+    runs in slabs on the GPU and says so; its Q and R are right."""
+    rng = np.random.default_rng()
+    fm, fn, nb = 3000, 4000, 256
+    F0, stair = staircase_front(fm, fn, rng, dense_rows=min(fm, 3))
+    panels = panels_of(fm, fn, stair, nb)
+    F = F0.copy()
+    T, how, finite = _host_front_on_gpu_with_room(F, panels, 60 * 2 ** 20)   # the front: 96 MB
     assert T is not None and how.startswith("in column slabs"), how
     assert finite is True                   # checked on the device, slab by slab
     _check_q(F0, F, panels, T, 1e3 * fm * EPS * np.abs(F0).max())
@@ -679,12 +685,7 @@ def test_host_front_whose_staircase_fits_goes_as_one_slab():
     """Under a pool limit below the front's rectangle but above its staircase and
     workspace, the host front goes through the GPU as one slab and says so; its
     Q and R are right, checked on the device."""
-    import types
-
-    import cupy as cp
-
-    from scipy_gpuqr._engine.gpu.device import HostFrontDevice
-    from scipy_gpuqr._engine.memory import POOL_USABLE, available_bytes
+    from scipy_gpuqr._engine.memory import POOL_USABLE
     rng = np.random.default_rng(11)
     fm, fn, nb = 5000, 3000, 256
     F0, stair = staircase_front(fm, fn, rng, dense_rows=min(fm, 3))
@@ -695,17 +696,8 @@ def test_host_front_whose_staircase_fits_goes_as_one_slab():
     room = int((size + 4 * fm * nb + 2 * fn * nb + 5 * nb * nb) * 8 / 0.9 / POOL_USABLE)
     room += 4 << 20             # the pool's own rounding
     assert not whole_front_fits(fm, fn, nb, 8, room)
-    pool = cp.get_default_memory_pool()
-    pool.free_all_blocks()
-    gpu = types.SimpleNamespace(cp=cp, stream=cp.cuda.Stream(non_blocking=True),
-                                memory=lambda: available_bytes(cp))
-    hd = HostFrontDevice(32, 3, gpu=gpu)
     F = F0.copy()
-    pool.set_limit(size=pool.total_bytes() + room)
-    try:
-        T, how, finite = hd._on_gpu(F, panels)
-    finally:
-        pool.set_limit(size=0)
+    T, how, finite = _host_front_on_gpu_with_room(F, panels, room)
     assert T is not None and how.startswith(f"in column slabs: one slab of {k} parts"), how
     assert finite is True
     _check_q(F0, F, panels, T, 1e3 * fm * EPS * np.abs(F0).max())

@@ -221,7 +221,7 @@ class RLayout:
         segs = self._segments_in_fronts()
         if segs is None or len(key) < 3:
             return None
-        first, step, length, start = segs
+        first, length = segs[0], segs[2]
         fb = self.fbase
         out = []
         for i, (a, b) in enumerate(key[:-1]):
@@ -233,16 +233,8 @@ class RLayout:
             o = np.argsort(r.astype(np.uint16) if len(r) and int(r.max()) < 1 << 16 else r,
                            kind="stable")
             sel, r = sel[o], r[o]
-            lens = length[sel]
-            count = np.bincount(r, weights=lens, minlength=int(r.max(initial=-1)) + 1)
-            at = np.zeros(len(sel), dtype=np.int64)
-            if len(sel) > 1:
-                np.cumsum(lens[:-1], out=at[1:])
-            total = int(lens.sum())
-            pos = _arith_runs(start[sel], np.ones(len(sel), dtype=np.int64), lens, at, total,
-                              np.int64).astype(np.intp, copy=False)
-            out.append((pos, _arith_runs(first[sel] - lo, step[sel], lens, at, total, itype),
-                        count.astype(np.int64)))
+            count = np.bincount(r, weights=length[sel], minlength=int(r.max(initial=-1)) + 1)
+            out.append(_segment_runs(segs, sel, lo, itype) + (count.astype(np.int64),))
         with self._lock:
             self._stage_maps.pop(key, None)
             self._stage_maps[key] = out
@@ -582,8 +574,14 @@ def _stage_runs(segs, lo: int, hi: int, itype) -> tuple:
     within one front: the segments whose first source lies in ``[lo, hi)``, then
     one write per entry of the stage (the same map as masking every entry's
     source, which reads all of R's entries once per stage)."""
+    first = segs[0]
+    return _segment_runs(segs, np.flatnonzero((first >= lo) & (first < hi)), lo, itype)
+
+
+def _segment_runs(segs, sel, lo: int, itype) -> tuple:
+    """``(pos, index)`` of the column segments ``sel`` (in that order), end to end:
+    each entry's position in ``data`` and its source less ``lo``."""
     first, step, length, start = segs
-    sel = np.flatnonzero((first >= lo) & (first < hi))
     lens = length[sel]
     at = np.zeros(len(sel), dtype=np.int64)
     if len(sel) > 1:
