@@ -59,6 +59,7 @@ class PerPattern:
         self._lru: OrderedDict = OrderedDict()
         self._large = None              # ((pattern key, key), object) or None
         self._weak: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._making: dict = {}         # (pattern or object, key) -> lock of its make
 
     def __len__(self) -> int:
         """Objects kept by pattern (the large entry included)."""
@@ -105,6 +106,34 @@ class PerPattern:
                 self._weak.setdefault(analysis, {})[key] = value
             except TypeError:
                 pass
+
+    def get_or_make(self, analysis, key, make: Callable[[], object]):
+        """The object kept for ``analysis``'s pattern and ``key``, made by ``make()``
+        and kept where there is none.
+
+        One make per pattern and key at a time: a caller that finds another's
+        make under way waits for it and takes its object, so that two threads
+        asking at once (a call and the worker loading ahead for it) hold one
+        object, not each their own with the later one kept.
+        """
+        hit = self.get(analysis, key)
+        if hit is not None:
+            return hit
+        pk = self._pkey(analysis)
+        slot = (("pattern", pk) if pk is not None else ("object", id(analysis)), key)
+        with self._lock:
+            making = self._making.setdefault(slot, threading.Lock())
+        try:
+            with making:
+                hit = self.get(analysis, key)
+                if hit is None:
+                    hit = make()
+                    self.put(analysis, key, hit)
+                return hit
+        finally:
+            with self._lock:
+                if self._making.get(slot) is making:
+                    del self._making[slot]
 
     def _fits_large(self, size: int) -> bool:
         """Whether an object of ``size`` bytes may be the large entry."""

@@ -365,19 +365,25 @@ def r_layout(analysis, cache: bool = True) -> RLayout:
 
     With ``cache``, also on disk between processes (:mod:`.rlayout_store`):
     a layout read back maps its file; one built here is written once its
-    one-stage gather map is made (:meth:`RLayout.stage_maps`).
+    one-stage gather map is made (:meth:`RLayout.stage_maps`). Made once per
+    pattern also when two threads ask at once (a call and the load started
+    ahead of it, :func:`~scipy_gpuqr._engine.gpu.driver.start_layout_load`):
+    the gather maps a call makes are then kept on the one layout later calls
+    find.
     """
-    if cache:
-        hit = _CACHE.get(analysis)
-        if hit is not None:
-            return hit
-    at = rlayout_store.slot(analysis) if cache else None
+    if not cache:
+        return _made(analysis, None)
+    return _CACHE.get_or_make(analysis, None,
+                              lambda: _made(analysis, rlayout_store.slot(analysis)))
+
+
+def _made(analysis, at) -> RLayout:
+    """R's layout read from its file ``at`` where there is one, else built (and
+    written there once its one-stage gather map is made; ``at`` None: not)."""
     out = rlayout_store.load(at, analysis, _from_arrays)
     if out is None:
         out = _build(analysis)
         out._store_at = None if at is None else (at, analysis)
-    if cache:
-        _CACHE.put(analysis, None, out)
     return out
 
 
