@@ -170,11 +170,7 @@ class RLayout:
             pos = np.flatnonzero((src >= lo) & (src < hi))
             out.append((pos, (src[pos] - lo).astype(itype)))
         with self._lock:
-            self._stage_maps.pop(key, None)
-            self._stage_maps[key] = out
-            staged = [k for k in self._stage_maps if len(k) > 1]
-            for k in staged[:max(len(staged) - STAGE_MAPS_KEPT, 0)]:
-                del self._stage_maps[k]
+            self._keep_maps(key, out)
             at, self._store_at = self._store_at, None
         if at is not None and len(key) == 1:    # the usual one-stage plan: kept on disk
             write_behind(_save, at, self, out[0][1])
@@ -236,12 +232,18 @@ class RLayout:
             count = np.bincount(r, weights=length[sel], minlength=int(r.max(initial=-1)) + 1)
             out.append(_segment_runs(segs, sel, lo, itype) + (count.astype(np.int64),))
         with self._lock:
-            self._stage_maps.pop(key, None)
-            self._stage_maps[key] = out
-            staged = [k for k in self._stage_maps if len(k) > 1]
-            for k in staged[:max(len(staged) - STAGE_MAPS_KEPT, 0)]:
-                del self._stage_maps[k]
+            self._keep_maps(key, out)
         return out
+
+    def _keep_maps(self, key: tuple, out: list) -> None:
+        """Keep the maps ``out`` of the plan ``key`` as the most recent, with those of the
+        last :data:`STAGE_MAPS_KEPT` staged plans and the one-stage plan's (the
+        caller holds the layout's lock)."""
+        self._stage_maps.pop(key, None)
+        self._stage_maps[key] = out
+        staged = [k for k in self._stage_maps if len(k) > 1]
+        for k in staged[:max(len(staged) - STAGE_MAPS_KEPT, 0)]:
+            del self._stage_maps[k]
 
     def segments_from(self, analysis) -> bool:
         """Whether the layout has its column segments, made again from ``analysis``
