@@ -450,14 +450,8 @@ class _Transfers:
         a = cp.cuda.Event()
         a.record(layer.stream)
         layer.stream.wait_event(ev)
-        dst = pool.data.ptr + off * pool.itemsize
-        s_id, d_id = layers[src].device_id, layer.device_id
-        if s_id == d_id:
-            cp.cuda.runtime.memcpyAsync(dst, buf.data.ptr, n * buf.itemsize, _D2D,
-                                        layer.stream.ptr)
-        else:
-            cp.cuda.runtime.memcpyPeerAsync(dst, d_id, buf.data.ptr, s_id, n * buf.itemsize,
-                                            layer.stream.ptr)
+        _copy_async(cp, pool.data.ptr + off * pool.itemsize, layer.device_id, buf.data.ptr,
+                    layers[src].device_id, n * buf.itemsize, layer.stream)
         b = cp.cuda.Event()
         b.record(layer.stream)
         return a, b

@@ -450,6 +450,14 @@ def row_slots(analysis) -> list:
 
 def _build(analysis) -> RLayout:
     """Column segments when rows are in front order (the rule), else the general path."""
+    if _rows_in_front_order(analysis):
+        return _build_segments(analysis)
+    return _build_general(analysis)
+
+
+def _rows_in_front_order(analysis) -> bool:
+    """Whether R's rows, the singleton rows then each front's pivotal rows in front
+    order, have ascending pivot columns (R's column segments then describe it)."""
     fs = analysis.fronts
     r1 = int(getattr(analysis, "n1rows", 0) or 0)
     rk = fs.frank.astype(np.int64)
@@ -457,9 +465,7 @@ def _build(analysis) -> RLayout:
     row_i = np.arange(len(row_f), dtype=np.int64) - np.repeat(np.cumsum(rk) - rk, rk)
     piv = np.concatenate([np.asarray(analysis.r1_pivot, dtype=np.int64)[:r1],
                           np.asarray(fs.cols, dtype=np.int64)[fs.col_ptr[row_f] + row_i]])
-    if len(piv) < 2 or np.all(np.diff(piv) > 0):
-        return _build_segments(analysis)
-    return _build_general(analysis)
+    return len(piv) < 2 or bool(np.all(np.diff(piv) > 0))
 
 
 def _front_arrays(analysis) -> tuple:
@@ -556,17 +562,11 @@ def _segments_again(analysis, lay) -> tuple | None:
     fm, fn = fs.fm.astype(np.int64), fs.fn.astype(np.int64)
     fbase = np.zeros(fs.nfronts + 1, dtype=np.int64)
     np.cumsum(fm * fn, out=fbase[1:])
-    if not np.array_equal(fbase, lay.fbase):
+    if not np.array_equal(fbase, lay.fbase) or not _rows_in_front_order(analysis):
         return None
     r1 = int(getattr(analysis, "n1rows", 0) or 0)
     r1_ptr = np.asarray(analysis.r1_ptr, dtype=np.int64) if r1 else np.zeros(1, np.int64)
     rk = fs.frank.astype(np.int64)
-    row_f = np.repeat(np.arange(fs.nfronts, dtype=np.int64), rk)
-    row_i = np.arange(len(row_f), dtype=np.int64) - np.repeat(np.cumsum(rk) - rk, rk)
-    piv = np.concatenate([np.asarray(analysis.r1_pivot, dtype=np.int64)[:r1],
-                          np.asarray(fs.cols, dtype=np.int64)[fs.col_ptr[row_f] + row_i]])
-    if len(piv) > 1 and not np.all(np.diff(piv) > 0):
-        return None
     s_col, s_len, _, s_src, s_str = _column_segments(
         analysis, fn, rk, fs.col_ptr.astype(np.int64), np.asarray(fs.cols, dtype=np.int64),
         fbase, r1, r1_ptr)
