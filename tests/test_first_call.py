@@ -877,50 +877,48 @@ def test_bound_deletes_a_killed_writers_temporary_files(tmp_path):
     assert not old.exists() and new.exists() and entry.exists()
 
 
-def test_library_loading_starts_once_on_its_own_thread(monkeypatch):
-    """The CUDA libraries' modules are imported on one daemon thread per process,
-    started by the prefetch (a module that cannot load is left for its user)."""
+@pytest.fixture
+def imported(monkeypatch):
+    """The names the libraries' threads import (recorded, not imported), those
+    threads forgotten before and after the test."""
     import importlib
 
     done = []
     monkeypatch.setattr(importlib, "import_module", lambda name: done.append(name))
     fk.prefetch_libraries.cache_clear()
-    try:
-        t = fk.prefetch_libraries()
-        assert t.daemon and t.name == "gpuqr-libraries"
-        assert fk.prefetch_libraries() is t
-        t.join(30)
-        assert done == list(fk.ENGINE_LIBRARIES)
-    finally:
-        fk.prefetch_libraries.cache_clear()
+    yield done
+    fk.prefetch_libraries.cache_clear()
+
+
+def test_library_loading_starts_once_on_its_own_thread(imported):
+    """The CUDA libraries' modules are imported on one daemon thread per process,
+    started by the prefetch (a module that cannot load is left for its user)."""
+    t = fk.prefetch_libraries()
+    assert t.daemon and t.name == "gpuqr-libraries"
+    assert fk.prefetch_libraries() is t
+    t.join(30)
+    assert imported == list(fk.ENGINE_LIBRARIES)
     fk._import_all(("scipy_gpuqr.no_such_module",))       # no error
 
 
-def test_later_libraries_start_once_on_a_thread_of_their_own(monkeypatch):
+def test_later_libraries_start_once_on_a_thread_of_their_own(imported):
     """What only the solves and rank decisions import (cupyx.scipy.linalg, which
     imports cupyx.scipy and with it cupyx.scipy.sparse; cuSPARSE) is not imported
     beside the launch loop's start, but on its own thread once the factorization
     first waits (the device layer's end_stage asks for it): one thread per
     process whoever asks, the loop's libraries not among them."""
-    import importlib
     import inspect
 
     from scipy_gpuqr._engine.gpu import device as dmod
-    done = []
-    monkeypatch.setattr(importlib, "import_module", lambda name: done.append(name))
-    fk.prefetch_libraries.cache_clear()
-    try:
-        t = fk.prefetch_later_libraries()
-        assert t.daemon and t.name == "gpuqr-later-libraries"
-        assert fk.prefetch_later_libraries() is t
-        t.join(30)
-        assert done == list(fk.LATER_LIBRARIES)
-        early = fk.prefetch_libraries()
-        assert early is not t and early.name == "gpuqr-libraries"
-        early.join(30)
-        assert done[len(fk.LATER_LIBRARIES):] == list(fk.ENGINE_LIBRARIES)
-    finally:
-        fk.prefetch_libraries.cache_clear()
+    t = fk.prefetch_later_libraries()
+    assert t.daemon and t.name == "gpuqr-later-libraries"
+    assert fk.prefetch_later_libraries() is t
+    t.join(30)
+    assert imported == list(fk.LATER_LIBRARIES)
+    early = fk.prefetch_libraries()
+    assert early is not t and early.name == "gpuqr-libraries"
+    early.join(30)
+    assert imported[len(fk.LATER_LIBRARIES):] == list(fk.ENGINE_LIBRARIES)
     assert not set(fk.ENGINE_LIBRARIES) & set(fk.LATER_LIBRARIES)
     assert "cupyx.scipy.linalg" in fk.LATER_LIBRARIES
     assert "prefetch_later_libraries()" in inspect.getsource(dmod.CupyDevice.end_stage)
