@@ -64,8 +64,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dense_front import factorize_cupy, factorize_numpy
-from .gpu.array_ops import upload_block
+from .dense_front import _Cublas, _wy_update, factorize_cupy, factorize_numpy
+from .gpu.array_ops import unit_triangle, upload_block
 from .gpu.finite_check import finite_check
 from .gpu.mapped import device_view
 from .memory import make_room
@@ -249,9 +249,9 @@ def one_slab_parts(panels: list, fm: int, fn: int, nb: int, itemsize: int, avail
     each hold their rows down to their staircase (:func:`part_rows`), one
     after another in one buffer (:func:`slab_buffer_elements`). Beside it,
     ``4 fm nb`` elements: the dense path's panel buffer, or one panel's
-    reflectors taken out of a part for the updates of the parts after it
-    with its mask, all cut from one block (:class:`CupySlabs`' scratch, about
-    ``1.2 fm nb``), with room to spare; the products of the updates (two rows
+    ``Vᵀ`` taken out of a part for the updates of the parts after it, all cut
+    from one block (:class:`CupySlabs`' scratch, about ``1.2 fm nb``), with
+    room to spare; the products of the updates (two rows
     of ``nb`` per column). No earlier panels: only slabs of several bring
     them up. 10 % is left for the allocator and the panels' ``T``, as
     :func:`slab_columns` leaves.
@@ -278,9 +278,11 @@ def slab_buffer_elements(plan: list, panels: list, fm: int) -> int:
 
 def scratch_bytes(fm: int, columns: int, nb: int, itemsize: int) -> int:
     """Bytes of :class:`CupySlabs`' scratch for an ``fm``-row front whose widest
-    slab part has ``columns`` columns: a panel of every row and its mask (the
-    reflectors an update takes out of a part), the products of the updates and
-    the dense path's two work rows per column of that part. Sized by the part,
+    slab part has ``columns`` columns: a panel of every row (the ``Vᵀ`` an
+    update takes out of a part, or the dense path's panel buffer) and a byte
+    per element of it to spare (the parts' ``T`` and the panel kernel's small
+    arrays), the products of the updates and the dense path's two work rows
+    per column of that part. Sized by the part,
     not the front: a wide front's slabs are narrow, and :func:`slab_columns`
     counts their workspace per column of the slab."""
     return int(fm) * int(nb) * (int(itemsize) + 1) + 4 * int(columns) * int(nb) * int(itemsize)
@@ -427,11 +429,11 @@ def _one_slab(F, panels, slab, pieces, dev, state, size=None, down=False) -> Non
     dev.end_slab()
 
 
-def _reflectors(xp, E, i0: int, k0: int, rows: int, b: int):
-    """A panel's ``V`` (rows × b, unit lower trapezoid) out of a block of the front
-    holding it from row ``i0``, column ``k0``."""
-    V = xp.tril(E[i0:i0 + rows, k0:k0 + b], -1)
-    V[xp.arange(b), xp.arange(b)] = 1
+def _reflectors(E, i0: int, k0: int, rows: int, b: int):
+    """A panel's ``V`` (rows × b, unit lower trapezoid) out of a host block of the
+    front holding it from row ``i0``, column ``k0``."""
+    V = np.tril(E[i0:i0 + rows, k0:k0 + b], -1)
+    V[np.arange(b), np.arange(b)] = 1
     return V
 
 
@@ -489,7 +491,7 @@ class NumpySlabs:
     def apply(self, S, j: int, rows: int, E, i0: int, k0: int, b: int, T) -> None:
         """``C ← C - V Tᵀ (Vᵀ C)`` on rows ``[j, j+rows)`` of the slab part, V a panel's
         reflectors at ``(i0, k0)`` of the block ``E``."""
-        V = _reflectors(np, E, i0, k0, rows, b)
+        V = _reflectors(E, i0, k0, rows, b)
         C = S[j:j + rows]
         C -= V @ (T.T @ (V.T @ C))
 
@@ -518,6 +520,20 @@ class NumpySlabs:
     def t_host(self) -> np.ndarray:
         """Every panel's ``T`` (npanels × nb × nb) on the host."""
         return self._T.copy()
+
+
+class _UpdateWork:
+    """:class:`CupySlabs`' workspace for the updates of a part, cut from one block:
+    ``Vt``, room for one panel's ``Vᵀ`` of every row of the front (``nb × fm``),
+    and ``W``, ``W2``, the update's two products for the widest part (``widest ×
+    nb`` each); ``blas``, the cuBLAS calls
+    (:func:`~scipy_gpuqr._engine.dense_front._wy_update` reads these four)."""
+
+    def __init__(self, cp, blas, dtype, fm: int, widest: int, nb: int):
+        n, m = int(fm) * int(nb), max(int(widest), 1) * int(nb)
+        flat = cp.empty(n + 2 * m, dtype=dtype)
+        self.Vt, self.W, self.W2 = flat[:n], flat[n:n + m], flat[n + m:]
+        self.blas = blas
 
 
 class CupySlabs:
@@ -566,6 +582,9 @@ class CupySlabs:
         self._T = None
         self._T_host = None
         self._nb = 0                    # the panels' width (:meth:`start`)
+        self._fm = 0                    # the front's rows (:meth:`start`)
+        self._blas = None               # the updates' cuBLAS calls (:meth:`_update_work`)
+        self._work = None               # the updates' workspace (:meth:`_update_work`)
         self._widest = 0                # the widest part's columns (:meth:`start`)
         self._scratch_made = False      # :meth:`_scratch` ran for this factorization
         self._marks = []                # (what, timing event, host ms): :meth:`timeline`
@@ -642,7 +661,10 @@ class CupySlabs:
         self.pool_peak = 0
         self._marks = [("start", self._timed(self.stream), 0.0)]
         self._nb = int(nb)
+        self._fm = int(F.shape[0])
         self._widest = int(F.shape[1] if widest is None else widest)
+        self._work = None
+        self._blas = None               # the calling thread's handle (:meth:`_update_work`)
         self._scratch_made = False
         with self.stream:
             self._T = (self.cp.zeros((npanels, nb, nb), dtype=F.dtype) if T is None
@@ -660,11 +682,11 @@ class CupySlabs:
 
     def _scratch(self, F: np.ndarray) -> None:
         """One free block in the work stream's share of CuPy's pool, as large as
-        a part's workspace at once: a panel of every row and its mask (the
-        reflectors an update takes out of a part), the products of the updates
-        and the dense path's two work rows per column of the widest part
-        (:func:`scratch_bytes`); the dense path's panel buffer fits it too. The parts' workspaces are then cut from it and
-        merge back into it. Without it, the panel buffer of each part, taller
+        a part's workspace at once: a panel of every row (the updates' ``Vᵀ``,
+        :class:`_UpdateWork`, or the dense path's panel buffer), the products
+        of the updates and the dense path's two work rows per column of the
+        widest part (:func:`scratch_bytes`). The parts' workspaces are then cut
+        from it and merge back into it. Without it, the panel buffer of each part, taller
         than any before, is a new block that the pool keeps after the part:
         about a panel of every row more per part (CuPy reuses a free block for
         smaller requests only). Made once per factorization, after the slab
@@ -744,19 +766,37 @@ class CupySlabs:
         self._read[slot] = self._event(self.stream)
 
     def t(self, q: int, b: int):
-        return self._T[q, :b, :b]
+        """Panel ``q``'s ``T`` on the device: nb × nb, T in its leading b × b (the
+        layout :meth:`apply`'s GEMMs read)."""
+        return self._T[q]
 
     def apply(self, S, j: int, rows: int, E, i0: int, k0: int, b: int, T) -> None:
-        """As :meth:`NumpySlabs.apply`, the last product accumulated into the part
-        by cuBLAS (no temporary of the part's size)."""
-        cp = self.cp
-        from cupy import cublas         # optional dependency, present with cupy
+        """As :meth:`NumpySlabs.apply` (``T``: :meth:`t`'s): ``Vᵀ`` taken out of the
+        block by one kernel into the part's workspace (:class:`_UpdateWork`), then
+        the dense path's three GEMMs on the part where it lies
+        (:func:`~scipy_gpuqr._engine.dense_front._wy_update`). Four calls and no
+        new array per update: a one-slab front has about a hundred updates, each
+        queued by the host while the device waits for it."""
         with self.stream:
-            V = _reflectors(cp, E, i0, k0, rows, b)
-            W = T.T @ (V.T @ S[j:j + rows])
-            cublas.gemm("N", "N", V, W, out=S[j:j + rows], alpha=-1.0, beta=1.0)
+            work = self._update_work(S.dtype)
+            Vt = work.Vt[:b * rows].reshape(b, rows)
+            unit_triangle(E[i0:i0 + rows, k0:k0 + b].T, lower=False, out=Vt)
+            _wy_update(work, S, j, rows, b, Vt, T, 0, S.shape[1])
+
+    def _update_work(self, dtype) -> _UpdateWork:
+        """The updates' workspace (:class:`_UpdateWork`), taken from the work
+        stream's share of the pool (the scratch block) at a part's first update
+        and given back before its own panels are factorized (:meth:`factorize`),
+        whose workspace is cut from the same block."""
+        if self._work is None:
+            if self._blas is None:
+                self._blas = _Cublas(self.cp, dtype)
+            self._work = _UpdateWork(self.cp, self._blas, dtype, self._fm, self._widest,
+                                     self._nb)
+        return self._work
 
     def factorize(self, S, a0: int, panels: list, p0: int) -> None:
+        self._work = None               # its block goes to the part's own workspace
         with self.stream:
             Td = factorize_cupy(S[a0:], panels, self._T.shape[1], stream=self.stream)
             self._T[p0:p0 + len(panels)] = Td
@@ -802,6 +842,7 @@ class CupySlabs:
                     "slabs, ms from the start (device:host queued): %s; pool at most %d bytes",
                     self.last_timeline, self.pool_peak)
         finally:
+            self._work = None
             self._buffers.clear()
             self._read.clear()
             self._landed.clear()
