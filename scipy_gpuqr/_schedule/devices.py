@@ -52,6 +52,7 @@ import numpy as np
 
 from .._symbolic.counts import GpuMemoryModel
 from .._symbolic.staging import StagePlan
+from .dense import dense_path_seconds, dense_rule_mask
 from .dense_split import SplitModel, split_weights
 from .pattern_cache import PerPattern
 from .tasks import TaskType
@@ -60,7 +61,8 @@ __all__ = ["DevicePlan", "map_devices", "map_fronts", "subtree_weights",
            "makespan", "DEFAULT_BALANCE_TOLERANCE", "MULTI_DEVICE_MIN_FLOPS",
            "MULTI_DEVICE_MIN_SPEEDUP", "devices_for", "run_speedup", "defer_carried_packs",
            "remembered_speeds", "remember_speeds", "SPEEDS_CHANGE", "SPEEDS_MEMORY", "MAPPING_SLOWER",
-           "mapping_seconds", "remember_mapping_seconds", "measured_mapping_lost"]
+           "mapping_seconds", "remember_mapping_seconds", "measured_mapping_lost",
+           "front_seconds", "timed_makespan", "SUBTREE_RATE", "TIMED_MAPPING_GAIN"]
 
 #: Loads within this fraction of the mean end the splitting of subtrees.
 DEFAULT_BALANCE_TOLERANCE = 0.05
@@ -110,6 +112,29 @@ SPEEDS_CHANGE = 0.05
 #: :data:`SPEEDS_CHANGE` on four GPUs, a new mapping every call) and still follows
 #: a lasting change.
 SPEEDS_MEMORY = 8
+
+#: Householder flops per second of one device on the launches of its subtrees
+#: (the sparse path's fronts, while every device runs its own): the time model of
+#: a mapping (:func:`front_seconds`) weighs such a front by its flops at this
+#: rate, a dense front by its dense path's modelled seconds and a split front by
+#: its split's, so that subtree work and the upper tree's large fronts compare in
+#: seconds. Fitted to the subtree stages of grid 64³ on four H200 (their busy
+#: seconds against their flops, bench/RESULTS.md); the proportional mapping's
+#: flops count a flop of a small front as one of a large dense front, which runs
+#: about three times faster.
+SUBTREE_RATE = 7.0e12
+
+#: The mapping of the time model (:func:`map_devices`) replaces the proportional
+#: mapping only where it models at least this fraction shorter
+#: (:func:`timed_makespan`): the model is an estimate, and a new mapping of
+#: about the same modelled time is no reason to leave the one measured so far.
+TIMED_MAPPING_GAIN = 0.10
+
+#: The time model's mapping stops moving fronts into the upper tree after this many
+#: steps per device without a shorter modelled time (:func:`map_devices`): each
+#: step costs a pass over the frontier, and past the balance every further step
+#: only lengthens the upper tree.
+TIMED_PATIENCE = 4
 
 #: A pattern's device set leaves the mapping by measured speeds for the mapping on
 #: flops once a call by measured speeds took this fraction longer on the devices
@@ -314,7 +339,8 @@ class DevicePlan:
         VT tiles (every device holds them whole).
     weight : str
         What the mapping balanced: ``'flops'``, ``'flops+bytes'``, either
-        with ``', upper tree by bytes'``.
+        with ``', upper tree by bytes'``, or ``'time'`` (the time model's
+        mapping, :func:`map_devices`).
     makespan : float
         Modelled time in flops (:func:`makespan`).
     budget : int or None
@@ -323,6 +349,9 @@ class DevicePlan:
         Front -> :class:`~.dense_split.SplitPlan`: the upper tree's fronts
         whose dense path is split over every device (mapped with
         ``split_model``; their modelled time in :attr:`makespan`).
+    seconds : float
+        Modelled seconds of the time model (:func:`timed_makespan`; 0 where
+        :func:`map_devices` had no split model to time the mapping with).
     """
 
     ndevices: int
@@ -339,6 +368,7 @@ class DevicePlan:
     weight: str = "flops"
     budget: int | None = None
     split: dict = field(default_factory=dict)
+    seconds: float = 0.0
 
     @property
     def nstages(self) -> int:
@@ -394,7 +424,8 @@ class DevicePlan:
                 "stages": len(self.stages), "transfers": len(self.transfers),
                 "transfer_bytes": int(sum(t[4] for t in self.transfers)),
                 "balance": self.balance, "upper_flops": self.upper_flops,
-                "modelled_speedup": self.modelled_speedup, "weight": self.weight, "budget": self.budget,
+                "modelled_speedup": self.modelled_speedup, "modelled_seconds": self.seconds,
+                "weight": self.weight, "budget": self.budget,
                 "fits": self.fits, "split_fronts": sorted(int(f) for f in self.split),
                 "per_device": per}
 
@@ -429,6 +460,161 @@ def makespan(parent, flops, owner, speeds=None, unscaled=()) -> float:
         if p >= 0 and t > ready[p]:
             ready[p] = t
     return end
+
+
+def front_seconds(analysis) -> np.ndarray:
+    """Each front's modelled seconds on one device, for the time model of a mapping.
+
+    A dense front of the engines' rule (:func:`~.dense.dense_rule_mask`) takes
+    its dense path's modelled seconds (:func:`~.dense.dense_path_seconds`), any
+    other its flops at :data:`SUBTREE_RATE`: the large fronts run their
+    GEMMs near the tensor cores' rate, the small ones' launches far below it.
+
+    Parameters
+    ----------
+    analysis : SymbolicAnalysis
+
+    Returns
+    -------
+    ndarray of float (nfronts,)
+    """
+    fs = analysis.fronts
+    t = np.asarray(analysis.front_flops, dtype=np.float64) / SUBTREE_RATE
+    for f in np.flatnonzero(dense_rule_mask(analysis)).tolist():
+        t[f] = dense_path_seconds(int(fs.fm[f]), int(fs.fn[f]),
+                                  fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]])
+    return t
+
+
+def timed_makespan(parent, owner, seconds, split_seconds=None, speeds=None) -> float:
+    """Modelled seconds of a mapping: each device runs its fronts in postorder,
+    a front once its device is free and its children are done, and a *split*
+    front (``split_seconds``: front -> its split's seconds) once its children
+    are done and every device is free, holding every device.
+
+    Why the split fronts hold every device: their other devices' column blocks
+    queue behind those devices' own launches, so the main device's panel chain
+    waits for the slowest device's subtrees (on four H200 the first split front
+    of grid 64³ ended only after the most loaded device's subtrees, though its
+    children were done long before). :func:`makespan` lets a split front start
+    beside the other devices' subtrees and so prices an unbalanced mapping as a
+    balanced one.
+
+    Parameters
+    ----------
+    parent : ndarray of int
+    owner : ndarray of int
+        Device of each front.
+    seconds : ndarray of float
+        Each front's seconds on one device (:func:`front_seconds`).
+    split_seconds : dict, optional
+        Front -> modelled seconds split over every device.
+    speeds : sequence of float, optional
+        Relative speeds of the devices (mean 1) on their fronts; split fronts
+        keep their seconds.
+
+    Returns
+    -------
+    float
+    """
+    par = np.asarray(parent, dtype=np.int64).tolist()
+    own = np.asarray(owner, dtype=np.int64)
+    t = np.asarray(seconds, dtype=np.float64)
+    if speeds is not None:
+        sp = np.asarray(speeds, dtype=np.float64)
+        t = t / (sp / sp.mean())[own]
+    t, own = t.tolist(), own.tolist()
+    split = dict(split_seconds or {})
+    ndev = max(own, default=0) + 1
+    free = [0.0] * ndev
+    ready = [0.0] * len(par)
+    for f, p in enumerate(par):
+        d = own[f]
+        if f in split:
+            e = max(ready[f], max(free)) + float(split[f])
+            free = [e] * ndev
+        else:
+            e = max(free[d], ready[f]) + t[f]
+            free[d] = e
+        if p >= 0 and e > ready[p]:
+            ready[p] = e
+    return max(free, default=0.0)
+
+
+def _timed_owner(parent, child_ptr, children, seconds, ndev, upper_device, split_seconds,
+                 speeds=None, max_steps=None):
+    """The mapping of the time model: (owner, upper, modelled seconds).
+
+    A frontier of subtrees starts at the roots; at each step its subtrees are
+    shared among all the devices longest first (by modelled seconds, each to
+    the device that ends it first at its speed), the fronts above the frontier
+    form the upper tree on ``upper_device`` (those in ``split_seconds`` split
+    over every device), and the step's mapping is modelled
+    (:func:`timed_makespan`); then the frontier's heaviest subtree gives way
+    to its children. Of the steps the mapping of least modelled seconds is
+    kept (the search ends :data:`TIMED_PATIENCE` steps per device after the
+    last shorter one, or after ``max_steps``). Unlike the halving of :func:`map_fronts`, every device set shares
+    one frontier, so a front just below the upper tree's split fronts can
+    stay whole on one device where the halving would have split it.
+    """
+    nf = len(parent)
+    par = np.asarray(parent, dtype=np.int64)
+    chp = np.asarray(child_ptr, dtype=np.int64).tolist()
+    ch = np.asarray(children, dtype=np.int64).tolist()
+    sub = subtree_weights(par, seconds).tolist()
+    fd = _first_descendants(par)
+    sp = [1.0] * ndev if speeds is None else [float(x) / float(np.mean(speeds)) for x in speeds]
+    split = dict(split_seconds or {})
+    steps = MAX_SPLITS_PER_DEVICE * ndev if max_steps is None else int(max_steps)
+    items = [int(r) for r in np.flatnonzero(par < 0)]
+    up = []
+    best, since = None, 0
+    parl = par.tolist()
+    own_s = np.asarray(seconds, dtype=np.float64).tolist()
+    for _ in range(steps + 1):
+        dev = {}
+        loads = [0.0] * ndev
+        for r in sorted(items, key=lambda r: (-sub[r], r)):
+            d = min(range(ndev), key=lambda d: (loads[d] + sub[r] / sp[d], d))
+            loads[d] += sub[r] / sp[d]
+            dev[r] = d
+        # timed_makespan on the tree cut at the frontier: a subtree runs whole on its
+        # device, with nothing outside it to wait for
+        free = [0.0] * ndev
+        ready = {}
+        for f in sorted(dev.keys() | set(up)):
+            if f in dev:
+                d = dev[f]
+                e = free[d] + sub[f] / sp[d]
+                free[d] = e
+            elif f in split:
+                e = max(ready.get(f, 0.0), max(free)) + float(split[f])
+                free = [e] * ndev
+            else:
+                d = upper_device
+                e = max(free[d], ready.get(f, 0.0)) + own_s[f] / sp[d]
+                free[d] = e
+            p = parl[f]
+            if p >= 0 and e > ready.get(p, 0.0):
+                ready[p] = e
+        t = max(free)
+        if best is None or t < best[0] * (1 - 1e-12):
+            best, since = (t, dict(dev), list(up)), 0
+        since += 1
+        cand = [r for r in items if chp[r + 1] > chp[r]]
+        if not cand or since > TIMED_PATIENCE * ndev:
+            break
+        r = max(cand, key=lambda r: (sub[r], -r))
+        items.remove(r)
+        items.extend(ch[chp[r]:chp[r + 1]])
+        up.append(r)
+    t, dev, up = best
+    owner = np.full(nf, upper_device, dtype=np.int64)
+    for r, d in dev.items():
+        owner[fd[r]:r + 1] = d
+    upper = np.zeros(nf, dtype=bool)
+    upper[up] = True
+    return owner, upper, t
 
 
 def _runs(owner: np.ndarray) -> list:
@@ -522,7 +708,13 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
         ``upper_weights``), and those that end in it are the plan's
         :attr:`DevicePlan.split`; the mapping on flops alone with its upper
         tree's such fronts split is kept instead where its modelled speedup
-        is larger. None: no front is split.
+        is larger. With a split model the mappings are also timed
+        (:func:`timed_makespan`, :attr:`DevicePlan.seconds`), and the time
+        model's own mapping (:func:`_timed_owner`: one frontier of subtrees
+        shared among all the devices by modelled seconds, the split fronts
+        holding every device) replaces the kept one where it fits and models
+        :data:`TIMED_MAPPING_GAIN` shorter (factorizations of at least
+        :data:`MULTI_DEVICE_MIN_FLOPS`). None: no front is split.
     speeds : sequence of float (ndevices,), optional
         Measured relative speeds of the devices on their subtrees
         (:func:`map_fronts`; e.g. from an earlier factorization of the
@@ -564,13 +756,35 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
                                       tolerance=tolerance, speeds=speeds)
             mapped.append(_plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu,
                                    itemsize, "flops", None, splits, w_up, speeds))
+            # both timed, and the time model's own mapping (the last of the tuple). It
+            # shares modelled seconds, which tell a device's large fronts from its small
+            # ones, what measured speeds make up for on flops: it takes no speeds
+            t = front_seconds(analysis)
+            split_s = {f: sp.seconds for f, sp in splits.items()}
+
+            def timed(p):
+                return replace(p, seconds=timed_makespan(
+                    fs.parent, p.owner, t, {f: split_s[f] for f in p.split}))
+            mapped = [timed(p) for p in mapped]
+            if float(flops.sum()) >= MULTI_DEVICE_MIN_FLOPS:
+                # (below, the launches' latency, which the model does not count, rules)
+                owner, upper, secs = _timed_owner(*args, t, ndevices, upper_device, split_s)
+                mapped.append(replace(_plan_of(fs, owner, upper, upper_device, ndevices,
+                                               flops, gpu, itemsize, "time", None, splits,
+                                               w_up, speeds), seconds=secs))
         mapped = tuple(mapped)
         if cache:
             _PLANS.put(analysis, key, mapped)
-    plan, *others = [replace(p, budget=budget) for p in mapped]
+    plans = [replace(p, budget=budget) for p in mapped]
+    flat = plans.pop() if plans[-1].weight == "time" else None
+    plan, *others = plans
     for other in others:
         if (other.fits, other.modelled_speedup) > (plan.fits, plan.modelled_speedup):
             plan = other
+    # the time model's mapping where it fits and models clearly shorter
+    if (flat is not None and flat.fits
+            and flat.seconds < (1.0 - TIMED_MAPPING_GAIN) * plan.seconds):
+        plan = flat
     if plan.fits or ndevices == 1:
         return plan
     tf, tb = max(float(flops.sum()), 1.0), max(float(gpu["additive"].sum()), 1.0)
