@@ -81,6 +81,18 @@ Dask graph, tasks, messages and the library's calls (on one matrix per
 chunk) are real. It reproduces Dask's costs against a GPU-like pipeline
 where there is no GPU.
 
+Where the tasks' functions come from. Run as a script, this file imports
+itself as the module ``dask_batched`` (its directory is first on
+``sys.path``, which Dask's worker processes inherit) and runs from there, so
+that the tasks name its functions (the chunk maker, the checksums) by
+reference, as a user's tasks do when their functions come from a module.
+Dask pickles a task that names a function of ``__main__`` by value
+(cloudpickle, with every function, class and string that function reaches),
+once per task, when the scheduler sends it to a worker; and the worker
+unpickles it, once per task. ``--tasks-in-main`` keeps the functions in
+``__main__`` (what a script that defines its chunk maker itself pays:
+bench/RESULTS.md, issue 21). The JSON's ``task_functions_from`` says which.
+
 ``--max-seconds T``: the client and every worker dump the stacks of all
 their threads after ``T`` seconds (``faulthandler``); then the client kills
 its worker processes (a killed client leaves them running: they held a GPU
@@ -977,6 +989,11 @@ def main(argv=None) -> int:
                         "its own chunk only). Default call only: the async call's sums, "
                         "unfinished when its task returns, are read by other threads "
                         "(the worker's event loop sends them) on other streams")
+    p.add_argument("--tasks-in-main", action="store_true",
+                   help="run from __main__: the tasks name this script's functions as "
+                        "__main__'s, which Dask pickles by value for every task (see the "
+                        "module's docstring); without it they come from the module "
+                        "dask_batched")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--max-seconds", type=float, default=0.0,
                    help="dump every thread's stack (client and workers) and exit after this")
@@ -1021,7 +1038,8 @@ def main(argv=None) -> int:
           + (f"; GPU modelled at {args.model_gpu:g} s per matrix" if args.model_gpu else "")
           + ("; per-thread default streams" if args.ptds else ""), flush=True)
     import scipy_gpuqr
-    print(f"scipy_gpuqr from {Path(scipy_gpuqr.__file__).parent}", flush=True)
+    print(f"scipy_gpuqr from {Path(scipy_gpuqr.__file__).parent}; the tasks' functions from "
+          f"the module {make_chunk.__module__}", flush=True)
     if skipped:
         print(f"skipped worker counts {skipped}: only {len(ids)} devices", flush=True)
     rows, direct = [], []
@@ -1029,6 +1047,7 @@ def main(argv=None) -> int:
     def save():
         if args.json:                   # after each step: a run cut short keeps the rest
             Path(args.json).write_text(json.dumps({"device": device, "args": vars(args),
+                                                   "task_functions_from": make_chunk.__module__,
                                                    "rows": rows, "direct": direct}, indent=1))
     if not args.no_direct:
         # first: the baseline exists even when a Dask run is cut short
@@ -1054,4 +1073,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if "--tasks-in-main" in sys.argv[1:]:
+        sys.exit(main())
+    # the tasks' functions by reference: from this file imported as a module (see
+    # the docstring, "Where the tasks' functions come from")
+    import dask_batched
+    sys.exit(dask_batched.main())

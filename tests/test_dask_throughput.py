@@ -204,6 +204,7 @@ def test_bench_batches_in_flight_on_modelled_gpus(tmp_path):
     assert sorted((r["call"], r["batches"]) for r in res["rows"]) == \
         [("async", 1), ("async", 2), ("async_read", 1), ("async_read", 2),
          ("default", 1), ("default", 2)]
+    assert res["task_functions_from"] == "dask_batched"      # by reference, not __main__
     for r in res["rows"]:
         assert r["checksum"] == pytest.approx(direct["default"]["checksum"], rel=1e-12)
         assert r["checksums_equal"] and r["chunks"] == 8
@@ -229,6 +230,37 @@ def test_bench_batches_in_flight_on_modelled_gpus(tmp_path):
     row, = json.loads(again.read_text())["rows"]
     assert row["efficiency_vs_direct"] == pytest.approx(
         direct["async"]["median_s"] / row["median_s"])
+
+
+_PICKLED_TASKS = r"""
+import sys
+sys.path.insert(0, {bench!r})
+import __main__                  # the script's functions in __main__, as when run directly
+__main__.__file__ = {bench!r} + "/dask_batched.py"
+src = open(__main__.__file__).read().rsplit('if __name__ == "__main__":', 1)[0]
+exec(compile(src, __main__.__file__, "exec"), __main__.__dict__)
+import dask
+import dask_batched              # the same functions from the module
+from dask._task_spec import convert_legacy_graph
+from distributed.protocol.pickle import dumps
+for where in (dask_batched, __main__):
+    g, _ = where.pipeline(1 << 12, 4, 1 << 10, "float64", False, "async", model=1e-9)
+    (g,) = dask.optimize(g)
+    tasks = convert_legacy_graph(dict(g.__dask_graph__()))
+    print(where.__name__, max(len(dumps(t)) for k, t in tasks.items() if "total" not in str(k)))
+"""
+
+
+def test_bench_tasks_pickle_by_reference_not_by_value():
+    """What a worker gets per chunk task, as the scheduler pickles it: the bench's
+    functions from the module ``dask_batched`` (how its script runs) are names; from
+    ``__main__`` (``--tasks-in-main``, a script's own functions) Dask pickles each
+    task by value, the functions' code and what they reach, several times larger."""
+    p = subprocess.run([sys.executable, "-c", _PICKLED_TASKS.format(bench=str(REPO / "bench"))],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    size = {name: int(n) for name, n in (line.split() for line in p.stdout.splitlines())}
+    assert size["dask_batched"] * 3 < size["__main__"], size
 
 
 def _lu_counted_on_the_gpu():
