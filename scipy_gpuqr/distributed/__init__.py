@@ -49,6 +49,20 @@ Then ``Client(cluster)`` and Dask arrays of CuPy chunks made on the workers
 task on the worker (and GPU) that holds it
 (:mod:`scipy_gpuqr.distributed.dask_batched` says how the tasks fuse).
 
+Keep the functions your tasks call (the chunk maker or loader, what
+consumes the results) in a module that the workers import, not in the
+script you run or a notebook (``__main__``). Dask pickles a task that names
+a function of ``__main__`` by value (cloudpickle: the function's code and
+every function, class and constant it reaches) for each task, when the
+scheduler sends it to a worker, and the worker unpickles it for each task;
+``scipy_gpuqr``'s own functions go by name. That is milliseconds a task,
+spent by the one scheduler for all workers: with several GPU workers the
+tasks reach them late and one worker after another, and the GPUs wait
+(bench/RESULTS.md, issue 21). A script can import its own file as a module
+and call its functions from there (``bench/dask_batched.py`` does); the
+workers need that module on their path (worker processes a local cluster
+starts inherit the client's ``sys.path``).
+
 Throughput. Each task costs some milliseconds of Dask (the scheduler batches
 its messages to a worker, 5 ms apart, and by default sends a worker its next
 chunk task only when one finishes), and each ``compute()`` more, before its
@@ -60,7 +74,10 @@ comes, or of several at once, then gather), so that one batch's fixed cost
 overlaps the others' work. (Dask's default worker-saturation, 1.1, holds a
 worker to about two chunk tasks a thread, each next one sent after one ends;
 ``inf``, every chunk task sent at once, started the first task later and was
-slower in bench/RESULTS.md's runs.) The default call waits once per chunk
+slower in bench/RESULTS.md's runs. The saturation holds only root tasks:
+chunks made by ``from_array``, or a graph's chunk tasks that outnumber
+twice the cluster's threads. A batch of fewer chunks, e.g. 16 chunks on four
+workers of two threads, has every task sent to the workers at once.) The default call waits once per chunk
 for its GPU (to warn or raise like SciPy), so the GPU idles while its worker
 ends one task and starts the next; ``return_info=True, check_finite=False``
 waits for nothing: a task returns once its kernels are queued, and the
