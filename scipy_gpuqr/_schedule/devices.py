@@ -756,11 +756,13 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
                                       tolerance=tolerance, speeds=speeds)
             mapped.append(_plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu,
                                    itemsize, "flops", None, splits, w_up, speeds))
-            # both timed, and the time model's own mapping (the last of the tuple). It
-            # shares modelled seconds, which tell a device's large fronts from its small
-            # ones, what measured speeds make up for on flops: it takes no speeds
+        if split_model is not None and ndevices > 1:
+            # every mapping timed, and the time model's own mapping (the last of the
+            # tuple). It shares modelled seconds, which tell a device's large fronts
+            # from its small ones, what measured speeds make up for on flops: it takes
+            # no speeds
             t = front_seconds(analysis)
-            split_s = {f: sp.seconds for f, sp in splits.items()}
+            split_s = {f: sp.seconds for f, sp in (splits or {}).items()}
 
             def timed(p):
                 return replace(p, seconds=timed_makespan(
