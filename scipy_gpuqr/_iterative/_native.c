@@ -22,17 +22,6 @@
  *    0) differ from 0.0 only where negated (-0 is 0, -0.0 is not): those
  *    negations are made as Python makes them.
  *
- * On a host of several cores a long run shares its two products between
- * threads (a pool started at a given iteration, ended with the run): the
- * rows of the product whose output is a sum per row (csr_matvec's side) are
- * cut into ranges of about equal entries, each summed as above; the side SciPy
- * adds into a zeroed output column after column (csc_matvec's) is read from
- * a copy of the arrays in the other format, whose entries per output keep
- * the order in which that loop adds them (columns ascending, then positions),
- * so each output is the same sum from 0.0 in the same order: the same bits
- * whatever the threads. The workers' floating-point exception flags are
- * raised again in the calling thread, which tests them.
- *
  * Where the Python-float loop would raise (a division by zero, ** that
  * overflows, sqrt of a negative number) or any floating-point exception
  * flag (divide by zero, overflow, invalid) is raised, the run stops with
@@ -42,12 +31,8 @@
 
 #include <fenv.h>
 #include <math.h>
-#include <pthread.h>
-#include <sched.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #if defined(__clang__)
 #pragma clang fp contract(off)
@@ -55,7 +40,7 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-#define SGI_ABI 4
+#define SGI_ABI 3
 
 /* outcomes */
 #define SGI_DONE 0
@@ -149,257 +134,13 @@ static void backward(const matrix *A, const double *u, double *y)
     }
 }
 
-/* ------------------------------------------------------------------ */
-/* the products shared between threads                                */
-
-#define POOL_MAX 16
-/* pauses a waiting worker spins before it sleeps between checks */
-#define POOL_SPINS 20000
-#define POOL_NAP_NS 20000
-
-enum { JOB_FORWARD = 0, JOB_BACKWARD = 1, JOB_QUIT = 2 };
-
-/* one product as a sum per output row over a range of rows */
-typedef struct {
-    int64_t rows;
-    const void *ptr, *idx;
-    const double *val;
-    int64_t cut[POOL_MAX + 1];
-} gather;
-
-typedef struct pool {
-    int want, k, started, wide;
-    gather g[2];                /* JOB_FORWARD: y = A x, JOB_BACKWARD: y = Aᵀ u */
-    void *own_ptr, *own_idx;    /* the other format's copy */
-    double *own_val;
-    pthread_t th[POOL_MAX];
-    int job;
-    const double *in;
-    double *out;
-    long gen;                   /* atomic: the job's number */
-    int next, done;             /* atomics: the job's next unclaimed part, parts done */
-    int flags;                  /* atomic: the workers' exception flags */
-} pool;
-
-typedef struct { pool *p; } worker_arg;
-
-static inline void pause_cpu(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
-#define GATHER(T, S)                                                                  \
-static void gather_##S(const gather *g, int part, const double *x, double *y)          \
-{                                                                                      \
-    int64_t lo = g->cut[part], hi = g->cut[part + 1];                                  \
-    rows_##S(hi - lo, (const T *)g->ptr + lo, g->idx, g->val, x, y + lo);              \
-}                                                                                      \
-/* the arrays of a scatter product (ncol columns adding into nout outputs) by        \
-   outputs, each output's entries in the order the scatter adds them */              \
-static int flip_##S(int64_t ncol, int64_t nout, const T *Ap, const T *Ai,              \
-                    const double *Ax, pool *p)                                         \
-{                                                                                      \
-    int64_t nnz = (int64_t)Ap[ncol], j, r;                                             \
-    T *tp, *ti, *next;                                                                 \
-    double *tx;                                                                        \
-    if (Ap[0] != 0) return 0;                                                          \
-    tp = calloc((size_t)nout + 1, sizeof(T));                                          \
-    next = malloc(((size_t)nout + 1) * sizeof(T));                                     \
-    ti = malloc((size_t)(nnz > 0 ? nnz : 1) * sizeof(T));                              \
-    tx = malloc((size_t)(nnz > 0 ? nnz : 1) * sizeof(double));                         \
-    if (!tp || !next || !ti || !tx) {                                                  \
-        free(tp); free(next); free(ti); free(tx);                                      \
-        return 0;                                                                      \
-    }                                                                                  \
-    for (j = 0; j < nnz; j++) tp[Ai[j] + 1]++;                                         \
-    for (r = 0; r < nout; r++) tp[r + 1] += tp[r];                                     \
-    memcpy(next, tp, ((size_t)nout + 1) * sizeof(T));                                  \
-    for (j = 0; j < ncol; j++)                                                         \
-        for (T ii = Ap[j]; ii < Ap[j + 1]; ii++) {                                     \
-            T at = next[Ai[ii]]++;                                                     \
-            ti[at] = (T)j;                                                             \
-            tx[at] = Ax[ii];                                                           \
-        }                                                                              \
-    free(next);                                                                        \
-    p->own_ptr = tp; p->own_idx = ti; p->own_val = tx;                                 \
-    return 1;                                                                          \
-}                                                                                      \
-/* cut[0..k]: rows cut into k ranges of about equal entries */                        \
-static void cuts_##S(gather *g, int k)                                                 \
-{                                                                                      \
-    const T *ap = g->ptr;                                                              \
-    int64_t nnz = (int64_t)ap[g->rows], lo = 0, hi, mid, want;                         \
-    g->cut[0] = 0;                                                                     \
-    for (int t = 1; t < k; t++) {                                                      \
-        want = nnz / k * t + nnz % k * t / k;                                          \
-        hi = g->rows;                                                                  \
-        while (lo < hi) {                                                              \
-            mid = lo + (hi - lo) / 2;                                                  \
-            if ((int64_t)ap[mid] < want) lo = mid + 1; else hi = mid;                  \
-        }                                                                              \
-        g->cut[t] = lo;                                                                \
-    }                                                                                  \
-    g->cut[k] = g->rows;                                                               \
-}
-
-GATHER(int32_t, 32)
-GATHER(int64_t, 64)
-
-static void run_part(pool *p, int part)
-{
-    const gather *g = &p->g[p->job];
-    if (p->wide) gather_64(g, part, p->in, p->out);
-    else gather_32(g, part, p->in, p->out);
-}
-
-/* claim and run the job's parts until none is left; a thread late for a job finds
-   none (or the next job's, whose fields the claim's acquire makes visible) */
-static void claim_parts(pool *p, int caller)
-{
-    int part, f;
-    while ((part = __atomic_fetch_add(&p->next, 1, __ATOMIC_ACQUIRE)) < p->k) {
-        if (!caller) feclearexcept(FLAGS);
-        run_part(p, part);
-        if (!caller) {
-            f = fetestexcept(FLAGS);
-            if (f) __atomic_fetch_or(&p->flags, f, __ATOMIC_RELAXED);
-        }
-        __atomic_fetch_add(&p->done, 1, __ATOMIC_RELEASE);
-    }
-}
-
-static void *worker(void *arg)
-{
-    pool *p = ((worker_arg *)arg)->p;
-    long seen = 0, g;
-    struct timespec nap = {0, POOL_NAP_NS};
-    free(arg);
-    for (;;) {
-        int spins = 0;
-        while ((g = __atomic_load_n(&p->gen, __ATOMIC_ACQUIRE)) == seen) {
-            if (spins < POOL_SPINS) {
-                spins++;
-                pause_cpu();
-            } else {
-                nanosleep(&nap, NULL);
-            }
-        }
-        seen = g;
-        if (p->job == JOB_QUIT) return NULL;
-        claim_parts(p, 0);
-    }
-}
-
-/* the job on every part, the caller's thread claiming parts too (so that workers
-   the system has not scheduled hold it up only in a part they claimed); the
-   workers' exception flags raised again here */
-static void pool_run(pool *p, int job, const double *in, double *out)
-{
-    int f;
-    p->job = job; p->in = in; p->out = out;
-    __atomic_store_n(&p->done, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&p->next, 0, __ATOMIC_RELEASE);
-    __atomic_fetch_add(&p->gen, 1, __ATOMIC_RELEASE);
-    claim_parts(p, 1);
-    while (__atomic_load_n(&p->done, __ATOMIC_ACQUIRE) < p->k) pause_cpu();
-    f = __atomic_exchange_n(&p->flags, 0, __ATOMIC_RELAXED);
-    if (f) feraiseexcept(f);
-}
-
-static void pool_init(pool *p, int threads)
-{
-    memset(p, 0, sizeof *p);
-    p->want = threads < 1 ? 1 : (threads > POOL_MAX ? POOL_MAX : threads);
-}
-
-/* start the pool's threads for A's products (nothing where one thread is asked for or
-   anything fails: the products then stay on the caller's thread) */
-static void pool_start(pool *p, const matrix *A)
-{
-    int ok, k = p->want;
-    gather *direct, *flipped;
-    if (k < 2 || p->started) return;
-    p->wide = A->wide;
-    /* the side read by rows as given, and the side read from the flipped copy */
-    direct = &p->g[A->csr ? JOB_FORWARD : JOB_BACKWARD];
-    flipped = &p->g[A->csr ? JOB_BACKWARD : JOB_FORWARD];
-    direct->rows = A->csr ? A->m : A->n;
-    direct->ptr = A->ptr; direct->idx = A->idx; direct->val = A->val;
-    flipped->rows = A->csr ? A->n : A->m;
-    if (A->wide)
-        ok = flip_64(direct->rows, flipped->rows, A->ptr, A->idx, A->val, p);
-    else
-        ok = flip_32(direct->rows, flipped->rows, A->ptr, A->idx, A->val, p);
-    if (!ok) return;
-    flipped->ptr = p->own_ptr; flipped->idx = p->own_idx; flipped->val = p->own_val;
-    if (A->wide) { cuts_64(direct, k); cuts_64(flipped, k); }
-    else { cuts_32(direct, k); cuts_32(flipped, k); }
-    p->k = 1;
-    for (int t = 1; t < k; t++) {
-        worker_arg *arg = malloc(sizeof *arg);
-        if (!arg) break;
-        arg->p = p;
-        if (pthread_create(&p->th[t], NULL, worker, arg) != 0) {
-            free(arg);
-            break;
-        }
-        p->k = t + 1;
-    }
-    if (p->k < k) {     /* fewer threads than cut for: the pool is not used */
-        p->job = JOB_QUIT;
-        __atomic_fetch_add(&p->gen, 1, __ATOMIC_RELEASE);
-        for (int t = 1; t < p->k; t++) pthread_join(p->th[t], NULL);
-        p->k = 0;
-        return;
-    }
-    p->started = 1;
-}
-
-static void pool_stop(pool *p)
-{
-    if (p->started) {
-        p->job = JOB_QUIT;
-        __atomic_fetch_add(&p->gen, 1, __ATOMIC_RELEASE);
-        for (int t = 1; t < p->k; t++) pthread_join(p->th[t], NULL);
-        p->started = 0;
-    }
-    free(p->own_ptr); free(p->own_idx); free(p->own_val);
-    p->own_ptr = p->own_idx = NULL; p->own_val = NULL;
-}
-
-/* y = A x and y = Aᵀ u, on the pool where it runs */
-static void pforward(const matrix *A, pool *p, const double *x, double *y)
-{
-    if (p->started) pool_run(p, JOB_FORWARD, x, y);
-    else forward(A, x, y);
-}
-
-static void pbackward(const matrix *A, pool *p, const double *u, double *y)
-{
-    if (p->started) pool_run(p, JOB_BACKWARD, u, y);
-    else backward(A, u, y);
-}
-
 /* exported for the caller's check of the products against SciPy's kernels */
-/* (threads > 1: on a pool of that many threads); returns the floating-point exception
-   flags (divide by zero, overflow, invalid) the products raised */
-int sgi_products(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
-                 const double *val, const double *x, double *y, const double *u, double *z,
-                 int threads)
+void sgi_products(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
+                  const double *val, const double *x, double *y, const double *u, double *z)
 {
     matrix A = {m, n, csr, wide, ptr, idx, val};
-    pool p;
-    int f;
-    pool_init(&p, threads);
-    pool_start(&p, &A);
-    feclearexcept(FLAGS);
-    pforward(&A, &p, x, y);
-    pbackward(&A, &p, u, z);
-    f = fetestexcept(FLAGS);
-    pool_stop(&p);
-    return f;
+    forward(&A, x, y);
+    backward(&A, u, z);
 }
 
 /* whether every one of the n values of a is finite */
@@ -595,11 +336,10 @@ static int end_iteration(double *hist, double *rec, report_t report, int64_t itn
  * nval >= 0: first check that A's nval stored values and b's m are finite
  * (SGI_NOT_FINITE, nothing else done, where one is not); -1: no check.
  */
-static int lsqr_run(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
-                    const double *val, const double *b, int has_x0, double *x, double *var,
-                    double *work, const double *par, int64_t iter_lim, int calc_var,
-                    ddot_t ddot, report_t report, double *rec, double *hist, double *out,
-                    int64_t nval, pool *P, int64_t pool_from)
+int sgi_lsqr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
+             const double *val, const double *b, int has_x0, double *x, double *var,
+             double *work, const double *par, int64_t iter_lim, int calc_var, ddot_t ddot,
+             report_t report, double *rec, double *hist, double *out, int64_t nval)
 {
     matrix A = {m, n, csr, wide, ptr, idx, val};
     const double damp = par[0], dampsq = par[1], atol = par[2], btol = par[3],
@@ -635,15 +375,14 @@ static int lsqr_run(int64_t m, int64_t n, int csr, int wide, const void *ptr, co
 
     while (itn < iter_lim) {
         itn = itn + 1;
-        if (itn == pool_from) pool_start(P, &A);
-        pforward(&A, P, v, t);
+        forward(&A, v, t);
         for (i = 0; i < m; i++) u[i] = t[i] - u[i] * alfa;
         beta = root(ddot(m, u, 1, u, 1), &bad);
         if (beta > 0) {
             k = 1 / beta;
             scale(u, m, k);
             anorm = root(sq(anorm, &bad) + sq(alfa, &bad) + sq(beta, &bad) + dampsq, &bad);
-            pbackward(&A, P, u, s);
+            backward(&A, u, s);
             for (i = 0; i < n; i++) v[i] = s[i] - v[i] * beta;
             alfa = root(ddot(n, v, 1, v, 1), &bad);
             if (alfa > 0) {
@@ -729,23 +468,6 @@ replay:
     return SGI_REPLAY;
 }
 
-/* lsqr_run with the products on a pool of `threads` threads from iteration pool_from on
-   (threads <= 1: the caller's thread only) */
-int sgi_lsqr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
-             const double *val, const double *b, int has_x0, double *x, double *var,
-             double *work, const double *par, int64_t iter_lim, int calc_var, ddot_t ddot,
-             report_t report, double *rec, double *hist, double *out, int64_t nval,
-             int threads, int64_t pool_from)
-{
-    pool P;
-    int code;
-    pool_init(&P, threads);
-    code = lsqr_run(m, n, csr, wide, ptr, idx, val, b, has_x0, x, var, work, par, iter_lim,
-                    calc_var, ddot, report, rec, hist, out, nval, &P, pool_from);
-    pool_stop(&P);
-    return code;
-}
-
 /* ------------------------------------------------------------------ */
 /* LSMR (scipy/sparse/linalg/_isolve/lsmr.py; host.py's _lsmr_body)     */
 
@@ -757,11 +479,10 @@ int sgi_lsqr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
  *      exact start (1/0), reported.
  * nval as sgi_lsqr's.
  */
-static int lsmr_run(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
-                    const double *val, const double *b, int has_x0, double *x, double *work,
-                    const double *par, int64_t maxiter, ddot_t ddot, report_t report,
-                    double *rec, double *hist, double *out, int64_t nval, pool *P,
-                    int64_t pool_from)
+int sgi_lsmr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
+             const double *val, const double *b, int has_x0, double *x, double *work,
+             const double *par, int64_t maxiter, ddot_t ddot, report_t report, double *rec,
+             double *hist, double *out, int64_t nval)
 {
     matrix A = {m, n, csr, wide, ptr, idx, val};
     const double damp = par[0], atol = par[1], btol = par[2], conlim = par[3];
@@ -800,16 +521,15 @@ static int lsmr_run(int64_t m, int64_t n, int csr, int wide, const void *ptr, co
 
     while (itn < maxiter) {
         itn = itn + 1;
-        if (itn == pool_from) pool_start(P, &A);
         scale(u, m, -alpha);
-        pforward(&A, P, v, t);
+        forward(&A, v, t);
         for (i = 0; i < m; i++) u[i] = u[i] + t[i];
         beta = root(ddot(m, u, 1, u, 1), &bad);
         if (beta > 0) {
             k = 1 / beta;
             scale(u, m, k);
             scale(v, n, -beta);
-            pbackward(&A, P, u, s);
+            backward(&A, u, s);
             for (i = 0; i < n; i++) v[i] = v[i] + s[i];
             alpha = root(ddot(n, v, 1, v, 1), &bad);
             if (alpha > 0) {
@@ -893,19 +613,4 @@ replay:
     out[1] = (double)itn;
     out[9] = (double)reported;
     return SGI_REPLAY;
-}
-
-/* lsmr_run with the products on a pool, as sgi_lsqr */
-int sgi_lsmr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
-             const double *val, const double *b, int has_x0, double *x, double *work,
-             const double *par, int64_t maxiter, ddot_t ddot, report_t report, double *rec,
-             double *hist, double *out, int64_t nval, int threads, int64_t pool_from)
-{
-    pool P;
-    int code;
-    pool_init(&P, threads);
-    code = lsmr_run(m, n, csr, wide, ptr, idx, val, b, has_x0, x, work, par, maxiter, ddot,
-                    report, rec, hist, out, nval, &P, pool_from);
-    pool_stop(&P);
-    return code;
 }

@@ -34,11 +34,7 @@ Where a C compiler built them and their checks passed
 (:mod:`~scipy_gpuqr._iterative.native`), the whole loop of a run with Python
 floats' arguments runs compiled: the same operations again (SciPy's product
 loops, NumPy's own BLAS ``ddot`` for the norms, the C library's ``pow``),
-without Python between them. On a host of several cores a run on a matrix of
-many entries shares its two products between threads once it has lasted
-:data:`POOL_FROM` iterations (:func:`product_threads`): each output is the
-same sum in the same order, so the bits do not change; a short run never
-starts the threads. A compiled run that meets what would make
+without Python between them. A compiled run that meets what would make
 Python raise gives up, and the loops here run the problem from its start.
 
 A callback sees the same :class:`~scipy_gpuqr._iterative._common.IterationState`
@@ -55,7 +51,6 @@ problem's iteration.
 from __future__ import annotations
 
 import math
-import os
 from collections import deque
 from ctypes import addressof as _addressof, c_char as _c_char
 from time import perf_counter as _now
@@ -69,7 +64,7 @@ from ._common import (PROJECTION_WINDOW, Clock, IterationState, Progress, compre
 from ._common import _sparsetools       # SciPy's compiled sparse kernels, or None
 from .._validate import all_finite
 
-__all__ = ["HostProblem", "NotFinite", "host_problem", "lsqr_host", "lsmr_host", "product_threads"]
+__all__ = ["HostProblem", "NotFinite", "host_problem", "lsqr_host", "lsmr_host"]
 
 #: The scalar types whose arithmetic with Python floats is NumPy float64's.
 _PLAIN = (float, int, np.float64)
@@ -78,24 +73,6 @@ _PLAIN = (float, int, np.float64)
 _INDEX = (np.dtype(np.int32), np.dtype(np.int64))
 #: Longest vectors the compiled loops take (a 32-bit BLAS reads 32-bit lengths).
 _LONGEST = 2 ** 31 - 1
-
-#: Fewest stored entries of A whose compiled products are shared between threads:
-#: below, a product takes a few microseconds, about what handing it to the
-#: threads and waiting for them costs.
-POOL_MIN_NNZ = 5000
-#: Stored entries per thread of the products' pool (the threads are those of
-#: the products only: each iteration's vector statements, norms and scalar
-#: recurrences stay on the caller's thread).
-POOL_NNZ_PER_THREAD = 2500
-#: Most threads of the products' pool.
-POOL_MAX_THREADS = 8
-#: Fewest cores the process may run on for the pool: with fewer, its waiting
-#: threads would take cores the caller's other work (and a CPU clock) counts.
-POOL_MIN_CORES = 4
-#: Iteration from which a compiled run shares its products (the threads' start,
-#: tens of microseconds, and A's copy in its other format are then a few per
-#: cent of the iterations already made; a run that stops earlier never pays them).
-POOL_FROM = 64
 
 #: SciPy's ``eps`` in ``lsqr`` (a NumPy scalar), and as a Python float.
 _EPS = np.finfo(np.float64).eps
@@ -352,27 +329,6 @@ def _compiled_matrix(P: HostProblem):
     return csr, int(indptr.dtype.itemsize == 8), b
 
 
-def product_threads(nnz: int, cores: Optional[int] = None) -> int:
-    """Threads a compiled run shares its products between (1: the caller's only).
-
-    More than one only for A of at least :data:`POOL_MIN_NNZ` entries in a
-    process that may run on :data:`POOL_MIN_CORES` or more cores (``cores``:
-    that count, read from the process' CPU affinity where not given): one per
-    :data:`POOL_NNZ_PER_THREAD` entries, at most :data:`POOL_MAX_THREADS` and
-    half the cores.
-    """
-    if nnz < POOL_MIN_NNZ:
-        return 1
-    if cores is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):       # pragma: no cover - not Linux
-            cores = os.cpu_count() or 1
-    if cores < POOL_MIN_CORES:
-        return 1
-    return max(1, min(POOL_MAX_THREADS, cores // 2, nnz // POOL_NNZ_PER_THREAD))
-
-
 def _address(a: np.ndarray) -> int:
     """The address of a contiguous array's first entry (a writable array's through
     ctypes' buffer view, several times cheaper than ``a.ctypes.data``)."""
@@ -419,21 +375,19 @@ def _compiled(native, P: HostProblem, run: _Run, method: str, par: tuple, limit:
         scratch[rec_at + fields] = 0.0          # the gate: from the first iteration on
         report = _native.REPORT_FN(_reporter(run, x, scratch[rec_at:hist_at], failed))
     lib = native.lib
-    threads = product_threads(int(indptr[-1])) if limit > POOL_FROM else 1
     if method == "lsqr":
         var = np.zeros(n)
         code = lib.sgi_lsqr(m, n, csr, wide, _address(indptr), _address(indices),
                             _address(data), _address(b), P.x0 is not None, _address(x),
                             _address(var), base + 8 * work_at, base, limit, calc_var,
                             native.ddot, report, base + 8 * rec_at, base + 8 * hist_at,
-                            base + 8 * out_at, nval, threads, POOL_FROM)
+                            base + 8 * out_at, nval)
     else:
         var = None
         code = lib.sgi_lsmr(m, n, csr, wide, _address(indptr), _address(indices),
                             _address(data), _address(b), P.x0 is not None, _address(x),
                             base + 8 * work_at, base, limit, native.ddot, report,
-                            base + 8 * rec_at, base + 8 * hist_at, base + 8 * out_at, nval,
-                            threads, POOL_FROM)
+                            base + 8 * rec_at, base + 8 * hist_at, base + 8 * out_at, nval)
     if code == _native.NOT_FINITE:
         raise NotFinite("A or b holds an inf or NaN")
     values = scratch[out_at:rec_at].tolist()

@@ -72,12 +72,11 @@ __all__ = ["ENV", "ABI", "MODES", "REPORT", "WINDOW", "REPORT_AREA", "NativeUnav
 ENV = "SCIPY_GPUQR_ITERATIVE_NATIVE"
 MODES = _native_build.MODES
 #: Interface version of ``_native.c`` (``sgi_abi()``).
-ABI = 4
+ABI = 3
 #: Compiler flags besides :data:`scipy_gpuqr._native_build.FLAGS` (and in the build key): no
 #: contraction into fused multiply-adds (SciPy's kernels and NumPy's ufuncs
-#: round each product), no value-changing optimization; POSIX threads (the products'
-#: pool).
-EXTRA_FLAGS = ("-ffp-contract=off", "-fno-fast-math", "-pthread")
+#: round each product), no value-changing optimization.
+EXTRA_FLAGS = ("-ffp-contract=off", "-fno-fast-math")
 #: Fields of the record a report reads (``_native.c``'s ``RECORD``): itn, istop,
 #: normr, normar, norma, conda, normx, test1, test2, rtol.
 REPORT = 10
@@ -104,13 +103,13 @@ _log = logging.getLogger("scipy_gpuqr")
 def _declare(lib: ctypes.CDLL) -> None:
     """Type the library's functions."""
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    lib.sgi_products.argtypes = [i64, i64, i32, i32] + [ptr] * 7 + [i32]
-    lib.sgi_products.restype = i32
+    lib.sgi_products.argtypes = [i64, i64, i32, i32] + [ptr] * 7
+    lib.sgi_products.restype = None
     lib.sgi_lsqr.argtypes = [i64, i64, i32, i32, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr,
-                             i64, i32, ptr, ptr, ptr, ptr, ptr, i64, i32, i64]
+                             i64, i32, ptr, ptr, ptr, ptr, ptr, i64]
     lib.sgi_lsqr.restype = i32
     lib.sgi_lsmr.argtypes = [i64, i64, i32, i32, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, i64,
-                             ptr, ptr, ptr, ptr, ptr, i64, i32, i64]
+                             ptr, ptr, ptr, ptr, ptr, i64]
     lib.sgi_lsmr.restype = i32
 
 
@@ -178,8 +177,7 @@ def _ddot_matches(address: int) -> Optional[str]:
 
 def _products_match(lib) -> Optional[str]:
     """None where the compiled products give SciPy's kernels' (``A @ v``, ``A.T @ u``)
-    bit for bit on random CSR and CSC matrices with 32- and 64-bit indices, the
-    largest also on a pool of three threads."""
+    bit for bit on random CSR and CSC matrices with 32- and 64-bit indices."""
     rng = np.random.default_rng(20261128)
     for m, n in ((40, 25), (25, 40), (300, 300)):
         A = sp.random(m, n, density=0.2, format="csr", random_state=rng)
@@ -194,14 +192,12 @@ def _products_match(lib) -> Optional[str]:
                 want_y, want_z = np.zeros(m), np.zeros(n)
                 forward(m, n, M.indptr, M.indices, M.data, x, want_y)
                 backward(n, m, M.indptr, M.indices, M.data, u, want_z)
-                for threads in (1, 3) if m == 300 else (1,):
-                    y, z = np.empty(m), np.empty(n)
-                    lib.sgi_products(m, n, int(fmt == "csr"), int(wide), M.indptr.ctypes.data,
-                                     M.indices.ctypes.data, M.data.ctypes.data, x.ctypes.data,
-                                     y.ctypes.data, u.ctypes.data, z.ctypes.data, threads)
-                    if y.tobytes() != want_y.tobytes() or z.tobytes() != want_z.tobytes():
-                        return (f"the products of a {m}x{n} {fmt} matrix on {threads} "
-                                "thread(s) differ from SciPy's")
+                y, z = np.empty(m), np.empty(n)
+                lib.sgi_products(m, n, int(fmt == "csr"), int(wide), M.indptr.ctypes.data,
+                                 M.indices.ctypes.data, M.data.ctypes.data, x.ctypes.data,
+                                 y.ctypes.data, u.ctypes.data, z.ctypes.data)
+                if y.tobytes() != want_y.tobytes() or z.tobytes() != want_z.tobytes():
+                    return f"the products of a {m}x{n} {fmt} matrix differ from SciPy's"
     return None
 
 
