@@ -279,6 +279,41 @@ def test_nullspace_cod_on_the_device(monkeypatch, rng, wide):
     assert np.linalg.norm(x2 - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
 
 
+def test_nullspace_cod_fetches_qtb_beside_its_first_block(monkeypatch, rng):
+    """GPU factors with every stage on the device: the decision's first block
+    (``R⁻ᵀΩ`` and its thin QR) goes on a stream of its own, the same in the next
+    decision, while ``Qᵀb`` is fetched on the caller's stream; rank and x are
+    lstsq's and those of the fetch first (to rounding: the solves' level kernels
+    add with atomics)."""
+    import cupy
+    from scipy_gpuqr._factor import solve_rank as sr
+    from scipy_gpuqr._factor.factored import FactoredQR
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
+    monkeypatch.setattr(_lstsq, "DenseCOD", None)        # must not be reached
+    sides = []
+    real = sr._side_stream
+    monkeypatch.setattr(sr, "_side_stream", lambda cp: sides.append(real(cp)) or sides[-1])
+    A = chessboard_boundary(5, 7, 3)                      # 4200×2100, rank 1714
+    b = rng.standard_normal(A.shape[0])
+    x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    xs = []
+    for _ in range(2):
+        F = QRFactorization(A, backend="gpu")
+        xs.append(F.solve(b))
+        solver = F._core.rank_decision()
+        assert solver.method == "nullspace_cod" and solver.rank == 1714
+        F.free()
+    assert len(sides) == 2 and sides[1] is sides[0]
+    assert sides[0].ptr != cupy.cuda.get_current_stream().ptr
+    monkeypatch.setattr(FactoredQR, "_resident", lambda self: False)
+    F = QRFactorization(A, backend="gpu")
+    x_first = F.solve(b)
+    assert len(sides) == 2 and F._core.rank_decision().rank == 1714
+    for x in xs:
+        assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+        assert np.linalg.norm(x - x_first) <= 1e-10 * np.linalg.norm(x_first)
+
+
 def test_nullspace_cod_blocks_on_the_host_when_the_device_is_full(monkeypatch, rng):
     """The device's q × d blocks do not fit (an out-of-memory forced): the blocks
     stay on the host, the solves still run on the device, rank and minimum-norm

@@ -413,7 +413,65 @@ def _fake_device(monkeypatch):
     xp = types.ModuleType("cupy")
     xp.asarray = np.asarray
     xp.empty = np.empty
+    xp.cuda = _FakeCuda()
     return xp, called
+
+
+class _FakeCuda:
+    """A stand-in for ``cupy.cuda``'s devices, streams and events: the thread's
+    current stream (the default stream, id 0, until a ``with stream:``) and the
+    log ``events`` of ``(stream id, what, other stream id)``."""
+
+    def __init__(self):
+        import threading
+        self._local = threading.local()
+        self.events = []
+        self.made = []
+        cuda = self
+
+        class Event:
+            def __init__(self, stream):
+                self.stream = stream
+
+        class Stream:
+            def __init__(self, non_blocking=False):
+                self.non_blocking = non_blocking
+                self.id = len(cuda.made) + 1
+                cuda.made.append(self)
+
+            def record(self):
+                cuda.events.append((self.id, "record", None))
+                return Event(self.id)
+
+            def wait_event(self, ev):
+                cuda.events.append((self.id, "wait", ev.stream))
+
+            def __enter__(self):
+                cuda._stack().append(self)
+                return self
+
+            def __exit__(self, *exc):
+                cuda._stack().pop()
+                return False
+
+        class Default(Stream):
+            def __init__(self):
+                self.id = 0
+
+        class Device:
+            def __init__(self, id=None):
+                self.id = 0 if id is None else id
+
+        self.Stream, self.Device, self._default = Stream, Device, Default()
+
+    def _stack(self):
+        if not hasattr(self._local, "stack"):
+            self._local.stack = []
+        return self._local.stack
+
+    def get_current_stream(self):
+        stack = self._stack()
+        return stack[-1] if stack else self._default
 
 
 @pytest.mark.parametrize("transposed", [False, True])
@@ -833,3 +891,89 @@ def test_probe_from_a_given_start_decides_as_the_probe_alone(rng):
     assert n_alone == 1 and calls == []          # the first step's solve was given
     assert given.probe_start is None
     assert given.sigma_min == pytest.approx(alone.sigma_min, rel=0.5)
+
+
+def test_first_block_beside_the_fetch(rng, monkeypatch):
+    """``rhs_beside`` on the device: ``R⁻ᵀΩ`` is queued on a non-blocking stream
+    of its own (after the caller's stream's work so far), ``rhs()`` is fetched on
+    the caller's stream after that solve was queued, the thin QR runs on the side
+    stream and the caller's stream waits for it; the same stream serves the next
+    decision; rank, residual, ν and the solutions are those of the fetch first.
+    Without it, on the host, or for G = Rᵀ, ``rhs()`` comes first and no stream
+    is made."""
+    q, up, upt, dead, tol, host = _chess_cod(False)
+    xp, _ = _fake_device(monkeypatch)
+    monkeypatch.setattr(_sr, "_SIDE_STREAMS", __import__("threading").local())
+    cuda = xp.cuda
+    C = rng.standard_normal((q, 2))
+    calls = []
+
+    def inv_t(X):
+        calls.append(("inv_t", cuda.get_current_stream().id))
+        return upt(X)
+
+    def inv(X):
+        calls.append(("inv", cuda.get_current_stream().id))
+        return up(X)
+
+    def rhs():
+        calls.append(("rhs", cuda.get_current_stream().id))
+        return C
+    cod = NullspaceCOD(inv, inv_t, q, dead, tol, xp=xp, rhs=rhs, rhs_beside=True)
+    assert len(cuda.made) == 1 and cuda.made[0].non_blocking
+    side = cuda.made[0].id
+    assert calls == [("inv_t", side), ("rhs", 0), ("inv", 0)]
+    assert cuda.events == [(0, "record", None), (side, "wait", 0), (side, "record", None),
+                           (0, "wait", side)]
+    first = NullspaceCOD(inv, inv_t, q, dead, tol, xp=xp, rhs=rhs)
+    assert calls[3:] == [("rhs", 0), ("inv_t", 0), ("inv", 0)]
+    again = NullspaceCOD(inv, inv_t, q, dead, tol, xp=xp, rhs=rhs, rhs_beside=True)
+    assert len(cuda.made) == 1 and calls[6:] == [("inv_t", side), ("rhs", 0), ("inv", 0)]
+    G = _chess_r((5, 6, 2))[2]
+    for other in (first, again):
+        assert other.rank == cod.rank == 271
+        assert other.residual == cod.residual and other.nu == cod.nu
+        np.testing.assert_array_equal(other.solve(C, matmul=lambda Y: G @ Y),
+                                      cod.solve(C, matmul=lambda Y: G @ Y))
+    n = len(cuda.made)
+    calls.clear()
+    NullspaceCOD(up, upt, q, dead, tol, rhs=rhs, rhs_beside=True)         # host blocks
+    NullspaceCOD(up, inv_t, q, dead, tol, xp=xp, rhs=rhs, rhs_beside=True, transposed=True)
+    assert len(cuda.made) == n and ("rhs", 0) == calls[0]
+
+
+def test_first_block_beside_refuses_as_the_fetch_first(rng, monkeypatch):
+    """A non-finite ``R⁻ᵀΩ`` solved beside the fetch is refused after the fetch,
+    as with the fetch first; the caller's stream is not left waiting for it."""
+    q, up, upt, dead, tol, host = _chess_cod(False)
+    xp, _ = _fake_device(monkeypatch)
+    monkeypatch.setattr(_sr, "_SIDE_STREAMS", __import__("threading").local())
+    C = rng.standard_normal((q, 2))
+    asked = []
+
+    def nan_t(X):
+        return np.full_like(upt(X), np.nan)
+
+    def rhs():
+        asked.append(1)
+        return C
+    for beside in (True, False):
+        with pytest.raises(NullspaceRefused, match="non-finite"):
+            NullspaceCOD(up, nan_t, q, dead, tol, xp=xp, rhs=rhs, rhs_beside=beside)
+    assert asked == [1, 1]
+    assert (0, "wait", 1) not in xp.cuda.events
+
+
+def test_least_squares_fetches_beside_only_resident_gpu_factors(monkeypatch):
+    """``FactoredQR`` asks the decision to fetch ``Qᵀb`` beside its first block only
+    for GPU factors with no stage pool on the host."""
+    import types
+
+    from scipy_gpuqr._factor.factored import FactoredQR
+    F = FactoredQR.__new__(FactoredQR)
+    for on_device, host_pools, want in ((True, {}, True), (True, {0: None}, False),
+                                        (False, {}, False)):
+        F.num = types.SimpleNamespace(on_device=lambda v=on_device: v, _host_pools=host_pools)
+        assert F._resident() is want
+    F.num = types.SimpleNamespace(on_device=lambda: True)        # no stage pools known
+    assert F._resident() is False

@@ -294,6 +294,7 @@ class FactoredQR:
                                          products=self._device_products(),
                                          dense_device="gpu" if device == "gpu" or gpu_seen
                                          else "cpu", rhs=given,
+                                         rhs_beside=given is not None and self._resident(),
                                          probe_start=probe_start,
                                          diagonal=self._diagonal if self.tol is None else None,
                                          fro_bound=frobenius_bound(self.M))
@@ -454,6 +455,11 @@ class FactoredQR:
                 return None if out is None else out.get()
             return product
         return product_with(False), product_with(True)
+
+    def _resident(self) -> bool:
+        """GPU factors whose every stage's pool lies on the device: ``Qᵀb`` then
+        reads nothing over the link (no earlier stage sent up, no host front)."""
+        return self.on_device() and not getattr(self.num, "_host_pools", True)
 
     def device_solves(self):
         """The GPU engine's triangular solves with these factors (made once)."""

@@ -456,6 +456,11 @@ class MinNormSolver:
         ``R⁻¹`` anyway and takes them into that solve (the null-space COD of
         G = R): that first solve then costs no solve with R of its own. Not
         kept once the decision is made.
+    rhs_beside : bool
+        ``rhs()`` reads only what lies on the device (``Qᵀb`` of a GPU
+        factorization whose every stage's pool is there): the null-space COD
+        fetches it while its first block is solved on a stream of its own
+        (:class:`~scipy_gpuqr._factor.solve_rank.NullspaceCOD`'s ``rhs_beside``).
     probe_start : (array, array), optional
         ``(Ω, R⁻¹Ω)``: the full-rank probe's Gaussian block (as
         :func:`~scipy_gpuqr._factor.solve_rank.probe_norm` draws it) and its
@@ -484,6 +489,7 @@ class MinNormSolver:
     dense_device: Optional[str] = None
     products: Optional[tuple] = field(default=None, repr=False)
     rhs: Optional[Callable] = field(default=None, repr=False)
+    rhs_beside: bool = False
     fro_bound: Optional[float] = None
     probe_start: Optional[tuple] = field(default=None, repr=False)
     diagonal: Optional[np.ndarray] = field(default=None, repr=False)
@@ -863,7 +869,7 @@ class MinNormSolver:
         on_host = False             # device solves whose blocks stay on the host
         try:
             cod = NullspaceCOD(up, upt, q, dead, (lo, hi), transposed=self.transposed, xp=xp,
-                               rhs=self.rhs)
+                               rhs=self.rhs, rhs_beside=self.rhs_beside)
         except NullspaceRefused:                    # no clear gap
             return False
         except MemoryError:

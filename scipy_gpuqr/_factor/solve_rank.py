@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -518,6 +519,30 @@ def _blocks_of(xp):
     return _DeviceBlocks(xp) if getattr(xp, "__name__", "") == "cupy" else _HostBlocks
 
 
+#: :func:`_side_stream`'s streams, per thread (``by_device``: device id → stream).
+_SIDE_STREAMS = threading.local()
+
+
+def _side_stream(cp):
+    """A non-blocking CUDA stream of the current device for :class:`NullspaceCOD`'s
+    first block beside the fetch of its right-hand sides: made once per thread
+    and device, the same for every decision the thread makes there.
+
+    CuPy's memory pool keeps a freed block for the stream it was allocated on,
+    and the first block's arrays (q × d) are allocated on this stream: a fresh
+    stream per decision could never take the blocks its predecessor freed, so
+    the pool would grow by them at every call. Per thread, because two threads'
+    decisions must not queue behind each other."""
+    per = getattr(_SIDE_STREAMS, "by_device", None)
+    if per is None:
+        per = _SIDE_STREAMS.by_device = {}
+    dev = int(cp.cuda.Device().id)
+    stream = per.get(dev)
+    if stream is None:
+        stream = per[dev] = cp.cuda.Stream(non_blocking=True)
+    return stream
+
+
 @dataclass
 class NullspaceCOD:
     """Minimum-norm solves with G = R or Rᵀ when d dependent columns leave a clear gap.
@@ -555,6 +580,15 @@ class NullspaceCOD:
         the decision). The decision's solve with ``R⁻¹`` takes ``P_U C`` as p
         more columns, and the first :meth:`solve` of the same C uses them
         instead of a solve of its own.
+    rhs_beside : bool
+        Fetch ``rhs()`` on the calling thread's stream while the first block
+        ``U_d = orth(R⁻ᵀΩ)`` is solved on a stream of its own
+        (:func:`_side_stream`), on the device only: the caller says so where
+        the fetch reads what already lies on the device (``Qᵀb`` of a
+        factorization whose every stage's pool is there, nothing sent up that
+        R's rows would compete with), so that the two sequences of small
+        kernels overlap on the device. Otherwise, and by default, ``rhs()``
+        comes first (see ``rhs``).
 
     Raises
     ------
@@ -584,6 +618,7 @@ class NullspaceCOD:
     xp: object = np
     seed: int = 0
     rhs: Optional[Callable] = field(default=None, repr=False)
+    rhs_beside: bool = False
     rank: int = field(init=False, default=0)
     residual: float = field(init=False, default=float("nan"))
     nu: float = field(init=False, default=float("nan"))
@@ -602,17 +637,13 @@ class NullspaceCOD:
         if not (0 < d < q):
             raise NullspaceRefused(f"{d} dead columns of {q}")
         self._blocks = blocks = _blocks_of(self.xp)
-        C = self._given_rhs(rhs)            # before R's solves (see ``rhs``)
-        Z = blocks.dense(self.inv_t(blocks.gaussian(self.seed, (q, d))))
-        sz = blocks.finite_absmax(Z)
-        hi = self._upper_cutoff()
-        if not np.isfinite(sz):
-            raise NullspaceRefused("non-finite solve (zero pivot)")
-        if not sz > 0:
-            raise NullspaceRefused("zero block")
-        U, _ = blocks.orth(blocks.divided(Z, sz), want_r=False)
-        del Z
-        U = blocks.dense(U)
+        if (rhs is not None and self.rhs_beside and not self.transposed
+                and blocks is not _HostBlocks):
+            C, U = self._first_block_beside(rhs)
+        else:
+            C = self._given_rhs(rhs)        # before R's solves (see ``rhs``)
+            U = self._first_block(blocks.dense(self.inv_t(blocks.gaussian(self.seed, (q, d)))))
+        hi = self._upper_cutoff()           # asked for by _first_block: its value now
         # one solve for V's block R⁻¹U, the probe's first step R⁻¹ P_U W and the
         # given right-hand sides' R⁻¹ P_U C
         p = min(PROBE_COLUMNS, q)
@@ -647,6 +678,45 @@ class NullspaceCOD:
             raise NullspaceRefused(f"σ_(q-d) not clearly above the cutoff {lo:.3g}")
         self.sigma_min = 1.0 / self.nu
         self.rank = q - d
+
+    def _first_block(self, Z):
+        """``U_d = orth(Z)`` for ``Z = R⁻ᵀΩ`` (scaled by ``max|Z|`` first), on the
+        current stream; raises :class:`NullspaceRefused` for a non-finite or zero
+        Z, or where a pivot lies between the cutoff's bounds (``tol_range``'s
+        ``hi``, asked for here, once Z is solved)."""
+        blocks = self._blocks
+        sz = blocks.finite_absmax(Z)
+        self._upper_cutoff()
+        if not np.isfinite(sz):
+            raise NullspaceRefused("non-finite solve (zero pivot)")
+        if not sz > 0:
+            raise NullspaceRefused("zero block")
+        U, _ = blocks.orth(blocks.divided(Z, sz), want_r=False)
+        del Z
+        return blocks.dense(U)
+
+    def _first_block_beside(self, rhs) -> tuple:
+        """``(C, U_d)``: ``R⁻ᵀΩ`` queued on :func:`_side_stream` (after the work
+        queued so far on the caller's stream), ``rhs()`` fetched on the caller's
+        stream meanwhile, then ``orth`` on the side stream, which the caller's
+        stream waits for before its next work. One thread: the device runs the
+        two solves' kernels side by side while the thread waits for the fetch.
+
+        A block freed later goes back to the side stream's part of CuPy's pool,
+        which that stream takes again only behind the next decision's wait for
+        the caller's stream."""
+        cp, blocks = self.xp, self._blocks
+        caller = cp.cuda.get_current_stream()
+        side = _side_stream(cp)
+        side.wait_event(caller.record())
+        with side:
+            Z = blocks.dense(self.inv_t(blocks.gaussian(self.seed, (self.q, self.d))))
+        C = self._given_rhs(rhs)
+        with side:
+            U = self._first_block(Z)
+            done = side.record()
+        caller.wait_event(done)
+        return C, U
 
     def _upper_cutoff(self) -> float:
         """``hi`` of ``tol_range``, called for where it was given late."""
