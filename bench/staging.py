@@ -195,7 +195,8 @@ def _once(A, b, backend, debug=False):
 #: interpreter's switch interval for the whole call (``switch_interval``, seconds:
 #: ``sys.setswitchinterval``; the process' own otherwise); and whether a host
 #: front worked as one slab leaves parts on the device for Q's first solve
-#: (``slab_front.KEEP_PARTS``; ``nokeep``: none, every reflector read over the link).
+#: (``slab_front.KEEP_PARTS``; ``keep``: the last parts that fit the room the
+#: solves' plan leaves, their reflectors read there instead of over the link).
 MODES = {"defaults": {},
          "bands": {"band_upload": "mapped"},
          "panels-mapped": {"slab_panels": "mapped"},
@@ -209,7 +210,7 @@ MODES = {"defaults": {},
          "columns": {"one_slab": 0},
          "parts6": {"one_slab": 6},
          "switch": {"switch_interval": 2e-4},
-         "nokeep": {"keep_parts": False},
+         "keep": {"keep_parts": True},
          "noasm": {"assemble": "off"}}
 
 #: Each setting of :data:`MODES`: its module (under ``scipy_gpuqr``) and name.

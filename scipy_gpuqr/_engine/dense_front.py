@@ -285,7 +285,7 @@ class HostDenseFront(DenseFront):
         return super().has_device_copy() or bool(self._parts)
 
     def drop_device(self) -> None:
-        self._parts = None
+        self._parts = None          # the caller gives the pool's blocks back
         super().drop_device()
 
     def _apply(self, Y, trans: bool) -> None:
@@ -335,9 +335,13 @@ class HostDenseFront(DenseFront):
                 ops.unit_triangle(V, lower=True, out=V)     # elementwise: in place
             _wy_apply_device(Y[j:j + rows], V, Td[p, :b, :b], trans=trans)
         if parts:
-            # the parts' blocks go back to the stream they were made on: this
-            # one's reads of them end first
+            # this stream's reads of the parts end, then their blocks go back to
+            # the device, not only to CuPy's pool: under a pool limit a cached
+            # block counts against it, and the solves' next uploads would not
+            # fit beside 1-2 GB of them (seen: Q's second replay on the host)
             stream.synchronize()
+            parts = S = None
+            cp.get_default_memory_pool().free_all_blocks()
 
     def apply_qt(self, Y, front=None) -> None:
         """``Y ← Qᵀ Y`` in place, computed on the host (``front`` is not used)."""

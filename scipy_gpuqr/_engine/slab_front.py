@@ -98,8 +98,10 @@ ONE_SLAB_PARTS = 8
 #: its factorization, as many as the room it is given holds (:class:`CupySlabs`'
 #: ``keep_bytes``), for ``Q``'s first solve to read there
 #: (:class:`~scipy_gpuqr._engine.dense_front.HostDenseFront`); False: every
-#: part's buffer is given back as the factorization ends.
-KEEP_PARTS = True
+#: part's buffer is given back as the factorization ends. Off until timed on a
+#: GPU with the parts' blocks given back to the device after that solve
+#: (bench/RESULTS.md, issue 22; ``bench/staging.py --modes defaults,keep``).
+KEEP_PARTS = False
 
 #: Fewest bytes of a part's row on a device that copies parts over a link
 #: (:class:`CupySlabs`' ``part_row_bytes``, :func:`slab_part_count`): a part's
