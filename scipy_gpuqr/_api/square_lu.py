@@ -24,6 +24,13 @@ decision (the LU's factors are far sparser than R).
   at most :data:`BACKWARD_LIMIT` (one step of refinement with the same
   factors where it is not), else the QR answers.
 
+Where the factors show A not of full rank, U's pivots may still say how: a
+few of them under lstsq's absolute cutoff and the rest clearly above
+(:meth:`SquareLU.revealed_dead`) is the shape whose QR rank decision the
+gap-checked sparse COD settles, which the iterate-first rule may weigh on a
+GPU host (:class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`). It is a
+prediction only: the QR's own checks decide the rank.
+
 Who may use it (:func:`square_lu`): ``auto`` only (explicit backends and
 ``GpuqrOptions(iterate_first=False)`` keep the QR), a square host A without
 damping (``[A; damp·I]`` is not square) and without ``calc_var`` (the exact
@@ -51,8 +58,9 @@ from .._factor.least_squares import LstsqAnswer, LstsqStart
 from .._factor.lstsq import lstsq_cutoff
 from .._factor.solve_rank import (PROBE_COLUMNS, PROBE_MAX_STEPS, frobenius, probe_margin,
                                   probe_norm)
+from .._factor.subspace_cod import sigma_max_lanczos
 
-__all__ = ["SquareLU", "square_lu", "BACKWARD_LIMIT"]
+__all__ = ["SquareLU", "square_lu", "BACKWARD_LIMIT", "PIVOT_GAP", "REVEALED_MAX_FRACTION"]
 
 _EPS = float(np.finfo(np.float64).eps)
 
@@ -60,6 +68,16 @@ _EPS = float(np.finfo(np.float64).eps)
 #: in units of eps (LU with partial pivoting: a small multiple of eps where the
 #: growth is modest; the QR's answers on the shared matrices lie below 1 eps).
 BACKWARD_LIMIT = 64.0
+
+#: :meth:`SquareLU.revealed_dead`: the smallest of U's pivots above lstsq's absolute
+#: cutoff must lie at least this many times above it (the shared matrices whose U
+#: shows dead pivots: adder_dcop_05 1.47, its gap-checked COD passes; reorientation_1
+#: 1.08 and temp 1.29, a quarter of their columns or more under the cutoff) ...
+PIVOT_GAP = 1.25
+#: ... and at most this share of A's columns lie under it (lstsq's
+#: ``NULLSPACE_MAX_FRACTION``: a few dependent columns, not a numerically
+#: low-rank A).
+REVEALED_MAX_FRACTION = 0.25
 
 
 class SquareLU:
@@ -105,6 +123,8 @@ class SquareLU:
         self.seconds = 0.0
         self._lu = None
         self._A = None
+        self._factors = None            # SuperLU's factors, whether they may answer or not
+        self._revealed: Optional[int] = None
 
     def decline(self, why: str) -> None:
         """Not to be factorized (the QR's factors answer instead, ``why``)."""
@@ -131,6 +151,7 @@ class SquareLU:
             self.why = f"SuperLU: {exc}"
             self.deficient = self.singular = True
             return False
+        self._factors = lu
         cutoff = lstsq_cutoff(n, n)
         bound = cutoff * frobenius(A)
 
@@ -156,6 +177,44 @@ class SquareLU:
         self.why = (f"of full rank by lstsq's rule (‖A⁻¹‖₂ <= {margin * nu:.3g} < "
                     f"1/(eps·n·‖A‖_F) = {1 / bound:.3g})")
         return True
+
+    def revealed_dead(self) -> int:
+        """How many of U's pivots show A's deficiency, or 0: where SuperLU's factors
+        (made by :meth:`factor`, not exactly singular) have ``k`` pivots at most
+        lstsq's absolute cutoff ``eps·n·σ_max`` (σ_max by Lanczos on A) and every
+        other pivot at least :data:`PIVOT_GAP` times above it, with ``k`` at most
+        :data:`REVEALED_MAX_FRACTION` of n, ``k``; computed once, where asked.
+
+        U's pivots are not A's singular values: this predicts, it does not
+        decide. Partial pivoting puts an exactly dependent column's rounding-level
+        remainder on the diagonal, and so a column whose dependence lies just
+        under the cutoff tends to leave a pivot just under it; a spectrum that
+        falls through the cutoff without a gap leaves U's pivots spread across
+        it, or none under it (nnc1374: 66 singular values under the cutoff, no
+        pivot under it). Where the pivots split cleanly, the QR's R tends to
+        split at the same place, which its gap-checked sparse COD confirms
+        (``‖E‖₂ <= tol < σ_min(R11)``) or refuses.
+        """
+        if self._revealed is None:
+            self._revealed = self._pivot_split()
+        return self._revealed
+
+    def _pivot_split(self) -> int:
+        lu, A, n = self._factors, self._A, self.n
+        if lu is None or A is None:
+            return 0
+        d = np.abs(lu.U.diagonal())
+        cutoff = lstsq_cutoff(n, n)
+        # σ_max <= ‖A‖_F: no pivot under cutoff·‖A‖_F, none under the cutoff (no
+        # Lanczos run)
+        if not (d.size == n and np.all(np.isfinite(d))) or \
+                not np.any(d <= cutoff * frobenius(A)):
+            return 0
+        tol = cutoff * sigma_max_lanczos(A)
+        dead = int(np.count_nonzero(d <= tol))
+        if dead == 0 or dead > REVEALED_MAX_FRACTION * n or dead == n:
+            return 0
+        return dead if float(d[d > tol].min()) >= PIVOT_GAP * tol else 0
 
     def answer(self, begin: LstsqStart, x0) -> Optional[LstsqAnswer]:
         """The answer ``x0 + A⁻¹ r0`` with SciPy's norms (factorizing first where

@@ -101,6 +101,21 @@ which the host's null-space COD decides with a few solves: there the floor is
 (:data:`CLEAR_DEAD_PIVOTS`: the QR's rest is then that decision,
 :data:`RANK_NULLSPACE_S_PER_SQUARE` × order², and its solve; otherwise the run
 goes on to SciPy's stop, having paid one analysis and one factorization).
+Where SuperLU's factors are deficient without being singular and U's pivots
+split at lstsq's cutoff (``square.revealed_dead()``: a few under it, the rest
+clearly above), on a host whose GPU would run the QR's dense rank work
+(``dense_gpu``) and for R's orders from :data:`GAP_GPU_MIN_ORDER` to
+:data:`RANK_SPARSE_MIN_ORDER`, the rank decision is predicted to be the
+gap-checked sparse COD with its σ test on the device (:func:`gap_check_seconds`),
+not dense work: the analysis is not deferred, and the run stops for the exact
+answer unless its projection promises convergence within
+:data:`PREDICTED_SHARE` of the QR's predicted time (LSQR's projections on such
+matrices promise convergence far too soon; the long trend is read, whose
+course the window's flicker does not break). A prediction that does not hold
+costs time, not accuracy: the QR's own checks decide the rank. Where the plan
+puts the factorization on the GPU (whose factorizer the sparse COD would use)
+or R is too dense for that COD, the prediction is dropped and the rule goes on
+as for any deficient LU.
 
 Checks run at checkpoints spaced by :data:`CHECK_GROWTH` of the elapsed time
 (at least :data:`CHECK_INTERVAL_S`), so that watching costs little more than
@@ -155,6 +170,7 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "CLEAR_FULL_RANK", "CLEAR_DEAD_PIVOTS", "RANK_S_PER_R_ENTRY", "RANK_GPU_S_PER_SQUARE",
            "RANK_GPU_S_PER_CUBE", "PROMISE_SLACK", "BROKEN_PROMISES",
            "POWER_MARGIN", "PROJECTION_WINDOW", "rank_decision_floor",
+           "GAP_GPU_S_PER_SQUARE", "GAP_GPU_MIN_ORDER", "PREDICTED_SHARE", "gap_check_seconds",
            "CHECK_GROWTH", "CHECK_INTERVAL_S", "UPLOAD_FIXED_S", "UPLOAD_BYTES_PER_S",
            "upload_seconds", "host_first_budget", "HostFirst", "SPECULATION_S_PER_ENTRY",
            "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_PER_ENTRY", "lu_seconds",
@@ -314,6 +330,22 @@ RANK_NULLSPACE_MIN_ORDER = 500
 #: 878, 28 dead pivots: 8.5 ms of CPU time on the 2-core host, the lookup of the
 #: process' BLAS pools included).
 RANK_NULLSPACE_S_PER_SQUARE = 1e-8
+
+#: Seconds per q² of the gap-checked sparse COD of a host R of order q whose σ test
+#: runs on a GPU (auto with a GPU present: R11 made dense there, cuBLAS's inverse and
+#: Lanczos), with σ_max by Lanczos, the rank-detecting sparse QR of R and the second
+#: one of the host (measured on an H200 host, warm: adder_dcop_05, q = 1813, 28 ms).
+GAP_GPU_S_PER_SQUARE = 1e-8
+#: Smallest order of R11 whose σ test runs on the GPU (lstsq's ``SVD_GPU_MIN_ORDER``):
+#: below, the host's dense Lanczos answers, at the cube's cost.
+GAP_GPU_MIN_ORDER = 600
+#: Where U's pivots predict the gap-checked COD, the run stops unless its long trend
+#: (:meth:`Allowance._trend`; the window's projection before there is one, whose
+#: flicker would keep the verdict from being confirmed) promises convergence within
+#: this share of the QR's predicted time. LSQR's projections on such matrices promise
+#: far too soon (adder_dcop_05 at 410 iterations: 390 more by the trend, 1530 in
+#: fact); a run that does converge that soon costs at most the QR's time more.
+PREDICTED_SHARE = 0.1
 
 #: ``speculate``'s answers where R's rank decision costs no dense work: R is
 #: clearly of full rank (a triangular condition estimate or probe, then R's
@@ -630,6 +662,12 @@ def rank_decision_floor(order: int) -> float:
     return min(RANK_S_PER_CUBE * q ** 3, RANK_GPU_S_PER_SQUARE * q * q)
 
 
+def gap_check_seconds(order: int) -> float:
+    """Predicted seconds of the gap-checked sparse COD of an order-``order`` host R whose
+    σ test runs on a GPU (:data:`GAP_GPU_S_PER_SQUARE`)."""
+    return GAP_GPU_S_PER_SQUARE * float(order) ** 2
+
+
 def rank_decision_seconds(order: int, factorization: float,
                           r_entries: Optional[float] = None, *, device: str = "cpu") -> float:
     """Predicted seconds of the rank decision on an order-``order`` R that is not clearly
@@ -707,6 +745,11 @@ class Allowance:
         verdict would stop the run at :func:`rank_decision_floor`. None: no LU.
     nnz : int
         A's stored entries (the LU's prediction).
+    dense_gpu : callable, optional
+        ``dense_gpu() -> bool``: whether a GPU would run the QR's dense rank work
+        (auto's, with a GPU present), asked once, where a deficient LU that is not
+        singular could predict the gap-checked COD (``square.revealed_dead()``, asked
+        only after it). None: never (the rule as on a host without a GPU).
 
     Attributes
     ----------
@@ -729,11 +772,14 @@ class Allowance:
         of full rank (or SuperLU's factors may answer: ``lu_at``).
     lu_at : (int, float) or None
         The iteration and seconds at which ``square`` was factorized.
+    gap_predicted : int
+        U's pivots under the cutoff where they predict the gap-checked COD on the
+        GPU (``square.revealed_dead()``), else 0 (also once the plan dropped it).
     """
 
     def __init__(self, *, iter_lim: int, atol: float, conlim: float, analysis: float,
                  plan: Callable, order: int = 0, speculate: Optional[Callable] = None,
-                 square=None, nnz: int = 0):
+                 square=None, nnz: int = 0, dense_gpu: Optional[Callable] = None):
         self.iter_lim = int(iter_lim)
         self.log_atol = math.log(max(float(atol), _EPS))
         self.log_conlim = math.log(conlim) if conlim > 0 else None
@@ -743,6 +789,9 @@ class Allowance:
         self._plan = plan
         self._speculate = speculate
         self._square = square
+        self._dense_gpu = dense_gpu
+        self.gap_predicted = 0
+        self.gap_dropped = ""                     # why the plan dropped the prediction
         self.lu_s = lu_seconds(nnz) if square is not None else math.inf
         self.lu_at: Optional[tuple] = None
         self.speculated: Optional[bool] = None
@@ -835,23 +884,28 @@ class Allowance:
                 # the LU comes first (where it may answer, no analysis is needed) while
                 # the run's projection keeps promising convergence within its time
                 return self._confirm("", "")
-            if self._lu_deficient and not self._stops_at_floor(itn, t, further, per_iteration,
-                                                               remaining):
+            if self._lu_deficient and not self.gap_predicted and \
+                    not self._stops_at_floor(itn, t, further, per_iteration, remaining):
                 return self._confirm("", "")
             # analysing early pays only by stopping before iter_lim: not where the
             # iterations left to it cost less than the analysis itself
             past_limit = (further is not None and itn + further > ITER_LIM_MARGIN * self.iter_lim
                           and (self.iter_lim - itn) * per_iteration > self.analysis_estimate)
             # where SuperLU found A exactly singular the QR may cost only a few solves
-            # more than its factorization: analysed without the deferral
-            if not past_limit and not self._lu_singular and t < self.deferral and \
-                    (remaining is None or t + remaining <= self.deferral):
+            # more than its factorization, and where U's pivots predict the GPU's
+            # gap-checked COD little more: analysed without the deferral
+            if not past_limit and not self._lu_singular and not self.gap_predicted and \
+                    t < self.deferral and (remaining is None or t + remaining <= self.deferral):
                 return self._confirm("", "")
             self._analyse(itn, t)
+            if self.gap_predicted:
+                self._keep_prediction()
         if self.plan_error is not None:         # the QR cannot run: SciPy's run goes on
             self.next_check = math.inf
             return False
-        if self.order and not self.speculated:
+        if self.gap_predicted:
+            self.rank_s = gap_check_seconds(self.order)
+        elif self.order and not self.speculated:
             self.rank_s = rank_decision_seconds(self.order, self.predicted, self.r_entries,
                                                 device=self.rank_device) * \
                 (1.0 if self.at_risk else RANK_PRIOR)
@@ -880,6 +934,14 @@ class Allowance:
             return self._confirm("cost", f"projected {self._lasting(further)} more iterations "
                                  f"({self._lasting(further) * per_iteration:.3g} s) cost more "
                                  f"than {SWITCH_MARGIN:g} x the QR's predicted {q:.3g} s")
+        promised = further if self.trend is None else self.trend
+        if self.gap_predicted and (promised is None or
+                                   promised * per_iteration > PREDICTED_SHARE * q):
+            return self._confirm("predicted", f"SuperLU's U shows {self.gap_predicted} pivots "
+                                 f"under lstsq's cutoff and the rest clearly above: the QR's "
+                                 f"rank decision predicted as the gap-checked COD on the GPU "
+                                 f"(the QR's predicted {q:.3g} s), and the run's trend does not "
+                                 f"promise convergence within {PREDICTED_SHARE:g} x that")
         if self.speculated and t - self.speculated_at >= q:
             # the factors are made and R's rank decision is cheap: the run has had as long
             # as the rest of the QR costs (ski rental: at most twice the better choice;
@@ -1009,15 +1071,46 @@ class Allowance:
         t0 = time.perf_counter()
         clear = self._square.factor()
         spent = time.perf_counter() - t0
-        self.analysis_s += spent
         self.lu_at = (itn, t)
         if self._square.deficient:
             self.at_risk = True         # the rank decision is dense work: shown, not guessed
+            if self._predicts_gap():
+                self.gap_predicted = self._square.revealed_dead()
+        self.analysis_s += time.perf_counter() - t0
         if clear:
             self.speculated, self.speculated_at, self.speculation_s = True, t, spent
             self.rank_s = 0.0
             # a solve and the residual's products: a small share of the factorization
             self.predicted = max(0.05 * spent, CHECK_INTERVAL_S)
+
+    def _predicts_gap(self) -> bool:
+        """Whether U's pivots are worth reading (:attr:`gap_predicted`): a deficient LU
+        that is not singular, R's order where the gap-checked COD's σ test would run on
+        the GPU (:data:`GAP_GPU_MIN_ORDER` to :data:`RANK_SPARSE_MIN_ORDER`), and a GPU
+        for the dense rank work (``dense_gpu``, asked last)."""
+        return (self._dense_gpu is not None and not self._square.singular and
+                GAP_GPU_MIN_ORDER <= self.order <= RANK_SPARSE_MIN_ORDER and
+                bool(self._dense_gpu()))
+
+    def _keep_prediction(self) -> None:
+        """Drop :attr:`gap_predicted` where the plan would not run the gap-checked COD
+        with its σ test on the GPU: the factorization on the GPU (whose factorizer that
+        COD would use), no GPU seen by the plan, R11 below :data:`GAP_GPU_MIN_ORDER`, or
+        R (the analysis' count) denser than :data:`RANK_SPARSE_MAX_DENSITY`."""
+        if self.planned is None:
+            why = "no plan"
+        elif self.rank_device != "cpu":
+            why = "the plan factorizes on the GPU"
+        elif getattr(self.planned[1], "gpu_name", None) is None:
+            why = "the plan saw no GPU"
+        elif self.order - self.gap_predicted < GAP_GPU_MIN_ORDER:
+            why = "R11 too small for the GPU's σ test"
+        elif self.r_entries is not None and \
+                self.r_entries > RANK_SPARSE_MAX_DENSITY * float(self.order) ** 2:
+            why = "R too dense for the sparse COD"
+        else:
+            return
+        self.gap_predicted, self.gap_dropped = 0, why
 
     def _confirm(self, kind: str, reason: str) -> bool:
         """Stop once verdict ``kind`` held at :data:`CONFIRMATIONS` checkpoints in a row
@@ -1194,6 +1287,12 @@ class Allowance:
                          f"prediction {self.lu_s:.3g} s) in {self._square.seconds:.3g} s: "
                          + (f"A {self._square.why}" if self._square.clear
                             else f"not used ({self._square.why})"))
+            if self.gap_predicted:
+                parts.append(f"U's pivots: {self.gap_predicted} under lstsq's cutoff, the "
+                             f"rest clearly above (the gap-checked COD on the GPU predicted)")
+            elif self.gap_dropped:
+                parts.append(f"U's pivots predicted the gap-checked COD; dropped: "
+                             f"{self.gap_dropped}")
         if self.predicted is not None and self.analysed_at is not None:
             itn, t = self.analysed_at
             parts.append(f"analysed after {itn} iterations ({t:.3g} s) in "

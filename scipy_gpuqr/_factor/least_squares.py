@@ -30,7 +30,7 @@ import scipy.sparse as sp
 
 from .._dispatch.iterate_first import (CONVERGED, Allowance, analysis_seconds,
                                        iterate_on_gpu, needs_watching, zero_tolerances)
-from .._gpu import import_cupy, is_cupy_array, is_cupy_sparse
+from .._gpu import gpu_available, import_cupy, is_cupy_array, is_cupy_sparse
 from .._iterative import lsmr as iterative_lsmr
 from .._iterative import lsqr as iterative_lsqr
 from .._iterative._common import _compressed_products
@@ -328,7 +328,8 @@ def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
     watch = Allowance(iter_lim=iter_lim, atol=rules.atol, conlim=rules.conlim,
                       analysis=analysis, plan=lambda: plan_for(problem.qr_matrix(), settings),
                       order=n if damped else min(m, n),
-                      square=None if on_device else square, nnz=problem.nnz)
+                      square=None if on_device else square, nnz=problem.nnz,
+                      dense_gpu=gpu_available)
     out = None
     if own is not None and not on_device:
         run, reason = own

@@ -321,7 +321,7 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
                          order=min(m, n),
                          speculate=(lambda planned: speculate(planned, (m, n)))
                          if min(m, n) <= DENSE_LIMIT else None,
-                         square=square(), nnz=nnz)
+                         square=square(), nnz=nnz, dense_gpu=gpu)
 
     watch = None
     if needs_watching(iter_lim, m, n, nnz, on_gpu=False, analysis=analysis, host_loop=True):

@@ -1,0 +1,365 @@
+"""``lsqr``/``lsmr`` under ``auto`` on a square A whose SuperLU factors show its deficiency by
+U's pivots: on a GPU host the exact answer starts at the LU (issue 15).
+
+Where SuperLU's factors show A not of full rank by lstsq's rule without being exactly
+singular, U's pivots may split at lstsq's cutoff: a few under it, the rest clearly above
+(:meth:`~scipy_gpuqr._api.square_lu.SquareLU.revealed_dead`; adder_dcop_05: 25 pivots at
+0.98 of the cutoff, the next at 1.47). That predicts that the QR's gap-checked sparse COD
+settles R's rank, which a GPU makes cheap (its σ test on the device), so the iterate-first
+rule (:class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`, ``dense_gpu``) analyses
+at once and stops the run for the exact answer. Where no GPU runs the dense work, nothing
+changes; where the pivots do not split (nnc1374: none under the cutoff; reorientation_1:
+a quarter of the columns, the next pivot at 1.08), nothing changes either. The QR's own
+checks decide the rank, so a wrong prediction costs time, not accuracy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import zlib
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from conftest import banded_deficient
+from scipy_gpuqr import lsqr
+from scipy_gpuqr._api import square_lu as square_lu_module
+from scipy_gpuqr._api.originals import original
+from scipy_gpuqr._api.square_lu import PIVOT_GAP, SquareLU
+from scipy_gpuqr._dispatch import iterate_first as policy
+from scipy_gpuqr._dispatch.iterate_first import Allowance, gap_check_seconds
+from scipy_gpuqr._factor import quick_iterate
+from scipy_gpuqr._factor.lstsq import lstsq_cutoff
+from scipy_gpuqr.io import mmread
+
+
+@pytest.fixture
+def decisions(caplog):
+    caplog.set_level(logging.INFO, logger="scipy_gpuqr")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "scipy_gpuqr"]
+
+
+def _mtx(matrices_dir, name):
+    return sp.csc_array(mmread(str(matrices_dir / f"{name}.mtx"))).astype(np.float64)
+
+
+# ---------------------------------------------------------------------------
+# U's pivots
+
+def _near_deficient(n, dead, scale, seed=1):
+    """``banded_deficient`` whose ``dead`` dependent columns are moved off their
+    dependence by ``scale`` × lstsq's absolute cutoff (adder_dcop_05's shape: singular
+    values and pivots just under the cutoff where ``scale < 1``)."""
+    A = banded_deficient(n, dead, seed).tolil()
+    tol = lstsq_cutoff(n, n) * np.linalg.norm(A.toarray(), 2)
+    for j in range(n - dead, n):
+        A[j, j] += scale * tol
+    return sp.csc_array(A)
+
+
+def _factored(A):
+    lu = SquareLU(lambda: A, A.shape[0])
+    lu.factor()
+    return lu
+
+
+@pytest.mark.parametrize("scale", [0.5, 0.9])
+def test_pivots_just_under_the_cutoff_are_counted(scale):
+    """Six columns dependent up to ``scale`` × the cutoff: six singular values and six
+    pivots under it, the rest far above; the LU is deficient, not singular."""
+    A = _near_deficient(300, 6, scale)
+    s = np.linalg.svd(A.toarray(), compute_uv=False)
+    assert np.count_nonzero(s <= lstsq_cutoff(300, 300) * s[0]) == 6
+    lu = _factored(A)
+    assert lu.deficient and not lu.singular, lu.why
+    assert lu.revealed_dead() == 6
+    assert lu.revealed_dead() == 6          # once: kept
+
+
+def test_no_deficiency_no_pivots():
+    """The same columns three cutoffs off their dependence: nothing under the cutoff."""
+    lu = _factored(_near_deficient(300, 6, 3.0))
+    assert not lu.deficient and lu.revealed_dead() == 0
+
+
+def test_pivots_spread_through_the_cutoff_are_not_a_split():
+    """Columns scaled geometrically from 1 to 1e-16: the singular values and the pivots
+    fall through the cutoff without a gap (reorientation_1's shape): no prediction."""
+    n = 300
+    rng = np.random.default_rng(2)
+    B = sp.diags([rng.uniform(1, 2, n), rng.uniform(-.3, .3, n - 1), rng.uniform(-.3, .3, n - 1)],
+                 [0, 1, -1], format="csc")
+    lu = _factored(sp.csc_array(B @ sp.diags(np.geomspace(1, 1e-16, n))))
+    assert lu.deficient and lu.revealed_dead() == 0
+
+
+def test_singular_values_under_the_cutoff_without_small_pivots(monkeypatch):
+    """An upper bidiagonal matrix with 1 and -2 (σ_min about 2^-n, every pivot 1):
+    deficient, yet no pivot lies under even ``cutoff·‖A‖_F`` (nnc1374's shape), so the
+    split is refused without σ_max's Lanczos run."""
+    n = 80
+    A = sp.csc_array(sp.diags([np.ones(n), -2 * np.ones(n - 1)], [0, 1]))
+    lu = _factored(A)
+    assert lu.deficient
+    monkeypatch.setattr(square_lu_module, "sigma_max_lanczos",
+                        lambda A: pytest.fail("no Lanczos run needed"))
+    assert lu.revealed_dead() == 0
+
+
+def test_the_split_needs_the_gap(monkeypatch):
+    """The pivots above the cutoff must lie PIVOT_GAP × above it: with σ_max read a little
+    larger the first of them falls short and nothing is predicted."""
+    A = _near_deficient(300, 6, 0.5)
+    d = np.sort(np.abs(spla.splu(A).U.diagonal()))
+    smax = np.linalg.norm(A.toarray(), 2)
+    tol = lstsq_cutoff(300, 300) * smax
+    assert d[6] >= PIVOT_GAP * tol
+    # the 7th pivot just under PIVOT_GAP × the cutoff, the first six still under it
+    big = 1.01 * d[6] / (PIVOT_GAP * lstsq_cutoff(300, 300))
+    monkeypatch.setattr(square_lu_module, "sigma_max_lanczos", lambda A: big)
+    assert big * lstsq_cutoff(300, 300) < d[6]
+    assert _factored(A).revealed_dead() == 0
+
+
+def test_an_exactly_singular_or_clear_lu_reveals_nothing():
+    lu = _factored(banded_deficient(300, 6, 1))
+    assert lu.singular and lu.revealed_dead() == 0
+    lu = _factored(sp.csc_array(sp.eye(50) * 3.0))
+    assert lu.clear and lu.revealed_dead() == 0
+
+
+@pytest.mark.parametrize("name, dead", [("adder_dcop_05", 25), ("nnc1374", 0),
+                                        ("reorientation_1", 0), ("dwt_878", 0)])
+def test_the_shared_rows(matrices_dir, name, dead):
+    """adder_dcop_05: 25 pivots at 0.98 of the cutoff, the next at 1.47 (its gap-checked COD
+    passes); nnc1374: none under the cutoff of its 66 singular values there; reorientation_1:
+    173 of 677, the next at 1.08; dwt_878: exactly singular for SuperLU."""
+    A = _mtx(matrices_dir, name)
+    lu = _factored(A)
+    assert lu.deficient
+    assert lu.revealed_dead() == dead
+
+
+# ---------------------------------------------------------------------------
+# the rule
+
+class _Square:
+    """A stand-in for :class:`SquareLU` that is deficient and not singular, whose U
+    shows ``revealed`` pivots under the cutoff."""
+
+    def __init__(self, revealed, clear=False, singular=False):
+        self.revealed, self.asked = revealed, 0
+        self._clear, self._singular = clear, singular
+        self.clear, self.deficient, self.singular = None, False, False
+        self.why, self.seconds = "not of full rank", 0.0
+
+    def factor(self):
+        self.clear, self.deficient, self.singular = self._clear, not self._clear, self._singular
+        return self.clear
+
+    def decline(self, why):
+        if self.clear is None:
+            self.clear, self.why = False, why
+
+    def revealed_dead(self):
+        self.asked += 1
+        return self.revealed
+
+
+class _State:
+    __slots__ = ("itn", "seconds", "test1", "test2", "rtol", "conda")
+
+    def __init__(self, itn, seconds, test1, test2, rtol, conda):
+        self.itn, self.seconds = itn, seconds
+        self.test1, self.test2, self.rtol, self.conda = test1, test2, rtol, conda
+
+
+class _Plan:
+    def __init__(self, backend="cpu", gpu_name="a GPU", flops=5.58e5):
+        class _Analysis:
+            pass
+        self.analysis = _Analysis()
+        self.analysis.flops = flops
+        self.backend, self.gpu_name = backend, gpu_name
+
+
+def _replay(histories, key, square, dense_gpu, plan=None, per=3.3e-5):
+    """The rule watching a recorded run at ``per`` seconds an iteration (adder_dcop_05's
+    one-threaded host loop on the H200's host); ``(stopped at or None, watch, analyses,
+    dense_gpu's calls)``."""
+    name, method = key.rsplit(".", 1)
+    m, n, nnz, _, _ = (int(v) for v in histories[key + ".meta"])
+    h = histories[key].astype(np.float64)
+    plans, asked = [], []
+
+    def gpu():
+        asked.append(1)
+        return dense_gpu
+    watch = Allowance(iter_lim=2 * n, atol=1e-6, conlim=1e8,
+                      analysis=policy.analysis_seconds(m, n, nnz),
+                      plan=lambda: plans.append(1) or (None, plan or _Plan()), order=n,
+                      speculate=lambda planned: (planned, ""), square=square, nnz=nnz,
+                      dense_gpu=None if dense_gpu is None else gpu)
+    for k, row in enumerate(h, start=1):
+        if watch(_State(k, k * per, *row)):
+            return k, watch, len(plans), len(asked)
+    return None, watch, len(plans), len(asked)
+
+
+def test_a_revealed_split_on_a_gpu_host_stops_at_the_lu(histories, nominal):
+    """adder_dcop_05's recorded run (SciPy's stop after 2171 iterations): with U's 25
+    pivots and a GPU for the dense work, the rule analyses at the LU and stops two
+    checkpoints later for the QR, whose rank decision it weighs as the GPU's gap-checked
+    COD. Without the GPU, or without the split, the run goes on to SciPy's stop."""
+    stop, watch, plans, asked = _replay(histories, "adder_dcop_05.lsqr", _Square(25), True)
+    lu_itn = watch.lu_at[0]
+    assert stop is not None and stop < lu_itn + 150 and stop < 700, (stop, lu_itn)
+    assert "pivots under lstsq's cutoff" in watch.reason and plans == 1 and asked == 1
+    assert watch.rank_s == pytest.approx(gap_check_seconds(1813))
+    assert "U's pivots: 25 under lstsq's cutoff" in watch.summary()
+    for square, gpu in ((_Square(25), False), (_Square(0), True), (_Square(25), None)):
+        stop, watch, plans, asked = _replay(histories, "adder_dcop_05.lsqr", square, gpu)
+        assert stop is None and plans == 0, (square.revealed, gpu, stop)
+        assert watch.lu_at is not None and watch.gap_predicted == 0
+        assert square.asked == (1 if gpu else 0)
+        assert asked == (0 if gpu is None else 1)
+
+
+@pytest.mark.parametrize("backend, gpu_name, why", [("gpu", "a GPU", "factorizes on the GPU"),
+                                                    ("cpu", None, "saw no GPU")])
+def test_a_plan_without_the_gpus_sigma_test_drops_the_prediction(histories, nominal,
+                                                                 backend, gpu_name, why):
+    """The analysis made at the LU puts the factorization on the GPU (whose factorizer the
+    sparse COD would use) or saw no GPU: the prediction is dropped, the run goes on to SciPy's
+    stop as with any deficient LU, and the log says why."""
+    stop, watch, plans, _ = _replay(histories, "adder_dcop_05.lsqr", _Square(25), True,
+                                    plan=_Plan(backend, gpu_name))
+    assert stop is None and plans == 1 and watch.gap_predicted == 0
+    assert why in watch.summary(), watch.summary()
+
+
+def test_the_runs_trend_promising_convergence_keeps_the_run(histories, nominal, monkeypatch):
+    """A gap-checked COD predicted ten times dearer: the run's trend (about 400 more
+    iterations at the LU) promises convergence within PREDICTED_SHARE of the QR, and the run
+    goes on to SciPy's stop with the prediction standing."""
+    monkeypatch.setattr(policy, "GAP_GPU_S_PER_SQUARE", 10 * policy.GAP_GPU_S_PER_SQUARE)
+    stop, watch, plans, _ = _replay(histories, "adder_dcop_05.lsqr", _Square(25), True)
+    assert stop is None and plans == 1 and watch.gap_predicted == 25
+
+
+@pytest.mark.parametrize("square, order", [(_Square(25, clear=True), 1813),
+                                           (_Square(25, singular=True), 1813),
+                                           (_Square(25), 500), (_Square(25), 3000)])
+def test_the_gpu_is_asked_only_where_a_split_could_count(square, order):
+    """A clear LU answers; a singular one has the null-space COD's rule; orders below
+    GAP_GPU_MIN_ORDER or beyond RANK_SPARSE_MIN_ORDER keep their rank decisions' floors:
+    neither the GPU nor U's pivots are asked."""
+    asked = []
+    watch = Allowance(iter_lim=2 * order, atol=1e-6, conlim=1e8, analysis=1e-3,
+                      plan=lambda: (None, _Plan()), order=order, square=square, nnz=10_000,
+                      dense_gpu=lambda: asked.append(1) or True)
+    watch._lu(400, 0.01)
+    assert not asked and square.asked == 0 and watch.gap_predicted == 0
+
+
+def test_every_recorded_square_run_without_a_split_stops_where_it_did(histories, nominal):
+    """Every recorded square run, with a deficient LU whose pivots do not split: a GPU host
+    (``dense_gpu`` True) stops at the same iteration, with as many analyses, as a host
+    without one."""
+    checked = 0
+    for key in sorted(k for k in histories if not k.endswith(".meta")):
+        m, n = (int(v) for v in histories[key + ".meta"][:2])
+        if m != n:
+            continue
+        outcome = {gpu: _replay(histories, key, _Square(0), gpu, per=2e-5)[::2]
+                   for gpu in (None, True)}
+        assert outcome[None] == outcome[True], (key, outcome)
+        checked += 1
+    assert checked >= 8
+
+
+def test_the_orders_agree():
+    from scipy_gpuqr._factor import lstsq
+    assert policy.GAP_GPU_MIN_ORDER == lstsq.SVD_GPU_MIN_ORDER
+    assert square_lu_module.REVEALED_MAX_FRACTION == lstsq.NULLSPACE_MAX_FRACTION
+
+
+# ---------------------------------------------------------------------------
+# the whole call, a GPU host simulated on the CPU
+
+def _b(name, m):
+    return np.random.default_rng(zlib.crc32(name.encode())).standard_normal(m)
+
+
+def _backward(A, x, b):
+    """bench/dropin.py's: the smaller of ‖Aᵀr‖/(‖A‖_F‖r‖) and ‖r‖/(‖A‖_F‖x‖+‖b‖)."""
+    r = b - A @ x
+    fro = spla.norm(A)
+    return min(np.linalg.norm(A.T @ r) / (fro * np.linalg.norm(r)),
+               np.linalg.norm(r) / (fro * np.linalg.norm(x) + np.linalg.norm(b)))
+
+
+@pytest.fixture
+def simulated_gpu_host(monkeypatch):
+    """The quick path's GPU question answers yes and the plan has seen a GPU (so the QR's
+    dense rank work is the GPU's: here its host fallback, no CuPy call made)."""
+    real = quick_iterate.plan_for
+    monkeypatch.setattr(quick_iterate, "gpu_available", lambda: True)
+    monkeypatch.setattr(quick_iterate, "plan_for", lambda mi, settings: (
+        lambda planned: (planned[0], dataclasses.replace(planned[1], gpu_name="a GPU")))(
+            real(mi, settings)))
+
+
+def test_adder_dcop_05_on_a_simulated_gpu_host_takes_the_exact_answer(
+        matrices_dir, simulated_gpu_host, decisions):
+    """The run stops at the LU for the QR (itn 0), whose gap-checked COD keeps 1788 columns;
+    its backward error is far below SciPy's (1.4e-5)."""
+    A = sp.csr_array(_mtx(matrices_dir, "adder_dcop_05"))
+    b = _b("adder_dcop_05", A.shape[0])
+    ref = original("lsqr")(A, b)
+    out = lsqr(A, b)
+    assert out[2] == 0, decisions()
+    line = [m for m in decisions() if m.startswith("lsqr ")][-1]
+    assert "QR on CPU" in line and "pivots under lstsq's cutoff" in line, line
+    assert _backward(A, out[0], b) <= min(_backward(A, ref[0], b), 1e-10)
+
+
+def test_nnc1374_on_a_simulated_gpu_host_keeps_scipys_answer(matrices_dir, simulated_gpu_host):
+    A = sp.csr_array(_mtx(matrices_dir, "nnc1374"))
+    b = _b("nnc1374", A.shape[0])
+    ref, out = original("lsqr")(A, b), lsqr(A, b)
+    assert out[1:9] == ref[1:9] and np.array_equal(out[0], ref[0])
+
+
+def test_adder_dcop_05_without_a_gpu_keeps_scipys_answer(matrices_dir, monkeypatch):
+    """A host without a GPU: SciPy's tuple, x bit for bit, as before the rule."""
+    monkeypatch.setattr(quick_iterate, "gpu_available", lambda: False)
+    A = sp.csr_array(_mtx(matrices_dir, "adder_dcop_05"))
+    b = _b("adder_dcop_05", A.shape[0])
+    ref, out = original("lsqr")(A, b), lsqr(A, b)
+    assert out[1:9] == ref[1:9] and np.array_equal(out[0], ref[0])
+
+
+# ---------------------------------------------------------------------------
+# on a GPU
+
+@pytest.mark.gpu
+def test_on_the_gpu_adder_dcop_05_takes_the_exact_answer_and_nnc1374_scipys(matrices_dir,
+                                                                           decisions):
+    """On a GPU host: adder_dcop_05 is stopped at the LU and the QR answers (its σ test on
+    the device), at working precision; nnc1374 keeps SciPy's answer bit for bit."""
+    A = sp.csr_array(_mtx(matrices_dir, "adder_dcop_05"))
+    b = _b("adder_dcop_05", A.shape[0])
+    ref, out = original("lsqr")(A, b), lsqr(A, b)
+    line = [m for m in decisions() if m.startswith("lsqr ")][-1]
+    assert out[2] == 0 and "pivots under lstsq's cutoff" in line, line
+    assert _backward(A, out[0], b) <= min(_backward(A, ref[0], b), 1e-10)
+    A = sp.csr_array(_mtx(matrices_dir, "nnc1374"))
+    b = _b("nnc1374", A.shape[0])
+    ref, out = original("lsqr")(A, b), lsqr(A, b)
+    assert out[1:9] == ref[1:9] and np.array_equal(out[0], ref[0])
+    assert not math.isnan(out[3])
