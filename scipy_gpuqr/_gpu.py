@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
+import importlib.util
 import threading
 from typing import Optional
 
@@ -45,10 +46,11 @@ def gpu_available() -> bool:
 def gpu_info() -> dict:
     """Describe the GPU this process would use, or why there is none.
 
-    Never raises. The result is a fresh dict on each call: the device count
-    and the current device are asked each time (a device that appears later
-    is seen); only the fixed properties of a device id are read once per
-    process (:func:`_device_properties`).
+    Never raises. Where no CUDA driver library loads, CuPy is not imported
+    (nothing could run on a device). The result is a fresh dict on each
+    call: the device count and the current device are asked each time (a
+    device that appears later is seen); only the fixed properties of a
+    device id are read once per process (:func:`_device_properties`).
 
     Returns
     -------
@@ -59,10 +61,20 @@ def gpu_info() -> dict:
         (bytes), ``multiprocessors`` and ``shared_memory_per_block_optin``.
     """
     info = {"available": False, "reason": "", "cupy_version": None}
+    absent = ("no GPU support installed: cupy is absent (pip install "
+              "'scipy_gpuqr[cuda13]' or '[cuda12]')")
+    if importlib.util.find_spec("cupy") is None:
+        info["reason"] = absent
+        return info
+    if _driver_library() is None:
+        # no CUDA driver, so no device CuPy could use: answered without CuPy's
+        # import (a few hundred ms), which a CPU-only host would pay at the first
+        # call that asks
+        info["reason"] = "no GPU found (no CUDA driver: libcuda.so.1 cannot be loaded)"
+        return info
     cp = import_cupy()
     if cp is None:
-        info["reason"] = ("no GPU support installed: cupy is absent (pip install "
-                          "'scipy_gpuqr[cuda13]' or '[cuda12]')")
+        info["reason"] = absent
         return info
     info["cupy_version"] = cp.__version__
     wait_for_driver()

@@ -294,3 +294,29 @@ def test_start_gpu_without_a_driver_does_nothing(monkeypatch):
     _gpu._driver_thread.cache_clear()
     scipy_gpuqr.start_gpu()
     assert _gpu._driver_thread.cache_info().currsize == 0
+
+
+def test_gpu_info_without_a_driver_library_does_not_import_cupy(monkeypatch):
+    """Where no CUDA driver library loads, ``gpu_info`` says so without importing
+    CuPy (a CPU-only host with CuPy installed would pay its import, a few hundred
+    ms, at the first call that asks); with a driver, CuPy is asked."""
+    imported = []
+    monkeypatch.setattr(_gpu, "import_cupy", lambda: imported.append("cupy"))
+    monkeypatch.setattr(_gpu, "_driver_library", lambda: None)
+    info = _gpu.gpu_info()
+    assert not info["available"] and "no CUDA driver" in info["reason"]
+    assert imported == [] and not _gpu.gpu_available()
+    monkeypatch.setattr(_gpu, "_driver_library", lambda: _FakeDriver())
+    assert not _gpu.gpu_info()["available"] and imported == ["cupy"]
+
+
+def test_a_cpu_host_call_that_asks_for_a_gpu_does_not_import_cupy():
+    """A new process on a host without a CUDA driver: ``gpu_available`` answers,
+    and CuPy stays unimported."""
+    if _gpu._driver_library() is not None:
+        pytest.skip("this host has a CUDA driver")
+    code = ("import sys\nfrom scipy_gpuqr._gpu import gpu_available\n"
+            "assert not gpu_available()\nprint('cupy' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "False"
