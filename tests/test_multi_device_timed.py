@@ -73,9 +73,11 @@ def test_time_mapping_models_its_own_plan(k):
 
 
 def _forced(monkeypatch):
-    """The time model's mapping taken for any size and gain."""
+    """The time model's mapping taken for any size and gain, its subtrees' fronts as
+    slow against the small split model as to give it split fronts on grid 9³."""
     monkeypatch.setattr(devices, "MULTI_DEVICE_MIN_FLOPS", 0.0)
     monkeypatch.setattr(devices, "TIMED_MAPPING_GAIN", -np.inf)
+    monkeypatch.setattr(devices, "SUBTREE_RATE", 1e9)
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -89,10 +91,12 @@ def test_time_plan_on_numpy_layers(monkeypatch, k):
     plan = map_devices(an, k, split_model=model, cache=False)
     assert plan.weight == "time" and plan.seconds > 0
     assert plan.as_dict()["modelled_seconds"] == plan.seconds
+    assert plan.split and len(set(plan.owner.tolist())) == k     # the case is not trivial
     many = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(k)],
                                devices=plan, dense_flops=1e30, split_dense=None,
                                split_model=model)
     assert many.info["devices"]["weight"] == "time"
+    assert sorted(e["front"] for e in many.info["split_fronts"]) == sorted(plan.split)
     one = gpu_factorize(A, an, device=NumpyDevice(32, 3), dense_flops=None)
     m, n = A.shape
     G1, G2 = (one.R.T @ one.R).toarray(), (many.R.T @ many.R).toarray()
