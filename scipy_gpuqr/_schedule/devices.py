@@ -118,10 +118,10 @@ SPEEDS_MEMORY = 8
 #: a mapping (:func:`front_seconds`) weighs such a front by its flops at this
 #: rate, a dense front by its dense path's modelled seconds and a split front by
 #: its split's, so that subtree work and the upper tree's large fronts compare in
-#: seconds. Fitted to the subtree stages of grid 64³ on four H200 (their busy
-#: seconds against their flops, bench/RESULTS.md); the proportional mapping's
-#: flops count a flop of a small front as one of a large dense front, which runs
-#: about three times faster.
+#: seconds. Fitted to the busy seconds of subtree stages against their flops on
+#: H200 (bench/RESULTS.md, issue 21); the proportional mapping's flops count a
+#: flop of a small front as one of a large dense front, which runs several
+#: times faster.
 SUBTREE_RATE = 7.0e12
 
 #: The mapping of the time model (:func:`map_devices`) replaces the proportional
@@ -494,11 +494,9 @@ def timed_makespan(parent, owner, seconds, split_seconds=None, speeds=None) -> f
 
     Why the split fronts hold every device: their other devices' column blocks
     queue behind those devices' own launches, so the main device's panel chain
-    waits for the slowest device's subtrees (on four H200 the first split front
-    of grid 64³ ended only after the most loaded device's subtrees, though its
-    children were done long before). :func:`makespan` lets a split front start
-    beside the other devices' subtrees and so prices an unbalanced mapping as a
-    balanced one.
+    waits for the slowest device's subtrees, however early the front's children
+    are done. :func:`makespan` lets a split front start beside the other
+    devices' subtrees and so prices an unbalanced mapping as a balanced one.
 
     Parameters
     ----------
