@@ -26,6 +26,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from conftest import banded_deficient
+from test_dropin_rule import _State
 from scipy_gpuqr import lsqr
 from scipy_gpuqr._api import square_lu as square_lu_module
 from scipy_gpuqr._api.originals import original
@@ -168,14 +169,6 @@ class _Square:
     def revealed_dead(self):
         self.asked += 1
         return self.revealed
-
-
-class _State:
-    __slots__ = ("itn", "seconds", "test1", "test2", "rtol", "conda")
-
-    def __init__(self, itn, seconds, test1, test2, rtol, conda):
-        self.itn, self.seconds = itn, seconds
-        self.test1, self.test2, self.rtol, self.conda = test1, test2, rtol, conda
 
 
 class _Plan:
