@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
-import importlib.util
 import threading
 from typing import Optional
 
@@ -61,11 +60,6 @@ def gpu_info() -> dict:
         (bytes), ``multiprocessors`` and ``shared_memory_per_block_optin``.
     """
     info = {"available": False, "reason": "", "cupy_version": None}
-    absent = ("no GPU support installed: cupy is absent (pip install "
-              "'scipy_gpuqr[cuda13]' or '[cuda12]')")
-    if importlib.util.find_spec("cupy") is None:
-        info["reason"] = absent
-        return info
     if _driver_library() is None:
         # no CUDA driver, so no device CuPy could use: answered without CuPy's
         # import (a few hundred ms), which a CPU-only host would pay at the first
@@ -74,7 +68,8 @@ def gpu_info() -> dict:
         return info
     cp = import_cupy()
     if cp is None:
-        info["reason"] = absent
+        info["reason"] = ("no GPU support installed: cupy is absent (pip install "
+                          "'scipy_gpuqr[cuda13]' or '[cuda12]')")
         return info
     info["cupy_version"] = cp.__version__
     wait_for_driver()
