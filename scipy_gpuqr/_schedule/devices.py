@@ -53,7 +53,7 @@ import numpy as np
 from .._symbolic.counts import GpuMemoryModel
 from .._symbolic.staging import StagePlan
 from .dense import dense_path_seconds, dense_rule_mask
-from .dense_split import SplitModel, split_weights
+from .dense_split import SplitModel, split_seconds, split_weights
 from .pattern_cache import PerPattern
 from .tasks import TaskType
 
@@ -62,7 +62,8 @@ __all__ = ["DevicePlan", "map_devices", "map_fronts", "subtree_weights",
            "MULTI_DEVICE_MIN_SPEEDUP", "devices_for", "run_speedup", "defer_carried_packs",
            "remembered_speeds", "remember_speeds", "SPEEDS_CHANGE", "SPEEDS_MEMORY", "MAPPING_SLOWER",
            "mapping_seconds", "remember_mapping_seconds", "measured_mapping_lost",
-           "front_seconds", "timed_makespan", "SUBTREE_RATE", "TIMED_MAPPING_GAIN"]
+           "front_seconds", "timed_makespan", "SUBTREE_RATE", "TIMED_MAPPING_GAIN",
+           "TimeModel", "SPLIT_CALL_FACTOR", "timed_split_seconds"]
 
 #: Loads within this fraction of the mean end the splitting of subtrees.
 DEFAULT_BALANCE_TOLERANCE = 0.05
@@ -129,6 +130,81 @@ SUBTREE_RATE = 7.0e12
 #: (:func:`timed_makespan`): the model is an estimate, and a new mapping of
 #: about the same modelled time is no reason to leave the one measured so far.
 TIMED_MAPPING_GAIN = 0.10
+
+#: Host seconds of a split front's call on a host of several GPUs over the split model's
+#: :attr:`~.dense_split.SplitModel.call_seconds`: the floor of a split front's seconds
+#: in the time model of a mapping (:func:`timed_split_seconds`). One host thread
+#: enqueues every device's share of the front, call by call
+#: (:func:`~.dense_split.split_seconds` counts the calls), beside the other devices'
+#: threads; the split model's figure was measured with one host thread and stays what
+#: decides which fronts are split. Fitted to split fronts' enqueueing on four H200 (the
+#: median of nine fronts' seconds per modelled call, 40 µs against the model's 30;
+#: bench/RESULTS.md, issue 21).
+SPLIT_CALL_FACTOR = 4.0 / 3.0
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """What the time model of a mapping (:func:`map_devices`) prices beyond each
+    front's modelled GPU seconds.
+
+    Attributes
+    ----------
+    split_call_factor : float
+        A split front's host seconds per call over the split model's
+        (:data:`SPLIT_CALL_FACTOR`): its floor in the model
+        (:func:`timed_split_seconds`); 1 takes the split model's own seconds.
+    upper_lightest : bool
+        The device of the upper tree takes the lightest subtree load of the time
+        model's mapping (:func:`_timed_owner`): its host thread enqueues the
+        split fronts, and a split front enqueued while the device's own
+        subtrees still fill its launch queue stalls that thread at its next
+        copy, while the other devices' threads have nothing left to enqueue.
+        False: the longest-first sharing's first device, the heaviest load on
+        a tie.
+    """
+
+    split_call_factor: float = SPLIT_CALL_FACTOR
+    upper_lightest: bool = True
+
+
+def timed_split_seconds(fs, splits, split_model: SplitModel, time_model: TimeModel,
+                        itemsize: int = 8) -> dict:
+    """Each split front's seconds in the time model of a mapping.
+
+    The split's modelled seconds (:attr:`~.dense_split.SplitPlan.seconds`), at
+    least its calls at :attr:`TimeModel.split_call_factor` times the split
+    model's :attr:`~.dense_split.SplitModel.call_seconds` each: the split
+    model's host floor priced at what one call took on a host of several GPUs
+    whose threads enqueue side by side.
+
+    Parameters
+    ----------
+    fs : FrontStructure
+    splits : dict
+        Front -> :class:`~.dense_split.SplitPlan`.
+    split_model : SplitModel
+        The model the plans were made with.
+    time_model : TimeModel
+    itemsize : int
+
+    Returns
+    -------
+    dict
+        Front -> seconds.
+    """
+    out = {}
+    host = float(time_model.split_call_factor) * float(split_model.call_seconds)
+    model = replace(split_model, call_seconds=host)
+    for f, sp in splits.items():
+        s = float(sp.seconds)
+        if host > split_model.call_seconds:
+            stair = fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]]
+            s = max(s, split_seconds(int(fs.fm[f]), int(fs.fn[f]), stair, sp.owners, model,
+                                     itemsize))
+        out[f] = s
+    return out
+
 
 #: The time model's mapping stops moving fronts into the upper tree after this many
 #: steps per device without a shorter modelled time (:func:`map_devices`): each
@@ -540,7 +616,7 @@ def timed_makespan(parent, owner, seconds, split_seconds=None, speeds=None) -> f
 
 
 def _timed_owner(parent, child_ptr, children, seconds, ndev, upper_device, split_seconds,
-                 speeds=None, max_steps=None):
+                 speeds=None, max_steps=None, upper_lightest=True):
     """The mapping of the time model: (owner, upper, modelled seconds).
 
     A frontier of subtrees starts at the roots; at each step its subtrees are
@@ -554,6 +630,12 @@ def _timed_owner(parent, child_ptr, children, seconds, ndev, upper_device, split
     last shorter one, or after ``max_steps``). Unlike the halving of :func:`map_fronts`, every device set shares
     one frontier, so a front just below the upper tree's split fronts can
     stay whole on one device where the halving would have split it.
+
+    With ``upper_lightest`` the upper device swaps its share of the frontier
+    for the lightest one of a device of its speed (:attr:`TimeModel.upper_lightest`)
+    wherever that models no longer (its upper fronts that are not split start
+    once its own subtrees and their children are done): where the two tie, the
+    device that enqueues the split fronts is the one free first.
     """
     nf = len(parent)
     par = np.asarray(parent, dtype=np.int64)
@@ -569,13 +651,8 @@ def _timed_owner(parent, child_ptr, children, seconds, ndev, upper_device, split
     best, since = None, 0
     parl = par.tolist()
     own_s = np.asarray(seconds, dtype=np.float64).tolist()
-    for _ in range(steps + 1):
-        dev = {}
-        loads = [0.0] * ndev
-        for r in sorted(items, key=lambda r: (-sub[r], r)):
-            d = min(range(ndev), key=lambda d: (loads[d] + sub[r] / sp[d], d))
-            loads[d] += sub[r] / sp[d]
-            dev[r] = d
+
+    def walk(dev):
         # timed_makespan on the tree cut at the frontier: a subtree runs whole on its
         # device, with nothing outside it to wait for
         free = [0.0] * ndev
@@ -595,7 +672,25 @@ def _timed_owner(parent, child_ptr, children, seconds, ndev, upper_device, split
             p = parl[f]
             if p >= 0 and e > ready.get(p, 0.0):
                 ready[p] = e
-        t = max(free)
+        return max(free)
+
+    for _ in range(steps + 1):
+        dev = {}
+        loads = [0.0] * ndev
+        for r in sorted(items, key=lambda r: (-sub[r], r)):
+            d = min(range(ndev), key=lambda d: (loads[d] + sub[r] / sp[d], d))
+            loads[d] += sub[r] / sp[d]
+            dev[r] = d
+        t = walk(dev)
+        if upper_lightest:
+            low = min((d for d in range(ndev) if sp[d] == sp[upper_device]),
+                      key=lambda d: (loads[d], d != upper_device, d))
+            if low != upper_device:
+                swap = {upper_device: low, low: upper_device}
+                moved = {r: swap.get(d, d) for r, d in dev.items()}
+                tm = walk(moved)
+                if tm <= t * (1 + 1e-12):
+                    dev, t = moved, tm
         if best is None or t < best[0] * (1 - 1e-12):
             best, since = (t, dict(dev), list(up)), 0
         since += 1
@@ -682,7 +777,7 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
                 upper_device: int = 0,
                 tolerance: float = DEFAULT_BALANCE_TOLERANCE,
                 split_model: SplitModel | None = None, speeds=None,
-                cache: bool = True) -> DevicePlan:
+                cache: bool = True, time_model: TimeModel | None = None) -> DevicePlan:
     """The :class:`DevicePlan` of an analysis on ``ndevices`` devices.
 
     Parameters
@@ -723,7 +818,12 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
         pattern and the same arguments (:data:`_PLANS`; the budget only
         decides which of them is taken): the split model's mapping walks the
         whole tree, which a repeated call of a known pattern should not pay.
+    time_model : TimeModel, optional
+        What the time model prices beyond the fronts' GPU seconds (default
+        :class:`TimeModel`: split fronts at least their host calls, the upper
+        tree's device with the lightest subtree load).
     """
+    time_model = TimeModel() if time_model is None else time_model
     fs = analysis.fronts
     flops = np.asarray(analysis.front_flops, dtype=np.float64)
     gpu = {"additive": np.asarray(analysis.front_gpu_additive, dtype=np.int64),
@@ -734,7 +834,7 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
     budget = None if device_memory is None else int(device_memory)
     args = (fs.parent, fs.child_ptr, fs.children)
     key = ("flops", int(ndevices), int(upper_device), float(tolerance), split_model,
-           None if speeds is None else tuple(float(x) for x in speeds), itemsize)
+           None if speeds is None else tuple(float(x) for x in speeds), itemsize, time_model)
     mapped = _PLANS.get(analysis, key) if cache else None
     if mapped is None:
         mapped = []
@@ -760,7 +860,7 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
             # from its small ones, what measured speeds make up for on flops: it takes
             # no speeds
             t = front_seconds(analysis)
-            split_s = {f: sp.seconds for f, sp in (splits or {}).items()}
+            split_s = timed_split_seconds(fs, splits or {}, split_model, time_model, itemsize)
 
             def timed(p):
                 return replace(p, seconds=timed_makespan(
@@ -768,7 +868,8 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
             mapped = [timed(p) for p in mapped]
             if float(flops.sum()) >= MULTI_DEVICE_MIN_FLOPS:
                 # (below, the launches' latency, which the model does not count, rules)
-                owner, upper, secs = _timed_owner(*args, t, ndevices, upper_device, split_s)
+                owner, upper, secs = _timed_owner(*args, t, ndevices, upper_device, split_s,
+                                                  upper_lightest=time_model.upper_lightest)
                 mapped.append(replace(_plan_of(fs, owner, upper, upper_device, ndevices,
                                                flops, gpu, itemsize, "time", None, splits,
                                                w_up, speeds), seconds=secs))
