@@ -137,9 +137,8 @@ TIMED_MAPPING_GAIN = 0.10
 #: enqueues every device's share of the front, call by call
 #: (:func:`~.dense_split.split_seconds` counts the calls), beside the other devices'
 #: threads; the split model's figure was measured with one host thread and stays what
-#: decides which fronts are split. Fitted to split fronts' enqueueing on four H200 (the
-#: median of nine fronts' seconds per modelled call, 40 µs against the model's 30;
-#: bench/RESULTS.md, issue 21).
+#: decides which fronts are split. Fitted to the median seconds per modelled call of
+#: split fronts' enqueueing on four H200 (bench/RESULTS.md, issue 21).
 SPLIT_CALL_FACTOR = 4.0 / 3.0
 
 
