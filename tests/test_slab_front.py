@@ -11,7 +11,6 @@ import pytest
 from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
 from scipy_gpuqr._engine.slab_front import (ONE_SLAB_PARTS, PART_ROW_BYTES, NumpySlabs,
                                             factorize_in_slabs, one_slab_parts, part_rows,
-                                            parts_kept,
                                             slab_buffer_elements, slab_columns,
                                             scratch_bytes, slab_part_count, slab_parts,
                                             slab_ranges, slab_sides, whole_front_fits)
@@ -95,7 +94,7 @@ class _Widest(NumpySlabs):
         self.widest = widest
         return super().start(F, npanels, nb, T=T)
 
-    def slab_buffer(self, F, n, parts=None):
+    def slab_buffer(self, F, n):
         self.size = n
         return super().slab_buffer(F, n)
 
@@ -379,7 +378,7 @@ def test_slabs_take_the_side_their_first_part_finds_free():
                 self.at = []
                 self.full = []      # per slab: its parts' elements with every row
 
-            def slab_buffer(self, F, n, parts=None):
+            def slab_buffer(self, F, n):
                 self.at.append([])
                 self.full.append(0)
                 self.size = n
@@ -606,10 +605,10 @@ class _OneSlab(NumpySlabs):
 
     def __init__(self):
         super().__init__()
-        self.size, self.at, self.panels_up, self.part_sizes = 0, [], 0, None
+        self.size, self.at, self.panels_up = 0, [], 0
 
-    def slab_buffer(self, F, n, parts=None):
-        self.size, self.part_sizes = n, parts
+    def slab_buffer(self, F, n):
+        self.size = n
         return super().slab_buffer(F, n)
 
     def upload_part(self, F, buf, at, a0, a1, p0, p1, rows=None):
@@ -638,8 +637,6 @@ def test_one_slab_equals_the_blocked_factorization(fm, fn, nb, parts):
                            for a0, a1, q0, q1 in pieces) <= fm * fn
     assert dev.at[0][0] == 0 and dev.at[-1][1] == dev.size
     assert all(b == a for (_, b), (a, _) in zip(dev.at, dev.at[1:]))
-    # the device is told each part's elements (a device keeping parts: one block each)
-    assert dev.part_sizes == [b - a for a, b in dev.at]
     tol = 100 * max(fm, fn) * EPS * max(np.abs(F0).max(), 1.0)
     np.testing.assert_allclose(F, ref, atol=tol)
     np.testing.assert_allclose(T, T_ref, atol=100 * max(fm, fn) * EPS)
@@ -704,122 +701,3 @@ def test_host_front_whose_staircase_fits_goes_as_one_slab():
     assert T is not None and how.startswith(f"in column slabs: one slab of {k} parts"), how
     assert finite is True
     _check_q(F0, F, panels, T, 1e3 * fm * EPS * np.abs(F0).max())
-
-
-def test_slabs_of_several_tell_the_device_no_parts():
-    """Only a front's only slab tells the device its parts' elements (slabs of
-    several share a rectangle whose parts lie from either end: no part keeps a
-    block of its own)."""
-    rng = np.random.default_rng(5)
-    F0, panels, _, _ = _front_and_blocked_qr(90, 70, 8, rng)
-    dev = _OneSlab()
-    factorize_in_slabs(F0.copy(), panels, 8, 24, dev)
-    assert dev.slabs > 1 and dev.part_sizes is None
-
-
-@pytest.mark.parametrize("sizes,room,want", [([5, 6, 7], 0, 0), ([5, 6, 7], 6, 0),
-                                             ([5, 6, 7], 7, 1), ([5, 6, 7], 12, 1),
-                                             ([5, 6, 7], 13, 2), ([5, 6, 7], 18, 3),
-                                             ([5, 6, 7], 10 ** 9, 3), ([], 10, 0)])
-def test_the_last_parts_that_fit_stay(sizes, room, want):
-    """The parts kept on the device are the trailing run whose bytes fit the room
-    (never a part past one that does not fit)."""
-    assert parts_kept(sizes, room) == want
-
-
-def test_ch7_8_b3s_root_keeps_its_last_parts_at_half_its_need():
-    """ch7-8-b3 at 1/2 of its one-stage need: the solves' memory plan (stage
-    uploads at their bounds: 1.69 GB for the first stage beside 0.59 GB of fixed
-    bytes and vectors) leaves about 1.68 GB of the 3.96 GB available, which
-    holds the root's last parts (one slab of eight: 2.56 GB in all), not all of
-    them; nothing is kept without a host front."""
-    import dataclasses
-
-    from scipy_gpuqr._engine.gpu import driver
-    from scipy_gpuqr._engine.memory import POOL_USABLE, plan_for_memory
-    from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS
-    from scipy_gpuqr._schedule.sparse import build_schedule
-    from scipy_gpuqr._symbolic import analyze
-    from scipy_gpuqr._testing_matrices import chessboard_boundary
-    an = analyze(chessboard_boundary(7, 8, 3))
-
-    def needs_for(flops, extra=()):
-        return driver.stage_needs(an, flops, extra, tile=32, bundle=3, pipelining=True,
-                                  itemsize=8, panel=256)
-    avail = int(POOL_USABLE * 4_085_667_768)
-    needs = needs_for(DEFAULT_DENSE_FLOPS)
-    flops, extra, needs, _ = driver.staged_dense_plan(
-        an, needs_for, DEFAULT_DENSE_FLOPS, needs, plan_for_memory(an, needs, avail), avail,
-        None, panel=256, itemsize=8)
-    mp = plan_for_memory(an, needs, avail)
-    sched = build_schedule(an, plan=mp.plan, dense_flops=flops, lazy=True,
-                           dense_extra=extra or None)
-    assert len(mp.host_stages()) == 1
-    room = driver._host_keep_bytes(an, sched, mp, needs, 8)
-    assert 1.5e9 < room < 1.9e9
-    # the room is what the solves leave: with 1 GiB more available, 1 GiB more
-    more = dataclasses.replace(mp, available=mp.available + 2 ** 30)
-    assert driver._host_keep_bytes(an, sched, more, needs, 8) == room + 2 ** 30
-    fm, fn, panels = _ch7_8_b3_root()
-    pieces = slab_parts(panels, (0, fn, 0, len(panels)), 8)
-    sizes = [8 * part_rows(panels, fm, q0, q1) * (a1 - a0) for a0, a1, q0, q1 in pieces]
-    k = parts_kept(sizes, room)
-    assert 0 < k < 8 and sum(sizes[8 - k:]) <= room
-    assert driver._host_keep_bytes(an, sched, dataclasses.replace(mp, host=()), needs, 8) == 0
-
-
-@pytest.mark.gpu
-def test_one_slab_on_the_gpu_leaves_its_last_parts_for_qs_first_solve(monkeypatch):
-    """With room for its last two parts, a front worked as one slab on the device
-    leaves those two there (nothing else held), each its block of the
-    factorized front bit for bit; Qᵀ of a device block reads their panels
-    there once, the same bits as the reflectors read from the host front, then
-    gives them back."""
-    import cupy as cp
-    import cupyx
-
-    from scipy_gpuqr._engine import slab_front
-    from scipy_gpuqr._engine.dense_front import HostDenseFront
-    from scipy_gpuqr._engine.slab_front import CupySlabs
-    monkeypatch.setattr(slab_front, "KEEP_PARTS", True)
-    rng = np.random.default_rng(7)
-    fm, fn, nb = 6000, 3000, 256
-    F0, panels, _, _ = _front_and_blocked_qr(fm, fn, nb, rng)
-    F = cupyx.empty_pinned(F0.shape, dtype=F0.dtype)
-    F[...] = F0
-    pieces = slab_parts(panels, (0, fn, 0, len(panels)), 4)
-    sizes = [8 * part_rows(panels, fm, q0, q1) * (a1 - a0) for a0, a1, q0, q1 in pieces]
-    pool = cp.get_default_memory_pool()
-    pool.free_all_blocks()
-    before = pool.used_bytes()
-    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True), part_row_bytes=0,
-                    keep_bytes=sizes[-1] + sizes[-2])
-    T = factorize_in_slabs(F, panels, nb, fn, dev, parts=4)
-    assert [(a0, a1) for a0, a1, _ in dev.kept] == [(a0, a1) for a0, a1, _, _ in pieces[-2:]]
-    for a0, a1, S in dev.kept:
-        np.testing.assert_array_equal(S.get(), F[:S.shape[0], a0:a1])
-    del S
-    held = pool.used_bytes() - before
-    assert sizes[-1] + sizes[-2] <= held <= sizes[-1] + sizes[-2] + (1 << 20)
-    _check_q(F0, F, panels, T, 1e3 * fm * EPS * np.abs(F0).max())
-    kept, plain = HostDenseFront(F, panels, T), HostDenseFront(F, panels, T)
-    kept.keep_parts(dev.kept)
-    dev.kept = []
-    assert kept.has_device_copy() and not plain.has_device_copy()
-    Y0 = rng.standard_normal((fm, 3))
-    Y1, Y2 = cp.asarray(Y0), cp.asarray(Y0)
-    total = pool.total_bytes()
-    kept.apply_qt(Y1)
-    plain.apply_qt(Y2)
-    in_kept = sum(pieces[-2][0] <= j for j, _, _ in panels)
-    assert kept.kept_panels == in_kept > 0 and plain.kept_panels == 0
-    assert cp.array_equal(Y1, Y2)
-    assert not kept.has_device_copy()
-    # the parts given back to the device, not cached in the pool against its limit
-    # (the apply's panel buffer and T, 18 MB, are)
-    assert pool.used_bytes() - before < (1 << 20)
-    assert pool.total_bytes() <= total - (sizes[-1] + sizes[-2]) + (32 << 20)
-    kept.apply_q(Y1)                # from the host front now
-    plain.apply_q(Y2)
-    assert kept.kept_panels == 0 and cp.array_equal(Y1, Y2)
-    np.testing.assert_allclose(Y1.get(), Y0, atol=1e-10)

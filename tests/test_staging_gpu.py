@@ -253,45 +253,6 @@ def test_root_front_too_large_for_the_pool_runs_on_the_host(host_problem, frac, 
     assert pool.used_bytes() <= base, (pool.used_bytes(), base)
 
 
-def test_a_host_front_left_on_the_device_gives_q_the_same_bits(host_problem, monkeypatch,
-                                                               caplog):
-    # at 1/4 of grid 30³'s need the root (10487 × 3466, the last stage's host
-    # front) goes as one slab, and the solves' plan leaves room for its parts:
-    # they stay on the device for Q's first solve, which equals the next one
-    # (its reflectors read from the host front) bit for bit, both on the
-    # device (the parts' blocks given back after the first: held in CuPy's
-    # pool they counted against its limit and sent the second to the host);
-    # after free nothing is left on the device
-    from scipy_gpuqr._engine import slab_front
-    from scipy_gpuqr._engine.dense_front import HostDenseFront
-    from scipy_gpuqr._engine.gpu.driver import gpu_factorize
-    monkeypatch.setattr(slab_front, "KEEP_PARTS", True)
-    A, b, an, needs, need, ref = host_problem
-    n = A.shape[1]
-    pool, base = _limited(need // 4)
-    try:
-        g = gpu_factorize(A, an, dense_flops=_HOST_FLOPS)
-        on = [h.get("factorized_on") or "" for h in g.info["host_fronts"]]
-        assert any("left on the device for Q's first solve" in w for w in on), on
-        hosts = [d for d in g._dense.values() if isinstance(d, HostDenseFront)]
-        assert len(hosts) == 1 and hosts[0].has_device_copy()
-        with caplog.at_level("INFO", logger="scipy_gpuqr"):
-            first = g.qt_matmul(b)
-            assert hosts[0].kept_panels > 0 and not hosts[0].has_device_copy()
-            again = g.qt_matmul(b)
-        assert hosts[0].kept_panels == 0
-        assert not [r.message for r in caplog.records if "out of memory" in r.message]
-        np.testing.assert_array_equal(again, first)
-        np.testing.assert_allclose(np.abs(first[:n]), np.abs(ref["qtb"][:n]), rtol=0,
-                                   atol=1e-9 * np.linalg.norm(b))
-        g.free()
-        del g, hosts
-        gc.collect()
-    finally:
-        pool.set_limit(size=0)
-    assert pool.used_bytes() <= base, (pool.used_bytes(), base)
-
-
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_streamed_solve_of_a_host_front_equals_the_dense_solve(dtype, monkeypatch):
     # a host front's rows of R go up in row panels (a ragged last one); R y = c and

@@ -254,13 +254,6 @@ class HostDenseFront(DenseFront):
     uploaded whole, and the block never leaves the device. Where even that
     runs out of device memory, the block's rows go to the host and are
     transformed there (all the BLAS library's threads).
-
-    The parts of the front its factorization left on the device
-    (:meth:`keep_parts`: a front worked there as one slab,
-    :attr:`~scipy_gpuqr._engine.slab_front.CupySlabs.kept`) are read there by
-    the first ``apply_qt``/``apply_q`` of a device block, the same values as
-    the host front's, then given back: they are held in room the solves'
-    memory plan leaves free, not planned for the solves after it.
     """
 
     def __init__(self, front, panels, T, slots=None, after_launch: int = -1,
@@ -271,22 +264,6 @@ class HostDenseFront(DenseFront):
         self.upload = upload
         #: panels read by the copy kernel from the pinned front (the last apply)
         self.mapped_panels = 0
-        #: panels read from the parts left on the device (the last apply)
-        self.kept_panels = 0
-        self._parts = None          # (a0, a1, S) on the device: :meth:`keep_parts`
-
-    def keep_parts(self, parts) -> None:
-        """Parts of the factorized front on the device, ``(a0, a1, S)``: ``S`` its
-        columns ``[a0, a1)`` of the rows down to their staircase (every panel of
-        those columns lies in it), for the next device apply to read."""
-        self._parts = list(parts) if parts else None
-
-    def has_device_copy(self) -> bool:
-        return super().has_device_copy() or bool(self._parts)
-
-    def drop_device(self) -> None:
-        self._parts = None          # the caller gives the pool's blocks back
-        super().drop_device()
 
     def _apply(self, Y, trans: bool) -> None:
         if isinstance(Y, np.ndarray):
@@ -318,30 +295,17 @@ class HostDenseFront(DenseFront):
         stream = cp.cuda.get_current_stream()
         Td = cp.asarray(T)
         buf = cp.empty(max(rows * b for _, rows, b in self.panels), dtype=F.dtype)
-        self.mapped_panels = self.kept_panels = 0
-        parts, self._parts = self._parts or [], None        # read once, then given back
+        self.mapped_panels = 0
         order = list(enumerate(self.panels))
         for p, (j, rows, b) in (order if trans else order[::-1]):
             V = buf[:rows * b].reshape(rows, b)
-            S, a0 = _part_at(parts, j)
-            if S is not None:       # on the device since the factorization
-                ops.unit_triangle(S[j:j + rows, j - a0:j - a0 + b], lower=True, out=V)
-                self.kept_panels += 1
-            elif view is not None:  # read over the link, the triangle made on the way
+            if view is not None:    # read over the link, the triangle made on the way
                 ops.unit_triangle(view[j:j + rows, j:j + b], lower=True, out=V)
                 self.mapped_panels += 1
             else:
                 ops.upload_block(F, j, j + rows, j, j + b, V, stream)
                 ops.unit_triangle(V, lower=True, out=V)     # elementwise: in place
             _wy_apply_device(Y[j:j + rows], V, Td[p, :b, :b], trans=trans)
-        if parts:
-            # this stream's reads of the parts end, then their blocks go back to
-            # the device, not only to CuPy's pool: under a pool limit a cached
-            # block counts against it, and the solves' next uploads would not
-            # fit beside 1-2 GB of them (seen: Q's second replay on the host)
-            stream.synchronize()
-            parts = S = None
-            cp.get_default_memory_pool().free_all_blocks()
 
     def apply_qt(self, Y, front=None) -> None:
         """``Y ← Qᵀ Y`` in place, computed on the host (``front`` is not used)."""
@@ -350,15 +314,6 @@ class HostDenseFront(DenseFront):
     def apply_q(self, Y, front=None) -> None:
         """``Y ← Q Y`` in place, computed on the host (``front`` is not used)."""
         self._apply(Y, False)
-
-
-def _part_at(parts, j: int):
-    """``(S, a0)`` of the part of ``parts`` (``(a0, a1, S)``) holding column ``j``,
-    or ``(None, 0)``."""
-    for a0, a1, S in parts:
-        if a0 <= j < a1:
-            return S, a0
-    return None, 0
 
 
 # ------------------------------------------------------------------------ NumPy / LAPACK

@@ -43,11 +43,6 @@ one after another, not a rectangle of every row, no earlier panel goes up
 again, and each part's work starts as soon as it landed, while the later
 parts still come up. That is the buffer a staircase front needs, often well
 below its rectangle (a root front of a least-squares problem: two thirds).
-Given room for it (``keep_bytes``: what the solves' memory plan leaves free),
-such a slab's parts lie in blocks of their own, and the last parts that fit
-that room stay on the device when the factorization ends (:attr:`CupySlabs.kept`):
-``Q``'s first solve then reads their reflectors there instead of over the
-link (:class:`~scipy_gpuqr._engine.dense_front.HostDenseFront`).
 
 The result is the representation :class:`~scipy_gpuqr._engine.dense_front.DenseFront`
 applies (V below each panel's diagonal, one ``T`` per panel), equal to
@@ -78,8 +73,7 @@ from .memory import make_room
 __all__ = ["slab_ranges", "slab_parts", "slab_sides", "slab_columns", "whole_front_fits",
            "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS", "PANEL_UPLOADS",
            "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count", "part_rows", "one_slab_parts",
-           "ONE_SLAB_PARTS", "slab_buffer_elements", "scratch_bytes", "KEEP_PARTS",
-           "parts_kept"]
+           "ONE_SLAB_PARTS", "slab_buffer_elements", "scratch_bytes"]
 
 #: Most parts a slab is worked in (:func:`slab_parts`): part ``g`` goes back to
 #: the host while part ``g + 1`` is worked on, and part ``g + 1`` came up while
@@ -93,15 +87,6 @@ SLAB_PARTS = 4
 #: closer to the front's staircase; 0: no front is worked as one slab (its
 #: slabs are :func:`slab_columns`' rectangles).
 ONE_SLAB_PARTS = 8
-
-#: Whether a front worked as one slab keeps its last parts on the device after
-#: its factorization, as many as the room it is given holds (:class:`CupySlabs`'
-#: ``keep_bytes``), for ``Q``'s first solve to read there
-#: (:class:`~scipy_gpuqr._engine.dense_front.HostDenseFront`); False: every
-#: part's buffer is given back as the factorization ends. Off until timed on a
-#: GPU with the parts' blocks given back to the device after that solve
-#: (bench/RESULTS.md, issue 22; ``bench/staging.py --modes defaults,keep``).
-KEEP_PARTS = False
 
 #: Fewest bytes of a part's row on a device that copies parts over a link
 #: (:class:`CupySlabs`' ``part_row_bytes``, :func:`slab_part_count`): a part's
@@ -303,21 +288,6 @@ def scratch_bytes(fm: int, columns: int, nb: int, itemsize: int) -> int:
     return int(fm) * int(nb) * (int(itemsize) + 1) + 4 * int(columns) * int(nb) * int(itemsize)
 
 
-def parts_kept(nbytes: list, room: int) -> int:
-    """How many of a slab's last parts (``nbytes``: each part's bytes, in column
-    order) stay on the device in ``room`` bytes: the trailing run whose bytes
-    sum to at most ``room``. The last parts, not the first: they are the
-    tallest of a staircase front, the most bytes a solve would read over the
-    link."""
-    total, n = 0, 0
-    for b in reversed(nbytes):
-        if total + int(b) > room:
-            break
-        total += int(b)
-        n += 1
-    return n
-
-
 def whole_front_fits(fm: int, fn: int, nb: int, itemsize: int, available: int) -> bool:
     """Whether an ``fm × fn`` front and the dense path's workspace fit
     ``available`` device bytes (10 % left for the allocator)."""
@@ -387,8 +357,7 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
     try:
         dev.start(F, len(panels), nb, widest=widest)
         for (slab, pieces), down in zip(plan, sides):
-            _one_slab(F, panels, slab, pieces, dev, state, size, down=down,
-                      alone=len(plan) == 1)
+            _one_slab(F, panels, slab, pieces, dev, state, size, down=down)
         dev.finish()
         return dev.t_host()
     except Exception as exc:        # noqa: BLE001 - redone on the host, see above
@@ -414,28 +383,25 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
         dev.finish()
 
 
-def _one_slab(F, panels, slab, pieces, dev, state, size=None, down=False,
-              alone=False) -> None:
+def _one_slab(F, panels, slab, pieces, dev, state, size=None, down=False) -> None:
     """Slab ``(c0, c1, p0, p1)`` in ``pieces`` (:func:`slab_parts`): its parts up,
     every earlier slab's reflectors, then part by part the slab's own panels
     before it, its panels, back into ``F`` (``state['done']`` counts the parts
     sent back). The buffer holds ``size`` elements (:func:`slab_buffer_elements`;
     default the slab's parts down to their staircases); the parts lie from its
-    start on, or with ``down`` from its end back (:func:`slab_sides`).
-    ``alone``: the front's only slab (its parts one after another, each the
-    buffer's elements from where the one before ends)."""
+    start on, or with ``down`` from its end back (:func:`slab_sides`)."""
     c0, c1, p0, p1 = slab
     if size is None:
         size = slab_buffer_elements([(slab, pieces)], panels, F.shape[0])
-    rows = [part_rows(panels, F.shape[0], q0, q1) for _, _, q0, q1 in pieces]  # staircases
-    sizes = [r * (a1 - a0) for r, (a0, a1, _, _) in zip(rows, pieces)]
-    buf = dev.slab_buffer(F, size, parts=sizes if alone and not down else None)
+    buf = dev.slab_buffer(F, size)
     at = buf.size if down else 0
     work = []
-    for (a0, a1, q0, q1), r, n in zip(pieces, rows, sizes):
+    for a0, a1, q0, q1 in pieces:
+        rows = part_rows(panels, F.shape[0], q0, q1)     # down to its staircase
+        n = rows * (a1 - a0)
         if down:
             at -= n
-        work.append(dev.upload_part(F, buf, at, a0, a1, q0, q1, rows=r))
+        work.append(dev.upload_part(F, buf, at, a0, a1, q0, q1, rows=rows))
         if not down:
             at += n
     for q in range(p0):                 # every earlier slab's panels, in order
@@ -491,11 +457,9 @@ class NumpySlabs:
         sized by)."""
         self._T = np.zeros((npanels, nb, nb), dtype=F.dtype) if T is None else T.copy()
 
-    def slab_buffer(self, F: np.ndarray, n: int, parts=None):
+    def slab_buffer(self, F: np.ndarray, n: int):
         """The buffer of ``n`` elements (:func:`slab_buffer_elements`) a slab is
-        worked in (its parts one after another; ``parts``, each part's
-        elements where the slab is the front's only one, is for a device that
-        keeps parts, :class:`CupySlabs`)."""
+        worked in (its parts one after another)."""
         self.slabs += 1
         return np.empty(int(n), dtype=F.dtype)
 
@@ -572,27 +536,6 @@ class _UpdateWork:
         self.blas = blas
 
 
-class _PartBlocks:
-    """A front's only slab as one device block per part (:class:`CupySlabs`
-    with room to keep parts): ``blocks[at]`` holds the part whose elements
-    begin at ``at`` of the slab (:func:`_one_slab` places them one after
-    another), so that the parts that stay on the device are given back
-    apart from the rest. ``size``: the slab's elements."""
-
-    def __init__(self, cp, sizes: list, dtype):
-        self.blocks, at = {}, 0
-        for n in sizes:
-            self.blocks[at] = cp.empty(max(int(n), 1), dtype=dtype)[:int(n)]
-            at += int(n)
-        self.size = at
-
-    def __getitem__(self, where: slice):
-        block = self.blocks[where.start]
-        if where.stop - where.start != block.size:
-            raise ValueError(f"slab part [{where.start}, {where.stop}) is not one block")
-        return block
-
-
 class CupySlabs:
     """The slab operations on a CUDA device: the work on ``stream``, the parts'
     uploads, the earlier panels' uploads and the parts' downloads on three
@@ -610,21 +553,11 @@ class CupySlabs:
     columns while the device works on the next parts. ``part_row_bytes``: a
     slab is cut into fewer parts where their rows would be shorter
     (:func:`slab_part_count`; default :data:`PART_ROW_BYTES`, 0: as many as
-    asked). ``keep_bytes``: room on the device for the parts of a front worked
-    as one slab after its factorization (0, or :data:`KEEP_PARTS` False:
-    none); that slab's parts then lie in blocks of their own
-    (:class:`_PartBlocks`), and :meth:`finish` leaves the last of them that
-    fit (:func:`parts_kept`) in :attr:`kept`."""
+    asked)."""
 
     def __init__(self, cp, stream, panel_upload: str | None = None, on_part=None,
-                 part_row_bytes: int | None = None, keep_bytes: int = 0):
+                 part_row_bytes: int | None = None):
         self.cp, self.stream = cp, stream
-        self.keep_bytes = max(int(keep_bytes), 0) if KEEP_PARTS else 0
-        #: after :meth:`finish`: the parts left on the device, ``(a0, a1, S)`` in
-        #: column order (``S``: the part's rows of the factorized columns
-        #: ``[a0, a1)``, C-contiguous)
-        self.kept = []
-        self._sent = []                 # (a0, a1, S) of a kept-parts slab, as sent back
         self.on_part = on_part
         self.part_row_bytes = int(PART_ROW_BYTES if part_row_bytes is None else part_row_bytes)
         self.panel_upload = PANEL_UPLOAD if panel_upload is None else panel_upload
@@ -738,18 +671,12 @@ class CupySlabs:
                        else self.cp.asarray(T))
         self._T_host = None
 
-    def slab_buffer(self, F: np.ndarray, n: int, parts=None):
+    def slab_buffer(self, F: np.ndarray, n: int):
         """The slab buffer of ``n`` elements (:func:`slab_buffer_elements`: sized
-        once for every slab); where the slab is the front's only one
-        (``parts``: its parts' elements) and parts may stay (``keep_bytes``),
-        one block per part (:class:`_PartBlocks`)."""
+        once for every slab)."""
         self.slabs += 1
         self._marks.append(("slab", None, 1e3 * (time.perf_counter() - self._t0)))
-        if parts is not None and self.keep_bytes:
-            make_room(self.cp, max(int(n), 1) * F.itemsize)
-            buf = self._buffers["slab"] = _PartBlocks(self.cp, parts, F.dtype)
-        else:
-            buf = self._buffer("slab", int(n), F.dtype)
+        buf = self._buffer("slab", int(n), F.dtype)
         self._scratch(F)
         return buf
 
@@ -887,8 +814,6 @@ class CupySlabs:
                          self.down_stream.ptr)
         landed = self._event(self.down_stream)
         self._mark("d", self.down_stream)
-        if isinstance(self._buffers.get("slab"), _PartBlocks):
-            self._sent.append((part.a0, part.a1, S))
         self._regions.append((part.at, part.at + S.size, landed))
         for q in range(part.p0, part.p1):
             self._landed[q] = landed
@@ -906,17 +831,11 @@ class CupySlabs:
         to the device, not only to CuPy's pool: a slab buffer is most of the
         device, and a cached block that later small arrays are cut from stays
         taken as a whole until all of them are freed (the solves' uploads would
-        find no room). Where every part of a front's only slab was sent back,
-        the last of them that fit ``keep_bytes`` stay, in :attr:`kept`."""
+        find no room)."""
         try:
             self._sync()
             if self._T is not None:
                 self._T_host = self._T.get(stream=self.stream)
-            blocks = self._buffers.get("slab")
-            if (isinstance(blocks, _PartBlocks) and not self.kept
-                    and len(self._sent) == len(blocks.blocks)):
-                k = parts_kept([S.nbytes for _, _, S in self._sent], self.keep_bytes)
-                self.kept = self._sent[len(self._sent) - k:] if k else []
             if len(self._marks) > 1:
                 self.last_timeline = self.timeline()
                 logging.getLogger("scipy_gpuqr").debug(
@@ -924,7 +843,6 @@ class CupySlabs:
                     self.last_timeline, self.pool_peak)
         finally:
             self._work = None
-            self._sent = []
             self._buffers.clear()
             self._read.clear()
             self._landed.clear()

@@ -402,16 +402,6 @@ class HostFrontDevice(NumpyDevice):
         self.gpu = gpu
         #: per front factorized, where: ``"gpu"`` or ``"host"`` (and why)
         self.factorized_on = []
-        #: device bytes the front of the stage ``keep_stage`` (its fronts' range;
-        #: the last stage: no stage runs after it) may leave on the device after
-        #: its factorization as one slab (what the solves' memory plan leaves
-        #: free; 0: none)
-        self.keep_bytes = 0
-        self.keep_stage = None
-        #: front (its host array's address) -> the parts of it left on the device,
-        #: ``(a0, a1, S)`` (:attr:`~scipy_gpuqr._engine.slab_front.CupySlabs.kept`),
-        #: for the engine to hand to its ``Q`` (:meth:`kept_parts`)
-        self.kept = {}
         self._ready = {}                # stage key -> (pool future, zeros future)
         self._placed = {}               # stage key -> what its placed blocks wait for
         self._ahead = {}                # stage key -> [(block starts, ends, job)]
@@ -655,9 +645,7 @@ class HostFrontDevice(NumpyDevice):
         t0 = time.perf_counter()
         F = h["pool"][off: off + fm * fn].reshape(fm, fn)
         panels = panels_of(fm, fn, stair, self.dense_panel)
-        keep = self.keep_bytes if tuple(h["st"].fronts) == self.keep_stage else 0
-        T, how, ok = ((None, "no GPU layer", None) if self.gpu is None
-                      else self._on_gpu(F, panels, keep))
+        T, how, ok = (None, "no GPU layer", None) if self.gpu is None else self._on_gpu(F, panels)
         if ok is not None:                  # checked on the device: end_stage skips it
             h.setdefault("device_checked", []).append((int(off), int(off + fm * fn), ok))
         if T is None:
@@ -672,7 +660,7 @@ class HostFrontDevice(NumpyDevice):
         self.seconds["dense"] = self.seconds.get("dense", 0.0) + time.perf_counter() - t0
         return F, panels, T, None
 
-    def _on_gpu(self, F, panels, keep: int = 0):
+    def _on_gpu(self, F, panels):
         """``(T, where, finite)`` after factorizing ``F`` (a host view, overwritten)
         on the GPU: whole when it fits there, else in column slabs
         (:mod:`~scipy_gpuqr._engine.slab_front`: one slab where the front's
@@ -680,9 +668,7 @@ class HostFrontDevice(NumpyDevice):
         memory, and the rest, with LAPACK); ``(None, why not, None)`` when not
         even one panel's slab fits (nothing left allocated there). ``finite``:
         whether the factorized front holds finite values only, read on the
-        device before it came back (None where part of it ran on the host).
-        ``keep``: device bytes the last parts of one slab may stay in
-        (:attr:`kept`)."""
+        device before it came back (None where part of it ran on the host)."""
         gpu = self.gpu
         cp = gpu.cp
         nb, isz = self.dense_panel, F.dtype.itemsize
@@ -713,29 +699,17 @@ class HostFrontDevice(NumpyDevice):
         if not w and not one:
             return None, f"{whole}; not even a slab of one panel fits ({avail} bytes)", None
         host = NumpySlabs()
-        slabs = CupySlabs(cp, gpu.stream, on_part=getattr(self, "on_slab_part", None),
-                          keep_bytes=keep if one else 0)
+        slabs = CupySlabs(cp, gpu.stream, on_part=getattr(self, "on_slab_part", None))
         T = factorize_in_slabs(F, panels, nb, F.shape[1] if one else w, slabs, fallback=host,
                                parts=one or None)
-        kept = slabs.kept if not host.slabs else []
-        if kept:
-            self.kept[F.ctypes.data] = kept
         held = int((mem.detail or {}).get("pool_used", 0))
         shape = (f"one slab of {one} parts, each down to its staircase" if one
                  else f"slabs of {w}")
         return T, (f"in column slabs: {shape} (the front alone does not fit; {avail:,} bytes "
                    f"for a slab beside {held:,} held)"
                    + (f"; its last {host.slabs} slabs on the host (LAPACK/BLAS) after the "
-                      f"device failed one (log)" if host.slabs else "")
-                   + (f"; its last {len(kept)} parts ({sum(S.nbytes for _, _, S in kept):,} "
-                      f"bytes) left on the device for Q's first solve" if kept else "")), \
+                      f"device failed one (log)" if host.slabs else "")), \
             (None if host.slabs else slabs.all_finite())
-
-    def kept_parts(self, F):
-        """The parts of the host front ``F`` (its factorized host array) left on
-        the device by its factorization (``(a0, a1, S)``, handed over once), or
-        None."""
-        return self.kept.pop(F.ctypes.data, None)
 
 
 def packs_reading(records, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

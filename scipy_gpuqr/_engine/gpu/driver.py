@@ -794,9 +794,9 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
                            dense_extra=dense_extra or None)
     keep_last = cache_dense = True
     host_stages = mplan.host_stages() if mplan is not None else {}
-    isz = np.dtype(device.dtype).itemsize
     if mplan is not None and mplan.available is not None:
-        keep_last, cache_dense = _memory_checks(analysis, sched, mplan, needs, isz)
+        keep_last, cache_dense = _memory_checks(analysis, sched, mplan, needs,
+                                                np.dtype(device.dtype).itemsize)
     cold = not all(st.materialized for st in sched.stages)
     if cold and len(sched.stages) == 1:
         cold = not _warm_from_disk(early, sched, analysis)
@@ -810,8 +810,7 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     try:
         return _run(Ac, analysis, device, sched, host_side, cold, t0, t1, budget=budget,
                     tile=tile, bundle=bundle, pipelining=pipelining, keep_last=keep_last,
-                    cache_dense=cache_dense, host_stages=host_stages,
-                    host_keep=_host_keep_bytes(analysis, sched, mplan, needs, isz))
+                    cache_dense=cache_dense, host_stages=host_stages)
     finally:
         helper.shutdown(wait=True)
 
@@ -830,6 +829,7 @@ def _memory_checks(analysis, sched, mplan, needs, isz: int) -> tuple:
     one; ``cache_dense``: device copies of the dense fronts sent to the host are
     kept once made.
     """
+    keep_last = cache_dense = True
     hstage = mplan.host_stages()
     exact = stage_bytes(sched, analysis, needs, isz, host=hstage)
     fixed = needs.fixed
@@ -837,23 +837,12 @@ def _memory_checks(analysis, sched, mplan, needs, isz: int) -> tuple:
         raise _PlanOver(fixed + max(exact) - mplan.available,
                         f"the schedule's largest stage needs {fixed + max(exact):,} "
                         f"bytes, {mplan.available:,} available")
-    keep_last, cache_dense, _ = _solve_plan(analysis, sched, mplan, needs, isz)
-    return keep_last, cache_dense
-
-
-def _solve_plan(analysis, sched, mplan, needs, isz: int) -> tuple:
-    """``(keep_last, cache_dense, room)`` of the solves under ``mplan.available``
-    (:func:`_memory_checks`, which raises where they do not fit); ``room``: the
-    bytes that plan leaves free beside everything it keeps on the device (a host
-    front's parts may stay there for ``Q``'s first solve: :func:`_host_keep_bytes`)."""
-    keep_last = cache_dense = True
     if len(sched.stages) < 2:
-        return keep_last, cache_dense, 0
-    hstage = mplan.host_stages()
+        return keep_last, cache_dense
     fs = analysis.fronts
     rk = fs.frank.astype(np.int64)
     dense_b = _dense_bytes(analysis, sched, isz)
-    base = needs.fixed + _solve_bytes(analysis, sched)
+    base = fixed + _solve_bytes(analysis, sched)
     per = []                    # a stage's uploads for the solves, with its largest companion
     for sid, st in enumerate(sched.stages):
         a, b = st.fronts
@@ -875,21 +864,7 @@ def _solve_plan(analysis, sched, mplan, needs, isz: int) -> tuple:
     away = sum(v for f, v in dense_b.items()
                if f not in hostf and not (keep_last and sched.stages[-1].foff[f] >= 0))
     cache_dense = solve + away <= mplan.available
-    return keep_last, cache_dense, int(mplan.available) - solve - (away if cache_dense else 0)
-
-
-def _host_keep_bytes(analysis, sched, mplan, needs, isz: int) -> int:
-    """Device bytes the last stage's host front, worked as one slab, may leave
-    there after its factorization (:attr:`~.device.HostFrontDevice.keep_bytes`):
-    the room the solves' memory plan leaves free (:func:`_solve_plan`; its
-    stage uploads counted at their bounds); 0 where the last stage is not a
-    host stage (an earlier host front's parts would be held while the stages
-    after it run) or no limit is known. ``Q``'s first solve reads those parts
-    there and gives them back."""
-    if (mplan is None or mplan.available is None
-            or len(sched.stages) - 1 not in mplan.host_stages()):
-        return 0
-    return max(_solve_plan(analysis, sched, mplan, needs, isz)[2], 0)
+    return keep_last, cache_dense
 
 
 def _stage_upload_elements(fs, st, tile: int) -> int:
@@ -942,22 +917,17 @@ def _on_worker(fn, name: str):
 
 
 def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, bundle,
-         pipelining, keep_last=True, cache_dense=True, host_stages=None, host_keep=0):
+         pipelining, keep_last=True, cache_dense=True, host_stages=None):
     """Run every stage on ``device``, then assemble R and the :class:`GpuQR`.
 
     ``host_side``: the future of :func:`_host_side`; ``t0``/``t1``: start and
-    end of the schedule's build (``info["seconds"]``); ``host_keep``: device
-    bytes a host front's parts may stay in for ``Q``'s first solve
-    (:func:`_host_keep_bytes`).
+    end of the schedule's build (``info["seconds"]``).
     """
     m, n = Ac.shape
     dtype = r_dtype(Ac)
     host_stages = dict(host_stages or {})
     loop = StageLoop(Ac, analysis, device, sched, host_side, cold, tile=tile, bundle=bundle,
                       pipelining=pipelining, keep_last=keep_last, host_stages=host_stages)
-    if loop.host_dev is not None:       # the last stage's host front, if any
-        loop.host_dev.keep_bytes = int(host_keep)
-        loop.host_dev.keep_stage = tuple(sched.stages[-1].fronts)
     try:
         for sid, st in enumerate(sched.stages):
             loop.run_stage(sid, st)
@@ -970,8 +940,6 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     slots_of = layout.slots_of
     dense = _dense_fronts(sched, loop.dense_parts, slots_of, cache_device=cache_dense,
                           host=set(host_stages.values()))
-    for f in host_stages.values():          # their parts left on the device, if any
-        dense[f].keep_parts(loop.host_dev.kept_parts(loop.dense_parts[f][1]))
     fronts = loop.front_list(slots_of)
     qr = GpuQR(shape=(m, n), R=None, colperm=analysis.colperm.astype(np.int64),
                rank=int(min(m, n)), tol=None, flops=float(analysis.flops), info={},
