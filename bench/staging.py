@@ -193,9 +193,7 @@ def _once(A, b, backend, debug=False):
 #: launches are enqueued; ``"off"``: attached after the launches, every record
 #: run by the host stage's launch, the eighteenth session's path); the
 #: interpreter's switch interval for the whole call (``switch_interval``, seconds:
-#: ``sys.setswitchinterval``; the process' own otherwise); and how a host front's
-#: slab updates are queued (``slab_update``: ``"cupy"``, the CuPy calls of
-#: c1e894a, :func:`_cupy_update`; the package's otherwise).
+#: ``sys.setswitchinterval``; the process' own otherwise).
 MODES = {"defaults": {},
          "bands": {"band_upload": "mapped"},
          "panels-mapped": {"slab_panels": "mapped"},
@@ -209,7 +207,6 @@ MODES = {"defaults": {},
          "columns": {"one_slab": 0},
          "parts6": {"one_slab": 6},
          "switch": {"switch_interval": 2e-4},
-         "oldupdate": {"slab_update": "cupy"},
          "noasm": {"assemble": "off"}}
 
 #: Each setting of :data:`MODES`: its module (under ``scipy_gpuqr``) and name.
@@ -243,8 +240,7 @@ def _set_mode(name):
 
     from scipy_gpuqr._engine.gpu import driver
     m = MODES[name]
-    unknown = set(m) - set(_SETTINGS) - {"plans_per_call", "assemble", "switch_interval",
-                                         "slab_update"}
+    unknown = set(m) - set(_SETTINGS) - {"plans_per_call", "assemble", "switch_interval"}
     if unknown:
         raise ValueError(f"mode {name}: unknown settings {sorted(unknown)}")
     for key, (mod, attr) in _SETTINGS.items():
@@ -258,32 +254,6 @@ def _set_mode(name):
     _assembly(m.get("assemble"))
     sys.setswitchinterval(m.get("switch_interval",
                                 _DEFAULTS.setdefault("switch", sys.getswitchinterval())))
-    _slab_update(m.get("slab_update"))
-
-
-def _slab_update(how):
-    """A host front's slab updates queued as ``how`` says (:data:`MODES`'
-    ``slab_update``): ``"cupy"``, :func:`_cupy_update`; None, the package's."""
-    from scipy_gpuqr._engine import slab_front
-    slabs = slab_front.CupySlabs
-    apply = _DEFAULTS.setdefault("slab_apply", slabs.apply)
-    if how not in (None, "cupy"):
-        raise ValueError(f"slab_update: None or 'cupy', got {how!r}")
-    slabs.apply = apply if how is None else _cupy_update
-
-
-def _cupy_update(self, S, j, rows, E, i0, k0, b, T):
-    """``CupySlabs.apply`` as c1e894a queued it, for an A/B in one process: ``V``
-    by CuPy's ``tril`` and an index scatter, ``Vᵀ C`` and ``Tᵀ (Vᵀ C)`` by
-    CuPy's matmul (new arrays), the last product by ``cupy.cublas.gemm``
-    (``T``: the package's ``t``, T in its leading b × b)."""
-    cp = self.cp
-    from cupy import cublas
-    with self.stream:
-        V = cp.tril(E[i0:i0 + rows, k0:k0 + b], -1)
-        V[cp.arange(b), cp.arange(b)] = 1
-        W = T[:b, :b].T @ (V.T @ S[j:j + rows])
-        cublas.gemm("N", "N", V, W, out=S[j:j + rows], alpha=-1.0, beta=1.0)
 
 
 def _assembly(how):
