@@ -17,6 +17,8 @@ from scipy_gpuqr._schedule.devices import (SPLIT_CALL_FACTOR, TimeModel, front_s
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
 
+from test_multi_device_split import _same_gram
+
 #: The time model before it priced the host: the split model's seconds, the first device
 #: of the longest-first sharing holding the upper tree.
 BEFORE = TimeModel(split_call_factor=1.0, upper_lightest=False)
@@ -151,11 +153,4 @@ def test_lightest_upper_plan_on_numpy_layers(monkeypatch, k):
                                devices=plan, dense_flops=1e30, split_dense=None,
                                split_model=model)
     one = gpu_factorize(A, an, device=NumpyDevice(32, 3), dense_flops=None)
-    m, n = A.shape
-    G1, G2 = (one.R.T @ one.R).toarray(), (many.R.T @ many.R).toarray()
-    assert np.abs(G1 - G2).max() <= 1e-12 * np.abs(G1).max()
-    X = np.random.default_rng(0).standard_normal((n, 2))
-    Y = np.zeros((m, 2))
-    Y[:n] = many.R @ X
-    AP = A[:, many.colperm] @ X
-    assert np.abs(many.q_matmul(Y) - AP).max() <= 1e-11 * np.abs(AP).max()
+    _same_gram(A, one, many)

@@ -16,6 +16,8 @@ from scipy_gpuqr._schedule.devices import (front_seconds, map_devices, subtree_w
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
 
+from test_multi_device_split import _same_gram
+
 
 def _small_model(panel=16):
     """A split model for small fronts (NumPy layers' panel width, no least gain)."""
@@ -98,14 +100,7 @@ def test_time_plan_on_numpy_layers(monkeypatch, k):
     assert many.info["devices"]["weight"] == "time"
     assert sorted(e["front"] for e in many.info["split_fronts"]) == sorted(plan.split)
     one = gpu_factorize(A, an, device=NumpyDevice(32, 3), dense_flops=None)
-    m, n = A.shape
-    G1, G2 = (one.R.T @ one.R).toarray(), (many.R.T @ many.R).toarray()
-    assert np.abs(G1 - G2).max() <= 1e-12 * np.abs(G1).max()
-    X = np.random.default_rng(0).standard_normal((n, 2))
-    Y = np.zeros((m, 2))
-    Y[:n] = many.R @ X
-    AP = A[:, many.colperm] @ X
-    assert np.abs(many.q_matmul(Y) - AP).max() <= 1e-11 * np.abs(AP).max()
+    _same_gram(A, one, many)
 
 
 def test_time_mapping_only_where_it_gains(monkeypatch):
