@@ -798,7 +798,8 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                if e.get("enqueue_seconds") else "")
             for e in run.get("split_fronts", []))
         print(f"{name:12s} {label} {med:8.3f} s  x{run['speedup']:.2f} "
-              f"(model x{run['plan']['modelled_speedup']:.2f})  {run['tflops']:.2f} TF/s  "
+              f"(model x{run['plan']['modelled_speedup']:.2f}{_modelled_s(run)})  "
+              f"{run['tflops']:.2f} TF/s  "
               f"stages {run['stages']}  busy [{busy}] s  "
               f"moved {run['transfer_bytes'] / 1e6:.1f} MB  fits {plan.fits}{check}"
               + ("  FELL BACK to one GPU" if "fallback" in run else "") + splits, flush=True)
@@ -815,11 +816,23 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
     return row
 
 
+def _modelled_s(run) -> str:
+    """``", 0.964 s time"``: the seconds the time model predicts for the plan's
+    mapping (``modelled_seconds``; ``time`` where the mapping itself was the time
+    model's, :func:`~scipy_gpuqr._schedule.devices.map_devices`), beside the flops
+    model's speedup; nothing where the plan was not timed (no split model)."""
+    plan = run.get("plan", {})
+    seconds = plan.get("modelled_seconds") or 0.0
+    if not seconds > 0:
+        return ""
+    return f", {seconds:.3f} s" + (" time" if plan.get("weight") == "time" else "")
+
+
 def summary(rows) -> str:
     """A Markdown table: per matrix and device count the median seconds, the speedup,
     busy and enqueue seconds per device, the split fronts (measured seconds), the
     check against one GPU and each run's own residuals (rank-proof)."""
-    out = ["| matrix | TFlop | GPUs | s | x 1 GPU (model) | busy s per GPU | enqueue s per GPU "
+    out = ["| matrix | TFlop | GPUs | s | x 1 GPU (model: x by flops, s by the time model, 'time' where it mapped) | busy s per GPU | enqueue s per GPU "
            "(of it waiting for blocks) | R assembled after s | split fronts s | "
            "vs 1 GPU | own: Gram, QR (tiny pivots) | pinned ahead MB (by the call), s / "
            "allocations while enqueueing: library, CuPy |",
@@ -858,7 +871,8 @@ def summary(rows) -> str:
                 + (" fell back" if "fallback" in e else "")
                 for e in run.get("split_fronts", [])) or "-"
             model = run.get("plan", {}).get("modelled_speedup", float("nan"))
-            out.append(head + f" {run['seconds']:.3f} | {run['speedup']:.2f} ({model:.2f}) | "
+            out.append(head + f" {run['seconds']:.3f} | {run['speedup']:.2f} ({model:.2f}"
+                       f"{_modelled_s(run)}) | "
                        f"{busy} | {enq} | {eng.get('assemble_R', float('nan')):.3f} | "
                        f"{splits} | {check}" + (" FELL BACK" if "fallback" in run else "")
                        + f" | {own} | "
