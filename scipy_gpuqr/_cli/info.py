@@ -33,6 +33,9 @@ def run(args) -> int:
             "gpu": _gpu.gpu_info(), "suitesparse": _suitesparse_status(),
             "kernel_cache": os.environ.get("CUPY_CACHE_DIR",
                                            os.path.expanduser("~/.cupy/kernel_cache"))}
+    if info["gpu"]["cupy_version"] is None:     # not asked where the host has no CUDA driver
+        cp = _gpu.import_cupy()
+        info["gpu"]["cupy_version"] = cp.__version__ if cp is not None else None
     try:
         info["kernels"] = str(_kernels.kernels_dir())
     except FileNotFoundError as exc:
@@ -41,12 +44,8 @@ def run(args) -> int:
         print(json.dumps(info, indent=2, default=str))
         return 0
     gpu = info["gpu"]
-    cupy = gpu.get("cupy_version")
-    if cupy is None:                    # not asked where the host has no CUDA driver
-        cp = _gpu.import_cupy()
-        cupy = cp.__version__ if cp is not None else None
     print(f"scipy_gpuqr {info['scipy_gpuqr']} (python {info['python']}, numpy {info['numpy']}, "
-          f"scipy {info['scipy']}, cupy {cupy or 'not installed'})")
+          f"scipy {info['scipy']}, cupy {gpu.get('cupy_version') or 'not installed'})")
     if gpu["available"]:
         print(f"GPU: {gpu['name']} (sm_{gpu['compute_capability']}, "
               f"{gpu['total_memory'] / 2**30:.1f} GiB, {gpu['multiprocessors']} SMs)")
