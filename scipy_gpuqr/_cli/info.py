@@ -33,7 +33,7 @@ def run(args) -> int:
             "gpu": _gpu.gpu_info(), "suitesparse": _suitesparse_status(),
             "kernel_cache": os.environ.get("CUPY_CACHE_DIR",
                                            os.path.expanduser("~/.cupy/kernel_cache"))}
-    if info["gpu"]["cupy_version"] is None:     # not asked where the host has no CUDA driver
+    if info["gpu"].get("cupy_version") is None:     # not asked where the host has no CUDA driver
         cp = _gpu.import_cupy()
         info["gpu"]["cupy_version"] = cp.__version__ if cp is not None else None
     try:
