@@ -124,6 +124,7 @@ class SquareLU:
         self._lu = None
         self._A = None
         self._factors = None            # SuperLU's factors, whether they may answer or not
+        self._bound = 0.0               # lstsq's cutoff times ‖A‖_F (:meth:`factor`)
         self._revealed: Optional[int] = None
 
     def decline(self, why: str) -> None:
@@ -152,8 +153,7 @@ class SquareLU:
             self.deficient = self.singular = True
             return False
         self._factors = lu
-        cutoff = lstsq_cutoff(n, n)
-        bound = cutoff * frobenius(A)
+        bound = self._bound = lstsq_cutoff(n, n) * frobenius(A)
 
         def apply(C):
             return lu.solve(np.asarray(C))
@@ -205,10 +205,9 @@ class SquareLU:
             return 0
         d = np.abs(lu.U.diagonal())
         cutoff = lstsq_cutoff(n, n)
-        # σ_max <= ‖A‖_F: no pivot under cutoff·‖A‖_F, none under the cutoff (no
-        # Lanczos run)
-        if not (d.size == n and np.all(np.isfinite(d))) or \
-                not np.any(d <= cutoff * frobenius(A)):
+        # σ_max <= ‖A‖_F: no pivot under cutoff·‖A‖_F (factor's bound), none under
+        # the cutoff (no Lanczos run)
+        if not (d.size == n and np.all(np.isfinite(d))) or not np.any(d <= self._bound):
             return 0
         tol = cutoff * sigma_max_lanczos(A)
         dead = int(np.count_nonzero(d <= tol))
