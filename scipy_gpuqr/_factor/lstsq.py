@@ -559,7 +559,7 @@ class MinNormSolver:
         estimate is kept for :meth:`_full_rank_confirmed` and the decision runs
         with the pools lowered as before.
         """
-        R = self.R if type(self.R) is sp.csc_array else sp.csc_array(self.R)
+        R = self._csc_r()
         k, q = R.shape
         if k != q or q == 0 or q > DENSE_LIMIT or self.solves is not None:
             return False
@@ -574,7 +574,6 @@ class MinNormSolver:
         self.rcond = _dense_rcond(Rd)
         if not self.rcond >= 10.0 * q * self.cutoff:
             return False
-        self.R = R
         self._dense_r = Rd if q <= DENSE_SOLVE_LIMIT else None     # kept only till the solve
         self.method, self.rank = "triangular", q
         return True
@@ -584,9 +583,15 @@ class MinNormSolver:
         :data:`SINGLE_THREAD_ORDER`, else the pools' own counts (None)."""
         return 1 if max(self.R.shape) <= SINGLE_THREAD_ORDER else None
 
+    def _csc_r(self) -> sp.csc_array:
+        """``R`` as a ``csc_array`` (converted once, kept in its place): the
+        1-norm test and the decision after it read the same one."""
+        if type(self.R) is not sp.csc_array:
+            self.R = sp.csc_array(self.R)
+        return self.R
+
     def _decide(self):
-        R = self.R if type(self.R) is sp.csc_array else sp.csc_array(self.R)
-        self.R = R
+        R = self._csc_r()
         if self.dense_device is None:
             self.dense_device = self.device
         k, q = R.shape
