@@ -390,12 +390,107 @@ def test_gap_check_sigma_min_goes_where_the_dense_work_runs(monkeypatch):
     assert _gap_checked(R, cutoff, dense_device="cpu").method == "cod" and made == []
 
 
+def _stand_in_device(monkeypatch, min_order=None):
+    """NumPy in CuPy's place for the decision's dense device work; the orders of the
+    dense copies made "there" are recorded."""
+    made = []
+    real_dense = _lstsq.dense_from_sparse
+
+    def dense(T, xp):
+        made.append(T.shape[0])
+        return real_dense(T, xp)
+    monkeypatch.setattr(_lstsq, "dense_from_sparse", dense)
+    monkeypatch.setattr(_lstsq._gpu, "gpu_available", lambda: True)
+    monkeypatch.setattr(_lstsq._gpu, "import_cupy", lambda: np)
+    if min_order is not None:
+        monkeypatch.setattr(_lstsq, "SVD_GPU_MIN_ORDER", min_order)
+    return made
+
+
+def test_device_full_rank_test_probes_first_on_adder_dcop_05(matrices_dir, monkeypatch):
+    """adder_dcop_05's R passes the diagonal's cheap test (every pivot above the cutoff
+    times the largest) but has 25 singular values under the cutoff. With the dense work
+    on the device and R's solves on the host, the probe through those solves comes
+    first, as on the host: its ν with σ_max (the host's Lanczos, which the gap check
+    reads next) shows the σ test cannot pass, so no dense copy of all of R goes to the
+    device and σ_max is computed once. The device then tests R11 alone; σ_max, the
+    decision and x are the host's, bit for bit."""
+    from scipy_gpuqr.io import mmread
+    A = sp.csc_array(mmread(str(matrices_dir / "adder_dcop_05.mtx"))).astype(np.float64)
+    factorize, ran, _ = backend_factorizer("cpu")
+    if ran != "cpu":
+        pytest.skip("SuiteSparseQR not available")
+    R = sp.csc_array(factorize(A, tol=None).R)
+    cutoff = _lstsq.lstsq_cutoff(*A.shape)
+    d = np.abs(R.diagonal())
+    assert d.min() > cutoff * d.max()                   # the full-rank test runs
+    c = np.random.default_rng(3).standard_normal(R.shape[0])
+    host = _gap_checked(R, cutoff)
+    smax_calls = _spy(monkeypatch, "sigma_max_lanczos")
+    lanczos_calls = _spy(monkeypatch, "norm2_lanczos")
+    made = _stand_in_device(monkeypatch)
+    device = _gap_checked(R, cutoff, dense_device="gpu")
+    assert made == [1788] and not lanczos_calls and len(smax_calls) == 1
+    assert (device.method, device.rank) == (host.method, host.rank) == ("cod", 1788)
+    assert device.sigma_max == host.sigma_max and device.sigma_min == host.sigma_min
+    assert np.array_equal(device.solve(c), host.solve(c))
+
+
+def test_device_full_rank_test_probe_confirms(monkeypatch):
+    """A full-rank sparse R of condition about 1e9: with the dense work on the device and
+    R's solves on the host, the probe through those solves confirms full rank before any
+    dense copy or Lanczos; R⁻¹ answers, x bit for bit the host's."""
+    n = 300
+    rng = np.random.default_rng(5)
+    N = sp.triu(0.1 * sp.random_array((n, n), density=0.01, rng=rng), k=1)
+    A = (sp.diags(np.logspace(0, -9, n)) @ (sp.eye_array(n) + N)).tocsc()
+    R = sp.csc_array(backend_factorizer("cpu")[0](A, tol=None).R)
+    cutoff = EPS * n
+    host = _gap_checked(R, cutoff)
+    made = _stand_in_device(monkeypatch, min_order=100)
+    smax_calls = _spy(monkeypatch, "sigma_max_lanczos")
+    sigma_calls = _spy(monkeypatch, "sigma_min_upper")
+    device = _gap_checked(R, cutoff, dense_device="gpu")
+    assert device.method == host.method == "triangular" and device.rank == n
+    assert made == [] and not smax_calls and not sigma_calls
+    b = rng.standard_normal(n)
+    assert np.array_equal(device.solve(b), host.solve(b))
+
+
+def test_device_full_rank_test_on_a_dense_r_takes_sigma_max_there_once(matrices_dir,
+                                                                       monkeypatch):
+    """R too dense for the gap-checked sparse COD (here: its density limit set to 0), its
+    diagonal hiding the deficiency (adder_dcop_05): the probe fails, σ_max comes from
+    Lanczos on R made dense on the device, once (not the host's sparse Lanczos), and with
+    the probe's ν it spares the σ test; the rules after it (here the dense SVD, stubbed)
+    read that σ_max."""
+    from scipy_gpuqr.io import mmread
+    A = sp.csc_array(mmread(str(matrices_dir / "adder_dcop_05.mtx"))).astype(np.float64)
+    factorize, ran, _ = backend_factorizer("cpu")
+    if ran != "cpu":
+        pytest.skip("SuiteSparseQR not available")
+    R = sp.csc_array(factorize(A, tol=None).R)
+    monkeypatch.setattr(_lstsq, "SPARSE_COD_MAX_DENSITY", 0.0)
+    made = _stand_in_device(monkeypatch)
+    smax_calls = _spy(monkeypatch, "sigma_max_lanczos")
+    lanczos_calls = _spy(monkeypatch, "norm2_lanczos")
+    sigma_calls = _spy(monkeypatch, "sigma_min_upper")
+    svd = []
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_svd",
+                        lambda self, G=None: svd.append(self._sigma_max()))
+    _gap_checked(R, _lstsq.lstsq_cutoff(*A.shape), dense_device="gpu")
+    assert made == [1813, 1813] and len(lanczos_calls) == 1     # Lanczos', the SVD's own
+    assert not smax_calls and not sigma_calls
+    assert svd == [pytest.approx(sigma_max_lanczos(R), rel=1e-12)]
+
+
 @pytest.mark.gpu
 def test_gap_check_sigma_min_on_the_gpu_on_adder_dcop_05(matrices_dir):
     """adder_dcop_05 (order 1813, rank 1788 by lstsq's rule, σ_1788 at 1.42 × the cutoff):
     the gap-checked COD with the dense work on the GPU tests σ_min(R11) (order 1788) on a
-    CuPy R11 and decides as the host does, x bit for bit. (The device's decision also
-    tests σ_min of all of R there first, the host's not: only R11's tests are compared.)"""
+    CuPy R11 and decides as the host does, with the same σ_max (so the same tolerance), x
+    bit for bit. Neither tests σ_min of all of R: the probe through R's host solves, with
+    σ_max, shows that test cannot pass, on the device as on the host."""
     pytest.importorskip("cupy")
     from scipy_gpuqr._gpu import gpu_available
     from scipy_gpuqr.io import mmread
@@ -416,5 +511,6 @@ def test_gap_check_sigma_min_on_the_gpu_on_adder_dcop_05(matrices_dir):
         device = _gap_checked(R, cutoff, dense_device="gpu")
         host = _gap_checked(R, cutoff, dense_device="cpu")
     assert (device.method, device.rank) == (host.method, host.rank) == ("cod", 1788)
-    assert [where for order, where in seen if order == 1788] == ["cupy", "scipy"]
+    assert seen == [(1788, "cupy"), (1788, "scipy")]
+    assert device.sigma_max == host.sigma_max
     assert np.array_equal(device.solve(c), host.solve(c))

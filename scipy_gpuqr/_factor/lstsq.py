@@ -506,7 +506,8 @@ class MinNormSolver:
     _fro: Optional[float] = field(init=False, default=None, repr=False)
     # R's host solves once set up (SuperLU's sweeps, or BLAS on a dense copy: _host_upper)
     _rtri: Optional[object] = field(init=False, default=None, repr=False)
-    # σ_max of R by sigma_max_lanczos once a rule computed it (the next rules reuse it)
+    # σ_max of R by Lanczos to 1e-12 once a rule computed it, on the host or on R made
+    # dense on the GPU (the next rules reuse it)
     _smax_lanczos: Optional[float] = field(init=False, default=None, repr=False)
     # (ν, margin) of a probe of ‖R⁻¹‖₂ that did not confirm full rank
     _probe: Optional[tuple] = field(init=False, default=None, repr=False)
@@ -656,7 +657,8 @@ class MinNormSolver:
         lower bound or an accurate estimate for q ≤ DENSE_LIMIT, Lanczos with
         the margin :data:`_SIGMA_MARGIN` beyond). Where the dense refinements
         run on the GPU (``dense_device``, q from :data:`SVD_GPU_MIN_ORDER` to
-        DENSE_LIMIT) the σ test runs there directly.
+        DENSE_LIMIT) the σ test runs there without the 1-norm estimate, after
+        the probe where R's solves are the host's (:meth:`_device_sigma_max`).
 
         Where the probe ran and failed, its ν (a lower bound of ``‖R⁻¹‖₂``,
         so ``σ_min <= 1/ν`` for certain) is tested again with σ_max by Lanczos
@@ -672,12 +674,14 @@ class MinNormSolver:
         probe_first = q > DENSE_LIMIT and q >= SOLVE_RANK_MIN_ORDER
         if probe_first and self._full_rank_probed():
             return True
-        Rgpu = self._dense_on_gpu(as_g=False) if q <= DENSE_LIMIT else None
-        if Rgpu is not None:
+        if q <= DENSE_LIMIT and self._dense_gpu_pays():
             # R densely on the GPU: the σ test itself costs a few cuBLAS calls
             # (less than the host's triangular solves and Lanczos), so it
             # decides without the 1-norm estimate
-            smax = norm2_lanczos(Rgpu)
+            smax, settled = self._device_sigma_max()
+            if settled is not None:
+                return settled
+            Rgpu = self._dense_on_gpu(as_g=False)
             est = sigma_min_upper(Rgpu, self.cutoff * smax)
             del Rgpu
         else:
@@ -707,6 +711,28 @@ class MinNormSolver:
             self.method, self.rank = "triangular", q
             return True
         return False
+
+    def _device_sigma_max(self) -> tuple:
+        """``(σ_max, settled)`` before the GPU's σ test of all of R.
+
+        Where R's solves are the host's (no device solves given: SuperLU's sweeps
+        on a sparse R), the randomized probe through them comes first, as on the
+        host: a few block solves confirm most full-rank R (``settled`` True), and
+        where the probe fails its ν, with σ_max, may show that no σ_min estimate
+        can pass the test (``settled`` False: the rank-deficiency rules decide,
+        and no dense copy of R goes to the device for it). σ_max is then the
+        host's Lanczos on R where R is sparse enough for the gap-checked sparse
+        COD, which reads the same value next, else Lanczos on R made dense on the
+        GPU; either is kept for the rules after this test. ``settled`` None: the
+        σ test decides."""
+        if self.solves is None and self._full_rank_probed():
+            return self.sigma_max, True
+        if self._smax_lanczos is None and not self._sparse_cod_first():
+            Rgpu = self._dense_on_gpu(as_g=False)
+            self._smax_lanczos = norm2_lanczos(Rgpu)
+            del Rgpu
+        smax = self._sigma_max()
+        return smax, self._probe_settles(smax)
 
     def _estimate_solves(self) -> Optional[tuple]:
         """R's solves for the 1-norm and σ_min estimates: the given ones, else the
@@ -989,14 +1015,16 @@ class MinNormSolver:
             return None
 
     # -- dense refinement: exactly lstsq's rule -------------------------------
+    def _dense_gpu_pays(self) -> bool:
+        """Whether R's dense work goes to the GPU: :attr:`dense_device` says so,
+        it pays (``min(k, q) >= SVD_GPU_MIN_ORDER``) and a GPU is there."""
+        return (self.dense_device == "gpu" and min(self.R.shape) >= SVD_GPU_MIN_ORDER
+                and _gpu.gpu_available())
+
     def _dense_on_gpu(self, as_g: bool = True):
         """G (R or Rᵀ; R itself when not ``as_g``) dense on the GPU where
-        :attr:`dense_device` says so and it pays (``min(k, q) >=
-        SVD_GPU_MIN_ORDER``), else None (the host answers)."""
-        k, q = self.R.shape
-        if self.dense_device != "gpu" or min(k, q) < SVD_GPU_MIN_ORDER:
-            return None
-        if not _gpu.gpu_available():
+        :meth:`_dense_gpu_pays`, else None (the host answers)."""
+        if not self._dense_gpu_pays():
             return None
         G = dense_from_sparse(self.R, _gpu.import_cupy())
         return G.T.copy() if (self.transposed and as_g) else G
