@@ -321,6 +321,35 @@ def test_adder_dcop_05_on_a_simulated_gpu_host_takes_the_exact_answer(
     assert _backward(A, out[0], b) <= min(_backward(A, ref[0], b), 1e-10)
 
 
+def test_the_qr_reads_what_the_lu_learnt(matrices_dir, simulated_gpu_host, monkeypatch):
+    """After the LU, the QR's rank decision takes A's σ_max (the pivot split's Lanczos) and
+    the LU's failed probe of ‖A⁻¹‖₂ for its own (R has A's singular values): no probe
+    through R's solves, no Lanczos on R; the same rank, at working precision."""
+    from scipy_gpuqr._factor import lstsq as lstsq_module
+    A = sp.csr_array(_mtx(matrices_dir, "adder_dcop_05"))
+    b = _b("adder_dcop_05", A.shape[0])
+    probes, lanczos, decisions_made = [], [], []
+    real_probe, real_smax = lstsq_module.probe_norm, lstsq_module.sigma_max_lanczos
+    monkeypatch.setattr(lstsq_module, "probe_norm",
+                        lambda *a, **k: probes.append(1) or real_probe(*a, **k))
+    monkeypatch.setattr(lstsq_module, "sigma_max_lanczos",
+                        lambda *a, **k: lanczos.append(1) or real_smax(*a, **k))
+    real_post = lstsq_module.MinNormSolver.__post_init__
+
+    def post(self):
+        real_post(self)
+        decisions_made.append(self)
+    monkeypatch.setattr(lstsq_module.MinNormSolver, "__post_init__", post)
+    out = lsqr(A, b)
+    assert out[2] == 0
+    solver, = decisions_made
+    assert (solver.method, solver.rank) == ("cod", 1788)
+    assert not probes and not lanczos
+    assert solver.sigma_max == pytest.approx(spla.svds(A, k=1, return_singular_vectors=False)[0],
+                                             rel=1e-10)
+    assert _backward(A, out[0], b) <= 1e-10
+
+
 def test_nnc1374_on_a_simulated_gpu_host_keeps_scipys_answer(matrices_dir, simulated_gpu_host):
     A = sp.csr_array(_mtx(matrices_dir, "nnc1374"))
     b = _b("nnc1374", A.shape[0])

@@ -184,7 +184,8 @@ def _exact(problem, begin, square: Optional[SquareLU], *, calc_var, settings, pl
         if ans is not None:
             return ans, f"SuperLU on CPU (A square, {square.why})", ""
     ans = solve_least_squares(problem, begin, calc_var=calc_var, settings=settings,
-                              planned=planned)
+                              planned=planned,
+                              known=None if square is None else square.known_norms())
     note = "" if square is None else f"; the LU did not answer: {square.why}"
     return ans, _qr_who(ans), note
 

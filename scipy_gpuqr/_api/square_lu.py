@@ -55,7 +55,7 @@ from scipy.sparse.linalg import splu
 from .._dispatch.plan import SUPERLU_ALWAYS_NNZ, gpu_unusable
 from .._factor.host_norms import norm2
 from .._factor.least_squares import LstsqAnswer, LstsqStart
-from .._factor.lstsq import lstsq_cutoff
+from .._factor.lstsq import KnownNorms, lstsq_cutoff
 from .._factor.solve_rank import (PROBE_COLUMNS, PROBE_MAX_STEPS, frobenius, probe_margin,
                                   probe_norm)
 from .._factor.subspace_cod import sigma_max_lanczos
@@ -126,6 +126,8 @@ class SquareLU:
         self._factors = None            # SuperLU's factors, whether they may answer or not
         self._bound = 0.0               # lstsq's cutoff times ‖A‖_F (:meth:`factor`)
         self._revealed: Optional[int] = None
+        self._probe: Optional[tuple] = None     # (ν, margin) of a probe that failed
+        self._sigma_max: Optional[float] = None     # σ_max(A), where the pivot split ran Lanczos
 
     def decline(self, why: str) -> None:
         """Not to be factorized (the QR's factors answer instead, ``why``)."""
@@ -170,6 +172,8 @@ class SquareLU:
         nu, margin = probe_norm(apply, apply_t, n, accept=accept)
         if not (math.isfinite(nu) and nu > 0 and margin * nu * bound < 1.0):
             self.deficient = not math.isfinite(nu) or nu * bound >= 1.0
+            if math.isfinite(nu) and nu > 0:
+                self._probe = (float(nu), float(margin))
             self.why = (f"SuperLU's factors do not show full rank by lstsq's rule "
                         f"(‖A⁻¹‖₂ >= {nu:.3g}, bound {1 / bound:.3g} with margin {margin:.3g})")
             return False
@@ -209,11 +213,21 @@ class SquareLU:
         # the cutoff (no Lanczos run)
         if not (d.size == n and np.all(np.isfinite(d))) or not np.any(d <= self._bound):
             return 0
-        tol = cutoff * sigma_max_lanczos(A)
+        self._sigma_max = sigma_max_lanczos(A)
+        tol = cutoff * self._sigma_max
         dead = int(np.count_nonzero(d <= tol))
         if dead == 0 or dead > REVEALED_MAX_FRACTION * n or dead == n:
             return 0
         return dead if float(d[d > tol].min()) >= PIVOT_GAP * tol else 0
+
+    def known_norms(self) -> Optional[KnownNorms]:
+        """What the LU learnt of A's norms for the QR's rank decision, where it did not
+        answer (R has A's singular values): the probe's ν of ``‖A⁻¹‖₂`` that did not
+        confirm full rank, and σ_max(A) where :meth:`revealed_dead` computed it; None
+        where it learnt neither (not factorized, exactly singular, or it answered)."""
+        if self.clear is not False or (self._probe is None and self._sigma_max is None):
+            return None
+        return KnownNorms(sigma_max=self._sigma_max, inverse_norm=self._probe)
 
     def answer(self, begin: LstsqStart, x0) -> Optional[LstsqAnswer]:
         """The answer ``x0 + A⁻¹ r0`` with SciPy's norms (factorizing first where

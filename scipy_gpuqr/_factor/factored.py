@@ -41,7 +41,7 @@ from .._gpu import gpu_info, start_driver
 from .._options import Settings
 from .._validate import MatrixInput, as_matrix, device_csr
 from .._engine.gpu import array_ops
-from .lstsq import (DENSE_LIMIT, SOLVE_RANK_MIN_ORDER, MinNormSolver, exact_solve,
+from .lstsq import (DENSE_LIMIT, SOLVE_RANK_MIN_ORDER, KnownNorms, MinNormSolver, exact_solve,
                     frobenius_bound, lstsq_cutoff)
 from .solve_rank import PROBE_COLUMNS, abs_diagonal
 from .rank_refine import factorizer, with_rank_detection
@@ -133,16 +133,17 @@ def _quiet_prefetch(value) -> None:
 
 
 def factorize(mi: MatrixInput, settings: Settings, *, ordering=None, tol=None,
-              planned=None, started=None) -> "FactoredQR":
+              planned=None, started=None, known: Optional[KnownNorms] = None) -> "FactoredQR":
     """Plan (unless ``planned`` is given, from :func:`plan_for`) and factorize ``mi``.
 
     ``tol`` as checked by :func:`scipy_gpuqr._validate.check_tol`; ``started``:
-    the ``perf_counter`` time the caller's validation began (default now).
+    the ``perf_counter`` time the caller's validation began (default now);
+    ``known``: as :class:`FactoredQR` takes it.
     """
     started = time.perf_counter() if started is None else started
     if planned is None:
         planned = plan_for(mi, settings, ordering=ordering)
-    return FactoredQR(mi, planned, tol=tol, started=started)
+    return FactoredQR(mi, planned, tol=tol, started=started, known=known)
 
 
 @contextlib.contextmanager
@@ -200,6 +201,10 @@ class FactoredQR:
         decides afterwards, :class:`~scipy_gpuqr._factor.lstsq.MinNormSolver`).
     started : float, optional
         ``perf_counter`` time the caller's validation began (for ``timings``).
+    known : KnownNorms, optional
+        The matrix's norms the caller learnt already (a square A's LU), read by
+        the rank decision (lstsq's rule, A not transposed) in place of its own
+        estimates of R's.
 
     Attributes
     ----------
@@ -219,9 +224,11 @@ class FactoredQR:
         Seconds per phase.
     """
 
-    def __init__(self, mi: MatrixInput, planned, *, tol=None, started=None):
+    def __init__(self, mi: MatrixInput, planned, *, tol=None, started=None,
+                 known: Optional[KnownNorms] = None):
         t0 = time.perf_counter() if started is None else started
         self.tol = tol
+        self._known = known
         self.on_gpu = mi.on_gpu
         self.dtype = mi.dtype
         self.shape = mi.shape
@@ -256,6 +263,7 @@ class FactoredQR:
         """Factorize M (same pattern as the planned matrix; Aᵀ when transposed)."""
         self.M = M
         self.dtype = dtype
+        self._known = None              # another matrix: what was known of A is not of it
         self._run(M)
 
     def rank_decision(self, rhs: Optional[np.ndarray] = None,
@@ -297,8 +305,10 @@ class FactoredQR:
                                          rhs_beside=given is not None and self._resident(),
                                          probe_start=probe_start,
                                          diagonal=self._diagonal if self.tol is None else None,
-                                         fro_bound=frobenius_bound(self.M))
+                                         fro_bound=frobenius_bound(self.M),
+                                         known=self._known if self.tol is None else None)
             self._diagonal = None
+            self._known = None
             self.timings["rank_decision"] = time.perf_counter() - t0
         return self._solver
 
@@ -630,6 +640,7 @@ class FactoredQR:
         state["_qtb"] = None
         state["_fused"] = None
         state["_diagonal"] = None
+        state["_known"] = None
         num = state.get("num")
         plan = state["plan"]
         state["plan_fields"] = {k: getattr(plan, k) for k in
@@ -649,6 +660,7 @@ class FactoredQR:
         refactor = state.pop("refactor_on_load", False)
         self._fused = None              # absent from the pickles of earlier versions
         self._diagonal = None
+        self._known = None
         self.__dict__.update(state)
         factorize_fn, _, _ = factorizer(fields["backend"])
         self.plan = Plan(factorize_fn=factorize_fn, **fields)

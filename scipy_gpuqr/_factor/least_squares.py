@@ -40,7 +40,7 @@ from .._validate import (LSTSQ_RHS, MatrixInput, as_matrix, check_damp, check_rh
                          device_csr, scipy_float_dtype, to_output)
 from .factored import FactoredQR, factorize, plan_for
 from .host_norms import frobenius_norm, norm2
-from .lstsq import MinNormSolver
+from .lstsq import KnownNorms, MinNormSolver
 
 __all__ = ["LeastSquaresProblem", "check_problem", "StoppingRules", "IterativeAnswer",
            "LstsqStart", "LstsqAnswer", "DampedNorms", "damped_norms", "start", "start_problem",
@@ -543,7 +543,8 @@ def trivial_answer(begin: LstsqStart, x0: Optional[np.ndarray], n: int) -> Lstsq
 
 
 def solve_least_squares(problem: LeastSquaresProblem, begin: LstsqStart, *, calc_var: bool,
-                        settings: Settings, planned=None) -> LstsqAnswer:
+                        settings: Settings, planned=None,
+                        known: Optional[KnownNorms] = None) -> LstsqAnswer:
     """The minimum-norm least-squares answer of a non-trivial problem, by the sparse QR.
 
     Parameters
@@ -557,11 +558,16 @@ def solve_least_squares(problem: LeastSquaresProblem, begin: LstsqStart, *, calc
         The call's resolved settings.
     planned : (M, Plan), optional
         The plan made while iterating (:func:`iterate`), reused.
+    known : KnownNorms, optional
+        A's norms learnt before the QR (a square A's LU), for the rank decision;
+        read only where the QR factors A itself (no damping, A not wide).
     """
     mi = problem.matrix()
     A, n, damp = mi.A, problem.shape[1], problem.damp
     Mi = problem.qr_matrix()
-    F = factorize(Mi, settings, tol=None, planned=planned)
+    if damp != 0 or problem.shape[0] < n:
+        known = None
+    F = factorize(Mi, settings, tol=None, planned=planned, known=known)
     if is_cupy_array(begin.r0):
         return _device_answer(problem, begin, F, Mi, calc_var=calc_var)
     r0 = begin.r0

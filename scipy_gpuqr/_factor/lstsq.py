@@ -141,7 +141,7 @@ from .sparse_subspace import decide as sparse_subspace_decide
 from .triangular import (DENSE_SIGMA_LIMIT, DENSE_SOLVE_LIMIT, UpperTriangular, norm2_lanczos,
                          sigma_min_upper)
 
-__all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver",
+__all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver", "KnownNorms",
            "NULLSPACE_HOST_MIN_ORDER", "nullspace_candidate",
            "exactly_singular", "solve_upper", "solve_upper_transposed"]
 
@@ -412,6 +412,29 @@ def _results_on_host(solve: Callable) -> Callable:
     return on_host
 
 
+@dataclass(frozen=True)
+class KnownNorms:
+    """What a caller already learnt of the factored matrix's norms, which R shares
+    (``M P = Q R``: R has M's singular values), for :class:`MinNormSolver` to read in
+    place of its own estimates of R's.
+
+    Parameters
+    ----------
+    sigma_max : float or None
+        σ_max of M by Lanczos to 1e-12 (as :func:`sigma_max_lanczos` gives it).
+    inverse_norm : (float, float) or None
+        ``(ν, margin)`` of a randomized probe of ``‖M⁻¹‖₂``
+        (:func:`~scipy_gpuqr._factor.solve_rank.probe_norm` through another
+        factorization's solves, a square M's LU) that did not confirm full rank
+        by lstsq's rule (``margin·ν·cutoff·‖M‖_F >= 1``): ν is a lower bound of
+        ``‖R⁻¹‖₂``, and R's own probe, the same test on the same norm, would
+        fail as well.
+    """
+
+    sigma_max: Optional[float] = None
+    inverse_norm: Optional[tuple] = None
+
+
 @dataclass
 class MinNormSolver:
     """Minimum-norm least-squares solves with a fixed k×q matrix G = R or Rᵀ.
@@ -478,6 +501,10 @@ class MinNormSolver:
         orthogonal factorization keeps). The rules use ``‖R‖_F`` only as an
         upper bound of ``σ_max`` (a looser one can only make a test stricter),
         so this serves in its place; default: one pass over R's values.
+    known : KnownNorms, optional
+        The factored matrix's σ_max and a failed probe of its inverse's norm,
+        learnt by the caller (G = R only, not ``transposed``): the decision takes
+        them for its own Lanczos on R and its own probe through R's solves.
     """
 
     R: sp.csc_array
@@ -493,6 +520,7 @@ class MinNormSolver:
     fro_bound: Optional[float] = None
     probe_start: Optional[tuple] = field(default=None, repr=False)
     diagonal: Optional[np.ndarray] = field(default=None, repr=False)
+    known: Optional[KnownNorms] = field(default=None, repr=False)
     method: str = field(init=False, default="")
     cod_device: str = field(init=False, default="cpu")
     revealed: bool = field(init=False, default=True)
@@ -524,6 +552,13 @@ class MinNormSolver:
     def __post_init__(self):
         if self.fro_bound is not None and np.isfinite(self.fro_bound):
             self._fro = float(self.fro_bound)
+        known, self.known = self.known, None
+        if known is not None and not self.transposed:
+            if known.sigma_max is not None and np.isfinite(known.sigma_max) \
+                    and known.sigma_max > 0:
+                self._smax_lanczos = float(known.sigma_max)
+            if known.inverse_norm is not None:
+                self._probe = tuple(float(v) for v in known.inverse_norm)
         try:
             threads = self._blas_threads()
             if threads is not None and self._full_rank_unlimited():
@@ -852,7 +887,10 @@ class MinNormSolver:
         """Full rank by :func:`~scipy_gpuqr._factor.solve_rank.probe_norm`: ν ≈
         ``‖R⁻¹‖₂`` from one to three block solves, confirmed where ``M·ν·cutoff·‖R‖_F
         < 1`` (σ_min ≥ 1/(Mν) except with probability PROBE_FAILURE per step,
-        σ_max ≤ ‖R‖_F; M the margin of the step)."""
+        σ_max ≤ ‖R‖_F; M the margin of the step). False at once where a probe of
+        the same norm already failed (:class:`KnownNorms`)."""
+        if self._probe is not None:
+            return False
         up, upt, xp = self._solve_ops()
         q = self.R.shape[0]
         bound = self.cutoff * self._frobenius()
