@@ -331,6 +331,10 @@ class NumpySplit:
     blocks by that device's :meth:`send_blocks` and :meth:`to_main` and then
     by the main device's steps that need them, so the steps may run on one
     thread per device.
+
+    ``on_panel``, where set, is called as ``on_panel(p, None)`` on the main
+    device's thread once panel ``p`` is factorized: every column of block
+    ``p`` of the front is then final (later steps write only later blocks).
     """
 
     def __init__(self, F: np.ndarray, panels: list, nb: int, owners):
@@ -346,6 +350,8 @@ class NumpySplit:
         self.log = []
         self.need = block_rows(self.panels, len(self.owners))
         self.geqrf, = get_lapack_funcs(("geqrf",), (F,))
+        #: ``on_panel(p, None)`` after panel ``p`` is factorized (None: nothing)
+        self.on_panel = None
 
     def _cols(self, c):
         return c * self.nb, min(self.fn, (c + 1) * self.nb)
@@ -370,6 +376,8 @@ class NumpySplit:
         V, Tp = factor_panel_numpy(self.F, j, rows, b, self.geqrf)
         self.T[p, :b, :b] = Tp
         self.V[p] = (V, Tp)
+        if self.on_panel is not None:       # block p's columns are final now
+            self.on_panel(p, None)
 
     def send_panel(self, p: int, d: int) -> None:
         V, Tp = self.V[p]

@@ -29,8 +29,11 @@ each range once final, and scattered into R's ``data`` as they land; the
 stage's entries are taken in the order they become final (each front's rows
 of R once its columns are written for the last time,
 :func:`final_launches`), not in R's CSC order, where an upper stage's
-entries wait for the root. After every thread ended only the singleton rows
-and the CSC wrapper remain.
+entries wait for the root. The root itself, split over the devices and joined
+after the stage's last launch, is ranked by column block: its copier is told
+after each of its panels (an event on the panel chain), so most of the root's
+R is copied while its later panels run (:func:`late_split_front`). After every
+thread ended only the singleton rows and the CSC wrapper remain.
 
 ``Q`` and the solves run on the first device of the list (the one of the
 roots): the other devices' VT tiles are copied into its VT pool, and their
@@ -724,7 +727,10 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
               getattr(x, "r_copy_min_chunk_bytes", MIN_CHUNK_BYTES)) for x in cuda]
     ok = False
     try:
-        host_side = helper.submit(_host_side, analysis, sched)
+        # the split fronts' panel widths (as _split_front takes them): a late one's R
+        # is copied by its panels
+        nb = int(getattr(layers[0], "dense_panel", model.dense.panel))
+        host_side = helper.submit(_host_side, analysis, sched, dict.fromkeys(split, nb))
         # then, while the devices run: the array R's values land in, its pages
         # touched (scattered into fresh pages, each write would fault its page
         # in), and a fresh copy of R's pattern (read by R's assembly only)
@@ -737,7 +743,7 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
         for x in cuda:
             x.r_copy_slot_bytes, x.r_copy_min_chunk_bytes = run.r_slot, run.r_slot // 2
         run.t_call = t_start
-        run.split, run.split_model = split, model
+        run.split, run.split_model, run.panel_nb = split, model, nb
         for k, x in enumerate(layers):      # each layer's lane, while its thread runs
             if hasattr(x, "pinned_ahead"):
                 x.pinned_ahead = None if ahead is None else ahead.lane(k)
@@ -891,7 +897,7 @@ def split_choice(analysis, plan, sched, layers, split_dense, model) -> dict:
     return out
 
 
-def _host_side(analysis, sched):
+def _host_side(analysis, sched, split_nb=None):
     """R's layout and its gather maps for the stages (on the helper: the stages'
     R copies start once they are there): per stage ``(pos, index, final)``.
 
@@ -904,7 +910,17 @@ def _host_side(analysis, sched):
     first entries final after launch ``L``; None where the layout has no column
     segments (:meth:`~.rlayout.RLayout.segments_from`: rows of R not in front
     order), whose maps are in CSC order (:func:`~.rcopy.final_entries` then).
+
+    ``split_nb``: the fronts split over the devices, each with its panel width
+    (front -> columns). A stage whose only front joined after its last launch
+    is one of them, factorized after that launch (:func:`late_split_front`),
+    has its entries ranked by that front's column blocks too, and ``final``
+    has one more entry per block: ``final[nlaunch + p]``, the stage's first
+    entries final once the front's panel ``p`` is factorized (its block's
+    columns are written for the last time then), so that the root's R is
+    copied while its later panels run, not after them all.
     """
+    split_nb = {int(f): int(nb) for f, nb in (split_nb or {}).items()}
     lay = r_layout(analysis)
     stages = sched.stages
     # the stages as scheduled name the maps (their carried packs' deferral follows
@@ -913,28 +929,50 @@ def _host_side(analysis, sched):
             sched.dense_flops, tuple((int(st.nlaunch), int(st.ntasks),
                                       hash(np.asarray(st.launch_ptr).tobytes()),
                                       tuple(sorted(st.dense.items())))
-                                     for st in stages))
+                                     for st in stages), tuple(sorted(split_nb.items())))
     fronts = [st.fronts for st in stages]
     ordered = None
     if len(stages) > 1 and lay.segments_from(analysis):
         rank = final_launches(analysis.fronts, stages, int(sched.tile),
-                              parent=analysis.fronts.parent)
+                              parent=analysis.fronts.parent, split_nb=split_nb)
         ordered = lay.stage_maps_by(fronts, rank, name)
     if ordered is None:
         return lay, [(pos, idx, None) for pos, idx in lay.stage_maps(fronts)]
+    # each stage's late split front (its stage deferred), once per layout and name
+    late = (lay.extra(("late split front", name), lambda: [
+        late_split_front(defer_carried_packs(st, analysis.fronts.parent)[0], split_nb)
+        for st in stages]) if split_nb else [None] * len(stages))
     out = []
-    for st, (pos, idx, count) in zip(stages, ordered):      # nlaunch as deferred
+    for st, g, (pos, idx, count) in zip(stages, late, ordered):      # nlaunch as deferred
         nl = int(st.nlaunch)
         final = np.zeros(nl, dtype=np.int64)
         m = min(len(count), nl)
         if m:
             np.cumsum(count[:m], out=final[:m])
             final[m:] = final[m - 1]
+        if g is not None and len(count) > nl:   # the late split front's blocks
+            final = np.concatenate([final, np.cumsum(count)[nl:]])
         out.append((pos, idx, final))
     return lay, out
 
 
-def final_launches(fs, stages, tile: int, parent=None):
+def late_split_front(st, split_nb) -> int | None:
+    """The front of stage ``st`` (its carried packs deferred) whose R is copied by
+    its panels (:func:`_host_side`): the stage's only front joined after its last
+    launch, split over the devices (a key of ``split_nb``) and factorized after
+    that launch, so that once its panel ``p`` is factorized every other entry of
+    the stage and its own columns before ``(p + 1) * nb`` are final. None where
+    the stage has no such front."""
+    if not split_nb:
+        return None
+    nl = int(st.nlaunch)
+    late = [int(f) for f, j in st.dense_join.items() if int(j) >= nl]
+    if len(late) != 1 or late[0] not in split_nb or int(st.dense[late[0]]) != nl - 1:
+        return None
+    return late[0]
+
+
+def final_launches(fs, stages, tile: int, parent=None, split_nb=None):
     """``rank(i, front, column)`` for :meth:`~.rlayout.RLayout.stage_maps_by`: the
     launch of stage ``i`` after which the rows of R of ``front`` in its local
     ``column`` are final (:func:`~.rcopy.tile_final_launches`; 0 for those no
@@ -944,7 +982,10 @@ def final_launches(fs, stages, tile: int, parent=None):
     is copied while the root's factorization runs. ``stages``: the stages as
     they are enqueued (their carried blocks' packs deferred,
     :func:`~scipy_gpuqr._schedule.devices.defer_carried_packs`), or as
-    scheduled with the fronts' ``parent`` given (deferred then, by ``rank``)."""
+    scheduled with the fronts' ``parent`` given (deferred then, by ``rank``).
+    ``split_nb`` (front -> panel width of the fronts split over the devices):
+    the stage's :func:`late_split_front` ranks ``nlaunch + column // nb``, its
+    column block (final once the block's panel is factorized)."""
     def rank(i, front, column):
         st = stages[i]
         if parent is not None:
@@ -954,7 +995,12 @@ def final_launches(fs, stages, tile: int, parent=None):
         for f, joined in st.dense_join.items():
             if int(joined) >= nl:
                 last[cellbase[f]:cellbase[f + 1]] = nl
-        return np.maximum(last[cellbase[front] + column // tile], 0)
+        out = np.maximum(last[cellbase[front] + column // tile], 0)
+        g = late_split_front(st, split_nb)
+        if g is not None:
+            mine = np.asarray(front) == g
+            out[mine] = nl + np.asarray(column)[mine] // int(split_nb[g])
+        return out
     return rank
 
 
@@ -1041,6 +1087,8 @@ class _MultiStageRun:
         #: the CUDA copiers' slot bytes
         self.r_slot = _r_slot_bytes(plan)
         self.split, self.split_model = {}, SplitModel()
+        #: the panel width R's ranks cut the late split fronts by (:func:`_host_side`)
+        self.panel_nb = None
         self.split_log = []                 # per split front: what ran, its backend
         self._peers = None                  # peer access between every pair of layers (None: not asked)
         #: main layer -> the streams, handles and buffers its split fronts share (made
@@ -1344,7 +1392,13 @@ class _MultiStageRun:
                 for f in dense_at.get(L, ()):
                     args = (h, int(st.foff[f]), int(fs.fm[f]), int(fs.fn[f]),
                             fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]])
-                    out = self._split_front(f, k, *args) if f in self.split else None
+                    out = None
+                    if f in self.split:
+                        if copier is None and self.host_side.done():
+                            copier, pos = self._copier(sid, st, k, layer, h)
+                            self.progressive += 1
+                        out = self._split_front(f, k, *args,
+                                                on_panel=self._panel_copy(sid, st, f, copier))
                     Fv, panels, T, done = out or layer.dense_factorize(*args)
                     self.dense_parts[f] = (sid, Fv, panels, T)
                     join_at.setdefault(min(st.dense_join[f], st.nlaunch), []).append(done)
@@ -1388,6 +1442,25 @@ class _MultiStageRun:
             raise
         return sid, h, copier, pos, idle
 
+    def _panel_copy(self, sid, st, f, copier):
+        """What R's copier of stage ``sid`` (``st`` as enqueued) is told after each
+        panel of split front ``f``: ``on_panel(p, event)`` hands it the entries
+        final once the panel's factorization (``event``) ended (``final[nlaunch +
+        p]``, :func:`_host_side`); None where ``f`` is not the stage's
+        :func:`late_split_front` (or no copier or no such entries)."""
+        if copier is None or not hasattr(copier, "after_cut"):
+            return None
+        final = self.host_side.result()[1][sid][2]
+        nl = int(st.nlaunch)
+        if final is None or len(final) <= nl or late_split_front(st, self.split) != f:
+            return None
+        cuts = [int(x) for x in final[nl:]]
+
+        def on_panel(p, ev):
+            if p < len(cuts):
+                copier.after_cut(cuts[p], ev)
+        return on_panel
+
     def _split_worker(self, i):
         """The thread that enqueues layer ``i``'s share of the split fronts (one per
         layer and call: its steps run in order, the layer's own thread goes on
@@ -1399,7 +1472,7 @@ class _MultiStageRun:
                 self.split_workers[i] = ex
             return ex
 
-    def _split_front(self, f, k, h, off, fm, fn, stair):
+    def _split_front(self, f, k, h, off, fm, fn, stair, on_panel=None):
         """Dense front ``f`` of device ``k``'s stage factorized over every layer
         (:func:`~scipy_gpuqr._engine.split_front.run_split`); returns what
         ``dense_factorize`` returns, or None to leave it to device ``k`` alone
@@ -1411,6 +1484,8 @@ class _MultiStageRun:
         for, so the front's host calls are shared by its devices' threads.
         ``info["split_fronts"]``' ``enqueue_seconds`` has each device's
         thread's seconds on the front and, of them, waiting for the others'.
+        ``on_panel`` (:meth:`_panel_copy`) is given to the backend, which calls
+        it after each panel's factorization on device ``k``'s thread.
         """
         layer = self.layers[k]
         idx = [i for i in range(len(self.layers)) if i != k]
@@ -1435,8 +1510,11 @@ class _MultiStageRun:
         cp = getattr(layer, "cp", None)
         nsplit = int(owners.max()) + 1
         workers = [None] + [self._split_worker(i) for i in idx[:nsplit - 1]]
+        if nb != self.panel_nb:         # R's ranks were cut by another width
+            on_panel = None
         if cp is None:                  # NumPy layers: the steps on host arrays
             be = NumpySplit(F, panels, nb, owners)
+            be.on_panel = on_panel
             entry["enqueue_seconds"] = run_split(be, panels, nb, fn, owners, workers=workers)
             T, log = be.T, be.log
             entry["transfers"] = len(log)
@@ -1455,6 +1533,7 @@ class _MultiStageRun:
             res = self.split_res[k] = SplitResources(cp)
         be = CupySplit(layer, others, F, panels, nb, owners, ready, timing=True,
                        resources=res)
+        be.on_panel = on_panel
         try:
             be.prepare()
         except cp.cuda.memory.OutOfMemoryError:

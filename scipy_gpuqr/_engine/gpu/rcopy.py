@@ -695,6 +695,10 @@ class NumpyRCopy:
         if self.final is not None:
             self._copy(int(self.final[L]))
 
+    def after_cut(self, cut: int, ev=None) -> None:
+        """The first ``cut`` entries are final now (:meth:`CupyRCopy.after_cut`)."""
+        self._copy(min(int(cut), len(self.index)))
+
     def launches_done(self) -> None:
         pass
 
@@ -793,6 +797,17 @@ class CupyRCopy:
         ev.record(self.dev.stream)
         self.q.put((L, ev))
 
+    def after_cut(self, cut: int, ev) -> None:
+        """The first ``cut`` entries are final once ``ev`` (an event of the
+        device's) completed: a range final inside a launch's work, e.g. a split
+        front's columns once its panel is factorized. Handed over only where at
+        least a chunk more than already handed over (as :meth:`after_launch`)."""
+        cut = min(int(cut), self.n)
+        if cut - self._sent_cut < self._min_chunk:
+            return
+        self._sent_cut = cut
+        self.q.put((("cut", cut), ev))
+
     def launches_done(self) -> None:
         """Every launch is enqueued: the rest after the last one."""
         ev = self.cp.cuda.Event(disable_timing=True)
@@ -853,7 +868,8 @@ class CupyRCopy:
                     L, ev = self.q.get()
                     if L == "abort":
                         return
-                    cut = self.n if L is None else int(final[L])
+                    cut = (self.n if L is None else int(L[1]) if isinstance(L, tuple)
+                           else int(final[L]))
                     if cut > issued and (L is None or cut - issued >= min_chunk):
                         cs.wait_event(ev)
                         while issued < cut:

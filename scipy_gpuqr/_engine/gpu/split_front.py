@@ -273,6 +273,15 @@ class CupySplit:
         What the split fronts of one factorization share (the caller closes
         it after the last front's ``done``); None: this front's own, closed
         by :meth:`release`.
+
+    Notes
+    -----
+    ``on_panel``, where set, is called as ``on_panel(p, event)`` on the main
+    device's thread after panel ``p``'s factorization is enqueued, ``event``
+    recorded on the chain after it: once it completed, block ``p``'s columns
+    of the front are final (the block came back, took its look-ahead update
+    and its panel; later steps write later blocks only), so R's copier may
+    read them while the later panels run.
     """
 
     def __init__(self, main, helpers, F, panels, nb, owners, ready, panel_method=None,
@@ -305,6 +314,9 @@ class CupySplit:
         self.free_after = [dict() for _ in range(self.ndev)]
         self._bulk_waited = -1
         self.start = self.done = None
+        #: ``on_panel(p, event)`` after panel ``p`` is enqueued, with the event on the
+        #: main device after its factorization (None: nothing)
+        self.on_panel = None
 
     def _dev(self, d):
         return self.cp.cuda.Device(self.ids[d])
@@ -468,6 +480,8 @@ class CupySplit:
             with self.s_chain:
                 self.fac(self.F, self.panels[p], self.tau[p], self._vslot(p), self.T[p])
             self.ev_fac[p] = self._event(self.s_chain)
+            if self.on_panel is not None:   # block p's columns are final after it
+                self.on_panel(p, self.ev_fac[p])
         self._settle()
 
     def send_panel(self, p: int, d: int) -> None:
