@@ -484,6 +484,33 @@ def test_device_full_rank_test_on_a_dense_r_takes_sigma_max_there_once(matrices_
     assert svd == [pytest.approx(sigma_max_lanczos(R), rel=1e-12)]
 
 
+def test_gap_check_keeping_every_column_after_a_failed_probe_tests_no_sigma(matrices_dir,
+                                                                           monkeypatch):
+    """nnc1374 (66 singular values under the cutoff, none of R's pivots there): the
+    probe through R's solves fails with 1/ν within the σ test's margin of the cutoff,
+    and the gap check's rank-detecting QR keeps every column, so its R11 has R's
+    singular values: no σ_min test runs on it (nor on R); the subspace decision answers
+    with lstsq's rank."""
+    from scipy_gpuqr.io import mmread
+    A = sp.csc_array(mmread(str(matrices_dir / "nnc1374.mtx"))).astype(np.float64)
+    factorize, ran, _ = backend_factorizer("cpu")
+    if ran != "cpu":
+        pytest.skip("SuiteSparseQR not available")
+    R = sp.csc_array(factorize(A, tol=None).R)
+    sigma_calls = _spy(monkeypatch, "sigma_min_upper")
+    ranks = []
+    cod = _cod_factorizer(factorize)
+
+    def spy(G, tol=None):
+        out = cod(G, tol=tol)
+        ranks.append((tol is not None, int(out.rank) if tol is not None else None))
+        return out
+    solver = _lstsq.MinNormSolver(R, _lstsq.lstsq_cutoff(*A.shape), factorize=spy)
+    assert ranks == [(True, A.shape[1])]                # the gap check kept every column
+    assert not sigma_calls
+    assert (solver.method, solver.rank) == ("subspace_cod", 1308)
+
+
 @pytest.mark.gpu
 def test_gap_check_sigma_min_on_the_gpu_on_adder_dcop_05(matrices_dir):
     """adder_dcop_05 (order 1813, rank 1788 by lstsq's rule, σ_1788 at 1.42 × the cutoff):

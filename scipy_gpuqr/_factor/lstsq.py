@@ -793,11 +793,21 @@ class MinNormSolver:
             self.sigma_min, self.sigma_max = 1.0 / nu, smax
             self._tri = self._rtri
             return True
-        sigma_margin = _DENSE_SIGMA_MARGIN if q <= DENSE_LIMIT else _SIGMA_MARGIN
-        if 1.0 / nu <= sigma_margin * tol:
+        if self._sigma_test_hopeless(q, tol):
             self.sigma_min, self.sigma_max = 1.0 / nu, smax     # σ_min at most this
             return False
         return None
+
+    def _sigma_test_hopeless(self, order: int, threshold: float) -> bool:
+        """Whether a failed probe's ν (``σ_min(R) <= 1/ν``) lies within the σ test's
+        margin of ``threshold`` (:func:`_clearly_above`'s for a triangle of this
+        order): then no σ_min estimate of R, or of a triangle with R's singular
+        values, can legitimately pass that test."""
+        if self._probe is None:
+            return False
+        nu = self._probe[0]
+        margin = _DENSE_SIGMA_MARGIN if order <= DENSE_LIMIT else _SIGMA_MARGIN
+        return bool(np.isfinite(nu) and nu > 0 and 1.0 / nu <= margin * threshold)
 
     # -- decisions through R's triangular solves (scipy_gpuqr._factor.solve_rank) --
     def _solve_ops(self) -> tuple:
@@ -996,7 +1006,9 @@ class MinNormSolver:
         is the COD's up to a perturbation ``<= ‖E‖₂``. σ_min(R11) comes from
         :func:`~scipy_gpuqr._factor.triangular.sigma_min_upper` (a bound, or an
         estimate with a margin), on the GPU where the dense refinements run there
-        (:meth:`_sigma_min_on_device`). False (nothing kept) when either test fails.
+        (:meth:`_sigma_min_on_device`). False (nothing kept) when either test fails,
+        or where the QR kept every column and a failed probe of R's inverse already
+        shows that the σ test cannot pass (R11 then has R's singular values).
         """
         G = sp.csc_array(self.R.T) if self.transposed else self.R
         kG, qG = G.shape
@@ -1008,6 +1020,10 @@ class MinNormSolver:
         r = int(first.rank)
         dead = qG - r
         if r == 0 or kG * dead > GAP_CHECK_MAX_ENTRIES:
+            return False
+        if dead == 0 and self._sigma_test_hopeless(r, tol):
+            # every column kept: R11 is R's triangle again (R's singular values), whose
+            # σ_min a failed probe already put within the σ test's margin of tol
             return False
         Rf = sp.csc_array(first.R)
         if dead:
