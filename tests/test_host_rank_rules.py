@@ -511,6 +511,31 @@ def test_gap_check_keeping_every_column_after_a_failed_probe_tests_no_sigma(matr
     assert (solver.method, solver.rank) == ("subspace_cod", 1308)
 
 
+def test_gap_check_keeping_every_column_after_rs_own_sigma_test_failed(matrices_dir,
+                                                                       monkeypatch):
+    """nnc1374 with R's solves given (a GPU factorization's way: no probe first): the
+    σ test of all of R fails; the gap check's QR keeps every column, and its R11 (R's
+    singular values, the same threshold) is not tested again."""
+    from scipy_gpuqr.io import mmread
+    A = sp.csc_array(mmread(str(matrices_dir / "nnc1374.mtx"))).astype(np.float64)
+    factorize, ran, _ = backend_factorizer("cpu")
+    if ran != "cpu":
+        pytest.skip("SuiteSparseQR not available")
+    R = sp.csc_array(factorize(A, tol=None).R)
+    seen = []
+    real = _lstsq.sigma_min_upper
+
+    def spy(T, threshold, **kwargs):
+        seen.append(T.shape[0])
+        return real(T, threshold, **kwargs)
+    monkeypatch.setattr(_lstsq, "sigma_min_upper", spy)
+    solver = _lstsq.MinNormSolver(R, _lstsq.lstsq_cutoff(*A.shape),
+                                  factorize=_cod_factorizer(factorize),
+                                  solves=UpperTriangular(R).solves())
+    assert seen == [A.shape[1]]                         # R's own test, once
+    assert solver.rank == 1308
+
+
 @pytest.mark.gpu
 def test_gap_check_sigma_min_on_the_gpu_on_adder_dcop_05(matrices_dir):
     """adder_dcop_05 (order 1813, rank 1788 by lstsq's rule, σ_1788 at 1.42 × the cutoff):

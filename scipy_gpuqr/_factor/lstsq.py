@@ -539,6 +539,8 @@ class MinNormSolver:
     _smax_lanczos: Optional[float] = field(init=False, default=None, repr=False)
     # (ν, margin) of a probe of ‖R⁻¹‖₂ that did not confirm full rank
     _probe: Optional[tuple] = field(init=False, default=None, repr=False)
+    # the threshold at which the σ test of all of R failed
+    _sigma_failed: Optional[float] = field(init=False, default=None, repr=False)
     # ‖R‖_F being computed on a worker thread (_late_upper_cutoff)
     _fro_pending: Optional[Future] = field(init=False, default=None, repr=False)
     # the pools process_limited lowered for the decision (None outside it)
@@ -745,6 +747,7 @@ class MinNormSolver:
         if _clearly_above(est, q, self.cutoff * smax):
             self.method, self.rank = "triangular", q
             return True
+        self._sigma_failed = self.cutoff * smax
         return False
 
     def _device_sigma_max(self) -> tuple:
@@ -799,10 +802,13 @@ class MinNormSolver:
         return None
 
     def _sigma_test_hopeless(self, order: int, threshold: float) -> bool:
-        """Whether a failed probe's ν (``σ_min(R) <= 1/ν``) lies within the σ test's
-        margin of ``threshold`` (:func:`_clearly_above`'s for a triangle of this
-        order): then no σ_min estimate of R, or of a triangle with R's singular
-        values, can legitimately pass that test."""
+        """Whether the σ test of R, or of a triangle of this order with R's singular
+        values, cannot pass at ``threshold``: R's own σ test failed at a threshold
+        no larger, or a failed probe's ν (``σ_min(R) <= 1/ν``) lies within the σ
+        test's margin of ``threshold`` (:func:`_clearly_above`'s for this order)."""
+        if self._sigma_failed is not None and order == min(self.R.shape) \
+                and threshold >= self._sigma_failed:
+            return True
         if self._probe is None:
             return False
         nu = self._probe[0]
@@ -1007,8 +1013,9 @@ class MinNormSolver:
         :func:`~scipy_gpuqr._factor.triangular.sigma_min_upper` (a bound, or an
         estimate with a margin), on the GPU where the dense refinements run there
         (:meth:`_sigma_min_on_device`). False (nothing kept) when either test fails,
-        or where the QR kept every column and a failed probe of R's inverse already
-        shows that the σ test cannot pass (R11 then has R's singular values).
+        or where the QR kept every column and R's own σ test failed, or a failed
+        probe of R's inverse shows that it cannot pass (R11 then has R's singular
+        values).
         """
         G = sp.csc_array(self.R.T) if self.transposed else self.R
         kG, qG = G.shape
@@ -1023,7 +1030,7 @@ class MinNormSolver:
             return False
         if dead == 0 and self._sigma_test_hopeless(r, tol):
             # every column kept: R11 is R's triangle again (R's singular values), whose
-            # σ_min a failed probe already put within the σ test's margin of tol
+            # σ test already failed, or could not pass after a failed probe
             return False
         Rf = sp.csc_array(first.R)
         if dead:
