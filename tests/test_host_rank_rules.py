@@ -536,6 +536,34 @@ def test_gap_check_keeping_every_column_after_rs_own_sigma_test_failed(matrices_
     assert solver.rank == 1308
 
 
+def test_device_solves_given_sigma_max_and_test_on_one_device_copy(matrices_dir, monkeypatch):
+    """R's solves given (a GPU factorization) and the dense work on the device: no probe;
+    R made dense on the device once, σ_max by Lanczos there and the σ test on that copy;
+    the gap check reads that σ_max (no host Lanczos on R) and, its QR keeping every
+    column of nnc1374's R, tests nothing again (the dense SVD after it stubbed)."""
+    from scipy_gpuqr.io import mmread
+    A = sp.csc_array(mmread(str(matrices_dir / "nnc1374.mtx"))).astype(np.float64)
+    factorize, ran, _ = backend_factorizer("cpu")
+    if ran != "cpu":
+        pytest.skip("SuiteSparseQR not available")
+    R = sp.csc_array(factorize(A, tol=None).R)
+    solves = UpperTriangular(R).solves()
+    made = _stand_in_device(monkeypatch)
+    smax_calls = _spy(monkeypatch, "sigma_max_lanczos")
+    lanczos_calls = _spy(monkeypatch, "norm2_lanczos")
+    sigma_calls = _spy(monkeypatch, "sigma_min_upper")
+    probes = _spy(monkeypatch, "probe_norm")
+    svd = []
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_svd",
+                        lambda self, G=None: svd.append(self._sigma_max()))
+    _lstsq.MinNormSolver(R, _lstsq.lstsq_cutoff(*A.shape), factorize=_cod_factorizer(factorize),
+                         solves=solves, dense_device="gpu")
+    assert made == [1374, 1374]                         # the σ test's copy, the SVD's own
+    assert len(lanczos_calls) == 1 and len(sigma_calls) == 1
+    assert not smax_calls and not probes
+    assert svd == [pytest.approx(sigma_max_lanczos(R), rel=1e-12)]
+
+
 @pytest.mark.gpu
 def test_gap_check_sigma_min_on_the_gpu_on_adder_dcop_05(matrices_dir):
     """adder_dcop_05 (order 1813, rank 1788 by lstsq's rule, σ_1788 at 1.42 × the cutoff):

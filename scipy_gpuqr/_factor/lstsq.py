@@ -715,10 +715,11 @@ class MinNormSolver:
             # R densely on the GPU: the σ test itself costs a few cuBLAS calls
             # (less than the host's triangular solves and Lanczos), so it
             # decides without the 1-norm estimate
-            smax, settled = self._device_sigma_max()
+            smax, settled, Rgpu = self._device_sigma_max()
             if settled is not None:
                 return settled
-            Rgpu = self._dense_on_gpu(as_g=False)
+            if Rgpu is None:
+                Rgpu = self._dense_on_gpu(as_g=False)
             est = sigma_min_upper(Rgpu, self.cutoff * smax)
             del Rgpu
         else:
@@ -751,7 +752,8 @@ class MinNormSolver:
         return False
 
     def _device_sigma_max(self) -> tuple:
-        """``(σ_max, settled)`` before the GPU's σ test of all of R.
+        """``(σ_max, settled, R on the device or None)`` before the GPU's σ test of
+        all of R.
 
         Where R's solves are the host's (no device solves given: SuperLU's sweeps
         on a sparse R), the randomized probe through them comes first, as on the
@@ -760,17 +762,21 @@ class MinNormSolver:
         can pass the test (``settled`` False: the rank-deficiency rules decide,
         and no dense copy of R goes to the device for it). σ_max is then the
         host's Lanczos on R where R is sparse enough for the gap-checked sparse
-        COD, which reads the same value next, else Lanczos on R made dense on the
-        GPU; either is kept for the rules after this test. ``settled`` None: the
-        σ test decides."""
-        if self.solves is None and self._full_rank_probed():
-            return self.sigma_max, True
-        if self._smax_lanczos is None and not self._sparse_cod_first():
-            Rgpu = self._dense_on_gpu(as_g=False)
+        COD, which reads the same value next. Otherwise (device solves given: the
+        σ test runs on the device whatever σ_max is) it is Lanczos on R made dense
+        on the GPU, and that copy is returned for the σ test. Either σ_max is kept
+        for the rules after this test. ``settled`` None: the σ test decides."""
+        if self.solves is None:
+            if self._full_rank_probed():
+                return self.sigma_max, True, None
+            if self._smax_lanczos is not None or self._sparse_cod_first():
+                smax = self._sigma_max()
+                return smax, self._probe_settles(smax), None
+        Rgpu = self._dense_on_gpu(as_g=False)
+        if self._smax_lanczos is None:
             self._smax_lanczos = norm2_lanczos(Rgpu)
-            del Rgpu
-        smax = self._sigma_max()
-        return smax, self._probe_settles(smax)
+        smax = self._smax_lanczos
+        return smax, self._probe_settles(smax), Rgpu
 
     def _estimate_solves(self) -> Optional[tuple]:
         """R's solves for the 1-norm and σ_min estimates: the given ones, else the
