@@ -5,6 +5,13 @@ ctypes declares them in microseconds, where a cffi ``cdef`` parses C
 declarations with pycparser first (a tenth of a second in some new
 processes, paid by every first analysis of a process, cache hits included,
 since an analysis' key names the ordering library).
+
+The library has each function twice, for ``int`` and for ``long`` indices:
+the same algorithm, the same order. The ``int`` one runs where every index
+and its workspace fit in 32 bits (half the bytes through the caches). Its
+hash of a column's rows may wrap where the ``long`` one's does not; that only
+moves columns between hash buckets, and identical columns (the only ones it
+merges) hash alike either way.
 """
 
 from __future__ import annotations
@@ -21,7 +28,11 @@ __all__ = ["colamd", "colamd_available"]
 
 _KNOBS = ctypes.c_double * 20
 _STATS = ctypes.c_int64 * 20
+_STATS32 = ctypes.c_int32 * 20
 _I64P = ctypes.POINTER(ctypes.c_int64)
+_I32P = ctypes.POINTER(ctypes.c_int32)
+#: The ``int`` functions' largest index and workspace length.
+_INT_MAX = 2**31 - 1
 
 _COLAMD_STATUS = 3
 _COLAMD_DENSE_ROW = 0
@@ -30,8 +41,9 @@ _COLAMD_DENSE_COL = 1
 
 @functools.lru_cache(maxsize=1)
 def _lib() -> ctypes.CDLL:
-    """The COLAMD library with its three functions declared (once per process:
-    the handle is immutable once opened, caching it is not mutable state)."""
+    """The COLAMD library with its functions declared, ``long`` and ``int`` (once
+    per process: the handle is immutable once opened, caching it is not mutable
+    state)."""
     path = find_library("colamd")
     try:
         lib = ctypes.CDLL(path)
@@ -44,6 +56,13 @@ def _lib() -> ctypes.CDLL:
     lib.colamd_l_set_defaults.restype = None
     lib.colamd_l.argtypes = [i64, i64, i64, _I64P, _I64P, _KNOBS, _STATS]
     lib.colamd_l.restype = i64
+    i32 = ctypes.c_int32
+    lib.colamd_recommended.argtypes = [i32, i32, i32]
+    lib.colamd_recommended.restype = ctypes.c_size_t
+    lib.colamd_set_defaults.argtypes = [_KNOBS]
+    lib.colamd_set_defaults.restype = None
+    lib.colamd.argtypes = [i32, i32, i32, _I32P, _I32P, _KNOBS, _STATS32]
+    lib.colamd.restype = i32
     return lib
 
 
@@ -84,27 +103,32 @@ def colamd(A, dense_row: float | None = None, dense_col: float | None = None) ->
     m, n = A.shape
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    A = A.copy()
-    A.sum_duplicates()
-    A.sort_indices()
+    if not A.has_canonical_format:      # COLAMD wants sorted rows, no duplicates
+        A = A.copy()
+        A.sum_duplicates()
     nnz = int(A.indptr[-1])
-    alen = int(lib.colamd_l_recommended(nnz, m, n))
+    small = max(m, n, nnz) <= _INT_MAX
+    alen = int(lib.colamd_recommended(nnz, m, n) if small else 0)
+    small = 0 < alen <= _INT_MAX
+    if not small:
+        alen = int(lib.colamd_l_recommended(nnz, m, n))
     if alen == 0:
         raise RuntimeError(f"colamd: matrix of shape {A.shape} with {nnz} entries is too large")
-    work = np.zeros(alen, dtype=np.int64)
+    itype, ptype = (np.int32, _I32P) if small else (np.int64, _I64P)
+    work = np.zeros(alen, dtype=itype)
     work[:nnz] = A.indices
-    p = np.ascontiguousarray(A.indptr, dtype=np.int64)
+    p = np.array(A.indptr, dtype=itype)     # a copy: COLAMD overwrites it with the order
     knobs = _KNOBS()
-    lib.colamd_l_set_defaults(knobs)
+    (lib.colamd_set_defaults if small else lib.colamd_l_set_defaults)(knobs)
     if dense_row is not None:
         knobs[_COLAMD_DENSE_ROW] = float(dense_row)
     if dense_col is not None:
         knobs[_COLAMD_DENSE_COL] = float(dense_col)
-    stats = _STATS()
+    stats = _STATS32() if small else _STATS()
     # ctypes releases the GIL for the call (COLAMD runs while other threads go on)
-    ok = lib.colamd_l(m, n, alen, work.ctypes.data_as(_I64P), p.ctypes.data_as(_I64P),
-                      knobs, stats)
+    ok = (lib.colamd if small else lib.colamd_l)(m, n, alen, work.ctypes.data_as(ptype),
+                                                  p.ctypes.data_as(ptype), knobs, stats)
     if not ok:
         raise RuntimeError(f"colamd failed with status {stats[_COLAMD_STATUS]} on a "
                            f"{m}x{n} matrix with {nnz} entries")
-    return p[:n].copy()
+    return p[:n].astype(np.int64)
