@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
-from scipy_gpuqr._engine.slab_front import (ONE_SLAB_PARTS, PART_ROW_BYTES, NumpySlabs,
-                                            factorize_in_slabs, one_slab_parts, part_rows,
-                                            slab_buffer_elements, slab_columns,
+from scipy_gpuqr._engine.slab_front import (ONE_SLAB_PARTS, PART_ROW_BYTES, POOL_UNIT,
+                                            NumpySlabs, factorize_in_slabs, one_slab_parts,
+                                            one_slab_reserve, part_rows, part_workspace_bytes,
+                                            pool_bytes, slab_buffer_elements, slab_columns,
                                             scratch_bytes, slab_part_count, slab_parts,
                                             slab_ranges, slab_sides, whole_front_fits)
 from scipy_gpuqr._testing_matrices import staircase_front
@@ -553,13 +554,25 @@ def _ch7_8_b3_root():
     return fm, fn, panels_of(fm, fn, fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]], 256)
 
 
+def _one_slab_need(panels, fm, fn, nb, parts, geqrf=False):
+    """Bytes a one-slab front in ``parts`` takes on the device: its buffer and
+    what :class:`CupySlabs` allocates beside it, as CuPy's pool takes them."""
+    slab = (0, fn, 0, len(panels))
+    pieces = slab_parts(panels, slab, parts)
+    size = slab_buffer_elements([(slab, pieces)], panels, fm)
+    return pool_bytes(size * 8) + one_slab_reserve(panels, pieces, fm, nb, 8, geqrf=geqrf)
+
+
 def test_ch7_8_b3s_root_is_one_slab_at_half_its_need():
     """ch7-8-b3's root at 1/2 of the one-stage need (3,432,269,534 bytes for a
     slab beside what the pool held, as the H200 runs found): its rectangle took
     two column slabs of every row (5965 columns at most, a 2.29 GB buffer), the
     first slab's panels sent up again for the second; its eight parts down to
     their staircases take 2.56 GB, 69 % of the rectangle, and fit as one slab.
-    At 1/4 (1.7 GB for the slab) the front still takes slabs of several."""
+    Beside the buffer the device holds the panels' T and the scratch (144 MB),
+    so four to seven parts fit there too (the 404 MB of ``4 fm nb`` and 10 % of
+    the bytes counted before did not leave room for fewer than six). At 1/4
+    (1.7 GB for the slab) the front still takes slabs of several."""
     fm, fn, panels = _ch7_8_b3_root()
     assert (fm, fn) == (49340, 9375)
     half = 3_432_269_534
@@ -569,17 +582,30 @@ def test_ch7_8_b3s_root_is_one_slab_at_half_its_need():
     parts = slab_parts(panels, (0, fn, 0, len(panels)), k)
     size = slab_buffer_elements([((0, fn, 0, len(panels)), parts)], panels, fm)
     assert 2.5e9 < 8 * size < 2.6e9 and size < 0.7 * fm * fn
-    assert (size + 4 * fm * 256 + 2 * fn * 256 + 5 * 256 ** 2) * 8 <= 0.9 * half
+    reserve = one_slab_reserve(panels, parts, fm, 256, 8)
+    # the panels' T (37 of 256 x 256) and the scratch, nothing else: every part's
+    # workspace is cut from the scratch
+    assert reserve == pool_bytes(37 * 256 * 256 * 8) + pool_bytes(scratch_bytes(fm, 1280, 256, 8))
+    assert 140e6 < reserve < 145e6
+    # the H200 runs' pool peak: 3.247 GB with 547 MB held before the slab
+    assert abs(pool_bytes(8 * size) + reserve + 547e6 - 3.247e9) < 1e6
+    for fewer in (4, 5, 6, 7):
+        assert one_slab_parts(panels, fm, fn, 256, 8, half, PART_ROW_BYTES, parts=fewer) == fewer
+        assert _one_slab_need(panels, fm, fn, 256, fewer) < half
     assert one_slab_parts(panels, fm, fn, 256, 8, 1_700_000_000, PART_ROW_BYTES) == 0
     assert one_slab_parts(panels, fm, fn, 256, 8, half, PART_ROW_BYTES, parts=0) == 0
-    # fewer parts lie further from the staircase: four do not fit there
-    assert one_slab_parts(panels, fm, fn, 256, 8, half, PART_ROW_BYTES, parts=4) == 0
+    # panels through cuSOLVER's geqrf add blocks per part: eight no longer fit in
+    # 2.8 GB, where the panel kernel's do
+    assert one_slab_parts(panels, fm, fn, 256, 8, 2_800_000_000, PART_ROW_BYTES) == 8
+    assert one_slab_parts(panels, fm, fn, 256, 8, 2_800_000_000, PART_ROW_BYTES,
+                          geqrf=True) == 0
 
 
 def test_one_slab_parts_fit_the_bytes_given():
     """The whole front goes as one slab exactly where its parts down to their
-    staircases and the workspace fit 90 % of the bytes; the count is the parts
-    asked for, fewer where rows would be short or panels few."""
+    staircases and what the device allocates beside them fit the bytes; the
+    count is the parts asked for, fewer where rows would be short or panels
+    few."""
     rng = np.random.default_rng(3)
     fm, fn, nb = 400, 300, 16
     _, stair = staircase_front(fm, fn, rng, dense_rows=3)
@@ -587,16 +613,47 @@ def test_one_slab_parts_fit_the_bytes_given():
     slab = (0, fn, 0, len(panels))
     for parts in (1, 3, 8):
         size = slab_buffer_elements([(slab, slab_parts(panels, slab, parts))], panels, fm)
-        need = (size + 4 * fm * nb + 2 * fn * nb + 5 * nb * nb) * 8
-        assert size <= fm * fn
-        assert one_slab_parts(panels, fm, fn, nb, 8, int(need / 0.9) + 1, parts=parts) == parts
-        assert one_slab_parts(panels, fm, fn, nb, 8, int(need / 0.9) - 8, parts=parts) == 0
+        need = _one_slab_need(panels, fm, fn, nb, parts)
+        assert size <= fm * fn and need > 8 * size
+        assert one_slab_parts(panels, fm, fn, nb, 8, need, parts=parts) == parts
+        assert one_slab_parts(panels, fm, fn, nb, 8, need - 1, parts=parts) == 0
     big = 10 ** 9
     assert one_slab_parts(panels, fm, fn, nb, 8, big, row_bytes=fn * 8 // 2, parts=8) == 2
     assert one_slab_parts(panels[:2], fm, 2 * nb, nb, 8, big, parts=8) == 2
     assert one_slab_parts([], fm, 0, nb, 8, big) == 0
     wide = panels_of(fn, fm, None, nb)            # 300 x 400: 100 columns past the panels
     assert one_slab_parts(wide, fn, fm, nb, 8, big) == 0
+
+
+@pytest.mark.parametrize("fm,fn,parts", [(12000, 2900, 8), (6000, 4000, 8), (5000, 3000, 3),
+                                         (20000, 6000, 4), (3000, 2000, 2)])
+def test_one_slab_reserve_is_what_the_device_allocates(fm, fn, parts):
+    """:func:`one_slab_reserve` sums the arrays :class:`CupySlabs` holds beside the
+    buffer: with panels of 256 the scratch holds each part's update workspace
+    and its own panels' workspace (:func:`part_workspace_bytes`), with the
+    flags of the parts before it, so the reserve is the panels' T and the
+    scratch; cuSOLVER's geqrf panels take blocks of their own for every part
+    (its panel copy and workspace), as the pool keeps each part's larger ones."""
+    rng = np.random.default_rng(fm + fn)
+    nb, isz = 256, 8
+    _, stair = staircase_front(fm, fn, rng, dense_rows=3)
+    panels = panels_of(fm, fn, stair, nb)
+    pieces = slab_parts(panels, (0, fn, 0, len(panels)), parts)
+    widest = max(a1 - a0 for a0, a1, _, _ in pieces)
+    scratch = pool_bytes(scratch_bytes(fm, widest, nb, isz))
+    T = pool_bytes(len(panels) * nb * nb * isz)
+    for g, part in enumerate(pieces):
+        updates, own = part_workspace_bytes(panels, part, fm, widest, nb, isz)
+        assert updates == pool_bytes((fm * nb + 2 * widest * nb) * isz)
+        assert 0 < own and max(updates, own) + g * POOL_UNIT <= scratch
+        assert updates % POOL_UNIT == 0 and own % POOL_UNIT == 0
+    assert one_slab_reserve(panels, pieces, fm, nb, isz) == T + scratch
+    over = 0
+    for g, part in enumerate(pieces):
+        _, own = part_workspace_bytes(panels, part, fm, widest, nb, isz, geqrf=True)
+        over += max(0, own + g * POOL_UNIT - scratch)
+    assert one_slab_reserve(panels, pieces, fm, nb, isz, geqrf=True) == T + scratch + over
+    assert pool_bytes(0) == pool_bytes(1) == POOL_UNIT and pool_bytes(513) == 2 * POOL_UNIT
 
 
 class _OneSlab(NumpySlabs):
@@ -667,12 +724,11 @@ def test_one_slab_on_the_gpu_equals_the_blocked_factorization(fm, fn):
     size = slab_buffer_elements([((0, fn, 0, len(panels)), pieces)], panels, fm)
     assert dev.slabs == 1 and dev.parts == len(pieces) == 8
     assert before < dev.pool_peak - 8 * size
-    assert dev.pool_peak - before <= (size + 4 * fm * nb + 2 * fn * nb + 5 * nb * nb) * 8
-    # beside the buffer: the scratch the parts' workspaces are cut from, the panels'
-    # T and small arrays; not a new block for each part's taller panel buffer
-    scratch = fm * nb * 9 + 4 * fn * nb * 8
-    T_bytes = len(panels) * nb * nb * 8
-    assert dev.pool_peak - before - 8 * size <= scratch + T_bytes + (8 << 20)
+    # beside the buffer: the scratch the parts' workspaces are cut from and the
+    # panels' T (:func:`one_slab_reserve`); not a new block for each part's taller
+    # panel buffer. Either may be cut from a block the pool held partly in use.
+    reserve = one_slab_reserve(panels, pieces, fm, nb, 8)
+    assert pool_bytes(8 * size) < dev.pool_peak - before <= pool_bytes(8 * size) + reserve
     assert dev.all_finite()
     tol = 1e3 * fm * EPS * np.abs(F0).max()
     k = min(fm, fn)
@@ -693,11 +749,27 @@ def test_host_front_whose_staircase_fits_goes_as_one_slab():
     slab = (0, fn, 0, len(panels))
     k = slab_part_count(fn, 8, ONE_SLAB_PARTS, PART_ROW_BYTES)     # 3: rows of 8 KB
     size = slab_buffer_elements([(slab, slab_parts(panels, slab, k))], panels, fm)
-    room = int((size + 4 * fm * nb + 2 * fn * nb + 5 * nb * nb) * 8 / 0.9 / POOL_USABLE)
-    room += 4 << 20             # the pool's own rounding
+    need = _one_slab_need(panels, fm, fn, nb, k)
+    room = int(need / POOL_USABLE) + (4 << 20)      # blocks the pool held partly in use
     assert not whole_front_fits(fm, fn, nb, 8, room)
+    # below what ``4 fm nb`` beside the buffer and 10 % spare asked for
+    assert room < (size + 4 * fm * nb + 2 * fn * nb + 5 * nb * nb) * 8 / 0.9
     F = F0.copy()
     T, how, finite = _host_front_on_gpu_with_room(F, panels, room)
     assert T is not None and how.startswith(f"in column slabs: one slab of {k} parts"), how
+    assert "on the host" not in how, how       # no part ran out of the pool
     assert finite is True
     _check_q(F0, F, panels, T, 1e3 * fm * EPS * np.abs(F0).max())
+
+
+@pytest.mark.gpu
+def test_geqrf_panels_follow_the_panel_kernels_plan():
+    """A one-slab front's count takes cuSOLVER's geqrf blocks where this device's
+    panel kernel cannot take its tallest panel, or the panel method is geqrf."""
+    from scipy_gpuqr._engine.dense_front import geqrf_panels
+    from scipy_gpuqr._engine.gpu.dense_panel import panel_kernel
+    for fm in (3000, 49340, 400_000):
+        panels = panels_of(fm, 1024, None, 256)
+        assert geqrf_panels(panels, np.float64) == (panel_kernel(np.float64).plan(fm) is None)
+        assert geqrf_panels(panels, np.float64, "geqrf")
+    assert not geqrf_panels([], np.float64)

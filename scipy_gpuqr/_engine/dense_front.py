@@ -47,7 +47,7 @@ from .gpu.mapped import device_view
 
 __all__ = ["DEFAULT_PANEL", "PANEL_METHODS", "DEFAULT_PANEL_METHOD", "DEFAULT_LOOKAHEAD",
            "REFLECTOR_UPLOADS", "REFLECTOR_UPLOAD",
-           "panels_of",
+           "panels_of", "geqrf_panels",
            "DenseFront", "HostDenseFront", "factorize_numpy", "factor_panel_numpy",
            "factorize_blocked_numpy",
            "factorize_cupy"]
@@ -532,6 +532,19 @@ def factorize_cupy(F, panels: list, nb: int, stream=None, panel_method: str | No
             if nxt is not None:
                 done = nxt_done
     return T
+
+
+def geqrf_panels(panels: list, dtype, panel_method: str | None = None) -> bool:
+    """Whether :func:`factorize_cupy` takes any of ``panels`` through cuSOLVER's
+    ``geqrf`` on the current device (its buffers then come beside the panel
+    kernel's): the ``geqrf`` panel method, or a panel taller than the panel
+    kernel's blocks hold (``PanelKernel.plan``). Needs a GPU."""
+    method = DEFAULT_PANEL_METHOD if panel_method is None else panel_method
+    if not panels:
+        return False
+    if method != "kernel":
+        return True
+    return panel_kernel(dtype).plan(max(r for _, r, _ in panels)) is None
 
 
 class _Work:

@@ -66,6 +66,7 @@ import numpy as np
 
 from .dense_front import _Cublas, _wy_update, factorize_cupy, factorize_numpy
 from .gpu.array_ops import unit_triangle, upload_block
+from .gpu.dense_panel import PANEL_WIDTH, panel_workspace_elements
 from .gpu.finite_check import finite_check
 from .gpu.mapped import device_view
 from .memory import make_room
@@ -73,7 +74,8 @@ from .memory import make_room
 __all__ = ["slab_ranges", "slab_parts", "slab_sides", "slab_columns", "whole_front_fits",
            "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS", "PANEL_UPLOADS",
            "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count", "part_rows", "one_slab_parts",
-           "ONE_SLAB_PARTS", "slab_buffer_elements", "scratch_bytes"]
+           "ONE_SLAB_PARTS", "slab_buffer_elements", "scratch_bytes", "POOL_UNIT", "pool_bytes",
+           "PANEL_BLOCKS_MOST", "part_workspace_bytes", "one_slab_reserve"]
 
 #: Most parts a slab is worked in (:func:`slab_parts`): part ``g`` goes back to
 #: the host while part ``g + 1`` is worked on, and part ``g + 1`` came up while
@@ -105,6 +107,14 @@ PART_ROW_BYTES = 7 << 10
 PANEL_UPLOADS = ("copy2d", "mapped", "mapped-all")
 #: The default of :data:`PANEL_UPLOADS`.
 PANEL_UPLOAD = "copy2d"
+
+#: Bytes CuPy's memory pool rounds every allocation up to (its allocation
+#: unit): what an array really takes of a pool limit (:func:`pool_bytes`).
+POOL_UNIT = 512
+
+#: Most blocks of a panel-kernel launch counted for its reduction buffers
+#: (:func:`part_workspace_bytes`): the device's multiprocessors (an H200 has 132).
+PANEL_BLOCKS_MOST = 256
 
 
 def slab_ranges(panels: list, fn: int, width: int) -> list:
@@ -238,7 +248,7 @@ def slab_columns(fm: int, nb: int, itemsize: int, available: int) -> int:
 
 
 def one_slab_parts(panels: list, fm: int, fn: int, nb: int, itemsize: int, available: int,
-                   row_bytes: int = 0, parts: int | None = None) -> int:
+                   row_bytes: int = 0, parts: int | None = None, geqrf: bool = False) -> int:
     """Parts of the whole front worked as one slab in ``available`` device bytes,
     or 0 where it does not fit (then :func:`slab_columns`' slabs of several), or
     where the front is wider than tall (its columns past the last panel go in
@@ -248,22 +258,22 @@ def one_slab_parts(panels: list, fm: int, fn: int, nb: int, itemsize: int, avail
     gives for ``parts``, default :data:`ONE_SLAB_PARTS`, and ``row_bytes``)
     each hold their rows down to their staircase (:func:`part_rows`), one
     after another in one buffer (:func:`slab_buffer_elements`). Beside it,
-    ``4 fm nb`` elements: the dense path's panel buffer, or one panel's
-    ``Vᵀ`` taken out of a part for the updates of the parts after it, all cut
-    from one block (:class:`CupySlabs`' scratch, about ``1.2 fm nb``), with
-    room to spare; the products of the updates (two rows
-    of ``nb`` per column). No earlier panels: only slabs of several bring
-    them up. 10 % is left for the allocator and the panels' ``T``, as
-    :func:`slab_columns` leaves.
+    what :class:`CupySlabs` allocates for them (:func:`one_slab_reserve`:
+    the panels' ``T``, the scratch block every part's workspace is cut from,
+    and, with ``geqrf``, the blocks of panels too tall for the panel kernel).
+    No earlier panels: only slabs of several bring them up. Every size is
+    counted as CuPy's pool takes it; ``available`` already leaves the pool's
+    share for fragmentation (:func:`~scipy_gpuqr._engine.memory.available_bytes`).
     """
     parts = ONE_SLAB_PARTS if parts is None else int(parts)
     if not panels or parts < 1 or panels[-1][0] + panels[-1][2] < fn:
         return 0            # a wide front's trailing columns make slabs of their own
     k = slab_part_count(fn, itemsize, parts, row_bytes)
-    plan = [((0, int(fn), 0, len(panels)), slab_parts(panels, (0, int(fn), 0, len(panels)), k))]
-    need = (slab_buffer_elements(plan, panels, fm) + 4 * fm * nb + 2 * fn * nb
-            + 5 * nb * nb) * itemsize
-    return len(plan[0][1]) if need <= 0.9 * available else 0
+    slab = (0, int(fn), 0, len(panels))
+    pieces = slab_parts(panels, slab, k)
+    need = (pool_bytes(slab_buffer_elements([(slab, pieces)], panels, fm) * itemsize)
+            + one_slab_reserve(panels, pieces, fm, nb, itemsize, geqrf=geqrf))
+    return len(pieces) if need <= available else 0
 
 
 def slab_buffer_elements(plan: list, panels: list, fm: int) -> int:
@@ -286,6 +296,76 @@ def scratch_bytes(fm: int, columns: int, nb: int, itemsize: int) -> int:
     not the front: a wide front's slabs are narrow, and :func:`slab_columns`
     counts their workspace per column of the slab."""
     return int(fm) * int(nb) * (int(itemsize) + 1) + 4 * int(columns) * int(nb) * int(itemsize)
+
+
+def pool_bytes(nbytes: int) -> int:
+    """An array of ``nbytes`` bytes as CuPy's pool takes it: rounded up to
+    :data:`POOL_UNIT` (an empty one still a unit: :class:`CupySlabs` asks for one
+    element at least)."""
+    return max(1, -(-int(nbytes) // POOL_UNIT)) * POOL_UNIT
+
+
+def part_workspace_bytes(panels: list, part: tuple, fm: int, widest: int, nb: int,
+                         itemsize: int, geqrf: bool = False,
+                         blocks: int = PANEL_BLOCKS_MOST) -> tuple:
+    """``(updates, own)``: device bytes held at once while a one-slab part
+    ``(a0, a1, p0, p1)`` is worked on, each array as CuPy's pool takes it
+    (:func:`pool_bytes`), besides the slab buffer and the panels' ``T``.
+
+    ``updates``: the earlier parts' panels applied to it, :class:`_UpdateWork`
+    (one array of ``fm × nb`` for ``Vᵀ`` and two products of ``widest × nb``).
+    ``own``: its own panels,
+    :func:`~scipy_gpuqr._engine.dense_front.factorize_cupy` on the part
+    without look-ahead: its ``T`` and ``tau`` (per panel), the panel buffer
+    (``nb ×`` its tallest panel's rows), two GEMM products (``max(width, nb)
+    × nb``), the panel kernel's reduction buffers and flag words (``blocks``,
+    at most :data:`PANEL_BLOCKS_MOST`) and its sub-panel ``T``, the
+    ``T`` system's two ``nb × nb`` arrays and, per panel, ``VᵀV`` (``nb ×
+    nb``); with ``geqrf`` (a panel too tall for the panel kernel, or the
+    ``geqrf`` panel method), cuSOLVER's column-major copy of the panel
+    (``nb ×`` the tallest rows), its info word and its workspace, counted as
+    large as the copy (its size is the device library's answer). Each part's
+    finiteness flag (one word) is not in either: it stays until the front
+    is done (:func:`one_slab_reserve`).
+    """
+    isz = int(itemsize)
+    a0, a1, q0, q1 = part
+    updates = pool_bytes((int(fm) * nb + 2 * max(int(widest), 1) * nb) * isz)
+    k = q1 - q0
+    rows = max((r for _, r, _ in panels[q0:q1]), default=0)
+    width = max(a1 - a0, nb)
+    if not k:
+        return updates, 0
+    values, words = panel_workspace_elements(blocks)
+    own = (pool_bytes(k * nb * nb * isz) + pool_bytes(k * nb * isz)
+           + pool_bytes(nb * rows * isz) + 2 * pool_bytes(width * nb * isz)
+           + pool_bytes(values * isz) + pool_bytes(8 * words)
+           + pool_bytes(PANEL_WIDTH * PANEL_WIDTH * isz) + 3 * pool_bytes(nb * nb * isz))
+    if geqrf:
+        own += 2 * pool_bytes(rows * nb * isz) + pool_bytes(4)
+    return updates, own
+
+
+def one_slab_reserve(panels: list, pieces: list, fm: int, nb: int, itemsize: int,
+                     geqrf: bool = False, blocks: int = PANEL_BLOCKS_MOST) -> int:
+    """Device bytes :class:`CupySlabs` allocates beside the slab buffer of a front
+    worked as one slab in ``pieces`` (:func:`slab_parts`), as CuPy's pool
+    takes them: the panels' ``T`` (:meth:`CupySlabs.start`, held to the end);
+    the scratch block (:func:`scratch_bytes`, by the widest part), made once
+    and given back to the work stream's share of the pool, where each part's
+    workspaces (:func:`part_workspace_bytes`) and its finiteness flag are cut
+    from it (the flags stay there to the end); and where a part's workspace
+    with the flags before it passes the scratch, the excess as blocks of their
+    own (the pool keeps them, and a later part's larger one is another: counted
+    for every part, a bound)."""
+    isz = int(itemsize)
+    widest = max((a1 - a0 for a0, a1, _, _ in pieces), default=nb)
+    scratch = pool_bytes(scratch_bytes(fm, widest, nb, isz))
+    over = 0
+    for g, part in enumerate(pieces):
+        updates, own = part_workspace_bytes(panels, part, fm, widest, nb, isz, geqrf, blocks)
+        over += max(0, max(updates, own) + g * POOL_UNIT - scratch)
+    return pool_bytes(len(panels) * nb * nb * isz) + scratch + over
 
 
 def whole_front_fits(fm: int, fn: int, nb: int, itemsize: int, available: int) -> bool:

@@ -25,8 +25,8 @@ from ..._kernels import KernelUse
 
 __all__ = ["NORM_RANGE", "PANEL_FILE", "KERNEL_VARIANTS", "COOPERATIVE_FILES", "PANEL_WIDTH",
            "PANEL_THREADS", "PANEL_SMEM_EXTRA", "panel_smem_bytes", "panel_rows_per_block",
-           "panel_qr_numpy", "PanelWorkspace", "PanelKernel", "panel_kernel",
-           "panel_kernel_name", "panel_kernel_use"]
+           "panel_qr_numpy", "panel_workspace_elements", "PanelWorkspace", "PanelKernel",
+           "panel_kernel", "panel_kernel_name", "panel_kernel_use"]
 
 #: The kernel source (relative to ``kernels/``); its entry points are ``extern "C"``.
 PANEL_FILE = "sparse_qr/panel_qr.cu"
@@ -183,6 +183,12 @@ def _device_limits(device: int) -> tuple[int, int]:
     return attrs["multiProcessorCount"], attrs["sharedMemPerBlockOptin"]
 
 
+def panel_workspace_elements(blocks: int) -> tuple:
+    """``(values, flag words)`` of a :class:`PanelWorkspace` for launches of at
+    most ``blocks`` blocks (what a dense front's memory count takes for it)."""
+    return 3 * int(blocks) * _PART + 64, int(blocks)
+
+
 class PanelWorkspace:
     """The device buffers of one stream of panel launches.
 
@@ -194,8 +200,9 @@ class PanelWorkspace:
     """
 
     def __init__(self, cp, dtype, blocks: int):
-        self.work = cp.empty(3 * blocks * _PART + 64, dtype=dtype)
-        self.flags = cp.zeros(blocks, dtype=np.uint64)
+        values, words = panel_workspace_elements(blocks)
+        self.work = cp.empty(values, dtype=dtype)
+        self.flags = cp.zeros(words, dtype=np.uint64)
         self.epoch = 0
 
     def next_epoch(self) -> int:

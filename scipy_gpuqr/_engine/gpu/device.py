@@ -62,7 +62,8 @@ from ..._kernels import load_module
 from ..._schedule import native
 from ..._schedule.native import run_split
 from ..._schedule.tasks import TASK_BYTES, TaskType, apply_split
-from ..dense_front import DEFAULT_PANEL, factorize_cupy, factorize_numpy, panels_of
+from ..dense_front import (DEFAULT_PANEL, factorize_cupy, factorize_numpy, geqrf_panels,
+                           panels_of)
 from ..host.simulate import execute_task, one_blas_thread
 from ..memory import CHECK_CHUNK, DeviceMemory, available_bytes, largest_block_bytes
 from ..slab_front import (PART_ROW_BYTES, CupySlabs, NumpySlabs, factorize_in_slabs,
@@ -694,7 +695,8 @@ class HostFrontDevice(NumpyDevice):
             avail = min(avail, largest_block_bytes(cp))
         w = slab_columns(F.shape[0], nb, isz, avail) if avail is not None else 0
         # the whole front as one slab where its parts down to their staircases fit
-        one = (one_slab_parts(panels, *F.shape, nb, isz, avail, PART_ROW_BYTES)
+        one = (one_slab_parts(panels, *F.shape, nb, isz, avail, PART_ROW_BYTES,
+                              geqrf=geqrf_panels(panels, F.dtype))
                if avail is not None else 0)
         if not w and not one:
             return None, f"{whole}; not even a slab of one panel fits ({avail} bytes)", None
