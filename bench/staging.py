@@ -181,7 +181,7 @@ def _once(A, b, backend, debug=False):
 #: how many parts a slab has at most (``slab_front.SLAB_PARTS``), whether a host
 #: front whose staircase fits is worked as one slab, and in how many parts at
 #: most (``slab_front.ONE_SLAB_PARTS``; ``columns``: never, the slabs of every
-#: row; ``parts6``, ``parts7``: fewer, wider parts, fewer updates), whether Q's
+#: row; ``parts4`` … ``parts7``: fewer, wider parts, fewer updates), whether Q's
 #: replay prefetches the next stage's reflectors (``solve.PREFETCH``) and a
 #: staged factorization sends Q's first stage up as it ends
 #: (``solve.PREFETCH_FIRST``), how a plan that the time model's dense fronts
@@ -206,6 +206,8 @@ MODES = {"defaults": {},
          "plannow": {"plans_per_call": True},
          "late": {"assemble": "late"},
          "columns": {"one_slab": 0},
+         "parts4": {"one_slab": 4},
+         "parts5": {"one_slab": 5},
          "parts6": {"one_slab": 6},
          "parts7": {"one_slab": 7},
          "switch": {"switch_interval": 2e-4},
