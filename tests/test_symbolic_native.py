@@ -85,6 +85,20 @@ def test_tree_loops_equal_numpy(lib, name, order):
     np.testing.assert_array_equal(etree.column_counts(B2.indptr, B2.indices, par, left2), want)
 
 
+@pytest.mark.parametrize("name", sorted(MATRICES))
+def test_front_work_equals_numpy(lib, monkeypatch, name):
+    from scipy_gpuqr._symbolic import counts
+    fs = analyze(MATRICES[name], cache=False).fronts
+    monkeypatch.setattr(counts.native, "handle", lambda: None)
+    want = counts.front_work(fs)
+    monkeypatch.setattr(counts.native, "handle", lambda: lib)
+    got = counts.front_work(fs)
+    assert want.keys() == got.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype, k
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
 def test_postorder_of_random_forests(lib):
     rng = np.random.default_rng(5)
     for n in (1, 2, 17, 300):

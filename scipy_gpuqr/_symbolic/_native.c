@@ -1,7 +1,8 @@
 /* The symbolic analysis' tree loops in C (see native.py): the column
  * elimination tree, its postorder, the column counts of R, the relaxed
  * amalgamation of the supernodes, the fronts' column lists with their maps and
- * their rows (staircases, row maps, the S-assembly map).
+ * their rows (staircases, row maps, the S-assembly map), the fronts' flops and
+ * nnz(H).
  *
  * Each function computes exactly what its NumPy twin in etree.py computes (a
  * test compares them on many matrices); the NumPy code stays the reference and
@@ -16,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SGS_ABI 4
+#define SGS_ABI 5
 
 enum { SGS_OK = 0, SGS_NOMEM = 1, SGS_COUNTS = 2 };
 
@@ -432,4 +433,27 @@ int sgs_front_rows(int64_t nf, const int64_t *front_ptr, const int64_t *fn,
     }
     free(scnt); free(snext); free(cnext);
     return SGS_OK;
+}
+
+/* Householder flops and nnz(H) of every front (counts.front_work): reflector k
+ * of front f spans rows k .. t-1, t = max(min(stair[k], fm), k + 1), for
+ * k < min(fm, fn); it costs (t - k) * (3 + 4 * (fn - k - 1)) flops. The sums
+ * are exact in int64; flops is returned as double, as NumPy's sum cast. */
+void sgs_front_work(int64_t nf, const int64_t *col_ptr, const int64_t *fm, const int64_t *fn,
+                    const int64_t *stair, double *flops, int64_t *nnz_h)
+{
+    for (int64_t f = 0; f < nf; f++) {
+        int64_t w = fn[f], rows = fm[f], lim = rows < w ? rows : w;
+        const int64_t *st = stair + col_ptr[f];
+        int64_t fl = 0, h = 0;
+        for (int64_t k = 0; k < lim; k++) {
+            int64_t t = st[k] < rows ? st[k] : rows;
+            if (t < k + 1)
+                t = k + 1;
+            fl += (t - k) * (3 + 4 * (w - k - 1));
+            h += t - k;
+        }
+        flops[f] = (double)fl;
+        nnz_h[f] = h;
+    }
 }

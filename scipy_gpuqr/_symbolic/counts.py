@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import native
 from .fronts import FrontStructure
 
 __all__ = ["front_work", "factor_peak_bytes", "GpuMemoryModel", "gpu_front_bytes"]
@@ -35,13 +36,18 @@ def front_work(fs: FrontStructure) -> dict:
 
     Returns a dict of int64/float64 arrays of length ``nfronts``: ``flops``,
     ``nnz_R``, ``nnz_H``, ``cb_entries`` (packed upper trapezoid) and
-    ``front_entries`` (fm·fn).
+    ``front_entries`` (fm·fn). The flops and nnz(H) are sums over every front
+    column: in C where :mod:`.native` has its library (the same integers),
+    else the NumPy expressions below.
     """
     nf = fs.nfronts
     nloc = fs.fn
+    lib = native.handle() if nf else None
     if nf == 0:
         flops = np.zeros(0, dtype=np.int64)       # as np.bincount gives it
         nnz_h = np.zeros(0, dtype=np.int64)
+    elif lib is not None:
+        flops, nnz_h = native.front_work(lib, fs.col_ptr, fs.fm, fs.fn, fs.stair)
     else:
         # per local column k of every front (per-front values spread by repeat)
         k = np.arange(len(fs.cols), dtype=np.int64) - np.repeat(fs.col_ptr[:-1], nloc)

@@ -21,7 +21,9 @@ giving the same arrays as the NumPy functions of :mod:`.etree` and
   its local index instead of a sort per tree level;
 * ``sgs_front_rows``: the rest of :func:`.fronts.build_fronts` (staircases,
   the S rows' and the children's rows' places, the S-assembly map), front
-  after front by counting the rows per slot.
+  after front by counting the rows per slot;
+* ``sgs_front_work``: :func:`.counts.front_work`'s flops and nnz(H), a sum
+  per front instead of NumPy temporaries over every front column.
 
 The library is plain C99 without Python headers, built on the first use in a
 process that finds no built library (never at import) into ``native/`` of the
@@ -48,13 +50,13 @@ from .._errors import NativeUnavailable
 
 __all__ = ["ENV", "ABI", "MODES", "MANIFEST_SUFFIX", "MAX_BUILDS", "NativeUnavailable", "mode",
            "library", "handle", "status", "column_etree", "postorder", "column_counts",
-           "front_columns", "relaxed_amalgamation", "front_rows"]
+           "front_columns", "relaxed_amalgamation", "front_rows", "front_work"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SYMBOLIC_NATIVE"
 MODES = _native_build.MODES
 #: Interface version of ``_native.c`` (``sgs_abi()``).
-ABI = 4
+ABI = 5
 #: Suffix added to a library's file name to name its manifest (size and SHA-256).
 MANIFEST_SUFFIX = _native_build.MANIFEST_SUFFIX
 #: Most built libraries kept (other sources or compilers: other package versions).
@@ -72,6 +74,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sgs_front_rows.argtypes = [i64] + [ptr] * 17
     lib.sgs_front_rows.restype = ctypes.c_int
     lib.sgs_relaxed_amalgamation.restype = None
+    lib.sgs_front_work.argtypes = [i64] + [ptr] * 6
+    lib.sgs_front_work.restype = None
     for name in ("sgs_column_etree", "sgs_postorder", "sgs_column_counts", "sgs_front_columns"):
         getattr(lib, name).restype = ctypes.c_int
 
@@ -176,3 +180,13 @@ def front_rows(lib, front_ptr, fn, col_ptr, arow_ptr, leftmost, s_indptr, ent_co
     _check(lib.sgs_front_rows(nf, *(x.ctypes.data for x in args + [stair, arow_local, rimap,
                                                                       s_index])), "front_rows")
     return stair, arow_local, rimap, s_index
+
+
+def front_work(lib, col_ptr, fm, fn, stair) -> tuple:
+    """:func:`.counts.front_work`'s ``(flops, nnz_H)`` in C (float64, int64)."""
+    col_ptr, fm, fn, stair = (_i64(x) for x in (col_ptr, fm, fn, stair))
+    nf = len(fm)
+    flops = np.empty(nf, dtype=np.float64)
+    nnz_h = np.empty(nf, dtype=np.int64)
+    lib.sgs_front_work(nf, *(x.ctypes.data for x in (col_ptr, fm, fn, stair, flops, nnz_h)))
+    return flops, nnz_h

@@ -93,8 +93,10 @@ def find_singletons(A: sp.csc_array, tol: float | None = None) -> Singletons:
     """
     m, n = A.shape
     indptr, indices = A.indptr, A.indices
-    ok = _accept(A.data, tol)
     deg = np.diff(indptr).astype(np.int64)
+    if n == 0 or int(deg.min()) > 1:      # no column of degree <= 1: none (no rows built)
+        return no_singletons()
+    ok = _accept(A.data, tol)
     col_of = np.repeat(np.arange(n, dtype=np.int64), deg)
     R = sp.csr_array((np.arange(A.nnz, dtype=np.int64), indices, indptr), shape=(n, m)).T
     R = sp.csr_array(R)                   # rows of A; data = position in A's data
