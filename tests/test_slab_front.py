@@ -625,6 +625,47 @@ def test_one_slab_parts_fit_the_bytes_given():
     assert one_slab_parts(wide, fn, fm, nb, 8, big) == 0
 
 
+@pytest.mark.parametrize("parts,fails", [(4, 1), (4, 3), (5, 2), (8, 7)])
+def test_a_one_slab_part_out_of_memory_is_redone_on_the_host(parts, fails):
+    """A front worked as one slab in few, wide parts (the count the reserve lets
+    fit): a part whose workspace the device cannot give (an out-of-memory error at
+    its own panels or at an update from the parts before it) is redone from the
+    front's unchanged columns on the host with every later part; the parts before
+    it stay, and the result is the blocked factorization."""
+    rng = np.random.default_rng(parts + fails)
+    fm, fn, nb = 120, 80, 8
+    F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
+    pieces = slab_parts(panels, (0, fn, 0, len(panels)), parts)
+    assert len(pieces) == parts
+
+    class _Full(NumpySlabs):
+        def __init__(self, at_update):
+            super().__init__()
+            self.at_update, self.worked = at_update, 0
+
+        def apply(self, S, j, rows, E, i0, k0, b, T):
+            if self.at_update and self.worked == fails:
+                S[...] = np.nan
+                raise MemoryError("out of memory allocating the update workspace")
+            return super().apply(S, j, rows, E, i0, k0, b, T)
+
+        def factorize(self, S, a0, moved, p0):
+            if self.worked == fails:
+                S[...] = np.nan
+                raise MemoryError("out of memory allocating the panel buffer")
+            self.worked += 1
+            return super().factorize(S, a0, moved, p0)
+
+    for at_update in (False, True):
+        F = F0.copy()
+        host = NumpySlabs()
+        dev = _Full(at_update)
+        T = factorize_in_slabs(F, panels, nb, fn, dev, fallback=host, parts=parts)
+        assert dev.slabs == 1 and host.parts == parts - fails
+        np.testing.assert_allclose(F, ref, atol=1e3 * fm * EPS)
+        np.testing.assert_allclose(T, T_ref, atol=1e3 * fm * EPS)
+
+
 @pytest.mark.parametrize("fm,fn,parts", [(12000, 2900, 8), (6000, 4000, 8), (5000, 3000, 3),
                                          (20000, 6000, 4), (3000, 2000, 2)])
 def test_one_slab_reserve_is_what_the_device_allocates(fm, fn, parts):
