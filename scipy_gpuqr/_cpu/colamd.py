@@ -49,20 +49,17 @@ def _lib() -> ctypes.CDLL:
         lib = ctypes.CDLL(path)
     except OSError as exc:
         raise LibraryNotFound(f"could not open {path}: {exc}") from exc
-    i64 = ctypes.c_int64
-    lib.colamd_l_recommended.argtypes = [i64, i64, i64]
-    lib.colamd_l_recommended.restype = ctypes.c_size_t
-    lib.colamd_l_set_defaults.argtypes = [_KNOBS]
-    lib.colamd_l_set_defaults.restype = None
-    lib.colamd_l.argtypes = [i64, i64, i64, _I64P, _I64P, _KNOBS, _STATS]
-    lib.colamd_l.restype = i64
-    i32 = ctypes.c_int32
-    lib.colamd_recommended.argtypes = [i32, i32, i32]
-    lib.colamd_recommended.restype = ctypes.c_size_t
-    lib.colamd_set_defaults.argtypes = [_KNOBS]
-    lib.colamd_set_defaults.restype = None
-    lib.colamd.argtypes = [i32, i32, i32, _I32P, _I32P, _KNOBS, _STATS32]
-    lib.colamd.restype = i32
+    for suffix, index, pointer, stats in (("_l", ctypes.c_int64, _I64P, _STATS),
+                                          ("", ctypes.c_int32, _I32P, _STATS32)):
+        recommended = getattr(lib, f"colamd{suffix}_recommended")
+        recommended.argtypes = [index, index, index]
+        recommended.restype = ctypes.c_size_t
+        defaults = getattr(lib, f"colamd{suffix}_set_defaults")
+        defaults.argtypes = [_KNOBS]
+        defaults.restype = None
+        order = getattr(lib, f"colamd{suffix}")
+        order.argtypes = [index, index, index, pointer, pointer, _KNOBS, stats]
+        order.restype = index
     return lib
 
 
