@@ -390,6 +390,17 @@ def test_gap_check_sigma_min_goes_where_the_dense_work_runs(monkeypatch):
     assert _gap_checked(R, cutoff, dense_device="cpu").method == "cod" and made == []
 
 
+def _shared_r(matrices_dir, name):
+    """A shared matrix ``name`` in float64, SuiteSparseQR's R of it (no column
+    dropped) and that factorizer (the test skipped where SuiteSparseQR is absent)."""
+    from scipy_gpuqr.io import mmread
+    A = sp.csc_array(mmread(str(matrices_dir / name))).astype(np.float64)
+    factorize, ran, _ = backend_factorizer("cpu")
+    if ran != "cpu":
+        pytest.skip("SuiteSparseQR not available")
+    return A, sp.csc_array(factorize(A, tol=None).R), factorize
+
+
 def _stand_in_device(monkeypatch, min_order=None):
     """NumPy in CuPy's place for the decision's dense device work; the orders of the
     dense copies made "there" are recorded."""
@@ -415,12 +426,7 @@ def test_device_full_rank_test_probes_first_on_adder_dcop_05(matrices_dir, monke
     reads next) shows the σ test cannot pass, so no dense copy of all of R goes to the
     device and σ_max is computed once. The device then tests R11 alone; σ_max, the
     decision and x are the host's, bit for bit."""
-    from scipy_gpuqr.io import mmread
-    A = sp.csc_array(mmread(str(matrices_dir / "adder_dcop_05.mtx"))).astype(np.float64)
-    factorize, ran, _ = backend_factorizer("cpu")
-    if ran != "cpu":
-        pytest.skip("SuiteSparseQR not available")
-    R = sp.csc_array(factorize(A, tol=None).R)
+    A, R, factorize = _shared_r(matrices_dir, "adder_dcop_05.mtx")
     cutoff = _lstsq.lstsq_cutoff(*A.shape)
     d = np.abs(R.diagonal())
     assert d.min() > cutoff * d.max()                   # the full-rank test runs
@@ -464,12 +470,7 @@ def test_device_full_rank_test_on_a_dense_r_takes_sigma_max_there_once(matrices_
     Lanczos on R made dense on the device, once (not the host's sparse Lanczos), and with
     the probe's ν it spares the σ test; the rules after it (here the dense SVD, stubbed)
     read that σ_max."""
-    from scipy_gpuqr.io import mmread
-    A = sp.csc_array(mmread(str(matrices_dir / "adder_dcop_05.mtx"))).astype(np.float64)
-    factorize, ran, _ = backend_factorizer("cpu")
-    if ran != "cpu":
-        pytest.skip("SuiteSparseQR not available")
-    R = sp.csc_array(factorize(A, tol=None).R)
+    A, R, factorize = _shared_r(matrices_dir, "adder_dcop_05.mtx")
     monkeypatch.setattr(_lstsq, "SPARSE_COD_MAX_DENSITY", 0.0)
     made = _stand_in_device(monkeypatch)
     smax_calls = _spy(monkeypatch, "sigma_max_lanczos")
@@ -491,12 +492,7 @@ def test_gap_check_keeping_every_column_after_a_failed_probe_tests_no_sigma(matr
     and the gap check's rank-detecting QR keeps every column, so its R11 has R's
     singular values: no σ_min test runs on it (nor on R); the subspace decision answers
     with lstsq's rank."""
-    from scipy_gpuqr.io import mmread
-    A = sp.csc_array(mmread(str(matrices_dir / "nnc1374.mtx"))).astype(np.float64)
-    factorize, ran, _ = backend_factorizer("cpu")
-    if ran != "cpu":
-        pytest.skip("SuiteSparseQR not available")
-    R = sp.csc_array(factorize(A, tol=None).R)
+    A, R, factorize = _shared_r(matrices_dir, "nnc1374.mtx")
     sigma_calls = _spy(monkeypatch, "sigma_min_upper")
     ranks = []
     cod = _cod_factorizer(factorize)
@@ -516,12 +512,7 @@ def test_gap_check_keeping_every_column_after_rs_own_sigma_test_failed(matrices_
     """nnc1374 with R's solves given (a GPU factorization's way: no probe first): the
     σ test of all of R fails; the gap check's QR keeps every column, and its R11 (R's
     singular values, the same threshold) is not tested again."""
-    from scipy_gpuqr.io import mmread
-    A = sp.csc_array(mmread(str(matrices_dir / "nnc1374.mtx"))).astype(np.float64)
-    factorize, ran, _ = backend_factorizer("cpu")
-    if ran != "cpu":
-        pytest.skip("SuiteSparseQR not available")
-    R = sp.csc_array(factorize(A, tol=None).R)
+    A, R, factorize = _shared_r(matrices_dir, "nnc1374.mtx")
     seen = []
     real = _lstsq.sigma_min_upper
 
@@ -541,12 +532,7 @@ def test_device_solves_given_sigma_max_and_test_on_one_device_copy(matrices_dir,
     R made dense on the device once, σ_max by Lanczos there and the σ test on that copy;
     the gap check reads that σ_max (no host Lanczos on R) and, its QR keeping every
     column of nnc1374's R, tests nothing again (the dense SVD after it stubbed)."""
-    from scipy_gpuqr.io import mmread
-    A = sp.csc_array(mmread(str(matrices_dir / "nnc1374.mtx"))).astype(np.float64)
-    factorize, ran, _ = backend_factorizer("cpu")
-    if ran != "cpu":
-        pytest.skip("SuiteSparseQR not available")
-    R = sp.csc_array(factorize(A, tol=None).R)
+    A, R, factorize = _shared_r(matrices_dir, "nnc1374.mtx")
     solves = UpperTriangular(R).solves()
     made = _stand_in_device(monkeypatch)
     smax_calls = _spy(monkeypatch, "sigma_max_lanczos")
