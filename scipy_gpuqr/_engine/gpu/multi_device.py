@@ -576,7 +576,10 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         per dense front factorized over the devices its front, shape, blocks
         per device, modelled and (CUDA) measured seconds, and per device its
         enqueueing thread's seconds on the front and, of them, waiting for the
-        other devices' threads (``enqueue_seconds``); a front chosen but
+        other devices' threads (``enqueue_seconds``), and (CUDA) the main
+        device's thread's seconds on it by part (``host_seconds``: before the
+        split's ``ready`` event, recording it, the split's preparation, its
+        steps); a front chosen but
         factorized on its device alone has a ``"fallback"`` saying why;
         ``info["pinned_ahead"]``: the pinned host memory made ready before the
         devices' threads started (:meth:`PinnedAhead.info`: bytes, of them
@@ -1490,6 +1493,8 @@ class _MultiStageRun:
         ``on_panel`` (:meth:`_panel_copy`) is given to the backend, which calls
         it after each panel's factorization on device ``k``'s thread.
         """
+        clock = time.perf_counter
+        t_in = clock()
         layer = self.layers[k]
         idx = [i for i in range(len(self.layers)) if i != k]
         others = [self.layers[i] for i in idx]
@@ -1529,8 +1534,10 @@ class _MultiStageRun:
             entry["fallback"] = "no peer access between the devices"
             self.split_log.append(entry)
             return None
+        t_peers = clock()
         ready = cp.cuda.Event(disable_timing=True)
         ready.record(layer.stream)
+        t_ready = clock()
         res = self.split_res.get(k)
         if res is None:
             res = self.split_res[k] = SplitResources(cp)
@@ -1544,10 +1551,15 @@ class _MultiStageRun:
             entry["fallback"] = "out of memory"
             self.split_log.append(entry)
             return None
+        t_prep = clock()
         try:
             entry["enqueue_seconds"] = run_split(be, panels, nb, fn, owners, workers=workers)
         except cp.cuda.memory.OutOfMemoryError as exc:      # the engine's fallback
             raise DeviceOutOfMemory(str(exc)) from exc
+        # the main thread's seconds in this call by part (the first split front of a
+        # call has taken 0.1-0.2 s more than its steps on four H200)
+        entry["host_seconds"] = {"before": t_peers - t_in, "ready": t_ready - t_peers,
+                                 "prepare": t_prep - t_ready, "steps": clock() - t_prep}
         entry["backend"] = be
         self.split_log.append(entry)
         return F, panels, be.T, be.done
