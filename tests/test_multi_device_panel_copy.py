@@ -197,24 +197,3 @@ def test_root_copied_by_panels_on_the_gpus(monkeypatch, ids):
         _compare(A, one, many)
         many.free()
         one.free()
-
-
-@pytest.mark.parametrize("threads", [0, 1, 3, 16, 64, 200])
-def test_scatter_on_c_threads_equals_numpy(threads):
-    """R's scatter (:func:`~scipy_gpuqr._schedule.native.scatter`, one compiled call
-    starting its own threads) puts every value where NumPy's ``out[pos] = values``
-    does, for 4- and 8-byte items, any thread count (capped in C), empty ranges
-    and ranges shorter than the threads."""
-    from scipy_gpuqr._schedule import native
-    lib = native.handle()
-    if lib is None:
-        pytest.skip("no compiled helpers")
-    rng = np.random.default_rng(threads)
-    for n, dt in [(0, np.float64), (5, np.float32), (1001, np.float64), (1 << 18, np.float32)]:
-        pos = rng.permutation(3 * n)[:n].astype(np.int64)
-        vals = rng.standard_normal(n).astype(dt)
-        want = np.zeros(3 * n, dtype=dt)
-        want[pos] = vals
-        got = np.zeros(3 * n, dtype=dt)
-        native.scatter(lib, got, pos, vals, threads=threads)
-        assert np.array_equal(got, want)

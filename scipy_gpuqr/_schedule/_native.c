@@ -21,20 +21,16 @@
  * index), one pass over the output per range of runs (the caller splits the
  * runs over threads; ctypes releases the GIL).
  * And sgq_scatter: out[pos[i]] = src[i] over a range of i (4- or 8-byte items),
- * R's values of a staged factorization put in place by several threads;
- * sgq_scatter_threads: the same over all i on POSIX threads it starts itself, so
- * that the caller (ctypes, the GIL released) takes the GIL back once per call, not
- * once per thread.
+ * R's values of a staged factorization put in place by several threads.
  * And sgq_pack: Pack-Assemble records of a host stage (simulate.py's _pack) over
  * a range of records, a child's contribution-block piece copied into its parent
  * through the row and column maps (the upper trapezoid only where tri[k]).
  */
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define SGQ_ABI 9
+#define SGQ_ABI 8
 #define MAXB 5  /* MAX_BUNDLE (tasks.py) */
 #define MAXS 6  /* MAX_SLOTS (tasks.py) */
 #define NCOL 12
@@ -772,54 +768,6 @@ void sgq_scatter(int64_t i0, int64_t i1, const int64_t *pos, const void *src, vo
         const uint32_t *a = (const uint32_t *)src;
         uint32_t *o = (uint32_t *)out;
         for (int64_t i = i0; i < i1; i++) o[pos[i]] = a[i];
-    }
-}
-
-#define SGQ_SCATTER_THREADS 64  /* most threads of sgq_scatter_threads */
-
-typedef struct {
-    int64_t i0, i1;
-    const int64_t *pos;
-    const void *src;
-    void *out;
-    int32_t itemsize;
-} scatter_part_t;
-
-static void *scatter_part(void *arg)
-{
-    const scatter_part_t *p = (const scatter_part_t *)arg;
-    sgq_scatter(p->i0, p->i1, p->pos, p->src, p->out, p->itemsize);
-    return NULL;
-}
-
-/* out[pos[i]] = src[i] for i < n, the range cut into `threads` equal parts (at most
- * SGQ_SCATTER_THREADS), each on a thread of its own and the first on the calling
- * one; a part whose thread cannot be started is done here after the first. */
-void sgq_scatter_threads(int64_t n, const int64_t *pos, const void *src, void *out,
-                         int32_t itemsize, int32_t threads)
-{
-    scatter_part_t part[SGQ_SCATTER_THREADS];
-    pthread_t tid[SGQ_SCATTER_THREADS];
-    int started[SGQ_SCATTER_THREADS];
-    if (threads < 1) threads = 1;
-    if (threads > SGQ_SCATTER_THREADS) threads = SGQ_SCATTER_THREADS;
-    for (int32_t t = 0; t < threads; t++) {
-        part[t].i0 = n / threads * t + n % threads * t / threads;
-        part[t].i1 = n / threads * (t + 1) + n % threads * (t + 1) / threads;
-        part[t].pos = pos;
-        part[t].src = src;
-        part[t].out = out;
-        part[t].itemsize = itemsize;
-        started[t] = 0;
-    }
-    for (int32_t t = 1; t < threads; t++)
-        started[t] = pthread_create(&tid[t], NULL, scatter_part, &part[t]) == 0;
-    scatter_part(&part[0]);
-    for (int32_t t = 1; t < threads; t++) {
-        if (started[t])
-            pthread_join(tid[t], NULL);
-        else
-            scatter_part(&part[t]);
     }
 }
 

@@ -16,9 +16,8 @@ path with the NumPy one):
 * ``sgq_fill``: the factorization records of ``sparse._StageMaker.records``;
 * ``sgq_arith_runs32`` / ``sgq_arith_runs64``: arithmetic runs end to end
   (:func:`arith_runs`, R's layout in :mod:`scipy_gpuqr._engine.gpu.rlayout`);
-* ``sgq_scatter``, ``sgq_scatter_threads``: ``out[pos] = values`` on several
-  threads (:func:`scatter`, R's values of a GPU factorization), the latter
-  starting POSIX threads of its own;
+* ``sgq_scatter``: ``out[pos] = values`` on several threads (:func:`scatter`,
+  R's values of a staged GPU factorization);
 * ``sgq_pack``: a host stage's Pack-Assemble records on several threads
   (:func:`pack`, ``simulate._pack``'s copies).
 
@@ -57,10 +56,7 @@ __all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "MANIFEST_SUFFIX", "NativeUnavai
 ENV = "SCIPY_GPUQR_SCHEDULE_SIM"
 MODES = _native_build.MODES
 #: Interface version of ``_native.c`` (``sgq_abi()``).
-ABI = 9
-#: Compiler flags besides :data:`scipy_gpuqr._native_build.FLAGS` (and in the build
-#: key): POSIX threads (``sgq_scatter_threads`` starts its own).
-EXTRA_FLAGS = ("-pthread",)
+ABI = 8
 #: Row columns the library writes, in its order (then ``rows``).
 COLS = ("type", "col", "c0", "c1", "napply", "nfrows", "fstart", "flags", "ftop", "vt",
         "vt2", "mult")
@@ -94,16 +90,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, name).restype = None
     lib.sgq_scatter.argtypes = [i64, i64, ptr, ptr, ptr, i32]
     lib.sgq_scatter.restype = None
-    lib.sgq_scatter_threads.argtypes = [i64, ptr, ptr, ptr, i32, i32]
-    lib.sgq_scatter_threads.restype = None
     lib.sgq_pack.argtypes = [i64, i64] + [ptr] * 12 + [ptr, i32]
     lib.sgq_pack.restype = None
 
 
-#: The library: ``_native.c`` beside this module, built as ``native-{key}.so`` with
-#: :data:`EXTRA_FLAGS`.
-_SPEC = _native_build.NativeLibrary.beside(__file__, "native-", ABI, "sgq_abi", ENV, _declare,
-                                           extra_flags=EXTRA_FLAGS)
+#: The library: ``_native.c`` beside this module, built as ``native-{key}.so``.
+_SPEC = _native_build.NativeLibrary.beside(__file__, "native-", ABI, "sgq_abi", ENV, _declare)
 #: This process' library (:class:`~scipy_gpuqr._native_build.NativePart`): the
 #: path :data:`ENV` asks for (``mode``), the library (``library``), the library
 #: for the call at hand (``handle``) and the loader's state (``status``).
@@ -306,13 +298,8 @@ def run_split(fn, start: int, stop: int, per_thread: int, *args) -> None:
 
 def scatter(lib, out: np.ndarray, pos: np.ndarray, values: np.ndarray,
             threads: int = 0) -> None:
-    """``out[pos] = values`` compiled, split over threads (positions must be
-    distinct and in range, as R's layout makes them).
-
-    One call (``sgq_scatter_threads``, the GIL released) that starts its
-    threads in C: a Python thread per part would take the GIL to start, to
-    run and to end, from the threads that enqueue a multi-GPU factorization's
-    launches while R's values land (each such wait up to a switch interval).
+    """``out[pos] = values`` compiled, split over threads (the calls release the
+    GIL; positions must be distinct and in range, as R's layout makes them).
 
     ``out`` and ``values`` share a 4- or 8-byte dtype; ``pos`` is int64.
     """
@@ -323,11 +310,11 @@ def scatter(lib, out: np.ndarray, pos: np.ndarray, values: np.ndarray,
     pos = np.ascontiguousarray(pos, dtype=np.int64)
     if len(pos) != len(values):
         raise ValueError("scatter: positions and values of different lengths")
+    args = (pos.ctypes.data, values.ctypes.data, out.ctypes.data, out.dtype.itemsize)
     n = len(pos)
     if threads <= 0:
         threads = thread_count(n, RUNS_PER_THREAD)
-    lib.sgq_scatter_threads(n, pos.ctypes.data, values.ctypes.data, out.ctypes.data,
-                            out.dtype.itemsize, int(threads))
+    run_ranges(lib.sgq_scatter, np.linspace(0, n, threads + 1).astype(np.int64), *args)
 
 
 #: Pack-Assemble record fields :func:`pack` passes, in ``sgq_pack``'s order:

@@ -127,14 +127,11 @@ EVENT_KINDS = ("begin", "wait", "dense", "split", "cut", "stage")
 R_SLOT_BYTES = 128 << 20
 
 #: R entries per thread of a scatter into R's data (:meth:`_RData.put`): while a
-#: device's thread still enqueues, and after. The scatter's threads are C threads
-#: (:func:`~scipy_gpuqr._schedule.native.scatter`: one call takes the GIL back once),
-#: so a range landing while the upper device enqueues the root's panels is
-#: scattered by as many as one landing after: R's copy then keeps up with the
-#: root's panels (with four per chunk it fell 0.06-0.09 s behind on grid 64^3).
-#: Fewer while enqueueing all the same, the host's memory shared with the threads
-#: that enqueue.
-SCATTER_PER_THREAD = (1 << 20, 1 << 19)
+#: device's thread still enqueues, and after. While one does, few threads: each
+#: thread started, and each one's return, first takes the GIL from the enqueueing
+#: threads (a slot of the one-GPU engine's size is scattered by the copier's own
+#: thread); after, as many as a chunk of R's tail needs.
+SCATTER_PER_THREAD = (1 << 22, 1 << 19)
 
 #: Least seconds every device's share must take for :func:`measured_speeds` to
 #: measure the devices' speeds: shorter shares are timer and launch noise (a
