@@ -20,8 +20,9 @@ from scipy_gpuqr._testing_matrices import grid3d_least_squares
 from test_multi_device_split import _same_gram
 
 #: The time model before it priced the host: the split model's seconds, the first device
-#: of the longest-first sharing holding the upper tree.
-BEFORE = TimeModel(split_call_factor=1.0, upper_lightest=False)
+#: of the longest-first sharing holding the upper tree, every front above the frontier on
+#: it.
+BEFORE = TimeModel(split_call_factor=1.0, upper_lightest=False, upper_anywhere=False)
 
 
 def _loads(plan, t):

@@ -68,7 +68,7 @@ from .._engine.host import reference, simulate
 from .._errors import GpuFallbackWarning
 from .._options import (DEFAULT_INTENSITY_THRESHOLD, DEFAULT_SPSOLVE_THRESHOLD, Settings,
                         log_decision, resolve_settings)
-from .._schedule.devices import devices_for, run_speedup
+from .._schedule.devices import devices_for, run_seconds, run_speedup
 from .._symbolic import analyze as symbolic_analyze
 from .calibration import load_calibration
 
@@ -478,6 +478,8 @@ def _gpu_devices(factorize_fn, analysis, options, reasons):
         ids, why = devices_for(options.devices, visible, float(analysis.flops),
                                int(analysis.gpu_bytes), per_device,
                                speedup=lambda k: run_speedup(analysis, k,
+                                                             device_memory=per_device),
+                               seconds=lambda k: run_seconds(analysis, k,
                                                              device_memory=per_device))
     except ValueError as exc:
         warnings.warn(f"gpuqr_options.devices: {exc}; one GPU factorizes",

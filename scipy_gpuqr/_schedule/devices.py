@@ -63,7 +63,8 @@ __all__ = ["DevicePlan", "map_devices", "map_fronts", "subtree_weights",
            "remembered_speeds", "remember_speeds", "SPEEDS_CHANGE", "SPEEDS_MEMORY", "MAPPING_SLOWER",
            "mapping_seconds", "remember_mapping_seconds", "measured_mapping_lost",
            "front_seconds", "timed_makespan", "SUBTREE_RATE", "TIMED_MAPPING_GAIN",
-           "TimeModel", "SPLIT_CALL_FACTOR", "timed_split_seconds"]
+           "TimeModel", "SPLIT_CALL_FACTOR", "timed_split_seconds", "run_seconds",
+           "DEVICE_SECONDS", "device_counts"]
 
 #: Loads within this fraction of the mean end the splitting of subtrees.
 DEFAULT_BALANCE_TOLERANCE = 0.05
@@ -87,6 +88,17 @@ MULTI_DEVICE_MIN_FLOPS = 1e11
 #: slower on several GPUs than on one, those from about 1.3 on ran faster
 #: (``bench/multi_gpu.py``, bench/RESULTS.md).
 MULTI_DEVICE_MIN_SPEEDUP = 1.3
+
+#: Seconds each device used adds to a factorization over several GPUs beyond the
+#: time model of its mapping (:func:`run_seconds`): its thread's start, streams and
+#: events, its first split front's set-up, Q's data gathered from it. The rule of
+#: devices='auto' (:func:`devices_for`) takes the device count of least modelled
+#: seconds with this added, so a tree whose four-device mapping models only a little
+#: shorter than its two-device one runs on two. Fitted to the calls' seconds over
+#: their plans' modelled seconds on two and four H200 (bench/RESULTS.md, issue 21):
+#: the four-GPU excess over the two-GPU one, per device, lay between 0.005 and
+#: 0.08 s over four problems.
+DEVICE_SECONDS = 0.03
 
 
 def _plans_nbytes(value) -> int:
@@ -161,10 +173,20 @@ class TimeModel:
         copy, while the other devices' threads have nothing left to enqueue.
         False: the longest-first sharing's first device, the heaviest load on
         a tie.
+    upper_anywhere : bool
+        A front above the time model's frontier that is not split runs on the
+        device that ends it first (its children's device on a tie), and a
+        front the split rule would split runs whole on another device where
+        that ends it no later than its split (:func:`_timed_owner`). The
+        large separators just below a split root then go to the devices that
+        did their children instead of queueing on the upper device, so the
+        frontier can move below them and every device gets subtrees. False:
+        every such front on the upper device, split where the rule splits it.
     """
 
     split_call_factor: float = SPLIT_CALL_FACTOR
     upper_lightest: bool = True
+    upper_anywhere: bool = True
 
 
 def timed_split_seconds(fs, splits, split_model: SplitModel, time_model: TimeModel,
@@ -615,7 +637,7 @@ def timed_makespan(parent, owner, seconds, split_seconds=None, speeds=None) -> f
 
 
 def _timed_owner(parent, child_ptr, children, seconds, ndev, upper_device, split_seconds,
-                 speeds=None, max_steps=None, upper_lightest=True):
+                 speeds=None, max_steps=None, upper_lightest=True, upper_anywhere=False):
     """The mapping of the time model: (owner, upper, modelled seconds).
 
     A frontier of subtrees starts at the roots; at each step its subtrees are
@@ -635,6 +657,14 @@ def _timed_owner(parent, child_ptr, children, seconds, ndev, upper_device, split
     wherever that models no longer (its upper fronts that are not split start
     once its own subtrees and their children are done): where the two tie, the
     device that enqueues the split fronts is the one free first.
+
+    With ``upper_anywhere`` (:attr:`TimeModel.upper_anywhere`) the fronts above
+    the frontier are placed in postorder as the walk meets them: one not in
+    ``split_seconds`` on the device that ends it first (ties: the device of its
+    heaviest child, then the upper device), one in it split, unless it ends no
+    later whole on a device other than the upper device (the engines split a
+    splittable front of the upper device's upper tree). Such fronts placed off
+    the upper device leave the upper tree: they are their device's own fronts.
     """
     nf = len(parent)
     par = np.asarray(parent, dtype=np.int64)
@@ -651,27 +681,52 @@ def _timed_owner(parent, child_ptr, children, seconds, ndev, upper_device, split
     parl = par.tolist()
     own_s = np.asarray(seconds, dtype=np.float64).tolist()
 
-    def walk(dev):
+    def walk(dev, force=None):
         # timed_makespan on the tree cut at the frontier: a subtree runs whole on its
-        # device, with nothing outside it to wait for
+        # device, with nothing outside it to wait for; also where each front above
+        # the frontier runs (-1: split). force: front -> True (split) or False (whole)
         free = [0.0] * ndev
         ready = {}
+        place = {}
+        heavy = {}                      # front -> (its heaviest child's seconds, device)
         for f in sorted(dev.keys() | set(up)):
+            rf = ready.get(f, 0.0)
             if f in dev:
                 d = dev[f]
                 e = free[d] + sub[f] / sp[d]
                 free[d] = e
-            elif f in split:
-                e = max(ready.get(f, 0.0), max(free)) + float(split[f])
-                free = [e] * ndev
+            elif not upper_anywhere:
+                if f in split:
+                    e = max(rf, max(free)) + float(split[f])
+                    free = [e] * ndev
+                    d = -1
+                else:
+                    d = upper_device
+                    e = max(free[d], rf) + own_s[f] / sp[d]
+                    free[d] = e
             else:
-                d = upper_device
-                e = max(free[d], ready.get(f, 0.0)) + own_s[f] / sp[d]
-                free[d] = e
+                kid = heavy.get(f, (0.0, upper_device))[1]
+                devs = [d for d in range(ndev) if f not in split or d != upper_device]
+                d, e = min(((d, max(free[d], rf) + own_s[f] / sp[d]) for d in devs),
+                           key=lambda de: (de[1], de[0] != kid, de[0] != upper_device,
+                                           de[0]), default=(-1, np.inf))
+                if f in split:
+                    es = max(rf, max(free)) + float(split[f])
+                    if (force or {}).get(f, es < e) or d < 0:
+                        d, e = -1, es
+                if d < 0:
+                    free = [e] * ndev
+                else:
+                    free[d] = e
+            if f not in dev:
+                place[f] = d
             p = parl[f]
-            if p >= 0 and e > ready.get(p, 0.0):
-                ready[p] = e
-        return max(free)
+            if p >= 0:
+                if e > ready.get(p, 0.0):
+                    ready[p] = e
+                if sub[f] > heavy.get(p, (-1.0, 0))[0]:
+                    heavy[p] = (sub[f], upper_device if d < 0 else d)
+        return max(free), place
 
     for _ in range(steps + 1):
         dev = {}
@@ -680,18 +735,28 @@ def _timed_owner(parent, child_ptr, children, seconds, ndev, upper_device, split
             d = min(range(ndev), key=lambda d: (loads[d] + sub[r] / sp[d], d))
             loads[d] += sub[r] / sp[d]
             dev[r] = d
-        t = walk(dev)
+        t, place = walk(dev)
+        force = {}
+        if upper_anywhere:
+            # a split front holds every device, so the walk's choice (the earlier end)
+            # can delay the fronts after it: each splittable front's other choice
+            # tried, kept where the whole walk models shorter
+            for f in sorted(set(up) & split.keys()):
+                tf, pf = walk(dev, {**force, f: place[f] >= 0})
+                if tf < t * (1 - 1e-12):
+                    force[f] = place[f] >= 0
+                    t, place = tf, pf
         if upper_lightest:
             low = min((d for d in range(ndev) if sp[d] == sp[upper_device]),
                       key=lambda d: (loads[d], d != upper_device, d))
             if low != upper_device:
                 swap = {upper_device: low, low: upper_device}
                 moved = {r: swap.get(d, d) for r, d in dev.items()}
-                tm = walk(moved)
+                tm, pm = walk(moved, force)
                 if tm <= t * (1 + 1e-12):
-                    dev, t = moved, tm
+                    dev, t, place = moved, tm, pm
         if best is None or t < best[0] * (1 - 1e-12):
-            best, since = (t, dict(dev), list(up)), 0
+            best, since = (t, dict(dev), dict(place)), 0
         since += 1
         cand = [r for r in items if chp[r + 1] > chp[r]]
         if not cand or since > TIMED_PATIENCE * ndev:
@@ -700,12 +765,16 @@ def _timed_owner(parent, child_ptr, children, seconds, ndev, upper_device, split
         items.remove(r)
         items.extend(ch[chp[r]:chp[r + 1]])
         up.append(r)
-    t, dev, up = best
+    t, dev, place = best
     owner = np.full(nf, upper_device, dtype=np.int64)
     for r, d in dev.items():
         owner[fd[r]:r + 1] = d
     upper = np.zeros(nf, dtype=bool)
-    upper[up] = True
+    for f, d in place.items():
+        if d >= 0 and d != upper_device:
+            owner[f] = d
+        else:
+            upper[f] = True
     return owner, upper, t
 
 
@@ -868,7 +937,8 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
             if float(flops.sum()) >= MULTI_DEVICE_MIN_FLOPS:
                 # (below, the launches' latency, which the model does not count, rules)
                 owner, upper, secs = _timed_owner(*args, t, ndevices, upper_device, split_s,
-                                                  upper_lightest=time_model.upper_lightest)
+                                                  upper_lightest=time_model.upper_lightest,
+                                                  upper_anywhere=time_model.upper_anywhere)
                 mapped.append(replace(_plan_of(fs, owner, upper, upper_device, ndevices,
                                                flops, gpu, itemsize, "time", None, splits,
                                                w_up, speeds), seconds=secs))
@@ -1025,8 +1095,18 @@ def _spread_upper(plan: DevicePlan, additive: np.ndarray) -> np.ndarray:
     return owner
 
 
+def device_counts(visible: int) -> list:
+    """The device counts the rule of devices='auto' compares: ``visible`` and its
+    halvings down to 2 (1, 2, 4, 8 GPUs are the configurations measured)."""
+    out, k = [], int(visible)
+    while k >= 2:
+        out.append(k)
+        k //= 2
+    return out
+
+
 def devices_for(requested, visible: int, flops: float, gpu_bytes: int,
-                device_memory: int | None, speedup=None) -> tuple[list, str]:
+                device_memory: int | None, speedup=None, seconds=None) -> tuple[list, str]:
     """The devices a factorization runs on, and why.
 
     Parameters
@@ -1045,6 +1125,10 @@ def devices_for(requested, visible: int, flops: float, gpu_bytes: int,
         ``speedup(k)``: the modelled speedup of ``k`` devices as the
         factorization will map and run them (:func:`run_speedup`), consulted
         by the 'auto' rule.
+    seconds : callable, optional
+        ``seconds(k)``: ``(modelled seconds, fits)`` of the factorization over
+        ``k`` devices (:func:`run_seconds`), by which the 'auto' rule chooses
+        how many of the GPUs to use.
 
     Returns
     -------
@@ -1058,7 +1142,9 @@ def devices_for(requested, visible: int, flops: float, gpu_bytes: int,
     :data:`MULTI_DEVICE_MIN_FLOPS` flops and its front tree promises a
     modelled speedup (``speedup``: with the upper tree's dense fronts split,
     as the factorization runs) of at least :data:`MULTI_DEVICE_MIN_SPEEDUP`;
-    otherwise one GPU.
+    otherwise one GPU. Of the counts :func:`device_counts` whose mapping fits,
+    ``seconds`` then picks the one of least modelled seconds (the fewest devices on
+    a tie): the first that many GPUs.
     """
     if requested is None:
         return [0], "one GPU (GpuqrOptions.devices is None)"
@@ -1090,11 +1176,19 @@ def devices_for(requested, visible: int, flops: float, gpu_bytes: int,
     if gain is not None and gain < MULTI_DEVICE_MIN_SPEEDUP:
         return [0], (f"the front tree gives {visible} GPUs a modelled speedup of {gain:.2f} "
                      f"only (dense fronts split by the rule): one GPU")
-    return list(range(visible)), (f"{flops:.3g} flops >= {MULTI_DEVICE_MIN_FLOPS:.3g}"
-                                  + ("" if gain is None else
-                                     f", modelled speedup {gain:.2f} (dense fronts split "
-                                     f"by the rule)")
-                                  + f": {visible} GPUs")
+    k, why = visible, ""
+    if seconds is not None:
+        timed = {c: seconds(c) for c in device_counts(visible)}
+        fit = sorted((float(t), c) for c, (t, ok) in timed.items() if ok)
+        if fit:
+            k = fit[0][1]
+            why = ", modelled " + ", ".join(f"{t:.3f} s on {c}" for t, c in sorted(
+                (float(t), c) for c, (t, _) in timed.items()))
+    return list(range(k)), (f"{flops:.3g} flops >= {MULTI_DEVICE_MIN_FLOPS:.3g}"
+                            + ("" if gain is None else
+                               f", modelled speedup {gain:.2f} (dense fronts split "
+                               f"by the rule)")
+                            + why + f": {k} GPUs")
 
 
 def run_speedup(analysis, ndevices: int, *, device_memory: int | None = None,
@@ -1130,6 +1224,37 @@ def run_speedup(analysis, ndevices: int, *, device_memory: int | None = None,
     model = SplitModel() if split_model is None else split_model
     return map_devices(analysis, int(ndevices), device_memory=device_memory,
                        split_model=model).modelled_speedup
+
+
+def run_seconds(analysis, ndevices: int, *, device_memory: int | None = None,
+                split_model: SplitModel | None = None) -> tuple:
+    """The modelled seconds of a factorization over ``ndevices`` GPUs, and whether
+    its mapping fits.
+
+    The time model's seconds of the mapping the call makes first (that of
+    :func:`run_speedup`, cached; :attr:`DevicePlan.seconds`) plus
+    :data:`DEVICE_SECONDS` per device: what the rule of devices='auto'
+    (:func:`devices_for`) compares between device counts.
+
+    Parameters
+    ----------
+    analysis : SymbolicAnalysis
+    ndevices : int
+        At least 2.
+    device_memory : int, optional
+        Bytes each device may hold (:func:`map_devices`).
+    split_model : SplitModel, optional
+        As for :func:`run_speedup`.
+
+    Returns
+    -------
+    seconds : float
+    fits : bool
+    """
+    model = SplitModel() if split_model is None else split_model
+    plan = map_devices(analysis, int(ndevices), device_memory=device_memory,
+                       split_model=model)
+    return float(plan.seconds) + DEVICE_SECONDS * int(ndevices), bool(plan.fits)
 
 
 def defer_carried_packs(st, parent) -> tuple:
