@@ -281,6 +281,8 @@ def test_plan_from_disk_is_the_built_one(cache_dir, count_builds, kw):
         kw["max_gpu_memory"] = int(an.gpu_bytes // div)
     built = build_schedule(an, cache=False, lazy=True, **kw)
     assert len(count_builds) == 1
+    assert not list(cache_dir.rglob("plan-*.bin"))    # written once materialized
+    built.materialize()
     assert len(list(cache_dir.rglob("plan-*.bin"))) == 1
     if div:
         assert len(built.stages) > 1
@@ -306,7 +308,7 @@ def test_plan_of_another_structure_is_never_used(cache_dir, count_builds, monkey
 @pytest.mark.parametrize("damage", ["flip", "truncate", "stamp"])
 def test_damaged_or_stale_plan_is_rebuilt(cache_dir, count_builds, monkeypatch, damage):
     an = analyze(grid3d_least_squares(8))
-    want = build_schedule(an, cache=False, lazy=True)
+    want = build_schedule(an, cache=False, lazy=True).materialize()
     path, = cache_dir.rglob("plan-*.bin")
     data = bytearray(path.read_bytes())
     if damage == "flip":
@@ -318,7 +320,7 @@ def test_damaged_or_stale_plan_is_rebuilt(cache_dir, count_builds, monkeypatch, 
         real = cache.source_stamp
         monkeypatch.setattr(cache, "source_stamp",
                             lambda names: real(names) + ("x" if "sparse.py" in names else ""))
-    got = build_schedule(an, cache=False, lazy=True)
+    got = build_schedule(an, cache=False, lazy=True).materialize()
     assert len(count_builds) == 2
     _same_schedule(want, got)
     build_schedule(an, cache=False, lazy=True)
@@ -334,7 +336,7 @@ def test_small_families_from_disk_equal_built(cache_dir, monkeypatch):
             monkeypatch.setenv(cache.ENV, "off")
             want = build_schedule(an, cache=False, lazy=True, **kw)
             monkeypatch.setenv(cache.ENV, str(cache_dir))
-            build_schedule(an, cache=False, lazy=True, **kw)        # written
+            build_schedule(an, cache=False, lazy=True, **kw).materialize()   # written
             bucket.clear_cache()
             got = build_schedule(analyze(A), cache=False, lazy=True, **kw)   # read
             _same_schedule(want, got)
@@ -412,7 +414,7 @@ def test_one_store_for_schedules_plans_and_analyses(cache_dir, monkeypatch):
     monkeypatch.setattr(analysis_cache, "DISK_MIN_NNZ", 0)
     monkeypatch.setattr(_store, "write_behind", lambda fn, *a: fn(*a))
     analysis_cache.clear()
-    build_schedule(analyze(grid3d_least_squares(6)), cache=False, lazy=True)
+    build_schedule(analyze(grid3d_least_squares(6)), cache=False, lazy=True).materialize()
     assert {p.parent.name for p in cache_dir.rglob("*.bin")} == \
         {"b3-p1-g16", "plans", "analyses"}
     analysis_cache.clear()
@@ -427,9 +429,9 @@ def test_plan_file_keeps_the_records_and_a_new_process_makes_none(cache_dir, mon
     div = kw.pop("budget_div", None)
     if div:
         kw["max_gpu_memory"] = int(an.gpu_bytes // div)
-    built = build_schedule(an, cache=False, lazy=True, **kw)          # the file written
-    assert not built.stages[0].materialized                         # nor kept by the save
-    digest = schedule_digest(built)
+    built = build_schedule(an, cache=False, lazy=True, **kw)
+    assert not built.stages[0].materialized
+    digest = schedule_digest(built.materialize())                   # the file written
     monkeypatch.setattr(sparse._StageMaker, "records",
                         lambda *a: pytest.fail("records made again from the plan"))
     bucket.clear_cache()
@@ -439,12 +441,13 @@ def test_plan_file_keeps_the_records_and_a_new_process_makes_none(cache_dir, mon
     assert schedule_digest(again) == digest
 
 
-def test_plan_file_without_records_past_the_bound(cache_dir, monkeypatch):
+def test_plan_file_without_records_past_the_bound(cache_dir, monkeypatch, count_builds):
     from scipy_gpuqr._schedule import sparse
     monkeypatch.setattr(sparse, "PLAN_RECORDS_MAX_BYTES", 1000)
     an = analyze(grid3d_least_squares(8))
-    built = build_schedule(an, cache=False, lazy=True)
+    built = build_schedule(an, cache=False, lazy=True).materialize()
     again = build_schedule(an, cache=False, lazy=True)               # from the file
+    assert len(count_builds) == 1
     assert not again.stages[0].materialized
     _same_schedule(built, again)
 
@@ -458,6 +461,167 @@ def test_plan_file_records_of_another_count_are_damage(cache_dir, count_builds):
     with pytest.raises(ValueError, match="records"):
         sparse._plan_of_arrays(a, facts, an.fronts, {"tile": 32, "bundle": 3, "granule": 16,
                                                      "pipelining": True, "dense_flops": None})
+
+
+@pytest.fixture
+def whole_stage_records(monkeypatch):
+    """``(stage maker, thread name)`` of every build of a whole stage's records."""
+    import threading
+
+    from scipy_gpuqr._schedule import sparse
+    made = []
+    real = sparse._StageMaker.records
+
+    def records(self, L0, L1):
+        if L0 == 0 and L1 == len(self.launch_ptr) - 1:
+            made.append((self, threading.current_thread().name))
+        return real(self, L0, L1)
+
+    monkeypatch.setattr(sparse._StageMaker, "records", records)
+    return made
+
+
+def _kw(an, kw):
+    kw = dict(kw)
+    div = kw.pop("budget_div", None)
+    if div:
+        kw["max_gpu_memory"] = int(an.gpu_bytes // div)
+    return kw
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(dense_flops=1e6, max_tasks=300),
+                                dict(budget_div=2, dense_flops=1e6)])
+def test_plan_written_from_the_records_the_call_made(cache_dir, monkeypatch,
+                                                     whole_stage_records, kw):
+    # a lazy schedule's plan goes to the writer once the call has made every record
+    # (materialize, here on a thread of the call's), and the file takes those: no
+    # stage's records made on the writer thread, none made twice; the file holds
+    # what an independent build encodes (records included)
+    import threading
+
+    from scipy_gpuqr import _store
+    from scipy_gpuqr._schedule import sparse
+    handed = []
+
+    def real_writer(fn, *a):
+        if fn is cache.save_plan:
+            handed.append(a)
+        _store.write_behind(fn, *a)
+
+    monkeypatch.setattr(cache, "write_behind", real_writer)
+    an = analyze(grid3d_least_squares(10))
+    kw = _kw(an, kw)
+    built = build_schedule(an, cache=False, lazy=True, **kw)
+    list(built.iter_launches())                 # the launch loop: records not kept
+    cache.flush()
+    assert not handed and not list(cache_dir.rglob("plan-*.bin"))
+    assert not any(st.materialized for st in built.stages)
+    whole_stage_records.clear()                 # (a small stage: one chunk of launches)
+    t = threading.Thread(target=built.materialize, name="the-call")
+    t.start()
+    t.join()
+    built.materialize()                          # again: nothing more written
+    cache.flush()
+    assert len(handed) == 1
+    assert [m for m, _ in whole_stage_records] == [st._maker for st in built.stages]
+    assert {name for _, name in whole_stage_records} == {"the-call"}
+    path, = cache_dir.rglob("plan-*.bin")
+    stored = cache.load_plan(handed[0][0], lambda a, facts: (dict(a), facts))
+    monkeypatch.setenv(cache.ENV, "off")
+    ref = build_schedule(an, cache=False, lazy=True, **kw)
+    want = [(st._maker, st._maker.records(0, st.nlaunch)) for st in ref.stages]
+    a, facts = sparse._plan_arrays(ref)
+    assert stored[1] == facts
+    assert set(a) == {k for k in stored[0] if not k.startswith("fp_")}
+    for k, v in a.items():
+        assert v.dtype == stored[0][k].dtype and np.array_equal(v, stored[0][k]), k
+    for i, (_, rec) in enumerate(want):
+        assert stored[0][f"s{i}_tasks"].tobytes() == rec.tobytes()
+
+
+def test_plan_of_a_whole_build_written_from_its_records(cache_dir, monkeypatch,
+                                                        whole_stage_records):
+    # build_schedule(lazy=False) materializes on the caller: the file takes those
+    import threading
+
+    from scipy_gpuqr import _store
+    monkeypatch.setattr(cache, "write_behind", _store.write_behind)     # the real writer
+    an = analyze(grid3d_least_squares(10))
+    built = build_schedule(an, cache=False, max_gpu_memory=int(an.gpu_bytes // 2))
+    cache.flush()
+    assert len(built.stages) > 1 and len(list(cache_dir.rglob("plan-*.bin"))) == 1
+    assert [m for m, _ in whole_stage_records] == [st._maker for st in built.stages]
+    assert {name for _, name in whole_stage_records} == {threading.main_thread().name}
+
+
+_PLAN_CHILD = r"""
+import json, sys
+from scipy_gpuqr import _store
+from scipy_gpuqr._schedule import sparse
+from scipy_gpuqr._symbolic import analyze
+from scipy_gpuqr._testing_matrices import grid3d_least_squares
+second, div = sys.argv[1] == "second", int(sys.argv[2])
+if second:
+    def no(*a, **k):
+        raise AssertionError("made again in the second process")
+    sparse._build = no
+    sparse._StageMaker.records = no
+an = analyze(grid3d_least_squares(10), cache=False)
+kw = dict(lazy=True, dense_flops=1e6)
+if div:
+    kw["max_gpu_memory"] = int(an.gpu_bytes // div)
+s = sparse.build_schedule(an, stored_only=second, **kw)
+done = [st.materialized for st in s.stages]
+digest = sparse.schedule_digest(s.materialize())      # the first: as a call, the file written
+_store.flush()
+print(json.dumps({"digest": digest, "materialized": done, "stages": len(s.stages)}))
+"""
+
+
+@pytest.mark.parametrize("div", [0, 2])
+def test_a_new_process_materializes_the_plan_without_making_records(tmp_path, div):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, SCIPY_GPUQR_SCHEDULE_CACHE=str(tmp_path),
+               PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = []
+    for which in ("first", "second"):
+        r = subprocess.run([sys.executable, "-c", _PLAN_CHILD, which, str(div)], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    assert not any(out[0]["materialized"]) and all(out[1]["materialized"])
+    assert out[0]["stages"] == out[1]["stages"] == (1 if not div else out[0]["stages"])
+    assert div == 0 or out[0]["stages"] > 1
+    assert out[0]["digest"] == out[1]["digest"]
+    assert len(list(tmp_path.rglob("plan-*.bin"))) == 1
+
+
+def test_cold_engine_call_makes_each_stage_once_and_writes_the_plan(cache_dir, monkeypatch,
+                                                                    whole_stage_records):
+    # the GPU engine's cold call (host layer) materializes its lazy schedule on a
+    # worker; the plan file is written from those records, not made again
+    from scipy_gpuqr import _store
+    from scipy_gpuqr._engine.gpu.device import NumpyDevice
+    from scipy_gpuqr._engine.gpu.driver import gpu_factorize
+    from scipy_gpuqr._schedule.sparse import clear_schedule_cache
+    monkeypatch.setattr(cache, "write_behind", _store.write_behind)     # the real writer
+    monkeypatch.setenv(_store.ENV, str(cache_dir))
+    clear_schedule_cache()
+    A = grid3d_least_squares(7)
+    an = analyze(A, cache=False)
+    g = gpu_factorize(A, an, device=NumpyDevice(32, 3))
+    assert g.info["schedule_cold"]
+    _store.flush()
+    assert len(list(cache_dir.rglob("plan-*.bin"))) == 1
+    assert [m for m, _ in whole_stage_records] == [st._maker for st in g.schedule.stages]
+    assert not any(name.startswith("scipy_gpuqr-cache-write") for _, name in whole_stage_records)
+    g.free()
+    clear_schedule_cache()
 
 
 def test_memory_plan_counts_of_stored_patterns_read_no_rows(cache_dir, monkeypatch):

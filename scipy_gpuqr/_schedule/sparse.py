@@ -32,7 +32,9 @@ cached per sparsity pattern (the analysis' ``pattern_key``, in a bounded
 table, :mod:`.pattern_cache`), so ``refactor`` and a new factorization of a
 known pattern get their schedule for free, and
 plans on disk between processes (:func:`.cache.load_plan`; this module turns a
-plan into arrays and back, :func:`_plan_arrays` and :func:`_plan_of_arrays`).
+plan into arrays and back, :func:`_plan_arrays` and :func:`_plan_of_arrays`),
+a new plan written behind the caller once its records exist
+(:meth:`SparseSchedule.materialize`).
 
 Memory of a stage (what the GPU engine allocates; the executor uses the same):
 front pool = the stage's fronts row-major one after the other, then the
@@ -222,6 +224,10 @@ class SparseSchedule:
     #: Objects the engines derive from this schedule alone and keep with it (as it is
     #: cached per pattern): e.g. the GPU engine's replay plans (``solve.plan_of``).
     extras: dict = field(default_factory=dict, repr=False)
+    #: The plan file this schedule goes to once its records exist (:meth:`materialize`):
+    #: at most one slot, taken by the first materialization; empty where the plan
+    #: came from a file, was handed to the writer already, or the store is off.
+    _unsaved: list = field(default_factory=list, repr=False)
 
     @property
     def nlaunch(self) -> int:
@@ -238,9 +244,20 @@ class SparseSchedule:
         return sum(int(np.count_nonzero(np.diff(s.launch_ptr))) for s in self.stages)
 
     def materialize(self) -> "SparseSchedule":
-        """Build every stage's records now (idempotent); returns self."""
+        """Build every stage's records now (idempotent); returns self.
+
+        A schedule :func:`build_schedule` made for a plan file is handed to the
+        store's writer here, once: the file takes the records as made (a call
+        materializes them anyway), so the writer never makes them again beside
+        the call that is making them.
+        """
         for st in self.stages:
             st.tasks
+        try:
+            where = self._unsaved.pop()         # one thread takes it (atomic)
+        except IndexError:
+            return self
+        disk.write_behind(disk.save_plan, where, self, _plan_arrays)
         return self
 
     def iter_launches(self, prefetch: bool = True):
@@ -413,7 +430,9 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
         Plan only (front state machines, launch sizes, assembly records);
         the records of each launch are built when asked for
         (:meth:`StageSchedule.launch_tasks`, :meth:`SparseSchedule.iter_launches`)
-        or all at once by :attr:`StageSchedule.tasks`.
+        or all at once by :attr:`StageSchedule.tasks`. A new plan goes to
+        its file (the store on) when :meth:`SparseSchedule.materialize` has
+        made every record, here at once unless ``lazy``.
     cache : bool
         Reuse the schedule built before for an analysis of the same pattern
         (``pattern_key``; the same object when it has none) and arguments:
@@ -477,8 +496,8 @@ def build_schedule(analysis, *, tile: int = DEFAULT_TILE, bundle: int = DEFAULT_
     if out is None:
         out = _build(analysis, plan, int(tile), int(bundle), bool(pipelining), int(granule),
                      max_tasks, dense_flops, int(dense_columns_per_launch), extra)
-        if where is not None:               # written off the caller's path
-            disk.write_behind(disk.save_plan, where, out, _plan_arrays)
+        if where is not None:               # written behind its materialization
+            out._unsaved.append(where)
     if not lazy:
         out.materialize()
     out.seconds = time.process_time() - t0
@@ -650,8 +669,9 @@ def _plan_arrays(sched: SparseSchedule) -> tuple:
     stage's records go in too, as the engines run them (each launch's longest
     first): a new process's first call of the pattern then materializes the
     schedule without filling, costing and reordering them again (tens of
-    milliseconds for a grid 40³). They are made here (on the writer thread)
-    where the stage was not materialized yet, and not kept.
+    milliseconds for a grid 40³). They are the stages' own records
+    (:attr:`StageSchedule.tasks`: the store writes a plan once it is
+    materialized, :meth:`SparseSchedule.materialize`).
 
     Raises
     ------
@@ -669,7 +689,7 @@ def _plan_arrays(sched: SparseSchedule) -> tuple:
         if m.ctx is not ctx:
             raise ValueError("stages with different templates")
         if keep:
-            t = st._tasks if st._tasks is not None else m.records(0, st.nlaunch)
+            t = st.tasks
             a[f"s{i}_tasks"] = t.view(np.int64).reshape(len(t), TASK_DTYPE.itemsize // 8)
         for j, v in enumerate((m.blk_L, m.blk_rstart, m.blk_rlen, m.blk_len, m.blk_front)):
             a[f"s{i}_blk{j}"] = v
