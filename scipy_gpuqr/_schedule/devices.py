@@ -95,9 +95,8 @@ MULTI_DEVICE_MIN_SPEEDUP = 1.3
 #: devices='auto' (:func:`devices_for`) takes the device count of least modelled
 #: seconds with this added, so a tree whose four-device mapping models only a little
 #: shorter than its two-device one runs on two. Fitted to the calls' seconds over
-#: their plans' modelled seconds on two and four H200 (bench/RESULTS.md, issue 21):
-#: the four-GPU excess over the two-GPU one, per device, lay between 0.005 and
-#: 0.08 s over four problems.
+#: their plans' modelled seconds on two and four H200: the four-GPU calls' excess
+#: over the two-GPU calls', per device (bench/RESULTS.md, issue 21).
 DEVICE_SECONDS = 0.03
 
 
