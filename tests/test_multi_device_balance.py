@@ -98,6 +98,22 @@ def test_auto_takes_the_count_of_least_modelled_seconds():
     assert ids == list(range(8))
 
 
+def test_a_mapping_made_to_fit_the_memory_is_timed():
+    """Where only a mapping weighted by bytes fits the devices' memory (map_devices does
+    not time it), run_seconds gives that mapping's makespan in the same model, not the
+    devices' cost alone (a zero would make 'auto' take that device count)."""
+    an = analyze(grid3d_least_squares(16))
+    full = map_devices(an, 2, split_model=SplitModel())
+    memory = int(full.device_bytes.max() * 0.9)
+    tight = map_devices(an, 2, device_memory=memory, split_model=SplitModel())
+    assert tight.fits and tight.seconds == 0.0 and "bytes" in tight.weight
+    seconds, fits = run_seconds(an, 2, device_memory=memory)
+    assert fits
+    assert seconds - 2 * devices.DEVICE_SECONDS == pytest.approx(
+        timed_makespan(an.fronts.parent, tight.owner, front_seconds(an)))
+    assert seconds > 2 * devices.DEVICE_SECONDS
+
+
 def test_ch7_8_b3_runs_on_two_of_four():
     """ch7-8-b3 (4.4 TFlop): four devices model longer than two with each device's
     :data:`~scipy_gpuqr._schedule.devices.DEVICE_SECONDS`, so 'auto' takes two of four

@@ -1231,7 +1231,8 @@ def run_seconds(analysis, ndevices: int, *, device_memory: int | None = None,
     its mapping fits.
 
     The time model's seconds of the mapping the call makes first (that of
-    :func:`run_speedup`, cached; :attr:`DevicePlan.seconds`) plus
+    :func:`run_speedup`, cached; :attr:`DevicePlan.seconds`, or the same model's
+    makespan of a mapping made to fit the memory, which is not timed there) plus
     :data:`DEVICE_SECONDS` per device: what the rule of devices='auto'
     (:func:`devices_for`) compares between device counts.
 
@@ -1253,7 +1254,13 @@ def run_seconds(analysis, ndevices: int, *, device_memory: int | None = None,
     model = SplitModel() if split_model is None else split_model
     plan = map_devices(analysis, int(ndevices), device_memory=device_memory,
                        split_model=model)
-    return float(plan.seconds) + DEVICE_SECONDS * int(ndevices), bool(plan.fits)
+    seconds = float(plan.seconds)
+    if not seconds > 0:
+        # a mapping made to fit the memory (weighted by bytes), which map_devices
+        # does not time: its makespan in the same model (such mappings split nothing)
+        seconds = (timed_makespan(analysis.fronts.parent, plan.owner, front_seconds(analysis))
+                   if not plan.split else float("inf"))
+    return seconds + DEVICE_SECONDS * int(ndevices), bool(plan.fits)
 
 
 def defer_carried_packs(st, parent) -> tuple:
