@@ -67,19 +67,6 @@ def test_four_devices_every_device_has_subtrees(grids, g):
                                                         split_s))
 
 
-@pytest.mark.parametrize("g", [40, 64])
-def test_two_devices_plans_unchanged(g):
-    """Two devices keep their plans (grid 40³ and 64³): owners, upper tree and split
-    fronts as with every front above the frontier on the upper device."""
-    an = analyze(grid3d_least_squares(g))
-    model = SplitModel()
-    plan = map_devices(an, 2, split_model=model, cache=False)
-    old = map_devices(an, 2, split_model=model, cache=False, time_model=UPPER_ONLY)
-    assert plan.weight == old.weight
-    assert np.array_equal(plan.owner, old.owner) and np.array_equal(plan.upper, old.upper)
-    assert sorted(plan.split) == sorted(old.split)
-
-
 def test_auto_takes_the_count_of_least_modelled_seconds():
     """devices='auto' on four GPUs: the count of least modelled seconds among those that
     fit (the fewest on a tie), all four without ``seconds``."""

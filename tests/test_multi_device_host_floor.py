@@ -118,7 +118,8 @@ def test_four_devices_upper_device_lightest(grid64):
 @pytest.mark.parametrize("g", [40, 48, 56, 60, 64])
 def test_two_devices_plans_unchanged(g):
     """Two devices keep the plans they had (grid 40-64³): the same owners, upper tree and
-    split fronts with the host floor and the upper device's choice as without."""
+    split fronts with the host floor, the upper device's choice and the fronts above the
+    frontier on any device (``upper_anywhere``) as without them."""
     an = analyze(grid3d_least_squares(g))
     model = SplitModel()
     plan = map_devices(an, 2, split_model=model, cache=False)
