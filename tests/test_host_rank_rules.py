@@ -463,6 +463,19 @@ def test_device_full_rank_test_probe_confirms(monkeypatch):
     assert np.array_equal(device.solve(b), host.solve(b))
 
 
+def _device_dense_spies(monkeypatch):
+    """A stand-in device's dense copies of R (their orders), the calls of σ_max's host
+    Lanczos, of Lanczos on a dense R and of the σ_min test, and the σ_max each dense SVD
+    (stubbed) read."""
+    made = _stand_in_device(monkeypatch)
+    spies = [_spy(monkeypatch, name)
+             for name in ("sigma_max_lanczos", "norm2_lanczos", "sigma_min_upper")]
+    svd = []
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_svd",
+                        lambda self, G=None: svd.append(self._sigma_max()))
+    return (made, *spies, svd)
+
+
 def test_device_full_rank_test_on_a_dense_r_takes_sigma_max_there_once(matrices_dir,
                                                                        monkeypatch):
     """R too dense for the gap-checked sparse COD (here: its density limit set to 0), its
@@ -472,13 +485,7 @@ def test_device_full_rank_test_on_a_dense_r_takes_sigma_max_there_once(matrices_
     read that σ_max."""
     A, R, factorize = _shared_r(matrices_dir, "adder_dcop_05.mtx")
     monkeypatch.setattr(_lstsq, "SPARSE_COD_MAX_DENSITY", 0.0)
-    made = _stand_in_device(monkeypatch)
-    smax_calls = _spy(monkeypatch, "sigma_max_lanczos")
-    lanczos_calls = _spy(monkeypatch, "norm2_lanczos")
-    sigma_calls = _spy(monkeypatch, "sigma_min_upper")
-    svd = []
-    monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_svd",
-                        lambda self, G=None: svd.append(self._sigma_max()))
+    made, smax_calls, lanczos_calls, sigma_calls, svd = _device_dense_spies(monkeypatch)
     _gap_checked(R, _lstsq.lstsq_cutoff(*A.shape), dense_device="gpu")
     assert made == [1813, 1813] and len(lanczos_calls) == 1     # Lanczos', the SVD's own
     assert not smax_calls and not sigma_calls
@@ -534,14 +541,8 @@ def test_device_solves_given_sigma_max_and_test_on_one_device_copy(matrices_dir,
     column of nnc1374's R, tests nothing again (the dense SVD after it stubbed)."""
     A, R, factorize = _shared_r(matrices_dir, "nnc1374.mtx")
     solves = UpperTriangular(R).solves()
-    made = _stand_in_device(monkeypatch)
-    smax_calls = _spy(monkeypatch, "sigma_max_lanczos")
-    lanczos_calls = _spy(monkeypatch, "norm2_lanczos")
-    sigma_calls = _spy(monkeypatch, "sigma_min_upper")
+    made, smax_calls, lanczos_calls, sigma_calls, svd = _device_dense_spies(monkeypatch)
     probes = _spy(monkeypatch, "probe_norm")
-    svd = []
-    monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_svd",
-                        lambda self, G=None: svd.append(self._sigma_max()))
     _lstsq.MinNormSolver(R, _lstsq.lstsq_cutoff(*A.shape), factorize=_cod_factorizer(factorize),
                          solves=solves, dense_device="gpu")
     assert made == [1374, 1374]                         # the σ test's copy, the SVD's own
