@@ -24,6 +24,7 @@ from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
 
 from test_multi_device import _same_answer
+from test_multi_device_rorder import assert_same_maps, counted_deferrals
 
 PANEL = 16
 
@@ -145,18 +146,10 @@ def test_repeated_host_side_finds_the_late_fronts_kept(monkeypatch):
     host = []
     _factorize(monkeypatch, A, an, 2, [], host)
     (sched, split_nb, (_, first)), = host
-    calls = []
-    real = multi_device.defer_carried_packs
-
-    def counted(st, parent):
-        calls.append(st.fronts)
-        return real(st, parent)
-    monkeypatch.setattr(multi_device, "defer_carried_packs", counted)
+    calls = counted_deferrals(monkeypatch)
     _, again = multi_device._host_side(an, sched, split_nb)
     assert calls == []
-    for (pa, ia, fa), (pb, ib, fb) in zip(first, again):
-        assert pa is pb and ia is ib
-        np.testing.assert_array_equal(fa, fb)
+    assert_same_maps(first, again)
 
 
 @pytest.mark.gpu

@@ -30,6 +30,27 @@ from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squa
 DENSE_FLOPS = 2e5
 
 
+def counted_deferrals(monkeypatch) -> list:
+    """The stages whose carried packs :func:`defer_carried_packs` defers from now on
+    (their fronts, in call order), the function itself still run."""
+    calls = []
+    real = multi_device.defer_carried_packs
+
+    def counted(st, parent):
+        calls.append(st.fronts)
+        return real(st, parent)
+    monkeypatch.setattr(multi_device, "defer_carried_packs", counted)
+    return calls
+
+
+def assert_same_maps(first, again):
+    """Two host sides' ordered maps are the very same objects (kept with the layout),
+    with equal final launches."""
+    for (pa, ia, fa), (pb, ib, fb) in zip(first, again):
+        assert pa is pb and ia is ib
+        np.testing.assert_array_equal(fa, fb)
+
+
 def _scheduled(A, k):
     an = analyze(A, cache=False)
     plan = map_devices(an, k, split_model=SplitModel())
@@ -187,15 +208,7 @@ def test_host_side_of_a_repeated_call_ranks_nothing(monkeypatch):
     stages' packs nor ranks again."""
     an, plan, sched = _scheduled(grid3d_least_squares(9), 2)
     first = _host_side(an, sched)[1]
-    calls = []
-    real = multi_device.defer_carried_packs
-
-    def counted(st, parent):
-        calls.append(st.fronts)
-        return real(st, parent)
-    monkeypatch.setattr(multi_device, "defer_carried_packs", counted)
+    calls = counted_deferrals(monkeypatch)
     again = _host_side(an, sched)[1]
     assert calls == []
-    for (pa, ia, fa), (pb, ib, fb) in zip(first, again):
-        assert pa is pb and ia is ib
-        np.testing.assert_array_equal(fa, fb)
+    assert_same_maps(first, again)
