@@ -117,8 +117,7 @@ def source_stamp(names) -> str:
 #: the sources that decide a tile schedule (bucket rules, record layout)
 _RULES_SOURCES = ("bucket.py", "tasks.py", "_native.c")
 #: the sources that decide a plan (the builders, and this module's plan arrays)
-_PLAN_SOURCES = ("sparse.py", "record_fill.py", "dense.py", "bucket.py", "tasks.py", "_native.c",
-                 "cache.py")
+_PLAN_SOURCES = ("sparse.py", "dense.py", "bucket.py", "tasks.py", "_native.c", "cache.py")
 
 
 def rules_stamp() -> str:

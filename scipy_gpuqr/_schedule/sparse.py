@@ -27,11 +27,10 @@ the patterns' element templates by NumPy, either for a whole stage
 (:attr:`StageSchedule.tasks`) or launch by launch
 (:meth:`StageSchedule.launch_tasks`, :meth:`SparseSchedule.iter_launches`,
 which can build launch k+1 in a worker thread while the caller runs launch
-k), into the stage's one array, each chunk of launches once, whichever thread
-asks for it (:mod:`.record_fill`); ``build_schedule(..., lazy=True)`` stops
-after the plan. Schedules are cached per sparsity pattern (the analysis'
-``pattern_key``, in a bounded table, :mod:`.pattern_cache`), so ``refactor``
-and a new factorization of a known pattern get their schedule for free, and
+k); ``build_schedule(..., lazy=True)`` stops after the plan. Schedules are
+cached per sparsity pattern (the analysis' ``pattern_key``, in a bounded
+table, :mod:`.pattern_cache`), so ``refactor`` and a new factorization of a
+known pattern get their schedule for free, and
 plans on disk between processes (:func:`.cache.load_plan`; this module turns a
 plan into arrays and back, :func:`_plan_arrays` and :func:`_plan_of_arrays`),
 a new plan written behind the caller once its records exist
@@ -57,10 +56,8 @@ from . import bucket, native
 from . import cache as disk       # ``cache`` names build_schedule's argument
 from .dense import DENSE_COLUMNS_PER_LAUNCH, dense_defer, dense_front_mask
 from .pattern_cache import PerPattern
-from .record_fill import CHUNK, CHUNK_LAUNCHES, RecordFill, launch_chunks  # noqa: F401
 from .tasks import (DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE, TASK_DTYPE,
-                    RECORD_BYTES, TaskType, applies, empty_tasks, factorizes, longest_first,
-                    take_records)
+                    TaskType, applies, empty_tasks, factorizes, longest_first, take_records)
 
 __all__ = ["StageSchedule", "SparseSchedule", "build_schedule", "schedule_stats",
            "record_flops", "clear_schedule_cache", "schedule_digest", "S_CHUNK", "PACK_CHUNK"]
@@ -71,16 +68,20 @@ S_CHUNK = 8192
 PACK_CHUNK = 16384
 
 
+#: Records built per NumPy pass when materializing (keeps the pass in cache); also
+#: the most records of a chunk of launches built at once by ``iter_launches``.
+CHUNK = 8192
+#: Most launches built at once by ``iter_launches``.
+CHUNK_LAUNCHES = 32
+
+
 @dataclass(eq=False)
 class StageSchedule:
     """The task list of one stage.
 
-    Records are made on demand, into one array per stage, each chunk of
-    launches once (:class:`~.record_fill.RecordFill`): :meth:`launch_range`
-    and :meth:`launch_tasks` make the chunks that cover the launches asked for
-    (what an engine overlapping the CPU with the GPU asks for), :attr:`tasks`
-    every chunk left; a chunk another thread is making is waited for, not made
-    again. The stage is materialized once every chunk is made.
+    Records are materialized on demand: :attr:`tasks` builds (once) the whole
+    stage, :meth:`launch_tasks` one launch only (what an engine overlapping
+    the CPU with the GPU asks for). Both give the same records.
 
     Attributes
     ----------
@@ -119,13 +120,6 @@ class StageSchedule:
     dense_join: dict = field(default_factory=dict)
     _maker: object = field(default=None, repr=False)
     _tasks: np.ndarray | None = field(default=None, repr=False)
-    #: Makes the records chunk by chunk, each once (None where they came whole:
-    #: a plan file's, a split stage's).
-    _fill: object = field(default=None, init=False, repr=False, compare=False)
-
-    def __post_init__(self):
-        if self._tasks is None and self._maker is not None:
-            self._fill = RecordFill(self._maker.records, self.launch_ptr)
 
     @property
     def nlaunch(self) -> int:
@@ -138,46 +132,52 @@ class StageSchedule:
 
     @property
     def tasks(self) -> np.ndarray:
-        """All records of the stage (TASK_DTYPE, sorted by launch; made once)."""
+        """All records of the stage (TASK_DTYPE, sorted by launch; built once)."""
         if self._tasks is None:
-            self._tasks = self._fill.whole()
+            self._tasks = self._maker.records(0, self.nlaunch)
         return self._tasks
 
     @property
     def materialized(self) -> bool:
-        """Whether every record is made (by :attr:`tasks` or chunk by chunk)."""
-        if self._tasks is None and self._fill is not None:
-            self._tasks = self._fill.done()
         return self._tasks is not None
 
     def launch_tasks(self, L: int) -> np.ndarray:
-        """Records of launch ``L`` (a view of the stage's records; the chunk that
-        holds it made first where it is not)."""
+        """Records of launch ``L`` (a view when the stage is materialized)."""
         if not 0 <= L < self.nlaunch:
             raise IndexError(f"launch {L} out of range [0, {self.nlaunch})")
-        if self.materialized:
+        if self._tasks is not None:
             return self._tasks[self.launch_ptr[L]:self.launch_ptr[L + 1]]
-        return self._fill.range(L, L + 1)
+        return self._maker.records(L, L + 1)
 
     def launch_range(self, L0: int, L1: int) -> list:
-        """Records of launches ``L0 … L1-1``, one view of the stage's records per
-        launch (the chunks that hold them made first where they are not)."""
+        """Records of launches ``L0 … L1-1``, one array per launch (views of one
+        array built in one pass; views of :attr:`tasks` when materialized)."""
         if not 0 <= L0 <= L1 <= self.nlaunch:
             raise IndexError(f"launches [{L0}, {L1}) out of range [0, {self.nlaunch})")
         lp = self.launch_ptr
-        if self.materialized:
+        if self._tasks is not None:
             t, base = self._tasks, 0
         else:
-            t, base = self._fill.range(L0, L1), int(lp[L0])
+            t, base = self._maker.records(L0, L1), int(lp[L0])
         b = (lp[L0:L1 + 1] - base).tolist()
         return [t[b[k]:b[k + 1]] for k in range(L1 - L0)]
 
     def launch_chunks(self):
-        """Launch ranges ``(L0, L1)`` made at once (:func:`~.record_fill.launch_chunks`:
-        one launch, then twice as many each time, up to :data:`CHUNK_LAUNCHES`
-        launches or :data:`CHUNK` records; a launch larger than that alone)."""
-        return list(self._fill.chunks if self._fill is not None
-                    else launch_chunks(self.launch_ptr))
+        """Launch ranges ``(L0, L1)`` :meth:`SparseSchedule.iter_launches` builds
+        at once: 1 launch, then twice as many each time, up to
+        :data:`CHUNK_LAUNCHES` launches or :data:`CHUNK` records (a launch
+        larger than that alone)."""
+        lp = self.launch_ptr.tolist()
+        nlaunch = len(lp) - 1
+        out = []
+        L0, want = 0, 1
+        while L0 < nlaunch:
+            L1 = L0 + 1
+            while L1 < nlaunch and L1 - L0 < want and lp[L1 + 1] - lp[L0] <= CHUNK:
+                L1 += 1
+            out.append((L0, L1))
+            L0, want = L1, min(2 * want, CHUNK_LAUNCHES)
+        return out
 
 
 @dataclass(eq=False)
@@ -244,11 +244,7 @@ class SparseSchedule:
         return sum(int(np.count_nonzero(np.diff(s.launch_ptr))) for s in self.stages)
 
     def materialize(self) -> "SparseSchedule":
-        """Make every stage's records now (idempotent); returns self.
-
-        The chunks of launches another thread made or is making
-        (:meth:`iter_launches`) are taken from the stage's records, not made
-        again.
+        """Build every stage's records now (idempotent); returns self.
 
         A schedule :func:`build_schedule` made for a plan file is handed to the
         store's writer here, once: the file takes the records as made (a call
@@ -267,15 +263,13 @@ class SparseSchedule:
     def iter_launches(self, prefetch: bool = True):
         """Yield ``(stage index, launch, records)`` launch after launch.
 
-        Records are made only when asked for, a *chunk* of launches at a time
+        Records are built only when asked for, a *chunk* of launches at a time
         (:meth:`StageSchedule.launch_chunks`: one launch first, then twice as
         many each time, up to :data:`CHUNK_LAUNCHES` launches or
         :data:`CHUNK` records; one NumPy pass per chunk instead of one per
-        launch), into the stage's records: a chunk another thread made or is
-        making (:meth:`materialize` on a worker) is taken from there, not made
-        again, and a stage whose every launch was yielded is materialized.
-        With ``prefetch`` a worker thread makes the next chunk while the
-        caller works on the launches of this one.
+        launch). With ``prefetch`` a worker thread builds the next chunk while
+        the caller works on the launches of this one (the caller may keep the
+        records; they are never reused).
         """
         jobs = [(i, L0, L1) for i, st in enumerate(self.stages)
                 for L0, L1 in st.launch_chunks()]
@@ -325,7 +319,7 @@ def schedule_nbytes(sched) -> int:
                 total += int(a.nbytes)
     for st in sched.stages:
         total += int(st.launch_ptr.nbytes + st.foff.nbytes)
-        if st.materialized:
+        if st._tasks is not None:
             total += int(st._tasks.nbytes)
     return total
 
@@ -963,10 +957,9 @@ class _StageMaker:
         self.launch_ptr = np.zeros(nlaunch + 1, dtype=np.int64)
         np.cumsum(self.nfac + nasm, out=self.launch_ptr[1:])
 
-    def records(self, L0: int, L1: int, into=None) -> np.ndarray:
+    def records(self, L0: int, L1: int) -> np.ndarray:
         """Records of launches ``[L0, L1)`` in order (factorization, then assembly),
-        each launch's longest first (:func:`~.tasks.longest_first`); written into
-        ``into`` (TASK_DTYPE, as many records) where given."""
+        each launch's longest first (:func:`~.tasks.longest_first`)."""
         lp = self.launch_ptr
         n = int(lp[L1] - lp[L0])
         out = np.empty(n, dtype=TASK_DTYPE)
@@ -1020,11 +1013,7 @@ class _StageMaker:
             dst = (np.repeat(lp[Ls] - lp[L0] + self.nfac[L0:L1] - (self.asm_ptr[Ls] - a0), na)
                    + np.arange(a1 - a0))
             o64[dst] = self.asm[a0:a1]
-        order = longest_first(out, lp[L0:L1 + 1] - lp[L0], self.ctx.tile)
-        if into is None:
-            return take_records(out, order)
-        np.take(out.view(RECORD_BYTES), order, out=into.view(RECORD_BYTES), mode="clip")
-        return into
+        return take_records(out, longest_first(out, lp[L0:L1 + 1] - lp[L0], self.ctx.tile))
 
 
 def _assembly_sorted(fs, first, last, sid, stage_of, foff, carried, asm_a, pack_a, nlaunch):
