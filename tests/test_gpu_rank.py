@@ -176,6 +176,31 @@ def test_sigma_min_upper_device_equals_host(rng, decades):
     assert norm2_lanczos(cupy.asarray(T)) == pytest.approx(np.linalg.norm(T, 2), rel=1e-10)
 
 
+@pytest.mark.parametrize("decades", [3, 9, 13])
+def test_device_sigma_test_verdict_equals_lanczos(rng, decades):
+    """A dense T on the device: the GEMM certificate's verdict at the caller's margin
+    (``value > margin·threshold``) is the host's Lanczos verdict, for thresholds on
+    either side of σ_min and near it; its value within 1e-3 of σ_min where settled (the
+    power method's Rayleigh quotient: 6e-5 on the flattest spectrum here, 3 decades over
+    700 values; the σ test's margin is 5 %)."""
+    import cupy
+    from scipy_gpuqr._factor import triangular
+    U, _ = np.linalg.qr(rng.standard_normal((700, 700)))
+    T = np.triu(np.linalg.qr((U * np.logspace(0, -decades, 700)) @ U.T, mode="r"))
+    smin = np.linalg.svd(T, compute_uv=False)[-1]
+    margin = 1.05
+    for ratio in (0.2, 0.9, 0.94, 0.97, 1.0, 1.03, 1.1, 5.0):
+        threshold = ratio * smin / margin
+        host = triangular.sigma_min_upper(T, threshold)
+        dev = triangular.sigma_min_upper(cupy.asarray(T), threshold, margin=margin)
+        if host.bound:
+            assert dev.bound and dev.value == pytest.approx(host.value, rel=1e-8)
+            continue
+        assert (dev.value > margin * threshold) == (host.value > margin * threshold), ratio
+        if abs(ratio - 1) > 0.05:
+            assert dev.value == pytest.approx(smin, rel=1e-3), ratio
+
+
 def test_full_rank_probe_through_the_device_solves(monkeypatch, rng):
     """Beyond DENSE_LIMIT and SOLVE_RANK_MIN_ORDER full rank is confirmed by the
     randomized probe through the GPU's solves (no host solve, no 1-norm estimate)."""

@@ -86,6 +86,27 @@ def test_sigma_min_sparse_estimate(rng, monkeypatch):
     assert est.value == pytest.approx(smin, rel=1e-2)
 
 
+@pytest.mark.parametrize("decades", [3, 9, 14])
+def test_device_norm_test_verdicts(rng, decades):
+    """The GEMM certificate of the device's σ test (run here on NumPy arrays): a verdict
+    only where the trace of ``G^(2^k)`` settles ``‖X‖₂ < limit`` one way, always the
+    true one; open (None) within ``q^(1/2^(k+2))`` of the limit; its estimate at most
+    ``‖X‖₂`` and close to it."""
+    X = sp.linalg.inv(_graded_triangle(rng, 200, decades)).toarray()
+    s = np.linalg.norm(X, 2)
+    band = 200 ** (1 / 2 ** (_triangular.DEVICE_NORM_SQUARINGS + 2))
+    for ratio in (0.3, 0.9, 0.99, 1.0, 1.01, 1.1, 3.0, 1e4):
+        got = _triangular._device_norm_test(X, s / ratio)
+        if 1 / band <= ratio < band * (1 + 1e-12):
+            continue                          # may be open or settled (rightly)
+        assert got is not None, ratio
+        below, estimate = got
+        assert below == (ratio < 1), ratio
+        if np.isfinite(estimate):
+            assert estimate <= s * (1 + 1e-12)
+            assert estimate == pytest.approx(s, rel=1e-6)
+
+
 def test_singular_triangle_has_zero_bound():
     T = sp.csc_array(np.array([[1.0, 2.0], [0.0, 0.0]]))
     assert sigma_min_upper(T, 1e-3).value == 0.0

@@ -360,6 +360,16 @@ def _rcond_estimate(R: sp.csc_array, solves: Optional[tuple] = None) -> float:
     return 1.0 / (norm_r * norm_inv)
 
 
+def _one_shot(fn: Callable, *args, **kwargs) -> Future:
+    """``fn(*args, **kwargs)`` on a thread of its own, which ends with it (the caller
+    waits on the Future it returns)."""
+    ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-rank")
+    try:
+        return ex.submit(fn, *args, **kwargs)
+    finally:
+        ex.shutdown(wait=False)
+
+
 def _clearly_above(est, order: int, threshold: float) -> bool:
     """σ_min (a :class:`~scipy_gpuqr._factor.triangular.SigmaMin` of a triangle of this
     order) above ``threshold``: a bound as it is, an estimate with its margin
@@ -720,7 +730,7 @@ class MinNormSolver:
                 return settled
             if Rgpu is None:
                 Rgpu = self._dense_on_gpu(as_g=False)
-            est = sigma_min_upper(Rgpu, self.cutoff * smax)
+            est = sigma_min_upper(Rgpu, self.cutoff * smax, margin=_DENSE_SIGMA_MARGIN)
             del Rgpu
         else:
             solves = self._estimate_solves()
@@ -1018,10 +1028,11 @@ class MinNormSolver:
         is the COD's up to a perturbation ``<= ‖E‖₂``. σ_min(R11) comes from
         :func:`~scipy_gpuqr._factor.triangular.sigma_min_upper` (a bound, or an
         estimate with a margin), on the GPU where the dense refinements run there
-        (:meth:`_sigma_min_on_device`). False (nothing kept) when either test fails,
-        or where the QR kept every column and R's own σ test failed, or a failed
-        probe of R's inverse shows that it cannot pass (R11 then has R's singular
-        values).
+        (:meth:`_sigma_min_on_device`; the second QR, ``[R11 R12]ᵀ``'s, is then made
+        on a worker thread meanwhile, and used only where the test passes). False
+        (nothing kept) when either test fails, or where the QR kept every column and
+        R's own σ test failed, or a failed probe of R's inverse shows that it cannot
+        pass (R11 then has R's singular values).
         """
         G = sp.csc_array(self.R.T) if self.transposed else self.R
         kG, qG = G.shape
@@ -1045,15 +1056,28 @@ class MinNormSolver:
             e_norm = float(np.linalg.norm(E, 2)) if E.size else 0.0
             if not e_norm <= tol:
                 return False
-        R11 = Rf[:r, :r]
+        R11, R1 = Rf[:r, :r], Rf[:r]
         tri = UpperTriangular(R11) if r > DENSE_SIGMA_LIMIT else None
-        est = self._sigma_min_on_device(R11, tol) if tri is None else None
-        if est is None:
-            est = sigma_min_upper(R11, tol, solves=tri.solves() if tri else None)
-        if not _clearly_above(est, r, tol):
+        # where R11's σ test runs on the GPU and the factorizer is the host's (a sparse QR
+        # that releases the GIL), the second QR is made meanwhile on a worker thread, and
+        # waited for either way
+        ahead = (_one_shot(self.factorize, sp.csc_array(R1.T), tol=None)
+                 if dead and tri is None and self.device == "cpu" and self._sigma_on_device(r)
+                 else None)
+        try:
+            est = self._sigma_min_on_device(R11, tol) if tri is None else None
+            if est is None:
+                est = sigma_min_upper(R11, tol, solves=tri.solves() if tri else None)
+            passed = _clearly_above(est, r, tol)
+        finally:
+            if ahead is not None:
+                ahead.exception()       # waited for; its outcome read only if it counts
+        if not passed:
             return False
-        R1 = Rf[:r]
-        second = self.factorize(sp.csc_array(R1.T), tol=None) if dead else None
+        if ahead is not None:
+            second = ahead.result()
+        else:
+            second = self.factorize(sp.csc_array(R1.T), tol=None) if dead else None
         if second is None:
             self._tri = tri             # solve() uses R11 itself: set up once
         self.method, self.rank = "cod", r
@@ -1061,6 +1085,11 @@ class MinNormSolver:
         self.cod_device = self.device
         self._cod = (first, second, R1)
         return True
+
+    def _sigma_on_device(self, q: int) -> bool:
+        """Whether :meth:`_sigma_min_on_device` tries the GPU for a triangle of order q."""
+        return (self.dense_device == "gpu" and q >= SVD_GPU_MIN_ORDER
+                and _gpu.gpu_available())
 
     def _sigma_min_on_device(self, T: sp.csc_array, threshold: float):
         """σ_min of the gap check's triangle T (order at most DENSE_SIGMA_LIMIT) on the
@@ -1070,12 +1099,11 @@ class MinNormSolver:
         a few milliseconds where the host's ``trtri`` and dense Lanczos on one thread
         take about ``q³/3`` flops and ``q²`` per step. None: the host answers (no GPU,
         a smaller T, or T does not fit beside what the device holds)."""
-        q = T.shape[0]
-        if self.dense_device != "gpu" or q < SVD_GPU_MIN_ORDER or not _gpu.gpu_available():
+        if not self._sigma_on_device(T.shape[0]):
             return None
         try:
             Td = dense_from_sparse(T, _gpu.import_cupy())
-            return sigma_min_upper(Td, threshold)
+            return sigma_min_upper(Td, threshold, margin=_DENSE_SIGMA_MARGIN)
         except MemoryError:
             # CuPy's OutOfMemoryError is a MemoryError: the device is shared or limited
             _free_device_pool()

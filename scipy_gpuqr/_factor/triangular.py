@@ -13,7 +13,8 @@ work arrays) and sweeps cost more there than the dense solves.
 
 :func:`sigma_min_upper` answers "is σ_min(T) above a threshold?" for the
 rank rules of :mod:`scipy_gpuqr._factor.lstsq`: a guaranteed lower bound
-``1/‖T⁻¹‖_F`` first (dense T), then Lanczos on ``(TᵀT)⁻¹``.
+``1/‖T⁻¹‖_F`` first (dense T), then (a dense T on a GPU) a certificate from a
+few GEMMs with T⁻¹, then Lanczos on ``(TᵀT)⁻¹``.
 """
 
 from __future__ import annotations
@@ -274,7 +275,79 @@ def _finite_frobenius(X) -> float:
     return float(np.linalg.norm(norms.get()))
 
 
-def sigma_min_upper(T, threshold: float, *, solves: tuple = None) -> SigmaMin:
+#: Squarings of ``G = (X/c)(X/c)ᵀ`` in :func:`_device_norm_test` (X = T⁻¹ on a GPU):
+#: ``trace(G^(2^k))`` lies between ``λ_max(G)^(2^k)`` and ``q·λ_max(G)^(2^k)``, so
+#: ``k`` of them settle ``‖X‖₂ < c`` or ``‖X‖₂ >= c`` except where ``‖X‖₂/c`` lies
+#: within a factor ``q^(1/2^(k+1))`` of 1 (1.015 for q = 1800 at k = 7), each a GEMM
+#: of ``2q³`` flops queued without a host round trip.
+DEVICE_NORM_SQUARINGS = 7
+
+
+def _host_norm(v: np.ndarray) -> float:
+    """2-norm of a host vector whose entries may lie near the underflow threshold
+    (the power iterates of :func:`_device_norm_test`)."""
+    big = float(np.max(np.abs(v))) if v.size else 0.0
+    if not (big > 0 and np.isfinite(big)):
+        return big if big == big else float("nan")
+    return big * float(np.linalg.norm(v / big))
+
+
+def _device_norm_test(X, limit: float) -> Optional[tuple]:
+    """Whether ``‖X‖₂ < limit`` for a dense square CuPy (or NumPy) X, by a few GEMMs.
+
+    ``G = (X/limit)(X/limit)ᵀ`` squared :data:`DEVICE_NORM_SQUARINGS` (k) times:
+    ``t = trace(G^(2^k))`` is at least ``λ^(2^k)`` and at most ``q·λ^(2^k)``
+    (λ = ``λ_max(G)`` = ``(‖X‖₂/limit)²``; G is symmetric positive semidefinite, and
+    rounding moves each product by ``O(q·eps)`` of its largest eigenvalue). So
+    ``t < 1`` proves ``‖X‖₂ < limit`` and ``t >= q`` proves ``‖X‖₂ >= limit``;
+    scaled by ``limit`` the powers stay representable where the comparison is
+    close, and where they overflow (or make a NaN of an overflow) ``‖X‖₂`` lies
+    far above ``limit``. Unlike Lanczos (a product with X, a copy to the host and
+    ARPACK's step per iteration) the GEMMs queue on the device and one copy ends
+    them.
+
+    Returns
+    -------
+    (below, estimate) or None
+        ``below``: the verdict; ``estimate``: ``‖X‖₂`` by the Rayleigh quotient
+        of G at ``G^(2^k) z`` (z seeded random; NaN after an overflow), at most
+        ``‖X‖₂`` up to rounding and short of it by the weight ``(σ₂/σ₁)^(2^(k+2))``
+        of what lies below σ₁ (6e-5 relative where the top singular values lie 1 %
+        apart, where Lanczos reaches 1e-12). None where the trace leaves the
+        comparison open, or the powers underflowed below a verdict ``below``
+        (Lanczos decides).
+    """
+    xp = _module_of(X)
+    q = X.shape[0]
+    if xp is np:
+        S = X / limit
+    else:
+        # every entry divided by ``limit``: the C-contiguous one of X and Xᵀ (the
+        # nonzero spectrum of S Sᵀ is that of XᵀX/limit² either way)
+        V = X if X.flags.c_contiguous else (X.T if X.flags.f_contiguous
+                                           else array_ops.contiguous_copy(X))
+        S = array_ops.divide_columns(V, xp.asarray(np.full(q, float(limit))))
+    with np.errstate(all="ignore"):         # a NumPy X's overflow is a verdict too
+        G = S @ S.T
+        for _ in range(DEVICE_NORM_SQUARINGS):
+            G = G @ G
+        z = xp.asarray(np.random.default_rng(q).standard_normal(q))
+        v = G @ z
+        w = S.T @ v
+    t = float(np.sum(_diagonal_on_host(G)))
+    if xp is not np:
+        v, w = v.get(), w.get()
+    vn, wn = _host_norm(v), _host_norm(w)
+    estimate = limit * (wn / vn) if vn > 0 and np.isfinite(vn) else float("nan")
+    if t < 1.0:
+        return (True, estimate) if estimate > 0 and np.isfinite(estimate) else None
+    if not t < q:            # NaN included: made of an overflow
+        return False, estimate
+    return None
+
+
+def sigma_min_upper(T, threshold: float, *, solves: tuple = None,
+                    margin: float = 1.0) -> SigmaMin:
     """σ_min of square upper triangular T, as needed to compare it with ``threshold``.
 
     Parameters
@@ -288,6 +361,12 @@ def sigma_min_upper(T, threshold: float, *, solves: tuple = None) -> SigmaMin:
     solves : (callable, callable), optional
         ``(C ↦ T⁻¹C, C ↦ T⁻ᵀC)`` on host arrays for the Lanczos estimate of a
         large T (default :class:`UpperTriangular`).
+    margin : float
+        The caller's margin: an estimate passes where ``value > margin·threshold``.
+        A dense CuPy T whose ``1/‖T⁻¹‖_F`` does not pass is first tested against
+        ``margin·threshold`` by :func:`_device_norm_test`; where that settles it,
+        its estimate is returned on the verdict's side of the margin (the
+        Lanczos estimate gives the same verdict), else Lanczos answers.
 
     Returns
     -------
@@ -295,8 +374,9 @@ def sigma_min_upper(T, threshold: float, *, solves: tuple = None) -> SigmaMin:
         For q ≤ :data:`DENSE_SIGMA_LIMIT` (T⁻¹ formed, q³/3 flops):
         ``1/‖T⁻¹‖_F`` (a lower bound, at most √q below σ_min) when it exceeds
         ``threshold``, else ``1/‖T⁻¹‖₂`` by Lanczos on the dense inverse to
-        1e-12. Larger q: Lanczos on ``(TᵀT)⁻¹`` through triangular solves, to
-        1e-3 (callers add a margin).
+        1e-12 (on a GPU, where ``margin·threshold`` is settled by
+        :func:`_device_norm_test`, its estimate instead). Larger q: Lanczos on
+        ``(TᵀT)⁻¹`` through triangular solves, to 1e-3 (callers add a margin).
     """
     q = T.shape[0]
     if q == 0:
@@ -315,6 +395,16 @@ def sigma_min_upper(T, threshold: float, *, solves: tuple = None) -> SigmaMin:
             return SigmaMin(np.inf, True)
         if 1.0 / fro > threshold:
             return SigmaMin(1.0 / fro, True)
+        if xp is not np and margin * threshold > 0:
+            settled = _device_norm_test(X, 1.0 / (margin * threshold))
+            if settled is not None:
+                below, s = settled
+                bar = margin * threshold
+                value = 1.0 / s if s > 0 else np.inf      # NaN (fails only): inf
+                # the verdict's side of the margin (the Rayleigh estimate lies at or
+                # below ‖T⁻¹‖₂: above it only by rounding)
+                value = max(value, np.nextafter(bar, np.inf)) if below else min(value, bar)
+                return SigmaMin(float(value), False)
         upper = (_upper_in_place(X) if xp is np
                  else array_ops.unit_triangle(X, lower=False, unit=False))
         s = norm2_lanczos(upper)            # <= σ_max(T⁻¹) <= ‖T⁻¹‖_F
