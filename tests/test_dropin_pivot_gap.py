@@ -205,12 +205,13 @@ def _replay(histories, key, square, dense_gpu, plan=None, per=3.3e-5):
 
 def test_a_revealed_split_on_a_gpu_host_stops_at_the_lu(histories, nominal):
     """adder_dcop_05's recorded run (SciPy's stop after 2171 iterations): with U's 25
-    pivots and a GPU for the dense work, the rule analyses at the LU and stops two
-    checkpoints later for the QR, whose rank decision it weighs as the GPU's gap-checked
+    pivots and a GPU for the dense work, the rule analyses at the LU and stops at that
+    checkpoint for the QR, whose rank decision it weighs as the GPU's gap-checked
     COD. Without the GPU, or without the split, the run goes on to SciPy's stop."""
     stop, watch, plans, asked = _replay(histories, "adder_dcop_05.lsqr", _Square(25), True)
     lu_itn = watch.lu_at[0]
     assert stop is not None and stop < lu_itn + 150 and stop < 700, (stop, lu_itn)
+    assert stop == lu_itn        # one checkpoint: the verdict reads the LU's factors
     assert "pivots under lstsq's cutoff" in watch.reason and plans == 1 and asked == 1
     assert watch.rank_s == pytest.approx(gap_check_seconds(1813))
     assert "U's pivots: 25 under lstsq's cutoff" in watch.summary()

@@ -111,7 +111,8 @@ not dense work: the analysis is not deferred, and the run stops for the exact
 answer unless its projection promises convergence within
 :data:`PREDICTED_SHARE` of the QR's predicted time (LSQR's projections on such
 matrices promise convergence far too soon; the long trend is read, whose
-course the window's flicker does not break). A prediction that does not hold
+course the window's flicker does not break), at the first checkpoint that
+says so (:data:`PREDICTED_CONFIRMATIONS`). A prediction that does not hold
 costs time, not accuracy: the QR's own checks decide the rank. Where the plan
 puts the factorization on the GPU (whose factorizer the sparse COD would use)
 or R is too dense for that COD, the prediction is dropped and the rule goes on
@@ -164,7 +165,8 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "HOST_ITERATION_S", "host_iteration_seconds",
            "ANALYSIS_FIXED_S", "ANALYSIS_S_PER_LINE", "ANALYSIS_S_PER_ENTRY",
            "ANALYSIS_DEFERRAL", "STALL_SHARE", "ALLOWANCE_SHARE", "SWITCH_MARGIN",
-           "ITER_LIM_MARGIN", "CONFIRMATIONS", "RANK_RISK_COND", "RANK_RISK_SHARE",
+           "ITER_LIM_MARGIN", "CONFIRMATIONS", "PREDICTED_CONFIRMATIONS", "RANK_RISK_COND",
+           "RANK_RISK_SHARE",
            "RANK_PRIOR", "RANK_S_PER_CUBE", "RANK_DENSE_LIMIT", "RANK_SPARSE_MIN_ORDER",
            "RANK_SPARSE_MAX_DENSITY", "RANK_NULLSPACE_MIN_ORDER", "RANK_NULLSPACE_S_PER_SQUARE",
            "CLEAR_FULL_RANK", "CLEAR_DEAD_PIVOTS", "RANK_S_PER_R_ENTRY", "RANK_GPU_S_PER_SQUARE",
@@ -289,6 +291,10 @@ ITER_LIM_MARGIN = 2.0
 #: Consecutive checkpoints that must reach the same verdict before a run is
 #: stopped (one window's projection can be an outlier).
 CONFIRMATIONS = 2
+#: ... except the verdict of U's pivots (:attr:`Allowance.gap_predicted`), which reads
+#: the LU's factors and the run's long trend, not one window's projection: it stops
+#: at the first checkpoint that reaches it.
+PREDICTED_CONFIRMATIONS = 1
 #: A run whose condition estimate reaches this is treated as one on a matrix
 #: that may be ill-conditioned or rank deficient (LSQR's estimate grows
 #: towards cond(A) but stays far below it: 1e5-3e6 at SciPy's stop on
@@ -941,7 +947,8 @@ class Allowance:
                                  f"under lstsq's cutoff and the rest clearly above: the QR's "
                                  f"rank decision predicted as the gap-checked COD on the GPU "
                                  f"(the QR's predicted {q:.3g} s), and the run's trend does not "
-                                 f"promise convergence within {PREDICTED_SHARE:g} x that")
+                                 f"promise convergence within {PREDICTED_SHARE:g} x that",
+                                 needed=PREDICTED_CONFIRMATIONS)
         if self.speculated and t - self.speculated_at >= q:
             # the factors are made and R's rank decision is cheap: the run has had as long
             # as the rest of the QR costs (ski rental: at most twice the better choice;
@@ -1112,13 +1119,13 @@ class Allowance:
             return
         self.gap_predicted, self.gap_dropped = 0, why
 
-    def _confirm(self, kind: str, reason: str) -> bool:
-        """Stop once verdict ``kind`` held at :data:`CONFIRMATIONS` checkpoints in a row
-        ('' clears it)."""
+    def _confirm(self, kind: str, reason: str, needed: Optional[int] = None) -> bool:
+        """Stop once verdict ``kind`` held at ``needed`` (default :data:`CONFIRMATIONS`)
+        checkpoints in a row ('' clears it)."""
         last, count = self._verdict
         count = count + 1 if kind and kind == last else (1 if kind else 0)
         self._verdict = (kind, count)
-        if kind and count >= CONFIRMATIONS:
+        if kind and count >= (CONFIRMATIONS if needed is None else needed):
             self.reason = reason
             return True
         return False
