@@ -1,8 +1,8 @@
-"""The time model's fronts above its frontier on any device (``TimeModel.upper_anywhere``)
-and the device count of devices='auto' by modelled seconds, without a GPU: grid 56³ and
-60³ on four devices with subtree work on every device, the plans' seconds those of the
-whole tree, two devices' plans as before, ch7-8-b3 on two of four GPUs, and such plans on
-NumPy layers to the one-device answer."""
+"""The time model's fronts above its frontier on any device (``TimeModel.upper_anywhere``,
+off by default) and the device count of devices='auto' by modelled seconds, without a GPU:
+grid 56³ and 60³ on four devices with subtree work on every device, the plans' seconds
+those of the whole tree, two devices' plans as before, ch7-8-b3 on two of four GPUs, and
+such plans on NumPy layers to the one-device answer."""
 
 import numpy as np
 import pytest
@@ -21,8 +21,10 @@ from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squa
 from test_multi_device_host_floor import _small_model
 from test_multi_device_split import _same_gram
 
-#: The time model with every front above the frontier on the upper device.
+#: The time model with every front above the frontier on the upper device (the default).
 UPPER_ONLY = TimeModel(upper_anywhere=False)
+#: The time model with fronts above the frontier placed on any device.
+PLACED = TimeModel(upper_anywhere=True)
 
 
 def _subtree_seconds(plan, t):
@@ -55,14 +57,16 @@ def test_four_devices_every_device_has_subtrees(grids, g):
     an = grids[g]
     t = front_seconds(an)
     model = SplitModel()
-    plan = map_devices(an, 4, split_model=model, cache=False)
-    old = map_devices(an, 4, split_model=model, cache=False, time_model=UPPER_ONLY)
+    plan = map_devices(an, 4, split_model=model, cache=False, time_model=PLACED)
+    old = map_devices(an, 4, split_model=model, cache=False)
+    assert np.array_equal(old.owner, map_devices(an, 4, split_model=model, cache=False,
+                                                 time_model=UPPER_ONLY).owner)
     assert plan.weight == old.weight == "time"
     sub, was = _subtree_seconds(plan, t), _subtree_seconds(old, t)
     assert was.min() < 0.1 * was.mean()
     assert sub.min() > sub.mean() / 3
     assert plan.seconds < 0.9 * old.seconds
-    split_s = timed_split_seconds(an.fronts, plan.split, model, TimeModel())
+    split_s = timed_split_seconds(an.fronts, plan.split, model, PLACED)
     assert plan.seconds == pytest.approx(timed_makespan(an.fronts.parent, plan.owner, t,
                                                         split_s))
 
@@ -132,7 +136,7 @@ def test_placed_fronts_on_numpy_layers(monkeypatch, g, k):
     A = grid3d_least_squares(g)
     an = analyze(A)
     model = _small_model()
-    plan = map_devices(an, k, split_model=model, cache=False)
+    plan = map_devices(an, k, split_model=model, cache=False, time_model=PLACED)
     assert plan.weight == "time" and (k == 2 or plan.split)
     assert _placed_off_upper(plan, an.fronts.parent)
     many = multi_gpu_factorize(A, an, layers=[NumpyDevice(32, 3) for _ in range(k)],
