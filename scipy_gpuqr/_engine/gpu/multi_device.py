@@ -576,7 +576,9 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         other devices' threads (``enqueue_seconds``), and (CUDA) the main
         device's thread's seconds on it by part (``host_seconds``: before the
         split's ``ready`` event, recording it, the split's preparation, its
-        steps); a front chosen but
+        steps; ``before_parts``: of the first, the blocks' owners, the split
+        workers, peer access, and the thread's CPU seconds, and before it all
+        the seconds making R's copier and ``on_panel``); a front chosen but
         factorized on its device alone has a ``"fallback"`` saying why;
         ``info["pinned_ahead"]``: the pinned host memory made ready before the
         devices' threads started (:meth:`PinnedAhead.info`: bytes, of them
@@ -1401,7 +1403,8 @@ class _MultiStageRun:
                             copier, pos = self._copier(sid, st, k, layer, h)
                             self.progressive += 1
                         out = self._split_front(f, k, *args,
-                                                on_panel=self._panel_copy(sid, st, f, copier))
+                                                on_panel=self._panel_copy(sid, st, f, copier),
+                                                since=t)
                     Fv, panels, T, done = out or layer.dense_factorize(*args)
                     self.dense_parts[f] = (sid, Fv, panels, T)
                     join_at.setdefault(min(st.dense_join[f], st.nlaunch), []).append(done)
@@ -1475,7 +1478,7 @@ class _MultiStageRun:
                 self.split_workers[i] = ex
             return ex
 
-    def _split_front(self, f, k, h, off, fm, fn, stair, on_panel=None):
+    def _split_front(self, f, k, h, off, fm, fn, stair, on_panel=None, since=None):
         """Dense front ``f`` of device ``k``'s stage factorized over every layer
         (:func:`~scipy_gpuqr._engine.split_front.run_split`); returns what
         ``dense_factorize`` returns, or None to leave it to device ``k`` alone
@@ -1488,10 +1491,12 @@ class _MultiStageRun:
         ``info["split_fronts"]``' ``enqueue_seconds`` has each device's
         thread's seconds on the front and, of them, waiting for the others'.
         ``on_panel`` (:meth:`_panel_copy`) is given to the backend, which calls
-        it after each panel's factorization on device ``k``'s thread.
+        it after each panel's factorization on device ``k``'s thread. ``since``
+        (``perf_counter`` seconds): when the stage turned to the front (R's
+        copier and ``on_panel`` made since), for ``host_seconds``' ``copier``.
         """
         clock = time.perf_counter
-        t_in = clock()
+        t_in, c_in = clock(), time.thread_time()
         layer = self.layers[k]
         idx = [i for i in range(len(self.layers)) if i != k]
         others = [self.layers[i] for i in idx]
@@ -1514,7 +1519,9 @@ class _MultiStageRun:
         F = h["pool"][off: off + fm * fn].reshape(fm, fn)
         cp = getattr(layer, "cp", None)
         nsplit = int(owners.max()) + 1
+        t_owners = clock()
         workers = [None] + [self._split_worker(i) for i in idx[:nsplit - 1]]
+        t_workers = clock()
         if nb != self.panel_nb:         # R's ranks were cut by another width
             on_panel = None
         if cp is None:                  # NumPy layers: the steps on host arrays
@@ -1531,7 +1538,7 @@ class _MultiStageRun:
             entry["fallback"] = "no peer access between the devices"
             self.split_log.append(entry)
             return None
-        t_peers = clock()
+        t_peers, c_peers = clock(), time.thread_time()
         ready = cp.cuda.Event(disable_timing=True)
         ready.record(layer.stream)
         t_ready = clock()
@@ -1556,7 +1563,13 @@ class _MultiStageRun:
         # the main thread's seconds in this call by part (the first split front of a
         # call has taken 0.1-0.2 s more than its steps on four H200)
         entry["host_seconds"] = {"before": t_peers - t_in, "ready": t_ready - t_peers,
-                                 "prepare": t_prep - t_ready, "steps": clock() - t_prep}
+                                 "prepare": t_prep - t_ready, "steps": clock() - t_prep,
+                                 "before_parts": {"owners": t_owners - t_in,
+                                                  "workers": t_workers - t_owners,
+                                                  "peers": t_peers - t_workers,
+                                                  "cpu": c_peers - c_in,
+                                                  "copier": (None if since is None
+                                                             else t_in - since)}}
         entry["backend"] = be
         self.split_log.append(entry)
         return F, panels, be.T, be.done
