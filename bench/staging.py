@@ -310,6 +310,7 @@ def _run_modes(A, b, repeat, limit, modes, debug=False, profile=None, blocks=Fal
         o = dict(rows[name][-1])
         o["seconds"] = statistics.median(r["seconds"] for r in rows[name])
         o["all_seconds"] = [round(r["seconds"], 4) for r in rows[name]]
+        o["all_timings"] = [r["timings"] for r in rows[name]]
         o["first_seconds"] = firsts[name]["seconds"]
         o["runs"] = len(rows[name])
         o["pool_used_after"] = int(pool.used_bytes() - base)
