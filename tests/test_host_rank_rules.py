@@ -538,17 +538,20 @@ def test_device_solves_given_sigma_max_and_test_on_one_device_copy(matrices_dir,
     """R's solves given (a GPU factorization) and the dense work on the device: no probe;
     R made dense on the device once, σ_max by Lanczos there and the σ test on that copy;
     the gap check reads that σ_max (no host Lanczos on R) and, its QR keeping every
-    column of nnc1374's R, tests nothing again (the dense SVD after it stubbed)."""
+    column of nnc1374's R, tests nothing again; R's small singular subspace on the same
+    device copy then decides (no SVD)."""
     A, R, factorize = _shared_r(matrices_dir, "nnc1374.mtx")
     solves = UpperTriangular(R).solves()
     made, smax_calls, lanczos_calls, sigma_calls, svd = _device_dense_spies(monkeypatch)
     probes = _spy(monkeypatch, "probe_norm")
-    _lstsq.MinNormSolver(R, _lstsq.lstsq_cutoff(*A.shape), factorize=_cod_factorizer(factorize),
-                         solves=solves, dense_device="gpu")
-    assert made == [1374, 1374]                         # the σ test's copy, the SVD's own
+    solver = _lstsq.MinNormSolver(R, _lstsq.lstsq_cutoff(*A.shape),
+                                  factorize=_cod_factorizer(factorize),
+                                  solves=solves, dense_device="gpu")
+    assert made == [1374]                               # the σ test's copy, read again
     assert len(lanczos_calls) == 1 and len(sigma_calls) == 1
-    assert not smax_calls and not probes
-    assert svd == [pytest.approx(sigma_max_lanczos(R), rel=1e-12)]
+    assert not smax_calls and not probes and not svd
+    assert (solver.method, solver.rank) == ("dense_subspace", 1308)
+    assert solver.sigma_max == pytest.approx(sigma_max_lanczos(R), rel=1e-12)
 
 
 @pytest.mark.gpu

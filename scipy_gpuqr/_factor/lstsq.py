@@ -69,7 +69,16 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
        solves (:mod:`scipy_gpuqr._factor.sparse_subspace`: the subspace
        iteration below, then ``x = P_V R⁻¹ P_U c`` refined with R's residual;
        no dense copy of R, cost proportional to nnz(R) times the block).
-       Where that refuses, the dense rules below answer:
+       Where that refuses, the dense rules below answer. Where R's dense work runs
+       on the GPU (``dense_device``, from :data:`SVD_GPU_MIN_ORDER` columns up to
+       DENSE_LIMIT) and R is square with a nonzero diagonal, R's small singular
+       subspace decides on R made dense there first
+       (:class:`~scipy_gpuqr._factor.dense_subspace.DenseSubspaceCOD`: block
+       inverse subspace iteration, Rayleigh–Ritz on R, the rank kept only where
+       the gap at the cutoff is certified; a few solves with the block where the
+       SVD of all of R is the dearest dense step): before the gap check where the
+       factorization was the GPU's (whose second sparse QR of R would run there),
+       before the dense SVD otherwise; the SVD decides where it refuses.
 
        * q ≤ :data:`DENSE_LIMIT`: a dense SVD of ``R`` gives exactly lstsq's
          rank and the pseudo-inverse solution (on the GPU from
@@ -133,6 +142,7 @@ from .._cpu.blas_threads import process_limited
 from .._dispatch.plan import available_host_memory
 from .._engine.memory import available_bytes
 from .dense_cod import DenseCOD, dense_from_sparse, sigma_max_estimate
+from .dense_subspace import DenseSubspaceCOD
 from .dense_upper import DenseUpper, stored_densely
 from .host_norms import frobenius_norm
 from .solve_rank import NullspaceCOD, NullspaceRefused, abs_diagonal, frobenius, probe_norm
@@ -171,6 +181,12 @@ SVD_FALLBACK_LIMIT = {"cpu": 5000, "gpu": 20000}
 #: block: 2·p·q² flops per step (p = 1024, q = 14000: 4e11).
 SUBSPACE_BLOCK = 64
 SUBSPACE_MAX_BLOCK = 1024
+
+#: Least first block of the device's subspace decision
+#: (:class:`~scipy_gpuqr._factor.dense_subspace.DenseSubspaceCOD`): a solve with the
+#: block costs about what one with a few columns costs there, and a block that
+#: straddles the cutoff from the first step saves a doubling.
+DEVICE_SUBSPACE_BLOCK = 128
 
 #: Smallest min(k, q) of R whose dense SVD runs on the GPU when one may be
 #: used (below it the host's gesdd is as fast as cuSOLVER's, transfers included).
@@ -560,6 +576,12 @@ class MinNormSolver:
     # R made dense (Fortran order) by the 1-norm test that settled full rank, where the
     # triangular solves take a dense triangle of that order: theirs, not made again
     _dense_r: Optional[np.ndarray] = field(init=False, default=None, repr=False)
+    # R made dense on the device by the σ test of all of R that failed: the device rules
+    # after it (the subspace decision, the SVD) read it, not a copy made again; dropped
+    # with the decision
+    _device_r: Optional[object] = field(init=False, default=None, repr=False)
+    # whether the device's subspace decision was tried (once per decision)
+    _subspace_tried: bool = field(init=False, default=False, repr=False)
 
     def __post_init__(self):
         if self.fro_bound is not None and np.isfinite(self.fro_bound):
@@ -580,6 +602,7 @@ class MinNormSolver:
                 self._decide()
         finally:
             self._lowered = None
+            self._device_r = None
             self.rhs = None             # it may hold its caller (a factorization)
             self.probe_start = None
             if self._fro_pending is not None:
@@ -666,12 +689,18 @@ class MinNormSolver:
                 return
         if square_ok and q >= self._nullspace_min_order() and self._prepare_nullspace_cod(d):
             return
+        # a GPU factorization's gap check would factorize R again on the GPU: R's small
+        # singular subspace on the device comes first there
+        if square_ok and self.device == "gpu" and self._prepare_device_subspace(d):
+            return
         if self._sparse_cod_first() and self._prepare_gap_checked_cod():
             return
         if square_ok and self._prepare_sparse_subspace(d):
             return
         if max(k, q) <= DENSE_LIMIT or self.factorize is None:
-            self._prepare_svd(self._dense_on_gpu())
+            if square_ok and self._prepare_device_subspace(d):
+                return
+            self._prepare_svd(self._dense_g_on_gpu())
             return
         device = self._dense_cod_device()
         if device == "gpu":
@@ -731,6 +760,7 @@ class MinNormSolver:
             if Rgpu is None:
                 Rgpu = self._dense_on_gpu(as_g=False)
             est = sigma_min_upper(Rgpu, self.cutoff * smax, margin=_DENSE_SIGMA_MARGIN)
+            self._device_r = Rgpu       # the device rules after a failed test read it
             del Rgpu
         else:
             solves = self._estimate_solves()
@@ -1124,6 +1154,57 @@ class MinNormSolver:
         G = dense_from_sparse(self.R, _gpu.import_cupy())
         return G.T.copy() if (self.transposed and as_g) else G
 
+    def _dense_g_on_gpu(self):
+        """G dense on the GPU for the SVD (:meth:`_dense_on_gpu`), from R's device copy
+        where the σ test left one."""
+        Rgpu, self._device_r = self._device_r, None
+        if Rgpu is None or not self._dense_gpu_pays():
+            return self._dense_on_gpu()
+        return Rgpu.T.copy() if self.transposed else Rgpu
+
+    def _prepare_device_subspace(self, d: np.ndarray) -> bool:
+        """lstsq's rank and solutions from R's small singular subspace on the device
+        (:class:`~scipy_gpuqr._factor.dense_subspace.DenseSubspaceCOD`), where R's dense
+        work runs on the GPU (:meth:`_dense_gpu_pays`) and R is square of order up to
+        DENSE_LIMIT with a nonzero diagonal: block inverse subspace iteration with R's
+        triangular solves on R made dense there, the rank kept only where the gap at the
+        cutoff is certified. A modest null space with a clear gap (tens to a few hundred
+        singular values under the cutoff, the next clearly above) is so decided for a few
+        solves with the block, where the SVD of all of R is the dearest dense step; where
+        it refuses (no clear gap, the block too large), the SVD decides. Tried once."""
+        if self._subspace_tried:
+            return False
+        self._subspace_tried = True
+        k, q = self.R.shape
+        if k != q or q > DENSE_LIMIT or not self._dense_gpu_pays():
+            return False
+        try:
+            Rgpu = self._device_r
+            if Rgpu is None:
+                Rgpu = self._device_r = self._dense_on_gpu(as_g=False)
+            if self._smax_lanczos is None:
+                self._smax_lanczos = norm2_lanczos(Rgpu)
+            smax = self._smax_lanczos
+            tol = self.cutoff * smax
+            if not tol > 0:
+                return False
+            first = max(SUBSPACE_BLOCK, 2 * int(np.count_nonzero(d <= tol)) + SUBSPACE_BLOCK)
+            cod = DenseSubspaceCOD(Rgpu, tol, transposed=self.transposed,
+                                   block=max(first, DEVICE_SUBSPACE_BLOCK),
+                                   max_block=min(SUBSPACE_MAX_BLOCK, q // 3))
+        except SubspaceTooLarge:
+            return False
+        except MemoryError:
+            # CuPy's OutOfMemoryError is a MemoryError: the device is shared or limited
+            self._device_r = None
+            _free_device_pool()
+            return False
+        self.method, self.rank = "dense_subspace", int(cod.rank)
+        self.sigma_max, self.sigma_min = float(smax), float(cod.sigma_min)
+        self.cod_device = "gpu"
+        self._cod = cod
+        return True
+
     def _prepare_svd(self, G=None):
         """SVD of G (dense, NumPy or CuPy; default R or Rᵀ on the host)."""
         if G is None:
@@ -1306,7 +1387,7 @@ class MinNormSolver:
             return Vt.T @ ((U.T @ C) / s[:, None])
         if self.method == "nullspace_cod":
             return self._cod.solve(C, matmul=self._g_product())
-        if self.method == "subspace_cod":
+        if self.method in ("subspace_cod", "dense_subspace"):
             return self._cod.solve(C)
         if self.method == "dense_cod":
             cod = self._cod
@@ -1341,7 +1422,8 @@ class MinNormSolver:
             return 1.0
         if self.method == "triangular" and np.isfinite(self.rcond) and self.rcond > 0:
             return 1.0 / self.rcond
-        if (self.method in ("svd", "dense_cod", "subspace_cod", "nullspace_cod", "triangular")
+        if (self.method in ("svd", "dense_cod", "subspace_cod", "dense_subspace",
+                            "nullspace_cod", "triangular")
                 and self.sigma_min > 0):
             return float(self.sigma_max / self.sigma_min)
         return float("inf")

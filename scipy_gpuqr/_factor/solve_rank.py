@@ -79,7 +79,7 @@ from .host_norms import norm2
 __all__ = ["PROBE_COLUMNS", "PROBE_MAX_STEPS", "PROBE_FAILURE", "DRAW_CHUNK", "DRAW_THREADS",
            "probe_margin", "probe_norm", "gaussian_block", "abs_diagonal", "frobenius",
            "NORM2_MAX_COLUMNS", "CHOLQR_MAX_DEPARTURE", "CHOLQR_ONE_PASS", "RHS_MAX_COLUMNS",
-           "norm2_upper",
+           "norm2_upper", "block_ops",
            "NullspaceCOD",
            "NullspaceRefused"]
 
@@ -234,7 +234,7 @@ def probe_norm(apply: Callable, apply_t: Callable, q: int, *, xp=np, seed: int =
     if q == 0:
         return 0.0, 1.0
     p = min(columns, q)
-    blocks = _blocks_of(xp)
+    blocks = block_ops(xp)
     if start is None:
         Y = blocks.dense(blocks.gaussian(seed, (q, p)))
         image = None
@@ -515,7 +515,9 @@ def norm2_upper(gram: np.ndarray, fro: float) -> float:
     return math.sqrt(max(top, 0.0) + 1e-6 * fro * fro)
 
 
-def _blocks_of(xp):
+def block_ops(xp):
+    """The block operations of :func:`probe_norm` and :class:`NullspaceCOD` for arrays of
+    ``xp`` (NumPy or CuPy)."""
     return _DeviceBlocks(xp) if getattr(xp, "__name__", "") == "cupy" else _HostBlocks
 
 
@@ -636,7 +638,7 @@ class NullspaceCOD:
         lo = self.tol_range[0]
         if not (0 < d < q):
             raise NullspaceRefused(f"{d} dead columns of {q}")
-        self._blocks = blocks = _blocks_of(self.xp)
+        self._blocks = blocks = block_ops(self.xp)
         if (rhs is not None and self.rhs_beside and not self.transposed
                 and blocks is not _HostBlocks):
             C, U = self._first_block_beside(rhs)

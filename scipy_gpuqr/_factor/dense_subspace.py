@@ -1,0 +1,332 @@
+"""lstsq's rank of a dense square triangle with a modest null space, on NumPy or CuPy.
+
+Used by :class:`scipy_gpuqr._factor.lstsq.MinNormSolver` where R's dense rank work
+runs on a GPU and R (square, nonzero diagonal, order at most lstsq's ``DENSE_LIMIT``)
+hides its deficiency from its pivots: tens to a few hundred singular values under
+the cutoff, none of R's pivots there (nnc1374: 66 under it, σ_{r} = 4.8 × the cutoff,
+σ_{r+1} = 0.84 ×). Heath's greedy rule (the gap-checked sparse COD) misses them and
+a full SVD of R is the dearest dense step (``gesvd`` of all of R). Here only the block
+of R's small singular triplets is computed, from R's dense triangle ``R`` on the
+array module ``xp`` it lies on, so the same code runs on the host (NumPy, tested
+there) and on the device (CuPy: cuBLAS ``trsm`` and GEMMs, CholeskyQR2 of tall
+blocks, a p × p SVD on the host per step).
+
+Method
+------
+1. **Block inverse subspace iteration** on ``(RᵀR)⁻¹``: ``X ← orth(R⁻¹ orth(R⁻ᵀ X))``
+   with p columns (two triangular solves; orthonormalized between them, so that
+   the first solve's rounding along the smallest singular vectors, ``eps·κ(R)``
+   relative, is not amplified by the second). **Rayleigh–Ritz on R itself**:
+   ``R X = P Σ Wᵀ`` (thin QR of ``R X``, then the SVD of its p × p triangle on
+   the host), Ritz values σ_i ascending and vectors ``X W``, which the next step
+   starts from. Ritz values from ``R X`` are upper bounds of R's smallest
+   singular values (σ_{q−i+1} <= σ_i by Courant–Fischer) and their rounding is
+   absolute, ``eps·‖R X‖``, so the values near the cutoff are resolved however
+   small the smallest singular values are (Ritz values of the inverse would be
+   resolved only to ``eps·tol/σ_min`` relative). The block grows (doubling, new
+   random columns) until its largest Ritz value exceeds :data:`STRADDLE` × the
+   cutoff; it has settled when the count d of Ritz values under the cutoff is
+   the last step's and the span of their vectors moved by at most
+   :data:`SUBSPACE_RTOL`, or stopped moving less at the rate the straddling
+   block guarantees (its rounding, :data:`NOISE_CEILING`).
+2. **The certificate of a clear gap.** ``σ_d(Ritz) <= tol/GAP_MARGIN`` bounds d
+   singular values under the cutoff (upper bounds). For the others, with
+   ``V_d`` the d Ritz vectors and ``U_d = orth(R⁻ᵀ V_d)``, the vectors
+   orthogonal to ``V_d`` are mapped by R onto those orthogonal to ``U_d``, so
+   ``S = P_V R⁻¹ P_U`` (``P_U = I − U_dU_dᵀ``; ``P_V`` removes what rounding
+   amplified along V_d) has ``‖S‖₂ = 1/σ_min(R restricted to V_d^⊥) >= ...``
+   and ``σ_{q−d} >= 1/‖S‖₂``. A randomized power estimate ν of ``‖S‖₂``
+   (:func:`~scipy_gpuqr._factor.solve_rank.probe_norm`, Gaussian start, margin
+   M: ``‖S‖ <= M ν`` except with probability 1e-10 per step) with
+   ``M·ν·GAP_MARGIN·tol < 1`` shows ``σ_{q−d} > GAP_MARGIN·tol``; and ``ν·σ_{d+1}``
+   (Ritz) at most :data:`LEAK_FACTOR` shows that S does not leak the amplified
+   components (inaccurate subspaces make ``‖S‖`` far larger). Where either side
+   fails (no clear gap, the block too large, no convergence) the decision
+   refuses (:class:`~scipy_gpuqr._errors.SubspaceTooLarge`) and the caller's
+   SVD decides.
+3. **Minimum-norm solves**: ``x = S c`` refined once with R's residual,
+   ``x += S (c − R x)`` (for ``G = Rᵀ`` the transpose, ``Sᵀ = P_U R⁻ᵀ P_V`` with
+   ``V = orth(R⁻¹ U_d)``): the truncated SVD's solution up to the subspaces'
+   accuracy, as :mod:`scipy_gpuqr._factor.sparse_subspace` solves it.
+
+Cost: per step two triangular solves and one product with p columns (``3·p·q²``
+flops) and three thin QRs of q × p; then a solve with d columns, the probe (at most
+seven solves with :data:`PROBE_COLUMNS` columns), and per right-hand side four
+solves. No q³ work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.linalg as la
+
+from .._errors import SubspaceTooLarge
+from .dense_cod import solve_triangular
+from .solve_rank import block_ops, probe_norm
+
+__all__ = ["DenseSubspaceCOD", "SubspaceTooLarge", "BLOCK", "STRADDLE", "SUBSPACE_RTOL",
+           "NOISE_CEILING", "FLOOR_RATIO",
+           "MAX_STEPS", "GAP_MARGIN", "LEAK_FACTOR", "PROBE_COLUMNS", "PROBE_STEPS"]
+
+#: First block of the iteration (at most a third of R's order).
+BLOCK = 128
+
+#: The block's largest Ritz value must exceed STRADDLE × the cutoff.
+STRADDLE = 2.0
+
+#: The iteration has settled once the span of the Ritz vectors under the cutoff moves
+#: by at most SUBSPACE_RTOL in a step (``‖V₁ − V₀V₀ᵀV₁‖_F``): the solution then moves by
+#: about that much relative, far below its own rounding in any method, ``eps·σ_max/σ_r``
+#: (nnc1374: 1.5e-4) ...
+SUBSPACE_RTOL = 1e-7
+
+#: ... or by at most NOISE_CEILING and at least FLOOR_RATIO times its last move: it is
+#: at its rounding (2e-8 on nnc1374, 6e-8 to 3e-7 on random triangles of order 300),
+#: where before it moved less at a rate of ``(σ_d/σ_{p+1})²`` per step, at most
+#: ``(1/STRADDLE)²`` = 0.25 once the block straddles.
+NOISE_CEILING = 1e-5
+FLOOR_RATIO = 0.5
+
+#: Steps after which the iteration gives up.
+MAX_STEPS = 30
+
+#: The clear gap: the d-th Ritz value at most tol/GAP_MARGIN, and the probe's bound
+#: of σ_{q−d} above GAP_MARGIN·tol (lstsq decides on its own computed singular
+#: values, which differ from R's by rounding: a value within a few per cent of the
+#: cutoff is not decided here).
+GAP_MARGIN = 1.05
+
+#: Largest ``ν·σ_{d+1}`` (ν the probe's estimate of ``‖S‖₂``, σ_{d+1} the first Ritz
+#: value above the cutoff) accepted: 1 for exact subspaces.
+LEAK_FACTOR = 2.0
+
+#: Columns and most power steps of the probe of ``‖S‖₂`` (margins at q = 1374:
+#: 76, 4.2, 2.4, 1.9 after one to four steps).
+PROBE_COLUMNS = 32
+PROBE_STEPS = 4
+
+
+def _host(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+@dataclass
+class DenseSubspaceCOD:
+    """lstsq's rank and minimum-norm solves of G = R or Rᵀ from R's small singular subspace.
+
+    Parameters
+    ----------
+    R : ndarray or cupy.ndarray, shape (q, q)
+        Dense upper triangular, nonzero diagonal (kept, not changed: the solves use it).
+    tol : float
+        lstsq's absolute cutoff (``eps·max(m, n)·σ_max``): singular values at most it
+        are dropped.
+    transposed : bool
+        Solve with ``G = Rᵀ``.
+    block, max_block : int
+        First and largest block of the iteration.
+    seed : int
+        Seed of the random blocks.
+
+    Raises
+    ------
+    SubspaceTooLarge
+        No decision here: the block would exceed ``max_block``, the iteration did not
+        settle in :data:`MAX_STEPS` steps, a solve was not finite, or the gap at the
+        cutoff is not certified (see the module notes); the caller's SVD decides.
+
+    Attributes
+    ----------
+    rank : int
+        ``q − d``.
+    ritz : ndarray
+        The block's Ritz values (ascending), upper bounds of R's smallest singular values.
+    sigma_min : float
+        The first Ritz value above the cutoff (an estimate of σ_r; inf where none).
+    nu, margin : float
+        The probe's estimate of ``‖S‖₂`` and its margin.
+    steps, block_used : int
+        Iteration steps and the final block.
+    """
+
+    R: object
+    tol: float
+    transposed: bool = False
+    block: int = BLOCK
+    max_block: int = 1024
+    seed: int = 0
+    rank: int = field(init=False, default=0)
+    ritz: np.ndarray = field(init=False, default=None, repr=False)
+    sigma_min: float = field(init=False, default=float("nan"))
+    nu: float = field(init=False, default=float("nan"))
+    margin: float = field(init=False, default=float("inf"))
+    steps: int = field(init=False, default=0)
+    block_used: int = field(init=False, default=0)
+    changes: list = field(init=False, default_factory=list, repr=False)
+    _ops: object = field(init=False, default=None, repr=False)
+    _u: object = field(init=False, default=None, repr=False)
+    _v: object = field(init=False, default=None, repr=False)
+
+    def __post_init__(self):
+        q = int(self.R.shape[0])
+        if self.R.ndim != 2 or int(self.R.shape[1]) != q or q < 2 or not self.tol > 0:
+            raise SubspaceTooLarge(f"not a square triangle with a cutoff: {self.R.shape}")
+        self._ops = block_ops(_module_of(self.R))
+        X, ritz = self._iterate(q)
+        d = int(np.count_nonzero(ritz <= self.tol))
+        self.ritz = ritz
+        self.sigma_min = float(ritz[d]) if d < ritz.size else float("inf")
+        if d == 0:
+            raise SubspaceTooLarge("no singular value under the cutoff in the block")
+        if not ritz[d - 1] * GAP_MARGIN <= self.tol:
+            raise SubspaceTooLarge(f"σ_(q-d+1) at {ritz[d - 1] / self.tol:.3g} x the cutoff")
+        if not self.sigma_min > GAP_MARGIN * self.tol:
+            raise SubspaceTooLarge(f"σ_(q-d) at most {self.sigma_min / self.tol:.3g} x the "
+                                   "cutoff: no clear gap")
+        self._subspaces(X, d)
+        self._certify(q)
+        self.rank = q - d
+
+    # -- step 1: the iteration -------------------------------------------------
+    def _inv(self, C):
+        return self._ops.dense(solve_triangular(self.R, C, trans=False))
+
+    def _inv_t(self, C):
+        return self._ops.dense(solve_triangular(self.R, C, trans=True))
+
+    def _orth(self, Y):
+        """Orthonormal basis of Y's columns, each scaled to unit norm first (the blocks'
+        columns are nearly orthogonal, of very different lengths)."""
+        ops = self._ops
+        norms, bad = ops.norms(Y)
+        n = _host(norms)
+        if _host(bad).any() or not np.all(n > 0):
+            raise SubspaceTooLarge("non-finite or zero block")
+        return ops.dense(ops.orth(ops.scaled(Y, norms), want_r=False)[0])
+
+    def _ritz(self, X) -> tuple:
+        """``(Σ, Wᵀ)`` of ``R X = P Σ Wᵀ`` (ascending Σ, host arrays)."""
+        ops = self._ops
+        RX = ops.dense(self.R @ X)
+        norms, bad = ops.norms(RX)
+        n = _host(norms)
+        if _host(bad).any():
+            raise SubspaceTooLarge("non-finite product")
+        n = np.where(n > 0, n, 1.0)
+        T = _host(ops.orth(ops.scaled(RX, _module_of(X).asarray(n)))[1]) * n
+        _, s, Wt = la.svd(T, full_matrices=False, check_finite=False, lapack_driver="gesdd")
+        return s[::-1].copy(), Wt[::-1].copy()
+
+    def _moved(self, V0, V1) -> float:
+        """``‖V1 − V0 V0ᵀ V1‖_F``: how far the span of the orthonormal ``V1`` lies from
+        that of ``V0`` (at least the sine of their largest angle)."""
+        ops = self._ops
+        return float(ops.fro(ops.project(V0, V1)))
+
+    def _rotated(self, X, Wt):
+        xp = _module_of(X)
+        return self._ops.dense(X @ xp.asarray(np.ascontiguousarray(Wt.T)))
+
+    def _iterate(self, q: int) -> tuple:
+        """The converged block ``(X, ritz)``: X's columns the Ritz vectors, ascending."""
+        ops, tol = self._ops, self.tol
+        max_block = max(1, min(self.max_block, q))
+        p = min(q, max(1, self.block), max_block)
+        X = self._orth(ops.gaussian(self.seed, (q, p)))
+        prev, prev_d, prev_change = None, -1, np.inf
+        for step in range(1, MAX_STEPS + 1):
+            self.steps = step
+            # orthonormalized between the two solves: each solve's rounding along the
+            # smallest singular vectors (eps·κ relative) is removed by the next
+            # orthonormalization instead of being amplified by the second solve
+            X = self._orth(self._inv(self._orth(self._inv_t(X))))
+            ritz, Wt = self._ritz(X)
+            X = self._rotated(X, Wt)
+            if not np.all(np.isfinite(ritz)):
+                raise SubspaceTooLarge("non-finite Ritz values")
+            d = int(np.count_nonzero(ritz <= tol))
+            if not (ritz[-1] > STRADDLE * tol or p == q):
+                # the Ritz values bound the block's singular values from above: all of
+                # them at most STRADDLE·tol, the block is too small for the window
+                p_new = min(q, 2 * p)
+                if p_new > max_block:
+                    raise SubspaceTooLarge(f"block of {p} columns: largest Ritz value "
+                                           f"{ritz[-1] / tol:.3g} x the cutoff")
+                extra = ops.gaussian(self.seed + step, (q, p_new - p))
+                X = self._orth(ops.stacked(X, ops.project(X, extra)))
+                p, prev, prev_d, prev_change = p_new, None, -1, np.inf
+                continue
+            Vd = ops.split(X, d)[0] if d else None
+            change = self._moved(prev, Vd) if prev is not None and d == prev_d else np.inf
+            self.changes.append(change)
+            # settled: the subspace of the Ritz vectors under the cutoff moved by at
+            # most SUBSPACE_RTOL, or at its rounding (it no longer moves less at the
+            # rate the straddling block guarantees)
+            if d and (change <= SUBSPACE_RTOL or (
+                    change <= NOISE_CEILING and change >= FLOOR_RATIO * prev_change)):
+                self.block_used = p
+                return X, ritz
+            prev, prev_d, prev_change = Vd, d, change
+        raise SubspaceTooLarge(f"no convergence in {MAX_STEPS} steps (block {p})")
+
+    # -- step 2: the subspaces and the certificate -------------------------------
+    def _subspaces(self, X, d: int) -> None:
+        ops = self._ops
+        Vd = ops.split(X, d)[0]
+        U = self._orth(self._inv_t(Vd))
+        V = self._orth(self._inv(U)) if self.transposed else Vd
+        self._u, self._v = U, V
+
+    def _certify(self, q: int) -> None:
+        tol = self.tol
+        self.nu, self.margin = probe_norm(
+            self._apply_t, self._apply, q, xp=_module_of(self.R), seed=self.seed + 7919,
+            columns=PROBE_COLUMNS, steps=PROBE_STEPS,
+            accept=lambda nu, m: m * nu * GAP_MARGIN * tol < 1.0)
+        if not (np.isfinite(self.nu) and self.nu > 0):
+            raise SubspaceTooLarge("non-finite solve in the probe")
+        if not self.margin * self.nu * GAP_MARGIN * tol < 1.0:
+            raise SubspaceTooLarge(f"σ_(q-d) not shown above {GAP_MARGIN:g} x the cutoff "
+                                   f"(probe: 1/(Mν) = {1 / (self.margin * self.nu * tol):.3g} x)")
+        leak = self.nu * self.sigma_min
+        if not leak <= LEAK_FACTOR:
+            raise SubspaceTooLarge(f"‖S‖·σ_(q-d) = {leak:.3g}: the projections leak")
+
+    # S = P_V R⁻¹ P_U and Sᵀ = P_U R⁻ᵀ P_V
+    def _apply(self, C):
+        ops = self._ops
+        return ops.project(self._v, self._inv(ops.project(self._u, ops.dense(C))))
+
+    def _apply_t(self, C):
+        ops = self._ops
+        return ops.project(self._u, self._inv_t(ops.project(self._v, ops.dense(C))))
+
+    # -- step 3: solves -----------------------------------------------------------
+    def solve(self, C) -> np.ndarray:
+        """Minimum-norm ``Y`` with ``G Y ≈ C`` under the cutoff; C (host) of shape (q, p).
+
+        ``Y = S C`` (``Sᵀ C`` for Rᵀ), then one step ``Y += S (C − G Y)`` with G's
+        own residual. The result is a host array."""
+        C = np.asarray(C, dtype=np.float64)
+        if C.ndim == 1:
+            C = C[:, None]
+        q = int(self.R.shape[0])
+        if C.shape[1] == 0:
+            return np.zeros((q, 0))
+        xp = _module_of(self.R)
+        apply = self._apply_t if self.transposed else self._apply
+        Cd = self._ops.dense(xp.asarray(np.ascontiguousarray(C)))
+        Y = apply(Cd)
+        G = self.R.T if self.transposed else self.R
+        Y = Y + apply(Cd - G @ Y)
+        return np.ascontiguousarray(_host(Y))
+
+
+def _module_of(a):
+    """NumPy or CuPy: the module of array ``a``."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy                 # optional dependency
+        return cupy
+    return np

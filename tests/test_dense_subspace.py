@@ -1,0 +1,243 @@
+"""lstsq's rank of a dense triangle from its small singular subspace, on NumPy or CuPy
+(:mod:`scipy_gpuqr._factor.dense_subspace`; issue 15).
+
+Checked on NumPy against numpy.linalg.lstsq (rank and x) on triangles with planted
+singular values (a gap at the cutoff, or none: then the decision refuses and the SVD
+answers) and on nnc1374's R (66 singular values under the cutoff, none of its pivots
+there); then in :class:`~scipy_gpuqr._factor.lstsq.MinNormSolver` with NumPy standing in
+for the device. On a GPU: the same decision on CuPy, equal to the host's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from scipy_gpuqr._errors import SubspaceTooLarge
+from scipy_gpuqr._factor import dense_subspace as _ds
+from scipy_gpuqr._factor import lstsq as _lstsq
+from scipy_gpuqr._factor.dense_subspace import DenseSubspaceCOD
+from scipy_gpuqr._factor.subspace_cod import sigma_max_lanczos
+from scipy_gpuqr._factor.triangular import UpperTriangular
+
+EPS = np.finfo(np.float64).eps
+
+
+def _planted(q, sigmas, seed=0):
+    """R of the QR of ``U diag(σ) Vᵀ`` (random U, V): a dense triangle with those
+    singular values, its diagonal not showing the small ones."""
+    rng = np.random.default_rng(seed)
+    U, _ = np.linalg.qr(rng.standard_normal((q, q)))
+    V, _ = np.linalg.qr(rng.standard_normal((q, q)))
+    R = np.linalg.qr((U * np.asarray(sigmas)) @ V.T, mode="r")
+    return np.triu(R)
+
+
+def _spectrum(q, small, gap_low, gap_high, seed=1):
+    """Singular values: ``small`` of them spread from 1e-3 to ``gap_low`` × the cutoff,
+    one at 1e-18 (an exact dependence), the rest from ``gap_high`` × the cutoff up to
+    1, for a q × q matrix of σ_max 1 (cutoff eps·q)."""
+    rng = np.random.default_rng(seed)
+    tol = EPS * q
+    low = tol * np.exp(rng.uniform(np.log(1e-3), np.log(gap_low), small - 1))
+    high = np.exp(rng.uniform(np.log(gap_high * tol), 0.0, q - small - 1))
+    return np.sort(np.concatenate([[1.0], high, low, [1e-18]]))[::-1]
+
+
+def _lstsq_of(G, C, cutoff):
+    x, _, rank, _ = np.linalg.lstsq(G, C, rcond=cutoff)
+    return x, rank
+
+
+def _close(x, ref, G):
+    """x within rounding of lstsq's: the kept part's conditioning times eps (lstsq's own
+    spread across LAPACK drivers is of that order)."""
+    s = np.linalg.svd(G, compute_uv=False)
+    kept = s[s > EPS * max(G.shape) * s[0]]
+    scale = kept[0] / kept[-1] * EPS * 1e3
+    return np.linalg.norm(x - ref) <= scale * np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("small, gap_high", [(12, 3.0), (40, 10.0)])
+def test_planted_gap_rank_and_x_equal_lstsqs(small, gap_high, transposed):
+    q = 300
+    R = _planted(q, _spectrum(q, small, 0.8, gap_high))
+    cutoff = EPS * q
+    tol = cutoff * np.linalg.norm(R, 2)
+    cod = DenseSubspaceCOD(R.copy(), tol, transposed=transposed, block=64, max_block=150)
+    G = R.T if transposed else R
+    C = np.random.default_rng(2).standard_normal((q, 2))
+    ref, rank = _lstsq_of(G, C, cutoff)
+    assert cod.rank == rank == q - small
+    assert cod.sigma_min > _ds.GAP_MARGIN * tol and cod.ritz[small - 1] <= tol
+    assert _close(cod.solve(C), ref, G)
+
+
+def test_a_block_too_small_grows():
+    """80 singular values under the cutoff and a first block of 32: the block doubles
+    until it straddles the cutoff, then decides as lstsq does."""
+    q = 400
+    R = _planted(q, _spectrum(q, 80, 0.5, 4.0, seed=3), seed=3)
+    tol = EPS * q * np.linalg.norm(R, 2)
+    cod = DenseSubspaceCOD(R, tol, block=32, max_block=200)
+    assert cod.block_used >= 128 and cod.rank == q - 80
+
+
+def test_no_clear_gap_refuses():
+    """Singular values spread through the cutoff (the next one above at 1.01 × it): no
+    certificate, the caller's SVD decides."""
+    q = 300
+    R = _planted(q, _spectrum(q, 12, 0.8, 1.01, seed=4), seed=4)
+    tol = EPS * q * np.linalg.norm(R, 2)
+    with pytest.raises(SubspaceTooLarge):
+        DenseSubspaceCOD(R, tol, block=64, max_block=150)
+
+
+def test_just_under_the_cutoff_refuses():
+    """The largest of the small singular values within GAP_MARGIN of the cutoff (0.99 ×):
+    lstsq's own rounding may put it on either side, so this decision refuses."""
+    q = 300
+    s = _spectrum(q, 12, 0.5, 5.0, seed=5)
+    s[q - 12] = 0.99 * EPS * q
+    R = _planted(q, s, seed=5)
+    tol = EPS * q * np.linalg.norm(R, 2)
+    with pytest.raises(SubspaceTooLarge):
+        DenseSubspaceCOD(R, tol, block=64, max_block=150)
+
+
+def test_a_null_space_beyond_the_largest_block_refuses():
+    q = 300
+    R = _planted(q, _spectrum(q, 120, 0.5, 5.0, seed=6), seed=6)
+    tol = EPS * q * np.linalg.norm(R, 2)
+    with pytest.raises(SubspaceTooLarge):
+        DenseSubspaceCOD(R, tol, block=32, max_block=100)
+
+
+def test_full_rank_refuses():
+    q = 200
+    R = _planted(q, np.logspace(0, -3, q), seed=7)
+    with pytest.raises(SubspaceTooLarge):
+        DenseSubspaceCOD(R, EPS * q * np.linalg.norm(R, 2), block=32, max_block=66)
+
+
+def _nnc1374_r(matrices_dir):
+    from scipy_gpuqr._dispatch.plan import backend_factorizer
+    from scipy_gpuqr.io import mmread
+    A = sp.csc_array(mmread(str(matrices_dir / "nnc1374.mtx"))).astype(np.float64)
+    factorize, ran, _ = backend_factorizer("cpu")
+    if ran != "cpu":
+        pytest.skip("SuiteSparseQR not available")
+    return A, sp.csc_array(factorize(A, tol=None).R), factorize
+
+
+def test_nnc1374_rank_and_x_equal_the_svds(matrices_dir):
+    """nnc1374's R (σ_1308 = 4.77 × the cutoff, σ_1309 = 0.84 ×): rank 1308 in a few
+    steps of a 128-column block; x within rounding of the truncated SVD's and of
+    lstsq's."""
+    A, R, _ = _nnc1374_r(matrices_dir)
+    cutoff = _lstsq.lstsq_cutoff(*A.shape)
+    tol = cutoff * sigma_max_lanczos(R)
+    Rd = R.toarray()
+    cod = DenseSubspaceCOD(Rd, tol, block=128, max_block=458)
+    assert cod.rank == 1308 and cod.steps <= 8
+    C = np.random.default_rng(0).standard_normal((R.shape[0], 1))
+    ref, rank = _lstsq_of(Rd, C, cutoff)
+    assert rank == 1308
+    U, s, Vt = np.linalg.svd(Rd)
+    svd = Vt[:1308].T @ ((U[:, :1308].T @ C) / s[:1308, None])
+    x = cod.solve(C)
+    assert np.linalg.norm(x - svd) <= 1e-3 * np.linalg.norm(svd)
+    assert _close(x, ref, Rd)
+
+
+# ---------------------------------------------------------------------------
+# in MinNormSolver, NumPy standing in for the device
+
+def _stand_in_device(monkeypatch):
+    made = []
+    real_dense = _lstsq.dense_from_sparse
+
+    def dense(T, xp):
+        made.append(T.shape[0])
+        return real_dense(T, xp)
+    monkeypatch.setattr(_lstsq, "dense_from_sparse", dense)
+    monkeypatch.setattr(_lstsq._gpu, "gpu_available", lambda: True)
+    monkeypatch.setattr(_lstsq._gpu, "import_cupy", lambda: np)
+    return made
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_min_norm_solver_on_nnc1374_decides_on_the_device(matrices_dir, monkeypatch, device):
+    """R's dense work on the device (here NumPy in CuPy's place): the σ test of all of R
+    fails, and R's small singular subspace decides on that one dense copy, before the
+    gap check where the factorization was the GPU's (whose QR of R would run there),
+    after it otherwise; no SVD. Rank 1308, the solution at working precision."""
+    A, R, factorize = _nnc1374_r(matrices_dir)
+    made = _stand_in_device(monkeypatch)
+    svds, factorized = [], []
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_svd",
+                        lambda self, G=None: svds.append(1))
+
+    def spy(G, tol=None):
+        factorized.append(tol)
+        return factorize(G, tol=tol)
+    solver = _lstsq.MinNormSolver(R, _lstsq.lstsq_cutoff(*A.shape), factorize=spy,
+                                  device=device, dense_device="gpu",
+                                  solves=UpperTriangular(R).solves())
+    assert (solver.method, solver.rank, solver.cod_device) == ("dense_subspace", 1308, "gpu")
+    assert made == [1374] and not svds
+    assert bool(factorized) == (device == "cpu")     # the gap check's QR: host factorizer only
+    b = np.random.default_rng(4).standard_normal(A.shape[0])
+    num = factorize(A, tol=None)
+    y = solver.solve(np.asarray(num.qt_matmul(b.reshape(-1, 1)))[:R.shape[0]])
+    assert solver.summary()["method"] == "dense_subspace"
+    x = np.empty_like(y)
+    x[num.colperm] = y
+    r = b - A @ x.ravel()
+    fro = sp.linalg.norm(A)
+    assert np.linalg.norm(r) / (fro * np.linalg.norm(x) + np.linalg.norm(b)) <= 1e-12
+
+
+def test_min_norm_solver_without_a_clear_gap_takes_the_svd(monkeypatch):
+    """No clear gap (the next singular value at 1.01 × the cutoff): the subspace decision
+    refuses and the SVD decides, on the same dense copy; lstsq's rank and x."""
+    q = 620
+    R = sp.csc_array(_planted(q, _spectrum(q, 12, 0.8, 1.01, seed=8), seed=8))
+    made = _stand_in_device(monkeypatch)
+    cutoff = _lstsq.lstsq_cutoff(q, q)
+    solver = _lstsq.MinNormSolver(R, cutoff, device="gpu", dense_device="gpu",
+                                  solves=UpperTriangular(R).solves())
+    assert solver.method == "svd" and made == [q]
+    C = np.random.default_rng(9).standard_normal((q, 1))
+    ref, rank = _lstsq_of(R.toarray(), C, cutoff)
+    assert solver.rank == rank
+    assert _close(solver.solve(C), ref, R.toarray())
+
+
+# ---------------------------------------------------------------------------
+# on a GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("transposed", [False, True])
+def test_on_the_gpu_the_decision_equals_the_hosts(matrices_dir, transposed):
+    """nnc1374's R on CuPy: the rank of the host's decision, x within rounding of it, and
+    the MinNormSolver of a GPU factorization takes it with R's one dense copy there."""
+    cupy = pytest.importorskip("cupy")
+    A, R, factorize = _nnc1374_r(matrices_dir)
+    cutoff = _lstsq.lstsq_cutoff(*A.shape)
+    tol = cutoff * sigma_max_lanczos(R)
+    Rd = R.toarray()
+    host = DenseSubspaceCOD(Rd, tol, transposed=transposed, block=128, max_block=458)
+    dev = DenseSubspaceCOD(cupy.asarray(Rd), tol, transposed=transposed, block=128,
+                           max_block=458)
+    assert dev.rank == host.rank == 1308
+    C = np.random.default_rng(0).standard_normal((R.shape[0], 2))
+    xh, xd = host.solve(C), dev.solve(C)
+    assert isinstance(xd, np.ndarray)
+    assert np.linalg.norm(xd - xh) <= 1e-3 * np.linalg.norm(xh)
+    solver = _lstsq.MinNormSolver(R, cutoff, factorize=factorize, device="gpu",
+                                  dense_device="gpu", solves=UpperTriangular(R).solves(),
+                                  transposed=transposed)
+    assert (solver.method, solver.rank, solver.cod_device) == ("dense_subspace", 1308, "gpu")
