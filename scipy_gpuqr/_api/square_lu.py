@@ -203,6 +203,27 @@ class SquareLU:
             self._revealed = self._pivot_split()
         return self._revealed
 
+    def hides_deficiency(self) -> bool:
+        """Whether SuperLU's factors (made by :meth:`factor`, deficient, not exactly
+        singular) show A's deficiency by none of U's pivots: none at most lstsq's
+        absolute cutoff ``eps·n·σ_max`` (σ_max by Lanczos on A, that of
+        :meth:`revealed_dead` where it ran; not run where no pivot lies under the
+        cutoff's bound with ``‖A‖_F``). nnc1374: 66 singular values under the cutoff,
+        no pivot there. Such singular values hide among R's pivots as well, where
+        Heath's greedy rule (the gap-checked sparse COD) misses them and R's small
+        singular subspace finds them. It predicts, it does not decide."""
+        lu, A, n = self._factors, self._A, self.n
+        if lu is None or A is None or not self.deficient or self.singular:
+            return False
+        d = np.abs(lu.U.diagonal())
+        if not (d.size == n and np.all(np.isfinite(d))):
+            return False
+        if not np.any(d <= self._bound):
+            return True
+        if self._sigma_max is None:
+            self._sigma_max = sigma_max_lanczos(A)
+        return not bool(np.any(d <= lstsq_cutoff(n, n) * self._sigma_max))
+
     def _pivot_split(self) -> int:
         lu, A, n = self._factors, self._A, self.n
         if lu is None or A is None:

@@ -116,7 +116,13 @@ says so (:data:`PREDICTED_CONFIRMATIONS`). A prediction that does not hold
 costs time, not accuracy: the QR's own checks decide the rank. Where the plan
 puts the factorization on the GPU (whose factorizer the sparse COD would use)
 or R is too dense for that COD, the prediction is dropped and the rule goes on
-as for any deficient LU.
+as for any deficient LU. Where U's pivots hide the deficiency instead (none at
+lstsq's cutoff even with ``‖A‖_F`` for σ_max, ``square.hides_deficiency()``:
+nnc1374, 66 singular values under the cutoff and no pivot there), the same holds
+with the rank decision predicted as R's small singular subspace on the GPU
+(:func:`subspace_seconds`: a few block solves with R made dense there, lstsq's
+``DenseSubspaceCOD``), dropped where the plan saw no GPU; where R's singular values
+have no clear gap at the cutoff that decision refuses and the SVD answers, later.
 
 Checks run at checkpoints spaced by :data:`CHECK_GROWTH` of the elapsed time
 (at least :data:`CHECK_INTERVAL_S`), so that watching costs little more than
@@ -173,6 +179,7 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "RANK_GPU_S_PER_CUBE", "PROMISE_SLACK", "BROKEN_PROMISES",
            "POWER_MARGIN", "PROJECTION_WINDOW", "rank_decision_floor",
            "GAP_GPU_S_PER_SQUARE", "GAP_GPU_MIN_ORDER", "PREDICTED_SHARE", "gap_check_seconds",
+           "SUBSPACE_GPU_S_PER_SQUARE", "subspace_seconds",
            "CHECK_GROWTH", "CHECK_INTERVAL_S", "UPLOAD_FIXED_S", "UPLOAD_BYTES_PER_S",
            "upload_seconds", "host_first_budget", "HostFirst", "SPECULATION_S_PER_ENTRY",
            "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_PER_ENTRY", "lu_seconds",
@@ -345,6 +352,12 @@ GAP_GPU_S_PER_SQUARE = 1e-8
 #: Smallest order of R11 whose σ test runs on the GPU (lstsq's ``SVD_GPU_MIN_ORDER``):
 #: below, the host's dense Lanczos answers, at the cube's cost.
 GAP_GPU_MIN_ORDER = 600
+#: Seconds per q² of the rank decision from R's small singular subspace on a GPU (lstsq's
+#: ``DenseSubspaceCOD``: R made dense there and its σ test, a few steps of a block inverse
+#: subspace iteration with 128 columns, the probe of the gap), where U's pivots hide
+#: A's deficiency. Estimated from its steps' kernels (nnc1374, q = 1374, five steps:
+#: about 28 ms), not yet measured.
+SUBSPACE_GPU_S_PER_SQUARE = 1.5e-8
 #: Where U's pivots predict the gap-checked COD, the run stops unless its long trend
 #: (:meth:`Allowance._trend`; the window's projection before there is one, whose
 #: flicker would keep the verdict from being confirmed) promises convergence within
@@ -674,6 +687,12 @@ def gap_check_seconds(order: int) -> float:
     return GAP_GPU_S_PER_SQUARE * float(order) ** 2
 
 
+def subspace_seconds(order: int) -> float:
+    """Predicted seconds of the rank decision from R's small singular subspace on a GPU
+    for an order-``order`` R (:data:`SUBSPACE_GPU_S_PER_SQUARE`)."""
+    return SUBSPACE_GPU_S_PER_SQUARE * float(order) ** 2
+
+
 def rank_decision_seconds(order: int, factorization: float,
                           r_entries: Optional[float] = None, *, device: str = "cpu") -> float:
     """Predicted seconds of the rank decision on an order-``order`` R that is not clearly
@@ -781,6 +800,10 @@ class Allowance:
     gap_predicted : int
         U's pivots under the cutoff where they predict the gap-checked COD on the
         GPU (``square.revealed_dead()``), else 0 (also once the plan dropped it).
+    subspace_predicted : bool
+        Whether U's pivots hide the deficiency (``square.hides_deficiency()``) and R's
+        small singular subspace on the GPU is predicted to decide its rank (False once
+        the plan dropped it).
     """
 
     def __init__(self, *, iter_lim: int, atol: float, conlim: float, analysis: float,
@@ -797,6 +820,7 @@ class Allowance:
         self._square = square
         self._dense_gpu = dense_gpu
         self.gap_predicted = 0
+        self.subspace_predicted = False
         self.gap_dropped = ""                     # why the plan dropped the prediction
         self.lu_s = lu_seconds(nnz) if square is not None else math.inf
         self.lu_at: Optional[tuple] = None
@@ -890,7 +914,7 @@ class Allowance:
                 # the LU comes first (where it may answer, no analysis is needed) while
                 # the run's projection keeps promising convergence within its time
                 return self._confirm("", "")
-            if self._lu_deficient and not self.gap_predicted and \
+            if self._lu_deficient and not self._predicted_route and \
                     not self._stops_at_floor(itn, t, further, per_iteration, remaining):
                 return self._confirm("", "")
             # analysing early pays only by stopping before iter_lim: not where the
@@ -899,18 +923,21 @@ class Allowance:
                           and (self.iter_lim - itn) * per_iteration > self.analysis_estimate)
             # where SuperLU found A exactly singular the QR may cost only a few solves
             # more than its factorization, and where U's pivots predict the GPU's
-            # gap-checked COD little more: analysed without the deferral
-            if not past_limit and not self._lu_singular and not self.gap_predicted and \
+            # gap-checked COD or subspace decision little more: analysed without the
+            # deferral
+            if not past_limit and not self._lu_singular and not self._predicted_route and \
                     t < self.deferral and (remaining is None or t + remaining <= self.deferral):
                 return self._confirm("", "")
             self._analyse(itn, t)
-            if self.gap_predicted:
+            if self._predicted_route:
                 self._keep_prediction()
         if self.plan_error is not None:         # the QR cannot run: SciPy's run goes on
             self.next_check = math.inf
             return False
         if self.gap_predicted:
             self.rank_s = gap_check_seconds(self.order)
+        elif self.subspace_predicted:
+            self.rank_s = subspace_seconds(self.order)
         elif self.order and not self.speculated:
             self.rank_s = rank_decision_seconds(self.order, self.predicted, self.r_entries,
                                                 device=self.rank_device) * \
@@ -941,14 +968,16 @@ class Allowance:
                                  f"({self._lasting(further) * per_iteration:.3g} s) cost more "
                                  f"than {SWITCH_MARGIN:g} x the QR's predicted {q:.3g} s")
         promised = further if self.trend is None else self.trend
-        if self.gap_predicted and (promised is None or
-                                   promised * per_iteration > PREDICTED_SHARE * q):
-            return self._confirm("predicted", f"SuperLU's U shows {self.gap_predicted} pivots "
-                                 f"under lstsq's cutoff and the rest clearly above: the QR's "
-                                 f"rank decision predicted as the gap-checked COD on the GPU "
-                                 f"(the QR's predicted {q:.3g} s), and the run's trend does not "
-                                 f"promise convergence within {PREDICTED_SHARE:g} x that",
-                                 needed=PREDICTED_CONFIRMATIONS)
+        if self._predicted_route and (promised is None or
+                                      promised * per_iteration > PREDICTED_SHARE * q):
+            shown = (f"SuperLU's U shows {self.gap_predicted} pivots under lstsq's cutoff and "
+                     f"the rest clearly above: the QR's rank decision predicted as the "
+                     f"gap-checked COD on the GPU" if self.gap_predicted else
+                     "SuperLU's factors are deficient and U's pivots hide it: the QR's rank "
+                     "decision predicted as R's small singular subspace on the GPU")
+            return self._confirm("predicted", f"{shown} (the QR's predicted {q:.3g} s), and "
+                                 f"the run's trend does not promise convergence within "
+                                 f"{PREDICTED_SHARE:g} x that", needed=PREDICTED_CONFIRMATIONS)
         if self.speculated and t - self.speculated_at >= q:
             # the factors are made and R's rank decision is cheap: the run has had as long
             # as the rest of the QR costs (ski rental: at most twice the better choice;
@@ -1083,6 +1112,8 @@ class Allowance:
             self.at_risk = True         # the rank decision is dense work: shown, not guessed
             if self._predicts_gap():
                 self.gap_predicted = self._square.revealed_dead()
+                self.subspace_predicted = (not self.gap_predicted and
+                                           bool(self._square.hides_deficiency()))
         self.analysis_s += time.perf_counter() - t0
         if clear:
             self.speculated, self.speculated_at, self.speculation_s = True, t, spent
@@ -1099,11 +1130,26 @@ class Allowance:
                 GAP_GPU_MIN_ORDER <= self.order <= RANK_SPARSE_MIN_ORDER and
                 bool(self._dense_gpu()))
 
+    @property
+    def _predicted_route(self) -> bool:
+        """Whether U's pivots predict the QR's rank decision on the GPU (the gap-checked
+        COD or R's small singular subspace)."""
+        return bool(self.gap_predicted) or self.subspace_predicted
+
     def _keep_prediction(self) -> None:
         """Drop :attr:`gap_predicted` where the plan would not run the gap-checked COD
         with its σ test on the GPU: the factorization on the GPU (whose factorizer that
         COD would use), no GPU seen by the plan, R11 below :data:`GAP_GPU_MIN_ORDER`, or
-        R (the analysis' count) denser than :data:`RANK_SPARSE_MAX_DENSITY`."""
+        R (the analysis' count) denser than :data:`RANK_SPARSE_MAX_DENSITY`; drop
+        :attr:`subspace_predicted` where the plan saw no GPU (a GPU factorization keeps
+        it: R's dense work runs there)."""
+        if self.subspace_predicted:
+            why = ("no plan" if self.planned is None else
+                   "the plan saw no GPU" if getattr(self.planned[1], "gpu_name", None) is None
+                   else "")
+            if why:
+                self.subspace_predicted, self.gap_dropped = False, why
+            return
         if self.planned is None:
             why = "no plan"
         elif self.rank_device != "cpu":
@@ -1297,9 +1343,12 @@ class Allowance:
             if self.gap_predicted:
                 parts.append(f"U's pivots: {self.gap_predicted} under lstsq's cutoff, the "
                              f"rest clearly above (the gap-checked COD on the GPU predicted)")
+            elif self.subspace_predicted:
+                parts.append("U's pivots hide the deficiency (R's small singular subspace on "
+                             "the GPU predicted)")
             elif self.gap_dropped:
-                parts.append(f"U's pivots predicted the gap-checked COD; dropped: "
-                             f"{self.gap_dropped}")
+                parts.append(f"U's pivots predicted the QR's rank decision on the GPU; "
+                             f"dropped: {self.gap_dropped}")
         if self.predicted is not None and self.analysed_at is not None:
             itn, t = self.analysed_at
             parts.append(f"analysed after {itn} iterations ({t:.3g} s) in "
