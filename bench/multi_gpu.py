@@ -25,7 +25,8 @@ random vector): on a rank-deficient matrix factorized without a tolerance
 (ch7-8-b3), R past a dependent column is set by rounding, so its difference
 from one GPU's R is no check there. ``--public`` also times
 ``QRFactorization(A, backend='gpu', gpuqr_options=GpuqrOptions(devices=...))``
-plus one solve.
+plus one solve, and at the largest device count ``devices='auto'`` (its time and
+the GPUs it took: what a user who names no count gets).
 
 ``--budget-fraction 0.6`` gives every device ``0.6 ×`` the one-stage GPU bytes
 of each matrix (``max_gpu_memory``): one GPU then stages through host memory,
@@ -432,19 +433,33 @@ class _Runner:
             self.pinned.free()
 
 
-def _public(A, ids, reps, runner):
+def _public(A, ids, reps, runner, devices=None):
+    """The public call with ``GpuqrOptions(devices=...)`` (``ids``, or ``devices``:
+    'auto') and one solve: the median seconds after ``reps`` calls that follow a
+    first, and the GPUs the last call ran on (its plan's reasons)."""
     from scipy_gpuqr import GpuqrOptions, QRFactorization
     b = np.random.default_rng(0).standard_normal(A.shape[0])
-    times = []
+    times, used = [], 1
     for _ in range(reps + 1):
         t0 = time.perf_counter()
         with runner.device_context(ids), \
-                QRFactorization(A, backend="gpu",
-                                gpuqr_options=GpuqrOptions(devices=tuple(ids))) as F:
+                QRFactorization(A, backend="gpu", gpuqr_options=GpuqrOptions(
+                    devices=tuple(ids) if devices is None else devices)) as F:
             F.solve(b)
+            used = gpus_used(F.info)
         times.append(time.perf_counter() - t0)
         runner.free()
-    return statistics.median(times[1:])
+    return statistics.median(times[1:]), used
+
+
+def gpus_used(info) -> int:
+    """GPUs a public call's factorization ran on, from its plan's reasons
+    (``"GPUs [0, 1]: ..."``; one GPU without such a reason)."""
+    for reason in info.get("reasons", []):
+        m = re.match(r"GPUs \[([0-9, ]+)\]", str(reason))
+        if m:
+            return len(m.group(1).split(","))
+    return 1
 
 
 def _answers(qr, ids, b, runner, A):
@@ -746,7 +761,11 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
         run["speedup"] = base / med if base else float("nan")
         if public:
             try:
-                run["public_seconds"] = _public(A, ids, max(1, reps - 1), runner)
+                run["public_seconds"], _ = _public(A, ids, max(1, reps - 1), runner)
+                if k == counts[-1] and k > 1 and not (simulate or runner.numpy):
+                    # what devices='auto' takes on the GPUs this run sees, and its time
+                    run["public_auto_seconds"], run["public_auto_gpus"] = _public(
+                        A, ids, max(1, reps - 1), runner, devices="auto")
             except Exception as exc:                      # noqa: BLE001
                 run["public_error"] = f"{type(exc).__name__}: {exc}"
         row["runs"].append(run)
@@ -802,7 +821,12 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
               f"{run['tflops']:.2f} TF/s  "
               f"stages {run['stages']}  busy [{busy}] s  "
               f"moved {run['transfer_bytes'] / 1e6:.1f} MB  fits {plan.fits}{check}"
-              + ("  FELL BACK to one GPU" if "fallback" in run else "") + splits, flush=True)
+              + ("  FELL BACK to one GPU" if "fallback" in run else "") + splits
+              + (f"  public {run['public_seconds']:.3f} s" if "public_seconds" in run else "")
+              + (f", devices='auto' {run['public_auto_seconds']:.3f} s on "
+                 f"{run['public_auto_gpus']} GPU(s)" if "public_auto_seconds" in run else "")
+              + (f"  public: {run['public_error']}" if "public_error" in run else ""),
+              flush=True)
         if "probe" in run:
             print(f"{name:12s} {label} watched call {run['probe']['seconds']:.3f} s; "
                   + probe_text(run["probe"]), flush=True)

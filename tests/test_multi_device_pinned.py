@@ -433,6 +433,18 @@ def test_bench_counts_cupy_pins_while_the_devices_enqueue():
         {"timeline_seconds": (0, 1, 1)}]}}, None, t)).startswith("nothing ahead")
 
 
+def test_bench_public_row_reads_the_gpus_a_call_took():
+    """bench/multi_gpu.py's public row: the GPUs a public call ran on, from its plan's
+    reasons (devices='auto' may take fewer than the run's GPUs); one without them."""
+    from conftest import load_bench
+    bench = load_bench("multi_gpu.py", "multi_gpu_bench_public")
+    assert bench.gpus_used({"reasons": ["auto: GPU (intensity 9 >= 1)",
+                                        "GPUs [0, 1]: modelled 0.232 s on 2: 2 GPUs"]}) == 2
+    assert bench.gpus_used({"reasons": ["GPUs [0, 1, 2, 3]: 4 device(s) requested"]}) == 4
+    assert bench.gpus_used({"reasons": ["one GPU (GpuqrOptions.devices is None)"]}) == 1
+    assert bench.gpus_used({}) == 1
+
+
 def test_release_pinned_memory_gives_the_kept_blocks_back(monkeypatch):
     """The public release: the bytes of the blocks kept for later calls, none
     kept afterwards, 0 where none were."""
