@@ -1178,6 +1178,7 @@ class MinNormSolver:
         k, q = self.R.shape
         if k != q or q > DENSE_LIMIT or not self._dense_gpu_pays():
             return False
+        max_block = min(SUBSPACE_MAX_BLOCK, q // 3)
         try:
             Rgpu = self._device_r
             if Rgpu is None:
@@ -1188,10 +1189,14 @@ class MinNormSolver:
             tol = self.cutoff * smax
             if not tol > 0:
                 return False
-            first = max(SUBSPACE_BLOCK, 2 * int(np.count_nonzero(d <= tol)) + SUBSPACE_BLOCK)
+            # twice the pivots under the cutoff and more: more than the largest block,
+            # and the null space is not modest (the SVD decides)
+            first = 2 * int(np.count_nonzero(d <= tol)) + SUBSPACE_BLOCK
+            if first > max_block:
+                return False
             cod = DenseSubspaceCOD(Rgpu, tol, transposed=self.transposed,
-                                   block=max(first, DEVICE_SUBSPACE_BLOCK),
-                                   max_block=min(SUBSPACE_MAX_BLOCK, q // 3))
+                                   block=min(max(first, DEVICE_SUBSPACE_BLOCK), max_block),
+                                   max_block=max_block)
         except SubspaceTooLarge:
             return False
         except MemoryError:
