@@ -481,13 +481,14 @@ def test_device_full_rank_test_on_a_dense_r_takes_sigma_max_there_once(matrices_
     """R too dense for the gap-checked sparse COD (here: its density limit set to 0), its
     diagonal hiding the deficiency (adder_dcop_05): the probe fails, σ_max comes from
     Lanczos on R made dense on the device, once (not the host's sparse Lanczos), and with
-    the probe's ν it spares the σ test; the rules after it (here the dense SVD, stubbed)
-    read that σ_max."""
+    the probe's ν it spares the σ test; the rules after it (R's small singular subspace,
+    which refuses: σ_1788 at 1.42 × the cutoff; then the dense SVD, stubbed) read that
+    σ_max and that dense copy."""
     A, R, factorize = _shared_r(matrices_dir, "adder_dcop_05.mtx")
     monkeypatch.setattr(_lstsq, "SPARSE_COD_MAX_DENSITY", 0.0)
     made, smax_calls, lanczos_calls, sigma_calls, svd = _device_dense_spies(monkeypatch)
     _gap_checked(R, _lstsq.lstsq_cutoff(*A.shape), dense_device="gpu")
-    assert made == [1813, 1813] and len(lanczos_calls) == 1     # Lanczos', the SVD's own
+    assert made == [1813] and len(lanczos_calls) == 1   # Lanczos' copy, the rules' after it
     assert not smax_calls and not sigma_calls
     assert svd == [pytest.approx(sigma_max_lanczos(R), rel=1e-12)]
 

@@ -756,6 +756,8 @@ class MinNormSolver:
             # decides without the 1-norm estimate
             smax, settled, Rgpu = self._device_sigma_max()
             if settled is not None:
+                if not settled:
+                    self._device_r = Rgpu   # the device rules after it read it (or None)
                 return settled
             if Rgpu is None:
                 Rgpu = self._dense_on_gpu(as_g=False)
