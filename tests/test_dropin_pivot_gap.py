@@ -7,10 +7,13 @@ singular, U's pivots may split at lstsq's cutoff: a few under it, the rest clear
 0.98 of the cutoff, the next at 1.47). That predicts that the QR's gap-checked sparse COD
 settles R's rank, which a GPU makes cheap (its σ test on the device), so the iterate-first
 rule (:class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`, ``dense_gpu``) analyses
-at once and stops the run for the exact answer. Where no GPU runs the dense work, nothing
-changes; where the pivots do not split (nnc1374: none under the cutoff; reorientation_1:
-a quarter of the columns, the next pivot at 1.08), nothing changes either. The QR's own
-checks decide the rank, so a wrong prediction costs time, not accuracy.
+at once and stops the run for the exact answer. Where U's pivots hide the deficiency
+(nnc1374: none under the cutoff, 66 singular values there) the QR's rank decision is
+predicted as R's small singular subspace on the GPU, and the run stops the same way.
+Where no GPU runs the dense work, nothing changes; where the pivots neither split nor
+hide it (reorientation_1: a quarter of the columns under the cutoff, the next pivot at
+1.08), nothing changes either. The QR's own checks decide the rank, so a wrong
+prediction costs time, not accuracy.
 """
 
 from __future__ import annotations
