@@ -181,9 +181,7 @@ def _once(A, b, backend, debug=False):
 #: how many parts a slab has at most (``slab_front.SLAB_PARTS``), whether a host
 #: front whose staircase fits is worked as one slab, and in how many parts at
 #: most (``slab_front.ONE_SLAB_PARTS``; ``columns``: never, the slabs of every
-#: row; ``parts4`` … ``parts7``: fewer, wider parts, fewer updates), whether a
-#: last-stage host front worked as one slab stays on the device for Q and R's
-#: first solve (``slab_front.KEEP_ON_DEVICE``; ``keep``: on), whether Q's
+#: row; ``parts4`` … ``parts7``: fewer, wider parts, fewer updates), whether Q's
 #: replay prefetches the next stage's reflectors (``solve.PREFETCH``) and a
 #: staged factorization sends Q's first stage up as it ends
 #: (``solve.PREFETCH_FIRST``), how a plan that the time model's dense fronts
@@ -212,7 +210,6 @@ MODES = {"defaults": {},
          "parts5": {"one_slab": 5},
          "parts6": {"one_slab": 6},
          "parts7": {"one_slab": 7},
-         "keep": {"keep_front": True},
          "switch": {"switch_interval": 2e-4},
          "noasm": {"assemble": "off"}}
 
@@ -221,7 +218,6 @@ _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
              "slab_panels": ("_engine.slab_front", "PANEL_UPLOAD"),
              "slab_parts": ("_engine.slab_front", "SLAB_PARTS"),
              "one_slab": ("_engine.slab_front", "ONE_SLAB_PARTS"),
-             "keep_front": ("_engine.slab_front", "KEEP_ON_DEVICE"),
              "prefetch": ("_engine.gpu.solve", "PREFETCH"),
              "prefetch_first": ("_engine.gpu.solve", "PREFETCH_FIRST"),
              "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE")}

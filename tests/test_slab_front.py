@@ -10,8 +10,7 @@ import pytest
 
 from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
 from scipy_gpuqr._engine.slab_front import (ONE_SLAB_PARTS, PART_ROW_BYTES, POOL_UNIT,
-                                            DeviceFront, NumpySlabs, factorize_in_slabs,
-                                            one_slab_parts,
+                                            NumpySlabs, factorize_in_slabs, one_slab_parts,
                                             one_slab_reserve, part_rows, part_workspace_bytes,
                                             pool_bytes, slab_buffer_elements, slab_columns,
                                             scratch_bytes, slab_part_count, slab_parts,
@@ -815,92 +814,3 @@ def test_geqrf_panels_follow_the_panel_kernels_plan():
         assert geqrf_panels(panels, np.float64) == (panel_kernel(np.float64).plan(fm) is None)
         assert geqrf_panels(panels, np.float64, "geqrf")
     assert not geqrf_panels([], np.float64)
-
-
-@pytest.mark.parametrize("fm,fn,nb,parts", [(90, 70, 8, 8), (60, 25, 8, 3), (200, 60, 16, 4)])
-def test_a_kept_fronts_panels_are_its_blocks_in_the_parts(fm, fn, nb, parts):
-    """:class:`DeviceFront` finds each panel's block (its rows from the diagonal
-    down to its staircase) in the part that holds its columns, as the one-slab
-    buffer lays the parts out (NumPy arrays stand in for the device's)."""
-    rng = np.random.default_rng(fm)
-    F, stair = staircase_front(fm, fn, rng, dense_rows=3)
-    panels = panels_of(fm, fn, stair, nb)
-    slab = (0, fn, 0, len(panels))
-    pieces = slab_parts(panels, slab, parts)
-    buf = np.full(slab_buffer_elements([(slab, pieces)], panels, fm), np.nan)
-    kept, at = [], 0
-    for a0, a1, q0, q1 in pieces:
-        rows = part_rows(panels, fm, q0, q1)
-        S = buf[at: at + rows * (a1 - a0)].reshape(rows, a1 - a0)
-        S[...] = F[:rows, a0:a1]
-        kept.append((a0, a1, S))
-        at += S.size
-    dev = DeviceFront(buf, kept, np.zeros((len(panels), nb, nb)))
-    assert dev.nbytes == buf.nbytes + dev.T.nbytes
-    for j, r, b in panels:
-        np.testing.assert_array_equal(dev.panel(j, r, b), F[j:j + r, j:j + b])
-    j, r, b = panels[-1]
-    assert dev.panel(j, fm + 1 - j, b) is None          # past its part's rows
-    assert dev.panel(fn, 1, 1) is None                  # no part holds it
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fm,fn", [(6000, 4000), (12000, 2900)])
-def test_a_one_slab_front_kept_on_the_gpu_gives_q_its_reflectors_there(fm, fn):
-    """With ``keep`` the one slab's parts stay on the device (:class:`DeviceFront`):
-    every panel's block equals the host front's bit for bit, and a
-    :class:`HostDenseFront` reading them there gives the pinned front's ``Qᵀ``
-    and ``Q`` bit for bit, until its rows of R are taken from them (equal to
-    the host front's where a solve reads them: on and above the diagonal),
-    which lets them go. Slabs of several, or ``keep`` more bytes than stay
-    available, keep nothing."""
-    import cupy as cp
-    import cupyx
-
-    from scipy_gpuqr._engine.dense_front import HostDenseFront
-    from scipy_gpuqr._engine.slab_front import CupySlabs
-    rng = np.random.default_rng(fn)
-    nb = 256
-    F0, panels, _, _ = _front_and_blocked_qr(fm, fn, nb, rng)
-    pool = cp.get_default_memory_pool()
-    pool.free_all_blocks()
-    before = pool.used_bytes()
-    F = cupyx.empty_pinned(F0.shape, dtype=F0.dtype)
-    F[...] = F0
-    dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True), part_row_bytes=0, keep=0)
-    T = factorize_in_slabs(F, panels, nb, fn, dev, parts=8)
-    kept = dev.kept
-    assert kept is not None and dev.kept_available >= 0
-    held = pool_bytes(kept.buffer.nbytes) + pool_bytes(kept.T.nbytes)
-    assert held <= pool.used_bytes() - before <= held + len(panels) * POOL_UNIT   # + the flags
-    for j, r, b in panels:
-        np.testing.assert_array_equal(kept.panel(j, r, b).get(), F[j:j + r, j:j + b])
-    np.testing.assert_array_equal(kept.T.get(), T)
-    Y0 = rng.standard_normal((fm, 3))
-    got = {}
-    for name, on in (("kept", kept), ("pinned", None)):
-        d = HostDenseFront(F, panels, T, on_device=on)
-        assert d.has_device_copy() is (on is not None)
-        assert d.device_bytes == (kept.nbytes if on is not None else 0)
-        Y = cp.asarray(Y0)
-        d.apply_qt(Y)
-        assert d.device_panels == (len(panels) if on is not None else 0)
-        got[name] = Y.get()
-        d.apply_q(Y)
-        assert d.device_panels == (len(panels) if on is not None else 0)
-        np.testing.assert_allclose(Y.get(), Y0, atol=1e-10 * np.abs(Y0).max())
-    np.testing.assert_array_equal(got["kept"], got["pinned"])
-    rk = min(fm, fn) - 7
-    d = HostDenseFront(F, panels, T, on_device=kept)
-    rows = d.device_rows(rk).get().reshape(rk, fn)
-    upper = np.triu(np.ones((rk, fn), dtype=bool))
-    np.testing.assert_array_equal(rows[upper], F[:rk][upper])
-    assert not d.has_device_copy() and d.device_rows(rk) is None
-    del d, kept, dev, Y, rows
-    assert pool.used_bytes() - before <= 64 * POOL_UNIT     # the kept parts let go
-    for width, keep in ((fn // 2, 0), (fn, 1 << 50)):
-        F[...] = F0
-        dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True), part_row_bytes=0, keep=keep)
-        factorize_in_slabs(F, panels, nb, width, dev, parts=8)
-        assert dev.kept is None
-        assert pool.used_bytes() - before <= 64 * POOL_UNIT     # the parts' flags

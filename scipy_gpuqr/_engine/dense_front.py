@@ -254,50 +254,16 @@ class HostDenseFront(DenseFront):
     uploaded whole, and the block never leaves the device. Where even that
     runs out of device memory, the block's rows go to the host and are
     transformed there (all the BLAS library's threads).
-
-    ``on_device``: the front's factorized parts left on the device by its
-    factorization (:class:`~scipy_gpuqr._engine.slab_front.DeviceFront`):
-    ``apply_qt``/``apply_q`` of a device block read its panels there instead
-    of over the link, until a solve with R takes its rows of R from them
-    (:meth:`device_rows`, which lets them go: the device memory is the
-    solves' from then on) or :meth:`drop_device` lets them go.
     """
 
     def __init__(self, front, panels, T, slots=None, after_launch: int = -1,
-                 upload: str | None = None, on_device=None):
+                 upload: str | None = None):
         super().__init__(front, panels, T, slots=slots, after_launch=after_launch)
         if upload is not None and upload not in REFLECTOR_UPLOADS:
             raise ValueError(f"upload must be one of {REFLECTOR_UPLOADS}, got {upload!r}")
         self.upload = upload
-        self._on_device = on_device
         #: panels read by the copy kernel from the pinned front (the last apply)
         self.mapped_panels = 0
-        #: panels read from the parts left on the device (the last apply)
-        self.device_panels = 0
-
-    def has_device_copy(self) -> bool:
-        """Whether the front's parts still lie on the device (``on_device``)."""
-        return self._on_device is not None or super().has_device_copy()
-
-    def drop_device(self) -> None:
-        """Let the parts left on the device go (the host front stays)."""
-        self._on_device = None
-        super().drop_device()
-
-    @property
-    def device_bytes(self) -> int:
-        """Device bytes the parts left there hold (0: none)."""
-        return 0 if self._on_device is None else int(self._on_device.nbytes)
-
-    def device_rows(self, rk: int):
-        """The front's first ``rk`` rows on the device, copied out of the parts
-        left there (:meth:`~scipy_gpuqr._engine.slab_front.DeviceFront.r_rows`),
-        which are then let go; None where there are none (or they do not
-        cover the front)."""
-        kept, self._on_device = self._on_device, None
-        if kept is None:
-            return None
-        return kept.r_rows(int(rk), int(self.shape[1]))
 
     def _apply(self, Y, trans: bool) -> None:
         if isinstance(Y, np.ndarray):
@@ -322,23 +288,18 @@ class HostDenseFront(DenseFront):
         T = self._get(self._T, np)
         if not self.panels:
             return
-        kept = self._on_device
         how = REFLECTOR_UPLOAD if self.upload is None else self.upload
         view = device_view(cp, F) if how == "mapped" else None
         if view is None and F.strides[1] != F.itemsize:
             F = np.ascontiguousarray(F)
         stream = cp.cuda.get_current_stream()
-        Td = kept.T if kept is not None else cp.asarray(T)
+        Td = cp.asarray(T)
         buf = cp.empty(max(rows * b for _, rows, b in self.panels), dtype=F.dtype)
-        self.mapped_panels = self.device_panels = 0
+        self.mapped_panels = 0
         order = list(enumerate(self.panels))
         for p, (j, rows, b) in (order if trans else order[::-1]):
             V = buf[:rows * b].reshape(rows, b)
-            src = kept.panel(j, rows, b) if kept is not None else None
-            if src is not None:     # where the factorization left it
-                ops.unit_triangle(src, lower=True, out=V)
-                self.device_panels += 1
-            elif view is not None:  # read over the link, the triangle made on the way
+            if view is not None:    # read over the link, the triangle made on the way
                 ops.unit_triangle(view[j:j + rows, j:j + b], lower=True, out=V)
                 self.mapped_panels += 1
             else:

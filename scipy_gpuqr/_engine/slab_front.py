@@ -69,14 +69,13 @@ from .gpu.array_ops import unit_triangle, upload_block
 from .gpu.dense_panel import PANEL_WIDTH, panel_workspace_elements
 from .gpu.finite_check import finite_check
 from .gpu.mapped import device_view
-from .memory import available_bytes, make_room
+from .memory import make_room
 
 __all__ = ["slab_ranges", "slab_parts", "slab_sides", "slab_columns", "whole_front_fits",
            "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS", "PANEL_UPLOADS",
            "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count", "part_rows", "one_slab_parts",
            "ONE_SLAB_PARTS", "slab_buffer_elements", "scratch_bytes", "POOL_UNIT", "pool_bytes",
-           "PANEL_BLOCKS_MOST", "part_workspace_bytes", "one_slab_reserve", "KEEP_ON_DEVICE",
-           "DeviceFront"]
+           "PANEL_BLOCKS_MOST", "part_workspace_bytes", "one_slab_reserve"]
 
 #: Most parts a slab is worked in (:func:`slab_parts`): part ``g`` goes back to
 #: the host while part ``g + 1`` is worked on, and part ``g + 1`` came up while
@@ -90,15 +89,6 @@ SLAB_PARTS = 4
 #: closer to the front's staircase; 0: no front is worked as one slab (its
 #: slabs are :func:`slab_columns`' rectangles).
 ONE_SLAB_PARTS = 8
-
-#: A front worked as one slab may leave its factorized parts on the device
-#: (:class:`CupySlabs`' ``keep``, :class:`DeviceFront`): ``Q`` then reads its
-#: reflectors where they are instead of over the link (a root front's are
-#: gigabytes), and the first solve with R takes its rows of R from them,
-#: which lets them go. The caller asks only where nothing is factorized after
-#: the front (its stage is the last). Off: it has not shown a faster call
-#: (bench/RESULTS.md, issue 22).
-KEEP_ON_DEVICE = False
 
 #: Fewest bytes of a part's row on a device that copies parts over a link
 #: (:class:`CupySlabs`' ``part_row_bytes``, :func:`slab_part_count`): a part's
@@ -399,67 +389,6 @@ class SlabPart:
     ready: object = None
 
 
-@dataclass
-class DeviceFront:
-    """A front's factorized parts left on the device after its one slab
-    (:class:`CupySlabs`' ``keep``): what ``Q`` reads of it there.
-
-    Attributes
-    ----------
-    buffer : cupy.ndarray
-        The slab buffer, owning the memory of the parts.
-    parts : list of (int, int, cupy.ndarray)
-        ``(a0, a1, S)``: the front's columns ``[a0, a1)`` of its rows down to
-        the part's staircase, ``S`` (rows × (a1 - a0)), a view of ``buffer``.
-    T : cupy.ndarray
-        Every panel's ``T`` (npanels × nb × nb).
-    """
-
-    buffer: object
-    parts: list
-    T: object
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.buffer.nbytes) + int(self.T.nbytes)
-
-    def r_rows(self, rk: int, fn: int):
-        """The front's first ``rk`` rows (``rk × fn``, row-major, where R's rows
-        lie: what a solve with R reads of it) copied out of the parts on the
-        device, on the current stream; None where the parts do not cover its
-        columns. A part holds its rows down to its staircase, past its last
-        column: the rows it lacks lie below the diagonal of its columns (its
-        reflectors, zeros on the host), which no solve with R reads, and are
-        left unset."""
-        import cupy as cp
-        cols = sorted((a0, a1) for a0, a1, _ in self.parts)
-        if not cols or cols[0][0] != 0 or cols[-1][1] != fn or any(
-                b1 != a0 for (_, b1), (a0, _) in zip(cols[:-1], cols[1:])):
-            return None
-        dtype = self.buffer.dtype
-        isz = dtype.itemsize
-        make_room(cp, rk * fn * isz)
-        out = cp.empty(rk * fn, dtype=dtype)
-        rt = cp.cuda.runtime
-        stream = cp.cuda.get_current_stream().ptr
-        for a0, a1, S in self.parts:
-            h = min(int(rk), int(S.shape[0]))
-            if h and a1 > a0:
-                rt.memcpy2DAsync(out.data.ptr + a0 * isz, fn * isz, S.data.ptr, (a1 - a0) * isz,
-                                 (a1 - a0) * isz, h, rt.memcpyDeviceToDevice, stream)
-        return out
-
-    def panel(self, j: int, rows: int, b: int):
-        """The device block of the panel ``F[j:j+rows, j:j+b]`` (a strided view),
-        or None where no part holds all of it."""
-        for a0, a1, S in self.parts:
-            if a0 <= j < a1:
-                if j + b > a1 or j + rows > S.shape[0]:
-                    return None
-                return S[j:j + rows, j - a0:j - a0 + b]
-        return None
-
-
 def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
                        fallback=None, parts: int | None = None) -> np.ndarray:
     """Blocked staircase QR of the host front ``F`` (fm × fn) in place, slab by slab
@@ -509,8 +438,7 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
         dev.start(F, len(panels), nb, widest=widest)
         for (slab, pieces), down in zip(plan, sides):
             _one_slab(F, panels, slab, pieces, dev, state, size, down=down)
-        # one slab: every part still lies in the buffer, where ``dev`` may keep it
-        dev.finish(keep=len(plan) == 1)
+        dev.finish()
         return dev.t_host()
     except Exception as exc:        # noqa: BLE001 - redone on the host, see above
         if fallback is None or dev is fallback:
@@ -666,9 +594,8 @@ class NumpySlabs:
     def end_slab(self) -> None:
         """The slab's work is all queued (its buffer may be refilled after it)."""
 
-    def finish(self, keep: bool = False) -> None:
-        """The factorization's work is done (``keep``: as :class:`CupySlabs`'; the
-        host keeps nothing)."""
+    def finish(self) -> None:
+        pass
 
     def t_host(self) -> np.ndarray:
         """Every panel's ``T`` (npanels × nb × nb) on the host."""
@@ -706,22 +633,12 @@ class CupySlabs:
     columns while the device works on the next parts. ``part_row_bytes``: a
     slab is cut into fewer parts where their rows would be shorter
     (:func:`slab_part_count`; default :data:`PART_ROW_BYTES`, 0: as many as
-    asked). ``keep``: the device bytes that must stay available (pool limit
-    and free memory, :func:`~scipy_gpuqr._engine.memory.available_bytes`) for
-    a front worked as one slab to stay on the device after it (:attr:`kept`,
-    a :class:`DeviceFront`), or None: nothing stays."""
+    asked)."""
 
     def __init__(self, cp, stream, panel_upload: str | None = None, on_part=None,
-                 part_row_bytes: int | None = None, keep: int | None = None):
+                 part_row_bytes: int | None = None):
         self.cp, self.stream = cp, stream
         self.on_part = on_part
-        self.keep = keep
-        #: the front's parts left on the device by the last factorization
-        #: (:class:`DeviceFront`; ``keep``), or None
-        self.kept = None
-        #: the device bytes available beside them as they were kept (or not)
-        self.kept_available = None
-        self._sent = []                 # (a0, a1, S): the parts sent back so far
         self.part_row_bytes = int(PART_ROW_BYTES if part_row_bytes is None else part_row_bytes)
         self.panel_upload = PANEL_UPLOAD if panel_upload is None else panel_upload
         if self.panel_upload not in PANEL_UPLOADS:
@@ -829,8 +746,6 @@ class CupySlabs:
         self._work = None
         self._blas = None               # the calling thread's handle (:meth:`_update_work`)
         self._scratch_made = False
-        self._sent = []
-        self.kept = None
         with self.stream:
             self._T = (self.cp.zeros((npanels, nb, nb), dtype=F.dtype) if T is None
                        else self.cp.asarray(T))
@@ -979,7 +894,6 @@ class CupySlabs:
                          self.down_stream.ptr)
         landed = self._event(self.down_stream)
         self._mark("d", self.down_stream)
-        self._sent.append((part.a0, part.a1, S))
         self._regions.append((part.at, part.at + S.size, landed))
         for q in range(part.p0, part.p1):
             self._landed[q] = landed
@@ -992,23 +906,16 @@ class CupySlabs:
         self._worked.extend((s, e, ev) for s, e in self._current)
         self._current = []
 
-    def finish(self, keep: bool = False) -> None:
+    def finish(self) -> None:
         """Every queued copy done, the panels' ``T`` fetched; the buffers given back
         to the device, not only to CuPy's pool: a slab buffer is most of the
         device, and a cached block that later small arrays are cut from stays
         taken as a whole until all of them are freed (the solves' uploads would
-        find no room). With ``keep`` (the front was one slab, every part sent
-        back) and :attr:`keep` set, the slab buffer and the panels' ``T`` stay
-        as :attr:`kept` where :attr:`keep` bytes stay available beside them."""
-        kept = None
+        find no room)."""
         try:
             self._sync()
             if self._T is not None:
                 self._T_host = self._T.get(stream=self.stream)
-            buf = self._buffers.get("slab")
-            if keep and self.keep is not None and buf is not None and self._sent \
-                    and self._T is not None:
-                kept = DeviceFront(buf, list(self._sent), self._T)
             if len(self._marks) > 1:
                 self.last_timeline = self.timeline()
                 logging.getLogger("scipy_gpuqr").debug(
@@ -1023,14 +930,7 @@ class CupySlabs:
             self._marks = []
             self._mapped = None
             self._T = None
-            self._sent = []
             self.cp.get_default_memory_pool().free_all_blocks()
-        if kept is not None:
-            self.kept_available = available_bytes(self.cp).available
-            self.kept = kept if self.kept_available >= self.keep else None
-            if self.kept is None:
-                kept = None
-                self.cp.get_default_memory_pool().free_all_blocks()
 
     def t_host(self) -> np.ndarray:
         """Every panel's ``T`` on the host (after :meth:`finish`)."""

@@ -62,7 +62,6 @@ from ..._kernels import load_module
 from ..._schedule import native
 from ..._schedule.native import run_split
 from ..._schedule.tasks import TASK_BYTES, TaskType, apply_split
-from .. import slab_front
 from ..dense_front import (DEFAULT_PANEL, factorize_cupy, factorize_numpy, geqrf_panels,
                            panels_of)
 from ..host.simulate import execute_task, one_blas_thread
@@ -409,15 +408,6 @@ class HostFrontDevice(NumpyDevice):
         self._ahead = {}                # stage key -> [(block starts, ends, job)]
         #: Pack-Assemble records run ahead of their stage (:meth:`assemble_ahead`)
         self.assembled_ahead = 0
-        #: the host front whose factorized parts may stay on the device after its
-        #: one slab (its stage is the last: nothing runs on the device after it),
-        #: and the device bytes that must stay available beside them
-        #: (:class:`~scipy_gpuqr._engine.slab_front.CupySlabs`' ``keep``); None: none
-        self.keep_front = None
-        self.keep_room = 0
-        #: front → its parts left on the device
-        #: (:class:`~scipy_gpuqr._engine.slab_front.DeviceFront`), for ``Q``
-        self.kept = {}
 
     def prepare(self, stages) -> None:
         """Start making the host stages' pools on a worker thread: ``stages``
@@ -656,11 +646,7 @@ class HostFrontDevice(NumpyDevice):
         t0 = time.perf_counter()
         F = h["pool"][off: off + fm * fn].reshape(fm, fn)
         panels = panels_of(fm, fn, stair, self.dense_panel)
-        front = int(h["st"].fronts[0])     # a host stage is its dense front alone
-        keep = (self.keep_room if slab_front.KEEP_ON_DEVICE and self.keep_front is not None
-                and front == self.keep_front else None)
-        T, how, ok = ((None, "no GPU layer", None) if self.gpu is None
-                      else self._on_gpu(F, panels, keep=keep, front=front))
+        T, how, ok = (None, "no GPU layer", None) if self.gpu is None else self._on_gpu(F, panels)
         if ok is not None:                  # checked on the device: end_stage skips it
             h.setdefault("device_checked", []).append((int(off), int(off + fm * fn), ok))
         if T is None:
@@ -675,7 +661,7 @@ class HostFrontDevice(NumpyDevice):
         self.seconds["dense"] = self.seconds.get("dense", 0.0) + time.perf_counter() - t0
         return F, panels, T, None
 
-    def _on_gpu(self, F, panels, keep=None, front=None):
+    def _on_gpu(self, F, panels):
         """``(T, where, finite)`` after factorizing ``F`` (a host view, overwritten)
         on the GPU: whole when it fits there, else in column slabs
         (:mod:`~scipy_gpuqr._engine.slab_front`: one slab where the front's
@@ -683,10 +669,7 @@ class HostFrontDevice(NumpyDevice):
         memory, and the rest, with LAPACK); ``(None, why not, None)`` when not
         even one panel's slab fits (nothing left allocated there). ``finite``:
         whether the factorized front holds finite values only, read on the
-        device before it came back (None where part of it ran on the host).
-        ``keep``: worked as one slab, its parts stay on the device where ``keep``
-        bytes stay available beside them (:class:`CupySlabs`' ``keep``), in
-        :attr:`kept` under ``front``; None: nothing stays."""
+        device before it came back (None where part of it ran on the host)."""
         gpu = self.gpu
         cp = gpu.cp
         nb, isz = self.dense_panel, F.dtype.itemsize
@@ -718,20 +701,12 @@ class HostFrontDevice(NumpyDevice):
         if not w and not one:
             return None, f"{whole}; not even a slab of one panel fits ({avail} bytes)", None
         host = NumpySlabs()
-        slabs = CupySlabs(cp, gpu.stream, on_part=getattr(self, "on_slab_part", None),
-                          keep=keep if one else None)
+        slabs = CupySlabs(cp, gpu.stream, on_part=getattr(self, "on_slab_part", None))
         T = factorize_in_slabs(F, panels, nb, F.shape[1] if one else w, slabs, fallback=host,
                                parts=one or None)
         held = int((mem.detail or {}).get("pool_used", 0))
         shape = (f"one slab of {one} parts, each down to its staircase" if one
                  else f"slabs of {w}")
-        if slabs.kept is not None and front is not None:
-            self.kept[front] = slabs.kept
-            shape += (f", its {slabs.kept.nbytes:,} bytes kept on the device for Q "
-                      f"({slabs.kept_available:,} available beside them)")
-        elif slabs.kept_available is not None:
-            shape += (f", not kept on the device ({slabs.kept_available:,} bytes available "
-                      f"beside it, {keep:,} asked)")
         return T, (f"in column slabs: {shape} (the front alone does not fit; {avail:,} bytes "
                    f"for a slab beside {held:,} held)"
                    + (f"; its last {host.slabs} slabs on the host (LAPACK/BLAS) after the "

@@ -961,8 +961,7 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     layout = loop.layout
     slots_of = layout.slots_of
     dense = _dense_fronts(sched, loop.dense_parts, slots_of, cache_device=cache_dense,
-                          host=set(host_stages.values()),
-                          kept=loop.host_dev.kept if loop.host_dev is not None else None)
+                          host=set(host_stages.values()))
     fronts = loop.front_list(slots_of)
     qr = GpuQR(shape=(m, n), R=None, colperm=analysis.colperm.astype(np.int64),
                rank=int(min(m, n)), tol=None, flops=float(analysis.flops), info={},
@@ -1039,14 +1038,12 @@ def _dense_bytes(analysis, sched, itemsize: int) -> dict:
 
 
 def _dense_fronts(sched, dense_parts, slots_of, *, cache_device: bool = True,
-                  host=(), kept=None) -> dict:
+                  host=()) -> dict:
     """``GpuQR._dense``: a :class:`~scipy_gpuqr._engine.dense_front.DenseFront` per
     dense front, with its global launch (checked against the schedule's); without
     ``cache_device`` those left on the host are uploaded per use
     (:class:`_UploadedDense`); host fronts (``host``) are applied on the host
-    (:class:`~scipy_gpuqr._engine.dense_front.HostDenseFront`; ``kept``: front →
-    its factorized parts left on the device, taken out of it and handed to the
-    front: its ``Q`` and the first solve with R read them there)."""
+    (:class:`~scipy_gpuqr._engine.dense_front.HostDenseFront`)."""
     launch0 = np.concatenate(([0], np.cumsum([st.nlaunch for st in sched.stages])))
     dense = {}
     for f, (sid, Fv, panels, T) in dense_parts.items():
@@ -1056,9 +1053,7 @@ def _dense_fronts(sched, dense_parts, slots_of, *, cache_device: bool = True,
         kind = DenseFront if cache_device or hasattr(Fv, "get") else _UploadedDense
         if f in host:
             kind = HostDenseFront
-        dense[f] = (kind(Fv, panels, T, slots=slots_of[f], after_launch=Ld,
-                         on_device=(kept or {}).pop(f, None)) if kind is HostDenseFront
-                    else kind(Fv, panels, T, slots=slots_of[f], after_launch=Ld))
+        dense[f] = kind(Fv, panels, T, slots=slots_of[f], after_launch=Ld)
         if kind is not HostDenseFront:  # Q on the device reads it in its stage's pool
             dense[f].pool_at = (int(sid), int(sched.stages[sid].foff[f]))
     return dense

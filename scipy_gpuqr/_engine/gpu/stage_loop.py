@@ -137,9 +137,6 @@ class StageLoop:
             self.host_dev.prepare((tuple(sched.stages[sid].fronts), sched.stages[sid].pool_size,
                                    _zero_end(fs, sched.stages[sid]))
                                   for sid in self.host_stages)
-            # the last stage's host front may stay on the device for Q: nothing
-            # after it needs the room
-            self.host_dev.keep_front = self.host_stages.get(self.nstage - 1)
         # the first front of each stage (a host stage's pool takes its carried
         # blocks as their stages end: :meth:`carry_contribution_blocks`)
         self.stage_first = np.array([st.fronts[0] for st in sched.stages], dtype=np.int64)

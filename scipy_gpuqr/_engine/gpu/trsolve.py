@@ -565,7 +565,7 @@ class _StageRows:
     many times, and each solve would otherwise upload R again.
     """
 
-    def __init__(self, ft, members, host_pool, keep, on_device=None):
+    def __init__(self, ft, members, host_pool, keep):
         self._segments = [(ft.fronts[i][1], ft.fronts[i][4] * ft.fronts[i][3]) for i in members]
         self._runs, self.offsets, self.total = _row_runs(self._segments)
         self._host_pool = np.ascontiguousarray(host_pool)
@@ -573,31 +573,16 @@ class _StageRows:
         self._keep = keep
         self.cp = ft.xp
         self._before = getattr(getattr(ft, "pools", None), "before_upload", None)
-        # a host front whose parts its factorization left on the device
-        # (``HostDenseFront.device_rows``): its rows come from there, the stage's
-        # only front, with its rk rows at the start of the compact array
-        self._on_device = (on_device if on_device is not None and len(members) == 1
-                           and self.total == self._segments[0][1] else None)
-        self._rk = int(ft.fronts[members[0]][4]) if len(members) else 0
 
     def upload(self):
         """The rows on the device (copied on the current stream, or kept from an
         earlier solve; ``pools.before_upload`` called first, where the pools'
-        callable has one: room made); a host front's taken out of its parts
-        left on the device, where they still are."""
+        callable has one: room made)."""
         if self._kept is not None:
             return self._kept
         if self._before is not None:
             self._before()
-        dev = None
-        if self._on_device is not None:
-            source, self._on_device = self._on_device, None
-            try:
-                dev = source.device_rows(self._rk)
-            except self.cp.cuda.memory.OutOfMemoryError:
-                dev = None                  # the parts are let go: from the host below
-        if dev is None:
-            dev = _copy_runs(self.cp, self._host_pool, self._runs, self.total, None)
+        dev = _copy_runs(self.cp, self._host_pool, self._runs, self.total, None)
         if self._keep.take(dev.nbytes):
             self._kept = dev
         return dev
@@ -634,23 +619,16 @@ def _staged_levels(ft, fs, qr):
     no kernel, and its fronts are solved on the device from the host pool in row
     panels (:meth:`FrontTriangular.streamed_step`).
     """
-    host_stages = dict(getattr(qr, "_host_stages", {}) or {})
+    host_stages = set(getattr(qr, "_host_stages", {}) or {})
     by_stage = ft.plan.by_stage
     dtype = qr._device.dtype
     avail = available_bytes(ft.xp).available
-    dense = getattr(qr, "_dense", {}) or {}
-    # a host front's parts left on the device are let go as its rows are taken
-    # from them (:class:`_StageRows`): their room is the solves'
-    left = {sid: dense.get(f) for sid, f in host_stages.items()
-            if getattr(dense.get(f), "device_bytes", 0)}
-    if avail is not None:
-        avail += sum(int(d.device_bytes) for d in left.values())
     keep = _KeepBudget(keep_bytes(avail, replay_upload_bytes(qr)))
     out = []
     for sid in sorted(by_stage):
         members = by_stage[sid]
         if sid in host_stages:
-            rows = _StageRows(ft, members, qr._host_pools[sid], keep, on_device=left.get(sid))
+            rows = _StageRows(ft, members, qr._host_pools[sid], keep)
             if avail is None or 3 * rows.total * np.dtype(dtype).itemsize > avail:
                 out.append((sid, members, None, None))
                 continue
