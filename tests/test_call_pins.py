@@ -122,21 +122,3 @@ def test_a_failed_pinning_pins_as_asked(pins, monkeypatch):
     assert pa.kept_pinned_bytes() == 0
     c.take(3, np.int64)                                 # after the run: as asked
     assert asked == [(10,), (3,)]
-
-
-def test_pins_of_one_stage_given_back_for_a_staged_plan(pins):
-    """Pins started for a one-stage run (a new process, before the memory plan) are
-    given back unused where the plan has stages: such a run pins the pools it sends
-    to the host, which outlive the call."""
-    from types import SimpleNamespace
-    one = SimpleNamespace(feasible=True, host=(), plan=SimpleNamespace(stages=[(0, 9)]))
-    two = SimpleNamespace(feasible=True, host=(), plan=SimpleNamespace(stages=[(0, 4), (5, 9)]))
-    host = SimpleNamespace(feasible=True, host=(9,), plan=SimpleNamespace(stages=[(0, 9)]))
-    c = call_pins.start([4096, 4096])
-    assert call_pins.for_plan(c, one) is c
-    assert call_pins.for_plan(None, two) is None
-    assert call_pins.for_plan(c, two) is None
-    assert pa.kept_pinned_bytes() >= 8192           # back among the kept blocks
-    assert c._lane() is None                        # nothing handed out after
-    c2 = call_pins.start([4096])
-    assert call_pins.for_plan(c2, host) is None

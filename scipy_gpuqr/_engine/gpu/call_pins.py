@@ -30,8 +30,7 @@ from ..._schedule.tasks import TASK_BYTES
 from .device import pinned_pool_cap
 from .pinned_ahead import PINNED_ALIGN, PINNED_LANE_SLACK, PinnedAhead
 
-__all__ = ["CallPins", "start", "sizes_of_schedule", "sizes_of_plan", "one_stage", "wanted",
-           "for_plan"]
+__all__ = ["CallPins", "start", "sizes_of_schedule", "sizes_of_plan", "one_stage", "wanted"]
 
 
 def _align(nbytes: int) -> int:
@@ -64,16 +63,6 @@ def one_stage(mplan) -> bool:
     """Whether a memory plan runs one stage on the device (no host front)."""
     return bool(mplan is not None and mplan.feasible and not mplan.host
                 and len(mplan.plan.stages) == 1)
-
-
-def for_plan(pins, mplan):
-    """``pins`` where ``mplan`` runs one stage, the run they were sized for, else
-    None, their block given back unused: a run of several stages (or host
-    fronts) pins what it sends to the host, which must outlive the call."""
-    if pins is None or one_stage(mplan):
-        return pins
-    pins.finish()
-    return None
 
 
 def wanted(device, mplan) -> bool:

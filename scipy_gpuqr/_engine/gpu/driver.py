@@ -414,7 +414,6 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
                 staged[3].host or len(staged[3].plan.stages) > 1):
             _STAGED_PLANS.put(analysis, (pkey, STAGED_DENSE, available), staged)
     dense_flops, dense_extra, needs, mplan = staged
-    pins = call_pins.for_plan(pins, mplan)  # started for one stage: this plan's?
     if pins is None and call_pins.wanted(device, mplan):
         # pinned while the schedule is built, the records bounded by the plan's
         pins = call_pins.start(call_pins.sizes_of_plan(analysis, needs, dev_dtype))
