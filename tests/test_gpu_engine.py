@@ -522,6 +522,46 @@ def test_progressive_r_copy_on_gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_index_upload_through_pinned_buffers(dtype):
+    """R's gather index through two pinned buffers in turn: the device array poisoned
+    first, every size around the chunk (one plain copy, whole chunks, a short last
+    chunk) arrives exactly, on a side stream."""
+    import cupy as cp
+    from scipy_gpuqr._engine.gpu.rcopy import upload_through_pinned
+    rng = np.random.default_rng()
+    stream = cp.cuda.Stream(non_blocking=True)
+    chunk = 64 * np.dtype(dtype).itemsize
+    for n in (1, 63, 64, 65, 128, 1000, 64 * 7 + 5):
+        host = rng.integers(0, 1 << 30, n).astype(dtype)
+        out = cp.full(n, -1, dtype=dtype)
+        upload_through_pinned(cp, out, host, stream, chunk_bytes=chunk)
+        stream.synchronize()
+        assert np.array_equal(out.get(), host), n
+
+
+@pytest.mark.gpu
+def test_progressive_r_copy_with_its_index_in_pinned_chunks(monkeypatch):
+    """The copiers' gather index sent through pinned chunks of a few entries: R as
+    the default run's, bit for bit."""
+    from scipy_gpuqr._engine.gpu import rcopy as gpu_rcopy
+    rng = np.random.default_rng()
+    A = random_values(grid3d_least_squares(8), rng)
+    an = analyze(A)
+    ref = gpu_factorize(A, an)
+    plain = gpu_rcopy.upload_through_pinned
+
+    def small_chunks(cp, out, host, stream, chunk_bytes=None):
+        plain(cp, out, host, stream, chunk_bytes=256)
+    monkeypatch.setattr(gpu_rcopy, "upload_through_pinned", small_chunks)
+    g = gpu_factorize(A, an)
+    assert np.array_equal(g.R.indices, ref.R.indices)
+    assert np.array_equal(g.R.data, ref.R.data)
+    g.free()
+    ref.free()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("budget", [None, 20000])
 def test_records_go_up_in_chunks_ahead_of_their_launches(budget):
     """A warm stage's records uploaded in chunks of three records (a launch of fewer

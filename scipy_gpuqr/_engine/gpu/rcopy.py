@@ -57,7 +57,7 @@ from ..._schedule.native import run_ranges, run_split, thread_count
 from ..._schedule.tasks import TaskType, applies
 from .array_ops import take_rows
 
-__all__ = ["final_entries", "final_entries_cached", "tile_final_launches", "launch_of_records",
+__all__ = ["upload_through_pinned", "final_entries", "final_entries_cached", "tile_final_launches", "launch_of_records",
            "whole_front_writes", "staging_for", "PinnedStaging", "StagingTurns", "NumpyRCopy",
            "CupyRCopy",
            "SLOT_BYTES", "MIN_CHUNK_BYTES", "StridedRuns", "strided_runs", "gather_runs",
@@ -731,6 +731,43 @@ def touched(n: int, dtype, threads: int | None = None) -> np.ndarray:
     return out
 
 
+def upload_through_pinned(cp, out, host: np.ndarray, stream,
+                          chunk_bytes: int = SLOT_BYTES) -> None:
+    """``out[:] = host`` (device and host arrays of one dtype and size) on ``stream``.
+
+    A copy from pageable memory is staged by the driver through its own pinned
+    buffer and holds the calling thread, and the driver, for the whole
+    transfer; an R copier's gather index (hundreds of millions of entries on
+    the largest problems) then held up the launches of other threads on the
+    same device. Above ``chunk_bytes`` the index goes instead through two
+    pinned buffers of that size in turn (CuPy's pinned pool hands the same
+    blocks back to the next copier): a chunk is copied into a buffer on the
+    host (NumPy leaves the GIL meanwhile) and sent asynchronously, a buffer
+    refilled once its previous copy completed. Returns once every copy has
+    completed, so the buffers may go back to the pool.
+    """
+    n = int(host.size)
+    m = max(int(chunk_bytes) // host.itemsize, 1)
+    if n <= m:
+        out.set(host, stream=stream)
+        return
+    import cupyx
+    bufs = [cupyx.empty_pinned((m,), dtype=host.dtype) for _ in range(2)]
+    sent = [None, None]
+    for k, first in enumerate(range(0, n, m)):
+        last = min(first + m, n)
+        s = k % 2
+        if sent[s] is not None:
+            sent[s].synchronize()
+        np.copyto(bufs[s][:last - first], host[first:last])
+        out[first:last].set(bufs[s][:last - first], stream=stream)
+        sent[s] = cp.cuda.Event(disable_timing=True)
+        sent[s].record(stream)
+    for ev in sent:
+        if ev is not None:
+            ev.synchronize()
+
+
 class CupyRCopy:
     """Progressive device → host copy of gathered R values (see the module notes).
 
@@ -841,8 +878,9 @@ class CupyRCopy:
                 idx_h = np.ascontiguousarray(self.index)
                 with cs:
                     didx = cp.empty(max(self.n, 1), dtype=idx_h.dtype)
-                    if self.n:
-                        didx[:self.n].set(idx_h, stream=cs)
+                if self.n:
+                    upload_through_pinned(cp, didx[:self.n], idx_h, cs)
+                with cs:
                     slot_elems = max(min(self.staging.nbytes,
                                          getattr(self.dev, "r_copy_slot_bytes", SLOT_BYTES))
                                      // self.dtype.itemsize, 1)
