@@ -167,6 +167,65 @@ def test_progressive_r_copy_takes_only_final_ranges(monkeypatch):
         clear_r_layout_cache(an)
 
 
+def test_index_upload_chunks_cover_the_index_once(monkeypatch):
+    """The pinned-chunk upload's bookkeeping without a GPU: a stand-in CuPy records
+    every asynchronous copy (target range, source buffer) and every event; each
+    entry lands once and in place, the two buffers alternate, a buffer is
+    refilled only after the event of its previous copy was waited for, and every
+    copy has been waited for on return; an index within one chunk is one copy."""
+    import sys
+    import types
+    from scipy_gpuqr._engine.gpu.rcopy import upload_through_pinned
+
+    log = []
+
+    class Event:
+        def __init__(self, disable_timing=True):
+            self.done = False
+
+        def record(self, stream):
+            log.append(("record", self))
+
+        def synchronize(self):
+            self.done = True
+
+    class Target:
+        def __init__(self, arr, first=0):
+            self.arr, self.first = arr, first
+
+        def __getitem__(self, sl):
+            return Target(self.arr[sl], self.first + sl.start)
+
+        def set(self, src, stream=None):
+            done = [e[1].done for e in log if e[0] == "record"]
+            log.append(("copy", self.first, len(src), src.base if src.base is not None
+                        else src, done))
+            self.arr[...] = src
+
+    fake_cp = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event))
+    monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(
+        empty_pinned=lambda shape, dtype: np.empty(shape, dtype=dtype)))
+    rng = np.random.default_rng()
+    for n in (5, 8, 9, 40, 45):
+        host = rng.integers(0, 1 << 30, n).astype(np.int32)
+        out = np.full(n, -1, dtype=np.int32)
+        log.clear()
+        upload_through_pinned(fake_cp, Target(out), host, stream=None, chunk_bytes=8 * 4)
+        assert np.array_equal(out, host), n
+        copies = [e for e in log if e[0] == "copy"]
+        assert [c[1] for c in copies] == list(range(0, n, 8)), n
+        if n <= 8:
+            assert len(copies) == 1 and not any(e[0] == "record" for e in log)
+            continue
+        events = [e[1] for e in log if e[0] == "record"]
+        assert all(ev.done for ev in events), n
+        buffers = [c[3] for c in copies]
+        assert all(a is not b for a, b in zip(buffers, buffers[1:])), n
+        assert all(a is b for a, b in zip(buffers, buffers[2:])), n
+        # copy k refills the buffer of copy k - 2: that copy's event was waited for
+        assert all(c[4][k - 2] for k, c in enumerate(copies) if k >= 2), n
+
+
 def test_float32_input_gives_float32_r():
     rng = np.random.default_rng()
     A = random_values(grid3d_least_squares(4), rng)

@@ -18,7 +18,7 @@ Two parts:
   a running maximum over columns gives the final prefix of ``data``.
 * the copiers: :class:`CupyRCopy` gathers each final range on a side stream
   (a prefetched gather kernel over R's gather index, uploaded on that stream while the kernels
-  run) into a device slot, copies it into one of two slots of a pinned
+  run, through pinned buffers: :func:`upload_through_pinned`) into a device slot, copies it into one of two slots of a pinned
   staging buffer (allocated once per process, see :func:`staging_for`) and
   from there into an ordinary NumPy array, double buffered, on a worker
   thread; once the worker knows which entries are final, the engine records
