@@ -376,16 +376,6 @@ def _rcond_estimate(R: sp.csc_array, solves: Optional[tuple] = None) -> float:
     return 1.0 / (norm_r * norm_inv)
 
 
-def _one_shot(fn: Callable, *args, **kwargs) -> Future:
-    """``fn(*args, **kwargs)`` on a thread of its own, which ends with it (the caller
-    waits on the Future it returns)."""
-    ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-rank")
-    try:
-        return ex.submit(fn, *args, **kwargs)
-    finally:
-        ex.shutdown(wait=False)
-
-
 def _clearly_above(est, order: int, threshold: float) -> bool:
     """σ_min (a :class:`~scipy_gpuqr._factor.triangular.SigmaMin` of a triangle of this
     order) above ``threshold``: a bound as it is, an estimate with its margin
@@ -1060,8 +1050,7 @@ class MinNormSolver:
         is the COD's up to a perturbation ``<= ‖E‖₂``. σ_min(R11) comes from
         :func:`~scipy_gpuqr._factor.triangular.sigma_min_upper` (a bound, or an
         estimate with a margin), on the GPU where the dense refinements run there
-        (:meth:`_sigma_min_on_device`; the second QR, ``[R11 R12]ᵀ``'s, is then made
-        on a worker thread meanwhile, and used only where the test passes). False
+        (:meth:`_sigma_min_on_device`). False
         (nothing kept) when either test fails, or where the QR kept every column and
         R's own σ test failed, or a failed probe of R's inverse shows that it cannot
         pass (R11 then has R's singular values).
@@ -1090,26 +1079,12 @@ class MinNormSolver:
                 return False
         R11, R1 = Rf[:r, :r], Rf[:r]
         tri = UpperTriangular(R11) if r > DENSE_SIGMA_LIMIT else None
-        # where R11's σ test runs on the GPU and the factorizer is the host's (a sparse QR
-        # that releases the GIL), the second QR is made meanwhile on a worker thread, and
-        # waited for either way
-        ahead = (_one_shot(self.factorize, sp.csc_array(R1.T), tol=None)
-                 if dead and tri is None and self.device == "cpu" and self._sigma_on_device(r)
-                 else None)
-        try:
-            est = self._sigma_min_on_device(R11, tol) if tri is None else None
-            if est is None:
-                est = sigma_min_upper(R11, tol, solves=tri.solves() if tri else None)
-            passed = _clearly_above(est, r, tol)
-        finally:
-            if ahead is not None:
-                ahead.exception()       # waited for; its outcome read only if it counts
-        if not passed:
+        est = self._sigma_min_on_device(R11, tol) if tri is None else None
+        if est is None:
+            est = sigma_min_upper(R11, tol, solves=tri.solves() if tri else None)
+        if not _clearly_above(est, r, tol):
             return False
-        if ahead is not None:
-            second = ahead.result()
-        else:
-            second = self.factorize(sp.csc_array(R1.T), tol=None) if dead else None
+        second = self.factorize(sp.csc_array(R1.T), tol=None) if dead else None
         if second is None:
             self._tri = tri             # solve() uses R11 itself: set up once
         self.method, self.rank = "cod", r
