@@ -27,6 +27,26 @@ def load_bench(filename: str, alias: str):
     return mod
 
 
+def stand_in_device(monkeypatch, min_order=None):
+    """NumPy in CuPy's place for the rank decision's dense device work
+    (:mod:`scipy_gpuqr._factor.lstsq`: a GPU said to be there, its arrays NumPy's);
+    returns the list of the orders of the dense copies made "there", filled as they
+    are made. ``min_order``: lstsq's ``SVD_GPU_MIN_ORDER`` for the test."""
+    from scipy_gpuqr._factor import lstsq
+    made = []
+    real_dense = lstsq.dense_from_sparse
+
+    def dense(T, xp):
+        made.append(T.shape[0])
+        return real_dense(T, xp)
+    monkeypatch.setattr(lstsq, "dense_from_sparse", dense)
+    monkeypatch.setattr(lstsq._gpu, "gpu_available", lambda: True)
+    monkeypatch.setattr(lstsq._gpu, "import_cupy", lambda: np)
+    if min_order is not None:
+        monkeypatch.setattr(lstsq, "SVD_GPU_MIN_ORDER", min_order)
+    return made
+
+
 def shared_matrices_dir() -> Path | None:
     """The test matrices: ``$SHARED_MATRICES`` when set, else the ones in the repository.
 

@@ -21,6 +21,8 @@ from scipy_gpuqr._factor.dense_subspace import DenseSubspaceCOD
 from scipy_gpuqr._factor.subspace_cod import sigma_max_lanczos
 from scipy_gpuqr._factor.triangular import UpperTriangular
 
+from conftest import stand_in_device
+
 EPS = np.finfo(np.float64).eps
 
 
@@ -157,19 +159,6 @@ def test_nnc1374_rank_and_x_equal_the_svds(matrices_dir):
 # ---------------------------------------------------------------------------
 # in MinNormSolver, NumPy standing in for the device
 
-def _stand_in_device(monkeypatch):
-    made = []
-    real_dense = _lstsq.dense_from_sparse
-
-    def dense(T, xp):
-        made.append(T.shape[0])
-        return real_dense(T, xp)
-    monkeypatch.setattr(_lstsq, "dense_from_sparse", dense)
-    monkeypatch.setattr(_lstsq._gpu, "gpu_available", lambda: True)
-    monkeypatch.setattr(_lstsq._gpu, "import_cupy", lambda: np)
-    return made
-
-
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
 def test_min_norm_solver_on_nnc1374_decides_on_the_device(matrices_dir, monkeypatch, device):
     """R's dense work on the device (here NumPy in CuPy's place): the σ test of all of R
@@ -177,7 +166,7 @@ def test_min_norm_solver_on_nnc1374_decides_on_the_device(matrices_dir, monkeypa
     gap check where the factorization was the GPU's (whose QR of R would run there),
     after it otherwise; no SVD. Rank 1308, the solution at working precision."""
     A, R, factorize = _nnc1374_r(matrices_dir)
-    made = _stand_in_device(monkeypatch)
+    made = stand_in_device(monkeypatch)
     svds, factorized = [], []
     monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_svd",
                         lambda self, G=None: svds.append(1))
@@ -207,7 +196,7 @@ def test_min_norm_solver_without_a_clear_gap_takes_the_svd(monkeypatch):
     refuses and the SVD decides, on the same dense copy; lstsq's rank and x."""
     q = 620
     R = sp.csc_array(_planted(q, _spectrum(q, 12, 0.8, 1.01, seed=8), seed=8))
-    made = _stand_in_device(monkeypatch)
+    made = stand_in_device(monkeypatch)
     cutoff = _lstsq.lstsq_cutoff(q, q)
     solver = _lstsq.MinNormSolver(R, cutoff, device="gpu", dense_device="gpu",
                                   solves=UpperTriangular(R).solves())

@@ -27,6 +27,8 @@ from scipy_gpuqr._factor.solve_rank import probe_margin
 from scipy_gpuqr._factor.subspace_cod import sigma_max_lanczos
 from scipy_gpuqr._factor.triangular import UpperTriangular
 
+from conftest import stand_in_device
+
 EPS = np.finfo(np.float64).eps
 
 
@@ -401,23 +403,6 @@ def _shared_r(matrices_dir, name):
     return A, sp.csc_array(factorize(A, tol=None).R), factorize
 
 
-def _stand_in_device(monkeypatch, min_order=None):
-    """NumPy in CuPy's place for the decision's dense device work; the orders of the
-    dense copies made "there" are recorded."""
-    made = []
-    real_dense = _lstsq.dense_from_sparse
-
-    def dense(T, xp):
-        made.append(T.shape[0])
-        return real_dense(T, xp)
-    monkeypatch.setattr(_lstsq, "dense_from_sparse", dense)
-    monkeypatch.setattr(_lstsq._gpu, "gpu_available", lambda: True)
-    monkeypatch.setattr(_lstsq._gpu, "import_cupy", lambda: np)
-    if min_order is not None:
-        monkeypatch.setattr(_lstsq, "SVD_GPU_MIN_ORDER", min_order)
-    return made
-
-
 def test_device_full_rank_test_probes_first_on_adder_dcop_05(matrices_dir, monkeypatch):
     """adder_dcop_05's R passes the diagonal's cheap test (every pivot above the cutoff
     times the largest) but has 25 singular values under the cutoff. With the dense work
@@ -434,7 +419,7 @@ def test_device_full_rank_test_probes_first_on_adder_dcop_05(matrices_dir, monke
     host = _gap_checked(R, cutoff)
     smax_calls = _spy(monkeypatch, "sigma_max_lanczos")
     lanczos_calls = _spy(monkeypatch, "norm2_lanczos")
-    made = _stand_in_device(monkeypatch)
+    made = stand_in_device(monkeypatch)
     device = _gap_checked(R, cutoff, dense_device="gpu")
     assert made == [1788] and not lanczos_calls and len(smax_calls) == 1
     assert (device.method, device.rank) == (host.method, host.rank) == ("cod", 1788)
@@ -453,7 +438,7 @@ def test_device_full_rank_test_probe_confirms(monkeypatch):
     R = sp.csc_array(backend_factorizer("cpu")[0](A, tol=None).R)
     cutoff = EPS * n
     host = _gap_checked(R, cutoff)
-    made = _stand_in_device(monkeypatch, min_order=100)
+    made = stand_in_device(monkeypatch, min_order=100)
     smax_calls = _spy(monkeypatch, "sigma_max_lanczos")
     sigma_calls = _spy(monkeypatch, "sigma_min_upper")
     device = _gap_checked(R, cutoff, dense_device="gpu")
@@ -467,7 +452,7 @@ def _device_dense_spies(monkeypatch):
     """A stand-in device's dense copies of R (their orders), the calls of σ_max's host
     Lanczos, of Lanczos on a dense R and of the σ_min test, and the σ_max each dense SVD
     (stubbed) read."""
-    made = _stand_in_device(monkeypatch)
+    made = stand_in_device(monkeypatch)
     spies = [_spy(monkeypatch, name)
              for name in ("sigma_max_lanczos", "norm2_lanczos", "sigma_min_upper")]
     svd = []
