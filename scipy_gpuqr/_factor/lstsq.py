@@ -1093,11 +1093,6 @@ class MinNormSolver:
         self._cod = (first, second, R1)
         return True
 
-    def _sigma_on_device(self, q: int) -> bool:
-        """Whether :meth:`_sigma_min_on_device` tries the GPU for a triangle of order q."""
-        return (self.dense_device == "gpu" and q >= SVD_GPU_MIN_ORDER
-                and _gpu.gpu_available())
-
     def _sigma_min_on_device(self, T: sp.csc_array, threshold: float):
         """σ_min of the gap check's triangle T (order at most DENSE_SIGMA_LIMIT) on the
         GPU where the dense refinements run there (:attr:`dense_device`) and T has at
@@ -1106,7 +1101,8 @@ class MinNormSolver:
         a few milliseconds where the host's ``trtri`` and dense Lanczos on one thread
         take about ``q³/3`` flops and ``q²`` per step. None: the host answers (no GPU,
         a smaller T, or T does not fit beside what the device holds)."""
-        if not self._sigma_on_device(T.shape[0]):
+        q = T.shape[0]
+        if self.dense_device != "gpu" or q < SVD_GPU_MIN_ORDER or not _gpu.gpu_available():
             return None
         try:
             Td = dense_from_sparse(T, _gpu.import_cupy())
