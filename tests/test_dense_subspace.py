@@ -10,8 +10,6 @@ for the device. On a GPU: the same decision on CuPy, equal to the host's.
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -23,7 +21,6 @@ from scipy_gpuqr._factor.dense_subspace import DenseSubspaceCOD
 from scipy_gpuqr._factor.subspace_cod import sigma_max_lanczos
 from scipy_gpuqr._factor.triangular import UpperTriangular
 
-import _counting_cupy
 from conftest import stand_in_device
 
 EPS = np.finfo(np.float64).eps
@@ -211,66 +208,6 @@ def test_min_norm_solver_without_a_clear_gap_takes_the_svd(monkeypatch):
 
 
 # ---------------------------------------------------------------------------
-# the device's steps on a NumPy stand-in for CuPy that counts host round trips
-
-def _on_the_stand_in(monkeypatch, R, tol, C, *, batched=True, **kw):
-    """``(decision, x, reads + uploads)`` of DenseSubspaceCOD on R put on the counting
-    stand-in (:mod:`_counting_cupy`), its steps' checks read back together or not."""
-    counts = _counting_cupy.install(monkeypatch)
-    cp = sys.modules["cupy"]
-    if not batched:
-        monkeypatch.setattr(_ds._DeviceSteps, "takes", staticmethod(lambda R: False))
-    cod = DenseSubspaceCOD(cp.asarray(np.ascontiguousarray(R)), tol, **kw)
-    x = cod.solve(C)
-    assert counts.total("mixed") == 0
-    monkeypatch.undo()
-    return cod, x, counts.total("reads") + counts.total("uploads") - 1   # R's upload
-
-
-def test_device_steps_read_their_checks_back_together(matrices_dir, monkeypatch):
-    """nnc1374's R on the stand-in: each step reads its thin QRs' checks with the
-    triangle of ``R X`` (two copies) and the subspace's move (one), where each thin QR
-    read its own: the decision and one solve in at most 40 host round trips (about 150
-    with each check read where it is made); the same rank, x within rounding of that
-    route's and the host's."""
-    A, R, _ = _nnc1374_r(matrices_dir)
-    cutoff = _lstsq.lstsq_cutoff(*A.shape)
-    tol = cutoff * sigma_max_lanczos(R)
-    Rd = R.toarray()
-    C = np.random.default_rng(0).standard_normal((R.shape[0], 1))
-    host = DenseSubspaceCOD(Rd, tol, block=128, max_block=458)
-    xh = host.solve(C)
-    new, xn, trips = _on_the_stand_in(monkeypatch, Rd, tol, C, block=128, max_block=458)
-    old, xo, trips_old = _on_the_stand_in(monkeypatch, Rd, tol, C, batched=False, block=128,
-                                          max_block=458)
-    assert new.rank == old.rank == host.rank == 1308
-    assert trips <= 40 < 100 <= trips_old, (trips, trips_old)
-    assert np.linalg.norm(xn - xo) <= 1e-10 * np.linalg.norm(xo)
-    assert np.linalg.norm(xn - xh) <= 1e-3 * np.linalg.norm(xh)
-
-
-@pytest.mark.parametrize("transposed", [False, True])
-def test_a_failed_device_check_makes_the_step_again(monkeypatch, transposed):
-    """Every batched check failing (CholeskyQR's departure bar below zero): each step and
-    block is made again with its checks where they are made, and the decision is the
-    batched one's (lstsq's rank, x within rounding)."""
-    q = 300
-    R = _planted(q, _spectrum(q, 12, 0.8, 3.0, seed=10), seed=10)
-    cutoff = EPS * q
-    tol = cutoff * np.linalg.norm(R, 2)
-    C = np.random.default_rng(11).standard_normal((q, 2))
-    kw = dict(transposed=transposed, block=64, max_block=150)
-    ok, x_ok, trips = _on_the_stand_in(monkeypatch, R, tol, C, **kw)
-    monkeypatch.setattr(_ds, "CHOLQR_MAX_DEPARTURE", -1.0)
-    again, x_again, trips_again = _on_the_stand_in(monkeypatch, R, tol, C, **kw)
-    G = R.T if transposed else R
-    ref, rank = _lstsq_of(G, C, cutoff)
-    assert again.rank == ok.rank == rank == q - 12
-    assert trips_again > trips + 10 * again.steps
-    assert _close(x_again, ref, G) and _close(x_ok, ref, G)
-
-
-# ---------------------------------------------------------------------------
 # on a GPU
 
 @pytest.mark.gpu
@@ -295,48 +232,3 @@ def test_on_the_gpu_the_decision_equals_the_hosts(matrices_dir, transposed):
                                   dense_device="gpu", solves=UpperTriangular(R).solves(),
                                   transposed=transposed)
     assert (solver.method, solver.rank, solver.cod_device) == ("dense_subspace", 1308, "gpu")
-
-
-@pytest.mark.gpu
-def test_on_the_gpu_the_batched_steps_equal_the_checked_ones(matrices_dir, monkeypatch):
-    """nnc1374's R on CuPy: the steps with their checks read back together decide as the
-    steps with each check read where it is made (rank 1308, x within 1e-10), and so does
-    the route where every batched check fails and each step is made again."""
-    cupy = pytest.importorskip("cupy")
-    A, R, _ = _nnc1374_r(matrices_dir)
-    tol = _lstsq.lstsq_cutoff(*A.shape) * sigma_max_lanczos(R)
-    Rd = cupy.asarray(R.toarray())
-    C = np.random.default_rng(0).standard_normal((R.shape[0], 2))
-    new = DenseSubspaceCOD(Rd, tol, block=128, max_block=458)
-    assert new._dev is not None
-    xn = new.solve(C)
-    with monkeypatch.context() as m:
-        m.setattr(_ds._DeviceSteps, "takes", staticmethod(lambda R: False))
-        old = DenseSubspaceCOD(Rd, tol, block=128, max_block=458)
-    with monkeypatch.context() as m:
-        m.setattr(_ds, "CHOLQR_MAX_DEPARTURE", -1.0)
-        again = DenseSubspaceCOD(Rd, tol, block=128, max_block=458)
-    assert new.rank == old.rank == again.rank == 1308
-    for x in (old.solve(C), again.solve(C)):
-        assert np.linalg.norm(xn - x) <= 1e-10 * np.linalg.norm(x)
-
-
-@pytest.mark.gpu
-def test_on_the_gpu_potrf_leaves_its_info_on_the_device():
-    """array_ops.cholesky_upper(G, info=): the factor cholesky_upper(G) makes, its info
-    written to the given entry (0; the order of the failing minor for a matrix that is
-    not positive definite), nothing returned."""
-    cupy = pytest.importorskip("cupy")
-    from scipy_gpuqr._engine.gpu import array_ops
-    rng = np.random.default_rng(1)
-    B = rng.standard_normal((40, 12))
-    G = B.T @ B
-    a, b = cupy.asarray(G), cupy.asarray(G)
-    infos = cupy.full(2, -7, dtype=np.int32)
-    assert array_ops.cholesky_upper(a) == 0
-    assert array_ops.cholesky_upper(b, info=infos[0:1]) is None
-    bad = cupy.asarray(G - 1e3 * np.eye(12))
-    assert array_ops.cholesky_upper(bad, info=infos[1:2]) is None
-    got = infos.get()
-    assert got[0] == 0 and got[1] >= 1
-    assert cupy.array_equal(a, b)

@@ -9,11 +9,7 @@ a full SVD of R is the dearest dense step (``gesvd`` of all of R). Here only the
 of R's small singular triplets is computed, from R's dense triangle ``R`` on the
 array module ``xp`` it lies on, so the same code runs on the host (NumPy, tested
 there) and on the device (CuPy: cuBLAS ``trsm`` and GEMMs, CholeskyQR2 of tall
-blocks, a p × p SVD on the host per step). On the device a step's checks (column
-norms, ``potrf``'s infos, CholeskyQR's departures) stay there until its triangle of
-``R X`` is read back, in the same copy (:class:`_DeviceSteps`): each read waits for the
-device's queue, and a step makes three thin QRs whose checks read one by one cost
-fifteen such waits.
+blocks, a p × p SVD on the host per step).
 
 Method
 ------
@@ -64,15 +60,13 @@ solves. No q³ work.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 import scipy.linalg as la
 
-from .._engine.gpu import array_ops
 from .._errors import SubspaceTooLarge
 from .dense_cod import solve_triangular
-from .solve_rank import CHOLQR_MAX_DEPARTURE, block_ops, probe_norm
+from .solve_rank import block_ops, probe_norm
 
 __all__ = ["DenseSubspaceCOD", "SubspaceTooLarge", "BLOCK", "STRADDLE", "SUBSPACE_RTOL",
            "NOISE_CEILING", "FLOOR_RATIO",
@@ -175,8 +169,6 @@ class DenseSubspaceCOD:
     block_used: int = field(init=False, default=0)
     changes: list = field(init=False, default_factory=list, repr=False)
     _ops: object = field(init=False, default=None, repr=False)
-    # the device's steps with their checks read back together (None on the host)
-    _dev: object = field(init=False, default=None, repr=False)
     _u: object = field(init=False, default=None, repr=False)
     _v: object = field(init=False, default=None, repr=False)
 
@@ -184,10 +176,7 @@ class DenseSubspaceCOD:
         q = int(self.R.shape[0])
         if self.R.ndim != 2 or int(self.R.shape[1]) != q or q < 2 or not self.tol > 0:
             raise SubspaceTooLarge(f"not a square triangle with a cutoff: {self.R.shape}")
-        xp = _module_of(self.R)
-        self._ops = block_ops(xp)
-        if xp is not np and _DeviceSteps.takes(self.R):
-            self._dev = _DeviceSteps(self.R, xp)
+        self._ops = block_ops(_module_of(self.R))
         X, ritz = self._iterate(q)
         d = int(np.count_nonzero(ritz <= self.tol))
         self.ritz = ritz
@@ -203,13 +192,9 @@ class DenseSubspaceCOD:
 
     # -- step 1: the iteration -------------------------------------------------
     def _inv(self, C):
-        if self._dev is not None:
-            return self._dev.solve(self._ops.dense(C), trans=False)
         return self._ops.dense(solve_triangular(self.R, C, trans=False))
 
     def _inv_t(self, C):
-        if self._dev is not None:
-            return self._dev.solve(self._ops.dense(C), trans=True)
         return self._ops.dense(solve_triangular(self.R, C, trans=True))
 
     def _orth(self, Y):
@@ -231,30 +216,9 @@ class DenseSubspaceCOD:
         if _host(bad).any():
             raise SubspaceTooLarge("non-finite product")
         n = np.where(n > 0, n, 1.0)
-        return _ritz_of(_host(ops.orth(ops.scaled(RX, _module_of(X).asarray(n)))[1]) * n)
-
-    def _step(self, X) -> tuple:
-        """One step from the orthonormal block X: ``(X', Σ, Wᵀ)``, X' the next
-        orthonormal block (not yet rotated to its Ritz vectors) and ``(Σ, Wᵀ)`` of
-        ``R X'`` (:meth:`_ritz`). On the device its checks are read back once
-        (:class:`_DeviceSteps`); where one fails, the step is made again with each
-        check where it is made (Householder where CholeskyQR2 is not accurate)."""
-        if self._dev is not None:
-            got = self._dev.step(X)
-            if got is not None:
-                return (got[0],) + _ritz_of(got[1])
-        X = self._orth(self._inv(self._orth(self._inv_t(X))))
-        return (X,) + self._ritz(X)
-
-    def _orth_once(self, Y):
-        """:meth:`_orth`, on the device with its checks read back in one copy (the first
-        random block, the subspaces' blocks)."""
-        if self._dev is not None:
-            checks = _Checks(self._dev.xp)
-            Q = self._dev.orth(Y, checks)[0]
-            if checks.read()[1]:
-                return Q
-        return self._orth(Y)
+        T = _host(ops.orth(ops.scaled(RX, _module_of(X).asarray(n)))[1]) * n
+        _, s, Wt = la.svd(T, full_matrices=False, check_finite=False, lapack_driver="gesdd")
+        return s[::-1].copy(), Wt[::-1].copy()
 
     def _moved(self, V0, V1) -> float:
         """``‖V1 − V0 V0ᵀ V1‖_F``: how far the span of the orthonormal ``V1`` lies from
@@ -271,14 +235,15 @@ class DenseSubspaceCOD:
         ops, tol = self._ops, self.tol
         max_block = max(1, min(self.max_block, q))
         p = min(q, max(1, self.block), max_block)
-        X = self._orth_once(ops.gaussian(self.seed, (q, p)))
+        X = self._orth(ops.gaussian(self.seed, (q, p)))
         prev, prev_d, prev_change = None, -1, np.inf
         for step in range(1, MAX_STEPS + 1):
             self.steps = step
             # orthonormalized between the two solves: each solve's rounding along the
             # smallest singular vectors (eps·κ relative) is removed by the next
             # orthonormalization instead of being amplified by the second solve
-            X, ritz, Wt = self._step(X)
+            X = self._orth(self._inv(self._orth(self._inv_t(X))))
+            ritz, Wt = self._ritz(X)
             X = self._rotated(X, Wt)
             if not np.all(np.isfinite(ritz)):
                 raise SubspaceTooLarge("non-finite Ritz values")
@@ -311,8 +276,8 @@ class DenseSubspaceCOD:
     def _subspaces(self, X, d: int) -> None:
         ops = self._ops
         Vd = ops.split(X, d)[0]
-        U = self._orth_once(self._inv_t(Vd))
-        V = self._orth_once(self._inv(U)) if self.transposed else Vd
+        U = self._orth(self._inv_t(Vd))
+        V = self._orth(self._inv(U)) if self.transposed else Vd
         self._u, self._v = U, V
 
     def _certify(self, q: int) -> None:
@@ -358,143 +323,6 @@ class DenseSubspaceCOD:
         G = self.R.T if self.transposed else self.R
         Y = Y + apply(Cd - G @ Y)
         return np.ascontiguousarray(_host(Y))
-
-
-def _ritz_of(T) -> tuple:
-    """``(Σ, Wᵀ)`` of the host triangle ``T`` (``R X = P T``), Σ ascending."""
-    _, s, Wt = la.svd(T, full_matrices=False, check_finite=False, lapack_driver="gesdd")
-    return s[::-1].copy(), Wt[::-1].copy()
-
-
-class _Checks:
-    """What a device step must verify before its result is used, left on the device
-    and read back together: column norms (finite and positive: the block's columns
-    are scaled by them), CholeskyQR's departures ``‖Q₁ᵀQ₁ − I‖`` (column norms of
-    it, at most ``CHOLQR_MAX_DEPARTURE`` in all) and ``potrf``'s infos (zero)."""
-
-    #: potrf infos a collector holds (two per thin QR, three thin QRs a step).
-    SLOTS = 8
-
-    def __init__(self, xp):
-        self.xp = xp
-        self.norms, self.departures = [], []
-        self._infos = xp.zeros(self.SLOTS, dtype=np.int32)
-        self._used = 0
-
-    def info(self):
-        """The next free info entry (a one-entry device view)."""
-        if self._used == self.SLOTS:
-            raise ValueError("_Checks: no free info entry")
-        self._used += 1
-        return self._infos[self._used - 1:self._used]
-
-    def read(self, *keep) -> tuple:
-        """``([host copies of keep], ok)``: the arrays ``keep`` (float64, 1-D or 2-D)
-        and the checks copied into one device buffer and read back by one copy (the
-        host round trip, which waits for the queued work), the infos by a second."""
-        parts = list(keep) + self.norms + self.departures
-        sizes = [int(a.size) for a in parts]
-        buf = self.xp.empty(sum(sizes), dtype=np.float64)
-        at = 0
-        for a, n in zip(parts, sizes):
-            array_ops.copy_into(buf[at:at + n].reshape(a.shape), a)
-            at += n
-        host = _host(buf)
-        infos = _host(self._infos[:self._used]) if self._used else np.zeros(0)
-        out, at = [], 0
-        for a, n in zip(parts, sizes):
-            out.append(host[at:at + n].reshape(a.shape))
-            at += n
-        k = len(keep)
-        norms = out[k:k + len(self.norms)]
-        deps = out[k + len(self.norms):]
-        ok = (not np.any(infos)
-              and all(np.all(np.isfinite(n)) and np.all(n > 0) for n in norms)
-              and all(np.isfinite(dep) and dep <= CHOLQR_MAX_DEPARTURE
-                      for dep in (float(np.linalg.norm(v)) for v in deps)))
-        return out[:k], bool(ok)
-
-
-class _DeviceSteps:
-    """The iteration's dense work on CuPy with its checks read back together.
-
-    The block operations of :func:`~scipy_gpuqr._factor.solve_rank.block_ops` read
-    each thin QR's checks back as they make them (the column norms before the
-    scaling, ``potrf``'s info per pass, CholeskyQR's departure: five host round trips
-    per thin QR, each waiting for the device's queue), and a step makes three. Here
-    the whole step (two triangular solves, three thin QRs by CholeskyQR2 with both
-    passes, the product ``R X``) is queued, and its checks (:class:`_Checks`) come
-    back with the triangle of ``R X`` in one read. Where a check fails, the caller
-    makes the step again with the checks where they are made (and Householder where
-    CholeskyQR2 would not be accurate), so a failed check costs a step, never a
-    wrong block.
-
-    The triangular solves are cuBLAS ``trsm`` on R's own memory: a C-contiguous R
-    read column-major is Rᵀ (lower), so no copy of R is made per solve (CuPy's
-    ``solve_triangular`` copies R to Fortran order at every call).
-    """
-
-    def __init__(self, R, xp):
-        self.R, self.xp = R, xp
-        self.q = int(R.shape[0])
-        self._eye = {}
-
-    @staticmethod
-    def takes(R) -> bool:
-        """Whether R is a C-contiguous square float64 array (its memory read as Rᵀ)."""
-        return (R.ndim == 2 and R.shape[0] == R.shape[1] and R.dtype == np.float64
-                and bool(R.flags.c_contiguous))
-
-    def solve(self, C, trans: bool):
-        """``R⁻¹C`` (``R⁻ᵀC`` where ``trans``) of a C-contiguous q × p ``C`` (C order)."""
-        q, p = self.q, int(C.shape[1])
-        B = array_ops.contiguous_copy(C, order="F")
-        if p:
-            array_ops.trsm_left(self.R, q, B, q, q, p, lower=True, trans=not trans,
-                                unit=False)
-        return array_ops.contiguous_copy(B)
-
-    def _identity(self, p: int):
-        eye = self._eye.get(p)
-        if eye is None:
-            eye = self._eye[p] = self.xp.asarray(np.eye(p))
-        return eye
-
-    def orth(self, Y, checks: _Checks, want_r: bool = False) -> tuple:
-        """``(Q, R_Q, norms)``: CholeskyQR2 of Y's columns scaled to unit norm (``Y/norms
-        = Q R_Q``; ``R_Q`` None without ``want_r``), both passes taken, its checks
-        left in ``checks``."""
-        q, p = int(Y.shape[0]), int(Y.shape[1])
-        norms, _ = array_ops.column_norms(Y)
-        checks.norms.append(norms)
-        Q = array_ops.divide_columns(Y, norms)
-        factors = []
-        for step in range(2):
-            G = Q.T @ Q
-            if step:
-                D = array_ops.contiguous_copy(G)
-                array_ops.subtract_into(D, self._identity(p))
-                checks.departures.append(array_ops.column_norms(D)[0])
-            array_ops.cholesky_upper(G, info=checks.info())
-            # C-contiguous Q is Qᵀ column-major; G's memory holds U column-major:
-            # Qᵀ ← U⁻ᵀ Qᵀ, i.e. Q ← Q U⁻¹
-            array_ops.trsm_left(G, p, Q, p, p, q, lower=False, trans=True, unit=False)
-            factors.append(G)
-        RQ = None
-        if want_r:
-            L1, L2 = (array_ops.unit_triangle(G, lower=True, unit=False) for G in factors)
-            RQ = (L1 @ L2).T            # U₂U₁ (see solve_rank's CholeskyQR2)
-        return Q, RQ, norms
-
-    def step(self, X) -> Optional[tuple]:
-        """``(X', T)`` of one step (see :meth:`DenseSubspaceCOD._step`; T on the
-        host), or None where a check failed."""
-        checks = _Checks(self.xp)
-        Q = self.orth(self.solve(X, trans=True), checks)[0]
-        X = self.orth(self.solve(Q, trans=False), checks)[0]
-        _, RQ, n = self.orth(self.R @ X, checks, want_r=True)
-        (T, n), ok = checks.read(RQ, n)
-        return (X, T * n) if ok else None
 
 
 def _module_of(a):

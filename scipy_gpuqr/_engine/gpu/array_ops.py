@@ -22,7 +22,6 @@ cuSOLVER directly (no compilation).
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import numpy as np
 
@@ -352,17 +351,14 @@ def trsm_left(A, lda: int, B, ldb: int, m: int, n: int, *, lower: bool, trans: b
         cublas.setPointerMode(h, mode)
 
 
-def cholesky_upper(G, info=None) -> Optional[int]:
+def cholesky_upper(G) -> int:
     """cuSOLVER ``potrf`` (upper, column-major) in place on the square float64/float32
     CuPy array ``G`` on the current stream: the upper triangle of G's memory read
     column-major becomes ``U`` with ``UᵀU`` = the symmetric matrix it held (for a
     C-contiguous G: ``G``'s lower triangle becomes ``Uᵀ``, the call
     ``cupy.linalg.cholesky`` makes), the other triangle is left as it was.
     Returns LAPACK's info, read back (0: done; k > 0: the leading minor of order
-    k is not positive definite and the factor is incomplete). ``info``: a device
-    int32 array whose first entry takes LAPACK's info instead, not read back (None
-    is returned; the caller reads it with others, one host round trip for many
-    factorizations; left as it was for an empty G)."""
+    k is not positive definite and the factor is incomplete)."""
     import cupy as cp
     from cupy_backends.cuda.libs import cublas, cusolver
     dt = np.dtype(G.dtype)
@@ -372,7 +368,7 @@ def cholesky_upper(G, info=None) -> Optional[int]:
         raise ValueError(f"cholesky_upper: a contiguous square float matrix, not {G.shape} "
                          f"{G.dtype}")
     if n == 0:
-        return 0 if info is None else None
+        return 0
     single = dt == np.float32
     handle = cp.cuda.device.get_cusolver_handle()
     cusolver.setStream(handle, cp.cuda.get_current_stream().ptr)
@@ -380,10 +376,10 @@ def cholesky_upper(G, info=None) -> Optional[int]:
     size = (cusolver.spotrf_bufferSize if single else cusolver.dpotrf_bufferSize)(
         handle, upper, n, G.data.ptr, n)
     work = cp.empty(max(int(size), 1), dtype=dt)
-    out = cp.empty(1, dtype=np.int32) if info is None else info
+    info = cp.empty(1, dtype=np.int32)
     (cusolver.spotrf if single else cusolver.dpotrf)(
-        handle, upper, n, G.data.ptr, n, work.data.ptr, size, out.data.ptr)
-    return int(out.get()[0]) if info is None else None
+        handle, upper, n, G.data.ptr, n, work.data.ptr, size, info.data.ptr)
+    return int(info.get()[0])
 
 
 def thin_qr(X, *, want_r: bool = True) -> tuple:
