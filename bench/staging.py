@@ -194,10 +194,7 @@ def _once(A, b, backend, debug=False):
 #: launches are enqueued; ``"off"``: attached after the launches, every record
 #: run by the host stage's launch, the eighteenth session's path); the
 #: interpreter's switch interval for the whole call (``switch_interval``, seconds:
-#: ``sys.setswitchinterval``; the process' own otherwise); whether R's solves,
-#: set up while ``Q``'s first stage sent up waits on the device, count its room
-#: as available for the rows of R they keep and a host stage's room
-#: (``trsolve.COUNT_FIRST_PACK``; ``nopackroom``: counted as taken).
+#: ``sys.setswitchinterval``; the process' own otherwise).
 MODES = {"defaults": {},
          "bands": {"band_upload": "mapped"},
          "panels-mapped": {"slab_panels": "mapped"},
@@ -214,8 +211,7 @@ MODES = {"defaults": {},
          "parts6": {"one_slab": 6},
          "parts7": {"one_slab": 7},
          "switch": {"switch_interval": 2e-4},
-         "noasm": {"assemble": "off"},
-         "nopackroom": {"count_first_pack": False}}
+         "noasm": {"assemble": "off"}}
 
 #: Each setting of :data:`MODES`: its module (under ``scipy_gpuqr``) and name.
 _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
@@ -224,8 +220,7 @@ _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
              "one_slab": ("_engine.slab_front", "ONE_SLAB_PARTS"),
              "prefetch": ("_engine.gpu.solve", "PREFETCH"),
              "prefetch_first": ("_engine.gpu.solve", "PREFETCH_FIRST"),
-             "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE"),
-             "count_first_pack": ("_engine.gpu.trsolve", "COUNT_FIRST_PACK")}
+             "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE")}
 
 
 class _NoPlans:

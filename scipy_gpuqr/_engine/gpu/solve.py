@@ -74,8 +74,7 @@ from .trsolve import FrontTriangular, TriangularPlan
 __all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay", "plan_of",
            "plan_arrays", "plan_of_arrays", "stage_sequence",
            "NumpyExecutor", "CupyExecutor", "DeviceSolve", "CHUNK_ELEMENTS", "PREFETCH",
-           "PREFETCH_FIRST", "prefetch_first", "drop_first", "first_pack_bytes",
-           "triangular_plan_of"]
+           "PREFETCH_FIRST", "prefetch_first", "drop_first", "triangular_plan_of"]
 
 #: Largest X chunk (elements of float64) applied at once; more columns are
 #: applied chunk by chunk (1 GiB).
@@ -497,15 +496,6 @@ class CupyExecutor:
         self._prefetch(seq[0])
         self._marks = None              # a replay's timeline starts with the replay
         return None if self._ahead is None else self._ahead[0]
-
-    def first_bytes(self) -> int:
-        """Outside a replay: the device bytes of a pack prefetched and not yet read
-        (its values and records; :meth:`drop_first` lets them go), else 0."""
-        if self._pool_sid is not None or self._ahead is None:
-            return 0
-        up = self._ahead[1]
-        return sum(int(getattr(a, "nbytes", 0) or 0) for a in (up.values, up.records)
-                   if a is not None)
 
     def drop_first(self) -> bool:
         """Outside a replay: a pack prefetched and not yet read let go (later work
@@ -934,7 +924,6 @@ def _device_pools(qr, *, reflectors_only: bool = False):
         pools.prefetch = prefetch
     else:                       # R's rows go up in the room of a first pack not read
         pools.before_upload = functools.partial(drop_first, qr)
-        pools.first_pack_bytes = functools.partial(first_pack_bytes, qr)
     return pools
 
 
@@ -1034,14 +1023,6 @@ def prefetch_first(qr):
         except cp.cuda.memory.OutOfMemoryError:     # the solves make it when they run
             qr._replay.pop("cupy", None)
             return None
-
-
-def first_pack_bytes(qr) -> int:
-    """Device bytes of a pack :func:`prefetch_first` sent up that no replay read yet
-    (0 where there is none): R's first upload of rows lets them go
-    (:func:`drop_first`), so its solves may count them as room."""
-    ex = qr._replay.get("cupy")
-    return int(ex.first_bytes()) if ex is not None else 0
 
 
 def drop_first(qr) -> bool:

@@ -45,7 +45,7 @@ from . import array_ops as ops
 from . import solve_kernels as av
 from .reflector_upload import packed_size_bound
 
-__all__ = ["FrontTriangular", "TriangularPlan", "COUNT_FIRST_PACK", "setup_bytes"]
+__all__ = ["FrontTriangular", "TriangularPlan"]
 
 
 class TriangularPlan:
@@ -468,28 +468,6 @@ class _LevelKernel:
 KEEP_SHARE = 0.6
 
 
-#: Whether the solves' set-up counts the device bytes of ``Q``'s first stage sent up
-#: as the factorization ended and read by no replay yet (the pools' callable's
-#: ``first_pack_bytes``) as available, for the kept rows' budget and a host stage's
-#: room alike: R's first upload of rows lets that pack go
-#: (:meth:`_StageRows.upload`), and a ``Qᵀ`` replay before it reads and frees it,
-#: while :func:`replay_upload_bytes` already leaves the room of the largest pack free.
-COUNT_FIRST_PACK = True
-
-
-def setup_bytes(xp, pools):
-    """The device bytes R's solves may count on when they are set up (None:
-    unknown): what :func:`~scipy_gpuqr._engine.memory.available_bytes` says, with
-    ``pools.first_pack_bytes()`` (where ``pools`` has it, and
-    :data:`COUNT_FIRST_PACK`) added: the room of a first pack that R's first
-    upload lets go."""
-    avail = available_bytes(xp).available
-    held = getattr(pools, "first_pack_bytes", None)
-    if avail is None or held is None or not COUNT_FIRST_PACK:
-        return avail
-    return int(avail) + int(held())
-
-
 def keep_bytes(avail, reserve: int = 0) -> int:
     """Bytes the stages' uploaded rows of R may keep on the device, given
     ``avail`` bytes available (None: unknown, nothing kept) of which ``reserve``
@@ -639,14 +617,12 @@ def _staged_levels(ft, fs, qr):
     their bytes (the rows, a column-major copy of the block cuBLAS solves with,
     the right-hand sides' room) fit what the device may give now; else it has
     no kernel, and its fronts are solved on the device from the host pool in row
-    panels (:meth:`FrontTriangular.streamed_step`). What the device may give,
-    for that and for the kept rows' budget, counts a first pack of ``Q`` not
-    read yet as room (:func:`setup_bytes`).
+    panels (:meth:`FrontTriangular.streamed_step`).
     """
     host_stages = set(getattr(qr, "_host_stages", {}) or {})
     by_stage = ft.plan.by_stage
     dtype = qr._device.dtype
-    avail = setup_bytes(ft.xp, ft.pools)
+    avail = available_bytes(ft.xp).available
     keep = _KeepBudget(keep_bytes(avail, replay_upload_bytes(qr)))
     out = []
     for sid in sorted(by_stage):
