@@ -18,8 +18,9 @@ Two parts:
   a running maximum over columns gives the final prefix of ``data``.
 * the copiers: :class:`CupyRCopy` gathers each final range on a side stream
   (a prefetched gather kernel over R's gather index, uploaded on that stream while the kernels
-  run, through pinned buffers: :func:`upload_through_pinned`) into a device slot, copies it into one of two slots of a pinned
-  staging buffer (allocated once per process, see :func:`staging_for`) and
+  run, through pinned buffers: :func:`upload_through_pinned`, or from a copy kept
+  pinned: :mod:`.pinned_index`) into a device slot, copies it into one of two slots
+  of a pinned staging buffer (allocated once per process, see :func:`staging_for`) and
   from there into an ordinary NumPy array, double buffered, on a worker
   thread; once the worker knows which entries are final, the engine records
   an event after a launch that leaves a chunk more of R final (none before:
@@ -67,6 +68,11 @@ __all__ = ["upload_through_pinned", "final_entries", "final_entries_cached", "ti
 SLOT_BYTES = 32 << 20
 #: Elements per thread of the host copies (page touching, a slot's copy out).
 HOST_COPY_PER_THREAD = 1 << 20
+
+#: Most threads, and fewest entries per thread, of a chunk's copy into pinned
+#: memory in :func:`upload_through_pinned`.
+UPLOAD_THREADS = 8
+UPLOAD_PER_THREAD = 1 << 20
 
 #: A progressive copy is started once this many bytes of R became final.
 MIN_CHUNK_BYTES = 16 << 20
@@ -742,9 +748,10 @@ def upload_through_pinned(cp, out, host: np.ndarray, stream,
     same device. Above ``chunk_bytes`` the index goes instead through two
     pinned buffers of that size in turn (CuPy's pinned pool hands the same
     blocks back to the next copier): a chunk is copied into a buffer on the
-    host (NumPy leaves the GIL meanwhile) and sent asynchronously, a buffer
-    refilled once its previous copy completed. Returns once every copy has
-    completed, so the buffers may go back to the pool.
+    host, split over a few threads (NumPy leaves the GIL meanwhile; one
+    thread's copy was slower than the transfers), and sent asynchronously, a
+    buffer refilled once its previous copy completed. Returns once every copy
+    has completed, so the buffers may go back to the pool.
     """
     n = int(host.size)
     m = max(int(chunk_bytes) // host.itemsize, 1)
@@ -754,15 +761,30 @@ def upload_through_pinned(cp, out, host: np.ndarray, stream,
     import cupyx
     bufs = [cupyx.empty_pinned((m,), dtype=host.dtype) for _ in range(2)]
     sent = [None, None]
-    for k, first in enumerate(range(0, n, m)):
-        last = min(first + m, n)
-        s = k % 2
-        if sent[s] is not None:
-            sent[s].synchronize()
-        np.copyto(bufs[s][:last - first], host[first:last])
-        out[first:last].set(bufs[s][:last - first], stream=stream)
-        sent[s] = cp.cuda.Event(disable_timing=True)
-        sent[s].record(stream)
+    threads = thread_count(m, UPLOAD_PER_THREAD, most=UPLOAD_THREADS)
+    pool = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpuqr-index-up")
+            if threads > 1 else None)
+
+    def fill(i0, i1, buf, first):
+        np.copyto(buf[i0 - first:i1 - first], host[i0:i1])
+    try:
+        for k, first in enumerate(range(0, n, m)):
+            last = min(first + m, n)
+            s = k % 2
+            if sent[s] is not None:
+                sent[s].synchronize()
+            if pool is None:
+                fill(first, last, bufs[s], first)
+            else:
+                cuts = np.linspace(first, last, threads + 1).astype(np.int64)
+                list(pool.map(fill, cuts[:-1], cuts[1:], [bufs[s]] * threads,
+                              [first] * threads))
+            out[first:last].set(bufs[s][:last - first], stream=stream)
+            sent[s] = cp.cuda.Event(disable_timing=True)
+            sent[s].record(stream)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
     for ev in sent:
         if ev is not None:
             ev.synchronize()
@@ -791,9 +813,14 @@ class CupyRCopy:
         of filling an array of its own: a multi-device factorization
         scatters a stage's values straight into R's ``data``. :meth:`result`
         then returns an empty array.
+    pin : callable, optional
+        ``pin(index)``: a copy of the index in pinned host memory (kept for later
+        calls, :func:`~.pinned_index.kept_pinned_index`) or None, called on the
+        worker; that copy goes up in one asynchronous transfer, else the index
+        through :func:`upload_through_pinned`.
     """
 
-    def __init__(self, device, pool, index, staging, final=None, sink=None):
+    def __init__(self, device, pool, index, staging, final=None, sink=None, pin=None):
         self.dev = device
         self.cp = device.cp
         self.pool = pool
@@ -804,6 +831,7 @@ class CupyRCopy:
         self.dtype = device.dtype
         self.q = queue.SimpleQueue()
         self.sink = sink
+        self.pin = pin
         self.out = np.empty(self.n if sink is None else 0, dtype=self.dtype)
         self.copies = 0
         self.seconds = {}
@@ -878,7 +906,10 @@ class CupyRCopy:
                 idx_h = np.ascontiguousarray(self.index)
                 with cs:
                     didx = cp.empty(max(self.n, 1), dtype=idx_h.dtype)
-                if self.n:
+                kept = self.pin(idx_h) if self.pin is not None and self.n else None
+                if kept is not None:        # pinned: one copy, holding no thread
+                    didx[:self.n].set(kept, stream=cs)
+                elif self.n:
                     upload_through_pinned(cp, didx[:self.n], idx_h, cs)
                 with cs:
                     slot_elems = max(min(self.staging.nbytes,
