@@ -194,7 +194,9 @@ def _once(A, b, backend, debug=False):
 #: launches are enqueued; ``"off"``: attached after the launches, every record
 #: run by the host stage's launch, the eighteenth session's path); the
 #: interpreter's switch interval for the whole call (``switch_interval``, seconds:
-#: ``sys.setswitchinterval``; the process' own otherwise).
+#: ``sys.setswitchinterval``; the process' own otherwise); from how many rows of R
+#: a front's rows go up as their upper trapezoid (``trsolve.TRAPEZOID_MIN_ROWS``;
+#: ``fullrows``: none, every row whole).
 MODES = {"defaults": {},
          "bands": {"band_upload": "mapped"},
          "panels-mapped": {"slab_panels": "mapped"},
@@ -211,7 +213,8 @@ MODES = {"defaults": {},
          "parts6": {"one_slab": 6},
          "parts7": {"one_slab": 7},
          "switch": {"switch_interval": 2e-4},
-         "noasm": {"assemble": "off"}}
+         "noasm": {"assemble": "off"},
+         "fullrows": {"trapezoid_rows": 1 << 62}}
 
 #: Each setting of :data:`MODES`: its module (under ``scipy_gpuqr``) and name.
 _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
@@ -220,7 +223,8 @@ _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
              "one_slab": ("_engine.slab_front", "ONE_SLAB_PARTS"),
              "prefetch": ("_engine.gpu.solve", "PREFETCH"),
              "prefetch_first": ("_engine.gpu.solve", "PREFETCH_FIRST"),
-             "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE")}
+             "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE"),
+             "trapezoid_rows": ("_engine.gpu.trsolve", "TRAPEZOID_MIN_ROWS")}
 
 
 class _NoPlans:

@@ -900,6 +900,49 @@ def test_stage_rows_make_room_before_each_upload():
     assert solve.prefetch_first(g) is None and not solve.drop_first(g)
 
 
+@pytest.mark.parametrize("rk,fn", [(600, 700), (512, 512), (1000, 1000), (511, 900)])
+def test_large_fronts_rows_of_r_go_up_as_their_upper_trapezoid(rk, fn, monkeypatch):
+    """A front of ``TRAPEZOID_MIN_ROWS`` rows of R or more sends only its rows from
+    their diagonal on (row blocks of ``TRAPEZOID_BLOCK``), in its place in the
+    compact array; the fronts and gaps around it in its run go whole. Entries
+    left of its diagonal may stay unset (NaN on the NumPy layer): every reader of
+    the rows reads on and above the diagonal, so the solves with them equal
+    those with the whole rows."""
+    from scipy.linalg import solve_triangular
+
+    from scipy_gpuqr._engine.gpu import trsolve
+    monkeypatch.setattr(trsolve, "TRAPEZOID_BLOCK", 128)
+    rng = np.random.default_rng(rk)
+    small = (0, 11, 0, 13, 9)                       # 9 × 13 rows of a small front
+    offs = [5, 5 + 9 * 13 + 50]                     # one run: a gap under ROWS_GAP
+    big = (0, offs[1], 0, fn, rk)
+    tail = (0, offs[1] + rk * fn + 7, 0, 4, 3)      # after the big front, same run
+    ft = types.SimpleNamespace(xp=np, fronts=[(0, offs[0]) + small[2:], big, tail])
+    pool = rng.standard_normal(tail[1] + 12 + 3)
+    rows = trsolve._StageRows(ft, [0, 1, 2], pool, trsolve._KeepBudget(0))
+    assert len(rows._runs) == 1
+    up = rows.upload()
+    for j, (_, off, _, n, r) in enumerate(ft.fronts):
+        got = up[rows.offsets[j]: rows.offsets[j] + r * n].reshape(r, n)
+        want = pool[off: off + r * n].reshape(r, n)
+        upper = np.triu(np.ones((r, n), dtype=bool))
+        assert np.array_equal(got[upper], want[upper]), j
+        if j != 1 or rk < trsolve.TRAPEZOID_MIN_ROWS:
+            assert np.array_equal(got, want), j             # whole
+    sent = sum(w * h for _, _, w, h, _ in rows._copies)
+    if rk >= trsolve.TRAPEZOID_MIN_ROWS:
+        assert np.isnan(up).any() and sent <= rows.total - rk * (rk - 128) // 2
+        # R's solves from the rows read the triangle only (scipy's check of
+        # finite values would see the NaN below it otherwise)
+        U = up[rows.offsets[1]: rows.offsets[1] + rk * fn].reshape(rk, fn)[:, :rk]
+        c = rng.standard_normal(rk)
+        Uw = np.triu(pool[offs[1]: offs[1] + rk * fn].reshape(rk, fn)[:, :rk]) + 30 * np.eye(rk)
+        U = np.where(np.triu(np.ones((rk, rk), dtype=bool)), U + 30 * np.eye(rk), 0.0)
+        assert np.array_equal(solve_triangular(U, c), solve_triangular(Uw, c))
+    else:
+        assert sent == rows.total and not np.isnan(up).any()
+
+
 def test_kept_rows_leave_room_for_the_replay_uploads():
     """The kept rows' budget leaves the largest packed reflector upload of ``Q``'s
     replay free (bounded as the memory checks bound it); one stage: nothing to

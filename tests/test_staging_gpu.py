@@ -479,3 +479,56 @@ def test_first_stage_sent_up_as_the_factorization_ends(problem, monkeypatch):
         np.testing.assert_array_equal(a, c)
     pool.free_all_blocks()
     assert pool.used_bytes() <= base, (pool.used_bytes(), base)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_trapezoid_rows_solve_as_the_whole_rows(dtype, monkeypatch):
+    """A large front's rows of R sent up as their upper trapezoid (the host pool
+    poisoned left of the diagonal: nothing there may be read): ``R y = c``,
+    ``Rᵀ y = c`` and the products with R from them equal those from the whole
+    rows bit for bit."""
+    import cupy as cp
+    import cupyx
+
+    from scipy_gpuqr._engine.gpu import trsolve
+    from scipy_gpuqr._engine.gpu.rproduct import FrontProduct
+    monkeypatch.setattr(trsolve, "TRAPEZOID_MIN_ROWS", 64)
+    monkeypatch.setattr(trsolve, "TRAPEZOID_BLOCK", 48)
+    rng = np.random.default_rng(7)
+    n, fn, rk, a, off = 400, 300, 260, 30, 9
+    F = rng.standard_normal((rk, fn))
+    F[:, :rk] += 30 * np.eye(rk)
+    pool = cupyx.empty_pinned(off + rk * fn + 5, dtype=dtype)
+    pool[:] = 0
+    pool[off: off + rk * fn] = F.astype(dtype).ravel()
+    whole = cp.asarray(pool)                                # every row whole, on the device
+    view = pool[off: off + rk * fn].reshape(rk, fn)
+    view[np.tril_indices(rk, -1)] = np.nan                  # Householder data: never read
+    ft = trsolve.FrontTriangular.__new__(trsolve.FrontTriangular)
+    ft.xp, ft._cupy, ft.pools, ft.n1 = cp, True, None, 0
+    ft.cols = cp.asarray(rng.permutation(n))
+    ft.fronts = [(0, off, fn + 10, fn, rk, a, a + fn)]
+    rows = trsolve._StageRows(ft, [0], pool, trsolve._KeepBudget(0))
+    assert any(h > 1 for _, _, _, h, _ in rows._copies)
+    up = rows.upload()
+    for trans in (False, True):
+        Y0 = cp.asarray(rng.standard_normal((n, 3)))
+        Y1, Y2 = Y0.copy(), Y0.copy()
+        ft._device_step(0, Y1, up, trans=trans, off=int(rows.offsets[0]))
+        ft._device_step(0, Y2, whole, trans=trans, off=None)
+        assert bool(cp.all(cp.isfinite(Y1)))
+        assert cp.array_equal(Y1, Y2), trans
+    desc = cp.asarray(np.asarray([(int(rows.offsets[0]), fn, rk, a, r0)
+                                  for r0 in range(0, rk, 64)], dtype=np.int64))
+    wdesc = cp.asarray(np.asarray([(off, fn, rk, a, r0) for r0 in range(0, rk, 64)],
+                                  dtype=np.int64))
+    X = cp.asarray(rng.standard_normal((n, 2)))
+    for trans in (False, True):
+        got = FrontProduct(ft, [(0, None, desc)])
+        want = FrontProduct(ft, [(0, None, wdesc)])
+        ft.pools = lambda sid, p=up: p
+        g = got.multiply(X, trans=trans)
+        ft.pools = lambda sid, p=whole: p
+        w = want.multiply(X, trans=trans)
+        ft.pools = None
+        assert bool(cp.all(cp.isfinite(g))) and cp.allclose(g, w, rtol=1e-14, atol=0), trans

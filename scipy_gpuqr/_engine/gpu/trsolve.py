@@ -525,6 +525,20 @@ class _KeepBudget:
 #: the link); the compact array then holds that gap too.
 ROWS_GAP = 4096
 
+#: A front's rows of R with at least this many rows go up as their upper
+#: trapezoid only (:func:`_row_copies`): every reader of the uploaded rows (the
+#: solves' ``trsm`` and level kernels, :mod:`.rproduct`'s products) reads a
+#: front's row ``i`` from column ``i`` on, the entries left of its diagonal being
+#: Householder data, so a square block of R (a large root front's) sends about
+#: half its bytes over the link. Their place in the compact array is kept (the
+#: entries left of the diagonal are not written there).
+TRAPEZOID_MIN_ROWS = 512
+
+#: Rows per copy of a trapezoid upload (:data:`TRAPEZOID_MIN_ROWS`): each copy sends
+#: its rows from its first row's diagonal on (a few entries left of the diagonal
+#: in its lower rows go too); more rows per copy, fewer copies and more bytes.
+TRAPEZOID_BLOCK = 256
+
 
 def _row_runs(segments) -> tuple:
     """``(runs, offsets, total)`` of a stage's rows of R: ``segments`` ``(pool
@@ -552,6 +566,40 @@ def _row_runs(segments) -> tuple:
     return runs, offsets, at
 
 
+def _row_copies(runs, segments, offsets, shapes) -> list:
+    """The copies that send a stage's rows of R up: ``(pool offset, at, width,
+    height)`` in elements, a block of ``height`` rows of ``width`` elements each,
+    its rows ``pitch = width`` apart for a plain run (height 1) and a front's row
+    length apart for a trapezoid's block (:data:`TRAPEZOID_MIN_ROWS`).
+
+    ``runs``, ``segments`` and ``offsets`` as :func:`_row_runs` made them;
+    ``shapes`` ``(fn, rk)`` per segment. A front of :data:`TRAPEZOID_MIN_ROWS`
+    rows of R or more (``rk <= fn``) goes up in blocks of
+    :data:`TRAPEZOID_BLOCK` rows, each from its first row's diagonal on; the rest
+    of its run (fronts before and after it, the gaps between) as plain copies.
+    Returns a list of ``(src, dst, width, height, pitch)``.
+    """
+    seg = np.asarray(segments, dtype=np.int64).reshape(-1, 2)
+    big = sorted((int(seg[i, 0]), int(offsets[i]), int(fn), int(rk))
+                 for i, (fn, rk) in enumerate(shapes)
+                 if TRAPEZOID_MIN_ROWS <= rk <= fn and rk * fn == int(seg[i, 1]))
+    out = []
+    for start, n, at in runs:
+        pos, end = start, start + n
+        for off, dst, fn, rk in big:
+            if not start <= off < end:
+                continue
+            if off > pos:                       # what lies before the front in the run
+                out.append((pos, at + pos - start, off - pos, 1, off - pos))
+            for r0 in range(0, rk, TRAPEZOID_BLOCK):
+                h = min(TRAPEZOID_BLOCK, rk - r0)
+                out.append((off + r0 * fn + r0, dst + r0 * fn + r0, fn - r0, h, fn))
+            pos = off + rk * fn
+        if end > pos:
+            out.append((pos, at + pos - start, end - pos, 1, end - pos))
+    return out
+
+
 class _StageRows:
     """R's rows of one stage's fronts, copied compactly out of its pool on the host.
 
@@ -568,6 +616,8 @@ class _StageRows:
     def __init__(self, ft, members, host_pool, keep):
         self._segments = [(ft.fronts[i][1], ft.fronts[i][4] * ft.fronts[i][3]) for i in members]
         self._runs, self.offsets, self.total = _row_runs(self._segments)
+        self._copies = _row_copies(self._runs, self._segments, self.offsets,
+                                   [(ft.fronts[i][3], ft.fronts[i][4]) for i in members])
         self._host_pool = np.ascontiguousarray(host_pool)
         self._kept = None
         self._keep = keep
@@ -582,29 +632,37 @@ class _StageRows:
             return self._kept
         if self._before is not None:
             self._before()
-        dev = _copy_runs(self.cp, self._host_pool, self._runs, self.total, None)
+        dev = _copy_rows(self.cp, self._host_pool, self._copies, self.total, None)
         if self._keep.take(dev.nbytes):
             self._kept = dev
         return dev
 
 
-def _copy_runs(xp, pool, runs, total, stream):
-    """A device array of ``total`` elements with ``pool``'s ``runs`` (``(start,
-    elements, at)``) copied in, on ``stream`` (None: the current one)."""
+def _copy_rows(xp, pool, copies, total, stream):
+    """A device array of ``total`` elements with ``pool``'s ``copies`` (``(src,
+    dst, width, height, pitch)``, :func:`_row_copies`) made in, on ``stream``
+    (None: the current one); elements no copy writes are not set."""
     if getattr(xp, "__name__", "") != "cupy":       # the NumPy model of a device
-        dev = xp.empty(total, dtype=pool.dtype)
-        for off, n, at in runs:
-            dev[at: at + n] = pool[off: off + n]
+        dev = xp.full(total, np.nan, dtype=pool.dtype)      # unset: NaN
+        for src, dst, w, h, pitch in copies:
+            for r in range(h):
+                dev[dst + r * pitch: dst + r * pitch + w] = pool[src + r * pitch:
+                                                                 src + r * pitch + w]
         return dev
     make_room(xp, total * pool.itemsize)            # cached blocks under a pool limit
     dev = xp.empty(total, dtype=pool.dtype)
     rt = xp.cuda.runtime
     sp_ = (stream or xp.cuda.get_current_stream()).ptr
     isz, host, to = pool.itemsize, pool.ctypes.data, dev.data.ptr
-    for off, n, at in runs:
-        if n:
-            rt.memcpyAsync(to + at * isz, host + off * isz, n * isz,
+    for src, dst, w, h, pitch in copies:
+        if not w or not h:
+            continue
+        if h == 1:
+            rt.memcpyAsync(to + dst * isz, host + src * isz, w * isz,
                            rt.memcpyHostToDevice, sp_)
+        else:
+            rt.memcpy2DAsync(to + dst * isz, pitch * isz, host + src * isz, pitch * isz,
+                             w * isz, h, rt.memcpyHostToDevice, sp_)
     return dev
 
 
