@@ -194,9 +194,11 @@ def _once(A, b, backend, debug=False):
 #: launches are enqueued; ``"off"``: attached after the launches, every record
 #: run by the host stage's launch, the eighteenth session's path); the
 #: interpreter's switch interval for the whole call (``switch_interval``, seconds:
-#: ``sys.setswitchinterval``; the process' own otherwise); from how many rows of R
+#: ``sys.setswitchinterval``; the process' own otherwise); whether a staged
+#: factorization's rank decision solves its first block beside ``Qᵀb``
+#: (``solve.STAGED_BESIDE``; ``after``: ``Qᵀb`` first) and from how many rows of R
 #: a front's rows go up as their upper trapezoid (``trsolve.TRAPEZOID_MIN_ROWS``;
-#: ``fullrows``: none, every row whole).
+#: ``fullrows``: none, every row whole; ``before``: both as they were).
 MODES = {"defaults": {},
          "bands": {"band_upload": "mapped"},
          "panels-mapped": {"slab_panels": "mapped"},
@@ -214,7 +216,9 @@ MODES = {"defaults": {},
          "parts7": {"one_slab": 7},
          "switch": {"switch_interval": 2e-4},
          "noasm": {"assemble": "off"},
-         "fullrows": {"trapezoid_rows": 1 << 62}}
+         "after": {"staged_beside": False},
+         "fullrows": {"trapezoid_rows": 1 << 62},
+         "before": {"staged_beside": False, "trapezoid_rows": 1 << 62}}
 
 #: Each setting of :data:`MODES`: its module (under ``scipy_gpuqr``) and name.
 _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
@@ -224,6 +228,7 @@ _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
              "prefetch": ("_engine.gpu.solve", "PREFETCH"),
              "prefetch_first": ("_engine.gpu.solve", "PREFETCH_FIRST"),
              "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE"),
+             "staged_beside": ("_engine.gpu.solve", "STAGED_BESIDE"),
              "trapezoid_rows": ("_engine.gpu.trsolve", "TRAPEZOID_MIN_ROWS")}
 
 

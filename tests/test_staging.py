@@ -737,6 +737,7 @@ def test_release_kept_drops_the_rows_of_r_kept_between_solves():
         r._kept, r._keep = kept, budget
         rows.append(r)
     ft = FrontTriangular.__new__(FrontTriangular)
+    ft.pools = None                                  # no first pack of Q to let go
     ft._stages = [(0, [0], "kernel", rows[0]), (1, [1], "kernel", rows[1]),
                   (2, [2], "kernel", None)]          # a pool kept whole: nothing to drop
     assert ft.release_kept()
@@ -883,11 +884,13 @@ def test_stage_rows_make_room_before_each_upload():
 
     def pools(sid):
         return pool
-    pools.before_upload = lambda: calls.append(len(calls))
+    pools.before_upload = lambda nbytes: calls.append(len(calls)) or sizes.append(nbytes)
+    sizes = []
     ft = types.SimpleNamespace(xp=np, pools=pools, fronts=[(0, 3, 0, 1, 5), (0, 20, 0, 1, 4)])
     rows = trsolve._StageRows(ft, [0, 1], pool, trsolve._KeepBudget(10 ** 9))
     up = rows.upload()
     assert calls == [0] and rows.upload() is up and calls == [0]        # kept: no call
+    assert sizes == [8 * rows.total]            # the bytes to come, for the room they need
     rows = trsolve._StageRows(ft, [0, 1], pool, trsolve._KeepBudget(0))
     rows.upload()
     rows.upload()
@@ -941,6 +944,56 @@ def test_large_fronts_rows_of_r_go_up_as_their_upper_trapezoid(rk, fn, monkeypat
         assert np.array_equal(solve_triangular(U, c), solve_triangular(Uw, c))
     else:
         assert sent == rows.total and not np.isnan(up).any()
+
+
+def test_rows_go_up_in_a_first_packs_room_only_where_they_need_it(monkeypatch):
+    """R's rows uploaded before ``Q``'s replay read the first pack sent up as the
+    factorization ended (the rank decision's block beside ``Qᵀb``) let that pack
+    go only where they would not fit beside it; after the replay read it there
+    is nothing to let go. A solve out of memory lets it go with the kept rows."""
+    from scipy_gpuqr._engine.gpu import solve, trsolve
+    dropped = []
+
+    class Executor:
+        _ahead = ("stage 0", "pack")
+
+        def drop_first(self):
+            ahead, self._ahead = self._ahead, None
+            dropped.append(ahead)
+            return ahead is not None
+
+    fits = []
+    monkeypatch.setattr(solve, "_prefetch_fits", lambda cp, nbytes: fits.append(nbytes)
+                        or nbytes <= 100)
+    qr = types.SimpleNamespace(_replay={"cupy": Executor()},
+                               _device=types.SimpleNamespace(cp=None))
+    assert not solve._room_for_rows(qr, 100) and not dropped          # fits beside it
+    assert solve._room_for_rows(qr, 101) and dropped == [("stage 0", "pack")]
+    assert not solve._room_for_rows(qr, 10 ** 9) and len(dropped) == 1 and fits == [100, 101]
+    assert not solve._room_for_rows(types.SimpleNamespace(_replay={}), 1)   # no replay yet
+    # the solves' out-of-memory path: kept rows and the pack both let go
+    qr._replay["cupy"] = Executor()
+    ft = trsolve.FrontTriangular.__new__(trsolve.FrontTriangular)
+    ft.pools = types.SimpleNamespace(drop_first=lambda: solve.drop_first(qr))
+    ft._stages = None
+    assert ft.release_kept() and qr._replay["cupy"]._ahead is None
+    assert not ft.release_kept()
+
+
+def test_a_staged_decision_fetches_qtb_beside_its_first_block(monkeypatch):
+    """``FactoredQR`` fetches ``Qᵀb`` beside the decision's first block for GPU
+    factors on the device whole, and for staged ones (stage pools on the host)
+    where ``solve.STAGED_BESIDE`` says so; never for factors off the device."""
+    from scipy_gpuqr._engine.gpu import solve
+    from scipy_gpuqr._factor.factored import FactoredQR
+    F = FactoredQR.__new__(FactoredQR)
+    for beside in (True, False):
+        monkeypatch.setattr(solve, "STAGED_BESIDE", beside)
+        for on_device, host_pools, want in ((True, {}, True), (True, {0: None}, beside),
+                                            (False, {}, False), (False, {0: None}, False)):
+            F.num = types.SimpleNamespace(on_device=lambda v=on_device: v,
+                                          _host_pools=host_pools)
+            assert F._beside() is want, (beside, on_device, host_pools)
 
 
 def test_kept_rows_leave_room_for_the_replay_uploads():

@@ -434,7 +434,8 @@ def test_first_stage_sent_up_as_the_factorization_ends(problem, monkeypatch):
     (``solve.prefetch_first``, while R is assembled): the first
     ``Qᵀ`` replay takes it (no upload of its own), Qᵀ and Q bit for bit as
     without it; R's solves uploading their rows first drop a pack no replay
-    read (``solve.drop_first``); nothing is left on the device."""
+    read (``solve.drop_first``) where the rows do not fit beside it, and leave
+    it to the replay where they do; nothing is left on the device."""
     import cupy as cp
 
     from scipy_gpuqr._engine.gpu import driver, solve
@@ -445,8 +446,11 @@ def test_first_stage_sent_up_as_the_factorization_ends(problem, monkeypatch):
     base = pool.used_bytes()
     out = {}
     counted = pools = None
-    for on, first_use in ((False, "replay"), (True, "replay"), (True, "rows")):
+    fits = solve._prefetch_fits
+    for on, first_use in ((False, "replay"), (True, "replay"), (True, "rows"),
+                          (True, "rows beside")):
         monkeypatch.setattr(solve, "PREFETCH_FIRST", on)
+        monkeypatch.setattr(solve, "_prefetch_fits", fits)
         for _ in range(2):          # the second run warm: its replay plan is kept
             g = driver.gpu_factorize(A, an, max_gpu_memory=need // 2)
         assert g.info["backend"] == "gpu" and g.info["stages"] > 1
@@ -467,10 +471,16 @@ def test_first_stage_sent_up_as_the_factorization_ends(problem, monkeypatch):
             ex = g._replay["cupy"]
             assert ex._ahead is not None and ex._ahead[0] == first
             held = pool.used_bytes()
+            beside = first_use == "rows beside"
+            # the rows fit beside the pack (no pool limit here), or not (forced)
+            monkeypatch.setattr(solve, "_prefetch_fits",
+                                lambda cp, nbytes: beside and fits(cp, nbytes))
             solve.device_solve_of(g).upper(cp.ones((A.shape[1], 2)))
             cp.cuda.Device().synchronize()
-            assert ex._ahead is None and not solve.drop_first(g)
+            assert (ex._ahead is not None) == beside
+            taken = ex.prefetched
             np.testing.assert_array_equal(g.qt_matmul(B), out[True][0])
+            assert ex.prefetched > taken if beside else not solve.drop_first(g)
             assert held > 0
         g.free()
         g = ex = counted = pools = None      # nothing of it kept alive here
@@ -532,3 +542,49 @@ def test_trapezoid_rows_solve_as_the_whole_rows(dtype, monkeypatch):
         w = want.multiply(X, trans=trans)
         ft.pools = None
         assert bool(cp.all(cp.isfinite(g))) and cp.allclose(g, w, rtol=1e-14, atol=0), trans
+
+
+def test_staged_decision_solves_its_first_block_beside_qtb(monkeypatch):
+    """A rank-deficient problem staged under a pool limit: its rank decision solves
+    ``R⁻ᵀΩ`` on a stream of its own while ``Qᵀb`` replays (``solve.STAGED_BESIDE``),
+    R's rows going up beside Q's first pack where they fit; rank and x are
+    lstsq's and those of ``Qᵀb`` first; nothing is left on the device."""
+    import cupy as cp
+
+    from scipy_gpuqr import QRFactorization
+    from scipy_gpuqr._engine.gpu import solve
+    from scipy_gpuqr._factor import lstsq as _lstsq
+    from scipy_gpuqr._factor import solve_rank as sr
+    from scipy_gpuqr._testing_matrices import chessboard_boundary
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
+    A = chessboard_boundary(5, 7, 3)                      # 4200×2100, rank 1714
+    b = np.cos(np.arange(A.shape[0]))
+    an = analyze(A)
+    need = plan_for_memory(an, _needs(an), None).peak
+    x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    sides = []
+    real = sr._side_stream
+    monkeypatch.setattr(sr, "_side_stream", lambda cp_: sides.append(real(cp_)) or sides[-1])
+    pool, base = _limited(need // 2)
+    xs = {}
+    try:
+        for beside in (True, False, True):
+            monkeypatch.setattr(solve, "STAGED_BESIDE", beside)
+            before = len(sides)
+            F = QRFactorization(A, backend="gpu")
+            bi = F.info["backend_info"]
+            assert F.info["backend"] == "gpu" and bi["stages"] > 1
+            x = F.solve(b)
+            solver = F._core.rank_decision()
+            assert solver.method == "nullspace_cod" and solver.rank == 1714
+            assert (len(sides) > before) == beside
+            assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+            xs.setdefault(beside, x)
+            F.free()
+            del F, solver
+            gc.collect()
+    finally:
+        pool.set_limit(size=0)
+    assert np.linalg.norm(xs[True] - xs[False]) <= 1e-10 * np.linalg.norm(xs[False])
+    pool.free_all_blocks()
+    assert pool.used_bytes() <= base, (pool.used_bytes(), base)

@@ -41,6 +41,7 @@ from .._gpu import gpu_info, start_driver
 from .._options import Settings
 from .._validate import MatrixInput, as_matrix, device_csr
 from .._engine.gpu import array_ops
+from .._engine.gpu.solve import fetch_beside
 from .lstsq import (DENSE_LIMIT, SOLVE_RANK_MIN_ORDER, KnownNorms, MinNormSolver, exact_solve,
                     frobenius_bound, lstsq_cutoff)
 from .solve_rank import PROBE_COLUMNS, abs_diagonal
@@ -302,7 +303,7 @@ class FactoredQR:
                                          products=self._device_products(),
                                          dense_device="gpu" if device == "gpu" or gpu_seen
                                          else "cpu", rhs=given,
-                                         rhs_beside=given is not None and self._resident(),
+                                         rhs_beside=given is not None and self._beside(),
                                          probe_start=probe_start,
                                          diagonal=self._diagonal if self.tol is None else None,
                                          fro_bound=frobenius_bound(self.M),
@@ -470,6 +471,15 @@ class FactoredQR:
         """GPU factors whose every stage's pool lies on the device: ``Qᵀb`` then
         reads nothing over the link (no earlier stage sent up, no host front)."""
         return self.on_device() and not getattr(self.num, "_host_pools", True)
+
+    def _beside(self) -> bool:
+        """Whether the rank decision fetches ``Qᵀb`` beside its first block's solve:
+        GPU factors on the device whole (:meth:`_resident`), or staged ones where
+        the engine says so (``fetch_beside``: the replay bound by the link, the
+        block's solves by the device)."""
+        if self._resident():
+            return True
+        return self.on_device() and fetch_beside(self.num)
 
     def device_solves(self):
         """The GPU engine's triangular solves with these factors (made once)."""

@@ -74,7 +74,8 @@ from .trsolve import FrontTriangular, TriangularPlan
 __all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay", "plan_of",
            "plan_arrays", "plan_of_arrays", "stage_sequence",
            "NumpyExecutor", "CupyExecutor", "DeviceSolve", "CHUNK_ELEMENTS", "PREFETCH",
-           "PREFETCH_FIRST", "prefetch_first", "drop_first", "triangular_plan_of"]
+           "PREFETCH_FIRST", "prefetch_first", "drop_first", "triangular_plan_of",
+           "STAGED_BESIDE", "fetch_beside"]
 
 #: Largest X chunk (elements of float64) applied at once; more columns are
 #: applied chunk by chunk (1 GiB).
@@ -923,8 +924,41 @@ def _device_pools(qr, *, reflectors_only: bool = False):
     if reflectors_only:
         pools.prefetch = prefetch
     else:                       # R's rows go up in the room of a first pack not read
-        pools.before_upload = functools.partial(drop_first, qr)
+        pools.before_upload = functools.partial(_room_for_rows, qr)
+        pools.drop_first = functools.partial(drop_first, qr)
     return pools
+
+
+def _room_for_rows(qr, nbytes: int) -> bool:
+    """Before ``nbytes`` of R's rows go up for a solve: a first pack that
+    :func:`prefetch_first` sent up and no replay read yet is let go
+    (:func:`drop_first`) only where the rows would not fit beside it as a
+    prefetch does (:func:`_prefetch_fits`): a solve queued before ``Qᵀ``'s replay
+    (the rank decision's first block beside ``Qᵀb``, :func:`fetch_beside`) then
+    leaves that replay its first stage on the device. Whether it was let go."""
+    ex = qr._replay.get("cupy")
+    if ex is None or ex._ahead is None:
+        return False
+    if _prefetch_fits(qr._device.cp, int(nbytes)):
+        return False
+    return drop_first(qr)
+
+
+#: The rank decision of a staged factorization solves its first block with R
+#: (``R⁻ᵀΩ``) on a stream of its own while ``Qᵀb`` replays (:func:`fetch_beside`):
+#: the replay is bound by the link (earlier stages' reflectors and a host front's
+#: panels go up), the block's solves by the device. Off: ``Qᵀb`` first, then
+#: the block.
+STAGED_BESIDE = True
+
+
+def fetch_beside(qr) -> bool:
+    """Whether the rank decision may fetch ``Qᵀb`` beside its first block's solve
+    (:class:`~scipy_gpuqr._factor.solve_rank.NullspaceCOD`'s ``rhs_beside``) for a
+    staged factorization on the device (:data:`STAGED_BESIDE`); R's rows then go
+    up on the block's stream, in a first pack's room only where they do not fit
+    beside it (:func:`_room_for_rows`)."""
+    return bool(STAGED_BESIDE and qr.on_device() and getattr(qr, "_host_pools", None))
 
 
 def _prefetch_fits(cp, nbytes: int) -> bool:

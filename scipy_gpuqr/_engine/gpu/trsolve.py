@@ -309,9 +309,11 @@ class FrontTriangular:
 
     def release_kept(self) -> bool:
         """Drop the stages' rows of R kept on the device (they are uploaded per
-        solve from now on); whether any were kept. For a solve that ran out of
-        device memory beside them."""
-        freed = False
+        solve from now on) and a first pack of ``Q`` that no replay read yet
+        (``pools.drop_first``, where the pools' callable has one); whether any
+        were kept. For a solve that ran out of device memory beside them."""
+        drop = getattr(self.pools, "drop_first", None)
+        freed = bool(drop is not None and drop())
         for _, _, _, rows in self._stages or ():
             if rows is not None:
                 rows._keep.close()
@@ -626,12 +628,12 @@ class _StageRows:
 
     def upload(self):
         """The rows on the device (copied on the current stream, or kept from an
-        earlier solve; ``pools.before_upload`` called first, where the pools'
-        callable has one: room made)."""
+        earlier solve; ``pools.before_upload(nbytes)`` called first, where the
+        pools' callable has one: room made for the ``nbytes`` to come)."""
         if self._kept is not None:
             return self._kept
         if self._before is not None:
-            self._before()
+            self._before(self.total * self._host_pool.itemsize)
         dev = _copy_rows(self.cp, self._host_pool, self._copies, self.total, None)
         if self._keep.take(dev.nbytes):
             self._kept = dev
