@@ -156,6 +156,97 @@ def test_nnc1374_rank_and_x_equal_the_svds(matrices_dir):
     assert _close(x, ref, Rd)
 
 
+def test_nnc1374_settles_by_rounding_with_sigma_max(matrices_dir):
+    """Given σ_max, the iteration settles once the moves still to come (the last move at
+    the last two's rate) lie a tenth under the rounding R leaves its subspace at: nnc1374
+    in 3 steps where the moves alone take 5; the same rank, its subspace and x as close to
+    the SVD's as the 5 steps' (the SVD's own subspace lies 2e-4 from either)."""
+    A, R, _ = _nnc1374_r(matrices_dir)
+    cutoff = _lstsq.lstsq_cutoff(*A.shape)
+    smax = sigma_max_lanczos(R)
+    tol = cutoff * smax
+    Rd = R.toarray()
+    moves = DenseSubspaceCOD(Rd, tol, block=128, max_block=458)
+    settled = DenseSubspaceCOD(Rd, tol, block=128, max_block=458, sigma_max=smax)
+    assert (moves.steps, settled.steps) == (5, 3)
+    assert moves.rank == settled.rank == 1308
+    U, s, Vt = np.linalg.svd(Rd)
+    null = Vt[1308:].T
+    C = np.random.default_rng(0).standard_normal((R.shape[0], 1))
+    svd = Vt[:1308].T @ ((U[:, :1308].T @ C) / s[:1308, None])
+    for cod in (moves, settled):
+        assert np.linalg.norm(cod._v - null @ (null.T @ cod._v)) <= 5e-4
+        assert np.linalg.norm(cod.solve(C) - svd) <= 1e-4 * np.linalg.norm(svd)
+
+
+def test_settling_by_rounding_needs_two_moves(monkeypatch):
+    """The estimate of the moves to come needs a rate, two moves: however loose the share,
+    the iteration makes at least three steps (the first has no move), and the rank is
+    lstsq's."""
+    q = 300
+    R = _planted(q, _spectrum(q, 12, 0.8, 3.0))
+    tol = EPS * q * np.linalg.norm(R, 2)
+    monkeypatch.setattr(_ds, "SETTLE_SHARE", 1e12)
+    cod = DenseSubspaceCOD(R, tol, block=64, max_block=150, sigma_max=np.linalg.norm(R, 2))
+    assert cod.steps >= 3 and cod.rank == q - 12
+
+
+def test_gram_ritz_pairs_equal_the_triangles_svd(matrices_dir, monkeypatch):
+    """On nnc1374's R (its smallest singular value 0.01 × the cutoff, no exact dependence)
+    the Ritz pairs come from the Gram matrix's eigenpairs at every step, and the decision
+    equals the one from the SVD of R X's triangle: the same steps and rank, each step's
+    move within 1e-6 of its own, σ_(q-d) within 1e-9, x within 1e-10."""
+    A, R, _ = _nnc1374_r(matrices_dir)
+    tol = _lstsq.lstsq_cutoff(*A.shape) * sigma_max_lanczos(R)
+    Rd = R.toarray()
+    taken = []
+    real = DenseSubspaceCOD._ritz_by_gram
+
+    def spy(self, RX):
+        got = real(self, RX)
+        taken.append(got is not None)
+        return got
+    monkeypatch.setattr(DenseSubspaceCOD, "_ritz_by_gram", spy)
+    gram = DenseSubspaceCOD(Rd, tol, block=128, max_block=458)
+    assert taken == [True] * gram.steps
+    monkeypatch.setattr(DenseSubspaceCOD, "_ritz_by_gram", lambda self, RX: None)
+    svd = DenseSubspaceCOD(Rd, tol, block=128, max_block=458)
+    assert (gram.steps, gram.rank) == (svd.steps, svd.rank) == (5, 1308)
+    assert np.allclose(gram.changes[1:], svd.changes[1:], rtol=1e-6)
+    assert gram.sigma_min == pytest.approx(svd.sigma_min, rel=1e-9)
+    C = np.random.default_rng(3).standard_normal((R.shape[0], 1))
+    xg, xs = gram.solve(C), svd.solve(C)
+    assert np.linalg.norm(xg - xs) <= 1e-8 * np.linalg.norm(xs)
+
+
+def test_an_exact_dependence_takes_the_triangles_svd(monkeypatch):
+    """A singular value at rounding level (1e-18 here) lies under the Gram matrix's
+    rounding: its Ritz pairs come from the SVD of R X's triangle; without it (the
+    smallest at 0.05 × the cutoff, the block's largest under 100 ×) from the Gram
+    matrix; lstsq's rank either way."""
+    q = 300
+    taken = []
+    real = DenseSubspaceCOD._ritz_by_gram
+
+    def spy(self, RX):
+        got = real(self, RX)
+        taken.append(got is not None)
+        return got
+    monkeypatch.setattr(DenseSubspaceCOD, "_ritz_by_gram", spy)
+    rng = np.random.default_rng(5)
+    cut = EPS * q
+    near = np.concatenate([[1.0], cut * rng.uniform(3.0, 100.0, q - 13),
+                           cut * rng.uniform(0.05, 0.8, 12)])
+    for sig, gram_expected in ((_spectrum(q, 12, 0.8, 3.0), False), (near, True)):
+        R = _planted(q, np.sort(sig)[::-1])
+        tol = EPS * q * np.linalg.norm(R, 2)
+        taken.clear()
+        cod = DenseSubspaceCOD(R, tol, block=64, max_block=150)
+        assert set(taken) == {gram_expected}
+        _, rank = _lstsq_of(R, np.ones((q, 1)), EPS * q)
+        assert cod.rank == rank == q - 12
+
+
 # ---------------------------------------------------------------------------
 # in MinNormSolver, NumPy standing in for the device
 
@@ -178,6 +269,7 @@ def test_min_norm_solver_on_nnc1374_decides_on_the_device(matrices_dir, monkeypa
                                   device=device, dense_device="gpu",
                                   solves=UpperTriangular(R).solves())
     assert (solver.method, solver.rank, solver.cod_device) == ("dense_subspace", 1308, "gpu")
+    assert solver._cod.steps == 3           # settled by rounding: σ_max is lstsq's
     assert made == [1374] and not svds
     assert bool(factorized) == (device == "cpu")     # the gap check's QR: host factorizer only
     b = np.random.default_rng(4).standard_normal(A.shape[0])
@@ -232,3 +324,35 @@ def test_on_the_gpu_the_decision_equals_the_hosts(matrices_dir, transposed):
                                   dense_device="gpu", solves=UpperTriangular(R).solves(),
                                   transposed=transposed)
     assert (solver.method, solver.rank, solver.cod_device) == ("dense_subspace", 1308, "gpu")
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_ritz_pairs_by_the_gram_and_settled_by_rounding(matrices_dir, monkeypatch):
+    """nnc1374's R on CuPy with σ_max: every step's Ritz pairs from the Gram matrix, settled
+    in 3 steps as on the host, lstsq's rank; x within rounding of the host's decision and
+    of the device's with the triangle's SVD and the moves alone (5 steps)."""
+    cupy = pytest.importorskip("cupy")
+    A, R, _ = _nnc1374_r(matrices_dir)
+    smax = sigma_max_lanczos(R)
+    tol = _lstsq.lstsq_cutoff(*A.shape) * smax
+    Rd = R.toarray()
+    taken = []
+    real = DenseSubspaceCOD._ritz_by_gram
+
+    def spy(self, RX):
+        got = real(self, RX)
+        taken.append(got is not None)
+        return got
+    monkeypatch.setattr(DenseSubspaceCOD, "_ritz_by_gram", spy)
+    host = DenseSubspaceCOD(Rd, tol, block=128, max_block=458, sigma_max=smax)
+    taken.clear()
+    dev = DenseSubspaceCOD(cupy.asarray(Rd), tol, block=128, max_block=458, sigma_max=smax)
+    assert taken == [True] * dev.steps and dev.steps == host.steps == 3
+    assert dev.rank == host.rank == 1308
+    monkeypatch.setattr(DenseSubspaceCOD, "_ritz_by_gram", lambda self, RX: None)
+    old = DenseSubspaceCOD(cupy.asarray(Rd), tol, block=128, max_block=458)
+    assert (old.steps, old.rank) == (5, 1308)
+    C = np.random.default_rng(0).standard_normal((R.shape[0], 2))
+    xh, xd, xo = host.solve(C), dev.solve(C), old.solve(C)
+    assert np.linalg.norm(xd - xh) <= 1e-3 * np.linalg.norm(xh)
+    assert np.linalg.norm(xd - xo) <= 1e-3 * np.linalg.norm(xo)

@@ -17,18 +17,28 @@ Method
    with p columns (two triangular solves; orthonormalized between them, so that
    the first solve's rounding along the smallest singular vectors, ``eps·κ(R)``
    relative, is not amplified by the second). **Rayleigh–Ritz on R itself**:
-   ``R X = P Σ Wᵀ`` (thin QR of ``R X``, then the SVD of its p × p triangle on
-   the host), Ritz values σ_i ascending and vectors ``X W``, which the next step
-   starts from. Ritz values from ``R X`` are upper bounds of R's smallest
-   singular values (σ_{q−i+1} <= σ_i by Courant–Fischer) and their rounding is
-   absolute (that of the product, ``eps·|R||X|``), so the values near the cutoff
-   are resolved however small the smallest singular values are (Ritz values of the inverse would be
-   resolved only to ``eps·tol/σ_min`` relative). The block grows (doubling, new
-   random columns) until its largest Ritz value exceeds :data:`STRADDLE` × the
-   cutoff; it has settled when the count d of Ritz values under the cutoff is
-   the last step's and the span of their vectors moved by at most
-   :data:`SUBSPACE_RTOL`, or stopped moving less at the rate the straddling
-   block guarantees (its rounding, :data:`NOISE_CEILING`).
+   ``R X = P Σ Wᵀ``, Ritz values σ_i ascending and vectors ``X W``, which the
+   next step starts from. Ritz values from ``R X`` are upper bounds of R's
+   smallest singular values (σ_{q−i+1} <= σ_i by Courant–Fischer) and their
+   rounding is absolute (that of the product, ``eps·|R||X|``), so the values near
+   the cutoff are resolved however small the smallest singular values are (Ritz
+   values of the inverse would be resolved only to ``eps·tol/σ_min`` relative).
+   Σ and W come from the eigenpairs of the p × p Gram matrix ``(R X)ᵀ(R X)``
+   (one product on the device, ``syevd`` on the host) where its rounding,
+   ``γ_q ‖R X‖_F²``, stays :data:`GRAM_RESOLUTION` × tol² or less and
+   :data:`GRAM_SEPARATION` times under the smallest eigenvalue: then every Ritz
+   value near the cutoff is resolved far below lstsq's own rounding
+   (``eps·σ_max``) and each Ritz vector apart from the others as the next solve
+   needs; otherwise from the SVD of the triangle of a thin QR of ``R X``, whose
+   rounding is not squared. The block grows (doubling, new random columns) until
+   its largest Ritz value exceeds :data:`STRADDLE` × the cutoff; it has settled
+   when the count d of Ritz values under the cutoff is the last step's and the
+   span of their vectors moved by at most :data:`SUBSPACE_RTOL`, or stopped
+   moving less at the rate the straddling block guarantees (its rounding,
+   :data:`NOISE_CEILING`), or, where σ_max is given, when its distance from R's
+   subspace, estimated from the last two moves (a geometric rate), lies
+   :data:`SETTLE_SHARE` × under what rounding R by ``eps·σ_max`` leaves that
+   subspace in any method (Wedin: ``eps·σ_max / (σ_{d+1} − σ_d)``).
 2. **The certificate of a clear gap.** The d Ritz values at most ``tol`` bound d
    singular values at most the cutoff (upper bounds, as the gap-checked sparse
    COD's ``‖E‖₂ <= tol`` does). For the others, with
@@ -52,14 +62,15 @@ Method
    accuracy, as :mod:`scipy_gpuqr._factor.sparse_subspace` solves it.
 
 Cost: per step two triangular solves and one product with p columns (``3·p·q²``
-flops) and three thin QRs of q × p; then a solve with d columns, the probe (at most
-eleven solves with :data:`PROBE_COLUMNS` columns), and per right-hand side four
-solves. No q³ work.
+flops), two thin QRs of q × p and a p × p Gram matrix; then a solve with d columns,
+the probe (at most eleven solves with :data:`PROBE_COLUMNS` columns), and per
+right-hand side four solves. No q³ work.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import scipy.linalg as la
@@ -69,8 +80,9 @@ from .dense_cod import solve_triangular
 from .solve_rank import block_ops, probe_norm
 
 __all__ = ["DenseSubspaceCOD", "SubspaceTooLarge", "BLOCK", "STRADDLE", "SUBSPACE_RTOL",
-           "NOISE_CEILING", "FLOOR_RATIO",
-           "MAX_STEPS", "GAP_MARGIN", "LEAK_FACTOR", "PROBE_COLUMNS", "PROBE_STEPS"]
+           "NOISE_CEILING", "FLOOR_RATIO", "SETTLE_SHARE", "SETTLE_MAX_RATE",
+           "GRAM_RESOLUTION", "GRAM_SEPARATION", "MAX_STEPS", "GAP_MARGIN", "LEAK_FACTOR",
+           "PROBE_COLUMNS", "PROBE_STEPS"]
 
 #: First block of the iteration (at most a third of R's order).
 BLOCK = 128
@@ -91,6 +103,27 @@ SUBSPACE_RTOL = 1e-7
 NOISE_CEILING = 1e-5
 FLOOR_RATIO = 0.5
 
+#: Where σ_max is given, the iteration has also settled once its subspace's estimated
+#: distance from R's (the last move times the rate of the last two, ``ρ/(1 − ρ)``: the
+#: moves still to come) is at most SETTLE_SHARE × ``eps·σ_max / (σ_{d+1} − σ_d)``, the
+#: distance rounding R leaves that subspace at in any method, the SVD's included
+#: (nnc1374: 1.9e-4; the SVD's own subspace lies 2.0e-4 from the iteration's, and x
+#: moves by 5e-5 where lstsq's and the SVD's differ by 2.6e-3) ...
+SETTLE_SHARE = 0.1
+#: ... with that rate below SETTLE_MAX_RATE (a run converging at it; nnc1374 0.007-0.01).
+SETTLE_MAX_RATE = 0.25
+
+#: Largest rounding of the Gram matrix ``(R X)ᵀ(R X)``, ``γ_q ‖R X‖_F²``, in units of
+#: tol², for the Ritz pairs from its eigenpairs: a Ritz value near the cutoff then lies
+#: within ``GRAM_RESOLUTION / 2`` of its own relative (lstsq's rounding is ``1/max(m, n)``
+#: of the cutoff) ...
+GRAM_RESOLUTION = 1e-6
+#: ... and the smallest eigenvalue must be this many times that rounding: each Ritz
+#: vector then lies within ``1/GRAM_SEPARATION`` relative of its own where the next
+#: solve scales it by ``1/σ_i`` (a spectrum down to rounding level, an exact
+#: dependence, takes the thin QR and its SVD).
+GRAM_SEPARATION = 1e4
+
 #: Steps after which the iteration gives up: once the block straddles the cutoff its
 #: subspace under the cutoff converges at 0.25 per step or faster.
 MAX_STEPS = 16
@@ -109,6 +142,9 @@ LEAK_FACTOR = 2.0
 #: from about 1.6 × the cutoff are certified.
 PROBE_COLUMNS = 32
 PROBE_STEPS = 6
+
+
+_EPS = float(np.finfo(np.float64).eps)
 
 
 def _host(a) -> np.ndarray:
@@ -132,6 +168,10 @@ class DenseSubspaceCOD:
         First and largest block of the iteration.
     seed : int
         Seed of the random blocks.
+    sigma_max : float, optional
+        R's largest singular value (lstsq's σ_max): the iteration may then settle by
+        the rounding it leaves R's subspace at (:data:`SETTLE_SHARE`); 0 or less,
+        only by :data:`SUBSPACE_RTOL` and :data:`NOISE_CEILING`.
 
     Raises
     ------
@@ -160,6 +200,7 @@ class DenseSubspaceCOD:
     block: int = BLOCK
     max_block: int = 1024
     seed: int = 0
+    sigma_max: float = 0.0
     rank: int = field(init=False, default=0)
     ritz: np.ndarray = field(init=False, default=None, repr=False)
     sigma_min: float = field(init=False, default=float("nan"))
@@ -208,9 +249,14 @@ class DenseSubspaceCOD:
         return ops.dense(ops.orth(ops.scaled(Y, norms), want_r=False)[0])
 
     def _ritz(self, X) -> tuple:
-        """``(Σ, Wᵀ)`` of ``R X = P Σ Wᵀ`` (ascending Σ, host arrays)."""
+        """``(Σ, Wᵀ)`` of ``R X = P Σ Wᵀ`` (ascending Σ, host arrays): from the Gram
+        matrix's eigenpairs where its rounding allows (:meth:`_ritz_by_gram`), else
+        from the SVD of R X's triangle."""
         ops = self._ops
         RX = ops.dense(self.R @ X)
+        got = self._ritz_by_gram(RX)
+        if got is not None:
+            return got
         norms, bad = ops.norms(RX)
         n = _host(norms)
         if _host(bad).any():
@@ -219,6 +265,29 @@ class DenseSubspaceCOD:
         T = _host(ops.orth(ops.scaled(RX, _module_of(X).asarray(n)))[1]) * n
         _, s, Wt = la.svd(T, full_matrices=False, check_finite=False, lapack_driver="gesdd")
         return s[::-1].copy(), Wt[::-1].copy()
+
+    def _ritz_by_gram(self, RX) -> Optional[tuple]:
+        """``(Σ, Wᵀ)`` from the eigenpairs of ``G = (R X)ᵀ(R X)`` (one product, a p × p
+        read and ``syevd`` on the host), or None where G's rounding ``γ_q ‖R X‖_F²``
+        (``γ_q = q·eps``) exceeds :data:`GRAM_RESOLUTION` × tol² or
+        1/:data:`GRAM_SEPARATION` of G's smallest eigenvalue, or G is not finite."""
+        G = np.asarray(self._ops.gram(RX), dtype=np.float64)
+        if not np.all(np.isfinite(G)):
+            return None
+        noise = RX.shape[0] * _EPS * float(np.trace(G))
+        if not noise <= GRAM_RESOLUTION * self.tol * self.tol:
+            return None
+        lam, W = la.eigh(G, driver="evd", check_finite=False)
+        if not lam[0] >= GRAM_SEPARATION * noise:
+            return None
+        return np.sqrt(lam), np.ascontiguousarray(W.T)
+
+    def _rounding(self, ritz, d: int) -> float:
+        """``eps·σ_max / (σ_{d+1} − σ_d)`` from the Ritz values: how far rounding R leaves
+        its subspace under the cutoff in any method (0 where σ_max was not given)."""
+        if not (self.sigma_max > 0 and 0 < d < ritz.size and ritz[d] > ritz[d - 1]):
+            return 0.0
+        return _EPS * self.sigma_max / float(ritz[d] - ritz[d - 1])
 
     def _moved(self, V0, V1) -> float:
         """``‖V1 − V0 V0ᵀ V1‖_F``: how far the span of the orthonormal ``V1`` lies from
@@ -264,9 +333,14 @@ class DenseSubspaceCOD:
             self.changes.append(change)
             # settled: the subspace of the Ritz vectors under the cutoff moved by at
             # most SUBSPACE_RTOL, or at its rounding (it no longer moves less at the
-            # rate the straddling block guarantees)
+            # rate the straddling block guarantees), or the moves still to come at the
+            # last two's rate stay well under what rounding R leaves that subspace at
+            rate = (change / prev_change if np.isfinite(change) and np.isfinite(prev_change)
+                    and prev_change > 0 else np.inf)
+            ahead = change * rate / (1.0 - rate) if rate < SETTLE_MAX_RATE else np.inf
             if d and (change <= SUBSPACE_RTOL or (
-                    change <= NOISE_CEILING and change >= FLOOR_RATIO * prev_change)):
+                    change <= NOISE_CEILING and change >= FLOOR_RATIO * prev_change)
+                    or ahead <= SETTLE_SHARE * self._rounding(ritz, d)):
                 self.block_used = p
                 return X, ritz
             prev, prev_d, prev_change = Vd, d, change

@@ -1169,7 +1169,7 @@ class MinNormSolver:
                 return False
             cod = DenseSubspaceCOD(Rgpu, tol, transposed=self.transposed,
                                    block=min(max(first, DEVICE_SUBSPACE_BLOCK), max_block),
-                                   max_block=max_block)
+                                   max_block=max_block, sigma_max=smax)
         except SubspaceTooLarge:
             return False
         except MemoryError:
