@@ -90,7 +90,6 @@ from ..split_front import NumpySplit, run_split
 from . import driver
 from .device import CupyDevice, pinned_pool_cap
 from .pinned_ahead import PinnedAhead, lane_bound, lane_needs, pinned_needs
-from .pinned_index import keep_pinned_indices, kept_pinned_index
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, final_entries, staging_for,
                     tile_final_launches, touched)
 from .rlayout import r_layout
@@ -771,14 +770,7 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
             x.r_copy_slot_bytes, x.r_copy_min_chunk_bytes = slot, chunk
         pinned = None if ahead is None else ahead.info()
         _release_ahead(ahead, layers, ok)
-    # the R copiers' indices pinned for later calls, with the devices idle, beside R
-    pinner = ThreadPoolExecutor(max_workers=1)
-    try:
-        pins = pinner.submit(_keep_indices, run.pin_wanted, cuda)
-    finally:
-        pinner.shutdown(wait=False)
     R = run.finish_r(Ac, layout, pattern)
-    pinned_indices = pins.result()
     t3 = time.perf_counter()
     out = run.result(Ac, layout, R, seconds={
         "schedule": t1 - t0, "enqueue": max(run.t_enqueue, default=0.0),
@@ -790,18 +782,9 @@ def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, den
         "pin_wait": pin_wait,
         "wait_blocks": max(run.t_wait_blocks, default=0.0)})
     out.info["pinned_ahead"] = pinned
-    out.info["pinned_indices"] = pinned_indices
     # after R: Q's parts gathered on the home layer, ``info`` made
     out.info["seconds"]["result"] = time.perf_counter() - t3
     return out
-
-
-def _keep_indices(wanted, cuda) -> dict:
-    """:func:`keep_pinned_indices` for a call's copiers (``cuda``: its CUDA layers;
-    none: nothing): ``{"bytes": newly pinned, "seconds": taken}``."""
-    t0 = time.perf_counter()
-    made = keep_pinned_indices(wanted, cuda[0].cp) if cuda and wanted else 0
-    return {"bytes": int(made), "seconds": time.perf_counter() - t0}
 
 
 def _pin_shared(Ac, analysis, plan, layers, dtype, r_slot, tun=None):
@@ -1104,9 +1087,6 @@ class _MultiStageRun:
         #: seconds (from the call's start in ``info``): :data:`EVENT_KINDS`
         self.events = [[] for _ in range(nd)]
         self.progressive = 0                # stages whose R copy started during the launches
-        #: (layout, key, index) of every CUDA copier: their pinned copies are made
-        #: at the call's end where none was kept (:func:`keep_pinned_indices`)
-        self.pin_wanted = []
         #: R's values as they land (:class:`_RData`; the array made ahead by ``_run``)
         self.r = _RData(nd, dtype, size=lambda: self.host_side.result()[0].nnz)
         #: the CUDA copiers' slot bytes
@@ -1365,12 +1345,8 @@ class _MultiStageRun:
         staging = None if self.ahead is None else self.ahead.staging(k)
         if staging is None:
             staging = staging_for(layout, self.r_slot)
-        # its index kept pinned with the layout (made at an earlier call's end): sent
-        # up without a copy on the host
-        pin = functools.partial(kept_pinned_index, layout, key)
-        self.pin_wanted.append((layout, key, gidx))
         try:
-            return CupyRCopy(layer, h["pool"], gidx, staging, _final, sink=sink, pin=pin), None
+            return CupyRCopy(layer, h["pool"], gidx, staging, _final, sink=sink), None
         except BaseException:
             staging.release()           # no worker started: the next turn may go
             raise
