@@ -1345,8 +1345,9 @@ class _MultiStageRun:
         staging = None if self.ahead is None else self.ahead.staging(k)
         if staging is None:
             staging = staging_for(layout, self.r_slot)
-        try:
-            return CupyRCopy(layer, h["pool"], gidx, staging, _final, sink=sink), None
+        try:        # its index's chunks filled by one thread: the devices' threads enqueue
+            return CupyRCopy(layer, h["pool"], gidx, staging, _final, sink=sink,
+                             index_threads=1), None
         except BaseException:
             staging.release()           # no worker started: the next turn may go
             raise

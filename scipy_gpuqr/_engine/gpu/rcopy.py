@@ -18,9 +18,8 @@ Two parts:
   a running maximum over columns gives the final prefix of ``data``.
 * the copiers: :class:`CupyRCopy` gathers each final range on a side stream
   (a prefetched gather kernel over R's gather index, uploaded on that stream while the kernels
-  run, through pinned buffers: :func:`upload_through_pinned`, or from a copy kept
-  pinned: :mod:`.pinned_index`) into a device slot, copies it into one of two slots
-  of a pinned staging buffer (allocated once per process, see :func:`staging_for`) and
+  run, through pinned buffers: :func:`upload_through_pinned`) into a device slot, copies it into one of two slots of a pinned
+  staging buffer (allocated once per process, see :func:`staging_for`) and
   from there into an ordinary NumPy array, double buffered, on a worker
   thread; once the worker knows which entries are final, the engine records
   an event after a launch that leaves a chunk more of R final (none before:
@@ -738,7 +737,7 @@ def touched(n: int, dtype, threads: int | None = None) -> np.ndarray:
 
 
 def upload_through_pinned(cp, out, host: np.ndarray, stream,
-                          chunk_bytes: int = SLOT_BYTES) -> None:
+                          chunk_bytes: int = SLOT_BYTES, threads: int | None = None) -> None:
     """``out[:] = host`` (device and host arrays of one dtype and size) on ``stream``.
 
     A copy from pageable memory is staged by the driver through its own pinned
@@ -748,10 +747,10 @@ def upload_through_pinned(cp, out, host: np.ndarray, stream,
     same device. Above ``chunk_bytes`` the index goes instead through two
     pinned buffers of that size in turn (CuPy's pinned pool hands the same
     blocks back to the next copier): a chunk is copied into a buffer on the
-    host, split over a few threads (NumPy leaves the GIL meanwhile; one
-    thread's copy was slower than the transfers), and sent asynchronously, a
-    buffer refilled once its previous copy completed. Returns once every copy
-    has completed, so the buffers may go back to the pool.
+    host, split over up to ``threads`` threads (None: :data:`UPLOAD_THREADS`;
+    NumPy leaves the GIL meanwhile), and sent asynchronously, a buffer
+    refilled once its previous copy completed. Returns once every copy has
+    completed, so the buffers may go back to the pool.
     """
     n = int(host.size)
     m = max(int(chunk_bytes) // host.itemsize, 1)
@@ -761,7 +760,8 @@ def upload_through_pinned(cp, out, host: np.ndarray, stream,
     import cupyx
     bufs = [cupyx.empty_pinned((m,), dtype=host.dtype) for _ in range(2)]
     sent = [None, None]
-    threads = thread_count(m, UPLOAD_PER_THREAD, most=UPLOAD_THREADS)
+    threads = thread_count(m, UPLOAD_PER_THREAD,
+                           most=UPLOAD_THREADS if threads is None else max(int(threads), 1))
     pool = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpuqr-index-up")
             if threads > 1 else None)
 
@@ -813,14 +813,15 @@ class CupyRCopy:
         of filling an array of its own: a multi-device factorization
         scatters a stage's values straight into R's ``data``. :meth:`result`
         then returns an empty array.
-    pin : callable, optional
-        ``pin(index)``: a copy of the index in pinned host memory (kept for later
-        calls, :func:`~.pinned_index.kept_pinned_index`) or None, called on the
-        worker; that copy goes up in one asynchronous transfer, else the index
-        through :func:`upload_through_pinned`.
+    index_threads : int, optional
+        Most threads filling the pinned chunks the index goes up through
+        (:func:`upload_through_pinned`; None: :data:`UPLOAD_THREADS`). Where other
+        devices' threads enqueue meanwhile (a multi-device call), one: a fill on
+        several threads then held those threads up more than it saved.
     """
 
-    def __init__(self, device, pool, index, staging, final=None, sink=None, pin=None):
+    def __init__(self, device, pool, index, staging, final=None, sink=None,
+                 index_threads=None):
         self.dev = device
         self.cp = device.cp
         self.pool = pool
@@ -831,7 +832,7 @@ class CupyRCopy:
         self.dtype = device.dtype
         self.q = queue.SimpleQueue()
         self.sink = sink
-        self.pin = pin
+        self.index_threads = index_threads
         self.out = np.empty(self.n if sink is None else 0, dtype=self.dtype)
         self.copies = 0
         self.seconds = {}
@@ -906,11 +907,9 @@ class CupyRCopy:
                 idx_h = np.ascontiguousarray(self.index)
                 with cs:
                     didx = cp.empty(max(self.n, 1), dtype=idx_h.dtype)
-                kept = self.pin(idx_h) if self.pin is not None and self.n else None
-                if kept is not None:        # pinned: one copy, holding no thread
-                    didx[:self.n].set(kept, stream=cs)
-                elif self.n:
-                    upload_through_pinned(cp, didx[:self.n], idx_h, cs)
+                if self.n:
+                    upload_through_pinned(cp, didx[:self.n], idx_h, cs,
+                                          threads=self.index_threads)
                 with cs:
                     slot_elems = max(min(self.staging.nbytes,
                                          getattr(self.dev, "r_copy_slot_bytes", SLOT_BYTES))
