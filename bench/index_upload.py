@@ -1,32 +1,34 @@
-"""R's gather index: kept pinned, through pinned chunks, or one copy from pageable memory.
+"""R's gather index: through pinned chunks, kept pinned, or one copy from pageable memory.
 
 ::
 
     python3 bench/index_upload.py --grid 64 --gpus 1,4 --reps 3
 
-Each R copier uploads its stage's gather index (grid 64³: 326 million entries
-for the upper stage on four GPUs) before it copies R back. The arms:
+Each R copier uploads its stage's gather index (grid 64³: 862 million int64
+entries on one GPU; 326 million int32 for the upper stage on four) before it
+copies R back. The arms:
 
-* ``kept`` (the package's default on several GPUs): a copy of each copier's
-  index kept in pinned memory with R's layout, made at the end of the first
-  call (``pinned_index``), goes up in one asynchronous copy; on one GPU the
-  bench keeps such a copy itself (the one-GPU engine keeps none);
-* ``chunks`` (the package's default on one GPU, and where no copy is kept):
-  through two pinned buffers in turn, each filled on a few threads
-  (``rcopy.upload_through_pinned``);
-* ``chunks1``: the same, each buffer filled by one thread (the upload before);
+* ``chunks`` (the package): through two pinned buffers in turn
+  (``rcopy.upload_through_pinned``), each filled on up to eight threads on one
+  GPU, by one thread on several (``CupyRCopy(index_threads=1)``);
+* ``chunks8``: each buffer filled on up to eight threads on several GPUs too;
+* ``chunks1``: each buffer filled by one thread on one GPU too;
+* ``kept``: a pinned copy of each index, made by the bench in the warm-up call
+  and kept, goes up in one asynchronous copy;
 * ``pageable``: one copy from pageable memory, which holds the driver for the
-  whole transfer (the upload before that).
+  whole transfer.
 
 One process, the grid's analysis once, a warm-up call per device count (in the
-``kept`` arm: it makes the kept copies), then the arms alternated: per call the
-wall seconds, the copiers' largest ``prepare`` seconds (index upload, slots,
-final entries) and, on several GPUs, the first split front's wait in
-recording its ready event (``info['split_fronts'][0]['host_seconds']['ready']``),
-on one GPU the engine's waits for R's copy and for the device; medians and the
-speedup against the median one-GPU call of the arm ``--anchor``. Several GPUs
-use the flops mapping (``device_speeds=None``), as ``bench/multi_gpu.py`` does
-by default.
+``kept`` arm where it runs: it makes the kept copies), then the arms
+alternated (``--arms`` on one GPU, ``--arms-many`` on several): per call the
+wall seconds, an R checksum, the copiers' largest ``prepare`` seconds (index
+upload, slots, final entries) and, on several GPUs, the first split front's
+wait in recording its ready event
+(``info['split_fronts'][0]['host_seconds']['ready']``), on one GPU the
+engine's waits for R's copy and for the device and its launch loop; medians
+and the speedup against the median one-GPU call of the arm ``--anchor``.
+Several GPUs use the flops mapping (``device_speeds=None``), as
+``bench/multi_gpu.py`` does by default.
 """
 
 from __future__ import annotations
@@ -41,36 +43,12 @@ import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-ARMS = ("kept", "chunks", "chunks1", "pageable")
+ARMS = ("chunks", "chunks8", "chunks1", "kept", "pageable")
 
 
-def _pageable(cp, out, host, stream, chunk_bytes=None):
+def _pageable(cp, out, host, stream, chunk_bytes=None, threads=None):
     """One copy from pageable memory."""
     out.set(host, stream=stream)
-
-
-def _one_thread(cp, out, host, stream, chunk_bytes=32 << 20):
-    """Through two pinned buffers in turn, each filled by one thread."""
-    import cupyx
-    n = int(host.size)
-    m = max(int(chunk_bytes) // host.itemsize, 1)
-    if n <= m:
-        out.set(host, stream=stream)
-        return
-    bufs = [cupyx.empty_pinned((m,), dtype=host.dtype) for _ in range(2)]
-    sent = [None, None]
-    for k, first in enumerate(range(0, n, m)):
-        last = min(first + m, n)
-        s = k % 2
-        if sent[s] is not None:
-            sent[s].synchronize()
-        np.copyto(bufs[s][:last - first], host[first:last])
-        out[first:last].set(bufs[s][:last - first], stream=stream)
-        sent[s] = cp.cuda.Event(disable_timing=True)
-        sent[s].record(stream)
-    for ev in sent:
-        if ev is not None:
-            ev.synchronize()
 
 
 def main(argv=None) -> int:
@@ -78,10 +56,12 @@ def main(argv=None) -> int:
     p.add_argument("--grid", type=int, default=64)
     p.add_argument("--gpus", default="1,4")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--arms", default="chunks,chunks1,kept,pageable",
+                   help="arms on one GPU, in order (of " + ",".join(ARMS) + ")")
+    p.add_argument("--arms-many", default="chunks,chunks8,kept,pageable",
+                   help="arms on several GPUs, in order")
     p.add_argument("--anchor", default="chunks", help="the one-GPU arm the speedups are against")
     a = p.parse_args(argv)
-    arms = [x for x in a.arms.split(",") if x]
 
     import cupy as cp
     import cupyx
@@ -92,27 +72,30 @@ def main(argv=None) -> int:
     from scipy_gpuqr._symbolic import analyze
     from scipy_gpuqr._testing_matrices import grid3d_least_squares
 
-    uploads = {"chunks": rcopy.upload_through_pinned, "chunks1": _one_thread,
-               "pageable": _pageable, "kept": rcopy.upload_through_pinned}
-    kept_lookup = multi_device.kept_pinned_index
-    base_copy = rcopy.CupyRCopy
-    copiers = []
-    one_gpu_kept = {}                   # id(index) -> (index, pinned copy): the kept arm on one GPU
-    state = {"arm": None}
+    package = rcopy.upload_through_pinned
+    held = {}                           # id(index) -> (index, its pinned copy): the kept arm
 
-    def one_gpu_pin(index):
-        hit = one_gpu_kept.get(id(index))
-        if hit is None or hit[0] is not index:
-            pin = cupyx.empty_pinned(index.shape, dtype=index.dtype)
-            pin[...] = index
-            one_gpu_kept[id(index)] = hit = (index, pin)
-        return hit[1]
+    def kept(cp_, out, host, stream, chunk_bytes=None, threads=None):
+        hit = held.get(id(host))
+        if hit is None or hit[0] is not host:
+            pin = cupyx.empty_pinned(host.shape, dtype=host.dtype)
+            np.copyto(pin, host)
+            held[id(host)] = hit = (host, pin)
+        out.set(hit[1], stream=stream)
+
+    def threads_at_most(most):
+        def upload(cp_, out, host, stream, chunk_bytes=rcopy.SLOT_BYTES, threads=None):
+            package(cp_, out, host, stream, chunk_bytes, threads=most)
+        return upload
+
+    uploads = {"chunks": package, "chunks8": threads_at_most(None),
+               "chunks1": threads_at_most(1), "kept": kept, "pageable": _pageable}
+    copiers = []
+    base_copy = rcopy.CupyRCopy
 
     class SeenCopy(base_copy):
-        def __init__(self, device, pool, index, staging, final=None, sink=None, pin=None):
-            if pin is None and state["arm"] == "kept":
-                pin = one_gpu_pin
-            super().__init__(device, pool, index, staging, final, sink=sink, pin=pin)
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
             copiers.append(self)
 
     multi_device.CupyRCopy = gpu_device.CupyRCopy = SeenCopy
@@ -129,10 +112,7 @@ def main(argv=None) -> int:
           f"{time.perf_counter() - t:.1f} s", flush=True)
 
     def call(k, arm):
-        state["arm"] = arm
         rcopy.upload_through_pinned = uploads[arm]
-        if arm != "kept":
-            multi_device.kept_pinned_index = lambda *args, **kw: None
         copiers.clear()
         try:
             sync()
@@ -141,9 +121,7 @@ def main(argv=None) -> int:
                 A, an, devices=tuple(range(k)), device_speeds=None))
             s = time.perf_counter() - t
         finally:
-            rcopy.upload_through_pinned = uploads["chunks"]
-            multi_device.kept_pinned_index = kept_lookup
-            state["arm"] = None
+            rcopy.upload_through_pinned = package
         info = qr.info
         split = info.get("split_fronts") or []
         wait = (split[0]["host_seconds"]["ready"]
@@ -153,8 +131,7 @@ def main(argv=None) -> int:
         sec = info.get("seconds", {})
         extra = (f"wait R copy {sec.get('wait_r_copy', 0):.3f} wait gpu "
                  f"{sec.get('wait_gpu', 0):.3f} launch loop {sec.get('launch_loop', 0):.3f}"
-                 if k == 1 else
-                 f"first split ready {wait:.3f} pinned now {info.get('pinned_indices')}")
+                 if k == 1 else f"first split ready {wait:.3f}")
         chk = float(np.abs(qr.R.data[::1000]).sum())
         qr.free()
         sync()
@@ -166,8 +143,9 @@ def main(argv=None) -> int:
 
     rows = {}
     for k in (int(g) for g in a.gpus.split(",")):
+        arms = [x for x in (a.arms if k == 1 else a.arms_many).split(",") if x]
         t = time.perf_counter()
-        try:                            # warm-up: kernels, plans, kept copies
+        try:                            # warm-up: kernels, plans, the kept copies
             call(k, "kept" if "kept" in arms else arms[0])
         except Exception as exc:                # noqa: BLE001 - the arms go on
             print(f"  {k} GPU warm-up: {type(exc).__name__}: {exc}", flush=True)
@@ -178,6 +156,7 @@ def main(argv=None) -> int:
                     rows.setdefault((k, arm), []).append(call(k, arm))
                 except Exception as exc:        # noqa: BLE001 - the other arms go on
                     print(f"  {k} GPU {arm}: {type(exc).__name__}: {exc}", flush=True)
+        held.clear()                    # the kept copies of this device count's indices
     ones = [s for s, _, _ in rows.get((1, a.anchor), [])]
     one = statistics.median(ones) if ones else float("nan")
     print(f"| GPUs | index upload | calls s | median s | x one GPU ({a.anchor}) | "
