@@ -174,6 +174,19 @@ def _once(A, b, backend, debug=False):
     return row, x
 
 
+def _high_priority_side_stream(cp):
+    """``solve_rank._side_stream`` made at the device's highest stream priority
+    (mode ``prio``): the rank decision's first block beside ``Qᵀb`` then takes
+    the SMs that a link-bound replay kernel's blocks free first. One per device,
+    as the package's (the bench's decisions run on one thread)."""
+    dev = int(cp.cuda.Device().id)
+    made = _DEFAULTS.setdefault("priority_streams", {})
+    if dev not in made:
+        _, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
+        made[dev] = cp.cuda.Stream(non_blocking=True, priority=greatest)
+    return made[dev]
+
+
 #: ``--modes``: an A/B in one process (its calls interleaved), each mode the
 #: package's defaults with a few settings changed: how Q's solve brings an
 #: earlier stage's reflector bands up (``reflector_upload.BAND_UPLOAD``), how a
@@ -198,7 +211,9 @@ def _once(A, b, backend, debug=False):
 #: factorization's rank decision solves its first block beside ``Qᵀb``
 #: (``solve.STAGED_BESIDE``; ``after``: ``Qᵀb`` first) and from how many rows of R
 #: a front's rows go up as their upper trapezoid (``trsolve.TRAPEZOID_MIN_ROWS``;
-#: ``fullrows``: none, every row whole; ``before``: both as they were).
+#: ``fullrows``: none, every row whole; ``before``: both as they were); the stream
+#: that first block is solved on (``prio``: at the highest priority,
+#: :func:`_high_priority_side_stream`).
 MODES = {"defaults": {},
          "bands": {"band_upload": "mapped"},
          "panels-mapped": {"slab_panels": "mapped"},
@@ -218,7 +233,8 @@ MODES = {"defaults": {},
          "noasm": {"assemble": "off"},
          "after": {"staged_beside": False},
          "fullrows": {"trapezoid_rows": 1 << 62},
-         "before": {"staged_beside": False, "trapezoid_rows": 1 << 62}}
+         "before": {"staged_beside": False, "trapezoid_rows": 1 << 62},
+         "prio": {"side_stream": _high_priority_side_stream}}
 
 #: Each setting of :data:`MODES`: its module (under ``scipy_gpuqr``) and name.
 _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
@@ -229,7 +245,8 @@ _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
              "prefetch_first": ("_engine.gpu.solve", "PREFETCH_FIRST"),
              "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE"),
              "staged_beside": ("_engine.gpu.solve", "STAGED_BESIDE"),
-             "trapezoid_rows": ("_engine.gpu.trsolve", "TRAPEZOID_MIN_ROWS")}
+             "trapezoid_rows": ("_engine.gpu.trsolve", "TRAPEZOID_MIN_ROWS"),
+             "side_stream": ("_factor.solve_rank", "_side_stream")}
 
 
 class _NoPlans:

@@ -545,10 +545,11 @@ def test_trapezoid_rows_solve_as_the_whole_rows(dtype, monkeypatch):
 
 
 def test_staged_decision_solves_its_first_block_beside_qtb(monkeypatch):
-    """A rank-deficient problem staged under a pool limit: its rank decision solves
-    ``R⁻ᵀΩ`` on a stream of its own while ``Qᵀb`` replays (``solve.STAGED_BESIDE``),
-    R's rows going up beside Q's first pack where they fit; rank and x are
-    lstsq's and those of ``Qᵀb`` first; nothing is left on the device."""
+    """A rank-deficient problem staged under a pool limit (half its one-stage need:
+    three stages, the root a host front): its rank decision solves ``R⁻ᵀΩ`` on a
+    stream of its own while ``Qᵀb`` replays (``solve.STAGED_BESIDE``), R's rows
+    going up beside Q's first pack where they fit; rank and x are lstsq's and
+    those of ``Qᵀb`` first; nothing is left on the device."""
     import cupy as cp
 
     from scipy_gpuqr import QRFactorization
@@ -557,7 +558,7 @@ def test_staged_decision_solves_its_first_block_beside_qtb(monkeypatch):
     from scipy_gpuqr._factor import solve_rank as sr
     from scipy_gpuqr._testing_matrices import chessboard_boundary
     monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
-    A = chessboard_boundary(5, 7, 3)                      # 4200×2100, rank 1714
+    A = chessboard_boundary(6, 7, 3)                      # 12600×4200, rank 3611
     b = np.cos(np.arange(A.shape[0]))
     an = analyze(A)
     need = plan_for_memory(an, _needs(an), None).peak
@@ -573,10 +574,10 @@ def test_staged_decision_solves_its_first_block_beside_qtb(monkeypatch):
             before = len(sides)
             F = QRFactorization(A, backend="gpu")
             bi = F.info["backend_info"]
-            assert F.info["backend"] == "gpu" and bi["stages"] > 1
+            assert F.info["backend"] == "gpu" and bi["stages"] > 1 and bi["host_fronts"], bi
             x = F.solve(b)
             solver = F._core.rank_decision()
-            assert solver.method == "nullspace_cod" and solver.rank == 1714
+            assert solver.method == "nullspace_cod" and solver.rank == 3611
             assert (len(sides) > before) == beside
             assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
             xs.setdefault(beside, x)

@@ -586,11 +586,11 @@ class NullspaceCOD:
         Fetch ``rhs()`` on the calling thread's stream while the first block
         ``U_d = orth(R⁻ᵀΩ)`` is solved on a stream of its own
         (:func:`_side_stream`), on the device only: the caller says so where
-        the fetch reads what already lies on the device (``Qᵀb`` of a
-        factorization whose every stage's pool is there, nothing sent up that
-        R's rows would compete with), so that the two sequences of small
-        kernels overlap on the device. Otherwise, and by default, ``rhs()``
-        comes first (see ``rhs``).
+        the two overlap (``Qᵀb`` of a factorization whose every stage's pool is
+        on the device: two sequences of small kernels; of a staged one: a
+        replay bound by the link beside solves bound by the device, R's rows
+        going up beside the first stage ``Qᵀ`` reads where they fit).
+        Otherwise, and by default, ``rhs()`` comes first (see ``rhs``).
 
     Raises
     ------
