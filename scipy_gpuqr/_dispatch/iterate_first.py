@@ -356,7 +356,7 @@ GAP_GPU_MIN_ORDER = 600
 #: ``DenseSubspaceCOD``: R made dense there and its σ test, a few steps of a block inverse
 #: subspace iteration with 128 columns, the probe of the gap), where U's pivots hide
 #: A's deficiency: nnc1374's (q = 1374) on one H200, the median of an auto call's.
-SUBSPACE_GPU_S_PER_SQUARE = 2.6e-8
+SUBSPACE_GPU_S_PER_SQUARE = 1.4e-8
 #: Where U's pivots predict the gap-checked COD, the run stops unless its long trend
 #: (:meth:`Allowance._trend`; the window's projection before there is one, whose
 #: flicker would keep the verdict from being confirmed) promises convergence within
