@@ -213,7 +213,9 @@ def _high_priority_side_stream(cp):
 #: a front's rows go up as their upper trapezoid (``trsolve.TRAPEZOID_MIN_ROWS``;
 #: ``fullrows``: none, every row whole; ``before``: both as they were); the stream
 #: that first block is solved on (``prio``: at the highest priority,
-#: :func:`_high_priority_side_stream`).
+#: :func:`_high_priority_side_stream`); the grid of the kernel reading a host
+#: front's panels over the link for ``Q`` (``dense_front.MAPPED_READ_BLOCKS``;
+#: ``narrow``: one block per SM of an H200).
 MODES = {"defaults": {},
          "bands": {"band_upload": "mapped"},
          "panels-mapped": {"slab_panels": "mapped"},
@@ -234,7 +236,8 @@ MODES = {"defaults": {},
          "after": {"staged_beside": False},
          "fullrows": {"trapezoid_rows": 1 << 62},
          "before": {"staged_beside": False, "trapezoid_rows": 1 << 62},
-         "prio": {"side_stream": _high_priority_side_stream}}
+         "prio": {"side_stream": _high_priority_side_stream},
+         "narrow": {"mapped_blocks": 132}}
 
 #: Each setting of :data:`MODES`: its module (under ``scipy_gpuqr``) and name.
 _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
@@ -246,7 +249,8 @@ _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
              "staged_dense": ("_engine.gpu.driver", "STAGED_DENSE"),
              "staged_beside": ("_engine.gpu.solve", "STAGED_BESIDE"),
              "trapezoid_rows": ("_engine.gpu.trsolve", "TRAPEZOID_MIN_ROWS"),
-             "side_stream": ("_factor.solve_rank", "_side_stream")}
+             "side_stream": ("_factor.solve_rank", "_side_stream"),
+             "mapped_blocks": ("_engine.dense_front", "MAPPED_READ_BLOCKS")}
 
 
 class _NoPlans:

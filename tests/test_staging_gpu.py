@@ -299,7 +299,7 @@ def test_streamed_solve_of_a_host_front_equals_the_dense_solve(dtype, monkeypatc
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_host_front_panels_read_where_the_pinned_front_lies(dtype):
+def test_host_front_panels_read_where_the_pinned_front_lies(dtype, monkeypatch):
     # Qᵀ / Q of a device block with a host front's panels brought up by the copy
     # kernel reading the pinned front (a staircase front inside a poisoned pool,
     # as a stage's host pool holds it) equal the 2-D copies' bit for bit and the
@@ -307,6 +307,7 @@ def test_host_front_panels_read_where_the_pinned_front_lies(dtype):
     import cupy as cp
     import cupyx
 
+    from scipy_gpuqr._engine import dense_front
     from scipy_gpuqr._engine.dense_front import (DenseFront, HostDenseFront, factorize_numpy,
                                                  panels_of)
     from scipy_gpuqr._testing_matrices import staircase_front
@@ -343,6 +344,13 @@ def test_host_front_panels_read_where_the_pinned_front_lies(dtype):
     if dtype == np.float64:
         np.testing.assert_array_equal(got["mapped"], got["copy2d"])
         np.testing.assert_array_equal(got["mapped"], got["pageable"])
+    # the read by a grid of a few blocks (dense_front.MAPPED_READ_BLOCKS): the same bits
+    monkeypatch.setattr(dense_front, "MAPPED_READ_BLOCKS", 3)
+    d = HostDenseFront(front, panels, T, upload="mapped")
+    Y = cp.asarray(Y0)
+    d.apply_qt(Y)
+    assert d.mapped_panels == len(panels)
+    np.testing.assert_array_equal(Y.get(), got["mapped"])
     with pytest.raises(ValueError, match="upload must be one of"):
         HostDenseFront(Fh, panels, T, upload="bogus")
 

@@ -77,6 +77,13 @@ REFLECTOR_UPLOADS = ("mapped", "copy2d")
 #: The default of :data:`REFLECTOR_UPLOADS`.
 REFLECTOR_UPLOAD = "mapped"
 
+#: Most thread blocks of the copy kernel that reads a panel over the link
+#: (``"mapped"``; None: the array ops' grid, :data:`~.gpu.array_ops.MAX_BLOCKS`).
+#: The link bounds the read, not the SMs: a few blocks per SM keep enough loads in
+#: flight, where a full grid holds every SM through the read and keeps kernels of
+#: other streams waiting (the rank decision's first block solved beside ``Qᵀb``).
+MAPPED_READ_BLOCKS = None
+
 
 def panels_of(fm: int, fn: int, stair, nb: int = DEFAULT_PANEL) -> list:
     """The panels ``(j, rows, b)`` of a staircase front.
@@ -300,7 +307,8 @@ class HostDenseFront(DenseFront):
         for p, (j, rows, b) in (order if trans else order[::-1]):
             V = buf[:rows * b].reshape(rows, b)
             if view is not None:    # read over the link, the triangle made on the way
-                ops.unit_triangle(view[j:j + rows, j:j + b], lower=True, out=V)
+                ops.unit_triangle(view[j:j + rows, j:j + b], lower=True, out=V,
+                                  blocks=MAPPED_READ_BLOCKS)
                 self.mapped_panels += 1
             else:
                 ops.upload_block(F, j, j + rows, j, j + b, V, stream)

@@ -79,9 +79,10 @@ def _shape2(a) -> tuple:
     return (int(a.shape[0]), 1) if a.ndim == 1 else (int(a.shape[0]), int(a.shape[1]))
 
 
-def _launch(name: str, n: int, args: tuple) -> None:
+def _launch(name: str, n: int, args: tuple, most: int | None = None) -> None:
     if n:
-        _fn(name)((_blocks(n),), (OPS_THREADS,), args)
+        blocks = _blocks(n) if most is None else max(1, min(_blocks(n), int(most)))
+        _fn(name)((blocks,), (OPS_THREADS,), args)
 
 
 def _ew2d(dst, src, mode: int) -> None:
@@ -171,12 +172,15 @@ def fresh_float64(C):
     return cp.array(C, dtype=np.float64, order="C", copy=True)
 
 
-def unit_triangle(src, lower: bool, out=None, *, unit: bool = True):
+def unit_triangle(src, lower: bool, out=None, *, unit: bool = True, blocks: int | None = None):
     """``src``'s strict lower (``lower``) or upper triangle, a unit diagonal, zeros
     elsewhere (``tril(src, -1)`` or ``triu(src, 1)`` with ones on the diagonal;
     ``unit=False``: ``src``'s own diagonal, ``tril(src)`` or ``triu(src)``), into
     ``out`` (same shape and value type, any strides) or a new C-contiguous
-    array."""
+    array. ``blocks``: most thread blocks of the launch (default
+    :data:`MAX_BLOCKS`; a grid-stride loop covers the rest): a source read over
+    the link keeps the link busy with few, where a full grid would hold every
+    SM while it waits and keep kernels of other streams off them."""
     import cupy as cp
     if out is None:
         out = cp.empty(src.shape, dtype=src.dtype)
@@ -188,7 +192,7 @@ def unit_triangle(src, lower: bool, out=None, *, unit: bool = True):
     mode = (1 if lower else 0) | (0 if unit else 2)
     _launch(f"unit_tri_{_VALUE[np.dtype(src.dtype)]}", rows * cols,
             (out, np.int64(drs), np.int64(dcs), src, np.int64(srs), np.int64(scs),
-             np.int64(rows), np.int64(cols), np.int32(mode)))
+             np.int64(rows), np.int64(cols), np.int32(mode)), blocks)
     return out
 
 
