@@ -8,15 +8,14 @@ Each R copier uploads its stage's gather index (grid 64³: 862 million int64
 entries on one GPU; 326 million int32 for the upper stage on four) before it
 copies R back. The arms:
 
-* ``chunks`` (the package): through two pinned buffers in turn
-  (``rcopy.upload_through_pinned``), each filled on up to eight threads on one
-  GPU, by one thread on several (``CupyRCopy(index_threads=1)``);
-* ``chunks8``: each buffer filled on up to eight threads on several GPUs too;
-* ``chunks1``: each buffer filled by one thread on one GPU too;
+* ``package``: as the package sends it: one copy from pageable memory on one
+  GPU, through pinned chunks on several (``CupyRCopy(index_through_pinned=True)``);
+* ``chunks``: through two pinned buffers in turn (``rcopy.upload_through_pinned``)
+  on one GPU too;
 * ``kept``: a pinned copy of each index, made by the bench in the warm-up call
   and kept, goes up in one asynchronous copy;
-* ``pageable``: one copy from pageable memory, which holds the driver for the
-  whole transfer.
+* ``pageable``: one copy from pageable memory on several GPUs too, which holds
+  the driver for the whole transfer.
 
 One process, the grid's analysis once, a warm-up call per device count (in the
 ``kept`` arm where it runs: it makes the kept copies), then the arms
@@ -43,12 +42,9 @@ import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-ARMS = ("chunks", "chunks8", "chunks1", "kept", "pageable")
-
-
-def _pageable(cp, out, host, stream, chunk_bytes=None, threads=None):
-    """One copy from pageable memory."""
-    out.set(host, stream=stream)
+ARMS = ("package", "chunks", "kept", "pageable")
+#: Each arm's ``index_through_pinned`` (None: the package's own choice).
+THROUGH_PINNED = {"package": None, "chunks": True, "kept": True, "pageable": False}
 
 
 def main(argv=None) -> int:
@@ -56,11 +52,11 @@ def main(argv=None) -> int:
     p.add_argument("--grid", type=int, default=64)
     p.add_argument("--gpus", default="1,4")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--arms", default="chunks,chunks1,kept,pageable",
+    p.add_argument("--arms", default="package,chunks",
                    help="arms on one GPU, in order (of " + ",".join(ARMS) + ")")
-    p.add_argument("--arms-many", default="chunks,chunks8,kept,pageable",
+    p.add_argument("--arms-many", default="package,pageable",
                    help="arms on several GPUs, in order")
-    p.add_argument("--anchor", default="chunks", help="the one-GPU arm the speedups are against")
+    p.add_argument("--anchor", default="package", help="the one-GPU arm the speedups are against")
     a = p.parse_args(argv)
 
     import cupy as cp
@@ -75,7 +71,7 @@ def main(argv=None) -> int:
     package = rcopy.upload_through_pinned
     held = {}                           # id(index) -> (index, its pinned copy): the kept arm
 
-    def kept(cp_, out, host, stream, chunk_bytes=None, threads=None):
+    def kept(cp_, out, host, stream, chunk_bytes=None):
         hit = held.get(id(host))
         if hit is None or hit[0] is not host:
             pin = cupyx.empty_pinned(host.shape, dtype=host.dtype)
@@ -83,18 +79,15 @@ def main(argv=None) -> int:
             held[id(host)] = hit = (host, pin)
         out.set(hit[1], stream=stream)
 
-    def threads_at_most(most):
-        def upload(cp_, out, host, stream, chunk_bytes=rcopy.SLOT_BYTES, threads=None):
-            package(cp_, out, host, stream, chunk_bytes, threads=most)
-        return upload
-
-    uploads = {"chunks": package, "chunks8": threads_at_most(None),
-               "chunks1": threads_at_most(1), "kept": kept, "pageable": _pageable}
     copiers = []
+    arm_now = ["package"]
     base_copy = rcopy.CupyRCopy
 
     class SeenCopy(base_copy):
         def __init__(self, *args, **kw):
+            pinned = THROUGH_PINNED[arm_now[0]]
+            if pinned is not None:
+                kw["index_through_pinned"] = pinned
             super().__init__(*args, **kw)
             copiers.append(self)
 
@@ -112,7 +105,8 @@ def main(argv=None) -> int:
           f"{time.perf_counter() - t:.1f} s", flush=True)
 
     def call(k, arm):
-        rcopy.upload_through_pinned = uploads[arm]
+        rcopy.upload_through_pinned = kept if arm == "kept" else package
+        arm_now[0] = arm
         copiers.clear()
         try:
             sync()
@@ -122,6 +116,7 @@ def main(argv=None) -> int:
             s = time.perf_counter() - t
         finally:
             rcopy.upload_through_pinned = package
+            arm_now[0] = "package"
         info = qr.info
         split = info.get("split_fronts") or []
         wait = (split[0]["host_seconds"]["ready"]

@@ -226,49 +226,6 @@ def test_index_upload_chunks_cover_the_index_once(monkeypatch):
         assert all(c[4][k - 2] for k, c in enumerate(copies) if k >= 2), n
 
 
-@pytest.mark.parametrize("per_thread, threads", [(1, None), (3, None), (1, 1), (1, 3),
-                                                  (1 << 20, None)])
-def test_index_upload_chunks_filled_on_threads(monkeypatch, per_thread, threads):
-    """Each chunk's copy into its pinned buffer split over up to ``threads`` threads
-    (None: the module's most): every entry lands once, in place, for chunks filled
-    by one to eight threads."""
-    import sys
-    import types
-    from scipy_gpuqr._engine.gpu import rcopy as gpu_rcopy
-
-    class Event:
-        def __init__(self, disable_timing=True):
-            pass
-
-        def record(self, stream):
-            pass
-
-        def synchronize(self):
-            pass
-
-    class Target:
-        def __init__(self, arr):
-            self.arr = arr
-
-        def __getitem__(self, sl):
-            return Target(self.arr[sl])
-
-        def set(self, src, stream=None):
-            self.arr[...] = src
-
-    fake_cp = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event))
-    monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(
-        empty_pinned=lambda shape, dtype: np.empty(shape, dtype=dtype)))
-    monkeypatch.setattr(gpu_rcopy, "UPLOAD_PER_THREAD", per_thread)
-    rng = np.random.default_rng()
-    for n in (9, 40, 45, 1000):
-        host = rng.integers(0, 1 << 30, n).astype(np.int64)
-        out = np.full(n, -1, dtype=np.int64)
-        gpu_rcopy.upload_through_pinned(fake_cp, Target(out), host, None, chunk_bytes=8 * 8,
-                                        threads=threads)
-        assert np.array_equal(out, host), (n, per_thread, threads)
-
-
 def test_float32_input_gives_float32_r():
     rng = np.random.default_rng()
     A = random_values(grid3d_least_squares(4), rng)
@@ -644,7 +601,8 @@ def test_index_upload_through_pinned_buffers(dtype):
 
 @pytest.mark.gpu
 def test_progressive_r_copy_with_its_index_in_pinned_chunks(monkeypatch):
-    """The copiers' gather index sent through pinned chunks of a few entries: R as
+    """The copiers' gather index sent through pinned chunks of a few entries (as a
+    multi-device call sends it; one device copies it from pageable memory): R as
     the default run's, bit for bit."""
     from scipy_gpuqr._engine.gpu import rcopy as gpu_rcopy
     rng = np.random.default_rng()
@@ -652,11 +610,19 @@ def test_progressive_r_copy_with_its_index_in_pinned_chunks(monkeypatch):
     an = analyze(A)
     ref = gpu_factorize(A, an)
     plain = gpu_rcopy.upload_through_pinned
+    sent = []
 
     def small_chunks(cp, out, host, stream, chunk_bytes=None):
+        sent.append(host.size)
         plain(cp, out, host, stream, chunk_bytes=256)
+    init = gpu_rcopy.CupyRCopy.__init__
+
+    def through_pinned(self, *args, **kwargs):
+        init(self, *args, **{**kwargs, "index_through_pinned": True})
     monkeypatch.setattr(gpu_rcopy, "upload_through_pinned", small_chunks)
+    monkeypatch.setattr(gpu_rcopy.CupyRCopy, "__init__", through_pinned)
     g = gpu_factorize(A, an)
+    assert sent and max(sent) * 8 > 256
     assert np.array_equal(g.R.indices, ref.R.indices)
     assert np.array_equal(g.R.data, ref.R.data)
     g.free()

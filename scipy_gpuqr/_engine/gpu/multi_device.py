@@ -1345,9 +1345,9 @@ class _MultiStageRun:
         staging = None if self.ahead is None else self.ahead.staging(k)
         if staging is None:
             staging = staging_for(layout, self.r_slot)
-        try:        # its index's chunks filled by one thread: the devices' threads enqueue
+        try:        # its index through pinned chunks: the devices' threads enqueue meanwhile
             return CupyRCopy(layer, h["pool"], gidx, staging, _final, sink=sink,
-                             index_threads=1), None
+                             index_through_pinned=True), None
         except BaseException:
             staging.release()           # no worker started: the next turn may go
             raise

@@ -68,11 +68,6 @@ SLOT_BYTES = 32 << 20
 #: Elements per thread of the host copies (page touching, a slot's copy out).
 HOST_COPY_PER_THREAD = 1 << 20
 
-#: Most threads, and fewest entries per thread, of a chunk's copy into pinned
-#: memory in :func:`upload_through_pinned`.
-UPLOAD_THREADS = 8
-UPLOAD_PER_THREAD = 1 << 20
-
 #: A progressive copy is started once this many bytes of R became final.
 MIN_CHUNK_BYTES = 16 << 20
 
@@ -737,20 +732,20 @@ def touched(n: int, dtype, threads: int | None = None) -> np.ndarray:
 
 
 def upload_through_pinned(cp, out, host: np.ndarray, stream,
-                          chunk_bytes: int = SLOT_BYTES, threads: int | None = None) -> None:
+                          chunk_bytes: int = SLOT_BYTES) -> None:
     """``out[:] = host`` (device and host arrays of one dtype and size) on ``stream``.
 
     A copy from pageable memory is staged by the driver through its own pinned
     buffer and holds the calling thread, and the driver, for the whole
     transfer; an R copier's gather index (hundreds of millions of entries on
-    the largest problems) then held up the launches of other threads on the
-    same device. Above ``chunk_bytes`` the index goes instead through two
-    pinned buffers of that size in turn (CuPy's pinned pool hands the same
-    blocks back to the next copier): a chunk is copied into a buffer on the
-    host, split over up to ``threads`` threads (None: :data:`UPLOAD_THREADS`;
-    NumPy leaves the GIL meanwhile), and sent asynchronously, a buffer
-    refilled once its previous copy completed. Returns once every copy has
-    completed, so the buffers may go back to the pool.
+    the largest problems) then held up the launches of the other devices'
+    threads in a multi-device call. Above ``chunk_bytes`` the index goes
+    instead through two pinned buffers of that size in turn (CuPy's pinned
+    pool hands the same blocks back to the next copier): a chunk is copied
+    into a buffer on the host (NumPy leaves the GIL meanwhile) and sent
+    asynchronously, a buffer refilled once its previous copy completed.
+    Returns once every copy has completed, so the buffers may go back to the
+    pool.
     """
     n = int(host.size)
     m = max(int(chunk_bytes) // host.itemsize, 1)
@@ -760,31 +755,15 @@ def upload_through_pinned(cp, out, host: np.ndarray, stream,
     import cupyx
     bufs = [cupyx.empty_pinned((m,), dtype=host.dtype) for _ in range(2)]
     sent = [None, None]
-    threads = thread_count(m, UPLOAD_PER_THREAD,
-                           most=UPLOAD_THREADS if threads is None else max(int(threads), 1))
-    pool = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpuqr-index-up")
-            if threads > 1 else None)
-
-    def fill(i0, i1, buf, first):
-        np.copyto(buf[i0 - first:i1 - first], host[i0:i1])
-    try:
-        for k, first in enumerate(range(0, n, m)):
-            last = min(first + m, n)
-            s = k % 2
-            if sent[s] is not None:
-                sent[s].synchronize()
-            if pool is None:
-                fill(first, last, bufs[s], first)
-            else:
-                cuts = np.linspace(first, last, threads + 1).astype(np.int64)
-                list(pool.map(fill, cuts[:-1], cuts[1:], [bufs[s]] * threads,
-                              [first] * threads))
-            out[first:last].set(bufs[s][:last - first], stream=stream)
-            sent[s] = cp.cuda.Event(disable_timing=True)
-            sent[s].record(stream)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True)
+    for k, first in enumerate(range(0, n, m)):
+        last = min(first + m, n)
+        s = k % 2
+        if sent[s] is not None:
+            sent[s].synchronize()
+        np.copyto(bufs[s][:last - first], host[first:last])
+        out[first:last].set(bufs[s][:last - first], stream=stream)
+        sent[s] = cp.cuda.Event(disable_timing=True)
+        sent[s].record(stream)
     for ev in sent:
         if ev is not None:
             ev.synchronize()
@@ -813,15 +792,15 @@ class CupyRCopy:
         of filling an array of its own: a multi-device factorization
         scatters a stage's values straight into R's ``data``. :meth:`result`
         then returns an empty array.
-    index_threads : int, optional
-        Most threads filling the pinned chunks the index goes up through
-        (:func:`upload_through_pinned`; None: :data:`UPLOAD_THREADS`). Where other
-        devices' threads enqueue meanwhile (a multi-device call), one: a fill on
-        several threads then held those threads up more than it saved.
+    index_through_pinned : bool
+        The index goes up through pinned chunks (:func:`upload_through_pinned`),
+        holding no other thread: where other devices' threads enqueue meanwhile
+        (a multi-device call). Otherwise in one copy from pageable memory, the
+        faster on one device.
     """
 
     def __init__(self, device, pool, index, staging, final=None, sink=None,
-                 index_threads=None):
+                 index_through_pinned=False):
         self.dev = device
         self.cp = device.cp
         self.pool = pool
@@ -832,7 +811,7 @@ class CupyRCopy:
         self.dtype = device.dtype
         self.q = queue.SimpleQueue()
         self.sink = sink
-        self.index_threads = index_threads
+        self.index_through_pinned = bool(index_through_pinned)
         self.out = np.empty(self.n if sink is None else 0, dtype=self.dtype)
         self.copies = 0
         self.seconds = {}
@@ -907,9 +886,10 @@ class CupyRCopy:
                 idx_h = np.ascontiguousarray(self.index)
                 with cs:
                     didx = cp.empty(max(self.n, 1), dtype=idx_h.dtype)
-                if self.n:
-                    upload_through_pinned(cp, didx[:self.n], idx_h, cs,
-                                          threads=self.index_threads)
+                if self.n and self.index_through_pinned:
+                    upload_through_pinned(cp, didx[:self.n], idx_h, cs)
+                elif self.n:
+                    didx[:self.n].set(idx_h, stream=cs)
                 with cs:
                     slot_elems = max(min(self.staging.nbytes,
                                          getattr(self.dev, "r_copy_slot_bytes", SLOT_BYTES))
