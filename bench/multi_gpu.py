@@ -76,7 +76,7 @@ switch interval (``multi_gpu_factorize(switch_interval=...)``; one GPU through
 interpreter's lock back, who held it long and where, every Python thread's
 CPU seconds, and each device thread's steps (``info``'s ``events``).
 ``--keep-pools`` keeps CuPy's device and pinned memory pools between the calls
-of a setting, as a user's repeated call finds them; by default every call
+of a setting (the public calls' too), as a user's repeated call finds them; by default every call
 starts with emptied pools, so it allocates (and pins) its memory again, which
 in a multi-device call stalls the other devices' threads (CuPy pins host memory
 holding the interpreter's lock).
@@ -436,7 +436,10 @@ class _Runner:
 def _public(A, ids, reps, runner, devices=None):
     """The public call with ``GpuqrOptions(devices=...)`` (``ids``, or ``devices``:
     'auto') and one solve: the median seconds after ``reps`` calls that follow a
-    first, and the GPUs the last call ran on (its plan's reasons)."""
+    first, and the GPUs the last call ran on (its plan's reasons). Between the
+    calls the pools are handled as between the engine's (``runner.between``:
+    kept with ``--keep-pools``, as a user's repeated call finds them; emptied,
+    the next call allocates its device memory and pins its buffers again)."""
     from scipy_gpuqr import GpuqrOptions, QRFactorization
     b = np.random.default_rng(0).standard_normal(A.shape[0])
     times, used = [], 1
@@ -448,7 +451,8 @@ def _public(A, ids, reps, runner, devices=None):
             F.solve(b)
             used = gpus_used(F.info)
         times.append(time.perf_counter() - t0)
-        runner.free()
+        runner.between()
+    runner.free()
     return statistics.median(times[1:]), used
 
 
