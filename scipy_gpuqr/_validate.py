@@ -169,7 +169,9 @@ def as_matrix(A, *, name: str = "A") -> MatrixInput:
                             "served by SciPy's original functions")
         if A.ndim != 2:
             raise ValueError(f"{name} must be 2-D, got shape {A.shape}")
-        C = sp.csc_array(A.tocsc(copy=True), dtype=np.float64, copy=True)
+        # one copy: SciPy copies a CSC input itself and converts any other format
+        # into new arrays (A.tocsc(copy=True) first made a second copy of CSC input)
+        C = sp.csc_array(A, dtype=np.float64, copy=True)
         was_sparse = True
     else:
         fmt = None
