@@ -504,3 +504,99 @@ def test_an_exactly_singular_lu_whose_run_converges_at_once_says_so():
     watch.lu_at = (400, 0.0)
     assert watch._lu_singular and watch._floor() == 0.0
     assert "A exactly singular" in watch.summary() and not plans
+
+
+# ---------------------------------------------------------------------------
+# the LU ahead on a worker (a host with cores to spare)
+
+class _Ahead(_Square):
+    """A stand-in that records when its factorization was started ahead."""
+
+    def __init__(self, clear, deficient=False):
+        super().__init__(clear, deficient=deficient)
+        self.ahead_at = []
+
+    def factor_ahead(self):
+        self.ahead_at.append(self._now)
+        self.factor()           # done at once: the rule reads it where it would make it
+
+
+def _stalling_noting(watch, square, iterations, per=1e-5):
+    for k in range(1, iterations + 1):
+        square._now = k * per
+        if watch(_State(k, k * per, 1.0, 10 ** (-1e-4 * k))):
+            return k
+    return None
+
+
+@pytest.mark.parametrize("cpus", [2, 16])
+def test_the_lu_starts_ahead_only_with_cores_to_spare(cpus, monkeypatch):
+    """With LU_AHEAD_MIN_CPUS cores or more the LU starts on a worker once the run has
+    cost LU_AHEAD_SHARE of its prediction; the rule reads it at the same checkpoint as
+    without it, and stops the run at the same iteration."""
+    monkeypatch.setattr(policy, "usable_cpus", lambda: cpus)
+    square, plans = _Ahead(True), []
+    watch = _watch(square, plans)
+    stopped = _stalling_noting(watch, square, 5000)
+    monkeypatch.setattr(policy, "usable_cpus", lambda: 1)
+    ref, ref_plans = _Ahead(True), []
+    ref_watch = _watch(ref, ref_plans)
+    assert _stalling_noting(ref_watch, ref, 5000) == stopped
+    assert watch.lu_at == ref_watch.lu_at and not ref.ahead_at
+    if cpus >= policy.LU_AHEAD_MIN_CPUS:
+        lu = lu_seconds(10_000)
+        assert len(square.ahead_at) == 1
+        assert policy.LU_AHEAD_SHARE * lu <= square.ahead_at[0] < watch.lu_at[1]
+        assert square.ahead_at[0] <= policy.LU_AHEAD_SHARE * lu + 1e-5     # not a checkpoint late
+    else:
+        assert not square.ahead_at
+
+
+def test_no_lu_ahead_where_the_lu_is_dear_or_there_is_none(monkeypatch):
+    monkeypatch.setattr(policy, "usable_cpus", lambda: 16)
+    nnz = int((policy.LU_AHEAD_MAX_S - policy.LU_FIXED_S) / policy.LU_S_PER_ENTRY) + 10
+    square = _Ahead(True)
+    assert _watch(square, [], nnz=nnz)._ahead_at is None
+    assert _watch(_Square(True), [])._ahead_at is None      # no factor_ahead
+    assert _watch(_Ahead(True), [])._ahead_at is not None
+
+
+@pytest.mark.parametrize("name", ["nnc1374", "494_bus"])
+def test_square_lu_ahead_equals_the_lu_made_at_once(name):
+    """The LU made on a worker gives what the caller's own gives: clear, deficient, U's
+    pivot readings, the known norms (nnc1374: deficient, its U hiding the deficiency)."""
+    A = _mtx(name)
+    at_once = SquareLU(lambda: A, A.shape[0])
+    clear = at_once.factor()
+    ahead = SquareLU(lambda: A, A.shape[0])
+    ahead.factor_ahead()
+    ahead.factor_ahead()                        # once
+    assert ahead.factor() is clear and ahead.seconds > 0
+    assert (ahead.deficient, ahead.singular) == (at_once.deficient, at_once.singular)
+    assert ahead._revealed == (None if clear else at_once.revealed_dead())
+    if not clear:
+        assert ahead.hides_deficiency() == at_once.hides_deficiency() == (name == "nnc1374")
+        assert ahead.known_norms() == at_once.known_norms()
+
+
+def test_square_lu_ahead_declined_and_failed():
+    """A decline while the worker runs wins (the QR's factors answer); an error on the
+    worker is raised by factor()."""
+    import threading
+    gate = threading.Event()
+
+    def slow():
+        gate.wait(5)
+        return sp.csc_array(np.eye(3))
+    lu = SquareLU(slow, 3)
+    lu.factor_ahead()
+    lu.decline("the QR's factors were made ahead")
+    gate.set()
+    assert lu.factor() is False and "made ahead" in lu.why
+
+    def broken():
+        raise MemoryError("no room for the LU")
+    lu = SquareLU(broken, 3)
+    lu.factor_ahead()
+    with pytest.raises(MemoryError):
+        lu.factor()

@@ -45,6 +45,7 @@ then answers from those factors, or factorizes at the end.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from typing import Callable, Optional
 
@@ -128,22 +129,70 @@ class SquareLU:
         self._revealed: Optional[int] = None
         self._probe: Optional[tuple] = None     # (ν, margin) of a probe that failed
         self._sigma_max: Optional[float] = None     # σ_max(A), where the pivot split ran Lanczos
+        # held by whoever factorizes or reads U's pivots: a factorization ahead on a
+        # worker (:meth:`factor_ahead`) and the caller's thread never both do
+        self._lock = threading.RLock()
+        self._ahead: Optional[threading.Thread] = None
+        self._ahead_error: Optional[BaseException] = None
+        self._declined = ""             # why the QR's factors answer instead (decline)
 
     def decline(self, why: str) -> None:
-        """Not to be factorized (the QR's factors answer instead, ``why``)."""
-        if self.clear is None:
-            self.clear, self.why = False, why
+        """Not to answer (the QR's factors answer instead, ``why``): :meth:`factor` then
+        answers False, also where a factorization ahead is still running (not waited
+        for here) or found A of full rank."""
+        if self.clear is None and not self._declined:
+            self._declined = why
 
     def factor(self) -> bool:
-        """Factorize (once) and test lstsq's rank rule on the LU's inverse; ``clear``."""
-        if self.clear is not None:
+        """Factorize (once) and test lstsq's rank rule on the LU's inverse; ``clear``.
+
+        Where :meth:`factor_ahead` started the work on a worker, waits for it and
+        answers what it found (raising what it raised)."""
+        with self._lock:
+            if self._declined and self.clear is not False:
+                self.clear, self.why = False, self._declined
+            if self._ahead_error is not None:
+                raise self._ahead_error
+            if self.clear is not None:
+                return self.clear
+            t0 = time.perf_counter()
+            try:
+                self.clear = self._factor()
+            finally:
+                self.seconds = time.perf_counter() - t0
             return self.clear
-        t0 = time.perf_counter()
-        try:
-            self.clear = self._factor()
-        finally:
-            self.seconds = time.perf_counter() - t0
-        return self.clear
+
+    def factor_ahead(self) -> None:
+        """Start :meth:`factor` on a worker thread (once), and where the factors show A
+        deficient without an exact singularity, read U's pivots as the rule will
+        (:meth:`revealed_dead`, else :meth:`hides_deficiency`, σ_max by Lanczos):
+        the iterate-first rule starts it while SciPy's run goes on, on a host with
+        cores to spare, and its :meth:`factor` later finds the work done (or waits
+        for the rest of it). An error is raised again by :meth:`factor`."""
+        if self._ahead is not None or self.clear is not None or self._declined:
+            return
+        # the worker takes the lock before this returns: a factor() called after waits
+        ready = threading.Event()
+        self._ahead = threading.Thread(target=self._factor_ahead, args=(ready,), daemon=True,
+                                       name="scipy_gpuqr-square-lu")
+        self._ahead.start()
+        ready.wait()
+
+    def _factor_ahead(self, ready: threading.Event) -> None:
+        with self._lock:
+            ready.set()
+            try:
+                if self.clear is not None:
+                    return
+                t0 = time.perf_counter()
+                try:
+                    self.clear = self._factor()
+                finally:
+                    self.seconds = time.perf_counter() - t0
+                if self.deficient and not self.singular and not self.revealed_dead():
+                    self.hides_deficiency()
+            except BaseException as exc:     # noqa: BLE001 - raised again by factor()
+                self._ahead_error = exc
 
     def _factor(self) -> bool:
         A = self._A = self._matrix()
@@ -199,9 +248,10 @@ class SquareLU:
         split at the same place, which its gap-checked sparse COD confirms
         (``‖E‖₂ <= tol < σ_min(R11)``) or refuses.
         """
-        if self._revealed is None:
-            self._revealed = self._pivot_split()
-        return self._revealed
+        with self._lock:
+            if self._revealed is None:
+                self._revealed = self._pivot_split()
+            return self._revealed
 
     def hides_deficiency(self) -> bool:
         """Whether SuperLU's factors (made by :meth:`factor`, deficient, not exactly
@@ -212,6 +262,10 @@ class SquareLU:
         no pivot there. Such singular values hide among R's pivots as well, where
         Heath's greedy rule (the gap-checked sparse COD) misses them and R's small
         singular subspace finds them. It predicts, it does not decide."""
+        with self._lock:
+            return self._hides_deficiency()
+
+    def _hides_deficiency(self) -> bool:
         lu, A, n = self._factors, self._A, self.n
         if lu is None or A is None or not self.deficient or self.singular:
             return False

@@ -81,7 +81,10 @@ On a square A whose exact answer SciPy's SuperLU may give
 (:mod:`scipy_gpuqr._api.square_lu`, ``Allowance(square=)``), the LU comes
 first: once the run has cost the LU's prediction (:func:`lu_seconds`: ski
 rental) and its projection does not promise convergence within that time,
-SuperLU factorizes and tests lstsq's rank rule; where its factors may answer,
+SuperLU factorizes and tests lstsq's rank rule (on a host with cores to spare
+the factors are made ahead on a worker from :data:`LU_AHEAD_SHARE` of that time,
+while the run goes on, and read there: the run waits for what is left of them,
+not for all of them); where its factors may answer,
 the exact answer's remaining cost is their solve and the verdicts above weigh
 that (no analysis); otherwise the rule goes on as without it, except where the
 LU showed A not of full rank (``deficient``: an exactly singular factor, or the
@@ -158,6 +161,7 @@ Explicit backends (``gpu``, ``cpu``, ``reference``, ``simulate``) and
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import deque
 from typing import Callable, Optional
@@ -265,6 +269,14 @@ SPECULATION_MARGIN = 2.0
 #: an entry; the probe adds a third). Fill the ordering cannot avoid makes it
 #: dearer; the rule tries the LU only once the run has cost this much.
 LU_FIXED_S, LU_S_PER_ENTRY = 5e-5, 8e-7
+#: On a host with at least LU_AHEAD_MIN_CPUS cores the process may use, the LU is
+#: started on a worker thread once the run has cost LU_AHEAD_SHARE of its prediction
+#: (``square.factor_ahead()``, where the LU's prediction is at most LU_AHEAD_MAX_S):
+#: the rule still reads it where it would have made it, but finds it made (or waits
+#: for the rest) instead of stopping the run for all of it. SciPy's run is not
+#: touched (its answer stays bit for bit); a run that converges first leaves the
+#: worker to finish on a core it did not use.
+LU_AHEAD_MIN_CPUS, LU_AHEAD_SHARE, LU_AHEAD_MAX_S = 4, 0.1, 0.25
 
 #: Estimated seconds of the symbolic analysis (ordering, elimination tree,
 #: column counts, fronts, assembly maps) of the matrix factorized: a fixed
@@ -614,6 +626,14 @@ def lu_seconds(nnz: int) -> float:
     return LU_FIXED_S + LU_S_PER_ENTRY * float(nnz)
 
 
+def usable_cpus() -> int:
+    """Cores this process may run on (its affinity where the platform says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def analysis_seconds(m: int, n: int, nnz: int) -> float:
     """Estimated seconds of the symbolic analysis of an m×n matrix with ``nnz`` entries."""
     return ANALYSIS_FIXED_S + ANALYSIS_S_PER_LINE * (m + n) + ANALYSIS_S_PER_ENTRY * nnz
@@ -766,7 +786,10 @@ class Allowance:
         Otherwise the rule goes on as without it (the LU's time is not counted
         as iterating), but where the LU showed A not of full rank
         (``deficient``) it factorizes nothing ahead and analyses only once a
-        verdict would stop the run at :func:`rank_decision_floor`. None: no LU.
+        verdict would stop the run at :func:`rank_decision_floor`. On a host with
+        :data:`LU_AHEAD_MIN_CPUS` cores, a square with ``factor_ahead()`` is started on
+        a worker once the run has cost :data:`LU_AHEAD_SHARE` of the prediction, and
+        read at the same checkpoint. None: no LU.
     nnz : int
         A's stored entries (the LU's prediction).
     dense_gpu : callable, optional
@@ -823,6 +846,11 @@ class Allowance:
         self.gap_dropped = ""                     # why the plan dropped the prediction
         self.lu_s = lu_seconds(nnz) if square is not None else math.inf
         self.lu_at: Optional[tuple] = None
+        # the run's seconds at which the LU starts on a worker (None: it does not)
+        self._ahead_at: Optional[float] = (
+            LU_AHEAD_SHARE * self.lu_s if square is not None and self.lu_s <= LU_AHEAD_MAX_S
+            and hasattr(square, "factor_ahead") and usable_cpus() >= LU_AHEAD_MIN_CPUS
+            else None)
         self.speculated: Optional[bool] = None
         self.speculated_how = ""                  # why R's rank decision is cheap, once speculated
         self.speculation_s = 0.0
@@ -871,6 +899,9 @@ class Allowance:
         if last is not None and seconds - last < self.fastest:
             self.fastest = seconds - last
         t = seconds - self.analysis_s
+        if self._ahead_at is not None and t >= self._ahead_at:
+            self._ahead_at = None
+            self._square.factor_ahead()
         if t < self.next_check:             # most iterations: nothing more to do
             return False
         self.next_check = max(t * (1 + CHECK_GROWTH), t + CHECK_INTERVAL_S)
@@ -879,8 +910,10 @@ class Allowance:
 
     def quiet_until(self) -> float:
         """The run's seconds before which no iteration reaches a checkpoint (a compiled
-        host run reports none before, :func:`scipy_gpuqr._iterative.host._reporter`)."""
-        return self.next_check + self.analysis_s
+        host run reports none before, :func:`scipy_gpuqr._iterative.host._reporter`), or
+        at which the LU starts on a worker (:data:`LU_AHEAD_SHARE`)."""
+        at = self.next_check if self._ahead_at is None else min(self.next_check, self._ahead_at)
+        return at + self.analysis_s
 
     def catch_up(self, states) -> None:
         """Iterations the run did not report, in order, before the next report's: kept in
@@ -1104,8 +1137,10 @@ class Allowance:
         """Factorize ``square`` now; where its factors may answer, what is left of the
         exact answer is their solve (the verdicts weigh that, without an analysis)."""
         t0 = time.perf_counter()
+        self._ahead_at = None               # not started by now: made here
         clear = self._square.factor()
-        spent = time.perf_counter() - t0
+        # the LU's own seconds (made here, or ahead on a worker while the run went on)
+        spent = float(getattr(self._square, "seconds", 0.0)) or time.perf_counter() - t0
         self.lu_at = (itn, t)
         if self._square.deficient:
             self.at_risk = True         # the rank decision is dense work: shown, not guessed
