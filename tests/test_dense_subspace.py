@@ -77,6 +77,37 @@ def test_planted_gap_rank_and_x_equal_lstsqs(small, gap_high, transposed):
     assert _close(cod.solve(C), ref, G)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_the_probe_starts_from_u_ds_solve(transposed, monkeypatch):
+    """The probe's Gaussian start goes through the last solve of U_d's (V's for Rᵀ)
+    as more columns: that step makes one solve, and the probe's ν and margin are those
+    of the probe started on its own with the same draw (the same power method on
+    ``S Sᵀ`` for R, on ``Sᵀ S`` for Rᵀ)."""
+    from scipy_gpuqr._factor.solve_rank import probe_norm
+    q = 300
+    R = _planted(q, _spectrum(q, 12, 0.8, 3.0))
+    tol = EPS * q * np.linalg.norm(R, 2)
+    solves = []
+    real_sub = DenseSubspaceCOD._subspaces
+
+    def counted(self, X, d):
+        real = self._solve
+        self._solve = lambda C, trans: solves.append(C.shape[1]) or real(C, trans)
+        try:
+            return real_sub(self, X, d)
+        finally:
+            del self._solve
+    monkeypatch.setattr(DenseSubspaceCOD, "_subspaces", counted)
+    cod = DenseSubspaceCOD(R, tol, transposed=transposed, block=64, max_block=150)
+    assert cod.rank == q - 12
+    assert solves == ([12, 12 + _ds.PROBE_COLUMNS] if transposed else [12 + _ds.PROBE_COLUMNS])
+    first, second = ((cod._apply_t, cod._apply) if transposed else (cod._apply, cod._apply_t))
+    nu, margin = probe_norm(first, second, q, seed=cod.seed + 7919, columns=_ds.PROBE_COLUMNS,
+                            steps=_ds.PROBE_STEPS,
+                            accept=lambda nu, m: m * nu * _ds.GAP_MARGIN * tol < 1.0)
+    assert margin == cod.margin and abs(nu - cod.nu) <= 1e-8 * nu
+
+
 def test_a_block_too_small_grows():
     """80 singular values under the cutoff and a first block of 32: the block doubles
     until it straddles the cutoff, then decides as lstsq does."""

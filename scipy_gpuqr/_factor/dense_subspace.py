@@ -212,6 +212,8 @@ class DenseSubspaceCOD:
     _ops: object = field(init=False, default=None, repr=False)
     _u: object = field(init=False, default=None, repr=False)
     _v: object = field(init=False, default=None, repr=False)
+    # the probe's start (Ω and its first image), made beside U_d's solve
+    _start: Optional[tuple] = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
         q = int(self.R.shape[0])
@@ -233,10 +235,22 @@ class DenseSubspaceCOD:
 
     # -- step 1: the iteration -------------------------------------------------
     def _inv(self, C):
-        return self._ops.dense(solve_triangular(self.R, C, trans=False))
+        return self._ops.dense(self._solve(C, trans=False))
 
     def _inv_t(self, C):
-        return self._ops.dense(solve_triangular(self.R, C, trans=True))
+        return self._ops.dense(self._solve(C, trans=True))
+
+    def _solve(self, C, trans: bool):
+        """``R⁻¹ C`` (``R⁻ᵀ C``). A C-contiguous R on the device is solved through its
+        transpose, an F-contiguous view of the same memory (lower triangular), which
+        cuBLAS reads in place: cupyx copies a C-contiguous triangle to Fortran order
+        at every solve (LAPACK's wrapper on the host solves the transposed system
+        itself)."""
+        R = self.R
+        if _module_of(R) is not np and R.flags.c_contiguous and not R.flags.f_contiguous:
+            from cupyx.scipy.linalg import solve_triangular as dev_solve  # optional dependency
+            return dev_solve(R.T, C, trans=0 if trans else 1, lower=True)
+        return solve_triangular(R, C, trans=trans)
 
     def _orth(self, Y):
         """Orthonormal basis of Y's columns, each scaled to unit norm first (the blocks'
@@ -348,17 +362,35 @@ class DenseSubspaceCOD:
 
     # -- step 2: the subspaces and the certificate -------------------------------
     def _subspaces(self, X, d: int) -> None:
+        """``U_d = orth(R⁻ᵀ V_d)`` (and ``V = orth(R⁻¹ U_d)`` for Rᵀ), the last of the
+        two solves taking the probe's Gaussian start Ω as more columns: its first
+        image, ``Sᵀ Ω = P_U R⁻ᵀ (P_V Ω)`` for R (``S Ω = P_V R⁻¹ (P_U Ω)`` for Rᵀ), is
+        then had without a solve of its own (:meth:`_certify`)."""
         ops = self._ops
+        q = int(X.shape[0])
         Vd = ops.split(X, d)[0]
-        U = self._orth(self._inv_t(Vd))
-        V = self._orth(self._inv(U)) if self.transposed else Vd
+        omega = ops.gaussian(self.seed + 7919, (q, min(PROBE_COLUMNS, q)))
+        if self.transposed:
+            U = self._orth(self._inv_t(Vd))
+            Y, Z = ops.split(self._inv(ops.stacked(U, ops.project(U, omega))), d)
+            V = self._orth(ops.dense(Y))
+            self._start = (omega, ops.project(V, ops.dense(Z)))
+        else:
+            Y, Z = ops.split(self._inv_t(ops.stacked(Vd, ops.project(Vd, omega))), d)
+            U, V = self._orth(ops.dense(Y)), Vd
+            self._start = (omega, ops.project(U, ops.dense(Z)))
         self._u, self._v = U, V
 
     def _certify(self, q: int) -> None:
+        """The probe of ``‖S‖₂`` (power method on ``S Sᵀ`` for R, on ``Sᵀ S`` for Rᵀ:
+        either has ``‖S‖₂²`` as its norm), from the start :meth:`_subspaces` made."""
         tol = self.tol
+        start, self._start = self._start, None
+        first, second = ((self._apply_t, self._apply) if self.transposed
+                         else (self._apply, self._apply_t))
         self.nu, self.margin = probe_norm(
-            self._apply_t, self._apply, q, xp=_module_of(self.R), seed=self.seed + 7919,
-            columns=PROBE_COLUMNS, steps=PROBE_STEPS,
+            first, second, q, xp=_module_of(self.R), seed=self.seed + 7919,
+            columns=PROBE_COLUMNS, steps=PROBE_STEPS, start=start,
             accept=lambda nu, m: m * nu * GAP_MARGIN * tol < 1.0)
         if not (np.isfinite(self.nu) and self.nu > 0):
             raise SubspaceTooLarge("non-finite solve in the probe")
