@@ -34,9 +34,11 @@ device holds least.
 The stages are the maximal runs of the postorder owned by one device: each
 stage is a contiguous range, as the sparse scheduler's staging plan wants
 (:func:`scipy_gpuqr._schedule.sparse.build_schedule` with ``plan=``), so the
-per-stage machinery runs unchanged. A front whose child lies in an earlier
-stage gets the child's contribution block *carried*: on the same device a
-copy within it, across devices a transfer (:attr:`DevicePlan.transfers`).
+per-stage machinery runs unchanged; each device takes its own in the order
+of the fronts their blocks feed (:meth:`DevicePlan.device_stages`). A front
+whose child lies in an earlier stage gets the child's contribution block
+*carried*: on the same device a copy within it, across devices a transfer
+(:attr:`DevicePlan.transfers`).
 
 Everything here is pure NumPy on the analysis' arrays: the GPU driver
 (:mod:`scipy_gpuqr._engine.gpu.multi_device`) and the NumPy executor of
@@ -64,7 +66,7 @@ __all__ = ["DevicePlan", "map_devices", "map_fronts", "subtree_weights",
            "mapping_seconds", "remember_mapping_seconds", "measured_mapping_lost",
            "front_seconds", "timed_makespan", "SUBTREE_RATE", "TIMED_MAPPING_GAIN",
            "TimeModel", "SPLIT_CALL_FACTOR", "timed_split_seconds", "run_seconds",
-           "DEVICE_SECONDS", "device_counts"]
+           "DEVICE_SECONDS", "device_counts", "stage_needs"]
 
 #: Loads within this fraction of the mean end the splitting of subtrees.
 DEFAULT_BALANCE_TOLERANCE = 0.05
@@ -451,6 +453,13 @@ class DevicePlan:
     seconds : float
         Modelled seconds of the time model (:func:`timed_makespan`; 0 where
         :func:`map_devices` had no split model to time the mapping with).
+    stage_order : str
+        The order each device takes its stages in (:meth:`device_stages`):
+        ``'need'`` (the default), the stages whose blocks the earliest fronts
+        take first (:attr:`stage_need`), or ``'postorder'``.
+    stage_need : ndarray of int64 or None
+        Each stage's need (:func:`stage_needs`), what ``'need'`` orders by
+        (None: postorder).
     """
 
     ndevices: int
@@ -468,6 +477,8 @@ class DevicePlan:
     budget: int | None = None
     split: dict = field(default_factory=dict)
     seconds: float = 0.0
+    stage_order: str = "need"
+    stage_need: np.ndarray | None = None
 
     @property
     def nstages(self) -> int:
@@ -499,8 +510,19 @@ class DevicePlan:
         return np.flatnonzero(self.owner == d)
 
     def device_stages(self, d: int) -> list:
-        """Stages of device ``d``, in postorder."""
-        return np.flatnonzero(self.stage_device == d).tolist()
+        """Stages of device ``d`` in the order its thread enqueues them
+        (:attr:`stage_order`): by the fronts their blocks go to, or postorder.
+
+        By need, a device whose stages feed fronts far apart in the upper tree
+        (one subtree feeding the first split front, another the root) ends
+        first the one the earlier front waits for, and runs the other beside
+        the upper tree's first fronts; in postorder that front would wait for
+        both.
+        """
+        mine = np.flatnonzero(self.stage_device == d)
+        if self.stage_order == "need" and self.stage_need is not None:
+            mine = mine[np.argsort(self.stage_need[mine], kind="stable")]
+        return mine.tolist()
 
     def stage_plan(self, stage_bytes=None) -> StagePlan:
         """The stages as a :class:`~scipy_gpuqr._symbolic.staging.StagePlan`
@@ -780,6 +802,38 @@ def _timed_owner(parent, child_ptr, children, seconds, ndev, upper_device, split
     return owner, upper, t
 
 
+def stage_needs(stages, parent) -> np.ndarray:
+    """Each stage's *need*: the first front after it (in postorder) that one of its
+    fronts is a child of, where its first outgoing block goes; the number of
+    fronts where none goes out (the root's stage).
+
+    A device taking its stages by need, then in postorder
+    (:meth:`DevicePlan.device_stages`), ends first those the earliest fronts
+    wait for. A stage whose blocks go to another stage of the same device
+    still comes before it: it feeds a front of that stage, which lies before
+    that stage's own need. Nor can two devices wait for each other: a stage
+    waits only for stages of smaller need.
+
+    Parameters
+    ----------
+    stages : sequence of (int, int)
+        Postorder runs ``(first, last)``, inclusive.
+    parent : array_like of int
+
+    Returns
+    -------
+    ndarray of int64 (nstages,)
+    """
+    par = np.asarray(parent, dtype=np.int64)
+    out = np.full(len(stages), len(par), dtype=np.int64)
+    for s, (a, b) in enumerate(stages):
+        p = par[a:b + 1]
+        p = p[p > b]
+        if len(p):
+            out[s] = int(p.min())
+    return out
+
+
 def _runs(owner: np.ndarray) -> list:
     """Maximal runs of equal owner: ``[(first, last), ...]``."""
     nf = len(owner)
@@ -840,7 +894,7 @@ def _plan_of(fs, owner, upper, upper_device, ndev, flops, gpu, itemsize, weight,
                       device_flops=dflops, subtree_flops=sflops, device_bytes=dbytes,
                       makespan=makespan(fs.parent, eff, owner, speeds, split), weight=weight,
                       budget=budget,
-                      split=split)
+                      split=split, stage_need=stage_needs(stages, fs.parent))
 
 
 def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,

@@ -1192,8 +1192,8 @@ class _MultiStageRun:
             t.join()
 
     def _enqueue(self, k):
-        """Device ``k``'s stages enqueued in postorder (with the device current);
-        returns the open stages."""
+        """Device ``k``'s stages enqueued in its order (:meth:`DevicePlan.device_stages`)
+        with the device current; returns the open stages."""
         layer = self.layers[k]
         opened = []
         try:
