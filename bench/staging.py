@@ -215,7 +215,11 @@ def _high_priority_side_stream(cp):
 #: that first block is solved on (``prio``: at the highest priority,
 #: :func:`_high_priority_side_stream`); the grid of the kernel reading a host
 #: front's panels over the link for ``Q`` (``dense_front.MAPPED_READ_BLOCKS``;
-#: ``narrow``: one block per SM of an H200).
+#: ``narrow``: one block per SM of an H200); what a one-slab host front's parts'
+#: rows and its updates' ``Vᵀ`` rows are padded to (``slab_front.ROW_ALIGN``;
+#: ``noalign``: not padded), and whether its last part goes back panel by
+#: panel (``slab_front.LAST_BY_PANELS``; ``lastwhole``: whole; ``c22off``:
+#: neither change).
 MODES = {"defaults": {},
          "bands": {"band_upload": "mapped"},
          "panels-mapped": {"slab_panels": "mapped"},
@@ -237,7 +241,10 @@ MODES = {"defaults": {},
          "fullrows": {"trapezoid_rows": 1 << 62},
          "before": {"staged_beside": False, "trapezoid_rows": 1 << 62},
          "prio": {"side_stream": _high_priority_side_stream},
-         "narrow": {"mapped_blocks": 132}}
+         "narrow": {"mapped_blocks": 132},
+         "noalign": {"row_align": 1},
+         "lastwhole": {"last_by_panels": False},
+         "c22off": {"row_align": 1, "last_by_panels": False}}
 
 #: Each setting of :data:`MODES`: its module (under ``scipy_gpuqr``) and name.
 _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
@@ -250,7 +257,9 @@ _SETTINGS = {"band_upload": ("_engine.gpu.reflector_upload", "BAND_UPLOAD"),
              "staged_beside": ("_engine.gpu.solve", "STAGED_BESIDE"),
              "trapezoid_rows": ("_engine.gpu.trsolve", "TRAPEZOID_MIN_ROWS"),
              "side_stream": ("_factor.solve_rank", "_side_stream"),
-             "mapped_blocks": ("_engine.dense_front", "MAPPED_READ_BLOCKS")}
+             "mapped_blocks": ("_engine.dense_front", "MAPPED_READ_BLOCKS"),
+             "row_align": ("_engine.slab_front", "ROW_ALIGN"),
+             "last_by_panels": ("_engine.slab_front", "LAST_BY_PANELS")}
 
 
 class _NoPlans:

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from scipy_gpuqr._engine.dense_front import DenseFront, factorize_numpy, panels_of
-from scipy_gpuqr._engine.slab_front import (ONE_SLAB_PARTS, PART_ROW_BYTES, POOL_UNIT,
-                                            NumpySlabs, factorize_in_slabs, one_slab_parts,
+from scipy_gpuqr._engine.slab_front import (ONE_SLAB_PARTS, PART_ROW_BYTES, POOL_UNIT, ROW_ALIGN,
+                                            NumpySlabs, factorize_in_slabs, one_slab_parts, padded,
+                                            panel_pieces,
                                             one_slab_reserve, part_rows, part_workspace_bytes,
                                             pool_bytes, slab_buffer_elements, slab_columns,
                                             scratch_bytes, slab_part_count, slab_parts,
@@ -385,12 +386,12 @@ def test_slabs_take_the_side_their_first_part_finds_free():
                 self.size = n
                 return super().slab_buffer(F, n)
 
-            def upload_part(self, F, buf, at, a0, a1, p0, p1, rows=None):
-                assert buf.size == self.size
+            def upload_part(self, F, buf, at, a0, a1, p0, p1, rows=None, cols=None):
+                assert buf.size == self.size and cols == a1 - a0     # no pad: slabs of several
                 assert rows == part_rows(panels, F.shape[0], p0, p1) <= F.shape[0]
                 self.at[-1].append((at, at + rows * (a1 - a0)))
                 self.full[-1] += F.shape[0] * (a1 - a0)
-                return super().upload_part(F, buf, at, a0, a1, p0, p1, rows)
+                return super().upload_part(F, buf, at, a0, a1, p0, p1, rows, cols)
 
         F = F0.copy()
         dev = _Placed()
@@ -463,7 +464,11 @@ def test_r_values_gathered_as_the_slab_parts_land(fm, fn, width):
     values = copier.result()
     np.testing.assert_array_equal(values, pool[index])
     np.testing.assert_allclose(F, ref, atol=1e3 * fm * EPS)
-    assert len(seen) == dev.parts > 1
+    # every part told once, the last slab's last one panel by panel (:data:`LAST_BY_PANELS`)
+    last = slab_parts(panels, slab_ranges(panels, fn, width)[-1])[-1]
+    assert len(seen) == dev.parts - 1 + len(panel_pieces(panels, last)) and dev.parts > 1
+    assert sorted(seen) == seen and seen[0][0] == 0 and seen[-1][1] == fn
+    assert all(a[1] == b[0] for a, b in zip(seen, seen[1:]))
     assert sorted(copier.early) == sorted(
         (int(bounds[a0]), int(bounds[a1])) for a0, a1 in seen if bounds[a1] > bounds[a0])
     assert sum(b - a for a, b in copier.early) == len(index)
@@ -554,13 +559,15 @@ def _ch7_8_b3_root():
     return fm, fn, panels_of(fm, fn, fs.stair[fs.col_ptr[f]:fs.col_ptr[f + 1]], 256)
 
 
-def _one_slab_need(panels, fm, fn, nb, parts, geqrf=False):
+def _one_slab_need(panels, fm, fn, nb, parts, geqrf=False, align=ROW_ALIGN):
     """Bytes a one-slab front in ``parts`` takes on the device: its buffer and
-    what :class:`CupySlabs` allocates beside it, as CuPy's pool takes them."""
+    what :class:`CupySlabs` allocates beside it, as CuPy's pool takes them (the
+    parts' rows padded to ``align`` elements, as it lays them)."""
     slab = (0, fn, 0, len(panels))
     pieces = slab_parts(panels, slab, parts)
-    size = slab_buffer_elements([(slab, pieces)], panels, fm)
-    return pool_bytes(size * 8) + one_slab_reserve(panels, pieces, fm, nb, 8, geqrf=geqrf)
+    size = slab_buffer_elements([(slab, pieces)], panels, fm, align)
+    return pool_bytes(size * 8) + one_slab_reserve(panels, pieces, fm, nb, 8, geqrf=geqrf,
+                                                   align=align)
 
 
 def test_ch7_8_b3s_root_is_one_slab_at_half_its_need():
@@ -625,18 +632,22 @@ def test_one_slab_parts_fit_the_bytes_given():
     assert one_slab_parts(wide, fn, fm, nb, 8, big) == 0
 
 
-@pytest.mark.parametrize("parts,fails", [(4, 1), (4, 3), (5, 2), (8, 7)])
+@pytest.mark.parametrize("parts,fails", [(4, 1), (4, 3), (5, 2), (8, 7), (4, 4)])
 def test_a_one_slab_part_out_of_memory_is_redone_on_the_host(parts, fails):
     """A front worked as one slab in few, wide parts (the count the reserve lets
     fit): a part whose workspace the device cannot give (an out-of-memory error at
     its own panels or at an update from the parts before it) is redone from the
     front's unchanged columns on the host with every later part; the parts before
-    it stay, and the result is the blocked factorization."""
+    it stay, and the result is the blocked factorization. The last part goes
+    back panel by panel (:data:`LAST_BY_PANELS`): a failure at one of its later
+    panels is redone from that panel, the panels sent back before it stay."""
     rng = np.random.default_rng(parts + fails)
     fm, fn, nb = 120, 80, 8
     F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
     pieces = slab_parts(panels, (0, fn, 0, len(panels)), parts)
     assert len(pieces) == parts
+    units = pieces[:-1] + panel_pieces(panels, pieces[-1])
+    assert fails < len(units)
 
     class _Full(NumpySlabs):
         def __init__(self, at_update):
@@ -661,9 +672,18 @@ def test_a_one_slab_part_out_of_memory_is_redone_on_the_host(parts, fails):
         host = NumpySlabs()
         dev = _Full(at_update)
         T = factorize_in_slabs(F, panels, nb, fn, dev, fallback=host, parts=parts)
-        assert dev.slabs == 1 and host.parts == parts - fails
+        assert dev.slabs == 1 and host.parts == len(units) - fails
         np.testing.assert_allclose(F, ref, atol=1e3 * fm * EPS)
         np.testing.assert_allclose(T, T_ref, atol=1e3 * fm * EPS)
+    # the last part whole (as before): every panel of it redone with it
+    F = F0.copy()
+    host = NumpySlabs()
+    dev = _Full(False)
+    if fails < parts:
+        factorize_in_slabs(F, panels, nb, fn, dev, fallback=host, parts=parts,
+                           last_by_panels=False)
+        assert host.parts == parts - fails
+        np.testing.assert_allclose(F, ref, atol=1e3 * fm * EPS)
 
 
 @pytest.mark.parametrize("fm,fn,parts", [(12000, 2900, 8), (6000, 4000, 8), (5000, 3000, 3),
@@ -707,11 +727,12 @@ class _OneSlab(NumpySlabs):
 
     def slab_buffer(self, F, n):
         self.size = n
-        return super().slab_buffer(F, n)
+        self.buf = super().slab_buffer(F, n)
+        return self.buf
 
-    def upload_part(self, F, buf, at, a0, a1, p0, p1, rows=None):
-        self.at.append((at, at + rows * (a1 - a0)))
-        return super().upload_part(F, buf, at, a0, a1, p0, p1, rows)
+    def upload_part(self, F, buf, at, a0, a1, p0, p1, rows=None, cols=None):
+        self.at.append((at, at + rows * cols))
+        return super().upload_part(F, buf, at, a0, a1, p0, p1, rows, cols)
 
     def upload_panel(self, *args):
         self.panels_up += 1
@@ -741,8 +762,64 @@ def test_one_slab_equals_the_blocked_factorization(fm, fn, nb, parts):
     _check_q(F0, F, panels, T, tol)
 
 
+@pytest.mark.parametrize("fm,fn,nb,parts,align", [(90, 70, 8, 8, 8), (60, 25, 8, 3, 4),
+                                                  (200, 61, 4, 5, 8), (45, 41, 16, 8, 3)])
+def test_one_slab_with_padded_rows_equals_the_blocked_factorization(fm, fn, nb, parts, align):
+    """A one-slab front whose parts' rows are padded to ``align`` elements (the
+    device's :data:`ROW_ALIGN`; here a part holds the front's last, narrower
+    panel): the parts lie back to back at their padded sizes, the pads stay
+    zero through every update and panel and never reach the front, and the
+    factorization is the blocked one to rounding; slabs of several are not
+    padded."""
+    rng = np.random.default_rng(fm + fn + align)
+    F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
+    F = F0.copy()
+    dev = _OneSlab()
+    dev.row_align = align
+    T = factorize_in_slabs(F, panels, nb, fn, dev, parts=parts)
+    pieces = slab_parts(panels, (0, fn, 0, len(panels)), parts)
+    widths = [a1 - a0 for a0, a1, _, _ in pieces]
+    assert any(w % align for w in widths)
+    want = [part_rows(panels, fm, q0, q1) * padded(a1 - a0, align) for a0, a1, q0, q1 in pieces]
+    assert dev.size == sum(want) == slab_buffer_elements(
+        [((0, fn, 0, len(panels)), pieces)], panels, fm, align)
+    assert [b - a for a, b in dev.at] == want and dev.at[-1][1] == dev.size
+    for (a, b), (_, _, q0, q1), w in zip(dev.at, pieces, widths):
+        part = dev.buf[a:b].reshape(part_rows(panels, fm, q0, q1), -1)
+        assert part.shape[1] == padded(w, align) and not part[:, w:].any()
+    tol = 100 * max(fm, fn) * EPS * max(np.abs(F0).max(), 1.0)
+    np.testing.assert_allclose(F, ref, atol=tol)
+    np.testing.assert_allclose(T, T_ref, atol=100 * max(fm, fn) * EPS)
+    _check_q(F0, F, panels, T, tol)
+    # slabs of several (a width short of the front): every part as wide as its columns
+    F = F0.copy()
+    dev = _OneSlab()
+    dev.row_align = align
+    factorize_in_slabs(F, panels, nb, max(nb, fn // 2), dev, parts=parts)
+    assert dev.slabs > 1
+    np.testing.assert_allclose(F, ref, atol=tol)
+
+
+def test_padded_rows_in_the_one_slab_count():
+    """:func:`one_slab_parts` counts the parts' rows padded to :data:`ROW_ALIGN`
+    (ch7-8-b3's root: its last part of 927 columns takes a column more), and
+    the reserve the padded widest part's workspace."""
+    fm, fn, panels = _ch7_8_b3_root()
+    slab = (0, fn, 0, len(panels))
+    pieces = slab_parts(panels, slab, 8)
+    plain = slab_buffer_elements([(slab, pieces)], panels, fm)
+    pad = slab_buffer_elements([(slab, pieces)], panels, fm, ROW_ALIGN)
+    assert [a1 - a0 for a0, a1, _, _ in pieces][-1] == 927
+    assert pad - plain == fm * (padded(927, ROW_ALIGN) - 927) > 0
+    need = _one_slab_need(panels, fm, fn, 256, 8)
+    assert one_slab_parts(panels, fm, fn, 256, 8, need, PART_ROW_BYTES) == 8
+    assert one_slab_parts(panels, fm, fn, 256, 8, need - 1, PART_ROW_BYTES) == 0
+    assert one_slab_parts(panels, fm, fn, 256, 8, need - 1, PART_ROW_BYTES, align=1) == 8
+    assert padded(927, 8) == 928 and padded(928, 8) == 928 and padded(5, 1) == 5
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("fm,fn", [(12000, 2900), (6000, 4000)])
+@pytest.mark.parametrize("fm,fn", [(12000, 2900), (6000, 4000), (7001, 2999)])
 def test_one_slab_on_the_gpu_equals_the_blocked_factorization(fm, fn):
     """One slab of eight parts on the device (each part's work waits only for its
     own copy): the blocked factorization, R up to row signs; the pool held at
@@ -762,13 +839,14 @@ def test_one_slab_on_the_gpu_equals_the_blocked_factorization(fm, fn):
     dev = CupySlabs(cp, cp.cuda.Stream(non_blocking=True), part_row_bytes=0)
     T = factorize_in_slabs(F, panels, nb, fn, dev, parts=8)
     pieces = slab_parts(panels, (0, fn, 0, len(panels)), 8)
-    size = slab_buffer_elements([((0, fn, 0, len(panels)), pieces)], panels, fm)
+    # the parts' rows padded as the device lays them (7001 x 2999: the last part)
+    size = slab_buffer_elements([((0, fn, 0, len(panels)), pieces)], panels, fm, ROW_ALIGN)
     assert dev.slabs == 1 and dev.parts == len(pieces) == 8
     assert before < dev.pool_peak - 8 * size
     # beside the buffer: the scratch the parts' workspaces are cut from and the
     # panels' T (:func:`one_slab_reserve`); not a new block for each part's taller
     # panel buffer. Either may be cut from a block the pool held partly in use.
-    reserve = one_slab_reserve(panels, pieces, fm, nb, 8)
+    reserve = one_slab_reserve(panels, pieces, fm, nb, 8, align=ROW_ALIGN)
     assert pool_bytes(8 * size) < dev.pool_peak - before <= pool_bytes(8 * size) + reserve
     assert dev.all_finite()
     tol = 1e3 * fm * EPS * np.abs(F0).max()
@@ -814,3 +892,35 @@ def test_geqrf_panels_follow_the_panel_kernels_plan():
         assert geqrf_panels(panels, np.float64) == (panel_kernel(np.float64).plan(fm) is None)
         assert geqrf_panels(panels, np.float64, "geqrf")
     assert not geqrf_panels([], np.float64)
+
+
+@pytest.mark.parametrize("by_panels", [True, False])
+def test_last_part_goes_back_panel_by_panel(by_panels):
+    """The last part of a one-slab front goes back panel by panel
+    (:data:`LAST_BY_PANELS`): each panel's columns are final when told, the
+    later ones still being worked; the same factorization bit for bit as the
+    part whole, whose columns are told once."""
+    rng = np.random.default_rng(5)
+    fm, fn, nb, parts = 120, 80, 8, 4
+    F0, panels, ref, T_ref = _front_and_blocked_qr(fm, fn, nb, rng)
+    pieces = slab_parts(panels, (0, fn, 0, len(panels)), parts)
+    last = panel_pieces(panels, pieces[-1])
+    assert len(last) == 2 and panel_pieces(panels, pieces[0]) != [pieces[0]]
+    assert panel_pieces(panels, (0, 8, 0, 1)) == [(0, 8, 0, 1)]
+    F = F0.copy()
+    told, tol = [], 1e3 * fm * EPS
+
+    def on_part(a0, a1, ev):
+        np.testing.assert_allclose(F[:, a0:a1], ref[:, a0:a1], atol=tol)
+        told.append((a0, a1))
+
+    T = factorize_in_slabs(F, panels, nb, fn, NumpySlabs(on_part=on_part), parts=parts,
+                           last_by_panels=by_panels)
+    whole = [(a0, a1) for a0, a1, _, _ in pieces]
+    assert told == (whole[:-1] + [(a0, a1) for a0, a1, _, _ in last] if by_panels else whole)
+    np.testing.assert_allclose(F, ref, atol=tol)
+    F2 = F0.copy()
+    T2 = factorize_in_slabs(F2, panels, nb, fn, NumpySlabs(), parts=parts,
+                            last_by_panels=not by_panels)
+    np.testing.assert_array_equal(F, F2)
+    np.testing.assert_array_equal(T, T2)

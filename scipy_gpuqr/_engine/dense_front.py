@@ -564,10 +564,10 @@ class _Work:
         self.W2 = cp.empty(size, dtype=dt)
 
 
-def _wy_update(work, F, j, rows, b, Vt, Tp, c0, c1):
+def _wy_update(work, F, j, rows, b, Vt, Tp, c0, c1, ldv=None):
     """``C ← C - V Tᵀ (Vᵀ C)`` for ``C = F[j:j+rows, c0:c1]`` (current stream);
-    ``Vt``: Vᵀ (b × rows, C-contiguous), ``Tp``: nb × nb row-major, T in its
-    leading b × b."""
+    ``Vt``: Vᵀ (b × rows, rows contiguous, ``ldv`` elements apart: default
+    ``rows``, C-contiguous), ``Tp``: nb × nb row-major, T in its leading b × b."""
     nc = c1 - c0
     if nc <= 0:
         return
@@ -577,13 +577,14 @@ def _wy_update(work, F, j, rows, b, Vt, Tp, c0, c1):
     ldt = Tp.shape[-1]
     C = F.data.ptr + (j * fn + c0) * isz                # Cᵀ: nc × rows, ld fn
     W, W2 = work.W.data.ptr, work.W2.data.ptr
+    ldv = rows if ldv is None else int(ldv)
     with blas:          # free inside a front's own (factorize_cupy's)
-        # W = Cᵀ V   (V column-major rows × b = Vt's memory, ld rows)
-        blas.mm("N", "N", nc, b, rows, blas.one, C, fn, Vt.data.ptr, rows, blas.zero, W, nc)
+        # W = Cᵀ V   (V column-major rows × b = Vt's memory, ld ldv)
+        blas.mm("N", "N", nc, b, rows, blas.one, C, fn, Vt.data.ptr, ldv, blas.zero, W, nc)
         # W2 = W T   (op of the column-major Tᵀ (= row-major T) transposed: T)
         blas.mm("N", "T", nc, b, b, blas.one, W, nc, Tp.data.ptr, ldt, blas.zero, W2, nc)
         # Cᵀ -= W2 Vᵀ
-        blas.mm("N", "T", nc, rows, b, blas.mone, W2, nc, Vt.data.ptr, rows, blas.one, C, fn)
+        blas.mm("N", "T", nc, rows, b, blas.mone, W2, nc, Vt.data.ptr, ldv, blas.one, C, fn)
 
 
 class _PanelFactor:

@@ -75,7 +75,8 @@ __all__ = ["slab_ranges", "slab_parts", "slab_sides", "slab_columns", "whole_fro
            "factorize_in_slabs", "NumpySlabs", "CupySlabs", "SLAB_PARTS", "PANEL_UPLOADS",
            "PANEL_UPLOAD", "PART_ROW_BYTES", "slab_part_count", "part_rows", "one_slab_parts",
            "ONE_SLAB_PARTS", "slab_buffer_elements", "scratch_bytes", "POOL_UNIT", "pool_bytes",
-           "PANEL_BLOCKS_MOST", "part_workspace_bytes", "one_slab_reserve"]
+           "PANEL_BLOCKS_MOST", "part_workspace_bytes", "one_slab_reserve", "ROW_ALIGN",
+           "padded", "LAST_BY_PANELS", "panel_pieces"]
 
 #: Most parts a slab is worked in (:func:`slab_parts`): part ``g`` goes back to
 #: the host while part ``g + 1`` is worked on, and part ``g + 1`` came up while
@@ -115,6 +116,31 @@ POOL_UNIT = 512
 #: Most blocks of a panel-kernel launch counted for its reduction buffers
 #: (:func:`part_workspace_bytes`): the device's multiprocessors (an H200 has 132).
 PANEL_BLOCKS_MOST = 256
+
+#: Elements :class:`CupySlabs` pads the rows of a one-slab part and of an
+#: update's ``Vᵀ`` to (their leading dimensions; 1: none). A part holding a
+#: front's last, narrower panel and a panel of an odd number of active rows
+#: would give cuBLAS an odd leading dimension of float64, which may keep it
+#: off its fastest GEMM kernels (those whose loads need 16-byte strides). The
+#: part's pad columns are zeros, which every update and panel leaves zero
+#: (each column is updated on its own), and are neither sent back nor read as
+#: the front's.
+ROW_ALIGN = 8
+
+
+#: Whether the last part of a front's last slab goes back panel by panel: its
+#: panels factorized one call each, each panel's columns sent back (and told
+#: to ``on_part``) as soon as it is done, while the later panels are worked
+#: on. Every other part's copy back runs beside the next part's work; the last
+#: one's has nothing beside it, and neither has the host's gather of R's values
+#: from its columns after it.
+LAST_BY_PANELS = True
+
+
+def padded(n: int, align: int) -> int:
+    """``n`` rounded up to a multiple of ``align`` (1 or less: ``n``)."""
+    a = max(int(align), 1)
+    return -(-int(n) // a) * a
 
 
 def slab_ranges(panels: list, fn: int, width: int) -> list:
@@ -248,7 +274,8 @@ def slab_columns(fm: int, nb: int, itemsize: int, available: int) -> int:
 
 
 def one_slab_parts(panels: list, fm: int, fn: int, nb: int, itemsize: int, available: int,
-                   row_bytes: int = 0, parts: int | None = None, geqrf: bool = False) -> int:
+                   row_bytes: int = 0, parts: int | None = None, geqrf: bool = False,
+                   align: int | None = None) -> int:
     """Parts of the whole front worked as one slab in ``available`` device bytes,
     or 0 where it does not fit (then :func:`slab_columns`' slabs of several), or
     where the front is wider than tall (its columns past the last panel go in
@@ -264,25 +291,30 @@ def one_slab_parts(panels: list, fm: int, fn: int, nb: int, itemsize: int, avail
     No earlier panels: only slabs of several bring them up. Every size is
     counted as CuPy's pool takes it; ``available`` already leaves the pool's
     share for fragmentation (:func:`~scipy_gpuqr._engine.memory.available_bytes`).
+    The parts' rows padded to ``align`` elements (default :data:`ROW_ALIGN`,
+    as :class:`CupySlabs` lays them).
     """
     parts = ONE_SLAB_PARTS if parts is None else int(parts)
+    align = ROW_ALIGN if align is None else int(align)
     if not panels or parts < 1 or panels[-1][0] + panels[-1][2] < fn:
         return 0            # a wide front's trailing columns make slabs of their own
     k = slab_part_count(fn, itemsize, parts, row_bytes)
     slab = (0, int(fn), 0, len(panels))
     pieces = slab_parts(panels, slab, k)
-    need = (pool_bytes(slab_buffer_elements([(slab, pieces)], panels, fm) * itemsize)
-            + one_slab_reserve(panels, pieces, fm, nb, itemsize, geqrf=geqrf))
+    need = (pool_bytes(slab_buffer_elements([(slab, pieces)], panels, fm, align) * itemsize)
+            + one_slab_reserve(panels, pieces, fm, nb, itemsize, geqrf=geqrf, align=align))
     return len(pieces) if need <= available else 0
 
 
-def slab_buffer_elements(plan: list, panels: list, fm: int) -> int:
+def slab_buffer_elements(plan: list, panels: list, fm: int, align: int = 1) -> int:
     """Elements of the buffer the slabs of ``plan`` (``(slab, parts)``) are worked
-    in: one slab's parts each down to its staircase (:func:`part_rows`), one
-    after another; slabs of several the widest one's columns of every row, so
-    that a slab's parts may lie from either end (:func:`slab_sides`)."""
+    in: one slab's parts each down to its staircase (:func:`part_rows`), its
+    rows padded to ``align`` elements (:data:`ROW_ALIGN`), one after another;
+    slabs of several the widest one's columns of every row, so that a slab's
+    parts may lie from either end (:func:`slab_sides`)."""
     if len(plan) == 1:
-        return sum(part_rows(panels, fm, q0, q1) * (a1 - a0) for a0, a1, q0, q1 in plan[0][1])
+        return sum(part_rows(panels, fm, q0, q1) * padded(a1 - a0, align)
+                   for a0, a1, q0, q1 in plan[0][1])
     return int(fm) * max((c1 - c0 for (c0, c1, _, _), _ in plan), default=0)
 
 
@@ -307,7 +339,7 @@ def pool_bytes(nbytes: int) -> int:
 
 def part_workspace_bytes(panels: list, part: tuple, fm: int, widest: int, nb: int,
                          itemsize: int, geqrf: bool = False,
-                         blocks: int = PANEL_BLOCKS_MOST) -> tuple:
+                         blocks: int = PANEL_BLOCKS_MOST, align: int = 1) -> tuple:
     """``(updates, own)``: device bytes held at once while a one-slab part
     ``(a0, a1, p0, p1)`` is worked on, each array as CuPy's pool takes it
     (:func:`pool_bytes`), besides the slab buffer and the panels' ``T``.
@@ -326,14 +358,15 @@ def part_workspace_bytes(panels: list, part: tuple, fm: int, widest: int, nb: in
     (``nb ×`` the tallest rows), its info word and its workspace, counted as
     large as the copy (its size is the device library's answer). Each part's
     finiteness flag (one word) is not in either: it stays until the front
-    is done (:func:`one_slab_reserve`).
+    is done (:func:`one_slab_reserve`). The part's rows padded to ``align``
+    elements (:func:`padded`; ``widest`` is the padded widest).
     """
     isz = int(itemsize)
     a0, a1, q0, q1 = part
     updates = pool_bytes((int(fm) * nb + 2 * max(int(widest), 1) * nb) * isz)
     k = q1 - q0
     rows = max((r for _, r, _ in panels[q0:q1]), default=0)
-    width = max(a1 - a0, nb)
+    width = max(padded(a1 - a0, align), nb)
     if not k:
         return updates, 0
     values, words = panel_workspace_elements(blocks)
@@ -347,7 +380,7 @@ def part_workspace_bytes(panels: list, part: tuple, fm: int, widest: int, nb: in
 
 
 def one_slab_reserve(panels: list, pieces: list, fm: int, nb: int, itemsize: int,
-                     geqrf: bool = False, blocks: int = PANEL_BLOCKS_MOST) -> int:
+                     geqrf: bool = False, blocks: int = PANEL_BLOCKS_MOST, align: int = 1) -> int:
     """Device bytes :class:`CupySlabs` allocates beside the slab buffer of a front
     worked as one slab in ``pieces`` (:func:`slab_parts`), as CuPy's pool
     takes them: the panels' ``T`` (:meth:`CupySlabs.start`, held to the end);
@@ -357,13 +390,14 @@ def one_slab_reserve(panels: list, pieces: list, fm: int, nb: int, itemsize: int
     from it (the flags stay there to the end); and where a part's workspace
     with the flags before it passes the scratch, the excess as blocks of their
     own (the pool keeps them, and a later part's larger one is another: counted
-    for every part, a bound)."""
+    for every part, a bound). The parts' rows padded to ``align`` elements."""
     isz = int(itemsize)
-    widest = max((a1 - a0 for a0, a1, _, _ in pieces), default=nb)
+    widest = max((padded(a1 - a0, align) for a0, a1, _, _ in pieces), default=nb)
     scratch = pool_bytes(scratch_bytes(fm, widest, nb, isz))
     over = 0
     for g, part in enumerate(pieces):
-        updates, own = part_workspace_bytes(panels, part, fm, widest, nb, isz, geqrf, blocks)
+        updates, own = part_workspace_bytes(panels, part, fm, widest, nb, isz, geqrf, blocks,
+                                            align)
         over += max(0, max(updates, own) + g * POOL_UNIT - scratch)
     return pool_bytes(len(panels) * nb * nb * isz) + scratch + over
 
@@ -372,6 +406,16 @@ def whole_front_fits(fm: int, fn: int, nb: int, itemsize: int, available: int) -
     """Whether an ``fm × fn`` front and the dense path's workspace fit
     ``available`` device bytes (10 % left for the allocator)."""
     return (fm * fn + 5 * fm * nb + 2 * fn * nb + 5 * nb * nb) * itemsize <= 0.9 * available
+
+
+def panel_pieces(panels: list, part: tuple) -> list:
+    """A part ``(a0, a1, p0, p1)`` as pieces ``(a0', a1', q, q + 1)``, one per panel,
+    where its panels cover its columns and it has two or more (:data:`LAST_BY_PANELS`);
+    else ``[part]``."""
+    a0, a1, p0, p1 = part
+    if p1 - p0 < 2 or panels[p1 - 1][0] + panels[p1 - 1][2] != a1:
+        return [tuple(part)]
+    return [(panels[q][0], panels[q][0] + panels[q][2], q, q + 1) for q in range(p0, p1)]
 
 
 @dataclass
@@ -390,7 +434,8 @@ class SlabPart:
 
 
 def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
-                       fallback=None, parts: int | None = None) -> np.ndarray:
+                       fallback=None, parts: int | None = None,
+                       last_by_panels: bool | None = None) -> np.ndarray:
     """Blocked staircase QR of the host front ``F`` (fm × fn) in place, slab by slab
     through ``dev``'s memory.
 
@@ -417,6 +462,10 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
         Most parts per slab (:func:`slab_parts`; default :data:`SLAB_PARTS`),
         fewer in a slab whose parts' rows would be shorter than ``dev``'s
         ``part_row_bytes`` (:func:`slab_part_count`; none: no fewer).
+    last_by_panels : bool, optional
+        Whether the last slab's last part goes back panel by panel (default
+        :data:`LAST_BY_PANELS`; :func:`panel_pieces`): the fallback then
+        redoes from the first of its panels not sent back.
 
     Returns
     -------
@@ -431,19 +480,26 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
             for slab in slabs]
     most = max((c1 - c0 for c0, c1, _, _ in slabs), default=0)
     sides = slab_sides(plan, most)
-    size = slab_buffer_elements(plan, panels, F.shape[0])
-    widest = max((a1 - a0 for _, pieces in plan for a0, a1, _, _ in pieces), default=nb)
-    state = {"done": 0}             # parts whose columns went back into F
+    # a one-slab front's parts with their rows padded as ``dev`` lays them
+    align = int(getattr(dev, "row_align", 1) or 1) if len(plan) == 1 else 1
+    size = slab_buffer_elements(plan, panels, F.shape[0], align)
+    widest = max((padded(a1 - a0, align) for _, pieces in plan for a0, a1, _, _ in pieces),
+                 default=nb)
+    by_panels = LAST_BY_PANELS if last_by_panels is None else bool(last_by_panels)
+    state = {"done": 0}             # parts (pieces) whose columns went back into F
     try:
         dev.start(F, len(panels), nb, widest=widest)
-        for (slab, pieces), down in zip(plan, sides):
-            _one_slab(F, panels, slab, pieces, dev, state, size, down=down)
+        for i, ((slab, pieces), down) in enumerate(zip(plan, sides)):
+            _one_slab(F, panels, slab, pieces, dev, state, size, down=down, align=align,
+                      by_panels=by_panels and i == len(plan) - 1)
         dev.finish()
         return dev.t_host()
     except Exception as exc:        # noqa: BLE001 - redone on the host, see above
         if fallback is None or dev is fallback:
             raise
         units = [piece for _, pieces in plan for piece in pieces]
+        if by_panels and units:     # as the last part went back: panel by panel
+            units[-1:] = panel_pieces(panels, units[-1])
         if state["done"] >= len(units):     # every part went back: nothing to redo
             raise
         failed = units[state["done"]]
@@ -463,25 +519,30 @@ def factorize_in_slabs(F: np.ndarray, panels: list, nb: int, width: int, dev,
         dev.finish()
 
 
-def _one_slab(F, panels, slab, pieces, dev, state, size=None, down=False) -> None:
+def _one_slab(F, panels, slab, pieces, dev, state, size=None, down=False, align=1,
+              by_panels=False) -> None:
     """Slab ``(c0, c1, p0, p1)`` in ``pieces`` (:func:`slab_parts`): its parts up,
     every earlier slab's reflectors, then part by part the slab's own panels
     before it, its panels, back into ``F`` (``state['done']`` counts the parts
     sent back). The buffer holds ``size`` elements (:func:`slab_buffer_elements`;
     default the slab's parts down to their staircases); the parts lie from its
-    start on, or with ``down`` from its end back (:func:`slab_sides`)."""
+    start on, or with ``down`` from its end back (:func:`slab_sides`); each
+    part's rows padded to ``align`` elements (:func:`padded`). With
+    ``by_panels`` the last part goes back panel by panel (:func:`panel_pieces`;
+    ``state['done']`` counts its pieces)."""
     c0, c1, p0, p1 = slab
     if size is None:
-        size = slab_buffer_elements([(slab, pieces)], panels, F.shape[0])
+        size = slab_buffer_elements([(slab, pieces)], panels, F.shape[0], align)
     buf = dev.slab_buffer(F, size)
     at = buf.size if down else 0
     work = []
     for a0, a1, q0, q1 in pieces:
         rows = part_rows(panels, F.shape[0], q0, q1)     # down to its staircase
-        n = rows * (a1 - a0)
+        cols = padded(a1 - a0, align)
+        n = rows * cols
         if down:
             at -= n
-        work.append(dev.upload_part(F, buf, at, a0, a1, q0, q1, rows=rows))
+        work.append(dev.upload_part(F, buf, at, a0, a1, q0, q1, rows=rows, cols=cols))
         if not down:
             at += n
     for q in range(p0):                 # every earlier slab's panels, in order
@@ -500,12 +561,16 @@ def _one_slab(F, panels, slab, pieces, dev, state, size=None, down=False) -> Non
             for q in range(h.p0, h.p1):
                 j, rows, b = panels[q]
                 dev.apply(part.S, j, rows, h.S, j, j - h.a0, b, dev.t(q, b))
-        if part.p1 > part.p0:           # its own panels, diagonal at (a0, a0)
-            moved = [(j - part.a0, rows, b) for j, rows, b in panels[part.p0:part.p1]]
-            dev.factorize(part.S, part.a0, moved, part.p0)
-        dev.mark("p")
-        dev.download(part, F)
-        state["done"] += 1
+        units = [(part.a0, part.a1, part.p0, part.p1)]
+        if by_panels and g == len(work) - 1:
+            units = panel_pieces(panels, units[0])
+        for a0, a1, q0, q1 in units:
+            if q1 > q0:                 # its own panels, diagonal at (a0, a0) of the part
+                moved = [(j - part.a0, rows, b) for j, rows, b in panels[q0:q1]]
+                dev.factorize(part.S, part.a0, moved, q0)
+            dev.mark("p")
+            dev.download(part, F, (a0, a1, q0, q1))
+            state["done"] += 1
     dev.end_slab()
 
 
@@ -522,14 +587,16 @@ class NumpySlabs:
     ``slabs`` counts the slabs worked on, ``parts`` their parts. ``on_part``:
     as :class:`CupySlabs`' (told with no event: the part is back already);
     ``part_row_bytes``: as :class:`CupySlabs`' (default 0: no link, parts as
-    many as asked)."""
+    many as asked); ``row_align``: as :class:`CupySlabs`' (default 1: no
+    padding)."""
 
-    def __init__(self, on_part=None, part_row_bytes: int = 0):
+    def __init__(self, on_part=None, part_row_bytes: int = 0, row_align: int = 1):
         self.slabs = 0
         self.parts = 0
         self._T = None
         self.on_part = on_part
         self.part_row_bytes = int(part_row_bytes)
+        self.row_align = int(row_align)
 
     def start(self, F: np.ndarray, npanels: int, nb: int, T=None, widest=None) -> None:
         """A factorization of ``F`` begins (``T``: the panels' factors known so far;
@@ -544,14 +611,18 @@ class NumpySlabs:
         return np.empty(int(n), dtype=F.dtype)
 
     def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int,
-                    rows: int | None = None) -> SlabPart:
+                    rows: int | None = None, cols: int | None = None) -> SlabPart:
         """``F[:rows, a0:a1]`` into ``buf`` from element ``at`` (``rows``: the part's
-        staircase, :func:`part_rows`; default every row): a :class:`SlabPart`."""
+        staircase, :func:`part_rows`; default every row), its rows ``cols``
+        elements long (default ``a1 - a0``; zeros past the front's columns): a
+        :class:`SlabPart` whose ``S`` is ``rows × cols``."""
         self.parts += 1
         rows = F.shape[0] if rows is None else int(rows)
-        n = rows * (a1 - a0)
-        S = buf[at: at + n].reshape(rows, a1 - a0)
-        S[...] = F[:rows, a0:a1]
+        w = a1 - a0
+        cols = w if cols is None else int(cols)
+        S = buf[at: at + rows * cols].reshape(rows, cols)
+        S[:, :w] = F[:rows, a0:a1]
+        S[:, w:] = 0
         return SlabPart(S, a0, a1, p0, p1, at)
 
     def ready(self, part: SlabPart) -> None:
@@ -581,11 +652,14 @@ class NumpySlabs:
         Tp = factorize_numpy(S[a0:], panels, self._T.shape[1])
         self._T[p0:p0 + len(panels)] = Tp
 
-    def download(self, part: SlabPart, F: np.ndarray) -> None:
-        """The worked part back into ``F[:rows, a0:a1]`` (its rows)."""
-        F[:part.S.shape[0], part.a0:part.a1] = part.S
+    def download(self, part: SlabPart, F: np.ndarray, piece: tuple | None = None) -> None:
+        """The worked part back into ``F[:rows, a0:a1]`` (its rows, not its pad), or
+        its ``piece`` ``(c0, c1, q0, q1)``: the columns ``[c0, c1)`` of its panels
+        ``q0 .. q1-1``, final before the rest of the part."""
+        c0, c1, _, _ = (part.a0, part.a1, part.p0, part.p1) if piece is None else piece
+        F[:part.S.shape[0], c0:c1] = part.S[:, c0 - part.a0:c1 - part.a0]
         if self.on_part is not None:
-            self.on_part(part.a0, part.a1, None)
+            self.on_part(c0, c1, None)
 
     def mark(self, what: str) -> None:
         """The work queued so far reached a point of the timeline (``e``: the
@@ -633,11 +707,13 @@ class CupySlabs:
     columns while the device works on the next parts. ``part_row_bytes``: a
     slab is cut into fewer parts where their rows would be shorter
     (:func:`slab_part_count`; default :data:`PART_ROW_BYTES`, 0: as many as
-    asked)."""
+    asked). ``row_align``: a one-slab part's rows and an update's ``Vᵀ``
+    rows padded to that many elements (default :data:`ROW_ALIGN`)."""
 
     def __init__(self, cp, stream, panel_upload: str | None = None, on_part=None,
-                 part_row_bytes: int | None = None):
+                 part_row_bytes: int | None = None, row_align: int | None = None):
         self.cp, self.stream = cp, stream
+        self.row_align = int(ROW_ALIGN if row_align is None else row_align)
         self.on_part = on_part
         self.part_row_bytes = int(PART_ROW_BYTES if part_row_bytes is None else part_row_bytes)
         self.panel_upload = PANEL_UPLOAD if panel_upload is None else panel_upload
@@ -779,25 +855,36 @@ class CupySlabs:
                           dtype=np.uint8)
 
     def upload_part(self, F, buf, at: int, a0: int, a1: int, p0: int, p1: int,
-                    rows: int | None = None) -> SlabPart:
+                    rows: int | None = None, cols: int | None = None) -> SlabPart:
         """``F[:rows, a0:a1]`` into ``buf`` from element ``at`` on the parts' stream
         (one 2-D copy), once the work of the earlier slabs' parts that lay there
         is done and the copies back of the parts it overwrites have landed
-        (``rows``: the part's staircase, :func:`part_rows`; default every row)."""
+        (``rows``: the part's staircase, :func:`part_rows`; default every row;
+        ``cols``: its rows' length there, default ``a1 - a0``, the pad zeroed
+        first)."""
         self.parts += 1
         fm = F.shape[0] if rows is None else int(rows)
-        n = fm * (a1 - a0)
-        S = buf[at: at + n].reshape(fm, a1 - a0)
+        w = a1 - a0
+        cols = w if cols is None else int(cols)
+        n = fm * cols
+        S = buf[at: at + n].reshape(fm, cols)
         for s, e, ev in self._worked + self._regions:
             if s < at + n and at < e:
                 self.up_stream.wait_event(ev)
         self._current.append((at, at + n))
         src = self._device_view(F) if self.panel_upload == "mapped-all" else None
-        if src is None:
+        rt = self.cp.cuda.runtime
+        if cols > w:                    # the pad: zeros that every update leaves zero
+            S.data.memset_async(0, S.nbytes, self.up_stream)
+        if src is None and cols == w:
             upload_block(F, 0, fm, a0, a1, S, self.up_stream)
+        elif src is None:
+            isz = F.itemsize
+            rt.memcpy2DAsync(S.data.ptr, cols * isz, F.ctypes.data + a0 * isz, F.strides[0],
+                             w * isz, fm, rt.memcpyHostToDevice, self.up_stream.ptr)
         else:
             with self.up_stream:
-                self.cp.copyto(S, src[:fm, a0:a1])
+                self.cp.copyto(S[:, :w], src[:fm, a0:a1])
         self._mark("u", self.up_stream)
         return SlabPart(S, a0, a1, p0, p1, at, self._event(self.up_stream))
 
@@ -859,9 +946,12 @@ class CupySlabs:
         queued by the host while the device waits for it."""
         with self.stream:
             work = self._update_work(S.dtype)
-            Vt = work.Vt[:b * rows].reshape(b, rows)
+            ld = padded(rows, self.row_align)       # Vᵀ's rows, as the part's
+            if b * ld > work.Vt.size:
+                ld = rows
+            Vt = work.Vt[:b * ld].reshape(b, ld)[:, :rows]
             unit_triangle(E[i0:i0 + rows, k0:k0 + b].T, lower=False, out=Vt)
-            _wy_update(work, S, j, rows, b, Vt, T, 0, S.shape[1])
+            _wy_update(work, S, j, rows, b, Vt, T, 0, S.shape[1], ldv=ld)
 
     def _update_work(self, dtype) -> _UpdateWork:
         """The updates' workspace (:class:`_UpdateWork`), taken from the work
@@ -881,24 +971,29 @@ class CupySlabs:
             Td = factorize_cupy(S[a0:], panels, self._T.shape[1], stream=self.stream)
             self._T[p0:p0 + len(panels)] = Td
 
-    def download(self, part: SlabPart, F: np.ndarray) -> None:
+    def download(self, part: SlabPart, F: np.ndarray, piece: tuple | None = None) -> None:
         """The worked part back into ``F[:rows, a0:a1]`` (its rows) on the downloads'
-        stream after the work queued so far (its check for non-finite values first)."""
+        stream after the work queued so far (its check for non-finite values first),
+        or its ``piece`` ``(c0, c1, q0, q1)`` (as :meth:`NumpySlabs.download`; the
+        whole part checked with its last piece)."""
         S, isz = part.S, F.itemsize
+        c0, c1, q0, q1 = (part.a0, part.a1, part.p0, part.p1) if piece is None else piece
         rt = self.cp.cuda.runtime
-        self._flags.append(finite_check(S.dtype).enqueue(S, self.stream))
+        last = c1 == part.a1            # the part's last piece: every value final
+        if last:
+            self._flags.append(finite_check(S.dtype).enqueue(S, self.stream))
         self.down_stream.wait_event(self._event(self.stream))
-        w = part.a1 - part.a0
-        rt.memcpy2DAsync(F.ctypes.data + part.a0 * isz, F.shape[1] * isz, S.data.ptr,
-                         w * isz, w * isz, S.shape[0], rt.memcpyDeviceToHost,
-                         self.down_stream.ptr)
+        rt.memcpy2DAsync(F.ctypes.data + c0 * isz, F.shape[1] * isz,
+                         S.data.ptr + (c0 - part.a0) * isz, S.shape[1] * isz, (c1 - c0) * isz,
+                         S.shape[0], rt.memcpyDeviceToHost, self.down_stream.ptr)
         landed = self._event(self.down_stream)
         self._mark("d", self.down_stream)
-        self._regions.append((part.at, part.at + S.size, landed))
-        for q in range(part.p0, part.p1):
+        if last:
+            self._regions.append((part.at, part.at + S.size, landed))
+        for q in range(q0, q1):
             self._landed[q] = landed
         if self.on_part is not None:
-            self.on_part(part.a0, part.a1, landed)
+            self.on_part(c0, c1, landed)
 
     def end_slab(self) -> None:
         """The slab's parts are read by no work queued later."""
