@@ -516,8 +516,9 @@ class _Ahead(_Square):
         super().__init__(clear, deficient=deficient)
         self.ahead_at = []
 
-    def factor_ahead(self):
+    def factor_ahead(self, readings=True):
         self.ahead_at.append(self._now)
+        self.readings = readings
         self.factor()           # done at once: the rule reads it where it would make it
 
 
@@ -548,6 +549,7 @@ def test_the_lu_starts_ahead_only_with_cores_to_spare(cpus, monkeypatch):
         assert len(square.ahead_at) == 1
         assert policy.LU_AHEAD_SHARE * lu <= square.ahead_at[0] < watch.lu_at[1]
         assert square.ahead_at[0] <= policy.LU_AHEAD_SHARE * lu + 1e-5     # not a checkpoint late
+        assert square.readings is False         # no dense_gpu: U's pivots are never read
     else:
         assert not square.ahead_at
 
@@ -571,6 +573,9 @@ def test_square_lu_ahead_equals_the_lu_made_at_once(name):
     ahead = SquareLU(lambda: A, A.shape[0])
     ahead.factor_ahead()
     ahead.factor_ahead()                        # once
+    without = SquareLU(lambda: A, A.shape[0])
+    without.factor_ahead(readings=False)
+    assert without.factor() is clear and without._revealed is None and without._sigma_max is None
     assert ahead.factor() is clear and ahead.seconds > 0
     assert (ahead.deficient, ahead.singular) == (at_once.deficient, at_once.singular)
     assert ahead._revealed == (None if clear else at_once.revealed_dead())

@@ -162,23 +162,23 @@ class SquareLU:
                 self.seconds = time.perf_counter() - t0
             return self.clear
 
-    def factor_ahead(self) -> None:
-        """Start :meth:`factor` on a worker thread (once), and where the factors show A
-        deficient without an exact singularity, read U's pivots as the rule will
-        (:meth:`revealed_dead`, else :meth:`hides_deficiency`, σ_max by Lanczos):
-        the iterate-first rule starts it while SciPy's run goes on, on a host with
-        cores to spare, and its :meth:`factor` later finds the work done (or waits
-        for the rest of it). An error is raised again by :meth:`factor`."""
+    def factor_ahead(self, readings: bool = True) -> None:
+        """Start :meth:`factor` on a worker thread (once), and with ``readings``, where
+        the factors show A deficient without an exact singularity, read U's pivots as
+        the rule may (:meth:`revealed_dead`, else :meth:`hides_deficiency`, σ_max by
+        Lanczos): the iterate-first rule starts it while SciPy's run goes on, on a
+        host with cores to spare, and its :meth:`factor` later finds the work done
+        (or waits for the rest of it). An error is raised again by :meth:`factor`."""
         if self._ahead is not None or self.clear is not None or self._declined:
             return
         # the worker takes the lock before this returns: a factor() called after waits
         ready = threading.Event()
-        self._ahead = threading.Thread(target=self._factor_ahead, args=(ready,), daemon=True,
-                                       name="scipy_gpuqr-square-lu")
+        self._ahead = threading.Thread(target=self._factor_ahead, args=(ready, readings),
+                                       daemon=True, name="scipy_gpuqr-square-lu")
         self._ahead.start()
         ready.wait()
 
-    def _factor_ahead(self, ready: threading.Event) -> None:
+    def _factor_ahead(self, ready: threading.Event, readings: bool) -> None:
         with self._lock:
             ready.set()
             try:
@@ -189,7 +189,8 @@ class SquareLU:
                     self.clear = self._factor()
                 finally:
                     self.seconds = time.perf_counter() - t0
-                if self.deficient and not self.singular and not self.revealed_dead():
+                if readings and self.deficient and not self.singular and \
+                        not self.revealed_dead():
                     self.hides_deficiency()
             except BaseException as exc:     # noqa: BLE001 - raised again by factor()
                 self._ahead_error = exc

@@ -901,7 +901,10 @@ class Allowance:
         t = seconds - self.analysis_s
         if self._ahead_at is not None and t >= self._ahead_at:
             self._ahead_at = None
-            self._square.factor_ahead()
+            # U's pivots read ahead only where the rule may read them (:meth:`_predicts_gap`
+            # less its question to dense_gpu, asked later where it counts)
+            self._square.factor_ahead(readings=self._dense_gpu is not None and
+                                      GAP_GPU_MIN_ORDER <= self.order <= RANK_SPARSE_MIN_ORDER)
         if t < self.next_check:             # most iterations: nothing more to do
             return False
         self.next_check = max(t * (1 + CHECK_GROWTH), t + CHECK_INTERVAL_S)
