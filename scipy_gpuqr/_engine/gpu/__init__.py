@@ -19,8 +19,7 @@
   launches run;
 * :mod:`.solve` — ``Qᵀ``/``Q`` replayed from the kept reflectors and the
   full-rank device solves; :mod:`.trsolve` — triangular solves with R's
-  front blocks in the pools; :mod:`.pools_home` — a multi-device
-  factorization's pools copied to ``Q``'s device before its first solve;
+  front blocks in the pools;
 * :mod:`.factorize_kernels`, :mod:`.solve_kernels` — the kernel variants
   (``KERNEL_VARIANTS``, compiled by ``build_kernels.py``; no CuPy needed).
 

@@ -67,7 +67,6 @@ from ..memory import RESERVE
 from . import array_ops
 from . import replay_store
 from . import solve_kernels as av
-from .pools_home import bring_home
 from .reflector_upload import UploadedReflectors, reflector_layout, upload_reflectors
 from .rproduct import FrontProduct
 from .trsolve import FrontTriangular, TriangularPlan
@@ -874,10 +873,7 @@ def _device_pools(qr, *, reflectors_only: bool = False):
     the factorization (``_replay``), so its pools reach the factorization weakly:
     a strong reference would make the two a cycle, freed only by the cyclic
     collector (R's host arrays and the device pools kept until it runs). R's
-    solves may outlive their caller's reference and keep it strongly. A
-    multi-device factorization's pools on other GPUs are first copied to this
-    device where it has room (:func:`~.pools_home.bring_home`)."""
-    bring_home(qr)
+    solves may outlive their caller's reference and keep it strongly."""
     cp = qr._device.cp
     owner = weakref.ref(qr) if reflectors_only else (lambda: qr)
 
