@@ -19,8 +19,7 @@ import threading
 from typing import Optional
 
 __all__ = ["import_cupy", "gpu_available", "gpu_info", "device_attributes", "device_name",
-           "is_cupy_array", "is_cupy_sparse", "start_driver", "wait_for_driver",
-           "wait_for_driver_init"]
+           "is_cupy_array", "is_cupy_sparse", "start_driver", "wait_for_driver"]
 
 
 def import_cupy():
@@ -164,23 +163,6 @@ def wait_for_driver() -> None:
     """
     if _driver_thread.cache_info().currsize:
         _driver_thread().join()
-
-
-def wait_for_driver_init() -> bool:
-    """Wait until the CUDA driver is initialized (``cuInit``), without the GIL: a
-    call made while :func:`start_driver`'s thread initializes it returns when that
-    one does (the driver initializes once); True where it is. False where no
-    driver library loads or ``cuInit`` fails.
-
-    Work that would slow ``cuInit`` down (populating many pages of memory:
-    both take the process's memory map) waits for it here, and then runs
-    beside the context's creation instead.
-    """
-    lib = _driver_library()
-    try:
-        return lib is not None and lib.cuInit(0) == 0
-    except AttributeError:          # not a CUDA driver library
-        return False
 
 
 @functools.lru_cache(maxsize=1)

@@ -14,12 +14,10 @@ them. The first needs no CUDA and is most of the cost, so here it is done on
 a worker (``gpuqr-call-block``) while CUDA starts and CuPy imports, which a
 new process's call waits for anyway: anonymous memory on 2 MiB pages where
 the kernel allows it (``madvise(MADV_HUGEPAGE)``), every page touched
-(:func:`touched_pages`), once the driver is initialized (the pages' population
-held ``cuInit`` back, not the context's creation). The second
-(``cudaHostRegister``, a few ms) follows on that worker where the call
-started CUDA itself (device 0, the device a thread without a context uses),
-else on the device layer's thread when it takes its first buffer (its own
-device current).
+(:func:`touched_pages`). The second (``cudaHostRegister``, a few ms) follows
+on that worker where the call started CUDA itself (device 0, the device a
+thread without a context uses), else on the device layer's thread when it
+takes its first buffer (its own device current).
 
 The block's size comes from the one-stage schedule read from its file
 meanwhile (:func:`~.driver.start_schedule_load`): a pattern an earlier
@@ -258,13 +256,6 @@ class CallBlock:
         staging.lock.acquire()
         return staging
 
-    def has_block(self) -> bool:
-        """Whether a block was made or borrowed (waits for the worker)."""
-        try:
-            return self._future.result() is not None
-        except Exception:  # noqa: BLE001 - nothing was made
-            return False
-
     def info(self) -> dict:
         """``info["call_block"]``: the block's bytes, whether its pages were touched
         for this call (else borrowed from the kept blocks), bytes served and bytes
@@ -314,10 +305,6 @@ def _made(sched_future, analysis, dtype, register_on):
     kept = borrow_kept_pinned(nbytes)
     if kept is not None:
         return kept, sizes
-    if register_on is not None:
-        # a new process: the pages' population held cuInit back (both take the
-        # process's memory map); beside the context's creation it did not
-        _gpu.wait_for_driver_init()
     pages = touched_pages(nbytes)
     if register_on is not None:
         cp = _gpu.import_cupy()

@@ -836,17 +836,16 @@ def _run_block(block, device, analysis, sched, host_stages):
     """The pinned block a run of ``sched`` on ``device`` takes its buffers from: the
     one made ahead (``block``), else a kept one that holds them
     (:func:`~.call_block.borrow`), for a one-stage run without host fronts on a CUDA
-    layer that pins as asked; None otherwise (a block made ahead given back). A
-    block started ahead that found no schedule to size it is replaced by a kept one."""
+    layer that pins as asked; None otherwise (a block made ahead given back)."""
     one = (getattr(device, "cp", None) is not None
            and getattr(device, "pinned_ahead", False) is None
            and len(sched.stages) == 1 and not host_stages)
-    if block is not None and not (one and block.has_block()):
-        _block_done(block)          # another kind of run, or none made (no schedule read)
-        block = None
     if not one:
+        _block_done(block)
         return None
-    return block if block is not None else call_block.borrow(analysis, sched, device.dtype)
+    if block is None:
+        block = call_block.borrow(analysis, sched, device.dtype)
+    return block
 
 
 def _block_done(block) -> None:
