@@ -1027,17 +1027,11 @@ class CupyDevice:
         """Start copying ``pool[index]`` to the host (see :mod:`.rcopy`).
 
         ``layout``: R's layout, whose cached pinned staging buffer is used
-        (a temporary one without it or when busy), unless the call's block of
-        pinned buffers holds the slots (``pinned_ahead.r_staging``:
-        :class:`~.call_block.CallBlock`)."""
+        (a temporary one without it or when busy)."""
         t0 = time.perf_counter()
-        ahead = getattr(self, "pinned_ahead", None)
-        staging = None
-        if layout is not None and hasattr(ahead, "r_staging"):
-            staging = ahead.r_staging(int(min(SLOT_BYTES, max(layout.nnz, 1) * 8)))
-        if staging is None and layout is not None:
+        if layout is not None:
             staging = staging_for(layout)
-        elif staging is None:
+        else:
             staging = PinnedStaging(int(min(SLOT_BYTES, max(len(index), 1) * 8)))
             staging.lock.acquire()
         c = CupyRCopy(self, pool, index, staging, final)

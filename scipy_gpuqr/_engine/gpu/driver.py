@@ -84,7 +84,7 @@ from . import solve as gpu_solve
 from .device import CupyDevice
 from .factorize_kernels import prefetch_engine_kernels
 from .reflector_upload import packed_size_bound
-from . import call_block, rlayout_store
+from . import rlayout_store
 from .rlayout import r_layout, r_layout_cached
 from .stage_loop import StageLoop, assemble_r, r_dtype
 
@@ -375,21 +375,16 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     debug = _debug_default() if debug is None else bool(debug)
     dev_dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     early = start_layout_load(analysis)     # meanwhile: the device, the plan, the schedule
-    early_schedule = block = None
+    early_schedule = None
     if device is None:
-        started = _gpu.start_driver()   # a new process's first call: beside CuPy's import
         if early is not None and max_gpu_memory is None:    # a pattern new to the process
             early_schedule = start_schedule_load(
                 analysis, tile=tile, bundle=bundle, pipelining=pipelining,
                 max_tasks=max_tasks, dense_flops=dense_flops,
                 dense_columns_per_launch=dense_columns_per_launch)
-            # its pinned buffers' pages made meanwhile (registered on the device
-            # this call's CUDA start makes current)
-            block = call_block.start(analysis, early_schedule, dev_dtype,
-                                     register_on=0 if started is not None else None)
+        _gpu.start_driver()     # a new process's first call: beside CuPy's import
         gi = _gpu.gpu_info()
         if not gi.get("available"):
-            _block_done(block)
             return _no_gpu(Ac, analysis, f"no usable GPU ({gi.get('reason', '?')})")
         prefetch_engine_kernels(dev_dtype, tile, bundle)     # the solves' compile meanwhile
         device = CupyDevice(tile, bundle, dtype=dev_dtype, debug=debug)
@@ -431,7 +426,7 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
                              bundle=bundle, pipelining=pipelining, max_tasks=max_tasks,
                              dense_flops=dense_flops, dense_cpl=dense_columns_per_launch,
                              mplan=mplan, needs=needs, early=early, dense_extra=dense_extra,
-                             early_schedule=early_schedule, block=block if not attempt else None)
+                             early_schedule=early_schedule)
         except MemoryError as exc:      # DeviceOutOfMemory, or CuPy's from a worker
             if not (isinstance(exc, DeviceOutOfMemory)
                     or type(exc).__name__ == "OutOfMemoryError"):
@@ -764,7 +759,7 @@ def start_schedule_load(analysis, *, tile: int, bundle: int, pipelining: bool,
 
 def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_tasks,
                dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH, mplan=None, needs=None,
-               early=None, dense_extra=(), early_schedule=None, block=None):
+               early=None, dense_extra=(), early_schedule=None):
     """One attempt with the stages of ``mplan`` (a
     :class:`~scipy_gpuqr._engine.memory.MemoryPlan`; default
     ``analysis.stage_plan(budget)``): the schedule, R's layout on a worker, the stages.
@@ -775,10 +770,7 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     made dense fronts besides ``dense_flops``' choice (:func:`_oversized_dense`).
     ``early_schedule``: the future of :func:`start_schedule_load` (the one-stage
     schedule, made ahead), waited for where this attempt's plan has one stage:
-    the schedule built here is then a hit of the scheduler's cache. ``block``: the
-    pinned block made meanwhile for a one-stage run (:func:`~.call_block.start`),
-    else one borrowed from the kept blocks where one holds this run's buffers;
-    the device layer takes its buffers from it (:func:`_run`).
+    the schedule built here is then a hit of the scheduler's cache.
 
     Raises
     ------
@@ -808,7 +800,6 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     cold = not all(st.materialized for st in sched.stages)
     if cold and len(sched.stages) == 1:
         cold = not _warm_from_disk(early, sched, analysis)
-    block = _run_block(block, device, analysis, sched, host_stages)
     t1 = time.perf_counter()
     # R's layout (pattern, gather maps; cached with the analysis) is built on a worker
     # thread while the launches run; a cold schedule is materialized there too, so the
@@ -816,42 +807,12 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     helper = ThreadPoolExecutor(max_workers=1)
     host_side = helper.submit(_host_side, analysis, sched, [st.fronts for st in sched.stages],
                               cold, early)
-    if block is not None:
-        device.pinned_ahead = block
     try:
-        out = _run(Ac, analysis, device, sched, host_side, cold, t0, t1, budget=budget,
-                   tile=tile, bundle=bundle, pipelining=pipelining, keep_last=keep_last,
-                   cache_dense=cache_dense, host_stages=host_stages)
-        if block is not None:
-            out.info["call_block"] = block.info()
-        return out
+        return _run(Ac, analysis, device, sched, host_side, cold, t0, t1, budget=budget,
+                    tile=tile, bundle=bundle, pipelining=pipelining, keep_last=keep_last,
+                    cache_dense=cache_dense, host_stages=host_stages)
     finally:
         helper.shutdown(wait=True)
-        if block is not None:       # R's copy ended with the run: the block is free
-            device.pinned_ahead = None
-            block.finish(getattr(device, "stream", None))
-
-
-def _run_block(block, device, analysis, sched, host_stages):
-    """The pinned block a run of ``sched`` on ``device`` takes its buffers from: the
-    one made ahead (``block``), else a kept one that holds them
-    (:func:`~.call_block.borrow`), for a one-stage run without host fronts on a CUDA
-    layer that pins as asked; None otherwise (a block made ahead given back)."""
-    one = (getattr(device, "cp", None) is not None
-           and getattr(device, "pinned_ahead", False) is None
-           and len(sched.stages) == 1 and not host_stages)
-    if not one:
-        _block_done(block)
-        return None
-    if block is None:
-        block = call_block.borrow(analysis, sched, device.dtype)
-    return block
-
-
-def _block_done(block) -> None:
-    """A block made ahead and not used: back to the kept blocks (or let go of)."""
-    if block is not None:
-        block.finish()
 
 
 def _memory_checks(analysis, sched, mplan, needs, isz: int) -> tuple:

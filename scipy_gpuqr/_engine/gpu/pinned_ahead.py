@@ -28,8 +28,8 @@ from .. import memory
 from .rcopy import PinnedStaging, StagingTurns
 
 __all__ = ["PinnedAhead", "pinned_needs", "lane_needs", "lane_bound", "kept_pinned_bytes",
-           "release_kept_pinned", "borrow_kept_pinned", "give_back_kept_pinned",
-           "PATTERN_PARTS", "PINNED_ALIGN", "PINNED_BLOCK_CLASS", "PINNED_LANE_SLACK",
+           "release_kept_pinned", "PATTERN_PARTS", "PINNED_ALIGN", "PINNED_BLOCK_CLASS",
+           "PINNED_LANE_SLACK",
            "PINNED_KEEP_SHARE", "PINNED_KEEP_BLOCKS"]
 
 #: Alignment (bytes) of every slice :class:`PinnedAhead` hands out.
@@ -100,20 +100,6 @@ class _KeptBlocks:
         size = -(-nbytes // PINNED_BLOCK_CLASS) * PINNED_BLOCK_CLASS
         return _pinned_bytes(size), size, None
 
-    def borrow(self, nbytes: int):
-        """The smallest idle kept block of at least ``nbytes`` (what it held is
-        forgotten: the borrower writes it), or None where none is that large;
-        nothing is pinned here."""
-        nbytes = max(int(nbytes), 1)
-        with self._lock:
-            fit = [b for b in self._idle if b.size >= nbytes]
-            if not fit:
-                return None
-            block = min(fit, key=lambda b: b.size)
-            self._idle = [b for b in self._idle if b is not block]
-            self._held.pop(id(block), None)
-            return block
-
     def give_back(self, blocks, held=None) -> None:
         """Blocks no longer read or written by any device: kept for later calls,
         the smallest dropped while the kept ones pass their share. ``held``:
@@ -170,17 +156,6 @@ class _Held:
 def kept_pinned_bytes() -> int:
     """Bytes of pinned host memory kept for later multi-device calls."""
     return _KEPT.kept_bytes
-
-
-def borrow_kept_pinned(nbytes: int):
-    """A kept pinned block of at least ``nbytes`` (``uint8``), or None: nothing is
-    pinned here (:meth:`_KeptBlocks.borrow`); back with :func:`give_back_kept_pinned`."""
-    return _KEPT.borrow(nbytes)
-
-
-def give_back_kept_pinned(block) -> None:
-    """``block`` (pinned, no device reading or writing it any more) kept for later calls."""
-    _KEPT.give_back([block])
 
 
 def release_kept_pinned() -> None:
