@@ -222,14 +222,9 @@ def test_settling_by_rounding_needs_two_moves(monkeypatch):
     assert cod.steps >= 3 and cod.rank == q - 12
 
 
-def test_gram_ritz_pairs_equal_the_triangles_svd(matrices_dir, monkeypatch):
-    """On nnc1374's R (its smallest singular value 0.01 × the cutoff, no exact dependence)
-    the Ritz pairs come from the Gram matrix's eigenpairs at every step, and the decision
-    equals the one from the SVD of R X's triangle: the same steps and rank, each step's
-    move within 1e-6 of its own, σ_(q-d) within 1e-9, x within 1e-10."""
-    A, R, _ = _nnc1374_r(matrices_dir)
-    tol = _lstsq.lstsq_cutoff(*A.shape) * sigma_max_lanczos(R)
-    Rd = R.toarray()
+def _record_gram_ritz(monkeypatch):
+    """A list that records, step by step, whether the Ritz pairs came from the Gram
+    matrix (``DenseSubspaceCOD._ritz_by_gram`` answered) or it declined."""
     taken = []
     real = DenseSubspaceCOD._ritz_by_gram
 
@@ -238,6 +233,18 @@ def test_gram_ritz_pairs_equal_the_triangles_svd(matrices_dir, monkeypatch):
         taken.append(got is not None)
         return got
     monkeypatch.setattr(DenseSubspaceCOD, "_ritz_by_gram", spy)
+    return taken
+
+
+def test_gram_ritz_pairs_equal_the_triangles_svd(matrices_dir, monkeypatch):
+    """On nnc1374's R (its smallest singular value 0.01 × the cutoff, no exact dependence)
+    the Ritz pairs come from the Gram matrix's eigenpairs at every step, and the decision
+    equals the one from the SVD of R X's triangle: the same steps and rank, each step's
+    move within 1e-6 of its own, σ_(q-d) within 1e-9, x within 1e-10."""
+    A, R, _ = _nnc1374_r(matrices_dir)
+    tol = _lstsq.lstsq_cutoff(*A.shape) * sigma_max_lanczos(R)
+    Rd = R.toarray()
+    taken = _record_gram_ritz(monkeypatch)
     gram = DenseSubspaceCOD(Rd, tol, block=128, max_block=458)
     assert taken == [True] * gram.steps
     monkeypatch.setattr(DenseSubspaceCOD, "_ritz_by_gram", lambda self, RX: None)
@@ -256,14 +263,7 @@ def test_an_exact_dependence_takes_the_triangles_svd(monkeypatch):
     smallest at 0.05 × the cutoff, the block's largest under 100 ×) from the Gram
     matrix; lstsq's rank either way."""
     q = 300
-    taken = []
-    real = DenseSubspaceCOD._ritz_by_gram
-
-    def spy(self, RX):
-        got = real(self, RX)
-        taken.append(got is not None)
-        return got
-    monkeypatch.setattr(DenseSubspaceCOD, "_ritz_by_gram", spy)
+    taken = _record_gram_ritz(monkeypatch)
     rng = np.random.default_rng(5)
     cut = EPS * q
     near = np.concatenate([[1.0], cut * rng.uniform(3.0, 100.0, q - 13),
@@ -367,14 +367,7 @@ def test_on_the_gpu_ritz_pairs_by_the_gram_and_settled_by_rounding(matrices_dir,
     smax = sigma_max_lanczos(R)
     tol = _lstsq.lstsq_cutoff(*A.shape) * smax
     Rd = R.toarray()
-    taken = []
-    real = DenseSubspaceCOD._ritz_by_gram
-
-    def spy(self, RX):
-        got = real(self, RX)
-        taken.append(got is not None)
-        return got
-    monkeypatch.setattr(DenseSubspaceCOD, "_ritz_by_gram", spy)
+    taken = _record_gram_ritz(monkeypatch)
     host = DenseSubspaceCOD(Rd, tol, block=128, max_block=458, sigma_max=smax)
     taken.clear()
     dev = DenseSubspaceCOD(cupy.asarray(Rd), tol, block=128, max_block=458, sigma_max=smax)

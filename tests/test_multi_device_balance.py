@@ -18,7 +18,7 @@ from scipy_gpuqr._schedule.devices import (TimeModel, devices_for, front_seconds
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
-from test_multi_device_host_floor import _small_model
+from test_multi_device_host_floor import _small_model, force_time_mapping
 from test_multi_device_split import _same_gram
 
 #: The time model with every front above the frontier on the upper device (the default).
@@ -130,9 +130,7 @@ def test_placed_fronts_on_numpy_layers(monkeypatch, g, k):
     """A time plan with fronts above the frontier placed off the upper device (small
     grids, time mapping forced; on three and four devices beside split fronts) runs over
     NumPy layers to the one-device answer: R's Gram and Q R = A P."""
-    monkeypatch.setattr(devices, "MULTI_DEVICE_MIN_FLOPS", 0.0)
-    monkeypatch.setattr(devices, "TIMED_MAPPING_GAIN", -np.inf)
-    monkeypatch.setattr(devices, "SUBTREE_RATE", 1e9)
+    force_time_mapping(monkeypatch)
     A = grid3d_least_squares(g)
     an = analyze(A)
     model = _small_model()

@@ -129,6 +129,14 @@ def test_two_devices_plans_unchanged(g):
     assert sorted(plan.split) == sorted(old.split)
 
 
+def force_time_mapping(monkeypatch):
+    """Small grids mapped over several devices by the time model: no least problem
+    size, no least modelled gain, and subtrees slow beside the small split model."""
+    monkeypatch.setattr(devices, "MULTI_DEVICE_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(devices, "TIMED_MAPPING_GAIN", -np.inf)
+    monkeypatch.setattr(devices, "SUBTREE_RATE", 1e9)
+
+
 def _small_model(panel=16):
     """A split model for small fronts (NumPy layers' panel width, no least gain)."""
     return SplitModel(dense=DenseModel(panel=panel, launch_seconds=1e-3, column_seconds=0.0,
@@ -141,9 +149,7 @@ def _small_model(panel=16):
 def test_lightest_upper_plan_on_numpy_layers(monkeypatch, k):
     """The time plan with the upper device the lightest (grid 9³, time mapping forced)
     runs over NumPy layers to the one-device answer: R's Gram and Q R = A P."""
-    monkeypatch.setattr(devices, "MULTI_DEVICE_MIN_FLOPS", 0.0)
-    monkeypatch.setattr(devices, "TIMED_MAPPING_GAIN", -np.inf)
-    monkeypatch.setattr(devices, "SUBTREE_RATE", 1e9)
+    force_time_mapping(monkeypatch)
     A = grid3d_least_squares(9)
     an = analyze(A)
     model = _small_model()

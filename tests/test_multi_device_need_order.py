@@ -20,7 +20,7 @@ from scipy_gpuqr._schedule.devices import DevicePlan, map_devices, stage_needs
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
 
-from test_multi_device_host_floor import _small_model
+from test_multi_device_host_floor import _small_model, force_time_mapping
 from test_multi_device_split import _same_gram
 
 
@@ -104,9 +104,7 @@ def test_need_order_on_numpy_layers(monkeypatch, g, k):
     """Time plans (small grids, the time mapping forced) whose devices take their stages
     out of postorder, beside split fronts, run over NumPy layers and on the simulated
     devices to the one-device answer, as in postorder: R's Gram and Q R = A P."""
-    monkeypatch.setattr(devices, "MULTI_DEVICE_MIN_FLOPS", 0.0)
-    monkeypatch.setattr(devices, "TIMED_MAPPING_GAIN", -np.inf)
-    monkeypatch.setattr(devices, "SUBTREE_RATE", 1e9)
+    force_time_mapping(monkeypatch)
     A = grid3d_least_squares(g)
     an = analyze(A)
     model = _small_model()

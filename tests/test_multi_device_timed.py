@@ -16,6 +16,7 @@ from scipy_gpuqr._schedule.devices import (front_seconds, map_devices, subtree_w
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
 
+from test_multi_device_host_floor import force_time_mapping
 from test_multi_device_split import _same_gram
 
 
@@ -77,9 +78,7 @@ def test_time_mapping_models_its_own_plan(k):
 def _forced(monkeypatch):
     """The time model's mapping taken for any size and gain, its subtrees' fronts as
     slow against the small split model as to give it split fronts on grid 9³."""
-    monkeypatch.setattr(devices, "MULTI_DEVICE_MIN_FLOPS", 0.0)
-    monkeypatch.setattr(devices, "TIMED_MAPPING_GAIN", -np.inf)
-    monkeypatch.setattr(devices, "SUBTREE_RATE", 1e9)
+    force_time_mapping(monkeypatch)
 
 
 @pytest.mark.parametrize("k", [2, 4])
