@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import time
 
 import numpy as np
 import pytest
@@ -585,8 +586,8 @@ def test_square_lu_ahead_equals_the_lu_made_at_once(name):
 
 
 def test_square_lu_ahead_declined_and_failed():
-    """A decline while the worker runs wins (the QR's factors answer); an error on the
-    worker is raised by factor()."""
+    """A decline while the worker runs wins (the QR's factors answer) and factor() does
+    not wait for the worker; an error on the worker is raised by factor()."""
     import threading
     gate = threading.Event()
 
@@ -596,8 +597,12 @@ def test_square_lu_ahead_declined_and_failed():
     lu = SquareLU(slow, 3)
     lu.factor_ahead()
     lu.decline("the QR's factors were made ahead")
-    gate.set()
+    t0 = time.perf_counter()
     assert lu.factor() is False and "made ahead" in lu.why
+    assert time.perf_counter() - t0 < 1.0 and not gate.is_set()
+    gate.set()
+    lu._ahead.join(5)
+    assert lu.clear is False and "made ahead" in lu.why      # A of full rank: still declined
 
     def broken():
         raise MemoryError("no room for the LU")

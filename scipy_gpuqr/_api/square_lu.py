@@ -117,10 +117,10 @@ class SquareLU:
     def __init__(self, matrix: Callable[[], sp.csc_array], n: int):
         self._matrix = matrix
         self.n = int(n)
-        self.clear: Optional[bool] = None
+        self._clear: Optional[bool] = None
         self.deficient = False
         self.singular = False
-        self.why = ""
+        self._why = ""
         self.seconds = 0.0
         self._lu = None
         self._A = None
@@ -136,31 +136,43 @@ class SquareLU:
         self._ahead_error: Optional[BaseException] = None
         self._declined = ""             # why the QR's factors answer instead (decline)
 
+    @property
+    def clear(self) -> Optional[bool]:
+        """Whether the factors may answer (None: not factorized yet; False once
+        declined, whatever a factorization ahead found)."""
+        return False if self._declined else self._clear
+
+    @property
+    def why(self) -> str:
+        """What the factorization showed, or why it was declined, for the log."""
+        return self._declined or self._why
+
     def decline(self, why: str) -> None:
         """Not to answer (the QR's factors answer instead, ``why``): :meth:`factor` then
-        answers False, also where a factorization ahead is still running (not waited
-        for here) or found A of full rank."""
-        if self.clear is None and not self._declined:
+        answers False at once, also where a factorization ahead is still running (not
+        waited for) or found A of full rank."""
+        if self._clear is None and not self._declined:
             self._declined = why
 
     def factor(self) -> bool:
         """Factorize (once) and test lstsq's rank rule on the LU's inverse; ``clear``.
 
         Where :meth:`factor_ahead` started the work on a worker, waits for it and
-        answers what it found (raising what it raised)."""
+        answers what it found (raising what it raised); once declined, answers
+        False without waiting."""
+        if self._declined:
+            return False
         with self._lock:
-            if self._declined and self.clear is not False:
-                self.clear, self.why = False, self._declined
             if self._ahead_error is not None:
                 raise self._ahead_error
-            if self.clear is not None:
-                return self.clear
+            if self._clear is not None:
+                return self._clear
             t0 = time.perf_counter()
             try:
-                self.clear = self._factor()
+                self._clear = self._factor()
             finally:
                 self.seconds = time.perf_counter() - t0
-            return self.clear
+            return self._clear
 
     def factor_ahead(self, readings: bool = True) -> None:
         """Start :meth:`factor` on a worker thread (once), and with ``readings``, where
@@ -169,7 +181,7 @@ class SquareLU:
         Lanczos): the iterate-first rule starts it while SciPy's run goes on, on a
         host with cores to spare, and its :meth:`factor` later finds the work done
         (or waits for the rest of it). An error is raised again by :meth:`factor`."""
-        if self._ahead is not None or self.clear is not None or self._declined:
+        if self._ahead is not None or self._clear is not None or self._declined:
             return
         # the worker takes the lock before this returns: a factor() called after waits
         ready = threading.Event()
@@ -182,11 +194,11 @@ class SquareLU:
         with self._lock:
             ready.set()
             try:
-                if self.clear is not None:
+                if self._clear is not None:
                     return
                 t0 = time.perf_counter()
                 try:
-                    self.clear = self._factor()
+                    self._clear = self._factor()
                 finally:
                     self.seconds = time.perf_counter() - t0
                 if readings and self.deficient and not self.singular and \
@@ -201,7 +213,7 @@ class SquareLU:
         try:
             lu = splu(A)
         except RuntimeError as exc:     # SuperLU: "Factor is exactly singular"
-            self.why = f"SuperLU: {exc}"
+            self._why = f"SuperLU: {exc}"
             self.deficient = self.singular = True
             return False
         self._factors = lu
@@ -224,11 +236,11 @@ class SquareLU:
             self.deficient = not math.isfinite(nu) or nu * bound >= 1.0
             if math.isfinite(nu) and nu > 0:
                 self._probe = (float(nu), float(margin))
-            self.why = (f"SuperLU's factors do not show full rank by lstsq's rule "
+            self._why = (f"SuperLU's factors do not show full rank by lstsq's rule "
                         f"(‖A⁻¹‖₂ >= {nu:.3g}, bound {1 / bound:.3g} with margin {margin:.3g})")
             return False
         self._lu, self._nu = lu, nu
-        self.why = (f"of full rank by lstsq's rule (‖A⁻¹‖₂ <= {margin * nu:.3g} < "
+        self._why = (f"of full rank by lstsq's rule (‖A⁻¹‖₂ <= {margin * nu:.3g} < "
                     f"1/(eps·n·‖A‖_F) = {1 / bound:.3g})")
         return True
 
@@ -321,10 +333,10 @@ class SquareLU:
             if rnorm <= limit * (anorm * norm2(dx) + bnorm0):
                 break
             if not refine:
-                self.why = (f"SuperLU's answer has backward error "
+                self._why = (f"SuperLU's answer has backward error "
                             f"{rnorm / (anorm * norm2(dx) + bnorm0):.3g} "
                             f"after one refinement (limit {limit:.3g})")
-                self.clear = False
+                self._clear = False
                 return None
             dx = dx + lu.solve(r)
             r = r0 - A @ dx
