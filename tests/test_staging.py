@@ -1517,14 +1517,12 @@ def test_alternating_limits_make_each_plans_gather_maps_once(monkeypatch):
     an = analyze(A)
     rlayout.clear_r_layout_cache(an)        # made here, not by an earlier test
     made = Counter()
-    build = rlayout.RLayout.stage_maps
+    build = rlayout.RLayout._make_stage_maps
 
-    def counted(self, stages):
-        key = tuple((int(a), int(b)) for a, b in stages)
-        with self._lock:
-            made[key] += key not in self._stage_maps
-        return build(self, stages)
-    monkeypatch.setattr(rlayout.RLayout, "stage_maps", counted)
+    def counted(self, key):
+        made[key] += 1
+        return build(self, key)
+    monkeypatch.setattr(rlayout.RLayout, "_make_stage_maps", counted)
     ref = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE))
     plans = set()
     for limit in [_limit(an, 2), _limit(an, 8)] * 3 + [None]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,6 +104,7 @@ class RLayout:
     _r1_src: np.ndarray | None = field(default=None, repr=False)
     _store_at: object = field(default=None, repr=False)
     _stage_maps: dict = field(default_factory=dict, repr=False)
+    _building: dict = field(default_factory=dict, repr=False)
     _extras: dict = field(default_factory=dict, repr=False)
     _lock: object = field(default_factory=threading.RLock, repr=False)
 
@@ -145,8 +147,29 @@ class RLayout:
             hit = self._stage_maps.pop(key, None)
             if hit is not None:             # the most recently used last
                 self._stage_maps[key] = hit
-        if hit is not None:
-            return hit
+                return hit
+            # one builder per plan: a caller that finds the maps being made (the
+            # host side's worker and a stage's R copier ask at once) waits for them
+            building = self._building.get(key)
+            if building is None:
+                building = self._building[key] = Future()
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            return building.result()
+        try:
+            out = self._make_stage_maps(key)
+        except BaseException as exc:
+            with self._lock:
+                self._building.pop(key, None)
+            building.set_exception(exc)
+            raise
+        building.set_result(out)
+        return out
+
+    def _make_stage_maps(self, key: tuple) -> list:
+        """:meth:`stage_maps` made (kept, and the one-stage plan's written behind)."""
         out = []
         fb = self.fbase
         for first, last in key:
@@ -171,6 +194,7 @@ class RLayout:
             out.append((pos, (src[pos] - lo).astype(itype)))
         with self._lock:
             self._keep_maps(key, out)
+            self._building.pop(key, None)
             at, self._store_at = self._store_at, None
         if at is not None and len(key) == 1:    # the usual one-stage plan: kept on disk
             write_behind(_save, at, self, out[0][1])
