@@ -161,7 +161,6 @@ Explicit backends (``gpu``, ``cpu``, ``reference``, ``simulate``) and
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import deque
 from typing import Callable, Optional
@@ -169,6 +168,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .._gpu import gpu_available
+from .._schedule.native import usable_cpus
 from .cost_model import predicted_seconds
 
 __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_RATE",
@@ -624,14 +624,6 @@ def lu_seconds(nnz: int) -> float:
     """Predicted seconds of SuperLU and its full-rank test on a square A with ``nnz``
     stored entries (:data:`LU_FIXED_S`, :data:`LU_S_PER_ENTRY`)."""
     return LU_FIXED_S + LU_S_PER_ENTRY * float(nnz)
-
-
-def usable_cpus() -> int:
-    """Cores this process may run on (its affinity where the platform says)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def analysis_seconds(m: int, n: int, nnz: int) -> float:

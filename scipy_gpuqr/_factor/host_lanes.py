@@ -21,12 +21,13 @@ before.
 from __future__ import annotations
 
 import contextlib
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 import numpy as np
 import scipy.linalg as la
+
+from .._schedule.native import usable_cpus
 
 __all__ = ["Lanes", "SERIAL", "host_lanes", "MAX_LANES", "MIN_ROWS_PER_LANE"]
 
@@ -41,13 +42,6 @@ MIN_ROWS_PER_LANE = 1024
 #: is busy with another process takes fewer (with one piece per lane the
 #: operation waits for the slowest).
 PIECES_PER_LANE = 4
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:                      # not on Linux
-        return os.cpu_count() or 1
 
 
 class Lanes:
@@ -141,7 +135,7 @@ def host_lanes(limited: bool, lanes: Optional[int] = None):
     """A :class:`Lanes` on up to :data:`MAX_LANES` threads (one per core), for the
     block's length; one lane where ``limited`` is False (BLAS not held to one
     thread: its own threads split the work) or one core is all there is."""
-    n = min(MAX_LANES, _cores()) if lanes is None else lanes
+    n = min(MAX_LANES, usable_cpus()) if lanes is None else lanes
     if not limited or n <= 1:
         yield SERIAL
         return

@@ -49,7 +49,7 @@ from .tasks import MAX_SLOTS
 
 __all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "MANIFEST_SUFFIX", "NativeUnavailable", "mode",
            "library", "handle", "status", "simulate", "tile_buckets", "element_rows", "assembly",
-           "fill", "arith_runs", "RUNS_PER_THREAD", "scatter", "pack", "thread_count",
+           "fill", "arith_runs", "RUNS_PER_THREAD", "scatter", "pack", "thread_count", "usable_cpus",
            "run_ranges", "run_split"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
@@ -263,6 +263,14 @@ def arith_runs(lib, first, step, length, start, total: int, dtype, threads: int 
     cuts = np.searchsorted(a[3], np.linspace(0, total, threads + 1)[1:-1], side="right") - 1
     run_ranges(fn, [0] + sorted(set(int(c) for c in cuts if 0 < c < n)) + [n], *args)
     return out
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on (its affinity where the platform says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):           # not on Linux
+        return os.cpu_count() or 1
 
 
 def thread_count(n: int, per_thread: int, most: int = 16) -> int:
