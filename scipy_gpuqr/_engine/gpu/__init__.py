@@ -19,7 +19,9 @@
   launches run;
 * :mod:`.solve` — ``Qᵀ``/``Q`` replayed from the kept reflectors and the
   full-rank device solves; :mod:`.trsolve` — triangular solves with R's
-  front blocks in the pools;
+  front blocks in the pools; :mod:`.replay_split` — a multi-device
+  factorization's replay levels run on the GPUs holding their stages;
+  :mod:`.peer_rows` — rows of the right-hand sides lent to those GPUs;
 * :mod:`.factorize_kernels`, :mod:`.solve_kernels` — the kernel variants
   (``KERNEL_VARIANTS``, compiled by ``build_kernels.py``; no CuPy needed).
 

@@ -1058,6 +1058,8 @@ class _MultiStageRun:
         self.host_side, self.dtype = host_side, dtype
         #: the call's pinned memory allocated ahead (:class:`PinnedAhead`; None: none)
         self.ahead = ahead
+        #: GPU → the VT pool of a layer whose stage pools stay on it (``_gather_q``)
+        self.lane_vt = {}
         if ahead is not None and ahead.shared:      # pinned and filled ahead
             self.vals = ahead.shared["s_value"]
             self.s_index = ahead.shared["s_index"]
@@ -1666,6 +1668,11 @@ class _MultiStageRun:
             _settle(home.cp, copied)
         for layer in self.layers[1:]:       # their pools live on in ``stage_pools``
             if layer is not home:
+                # its VT pool too, where its stages' pools stay on its GPU: the
+                # solves run those stages' replay levels there (.replay_split)
+                if (getattr(layer, "cp", None) is not None and layer.vt is not None
+                        and layer.device_id != home.device_id):
+                    self.lane_vt[layer.device_id] = layer.vt
                 with _on(layer):
                     layer.close()
         return stage_pools, host_pools
@@ -1764,6 +1771,7 @@ class _MultiStageRun:
                             schedule=sched, _fronts=fronts, _vt=None, _dense=dense,
                             _device=self.layers[0], _pending=pending,
                             _stage_pools=stage_pools, _host_pools=host_pools,
+                            _replay={"lane_vt": self.lane_vt},
                             _front_loc=front_loc, _front_launch=front_launch,
                             _launch_base=self.launch_base.tolist())
 

@@ -65,6 +65,7 @@ from ..._store import write_behind
 from ..host.simulate import apply_q_records, apply_qt_records, one_blas_thread
 from ..memory import RESERVE
 from . import array_ops
+from . import replay_split
 from . import replay_store
 from . import solve_kernels as av
 from .reflector_upload import UploadedReflectors, reflector_layout, upload_reflectors
@@ -75,7 +76,7 @@ __all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay", "pl
            "plan_arrays", "plan_of_arrays", "stage_sequence",
            "NumpyExecutor", "CupyExecutor", "DeviceSolve", "CHUNK_ELEMENTS", "PREFETCH",
            "PREFETCH_FIRST", "prefetch_first", "drop_first", "triangular_plan_of",
-           "STAGED_BESIDE", "fetch_beside"]
+           "STAGED_BESIDE", "fetch_beside", "SPLIT_REPLAY", "replay_lanes"]
 
 #: Largest X chunk (elements of float64) applied at once; more columns are
 #: applied chunk by chunk (1 GiB).
@@ -98,6 +99,11 @@ PREFETCH_MARGIN_BYTES = 16 << 20
 #: fits as a prefetch does; the first ``Qᵀ`` replay takes it, the first upload
 #: of R's rows for the solves drops it (:func:`drop_first`).
 PREFETCH_FIRST = True
+#: ``Q``'s replay of a multi-device factorization runs the levels of a stage
+#: whose pool lies on another GPU on that GPU (:mod:`.replay_split`), moving
+#: only the rows of ``X`` its fronts touch; off: every level on the home
+#: device, reading the other GPUs' pools over the link.
+SPLIT_REPLAY = True
 
 
 # ----------------------------------------------------------------------------- plan
@@ -332,6 +338,10 @@ class NumpyExecutor:
     """
 
     xp = np
+    #: a :class:`~.replay_split.ReplaySplit` and its lanes (device → lane), where
+    #: the replay runs over several devices (:func:`replay`)
+    split = None
+    lanes = None
 
     def __init__(self, plan: ReplayPlan, pools, vt):
         self.plan, self.pools, self.vt = plan, pools, vt
@@ -395,6 +405,10 @@ class CupyExecutor:
         The pools' dtype (float64 or float32).
     stream : cupy.cuda.Stream, optional
     """
+
+    #: see :class:`NumpyExecutor` (set by :func:`replay_lanes`)
+    split = None
+    lanes = None
 
     def __init__(self, plan: ReplayPlan, pools, vt, dtype, stream=None):
         import cupy as cp
@@ -555,16 +569,26 @@ def replay(plan: ReplayPlan, executor, X, trans: bool) -> None:
     begin = getattr(executor, "begin", None)
     if begin is not None:
         begin(trans)
+    split = getattr(executor, "split", None)
     try:
-        for lv in order:
-            objs = plan.level_dense.get(lv, [])
-            if not trans:
-                _dense(objs, X, trans, executor)
-            executor.level(lv, X, trans)
-            if trans:
-                _dense(objs, X, trans, executor)
+        if split is not None:       # lanes on the devices holding their stages
+            replay_split.split_replay(split, functools.partial(_home_level, plan, executor),
+                                      executor.lanes, X, trans)
+        else:
+            for lv in order:
+                _home_level(plan, executor, lv, X, trans)
     finally:
         executor.done()
+
+
+def _home_level(plan, executor, lv: int, X, trans: bool) -> None:
+    """Level ``lv`` on X and its dense fronts (after it for ``Qᵀ``, before for ``Q``)."""
+    objs = plan.level_dense.get(lv, [])
+    if not trans:
+        _dense(objs, X, trans, executor)
+    executor.level(lv, X, trans)
+    if trans:
+        _dense(objs, X, trans, executor)
 
 
 def _dense(objs, X, trans, executor=None):
@@ -1074,8 +1098,82 @@ def _cupy_executor(qr):
         ex = CupyExecutor(plan_of(qr), _device_pools(qr, reflectors_only=True), dev.vt,
                            dev.dtype)
         ex.xp = cp
+        replay_lanes(qr, ex)
         qr._replay["cupy"] = ex
     return ex
+
+
+def _stage_devices(qr) -> dict:
+    """stage → the GPU its pool lies on, for the stages whose pool lies on a GPU
+    other than the factorization's (a multi-device factorization's subtrees)."""
+    cp = qr._device.cp
+    home = _device_of(qr).id
+    out = {}
+    for sid, pool in (getattr(qr, "_stage_pools", {}) or {}).items():
+        if isinstance(pool, cp.ndarray) and pool.device.id != home:
+            out[int(sid)] = int(pool.device.id)
+    return out
+
+
+def replay_lanes(qr, ex) -> None:
+    """Give the home executor ``ex`` its lanes (:data:`SPLIT_REPLAY`): the levels of
+    the stages held by other GPUs run there (:mod:`.replay_split`), each lane
+    with its plan, its stages' pools where they lie and their VT tiles: the lane
+    GPU's own VT pool that the factorization kept (``_replay['lane_vt']``,
+    :mod:`.multi_device`), else the tiles copied from the home pool. The lanes
+    (records, row map, row indices uploaded to each GPU) are made once per
+    factorization. The split and
+    the lanes' plans depend on the pattern and where the stages lie: kept with
+    the schedule beside the replay plan. Nothing changes where no stage lies
+    off the home device."""
+    if not SPLIT_REPLAY:
+        return
+    where = _stage_devices(qr)
+    if not where:
+        return
+    cp = qr._device.cp
+    plan = ex.plan
+    home = _device_of(qr).id
+    kept = getattr(qr.schedule, "extras", None)
+    key = (_plan_key(qr), "replay_split", tuple(sorted(where.items())))
+    hit = kept.get(key) if kept is not None else None
+    if hit is None:
+        split = replay_split.split_levels(plan, where, home)
+        subs = ({d: replay_split.lane_plan(plan, lv, plan.tile)
+                 for d, lv in split.levels.items()} if split is not None else {})
+        hit = (split, subs)
+        if kept is not None:
+            kept[key] = hit
+    split, subs = hit
+    if split is None:
+        return
+    owner = weakref.ref(qr)     # the executor is kept in the factorization: no cycle
+
+    def pools(sid):
+        return owner()._stage_pools[sid]
+
+    vt_home = qr._device.vt
+    isz = vt_home.itemsize
+    kept_vt = qr._replay.get("lane_vt", {})
+    lanes = {}
+    for d, (sub, v0, v1) in subs.items():
+        with cp.cuda.Device(d):
+            stream = cp.cuda.Stream(non_blocking=True)
+            own = kept_vt.get(d)
+            if own is not None and own.device.id == d and len(own) >= v1:
+                vt = own[v0:]           # the tiles its factorization wrote, where they lie
+            else:
+                with stream:            # its tiles copied from the home pool (complete)
+                    vt = cp.empty(max(v1 - v0, 1), dtype=vt_home.dtype)
+                    if v1 > v0:
+                        vt.data.copy_from_device_async(vt_home.data + v0 * isz,
+                                                       (v1 - v0) * isz, stream)
+            lane_ex = CupyExecutor(sub, pools, vt, qr._device.dtype, stream=stream)
+            lane_ex.xp = cp
+            lane_ex.prefetch = False
+        rows = {t: r for t, (dev, r) in enumerate(split.segments) if dev == d}
+        lanes[d] = replay_split.CupyLane(d, lane_ex, rows, home, ex.stream)
+    ex.split, ex.lanes = split, lanes
 
 
 def device_matmul(qr, B, *, trans: bool, float64: bool = False):

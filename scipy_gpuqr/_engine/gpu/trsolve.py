@@ -33,6 +33,8 @@ pays one call overhead per front, which is why the level kernels exist.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import solve_triangular as host_solve_triangular
@@ -43,9 +45,16 @@ from ..._validate import device_csr
 from ..memory import available_bytes, make_room
 from . import array_ops as ops
 from . import solve_kernels as av
+from .peer_rows import PeerRows
 from .reflector_upload import packed_size_bound
 
-__all__ = ["FrontTriangular", "TriangularPlan"]
+__all__ = ["FrontTriangular", "TriangularPlan", "SPLIT_SOLVE", "split_stages"]
+
+#: ``R⁻¹`` of a multi-device factorization solves each stage whose pool lies on
+#: another GPU on that GPU (:func:`split_stages`), the columns its fronts read
+#: lent to it and its pivots taken back; off: every stage on the factorization's
+#: GPU, reading the other GPUs' pools over the link.
+SPLIT_SOLVE = True
 
 
 class TriangularPlan:
@@ -101,6 +110,16 @@ class TriangularPlan:
             hit = self._tables[full] = _level_tables(self, members, offsets, big_rows)
         return hit
 
+    def stage_split(self, stages, where: dict, home: int, n: int):
+        """:func:`split_stages` of ``stages`` over the GPUs in ``where``, made once
+        per placement (its host walk takes a fifth of a second on a four-GPU
+        grid 64³; a pattern's factorizations place their stages alike)."""
+        key = ("split", tuple(sorted(where.items())), int(home), int(n),
+               tuple(sid for sid, _ in stages))
+        if key not in self._tables:
+            self._tables[key] = split_stages(self, stages, where, home, n)
+        return self._tables[key]
+
 
 class FrontTriangular:
     """``R⁻¹ C`` and ``R⁻ᵀ C`` for a full-rank factorization with dense front blocks.
@@ -131,8 +150,10 @@ class FrontTriangular:
         # the level kernels need CuPy itself (another array module: the loop)
         self._stages = None
         self._cupy = getattr(xp, "__name__", "") == "cupy"
+        self._where, self._home, self._split = {}, None, None
         if self._cupy:
             self._stages = _staged_levels(self, fs, qr)
+            self._where, self._home = _stage_devices(qr, xp)
         n1 = int(getattr(an, "n1cols", 0))
         self.n1 = n1
         self.R11 = self.R11T = self.R12 = self.R12T = None
@@ -324,7 +345,12 @@ class FrontTriangular:
     def upper(self, C):
         """``R⁻¹ C``; C of shape (n, k), float64 (not modified)."""
         Y = self._fresh(C)
-        if self._stages is not None:
+        split = self._lanes() if self._stages is not None else None
+        if split is not None:
+            segments, ops, lanes = split
+            run_split(segments, ops, functools.partial(_home_stage, self, self._stages),
+                      lanes, Y)
+        elif self._stages is not None:
             _run_stages(self, self._stages, Y, trans=False)
         else:
             self._loop(Y, False)
@@ -333,6 +359,30 @@ class FrontTriangular:
             rhs = Y[:n1] - self.R12 @ Y[n1:]
             Y[:n1] = self._sptri(self.R11, rhs, lower=False)
         return Y
+
+    def _lanes(self):
+        """``(segments, ops, lanes)`` of ``R⁻¹`` over the GPUs holding its stages
+        (:data:`SPLIT_SOLVE`, :func:`split_stages`; made at the first solve), or
+        None where every stage is solved on the factorization's GPU."""
+        if not SPLIT_SOLVE or not self._where:
+            return None
+        if self._split is None:
+            eligible = {sid: d for sid, d in self._where.items()}
+            stages = [(sid, members) for sid, members, kern, rows in self._stages]
+            for sid, members, kern, rows in self._stages:
+                if kern is None or rows is not None:
+                    eligible.pop(sid, None)
+            made = self.plan.stage_split(stages, eligible, self._home, self.n)
+            if made is None:
+                self._split = False
+            else:
+                segments, ops = made
+                lanes = {}
+                for d in sorted({seg[0] for seg in segments}):
+                    mine = {t: seg for t, seg in enumerate(segments) if seg[0] == d}
+                    lanes[d] = _SolveLane(self, d, self._home, mine)
+                self._split = (segments, ops, lanes)
+        return self._split or None
 
     def upper_transposed(self, C):
         """``R⁻ᵀ C``; C of shape (n, k), float64 (not modified)."""
@@ -439,6 +489,7 @@ class _LevelKernel:
         self.off_of = tables["off_of"]
         self.levels = {trans: (cp.asarray(desc), ptr, bigs)
                        for trans, (desc, ptr, bigs) in tables["levels"].items()}
+        self.dtype = dtype
         ctype = "double" if np.dtype(dtype) == np.float64 else "float"
         mod = load_module(av.RSOLVE_FILE, av.KERNEL_VARIANTS[av.RSOLVE_FILE])
         self.kern = {tr: mod.get_function(av.rsolve_name(ctype, tr)) for tr in (False, True)}
@@ -707,12 +758,167 @@ def _staged_levels(ft, fs, qr):
 
 def _run_stages(ft, stages, Y, *, trans: bool) -> None:
     """``R``'s (``trans`` False: stages from the last) or ``Rᵀ``'s solve over the stages."""
-    for sid, members, kern, rows in (stages if trans else reversed(stages)):
-        if kern is None:
-            pool = ft.pools(sid)
-            for i in (members if trans else reversed(members)):
-                ft.step(i, Y, pool, trans=trans)
+    for stage in (stages if trans else reversed(stages)):
+        _run_stage(ft, stage, Y, trans=trans)
+
+
+def _run_stage(ft, stage, Y, *, trans: bool) -> None:
+    """One stage ``(stage, members, level kernel, rows)`` of :func:`_run_stages`."""
+    sid, members, kern, rows = stage
+    if kern is None:
+        pool = ft.pools(sid)
+        for i in (members if trans else reversed(members)):
+            ft.step(i, Y, pool, trans=trans)
+        return
+    pool = rows.upload() if rows is not None else ft.pools(sid)
+    kern.run(ft, Y, pool, trans=trans)
+    del pool
+
+
+def _home_stage(ft, stages, i: int, Y) -> None:
+    """Stage ``stages[i]`` of ``R⁻¹`` on the factorization's GPU."""
+    _run_stage(ft, stages[i], Y, trans=False)
+
+
+def _stage_devices(qr, cp) -> tuple:
+    """``(stage → GPU, home GPU)``: the stages whose pool lies on a GPU other than
+    the factorization's (a multi-device factorization's subtrees)."""
+    dev = qr._device
+    home = int(getattr(dev, "device_id", cp.cuda.Device().id))
+    where = {}
+    for sid, pool in (getattr(qr, "_stage_pools", {}) or {}).items():
+        if isinstance(pool, cp.ndarray) and pool.device.id != home:
+            where[int(sid)] = int(pool.device.id)
+    return where, home
+
+
+def split_stages(plan, stages, where: dict, home, n: int):
+    """``R⁻¹``'s stages over the devices holding them, or None (none off ``home``).
+
+    Parameters
+    ----------
+    plan : TriangularPlan
+    stages : list of (int, list)
+        ``(stage, members)`` in postorder (members: indices into ``plan.fronts``).
+    where : dict
+        stage → the device solving it (a stage not in it: ``home``).
+    home : hashable
+    n : int
+        Columns of R (rows of the right-hand sides).
+
+    Returns
+    -------
+    segments : list of (device, int, ndarray, ndarray)
+        Per stage solved off ``home``: its device, its index in ``stages``, the
+        rows lent to it (every column its fronts read: their pivots' right-hand
+        sides and their ancestors' values) and those taken back (its pivots).
+    ops : list of tuple
+        The solve's steps, stages from the last: ``("home", i)``,
+        ``("start", seg)``, ``("run", seg)``, ``("finish", seg)``. A stage
+        starts (or runs at home) once the running segments that wrote a
+        column it reads are taken back; a front reads only its ancestors'
+        values and writes only its pivots, so every column is solved on the
+        values the unsplit order gives it (the same bits).
+    """
+    if all(where.get(sid, home) == home for sid, _ in stages):
+        return None
+    cols = np.asarray(plan.cols, dtype=np.int64)
+    last = np.full(int(n), -1, dtype=np.int64)         # who wrote a column last
+    running, segments, ops = set(), [], []
+    for i in range(len(stages) - 1, -1, -1):
+        sid, members = stages[i]
+        fr = [plan.fronts[j] for j in members]
+        cat = (lambda x: np.unique(np.concatenate(x)) if x else np.zeros(0, np.int64))
+        read = cat([cols[f[5]: f[6]] for f in fr])
+        wrote = cat([cols[f[5]: f[5] + f[4]] for f in fr])
+        for t in np.unique(last[read]).tolist():
+            if t in running:
+                ops.append(("finish", t))
+                running.discard(t)
+        d = where.get(sid, home)
+        if d == home:
+            ops.append(("home", i))
+            last[wrote] = -2
             continue
-        pool = rows.upload() if rows is not None else ft.pools(sid)
-        kern.run(ft, Y, pool, trans=trans)
-        del pool
+        seg = len(segments)
+        segments.append((d, i, read, wrote))
+        ops += [("start", seg), ("run", seg)]
+        running.add(seg)
+        last[wrote] = seg
+    ops += [("finish", t) for t in sorted(running)]
+    return segments, ops
+
+
+def run_split(segments, ops, home_stage, lanes: dict, Y) -> None:
+    """``R⁻¹``'s steps ``ops`` (:func:`split_stages`) on Y in place: ``home_stage(i,
+    Y)`` a stage at home; each lane (``lanes[device]``) ``start(Y, seg)`` → its
+    own Y holding the segment's lent rows, ``run(seg, Yd)``, ``finish(Yd, seg,
+    Y)`` (its pivots put back in Y)."""
+    own = {}
+    for op in ops:
+        kind, x = op
+        if kind == "home":
+            home_stage(x, Y)
+            continue
+        lane = lanes[segments[x][0]]
+        if kind == "start":
+            own[x] = lane.start(Y, x)
+        elif kind == "run":
+            lane.run(x, own[x])
+        else:
+            lane.finish(own.pop(x), x, Y)
+
+
+class _LaneFronts:
+    """What a lane's level kernel and big fronts read: R's fronts and their plan,
+    the columns on the lane's GPU (:meth:`FrontTriangular._device_step`)."""
+
+    def __init__(self, ft, cols):
+        self.plan, self.fronts, self.cols = ft.plan, ft.fronts, cols
+
+    def step(self, i, Y, pool, *, trans: bool, off: int | None = None) -> None:
+        FrontTriangular._device_step(self, i, Y, pool, trans=trans, off=off)
+
+
+class _SolveLane:
+    """A GPU's stages of ``R⁻¹`` (:func:`split_stages`): their level kernels made on
+    it, a stream of its own, the segments' rows moved by a :class:`PeerRows`.
+
+    Parameters
+    ----------
+    ft : FrontTriangular
+        The solve (read here; not kept: its pools callable is).
+    device : int
+    home : int
+    segments : dict
+        segment → ``(device, stage index, lent rows, taken rows)``.
+    """
+
+    def __init__(self, ft, device, home, segments):
+        import cupy as cp
+        self.cp, self.id = cp, int(device)
+        self.pools = ft.pools
+        self.stage = {}
+        with cp.cuda.Device(self.id):
+            self.stream = cp.cuda.Stream(non_blocking=True)
+            with self.stream:
+                self.fronts = _LaneFronts(ft, cp.asarray(ft.plan.cols))
+                for t, (_, i, _, _) in segments.items():
+                    sid, members, kern, _ = ft.stages[i]
+                    offsets = [ft.fronts[j][1] for j in members]
+                    self.stage[t] = (sid, _LevelKernel(self.fronts, (sid, "pool"), members,
+                                                       offsets, kern.dtype))
+            self.stream.synchronize()
+        self.moves = PeerRows(self.id, home, self.stream, None,
+                              {t: (seg[2], seg[3]) for t, seg in segments.items()})
+
+    def start(self, Y, seg):
+        return self.moves.lend(Y, seg)
+
+    def run(self, seg, Yd) -> None:
+        sid, kern = self.stage[seg]
+        with self.cp.cuda.Device(self.id), self.stream:
+            kern.run(self.fronts, Yd, self.pools(sid), trans=False)
+
+    def finish(self, Yd, seg, Y) -> None:
+        self.moves.take_back(Yd, seg, Y)
