@@ -118,14 +118,18 @@ def test_a_block_too_small_grows():
     assert cod.block_used >= 128 and cod.rank == q - 80
 
 
-def test_no_clear_gap_refuses():
-    """Singular values spread through the cutoff (the next one above at 1.01 × it): no
-    certificate, the caller's SVD decides."""
+@pytest.mark.parametrize("deficient, low, top, block, max_block, seed", [
+    (12, 0.8, 1.01, 64, 150, 4),    # spread through the cutoff: the next one above at 1.01 × it
+    (120, 0.5, 5.0, 32, 100, 6),    # a null space wider than the largest block
+], ids=["no-clear-gap", "beyond-the-largest-block"])
+def test_refuses_without_a_certificate(deficient, low, top, block, max_block, seed):
+    """No certificate where the singular values spread through the cutoff or the
+    null space outgrows the largest block: the caller's SVD decides."""
     q = 300
-    R = _planted(q, _spectrum(q, 12, 0.8, 1.01, seed=4), seed=4)
+    R = _planted(q, _spectrum(q, deficient, low, top, seed=seed), seed=seed)
     tol = EPS * q * np.linalg.norm(R, 2)
     with pytest.raises(SubspaceTooLarge):
-        DenseSubspaceCOD(R, tol, block=64, max_block=150)
+        DenseSubspaceCOD(R, tol, block=block, max_block=max_block)
 
 
 def test_just_under_the_cutoff_counts():
@@ -140,14 +144,6 @@ def test_just_under_the_cutoff_counts():
     tol = cutoff * np.linalg.norm(R, 2)
     cod = DenseSubspaceCOD(R, tol, block=64, max_block=150)
     assert cod.rank == _lstsq_of(R, np.ones((q, 1)), cutoff)[1] == q - 12
-
-
-def test_a_null_space_beyond_the_largest_block_refuses():
-    q = 300
-    R = _planted(q, _spectrum(q, 120, 0.5, 5.0, seed=6), seed=6)
-    tol = EPS * q * np.linalg.norm(R, 2)
-    with pytest.raises(SubspaceTooLarge):
-        DenseSubspaceCOD(R, tol, block=32, max_block=100)
 
 
 def test_full_rank_refuses():
