@@ -103,7 +103,10 @@ DEVICE_SECONDS = 0.03
 
 
 def _plans_nbytes(value) -> int:
-    """Bytes of a :data:`_PLANS` entry: a tuple of plans, or of speeds (counted as none)."""
+    """Bytes of a :data:`_PLANS` entry: a tuple of plans, what the mappings of every
+    speed share (:class:`_SpeedFree`), or a tuple of speeds (counted as none)."""
+    if isinstance(value, _SpeedFree):
+        return value.nbytes
     return int(sum(p.owner.nbytes + p.upper.nbytes + p.stage_device.nbytes
                    for p in value if isinstance(p, DevicePlan)))
 
@@ -111,7 +114,8 @@ def _plans_nbytes(value) -> int:
 #: Mappings on flops by pattern and arguments (:func:`map_devices`' ``cache``):
 #: a few hundred kilobytes each for trees of 10⁵ fronts; beside them, by pattern
 #: and device set, the devices' speeds measured by the pattern's factorizations
-#: (:func:`remember_speeds`).
+#: (:func:`remember_speeds`), and by pattern and device count what the mappings of
+#: every speed share (:func:`_speed_free`).
 _PLANS = PerPattern(16, 64 << 20, _plans_nbytes)
 
 #: The remembered speeds of a pattern's device set (those its mapping uses) are
@@ -571,13 +575,19 @@ def makespan(parent, flops, owner, speeds=None, unscaled=()) -> float:
         fl[keep] = fixed
     fl, own = fl.tolist(), own.tolist()
     ready = [0.0] * len(par)            # when the children of each front are done
-    free = {}
+    free = [0.0] * (max(own, default=-1) + 1)
     end = 0.0
+    # (comparisons, not max(): the loop runs at every mapping a call makes)
     for f, p in enumerate(par):
         d = own[f]
-        t = max(free.get(d, 0.0), ready[f]) + fl[f]
+        t = free[d]
+        r = ready[f]
+        if r > t:
+            t = r
+        t += fl[f]
         free[d] = t
-        end = max(end, t)
+        if t > end:
+            end = t
         if p >= 0 and t > ready[p]:
             ready[p] = t
     return end
@@ -648,12 +658,16 @@ def timed_makespan(parent, owner, seconds, split_seconds=None, speeds=None) -> f
     free = [0.0] * ndev
     ready = [0.0] * len(par)
     for f, p in enumerate(par):
-        d = own[f]
         if f in split:
             e = max(ready[f], max(free)) + float(split[f])
             free = [e] * ndev
         else:
-            e = max(free[d], ready[f]) + t[f]
+            d = own[f]
+            e = free[d]
+            r = ready[f]
+            if r > e:
+                e = r
+            e += t[f]
             free[d] = e
         if p >= 0 and e > ready[p]:
             ready[p] = e
@@ -942,6 +956,9 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
         pattern and the same arguments (:data:`_PLANS`; the budget only
         decides which of them is taken): the split model's mapping walks the
         whole tree, which a repeated call of a known pattern should not pay.
+        Mappings by new ``speeds`` reuse what every speed shares
+        (:func:`_speed_free`: the split fronts' weights and the time model's
+        mapping).
     time_model : TimeModel, optional
         What the time model prices beyond the fronts' GPU seconds (default
         :class:`TimeModel`: split fronts at least their host calls, the upper
@@ -962,11 +979,11 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
     mapped = _PLANS.get(analysis, key) if cache else None
     if mapped is None:
         mapped = []
-        w_up, splits = None, None
+        free = None
         if split_model is not None and ndevices > 1:
-            w_up, splits = split_weights(fs, flops, ndevices, split_model, itemsize=itemsize)
-            if not splits:
-                w_up = splits = None
+            free = _speed_free(analysis, ndevices, upper_device, split_model, itemsize,
+                               time_model, cache)
+        w_up, splits = (None, None) if free is None else (free.w_up, free.splits)
         owner, upper = map_fronts(*args, flops, ndevices, upper_device=upper_device,
                                   tolerance=tolerance, upper_weights=w_up, speeds=speeds)
         mapped.append(_plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu,
@@ -978,26 +995,22 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
                                       tolerance=tolerance, speeds=speeds)
             mapped.append(_plan_of(fs, owner, upper, upper_device, ndevices, flops, gpu,
                                    itemsize, "flops", None, splits, w_up, speeds))
-        if split_model is not None and ndevices > 1:
+        if free is not None:
             # every mapping timed, and the time model's own mapping (the last of the
             # tuple). It shares modelled seconds, which tell a device's large fronts
             # from its small ones, what measured speeds make up for on flops: it takes
             # no speeds
-            t = front_seconds(analysis)
-            split_s = timed_split_seconds(fs, splits or {}, split_model, time_model, itemsize)
+            t, split_s = free.seconds, free.split_seconds
 
             def timed(p):
                 return replace(p, seconds=timed_makespan(
                     fs.parent, p.owner, t, {f: split_s[f] for f in p.split}))
             mapped = [timed(p) for p in mapped]
-            if float(flops.sum()) >= MULTI_DEVICE_MIN_FLOPS:
-                # (below, the launches' latency, which the model does not count, rules)
-                owner, upper, secs = _timed_owner(*args, t, ndevices, upper_device, split_s,
-                                                  upper_lightest=time_model.upper_lightest,
-                                                  upper_anywhere=time_model.upper_anywhere)
-                mapped.append(replace(_plan_of(fs, owner, upper, upper_device, ndevices,
-                                               flops, gpu, itemsize, "time", None, splits,
-                                               w_up, speeds), seconds=secs))
+            if free.timed is not None:
+                owner, upper, secs = free.timed
+                mapped.append(replace(_plan_of(fs, owner.copy(), upper.copy(), upper_device,
+                                               ndevices, flops, gpu, itemsize, "time", None,
+                                               splits, w_up, speeds), seconds=secs))
         mapped = tuple(mapped)
         if cache:
             _PLANS.put(analysis, key, mapped)
@@ -1029,6 +1042,73 @@ def map_devices(analysis, ndevices: int, *, device_memory: int | None = None,
         if p.fits:
             return p
     return min(tried, key=lambda p: int(p.device_bytes.max()))
+
+
+@dataclass(frozen=True)
+class _SpeedFree:
+    """What :func:`map_devices`' mappings of one analysis, device count and split
+    model share whatever the devices' speeds (:func:`_speed_free`).
+
+    Attributes
+    ----------
+    w_up : ndarray of float or None
+        The fronts' weights in the upper tree (:func:`~.dense_split.split_weights`;
+        None where no front is worth splitting).
+    splits : dict or None
+        Front -> :class:`~.dense_split.SplitPlan` of those fronts (None: none).
+    seconds : ndarray of float
+        Each front's seconds on one device (:func:`front_seconds`).
+    split_seconds : dict
+        Front -> its split's seconds in the time model (:func:`timed_split_seconds`).
+    timed : tuple or None
+        The time model's own mapping (:func:`_timed_owner`: owner, upper, modelled
+        seconds); None below :data:`MULTI_DEVICE_MIN_FLOPS`.
+    """
+
+    w_up: np.ndarray | None
+    splits: dict | None
+    seconds: np.ndarray
+    split_seconds: dict
+    timed: tuple | None
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [self.w_up, self.seconds] + list(self.timed[:2] if self.timed else [])
+        return int(sum(a.nbytes for a in arrays if a is not None))
+
+
+def _speed_free(analysis, ndevices: int, upper_device: int, split_model: SplitModel,
+                itemsize: int, time_model: TimeModel, cache: bool = True) -> _SpeedFree:
+    """The part of :func:`map_devices`' mappings (with a split model, several devices)
+    that no speed changes, made once per pattern and arguments (``cache``).
+
+    Why: a call by measured speeds (:func:`remembered_speeds`) maps again each
+    time the remembered speeds move, before its devices' threads start; the
+    split fronts' weights (:func:`~.dense_split.split_weights`, a split plan per
+    large front) and the time model's mapping, which takes no speeds, are most
+    of a mapping's host time.
+    """
+    def make():
+        fs = analysis.fronts
+        flops = np.asarray(analysis.front_flops, dtype=np.float64)
+        w_up, splits = split_weights(fs, flops, ndevices, split_model, itemsize=itemsize)
+        if not splits:
+            w_up = splits = None
+        t = front_seconds(analysis)
+        split_s = timed_split_seconds(fs, splits or {}, split_model, time_model, itemsize)
+        timed = None
+        if float(flops.sum()) >= MULTI_DEVICE_MIN_FLOPS:
+            # (below, the launches' latency, which the model does not count, rules)
+            timed = _timed_owner(fs.parent, fs.child_ptr, fs.children, t, ndevices,
+                                 upper_device, split_s,
+                                 upper_lightest=time_model.upper_lightest,
+                                 upper_anywhere=time_model.upper_anywhere)
+        return _SpeedFree(w_up, splits, t, split_s, timed)
+    if not cache:
+        return make()
+    key = ("speed-free", int(ndevices), int(upper_device), split_model, int(itemsize),
+           time_model)
+    return _PLANS.get_or_make(analysis, key, make)
 
 
 def remembered_speeds(analysis, devices) -> tuple | None:
