@@ -137,3 +137,28 @@ def test_rows_lent_and_taken_back(monkeypatch):
     assert copies == [("copy", 0, 2, "home"), ("copy", 2, 0, "lane")]
     assert home_stream.waited == ["lane"]       # the home work after waits for the lane
     assert fake.stack == [0]
+
+
+def test_rows_lent_and_taken_alike_uploaded_once(monkeypatch):
+    """A segment whose rows taken back are those lent (``Q``'s lanes): each
+    device gets one copy of them, read by both moves."""
+    fake = _Fake()
+    monkeypatch.setattr(peer_rows, "array_ops", _ops(fake))
+    made = []
+    real = fake.asarray
+    monkeypatch.setattr(fake, "asarray", lambda v: made.append(fake.stack[-1]) or real(v))
+    with fake.cuda.Device(0):
+        home_stream = fake.Stream(name="home")
+    with fake.cuda.Device(1):
+        lane_stream = fake.Stream(name="lane")
+    rows = np.array([0, 3, 6])
+    pr = peer_rows.PeerRows(1, 0, lane_stream, home_stream, {"s": (rows, rows)}, cp=fake)
+    assert sorted(made) == [0, 1]
+    assert pr.rows["s"][0] is pr.rows["s"][1]
+    X = _Arr(fake, np.arange(16, dtype=np.float64).reshape(8, 2), 0)
+    Xd = pr.lend(X, "s")
+    Xd.values[rows] += 1
+    pr.take_back(Xd, "s", X)
+    want = np.arange(16, dtype=np.float64).reshape(8, 2)
+    want[rows] += 1
+    np.testing.assert_array_equal(X.values, want)

@@ -38,7 +38,8 @@ class PeerRows:
         each move).
     rows : dict
         key → ``(lent, taken)``: the rows lent to the lane and those taken
-        back (int64 arrays; uploaded to both devices once).
+        back (int64 arrays; uploaded to both devices once, the same array
+        once for both).
     cp : module, optional
         CuPy (default: imported; a stand-in in the CPU tests).
     """
@@ -54,6 +55,9 @@ class PeerRows:
         for key, pair in rows.items():      # each on the stream that reads it
             both = []
             for r in pair:
+                if both and r is pair[0]:   # the rows lent are those taken back: once
+                    both.append(both[0])
+                    continue
                 r = np.asarray(r, dtype=np.int64)
                 with cp.cuda.Device(self.home), hs:
                     at_home = cp.asarray(r)

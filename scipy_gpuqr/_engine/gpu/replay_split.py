@@ -72,28 +72,178 @@ class ReplaySplit:
         return len(self.segments)
 
 
-def _level_fronts(plan) -> tuple:
-    """Per level the fronts its records update: their row map offsets and rows
-    (one per front and level, sorted by level) and each level's first (``ptr``,
-    of length ``nlevels + 1``), as lists."""
+def _ranges(starts, counts) -> np.ndarray:
+    """``[starts[i], starts[i] + counts[i])`` for each ``i``, concatenated (int64)."""
+    starts = np.asarray(starts, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    head = np.cumsum(counts) - counts
+    return np.repeat(starts - head, counts) + np.arange(total, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class _Fronts:
+    """The fronts a plan's levels update, numbered: row map fronts (by offset)
+    then dense fronts (one per level and dense object, in level order).
+
+    Attributes
+    ----------
+    front, level : ndarray of int64
+        One pair per front and level that updates it, sorted by front, then
+        level.
+    ptr, rows : ndarray of int64
+        Front ``f``'s global rows: ``rows[ptr[f]:ptr[f + 1]]`` (its row map
+        slice of its records' ``fm`` rows; a dense front's slots).
+    """
+
+    front: np.ndarray
+    level: np.ndarray
+    ptr: np.ndarray
+    rows: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return len(self.ptr) - 1
+
+    def rows_of(self, fronts) -> np.ndarray:
+        """The rows of ``fronts`` (with repeats), front after front."""
+        return self.rows[_ranges(self.ptr[fronts], np.diff(self.ptr)[fronts])]
+
+
+def _level_fronts(plan) -> _Fronts:
+    """The :class:`_Fronts` of ``plan``. A front's records all carry its row
+    count (``fm``), so its rows are one row map slice."""
     lp = np.asarray(plan.level_ptr, dtype=np.int64)
-    rlev = np.repeat(np.arange(len(lp) - 1, dtype=np.int64), np.diff(lp))
+    nl = len(lp) - 1
     aux = plan.records["aux"].astype(np.int64)
-    fm = plan.records["fm"].astype(np.int64)
-    order = np.lexsort((aux, rlev))
-    rlev, aux, fm = rlev[order], aux[order], fm[order]
-    keep = np.r_[True, (rlev[1:] != rlev[:-1]) | (aux[1:] != aux[:-1])] if len(rlev) \
-        else np.zeros(0, bool)
-    rlev, aux, fm = rlev[keep], aux[keep], fm[keep]
-    ptr = np.searchsorted(rlev, np.arange(int(plan.nlevels) + 1))
-    return aux.tolist(), fm.tolist(), ptr.tolist()
+    rowmap = np.asarray(plan.rowmap, dtype=np.int64)
+    fid = np.zeros(len(rowmap) + 1, np.int64 if len(rowmap) >= 2 ** 31 - 1 else np.int32)
+    fid[aux] = 1
+    offs = np.flatnonzero(fid)
+    fid[offs] = np.arange(len(offs))
+    rec_front = fid[aux].astype(np.int64)
+    count = np.zeros(len(offs), np.int64)
+    count[rec_front] = plan.records["fm"]
+    rlev = np.repeat(np.arange(nl, dtype=np.int64), np.diff(lp))
+    pair = rec_front * max(nl, 1) + rlev
+    if len(pair):                   # a front's records of a level mostly side by side
+        pair = np.sort(pair[np.r_[True, pair[1:] != pair[:-1]]])
+        pair = pair[np.r_[True, pair[1:] != pair[:-1]]]
+    if len(offs) and np.array_equal(offs[1:], offs[:-1] + count[:-1]):
+        rows = rowmap[offs[0]: offs[-1] + count[-1]]    # the fronts' slices in order
+    else:
+        rows = rowmap[_ranges(offs, count)]
+    front, level = [pair // max(nl, 1)], [pair % max(nl, 1)]
+    rows, sizes = [rows], [count]
+    nf = len(offs)
+    for lv in sorted(plan.level_dense):
+        for obj in plan.level_dense[lv]:
+            slots = np.asarray(obj.slots, dtype=np.int64)
+            front.append(np.array([nf], np.int64))
+            level.append(np.array([lv], np.int64))
+            rows.append(slots)
+            sizes.append(np.array([len(slots)], np.int64))
+            nf += 1
+    return _Fronts(front=np.concatenate(front), level=np.concatenate(level),
+                   ptr=np.r_[0, np.cumsum(np.concatenate(sizes))].astype(np.int64),
+                   rows=np.concatenate(rows) if len(rows) > 1 else rows[0])
+
+
+def _chain_edges(fr: _Fronts, nl: int, m: int):
+    """Which front updated each front's rows last before it, in plan order.
+
+    Returns ``(first, last, after, before)``: each front's first and last
+    level, and the pairs of fronts (``after[i]`` reads rows ``before[i]``
+    updated last before ``after``'s first level; each pair once); or None
+    where a row's fronts interleave (a front updates a row, another front
+    does, then the first again; or two fronts of one level share a row).
+    Without interleaving, a row is updated by a chain of fronts, each front's
+    levels all before the next one's: the last front before a level is the
+    same whichever of its levels, and ``Q``'s order (backwards) reads the
+    chain from its other end.
+    """
+    nf = fr.count
+    head = np.flatnonzero(np.r_[True, fr.front[1:] != fr.front[:-1]])
+    first = fr.level[head]
+    last = fr.level[np.r_[head[1:], len(fr.front)] - 1]
+    # the fronts by first level: a group of one first level reads the rows
+    # written by earlier groups, then writes its own
+    order = np.argsort(first, kind="stable")
+    size = np.diff(fr.ptr)[order]
+    rows = fr.rows_of(order)
+    small = np.int32 if nf < np.iinfo(np.int32).max else np.int64
+    owner = np.repeat(order.astype(small), size)
+    gfirst = first[order]
+    cut = np.flatnonzero(np.r_[True, gfirst[1:] != gfirst[:-1], True])
+    ends = np.r_[0, np.cumsum(size)][cut].tolist()
+    groups = list(zip(ends[:-1], ends[1:]))
+    who = np.full(m, -1, small)
+    pred = np.empty(len(rows), small)
+    for a, b in groups:
+        r = rows[a:b]
+        pred[a:b] = who[r]
+        who[r] = owner[a:b]
+    # a tree (each front's rows updated next by one front) where no row is
+    # updated first twice: the pairs read off each front's successor; else
+    # each group checked and the pairs sorted out
+    has = pred >= 0
+    p, o = pred[has], owner[has]
+    succ = np.full(nf, -1, small)
+    succ[p] = o
+    if np.array_equal(succ[p], o) and len(p) + np.count_nonzero(who >= 0) == len(rows):
+        before = np.flatnonzero(succ >= 0)
+        after = succ[before].astype(np.int64)
+    else:
+        who[:] = -1
+        for a, b in groups:
+            r = rows[a:b]
+            who[r] = owner[a:b]
+            if b - a > 1 and not np.array_equal(who[r], owner[a:b]):
+                return None             # fronts of one level share a row
+        pair = np.unique(o.astype(np.int64) * nf + p)
+        after, before = pair // nf, pair % nf
+    if np.any(last[before] >= first[after]):
+        return None
+    return first, last, after, before
+
+
+def _dependencies(fr: _Fronts, chain, lane: np.ndarray, nl: int, trans: bool):
+    """Per walk step (the replay's levels in its order) the earlier steps whose
+    marks it reads: each of its fronts' previous level, or for a front's first
+    level, the last level of the fronts that updated its rows before it.
+
+    Returns ``(home, lane_ptr, lane_on)``: per step the latest home step it
+    reads (-1: none), and the lane steps it reads
+    (``lane_on[lane_ptr[p]:lane_ptr[p + 1]]``), as lists.
+    """
+    first, last, after, before = chain
+    same = fr.front[1:] == fr.front[:-1]
+    early, late = fr.level[:-1][same], fr.level[1:][same]
+    if trans:                       # the chain from its leaf end
+        at = np.r_[late, first[after]]
+        on = np.r_[early, last[before]]
+    else:                           # from its root end: the levels backwards
+        at = np.r_[early, last[before]]
+        on = np.r_[late, first[after]]
+    is_lane = lane[on]
+    if not trans:
+        at, on = nl - 1 - at, nl - 1 - on
+    home = np.full(nl, -1, np.int64)
+    np.maximum.at(home, at[~is_lane], on[~is_lane])
+    key = np.unique(at[is_lane] * nl + on[is_lane])
+    at_l, on_l = key // max(nl, 1), key % max(nl, 1)
+    ptr = np.searchsorted(at_l, np.arange(nl + 1))
+    return home.tolist(), ptr.tolist(), on_l.tolist()
 
 
 def split_levels(plan, stage_device: dict, home) -> ReplaySplit | None:
     """The :class:`ReplaySplit` of ``plan`` (see the module doc), or None where
-    no level runs off the home device. A level followed by a dense front runs
-    on the home device, where the front's data lie (its records read their
-    stage's pool over the link, as without a split).
+    no level runs off the home device, or where a row's fronts interleave
+    (:func:`_chain_edges`; the replay's own plans never do). A level followed
+    by a dense front runs on the home device, where the front's data lie (its
+    records read their stage's pool over the link, as without a split).
 
     Parameters
     ----------
@@ -106,118 +256,130 @@ def split_levels(plan, stage_device: dict, home) -> ReplaySplit | None:
     Notes
     -----
     The levels are walked in each direction's order (``Qᵀ``: plan order). The
-    home X holds every row's value but those of running segments. A lane's
-    level joins its device's running segment unless a row it touches was
-    touched last by another segment still running or put back after this
-    one started, or by a home front after it started: then a new segment
+    home X holds every row's value but those of running segments. Each front
+    carries a *mark*, who updated its rows last: the segment its last level
+    ran in, or the home device at that level's step. A lane's level joins its
+    device's running segment unless a mark it reads (its fronts' previous
+    levels; for a front's first level, the fronts that updated its rows last,
+    :func:`_chain_edges`) is another segment still running or put back after
+    this one started, or a home level after it started: then a new segment
     starts there, after the running segments holding its rows are put back.
     A home level runs once the running segments holding its rows are put
-    back. Rows are each level's fronts' slots (:func:`_level_fronts`): a
-    superset of what it updates; rows copied back unchanged keep their bits.
+    back. A segment's rows are its levels' fronts' slots, a superset of what
+    they update; rows copied back unchanged keep their bits. Which steps read
+    which is found by array operations once per direction; the walk itself
+    looks only at those.
     """
     nl = int(plan.nlevels)
-    lstage = np.asarray(plan.level_stage, dtype=np.int64)
-    dev_of = [stage_device.get(int(s), home) for s in lstage.tolist()]
+    lstage = np.asarray(plan.level_stage, dtype=np.int64).tolist()
+    dev_of = [stage_device.get(s, home) for s in lstage]
     for lv in plan.level_dense:         # a dense front's data lie on the home device
         dev_of[lv] = home
-    if all(d == home for d in dev_of):
+    lane = np.fromiter((d != home for d in dev_of), dtype=bool, count=nl)
+    if not lane.any():
         return None
-    levels = {}
-    for lv, d in enumerate(dev_of):
-        if d != home:
-            levels.setdefault(d, []).append(lv)
-    local = {}
-    for d, lv in levels.items():
-        local.update({x: j for j, x in enumerate(lv)})
+    levels, local = {}, [0] * nl
+    for lv in np.flatnonzero(lane).tolist():
+        mine = levels.setdefault(dev_of[lv], [])
+        local[lv] = len(mine)
+        mine.append(lv)
     levels = {d: np.asarray(lv, dtype=np.int64) for d, lv in levels.items()}
-    rowmap = np.asarray(plan.rowmap, dtype=np.int64)
-    faux, ffm, fptr = _level_fronts(plan)
-    # a front's key: its row map offset; a dense front's: numbers after them
-    dense, key = {}, len(rowmap)
-    for lv in sorted(plan.level_dense):
-        dense[lv] = []
-        for obj in plan.level_dense[lv]:
-            dense[lv].append((key, np.asarray(obj.slots, dtype=np.int64)))
-            key += 1
-    segments, ops = [], {}
+    fr = _level_fronts(plan)
+    chain = _chain_edges(fr, nl, int(plan.m))
+    if chain is None:
+        return None
+    segments, ops, seg_of = [], {}, {}
     for trans in (True, False):
-        order = range(nl) if trans else range(nl - 1, -1, -1)
-        # who touched a row last: a lane's segment (>= 0), a home front (-2 - its
-        # key) or nobody (-1); a front's rows are marked when its toucher changes
-        last = np.full(int(plan.m), -1, dtype=np.int64)
-        seen = {}                   # front key -> the mark of its last level
-        home_step = {}              # home front key -> the step of its last level
-        started, finished = {}, {}  # segment -> the step it started / was put back
-        running = {}                # segment -> device, not yet put back
-        current = {}                # device -> its running segment
-        seg_rows = {}
-        steps = []
+        deps = _dependencies(fr, chain, lane, nl, trans)
+        ops[trans], seg_of[trans] = _walk(nl, trans, dev_of, home, local, deps, segments)
+    # a segment's rows: the rows of every front its levels update
+    seg = []
+    for trans in (True, False):
+        s = np.asarray(seg_of[trans], dtype=np.int64)
+        seg.append((s if trans else s[::-1])[fr.level])    # per (front, level) pair
+    for t, rows in enumerate(_segment_rows(fr, seg, len(segments), int(plan.m))):
+        segments[t] = (segments[t][0], rows)
+    return ReplaySplit(levels=levels, segments=segments, ops=ops)
 
-        def put_back(t):
+
+#: Bytes of the segments × rows table :func:`_segment_rows` marks at once.
+_TABLE_BYTES = 64 << 20
+
+
+def _segment_rows(fr: _Fronts, seg: list, ns: int, m: int) -> list:
+    """Each segment's rows (sorted, int64): the rows of the fronts of its
+    levels. ``seg``: per direction, the segment of each (front, level) pair of
+    ``fr`` (-1: home). Marked in a segments × rows table, as many segments at
+    once as :data:`_TABLE_BYTES` holds, a front in one segment per direction
+    by its rows in place."""
+    nf, size = fr.count, np.diff(fr.ptr)
+    out = []
+    step = max(1, _TABLE_BYTES // max(m, 1))
+    for t0 in range(0, ns, step):
+        t1 = min(ns, t0 + step)
+        table = np.zeros((t1 - t0 + 1, m), dtype=bool)  # its last row: other segments'
+        flat = table.reshape(-1)
+        for sl in seg:
+            got = (sl >= t0) & (sl < t1)
+            f, t = fr.front[got], sl[got] - t0
+            one = np.full(nf, t1 - t0, np.int64)
+            one[f] = t
+            flat[np.repeat(one * m, size) + fr.rows] = True
+            more = t != one[f]                  # fronts in two segments or more
+            if more.any():
+                key = np.unique(t[more] * nf + f[more])
+                f, t = key % nf, key // nf
+                flat[np.repeat(t * m, size[f]) + fr.rows_of(f)] = True
+        out += [np.flatnonzero(table[t]).astype(np.int64) for t in range(t1 - t0)]
+    return out
+
+
+def _walk(nl: int, trans: bool, dev_of: list, home, local: list, deps, segments: list):
+    """One direction's steps (``ReplaySplit.ops``) and each walk step's segment
+    (-1: a home level); new segments appended to ``segments`` as
+    ``(device, None)``. ``deps``: :func:`_dependencies`."""
+    home_dep, ptr, on = deps
+    steps = []
+    seg_at = [-1] * nl
+    step_at = [0] * nl
+    started, finished = {}, {}      # segment -> the step it started / was put back
+    running, current = {}, {}       # segment -> device not yet put back; device -> its own
+
+    def put_back(segs) -> None:
+        for t in sorted(x for x in segs if x in running):
             steps.append(("finish", t))
             finished[t] = len(steps)
             _put_back(t, running, current)
 
-        def stale(t, cur) -> bool:
-            """Whether segment ``cur``'s copy of rows ``t`` touched last is stale."""
-            if t == -1 or t == cur:
-                return False
-            if t <= -2:                         # a home front touched them after cur began
-                return home_step[-2 - t] > started[cur]
-            return t in running or finished[t] > started[cur]
-
-        for lv in order:
-            d = dev_of[lv]
-            # the level's fronts; a front seen before in this walk was touched last
-            # by its own previous level (its levels run after its descendants' and
-            # before its ancestors', in either direction)
-            fronts = [(faux[j], ffm[j]) for j in range(fptr[lv], fptr[lv + 1])]
-            fronts += [(key, None) for key, _ in dense.get(lv, ())]
-            slots = dict((key, r) for key, r in dense.get(lv, ()))
-            prev = set()
-            for key, n in fronts:
-                t = seen.get(key)
-                if t is None:
-                    r = rowmap[key: key + n] if n is not None else slots[key]
-                    prev.update(np.unique(last[r]).tolist())
-                else:
-                    prev.add(t)
-            if d == home:
-                for t in sorted(x for x in prev if x in running):
-                    put_back(t)
-                steps.append(("home", lv))
-                mark = None
-            else:
-                seg = current.get(d)
-                if seg is None or any(stale(t, seg) for t in prev):
-                    for t in sorted(x for x in prev if x in running):
-                        put_back(t)
-                    seg = len(segments)
-                    segments.append((d, None))
-                    seg_rows[seg] = []
-                    running[seg] = d
-                    current[d] = seg
-                    steps.append(("start", seg))
-                    started[seg] = len(steps)
-                steps.append(("level", seg, local[lv]))
-                mark = seg
-            for key, n in fronts:
-                who = -2 - key if mark is None else mark
-                if mark is None:
-                    home_step[key] = len(steps)
-                if seen.get(key) != who:
-                    r = rowmap[key: key + n] if n is not None else slots[key]
-                    last[r] = who
-                    seen[key] = who
-                    if mark is not None:
-                        seg_rows[mark].append(r)
-        for t in list(running):
-            put_back(t)
-        for t, parts in seg_rows.items():
-            segments[t] = (segments[t][0], np.unique(np.concatenate(parts)) if parts
-                           else np.zeros(0, np.int64))
-        ops[trans] = steps
-    return ReplaySplit(levels=levels, segments=segments, ops=ops)
+    for p in range(nl):
+        lv = p if trans else nl - 1 - p
+        d = dev_of[lv]
+        a, b = ptr[p], ptr[p + 1]
+        segs = {seg_at[q] for q in on[a:b]} if b > a else ()
+        if d == home:
+            if segs and running:
+                put_back(segs)
+            steps.append(("home", lv))
+            step_at[p] = len(steps)
+            continue
+        seg = current.get(d)
+        h = home_dep[p]
+        if seg is None or (h >= 0 and step_at[h] > started[seg]) or any(
+                t != seg and (t in running or finished[t] > started[seg]) for t in segs):
+            put_back(segs)
+            seg = len(segments)
+            segments.append((d, None))
+            running[seg] = d
+            current[d] = seg
+            steps.append(("start", seg))
+            started[seg] = len(steps)
+        steps.append(("level", seg, local[lv]))
+        seg_at[p] = seg
+    for t in list(running):
+        steps.append(("finish", t))
+        finished[t] = len(steps)
+        _put_back(t, running, current)
+    return steps, seg_at
 
 
 def _put_back(t, running: dict, current: dict) -> None:
@@ -236,9 +398,12 @@ def lane_plan(plan, levels, tile: int):
     lp = np.asarray(plan.level_ptr, dtype=np.int64)
     levels = np.asarray(levels, dtype=np.int64)
     counts = lp[levels + 1] - lp[levels]
-    idx = np.concatenate([np.arange(lp[lv], lp[lv + 1]) for lv in levels.tolist()]) \
-        if len(levels) else np.zeros(0, np.int64)
-    rec = plan.records[idx].copy()
+    # runs of consecutive levels (a stage's levels are), copied a run at a time
+    cut = np.flatnonzero(np.diff(levels) != 1) + 1
+    heads, tails = (levels[np.r_[0, cut]], levels[np.r_[cut - 1, len(levels) - 1]] + 1) \
+        if len(levels) else (levels, levels)
+    rec = np.concatenate([plan.records[lp[a]:lp[b]]
+                          for a, b in zip(heads.tolist(), tails.tolist())] or [plan.records[:0]])
     if len(rec):
         v0 = int(rec["vt"].min())
         v1 = int(rec["vt"].max()) + tile * tile
