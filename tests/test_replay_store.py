@@ -365,3 +365,90 @@ def test_kept_records_of_a_new_process_made_on_a_worker(A, monkeypatch):
     assert len(threads) == 1
     assert [r.tobytes() for _, _, r in g3._fronts] == ref
     _forget()
+
+
+AHEAD_CASES = {"one stage": {}, "dense fronts": {"dense_flops": 2e5}}
+
+
+@pytest.mark.parametrize("case", list(AHEAD_CASES))
+@pytest.mark.parametrize("stored", [False, True])
+def test_plan_made_ahead_is_the_plan_of_the_factorization(store_dir, A, monkeypatch, case,
+                                                          stored):
+    """A first one-stage factorization makes ``Q``'s replay plan on a worker while its
+    stage runs (:mod:`~scipy_gpuqr._engine.gpu.replay_ahead`; forced here on the NumPy
+    layer): under the key ``plan_of`` looks for, the same plan bit for bit as one
+    built from the factorization's own records, and ``plan_of`` builds nothing;
+    a new process reads the stored plan there instead of building it."""
+    import threading
+    from scipy_gpuqr._engine.gpu import replay_ahead
+    kw = AHEAD_CASES[case]
+    if stored:                                  # an earlier process stored the plan
+        gs.plan_of(_factorize(A, **kw))
+        _forget()
+    monkeypatch.setattr(replay_ahead, "wanted", lambda device, sched, host: True)
+    where = []
+    real = gs.kept_plan
+    monkeypatch.setattr(gs, "kept_plan", lambda q: where.append(
+        threading.current_thread().name) or real(q))
+    built, read = _no_build(monkeypatch), []
+    real_load = replay_store.load
+    monkeypatch.setattr(replay_store, "load", lambda *a: read.append(1) or real_load(*a))
+    g = _factorize(random_values(A, np.random.default_rng(3)), **kw)
+    if "dense_flops" in kw:
+        assert g._dense
+    ahead = g._replay["plan_ahead"]
+    kept = ahead.result()
+    assert where and where[0].startswith("gpuqr-replay-ahead")
+    assert (len(read), len(built)) == ((1, 0) if stored else (1, 1))
+    assert g.schedule.extras[gs._plan_key(g)] is kept
+    p = gs.plan_of(g)
+    assert len(built) == (0 if stored else 1)   # plan_of found it kept: nothing built
+    assert "plan_ahead" not in g._replay
+    ref = _fresh(g)
+    _same_plan(p, ref)
+    assert p.records.flags.writeable and not kept.records.flags.writeable
+    _replays_equal(g, p, ref)
+    g.free()
+
+
+def test_ahead_factorization_has_the_factorization_s_facts(A, monkeypatch):
+    """What the plan is made from before the stage ends equals what the
+    factorization holds after it: each front's slots, kept records and launches,
+    its place, the dense fronts' launches; and the key and file slot of the plan."""
+    from scipy_gpuqr._engine.gpu import replay_ahead
+    monkeypatch.setenv(_store.ENV, "off")
+    _forget()
+    g = _factorize(A, dense_flops=2e5)
+    q = replay_ahead.ahead_factorization(*g.shape, g.analysis, g.schedule,
+                                         rlayout.r_layout(g.analysis), g._device)
+    assert gs._plan_key(q) == gs._plan_key(g)
+    for f in range(len(g._fronts)):
+        np.testing.assert_array_equal(q._fronts[f][0], g._fronts[f][0])
+        assert q._fronts[f][2].tobytes() == g._fronts[f][2].tobytes()
+        np.testing.assert_array_equal(q._front_launch[f], g._front_launch[f])
+    assert [tuple(x) for x in q._front_loc] == [tuple(x) for x in g._front_loc]
+    assert {f: d.after_launch for f, d in q._dense.items()} == \
+        {f: d.after_launch for f, d in g._dense.items()}
+    monkeypatch.setenv(_store.ENV, "/nonexistent-but-named")
+    a, b = replay_store.slot(q), replay_store.slot(g)
+    assert a is not None and a.path == b.path and a.facts == b.facts
+    _forget()
+
+
+def test_no_plan_ahead_on_the_numpy_layer_or_when_kept(A, monkeypatch):
+    """The plan starts ahead only on a CUDA layer, for one stage without host
+    fronts, and not where the schedule keeps a plan already (a repeated call)."""
+    from types import SimpleNamespace
+    from scipy_gpuqr._engine.gpu import replay_ahead
+    monkeypatch.setenv(_store.ENV, "off")
+    _forget()
+    g = _factorize(A)
+    assert "plan_ahead" not in g._replay
+    cuda = SimpleNamespace(cp=object())
+    sched = g.schedule
+    assert not replay_ahead.wanted(g._device, sched, {})
+    assert replay_ahead.wanted(cuda, sched, {})
+    assert not replay_ahead.wanted(cuda, sched, {0: 3})
+    gs.plan_of(g)
+    assert not replay_ahead.wanted(cuda, sched, {})
+    _forget()

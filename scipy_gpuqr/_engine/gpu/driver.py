@@ -84,7 +84,7 @@ from . import solve as gpu_solve
 from .device import CupyDevice
 from .factorize_kernels import prefetch_engine_kernels
 from .reflector_upload import packed_size_bound
-from . import rlayout_store
+from . import call_pins, replay_ahead, rlayout_store
 from .rlayout import r_layout, r_layout_cached
 from .stage_loop import StageLoop, assemble_r, r_dtype
 
@@ -375,7 +375,7 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     debug = _debug_default() if debug is None else bool(debug)
     dev_dtype = np.float32 if Ac.dtype == np.float32 else np.float64
     early = start_layout_load(analysis)     # meanwhile: the device, the plan, the schedule
-    early_schedule = None
+    early_schedule = pins = None
     if device is None:
         if early is not None and max_gpu_memory is None:    # a pattern new to the process
             early_schedule = start_schedule_load(
@@ -386,6 +386,10 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
         gi = _gpu.gpu_info()
         if not gi.get("available"):
             return _no_gpu(Ac, analysis, f"no usable GPU ({gi.get('reason', '?')})")
+        # the stage's pinned buffers, pinned meanwhile where the schedule read from its
+        # file has their sizes already (a new process)
+        pins = call_pins.start(call_pins.sizes_of_schedule(
+            analysis, _done_result(early_schedule), dev_dtype))
         prefetch_engine_kernels(dev_dtype, tile, bundle)     # the solves' compile meanwhile
         device = CupyDevice(tile, bundle, dtype=dev_dtype, debug=debug)
     t_an = time.perf_counter()
@@ -410,6 +414,10 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
                 staged[3].host or len(staged[3].plan.stages) > 1):
             _STAGED_PLANS.put(analysis, (pkey, STAGED_DENSE, available), staged)
     dense_flops, dense_extra, needs, mplan = staged
+    pins = call_pins.for_plan(pins, mplan)  # started for one stage: this plan's?
+    if pins is None and call_pins.wanted(device, mplan):
+        # pinned while the schedule is built, the records bounded by the plan's
+        pins = call_pins.start(call_pins.sizes_of_plan(analysis, needs, dev_dtype))
     floor = min_budget(analysis, needs)
     why = None
     oom = []
@@ -426,7 +434,7 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
                              bundle=bundle, pipelining=pipelining, max_tasks=max_tasks,
                              dense_flops=dense_flops, dense_cpl=dense_columns_per_launch,
                              mplan=mplan, needs=needs, early=early, dense_extra=dense_extra,
-                             early_schedule=early_schedule)
+                             early_schedule=early_schedule, pins=pins if not attempt else None)
         except MemoryError as exc:      # DeviceOutOfMemory, or CuPy's from a worker
             if not (isinstance(exc, DeviceOutOfMemory)
                     or type(exc).__name__ == "OutOfMemoryError"):
@@ -759,7 +767,7 @@ def start_schedule_load(analysis, *, tile: int, bundle: int, pipelining: bool,
 
 def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_tasks,
                dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH, mplan=None, needs=None,
-               early=None, dense_extra=(), early_schedule=None):
+               early=None, dense_extra=(), early_schedule=None, pins=None):
     """One attempt with the stages of ``mplan`` (a
     :class:`~scipy_gpuqr._engine.memory.MemoryPlan`; default
     ``analysis.stage_plan(budget)``): the schedule, R's layout on a worker, the stages.
@@ -770,7 +778,9 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     made dense fronts besides ``dense_flops``' choice (:func:`_oversized_dense`).
     ``early_schedule``: the future of :func:`start_schedule_load` (the one-stage
     schedule, made ahead), waited for where this attempt's plan has one stage:
-    the schedule built here is then a hit of the scheduler's cache.
+    the schedule built here is then a hit of the scheduler's cache. ``pins``: the
+    stage's pinned buffers pinned meanwhile (:class:`~.call_pins.CallPins`), taken
+    by the device layer while this attempt runs, or None.
 
     Raises
     ------
@@ -808,7 +818,7 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     host_side = helper.submit(_host_side, analysis, sched, [st.fronts for st in sched.stages],
                               cold, early)
     try:
-        return _run(Ac, analysis, device, sched, host_side, cold, t0, t1, budget=budget,
+        return _run(Ac, analysis, device, sched, host_side, cold, t0, t1, budget=budget, pins=pins,
                     tile=tile, bundle=bundle, pipelining=pipelining, keep_last=keep_last,
                     cache_dense=cache_dense, host_stages=host_stages)
     finally:
@@ -916,23 +926,35 @@ def _on_worker(fn, name: str):
         ex.shutdown(wait=False)
 
 
-def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, bundle,
+def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, bundle, pins=None,
          pipelining, keep_last=True, cache_dense=True, host_stages=None):
     """Run every stage on ``device``, then assemble R and the :class:`GpuQR`.
 
     ``host_side``: the future of :func:`_host_side`; ``t0``/``t1``: start and
-    end of the schedule's build (``info["seconds"]``).
+    end of the schedule's build (``info["seconds"]``); ``pins``: the device layer's
+    pinned buffers for the stages (:class:`~.call_pins.CallPins`), given back after them.
     """
     m, n = Ac.shape
     dtype = r_dtype(Ac)
     host_stages = dict(host_stages or {})
-    loop = StageLoop(Ac, analysis, device, sched, host_side, cold, tile=tile, bundle=bundle,
-                      pipelining=pipelining, keep_last=keep_last, host_stages=host_stages)
+    if pins is not None:
+        device.pinned_ahead = pins
+    try:
+        loop = StageLoop(Ac, analysis, device, sched, host_side, cold, tile=tile, bundle=bundle,
+                         pipelining=pipelining, keep_last=keep_last, host_stages=host_stages)
+    except BaseException:
+        _pins_done(device, pins)
+        raise
+    # a pattern's first factorization: Q's replay plan made while the stage runs
+    # (read by the first Qᵀb), once R's worker is done
+    plan_ahead = (replay_ahead.start(m, n, analysis, sched, host_side, device)
+                  if replay_ahead.wanted(device, sched, host_stages) else None)
     try:
         for sid, st in enumerate(sched.stages):
             loop.run_stage(sid, st)
     finally:
         loop.launches.close()       # its record builder let go now, not by the collector
+        _pins_done(device, pins)
     t2 = time.perf_counter()
     if loop.layout is None:         # no stage at all
         loop.layout, loop.gmaps, loop.pattern = host_side.result()
@@ -949,6 +971,8 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
                _host_pools=loop.host_pools, _front_loc=loop.front_loc,
                _front_launch=loop.front_launch, _launch_base=loop.launch_base,
                _host_stages=host_stages)
+    if plan_ahead is not None:
+        qr._replay["plan_ahead"] = plan_ahead
 
     def assemble():
         return assemble_r(Ac, layout, loop.r_values(), dtype, loop.pattern.result(),
@@ -968,6 +992,26 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
                                  "assemble_R": t3 - t2})
     qr.info["q_first_stage_early"] = early
     return qr
+
+
+def _done_result(future):
+    """``future``'s result where it is done and did not fail, else None."""
+    if future is None or not future.done():
+        return None
+    try:
+        return future.result()
+    except Exception:  # noqa: BLE001 - read as without it
+        return None
+
+
+def _pins_done(device, pins) -> None:
+    """The layer's pinned buffers of ``pins`` back once its stream is done with
+    them; later requests (the solves') pinned as asked."""
+    if pins is None:
+        return
+    if getattr(device, "pinned_ahead", None) is pins:
+        device.pinned_ahead = None
+    pins.finish(getattr(device, "stream", None))
 
 
 class _UploadedDense(DenseFront):

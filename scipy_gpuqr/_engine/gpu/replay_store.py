@@ -15,12 +15,12 @@ Rules (those of :mod:`scipy_gpuqr._store`, in its folder, subfolder
   attached to the levels by the caller);
 * name: ``rpl-{stamp}-{key}.bin``; the stamp a hash of the sources that decide
   the plan (the replay builder, the driver keeping the records, R's layout
-  making the row maps) combined with the schedule store's stamps (the
-  scheduler's and the bucket rules' sources); the key a hash of the pattern
-  key and of the schedule's facts (tile, bundle, granule, pipelining, dense
-  threshold, stages, launches, fronts' places, dense fronts, each front's
-  kept records' launches), so that another memory budget, staging or
-  dense-front threshold names another file;
+  making the row maps, the plan made while the stage runs) combined with the
+  schedule store's stamps (the scheduler's and the bucket rules' sources); the
+  key a hash of the pattern key and of the schedule's facts (tile, bundle,
+  granule, pipelining, dense threshold, stages, launches, fronts' places, dense
+  fronts, each front's kept records' launches), so that another memory budget,
+  staging or dense-front threshold names another file;
 * checks on load: the format, the stamp and the facts in the header, then
   every fingerprint array (the analysis arrays the scheduler and R's layout
   read, and the schedule's facts above) compared **exactly**, and the
@@ -61,7 +61,7 @@ _MAGIC = b"SGQRRPL1"
 _HERE = Path(__file__).resolve().parent
 #: The sources that decide a plan besides the scheduler's (whose stamps are added).
 _SOURCES = ("solve.py", "replay_store.py", "rlayout_store.py", "driver.py", "stage_loop.py",
-            "rlayout.py")
+            "rlayout.py", "replay_ahead.py")
 #: Front arrays the scheduler and R's layout read (the fingerprint's).
 _FRONT = ("fm", "fn", "fp", "cm", "frank", "stair", "col_ptr", "cols", "parent", "child_ptr",
           "children", "s_ptr", "arow_ptr", "arow_local", "rimap_ptr", "rimap", "rjmap_ptr")

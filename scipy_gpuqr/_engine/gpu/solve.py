@@ -715,25 +715,24 @@ def plan_of(qr) -> ReplayPlan:
     Its arrays depend on the schedule, R's layout (the fronts' row slots) and
     where each front lies, not on the values: they are kept with the schedule
     (cached per pattern, :func:`~scipy_gpuqr._schedule.sparse.build_schedule`)
-    under those, so a new factorization of a known pattern only attaches its
-    own dense fronts to the levels; and on disk (:mod:`.replay_store`), so a
-    new process's first solve of a pattern an earlier process solved maps them
-    instead of building them.
+    under those (:func:`kept_plan`), so a new factorization of a known pattern
+    only attaches its own dense fronts to the levels; and on disk
+    (:mod:`.replay_store`), so a new process's first solve of a pattern an
+    earlier process solved maps them instead of building them. A first
+    factorization of a pattern may have started that work while its last
+    stage ran (``_replay['plan_ahead']``, :mod:`.replay_ahead`): it is waited
+    for first.
     """
     plan = qr._replay.get("plan")
     if plan is None:
+        ahead = qr._replay.pop("plan_ahead", None)
+        if ahead is not None:
+            try:
+                ahead.result()
+            except Exception:  # noqa: BLE001 - made here as without the early start
+                pass
         dense = getattr(qr, "_dense", {}) or {}
-        sched = qr.schedule
-        kept = getattr(sched, "extras", None)
-        key = _plan_key(qr)
-        hit = kept.get(key) if kept is not None else None
-        where = None
-        if hit is None and kept is not None:    # a plan an earlier process stored
-            where = replay_store.slot(qr)
-            hit = replay_store.load(where, lambda a: _kept_plan(qr, a))
-            if hit is not None:
-                kept[key] = hit
-                where = None
+        hit = kept_plan(qr)
         if hit is not None:
             plan = ReplayPlan(m=hit.m, tile=hit.tile, bundle=hit.bundle,   # own copies
                               records=hit.records.copy(), rowmap=hit.rowmap.copy(),
@@ -745,28 +744,59 @@ def plan_of(qr) -> ReplayPlan:
             if bool(getattr(qr._device, "debug", False)):
                 check_levels(plan)
         else:
-            fronts = []
-            for f, (slots, _, tasks) in enumerate(qr._fronts):
-                sid, off = qr._front_loc[f]
-                fronts.append((slots, tasks, qr._front_launch[f], sid, off))
-            plan = build_replay_plan(qr.shape[0], fronts, tile=sched.tile,
-                                     bundle=sched.bundle, launch_base=qr._launch_base,
-                                     dense=dense,
-                                     verify=bool(getattr(qr._device, "debug", False)))
-            if kept is not None:            # read-only copies, shared by later factorizations
-                arr = [a.copy() for a in (plan.records, plan.rowmap, plan.level_ptr,
-                                          plan.level_stage)]
-                for a in arr:
-                    a.flags.writeable = False
-                shared = ReplayPlan(m=plan.m, tile=plan.tile, bundle=plan.bundle,
-                                    records=arr[0], rowmap=arr[1], level_ptr=arr[2],
-                                    level_stage=arr[3],
-                                    level_dense_fronts=plan.level_dense_fronts)
-                kept[key] = shared
-                if where is not None:       # written off the caller's path
-                    write_behind(replay_store.save, where, plan_arrays(shared))
+            plan = _built_plan(qr)
         qr._replay["plan"] = plan
     return plan
+
+
+def kept_plan(qr) -> ReplayPlan | None:
+    """The read-only replay plan kept with ``qr``'s schedule (``extras``) for its
+    rows, fronts' places and dense fronts (:func:`_plan_key`): kept already,
+    else read from its file (:mod:`.replay_store`), else built (then written
+    behind the caller); None where the schedule keeps nothing (the caller
+    builds its own). Its ``level_dense`` is empty: each factorization attaches
+    its own dense fronts (:func:`plan_of`).
+
+    ``qr`` needs ``shape``, ``analysis``, ``schedule``, ``_fronts`` (slots and
+    kept records of each front), ``_front_loc``, ``_front_launch``,
+    ``_launch_base``, ``_dense`` (front → an object with ``after_launch``),
+    ``_device`` (its ``debug``) and ``_replay``: a
+    :class:`~scipy_gpuqr._engine.gpu.driver.GpuQR`, or what
+    :mod:`.replay_ahead` makes before the factorization ends.
+    """
+    kept = getattr(qr.schedule, "extras", None)
+    if kept is None:
+        return None
+    key = _plan_key(qr)
+    hit = kept.get(key)
+    if hit is None:                     # a plan an earlier process stored
+        where = replay_store.slot(qr)
+        hit = replay_store.load(where, lambda a: _kept_plan(qr, a))
+        if hit is None:
+            plan = _built_plan(qr)
+            arr = (plan.records, plan.rowmap, plan.level_ptr, plan.level_stage)
+            for a in arr:               # read-only, shared by later factorizations
+                a.flags.writeable = False
+            hit = ReplayPlan(m=plan.m, tile=plan.tile, bundle=plan.bundle,
+                             records=arr[0], rowmap=arr[1], level_ptr=arr[2],
+                             level_stage=arr[3], level_dense_fronts=plan.level_dense_fronts)
+            if where is not None:       # written off the caller's path
+                write_behind(replay_store.save, where, plan_arrays(hit))
+        hit = kept.setdefault(key, hit)
+    return hit
+
+
+def _built_plan(qr) -> ReplayPlan:
+    """:func:`build_replay_plan` of ``qr``'s kept records, fronts and dense fronts."""
+    fronts = []
+    for f, (slots, _, tasks) in enumerate(qr._fronts):
+        sid, off = qr._front_loc[f]
+        fronts.append((slots, tasks, qr._front_launch[f], sid, off))
+    sched = qr.schedule
+    return build_replay_plan(qr.shape[0], fronts, tile=sched.tile, bundle=sched.bundle,
+                             launch_base=qr._launch_base,
+                             dense=getattr(qr, "_dense", {}) or {},
+                             verify=bool(getattr(qr._device, "debug", False)))
 
 
 def _plan_key(qr) -> tuple:
