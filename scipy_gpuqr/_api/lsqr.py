@@ -175,19 +175,32 @@ def _square(problem, settings, calc_var: bool) -> Optional[SquareLU]:
                      lambda: problem.matrix().A)
 
 
-def _exact(problem, begin, square: Optional[SquareLU], *, calc_var, settings, planned):
+def _exact(problem, begin, square: Optional[SquareLU], *, calc_var, settings, planned,
+           made=None):
     """The exact answer of a non-trivial problem and who gave it: SuperLU's where
-    ``square`` may answer (:mod:`scipy_gpuqr._api.square_lu`), else the sparse QR's.
+    ``square`` may answer (:mod:`scipy_gpuqr._api.square_lu`), else the sparse QR's
+    (``made``'s where a worker made it beside the run: :mod:`scipy_gpuqr._factor.qr_ahead`).
     The LU's outcome, when it did not answer, is added to ``why``'s text."""
     if square is not None:
         ans = square.answer(begin, problem.host_x0())
         if ans is not None:
             return ans, f"SuperLU on CPU (A square, {square.why})", ""
+    if made is not None and made.answer is not None:
+        return made.answer, _qr_who(made.answer), "; the QR made on a worker beside the run"
+    if made is not None and made.planned is not None:
+        planned = made.planned
     ans = solve_least_squares(problem, begin, calc_var=calc_var, settings=settings,
                               planned=planned,
                               known=None if square is None else square.known_norms())
     note = "" if square is None else f"; the LU did not answer: {square.why}"
     return ans, _qr_who(ans), note
+
+
+def _made(quick):
+    """What the worker of a stalled run made (:class:`~scipy_gpuqr._factor.qr_ahead.QRAhead`,
+    waited for), or None where none ran."""
+    ahead = None if quick is None else quick.ahead
+    return None if ahead is None else ahead.result()
 
 
 def _release(ans) -> None:
@@ -297,7 +310,9 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
                           out[3:9]))
             return out
     n = problem.shape[1]
-    begin = start_problem(problem)      # where b lies: a CuPy b stays on its device
+    made = _made(quick)
+    # where b lies: a CuPy b stays on its device
+    begin = start_problem(problem) if made is None else made.begin
     if begin.trivial:                   # SciPy: x = x0 (or 0), istop 0
         ans = trivial_answer(begin, problem.x0, n)
         istop, xnorm = 0, 0.0
@@ -305,7 +320,7 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         who, note = _qr_who(ans), ""
     else:
         ans, who, note = _exact(problem, begin, square, calc_var=calc_var, settings=settings,
-                                planned=planned)
+                                planned=planned, made=made)
         xnorm = vector_norm(ans.dx)
         ctol = 1 / conlim if conlim > 0 else 0
         tests = _tests(ans.r2norm, ans.arnorm, ans.anorm, ans.acond, xnorm,
@@ -378,7 +393,9 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
                 return tuple(out)
             return (x if x.dtype == dtype else x.astype(dtype),) + tuple(out[1:])
     n = problem.shape[1]
-    begin = start_problem(problem)      # where b lies: a CuPy b stays on its device
+    made = _made(quick)
+    # where b lies: a CuPy b stays on its device
+    begin = start_problem(problem) if made is None else made.begin
     ans, who, note = None, "the start: x0 (or 0) is exact", ""
     if begin.trivial:  # SciPy: x = x0 (or 0), istop 0
         x = trivial_answer(begin, problem.x0, n).x
@@ -388,7 +405,7 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8,
         out, istop = (x, 0, 0, begin.beta, begin.alfa * begin.beta, begin.alfa, 1, 0), 0
     else:
         ans, who, note = _exact(problem, begin, square, calc_var=False, settings=settings,
-                                planned=planned)
+                                planned=planned, made=made)
         normr = ans.r2norm
         normx = vector_norm(ans.x)
         ctol = 1 / conlim if conlim > 0 else 0

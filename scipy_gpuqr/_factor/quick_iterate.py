@@ -49,6 +49,7 @@ from .factored import plan_for
 from .least_squares import (IterativeAnswer, LeastSquaresProblem, StoppingRules, _RunNote,
                             settle)
 from .lstsq import DENSE_LIMIT, _rcond_estimate, lstsq_cutoff, nullspace_candidate
+from .qr_ahead import QRAhead, qr_ahead_fits
 from .solve_rank import (PROBE_COLUMNS, PROBE_MAX_STEPS, frobenius, probe_margin,
                          probe_norm)
 from .triangular import UpperTriangular
@@ -74,6 +75,7 @@ class QuickRun(NamedTuple):
     problem: Callable[[], LeastSquaresProblem]  # the checked problem (made on first call)
     square: object = None               # the square A's LU answer, where the call may use one
                                         # (with SciPy's answer: only where the run made it)
+    ahead: Optional[QRAhead] = None     # the QR made on a worker beside the run, where one ran
 
 
 #: Backends whose factors are on the host, where R's condition is estimated.
@@ -328,6 +330,13 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         watch = allowance()
     callback = watch if budget is None else HostFirst(
         budget, watch, per_iteration=0.0 if block is None else block[1])
+    # a short run on the CPU whose stall the QR answers: the QR made beside it, where a
+    # host has cores to spare (not for a square A, whose exact answer may be the LU's)
+    ahead = None
+    if callback is None and block is None and (m != n or square_of is None) and \
+            qr_ahead_fits((m, n), nnz, iter_lim):
+        ahead = callback = QRAhead(problem, settings, iter_lim=iter_lim,
+                                   calc_var=method == "lsqr" and rules.calc_var)
     forward, backward = kernels
     host = HostProblem(m, n, forward, backward, (A.indptr, A.indices, A.data), b, None,
                        unchecked=deferred)
@@ -339,6 +348,8 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
             fields, info = lsmr_host(host, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim,
                                      callback=callback)
     except NotFinite:                   # the general path raises DESIGN §10's ValueError
+        if ahead is not None:
+            ahead.cancel()
         return None
     istop, itn, seconds = fields[1], fields[2], info["seconds"]
     name = _ON_CPU[method]
@@ -371,7 +382,9 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     outcome = settle(how, name, watch)
     if outcome == "qr":
         return QuickRun(None, None if watch is None else watch.planned, how, settings, problem,
-                        square())
+                        square(), ahead)
+    if ahead is not None:
+        ahead.cancel()                  # SciPy's answer stands: the worker is not waited for
     log_decision("%s %dx%d nnz=%d: %s answered; %s", method, m, n, nnz, name, how)
     planned = None if watch is None or outcome == "stands" else watch.planned
     return QuickRun(IterativeAnswer(fields, name), planned, how, settings, problem,

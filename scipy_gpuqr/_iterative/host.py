@@ -372,7 +372,7 @@ def _compiled(native, P: HostProblem, run: _Run, method: str, par: tuple, limit:
     failed = []
     report = None
     if run.watched:
-        scratch[rec_at + fields] = 0.0          # the gate: from the first iteration on
+        scratch[rec_at + fields] = _first_gate(run)     # the first iteration to report
         report = _native.REPORT_FN(_reporter(run, x, scratch[rec_at:hist_at], failed))
     lib = native.lib
     if method == "lsqr":
@@ -407,6 +407,15 @@ def _compiled(native, P: HostProblem, run: _Run, method: str, par: tuple, limit:
     else:
         fields = (x, istop, itn, *values[2:8], var)
     return fields, run.info(istop, itn, values[8] == 1.0)
+
+
+def _first_gate(run: _Run) -> float:
+    """The first iteration a compiled run reports: the first, or a callback's
+    ``first_report()`` where it has one (the earliest iteration at which it could act)
+    and the run has no allowance of seconds. A stopping iteration is reported in any case."""
+    first = None if run.clock.max_seconds is not None else \
+        getattr(run.callback, "first_report", None)
+    return 0.0 if first is None else float(first())
 
 
 #: Share of the seconds until a gated callback's next action (:func:`_reporter`) that the
