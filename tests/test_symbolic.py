@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from scipy_gpuqr._symbolic import Amalgamation, analyze
-from scipy_gpuqr._symbolic.etree import column_counts, column_etree, leftmost_columns, postorder
+from scipy_gpuqr._symbolic import Amalgamation, analyze, canonical_csc
+from scipy_gpuqr._symbolic.etree import column_counts, column_etree_by_columns, \
+    column_etree_numpy, leftmost_columns, postorder
 from scipy_gpuqr._testing_matrices import (small_families, chessboard_boundary, chessboard_shape,
                                            grid3d_least_squares, random_least_squares,
                                            singleton_rich)
@@ -46,15 +47,18 @@ def test_etree_and_counts_match_brute_force(seed):
     A = sp.random_array((m, n), density=rng.uniform(0.03, 0.3), rng=rng, format="csr")
     A.sort_indices()
     left = leftmost_columns(A.indptr, A.indices, n)
-    parent = column_etree(A.indptr, A.indices, n, left)
+    parent = column_etree_numpy(A.indptr, A.indices, n, left)
     bp, _ = _brute_etree_counts(A)
     np.testing.assert_array_equal(parent, bp)
+    Ac = canonical_csc(A)               # the tree off A's columns (compiled where at hand)
+    np.testing.assert_array_equal(column_etree_by_columns(
+        Ac, np.arange(n), None, lambda: (A.indptr, A.indices, None, left)), bp)
     post = postorder(parent)
     np.testing.assert_array_equal(np.sort(post), np.arange(n))
     B = sp.csr_array(A[:, post])
     B.sort_indices()
     l2 = leftmost_columns(B.indptr, B.indices, n)
-    p2 = column_etree(B.indptr, B.indices, n, l2)
+    p2 = column_etree_numpy(B.indptr, B.indices, n, l2)
     assert np.all((p2 > np.arange(n)) | (p2 == -1))
     _, bc = _brute_etree_counts(B)
     np.testing.assert_array_equal(column_counts(B.indptr, B.indices, p2, l2), bc)

@@ -56,17 +56,17 @@ def _rows(A, order):
     perm, _ = column_ordering(A, order)
     B = sp.csr_array(A[:, perm])
     B.sort_indices()
-    return B
+    return B, A, perm
 
 
 @pytest.mark.parametrize("order", ["colamd", "natural"])
 @pytest.mark.parametrize("name", sorted(MATRICES))
 def test_tree_loops_equal_numpy(lib, name, order):
-    B = _rows(MATRICES[name], order)
+    B, A, perm = _rows(MATRICES[name], order)
     n = B.shape[1]
     left = etree.leftmost_columns(B.indptr, B.indices, n)
     parent = etree.column_etree_numpy(B.indptr, B.indices, n, left)
-    got = native.column_etree(lib, B.indptr, B.indices, n, left)
+    got = native.column_etree_by_columns(lib, A.indptr, A.indices, perm, None, A.shape[0])
     np.testing.assert_array_equal(got, parent)
     post = etree.postorder_numpy(parent)
     np.testing.assert_array_equal(native.postorder(lib, parent), post)

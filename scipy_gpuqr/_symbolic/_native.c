@@ -1,8 +1,9 @@
 /* The symbolic analysis' tree loops in C (see native.py): the column
- * elimination tree, its postorder, the column counts of R, the relaxed
+ * elimination tree (read off A's columns), its postorder, the column counts of R, the relaxed
  * amalgamation of the supernodes, the fronts' column lists with their maps and
  * their rows (staircases, row maps, the S-assembly map), the fronts' flops and
- * nnz(H).
+ * nnz(H); and the pattern by rows these read (A's columns permuted, rows
+ * sorted by their leftmost column).
  *
  * Each function computes exactly what its NumPy twin in etree.py computes (a
  * test compares them on many matrices); the NumPy code stays the reference and
@@ -10,65 +11,129 @@
  * all indices int64. Built by native.py with the system C compiler into the
  * package cache folder and loaded with ctypes (the calls release the GIL).
  *
- * Patterns are given by rows (CSR, column indices sorted within each row);
- * leftmost[i] is the first column of row i (n for an empty row).
+ * Patterns are given by rows (CSR, column indices sorted within each row;
+ * leftmost[i] is the first column of row i, n for an empty row), except where
+ * A itself is read by columns in the analysis' order (CSC, row indices sorted
+ * within each column, and q the columns' order).
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define SGS_ABI 5
+#define SGS_ABI 6
 
 enum { SGS_OK = 0, SGS_NOMEM = 1, SGS_COUNTS = 2 };
 
 int sgs_abi(void) { return SGS_ABI; }
 
-/* Column elimination tree (the elimination tree of B'B) of an m x n pattern.
- *
- * Row i makes its columns a clique of B'B; the star of edges (leftmost[i], j)
- * has the same filled graph. The edges are bucketed by their larger end j and
- * Liu's algorithm with path compression (virtual ancestors anc[]) runs on them
- * column by column: the walk from the smaller end climbs to the root of its
- * current subtree, which becomes a child of j. parent[j] > j or -1.
+/* S by rows (rows.sorted_rows): B = A[rows kept][:, q] (A in CSC ap, ai, rows
+ * sorted in each column; rowmap[r]: row r's row of B, increasing on the rows
+ * kept, -1 for the others; NULL: every row, in order) with its rows sorted
+ * stably by their leftmost column, empty rows last. Read column by column in
+ * q's order, a row's leftmost column is the column it is first met in, and
+ * the rows first met in one column come in increasing order: that order is
+ * S's. rowperm[t] is S's t-th row as a row of B, s_left[t] its leftmost
+ * column (n2 when empty); each entry's column comes in increasing order, with
+ * its position in A's data (s_pos). m2 rows of B; s_indptr has m2 + 1 places;
+ * SGS_COUNTS when the rows kept are not m2.
  */
-int sgs_column_etree(int64_t m, int64_t n, const int64_t *indptr, const int64_t *indices,
-                     const int64_t *leftmost, int64_t *parent)
+int sgs_sorted_rows(int64_t m, int64_t m2, int64_t n2, const int64_t *ap, const int64_t *ai,
+                    const int64_t *q, const int64_t *rowmap, int64_t *rowperm,
+                    int64_t *s_indptr, int64_t *s_indices, int64_t *s_pos, int64_t *s_left)
 {
-    int64_t *ptr = calloc((size_t)n + 1, sizeof(int64_t));
+    int64_t *rank = malloc(((size_t)m + 1) * sizeof(int64_t));
+    if (!rank)
+        return SGS_NOMEM;
+    for (int64_t r = 0; r < m; r++)
+        rank[r] = -1;
+    for (int64_t t = 0; t <= m2; t++)
+        s_indptr[t] = 0;
+    int64_t t = 0;
+    for (int64_t k = 0; k < n2; k++) {       /* ranks in order of first meeting; counts */
+        int64_t c = q[k];
+        for (int64_t p = ap[c]; p < ap[c + 1]; p++) {
+            int64_t r = ai[p];
+            if (rowmap && rowmap[r] < 0)
+                continue;
+            if (rank[r] < 0) {
+                if (t == m2) {
+                    free(rank);
+                    return SGS_COUNTS;
+                }
+                rank[r] = t;
+                rowperm[t] = rowmap ? rowmap[r] : r;
+                s_left[t] = k;
+                t++;
+            }
+            s_indptr[rank[r] + 1]++;
+        }
+    }
+    for (int64_t r = 0; r < m; r++)          /* the empty rows last, in order */
+        if (rank[r] < 0 && !(rowmap && rowmap[r] < 0)) {
+            if (t == m2) {
+                free(rank);
+                return SGS_COUNTS;
+            }
+            rank[r] = t;
+            rowperm[t] = rowmap ? rowmap[r] : r;
+            s_left[t] = n2;
+            t++;
+        }
+    if (t != m2) {
+        free(rank);
+        return SGS_COUNTS;
+    }
+    for (int64_t u = 0; u < m2; u++)
+        s_indptr[u + 1] += s_indptr[u];
+    int64_t *next = rank;                     /* rank[r] becomes S row r's next place */
+    for (int64_t r = 0; r < m; r++)
+        if (rank[r] >= 0)
+            next[r] = s_indptr[rank[r]];
+    for (int64_t k = 0; k < n2; k++) {
+        int64_t c = q[k];
+        for (int64_t p = ap[c]; p < ap[c + 1]; p++) {
+            int64_t r = ai[p];
+            if (rowmap && rowmap[r] < 0)
+                continue;
+            int64_t e = next[r]++;
+            s_indices[e] = k;
+            s_pos[e] = p;
+        }
+    }
+    free(rank);
+    return SGS_OK;
+}
+
+/* Column elimination tree (the elimination tree of B'B) of B = A[rows
+ * kept][:, q] (etree.column_etree_by_columns): column k of B is column q[k] of
+ * A (CSC ap, ai) on the rows that rowmap keeps (>= 0; NULL: all m rows).
+ * Row i makes its columns a clique of B'B; the path through them in
+ * increasing order has the same filled graph (as has the star of
+ * etree.column_etree_numpy), so Liu's algorithm with path compression
+ * (virtual ancestors anc[]) runs on the edges (prev[i], k), prev[i] being
+ * row i's previous column: the walk from prev[i] climbs to the root of its
+ * current subtree, which becomes a child of k. parent[k] > k or -1.
+ */
+int sgs_column_etree_by_columns(int64_t m, int64_t n, const int64_t *ap, const int64_t *ai,
+                                const int64_t *q, const int64_t *rowmap, int64_t *parent)
+{
+    int64_t *prev = malloc(((size_t)m + 1) * sizeof(int64_t));
     int64_t *anc = malloc(((size_t)n + 1) * sizeof(int64_t));
-    int64_t nnz = indptr[m] - indptr[0];
-    int64_t *lo = malloc(((size_t)nnz + 1) * sizeof(int64_t));
-    if (!ptr || !anc || !lo) {
-        free(ptr); free(anc); free(lo);
+    if (!prev || !anc) {
+        free(prev); free(anc);
         return SGS_NOMEM;
     }
-    for (int64_t i = 0; i < m; i++) {
-        int64_t l = leftmost[i];
-        for (int64_t p = indptr[i]; p < indptr[i + 1]; p++)
-            if (indices[p] > l)
-                ptr[indices[p]]++;
-    }
-    int64_t s = 0;
-    for (int64_t j = 0; j < n; j++) {       /* ptr[j]: start of bucket j */
-        int64_t c = ptr[j];
-        ptr[j] = s;
-        s += c;
-    }
-    ptr[n] = s;
-    for (int64_t i = 0; i < m; i++) {       /* fill (ptr[j] advances to the end) */
-        int64_t l = leftmost[i];
-        for (int64_t p = indptr[i]; p < indptr[i + 1]; p++)
-            if (indices[p] > l)
-                lo[ptr[indices[p]]++] = l;
-    }
-    for (int64_t j = 0; j < n; j++) {
-        parent[j] = -1;
-        anc[j] = -1;
-    }
-    int64_t start = 0;
-    for (int64_t k = 0; k < n; k++) {       /* bucket k is lo[start .. ptr[k]) */
-        for (int64_t q = start; q < ptr[k]; q++) {
-            int64_t j = lo[q];
+    for (int64_t r = 0; r < m; r++)
+        prev[r] = -1;
+    for (int64_t k = 0; k < n; k++) {
+        int64_t c = q[k];
+        parent[k] = -1;
+        anc[k] = -1;
+        for (int64_t p = ap[c]; p < ap[c + 1]; p++) {
+            int64_t r = ai[p];
+            if (rowmap && rowmap[r] < 0)
+                continue;
+            int64_t j = prev[r];
             while (j != -1 && j < k) {
                 int64_t nxt = anc[j];
                 anc[j] = k;
@@ -76,10 +141,10 @@ int sgs_column_etree(int64_t m, int64_t n, const int64_t *indptr, const int64_t 
                     parent[j] = k;
                 j = nxt;
             }
+            prev[r] = k;
         }
-        start = ptr[k];
     }
-    free(ptr); free(anc); free(lo);
+    free(prev); free(anc);
     return SGS_OK;
 }
 

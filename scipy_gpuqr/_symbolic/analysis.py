@@ -22,11 +22,11 @@ import scipy.sparse as sp
 
 from . import analysis_cache
 from . import counts as _counts
-from ._arrays import stable_argsort
-from .etree import column_counts, column_etree, leftmost_columns, postorder
+from .etree import column_counts, column_etree_by_columns, postorder
 from .fronts import Amalgamation, FrontStructure, build_fronts, fundamental_supernodes, \
     relaxed_amalgamation
 from .ordering import ORDERINGS, column_ordering
+from .rows import permuted_rows, row_map, sorted_rows
 from .singletons import find_singletons, leading_singletons, no_singletons
 from .staging import StagePlan, plan_stages
 
@@ -254,16 +254,14 @@ class SymbolicAnalysis:
         }
 
 
-def _relabel(parent, perm, B, post):
-    """Relabel columns by ``post`` (new label t = old column post[t])."""
+def _relabel(parent, perm, post):
+    """The tree and the column order relabelled by ``post`` (new label t = old
+    column post[t])."""
     n = len(parent)
     inv = np.empty(n, dtype=np.int64)
     inv[post] = np.arange(n, dtype=np.int64)
     newparent = np.where(parent[post] >= 0, inv[np.maximum(parent[post], 0)], -1)
-    B = sp.csr_array((B.data, inv[B.indices], B.indptr), shape=B.shape)
-    B.has_sorted_indices = False
-    B.sort_indices()
-    return newparent, perm[post], B, inv
+    return newparent, perm[post]
 
 
 def _singletons_and_order(A, ordering, colperm, singletons, singleton_tol):
@@ -409,29 +407,25 @@ def _analyze(A: sp.csc_array, timings: dict, *, ordering, colperm, max_gpu_memor
     t2 = time.perf_counter()
     timings["ordering"] = t2 - t1
 
-    # positions of A's entries travel as data (int64) through the permutations
-    pos = sp.csc_array((np.arange(nnz, dtype=np.int64), A.indices, A.indptr), shape=(m, n))
-    B = sp.csr_array((pos[keep_rows] if r1 else pos)[:, perm])
-    B.sort_indices()
-    left = leftmost_columns(B.indptr, B.indices, n2)
-    parent = column_etree(B.indptr, B.indices, n2, left)
+    # the rows left, columns in the order found: the tree read off A's columns,
+    # postordered; then S (those rows by leftmost column, stably) in the final
+    # order; positions of A's entries travel as pos (int64)
+    keep = keep_rows if r1 else None
+    parent = column_etree_by_columns(A, perm, row_map(m, keep),
+                                     lambda: permuted_rows(A, keep, perm))
     post = postorder(parent)
-    parent, perm, B, inv = _relabel(parent, perm, B, post)
-    left = leftmost_columns(B.indptr, B.indices, n2)
+    parent, perm = _relabel(parent, perm, post)
+    rowperm2, s_ptr, s_idx, s_pos, sleft = sorted_rows(A, keep, perm)
     t3 = time.perf_counter()
     timings["etree"] = t3 - t2
-    ccount = column_counts(B.indptr, B.indices, parent, left)
+    # the counts visit the rows by leftmost column, stably: S's order gives the same
+    ccount = column_counts(s_ptr, s_idx, parent, sleft)
     t4 = time.perf_counter()
     timings["counts"] = t4 - t3
 
-    rowperm2 = stable_argsort(left, n2 + 1)
-    S = B[rowperm2]
-    S.sort_indices()
-    sleft = left[rowperm2]
     sup = fundamental_supernodes(parent, ccount)
     fptr = relaxed_amalgamation(parent, ccount, sup, amalgamation)
-    fs = build_fronts(fptr, parent, ccount, S.indptr.astype(np.int64),
-                      S.indices.astype(np.int64), S.data, sleft)
+    fs = build_fronts(fptr, parent, ccount, s_ptr, s_idx, s_pos, sleft)
     if n1 or r1:
         # global labels; arow_local is indexed by rows of S: -1 for the singleton rows
         fs = dataclasses.replace(
@@ -450,7 +444,11 @@ def _analyze(A: sp.csc_array, timings: dict, *, ordering, colperm, max_gpu_memor
     # R1 = the singleton rows of A, columns in colperm order
     icol = np.empty(n, dtype=np.int64)
     icol[colperm] = np.arange(n, dtype=np.int64)
-    Rr = sp.csr_array(pos)[r1_rows] if r1 else sp.csr_array((0, n), dtype=np.int64)
+    if r1:
+        pos = sp.csc_array((np.arange(nnz, dtype=np.int64), A.indices, A.indptr), shape=(m, n))
+        Rr = sp.csr_array(pos)[r1_rows]
+    else:
+        Rr = sp.csr_array((0, n), dtype=np.int64)
     R1 = sp.csr_array((Rr.data, icol[Rr.indices], Rr.indptr), shape=(r1, n))
     R1.has_sorted_indices = False
     R1.sort_indices()

@@ -27,11 +27,13 @@ column of row i (``n`` for an empty row).
   ties), a range-minimum query answered from a sparse table in two look-ups.
   Cost O((nnz(A) + n) log n), all vectorized.
 
-Where the compiled library of :mod:`.native` is at hand, :func:`column_etree`,
-:func:`postorder` (without weights) and :func:`column_counts` run its loops
-instead (Liu's algorithm on the star edges, a depth-first postorder, the same
-skeleton formula with a union-find for the LCAs): the same arrays, the NumPy
-code above (``*_numpy``) being the reference and the fallback.
+Where the compiled library of :mod:`.native` is at hand,
+:func:`column_etree_by_columns`, :func:`postorder` (without weights) and
+:func:`column_counts` run its loops instead (Liu's algorithm read off A's
+columns in the analysis' order, on the edges between consecutive columns of
+each row, which fill the graph as the stars do; a depth-first postorder; the
+same skeleton formula with a union-find for the LCAs): the same arrays, the
+NumPy code above (``*_numpy``) being the reference and the fallback.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ from scipy.sparse.csgraph import minimum_spanning_tree
 from . import native
 from ._arrays import first_descendants, stable_argsort, subtree_sums
 
-__all__ = ["leftmost_columns", "column_etree", "postorder", "column_counts",
-           "column_etree_numpy", "postorder_numpy", "column_counts_numpy",
+__all__ = ["leftmost_columns", "column_etree_by_columns", "postorder",
+           "column_counts", "column_etree_numpy", "postorder_numpy", "column_counts_numpy",
            "subtree_sizes", "subtree_sums"]
 
 
@@ -69,16 +71,21 @@ def _star_edges(indptr, indices, leftmost, n):
     return key % n, key // n
 
 
-def column_etree(indptr: np.ndarray, indices: np.ndarray, n: int,
-                 leftmost: np.ndarray | None = None) -> np.ndarray:
-    """Column elimination tree of an m×n pattern given by rows (compiled where
-    available, else :func:`column_etree_numpy`; same parameters and result)."""
-    if leftmost is None:
-        leftmost = leftmost_columns(indptr, indices, n)
+def column_etree_by_columns(A, perm: np.ndarray, rowmap: np.ndarray | None,
+                            rows) -> np.ndarray:
+    """Column elimination tree of ``B = A[rows kept][:, perm]`` (A canonical CSC).
+
+    The compiled loop reads A's columns in ``perm`` order (Liu's algorithm on
+    the edges between consecutive columns of each row: the same tree as the
+    star edges give); without it, :func:`column_etree_numpy` runs on B by rows,
+    which the callable ``rows`` gives as ``(indptr, indices, pos, leftmost)``.
+    ``rowmap`` is >= 0 on the rows kept, -1 on the others (None: all kept).
+    """
     lib = native.handle()
-    if lib is not None:
-        return native.column_etree(lib, indptr, indices, n, leftmost)
-    return column_etree_numpy(indptr, indices, n, leftmost)
+    if lib is None:
+        indptr, indices, _, leftmost = rows()
+        return column_etree_numpy(indptr, indices, len(perm), leftmost)
+    return native.column_etree_by_columns(lib, A.indptr, A.indices, perm, rowmap, A.shape[0])
 
 
 def column_etree_numpy(indptr: np.ndarray, indices: np.ndarray, n: int,

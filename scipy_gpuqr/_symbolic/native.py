@@ -7,8 +7,10 @@ per tree level of every entry. ``_native.c`` runs these in plain loops,
 giving the same arrays as the NumPy functions of :mod:`.etree` and
 :mod:`.fronts` (the reference; tests compare both):
 
-* ``sgs_column_etree``: :func:`.etree.column_etree` (Liu's algorithm on the
-  star edges directly, no spanning forest needed);
+* ``sgs_column_etree_by_columns``: :func:`.etree.column_etree_by_columns`
+  (Liu's algorithm on the edges between a row's consecutive columns, read
+  off A's columns in the analysis' order: no spanning forest, no pattern by
+  rows needed);
 * ``sgs_postorder``: :func:`.etree.postorder` without weights;
 * ``sgs_column_counts``: :func:`.etree.column_counts` (the same skeleton
   formula, the least common ancestors from a union-find as the leaves are
@@ -23,7 +25,11 @@ giving the same arrays as the NumPy functions of :mod:`.etree` and
   the S rows' and the children's rows' places, the S-assembly map), front
   after front by counting the rows per slot;
 * ``sgs_front_work``: :func:`.counts.front_work`'s flops and nnz(H), a sum
-  per front instead of NumPy temporaries over every front column.
+  per front instead of NumPy temporaries over every front column;
+* ``sgs_sorted_rows``: :func:`.rows.sorted_rows` (S: the rows of A's
+  non-singleton block by leftmost column, columns in the analysis' order) read
+  off A's columns in two passes, instead of SciPy's column selection,
+  transposition, row selection and index sorts.
 
 The library is plain C99 without Python headers, built on the first use in a
 process that finds no built library (never at import) into ``native/`` of the
@@ -49,14 +55,15 @@ from .. import _native_build
 from .._errors import NativeUnavailable
 
 __all__ = ["ENV", "ABI", "MODES", "MANIFEST_SUFFIX", "MAX_BUILDS", "NativeUnavailable", "mode",
-           "library", "handle", "status", "column_etree", "postorder", "column_counts",
-           "front_columns", "relaxed_amalgamation", "front_rows", "front_work"]
+           "library", "handle", "status", "column_etree_by_columns", "postorder",
+           "column_counts", "front_columns", "relaxed_amalgamation", "front_rows", "front_work",
+           "sorted_rows"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_SYMBOLIC_NATIVE"
 MODES = _native_build.MODES
 #: Interface version of ``_native.c`` (``sgs_abi()``).
-ABI = 5
+ABI = 6
 #: Suffix added to a library's file name to name its manifest (size and SHA-256).
 MANIFEST_SUFFIX = _native_build.MANIFEST_SUFFIX
 #: Most built libraries kept (other sources or compilers: other package versions).
@@ -66,7 +73,6 @@ MAX_BUILDS = _native_build.MAX_BUILDS
 def _declare(lib: ctypes.CDLL) -> None:
     """Type the library's tree loops (each returns 0, or nonzero on failure)."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.sgs_column_etree.argtypes = [i64, i64, ptr, ptr, ptr, ptr]
     lib.sgs_postorder.argtypes = [i64, ptr, ptr]
     lib.sgs_column_counts.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr]
     lib.sgs_front_columns.argtypes = [i64, i64] + [ptr] * 15
@@ -76,7 +82,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sgs_relaxed_amalgamation.restype = None
     lib.sgs_front_work.argtypes = [i64] + [ptr] * 6
     lib.sgs_front_work.restype = None
-    for name in ("sgs_column_etree", "sgs_postorder", "sgs_column_counts", "sgs_front_columns"):
+    lib.sgs_sorted_rows.argtypes = [i64, i64, i64] + [ptr] * 9
+    lib.sgs_column_etree_by_columns.argtypes = [i64, i64] + [ptr] * 5
+    for name in ("sgs_column_etree_by_columns", "sgs_postorder",
+                 "sgs_column_counts", "sgs_front_columns", "sgs_sorted_rows"):
         getattr(lib, name).restype = ctypes.c_int
 
 
@@ -99,12 +108,17 @@ def _check(rc: int, name: str) -> None:
         raise MemoryError(f"{name}: out of memory in the compiled analysis")
 
 
-def column_etree(lib, indptr, indices, n: int, leftmost) -> np.ndarray:
-    """:func:`.etree.column_etree` in C (``leftmost`` required)."""
-    indptr, indices, leftmost = _i64(indptr), _i64(indices), _i64(leftmost)
+def column_etree_by_columns(lib, a_indptr, a_indices, perm, rowmap, m: int) -> np.ndarray:
+    """:func:`.etree.column_etree_by_columns` in C (``rowmap``: >= 0 on the rows
+    kept, or None for all)."""
+    a_indptr, a_indices, perm = _i64(a_indptr), _i64(a_indices), _i64(perm)
+    rowmap = None if rowmap is None else _i64(rowmap)
+    n = len(perm)
     parent = np.empty(n, dtype=np.int64)
-    _check(lib.sgs_column_etree(len(indptr) - 1, n, indptr.ctypes.data, indices.ctypes.data,
-                                leftmost.ctypes.data, parent.ctypes.data), "column_etree")
+    _check(lib.sgs_column_etree_by_columns(int(m), n, a_indptr.ctypes.data,
+                                           a_indices.ctypes.data, perm.ctypes.data,
+                                           None if rowmap is None else rowmap.ctypes.data,
+                                           parent.ctypes.data), "column_etree_by_columns")
     return parent
 
 
@@ -190,3 +204,24 @@ def front_work(lib, col_ptr, fm, fn, stair) -> tuple:
     nnz_h = np.empty(nf, dtype=np.int64)
     lib.sgs_front_work(nf, *(x.ctypes.data for x in (col_ptr, fm, fn, stair, flops, nnz_h)))
     return flops, nnz_h
+
+
+def sorted_rows(lib, m: int, a_indptr, a_indices, perm, rowmap, m2: int) -> tuple:
+    """:func:`.rows.sorted_rows` in C for an m-row A: ``(rowperm, indptr,
+    indices, pos, leftmost)`` (``rowmap``: each row of A's row of B, increasing,
+    -1 when left out; None: every row)."""
+    a_indptr, a_indices, perm = _i64(a_indptr), _i64(a_indices), _i64(perm)
+    rowmap = None if rowmap is None else _i64(rowmap)
+    n2 = len(perm)
+    nnz = int(a_indptr[-1])                # at most every entry of A
+    out = [np.empty(int(m2), dtype=np.int64), np.empty(int(m2) + 1, dtype=np.int64),
+           np.empty(nnz, dtype=np.int64), np.empty(nnz, dtype=np.int64),
+           np.empty(int(m2), dtype=np.int64)]
+    rc = lib.sgs_sorted_rows(int(m), int(m2), n2, a_indptr.ctypes.data, a_indices.ctypes.data,
+                             perm.ctypes.data, None if rowmap is None else rowmap.ctypes.data,
+                             *(x.ctypes.data for x in out))
+    if rc == 2:
+        raise ValueError("sorted_rows: rowmap does not give m2 rows")
+    _check(rc, "sorted_rows")
+    k = int(out[1][-1])
+    return out[0], out[1], out[2][:k], out[3][:k], out[4]
