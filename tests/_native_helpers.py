@@ -43,3 +43,17 @@ def built_loader(native, folder) -> tuple:
     env = env_with_cache(folder)
     assert ld.get(True, env) is not None, ld.status()
     return ld, env
+
+
+class Preloaded:
+    """A loader (for :func:`use_loader`) that serves one library already loaded:
+    a test's library built once per module, without the loader's checks."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def get(self, wait, environ=os.environ):
+        return self._lib
+
+    def status(self):
+        return "loaded"

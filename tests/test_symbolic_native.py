@@ -16,7 +16,8 @@ from scipy_gpuqr._symbolic import analyze, etree, native
 from scipy_gpuqr._symbolic.ordering import column_ordering
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
-from _native_helpers import built_loader, env_with_cache as _env, needs_compiler, use_loader
+from _native_helpers import Preloaded, built_loader, env_with_cache as _env, needs_compiler, \
+    use_loader
 
 pytestmark = needs_compiler
 
@@ -124,7 +125,7 @@ def test_analysis_same_with_either_path(lib, monkeypatch, tmp_path, name):
     A = MATRICES[name]
     monkeypatch.setenv(native.ENV, "numpy")
     ref = analyze(A, cache=False)
-    use_loader(monkeypatch, native, _Preloaded(lib))
+    use_loader(monkeypatch, native, Preloaded(lib))
     monkeypatch.setenv(native.ENV, "c")
     got = analyze(A, cache=False)
     a, b = _fields(ref), _fields(got)
@@ -133,19 +134,6 @@ def test_analysis_same_with_either_path(lib, monkeypatch, tmp_path, name):
         np.testing.assert_array_equal(b[k], a[k], err_msg=k)
     assert (got.flops, got.nnz_R, got.nnz_H, got.nfronts) == \
         (ref.flops, ref.nnz_R, ref.nnz_H, ref.nfronts)
-
-
-class _Preloaded:
-    """A loader holding the module's test library."""
-
-    def __init__(self, lib):
-        self._lib = lib
-
-    def get(self, wait, environ=os.environ):
-        return self._lib
-
-    def status(self):
-        return "loaded"
 
 
 def test_numpy_mode_and_no_compiler_take_the_numpy_path(tmp_path):
@@ -229,7 +217,7 @@ def test_front_columns_equal_numpy_and_both_refuse_wrong_counts(lib, monkeypatch
     args = _front_inputs(MATRICES[name])
     monkeypatch.setenv(native.ENV, "numpy")
     ref = fronts.build_fronts(*args)
-    use_loader(monkeypatch, native, _Preloaded(lib))
+    use_loader(monkeypatch, native, Preloaded(lib))
     monkeypatch.setenv(native.ENV, "c")
     got = fronts.build_fronts(*args)
     for k, v in vars(ref).items():
@@ -257,7 +245,7 @@ def test_relaxed_amalgamation_equal_python(lib, monkeypatch, name, params):
     am = fronts.Amalgamation(**params)
     monkeypatch.setenv(native.ENV, "numpy")
     ref = fronts.relaxed_amalgamation(parent, counts, sup, am)
-    use_loader(monkeypatch, native, _Preloaded(lib))
+    use_loader(monkeypatch, native, Preloaded(lib))
     monkeypatch.setenv(native.ENV, "c")
     np.testing.assert_array_equal(fronts.relaxed_amalgamation(parent, counts, sup, am), ref)
 

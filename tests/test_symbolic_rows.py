@@ -6,7 +6,6 @@ the analysis made them before), on many matrices (CPU only).
 The library is built into a temporary folder here (never the user's cache).
 """
 
-import os
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from scipy_gpuqr._symbolic.ordering import column_ordering
 from scipy_gpuqr._symbolic.singletons import find_singletons
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
-from _native_helpers import built_loader, needs_compiler, use_loader
+from _native_helpers import Preloaded, built_loader, needs_compiler, use_loader
 
 pytestmark = needs_compiler
 
@@ -28,19 +27,6 @@ pytestmark = needs_compiler
 def lib(tmp_path_factory):
     ld, _ = built_loader(native, tmp_path_factory.mktemp("symrows"))
     return ld.get(True)
-
-
-class _Preloaded:
-    """A loader holding the module's test library."""
-
-    def __init__(self, lib):
-        self._lib = lib
-
-    def get(self, wait, environ=os.environ):
-        return self._lib
-
-    def status(self):
-        return "loaded"
 
 
 def _matrices():
@@ -137,7 +123,7 @@ def test_analysis_same_with_either_path(lib, monkeypatch, name):
     A = MATRICES[name]
     monkeypatch.setenv(native.ENV, "numpy")
     ref = analyze(A, cache=False)
-    use_loader(monkeypatch, native, _Preloaded(lib))
+    use_loader(monkeypatch, native, Preloaded(lib))
     monkeypatch.setenv(native.ENV, "c")
     got = analyze(A, cache=False)
     for k in ("colperm", "rowperm", "leftmost", "etree", "col_counts", "r1_nz"):
