@@ -4,7 +4,8 @@ Parts of the package run their hot loops in plain C99 without Python
 headers (:mod:`scipy_gpuqr._symbolic.native`, the analysis' tree loops;
 :mod:`scipy_gpuqr._schedule.native`, the schedule plan's loops;
 :mod:`scipy_gpuqr._engine.native`, R's gather; :mod:`scipy_gpuqr._iterative.native`,
-the iterative solvers' host loops), so a wheel stays pure Python and any
+the iterative solvers' host loops; :mod:`scipy_gpuqr._factor.native`, the host
+rank decision's sparse triangular solves), so a wheel stays pure Python and any
 system C compiler builds them; where none exists their NumPy code runs. All
 are built and loaded by this module (it sits below every part, and parts may
 not import each other upwards); a :class:`NativeLibrary` names what differs

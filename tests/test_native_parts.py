@@ -12,7 +12,7 @@ from _native_helpers import use_loader
 
 #: The parts whose ``handle`` is the shared one; the iterative loops' checks
 #: the library before handing it out (its own ``handle``).
-PARTS = ["_symbolic.native", "_schedule.native", "_engine.native"]
+PARTS = ["_symbolic.native", "_schedule.native", "_engine.native", "_factor.native"]
 ALL_PARTS = PARTS + ["_iterative.native"]
 
 

@@ -4,9 +4,11 @@ Used by :class:`scipy_gpuqr._factor.lstsq.MinNormSolver` on the host where the
 rank must be decided on R itself without a gap at the cutoff (Heath's rule
 and the null-space COD cannot decide: bayer10), for square R with a nonzero
 diagonal. It needs only ``C ↦ R⁻¹C``, ``C ↦ R⁻ᵀC`` and ``Y ↦ R Y``: R kept
-sparse, SuperLU's compiled sweeps
+sparse, solved by the compiled row-major sweeps of
+:mod:`scipy_gpuqr._factor.native` (R's CSC arrays read once per block, for
+R and Rᵀ alike), or where that library is not at hand by SuperLU's
 (:class:`~scipy_gpuqr._factor.triangular.UpperTriangular` of R, and of Rᵀ for
-``R⁻ᵀ``, its untransposed sweep being the faster one), in pieces of
+``R⁻ᵀ``, its untransposed sweep being the faster one) in pieces of
 :data:`SOLVE_CHUNK` columns; nothing of size q² is formed (unless R is
 itself dense, :data:`DENSE_SOLVES_DENSITY`: then BLAS triangular solves).
 The pieces, and the row pieces of the q × p products, run on one thread per
@@ -60,6 +62,8 @@ from .._cpu.blas_threads import one_blas_thread
 from .._dispatch.plan import available_host_memory
 from .._errors import SubspaceTooLarge
 from .host_lanes import SERIAL, Lanes, host_lanes
+from .native import SparseUpperSolves
+from .native import handle as native_handle
 from .nogil_blas import trsm_upper
 from .solve_rank import probe_norm
 from .subspace_cod import gemm, orth_r, sigma_max_lanczos, small_subspace
@@ -81,6 +85,7 @@ HOST_MEMORY_FRACTION = 0.25
 #: Columns per sparse triangular solve: SuperLU's sweeps run over all
 #: right-hand sides per column of R, and slow down once the block leaves the
 #: cache.
+#: The compiled sweeps (which read R once per piece) take the lanes' own split.
 SOLVE_CHUNK = 32
 
 
@@ -281,9 +286,10 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
     transposed : bool
         Solve with ``Rᵀ``.
     upper : UpperTriangular, optional
-        R's sparse solves where already set up. ``R⁻ᵀC`` is solved with
-        ``Rᵀ``'s own (SuperLU's sweep without transposition is the faster
-        one). Both are applied to pieces of
+        R's SuperLU solves where already set up, used where the compiled
+        sweeps (:mod:`scipy_gpuqr._factor.native`) are not at hand. ``R⁻ᵀC``
+        is then solved with ``Rᵀ``'s own (SuperLU's sweep without
+        transposition is the faster one). Both are applied to pieces of
         :data:`SOLVE_CHUNK` columns.
     block, max_block : int
         The iteration's block increment and largest block (at most q/3, and
@@ -331,12 +337,20 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
     else:
         if R.nnz > SUPERLU_MAX_NNZ:        # SciPy's slow sweeps would answer
             return None
-        upper = upper if upper is not None else UpperTriangular(R)
-        lower = UpperTriangular(sp.csc_array(R.T))          # works for any triangle
-        if lower._lu is None or upper._lu is None:
-            return None
-        inv, inv_t = upper.solve, lower.solve
-        G, chunk = R, SOLVE_CHUNK
+        lib = native_handle()
+        if lib is not None:
+            r = R.diagonal()
+            if not (np.all(np.isfinite(r)) and np.all(r != 0)):
+                return None
+            compiled = SparseUpperSolves(lib, R)
+            inv, inv_t, chunk = compiled.solve, compiled.solve_t, None
+        else:
+            upper = upper if upper is not None else UpperTriangular(R)
+            lower = UpperTriangular(sp.csc_array(R.T))          # works for any triangle
+            if lower._lu is None or upper._lu is None:
+                return None
+            inv, inv_t, chunk = upper.solve, lower.solve, SOLVE_CHUNK
+        G = R
     limit = one_blas_thread()
     try:
         with limit, host_lanes(not isinstance(limit, contextlib.nullcontext), lanes) as ln:

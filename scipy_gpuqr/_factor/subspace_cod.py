@@ -275,10 +275,27 @@ def triangular_factor(Y: np.ndarray, lanes: Lanes = SERIAL) -> np.ndarray:
         f = _scaled_cholesky(Y, lanes)
     if f is not None and _cond_upper(f[0]) <= GRAM_COND:
         return f[0] * f[1]
-    return orth_r(Y, lanes)[1]
+    return orth_r(Y, lanes, first=f)[1]
 
 
-def orth_r(Y: np.ndarray, lanes: Lanes = SERIAL) -> tuple:
+def _times_inverse(U: np.ndarray, Y: np.ndarray, lanes: Lanes,
+                   s: np.ndarray = None) -> np.ndarray:
+    """``Y (U D)⁻¹`` (``D = diag(s)``, none: the identity) for a well-conditioned
+    upper triangular U (:data:`GRAM_COND`): U's p × p inverse (``trtri``, rows
+    divided by s) applied by GEMM on the lanes' row pieces. A right-side
+    ``trsm`` does half the flops at a fraction of GEMM's speed, and SciPy's
+    wrapper of it runs one lane at a time; for such a U the two agree to
+    ``eps·cond(U)`` relative."""
+    Ui, info = la.lapack.dtrtri(U, lower=0)
+    if info != 0:
+        return lanes.solve_right_upper(U * s if s is not None else U, Y)
+    Ui = np.triu(Ui)
+    if s is not None:
+        Ui /= s[:, None]
+    return lanes.gemm(Y, Ui)
+
+
+def orth_r(Y: np.ndarray, lanes: Lanes = SERIAL, first: tuple = None) -> tuple:
     """Thin QR ``Y = Q T`` of a tall block (Q orthonormal, T upper triangular).
 
     Columns are scaled to unit norm first (the blocks of the subspace
@@ -293,17 +310,22 @@ def orth_r(Y: np.ndarray, lanes: Lanes = SERIAL) -> tuple:
     (ill-conditioned blocks: a random start, a block that grew)
     Householder QR answers. The scaling is folded into the triangular
     factor (``Q = Y (U D)⁻¹``); ``lanes`` splits the tall products by rows.
+    A well-conditioned pass applies its factor's inverse by GEMM
+    (:func:`_times_inverse`), an ill-conditioned first pass solves with it.
+    ``first`` is :func:`_scaled_cholesky`'s answer for Y where the caller has
+    it (not formed again; None: formed here).
     """
     Y = np.asarray(Y, dtype=np.float64)
     p = Y.shape[1]
     with np.errstate(all="ignore"):
-        f = _scaled_cholesky(Y, lanes)
+        f = first if first is not None else _scaled_cholesky(Y, lanes)
         if f is not None:
             U1, s = f
             T1 = U1 * s                          # Ŷ = Y D⁻¹ = Q U1: Y = Q (U1 D)
-            Q = lanes.solve_right_upper(T1, Y)
+            one_pass = _cond_upper(U1) <= GRAM_COND
+            Q = _times_inverse(U1, Y, lanes, s) if one_pass else lanes.solve_right_upper(T1, Y)
             if np.all(np.isfinite(Q)):
-                if _cond_upper(U1) <= GRAM_COND:
+                if one_pass:
                     return Q, T1
                 G2 = lanes.gram(Q)
                 if (np.all(np.isfinite(np.triu(G2)))
@@ -313,7 +335,7 @@ def orth_r(Y: np.ndarray, lanes: Lanes = SERIAL) -> tuple:
                     except np.linalg.LinAlgError:
                         U2 = None
                     if U2 is not None:
-                        Q = lanes.solve_right_upper(U2, Q)
+                        Q = _times_inverse(U2, Q, lanes)
                         return Q, U2 @ T1
     return la.qr(np.asfortranarray(Y), mode="economic", check_finite=False)
 

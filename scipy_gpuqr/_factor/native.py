@@ -1,0 +1,107 @@
+"""Sparse triangular solves with many right-hand sides in compiled code (``_native.c``).
+
+The host's rank decision (:mod:`scipy_gpuqr._factor.sparse_subspace`) solves
+with a sparse upper triangular R and with Rᵀ on blocks of many columns at
+every step of its iteration. SuperLU's sweeps (:class:`~scipy_gpuqr._factor.
+triangular.UpperTriangular`) run column by column of the block; here the
+block is row-major, so each entry of R updates a contiguous row of the block
+and R is read once per block (:class:`SparseUpperSolves`). R⁻ᵀ is had from
+R's own CSC arrays (a forward sweep that gathers), without a transposed copy
+or a second set-up. The sums run in another order than SuperLU's: the
+answers agree to rounding, not bit for bit.
+
+The library is plain C99 without Python headers, built on the first use in a
+process that finds no built library (never at import) into ``native/`` of the
+package cache folder as ``factor-{key}.so``, checked against its manifest
+before it is loaded, by :mod:`scipy_gpuqr._native_build` (which says when,
+where and how); the calls release the GIL, so the column pieces of a block
+run side by side on the decision's threads.
+
+``$SCIPY_GPUQR_FACTOR_NATIVE`` (:data:`ENV`) picks the path: ``auto``
+(default: compiled when it is at hand; while it is being built, on a worker
+thread started by the first decision of a process that finds none, SuperLU
+answers), ``c`` (wait for the build; :class:`NativeUnavailable` when it cannot
+be had), ``numpy`` (SuperLU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import scipy.sparse as sp
+
+from .. import _native_build
+from .._errors import NativeUnavailable
+
+__all__ = ["ENV", "ABI", "MODES", "NativeUnavailable", "mode", "library", "handle", "status",
+           "SparseUpperSolves"]
+
+#: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
+ENV = "SCIPY_GPUQR_FACTOR_NATIVE"
+MODES = _native_build.MODES
+#: Interface version of ``_native.c`` (``sgf_abi()``).
+ABI = 1
+#: The rows' axpy loops vectorized (``-O2`` alone leaves loops of unknown
+#: length scalar); no contraction into fused multiply-adds, so every machine
+#: rounds alike.
+EXTRA_FLAGS = ("-ftree-vectorize", "-fvect-cost-model=dynamic", "-ffp-contract=off")
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    """Type the library's functions."""
+    i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
+    lib.sgf_upper_solve.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i32]
+    lib.sgf_upper_solve.restype = None
+
+
+#: The library: ``_native.c`` beside this module, built as ``factor-{key}.so``.
+_SPEC = _native_build.NativeLibrary.beside(__file__, "factor-", ABI, "sgf_abi", ENV, _declare,
+                                           EXTRA_FLAGS)
+#: This process' library (:class:`~scipy_gpuqr._native_build.NativePart`).
+_NATIVE = _native_build.NativePart(_SPEC, "compiled sparse triangular solves")
+mode, library, handle, status = _NATIVE.mode, _NATIVE.library, _NATIVE.handle, _NATIVE.status
+
+
+class SparseUpperSolves:
+    """``C ↦ R⁻¹C`` and ``C ↦ R⁻ᵀC`` for a sparse upper triangular R, compiled.
+
+    Parameters
+    ----------
+    lib : ctypes.CDLL
+        The library (:func:`handle`).
+    R : scipy.sparse array or matrix, shape (q, q)
+        Upper triangular with a nonzero diagonal (the caller checks); entries
+        below the diagonal are not read. Its CSC arrays are kept (int64
+        indices), not R itself.
+    """
+
+    def __init__(self, lib, R):
+        R = sp.csc_array(R)
+        self._lib = lib
+        self.q = int(R.shape[0])
+        self._indptr = np.ascontiguousarray(R.indptr, dtype=np.int64)
+        self._indices = np.ascontiguousarray(R.indices, dtype=np.int64)
+        self._data = np.ascontiguousarray(R.data, dtype=np.float64)
+        self._diag = np.ascontiguousarray(R.diagonal(), dtype=np.float64)
+
+    def _solve(self, C: np.ndarray, trans: bool) -> np.ndarray:
+        C = np.asarray(C, dtype=np.float64)
+        vector = C.ndim == 1
+        X = np.array(C.reshape(-1, 1) if vector else C, dtype=np.float64, order="C", copy=True)
+        if X.shape[0] != self.q:
+            raise ValueError(f"{X.shape[0]} rows for an order-{self.q} triangle")
+        if self.q and X.shape[1]:
+            self._lib.sgf_upper_solve(self.q, self._indptr.ctypes.data,
+                                      self._indices.ctypes.data, self._data.ctypes.data,
+                                      self._diag.ctypes.data, X.ctypes.data, X.shape[1],
+                                      X.shape[1], 1 if trans else 0)
+        return X.ravel() if vector else X
+
+    def solve(self, C: np.ndarray) -> np.ndarray:
+        """``R⁻¹C``; C of shape (q,) or (q, k), a new array (row-major)."""
+        return self._solve(C, False)
+
+    def solve_t(self, C: np.ndarray) -> np.ndarray:
+        """``R⁻ᵀC``; C of shape (q,) or (q, k), a new array (row-major)."""
+        return self._solve(C, True)

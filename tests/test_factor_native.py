@@ -1,0 +1,94 @@
+"""The host rank decision's compiled sparse triangular solves (``_factor/_native.c``):
+R⁻¹C and R⁻ᵀC against SciPy's, and the decision's rank and answer with and without
+them (CPU; built on first use, skipped where no C compiler is found)."""
+
+import numpy as np
+import pytest
+import scipy.linalg as la
+import scipy.sparse as sp
+
+from scipy_gpuqr._factor import native
+from scipy_gpuqr._factor import sparse_subspace as S
+
+from _native_helpers import env_with_cache
+from test_sparse_subspace import EPS, _gapless_sparse_r
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    loader = native._native_build.Loader(native._SPEC)
+    out = loader.get(True, env_with_cache(tmp_path_factory.mktemp("cache")))
+    if out is None:
+        pytest.skip(f"no compiled library: {loader.status()}")
+    return out
+
+
+def _upper(q, density, seed, below=False):
+    rng = np.random.default_rng(seed)
+    R = sp.random_array((q, q), density=density, rng=rng, format="csc")
+    R = sp.triu(R, k=1) + sp.diags_array(rng.uniform(0.5, 2.0, q) * rng.choice([-1, 1], q))
+    if below:                       # entries below the diagonal: not read
+        R = R + sp.tril(sp.random_array((q, q), density=density, rng=rng), k=-1)
+    return sp.csc_array(R)
+
+
+@pytest.mark.parametrize("k", [1, 3, 17, 64])
+@pytest.mark.parametrize("below", [False, True])
+def test_solves_match_dense_triangular_solves(lib, k, below):
+    R = _upper(300, 0.02, k, below)
+    U = np.triu(R.toarray())
+    C = np.random.default_rng(1).standard_normal((300, k))
+    f = native.SparseUpperSolves(lib, R)
+    np.testing.assert_allclose(f.solve(C), la.solve_triangular(U, C), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(f.solve_t(C), la.solve_triangular(U, C, trans=1), rtol=1e-10,
+                               atol=1e-12)
+
+
+def test_vectors_fortran_blocks_and_unsorted_indices(lib):
+    R = _upper(120, 0.05, 3)
+    C = np.asfortranarray(np.random.default_rng(2).standard_normal((120, 5)))
+    f = native.SparseUpperSolves(lib, R)
+    ref = f.solve(C)
+    R2 = R.copy()
+    R2.has_sorted_indices = False
+    for j in range(R2.shape[1]):            # each column's entries reversed
+        a, b = R2.indptr[j], R2.indptr[j + 1]
+        R2.indices[a:b] = R2.indices[a:b][::-1].copy()
+        R2.data[a:b] = R2.data[a:b][::-1].copy()
+    np.testing.assert_allclose(native.SparseUpperSolves(lib, R2).solve(C), ref, rtol=1e-13)
+    np.testing.assert_allclose(f.solve(C[:, 2]), ref[:, 2], rtol=1e-13)
+    assert f.solve(np.zeros((120, 0))).shape == (120, 0)
+    with pytest.raises(ValueError):
+        f.solve(np.ones(7))
+
+
+def test_non_finite_values_propagate(lib):
+    R = _upper(50, 0.1, 4)
+    C = np.ones((50, 2))
+    C[10, 0] = np.nan
+    X = native.SparseUpperSolves(lib, R).solve_t(C)
+    assert np.isnan(X[10:, 0]).any() and np.all(np.isfinite(X[:, 1]))
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_decision_same_rank_and_answer_with_compiled_and_superlu_solves(lib, monkeypatch,
+                                                                        transposed):
+    """A sparse R without a gap at the cutoff (test_sparse_subspace's): the same rank,
+    Ritz values and minimum-norm answer to rounding with the compiled sweeps as with
+    SuperLU's."""
+    R = _gapless_sparse_r(np.random.default_rng(11))
+    q = R.shape[0]
+    d = np.abs(R.diagonal())
+    c = np.random.default_rng(12).standard_normal(q)
+    got = {}
+    for path in ("superlu", "compiled"):
+        monkeypatch.setattr(S, "native_handle", lambda p=path: lib if p == "compiled" else None)
+        cod = S.decide(R, EPS * q, d, transposed=transposed, block=32, max_block=q // 3)
+        assert cod is not None
+        got[path] = cod
+    a, b = got["superlu"], got["compiled"]
+    assert a.rank == b.rank < q
+    window = a.ritz <= 2.0 * EPS * q * a.sigma_max      # converged; the rest need not be
+    np.testing.assert_allclose(b.ritz[window], a.ritz[window], rtol=1e-9)
+    y0, y1 = a.solve(c), b.solve(c)
+    assert np.linalg.norm(y1 - y0) <= 1e-6 * np.linalg.norm(y0)
