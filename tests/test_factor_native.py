@@ -92,3 +92,38 @@ def test_decision_same_rank_and_answer_with_compiled_and_superlu_solves(lib, mon
     np.testing.assert_allclose(b.ritz[window], a.ritz[window], rtol=1e-9)
     y0, y1 = a.solve(c), b.solve(c)
     assert np.linalg.norm(y1 - y0) <= 1e-6 * np.linalg.norm(y0)
+
+
+def _sparse_dead_pivots(q, dead, seed):
+    """A sparse upper triangular R whose last ``dead`` columns are combinations of
+    the others plus 1e-17 on the diagonal: a clean gap under lstsq's cutoff."""
+    rng = np.random.default_rng(seed)
+    R1 = sp.triu(0.1 * sp.random_array((q - dead, q - dead), density=0.01, rng=rng), k=1)
+    R1 = sp.csc_array(R1 + sp.diags_array(rng.uniform(0.5, 2.0, q - dead)))
+    C = R1 @ sp.random_array((q - dead, dead), density=0.02, rng=rng, format="csc")
+    T = sp.diags_array(np.full(dead, 1e-17))
+    return sp.csc_array(sp.block_array([[R1, C], [None, T]]))
+
+
+def test_host_rules_same_rank_and_answer_with_compiled_and_superlu_solves(lib, monkeypatch):
+    """The host's probe and null-space COD (lstsq.MinNormSolver._solve_ops) take R's
+    compiled sweeps where the library is at hand, SuperLU's otherwise: the same
+    method and rank, answers within rounding; a full-rank R is confirmed alike (by
+    the 1-norm estimate, before any solve)."""
+    from scipy_gpuqr._dispatch.plan import backend_factorizer
+    from scipy_gpuqr._factor import lstsq as L
+    from scipy_gpuqr._factor.factored import _cod_factorizer
+    b = np.random.default_rng(5).standard_normal(800)
+    for dead, R in ((3, _sparse_dead_pivots(800, 3, 4)), (0, _upper(800, 0.004, 6))):
+        out = {}
+        for path in ("compiled", "superlu"):
+            monkeypatch.setattr(L, "native_handle", lambda p=path: lib if p == "compiled" else None)
+            solver = L.MinNormSolver(R, EPS * 800, factorize=_cod_factorizer(
+                backend_factorizer("cpu")[0]))
+            if dead:
+                assert bool(solver._rnative) == (path == "compiled")
+            out[path] = (solver.method, solver.rank, solver.solve(b).ravel())
+        (m1, r1, x1), (m2, r2, x2) = out["compiled"], out["superlu"]
+        assert (m1, r1) == (m2, r2)
+        assert np.linalg.norm(x1 - x2) <= 1e-10 * np.linalg.norm(x2)
+        assert r1 == 800 - dead

@@ -145,11 +145,13 @@ from .dense_cod import DenseCOD, dense_from_sparse, sigma_max_estimate
 from .dense_subspace import DenseSubspaceCOD
 from .dense_upper import DenseUpper, stored_densely
 from .host_norms import frobenius_norm
+from .native import SparseUpperSolves
+from .native import handle as native_handle
 from .solve_rank import NullspaceCOD, NullspaceRefused, abs_diagonal, frobenius, probe_norm
 from .subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
 from .sparse_subspace import decide as sparse_subspace_decide
-from .triangular import (DENSE_SIGMA_LIMIT, DENSE_SOLVE_LIMIT, UpperTriangular, norm2_lanczos,
-                         sigma_min_upper)
+from .triangular import (DENSE_SIGMA_LIMIT, DENSE_SOLVE_FILL, DENSE_SOLVE_LIMIT, SUPERLU_MAX_NNZ,
+                         UpperTriangular, norm2_lanczos, sigma_min_upper)
 
 __all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver", "KnownNorms",
            "NULLSPACE_HOST_MIN_ORDER", "nullspace_candidate",
@@ -550,6 +552,8 @@ class MinNormSolver:
     _fro: Optional[float] = field(init=False, default=None, repr=False)
     # R's host solves once set up (SuperLU's sweeps, or BLAS on a dense copy: _host_upper)
     _rtri: Optional[object] = field(init=False, default=None, repr=False)
+    # R's compiled sweeps for the host's probe and null-space COD (False: not at hand)
+    _rnative: object = field(init=False, default=None, repr=False)
     # σ_max of R by Lanczos to 1e-12 once a rule computed it, on the host or on R made
     # dense on the GPU (the next rules reuse it)
     _smax_lanczos: Optional[float] = field(init=False, default=None, repr=False)
@@ -815,6 +819,8 @@ class MinNormSolver:
         host's already set up for the probe (None: each estimate sets up its own)."""
         if self.solves is not None:
             return self.solves
+        if self._rtri is None and self._rnative:
+            return self._rnative.solve, self._rnative.solve_t
         return self._rtri.solves() if self._rtri is not None else None
 
     def _probe_settles(self, smax: float) -> Optional[bool]:
@@ -863,8 +869,31 @@ class MinNormSolver:
             if self.dense_device == "gpu" and _gpu.gpu_available():
                 xp = _gpu.import_cupy()
             return up, upt, xp
+        compiled = self._compiled_upper()
+        if compiled is not None:
+            return compiled.solve, compiled.solve_t, np
         up, upt = self._host_upper().solves()
         return up, upt, np
+
+    def _compiled_upper(self) -> Optional[SparseUpperSolves]:
+        """R's compiled sweeps (:class:`~scipy_gpuqr._factor.native.SparseUpperSolves`:
+        R read once per block, not column by column, and no SuperLU set-up) where
+        :meth:`_host_upper` would set up SuperLU's and the library is at hand; None
+        otherwise (SuperLU's, BLAS on R's dense copy or the small dense triangle
+        answer). Set up once per decision."""
+        if self._rnative is None:
+            self._rnative = False
+            R = self.R
+            q = R.shape[0]
+            sparse = (q > DENSE_SOLVE_LIMIT and R.nnz <= SUPERLU_MAX_NNZ
+                      and not (q <= DENSE_SIGMA_LIMIT and R.nnz >= DENSE_SOLVE_FILL * q * q)
+                      and not self._dense_upper_fits())
+            lib = native_handle() if sparse and R.dtype == np.float64 else None
+            if lib is not None:
+                r = R.diagonal()
+                if np.all(np.isfinite(r)) and np.all(r != 0):
+                    self._rnative = SparseUpperSolves(lib, R)
+        return self._rnative or None
 
     def _g_product(self) -> Callable:
         """``Y ↦ G Y`` on host arrays (G = R, or Rᵀ when transposed): the given
@@ -886,12 +915,18 @@ class MinNormSolver:
         sweeps (:class:`~scipy_gpuqr._factor.triangular.UpperTriangular`)."""
         if self._rtri is None:
             R = self.R
-            q = R.shape[0]
-            avail = available_host_memory()
-            fits = avail is None or 8 * q * q <= DENSE_UPPER_MEMORY_FRACTION * avail
-            dense = q > DENSE_LIMIT and stored_densely(R) and fits
-            self._rtri = DenseUpper(R) if dense else UpperTriangular(R)
+            self._rtri = DenseUpper(R) if self._dense_upper_fits() else UpperTriangular(R)
         return self._rtri
+
+    def _dense_upper_fits(self) -> bool:
+        """Whether R's host solves are BLAS's on a dense copy: R stored densely
+        beyond DENSE_LIMIT, and the copy fits in host memory."""
+        R = self.R
+        q = R.shape[0]
+        if not (q > DENSE_LIMIT and stored_densely(R)):
+            return False
+        avail = available_host_memory()
+        return avail is None or 8 * q * q <= DENSE_UPPER_MEMORY_FRACTION * avail
 
     def _sigma_max(self) -> float:
         """σ_max of R by Lanczos to 1e-12, computed once per decision (BLAS
@@ -1312,7 +1347,8 @@ class MinNormSolver:
         small = q <= DENSE_LIMIT and q < SPARSE_SUBSPACE_MIN_ORDER
         if self.dense_device != "cpu" or small or self.factorize is None:
             return False
-        tri = self._host_upper()
+        # the decision compiles its own sweeps where the probe's were compiled
+        tri = self._rtri if self._compiled_upper() is not None else self._host_upper()
         cod = sparse_subspace_decide(self.R, self.cutoff, d, transposed=self.transposed,
                                      upper=tri if isinstance(tri, UpperTriangular) else None,
                                      dense=tri.dense if isinstance(tri, DenseUpper) else None,
