@@ -1,8 +1,9 @@
 """Sparse triangular solves with many right-hand sides in compiled code (``_native.c``).
 
-The host's rank decision (:mod:`scipy_gpuqr._factor.sparse_subspace`) solves
-with a sparse upper triangular R and with Rᵀ on blocks of many columns at
-every step of its iteration. SuperLU's sweeps (:class:`~scipy_gpuqr._factor.
+The host's rank decisions (:mod:`scipy_gpuqr._factor.sparse_subspace` at
+every step of its iteration; the probe and the null-space COD of
+:class:`~scipy_gpuqr._factor.lstsq.MinNormSolver`) solve with a sparse upper
+triangular R and with Rᵀ on blocks of many columns. SuperLU's sweeps (:class:`~scipy_gpuqr._factor.
 triangular.UpperTriangular`) run column by column of the block; here the
 block is row-major, so each entry of R updates a contiguous row of the block
 and R is read once per block (:class:`SparseUpperSolves`). R⁻ᵀ is had from
