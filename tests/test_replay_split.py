@@ -247,7 +247,7 @@ def test_split_solves_on_gpus(k, monkeypatch):
     C = rng.standard_normal((A.shape[1], 33))
     with cp.cuda.Device(0):
         qr = multi_gpu_factorize(A, an, devices=tuple(range(k)))
-        assert gs._stage_devices(qr)                    # subtrees on the other GPUs
+        assert trs.stage_devices(qr, cp)[0]            # subtrees on the other GPUs
         got = {}
         for on in (True, False):
             monkeypatch.setattr(gs, "SPLIT_REPLAY", on)

@@ -70,7 +70,7 @@ from . import replay_store
 from . import solve_kernels as av
 from .reflector_upload import UploadedReflectors, reflector_layout, upload_reflectors
 from .rproduct import FrontProduct
-from .trsolve import FrontTriangular, TriangularPlan
+from .trsolve import FrontTriangular, TriangularPlan, stage_devices
 
 __all__ = ["ReplayPlan", "build_replay_plan", "reflector_records", "replay", "plan_of",
            "plan_arrays", "plan_of_arrays", "stage_sequence",
@@ -1133,18 +1133,6 @@ def _cupy_executor(qr):
     return ex
 
 
-def _stage_devices(qr) -> dict:
-    """stage → the GPU its pool lies on, for the stages whose pool lies on a GPU
-    other than the factorization's (a multi-device factorization's subtrees)."""
-    cp = qr._device.cp
-    home = _device_of(qr).id
-    out = {}
-    for sid, pool in (getattr(qr, "_stage_pools", {}) or {}).items():
-        if isinstance(pool, cp.ndarray) and pool.device.id != home:
-            out[int(sid)] = int(pool.device.id)
-    return out
-
-
 def replay_lanes(qr, ex) -> None:
     """Give the home executor ``ex`` its lanes (:data:`SPLIT_REPLAY`): the levels of
     the stages held by other GPUs run there (:mod:`.replay_split`), each lane
@@ -1158,12 +1146,11 @@ def replay_lanes(qr, ex) -> None:
     off the home device."""
     if not SPLIT_REPLAY:
         return
-    where = _stage_devices(qr)
+    cp = qr._device.cp
+    where, home = stage_devices(qr, cp)
     if not where:
         return
-    cp = qr._device.cp
     plan = ex.plan
-    home = _device_of(qr).id
     kept = getattr(qr.schedule, "extras", None)
     key = (_plan_key(qr), "replay_split", tuple(sorted(where.items())))
     hit = kept.get(key) if kept is not None else None

@@ -48,7 +48,7 @@ from . import solve_kernels as av
 from .peer_rows import PeerRows
 from .reflector_upload import packed_size_bound
 
-__all__ = ["FrontTriangular", "TriangularPlan", "SPLIT_SOLVE", "split_stages"]
+__all__ = ["FrontTriangular", "TriangularPlan", "SPLIT_SOLVE", "split_stages", "stage_devices"]
 
 #: ``R⁻¹`` of a multi-device factorization solves each stage whose pool lies on
 #: another GPU on that GPU (:func:`split_stages`), the columns its fronts read
@@ -152,7 +152,7 @@ class FrontTriangular:
         self._where, self._home, self._split = {}, None, None
         if self._cupy:
             self._stages = _staged_levels(self, fs, qr)
-            self._where, self._home = _stage_devices(qr, xp)
+            self._where, self._home = stage_devices(qr, xp)
         n1 = int(getattr(an, "n1cols", 0))
         self.n1 = n1
         self.R11 = self.R11T = self.R12 = self.R12T = None
@@ -779,7 +779,7 @@ def _home_stage(ft, stages, i: int, Y) -> None:
     _run_stage(ft, stages[i], Y, trans=False)
 
 
-def _stage_devices(qr, cp) -> tuple:
+def stage_devices(qr, cp) -> tuple:
     """``(stage → GPU, home GPU)``: the stages whose pool lies on a GPU other than
     the factorization's (a multi-device factorization's subtrees)."""
     dev = qr._device
