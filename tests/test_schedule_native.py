@@ -125,6 +125,46 @@ def test_element_rows_identical(loader):
             assert got.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("threads", [2, 3, 7, 500])
+def test_simulation_split_over_threads_is_one_call(loader, threads):
+    """Ranges of patterns simulated on several threads give one call's arrays (rows
+    end to end, every pattern's first and last row moved by the ranges before)."""
+    h = loader[0].get(True)
+    rng = np.random.default_rng(11)
+    pats = _random_patterns(rng, 120) + _front_patterns(grid3d_least_squares(9), 16)
+    pats += [(np.zeros(0, np.int32), 2, 0), (np.full(3, -1, np.int32), 2, 0)]
+    for bundle, pipelining, granule in ((3, True, 16), (2, False, 1)):
+        one = native.simulate(h, pats, bundle, pipelining, granule, threads=1)
+        got = native.simulate(h, pats, bundle, pipelining, granule, threads=threads)
+        assert len(got) == len(one)
+        for a, b in zip(one, got):
+            assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    # the per-thread floor: a small set stays one call; none at all is empty
+    assert native.simulate(h, [], 3, True, 16, threads=4)[4].shape == (0, 4)
+
+
+def test_simulation_split_rejects_as_one_call(loader):
+    """Patterns the library rejects in a later range give None as one call does (the
+    NumPy path then decides)."""
+    h = loader[0].get(True)
+    pats = _random_patterns(np.random.default_rng(3), 40)
+    bad = (np.zeros(2, np.int32), 2, 5)         # more bucket columns than row tiles
+    for threads in (1, 2, 5):
+        assert native.simulate(h, pats + [bad], 3, True, 16, threads=threads) is None
+        assert native.simulate(h, [bad] + pats, 3, True, 16, threads=threads) is None
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_element_rows_split_over_threads_identical(loader, threads):
+    h = loader[0].get(True)
+    pats = _random_patterns(np.random.default_rng(6), 80)
+    rc = bucket._simulate_numpy(pats, 3, True, 16)[0].block.cols
+    for tile in (16, 32):
+        one = native.element_rows(h, rc, tile, threads=1)
+        got = native.element_rows(h, rc, tile, threads=threads)
+        assert got.shape == one.shape and got.tobytes() == one.tobytes()
+
+
 @pytest.mark.parametrize("A, kw", [
     ("grid", dict()), ("grid", dict(dense_flops=1e6, max_tasks=300)),
     ("grid", dict(tile=16, pipelining=False)), ("grid", dict(bundle=4, granule=3)),

@@ -49,7 +49,8 @@ from .tasks import MAX_SLOTS
 
 __all__ = ["ENV", "ABI", "MODES", "MAX_BUILDS", "MANIFEST_SUFFIX", "NativeUnavailable", "mode",
            "library", "handle", "status", "simulate", "tile_buckets", "element_rows", "assembly",
-           "fill", "arith_runs", "RUNS_PER_THREAD", "scatter", "pack", "thread_count", "usable_cpus",
+           "fill", "arith_runs", "RUNS_PER_THREAD", "SIMULATE_WORK_PER_THREAD",
+           "ELEMENT_ROWS_PER_THREAD", "scatter", "pack", "thread_count", "usable_cpus",
            "run_ranges", "run_split"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
@@ -103,8 +104,21 @@ _NATIVE = _native_build.NativePart(_SPEC, "compiled schedule loops")
 mode, library, handle, status = _NATIVE.mode, _NATIVE.library, _NATIVE.handle, _NATIVE.status
 
 
-def simulate(handle, patterns, bundle: int, pipelining: bool, granule: int):
+#: Least simulation work per thread of :func:`simulate` (row tiles times bucket
+#: columns, summed over a range of patterns; below: one call on this thread).
+SIMULATE_WORK_PER_THREAD = 1 << 16
+
+
+def simulate(handle, patterns, bundle: int, pipelining: bool, granule: int,
+             threads: int = 0):
     """Run the compiled simulation on ``patterns`` (``(buckets, nct, nfct)``).
+
+    Each pattern is simulated alone, so ranges of patterns are simulated on
+    ``threads`` threads at once (0: up to the CPU count, at least
+    :data:`SIMULATE_WORK_PER_THREAD` work each; the calls release the GIL) and
+    their outputs put end to end: the same arrays as one call over all of them
+    (a new matrix's first plan makes them on the call's thread, before its
+    first launch).
 
     Returns
     -------
@@ -120,7 +134,47 @@ def simulate(handle, patterns, bundle: int, pipelining: bool, granule: int):
     AssertionError
         A bucket did not end with its upper triangular diagonal tile.
     """
-    lib = handle
+    P = len(patterns)
+    nrt = np.array([len(p[0]) for p in patterns], dtype=np.int64)
+    nfct = np.array([p[2] for p in patterns], dtype=np.int64)
+    work = np.cumsum(nrt * np.maximum(nfct, 1))
+    total = int(work[-1]) if P else 0
+    if threads <= 0:
+        threads = thread_count(total, SIMULATE_WORK_PER_THREAD)
+    threads = min(int(threads), P)
+    if threads <= 1:
+        return _simulate_range(handle, patterns, bundle, pipelining, granule)
+    # contiguous ranges of about equal work (a range holds one pattern at least)
+    cuts = np.searchsorted(work, np.linspace(0, total, threads + 1)[1:-1], side="left") + 1
+    bounds = np.unique(np.concatenate(([0], np.minimum(cuts, P), [P]))).tolist()
+    out = [None] * (len(bounds) - 1)
+    slot = {b: k for k, b in enumerate(bounds[:-1])}
+
+    def part(i0, i1):
+        k = slot[i0]
+        try:
+            out[k] = (_simulate_range(handle, patterns[i0:i1], bundle, pipelining, granule),
+                      None)
+        except BaseException as exc:        # noqa: BLE001 - raised in order below
+            out[k] = (None, exc)
+    run_ranges(part, bounds)
+    done = []
+    for got, exc in out:                # the first range that fails decides, as one call
+        if exc is not None:
+            raise exc
+        if got is None:
+            return None
+        done.append(got)
+    row0 = np.cumsum([0] + [g[0].shape[1] for g in done[:-1]])
+    info = np.concatenate([g[4] for g in done])
+    info[:, 2:] += np.repeat(row0, [len(g[4]) for g in done])[:, None]
+    return (np.concatenate([g[0] for g in done], axis=1),
+            np.concatenate([g[1] for g in done]),
+            np.concatenate([g[2] for g in done]), np.concatenate([g[3] for g in done]), info)
+
+
+def _simulate_range(lib, patterns, bundle: int, pipelining: bool, granule: int):
+    """:func:`simulate` of ``patterns`` in one call of the library."""
     P = len(patterns)
     b = (np.ascontiguousarray(np.concatenate([np.asarray(p[0]) for p in patterns]),
                               dtype=np.int32) if P else np.zeros(0, np.int32))
@@ -150,9 +204,19 @@ def simulate(handle, patterns, bundle: int, pipelining: bool, granule: int):
     return cols, rows, rp, lp, info
 
 
-def element_rows(lib, rc: dict, tile: int) -> np.ndarray:
+#: Fewest rows per thread of :func:`element_rows` (below: one call on this thread).
+ELEMENT_ROWS_PER_THREAD = 1 << 14
+
+
+def element_rows(lib, rc: dict, tile: int, threads: int = 0) -> np.ndarray:
     """:func:`.bucket.element_rows_of` compiled: rows given column by column as
-    element-unit records, ``(n, 12)`` int64 words."""
+    element-unit records, ``(n, 12)`` int64 words.
+
+    Each row is written alone, so ranges of rows are written on ``threads``
+    threads at once (0: up to the CPU count, at least
+    :data:`ELEMENT_ROWS_PER_THREAD` rows each; the calls release the GIL, and
+    the first touch of the fresh output is shared too).
+    """
     n = len(rc["type"])
     cols = [np.ascontiguousarray(rc[k], dtype=np.int32) for k in COLS[:11]]
     slots = np.ascontiguousarray(rc["rows"], dtype=np.int32)
@@ -160,7 +224,17 @@ def element_rows(lib, rc: dict, tile: int) -> np.ndarray:
         raise ValueError(f"rows has shape {slots.shape}")
     ptrs = np.array([c.ctypes.data for c in cols], dtype=np.int64)
     out = np.empty((n, 12), dtype=np.int64)
-    lib.sgq_element_rows(n, ptrs.ctypes.data, slots.ctypes.data, int(tile), out.ctypes.data)
+    if threads <= 0:
+        threads = thread_count(n, ELEMENT_ROWS_PER_THREAD)
+    if threads <= 1:
+        lib.sgq_element_rows(n, ptrs.ctypes.data, slots.ctypes.data, int(tile), out.ctypes.data)
+        return out
+
+    def part(i0, i1):
+        at = ptrs + 4 * i0              # int32 columns
+        lib.sgq_element_rows(i1 - i0, at.ctypes.data, slots[i0:].ctypes.data, int(tile),
+                             out[i0:].ctypes.data)
+    run_ranges(part, np.linspace(0, n, threads + 1).astype(np.int64))
     return out
 
 
