@@ -348,9 +348,11 @@ def usable_cpus() -> int:
 
 
 def thread_count(n: int, per_thread: int, most: int = 16) -> int:
-    """Threads for ``n`` items: up to the CPU count and ``most``, each with at
-    least ``per_thread`` items (1 at least)."""
-    return min(os.cpu_count() or 1, most, max(1, n // per_thread))
+    """Threads for ``n`` items: up to the cores this process may run on
+    (:func:`usable_cpus`: a process pinned to a few cores gets no more threads
+    than it can run) and ``most``, each with at least ``per_thread`` items (1 at
+    least)."""
+    return min(usable_cpus(), most, max(1, n // per_thread))
 
 
 def run_ranges(fn, bounds, *args) -> None:
