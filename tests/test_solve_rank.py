@@ -977,3 +977,18 @@ def test_least_squares_fetches_beside_only_resident_gpu_factors(monkeypatch):
         assert F._resident() is want
     F.num = types.SimpleNamespace(on_device=lambda: True)        # no stage pools known
     assert F._resident() is False
+
+
+@pytest.mark.parametrize("device, given, expected", [
+    ("cpu", False, "cpu"), ("gpu", True, "gpu"), ("gpu", False, "cpu")])
+def test_triangular_decision_names_where_r_solves_ran(rng, device, given, expected):
+    """A 'triangular' decision runs no COD: its ``device`` is where R's solves ran,
+    the factorization's device when it supplied them, else the host."""
+    T = _graded_triangle(rng, 200, 1)
+    calls = []
+    solves = _counted_solves(T, calls) if given else None
+    solver = _lstsq.MinNormSolver(sp.csc_array(T), _lstsq.lstsq_cutoff(200, 200),
+                                  device=device, solves=solves)
+    dec = solver.summary()
+    assert dec["method"] == "triangular" and dec["rank"] == 200
+    assert dec["device"] == expected

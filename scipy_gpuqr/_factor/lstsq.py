@@ -1442,9 +1442,17 @@ class MinNormSolver:
             return float(self.sigma_max / self.sigma_min)
         return float("inf")
 
+    def decided_on(self) -> str:
+        """Where the decision's work ran: the COD's or SVD's device, or for
+        ``'triangular'`` (no COD) where R's solves ran, the factorization's
+        device when it supplied them (``solves``), else the host."""
+        if self.method == "triangular":
+            return self.device if self.solves is not None else "cpu"
+        return self.cod_device
+
     def summary(self) -> dict:
         """JSON-ready description of the rank decision."""
-        return {"method": self.method, "rank": int(self.rank), "device": self.cod_device,
+        return {"method": self.method, "rank": int(self.rank), "device": self.decided_on(),
                 "rank_revealed": bool(self.revealed),
                 "cutoff": self.cutoff, "rcond_estimate": self.rcond,
                 "sigma_min": self.sigma_min, "sigma_max": self.sigma_max}
