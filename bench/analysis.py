@@ -13,7 +13,8 @@ so the same measure applies to any tree that keeps those names:
 * canonical: ``canonical_csc`` (the CSC copy, duplicates summed, sorted);
 * singletons: ``find_singletons``, ``leading_singletons``;
 * ordering: ``column_ordering`` (COLAMD by default);
-* etree: ``leftmost_columns``, ``column_etree``, ``postorder``, ``_relabel``;
+* etree: ``column_etree_by_columns``, ``postorder``, ``_relabel``, ``sorted_rows``
+  (the tree read off A's columns, postordered, and S's rows in the final order);
 * counts: ``column_counts`` (the column counts of R);
 * fronts: ``fundamental_supernodes``, ``relaxed_amalgamation``;
 * maps: ``build_fronts`` (column lists, staircases, assembly maps);
@@ -56,7 +57,7 @@ PHASES = {
     "canonical": ("canonical_csc",),
     "singletons": ("find_singletons", "leading_singletons"),
     "ordering": ("column_ordering",),
-    "etree": ("leftmost_columns", "column_etree", "postorder", "_relabel"),
+    "etree": ("column_etree_by_columns", "postorder", "_relabel", "sorted_rows"),
     "counts": ("column_counts",),
     "fronts": ("fundamental_supernodes", "relaxed_amalgamation"),
     "maps": ("build_fronts",),
