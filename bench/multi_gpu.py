@@ -612,7 +612,14 @@ def _mapping_text(info) -> str:
     if not mp:
         return "-"
     sp = mp.get("speeds")
-    return mp["by"] + ("" if sp is None else " " + "/".join(f"{x:.3f}" for x in sp))
+    out = mp["by"] + ("" if sp is None else " " + "/".join(f"{x:.3f}" for x in sp))
+    d = mp.get("decision") or {}
+    if d.get("why"):
+        out += f" ({d['why']})"
+    elif d.get("remapped") is False:    # new speeds weighed, the plan kept
+        out += (" (kept against " + "/".join(f"{x:.3f}" for x in d["candidate"])
+                + ", model %.3f/%.3f s)" % tuple(d["modelled_seconds"]))
+    return out
 
 
 def _r_copy_text(rc) -> str:
@@ -682,8 +689,9 @@ def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runn
                 warm.append(_mapping_text(qr.info))
                 qr.free()
                 runner.between()
-                if mapping.get("speeds") == mapping.get("remembered") or speeds is None:
-                    break
+                if (mapping.get("speeds") == mapping.get("remembered") or speeds is None
+                        or (mapping.get("decision") or {}).get("remapped") is False):
+                    break           # the next call maps as this one did
             run["warm_up_mappings"], run["warm_up_seconds"] = warm, warm_s
             times, infos = [], []
             for rep in range(reps):

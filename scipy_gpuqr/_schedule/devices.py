@@ -64,6 +64,7 @@ __all__ = ["DevicePlan", "map_devices", "map_fronts", "subtree_weights",
            "MULTI_DEVICE_MIN_SPEEDUP", "devices_for", "run_speedup", "defer_carried_packs",
            "remembered_speeds", "remember_speeds", "SPEEDS_CHANGE", "SPEEDS_MEMORY", "MAPPING_SLOWER",
            "mapping_seconds", "remember_mapping_seconds", "measured_mapping_lost",
+           "speeds_to_map_by", "modelled_seconds", "REMAP_GAIN", "REMAP_SECONDS",
            "front_seconds", "timed_makespan", "SUBTREE_RATE", "TIMED_MAPPING_GAIN",
            "TimeModel", "SPLIT_CALL_FACTOR", "timed_split_seconds", "run_seconds",
            "DEVICE_SECONDS", "device_counts", "stage_needs"]
@@ -1214,6 +1215,146 @@ def measured_mapping_lost(analysis, devices) -> bool:
     t = mapping_seconds(analysis, devices)
     return ("flops" in t and "measured speeds" in t
             and t["measured speeds"] > (1.0 + MAPPING_SLOWER) * t["flops"])
+
+
+#: A pattern's calls by measured speeds (:func:`speeds_to_map_by`) leave the plan
+#: they run for one mapped by new speeds only where the time model, given the new
+#: speeds, models the new plan at least this fraction shorter than the current one
+#: given the same speeds: the noise between calls of one plan moves the measured
+#: speeds by a few percent, and a different plan's first call pays its schedule,
+#: R's stage maps and pinned needs before the devices start.
+REMAP_GAIN = 0.05
+
+#: And at least these modelled seconds shorter (:func:`speeds_to_map_by`): a gain
+#: below what a new plan's first call pays on the host before its devices start is
+#: no gain for a pattern called a few times.
+REMAP_SECONDS = 0.02
+
+
+def modelled_seconds(analysis, plan: DevicePlan, speeds=None, *,
+                     split_model: SplitModel | None = None,
+                     time_model: TimeModel | None = None) -> float:
+    """A plan's modelled seconds on devices of the given relative speeds.
+
+    With a split model (several devices), the time model
+    (:func:`timed_makespan`: each front's :func:`front_seconds`, the plan's
+    split fronts at their split seconds holding every device); without one,
+    the plan's :func:`makespan` on the fronts' flops at :data:`SUBTREE_RATE`.
+    Two plans of one analysis compare by it under one set of speeds, whatever
+    speeds each was made with (:func:`speeds_to_map_by`).
+
+    Parameters
+    ----------
+    analysis : SymbolicAnalysis
+    plan : DevicePlan
+        Of ``analysis`` (:func:`map_devices`).
+    speeds : sequence of float, optional
+        One relative speed per device (None: equal).
+    split_model : SplitModel, optional
+        The model the plan was mapped with (:func:`map_devices`' ``split_model``).
+    time_model : TimeModel, optional
+        Likewise (default :class:`TimeModel`).
+
+    Returns
+    -------
+    float
+    """
+    fs = analysis.fronts
+    if split_model is None or plan.ndevices < 2:
+        flops = np.asarray(analysis.front_flops, dtype=np.float64)
+        return makespan(fs.parent, flops, plan.owner, speeds, plan.split) / SUBTREE_RATE
+    time_model = TimeModel() if time_model is None else time_model
+    free = _speed_free(analysis, plan.ndevices, plan.upper_device, split_model,
+                       int(getattr(analysis, "itemsize", 8)), time_model)
+    return timed_makespan(fs.parent, plan.owner, free.seconds,
+                          {f: free.split_seconds[f] for f in plan.split}, speeds)
+
+
+def _same_mapping(a: DevicePlan, b: DevicePlan) -> bool:
+    """Whether two plans of one analysis put every front on the same device, in the
+    same upper tree, with the same fronts split (then the same stages and schedule)."""
+    return (np.array_equal(a.owner, b.owner) and np.array_equal(a.upper, b.upper)
+            and sorted(a.split) == sorted(b.split))
+
+
+def speeds_to_map_by(analysis, devices, ndevices: int, *, device_memory: int | None = None,
+                     split_model: SplitModel | None = None,
+                     time_model: TimeModel | None = None) -> tuple:
+    """The speeds a call by measured speeds maps by, and why.
+
+    A pattern's first call on a device set maps on flops; the speeds the
+    calls measure are remembered (:func:`remember_speeds`). The plan a call
+    runs stays the one made with the speeds of the current plan (None: on
+    flops) until the remembered speeds are new and the time model, given the
+    new speeds (:func:`modelled_seconds`), models the plan mapped by them at
+    least :data:`REMAP_GAIN` and :data:`REMAP_SECONDS` shorter than the current
+    plan; a new plan whose mapping is the current one's (:func:`_same_mapping`)
+    is taken as it costs nothing. Why: a new plan's first call builds its
+    schedule and R's stage maps before the devices start, and the speeds move
+    by noise from call to call; a plan the model does not predict faster is
+    not worth that. Each new set of remembered speeds is weighed once (its
+    mappings are kept, :func:`map_devices`' ``cache``). Where the pattern's
+    last call by measured speeds ran longer than its last one on flops
+    (:func:`measured_mapping_lost`) the call maps on flops, which becomes the
+    current plan.
+
+    Parameters
+    ----------
+    analysis : SymbolicAnalysis
+    devices : hashable
+        The device set (:func:`remembered_speeds`).
+    ndevices : int
+    device_memory, split_model, time_model
+        As the call's :func:`map_devices`.
+
+    Returns
+    -------
+    speeds : tuple of float or None
+        What to map by (None: on flops).
+    decision : dict or None
+        Where new speeds were weighed: ``current`` (the speeds the current
+        plan was made with, None: flops), ``candidate`` (the new speeds),
+        ``modelled_seconds`` (both plans given the candidate speeds: current,
+        new), ``same_plan``, ``remapped`` (whether the call maps by the
+        candidate speeds), as weighed by this call or by the earlier call that
+        weighed the same remembered speeds and kept its plan;
+        ``{"remapped": False, "why": "measured mapping lost"}`` where the call
+        went back to flops; None where nothing was weighed (no speeds remembered,
+        or the current plan made with the remembered ones).
+    """
+    key = ("mapped speeds", devices)
+    kept = remembered_speeds(analysis, devices)
+    entry = _PLANS.get(analysis, key)           # (current, weighed and left, decision)
+    current = None if entry is None or len(entry[0] or ()) not in (0, ndevices) \
+        else entry[0]
+    if kept is None or len(kept) != ndevices:
+        return None, None
+    if measured_mapping_lost(analysis, devices):
+        _PLANS.put(analysis, key, (None, None, None))
+        return None, {"remapped": False, "why": "measured mapping lost"}
+    if current is not None and tuple(current) == tuple(kept):
+        return tuple(current), None
+    if entry is not None and entry[1] is not None and tuple(entry[1]) == tuple(kept):
+        return current, entry[2]
+    args = dict(device_memory=device_memory, split_model=split_model, time_model=time_model)
+    old = map_devices(analysis, ndevices, speeds=current, **args)
+    new = map_devices(analysis, ndevices, speeds=kept, **args)
+    same = _same_mapping(old, new)
+    t_old = modelled_seconds(analysis, old, kept, split_model=split_model,
+                             time_model=time_model)
+    t_new = modelled_seconds(analysis, new, kept, split_model=split_model,
+                             time_model=time_model)
+    remap = bool(same or (t_new <= (1.0 - REMAP_GAIN) * t_old
+                          and t_old - t_new >= REMAP_SECONDS))
+    decision = {"current": None if current is None else [float(x) for x in current],
+                "candidate": [float(x) for x in kept],
+                "modelled_seconds": [float(t_old), float(t_new)],
+                "same_plan": bool(same), "remapped": remap}
+    if remap:
+        _PLANS.put(analysis, key, (tuple(kept), None, decision))
+        return tuple(kept), decision
+    _PLANS.put(analysis, key, (current, tuple(kept), decision))
+    return current, decision
 
 
 def _spread_upper(plan: DevicePlan, additive: np.ndarray) -> np.ndarray:

@@ -78,9 +78,8 @@ from ..._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH, de
 from ..._schedule.dense_split import SplitModel, block_owners, split_rule
 from ..._schedule import native
 from ..._schedule.devices import (DevicePlan, defer_carried_packs, map_devices,
-                                  mapping_seconds, measured_mapping_lost,
-                                  remember_mapping_seconds, remember_speeds,
-                                  remembered_speeds)
+                                  mapping_seconds, remember_mapping_seconds,
+                                  remember_speeds, remembered_speeds, speeds_to_map_by)
 from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_BUNDLE, DEFAULT_TILE
 from ..dense_front import DenseFront, panels_of
@@ -517,13 +516,21 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         Relative speeds of the devices on their subtrees, by which the
         mapping shares the subtrees
         (:func:`~scipy_gpuqr._schedule.devices.map_devices`' ``speeds``).
-        ``'measured'`` (the default): those the earlier factorizations of the
-        pattern on the same devices measured
-        (:func:`~scipy_gpuqr._schedule.devices.remembered_speeds`), or the
-        proportional mapping on flops alone where none did yet (a first
-        call) or where the pattern's last call by measured speeds took longer
-        on its devices than its last call on flops
-        (:func:`~scipy_gpuqr._schedule.devices.measured_mapping_lost`); None:
+        ``'measured'`` (the default): a pattern's first call on a device set
+        maps on flops alone, and later calls keep the plan of the last one
+        until the speeds the earlier factorizations of the pattern on these
+        devices measured
+        (:func:`~scipy_gpuqr._schedule.devices.remembered_speeds`) are new and
+        the time model, given them, models the plan mapped by them clearly
+        shorter than the current plan
+        (:func:`~scipy_gpuqr._schedule.devices.speeds_to_map_by`: at least
+        :data:`~scipy_gpuqr._schedule.devices.REMAP_GAIN` and
+        :data:`~scipy_gpuqr._schedule.devices.REMAP_SECONDS`): a new plan's
+        first call builds its schedule and R's maps again, which speeds moved
+        by the noise between calls should not cost. On flops again where the
+        pattern's last call by measured speeds took longer on its devices than
+        its last call on flops
+        (:func:`~scipy_gpuqr._schedule.devices.measured_mapping_lost`). None:
         on flops alone; a sequence: these speeds. Every call
         that runs on several devices measures them (:func:`measured_speeds`)
         and has them remembered for the next
@@ -565,9 +572,13 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         the process' own);
         ``info["devices"]["mapping"]``: what the subtrees were shared by
         (``by``: ``'flops'``, ``'measured speeds'`` of earlier calls,
-        ``'given speeds'`` or ``'given plan'``; ``speeds``, those used;
-        ``measured``, this call's; ``remembered``, what the next call of the
-        pattern on these devices maps by);
+        ``'given speeds'`` or ``'given plan'``; ``speeds``, those the plan was
+        made with; ``measured``, this call's; ``remembered``, the measured
+        speeds kept, which the next call of the pattern on these devices
+        weighs; ``decision``, by measured speeds where new remembered speeds
+        were weighed, whether the plan was kept and why: the speeds weighed,
+        both plans' modelled seconds given them,
+        :func:`~scipy_gpuqr._schedule.devices.speeds_to_map_by`);
         ``info["transfers"]``: every contribution block moved between
         devices ``(child, source, target, bytes)``; ``info["split_fronts"]``:
         per dense front factorized over the devices its front, shape, blocks
@@ -611,9 +622,12 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
     model = split_model if split_model is not None else SplitModel()
     ruled = split_dense is None and len(_gpus(layers)) > 1
     key = speeds_key(layers, dtype)
-    speeds, by = _speeds_for(device_speeds, analysis, key, len(layers))
+    decision = None
     if given_plan is not None:
         speeds, by = None, "given plan"
+    else:
+        speeds, by, decision = _speeds_for(device_speeds, analysis, key, len(layers),
+                                           budget, model if ruled else None)
     plan = given_plan or map_devices(analysis, len(layers), device_memory=budget,
                                      split_model=model if ruled else None,
                                      speeds=speeds)
@@ -655,6 +669,7 @@ def multi_gpu_factorize(A, analysis=None, *, devices=(0, 1), layers=None, tol=No
         "measured": measured,
         "remembered": (list(remember_speeds(analysis, key, measured)) if measured
                        else _as_list(remembered_speeds(analysis, key))),
+        "decision": decision,
         "seconds": mapping_seconds(analysis, key)}
     return out
 
@@ -675,19 +690,22 @@ def _as_list(speeds):
     return None if speeds is None else list(speeds)
 
 
-def _speeds_for(device_speeds, analysis, key, ndev) -> tuple:
-    """The speeds a call maps by, and what they are (``info["devices"]["mapping"]["by"]``)."""
+def _speeds_for(device_speeds, analysis, key, ndev, budget=None, split_model=None) -> tuple:
+    """The speeds a call maps by, what they are (``info["devices"]["mapping"]["by"]``)
+    and, by measured speeds, the decision to keep or leave the current plan
+    (:func:`~scipy_gpuqr._schedule.devices.speeds_to_map_by`)."""
     if device_speeds is None:
-        return None, "flops"
+        return None, "flops", None
     if isinstance(device_speeds, str):
         if device_speeds != "measured":
             raise ValueError(f"device_speeds: 'measured', None or {ndev} speeds, "
                              f"got {device_speeds!r}")
-        kept = remembered_speeds(analysis, key)
-        if kept is None or measured_mapping_lost(analysis, key):
-            return None, "flops"
-        return kept, "measured speeds"
-    return tuple(float(x) for x in device_speeds), "given speeds"
+        speeds, decision = speeds_to_map_by(analysis, key, ndev, device_memory=budget,
+                                            split_model=split_model)
+        if decision is not None:            # the kept one stays as it was, whatever info meets
+            decision = {k: list(v) if isinstance(v, list) else v for k, v in decision.items()}
+        return speeds, ("flops" if speeds is None else "measured speeds"), decision
+    return tuple(float(x) for x in device_speeds), "given speeds", None
 
 
 def _run(Ac, analysis, plan, layers, *, tile, bundle, pipelining, max_tasks, dense_flops,
