@@ -6,7 +6,9 @@ of the schedule caches (:mod:`scipy_gpuqr._schedule.cache`: tile schedules
 and whole plans) and of the analyses
 (:mod:`scipy_gpuqr._symbolic.analysis_cache`), the compiled libraries
 (:mod:`scipy_gpuqr._native_build`: the schedule's bucket simulation and the
-symbolic analysis' tree loops), the sparse calibration (:mod:`scipy_gpuqr._dispatch.calibrate`) and the tiled QR's
+symbolic analysis' tree loops), SuiteSparse's C declarations as parsed by
+cffi (:mod:`scipy_gpuqr._cpu._ffi_cache`), the sparse calibration
+(:mod:`scipy_gpuqr._dispatch.calibrate`) and the tiled QR's
 (:func:`scipy_gpuqr.tiled._calibrate.cache_dir`).
 """
 

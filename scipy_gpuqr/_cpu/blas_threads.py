@@ -58,9 +58,10 @@ import os
 import threading
 from typing import Optional
 
-import cffi
+import _cffi_backend
 
 from .._mapped_files import MAPS, mapped_paths
+from ._ffi_cache import SYMBOL_MISSING
 
 __all__ = ["SINGLE_THREAD_FLOPS", "CDEF", "threads_for", "limited", "process_limited",
            "held_counts", "blas_limited", "one_blas_thread", "openblas_pools",
@@ -102,7 +103,7 @@ def _controls(lib):
     """``(get, set)`` of OpenBLAS through ``lib``'s handle, or None for another BLAS."""
     try:
         return lib.openblas_get_num_threads, lib.openblas_set_num_threads
-    except (AttributeError, NotImplementedError):
+    except (*SYMBOL_MISSING, NotImplementedError):
         return None
 
 
@@ -239,8 +240,10 @@ def _cffi_address(fn) -> int:
 
 @functools.lru_cache(maxsize=1)
 def _cffi():
-    """An FFI to read cffi function pointers with (made once: it takes a while)."""
-    return cffi.FFI()
+    """An FFI to read cffi function pointers with (made once). cffi's C backend's
+    own: an empty one, whose primitive type strings its C parser reads (a
+    ``cffi.FFI`` would import pycparser, tens of milliseconds in a new process)."""
+    return _cffi_backend.FFI()
 
 
 def _address(fn):

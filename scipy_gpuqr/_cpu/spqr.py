@@ -24,13 +24,13 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import cffi
 import numpy as np
 import scipy.sparse as sp
 
 from .._numeric import NumericQR
 from . import _cholmod, blas_threads
 from ._cholmod import Common, dense_to_numpy, dense_view, sparse_to_scipy, sparse_view
+from ._ffi_cache import declared_ffi, symbol
 from ._libs import INSTALL_HINT, LibraryNotFound, find_library, major_version, open_library
 
 __all__ = ["spqr_available", "spqr_factorize", "spqr_solve_default", "SpqrQR", "ORDERINGS"]
@@ -82,16 +82,19 @@ class _Libs(NamedTuple):
     qmult: object  # the C++ qmult function, or None
 
 
+def _declarations() -> str:
+    """The C declarations of everything :func:`_libs` calls (one declaration set)."""
+    return "\n".join((_cholmod.CDEF, _SPQR_CDEF, blas_threads.CDEF,
+                      *(_QMULT_SIGNATURE.format(name) for name in _QMULT_SYMBOLS)))
+
+
 @functools.lru_cache(maxsize=1)
 def _libs() -> _Libs:
     # The handles are immutable once opened; caching them is not mutable state.
-    ffi = cffi.FFI()
-    ffi.cdef(_cholmod.CDEF)
-    ffi.cdef(_SPQR_CDEF)
-    ffi.cdef(blas_threads.CDEF)
-    for name in _QMULT_SYMBOLS:
-        ffi.cdef(_QMULT_SIGNATURE.format(name))
+    # The declarations come parsed from the cache folder where they can
+    # (:mod:`._ffi_cache`): a new process does not parse C.
     spqr_path = find_library("spqr")
+    ffi = declared_ffi("spqr", _declarations())
     spqr = open_library(ffi, "spqr")
     # CHOLMOD's functions are looked up through libspqr's handle, so they come from
     # the libcholmod that libspqr itself was linked against (dlsym searches a
@@ -99,11 +102,9 @@ def _libs() -> _Libs:
     cholmod = spqr
     qmult = None
     for name in _QMULT_SYMBOLS:
-        try:
-            qmult = getattr(spqr, name)
+        qmult = symbol(spqr, name)
+        if qmult is not None:
             break
-        except AttributeError:
-            continue
     return _Libs(ffi, cholmod, spqr, spqr_path, qmult)
 
 

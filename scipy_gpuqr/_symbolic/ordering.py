@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import functools
 
-import cffi
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import reverse_cuthill_mckee
 
+from .._cpu._ffi_cache import declared_ffi
 from .._cpu._libs import open_library
 from .._cpu.colamd import colamd, colamd_available
 
@@ -46,8 +46,7 @@ int64_t amd_l_order(int64_t n, const int64_t Ap[], const int64_t Ai[], int64_t P
 
 @functools.lru_cache(maxsize=1)
 def _amd_lib():
-    ffi = cffi.FFI()
-    ffi.cdef(_AMD_CDEF)
+    ffi = declared_ffi("amd", _AMD_CDEF)
     return ffi, open_library(ffi, "amd")
 
 
