@@ -44,8 +44,11 @@ print(0.0, (t2 - t1) * 1e3, int('pycparser' in sys.modules), digest)
 
 
 def one(tree, code, cache, *args):
-    env = dict(os.environ, PYTHONPATH=tree, SCIPY_GPUQR_CACHE_DIR=cache,
-               OPENBLAS_NUM_THREADS="1")
+    # the tree first; the rest of the caller's path after it (where the dependencies
+    # are installed, e.g. cffi in a folder of PYTHONPATH)
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree] + rest),
+               SCIPY_GPUQR_CACHE_DIR=cache, OPENBLAS_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-c", code, *args], env=env, check=True,
                          capture_output=True, text=True,
                          cwd=tempfile.gettempdir()).stdout.split()   # not a tree's cwd
