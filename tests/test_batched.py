@@ -278,7 +278,7 @@ def _cg_iterations(A, b, M=None):
 @pytest.mark.parametrize("name,bs", [("494_bus.mtx", 8), ("494_bus.mtx", 12)])
 def test_block_jacobi_reduces_cg_iterations(matrices_dir, name, bs):
     import scipy.io
-    A = sps.csr_matrix(scipy.io.mmread(matrices_dir / name)).astype(np.float64)
+    A = sps.csr_array(scipy.io.mmread(matrices_dir / name, spmatrix=False)).astype(np.float64)
     assert abs(A - A.T).max() == 0
     b = np.ones(A.shape[0])
     plain, _ = _cg_iterations(A, b)

@@ -536,7 +536,7 @@ def test_gpu_block_jacobi_cg(matrices_dir):
     import scipy.io
     import scipy.sparse as sps
     from cupyx.scipy.sparse.linalg import cg
-    A = sps.csr_matrix(scipy.io.mmread(matrices_dir / "494_bus.mtx")).astype(np.float64)
+    A = sps.csr_array(scipy.io.mmread(matrices_dir / "494_bus.mtx", spmatrix=False)).astype(np.float64)
     Ag = xsp.csr_matrix(A)
     b = cp.ones(A.shape[0])
     counts = []
@@ -567,7 +567,7 @@ def test_gpu_block_jacobi_gather_kernel(rng, bs):
     from scipy_gpuqr.batched import _jacobi
     n = 203
     A = sps.random(n, n, density=0.08, random_state=3, format="coo")
-    A = sps.coo_matrix((np.r_[A.data, [1.5, 2.5]], (np.r_[A.row, [5, 5]], np.r_[A.col, [6, 6]])),
+    A = sps.coo_array((np.r_[A.data, [1.5, 2.5]], (np.r_[A.row, [5, 5]], np.r_[A.col, [6, 6]])),
                        shape=(n, n))                      # a duplicate, summed
     for dtype in (np.float64, np.float32):
         ref_full, ref_last = _jacobi._blocks(A.row.astype(np.int64), A.col.astype(np.int64),
@@ -635,18 +635,18 @@ def test_gpu_block_jacobi_short_path(rng, monkeypatch, bs):
         d = np.eye(n)
         d[row, row] = 0
         with pytest.raises(LinAlgError, match=match):
-            g.block_jacobi(xsp.csr_matrix(sps.csr_matrix(d)), bs)
+            g.block_jacobi(xsp.csr_matrix(sps.csr_array(d)), bs)
         with pytest.raises(LinAlgError, match=match):
-            g.block_jacobi(sps.csr_matrix(d), bs)
+            g.block_jacobi(sps.csr_array(d), bs)
     d = np.eye(n)
     d[2, 2] = np.inf
     with pytest.raises(ValueError, match="infs or NaNs"):
-        g.block_jacobi(xsp.csr_matrix(sps.csr_matrix(d)), bs)
+        g.block_jacobi(xsp.csr_matrix(sps.csr_array(d)), bs)
     outcomes = []
     for backend in (None, "gpu"):
         del reads[:]
         try:
-            g.block_jacobi(xsp.csr_matrix(sps.csr_matrix(d)), bs, check_finite=False,
+            g.block_jacobi(xsp.csr_matrix(sps.csr_array(d)), bs, check_finite=False,
                            backend=backend)
             outcomes.append(None)
         except LinAlgError as exc:       # the inf's block may read as singular
@@ -684,8 +684,8 @@ def _jacobi_csr(rng, n, bs, dtype, index):
     order = np.argsort(rows, kind="stable")       # by row, random order inside
     it = np.int32 if index == "int32" else np.int64
     indptr = np.r_[0, np.cumsum(np.bincount(rows, minlength=n))].astype(it)
-    h = sps.csr_matrix((vals[order].astype(dtype), cols[order].astype(it), indptr),
-                       shape=(n, n))
+    h = sps.csr_array((vals[order].astype(dtype), cols[order].astype(it), indptr),
+                      shape=(n, n))
     A = xsp.csr_matrix(h)
     if A.indices.dtype != it:                     # cupyx may narrow the indices
         A.indices, A.indptr = A.indices.astype(it), A.indptr.astype(it)
@@ -763,16 +763,16 @@ def test_gpu_block_jacobi_fused_singular_and_nonfinite(rng, bs):
     n = 9 * bs + 1 if bs > 1 else 9
     for row, match in ((bs + (bs > 1), r"block index = batch index.*\[1\]"),
                        (n - 1, "ragged last diagonal block")):
-        d = sps.lil_matrix(np.eye(n) * 2.0)
+        d = sps.lil_array(np.eye(n) * 2.0)
         d[row, row] = 0.0
         for dtype in (np.float64, np.float32):
-            A = xsp.csr_matrix(sps.csr_matrix(d).astype(dtype))
+            A = xsp.csr_matrix(sps.csr_array(d).astype(dtype))
             with pytest.raises(LinAlgError, match=match):
                 g.block_jacobi(A, bs)
     for bad in (np.inf, np.nan):
         d = np.eye(n) * 2.0
         d[1, 0] = bad
-        A = xsp.csr_matrix(sps.csr_matrix(d))
+        A = xsp.csr_matrix(sps.csr_array(d))
         with pytest.raises(ValueError, match="infs or NaNs"):
             g.block_jacobi(A, bs)
         outcomes = []
