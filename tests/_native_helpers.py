@@ -1,5 +1,6 @@
 """Helpers of the tests of the package's compiled libraries (the compiled
-schedule loops and analysis tree loops, :mod:`scipy_gpuqr._native_build`).
+schedule loops and analysis tree loops, :mod:`scipy_gpuqr._native_build`), and the
+check that the analysis gives the same on either path.
 
 Their libraries are built into temporary cache folders (never the user's);
 their tests are skipped only where no C compiler exists.
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from scipy_gpuqr import _native_build
+from scipy_gpuqr._symbolic import analyze
 
 #: Mark for a module whose tests need a C compiler (skipped where none exists;
 #: a compiler that fails is a failure).
@@ -57,3 +60,22 @@ class Preloaded:
 
     def status(self):
         return "loaded"
+
+
+def assert_analysis_same_either_path(monkeypatch, native, lib, A) -> None:
+    """The analysis of ``A`` on the NumPy path and on the compiled path (the
+    symbolic library ``lib`` of the ``native`` module, :mod:`scipy_gpuqr._symbolic.native`)
+    gives the same permutations, trees, counts, R pattern, fronts and totals."""
+    monkeypatch.setenv(native.ENV, "numpy")
+    ref = analyze(A, cache=False)
+    use_loader(monkeypatch, native, Preloaded(lib))
+    monkeypatch.setenv(native.ENV, "c")
+    got = analyze(A, cache=False)
+    for k in ("colperm", "rowperm", "leftmost", "etree", "col_counts", "r1_ptr", "r1_cols",
+              "r1_nz", "front_flops"):
+        np.testing.assert_array_equal(getattr(got, k), getattr(ref, k), err_msg=k)
+    assert vars(got.fronts).keys() == vars(ref.fronts).keys()
+    for k, v in vars(ref.fronts).items():
+        np.testing.assert_array_equal(getattr(got.fronts, k), v, err_msg=f"fronts.{k}")
+    assert (got.flops, got.nnz_R, got.nnz_H, got.nfronts) == \
+        (ref.flops, ref.nnz_R, ref.nnz_H, ref.nfronts)

@@ -16,8 +16,8 @@ from scipy_gpuqr._symbolic import analyze, etree, native
 from scipy_gpuqr._symbolic.ordering import column_ordering
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
-from _native_helpers import Preloaded, built_loader, env_with_cache as _env, needs_compiler, \
-    use_loader
+from _native_helpers import Preloaded, assert_analysis_same_either_path, built_loader, \
+    env_with_cache as _env, needs_compiler, use_loader
 
 pytestmark = needs_compiler
 
@@ -111,29 +111,10 @@ def test_postorder_of_random_forests(lib):
                                       etree.postorder_numpy(parent))
 
 
-def _fields(an):
-    fs = an.fronts
-    out = {k: getattr(an, k) for k in ("colperm", "rowperm", "leftmost", "etree", "col_counts",
-                                       "r1_ptr", "r1_cols", "r1_nz", "front_flops")}
-    out.update({f"fronts.{k}": v for k, v in vars(fs).items() if isinstance(v, np.ndarray)})
-    return out
-
-
 @pytest.mark.parametrize("name", ["grid12", "ch5-6-b2", "rand0-300x120", "rand2-80x200",
                                   "dense-row", "empty-rows-cols"])
-def test_analysis_same_with_either_path(lib, monkeypatch, tmp_path, name):
-    A = MATRICES[name]
-    monkeypatch.setenv(native.ENV, "numpy")
-    ref = analyze(A, cache=False)
-    use_loader(monkeypatch, native, Preloaded(lib))
-    monkeypatch.setenv(native.ENV, "c")
-    got = analyze(A, cache=False)
-    a, b = _fields(ref), _fields(got)
-    assert a.keys() == b.keys()
-    for k in a:
-        np.testing.assert_array_equal(b[k], a[k], err_msg=k)
-    assert (got.flops, got.nnz_R, got.nnz_H, got.nfronts) == \
-        (ref.flops, ref.nnz_R, ref.nnz_H, ref.nfronts)
+def test_analysis_same_with_either_path(lib, monkeypatch, name):
+    assert_analysis_same_either_path(monkeypatch, native, lib, MATRICES[name])
 
 
 def test_numpy_mode_and_no_compiler_take_the_numpy_path(tmp_path):

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from scipy_gpuqr._symbolic import analyze, etree, native, rows
+from scipy_gpuqr._symbolic import etree, native, rows
 from scipy_gpuqr._symbolic.analysis import canonical_csc
 from scipy_gpuqr._symbolic._arrays import stable_argsort
 from scipy_gpuqr._symbolic.ordering import column_ordering
 from scipy_gpuqr._symbolic.singletons import find_singletons
 from scipy_gpuqr._testing_matrices import chessboard_boundary, grid3d_least_squares
 
-from _native_helpers import Preloaded, built_loader, needs_compiler, use_loader
+from _native_helpers import assert_analysis_same_either_path, built_loader, needs_compiler
 
 pytestmark = needs_compiler
 
@@ -120,13 +120,4 @@ def test_sorted_rows_refuses_a_wrong_row_count(lib):
 @pytest.mark.parametrize("name", ["grid8", "ch5-6-b2", "rand0+I", "rand4-2000x700",
                                   "dense-row", "diag"])
 def test_analysis_same_with_either_path(lib, monkeypatch, name):
-    A = MATRICES[name]
-    monkeypatch.setenv(native.ENV, "numpy")
-    ref = analyze(A, cache=False)
-    use_loader(monkeypatch, native, Preloaded(lib))
-    monkeypatch.setenv(native.ENV, "c")
-    got = analyze(A, cache=False)
-    for k in ("colperm", "rowperm", "leftmost", "etree", "col_counts", "r1_nz"):
-        np.testing.assert_array_equal(getattr(got, k), getattr(ref, k), err_msg=k)
-    for k, v in vars(ref.fronts).items():
-        np.testing.assert_array_equal(getattr(got.fronts, k), v, err_msg=k)
+    assert_analysis_same_either_path(monkeypatch, native, lib, MATRICES[name])
