@@ -366,9 +366,9 @@ class FrontTriangular:
         if not SPLIT_SOLVE or not self._where:
             return None
         if self._split is None:
-            eligible = {sid: d for sid, d in self._where.items()}
-            stages = [(sid, members) for sid, members, kern, rows in self._stages]
+            stages, eligible = [], dict(self._where)
             for sid, members, kern, rows in self._stages:
+                stages.append((sid, members))
                 if kern is None or rows is not None:
                     eligible.pop(sid, None)
             made = self.plan.stage_split(stages, eligible, self._home, self.n)
