@@ -188,8 +188,7 @@ class _Hashes:
         if rec is None:
             text, files, absent = _flatten(name, directory)
             digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-            _record_hash(directory, name, files, absent, digest)
-            stamp = _stamp(directory, files)
+            stamp = _record_hash(directory, name, files, absent, digest)
         else:                   # the files were stat'ed to check the record
             files, absent, digest, stamp = rec
         recent = time.time_ns() - _RACY_SECONDS * 10**9
@@ -247,14 +246,18 @@ def _recorded_hash(directory: Path, name: str):
     return tuple(files), tuple(absent), digest, tuple((m, size) for _, m, size in ids)
 
 
-def _record_hash(directory: Path, name: str, files, absent, digest: str) -> None:
+def _record_hash(directory: Path, name: str, files, absent, digest: str) -> tuple | None:
     """Record ``name``'s hash with its files' ids in the store (nothing where one
-    was modified in the last seconds, or there is no store)."""
+    was modified in the last seconds, or there is no store); return the files'
+    (modification time, size) as :func:`_stamp` gives it, from the stat that
+    took their ids where there was one (None: a file is gone)."""
     where = _record_name(directory, name)
     ids = _store.file_ids(directory, files) if where is not None else None
-    if ids is not None:
-        _store.record(where, {"files": list(files), "absent": list(absent), "ids": ids,
-                              "stamp": digest})
+    if ids is None:
+        return _stamp(directory, files)
+    _store.record(where, {"files": list(files), "absent": list(absent), "ids": ids,
+                          "stamp": digest})
+    return tuple((m, size) for _, m, size in ids)
 
 
 _HASHES = _Hashes()

@@ -176,6 +176,29 @@ def test_a_recorded_kernel_hash_stats_each_file_once(kernels_tree, monkeypatch):
     assert sorted(p for p in stats if p.startswith(str(tree))) == ours
 
 
+def test_a_new_kernel_hash_stats_each_file_once(kernels_tree, monkeypatch):
+    # with no record, the stat that takes the files' ids for the record also gives
+    # the stamp the process keeps the hash with (beyond the flattening's own stats)
+    _kernels, tree, reads, new_process = kernels_tree
+    stats = []
+    real = os.stat
+
+    def counted(path, *args, **kwargs):
+        stats.append(str(path))
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(os, "stat", counted)
+    files = _kernels._flatten(ENGINE_FILE, tree)[1]
+    flattening = [p for p in stats if p.startswith(str(tree))]
+    stats.clear()
+    reads.clear()
+    h1 = _kernels.source_hash(ENGINE_FILE)
+    monkeypatch.setattr(os, "stat", real)
+    assert reads == [ENGINE_FILE]
+    ours = sorted(p for p in stats if p.startswith(str(tree)))
+    assert ours == sorted(flattening + [str(tree / f) for f in files]), ours
+    assert _kernels.source_hash(ENGINE_FILE) == h1 and reads == [ENGINE_FILE]    # kept
+
+
 @pytest.mark.parametrize("which", ["first", "last", "file"])
 def test_an_edited_kernel_header_changes_the_recorded_hash(kernels_tree, which):
     _kernels, tree, reads, new_process = kernels_tree
