@@ -125,6 +125,25 @@ def test_cache_keeps_models_apart_and_stores_inf(tmp_path):
     assert load_threshold(DEVICE["name"], directory=tmp_path) == pytest.approx(c.threshold)
 
 
+def test_a_calibration_read_stats_its_file_once(tmp_path, monkeypatch):
+    # a file version not read yet is parsed under the stamp of the one stat
+    c = calibrate_sparse(_ladder()[:3], timer=_power_law_timer(0.5), device=DEVICE,
+                         directory=tmp_path)
+    path = str(calibration_file(tmp_path))
+    os.utime(path, ns=(2, 2))
+    stats = []
+    real = os.stat
+
+    def counted(p, *args, **kwargs):
+        stats.append(str(p))
+        return real(p, *args, **kwargs)
+    monkeypatch.setattr(os, "stat", counted)
+    assert load_calibration(DEVICE["name"], directory=tmp_path) == c
+    assert stats.count(path) == 1
+    assert load_calibration(DEVICE["name"], directory=tmp_path) == c      # parsed once
+    assert stats.count(path) == 2
+
+
 def test_corrupt_cache_reads_as_uncalibrated(tmp_path):
     calibration_file(tmp_path).write_text("{not json")
     assert load_calibration(DEVICE["name"], directory=tmp_path) is None

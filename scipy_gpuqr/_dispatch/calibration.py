@@ -195,9 +195,18 @@ def _parsed(path: str, mtime_ns: int, size: int) -> str:
 
 
 def _read_table(path: Path) -> dict:
+    """The GPU table of the file ``path``, or {} (none, unreadable or malformed)."""
     try:
         st = path.stat()
-        return json.loads(_parsed(str(path), st.st_mtime_ns, st.st_size))
+    except OSError:
+        return {}
+    return _table_of(str(path), st.st_mtime_ns, st.st_size)
+
+
+def _table_of(path: str, mtime_ns: int, size: int) -> dict:
+    """The GPU table of the file of this stamp (the caller stat'ed it), or {}."""
+    try:
+        return json.loads(_parsed(path, mtime_ns, size))
     except (OSError, ValueError):
         return {}
 
@@ -230,7 +239,7 @@ def load_calibration(gpu_name: Optional[str], *,
 def _calibration_of(path: str, mtime_ns: int, size: int, gpu_name: str) -> Optional[Calibration]:
     """The (frozen) calibration of ``gpu_name`` in the file of this stamp, parsed once
     per process and file version (``auto`` and the cost model ask on every call)."""
-    entry = _read_table(Path(path)).get(gpu_name)
+    entry = _table_of(path, mtime_ns, size).get(gpu_name)
     if not isinstance(entry, dict):
         return None
     try:
