@@ -387,6 +387,44 @@ def _clearly_above(est, order: int, threshold: float) -> bool:
     return bool(est.value > margin * threshold)
 
 
+def sigma_min_ceiling(T, seed: int = 0) -> Optional[float]:
+    """An upper bound of σ_min of sparse upper triangular T, proved up to rounding,
+    from one power step: ``y = T⁻ᵀx``, ``z = T⁻¹y`` (x random) on the compiled
+    sweeps (:class:`~scipy_gpuqr._factor.native.SparseUpperSolves`).
+
+    ``‖z‖ <= ‖T⁻¹‖·‖y‖``, so ``σ_min(T) <= ‖y‖/‖z‖`` for exact solves; the computed
+    ``z`` is the exact solve with a triangle ``T + Δ``, ``|Δ| <= γ_k|T|`` (k the
+    most entries in a row of T: a substitution's backward error), and
+    ``σ_min(T) <= σ_min(T + Δ) + ‖Δ‖₂`` adds ``γ_k·‖T‖_F``. Where T has a few
+    singular values far below the others (the case it is asked about) one step
+    lands within a small factor of σ_min.
+
+    Returns None where it does not apply: the library not at hand, T over
+    :data:`~scipy_gpuqr._factor.triangular.SUPERLU_MAX_NNZ` entries, a zero or
+    non-finite diagonal entry or solve.
+    """
+    T = sp.csc_array(T)
+    r = T.shape[0]
+    if r == 0 or T.nnz > SUPERLU_MAX_NNZ or T.dtype != np.float64:
+        return None
+    diag = T.diagonal()
+    if not (np.all(np.isfinite(diag)) and np.all(diag != 0)):
+        return None
+    lib = native_handle()
+    if lib is None:
+        return None
+    solves = SparseUpperSolves(lib, T)
+    x = np.random.default_rng(seed).standard_normal(r)
+    y = solves.solve_t(x)
+    z = solves.solve(y)
+    ny, nz = float(np.linalg.norm(y)), float(np.linalg.norm(z))
+    if not (np.isfinite(ny) and np.isfinite(nz) and nz > 0):
+        return None
+    k = int(np.bincount(T.indices, minlength=r).max())
+    gamma = k * EPS / (1.0 - k * EPS)
+    return ny / nz + gamma * float(np.linalg.norm(T.data))
+
+
 Factorize = Callable[..., object]  # factorize(A, *, tol) -> NumericQR
 
 
@@ -1088,7 +1126,10 @@ class MinNormSolver:
         (:meth:`_sigma_min_on_device`). False
         (nothing kept) when either test fails, or where the QR kept every column and
         R's own σ test failed, or a failed probe of R's inverse shows that it cannot
-        pass (R11 then has R's singular values).
+        pass (R11 then has R's singular values), or where one power step on R11's
+        compiled sweeps proves ``σ_min(R11) <= tol`` (:func:`sigma_min_ceiling`,
+        before E is formed: R's singular values spread across the cutoff, e.g.
+        bayer10, where the QR's greedy rank keeps columns lstsq drops).
         """
         G = sp.csc_array(self.R.T) if self.transposed else self.R
         kG, qG = G.shape
@@ -1106,13 +1147,19 @@ class MinNormSolver:
             # σ test already failed, or could not pass after a failed probe
             return False
         Rf = sp.csc_array(first.R)
+        R11, R1 = Rf[:r, :r], Rf[:r]
+        # σ_min(R11) <= tol proved (one power step) where it is far below: the
+        # check below cannot pass (its estimate would have to exceed σ_min(R11)
+        # several-fold), and E and σ_min(R11)'s estimate are not paid for
+        ceiling = sigma_min_ceiling(R11)
+        if ceiling is not None and ceiling <= tol:
+            return False
         if dead:
             cols = np.asarray(first.colperm)[r:]
             E = np.asarray(first.qt_matmul(G[:, cols].toarray()))[r:]
             e_norm = float(np.linalg.norm(E, 2)) if E.size else 0.0
             if not e_norm <= tol:
                 return False
-        R11, R1 = Rf[:r, :r], Rf[:r]
         tri = UpperTriangular(R11) if r > DENSE_SIGMA_LIMIT else None
         est = self._sigma_min_on_device(R11, tol) if tri is None else None
         if est is None:
