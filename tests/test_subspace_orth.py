@@ -53,3 +53,64 @@ def test_triangular_factor_hands_its_gram_to_orth_r(monkeypatch):
     assert len(calls) == 1
     np.testing.assert_allclose(np.abs(T), np.abs(la.qr(Y, mode="r")[0][:30]), rtol=1e-8,
                                atol=1e-8 * np.abs(T).max())
+
+
+@pytest.mark.parametrize("cond", [2.0, 50.0, 1e5])
+def test_orth_deferred_leaves_the_factor_to_the_caller(cond):
+    """A well-conditioned block comes back as it is with ``M`` (``Y M`` orthonormal, M
+    upper triangular: orth_r's one pass without its q × p product); an ill-conditioned
+    one as orth_r's Q."""
+    Y = _block(np.random.default_rng(int(cond)), 3000, 40, cond)
+    X, M = C._orth_deferred(Y, SERIAL)
+    assert (M is not None) if cond == 2.0 else True
+    assert (M is None) if cond == 1e5 else True
+    if M is not None:           # the 1-norm condition estimate at most GRAM_COND
+        assert X is Y and np.allclose(np.tril(M, -1), 0.0)
+        Q = X @ M
+        np.testing.assert_allclose(Q, C.orth_r(Y)[0], rtol=0, atol=1e-13)
+    else:
+        assert M is None
+        Q = X
+    assert np.abs(Q.T @ Q - np.eye(40)).max() < 1e-13
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_small_subspace_same_with_the_factor_deferred(monkeypatch, lanes):
+    """The iteration with the one-pass factors folded into the next rotation against
+    the same iteration with every block orthonormalized explicitly: the same steps,
+    count under the cutoff, Ritz values to 1e-10 and subspaces (vectors, images)."""
+    from test_sparse_subspace import _gapless_sparse_r
+    from scipy_gpuqr._factor.sparse_subspace import chunked
+    from scipy_gpuqr._factor.triangular import UpperTriangular
+    import scipy.sparse as sp
+    R = _gapless_sparse_r(np.random.default_rng(5), tiny=24)
+    q = R.shape[0]
+    tol = np.finfo(np.float64).eps * q * C.sigma_max_lanczos(R)
+    up, low = UpperTriangular(R), UpperTriangular(sp.csc_array(R.T))
+    got, deferred = {}, []
+    real = C._orth_deferred
+
+    def spy(Y, ln):
+        out = real(Y, ln)
+        deferred.append(out[1] is not None)
+        return out
+    monkeypatch.setattr(C, "_orth_deferred", spy)
+    for way in ("deferred", "explicit"):
+        if way == "explicit":
+            monkeypatch.setattr(C, "_orth_deferred", lambda Y, ln: (C.orth_r(Y, ln)[0], None))
+        with host_lanes(True, lanes) as ln:
+            got[way] = C.small_subspace(chunked(up.solve, lanes=ln), chunked(low.solve, lanes=ln),
+                                        q, tol, block=16, max_block=q // 3, seed=3, lanes=ln)
+    a, b = got["deferred"], got["explicit"]
+    assert sum(deferred) >= 2 and a.locked           # deferred steps, locking among them
+    assert (a.steps, a.block, a.locked) == (b.steps, b.block, b.locked)
+    d = int(np.count_nonzero(b.ritz <= tol))
+    assert 0 < d == int(np.count_nonzero(a.ritz <= tol))
+    window = b.ritz <= 1.25 * tol
+    np.testing.assert_allclose(a.ritz[window], b.ritz[window], rtol=1e-10)
+    assert np.abs(a.vectors.T @ a.vectors - np.eye(a.vectors.shape[1])).max() < 1e-12
+    # the same subspace of the vectors under the cutoff, and the same images
+    Va, Vb = a.vectors[:, :d], b.vectors[:, :d]
+    assert np.linalg.norm(Va - Vb @ (Vb.T @ Va), 2) < 1e-8
+    Ia, Ib = a.images, b.images
+    np.testing.assert_allclose(np.linalg.norm(Ia, axis=0), np.linalg.norm(Ib, axis=0), rtol=1e-8)

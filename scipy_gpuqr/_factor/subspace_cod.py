@@ -401,15 +401,35 @@ def _deflate(L: np.ndarray, Y: np.ndarray, lanes: Lanes) -> np.ndarray:
     return Y
 
 
-def _finish(L, Lz, lritz, X, Z, Wt, active, tol, step, p, lanes) -> "SmallSubspace":
+def _orth_deferred(Y: np.ndarray, lanes: Lanes) -> tuple:
+    """``(Y, M)`` with ``Y M`` orthonormal where one Cholesky QR pass answers
+    (:func:`orth_r`'s well-conditioned case: ``M = (U D)⁻¹``, condition at most
+    :data:`GRAM_COND`), so that the caller folds M into the p × p matrix it
+    multiplies the block by next instead of a q × p product now; ``(orth_r(Y),
+    None)`` otherwise."""
+    Y = np.asarray(Y, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        f = _scaled_cholesky(Y, lanes)
+        if f is not None and _cond_upper(f[0]) <= GRAM_COND:
+            U, s = f
+            Ui, info = la.lapack.dtrtri(U, lower=0)
+            if info == 0:
+                M = np.triu(Ui) / s[:, None]
+                if np.all(np.isfinite(M)):
+                    return Y, M
+    return orth_r(Y, lanes, first=f)[0], None
+
+
+def _finish(L, Lz, lritz, X, Z, B, active, tol, step, p, lanes) -> "SmallSubspace":
     """The converged block: locked and active Ritz pairs in ascending order, with
-    ``R⁻ᵀ`` of the vectors at most ``tol``."""
-    V = _hcat(L, lanes.gemm(X, Wt.T))
+    ``R⁻ᵀ`` of the vectors at most ``tol``; ``X B`` are the active Ritz vectors,
+    ``Z B`` their images."""
+    V = _hcat(L, lanes.gemm(X, B))
     ritz = np.concatenate([lritz, active])
     order = np.argsort(ritz, kind="stable")
     d = int(np.count_nonzero(ritz <= tol))
     da = int(np.count_nonzero(active <= tol))
-    images = _hcat(Lz, lanes.gemm(Z, Wt[:da].T)) if da else Lz
+    images = _hcat(Lz, lanes.gemm(Z, np.asfortranarray(B[:, :da]))) if da else Lz
     if not np.array_equal(order, np.arange(order.size)):
         V = np.asfortranarray(V[:, order])
         images = np.asfortranarray(images[:, order[:d]])
@@ -436,7 +456,9 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
     :data:`LOCK_RTOL`) leave the block with their vectors and their images
     ``R⁻ᵀ v`` (see :func:`_lockable`): the later steps solve and multiply only
     the rest, deflated against them after each ``R⁻¹`` (:func:`_deflate`);
-    their Ritz values count as settled.
+    their Ritz values count as settled. A block that one Cholesky QR pass
+    orthonormalizes is kept as ``Y M`` (:func:`_orth_deferred`): M goes into the
+    next step's p × p rotation, which spares a q × p product per step.
 
     Parameters
     ----------
@@ -461,7 +483,10 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
     """
     rng = np.random.default_rng(seed)
     p = min(q, max(1, block))
-    X = orth_r(rng.standard_normal((q, p)), lanes)[0]
+    # the block is X M (M None: X itself), M from a well-conditioned Cholesky QR
+    # pass (_orth_deferred), applied with the next p × p rotation; R⁻ᵀ(X M) = (R⁻ᵀX) M
+    # and the triangular factor of Z M is Z's times M
+    X, M = _orth_deferred(rng.standard_normal((q, p)), lanes)
     # locked Ritz pairs: vectors L ⟂ X, their images R⁻ᵀL, their Ritz values
     L, Lz, lritz = np.empty((q, 0), order="F"), np.empty((q, 0), order="F"), np.empty(0)
     prev = None
@@ -471,7 +496,12 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
         Z = np.asarray(inv_t(X))                     # R⁻ᵀ X = U Σ⁻¹ Vᵀ X
         if not np.all(np.isfinite(Z)):
             raise SubspaceTooLarge("non-finite triangular solve")
-        _, th, Wt = la.svd(triangular_factor(Z, lanes), full_matrices=False, check_finite=False)
+        T = triangular_factor(Z, lanes)
+        if M is not None:
+            T = T @ M
+        _, th, Wt = la.svd(T, full_matrices=False, check_finite=False)
+        # the block's rotations: (X M) Wᵀ = X B
+        B = Wt.T if M is None else M @ Wt.T
         active = 1.0 / th                            # ascending
         ritz = np.concatenate([lritz, active])       # locked first, then the active block
         low = min(ritz[0], active[0])
@@ -500,18 +530,18 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
             rate <= RATE_MAX and change * rate / (1.0 - rate) <= rtol / RATE_MARGIN))
         prev_change = change
         if settled and straddles:
-            return _finish(L, Lz, lritz, X, Z, Wt, active, tol, step, p, lanes)
+            return _finish(L, Lz, lritz, X, Z, B, active, tol, step, p, lanes)
         if not straddles and step >= 2:
             p_new = min(q, 2 * p)
             if p_new > max_block:
                 raise SubspaceTooLarge(
                     f"block of {p} columns: largest Ritz value "
                     f"{ritz[-1] / tol:.3g} × cutoff")
-            X = lanes.gemm(X, Wt.T)
-            B = _hcat(L, X)
+            X = lanes.gemm(X, B)
+            LX = _hcat(L, X)
             extra = rng.standard_normal((q, p_new - p))
-            extra -= lanes.gemm(B, lanes.gemm(B, extra, trans_a=True))
-            X = orth_r(_hcat(X, extra), lanes)[0]
+            extra -= lanes.gemm(LX, lanes.gemm(LX, extra, trans_a=True))
+            X, M = orth_r(_hcat(X, extra), lanes)[0], None
             p, prev, prev_d, prev_change = p_new, None, -1, np.inf
             continue
         prev, prev_d = ritz, d
@@ -519,16 +549,17 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
         if moved is not None and straddles:
             k = _lockable(active, moved[lritz.size:], tol, X.shape[1])
         if k:
-            Wk = np.asfortranarray(Wt[:k].T)
-            L = _hcat(L, lanes.gemm(X, Wk))
-            Lz = _hcat(Lz, lanes.gemm(Z, Wk))
+            Bk = np.asfortranarray(B[:, :k])
+            L = _hcat(L, lanes.gemm(X, Bk))
+            Lz = _hcat(Lz, lanes.gemm(Z, Bk))
             lritz = np.concatenate([lritz, active[:k]])
-        Y = np.asarray(inv(lanes.gemm(Z, Wt[k:].T)))    # R⁻¹ R⁻ᵀ X W = R⁻¹ P Θ
+        # R⁻¹ R⁻ᵀ X W = R⁻¹ P Θ
+        Y = np.asarray(inv(lanes.gemm(Z, np.asfortranarray(B[:, k:]))))
         if not np.all(np.isfinite(Y)):
             raise SubspaceTooLarge("non-finite triangular solve")
         if L.shape[1]:
             Y = _deflate(L, Y, lanes)
-        X = orth_r(Y, lanes)[0]
+        X, M = _orth_deferred(Y, lanes)
     raise SubspaceTooLarge(f"no convergence in {MAX_STEPS} steps (block {p})")
 
 
