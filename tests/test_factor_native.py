@@ -94,6 +94,35 @@ def test_decision_same_rank_and_answer_with_compiled_and_superlu_solves(lib, mon
     assert np.linalg.norm(y1 - y0) <= 1e-6 * np.linalg.norm(y0)
 
 
+def test_decision_beyond_superlus_limit_on_the_compiled_sweeps(lib, monkeypatch):
+    """R over SUPERLU_MAX_NNZ entries: the compiled sweeps decide it, as they do
+    under the limit (same rank, Ritz values and answer, bit for bit); without the
+    library the decision refuses (SciPy's slow sweeps would answer), as before;
+    and where the compiled copy of R's arrays would not fit the memory share,
+    it refuses too."""
+    R = _gapless_sparse_r(np.random.default_rng(11))
+    q = R.shape[0]
+    d = np.abs(R.diagonal())
+    c = np.random.default_rng(12).standard_normal(q)
+    monkeypatch.setattr(S, "native_handle", lambda: lib)
+    under = S.decide(R, EPS * q, d, block=32, max_block=q // 3)
+    monkeypatch.setattr(S, "SUPERLU_MAX_NNZ", R.nnz - 1)
+    over = S.decide(R, EPS * q, d, block=32, max_block=q // 3)
+    assert under is not None and over is not None
+    assert over.rank == under.rank < q
+    assert np.array_equal(over.ritz, under.ritz)
+    assert np.array_equal(over.solve(c), under.solve(c))
+    monkeypatch.setattr(S, "BLOCK_COPIES", 1e-9)          # the blocks fit in any case
+    monkeypatch.setattr(S, "available_host_memory", lambda: 100 * R.nnz)
+    assert S.decide(R, EPS * q, d, block=32, max_block=q // 3) is not None
+    monkeypatch.setattr(S, "available_host_memory", lambda: 16 * R.nnz)
+    assert S.decide(R, EPS * q, d, block=32, max_block=q // 3) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(S, "SUPERLU_MAX_NNZ", R.nnz - 1)
+    monkeypatch.setattr(S, "native_handle", lambda: None)
+    assert S.decide(R, EPS * q, d, block=32, max_block=q // 3) is None
+
+
 def _sparse_dead_pivots(q, dead, seed):
     """A sparse upper triangular R whose last ``dead`` columns are combinations of
     the others plus 1e-17 on the diagonal: a clean gap under lstsq's cutoff."""

@@ -15,7 +15,7 @@ The pieces, and the row pieces of the q × p products, run on one thread per
 core (:mod:`scipy_gpuqr._factor.host_lanes`) with BLAS held to one thread.
 Cost: per step of the iteration two solves with p columns (``4·p·nnz(R)``
 flops) and a few q × p Gram products, products and triangular solves
-(``≈ 5·q·p²``); per right-hand side two solves and eight projections on
+(``≈ 4·q·p²``); per right-hand side two solves and eight projections on
 q × d blocks. The dense alternative (:mod:`scipy_gpuqr._factor.subspace_cod`)
 forms R (q² doubles) and re-triangularizes it in ``O(q²·d)``.
 
@@ -312,9 +312,11 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
     Returns
     -------
     SparseSubspaceCOD or None
-        None where it does not apply: R beyond SuperLU's limit while sparse,
-        a first block over ``min(max_block, q/3)``, or the iteration or the
-        check refused.
+        None where it does not apply: R beyond SuperLU's limit while sparse
+        and the compiled sweeps not at hand (with them, any R whose copy of
+        its arrays fits in :data:`HOST_MEMORY_FRACTION` of the available host
+        memory), a first block over ``min(max_block, q/3)``, or the iteration
+        or the check refused.
     """
     q = R.shape[0]
     max_block = min(max_block, q // 3)
@@ -335,15 +337,18 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
         inv_t = lambda C: trsm_upper(Rd, C, trans=True)      # noqa: E731
         G, chunk = Rd, DENSE_SOLVE_CHUNK
     else:
-        if R.nnz > SUPERLU_MAX_NNZ:        # SciPy's slow sweeps would answer
-            return None
         lib = native_handle()
         if lib is not None:
+            # the compiled sweeps' copy of R's arrays (int64 indices, values)
+            if avail is not None and 16 * R.nnz > HOST_MEMORY_FRACTION * avail:
+                return None
             r = R.diagonal()
             if not (np.all(np.isfinite(r)) and np.all(r != 0)):
                 return None
             compiled = SparseUpperSolves(lib, R)
             inv, inv_t, chunk = compiled.solve, compiled.solve_t, None
+        elif R.nnz > SUPERLU_MAX_NNZ:      # SciPy's slow sweeps would answer
+            return None
         else:
             upper = upper if upper is not None else UpperTriangular(R)
             lower = UpperTriangular(sp.csc_array(R.T))          # works for any triangle
