@@ -114,3 +114,27 @@ def test_small_subspace_same_with_the_factor_deferred(monkeypatch, lanes):
     assert np.linalg.norm(Va - Vb @ (Vb.T @ Va), 2) < 1e-8
     Ia, Ib = a.images, b.images
     np.testing.assert_allclose(np.linalg.norm(Ia, axis=0), np.linalg.norm(Ib, axis=0), rtol=1e-8)
+
+
+@pytest.mark.parametrize("cond", [2.0, 1e5, 1e12])
+def test_orth_r_without_q_gives_the_same_factor(cond):
+    """``want_q=False``: the same T, bit for bit (one pass, two passes, Householder up
+    to the signs LAPACK gives either way), without the last q × p product."""
+    Y = _block(np.random.default_rng(7), 2000, 30, cond)
+    Q, T = C.orth_r(Y)
+    none, T2 = C.orth_r(Y, want_q=False)
+    assert none is None
+    if cond < 1e10:
+        assert np.array_equal(T, T2)
+    else:                                   # Householder: T's rows up to sign
+        np.testing.assert_allclose(np.abs(T2), np.abs(T), rtol=1e-12, atol=1e-12 * np.abs(T).max())
+
+
+def test_orth_r_inverse_first_spans_y():
+    """An ill-conditioned block's first pass by the factor's inverse (GEMM): Q
+    orthonormal, and its span Y's to ``eps·cond``."""
+    Y = _block(np.random.default_rng(8), 3000, 40, 1e5)
+    Q, _ = C.orth_r(Y, inverse_first=True)
+    assert np.abs(Q.T @ Q - np.eye(40)).max() < 1e-13
+    Qs, _ = C.orth_r(Y)
+    assert np.linalg.norm(Q - Qs @ (Qs.T @ Q), 2) < 1e-9

@@ -275,7 +275,7 @@ def triangular_factor(Y: np.ndarray, lanes: Lanes = SERIAL) -> np.ndarray:
         f = _scaled_cholesky(Y, lanes)
     if f is not None and _cond_upper(f[0]) <= GRAM_COND:
         return f[0] * f[1]
-    return orth_r(Y, lanes, first=f)[1]
+    return orth_r(Y, lanes, first=f, want_q=False)[1]
 
 
 def _times_inverse(U: np.ndarray, Y: np.ndarray, lanes: Lanes,
@@ -295,7 +295,8 @@ def _times_inverse(U: np.ndarray, Y: np.ndarray, lanes: Lanes,
     return lanes.gemm(Y, Ui)
 
 
-def orth_r(Y: np.ndarray, lanes: Lanes = SERIAL, first: tuple = None) -> tuple:
+def orth_r(Y: np.ndarray, lanes: Lanes = SERIAL, first: tuple = None, *,
+           want_q: bool = True, inverse_first: bool = False) -> tuple:
     """Thin QR ``Y = Q T`` of a tall block (Q orthonormal, T upper triangular).
 
     Columns are scaled to unit norm first (the blocks of the subspace
@@ -313,7 +314,13 @@ def orth_r(Y: np.ndarray, lanes: Lanes = SERIAL, first: tuple = None) -> tuple:
     A well-conditioned pass applies its factor's inverse by GEMM
     (:func:`_times_inverse`), an ill-conditioned first pass solves with it.
     ``first`` is :func:`_scaled_cholesky`'s answer for Y where the caller has
-    it (not formed again; None: formed here).
+    it (not formed again; None: formed here). ``want_q`` False: ``(None, T)``
+    (the last pass's q × p product, or Householder's Q, not formed).
+    ``inverse_first``: an ill-conditioned first pass too applies its factor's
+    inverse by GEMM (for blocks whose span is all that counts, as the
+    iteration's next start: the product's error, ``eps·cond`` relative, moves
+    the span no more than the solve's rounding does; Q T = Y then holds only
+    to that).
     """
     Y = np.asarray(Y, dtype=np.float64)
     p = Y.shape[1]
@@ -323,7 +330,10 @@ def orth_r(Y: np.ndarray, lanes: Lanes = SERIAL, first: tuple = None) -> tuple:
             U1, s = f
             T1 = U1 * s                          # Ŷ = Y D⁻¹ = Q U1: Y = Q (U1 D)
             one_pass = _cond_upper(U1) <= GRAM_COND
-            Q = _times_inverse(U1, Y, lanes, s) if one_pass else lanes.solve_right_upper(T1, Y)
+            if one_pass and not want_q:
+                return None, T1
+            Q = (_times_inverse(U1, Y, lanes, s) if one_pass or inverse_first
+                 else lanes.solve_right_upper(T1, Y))
             if np.all(np.isfinite(Q)):
                 if one_pass:
                     return Q, T1
@@ -335,8 +345,10 @@ def orth_r(Y: np.ndarray, lanes: Lanes = SERIAL, first: tuple = None) -> tuple:
                     except np.linalg.LinAlgError:
                         U2 = None
                     if U2 is not None:
-                        Q = _times_inverse(U2, Q, lanes)
+                        Q = _times_inverse(U2, Q, lanes) if want_q else None
                         return Q, U2 @ T1
+    if not want_q:
+        return None, la.qr(np.asfortranarray(Y), mode="r", check_finite=False)[0][:p]
     return la.qr(np.asfortranarray(Y), mode="economic", check_finite=False)
 
 
@@ -417,7 +429,7 @@ def _orth_deferred(Y: np.ndarray, lanes: Lanes) -> tuple:
                 M = np.triu(Ui) / s[:, None]
                 if np.all(np.isfinite(M)):
                     return Y, M
-    return orth_r(Y, lanes, first=f)[0], None
+    return orth_r(Y, lanes, first=f, inverse_first=True)[0], None
 
 
 def _finish(L, Lz, lritz, X, Z, B, active, tol, step, p, lanes) -> "SmallSubspace":
