@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+from _stat_counter import counted_stats
 from conftest import REPO
 from scipy_gpuqr._dispatch import calibrate as _calibrate
 from scipy_gpuqr._dispatch import plan as _dispatch
@@ -131,17 +132,11 @@ def test_a_calibration_read_stats_its_file_once(tmp_path, monkeypatch):
                          directory=tmp_path)
     path = str(calibration_file(tmp_path))
     os.utime(path, ns=(2, 2))
-    stats = []
-    real = os.stat
-
-    def counted(p, *args, **kwargs):
-        stats.append(str(p))
-        return real(p, *args, **kwargs)
-    monkeypatch.setattr(os, "stat", counted)
-    assert load_calibration(DEVICE["name"], directory=tmp_path) == c
-    assert stats.count(path) == 1
-    assert load_calibration(DEVICE["name"], directory=tmp_path) == c      # parsed once
-    assert stats.count(path) == 2
+    with counted_stats(monkeypatch) as stats:
+        assert load_calibration(DEVICE["name"], directory=tmp_path) == c
+        assert stats.count(path) == 1
+        assert load_calibration(DEVICE["name"], directory=tmp_path) == c      # parsed once
+        assert stats.count(path) == 2
 
 
 def test_corrupt_cache_reads_as_uncalibrated(tmp_path):

@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+from _stat_counter import counted_stats
 
 from scipy_gpuqr import _store
 
@@ -158,21 +159,12 @@ def test_a_recorded_kernel_hash_stats_each_file_once(kernels_tree, monkeypatch):
     h1 = _kernels.source_hash(ENGINE_FILE)
     files = _kernels._flatten(ENGINE_FILE, tree)[1]
     new_process()
-    stats = []
-    real = os.stat
-
-    def counted(path, *args, **kwargs):
-        stats.append(str(path))
-        return real(path, *args, **kwargs)
-    monkeypatch.setattr(os, "stat", counted)
-    assert _kernels.source_hash(ENGINE_FILE) == h1 and reads == []
-    monkeypatch.setattr(os, "stat", real)
+    with counted_stats(monkeypatch) as stats:
+        assert _kernels.source_hash(ENGINE_FILE) == h1 and reads == []
     ours = sorted(p for p in stats if p.startswith(str(tree)))
     assert ours == sorted(str(tree / f) for f in files), ours
-    stats.clear()
-    monkeypatch.setattr(os, "stat", counted)
-    assert _kernels.source_hash(ENGINE_FILE) == h1 and reads == []     # kept: stat'ed again
-    monkeypatch.setattr(os, "stat", real)
+    with counted_stats(monkeypatch) as stats:
+        assert _kernels.source_hash(ENGINE_FILE) == h1 and reads == []     # kept: stat'ed again
     assert sorted(p for p in stats if p.startswith(str(tree))) == ours
 
 
@@ -180,19 +172,12 @@ def test_a_new_kernel_hash_stats_each_file_once(kernels_tree, monkeypatch):
     # with no record, the stat that takes the files' ids for the record also gives
     # the stamp the process keeps the hash with (beyond the flattening's own stats)
     _kernels, tree, reads, new_process = kernels_tree
-    stats = []
-    real = os.stat
-
-    def counted(path, *args, **kwargs):
-        stats.append(str(path))
-        return real(path, *args, **kwargs)
-    monkeypatch.setattr(os, "stat", counted)
-    files = _kernels._flatten(ENGINE_FILE, tree)[1]
-    flattening = [p for p in stats if p.startswith(str(tree))]
-    stats.clear()
-    reads.clear()
-    h1 = _kernels.source_hash(ENGINE_FILE)
-    monkeypatch.setattr(os, "stat", real)
+    with counted_stats(monkeypatch) as stats:
+        files = _kernels._flatten(ENGINE_FILE, tree)[1]
+        flattening = [p for p in stats if p.startswith(str(tree))]
+        stats.clear()
+        reads.clear()
+        h1 = _kernels.source_hash(ENGINE_FILE)
     assert reads == [ENGINE_FILE]
     ours = sorted(p for p in stats if p.startswith(str(tree)))
     assert ours == sorted(flattening + [str(tree / f) for f in files]), ours
