@@ -278,20 +278,30 @@ def triangular_factor(Y: np.ndarray, lanes: Lanes = SERIAL) -> np.ndarray:
     return orth_r(Y, lanes, first=f, want_q=False)[1]
 
 
-def _times_inverse(U: np.ndarray, Y: np.ndarray, lanes: Lanes,
-                   s: np.ndarray = None) -> np.ndarray:
-    """``Y (U D)⁻¹`` (``D = diag(s)``, none: the identity) for a well-conditioned
-    upper triangular U (:data:`GRAM_COND`): U's p × p inverse (``trtri``, rows
-    divided by s) applied by GEMM on the lanes' row pieces. A right-side
-    ``trsm`` does half the flops at a fraction of GEMM's speed, and SciPy's
-    wrapper of it runs one lane at a time; for such a U the two agree to
-    ``eps·cond(U)`` relative."""
+def _upper_inverse(U: np.ndarray, s: np.ndarray = None):
+    """``(U D)⁻¹`` (``D = diag(s)``, none: the identity) of upper triangular U:
+    U's inverse by ``trtri``, its rows divided by s; None where ``trtri``
+    fails (a zero pivot)."""
     Ui, info = la.lapack.dtrtri(U, lower=0)
     if info != 0:
-        return lanes.solve_right_upper(U * s if s is not None else U, Y)
+        return None
     Ui = np.triu(Ui)
     if s is not None:
         Ui /= s[:, None]
+    return Ui
+
+
+def _times_inverse(U: np.ndarray, Y: np.ndarray, lanes: Lanes,
+                   s: np.ndarray = None) -> np.ndarray:
+    """``Y (U D)⁻¹`` (``D = diag(s)``, none: the identity) for a well-conditioned
+    upper triangular U (:data:`GRAM_COND`): U's p × p inverse
+    (:func:`_upper_inverse`) applied by GEMM on the lanes' row pieces. A
+    right-side ``trsm`` does half the flops at a fraction of GEMM's speed, and
+    SciPy's wrapper of it runs one lane at a time; for such a U the two agree
+    to ``eps·cond(U)`` relative."""
+    Ui = _upper_inverse(U, s)
+    if Ui is None:
+        return lanes.solve_right_upper(U * s if s is not None else U, Y)
     return lanes.gemm(Y, Ui)
 
 
@@ -423,12 +433,9 @@ def _orth_deferred(Y: np.ndarray, lanes: Lanes) -> tuple:
     with np.errstate(all="ignore"):
         f = _scaled_cholesky(Y, lanes)
         if f is not None and _cond_upper(f[0]) <= GRAM_COND:
-            U, s = f
-            Ui, info = la.lapack.dtrtri(U, lower=0)
-            if info == 0:
-                M = np.triu(Ui) / s[:, None]
-                if np.all(np.isfinite(M)):
-                    return Y, M
+            M = _upper_inverse(*f)
+            if M is not None and np.all(np.isfinite(M)):
+                return Y, M
     return orth_r(Y, lanes, first=f, inverse_first=True)[0], None
 
 
