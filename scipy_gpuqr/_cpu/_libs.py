@@ -23,6 +23,7 @@ __all__ = ["SONAMES", "find_library", "open_library", "LibraryNotFound",
 SONAMES: dict[str, tuple[str, ...]] = {
     "colamd": ("libcolamd.so.3", "libcolamd.so.2"),
     "amd": ("libamd.so.3", "libamd.so.2"),
+    "metis": ("libmetis.so.5",),
     "cholmod": ("libcholmod.so.5", "libcholmod.so.4", "libcholmod.so.3"),
     "spqr": ("libspqr.so.4", "libspqr.so.3", "libspqr.so.2"),
     "suitesparseconfig": ("libsuitesparseconfig.so.7", "libsuitesparseconfig.so.5"),

@@ -12,7 +12,7 @@ keeps them per process (bounded) and on disk (in the schedule cache's
 folder), and ``analyze`` answers from it when it can.
 
 Imports: NumPy and SciPy, :mod:`scipy_gpuqr._cpu` for the SuiteSparse
-orderings (COLAMD, AMD; pymetis, optional, when METIS is asked for) and
+orderings (COLAMD, AMD, METIS) and
 :mod:`scipy_gpuqr._store` for the disk cache's rules; nothing above it (no
 scheduler, engine or dispatch). The tree and front loops run compiled where a
 C compiler is at hand (:mod:`.native`, built on first use into the package

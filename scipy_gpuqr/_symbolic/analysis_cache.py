@@ -58,7 +58,6 @@ import ctypes
 import dataclasses
 import functools
 import hashlib
-import importlib.util
 import os
 import threading
 import zlib
@@ -182,8 +181,10 @@ def _ordering_tag(ordering: str, fixed: bool) -> str:
         except LibraryNotFound:
             got = colamd
     elif ordering == "metis":
-        spec = importlib.util.find_spec("pymetis")
-        got = f"metis:{spec.origin}" if spec is not None else colamd
+        try:
+            got = f"metis:{_library_file(find_library('metis'))}"
+        except LibraryNotFound:
+            got = colamd
     else:
         got = colamd
     with _TAGS_LOCK:
