@@ -22,7 +22,7 @@ from conftest import REPO
 PACKAGE = REPO / "scipy_gpuqr"
 
 #: third-party packages that are optional at run time (GPU, extras)
-OPTIONAL = {"cupy", "cupyx", "cupy_backends", "threadpoolctl", "matplotlib",
+OPTIONAL = {"cupy", "cupyx", "cupy_backends", "cuda", "threadpoolctl", "matplotlib",
             "torch", "dask", "distributed"}
 
 #: part -> parts it must never import

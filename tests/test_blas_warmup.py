@@ -184,6 +184,7 @@ def test_warmup_starts_once_and_fails_quietly(monkeypatch):
         ran.append((device, dtype, threading.current_thread().name))
         raise RuntimeError("no GPU")
     monkeypatch.setattr(bw, "warmup", boom)
+    monkeypatch.setattr(bw, "driver_warmup", lambda dtype: False)
     bw.start_blas_warmup.cache_clear()
     try:
         t = bw.start_blas_warmup(0, "float64")
@@ -194,6 +195,194 @@ def test_warmup_starts_once_and_fails_quietly(monkeypatch):
         assert bw.start_blas_warmup(0, "float32") is not t
     finally:
         bw.start_blas_warmup.cache_clear()
+
+
+class _DriverAndBlas:
+    """The driver's and cuBLAS's entry points :func:`bw.driver_warmup` calls through
+    ``ctypes``, checking every operand against the buffers allocated."""
+
+    def __init__(self, device_status: int = 0):
+        self.calls, self.live, self.handles, self.streams = [], {}, set(), set()
+        self.device_status = device_status
+        self.retained = 0
+
+    @staticmethod
+    def _val(x):
+        x = getattr(x, "_obj", x)           # ctypes.byref(...) -> its object
+        return x.value if hasattr(x, "value") else x
+
+    def _inside(self, ptr, size):
+        ptr = self._val(ptr)
+        assert any(base <= ptr and ptr + size <= base + n for base, n in self.live.items()), \
+            "outside the warm-up's buffers"
+
+    # driver
+    def cuInit(self, flags):
+        return 0
+
+    def cuDeviceGet(self, dev, ordinal):
+        dev._obj.value = ordinal
+        return self.device_status
+
+    def cuDevicePrimaryCtxRetain(self, ctx, dev):
+        self.retained += 1
+        ctx._obj.value = 4321
+        return 0
+
+    def cuDevicePrimaryCtxRelease_v2(self, dev):
+        self.retained -= 1
+        return 0
+
+    def cuCtxSetCurrent(self, ctx):
+        assert self._val(ctx) == 4321
+        self.calls.append("current")
+        return 0
+
+    def cuStreamCreate(self, stream, flags):
+        assert self._val(flags) == 1, "the legacy default stream would wait for the call's work"
+        stream._obj.value = 99
+        self.streams.add(99)
+        return 0
+
+    def cuStreamDestroy_v2(self, stream):
+        self.streams.remove(self._val(stream))
+        return 0
+
+    def cuStreamSynchronize(self, stream):
+        self.calls.append("sync")
+        return 0
+
+    def cuMemAlloc_v2(self, mem, size):
+        mem._obj.value = 1 << 40
+        self.live[1 << 40] = self._val(size)
+        return 0
+
+    def cuMemFree_v2(self, mem):
+        self.live.pop(self._val(mem))
+        return 0
+
+    def cuMemsetD8Async(self, ptr, value, size, stream):
+        self._inside(ptr, self._val(size))
+        return 0
+
+    def cuMemcpyHtoDAsync_v2(self, ptr, src, size, stream):
+        self._inside(ptr, self._val(size))
+        self.calls.append("eye")
+        return 0
+
+    # cuBLAS
+    def cublasCreate_v2(self, handle):
+        handle._obj.value = 7
+        self.handles.add(7)
+        return 0
+
+    def cublasDestroy_v2(self, handle):
+        self.handles.remove(self._val(handle))
+        return 0
+
+    def cublasSetStream_v2(self, handle, stream):
+        assert self._val(stream) == 99
+        return 0
+
+    def _gemm(self, isz, h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
+        ra, ca = (m, k) if ta == 0 else (k, m)
+        rb, cb = (k, n) if tb == 0 else (n, k)
+        assert lda >= ra and ldb >= rb and ldc >= m
+        for p, ld, cols in ((A, lda, ca), (B, ldb, cb), (C, ldc, n)):
+            self._inside(p, ld * cols * isz)
+        self.calls.append(("gemm", isz, self._val(alpha), self._val(beta)))
+        return 0
+
+    def cublasDgemm_v2(self, *a):
+        return self._gemm(8, *a)
+
+    def cublasSgemm_v2(self, *a):
+        return self._gemm(4, *a)
+
+    def _trsm(self, isz, h, side, fill, trans, diag, m, n, alpha, A, lda, B, ldb):
+        assert side == 0 and lda >= m and ldb >= m
+        self._inside(A, lda * m * isz)
+        self._inside(B, ldb * n * isz)
+        self.calls.append(("trsm", isz, m, fill, trans, diag))
+        return 0
+
+    def cublasDtrsm_v2(self, *a):
+        return self._trsm(8, *a)
+
+    def cublasStrsm_v2(self, *a):
+        return self._trsm(4, *a)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_driver_warmup_stays_in_its_buffers_and_frees_everything(dtype):
+    lib = _DriverAndBlas()
+    assert bw.driver_warmup(dtype, driver=lib, load_cublas=lambda: lib) is True
+    isz = np.dtype(dtype).itemsize
+    assert lib.calls[0] == "current"                # on device 0's primary context
+    gemms = [c for c in lib.calls if c[0] == "gemm"]
+    assert gemms == [("gemm", isz, 1.0, 0.0)] * len(bw.GEMM_SHAPES)
+    solves = [c for c in lib.calls if c[0] == "trsm"]
+    assert [c[2] for c in solves] == [n for n in bw.TRSM_ORDERS for _ in range(3)]
+    assert {c[1] for c in solves} == {isz} and len({c[3:] for c in solves}) == 3
+    # the identity goes in after the products and before the solves, and the
+    # stream is waited for before its buffer goes
+    assert lib.calls.index(gemms[-1]) < lib.calls.index("eye") < lib.calls.index(solves[0])
+    assert lib.calls[-1] == "sync"
+    assert lib.live == {} and lib.handles == set() and lib.streams == set()
+    assert lib.retained == 0                        # the context's reference given back
+
+
+def test_driver_warmup_does_nothing_without_cublas_or_a_device():
+    lib = _DriverAndBlas()
+    assert bw.driver_warmup("float64", driver=lib, load_cublas=lambda: None) is False
+    assert lib.calls == [] and lib.retained == 0
+    lib = _DriverAndBlas(device_status=100)         # CUDA_ERROR_NO_DEVICE
+    assert bw.driver_warmup("float64", driver=lib, load_cublas=lambda: lib) is False
+    assert lib.calls == [] and lib.live == {} and lib.retained == 0
+
+
+def test_the_thread_sets_up_through_cupy_where_the_driver_cannot(monkeypatch):
+    """Device 0 takes the driver's way first, CuPy's where that returns False;
+    another device, CuPy's way at once."""
+    ran = []
+    monkeypatch.setattr(bw, "driver_warmup", lambda dtype: ran.append(("driver", dtype)) or False)
+    monkeypatch.setattr(bw, "warmup", lambda device, dtype: ran.append(("cupy", device)))
+    bw._quiet_warmup(0, np.dtype(np.float64))
+    bw._quiet_warmup(1, np.dtype(np.float64))
+    assert ran == [("driver", np.dtype(np.float64)), ("cupy", 0), ("cupy", 1)]
+    ran.clear()
+    monkeypatch.setattr(bw, "driver_warmup", lambda dtype: ran.append(("driver", dtype)) or True)
+    bw._quiet_warmup(0, np.dtype(np.float32))
+    assert ran == [("driver", np.dtype(np.float32))]
+
+
+_NEW_PROCESS = r"""
+import threading, numpy as np
+from scipy_gpuqr import _gpu
+from scipy_gpuqr._engine.gpu import blas_warmup as bw
+assert _gpu.start_driver() is not None
+ok = {}
+t = threading.Thread(target=lambda: ok.update(driver=bw.driver_warmup("float64")))
+t.start()
+import cupy as cp
+t.join()
+a = cp.asarray(np.arange(12.0).reshape(3, 4))
+assert np.allclose((a @ a.T).get(), a.get() @ a.get().T)
+paths = {line.split()[-1] for line in open("/proc/self/maps") if "libcublas.so" in line}
+print(ok["driver"], len(paths))
+"""
+
+
+@pytest.mark.gpu
+def test_driver_warmup_in_a_new_process_shares_cupys_cublas():
+    """In a new process, before CuPy's import: the driver's way runs, and CuPy
+    then uses the same loaded cuBLAS (one file mapped) and computes right."""
+    pytest.importorskip("cupy")
+    import subprocess
+    p = subprocess.run([sys.executable, "-c", _NEW_PROCESS], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["True", "1"]
 
 
 @pytest.mark.gpu

@@ -35,6 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._dispatch.plan import Plan, plan_factorization
+from .._engine.gpu.blas_warmup import start_blas_warmup
 from .._engine.gpu.driver import start_layout_load
 from .._engine.gpu.factorize_kernels import prefetch_engine_kernels
 from .._gpu import gpu_info, start_driver
@@ -109,14 +110,17 @@ def prefetch_kernels(dtype) -> None:
     and CuPy's import, the wait for the driver and the prefetch run on
     another (``gpuqr-gpu-prefetch``): the calling thread goes on at once with
     the analysis (from its file where an earlier process made it) instead of
-    waiting for CUDA's start (``cuInit`` and the context). A failure there ends
-    that thread quietly: the factorization looks the GPU up and prefetches
-    again itself.
+    waiting for CUDA's start (``cuInit`` and the context); cuBLAS is set up on
+    device 0 through the driver meanwhile, without waiting for CuPy
+    (:func:`~scipy_gpuqr._engine.gpu.blas_warmup.start_blas_warmup`). A failure
+    there ends that thread quietly: the factorization looks the GPU up and
+    prefetches again itself.
     """
     value = np.float32 if np.dtype(dtype) == np.float32 else np.float64
     if start_driver() is None:          # CUDA started on this thread (or no driver)
         _prefetch(value)
         return
+    start_blas_warmup(0, value)         # cuBLAS through the driver, beside CuPy's import
     threading.Thread(target=_quiet_prefetch, args=(value,), name="gpuqr-gpu-prefetch",
                      daemon=True).start()
 

@@ -21,6 +21,16 @@ memcheck`` on an H200 whichever handle solved first, and faulted with an
 illegal address in about one process in three when it ran after a ``trsm``
 on CuPy's handle; on ordinary device memory both orders were clean.
 
+On device 0, the device whose primary context a new process's driver
+thread makes (:func:`scipy_gpuqr._gpu.start_driver`), the set-up needs no
+CuPy (:func:`driver_warmup`): cuBLAS is loaded the way CuPy loads it
+(``cuda.pathfinder``, which keeps one loaded copy per process) and called
+through ``ctypes`` on that context, on buffers of the driver's allocator,
+so that a new process's first call, which starts the warm-up before CuPy's
+import, has cuBLAS ready about when the import ends instead of a few tenths
+of a second after it. Where that cannot run (no ``cuda.pathfinder``, a
+library that does not load) the thread sets up through CuPy instead.
+
 Nothing here changes a result: the thread writes only its own buffers, never
 the call's arrays, and never waits for the device as a whole (its stream,
 not the legacy default stream). A failure (no stream-ordered allocator, say)
@@ -29,12 +39,15 @@ ends the thread silently: the call pays the set-up itself, as without it.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import threading
 
 import numpy as np
 
-__all__ = ["GEMM_SHAPES", "TRSM_ORDERS", "EDGE", "start_blas_warmup"]
+from ... import _gpu
+
+__all__ = ["GEMM_SHAPES", "TRSM_ORDERS", "EDGE", "start_blas_warmup", "driver_warmup"]
 
 #: The largest dimension of a warm-up operand (a front's rows and columns are
 #: capped at it: the kernels cuBLAS picks for larger ones are of the same
@@ -94,7 +107,8 @@ start_blas_warmup.cache_clear = _started.cache_clear
 
 def _quiet_warmup(device: int, dtype: np.dtype) -> None:
     try:
-        warmup(device, dtype)
+        if not (device == 0 and driver_warmup(dtype)):
+            warmup(device, dtype)
     except Exception:  # noqa: BLE001 - the call's own first use sets cuBLAS up instead
         pass
 
@@ -162,3 +176,116 @@ def _warm_trsm(cp, cublas, handle, stream, dtype: np.dtype) -> None:
     finally:
         stream.synchronize()
         del A, B
+
+
+#: cuBLAS's enumerations as the v2 API numbers them (``cublas_api.h``).
+_OP = {"N": 0, "T": 1}
+_SIDE_LEFT, _LOWER, _UPPER, _NON_UNIT, _UNIT = 0, 0, 1, 0, 1
+
+#: ``cuStreamCreate``'s flag for a stream that does not wait for the legacy
+#: default stream.
+_STREAM_NON_BLOCKING = 1
+
+
+def driver_warmup(dtype, driver=None, load_cublas=None) -> bool:
+    """The set-up of :func:`warmup` on device 0 without CuPy, on the calling
+    thread: after the process's driver thread (:func:`scipy_gpuqr._gpu.
+    wait_for_driver`), on device 0's primary context (the one CuPy's runtime
+    uses), a handle of its own on a non-blocking stream of its own, the same
+    products and solves on buffers of the driver's allocator, everything
+    freed. Returns False, having done nothing, where cuBLAS or the driver
+    cannot be had this way.
+
+    ``driver`` and ``load_cublas`` (the driver library, and a callable that
+    returns cuBLAS's) are for tests; by default ``libcuda.so.1`` and the
+    copy of cuBLAS ``cuda.pathfinder`` loads, which is the one CuPy's
+    ``cupy_backends.cuda.libs.cublas`` then uses (one loaded copy per process).
+    """
+    lib = _gpu._driver_library() if driver is None else driver
+    if lib is None:
+        return False
+    _gpu.wait_for_driver()
+    blas = (load_cublas or _pathfinder_cublas)()
+    if blas is None:
+        return False
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    if lib.cuInit(0) or lib.cuDeviceGet(ctypes.byref(dev), 0) \
+            or lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev):
+        return False
+    try:
+        if lib.cuCtxSetCurrent(ctx):
+            return False
+        _driver_products(lib, blas, np.dtype(dtype))
+        return True
+    finally:
+        lib.cuDevicePrimaryCtxRelease_v2(dev)
+
+
+def _pathfinder_cublas():
+    """cuBLAS as ``ctypes.CDLL`` of the file ``cuda.pathfinder`` loads, or None."""
+    try:
+        from cuda import pathfinder
+        return ctypes.CDLL(pathfinder.load_nvidia_dynamic_lib("cublas").abs_path)
+    except Exception:  # noqa: BLE001 - no pathfinder (an older CuPy), or no cuBLAS found
+        return None
+
+
+def _check(status, what: str) -> None:
+    if status:
+        raise RuntimeError(f"{what} returned {status}")
+
+
+def _driver_products(lib, blas, dtype: np.dtype) -> None:
+    """:data:`GEMM_SHAPES` and :data:`TRSM_ORDERS` through ``blas`` on the
+    calling thread's current context (see :func:`driver_warmup`)."""
+    single = dtype == np.float32
+    scalar = ctypes.c_float if single else ctypes.c_double
+    gemm = blas.cublasSgemm_v2 if single else blas.cublasDgemm_v2
+    trsm = blas.cublasStrsm_v2 if single else blas.cublasDtrsm_v2
+    one, zero = scalar(1.0), scalar(0.0)
+    isz = dtype.itemsize
+    block = EDGE * EDGE * isz
+    stream, handle, mem = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint64()
+    _check(lib.cuStreamCreate(ctypes.byref(stream), ctypes.c_uint(_STREAM_NON_BLOCKING)),
+           "cuStreamCreate")
+    try:
+        _check(lib.cuMemAlloc_v2(ctypes.byref(mem), ctypes.c_size_t(3 * block)), "cuMemAlloc")
+        try:
+            _check(blas.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+            try:
+                _check(blas.cublasSetStream_v2(handle, stream), "cublasSetStream")
+                _driver_calls(lib, blas, gemm, trsm, handle, stream, mem.value, block,
+                              one, zero, dtype)
+            finally:
+                blas.cublasDestroy_v2(handle)
+        finally:
+            lib.cuStreamSynchronize(stream)
+            lib.cuMemFree_v2(mem)
+    finally:
+        lib.cuStreamDestroy_v2(stream)
+
+
+def _driver_calls(lib, blas, gemm, trsm, handle, stream, base: int, block: int,
+                  one, zero, dtype: np.dtype) -> None:
+    """The products in three ``EDGE²`` blocks at ``base``, then the solves with an
+    identity in the first block (every solve's ``A``) and the second (its ``B``)."""
+    ptr = ctypes.c_void_p
+    _check(lib.cuMemsetD8Async(ctypes.c_uint64(base), ctypes.c_ubyte(0),
+                               ctypes.c_size_t(3 * block), stream), "cuMemsetD8Async")
+    A, B, C = ptr(base), ptr(base + block), ptr(base + 2 * block)
+    for ta, tb, m, n, k in GEMM_SHAPES:
+        m, n, k = _dim(m), _dim(n), _dim(k)
+        lda = m if ta == "N" else k
+        ldb = k if tb == "N" else n
+        _check(gemm(handle, _OP[ta], _OP[tb], m, n, k, ctypes.byref(one), A, lda, B, ldb,
+                    ctypes.byref(zero), C, m), "cublas gemm")
+    b = max(TRSM_ORDERS)
+    eye = np.eye(b, dtype=dtype)
+    _check(lib.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(base), eye.ctypes.data_as(ptr),
+                                    ctypes.c_size_t(eye.nbytes), stream), "cuMemcpyHtoDAsync")
+    for n in TRSM_ORDERS:
+        for fill, trans, diag in ((_LOWER, _OP["N"], _UNIT), (_UPPER, _OP["N"], _NON_UNIT),
+                                  (_UPPER, _OP["T"], _NON_UNIT)):
+            _check(trsm(handle, _SIDE_LEFT, fill, trans, diag, n, n, ctypes.byref(one), A, b,
+                        B, b), "cublas trsm")
+    _check(lib.cuStreamSynchronize(stream), "cuStreamSynchronize")     # eye lives until here
