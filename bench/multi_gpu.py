@@ -91,6 +91,12 @@ MB pinned ahead (of them pinned by the call) and the pinned allocations made
 while the devices' threads enqueued, the library's own (``during_run``) and
 CuPy's (any, its internal staging too).
 
+``--ordering colamd,metis`` analyses every matrix with each of those column
+orderings (``analyze(A, ordering=...)``) and runs its device counts on each
+analysis, one after the other in the same process; a row's matrix is then
+labelled with its ordering (``grid56 metis``), and its speedups are against
+one GPU of the same ordering (default ``colamd``, the library's).
+
 ``--dask 1,2,4`` then measures the Dask throughput of batched LU
 (``bench/dask_batched.py``: 2**24 float64 32 x 32 matrices by default,
 ``--dask-count``) over that many GPU workers against one, in a separate
@@ -643,19 +649,35 @@ def events_text(d, least: float = 0.01) -> str:
     return ", ".join(out) or "-"
 
 
+def _orderings(text: str) -> list:
+    """``--ordering``'s column orderings, in order, each once (default ``['colamd']``)."""
+    from scipy_gpuqr._symbolic.ordering import ORDERINGS
+    out = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip())) or ["colamd"]
+    bad = [x for x in out if x not in ORDERINGS or x == "given"]
+    if bad:
+        raise ValueError(f"--ordering: {bad} not among {[o for o in ORDERINGS if o != 'given']}")
+    return out
+
+
+def _label(name: str, ordering: str, orderings) -> str:
+    """A row's matrix label: the name, with the ordering unless only COLAMD runs."""
+    return name if list(orderings) == ["colamd"] else f"{name} {ordering}"
+
+
 def run_one(name, make, counts, reps, *, simulate, budget_fraction, public, runner,
             deadline=None, split="rule", mappings=("measured",), verify=True, slots=(None,),
-            switches=("default",), probe=False):
+            switches=("default",), probe=False, ordering="colamd"):
     from scipy_gpuqr._schedule.devices import map_devices
     from scipy_gpuqr._symbolic import analyze
     A = make()
     t0 = time.perf_counter()
-    an = analyze(A)
+    an = analyze(A, ordering=ordering)
     row = {"matrix": name, "shape": list(A.shape), "nnz": int(A.nnz),
+           "ordering": an.ordering_used, "nnz_R": int(an.nnz_R),
            "flops": float(an.flops), "gpu_bytes": int(an.gpu_bytes),
            "analysis_seconds": time.perf_counter() - t0, "runs": []}
     print(f"{name}: {A.shape[0]}x{A.shape[1]}, nnz {A.nnz}, {an.flops / 1e12:.2f} TFlop, "
-          f"analysis {row['analysis_seconds']:.1f} s", flush=True)
+          f"ordering {an.ordering_used}, analysis {row['analysis_seconds']:.1f} s", flush=True)
     budget = int(budget_fraction * an.gpu_bytes) if budget_fraction else None
     b = np.random.default_rng(7).standard_normal(A.shape[0])
     ref = None
@@ -987,6 +1009,9 @@ def main(argv=None) -> int:
                    help="matrices whose answers are checked (default: all)")
     p.add_argument("--check-r", default="",
                    help="matrices whose R alone is compared with one GPU's")
+    p.add_argument("--ordering", default="colamd",
+                   help="column orderings each matrix is analysed with, in order "
+                        "(e.g. 'colamd,metis'); speedups against one GPU of the same ordering")
     p.add_argument("--dask", default="",
                    help="then the Dask batched-LU throughput over these GPU worker counts")
     p.add_argument("--dask-count", type=int, default=1 << 24)
@@ -1025,14 +1050,18 @@ def main(argv=None) -> int:
     checked = [x for x in a.check_only.split(",") if x]
     r_only = [x for x in a.check_r.split(",") if x]
     slots = tuple(int(float(x) * (1 << 20)) for x in a.r_slot_mb.split(",") if x) or (None,)
+    orderings = _orderings(a.ordering)
     rows = []
-    for n, make in _matrices(only, a.numpy):
-        rows.append(run_one(n, make, counts, a.reps, simulate=a.simulate,
+    for n, make, order in ((n, make, o) for n, make in _matrices(only, a.numpy)
+                           for o in orderings):
+        rows.append(run_one(_label(n, order, orderings), make, counts, a.reps,
+                            simulate=a.simulate,
                             budget_fraction=a.budget_fraction, public=a.public,
                             runner=runner, deadline=deadline, split=a.split,
                             mappings=[x for x in a.mapping.split(",") if x], slots=slots,
                             switches=_switches(a.switch_interval), probe=a.probe,
-                            verify=("r" if n in r_only else not checked or n in checked)))
+                            verify=("r" if n in r_only else not checked or n in checked),
+                            ordering=order))
         if a.json:                      # after each matrix: a run cut short keeps the rest
             Path(a.json).write_text(json.dumps({"gpus": names, "counts": counts,
                                                 "simulate": a.simulate, "numpy": a.numpy,
