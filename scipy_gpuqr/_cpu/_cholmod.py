@@ -27,9 +27,9 @@ Nothing is module-global except the immutable cdef text and tables; each
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
 
 from .._errors import CholmodLayoutError
+from .._trusted_csc import csc_of
 
 __all__ = ["CDEF", "COMMON_FIELDS", "COMMON_BYTES", "Common", "CholmodLayoutError",
            "CHOLMOD_LONG", "CHOLMOD_REAL", "CHOLMOD_DOUBLE", "sparse_view", "dense_view",
@@ -253,7 +253,7 @@ def sparse_to_scipy(ffi, s):
                             dtype=np.int64).copy()
     data = np.frombuffer(ffi.buffer(ffi.cast("double *", s.x), 8 * nnz),
                          dtype=np.float64).copy()
-    return sp.csc_array((data, indices, indptr), shape=(m, n))
+    return csc_of(data, indices, indptr, (m, n))
 
 
 def dense_to_numpy(ffi, d) -> np.ndarray:

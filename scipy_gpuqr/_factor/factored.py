@@ -40,6 +40,7 @@ from .._engine.gpu.driver import start_layout_load
 from .._engine.gpu.factorize_kernels import prefetch_engine_kernels
 from .._gpu import gpu_info, start_driver
 from .._options import Settings
+from .._trusted_csc import transposed_csc
 from .._validate import MatrixInput, as_matrix, device_csr
 from .._engine.gpu import array_ops
 from .._engine.gpu.solve import fetch_beside
@@ -87,10 +88,8 @@ def plan_for(mi: MatrixInput, settings: Settings, *, ordering=None):
     if gpu:
         prefetch_kernels(mi.dtype)
     m, n = mi.shape
-    # Aᵀ's CSC arrays are A's CSR ones: one conversion (sorted indices), one object
-    M = mi.A.T.tocsc() if m < n else mi.A
-    if m < n and type(M) is not sp.csc_array:
-        M = sp.csc_array(M)
+    # Aᵀ's CSC arrays by SciPy's one conversion (sorted indices), one object
+    M = transposed_csc(mi.A) if m < n else mi.A
     M.sort_indices()
     plan = plan_matrix(M, settings, ordering=ordering, dtype=mi.dtype)
     if gpu and plan.backend == "gpu" and plan.analysis is not None:

@@ -36,6 +36,7 @@ from .._iterative import lsqr as iterative_lsqr
 from .._iterative._common import _compressed_products
 from .._iterative.host import host_problem
 from .._options import Settings, log_decision
+from .._trusted_csc import csc_of
 from .._validate import (LSTSQ_RHS, MatrixInput, as_matrix, check_damp, check_rhs, check_x0,
                          device_csr, scipy_float_dtype, to_output)
 from .factored import FactoredQR, factorize, plan_for
@@ -160,8 +161,7 @@ def _canonical_copy(A) -> Optional[MatrixInput]:
         return None
     if not np.isfinite(A.data).all():
         return None
-    C = sp.csc_array((A.data.copy(), A.indices.copy(), A.indptr.copy()), shape=A.shape,
-                     copy=False)
+    C = csc_of(A.data.copy(), A.indices.copy(), A.indptr.copy(), A.shape)
     C.has_canonical_format = True
     return MatrixInput(A=C, dtype=np.dtype(np.float64), on_gpu=False, was_sparse=True,
                        fmt="csc", sparse_class=type(A))
