@@ -221,3 +221,37 @@ def test_superlu_memory_error_falls_back(rng, monkeypatch):
     assert tri._lu is None
     C = rng.standard_normal((40, 2))
     assert np.allclose(T.toarray() @ tri.solve(C), C, atol=1e-10)
+
+
+@pytest.mark.parametrize("lower", [False, True])
+@pytest.mark.parametrize("trans", ["N", "T"])
+@pytest.mark.parametrize("shape", [(9,), (9, 1), (9, 4), (9, 0)])
+def test_dense_triangle_solve_is_scipys_bit_for_bit(rng, lower, trans, shape):
+    """The dense triangle's direct LAPACK call gives scipy.linalg.solve_triangular's bits
+    (and, for any other B, is that function): 1-D and 2-D B, both sides, both operations."""
+    import scipy.linalg as la
+    T = _upper(rng, 9, density=0.4, cond_decades=3.0)
+    Td = (T.T if lower else T).toarray(order="F")
+    tri = _triangular._DenseTriangle(Td, lower)
+    B = rng.standard_normal(shape)
+    got = tri.solve(B, trans=trans)
+    want = la.solve_triangular(Td, B, trans=0 if trans == "N" else 1, lower=lower,
+                               check_finite=False)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert np.array_equal(got, want)
+    for other in (B.astype(np.float32), np.ascontiguousarray(B).tolist()):
+        if np.size(other):
+            assert np.array_equal(tri.solve(other, trans=trans),
+                                  la.solve_triangular(Td, other, trans=0 if trans == "N" else 1,
+                                                      lower=lower, check_finite=False))
+
+
+def test_dense_triangle_singular_raises_scipys_error():
+    import scipy.linalg as la
+    Td = np.asfortranarray(np.triu(np.ones((4, 4))))
+    Td[2, 2] = 0.0
+    with pytest.raises(la.LinAlgError) as ours:
+        _triangular._DenseTriangle(Td, False).solve(np.ones((4, 1)))
+    with pytest.raises(la.LinAlgError) as scipys:
+        la.solve_triangular(Td, np.ones((4, 1)), check_finite=False)
+    assert str(ours.value) == str(scipys.value)

@@ -643,8 +643,9 @@ def _norm1(R) -> float:
         R = sp.csc_array(R)
     if not R.nnz:
         return 0.0
-    filled = np.flatnonzero(np.diff(R.indptr))
-    return float(np.add.reduceat(np.abs(R.data), R.indptr[filled]).max())
+    indptr = R.indptr
+    filled = (indptr[1:] != indptr[:-1]).nonzero()[0]
+    return float(np.add.reduceat(np.abs(R.data), indptr[filled]).max())
 
 
 def variance(F: FactoredQR, M: sp.csc_array) -> np.ndarray:

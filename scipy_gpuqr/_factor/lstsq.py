@@ -671,7 +671,7 @@ class MinNormSolver:
         d = self.diagonal
         if d is None or d.shape != (q,):
             d = abs_diagonal(R)
-        if not (np.all(np.isfinite(d)) and d.min() > 0 and d.min() > self.cutoff * d.max()):
+        if not (np.isfinite(d).all() and d.min() > 0 and d.min() > self.cutoff * d.max()):
             return False
         Rd = R.toarray(order="F")
         self.rcond = _dense_rcond(Rd)

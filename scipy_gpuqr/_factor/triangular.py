@@ -31,6 +31,9 @@ from scipy.sparse.linalg import (ArpackError, ArpackNoConvergence, LinearOperato
 
 from .._engine.gpu import array_ops
 
+#: LAPACK's float64 triangular solve, as ``scipy.linalg.solve_triangular`` reaches it.
+_dtrtrs = la.lapack.dtrtrs
+
 __all__ = ["UpperTriangular", "sigma_min_upper", "SigmaMin", "DENSE_SIGMA_LIMIT",
            "DENSE_SOLVE_LIMIT", "norm2_lanczos"]
 
@@ -147,24 +150,43 @@ class _DenseTriangle:
         if T.dtype != np.float64:
             return None
         q = T.shape[0]
-        cols = np.repeat(np.arange(q, dtype=T.indices.dtype), np.diff(T.indptr))
+        indptr = T.indptr
+        # the arrays' own methods: NumPy's function forms cost more than the tests here
+        cols = np.arange(q, dtype=T.indices.dtype).repeat(indptr[1:] - indptr[:-1])
         rows = T.indices
-        if np.all(rows <= cols):
+        if (rows <= cols).all():
             lower = False
-        elif np.all(rows >= cols):
+        elif (rows >= cols).all():
             lower = True
         else:
             return None
         Td = T.toarray(order="F") if dense is None else dense
-        d = np.diagonal(Td)
-        if not (np.all(np.isfinite(d)) and np.all(d != 0)):
+        d = Td.diagonal()
+        if not (np.isfinite(d).all() and (d != 0).all()):
             return None
         return cls(Td, lower)
 
     def solve(self, B: np.ndarray, trans: str = "N") -> np.ndarray:
+        """``Td⁻¹B`` (``Td⁻ᵀB`` for ``trans='T'``): LAPACK's ``dtrtrs`` called as
+        ``scipy.linalg.solve_triangular`` calls it for a Fortran-ordered float64
+        triangle and a nonempty float64 B of one or two dimensions (its array
+        checks and dispatch cost more than the solve on a small triangle); that
+        function itself for any other B."""
+        Td = self.Td
+        code = 0 if trans == "N" else 1
+        if (type(B) is not np.ndarray or B.dtype != np.float64 or B.ndim not in (1, 2)
+                or B.size == 0 or B.shape[0] != Td.shape[0] or not Td.flags.f_contiguous):
+            with np.errstate(all="ignore"):
+                return la.solve_triangular(Td, B, trans=code, lower=self.lower,
+                                           check_finite=False)
         with np.errstate(all="ignore"):
-            return la.solve_triangular(self.Td, B, trans=0 if trans == "N" else 1,
-                                       lower=self.lower, check_finite=False)
+            x, info = _dtrtrs(Td, B, overwrite_b=False, lower=self.lower, trans=code,
+                              unitdiag=False)
+        if info > 0:
+            raise la.LinAlgError(f"singular matrix: resolution failed at diagonal {info - 1}")
+        if info < 0:
+            raise ValueError(f"illegal value in {-info}-th argument of internal trtrs")
+        return x
 
 
 @dataclass(frozen=True)
