@@ -423,3 +423,43 @@ def test_ordering_library_file_from_the_loader_equals_the_mappings(monkeypatch, 
     assert path is not None and asked.startswith(path.rsplit("/", 1)[-1] + ":")
     monkeypatch.setattr(analysis_cache, "_loaded_path", lambda s: None)
     assert analysis_cache._library_file(soname) == asked
+
+
+def test_a_hit_is_a_replace_of_the_kept_analysis(count_analyses):
+    """A hit's copy holds the kept analysis' field objects, as ``dataclasses.replace``
+    would make it (no field dropped or added), with its own ``timings``."""
+    from scipy_gpuqr._symbolic import analysis as _analysis
+    A = singleton_rich(60, 40, seed=3)
+    first = analyze(A)
+    second = analyze(A)
+    assert len(count_analyses) == 1 and second is not first
+    want = dataclasses.replace(first, timings={"cache": 0.0})
+    got = _analysis._renewed(first, {"cache": 0.0})
+    assert type(got) is type(want) and set(vars(got)) == set(vars(want))
+    for f in dataclasses.fields(want):
+        assert getattr(got, f.name) is getattr(want, f.name) or f.name == "timings", f.name
+    assert got.timings == {"cache": 0.0} and got.timings is not first.timings
+    assert "cache" in second.timings and second.pattern_key == first.pattern_key
+    assert_same_analysis(second, analyze(A, cache=False))
+
+
+def test_key_facts_are_hashed_once_and_alike(monkeypatch):
+    """The key's facts are hashed once per set of facts (:func:`_head_hash`) and give the
+    same digest as hashed anew; facts equal as numbers but written otherwise (an
+    amalgamation of floats) still make another key."""
+    A = sp.csc_array(random_least_squares(70, 30, 0.1, seed=6))
+    opts = dict(ordering="colamd", colperm=None, max_gpu_memory=None, itemsize=8,
+                amalgamation=Amalgamation(), singletons=True, singleton_tol=None)
+    k1 = analysis_cache.key(A.shape, A.indptr, A.indices, A.data, opts)
+    analysis_cache._head_hash.cache_clear()
+    k2 = analysis_cache.key(A.shape, A.indptr, A.indices, A.data, opts)
+    k3 = analysis_cache.key(A.shape, A.indptr, A.indices, A.data, opts)
+    assert k1.digest == k2.digest == k3.digest
+    assert analysis_cache._head_hash.cache_info().hits >= 1
+    floats = dict(opts, amalgamation=Amalgamation(nrelax=(4.0, 16, 48)))
+    assert Amalgamation(nrelax=(4.0, 16, 48)) == Amalgamation()
+    k4 = analysis_cache.key(A.shape, A.indptr, A.indices, A.data, floats)
+    assert k4.digest != k1.digest
+    unhashable = dict(opts, amalgamation=Amalgamation(nrelax=[4, 16, 48]))
+    k5 = analysis_cache.key(A.shape, A.indptr, A.indices, A.data, unhashable)
+    assert k5 is not None and k5.digest == k1.digest

@@ -14,6 +14,7 @@ pivot columns start at ``n1cols``, front S rows at row ``n1rows`` of S.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -370,7 +371,7 @@ def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | 
     k = analysis_cache.key(view.shape, view.indptr, view.indices, view.data, options)
     got = analysis_cache.lookup(k, SymbolicAnalysis)
     if got is not None:
-        an = dataclasses.replace(got, timings={"cache": time.perf_counter() - t0})
+        an = _renewed(got, {"cache": time.perf_counter() - t0})
     else:
         Ac = view if owned else canonical_csc(view)
         kept = analysis_cache.freeze(
@@ -382,6 +383,37 @@ def analyze(A, *, ordering: str = "colamd", colperm=None, max_gpu_memory: int | 
     if k is not None:
         object.__setattr__(an, "_pattern_key", k.digest)
     return an
+
+
+def _renewed(an: SymbolicAnalysis, timings: dict) -> SymbolicAnalysis:
+    """``dataclasses.replace(an, timings=timings)``: a new analysis holding ``an``'s
+    fields (the same objects) and ``timings``, made by filling its dictionary as the
+    generated ``__init__`` would (the class has no ``__post_init__`` and no field
+    outside ``__init__``), without that ``__init__``'s call per field on every
+    cache hit. Any other object, or one missing a field, goes to ``dataclasses.replace``."""
+    names = _init_fields()
+    if type(an) is not SymbolicAnalysis or names is None:
+        return dataclasses.replace(an, timings=timings)
+    held = an.__dict__
+    try:
+        fields = {name: held[name] for name in names}
+    except KeyError:
+        return dataclasses.replace(an, timings=timings)
+    fields["timings"] = timings
+    new = object.__new__(SymbolicAnalysis)
+    new.__dict__.update(fields)
+    return new
+
+
+@functools.lru_cache(maxsize=1)
+def _init_fields() -> tuple | None:
+    """The names of :class:`SymbolicAnalysis`'s fields, in order, where every field is
+    set by ``__init__`` and the class defines no ``__post_init__`` (what
+    :func:`_renewed` relies on); None otherwise."""
+    fields = dataclasses.fields(SymbolicAnalysis)
+    if hasattr(SymbolicAnalysis, "__post_init__") or not all(f.init for f in fields):
+        return None
+    return tuple(f.name for f in fields)
 
 
 def _pattern_view(A) -> tuple:

@@ -229,25 +229,19 @@ def key(shape, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | None,
     """
     try:
         fixed = options["colperm"] is not None or options["ordering"] in ("given", "natural")
-        head = {
-            "m": int(shape[0]), "n": int(shape[1]), "nnz": int(len(indices)),
-            "ordering": str(options["ordering"]),
-            "max_gpu_memory": (None if options["max_gpu_memory"] is None
-                               else int(options["max_gpu_memory"])),
-            "itemsize": int(options["itemsize"]),
-            "singletons": bool(options["singletons"]),
-            "singleton_tol": (None if options["singleton_tol"] is None
-                              else repr(float(options["singleton_tol"]))),
-            "order_by": _ordering_tag(str(options["ordering"]), fixed),
-            "code": code_stamp(), "version": __version__,
-        }
         am = options["amalgamation"]
         if not isinstance(am, Amalgamation):
             return None
-        head["amalgamation"] = [[repr(x) for x in am.nrelax], [repr(x) for x in am.zrelax],
-                                repr(am.enabled)]
-        # the facts' repr in key order: plain values only (JSON's encoder costs more)
-        h = hashlib.blake2b(repr(sorted(head.items())).encode(), digest_size=16)
+        facts = (int(shape[0]), int(shape[1]), int(len(indices)), str(options["ordering"]),
+                 (None if options["max_gpu_memory"] is None
+                  else int(options["max_gpu_memory"])),
+                 int(options["itemsize"]), bool(options["singletons"]),
+                 (None if options["singleton_tol"] is None
+                  else repr(float(options["singleton_tol"]))),
+                 fixed,
+                 (tuple(repr(x) for x in am.nrelax), tuple(repr(x) for x in am.zrelax),
+                  repr(am.enabled)))
+        h = _head_hash(*facts).copy()
         colperm = options["colperm"]
         if colperm is not None:
             perm = np.asarray(colperm)
@@ -266,6 +260,25 @@ def key(shape, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | None,
         return None
     return AnalysisKey(h.hexdigest(), (int(shape[0]), int(shape[1])), indptr, indices,
                        int(len(indices)))
+
+
+@functools.lru_cache(maxsize=64)
+def _head_hash(m: int, n: int, nnz: int, ordering: str, max_gpu_memory, itemsize: int,
+               singletons: bool, singleton_tol, fixed: bool, amalgamation: tuple):
+    """The key's hash over its facts (sizes, options, the ordering's library, the code
+    stamp and version), before the pattern: one per distinct set of facts, as the stamp
+    and the ordering's tag are one per process (:func:`code_stamp`, :func:`_ordering_tag`).
+    Callers update a copy. ``amalgamation``: the reprs of its ``nrelax``, ``zrelax`` and
+    ``enabled``."""
+    head = {
+        "m": m, "n": n, "nnz": nnz, "ordering": ordering, "max_gpu_memory": max_gpu_memory,
+        "itemsize": itemsize, "singletons": singletons, "singleton_tol": singleton_tol,
+        "order_by": _ordering_tag(ordering, fixed),
+        "code": code_stamp(), "version": __version__,
+        "amalgamation": [list(amalgamation[0]), list(amalgamation[1]), amalgamation[2]],
+    }
+    # the facts' repr in key order: plain values only (JSON's encoder costs more)
+    return hashlib.blake2b(repr(sorted(head.items())).encode(), digest_size=16)
 
 
 def _narrow(a, small: bool) -> np.ndarray:
