@@ -26,6 +26,8 @@ Nothing is module-global except the immutable cdef text and tables; each
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from .._errors import CholmodLayoutError
@@ -99,6 +101,11 @@ STATUS_NAMES = {0: "CHOLMOD_OK", -1: "CHOLMOD_NOT_INSTALLED", -2: "CHOLMOD_OUT_O
                 -3: "CHOLMOD_TOO_LARGE", -4: "CHOLMOD_INVALID", -5: "CHOLMOD_GPU_PROBLEM",
                 1: "CHOLMOD_NOT_POSDEF", 2: "CHOLMOD_DSMALL"}
 
+#: ``struct`` formats (native byte order and sizes) and sizes of COMMON_FIELDS' C types
+_FORMATS = {"int": "=i", "double": "=d", "size_t": "@N", "int64_t": "=q"}
+_SIZES = {"int": 4, "double": 8, "size_t": struct.calcsize("@N"), "int64_t": 8}
+_ISTAT_FORMAT = "=8q"
+
 # defaults set by cholmod_l_start, used to check the layout at run time
 _EXPECTED_DEFAULTS = {"print": 3, "itype": CHOLMOD_LONG, "status": 0, "SPQR_grain": 1.0,
                       "SPQR_small": 1e6, "SPQR_shrink": 1}
@@ -154,8 +161,19 @@ class Common:
 
     def istat(self) -> dict:
         """SPQR's integer statistics (``SPQR_istat[0:8]``) by name."""
-        p = self._field("SPQR_istat")
-        return {name: int(p[k]) for k, name in enumerate(SPQR_ISTAT)}
+        offset = COMMON_FIELDS["SPQR_istat"][0]
+        values = struct.unpack_from(_ISTAT_FORMAT, self._ffi.buffer(self._buf)[offset:offset + 64])
+        return dict(zip(SPQR_ISTAT, values))
+
+    def values(self, names) -> tuple:
+        """The scalar fields ``names`` (of :data:`COMMON_FIELDS`, not ``SPQR_istat``), read
+        from one copy of the span that holds them: what ``self[name]`` reads, for each."""
+        spans = [COMMON_FIELDS[name] for name in names]
+        lo = min(offset for offset, _ in spans)
+        hi = max(offset + _SIZES[ctype] for offset, ctype in spans)
+        raw = self._ffi.buffer(self._buf)[lo:hi]
+        return tuple(struct.unpack_from(_FORMATS[ctype], raw, offset - lo)[0]
+                     for offset, ctype in spans)
 
     def _check_layout(self) -> None:
         found = {name: self[name] for name in _EXPECTED_DEFAULTS}

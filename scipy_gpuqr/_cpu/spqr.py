@@ -68,6 +68,13 @@ _FIXED = 0
 _ORDERING_NAMES = {0: "fixed", 1: "natural", 2: "colamd", 3: "given", 4: "cholmod", 5: "amd",
                    6: "metis", 7: "default", 8: "best", 9: "bestamd"}
 
+#: SuiteSparseQR's statistics a factorization reports (``info`` names), from the fields
+#: of ``cholmod_common`` (the last, the peak memory, an integer)
+_STAT_NAMES = ("flops", "tol_used", "norm_E_fro", "analyze_time", "factorize_time",
+               "flopcount_bound")
+_STAT_FIELDS = ("SPQR_flopcount", "SPQR_tol_used", "SPQR_norm_E_fro", "SPQR_analyze_time",
+                "SPQR_factorize_time", "SPQR_flopcount_bound", "memory_usage")
+
 SPQR_DEFAULT_TOL = -2.0
 SPQR_NO_TOL = -1.0
 SPQR_QTX = 0
@@ -188,10 +195,11 @@ def _as_csc(A):
         if A.ndim != 2:
             raise ValueError(f"expected a 2-D matrix, got an array of shape {A.shape}")
     dtype = A.dtype
-    if np.issubdtype(dtype, np.complexfloating):
-        raise TypeError(f"SuiteSparseQR binding supports real matrices only, got {dtype}")
-    if not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
-        raise TypeError(f"matrix of non-numeric dtype {dtype}")
+    if dtype != np.float64:             # float64 (the factorizations' own matrices) is real
+        if np.issubdtype(dtype, np.complexfloating):
+            raise TypeError(f"SuiteSparseQR binding supports real matrices only, got {dtype}")
+        if not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
+            raise TypeError(f"matrix of non-numeric dtype {dtype}")
     if type(A) in (sp.csc_array, sp.csc_matrix) and dtype == np.float64 \
             and A.has_canonical_format:
         # already canonical: a copy of its arrays, without SciPy's conversions
@@ -293,10 +301,11 @@ class SpqrQR(NumericQR):
         m = self.shape[0]
         if X.ndim not in (1, 2) or X.shape[0] != m:
             raise ValueError(f"expected an array of shape ({m},) or ({m}, k), got {X.shape}")
-        if np.iscomplexobj(X):
-            return self._apply(method, X.real) + 1j * self._apply(method, X.imag)
-        if not (np.issubdtype(X.dtype, np.number) or X.dtype == np.bool_):
-            raise TypeError(f"array of non-numeric dtype {X.dtype}")
+        if X.dtype != np.float64:       # float64 (the solves' own arrays) needs no more checks
+            if np.iscomplexobj(X):
+                return self._apply(method, X.real) + 1j * self._apply(method, X.imag)
+            if not (np.issubdtype(X.dtype, np.number) or X.dtype == np.bool_):
+                raise TypeError(f"array of non-numeric dtype {X.dtype}")
         X2 = np.asfortranarray(X.reshape(m, 1 if X.ndim == 1 else X.shape[1]),
                                dtype=np.float64)
         if X2.size == 0 or self.H.shape[1] == 0:
@@ -467,16 +476,10 @@ def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default",
                 E = np.frombuffer(ffi.buffer(E_p[0], 8 * n), dtype=np.int64).copy()
             else:
                 E = np.arange(n, dtype=np.int64)
-            stats = {
-                "flops": float(cc["SPQR_flopcount"]),
-                "tol_used": float(cc["SPQR_tol_used"]),
-                "norm_E_fro": float(cc["SPQR_norm_E_fro"]),
-                "analyze_time": float(cc["SPQR_analyze_time"]),
-                "factorize_time": float(cc["SPQR_factorize_time"]),
-                "flopcount_bound": float(cc["SPQR_flopcount_bound"]),
-                "peak_memory_bytes": int(cc["memory_usage"]),
-                "istat": cc.istat(),
-            }
+            values = cc.values(_STAT_FIELDS)
+            stats = {key: float(v) for key, v in zip(_STAT_NAMES, values[:-1])}
+            stats["peak_memory_bytes"] = int(values[-1])
+            stats["istat"] = cc.istat()
         finally:
             _free_sparse(libs, R_p, cc)
             _free_sparse(libs, H_p, cc)

@@ -10,6 +10,9 @@ on a many-core host (bench/RESULTS.md, thirteenth session). The norms the QR
 path needs on the host (b, the residual, Aᵀr, A's values) are memory-bound
 sums that one core forms quickly: :func:`norm2` takes them with NumPy's own
 vectorized sum of products (``einsum``), which never calls the BLAS.
+It calls the compiled function behind ``np.einsum`` directly: ``np.einsum``
+without ``optimize`` hands its operands to it unchanged, and its dispatch costs
+three times the sum on a vector of a few hundred entries.
 """
 
 from __future__ import annotations
@@ -18,6 +21,14 @@ import math
 
 import numpy as np
 import scipy.sparse as sp
+
+try:        # what np.einsum calls without ``optimize``, less its dispatch (the same bits)
+    from numpy._core.multiarray import c_einsum as _einsum
+except ImportError:                     # pragma: no cover - NumPy 1.x
+    try:
+        from numpy.core.multiarray import c_einsum as _einsum
+    except ImportError:
+        _einsum = np.einsum
 
 __all__ = ["norm2", "frobenius_norm"]
 
@@ -33,7 +44,7 @@ def norm2(x) -> float:
     if a.dtype.kind == "c":
         return float(np.linalg.norm(a.ravel()))
     a = a.astype(np.float64, copy=False).ravel()
-    return math.sqrt(float(np.einsum("i,i->", a, a)))
+    return math.sqrt(float(_einsum("i,i->", a, a)))
 
 
 def frobenius_norm(A) -> float:
