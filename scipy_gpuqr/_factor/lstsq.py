@@ -1426,6 +1426,8 @@ class MinNormSolver:
     def solve(self, C: np.ndarray) -> np.ndarray:
         """Minimum-norm least-squares ``Y`` with ``G Y ≈ C``; C of shape (rows of G, p)."""
         C = _as_2d(np.asarray(C, dtype=np.float64))
+        if self._threads is None:       # process_limited(None) changes nothing
+            return self._solve(C)
         with process_limited(self._threads):
             return self._solve(C)
 
