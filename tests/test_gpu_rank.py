@@ -344,6 +344,57 @@ def test_nullspace_cod_fetches_qtb_beside_its_first_block(monkeypatch, rng):
         assert np.linalg.norm(x - x_first) <= 1e-10 * np.linalg.norm(x_first)
 
 
+def test_nullspace_cod_reads_the_queued_qtb_on_the_device(monkeypatch, rng):
+    """GPU factors on the device whole: ``Qᵀb`` is queued on the device for the
+    decision (``rhs_device``),
+    read there by its solve with ``R⁻¹``, fetched to the host once, and the
+    least-squares solve takes its columns (one replay of ``Qᵀ`` per call); rank
+    and x are lstsq's and those of ``Qᵀb`` fetched first (to rounding: the
+    solves' level kernels add with atomics)."""
+    import cupy
+    from scipy_gpuqr._factor.factored import FactoredQR
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
+    monkeypatch.setattr(_lstsq, "DenseCOD", None)        # must not be reached
+    queued, fetched = [], []
+    real_queue, real_rows = FactoredQR._qt_rows_device, FactoredQR._qt_rows
+
+    def queue(self, B):
+        C = real_queue(self, B)
+        queued.append(isinstance(C, cupy.ndarray))
+        return C
+
+    def rows(self, B):
+        fetched.append(getattr(self, "_qtb_queued", None) is not None)
+        return real_rows(self, B)
+    monkeypatch.setattr(FactoredQR, "_qt_rows_device", queue)
+    monkeypatch.setattr(FactoredQR, "_qt_rows", rows)
+    A = chessboard_boundary(5, 7, 3)                      # 4200×2100, rank 1714
+    b = rng.standard_normal(A.shape[0])
+    x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+    runs = []
+    for arm in ("queued", "fetched first"):
+        if arm != "queued":
+            monkeypatch.setattr(FactoredQR, "_device_rhs", lambda self, B, given: None)
+        F = QRFactorization(A, backend="gpu")
+        replays = []
+        real_qt = F._core.num.qt_matmul
+        F._core.num.qt_matmul = lambda B, real=real_qt: (
+            replays.append(isinstance(B, cupy.ndarray)) or real(B))
+        runs.append((F.solve(b), replays))
+        assert F._core.rank_decision().method == "nullspace_cod" and F.rank == 1714
+        F.free()
+    (x, on_device), (x_first, on_host) = runs
+    assert queued == [True] and fetched[0] is True
+    # b's Qᵀ replayed once either way (queued on the device, or on the host's b); the
+    # refinement's own residuals (if any) on the host
+    assert on_device[0] is True and on_host[0] is False
+    assert not any(on_device[1:] + on_host[1:])
+    assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+    assert np.linalg.norm(x - x_first) <= 1e-10 * np.linalg.norm(x_first)
+    x2 = lsqr(A, b, backend="gpu")[0]
+    assert np.linalg.norm(x2 - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+
+
 def test_nullspace_cod_blocks_on_the_host_when_the_device_is_full(monkeypatch, rng):
     """The device's q × d blocks do not fit (an out-of-memory forced): the blocks
     stay on the host, the solves still run on the device, rank and minimum-norm

@@ -380,6 +380,46 @@ def test_triangular_solves_by_levels_per_stage(budget):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("k", [64, 129, 300])
+def test_wide_level_kernel_solves_as_the_per_column_kernel(monkeypatch, k):
+    """From ``WIDE_MIN_COLUMNS`` right-hand-side columns on, a level's fronts of at most
+    ``RSOLVE_WIDE_ROWS`` rows of R go to the wide kernel (one thread per column; a
+    last block of columns part full): R's and Rᵀ's solves equal SciPy's and the
+    per-column kernel's (Rᵀ's to its atomic adds' order, R's to the sums' order),
+    on a chessboard whose levels hold both kinds of front and big ones."""
+    from scipy.sparse.linalg import spsolve_triangular
+
+    from scipy_gpuqr._engine.gpu import solve_kernels as sk
+    from scipy_gpuqr._engine.gpu import trsolve as gpu_trsolve
+    cp = _cp()
+    rng = np.random.default_rng(11)
+    A = random_values(chessboard_boundary(6, 7, 3), rng)
+    an = analyze(A)
+    rk = np.asarray(an.fronts.frank)
+    assert (rk > sk.RSOLVE_WIDE_ROWS).any() and ((rk > 0) & (rk <= sk.RSOLVE_WIDE_ROWS)).any()
+    g = gpu_factorize(A, an)
+    R = sp.csr_array(g.R)
+    n = A.shape[1]
+    C = rng.standard_normal((n, k))
+    got = {}
+    assert 0 < gpu_trsolve.WIDE_MIN_COLUMNS <= 64
+    for arm, wide in (("wide", gpu_trsolve.WIDE_MIN_COLUMNS), ("per column", 0)):
+        monkeypatch.setattr(gpu_trsolve, "WIDE_MIN_COLUMNS", wide)
+        ds = gs.device_solve_of(g)
+        got[arm] = (ds.upper(cp.asarray(C)).get(), ds.upper_transposed(cp.asarray(C)).get())
+        kern = ds.fronts._stages[0][2]
+        assert (kern._wide is not None) is bool(wide)
+    (y, z), (yn, zn) = got["wide"], got["per column"]
+    yr = spsolve_triangular(R, C, lower=False)
+    zr = spsolve_triangular(sp.csr_array(R.T), C, lower=True)
+    assert np.abs(y - yr).max() <= 1e-9 * np.abs(yr).max()
+    assert np.abs(z - zr).max() <= 1e-9 * np.abs(zr).max()
+    assert np.abs(y - yn).max() <= 1e-10 * np.abs(yn).max()
+    assert np.abs(z - zn).max() <= 1e-10 * np.abs(zn).max()
+    g.free()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("k", [3, 40])
 def test_level_kernel_gathers_long_rows_in_chunks_and_big_fronts_solve_in_place(k):
     """Fronts whose rows of R reach past their pivots by more than the level
@@ -848,3 +888,34 @@ def test_triangular_plan_is_shared_by_a_patterns_factorizations(budget):
     assert p1.level_tables((sid, "pool"), members, offsets) is base
     g1.free()
     g2.free()
+
+
+def test_wide_level_tables_split_each_level_by_rows_of_r():
+    """The wide kernel's tables (``level_tables(..., wide=True)``, made once per
+    stage): each level's fronts of at most ``RSOLVE_WIDE_ROWS`` rows of R and the
+    others, each in the per-column tables' order, together the level's fronts;
+    the big fronts as they were."""
+    from scipy_gpuqr._engine.gpu import solve_kernels as sk
+    from scipy_gpuqr._engine.gpu import trsolve
+    fs = analyze(chessboard_boundary(5, 6, 2)).fronts
+    plan = trsolve.TriangularPlan(fs, [(0, 1000 * f) for f in range(fs.nfronts)])
+    members = list(range(len(plan.fronts)))
+    offsets = [plan.fronts[i][1] for i in members]
+    base = plan.level_tables((0, "pool"), members, offsets)
+    wide = plan.level_tables((0, "pool"), members, offsets, wide=True)
+    assert plan.level_tables((0, "pool"), members, offsets, wide=True) is wide
+    assert plan.level_tables((0, "pool"), members, offsets) is base
+    seen = set()
+    for trans in (False, True):
+        desc, ptr, bigs = base["levels"][trans]
+        (wd, wp), (pd, pp), wbigs = wide[trans]
+        assert wbigs is bigs and len(wp) == len(pp) == len(ptr)
+        assert not wd.flags.writeable and not pd.flags.writeable
+        for lv in range(len(ptr) - 1):
+            rows = desc[ptr[lv]:ptr[lv + 1]].tolist()
+            few = wd[wp[lv]:wp[lv + 1]].tolist()
+            many = pd[pp[lv]:pp[lv + 1]].tolist()
+            assert few == [r for r in rows if r[2] <= sk.RSOLVE_WIDE_ROWS]
+            assert many == [r for r in rows if r[2] > sk.RSOLVE_WIDE_ROWS]
+            seen.update(("few" if few else None, "many" if many else None))
+    assert {"few", "many"} <= seen

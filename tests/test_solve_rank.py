@@ -462,6 +462,12 @@ class _FakeCuda:
             def __init__(self, id=None):
                 self.id = 0 if id is None else id
 
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
         self.Stream, self.Device, self._default = Stream, Device, Default()
 
     def _stack(self):
@@ -940,6 +946,107 @@ def test_first_block_beside_the_fetch(rng, monkeypatch):
     NullspaceCOD(up, upt, q, dead, tol, rhs=rhs, rhs_beside=True)         # host blocks
     NullspaceCOD(up, inv_t, q, dead, tol, xp=xp, rhs=rhs, rhs_beside=True, transposed=True)
     assert len(cuda.made) == n and ("rhs", 0) == calls[0]
+
+
+def test_first_block_beside_the_queued_rhs(rng, monkeypatch):
+    """``rhs_device`` with ``rhs_beside``: the block is queued on the caller's
+    stream by the calling thread after ``R⁻ᵀΩ`` and not waited for, the thin QR follows on the side stream, the solve with ``R⁻¹``
+    reads the device block, and the host copy (``rhs()``) is asked for only
+    once that solve is queued; rank, residual, ν and the solutions equal those of
+    the fetch first, and the first solve of C takes its columns from the
+    decision's solve (no solve of its own)."""
+    import threading
+    q, up, upt, dead, tol, host = _chess_cod(False)
+    xp, _ = _fake_device(monkeypatch)
+    monkeypatch.setattr(_sr, "_SIDE_STREAMS", threading.local())
+    cuda = xp.cuda
+    C = rng.standard_normal((q, 2))
+    calls, threads = [], []
+
+    def inv_t(X):
+        calls.append(("inv_t", cuda.get_current_stream().id))
+        return upt(X)
+
+    def inv(X):
+        calls.append(("inv", cuda.get_current_stream().id))
+        return up(X)
+
+    def rhs():
+        calls.append(("rhs", cuda.get_current_stream().id))
+        return C
+
+    def rhs_device():
+        calls.append(("rhs_device", cuda.get_current_stream().id))
+        threads.append(threading.get_ident())
+        return C.copy()
+    cod = NullspaceCOD(inv, inv_t, q, dead, tol, xp=xp, rhs=rhs, rhs_beside=True,
+                       rhs_device=rhs_device)
+    side = cuda.made[0].id
+    assert calls == [("inv_t", side), ("rhs_device", 0), ("inv", 0), ("rhs", 0)]
+    assert threads == [threading.get_ident()]
+    assert cuda.events == [(0, "record", None), (side, "wait", 0), (side, "record", None),
+                           (0, "wait", side)]
+    assert cod.rhs_device is None and cod.rhs is None
+    first = NullspaceCOD(inv, inv_t, q, dead, tol, xp=xp, rhs=rhs, rhs_beside=True)
+    G = _chess_r((5, 6, 2))[2]
+    assert first.rank == cod.rank == 271
+    assert first.residual == cod.residual and first.nu == cod.nu
+    del calls[:]
+    np.testing.assert_array_equal(cod.solve(C), first.solve(C))
+    assert calls == []                          # both took R⁻¹ P_U C from their decision
+    np.testing.assert_array_equal(cod.solve(C, matmul=lambda Y: G @ Y),
+                                  first.solve(C, matmul=lambda Y: G @ Y))
+
+
+def test_queued_rhs_of_another_shape_is_not_taken(rng, monkeypatch):
+    """A queued block over RHS_MAX_COLUMNS columns (or of other rows) goes into no
+    solve and its host copy is not asked for; the decision is the same."""
+    q, up, upt, dead, tol, host = _chess_cod(False)
+    xp, _ = _fake_device(monkeypatch)
+    monkeypatch.setattr(_sr, "_SIDE_STREAMS", __import__("threading").local())
+    asked, widths = [], []
+
+    def inv(X):
+        widths.append(X.shape[1])
+        return up(X)
+    for shape in ((q, _sr.RHS_MAX_COLUMNS + 1), (q - 1, 2)):
+        C = rng.standard_normal(shape)
+        cod = NullspaceCOD(inv, upt, q, dead, tol, xp=xp, rhs=lambda: asked.append(1) or C,
+                           rhs_beside=True, rhs_device=lambda: C)
+        assert cod.rank == 271 and cod._first is None
+    assert asked == [] and widths == [dead + _sr.PROBE_COLUMNS] * 2
+
+
+def test_least_squares_queues_qtb_only_for_resident_gpu_factors():
+    """``FactoredQR`` gives the decision ``rhs_device`` only for GPU factors on the
+    device whole with a host block's callable; ``_qt_rows`` of the same B then
+    fetches the queued copy instead of applying ``Qᵀ`` again, once."""
+    import types
+
+    from scipy_gpuqr._factor.factored import FactoredQR
+    F = FactoredQR.__new__(FactoredQR)
+    replays = []
+    C = np.arange(12.0).reshape(6, 2)
+
+    class Queued:                   # a device array: its host copy by get()
+        def get(self):
+            replays.append("get")
+            return C[:4].copy()
+    for host_pools, given, want in (({}, True, True), ({0: None}, True, False),
+                                    ({}, False, False)):
+        F.num = types.SimpleNamespace(on_device=lambda: True, _host_pools=host_pools)
+        got = F._device_rhs(C, (lambda: None) if given else None)
+        assert (got is not None) is want
+    F.num = types.SimpleNamespace(R=sp.csc_array((4, 4)), on_device=lambda: True,
+                                  qt_matmul=lambda B: replays.append("replay") or B)
+    B = C.copy()
+    F._qtb, F._qtb_queued = None, (B, Queued())
+    got = F._qt_rows(B)
+    np.testing.assert_array_equal(got, C[:4])
+    assert F._qt_rows(B) is got and replays == ["get"] and F._qtb_queued is None
+    F._qtb, F._qtb_queued = None, (C, Queued())                # another B: replayed
+    np.testing.assert_array_equal(F._qt_rows(B), C[:4])
+    assert replays == ["get", "replay"]
 
 
 def test_first_block_beside_refuses_as_the_fetch_first(rng, monkeypatch):

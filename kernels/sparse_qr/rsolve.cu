@@ -16,6 +16,14 @@
 // piv = cols[c0 .. c0+rk), cols_o = cols[c0+rk .. c0+fn). The host
 // (scipy_gpuqr/_engine/gpu/trsolve.py) groups the fronts into levels and launches one
 // grid per level; `desc` holds 4 int64 per front: off, fn, rk, c0.
+//
+// rsolve_wide: the same solves for many right-hand-side columns (a rank decision's
+// blocks, hundreds of columns), of fronts with at most RSOLVE_WIDE_ROWS rows of R:
+// one thread per column j (blockIdx.y * NT + threadIdx.x), the front's Y[piv] in
+// registers, R's values read once per block for all its columns (the same address
+// across the threads) and Y's rows read and pushed across consecutive columns. Its
+// transposed solve makes rsolve_transposed's operations per column in the same order;
+// the upper solve sums S Y[cols_o] and the back substitution's terms in column order.
 #include "factorize.cuh"
 
 namespace gpuqr {
@@ -93,6 +101,84 @@ rsolve(const long long* __restrict__ desc, const T* __restrict__ pool,
         rsolve_transposed<T, NT>(pool + off, fn, rk, cf, Y, k, j);
     } else {
         rsolve_upper<T, NT>(pool + off, fn, rk, cf, Y, k, j, red);
+    }
+}
+
+// Most rows of R of a front that rsolve_wide solves (its registers per thread).
+constexpr int RSOLVE_WIDE_ROWS = 32;
+
+// One column j of one front for rsolve_wide, its rk <= ROWS pivots in registers (the
+// loops unrolled to ROWS, guarded by rk).
+template <typename T, int ROWS, bool TRANS>
+__device__ __forceinline__ void rsolve_wide_column(const T* __restrict__ F, int fn, int rk,
+                                                   const long long* __restrict__ cf,
+                                                   double* __restrict__ Y, long long k,
+                                                   long long j) {
+    double y[ROWS];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) y[i] = i < rk ? Y[cf[i] * k + j] : 0.0;
+    if (TRANS) {
+        // forward substitution with U^T: rsolve_transposed's operations, per column
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            if (i < rk) {
+                y[i] = y[i] / (double)F[(long long)i * fn + i];
+#pragma unroll
+                for (int t = i + 1; t < ROWS; ++t)
+                    if (t < rk) y[t] -= (double)F[(long long)i * fn + t] * y[i];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i)
+            if (i < rk) Y[cf[i] * k + j] = y[i];
+        for (int t = rk; t < fn; ++t) {       // Y[cols_o] -= S^T Y[piv]
+            double s = 0.0;
+#pragma unroll
+            for (int i = 0; i < ROWS; ++i)
+                if (i < rk) s += (double)F[(long long)i * fn + t] * y[i];
+            atomicAdd(&Y[cf[t] * k + j], -s);
+        }
+    } else {
+        // Y[piv] -= S Y[cols_o], then back substitution with U
+        for (int t = rk; t < fn; ++t) {
+            const double v = Y[cf[t] * k + j];
+#pragma unroll
+            for (int i = 0; i < ROWS; ++i)
+                if (i < rk) y[i] -= (double)F[(long long)i * fn + t] * v;
+        }
+#pragma unroll
+        for (int i = ROWS - 1; i >= 0; --i) {
+            if (i < rk) {
+                double s = 0.0;
+#pragma unroll
+                for (int t = i + 1; t < ROWS; ++t)
+                    if (t < rk) s += (double)F[(long long)i * fn + t] * y[t];
+                y[i] = (y[i] - s) / (double)F[(long long)i * fn + i];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i)
+            if (i < rk) Y[cf[i] * k + j] = y[i];
+    }
+}
+
+template <typename T, int NT, bool TRANS>
+__global__ void __launch_bounds__(NT)
+rsolve_wide(const long long* __restrict__ desc, const T* __restrict__ pool,
+            const long long* __restrict__ cols, double* __restrict__ Y, int k) {
+    const long long* d = desc + 4 * (long long)blockIdx.x;
+    const T* F = pool + d[0];
+    const int fn = (int)d[1], rk = (int)d[2];
+    const long long* cf = cols + d[3];
+    const long long j = (long long)blockIdx.y * NT + threadIdx.x;
+    if (j >= k || rk <= 0 || rk > RSOLVE_WIDE_ROWS) return;
+    // the unrolled loops sized to the front (uniform over the block)
+    if (rk <= 8) {
+        rsolve_wide_column<T, 8, TRANS>(F, fn, rk, cf, Y, k, j);
+    } else if (rk <= 16) {
+        rsolve_wide_column<T, 16, TRANS>(F, fn, rk, cf, Y, k, j);
+    } else {
+        rsolve_wide_column<T, RSOLVE_WIDE_ROWS, TRANS>(F, fn, rk, cf, Y, k, j);
     }
 }
 

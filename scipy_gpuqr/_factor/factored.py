@@ -249,6 +249,7 @@ class FactoredQR:
         self._solver = None
         self._dsolve = None
         self._qtb = None                # (B, (QᵀB)[:rows of R]) within a least_squares call
+        self._qtb_queued = None         # (B, the same on the device, queued: _qt_rows_device)
         self._fused = None              # (B, R⁻¹(QᵀB)[:q]) solved with the rank probe's block
         self._diagonal = None           # |diag(R)| where the fused solve took it
         self._run(M)
@@ -307,6 +308,7 @@ class FactoredQR:
                                          dense_device="gpu" if device == "gpu" or gpu_seen
                                          else "cpu", rhs=given,
                                          rhs_beside=given is not None and self._beside(),
+                                         rhs_device=self._device_rhs(rhs, given),
                                          probe_start=probe_start,
                                          diagonal=self._diagonal if self.tol is None else None,
                                          fro_bound=frobenius_bound(self.M),
@@ -484,6 +486,26 @@ class FactoredQR:
             return True
         return self.on_device() and fetch_beside(self.num)
 
+    def _device_rhs(self, B, given):
+        """The rank decision's ``rhs_device`` (:class:`MinNormSolver`): ``(QᵀB)[:rows
+        of R]`` queued on the device (:meth:`_qt_rows_device`), for GPU factors on the
+        device whole (:meth:`_resident`) where the decision is given ``given`` (the
+        host block's callable); else None (a staged factorization's replay sends
+        stages up over the link: its ``Qᵀb`` is fetched before the block's thin QR)."""
+        if given is None or not self._resident():
+            return None
+        return functools.partial(self._qt_rows_device, B)
+
+    def _qt_rows_device(self, B: np.ndarray):
+        """``(Qᵀ B)[:rows of R]`` queued on the device: a CuPy array, not waited for.
+        Kept, so that :meth:`_qt_rows` of the same B fetches it (the same values as
+        its own replay) instead of applying ``Qᵀ`` again."""
+        import cupy as cp               # optional dependency: GPU factors only
+        k = self.num.R.shape[0]
+        C = self.num.qt_matmul(cp.asarray(B))[:k]     # its host call's replay, CuPy out
+        self._qtb_queued = (B, C)
+        return C
+
     def device_solves(self):
         """The GPU engine's triangular solves with these factors (made once)."""
         if self._dsolve is None:
@@ -574,6 +596,7 @@ class FactoredQR:
             return self._least_squares(B)
         finally:
             self._qtb = None            # Qᵀb of this call's B (_qt_rows) not kept
+            self._qtb_queued = None
             self._fused = None
 
     def _least_squares(self, B: np.ndarray) -> np.ndarray:
@@ -621,7 +644,11 @@ class FactoredQR:
         if cached is not None and cached[0] is B:
             return cached[1]
         k = self.num.R.shape[0]
-        C = self.num.qt_matmul(B)[:k] if B.shape[1] else np.zeros((k, 0))
+        queued, self._qtb_queued = getattr(self, "_qtb_queued", None), None
+        if queued is not None and queued[0] is B:
+            C = queued[1].get()         # queued by _qt_rows_device: fetched, not replayed
+        else:
+            C = self.num.qt_matmul(B)[:k] if B.shape[1] else np.zeros((k, 0))
         self._qtb = (B, C)
         return C
 
@@ -651,6 +678,7 @@ class FactoredQR:
         state["_dsolve"] = None
         state["_Md"] = None
         state["_qtb"] = None
+        state["_qtb_queued"] = None
         state["_fused"] = None
         state["_diagonal"] = None
         state["_known"] = None
@@ -672,6 +700,7 @@ class FactoredQR:
         fields = state.pop("plan_fields")
         refactor = state.pop("refactor_on_load", False)
         self._fused = None              # absent from the pickles of earlier versions
+        self._qtb_queued = None
         self._diagonal = None
         self._known = None
         self.__dict__.update(state)

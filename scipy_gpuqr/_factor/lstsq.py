@@ -540,6 +540,12 @@ class MinNormSolver:
         factorization whose every stage's pool is there): the null-space COD
         fetches it while its first block is solved on a stream of its own
         (:class:`~scipy_gpuqr._factor.solve_rank.NullspaceCOD`'s ``rhs_beside``).
+    rhs_device : callable, optional
+        With ``rhs_beside``: ``rhs_device()`` queues the block ``rhs()`` gives on
+        the device and returns it there, not waited for; the null-space COD
+        reads it on the device and fetches ``rhs()`` only once its solve with
+        ``R⁻¹`` is queued (:class:`~scipy_gpuqr._factor.solve_rank.NullspaceCOD`'s
+        ``rhs_device``). Not kept once the decision is made.
     probe_start : (array, array), optional
         ``(Ω, R⁻¹Ω)``: the full-rank probe's Gaussian block (as
         :func:`~scipy_gpuqr._factor.solve_rank.probe_norm` draws it) and its
@@ -573,6 +579,7 @@ class MinNormSolver:
     products: Optional[tuple] = field(default=None, repr=False)
     rhs: Optional[Callable] = field(default=None, repr=False)
     rhs_beside: bool = False
+    rhs_device: Optional[Callable] = field(default=None, repr=False)
     fro_bound: Optional[float] = None
     probe_start: Optional[tuple] = field(default=None, repr=False)
     diagonal: Optional[np.ndarray] = field(default=None, repr=False)
@@ -636,6 +643,7 @@ class MinNormSolver:
             self._lowered = None
             self._device_r = None
             self.rhs = None             # it may hold its caller (a factorization)
+            self.rhs_device = None
             self.probe_start = None
             if self._fro_pending is not None:
                 self._frobenius()       # the worker's pass ends with the decision
@@ -1065,7 +1073,8 @@ class MinNormSolver:
         on_host = False             # device solves whose blocks stay on the host
         try:
             cod = NullspaceCOD(up, upt, q, dead, (lo, hi), transposed=self.transposed, xp=xp,
-                               rhs=self.rhs, rhs_beside=self.rhs_beside)
+                               rhs=self.rhs, rhs_beside=self.rhs_beside,
+                               rhs_device=self.rhs_device)
         except NullspaceRefused:                    # no clear gap
             return False
         except MemoryError:

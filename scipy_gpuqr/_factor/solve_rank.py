@@ -526,7 +526,6 @@ def block_ops(xp):
 #: :func:`_side_stream`'s streams, per thread (``by_device``: device id → stream).
 _SIDE_STREAMS = threading.local()
 
-
 def _side_stream(cp):
     """A non-blocking CUDA stream of the current device for :class:`NullspaceCOD`'s
     first block beside the fetch of its right-hand sides: made once per thread
@@ -593,6 +592,15 @@ class NullspaceCOD:
         replay bound by the link beside solves bound by the device, R's rows
         going up beside the first stage ``Qᵀ`` reads where they fit).
         Otherwise, and by default, ``rhs()`` comes first (see ``rhs``).
+    rhs_device : callable, optional
+        With ``rhs_beside``: ``rhs_device()`` queues the block ``rhs()`` gives
+        on the calling thread's stream and returns it as a device array, not
+        waited for. The first block's thin QR then follows ``R⁻ᵀΩ`` on its
+        stream beside the replay's kernels (the host does not wait for
+        ``Qᵀb`` first), the decision's solve with ``R⁻¹`` reads the block
+        where it lies (queued behind it on the caller's stream), and ``rhs()``
+        (the host copy, the same values, for :meth:`solve`) is called once
+        that solve is queued: its wait is the solve's own.
 
     Raises
     ------
@@ -623,6 +631,7 @@ class NullspaceCOD:
     seed: int = 0
     rhs: Optional[Callable] = field(default=None, repr=False)
     rhs_beside: bool = False
+    rhs_device: Optional[Callable] = field(default=None, repr=False)
     rank: int = field(init=False, default=0)
     residual: float = field(init=False, default=float("nan"))
     nu: float = field(init=False, default=float("nan"))
@@ -636,14 +645,17 @@ class NullspaceCOD:
 
     def __post_init__(self):
         rhs, self.rhs = self.rhs, None      # not kept: it may hold its caller
+        rhs_device, self.rhs_device = self.rhs_device, None
         q, d = self.q, self.d
         lo = self.tol_range[0]
         if not (0 < d < q):
             raise NullspaceRefused(f"{d} dead columns of {q}")
         self._blocks = blocks = block_ops(self.xp)
+        queued = False                      # C on the device, its host copy still to fetch
         if (rhs is not None and self.rhs_beside and not self.transposed
                 and blocks is not _HostBlocks):
-            C, U = self._first_block_beside(rhs)
+            C, U = self._first_block_beside(rhs, rhs_device)
+            queued = C is not None and rhs_device is not None
         else:
             C = self._given_rhs(rhs)        # before R's solves (see ``rhs``)
             U = self._first_block(blocks.dense(self.inv_t(blocks.gaussian(self.seed, (q, d)))))
@@ -655,6 +667,9 @@ class NullspaceCOD:
         parts = (U, blocks.project(U, W)) + (() if C is None else (blocks.project(U, C),))
         Y, YW, *YC = blocks.split(blocks.dense(self.inv(blocks.stacked(*parts))),
                                   *((d,) if C is None else (d, d + p)))
+        if queued:                          # the host copy, waiting with the solve
+            host = self._given_rhs(rhs)
+            C = host if host is not None and host.shape == tuple(C.shape) else None
         # one scale for all columns: R V = U R_y⁻¹ is unchanged
         s = blocks.finite_absmax(Y)
         if not np.isfinite(s):
@@ -699,12 +714,15 @@ class NullspaceCOD:
         del Z
         return blocks.dense(U)
 
-    def _first_block_beside(self, rhs) -> tuple:
+    def _first_block_beside(self, rhs, rhs_device=None) -> tuple:
         """``(C, U_d)``: ``R⁻ᵀΩ`` queued on :func:`_side_stream` (after the work
         queued so far on the caller's stream), ``rhs()`` fetched on the caller's
         stream meanwhile, then ``orth`` on the side stream, which the caller's
         stream waits for before its next work. One thread: the device runs the
         two solves' kernels side by side while the thread waits for the fetch.
+        With ``rhs_device``, C is its device array, queued on the caller's
+        stream and not waited for: ``orth`` follows ``R⁻ᵀΩ`` on the side stream
+        while the replay's kernels still run.
 
         A block freed later goes back to the side stream's part of CuPy's pool,
         which that stream takes again only behind the next decision's wait for
@@ -715,7 +733,7 @@ class NullspaceCOD:
         side.wait_event(caller.record())
         with side:
             Z = blocks.dense(self.inv_t(blocks.gaussian(self.seed, (self.q, self.d))))
-        C = self._given_rhs(rhs)
+        C = self._given_rhs(rhs) if rhs_device is None else self._queued_rhs(rhs_device)
         with side:
             U = self._first_block(Z)
             done = side.record()
@@ -729,6 +747,16 @@ class NullspaceCOD:
             hi = float(hi())
             self.tol_range = (lo, hi)
         return hi
+
+    def _queued_rhs(self, rhs_device):
+        """The device block ``rhs_device()`` (q × p, p >= 1, queued on the caller's
+        stream, not waited for); None without one, or for a block of another
+        shape or over :data:`RHS_MAX_COLUMNS` columns (as :meth:`_given_rhs`)."""
+        C = rhs_device()
+        if C is None or C.ndim != 2 or int(C.shape[0]) != self.q \
+                or not 0 < int(C.shape[1]) <= RHS_MAX_COLUMNS:
+            return None
+        return C
 
     def _given_rhs(self, rhs) -> Optional[np.ndarray]:
         """The host block ``rhs()`` (C-contiguous float64 q × p, p >= 1) for the

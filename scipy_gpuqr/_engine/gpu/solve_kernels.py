@@ -9,7 +9,8 @@ from __future__ import annotations
 
 __all__ = ["APPLYQ_FILE", "APPLYQ_VARIANTS", "APPLYQ_THREADS", "APPLYQ_COLUMNS",
            "KERNEL_VARIANTS", "applyq_name", "applyq_smem_name", "applyq_smem_bytes",
-           "RSOLVE_FILE", "RSOLVE_THREADS", "rsolve_name"]
+           "RSOLVE_FILE", "RSOLVE_THREADS", "rsolve_name", "RSOLVE_WIDE_THREADS",
+           "RSOLVE_WIDE_ROWS", "rsolve_wide_name"]
 
 #: The Q application's source file (relative to ``kernels/``).
 APPLYQ_FILE = "sparse_qr/applyq.cu"
@@ -62,8 +63,24 @@ def rsolve_name(ctype: str, trans: bool, threads: int = RSOLVE_THREADS) -> str:
     return f"gpuqr::rsolve<{_CTYPE[str(ctype)]}, {threads}, {'true' if trans else 'false'}>"
 
 
+#: Right-hand-side columns per thread block of the wide triangular solve (one
+#: thread per column).
+RSOLVE_WIDE_THREADS = 128
+
+#: Most rows of R of a front the wide triangular solve takes (``RSOLVE_WIDE_ROWS``
+#: in the source: its registers per thread).
+RSOLVE_WIDE_ROWS = 32
+
+
+def rsolve_wide_name(ctype: str, trans: bool, threads: int = RSOLVE_WIDE_THREADS) -> str:
+    """Name expression of a wide triangular-solve variant (``trans``: Rᵀ, else R)."""
+    return (f"gpuqr::rsolve_wide<{_CTYPE[str(ctype)]}, {threads}, "
+            f"{'true' if trans else 'false'}>")
+
+
 #: Name expressions to compile, per source file (relative to ``kernels/``).
 KERNEL_VARIANTS: dict[str, tuple[str, ...]] = {
     APPLYQ_FILE: _all_names(),
-    RSOLVE_FILE: tuple(rsolve_name(c, tr) for c in ("double", "float") for tr in (False, True)),
+    RSOLVE_FILE: tuple(name(c, tr) for name in (rsolve_name, rsolve_wide_name)
+                       for c in ("double", "float") for tr in (False, True)),
 }

@@ -20,7 +20,11 @@ stage per launch, one thread block per front and right-hand-side column:
 ``R``'s levels by depth from the root (a front reads only its ancestors'
 values), ``Rᵀ``'s by height from the leaves (a front pushes into its
 ancestors' columns with atomic adds); fronts of :data:`BIG_FRONT_ROWS` rows
-of R or more go through cuBLAS within their level. Stages are contiguous
+of R or more go through cuBLAS within their level. With many right-hand-side
+columns (:data:`WIDE_MIN_COLUMNS`: a rank decision's blocks) a level's fronts
+of at most ``RSOLVE_WIDE_ROWS`` rows of R go to the same file's wide kernel
+instead, one thread per column (R's values read once per block of columns,
+not once per column). Stages are contiguous
 ranges of the postorder, so ``Rᵀ`` runs them first to last and ``R`` last to
 first. A stage whose pool left the device (staged factorizations) is solved
 from a compact copy of its rows of R, gathered once into pinned host memory
@@ -49,6 +53,12 @@ from .peer_rows import PeerRows
 from .reflector_upload import packed_size_bound
 
 __all__ = ["FrontTriangular", "TriangularPlan", "SPLIT_SOLVE", "split_stages", "stage_devices"]
+
+#: Right-hand-side columns from which a level's fronts of at most
+#: :data:`~.solve_kernels.RSOLVE_WIDE_ROWS` rows of R are solved by the wide kernel
+#: (``rsolve_wide``: one thread per column, the front's pivots in registers)
+#: rather than by one thread block per front and column; 0: never.
+WIDE_MIN_COLUMNS = 64
 
 #: ``R⁻¹`` of a multi-device factorization solves each stage whose pool lies on
 #: another GPU on that GPU (:func:`split_stages`), the columns its fronts read
@@ -98,17 +108,24 @@ class TriangularPlan:
             self.by_stage.setdefault(sid, []).append(i)
         self._tables = {}
 
-    def level_tables(self, key, members, offsets) -> dict:
+    def level_tables(self, key, members, offsets, *, wide: bool = False) -> dict:
         """:class:`_LevelKernel`'s host tables of one stage's ``members`` at
         ``offsets``, made once per ``key`` (the stage and where its rows are read:
         its pool, or a compact copy of them) and :data:`BIG_FRONT_ROWS` (read
-        now: a changed threshold makes new tables)."""
+        now: a changed threshold makes new tables); ``wide``: the same levels
+        split for the wide kernel (:func:`_wide_tables`)."""
         big_rows = int(BIG_FRONT_ROWS)
         full = (key, big_rows)
         hit = self._tables.get(full)
         if hit is None:
             hit = self._tables[full] = _level_tables(self, members, offsets, big_rows)
-        return hit
+        if not wide:
+            return hit
+        rows = int(av.RSOLVE_WIDE_ROWS)
+        split = self._tables.get(full + ("wide", rows))
+        if split is None:
+            split = self._tables[full + ("wide", rows)] = _wide_tables(hit, rows)
+        return split
 
     def stage_split(self, stages, where: dict, home: int, n: int):
         """:func:`split_stages` of ``stages`` over the GPUs in ``where``, made once
@@ -467,6 +484,26 @@ def _level_tables(plan, members, offsets, big_rows: int) -> dict:
     return {"levels": levels, "off_of": off_of}
 
 
+def _wide_tables(tables: dict, rows: int) -> dict:
+    """:func:`_level_tables`' levels for many right-hand-side columns: per direction,
+    each level's fronts of at most ``rows`` rows of R (the wide kernel's) and the
+    others (the per-column kernel's), each ``(descriptors, level pointers)`` in
+    the levels' order, and the big fronts as they were."""
+    out = {}
+    for trans, (desc, ptr, bigs) in tables["levels"].items():
+        ptr = np.asarray(ptr, dtype=np.int64)
+        level = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
+        few = np.asarray(desc, dtype=np.int64).reshape(-1, 4)[:, 2] <= rows
+        parts = []
+        for take in (few, ~few):
+            cnt = np.bincount(level[take], minlength=len(ptr) - 1)
+            part = np.ascontiguousarray(np.asarray(desc).reshape(-1, 4)[take])
+            part.flags.writeable = False
+            parts.append((part, np.concatenate(([0], np.cumsum(cnt))).astype(np.int64).tolist()))
+        out[trans] = (parts[0], parts[1], bigs)
+    return out
+
+
 class _LevelKernel:
     """The fronts of one stage as levels of ``kernels/sparse_qr/rsolve.cu``.
 
@@ -489,22 +526,56 @@ class _LevelKernel:
         self.levels = {trans: (cp.asarray(desc), ptr, bigs)
                        for trans, (desc, ptr, bigs) in tables["levels"].items()}
         self.dtype = dtype
+        self._stage = (key, members, offsets)   # for the wide tables, made at their first use
+        self._wide = None
         ctype = "double" if np.dtype(dtype) == np.float64 else "float"
         mod = load_module(av.RSOLVE_FILE, av.KERNEL_VARIANTS[av.RSOLVE_FILE])
         self.kern = {tr: mod.get_function(av.rsolve_name(ctype, tr)) for tr in (False, True)}
+        self.kern_wide = {tr: mod.get_function(av.rsolve_wide_name(ctype, tr))
+                          for tr in (False, True)}
         self.threads = av.RSOLVE_THREADS
 
     def run(self, ft, Y, pool, *, trans: bool) -> None:
         """One launch per level, in place on Y (n × k, C order, float64); the
         big fronts by ``ft`` (:class:`FrontTriangular`, which holds this kernel:
-        passed, not kept, so that the two make no reference cycle)."""
-        desc, ptr, bigs = self.levels[trans]
+        passed, not kept, so that the two make no reference cycle). From
+        :data:`WIDE_MIN_COLUMNS` columns on, :meth:`run_wide`."""
         k = Y.shape[1]
+        if WIDE_MIN_COLUMNS and k >= WIDE_MIN_COLUMNS:
+            self.run_wide(ft, Y, pool, trans=trans)
+            return
+        desc, ptr, bigs = self.levels[trans]
         for lv in range(len(ptr) - 1):
             a, b = int(ptr[lv]), int(ptr[lv + 1])
             if b > a and k:
                 self.kern[trans]((b - a, k), (self.threads,),
                                  (desc[a:], pool, self.cols, Y, np.int32(k)))
+            for i in bigs[lv]:
+                ft.step(i, Y, pool, trans=trans, off=self.off_of[i])
+
+    def run_wide(self, ft, Y, pool, *, trans: bool) -> None:
+        """:meth:`run` for many columns: per level, its fronts of at most
+        ``RSOLVE_WIDE_ROWS`` rows of R by the wide kernel (one thread per column,
+        ``RSOLVE_WIDE_THREADS`` columns a block), the others by the per-column
+        kernel, then the big fronts (the fronts of a level are independent: any
+        order within it)."""
+        if self._wide is None:
+            cp = self.cp
+            split = ft.plan.level_tables(*self._stage, wide=True)
+            self._wide = {tr: ((cp.asarray(w[0]), w[1]), (cp.asarray(p[0]), p[1]), bigs)
+                          for tr, (w, p, bigs) in split.items()}
+        (wdesc, wptr), (pdesc, pptr), bigs = self._wide[trans]
+        k = int(Y.shape[1])
+        blocks = -(-k // av.RSOLVE_WIDE_THREADS)
+        for lv in range(len(bigs)):
+            a, b = wptr[lv], wptr[lv + 1]
+            if b > a and k:
+                self.kern_wide[trans]((b - a, blocks), (av.RSOLVE_WIDE_THREADS,),
+                                      (wdesc[a:], pool, self.cols, Y, np.int32(k)))
+            a, b = pptr[lv], pptr[lv + 1]
+            if b > a and k:
+                self.kern[trans]((b - a, k), (self.threads,),
+                                 (pdesc[a:], pool, self.cols, Y, np.int32(k)))
             for i in bigs[lv]:
                 ft.step(i, Y, pool, trans=trans, off=self.off_of[i])
 
