@@ -582,6 +582,16 @@ if SPANS:
                        lambda self, n, dtype: int(n) * np.dtype(dtype).itemsize)
     _C.dense_factorize = _span("dense front", _C.dense_factorize)
     _C.end_stage = _span("device.end_stage (waits)", _C.end_stage)
+    _bwmod.driver_warmup = _span("cuBLAS warm-up (driver)", _bwmod.driver_warmup)
+    # the host steps between the device's set-up and the first launch
+    from scipy_gpuqr._engine.gpu import driver as _drv, stage_loop as _sl
+    for _n in ("_factorize", "_device_memory", "staged_dense_plan", "_memory_plan", "build_schedule",
+               "_memory_checks", "start_layout_load", "start_schedule_load"):
+        if hasattr(_drv, _n):
+            setattr(_drv, _n, _span("driver." + _n, getattr(_drv, _n)))
+    _drv.call_pins.for_plan = _span("call_pins.for_plan", _drv.call_pins.for_plan)
+    _sl.StageLoop.__init__ = _span("StageLoop()", _sl.StageLoop.__init__)
+    _sl.StageLoop.begin = _span("StageLoop.begin", _sl.StageLoop.begin)
 calls, memory = [], []
 stop = threading.Event()
 if SAMPLE:
