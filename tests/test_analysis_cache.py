@@ -463,3 +463,6 @@ def test_key_facts_are_hashed_once_and_alike(monkeypatch):
     unhashable = dict(opts, amalgamation=Amalgamation(nrelax=[4, 16, 48]))
     k5 = analysis_cache.key(A.shape, A.indptr, A.indices, A.data, unhashable)
     assert k5 is not None and k5.digest == k1.digest
+    monkeypatch.setattr(analysis_cache, "code_stamp", lambda: "another-stamp-0000")
+    k6 = analysis_cache.key(A.shape, A.indptr, A.indices, A.data, opts)
+    assert k6.digest != k1.digest                        # the stamp is read on every key

@@ -238,7 +238,7 @@ def key(shape, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | None,
                  int(options["itemsize"]), bool(options["singletons"]),
                  (None if options["singleton_tol"] is None
                   else repr(float(options["singleton_tol"]))),
-                 fixed,
+                 _ordering_tag(str(options["ordering"]), fixed), code_stamp(),
                  (tuple(repr(x) for x in am.nrelax), tuple(repr(x) for x in am.zrelax),
                   repr(am.enabled)))
         h = _head_hash(*facts).copy()
@@ -264,17 +264,15 @@ def key(shape, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | None,
 
 @functools.lru_cache(maxsize=64)
 def _head_hash(m: int, n: int, nnz: int, ordering: str, max_gpu_memory, itemsize: int,
-               singletons: bool, singleton_tol, fixed: bool, amalgamation: tuple):
-    """The key's hash over its facts (sizes, options, the ordering's library, the code
-    stamp and version), before the pattern: one per distinct set of facts, as the stamp
-    and the ordering's tag are one per process (:func:`code_stamp`, :func:`_ordering_tag`).
-    Callers update a copy. ``amalgamation``: the reprs of its ``nrelax``, ``zrelax`` and
-    ``enabled``."""
+               singletons: bool, singleton_tol, order_by: str, code: str, amalgamation: tuple):
+    """The key's hash over its facts (sizes, options, what computes the order, the code
+    stamp and version), before the pattern: made once per distinct set of facts (the
+    text of every fact is an argument; the version is the package's). Callers update a
+    copy. ``amalgamation``: the reprs of its ``nrelax``, ``zrelax`` and ``enabled``."""
     head = {
         "m": m, "n": n, "nnz": nnz, "ordering": ordering, "max_gpu_memory": max_gpu_memory,
         "itemsize": itemsize, "singletons": singletons, "singleton_tol": singleton_tol,
-        "order_by": _ordering_tag(ordering, fixed),
-        "code": code_stamp(), "version": __version__,
+        "order_by": order_by, "code": code, "version": __version__,
         "amalgamation": [list(amalgamation[0]), list(amalgamation[1]), amalgamation[2]],
     }
     # the facts' repr in key order: plain values only (JSON's encoder costs more)
