@@ -15,6 +15,7 @@ import importlib
 import logging
 import math
 import time
+import types
 
 import numpy as np
 import pytest
@@ -535,7 +536,10 @@ def _stalling_noting(watch, square, iterations, per=1e-5):
 def test_the_lu_starts_ahead_only_with_cores_to_spare(cpus, monkeypatch):
     """With LU_AHEAD_MIN_CPUS cores or more the LU starts on a worker once the run has
     cost LU_AHEAD_SHARE of its prediction; the rule reads it at the same checkpoint as
-    without it, and stops the run at the same iteration."""
+    without it, and stops the run at the same iteration. The rule's own clock is held
+    still: it adds the stand-in LU's wall time to the analysis' seconds, and on a loaded
+    host a few milliseconds there moved the two runs' stops apart."""
+    monkeypatch.setattr(policy, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
     monkeypatch.setattr(policy, "usable_cpus", lambda: cpus)
     square, plans = _Ahead(True), []
     watch = _watch(square, plans)
