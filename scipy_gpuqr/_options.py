@@ -61,7 +61,14 @@ class GpuqrOptions:
         SuiteSparse is absent), ``'reference'`` our NumPy/LAPACK multifrontal
         QR, ``'simulate'`` the GPU task lists run by the NumPy executor.
     ordering : {'colamd', 'natural', 'amd', 'metis'}
-        Fill-reducing column ordering.
+        Fill-reducing column ordering. ``'colamd'`` (the default): SuiteSparse's
+        COLAMD, the cheapest analysis. ``'metis'``: METIS's nested dissection of
+        the graph of AᵀA (``libmetis``, which SuiteSparse's packages bring;
+        COLAMD where it is missing): a much slower analysis on large problems,
+        but often far less fill and work on mesh-like ones, so worth it where
+        one sparsity pattern is factorized many times (the analysis is kept per
+        pattern). ``'amd'``: AMD on the pattern of AᵀA. ``'natural'``: A's own
+        column order.
     intensity_threshold : float or None
         Flops per byte above which ``auto`` uses the GPU; None means the
         calibrated value for this GPU model, or 10 when not calibrated.
