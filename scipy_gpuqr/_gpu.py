@@ -19,7 +19,8 @@ import threading
 from typing import Optional
 
 __all__ = ["import_cupy", "gpu_available", "gpu_info", "device_attributes", "device_name",
-           "is_cupy_array", "is_cupy_sparse", "start_driver", "wait_for_driver"]
+           "is_cupy_array", "is_cupy_sparse", "start_driver", "wait_for_driver",
+           "driver_library"]
 
 
 def import_cupy():
@@ -163,6 +164,12 @@ def wait_for_driver() -> None:
     """
     if _driver_thread.cache_info().currsize:
         _driver_thread().join()
+
+
+def driver_library():
+    """``libcuda.so.1`` through ctypes (loaded once per process), or None where it
+    cannot be loaded: for callers that talk to the driver beside CuPy."""
+    return _driver_library()
 
 
 @functools.lru_cache(maxsize=1)

@@ -201,7 +201,7 @@ def driver_warmup(dtype, driver=None, load_cublas=None) -> bool:
     copy of cuBLAS ``cuda.pathfinder`` loads, which is the one CuPy's
     ``cupy_backends.cuda.libs.cublas`` then uses (one loaded copy per process).
     """
-    lib = _gpu._driver_library() if driver is None else driver
+    lib = _gpu.driver_library() if driver is None else driver
     if lib is None:
         return False
     _gpu.wait_for_driver()
