@@ -899,19 +899,10 @@ def test_probe_from_a_given_start_decides_as_the_probe_alone(rng):
     assert given.sigma_min == pytest.approx(alone.sigma_min, rel=0.5)
 
 
-def test_first_block_beside_the_fetch(rng, monkeypatch):
-    """``rhs_beside`` on the device: ``R⁻ᵀΩ`` is queued on a non-blocking stream
-    of its own (after the caller's stream's work so far), ``rhs()`` is fetched on
-    the caller's stream after that solve was queued, the thin QR runs on the side
-    stream and the caller's stream waits for it; the same stream serves the next
-    decision; rank, residual, ν and the solutions are those of the fetch first.
-    Without it, on the host, or for G = Rᵀ, ``rhs()`` comes first and no stream
-    is made."""
-    q, up, upt, dead, tol, host = _chess_cod(False)
-    xp, _ = _fake_device(monkeypatch)
-    monkeypatch.setattr(_sr, "_SIDE_STREAMS", __import__("threading").local())
-    cuda = xp.cuda
-    C = rng.standard_normal((q, 2))
+
+def _on_streams(cuda, up, upt, C):
+    """``(calls, inv, inv_t, rhs)``: R's two solves and the host block ``C``, each call
+    recorded with the stream it ran on (the fake device's ``cuda``)."""
     calls = []
 
     def inv_t(X):
@@ -925,6 +916,22 @@ def test_first_block_beside_the_fetch(rng, monkeypatch):
     def rhs():
         calls.append(("rhs", cuda.get_current_stream().id))
         return C
+    return calls, inv, inv_t, rhs
+
+def test_first_block_beside_the_fetch(rng, monkeypatch):
+    """``rhs_beside`` on the device: ``R⁻ᵀΩ`` is queued on a non-blocking stream
+    of its own (after the caller's stream's work so far), ``rhs()`` is fetched on
+    the caller's stream after that solve was queued, the thin QR runs on the side
+    stream and the caller's stream waits for it; the same stream serves the next
+    decision; rank, residual, ν and the solutions are those of the fetch first.
+    Without it, on the host, or for G = Rᵀ, ``rhs()`` comes first and no stream
+    is made."""
+    q, up, upt, dead, tol, host = _chess_cod(False)
+    xp, _ = _fake_device(monkeypatch)
+    monkeypatch.setattr(_sr, "_SIDE_STREAMS", __import__("threading").local())
+    cuda = xp.cuda
+    C = rng.standard_normal((q, 2))
+    calls, inv, inv_t, rhs = _on_streams(cuda, up, upt, C)
     cod = NullspaceCOD(inv, inv_t, q, dead, tol, xp=xp, rhs=rhs, rhs_beside=True)
     assert len(cuda.made) == 1 and cuda.made[0].non_blocking
     side = cuda.made[0].id
@@ -950,8 +957,8 @@ def test_first_block_beside_the_fetch(rng, monkeypatch):
 
 def test_first_block_beside_the_queued_rhs(rng, monkeypatch):
     """``rhs_device`` with ``rhs_beside``: the block is queued on the caller's
-    stream by the calling thread after ``R⁻ᵀΩ`` and not waited for, the thin QR follows on the side stream, the solve with ``R⁻¹``
-    reads the device block, and the host copy (``rhs()``) is asked for only
+    stream by the calling thread after ``R⁻ᵀΩ`` and not waited for, the thin QR
+    follows on the side stream, the solve with ``R⁻¹`` reads the device block, and the host copy (``rhs()``) is asked for only
     once that solve is queued; rank, residual, ν and the solutions equal those of
     the fetch first, and the first solve of C takes its columns from the
     decision's solve (no solve of its own)."""
@@ -961,19 +968,8 @@ def test_first_block_beside_the_queued_rhs(rng, monkeypatch):
     monkeypatch.setattr(_sr, "_SIDE_STREAMS", threading.local())
     cuda = xp.cuda
     C = rng.standard_normal((q, 2))
-    calls, threads = [], []
-
-    def inv_t(X):
-        calls.append(("inv_t", cuda.get_current_stream().id))
-        return upt(X)
-
-    def inv(X):
-        calls.append(("inv", cuda.get_current_stream().id))
-        return up(X)
-
-    def rhs():
-        calls.append(("rhs", cuda.get_current_stream().id))
-        return C
+    calls, inv, inv_t, rhs = _on_streams(cuda, up, upt, C)
+    threads = []
 
     def rhs_device():
         calls.append(("rhs_device", cuda.get_current_stream().id))
