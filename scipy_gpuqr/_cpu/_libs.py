@@ -16,7 +16,7 @@ from typing import Mapping
 
 from .._errors import LibraryNotFound
 
-__all__ = ["SONAMES", "find_library", "open_library", "LibraryNotFound",
+__all__ = ["SONAMES", "find_library", "open_library", "open_cdll", "LibraryNotFound",
            "INSTALL_HINT"]
 
 #: candidate sonames per library, newest first
@@ -66,9 +66,18 @@ def find_library(name: str, environ: Mapping[str, str] = os.environ) -> str:
 
 def open_library(ffi, name: str, environ: Mapping[str, str] = os.environ):
     """``ffi.dlopen`` the library ``name``; raises :class:`LibraryNotFound`."""
+    return _opened(ffi.dlopen, name, environ)
+
+
+def open_cdll(name: str, environ: Mapping[str, str] = os.environ) -> ctypes.CDLL:
+    """``ctypes.CDLL`` of the library ``name``; raises :class:`LibraryNotFound`."""
+    return _opened(ctypes.CDLL, name, environ)
+
+
+def _opened(dlopen, name: str, environ: Mapping[str, str]):
     path = find_library(name, environ)
     try:
-        return ffi.dlopen(path)
+        return dlopen(path)
     except OSError as exc:
         raise LibraryNotFound(f"could not open {path}: {exc}") from exc
 

@@ -22,7 +22,7 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-from ._libs import LibraryNotFound, find_library
+from ._libs import LibraryNotFound, open_cdll
 
 __all__ = ["colamd", "colamd_available"]
 
@@ -44,11 +44,7 @@ def _lib() -> ctypes.CDLL:
     """The COLAMD library with its functions declared, ``long`` and ``int`` (once
     per process: the handle is immutable once opened, caching it is not mutable
     state)."""
-    path = find_library("colamd")
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError as exc:
-        raise LibraryNotFound(f"could not open {path}: {exc}") from exc
+    lib = open_cdll("colamd")
     for suffix, index, pointer, stats in (("_l", ctypes.c_int64, _I64P, _STATS),
                                           ("", ctypes.c_int32, _I32P, _STATS32)):
         recommended = getattr(lib, f"colamd{suffix}_recommended")

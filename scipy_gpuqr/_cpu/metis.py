@@ -17,7 +17,7 @@ import functools
 
 import numpy as np
 
-from ._libs import LibraryNotFound, find_library
+from ._libs import LibraryNotFound, open_cdll
 
 __all__ = ["nested_dissection", "metis_available"]
 
@@ -30,11 +30,7 @@ _METIS_OK = 1
 def _lib() -> tuple[ctypes.CDLL, type]:
     """The METIS library with ``METIS_NodeND`` declared, and its index type
     (once per process: the handle is immutable once opened)."""
-    path = find_library("metis")
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError as exc:
-        raise LibraryNotFound(f"could not open {path}: {exc}") from exc
+    lib = open_cdll("metis")
     lib.METIS_SetDefaultOptions.argtypes = [ctypes.c_void_p]
     lib.METIS_SetDefaultOptions.restype = ctypes.c_int
     lib.METIS_NodeND.argtypes = [ctypes.c_void_p] * 7

@@ -47,7 +47,7 @@ import numpy as np
 
 from ... import _gpu
 
-__all__ = ["GEMM_SHAPES", "TRSM_ORDERS", "EDGE", "start_blas_warmup", "driver_warmup"]
+__all__ = ["GEMM_SHAPES", "TRSM_ORDERS", "TRSM_KINDS", "EDGE", "start_blas_warmup", "driver_warmup"]
 
 #: The largest dimension of a warm-up operand (a front's rows and columns are
 #: capped at it: the kernels cuBLAS picks for larger ones are of the same
@@ -72,9 +72,21 @@ GEMM_SHAPES: tuple = (
 #: 32-column sub-panels) and R's diagonal blocks (upper, ``R⁻¹`` and ``R⁻ᵀ``).
 TRSM_ORDERS: tuple = (256, 32)
 
+#: ``(fill, op, diagonal)`` of the solves at each order of :data:`TRSM_ORDERS`:
+#: T factors (lower, unit), ``R⁻¹`` and ``R⁻ᵀ`` (upper, not unit).
+TRSM_KINDS: tuple = (("L", "N", "U"), ("U", "N", "N"), ("U", "T", "N"))
+
 
 def _dim(d) -> int:
     return EDGE if d == "E" else int(d)
+
+
+def _gemm_calls():
+    """``(opA, opB, m, n, k, lda, ldb)`` of each product of :data:`GEMM_SHAPES`
+    (column-major operands, ``ldc = m``)."""
+    for ta, tb, m, n, k in GEMM_SHAPES:
+        m, n, k = _dim(m), _dim(n), _dim(k)
+        yield ta, tb, m, n, k, (m if ta == "N" else k), (k if tb == "N" else n)
 
 
 def start_blas_warmup(device: int, dtype: str) -> threading.Thread:
@@ -136,10 +148,7 @@ def warmup(device: int, dtype) -> None:
             try:
                 rt.memsetAsync(ptr, 0, 3 * block, stream.ptr)
                 A, B, C = ptr, ptr + block, ptr + 2 * block
-                for ta, tb, m, n, k in GEMM_SHAPES:
-                    m, n, k = _dim(m), _dim(n), _dim(k)
-                    lda = m if ta == "N" else k
-                    ldb = k if tb == "N" else n
+                for ta, tb, m, n, k, lda, ldb in _gemm_calls():
                     gemm(handle, op[ta], op[tb], m, n, k, one.ctypes.data, A, lda, B, ldb,
                          zero.ctypes.data, C, m)
                 stream.synchronize()
@@ -157,9 +166,10 @@ def _warm_trsm(cp, cublas, handle, stream, dtype: np.dtype) -> None:
     trsm = cublas.strsm if dtype == np.float32 else cublas.dtrsm
     one = np.ones(1, dtype=dtype)
     rt = cp.cuda.runtime
-    kinds = ((cublas.CUBLAS_FILL_MODE_LOWER, cublas.CUBLAS_OP_N, cublas.CUBLAS_DIAG_UNIT),
-             (cublas.CUBLAS_FILL_MODE_UPPER, cublas.CUBLAS_OP_N, cublas.CUBLAS_DIAG_NON_UNIT),
-             (cublas.CUBLAS_FILL_MODE_UPPER, cublas.CUBLAS_OP_T, cublas.CUBLAS_DIAG_NON_UNIT))
+    fills = {"L": cublas.CUBLAS_FILL_MODE_LOWER, "U": cublas.CUBLAS_FILL_MODE_UPPER}
+    ops = {"N": cublas.CUBLAS_OP_N, "T": cublas.CUBLAS_OP_T}
+    diags = {"U": cublas.CUBLAS_DIAG_UNIT, "N": cublas.CUBLAS_DIAG_NON_UNIT}
+    kinds = [(fills[f], ops[o], diags[d]) for f, o, d in TRSM_KINDS]
     b = max(TRSM_ORDERS)
     A = cp.empty(b * b, dtype=dtype)
     B = cp.empty(b * b, dtype=dtype)
@@ -180,7 +190,9 @@ def _warm_trsm(cp, cublas, handle, stream, dtype: np.dtype) -> None:
 
 #: cuBLAS's enumerations as the v2 API numbers them (``cublas_api.h``).
 _OP = {"N": 0, "T": 1}
-_SIDE_LEFT, _LOWER, _UPPER, _NON_UNIT, _UNIT = 0, 0, 1, 0, 1
+_FILL = {"L": 0, "U": 1}
+_DIAG = {"N": 0, "U": 1}
+_SIDE_LEFT = 0
 
 #: ``cuStreamCreate``'s flag for a stream that does not wait for the legacy
 #: default stream.
@@ -273,10 +285,7 @@ def _driver_calls(lib, blas, gemm, trsm, handle, stream, base: int, block: int,
     _check(lib.cuMemsetD8Async(ctypes.c_uint64(base), ctypes.c_ubyte(0),
                                ctypes.c_size_t(3 * block), stream), "cuMemsetD8Async")
     A, B, C = ptr(base), ptr(base + block), ptr(base + 2 * block)
-    for ta, tb, m, n, k in GEMM_SHAPES:
-        m, n, k = _dim(m), _dim(n), _dim(k)
-        lda = m if ta == "N" else k
-        ldb = k if tb == "N" else n
+    for ta, tb, m, n, k, lda, ldb in _gemm_calls():
         _check(gemm(handle, _OP[ta], _OP[tb], m, n, k, ctypes.byref(one), A, lda, B, ldb,
                     ctypes.byref(zero), C, m), "cublas gemm")
     b = max(TRSM_ORDERS)
@@ -284,8 +293,7 @@ def _driver_calls(lib, blas, gemm, trsm, handle, stream, base: int, block: int,
     _check(lib.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(base), eye.ctypes.data_as(ptr),
                                     ctypes.c_size_t(eye.nbytes), stream), "cuMemcpyHtoDAsync")
     for n in TRSM_ORDERS:
-        for fill, trans, diag in ((_LOWER, _OP["N"], _UNIT), (_UPPER, _OP["N"], _NON_UNIT),
-                                  (_UPPER, _OP["T"], _NON_UNIT)):
-            _check(trsm(handle, _SIDE_LEFT, fill, trans, diag, n, n, ctypes.byref(one), A, b,
-                        B, b), "cublas trsm")
+        for fill, trans, diag in TRSM_KINDS:
+            _check(trsm(handle, _SIDE_LEFT, _FILL[fill], _OP[trans], _DIAG[diag], n, n,
+                        ctypes.byref(one), A, b, B, b), "cublas trsm")
     _check(lib.cuStreamSynchronize(stream), "cuStreamSynchronize")     # eye lives until here
