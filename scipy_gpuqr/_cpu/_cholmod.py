@@ -103,8 +103,7 @@ STATUS_NAMES = {0: "CHOLMOD_OK", -1: "CHOLMOD_NOT_INSTALLED", -2: "CHOLMOD_OUT_O
 
 #: ``struct`` formats (native byte order and sizes) and sizes of COMMON_FIELDS' C types
 _FORMATS = {"int": "=i", "double": "=d", "size_t": "@N", "int64_t": "=q"}
-_SIZES = {"int": 4, "double": 8, "size_t": struct.calcsize("@N"), "int64_t": 8}
-_ISTAT_FORMAT = "=8q"
+_SIZES = {ctype: struct.calcsize(fmt) for ctype, fmt in _FORMATS.items()}
 
 # defaults set by cholmod_l_start, used to check the layout at run time
 _EXPECTED_DEFAULTS = {"print": 3, "itype": CHOLMOD_LONG, "status": 0, "SPQR_grain": 1.0,
@@ -162,8 +161,9 @@ class Common:
     def istat(self) -> dict:
         """SPQR's integer statistics (``SPQR_istat[0:8]``) by name."""
         offset = COMMON_FIELDS["SPQR_istat"][0]
-        values = struct.unpack_from(_ISTAT_FORMAT, self._ffi.buffer(self._buf)[offset:offset + 64])
-        return dict(zip(SPQR_ISTAT, values))
+        fmt = f"={len(SPQR_ISTAT)}q"
+        raw = self._ffi.buffer(self._buf)[offset:offset + struct.calcsize(fmt)]
+        return dict(zip(SPQR_ISTAT, struct.unpack_from(fmt, raw)))
 
     def values(self, names) -> tuple:
         """The scalar fields ``names`` (of :data:`COMMON_FIELDS`, not ``SPQR_istat``), read
