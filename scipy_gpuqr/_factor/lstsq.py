@@ -742,16 +742,16 @@ class MinNormSolver:
             return
         if self._sparse_cod_first() and self._prepare_gap_checked_cod():
             return
-        # R's dense work on the GPU (auto's CPU factorization with a GPU present too): its
-        # small singular subspace there before the host's through R's sparse solves, the
-        # SVD, or a dense COD of all of R (and that COD's SVD where Heath's rule leaves
-        # no gap)
-        if square_ok and self._prepare_device_subspace(d):
-            return
         if square_ok and self._prepare_sparse_subspace(d):
             return
         if max(k, q) <= DENSE_LIMIT or self.factorize is None:
+            if square_ok and self._prepare_device_subspace(d):
+                return
             self._prepare_svd(self._dense_g_on_gpu())
+            return
+        # R's dense work on the GPU: its small singular subspace there before a dense
+        # COD of all of R (and that COD's SVD where Heath's rule leaves no gap)
+        if square_ok and self._prepare_device_subspace(d):
             return
         device = self._dense_cod_device()
         if device == "gpu":
