@@ -100,27 +100,20 @@ def _backward_error(A, x, b) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("on_device", [True, False])
-def test_large_r_without_a_gap_decided_from_its_small_subspace(matrices_dir, monkeypatch,
-                                                              on_device):
-    """bayer10 (q = 13436, R sparse, 133 singular values under the cutoff and no certified
-    gap there): beyond DENSE_LIMIT a GPU factorization's R is decided from its small
-    singular subspace, not by the device's dense COD of all of R and its SVD: on R made
-    dense on the device where it fits (gap or not, the host's rule), else through R's
-    sparse solves on the host; the rank and the answer's backward error are the CPU's."""
+def test_sparse_r_without_a_gap_decided_by_its_sparse_solves(matrices_dir, monkeypatch):
+    """bayer10 (q = 13436, R sparse, 133 singular values under the cutoff and no gap
+    there): beyond DENSE_LIMIT a GPU factorization's R is decided from its small
+    singular subspace through its sparse solves, not by the device's dense COD of all
+    of R and its SVD; the rank and the answer's backward error are the CPU's."""
     from scipy_gpuqr.io import mmread
     monkeypatch.setattr(_lstsq, "DenseCOD", None)        # must not be reached
-    if not on_device:
-        monkeypatch.setattr(_lstsq.MinNormSolver, "_device_subspace_fits",
-                            lambda self, q, max_block: False)
     A = sp.csc_array(mmread(str(matrices_dir / "bayer10.mtx")))
     b = np.random.default_rng(7).standard_normal(A.shape[0])
     F = QRFactorization(A, backend="gpu")
     x = F.solve(b)
     assert F.info["backend"] == "gpu"
     solver = F._core.rank_decision()
-    assert (solver.method, solver.cod_device) == (("dense_subspace", "gpu") if on_device
-                                                  else ("subspace_cod", "cpu"))
+    assert solver.method == "subspace_cod" and solver.cod_device == "cpu"
     C = QRFactorization(A, backend="cpu")
     x_cpu = C.solve(b)
     assert F.rank == C.rank

@@ -172,22 +172,13 @@ class DenseSubspaceCOD:
         R's largest singular value (lstsq's σ_max): the iteration may then settle by
         the rounding it leaves R's subspace at (:data:`SETTLE_SHARE`); 0 or less,
         only by :data:`SUBSPACE_RTOL` and :data:`NOISE_CEILING`.
-    require_gap : bool
-        Keep the rank only where the gap at the cutoff is certified (the caller's SVD,
-        exactly lstsq's rule, decides otherwise). False: the rank of the Ritz values
-        under the cutoff, gap or not, where the projections do not leak (``ν·σ_{d+1}``
-        at most :data:`LEAK_FACTOR`): the truncated SVD's rank and solution up to the
-        Ritz values' accuracy, the acceptance of the host's subspace decisions
-        (:mod:`scipy_gpuqr._factor.sparse_subspace`), for an R whose SVD costs far more
-        than they.
 
     Raises
     ------
     SubspaceTooLarge
         No decision here: the block would exceed ``max_block``, the iteration did not
-        settle in :data:`MAX_STEPS` steps, a solve was not finite, the projections
-        leak, or (``require_gap``) the gap at the cutoff is not certified (see the
-        module notes); the caller's SVD decides.
+        settle in :data:`MAX_STEPS` steps, a solve was not finite, or the gap at the
+        cutoff is not certified (see the module notes); the caller's SVD decides.
 
     Attributes
     ----------
@@ -210,7 +201,6 @@ class DenseSubspaceCOD:
     max_block: int = 1024
     seed: int = 0
     sigma_max: float = 0.0
-    require_gap: bool = True
     rank: int = field(init=False, default=0)
     ritz: np.ndarray = field(init=False, default=None, repr=False)
     sigma_min: float = field(init=False, default=float("nan"))
@@ -236,7 +226,7 @@ class DenseSubspaceCOD:
         self.sigma_min = float(ritz[d]) if d < ritz.size else float("inf")
         if d == 0:
             raise SubspaceTooLarge("no singular value under the cutoff in the block")
-        if self.require_gap and not self.sigma_min > GAP_MARGIN * self.tol:
+        if not self.sigma_min > GAP_MARGIN * self.tol:
             raise SubspaceTooLarge(f"σ_(q-d) at most {self.sigma_min / self.tol:.3g} x the "
                                    "cutoff: no clear gap")
         self._subspaces(X, d)
@@ -404,7 +394,7 @@ class DenseSubspaceCOD:
             accept=lambda nu, m: m * nu * GAP_MARGIN * tol < 1.0)
         if not (np.isfinite(self.nu) and self.nu > 0):
             raise SubspaceTooLarge("non-finite solve in the probe")
-        if self.require_gap and not self.margin * self.nu * GAP_MARGIN * tol < 1.0:
+        if not self.margin * self.nu * GAP_MARGIN * tol < 1.0:
             raise SubspaceTooLarge(f"σ_(q-d) not shown above {GAP_MARGIN:g} x the cutoff "
                                    f"(probe: 1/(Mν) = {1 / (self.margin * self.nu * tol):.3g} x)")
         leak = self.nu * self.sigma_min

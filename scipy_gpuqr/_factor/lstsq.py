@@ -76,8 +76,7 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
        dense there first
        (:class:`~scipy_gpuqr._factor.dense_subspace.DenseSubspaceCOD`: block
        inverse subspace iteration, Rayleigh–Ritz on R, the rank kept only where
-       the gap at the cutoff is certified up to DENSE_LIMIT, gap or not beyond
-       unless the projections leak; a few solves with the block where the
+       the gap at the cutoff is certified; a few solves with the block where the
        SVD of all of R is the dearest dense step): before the gap check where the
        factorization was the GPU's (whose second sparse QR of R would run there),
        before the dense SVD or the dense COD otherwise; they decide where it refuses.
@@ -1246,11 +1245,9 @@ class MinNormSolver:
         kept only where the gap at the cutoff is certified. A modest null space with a
         clear gap (tens to a few hundred singular values under the cutoff, the next
         clearly above) is so decided for a few solves with the block (``3·p·q²`` flops a
-        step), where the SVD of all of R (``10·q³``) is the dearest dense step; where it
-        refuses (no clear gap, the block too large), the SVD decides. Beyond DENSE_LIMIT,
-        where the dense COD (``q³``) and its SVD would follow, it decides gap or not
-        (``require_gap=False``: the host's subspace rule) unless the projections leak.
-        Tried once."""
+        step), where the SVD of all of R (``10·q³``), or beyond DENSE_LIMIT the dense COD
+        (``q³``) and its SVD, is the dearest dense step; where it refuses (no clear gap,
+        the block too large), those decide. Tried once."""
         if self._subspace_tried:
             return False
         self._subspace_tried = True
@@ -1275,12 +1272,9 @@ class MinNormSolver:
             first = 2 * int(np.count_nonzero(d <= tol)) + SUBSPACE_BLOCK
             if first > max_block:
                 return False
-            # up to DENSE_LIMIT the SVD (lstsq's rule itself) decides where no gap is
-            # certified; beyond, the host's rule: the rank of the Ritz values, gap or not
             cod = DenseSubspaceCOD(Rgpu, tol, transposed=self.transposed,
                                    block=min(max(first, DEVICE_SUBSPACE_BLOCK), max_block),
-                                   max_block=max_block, sigma_max=smax,
-                                   require_gap=q <= DENSE_LIMIT)
+                                   max_block=max_block, sigma_max=smax)
         except SubspaceTooLarge:
             return False
         except MemoryError:
