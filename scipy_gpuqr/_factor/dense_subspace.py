@@ -1,8 +1,8 @@
 """lstsq's rank of a dense square triangle with a modest null space, on NumPy or CuPy.
 
 Used by :class:`scipy_gpuqr._factor.lstsq.MinNormSolver` where R's dense rank work
-runs on a GPU and R (square, nonzero diagonal, dense on the device: up to lstsq's
-``DENSE_LIMIT``, and beyond where it fits there) hides its deficiency from its pivots: tens to a few hundred singular values under
+runs on a GPU and R (square, nonzero diagonal, order at most lstsq's ``DENSE_LIMIT``)
+hides its deficiency from its pivots: tens to a few hundred singular values under
 the cutoff, none of R's pivots there (nnc1374: 66 under it, σ_{r} = 4.8 × the cutoff,
 σ_{r+1} = 0.84 ×). Heath's greedy rule (the gap-checked sparse COD) misses them and
 a full SVD of R is the dearest dense step (``gesvd`` of all of R). Here only the block

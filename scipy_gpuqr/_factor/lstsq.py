@@ -70,16 +70,15 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
        iteration below, then ``x = P_V R⁻¹ P_U c`` refined with R's residual;
        no dense copy of R, cost proportional to nnz(R) times the block).
        Where that refuses, the dense rules below answer. Where R's dense work runs
-       on the GPU (``dense_device``, from :data:`SVD_GPU_MIN_ORDER` columns, beyond
-       DENSE_LIMIT where R made dense fits beside the decision's blocks) and R is
-       square with a nonzero diagonal, R's small singular subspace decides on R made
-       dense there first
+       on the GPU (``dense_device``, from :data:`SVD_GPU_MIN_ORDER` columns up to
+       DENSE_LIMIT) and R is square with a nonzero diagonal, R's small singular
+       subspace decides on R made dense there first
        (:class:`~scipy_gpuqr._factor.dense_subspace.DenseSubspaceCOD`: block
        inverse subspace iteration, Rayleigh–Ritz on R, the rank kept only where
        the gap at the cutoff is certified; a few solves with the block where the
        SVD of all of R is the dearest dense step): before the gap check where the
        factorization was the GPU's (whose second sparse QR of R would run there),
-       before the dense SVD or the dense COD otherwise; they decide where it refuses.
+       before the dense SVD otherwise; the SVD decides where it refuses.
 
        * q ≤ :data:`DENSE_LIMIT`: a dense SVD of ``R`` gives exactly lstsq's
          rank and the pseudo-inverse solution (on the GPU from
@@ -190,11 +189,6 @@ SUBSPACE_MAX_BLOCK = 1024
 #: block costs about what one with a few columns costs there, and a block that
 #: straddles the cutoff from the first step saves a doubling.
 DEVICE_SUBSPACE_BLOCK = 128
-
-#: q × p arrays the device's subspace decision holds at once beside R (the block, its
-#: solves, R times it, their thin QRs' factors), for its memory check beyond
-#: DENSE_LIMIT.
-DEVICE_SUBSPACE_BLOCKS = 6
 
 #: Smallest min(k, q) of R whose dense SVD runs on the GPU when one may be
 #: used (below it the host's gesdd is as fast as cuSOLVER's, transfers included).
@@ -748,10 +742,6 @@ class MinNormSolver:
                 return
             self._prepare_svd(self._dense_g_on_gpu())
             return
-        # R's dense work on the GPU: its small singular subspace there before a dense
-        # COD of all of R (and that COD's SVD where Heath's rule leaves no gap)
-        if square_ok and self._prepare_device_subspace(d):
-            return
         device = self._dense_cod_device()
         if device == "gpu":
             try:
@@ -1239,24 +1229,20 @@ class MinNormSolver:
     def _prepare_device_subspace(self, d: np.ndarray) -> bool:
         """lstsq's rank and solutions from R's small singular subspace on the device
         (:class:`~scipy_gpuqr._factor.dense_subspace.DenseSubspaceCOD`), where R's dense
-        work runs on the GPU (:meth:`_dense_gpu_pays`) and R is square with a nonzero
-        diagonal, dense on the device within :meth:`_device_subspace_fits`: block inverse
-        subspace iteration with R's triangular solves on R made dense there, the rank
-        kept only where the gap at the cutoff is certified. A modest null space with a
-        clear gap (tens to a few hundred singular values under the cutoff, the next
-        clearly above) is so decided for a few solves with the block (``3·p·q²`` flops a
-        step), where the SVD of all of R (``10·q³``), or beyond DENSE_LIMIT the dense COD
-        (``q³``) and its SVD, is the dearest dense step; where it refuses (no clear gap,
-        the block too large), those decide. Tried once."""
+        work runs on the GPU (:meth:`_dense_gpu_pays`) and R is square of order up to
+        DENSE_LIMIT with a nonzero diagonal: block inverse subspace iteration with R's
+        triangular solves on R made dense there, the rank kept only where the gap at the
+        cutoff is certified. A modest null space with a clear gap (tens to a few hundred
+        singular values under the cutoff, the next clearly above) is so decided for a few
+        solves with the block, where the SVD of all of R is the dearest dense step; where
+        it refuses (no clear gap, the block too large), the SVD decides. Tried once."""
         if self._subspace_tried:
             return False
         self._subspace_tried = True
         k, q = self.R.shape
-        if k != q or not self._dense_gpu_pays():
+        if k != q or q > DENSE_LIMIT or not self._dense_gpu_pays():
             return False
         max_block = min(SUBSPACE_MAX_BLOCK, q // 3)
-        if q > DENSE_LIMIT and not self._device_subspace_fits(q, max_block):
-            return False
         try:
             Rgpu = self._device_r
             if Rgpu is None:
@@ -1287,15 +1273,6 @@ class MinNormSolver:
         self.cod_device = "gpu"
         self._cod = cod
         return True
-
-    def _device_subspace_fits(self, q: int, max_block: int) -> bool:
-        """Whether R dense on the device with the subspace decision's blocks (about
-        :data:`DEVICE_SUBSPACE_BLOCKS` q × ``max_block`` arrays) takes at most
-        :data:`DENSE_COD_GPU_FRACTION` of what the device may give now (free memory,
-        CuPy's pool limit), the dense COD's own share."""
-        need = 8 * q * (q + DEVICE_SUBSPACE_BLOCKS * max_block)
-        avail = available_bytes(_gpu.import_cupy()).available
-        return need <= DENSE_COD_GPU_FRACTION * avail
 
     def _prepare_svd(self, G=None):
         """SVD of G (dense, NumPy or CuPy; default R or Rᵀ on the host)."""
@@ -1418,21 +1395,13 @@ class MinNormSolver:
 
     def _prepare_sparse_subspace(self, d: np.ndarray) -> bool:
         """lstsq's rank and solutions from R's small singular subspace through R's
-        sparse triangular solves on the host
-        (:func:`scipy_gpuqr._factor.sparse_subspace.decide`), where the dense rules
-        would run on the host beyond DENSE_LIMIT, or from
+        sparse triangular solves (:func:`scipy_gpuqr._factor.sparse_subspace.decide`),
+        where the dense rules would run on the host beyond DENSE_LIMIT, or from
         :data:`SPARSE_SUBSPACE_MIN_ORDER` columns up to it (the SVD it spares is
-        then its fallback); and beyond DENSE_LIMIT where they would run on the GPU and
-        R is sparse (:data:`SPARSE_COD_MAX_DENSITY`): there the device's dense COD costs
-        ``q³`` flops and, where Heath's rule leaves no gap at the cutoff, hands the rank
-        to cuSOLVER's SVD of all of R (``10·q³``), against a few block solves through
-        R's entries here."""
-        k, q = self.R.shape
+        then its fallback)."""
+        q = self.R.shape[0]
         small = q <= DENSE_LIMIT and q < SPARSE_SUBSPACE_MIN_ORDER
-        if small or self.factorize is None:
-            return False
-        if self.dense_device != "cpu" and (q <= DENSE_LIMIT or
-                                           self.R.nnz > SPARSE_COD_MAX_DENSITY * k * q):
+        if self.dense_device != "cpu" or small or self.factorize is None:
             return False
         # the decision compiles its own sweeps where the probe's were compiled
         tri = self._rtri if self._compiled_upper() is not None else self._host_upper()
