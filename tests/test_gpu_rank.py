@@ -93,6 +93,38 @@ def test_rank_decision_estimates_use_the_device_solves(monkeypatch, rng):
     assert np.linalg.norm(x - x_ref) <= 1e-10 * np.linalg.norm(x_ref)
 
 
+def _backward_error(A, x, b) -> float:
+    r = b - A @ x
+    return float(np.linalg.norm(A.T @ r) / (sp.linalg.norm(A) * np.linalg.norm(r)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["gpu", "auto"])
+def test_large_sparse_r_without_a_gap_skips_the_devices_svd(matrices_dir, monkeypatch,
+                                                            backend):
+    """bayer10 (q = 13436, R sparse, 133 singular values under the cutoff, Heath's rule
+    keeping some): where R's dense work runs on the GPU (a GPU factorization's R, or
+    auto's CPU factorization with a GPU present) the device's dense COD finds no gap and
+    R's small singular subspace through its sparse solves decides, not cuSOLVER's SVD of
+    all of R; the rank and the answer's backward error are the CPU backend's."""
+    from scipy_gpuqr.io import mmread
+    svd = []
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_svd",
+                        lambda self, G=None: svd.append(1))
+    A = sp.csc_array(mmread(str(matrices_dir / "bayer10.mtx")))
+    b = np.random.default_rng(7).standard_normal(A.shape[0])
+    options = {"intensity_threshold": 1e30} if backend == "auto" else None
+    F = QRFactorization(A, backend=backend, gpuqr_options=options)
+    x = F.solve(b)
+    assert F.info["backend"] == ("gpu" if backend == "gpu" else "cpu")
+    solver = F._core.rank_decision()
+    assert (solver.method, solver.cod_device) == ("subspace_cod", "cpu") and not svd
+    C = QRFactorization(A, backend="cpu")
+    x_cpu = C.solve(b)
+    assert F.rank == C.rank
+    assert _backward_error(A, x, b) <= 10 * _backward_error(A, x_cpu, b) + 1e-14
+
+
 def _graded_gpu_case(rng, n=700, m=800, decades=18):
     """Singular values logspace(0, -18): no gap, Heath's rule drops nothing, the SVD decides."""
     U, _ = np.linalg.qr(rng.standard_normal((m, n)))

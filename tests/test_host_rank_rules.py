@@ -570,3 +570,28 @@ def test_gap_check_sigma_min_on_the_gpu_on_adder_dcop_05(matrices_dir):
     assert seen == [(1788, "cupy"), (1788, "scipy")]
     assert device.sigma_max == host.sigma_max
     assert np.array_equal(device.solve(c), host.solve(c))
+
+
+def test_device_cod_without_a_gap_hands_a_sparse_r_to_its_subspace(matrices_dir,
+                                                                   monkeypatch):
+    """Beyond DENSE_LIMIT (here set below nnc1374's order) a sparse R whose dense COD runs
+    on the device (a stand-in) and finds no gap at the cutoff (Heath's rule keeps
+    nnc1374's hidden deficiency) is decided from its small singular subspace through its
+    sparse solves, as the host decides it, not by the device's SVD of all of R: the same
+    rank and x, bit for bit."""
+    A, R, _ = _shared_r(matrices_dir, "nnc1374.mtx")
+    cutoff = _lstsq.lstsq_cutoff(*A.shape)
+    monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 500)
+    host = _gap_checked(R, cutoff)
+    assert host.method == "subspace_cod"
+    made = stand_in_device(monkeypatch)
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_dense_cod_device", lambda self: "gpu")
+    svd = []
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_svd",
+                        lambda self, G=None: svd.append(1))
+    device = _gap_checked(R, cutoff, dense_device="gpu")
+    assert R.shape[0] in made and not svd
+    assert (device.method, device.rank) == (host.method, host.rank)
+    assert device.cod_device == "cpu"
+    c = np.random.default_rng(4).standard_normal(R.shape[0])
+    assert np.array_equal(device.solve(c), host.solve(c))

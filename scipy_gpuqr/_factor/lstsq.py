@@ -1342,10 +1342,16 @@ class MinNormSolver:
         self.sigma_min = cod.sigma_min_estimate()
         if cod.rank and self.sigma_min <= tol:
             # Heath's rule kept a column that lstsq's rule drops (no gap in
-            # the singular values): R's small singular subspace (host) or the
-            # SVD (on the same device, where affordable) decides; else Heath's
-            # rank stands (reported).
+            # the singular values): R's small singular subspace (host: on R's
+            # dense copy; after the device's COD: through R's sparse solves, as
+            # the host decides a sparse R beyond DENSE_LIMIT) or the SVD (on the
+            # same device, where affordable) decides; else Heath's rank stands
+            # (reported).
             if subspace and self._prepare_subspace_cod(dead):
+                return
+            if device == "gpu" and self._prepare_sparse_subspace(abs_diagonal(self.R),
+                                                                 after_device_cod=True):
+                del cod, backup
                 return
             if svd_affordable:
                 del cod
@@ -1393,15 +1399,25 @@ class MinNormSolver:
         self._cod = cod
         return True
 
-    def _prepare_sparse_subspace(self, d: np.ndarray) -> bool:
+    def _prepare_sparse_subspace(self, d: np.ndarray, after_device_cod: bool = False) -> bool:
         """lstsq's rank and solutions from R's small singular subspace through R's
-        sparse triangular solves (:func:`scipy_gpuqr._factor.sparse_subspace.decide`),
-        where the dense rules would run on the host beyond DENSE_LIMIT, or from
+        sparse triangular solves on the host
+        (:func:`scipy_gpuqr._factor.sparse_subspace.decide`), where the dense rules
+        would run on the host beyond DENSE_LIMIT, or from
         :data:`SPARSE_SUBSPACE_MIN_ORDER` columns up to it (the SVD it spares is
-        then its fallback)."""
-        q = self.R.shape[0]
+        then its fallback). ``after_device_cod``: where the device's dense COD found no
+        gap at the cutoff beyond DENSE_LIMIT and R, square with a nonzero diagonal, is
+        sparse (:data:`SPARSE_COD_MAX_DENSITY`): a few block solves through R's entries
+        instead of cuSOLVER's SVD of all of R (``10·q³`` flops)."""
+        k, q = self.R.shape
         small = q <= DENSE_LIMIT and q < SPARSE_SUBSPACE_MIN_ORDER
-        if self.dense_device != "cpu" or small or self.factorize is None:
+        if small or self.factorize is None:
+            return False
+        if after_device_cod:
+            if (k != q or q <= DENSE_LIMIT or self.R.nnz > SPARSE_COD_MAX_DENSITY * k * q
+                    or not (np.all(np.isfinite(d)) and np.all(d > 0))):
+                return False
+        elif self.dense_device != "cpu":
             return False
         # the decision compiles its own sweeps where the probe's were compiled
         tri = self._rtri if self._compiled_upper() is not None else self._host_upper()
