@@ -402,10 +402,12 @@ RANK_GPU_S_PER_SQUARE = 1.6e-7
 #: :data:`RANK_SPARSE_MIN_ORDER` up to :data:`RANK_DENSE_LIMIT`: the blocked
 #: dense COD on the device (measured on an H200, warm: rajat01, q = 6833,
 #: 0.36-0.44 s where the cube model said 64 s). Where the singular values have
-#: no gap at the cutoff the COD hands the rank to cuSOLVER's SVD of all of R,
-#: which costs far more (bayer10, q = 13436: 15 s); nothing before the
-#: factorization tells the two apart, and an R of that order on the device with
-#: no gap was not seen among the matrices whose runs the rule would stop.
+#: no gap at the cutoff the COD hands the rank to R's small singular subspace
+#: through its sparse solves on the host where R is sparse (bayer10, q = 13436:
+#: 1.8 s in all), to cuSOLVER's SVD of all of R otherwise, which costs far more;
+#: nothing before the factorization tells these apart, and an R of that order on
+#: the device with no gap was not seen among the matrices whose runs the rule
+#: would stop.
 RANK_GPU_S_PER_CUBE = 1.3e-12
 #: A projection at iteration ``i`` of ``f`` more iterations promised SciPy's
 #: stop by ``i + f``; the promise is broken once the run passes this many
