@@ -663,12 +663,16 @@ def prefetch(modules: Iterable[KernelUse]) -> list:
     tens of milliseconds of a new process's first call on a slow file system)
     and starts one compiling thread (``gpuqr-nvrtc``) per module not compiled,
     nor being compiled, yet in this process, then waits for them. A use asked
-    for before (same file, variants and device) is not looked up again.
+    for before (same file, variants and device) is not looked up again. The
+    first use is the one the call launches first: its module is compiled (or
+    waited for, where the caller's thread compiles it) before the others start,
+    so that its load does not share the interpreter with theirs.
 
     Parameters
     ----------
     modules : iterable of KernelUse
-        The files, their declared variants and the variants the call will ask for.
+        The files, their declared variants and the variants the call will ask
+        for, the one launched first first.
 
     Returns
     -------
@@ -696,6 +700,12 @@ def _prefetch_uses(uses: Sequence[KernelUse], device: int) -> None:
         _seed_preprocess()          # before any module's thread asks for it
     except Exception:  # noqa: BLE001 - CuPy runs NVRTC instead
         pass
+    first = uses[0] if uses else None
+    if first is not None and first.needed:
+        try:                        # alone: compiled here, or waited for where it is compiling
+            first.module()._load(first.needed, device)
+        except Exception:  # noqa: BLE001 - raised again where the module is used
+            pass
     for use in uses:
         try:
             threads += use.module().prefetch(use.needed, device=device)

@@ -554,9 +554,10 @@ def test_module_lookups_seed_first_and_once(monkeypatch):
 
         def module(self):
             order.append("lookup")
-            return types.SimpleNamespace(prefetch=lambda needed, device: [])
+            return types.SimpleNamespace(prefetch=lambda needed, device: [],
+                                         _load=lambda needed, device: None)
     _kernels._prefetch_uses([_Use(), _Use()], 0)
-    assert order == ["seed", "lookup", "lookup"]
+    assert order == ["seed", "lookup", "lookup", "lookup"]
     _kernels._seed_once.cache_clear()
     del order[:]
     threads = [threading.Thread(target=_kernels._seed_preprocess) for _ in range(4)]
@@ -565,6 +566,41 @@ def test_module_lookups_seed_first_and_once(monkeypatch):
     for t in threads:
         t.join()
     assert order == ["seed"]
+
+
+def test_the_first_module_loads_alone_before_the_others_start(monkeypatch):
+    """The use launched first (the engine's uberkernel) is compiled, or waited for, on
+    the lookups' thread before any other module's thread starts: its load does not
+    share the interpreter with theirs. A failure there leaves the others to start."""
+    import threading
+    monkeypatch.setattr(_kernels, "_seed_once", lambda: frozenset())
+    events = []
+
+    class _Use:
+        def __init__(self, name, fail=False):
+            self.name, self.fail, self.needed = name, fail, (name + "<double>",)
+
+        def module(self):
+            use = self
+
+            def load(needed, device):
+                events.append(("load", use.name, needed))
+                if use.fail:
+                    raise RuntimeError("no cubin")
+
+            def prefetch(needed, device):
+                events.append(("start", use.name))
+                t = threading.Thread(target=lambda: events.append(("ran", use.name)))
+                t.start()
+                return [t]
+            return types.SimpleNamespace(_load=load, prefetch=prefetch)
+    _kernels._prefetch_uses([_Use("uber"), _Use("panel"), _Use("solve")], 3)
+    assert events[0] == ("load", "uber", ("uber<double>",))
+    assert [e for e in events if e[0] == "start"] == [("start", "uber"), ("start", "panel"),
+                                                      ("start", "solve")]
+    del events[:]
+    _kernels._prefetch_uses([_Use("uber", fail=True), _Use("panel")], 3)
+    assert events[0][:2] == ("load", "uber") and ("ran", "panel") in events
 
 
 def test_module_compile_is_seeded_and_remembered(monkeypatch):
