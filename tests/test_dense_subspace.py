@@ -132,6 +132,87 @@ def test_refuses_without_a_certificate(deficient, low, top, block, max_block, se
         DenseSubspaceCOD(R, tol, block=block, max_block=max_block)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_without_a_gap_the_hosts_rule_when_asked(transposed):
+    """Singular values spread through the cutoff (the next above at 1.01 × it): with
+    ``require_gap`` the decision refuses (the SVD decides); without, the Ritz values
+    under the cutoff give the rank, as the host's subspace rule does (lstsq's within the
+    values that lie at the cutoff's rounding), and x is the truncated problem's: its
+    backward error on the kept part as small as lstsq's."""
+    q = 300
+    R = _planted(q, _spectrum(q, 12, 0.8, 1.01, seed=4), seed=4)
+    cutoff = EPS * q
+    tol = cutoff * np.linalg.norm(R, 2)
+    with pytest.raises(SubspaceTooLarge):
+        DenseSubspaceCOD(R.copy(), tol, transposed=transposed, block=64, max_block=150)
+    cod = DenseSubspaceCOD(R.copy(), tol, transposed=transposed, block=64, max_block=150,
+                           require_gap=False)
+    G = R.T if transposed else R
+    C = np.random.default_rng(3).standard_normal((q, 1))
+    ref, rank = _lstsq_of(G, C, cutoff)
+    s = np.linalg.svd(G, compute_uv=False)
+    near = int(np.count_nonzero(np.abs(s - tol) <= 0.02 * tol))
+    assert abs(cod.rank - rank) <= near and cod.rank <= q - 12
+    assert cod.ritz[q - cod.rank - 1] <= tol < cod.sigma_min
+    x = cod.solve(C)
+    r, r_ref = C - G @ x, C - G @ ref
+    assert np.linalg.norm(G.T @ r) <= (10 * np.linalg.norm(G.T @ r_ref)
+                                       + 1e3 * EPS * s[0] * np.linalg.norm(r))
+
+
+def _gpu_like_rajat01(matrices_dir, seed=0):
+    """rajat01 (6833², lstsq's rank 6777: 56 singular values at R's rounding level) and
+    its R as the GPU's task lists compute it (the reference executor), where the pivots
+    the executor cancels to exact zeros are made what the GPU leaves there: rounding,
+    ``±eps·‖R[:, i]‖`` times a uniform factor in [0.1, 1]. Its dead pivots then all lie
+    at the rounding level of their columns, none at zero (the GPU's R, which the
+    device's subspace decision once took, wrongly, for rank 6786)."""
+    from scipy_gpuqr import QRFactorization
+    from scipy_gpuqr.io import mmread
+    A = sp.csc_array(mmread(str(matrices_dir / "rajat01.mtx")))
+    R = sp.csc_array(QRFactorization(A, backend="reference")._core.num.R)
+    d = np.abs(R.diagonal())
+    cols = np.sqrt(np.asarray(R.multiply(R).sum(axis=0)).ravel())
+    zero = np.flatnonzero(d == 0)
+    assert zero.size and np.all(d[zero] < EPS * cols[zero])
+    rng = np.random.default_rng(seed)
+    R = sp.lil_array(R)
+    R[zero, zero] = (EPS * cols[zero] * rng.uniform(0.1, 1.0, zero.size)
+                     * rng.choice([-1.0, 1.0], zero.size))
+    return A, sp.csc_array(R)
+
+
+@pytest.mark.parametrize("require_gap", [True, False])
+def test_solves_growing_past_the_cutoffs_resolution_refuse(matrices_dir, require_gap):
+    """rajat01's R made the GPU's way (pivots at their columns' rounding, one's
+    quotient feeding the next's): R's solves grow so much that the directions at the
+    cutoff lie under their rounding, and the iteration's block and the probe of
+    ``‖S‖₂``, both made of those solves, lose directions of R's null space (47 of its
+    56 found, with a certified "gap"). The decision refuses at its first solve,
+    certificate asked for or not."""
+    A, R = _gpu_like_rajat01(matrices_dir)
+    Rd = R.toarray()
+    q = Rd.shape[0]
+    tol = _lstsq.lstsq_cutoff(*A.shape) * sigma_max_lanczos(R)
+    with pytest.raises(SubspaceTooLarge, match="grows by"):
+        DenseSubspaceCOD(Rd, tol, block=128, max_block=q // 3, require_gap=require_gap)
+
+
+def test_the_growth_limit_is_the_cutoffs_resolution(monkeypatch):
+    """An exact dependence (the planted 1e-18: the solves grow by 1/eps and more) is far
+    within the limit, and its rank is decided; with the limit lowered under that
+    growth the same triangle refuses at its first solve."""
+    q = 300
+    R = _planted(q, _spectrum(q, 12, 0.8, 3.0), seed=0)
+    tol = EPS * q * np.linalg.norm(R, 2)
+    cod = DenseSubspaceCOD(R.copy(), tol, block=64, max_block=150)
+    assert cod.rank == q - 12 and 1e15 <= cod.growth
+    assert EPS * cod.growth * tol <= 1e-6 * _ds.GROWTH_RESOLUTION
+    monkeypatch.setattr(_ds, "GROWTH_RESOLUTION", 0.5 * EPS * cod.growth * tol)
+    with pytest.raises(SubspaceTooLarge, match="grows by"):
+        DenseSubspaceCOD(R.copy(), tol, block=64, max_block=150)
+
+
 def test_just_under_the_cutoff_counts():
     """The largest of the small singular values just under the cutoff (0.95 ×), the next
     clearly above: counted under it (its Ritz value bounds it, as the gap-checked COD's
@@ -324,6 +405,39 @@ def test_min_norm_solver_without_a_clear_gap_takes_the_svd(monkeypatch):
     ref, rank = _lstsq_of(R.toarray(), C, cutoff)
     assert solver.rank == rank
     assert _close(solver.solve(C), ref, R.toarray())
+
+
+def test_min_norm_solver_beyond_dense_limit_leaves_rounding_pivots_to_the_cod(matrices_dir,
+                                                                              monkeypatch):
+    """A GPU factorization's R beyond DENSE_LIMIT whose dead pivots lie at their columns'
+    rounding (rajat01 made the GPU's way: the null-space COD refuses, 61 tiny pivots for
+    56 singular values under the cutoff): R's small singular subspace on the device is
+    refused, and the device's dense COD (Householder QR, no division by R's pivots)
+    decides, not the subspace's rank 6786."""
+    A, R = _gpu_like_rajat01(matrices_dir)
+    stand_in_device(monkeypatch)
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_device_subspace_fits", lambda self, q, p: True)
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_dense_cod_device", lambda self: "gpu")
+    refused, cods = [], []
+    real = _lstsq.DenseSubspaceCOD
+
+    def subspace(*args, **kwargs):
+        try:
+            return real(*args, **kwargs)
+        except SubspaceTooLarge as e:
+            refused.append(str(e))
+            raise
+    monkeypatch.setattr(_lstsq, "DenseSubspaceCOD", subspace)
+
+    def dense_cod(self, device):            # its q³ QR on NumPy here: recorded only
+        cods.append(device)
+        self.method, self.rank = "dense_cod", -1
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_dense_cod", dense_cod)
+    solver = _lstsq.MinNormSolver(R, _lstsq.lstsq_cutoff(*A.shape), device="gpu",
+                                  dense_device="gpu", factorize=lambda G, tol=None: None,
+                                  solves=UpperTriangular(R).solves())
+    assert solver.method == "dense_cod" and cods == ["gpu"]
+    assert len(refused) == 1 and "grows by" in refused[0]
 
 
 # ---------------------------------------------------------------------------

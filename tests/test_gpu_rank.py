@@ -64,6 +64,8 @@ def test_qr_rank_on_gpu_equals_suitesparse(matrices_dir, case):
 def test_lsqr_min_norm_rank_decided_on_gpu(monkeypatch, rng):
     A = chessboard_boundary(5, 7, 3)                      # 4200×2100, rank 1714
     monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 500)       # force the COD path
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_device_subspace_fits",
+                        lambda self, q, p: False)         # not R's subspace on the device
     b = rng.standard_normal(A.shape[0])
     F = QRFactorization(A, backend="gpu")
     x = F.solve(b)
@@ -99,18 +101,30 @@ def _backward_error(A, x, b) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["gpu", "auto"])
+@pytest.mark.parametrize("backend, on_device", [("gpu", True), ("gpu", False),
+                                                ("auto", True)])
 def test_large_sparse_r_without_a_gap_skips_the_devices_svd(matrices_dir, monkeypatch,
-                                                            backend):
-    """bayer10 (q = 13436, R sparse, 133 singular values under the cutoff, Heath's rule
-    keeping some): where R's dense work runs on the GPU (a GPU factorization's R, or
-    auto's CPU factorization with a GPU present) the device's dense COD finds no gap and
-    R's small singular subspace through its sparse solves decides, not cuSOLVER's SVD of
-    all of R; the rank and the answer's backward error are the CPU backend's."""
+                                                            backend, on_device):
+    """bayer10 (q = 13436, R sparse, 133 singular values under the cutoff, no certified
+    gap there): where R's dense work runs on the GPU (a GPU factorization's R, or auto's
+    CPU factorization with a GPU present) R's small singular subspace decides, not the
+    device's dense COD of all of R nor cuSOLVER's SVD: on R made dense on the device
+    where it fits there (gap or not, the host's rule), else, after the dense COD, through
+    R's sparse solves on the host. The rank and the answer's backward error are the CPU
+    backend's."""
     from scipy_gpuqr.io import mmread
-    svd = []
+    svd, cods = [], []
     monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_svd",
                         lambda self, G=None: svd.append(1))
+    real_cod = _lstsq.MinNormSolver._prepare_dense_cod
+
+    def dense_cod(self, device):
+        cods.append(device)
+        return real_cod(self, device)
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_dense_cod", dense_cod)
+    if not on_device:
+        monkeypatch.setattr(_lstsq.MinNormSolver, "_device_subspace_fits",
+                            lambda self, q, max_block: False)
     A = sp.csc_array(mmread(str(matrices_dir / "bayer10.mtx")))
     b = np.random.default_rng(7).standard_normal(A.shape[0])
     options = {"intensity_threshold": 1e30} if backend == "auto" else None
@@ -118,11 +132,65 @@ def test_large_sparse_r_without_a_gap_skips_the_devices_svd(matrices_dir, monkey
     x = F.solve(b)
     assert F.info["backend"] == ("gpu" if backend == "gpu" else "cpu")
     solver = F._core.rank_decision()
-    assert (solver.method, solver.cod_device) == ("subspace_cod", "cpu") and not svd
+    assert (solver.method, solver.cod_device) == (("dense_subspace", "gpu") if on_device
+                                                  else ("subspace_cod", "cpu"))
+    assert not svd and bool(cods) != on_device
     C = QRFactorization(A, backend="cpu")
     x_cpu = C.solve(b)
     assert F.rank == C.rank
     assert _backward_error(A, x, b) <= 10 * _backward_error(A, x_cpu, b) + 1e-14
+
+
+@pytest.mark.slow
+def test_solves_growing_past_the_cutoff_leave_the_device_subspace(matrices_dir,
+                                                                   monkeypatch):
+    """rajat01 (q = 6833, lstsq's rank 6777) factorized on the GPU: its dead pivots lie
+    at their columns' rounding (SuiteSparseQR's partly exact zeros), and R's solves grow
+    past what a block resolves at the cutoff; R's small singular subspace on the device
+    refuses (it once found 47 of the 56 null directions: rank 6786, backward error
+    1e-6), and the device's dense COD decides: the CPU backend's rank, a backward error
+    at working precision (the device COD's, a few hundred eps on rajat01, against
+    SuiteSparseQR's few tens)."""
+    from scipy_gpuqr.io import mmread
+    refused = []
+    real = _lstsq.DenseSubspaceCOD
+
+    def subspace(*args, **kwargs):
+        try:
+            return real(*args, **kwargs)
+        except _lstsq.SubspaceTooLarge as e:
+            refused.append(str(e))
+            raise
+    monkeypatch.setattr(_lstsq, "DenseSubspaceCOD", subspace)
+    A = sp.csc_array(mmread(str(matrices_dir / "rajat01.mtx")))
+    b = np.random.default_rng(7).standard_normal(A.shape[0])
+    F = QRFactorization(A, backend="gpu")
+    x = F.solve(b)
+    solver = F._core.rank_decision()
+    assert solver.method != "dense_subspace"
+    assert refused and all("grows by" in e for e in refused)
+    C = QRFactorization(A, backend="cpu")
+    C.solve(b)
+    assert F.rank == C.rank == 6777
+    assert _backward_error(A, x, b) <= 1e4 * EPS
+
+
+def test_device_subspace_beyond_dense_limit(matrices_dir, monkeypatch):
+    """nnc1374's hidden deficiency (no pivot under the cutoff, a clear gap) with
+    DENSE_LIMIT below its order: R's small singular subspace on the device still
+    decides where R made dense fits there (no dense COD of all of R), lstsq's rank."""
+    from scipy_gpuqr.io import mmread
+    monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 1000)
+    monkeypatch.setattr(_lstsq, "DenseCOD", None)        # must not be reached
+    A = sp.csc_array(mmread(str(matrices_dir / "nnc1374.mtx")))
+    b = np.random.default_rng(8).standard_normal(A.shape[0])
+    F = QRFactorization(A, backend="gpu")
+    x = F.solve(b)
+    solver = F._core.rank_decision()
+    assert solver.method == "dense_subspace" and solver.cod_device == "gpu"
+    x_ref, _, rank, _ = np.linalg.lstsq(A.toarray(), b, rcond=None)
+    assert F.rank == rank
+    assert _backward_error(A, x, b) <= 10 * _backward_error(A, x_ref, b) + 1e-14
 
 
 def _graded_gpu_case(rng, n=700, m=800, decades=18):

@@ -578,7 +578,8 @@ def test_device_cod_without_a_gap_hands_a_sparse_r_to_its_subspace(matrices_dir,
     on the device (a stand-in) and finds no gap at the cutoff (Heath's rule keeps
     nnc1374's hidden deficiency) is decided from its small singular subspace through its
     sparse solves, as the host decides it, not by the device's SVD of all of R: the same
-    rank and x, bit for bit."""
+    rank and x, bit for bit. (Where R made dense fits on the device beside the subspace
+    decision's blocks, that decision comes first there: said not to fit here.)"""
     A, R, _ = _shared_r(matrices_dir, "nnc1374.mtx")
     cutoff = _lstsq.lstsq_cutoff(*A.shape)
     monkeypatch.setattr(_lstsq, "DENSE_LIMIT", 500)
@@ -586,6 +587,8 @@ def test_device_cod_without_a_gap_hands_a_sparse_r_to_its_subspace(matrices_dir,
     assert host.method == "subspace_cod"
     made = stand_in_device(monkeypatch)
     monkeypatch.setattr(_lstsq.MinNormSolver, "_dense_cod_device", lambda self: "gpu")
+    monkeypatch.setattr(_lstsq.MinNormSolver, "_device_subspace_fits",
+                        lambda self, q, p: False)
     svd = []
     monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_svd",
                         lambda self, G=None: svd.append(1))

@@ -401,13 +401,13 @@ RANK_GPU_S_PER_SQUARE = 1.6e-7
 #: Seconds per q³ of the rank decision on a GPU factorization's R beyond
 #: :data:`RANK_SPARSE_MIN_ORDER` up to :data:`RANK_DENSE_LIMIT`: the blocked
 #: dense COD on the device (measured on an H200, warm: rajat01, q = 6833,
-#: 0.36-0.44 s where the cube model said 64 s). Where the singular values have
-#: no gap at the cutoff the COD hands the rank to R's small singular subspace
-#: through its sparse solves on the host where R is sparse (bayer10, q = 13436:
-#: 1.8 s in all), to cuSOLVER's SVD of all of R otherwise, which costs far more;
-#: nothing before the factorization tells these apart, and an R of that order on
-#: the device with no gap was not seen among the matrices whose runs the rule
-#: would stop.
+#: 0.36-0.44 s where the cube model said 64 s). R's small singular subspace on the
+#: device comes first where R made dense fits there, and where it settles it costs
+#: less (bayer10, q = 13436, no gap at the cutoff: 0.28 s); where it refuses (R's
+#: solves growing past the cutoff's resolution: rajat01) the COD decides, and where
+#: that finds no gap a sparse R's subspace through its host solves or cuSOLVER's SVD
+#: of all of R. Nothing before the factorization tells these apart: the COD's cost
+#: is the prediction.
 RANK_GPU_S_PER_CUBE = 1.3e-12
 #: A projection at iteration ``i`` of ``f`` more iterations promised SciPy's
 #: stop by ``i + f``; the promise is broken once the run passes this many

@@ -1,9 +1,10 @@
 """lstsq's rank of a dense square triangle with a modest null space, on NumPy or CuPy.
 
 Used by :class:`scipy_gpuqr._factor.lstsq.MinNormSolver` where R's dense rank work
-runs on a GPU and R (square, nonzero diagonal, order at most lstsq's ``DENSE_LIMIT``)
-hides its deficiency from its pivots: tens to a few hundred singular values under
-the cutoff, none of R's pivots there (nnc1374: 66 under it, σ_{r} = 4.8 × the cutoff,
+runs on a GPU and R (square, nonzero diagonal, dense on the device: up to lstsq's
+``DENSE_LIMIT``, and beyond where it fits there) hides its deficiency from its
+pivots: tens to a few hundred singular values under the cutoff, none of R's pivots
+there (nnc1374: 66 under it, σ_{r} = 4.8 × the cutoff,
 σ_{r+1} = 0.84 ×). Heath's greedy rule (the gap-checked sparse COD) misses them and
 a full SVD of R is the dearest dense step (``gesvd`` of all of R). Here only the block
 of R's small singular triplets is computed, from R's dense triangle ``R`` on the
@@ -39,6 +40,26 @@ Method
    subspace, estimated from the last two moves (a geometric rate), lies
    :data:`SETTLE_SHARE` × under what rounding R by ``eps·σ_max`` leaves that
    subspace in any method (Wedin: ``eps·σ_max / (σ_{d+1} − σ_d)``).
+   **What a block of R's solves resolves.** The iteration (and the probe below)
+   sees R's small singular directions only through R's triangular solves, each
+   column of a block normalized, its rounding ``eps`` relative to its largest
+   component. A direction a solve amplifies by ``a`` is resolved beside the most
+   amplified one (``a_max``) only to ``eps·a_max/a``, and the directions that decide
+   the rank, those at the cutoff, are amplified by about ``1/tol``: where a solve's
+   growth on the block's orthonormal columns exceeds :data:`GROWTH_RESOLUTION`
+   ``/(eps·tol)`` they are lost in its rounding. Exact arithmetic bounds the growth
+   by ``1/σ_min``, one exact dependence (a pivot at its column's rounding) by about
+   ``1/(eps·σ_max)``, far under the limit; several such pivots, one's quotient
+   (rounding over rounding) feeding the next's through the columns between them,
+   multiply their growths, and the block keeps only the most amplified of R's null
+   directions: the Ritz values of those it lost are not under the cutoff, and the
+   probe of ``‖S‖₂``, made of the same solves, does not see them either. The rank
+   would come out too high with a certificate that holds for the solves, not for R
+   (rajat01 factorized on the GPU: pivots at their columns' rounding, 56 singular
+   values under the cutoff, 47 found; its solves grow by far more than
+   ``1/(eps·tol)``). Such a growth refuses at once
+   (:class:`~scipy_gpuqr._errors.SubspaceTooLarge`), and the decisions that do not
+   divide by R's pivots (the dense COD's Householder QR, the SVD) answer.
 2. **The certificate of a clear gap.** The d Ritz values at most ``tol`` bound d
    singular values at most the cutoff (upper bounds, as the gap-checked sparse
    COD's ``‖E‖₂ <= tol`` does). For the others, with
@@ -81,8 +102,8 @@ from .solve_rank import block_ops, probe_norm
 
 __all__ = ["DenseSubspaceCOD", "SubspaceTooLarge", "BLOCK", "STRADDLE", "SUBSPACE_RTOL",
            "NOISE_CEILING", "FLOOR_RATIO", "SETTLE_SHARE", "SETTLE_MAX_RATE",
-           "GRAM_RESOLUTION", "GRAM_SEPARATION", "MAX_STEPS", "GAP_MARGIN", "LEAK_FACTOR",
-           "PROBE_COLUMNS", "PROBE_STEPS"]
+           "GRAM_RESOLUTION", "GRAM_SEPARATION", "GROWTH_RESOLUTION", "MAX_STEPS",
+           "GAP_MARGIN", "LEAK_FACTOR", "PROBE_COLUMNS", "PROBE_STEPS"]
 
 #: First block of the iteration (at most a third of R's order).
 BLOCK = 128
@@ -123,6 +144,11 @@ GRAM_RESOLUTION = 1e-6
 #: solve scales it by ``1/σ_i`` (a spectrum down to rounding level, an exact
 #: dependence, takes the thin QR and its SVD).
 GRAM_SEPARATION = 1e4
+
+#: Largest ``eps·a·tol`` for a solve's growth ``a`` (the largest column norm of the
+#: solve of an orthonormal block): the directions at the cutoff, amplified by about
+#: ``1/tol``, are then resolved beside the most amplified ones to that (module notes).
+GROWTH_RESOLUTION = 1e-3
 
 #: Steps after which the iteration gives up: once the block straddles the cutoff its
 #: subspace under the cutoff converges at 0.25 per step or faster.
@@ -172,13 +198,23 @@ class DenseSubspaceCOD:
         R's largest singular value (lstsq's σ_max): the iteration may then settle by
         the rounding it leaves R's subspace at (:data:`SETTLE_SHARE`); 0 or less,
         only by :data:`SUBSPACE_RTOL` and :data:`NOISE_CEILING`.
+    require_gap : bool
+        Keep the rank only where the gap at the cutoff is certified (the caller's SVD,
+        exactly lstsq's rule, decides otherwise). False: the rank of the Ritz values
+        under the cutoff, gap or not, where the projections do not leak (``ν·σ_{d+1}``
+        at most :data:`LEAK_FACTOR`): the truncated SVD's rank and solution up to the
+        Ritz values' accuracy, the acceptance of the host's subspace decisions
+        (:mod:`scipy_gpuqr._factor.sparse_subspace`), for an R whose SVD costs far more
+        than they.
 
     Raises
     ------
     SubspaceTooLarge
         No decision here: the block would exceed ``max_block``, the iteration did not
-        settle in :data:`MAX_STEPS` steps, a solve was not finite, or the gap at the
-        cutoff is not certified (see the module notes); the caller's SVD decides.
+        settle in :data:`MAX_STEPS` steps, a solve was not finite or grew beyond what
+        the block resolves at the cutoff (:data:`GROWTH_RESOLUTION`), the projections
+        leak, or (``require_gap``) the gap at the cutoff is not certified (see the
+        module notes); the caller's SVD decides.
 
     Attributes
     ----------
@@ -192,6 +228,9 @@ class DenseSubspaceCOD:
         The probe's estimate of ``‖S‖₂`` and its margin.
     steps, block_used : int
         Iteration steps and the final block.
+    growth : float
+        The largest growth of a solve of the iteration's orthonormal blocks (a lower
+        bound of ``‖R⁻¹‖₂`` as the solves compute it).
     """
 
     R: object
@@ -201,6 +240,7 @@ class DenseSubspaceCOD:
     max_block: int = 1024
     seed: int = 0
     sigma_max: float = 0.0
+    require_gap: bool = True
     rank: int = field(init=False, default=0)
     ritz: np.ndarray = field(init=False, default=None, repr=False)
     sigma_min: float = field(init=False, default=float("nan"))
@@ -208,6 +248,7 @@ class DenseSubspaceCOD:
     margin: float = field(init=False, default=float("inf"))
     steps: int = field(init=False, default=0)
     block_used: int = field(init=False, default=0)
+    growth: float = field(init=False, default=0.0)
     changes: list = field(init=False, default_factory=list, repr=False)
     _ops: object = field(init=False, default=None, repr=False)
     _u: object = field(init=False, default=None, repr=False)
@@ -226,7 +267,7 @@ class DenseSubspaceCOD:
         self.sigma_min = float(ritz[d]) if d < ritz.size else float("inf")
         if d == 0:
             raise SubspaceTooLarge("no singular value under the cutoff in the block")
-        if not self.sigma_min > GAP_MARGIN * self.tol:
+        if self.require_gap and not self.sigma_min > GAP_MARGIN * self.tol:
             raise SubspaceTooLarge(f"σ_(q-d) at most {self.sigma_min / self.tol:.3g} x the "
                                    "cutoff: no clear gap")
         self._subspaces(X, d)
@@ -252,14 +293,24 @@ class DenseSubspaceCOD:
             return dev_solve(R.T, C, trans=0 if trans else 1, lower=True)
         return solve_triangular(R, C, trans=trans)
 
-    def _orth(self, Y):
+    def _orth(self, Y, solved: bool = False):
         """Orthonormal basis of Y's columns, each scaled to unit norm first (the blocks'
-        columns are nearly orthogonal, of very different lengths)."""
+        columns are nearly orthogonal, of very different lengths). ``solved``: Y is a
+        solve of an orthonormal block, whose column norms are the solve's growth:
+        beyond :data:`GROWTH_RESOLUTION` ``/(eps·tol)`` the directions at the cutoff
+        are lost in its rounding (module notes) and the decision refuses."""
         ops = self._ops
         norms, bad = ops.norms(Y)
         n = _host(norms)
         if _host(bad).any() or not np.all(n > 0):
             raise SubspaceTooLarge("non-finite or zero block")
+        if solved:
+            self.growth = max(self.growth, float(n.max()))
+            if not _EPS * self.growth * self.tol <= GROWTH_RESOLUTION:
+                raise SubspaceTooLarge(
+                    f"a solve grows by {self.growth:.3g}: directions at the cutoff lie "
+                    f"under its rounding (eps·growth·tol = "
+                    f"{_EPS * self.growth * self.tol:.3g})")
         return ops.dense(ops.orth(ops.scaled(Y, norms), want_r=False)[0])
 
     def _ritz(self, X) -> tuple:
@@ -325,7 +376,7 @@ class DenseSubspaceCOD:
             # orthonormalized between the two solves: each solve's rounding along the
             # smallest singular vectors (eps·κ relative) is removed by the next
             # orthonormalization instead of being amplified by the second solve
-            X = self._orth(self._inv(self._orth(self._inv_t(X))))
+            X = self._orth(self._inv(self._orth(self._inv_t(X), solved=True)), solved=True)
             ritz, Wt = self._ritz(X)
             X = self._rotated(X, Wt)
             if not np.all(np.isfinite(ritz)):
@@ -394,7 +445,7 @@ class DenseSubspaceCOD:
             accept=lambda nu, m: m * nu * GAP_MARGIN * tol < 1.0)
         if not (np.isfinite(self.nu) and self.nu > 0):
             raise SubspaceTooLarge("non-finite solve in the probe")
-        if not self.margin * self.nu * GAP_MARGIN * tol < 1.0:
+        if self.require_gap and not self.margin * self.nu * GAP_MARGIN * tol < 1.0:
             raise SubspaceTooLarge(f"σ_(q-d) not shown above {GAP_MARGIN:g} x the cutoff "
                                    f"(probe: 1/(Mν) = {1 / (self.margin * self.nu * tol):.3g} x)")
         leak = self.nu * self.sigma_min

@@ -70,15 +70,24 @@ Least squares (``lsqr``, ``lsmr``, ``QRFactorization.solve``)
        iteration below, then ``x = P_V R⁻¹ P_U c`` refined with R's residual;
        no dense copy of R, cost proportional to nnz(R) times the block).
        Where that refuses, the dense rules below answer. Where R's dense work runs
-       on the GPU (``dense_device``, from :data:`SVD_GPU_MIN_ORDER` columns up to
-       DENSE_LIMIT) and R is square with a nonzero diagonal, R's small singular
-       subspace decides on R made dense there first
+       on the GPU (``dense_device``, from :data:`SVD_GPU_MIN_ORDER` columns; beyond
+       DENSE_LIMIT where R made dense fits there beside the decision's blocks) and R
+       is square with a nonzero diagonal, R's small singular subspace decides on R
+       made dense there first
        (:class:`~scipy_gpuqr._factor.dense_subspace.DenseSubspaceCOD`: block
-       inverse subspace iteration, Rayleigh–Ritz on R, the rank kept only where
-       the gap at the cutoff is certified; a few solves with the block where the
-       SVD of all of R is the dearest dense step): before the gap check where the
-       factorization was the GPU's (whose second sparse QR of R would run there),
-       before the dense SVD otherwise; the SVD decides where it refuses.
+       inverse subspace iteration, Rayleigh–Ritz on R; a few solves with the block
+       where the SVD of all of R, or beyond DENSE_LIMIT the dense COD of all of R,
+       is the dearest dense step): before the gap check where the factorization
+       was the GPU's (whose second sparse QR of R would run there), before the
+       dense SVD or the dense COD otherwise. Up to DENSE_LIMIT the rank is kept
+       only where the gap at the cutoff is certified (the SVD, lstsq's rule itself,
+       decides otherwise); beyond, gap or not unless the projections leak (the
+       host's subspace rule, for an R whose dense COD costs ``q³`` flops and finds
+       no gap where the Ritz values have none). Where R's solves grow so much
+       that the directions at the cutoff lie under their rounding (chains of
+       pivots at their columns' rounding), the decision refuses (see
+       :mod:`~scipy_gpuqr._factor.dense_subspace`): the rules that do not divide
+       by R's pivots answer.
 
        * q ≤ :data:`DENSE_LIMIT`: a dense SVD of ``R`` gives exactly lstsq's
          rank and the pseudo-inverse solution (on the GPU from
@@ -189,6 +198,11 @@ SUBSPACE_MAX_BLOCK = 1024
 #: block costs about what one with a few columns costs there, and a block that
 #: straddles the cutoff from the first step saves a doubling.
 DEVICE_SUBSPACE_BLOCK = 128
+
+#: q × p arrays the device's subspace decision holds at once beside R (the block, its
+#: solves, R times it, their thin QRs' factors), for its memory check beyond
+#: DENSE_LIMIT.
+DEVICE_SUBSPACE_BLOCKS = 6
 
 #: Smallest min(k, q) of R whose dense SVD runs on the GPU when one may be
 #: used (below it the host's gesdd is as fast as cuSOLVER's, transfers included).
@@ -730,7 +744,8 @@ class MinNormSolver:
         if square_ok and q >= self._nullspace_min_order() and self._prepare_nullspace_cod(d):
             return
         # a GPU factorization's gap check would factorize R again on the GPU: R's small
-        # singular subspace on the device comes first there
+        # singular subspace on the device comes first there (beyond DENSE_LIMIT before
+        # the device's dense COD of all of R too)
         if square_ok and self.device == "gpu" and self._prepare_device_subspace(d):
             return
         if self._sparse_cod_first() and self._prepare_gap_checked_cod():
@@ -741,6 +756,10 @@ class MinNormSolver:
             if square_ok and self._prepare_device_subspace(d):
                 return
             self._prepare_svd(self._dense_g_on_gpu())
+            return
+        # beyond DENSE_LIMIT with R's dense work on the GPU (auto's CPU factorization
+        # with a GPU present): its small singular subspace there before the dense COD
+        if square_ok and self._prepare_device_subspace(d):
             return
         device = self._dense_cod_device()
         if device == "gpu":
@@ -1229,20 +1248,28 @@ class MinNormSolver:
     def _prepare_device_subspace(self, d: np.ndarray) -> bool:
         """lstsq's rank and solutions from R's small singular subspace on the device
         (:class:`~scipy_gpuqr._factor.dense_subspace.DenseSubspaceCOD`), where R's dense
-        work runs on the GPU (:meth:`_dense_gpu_pays`) and R is square of order up to
-        DENSE_LIMIT with a nonzero diagonal: block inverse subspace iteration with R's
-        triangular solves on R made dense there, the rank kept only where the gap at the
-        cutoff is certified. A modest null space with a clear gap (tens to a few hundred
-        singular values under the cutoff, the next clearly above) is so decided for a few
-        solves with the block, where the SVD of all of R is the dearest dense step; where
-        it refuses (no clear gap, the block too large), the SVD decides. Tried once."""
+        work runs on the GPU (:meth:`_dense_gpu_pays`) and R is square with a nonzero
+        diagonal, beyond DENSE_LIMIT where R made dense fits there with the decision's
+        blocks (:meth:`_device_subspace_fits`): block inverse subspace iteration with R's
+        triangular solves on R made dense there. A modest null space (tens to a few
+        hundred singular values under the cutoff) is so decided for a few solves with the
+        block (``3·p·q²`` flops a step), where the SVD of all of R (``10·q³``) or beyond
+        DENSE_LIMIT the dense COD (``q³``, and where Heath's rule leaves no gap a decision
+        after it) is the dearest dense step. Up to DENSE_LIMIT the rank is kept only where
+        the gap at the cutoff is certified, the SVD deciding otherwise; beyond, gap or not
+        unless the projections leak (``require_gap=False``: the host's subspace rule).
+        Where R's solves grow beyond what the block resolves at the cutoff (pivots at
+        their columns' rounding feeding one another) the decision refuses, and the rules
+        that do not divide by R's pivots answer. Tried once."""
         if self._subspace_tried:
             return False
         self._subspace_tried = True
         k, q = self.R.shape
-        if k != q or q > DENSE_LIMIT or not self._dense_gpu_pays():
+        if k != q or not self._dense_gpu_pays():
             return False
         max_block = min(SUBSPACE_MAX_BLOCK, q // 3)
+        if q > DENSE_LIMIT and not self._device_subspace_fits(q, max_block):
+            return False
         try:
             Rgpu = self._device_r
             if Rgpu is None:
@@ -1258,9 +1285,12 @@ class MinNormSolver:
             first = 2 * int(np.count_nonzero(d <= tol)) + SUBSPACE_BLOCK
             if first > max_block:
                 return False
+            # up to DENSE_LIMIT the SVD (lstsq's rule itself) decides where no gap is
+            # certified; beyond, the host's rule: the rank of the Ritz values, gap or not
             cod = DenseSubspaceCOD(Rgpu, tol, transposed=self.transposed,
                                    block=min(max(first, DEVICE_SUBSPACE_BLOCK), max_block),
-                                   max_block=max_block, sigma_max=smax)
+                                   max_block=max_block, sigma_max=smax,
+                                   require_gap=q <= DENSE_LIMIT)
         except SubspaceTooLarge:
             return False
         except MemoryError:
@@ -1273,6 +1303,15 @@ class MinNormSolver:
         self.cod_device = "gpu"
         self._cod = cod
         return True
+
+    def _device_subspace_fits(self, q: int, max_block: int) -> bool:
+        """Whether R dense on the device with the subspace decision's blocks (about
+        :data:`DEVICE_SUBSPACE_BLOCKS` q × ``max_block`` arrays) takes at most
+        :data:`DENSE_COD_GPU_FRACTION` of what the device may give now (free memory,
+        CuPy's pool limit), the dense COD's own share."""
+        need = 8 * q * (q + DEVICE_SUBSPACE_BLOCKS * max_block)
+        avail = available_bytes(_gpu.import_cupy()).available
+        return need <= DENSE_COD_GPU_FRACTION * avail
 
     def _prepare_svd(self, G=None):
         """SVD of G (dense, NumPy or CuPy; default R or Rᵀ on the host)."""
@@ -1309,6 +1348,8 @@ class MinNormSolver:
         if self.dense_device == "gpu":
             if _gpu.gpu_available():
                 avail = available_bytes(_gpu.import_cupy()).available
+                if self._device_r is not None:      # R made dense there becomes G
+                    avail += int(self._device_r.nbytes)
                 if need <= DENSE_COD_GPU_FRACTION * avail:
                     return "gpu"
         if max(k, q) <= DENSE_COD_HOST_LIMIT:
@@ -1316,12 +1357,15 @@ class MinNormSolver:
         return None
 
     def _prepare_dense_cod(self, device: str):
-        if device == "gpu":
+        Rgpu, self._device_r = self._device_r, None
+        if device == "gpu" and Rgpu is not None:
+            Rd = Rgpu                   # R made dense there by a rule before (overwritten)
+        elif device == "gpu":
             Rd = dense_from_sparse(self.R, _gpu.import_cupy())
         else:
             Rd = self.R.toarray()
         G = Rd.T.copy() if self.transposed else Rd
-        del Rd
+        del Rd, Rgpu
         self.sigma_max = sigma_max_estimate(G)
         tol = self.cutoff * self.sigma_max
         svd_affordable = max(G.shape) <= SVD_FALLBACK_LIMIT[device]
