@@ -59,8 +59,8 @@ from ._cachedir import cache_dir
 __all__ = ["ENV", "STALE_SECONDS", "folder", "source_stamp", "STAMPS_FILE", "file_ids", "recorded",
            "record", "narrow", "unlink", "touch",
            "publish", "files", "bound", "write_behind", "flush", "write_arrays",
-           "read_aligned", "read_mapped", "decode_arrays", "crc32", "crc32_combine", "Foreign",
-           "load_fingerprinted", "save_fingerprinted"]
+           "read_aligned", "read_mapped", "decode_arrays", "crc32", "crc32_combine",
+           "crc_piece_bytes", "Foreign", "load_fingerprinted", "save_fingerprinted"]
 
 #: Environment variable naming the folder (or ``off``).
 ENV = "SCIPY_GPUQR_SCHEDULE_CACHE"
@@ -468,7 +468,7 @@ def read_mapped(path: Path):
 #: first call checks its analysis and its schedule's plan (the plan with its
 #: records) on the call's thread, where one core's pass would be waited for.
 CRC_PARALLEL_BYTES = 8 << 20
-#: Bytes of one piece of :func:`crc32` (a power of two: one operator combines it).
+#: Bytes of the smallest piece of :func:`crc32`, as a power of two.
 CRC_PIECE_LOG2 = 22
 #: Most threads of :func:`crc32`.
 CRC_THREADS = 8
@@ -476,24 +476,43 @@ CRC_THREADS = 8
 
 def crc32(data) -> int:
     """``zlib.crc32(data)`` (``data``: a bytes-like object, e.g. a mapped file),
-    computed in pieces of ``2**CRC_PIECE_LOG2`` bytes on up to
-    :data:`CRC_THREADS` threads when ``data`` has at least
+    computed on up to :data:`CRC_THREADS` threads when ``data`` has at least
     :data:`CRC_PARALLEL_BYTES` and combined (:func:`crc32_combine`): a large
     layout file's check on a new process's first call, a tenth of a second in
-    one pass, is then bound by the page cache's reads."""
+    one pass, is then bound by the page cache's reads.
+
+    One piece per thread (:func:`crc_piece_bytes`): every piece's end takes the
+    interpreter's lock back (its result, the pool's next task), and in a new
+    process these checks run while CuPy imports on another thread, whose
+    import holds that lock for all its Python; a hundred small pieces would
+    take it from the import a hundred times.
+    """
     mv = memoryview(data).cast("B")
     n = len(mv)
     threads = min(CRC_THREADS, os.cpu_count() or 1)
     if n < CRC_PARALLEL_BYTES or threads < 2:
         return zlib.crc32(mv)
-    piece = 1 << CRC_PIECE_LOG2
+    piece = crc_piece_bytes(n, threads)
     starts = range(0, n, piece)
-    with ThreadPoolExecutor(threads, thread_name_prefix="gpuqr-crc") as ex:
+    with ThreadPoolExecutor(min(threads, len(starts)), thread_name_prefix="gpuqr-crc") as ex:
         crcs = list(ex.map(lambda a: zlib.crc32(mv[a:a + piece]), starts))
     out = crcs[0]
     for a, c in zip(starts[1:], crcs[1:]):
         out = crc32_combine(out, c, min(piece, n - a))
     return out
+
+
+def crc_piece_bytes(n: int, threads: int) -> int:
+    """Bytes of :func:`crc32`'s pieces of an ``n``-byte payload on ``threads``
+    threads: the payload cut in ``threads`` equal pieces (the last one shorter),
+    each a whole number of 4 KiB pages and at least ``2**CRC_PIECE_LOG2`` bytes
+    (a smaller payload in fewer pieces)."""
+    per = -(-int(n) // max(int(threads), 1))
+    return max(1 << CRC_PIECE_LOG2, -(-per // _CRC_PAGE) * _CRC_PAGE)
+
+
+#: The granule of :func:`crc_piece_bytes` (pieces start on page bounds of a mapped file).
+_CRC_PAGE = 4096
 
 
 def crc32_combine(crc1: int, crc2: int, len2: int) -> int:

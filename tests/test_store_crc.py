@@ -1,5 +1,6 @@
 """The store's CRC-32 in pieces on threads: the same value as one zlib pass."""
 
+import types
 import zlib
 
 import numpy as np
@@ -46,3 +47,31 @@ def test_damaged_payload_fails_the_parallel_check(monkeypatch, tmp_path):
     raw[-100] ^= 1
     with pytest.raises(ValueError):
         _store.decode_arrays(bytes(raw), b"TESTMAG1", {"format": 1})
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+@pytest.mark.parametrize("n", [1, 4096 * 5 + 17, 16_700_000, 52_600_000, 428_400_000])
+def test_crc_pieces_one_per_thread(n, threads):
+    """At most one piece per thread, whole pages, none under the smallest piece;
+    a payload of many smallest pieces fills every thread (a new process's
+    428 MB layout in 8 pieces, not a hundred)."""
+    piece = _store.crc_piece_bytes(n, threads)
+    count = -(-n // piece)
+    assert count <= threads
+    assert piece % 4096 == 0 and piece >= 1 << _store.CRC_PIECE_LOG2
+    if n >= threads << _store.CRC_PIECE_LOG2:
+        assert count == threads
+
+
+def test_crc32_runs_one_zlib_pass_per_thread(monkeypatch):
+    """The threaded check hands each thread one piece (each piece's end takes the
+    interpreter's lock back) and still gives zlib's value."""
+    monkeypatch.setattr(_store, "CRC_PARALLEL_BYTES", 1)
+    monkeypatch.setattr(_store, "CRC_PIECE_LOG2", 12)
+    monkeypatch.setattr(_store.os, "cpu_count", lambda: 4)
+    passes = []
+    shim = types.SimpleNamespace(crc32=lambda b, v=0: passes.append(len(b)) or zlib.crc32(b, v))
+    monkeypatch.setattr(_store, "zlib", shim)
+    arr = np.random.default_rng(7).integers(0, 256, 4096 * 37 + 5, dtype=np.uint8)
+    assert _store.crc32(arr) == zlib.crc32(arr.tobytes())
+    assert len(passes) == 4 and sum(passes) == arr.size
