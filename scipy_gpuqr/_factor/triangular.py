@@ -13,8 +13,10 @@ work arrays) and sweeps cost more there than the dense solves.
 
 :func:`sigma_min_upper` answers "is σ_min(T) above a threshold?" for the
 rank rules of :mod:`scipy_gpuqr._factor.lstsq`: a guaranteed lower bound
-``1/‖T⁻¹‖_F`` first (dense T), then (a dense T on a GPU) a certificate from a
-few GEMMs with T⁻¹, then Lanczos on ``(TᵀT)⁻¹``.
+``1/‖T⁻¹‖_F`` first (T up to :data:`DENSE_SIGMA_LIMIT`; a sparse one's T⁻¹ by the
+compiled sparse solves with the identity, a dense one's by ``trtri``), then (a
+dense T on a GPU) a certificate from a few GEMMs with T⁻¹, then Lanczos on
+``(TᵀT)⁻¹`` (a sparse T's through the compiled sweeps).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from scipy.sparse.linalg import (ArpackError, ArpackNoConvergence, LinearOperato
                                  eigsh, splu, spsolve_triangular)
 
 from .._engine.gpu import array_ops
+from .native import SparseUpperSolves
+from .native import handle as native_handle
 
 #: LAPACK's float64 triangular solve, as ``scipy.linalg.solve_triangular`` reaches it.
 _dtrtrs = la.lapack.dtrtrs
@@ -368,6 +372,104 @@ def _device_norm_test(X, limit: float) -> Optional[tuple]:
     return None
 
 
+#: Largest share of q² a sparse T of order up to :data:`DENSE_SIGMA_LIMIT` may fill for
+#: its σ_min to come from the compiled sweeps (:func:`_compiled_sigma_min`): their
+#: ``nnz(T)·q/2`` multiply-adds for ``‖T⁻¹‖_F`` cost as much as ``trtri``'s ``q³/3`` flops
+#: near a fill of 0.07-0.09 on one core (q = 800-2500).
+COMPILED_SIGMA_MAX_FILL = 0.05
+#: Column blocks of T⁻¹ in :func:`_compiled_sigma_min`: block ``[j0, j1)`` is the solve
+#: with T's leading ``j1 × j1`` triangle only (T⁻¹ is upper triangular), about half
+#: the multiply-adds of one solve with the whole identity, and ``q²/blocks`` doubles.
+COMPILED_INVERSE_BLOCKS = 16
+
+
+def _leading_triangle(T: sp.csc_array, j: int) -> sp.csc_array:
+    """T's leading ``j × j`` triangle of a CSC upper triangular T (its first j columns:
+    their rows lie above j)."""
+    end = int(T.indptr[j])
+    return sp.csc_array((T.data[:end], T.indices[:end], T.indptr[:j + 1]), shape=(j, j))
+
+
+def _inverse_frobenius(lib, T: sp.csc_array, limit: float) -> float:
+    """``‖T⁻¹‖_F`` of CSC upper triangular T by the compiled solves with the identity
+    (:data:`COMPILED_INVERSE_BLOCKS` column blocks), or the partial sum once it
+    reaches ``limit`` (the rest is not needed); NaN where a block is not finite."""
+    q = T.shape[0]
+    width = -(-q // COMPILED_INVERSE_BLOCKS)
+    total = 0.0
+    for j0 in range(0, q, width):
+        j1 = min(q, j0 + width)
+        block = np.zeros((j1, j1 - j0))
+        block[np.arange(j0, j1), np.arange(j1 - j0)] = 1.0
+        with np.errstate(all="ignore"):
+            X = SparseUpperSolves(lib, _leading_triangle(T, j1)).solve(block)
+        part = _finite_frobenius(X)
+        if part != part:
+            return float("nan")
+        total = float(np.hypot(total, part))
+        if total >= limit:
+            return total
+    return total
+
+
+def _compiled_sigma_min(T, threshold: float) -> Optional[SigmaMin]:
+    """The dense path's answer for a sparse T of order at most
+    :data:`DENSE_SIGMA_LIMIT` through the compiled sparse sweeps
+    (:class:`~scipy_gpuqr._factor.native.SparseUpperSolves`): ``‖T⁻¹‖_F`` from
+    the solves with the identity (:func:`_inverse_frobenius`: about
+    ``nnz(T)·q/2`` multiply-adds where ``trtri`` takes ``q³/3``) for its bound,
+    else Lanczos on ``T⁻¹T⁻ᵀ`` (the nonzero spectrum of ``XᵀX``, X = T⁻¹) by two
+    sweeps per step instead of two dense products with X, from the same seeded
+    start and to the same 1e-12.
+
+    The same verdicts and values as the dense path up to rounding (the sweeps sum
+    in another order than ``trtri`` and BLAS). The Frobenius sum stops once it
+    shows that the bound fails. None (the dense path answers) where it does not
+    apply: T dense, not float64, not upper triangular, filling more than
+    :data:`COMPILED_SIGMA_MAX_FILL` of q² (the dense path is then cheaper), over
+    :data:`SUPERLU_MAX_NNZ` entries, a zero or non-finite diagonal entry, the
+    library not at hand, a block of T⁻¹ that is not finite, or a Lanczos run that
+    fails or does not end finite.
+    """
+    q = T.shape[0]
+    if (not sp.issparse(T) or T.dtype != np.float64 or q <= 2
+            or T.nnz > COMPILED_SIGMA_MAX_FILL * q * q or T.nnz > SUPERLU_MAX_NNZ):
+        return None
+    T = sp.csc_array(T)
+    if not T.has_canonical_format:
+        T = T.copy()
+        T.sum_duplicates()
+    cols = np.repeat(np.arange(q), np.diff(T.indptr))
+    if bool(np.any(T.indices > cols)):
+        return None
+    d = np.abs(T.diagonal())
+    if not bool(np.all(np.isfinite(d)) and np.all(d > 0)):
+        return None
+    lib = native_handle()
+    if lib is None:
+        return None
+    limit = 1.0 / threshold if threshold > 0 else np.inf
+    fro = _inverse_frobenius(lib, T, limit)
+    if fro != fro or fro == 0:
+        return None
+    if 1.0 / fro > threshold:
+        return SigmaMin(1.0 / fro, True)
+    sweeps = SparseUpperSolves(lib, T)
+    start = np.random.default_rng(q).standard_normal(q)
+    op = LinearOperator((q, q), dtype=np.float64,
+                        matvec=lambda v: sweeps.solve(sweeps.solve_t(v.ravel())))
+    try:
+        with np.errstate(all="ignore"):
+            lam = eigsh(op, k=1, which="LM", tol=1e-12, v0=start,
+                        return_eigenvectors=False)[0]
+    except (ArpackNoConvergence, ArpackError):
+        return None
+    if not np.isfinite(lam):
+        return None
+    s = float(np.sqrt(max(lam, 0.0)))
+    return SigmaMin(1.0 / s if s > 0 else np.inf, False)
+
+
 def sigma_min_upper(T, threshold: float, *, solves: tuple = None,
                     margin: float = 1.0) -> SigmaMin:
     """σ_min of square upper triangular T, as needed to compare it with ``threshold``.
@@ -393,7 +495,8 @@ def sigma_min_upper(T, threshold: float, *, solves: tuple = None,
     Returns
     -------
     SigmaMin
-        For q ≤ :data:`DENSE_SIGMA_LIMIT` (T⁻¹ formed, q³/3 flops):
+        For q ≤ :data:`DENSE_SIGMA_LIMIT` (T⁻¹ formed: for a sparse T by the
+        compiled solves, :func:`_compiled_sigma_min`, else q³/3 flops):
         ``1/‖T⁻¹‖_F`` (a lower bound, at most √q below σ_min) when it exceeds
         ``threshold``, else ``1/‖T⁻¹‖₂`` by Lanczos on the dense inverse to
         1e-12 (on a GPU, where ``margin·threshold`` is settled by
@@ -404,6 +507,9 @@ def sigma_min_upper(T, threshold: float, *, solves: tuple = None,
     if q == 0:
         return SigmaMin(np.inf, True)
     if q <= DENSE_SIGMA_LIMIT:
+        compiled = _compiled_sigma_min(T, threshold)
+        if compiled is not None:
+            return compiled
         Td = T.toarray() if sp.issparse(T) else T
         xp = _module_of(Td)
         d = np.abs(_diagonal_on_host(Td))
