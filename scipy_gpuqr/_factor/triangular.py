@@ -219,6 +219,18 @@ def _module_of(a):
     return np
 
 
+def _top_eigenvalue(matvec, q: int, tol: float, start: np.ndarray) -> Optional[float]:
+    """The largest eigenvalue of the symmetric order-``q`` operator ``matvec`` by
+    ARPACK's Lanczos (``eigsh``, ``which='LM'``) to ``tol`` from ``start``; None where
+    ARPACK does not converge or fails."""
+    op = LinearOperator((q, q), dtype=np.float64, matvec=matvec)
+    try:
+        return float(eigsh(op, k=1, which="LM", tol=tol, v0=start,
+                           return_eigenvectors=False)[0])
+    except (ArpackNoConvergence, ArpackError):
+        return None
+
+
 def norm2_lanczos(X, rtol: float = 1e-12) -> float:
     """‖X‖₂ of a dense X (NumPy or CuPy) by Lanczos on ``XᵀX`` to ``rtol``, from a
     random start (seeded: the same X gives the same answer).
@@ -241,10 +253,8 @@ def norm2_lanczos(X, rtol: float = 1e-12) -> float:
     else:
         def matvec(v):
             return (X.T @ (X @ xp.asarray(v.ravel()))).get()
-    op = LinearOperator((q, q), dtype=np.float64, matvec=matvec)
-    try:
-        lam = eigsh(op, k=1, which="LM", tol=rtol, v0=start, return_eigenvectors=False)[0]
-    except (ArpackNoConvergence, ArpackError):
+    lam = _top_eigenvalue(matvec, q, rtol, start)
+    if lam is None:
         return float(xp.linalg.norm(X))           # an upper bound of ‖X‖₂
     return float(np.sqrt(max(lam, 0.0)))
 
@@ -456,15 +466,10 @@ def _compiled_sigma_min(T, threshold: float) -> Optional[SigmaMin]:
         return SigmaMin(1.0 / fro, True)
     sweeps = SparseUpperSolves(lib, T)
     start = np.random.default_rng(q).standard_normal(q)
-    op = LinearOperator((q, q), dtype=np.float64,
-                        matvec=lambda v: sweeps.solve(sweeps.solve_t(v.ravel())))
-    try:
-        with np.errstate(all="ignore"):
-            lam = eigsh(op, k=1, which="LM", tol=1e-12, v0=start,
-                        return_eigenvectors=False)[0]
-    except (ArpackNoConvergence, ArpackError):
-        return None
-    if not np.isfinite(lam):
+    with np.errstate(all="ignore"):
+        lam = _top_eigenvalue(lambda v: sweeps.solve(sweeps.solve_t(v.ravel())), q,
+                              1e-12, start)
+    if lam is None or not np.isfinite(lam):
         return None
     s = float(np.sqrt(max(lam, 0.0)))
     return SigmaMin(1.0 / s if s > 0 else np.inf, False)
@@ -538,11 +543,8 @@ def sigma_min_upper(T, threshold: float, *, solves: tuple = None,
         s = norm2_lanczos(upper)            # <= σ_max(T⁻¹) <= ‖T⁻¹‖_F
         return SigmaMin(1.0 / s if s > 0 else np.inf, False)
     up, upt = solves or UpperTriangular(T).solves()
-    op = LinearOperator((q, q), dtype=np.float64,
-                        matvec=lambda v: np.asarray(up(upt(v.reshape(-1, 1)))).ravel())
-    try:
-        lam = eigsh(op, k=1, which="LM", tol=1e-3, v0=np.ones(q),
-                    return_eigenvectors=False)[0]
-    except (ArpackNoConvergence, ArpackError):
+    lam = _top_eigenvalue(lambda v: np.asarray(up(upt(v.reshape(-1, 1)))).ravel(), q,
+                          1e-3, np.ones(q))
+    if lam is None:
         return SigmaMin(0.0, True)
     return SigmaMin(1.0 / np.sqrt(lam) if lam > 0 else np.inf, False)
