@@ -126,6 +126,17 @@ with the rank decision predicted as R's small singular subspace on the GPU
 (:func:`subspace_seconds`: a few block solves with R made dense there, lstsq's
 ``DenseSubspaceCOD``), dropped where the plan saw no GPU; where R's singular values
 have no clear gap at the cutoff that decision refuses and the SVD answers, later.
+Beyond :data:`RANK_SPARSE_MIN_ORDER` (lstsq's ``DENSE_LIMIT``), on a host whose GPU
+would run the QR's dense rank work, a deficient LU that is not singular predicts the
+rank decision as R's small singular subspace on the GPU wherever lstsq would try it
+there (``device_subspace``: the first block, sized by U's pivots under the cutoff, within
+the largest, and R made dense within the device's memory), gap or not (lstsq's rule
+beyond ``DENSE_LIMIT``): a few block solves (:func:`subspace_seconds`), not the dense
+COD's q³ nor R's entries' sparse rules. The plan then factorizes on the GPU
+(``plan_gpu``), whose rank decision tries that subspace first (a host R's gap-checked
+sparse COD would come before it), and the run stops as above unless its trend promises
+convergence within :data:`PREDICTED_SHARE` of the QR's predicted time. An exactly
+singular LU keeps its own rule: its R's pivots at rounding make the subspace refuse.
 
 Checks run at checkpoints spaced by :data:`CHECK_GROWTH` of the elapsed time
 (at least :data:`CHECK_INTERVAL_S`), so that watching costs little more than
@@ -183,7 +194,8 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "RANK_GPU_S_PER_CUBE", "PROMISE_SLACK", "BROKEN_PROMISES",
            "POWER_MARGIN", "PROJECTION_WINDOW", "rank_decision_floor",
            "GAP_GPU_S_PER_SQUARE", "GAP_GPU_MIN_ORDER", "PREDICTED_SHARE", "gap_check_seconds",
-           "SUBSPACE_GPU_S_PER_SQUARE", "subspace_seconds",
+           "SUBSPACE_GPU_S_PER_SQUARE", "SUBSPACE_GPU_LARGE_S_PER_SQUARE",
+           "SUBSPACE_GPU_PLAN_REASON", "subspace_seconds",
            "CHECK_GROWTH", "CHECK_INTERVAL_S", "UPLOAD_FIXED_S", "UPLOAD_BYTES_PER_S",
            "upload_seconds", "host_first_budget", "HostFirst", "SPECULATION_S_PER_ENTRY",
            "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_PER_ENTRY", "lu_seconds",
@@ -369,6 +381,15 @@ GAP_GPU_MIN_ORDER = 600
 #: subspace iteration with 128 columns, the probe of the gap), where U's pivots hide
 #: A's deficiency: nnc1374's (q = 1374) on one H200, the median of an auto call's.
 SUBSPACE_GPU_S_PER_SQUARE = 1.4e-8
+#: ... and beyond :data:`RANK_SPARSE_MIN_ORDER` (lstsq's ``DENSE_LIMIT``), where the steps'
+#: block solves (``3·p·q²`` flops) and R's dense copy outweigh the launches' latency:
+#: seconds per q², never less than the decision at that order (bayer10's GPU R, q = 13436,
+#: block 212, 4 steps: 0.28 s of a ``QRFactorization`` and solve of 0.32 s on one H200, warm).
+SUBSPACE_GPU_LARGE_S_PER_SQUARE = 1.6e-9
+#: Why the plan factorizes on the GPU where R's small singular subspace there is predicted
+#: beyond :data:`RANK_SPARSE_MIN_ORDER` (``Allowance(plan_gpu=)``).
+SUBSPACE_GPU_PLAN_REASON = ("the QR's rank decision predicted as R's small singular subspace "
+                            "on the GPU beyond lstsq's DENSE_LIMIT: R made there")
 #: Where U's pivots predict the gap-checked COD, the run stops unless its long trend
 #: (:meth:`Allowance._trend`; the window's projection before there is one, whose
 #: flicker would keep the verdict from being confirmed) promises convergence within
@@ -406,8 +427,10 @@ RANK_GPU_S_PER_SQUARE = 1.6e-7
 #: less (bayer10, q = 13436, no gap at the cutoff: 0.28 s); where it refuses (R's
 #: solves growing past the cutoff's resolution: rajat01) the COD decides, and where
 #: that finds no gap a sparse R's subspace through its host solves or cuSOLVER's SVD
-#: of all of R. Nothing before the factorization tells these apart: the COD's cost
-#: is the prediction.
+#: of all of R. Nothing before the factorization tells these apart, and the COD's cost
+#: is the prediction, but SuperLU's factors of a square A that show it deficient without
+#: an exact singularity (:meth:`Allowance._predicts_large_subspace`: the subspace's
+#: cost, :func:`subspace_seconds`).
 RANK_GPU_S_PER_CUBE = 1.3e-12
 #: A projection at iteration ``i`` of ``f`` more iterations promised SciPy's
 #: stop by ``i + f``; the promise is broken once the run passes this many
@@ -702,8 +725,14 @@ def gap_check_seconds(order: int) -> float:
 
 def subspace_seconds(order: int) -> float:
     """Predicted seconds of the rank decision from R's small singular subspace on a GPU
-    for an order-``order`` R (:data:`SUBSPACE_GPU_S_PER_SQUARE`)."""
-    return SUBSPACE_GPU_S_PER_SQUARE * float(order) ** 2
+    for an order-``order`` R: :data:`SUBSPACE_GPU_S_PER_SQUARE` × order² up to
+    :data:`RANK_SPARSE_MIN_ORDER`; beyond, :data:`SUBSPACE_GPU_LARGE_S_PER_SQUARE` ×
+    order², never less than at that order."""
+    q = float(order)
+    if order <= RANK_SPARSE_MIN_ORDER:
+        return SUBSPACE_GPU_S_PER_SQUARE * q * q
+    return max(SUBSPACE_GPU_S_PER_SQUARE * float(RANK_SPARSE_MIN_ORDER) ** 2,
+               SUBSPACE_GPU_LARGE_S_PER_SQUARE * q * q)
 
 
 def rank_decision_seconds(order: int, factorization: float,
@@ -791,6 +820,19 @@ class Allowance:
         (auto's, with a GPU present), asked once, where a deficient LU that is not
         singular could predict the gap-checked COD (``square.revealed_dead()``, asked
         only after it). None: never (the rule as on a host without a GPU).
+    device_subspace : callable, optional
+        ``device_subspace(order, under) -> bool``: whether R's small singular subspace
+        on the GPU would be tried on an order-``order`` R beyond
+        :data:`RANK_SPARSE_MIN_ORDER` with about ``under`` pivots under lstsq's cutoff
+        (lstsq's ``device_subspace_takes``: its first block within the largest, R made
+        dense there within the device's memory), asked where a deficient LU that is
+        not singular could predict that decision (after ``dense_gpu``). None: never.
+    plan_gpu : callable, optional
+        ``plan_gpu() -> (M, Plan)``: the plan with the factorization on a usable GPU
+        (:data:`SUBSPACE_GPU_PLAN_REASON`), made instead of ``plan`` where that
+        prediction holds: the GPU factorization's rank decision tries R's subspace
+        there first, where a host R's gap-checked sparse COD comes before it. None:
+        ``plan``.
 
     Attributes
     ----------
@@ -817,14 +859,20 @@ class Allowance:
         U's pivots under the cutoff where they predict the gap-checked COD on the
         GPU (``square.revealed_dead()``), else 0 (also once the plan dropped it).
     subspace_predicted : bool
-        Whether U's pivots hide the deficiency (``square.hides_deficiency()``) and R's
-        small singular subspace on the GPU is predicted to decide its rank (False once
-        the plan dropped it).
+        Whether U's pivots hide the deficiency (``square.hides_deficiency()``), or R lies
+        beyond :data:`RANK_SPARSE_MIN_ORDER` (``device_subspace``), and R's small singular
+        subspace on the GPU is predicted to decide its rank (False once the plan dropped
+        it).
+    large_under : int
+        U's pivots under lstsq's cutoff where the prediction beyond
+        :data:`RANK_SPARSE_MIN_ORDER` was made, else -1.
     """
 
     def __init__(self, *, iter_lim: int, atol: float, conlim: float, analysis: float,
                  plan: Callable, order: int = 0, speculate: Optional[Callable] = None,
-                 square=None, nnz: int = 0, dense_gpu: Optional[Callable] = None):
+                 square=None, nnz: int = 0, dense_gpu: Optional[Callable] = None,
+                 device_subspace: Optional[Callable] = None,
+                 plan_gpu: Optional[Callable] = None):
         self.iter_lim = int(iter_lim)
         self.log_atol = math.log(max(float(atol), _EPS))
         self.log_conlim = math.log(conlim) if conlim > 0 else None
@@ -835,7 +883,10 @@ class Allowance:
         self._speculate = speculate
         self._square = square
         self._dense_gpu = dense_gpu
+        self._device_subspace = device_subspace
+        self._plan_gpu = plan_gpu
         self.gap_predicted = 0
+        self.large_under = -1
         self.subspace_predicted = False
         self.gap_dropped = ""                     # why the plan dropped the prediction
         self.lu_s = lu_seconds(nnz) if square is not None else math.inf
@@ -897,8 +948,9 @@ class Allowance:
             self._ahead_at = None
             # U's pivots read ahead only where the rule may read them (:meth:`_predicts_gap`
             # less its question to dense_gpu, asked later where it counts)
-            self._square.factor_ahead(readings=self._dense_gpu is not None and
-                                      GAP_GPU_MIN_ORDER <= self.order <= RANK_SPARSE_MIN_ORDER)
+            self._square.factor_ahead(readings=self._dense_gpu is not None and (
+                GAP_GPU_MIN_ORDER <= self.order <= RANK_SPARSE_MIN_ORDER or
+                (self.order > RANK_SPARSE_MIN_ORDER and self._device_subspace is not None)))
         if t < self.next_check:             # most iterations: nothing more to do
             return False
         self.next_check = max(t * (1 + CHECK_GROWTH), t + CHECK_INTERVAL_S)
@@ -1002,6 +1054,10 @@ class Allowance:
             shown = (f"SuperLU's U shows {self.gap_predicted} pivots under lstsq's cutoff and "
                      f"the rest clearly above: the QR's rank decision predicted as the "
                      f"gap-checked COD on the GPU" if self.gap_predicted else
+                     f"SuperLU's factors are deficient ({self.large_under} of U's pivots under "
+                     f"lstsq's cutoff) and R beyond lstsq's DENSE_LIMIT: the QR's rank "
+                     f"decision predicted as R's small singular subspace on the GPU"
+                     if self._large_route else
                      "SuperLU's factors are deficient and U's pivots hide it: the QR's rank "
                      "decision predicted as R's small singular subspace on the GPU")
             return self._confirm("predicted", f"{shown} (the QR's predicted {q:.3g} s), and "
@@ -1145,6 +1201,8 @@ class Allowance:
                 self.gap_predicted = self._square.revealed_dead()
                 self.subspace_predicted = (not self.gap_predicted and
                                            bool(self._square.hides_deficiency()))
+            elif self._predicts_large_subspace():
+                self.subspace_predicted = True
         self.analysis_s += time.perf_counter() - t0
         if clear:
             self.speculated, self.speculated_at, self.speculation_s = True, t, spent
@@ -1161,6 +1219,30 @@ class Allowance:
                 GAP_GPU_MIN_ORDER <= self.order <= RANK_SPARSE_MIN_ORDER and
                 bool(self._dense_gpu()))
 
+    def _predicts_large_subspace(self) -> bool:
+        """Whether R's small singular subspace on the GPU is predicted to decide the rank of
+        an R beyond :data:`RANK_SPARSE_MIN_ORDER` (lstsq's ``DENSE_LIMIT``): a deficient LU
+        that is not singular (an exactly singular one leaves pivots at rounding, whose
+        solves the subspace refuses), a GPU for the dense rank work (``dense_gpu``), and
+        ``device_subspace`` with the count of U's pivots under the cutoff
+        (``square.pivots_under_cutoff()``, recorded in :attr:`large_under`). There that
+        decision costs a few block solves with R made dense on the device
+        (:func:`subspace_seconds`), not the dense COD's q³ nor R's entries' sparse rules."""
+        if self._device_subspace is None or self._dense_gpu is None or \
+                self._square.singular or self.order <= RANK_SPARSE_MIN_ORDER or \
+                not self._dense_gpu():
+            return False
+        under = int(self._square.pivots_under_cutoff())
+        if not self._device_subspace(self.order, under):
+            return False
+        self.large_under = under
+        return True
+
+    @property
+    def _large_route(self) -> bool:
+        """The subspace prediction beyond :data:`RANK_SPARSE_MIN_ORDER` holds."""
+        return self.subspace_predicted and self.large_under >= 0
+
     @property
     def _predicted_route(self) -> bool:
         """Whether U's pivots predict the QR's rank decision on the GPU (the gap-checked
@@ -1173,7 +1255,8 @@ class Allowance:
         COD would use), no GPU seen by the plan, R11 below :data:`GAP_GPU_MIN_ORDER`, or
         R (the analysis' count) denser than :data:`RANK_SPARSE_MAX_DENSITY`; drop
         :attr:`subspace_predicted` where the plan saw no GPU (a GPU factorization keeps
-        it: R's dense work runs there)."""
+        it: R's dense work runs there; beyond :data:`RANK_SPARSE_MIN_ORDER` a host R's too,
+        after its gap-checked sparse COD)."""
         if self.subspace_predicted:
             why = ("no plan" if self.planned is None else
                    "the plan saw no GPU" if getattr(self.planned[1], "gpu_name", None) is None
@@ -1209,8 +1292,10 @@ class Allowance:
 
     def _analyse(self, itn: int, t: float) -> None:
         t0 = time.perf_counter()
+        make = self._plan_gpu if self._large_route and self._plan_gpu is not None \
+            else self._plan
         try:
-            self.planned = self._plan()
+            self.planned = make()
         except MemoryError as exc:
             self.plan_error = exc
         else:
@@ -1374,6 +1459,9 @@ class Allowance:
             if self.gap_predicted:
                 parts.append(f"U's pivots: {self.gap_predicted} under lstsq's cutoff, the "
                              f"rest clearly above (the gap-checked COD on the GPU predicted)")
+            elif self._large_route:
+                parts.append(f"{self.large_under} of U's pivots under lstsq's cutoff, R beyond "
+                             f"DENSE_LIMIT (R's small singular subspace on the GPU predicted)")
             elif self.subspace_predicted:
                 parts.append("U's pivots hide the deficiency (R's small singular subspace on "
                              "the GPU predicted)")

@@ -337,7 +337,8 @@ def _surely_fits(analysis) -> bool:
 
 def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
                        ordering: Optional[str] = None, dtype=np.float64,
-                       analyze: bool = True, cpu_side: str = "qr") -> Plan:
+                       analyze: bool = True, cpu_side: str = "qr",
+                       gpu_reason: Optional[str] = None) -> Plan:
     """Decide where A is factorized, with every reason recorded and logged.
 
     Parameters
@@ -361,6 +362,12 @@ def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
         :data:`SUPERLU` where SciPy should answer (without an analysis when
         :func:`superlu_at_once` says so, and instead of a MemoryError when
         the QR cannot fit). Explicit backends ignore it.
+    gpu_reason : str, optional
+        Under ``auto`` against a CPU QR, why the factorization should run on a
+        usable GPU whatever the intensity says (the iterate-first rule's: the
+        QR's rank decision is predicted as R's dense work on the GPU, where R
+        made there saves the host's rules before it); the log says so. A GPU
+        that cannot be used still leaves the CPU. Explicit backends ignore it.
 
     Raises
     ------
@@ -426,7 +433,8 @@ def plan_factorization(A: sp.csc_array, settings: Optional[Settings] = None, *,
     chosen = requested
     threshold = None
     if requested == "auto":
-        chosen, threshold = _auto_choice(analysis, options, dtype, reasons, cpu_side)
+        chosen, threshold = _auto_choice(analysis, options, dtype, reasons, cpu_side,
+                                         gpu_reason if cpu_side == "qr" else None)
     if chosen == SUPERLU:
         return _superlu_plan(A, requested, source, reasons, ordering, analysis=analysis,
                              analyze_time=analyze_time, threshold=threshold)
@@ -598,12 +606,13 @@ def gpu_unusable(dtype) -> tuple[Optional[str], Optional[str]]:
     return None, info.get("name")
 
 
-def _auto_choice(analysis, options, dtype, reasons,
-                 cpu_side: str = "qr") -> tuple[str, Optional[tuple]]:
+def _auto_choice(analysis, options, dtype, reasons, cpu_side: str = "qr",
+                 gpu_reason: Optional[str] = None) -> tuple[str, Optional[tuple]]:
     """``auto``'s backend and ``(threshold, its source, GPU model)`` when a GPU was consulted.
 
     The CPU side is ``'cpu'`` (a CPU QR, :func:`auto_threshold`) or
-    :data:`SUPERLU` (SciPy's SuperLU, :func:`spsolve_threshold`).
+    :data:`SUPERLU` (SciPy's SuperLU, :func:`spsolve_threshold`). ``gpu_reason``
+    (a CPU QR's side only): a usable GPU is chosen for it, the intensity logged.
     """
     cpu, label = ("cpu", "CPU") if cpu_side == "qr" else (SUPERLU, "SuperLU")
     why, name = gpu_unusable(dtype)
@@ -616,6 +625,9 @@ def _auto_choice(analysis, options, dtype, reasons,
         reasons.append(f"auto: {label} (no analysis, intensity unknown)")
         return cpu, (threshold, source, name)
     said = f"threshold {threshold:.3g} flops/byte, {source}"
+    if gpu_reason:
+        reasons.append(f"auto: GPU ({gpu_reason}; intensity {intensity:.3g}, {said})")
+        return "gpu", (threshold, source, name)
     if not intensity >= threshold:
         reasons.append(f"auto: {label} (intensity {intensity:.3g} < {said})")
         return cpu, (threshold, source, name)

@@ -63,35 +63,40 @@ REFINE_STEPS = 2
 
 
 def plan_matrix(M: sp.csc_array, settings: Settings, *, ordering=None,
-                dtype=np.float64) -> Plan:
+                dtype=np.float64, gpu_reason=None) -> Plan:
     """The dispatcher's plan for factorizing M, with a tolerance served on every backend.
 
     :func:`~scipy_gpuqr._dispatch.plan.plan_factorization`, its factorize
     callable wrapped by :func:`~scipy_gpuqr._factor.rank_refine.with_rank_detection`
-    (engines without rank detection get Heath's rule on their R).
+    (engines without rank detection get Heath's rule on their R); ``gpu_reason`` as
+    that function takes it.
     """
-    plan = plan_factorization(M, settings, ordering=ordering, dtype=dtype)
+    plan = plan_factorization(M, settings, ordering=ordering, dtype=dtype,
+                              gpu_reason=gpu_reason)
     # the plan was made here for this caller alone: its callable is wrapped in place
     # (dataclasses.replace would copy every field again)
     plan.factorize_fn = with_rank_detection(plan.factorize_fn, plan.backend)
     return plan
 
 
-def plan_for(mi: MatrixInput, settings: Settings, *, ordering=None):
+def plan_for(mi: MatrixInput, settings: Settings, *, ordering=None, gpu_reason=None):
     """``(M, plan)``: the matrix a factorization of ``mi`` factorizes (A, or Aᵀ when
     m < n) and its :class:`~scipy_gpuqr._dispatch.plan.Plan` (analysis included).
 
     Callers that need the plan first (``lsqr``'s iterate-first rule predicts
     the factorization's time from it) pass the pair to :func:`factorize`.
+    ``gpu_reason``: under ``auto``, why a usable GPU factorizes whatever the
+    intensity says (:func:`~scipy_gpuqr._dispatch.plan.plan_factorization`); its
+    kernels are then prefetched as for ``backend='gpu'``.
     """
-    gpu = settings.backend == "gpu"
+    gpu = settings.backend == "gpu" or (bool(gpu_reason) and settings.backend == "auto")
     if gpu:
         prefetch_kernels(mi.dtype)
     m, n = mi.shape
     # Aᵀ's CSC arrays by SciPy's one conversion (sorted indices), one object
     M = transposed_csc(mi.A) if m < n else mi.A
     M.sort_indices()
-    plan = plan_matrix(M, settings, ordering=ordering, dtype=mi.dtype)
+    plan = plan_matrix(M, settings, ordering=ordering, dtype=mi.dtype, gpu_reason=gpu_reason)
     if gpu and plan.backend == "gpu" and plan.analysis is not None:
         # R's layout of a pattern an earlier process factorized, from its file,
         # while the call goes on to the device (see start_layout_load)

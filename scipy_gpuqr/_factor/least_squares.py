@@ -28,8 +28,9 @@ from typing import NamedTuple, Optional
 import numpy as np
 import scipy.sparse as sp
 
-from .._dispatch.iterate_first import (CONVERGED, Allowance, analysis_seconds,
-                                       iterate_on_gpu, needs_watching, zero_tolerances)
+from .._dispatch.iterate_first import (CONVERGED, SUBSPACE_GPU_PLAN_REASON, Allowance,
+                                       analysis_seconds, iterate_on_gpu, needs_watching,
+                                       zero_tolerances)
 from .._gpu import gpu_available, import_cupy, is_cupy_array, is_cupy_sparse
 from .._iterative import lsmr as iterative_lsmr
 from .._iterative import lsqr as iterative_lsqr
@@ -41,7 +42,7 @@ from .._validate import (LSTSQ_RHS, MatrixInput, as_matrix, check_damp, check_rh
                          device_csr, scipy_float_dtype, to_output)
 from .factored import FactoredQR, factorize, plan_for
 from .host_norms import frobenius_norm, norm2
-from .lstsq import KnownNorms, MinNormSolver
+from .lstsq import KnownNorms, MinNormSolver, device_subspace_takes
 
 __all__ = ["LeastSquaresProblem", "check_problem", "StoppingRules", "IterativeAnswer",
            "LstsqStart", "LstsqAnswer", "DampedNorms", "damped_norms", "start", "start_problem",
@@ -329,7 +330,9 @@ def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
                       analysis=analysis, plan=lambda: plan_for(problem.qr_matrix(), settings),
                       order=n if damped else min(m, n),
                       square=None if on_device else square, nnz=problem.nnz,
-                      dense_gpu=gpu_available)
+                      dense_gpu=gpu_available, device_subspace=device_subspace_takes,
+                      plan_gpu=lambda: plan_for(problem.qr_matrix(), settings,
+                                                gpu_reason=SUBSPACE_GPU_PLAN_REASON))
     out = None
     if own is not None and not on_device:
         run, reason = own

@@ -163,7 +163,7 @@ from .triangular import (DENSE_SIGMA_LIMIT, DENSE_SOLVE_FILL, DENSE_SOLVE_LIMIT,
                          UpperTriangular, norm2_lanczos, sigma_min_upper)
 
 __all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver", "KnownNorms",
-           "NULLSPACE_HOST_MIN_ORDER", "nullspace_candidate",
+           "NULLSPACE_HOST_MIN_ORDER", "nullspace_candidate", "device_subspace_takes",
            "exactly_singular", "solve_upper", "solve_upper_transposed"]
 
 EPS = float(np.finfo(np.float64).eps)
@@ -328,6 +328,34 @@ def _dead_pivots(d: np.ndarray, lo: float) -> int:
     :data:`NULLSPACE_MAX_FRACTION` of q)."""
     dead = int(np.count_nonzero(d <= lo))
     return 0 if dead > min(NULLSPACE_MAX_DEAD, NULLSPACE_MAX_FRACTION * d.size) else dead
+
+
+def device_subspace_fits(q: int, max_block: int) -> bool:
+    """Whether an order-``q`` R made dense on the device with the subspace decision's
+    blocks (about :data:`DEVICE_SUBSPACE_BLOCKS` q × ``max_block`` arrays) takes at most
+    :data:`DENSE_COD_GPU_FRACTION` of what the device may give now (free memory, CuPy's
+    pool limit), the dense COD's own share."""
+    need = 8 * q * (q + DEVICE_SUBSPACE_BLOCKS * max_block)
+    avail = available_bytes(_gpu.import_cupy()).available
+    return need <= DENSE_COD_GPU_FRACTION * avail
+
+
+def device_subspace_takes(q: int, under: int) -> bool:
+    """Whether R's small singular subspace on the device
+    (:meth:`MinNormSolver._prepare_device_subspace`) would be tried on a square order-``q``
+    R beyond :data:`DENSE_LIMIT` with about ``under`` pivots under lstsq's cutoff: its
+    first block (twice those pivots and :data:`SUBSPACE_BLOCK`) within the largest
+    (:data:`SUBSPACE_MAX_BLOCK`, a third of q), and R made dense there with the blocks
+    within the device's memory (:func:`device_subspace_fits`). The iterate-first rule asks
+    it with the count of SuperLU's pivots under the cutoff (a prediction: R's own pivots
+    decide, in the QR). Asked only with a GPU present."""
+    max_block = min(SUBSPACE_MAX_BLOCK, q // 3)
+    if q <= DENSE_LIMIT or 2 * int(under) + SUBSPACE_BLOCK > max_block:
+        return False
+    try:
+        return device_subspace_fits(q, max_block)
+    except Exception:  # noqa: BLE001 - no device to ask: the prediction is not made
+        return False
 
 
 def nullspace_candidate(R, cutoff: float) -> bool:
@@ -1305,13 +1333,8 @@ class MinNormSolver:
         return True
 
     def _device_subspace_fits(self, q: int, max_block: int) -> bool:
-        """Whether R dense on the device with the subspace decision's blocks (about
-        :data:`DEVICE_SUBSPACE_BLOCKS` q × ``max_block`` arrays) takes at most
-        :data:`DENSE_COD_GPU_FRACTION` of what the device may give now (free memory,
-        CuPy's pool limit), the dense COD's own share."""
-        need = 8 * q * (q + DEVICE_SUBSPACE_BLOCKS * max_block)
-        avail = available_bytes(_gpu.import_cupy()).available
-        return need <= DENSE_COD_GPU_FRACTION * avail
+        """:func:`device_subspace_fits` (R dense on the device with the decision's blocks)."""
+        return device_subspace_fits(q, max_block)
 
     def _prepare_svd(self, G=None):
         """SVD of G (dense, NumPy or CuPy; default R or Rᵀ on the host)."""

@@ -36,9 +36,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._dispatch.iterate_first import (BLOCK_MIN_NNZ, CLEAR_DEAD_PIVOTS, CLEAR_FULL_RANK,
-                                       Allowance, HostFirst, analysis_seconds,
-                                       cpu_iteration_seconds, host_first_budget,
-                                       iterate_in_block, needs_watching)
+                                       SUBSPACE_GPU_PLAN_REASON, Allowance, HostFirst,
+                                       analysis_seconds, cpu_iteration_seconds,
+                                       host_first_budget, iterate_in_block, needs_watching)
 from .._gpu import gpu_available
 from .._iterative.block import block_lsmr, block_lsqr
 from .._iterative._common import format_kernels
@@ -48,7 +48,8 @@ from .._validate import all_finite
 from .factored import plan_for
 from .least_squares import (IterativeAnswer, LeastSquaresProblem, StoppingRules, _RunNote,
                             settle)
-from .lstsq import DENSE_LIMIT, _rcond_estimate, lstsq_cutoff, nullspace_candidate
+from .lstsq import (DENSE_LIMIT, _rcond_estimate, device_subspace_takes, lstsq_cutoff,
+                    nullspace_candidate)
 from .qr_ahead import QRAhead, qr_ahead_fits
 from .solve_rank import (PROBE_COLUMNS, PROBE_MAX_STEPS, frobenius, probe_margin,
                          probe_norm)
@@ -323,7 +324,10 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
                          order=min(m, n),
                          speculate=(lambda planned: speculate(planned, (m, n)))
                          if min(m, n) <= DENSE_LIMIT else None,
-                         square=square(), nnz=nnz, dense_gpu=gpu)
+                         square=square(), nnz=nnz, dense_gpu=gpu,
+                         device_subspace=device_subspace_takes,
+                         plan_gpu=lambda: plan_for(problem().qr_matrix(), settings,
+                                                   gpu_reason=SUBSPACE_GPU_PLAN_REASON))
 
     watch = None
     if needs_watching(iter_lim, m, n, nnz, on_gpu=False, analysis=analysis, host_loop=True):
