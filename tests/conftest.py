@@ -1,8 +1,10 @@
-"""Shared fixtures: the GPU marker's skip rule, the shared test matrices, and the
-recorded LSQR/LSMR histories the drop-in rule's tests replay."""
+"""Shared fixtures: the GPU marker's skip rule, the shared test matrices, the
+recorded LSQR/LSMR histories the drop-in rule's tests replay, and the decisions
+logged by logger ``scipy_gpuqr``."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -106,6 +108,14 @@ def banded_deficient(n: int, dead: int, seed: int):
                  [0, 1, -1], shape=(n, m), format="csc")
     idx = np.linspace(0, m - 3, dead).astype(int)
     return sp.hstack([B, B[:, idx] + B[:, idx + 1]]).tocsc()
+
+
+@pytest.fixture
+def decisions(caplog):
+    """The INFO messages of logger ``scipy_gpuqr`` during the test (what auto says
+    answered and why), as a callable returning them."""
+    caplog.set_level(logging.INFO, logger="scipy_gpuqr")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "scipy_gpuqr"]
 
 
 @pytest.fixture(scope="session")

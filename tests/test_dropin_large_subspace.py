@@ -18,7 +18,6 @@ moves; an exactly singular LU (rajat01) keeps its rule.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import zlib
 
@@ -282,12 +281,6 @@ def test_pivots_under_the_cutoff(matrices_dir, monkeypatch, name, under):
     assert len(runs) <= 1
 
 
-@pytest.fixture
-def decisions(caplog):
-    caplog.set_level(logging.INFO, logger="scipy_gpuqr")
-    return lambda: [r.getMessage() for r in caplog.records if r.name == "scipy_gpuqr"]
-
-
 def _backward(A, x, b):
     """bench/dropin.py's: the smaller of ‖Aᵀr‖/(‖A‖_F‖r‖) and ‖r‖/(‖A‖_F‖x‖+‖b‖)."""
     r = b - A @ x
@@ -324,7 +317,9 @@ def test_bayer10_on_a_simulated_gpu_host_takes_the_exact_answer(matrices_dir, mo
     assert out[2] == 0, decisions()
     assert asked == [(13436, 73)] and reasons == [policy.SUBSPACE_GPU_PLAN_REASON]
     line = [m for m in decisions() if m.startswith("lsqr ")][-1]
-    assert "R beyond lstsq's DENSE_LIMIT" in line, line
+    # the prediction, whichever verdict stopped the run (on a loaded host, where iterations
+    # are slow, the projected cost may stop it before the predicted route's verdict)
+    assert "R beyond DENSE_LIMIT (R's small singular subspace on the GPU predicted)" in line, line
     ref = original("lsqr")(A, b)
     assert _backward(A, out[0], b) <= min(_backward(A, ref[0], b), 1e-10)
 

@@ -16,7 +16,6 @@ depend on the timing.
 
 from __future__ import annotations
 
-import logging
 import math
 
 import numpy as np
@@ -87,16 +86,6 @@ def _assert_lstsq(A, x, b):
     cond = s[0] / s[rank - 1] if rank else 1.0
     tol = max(1e3 * EPS * cond * max(m, n), 1e-10)
     assert np.linalg.norm(x - x_ref) <= tol * np.linalg.norm(x_ref)
-
-
-@pytest.fixture
-def decisions(caplog):
-    """The INFO messages of logger ``scipy_gpuqr`` during the test."""
-    caplog.set_level(logging.INFO, logger="scipy_gpuqr")
-
-    def messages():
-        return [r.getMessage() for r in caplog.records if r.name == "scipy_gpuqr"]
-    return messages
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ prediction costs time, not accuracy.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import zlib
 
@@ -39,12 +38,6 @@ from scipy_gpuqr._dispatch.iterate_first import Allowance, gap_check_seconds
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._factor.lstsq import lstsq_cutoff
 from scipy_gpuqr.io import mmread
-
-
-@pytest.fixture
-def decisions(caplog):
-    caplog.set_level(logging.INFO, logger="scipy_gpuqr")
-    return lambda: [r.getMessage() for r in caplog.records if r.name == "scipy_gpuqr"]
 
 
 def _mtx(matrices_dir, name):

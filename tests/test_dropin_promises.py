@@ -11,7 +11,6 @@ solution at working precision after under a tenth of SciPy's iterations.
 
 from __future__ import annotations
 
-import logging
 
 import numpy as np
 import pytest
@@ -23,12 +22,6 @@ from scipy_gpuqr._dispatch import iterate_first as policy
 from scipy_gpuqr.io import mmread
 
 EPS = float(np.finfo(np.float64).eps)
-
-
-@pytest.fixture
-def decisions(caplog):
-    caplog.set_level(logging.INFO, logger="scipy_gpuqr")
-    return lambda: [r.getMessage() for r in caplog.records if r.name == "scipy_gpuqr"]
 
 
 def _backward(A, x, b):

@@ -9,7 +9,6 @@ caller's arrays untouched, and every other input left to the general path.
 
 from __future__ import annotations
 
-import logging
 import warnings
 
 import numpy as np
@@ -31,12 +30,6 @@ def _problem(m, n, seed, cls=sp.csr_array):
     A = sp.random_array((m, n), density=0.1, rng=rng, format="csr") + \
         2.0 * sp.eye_array(m, n, format="csr")
     return cls(A), rng.standard_normal(m)
-
-
-@pytest.fixture
-def decisions(caplog):
-    caplog.set_level(logging.INFO, logger="scipy_gpuqr")
-    return lambda: [r.getMessage() for r in caplog.records if r.name == "scipy_gpuqr"]
 
 
 def _same_tuple(ours, theirs):

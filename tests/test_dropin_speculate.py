@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import logging
 
 import numpy as np
 import pytest
@@ -120,12 +119,6 @@ def test_clearly_full_rank():
     D[5, 5] = 1e-20
     assert not clearly_full_rank(sp.csc_array(D), 1e-14)           # below the cutoff
     assert not clearly_full_rank(sp.csc_array(np.triu(np.ones((3, 4)))), 1e-14)  # not square
-
-
-@pytest.fixture
-def decisions(caplog):
-    caplog.set_level(logging.INFO, logger="scipy_gpuqr")
-    return lambda: [r.getMessage() for r in caplog.records if r.name == "scipy_gpuqr"]
 
 
 @pytest.mark.parametrize("name", ["494_bus", "olm500"])

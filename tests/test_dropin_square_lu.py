@@ -12,7 +12,6 @@ singular, explicit backends, damping and ``calc_var`` keep the QR.
 from __future__ import annotations
 
 import importlib
-import logging
 import math
 import time
 import types
@@ -34,12 +33,6 @@ EPS = float(np.finfo(np.float64).eps)
 SCIPY = {"lsqr": original("lsqr"), "lsmr": original("lsmr")}
 OURS = {"lsqr": lsqr, "lsmr": lsmr}
 lsqr_api = importlib.import_module("scipy_gpuqr._api.lsqr")   # the module, not the function
-
-
-@pytest.fixture
-def decisions(caplog):
-    caplog.set_level(logging.INFO, logger="scipy_gpuqr")
-    return lambda: [r.getMessage() for r in caplog.records if r.name == "scipy_gpuqr"]
 
 
 def _answered(messages, method):
