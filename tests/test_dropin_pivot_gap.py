@@ -210,7 +210,8 @@ def test_a_revealed_split_on_a_gpu_host_stops_at_the_lu(histories, nominal):
     """adder_dcop_05's recorded run (SciPy's stop after 2171 iterations): with U's 25
     pivots and a GPU for the dense work, the rule analyses at the LU and stops at that
     checkpoint for the QR, whose rank decision it weighs as the GPU's gap-checked
-    COD. Without the GPU, or without the split, the run goes on to SciPy's stop."""
+    COD. Without the GPU, or without the split, the run goes on to SciPy's stop (a host
+    without a GPU whose compiled sweeps answer: tests/test_dropin_host_gap.py)."""
     stop, watch, plans, asked = _replay(histories, "adder_dcop_05.lsqr", _Square(25), True)
     lu_itn = watch.lu_at[0]
     assert stop is not None and stop < lu_itn + 150 and stop < 700, (stop, lu_itn)
@@ -291,16 +292,16 @@ def test_the_gpu_is_asked_only_where_a_split_could_count(square, order):
 
 def test_every_recorded_square_run_without_a_split_stops_where_it_did(histories, nominal):
     """Every recorded square run, with a deficient LU whose pivots do not split: a GPU host
-    (``dense_gpu`` True) stops at the same iteration, with as many analyses, as a host
-    without one."""
+    (``dense_gpu`` True) and a host without one (False) stop at the same iteration, with as
+    many analyses, as a rule that does not read U's pivots (None)."""
     checked = 0
     for key in sorted(k for k in histories if not k.endswith(".meta")):
         m, n = (int(v) for v in histories[key + ".meta"][:2])
         if m != n:
             continue
         outcome = {gpu: _replay(histories, key, _Square(0), gpu, per=2e-5)[::2]
-                   for gpu in (None, True)}
-        assert outcome[None] == outcome[True], (key, outcome)
+                   for gpu in (None, True, False)}
+        assert outcome[None] == outcome[True] == outcome[False], (key, outcome)
         checked += 1
     assert checked >= 8
 
@@ -395,11 +396,13 @@ def test_nnc1374_on_a_simulated_gpu_host_takes_the_exact_answer(matrices_dir,
     assert _backward(A, out[0], b) <= min(_backward(A, ref[0], b), 1e-10)
 
 
-def test_adder_dcop_05_without_a_gpu_keeps_scipys_answer(matrices_dir, monkeypatch):
-    """A host without a GPU: SciPy's tuple, x bit for bit, as before the rule."""
+def test_nnc1374_without_a_gpu_keeps_scipys_answer(matrices_dir, monkeypatch):
+    """A host without a GPU, where U's pivots hide the deficiency: nothing is predicted
+    (the host's subspace decision costs more than the run), SciPy's tuple, x bit for bit.
+    adder_dcop_05's split: tests/test_dropin_host_gap.py."""
     monkeypatch.setattr(quick_iterate, "gpu_available", lambda: False)
-    A = sp.csr_array(_mtx(matrices_dir, "adder_dcop_05"))
-    b = _b("adder_dcop_05", A.shape[0])
+    A = sp.csr_array(_mtx(matrices_dir, "nnc1374"))
+    b = _b("nnc1374", A.shape[0])
     ref, out = original("lsqr")(A, b), lsqr(A, b)
     assert out[1:9] == ref[1:9] and np.array_equal(out[0], ref[0])
 

@@ -81,6 +81,18 @@ PIVOT_GAP = 1.25
 REVEALED_MAX_FRACTION = 0.25
 
 
+def _largest_column_norm(A) -> float:
+    """The largest 2-norm of a column of sparse A (a lower bound of σ_max(A))."""
+    A = sp.csc_array(A)
+    if not A.has_canonical_format:
+        A = A.copy()
+        A.sum_duplicates()          # a column's duplicates add before they are squared
+    if A.nnz == 0:
+        return 0.0
+    sums = np.add.reduceat(A.data * A.data, A.indptr[:-1][np.diff(A.indptr) > 0])
+    return float(np.sqrt(sums.max()))
+
+
 class SquareLU:
     """SuperLU's factors of a square A and whether they may answer (see the module notes).
 
@@ -320,9 +332,15 @@ class SquareLU:
         # the cutoff (no Lanczos run)
         if d is None or not np.any(d <= self._bound):
             return 0
+        cutoff = lstsq_cutoff(n, n)
         if self._sigma_max is None:
+            # σ_max >= A's largest column norm: where that many pivots already lie under the
+            # cutoff, too many lie under it for a split (no Lanczos run)
+            under = int(np.count_nonzero(d <= cutoff * _largest_column_norm(self._A)))
+            if under > REVEALED_MAX_FRACTION * n or under == n:
+                return 0
             self._sigma_max = sigma_max_lanczos(self._A)
-        tol = lstsq_cutoff(n, n) * self._sigma_max
+        tol = cutoff * self._sigma_max
         dead = int(np.count_nonzero(d <= tol))
         if dead == 0 or dead > REVEALED_MAX_FRACTION * n or dead == n:
             return 0

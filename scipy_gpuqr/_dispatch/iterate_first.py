@@ -119,13 +119,22 @@ says so (:data:`PREDICTED_CONFIRMATIONS`). A prediction that does not hold
 costs time, not accuracy: the QR's own checks decide the rank. Where the plan
 puts the factorization on the GPU (whose factorizer the sparse COD would use)
 or R is too dense for that COD, the prediction is dropped and the rule goes on
-as for any deficient LU. Where U's pivots hide the deficiency instead (none at
+as for any deficient LU. On a host without a GPU for that work (``dense_gpu()``
+False) whose compiled sparse sweeps answer (``host_sweeps``) the same split
+predicts the host's gap-checked sparse COD, which lstsq tries there before any
+dense rule (its σ test on R11's compiled sweeps), at a cost that follows R's
+entries (:func:`host_sparse_rank_seconds`), not the dense rules' cube; the same
+verdict stops the run, and the plan drops the prediction
+where it factorizes on the GPU, did not count R's entries, or R is too dense for
+the sparse COD. Where U's pivots hide the deficiency instead (none at
 lstsq's cutoff even with ``‖A‖_F`` for σ_max, ``square.hides_deficiency()``:
 nnc1374, 66 singular values under the cutoff and no pivot there), the same holds
 with the rank decision predicted as R's small singular subspace on the GPU
 (:func:`subspace_seconds`: a few block solves with R made dense there, lstsq's
-``DenseSubspaceCOD``), dropped where the plan saw no GPU; where R's singular values
-have no clear gap at the cutoff that decision refuses and the SVD answers, later.
+``DenseSubspaceCOD``), dropped where the plan saw no GPU (on a host without one nothing
+is predicted: R's small singular subspace through R's host solves costs about as much as
+SciPy's whole run on such a matrix); where R's singular values have no clear gap at the
+cutoff that decision refuses and the SVD answers, later.
 Beyond :data:`RANK_SPARSE_MIN_ORDER` (lstsq's ``DENSE_LIMIT``), on a host whose GPU
 would run the QR's dense rank work, a deficient LU that is not singular predicts the
 rank decision as R's small singular subspace on the GPU wherever lstsq would try it
@@ -196,6 +205,7 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "GAP_GPU_S_PER_SQUARE", "GAP_GPU_MIN_ORDER", "PREDICTED_SHARE", "gap_check_seconds",
            "SUBSPACE_GPU_S_PER_SQUARE", "SUBSPACE_GPU_LARGE_S_PER_SQUARE",
            "SUBSPACE_GPU_PLAN_REASON", "subspace_seconds",
+           "HOST_SPARSE_RANK_S_PER_R_ENTRY", "host_sparse_rank_seconds",
            "CHECK_GROWTH", "CHECK_INTERVAL_S", "UPLOAD_FIXED_S", "UPLOAD_BYTES_PER_S",
            "upload_seconds", "host_first_budget", "HostFirst", "SPECULATION_S_PER_ENTRY",
            "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_PER_ENTRY", "lu_seconds",
@@ -397,6 +407,16 @@ SUBSPACE_GPU_PLAN_REASON = ("the QR's rank decision predicted as R's small singu
 #: far too soon (adder_dcop_05 at 410 iterations: 390 more by the trend, 1530 in
 #: fact); a run that does converge that soon costs at most the QR's time more.
 PREDICTED_SHARE = 0.1
+#: On a host whose dense rank work is its own (no GPU: ``dense_gpu()`` False) and whose
+#: compiled sparse sweeps answer (``host_sweeps()``), U's pivots that split at lstsq's cutoff
+#: (``square.revealed_dead()``) predict the rank decision of an
+#: R of order :data:`GAP_GPU_MIN_ORDER` to :data:`RANK_SPARSE_MIN_ORDER` as the host's
+#: gap-checked sparse COD (lstsq tries it before any dense rule on a sparse host R: σ_max
+#: known from the LU, a rank-detecting sparse QR of R, σ_min(R11) on R11's compiled sweeps,
+#: a second sparse QR), whose cost follows R's entries, not the dense rules' cube:
+#: seconds per entry of R (the analysis' count), on the dear side (adder_dcop_05 on 2
+#: cores: 15-20 ms for 33 300 entries after the LU, against 1.19 s by the cube).
+HOST_SPARSE_RANK_S_PER_R_ENTRY = 1e-6
 
 #: ``speculate``'s answers where R's rank decision costs no dense work: R is
 #: clearly of full rank (a triangular condition estimate or probe, then R's
@@ -735,6 +755,14 @@ def subspace_seconds(order: int) -> float:
                SUBSPACE_GPU_LARGE_S_PER_SQUARE * q * q)
 
 
+def host_sparse_rank_seconds(r_entries: float) -> float:
+    """Predicted seconds of the rank decision by the host's gap-checked sparse COD on a host
+    R with ``r_entries`` entries (the analysis' count) where U's pivots split at lstsq's
+    cutoff (:attr:`Allowance.rank_host`): :data:`HOST_SPARSE_RANK_S_PER_R_ENTRY` ×
+    ``r_entries``."""
+    return HOST_SPARSE_RANK_S_PER_R_ENTRY * float(r_entries)
+
+
 def rank_decision_seconds(order: int, factorization: float,
                           r_entries: Optional[float] = None, *, device: str = "cpu") -> float:
     """Predicted seconds of the rank decision on an order-``order`` R that is not clearly
@@ -819,7 +847,8 @@ class Allowance:
         ``dense_gpu() -> bool``: whether a GPU would run the QR's dense rank work
         (auto's, with a GPU present), asked once, where a deficient LU that is not
         singular could predict the gap-checked COD (``square.revealed_dead()``, asked
-        only after it). None: never (the rule as on a host without a GPU).
+        only after it): on the GPU where True, on the host where False (with
+        ``host_sweeps``). None: U's pivots are never read.
     device_subspace : callable, optional
         ``device_subspace(order, under) -> bool``: whether R's small singular subspace
         on the GPU would be tried on an order-``order`` R beyond
@@ -827,6 +856,12 @@ class Allowance:
         (lstsq's ``device_subspace_takes``: its first block within the largest, R made
         dense there within the device's memory), asked where a deficient LU that is
         not singular could predict that decision (after ``dense_gpu``). None: never.
+    host_sweeps : callable, optional
+        ``host_sweeps() -> bool``: whether the host's compiled sparse sweeps answer
+        (``scipy_gpuqr._factor.native.at_hand``), asked where ``dense_gpu()`` is False
+        and U's pivots split: the host's gap-checked COD is predicted only with them
+        (its σ test is R11 made dense without them: q³/3 flops and dense Lanczos).
+        None: U's pivots are not read on such a host.
     plan_gpu : callable, optional
         ``plan_gpu() -> (M, Plan)``: the plan with the factorization on a usable GPU
         (:data:`SUBSPACE_GPU_PLAN_REASON`), made instead of ``plan`` where that
@@ -872,7 +907,7 @@ class Allowance:
                  plan: Callable, order: int = 0, speculate: Optional[Callable] = None,
                  square=None, nnz: int = 0, dense_gpu: Optional[Callable] = None,
                  device_subspace: Optional[Callable] = None,
-                 plan_gpu: Optional[Callable] = None):
+                 plan_gpu: Optional[Callable] = None, host_sweeps: Optional[Callable] = None):
         self.iter_lim = int(iter_lim)
         self.log_atol = math.log(max(float(atol), _EPS))
         self.log_conlim = math.log(conlim) if conlim > 0 else None
@@ -885,9 +920,11 @@ class Allowance:
         self._dense_gpu = dense_gpu
         self._device_subspace = device_subspace
         self._plan_gpu = plan_gpu
+        self._host_sweeps = host_sweeps
         self.gap_predicted = 0
         self.large_under = -1
         self.subspace_predicted = False
+        self.rank_host = False                    # ... the gap-checked COD on the host
         self.gap_dropped = ""                     # why the plan dropped the prediction
         self.lu_s = lu_seconds(nnz) if square is not None else math.inf
         self.lu_at: Optional[tuple] = None
@@ -1015,7 +1052,9 @@ class Allowance:
         if self.plan_error is not None:         # the QR cannot run: SciPy's run goes on
             self.next_check = math.inf
             return False
-        if self.gap_predicted:
+        if self.rank_host:
+            self.rank_s = host_sparse_rank_seconds(self.r_entries)
+        elif self.gap_predicted:
             self.rank_s = gap_check_seconds(self.order)
         elif self.subspace_predicted:
             self.rank_s = subspace_seconds(self.order)
@@ -1051,9 +1090,10 @@ class Allowance:
         promised = further if self.trend is None else self.trend
         if self._predicted_route and (promised is None or
                                       promised * per_iteration > PREDICTED_SHARE * q):
+            where = "on the host" if self.rank_host else "on the GPU"
             shown = (f"SuperLU's U shows {self.gap_predicted} pivots under lstsq's cutoff and "
                      f"the rest clearly above: the QR's rank decision predicted as the "
-                     f"gap-checked COD on the GPU" if self.gap_predicted else
+                     f"gap-checked COD {where}" if self.gap_predicted else
                      f"SuperLU's factors are deficient ({self.large_under} of U's pivots under "
                      f"lstsq's cutoff) and R beyond lstsq's DENSE_LIMIT: the QR's rank "
                      f"decision predicted as R's small singular subspace on the GPU"
@@ -1197,10 +1237,20 @@ class Allowance:
         self.lu_at = (itn, t)
         if self._square.deficient:
             self.at_risk = True         # the rank decision is dense work: shown, not guessed
-            if self._predicts_gap():
+            reads = self._reads_pivots()
+            gpu = reads and bool(self._dense_gpu())
+            if gpu:
                 self.gap_predicted = self._square.revealed_dead()
                 self.subspace_predicted = (not self.gap_predicted and
                                            bool(self._square.hides_deficiency()))
+            elif reads and self._host_sweeps is not None:
+                # no GPU for the dense work: U's pivots that split predict the host's
+                # gap-checked sparse COD, where its σ test runs on R11's compiled sweeps
+                dead = self._square.revealed_dead()
+                if dead and self._host_sweeps():
+                    self.gap_predicted, self.rank_host = dead, True
+                elif dead:
+                    self.gap_dropped = "the host's compiled sweeps not at hand"
             elif self._predicts_large_subspace():
                 self.subspace_predicted = True
         self.analysis_s += time.perf_counter() - t0
@@ -1210,14 +1260,15 @@ class Allowance:
             # a solve and the residual's products: a small share of the factorization
             self.predicted = max(0.05 * spent, CHECK_INTERVAL_S)
 
-    def _predicts_gap(self) -> bool:
-        """Whether U's pivots are worth reading (:attr:`gap_predicted`): a deficient LU
-        that is not singular, R's order where the gap-checked COD's σ test would run on
-        the GPU (:data:`GAP_GPU_MIN_ORDER` to :data:`RANK_SPARSE_MIN_ORDER`), and a GPU
-        for the dense rank work (``dense_gpu``, asked last)."""
+    def _reads_pivots(self) -> bool:
+        """Whether U's pivots may be worth reading (:attr:`gap_predicted`,
+        :attr:`subspace_predicted`): a deficient LU that is not singular, R's order from
+        :data:`GAP_GPU_MIN_ORDER` to :data:`RANK_SPARSE_MIN_ORDER` (where the gap-checked
+        COD's σ test runs on the GPU, or the host's sparse COD comes before its dense
+        rules), and the GPU's question given (``dense_gpu``, asked after this: a GPU for
+        the dense rank work, else the host's, read where ``host_sweeps`` is given)."""
         return (self._dense_gpu is not None and not self._square.singular and
-                GAP_GPU_MIN_ORDER <= self.order <= RANK_SPARSE_MIN_ORDER and
-                bool(self._dense_gpu()))
+                GAP_GPU_MIN_ORDER <= self.order <= RANK_SPARSE_MIN_ORDER)
 
     def _predicts_large_subspace(self) -> bool:
         """Whether R's small singular subspace on the GPU is predicted to decide the rank of
@@ -1245,8 +1296,9 @@ class Allowance:
 
     @property
     def _predicted_route(self) -> bool:
-        """Whether U's pivots predict the QR's rank decision on the GPU (the gap-checked
-        COD or R's small singular subspace)."""
+        """Whether U's pivots predict the QR's rank decision (the gap-checked COD or R's
+        small singular subspace on the GPU, or the gap-checked COD on the host where
+        :attr:`rank_host`)."""
         return bool(self.gap_predicted) or self.subspace_predicted
 
     def _keep_prediction(self) -> None:
@@ -1256,7 +1308,21 @@ class Allowance:
         R (the analysis' count) denser than :data:`RANK_SPARSE_MAX_DENSITY`; drop
         :attr:`subspace_predicted` where the plan saw no GPU (a GPU factorization keeps
         it: R's dense work runs there; beyond :data:`RANK_SPARSE_MIN_ORDER` a host R's too,
-        after its gap-checked sparse COD)."""
+        after its gap-checked sparse COD). The host's gap-checked COD
+        (:attr:`rank_host`) is dropped where the plan factorizes on the GPU or did not
+        count R's entries, or R is denser than :data:`RANK_SPARSE_MAX_DENSITY` (lstsq's
+        sparse COD is not tried there, and the prediction follows R's entries)."""
+        if self.rank_host:
+            why = ("no plan" if self.planned is None else
+                   "the plan factorizes on the GPU" if self.rank_device != "cpu" else
+                   "R's entries not counted" if self.r_entries is None else
+                   "R too dense for the sparse COD"
+                   if self.r_entries > RANK_SPARSE_MAX_DENSITY * float(self.order) ** 2
+                   else "")
+            if why:
+                self.gap_predicted, self.subspace_predicted = 0, False
+                self.rank_host, self.gap_dropped = False, why
+            return
         if self.subspace_predicted:
             why = ("no plan" if self.planned is None else
                    "the plan saw no GPU" if getattr(self.planned[1], "gpu_name", None) is None
@@ -1456,9 +1522,10 @@ class Allowance:
                          f"prediction {self.lu_s:.3g} s) in {self._square.seconds:.3g} s: "
                          + (f"A {self._square.why}" if self._square.clear
                             else f"not used ({self._square.why})"))
+            where = "on the host" if self.rank_host else "on the GPU"
             if self.gap_predicted:
                 parts.append(f"U's pivots: {self.gap_predicted} under lstsq's cutoff, the "
-                             f"rest clearly above (the gap-checked COD on the GPU predicted)")
+                             f"rest clearly above (the gap-checked COD {where} predicted)")
             elif self._large_route:
                 parts.append(f"{self.large_under} of U's pivots under lstsq's cutoff, R beyond "
                              f"DENSE_LIMIT (R's small singular subspace on the GPU predicted)")
@@ -1466,7 +1533,7 @@ class Allowance:
                 parts.append("U's pivots hide the deficiency (R's small singular subspace on "
                              "the GPU predicted)")
             elif self.gap_dropped:
-                parts.append(f"U's pivots predicted the QR's rank decision on the GPU; "
+                parts.append(f"U's pivots predicted the QR's rank decision; "
                              f"dropped: {self.gap_dropped}")
         if self.predicted is not None and self.analysed_at is not None:
             itn, t = self.analysed_at

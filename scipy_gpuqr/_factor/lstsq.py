@@ -723,6 +723,8 @@ class MinNormSolver:
             d = abs_diagonal(R)
         if not (np.isfinite(d).all() and d.min() > 0 and d.min() > self.cutoff * d.max()):
             return False
+        if self._one_norm_test_hopeless():
+            return False
         Rd = R.toarray(order="F")
         self.rcond = _dense_rcond(Rd)
         if not self.rcond >= 10.0 * q * self.cutoff:
@@ -853,10 +855,9 @@ class MinNormSolver:
             del Rgpu
         else:
             solves = self._estimate_solves()
-            # a probe that failed with a margin M < 10 proves ‖R‖₁‖R⁻¹‖₁ >=
-            # 1/(M·q·cutoff) (‖R‖_F <= √q‖R‖₁, ‖R⁻¹‖₂ <= √q‖R⁻¹‖₁): the 1-norm test
-            # below could pass only by its estimate's shortfall, so it is not run
-            probed = self._probe is not None and self._probe[1] < 10.0
+            # a failed probe may show that the 1-norm test below could pass only by
+            # its estimate's shortfall: then it is not run
+            probed = self._one_norm_test_hopeless()
             if not probed and not np.isfinite(self.rcond):     # not estimated yet
                 self.rcond = _rcond_estimate(R, solves)
                 if self.rcond >= 10.0 * q * self.cutoff:
@@ -915,6 +916,20 @@ class MinNormSolver:
         if self._rtri is None and self._rnative:
             return self._rnative.solve, self._rnative.solve_t
         return self._rtri.solves() if self._rtri is not None else None
+
+    def _one_norm_test_hopeless(self) -> bool:
+        """Whether a failed probe of ``‖R⁻¹‖₂`` (its own, or the caller's: :class:`KnownNorms`)
+        shows that the 1-norm test (``rcond >= 10·q·cutoff``) could pass only by its
+        estimate's shortfall: ``‖R‖_F <= √q‖R‖₁`` and ``ν <= ‖R⁻¹‖₂ <= √q‖R⁻¹‖₁`` give
+        ``‖R‖₁‖R⁻¹‖₁ >= ν·‖R‖_F/q``, at least ``1/(10·q·cutoff)`` where ``ν·cutoff·‖R‖_F >=
+        0.1`` (a probe that failed with a margin M < 10 had ``M·ν·cutoff·‖R‖_F >= 1``).
+        The test is then not run (it costs R made dense on the host, or solves)."""
+        if self._probe is None:
+            return False
+        nu, margin = self._probe
+        if margin < 10.0:
+            return True
+        return bool(np.isfinite(nu) and nu > 0 and nu * self.cutoff * self._frobenius() >= 0.1)
 
     def _probe_settles(self, smax: float) -> Optional[bool]:
         """The failed probe's ν tested with σ_max (Lanczos): True (full rank, as

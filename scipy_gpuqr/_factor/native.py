@@ -36,7 +36,7 @@ from .. import _native_build
 from .._errors import NativeUnavailable
 
 __all__ = ["ENV", "ABI", "MODES", "NativeUnavailable", "mode", "library", "handle", "status",
-           "SparseUpperSolves"]
+           "at_hand", "SparseUpperSolves"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_FACTOR_NATIVE"
@@ -62,6 +62,18 @@ _SPEC = _native_build.NativeLibrary.beside(__file__, "factor-", ABI, "sgf_abi", 
 #: This process' library (:class:`~scipy_gpuqr._native_build.NativePart`).
 _NATIVE = _native_build.NativePart(_SPEC, "compiled sparse triangular solves")
 mode, library, handle, status = _NATIVE.mode, _NATIVE.library, _NATIVE.handle, _NATIVE.status
+
+
+def at_hand() -> bool:
+    """Whether the compiled sweeps answer a call made now (:func:`handle` gives the
+    library; in mode ``auto`` its build is started here where none is found): the
+    host's rank rules that read them (σ_min of a sparse triangle, the probe, the
+    subspace iteration) then cost what they cost with them, not SuperLU's or dense
+    work's time."""
+    try:
+        return handle() is not None
+    except NativeUnavailable:
+        return False
 
 
 class SparseUpperSolves:
