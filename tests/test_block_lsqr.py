@@ -128,27 +128,79 @@ def test_longest_lines():
     assert quick_iterate._longest_lines(sp.csc_array(A)) == 4 + 3
 
 
-def test_host_first_counts_the_iterations_made_again():
-    """With the GPU's seconds per iteration, a run moves once the GPU would have saved its
-    start and the second run of the iterations made so far; never where h <= 2g."""
+def test_host_first_charges_the_block_iterations_once():
+    """With the block's seconds per iteration, a run moves once its iterations so far have
+    cost the block's start beyond what the block would have spent on them (the block goes
+    on from there: they are not made again); never where h <= g. The moving iteration is
+    kept for the caller, not shown to the watcher."""
     def state(itn, seconds):
         return IterationState(itn, None, 0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, seconds)
 
-    move = iterate_first.HostFirst(1e-3, per_iteration=1e-5)
+    class Watch:
+        analysis_s = 0.0
+
+        def __init__(self):
+            self.seen = []
+
+        def __call__(self, s):
+            self.seen.append(s.itn)
+            return False
+
+        def quiet_until(self):
+            return float("inf")
+
+    watch = Watch()
+    move = iterate_first.HostFirst(1e-3, watch, per_iteration=1e-5)
     assert not move(state(1, 5e-4))                 # the call's start is not counted
-    assert not move(state(11, 5e-4 + 1.1e-3)) and not move.moved
-    assert move(state(11, 5e-4 + 1.3e-3)) and move.moved and move.seconds == 5e-4 + 1.3e-3
+    assert not move(state(11, 5e-4 + 1.05e-3)) and not move.moved
+    assert move.quiet_until() == 5e-4 + 11 * 1e-5 + 1e-3
+    assert move(state(12, 5e-4 + 1.15e-3)) and move.moved and move.seconds == 5e-4 + 1.15e-3
+    assert watch.seen == [1, 11] and move.last.itn == 12
     slow = iterate_first.HostFirst(1e-3, per_iteration=1e-5)
-    assert not any(slow(state(k, 1e-3 + 2e-5 * k)) for k in range(1, 10000))
+    assert not any(slow(state(k, 1e-3 + 1e-5 * k)) for k in range(1, 10000))
     plain = iterate_first.HostFirst(1e-3)
     assert plain(state(1, 1e-3))
+
+
+def test_block_rent_keeps_a_move_within_the_bound():
+    """With the rent, a run that moves and stops at the next iteration costs at most
+    MOVE_BOUND of SciPy's (host iterations HOST_LOOP_SPEEDUP times cheaper than SciPy's),
+    whatever the block's start; a long run still moves, rent times later than plain ski
+    rental."""
+    f = iterate_first
+    assert f.BLOCK_RENT == pytest.approx(1 / (f.MOVE_BOUND * f.HOST_LOOP_SPEEDUP - 1))
+
+    def state(itn, seconds):
+        return IterationState(itn, None, 0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, seconds)
+
+    for start in (5e-4, 3.7e-3, 2e-2):
+        for h, g in ((1.2e-3, 2.3e-4), (1.2e-3, 1.1e-3), (1.4e-4, 4e-5), (4e-4, 3e-4)):
+            call = h                                # the call's start: one iteration's worth
+            move = f.HostFirst(start, per_iteration=g, rent=f.BLOCK_RENT)
+            k = next((k for k in range(1, 10 ** 5)
+                      if move(state(k, call + k * h))), None)
+            if k is None:
+                continue
+            ours = call + k * h + start + g         # moved, then stopped at once
+            assert ours <= f.MOVE_BOUND * f.HOST_LOOP_SPEEDUP * (k + 1) * h, (start, h, g, k)
+            plain = f.HostFirst(start, per_iteration=g)
+            k1 = next(k for k in range(1, 10 ** 5) if plain(state(k, call + k * h)))
+            assert k >= k1 and (k - 1) * (h - g) >= f.BLOCK_RENT * start
+    # ch7-8-b3 (7 iterations of about 1.2 ms on an H200's host): stays on the host
+    ch7 = f.block_start_seconds(58800, 11760, 235200), f.block_iteration_seconds(
+        58800, 11760, 235200, 24)
+    move = f.HostFirst(ch7[0], per_iteration=ch7[1], rent=f.BLOCK_RENT)
+    assert not any(move(state(k, 1.2e-3 * (k + 1))) for k in range(1, 8))
+    assert f.HostFirst(1e-3, rent=5.0)(state(1, 1e-3))     # the upload's rule has no rent
 
 
 def _fake_block(calls):
     """block_lsqr/lsmr run by our host loops (SciPy's bits), counting the calls."""
     def run(method):
-        def fn(A, b, damp, atol, btol, conlim, iter_lim, show, *rest, callback=None):
+        def fn(A, b, damp, atol, btol, conlim, iter_lim, show, *rest, callback=None,
+               resume=None):
             calls.append(method)
+            assert resume is not None and resume.method == method and resume.itn >= 1
             if method == "lsqr":
                 return host_lsqr(A, b, damp, atol, btol, conlim, iter_lim, show, rest[0], None,
                                  xp=np, callback=callback)

@@ -23,7 +23,7 @@ from conftest import TEST_MATRICES
 from scipy_gpuqr import lsmr, lsqr
 from scipy_gpuqr._api.originals import original
 from scipy_gpuqr._dispatch import iterate_first as policy
-from scipy_gpuqr._dispatch.iterate_first import Allowance, HostFirst
+from scipy_gpuqr._dispatch.iterate_first import BLOCK_RENT, Allowance, HostFirst
 from scipy_gpuqr._iterative import native
 from scipy_gpuqr._iterative._common import IterationState
 from scipy_gpuqr.io import mmread
@@ -115,7 +115,7 @@ def test_host_first_moves_at_the_same_iteration(per_iteration, watched):
     for feed in (_every, _gated):
         watch = Allowance(iter_lim=10 ** 6, atol=1e-6, conlim=1e8, analysis=1.0,
                           plan=lambda: None) if watched else None
-        first = HostFirst(2e-3, watch, per_iteration=per_iteration)
+        first = HostFirst(2e-3, watch, per_iteration=per_iteration, rent=BLOCK_RENT)
         states = [_state(k, 5e-4 + 3e-5 * k, 10 ** (2 - k / 1000)) for k in range(1, 400)]
         out = feed(first, states)
         moved.append((out[0] if isinstance(out, tuple) else out, first.moved, first.seconds))

@@ -168,11 +168,13 @@ GPU thread block instead (:mod:`scipy_gpuqr._iterative.block`: many iterations
 per launch, no copy between them) where its predicted iteration
 (:func:`block_iteration_seconds`, A's longest lines included) beats the host
 loop's and the CuPy path's (:func:`iterate_in_block`). The
-run starts on the host all the same and moves to the block once the block
-would have saved, on the iterations made so far, its start
-(:func:`block_start_seconds`: packing A's CSR and CSC arrays, the copy, a
-launch) and their second run (:class:`HostFirst` with ``per_iteration``): a
-run of a few iterations ends on the host with SciPy's bits, a long one moves.
+run starts on the host all the same and moves to the block once its
+iterations so far have cost, beyond what the block would have spent on them,
+:data:`BLOCK_RENT` times the block's start (:func:`block_start_seconds`: packing A's CSR and CSC
+arrays, the copy, a launch; :class:`HostFirst` with ``per_iteration``); the
+block goes on from the host's last iteration (its state handed on), so no
+iteration is made twice. A run of a few iterations ends on the host with
+SciPy's bits, a long one moves.
 
 Explicit backends (``gpu``, ``cpu``, ``reference``, ``simulate``) and
 ``GpuqrOptions(iterate_first=False)`` always factorize.
@@ -211,7 +213,8 @@ __all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_
            "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_PER_ENTRY", "lu_seconds",
            "CONVERGED", "iteration_flops", "cpu_iteration_seconds", "gpu_iteration_seconds",
            "iterate_on_gpu", "BLOCK_FIXED_S", "BLOCK_ITERATION_S", "BLOCK_BYTES_PER_S",
-           "BLOCK_TRANSPOSE_S_PER_ENTRY", "BLOCK_LINE_S", "BLOCK_MIN_NNZ", "BLOCK_MARGIN",
+           "BLOCK_TRANSPOSE_S_PER_ENTRY", "BLOCK_PACK_S_PER_ENTRY", "HOST_LOOP_SPEEDUP",
+           "MOVE_BOUND", "BLOCK_RENT", "BLOCK_LINE_S", "BLOCK_MIN_NNZ", "BLOCK_MARGIN",
            "block_iteration_seconds", "block_start_seconds",
            "iterate_in_block", "analysis_seconds", "needs_watching", "zero_tolerances",
            "rank_risk", "rank_decision_seconds", "Allowance"]
@@ -265,6 +268,24 @@ BLOCK_MARGIN = 0.8
 #: Seconds per stored entry of the host's conversion of A to its other compressed
 #: format (the block's products need A by rows and by columns).
 BLOCK_TRANSPOSE_S_PER_ENTRY = 3e-9
+#: Seconds per stored entry of packing A's values and indices, by rows and by
+#: columns, into the block's one host buffer (an H200 host: ch7-8-b3's start,
+#: 235200 entries, about 3.6 ms against 2.8 without it).
+BLOCK_PACK_S_PER_ENTRY = 4e-9
+#: SciPy's LSQR/LSMR iteration over the host loops' (:mod:`scipy_gpuqr._iterative.host`)
+#: on the same matrix (an H200 host: 1.4 on ch7-8-b3, 1.5 on a random 20000×4000).
+HOST_LOOP_SPEEDUP = 1.4
+#: The most a call under ``auto`` may cost against SciPy's own where SciPy's
+#: iterations converge (issue 15's bound).
+MOVE_BOUND = 1.1
+#: The share of the block's start a run's host iterations must have cost (beyond
+#: the block's own) before :class:`HostFirst` moves it: ``1 / (MOVE_BOUND ·
+#: HOST_LOOP_SPEEDUP − 1)``. A run that moves after k host iterations and then
+#: stops at once costs ``k·h + start + g``; SciPy's costs ``(k + 1)·HOST_LOOP_SPEEDUP·h``;
+#: with ``(k − 1)·h >= BLOCK_RENT · start`` the move keeps that within ``MOVE_BOUND``
+#: (what is left, ``(2·MOVE_BOUND·HOST_LOOP_SPEEDUP − 1)·h``, covers the call's own
+#: start and the block's one iteration). Longer runs only gain from the block.
+BLOCK_RENT = 1.0 / (MOVE_BOUND * HOST_LOOP_SPEEDUP - 1.0)
 
 #: Fixed seconds of putting a host matrix on the GPU for the iterations: the
 #: cupyx CSR matrix, its explicit transpose made on the device, and the first
@@ -541,8 +562,9 @@ def block_iteration_seconds(m: int, n: int, nnz: int, longest: int = 0) -> float
 
 def block_start_seconds(m: int, n: int, nnz: int) -> float:
     """Nominal seconds of a block run's start on host data (:data:`BLOCK_FIXED_S`, A's
-    other format, the copy of both formats, b and the vectors at :data:`UPLOAD_BYTES_PER_S`)."""
-    return (BLOCK_FIXED_S + BLOCK_TRANSPOSE_S_PER_ENTRY * nnz
+    other format, the packing of both formats into one buffer, the copy of it, b and the
+    vectors at :data:`UPLOAD_BYTES_PER_S`)."""
+    return (BLOCK_FIXED_S + (BLOCK_TRANSPOSE_S_PER_ENTRY + BLOCK_PACK_S_PER_ENTRY) * nnz
             + (24.0 * nnz + 48.0 * (m + n)) / UPLOAD_BYTES_PER_S)
 
 
@@ -605,27 +627,36 @@ class HostFirst:
     Stops the run (returns True, :attr:`moved` set) once it has iterated
     ``budget`` seconds (:func:`host_first_budget`), not counting the time
     ``watch`` spent analysing; until then the run is ``watch``'s
-    (:class:`Allowance`, or None: unwatched). The caller then runs SciPy's
-    algorithm again from the start on the GPU, so the answer follows SciPy's
+    (:class:`Allowance`, or None: unwatched). Without ``per_iteration`` the
+    caller then runs SciPy's algorithm again from the start on the GPU (the
+    CuPy path, which takes no host state), so the answer follows SciPy's
     iterates there as it would have without the CPU's head start.
 
-    With ``per_iteration`` (the GPU's predicted seconds per iteration ``g``,
-    for a move that makes the run's iterations again there) the run moves
-    once what the GPU would have saved on the iterations made since the
-    first covers its start and their second run: ``Δt − 2·Δitn·g >= budget``,
-    with ``Δt`` the seconds since the first iteration (the call's own start,
-    which a move does not save, is left out). A run whose host iterations
-    are not much dearer than the GPU's (``h <= 2g``) never moves; a long one
-    moves after about ``budget / (h − 2g)`` iterations.
+    With ``per_iteration`` (the predicted seconds per iteration ``g`` of one
+    GPU thread block, which goes on from the run's last iteration) the run
+    moves once its iterations since the first have cost ``rent`` times the
+    block's start beyond what the block would have spent on them:
+    ``Δt − Δitn·g >= rent·budget``, with ``Δt`` the seconds since the first
+    iteration (the call's own start, which a move does not save, is left out).
+    That is ski rental with the block's iterations as the price of owning,
+    the rent raised (:data:`BLOCK_RENT`) so that a run that stops right after
+    it moved still costs at most :data:`MOVE_BOUND` of SciPy's (whose
+    iterations cost :data:`HOST_LOOP_SPEEDUP` times the host's) instead of
+    twice the better choice. A run whose host iterations are not dearer than
+    the block's (``h <= g``) never moves; a long one moves after about
+    ``rent·budget / (h − g)`` iterations. The iteration that moves the
+    run (:attr:`last`) is not shown to ``watch``: a caller whose run goes on
+    with the same watcher hands it over (:meth:`Allowance.catch_up`).
     """
 
     def __init__(self, budget: float, watch: Optional["Allowance"] = None,
-                 per_iteration: float = 0.0):
-        self.budget = float(budget)
+                 per_iteration: float = 0.0, rent: float = 1.0):
+        self.budget = float(budget) * (float(rent) if per_iteration > 0 else 1.0)
         self.watch = watch
         self.per_iteration = float(per_iteration)
         self.moved = False
         self.seconds = 0.0
+        self.last = None            # the state of the iteration that moved the run
         self._first = None          # (itn, seconds) of the first iteration seen
         self._itn = 0               # the last iteration seen
 
@@ -636,24 +667,24 @@ class HostFirst:
             if self._first is None:
                 self._first = (state.itn, spent)
             itn0, spent0 = self._first
-            saved = spent - spent0 - 2.0 * (state.itn - itn0) * self.per_iteration
+            saved = spent - spent0 - (state.itn - itn0) * self.per_iteration
         else:
             saved = spent
         if saved >= self.budget:
-            self.moved, self.seconds = True, spent
+            self.moved, self.seconds, self.last = True, spent, state
             return True
         return bool(self.watch(state)) if self.watch is not None else False
 
     def quiet_until(self) -> float:
         """The run's seconds before which no iteration makes the run move or reaches
-        ``watch``'s checkpoint (the move's test at the next iteration: its cost of
-        iterating again on the GPU only grows with later ones)."""
+        ``watch``'s checkpoint (the move's test at the next iteration: the block's
+        seconds for the iterations made only grow with later ones)."""
         analysis = self.watch.analysis_s if self.watch is not None else 0.0
         if self.per_iteration > 0:
             if self._first is None:
                 return 0.0
             itn0, spent0 = self._first
-            own = spent0 + 2.0 * (self._itn + 1 - itn0) * self.per_iteration + self.budget
+            own = spent0 + (self._itn + 1 - itn0) * self.per_iteration + self.budget
         else:
             own = self.budget
         own += analysis

@@ -23,8 +23,10 @@ some runs need where they need it: whether a GPU answers (asked where a GPU
 could take the run), A's longest lines (where a GPU thread block could),
 the square A's LU answer (where the rule watches the run or the QR answers),
 the log's text (where the log is written). Every other input, and
-runs that move to a GPU after their head start on the CPU, take the general
-path (:func:`~scipy_gpuqr._factor.least_squares.iterate`), which answers alike.
+runs that move to the CuPy path on a GPU after their head start on the CPU,
+take the general path (:func:`~scipy_gpuqr._factor.least_squares.iterate`),
+which answers alike; a run that moves to one GPU thread block goes on there
+from the CPU's last iteration and is answered here.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 import scipy.sparse as sp
 
-from .._dispatch.iterate_first import (BLOCK_MIN_NNZ, CLEAR_DEAD_PIVOTS, CLEAR_FULL_RANK,
-                                       SUBSPACE_GPU_PLAN_REASON, Allowance, HostFirst,
+from .._dispatch.iterate_first import (BLOCK_MIN_NNZ, BLOCK_RENT, CLEAR_DEAD_PIVOTS,
+                                       CLEAR_FULL_RANK, SUBSPACE_GPU_PLAN_REASON, Allowance,
+                                       HostFirst,
                                        analysis_seconds, cpu_iteration_seconds,
                                        host_first_budget, iterate_in_block, needs_watching)
 from .._gpu import gpu_available
@@ -193,6 +196,10 @@ def _checked_problem(A, b: np.ndarray, m: int, n: int, nnz: int) -> LeastSquares
                                b=b.astype(np.float64), b_dtype=_F64, x0=None, damp=0.0)
 
 
+#: :data:`~scipy_gpuqr._dispatch.iterate_first.BLOCK_RENT` as the decision log writes it.
+_RENT_TEXT = f"{BLOCK_RENT:.2g}"
+
+
 class _Where:
     """Where a run ran and why, for the decision log: ``text`` formatted with ``value``
     only when the log is written."""
@@ -230,8 +237,12 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     path then runs SciPy's algorithm from the start on the GPU. Where one GPU
     thread block suits the problem better
     (:func:`~scipy_gpuqr._dispatch.iterate_first.iterate_in_block`), the run
-    moves there instead once the block would have saved its start and the
-    iterations made again, and is answered here (:func:`~scipy_gpuqr._iterative.block.block_lsqr`).
+    moves there instead once its CPU iterations have cost the block's start
+    beyond the block's own seconds for them, goes on there from its last
+    iteration (the host loop's state handed on:
+    :class:`~scipy_gpuqr._iterative.host.Handoff`; ``itn`` counts the CPU's
+    iterations, the watcher's history goes on across the move) and is
+    answered here (:func:`~scipy_gpuqr._iterative.block.block_lsqr`).
 
     Parameters
     ----------
@@ -289,8 +300,9 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
         iterate_in_block(m, n, nnz, on_gpu=False, longest=lambda: _longest_lines(A))
     if block is not None:
         budget = block[0]
-        where = _Where("CPU first: one GPU thread block takes over once it would have saved "
-                       "its start (about %.2g s) and the iterations made again", budget)
+        where = _Where("CPU first: one GPU thread block goes on from the CPU's last iteration "
+                       "once the CPU's iterations have cost " + _RENT_TEXT + " times its start "
+                       "(about %.2g s) beyond its own", budget)
     else:
         budget = upload
         if budget is None:
@@ -335,7 +347,7 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     if needs_watching(iter_lim, m, n, nnz, on_gpu=False, analysis=analysis, host_loop=True):
         watch = allowance()
     callback = watch if budget is None else HostFirst(
-        budget, watch, per_iteration=0.0 if block is None else block[1])
+        budget, watch, per_iteration=0.0 if block is None else block[1], rent=BLOCK_RENT)
     # a short run on the CPU whose stall the QR answers: the QR made beside it, where a
     # host has cores to spare (not for a square A, whose exact answer may be the LU's)
     ahead = None
@@ -349,10 +361,11 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     try:
         if method == "lsqr":
             fields, info = lsqr_host(host, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim,
-                                     rules.calc_var, callback=callback)
+                                     rules.calc_var, callback=callback,
+                                     handoff=block is not None)
         else:
             fields, info = lsmr_host(host, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim,
-                                     callback=callback)
+                                     callback=callback, handoff=block is not None)
     except NotFinite:                   # the general path raises DESIGN §10's ValueError
         if ahead is not None:
             ahead.cancel()
@@ -360,24 +373,30 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     istop, itn, seconds = fields[1], fields[2], info["seconds"]
     name = _ON_CPU[method]
     if block is not None and callback.moved and istop == 0:
-        # SciPy's algorithm again from the start, in one GPU thread block
+        # SciPy's algorithm goes on in one GPU thread block from the CPU's last iteration
         log_decision("%s %dx%d nnz=%d: LSQR/LSMR on CPU moves to one GPU thread block after %d "
-                     "iterations (%.3g s, the block's start)", method, m, n, nnz, itn,
-                     callback.seconds)
-        # watched where the host run was (its rule, e.g. the square LU, applies there too)
+                     "iterations (%.3g s, the block's start beyond its own); the block goes on "
+                     "from there", method, m, n, nnz, itn, callback.seconds)
+        handoff = info.get("handoff")
         per_iteration = block[1]
-        watch = allowance() if watch is not None or needs_watching(
-            iter_lim, m, n, nnz, on_gpu=True, analysis=analysis,
-            per_iteration=per_iteration) else None
+        # watched where the host run was (its rule, e.g. the square LU, applies there too):
+        # by the same watcher, whose history goes on with the block's iterations
+        if watch is not None and handoff is not None:
+            watch.catch_up((callback.last,))        # the iteration that moved the run
+        else:
+            watch = allowance() if watch is not None or needs_watching(
+                iter_lim, m, n, nnz, on_gpu=True, analysis=analysis,
+                per_iteration=per_iteration) else None
         if method == "lsqr":
             res = block_lsqr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
-                             rules.calc_var, None, callback=watch)
+                             rules.calc_var, None, callback=watch, resume=handoff)
         else:
             res = block_lsmr(A, b, 0.0, rules.atol, rules.btol, rules.conlim, iter_lim, False,
-                             None, callback=watch)
+                             None, callback=watch, resume=handoff)
+        where = (f"GPU block: the run went on there after {itn} iterations "
+                 f"({callback.seconds:.2g} s) on the CPU (a block iteration about "
+                 f"{per_iteration:.2g} s)")
         istop, itn, seconds, fields = res.istop, res.itn, res.seconds, res.scipy_tuple()
-        where = (f"GPU block: the run moved after {callback.seconds:.2g} s on the CPU "
-                 f"(a block iteration about {per_iteration:.2g} s)")
         name = f"{method.upper()} on GPU (one block)"
     elif budget is not None and callback.moved and istop == 0:
         # the general path starts SciPy's algorithm again, on the GPU

@@ -40,7 +40,7 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-#define SGI_ABI 3
+#define SGI_ABI 4
 
 /* outcomes */
 #define SGI_DONE 0
@@ -64,6 +64,11 @@
 #define RING (RECORD + 1)
 /* kept (test1, test2, rtol) of the last iterations */
 #define WINDOW 20
+/* out's layout: istop, itn, the tuple's norms (six slots), exact start, reported; then,
+   from OUT_STATE on, the recurrences' scalars after the run's last iteration (what a run
+   that goes on elsewhere starts from: LSQR's alfa .. rtol, LSMR's alpha .. rtol, in the
+   order of kernels/iterative/block_lsqr.cu's LsqrState and LsmrState) */
+#define OUT_STATE 10
 
 #define FLAGS (FE_DIVBYZERO | FE_OVERFLOW | FE_INVALID)
 
@@ -332,7 +337,10 @@ static int end_iteration(double *hist, double *rec, report_t report, int64_t itn
  * doubles (see GATE and RING), the record filled before each call of report
  * (NULL: no reports); its gate set by the caller (0: report every iteration).
  * out: istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm,
- *      exact start (1/0), reported (iterations reported).
+ *      exact start (1/0), reported (iterations reported); then (OUT_STATE) alfa, anorm,
+ *      acond, ddnorm, res2, xnorm, xxnorm, z, cs2, sn2, rhobar, phibar, r1norm, r2norm,
+ *      arnorm, bnorm, test1, test2, rtol.  u, v and w are then work's m entries from 0,
+ *      n from 2 m and n from 2 m + n.
  * nval >= 0: first check that A's nval stored values and b's m are finite
  * (SGI_NOT_FINITE, nothing else done, where one is not); -1: no check.
  */
@@ -352,7 +360,8 @@ int sgi_lsqr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
            cs2 = -1, sn2 = 0;
     double bnorm, beta, alfa, rhobar, phibar, rnorm, r1norm, r2norm, arnorm, k;
     double rhobar1, cs1, sn1, psi, cs, sn, rho, theta, phi, tau, t1, t2, delta, gambar, rhs,
-           zbar, gamma, res1, r1sq, test1, test2, test3, rtol;
+           zbar, gamma, res1, r1sq, test1 = 1, test2 = 0, test3, rtol = 0;
+    double *st = out + OUT_STATE;
     if (nval >= 0 && !(all_finite(val, nval) && all_finite(b, m))) return SGI_NOT_FINITE;
     feclearexcept(FE_ALL_EXCEPT);
     if (conlim > 0) ctol = 1 / conlim;
@@ -461,6 +470,10 @@ int sgi_lsqr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
 done:
     out[0] = istop; out[1] = (double)itn; out[2] = r1norm; out[3] = r2norm; out[4] = anorm;
     out[5] = acond; out[6] = arnorm; out[7] = xnorm; out[9] = (double)reported;
+    st[0] = alfa; st[1] = anorm; st[2] = acond; st[3] = ddnorm; st[4] = res2; st[5] = xnorm;
+    st[6] = xxnorm; st[7] = z; st[8] = cs2; st[9] = sn2; st[10] = rhobar; st[11] = phibar;
+    st[12] = r1norm; st[13] = r2norm; st[14] = arnorm; st[15] = bnorm; st[16] = test1;
+    st[17] = test2; st[18] = rtol;
     return SGI_DONE;
 replay:
     out[1] = (double)itn;
@@ -476,7 +489,11 @@ replay:
  * x (n): x0's copy or zeros, the result.  work: 2 m + 4 n doubles.
  * hist, rec, report as sgi_lsqr's.
  * out: istop, itn, normr, normar, normA, condA, normx, -,
- *      exact start (1/0), reported.
+ *      exact start (1/0), reported; then (OUT_STATE) alpha, zetabar, alphabar, rho, rhobar,
+ *      cbar, sbar, betadd, betad, rhodold, tautildeold, thetatilde, zeta, d, normA2,
+ *      maxrbar, minrbar, normA, condA, normx, normr, normar, normb, test1, test2, rtol.
+ *      u, v, h and hbar are then work's m entries from 0, n from 2 m, n from 2 m + n and
+ *      n from 2 m + 2 n.
  * nval as sgi_lsqr's.
  */
 int sgi_lsmr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const void *idx,
@@ -496,7 +513,8 @@ int sgi_lsmr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
            normr, normar, k;
     double chat, shat, alphahat, rhoold, c, sn, thetanew, rhobarold, zetaold, thetabar,
            rhotemp, betaacute, betacheck, betahat, thetatildeold, ctildeold, stildeold,
-           rhotildeold, taud, test1, test2, test3, t1, rtol;
+           rhotildeold, taud, test1 = 1, test2 = 0, test3, t1, rtol = 0;
+    double *st = out + OUT_STATE;
     if (nval >= 0 && !(all_finite(val, nval) && all_finite(b, m))) return SGI_NOT_FINITE;
     feclearexcept(FE_ALL_EXCEPT);
     normb = root(ddot(m, b, 1, b, 1), &bad);
@@ -608,6 +626,11 @@ int sgi_lsmr(int64_t m, int64_t n, int csr, int wide, const void *ptr, const voi
 done:
     out[0] = istop; out[1] = (double)itn; out[2] = normr; out[3] = normar; out[4] = normA;
     out[5] = condA; out[6] = normx; out[9] = (double)reported;
+    st[0] = alpha; st[1] = zetabar; st[2] = alphabar; st[3] = rho; st[4] = rhobar; st[5] = cbar;
+    st[6] = sbar; st[7] = betadd; st[8] = betad; st[9] = rhodold; st[10] = tautildeold;
+    st[11] = thetatilde; st[12] = zeta; st[13] = d; st[14] = normA2; st[15] = maxrbar;
+    st[16] = minrbar; st[17] = normA; st[18] = condA; st[19] = normx; st[20] = normr;
+    st[21] = normar; st[22] = normb; st[23] = test1; st[24] = test2; st[25] = rtol;
     return SGI_DONE;
 replay:
     out[1] = (double)itn;

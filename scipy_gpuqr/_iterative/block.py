@@ -19,6 +19,15 @@ stretches of :data:`FIRST_STRETCH` iterations, doubling up to
 stretch (the iterate is that of the stretch's end, the seconds interpolated)
 and may stop the run there. An unwatched run is one launch.
 
+A run may also go on from a host run that stopped early (``resume``: the
+:class:`~scipy_gpuqr._iterative.host.Handoff` of
+:func:`~scipy_gpuqr._iterative.host.lsqr_host`/``lsmr_host``): the host's
+scalars and vectors are written into the buffer as the kernel's own state
+after that iteration (``started`` set, the scale factors 1), so the first
+launch makes iteration ``itn + 1``, not the start again; ``itn`` counts the
+host's iterations, the callback sees the iterations from there on, with the
+seconds going on from the host run's.
+
 The iterates follow SciPy's to rounding (the sums run in another order and
 the compiler fuses multiply-adds), as those of the CuPy path do: the same
 ``istop``, ``itn`` within a few and x within the tolerances. Host data only
@@ -35,6 +44,7 @@ import scipy.sparse as sp
 from .._gpu import import_cupy
 from .._kernels import KernelUse, load_module
 from ._common import Clock, IterationState, Progress
+from .host import HANDOFF_VECTORS, Handoff
 from .lsmr import SUMMARY_NORMS as LSMR_NORMS
 from .lsmr import LSMRResult, lsmr_result
 from .lsqr import SUMMARY_NORMS as LSQR_NORMS
@@ -46,7 +56,7 @@ except ImportError:     # pragma: no cover - every SciPy release so far has it
     _sparsetools = None
 
 __all__ = ["BLOCK_FILE", "KERNEL_VARIANTS", "SEPARATE_FILES", "THREAD_CHOICES", "OPTIONS", "LSQR_STATE",
-           "LSMR_STATE", "HISTORY", "FIRST_STRETCH", "MAX_STRETCH", "block_kernel_name",
+           "LSMR_STATE", "HISTORY", "VECTORS", "FIRST_STRETCH", "MAX_STRETCH", "block_kernel_name",
            "block_threads", "block_use", "block_suits", "BlockProblem", "block_lsqr",
            "block_lsmr"]
 
@@ -71,6 +81,8 @@ LSMR_STATE = OPTIONS + ("started", "done", "itn", "istop", "su", "sv", "alpha", 
                         "normb", "test1", "test2", "rtol")
 #: One history row per iteration (the kernel's ``History``).
 HISTORY = ("istop", "normr", "normar", "norma", "conda", "normx", "test1", "test2", "rtol")
+#: The kernel's vectors, in their order in its ``vec`` (u has m entries, the others n).
+VECTORS = HANDOFF_VECTORS
 
 #: Iterations of a watched run's first launch; each later launch runs as many
 #: iterations as the run has made (doubling), up to :data:`MAX_STRETCH`.
@@ -138,11 +150,12 @@ class BlockProblem:
 
     Layout (bytes, every part 8-aligned): the float64 part — the state
     (:data:`LSQR_STATE` or :data:`LSMR_STATE`), the history ring, x, var
-    (LSQR only), the kernel's vectors (u, v and w, or u, v, h and hbar), A's
-    values by rows, by columns, b, x0 — then the int32 part: A's row pointers,
-    column indices, column pointers, row indices. The first parts (state,
-    history, x, var) are what a launch's copy back reads; the kernel writes
-    every one of them before it is read, so the host leaves them unset.
+    (LSQR only), the kernel's vectors (:data:`VECTORS`: u, v and w, or u, v, h
+    and hbar), A's values by rows, by columns, b, x0 — then the int32 part: A's
+    row pointers, column indices, column pointers, row indices. The first parts
+    (state, history, x, var) are what a launch's copy back reads; the kernel
+    writes every one of them before it is read, so the host leaves them unset,
+    but for a run that goes on from a host run's (:meth:`resume`).
 
     Parameters
     ----------
@@ -218,6 +231,33 @@ class BlockProblem:
         if self.has_x0:
             part("x0", n, f64, 0)[:] = x0.reshape(-1)
 
+    def vector(self, buffer: np.ndarray, name: str) -> np.ndarray:
+        """The kernel's vector ``name`` (:data:`VECTORS`) in ``buffer`` (this layout)."""
+        names = VECTORS[self.method]
+        k = names.index(name)
+        start, size = (0, self.m) if k == 0 else (self.m + (k - 1) * self.n, self.n)
+        return self.view(buffer, "vec", self.m + (len(names) - 1) * self.n)[start:start + size]
+
+    def resume(self, handoff: Handoff) -> None:
+        """Write a host run's state after its iteration ``handoff.itn`` as the kernel's
+        own (started, not done, ``istop`` 0, SciPy's vectors with scale factors 1), its x
+        and var: the first launch makes the next iteration."""
+        if handoff.method != self.method:
+            raise ValueError(f"a {handoff.method} run cannot go on as {self.method}")
+        buf = self.buffer
+        state = self.view(buf, "state", len(self.state_names))
+        at = {name: k for k, name in enumerate(self.state_names)}
+        for name, value in (("started", 1.0), ("done", 0.0), ("itn", float(handoff.itn)),
+                            ("istop", 0.0), ("su", 1.0), ("sv", 1.0), *handoff.scalars.items()):
+            state[at[name]] = value
+        state[at["has_x0"]] = 0.0                   # the start is not made again
+        for name in VECTORS[self.method]:
+            self.vector(buf, name)[:] = handoff.vectors[name]
+        self.view(buf, "x", self.n)[:] = handoff.x
+        if self.method == "lsqr":
+            var = self.view(buf, "var", self.n)
+            var[:] = 0.0 if handoff.var is None else handoff.var
+
     def view(self, fetched: np.ndarray, name: str, size: int) -> np.ndarray:
         """The float64 part ``name`` (``size`` values) of a copy back."""
         start = self.offsets[name] // 8
@@ -272,24 +312,33 @@ def _pointer_args(problem: BlockProblem, base: int, stop_at: int) -> tuple:
 
 
 def _run(method: str, A, b, x0, options: dict, *, callback, max_seconds, device=None,
-         fill=None):
+         fill=None, resume: Optional[Handoff] = None):
     """Launch the block until SciPy's tests, the iteration limit, the callback or the
-    allowance stop the run: ``(fields, info)`` as the host loops return them."""
+    allowance stop the run: ``(fields, info)`` as the host loops return them. With
+    ``resume``, the run goes on from the host run's iteration ``resume.itn`` (x0 unused)
+    and its seconds from ``resume.seconds``."""
     clock = Clock(max_seconds)
     m, n = A.shape
     iter_lim = int(options["iter_lim"])
     watched = callback is not None or max_seconds is not None
     rows = max(1, min(iter_lim, MAX_STRETCH)) if watched else _UNWATCHED_ROWS
-    problem = BlockProblem(method, A, b, x0, options, rows, fill=fill)
+    problem = BlockProblem(method, A, b, None if resume is not None else x0, options, rows,
+                           fill=fill)
+    progress = Progress(options["atol"])
+    reported, offset = 0, 0.0
+    if resume is not None:
+        problem.resume(resume)
+        reported, offset = resume.itn, resume.seconds
+        for tests in resume.tests:              # the projection goes on from the host's
+            progress.record(*tests)
     threads = block_threads(m, n)
     dev = device(method, threads) if device is not None else _CupyDevice(method, threads)
     base = dev.upload(problem.buffer)
     names = problem.state_names
     at = {name: k for k, name in enumerate(names)}
-    progress = Progress(options["atol"])
     stopped_by_callback = allowance_spent = False
-    reported, reported_s = 0, 0.0
-    stop_at = min(iter_lim, FIRST_STRETCH) if watched else iter_lim
+    reported_s = offset
+    stop_at = min(iter_lim, reported + FIRST_STRETCH) if watched else iter_lim
     readback = problem.readback
     while True:
         dev.launch(_pointer_args(problem, base, stop_at))
@@ -298,7 +347,7 @@ def _run(method: str, A, b, x0, options: dict, *, callback, max_seconds, device=
         itn, istop = int(state[at["itn"]]), int(state[at["istop"]])
         hist = problem.view(fetched, "hist", rows * len(HISTORY)).reshape(rows, len(HISTORY))
         x = problem.view(fetched, "x", n)
-        now = clock.elapsed()
+        now = offset + clock.elapsed()
         first = max(reported + 1, itn - rows + 1)
         for k in range(first, itn + 1):
             row = hist[(k - 1) % rows]
@@ -326,7 +375,8 @@ def _run(method: str, A, b, x0, options: dict, *, callback, max_seconds, device=
     else:
         projected = progress.projected
     info = dict(allowance_spent=allowance_spent, stopped_by_callback=stopped_by_callback,
-                projected_iterations=projected, seconds=clock.elapsed(), host_syncs=dev.syncs)
+                projected_iterations=projected, seconds=offset + clock.elapsed(),
+                host_syncs=dev.syncs)
     return fields, info
 
 
@@ -349,36 +399,42 @@ def _options(damp, atol, btol, conlim, iter_lim, calc_var) -> dict:
 
 def block_lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=False,
                calc_var=False, x0=None, *, max_seconds: Optional[float] = None,
-               callback: Optional[Callable] = None, _device=None, _fill=None) -> LSQRResult:
+               callback: Optional[Callable] = None, resume: Optional[Handoff] = None,
+               _device=None, _fill=None) -> LSQRResult:
     """LSQR in one GPU thread block: SciPy's arguments and tuple, NumPy in and out.
 
     Parameters and results as :func:`scipy_gpuqr._iterative.lsqr` (A a SciPy
     CSR/CSC float64 matrix, :func:`block_suits`); ``host_syncs`` counts the
     copies back (one per launch). ``max_seconds`` is checked between launches.
+    ``resume``: the :class:`~scipy_gpuqr._iterative.host.Handoff` of a host run of
+    the same problem and options that stopped early; the run goes on at its next
+    iteration (``x0`` is then the host run's concern), ``itn`` and the seconds
+    counting the host run's.
     """
     m, n = A.shape
     iter_lim = 2 * n if iter_lim is None else int(iter_lim)
     options = _options(damp, atol, btol, conlim, iter_lim, calc_var)
     b, x0 = _vectors(b, x0)
     fields, info = _run("lsqr", A, b, x0, options, callback=callback,
-                        max_seconds=max_seconds, device=_device, fill=_fill)
+                        max_seconds=max_seconds, device=_device, fill=_fill, resume=resume)
     return lsqr_result(m, n, fields, info, show)
 
 
 def block_lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=False,
                x0=None, *, max_seconds: Optional[float] = None,
-               callback: Optional[Callable] = None, _device=None, _fill=None) -> LSMRResult:
+               callback: Optional[Callable] = None, resume: Optional[Handoff] = None,
+               _device=None, _fill=None) -> LSMRResult:
     """LSMR in one GPU thread block: SciPy's arguments and tuple, NumPy in and out.
 
     Parameters and results as :func:`scipy_gpuqr._iterative.lsmr` (A a SciPy
-    CSR/CSC float64 matrix, :func:`block_suits`).
+    CSR/CSC float64 matrix, :func:`block_suits`); ``resume`` as :func:`block_lsqr`'s.
     """
     m, n = A.shape
     maxiter = min(m, n) if maxiter is None else int(maxiter)
     options = _options(damp, atol, btol, conlim, maxiter, False)
     b, x0 = _vectors(b, x0)
     fields, info = _run("lsmr", A, b, x0, options, callback=callback,
-                        max_seconds=max_seconds, device=_device, fill=_fill)
+                        max_seconds=max_seconds, device=_device, fill=_fill, resume=resume)
     return lsmr_result(m, n, fields, info, show)
 
 

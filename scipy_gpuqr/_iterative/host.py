@@ -37,6 +37,13 @@ loops, NumPy's own BLAS ``ddot`` for the norms, the C library's ``pow``),
 without Python between them. A compiled run that meets what would make
 Python raise gives up, and the loops here run the problem from its start.
 
+A run asked for its ``handoff`` that stops before SciPy's tests do (its
+callback, its allowance) also returns where it stopped (:class:`Handoff`:
+every scalar of the recurrences and the vectors after its last iteration),
+from which a run elsewhere goes on at the next iteration
+(:func:`scipy_gpuqr._iterative.block.block_lsqr`'s ``resume``) instead of
+making these iterations again.
+
 A callback sees the same :class:`~scipy_gpuqr._iterative._common.IterationState`
 per iteration as with :func:`~scipy_gpuqr._iterative._common.drive`, and
 stops the run the same way (from the compiled loops, through a C callback);
@@ -54,7 +61,7 @@ import math
 from collections import deque
 from ctypes import addressof as _addressof, c_char as _c_char
 from time import perf_counter as _now
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -64,7 +71,8 @@ from ._common import (PROJECTION_WINDOW, Clock, IterationState, Progress, compre
 from ._common import _sparsetools       # SciPy's compiled sparse kernels, or None
 from .._validate import all_finite
 
-__all__ = ["HostProblem", "NotFinite", "host_problem", "lsqr_host", "lsmr_host"]
+__all__ = ["HostProblem", "NotFinite", "HANDOFF_SCALARS", "HANDOFF_VECTORS", "Handoff",
+           "host_problem", "lsqr_host", "lsmr_host"]
 
 #: The scalar types whose arithmetic with Python floats is NumPy float64's.
 _PLAIN = (float, int, np.float64)
@@ -77,6 +85,69 @@ _LONGEST = 2 ** 31 - 1
 #: SciPy's ``eps`` in ``lsqr`` (a NumPy scalar), and as a Python float.
 _EPS = np.finfo(np.float64).eps
 _EPS_FLOAT = float(_EPS)
+
+
+#: The scalars of the recurrences a run hands on (:class:`Handoff`), by method, named as
+#: in SciPy: all that an iteration reads besides the options, ``itn`` and the vectors, in
+#: the order of the block kernel's state after its scale factors
+#: (``kernels/iterative/block_lsqr.cu``'s ``LsqrState``/``LsmrState``) and of the compiled
+#: loops' ``out`` from :data:`~scipy_gpuqr._iterative.native.OUT_STATE`.
+HANDOFF_SCALARS = {
+    "lsqr": ("alfa", "anorm", "acond", "ddnorm", "res2", "xnorm", "xxnorm", "z", "cs2", "sn2",
+             "rhobar", "phibar", "r1norm", "r2norm", "arnorm", "bnorm", "test1", "test2",
+             "rtol"),
+    "lsmr": ("alpha", "zetabar", "alphabar", "rho", "rhobar", "cbar", "sbar", "betadd", "betad",
+             "rhodold", "tautildeold", "thetatilde", "zeta", "d", "normA2", "maxrbar",
+             "minrbar", "normA", "condA", "normx", "normr", "normar", "normb", "test1", "test2",
+             "rtol"),
+}
+#: The vectors a run hands on besides x (and LSQR's var), named as in SciPy; u and v as
+#: SciPy keeps them (normalized where their norm is not 0).
+HANDOFF_VECTORS = {"lsqr": ("u", "v", "w"), "lsmr": ("u", "v", "h", "hbar")}
+
+
+class Handoff(NamedTuple):
+    """Where a host run stopped before SciPy's tests did: what a run that goes on from
+    iteration ``itn + 1`` elsewhere needs to make SciPy's next iterates.
+
+    Attributes
+    ----------
+    method : {'lsqr', 'lsmr'}
+    itn : int
+        Iterations made (at least one).
+    scalars : dict
+        :data:`HANDOFF_SCALARS` of ``method`` -> float, after iteration ``itn``.
+    vectors : dict
+        :data:`HANDOFF_VECTORS` of ``method`` -> float64 ndarray.
+    x : ndarray
+        The iterate (the run's own x, also its result's).
+    var : ndarray or None
+        LSQR's ``var`` (zeros without ``calc_var``); None for LSMR.
+    tests : tuple
+        ``(test1, test2, rtol)`` of the last iterations (at most
+        :data:`~scipy_gpuqr._iterative._common.PROJECTION_WINDOW`, oldest first): the
+        projection of the run that goes on is fitted to them and its own.
+    seconds : float
+        The run's seconds when it stopped.
+    """
+
+    method: str
+    itn: int
+    scalars: dict
+    vectors: dict
+    x: np.ndarray
+    var: Optional[np.ndarray]
+    tests: tuple
+    seconds: float
+
+
+def _handoff(run: "_Run", method: str, itn: int, scalars, vectors, x, var) -> None:
+    """Keep ``run``'s :class:`Handoff` where it was asked for (``scalars`` and ``vectors``
+    in :data:`HANDOFF_SCALARS`' and :data:`HANDOFF_VECTORS`' order)."""
+    run.handoff = Handoff(method, int(itn),
+                          dict(zip(HANDOFF_SCALARS[method], (float(v) for v in scalars))),
+                          dict(zip(HANDOFF_VECTORS[method], vectors)), x, var,
+                          tuple(run.history), run.clock.elapsed())
 
 
 class HostProblem:
@@ -218,7 +289,7 @@ class _Run:
     """What one call shares between its first run and a replay."""
 
     __slots__ = ("clock", "callback", "watched", "history", "reported", "allowance_spent",
-                 "stopped_by_callback", "atol", "replayed")
+                 "stopped_by_callback", "atol", "replayed", "keep", "handoff")
 
     def __init__(self, clock: Clock, callback, atol):
         self.clock, self.callback = clock, callback
@@ -229,6 +300,8 @@ class _Run:
         self.stopped_by_callback = False
         self.atol = atol
         self.replayed = False
+        self.keep = False               # whether a run that stops early keeps its Handoff
+        self.handoff = None
 
     def fresh_history(self) -> deque:
         """The tests' record of a run (from its start), kept for :meth:`info`'s projection."""
@@ -360,12 +433,13 @@ def _compiled(native, P: HostProblem, run: _Run, method: str, par: tuple, limit:
     m, n = P.m, P.n
     indptr, indices, data = P.arrays
     x = np.zeros(n) if P.x0 is None else P.x0.copy()
-    # one scratch buffer: par (5), out (10), the report area, the kept tests, the vectors
+    # one scratch buffer: par (5), out, the report area, the kept tests, the vectors
     window, fields = _native.WINDOW, _native.REPORT
-    scratch = np.empty(15 + _native.REPORT_AREA + 3 * window + 2 * m + 4 * n)
+    out_at, rec_at = 5, 5 + _native.OUT
+    hist_at = rec_at + _native.REPORT_AREA
+    scratch = np.empty(hist_at + 3 * window + 2 * m + 4 * n)
     scratch[:len(par)] = par
     base = _address(scratch)
-    out_at, rec_at, hist_at = 5, 15, 15 + _native.REPORT_AREA
     work_at = hist_at + 3 * window
     limit = max(min(int(limit), 2 ** 62), -(2 ** 62))
     nval = len(data) if P.unchecked else -1     # the loops' own finite check, or none
@@ -402,11 +476,21 @@ def _compiled(native, P: HostProblem, run: _Run, method: str, par: tuple, limit:
         rows = scratch[hist_at:work_at].reshape(window, 3).tolist() if itn else ()
         for k in range(max(itn - window, 0), itn):
             history.append(tuple(rows[k % window]))
+    exact_start = values[8] == 1.0
+    if run.keep and istop == 0 and not exact_start and itn > 0:
+        # the loops' vectors in their work area (_native.c: u at 0, v at 2 m, then w, or
+        # h and hbar)
+        work = scratch[work_at:]
+        vectors = (work[:m], *(work[2 * m + k * n:2 * m + (k + 1) * n]
+                               for k in range(len(HANDOFF_VECTORS[method]) - 1)))
+        at = _native.OUT_STATE
+        _handoff(run, method, itn, values[at:at + len(HANDOFF_SCALARS[method])], vectors, x,
+                 var)
     if var is None:
         fields = (x, istop, itn, *values[2:7])
     else:
         fields = (x, istop, itn, *values[2:8], var)
-    return fields, run.info(istop, itn, values[8] == 1.0)
+    return fields, run.info(istop, itn, exact_start)
 
 
 def _first_gate(run: _Run) -> float:
@@ -503,7 +587,8 @@ def _reporter(run: _Run, x: np.ndarray, rec: np.ndarray, failed: list):
 # LSMR
 
 def lsmr_host(P: HostProblem, damp, atol, btol, conlim, maxiter, *,
-              max_seconds: Optional[float] = None, callback: Optional[Callable] = None):
+              max_seconds: Optional[float] = None, callback: Optional[Callable] = None,
+              handoff: bool = False):
     """SciPy's LSMR on ``P`` (:func:`host_problem`): SciPy's tuple and the run's attributes.
 
     Returns
@@ -511,7 +596,9 @@ def lsmr_host(P: HostProblem, damp, atol, btol, conlim, maxiter, *,
     fields : tuple
         ``(x, istop, itn, normr, normar, norma, conda, normx)`` (floats).
     info : dict
-        The :class:`~scipy_gpuqr._iterative._common.RunInfo` attributes.
+        The :class:`~scipy_gpuqr._iterative._common.RunInfo` attributes; with
+        ``handoff``, also ``handoff``: the run's :class:`Handoff` where it stopped
+        after an iteration before SciPy's tests did (``istop`` 0), else None.
 
     Raises
     ------
@@ -519,16 +606,24 @@ def lsmr_host(P: HostProblem, damp, atol, btol, conlim, maxiter, *,
         ``P.unchecked`` and A's values or b hold an inf or NaN (nothing was run).
     """
     exact, native, run = _start(damp, atol, btol, conlim, max_seconds, callback)
+    run.keep = handoff
     maxiter = min(P.m, P.n) if maxiter is None else int(maxiter)
     if not exact:
         damp, atol, btol, conlim = float(damp), float(atol), float(btol), float(conlim)
         done = _compiled(native, P, run, "lsmr", (damp, atol, btol, conlim), maxiter, False)
         if done is not None:
-            return done
+            return _handed(done, run)
     _check_finite(P)
     fields, exact_start = _replaying(_lsmr_body, run, (P, damp, atol, btol, conlim, maxiter,
                                                        run, exact))
-    return fields, run.info(fields[1], fields[2], exact_start)
+    return _handed((fields, run.info(fields[1], fields[2], exact_start)), run)
+
+
+def _handed(done: tuple, run: _Run) -> tuple:
+    """A run's ``(fields, info)``, info carrying its handoff where it was asked for."""
+    if run.keep:
+        done[1]["handoff"] = run.handoff
+    return done
 
 
 def _bidiagonal_start(P: HostProblem, root, normb, t: np.ndarray, *, v_of_zero_b):
@@ -722,6 +817,11 @@ def _lsmr_body(P, damp, atol, btol, conlim, maxiter, run, exact):
                 break
         elif istop > 0:
             break
+    if run.keep and istop == 0 and itn > 0:
+        _handoff(run, "lsmr", itn, (alpha, zetabar, alphabar, rho, rhobar, cbar, sbar, betadd,
+                                    betad, rhodold, tautildeold, thetatilde, zeta, d, normA2,
+                                    maxrbar, minrbar, normA, condA, normx, normr, normar,
+                                    normb, test1, test2, rtol), (u, v, h, hbar), x, None)
     return (x, istop, itn, float(normr), float(normar), float(normA), float(condA),
             float(normx)), False
 
@@ -730,7 +830,8 @@ def _lsmr_body(P, damp, atol, btol, conlim, maxiter, run, exact):
 # LSQR
 
 def lsqr_host(P: HostProblem, damp, atol, btol, conlim, iter_lim, calc_var, *,
-              max_seconds: Optional[float] = None, callback: Optional[Callable] = None):
+              max_seconds: Optional[float] = None, callback: Optional[Callable] = None,
+              handoff: bool = False):
     """SciPy's LSQR on ``P`` (:func:`host_problem`): SciPy's tuple and the run's attributes.
 
     Returns
@@ -738,7 +839,8 @@ def lsqr_host(P: HostProblem, damp, atol, btol, conlim, iter_lim, calc_var, *,
     fields : tuple
         ``(x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var)``.
     info : dict
-        The :class:`~scipy_gpuqr._iterative._common.RunInfo` attributes.
+        The :class:`~scipy_gpuqr._iterative._common.RunInfo` attributes; with
+        ``handoff``, also ``handoff`` (as :func:`lsmr_host`'s).
 
     Raises
     ------
@@ -746,6 +848,7 @@ def lsqr_host(P: HostProblem, damp, atol, btol, conlim, iter_lim, calc_var, *,
         ``P.unchecked`` and A's values or b hold an inf or NaN (nothing was run).
     """
     exact, native, run = _start(damp, atol, btol, conlim, max_seconds, callback)
+    run.keep = handoff
     iter_lim = 2 * P.n if iter_lim is None else int(iter_lim)
     if not exact:
         dampsq = float(damp ** 2)
@@ -753,13 +856,13 @@ def lsqr_host(P: HostProblem, damp, atol, btol, conlim, iter_lim, calc_var, *,
         done = _compiled(native, P, run, "lsqr", (damp, dampsq, atol, btol, conlim),
                          iter_lim, bool(calc_var))
         if done is not None:
-            return done
+            return _handed(done, run)
     else:
         dampsq = damp ** 2
     _check_finite(P)
     fields, exact_start = _replaying(_lsqr_body, run, (P, damp, dampsq, atol, btol, conlim,
                                                        iter_lim, bool(calc_var), run, exact))
-    return fields, run.info(fields[1], fields[2], exact_start)
+    return _handed((fields, run.info(fields[1], fields[2], exact_start)), run)
 
 
 def _lsqr_body(P, damp, dampsq, atol, btol, conlim, iter_lim, calc_var, run, exact):
@@ -927,5 +1030,9 @@ def _lsqr_body(P, damp, dampsq, atol, btol, conlim, iter_lim, calc_var, run, exa
                 break
         elif istop != 0:
             break
+    if run.keep and istop == 0 and itn > 0:
+        _handoff(run, "lsqr", itn, (alfa, anorm, acond, ddnorm, res2, xnorm, xxnorm, z, cs2,
+                                    sn2, rhobar, phibar, r1norm, r2norm, arnorm, bnorm, test1,
+                                    test2, rtol), (u, v, w), x, var)
     return (x, istop, itn, float(r1norm), float(r2norm), float(anorm), float(acond),
             float(arnorm), float(xnorm), var), False

@@ -65,14 +65,15 @@ try:        # NumPy's compiled core, whose BLAS its dot products call
 except ImportError:                         # pragma: no cover - NumPy < 2
     from numpy.core import _multiarray_umath as _numpy_core
 
-__all__ = ["ENV", "ABI", "MODES", "REPORT", "WINDOW", "REPORT_AREA", "NativeUnavailable", "mode",
+__all__ = ["ENV", "ABI", "MODES", "REPORT", "WINDOW", "REPORT_AREA", "OUT", "OUT_STATE",
+           "NativeUnavailable", "mode",
            "library", "status", "handle", "blas_ddot", "Checked", "Native"]
 
 #: Environment variable choosing the path: ``auto``, ``c`` or ``numpy``.
 ENV = "SCIPY_GPUQR_ITERATIVE_NATIVE"
 MODES = _native_build.MODES
 #: Interface version of ``_native.c`` (``sgi_abi()``).
-ABI = 3
+ABI = 4
 #: Compiler flags besides :data:`scipy_gpuqr._native_build.FLAGS` (and in the build key): no
 #: contraction into fused multiply-adds (SciPy's kernels and NumPy's ufuncs
 #: round each product), no value-changing optimization.
@@ -87,6 +88,12 @@ WINDOW = 20
 #: the gate (the first iteration to report, set by the caller; 0: every iteration), then
 #: the records of the last :data:`WINDOW` iterations (iteration i at row (i - 1) % WINDOW).
 REPORT_AREA = REPORT + 1 + REPORT * WINDOW
+#: Doubles of a run's ``out`` (``_native.c``): istop, itn, the tuple's norms (six), exact
+#: start, iterations reported; then, from :data:`OUT_STATE`, the recurrences' scalars after
+#: the last iteration (:data:`scipy_gpuqr._iterative.host.HANDOFF_SCALARS`' order; LSMR's 26
+#: the most), which a run that goes on elsewhere starts from.
+OUT_STATE = 10
+OUT = OUT_STATE + 26
 #: Outcomes of a compiled run (NOT_FINITE: asked to check A's values and b first, one was not).
 DONE, REPLAY, REPORT_FAILED, NOT_FINITE = 0, 1, 2, 3
 
