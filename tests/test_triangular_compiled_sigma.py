@@ -84,10 +84,22 @@ def test_overflowing_inverse_left_to_the_dense_path(monkeypatch):
 def test_inverse_frobenius_by_blocks(rng, q):
     T = _sparse_graded(rng, q, 3, density=0.05)
     want = np.linalg.norm(np.linalg.inv(T.toarray()))
-    lib = native.handle()
-    assert _triangular._inverse_frobenius(lib, T, np.inf) == pytest.approx(want, rel=1e-12)
-    partial = _triangular._inverse_frobenius(lib, T, 0.5 * want)
+    sweeps = native.SparseUpperSolves(native.handle(), T)
+    assert _triangular._inverse_frobenius(sweeps, np.inf) == pytest.approx(want, rel=1e-12)
+    partial = _triangular._inverse_frobenius(sweeps, 0.5 * want)
     assert 0.5 * want <= partial <= want * (1 + 1e-12)
+
+
+@needs_native
+def test_leading_triangle_solves_read_the_whole_arrays(rng):
+    """``solve_leading`` is the solve with T's leading triangle, from T's own arrays."""
+    T = _sparse_graded(rng, 60, 3, density=0.1)
+    sweeps = native.SparseUpperSolves(native.handle(), T)
+    C = rng.standard_normal((25, 4))
+    want = np.linalg.solve(T.toarray()[:25, :25], C)
+    np.testing.assert_allclose(sweeps.solve_leading(C, 25), want, rtol=1e-10, atol=0)
+    with pytest.raises(ValueError):
+        sweeps.solve_leading(C, 61)
 
 
 @needs_native

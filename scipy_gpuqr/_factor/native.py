@@ -28,6 +28,7 @@ be had), ``numpy`` (SuperLU).
 from __future__ import annotations
 
 import ctypes
+from typing import Optional
 
 import numpy as np
 import scipy.sparse as sp
@@ -98,14 +99,17 @@ class SparseUpperSolves:
         self._data = np.ascontiguousarray(R.data, dtype=np.float64)
         self._diag = np.ascontiguousarray(R.diagonal(), dtype=np.float64)
 
-    def _solve(self, C: np.ndarray, trans: bool) -> np.ndarray:
+    def _solve(self, C: np.ndarray, trans: bool, order: Optional[int] = None) -> np.ndarray:
+        q = self.q if order is None else int(order)
         C = np.asarray(C, dtype=np.float64)
         vector = C.ndim == 1
         X = np.array(C.reshape(-1, 1) if vector else C, dtype=np.float64, order="C", copy=True)
-        if X.shape[0] != self.q:
-            raise ValueError(f"{X.shape[0]} rows for an order-{self.q} triangle")
-        if self.q and X.shape[1]:
-            self._lib.sgf_upper_solve(self.q, self._indptr.ctypes.data,
+        if X.shape[0] != q:
+            raise ValueError(f"{X.shape[0]} rows for an order-{q} triangle")
+        if q and X.shape[1]:
+            # R's leading q × q triangle is its first q columns (their rows lie above q):
+            # the same arrays, read up to column q
+            self._lib.sgf_upper_solve(q, self._indptr.ctypes.data,
                                       self._indices.ctypes.data, self._data.ctypes.data,
                                       self._diag.ctypes.data, X.ctypes.data, X.shape[1],
                                       X.shape[1], 1 if trans else 0)
@@ -114,6 +118,13 @@ class SparseUpperSolves:
     def solve(self, C: np.ndarray) -> np.ndarray:
         """``R⁻¹C``; C of shape (q,) or (q, k), a new array (row-major)."""
         return self._solve(C, False)
+
+    def solve_leading(self, C: np.ndarray, order: int) -> np.ndarray:
+        """``R₁⁻¹C`` with R₁ R's leading ``order × order`` triangle; C of shape
+        (order,) or (order, k), a new array (row-major)."""
+        if not 0 <= order <= self.q:
+            raise ValueError(f"a leading triangle of order {order} of an order-{self.q} one")
+        return self._solve(C, False, order)
 
     def solve_t(self, C: np.ndarray) -> np.ndarray:
         """``R⁻ᵀC``; C of shape (q,) or (q, k), a new array (row-major)."""

@@ -140,6 +140,21 @@ class UpperTriangular:
         return (lambda C: self.solve(C), lambda C: self.solve(C, trans=True))
 
 
+def _triangle_side(T: sp.csc_array, upper_only: bool = False) -> Optional[bool]:
+    """Whether CSC T's pattern lies on or below its diagonal (True) or on or above it
+    (False; an empty or diagonal pattern counts as upper); None where it lies on both
+    sides, or, with ``upper_only``, where it is not on or above it."""
+    indptr = T.indptr
+    # the arrays' own methods: NumPy's function forms cost more than the tests here
+    cols = np.arange(T.shape[1], dtype=T.indices.dtype).repeat(indptr[1:] - indptr[:-1])
+    rows = T.indices
+    if (rows <= cols).all():
+        return False
+    if not upper_only and (rows >= cols).all():
+        return True
+    return None
+
+
 class _DenseTriangle:
     """A small triangle made dense, solved by LAPACK's ``trtrs``."""
 
@@ -153,16 +168,8 @@ class _DenseTriangle:
         ``T.toarray(order="F")`` where the caller made it already."""
         if T.dtype != np.float64:
             return None
-        q = T.shape[0]
-        indptr = T.indptr
-        # the arrays' own methods: NumPy's function forms cost more than the tests here
-        cols = np.arange(q, dtype=T.indices.dtype).repeat(indptr[1:] - indptr[:-1])
-        rows = T.indices
-        if (rows <= cols).all():
-            lower = False
-        elif (rows >= cols).all():
-            lower = True
-        else:
+        lower = _triangle_side(T)
+        if lower is None:
             return None
         Td = T.toarray(order="F") if dense is None else dense
         d = Td.diagonal()
@@ -393,18 +400,13 @@ COMPILED_SIGMA_MAX_FILL = 0.05
 COMPILED_INVERSE_BLOCKS = 16
 
 
-def _leading_triangle(T: sp.csc_array, j: int) -> sp.csc_array:
-    """T's leading ``j × j`` triangle of a CSC upper triangular T (its first j columns:
-    their rows lie above j)."""
-    end = int(T.indptr[j])
-    return sp.csc_array((T.data[:end], T.indices[:end], T.indptr[:j + 1]), shape=(j, j))
-
-
-def _inverse_frobenius(lib, T: sp.csc_array, limit: float) -> float:
-    """``‖T⁻¹‖_F`` of CSC upper triangular T by the compiled solves with the identity
-    (:data:`COMPILED_INVERSE_BLOCKS` column blocks), or the partial sum once it
-    reaches ``limit`` (the rest is not needed); NaN where a block is not finite."""
-    q = T.shape[0]
+def _inverse_frobenius(sweeps: SparseUpperSolves, limit: float) -> float:
+    """``‖T⁻¹‖_F`` of the upper triangular T that ``sweeps`` solves with, by its compiled
+    solves with the identity (:data:`COMPILED_INVERSE_BLOCKS` column blocks, block
+    ``[j0, j1)`` with T's leading ``j1 × j1`` triangle: T⁻¹ is upper triangular), or the
+    partial sum once it reaches ``limit`` (the rest is not needed); NaN where a block is
+    not finite."""
+    q = sweeps.q
     width = -(-q // COMPILED_INVERSE_BLOCKS)
     total = 0.0
     for j0 in range(0, q, width):
@@ -412,7 +414,7 @@ def _inverse_frobenius(lib, T: sp.csc_array, limit: float) -> float:
         block = np.zeros((j1, j1 - j0))
         block[np.arange(j0, j1), np.arange(j1 - j0)] = 1.0
         with np.errstate(all="ignore"):
-            X = SparseUpperSolves(lib, _leading_triangle(T, j1)).solve(block)
+            X = sweeps.solve_leading(block, j1)
         part = _finite_frobenius(X)
         if part != part:
             return float("nan")
@@ -449,8 +451,7 @@ def _compiled_sigma_min(T, threshold: float) -> Optional[SigmaMin]:
     if not T.has_canonical_format:
         T = T.copy()
         T.sum_duplicates()
-    cols = np.repeat(np.arange(q), np.diff(T.indptr))
-    if bool(np.any(T.indices > cols)):
+    if _triangle_side(T, upper_only=True) is None:
         return None
     d = np.abs(T.diagonal())
     if not bool(np.all(np.isfinite(d)) and np.all(d > 0)):
@@ -458,13 +459,13 @@ def _compiled_sigma_min(T, threshold: float) -> Optional[SigmaMin]:
     lib = native_handle()
     if lib is None:
         return None
+    sweeps = SparseUpperSolves(lib, T)
     limit = 1.0 / threshold if threshold > 0 else np.inf
-    fro = _inverse_frobenius(lib, T, limit)
+    fro = _inverse_frobenius(sweeps, limit)
     if fro != fro or fro == 0:
         return None
     if 1.0 / fro > threshold:
         return SigmaMin(1.0 / fro, True)
-    sweeps = SparseUpperSolves(lib, T)
     start = np.random.default_rng(q).standard_normal(q)
     with np.errstate(all="ignore"):
         lam = _top_eigenvalue(lambda v: sweeps.solve(sweeps.solve_t(v.ravel())), q,
