@@ -19,6 +19,7 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
+from scipy_gpuqr._iterative._common import stopping_code
 from scipy_gpuqr._iterative.block import HISTORY, LSMR_STATE, LSQR_STATE
 
 _EPS = 2.220446049250313e-16
@@ -37,25 +38,6 @@ def _sym_ortho(a, b):
     tau = b / a
     c = float(np.sign(a)) / math.sqrt(1 + tau * tau)
     return c, c * tau, a / c
-
-
-def _stopping_code(itn, iter_lim, test1, test2, test3, t1, rtol, atol, ctol):
-    istop = 0
-    if itn >= iter_lim:
-        istop = 7
-    if 1 + test3 <= 1:
-        istop = 6
-    if 1 + test2 <= 1:
-        istop = 5
-    if 1 + t1 <= 1:
-        istop = 4
-    if test3 <= ctol:
-        istop = 3
-    if test2 <= atol:
-        istop = 2
-    if test1 <= rtol:
-        istop = 1
-    return istop
 
 
 class BlockEmulator:
@@ -245,7 +227,7 @@ def _lsqr(s, A, At, b, x0, parts, x, var, hist, rows, stop_at):
         test3 = 1 / (acond + _EPS)
         tt1 = test1 / (1 + anorm * xnorm / bnorm)
         rtol = btol + atol * anorm * xnorm / bnorm
-        istop = _stopping_code(itn, iter_lim, test1, test2, test3, tt1, rtol, atol, ctol)
+        istop = stopping_code(itn, iter_lim, test1, test2, test3, tt1, rtol, atol, ctol)
         _record(hist, rows, itn, (istop, r2norm, arnorm, anorm, acond, xnorm, test1, test2,
                                   rtol))
         if istop != 0:
@@ -334,7 +316,7 @@ def _lsmr(s, A, At, b, x0, parts, x, hist, rows, stop_at):
         test3 = 1 / condA
         t1 = test1 / (1 + normA * normx / normb)
         rtol = btol + atol * normA * normx / normb
-        istop = _stopping_code(itn, iter_lim, test1, test2, test3, t1, rtol, atol, ctol)
+        istop = stopping_code(itn, iter_lim, test1, test2, test3, t1, rtol, atol, ctol)
         _record(hist, rows, itn, (istop, normr, normar, normA, condA, normx, test1, test2, rtol))
         if istop != 0:
             break

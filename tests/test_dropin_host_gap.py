@@ -23,7 +23,6 @@ import zlib
 import numpy as np
 import pytest
 import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 
 from test_dropin_rule import _State
 from scipy_gpuqr import lsqr
@@ -34,42 +33,13 @@ from scipy_gpuqr._factor import lstsq as lstsq_module
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._factor.lstsq import KnownNorms, MinNormSolver
 from scipy_gpuqr.io import mmread
+from _dropin_stand_ins import SquareStandIn, dropin_backward_error
 
 #: adder_dcop_05's R: the analysis' count of its entries
 ADDER_R_ENTRIES = 33300
 #: Seconds an iteration: auto's compiled host loop on 2 cores (27-30 µs), SciPy's own (62 µs),
 #: and a slower host.
 CLOCKS = (2e-5, 3e-5, 6e-5, 1.3e-4)
-
-
-class _Square:
-    """A stand-in for :class:`SquareLU` whose factors are made as given: ``clear`` (A of
-    full rank), else deficient (``singular`` as given), ``revealed`` of U's pivots split
-    at the cutoff, ``hides`` (none under it)."""
-
-    def __init__(self, revealed=0, clear=False, singular=False, hides=False):
-        self.revealed, self.hides, self.asked = revealed, hides, 0
-        self._clear, self._singular = clear, singular
-        self.clear, self.deficient, self.singular = None, False, False
-        self.why, self.seconds = "not of full rank", 0.0
-
-    def factor(self):
-        self.clear, self.deficient, self.singular = self._clear, not self._clear, self._singular
-        return self.clear
-
-    def decline(self, why):
-        if self.clear is None:
-            self.clear, self.why = False, why
-
-    def revealed_dead(self):
-        self.asked += 1
-        return self.revealed
-
-    def hides_deficiency(self):
-        return self.hides
-
-    def pivots_under_cutoff(self):
-        return self.revealed
 
 
 class _Plan:
@@ -107,7 +77,7 @@ def test_a_split_on_a_host_without_a_gpu_stops_at_the_lu(histories, nominal, per
     pivots predict the host's gap-checked COD, weighed by R's entries, and the run stops
     at the LU's checkpoint; without the split (or with an exactly singular LU, whose rule
     is its own) it goes on to SciPy's stop, as before."""
-    stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", _Square(25), per=per)
+    stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), per=per)
     assert stop is not None and stop == watch.lu_at[0] and stop < 1000, (stop, watch.lu_at)
     assert plans == 1 and watch.rank_host and watch.gap_predicted == 25
     assert watch.rank_s == pytest.approx(host_sparse_rank_seconds(ADDER_R_ENTRIES))
@@ -115,9 +85,9 @@ def test_a_split_on_a_host_without_a_gpu_stops_at_the_lu(histories, nominal, per
     assert "gap-checked COD on the host" in watch.reason, watch.reason
     assert "gap-checked COD on the host predicted" in watch.summary()
     for kwargs in (dict(), dict(hides=True), dict(revealed=25, singular=True)):
-        stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", _Square(**kwargs),
+        stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(**kwargs),
                                      per=per)
-        old = _replay(histories, "adder_dcop_05.lsqr", _Square(**kwargs), dense_gpu=None,
+        old = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(**kwargs), dense_gpu=None,
                       per=per)
         assert (stop, plans) == (old[0], old[2]) and stop is None and not watch.rank_host
 
@@ -126,11 +96,11 @@ def test_without_the_compiled_sweeps_nothing_is_predicted(histories, nominal):
     """The host's compiled sweeps not at hand (no C compiler, or mode ``numpy``): the σ
     test would make R11 dense, so the split predicts nothing, the log says why, and the
     run goes on to SciPy's stop; without ``host_sweeps`` U's pivots are not even read."""
-    square = _Square(25)
+    square = SquareStandIn(25)
     stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", square, sweeps=False)
     assert stop is None and plans == 0 and square.asked == 1 and not watch.rank_host
     assert "compiled sweeps not at hand" in watch.summary(), watch.summary()
-    square = _Square(25)
+    square = SquareStandIn(25)
     stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", square, sweeps=None)
     assert stop is None and plans == 0 and square.asked == 0
 
@@ -141,7 +111,7 @@ def test_without_the_compiled_sweeps_nothing_is_predicted(histories, nominal):
 def test_the_plan_drops_the_host_prediction(histories, nominal, plan, why):
     """A plan whose R is not the host's sparse COD's: the prediction is dropped, the log
     says why, and the run goes on to SciPy's stop (the rank decision's cube keeps it)."""
-    stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", _Square(25), plan=plan)
+    stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), plan=plan)
     assert stop is None and plans == 1
     assert not watch.rank_host and watch.gap_predicted == 0
     assert why in watch.summary(), watch.summary()
@@ -152,7 +122,7 @@ def test_a_gpu_host_keeps_its_own_prediction(histories, nominal):
     host's (the plan's ``gpu_name`` set: :mod:`test_dropin_pivot_gap`)."""
     plan = _Plan()
     plan.gpu_name = "a GPU"
-    stop, watch, _ = _replay(histories, "adder_dcop_05.lsqr", _Square(25), dense_gpu=True,
+    stop, watch, _ = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), dense_gpu=True,
                              plan=plan)
     assert stop == watch.lu_at[0] and not watch.rank_host
     assert watch.rank_s == pytest.approx(policy.gap_check_seconds(1813))
@@ -175,8 +145,8 @@ def test_only_adder_dcop_05_moves_among_the_recordings(histories, nominal):
         name = key.rsplit(".", 1)[0]
         lu = REAL_LU.get(name, dict(clear=True))
         for per in CLOCKS:
-            old = _replay(histories, key, _Square(**lu), dense_gpu=None, per=per)
-            new = _replay(histories, key, _Square(**lu), per=per)
+            old = _replay(histories, key, SquareStandIn(**lu), dense_gpu=None, per=per)
+            new = _replay(histories, key, SquareStandIn(**lu), per=per)
             if (old[0], old[2]) != (new[0], new[2]):
                 moved.add(key)
     assert moved == {"adder_dcop_05.lsqr"}
@@ -270,14 +240,6 @@ def test_a_known_probe_spares_r_made_dense(matrices_dir, monkeypatch):
 # ---------------------------------------------------------------------------
 # the whole call on this host (no GPU asked)
 
-def _backward(A, x, b):
-    """bench/dropin.py's: the smaller of ‖Aᵀr‖/(‖A‖_F‖r‖) and ‖r‖/(‖A‖_F‖x‖+‖b‖)."""
-    r = b - A @ x
-    fro = spla.norm(A)
-    return min(np.linalg.norm(A.T @ r) / (fro * np.linalg.norm(r)),
-               np.linalg.norm(r) / (fro * np.linalg.norm(x) + np.linalg.norm(b)))
-
-
 def test_adder_dcop_05_without_a_gpu_takes_the_exact_answer(matrices_dir, monkeypatch,
                                                             caplog):
     """No GPU (the compiled sweeps built here, as on the CI host): the run stops at the LU
@@ -295,6 +257,6 @@ def test_adder_dcop_05_without_a_gpu_takes_the_exact_answer(matrices_dir, monkey
     assert out[2] == 0, lines
     line = [m for m in lines if m.startswith("lsqr ")][-1]
     assert "QR on CPU" in line and "gap-checked COD on the host" in line, line
-    assert _backward(A, out[0], b) <= min(_backward(A, ref[0], b), 1e-10)
+    assert dropin_backward_error(A, out[0], b) <= min(dropin_backward_error(A, ref[0], b), 1e-10)
     exact = lsqr(A, b, backend="cpu")[0]         # the explicit backend's answer
     assert np.linalg.norm(out[0] - exact) <= 1e-8 * np.linalg.norm(exact)

@@ -24,7 +24,6 @@ import zlib
 import numpy as np
 import pytest
 import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 
 from test_dropin_rule import _State
 from scipy_gpuqr import lsqr
@@ -37,33 +36,7 @@ from scipy_gpuqr._dispatch.iterate_first import Allowance, subspace_seconds
 from scipy_gpuqr._factor import lstsq as lstsq_module
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr.io import mmread
-
-
-class _Square:
-    """A stand-in for :class:`SquareLU`: deficient once factorized (``singular`` as
-    given), ``under`` of U's pivots under lstsq's cutoff, no split, nothing hidden."""
-
-    def __init__(self, under=73, singular=False):
-        self.under, self._singular, self.counted = under, singular, 0
-        self.clear, self.deficient, self.singular = None, False, False
-        self.why, self.seconds = "not of full rank", 0.0
-
-    def factor(self):
-        self.clear, self.deficient, self.singular = False, True, self._singular
-        return False
-
-    def decline(self, why):
-        pass
-
-    def revealed_dead(self):
-        return 0
-
-    def hides_deficiency(self):
-        return False
-
-    def pivots_under_cutoff(self):
-        self.counted += 1
-        return self.under
+from _dropin_stand_ins import SquareStandIn, dropin_backward_error
 
 
 class _Plan:
@@ -113,7 +86,7 @@ def test_bayer10_on_a_gpu_host_stops_at_the_lu(histories, nominal, per):
     under the cutoff and R's subspace fitting the device, the rule plans the factorization
     on the GPU at the LU, weighs the rank decision as that subspace, and stops at that
     checkpoint. Without ``device_subspace`` (today's rule) the run goes on to SciPy's stop."""
-    square = _Square(73)
+    square = SquareStandIn(under=73)
     stop, watch, plans, gpu_plans, asked = _replay(histories, "bayer10.lsqr", square=square,
                                                    per=per)
     assert stop is not None and stop == watch.lu_at[0] and stop < 1000, (stop, watch.lu_at)
@@ -123,7 +96,8 @@ def test_bayer10_on_a_gpu_host_stops_at_the_lu(histories, nominal, per):
     assert "R beyond lstsq's DENSE_LIMIT" in watch.reason, watch.reason
     assert "R's small singular subspace on the GPU predicted" in watch.summary()
     stop, watch, plans, gpu_plans, asked = _replay(histories, "bayer10.lsqr",
-                                                   square=_Square(73), takes=None, per=per)
+                                                   square=SquareStandIn(under=73), takes=None,
+                                                   per=per)
     assert stop is None and gpu_plans == 0 and not watch.subspace_predicted
 
 
@@ -132,10 +106,10 @@ def test_bayer10_keeps_scipys_run_where_the_prediction_cannot_hold(histories, no
     """An exactly singular LU (rajat01's kind), a subspace lstsq would not try (too many
     pivots under the cutoff, or R dense does not fit), or no GPU for the dense work: no
     prediction, and the run goes on to SciPy's stop as today."""
-    kwargs = {"singular": dict(square=_Square(73, singular=True)),
-              "no room": dict(square=_Square(73), takes=False),
-              "no gpu": dict(square=_Square(73), dense_gpu=False),
-              "no dense gpu": dict(square=_Square(73), dense_gpu=None)}[case]
+    kwargs = {"singular": dict(square=SquareStandIn(under=73, singular=True)),
+              "no room": dict(square=SquareStandIn(under=73), takes=False),
+              "no gpu": dict(square=SquareStandIn(under=73), dense_gpu=False),
+              "no dense gpu": dict(square=SquareStandIn(under=73), dense_gpu=None)}[case]
     stop, watch, plans, gpu_plans, asked = _replay(histories, "bayer10.lsqr", **kwargs)
     assert stop is None and gpu_plans == 0 and not watch.subspace_predicted, case
     assert watch.large_under == -1
@@ -147,12 +121,12 @@ def test_without_plan_gpu_the_cpu_plan_keeps_or_drops_the_prediction(histories, 
     """Without ``plan_gpu`` the plan's own choice: a CPU plan that saw the GPU keeps the
     prediction (a host R's gap-checked COD, then the subspace on the device); one that saw
     no GPU drops it, and the log says why."""
-    stop, watch, plans, _, _ = _replay(histories, "bayer10.lsqr", square=_Square(73),
+    stop, watch, plans, _, _ = _replay(histories, "bayer10.lsqr", square=SquareStandIn(under=73),
                                        gpu_plan=False)
     assert stop == watch.lu_at[0] and plans == 1
     watch = Allowance(iter_lim=26872, atol=1e-6, conlim=1e8, analysis=1e-2,
                       plan=lambda: (None, _Plan("cpu", gpu_name=None)), order=13436,
-                      square=_Square(73), nnz=94926, dense_gpu=lambda: True,
+                      square=SquareStandIn(under=73), nnz=94926, dense_gpu=lambda: True,
                       device_subspace=lambda order, under: True)
     watch._lu(600, 0.08)
     assert watch.subspace_predicted
@@ -171,8 +145,10 @@ def test_no_other_recorded_run_moves(histories, nominal):
     for key in sorted(k for k in histories if not k.endswith(".meta")):
         singular = key.startswith("rajat01.")
         for per in CLOCKS:
-            old = _replay(histories, key, square=_Square(0, singular), takes=None, per=per)
-            new = _replay(histories, key, square=_Square(0, singular), per=per)
+            old = _replay(histories, key, square=SquareStandIn(under=0, singular=singular),
+                          takes=None, per=per)
+            new = _replay(histories, key, square=SquareStandIn(under=0, singular=singular),
+                          per=per)
             if (old[0], old[2] + old[3]) != (new[0], new[2] + new[3]):
                 moved.add(key)
             m, n = (int(v) for v in histories[key + ".meta"][:2])
@@ -184,9 +160,11 @@ def test_no_other_recorded_run_moves(histories, nominal):
 def test_the_rajat01_recording_is_not_asked(histories, nominal):
     """rajat01 (q = 6833): SuperLU finds it exactly singular; its rule is today's."""
     for per in CLOCKS:
-        old = _replay(histories, "rajat01.lsqr", square=_Square(56, singular=True), takes=None,
+        old = _replay(histories, "rajat01.lsqr",
+                      square=SquareStandIn(under=56, singular=True), takes=None,
                       per=per)
-        new = _replay(histories, "rajat01.lsqr", square=_Square(56, singular=True), per=per)
+        new = _replay(histories, "rajat01.lsqr",
+                      square=SquareStandIn(under=56, singular=True), per=per)
         assert (old[0], old[2]) == (new[0], new[2]) and new[4] == []
 
 
@@ -281,14 +259,6 @@ def test_pivots_under_the_cutoff(matrices_dir, monkeypatch, name, under):
     assert len(runs) <= 1
 
 
-def _backward(A, x, b):
-    """bench/dropin.py's: the smaller of ‖Aᵀr‖/(‖A‖_F‖r‖) and ‖r‖/(‖A‖_F‖x‖+‖b‖)."""
-    r = b - A @ x
-    fro = spla.norm(A)
-    return min(np.linalg.norm(A.T @ r) / (fro * np.linalg.norm(r)),
-               np.linalg.norm(r) / (fro * np.linalg.norm(x) + np.linalg.norm(b)))
-
-
 def test_bayer10_on_a_simulated_gpu_host_takes_the_exact_answer(matrices_dir, monkeypatch,
                                                                  decisions):
     """The quick path on the host loop (no block, no move: a GPU host simulated on the CPU):
@@ -321,7 +291,7 @@ def test_bayer10_on_a_simulated_gpu_host_takes_the_exact_answer(matrices_dir, mo
     # are slow, the projected cost may stop it before the predicted route's verdict)
     assert "R beyond DENSE_LIMIT (R's small singular subspace on the GPU predicted)" in line, line
     ref = original("lsqr")(A, b)
-    assert _backward(A, out[0], b) <= min(_backward(A, ref[0], b), 1e-10)
+    assert dropin_backward_error(A, out[0], b) <= min(dropin_backward_error(A, ref[0], b), 1e-10)
 
 
 # ---------------------------------------------------------------------------
@@ -338,5 +308,5 @@ def test_on_the_gpu_bayer10_takes_the_exact_answer(matrices_dir, decisions):
     assert out[2] == 0, text
     assert "R beyond lstsq's DENSE_LIMIT" in text and "QR on GPU" in text, text
     ref = original("lsqr")(A, b)
-    assert _backward(A, out[0], b) <= min(_backward(A, ref[0], b), 1e-10)
+    assert dropin_backward_error(A, out[0], b) <= min(dropin_backward_error(A, ref[0], b), 1e-10)
     assert math.isfinite(out[3])

@@ -38,6 +38,7 @@ from scipy_gpuqr._dispatch.iterate_first import Allowance, gap_check_seconds
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._factor.lstsq import lstsq_cutoff
 from scipy_gpuqr.io import mmread
+from _dropin_stand_ins import SquareStandIn, dropin_backward_error
 
 
 def _mtx(matrices_dir, name):
@@ -148,32 +149,6 @@ def test_the_shared_rows(matrices_dir, name, dead, hides):
 # ---------------------------------------------------------------------------
 # the rule
 
-class _Square:
-    """A stand-in for :class:`SquareLU` that is deficient and not singular, whose U
-    shows ``revealed`` pivots under the cutoff (``hides``: none at all)."""
-
-    def __init__(self, revealed, clear=False, singular=False, hides=False):
-        self.revealed, self.asked, self.hides = revealed, 0, hides
-        self._clear, self._singular = clear, singular
-        self.clear, self.deficient, self.singular = None, False, False
-        self.why, self.seconds = "not of full rank", 0.0
-
-    def factor(self):
-        self.clear, self.deficient, self.singular = self._clear, not self._clear, self._singular
-        return self.clear
-
-    def decline(self, why):
-        if self.clear is None:
-            self.clear, self.why = False, why
-
-    def revealed_dead(self):
-        self.asked += 1
-        return self.revealed
-
-    def hides_deficiency(self):
-        return self.hides
-
-
 class _Plan:
     def __init__(self, backend="cpu", gpu_name="a GPU", flops=5.58e5):
         class _Analysis:
@@ -212,14 +187,15 @@ def test_a_revealed_split_on_a_gpu_host_stops_at_the_lu(histories, nominal):
     checkpoint for the QR, whose rank decision it weighs as the GPU's gap-checked
     COD. Without the GPU, or without the split, the run goes on to SciPy's stop (a host
     without a GPU whose compiled sweeps answer: tests/test_dropin_host_gap.py)."""
-    stop, watch, plans, asked = _replay(histories, "adder_dcop_05.lsqr", _Square(25), True)
+    stop, watch, plans, asked = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), True)
     lu_itn = watch.lu_at[0]
     assert stop is not None and stop < lu_itn + 150 and stop < 700, (stop, lu_itn)
     assert stop == lu_itn        # one checkpoint: the verdict reads the LU's factors
     assert "pivots under lstsq's cutoff" in watch.reason and plans == 1 and asked == 1
     assert watch.rank_s == pytest.approx(gap_check_seconds(1813))
     assert "U's pivots: 25 under lstsq's cutoff" in watch.summary()
-    for square, gpu in ((_Square(25), False), (_Square(0), True), (_Square(25), None)):
+    for square, gpu in ((SquareStandIn(25), False), (SquareStandIn(0), True),
+                        (SquareStandIn(25), None)):
         stop, watch, plans, asked = _replay(histories, "adder_dcop_05.lsqr", square, gpu)
         assert stop is None and plans == 0, (square.revealed, gpu, stop)
         assert watch.lu_at is not None and watch.gap_predicted == 0
@@ -234,20 +210,21 @@ def test_a_hidden_deficiency_on_a_gpu_host_stops_at_the_lu(histories, nominal):
     subspace on the GPU, with the factorization on the GPU as well. Without the GPU, the
     run goes on to SciPy's stop."""
     for backend in ("cpu", "gpu"):
-        stop, watch, plans, asked = _replay(histories, "nnc1374.lsqr", _Square(0, hides=True),
+        stop, watch, plans, asked = _replay(histories, "nnc1374.lsqr", SquareStandIn(0, hides=True),
                                             True, plan=_Plan(backend))
         assert stop == watch.lu_at[0] and plans == 1 and asked == 1, (backend, stop)
         assert "U's pivots hide it" in watch.reason
         assert watch.rank_s == pytest.approx(policy.subspace_seconds(1374))
         assert "small singular subspace on the GPU predicted" in watch.summary()
     for gpu in (False, None):
-        stop, watch, plans, _ = _replay(histories, "nnc1374.lsqr", _Square(0, hides=True), gpu)
+        stop, watch, plans, _ = _replay(histories, "nnc1374.lsqr", SquareStandIn(0, hides=True),
+                                        gpu)
         assert stop is None and plans == 0 and not watch.subspace_predicted
 
 
 def test_a_hidden_deficiency_with_a_plan_that_saw_no_gpu_drops_the_prediction(histories,
                                                                                nominal):
-    stop, watch, plans, _ = _replay(histories, "nnc1374.lsqr", _Square(0, hides=True), True,
+    stop, watch, plans, _ = _replay(histories, "nnc1374.lsqr", SquareStandIn(0, hides=True), True,
                                     plan=_Plan("cpu", None))
     assert stop is None and plans == 1 and not watch.subspace_predicted
     assert "saw no GPU" in watch.summary(), watch.summary()
@@ -260,7 +237,7 @@ def test_a_plan_without_the_gpus_sigma_test_drops_the_prediction(histories, nomi
     """The analysis made at the LU puts the factorization on the GPU (whose factorizer the
     sparse COD would use) or saw no GPU: the prediction is dropped, the run goes on to SciPy's
     stop as with any deficient LU, and the log says why."""
-    stop, watch, plans, _ = _replay(histories, "adder_dcop_05.lsqr", _Square(25), True,
+    stop, watch, plans, _ = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), True,
                                     plan=_Plan(backend, gpu_name))
     assert stop is None and plans == 1 and watch.gap_predicted == 0
     assert why in watch.summary(), watch.summary()
@@ -271,13 +248,13 @@ def test_the_runs_trend_promising_convergence_keeps_the_run(histories, nominal, 
     iterations at the LU) promises convergence within PREDICTED_SHARE of the QR, and the run
     goes on to SciPy's stop with the prediction standing."""
     monkeypatch.setattr(policy, "GAP_GPU_S_PER_SQUARE", 10 * policy.GAP_GPU_S_PER_SQUARE)
-    stop, watch, plans, _ = _replay(histories, "adder_dcop_05.lsqr", _Square(25), True)
+    stop, watch, plans, _ = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), True)
     assert stop is None and plans == 1 and watch.gap_predicted == 25
 
 
-@pytest.mark.parametrize("square, order", [(_Square(25, clear=True), 1813),
-                                           (_Square(25, singular=True), 1813),
-                                           (_Square(25), 500), (_Square(25), 3000)])
+@pytest.mark.parametrize("square, order", [(SquareStandIn(25, clear=True), 1813),
+                                           (SquareStandIn(25, singular=True), 1813),
+                                           (SquareStandIn(25), 500), (SquareStandIn(25), 3000)])
 def test_the_gpu_is_asked_only_where_a_split_could_count(square, order):
     """A clear LU answers; a singular one has the null-space COD's rule; orders below
     GAP_GPU_MIN_ORDER or beyond RANK_SPARSE_MIN_ORDER keep their rank decisions' floors:
@@ -299,7 +276,7 @@ def test_every_recorded_square_run_without_a_split_stops_where_it_did(histories,
         m, n = (int(v) for v in histories[key + ".meta"][:2])
         if m != n:
             continue
-        outcome = {gpu: _replay(histories, key, _Square(0), gpu, per=2e-5)[::2]
+        outcome = {gpu: _replay(histories, key, SquareStandIn(0), gpu, per=2e-5)[::2]
                    for gpu in (None, True, False)}
         assert outcome[None] == outcome[True] == outcome[False], (key, outcome)
         checked += 1
@@ -317,14 +294,6 @@ def test_the_orders_agree():
 
 def _b(name, m):
     return np.random.default_rng(zlib.crc32(name.encode())).standard_normal(m)
-
-
-def _backward(A, x, b):
-    """bench/dropin.py's: the smaller of ‖Aᵀr‖/(‖A‖_F‖r‖) and ‖r‖/(‖A‖_F‖x‖+‖b‖)."""
-    r = b - A @ x
-    fro = spla.norm(A)
-    return min(np.linalg.norm(A.T @ r) / (fro * np.linalg.norm(r)),
-               np.linalg.norm(r) / (fro * np.linalg.norm(x) + np.linalg.norm(b)))
 
 
 @pytest.fixture
@@ -349,7 +318,7 @@ def test_adder_dcop_05_on_a_simulated_gpu_host_takes_the_exact_answer(
     assert out[2] == 0, decisions()
     line = [m for m in decisions() if m.startswith("lsqr ")][-1]
     assert "QR on CPU" in line and "pivots under lstsq's cutoff" in line, line
-    assert _backward(A, out[0], b) <= min(_backward(A, ref[0], b), 1e-10)
+    assert dropin_backward_error(A, out[0], b) <= min(dropin_backward_error(A, ref[0], b), 1e-10)
 
 
 def test_the_qr_reads_what_the_lu_learnt(matrices_dir, simulated_gpu_host, monkeypatch):
@@ -378,7 +347,7 @@ def test_the_qr_reads_what_the_lu_learnt(matrices_dir, simulated_gpu_host, monke
     assert not probes and not lanczos
     assert solver.sigma_max == pytest.approx(spla.svds(A, k=1, return_singular_vectors=False)[0],
                                              rel=1e-10)
-    assert _backward(A, out[0], b) <= 1e-10
+    assert dropin_backward_error(A, out[0], b) <= 1e-10
 
 
 def test_nnc1374_on_a_simulated_gpu_host_takes_the_exact_answer(matrices_dir,
@@ -393,7 +362,7 @@ def test_nnc1374_on_a_simulated_gpu_host_takes_the_exact_answer(matrices_dir,
     assert out[2] == 0, decisions()
     line = [m for m in decisions() if m.startswith("lsqr ")][-1]
     assert "QR on CPU" in line and "small singular subspace on the GPU predicted" in line, line
-    assert _backward(A, out[0], b) <= min(_backward(A, ref[0], b), 1e-10)
+    assert dropin_backward_error(A, out[0], b) <= min(dropin_backward_error(A, ref[0], b), 1e-10)
 
 
 def test_nnc1374_without_a_gpu_keeps_scipys_answer(matrices_dir, monkeypatch):
@@ -420,11 +389,11 @@ def test_on_the_gpu_adder_dcop_05_and_nnc1374_take_the_exact_answer(matrices_dir
     ref, out = original("lsqr")(A, b), lsqr(A, b)
     line = [m for m in decisions() if m.startswith("lsqr ")][-1]
     assert out[2] == 0 and "pivots under lstsq's cutoff" in line, line
-    assert _backward(A, out[0], b) <= min(_backward(A, ref[0], b), 1e-10)
+    assert dropin_backward_error(A, out[0], b) <= min(dropin_backward_error(A, ref[0], b), 1e-10)
     A = sp.csr_array(_mtx(matrices_dir, "nnc1374"))
     b = _b("nnc1374", A.shape[0])
     ref, out = original("lsqr")(A, b), lsqr(A, b)
     line = [m for m in decisions() if m.startswith("lsqr ")][-1]
     assert out[2] == 0 and "small singular subspace on the GPU predicted" in line, line
-    assert _backward(A, out[0], b) <= min(_backward(A, ref[0], b), 1e-10)
+    assert dropin_backward_error(A, out[0], b) <= min(dropin_backward_error(A, ref[0], b), 1e-10)
     assert not math.isnan(out[3])
