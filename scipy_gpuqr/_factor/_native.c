@@ -17,8 +17,23 @@
 
 #define SGF_ABI 1
 
+/* The axpy loops run 4 doubles wide where the CPU has AVX2: GCC builds both
+ * versions and picks one when the library is loaded (an ifunc: glibc only).
+ * Elementwise products and differences without contraction (-ffp-contract=off)
+ * round alike in both. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) \
+    && defined(__GLIBC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define SGF_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef SGF_CLONES
+#define SGF_CLONES
+#endif
+
 int sgf_abi(void) { return SGF_ABI; }
 
+SGF_CLONES
 void sgf_upper_solve(int64_t q, const int64_t *indptr, const int64_t *indices,
                      const double *data, const double *diag, double *X, int64_t k,
                      int64_t ld, int32_t trans)

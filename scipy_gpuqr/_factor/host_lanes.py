@@ -29,7 +29,8 @@ import scipy.linalg as la
 
 from .._schedule.native import usable_cpus
 
-__all__ = ["Lanes", "SERIAL", "host_lanes", "MAX_LANES", "MIN_ROWS_PER_LANE"]
+__all__ = ["Lanes", "SERIAL", "host_lanes", "MAX_LANES", "MIN_ROWS_PER_LANE",
+           "MIN_COLUMNS_PER_PIECE", "PIECE_BYTES"]
 
 #: Most threads a decision uses (each one runs single-threaded BLAS).
 MAX_LANES = 4
@@ -37,6 +38,17 @@ MAX_LANES = 4
 #: Fewest rows of a tall operand per piece: below, fewer pieces (a thread's
 #: hand-over costs tens of microseconds).
 MIN_ROWS_PER_LANE = 1024
+
+#: Fewest columns of a piece where the lanes' own split sizes the pieces
+#: (:meth:`Lanes.columns` without ``chunk``: the compiled sweeps): a sweep reads
+#: all of R's entries for any number of columns, and one column costs about a
+#: quarter of sixteen (a probe's block of eight would go out in eight pieces).
+MIN_COLUMNS_PER_PIECE = 16
+
+#: Bytes of a piece (rows × columns × 8) up to which it is widened beyond that:
+#: a sweep's cost per column falls with the width while the piece stays in a
+#: core's cache (short blocks of a few thousand rows), and rises beyond.
+PIECE_BYTES = 384 * 1024
 
 #: Pieces per lane: the threads take them from one queue, so a lane whose core
 #: is busy with another process takes fewer (with one piece per lane the
@@ -109,12 +121,16 @@ class Lanes:
 
     def columns(self, solve: Callable, chunk: Optional[int] = None) -> Callable:
         """``C ↦ solve(C)`` applied to column pieces of at most ``chunk`` columns
-        (None: one piece per lane), the pieces shared among the threads (solves
+        (None: :data:`PIECES_PER_LANE` pieces per lane of at least
+        :data:`MIN_COLUMNS_PER_PIECE` columns and, for short blocks, up to
+        :data:`PIECE_BYTES`), the pieces shared among the threads (solves
         that release the GIL: SuperLU's sweeps, BLAS)."""
         def run(C):
             C = np.asarray(C, dtype=np.float64)
             width = (chunk if chunk is not None
-                     else -(-C.shape[-1] // (self.n * (PIECES_PER_LANE if self.n > 1 else 1))))
+                     else max(MIN_COLUMNS_PER_PIECE, PIECE_BYTES // (8 * max(1, C.shape[0])),
+                              -(-C.shape[-1] // (self.n * (PIECES_PER_LANE
+                                                           if self.n > 1 else 1)))))
             if C.ndim == 1 or C.shape[1] <= width:
                 return np.asarray(solve(C))
             out = np.empty(C.shape, order="F")

@@ -70,7 +70,7 @@ from .subspace_cod import gemm, orth_r, sigma_max_lanczos, small_subspace
 from .triangular import SUPERLU_MAX_NNZ, UpperTriangular
 
 __all__ = ["SparseSubspaceCOD", "decide", "chunked", "one_blas_thread", "LEAK_FACTOR",
-           "SOLVE_CHUNK", "DENSE_SOLVES_DENSITY", "DENSE_SOLVE_CHUNK", "BLOCK_COPIES",
+           "SOLVE_CHUNK", "DENSE_SOLVES_DENSITY", "DENSE_SOLVE_CHUNK", "DIAG_HINT", "BLOCK_COPIES",
            "HOST_MEMORY_FRACTION"]
 
 #: Largest ``‖S‖₂·σ_r`` (lower estimate) accepted: exactly 1 for exact subspaces.
@@ -97,6 +97,16 @@ DENSE_SOLVES_DENSITY = 0.1
 #: Columns per dense triangular solve on a lane (each piece reads all of R:
 #: fewer, wider pieces than the sparse sweeps').
 DENSE_SOLVE_CHUNK = 64
+
+#: Pivots ``|r_ii|`` up to this many times the cutoff size the first block too
+#: (their count plus the increment, where that exceeds twice the count of the
+#: pivots at most the cutoff; at most twice that block): a deficiency that R's
+#: diagonal hides (no pivot under the cutoff, many just above it) would otherwise
+#: be found only once a block too small to straddle it has cost two steps, and
+#: the doubled block starts again from new random columns. The bound keeps a
+#: diagonal crowded near the cutoff over few small singular values from costing
+#: more than the one doubling it spares.
+DIAG_HINT = 10.0
 
 
 def chunked(solve: Callable, chunk: int = SOLVE_CHUNK, lanes: Lanes = SERIAL) -> Callable:
@@ -282,7 +292,9 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
         :func:`~scipy_gpuqr._factor.subspace_cod.sigma_max_lanczos`).
     diag : ndarray
         ``|r_ii|``: the pivots at most the cutoff size the first block
-        (``2·count + block``).
+        (``2·count + block``; where more pivots lie within :data:`DIAG_HINT`
+        × the cutoff, their count + block, at most twice that and the largest
+        block).
     transposed : bool
         Solve with ``Rᵀ``.
     upper : UpperTriangular, optional
@@ -330,6 +342,8 @@ def decide(R: sp.csc_array, cutoff: float, diag: np.ndarray, *, transposed: bool
     first = 2 * int(np.count_nonzero(diag <= tol)) + block
     if first > max_block:
         return None
+    hinted = int(np.count_nonzero(diag <= DIAG_HINT * tol)) + block
+    first = max(first, min(hinted, 2 * first, max_block))
     if R.nnz > DENSE_SOLVES_DENSITY * q * (q + 1) / 2:
         Rd = dense if dense is not None else np.asfortranarray(R.toarray(), dtype=np.float64)
         # BLAS trsm without the interpreter lock: the lanes' pieces run side by side
