@@ -429,7 +429,7 @@ def test_min_norm_solver_beyond_dense_limit_leaves_rounding_pivots_to_the_cod(ma
             raise
     monkeypatch.setattr(_lstsq, "DenseSubspaceCOD", subspace)
 
-    def dense_cod(self, device):            # its q³ QR on NumPy here: recorded only
+    def dense_cod(self, device, d):         # its q³ QR on NumPy here: recorded only
         cods.append(device)
         self.method, self.rank = "dense_cod", -1
     monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_dense_cod", dense_cod)

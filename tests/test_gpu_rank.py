@@ -118,9 +118,9 @@ def test_large_sparse_r_without_a_gap_skips_the_devices_svd(matrices_dir, monkey
                         lambda self, G=None: svd.append(1))
     real_cod = _lstsq.MinNormSolver._prepare_dense_cod
 
-    def dense_cod(self, device):
+    def dense_cod(self, device, d):
         cods.append(device)
-        return real_cod(self, device)
+        return real_cod(self, device, d)
     monkeypatch.setattr(_lstsq.MinNormSolver, "_prepare_dense_cod", dense_cod)
     if not on_device:
         monkeypatch.setattr(_lstsq.MinNormSolver, "_device_subspace_fits",

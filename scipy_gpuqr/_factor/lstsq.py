@@ -794,7 +794,7 @@ class MinNormSolver:
         device = self._dense_cod_device()
         if device == "gpu":
             try:
-                self._prepare_dense_cod(device)
+                self._prepare_dense_cod(device, d)
                 return
             except MemoryError:
                 # the device's memory is shared or limited (CuPy's pool limit;
@@ -803,7 +803,7 @@ class MinNormSolver:
                 _free_device_pool()
                 device = "cpu" if max(self.R.shape) <= DENSE_COD_HOST_LIMIT else None
         if device is not None:
-            self._prepare_dense_cod(device)
+            self._prepare_dense_cod(device, d)
             return
         if not np.isfinite(self.sigma_max):
             self.sigma_max = self._sigma_max()
@@ -1394,7 +1394,12 @@ class MinNormSolver:
             return "cpu"
         return None
 
-    def _prepare_dense_cod(self, device: str):
+    def _prepare_dense_cod(self, device: str, d: np.ndarray):
+        """Heath's rule on R made dense on ``device`` (:class:`DenseCOD`, reusing the dense
+        copy a rule before made on the GPU); where it keeps a column that lstsq's rule
+        drops (no gap), R's small singular subspace or the SVD decides. ``d``: R's
+        ``|r_ii|`` (:meth:`_decide`'s), for the sparse subspace after the device's COD.
+        A MemoryError on the GPU reaches the caller."""
         Rgpu, self._device_r = self._device_r, None
         if device == "gpu" and Rgpu is not None:
             Rd = Rgpu                   # R made dense there by a rule before (overwritten)
@@ -1431,8 +1436,7 @@ class MinNormSolver:
             # (reported).
             if subspace and self._prepare_subspace_cod(dead):
                 return
-            if device == "gpu" and self._prepare_sparse_subspace(abs_diagonal(self.R),
-                                                                 after_device_cod=True):
+            if device == "gpu" and self._prepare_sparse_subspace(d, after_device_cod=True):
                 del cod, backup
                 return
             if svd_affordable:
