@@ -330,6 +330,14 @@ def _dead_pivots(d: np.ndarray, lo: float) -> int:
     return 0 if dead > min(NULLSPACE_MAX_DEAD, NULLSPACE_MAX_FRACTION * d.size) else dead
 
 
+def _subspace_blocks(q: int, dead: int) -> tuple[int, int]:
+    """(first block, largest block) of R's small singular subspace decisions for an
+    order-``q`` R with ``dead`` pivots under the cutoff: twice those and
+    :data:`SUBSPACE_BLOCK`, and ``min(SUBSPACE_MAX_BLOCK, q/3)``; the decision does not
+    apply where the first exceeds the largest."""
+    return 2 * int(dead) + SUBSPACE_BLOCK, min(SUBSPACE_MAX_BLOCK, q // 3)
+
+
 def device_subspace_fits(q: int, max_block: int) -> bool:
     """Whether an order-``q`` R made dense on the device with the subspace decision's
     blocks (about :data:`DEVICE_SUBSPACE_BLOCKS` q × ``max_block`` arrays) takes at most
@@ -349,8 +357,8 @@ def device_subspace_takes(q: int, under: int) -> bool:
     within the device's memory (:func:`device_subspace_fits`). The iterate-first rule asks
     it with the count of SuperLU's pivots under the cutoff (a prediction: R's own pivots
     decide, in the QR). Asked only with a GPU present."""
-    max_block = min(SUBSPACE_MAX_BLOCK, q // 3)
-    if q <= DENSE_LIMIT or 2 * int(under) + SUBSPACE_BLOCK > max_block:
+    first, max_block = _subspace_blocks(q, under)
+    if q <= DENSE_LIMIT or first > max_block:
         return False
     try:
         return device_subspace_fits(q, max_block)
@@ -1293,7 +1301,7 @@ class MinNormSolver:
         (:class:`~scipy_gpuqr._factor.dense_subspace.DenseSubspaceCOD`), where R's dense
         work runs on the GPU (:meth:`_dense_gpu_pays`) and R is square with a nonzero
         diagonal, beyond DENSE_LIMIT where R made dense fits there with the decision's
-        blocks (:meth:`_device_subspace_fits`): block inverse subspace iteration with R's
+        blocks (:func:`device_subspace_fits`): block inverse subspace iteration with R's
         triangular solves on R made dense there. A modest null space (tens to a few
         hundred singular values under the cutoff) is so decided for a few solves with the
         block (``3·p·q²`` flops a step), where the SVD of all of R (``10·q³``) or beyond
@@ -1310,8 +1318,8 @@ class MinNormSolver:
         k, q = self.R.shape
         if k != q or not self._dense_gpu_pays():
             return False
-        max_block = min(SUBSPACE_MAX_BLOCK, q // 3)
-        if q > DENSE_LIMIT and not self._device_subspace_fits(q, max_block):
+        max_block = _subspace_blocks(q, 0)[1]
+        if q > DENSE_LIMIT and not device_subspace_fits(q, max_block):
             return False
         try:
             Rgpu = self._device_r
@@ -1325,7 +1333,7 @@ class MinNormSolver:
                 return False
             # twice the pivots under the cutoff and more: more than the largest block,
             # and the null space is not modest (the SVD decides)
-            first = 2 * int(np.count_nonzero(d <= tol)) + SUBSPACE_BLOCK
+            first = _subspace_blocks(q, np.count_nonzero(d <= tol))[0]
             if first > max_block:
                 return False
             # up to DENSE_LIMIT the SVD (lstsq's rule itself) decides where no gap is
@@ -1346,10 +1354,6 @@ class MinNormSolver:
         self.cod_device = "gpu"
         self._cod = cod
         return True
-
-    def _device_subspace_fits(self, q: int, max_block: int) -> bool:
-        """:func:`device_subspace_fits` (R dense on the device with the decision's blocks)."""
-        return device_subspace_fits(q, max_block)
 
     def _prepare_svd(self, G=None):
         """SVD of G (dense, NumPy or CuPy; default R or Rᵀ on the host)."""
@@ -1457,8 +1461,7 @@ class MinNormSolver:
         d = np.abs(self.R.diagonal())
         if k != q or not (np.all(np.isfinite(d)) and np.all(d > 0)):
             return None
-        block = max(SUBSPACE_BLOCK, 2 * dead + SUBSPACE_BLOCK)
-        max_block = min(SUBSPACE_MAX_BLOCK, q // 3)
+        block, max_block = _subspace_blocks(q, dead)
         return (block, max_block) if block <= max_block else None
 
     def _prepare_subspace_cod(self, dead: int) -> bool:
