@@ -66,6 +66,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from . import native as _native
+from .native import HANDOFF_SCALARS
 from ._common import (PROJECTION_WINDOW, Clock, IterationState, Progress, compressed_kernels,
                       givens, stopping_code)
 from ._common import _sparsetools       # SciPy's compiled sparse kernels, or None
@@ -87,20 +88,6 @@ _EPS = np.finfo(np.float64).eps
 _EPS_FLOAT = float(_EPS)
 
 
-#: The scalars of the recurrences a run hands on (:class:`Handoff`), by method, named as
-#: in SciPy: all that an iteration reads besides the options, ``itn`` and the vectors, in
-#: the order of the block kernel's state after its scale factors
-#: (``kernels/iterative/block_lsqr.cu``'s ``LsqrState``/``LsmrState``) and of the compiled
-#: loops' ``out`` from :data:`~scipy_gpuqr._iterative.native.OUT_STATE`.
-HANDOFF_SCALARS = {
-    "lsqr": ("alfa", "anorm", "acond", "ddnorm", "res2", "xnorm", "xxnorm", "z", "cs2", "sn2",
-             "rhobar", "phibar", "r1norm", "r2norm", "arnorm", "bnorm", "test1", "test2",
-             "rtol"),
-    "lsmr": ("alpha", "zetabar", "alphabar", "rho", "rhobar", "cbar", "sbar", "betadd", "betad",
-             "rhodold", "tautildeold", "thetatilde", "zeta", "d", "normA2", "maxrbar",
-             "minrbar", "normA", "condA", "normx", "normr", "normar", "normb", "test1", "test2",
-             "rtol"),
-}
 #: The vectors a run hands on besides x (and LSQR's var), named as in SciPy; u and v as
 #: SciPy keeps them (normalized where their norm is not 0).
 HANDOFF_VECTORS = {"lsqr": ("u", "v", "w"), "lsmr": ("u", "v", "h", "hbar")}

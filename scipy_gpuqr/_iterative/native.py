@@ -66,6 +66,7 @@ except ImportError:                         # pragma: no cover - NumPy < 2
     from numpy.core import _multiarray_umath as _numpy_core
 
 __all__ = ["ENV", "ABI", "MODES", "REPORT", "WINDOW", "REPORT_AREA", "OUT", "OUT_STATE",
+           "HANDOFF_SCALARS",
            "NativeUnavailable", "mode",
            "library", "status", "handle", "blas_ddot", "Checked", "Native"]
 
@@ -88,12 +89,27 @@ WINDOW = 20
 #: the gate (the first iteration to report, set by the caller; 0: every iteration), then
 #: the records of the last :data:`WINDOW` iterations (iteration i at row (i - 1) % WINDOW).
 REPORT_AREA = REPORT + 1 + REPORT * WINDOW
+#: The scalars of the recurrences a run hands on
+#: (:class:`~scipy_gpuqr._iterative.host.Handoff`), by method, named as
+#: in SciPy: all that an iteration reads besides the options, ``itn`` and the vectors, in
+#: the order of the block kernel's state after its scale factors
+#: (``kernels/iterative/block_lsqr.cu``'s ``LsqrState``/``LsmrState``) and of the compiled
+#: loops' ``out`` from :data:`OUT_STATE`.
+HANDOFF_SCALARS = {
+    "lsqr": ("alfa", "anorm", "acond", "ddnorm", "res2", "xnorm", "xxnorm", "z", "cs2", "sn2",
+             "rhobar", "phibar", "r1norm", "r2norm", "arnorm", "bnorm", "test1", "test2",
+             "rtol"),
+    "lsmr": ("alpha", "zetabar", "alphabar", "rho", "rhobar", "cbar", "sbar", "betadd", "betad",
+             "rhodold", "tautildeold", "thetatilde", "zeta", "d", "normA2", "maxrbar",
+             "minrbar", "normA", "condA", "normx", "normr", "normar", "normb", "test1", "test2",
+             "rtol"),
+}
 #: Doubles of a run's ``out`` (``_native.c``): istop, itn, the tuple's norms (six), exact
 #: start, iterations reported; then, from :data:`OUT_STATE`, the recurrences' scalars after
-#: the last iteration (:data:`scipy_gpuqr._iterative.host.HANDOFF_SCALARS`' order; LSMR's 26
-#: the most), which a run that goes on elsewhere starts from.
+#: the last iteration (:data:`HANDOFF_SCALARS`' order; sized for the
+#: method with the most), which a run that goes on elsewhere starts from.
 OUT_STATE = 10
-OUT = OUT_STATE + 26
+OUT = OUT_STATE + max(len(names) for names in HANDOFF_SCALARS.values())
 #: Outcomes of a compiled run (NOT_FINITE: asked to check A's values and b first, one was not).
 DONE, REPLAY, REPORT_FAILED, NOT_FINITE = 0, 1, 2, 3
 
